@@ -1,0 +1,221 @@
+"""The error tree of opspatch, drawn once; exit codes are mapped here and nowhere else.
+
+```
+OpspatchError                      base; carries a one-line message and optional hint
+├── InputError                     exit 2: bad input, configuration or usage; nothing changed
+│   ├── SpecError                  a patch, inventory or playbook file is wrong (file:line, field)
+│   ├── AnchorError                an anchor matches nothing (nearest candidates) or several places
+│   ├── TargetError                the file is not the patch's module / outside its version range
+│   ├── SelectionError             --hosts names an unknown host or group (near names suggested)
+│   ├── HostKeyError               unknown or changed SSH host key (fingerprint shown)
+│   └── ConfirmationRequired       a change needs --yes (no terminal to ask on)
+├── HostError                      exit 1: one host failed; carries host and step
+│   ├── TransportError             connecting or running a command failed
+│   │   └── CommandTimeout         a remote command passed its deadline (process group ended)
+│   ├── RemoteOperationError       a host-side operation refused or failed (its `code` says why)
+│   │   ├── PreimageMismatch       the file is not the bytes the plan was made from
+│   │   └── LockHeld               another run holds the host's lock (owner, run id, expiry)
+│   └── EngineError                restart, readiness or smoke decode failed
+├── LedgerError                    exit 3: the ledger cannot be trusted or written
+│   └── LedgerIntegrityError       the hash chain is broken (first broken link named)
+└── NeedsAttention                 exit 3: a host is in an unknown state (a restore failed)
+```
+
+Why a tree: the CLI catches `OpspatchError` once and turns it into one message and one exit code
+(`exit_code_for`); everything below raises the most specific type with its context attached, so the
+message can name the file, line, field, host and step without the caller re-assembling it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+EXIT_OK = 0
+EXIT_HOST_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_NEEDS_ATTENTION = 3
+
+
+class OpspatchError(Exception):
+    """Base of every error opspatch raises on purpose.
+
+    `message` is one sentence saying what is wrong; `hint` says what to do about it.
+    """
+
+    exit_code: int = EXIT_BAD_INPUT
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def render(self) -> str:
+        """The text shown to an operator: the message, then the hint on its own line."""
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": type(self).__name__, "message": self.message, "hint": self.hint}
+
+
+# ---------------------------------------------------------------------------------------------
+# exit 2: bad input, nothing changed
+
+
+class InputError(OpspatchError):
+    """Bad input, configuration or usage; raised before anything is changed."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where in an input file a problem is: file, 1-based line (0 = unknown) and field path."""
+
+    file: str
+    line: int = 0
+    field: str = ""
+
+    def __str__(self) -> str:
+        where = self.file if not self.line else f"{self.file}:{self.line}"
+        return f"{where}: {self.field}" if self.field else where
+
+
+class SpecError(InputError):
+    """A patch, inventory or playbook file is malformed; names the file, line and field."""
+
+    def __init__(self, location: Location, problem: str, *, hint: str | None = None) -> None:
+        super().__init__(f"{location}: {problem}", hint=hint)
+        self.location = location
+        self.problem = problem
+
+
+class AnchorError(InputError):
+    """An anchor matched nothing or more than one place.
+
+    `candidates` are the nearest names (no match) or every match with its line (several).
+    """
+
+    def __init__(
+        self, message: str, *, candidates: Sequence[str] = (), hint: str | None = None
+    ) -> None:
+        if candidates:
+            message = message + "\n" + "\n".join(f"    {c}" for c in candidates)
+        super().__init__(message, hint=hint)
+        self.candidates = tuple(candidates)
+
+
+class TargetError(InputError):
+    """The file is not the patch's target (wrong module, version outside the range)."""
+
+
+class SelectionError(InputError):
+    """A host selection (`--hosts`) names something the inventory does not have."""
+
+
+class HostKeyError(InputError):
+    """An SSH host key is unknown or changed; nothing was run on the host."""
+
+    def __init__(self, message: str, *, host: str, fingerprint: str, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.host = host
+        self.fingerprint = fingerprint
+
+
+class ConfirmationRequired(InputError):
+    """A command that changes hosts was run without a terminal and without --yes."""
+
+
+# ---------------------------------------------------------------------------------------------
+# exit 1: a host failed
+
+
+class HostError(OpspatchError):
+    """A step failed on one host. `host` and `step` say where; other hosts are unaffected."""
+
+    exit_code = EXIT_HOST_FAILED
+
+    def __init__(
+        self, message: str, *, host: str = "", step: str = "", hint: str | None = None
+    ) -> None:
+        prefix = " ".join(p for p in (host and f"[{host}]", step and f"{step}:") if p)
+        super().__init__(f"{prefix} {message}" if prefix else message, hint=hint)
+        self.host = host
+        self.step = step
+        self.detail = message
+
+
+class TransportError(HostError):
+    """Connecting to a host or running a command on it failed."""
+
+
+class CommandTimeout(TransportError):
+    """A command ran past its deadline; its process group was ended."""
+
+
+class RemoteOperationError(HostError):
+    """A host-side operation refused or failed; `code` is a stable machine-readable reason."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        host: str = "",
+        step: str = "",
+        data: dict[str, Any] | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, host=host, step=step, hint=hint)
+        self.code = code
+        self.data = data or {}
+
+
+class PreimageMismatch(RemoteOperationError):
+    """The file on the host is not the bytes the plan was made from; nothing was written."""
+
+
+class LockHeld(RemoteOperationError):
+    """Another run holds the host's lock; says who, which run and until when."""
+
+
+class EngineError(HostError):
+    """Restarting the engine, waiting for it to be ready, or the smoke decode failed."""
+
+
+# ---------------------------------------------------------------------------------------------
+# exit 3: cannot be trusted / needs a human
+
+
+class LedgerError(OpspatchError):
+    """The ledger cannot be opened, written, or trusted."""
+
+    exit_code = EXIT_NEEDS_ATTENTION
+
+
+class LedgerIntegrityError(LedgerError):
+    """The ledger's hash chain is broken; `first_broken` is the first bad event id."""
+
+    def __init__(self, message: str, *, first_broken: int | None = None, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.first_broken = first_broken
+
+
+class NeedsAttention(OpspatchError):
+    """A host is in a state opspatch cannot vouch for (for example a restore failed)."""
+
+    exit_code = EXIT_NEEDS_ATTENTION
+
+
+def exit_code_for(error: BaseException) -> int:
+    """Map an exception to the process exit code (the one place this is decided).
+
+    Unknown exceptions are bugs in opspatch, not operator mistakes: they map to 3 because the
+    state of whatever was being changed is not known.
+    """
+    if isinstance(error, OpspatchError):
+        return error.exit_code
+    if isinstance(error, KeyboardInterrupt):
+        return EXIT_NEEDS_ATTENTION
+    return EXIT_NEEDS_ATTENTION

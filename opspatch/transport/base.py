@@ -1,0 +1,95 @@
+"""The transport interface every host operation goes through.
+
+A transport runs one command on one host with bytes on stdin and a deadline, draining stdout and
+stderr while it waits (so a chatty command cannot block on a full pipe), and returns the result as
+a value. Implementations: `ssh.SSHTransport` (fabric/paramiko) and `local.LocalTransport`
+(subprocess). Callers receive a transport as an argument; nothing reaches for a global.
+
+Commands are data (`Command`): an argv list plus environment, rendered to one shell string in
+exactly one place (`Command.render`), so every argument that reaches a shell is quoted the same
+way over SSH and locally.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+_SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command as data: argv and extra environment, quoted only when rendered.
+
+    `env` values whose names look secret (TOKEN, SECRET, PASSWORD, KEY) are masked by `masked()`,
+    which is what logs and the ledger record.
+    """
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.argv:
+            raise ValueError("a Command needs at least one argv element")
+        for name in self.env:
+            if not name.replace("_", "a").isalnum() or name[0].isdigit():
+                raise ValueError(f"invalid environment variable name: {name!r}")
+
+    def render(self) -> str:
+        """The one shell string this command becomes; every piece is quoted here."""
+        parts = [f"{name}={shlex.quote(value)}" for name, value in sorted(self.env.items())]
+        if parts:
+            parts.insert(0, "env")
+        parts.extend(shlex.quote(arg) for arg in self.argv)
+        return " ".join(parts)
+
+    def masked(self) -> str:
+        """`render()` with secret-looking environment values replaced by `***`."""
+        env = {
+            k: ("***" if any(m in k.upper() for m in _SECRET_MARKERS) else v)
+            for k, v in self.env.items()
+        }
+        return Command(self.argv, env).render()
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a command did: its exit status, its whole output, and how long it took."""
+
+    command: str
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """One host's command channel. Implementations keep one connection per host per run.
+
+    `host` is the inventory name used in messages; `exec_count` counts `run` calls, so tests can
+    check the round trips the design promises.
+    """
+
+    host: str
+    exec_count: int
+
+    def run(self, command: Command, *, stdin: bytes = b"", timeout: float) -> CommandResult:
+        """Run `command` with `stdin`, wait at most `timeout` seconds, return its result.
+
+        Raises `CommandTimeout` (after ending the remote process group) when the deadline passes
+        and `TransportError` when the host cannot be reached. A non-zero exit is not an error
+        here: it is in the result, for the caller to interpret.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the connection; safe to call twice."""
+        ...

@@ -1,0 +1,21 @@
+"""Shared fixtures. Every test runs with its own HOME and state directory, so nothing here can
+read or write the user's own `~/.ssh`, ledger or sandbox."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / ".local" / "state"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.delenv("OPSPATCH_STATE_DIR", raising=False)
+    monkeypatch.delenv("OPSPATCH_LEDGER", raising=False)
+    monkeypatch.delenv("OPSPATCH_HOME", raising=False)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    return home
