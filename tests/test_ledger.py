@@ -1,0 +1,659 @@
+"""The ledger against real SQLite files: durability settings, append-only triggers, the hash chain
+catching edits, deletions and altered blobs, concurrent writers, interrupted runs, and queries."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
+from opspatch.ledger import (
+    GENESIS_HASH,
+    ControllerProcess,
+    Ledger,
+    event_hash,
+    new_run_id,
+    operator_identity,
+)
+from opspatch.paths import default_ledger_path
+
+PATCH_SHA = "ab" * 32
+ORIGINAL = b"class EAGLEWorkerV2:\n    def __init__(self):\n        pass\n"
+PATCHED = b"class EAGLEWorkerV2:\n    def __init__(self):\n        self.x = 0\n"
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def begin(ledger: Ledger, hosts: tuple[str, ...] = ("gpu-01", "gpu-02"), **kw: object) -> str:
+    args: dict[str, object] = {
+        "command": "apply",
+        "patch_id": "eagle-init-guard",
+        "patch_sha256": PATCH_SHA,
+        "operator": "ops@controller",
+        "command_line": "opspatch apply eagle-init-guard --hosts gpu-fleet",
+        "hosts": hosts,
+        "playbook": "default",
+    }
+    args.update(kw)
+    return ledger.begin_run(**args)  # type: ignore[arg-type]
+
+
+def record_patch(
+    ledger: Ledger, run_id: str, host: str, path: str = "/srv/eagle_worker_v2.py"
+) -> None:
+    ledger.record_file_version(
+        run_id,
+        host,
+        path=path,
+        sha256_before=sha(ORIGINAL),
+        sha256_after=sha(PATCHED),
+        mode=0o644,
+        owner="root:root",
+        pre_image=ORIGINAL,
+        post_image=PATCHED,
+    )
+
+
+def full_run(ledger: Ledger) -> str:
+    """A finished two-host apply run: one host applied, one rolled back within the run."""
+    run_id = begin(ledger)
+    for host in ("gpu-01", "gpu-02"):
+        ledger.record_facts(run_id, host, {"python": "3.11.9", "sglang": "0.5.23", "gpus": []})
+        ledger.record_step(run_id, host, "lock", "ok", 0.02)
+        record_patch(ledger, run_id, host)
+        ledger.record_step(run_id, host, "swap", "ok", 0.05, "renamed over the target")
+    ledger.record_step(run_id, "gpu-01", "smoke", "ok", 1.5)
+    ledger.record_host_outcome(
+        run_id,
+        "gpu-01",
+        "applied",
+        file={"path": "/srv/eagle_worker_v2.py", "sha256_before": sha(ORIGINAL)},
+    )
+    ledger.record_step(run_id, "gpu-02", "smoke", "failed", 2.5, "Traceback in the log")
+    ledger.record_file_version(
+        run_id,
+        "gpu-02",
+        path="/srv/eagle_worker_v2.py",
+        sha256_before=sha(PATCHED),
+        sha256_after=sha(ORIGINAL),
+        mode=0o644,
+        owner="root:root",
+        pre_image=PATCHED,
+        action="restore",
+    )
+    ledger.record_host_outcome(run_id, "gpu-02", "rolled-back", error="smoke failed")
+    ledger.finish_run(run_id, "failed")
+    return run_id
+
+
+@pytest.fixture
+def ledger_path(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "ledger.sqlite3"
+
+
+@pytest.fixture
+def ledger(ledger_path: Path) -> Iterator[Ledger]:
+    opened = Ledger.open(ledger_path)
+    yield opened
+    opened.close()
+
+
+def raw(path: Path) -> sqlite3.Connection:
+    """A connection that goes behind opspatch's back (the tamperer's tool)."""
+    return sqlite3.connect(str(path), isolation_level=None)
+
+
+def drop_triggers(conn: sqlite3.Connection) -> None:
+    names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")]
+    for name in names:
+        conn.execute(f"DROP TRIGGER {name}")
+
+
+# ---------------------------------------------------------------------------------------------
+# opening and durability
+
+
+def test_open_creates_parent_directories_and_uses_wal_full_sync_and_foreign_keys(
+    ledger_path: Path,
+) -> None:
+    with Ledger.open(ledger_path) as ledger:
+        settings = ledger.settings()
+    assert ledger_path.is_file()
+    assert settings["journal_mode"] == "wal"
+    assert settings["synchronous"] == 2  # FULL
+    assert settings["foreign_keys"] == 1
+    assert settings["busy_timeout_ms"] >= 1000
+    assert settings["schema_version"] == 1
+    # WAL is a property of the file: another connection sees it too.
+    assert raw(ledger_path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_default_path_is_in_the_isolated_state_directory(isolated_home: Path) -> None:
+    path = default_ledger_path()
+    assert path.is_relative_to(isolated_home)
+    with Ledger.open(path) as ledger:
+        assert ledger.verify().ok
+
+
+def test_open_refuses_a_file_that_is_not_a_database(tmp_path: Path) -> None:
+    bogus = tmp_path / "ledger.sqlite3"
+    bogus.write_bytes(b"this is not sqlite, just text that happens to be here\n" * 40)
+    with pytest.raises(LedgerError, match="unusable"):
+        Ledger.open(bogus)
+
+
+def test_open_refuses_a_ledger_from_a_newer_opspatch(ledger_path: Path) -> None:
+    Ledger.open(ledger_path).close()
+    raw(ledger_path).execute("PRAGMA user_version = 99")
+    with pytest.raises(LedgerError, match="schema version 99"):
+        Ledger.open(ledger_path)
+
+
+def test_reopening_keeps_history(ledger_path: Path) -> None:
+    with Ledger.open(ledger_path) as first:
+        run_id = full_run(first)
+    with Ledger.open(ledger_path) as second:
+        assert [r.run_id for r in second.list_runs()] == [run_id]
+        assert second.verify().ok
+
+
+# ---------------------------------------------------------------------------------------------
+# append-only
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE events SET body = '{}' WHERE id = 2",
+        "DELETE FROM events WHERE id = 2",
+        "DELETE FROM events",
+        "UPDATE blobs SET data = x'00'",
+        "DELETE FROM blobs",
+    ],
+)
+def test_update_and_delete_are_refused_on_every_history_table(
+    ledger: Ledger, ledger_path: Path, statement: str
+) -> None:
+    full_run(ledger)
+    with pytest.raises(sqlite3.IntegrityError, match="opspatch ledger is append-only"):
+        raw(ledger_path).execute(statement)
+    assert ledger.verify().ok
+
+
+# ---------------------------------------------------------------------------------------------
+# the hash chain
+
+
+def test_event_hash_format_is_pinned() -> None:
+    # Changing the canonical form would make every existing ledger fail verification.
+    assert (
+        event_hash(
+            event_id=1,
+            run_id="20261130T025012Z-3f9a1c",
+            kind="step",
+            host="gpu-01",
+            path=None,
+            recorded_at="2026-11-30T02:50:12.000000Z",
+            body='{"step":"lock"}',
+            pre_image=None,
+            post_image=None,
+            prev_hash=GENESIS_HASH,
+        )
+        == "acb2763cc4f450e94dea46c265ec968e6cc001624bd4d3a6dd8d5254662654b4"
+    )
+
+
+def test_chain_starts_at_genesis_and_links_every_event(ledger: Ledger, ledger_path: Path) -> None:
+    full_run(ledger)
+    rows = raw(ledger_path).execute("SELECT id, prev_hash, hash FROM events ORDER BY id").fetchall()
+    assert rows[0][1] == GENESIS_HASH
+    for before, after in pairwise(rows):
+        assert after[0] == before[0] + 1
+        assert after[1] == before[2]
+    report = ledger.verify()
+    assert report.ok and report.first_broken is None
+    assert report.events_checked == len(rows)
+    assert report.blobs_checked == 2  # ORIGINAL and PATCHED, each stored once
+    assert report.head_hash == rows[-1][2]
+
+
+def test_an_edited_row_is_reported_by_its_event_id(ledger: Ledger, ledger_path: Path) -> None:
+    full_run(ledger)
+    tamper = raw(ledger_path)
+    drop_triggers(tamper)
+    tamper.execute("""UPDATE events SET body = replace(body, '"failed"', '"ok"') WHERE id = 12""")
+    assert tamper.total_changes == 1
+
+    report = ledger.verify()
+    assert not report.ok
+    assert report.first_broken == 12
+    assert "edited" in (report.reason or "")
+    with pytest.raises(LedgerIntegrityError, match="not intact at event 12") as caught:
+        ledger.ensure_intact()
+    assert caught.value.first_broken == 12
+
+
+def test_an_edited_hash_is_caught_at_the_next_link(ledger: Ledger, ledger_path: Path) -> None:
+    # Re-hashing an edited row is not enough: the next row's prev_hash still names the old hash.
+    full_run(ledger)
+    tamper = raw(ledger_path)
+    drop_triggers(tamper)
+    tamper.execute("UPDATE events SET hash = ? WHERE id = 5", ("f" * 64,))
+    report = ledger.verify()
+    assert report.first_broken == 5  # its own content no longer matches what it claims
+
+
+def test_a_deleted_row_breaks_the_chain_at_the_next_id(ledger: Ledger, ledger_path: Path) -> None:
+    full_run(ledger)
+    tamper = raw(ledger_path)
+    drop_triggers(tamper)
+    tamper.execute("DELETE FROM events WHERE id = 7")
+    report = ledger.verify()
+    assert not report.ok
+    assert report.first_broken == 8
+    assert "7" in (report.reason or "") and "missing" in (report.reason or "")
+
+
+def test_a_deleted_tail_is_detected(ledger: Ledger, ledger_path: Path) -> None:
+    full_run(ledger)
+    tamper = raw(ledger_path)
+    last = tamper.execute("SELECT max(id) FROM events").fetchone()[0]
+    drop_triggers(tamper)
+    tamper.execute("DELETE FROM events WHERE id >= ?", (last - 1,))
+    report = ledger.verify()
+    assert not report.ok
+    assert report.first_broken == last - 1
+    assert "deleted from the end" in (report.reason or "")
+
+
+def test_appending_after_a_deleted_tail_still_shows_the_gap(
+    ledger: Ledger, ledger_path: Path
+) -> None:
+    full_run(ledger)
+    tamper = raw(ledger_path)
+    last = tamper.execute("SELECT max(id) FROM events").fetchone()[0]
+    drop_triggers(tamper)
+    tamper.execute("DELETE FROM events WHERE id = ?", (last,))
+    begin(ledger)  # opspatch carries on writing, unaware
+    assert ledger.verify().first_broken == last + 1
+
+
+def test_an_altered_blob_is_detected_and_never_handed_out(
+    ledger: Ledger, ledger_path: Path
+) -> None:
+    run_id = full_run(ledger)
+    first_version = ledger.get_run(run_id).host("gpu-01").file_versions[0]
+    tamper = raw(ledger_path)
+    drop_triggers(tamper)
+    tamper.execute("UPDATE blobs SET data = ? WHERE sha256 = ?", (b"import os\n", sha(ORIGINAL)))
+    report = ledger.verify()
+    assert not report.ok
+    assert report.first_broken == first_version.event_id
+    assert "blob was edited" in (report.reason or "")
+    with pytest.raises(LedgerIntegrityError):
+        ledger.blob(sha(ORIGINAL))
+
+
+def test_a_deleted_blob_is_detected(ledger: Ledger, ledger_path: Path) -> None:
+    run_id = full_run(ledger)
+    first_version = ledger.get_run(run_id).host("gpu-01").file_versions[0]
+    tamper = raw(ledger_path)
+    drop_triggers(tamper)
+    tamper.execute("PRAGMA foreign_keys = OFF")
+    tamper.execute("DELETE FROM blobs WHERE sha256 = ?", (sha(ORIGINAL),))
+    report = ledger.verify()
+    assert report.first_broken == first_version.event_id
+    assert "missing" in (report.reason or "")
+    with pytest.raises(LedgerError, match="no stored bytes"):
+        ledger.blob(sha(ORIGINAL))
+
+
+def test_reopening_restores_dropped_triggers_and_says_so(ledger_path: Path) -> None:
+    with Ledger.open(ledger_path) as ledger:
+        full_run(ledger)
+    drop_triggers(raw(ledger_path))
+    with Ledger.open(ledger_path) as reopened:
+        report = reopened.verify()
+    assert report.ok  # nothing was edited, so the chain holds
+    assert any("re-created" in w for w in report.warnings)
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        raw(ledger_path).execute("DELETE FROM events")
+
+
+# ---------------------------------------------------------------------------------------------
+# concurrency
+
+
+def _append_from_another_process(path: str, worker: int, events: int, ready: object) -> None:
+    with Ledger.open(Path(path)) as ledger:
+        ready.wait()  # type: ignore[attr-defined]  # every writer starts at the same moment
+        run_id = ledger.begin_run(
+            command="apply",
+            patch_id="eagle-init-guard",
+            patch_sha256=None,
+            operator=f"operator{worker}@controller",
+            command_line="opspatch apply",
+            hosts=[f"gpu-{worker}"],
+        )
+        for step in range(events):
+            ledger.record_step(run_id, f"gpu-{worker}", "smoke", "ok", float(step))
+            # Real steps are spaced out; without a pause the writer that holds the lock first
+            # re-takes it before SQLite's busy handler wakes the others, and nothing interleaves.
+            time.sleep(0.002)
+        ledger.finish_run(run_id, "succeeded")
+
+
+def test_processes_appending_at_once_keep_one_intact_chain(ledger_path: Path) -> None:
+    Ledger.open(ledger_path).close()
+    context = multiprocessing.get_context("spawn")
+    workers, events = 4, 40
+    ready = context.Barrier(workers)
+    processes = [
+        context.Process(
+            target=_append_from_another_process, args=(str(ledger_path), w, events, ready)
+        )
+        for w in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+        assert process.exitcode == 0
+
+    with Ledger.open(ledger_path) as ledger:
+        report = ledger.verify()
+        runs = ledger.list_runs()
+    assert report.ok, report
+    assert report.events_checked == workers * (events + 2)
+    assert sorted(r.operator for r in runs) == [f"operator{w}@controller" for w in range(workers)]
+    assert all(r.status == "finished" and r.outcome == "succeeded" for r in runs)
+    # The writers really interleaved (otherwise this test proves nothing about forks).
+    kinds = [
+        r[0] for r in raw(ledger_path).execute("SELECT run_id FROM events ORDER BY id").fetchall()
+    ]
+    switches = sum(1 for a, b in pairwise(kinds) if a != b)
+    assert switches >= workers, switches
+
+
+def test_threads_sharing_one_ledger_keep_one_intact_chain(ledger: Ledger) -> None:
+    hosts = tuple(f"gpu-{i:02}" for i in range(16))
+    run_id = begin(ledger, hosts=hosts)
+
+    def work(host: str) -> None:
+        for step in ("lock", "inspect", "swap", "restart", "ready", "smoke"):
+            ledger.record_step(run_id, host, step, "ok", 0.01)
+        ledger.record_host_outcome(run_id, host, "applied")
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(work, hosts))
+    ledger.finish_run(run_id, "succeeded")
+    assert ledger.verify().ok
+    detail = ledger.get_run(run_id)
+    assert [h.host for h in detail.hosts] == list(hosts)
+    assert all(h.outcome == "applied" and len(h.steps) == 6 for h in detail.hosts)
+
+
+# ---------------------------------------------------------------------------------------------
+# derived run status
+
+
+def test_a_run_of_a_living_process_is_running_until_finished(ledger: Ledger) -> None:
+    run_id = begin(ledger)
+    (summary,) = ledger.list_runs()
+    assert summary.status == "running" and summary.outcome is None
+    assert summary.controller.pid == os.getpid()
+    ledger.finish_run(run_id, "succeeded")
+    (summary,) = ledger.list_runs()
+    assert (summary.status, summary.outcome) == ("finished", "succeeded")
+    assert summary.finished_at is not None
+
+
+def test_a_sigkilled_run_shows_as_interrupted_with_each_hosts_last_step(
+    ledger_path: Path,
+) -> None:
+    script = textwrap.dedent(
+        """
+        import os, signal, sys
+        from pathlib import Path
+        from opspatch.ledger import Ledger
+        ledger = Ledger.open(Path(sys.argv[1]))
+        run_id = ledger.begin_run(command="apply", patch_id="eagle-init-guard",
+                                  patch_sha256=None, operator="ops@controller",
+                                  command_line="opspatch apply", hosts=["gpu-01", "gpu-02"])
+        ledger.record_step(run_id, "gpu-01", "lock", "ok", 0.01)
+        ledger.record_step(run_id, "gpu-01", "swap", "started")
+        ledger.record_step(run_id, "gpu-02", "lock", "ok", 0.01)
+        print(run_id, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(ledger_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    run_id = done.stdout.strip()
+
+    with Ledger.open(ledger_path) as ledger:
+        (summary,) = ledger.list_runs()
+        detail = ledger.get_run(run_id)
+        assert ledger.verify().ok
+    assert summary.run_id == run_id
+    assert summary.status == "interrupted"
+    assert summary.outcome is None and summary.finished_at is None
+    last_01 = detail.host("gpu-01").last_step
+    last_02 = detail.host("gpu-02").last_step
+    assert last_01 is not None and (last_01.step, last_01.status) == ("swap", "started")
+    assert last_02 is not None and (last_02.step, last_02.status) == ("lock", "ok")
+    assert detail.host("gpu-01").outcome is None
+
+
+def test_a_reused_pid_does_not_count_as_the_run_still_going() -> None:
+    me = ControllerProcess.current()
+    assert me.is_alive() is True
+    if me.start_token is None:
+        pytest.skip("no /proc on this system: start times cannot be compared")
+    impostor = ControllerProcess(me.hostname, me.pid, me.start_token + "0")
+    assert impostor.is_alive() is False
+
+
+def test_a_run_begun_on_another_controller_has_unknown_status() -> None:
+    elsewhere = ControllerProcess(socket.gethostname() + "-other", os.getpid(), None)
+    assert elsewhere.is_alive() is None
+
+
+# ---------------------------------------------------------------------------------------------
+# queries
+
+
+def test_run_detail_round_trips_through_json(ledger: Ledger) -> None:
+    run_id = full_run(ledger)
+    detail = ledger.get_run(run_id)
+    text = json.dumps(detail.to_json())
+    again = type(detail).from_json(json.loads(text))
+    assert again == detail
+    document = json.loads(text)
+    assert document["run_id"] == run_id
+    assert document["outcome"] == "failed"
+    assert [h["outcome"] for h in document["host_records"]] == ["applied", "rolled-back"]
+    assert all(s.to_json() == json.loads(json.dumps(s.to_json())) for s in ledger.list_runs())
+
+
+def test_get_run_gives_steps_facts_file_versions_and_outcomes(ledger: Ledger) -> None:
+    run_id = full_run(ledger)
+    detail = ledger.get_run(run_id)
+    summary = detail.summary
+    assert summary.command == "apply" and summary.patch_id == "eagle-init-guard"
+    assert summary.patch_sha256 == PATCH_SHA and summary.playbook == "default"
+    assert summary.operator == "ops@controller"
+    assert summary.hosts == ("gpu-01", "gpu-02")
+    gpu01 = detail.host("gpu-01")
+    assert [s.step for s in gpu01.steps] == ["lock", "swap", "smoke"]
+    assert gpu01.steps[1].detail == "renamed over the target"
+    assert gpu01.facts == {"python": "3.11.9", "sglang": "0.5.23", "gpus": []}
+    assert gpu01.outcome == "applied" and gpu01.error is None
+    assert gpu01.file == {"path": "/srv/eagle_worker_v2.py", "sha256_before": sha(ORIGINAL)}
+    (version,) = gpu01.file_versions
+    assert (version.mode, version.owner, version.size_before) == (0o644, "root:root", len(ORIGINAL))
+    assert ledger.blob(version.pre_image_sha256) == ORIGINAL
+    assert version.post_image_sha256 is not None
+    assert ledger.blob(version.post_image_sha256) == PATCHED
+    gpu02 = detail.host("gpu-02")
+    assert gpu02.outcome == "rolled-back" and gpu02.error == "smoke failed"
+    assert [v.action for v in gpu02.file_versions] == ["patch", "restore"]
+
+
+def test_get_run_accepts_a_unique_prefix_and_refuses_unknown_ones(ledger: Ledger) -> None:
+    run_id = full_run(ledger)
+    assert ledger.get_run(run_id[:17]).run_id == run_id
+    with pytest.raises(InputError, match="no run"):
+        ledger.get_run("19990101T000000Z-000000")
+    with pytest.raises(InputError, match="no run"):
+        ledger.get_run("")
+
+
+def test_list_runs_is_newest_first_and_limited(ledger: Ledger) -> None:
+    ids = [begin(ledger) for _ in range(5)]
+    for run_id in ids:
+        ledger.finish_run(run_id, "succeeded")
+    assert [r.run_id for r in ledger.list_runs()] == ids[::-1]
+    assert [r.run_id for r in ledger.list_runs(limit=2)] == ids[:-3:-1]
+
+
+def test_last_applied_skips_a_patch_the_same_run_restored(ledger: Ledger) -> None:
+    run_id = full_run(ledger)
+    applied = ledger.last_applied("gpu-01", "/srv/eagle_worker_v2.py", "eagle-init-guard")
+    assert applied is not None and applied.run_id == run_id and applied.action == "patch"
+    assert ledger.last_applied("gpu-02", "/srv/eagle_worker_v2.py", "eagle-init-guard") is None
+    assert ledger.last_applied("gpu-01", "/srv/eagle_worker_v2.py", "other-patch") is None
+    assert ledger.last_applied("gpu-01", "/srv/other.py", "eagle-init-guard") is None
+
+
+def test_last_applied_survives_a_later_rollback_run(ledger: Ledger) -> None:
+    apply_run = full_run(ledger)
+    rollback = begin(ledger, hosts=("gpu-01",), command="rollback", parent_run=apply_run)
+    ledger.record_file_version(
+        rollback,
+        "gpu-01",
+        path="/srv/eagle_worker_v2.py",
+        sha256_before=sha(PATCHED),
+        sha256_after=sha(ORIGINAL),
+        mode=0o644,
+        owner="root:root",
+        pre_image=PATCHED,
+        action="restore",
+    )
+    ledger.finish_run(rollback, "succeeded")
+    # The live hash (now ORIGINAL = sha256_before) is what tells status it is not applied.
+    applied = ledger.last_applied("gpu-01", "/srv/eagle_worker_v2.py", "eagle-init-guard")
+    assert applied is not None and applied.run_id == apply_run
+    assert ledger.get_run(rollback).summary.parent_run == apply_run
+
+
+def test_file_history_is_newest_first_and_filters_by_path(ledger: Ledger) -> None:
+    run_id = full_run(ledger)
+    history = ledger.file_history("gpu-02")
+    assert [v.action for v in history] == ["restore", "patch"]
+    assert all(v.run_id == run_id for v in history)
+    assert ledger.file_history("gpu-02", "/srv/elsewhere.py") == []
+
+
+def test_identical_pre_images_are_stored_once(ledger: Ledger, ledger_path: Path) -> None:
+    run_id = begin(ledger, hosts=tuple(f"gpu-{i}" for i in range(5)))
+    for i in range(5):
+        record_patch(ledger, run_id, f"gpu-{i}")
+    assert raw(ledger_path).execute("SELECT count(*) FROM blobs").fetchone()[0] == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# refusals
+
+
+def test_a_finished_run_accepts_nothing_more(ledger: Ledger) -> None:
+    run_id = begin(ledger)
+    ledger.finish_run(run_id, "succeeded")
+    with pytest.raises(LedgerError, match="already finished"):
+        ledger.record_step(run_id, "gpu-01", "lock", "ok")
+    with pytest.raises(LedgerError, match="already finished"):
+        ledger.finish_run(run_id, "failed")
+
+
+def test_events_for_an_unknown_run_are_refused(ledger: Ledger) -> None:
+    with pytest.raises(LedgerError, match="not in the ledger"):
+        ledger.record_step("20261130T025012Z-000000", "gpu-01", "lock", "ok")
+    with pytest.raises(LedgerError, match="parent run"):
+        begin(ledger, parent_run="20261130T025012Z-000000")
+
+
+def test_a_pre_image_that_does_not_match_its_hash_is_refused(ledger: Ledger) -> None:
+    run_id = begin(ledger)
+    with pytest.raises(ValueError, match="pre_image"):
+        ledger.record_file_version(
+            run_id,
+            "gpu-01",
+            path="/srv/x.py",
+            sha256_before=sha(PATCHED),
+            sha256_after=sha(PATCHED),
+            mode=0o644,
+            owner="root:root",
+            pre_image=ORIGINAL,
+        )
+    assert ledger.get_run(run_id).host("gpu-01").file_versions == ()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("step", "Swap Step"), ("status", ""), ("step", "swap;rm")],
+)
+def test_step_names_and_statuses_must_be_plain_words(
+    ledger: Ledger, field: str, value: str
+) -> None:
+    run_id = begin(ledger)
+    args = {"step": "swap", "status": "ok", field: value}
+    with pytest.raises(ValueError, match=field):
+        ledger.record_step(run_id, "gpu-01", args["step"], args["status"])
+
+
+def test_facts_that_are_not_json_are_refused_before_writing(ledger: Ledger) -> None:
+    run_id = begin(ledger)
+    with pytest.raises(TypeError):
+        ledger.record_facts(run_id, "gpu-01", {"when": object()})
+    assert ledger.verify().events_checked == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# identity helpers
+
+
+def test_operator_is_user_at_controller_hostname() -> None:
+    user, _, host = operator_identity().partition("@")
+    assert user and host == socket.gethostname()
+
+
+def test_run_ids_are_unique_and_sort_by_time() -> None:
+    from datetime import datetime, timezone
+
+    earlier = new_run_id(datetime(2026, 11, 30, 2, 50, 12, tzinfo=timezone.utc))
+    later = new_run_id(datetime(2026, 11, 30, 2, 50, 13, tzinfo=timezone.utc))
+    assert earlier.startswith("20261130T025012Z-") and len(earlier) == 23
+    assert earlier < later
+    assert len({new_run_id() for _ in range(20)}) == 20
