@@ -163,3 +163,14 @@ def read_toml(path: Path) -> TomlDocument:
     except OSError as exc:
         raise SpecError(Location(str(path)), f"cannot read: {exc.strerror}") from None
     return parse_toml(text, str(path))
+
+
+def parse_field_path(text: str) -> FieldPath:
+    """`edits[1].anchor` -> `("edits", 1, "anchor")` (the inverse of `format_field_path`)."""
+    path: list[str | int] = []
+    for part in re.finditer(r"([^.\[\]]+)|\[(\d+)\]", text):
+        if part.group(1) is not None:
+            path.append(part.group(1))
+        else:
+            path.append(int(part.group(2)))
+    return tuple(path)

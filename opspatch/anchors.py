@@ -1,0 +1,381 @@
+"""Find scopes and statements by structure, not by line number.
+
+A scope is named the way a reader names it: `EAGLEWorkerV2.__init__`, `Outer.Inner.method`,
+`helper` or `<module>`. Statements inside a scope are chosen by what they do (`calls`, `assigns`,
+`defines`, `matches`), so an anchor keeps pointing at the same code when lines move between
+releases. When an anchor finds nothing, the nearest names are offered; when it finds several
+places, all of them are listed: the engine never guesses.
+
+Pure: works on `ast` trees.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import difflib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from opspatch.spec import MODULE_SCOPE, ReplaceSelector, StatementSelector
+
+DefNode = ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+ScopeNode = ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+
+
+class AnchorProblem(Exception):
+    """An anchor matched nothing or several places. Converted to `NotApplicable` by the engine."""
+
+    def __init__(self, message: str, candidates: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.candidates = tuple(candidates)
+
+
+@dataclass(frozen=True)
+class Scope:
+    qualname: str
+    node: ScopeNode
+
+
+@dataclass(frozen=True)
+class Located:
+    """A selected statement and the block (statement list) that holds it."""
+
+    stmt: ast.stmt
+    block: list[ast.stmt]
+
+
+def first_line(node: ast.stmt) -> int:
+    """The first line of a statement, decorators included."""
+    decorators: list[ast.expr] = getattr(node, "decorator_list", None) or []
+    return min([node.lineno, *(d.lineno for d in decorators)])
+
+
+def last_line(node: ast.stmt) -> int:
+    return node.end_lineno if node.end_lineno is not None else node.lineno
+
+
+def child_blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
+    """The statement lists directly inside a compound statement (not inside nested defs)."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return []
+    blocks: list[list[ast.stmt]] = []
+    for name in ("body", "orelse", "finalbody"):
+        block = getattr(stmt, name, None)
+        if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+            blocks.append(block)
+    for handler in getattr(stmt, "handlers", []) or []:
+        blocks.append(handler.body)
+    for case in getattr(stmt, "cases", []) or []:
+        blocks.append(case.body)
+    return blocks
+
+
+def scope_blocks(node: ScopeNode) -> Iterator[list[ast.stmt]]:
+    """Every statement list of a scope, outermost first (nested defs are other scopes)."""
+    stack = [node.body]
+    while stack:
+        block = stack.pop(0)
+        yield block
+        for stmt in block:
+            stack.extend(child_blocks(stmt))
+
+
+def iter_statements(node: ScopeNode) -> Iterator[Located]:
+    """Every statement of a scope in source order, descending into if/for/with/try blocks."""
+
+    def walk(block: list[ast.stmt]) -> Iterator[Located]:
+        for stmt in block:
+            yield Located(stmt, block)
+            for inner in child_blocks(stmt):
+                yield from walk(inner)
+
+    yield from walk(node.body)
+
+
+def iter_definitions(tree: ast.Module) -> Iterator[tuple[str, DefNode]]:
+    """Every class and function with its qualname (`Outer.Inner.method`), in source order."""
+
+    def walk(block: list[ast.stmt], prefix: str) -> Iterator[tuple[str, DefNode]]:
+        for stmt in block:
+            if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                qualname = f"{prefix}{stmt.name}"
+                yield qualname, stmt
+                yield from walk(stmt.body, qualname + ".")
+            else:
+                for inner in child_blocks(stmt):
+                    yield from walk(inner, prefix)
+
+    yield from walk(tree.body, "")
+
+
+def resolve_scope(tree: ast.Module, qualname: str) -> Scope:
+    """Find the one scope called `qualname`.
+
+    Raises:
+        AnchorProblem: no such scope (nearest names offered) or several (all listed).
+    """
+    if qualname == MODULE_SCOPE:
+        return Scope(qualname, tree)
+    found = [(name, node) for name, node in iter_definitions(tree) if name == qualname]
+    if len(found) == 1:
+        return Scope(qualname, found[0][1])
+    if found:
+        raise AnchorProblem(
+            f"scope `{qualname}` is defined {len(found)} times",
+            [f"{qualname} at line {first_line(node)}" for _, node in found],
+        )
+    names = [name for name, _ in iter_definitions(tree)]
+    near = difflib.get_close_matches(qualname, names, n=5, cutoff=0.5)
+    tail = qualname.rsplit(".", 1)[-1]
+    near += [n for n in names if n.rsplit(".", 1)[-1] == tail and n not in near][:5]
+    raise AnchorProblem(
+        f"scope `{qualname}` is not defined in this file",
+        [f"{name} (line {first_line(node)})" for name, node in iter_definitions(tree) if name in near],
+    )
+
+
+def dotted_name(node: ast.expr) -> str | None:
+    """`self.a.b` -> "self.a.b"; `super().__init__` -> "super().__init__"; else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted_name(node.value)
+        return f"{base}.{node.attr}" if base is not None else None
+    if isinstance(node, ast.Call) and not node.args and not node.keywords:
+        base = dotted_name(node.func)
+        return f"{base}()" if base is not None else None
+    return None
+
+
+def _header_expressions(stmt: ast.stmt) -> list[ast.AST]:
+    """The expressions a statement evaluates itself (a compound statement's header only)."""
+    if not child_blocks(stmt) and not isinstance(
+        stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    ):
+        return [stmt]
+    if isinstance(stmt, ast.If | ast.While):
+        return [stmt.test]
+    if isinstance(stmt, ast.For | ast.AsyncFor):
+        return [stmt.target, stmt.iter]
+    if isinstance(stmt, ast.With | ast.AsyncWith):
+        return [item.context_expr for item in stmt.items]
+    if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+        return [*stmt.decorator_list, *stmt.args.defaults, *stmt.args.kw_defaults]  # type: ignore[list-item]
+    if isinstance(stmt, ast.ClassDef):
+        return [*stmt.decorator_list, *stmt.bases, *(k.value for k in stmt.keywords)]
+    subject = getattr(stmt, "subject", None)
+    return [subject] if subject is not None else []
+
+
+def calls_in(node: ast.AST) -> list[str]:
+    """Dotted names of every call inside `node` (`<call>` for calls of computed callables)."""
+    return [
+        dotted_name(sub.func) or "<call>"
+        for sub in ast.walk(node)
+        if isinstance(sub, ast.Call)
+    ]
+
+
+def statement_calls(stmt: ast.stmt) -> list[str]:
+    """The calls a statement makes itself (for a compound statement: in its header)."""
+    names: list[str] = []
+    for expr in _header_expressions(stmt):
+        names.extend(calls_in(expr))
+    return names
+
+
+def call_matches(name: str, wanted: str) -> bool:
+    """`self.init_cuda_graphs` matches `init_cuda_graphs` and `self.init_cuda_graphs`."""
+    return name == wanted or name.endswith("." + wanted)
+
+
+def _target_names(target: ast.expr) -> list[str]:
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for elt in target.elts for n in _target_names(elt)]
+    if isinstance(target, ast.Starred):
+        return _target_names(target.value)
+    name = dotted_name(target)
+    return [name] if name else []
+
+
+def statement_assigns(stmt: ast.stmt) -> list[str]:
+    """What a statement assigns (`x`, `self.y`), for Assign, AnnAssign and AugAssign."""
+    if isinstance(stmt, ast.Assign):
+        return [n for t in stmt.targets for n in _target_names(t)]
+    if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
+        return _target_names(stmt.target)
+    return []
+
+
+def strip_positions(node: ast.AST) -> str:
+    """A dump of `node` without positions: equal dumps mean the same code."""
+    return ast.dump(node, annotate_fields=True, include_attributes=False)
+
+
+def statement_dumps(code: str) -> list[str]:
+    """Dumps of the statements of a (dedented) snippet."""
+    import textwrap
+
+    return [strip_positions(s) for s in ast.parse(textwrap.dedent(code)).body]
+
+
+def _pick(found: list[Located], selector: StatementSelector | ReplaceSelector, where: str) -> Located:
+    if not found:
+        raise AnchorProblem(f"{selector.describe()} is not in {where}")
+    if selector.which == "first":
+        return found[0]
+    if selector.which == "last":
+        return found[-1]
+    if len(found) > 1:
+        raise AnchorProblem(
+            f"{selector.describe()} matches {len(found)} statements in {where}",
+            [f"line {first_line(loc.stmt)}" for loc in found],
+        )
+    return found[0]
+
+
+def _statement_candidates(scope: Scope, selector: StatementSelector | ReplaceSelector) -> list[str]:
+    """Nearby alternatives to show when a statement anchor finds nothing."""
+    seen: list[str] = []
+    if selector.calls is not None:
+        pool = [n for loc in iter_statements(scope.node) for n in statement_calls(loc.stmt)]
+        target = selector.calls
+    elif selector.assigns is not None:
+        pool = [n for loc in iter_statements(scope.node) for n in statement_assigns(loc.stmt)]
+        target = selector.assigns
+    elif selector.defines is not None:
+        pool = [
+            loc.stmt.name
+            for loc in iter_statements(scope.node)
+            if isinstance(loc.stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        ]
+        target = selector.defines
+    else:
+        return []
+    tails = {p: p.rsplit(".", 1)[-1] for p in pool}
+    for name in difflib.get_close_matches(target.rsplit(".", 1)[-1], list(tails.values()), n=5, cutoff=0.6):
+        for full, tail in tails.items():
+            if tail == name and full not in seen:
+                seen.append(full)
+    return seen[:5]
+
+
+def select_statement(scope: Scope, selector: StatementSelector | ReplaceSelector) -> Located:
+    """The statement of `scope` that `selector` chooses.
+
+    Raises:
+        AnchorProblem: nothing matches (nearest names offered) or several do and `which` is
+            `only` (all listed).
+    """
+    found: list[Located] = []
+    wanted_dump = statement_dumps(selector.matches)[0] if selector.matches is not None else None
+    for loc in iter_statements(scope.node):
+        stmt = loc.stmt
+        if selector.calls is not None:
+            hit = any(call_matches(n, selector.calls) for n in statement_calls(stmt))
+        elif selector.assigns is not None:
+            hit = selector.assigns in statement_assigns(stmt)
+        elif selector.defines is not None:
+            hit = isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and (
+                stmt.name == selector.defines
+            )
+        else:
+            hit = strip_positions(stmt) == wanted_dump
+        if hit:
+            found.append(loc)
+    try:
+        return _pick(found, selector, f"`{scope.qualname}`")
+    except AnchorProblem as problem:
+        if not found:
+            near = _statement_candidates(scope, selector)
+            raise AnchorProblem(
+                problem.message, [f"nearest: {n}" for n in near]
+            ) from None
+        raise
+
+
+@dataclass(frozen=True)
+class LocatedExpression:
+    expr: ast.expr
+    stmt: ast.stmt
+
+
+def select_expression(scope: Scope, selector: ReplaceSelector) -> LocatedExpression:
+    """The expression of `scope` equal to `selector.expression`.
+
+    Raises:
+        AnchorProblem: no such expression, or several and `which` is `only`.
+    """
+    assert selector.expression is not None
+    wanted = strip_positions(ast.parse(selector.expression.strip(), mode="eval").body)
+    found: list[LocatedExpression] = []
+    for loc in iter_statements(scope.node):
+        for expr_root in _header_expressions(loc.stmt):
+            for sub in ast.walk(expr_root):
+                if isinstance(sub, ast.expr) and strip_positions(sub) == wanted:
+                    found.append(LocatedExpression(sub, loc.stmt))
+    # nested matches (an expression inside an equal expression) cannot happen for equal dumps,
+    # but the same node can be reached twice through a statement and its header: dedupe.
+    unique: dict[tuple[int, int], LocatedExpression] = {}
+    for item in found:
+        unique.setdefault((item.expr.lineno, item.expr.col_offset), item)
+    ordered = sorted(unique.values(), key=lambda i: (i.expr.lineno, i.expr.col_offset))
+    where = f"`{scope.qualname}`"
+    if not ordered:
+        raise AnchorProblem(f"{selector.describe()} is not in {where}")
+    if selector.which == "first":
+        return ordered[0]
+    if selector.which == "last":
+        return ordered[-1]
+    if len(ordered) > 1:
+        raise AnchorProblem(
+            f"{selector.describe()} matches {len(ordered)} places in {where}",
+            [f"line {i.expr.lineno}, column {i.expr.col_offset + 1}" for i in ordered],
+        )
+    return ordered[0]
+
+
+def find_statement_run(scope: Scope, dumps: Sequence[str]) -> list[ast.stmt] | None:
+    """A run of consecutive statements in any block of `scope` equal to `dumps`, if present.
+
+    This is how an insert is recognised as already applied: by its syntax tree, so removing the
+    marker comment or reformatting does not hide it.
+    """
+    n = len(dumps)
+    for block in scope_blocks(scope.node):
+        block_dumps = [strip_positions(s) for s in block]
+        for i in range(len(block) - n + 1):
+            if block_dumps[i : i + n] == list(dumps):
+                return block[i : i + n]
+    return None
+
+
+def skeleton(node: ast.AST) -> str:
+    """A dump of `node` with nested definitions reduced to their names.
+
+    Two versions of a scope with equal skeletons differ at most inside their nested definitions,
+    which are compared on their own.
+    """
+
+    class _Reduce(ast.NodeTransformer):
+        def __init__(self, root: ast.AST) -> None:
+            self.root = root
+
+        def _stub(self, node: DefNode) -> ast.AST:
+            if node is self.root:
+                return self.generic_visit(node)
+            return ast.Expr(ast.Constant(f"<{type(node).__name__} {node.name}>"))
+
+        def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
+            return self._stub(node)
+
+        def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> ast.AST:
+            return self._stub(node)
+
+        def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
+            return self._stub(node)
+
+    clone = copy.deepcopy(node)
+    return strip_positions(_Reduce(clone).visit(clone))

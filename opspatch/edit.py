@@ -1,0 +1,818 @@
+"""Apply, detect and reverse a patch on Python source: the pure heart of opspatch.
+
+`apply_patch(source, patch)` returns one of three values, never raises for a file that does not
+fit, and never returns a broken file:
+
+- `Applied(new_source, diff, ...)`: every edit placed, the result validated (parses, compiles,
+  postconditions hold, nothing outside the edited scopes changed);
+- `AlreadyApplied(reason)`: every edit is already present, recognised by its syntax tree (so a
+  removed marker comment or a reformatted line does not hide it);
+- `NotApplicable(reason, field, candidates)`: an anchor found nothing or several places, the file
+  is partly patched, not decodable, not an accepted pre-image, or the result failed validation.
+
+Edits change only their own spans: every other byte (comments, blank lines, CRLF, tabs, encoding
+cookie, BOM) is kept, because edits are splices into the original text. Each `Applied` records its
+splices, so `reverse(applied)` gives back the pre-image byte for byte; `unapply(source, patch)`
+removes insert and diff edits from a patched file without any record.
+
+Pure: bytes in, values out; no disk, no network.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from opspatch.anchors import (
+    AnchorProblem,
+    Located,
+    Scope,
+    find_statement_run,
+    first_line,
+    iter_definitions,
+    last_line,
+    resolve_scope,
+    select_expression,
+    select_statement,
+    statement_dumps,
+    strip_positions,
+)
+from opspatch.source import LineIndex, SourceDecodeError, SourceText, split_lines, strip_newline
+from opspatch.spec import (
+    MODULE_SCOPE,
+    DiffEdit,
+    InsertEdit,
+    PatchSpec,
+    ReplaceEdit,
+    edit_field,
+)
+from opspatch.unified import LineReplacement, ParsedDiff, parse_unified_diff, plan_hunks
+from opspatch.validate import validate_result
+
+# ---------------------------------------------------------------------------------------------
+# outcomes
+
+
+@dataclass(frozen=True)
+class Splice:
+    """Replace text[start:end] with `text` (offsets into the text the splice applies to)."""
+
+    start: int
+    end: int
+    text: str
+
+
+@dataclass(frozen=True)
+class EditRecord:
+    """What one edit did: its splices (relative to the text before it) and what they undo."""
+
+    index: int
+    kind: str
+    scope: str
+    description: str
+    splices: tuple[Splice, ...]
+    undo: tuple[Splice, ...]
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The patch applies: the new bytes, a unified diff, and how to undo it exactly."""
+
+    patch_id: str
+    old_source: bytes
+    new_source: bytes
+    diff: str
+    edits: tuple[EditRecord, ...]
+    edited_scopes: tuple[str, ...]
+    encoding: str
+    newline: str
+
+    @property
+    def sha256_before(self) -> str:
+        return sha256_hex(self.old_source)
+
+    @property
+    def sha256_after(self) -> str:
+        return sha256_hex(self.new_source)
+
+    @property
+    def outcome(self) -> str:
+        return "applicable"
+
+
+@dataclass(frozen=True)
+class AlreadyApplied:
+    """Every edit is already present (and the postconditions hold): nothing to do."""
+
+    patch_id: str
+    reason: str
+
+    @property
+    def outcome(self) -> str:
+        return "already-applied"
+
+
+@dataclass(frozen=True)
+class NotApplicable:
+    """The patch does not fit this file; `field` names the patch field at fault, if one is."""
+
+    patch_id: str
+    reason: str
+    field: str = ""
+    candidates: tuple[str, ...] = ()
+
+    @property
+    def outcome(self) -> str:
+        return "not-applicable"
+
+    def render(self) -> str:
+        lines = [self.reason if not self.field else f"{self.field}: {self.reason}"]
+        lines += [f"    {c}" for c in self.candidates]
+        return "\n".join(lines)
+
+
+PlanOutcome = Applied | AlreadyApplied | NotApplicable
+
+
+@dataclass(frozen=True)
+class EditState:
+    index: int
+    state: str  # "applied" | "pending" | "broken"
+    reason: str
+    candidates: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Detection:
+    """Whether a file carries a patch: `applied`, `not-applied`, `partial` or `unknown`."""
+
+    state: str
+    edits: tuple[EditState, ...] = field(default_factory=tuple)
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Reverted:
+    """`unapply` removed the patch: the pre-image and the diff that removes it."""
+
+    old_source: bytes
+    diff: str
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class _EditProblem(Exception):
+    """An edit cannot be placed; carries the field and candidates for `NotApplicable`."""
+
+    def __init__(self, message: str, field: str = "", candidates: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.candidates = tuple(candidates)
+
+
+# ---------------------------------------------------------------------------------------------
+# text helpers
+
+
+def _apply_splices(text: str, splices: Sequence[Splice]) -> str:
+    out = []
+    cursor = 0
+    for splice in sorted(splices, key=lambda s: s.start):
+        if splice.start < cursor:
+            raise _EditProblem("two changes of this patch overlap")
+        out.append(text[cursor : splice.start])
+        out.append(splice.text)
+        cursor = splice.end
+    out.append(text[cursor:])
+    return "".join(out)
+
+
+def _undo_splices(text: str, splices: Sequence[Splice]) -> tuple[Splice, ...]:
+    """The splices that turn the result of `splices` back into `text`."""
+    undo = []
+    shift = 0
+    for splice in sorted(splices, key=lambda s: s.start):
+        new_start = splice.start + shift
+        undo.append(Splice(new_start, new_start + len(splice.text), text[splice.start : splice.end]))
+        shift += len(splice.text) - (splice.end - splice.start)
+    return tuple(undo)
+
+
+def _is_blank_or_comment(line: str) -> bool:
+    stripped = line.strip()
+    return not stripped or stripped.startswith("#")
+
+
+COMMENT_WIDTH = 99
+
+
+def _marker_lines(patch: PatchSpec, comment: str | None, indent: str = "") -> list[str]:
+    """The marker comment naming the patch, with the edit's reason wrapped to fit the line."""
+    if not comment:
+        return [patch.marker]
+    width = max(40, COMMENT_WIDTH - len(indent.expandtabs(8)))
+    lines: list[str] = []
+    paragraphs = [p.strip() for p in textwrap.dedent(comment).strip().splitlines()]
+    for number, paragraph in enumerate(paragraphs):
+        first = f"{patch.marker}: {paragraph}" if number == 0 else f"# {paragraph}"
+        lines += textwrap.wrap(
+            first, width=width, subsequent_indent="# ", break_long_words=False,
+            break_on_hyphens=False,
+        ) or ["#"]
+    return lines
+
+
+def _render_block(lines: Sequence[str], indent: str, newline: str) -> str:
+    return "".join((indent + line if line.strip() else "") + newline for line in lines)
+
+
+def _code_lines(code: str) -> list[str]:
+    return [line.rstrip() for line in textwrap.dedent(code).strip("\n").splitlines()]
+
+
+def _rest_of_line_is_empty(index: LineIndex, lineno: int, col: int) -> bool:
+    line = index.line_text(lineno)
+    rest = line.encode("utf-8")[col:].decode("utf-8")
+    return _is_blank_or_comment(rest)
+
+
+def _prefix_is_indent(index: LineIndex, lineno: int, col: int) -> bool:
+    line = index.line_text(lineno).encode("utf-8")
+    return not line[:col].strip()
+
+
+def _statement_alone(index: LineIndex, stmt: ast.stmt) -> bool:
+    """True when no other statement shares the statement's first or last line."""
+    start_line = first_line(stmt)
+    decorators = getattr(stmt, "decorator_list", None) or []
+    start_col = decorators[0].col_offset - 1 if decorators else stmt.col_offset
+    end_col = stmt.end_col_offset if stmt.end_col_offset is not None else 0
+    return _prefix_is_indent(index, start_line, max(start_col, 0)) and _rest_of_line_is_empty(
+        index, last_line(stmt), end_col
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# placing edits
+
+
+def _is_docstring(stmt: ast.stmt) -> bool:
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Constant)
+        and isinstance(stmt.value.value, str)
+    )
+
+
+def _is_super_init(stmt: ast.stmt) -> bool:
+    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+        return False
+    func = stmt.value.func
+    return (
+        isinstance(func, ast.Attribute)
+        and func.attr == "__init__"
+        and isinstance(func.value, ast.Call)
+        and isinstance(func.value.func, ast.Name)
+        and func.value.func.id == "super"
+    )
+
+
+def _is_future_import(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"
+
+
+def _start_point(index: LineIndex, scope: Scope) -> tuple[int, str]:
+    """(line to insert before, indentation) for the start of a scope's body."""
+    body = scope.node.body
+    skipped: ast.stmt | None = None
+    position = 0
+    if position < len(body) and _is_docstring(body[position]):
+        skipped = body[position]
+        position += 1
+    if isinstance(scope.node, ast.Module):
+        while position < len(body) and _is_future_import(body[position]):
+            skipped = body[position]
+            position += 1
+    elif position < len(body) and _is_super_init(body[position]):
+        skipped = body[position]
+        position += 1
+    if skipped is not None:
+        if not _statement_alone(index, skipped):
+            raise _EditProblem(f"line {last_line(skipped)} holds more than one statement")
+        return last_line(skipped) + 1, index.indentation(first_line(skipped))
+    if not body:  # only possible for an empty module
+        return 1, ""
+    first = body[0]
+    indent = index.indentation(first_line(first))
+    if isinstance(scope.node, ast.Module):
+        return first_line(first), indent
+    header_line = scope.node.lineno
+    line = first_line(first) - 1
+    while line > header_line and _is_blank_or_comment(index.line_text(line)):
+        line -= 1
+    if first_line(first) <= header_line:
+        raise _EditProblem(
+            f"`{scope.qualname}` has its body on its header line (line {header_line}); "
+            "inserting at its start would need reformatting"
+        )
+    return line + 1, indent
+
+
+def _end_point(index: LineIndex, scope: Scope) -> tuple[int, str]:
+    last = scope.node.body[-1] if scope.node.body else None
+    if last is None:
+        return len(index.lines) + 1, ""
+    if not _statement_alone(index, last):
+        raise _EditProblem(f"line {last_line(last)} holds more than one statement")
+    return last_line(last) + 1, index.indentation(first_line(last))
+
+
+def _before_point(index: LineIndex, located: Located) -> tuple[int, str]:
+    stmt = located.stmt
+    if not _statement_alone(index, stmt):
+        raise _EditProblem(f"the anchor statement at line {first_line(stmt)} shares its line")
+    line = first_line(stmt)
+    indent = index.indentation(line)
+    # Comments directly above a statement belong to it: insert above them.
+    while line > 1:
+        above = index.line_text(line - 1)
+        if above.strip().startswith("#") and index.indentation(line - 1) == indent:
+            line -= 1
+        else:
+            break
+    return line, indent
+
+
+def _after_point(index: LineIndex, located: Located) -> tuple[int, str]:
+    stmt = located.stmt
+    if not _statement_alone(index, stmt):
+        raise _EditProblem(f"the anchor statement at line {last_line(stmt)} shares its line")
+    return last_line(stmt) + 1, index.indentation(first_line(stmt))
+
+
+def _insert_splice(index: LineIndex, line: int, block: str, newline: str) -> Splice:
+    offset = index.line_start(line)
+    text = index.text
+    if offset == len(text) and text and not text.endswith(("\n", "\r")):
+        # the file ends without a newline: start the block on a new line, keep the ending as it was
+        return Splice(offset, offset, newline + block[: -len(newline)])
+    return Splice(offset, offset, block)
+
+
+def _place_insert(
+    text: str, tree: ast.Module, edit: InsertEdit, patch: PatchSpec, newline: str, i: int
+) -> tuple[list[Splice], list[str]]:
+    index = LineIndex(text)
+    scope = _scope(tree, edit.scope, i)
+    if edit.position == "start":
+        line, indent = _start_point(index, scope)
+    elif edit.position == "end":
+        line, indent = _end_point(index, scope)
+    else:
+        assert edit.anchor is not None
+        located = _select(scope, edit.anchor, i, "anchor")
+        point = _before_point if edit.position == "before" else _after_point
+        line, indent = point(index, located)
+    lines = _marker_lines(patch, edit.comment, indent) + _code_lines(edit.code)
+    block = _render_block(lines, indent, newline)
+    return [_insert_splice(index, line, block, newline)], [edit.scope]
+
+
+def _place_replace(
+    text: str, tree: ast.Module, edit: ReplaceEdit, patch: PatchSpec, newline: str, i: int
+) -> tuple[list[Splice], list[str]]:
+    index = LineIndex(text)
+    scope = _scope(tree, edit.scope, i)
+    if edit.select.expression is not None:
+        try:
+            found = select_expression(scope, edit.select)
+        except AnchorProblem as problem:
+            raise _EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
+        expr = found.expr
+        assert expr.end_lineno is not None and expr.end_col_offset is not None
+        start = index.offset(expr.lineno, expr.col_offset)
+        end = index.offset(expr.end_lineno, expr.end_col_offset)
+        stmt_line = first_line(found.stmt)
+        indent = index.indentation(stmt_line)
+        marker = _marker_lines(patch, edit.comment, indent)
+        marker_splice = Splice(
+            index.line_start(stmt_line), index.line_start(stmt_line), _render_block(marker, indent, newline)
+        )
+        return [marker_splice, Splice(start, end, edit.code.strip())], [edit.scope]
+    located = _select(scope, edit.select, i, "select")
+    stmt = located.stmt
+    if not _statement_alone(index, stmt):
+        raise _EditProblem(
+            f"the selected statement at line {first_line(stmt)} shares its line with other code",
+            edit_field(i, "select"),
+        )
+    indent = index.indentation(first_line(stmt))
+    marker = _marker_lines(patch, edit.comment, indent)
+    assert stmt.end_col_offset is not None
+    start = index.line_start(first_line(stmt))
+    end = index.offset(last_line(stmt), stmt.end_col_offset)
+    code = _code_lines(edit.code)
+    rendered = _render_block(marker + code, indent, newline)
+    rendered = rendered[: -len(newline)]  # the statement's own line ending stays in the file
+    scopes = [edit.scope]
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        prefix = "" if edit.scope == MODULE_SCOPE else edit.scope + "."
+        scopes.append(prefix + stmt.name)
+    return [Splice(start, end, rendered)], scopes
+
+
+def _enclosing_scope(tree: ast.Module, first: int, last: int) -> str:
+    """The innermost definition containing lines [first, last]; `<module>` when none does."""
+    best = MODULE_SCOPE
+    best_span = None
+    for qualname, node in iter_definitions(tree):
+        start, end = first_line(node), last_line(node)
+        if start <= first and last <= end and (best_span is None or end - start < best_span):
+            best, best_span = qualname, end - start
+    return best
+
+
+def _plan_diff(
+    text: str, tree: ast.Module, edit: DiffEdit, newline: str, i: int, diff: ParsedDiff | None = None
+) -> tuple[list[Splice], list[str]]:
+    index = LineIndex(text)
+    parsed = diff if diff is not None else parse_unified_diff(edit.diff)
+    plain = [strip_newline(line) for line in index.lines]
+    planned = plan_hunks(plain, parsed, max_offset=edit.max_offset, fuzz=edit.fuzz)
+    if not isinstance(planned, list):
+        raise _EditProblem(planned.message, edit_field(i, "diff"))
+    splices = []
+    scopes = []
+    for replacement in planned:
+        splices.append(_replacement_splice(index, replacement, newline))
+        changed: list[int] = []  # 0-based old lines removed, or where lines are added
+        cursor = replacement.start
+        for tag, _ in replacement.ops:
+            if tag == "+":
+                changed.append(cursor)
+                continue
+            if tag == "-":
+                changed.append(cursor)
+            cursor += 1
+        lo = min(changed, default=replacement.start) + 1
+        hi = max(changed, default=replacement.end - 1) + 1
+        scopes.append(_enclosing_scope(tree, lo, hi))
+    return splices, scopes
+
+
+def _replacement_splice(index: LineIndex, replacement: LineReplacement, newline: str) -> Splice:
+    out = []
+    cursor = replacement.start
+    for tag, value in replacement.ops:
+        if tag == " ":
+            out.append(index.lines[cursor])
+            cursor += 1
+        elif tag == "-":
+            cursor += 1
+        else:
+            if out and not out[-1].endswith(("\n", "\r")):
+                out[-1] += newline
+            out.append(value + newline)
+    start = index.line_start(replacement.start + 1)
+    end = index.line_end(replacement.end)
+    new = "".join(out)
+    original_tail = index.text[start:end]
+    if new and not original_tail.endswith(("\n", "\r")) and end == len(index.text):
+        new = new[: -len(newline)] if new.endswith(newline) else new
+    return Splice(start, end, new)
+
+
+def _scope(tree: ast.Module, qualname: str, i: int) -> Scope:
+    try:
+        return resolve_scope(tree, qualname)
+    except AnchorProblem as problem:
+        raise _EditProblem(problem.message, edit_field(i, "scope"), problem.candidates) from None
+
+
+def _select(scope: Scope, selector: object, i: int, name: str) -> Located:
+    try:
+        return select_statement(scope, selector)  # type: ignore[arg-type]
+    except AnchorProblem as problem:
+        raise _EditProblem(problem.message, edit_field(i, name), problem.candidates) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# detecting
+
+
+def _edit_state(text: str, tree: ast.Module, edit: object, i: int) -> EditState:
+    """Is edit `i` present in `text`? Decided by syntax trees, never by marker comments."""
+    try:
+        if isinstance(edit, InsertEdit):
+            scope = _scope(tree, edit.scope, i)
+            present = find_statement_run(scope, statement_dumps(edit.code)) is not None
+            if present:
+                return EditState(i, "applied", "its code is present in the scope")
+            if edit.anchor is not None:
+                _select(scope, edit.anchor, i, "anchor")  # a missing anchor is a problem now
+            return EditState(i, "pending", "its code is not in the scope")
+        if isinstance(edit, ReplaceEdit):
+            scope = _scope(tree, edit.scope, i)
+            if edit.select.expression is not None:
+                wanted = strip_positions(ast.parse(edit.code.strip(), mode="eval").body)
+                try:
+                    select_expression(scope, edit.select)
+                    return EditState(i, "pending", "the expression to replace is present")
+                except AnchorProblem as problem:
+                    new_present = any(
+                        isinstance(n, ast.expr) and strip_positions(n) == wanted
+                        for n in ast.walk(scope.node)
+                    )
+                    if new_present:
+                        return EditState(i, "applied", "the replacement is present")
+                    raise _EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
+            try:
+                select_statement(scope, edit.select)
+                return EditState(i, "pending", "the statement to replace is present")
+            except AnchorProblem as problem:
+                if find_statement_run(scope, statement_dumps(edit.code)) is not None:
+                    return EditState(i, "applied", "the replacement is present")
+                raise _EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
+        assert isinstance(edit, DiffEdit)
+        parsed = parse_unified_diff(edit.diff)
+        plain = [strip_newline(line) for line in split_lines(text)]
+        forward = plan_hunks(plain, parsed, max_offset=edit.max_offset, fuzz=edit.fuzz)
+        if isinstance(forward, list):
+            return EditState(i, "pending", "the diff applies")
+        backward = plan_hunks(plain, parsed.reversed(), max_offset=edit.max_offset, fuzz=edit.fuzz)
+        if isinstance(backward, list):
+            return EditState(i, "applied", "the diff is already in the file (its reverse applies)")
+        raise _EditProblem(forward.message, edit_field(i, "diff"))
+    except _EditProblem as problem:
+        return EditState(i, "broken", problem.message, problem.candidates)
+
+
+def _decode(source: bytes) -> tuple[SourceText, ast.Module]:
+    decoded = SourceText.decode(source)
+    try:
+        tree = ast.parse(decoded.text)
+    except SyntaxError as exc:
+        raise SourceDecodeError(f"the file does not parse: {exc.msg} (line {exc.lineno})") from None
+    return decoded, tree
+
+
+def detect(source: bytes, patch: PatchSpec) -> Detection:
+    """Which of the patch's edits the file already carries (structurally)."""
+    try:
+        decoded, tree = _decode(source)
+    except SourceDecodeError as exc:
+        return Detection("unknown", (), str(exc))
+    states = tuple(_edit_state(decoded.text, tree, edit, i) for i, edit in enumerate(patch.edits))
+    kinds = {s.state for s in states}
+    if "broken" in kinds:
+        broken = next(s for s in states if s.state == "broken")
+        return Detection("unknown", states, f"{edit_field(broken.index)}: {broken.reason}")
+    if kinds == {"applied"}:
+        return Detection("applied", states, "every edit is present")
+    if kinds == {"pending"}:
+        return Detection("not-applied", states, "no edit is present")
+    present = ", ".join(edit_field(s.index) for s in states if s.state == "applied")
+    missing = ", ".join(edit_field(s.index) for s in states if s.state == "pending")
+    return Detection("partial", states, f"partly applied: {present} present, {missing} missing")
+
+
+# ---------------------------------------------------------------------------------------------
+# applying
+
+
+def unified_diff(old: str, new: str, relpath: str) -> str:
+    """A unified diff between two texts, labelled a/<relpath> and b/<relpath>."""
+    return "".join(
+        difflib.unified_diff(
+            split_lines(old), split_lines(new), fromfile=f"a/{relpath}", tofile=f"b/{relpath}"
+        )
+    )
+
+
+def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) -> PlanOutcome:
+    """Plan `patch` on `source`: `Applied`, `AlreadyApplied` or `NotApplicable`, with reasons.
+
+    `relpath` labels the diff (default: the module's path, e.g.
+    `sglang/srt/speculative/eagle_worker_v2.py`).
+    """
+    relpath = relpath or patch.target.module_relpaths()[0]
+    try:
+        decoded, tree = _decode(source)
+    except SourceDecodeError as exc:
+        return NotApplicable(patch.id, str(exc))
+    detection = detect(source, patch)
+    if detection.state == "unknown":
+        broken = next((s for s in detection.edits if s.state == "broken"), None)
+        if broken is not None:
+            return NotApplicable(
+                patch.id, broken.reason, _broken_field(patch, broken), broken.candidates
+            )
+        return NotApplicable(patch.id, detection.reason)
+    if detection.state == "partial":
+        return NotApplicable(
+            patch.id,
+            detection.reason
+            + "; restore the original file (opspatch rollback) or finish the change by hand",
+        )
+    if detection.state == "applied":
+        problems = validate_result(
+            old_text=decoded.text,
+            new_text=decoded.text,
+            new_source=source,
+            patch=patch,
+            edited_scopes=(),
+            filename=relpath,
+            check_compile=False,
+        )
+        if problems:
+            return NotApplicable(
+                patch.id, "its code is present but: " + "; ".join(problems)
+            )
+        return AlreadyApplied(
+            patch.id,
+            f"all {len(patch.edits)} edit(s) already present (recognised by syntax tree)"
+            + (", postconditions hold" if patch.postconditions else ""),
+        )
+    sha = sha256_hex(source)
+    if patch.target.accept_sha256 and sha not in patch.target.accept_sha256:
+        return NotApplicable(
+            patch.id,
+            f"the file's sha256 {sha} is not one of the pre-images this patch accepts",
+            "target.accept_sha256",
+        )
+
+    text = decoded.text
+    records: list[EditRecord] = []
+    scopes: list[str] = []
+    try:
+        for i, edit in enumerate(patch.edits):
+            current_tree = tree if i == 0 else ast.parse(text)
+            if isinstance(edit, InsertEdit):
+                splices, edit_scopes = _place_insert(text, current_tree, edit, patch, decoded.newline, i)
+                description = f"insert at {edit.position} of {edit.scope}"
+            elif isinstance(edit, ReplaceEdit):
+                splices, edit_scopes = _place_replace(text, current_tree, edit, patch, decoded.newline, i)
+                description = f"replace {edit.select.describe()} in {edit.scope}"
+            else:
+                splices, edit_scopes = _plan_diff(text, current_tree, edit, decoded.newline, i)
+                description = "diff"
+            new_text = _apply_splices(text, splices)
+            records.append(
+                EditRecord(
+                    index=i,
+                    kind=edit.kind,
+                    scope=",".join(edit_scopes),
+                    description=description,
+                    splices=tuple(splices),
+                    undo=_undo_splices(text, splices),
+                )
+            )
+            scopes.extend(s for s in edit_scopes if s not in scopes)
+            text = new_text
+            try:
+                ast.parse(text)
+            except SyntaxError as exc:
+                return NotApplicable(
+                    patch.id,
+                    f"the result does not parse after this edit: {exc.msg} (line {exc.lineno})",
+                    edit_field(i),
+                )
+    except _EditProblem as problem:
+        return NotApplicable(patch.id, problem.message, problem.field, problem.candidates)
+
+    try:
+        new_source = decoded.encode(text)
+    except SourceDecodeError as exc:
+        return NotApplicable(patch.id, str(exc))
+    problems = validate_result(
+        old_text=decoded.text,
+        new_text=text,
+        new_source=new_source,
+        patch=patch,
+        edited_scopes=tuple(scopes),
+        filename=relpath,
+    )
+    if problems:
+        return NotApplicable(patch.id, "the result fails validation: " + "; ".join(problems))
+    return Applied(
+        patch_id=patch.id,
+        old_source=source,
+        new_source=new_source,
+        diff=unified_diff(decoded.text, text, relpath),
+        edits=tuple(records),
+        edited_scopes=tuple(scopes),
+        encoding=decoded.encoding,
+        newline=decoded.newline,
+    )
+
+
+def _broken_field(patch: PatchSpec, state: EditState) -> str:
+    return edit_field(state.index)
+
+
+def reverse(applied: Applied) -> bytes:
+    """The exact pre-image of an `Applied`, rebuilt from its recorded splices."""
+    decoded = SourceText.decode(applied.new_source)
+    text = decoded.text
+    for record in reversed(applied.edits):
+        text = _apply_splices(text, record.undo)
+    return decoded.encode(text)
+
+
+def _removal_candidates(index: LineIndex, first: int, last: int, newline: str) -> list[str]:
+    """Texts with lines [first, last] removed, also for a block that ended a file without a
+    final newline (its newline went before it)."""
+    text = index.text
+    start, end = index.line_start(first), index.line_end(last)
+    out = [text[:start] + text[end:]]
+    if end == len(text) and start >= len(newline) and text[start - len(newline) : start] == newline:
+        out.append(text[: start - len(newline)])
+    return out
+
+
+def _first_verified(
+    candidates: Sequence[str], patch: PatchSpec, i: int, current: str, newline: str
+) -> str | None:
+    """The candidate pre-image from which edit `i` re-creates exactly `current`.
+
+    Re-applying is the proof: a candidate is accepted only if inserting the edit into it gives
+    back the patched text byte for byte.
+    """
+    edit = patch.edits[i]
+    assert isinstance(edit, InsertEdit)
+    for candidate in candidates:
+        try:
+            tree = ast.parse(candidate)
+            splices, _ = _place_insert(candidate, tree, edit, patch, newline, i)
+        except (SyntaxError, _EditProblem):
+            continue
+        if _apply_splices(candidate, splices) == current:
+            return candidate
+    return None
+
+
+def unapply(source: bytes, patch: PatchSpec, *, relpath: str | None = None) -> Reverted | NotApplicable:
+    """Remove `patch` from a patched file without any record of how it was applied.
+
+    Works for `insert` edits (the inserted block, marker included, is found by its syntax tree
+    and removed line for line) and `diff` edits (the reversed diff is applied). A `replace` edit
+    cannot be undone from the patched text alone: it is undone from the recorded pre-image
+    (the ledger, or the backup beside a local file), so this returns `NotApplicable` for it.
+    """
+    relpath = relpath or patch.target.module_relpaths()[0]
+    detection = detect(source, patch)
+    if detection.state != "applied":
+        return NotApplicable(patch.id, f"the patch is not applied here ({detection.reason})")
+    decoded, _ = _decode(source)
+    text = decoded.text
+    for i in reversed(range(len(patch.edits))):
+        edit = patch.edits[i]
+        tree = ast.parse(text)
+        index = LineIndex(text)
+        if isinstance(edit, ReplaceEdit):
+            return NotApplicable(
+                patch.id,
+                "a replace edit is undone from the recorded pre-image (ledger or backup), "
+                "not from the patched text",
+                edit_field(i),
+            )
+        if isinstance(edit, DiffEdit):
+            parsed = parse_unified_diff(edit.diff).reversed()
+            try:
+                splices, _ = _plan_diff(text, tree, edit, decoded.newline, i, diff=parsed)
+            except _EditProblem as problem:
+                return NotApplicable(patch.id, problem.message, problem.field)
+            text = _apply_splices(text, splices)
+            continue
+        scope = resolve_scope(tree, edit.scope)
+        run = find_statement_run(scope, statement_dumps(edit.code))
+        assert run is not None  # detection said applied
+        indent = index.indentation(first_line(run[0]))
+        marker = _marker_lines(patch, edit.comment, indent)
+        start_line = first_line(run[0]) - len(marker)
+        if start_line < 1 or index.line_text(start_line).strip() != marker[0]:
+            return NotApplicable(
+                patch.id,
+                "the inserted code's marker comment is missing or changed; restore from the recorded "
+                "pre-image",
+                edit_field(i),
+            )
+        candidates = _removal_candidates(index, start_line, last_line(run[-1]), decoded.newline)
+        verified = _first_verified(candidates, patch, i, text, decoded.newline)
+        if verified is None:
+            return NotApplicable(
+                patch.id,
+                "the inserted code was changed since it was applied; restore from the recorded "
+                "pre-image",
+                edit_field(i),
+            )
+        text = verified
+    old_source = decoded.encode(text)
+    return Reverted(old_source=old_source, diff=unified_diff(decoded.text, text, relpath))

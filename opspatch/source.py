@@ -1,0 +1,134 @@
+"""Python source bytes <-> text without losing a single byte.
+
+Edits work on text, but the file on a host is bytes: a UTF-8 BOM, a PEP 263 encoding cookie,
+CRLF or LF line endings and tabs must all survive. `SourceText.decode` keeps what is needed to
+turn the edited text back into bytes (`encode`), and refuses input that would not round-trip
+exactly (`SourceDecodeError`), so a file is either edited byte-exactly or left alone.
+
+Pure: bytes in, values out.
+"""
+
+from __future__ import annotations
+
+import codecs
+import io
+import re
+import tokenize
+from dataclasses import dataclass
+
+_NEWLINE_RE = re.compile(r"\r\n|\r|\n")
+
+
+class SourceDecodeError(ValueError):
+    """The bytes are not text in the encoding the file declares (or UTF-8 when it declares none)."""
+
+
+@dataclass(frozen=True)
+class SourceText:
+    """Decoded source plus what it takes to encode it back exactly."""
+
+    text: str
+    encoding: str
+    bom: bool
+    newline: str
+
+    @classmethod
+    def decode(cls, data: bytes) -> SourceText:
+        """Decode `data` as Python does (BOM, then cookie, then UTF-8).
+
+        Raises:
+            SourceDecodeError: undecodable bytes, an unknown cookie, or a lossy round trip.
+        """
+        try:
+            encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        except SyntaxError as exc:
+            raise SourceDecodeError(f"cannot determine the encoding: {exc.msg}") from None
+        bom = data.startswith(codecs.BOM_UTF8)
+        body = data[len(codecs.BOM_UTF8) :] if bom else data
+        codec = "utf-8" if encoding == "utf-8-sig" else encoding
+        try:
+            text = body.decode(codec)
+        except UnicodeDecodeError as exc:
+            raise SourceDecodeError(
+                f"byte {exc.start} is not valid {codec} ({exc.reason}); "
+                "declare the file's encoding with a coding cookie or fix the file"
+            ) from None
+        source = cls(text=text, encoding=codec, bom=bom, newline=detect_newline(text))
+        if source.encode(text) != data:
+            raise SourceDecodeError(f"{codec} does not round-trip this file byte-exactly")
+        return source
+
+    def encode(self, text: str) -> bytes:
+        """Encode edited text with the original encoding and BOM.
+
+        Raises:
+            SourceDecodeError: the text has characters the file's encoding cannot hold.
+        """
+        try:
+            body = text.encode(self.encoding)
+        except UnicodeEncodeError as exc:
+            raise SourceDecodeError(
+                f"the new text has {exc.object[exc.start:exc.end]!r}, which {self.encoding} cannot encode"
+            ) from None
+        return codecs.BOM_UTF8 + body if self.bom else body
+
+
+def detect_newline(text: str) -> str:
+    """The file's first line ending (what inserted lines will use); LF when there is none."""
+    match = _NEWLINE_RE.search(text)
+    return match.group(0) if match else "\n"
+
+
+def split_lines(text: str) -> list[str]:
+    """Split into lines, each keeping its ending, the way Python's tokenizer counts lines.
+
+    Unlike `str.splitlines`, form feeds and other Unicode separators do not end a line here, so
+    line numbers agree with `ast` line numbers.
+    """
+    lines: list[str] = []
+    start = 0
+    for match in _NEWLINE_RE.finditer(text):
+        lines.append(text[start : match.end()])
+        start = match.end()
+    if start < len(text):
+        lines.append(text[start:])
+    return lines
+
+
+def strip_newline(line: str) -> str:
+    return line.rstrip("\r\n")
+
+
+class LineIndex:
+    """Converts `ast` positions (1-based line, UTF-8 byte column) to offsets into the text."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.lines = split_lines(text)
+        self.starts: list[int] = []
+        offset = 0
+        for line in self.lines:
+            self.starts.append(offset)
+            offset += len(line)
+        self.starts.append(offset)  # one past the last line: insertion at the end
+
+    def line_start(self, lineno: int) -> int:
+        """Offset of the first character of line `lineno` (lineno = count+1 means end of text)."""
+        return self.starts[lineno - 1]
+
+    def line_end(self, lineno: int) -> int:
+        """Offset just past line `lineno`, its newline included."""
+        return self.starts[lineno]
+
+    def offset(self, lineno: int, col_utf8: int) -> int:
+        """Offset of `ast`'s (lineno, col_offset); col_offset counts UTF-8 bytes."""
+        line = self.lines[lineno - 1]
+        prefix = line.encode("utf-8")[:col_utf8].decode("utf-8", errors="strict")
+        return self.starts[lineno - 1] + len(prefix)
+
+    def line_text(self, lineno: int) -> str:
+        return strip_newline(self.lines[lineno - 1]) if 0 < lineno <= len(self.lines) else ""
+
+    def indentation(self, lineno: int) -> str:
+        line = self.line_text(lineno)
+        return line[: len(line) - len(line.lstrip(" \t\f"))]

@@ -1,0 +1,458 @@
+"""Typed patch files (`patches/<id>.toml`): the model, loading, and the JSON Schema.
+
+A patch says what to change (edits anchored on code structure, never on line numbers), where
+(a module by dotted name, the distribution and version range it is meant for), why (the rationale,
+which becomes the message of an exported upstream diff) and what must hold afterwards
+(postconditions). Loading is strict: unknown keys and unknown edit kinds are errors, code snippets
+must parse, and every problem is reported as `file:line: field: problem` (`SpecError`).
+
+Pure: this module reads the file it is given and nothing else.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import keyword
+import re
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import model_validator as _model_validator
+
+from opspatch.errors import Location
+from opspatch.tomlsource import TomlDocument, format_field_path, read_toml
+
+MODULE_SCOPE = "<module>"
+MARKER_PREFIX = "# opspatch:"
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_PATCH_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+_QUALNAME_RE = re.compile(rf"^{_IDENT}(\.{_IDENT})*$")
+_DOTTED_CALL_RE = re.compile(rf"^({_IDENT}|super\(\))(\.{_IDENT})*$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def _check_qualname(value: str) -> str:
+    if value == MODULE_SCOPE:
+        return value
+    if not _QUALNAME_RE.match(value) or any(keyword.iskeyword(p) for p in value.split(".")):
+        raise ValueError(
+            f"{value!r} is not a scope: use `Class`, `Class.method`, `function` or `{MODULE_SCOPE}`"
+        )
+    return value
+
+
+def _parse_statements(code: str, what: str) -> list[ast.stmt]:
+    try:
+        return ast.parse(textwrap.dedent(code)).body
+    except SyntaxError as exc:
+        raise ValueError(f"{what} does not parse: {exc.msg} (snippet line {exc.lineno})") from None
+
+
+class Target(_Strict):
+    """What a patch is for: a module, the distribution that ships it, the versions it fits."""
+
+    module: str = Field(description="Dotted module name, e.g. sglang.srt.speculative.eagle_worker_v2")
+    distribution: str = Field("sglang", description="Distribution whose version is gated")
+    versions: str = Field(
+        "", description="PEP 440 specifier set the patch is meant for, e.g. '>=0.5.4'; empty = any"
+    )
+    accept_sha256: list[str] = Field(
+        default_factory=list,
+        description="Optional: sha256 of the only pre-images accepted (lower-case hex)",
+    )
+    min_python: str | None = Field(
+        None,
+        description="Oldest Python the patched file must still parse on, e.g. '3.10'",
+    )
+
+    @field_validator("module")
+    @classmethod
+    def _module_is_dotted(cls, value: str) -> str:
+        if not _QUALNAME_RE.match(value):
+            raise ValueError(f"{value!r} is not a dotted module name")
+        return value
+
+    @field_validator("versions")
+    @classmethod
+    def _versions_parse(cls, value: str) -> str:
+        try:
+            SpecifierSet(value)
+        except InvalidSpecifier:
+            raise ValueError(f"{value!r} is not a version range (PEP 440, e.g. '>=0.5.4')") from None
+        return value
+
+    @field_validator("accept_sha256")
+    @classmethod
+    def _hashes_are_hex(cls, value: list[str]) -> list[str]:
+        for digest in value:
+            if not _SHA256_RE.match(digest):
+                raise ValueError(f"{digest!r} is not a lower-case hex sha256")
+        return value
+
+    @field_validator("min_python")
+    @classmethod
+    def _python_is_major_minor(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^3\.\d{1,2}$", value):
+            raise ValueError(f"{value!r} is not a Python version like '3.10'")
+        return value
+
+    @property
+    def specifier(self) -> SpecifierSet:
+        return SpecifierSet(self.versions)
+
+    @property
+    def feature_version(self) -> tuple[int, int] | None:
+        if self.min_python is None:
+            return None
+        major, minor = self.min_python.split(".")
+        return int(major), int(minor)
+
+    def mismatch(self, file_path: str, installed_version: str | None) -> str | None:
+        """Why a file is not this target (wrong module path, version outside the range), or None.
+
+        `installed_version` is the distribution's version where the file lives (None: unknown,
+        which is not a mismatch: a source checkout has no dist-info).
+        """
+        normalized = file_path.replace("\\", "/")
+        if not any(normalized == rel or normalized.endswith("/" + rel) for rel in self.module_relpaths()):
+            return (
+                f"{file_path} is not {self.module} "
+                f"(its path should end in {self.module_relpaths()[0]})"
+            )
+        if installed_version is not None and self.versions:
+            try:
+                inside = self.specifier.contains(installed_version, prereleases=True)
+            except Exception:  # an unparseable installed version is treated as outside
+                inside = False
+            if not inside:
+                return (
+                    f"{self.distribution} {installed_version} is outside the versions this patch is "
+                    f"for ({self.versions})"
+                )
+        return None
+
+    def module_relpaths(self) -> tuple[str, str]:
+        """The two file paths a module can live at: `a/b/c.py` and `a/b/c/__init__.py`."""
+        base = self.module.replace(".", "/")
+        return f"{base}.py", f"{base}/__init__.py"
+
+
+class StatementSelector(_Strict):
+    """Selects statements structurally inside a scope (exactly one criterion).
+
+    - `calls`: a statement that calls this name (`init_cuda_graphs` matches
+      `self.init_cuda_graphs()`; `super().__init__` matches the base-class initializer call);
+    - `assigns`: a statement that assigns this target (`self.y`, `x`);
+    - `defines`: a `def`/`class` statement with this name;
+    - `matches`: a statement whose syntax tree equals this code (whitespace and comments ignored).
+
+    `which` picks among several matches: `only` (the default) refuses ambiguity and lists them.
+    """
+
+    calls: str | None = None
+    assigns: str | None = None
+    defines: str | None = None
+    matches: str | None = None
+    which: Literal["only", "first", "last"] = "only"
+
+    @_model_validator(mode="after")
+    def _exactly_one(self) -> StatementSelector:
+        _check_statement_criteria(self, extra=())
+        return self
+
+    def describe(self) -> str:
+        for key in ("calls", "assigns", "defines", "matches"):
+            value = getattr(self, key)
+            if value is not None:
+                return f"the {'' if self.which == 'only' else self.which + ' '}statement that {key} `{value.strip()}`"
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _check_statement_criteria(selector: Any, extra: tuple[str, ...]) -> None:
+    """Exactly one selection criterion, each well-formed (shared by both selector models)."""
+    keys = ("calls", "assigns", "defines", "matches", *extra)
+    given = [k for k in keys if getattr(selector, k, None)]
+    if len(given) != 1:
+        raise ValueError(
+            f"give exactly one of {', '.join(keys)}" + (f" (got {', '.join(given)})" if given else "")
+        )
+    if selector.calls is not None and not _DOTTED_CALL_RE.match(selector.calls):
+        raise ValueError(
+            f"calls: {selector.calls!r} is not a dotted name such as `self.init_cuda_graphs`"
+        )
+    if selector.assigns is not None and not _QUALNAME_RE.match(selector.assigns):
+        raise ValueError(f"assigns: {selector.assigns!r} is not an assignable name such as `self.y`")
+    if selector.defines is not None and not re.match(rf"^{_IDENT}$", selector.defines):
+        raise ValueError(f"defines: {selector.defines!r} is not a name")
+    if selector.matches is not None and len(_parse_statements(selector.matches, "matches")) != 1:
+        raise ValueError("matches must be exactly one statement")
+    expression = getattr(selector, "expression", None)
+    if expression is not None:
+        try:
+            ast.parse(expression.strip(), mode="eval")
+        except SyntaxError as exc:
+            raise ValueError(f"expression does not parse: {exc.msg}") from None
+
+
+class ReplaceSelector(_Strict):
+    """What a `replace` edit replaces: a statement (as `StatementSelector`) or `expression`, an
+    expression whose syntax tree equals this code."""
+
+    calls: str | None = None
+    assigns: str | None = None
+    defines: str | None = None
+    matches: str | None = None
+    expression: str | None = None
+    which: Literal["only", "first", "last"] = "only"
+
+    @_model_validator(mode="after")
+    def _exactly_one(self) -> ReplaceSelector:
+        _check_statement_criteria(self, extra=("expression",))
+        return self
+
+    def describe(self) -> str:
+        if self.expression is not None:
+            which = "" if self.which == "only" else self.which + " "
+            return f"the {which}expression `{self.expression.strip()}`"
+        return StatementSelector.model_construct(
+            calls=self.calls, assigns=self.assigns, defines=self.defines, matches=self.matches,
+            which=self.which,
+        ).describe()
+
+
+class InsertEdit(_Strict):
+    """Insert code into a scope.
+
+    Positions: `start` (after the docstring, after `from __future__` imports in a module, and after
+    a leading `super().__init__(...)` call), `end`, or `before` / `after` the statement chosen by
+    `anchor`. A class scope inserts at class level. Inserted code takes the indentation of its
+    block and is preceded by a marker comment naming the patch (`# opspatch:<id>: <comment>`).
+    """
+
+    kind: Literal["insert"]
+    scope: str = Field(description="`Class`, `Class.method`, `function` or `<module>`")
+    position: Literal["start", "end", "before", "after"] = "start"
+    anchor: StatementSelector | None = None
+    code: str = Field(description="Python statements to insert (dedented automatically)")
+    comment: str | None = Field(None, description="Why: rendered after the marker comment")
+
+    _scope = field_validator("scope")(_check_qualname)
+
+    @field_validator("code")
+    @classmethod
+    def _code_parses(cls, value: str) -> str:
+        if not _parse_statements(value, "code"):
+            raise ValueError("code is empty")
+        return value
+
+    @_model_validator(mode="after")
+    def _anchor_matches_position(self) -> InsertEdit:
+        if self.position in ("before", "after") and self.anchor is None:
+            raise ValueError(f"position {self.position!r} needs an anchor (a statement selector)")
+        if self.position in ("start", "end") and self.anchor is not None:
+            raise ValueError(f"position {self.position!r} takes no anchor (use before/after)")
+        return self
+
+
+class ReplaceEdit(_Strict):
+    """Replace one statement or expression, selected structurally, with new code."""
+
+    kind: Literal["replace"]
+    scope: str
+    select: ReplaceSelector
+    code: str
+    comment: str | None = None
+
+    _scope = field_validator("scope")(_check_qualname)
+
+    @_model_validator(mode="after")
+    def _code_fits_selection(self) -> ReplaceEdit:
+        if self.select.expression is not None:
+            try:
+                ast.parse(self.code.strip(), mode="eval")
+            except SyntaxError as exc:
+                raise ValueError(f"code must be an expression to replace an expression: {exc.msg}") from None
+        elif not _parse_statements(self.code, "code"):
+            raise ValueError("code is empty")
+        return self
+
+
+class DiffEdit(_Strict):
+    """A unified diff, applied by context like GNU patch: the hunk may move by at most
+    `max_offset` lines and drop up to `fuzz` context lines at its ends; a context that matches
+    more than one place is refused rather than guessed."""
+
+    kind: Literal["diff"]
+    diff: str
+    max_offset: int = Field(200, ge=0, le=100_000)
+    fuzz: int = Field(2, ge=0, le=3)
+
+    @field_validator("diff")
+    @classmethod
+    def _diff_parses(cls, value: str) -> str:
+        from opspatch.unified import parse_unified_diff
+
+        parse_unified_diff(value)  # raises ValueError with the reason
+        return value
+
+
+Edit = Annotated[InsertEdit | ReplaceEdit | DiffEdit, Field(discriminator="kind")]
+
+
+class AssignedBeforeCalls(_Strict):
+    """`attribute` is assigned in `scope`'s own body before any statement that calls out.
+
+    Calls named in `ignore_calls` (by default the base-class initializer) do not count.
+    """
+
+    kind: Literal["assigned-before-calls"]
+    scope: str
+    attribute: str
+    ignore_calls: list[str] = Field(default_factory=lambda: ["super().__init__"])
+
+    _scope = field_validator("scope")(_check_qualname)
+
+
+class ClassAttribute(_Strict):
+    """Class `class_` has a class-level value for `name` (so every instance has it, even one
+    whose `__init__` never ran or stopped part-way)."""
+
+    kind: Literal["class-attribute"]
+    class_: str = Field(alias="class")
+    name: str
+
+    _class = field_validator("class_")(_check_qualname)
+
+
+Postcondition = Annotated[AssignedBeforeCalls | ClassAttribute, Field(discriminator="kind")]
+
+
+class PatchSpec(_Strict):
+    """A patch file, validated."""
+
+    id: str = Field(description="Lower-case slug; the file is patches/<id>.toml")
+    summary: str = Field(min_length=1)
+    rationale: str = Field(min_length=1, description="Why; becomes the exported diff's message")
+    incident: str | None = Field(None, description="Incident or ticket reference")
+    preserves_output: bool = Field(
+        False, description="Declares that decoded output is unchanged (smoke may compare a baseline)"
+    )
+    target: Target
+    edits: list[Edit] = Field(min_length=1)
+    postconditions: list[Postcondition] = Field(default_factory=list)
+
+    @field_validator("id")
+    @classmethod
+    def _id_is_slug(cls, value: str) -> str:
+        if not _PATCH_ID_RE.match(value):
+            raise ValueError(f"{value!r} is not a patch id (lower-case letters, digits, '-', '.', '_')")
+        return value
+
+    @property
+    def marker(self) -> str:
+        return f"{MARKER_PREFIX}{self.id}"
+
+
+class LoadedPatch(BaseModel):
+    """A patch together with where it came from (for messages and the ledger)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    spec: PatchSpec
+    path: str
+    sha256: str
+    document: TomlDocument
+
+    def location(self, field_path: Sequence[str | int]) -> Location:
+        return self.document.location(field_path)
+
+
+def _pydantic_problem(error: dict[str, Any]) -> str:
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "union_tag_invalid":
+        tag = error.get("input", {}).get("kind") if isinstance(error.get("input"), dict) else None
+        ctx = error.get("ctx", {})
+        return f"unknown kind {tag!r}; expected one of {ctx.get('expected_tags', '')}"
+    if kind == "union_tag_not_found":
+        return "missing `kind`"
+    if kind == "missing":
+        return "required field is missing"
+    message = str(error.get("msg", "invalid"))
+    return message.removeprefix("Value error, ")
+
+
+def parse_patch(document: TomlDocument) -> PatchSpec:
+    """Validate a parsed TOML document as a patch.
+
+    Raises:
+        SpecError: the first problem, at its file:line and field; further problems are listed
+            in the hint so one run shows them all.
+    """
+    try:
+        return PatchSpec.model_validate(document.data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        located = []
+        for error in errors:
+            loc = [p for p in error["loc"] if not (isinstance(p, str) and p in _UNION_TAGS)]
+            located.append((loc, _pydantic_problem(dict(error))))
+        first_loc, first_problem = located[0]
+        others = [
+            f"{document.location(loc)}: {problem}" for loc, problem in located[1:]
+        ]
+        hint = ("also: " + "; ".join(others)) if others else _hint_for(first_problem)
+        raise document.error(first_loc, first_problem, hint=hint) from None
+
+
+_UNION_TAGS = {"insert", "replace", "diff", "assigned-before-calls", "class-attribute"}
+
+
+def _hint_for(problem: str) -> str | None:
+    if problem == "unknown key":
+        return "remove it or check its spelling against `opspatch schema`"
+    if problem.startswith("unknown kind"):
+        return "see `opspatch schema` for the edit and postcondition kinds"
+    return None
+
+
+def load_patch(path: Path) -> LoadedPatch:
+    """Read, parse and validate a patch file.
+
+    Raises:
+        SpecError: unreadable file, malformed TOML, or an invalid patch (file:line: field).
+    """
+    document = read_toml(path)
+    spec = parse_patch(document)
+    if path.suffix == ".toml" and path.stem != spec.id:
+        raise document.error(
+            ["id"],
+            f"id {spec.id!r} does not match the file name {path.name!r}",
+            hint=f"rename the file to {spec.id}.toml or change the id",
+        )
+    digest = hashlib.sha256(document.text.encode("utf-8")).hexdigest()
+    return LoadedPatch(spec=spec, path=str(path), sha256=digest, document=document)
+
+
+def edit_field(index: int, *rest: str | int) -> str:
+    """The field path of an edit, as shown to operators: `edits[1].anchor`."""
+    return format_field_path(("edits", index, *rest))
+
+
+def patch_json_schema() -> dict[str, Any]:
+    """JSON Schema of patch files (editors validate TOML against it, e.g. with taplo)."""
+    schema = TypeAdapter(PatchSpec).json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "opspatch patch file"
+    return schema

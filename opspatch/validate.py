@@ -1,0 +1,186 @@
+"""Validate a patched text before anyone writes it anywhere.
+
+Four checks, each returning human-readable problems (an empty list means valid):
+
+1. it compiles (`compile()` on the exact bytes, so the encoding cookie and BOM are honoured) and,
+   when the patch names an older target Python, parses with that grammar
+   (`ast.parse(feature_version=...)`);
+2. the patch's postconditions hold on the new syntax tree;
+3. nothing outside the edited scopes changed: every definition that is neither an edited scope
+   nor encloses one has an identical syntax tree, and each enclosing definition (and the module)
+   is identical once its nested definitions are reduced to their names.
+
+Pure: texts in, problems out.
+"""
+
+from __future__ import annotations
+
+import ast
+import warnings
+from collections import defaultdict
+from collections.abc import Sequence
+
+from opspatch.anchors import (
+    AnchorProblem,
+    call_matches,
+    calls_in,
+    first_line,
+    iter_definitions,
+    resolve_scope,
+    skeleton,
+    statement_assigns,
+    strip_positions,
+)
+from opspatch.spec import (
+    MODULE_SCOPE,
+    AssignedBeforeCalls,
+    ClassAttribute,
+    PatchSpec,
+)
+
+
+def check_compiles(new_source: bytes, filename: str, feature_version: tuple[int, int] | None) -> list[str]:
+    """Problems compiling `new_source` (and parsing it for an older Python, if named)."""
+    problems = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SyntaxWarnings of upstream code are not ours to judge
+        try:
+            compile(new_source, filename, "exec", dont_inherit=True)
+        except SyntaxError as exc:
+            problems.append(f"does not compile: {exc.msg} (line {exc.lineno})")
+        except ValueError as exc:  # e.g. null bytes
+            problems.append(f"does not compile: {exc}")
+        if feature_version is not None and not problems:
+            try:
+                ast.parse(new_source, filename, feature_version=feature_version)
+            except SyntaxError as exc:
+                problems.append(
+                    f"does not parse as Python {feature_version[0]}.{feature_version[1]}: "
+                    f"{exc.msg} (line {exc.lineno})"
+                )
+    return problems
+
+
+def _ignored(name: str, ignored: str) -> bool:
+    # `super().__init__()` is two calls: `super()` and `super().__init__`; ignoring the second
+    # ignores the first, which only exists to make it.
+    return call_matches(name, ignored) or ignored.startswith(name + "().")
+
+
+def check_assigned_before_calls(tree: ast.Module, condition: AssignedBeforeCalls) -> list[str]:
+    """`condition.attribute` is assigned in the scope's own body before any statement that calls
+    out (calls listed in `ignore_calls` excepted), by a statement that makes no call itself."""
+    try:
+        scope = resolve_scope(tree, condition.scope)
+    except AnchorProblem as problem:
+        return [f"postcondition assigned-before-calls: {problem.message}"]
+    for stmt in scope.node.body:
+        calls = [
+            name
+            for name in calls_in(stmt)
+            if not any(_ignored(name, ignored) for ignored in condition.ignore_calls)
+        ]
+        if condition.attribute in statement_assigns(stmt) and not calls:
+            return []
+        if calls:
+            return [
+                f"postcondition: `{condition.attribute}` is not assigned in `{condition.scope}` before "
+                f"line {first_line(stmt)}, which calls `{calls[0]}` (a call that can fail part-way)"
+            ]
+    return [f"postcondition: `{condition.attribute}` is never assigned in `{condition.scope}`'s body"]
+
+
+def check_class_attribute(tree: ast.Module, condition: ClassAttribute) -> list[str]:
+    """Class `condition.class_` assigns `condition.name` a value at class level."""
+    try:
+        scope = resolve_scope(tree, condition.class_)
+    except AnchorProblem as problem:
+        return [f"postcondition class-attribute: {problem.message}"]
+    if not isinstance(scope.node, ast.ClassDef):
+        return [f"postcondition class-attribute: `{condition.class_}` is not a class"]
+    for stmt in scope.node.body:
+        if isinstance(stmt, ast.AnnAssign) and stmt.value is None:
+            continue
+        if condition.name in statement_assigns(stmt) and not isinstance(stmt, ast.AugAssign):
+            return []
+    return [
+        f"postcondition: class `{condition.class_}` has no class-level value for `{condition.name}`"
+    ]
+
+
+def check_postconditions(tree: ast.Module, patch: PatchSpec) -> list[str]:
+    problems: list[str] = []
+    for condition in patch.postconditions:
+        if isinstance(condition, AssignedBeforeCalls):
+            problems += check_assigned_before_calls(tree, condition)
+        else:
+            problems += check_class_attribute(tree, condition)
+    return problems
+
+
+def _definitions(tree: ast.Module) -> dict[str, list[ast.AST]]:
+    found: dict[str, list[ast.AST]] = defaultdict(list)
+    for qualname, node in iter_definitions(tree):
+        found[qualname].append(node)
+    return found
+
+
+def check_untouched(old_tree: ast.Module, new_tree: ast.Module, edited_scopes: Sequence[str]) -> list[str]:
+    """Problems where the new tree differs from the old outside the edited scopes."""
+    edited = set(edited_scopes)
+    enclosing = {MODULE_SCOPE}
+    for scope in edited:
+        parts = scope.split(".") if scope != MODULE_SCOPE else []
+        enclosing.update(".".join(parts[:k]) for k in range(1, len(parts)))
+    problems = []
+    if MODULE_SCOPE not in edited and skeleton(old_tree) != skeleton(new_tree):
+        problems.append("module-level code outside the edited scopes changed")
+    old_defs = _definitions(old_tree)
+    new_defs = _definitions(new_tree)
+    for qualname, old_nodes in old_defs.items():
+        if qualname in edited or any(qualname.startswith(e + ".") for e in edited if e != MODULE_SCOPE):
+            continue  # an edited scope, or inside one: checked through the scope's own rules
+        new_nodes = new_defs.get(qualname, [])
+        if len(new_nodes) != len(old_nodes):
+            problems.append(f"`{qualname}` is defined {len(new_nodes)} time(s) instead of {len(old_nodes)}")
+            continue
+        compare = skeleton if qualname in enclosing else strip_positions
+        for old, new in zip(old_nodes, new_nodes, strict=False):
+            if compare(old) != compare(new):
+                problems.append(f"`{qualname}` changed, but the patch does not edit it")
+                break
+    # definitions nested inside an edited scope must survive unchanged unless edited themselves
+    for scope in edited:
+        prefix = "" if scope == MODULE_SCOPE else scope + "."
+        for qualname, old_nodes in old_defs.items():
+            if not qualname.startswith(prefix) or qualname in edited or qualname in enclosing:
+                continue
+            if any(qualname.startswith(e + ".") for e in edited if e != scope and e != MODULE_SCOPE):
+                continue
+            new_nodes = new_defs.get(qualname, [])
+            if [strip_positions(n) for n in new_nodes] != [strip_positions(n) for n in old_nodes]:
+                problems.append(f"`{qualname}` changed, but the patch does not edit it")
+    return sorted(set(problems))
+
+
+def validate_result(
+    *,
+    old_text: str,
+    new_text: str,
+    new_source: bytes,
+    patch: PatchSpec,
+    edited_scopes: Sequence[str],
+    filename: str,
+    check_compile: bool = True,
+) -> list[str]:
+    """Every problem with a patched text; empty when it may be written."""
+    problems = []
+    if check_compile:
+        problems += check_compiles(new_source, filename, patch.target.feature_version)
+        if problems:
+            return problems
+    new_tree = ast.parse(new_text)
+    problems += check_postconditions(new_tree, patch)
+    if old_text is not new_text:
+        problems += check_untouched(ast.parse(old_text), new_tree, edited_scopes)
+    return problems
