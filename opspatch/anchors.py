@@ -269,6 +269,22 @@ def select_statement(scope: Scope, selector: StatementSelector | ReplaceSelector
         AnchorProblem: nothing matches (nearest names offered) or several do and `which` is
             `only` (all listed).
     """
+    found = matching_statements(scope, selector)
+    try:
+        return _pick(found, selector, f"`{scope.qualname}`")
+    except AnchorProblem as problem:
+        if not found:
+            near = _statement_candidates(scope, selector)
+            raise AnchorProblem(
+                problem.message, [f"nearest: {n}" for n in near]
+            ) from None
+        raise
+
+
+def matching_statements(
+    scope: Scope, selector: StatementSelector | ReplaceSelector
+) -> list[Located]:
+    """Every statement of `scope` the selector's criterion matches (ignoring `which`)."""
     found: list[Located] = []
     wanted_dump = statement_dumps(selector.matches)[0] if selector.matches is not None else None
     for loc in iter_statements(scope.node):
@@ -285,15 +301,7 @@ def select_statement(scope: Scope, selector: StatementSelector | ReplaceSelector
             hit = strip_positions(stmt) == wanted_dump
         if hit:
             found.append(loc)
-    try:
-        return _pick(found, selector, f"`{scope.qualname}`")
-    except AnchorProblem as problem:
-        if not found:
-            near = _statement_candidates(scope, selector)
-            raise AnchorProblem(
-                problem.message, [f"nearest: {n}" for n in near]
-            ) from None
-        raise
+    return found
 
 
 @dataclass(frozen=True)
@@ -309,19 +317,7 @@ def select_expression(scope: Scope, selector: ReplaceSelector) -> LocatedExpress
         AnchorProblem: no such expression, or several and `which` is `only`.
     """
     assert selector.expression is not None
-    wanted = strip_positions(ast.parse(selector.expression.strip(), mode="eval").body)
-    found: list[LocatedExpression] = []
-    for loc in iter_statements(scope.node):
-        for expr_root in _header_expressions(loc.stmt):
-            for sub in ast.walk(expr_root):
-                if isinstance(sub, ast.expr) and strip_positions(sub) == wanted:
-                    found.append(LocatedExpression(sub, loc.stmt))
-    # nested matches (an expression inside an equal expression) cannot happen for equal dumps,
-    # but the same node can be reached twice through a statement and its header: dedupe.
-    unique: dict[tuple[int, int], LocatedExpression] = {}
-    for item in found:
-        unique.setdefault((item.expr.lineno, item.expr.col_offset), item)
-    ordered = sorted(unique.values(), key=lambda i: (i.expr.lineno, i.expr.col_offset))
+    ordered = matching_expressions(scope, selector.expression)
     where = f"`{scope.qualname}`"
     if not ordered:
         raise AnchorProblem(f"{selector.describe()} is not in {where}")
@@ -335,6 +331,34 @@ def select_expression(scope: Scope, selector: ReplaceSelector) -> LocatedExpress
             [f"line {i.expr.lineno}, column {i.expr.col_offset + 1}" for i in ordered],
         )
     return ordered[0]
+
+
+def matching_expressions(scope: Scope, code: str) -> list[LocatedExpression]:
+    """Every expression of `scope` whose syntax tree equals `code`, in source order."""
+    wanted = strip_positions(ast.parse(code.strip(), mode="eval").body)
+    unique: dict[tuple[int, int], LocatedExpression] = {}
+    for loc in iter_statements(scope.node):
+        for expr_root in _header_expressions(loc.stmt):
+            for sub in ast.walk(expr_root):
+                if isinstance(sub, ast.expr) and strip_positions(sub) == wanted:
+                    unique.setdefault((sub.lineno, sub.col_offset), LocatedExpression(sub, loc.stmt))
+    return sorted(unique.values(), key=lambda i: (i.expr.lineno, i.expr.col_offset))
+
+
+def span(node: ast.AST) -> tuple[int, int, int, int]:
+    """(line, col, end line, end col) of a node, for containment tests."""
+    return (
+        node.lineno,  # type: ignore[attr-defined]
+        node.col_offset,  # type: ignore[attr-defined]
+        node.end_lineno or node.lineno,  # type: ignore[attr-defined]
+        node.end_col_offset or 0,  # type: ignore[attr-defined]
+    )
+
+
+def contains(outer: ast.AST, inner: ast.AST) -> bool:
+    a = span(outer)
+    b = span(inner)
+    return (a[0], a[1]) <= (b[0], b[1]) and (b[2], b[3]) <= (a[2], a[3])
 
 
 def find_statement_run(scope: Scope, dumps: Sequence[str]) -> list[ast.stmt] | None:

@@ -31,15 +31,17 @@ from opspatch.anchors import (
     AnchorProblem,
     Located,
     Scope,
+    contains,
     find_statement_run,
     first_line,
     iter_definitions,
     last_line,
+    matching_expressions,
+    matching_statements,
     resolve_scope,
     select_expression,
     select_statement,
     statement_dumps,
-    strip_positions,
 )
 from opspatch.source import LineIndex, SourceDecodeError, SourceText, split_lines, strip_newline
 from opspatch.spec import (
@@ -50,7 +52,13 @@ from opspatch.spec import (
     ReplaceEdit,
     edit_field,
 )
-from opspatch.unified import LineReplacement, ParsedDiff, parse_unified_diff, plan_hunks
+from opspatch.unified import (
+    HunkFailure,
+    LineReplacement,
+    ParsedDiff,
+    parse_unified_diff,
+    plan_hunks,
+)
 from opspatch.validate import validate_result
 
 # ---------------------------------------------------------------------------------------------
@@ -144,6 +152,7 @@ class EditState:
     state: str  # "applied" | "pending" | "broken"
     reason: str
     candidates: tuple[str, ...] = ()
+    field: str = ""
 
 
 @dataclass(frozen=True)
@@ -519,39 +528,58 @@ def _edit_state(text: str, tree: ast.Module, edit: object, i: int) -> EditState:
                 _select(scope, edit.anchor, i, "anchor")  # a missing anchor is a problem now
             return EditState(i, "pending", "its code is not in the scope")
         if isinstance(edit, ReplaceEdit):
-            scope = _scope(tree, edit.scope, i)
-            if edit.select.expression is not None:
-                wanted = strip_positions(ast.parse(edit.code.strip(), mode="eval").body)
-                try:
-                    select_expression(scope, edit.select)
-                    return EditState(i, "pending", "the expression to replace is present")
-                except AnchorProblem as problem:
-                    new_present = any(
-                        isinstance(n, ast.expr) and strip_positions(n) == wanted
-                        for n in ast.walk(scope.node)
-                    )
-                    if new_present:
-                        return EditState(i, "applied", "the replacement is present")
-                    raise _EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
-            try:
-                select_statement(scope, edit.select)
-                return EditState(i, "pending", "the statement to replace is present")
-            except AnchorProblem as problem:
-                if find_statement_run(scope, statement_dumps(edit.code)) is not None:
-                    return EditState(i, "applied", "the replacement is present")
-                raise _EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
+            return _replace_state(tree, edit, i)
         assert isinstance(edit, DiffEdit)
         parsed = parse_unified_diff(edit.diff)
         plain = [strip_newline(line) for line in split_lines(text)]
-        forward = plan_hunks(plain, parsed, max_offset=edit.max_offset, fuzz=edit.fuzz)
-        if isinstance(forward, list):
-            return EditState(i, "pending", "the diff applies")
-        backward = plan_hunks(plain, parsed.reversed(), max_offset=edit.max_offset, fuzz=edit.fuzz)
-        if isinstance(backward, list):
-            return EditState(i, "applied", "the diff is already in the file (its reverse applies)")
+        # As GNU patch does, look for an already-applied diff before fuzzing: with fuzz, an
+        # addition's context may still match after the addition is in place.
+        forward: object = None
+        for fuzz in sorted({0, edit.fuzz}):
+            forward = plan_hunks(plain, parsed, max_offset=edit.max_offset, fuzz=fuzz)
+            if isinstance(forward, list):
+                return EditState(i, "pending", "the diff applies")
+            backward = plan_hunks(plain, parsed.reversed(), max_offset=edit.max_offset, fuzz=fuzz)
+            if isinstance(backward, list):
+                return EditState(i, "applied", "the diff is already in the file (its reverse applies)")
+        assert isinstance(forward, HunkFailure)
         raise _EditProblem(forward.message, edit_field(i, "diff"))
     except _EditProblem as problem:
-        return EditState(i, "broken", problem.message, problem.candidates)
+        return EditState(i, "broken", problem.message, problem.candidates, problem.field)
+
+
+def _replace_state(tree: ast.Module, edit: ReplaceEdit, i: int) -> EditState:
+    """A replace is applied when its new code is present and every place the selector still
+    matches lies inside that new code (the new code may contain the old, e.g. `max(x, 1)`)."""
+    scope = _scope(tree, edit.scope, i)
+    field_name = edit_field(i, "select")
+    if edit.select.expression is not None:
+        new_nodes: list[ast.AST] = [m.expr for m in matching_expressions(scope, edit.code)]
+        old_nodes: list[ast.AST] = [m.expr for m in matching_expressions(scope, edit.select.expression)]
+    else:
+        run = find_statement_run(scope, statement_dumps(edit.code))
+        new_nodes = list(run or [])
+        old_nodes = [loc.stmt for loc in matching_statements(scope, edit.select)]
+    leftover = [old for old in old_nodes if not any(contains(new, old) for new in new_nodes)]
+    if new_nodes and not leftover:
+        return EditState(i, "applied", "the replacement is present")
+    if leftover:
+        try:  # the selection must still be unambiguous for the edit to be applicable
+            if edit.select.expression is not None:
+                select_expression(scope, edit.select)
+            else:
+                select_statement(scope, edit.select)
+        except AnchorProblem as problem:
+            raise _EditProblem(problem.message, field_name, problem.candidates) from None
+        return EditState(i, "pending", "the code to replace is present")
+    try:
+        if edit.select.expression is not None:
+            select_expression(scope, edit.select)
+        else:
+            select_statement(scope, edit.select)
+    except AnchorProblem as problem:
+        raise _EditProblem(problem.message, field_name, problem.candidates) from None
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _decode(source: bytes) -> tuple[SourceText, ast.Module]:
@@ -714,7 +742,7 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
 
 
 def _broken_field(patch: PatchSpec, state: EditState) -> str:
-    return edit_field(state.index)
+    return state.field or edit_field(state.index)
 
 
 def reverse(applied: Applied) -> bytes:

@@ -11,6 +11,7 @@ Pure: lines in, a plan of line replacements out. Parsing uses unidiff.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,12 +69,69 @@ def _strip_prefix(path: str) -> str:
     return path[2:] if path[:2] in ("a/", "b/") else path
 
 
+_HUNK_HEADER_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def normalize_hunks(text: str) -> str:
+    """Check hunk line counts against their headers and restore blank context lines.
+
+    Editors strip the single space of an empty context line; GNU patch accepts that, so do we.
+    A hunk with more body lines than its header counts is an error here: silently ignoring the
+    extra lines (as a lenient parser may) would apply a different change than the one reviewed.
+
+    Raises:
+        ValueError: a hunk's body does not match its header's counts.
+    """
+    out: list[str] = []
+    old_left = new_left = 0
+    hunk_number = 0
+    header = ""
+    for line in text.splitlines():
+        match = _HUNK_HEADER_RE.match(line)
+        if match:
+            if old_left or new_left:
+                raise ValueError(f"hunk {hunk_number} ({header}) has fewer lines than its header says")
+            hunk_number += 1
+            header = match.group(0)
+            old_left = int(match.group(2) or 1) if match.group(2) != "0" else 0
+            new_left = int(match.group(4) or 1) if match.group(4) != "0" else 0
+            out.append(line)
+            continue
+        if old_left or new_left:
+            if line == "":
+                line = " "
+            tag = line[:1]
+            if tag == " ":
+                old_left -= 1
+                new_left -= 1
+            elif tag == "-":
+                old_left -= 1
+            elif tag == "+":
+                new_left -= 1
+            elif tag != "\\":
+                raise ValueError(f"hunk {hunk_number} ({header}): line {line!r} is not ' ', '-' or '+'")
+            if old_left < 0 or new_left < 0:
+                raise ValueError(f"hunk {hunk_number} ({header}) has more lines than its header says")
+            out.append(line)
+            continue
+        if hunk_number and line[:1] in (" ", "+", "-") and not line.startswith(("--- ", "+++ ")):
+            raise ValueError(
+                f"hunk {hunk_number} ({header}) has more lines than its header says: {line!r}"
+            )
+        out.append(line)
+    if old_left or new_left:
+        raise ValueError(f"hunk {hunk_number} ({header}) has fewer lines than its header says")
+    return "\n".join(out) + "\n"
+
+
 def parse_unified_diff(text: str) -> ParsedDiff:
     """Parse a unified diff for exactly one file.
 
     Raises:
-        ValueError: not a unified diff, no hunks, or more than one file.
+        ValueError: not a unified diff, a hunk whose body does not match its header, no hunks,
+            or more than one file.
     """
+    text = normalize_hunks(text)
     try:
         patch_set = PatchSet(text)
     except UnidiffParseError as exc:
