@@ -1,0 +1,60 @@
+"""Real SGLang source files as test data (never imported).
+
+`pip download --no-deps sglang==V` into a cache outside the repository (default
+`~/.cache/opspatch-tests`, or `$OPSPATCH_TEST_CACHE`), then the wheel's `sglang/srt/speculative/`
+folder and its dist-info are unpacked. When PyPI cannot be reached the caller skips with the
+reason, so an offline run says why those tests did not run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+# Resolved at import time, before the isolated-HOME fixture runs: the cache must survive runs.
+CACHE = Path(
+    os.environ.get("OPSPATCH_TEST_CACHE") or Path("~/.cache/opspatch-tests").expanduser()
+)
+EAGLE_RELPATH = "sglang/srt/speculative/eagle_worker_v2.py"
+
+
+class WheelUnavailable(Exception):
+    pass
+
+
+def sglang_site(version: str) -> Path:
+    """A folder holding `sglang/srt/speculative/...` and `sglang-<version>.dist-info/`.
+
+    Raises:
+        WheelUnavailable: the wheel could not be downloaded (offline), with pip's last words.
+    """
+    site = CACHE / "sites" / version
+    if (site / EAGLE_RELPATH).is_file():
+        return site
+    wheels = CACHE / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
+    if not found:
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", f"sglang=={version}", "-d", str(wheels)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
+        if result.returncode != 0 or not found:
+            tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise WheelUnavailable(f"pip download sglang=={version} failed: {tail[0]}")
+    partial = site.with_name(site.name + ".partial")
+    with zipfile.ZipFile(found[0]) as wheel:
+        members = [
+            name
+            for name in wheel.namelist()
+            if name.startswith("sglang/srt/speculative/") or name.startswith(f"sglang-{version}.dist-info/")
+        ]
+        wheel.extractall(partial, members)
+    partial.rename(site)
+    return site

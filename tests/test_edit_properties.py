@@ -1,0 +1,165 @@
+"""Property tests of the patch engine over generated modules (hypothesis).
+
+Generated modules vary line endings (LF, CRLF), indentation (spaces, tabs), comments, blank
+lines, docstrings, decorators, async functions, nested blocks and a leading `super().__init__()`.
+For insert patches at every position:
+- apply then reverse is the identity on bytes (from the record, and without it via `unapply`);
+- applying twice equals applying once (the second time is `AlreadyApplied`);
+- every definition outside the edited scope keeps an identical syntax tree;
+- the only change is added lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from opspatch.anchors import iter_definitions, strip_positions
+from opspatch.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, reverse, unapply
+from tests.patchkit import make_patch
+
+NAMES = st.sampled_from(["a", "b", "count", "value", "total", "flag"])
+
+
+@st.composite
+def simple_statement(draw: st.DrawFn, owner: str) -> list[str]:
+    name = draw(NAMES)
+    number = draw(st.integers(0, 99))
+    choice = draw(st.integers(0, 5))
+    if choice == 0:
+        return [f"{owner}{name} = {number}"]
+    if choice == 1:
+        return [f"{owner}{name} = compute({number})  # trailing comment"]
+    if choice == 2:
+        return [f"log({name!r})"]
+    if choice == 3:
+        return ["# a comment line"]
+    if choice == 4:
+        return [""]
+    return [f"{owner}{name} = (", f"    {number},", ")"]
+
+
+@st.composite
+def block(draw: st.DrawFn, owner: str, depth: int = 0) -> list[tuple[int, str]]:
+    """(relative indent level, text) lines of a block body; never empty of statements."""
+    lines: list[tuple[int, str]] = []
+    for _ in range(draw(st.integers(1, 4))):
+        if depth < 1 and draw(st.booleans()) and draw(st.booleans()):
+            lines.append((0, f"if {draw(NAMES)}:"))
+            lines += [(level + 1, text) for level, text in draw(block(owner, depth + 1))]
+        else:
+            lines += [(0, text) for text in draw(simple_statement(owner))]
+    lines.append((0, f"{owner}last = {draw(st.integers(0, 9))}"))
+    return lines
+
+
+@st.composite
+def module_source(draw: st.DrawFn) -> tuple[bytes, str]:
+    newline = draw(st.sampled_from(["\n", "\r\n"]))
+    unit = draw(st.sampled_from(["    ", "\t", "  "]))
+    out: list[str] = []
+
+    def emit(level: int, text: str) -> None:
+        out.append((unit * level + text) if text else "")
+
+    if draw(st.booleans()):
+        emit(0, '"""A generated module."""')
+    emit(0, "import os")
+    emit(0, "")
+    for i in range(draw(st.integers(0, 2))):
+        if draw(st.booleans()):
+            emit(0, "@decorate")
+        prefix = "async def" if draw(st.booleans()) else "def"
+        emit(0, f"{prefix} helper_{i}(x):")
+        for level, text in draw(block("")):
+            emit(1 + level, text)
+        emit(0, "")
+    emit(0, "class Target(Base):")
+    if draw(st.booleans()):
+        emit(1, '"""The class under patch."""')
+    if draw(st.booleans()):
+        emit(1, "kind = 'target'")
+    emit(1, "def __init__(self, args):")
+    if draw(st.booleans()):
+        emit(2, '"""Initialise."""')
+    if draw(st.booleans()):
+        emit(2, "super().__init__()")
+    if draw(st.booleans()):
+        emit(2, "# Parse arguments")
+    for level, text in draw(block("self.")):
+        emit(2 + level, text)
+    emit(2, "self.anchor_call()")
+    for level, text in draw(block("self.")):
+        emit(2 + level, text)
+    emit(0, "")
+    emit(1, "def other(self):")
+    for level, text in draw(block("self.")):
+        emit(2 + level, text)
+    source = newline.join(out) + (newline if draw(st.booleans()) else "")
+    return source.encode("utf-8"), newline
+
+
+POSITIONS = st.sampled_from(
+    [
+        ("Target.__init__", 'position = "start"'),
+        ("Target.__init__", 'position = "end"'),
+        ("Target", 'position = "start"'),
+        ("Target", 'position = "end"'),
+        ("<module>", 'position = "start"'),
+        ("<module>", 'position = "end"'),
+        ("Target.__init__", 'position = "before"\nanchor = { calls = "anchor_call" }'),
+        ("Target.__init__", 'position = "after"\nanchor = { calls = "anchor_call" }'),
+    ]
+)
+
+
+def _patch(scope: str, position: str, with_comment: bool) -> str:
+    comment = 'comment = "why this is here"\n' if with_comment else ""
+    return (
+        f'[[edits]]\nkind = "insert"\nscope = "{scope}"\n{position}\n{comment}'
+        'code = """\nself_guard = 0\nif self_guard:\n    pass\n"""\n'
+    )
+
+
+def _definitions(tree: ast.Module) -> dict[str, str]:
+    return {name: strip_positions(node) for name, node in iter_definitions(tree)}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(module_source(), POSITIONS, st.booleans())
+def test_insert_properties(generated: tuple[bytes, str], position: tuple[str, str], comment: bool) -> None:
+    source, newline = generated
+    scope, where = position
+    patch = make_patch(_patch(scope, where, comment))
+    outcome = apply_patch(source, patch)
+    assert isinstance(outcome, Applied), outcome
+
+    # apply then reverse is the identity on bytes, with and without the record
+    assert reverse(outcome) == source
+    undone = unapply(outcome.new_source, patch)
+    assert not isinstance(undone, NotApplicable), undone.reason
+    assert undone.old_source == source
+
+    # applying twice equals applying once
+    assert isinstance(apply_patch(outcome.new_source, patch), AlreadyApplied)
+
+    # definitions outside the edited scope keep identical syntax trees
+    before = _definitions(ast.parse(source.decode()))
+    after = _definitions(ast.parse(outcome.new_source.decode()))
+    for name, dump in before.items():
+        if name == scope or scope.startswith(name + "."):
+            continue
+        assert after[name] == dump, name
+
+    # only lines were added, all with the file's own line ending
+    old_lines = source.decode().splitlines(keepends=True)
+    new_lines = outcome.new_source.decode().splitlines(keepends=True)
+    ops = difflib.SequenceMatcher(a=old_lines, b=new_lines, autojunk=False).get_opcodes()
+    changed = [op for op in ops if op[0] != "equal"]
+    assert all(tag == "insert" for tag, *_ in changed) or not source.endswith(newline.encode())
+    for tag, _, _, j1, j2 in changed:
+        if tag == "insert":
+            assert all(line.endswith(newline) or j == len(new_lines) - 1 for j, line in enumerate(new_lines[j1:j2], j1))
