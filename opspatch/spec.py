@@ -258,9 +258,9 @@ class InsertEdit(_Strict):
     @_model_validator(mode="after")
     def _anchor_matches_position(self) -> InsertEdit:
         if self.position in ("before", "after") and self.anchor is None:
-            raise ValueError(f"position {self.position!r} needs an anchor (a statement selector)")
+            raise ValueError(f"position: {self.position!r} needs an anchor (a statement selector)")
         if self.position in ("start", "end") and self.anchor is not None:
-            raise ValueError(f"position {self.position!r} takes no anchor (use before/after)")
+            raise ValueError(f"anchor: position {self.position!r} takes no anchor (use before/after)")
         return self
 
 
@@ -281,9 +281,9 @@ class ReplaceEdit(_Strict):
             try:
                 ast.parse(self.code.strip(), mode="eval")
             except SyntaxError as exc:
-                raise ValueError(f"code must be an expression to replace an expression: {exc.msg}") from None
+                raise ValueError(f"code: must be an expression to replace an expression: {exc.msg}") from None
         elif not _parse_statements(self.code, "code"):
-            raise ValueError("code is empty")
+            raise ValueError("code: is empty")
         return self
 
 
@@ -403,11 +403,19 @@ def parse_patch(document: TomlDocument) -> PatchSpec:
     try:
         return PatchSpec.model_validate(document.data)
     except ValidationError as exc:
-        errors = exc.errors()
+        # unknown keys first: a misspelt key also shows up as a missing one
+        errors = sorted(exc.errors(), key=lambda e: e.get("type") != "extra_forbidden")
         located = []
         for error in errors:
-            loc = [p for p in error["loc"] if not (isinstance(p, str) and p in _UNION_TAGS)]
-            located.append((loc, _pydantic_problem(dict(error))))
+            loc = _field_path(error["loc"])
+            problem = _pydantic_problem(dict(error))
+            if error.get("type") in ("union_tag_invalid", "union_tag_not_found"):
+                loc.append("kind")
+            moved = re.match(r"^([a-z_]+): (.*)$", problem)
+            if moved and error.get("type") == "value_error" and moved.group(1) in _MODEL_FIELDS:
+                loc.append(moved.group(1))
+                problem = moved.group(2)
+            located.append((loc, problem))
         first_loc, first_problem = located[0]
         others = [
             f"{document.location(loc)}: {problem}" for loc, problem in located[1:]
@@ -417,6 +425,18 @@ def parse_patch(document: TomlDocument) -> PatchSpec:
 
 
 _UNION_TAGS = {"insert", "replace", "diff", "assigned-before-calls", "class-attribute"}
+# Model-level checks name the field they are about as "field: problem", so it can be located.
+_MODEL_FIELDS = {"position", "anchor", "code", "select"}
+
+
+def _field_path(loc: Sequence[str | int]) -> list[str | int]:
+    """Pydantic's error location without the union tag it inserts after a list index."""
+    out: list[str | int] = []
+    for i, part in enumerate(loc):
+        if isinstance(part, str) and part in _UNION_TAGS and i > 0 and isinstance(loc[i - 1], int):
+            continue
+        out.append(part)
+    return out
 
 
 def _hint_for(problem: str) -> str | None:

@@ -101,13 +101,16 @@ class TomlDocument:
     _lines: dict[FieldPath, int] = field(default_factory=dict, repr=False, compare=False)
 
     def line_of(self, field_path: Sequence[str | int]) -> int:
-        """The line where `field_path` (or its nearest written ancestor) is written; 0 if none."""
+        """The line where `field_path` (or its nearest written ancestor) is written.
+
+        A top-level key that is not written at all (a missing field) is reported at line 1.
+        """
         path = tuple(field_path)
         while path:
             if path in self._lines:
                 return self._lines[path]
             path = path[:-1]
-        return 0
+        return 1 if self.text else 0
 
     def location(self, field_path: Sequence[str | int]) -> Location:
         return Location(self.path, self.line_of(field_path), format_field_path(field_path))
