@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
-import click
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -61,6 +60,12 @@ class _Options:
 _options = _Options()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"opspatch {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _global(
     workspace: Annotated[
@@ -71,11 +76,11 @@ def _global(
             help="Folder holding patches/, inventories/, playbooks/ (default: $OPSPATCH_HOME or .)",
         ),
     ] = None,
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
+    ] = False,
 ) -> None:
-    if version:
-        out.print(f"opspatch {__version__}")
-        raise typer.Exit(0)
     _options.workspace = workspace
 
 
@@ -267,13 +272,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
     try:
         app(args=argv, prog_name="opspatch", standalone_mode=False)
         code = EXIT_OK
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         code = exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         err.print("aborted; nothing was changed")
-        code = EXIT_BAD_INPUT
-    except click.ClickException as exc:
-        exc.show()
         code = EXIT_BAD_INPUT
     except OpspatchError as exc:
         err.print(Text(f"error: {exc.render()}", style="red"))
@@ -281,6 +283,14 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except KeyboardInterrupt:
         err.print("interrupted")
         code = exit_code_for(KeyboardInterrupt())
+    except Exception as exc:
+        # Usage errors of the option parser (typer vendors click; older typers use click itself):
+        # they know how to show themselves and always mean bad usage (exit 2).
+        show = getattr(exc, "show", None)
+        if show is None or not hasattr(exc, "exit_code"):
+            raise
+        show()
+        code = EXIT_BAD_INPUT
     sys.exit(code)
 
 
