@@ -1,0 +1,15 @@
+"""Launch the server: `python -m sglang.launch_server --port P [--host H] [flags]`.
+
+See `sglang.srt.server_args` for the flags. Logs go to stderr (or `--log-file`); the process exits
+0 on SIGTERM/SIGINT, 1 when the scheduler hits an exception or the warm-up fails, and 2 on a bad
+command line.
+"""
+
+import sys
+
+from sglang.srt.entrypoints.http_server import launch_server
+from sglang.srt.server_args import prepare_server_args
+
+if __name__ == "__main__":
+    server_args = prepare_server_args(sys.argv[1:])
+    launch_server(server_args)

@@ -1,0 +1,1 @@
+"""The serving runtime of the stand-in engine (SGLang's `srt`)."""

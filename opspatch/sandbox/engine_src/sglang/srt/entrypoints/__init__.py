@@ -1,0 +1,1 @@
+"""HTTP server, offline engine and OpenAI-shaped endpoints."""

@@ -1,0 +1,298 @@
+"""The HTTP server: SGLang's API subset on the standard library's ThreadingHTTPServer.
+
+Start-up follows SGLang's order and log lines: `server_args=...`, weight loading, the HTTP server
+(`Uvicorn running on ...`), then a warm-up thread that waits for the server to answer, runs a
+one-token generation through the whole stack, and only then logs
+`The server is fired up and ready to roll!` and lets `/health` answer 200. A failed warm-up logs
+`Initialization failed. warmup error: ...` and ends the process.
+
+Test hook (not in SGLang): `SGLANG_STANDIN_WARMUP_DELAY_S=<seconds>` delays the warm-up, so the
+503 answers of `/health`, `/health_generate` and `/ready` before it are observable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from sglang.srt.entrypoints import openai_api
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.managers.tokenizer_manager import BadRequestError, TokenizerManager
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils import (
+    configure_logger,
+    flush_log_handlers,
+    install_sigquit_handler,
+    kill_process_tree,
+)
+from sglang.version import __version__
+
+logger = logging.getLogger(__name__)
+
+WARMUP_DELAY_ENV = "SGLANG_STANDIN_WARMUP_DELAY_S"
+WARMUP_PROMPT = "The capital city of France is"
+_UVICORN = "INFO:     "
+
+Response = tuple[int, dict[str, Any] | None]
+
+
+class HttpApp:
+    """Routes a method and path to a handler returning (status, JSON body or None)."""
+
+    def __init__(
+        self,
+        server_args: ServerArgs,
+        scheduler: Scheduler,
+        tokenizer_manager: TokenizerManager,
+    ):
+        self.server_args = server_args
+        self.scheduler = scheduler
+        self.tokenizer_manager = tokenizer_manager
+        self.created = int(time.time())
+        self.routes: dict[tuple[str, str], Callable[[Any], Response]] = {
+            ("GET", "/health"): self.health,
+            ("GET", "/health_generate"): self.health,
+            ("GET", "/ready"): self.ready,
+            ("GET", "/model_info"): self.model_info,
+            ("GET", "/get_model_info"): self.model_info,
+            ("GET", "/server_info"): self.server_info,
+            ("GET", "/get_server_info"): self.server_info,
+            ("GET", "/v1/models"): self.v1_models,
+            ("POST", "/generate"): self.generate,
+            ("POST", "/v1/completions"): self.v1_completions,
+            ("POST", "/v1/chat/completions"): self.v1_chat_completions,
+        }
+
+    def handle(self, method: str, path: str, raw_body: bytes) -> Response:
+        handler = self.routes.get((method, path))
+        if handler is None:
+            if any(route_path == path for _, route_path in self.routes):
+                return 405, {"detail": "Method Not Allowed"}
+            return 404, {"detail": "Not Found"}
+        body: Any = None
+        if method == "POST":
+            try:
+                body = json.loads(raw_body or b"null")
+            except (ValueError, UnicodeDecodeError) as error:
+                return self.bad_request(path, f"the request body is not valid JSON: {error}")
+        try:
+            return handler(body)
+        except BadRequestError as error:
+            return self.bad_request(path, str(error))
+
+    @staticmethod
+    def bad_request(path: str, message: str) -> Response:
+        if path.startswith("/v1/"):
+            return 400, openai_api.error_response(message)
+        return 400, {"error": {"message": message}}
+
+    # -- routes -----------------------------------------------------------------------------
+
+    def health(self, body: Any) -> Response:
+        if not self.tokenizer_manager.is_up:
+            return 503, None
+        ok = self.tokenizer_manager.health_generate()
+        return (200, None) if ok else (503, None)
+
+    def ready(self, body: Any) -> Response:
+        if not self.tokenizer_manager.is_up:
+            return 503, {"status": "starting"}
+        return 200, {"status": "ready"}
+
+    def model_info(self, body: Any) -> Response:
+        model = self.scheduler.tp_worker.model
+        return 200, {
+            "model_path": self.server_args.model_path,
+            "tokenizer_path": self.server_args.tokenizer_path,
+            "served_model_name": self.server_args.served_model_name,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": "tiny_lm",
+            "architectures": [type(model).__name__],
+            "vocab_size": model.config.vocab_size,
+        }
+
+    def server_info(self, body: Any) -> Response:
+        return 200, {
+            **dataclasses.asdict(self.server_args),
+            "version": __version__,
+            "status": self.tokenizer_manager.server_status.value,
+            "internal_states": [self.scheduler.get_internal_state()],
+        }
+
+    def v1_models(self, body: Any) -> Response:
+        return 200, openai_api.models(self.server_args, self.created)
+
+    def generate(self, body: Any) -> Response:
+        request = self.tokenizer_manager.parse_generate_request(body)
+        return 200, self.tokenizer_manager.generate(request)  # type: ignore[return-value]
+
+    def v1_completions(self, body: Any) -> Response:
+        return 200, openai_api.completions(body, self.tokenizer_manager, self.server_args)
+
+    def v1_chat_completions(self, body: Any) -> Response:
+        return 200, openai_api.chat_completions(body, self.tokenizer_manager, self.server_args)
+
+
+class _RequestHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+    server: _HttpServer
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silenced: requests are logged in uvicorn's access format by `_dispatch`."""
+
+    def _dispatch(self, method: str) -> None:
+        path = urlsplit(self.path).path
+        length = int(self.headers.get("Content-Length") or 0)
+        raw_body = self.rfile.read(length) if length > 0 else b""
+        try:
+            status, payload = self.server.app.handle(method, path, raw_body)
+        except Exception as error:  # a bug in a route, not in the scheduler: answer 500
+            logger.exception(f"Exception in route {method} {path}")
+            status, payload = 500, {"error": {"message": f"internal error: {error}"}}
+        data = b"" if payload is None else json.dumps(payload).encode("utf-8")
+        try:
+            self.send_response(status)
+            if payload is not None:
+                self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            return
+        host, port = self.client_address[:2]
+        phrase = HTTPStatus(status).phrase
+        logger.info(f'{_UVICORN}{host}:{port} - "{method} {self.path} HTTP/1.1" {status} {phrase}')
+
+
+class _HttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    app: HttpApp
+
+
+def _request(url: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode("utf-8")
+    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST")
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def _warmup_delay() -> float:
+    raw = os.environ.get(WARMUP_DELAY_ENV, "")
+    try:
+        return max(0.0, float(raw)) if raw else 0.0
+    except ValueError:
+        logger.warning(f"ignoring {WARMUP_DELAY_ENV}={raw!r}: not a number")
+        return 0.0
+
+
+def _wait_and_warmup(server_args: ServerArgs, tokenizer_manager: TokenizerManager) -> None:
+    url = server_args.url()
+    try:
+        delay = _warmup_delay()
+        if delay:
+            logger.info(
+                f"Delaying warm-up by {delay:g} s ({WARMUP_DELAY_ENV}, a stand-in test hook)"
+            )
+            time.sleep(delay)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                status, _ = _request(f"{url}/get_model_info", None, timeout=5)
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url}/get_model_info did not answer within 60 s")
+            time.sleep(0.1)
+        if not server_args.skip_server_warmup:
+            payload = {
+                "text": WARMUP_PROMPT,
+                "sampling_params": {"temperature": 0, "max_new_tokens": 1},
+            }
+            status, answer = _request(f"{url}/generate", payload, timeout=600)
+            if status != 200:
+                raise RuntimeError(f"/generate answered {status}: {answer[:500]!r}")
+    except Exception as error:
+        logger.error(f"Initialization failed. warmup error: {error}")
+        kill_process_tree(os.getpid())
+        return
+    tokenizer_manager.mark_up()
+    logger.info("The server is fired up and ready to roll!")
+
+
+def _raise_system_exit(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def launch_server(server_args: ServerArgs) -> None:
+    """Load the model, serve HTTP until SIGTERM/SIGINT; a fatal scheduler error exits non-zero."""
+    configure_logger(server_args)
+    install_sigquit_handler()
+    signal.signal(signal.SIGTERM, _raise_system_exit)
+    signal.signal(signal.SIGINT, _raise_system_exit)
+    logger.info(f"server_args={server_args!r}")
+
+    scheduler = Scheduler(server_args)
+    scheduler.start()
+    tokenizer_manager = TokenizerManager(server_args, scheduler)
+    app = HttpApp(server_args, scheduler, tokenizer_manager)
+
+    logger.info(f"{_UVICORN}Started server process [{os.getpid()}]")
+    logger.info(f"{_UVICORN}Waiting for application startup.")
+    logger.info(f"{_UVICORN}Application startup complete.")
+    try:
+        httpd = _HttpServer((server_args.host, server_args.port), _RequestHandler)
+    except OSError as error:
+        logger.error(
+            f"ERROR:    [Errno {error.errno}] error while attempting to bind on address "
+            f"({server_args.host!r}, {server_args.port}): {str(error.strerror).lower()}"
+        )
+        flush_log_handlers()
+        sys.exit(1)
+    httpd.app = app
+    logger.info(
+        f"{_UVICORN}Uvicorn running on http://{server_args.host}:{server_args.port} "
+        f"(Press CTRL+C to quit)"
+    )
+    threading.Thread(
+        target=_wait_and_warmup, args=(server_args, tokenizer_manager), name="Warmup", daemon=True
+    ).start()
+    try:
+        httpd.serve_forever(poll_interval=0.5)
+    except SystemExit:
+        logger.info(f"{_UVICORN}Shutting down")
+    finally:
+        httpd.server_close()
+        logger.info(f"{_UVICORN}Finished server process [{os.getpid()}]")
+        flush_log_handlers()

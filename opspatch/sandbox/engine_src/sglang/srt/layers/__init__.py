@@ -1,0 +1,1 @@
+"""Token selection: greedy, temperature, top-k, top-p."""

@@ -1,0 +1,1 @@
+"""Scheduler, model worker, tokenizer manager and the request/batch types they share."""

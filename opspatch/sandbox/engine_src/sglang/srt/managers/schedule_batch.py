@@ -1,0 +1,88 @@
+"""Requests and batches as the scheduler and the model workers share them."""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = "extend"  # prefill: the prompt goes in, the first output token comes out
+    DECODE = "decode"  # one decode step for every running request
+
+    def is_extend(self) -> bool:
+        return self is ForwardMode.EXTEND
+
+    def is_decode(self) -> bool:
+        return self is ForwardMode.DECODE
+
+
+@dataclass
+class Req:
+    """One generation request, from admission to its finish reason."""
+
+    rid: str
+    origin_input_text: str
+    origin_input_ids: list[int]
+    sampling_params: SamplingParams
+    output_ids: list[int] = field(default_factory=list)
+    finished_reason: dict[str, Any] | None = None
+    created_time: float = field(default_factory=time.perf_counter)
+    finished_time: float | None = None
+    # Speculative decoding counters reported in meta_info.
+    spec_verify_ct: int = 0
+    spec_proposed_drafts: int = 0
+    spec_accepted_drafts: int = 0
+    spec_verified_tokens: int = 0
+    generator: torch.Generator | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        if not self.sampling_params.is_greedy:
+            seed = self.sampling_params.sampling_seed
+            self.generator = torch.Generator()
+            if seed is None:
+                self.generator.seed()
+            else:
+                self.generator.manual_seed(seed)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def remaining_tokens(self) -> int:
+        return self.sampling_params.max_new_tokens - len(self.output_ids)
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+
+@dataclass
+class ScheduleBatch:
+    reqs: list[Req]
+    forward_mode: ForwardMode
+
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+
+@dataclass
+class GenerationBatchResult:
+    """New tokens for each request of a batch (same order), and what verification did."""
+
+    next_token_ids: list[list[int]]
+    # Set for a speculative decode step: drafts proposed and accepted per request.
+    proposed_drafts: list[int] | None = None
+    accepted_drafts: list[int] | None = None
+
+    @property
+    def speculative(self) -> bool:
+        return self.accepted_drafts is not None

@@ -1,0 +1,66 @@
+"""The target model worker: loads the model and runs prefill and plain (one-token) decode."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from sglang.srt.layers.sampler import greedy_token, sample_token, token_distribution
+from sglang.srt.managers.schedule_batch import GenerationBatchResult, Req, ScheduleBatch
+from sglang.srt.models.tiny_lm import TinyCausalLM, load_target_model
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.tokenizer.char_tokenizer import CharTokenizer, get_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def log_weight_load(name: str, load: Callable[[], TinyCausalLM]) -> TinyCausalLM:
+    """Build a model between SGLang's `Load weight begin/end` log lines."""
+    logger.info(f"Load weight begin. model={name}, device=cpu")
+    started = time.perf_counter()
+    model = load()
+    logger.info(
+        f"Load weight end. type={type(model).__name__}, dtype=torch.float64, "
+        f"weights={model.num_weights()}, elapsed={time.perf_counter() - started:.2f} s"
+    )
+    return model
+
+
+class TpModelWorker:
+    """Holds the target model and the tokenizer; decodes one token per request per step."""
+
+    def __init__(self, server_args: ServerArgs, gpu_id: int, tp_rank: int, nccl_port: int):
+        self.server_args = server_args
+        self.gpu_id = gpu_id
+        self.tp_rank = tp_rank
+        self.device = server_args.device
+        # Tiny matrices: one thread is faster than the coordination of several, and several
+        # sandbox hosts share a machine.
+        torch.set_num_threads(1)
+        self.tokenizer: CharTokenizer = get_tokenizer(server_args.tokenizer_path or "")
+        self.model: TinyCausalLM = log_weight_load(
+            server_args.model_path,
+            lambda: load_target_model(server_args.model_path, self.tokenizer),
+        )
+        self.max_total_num_tokens = server_args.context_length * server_args.max_running_requests
+
+    def forward_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """Next-token logits at every position of `token_ids`."""
+        return self.model(torch.tensor(token_ids, dtype=torch.long))
+
+    def next_token(self, req: Req, logits_row: torch.Tensor) -> int:
+        if req.sampling_params.is_greedy:
+            return greedy_token(logits_row)
+        probs = token_distribution(self.model.sampling_logits(logits_row), req.sampling_params)
+        return sample_token(probs, req.generator)
+
+    def forward_batch_generation(self, batch: ScheduleBatch) -> GenerationBatchResult:
+        """Prefill or plain decode: exactly one new token for each request of the batch."""
+        next_token_ids = []
+        for req in batch.reqs:
+            logits = self.forward_logits(req.all_ids)
+            next_token_ids.append([self.next_token(req, logits[-1])])
+        return GenerationBatchResult(next_token_ids=next_token_ids)

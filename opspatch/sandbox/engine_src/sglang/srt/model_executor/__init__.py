@@ -1,0 +1,1 @@
+"""CUDA graph capture (which fails for real on a host without CUDA)."""

@@ -1,0 +1,1 @@
+"""The tiny deterministic model the stand-in decodes with."""

@@ -1,0 +1,1 @@
+"""Speculative decoding: EAGLE-style chain drafting and verification."""

@@ -1,0 +1,1 @@
+"""The character tokenizer of the tiny model."""
