@@ -1,0 +1,412 @@
+"""The SSH transport: fabric for connecting, a paramiko channel we drive ourselves for each exec.
+
+Why fabric: its `Connection` already honours `~/.ssh/config` (HostName, User, Port, IdentityFile,
+ProxyJump/ProxyCommand), ssh-agent and identity files, so an operator's usual SSH setup works.
+Why our own channel loop instead of `Connection.run`: we must send stdin and close it, drain
+stdout and stderr together (a chatty command must never block on a full window), stop at a
+deadline, and then end the *remote* process group, not just drop the channel.
+
+Host keys are verified, never trusted on first sight. Fabric installs paramiko's AutoAddPolicy
+(accept any key); we replace it on every connection, the jump hosts' included:
+- the known_hosts file in use is the inventory's `known_hosts`, else the first
+  `UserKnownHostsFile` from `~/.ssh/config`, else `~/.ssh/known_hosts` (the system-wide
+  `/etc/ssh/ssh_known_hosts` is read as well, never written);
+- an unknown key is refused (`HostKeyError`, with its SHA256 fingerprint) unless the run was
+  started with `--accept-new-host-keys`, which records it in that file;
+- a changed key (or a key of another type for a known host) is always refused.
+
+Remote process groups: every command runs as
+`setsid -w /bin/sh -c '<report pgid on stderr>; exec /bin/sh -c "$1"' opspatch <command>`, so it
+leads a new process group whose id it reports first on stderr (that line is removed from the
+result). On a deadline a second, short exec sends TERM and then KILL to that group.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import math
+import os
+import re
+import select
+import time
+from pathlib import Path
+from typing import Any
+
+import paramiko
+from fabric import Config, Connection
+
+from opspatch.errors import CommandTimeout, HostKeyError, TransportError
+from opspatch.inventory import Host, JumpHost
+from opspatch.transport.base import Command, CommandResult
+from opspatch.transport.local import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer
+
+ACCEPT_NEW_HOST_KEYS_FLAG = "--accept-new-host-keys"
+SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
+_PGID_LINE = re.compile(rb"\Aopspatch-pgid:(\d+)\n")
+_PGID_SCRIPT = 'echo "opspatch-pgid:$$" >&2; exec /bin/sh -c "$1"'
+_CHUNK = 32 * 1024
+
+
+def host_key_fingerprint(key: paramiko.PKey) -> str:
+    """The key's SHA256 fingerprint exactly as OpenSSH prints it (`SHA256:...`, no padding)."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def wrap_in_process_group(command: Command) -> str:
+    """The shell line sent to the host: `command` in a new session that reports its pgid."""
+    return Command(
+        ("setsid", "-w", "/bin/sh", "-c", _PGID_SCRIPT, "opspatch", command.render())
+    ).render()
+
+
+def kill_process_group_command(pgid: int, grace_seconds: float) -> Command:
+    """The command that ends a remote process group: TERM, up to `grace_seconds`, then KILL."""
+    steps = max(1, int(grace_seconds * 10))
+    # `kill -s SIG -- -PGID` is the spelling both dash and bash accept for a process group.
+    script = (
+        f"kill -s TERM -- -{pgid} 2>/dev/null; i=0; "
+        f'while [ "$i" -lt {steps} ] && kill -s 0 -- -{pgid} 2>/dev/null; '
+        "do sleep 0.1; i=$((i+1)); done; "
+        f"kill -s KILL -- -{pgid} 2>/dev/null; exit 0"
+    )
+    return Command(("/bin/sh", "-c", script))
+
+
+class _VerifyingHostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown host keys, or record them when the operator said so.
+
+    Paramiko calls this only for a host with no key on record; a known host whose key differs is
+    refused by paramiko itself (`BadHostKeyException`), which the transport reports as changed.
+    """
+
+    def __init__(self, host: str, known_hosts: Path, accept_new: bool) -> None:
+        self._host = host
+        self._known_hosts = known_hosts
+        self._accept_new = accept_new
+
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
+        fingerprint = host_key_fingerprint(key)
+        if not self._accept_new:
+            raise HostKeyError(
+                f"[{self._host}] unknown host key for {hostname}: {key.get_name()} {fingerprint}",
+                host=self._host,
+                fingerprint=fingerprint,
+                hint=(
+                    "check this fingerprint with the host's administrator, then "
+                    f"re-run with {ACCEPT_NEW_HOST_KEYS_FLAG} to trust it "
+                    f"(it will be recorded in {self._known_hosts})"
+                ),
+            )
+        self._known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(self._known_hosts, "a", encoding="ascii") as handle:
+            handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+class SSHTransport:
+    """Runs commands on one host over SSH; one connection per host per run, reused by every call.
+
+    The connection opens on the first `run` (so building transports for a fleet costs nothing)
+    and is reopened once if it was lost between calls. `connect_count` counts opened connections
+    and `exec_count` counts `run` calls, so tests can check the round trips the design promises.
+    Not thread-safe: one transport per host, used by one worker at a time.
+    """
+
+    def __init__(
+        self,
+        host: Host,
+        *,
+        accept_new_host_keys: bool = False,
+        connect_timeout: float = 10.0,
+        keepalive_seconds: int = 15,
+        kill_grace_seconds: float = 2.0,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> None:
+        self.host = host.name
+        self.exec_count = 0
+        self.connect_count = 0
+        self._target = host
+        self._accept_new = accept_new_host_keys
+        self._connect_timeout = connect_timeout
+        self._keepalive = keepalive_seconds
+        self._kill_grace = kill_grace_seconds
+        self._max_output = max_output_bytes
+        self._connection: Connection | None = None
+
+    # -- connecting -----------------------------------------------------------------------
+
+    def _known_hosts_file(self, connection: Connection) -> Path:
+        if self._target.known_hosts:
+            return Path(self._target.known_hosts).expanduser()
+        configured = connection.ssh_config.get("userknownhostsfile")
+        if configured:
+            first = configured.split()[0] if isinstance(configured, str) else configured[0]
+            return Path(first).expanduser()
+        return Path("~/.ssh/known_hosts").expanduser()
+
+    def _verify_host_keys(self, connection: Connection, label: str) -> None:
+        """Replace fabric's accept-anything policy with ours on `connection` and its gateways."""
+        known_hosts = self._known_hosts_file(connection)
+        client: paramiko.SSHClient = connection.client
+        try:
+            if not self._target.known_hosts and SYSTEM_KNOWN_HOSTS.is_file():
+                client.load_system_host_keys(str(SYSTEM_KNOWN_HOSTS))
+            if known_hosts.is_file():
+                client.get_host_keys().load(str(known_hosts))
+        except (OSError, paramiko.SSHException) as exc:
+            raise TransportError(
+                f"cannot read known_hosts file {known_hosts}: {exc}", host=self.host, step="connect"
+            ) from None
+        client.set_missing_host_key_policy(
+            _VerifyingHostKeyPolicy(label, known_hosts, self._accept_new)
+        )
+        if isinstance(connection.gateway, Connection):
+            self._verify_host_keys(connection.gateway, f"{label} via jump host")
+
+    def _connect_kwargs(self, identity_file: str | None) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "banner_timeout": self._connect_timeout,
+            "auth_timeout": self._connect_timeout,
+        }
+        if identity_file:
+            kwargs["key_filename"] = [os.path.expanduser(identity_file)]
+        return kwargs
+
+    def _jump_connection(self, jump: JumpHost, config: Config) -> Connection:
+        return Connection(
+            jump.address,
+            user=jump.user,
+            port=jump.port,
+            config=config,
+            connect_kwargs=self._connect_kwargs(jump.identity_file),
+            connect_timeout=math.ceil(self._connect_timeout),
+        )
+
+    def _open(self) -> Connection:
+        target = self._target
+        config = Config()
+        gateway = self._jump_connection(target.jump, config) if target.jump else None
+        connection = Connection(
+            target.address,
+            user=target.user,
+            port=target.port,
+            config=config,
+            gateway=gateway,
+            connect_kwargs=self._connect_kwargs(target.identity_file),
+            connect_timeout=math.ceil(self._connect_timeout),
+        )
+        self._verify_host_keys(connection, self.host)
+        where = f"{connection.user}@{connection.host}:{connection.port}"
+        try:
+            connection.open()
+        except HostKeyError:
+            _close_quietly(connection)
+            raise
+        except paramiko.BadHostKeyException as exc:
+            _close_quietly(connection)
+            raise HostKeyError(
+                f"[{self.host}] host key for {exc.hostname} CHANGED: known "
+                f"{exc.expected_key.get_name()} {host_key_fingerprint(exc.expected_key)}, "
+                f"offered {exc.key.get_name()} {host_key_fingerprint(exc.key)}; refusing to connect",
+                host=self.host,
+                fingerprint=host_key_fingerprint(exc.key),
+                hint=(
+                    "this can be a man-in-the-middle attack; it is never accepted by a flag. "
+                    "If the host was really reinstalled, remove the old key with "
+                    f"`ssh-keygen -R '{exc.hostname}' -f {self._known_hosts_file(connection)}` "
+                    "after checking the new fingerprint"
+                ),
+            ) from None
+        except paramiko.AuthenticationException as exc:
+            _close_quietly(connection)
+            raise TransportError(
+                f"authentication failed for {where}: {exc}",
+                host=self.host,
+                step="connect",
+                hint="check user and identity_file in the inventory, or your ssh-agent",
+            ) from None
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            _close_quietly(connection)
+            raise TransportError(
+                f"cannot connect to {where}: {exc or type(exc).__name__}",
+                host=self.host,
+                step="connect",
+            ) from None
+        transport = connection.transport
+        assert transport is not None
+        transport.set_keepalive(self._keepalive)
+        self.connect_count += 1
+        return connection
+
+    def _transport(self) -> paramiko.Transport:
+        connection = self._connection
+        if (
+            connection is None
+            or connection.transport is None
+            or not connection.transport.is_active()
+        ):
+            if connection is not None:
+                _close_quietly(connection)
+            self._connection = None
+            connection = self._connection = self._open()
+        transport: paramiko.Transport = connection.transport
+        return transport
+
+    # -- running --------------------------------------------------------------------------
+
+    def run(self, command: Command, *, stdin: bytes = b"", timeout: float) -> CommandResult:
+        """Run `command` on the host with `stdin`, draining both outputs, within `timeout`.
+
+        The connection is opened on first use (its own connect timeout does not count against
+        `timeout`).
+
+        Raises:
+            HostKeyError: the host's key is unknown (and not accepted) or changed.
+            CommandTimeout: the deadline passed; the remote process group was ended.
+            TransportError: the host cannot be reached, or the connection broke.
+        """
+        self.exec_count += 1
+        transport = self._transport()
+        started = time.monotonic()
+        deadline = started + timeout
+        try:
+            channel = transport.open_session(timeout=max(1.0, min(timeout, self._connect_timeout)))
+            channel.exec_command(wrap_in_process_group(command))
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise TransportError(
+                f"cannot start a command: {exc or type(exc).__name__}", host=self.host, step="exec"
+            ) from None
+        stdout = CappedBuffer(self._max_output)
+        stderr = CappedBuffer(self._max_output)
+        try:
+            finished = _pump(channel, stdin, stdout, stderr, deadline)
+            if not finished:
+                pgid = _reported_pgid(stderr.peek())
+                channel.close()
+                outcome = self._end_remote_group(pgid)
+                raise CommandTimeout(
+                    f"`{command.masked()}` ran past its {timeout:g}s deadline; {outcome}",
+                    host=self.host,
+                    step="exec",
+                )
+            exit_code = channel.recv_exit_status()
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise TransportError(
+                f"the connection broke while running `{command.masked()}`: "
+                f"{exc or type(exc).__name__}",
+                host=self.host,
+                step="exec",
+            ) from None
+        finally:
+            channel.close()
+        err = stderr.value()
+        match = _PGID_LINE.match(err)
+        if match is None and exit_code == 127 and b"setsid" in err:
+            raise TransportError(
+                "`setsid` (util-linux) is not installed on the host",
+                host=self.host,
+                step="exec",
+                hint="opspatch runs every command in its own process group so a deadline can end it",
+            )
+        return CommandResult(
+            command=command.masked(),
+            exit_code=exit_code,
+            stdout=stdout.value(),
+            stderr=err[match.end() :] if match else err,
+            seconds=time.monotonic() - started,
+        )
+
+    def _end_remote_group(self, pgid: int | None) -> str:
+        """End the timed-out command's process group; says what happened, for the message."""
+        if pgid is None:
+            return "it had not reported its process group, so only its channel was closed"
+        try:
+            transport = self._transport()
+            channel = transport.open_session(timeout=5.0)
+            channel.exec_command(kill_process_group_command(pgid, self._kill_grace).render())
+            sink = CappedBuffer(4096)
+            _pump(channel, b"", sink, sink, time.monotonic() + self._kill_grace + 5.0)
+            channel.close()
+        except (OSError, EOFError, paramiko.SSHException, TransportError) as exc:
+            return f"its process group {pgid} could not be ended ({exc}); it may still run"
+        return f"its process group {pgid} was ended"
+
+    def close(self) -> None:
+        """Close the connection (and the jump host's); safe to call twice."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            _close_quietly(connection)
+
+
+def _close_quietly(connection: Connection) -> None:
+    """Close a connection even if it failed half-way (fabric only closes fully open ones)."""
+    with contextlib.suppress(Exception):
+        connection.client.close()
+    with contextlib.suppress(Exception):
+        connection.close()
+    if isinstance(connection.gateway, Connection):
+        _close_quietly(connection.gateway)
+
+
+def _reported_pgid(stderr_head: bytes) -> int | None:
+    match = _PGID_LINE.match(stderr_head)
+    return int(match.group(1)) if match else None
+
+
+def _pump(
+    channel: paramiko.Channel,
+    stdin: bytes,
+    stdout: CappedBuffer,
+    stderr: CappedBuffer,
+    deadline: float,
+) -> bool:
+    """Send stdin and drain both outputs until the command exits; False if the deadline passed.
+
+    Stdin is sent as the window allows, interleaved with reading, so neither side can block the
+    other; then the write side is shut so the command sees end-of-file.
+    """
+    offset = 0
+    sending = bool(stdin)
+    if not sending:
+        channel.shutdown_write()
+    wake = channel.fileno()  # readable when output or EOF arrives (paramiko's pipe)
+    while True:
+        progressed = False
+        while channel.recv_ready():
+            stdout.add(channel.recv(_CHUNK))
+            progressed = True
+        while channel.recv_stderr_ready():
+            stderr.add(channel.recv_stderr(_CHUNK))
+            progressed = True
+        if sending and channel.send_ready():
+            try:
+                offset += channel.send(stdin[offset : offset + _CHUNK])
+            except OSError:
+                offset = len(stdin)  # the command exited without reading all of it
+            if offset >= len(stdin):
+                sending = False
+                with contextlib.suppress(OSError):
+                    channel.shutdown_write()
+            progressed = True
+        if channel.closed or (channel.exit_status_ready() and channel.eof_received):
+            # Output sent before the exit status and EOF is already buffered: take the rest.
+            while channel.recv_ready():
+                stdout.add(channel.recv(_CHUNK))
+            while channel.recv_stderr_ready():
+                stderr.add(channel.recv_stderr(_CHUNK))
+            return True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        if progressed:
+            continue
+        if channel.eof_received:
+            # All output is in; only the exit status is still to come (no pipe event for it).
+            channel.status_event.wait(min(remaining, 0.2))
+        else:
+            select.select([wake], [], [], min(remaining, 0.05 if sending else 0.2))
