@@ -1,0 +1,863 @@
+"""The opspatch host agent: the code that runs ON a host, under the engine's own interpreter.
+
+The controller never installs anything on a host. For each operation it runs ONE command,
+`<engine python> -c BOOTSTRAP` (see `opspatch.remote`), and sends on stdin one JSON request that
+carries this file's source text, the operation's name and its arguments (bytes as base64). The
+bootstrap executes this source as a module and calls `main(request)`, which prints exactly one
+JSON line on the original stdout:
+
+    {"ok": true, "result": {...}}
+    {"ok": false, "code": "preimage-mismatch", "message": "...", "data": {...}}
+
+Anything else the process prints (an import warning, a library's banner) is sent to stderr, so
+the reply line cannot be corrupted.
+
+Rules for this file, because it runs on hosts we do not control:
+- Python 3.8+ and the standard library only (`from __future__ import annotations` keeps the type
+  hints as strings, so the modern spelling costs nothing at run time).
+- Never import the engine (sglang may need GPUs and minutes to import): versions come from
+  distribution metadata, module files from the import system's finders, not from imports.
+- Every write is atomic (temp file in the same directory, fsync, rename), keeps mode and owner,
+  and removes its temp file on any failure.
+
+Adding an operation: write `def op_name(args) -> dict`, decorate it with `@operation("name")`,
+raise `OpFailure(code, message, data)` for expected refusals. That is the whole pattern.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from typing import IO, TYPE_CHECKING, Any
+
+try:  # POSIX hosts only; the agent is never run elsewhere, but importing it must not fail
+    import fcntl
+    import grp
+    import pwd
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+    grp = None  # type: ignore[assignment]
+    pwd = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:  # aliases for the checker only: `dict[...]` cannot be evaluated on Python 3.8
+    Args = dict[str, Any]
+    Result = dict[str, Any]
+
+OPERATIONS: dict[str, Callable[[Args], Result]] = {}
+
+LOCK_FILE = "lock.json"
+LOCK_GUARD = "lock.guard"
+BACKUPS = "backups"
+TEMP_SUFFIX = ".opspatch-tmp"
+
+
+class OpFailure(Exception):
+    """An expected refusal or failure; `code` is stable and machine-readable."""
+
+    def __init__(self, code: str, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data or {}
+
+
+def operation(name: str) -> Callable[[Callable[[Args], Result]], Callable[[Args], Result]]:
+    """Register a function as the operation `name`."""
+
+    def register(function: Callable[[Args], Result]) -> Callable[[Args], Result]:
+        OPERATIONS[name] = function
+        return function
+
+    return register
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+
+def _reply_stream() -> IO[str]:
+    """Keep the real stdout for the reply and send everything else printed to stderr."""
+    sys.stdout.flush()
+    reply_fd = os.dup(1)
+    os.dup2(2, 1)
+    return os.fdopen(reply_fd, "w")
+
+
+def main(request: dict[str, Any]) -> int:
+    """Run one operation and print its reply as one JSON line; the exit status is 0 even for
+    refusals (the reply says what happened), non-zero only if no reply could be written."""
+    reply_to = _reply_stream()
+    try:
+        name = request.get("op")
+        handler = OPERATIONS.get(str(name))
+        if handler is None:
+            raise OpFailure(
+                "unknown-operation",
+                f"this agent has no operation {name!r}",
+                {"known": sorted(OPERATIONS)},
+            )
+        cwd = request.get("cwd")
+        if cwd:
+            try:
+                os.chdir(cwd)
+            except OSError as exc:
+                raise OpFailure("bad-workdir", f"cannot enter {cwd}: {exc.strerror}") from None
+        reply: dict[str, Any] = {"ok": True, "result": handler(request.get("args") or {})}
+    except OpFailure as failure:
+        reply = {
+            "ok": False,
+            "code": failure.code,
+            "message": failure.message,
+            "data": failure.data,
+        }
+    except Exception as exc:  # a bug or an unexpected host state: report it, do not hide it
+        reply = {
+            "ok": False,
+            "code": "agent-error",
+            "message": f"{type(exc).__name__}: {exc}",
+            "data": {"traceback": traceback.format_exc()[-4000:]},
+        }
+    reply_to.write(json.dumps(reply, sort_keys=True) + "\n")
+    reply_to.flush()
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"), validate=True)
+
+
+def _iso(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
+
+
+def _os_failure(code: str, what: str, exc: OSError) -> OpFailure:
+    name = errno.errorcode.get(exc.errno or 0, "") if exc.errno else ""
+    return OpFailure(
+        code,
+        f"{what}: {exc.strerror or exc}",
+        {"errno": name, "filename": exc.filename},
+    )
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        raise OpFailure("not-found", f"{path} does not exist", {"path": path}) from None
+    except IsADirectoryError:
+        raise OpFailure("not-a-file", f"{path} is a directory", {"path": path}) from None
+    except PermissionError as exc:
+        raise _os_failure("permission-denied", f"cannot read {path}", exc) from None
+
+
+def _user_name(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name if pwd else None
+    except KeyError:
+        return None
+
+
+def _group_name(gid: int) -> str | None:
+    try:
+        return grp.getgrgid(gid).gr_name if grp else None
+    except KeyError:
+        return None
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _ensure_state_dir(state_dir: str) -> str:
+    try:
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise _os_failure(
+            "state-dir-unwritable", f"cannot create the state folder {state_dir}", exc
+        ) from None
+    return state_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# facts
+
+_TORCH_PROBE = (
+    "import json, torch\n"
+    "ok = bool(torch.cuda.is_available())\n"
+    "print(json.dumps({'cuda_available': ok, 'cuda_version': torch.version.cuda,"
+    " 'cuda_device_count': torch.cuda.device_count() if ok else 0}))\n"
+)
+
+
+def _gpu_names(timeout: float) -> tuple[list[str], list[str]]:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return [], []
+    try:
+        done = subprocess.run(
+            [smi, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            timeout=timeout,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [], [f"nvidia-smi failed: {exc}"]
+    if done.returncode != 0:
+        message = done.stderr.decode(errors="replace").strip()[-300:]
+        return [], [f"nvidia-smi exited {done.returncode}: {message}"]
+    names = [line.strip() for line in done.stdout.decode(errors="replace").splitlines()]
+    return [n for n in names if n], []
+
+
+def _torch_probe(timeout: float) -> tuple[dict[str, Any], list[str]]:
+    """Ask torch about CUDA in a child interpreter, so a slow or crashing import is contained."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _TORCH_PROBE],
+            capture_output=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {}, [f"the torch CUDA probe took more than {timeout:g}s"]
+    except OSError as exc:
+        return {}, [f"the torch CUDA probe could not start: {exc}"]
+    lines = done.stdout.decode(errors="replace").strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        return {}, [f"importing torch failed: {tail[0][-300:]}"]
+    try:
+        return dict(json.loads(lines[-1])), []
+    except ValueError:
+        return {}, [f"the torch CUDA probe printed {lines[-1][-200:]!r}"]
+
+
+def collect_facts(probe_cuda: bool = True, probe_timeout: float = 60.0) -> Result:
+    """What the host runs: Python, sglang and torch versions, CUDA availability, GPUs."""
+    notes: list[str] = []
+    facts: Result = {
+        "python_version": platform.python_version(),
+        "python_executable": sys.executable,
+        "python_implementation": platform.python_implementation(),
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "sglang_version": _dist_version("sglang"),
+        "torch_version": _dist_version("torch"),
+        "cuda_available": None,
+        "cuda_version": None,
+        "cuda_device_count": None,
+    }
+    facts["gpu_names"], gpu_notes = _gpu_names(min(probe_timeout, 20.0))
+    notes.extend(gpu_notes)
+    if probe_cuda and facts["torch_version"] is not None:
+        cuda, cuda_notes = _torch_probe(probe_timeout)
+        facts.update(cuda)
+        notes.extend(cuda_notes)
+    facts["notes"] = notes
+    return facts
+
+
+@operation("facts")
+def op_facts(args: Args) -> Result:
+    return collect_facts(bool(args.get("probe_cuda", True)), float(args.get("probe_timeout", 60)))
+
+
+# ---------------------------------------------------------------------------------------------
+# resolve: which file the engine's interpreter would import for a module, importing nothing
+
+
+def _search_locations(spec: importlib.machinery.ModuleSpec) -> list[str] | None:
+    locations = spec.submodule_search_locations
+    if locations is None:
+        return None
+    try:
+        return list(locations)
+    except Exception:  # a namespace package's path recomputes from its (unimported) parent
+        return list(getattr(locations, "_path", []))
+
+
+def _record_entry(top: str, realpath: str) -> Result | None:
+    """The distribution RECORD entry for the file (its pip-installed sha256), if any."""
+    from importlib import metadata
+
+    for name in dict.fromkeys((top, top.replace("_", "-"))):
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        basename = os.path.basename(realpath)
+        for entry in dist.files or []:
+            if not str(entry).endswith(basename):
+                continue
+            if os.path.realpath(str(entry.locate())) != realpath:
+                continue
+            recorded = None
+            if entry.hash is not None and entry.hash.mode == "sha256":
+                value = entry.hash.value
+                recorded = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
+            return {
+                "distribution": dist.metadata["Name"],
+                "version": dist.version,
+                "record_sha256": recorded,
+            }
+    return None
+
+
+def resolve_module_file(module: str) -> Result:
+    """Find the source file `module` imports from, walking the finders without importing.
+
+    `importlib.util.find_spec("a.b.c")` imports `a` and `a.b` first (running their `__init__`),
+    which for sglang can mean CUDA initialisation. Instead: find the top-level package's spec,
+    then look up each next part in the previous package's `submodule_search_locations`.
+    """
+    parts = module.split(".")
+    if not module or not all(part.isidentifier() for part in parts):
+        raise OpFailure("bad-module", f"{module!r} is not a dotted module name")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError) as exc:
+        spec = None
+        error = str(exc)
+    else:
+        error = ""
+    for index in range(1, len(parts) + 1):
+        name = ".".join(parts[:index])
+        if spec is None:
+            raise OpFailure(
+                "module-not-found",
+                "no module named {!r}{}".format(name, f" ({error})" if error else ""),
+                {"module": module, "missing": name, "sys_path": sys.path},
+            )
+        if index == len(parts):
+            break
+        locations = _search_locations(spec)
+        if locations is None:
+            raise OpFailure(
+                "module-not-found",
+                f"{name!r} is a module, not a package, so it has no {parts[index]!r}",
+                {"module": module, "missing": ".".join(parts[: index + 1])},
+            )
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: index + 1]), locations)
+    assert spec is not None
+    origin = spec.origin
+    if not origin or not origin.endswith(".py") or not os.path.isfile(origin):
+        raise OpFailure(
+            "module-not-source",
+            f"{module} is not loaded from a .py source file (origin: {origin})",
+            {"module": module, "origin": origin},
+        )
+    realpath = os.path.realpath(origin)
+    record = _record_entry(parts[0], realpath)
+    return {
+        "module": module,
+        "origin": origin,
+        "realpath": realpath,
+        "is_symlink": os.path.islink(origin),
+        "is_package": spec.submodule_search_locations is not None,
+        "distribution": record["distribution"] if record else None,
+        "distribution_version": record["version"] if record else None,
+        "record_sha256": record["record_sha256"] if record else None,
+    }
+
+
+@operation("resolve")
+def op_resolve(args: Args) -> Result:
+    return resolve_module_file(str(args["module"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# read
+
+
+def read_file(path: str) -> Result:
+    """The file's bytes and metadata; a symlink is followed (the link target is reported)."""
+    try:
+        link = os.lstat(path)
+    except FileNotFoundError:
+        raise OpFailure("not-found", f"{path} does not exist", {"path": path}) from None
+    except OSError as exc:
+        raise _os_failure("permission-denied", f"cannot stat {path}", exc) from None
+    symlink_target = os.readlink(path) if stat.S_ISLNK(link.st_mode) else None
+    realpath = os.path.realpath(path)
+    try:
+        info = os.stat(realpath)
+    except FileNotFoundError:
+        raise OpFailure("not-found", f"{path} is a dangling symlink to {symlink_target}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise OpFailure("not-a-file", f"{realpath} is not a regular file", {"path": path})
+    content = _read_bytes(realpath)
+    return {
+        "path": path,
+        "realpath": realpath,
+        "symlink_target": symlink_target,
+        "content_b64": _b64(content),
+        "sha256": sha256_hex(content),
+        "size": len(content),
+        "mode": stat.S_IMODE(info.st_mode),
+        "uid": info.st_uid,
+        "gid": info.st_gid,
+        "owner": _user_name(info.st_uid),
+        "group": _group_name(info.st_gid),
+        "mtime_ns": info.st_mtime_ns,
+        "nlink": info.st_nlink,
+    }
+
+
+@operation("read")
+def op_read(args: Args) -> Result:
+    return read_file(str(args["path"]))
+
+
+@operation("inspect")
+def op_inspect(args: Args) -> Result:
+    """facts + resolve + read in one exec: everything `plan` needs from a host."""
+    facts = collect_facts(bool(args.get("probe_cuda", True)), float(args.get("probe_timeout", 60)))
+    resolved = None
+    path = args.get("path")
+    if args.get("module"):
+        try:
+            resolved = resolve_module_file(str(args["module"]))
+        except OpFailure as failure:
+            failure.data["facts"] = facts
+            raise
+        path = resolved["origin"]
+    if not path:
+        raise OpFailure("bad-request", "inspect needs a module or a path")
+    return {"facts": facts, "resolved": resolved, "file": read_file(str(path))}
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic writes, backups, bytecode
+
+
+def _fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # some filesystems cannot fsync a directory; the rename still stands
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def write_atomically(target: str, content: bytes, mode: int, uid: int, gid: int) -> None:
+    """Replace `target` by `content` atomically, with the given mode and owner.
+
+    A temp file is written in the target's own directory (so the rename cannot cross
+    filesystems), fsynced, given mode and owner, renamed over the target, then the directory is
+    fsynced. On any failure the temp file is removed and the target is untouched.
+
+    Raises:
+        OpFailure("write-failed"): the directory is read-only, the disk is full, the owner
+            cannot be kept, or the rename failed.
+    """
+    directory, name = os.path.split(target)
+    try:
+        fd, temp = tempfile.mkstemp(prefix="." + name + ".", suffix=TEMP_SUFFIX, dir=directory)
+    except OSError as exc:
+        raise _os_failure(
+            "write-failed", f"cannot create a temp file in {directory}", exc
+        ) from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+            info = os.fstat(handle.fileno())
+            if (info.st_uid, info.st_gid) != (uid, gid):
+                os.fchown(handle.fileno(), uid, gid)
+            os.fchmod(handle.fileno(), mode)  # after chown, which may clear set-id bits
+        os.replace(temp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise _os_failure("write-failed", f"cannot write {target}", exc) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    _fsync_directory(directory)
+
+
+def store_backup(state_dir: str, content: bytes) -> str:
+    """Keep `content` under `<state_dir>/backups/<sha256>` (content-addressed, never deleted)."""
+    digest = sha256_hex(content)
+    folder = os.path.join(_ensure_state_dir(state_dir), BACKUPS)
+    target = os.path.join(folder, digest)
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        if os.path.isfile(target) and sha256_hex(_read_bytes(target)) == digest:
+            return target
+        write_atomically(target, content, 0o600, os.getuid(), os.getgid())
+    except OSError as exc:
+        raise _os_failure("backup-failed", f"cannot keep a backup in {folder}", exc) from None
+    except OpFailure as failure:
+        raise OpFailure("backup-failed", failure.message, failure.data) from None
+    return target
+
+
+def _bytecode_pattern(stem: str) -> re.Pattern[str]:
+    # <stem>.<cache tag>[.opt-N].pyc, e.g. eagle_worker_v2.cpython-311.opt-1.pyc
+    return re.compile(re.escape(stem) + r"\.[A-Za-z0-9_-]+(\.opt-[0-9]+)?\.pyc\Z")
+
+
+def purge_stale_bytecode(*sources: str) -> tuple[list[str], list[str]]:
+    """Remove cached bytecode for each source path (the path imported and its real file).
+
+    Timestamp pycs are checked only by whole-second mtime and size, so a patched file of the same
+    size written within the same second would keep running the old code. The cache folder is
+    where this interpreter puts it (`__pycache__`, or under PYTHONPYCACHEPREFIX).
+    Returns (removed files, failures).
+    """
+    removed: list[str] = []
+    failed: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    for source in sources:
+        source = os.path.abspath(source)
+        stem = os.path.basename(source)
+        stem = stem[:-3] if stem.endswith(".py") else os.path.splitext(stem)[0]
+        try:
+            cache_dir = os.path.dirname(importlib.util.cache_from_source(source))
+        except (NotImplementedError, ValueError):
+            continue
+        if (cache_dir, stem) in seen:
+            continue
+        seen.add((cache_dir, stem))
+        try:
+            entries = os.listdir(cache_dir)
+        except OSError:
+            continue
+        pattern = _bytecode_pattern(stem)
+        for entry in sorted(entries):
+            if pattern.match(entry):
+                path = os.path.join(cache_dir, entry)
+                try:
+                    os.unlink(path)
+                    removed.append(path)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    failed.append(f"{path}: {exc.strerror}")
+    return removed, failed
+
+
+def check_compiles(content: bytes, filename: str) -> None:
+    """Compile the text with this (the host's) interpreter; refuse what it cannot compile."""
+    try:
+        compile(content, filename, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise OpFailure(
+            "compile-failed",
+            f"the new text does not compile under Python {platform.python_version()}: {exc.msg} (line {exc.lineno})",
+            {
+                "lineno": exc.lineno,
+                "offset": exc.offset,
+                "text": (exc.text or "").rstrip("\n"),
+                "msg": exc.msg,
+                "python": platform.python_version(),
+            },
+        ) from None
+    except ValueError as exc:  # e.g. null bytes (a SyntaxError from Python 3.12)
+        raise OpFailure(
+            "compile-failed", f"the new text does not compile: {exc}", {"msg": str(exc)}
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# swap and restore
+
+
+def _require_lock(state_dir: str, run_id: str) -> None:
+    holder = _read_lock(os.path.join(state_dir, LOCK_FILE))
+    if holder is None or holder.get("run_id") != run_id:
+        raise OpFailure(
+            "lock-lost",
+            f"this run ({run_id}) no longer holds the host's lock",
+            {"holder": holder},
+        )
+
+
+@operation("swap")
+def op_swap(args: Args) -> Result:
+    """Replace a file whose current sha256 is `expected_sha256` by new bytes, atomically.
+
+    Order: pre-image check, compile check, backup of the pre-image, atomic write, bytecode purge.
+    Nothing is written unless the first three pass.
+    """
+    path = str(args["path"])
+    state_dir = str(args["state_dir"])
+    expected = str(args["expected_sha256"])
+    new = _unb64(str(args["content_b64"]))
+    if args.get("lock_run_id"):
+        _require_lock(state_dir, str(args["lock_run_id"]))
+    realpath = os.path.realpath(path)
+    current = _read_bytes(realpath)
+    before = sha256_hex(current)
+    if before != expected:
+        raise OpFailure(
+            "preimage-mismatch",
+            f"{realpath} changed since it was read: sha256 {before[:12]} is not the expected {expected[:12]}",
+            {"path": path, "realpath": realpath, "expected": expected, "actual": before},
+        )
+    after = sha256_hex(new)
+    if args.get("compile", True):
+        check_compiles(new, realpath)
+    info = os.stat(realpath)
+    result: Result = {
+        "path": path,
+        "realpath": realpath,
+        "sha256_before": before,
+        "sha256_after": after,
+        "mode": stat.S_IMODE(info.st_mode),
+        "uid": info.st_uid,
+        "gid": info.st_gid,
+        "changed": after != before,
+        "backup_path": None,
+    }
+    if after != before:
+        result["backup_path"] = store_backup(state_dir, current)
+        write_atomically(realpath, new, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid)
+    result["purged_bytecode"], result["purge_failures"] = purge_stale_bytecode(path, realpath)
+    return result
+
+
+def _restore_source(state_dir: str, pre_sha256: str, given: bytes | None) -> tuple[bytes, str]:
+    backup = os.path.join(state_dir, BACKUPS, pre_sha256)
+    backup_sha = None
+    if os.path.isfile(backup):
+        content = _read_bytes(backup)
+        backup_sha = sha256_hex(content)
+        if backup_sha == pre_sha256:
+            return content, "backup"
+    if given is not None:
+        given_sha = sha256_hex(given)
+        if given_sha == pre_sha256:
+            return given, "given"
+        raise OpFailure(
+            "backup-hash-mismatch",
+            f"the bytes to restore hash to {given_sha[:12]}, not the pre-image {pre_sha256[:12]}",
+            {"expected": pre_sha256, "given_sha256": given_sha, "backup_sha256": backup_sha},
+        )
+    if backup_sha is not None:
+        raise OpFailure(
+            "backup-hash-mismatch",
+            f"the backup {backup} hashes to {backup_sha[:12]}, not {pre_sha256[:12]}",
+            {"expected": pre_sha256, "backup_sha256": backup_sha},
+        )
+    raise OpFailure(
+        "backup-missing",
+        f"no backup {backup} on the host and no bytes were sent",
+        {"expected": pre_sha256},
+    )
+
+
+@operation("restore")
+def op_restore(args: Args) -> Result:
+    """Put a file back to its pre-image (from the host's backup, else from the bytes sent).
+
+    Refuses (`not-our-file`) when the file is neither the pre-image nor `current_sha256` (the
+    post-image this run wrote) unless `force`: someone else changed it since.
+    """
+    path = str(args["path"])
+    state_dir = str(args["state_dir"])
+    pre = str(args["pre_sha256"])
+    expected_current = args.get("current_sha256")
+    given = _unb64(str(args["content_b64"])) if args.get("content_b64") is not None else None
+    realpath = os.path.realpath(path)
+    current = _read_bytes(realpath)
+    before = sha256_hex(current)
+    result: Result = {
+        "path": path,
+        "realpath": realpath,
+        "sha256_before": before,
+        "sha256_after": pre,
+        "changed": before != pre,
+        "source": "already",
+        "kept_copy": None,
+    }
+    if before != pre:
+        if expected_current and before != expected_current and not args.get("force"):
+            raise OpFailure(
+                "not-our-file",
+                f"{realpath} is neither the pre-image nor the file this run wrote (sha256 {before[:12]})",
+                {"actual": before, "expected": expected_current, "pre_sha256": pre},
+            )
+        content, result["source"] = _restore_source(state_dir, pre, given)
+        info = os.stat(realpath)
+        with contextlib.suppress(OpFailure):  # keeping what we overwrite is a courtesy here
+            result["kept_copy"] = store_backup(state_dir, current)
+        write_atomically(realpath, content, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid)
+    result["purged_bytecode"], result["purge_failures"] = purge_stale_bytecode(path, realpath)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# The per-host lock
+
+
+@contextlib.contextmanager
+def _lock_guard(state_dir: str, wait_seconds: float = 10.0) -> Iterator[None]:
+    """Serialise lock decisions on this host (flock on a guard file next to the lock)."""
+    fd = os.open(os.path.join(state_dir, LOCK_GUARD), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise OpFailure(
+                        "lock-busy", "another opspatch agent is deciding the lock; try again"
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+def _read_lock(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+        modified = os.stat(path).st_mtime
+    except FileNotFoundError:
+        return None
+    try:
+        holder = json.loads(raw.decode("utf-8"))
+        if not isinstance(holder, dict):
+            raise ValueError("not an object")
+        float(holder["expires_at"])
+        return holder
+    except (ValueError, KeyError, TypeError):
+        return {"owner": None, "run_id": None, "unreadable": True, "modified_at": modified}
+
+
+def _is_expired(holder: dict[str, Any], now: float, ttl: float) -> bool:
+    if holder.get("unreadable"):
+        return float(holder["modified_at"]) + ttl < now
+    return float(holder["expires_at"]) < now
+
+
+def _write_lock(path: str, holder: dict[str, Any], replace_existing: bool) -> None:
+    directory = os.path.dirname(path)
+    fd, temp = tempfile.mkstemp(prefix=".lock.", suffix=TEMP_SUFFIX, dir=directory)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(holder, handle, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if replace_existing:
+            os.replace(temp, path)
+        else:
+            os.link(temp, path)  # atomic create-if-absent with complete content
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+    _fsync_directory(directory)
+
+
+@operation("lock")
+def op_lock(args: Args) -> Result:
+    """Take (or refresh) the host's lock for a run; take over an expired one.
+
+    Refuses with `lock-held` (owner, run id, expiry in data) while another run holds it.
+    """
+    state_dir = _ensure_state_dir(str(args["state_dir"]))
+    owner = str(args["owner"])
+    run_id = str(args["run_id"])
+    ttl = float(args["ttl_seconds"])
+    path = os.path.join(state_dir, LOCK_FILE)
+    with _lock_guard(state_dir):
+        now = time.time()
+        current = _read_lock(path)
+        refreshed = current is not None and current.get("run_id") == run_id
+        if current is not None and not refreshed and not _is_expired(current, now, ttl):
+            raise OpFailure(
+                "lock-held",
+                "locked by {} (run {}) until {}".format(
+                    current.get("owner"), current.get("run_id"), _iso(float(current["expires_at"]))
+                )
+                if not current.get("unreadable")
+                else f"an unreadable lock file {path} is younger than {ttl:g}s",
+                dict(current, path=path),
+            )
+        acquired = float(current["acquired_at"]) if refreshed and current else now
+        holder = {
+            "owner": owner,
+            "run_id": run_id,
+            "acquired_at": acquired,
+            "expires_at": now + ttl,
+            "acquired_at_iso": _iso(acquired),
+            "expires_at_iso": _iso(now + ttl),
+            "hostname": socket.gethostname(),
+        }
+        try:
+            _write_lock(path, holder, replace_existing=current is not None)
+        except OSError as exc:
+            raise _os_failure("lock-failed", f"cannot write {path}", exc) from None
+    return {
+        "holder": holder,
+        "refreshed": refreshed,
+        "previous": None if refreshed else current,
+    }
+
+
+@operation("unlock")
+def op_unlock(args: Args) -> Result:
+    """Release the host's lock; only the run that holds it may (unless `force`)."""
+    state_dir = str(args["state_dir"])
+    run_id = str(args["run_id"])
+    path = os.path.join(state_dir, LOCK_FILE)
+    if not os.path.isdir(state_dir):
+        return {"released": False, "reason": "not-held", "previous": None}
+    with _lock_guard(state_dir):
+        current = _read_lock(path)
+        if current is None:
+            return {"released": False, "reason": "not-held", "previous": None}
+        if current.get("run_id") != run_id and not args.get("force"):
+            raise OpFailure(
+                "lock-not-ours",
+                "the lock is held by {} (run {}), not by run {}".format(
+                    current.get("owner"), current.get("run_id"), run_id
+                ),
+                dict(current, path=path),
+            )
+        os.unlink(path)
+        _fsync_directory(state_dir)
+    return {"released": True, "reason": "released", "previous": current}

@@ -1,0 +1,637 @@
+"""Host-side operations, controller side: one exec per operation, typed results, typed errors.
+
+Each operation is ONE command on the host: the engine's own interpreter running a tiny bootstrap
+(`<python> -c BOOTSTRAP`) that reads a JSON request on stdin, executes the host agent's source
+(`opspatch/hostagent.py`, sent with every request, so nothing is installed on hosts), runs the
+operation and prints one JSON reply line. Running under the engine's interpreter and environment
+is the point: `resolve` then finds the file the server really imports, `facts` reports the
+versions it really runs, and `swap` compiles the new text with the Python that will run it.
+
+`HostOperations` turns replies into frozen dataclasses and refusals into the error tree:
+`PreimageMismatch`, `LockHeld`, `RemoteOperationError` (with its stable `code`), `TargetError`
+for a module that does not resolve, `InputError` for an interpreter that is missing on the host.
+Every call has a deadline; transport failures arrive as `TransportError` / `CommandTimeout`
+with the host and the operation named as the step.
+
+Round trips: `inspect` (what `plan` needs: facts + resolve + read) is 1 exec; read-then-swap is
+2; `lock` and `unlock` are 1 each.
+"""
+
+from __future__ import annotations
+
+import base64
+import getpass
+import hashlib
+import json
+import socket
+from dataclasses import asdict, dataclass
+from importlib import resources
+from typing import Any, Literal
+
+from opspatch.errors import (
+    InputError,
+    LockHeld,
+    PreimageMismatch,
+    RemoteOperationError,
+    TargetError,
+    TransportError,
+)
+from opspatch.inventory import Host
+from opspatch.transport.base import Command, Transport
+from opspatch.transport.local import LocalTransport
+from opspatch.transport.ssh import SSHTransport
+
+BOOTSTRAP = (
+    "import json, sys, types\n"
+    "request = json.loads(sys.stdin.buffer.read().decode('utf-8'))\n"
+    "agent = types.ModuleType('opspatch_hostagent')\n"
+    "sys.modules[agent.__name__] = agent\n"
+    "exec(compile(request.pop('agent'), '<opspatch-hostagent>', 'exec'), agent.__dict__)\n"
+    "sys.exit(agent.main(request))\n"
+)
+"""The `-c` program: small and stable, so the command line never changes between operations."""
+
+DEFAULT_LOCK_TTL_SECONDS = 30 * 60
+
+
+def agent_source() -> str:
+    """The host agent's source text, as shipped in the package."""
+    return resources.files("opspatch").joinpath("hostagent.py").read_text(encoding="utf-8")
+
+
+def default_lock_owner() -> str:
+    """`user@controller`, the owner recorded in host locks taken from this machine."""
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def open_transport(host: Host, *, accept_new_host_keys: bool = False) -> Transport:
+    """The transport the inventory says this host uses (nothing is connected yet)."""
+    if host.transport == "local":
+        return LocalTransport(host.name)
+    return SSHTransport(host, accept_new_host_keys=accept_new_host_keys)
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What a host runs. `None` means unknown or not installed; `notes` say why a probe failed."""
+
+    python_version: str
+    python_executable: str
+    python_implementation: str
+    hostname: str
+    platform: str
+    machine: str
+    sglang_version: str | None
+    torch_version: str | None
+    cuda_available: bool | None
+    cuda_version: str | None
+    cuda_device_count: int | None
+    gpu_names: tuple[str, ...]
+    notes: tuple[str, ...]
+
+    @classmethod
+    def from_reply(cls, data: dict[str, Any]) -> HostFacts:
+        return cls(
+            python_version=str(data["python_version"]),
+            python_executable=str(data["python_executable"]),
+            python_implementation=str(data["python_implementation"]),
+            hostname=str(data["hostname"]),
+            platform=str(data["platform"]),
+            machine=str(data["machine"]),
+            sglang_version=data.get("sglang_version"),
+            torch_version=data.get("torch_version"),
+            cuda_available=data.get("cuda_available"),
+            cuda_version=data.get("cuda_version"),
+            cuda_device_count=data.get("cuda_device_count"),
+            gpu_names=tuple(data.get("gpu_names") or ()),
+            notes=tuple(data.get("notes") or ()),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ResolvedModule:
+    """The file the engine imports for `module`. `record_sha256` is the hash pip recorded for
+    it in the distribution's RECORD (an edit made outside any tool shows up as a difference)."""
+
+    module: str
+    origin: str
+    realpath: str
+    is_symlink: bool
+    is_package: bool
+    distribution: str | None
+    distribution_version: str | None
+    record_sha256: str | None
+
+    @classmethod
+    def from_reply(cls, data: dict[str, Any]) -> ResolvedModule:
+        return cls(
+            module=str(data["module"]),
+            origin=str(data["origin"]),
+            realpath=str(data["realpath"]),
+            is_symlink=bool(data["is_symlink"]),
+            is_package=bool(data["is_package"]),
+            distribution=data.get("distribution"),
+            distribution_version=data.get("distribution_version"),
+            record_sha256=data.get("record_sha256"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A file as read on the host: its exact bytes and what must be kept when it is replaced.
+
+    `path` is what was asked for; `realpath` is the file really read (and later written) when
+    `path` is a symlink, whose `symlink_target` is kept as it is.
+    """
+
+    path: str
+    realpath: str
+    symlink_target: str | None
+    content: bytes
+    sha256: str
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    owner: str | None
+    group: str | None
+    mtime_ns: int
+    nlink: int
+
+    def to_json(self, *, include_content: bool = False) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("content")
+        if include_content:
+            data["content_b64"] = base64.b64encode(self.content).decode("ascii")
+        return data
+
+
+@dataclass(frozen=True)
+class HostInspection:
+    """Everything `plan` needs from one host, from one exec."""
+
+    facts: HostFacts
+    module: ResolvedModule | None
+    file: RemoteFile
+
+
+@dataclass(frozen=True)
+class SwapResult:
+    """A completed swap: the hashes before and after, where the pre-image backup is, and which
+    cached bytecode files were removed. `changed` is False when the new bytes equal the old."""
+
+    path: str
+    realpath: str
+    sha256_before: str
+    sha256_after: str
+    changed: bool
+    backup_path: str | None
+    purged_bytecode: tuple[str, ...]
+    purge_failures: tuple[str, ...]
+    mode: int
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """A completed restore. `source` says where the bytes came from: the host's `backup`, the
+    `given` bytes, or `already` (the file was the pre-image; nothing written). `kept_copy` is a
+    backup of what the restore overwrote."""
+
+    path: str
+    realpath: str
+    sha256_before: str
+    sha256_after: str
+    changed: bool
+    source: Literal["backup", "given", "already"]
+    kept_copy: str | None
+    purged_bytecode: tuple[str, ...]
+    purge_failures: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds (or held) a host's lock; times are the host's clock, seconds since the epoch."""
+
+    owner: str | None
+    run_id: str | None
+    acquired_at: float | None
+    expires_at: float | None
+
+    @classmethod
+    def from_reply(cls, data: dict[str, Any] | None) -> LockHolder | None:
+        if not data:
+            return None
+        return cls(
+            owner=data.get("owner"),
+            run_id=data.get("run_id"),
+            acquired_at=_optional_float(data.get("acquired_at")),
+            expires_at=_optional_float(data.get("expires_at")),
+        )
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """The lock this run now holds. `took_over_from` is the expired holder it replaced, if any;
+    `refreshed` is True when this run already held it (the expiry was extended)."""
+
+    holder: LockHolder
+    refreshed: bool
+    took_over_from: LockHolder | None
+
+
+@dataclass(frozen=True)
+class UnlockResult:
+    """`released` is False when there was no lock to release (`reason` = `not-held`)."""
+
+    released: bool
+    reason: str
+    previous: LockHolder | None
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class OperationTimeouts:
+    """Default deadlines (seconds) per operation; every method also takes `timeout=`."""
+
+    facts: float = 120.0
+    resolve: float = 60.0
+    read: float = 60.0
+    inspect: float = 180.0
+    swap: float = 120.0
+    restore: float = 120.0
+    lock: float = 30.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The operations
+
+
+_INTERPRETER_MISSING_STATUS = (126, 127)  # the shell's "not executable" / "not found"
+_MODULE_CODES = ("module-not-found", "module-not-source", "bad-module")
+
+
+class HostOperations:
+    """Host-side operations on one host, through its transport, under its engine's interpreter.
+
+    Build one per host per run: `HostOperations(transport, host)`. Each method is one exec.
+    Later operations (restart, readiness, smoke, log scan) are added to `hostagent.py` and
+    called through `call`, the same single path every method here uses.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        host: Host,
+        *,
+        timeouts: OperationTimeouts | None = None,
+    ) -> None:
+        self.transport = transport
+        self.host = host
+        self.timeouts = timeouts or OperationTimeouts()
+        self._agent = agent_source()
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    # -- the one path to the host -----------------------------------------------------------
+
+    def _workdir(self) -> str | None:
+        restart = self.host.engine.restart
+        return getattr(restart, "workdir", None)
+
+    def call(
+        self, operation: str, args: dict[str, Any], *, timeout: float, step: str | None = None
+    ) -> dict[str, Any]:
+        """Run agent operation `operation` with `args` on the host; its `result` on success.
+
+        Raises:
+            InputError: the inventory names no engine interpreter, or it cannot run on the host.
+            TargetError: a module named in `args` does not resolve on the host.
+            PreimageMismatch, LockHeld, RemoteOperationError: the agent refused (`code` says why).
+            TransportError, CommandTimeout: the host could not be reached or the deadline passed.
+        """
+        step = step or operation
+        python = self.host.engine.python
+        if not python:
+            raise InputError(
+                f"[{self.name}] the inventory sets no engine.python for this host",
+                hint="set engine.python to the interpreter the SGLang server runs with, "
+                "e.g. /opt/sglang/venv/bin/python",
+            )
+        request = {"agent": self._agent, "op": operation, "args": args, "cwd": self._workdir()}
+        command = Command((python, "-c", BOOTSTRAP), env=dict(self.host.engine.env))
+        try:
+            result = self.transport.run(
+                command, stdin=json.dumps(request).encode("utf-8"), timeout=timeout
+            )
+        except TransportError as exc:
+            if exc.step == step and exc.host == self.name:
+                raise
+            raise type(exc)(exc.detail, host=self.name, step=step, hint=exc.hint) from None
+        reply = _parse_reply(result.stdout)
+        if reply is None:
+            stderr = result.stderr.decode("utf-8", errors="replace").strip()
+            if result.exit_code in _INTERPRETER_MISSING_STATUS:
+                raise InputError(
+                    f"[{self.name}] engine.python {python!r} cannot be run on the host "
+                    f"(exit {result.exit_code}: {_last_line(stderr)})",
+                    hint="set engine.python in the inventory to the interpreter the server "
+                    "runs with",
+                )
+            if "SyntaxError" in stderr:
+                raise RemoteOperationError(
+                    f"{python} could not run the host agent (it needs Python 3.8 or newer): "
+                    f"{_last_line(stderr)}",
+                    code="agent-unsupported-python",
+                    host=self.name,
+                    step=step,
+                )
+            raise RemoteOperationError(
+                f"the host agent gave no reply (exit {result.exit_code}): {_last_line(stderr)}",
+                code="agent-no-reply",
+                host=self.name,
+                step=step,
+                data={"stderr": stderr[-4000:], "exit_code": result.exit_code},
+            )
+        if reply.get("ok"):
+            value = reply.get("result")
+            return value if isinstance(value, dict) else {"value": value}
+        raise self._refusal(reply, step, args)
+
+    def _refusal(
+        self, reply: dict[str, Any], step: str, args: dict[str, Any]
+    ) -> TargetError | RemoteOperationError:
+        code = str(reply.get("code") or "agent-error")
+        message = str(reply.get("message") or "the host agent refused")
+        raw_data = reply.get("data")
+        data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
+        if code in _MODULE_CODES:
+            return TargetError(
+                f"[{self.name}] module {args.get('module')!r} does not resolve under "
+                f"{self.host.engine.python}: {message}",
+                hint="check the patch's target module and the host's engine.python / engine.env",
+            )
+        kinds: dict[str, type[RemoteOperationError]] = {
+            "preimage-mismatch": PreimageMismatch,
+            "lock-held": LockHeld,
+        }
+        error_type = kinds.get(code, RemoteOperationError)
+        return error_type(message, code=code, host=self.name, step=step, data=data)
+
+    # -- facts, resolve, read, inspect -------------------------------------------------------
+
+    def facts(self, *, probe_cuda: bool = True, timeout: float | None = None) -> HostFacts:
+        """Python, sglang and torch versions, CUDA availability (a torch probe in a child
+        interpreter, skipped with `probe_cuda=False`), GPU names (nvidia-smi), hostname."""
+        deadline = timeout or self.timeouts.facts
+        reply = self.call(
+            "facts",
+            {"probe_cuda": probe_cuda, "probe_timeout": max(1.0, deadline * 0.5)},
+            timeout=deadline,
+        )
+        return HostFacts.from_reply(reply)
+
+    def resolve(self, module: str, *, timeout: float | None = None) -> ResolvedModule:
+        """The file the engine's interpreter imports for `module` (nothing is imported)."""
+        reply = self.call("resolve", {"module": module}, timeout=timeout or self.timeouts.resolve)
+        return ResolvedModule.from_reply(reply)
+
+    def read(self, path: str, *, timeout: float | None = None) -> RemoteFile:
+        """The file's exact bytes, sha256, mode, owner, mtime and symlink target."""
+        reply = self.call("read", {"path": path}, timeout=timeout or self.timeouts.read)
+        return self._remote_file(reply, "read")
+
+    def inspect(
+        self,
+        module: str | None = None,
+        *,
+        path: str | None = None,
+        probe_cuda: bool = True,
+        timeout: float | None = None,
+    ) -> HostInspection:
+        """facts + resolve(`module`) + read of its file, in one exec (what `plan` needs).
+
+        Give `path` instead of `module` to read a known file.
+        """
+        if (module is None) == (path is None):
+            raise ValueError("inspect needs exactly one of module or path")
+        deadline = timeout or self.timeouts.inspect
+        reply = self.call(
+            "inspect",
+            {
+                "module": module,
+                "path": path,
+                "probe_cuda": probe_cuda,
+                "probe_timeout": max(1.0, deadline * 0.5),
+            },
+            timeout=deadline,
+        )
+        resolved = reply.get("resolved")
+        return HostInspection(
+            facts=HostFacts.from_reply(reply["facts"]),
+            module=ResolvedModule.from_reply(resolved) if resolved else None,
+            file=self._remote_file(reply["file"], "inspect"),
+        )
+
+    def _remote_file(self, data: dict[str, Any], step: str) -> RemoteFile:
+        content = base64.b64decode(data["content_b64"])
+        if hashlib.sha256(content).hexdigest() != data["sha256"]:
+            raise RemoteOperationError(
+                f"{data['path']} arrived with a different sha256 than the host computed",
+                code="read-corrupt",
+                host=self.name,
+                step=step,
+            )
+        return RemoteFile(
+            path=str(data["path"]),
+            realpath=str(data["realpath"]),
+            symlink_target=data.get("symlink_target"),
+            content=content,
+            sha256=str(data["sha256"]),
+            size=int(data["size"]),
+            mode=int(data["mode"]),
+            uid=int(data["uid"]),
+            gid=int(data["gid"]),
+            owner=data.get("owner"),
+            group=data.get("group"),
+            mtime_ns=int(data["mtime_ns"]),
+            nlink=int(data["nlink"]),
+        )
+
+    # -- swap, restore -------------------------------------------------------------------------
+
+    def swap(
+        self,
+        path: str,
+        *,
+        expected_sha256: str,
+        new_content: bytes,
+        lock_run_id: str | None = None,
+        timeout: float | None = None,
+    ) -> SwapResult:
+        """Atomically replace `path` (its real file, if a symlink) by `new_content`.
+
+        The host checks the current sha256 against `expected_sha256`, compiles the new text
+        with its own interpreter, keeps a backup of the pre-image under
+        `<state_dir>/backups/<sha256>`, writes a temp file beside the target, fsyncs, keeps mode
+        and owner, renames it over the target and removes the module's stale bytecode. With
+        `lock_run_id`, it also checks that this run still holds the host's lock.
+
+        Raises:
+            PreimageMismatch: the file is not the bytes the plan was made from; nothing written.
+            RemoteOperationError: `compile-failed` (with the line), `write-failed`,
+                `backup-failed`, `lock-lost`; nothing written in each case.
+        """
+        args = {
+            "path": path,
+            "expected_sha256": expected_sha256,
+            "content_b64": base64.b64encode(new_content).decode("ascii"),
+            "state_dir": self.host.state_dir,
+            "lock_run_id": lock_run_id,
+        }
+        reply = self.call("swap", args, timeout=timeout or self.timeouts.swap)
+        return SwapResult(
+            path=str(reply["path"]),
+            realpath=str(reply["realpath"]),
+            sha256_before=str(reply["sha256_before"]),
+            sha256_after=str(reply["sha256_after"]),
+            changed=bool(reply["changed"]),
+            backup_path=reply.get("backup_path"),
+            purged_bytecode=tuple(reply.get("purged_bytecode") or ()),
+            purge_failures=tuple(reply.get("purge_failures") or ()),
+            mode=int(reply["mode"]),
+            uid=int(reply["uid"]),
+            gid=int(reply["gid"]),
+        )
+
+    def restore(
+        self,
+        path: str,
+        *,
+        pre_sha256: str,
+        content: bytes | None = None,
+        current_sha256: str | None = None,
+        force: bool = False,
+        timeout: float | None = None,
+    ) -> RestoreResult:
+        """Put `path` back to the pre-image `pre_sha256`, atomically, and purge its bytecode.
+
+        The bytes come from the host's backup when present and intact, else from `content`
+        (the ledger's copy); either must hash to `pre_sha256`. With `current_sha256` (the
+        post-image this run wrote) a file that is neither that nor the pre-image is refused
+        (`not-our-file`) unless `force`.
+
+        Raises:
+            RemoteOperationError: `not-our-file`, `backup-hash-mismatch`, `backup-missing`,
+                `write-failed`.
+        """
+        args = {
+            "path": path,
+            "pre_sha256": pre_sha256,
+            "content_b64": None if content is None else base64.b64encode(content).decode("ascii"),
+            "current_sha256": current_sha256,
+            "force": force,
+            "state_dir": self.host.state_dir,
+        }
+        reply = self.call("restore", args, timeout=timeout or self.timeouts.restore)
+        return RestoreResult(
+            path=str(reply["path"]),
+            realpath=str(reply["realpath"]),
+            sha256_before=str(reply["sha256_before"]),
+            sha256_after=str(reply["sha256_after"]),
+            changed=bool(reply["changed"]),
+            source=reply["source"],
+            kept_copy=reply.get("kept_copy"),
+            purged_bytecode=tuple(reply.get("purged_bytecode") or ()),
+            purge_failures=tuple(reply.get("purge_failures") or ()),
+        )
+
+    # -- the host lock -------------------------------------------------------------------------
+
+    def lock(
+        self,
+        *,
+        run_id: str,
+        owner: str | None = None,
+        ttl_seconds: float = DEFAULT_LOCK_TTL_SECONDS,
+        timeout: float | None = None,
+    ) -> LockInfo:
+        """Take the host's lock (`<state_dir>/lock.json`) for `run_id`, or refresh it.
+
+        An expired lock is taken over (the previous holder is returned); taking it again with
+        the same run id extends the expiry.
+
+        Raises:
+            LockHeld: another run holds it and it has not expired (owner, run id, expiry in
+                `data` and in the message).
+        """
+        reply = self.call(
+            "lock",
+            {
+                "state_dir": self.host.state_dir,
+                "owner": owner or default_lock_owner(),
+                "run_id": run_id,
+                "ttl_seconds": ttl_seconds,
+            },
+            timeout=timeout or self.timeouts.lock,
+        )
+        holder = LockHolder.from_reply(reply["holder"])
+        assert holder is not None
+        return LockInfo(
+            holder=holder,
+            refreshed=bool(reply["refreshed"]),
+            took_over_from=LockHolder.from_reply(reply.get("previous")),
+        )
+
+    def unlock(
+        self, *, run_id: str, force: bool = False, timeout: float | None = None
+    ) -> UnlockResult:
+        """Release the host's lock held by `run_id` (`force` releases anyone's).
+
+        Raises:
+            RemoteOperationError: `lock-not-ours`, another run holds it.
+        """
+        reply = self.call(
+            "unlock",
+            {"state_dir": self.host.state_dir, "run_id": run_id, "force": force},
+            timeout=timeout or self.timeouts.lock,
+        )
+        return UnlockResult(
+            released=bool(reply["released"]),
+            reason=str(reply["reason"]),
+            previous=LockHolder.from_reply(reply.get("previous")),
+        )
+
+
+def _parse_reply(stdout: bytes) -> dict[str, Any] | None:
+    """The agent's reply: the last non-empty stdout line, if it is a JSON object with `ok`."""
+    for line in reversed(stdout.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            return None
+        return reply if isinstance(reply, dict) and "ok" in reply else None
+    return None
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][-500:] if lines else "no output"
