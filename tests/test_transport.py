@@ -1,0 +1,285 @@
+"""Transports over real processes: a local shell and real OpenSSH servers on loopback."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from opspatch.errors import CommandTimeout, HostKeyError, TransportError
+from opspatch.sshd import SshFleet, generate_keypair
+from opspatch.transport.base import Command
+from opspatch.transport.local import LocalTransport
+from opspatch.transport.ssh import SSHTransport, wrap_in_process_group
+from tests.sshfleet import Target, inventory_host
+
+pytest_plugins = ["tests.sshfleet"]
+
+
+def process_is_gone(pid: int) -> bool:
+    """True when `pid` no longer runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return status.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def wait_until_gone(pids: list[int], seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if all(process_is_gone(pid) for pid in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Both transports
+
+
+def test_stdin_and_both_outputs_are_streamed_without_blocking(target: Target) -> None:
+    payload = os.urandom(3 * 1024 * 1024)
+    # cat echoes 3 MiB while 2 MiB go to stderr: any transport that reads one stream at a time,
+    # or sends all of stdin before reading, deadlocks here.
+    command = Command(("sh", "-c", "head -c 2097152 /dev/zero >&2 & cat; wait"))
+    result = target.transport.run(command, stdin=payload, timeout=60)
+    assert result.exit_code == 0
+    assert result.stdout == payload
+    assert result.stderr == b"\0" * 2097152
+
+
+def test_exit_status_environment_and_streams_are_kept_apart(target: Target) -> None:
+    command = Command(
+        ("sh", "-c", 'echo "$GREETING"; echo oops >&2; exit 7'),
+        env={"GREETING": "hi there; $(touch pwned) `id`"},
+    )
+    result = target.transport.run(command, timeout=30)
+    assert result.exit_code == 7
+    assert result.stdout == b"hi there; $(touch pwned) `id`\n"
+    assert result.stderr == b"oops\n"
+    assert not result.ok
+
+
+def test_arguments_with_shell_metacharacters_arrive_verbatim(
+    target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    remote_home = target.transport.run(Command(("sh", "-c", "pwd")), timeout=30).stdout.strip()
+    tricky = [
+        "a b;$(touch pwned)'.py",
+        "sglang'; touch pwned; echo '.service",
+        "`touch pwned`",
+        "x\ny && touch pwned",
+        "$HOME * ? [a] ~ | > pwned",
+    ]
+    result = target.transport.run(Command(("printf", "%s\\0", *tricky)), timeout=30)
+    assert result.stdout.split(b"\0")[:-1] == [t.encode() for t in tricky]
+    for folder in (tmp_path, Path(remote_home.decode())):
+        assert not (folder / "pwned").exists()
+
+
+def test_a_hanging_command_is_ended_with_its_whole_process_group(
+    target: Target, tmp_path: Path
+) -> None:
+    pids = tmp_path / "pids"
+    script = f"echo $$ > {pids}; sleep 300 & echo $! >> {pids}; wait"
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout) as caught:
+        target.transport.run(Command(("sh", "-c", script)), timeout=1.5)
+    assert time.monotonic() - started < 15
+    assert caught.value.host == target.host.name
+    assert caught.value.exit_code == 1
+    recorded = [int(line) for line in pids.read_text().split()]
+    assert len(recorded) == 2
+    assert wait_until_gone(recorded), f"still running: {recorded}"
+
+
+def test_a_command_flooding_output_is_drained_until_its_deadline(target: Target) -> None:
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout):
+        target.transport.run(Command(("sh", "-c", "yes flood; yes flood >&2")), timeout=1.5)
+    assert time.monotonic() - started < 15
+    after = target.transport.run(Command(("echo", "still usable")), timeout=30)
+    assert after.stdout == b"still usable\n"
+
+
+def test_exec_count_counts_every_run(target: Target) -> None:
+    for _ in range(3):
+        target.transport.run(Command(("true",)), timeout=30)
+    assert target.transport.exec_count == 3
+    target.transport.close()
+    target.transport.close()  # safe twice
+
+
+# ---------------------------------------------------------------------------------------------
+# SSH only
+
+
+def openssh_fingerprint(public_line: str) -> str:
+    blob = base64.b64decode(public_line.split()[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+@pytest.mark.ssh
+def test_one_connection_is_reused_for_every_command(ssh_fleet: SshFleet, tmp_path: Path) -> None:
+    host = inventory_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s")
+    transport = SSHTransport(host)
+    try:
+        for _ in range(4):
+            assert transport.run(Command(("true",)), timeout=30).ok
+        assert (transport.connect_count, transport.exec_count) == (1, 4)
+    finally:
+        transport.close()
+
+
+@pytest.mark.ssh
+def test_remote_command_line_reports_its_process_group_first() -> None:
+    rendered = wrap_in_process_group(Command(("echo", "a b")))
+    assert rendered.startswith("setsid -w /bin/sh -c ")
+    assert rendered.endswith(" opspatch 'echo '\"'\"'a b'\"'\"''")
+
+
+@pytest.mark.ssh
+def test_unknown_host_key_is_refused_with_its_fingerprint(
+    ssh_fleet: SshFleet, tmp_path: Path
+) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("")
+    host = inventory_host(
+        "ssh", fleet=ssh_fleet, index=1, state_dir=tmp_path / "s", known_hosts=known_hosts
+    )
+    transport = SSHTransport(host)
+    with pytest.raises(HostKeyError) as caught:
+        transport.run(Command(("true",)), timeout=30)
+    transport.close()
+    server = ssh_fleet.servers[1]
+    assert caught.value.fingerprint == openssh_fingerprint(server.host_public_key)
+    assert caught.value.fingerprint in caught.value.message
+    assert caught.value.hint is not None and "--accept-new-host-keys" in caught.value.hint
+    assert caught.value.exit_code == 2
+    assert known_hosts.read_text() == ""
+
+
+@pytest.mark.ssh
+def test_unknown_host_key_is_recorded_only_with_accept_new(
+    ssh_fleet: SshFleet, tmp_path: Path
+) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    host = inventory_host(
+        "ssh", fleet=ssh_fleet, index=2, state_dir=tmp_path / "s", known_hosts=known_hosts
+    )
+    transport = SSHTransport(host, accept_new_host_keys=True)
+    try:
+        assert transport.run(Command(("echo", "hi")), timeout=30).stdout == b"hi\n"
+    finally:
+        transport.close()
+    assert known_hosts.read_text() == ssh_fleet.servers[2].known_hosts_line + "\n"
+    again = SSHTransport(host)  # no flag: the recorded key is now known
+    try:
+        assert again.run(Command(("true",)), timeout=30).ok
+    finally:
+        again.close()
+
+
+@pytest.mark.ssh
+def test_changed_host_key_is_refused_even_with_accept_new(
+    ssh_fleet: SshFleet, tmp_path: Path
+) -> None:
+    impostor = generate_keypair(tmp_path / "impostor", "impostor")
+    server = ssh_fleet.servers[0]
+    known_hosts = tmp_path / "known_hosts"
+    pinned = f"[{server.address}]:{server.port} {impostor.public_line.rsplit(' ', 1)[0]}\n"
+    known_hosts.write_text(pinned)
+    host = inventory_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s", known_hosts=known_hosts)
+    transport = SSHTransport(host, accept_new_host_keys=True)
+    with pytest.raises(HostKeyError) as caught:
+        transport.run(Command(("true",)), timeout=30)
+    transport.close()
+    assert "CHANGED" in caught.value.message
+    assert caught.value.fingerprint == openssh_fingerprint(server.host_public_key)
+    assert openssh_fingerprint(impostor.public_line) in caught.value.message
+    assert known_hosts.read_text() == pinned
+
+
+@pytest.mark.ssh
+def test_user_ssh_config_and_default_known_hosts_are_honoured(
+    ssh_fleet: SshFleet, tmp_path: Path, isolated_home: Path
+) -> None:
+    server = ssh_fleet.servers[0]
+    ssh_dir = isolated_home / ".ssh"
+    ssh_dir.mkdir(mode=0o700)
+    (ssh_dir / "config").write_text(
+        "Host fleet-alias\n"
+        f"    HostName {server.address}\n"
+        f"    Port {server.port}\n"
+        f"    User {ssh_fleet.user}\n"
+        f"    IdentityFile {ssh_fleet.user_key.private_key}\n"
+    )
+    (ssh_dir / "known_hosts").write_text(server.known_hosts_line + "\n")
+    host = replace(
+        inventory_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s"),
+        address="fleet-alias",
+        port=None,
+        user=None,
+        identity_file=None,
+        known_hosts=None,
+    )
+    transport = SSHTransport(host)
+    try:
+        assert transport.run(Command(("echo", "via config")), timeout=30).stdout == b"via config\n"
+    finally:
+        transport.close()
+
+
+@pytest.mark.ssh
+def test_jump_host_is_used_and_its_key_verified_too(ssh_fleet: SshFleet, tmp_path: Path) -> None:
+    jump_log = ssh_fleet.servers[1].log_file
+    accepted_before = jump_log.read_text().count("Accepted publickey")
+    host = inventory_host("ssh", fleet=ssh_fleet, index=2, jump_index=1, state_dir=tmp_path / "s")
+    transport = SSHTransport(host)
+    try:
+        assert transport.run(Command(("echo", "through")), timeout=30).stdout == b"through\n"
+    finally:
+        transport.close()
+    assert jump_log.read_text().count("Accepted publickey") == accepted_before + 1
+
+    only_target = tmp_path / "known_hosts"
+    only_target.write_text(ssh_fleet.servers[2].known_hosts_line + "\n")
+    host = inventory_host(
+        "ssh",
+        fleet=ssh_fleet,
+        index=2,
+        jump_index=1,
+        state_dir=tmp_path / "s",
+        known_hosts=only_target,
+    )
+    transport = SSHTransport(host)
+    with pytest.raises(HostKeyError) as caught:
+        transport.run(Command(("true",)), timeout=30)
+    transport.close()
+    assert "jump host" in caught.value.message
+    assert caught.value.fingerprint == openssh_fingerprint(ssh_fleet.servers[1].host_public_key)
+
+
+@pytest.mark.ssh
+def test_unreachable_host_is_a_transport_error(ssh_fleet: SshFleet, tmp_path: Path) -> None:
+    host = replace(inventory_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s"), port=1)
+    transport = SSHTransport(host, connect_timeout=3)
+    with pytest.raises(TransportError) as caught:
+        transport.run(Command(("true",)), timeout=10)
+    transport.close()
+    assert caught.value.step == "connect"
+    assert caught.value.exit_code == 1
+    assert "cannot connect" in caught.value.message
+
+
+def test_local_transport_reports_signals_like_a_shell() -> None:
+    transport = LocalTransport("here")
+    result = transport.run(Command(("sh", "-c", "kill -s KILL $$")), timeout=30)
+    assert result.exit_code == 128 + 9
