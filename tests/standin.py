@@ -108,7 +108,11 @@ class EngineProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def log_text(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
+        """The log so far ("" before the engine has created it)."""
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
 
     def get(self, path: str, timeout: float = 30.0) -> HttpReply:
         return http_request("GET", self.url + path, timeout=timeout)

@@ -191,6 +191,9 @@ def test_incident_healthy_server_crashes_on_its_first_decode(tmp_path: Path) -> 
         assert "CUDA graph capture failed:" in log and "falling back to eager decode" in log
         assert "Dynamic speculation disable: threshold=" not in log
         assert engine.get("/health").status == 200
+        # One token ends at prefill: it never reaches the speculative decode path.
+        one_token = {"text": "Hello", "sampling_params": {"max_new_tokens": 1}}
+        assert engine.post("/generate", one_token).status == 200
 
         assert_crashed_on_first_decode(engine, "EAGLEWorkerV2")
         assert ATTRIBUTE_ERROR in engine.log_text()
@@ -237,12 +240,22 @@ def test_standalone_worker_needs_the_class_level_default(tmp_path: Path) -> None
 @pytest.mark.slow
 def test_server_without_speculation_decodes_on_an_unpatched_host(tmp_path: Path) -> None:
     host = make_host(tmp_path / "host")
-    with running_engine(host, ["--speculative-algorithm", "NONE"]) as engine:
+    log_file = tmp_path / "server.log"
+    args = ["--speculative-algorithm", "NONE", "--log-file", str(log_file)]
+    engine = launch_engine(host, args)
+    try:
+        engine.log_path = log_file  # --log-file takes the log lines off stderr
+        engine.wait_ready()
         reply = engine.post("/generate", {"text": "Hello", "sampling_params": GREEDY_16})
         assert reply.status == 200
         meta = reply.json()["meta_info"]
         assert meta["completion_tokens"] == 16
         assert "spec_verify_ct" not in meta
+        assert "CUDA graph capture" not in log_file.read_text()
+    finally:
+        exit_status = engine.stop()
+    assert exit_status == 0, "SIGTERM is a clean shutdown"
+    assert "Shutting down" in log_file.read_text()
 
 
 @pytest.mark.slow
