@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -152,15 +153,18 @@ def test_the_controller_cannot_import_the_standin() -> None:
     spec = importlib.util.find_spec("sglang")
     assert spec is None or engine_source_dir() not in Path(spec.origin or "").parents
     assert not (engine_source_dir() / "__init__.py").exists()
+    assert "sglang" not in sys.modules
 
 
 def test_host_python_imports_the_hosts_own_copy_and_the_controllers_torch(tmp_path: Path) -> None:
     host = make_host(tmp_path / "host-a")
     probe = (
-        "import importlib.util, importlib.metadata, json, torch\n"
+        "import importlib.util, importlib.metadata, json, sys\n"
         "spec = importlib.util.find_spec('sglang.srt.speculative.eagle_worker_v2')\n"
+        "resolved_without_torch = 'torch' not in sys.modules\n"
+        "import torch\n"
         "print(json.dumps({'origin': spec.origin, 'version': importlib.metadata.version('sglang'),"
-        " 'torch': torch.__version__}))\n"
+        " 'torch': torch.__version__, 'light': resolved_without_torch}))\n"
     )
     out = subprocess.run(
         [str(host.python), "-c", probe], capture_output=True, text=True, check=True, timeout=120
@@ -170,6 +174,7 @@ def test_host_python_imports_the_hosts_own_copy_and_the_controllers_torch(tmp_pa
     assert Path(facts["origin"]) == host.eagle_worker_file
     assert facts["version"] == "0.5.23"
     assert facts["torch"]
+    assert facts["light"], "resolving the module must not import torch (packages stay light)"
 
 
 def test_making_a_host_twice_keeps_what_was_done_to_it(tmp_path: Path) -> None:
@@ -480,7 +485,10 @@ def test_the_log_follows_sglangs_format_and_start_up_order(api_engine: EnginePro
 # answering one JSON request per line. The test process never imports the stand-in's `sglang`.
 _DRIVER = r"""
 import json, sys
+import torch
 from sglang.srt.entrypoints.engine import Engine
+from sglang.srt.layers.sampler import sample_token
+from sglang.srt.speculative.spec_utils import verify_chain_sampled
 engines = {}
 def engine(algorithm, steps):
     if (algorithm, steps) not in engines:
@@ -488,14 +496,28 @@ def engine(algorithm, steps):
             speculative_algorithm=algorithm, speculative_num_steps=steps, disable_cuda_graph=True
         )
     return engines[algorithm, steps]
-for line in sys.stdin:
-    q = json.loads(line)
+def compare_greedy(q):
     params = {"max_new_tokens": q["max_new_tokens"], "temperature": 0}
     plain = engine("NONE", 1).generate(input_ids=q["input_ids"], sampling_params=params)
     spec = engine(q["algorithm"], q["steps"]).generate(input_ids=q["input_ids"], sampling_params=params)
-    print(json.dumps({"plain": plain["output_ids"], "spec": spec["output_ids"],
-                      "verify_ct": spec["meta_info"].get("spec_verify_ct", 0),
-                      "accept_rate": spec["meta_info"].get("spec_accept_rate")}), flush=True)
+    return {"plain": plain["output_ids"], "spec": spec["output_ids"],
+            "verify_ct": spec["meta_info"].get("spec_verify_ct", 0),
+            "accept_rate": spec["meta_info"].get("spec_accept_rate")}
+def verify_sampled(q):
+    # One draft from q, verified against p: how often each token comes out first.
+    generator = torch.Generator().manual_seed(q["seed"])
+    p = torch.tensor(q["p"], dtype=torch.float64)
+    d = torch.tensor(q["q"], dtype=torch.float64)
+    counts = [0] * len(q["p"])
+    for _ in range(q["n"]):
+        draft = sample_token(d, generator)
+        tokens, _ = verify_chain_sampled([draft], [d], [p, p], generator)
+        counts[tokens[0]] += 1
+    return {"counts": counts}
+for line in sys.stdin:
+    q = json.loads(line)
+    answer = {"greedy": compare_greedy, "verify_sampled": verify_sampled}[q.pop("kind")](q)
+    print(json.dumps(answer), flush=True)
 """
 
 
@@ -509,9 +531,9 @@ class DecodeDriver:
             env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
         )
 
-    def compare(self, **query: Any) -> dict[str, Any]:
+    def ask(self, kind: str, **query: Any) -> dict[str, Any]:
         assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps(query) + "\n")
+        self.process.stdin.write(json.dumps({"kind": kind, **query}) + "\n")
         self.process.stdin.flush()
         line = self.process.stdout.readline()
         assert line, "the decode driver exited"
@@ -548,8 +570,12 @@ def decode_driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DecodeDr
 def test_greedy_speculative_output_equals_plain_greedy_output(
     decode_driver: DecodeDriver, prompt: list[int], max_new_tokens: int, steps: int, algorithm: str
 ) -> None:
-    result = decode_driver.compare(
-        input_ids=[0, *prompt], max_new_tokens=max_new_tokens, steps=steps, algorithm=algorithm
+    result = decode_driver.ask(
+        "greedy",
+        input_ids=[0, *prompt],
+        max_new_tokens=max_new_tokens,
+        steps=steps,
+        algorithm=algorithm,
     )
     assert result["spec"] == result["plain"]
     assert len(result["spec"]) == max_new_tokens
@@ -561,7 +587,8 @@ def test_the_draft_is_sometimes_rejected_so_verification_is_really_exercised(
     decode_driver: DecodeDriver,
 ) -> None:
     rates = [
-        decode_driver.compare(
+        decode_driver.ask(
+            "greedy",
             input_ids=[0, *range(2 + seed, 12 + seed)],
             max_new_tokens=32,
             steps=3,
@@ -570,3 +597,15 @@ def test_the_draft_is_sometimes_rejected_so_verification_is_really_exercised(
         for seed in range(5)
     ]
     assert all(0 < rate < 1 for rate in rates), rates
+
+
+@pytest.mark.slow
+def test_speculative_sampling_keeps_the_target_distribution(decode_driver: DecodeDriver) -> None:
+    target = [0.6, 0.3, 0.1, 0.0]
+    draft = [0.1, 0.2, 0.3, 0.4]  # far from the target: accepting every draft would show
+    n = 10000
+    counts = decode_driver.ask("verify_sampled", p=target, q=draft, n=n, seed=0)["counts"]
+
+    total_variation = sum(abs(c / n - t) for c, t in zip(counts, target, strict=True)) / 2
+    assert counts[3] == 0, "a token the target never picks must never come out"
+    assert total_variation < 0.02, counts
