@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from opspatch.errors import Location, SelectionError, SpecError
 from opspatch.tomlsource import FieldPath, format_field_path, parse_toml
+from opspatch.workspace import Workspace, bundled_dir
 
 DEFAULT_ENGINE_URL = "http://127.0.0.1:30000"
 DEFAULT_STATE_DIR = "/var/tmp/opspatch"
@@ -1156,6 +1157,21 @@ def resolve_hosts(
             )
         chosen.extend(matches[0][1])
     return _unique(chosen)
+
+
+def resolve_workspace_hosts(expr: str, workspace: Workspace) -> tuple[Host, ...]:
+    """`resolve_hosts` over a workspace's inventory folders: the workspace's `inventories/`,
+    then the state directory's (sandbox inventories); the bundled examples by name only.
+
+    Raises:
+        SelectionError, SpecError: as `resolve_hosts`.
+    """
+    bundled = bundled_dir("inventories")
+    bundled_real = bundled.resolve() if bundled is not None else None
+    folders = workspace.search_dirs("inventories")
+    search = [f for f in folders if f.resolve() != bundled_real]
+    examples = [bundled] if bundled is not None else []
+    return resolve_hosts(expr, search, examples=examples)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,14 +10,15 @@ Fixtures:
   whose engine interpreter is this Python, its transport, and `HostOperations` on it. Every
   host-side operation test takes it, so each runs over both transports.
 
-`inventory_host(...)` builds such a host through the real inventory parser.
+- `make_host`: `inventory_host(...)`, which builds a local or SSH host through the real
+  inventory parser (a fixture, so test modules need not import this plugin module).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,6 +108,15 @@ class Target:
     def with_host(self, host: Host) -> HostOperations:
         """Host operations for another inventory entry over the same transport."""
         return HostOperations(self.transport, host)
+
+
+HostMaker = Callable[..., Host]
+
+
+@pytest.fixture
+def make_host() -> HostMaker:
+    """`inventory_host`, for tests that build their own hosts."""
+    return inventory_host
 
 
 @pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.ssh)])

@@ -23,8 +23,10 @@ from opspatch.inventory import (
     merge_layers,
     parse_inventory,
     resolve_hosts,
+    resolve_workspace_hosts,
     select_hosts,
 )
+from opspatch.workspace import Workspace
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "inventories"
@@ -450,3 +452,15 @@ def test_inventory_show_table_and_json(fleet: Inventory) -> None:
     assert document["inventories"] == ["gpu-fleet"]
     assert document["hosts"][1]["engine"]["restart"]["kind"] == "command"
     assert document["hosts"][0]["groups"] == ["east", "canary"]
+
+
+def test_workspace_lookup_order_workspace_then_state_dir_then_examples_by_name(
+    tmp_path: Path,
+) -> None:
+    workspace = Workspace(root=tmp_path / "ws", state_dir=tmp_path / "state")
+    _write(tmp_path / "ws" / "inventories", "prod.toml", '[hosts.p1]\naddress="p1.b"\n')
+    _write(tmp_path / "state" / "inventories", "sandbox.toml", '[hosts.sb-1]\ntransport="local"\n')
+    assert [h.name for h in resolve_workspace_hosts("sandbox,p1", workspace)] == ["sb-1", "p1"]
+    assert [h.name for h in resolve_workspace_hosts("gpu-fleet:canary", workspace)] == ["gpu-01"]
+    with pytest.raises(SelectionError):
+        resolve_workspace_hosts("canary", workspace)  # a group of the bundled example only

@@ -8,6 +8,7 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -16,7 +17,9 @@ from opspatch.sshd import SshFleet, generate_keypair
 from opspatch.transport.base import Command
 from opspatch.transport.local import LocalTransport
 from opspatch.transport.ssh import SSHTransport, wrap_in_process_group
-from tests.sshfleet import Target, inventory_host
+
+if TYPE_CHECKING:
+    from tests.sshfleet import HostMaker, Target
 
 pytest_plugins = ["tests.sshfleet"]
 
@@ -127,8 +130,10 @@ def openssh_fingerprint(public_line: str) -> str:
 
 
 @pytest.mark.ssh
-def test_one_connection_is_reused_for_every_command(ssh_fleet: SshFleet, tmp_path: Path) -> None:
-    host = inventory_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s")
+def test_one_connection_is_reused_for_every_command(
+    make_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
+) -> None:
+    host = make_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s")
     transport = SSHTransport(host)
     try:
         for _ in range(4):
@@ -147,11 +152,11 @@ def test_remote_command_line_reports_its_process_group_first() -> None:
 
 @pytest.mark.ssh
 def test_unknown_host_key_is_refused_with_its_fingerprint(
-    ssh_fleet: SshFleet, tmp_path: Path
+    make_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
 ) -> None:
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text("")
-    host = inventory_host(
+    host = make_host(
         "ssh", fleet=ssh_fleet, index=1, state_dir=tmp_path / "s", known_hosts=known_hosts
     )
     transport = SSHTransport(host)
@@ -168,10 +173,10 @@ def test_unknown_host_key_is_refused_with_its_fingerprint(
 
 @pytest.mark.ssh
 def test_unknown_host_key_is_recorded_only_with_accept_new(
-    ssh_fleet: SshFleet, tmp_path: Path
+    make_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
 ) -> None:
     known_hosts = tmp_path / "known_hosts"
-    host = inventory_host(
+    host = make_host(
         "ssh", fleet=ssh_fleet, index=2, state_dir=tmp_path / "s", known_hosts=known_hosts
     )
     transport = SSHTransport(host, accept_new_host_keys=True)
@@ -189,14 +194,14 @@ def test_unknown_host_key_is_recorded_only_with_accept_new(
 
 @pytest.mark.ssh
 def test_changed_host_key_is_refused_even_with_accept_new(
-    ssh_fleet: SshFleet, tmp_path: Path
+    make_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
 ) -> None:
     impostor = generate_keypair(tmp_path / "impostor", "impostor")
     server = ssh_fleet.servers[0]
     known_hosts = tmp_path / "known_hosts"
     pinned = f"[{server.address}]:{server.port} {impostor.public_line.rsplit(' ', 1)[0]}\n"
     known_hosts.write_text(pinned)
-    host = inventory_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s", known_hosts=known_hosts)
+    host = make_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s", known_hosts=known_hosts)
     transport = SSHTransport(host, accept_new_host_keys=True)
     with pytest.raises(HostKeyError) as caught:
         transport.run(Command(("true",)), timeout=30)
@@ -209,7 +214,7 @@ def test_changed_host_key_is_refused_even_with_accept_new(
 
 @pytest.mark.ssh
 def test_user_ssh_config_and_default_known_hosts_are_honoured(
-    ssh_fleet: SshFleet, tmp_path: Path, isolated_home: Path
+    make_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path, isolated_home: Path
 ) -> None:
     server = ssh_fleet.servers[0]
     ssh_dir = isolated_home / ".ssh"
@@ -223,7 +228,7 @@ def test_user_ssh_config_and_default_known_hosts_are_honoured(
     )
     (ssh_dir / "known_hosts").write_text(server.known_hosts_line + "\n")
     host = replace(
-        inventory_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s"),
+        make_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s"),
         address="fleet-alias",
         port=None,
         user=None,
@@ -238,10 +243,12 @@ def test_user_ssh_config_and_default_known_hosts_are_honoured(
 
 
 @pytest.mark.ssh
-def test_jump_host_is_used_and_its_key_verified_too(ssh_fleet: SshFleet, tmp_path: Path) -> None:
+def test_jump_host_is_used_and_its_key_verified_too(
+    make_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
+) -> None:
     jump_log = ssh_fleet.servers[1].log_file
     accepted_before = jump_log.read_text().count("Accepted publickey")
-    host = inventory_host("ssh", fleet=ssh_fleet, index=2, jump_index=1, state_dir=tmp_path / "s")
+    host = make_host("ssh", fleet=ssh_fleet, index=2, jump_index=1, state_dir=tmp_path / "s")
     transport = SSHTransport(host)
     try:
         assert transport.run(Command(("echo", "through")), timeout=30).stdout == b"through\n"
@@ -251,7 +258,7 @@ def test_jump_host_is_used_and_its_key_verified_too(ssh_fleet: SshFleet, tmp_pat
 
     only_target = tmp_path / "known_hosts"
     only_target.write_text(ssh_fleet.servers[2].known_hosts_line + "\n")
-    host = inventory_host(
+    host = make_host(
         "ssh",
         fleet=ssh_fleet,
         index=2,
@@ -268,8 +275,10 @@ def test_jump_host_is_used_and_its_key_verified_too(ssh_fleet: SshFleet, tmp_pat
 
 
 @pytest.mark.ssh
-def test_unreachable_host_is_a_transport_error(ssh_fleet: SshFleet, tmp_path: Path) -> None:
-    host = replace(inventory_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s"), port=1)
+def test_unreachable_host_is_a_transport_error(
+    make_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
+) -> None:
+    host = replace(make_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s"), port=1)
     transport = SSHTransport(host, connect_timeout=3)
     with pytest.raises(TransportError) as caught:
         transport.run(Command(("true",)), timeout=10)
