@@ -1,0 +1,516 @@
+"""Host-side operations, each over the local transport and over real SSH (the `target` fixture).
+
+The "host" is this machine either way, so the tests can look at the files, modes, owners and
+processes the operations produced.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import hashlib
+import os
+import py_compile
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from opspatch.errors import (
+    InputError,
+    LockHeld,
+    PreimageMismatch,
+    RemoteOperationError,
+    TargetError,
+)
+from opspatch.hostagent import purge_stale_bytecode
+from opspatch.remote import BOOTSTRAP, HostOperations, agent_source, open_transport
+from opspatch.sshd import SshFleet
+from opspatch.transport.base import Command
+
+if TYPE_CHECKING:
+    from tests.sshfleet import HostMaker, Target
+
+pytest_plugins = ["tests.sshfleet"]
+
+NOBODY = 65534
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def leftovers(folder: Path, keep: set[str]) -> list[str]:
+    """Files in `folder` other than `keep` (temp files a failed write must not leave)."""
+    return sorted(p.name for p in folder.iterdir() if p.name not in keep)
+
+
+def make_fake_sglang(root: Path, worker_source: bytes) -> Path:
+    """A site folder with an `sglang` package whose import would fail, and its dist-info."""
+    package = root / "sglang"
+    (package / "srt" / "speculative").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise RuntimeError('sglang must not be imported')\n")
+    (package / "srt" / "__init__.py").write_text("raise RuntimeError('nor sglang.srt')\n")
+    (package / "srt" / "speculative" / "__init__.py").write_text("")
+    worker = package / "srt" / "speculative" / "eagle_worker_v2.py"
+    worker.write_bytes(worker_source)
+    dist = root / "sglang-0.5.23.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
+    digest = hashlib.sha256(worker_source).digest()
+    recorded = base64.urlsafe_b64encode(digest).decode().rstrip("=")
+    (dist / "RECORD").write_text(
+        f"sglang/srt/speculative/eagle_worker_v2.py,sha256={recorded},{len(worker_source)}\n"
+        "sglang-0.5.23.dist-info/RECORD,,\n"
+    )
+    return worker
+
+
+def engine_with_env(target: Target, **env: str) -> HostOperations:
+    host = replace(target.host, engine=replace(target.host.engine, env=env))
+    return target.with_host(host)
+
+
+# ---------------------------------------------------------------------------------------------
+# The agent itself
+
+
+def test_agent_is_python_38_syntax_and_the_bootstrap_is_tiny() -> None:
+    ast.parse(agent_source(), feature_version=(3, 8))
+    assert len(BOOTSTRAP) < 400
+
+
+def test_bytecode_purge_matches_only_the_module_own_cache_files(tmp_path: Path) -> None:
+    source = tmp_path / "mod.py"
+    source.write_text("x = 1\n")
+    cache = tmp_path / "__pycache__"
+    cache.mkdir()
+    names = [
+        "mod.cpython-311.pyc",
+        "mod.cpython-38.opt-1.pyc",
+        "mod_other.cpython-311.pyc",
+        "module.cpython-311.pyc",
+        "mod.cpython-311.pyc.tmp",
+    ]
+    for name in names:
+        (cache / name).write_bytes(b"")
+    removed, failed = purge_stale_bytecode(str(source))
+    assert sorted(Path(p).name for p in removed) == names[:2]
+    assert failed == []
+    assert sorted(p.name for p in cache.iterdir()) == sorted(names[2:])
+
+
+# ---------------------------------------------------------------------------------------------
+# facts, resolve, read, inspect
+
+
+def test_inspect_is_one_exec_and_imports_nothing(target: Target, tmp_path: Path) -> None:
+    source = b"class EAGLEWorkerV2:\n    def __init__(self):\n        self.a = 1\n"
+    worker = make_fake_sglang(tmp_path / "site", source)
+    ops = engine_with_env(target, PYTHONPATH=str(tmp_path / "site"))
+    inspection = ops.inspect("sglang.srt.speculative.eagle_worker_v2", probe_cuda=False)
+    assert target.transport.exec_count == 1
+    assert inspection.facts.sglang_version == "0.5.23"
+    assert inspection.facts.python_executable == sys.executable
+    assert inspection.facts.cuda_available is None  # not probed
+    module = inspection.module
+    assert module is not None
+    assert module.origin == str(worker)
+    assert module.distribution == "sglang" and module.distribution_version == "0.5.23"
+    assert module.record_sha256 == sha(source)
+    assert inspection.file.content == source
+    assert inspection.file.sha256 == sha(source)
+
+
+def test_facts_report_python_torch_and_cuda(target: Target) -> None:
+    facts = target.ops.facts(probe_cuda=True)
+    assert facts.python_version == ".".join(map(str, sys.version_info[:3]))
+    assert facts.sglang_version is None  # not installed in this interpreter
+    torch_installed = (
+        subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+    )
+    if torch_installed:
+        assert facts.torch_version is not None
+        assert facts.cuda_available is False  # CPU-only CI machines
+    assert facts.gpu_names == ()
+    assert facts.hostname
+
+
+def test_read_reports_bytes_hash_mode_owner_and_symlink(target: Target, tmp_path: Path) -> None:
+    real = tmp_path / "real.py"
+    real.write_bytes(b"x = 1\r\n")
+    real.chmod(0o640)
+    link = tmp_path / "link.py"
+    link.symlink_to(real)
+    remote = target.ops.read(str(link))
+    assert remote.content == b"x = 1\r\n"
+    assert remote.sha256 == sha(b"x = 1\r\n")
+    assert remote.realpath == str(real)
+    assert remote.symlink_target == str(real)
+    assert remote.mode == 0o640
+    assert (remote.uid, remote.gid) == (os.getuid(), os.getgid())
+    assert remote.size == 7
+
+
+def test_read_of_a_missing_file_is_a_remote_error_with_a_code(target: Target) -> None:
+    with pytest.raises(RemoteOperationError) as caught:
+        target.ops.read("/nonexistent/opspatch/x.py")
+    assert caught.value.code == "not-found"
+    assert caught.value.host == target.host.name and caught.value.step == "read"
+
+
+def test_a_module_that_does_not_resolve_names_host_and_module(target: Target) -> None:
+    with pytest.raises(TargetError) as caught:
+        target.ops.resolve("sglang.srt.speculative.eagle_worker_v2")
+    assert target.host.name in caught.value.message
+    assert "'sglang.srt.speculative.eagle_worker_v2'" in caught.value.message
+    assert caught.value.exit_code == 2
+
+
+def test_a_missing_interpreter_names_host_and_path(target: Target) -> None:
+    host = replace(
+        target.host, engine=replace(target.host.engine, python="/opt/no such/python;true")
+    )
+    with pytest.raises(InputError) as caught:
+        target.with_host(host).facts(probe_cuda=False)
+    assert target.host.name in caught.value.message
+    assert "'/opt/no such/python;true'" in caught.value.message
+    assert caught.value.exit_code == 2
+
+
+def test_an_inventory_without_engine_python_is_refused_before_any_exec(target: Target) -> None:
+    host = replace(target.host, engine=replace(target.host.engine, python=None))
+    with pytest.raises(InputError, match="engine.python"):
+        target.with_host(host).read("/etc/hostname")
+    assert target.transport.exec_count == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# swap
+
+
+@pytest.fixture
+def module_file(tmp_path: Path) -> Path:
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    path = folder / "mod.py"
+    path.write_bytes(b"VALUE = 1\n")
+    return path
+
+
+def test_read_then_swap_is_two_execs_and_keeps_mode_and_owner(
+    target: Target, module_file: Path
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another owner needs root")
+    os.chown(module_file, NOBODY, NOBODY)
+    module_file.chmod(0o640)
+    before = target.ops.read(str(module_file))
+    result = target.ops.swap(
+        str(module_file), expected_sha256=before.sha256, new_content=b"VALUE = 2\n"
+    )
+    assert target.transport.exec_count == 2
+    assert module_file.read_bytes() == b"VALUE = 2\n"
+    info = module_file.stat()
+    assert (info.st_uid, info.st_gid, info.st_mode & 0o7777) == (NOBODY, NOBODY, 0o640)
+    assert (result.sha256_before, result.sha256_after) == (sha(b"VALUE = 1\n"), sha(b"VALUE = 2\n"))
+    assert result.changed
+    assert result.backup_path is not None
+    assert Path(result.backup_path).read_bytes() == b"VALUE = 1\n"
+    assert Path(result.backup_path).parent == Path(target.host.state_dir) / "backups"
+    assert leftovers(module_file.parent, {"mod.py"}) == []
+
+
+def test_swap_purges_stale_bytecode_so_the_new_code_runs(target: Target, module_file: Path) -> None:
+    folder = module_file.parent
+    py_compile.compile(str(module_file), doraise=True)
+    stale = list((folder / "__pycache__").glob("mod.*.pyc"))
+    assert stale
+    stat_before = module_file.stat()
+    result = target.ops.swap(
+        str(module_file), expected_sha256=sha(b"VALUE = 1\n"), new_content=b"VALUE = 9\n"
+    )
+    assert sorted(result.purged_bytecode) == sorted(str(p) for p in stale)
+    # Same size, same mtime: exactly the case where a timestamp pyc would be trusted.
+    os.utime(module_file, ns=(stat_before.st_atime_ns, stat_before.st_mtime_ns))
+    output = subprocess.run(
+        [sys.executable, "-c", "import mod; print(mod.VALUE)"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert output.stdout.strip() == "9"
+
+
+def test_swap_refuses_a_changed_preimage_and_writes_nothing(
+    target: Target, module_file: Path
+) -> None:
+    with pytest.raises(PreimageMismatch) as caught:
+        target.ops.swap(str(module_file), expected_sha256=sha(b"other"), new_content=b"VALUE = 2\n")
+    assert caught.value.code == "preimage-mismatch"
+    assert caught.value.data["actual"] == sha(b"VALUE = 1\n")
+    assert caught.value.host == target.host.name and caught.value.step == "swap"
+    assert module_file.read_bytes() == b"VALUE = 1\n"
+    assert leftovers(module_file.parent, {"mod.py"}) == []
+    assert not (Path(target.host.state_dir) / "backups").exists()
+
+
+def test_swap_refuses_text_the_host_python_cannot_compile(
+    target: Target, module_file: Path
+) -> None:
+    with pytest.raises(RemoteOperationError) as caught:
+        target.ops.swap(
+            str(module_file),
+            expected_sha256=sha(b"VALUE = 1\n"),
+            new_content=b"VALUE = 1\ndef broken(:\n",
+        )
+    assert caught.value.code == "compile-failed"
+    assert caught.value.data["lineno"] == 2
+    assert module_file.read_bytes() == b"VALUE = 1\n"
+    assert leftovers(module_file.parent, {"mod.py"}) == []
+
+
+def test_swap_through_a_symlink_patches_the_real_file_and_keeps_the_link(
+    target: Target, tmp_path: Path
+) -> None:
+    real = tmp_path / "store" / "mod.py"
+    real.parent.mkdir()
+    real.write_bytes(b"A = 1\n")
+    link = tmp_path / "site" / "mod.py"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    result = target.ops.swap(str(link), expected_sha256=sha(b"A = 1\n"), new_content=b"A = 2\n")
+    assert result.realpath == str(real)
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert real.read_bytes() == b"A = 2\n"
+
+
+def test_crlf_and_non_utf8_bytes_round_trip_exactly(target: Target, tmp_path: Path) -> None:
+    original = b"# -*- coding: latin-1 -*-\r\nname = '\xe9t\xe9'\r\nif name:\r\n\tflag = 1\r\n"
+    patched = original.replace(b"\xe9t\xe9", b"\xe9t\xe9 \xa7") + b"extra = 1\r\n"
+    path = tmp_path / "latin.py"
+    path.write_bytes(original)
+    assert target.ops.read(str(path)).content == original
+    target.ops.swap(str(path), expected_sha256=sha(original), new_content=patched)
+    assert path.read_bytes() == patched
+    assert target.ops.read(str(path)).content == patched
+    restored = target.ops.restore(str(path), pre_sha256=sha(original), current_sha256=sha(patched))
+    assert path.read_bytes() == original
+    assert restored.source == "backup"
+
+
+# ---------------------------------------------------------------------------------------------
+# Failed writes (a tiny tmpfs: root ignores directory permissions, a full or read-only
+# filesystem does not)
+
+
+@pytest.fixture
+def tiny_filesystem(tmp_path: Path) -> Iterator[Path]:
+    mountpoint = tmp_path / "tiny"
+    mountpoint.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "opspatch-test", str(mountpoint)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
+
+
+def test_a_full_disk_leaves_the_original_and_no_temp_file(
+    target: Target, tiny_filesystem: Path
+) -> None:
+    path = tiny_filesystem / "mod.py"
+    path.write_bytes(b"VALUE = 1\n")
+    too_big = b"VALUE = 2\n" + b"# padding\n" * 20000  # ~200 KB on a 64 KB filesystem
+    with pytest.raises(RemoteOperationError) as caught:
+        target.ops.swap(str(path), expected_sha256=sha(b"VALUE = 1\n"), new_content=too_big)
+    assert caught.value.code == "write-failed"
+    assert caught.value.data["errno"] == "ENOSPC"
+    assert path.read_bytes() == b"VALUE = 1\n"
+    assert leftovers(tiny_filesystem, {"mod.py"}) == []
+
+
+def test_a_read_only_directory_refuses_the_swap_and_leaves_the_file(
+    target: Target, tiny_filesystem: Path
+) -> None:
+    path = tiny_filesystem / "mod.py"
+    path.write_bytes(b"VALUE = 1\n")
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_filesystem)], check=True)
+    with pytest.raises(RemoteOperationError) as caught:
+        target.ops.swap(str(path), expected_sha256=sha(b"VALUE = 1\n"), new_content=b"VALUE = 2\n")
+    assert caught.value.code == "write-failed"
+    assert caught.value.data["errno"] == "EROFS"
+    assert path.read_bytes() == b"VALUE = 1\n"
+    assert leftovers(tiny_filesystem, {"mod.py"}) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# restore
+
+
+def test_restore_gives_identical_bytes_from_the_backup_or_from_given_bytes(
+    target: Target, module_file: Path
+) -> None:
+    original = module_file.read_bytes()
+    swapped = target.ops.swap(
+        str(module_file), expected_sha256=sha(original), new_content=b"B = 2\n"
+    )
+    first = target.ops.restore(
+        str(module_file), pre_sha256=sha(original), current_sha256=swapped.sha256_after
+    )
+    assert module_file.read_bytes() == original
+    assert (first.source, first.changed) == ("backup", True)
+
+    target.ops.swap(str(module_file), expected_sha256=sha(original), new_content=b"B = 2\n")
+    for backup in (Path(target.host.state_dir) / "backups").iterdir():
+        backup.unlink()  # the host lost its backups: the ledger's copy is sent instead
+    second = target.ops.restore(str(module_file), pre_sha256=sha(original), content=original)
+    assert module_file.read_bytes() == original
+    assert second.source == "given"
+
+    again = target.ops.restore(str(module_file), pre_sha256=sha(original))
+    assert (again.source, again.changed) == ("already", False)
+
+
+def test_restore_refuses_wrong_bytes_and_files_someone_else_changed(
+    target: Target, module_file: Path
+) -> None:
+    original = module_file.read_bytes()
+    target.ops.swap(str(module_file), expected_sha256=sha(original), new_content=b"B = 2\n")
+    for backup in (Path(target.host.state_dir) / "backups").iterdir():
+        backup.unlink()
+    with pytest.raises(RemoteOperationError) as wrong:
+        target.ops.restore(str(module_file), pre_sha256=sha(original), content=b"not it\n")
+    assert wrong.value.code == "backup-hash-mismatch"
+    with pytest.raises(RemoteOperationError) as missing:
+        target.ops.restore(str(module_file), pre_sha256=sha(original))
+    assert missing.value.code == "backup-missing"
+    module_file.write_bytes(b"C = 3\n")  # someone else edited it after our swap
+    with pytest.raises(RemoteOperationError) as theirs:
+        target.ops.restore(
+            str(module_file),
+            pre_sha256=sha(original),
+            content=original,
+            current_sha256=sha(b"B = 2\n"),
+        )
+    assert theirs.value.code == "not-our-file"
+    assert module_file.read_bytes() == b"C = 3\n"
+    forced = target.ops.restore(
+        str(module_file),
+        pre_sha256=sha(original),
+        content=original,
+        current_sha256=sha(b"B = 2\n"),
+        force=True,
+    )
+    assert forced.kept_copy is not None and Path(forced.kept_copy).read_bytes() == b"C = 3\n"
+    assert module_file.read_bytes() == original
+
+
+# ---------------------------------------------------------------------------------------------
+# The host lock
+
+
+def test_lock_contention_names_the_holder_and_unlock_is_owner_only(target: Target) -> None:
+    first = target.ops.lock(run_id="run-1", owner="alice@ctl", ttl_seconds=600)
+    assert target.transport.exec_count == 1
+    assert (first.holder.owner, first.holder.run_id) == ("alice@ctl", "run-1")
+    assert first.took_over_from is None and not first.refreshed
+    with pytest.raises(LockHeld) as caught:
+        target.ops.lock(run_id="run-2", owner="bob@ctl", ttl_seconds=600)
+    assert caught.value.data["owner"] == "alice@ctl"
+    assert caught.value.data["run_id"] == "run-1"
+    assert "alice@ctl" in caught.value.message and "run-1" in caught.value.message
+    with pytest.raises(RemoteOperationError) as not_ours:
+        target.ops.unlock(run_id="run-2")
+    assert not_ours.value.code == "lock-not-ours"
+    again = target.ops.lock(run_id="run-1", owner="alice@ctl", ttl_seconds=600)
+    assert again.refreshed
+    count = target.transport.exec_count
+    released = target.ops.unlock(run_id="run-1")
+    assert target.transport.exec_count == count + 1
+    assert released.released and released.previous is not None
+    assert not (Path(target.host.state_dir) / "lock.json").exists()
+    assert target.ops.unlock(run_id="run-1").reason == "not-held"
+
+
+def test_an_expired_lock_is_taken_over_and_the_previous_holder_reported(target: Target) -> None:
+    target.ops.lock(run_id="crashed-run", owner="alice@ctl", ttl_seconds=0.2)
+    time.sleep(0.4)
+    taken = target.ops.lock(run_id="run-2", owner="bob@ctl", ttl_seconds=600)
+    assert taken.took_over_from is not None
+    assert taken.took_over_from.run_id == "crashed-run"
+    assert taken.holder.run_id == "run-2"
+
+
+def test_swap_with_a_lock_run_id_refuses_when_the_lock_is_not_ours(
+    target: Target, module_file: Path
+) -> None:
+    target.ops.lock(run_id="someone-else", owner="carol@ctl", ttl_seconds=600)
+    with pytest.raises(RemoteOperationError) as caught:
+        target.ops.swap(
+            str(module_file),
+            expected_sha256=sha(b"VALUE = 1\n"),
+            new_content=b"VALUE = 2\n",
+            lock_run_id="my-run",
+        )
+    assert caught.value.code == "lock-lost"
+    assert module_file.read_bytes() == b"VALUE = 1\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Shell metacharacters: quoted, never interpreted
+
+
+def test_metacharacters_in_paths_and_host_names_are_never_interpreted(
+    target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "odd $(touch pwned) dir"
+    folder.mkdir()
+    path = folder / "a b;$(touch pwned)'.py"
+    path.write_bytes(b"X = 1\n")
+    host = replace(target.host, name="gpu;$(touch pwned)`touch pwned`")
+    ops = target.with_host(host)
+    assert ops.read(str(path)).content == b"X = 1\n"
+    ops.swap(str(path), expected_sha256=sha(b"X = 1\n"), new_content=b"X = 2\n")
+    assert path.read_bytes() == b"X = 2\n"
+    with pytest.raises(PreimageMismatch) as caught:
+        ops.swap(str(path), expected_sha256=sha(b"X = 1\n"), new_content=b"X = 3\n")
+    assert caught.value.host == "gpu;$(touch pwned)`touch pwned`"
+    remote_home = shell_home(target)
+    for candidate in (tmp_path, folder, remote_home):
+        assert not (candidate / "pwned").exists(), candidate
+
+
+def shell_home(target: Target) -> Path:
+    """The folder the host's shell starts in (where a relative `touch pwned` would land)."""
+    out = target.transport.run(Command(("sh", "-c", "pwd")), timeout=30).stdout
+    return Path(out.decode().strip())
+
+
+@pytest.mark.ssh
+def test_ssh_and_local_hosts_report_the_same_file(
+    make_host: HostMaker, tmp_path: Path, ssh_fleet: SshFleet
+) -> None:
+    path = tmp_path / "same.py"
+    path.write_bytes(b"S = 1\n")
+    results = []
+    for kind in ("local", "ssh"):
+        host = make_host(kind, fleet=ssh_fleet, state_dir=tmp_path / kind)
+        transport = open_transport(host)
+        try:
+            results.append(HostOperations(transport, host).read(str(path)))
+        finally:
+            transport.close()
+    assert results[0] == results[1]
