@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from opspatch.errors import CommandTimeout, HostKeyError, TransportError
 from opspatch.sshd import SshFleet, generate_keypair
-from opspatch.transport.base import Command
+from opspatch.transport.base import Command, Transport
 from opspatch.transport.local import LocalTransport
 from opspatch.transport.ssh import SSHTransport, wrap_in_process_group
 
@@ -103,16 +105,22 @@ def test_a_hanging_command_is_ended_with_its_whole_process_group(
     assert wait_until_gone(recorded), f"still running: {recorded}"
 
 
-def test_a_command_flooding_output_is_drained_until_its_deadline(target: Target) -> None:
+def test_a_command_flooding_output_is_drained_until_its_deadline(
+    target: Target, tmp_path: Path
+) -> None:
+    pids = tmp_path / "pids"
+    script = f"echo $$ > {pids}; yes flood >&2 & echo $! >> {pids}; yes flood"
     started = time.monotonic()
     with pytest.raises(CommandTimeout):
-        target.transport.run(Command(("sh", "-c", "yes flood; yes flood >&2")), timeout=1.5)
+        target.transport.run(Command(("sh", "-c", script)), timeout=1.5)
     assert time.monotonic() - started < 15
+    assert wait_until_gone([int(line) for line in pids.read_text().split()])
     after = target.transport.run(Command(("echo", "still usable")), timeout=30)
     assert after.stdout == b"still usable\n"
 
 
-def test_exec_count_counts_every_run(target: Target) -> None:
+def test_transports_implement_the_protocol_and_count_execs(target: Target) -> None:
+    assert isinstance(target.transport, Transport)
     for _ in range(3):
         target.transport.run(Command(("true",)), timeout=30)
     assert target.transport.exec_count == 3
@@ -210,6 +218,24 @@ def test_changed_host_key_is_refused_even_with_accept_new(
     assert caught.value.fingerprint == openssh_fingerprint(server.host_public_key)
     assert openssh_fingerprint(impostor.public_line) in caught.value.message
     assert known_hosts.read_text() == pinned
+
+
+@pytest.mark.ssh
+def test_a_known_host_offering_a_key_of_another_type_is_refused(
+    make_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
+) -> None:
+    other = ec.generate_private_key(ec.SECP256R1()).public_key()
+    blob = other.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    server = ssh_fleet.servers[1]
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(f"[{server.address}]:{server.port} {blob.decode()}\n")
+    host = make_host(
+        "ssh", fleet=ssh_fleet, index=1, state_dir=tmp_path / "s", known_hosts=known_hosts
+    )
+    transport = SSHTransport(host, accept_new_host_keys=True)
+    with pytest.raises(HostKeyError, match="CHANGED"):
+        transport.run(Command(("true",)), timeout=30)
+    transport.close()
 
 
 @pytest.mark.ssh
