@@ -100,6 +100,20 @@ def _reply_stream() -> IO[str]:
     return os.fdopen(reply_fd, "w")
 
 
+def _enter_engine_workdir(cwd: str | None) -> None:
+    """Import from where the server imports. `python -c` puts the current folder first on
+    sys.path, as `python -m sglang.launch_server` does in the server's folder; over SSH the
+    current folder is the login's home, which the server never sees. So: work in the server's
+    folder when the inventory names one, else drop the current folder from sys.path."""
+    if cwd:
+        try:
+            os.chdir(cwd)
+        except OSError as exc:
+            raise OpFailure("bad-workdir", f"cannot enter {cwd}: {exc.strerror}") from None
+    else:
+        sys.path[:] = [entry for entry in sys.path if entry not in ("", ".")]
+
+
 def main(request: dict[str, Any]) -> int:
     """Run one operation and print its reply as one JSON line; the exit status is 0 even for
     refusals (the reply says what happened), non-zero only if no reply could be written."""
@@ -113,12 +127,7 @@ def main(request: dict[str, Any]) -> int:
                 f"this agent has no operation {name!r}",
                 {"known": sorted(OPERATIONS)},
             )
-        cwd = request.get("cwd")
-        if cwd:
-            try:
-                os.chdir(cwd)
-            except OSError as exc:
-                raise OpFailure("bad-workdir", f"cannot enter {cwd}: {exc.strerror}") from None
+        _enter_engine_workdir(request.get("cwd"))
         reply: dict[str, Any] = {"ok": True, "result": handler(request.get("args") or {})}
     except OpFailure as failure:
         reply = {
@@ -635,8 +644,7 @@ def op_swap(args: Args) -> Result:
             {"path": path, "realpath": realpath, "expected": expected, "actual": before},
         )
     after = sha256_hex(new)
-    if args.get("compile", True):
-        check_compiles(new, realpath)
+    check_compiles(new, realpath)
     info = os.stat(realpath)
     result: Result = {
         "path": path,

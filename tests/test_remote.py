@@ -29,6 +29,7 @@ from opspatch.errors import (
     TargetError,
 )
 from opspatch.hostagent import purge_stale_bytecode
+from opspatch.inventory import CommandRestart
 from opspatch.remote import BOOTSTRAP, HostOperations, agent_source, open_transport
 from opspatch.sshd import SshFleet
 from opspatch.transport.base import Command
@@ -170,6 +171,22 @@ def test_a_module_that_does_not_resolve_names_host_and_module(target: Target) ->
     assert target.host.name in caught.value.message
     assert "'sglang.srt.speculative.eagle_worker_v2'" in caught.value.message
     assert caught.value.exit_code == 2
+
+
+def test_modules_resolve_from_the_server_folder_not_the_login_folder(
+    target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workdir = tmp_path / "server"
+    (workdir / "decoy_engine").mkdir(parents=True)
+    (workdir / "decoy_engine" / "__init__.py").write_text("")
+    monkeypatch.chdir(workdir)  # where the local transport's shell starts
+    with pytest.raises(TargetError):
+        target.ops.resolve("decoy_engine")
+    restart = CommandRestart(start="./serve", pid_file=str(tmp_path / "pid"), workdir=str(workdir))
+    host = replace(target.host, engine=replace(target.host.engine, restart=restart))
+    resolved = target.with_host(host).resolve("decoy_engine")
+    assert resolved.origin == str(workdir / "decoy_engine" / "__init__.py")
+    assert resolved.is_package
 
 
 def test_a_missing_interpreter_names_host_and_path(target: Target) -> None:
