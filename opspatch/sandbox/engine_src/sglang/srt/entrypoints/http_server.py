@@ -46,7 +46,7 @@ WARMUP_DELAY_ENV = "SGLANG_STANDIN_WARMUP_DELAY_S"
 WARMUP_PROMPT = "The capital city of France is"
 _UVICORN = "INFO:     "
 
-Response = tuple[int, dict[str, Any] | None]
+Response = tuple[int, Any]  # status, JSON body (None: empty body)
 
 
 class HttpApp:
@@ -141,7 +141,7 @@ class HttpApp:
 
     def generate(self, body: Any) -> Response:
         request = self.tokenizer_manager.parse_generate_request(body)
-        return 200, self.tokenizer_manager.generate(request)  # type: ignore[return-value]
+        return 200, self.tokenizer_manager.generate(request)
 
     def v1_completions(self, body: Any) -> Response:
         return 200, openai_api.completions(body, self.tokenizer_manager, self.server_args)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 
-from sglang.srt.managers.schedule_batch import GenerationBatchResult, ScheduleBatch
+import torch
+
+from sglang.srt.managers.schedule_batch import GenerationBatchResult, Req, ScheduleBatch
+from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 
 logger = logging.getLogger(__name__)
@@ -16,7 +19,7 @@ class EagleDraftWorkerBase(ABC):
         self.cuda_graph_runner: CudaGraphRunner | None = None
 
     @abstractmethod
-    def draft(self, req, num_drafts):  # type: ignore[no-untyped-def]
+    def draft(self, req: Req, num_drafts: int) -> tuple[list[int], list[torch.Tensor] | None]:
         """Propose `num_drafts` tokens after `req`'s tokens."""
 
 
@@ -32,11 +35,11 @@ class BaseSpecWorker(ABC):
         self._additional_graph_time_usage: dict[str, float] = {}
 
     @property
-    def target_worker(self):  # type: ignore[no-untyped-def]
+    def target_worker(self) -> TpModelWorker:
         return self._target_worker
 
     @property
-    def draft_worker(self):  # type: ignore[no-untyped-def]
+    def draft_worker(self) -> EagleDraftWorkerBase:
         return self._draft_worker
 
     def init_attention_backend(self) -> None:
