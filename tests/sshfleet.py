@@ -6,11 +6,10 @@ Tests that need them are skipped, with the reason shown, when OpenSSH's sshd is 
 
 Fixtures:
 - `ssh_fleet`: the running fleet (`opspatch.sshd.SshFleet`).
-- `target`: parametrised over the two transports (`local`, `ssh`): a resolved inventory `Host`
-  whose engine interpreter is this Python, its transport, and `HostOperations` on it. Every
-  host-side operation test takes it, so each runs over both transports.
-
-- `make_host`: `inventory_host(...)`, which builds a local or SSH host through the real
+- `remote_target`: parametrised over the two transports (`local`, `ssh`): a resolved inventory
+  `Host` whose engine interpreter is this Python, its transport, and `HostOperations` on it.
+  Every host-side operation test takes it, so each runs over both transports.
+- `make_inventory_host`: `inventory_host(...)`, which builds a local or SSH host through the real
   inventory parser (a fixture, so test modules need not import this plugin module).
 """
 
@@ -114,13 +113,13 @@ HostMaker = Callable[..., Host]
 
 
 @pytest.fixture
-def make_host() -> HostMaker:
+def make_inventory_host() -> HostMaker:
     """`inventory_host`, for tests that build their own hosts."""
     return inventory_host
 
 
 @pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.ssh)])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
+def remote_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
     kind: str = request.param
     fleet: SshFleet | None = request.getfixturevalue("ssh_fleet") if kind == "ssh" else None
     host = inventory_host(kind, fleet=fleet, state_dir=tmp_path / "host-state")

@@ -1,4 +1,4 @@
-"""Host-side operations, each over the local transport and over real SSH (the `target` fixture).
+"""Host-side operations, each over the local transport and over real SSH (`remote_target`).
 
 The "host" is this machine either way, so the tests can look at the files, modes, owners and
 processes the operations produced.
@@ -72,9 +72,9 @@ def make_fake_sglang(root: Path, worker_source: bytes) -> Path:
     return worker
 
 
-def engine_with_env(target: Target, **env: str) -> HostOperations:
-    host = replace(target.host, engine=replace(target.host.engine, env=env))
-    return target.with_host(host)
+def engine_with_env(remote_target: Target, **env: str) -> HostOperations:
+    host = replace(remote_target.host, engine=replace(remote_target.host.engine, env=env))
+    return remote_target.with_host(host)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,12 +110,12 @@ def test_bytecode_purge_matches_only_the_module_own_cache_files(tmp_path: Path) 
 # facts, resolve, read, inspect
 
 
-def test_inspect_is_one_exec_and_imports_nothing(target: Target, tmp_path: Path) -> None:
+def test_inspect_is_one_exec_and_imports_nothing(remote_target: Target, tmp_path: Path) -> None:
     source = b"class EAGLEWorkerV2:\n    def __init__(self):\n        self.a = 1\n"
     worker = make_fake_sglang(tmp_path / "site", source)
-    ops = engine_with_env(target, PYTHONPATH=str(tmp_path / "site"))
+    ops = engine_with_env(remote_target, PYTHONPATH=str(tmp_path / "site"))
     inspection = ops.inspect("sglang.srt.speculative.eagle_worker_v2", probe_cuda=False)
-    assert target.transport.exec_count == 1
+    assert remote_target.transport.exec_count == 1
     assert inspection.facts.sglang_version == "0.5.23"
     assert inspection.facts.python_executable == sys.executable
     assert inspection.facts.cuda_available is None  # not probed
@@ -128,8 +128,8 @@ def test_inspect_is_one_exec_and_imports_nothing(target: Target, tmp_path: Path)
     assert inspection.file.sha256 == sha(source)
 
 
-def test_facts_report_python_torch_and_cuda(target: Target) -> None:
-    facts = target.ops.facts(probe_cuda=True)
+def test_facts_report_python_torch_and_cuda(remote_target: Target) -> None:
+    facts = remote_target.ops.facts(probe_cuda=True)
     assert facts.python_version == ".".join(map(str, sys.version_info[:3]))
     assert facts.sglang_version is None  # not installed in this interpreter
     torch_installed = (
@@ -142,13 +142,15 @@ def test_facts_report_python_torch_and_cuda(target: Target) -> None:
     assert facts.hostname
 
 
-def test_read_reports_bytes_hash_mode_owner_and_symlink(target: Target, tmp_path: Path) -> None:
+def test_read_reports_bytes_hash_mode_owner_and_symlink(
+    remote_target: Target, tmp_path: Path
+) -> None:
     real = tmp_path / "real.py"
     real.write_bytes(b"x = 1\r\n")
     real.chmod(0o640)
     link = tmp_path / "link.py"
     link.symlink_to(real)
-    remote = target.ops.read(str(link))
+    remote = remote_target.ops.read(str(link))
     assert remote.content == b"x = 1\r\n"
     assert remote.sha256 == sha(b"x = 1\r\n")
     assert remote.realpath == str(real)
@@ -158,53 +160,56 @@ def test_read_reports_bytes_hash_mode_owner_and_symlink(target: Target, tmp_path
     assert remote.size == 7
 
 
-def test_read_of_a_missing_file_is_a_remote_error_with_a_code(target: Target) -> None:
+def test_read_of_a_missing_file_is_a_remote_error_with_a_code(remote_target: Target) -> None:
     with pytest.raises(RemoteOperationError) as caught:
-        target.ops.read("/nonexistent/opspatch/x.py")
+        remote_target.ops.read("/nonexistent/opspatch/x.py")
     assert caught.value.code == "not-found"
-    assert caught.value.host == target.host.name and caught.value.step == "read"
+    assert caught.value.host == remote_target.host.name and caught.value.step == "read"
 
 
-def test_a_module_that_does_not_resolve_names_host_and_module(target: Target) -> None:
+def test_a_module_that_does_not_resolve_names_host_and_module(remote_target: Target) -> None:
     with pytest.raises(TargetError) as caught:
-        target.ops.resolve("sglang.srt.speculative.eagle_worker_v2")
-    assert target.host.name in caught.value.message
+        remote_target.ops.resolve("sglang.srt.speculative.eagle_worker_v2")
+    assert remote_target.host.name in caught.value.message
     assert "'sglang.srt.speculative.eagle_worker_v2'" in caught.value.message
     assert caught.value.exit_code == 2
 
 
 def test_modules_resolve_from_the_server_folder_not_the_login_folder(
-    target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    remote_target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     workdir = tmp_path / "server"
     (workdir / "decoy_engine").mkdir(parents=True)
     (workdir / "decoy_engine" / "__init__.py").write_text("")
     monkeypatch.chdir(workdir)  # where the local transport's shell starts
     with pytest.raises(TargetError):
-        target.ops.resolve("decoy_engine")
+        remote_target.ops.resolve("decoy_engine")
     restart = CommandRestart(start="./serve", pid_file=str(tmp_path / "pid"), workdir=str(workdir))
-    host = replace(target.host, engine=replace(target.host.engine, restart=restart))
-    resolved = target.with_host(host).resolve("decoy_engine")
+    host = replace(remote_target.host, engine=replace(remote_target.host.engine, restart=restart))
+    resolved = remote_target.with_host(host).resolve("decoy_engine")
     assert resolved.origin == str(workdir / "decoy_engine" / "__init__.py")
     assert resolved.is_package
 
 
-def test_a_missing_interpreter_names_host_and_path(target: Target) -> None:
+def test_a_missing_interpreter_names_host_and_path(remote_target: Target) -> None:
     host = replace(
-        target.host, engine=replace(target.host.engine, python="/opt/no such/python;true")
+        remote_target.host,
+        engine=replace(remote_target.host.engine, python="/opt/no such/python;true"),
     )
     with pytest.raises(InputError) as caught:
-        target.with_host(host).facts(probe_cuda=False)
-    assert target.host.name in caught.value.message
+        remote_target.with_host(host).facts(probe_cuda=False)
+    assert remote_target.host.name in caught.value.message
     assert "'/opt/no such/python;true'" in caught.value.message
     assert caught.value.exit_code == 2
 
 
-def test_an_inventory_without_engine_python_is_refused_before_any_exec(target: Target) -> None:
-    host = replace(target.host, engine=replace(target.host.engine, python=None))
+def test_an_inventory_without_engine_python_is_refused_before_any_exec(
+    remote_target: Target,
+) -> None:
+    host = replace(remote_target.host, engine=replace(remote_target.host.engine, python=None))
     with pytest.raises(InputError, match="engine.python"):
-        target.with_host(host).read("/etc/hostname")
-    assert target.transport.exec_count == 0
+        remote_target.with_host(host).read("/etc/hostname")
+    assert remote_target.transport.exec_count == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,17 +226,17 @@ def module_file(tmp_path: Path) -> Path:
 
 
 def test_read_then_swap_is_two_execs_and_keeps_mode_and_owner(
-    target: Target, module_file: Path
+    remote_target: Target, module_file: Path
 ) -> None:
     if os.geteuid() != 0:
         pytest.skip("giving a file to another owner needs root")
     os.chown(module_file, NOBODY, NOBODY)
     module_file.chmod(0o640)
-    before = target.ops.read(str(module_file))
-    result = target.ops.swap(
+    before = remote_target.ops.read(str(module_file))
+    result = remote_target.ops.swap(
         str(module_file), expected_sha256=before.sha256, new_content=b"VALUE = 2\n"
     )
-    assert target.transport.exec_count == 2
+    assert remote_target.transport.exec_count == 2
     assert module_file.read_bytes() == b"VALUE = 2\n"
     info = module_file.stat()
     assert (info.st_uid, info.st_gid, info.st_mode & 0o7777) == (NOBODY, NOBODY, 0o640)
@@ -239,17 +244,19 @@ def test_read_then_swap_is_two_execs_and_keeps_mode_and_owner(
     assert result.changed
     assert result.backup_path is not None
     assert Path(result.backup_path).read_bytes() == b"VALUE = 1\n"
-    assert Path(result.backup_path).parent == Path(target.host.state_dir) / "backups"
+    assert Path(result.backup_path).parent == Path(remote_target.host.state_dir) / "backups"
     assert leftovers(module_file.parent, {"mod.py"}) == []
 
 
-def test_swap_purges_stale_bytecode_so_the_new_code_runs(target: Target, module_file: Path) -> None:
+def test_swap_purges_stale_bytecode_so_the_new_code_runs(
+    remote_target: Target, module_file: Path
+) -> None:
     folder = module_file.parent
     py_compile.compile(str(module_file), doraise=True)
     stale = list((folder / "__pycache__").glob("mod.*.pyc"))
     assert stale
     stat_before = module_file.stat()
-    result = target.ops.swap(
+    result = remote_target.ops.swap(
         str(module_file), expected_sha256=sha(b"VALUE = 1\n"), new_content=b"VALUE = 9\n"
     )
     assert sorted(result.purged_bytecode) == sorted(str(p) for p in stale)
@@ -266,23 +273,25 @@ def test_swap_purges_stale_bytecode_so_the_new_code_runs(target: Target, module_
 
 
 def test_swap_refuses_a_changed_preimage_and_writes_nothing(
-    target: Target, module_file: Path
+    remote_target: Target, module_file: Path
 ) -> None:
     with pytest.raises(PreimageMismatch) as caught:
-        target.ops.swap(str(module_file), expected_sha256=sha(b"other"), new_content=b"VALUE = 2\n")
+        remote_target.ops.swap(
+            str(module_file), expected_sha256=sha(b"other"), new_content=b"VALUE = 2\n"
+        )
     assert caught.value.code == "preimage-mismatch"
     assert caught.value.data["actual"] == sha(b"VALUE = 1\n")
-    assert caught.value.host == target.host.name and caught.value.step == "swap"
+    assert caught.value.host == remote_target.host.name and caught.value.step == "swap"
     assert module_file.read_bytes() == b"VALUE = 1\n"
     assert leftovers(module_file.parent, {"mod.py"}) == []
-    assert not (Path(target.host.state_dir) / "backups").exists()
+    assert not (Path(remote_target.host.state_dir) / "backups").exists()
 
 
 def test_swap_refuses_text_the_host_python_cannot_compile(
-    target: Target, module_file: Path
+    remote_target: Target, module_file: Path
 ) -> None:
     with pytest.raises(RemoteOperationError) as caught:
-        target.ops.swap(
+        remote_target.ops.swap(
             str(module_file),
             expected_sha256=sha(b"VALUE = 1\n"),
             new_content=b"VALUE = 1\ndef broken(:\n",
@@ -294,7 +303,7 @@ def test_swap_refuses_text_the_host_python_cannot_compile(
 
 
 def test_swap_through_a_symlink_patches_the_real_file_and_keeps_the_link(
-    target: Target, tmp_path: Path
+    remote_target: Target, tmp_path: Path
 ) -> None:
     real = tmp_path / "store" / "mod.py"
     real.parent.mkdir()
@@ -302,22 +311,26 @@ def test_swap_through_a_symlink_patches_the_real_file_and_keeps_the_link(
     link = tmp_path / "site" / "mod.py"
     link.parent.mkdir()
     link.symlink_to(real)
-    result = target.ops.swap(str(link), expected_sha256=sha(b"A = 1\n"), new_content=b"A = 2\n")
+    result = remote_target.ops.swap(
+        str(link), expected_sha256=sha(b"A = 1\n"), new_content=b"A = 2\n"
+    )
     assert result.realpath == str(real)
     assert link.is_symlink() and os.readlink(link) == str(real)
     assert real.read_bytes() == b"A = 2\n"
 
 
-def test_crlf_and_non_utf8_bytes_round_trip_exactly(target: Target, tmp_path: Path) -> None:
+def test_crlf_and_non_utf8_bytes_round_trip_exactly(remote_target: Target, tmp_path: Path) -> None:
     original = b"# -*- coding: latin-1 -*-\r\nname = '\xe9t\xe9'\r\nif name:\r\n\tflag = 1\r\n"
     patched = original.replace(b"\xe9t\xe9", b"\xe9t\xe9 \xa7") + b"extra = 1\r\n"
     path = tmp_path / "latin.py"
     path.write_bytes(original)
-    assert target.ops.read(str(path)).content == original
-    target.ops.swap(str(path), expected_sha256=sha(original), new_content=patched)
+    assert remote_target.ops.read(str(path)).content == original
+    remote_target.ops.swap(str(path), expected_sha256=sha(original), new_content=patched)
     assert path.read_bytes() == patched
-    assert target.ops.read(str(path)).content == patched
-    restored = target.ops.restore(str(path), pre_sha256=sha(original), current_sha256=sha(patched))
+    assert remote_target.ops.read(str(path)).content == patched
+    restored = remote_target.ops.restore(
+        str(path), pre_sha256=sha(original), current_sha256=sha(patched)
+    )
     assert path.read_bytes() == original
     assert restored.source == "backup"
 
@@ -345,13 +358,13 @@ def tiny_filesystem(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_a_full_disk_leaves_the_original_and_no_temp_file(
-    target: Target, tiny_filesystem: Path
+    remote_target: Target, tiny_filesystem: Path
 ) -> None:
     path = tiny_filesystem / "mod.py"
     path.write_bytes(b"VALUE = 1\n")
     too_big = b"VALUE = 2\n" + b"# padding\n" * 20000  # ~200 KB on a 64 KB filesystem
     with pytest.raises(RemoteOperationError) as caught:
-        target.ops.swap(str(path), expected_sha256=sha(b"VALUE = 1\n"), new_content=too_big)
+        remote_target.ops.swap(str(path), expected_sha256=sha(b"VALUE = 1\n"), new_content=too_big)
     assert caught.value.code == "write-failed"
     assert caught.value.data["errno"] == "ENOSPC"
     assert path.read_bytes() == b"VALUE = 1\n"
@@ -359,13 +372,15 @@ def test_a_full_disk_leaves_the_original_and_no_temp_file(
 
 
 def test_a_read_only_directory_refuses_the_swap_and_leaves_the_file(
-    target: Target, tiny_filesystem: Path
+    remote_target: Target, tiny_filesystem: Path
 ) -> None:
     path = tiny_filesystem / "mod.py"
     path.write_bytes(b"VALUE = 1\n")
     subprocess.run(["mount", "-o", "remount,ro", str(tiny_filesystem)], check=True)
     with pytest.raises(RemoteOperationError) as caught:
-        target.ops.swap(str(path), expected_sha256=sha(b"VALUE = 1\n"), new_content=b"VALUE = 2\n")
+        remote_target.ops.swap(
+            str(path), expected_sha256=sha(b"VALUE = 1\n"), new_content=b"VALUE = 2\n"
+        )
     assert caught.value.code == "write-failed"
     assert caught.value.data["errno"] == "EROFS"
     assert path.read_bytes() == b"VALUE = 1\n"
@@ -377,45 +392,45 @@ def test_a_read_only_directory_refuses_the_swap_and_leaves_the_file(
 
 
 def test_restore_gives_identical_bytes_from_the_backup_or_from_given_bytes(
-    target: Target, module_file: Path
+    remote_target: Target, module_file: Path
 ) -> None:
     original = module_file.read_bytes()
-    swapped = target.ops.swap(
+    swapped = remote_target.ops.swap(
         str(module_file), expected_sha256=sha(original), new_content=b"B = 2\n"
     )
-    first = target.ops.restore(
+    first = remote_target.ops.restore(
         str(module_file), pre_sha256=sha(original), current_sha256=swapped.sha256_after
     )
     assert module_file.read_bytes() == original
     assert (first.source, first.changed) == ("backup", True)
 
-    target.ops.swap(str(module_file), expected_sha256=sha(original), new_content=b"B = 2\n")
-    for backup in (Path(target.host.state_dir) / "backups").iterdir():
+    remote_target.ops.swap(str(module_file), expected_sha256=sha(original), new_content=b"B = 2\n")
+    for backup in (Path(remote_target.host.state_dir) / "backups").iterdir():
         backup.unlink()  # the host lost its backups: the ledger's copy is sent instead
-    second = target.ops.restore(str(module_file), pre_sha256=sha(original), content=original)
+    second = remote_target.ops.restore(str(module_file), pre_sha256=sha(original), content=original)
     assert module_file.read_bytes() == original
     assert second.source == "given"
 
-    again = target.ops.restore(str(module_file), pre_sha256=sha(original))
+    again = remote_target.ops.restore(str(module_file), pre_sha256=sha(original))
     assert (again.source, again.changed) == ("already", False)
 
 
 def test_restore_refuses_wrong_bytes_and_files_someone_else_changed(
-    target: Target, module_file: Path
+    remote_target: Target, module_file: Path
 ) -> None:
     original = module_file.read_bytes()
-    target.ops.swap(str(module_file), expected_sha256=sha(original), new_content=b"B = 2\n")
-    for backup in (Path(target.host.state_dir) / "backups").iterdir():
+    remote_target.ops.swap(str(module_file), expected_sha256=sha(original), new_content=b"B = 2\n")
+    for backup in (Path(remote_target.host.state_dir) / "backups").iterdir():
         backup.unlink()
     with pytest.raises(RemoteOperationError) as wrong:
-        target.ops.restore(str(module_file), pre_sha256=sha(original), content=b"not it\n")
+        remote_target.ops.restore(str(module_file), pre_sha256=sha(original), content=b"not it\n")
     assert wrong.value.code == "backup-hash-mismatch"
     with pytest.raises(RemoteOperationError) as missing:
-        target.ops.restore(str(module_file), pre_sha256=sha(original))
+        remote_target.ops.restore(str(module_file), pre_sha256=sha(original))
     assert missing.value.code == "backup-missing"
     module_file.write_bytes(b"C = 3\n")  # someone else edited it after our swap
     with pytest.raises(RemoteOperationError) as theirs:
-        target.ops.restore(
+        remote_target.ops.restore(
             str(module_file),
             pre_sha256=sha(original),
             content=original,
@@ -423,7 +438,7 @@ def test_restore_refuses_wrong_bytes_and_files_someone_else_changed(
         )
     assert theirs.value.code == "not-our-file"
     assert module_file.read_bytes() == b"C = 3\n"
-    forced = target.ops.restore(
+    forced = remote_target.ops.restore(
         str(module_file),
         pre_sha256=sha(original),
         content=original,
@@ -438,44 +453,46 @@ def test_restore_refuses_wrong_bytes_and_files_someone_else_changed(
 # The host lock
 
 
-def test_lock_contention_names_the_holder_and_unlock_is_owner_only(target: Target) -> None:
-    first = target.ops.lock(run_id="run-1", owner="alice@ctl", ttl_seconds=600)
-    assert target.transport.exec_count == 1
+def test_lock_contention_names_the_holder_and_unlock_is_owner_only(remote_target: Target) -> None:
+    first = remote_target.ops.lock(run_id="run-1", owner="alice@ctl", ttl_seconds=600)
+    assert remote_target.transport.exec_count == 1
     assert (first.holder.owner, first.holder.run_id) == ("alice@ctl", "run-1")
     assert first.took_over_from is None and not first.refreshed
     with pytest.raises(LockHeld) as caught:
-        target.ops.lock(run_id="run-2", owner="bob@ctl", ttl_seconds=600)
+        remote_target.ops.lock(run_id="run-2", owner="bob@ctl", ttl_seconds=600)
     assert caught.value.data["owner"] == "alice@ctl"
     assert caught.value.data["run_id"] == "run-1"
     assert "alice@ctl" in caught.value.message and "run-1" in caught.value.message
     with pytest.raises(RemoteOperationError) as not_ours:
-        target.ops.unlock(run_id="run-2")
+        remote_target.ops.unlock(run_id="run-2")
     assert not_ours.value.code == "lock-not-ours"
-    again = target.ops.lock(run_id="run-1", owner="alice@ctl", ttl_seconds=600)
+    again = remote_target.ops.lock(run_id="run-1", owner="alice@ctl", ttl_seconds=600)
     assert again.refreshed
-    count = target.transport.exec_count
-    released = target.ops.unlock(run_id="run-1")
-    assert target.transport.exec_count == count + 1
+    count = remote_target.transport.exec_count
+    released = remote_target.ops.unlock(run_id="run-1")
+    assert remote_target.transport.exec_count == count + 1
     assert released.released and released.previous is not None
-    assert not (Path(target.host.state_dir) / "lock.json").exists()
-    assert target.ops.unlock(run_id="run-1").reason == "not-held"
+    assert not (Path(remote_target.host.state_dir) / "lock.json").exists()
+    assert remote_target.ops.unlock(run_id="run-1").reason == "not-held"
 
 
-def test_an_expired_lock_is_taken_over_and_the_previous_holder_reported(target: Target) -> None:
-    target.ops.lock(run_id="crashed-run", owner="alice@ctl", ttl_seconds=0.2)
+def test_an_expired_lock_is_taken_over_and_the_previous_holder_reported(
+    remote_target: Target,
+) -> None:
+    remote_target.ops.lock(run_id="crashed-run", owner="alice@ctl", ttl_seconds=0.2)
     time.sleep(0.4)
-    taken = target.ops.lock(run_id="run-2", owner="bob@ctl", ttl_seconds=600)
+    taken = remote_target.ops.lock(run_id="run-2", owner="bob@ctl", ttl_seconds=600)
     assert taken.took_over_from is not None
     assert taken.took_over_from.run_id == "crashed-run"
     assert taken.holder.run_id == "run-2"
 
 
 def test_swap_with_a_lock_run_id_refuses_when_the_lock_is_not_ours(
-    target: Target, module_file: Path
+    remote_target: Target, module_file: Path
 ) -> None:
-    target.ops.lock(run_id="someone-else", owner="carol@ctl", ttl_seconds=600)
+    remote_target.ops.lock(run_id="someone-else", owner="carol@ctl", ttl_seconds=600)
     with pytest.raises(RemoteOperationError) as caught:
-        target.ops.swap(
+        remote_target.ops.swap(
             str(module_file),
             expected_sha256=sha(b"VALUE = 1\n"),
             new_content=b"VALUE = 2\n",
@@ -490,41 +507,41 @@ def test_swap_with_a_lock_run_id_refuses_when_the_lock_is_not_ours(
 
 
 def test_metacharacters_in_paths_and_host_names_are_never_interpreted(
-    target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    remote_target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
     folder = tmp_path / "odd $(touch pwned) dir"
     folder.mkdir()
     path = folder / "a b;$(touch pwned)'.py"
     path.write_bytes(b"X = 1\n")
-    host = replace(target.host, name="gpu;$(touch pwned)`touch pwned`")
-    ops = target.with_host(host)
+    host = replace(remote_target.host, name="gpu;$(touch pwned)`touch pwned`")
+    ops = remote_target.with_host(host)
     assert ops.read(str(path)).content == b"X = 1\n"
     ops.swap(str(path), expected_sha256=sha(b"X = 1\n"), new_content=b"X = 2\n")
     assert path.read_bytes() == b"X = 2\n"
     with pytest.raises(PreimageMismatch) as caught:
         ops.swap(str(path), expected_sha256=sha(b"X = 1\n"), new_content=b"X = 3\n")
     assert caught.value.host == "gpu;$(touch pwned)`touch pwned`"
-    remote_home = shell_home(target)
+    remote_home = shell_home(remote_target)
     for candidate in (tmp_path, folder, remote_home):
         assert not (candidate / "pwned").exists(), candidate
 
 
-def shell_home(target: Target) -> Path:
+def shell_home(remote_target: Target) -> Path:
     """The folder the host's shell starts in (where a relative `touch pwned` would land)."""
-    out = target.transport.run(Command(("sh", "-c", "pwd")), timeout=30).stdout
+    out = remote_target.transport.run(Command(("sh", "-c", "pwd")), timeout=30).stdout
     return Path(out.decode().strip())
 
 
 @pytest.mark.ssh
 def test_ssh_and_local_hosts_report_the_same_file(
-    make_host: HostMaker, tmp_path: Path, ssh_fleet: SshFleet
+    make_inventory_host: HostMaker, tmp_path: Path, ssh_fleet: SshFleet
 ) -> None:
     path = tmp_path / "same.py"
     path.write_bytes(b"S = 1\n")
     results = []
     for kind in ("local", "ssh"):
-        host = make_host(kind, fleet=ssh_fleet, state_dir=tmp_path / kind)
+        host = make_inventory_host(kind, fleet=ssh_fleet, state_dir=tmp_path / kind)
         transport = open_transport(host)
         try:
             results.append(HostOperations(transport, host).read(str(path)))

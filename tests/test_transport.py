@@ -48,23 +48,23 @@ def wait_until_gone(pids: list[int], seconds: float = 5.0) -> bool:
 # Both transports
 
 
-def test_stdin_and_both_outputs_are_streamed_without_blocking(target: Target) -> None:
+def test_stdin_and_both_outputs_are_streamed_without_blocking(remote_target: Target) -> None:
     payload = os.urandom(3 * 1024 * 1024)
     # cat echoes 3 MiB while 2 MiB go to stderr: any transport that reads one stream at a time,
     # or sends all of stdin before reading, deadlocks here.
     command = Command(("sh", "-c", "head -c 2097152 /dev/zero >&2 & cat; wait"))
-    result = target.transport.run(command, stdin=payload, timeout=60)
+    result = remote_target.transport.run(command, stdin=payload, timeout=60)
     assert result.exit_code == 0
     assert result.stdout == payload
     assert result.stderr == b"\0" * 2097152
 
 
-def test_exit_status_environment_and_streams_are_kept_apart(target: Target) -> None:
+def test_exit_status_environment_and_streams_are_kept_apart(remote_target: Target) -> None:
     command = Command(
         ("sh", "-c", 'echo "$GREETING"; echo oops >&2; exit 7'),
         env={"GREETING": "hi there; $(touch pwned) `id`"},
     )
-    result = target.transport.run(command, timeout=30)
+    result = remote_target.transport.run(command, timeout=30)
     assert result.exit_code == 7
     assert result.stdout == b"hi there; $(touch pwned) `id`\n"
     assert result.stderr == b"oops\n"
@@ -72,10 +72,12 @@ def test_exit_status_environment_and_streams_are_kept_apart(target: Target) -> N
 
 
 def test_arguments_with_shell_metacharacters_arrive_verbatim(
-    target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    remote_target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    remote_home = target.transport.run(Command(("sh", "-c", "pwd")), timeout=30).stdout.strip()
+    remote_home = remote_target.transport.run(
+        Command(("sh", "-c", "pwd")), timeout=30
+    ).stdout.strip()
     tricky = [
         "a b;$(touch pwned)'.py",
         "sglang'; touch pwned; echo '.service",
@@ -83,22 +85,22 @@ def test_arguments_with_shell_metacharacters_arrive_verbatim(
         "x\ny && touch pwned",
         "$HOME * ? [a] ~ | > pwned",
     ]
-    result = target.transport.run(Command(("printf", "%s\\0", *tricky)), timeout=30)
+    result = remote_target.transport.run(Command(("printf", "%s\\0", *tricky)), timeout=30)
     assert result.stdout.split(b"\0")[:-1] == [t.encode() for t in tricky]
     for folder in (tmp_path, Path(remote_home.decode())):
         assert not (folder / "pwned").exists()
 
 
 def test_a_hanging_command_is_ended_with_its_whole_process_group(
-    target: Target, tmp_path: Path
+    remote_target: Target, tmp_path: Path
 ) -> None:
     pids = tmp_path / "pids"
     script = f"echo $$ > {pids}; sleep 300 & echo $! >> {pids}; wait"
     started = time.monotonic()
     with pytest.raises(CommandTimeout) as caught:
-        target.transport.run(Command(("sh", "-c", script)), timeout=1.5)
+        remote_target.transport.run(Command(("sh", "-c", script)), timeout=1.5)
     assert time.monotonic() - started < 15
-    assert caught.value.host == target.host.name
+    assert caught.value.host == remote_target.host.name
     assert caught.value.exit_code == 1
     recorded = [int(line) for line in pids.read_text().split()]
     assert len(recorded) == 2
@@ -106,26 +108,26 @@ def test_a_hanging_command_is_ended_with_its_whole_process_group(
 
 
 def test_a_command_flooding_output_is_drained_until_its_deadline(
-    target: Target, tmp_path: Path
+    remote_target: Target, tmp_path: Path
 ) -> None:
     pids = tmp_path / "pids"
     script = f"echo $$ > {pids}; yes flood >&2 & echo $! >> {pids}; yes flood"
     started = time.monotonic()
     with pytest.raises(CommandTimeout):
-        target.transport.run(Command(("sh", "-c", script)), timeout=1.5)
+        remote_target.transport.run(Command(("sh", "-c", script)), timeout=1.5)
     assert time.monotonic() - started < 15
     assert wait_until_gone([int(line) for line in pids.read_text().split()])
-    after = target.transport.run(Command(("echo", "still usable")), timeout=30)
+    after = remote_target.transport.run(Command(("echo", "still usable")), timeout=30)
     assert after.stdout == b"still usable\n"
 
 
-def test_transports_implement_the_protocol_and_count_execs(target: Target) -> None:
-    assert isinstance(target.transport, Transport)
+def test_transports_implement_the_protocol_and_count_execs(remote_target: Target) -> None:
+    assert isinstance(remote_target.transport, Transport)
     for _ in range(3):
-        target.transport.run(Command(("true",)), timeout=30)
-    assert target.transport.exec_count == 3
-    target.transport.close()
-    target.transport.close()  # safe twice
+        remote_target.transport.run(Command(("true",)), timeout=30)
+    assert remote_target.transport.exec_count == 3
+    remote_target.transport.close()
+    remote_target.transport.close()  # safe twice
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,9 +141,9 @@ def openssh_fingerprint(public_line: str) -> str:
 
 @pytest.mark.ssh
 def test_one_connection_is_reused_for_every_command(
-    make_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
+    make_inventory_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
 ) -> None:
-    host = make_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s")
+    host = make_inventory_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s")
     transport = SSHTransport(host)
     try:
         for _ in range(4):
@@ -160,11 +162,11 @@ def test_remote_command_line_reports_its_process_group_first() -> None:
 
 @pytest.mark.ssh
 def test_unknown_host_key_is_refused_with_its_fingerprint(
-    make_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
+    make_inventory_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
 ) -> None:
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text("")
-    host = make_host(
+    host = make_inventory_host(
         "ssh", fleet=ssh_fleet, index=1, state_dir=tmp_path / "s", known_hosts=known_hosts
     )
     transport = SSHTransport(host)
@@ -181,10 +183,10 @@ def test_unknown_host_key_is_refused_with_its_fingerprint(
 
 @pytest.mark.ssh
 def test_unknown_host_key_is_recorded_only_with_accept_new(
-    make_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
+    make_inventory_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
 ) -> None:
     known_hosts = tmp_path / "known_hosts"
-    host = make_host(
+    host = make_inventory_host(
         "ssh", fleet=ssh_fleet, index=2, state_dir=tmp_path / "s", known_hosts=known_hosts
     )
     transport = SSHTransport(host, accept_new_host_keys=True)
@@ -202,14 +204,16 @@ def test_unknown_host_key_is_recorded_only_with_accept_new(
 
 @pytest.mark.ssh
 def test_changed_host_key_is_refused_even_with_accept_new(
-    make_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
+    make_inventory_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
 ) -> None:
     impostor = generate_keypair(tmp_path / "impostor", "impostor")
     server = ssh_fleet.servers[0]
     known_hosts = tmp_path / "known_hosts"
     pinned = f"[{server.address}]:{server.port} {impostor.public_line.rsplit(' ', 1)[0]}\n"
     known_hosts.write_text(pinned)
-    host = make_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s", known_hosts=known_hosts)
+    host = make_inventory_host(
+        "ssh", fleet=ssh_fleet, state_dir=tmp_path / "s", known_hosts=known_hosts
+    )
     transport = SSHTransport(host, accept_new_host_keys=True)
     with pytest.raises(HostKeyError) as caught:
         transport.run(Command(("true",)), timeout=30)
@@ -222,14 +226,14 @@ def test_changed_host_key_is_refused_even_with_accept_new(
 
 @pytest.mark.ssh
 def test_a_known_host_offering_a_key_of_another_type_is_refused(
-    make_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
+    make_inventory_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
 ) -> None:
     other = ec.generate_private_key(ec.SECP256R1()).public_key()
     blob = other.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     server = ssh_fleet.servers[1]
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text(f"[{server.address}]:{server.port} {blob.decode()}\n")
-    host = make_host(
+    host = make_inventory_host(
         "ssh", fleet=ssh_fleet, index=1, state_dir=tmp_path / "s", known_hosts=known_hosts
     )
     transport = SSHTransport(host, accept_new_host_keys=True)
@@ -240,7 +244,7 @@ def test_a_known_host_offering_a_key_of_another_type_is_refused(
 
 @pytest.mark.ssh
 def test_user_ssh_config_and_default_known_hosts_are_honoured(
-    make_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path, isolated_home: Path
+    make_inventory_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path, isolated_home: Path
 ) -> None:
     server = ssh_fleet.servers[0]
     ssh_dir = isolated_home / ".ssh"
@@ -254,7 +258,7 @@ def test_user_ssh_config_and_default_known_hosts_are_honoured(
     )
     (ssh_dir / "known_hosts").write_text(server.known_hosts_line + "\n")
     host = replace(
-        make_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s"),
+        make_inventory_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s"),
         address="fleet-alias",
         port=None,
         user=None,
@@ -270,11 +274,13 @@ def test_user_ssh_config_and_default_known_hosts_are_honoured(
 
 @pytest.mark.ssh
 def test_jump_host_is_used_and_its_key_verified_too(
-    make_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
+    make_inventory_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
 ) -> None:
     jump_log = ssh_fleet.servers[1].log_file
     accepted_before = jump_log.read_text().count("Accepted publickey")
-    host = make_host("ssh", fleet=ssh_fleet, index=2, jump_index=1, state_dir=tmp_path / "s")
+    host = make_inventory_host(
+        "ssh", fleet=ssh_fleet, index=2, jump_index=1, state_dir=tmp_path / "s"
+    )
     transport = SSHTransport(host)
     try:
         assert transport.run(Command(("echo", "through")), timeout=30).stdout == b"through\n"
@@ -284,7 +290,7 @@ def test_jump_host_is_used_and_its_key_verified_too(
 
     only_target = tmp_path / "known_hosts"
     only_target.write_text(ssh_fleet.servers[2].known_hosts_line + "\n")
-    host = make_host(
+    host = make_inventory_host(
         "ssh",
         fleet=ssh_fleet,
         index=2,
@@ -302,9 +308,9 @@ def test_jump_host_is_used_and_its_key_verified_too(
 
 @pytest.mark.ssh
 def test_unreachable_host_is_a_transport_error(
-    make_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
+    make_inventory_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
 ) -> None:
-    host = replace(make_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s"), port=1)
+    host = replace(make_inventory_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s"), port=1)
     transport = SSHTransport(host, connect_timeout=3)
     with pytest.raises(TransportError) as caught:
         transport.run(Command(("true",)), timeout=10)
