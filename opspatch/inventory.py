@@ -25,6 +25,7 @@ and the field; selection problems raise `SelectionError` with the nearest names.
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import fnmatch
 import posixpath
@@ -1217,6 +1218,17 @@ def restart_to_json(restart: RestartStrategy | None) -> dict[str, Any] | None:
     }
 
 
+def _json_safe(value: Any) -> Any:
+    """TOML dates and times (allowed in `vars`) as ISO text; containers recursively."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    return value
+
+
 def host_to_json(host: Host) -> dict[str, Any]:
     """Every resolved setting of a host as JSON-ready data."""
     jump = host.jump
@@ -1240,7 +1252,7 @@ def host_to_json(host: Host) -> dict[str, Any]:
         "transport": host.transport,
         "state_dir": host.state_dir,
         "groups": list(host.groups),
-        "vars": dict(host.vars),
+        "vars": _json_safe(dict(host.vars)),
         "engine": {
             "python": host.engine.python,
             "url": host.engine.url,

@@ -20,6 +20,7 @@ Round trips: `inspect` (what `plan` needs: facts + resolve + read) is 1 exec; re
 from __future__ import annotations
 
 import base64
+import functools
 import getpass
 import hashlib
 import json
@@ -54,6 +55,7 @@ BOOTSTRAP = (
 DEFAULT_LOCK_TTL_SECONDS = 30 * 60
 
 
+@functools.cache
 def agent_source() -> str:
     """The host agent's source text, as shipped in the package."""
     return resources.files("opspatch").joinpath("hostagent.py").read_text(encoding="utf-8")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -464,3 +465,12 @@ def test_workspace_lookup_order_workspace_then_state_dir_then_examples_by_name(
     assert [h.name for h in resolve_workspace_hosts("gpu-fleet:canary", workspace)] == ["gpu-01"]
     with pytest.raises(SelectionError):
         resolve_workspace_hosts("canary", workspace)  # a group of the bundled example only
+
+
+def test_inventory_show_json_is_serialisable_with_toml_dates() -> None:
+    inventory = toml('[hosts.a]\naddress = "a.b"\nvars = { since = 2024-05-01, at = 07:30:00 }\n')
+    document = inventory_show_json(inventory.hosts)
+    assert json.loads(json.dumps(document))["hosts"][0]["vars"] == {
+        "since": "2024-05-01",
+        "at": "07:30:00",
+    }
