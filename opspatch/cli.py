@@ -270,8 +270,9 @@ def plan(
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point: run the app, turn every failure into one message + exit code."""
     try:
-        app(args=argv, prog_name="opspatch", standalone_mode=False)
-        code = EXIT_OK
+        # Without standalone mode, an Exit raised by a command comes back as its exit code.
+        returned = app(args=argv, prog_name="opspatch", standalone_mode=False)
+        code = returned if isinstance(returned, int) else EXIT_OK
     except typer.Exit as exc:
         code = exc.exit_code
     except typer.Abort:
