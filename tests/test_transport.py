@@ -186,6 +186,8 @@ def test_unknown_host_key_is_recorded_only_with_accept_new(
     make_inventory_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
 ) -> None:
     known_hosts = tmp_path / "known_hosts"
+    other = generate_keypair(tmp_path / "other", "other").public_line.rsplit(" ", 1)[0]
+    known_hosts.write_text(f"other.fleet.example {other}")  # no final newline
     host = make_inventory_host(
         "ssh", fleet=ssh_fleet, index=2, state_dir=tmp_path / "s", known_hosts=known_hosts
     )
@@ -194,7 +196,8 @@ def test_unknown_host_key_is_recorded_only_with_accept_new(
         assert transport.run(Command(("echo", "hi")), timeout=30).stdout == b"hi\n"
     finally:
         transport.close()
-    assert known_hosts.read_text() == ssh_fleet.servers[2].known_hosts_line + "\n"
+    recorded = ssh_fleet.servers[2].known_hosts_line
+    assert known_hosts.read_text() == f"other.fleet.example {other}\n{recorded}\n"
     again = SSHTransport(host)  # no flag: the recorded key is now known
     try:
         assert again.run(Command(("true",)), timeout=30).ok

@@ -44,7 +44,8 @@ from opspatch.transport.local import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer
 
 ACCEPT_NEW_HOST_KEYS_FLAG = "--accept-new-host-keys"
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
-_PGID_LINE = re.compile(rb"\Aopspatch-pgid:(\d+)\n")
+# Found anywhere at a line start: a login shell may print to stderr before our command starts.
+_PGID_LINE = re.compile(rb"(?m)^opspatch-pgid:(\d+)\n")
 _PGID_SCRIPT = 'echo "opspatch-pgid:$$" >&2; exec /bin/sh -c "$1"'
 _CHUNK = 32 * 1024
 
@@ -103,8 +104,15 @@ class _VerifyingHostKeyPolicy(paramiko.MissingHostKeyPolicy):
                 ),
             )
         self._known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with open(self._known_hosts, "a", encoding="ascii") as handle:
-            handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        with open(self._known_hosts, "a+b") as handle:
+            handle.seek(0, os.SEEK_END)
+            if handle.tell():  # never glue our line to a last line without its newline
+                handle.seek(-1, os.SEEK_END)
+                needs_newline = handle.read(1) != b"\n"
+            else:
+                needs_newline = False
+            line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+            handle.write((b"\n" if needs_newline else b"") + line.encode("ascii"))
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
@@ -305,7 +313,7 @@ class SSHTransport:
         finally:
             channel.close()
         err = stderr.value()
-        match = _PGID_LINE.match(err)
+        match = _PGID_LINE.search(err)
         if match is None and exit_code == 127 and b"setsid" in err:
             raise TransportError(
                 "`setsid` (util-linux) is not installed on the host",
@@ -317,7 +325,7 @@ class SSHTransport:
             command=command.masked(),
             exit_code=exit_code,
             stdout=stdout.value(),
-            stderr=err[match.end() :] if match else err,
+            stderr=err[: match.start()] + err[match.end() :] if match else err,
             seconds=time.monotonic() - started,
         )
 
@@ -354,7 +362,7 @@ def _close_quietly(connection: Connection) -> None:
 
 
 def _reported_pgid(stderr_head: bytes) -> int | None:
-    match = _PGID_LINE.match(stderr_head)
+    match = _PGID_LINE.search(stderr_head)
     return int(match.group(1)) if match else None
 
 
