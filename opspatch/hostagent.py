@@ -869,3 +869,353 @@ def op_unlock(args: Args) -> Result:
         os.unlink(path)
         _fsync_directory(state_dir)
     return {"released": True, "reason": "released", "previous": current}
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine: restart, readiness, smoke decode, log scan
+#
+# These run on the host because the server usually listens on the host's loopback only.
+
+
+class _Dropped(Exception):
+    """The server closed the connection without an answer (it crashed, as SGLang does)."""
+
+
+def _http(method: str, url: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, bytes]:
+    """One HTTP request; (status, body). A refused or dropped connection raises `_Dropped`."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode("utf-8") if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - loopback URL from the inventory
+            return int(response.status), response.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read()
+    except (urllib.error.URLError, http.client.HTTPException, ConnectionError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise _Dropped(f"{type(reason).__name__}: {reason}") from None
+
+
+def _file_size(path: str | None) -> int | None:
+    if not path:
+        return None
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _log_since(path: str | None, offset: int | None, limit: int = 4_000_000) -> str:
+    """The log written since `offset` (the whole log if it shrank: it was rotated)."""
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            start = offset if offset is not None and offset <= size else 0
+            handle.seek(max(start, size - limit))
+            return handle.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2 :].split()
+    return fields[0], int(fields[1])
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited but not yet reaped, does not count)."""
+    stat_info = _proc_stat(pid)
+    if stat_info is not None:
+        return stat_info[0] not in ("Z", "X")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _process_tree(root: int) -> list[int]:
+    """`root` and all its descendants, found through parent pids (never by name)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat_info = _proc_stat(int(entry))
+            if stat_info is not None:
+                children.setdefault(stat_info[1], []).append(int(entry))
+    tree, queue = [], [root]
+    while queue:
+        pid = queue.pop()
+        tree.append(pid)
+        queue.extend(children.get(pid, []))
+    return tree
+
+
+def stop_process_tree(root: int, timeout: float) -> list[int]:
+    """TERM the process tree of `root`, wait up to `timeout`, then KILL what is left."""
+    import signal
+
+    tree = [pid for pid in _process_tree(root) if _alive(pid)]
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(pid) for pid in tree):
+        time.sleep(0.1)
+    for pid in tree:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in tree):
+        time.sleep(0.05)
+    return tree
+
+
+def _read_pid_file(path: str) -> int | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _run_tool(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        raise OpFailure(
+            "restart-tool-missing", f"{argv[0]} is not installed on this host"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise OpFailure(
+            "restart-timeout", f"{' '.join(argv)} did not finish in {timeout:.0f}s"
+        ) from None
+
+
+def _restart_command(
+    settings: dict[str, Any], env: dict[str, str], log_file: str | None, timeout: float
+) -> Result:
+    pid_file = settings["pid_file"]
+    stopped: list[int] = []
+    old = _read_pid_file(pid_file)
+    if old is not None and _alive(old):
+        stopped = stop_process_tree(old, float(settings.get("stop_timeout") or 30.0))
+    log_path = log_file or os.devnull
+    if log_file:
+        os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
+    offset = _file_size(log_file)
+    full_env = dict(os.environ)
+    full_env.update(env)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(  # noqa: S602 - the operator's start command, as systemd's ExecStart
+            settings["start"],
+            shell=True,
+            cwd=settings.get("workdir") or None,
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives this agent and the SSH session that started it
+            close_fds=True,
+        )
+    pid_dir = os.path.dirname(os.path.abspath(pid_file))
+    os.makedirs(pid_dir, exist_ok=True)
+    stat_dir = os.stat(pid_dir)
+    write_atomically(pid_file, f"{process.pid}\n".encode(), 0o644, stat_dir.st_uid, stat_dir.st_gid)
+    time.sleep(0.2)
+    if process.poll() is not None:
+        raise OpFailure(
+            "start-failed",
+            f"the start command exited at once with status {process.returncode}",
+            {"log_tail": _tail(_log_since(log_file, offset))},
+        )
+    return {"strategy": "command", "pid": process.pid, "log_offset": offset, "stopped": stopped}
+
+
+@operation("restart")
+def op_restart(args: Args) -> Result:
+    """Restart the engine with the inventory's strategy; return its pid and the log offset."""
+    settings = dict(args.get("restart") or {})
+    log_file = args.get("log_file")
+    timeout = float(args.get("timeout") or 180.0)
+    env = {str(k): str(v) for k, v in (args.get("env") or {}).items()}
+    kind = settings.get("kind")
+    if kind == "command":
+        return _restart_command(settings, env, log_file, timeout)
+    offset = _file_size(log_file)
+    if kind == "systemd":
+        unit = settings["unit"]
+        done = _run_tool(["systemctl", "restart", unit], timeout)
+        if done.returncode != 0:
+            raise OpFailure("restart-failed", f"systemctl restart {unit}: {done.stderr.strip()}")
+        state = _run_tool(["systemctl", "is-active", unit], 30).stdout.strip()
+        if state not in ("active", "activating", "reloading"):
+            raise OpFailure("restart-failed", f"{unit} is {state or 'unknown'} after restart")
+        main_pid = _run_tool(
+            ["systemctl", "show", "-p", "MainPID", "--value", unit], 30
+        ).stdout.strip()
+        pid = int(main_pid) if main_pid.isdigit() and main_pid != "0" else None
+        return {"strategy": "systemd", "pid": pid, "log_offset": offset, "detail": state}
+    if kind == "supervisor":
+        program = settings["program"]
+        done = _run_tool(["supervisorctl", "restart", program], timeout)
+        output = (done.stdout + done.stderr).strip()
+        if done.returncode != 0 or "started" not in output:
+            raise OpFailure("restart-failed", f"supervisorctl restart {program}: {output}")
+        found = _run_tool(["supervisorctl", "pid", program], 30).stdout.strip()
+        pid = int(found) if found.isdigit() and found != "0" else None
+        return {"strategy": "supervisor", "pid": pid, "log_offset": offset, "detail": output}
+    raise OpFailure("bad-restart", f"unknown restart strategy {kind!r}")
+
+
+@operation("wait_ready")
+def op_wait_ready(args: Args) -> Result:
+    """Poll `<url>/health` until it answers 200, with backoff, until the deadline.
+
+    Fails fast when the process started by the restart (its pid) has exited.
+    """
+    url = str(args["url"]).rstrip("/")
+    timeout = float(args.get("timeout") or 600.0)
+    pid = args.get("pid")
+    log_file = args.get("log_file")
+    offset = args.get("log_offset")
+    started = time.monotonic()
+    deadline = started + timeout
+    polls = 0
+    delay = 0.1
+    last = "no answer yet"
+    while True:
+        polls += 1
+        try:
+            status, _ = _http("GET", url + "/health", None, timeout=min(20.0, max(1.0, timeout)))
+            if status == 200:
+                return {"seconds": round(time.monotonic() - started, 3), "polls": polls}
+            last = f"/health answered {status}"
+        except _Dropped as exc:
+            last = f"/health: {exc}"
+        if pid is not None and not _alive(int(pid)):
+            raise OpFailure(
+                "engine-exited",
+                f"the engine (pid {pid}) exited before it was ready",
+                {"log_tail": _tail(_log_since(log_file, offset))},
+            )
+        if time.monotonic() + delay > deadline:
+            raise OpFailure(
+                "not-ready",
+                f"not ready after {timeout:.0f}s ({last})",
+                {"log_tail": _tail(_log_since(log_file, offset))},
+            )
+        time.sleep(delay)
+        delay = min(delay * 1.5, 2.0)
+
+
+@operation("smoke")
+def op_smoke(args: Args) -> Result:
+    """Greedy decodes of the playbook's prompts, checked; then a scan of the log since restart.
+
+    Every failed check is reported in the result (not raised): the controller decides.
+    """
+    url = str(args["url"]).rstrip("/")
+    prompts = args.get("prompts") or []
+    max_new_tokens = int(args.get("max_new_tokens") or 16)
+    require_spec_verify = bool(args.get("require_spec_verify"))
+    baseline = args.get("baseline")
+    checks = args.get("checks", True)
+    timeout = float(args.get("timeout") or 180.0)
+    log_file = args.get("log_file")
+    offset = args.get("log_offset")
+    if offset is None:
+        offset = _file_size(log_file)
+    deadline = time.monotonic() + timeout
+    results: list[Result] = []
+    failures: list[str] = []
+    for index, prompt in enumerate(prompts):
+        text = str(prompt.get("text", ""))
+        result: Result = {
+            "prompt": text,
+            "ok": False,
+            "text": None,
+            "completion_tokens": None,
+            "spec_verify_ct": None,
+            "problem": None,
+        }
+        results.append(result)
+        body = {
+            "text": text,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
+        }
+        try:
+            status, raw = _http(
+                "POST", url + "/generate", body, timeout=max(1.0, deadline - time.monotonic())
+            )
+        except _Dropped as exc:
+            result["problem"] = f"connection dropped ({exc}): the server may have crashed"
+        else:
+            try:
+                data = json.loads(raw.decode("utf-8"))
+            except ValueError:
+                data = {}
+            meta = data.get("meta_info") or {} if isinstance(data, dict) else {}
+            result["text"] = data.get("text") if isinstance(data, dict) else None
+            result["completion_tokens"] = meta.get("completion_tokens")
+            result["spec_verify_ct"] = meta.get("spec_verify_ct")
+            if status != 200:
+                result["problem"] = f"HTTP {status}: {raw[:200].decode('utf-8', 'replace')}"
+            elif not checks:
+                pass
+            elif not result["completion_tokens"]:
+                result["problem"] = "no completion tokens"
+            elif require_spec_verify and not result["spec_verify_ct"]:
+                result["problem"] = (
+                    "no spec_verify_ct: speculative decoding did not verify any draft"
+                )
+            elif prompt.get("expect") and not re.search(str(prompt["expect"]), str(result["text"])):
+                result["problem"] = f"text {result['text']!r} does not match {prompt['expect']!r}"
+            elif (
+                baseline is not None
+                and index < len(baseline)
+                and baseline[index] is not None
+                and result["text"] != baseline[index]
+            ):
+                result["problem"] = (
+                    f"text {result['text']!r} differs from the pre-patch baseline {baseline[index]!r}"
+                )
+        if result["problem"]:
+            failures.append(f"prompt {index + 1}: {result['problem']}")
+        else:
+            result["ok"] = True
+    log_hits: list[str] = []
+    if checks and log_file:
+        patterns = [re.compile(p) for p in (args.get("fail_patterns") or [])]
+        for line in _log_since(log_file, offset).splitlines():
+            if any(p.search(line) for p in patterns):
+                log_hits.append(line.strip()[:300])
+        if log_hits:
+            failures.append(f"server log: {log_hits[0]}")
+    return {
+        "ok": not failures,
+        "results": results,
+        "failures": failures,
+        "log_hits": log_hits[:20],
+        "log_offset": offset,
+    }

@@ -1,0 +1,211 @@
+"""The engine on a host: restart it, wait until it is ready, prove it decodes.
+
+Each step is one exec of the host agent (`hostagent.py`: `restart`, `wait_ready`, `smoke`), run
+ON the host because SGLang servers usually listen on the host's loopback only. The controller
+side here only builds the arguments from the inventory and the playbook and turns replies into
+values:
+
+- restart strategies: systemd (`systemctl restart UNIT`, then `is-active`), supervisor
+  (`supervisorctl restart NAME`), command (stop the process tree of the pid in the pid file:
+  TERM, wait, KILL; start the command detached with its log; write the pid file);
+- readiness: poll `/health` with backoff until the playbook's deadline, failing fast when the
+  started process exits;
+- smoke decode: greedy `/generate` per prompt, checked for HTTP 200, completion tokens,
+  `spec_verify_ct` on speculative hosts, expected text, a pre-patch baseline; plus a scan of the
+  server log written since the restart for the playbook's fail patterns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opspatch.errors import EngineError, RemoteOperationError
+from opspatch.inventory import Host
+from opspatch.playbook import Playbook
+from opspatch.remote import HostOperations
+
+# Seconds added to a host-side deadline for the exec itself (interpreter start, transfer).
+EXEC_MARGIN = 30.0
+
+
+@dataclass(frozen=True)
+class RestartResult:
+    """What a restart did: the new pid (if known) and where the log was when it started."""
+
+    strategy: str
+    pid: int | None
+    log_offset: int | None
+    stopped: tuple[int, ...] = ()
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "pid": self.pid,
+            "log_offset": self.log_offset,
+            "stopped": list(self.stopped),
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class Readiness:
+    seconds: float
+    polls: int
+
+
+@dataclass(frozen=True)
+class PromptResult:
+    prompt: str
+    ok: bool
+    text: str | None
+    completion_tokens: int | None
+    spec_verify_ct: int | None
+    problem: str | None
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    """A smoke decode: every prompt's result, every failure, and log lines that matched."""
+
+    ok: bool
+    prompts: tuple[PromptResult, ...]
+    failures: tuple[str, ...]
+    log_hits: tuple[str, ...] = ()
+    texts: tuple[str | None, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_reply(cls, data: dict[str, Any]) -> SmokeResult:
+        prompts = tuple(
+            PromptResult(
+                prompt=str(p.get("prompt", "")),
+                ok=bool(p.get("ok")),
+                text=p.get("text"),
+                completion_tokens=p.get("completion_tokens"),
+                spec_verify_ct=p.get("spec_verify_ct"),
+                problem=p.get("problem"),
+            )
+            for p in data.get("results", [])
+        )
+        return cls(
+            ok=bool(data.get("ok")),
+            prompts=prompts,
+            failures=tuple(str(f) for f in data.get("failures", [])),
+            log_hits=tuple(str(h) for h in data.get("log_hits", [])),
+            texts=tuple(p.text for p in prompts),
+        )
+
+    def summary(self) -> str:
+        if self.ok:
+            verified = [p.spec_verify_ct for p in self.prompts if p.spec_verify_ct]
+            tokens = sum(p.completion_tokens or 0 for p in self.prompts)
+            return f"{len(self.prompts)} prompt(s), {tokens} tokens" + (
+                f", spec_verify_ct {sum(verified)}" if verified else ""
+            )
+        return "; ".join(self.failures)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "failures": list(self.failures),
+            "log_hits": list(self.log_hits),
+            "prompts": [p.__dict__ for p in self.prompts],
+        }
+
+
+def restart_args(host: Host) -> dict[str, Any]:
+    """The agent's `restart` arguments for a host, from its inventory engine settings."""
+    restart = host.engine.restart
+    if restart is None:
+        raise EngineError(
+            "the inventory sets no engine.restart for this host",
+            host=host.name,
+            step="restart",
+            hint="set engine.restart = { kind = 'systemd', unit = '...' } (or supervisor/command)",
+        )
+    settings = {k: v for k, v in vars(restart).items() if v is not None}
+    return {"restart": settings, "log_file": host.engine.log_file, "env": dict(host.engine.env)}
+
+
+class EngineControl:
+    """Restart, readiness and smoke decode for one host, through its `HostOperations`."""
+
+    def __init__(self, ops: HostOperations, host: Host, playbook: Playbook) -> None:
+        self.ops = ops
+        self.host = host
+        self.playbook = playbook
+
+    def _call(
+        self, operation: str, args: dict[str, Any], *, timeout: float, step: str
+    ) -> dict[str, Any]:
+        try:
+            return self.ops.call(operation, args, timeout=timeout + EXEC_MARGIN, step=step)
+        except RemoteOperationError as exc:
+            raise EngineError(exc.detail, host=self.host.name, step=step, hint=exc.hint) from exc
+
+    def restart(self, *, step: str = "restart") -> RestartResult:
+        """Restart the engine with the host's strategy.
+
+        Raises:
+            EngineError: the strategy failed (the unit is not active, the start command died...).
+            TransportError: the host could not be reached in time.
+        """
+        timeout = float(self.playbook.timeouts.restart)
+        args = restart_args(self.host) | {"timeout": timeout}
+        data = self._call("restart", args, timeout=timeout, step=step)
+        return RestartResult(
+            strategy=str(data.get("strategy", "")),
+            pid=data.get("pid"),
+            log_offset=data.get("log_offset"),
+            stopped=tuple(data.get("stopped", [])),
+            detail=str(data.get("detail", "")),
+        )
+
+    def wait_ready(self, restart: RestartResult | None = None, *, step: str = "ready") -> Readiness:
+        """Poll the server's /health on the host until it answers 200.
+
+        Raises:
+            EngineError: the deadline passed, or the started process exited (log tail attached).
+        """
+        timeout = float(self.playbook.timeouts.ready)
+        args = {
+            "url": self.host.engine.url,
+            "timeout": timeout,
+            "pid": restart.pid if restart else None,
+            "log_file": self.host.engine.log_file,
+            "log_offset": restart.log_offset if restart else None,
+        }
+        data = self._call("wait_ready", args, timeout=timeout, step=step)
+        return Readiness(seconds=float(data.get("seconds", 0.0)), polls=int(data.get("polls", 0)))
+
+    def smoke(
+        self,
+        *,
+        log_offset: int | None,
+        baseline: Sequence[str | None] | None = None,
+        checks: bool = True,
+        step: str = "smoke",
+    ) -> SmokeResult:
+        """Run the playbook's smoke decode and log scan on the host.
+
+        With `checks=False` it only decodes (used to take a pre-patch baseline).
+        A failed check is a value (`ok=False`), not an exception.
+        """
+        smoke = self.playbook.smoke
+        timeout = float(self.playbook.timeouts.smoke)
+        args = {
+            "url": self.host.engine.url,
+            "prompts": [{"text": p.text, "expect": p.expect} for p in smoke.prompts],
+            "max_new_tokens": smoke.max_new_tokens,
+            "require_spec_verify": bool(smoke.require_spec_verify and self.host.engine.speculative),
+            "baseline": list(baseline) if baseline is not None else None,
+            "log_file": self.host.engine.log_file if checks else None,
+            "log_offset": log_offset,
+            "fail_patterns": list(self.playbook.log.fail_patterns) if checks else [],
+            "checks": checks,
+            "timeout": timeout,
+        }
+        data = self._call("smoke", args, timeout=timeout, step=step)
+        return SmokeResult.from_reply(data)
