@@ -132,7 +132,11 @@ def resolve_scope(tree: ast.Module, qualname: str) -> Scope:
     near += [n for n in names if n.rsplit(".", 1)[-1] == tail and n not in near][:5]
     raise AnchorProblem(
         f"scope `{qualname}` is not defined in this file",
-        [f"{name} (line {first_line(node)})" for name, node in iter_definitions(tree) if name in near],
+        [
+            f"{name} (line {first_line(node)})"
+            for name, node in iter_definitions(tree)
+            if name in near
+        ],
     )
 
 
@@ -172,9 +176,7 @@ def _header_expressions(stmt: ast.stmt) -> list[ast.AST]:
 def calls_in(node: ast.AST) -> list[str]:
     """Dotted names of every call inside `node` (`<call>` for calls of computed callables)."""
     return [
-        dotted_name(sub.func) or "<call>"
-        for sub in ast.walk(node)
-        if isinstance(sub, ast.Call)
+        dotted_name(sub.func) or "<call>" for sub in ast.walk(node) if isinstance(sub, ast.Call)
     ]
 
 
@@ -221,7 +223,9 @@ def statement_dumps(code: str) -> list[str]:
     return [strip_positions(s) for s in ast.parse(textwrap.dedent(code)).body]
 
 
-def _pick(found: list[Located], selector: StatementSelector | ReplaceSelector, where: str) -> Located:
+def _pick(
+    found: list[Located], selector: StatementSelector | ReplaceSelector, where: str
+) -> Located:
     if not found:
         raise AnchorProblem(f"{selector.describe()} is not in {where}")
     if selector.which == "first":
@@ -255,7 +259,9 @@ def _statement_candidates(scope: Scope, selector: StatementSelector | ReplaceSel
     else:
         return []
     tails = {p: p.rsplit(".", 1)[-1] for p in pool}
-    for name in difflib.get_close_matches(target.rsplit(".", 1)[-1], list(tails.values()), n=5, cutoff=0.6):
+    for name in difflib.get_close_matches(
+        target.rsplit(".", 1)[-1], list(tails.values()), n=5, cutoff=0.6
+    ):
         for full, tail in tails.items():
             if tail == name and full not in seen:
                 seen.append(full)
@@ -275,9 +281,7 @@ def select_statement(scope: Scope, selector: StatementSelector | ReplaceSelector
     except AnchorProblem as problem:
         if not found:
             near = _statement_candidates(scope, selector)
-            raise AnchorProblem(
-                problem.message, [f"nearest: {n}" for n in near]
-            ) from None
+            raise AnchorProblem(problem.message, [f"nearest: {n}" for n in near]) from None
         raise
 
 
@@ -341,7 +345,9 @@ def matching_expressions(scope: Scope, code: str) -> list[LocatedExpression]:
         for expr_root in _header_expressions(loc.stmt):
             for sub in ast.walk(expr_root):
                 if isinstance(sub, ast.expr) and strip_positions(sub) == wanted:
-                    unique.setdefault((sub.lineno, sub.col_offset), LocatedExpression(sub, loc.stmt))
+                    unique.setdefault(
+                        (sub.lineno, sub.col_offset), LocatedExpression(sub, loc.stmt)
+                    )
     return sorted(unique.values(), key=lambda i: (i.expr.lineno, i.expr.col_offset))
 
 

@@ -78,7 +78,9 @@ def _global(
     ] = None,
     version: Annotated[
         bool,
-        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
+        typer.Option(
+            "--version", help="Print the version and exit.", is_eager=True, callback=_print_version
+        ),
     ] = False,
 ) -> None:
     _options.workspace = workspace
@@ -144,7 +146,9 @@ def _check_local_target(loaded: LoadedPatch, file: Path, target_version: str | N
     version = target_version or distribution_version_for(file, loaded.spec.target)
     mismatch = loaded.spec.target.mismatch(str(file.resolve()), version)
     if mismatch:
-        field = ("target", "versions") if "outside the versions" in mismatch else ("target", "module")
+        field = (
+            ("target", "versions") if "outside the versions" in mismatch else ("target", "module")
+        )
         raise TargetError(
             f"{loaded.location(field)}: {mismatch}",
             hint="check that the file is the module and release this patch is for"
@@ -153,7 +157,9 @@ def _check_local_target(loaded: LoadedPatch, file: Path, target_version: str | N
     return version
 
 
-def _plan_json(loaded: LoadedPatch, file: Path, version: str | None, outcome: PlanOutcome) -> dict[str, Any]:
+def _plan_json(
+    loaded: LoadedPatch, file: Path, version: str | None, outcome: PlanOutcome
+) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "patch": loaded.spec.id,
         "patch_file": loaded.path,
@@ -162,7 +168,11 @@ def _plan_json(loaded: LoadedPatch, file: Path, version: str | None, outcome: Pl
         "outcome": outcome.outcome,
     }
     if isinstance(outcome, Applied):
-        doc.update(sha256_before=outcome.sha256_before, sha256_after=outcome.sha256_after, diff=outcome.diff)
+        doc.update(
+            sha256_before=outcome.sha256_before,
+            sha256_after=outcome.sha256_after,
+            diff=outcome.diff,
+        )
     elif isinstance(outcome, AlreadyApplied):
         doc["reason"] = outcome.reason
     else:
@@ -192,7 +202,9 @@ def check(
     workspace = _workspace()
     references = patches or sorted(workspace.available("patches"))
     if not references:
-        raise InputError("no patches to check", hint="give patch ids or paths, or add patches/*.toml")
+        raise InputError(
+            "no patches to check", hint="give patch ids or paths, or add patches/*.toml"
+        )
     results = []
     for reference in references:
         try:
@@ -229,7 +241,9 @@ def check(
         raise typer.Exit(EXIT_BAD_INPUT)
 
 
-def _plan_local(patch: str, file: Path, target_version: str | None) -> tuple[LoadedPatch, str | None, PlanOutcome]:
+def _plan_local(
+    patch: str, file: Path, target_version: str | None
+) -> tuple[LoadedPatch, str | None, PlanOutcome]:
     loaded = _load(patch)
     if not file.is_file():
         raise InputError(f"{file}: no such file")
@@ -244,7 +258,9 @@ def plan(
     file: Annotated[Path | None, typer.Option("--file", "-f", help="A local source file")] = None,
     target_version: Annotated[
         str | None,
-        typer.Option("--target-version", help="Version of the file's distribution when no dist-info says"),
+        typer.Option(
+            "--target-version", help="Version of the file's distribution when no dist-info says"
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout")] = False,
 ) -> None:

@@ -209,7 +209,9 @@ def _undo_splices(text: str, splices: Sequence[Splice]) -> tuple[Splice, ...]:
     shift = 0
     for splice in sorted(splices, key=lambda s: s.start):
         new_start = splice.start + shift
-        undo.append(Splice(new_start, new_start + len(splice.text), text[splice.start : splice.end]))
+        undo.append(
+            Splice(new_start, new_start + len(splice.text), text[splice.start : splice.end])
+        )
         shift += len(splice.text) - (splice.end - splice.start)
     return tuple(undo)
 
@@ -232,7 +234,10 @@ def _marker_lines(patch: PatchSpec, comment: str | None, indent: str = "") -> li
     for number, paragraph in enumerate(paragraphs):
         first = f"{patch.marker}: {paragraph}" if number == 0 else f"# {paragraph}"
         lines += textwrap.wrap(
-            first, width=width, subsequent_indent="# ", break_long_words=False,
+            first,
+            width=width,
+            subsequent_indent="# ",
+            break_long_words=False,
             break_on_hyphens=False,
         ) or ["#"]
     return lines
@@ -403,7 +408,9 @@ def _place_replace(
         try:
             found = select_expression(scope, edit.select)
         except AnchorProblem as problem:
-            raise _EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
+            raise _EditProblem(
+                problem.message, edit_field(i, "select"), problem.candidates
+            ) from None
         expr = found.expr
         assert expr.end_lineno is not None and expr.end_col_offset is not None
         start = index.offset(expr.lineno, expr.col_offset)
@@ -412,7 +419,9 @@ def _place_replace(
         indent = index.indentation(stmt_line)
         marker = _marker_lines(patch, edit.comment, indent)
         marker_splice = Splice(
-            index.line_start(stmt_line), index.line_start(stmt_line), _render_block(marker, indent, newline)
+            index.line_start(stmt_line),
+            index.line_start(stmt_line),
+            _render_block(marker, indent, newline),
         )
         return [marker_splice, Splice(start, end, edit.code.strip())], [edit.scope]
     located = _select(scope, edit.select, i, "select")
@@ -449,7 +458,12 @@ def _enclosing_scope(tree: ast.Module, first: int, last: int) -> str:
 
 
 def _plan_diff(
-    text: str, tree: ast.Module, edit: DiffEdit, newline: str, i: int, diff: ParsedDiff | None = None
+    text: str,
+    tree: ast.Module,
+    edit: DiffEdit,
+    newline: str,
+    i: int,
+    diff: ParsedDiff | None = None,
 ) -> tuple[list[Splice], list[str]]:
     index = LineIndex(text)
     parsed = diff if diff is not None else parse_unified_diff(edit.diff)
@@ -541,7 +555,9 @@ def _edit_state(text: str, tree: ast.Module, edit: object, i: int) -> EditState:
                 return EditState(i, "pending", "the diff applies")
             backward = plan_hunks(plain, parsed.reversed(), max_offset=edit.max_offset, fuzz=fuzz)
             if isinstance(backward, list):
-                return EditState(i, "applied", "the diff is already in the file (its reverse applies)")
+                return EditState(
+                    i, "applied", "the diff is already in the file (its reverse applies)"
+                )
         assert isinstance(forward, HunkFailure)
         raise _EditProblem(forward.message, edit_field(i, "diff"))
     except _EditProblem as problem:
@@ -555,7 +571,9 @@ def _replace_state(tree: ast.Module, edit: ReplaceEdit, i: int) -> EditState:
     field_name = edit_field(i, "select")
     if edit.select.expression is not None:
         new_nodes: list[ast.AST] = [m.expr for m in matching_expressions(scope, edit.code)]
-        old_nodes: list[ast.AST] = [m.expr for m in matching_expressions(scope, edit.select.expression)]
+        old_nodes: list[ast.AST] = [
+            m.expr for m in matching_expressions(scope, edit.select.expression)
+        ]
     else:
         run = find_statement_run(scope, statement_dumps(edit.code))
         new_nodes = list(run or [])
@@ -660,9 +678,7 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
             check_compile=False,
         )
         if problems:
-            return NotApplicable(
-                patch.id, "its code is present but: " + "; ".join(problems)
-            )
+            return NotApplicable(patch.id, "its code is present but: " + "; ".join(problems))
         return AlreadyApplied(
             patch.id,
             f"all {len(patch.edits)} edit(s) already present (recognised by syntax tree)"
@@ -683,10 +699,14 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
         for i, edit in enumerate(patch.edits):
             current_tree = tree if i == 0 else ast.parse(text)
             if isinstance(edit, InsertEdit):
-                splices, edit_scopes = _place_insert(text, current_tree, edit, patch, decoded.newline, i)
+                splices, edit_scopes = _place_insert(
+                    text, current_tree, edit, patch, decoded.newline, i
+                )
                 description = f"insert at {edit.position} of {edit.scope}"
             elif isinstance(edit, ReplaceEdit):
-                splices, edit_scopes = _place_replace(text, current_tree, edit, patch, decoded.newline, i)
+                splices, edit_scopes = _place_replace(
+                    text, current_tree, edit, patch, decoded.newline, i
+                )
                 description = f"replace {edit.select.describe()} in {edit.scope}"
             else:
                 splices, edit_scopes = _plan_diff(text, current_tree, edit, decoded.newline, i)
@@ -786,7 +806,9 @@ def _first_verified(
     return None
 
 
-def unapply(source: bytes, patch: PatchSpec, *, relpath: str | None = None) -> Reverted | NotApplicable:
+def unapply(
+    source: bytes, patch: PatchSpec, *, relpath: str | None = None
+) -> Reverted | NotApplicable:
     """Remove `patch` from a patched file without any record of how it was applied.
 
     Works for `insert` edits (the inserted block, marker included, is found by its syntax tree

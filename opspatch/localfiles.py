@@ -35,7 +35,9 @@ def distribution_version_for(file: Path, target: Target) -> str | None:
             continue
         metadata = info / "METADATA"
         if metadata.is_file():
-            headers = HeaderParser().parsestr(metadata.read_text(encoding="utf-8", errors="replace"))
+            headers = HeaderParser().parsestr(
+                metadata.read_text(encoding="utf-8", errors="replace")
+            )
             return headers.get("Version") or version or None
         return version or None
     return None

@@ -68,7 +68,7 @@ class SourceText:
             body = text.encode(self.encoding)
         except UnicodeEncodeError as exc:
             raise SourceDecodeError(
-                f"the new text has {exc.object[exc.start:exc.end]!r}, which {self.encoding} cannot encode"
+                f"the new text has {exc.object[exc.start : exc.end]!r}, which {self.encoding} cannot encode"
             ) from None
         return codecs.BOM_UTF8 + body if self.bom else body
 

@@ -61,7 +61,9 @@ def _parse_statements(code: str, what: str) -> list[ast.stmt]:
 class Target(_Strict):
     """What a patch is for: a module, the distribution that ships it, the versions it fits."""
 
-    module: str = Field(description="Dotted module name, e.g. sglang.srt.speculative.eagle_worker_v2")
+    module: str = Field(
+        description="Dotted module name, e.g. sglang.srt.speculative.eagle_worker_v2"
+    )
     distribution: str = Field("sglang", description="Distribution whose version is gated")
     versions: str = Field(
         "", description="PEP 440 specifier set the patch is meant for, e.g. '>=0.5.4'; empty = any"
@@ -88,7 +90,9 @@ class Target(_Strict):
         try:
             SpecifierSet(value)
         except InvalidSpecifier:
-            raise ValueError(f"{value!r} is not a version range (PEP 440, e.g. '>=0.5.4')") from None
+            raise ValueError(
+                f"{value!r} is not a version range (PEP 440, e.g. '>=0.5.4')"
+            ) from None
         return value
 
     @field_validator("accept_sha256")
@@ -124,7 +128,9 @@ class Target(_Strict):
         which is not a mismatch: a source checkout has no dist-info).
         """
         normalized = file_path.replace("\\", "/")
-        if not any(normalized == rel or normalized.endswith("/" + rel) for rel in self.module_relpaths()):
+        if not any(
+            normalized == rel or normalized.endswith("/" + rel) for rel in self.module_relpaths()
+        ):
             return (
                 f"{file_path} is not {self.module} "
                 f"(its path should end in {self.module_relpaths()[0]})"
@@ -184,14 +190,17 @@ def _check_statement_criteria(selector: Any, extra: tuple[str, ...]) -> None:
     given = [k for k in keys if getattr(selector, k, None)]
     if len(given) != 1:
         raise ValueError(
-            f"give exactly one of {', '.join(keys)}" + (f" (got {', '.join(given)})" if given else "")
+            f"give exactly one of {', '.join(keys)}"
+            + (f" (got {', '.join(given)})" if given else "")
         )
     if selector.calls is not None and not _DOTTED_CALL_RE.match(selector.calls):
         raise ValueError(
             f"calls: {selector.calls!r} is not a dotted name such as `self.init_cuda_graphs`"
         )
     if selector.assigns is not None and not _QUALNAME_RE.match(selector.assigns):
-        raise ValueError(f"assigns: {selector.assigns!r} is not an assignable name such as `self.y`")
+        raise ValueError(
+            f"assigns: {selector.assigns!r} is not an assignable name such as `self.y`"
+        )
     if selector.defines is not None and not re.match(rf"^{_IDENT}$", selector.defines):
         raise ValueError(f"defines: {selector.defines!r} is not a name")
     if selector.matches is not None and len(_parse_statements(selector.matches, "matches")) != 1:
@@ -225,7 +234,10 @@ class ReplaceSelector(_Strict):
             which = "" if self.which == "only" else self.which + " "
             return f"the {which}expression `{self.expression.strip()}`"
         return StatementSelector.model_construct(
-            calls=self.calls, assigns=self.assigns, defines=self.defines, matches=self.matches,
+            calls=self.calls,
+            assigns=self.assigns,
+            defines=self.defines,
+            matches=self.matches,
             which=self.which,
         ).describe()
 
@@ -260,7 +272,9 @@ class InsertEdit(_Strict):
         if self.position in ("before", "after") and self.anchor is None:
             raise ValueError(f"position: {self.position!r} needs an anchor (a statement selector)")
         if self.position in ("start", "end") and self.anchor is not None:
-            raise ValueError(f"anchor: position {self.position!r} takes no anchor (use before/after)")
+            raise ValueError(
+                f"anchor: position {self.position!r} takes no anchor (use before/after)"
+            )
         return self
 
 
@@ -281,7 +295,9 @@ class ReplaceEdit(_Strict):
             try:
                 ast.parse(self.code.strip(), mode="eval")
             except SyntaxError as exc:
-                raise ValueError(f"code: must be an expression to replace an expression: {exc.msg}") from None
+                raise ValueError(
+                    f"code: must be an expression to replace an expression: {exc.msg}"
+                ) from None
         elif not _parse_statements(self.code, "code"):
             raise ValueError("code: is empty")
         return self
@@ -345,7 +361,8 @@ class PatchSpec(_Strict):
     rationale: str = Field(min_length=1, description="Why; becomes the exported diff's message")
     incident: str | None = Field(None, description="Incident or ticket reference")
     preserves_output: bool = Field(
-        False, description="Declares that decoded output is unchanged (smoke may compare a baseline)"
+        False,
+        description="Declares that decoded output is unchanged (smoke may compare a baseline)",
     )
     target: Target
     edits: list[Edit] = Field(min_length=1)
@@ -355,7 +372,9 @@ class PatchSpec(_Strict):
     @classmethod
     def _id_is_slug(cls, value: str) -> str:
         if not _PATCH_ID_RE.match(value):
-            raise ValueError(f"{value!r} is not a patch id (lower-case letters, digits, '-', '.', '_')")
+            raise ValueError(
+                f"{value!r} is not a patch id (lower-case letters, digits, '-', '.', '_')"
+            )
         return value
 
     @property
@@ -417,9 +436,7 @@ def parse_patch(document: TomlDocument) -> PatchSpec:
                 problem = moved.group(2)
             located.append((loc, problem))
         first_loc, first_problem = located[0]
-        others = [
-            f"{document.location(loc)}: {problem}" for loc, problem in located[1:]
-        ]
+        others = [f"{document.location(loc)}: {problem}" for loc, problem in located[1:]]
         hint = ("also: " + "; ".join(others)) if others else _hint_for(first_problem)
         raise document.error(first_loc, first_problem, hint=hint) from None
 

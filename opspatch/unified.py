@@ -62,7 +62,9 @@ class ParsedDiff:
     hunks: tuple[Hunk, ...]
 
     def reversed(self) -> ParsedDiff:
-        return ParsedDiff(self.target_path, self.source_path, tuple(h.reversed() for h in self.hunks))
+        return ParsedDiff(
+            self.target_path, self.source_path, tuple(h.reversed() for h in self.hunks)
+        )
 
 
 def _strip_prefix(path: str) -> str:
@@ -90,7 +92,9 @@ def normalize_hunks(text: str) -> str:
         match = _HUNK_HEADER_RE.match(line)
         if match:
             if old_left or new_left:
-                raise ValueError(f"hunk {hunk_number} ({header}) has fewer lines than its header says")
+                raise ValueError(
+                    f"hunk {hunk_number} ({header}) has fewer lines than its header says"
+                )
             hunk_number += 1
             header = match.group(0)
             old_left = int(match.group(2) or 1) if match.group(2) != "0" else 0
@@ -109,9 +113,13 @@ def normalize_hunks(text: str) -> str:
             elif tag == "+":
                 new_left -= 1
             elif tag != "\\":
-                raise ValueError(f"hunk {hunk_number} ({header}): line {line!r} is not ' ', '-' or '+'")
+                raise ValueError(
+                    f"hunk {hunk_number} ({header}): line {line!r} is not ' ', '-' or '+'"
+                )
             if old_left < 0 or new_left < 0:
-                raise ValueError(f"hunk {hunk_number} ({header}) has more lines than its header says")
+                raise ValueError(
+                    f"hunk {hunk_number} ({header}) has more lines than its header says"
+                )
             out.append(line)
             continue
         if hunk_number and line[:1] in (" ", "+", "-") and not line.startswith(("--- ", "+++ ")):
@@ -137,7 +145,9 @@ def parse_unified_diff(text: str) -> ParsedDiff:
     except UnidiffParseError as exc:
         raise ValueError(f"not a valid unified diff: {exc}") from None
     if len(patch_set) != 1:
-        raise ValueError(f"a diff edit must change exactly one file (this one changes {len(patch_set)})")
+        raise ValueError(
+            f"a diff edit must change exactly one file (this one changes {len(patch_set)})"
+        )
     patched = patch_set[0]
     hunks = []
     for hunk in patched:
@@ -149,7 +159,9 @@ def parse_unified_diff(text: str) -> ParsedDiff:
         hunks.append(Hunk(hunk.source_start, lines))
     if not hunks:
         raise ValueError("the diff has no hunks")
-    return ParsedDiff(_strip_prefix(patched.source_file), _strip_prefix(patched.target_file), tuple(hunks))
+    return ParsedDiff(
+        _strip_prefix(patched.source_file), _strip_prefix(patched.target_file), tuple(hunks)
+    )
 
 
 @dataclass(frozen=True)
@@ -211,7 +223,9 @@ def plan_hunks(
             old = hunk.old_lines
             pattern = old[drop_head : len(old) - drop_tail]
             if not pattern:
-                failure = HunkFailure(index, "not-found", f"hunk {index + 1} has no lines to anchor on")
+                failure = HunkFailure(
+                    index, "not-found", f"hunk {index + 1} has no lines to anchor on"
+                )
                 break
             expected = max(hunk.source_start - 1, 0) + delta + drop_head
             matches = [m for m in _find_all(lines, pattern) if m >= floor]

@@ -39,7 +39,9 @@ from opspatch.spec import (
 )
 
 
-def check_compiles(new_source: bytes, filename: str, feature_version: tuple[int, int] | None) -> list[str]:
+def check_compiles(
+    new_source: bytes, filename: str, feature_version: tuple[int, int] | None
+) -> list[str]:
     """Problems compiling `new_source` (and parsing it for an older Python, if named)."""
     problems = []
     with warnings.catch_warnings():
@@ -87,7 +89,9 @@ def check_assigned_before_calls(tree: ast.Module, condition: AssignedBeforeCalls
                 f"postcondition: `{condition.attribute}` is not assigned in `{condition.scope}` before "
                 f"line {first_line(stmt)}, which calls `{calls[0]}` (a call that can fail part-way)"
             ]
-    return [f"postcondition: `{condition.attribute}` is never assigned in `{condition.scope}`'s body"]
+    return [
+        f"postcondition: `{condition.attribute}` is never assigned in `{condition.scope}`'s body"
+    ]
 
 
 def check_class_attribute(tree: ast.Module, condition: ClassAttribute) -> list[str]:
@@ -125,7 +129,9 @@ def _definitions(tree: ast.Module) -> dict[str, list[ast.AST]]:
     return found
 
 
-def check_untouched(old_tree: ast.Module, new_tree: ast.Module, edited_scopes: Sequence[str]) -> list[str]:
+def check_untouched(
+    old_tree: ast.Module, new_tree: ast.Module, edited_scopes: Sequence[str]
+) -> list[str]:
     """Problems where the new tree differs from the old outside the edited scopes."""
     edited = set(edited_scopes)
     enclosing = {MODULE_SCOPE}
@@ -138,11 +144,15 @@ def check_untouched(old_tree: ast.Module, new_tree: ast.Module, edited_scopes: S
     old_defs = _definitions(old_tree)
     new_defs = _definitions(new_tree)
     for qualname, old_nodes in old_defs.items():
-        if qualname in edited or any(qualname.startswith(e + ".") for e in edited if e != MODULE_SCOPE):
+        if qualname in edited or any(
+            qualname.startswith(e + ".") for e in edited if e != MODULE_SCOPE
+        ):
             continue  # an edited scope, or inside one: checked through the scope's own rules
         new_nodes = new_defs.get(qualname, [])
         if len(new_nodes) != len(old_nodes):
-            problems.append(f"`{qualname}` is defined {len(new_nodes)} time(s) instead of {len(old_nodes)}")
+            problems.append(
+                f"`{qualname}` is defined {len(new_nodes)} time(s) instead of {len(old_nodes)}"
+            )
             continue
         compare = skeleton if qualname in enclosing else strip_positions
         for old, new in zip(old_nodes, new_nodes, strict=False):
@@ -155,7 +165,9 @@ def check_untouched(old_tree: ast.Module, new_tree: ast.Module, edited_scopes: S
         for qualname, old_nodes in old_defs.items():
             if not qualname.startswith(prefix) or qualname in edited or qualname in enclosing:
                 continue
-            if any(qualname.startswith(e + ".") for e in edited if e != scope and e != MODULE_SCOPE):
+            if any(
+                qualname.startswith(e + ".") for e in edited if e != scope and e != MODULE_SCOPE
+            ):
                 continue
             new_nodes = new_defs.get(qualname, [])
             if [strip_positions(n) for n in new_nodes] != [strip_positions(n) for n in old_nodes]:

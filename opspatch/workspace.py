@@ -23,7 +23,11 @@ from opspatch import paths
 from opspatch.errors import InputError
 
 KINDS = ("patches", "inventories", "playbooks")
-_SUFFIXES = {"patches": (".toml",), "playbooks": (".toml",), "inventories": (".toml", ".yml", ".yaml")}
+_SUFFIXES = {
+    "patches": (".toml",),
+    "playbooks": (".toml",),
+    "inventories": (".toml", ".yml", ".yaml"),
+}
 
 
 def bundled_dir(kind: str) -> Path | None:
@@ -43,7 +47,9 @@ class Workspace:
     state_dir: Path
 
     @classmethod
-    def discover(cls, explicit: Path | None = None, environ: Mapping[str, str] | None = None) -> Workspace:
+    def discover(
+        cls, explicit: Path | None = None, environ: Mapping[str, str] | None = None
+    ) -> Workspace:
         env = os.environ if environ is None else environ
         root = explicit or (Path(env["OPSPATCH_HOME"]) if env.get("OPSPATCH_HOME") else Path.cwd())
         return cls(root=root.expanduser(), state_dir=paths.state_dir(env))
@@ -77,14 +83,18 @@ class Workspace:
         if reference.endswith(_SUFFIXES[kind]) or "/" in reference or os.sep in reference:
             path = Path(reference).expanduser()
             if not path.is_file():
-                raise InputError(f"{reference}: no such file", hint=f"give a {kind[:-1]} name or a path")
+                raise InputError(
+                    f"{reference}: no such file", hint=f"give a {kind[:-1]} name or a path"
+                )
             return path
         available = self.available(kind)
         if reference in available:
             return available[reference]
         near = difflib.get_close_matches(reference, list(available), n=3, cutoff=0.5)
         looked = ", ".join(str(d) for d in self.search_dirs(kind))
-        hint = f"did you mean {', '.join(near)}?" if near else (
-            f"known: {', '.join(sorted(available)) or 'none'}"
+        hint = (
+            f"did you mean {', '.join(near)}?"
+            if near
+            else (f"known: {', '.join(sorted(available)) or 'none'}")
         )
         raise InputError(f"no {kind[:-1]} named {reference!r} (looked in {looked})", hint=hint)

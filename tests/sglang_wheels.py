@@ -15,9 +15,7 @@ import zipfile
 from pathlib import Path
 
 # Resolved at import time, before the isolated-HOME fixture runs: the cache must survive runs.
-CACHE = Path(
-    os.environ.get("OPSPATCH_TEST_CACHE") or Path("~/.cache/opspatch-tests").expanduser()
-)
+CACHE = Path(os.environ.get("OPSPATCH_TEST_CACHE") or Path("~/.cache/opspatch-tests").expanduser())
 EAGLE_RELPATH = "sglang/srt/speculative/eagle_worker_v2.py"
 
 
@@ -39,7 +37,17 @@ def sglang_site(version: str) -> Path:
     found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
     if not found:
         result = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", f"sglang=={version}", "-d", str(wheels)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--quiet",
+                f"sglang=={version}",
+                "-d",
+                str(wheels),
+            ],
             capture_output=True,
             text=True,
             timeout=600,
@@ -53,7 +61,8 @@ def sglang_site(version: str) -> Path:
         members = [
             name
             for name in wheel.namelist()
-            if name.startswith("sglang/srt/speculative/") or name.startswith(f"sglang-{version}.dist-info/")
+            if name.startswith("sglang/srt/speculative/")
+            or name.startswith(f"sglang-{version}.dist-info/")
         ]
         wheel.extractall(partial, members)
     partial.rename(site)

@@ -52,9 +52,12 @@ def test_check_bundled_patches_from_any_directory(tmp_path: Path) -> None:
 
 def test_check_reports_bad_patch_with_file_line_field(workspace: Path) -> None:
     bad = workspace / "patches" / "broken.toml"
-    text = (REPO / "patches" / "eagle-init-guard.toml").read_text().replace(
-        'id = "eagle-init-guard"', 'id = "broken"'
-    ).replace('position = "start"\ncomment = "set', 'position = "middle"\ncomment = "set')
+    text = (
+        (REPO / "patches" / "eagle-init-guard.toml")
+        .read_text()
+        .replace('id = "eagle-init-guard"', 'id = "broken"')
+        .replace('position = "start"\ncomment = "set', 'position = "middle"\ncomment = "set')
+    )
     bad.write_text(text)
     line = text.splitlines().index('position = "middle"') + 1
     run = opspatch("check", "broken", cwd=workspace)
@@ -88,16 +91,25 @@ def test_plan_refuses_a_file_that_is_not_the_target_module(site: Path, tmp_path:
 
 def test_plan_refuses_a_version_outside_the_range(site: Path) -> None:
     run = opspatch(
-        "plan", "scheduler-report-partial-init", "--file", str(site / "sglang/srt/managers/scheduler.py"),
-        "--target-version", "0.5.22",
+        "plan",
+        "scheduler-report-partial-init",
+        "--file",
+        str(site / "sglang/srt/managers/scheduler.py"),
+        "--target-version",
+        "0.5.22",
     )
     assert run.code == 2
     assert "target.versions" in run.stderr and "0.5.22 is outside" in run.stderr
 
 
 def test_plan_anchor_miss_names_patch_line_and_nearest(site: Path, workspace: Path) -> None:
-    text = (REPO / "patches" / "eagle-init-guard.toml").read_text().replace(
-        'scope = "EAGLEWorkerV2.__init__"\nposition', 'scope = "EAGLEWorkerV2.__int__"\nposition'
+    text = (
+        (REPO / "patches" / "eagle-init-guard.toml")
+        .read_text()
+        .replace(
+            'scope = "EAGLEWorkerV2.__init__"\nposition',
+            'scope = "EAGLEWorkerV2.__int__"\nposition',
+        )
     )
     (workspace / "patches" / "eagle-init-guard.toml").write_text(text)
     line = text.splitlines().index('scope = "EAGLEWorkerV2.__int__"') + 1

@@ -23,7 +23,9 @@ from opspatch.edit import (
 from tests.patchkit import make_patch, src
 
 
-def assert_golden(before: bytes, patch_body: str, expected: bytes, *, revertible: bool = True) -> Applied:
+def assert_golden(
+    before: bytes, patch_body: str, expected: bytes, *, revertible: bool = True
+) -> Applied:
     patch = make_patch(patch_body)
     outcome = apply_patch(before, patch)
     assert isinstance(outcome, Applied), getattr(outcome, "reason", outcome)
@@ -363,7 +365,10 @@ def test_crlf_file_stays_crlf_everywhere() -> None:
     outcome = apply_patch(before, make_patch(GUARD))
     assert isinstance(outcome, Applied)
     assert b"\n" not in outcome.new_source.replace(b"\r\n", b"")
-    assert b"        # opspatch:t-patch: set before anything can fail\r\n        self.threshold = 0\r\n" in outcome.new_source
+    assert (
+        b"        # opspatch:t-patch: set before anything can fail\r\n        self.threshold = 0\r\n"
+        in outcome.new_source
+    )
     assert reverse(outcome) == before
     undone = unapply(outcome.new_source, make_patch(GUARD))
     assert not isinstance(undone, NotApplicable) and undone.old_source == before
@@ -527,12 +532,16 @@ def test_diff_applies_by_context() -> None:
 
 def test_diff_applies_with_offset_and_keeps_crlf() -> None:
     before = (b"# a new header line\n# and another\n" + DIFF_BEFORE).replace(b"\n", b"\r\n")
-    expected = before.replace(b'falling back", exc)\r\n', b'falling back", exc)\r\n        raise\r\n')
+    expected = before.replace(
+        b'falling back", exc)\r\n', b'falling back", exc)\r\n        raise\r\n'
+    )
     assert_golden(before, DIFF_PATCH, expected)
 
 
 def test_diff_with_fuzz_ignores_a_changed_outer_context_line() -> None:
-    before = DIFF_BEFORE.replace(b"def build(worker_cls, args):", b"def build(worker_cls, args, extra=None):")
+    before = DIFF_BEFORE.replace(
+        b"def build(worker_cls, args):", b"def build(worker_cls, args, extra=None):"
+    )
     patch = make_patch(DIFF_PATCH)
     outcome = apply_patch(before, patch)
     assert isinstance(outcome, Applied), outcome
@@ -540,8 +549,12 @@ def test_diff_with_fuzz_ignores_a_changed_outer_context_line() -> None:
 
 
 def test_diff_context_found_twice_is_refused_with_both_places() -> None:
-    doubled = DIFF_BEFORE + b"\n\n" + DIFF_BEFORE.split(b"\n\n\n", 1)[1].replace(b"def build", b"def build2").replace(
-        b"def build2(worker_cls, args):", b"def build(worker_cls, args):"
+    doubled = (
+        DIFF_BEFORE
+        + b"\n\n"
+        + DIFF_BEFORE.split(b"\n\n\n", 1)[1]
+        .replace(b"def build", b"def build2")
+        .replace(b"def build2(worker_cls, args):", b"def build(worker_cls, args):")
     )
     outcome = apply_patch(doubled, make_patch(DIFF_PATCH))
     assert isinstance(outcome, NotApplicable)
@@ -563,7 +576,9 @@ def test_applied_state_detected_even_with_marker_comment_removed() -> None:
     patch = make_patch(GUARD)
     applied = apply_patch(WORKER, patch)
     assert isinstance(applied, Applied)
-    stripped = applied.new_source.replace(b"            # opspatch:t-patch: set before anything can fail\n", b"")
+    stripped = applied.new_source.replace(
+        b"            # opspatch:t-patch: set before anything can fail\n", b""
+    )
     stripped = stripped.replace(b"        # opspatch:t-patch: set before anything can fail\n", b"")
     assert b"opspatch" not in stripped
     assert isinstance(apply_patch(stripped, patch), AlreadyApplied)
@@ -607,7 +622,9 @@ def test_anchor_matching_several_statements_lists_them_all() -> None:
     assert isinstance(outcome, NotApplicable)
     assert outcome.candidates == ("line 2", "line 4")
     assert outcome.field == "edits[0].anchor"
-    first = apply_patch(before, make_patch(patch.replace('calls = "step"', 'calls = "step", which = "first"')))
+    first = apply_patch(
+        before, make_patch(patch.replace('calls = "step"', 'calls = "step", which = "first"'))
+    )
     assert isinstance(first, Applied)
 
 

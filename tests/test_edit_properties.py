@@ -130,7 +130,9 @@ def _definitions(tree: ast.Module) -> dict[str, str]:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(module_source(), POSITIONS, st.booleans())
-def test_insert_properties(generated: tuple[bytes, str], position: tuple[str, str], comment: bool) -> None:
+def test_insert_properties(
+    generated: tuple[bytes, str], position: tuple[str, str], comment: bool
+) -> None:
     source, newline = generated
     scope, where = position
     patch = make_patch(_patch(scope, where, comment))
@@ -162,4 +164,7 @@ def test_insert_properties(generated: tuple[bytes, str], position: tuple[str, st
     assert all(tag == "insert" for tag, *_ in changed) or not source.endswith(newline.encode())
     for tag, _, _, j1, j2 in changed:
         if tag == "insert":
-            assert all(line.endswith(newline) or j == len(new_lines) - 1 for j, line in enumerate(new_lines[j1:j2], j1))
+            assert all(
+                line.endswith(newline) or j == len(new_lines) - 1
+                for j, line in enumerate(new_lines[j1:j2], j1)
+            )

@@ -62,8 +62,10 @@ def test_eagle_init_guard_on_real_release(release: tuple[str, Path], guard) -> N
     # the guarantee, part 1: a class-level default of 0, so every instance has it, including one
     # of a subclass that never runs EAGLEWorkerV2.__init__
     class_level = [
-        s for s in worker.body
-        if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+        s
+        for s in worker.body
+        if isinstance(s, ast.AnnAssign)
+        and isinstance(s.target, ast.Name)
         and s.target.id == "spec_disable_batch_threshold"
     ]
     assert len(class_level) == 1
@@ -72,14 +74,18 @@ def test_eagle_init_guard_on_real_release(release: tuple[str, Path], guard) -> N
     init = resolve_scope(tree, "EAGLEWorkerV2.__init__").node
     statements = list(init.body)
     assign_at = next(
-        i for i, s in enumerate(statements)
-        if isinstance(s, ast.Assign) and ast.unparse(s.targets[0]) == "self.spec_disable_batch_threshold"
+        i
+        for i, s in enumerate(statements)
+        if isinstance(s, ast.Assign)
+        and ast.unparse(s.targets[0]) == "self.spec_disable_batch_threshold"
     )
     for earlier in statements[:assign_at]:
         assert ast.unparse(earlier) == "super().__init__()", ast.unparse(earlier)
 
     # nothing else changed: only added lines, every other definition identical
-    assert all(not line.startswith("-") or line.startswith("---") for line in outcome.diff.splitlines())
+    assert all(
+        not line.startswith("-") or line.startswith("---") for line in outcome.diff.splitlines()
+    )
     old_defs = {q: strip_positions(n) for q, n in iter_definitions(ast.parse(before))}
     new_defs = {q: strip_positions(n) for q, n in iter_definitions(tree)}
     assert old_defs.keys() == new_defs.keys()
