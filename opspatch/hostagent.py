@@ -469,6 +469,19 @@ def op_inspect(args: Args) -> Result:
     return {"facts": facts, "resolved": resolved, "file": read_file(str(path))}
 
 
+@operation("begin")
+def op_begin(args: Args) -> Result:
+    """lock + inspect in one exec: how a rollout starts on a host. The lock is kept even if the
+    inspection fails (the controller releases it), so no other run slips in between."""
+    locked = op_lock(args)
+    try:
+        inspected = op_inspect(args)
+    except OpFailure as failure:
+        failure.data["lock"] = locked
+        raise
+    return dict(inspected, lock=locked)
+
+
 # ---------------------------------------------------------------------------------------------
 # Atomic writes, backups, bytecode
 
@@ -815,7 +828,18 @@ def op_lock(args: Args) -> Result:
         now = time.time()
         current = _read_lock(path)
         refreshed = current is not None and current.get("run_id") == run_id
-        if current is not None and not refreshed and not _is_expired(current, now, ttl):
+        # `opspatch recover` takes over the lock of the interrupted run it recovers, by run id.
+        taken_from_run = (
+            current is not None
+            and args.get("takeover_run") is not None
+            and (current.get("run_id") == args.get("takeover_run"))
+        )
+        if (
+            current is not None
+            and not refreshed
+            and not taken_from_run
+            and not _is_expired(current, now, ttl)
+        ):
             raise OpFailure(
                 "lock-held",
                 "locked by {} (run {}) until {}".format(

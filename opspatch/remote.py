@@ -601,6 +601,63 @@ class HostOperations:
             took_over_from=LockHolder.from_reply(reply.get("previous")),
         )
 
+    def begin(
+        self,
+        module: str | None = None,
+        *,
+        run_id: str,
+        path: str | None = None,
+        owner: str | None = None,
+        ttl_seconds: float = DEFAULT_LOCK_TTL_SECONDS,
+        takeover_run: str | None = None,
+        probe_cuda: bool = True,
+        timeout: float | None = None,
+    ) -> tuple[LockInfo, HostInspection]:
+        """lock + inspect in one exec: how a rollout starts on a host.
+
+        `takeover_run` lets `recover` take the lock still held by the interrupted run it
+        recovers. The lock stays held if the inspection fails; the caller releases it.
+
+        Raises:
+            LockHeld: another run holds the lock (nothing inspected).
+            TargetError, RemoteOperationError: as `inspect` (the lock is then held).
+        """
+        if (module is None) == (path is None):
+            raise ValueError("begin needs exactly one of module or path")
+        deadline = timeout or (self.timeouts.lock + self.timeouts.inspect)
+        reply = self.call(
+            "begin",
+            {
+                "state_dir": self.host.state_dir,
+                "owner": owner or default_lock_owner(),
+                "run_id": run_id,
+                "ttl_seconds": ttl_seconds,
+                "takeover_run": takeover_run,
+                "module": module,
+                "path": path,
+                "probe_cuda": probe_cuda,
+                "probe_timeout": max(1.0, deadline * 0.5),
+            },
+            timeout=deadline,
+            step="begin",
+        )
+        lock = reply["lock"]
+        holder = LockHolder.from_reply(lock["holder"])
+        assert holder is not None
+        resolved = reply.get("resolved")
+        return (
+            LockInfo(
+                holder=holder,
+                refreshed=bool(lock["refreshed"]),
+                took_over_from=LockHolder.from_reply(lock.get("previous")),
+            ),
+            HostInspection(
+                facts=HostFacts.from_reply(reply["facts"]),
+                module=ResolvedModule.from_reply(resolved) if resolved else None,
+                file=self._remote_file(reply["file"], "begin"),
+            ),
+        )
+
     def unlock(
         self, *, run_id: str, force: bool = False, timeout: float | None = None
     ) -> UnlockResult:

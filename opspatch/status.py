@@ -1,0 +1,124 @@
+"""What is applied where: each host's live file checked against the ledger and the patch.
+
+Per host and patch: `applied` (the file is the bytes opspatch wrote, or carries the patch
+structurally), `not-applied`, `drifted` (the file changed since opspatch wrote it, e.g. sglang was
+reinstalled: the ledger's post-image is not what is there), `not-applicable` (the module does not
+resolve on the host, or its version is outside the patch's range), or `unreachable`. One exec per
+host and target module; nothing is locked or changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from opspatch.edit import detect
+from opspatch.errors import OpspatchError, TargetError
+from opspatch.inventory import Host
+from opspatch.ledger import Ledger
+from opspatch.remote import HostOperations, RemoteFile
+from opspatch.rollout import TransportFactory
+from opspatch.spec import LoadedPatch
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    host: str
+    patch: str
+    state: str
+    path: str | None
+    sha256: str | None
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def classify(
+    patch: LoadedPatch, host: str, file: RemoteFile, version: str | None, ledger: Ledger | None
+) -> PatchStatus:
+    """The state of one patch in one live file (pure apart from reading the ledger)."""
+    target = patch.spec.target
+    gate = target.mismatch(file.realpath, version if target.distribution == "sglang" else None)
+    structural = detect(file.content, patch.spec)
+    recorded = ledger.last_applied(host, file.realpath, patch.spec.id) if ledger else None
+    base = {"host": host, "patch": patch.spec.id, "path": file.realpath, "sha256": file.sha256}
+    if recorded is not None:
+        if file.sha256 == recorded.sha256_after:
+            return PatchStatus(
+                **base, state="applied", detail=f"as written by run {recorded.run_id}"
+            )
+        if file.sha256 == recorded.sha256_before:
+            return PatchStatus(
+                **base,
+                state="not-applied",
+                detail=f"back at the pre-image of run {recorded.run_id}",
+            )
+        return PatchStatus(
+            **base,
+            state="drifted",
+            detail=f"changed since run {recorded.run_id} wrote {recorded.sha256_after[:12]}; "
+            f"the patch is {structural.state} here",
+        )
+    if structural.state == "applied":
+        return PatchStatus(
+            **base,
+            state="applied",
+            detail="present, but not written by opspatch (no ledger record)",
+        )
+    if gate is not None:
+        return PatchStatus(**base, state="not-applicable", detail=gate)
+    if structural.state == "not-applied":
+        return PatchStatus(**base, state="not-applied", detail="")
+    return PatchStatus(**base, state=structural.state, detail=structural.reason)
+
+
+def fleet_status(
+    hosts: Sequence[Host],
+    patches: Sequence[LoadedPatch],
+    factory: TransportFactory,
+    ledger: Ledger | None,
+) -> list[PatchStatus]:
+    """Every (host, patch) state, hosts inspected in parallel."""
+
+    def one(host: Host) -> list[PatchStatus]:
+        transport = factory(host)
+        ops = HostOperations(transport, host)
+        results: list[PatchStatus] = []
+        try:
+            modules: dict[str, list[LoadedPatch]] = {}
+            for patch in patches:
+                modules.setdefault(patch.spec.target.module, []).append(patch)
+            for module, group in modules.items():
+                try:
+                    inspection = ops.inspect(module, probe_cuda=False)
+                except TargetError as exc:
+                    results += [
+                        PatchStatus(host.name, p.spec.id, "not-applicable", None, None, exc.message)
+                        for p in group
+                    ]
+                    continue
+                except OpspatchError as exc:
+                    results += [
+                        PatchStatus(host.name, p.spec.id, "unreachable", None, None, exc.message)
+                        for p in group
+                    ]
+                    continue
+                for patch in group:
+                    results.append(
+                        classify(
+                            patch,
+                            host.name,
+                            inspection.file,
+                            inspection.facts.sglang_version,
+                            ledger,
+                        )
+                    )
+        finally:
+            transport.close()
+        return results
+
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
+        return [status for statuses in pool.map(one, hosts) for status in statuses]
