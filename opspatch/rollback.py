@@ -42,6 +42,7 @@ from opspatch.rollout import (
     _release,
     _restart,
     _smoke,
+    restore_pre_image,
 )
 from opspatch.spec import LoadedPatch
 
@@ -58,30 +59,25 @@ def _restore_recorded(
     session: HostSession, ledger: Ledger, version: FileVersion, *, timeout: float
 ) -> FileChange:
     """Restore `version`'s pre-image (the host's backup, else the ledger's bytes) and record it."""
-    pre_image = ledger.blob(version.pre_image_sha256)
-    with session.step("restore") as note:
-        restored = session.ops.restore(
-            version.path,
-            pre_sha256=version.sha256_before,
-            content=pre_image,
-            current_sha256=version.sha256_after,
-            timeout=timeout,
+    restored = restore_pre_image(
+        session,
+        path=version.path,
+        pre_sha256=version.sha256_before,
+        post_sha256=version.sha256_after,
+        timeout=timeout,
+    )
+    if session.run_id is not None and restored.changed and version.post_image_sha256:
+        ledger.record_file_version(
+            session.run_id,
+            session.name,
+            path=version.path,
+            sha256_before=restored.sha256_before,
+            sha256_after=restored.sha256_after,
+            mode=version.mode,
+            owner=version.owner,
+            pre_image=ledger.blob(version.post_image_sha256),
+            action="restore",
         )
-        note["detail"] = f"back to {restored.sha256_after[:12]} from {restored.source}"
-    if session.run_id is not None and restored.changed:
-        post = ledger.blob(version.post_image_sha256) if version.post_image_sha256 else None
-        if post is not None:
-            ledger.record_file_version(
-                session.run_id,
-                session.name,
-                path=version.path,
-                sha256_before=restored.sha256_before,
-                sha256_after=restored.sha256_after,
-                mode=version.mode,
-                owner=version.owner,
-                pre_image=post,
-                action="restore",
-            )
     return FileChange(version.path, restored.sha256_before, restored.sha256_after)
 
 

@@ -42,13 +42,14 @@ from opspatch.errors import (
     LockHeld,
     OpspatchError,
     PreimageMismatch,
+    RemoteOperationError,
     TargetError,
     TransportError,
 )
 from opspatch.inventory import Host
 from opspatch.ledger import Ledger, operator_identity
 from opspatch.playbook import Playbook, plan_rollout
-from opspatch.remote import HostInspection, HostOperations, RemoteFile
+from opspatch.remote import HostInspection, HostOperations, RemoteFile, RestoreResult
 from opspatch.spec import LoadedPatch
 from opspatch.transport.base import Transport
 
@@ -442,15 +443,13 @@ class ApplyPipeline:
     ) -> HostOutcome:
         """Put the pre-image back after a failure past the swap, then restart and prove."""
         try:
-            with session.step("restore") as note:
-                restored = session.ops.restore(
-                    change.path,
-                    pre_sha256=plan.sha256_before,
-                    content=plan.old_source,
-                    current_sha256=plan.sha256_after,
-                    timeout=self.playbook.timeouts.restore,
-                )
-                note["detail"] = f"back to {restored.sha256_after[:12]} from {restored.source}"
+            restored = restore_pre_image(
+                session,
+                path=change.path,
+                pre_sha256=plan.sha256_before,
+                post_sha256=plan.sha256_after,
+                timeout=self.playbook.timeouts.restore,
+            )
             if session.ledger is not None and session.run_id is not None:
                 session.ledger.record_file_version(
                     session.run_id,
@@ -526,6 +525,44 @@ class ApplyPipeline:
             diff=plan.diff if plan is not None else None,
             smoke=smoke,
         )
+
+
+def restore_pre_image(
+    session: HostSession,
+    *,
+    path: str,
+    pre_sha256: str,
+    post_sha256: str,
+    timeout: float,
+) -> RestoreResult:
+    """Put the pre-image back: from the host's own backup, else from the ledger's copy.
+
+    The host's backup is tried first (no bytes cross the network); when it is missing or does
+    not hash to the pre-image, the ledger's copy is sent (the ledger re-hashes it on the way
+    out, so a tampered copy is refused rather than written).
+
+    Raises:
+        RemoteOperationError: the restore failed on the host (`not-our-file`, `write-failed`...).
+        LedgerIntegrityError, LedgerError: the ledger's copy is missing or not the pre-image.
+    """
+    with session.step("restore") as note:
+        try:
+            restored = session.ops.restore(
+                path, pre_sha256=pre_sha256, current_sha256=post_sha256, timeout=timeout
+            )
+        except RemoteOperationError as exc:
+            if exc.code not in ("backup-missing", "backup-hash-mismatch") or session.ledger is None:
+                raise
+            content = session.ledger.blob(pre_sha256)
+            restored = session.ops.restore(
+                path,
+                pre_sha256=pre_sha256,
+                content=content,
+                current_sha256=post_sha256,
+                timeout=timeout,
+            )
+        note["detail"] = f"back to {restored.sha256_after[:12]} from {restored.source}"
+    return restored
 
 
 def _restart(session: HostSession, *, step: str = "restart") -> RestartResult:
