@@ -1,0 +1,496 @@
+"""The sandbox fleet, as a user runs it: the real `opspatch sandbox up|status|down` console
+script with its own state directory, real stand-in engine processes, real sshd servers.
+
+Every sandbox a test builds is taken down with `sandbox down --purge` in a finally block (and any
+engine that survived is killed by pid), so a failing test leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opspatch.edit import Applied, apply_patch, detect
+from opspatch.engine import EngineControl
+from opspatch.inventory import CommandRestart, load_inventory, resolve_workspace_hosts
+from opspatch.playbook import Playbook
+from opspatch.remote import HostOperations, open_transport
+from opspatch.sandbox.fleet import SandboxLayout, engine_pid
+from opspatch.spec import load_patch
+from opspatch.sshd import find_sshd
+from opspatch.transport.base import Command
+from opspatch.transport.local import LocalTransport
+from opspatch.workspace import Workspace
+from tests.clirunner import Run, opspatch
+from tests.standin import http_request
+
+EAGLE_MODULE = "sglang.srt.speculative.eagle_worker_v2"
+ATTRIBUTE_ERROR = (
+    "AttributeError: 'EAGLEWorkerV2' object has no attribute 'spec_disable_batch_threshold'"
+)
+GREEDY_16 = {"max_new_tokens": 16, "temperature": 0}
+
+pytestmark = pytest.mark.slow
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+class Sandbox:
+    """One sandbox under its own state directory, driven through the real console script."""
+
+    def __init__(self, state_dir: Path, cwd: Path) -> None:
+        self.state_dir = state_dir
+        self.cwd = cwd  # an empty folder: commands run "from any directory"
+        self.layout = SandboxLayout(state_dir)
+        self.seen_pids: set[int] = set()
+
+    def run(self, *args: str) -> Run:
+        result = opspatch(
+            "sandbox",
+            *args,
+            cwd=self.cwd,
+            env={"OPSPATCH_STATE_DIR": str(self.state_dir)},
+            timeout=240,
+        )
+        if result.code == 0 and "--json" in args and result.stdout.strip():
+            for host in result.json().get("hosts", []):
+                if host.get("pid"):
+                    self.seen_pids.add(int(host["pid"]))
+        return result
+
+    def up(self, *args: str) -> dict[str, Any]:
+        result = self.run("up", "--json", *args)
+        assert result.code == 0, result.stdout + result.stderr
+        report: dict[str, Any] = result.json()
+        return report
+
+    def status(self) -> dict[str, Any]:
+        result = self.run("status", "--json")
+        assert result.code == 0, result.stdout + result.stderr
+        report: dict[str, Any] = result.json()
+        return report
+
+    def inventory_host(self, name: str, inventory: str = "sandbox") -> Any:
+        return load_inventory(self.state_dir / "inventories" / f"{inventory}.toml").host(name)
+
+    def tear_down(self) -> None:
+        """`down --purge`, then a safety net: kill by pid any engine process that survived."""
+        try:
+            self.run("down", "--purge")
+        finally:
+            for pid in self.seen_pids:
+                for member in _tree(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(member, signal.SIGKILL)
+
+
+def _tree(root: int) -> list[int]:
+    found = [root] if running(root) else []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                if int(stat[stat.rfind(")") + 2 :].split()[1]) == root:
+                    found.extend(_tree(int(entry.name)))
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :].split()[0] not in ("Z", "X")
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@contextlib.contextmanager
+def new_sandbox(tmp_path: Path) -> Iterator[Sandbox]:
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    sandbox = Sandbox(tmp_path / "state", cwd)
+    try:
+        yield sandbox
+    finally:
+        sandbox.tear_down()
+
+
+def require_sshd() -> None:
+    if find_sshd() is None:
+        pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)")
+
+
+def hosts_by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {host["host"]: host for host in report["hosts"]}
+
+
+# -- a two-host sandbox shared by the read-only tests -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sandbox, dict[str, Any]]]:
+    with new_sandbox(tmp_path_factory.mktemp("sandbox-two")) as sandbox:
+        report = sandbox.up("--hosts", "2")
+        yield sandbox, report
+
+
+def test_up_starts_every_host_and_waits_until_each_is_ready(
+    two_hosts: tuple[Sandbox, dict[str, Any]],
+) -> None:
+    sandbox, report = two_hosts
+
+    assert report["ok"] is True
+    assert [h["host"] for h in report["hosts"]] == ["sandbox-01", "sandbox-02"]
+    assert len({h["port"] for h in report["hosts"]}) == 2
+    for host in report["hosts"]:
+        assert host["outcome"] == "started"
+        assert running(host["pid"])
+        assert host["url"] == f"http://127.0.0.1:{host['port']}"
+        assert http_request("GET", host["url"] + "/health").status == 200
+        host_dir = sandbox.layout.host_dir(host["host"])
+        assert (host_dir / "venv" / "bin" / "python").exists()
+        assert (host_dir / "server.pid").read_text().strip() == str(host["pid"])
+        assert "The server is fired up and ready to roll!" in (host_dir / "server.log").read_text()
+    assert report["ssh_inventory"] is None
+
+
+def test_up_writes_the_sandbox_inventory_that_hosts_sandbox_finds_from_any_folder(
+    two_hosts: tuple[Sandbox, dict[str, Any]],
+) -> None:
+    sandbox, report = two_hosts
+    path = sandbox.state_dir / "inventories" / "sandbox.toml"
+    assert report["inventory"] == str(path)
+
+    inventory = load_inventory(path)
+    assert inventory.host_names == ("sandbox-01", "sandbox-02")
+    assert inventory.groups["canary"].members == ("sandbox-01",)
+    for host, reported in zip(inventory.hosts, report["hosts"], strict=True):
+        host_dir = sandbox.layout.host_dir(host.name)
+        assert host.transport == "local"
+        assert host.state_dir == str(host_dir / "state")
+        assert host.engine.python == str(host_dir / "venv" / "bin" / "python")
+        assert host.engine.url == reported["url"]
+        assert host.engine.log_file == str(host_dir / "server.log")
+        assert host.engine.speculative is True
+        assert host.engine.env["CUDA_VISIBLE_DEVICES"] == ""
+        restart = host.engine.restart
+        assert isinstance(restart, CommandRestart)
+        assert restart.pid_file == str(host_dir / "server.pid")
+        assert restart.workdir == str(host_dir)
+        assert f"--port {reported['port']}" in restart.start
+        assert "--speculative-algorithm EAGLE3" in restart.start
+
+    workspace = Workspace.discover(
+        sandbox.cwd, environ={"OPSPATCH_STATE_DIR": str(sandbox.state_dir)}
+    )
+    assert [h.name for h in resolve_workspace_hosts("sandbox", workspace)] == [
+        "sandbox-01",
+        "sandbox-02",
+    ]
+    assert [h.name for h in resolve_workspace_hosts("sandbox:canary", workspace)] == ["sandbox-01"]
+
+
+def test_status_json_shows_pid_port_health_and_the_patches_each_file_carries(
+    two_hosts: tuple[Sandbox, dict[str, Any]],
+) -> None:
+    sandbox, report = two_hosts
+    status = sandbox.status()
+
+    assert status["sandbox"] == str(sandbox.layout.root)
+    assert status["inventories"] == [str(sandbox.state_dir / "inventories" / "sandbox.toml")]
+    started = hosts_by_name(report)
+    for host in status["hosts"]:
+        assert set(host) >= {"host", "running", "pid", "port", "url", "health", "patches", "ssh"}
+        assert host["running"] is True
+        assert host["pid"] == started[host["host"]]["pid"]
+        assert host["port"] == started[host["host"]]["port"]
+        assert host["health"] == {"status": 200, "detail": "ok"}
+        assert host["ssh"] is None
+        patches = {p["patch"]: p for p in host["patches"]}
+        # Bundled patches whose target module resolves in the host's own environment.
+        assert patches["eagle-init-guard"]["state"] == "not-applied"
+        assert patches["eagle-init-guard"]["file"].startswith(
+            str(sandbox.layout.host_dir(host["host"]) / "venv")
+        )
+        assert patches["eagle-init-guard"]["file"].endswith(
+            "sglang/srt/speculative/eagle_worker_v2.py"
+        )
+
+
+def test_status_table_names_each_host(two_hosts: tuple[Sandbox, dict[str, Any]]) -> None:
+    sandbox, report = two_hosts
+    result = sandbox.run("status")
+
+    assert result.code == 0, result.stderr
+    for host in report["hosts"]:
+        assert host["host"] in result.stdout and str(host["pid"]) in result.stdout
+
+
+def test_up_twice_leaves_running_hosts_alone(two_hosts: tuple[Sandbox, dict[str, Any]]) -> None:
+    sandbox, first = two_hosts
+    again = sandbox.up()  # no --hosts: the sandbox keeps its size
+
+    assert again["ok"] is True
+    assert [h["outcome"] for h in again["hosts"]] == ["already-running", "already-running"]
+    assert [(h["host"], h["pid"], h["port"]) for h in again["hosts"]] == [
+        (h["host"], h["pid"], h["port"]) for h in first["hosts"]
+    ]
+    assert all(running(h["pid"]) for h in first["hosts"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--hosts", "0"), "--hosts must be between 1 and 16 (got 0)"),
+        (("--hosts", "99"), "--hosts must be between 1 and 16 (got 99)"),
+        (("--hosts", "1"), "the sandbox has 2 hosts; `up --hosts 1` would not remove any"),
+    ],
+)
+def test_a_bad_host_count_gets_one_message_and_exit_2(
+    two_hosts: tuple[Sandbox, dict[str, Any]], args: tuple[str, ...], message: str
+) -> None:
+    sandbox, first = two_hosts
+    result = sandbox.run("up", *args)
+
+    assert result.code == 2
+    assert result.stderr.startswith(f"error: {message}\n")
+    assert result.stdout == ""
+    assert all(running(h["pid"]) for h in first["hosts"])  # nothing was touched
+
+
+def test_status_without_a_sandbox_says_so_and_exits_2(tmp_path: Path) -> None:
+    sandbox = Sandbox(tmp_path / "state", tmp_path)
+    result = sandbox.run("status")
+
+    assert result.code == 2
+    assert "no sandbox in" in result.stderr and "opspatch sandbox up" in result.stderr
+
+
+# -- stop, start again, purge -------------------------------------------------------------------
+
+
+def test_down_keeps_everything_and_up_restarts_on_the_same_port_with_the_patched_file(
+    tmp_path: Path,
+) -> None:
+    with new_sandbox(tmp_path) as sandbox:
+        first = sandbox.up("--hosts", "1")["hosts"][0]
+        host = sandbox.inventory_host("sandbox-01")
+        target = Path(HostOperations(LocalTransport(host.name), host).resolve(EAGLE_MODULE).origin)
+        outcome = apply_patch(target.read_bytes(), load_patch(guard_patch_path(sandbox)).spec)
+        assert isinstance(outcome, Applied)
+        target.write_bytes(outcome.new_source)
+
+        down = sandbox.run("down", "--json")
+        assert down.code == 0, down.stderr
+        assert down.json()["hosts"][0]["stopped"][0] == first["pid"]
+        assert down.json()["removed"] == []
+        assert not running(first["pid"])
+        assert sandbox.layout.host_dir("sandbox-01").is_dir()
+        assert (sandbox.state_dir / "inventories" / "sandbox.toml").is_file()
+        stopped = sandbox.status()["hosts"][0]
+        assert stopped["running"] is False and stopped["health"]["status"] is None
+
+        again = sandbox.up()["hosts"][0]
+        assert again["outcome"] == "started"
+        assert again["port"] == first["port"]
+        assert again["pid"] != first["pid"] and running(again["pid"])
+        assert target.read_bytes() == outcome.new_source  # never reinstalled
+        assert http_request("GET", again["url"] + "/health").status == 200
+
+        purge = sandbox.run("down", "--purge", "--json")
+        assert purge.code == 0, purge.stderr
+        assert not running(again["pid"])
+        assert not sandbox.layout.root.exists()
+        assert not (sandbox.state_dir / "inventories" / "sandbox.toml").exists()
+        assert str(sandbox.layout.hosts_dir) in purge.json()["removed"]
+
+
+def test_a_recorded_port_held_by_another_process_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    with new_sandbox(tmp_path) as sandbox:
+        port = sandbox.up("--hosts", "1")["hosts"][0]["port"]
+        assert sandbox.run("down").code == 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+            squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            squatter.bind(("127.0.0.1", port))
+            squatter.listen()
+            result = sandbox.run("up")
+
+            assert result.code == 2
+            assert f"sandbox-01: port 127.0.0.1:{port} is in use by another process" in (
+                result.stderr
+            )
+            assert engine_pid(sandbox.layout, "sandbox-01") is None
+        assert sandbox.up()["hosts"][0]["port"] == port
+
+
+# -- the incident, through the sandbox ----------------------------------------------------------
+
+
+def guard_patch_path(sandbox: Sandbox) -> Path:
+    return Workspace(sandbox.cwd, sandbox.state_dir).find("patches", "eagle-init-guard")
+
+
+def test_incident_on_a_sandbox_host_is_fixed_by_eagle_init_guard_and_a_restart(
+    tmp_path: Path,
+) -> None:
+    with new_sandbox(tmp_path) as sandbox:
+        started = sandbox.up("--hosts", "1")["hosts"][0]
+        url, log_file = started["url"], sandbox.layout.log_file("sandbox-01")
+
+        # A fresh host reports healthy...
+        assert http_request("GET", url + "/health").status == 200
+        # ...and its first real decode crashes the server, as in the incident.
+        with pytest.raises(ConnectionError):
+            http_request("POST", url + "/generate", {"text": "Hello", "sampling_params": GREEDY_16})
+        assert wait_for(lambda: not running(started["pid"]))
+        log = log_file.read_text()
+        assert "Scheduler hit an exception: Traceback (most recent call last):" in log
+        assert ATTRIBUTE_ERROR in log
+
+        # The fix with the patch engine, on the file the host's interpreter imports.
+        host = sandbox.inventory_host("sandbox-01")
+        ops = HostOperations(LocalTransport(host.name), host)
+        target = Path(ops.resolve(EAGLE_MODULE).origin)
+        spec = load_patch(guard_patch_path(sandbox)).spec
+        outcome = apply_patch(target.read_bytes(), spec)
+        assert isinstance(outcome, Applied), outcome
+        target.write_bytes(outcome.new_source)
+        assert detect(target.read_bytes(), spec).state == "applied"
+
+        # Restart through the same engine control a rollout uses.
+        control = EngineControl(ops, host, Playbook())
+        restart = control.restart()
+        control.wait_ready(restart)
+        sandbox.seen_pids.add(int(restart.pid or 0))
+        for _ in range(2):
+            reply = http_request(
+                "POST", url + "/generate", {"text": "Hello", "sampling_params": GREEDY_16}
+            )
+            assert reply.status == 200, reply.body
+            meta = reply.json()["meta_info"]
+            assert meta["completion_tokens"] == 16
+            assert meta["spec_verify_ct"] > 0
+        smoke = control.smoke(log_offset=restart.log_offset)
+        assert smoke.ok, smoke.failures
+
+        carried = {p["patch"]: p["state"] for p in sandbox.status()["hosts"][0]["patches"]}
+        assert carried["eagle-init-guard"] == "applied"
+
+
+# -- over SSH -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ssh_sandbox(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Sandbox, dict[str, Any]]]:
+    require_sshd()
+    with new_sandbox(tmp_path_factory.mktemp("sandbox-ssh")) as sandbox:
+        yield sandbox, sandbox.up("--hosts", "1", "--ssh")
+
+
+@pytest.mark.ssh
+def test_up_ssh_writes_the_sandbox_ssh_inventory_with_pinned_keys(
+    ssh_sandbox: tuple[Sandbox, dict[str, Any]],
+) -> None:
+    sandbox, report = ssh_sandbox
+    ssh = report["hosts"][0]["ssh"]
+    assert ssh["address"] == "127.0.0.2" and ssh["outcome"] == "started" and running(ssh["pid"])
+    assert report["ssh_inventory"] == str(sandbox.state_dir / "inventories" / "sandbox-ssh.toml")
+
+    host = sandbox.inventory_host("sandbox-01", "sandbox-ssh")
+    local = sandbox.inventory_host("sandbox-01")
+    assert host.transport == "ssh"
+    assert (host.address, host.port, host.user) == ("127.0.0.2", ssh["port"], getpass.getuser())
+    assert host.engine == local.engine and host.state_dir == local.state_dir
+    known_hosts = Path(host.known_hosts or "").read_text()
+    assert known_hosts.startswith(f"[127.0.0.2]:{ssh['port']} ssh-ed25519 ")
+
+    status = sandbox.status()["hosts"][0]["ssh"]
+    assert status == {
+        "address": "127.0.0.2",
+        "port": ssh["port"],
+        "pid": ssh["pid"],
+        "running": True,
+    }
+
+
+@pytest.mark.ssh
+def test_openssh_client_reaches_a_sandbox_host_with_the_written_settings(
+    ssh_sandbox: tuple[Sandbox, dict[str, Any]],
+) -> None:
+    sandbox, report = ssh_sandbox
+    host = sandbox.inventory_host("sandbox-01", "sandbox-ssh")
+    command = [
+        "ssh",
+        "-F",
+        "none",
+        "-i",
+        str(host.identity_file),
+        "-o",
+        f"UserKnownHostsFile={host.known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-p",
+        str(host.port),
+        f"{host.user}@{host.address}",
+        "true",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.ssh
+def test_ssh_transport_from_the_sandbox_ssh_inventory_runs_commands_on_the_host(
+    ssh_sandbox: tuple[Sandbox, dict[str, Any]],
+) -> None:
+    sandbox, report = ssh_sandbox
+    host = sandbox.inventory_host("sandbox-01", "sandbox-ssh")
+    transport = open_transport(host)
+    try:
+        pid_file = sandbox.layout.pid_file("sandbox-01")
+        result = transport.run(Command(("cat", str(pid_file))), timeout=60)
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout.decode().strip() == str(report["hosts"][0]["pid"])
+        resolved = HostOperations(transport, host).resolve(EAGLE_MODULE)
+        assert resolved.origin.startswith(str(sandbox.layout.host_dir("sandbox-01")))
+    finally:
+        transport.close()
+
+
+@pytest.mark.ssh
+def test_up_ssh_twice_keeps_the_sshd_and_down_stops_it(tmp_path: Path) -> None:
+    require_sshd()
+    with new_sandbox(tmp_path) as sandbox:
+        first = sandbox.up("--hosts", "1", "--ssh")["hosts"][0]["ssh"]
+        again = sandbox.up()["hosts"][0]["ssh"]  # --ssh stays on once given
+        assert again["outcome"] == "already-running"
+        assert (again["pid"], again["port"]) == (first["pid"], first["port"])
+
+        down = sandbox.run("down", "--json")
+        assert down.code == 0, down.stderr
+        assert down.json()["hosts"][0]["sshd_stopped"] == first["pid"]
+        assert not running(first["pid"])
