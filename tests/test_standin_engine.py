@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from opspatch.edit import Applied, apply_patch, detect
 from opspatch.errors import InputError
 from opspatch.sandbox.install import (
     engine_source_dir,
@@ -28,6 +29,8 @@ from opspatch.sandbox.install import (
     make_host_python,
     record_hash,
 )
+from opspatch.spec import PatchSpec, load_patch
+from opspatch.workspace import Workspace
 from tests.standin import (
     EngineProcess,
     StandinHost,
@@ -44,27 +47,36 @@ GREEDY_16 = {"max_new_tokens": 16, "temperature": 0}
 LOG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d( TP0)?\] ")
 
 
-# -- the fixes, as plain text edits of a host's installed copy ----------------------------------
-# (to be replaced by opspatch's own patch engine once eagle-init-guard exists)
+# -- the fixes, made with opspatch's own patch engine on a host's installed copy ------------------
+
+EAGLE_INIT_GUARD = "eagle-init-guard"
 
 
-def add_early_assignment(source: str) -> str:
-    """The incident's fix: the safe default right after `super().__init__()` in EAGLEWorkerV2."""
-    class_start = source.index("class EAGLEWorkerV2(")
-    call = "        super().__init__()\n"
-    at = source.index(call, class_start) + len(call)
-    return source[:at] + "        self.spec_disable_batch_threshold = 0\n" + source[at:]
+def eagle_init_guard() -> PatchSpec:
+    """The incident's real fix, as shipped (`patches/eagle-init-guard.toml`)."""
+    return load_patch(Workspace.discover().find("patches", EAGLE_INIT_GUARD)).spec
 
 
-def add_class_level_default(source: str) -> str:
-    """A class attribute, which subclasses that skip `EAGLEWorkerV2.__init__` inherit too."""
-    header = "class EAGLEWorkerV2(BaseSpecWorker):\n"
-    at = source.index(header) + len(header)
-    return source[:at] + "    spec_disable_batch_threshold: int = 0\n\n" + source[at:]
+def guard_part(part: str) -> PatchSpec:
+    """Half of eagle-init-guard, for cases that need a partial fix: `early-assignment` (the
+    assignment at the start of `EAGLEWorkerV2.__init__`, what the incident's sed did) or
+    `class-default` (the class-level attribute alone)."""
+    full = eagle_init_guard()
+    index = {"class-default": 0, "early-assignment": 1}[part]
+    return full.model_copy(
+        update={
+            "id": f"{EAGLE_INIT_GUARD}-{part}-only",
+            "edits": [full.edits[index]],
+            "postconditions": [full.postconditions[index]],
+        }
+    )
 
 
-def edit_file(path: Path, edit: Any) -> None:
-    path.write_text(edit(path.read_text(encoding="utf-8")), encoding="utf-8")
+def patch_file(path: Path, patch: PatchSpec) -> None:
+    """Apply `patch` to the file with `apply_patch` and write the new bytes."""
+    outcome = apply_patch(path.read_bytes(), patch)
+    assert isinstance(outcome, Applied), outcome
+    path.write_bytes(outcome.new_source)
 
 
 def assert_crashed_on_first_decode(engine: EngineProcess, class_name: str) -> None:
@@ -179,10 +191,12 @@ def test_host_python_imports_the_hosts_own_copy_and_the_controllers_torch(tmp_pa
 
 def test_making_a_host_twice_keeps_what_was_done_to_it(tmp_path: Path) -> None:
     host = make_host(tmp_path / "host-b")
-    edit_file(host.eagle_worker_file, add_class_level_default)
+    patch_file(host.eagle_worker_file, eagle_init_guard())
+    patched = host.eagle_worker_file.read_bytes()
 
     assert make_host_python(host.host_dir) == host.python
-    assert "spec_disable_batch_threshold: int = 0" in host.eagle_worker_file.read_text()
+    assert host.eagle_worker_file.read_bytes() == patched
+    assert detect(patched, eagle_init_guard()).state == "applied"
 
 
 # -- the incident -------------------------------------------------------------------------------
@@ -205,14 +219,14 @@ def test_incident_healthy_server_crashes_on_its_first_decode(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_incident_early_assignment_fix_then_restart_serves_speculative_decodes(
+def test_incident_eagle_init_guard_then_restart_serves_speculative_decodes(
     tmp_path: Path,
 ) -> None:
     host = make_host(tmp_path / "host")
     with running_engine(host) as engine:
         assert_crashed_on_first_decode(engine, "EAGLEWorkerV2")
 
-    edit_file(host.eagle_worker_file, add_early_assignment)
+    patch_file(host.eagle_worker_file, eagle_init_guard())
     with running_engine(host, log_name="engine-after-fix.log") as engine:
         assert_speculative_decode_works(engine)
         # The fix does not hide the capture failure; it makes the half-built worker safe.
@@ -221,9 +235,17 @@ def test_incident_early_assignment_fix_then_restart_serves_speculative_decodes(
 
 
 @pytest.mark.slow
+def test_incident_early_assignment_alone_fixes_eagle(tmp_path: Path) -> None:
+    host = make_host(tmp_path / "host")
+    patch_file(host.eagle_worker_file, guard_part("early-assignment"))
+    with running_engine(host) as engine:
+        assert_speculative_decode_works(engine)
+
+
+@pytest.mark.slow
 def test_incident_class_level_default_alone_fixes_eagle(tmp_path: Path) -> None:
     host = make_host(tmp_path / "host")
-    edit_file(host.eagle_worker_file, add_class_level_default)
+    patch_file(host.eagle_worker_file, guard_part("class-default"))
     with running_engine(host) as engine:
         assert_speculative_decode_works(engine)
 
@@ -232,12 +254,17 @@ def test_incident_class_level_default_alone_fixes_eagle(tmp_path: Path) -> None:
 def test_standalone_worker_needs_the_class_level_default(tmp_path: Path) -> None:
     host = make_host(tmp_path / "host")
     standalone = ["--speculative-algorithm", "STANDALONE"]
-    edit_file(host.eagle_worker_file, add_early_assignment)
+    original = host.eagle_worker_file.read_bytes()
+    # The incident's own fix (an early assignment in EAGLEWorkerV2.__init__) misses a subclass
+    # that does not call that __init__.
+    patch_file(host.eagle_worker_file, guard_part("early-assignment"))
     with running_engine(host, standalone) as engine:
         assert engine.get("/health").status == 200
         assert_crashed_on_first_decode(engine, "StandaloneWorkerV2")
 
-    edit_file(host.eagle_worker_file, add_class_level_default)
+    # eagle-init-guard's class-level default covers it.
+    host.eagle_worker_file.write_bytes(original)
+    patch_file(host.eagle_worker_file, eagle_init_guard())
     with running_engine(host, standalone, log_name="engine-after-fix.log") as engine:
         assert_speculative_decode_works(engine)
 
@@ -552,8 +579,8 @@ class DecodeDriver:
 @pytest.fixture(scope="module")
 def decode_driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DecodeDriver]:
     host: StandinHost = make_host(tmp_path_factory.mktemp("driver-host"))
-    # STANDALONE needs the class-level default to decode at all.
-    edit_file(host.eagle_worker_file, add_class_level_default)
+    # STANDALONE needs eagle-init-guard's class-level default to decode at all.
+    patch_file(host.eagle_worker_file, eagle_init_guard())
     driver = DecodeDriver(host.python)
     yield driver
     driver.close()
