@@ -143,7 +143,7 @@ def _print_up(report: UpReport) -> None:
     if report.ssh_inventory:
         _out.print(f"inventory: {report.ssh_inventory} (--hosts sandbox-ssh)", markup=False)
     if not report.ok:
-        _out.print("not every host is ready; the inventories were not written", markup=False)
+        _out.print("not every host is ready; the inventories were not updated", markup=False)
 
 
 def _health_text(host: HostStatus) -> str:

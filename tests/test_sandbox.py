@@ -26,6 +26,7 @@ from opspatch.inventory import CommandRestart, load_inventory, resolve_workspace
 from opspatch.playbook import Playbook
 from opspatch.remote import HostOperations, open_transport
 from opspatch.sandbox.fleet import SandboxLayout, engine_pid
+from opspatch.sandbox.install import make_host_python
 from opspatch.spec import load_patch
 from opspatch.sshd import find_sshd
 from opspatch.transport.base import Command
@@ -341,7 +342,29 @@ def test_a_recorded_port_held_by_another_process_is_refused_before_anything_star
                 result.stderr
             )
             assert engine_pid(sandbox.layout, "sandbox-01") is None
-        assert sandbox.up()["hosts"][0]["port"] == port
+
+
+def test_a_host_that_does_not_come_up_is_reported_failed_with_its_log_and_up_exits_1(
+    tmp_path: Path,
+) -> None:
+    with new_sandbox(tmp_path) as sandbox:
+        # A host folder made beforehand is kept by `up` (never reinstalled): break its engine.
+        host_dir = sandbox.layout.host_dir("sandbox-01")
+        make_host_python(host_dir)
+        broken = next(host_dir.glob("venv/lib/python3*/site-packages")) / (
+            EAGLE_MODULE.replace(".", "/") + ".py"
+        )
+        broken.write_text(broken.read_text() + "raise RuntimeError('broken on purpose')\n")
+
+        result = sandbox.run("up", "--hosts", "1", "--json")
+
+        assert result.code == 1, result.stderr
+        host = result.json()["hosts"][0]
+        assert host["outcome"] == "failed"
+        assert host["error"].startswith("ready: the engine (pid ")
+        assert "RuntimeError: broken on purpose" in host["error"]
+        assert result.json()["inventory"] is None
+        assert not (sandbox.state_dir / "inventories" / "sandbox.toml").exists()
 
 
 # -- the incident, through the sandbox ----------------------------------------------------------

@@ -679,9 +679,11 @@ def _log_tail(path: Path, lines: int = 12) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def _failure_text(error: OpspatchError, log_file: Path) -> str:
+def _failure_text(error: HostError, log_file: Path) -> str:
+    """Why a host did not come up: the failed step, the reason, and the tail of its log."""
+    text = f"{error.step}: {error.detail}" if error.step else error.detail
     tail = _log_tail(log_file)
-    return error.render() + (f"\n  log ({log_file}):\n{tail}" if tail else "")
+    return text + (f"\n  log ({log_file}):\n{tail}" if tail else "")
 
 
 def _ensure_user_key(layout: SandboxLayout) -> str:
