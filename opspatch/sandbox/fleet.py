@@ -30,6 +30,9 @@ Why things are the way they are:
 - Ports are chosen once and recorded before anything starts; a recorded port that something
   else now holds is refused up front (exit 2, nothing started).
 - One sandbox command at a time: `up` and `down` hold `<state>/sandbox/.lock`.
+- A restarted sshd gets a new host key (`opspatch.sshd` generates one per start); `up` rewrites
+  the pinned known_hosts each time, so the `sandbox-ssh` inventory always verifies keys strictly.
+- Linux only, like the host agent's process handling: processes are recognised through /proc.
 """
 
 from __future__ import annotations
@@ -78,8 +81,9 @@ MANIFEST_FORMAT = 1
 ENGINE_STOP_TIMEOUT = 10.0
 HEALTH_TIMEOUT = 5.0
 
-# Engines crash on the incident's first decode; that must never come from the environment we
-# were started in, so CUDA is hidden explicitly (the incident needs CUDA graph capture to fail).
+# CUDA is hidden explicitly so the incident reproduces on any machine: CUDA graph capture must
+# fail for real, even where a GPU exists. Unbuffered output keeps the log current, so the log tail
+# shown for a host that does not come up is complete.
 ENGINE_ENV: dict[str, str] = {"CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
 
 # The stand-in is ready within seconds; the default playbook's 20 minutes suit real models only.
