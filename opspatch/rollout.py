@@ -145,6 +145,7 @@ class RunReport:
     hosts: tuple[HostOutcome, ...]
     halted: str | None = None
     dry_run: bool = False
+    refused: bool = False
 
     @property
     def outcome(self) -> str:
@@ -158,15 +159,18 @@ class RunReport:
 
     @property
     def exit_code(self) -> int:
-        """3 if a host needs attention; else 1 if a host failed or was rolled back; else 2 if a
-        host was refused (nothing changed there); else 0."""
+        """3 if a host needs attention; else 1 if a host failed or was rolled back; else 2 if the
+        run was refused before any change, or a host was refused (nothing changed there); else 1
+        if the fleet policy halted the run; else 0."""
         outcomes = {h.outcome for h in self.hosts}
         if NEEDS_ATTENTION in outcomes:
             return EXIT_NEEDS_ATTENTION
-        if outcomes & {FAILED, ROLLED_BACK} or self.halted:
+        if outcomes & {FAILED, ROLLED_BACK}:
             return EXIT_HOST_FAILED
-        if any(h.outcome == SKIPPED and h.error for h in self.hosts):
+        if self.refused or any(h.outcome == SKIPPED and h.error for h in self.hosts):
             return EXIT_BAD_INPUT
+        if self.halted:
+            return EXIT_HOST_FAILED
         return EXIT_OK
 
     def to_json(self) -> dict[str, Any]:
@@ -176,6 +180,7 @@ class RunReport:
             "patch": self.patch,
             "outcome": self.outcome,
             "dry_run": self.dry_run,
+            "refused": self.refused,
             "halted": self.halted,
             "hosts": [h.to_json() for h in self.hosts],
         }
@@ -724,6 +729,7 @@ class FleetRollout:
             tuple(outcomes),
             halted="refused before any change: the patch does not fit every selected host",
             dry_run=self.dry_run,
+            refused=True,
         )
 
     def _dry_run_report(self, prepared: Mapping[str, Prepared | HostOutcome]) -> RunReport:

@@ -1,0 +1,413 @@
+"""End-to-end rollouts on the sandbox fleet: real engine processes, real files, a real ledger,
+and (for the SSH variant) real OpenSSH sshd processes on loopback. Driven through the console
+script, as an operator runs it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from opspatch.ledger import Ledger
+from opspatch.sshd import find_sshd
+from tests.fleetkit import SandboxFleet, wait_until
+
+pytestmark = pytest.mark.slow
+
+ATTRIBUTE_ERROR = (
+    "AttributeError: 'EAGLEWorkerV2' object has no attribute 'spec_disable_batch_threshold'"
+)
+
+FAST = """
+name = "fast"
+canary = 1
+batch = "50%"
+max_in_flight = 2
+max_failures = 1
+[timeouts]
+lock = 20
+inspect = 60
+swap = 30
+restart = 30
+ready = {ready}
+smoke = 60
+restore = 30
+"""
+
+
+def _test_patch(patch_id: str, code: str, summary: str) -> str:
+    """A patch inserting `code` at the end of eagle_worker_v2's module (valid Python)."""
+    return textwrap.dedent(
+        f'''
+        id = "{patch_id}"
+        summary = "{summary}"
+        rationale = "test fault injection"
+        [target]
+        module = "sglang.srt.speculative.eagle_worker_v2"
+        versions = ">=0.5.4"
+        [[edits]]
+        kind = "insert"
+        scope = "<module>"
+        position = "end"
+        code = \'\'\'
+        {{code}}
+        \'\'\'
+        '''
+    ).replace("{code}", textwrap.dedent(code).strip().replace("\n", "\n"))
+
+
+@pytest.fixture()
+def fleet(tmp_path: Path) -> Iterator[SandboxFleet]:
+    sandbox = SandboxFleet(tmp_path, 3).up()
+    try:
+        yield sandbox
+    finally:
+        sandbox.close()
+
+
+def _outcomes(doc: dict) -> dict[str, str]:  # type: ignore[type-arg]
+    return {h["host"]: h["outcome"] for h in doc["hosts"]}
+
+
+def _guarded(fleet: SandboxFleet) -> None:
+    """Bring the fleet to a healthy state first (eagle-init-guard applied)."""
+    run = fleet.opspatch("apply", "eagle-init-guard", "--hosts", fleet.inventory, "--yes", "--json")
+    assert run.code == 0, run.stdout + run.stderr
+    assert set(_outcomes(run.json()).values()) == {"applied"}
+
+
+# ---------------------------------------------------------------------------------------------
+# the headline, over the local transport and over real sshd
+
+
+@pytest.mark.parametrize("over_ssh", [False, True], ids=["local", "ssh"])
+def test_incident_apply_status_rollback_apply_again(tmp_path: Path, over_ssh: bool) -> None:
+    if over_ssh and find_sshd() is None:
+        pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)")
+    fleet = SandboxFleet(tmp_path, 3, ssh=over_ssh).up()
+    try:
+        names = fleet.names
+        pre = {n: fleet.sha(n) for n in names}
+
+        # before: healthy, and the first real decode crashes the engine
+        first = names[0]
+        assert fleet.generate(first, tokens=1) is not None  # /health-like: prefill only
+        assert fleet.generate(first, tokens=16) is None
+        assert wait_until(lambda: fleet.pid(first) is None, 20)
+        assert ATTRIBUTE_ERROR in fleet.log(first)
+
+        # apply: every host applied (the crashed one is restarted by its restart strategy)
+        run = fleet.opspatch(
+            "apply", "eagle-init-guard", "--hosts", fleet.inventory, "--yes", "--json"
+        )
+        assert run.code == 0, run.stdout + run.stderr
+        doc = run.json()
+        assert _outcomes(doc) == {n: "applied" for n in names}
+        for host in doc["hosts"]:
+            assert [s["step"] for s in host["steps"] if s["status"] == "ok"][:7] == [
+                "begin",
+                "plan",
+                "backup",
+                "swap",
+                "restart",
+                "ready",
+                "smoke",
+            ]
+            assert host["file"]["sha256_before"] == pre[host["host"]]
+        # decodes work, through the speculative path
+        for name in names:
+            out = fleet.generate(name, tokens=16)
+            assert out is not None and out["meta_info"]["spec_verify_ct"] > 0
+
+        # the ledger shows the run, finished ok, and its chain verifies
+        runs = fleet.opspatch("ledger", "list", "--json").json()["runs"]
+        assert runs[0]["run_id"] == doc["run_id"]
+        assert (runs[0]["status"], runs[0]["outcome"]) == ("finished", "ok")
+        verify = fleet.opspatch("ledger", "verify", "--json")
+        assert verify.code == 0 and verify.json()["ok"]
+
+        # status: applied, checked live against the ledger
+        status = fleet.opspatch(
+            "status", "--hosts", fleet.inventory, "--patch", "eagle-init-guard", "--json"
+        )
+        assert status.code == 0
+        assert {s["host"]: s["state"] for s in status.json()["status"]} == {
+            n: "applied" for n in names
+        }
+
+        # applying twice: already-applied, no restart
+        pids = {n: fleet.pid(n) for n in names}
+        again = fleet.opspatch(
+            "apply", "eagle-init-guard", "--hosts", fleet.inventory, "--yes", "--json"
+        )
+        assert again.code == 0
+        assert _outcomes(again.json()) == {n: "already-applied" for n in names}
+        assert all("restart" not in [s["step"] for s in h["steps"]] for h in again.json()["hosts"])
+        assert {n: fleet.pid(n) for n in names} == pids
+
+        # rollback: byte-identical pre-images, and the crash comes back
+        back = fleet.opspatch(
+            "rollback", "eagle-init-guard", "--hosts", fleet.inventory, "--yes", "--json"
+        )
+        assert back.code == 0, back.stdout + back.stderr
+        assert _outcomes(back.json()) == {n: "restored" for n in names}
+        assert {n: fleet.sha(n) for n in names} == pre
+        status = fleet.opspatch(
+            "status", "--hosts", fleet.inventory, "--patch", "eagle-init-guard", "--json"
+        )
+        assert {s["state"] for s in status.json()["status"]} == {"not-applied"}
+    finally:
+        fleet.close()
+
+
+def test_rollback_after_crash_reports_the_smoke_beside_restored(fleet: SandboxFleet) -> None:
+    _guarded(fleet)
+    back = fleet.opspatch(
+        "rollback", "eagle-init-guard", "--hosts", fleet.names[0], "--yes", "--json"
+    )
+    assert back.code == 0
+    host = back.json()["hosts"][0]
+    assert host["outcome"] == "restored"
+    # the original code is exactly what was broken: the smoke after the restore says so
+    assert host["smoke"]["ok"] is False
+    assert "connection dropped" in " ".join(host["smoke"]["failures"])
+
+
+def test_dry_run_changes_nothing(fleet: SandboxFleet) -> None:
+    pre = {n: fleet.sha(n) for n in fleet.names}
+    pids = {n: fleet.pid(n) for n in fleet.names}
+    run = fleet.opspatch("apply", "eagle-init-guard", "--hosts", "sandbox", "--dry-run", "--json")
+    assert run.code == 0, run.stderr
+    assert set(_outcomes(run.json()).values()) == {"would-apply"}
+    assert all(
+        "+    spec_disable_batch_threshold: int = 0" in h["diff"] for h in run.json()["hosts"]
+    )
+    assert {n: fleet.sha(n) for n in fleet.names} == pre
+    assert {n: fleet.pid(n) for n in fleet.names} == pids
+    assert not fleet.ledger_path.exists() or not Ledger.open(fleet.ledger_path).list_runs()
+    # and it left no lock behind: a real apply goes straight through
+    assert fleet.opspatch("apply", "eagle-init-guard", "--hosts", "sandbox", "--yes").code == 0
+
+
+def test_patch_not_fitting_one_host_refuses_the_whole_run(fleet: SandboxFleet) -> None:
+    odd = fleet.names[-1]
+    # on one host the class the patch anchors on is not there (a different build)
+    path = fleet.file(odd)
+    path.write_text(path.read_text().replace("class EAGLEWorkerV2(", "class EagleWorkerRenamed("))
+    pre = {n: fleet.sha(n) for n in fleet.names}
+    pids = {n: fleet.pid(n) for n in fleet.names}
+    run = fleet.opspatch("apply", "eagle-init-guard", "--hosts", "sandbox", "--yes", "--json")
+    assert run.code == 2, run.stdout + run.stderr
+    doc = run.json()
+    assert "refused before any change" in doc["halted"]
+    by_host = {h["host"]: h for h in doc["hosts"]}
+    assert "EAGLEWorkerV2" in by_host[odd]["error"] and "not applicable" in by_host[odd]["error"]
+    assert {n: fleet.sha(n) for n in fleet.names} == pre
+    assert {n: fleet.pid(n) for n in fleet.names} == pids
+    # and every lock was released: the other hosts can be patched right away
+    other = fleet.opspatch("apply", "eagle-init-guard", "--hosts", fleet.names[0], "--yes")
+    assert other.code == 0, other.stdout + other.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# failures past the swap
+
+
+def test_patch_that_breaks_the_engine_at_import_is_rolled_back_on_the_canary(
+    fleet: SandboxFleet,
+) -> None:
+    _guarded(fleet)
+    fleet.write_playbook("fast", FAST.format(ready=30))
+    fleet.write_patch(
+        "break-at-import",
+        _test_patch(
+            "break-at-import", 'raise RuntimeError("broken by a test patch")', "breaks the engine"
+        ),
+    )
+    pre = {n: fleet.sha(n) for n in fleet.names}
+    pids = {n: fleet.pid(n) for n in fleet.names}
+    run = fleet.opspatch(
+        "apply", "break-at-import", "--hosts", "sandbox", "--playbook", "fast", "--yes", "--json"
+    )
+    assert run.code == 1, run.stdout + run.stderr
+    doc = run.json()
+    canary, *others = fleet.names
+    outcomes = _outcomes(doc)
+    assert outcomes[canary] == "rolled-back"
+    assert all(outcomes[n] == "skipped" for n in others)
+    assert doc["halted"]
+    # the canary is restored byte-identically and healthy; the others were never touched
+    assert {n: fleet.sha(n) for n in fleet.names} == pre
+    assert all(fleet.pid(n) == pids[n] for n in others)
+    out = fleet.generate(canary)
+    assert out is not None and out["meta_info"]["spec_verify_ct"] > 0
+    # the ledger says why
+    show = fleet.opspatch("ledger", "show", doc["run_id"], "--json").json()
+    record = next(h for h in show["host_records"] if h["host"] == canary)
+    assert record["outcome"] == "rolled-back"
+    assert "exited before it was ready" in record["error"]
+    assert [v["action"] for v in record["file_versions"]] == ["patch", "restore"]
+
+
+def test_engine_that_never_becomes_ready_is_restored(fleet: SandboxFleet) -> None:
+    _guarded(fleet)
+    fleet.write_playbook("fast", FAST.format(ready=4))
+    fleet.write_patch(
+        "hang-at-import", _test_patch("hang-at-import", "import time\ntime.sleep(3600)", "hangs")
+    )
+    pre = {n: fleet.sha(n) for n in fleet.names}
+    run = fleet.opspatch(
+        "apply",
+        "hang-at-import",
+        "--hosts",
+        fleet.names[0],
+        "--playbook",
+        "fast",
+        "--yes",
+        "--json",
+    )
+    assert run.code == 1, run.stdout + run.stderr
+    host = run.json()["hosts"][0]
+    assert host["outcome"] == "rolled-back"
+    assert "not ready after 4s" in host["error"]
+    assert fleet.sha(fleet.names[0]) == pre[fleet.names[0]]
+    assert fleet.generate(fleet.names[0]) is not None
+
+
+def test_restore_that_cannot_work_needs_attention_and_halts(fleet: SandboxFleet) -> None:
+    _guarded(fleet)
+    canary = fleet.names[0]
+    pre = fleet.sha(canary)
+    backups = Path(fleet.hosts[canary].state_dir) / "backups"
+    # The engine, importing the patched module, removes the host's backup and alters the
+    # ledger's copy of the pre-image, then fails: neither copy can restore the file.
+    code = f"""
+    import shutil, sqlite3
+    shutil.rmtree({str(backups)!r}, ignore_errors=True)
+    _db = sqlite3.connect({str(fleet.ledger_path)!r}, timeout=30)
+    _db.execute("DROP TRIGGER IF EXISTS blobs_refuse_update")
+    _db.execute("UPDATE blobs SET data = X'00' WHERE sha256 = ?", ({pre!r},))
+    _db.commit()
+    raise RuntimeError("broken by a test patch")
+    """
+    fleet.write_playbook("fast", FAST.format(ready=30))
+    fleet.write_patch(
+        "sabotage", _test_patch("sabotage", code, "breaks the engine and its backups")
+    )
+    others = {n: fleet.sha(n) for n in fleet.names[1:]}
+    run = fleet.opspatch(
+        "apply", "sabotage", "--hosts", "sandbox", "--playbook", "fast", "--yes", "--json"
+    )
+    assert run.code == 3, run.stdout + run.stderr
+    doc = run.json()
+    outcomes = _outcomes(doc)
+    assert outcomes[canary] == "needs-attention"
+    assert "restore failed" in doc["hosts"][0]["error"]
+    assert doc["halted"]
+    assert all(outcomes[n] == "skipped" for n in fleet.names[1:])
+    assert {n: fleet.sha(n) for n in fleet.names[1:]} == others
+    # the ledger was tampered with: verify names it and apply refuses to run on it
+    verify = fleet.opspatch("ledger", "verify", "--json")
+    assert verify.code == 3 and verify.json()["ok"] is False
+    refused = fleet.opspatch("apply", "eagle-init-guard", "--hosts", "sandbox", "--yes")
+    assert refused.code == 3
+    assert "ledger" in refused.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# concurrency and interruption
+
+
+SLOW_SEQUENTIAL = """
+name = "one-by-one"
+canary = 0
+batch = 1
+max_in_flight = 1
+max_failures = 1
+"""
+
+
+def _wait_for_step(fleet: SandboxFleet, step: str, count: int, timeout: float = 60) -> str:
+    """Poll the ledger until the newest run has `count` hosts past `step`; its run id."""
+    found: dict[str, str] = {}
+
+    def reached() -> bool:
+        if not fleet.ledger_path.exists():
+            return False
+        try:
+            con = sqlite3.connect(f"file:{fleet.ledger_path}?mode=ro", uri=True, timeout=5)
+            rows = con.execute(
+                "SELECT run_id, host, body FROM events WHERE kind = 'step' ORDER BY id"
+            ).fetchall()
+            con.close()
+        except sqlite3.Error:
+            return False
+        hosts = {
+            (r, h) for r, h, body in rows if f'"step":"{step}"' in body and '"status":"ok"' in body
+        }
+        if len(hosts) >= count:
+            found["run"] = sorted(hosts)[-1][0]
+            return True
+        return False
+
+    assert wait_until(reached, timeout, 0.05), f"no {count} hosts reached {step}"
+    return found["run"]
+
+
+def test_second_apply_on_a_locked_host_is_refused_and_names_the_holder(fleet: SandboxFleet) -> None:
+    fleet.write_playbook("one-by-one", SLOW_SEQUENTIAL)
+    first = fleet.spawn(
+        "apply", "eagle-init-guard", "--hosts", "sandbox", "--playbook", "one-by-one", "--yes"
+    )
+    try:
+        holder = _wait_for_step(fleet, "begin", 3)
+        second = fleet.opspatch(
+            "apply", "eagle-init-guard", "--hosts", "sandbox", "--yes", "--json"
+        )
+        assert second.code == 1, second.stdout + second.stderr
+        for host in second.json()["hosts"]:
+            assert host["outcome"] == "failed"
+            assert f"run {holder}" in host["error"] and "locked by" in host["error"]
+    finally:
+        assert first.wait(120) == 0, first.stderr.read() if first.stderr else ""
+
+
+def test_controller_killed_mid_rollout_is_recovered(fleet: SandboxFleet) -> None:
+    fleet.write_playbook("one-by-one", SLOW_SEQUENTIAL)
+    pre = {n: fleet.sha(n) for n in fleet.names}
+    controller = fleet.spawn(
+        "apply", "eagle-init-guard", "--hosts", "sandbox", "--playbook", "one-by-one", "--yes"
+    )
+    run_id = _wait_for_step(fleet, "swap", 1)
+    os.kill(controller.pid, signal.SIGKILL)
+    controller.wait(30)
+
+    runs = fleet.opspatch("ledger", "list", "--json").json()["runs"]
+    assert runs[0]["run_id"] == run_id and runs[0]["status"] == "interrupted"
+
+    recovered = fleet.opspatch("recover", "--yes", "--json")
+    assert recovered.code == 0, recovered.stdout + recovered.stderr
+    outcomes = _outcomes(recovered.json())
+    assert set(outcomes.values()) <= {"applied", "restored"}
+    post = fleet.opspatch(
+        "status", "--hosts", "sandbox", "--patch", "eagle-init-guard", "--json"
+    ).json()
+    for state in post["status"]:
+        name = state["host"]
+        if outcomes[name] == "applied":
+            assert state["state"] == "applied"
+            out = fleet.generate(name)
+            assert out is not None and out["meta_info"]["spec_verify_ct"] > 0
+        else:
+            assert fleet.sha(name) == pre[name]
+    # the patch was never applied twice, and the chain still verifies
+    assert all(
+        fleet.file(n).read_text().count("# opspatch:eagle-init-guard: set before") <= 1
+        for n in fleet.names
+    )
+    assert fleet.opspatch("ledger", "verify").code == 0
