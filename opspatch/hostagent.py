@@ -1014,6 +1014,31 @@ def stop_process_tree(root: int, timeout: float) -> list[int]:
     return tree
 
 
+def _process_start_epoch(pid: int) -> float | None:
+    """When `pid` started (seconds since the epoch), from /proc; None where that is unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read().decode("utf-8", errors="replace")
+        with open("/proc/stat", encoding="utf-8") as handle:
+            boot = next(float(line.split()[1]) for line in handle if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError):
+        return None
+    ticks = int(raw[raw.rfind(")") + 2 :].split()[19])
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _started_before(pid: int, pid_file: str) -> bool:
+    """Whether `pid` is the process the pid file was written for, not a later one that reused
+    the number: the engine started before its pid file was written (a reused pid started
+    after). Where /proc cannot tell, the pid file is trusted."""
+    started = _process_start_epoch(pid)
+    try:
+        written = os.stat(pid_file).st_mtime
+    except OSError:
+        return False
+    return started is None or started <= written + 2.0
+
+
 def _read_pid_file(path: str) -> int | None:
     try:
         with open(path, encoding="utf-8") as handle:
@@ -1042,7 +1067,7 @@ def _restart_command(
     pid_file = settings["pid_file"]
     stopped: list[int] = []
     old = _read_pid_file(pid_file)
-    if old is not None and _alive(old):
+    if old is not None and _alive(old) and _started_before(old, pid_file):
         stopped = stop_process_tree(old, float(settings.get("stop_timeout") or 30.0))
     log_path = log_file or os.devnull
     if log_file:
@@ -1102,11 +1127,12 @@ def op_restart(args: Args) -> Result:
         return {"strategy": "systemd", "pid": pid, "log_offset": offset, "detail": state}
     if kind == "supervisor":
         program = settings["program"]
-        done = _run_tool(["supervisorctl", "restart", program], timeout)
+        ctl = ["supervisorctl"] + (["-c", settings["config"]] if settings.get("config") else [])
+        done = _run_tool(ctl + ["restart", program], timeout)
         output = (done.stdout + done.stderr).strip()
         if done.returncode != 0 or "started" not in output:
             raise OpFailure("restart-failed", f"supervisorctl restart {program}: {output}")
-        found = _run_tool(["supervisorctl", "pid", program], 30).stdout.strip()
+        found = _run_tool(ctl + ["pid", program], 30).stdout.strip()
         pid = int(found) if found.isdigit() and found != "0" else None
         return {"strategy": "supervisor", "pid": pid, "log_offset": offset, "detail": output}
     raise OpFailure("bad-restart", f"unknown restart strategy {kind!r}")

@@ -68,9 +68,10 @@ class SystemdRestart:
 
 @dataclass(frozen=True)
 class SupervisorRestart:
-    """Restart the engine with `supervisorctl restart <program>`."""
+    """Restart the engine with `supervisorctl [-c <config>] restart <program>`."""
 
     program: str
+    config: str | None = None
     kind: Literal["supervisor"] = "supervisor"
 
     def describe(self) -> str:
@@ -279,6 +280,7 @@ class _SystemdModel(_Strict):
 class _SupervisorModel(_Strict):
     kind: Literal["supervisor"]
     program: Annotated[str, Field(min_length=1)]
+    config: Annotated[str, Field(min_length=1)] | None = None
 
 
 class _CommandModel(_Strict):
@@ -428,7 +430,7 @@ def _restart_from_model(model: BaseModel | None) -> RestartStrategy | None:
     if isinstance(model, _SystemdModel):
         return SystemdRestart(unit=model.unit)
     if isinstance(model, _SupervisorModel):
-        return SupervisorRestart(program=model.program)
+        return SupervisorRestart(program=model.program, config=model.config)
     if isinstance(model, _CommandModel):
         return CommandRestart(
             start=model.start,

@@ -1,0 +1,307 @@
+"""Restart strategies, readiness and the smoke decode, run by the host agent against real
+stand-in engine processes (and a real supervisord for the supervisor strategy)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from opspatch.edit import Applied, apply_patch
+from opspatch.engine import EngineControl
+from opspatch.errors import EngineError
+from opspatch.inventory import Host, parse_inventory
+from opspatch.playbook import Playbook, SmokePrompt, SmokeSettings, StepTimeouts
+from opspatch.remote import HostOperations
+from opspatch.sandbox.install import make_host_python
+from opspatch.spec import load_patch
+from opspatch.transport.local import LocalTransport
+from tests.fleetkit import alive, wait_until
+from tests.standin import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def host_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A host venv with the stand-in engine, eagle-init-guard applied (a healthy engine)."""
+    root = tmp_path_factory.mktemp("engine-host")
+    python = make_host_python(root)
+    target = next(
+        root.glob("venv/lib/python*/site-packages/sglang/srt/speculative/eagle_worker_v2.py")
+    )
+    outcome = apply_patch(
+        target.read_bytes(), load_patch(REPO / "patches" / "eagle-init-guard.toml").spec
+    )
+    assert isinstance(outcome, Applied)
+    target.write_bytes(outcome.new_source)
+    return python
+
+
+def command_host(python: Path, work: Path, *, extra: str = "", algorithm: str = "EAGLE3") -> Host:
+    port = free_port()
+    start = f"{python} -m sglang.launch_server --port {port} --speculative-algorithm {algorithm} {extra}"
+    text = textwrap.dedent(
+        f"""
+        [defaults]
+        transport = "local"
+        state_dir = "{work}/state"
+        [defaults.engine]
+        python = "{python}"
+        url = "http://127.0.0.1:{port}"
+        log_file = "{work}/server.log"
+        speculative = {"true" if algorithm != "NONE" else "false"}
+        env = {{ CUDA_VISIBLE_DEVICES = "" }}
+        restart = {{ kind = "command", start = "{start}", pid_file = "{work}/server.pid", workdir = "{work}", stop_timeout = 5 }}
+        [hosts.h1]
+        address = "127.0.0.1"
+        """
+    )
+    return parse_inventory(text, str(work / "inv.toml"), name="test").hosts[0]
+
+
+def control(host: Host, **playbook: object) -> EngineControl:
+    return EngineControl(
+        HostOperations(LocalTransport(host.name), host), host, Playbook(**playbook)
+    )  # type: ignore[arg-type]
+
+
+def _stop(host: Host) -> None:
+    restart = host.engine.restart
+    pid_file = Path(getattr(restart, "pid_file", ""))
+    if pid_file.exists():
+        pid = int(pid_file.read_text())
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture()
+def engine(host_python: Path, tmp_path: Path) -> Iterator[tuple[Host, EngineControl]]:
+    host = command_host(host_python, tmp_path)
+    try:
+        yield host, control(host)
+    finally:
+        _stop(host)
+
+
+def test_command_restart_starts_and_replaces_the_process_tree(
+    engine: tuple[Host, EngineControl],
+) -> None:
+    host, ctl = engine
+    first = ctl.restart()
+    assert first.pid is not None and alive(first.pid)
+    ready = ctl.wait_ready(first)
+    assert ready.polls >= 1
+    second = ctl.restart()
+    assert first.pid in second.stopped
+    assert not alive(first.pid)
+    assert second.pid is not None and second.pid != first.pid
+    assert second.log_offset is not None and second.log_offset > 0  # scans start after the old log
+    ctl.wait_ready(second)
+
+
+def test_restart_does_not_kill_a_process_that_reused_the_pid(
+    engine: tuple[Host, EngineControl], tmp_path: Path
+) -> None:
+    host, ctl = engine
+    pid_file = tmp_path / "server.pid"
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        pid_file.write_text(f"{stranger.pid}\n")
+        old = time.time() - 3600
+        os.utime(pid_file, (old, old))  # the pid file predates the process holding that pid now
+        result = ctl.restart()
+        assert result.stopped == ()
+        assert alive(stranger.pid)
+        ctl.wait_ready(result)
+    finally:
+        stranger.kill()
+
+
+def test_smoke_on_a_healthy_speculative_engine_passes(engine: tuple[Host, EngineControl]) -> None:
+    _, ctl = engine
+    restart = ctl.restart()
+    ctl.wait_ready(restart)
+    smoke = ctl.smoke(log_offset=restart.log_offset)
+    assert smoke.ok, smoke.failures
+    assert all(p.spec_verify_ct and p.spec_verify_ct > 0 for p in smoke.prompts)
+    assert all(p.completion_tokens == 16 for p in smoke.prompts)
+    # the same decode again is the baseline: it matches
+    again = ctl.smoke(log_offset=restart.log_offset, baseline=smoke.texts)
+    assert again.ok
+
+
+def test_smoke_failures_are_reported_not_raised(host_python: Path, tmp_path: Path) -> None:
+    host = command_host(host_python, tmp_path)
+    try:
+        smoke_settings = SmokeSettings(
+            prompts=(SmokePrompt("The capital of France is", expect="^Paris"),)
+        )
+        ctl = control(host, smoke=smoke_settings)
+        restart = ctl.restart()
+        ctl.wait_ready(restart)
+        result = ctl.smoke(log_offset=restart.log_offset, baseline=["something else entirely"])
+        assert not result.ok
+        assert "does not match '^Paris'" in result.failures[0]
+        plain = control(host)
+        differs = plain.smoke(log_offset=restart.log_offset, baseline=["x", "y"])
+        assert not differs.ok and "differs from the pre-patch baseline" in differs.failures[0]
+        # a traceback written to the log since the restart fails the smoke too
+        with open(host.engine.log_file or "", "a") as log:
+            log.write(
+                "[2026-11-30 00:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+            )
+        logged = plain.smoke(log_offset=restart.log_offset)
+        assert not logged.ok and logged.log_hits and "server log" in logged.failures[-1]
+        # but a log written before the restart is not this engine's problem
+        clean = plain.smoke(log_offset=os.path.getsize(host.engine.log_file or ""))
+        assert clean.ok
+    finally:
+        _stop(host)
+
+
+def test_smoke_requires_spec_verify_on_a_speculative_host(
+    host_python: Path, tmp_path: Path
+) -> None:
+    host = command_host(host_python, tmp_path, algorithm="NONE")
+    try:
+        speculative = Host(
+            **{
+                **host.__dict__,
+                "engine": type(host.engine)(**{**host.engine.__dict__, "speculative": True}),
+            }
+        )
+        ctl = control(speculative)
+        restart = ctl.restart()
+        ctl.wait_ready(restart)
+        result = ctl.smoke(log_offset=restart.log_offset)
+        assert not result.ok
+        assert "no spec_verify_ct" in result.failures[0]
+        assert (
+            control(host).smoke(log_offset=restart.log_offset).ok
+        )  # not speculative: not required
+    finally:
+        _stop(host)
+
+
+def test_engine_exiting_before_ready_fails_fast_with_log_tail(
+    host_python: Path, tmp_path: Path
+) -> None:
+    host = command_host(host_python, tmp_path, extra="--context-length 16")  # warm-up fails
+    ctl = control(host)
+    restart = ctl.restart()
+    started = time.monotonic()
+    with pytest.raises(EngineError) as caught:
+        ctl.wait_ready(restart)
+    assert time.monotonic() - started < 60
+    assert "exited before it was ready" in caught.value.message
+
+
+def test_engine_never_ready_times_out(host_python: Path, tmp_path: Path) -> None:
+    host = command_host(host_python, tmp_path)
+    host = Host(
+        **{
+            **host.__dict__,
+            "engine": type(host.engine)(
+                **{
+                    **host.engine.__dict__,
+                    "env": {"CUDA_VISIBLE_DEVICES": "", "SGLANG_STANDIN_WARMUP_DELAY_S": "30"},
+                }
+            ),
+        }
+    )
+    try:
+        ctl = control(host, timeouts=StepTimeouts(ready=2))
+        restart = ctl.restart()
+        with pytest.raises(EngineError) as caught:
+            ctl.wait_ready(restart)
+        assert "not ready after 2s" in caught.value.message
+    finally:
+        _stop(host)
+
+
+def test_systemd_strategy_reports_systemctl_failure(tmp_path: Path) -> None:
+    text = f"""
+    [hosts.h1]
+    address = "127.0.0.1"
+    transport = "local"
+    state_dir = "{tmp_path}/state"
+    [hosts.h1.engine]
+    python = "{sys.executable}"
+    restart = {{ kind = "systemd", unit = "opspatch-test-does-not-exist.service" }}
+    """
+    host = parse_inventory(textwrap.dedent(text), "inv.toml", name="t").hosts[0]
+    with pytest.raises(EngineError) as caught:
+        control(host).restart()
+    message = caught.value.message
+    assert "systemctl" in message  # not installed, no systemd as PID 1, or no such unit
+
+
+@pytest.mark.skipif(
+    shutil.which("supervisord") is None,
+    reason="supervisor is not installed (pip install supervisor)",
+)
+def test_supervisor_strategy_restarts_through_a_real_supervisord(
+    host_python: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    config = tmp_path / "supervisord.conf"
+    config.write_text(
+        textwrap.dedent(
+            f"""
+            [unix_http_server]
+            file={tmp_path}/supervisor.sock
+            [supervisord]
+            logfile={tmp_path}/supervisord.log
+            pidfile={tmp_path}/supervisord.pid
+            nodaemon=false
+            [rpcinterface:supervisor]
+            supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+            [supervisorctl]
+            serverurl=unix://{tmp_path}/supervisor.sock
+            [program:sglang]
+            command={host_python} -m sglang.launch_server --port {port}
+            directory={tmp_path}
+            environment=CUDA_VISIBLE_DEVICES=""
+            redirect_stderr=true
+            stdout_logfile={tmp_path}/server.log
+            startsecs=1
+            stopasgroup=true
+            killasgroup=true
+            """
+        )
+    )
+    subprocess.run(["supervisord", "-c", str(config)], check=True)
+    try:
+        text = f"""
+        [hosts.h1]
+        address = "127.0.0.1"
+        transport = "local"
+        state_dir = "{tmp_path}/state"
+        [hosts.h1.engine]
+        python = "{host_python}"
+        url = "http://127.0.0.1:{port}"
+        log_file = "{tmp_path}/server.log"
+        speculative = true
+        restart = {{ kind = "supervisor", program = "sglang", config = "{config}" }}
+        """
+        host = parse_inventory(textwrap.dedent(text), "inv.toml", name="t").hosts[0]
+        ctl = control(host)
+        assert wait_until(lambda: (tmp_path / "supervisor.sock").exists(), 20)
+        first = ctl.restart()
+        ctl.wait_ready(first)
+        second = ctl.restart()
+        assert first.pid and second.pid and first.pid != second.pid
+        ctl.wait_ready(second)
+        assert ctl.smoke(log_offset=second.log_offset).ok
+    finally:
+        subprocess.run(["supervisorctl", "-c", str(config), "shutdown"], capture_output=True)
