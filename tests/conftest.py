@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# Real OpenSSH sshd processes on 127.0.0.2-4 for the transport and remote-operation tests.
+pytest_plugins = ["tests.sshfleet"]
+
 
 @pytest.fixture(autouse=True)
 def isolated_home(

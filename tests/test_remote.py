@@ -37,7 +37,6 @@ from opspatch.transport.base import Command
 if TYPE_CHECKING:
     from tests.sshfleet import HostMaker, Target
 
-pytest_plugins = ["tests.sshfleet"]
 
 NOBODY = 65534
 

@@ -23,7 +23,6 @@ from opspatch.transport.ssh import SSHTransport, wrap_in_process_group
 if TYPE_CHECKING:
     from tests.sshfleet import HostMaker, Target
 
-pytest_plugins = ["tests.sshfleet"]
 
 
 def process_is_gone(pid: int) -> bool:
