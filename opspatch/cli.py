@@ -60,6 +60,7 @@ from opspatch.rollout import (
     begin_run,
     finish_run,
     local_file_host,
+    release,
 )
 from opspatch.spec import LoadedPatch, load_patch, patch_json_schema
 from opspatch.status import fleet_status
@@ -533,17 +534,9 @@ def _apply_file(
         else:
             result = HostOutcome(host.name, "already-applied", None, steps=tuple(session.steps))
     finally:
-        from opspatch.rollout import _release
-
-        _release(session)
+        release(session)
         session.close()
-    ledger.record_host_outcome(
-        run_id,
-        result.host,
-        result.outcome,
-        result.error,
-        result.file.to_json() if result.file else None,
-    )
+    session.record_outcome(result)
     report = RunReport(run_id, "apply", loaded.spec.id, (result,))
     finish_run(ledger, report)
     _finish(report, as_json)

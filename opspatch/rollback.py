@@ -18,13 +18,12 @@ from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from opspatch.errors import InputError, LockHeld, OpspatchError, TargetError
+from opspatch.errors import LockHeld, OpspatchError
 from opspatch.inventory import Host
 from opspatch.ledger import FileVersion, Ledger, RunDetail
 from opspatch.playbook import Playbook
 from opspatch.rollout import (
     APPLIED,
-    FAILED,
     NEEDS_ATTENTION,
     RESTORED,
     ROLLED_BACK,
@@ -39,9 +38,10 @@ from opspatch.rollout import (
     _HostFailed,
     _NoProgress,
     _ready,
-    _release,
     _restart,
     _smoke,
+    record_outcome,
+    release,
     restore_pre_image,
 )
 from opspatch.spec import LoadedPatch
@@ -179,27 +179,15 @@ class RollbackFleet:
         )
 
     def _record(self, outcome: HostOutcome) -> None:
-        self.ledger.record_host_outcome(
-            self.run_id,
-            outcome.host,
-            outcome.outcome,
-            outcome.error,
-            outcome.file.to_json() if outcome.file else None,
-        )
+        record_outcome(self.ledger, self.run_id, outcome)
 
     def _one(self, session: HostSession) -> HostOutcome:
         try:
             return self._rollback_host(session)
-        except LockHeld as exc:
-            return HostOutcome(
-                session.name, FAILED, f"refused: {exc.detail}", steps=tuple(session.steps)
-            )
-        except (InputError, TargetError) as exc:
-            return HostOutcome(session.name, SKIPPED, exc.message, steps=tuple(session.steps))
         except OpspatchError as exc:
-            return HostOutcome(session.name, FAILED, _describe(exc), steps=tuple(session.steps))
+            return session.refused(exc)
         finally:
-            _release(session)
+            release(session)
 
     def _rollback_host(self, session: HostSession) -> HostOutcome:
         versions = self._versions_for(session.name)
@@ -304,24 +292,16 @@ class RecoverRun:
             try:
                 outcome = self._recover_host(session)
             except LockHeld as exc:
-                outcome = HostOutcome(
-                    host.name, FAILED, f"refused: {exc.detail}", steps=tuple(session.steps)
-                )
+                outcome = session.refused(exc)
             except OpspatchError as exc:
                 outcome = HostOutcome(
                     host.name, NEEDS_ATTENTION, _describe(exc), steps=tuple(session.steps)
                 )
             finally:
-                _release(session)
+                release(session)
                 session.close()
             outcomes.append(outcome)
-            self.ledger.record_host_outcome(
-                self.run_id,
-                outcome.host,
-                outcome.outcome,
-                outcome.error,
-                outcome.file.to_json() if outcome.file else None,
-            )
+            record_outcome(self.ledger, self.run_id, outcome)
         patch_id = self.interrupted.summary.patch_id
         return RunReport(self.run_id, "recover", patch_id, tuple(outcomes))
 

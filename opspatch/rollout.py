@@ -186,6 +186,18 @@ class RunReport:
         }
 
 
+def record_outcome(ledger: Ledger | None, run_id: str | None, outcome: HostOutcome) -> None:
+    """A host's final outcome, into the ledger (a dry run records nothing)."""
+    if ledger is not None and run_id is not None:
+        ledger.record_host_outcome(
+            run_id,
+            outcome.host,
+            outcome.outcome,
+            outcome.error,
+            outcome.file.to_json() if outcome.file else None,
+        )
+
+
 class _HostFailed(Exception):
     """Ends a host's pipeline with an outcome; carries the step where it happened."""
 
@@ -244,6 +256,21 @@ class HostSession:
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+    def refused(self, exc: OpspatchError) -> HostOutcome:
+        """The outcome of a host whose step raised before anything was changed there: its lock
+        is held (`failed`, naming who holds it), the patch or inventory does not fit (`skipped`,
+        with the reason), or the host could not be reached or refused (`failed`)."""
+        steps = tuple(self.steps)
+        if isinstance(exc, LockHeld):
+            return HostOutcome(self.name, FAILED, f"refused: {exc.detail}", steps=steps)
+        if isinstance(exc, (InputError, TargetError)):
+            return HostOutcome(self.name, SKIPPED, exc.message, steps=steps)
+        return HostOutcome(self.name, FAILED, _describe(exc), steps=steps)
+
+    def record_outcome(self, outcome: HostOutcome) -> None:
+        """The host's final outcome, into the ledger (when this is a recorded run)."""
+        record_outcome(self.ledger, self.run_id, outcome)
 
     def record(
         self, step: str, status: str, seconds: float | None = None, detail: str = ""
@@ -610,7 +637,8 @@ def _smoke(
         raise _HostFailed(FAILED, f"{step}: {_describe(exc)}") from exc
 
 
-def _release(session: HostSession) -> None:
+def release(session: HostSession) -> None:
+    """Release the host's lock held by this run (best effort: it expires on its own)."""
     if session.run_id is None or session._ops is None:
         return
     try:
@@ -678,14 +706,8 @@ class FleetRollout:
             session = self._session(host)
             try:
                 return pipeline.prepare(session, lock=not self.dry_run)
-            except LockHeld as exc:
-                return HostOutcome(
-                    host.name, FAILED, f"refused: {exc.detail}", steps=tuple(session.steps)
-                )
-            except (InputError, TargetError) as exc:
-                return HostOutcome(host.name, SKIPPED, exc.message, steps=tuple(session.steps))
             except OpspatchError as exc:
-                return HostOutcome(host.name, FAILED, _describe(exc), steps=tuple(session.steps))
+                return session.refused(exc)
 
         workers = max(1, min(len(self.hosts), 16))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="preflight") as pool:
@@ -770,7 +792,7 @@ class FleetRollout:
         # Every host that got as far as `begin` may hold our lock (an inspection can fail after
         # the lock was taken); releasing one we do not hold is a harmless refusal.
         for session in self.sessions.values():
-            _release(session)
+            release(session)
 
     # -- the rollout ---------------------------------------------------------------------------
 
@@ -814,7 +836,7 @@ class FleetRollout:
                     steps=tuple(session.steps),
                 )
             finally:
-                _release(session)
+                release(session)
 
         for batch in plan.batches:
             if halted:
@@ -844,7 +866,7 @@ class FleetRollout:
         for name in names:
             if name not in outcomes:
                 session = self._session(by_name[name])
-                _release(session)
+                release(session)
                 outcomes[name] = HostOutcome(
                     name, SKIPPED, f"not started: the rollout halted ({halted})"
                 )
@@ -882,19 +904,12 @@ class FleetRollout:
                     session, outcome.file, item.plan, "the rollout halted (on_halt = rollback-run)"
                 )
             finally:
-                _release(session)
+                release(session)
             outcomes[name] = rolled
             self._record_outcome(rolled)
 
     def _record_outcome(self, outcome: HostOutcome) -> None:
-        if self.ledger is not None and self.run_id is not None:
-            self.ledger.record_host_outcome(
-                self.run_id,
-                outcome.host,
-                outcome.outcome,
-                outcome.error,
-                outcome.file.to_json() if outcome.file else None,
-            )
+        record_outcome(self.ledger, self.run_id, outcome)
 
 
 def begin_run(
