@@ -123,3 +123,62 @@ def test_unknown_patch_suggests_near_names(tmp_path: Path) -> None:
     run = opspatch("plan", "eagle-init-gaurd", "--file", "x.py", cwd=tmp_path)
     assert run.code == 2
     assert "did you mean eagle-init-guard" in run.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# apply / rollback on a local file (the same host agent and ledger as a fleet)
+
+
+def test_apply_file_then_rollback_is_byte_identical_and_recorded(
+    site: Path, tmp_path: Path
+) -> None:
+    target = site / EAGLE
+    target.chmod(0o640)
+    before = target.read_bytes()
+    env = {"OPSPATCH_STATE_DIR": str(tmp_path / "state")}
+
+    dry = opspatch("apply", "eagle-init-guard", "--file", str(target), "--dry-run", env=env)
+    assert dry.code == 0 and target.read_bytes() == before
+
+    refused = opspatch("apply", "eagle-init-guard", "--file", str(target), env=env)
+    assert refused.code == 2 and "--yes" in refused.stderr
+    assert target.read_bytes() == before
+
+    run = opspatch("apply", "eagle-init-guard", "--file", str(target), "--yes", "--json", env=env)
+    assert run.code == 0, run.stdout + run.stderr
+    host = run.json()["hosts"][0]
+    assert host["outcome"] == "applied"
+    assert b"self.spec_disable_batch_threshold = 0" in target.read_bytes()
+    assert target.stat().st_mode & 0o777 == 0o640
+    assert host["file"]["sha256_before"] == hashlib.sha256(before).hexdigest()
+
+    again = opspatch("apply", "eagle-init-guard", "--file", str(target), "--yes", "--json", env=env)
+    assert again.code == 0 and again.json()["hosts"][0]["outcome"] == "already-applied"
+
+    back = opspatch(
+        "rollback", "eagle-init-guard", "--file", str(target), "--yes", "--json", env=env
+    )
+    assert back.code == 0, back.stdout + back.stderr
+    assert back.json()["hosts"][0]["outcome"] == "restored"
+    assert target.read_bytes() == before
+    assert target.stat().st_mode & 0o777 == 0o640
+
+    runs = opspatch("ledger", "list", "--json", env=env).json()["runs"]
+    assert [r["command"] for r in runs][:2] == ["rollback", "apply"]
+    assert opspatch("ledger", "verify", env=env).code == 0
+
+
+def test_rollback_file_without_a_record_is_refused(site: Path, tmp_path: Path) -> None:
+    target = site / EAGLE
+    before = target.read_bytes()
+    run = opspatch(
+        "rollback",
+        "eagle-init-guard",
+        "--file",
+        str(target),
+        "--yes",
+        env={"OPSPATCH_STATE_DIR": str(tmp_path / "state")},
+    )
+    assert run.code == 2
+    assert "the ledger has no change" in run.stderr
+    assert target.read_bytes() == before

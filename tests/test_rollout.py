@@ -190,8 +190,47 @@ def test_dry_run_changes_nothing(fleet: SandboxFleet) -> None:
     assert {n: fleet.sha(n) for n in fleet.names} == pre
     assert {n: fleet.pid(n) for n in fleet.names} == pids
     assert not fleet.ledger_path.exists() or not Ledger.open(fleet.ledger_path).list_runs()
+    # plan --hosts shows, per host, the facts, the resolved file and the diff
+    plan = fleet.opspatch("plan", "eagle-init-guard", "--hosts", "sandbox")
+    assert plan.code == 0, plan.stderr
+    for name in fleet.names:
+        assert f"== {name}: would-apply" in plan.stdout
+        assert f"{fleet.file(name)} sha256 {pre[name][:12]}; python 3." in plan.stdout
+    assert "sglang 0.5.23" in plan.stdout
+    assert plan.stdout.count("+        self.spec_disable_batch_threshold = 0") == len(fleet.names)
     # and it left no lock behind: a real apply goes straight through
     assert fleet.opspatch("apply", "eagle-init-guard", "--hosts", "sandbox", "--yes").code == 0
+    after = fleet.opspatch("plan", "eagle-init-guard", "--hosts", "sandbox")
+    assert after.stdout.count(": already-applied") == len(fleet.names)
+
+
+def test_round_trips_per_host(fleet: SandboxFleet, tmp_path: Path) -> None:
+    """plan is one exec per host; apply is six (begin, swap, restart, ready, smoke, release)."""
+    from opspatch.playbook import Playbook
+    from opspatch.remote import open_transport
+    from opspatch.rollout import FleetRollout, begin_run
+    from opspatch.spec import load_patch
+
+    patch = load_patch(Path(__file__).resolve().parent.parent / "patches" / "eagle-init-guard.toml")
+    hosts = [fleet.hosts[n] for n in fleet.names]
+    transports = []
+
+    def counting(host):  # type: ignore[no-untyped-def]
+        transports.append(open_transport(host))
+        return transports[-1]
+
+    dry = FleetRollout(
+        patch, Playbook(), hosts, counting, ledger=None, run_id=None, dry_run=True
+    ).run()
+    assert {h.outcome for h in dry.hosts} == {"would-apply"}
+    assert [t.exec_count for t in transports] == [1] * len(hosts)
+
+    transports.clear()
+    ledger = Ledger.open(tmp_path / "ledger.sqlite3")
+    run_id = begin_run(ledger, command="apply", patch=patch, hosts=hosts, command_line="test")
+    report = FleetRollout(patch, Playbook(), hosts, counting, ledger=ledger, run_id=run_id).run()
+    assert {h.outcome for h in report.hosts} == {"applied"}
+    assert [t.exec_count for t in transports] == [6] * len(hosts)
 
 
 def test_patch_not_fitting_one_host_refuses_the_whole_run(fleet: SandboxFleet) -> None:

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from tests.sshfleet import HostMaker, Target
 
 
-
 def process_is_gone(pid: int) -> bool:
     """True when `pid` no longer runs (a zombie waiting for its reaper counts as gone)."""
     try:
