@@ -450,3 +450,31 @@ def test_controller_killed_mid_rollout_is_recovered(fleet: SandboxFleet) -> None
         for n in fleet.names
     )
     assert fleet.opspatch("ledger", "verify").code == 0
+
+
+def test_halt_with_rollback_run_restores_every_host_the_run_changed(fleet: SandboxFleet) -> None:
+    # sandbox-02 restarts without speculative decoding although the inventory says it runs it:
+    # its smoke decode (spec_verify_ct required) fails after the swap.
+    inventory = (fleet.state / "inventories" / "sandbox.toml").read_text()
+    second = fleet.names[1]
+    start = f"--port {fleet.port(second)} --speculative-algorithm EAGLE3"
+    assert start in inventory
+    (fleet.workspace / "inventories").mkdir(exist_ok=True)
+    (fleet.workspace / "inventories" / "mixed.toml").write_text(
+        inventory.replace(start, f"--port {fleet.port(second)} --speculative-algorithm NONE")
+    )
+    fleet.write_playbook(
+        "undo-all",
+        'name = "undo-all"\ncanary = 0\nbatch = 1\nmax_in_flight = 1\nmax_failures = 1\non_halt = "rollback-run"\n',
+    )
+    pre = {n: fleet.sha(n) for n in fleet.names}
+    run = fleet.opspatch(
+        "apply", "eagle-init-guard", "--hosts", "mixed", "--playbook", "undo-all", "--yes", "--json"
+    )
+    assert run.code == 1, run.stdout + run.stderr
+    outcomes = _outcomes(run.json())
+    first, second, third = fleet.names
+    assert outcomes == {first: "rolled-back", second: "rolled-back", third: "skipped"}
+    assert "spec_verify_ct" in next(h for h in run.json()["hosts"] if h["host"] == second)["error"]
+    assert "rollback-run" in next(h for h in run.json()["hosts"] if h["host"] == first)["error"]
+    assert {n: fleet.sha(n) for n in fleet.names} == pre
