@@ -29,20 +29,20 @@ from opspatch.rollout import (
     ROLLED_BACK,
     SKIPPED,
     FileChange,
+    HostFailed,
     HostOutcome,
     HostSession,
+    NoProgress,
     Progress,
     RunReport,
     TransportFactory,
-    _describe,
-    _HostFailed,
-    _NoProgress,
-    _ready,
-    _restart,
-    _smoke,
+    describe_error,
+    ready_step,
     record_outcome,
     release,
+    restart_step,
     restore_pre_image,
+    smoke_step,
 )
 from opspatch.spec import LoadedPatch
 
@@ -89,8 +89,8 @@ def _ensure_running(session: HostSession) -> str:
             note["detail"] = f"/health 200 after {ready.seconds:.1f}s"
         return "already running"
     except OpspatchError:
-        restart = _restart(session, step="restart")
-        _ready(session, restart, step="ready-after-restart")
+        restart = restart_step(session, step="restart")
+        ready_step(session, restart, step="ready-after-restart")
         return "restarted"
 
 
@@ -105,7 +105,7 @@ class RollbackFleet:
     playbook: Playbook
     patch: LoadedPatch | None = None
     source_run: RunDetail | None = None
-    progress: Progress = field(default_factory=_NoProgress)
+    progress: Progress = field(default_factory=NoProgress)
     restart_engine: bool = True
     only_path: str | None = None
 
@@ -231,15 +231,15 @@ class RollbackFleet:
             return HostOutcome(
                 session.name,
                 NEEDS_ATTENTION,
-                f"restore failed: {_describe(exc)}",
+                f"restore failed: {describe_error(exc)}",
                 steps=tuple(session.steps),
             )
         if not self.restart_engine:
             return HostOutcome(session.name, RESTORED, None, change, tuple(session.steps))
         try:
-            restart = _restart(session)
-            _ready(session, restart)
-        except _HostFailed as failure:
+            restart = restart_step(session)
+            ready_step(session, restart)
+        except HostFailed as failure:
             return HostOutcome(
                 session.name,
                 NEEDS_ATTENTION,
@@ -248,8 +248,8 @@ class RollbackFleet:
                 tuple(session.steps),
             )
         try:
-            smoke = _smoke(session, restart, baseline=None, must_pass=False)
-        except _HostFailed:
+            smoke = smoke_step(session, restart, baseline=None, must_pass=False)
+        except HostFailed:
             smoke = None
         note_text = None
         if smoke is not None and not smoke.ok:
@@ -276,7 +276,7 @@ class RecoverRun:
     factory: TransportFactory
     playbook: Playbook
     patch: LoadedPatch | None
-    progress: Progress = field(default_factory=_NoProgress)
+    progress: Progress = field(default_factory=NoProgress)
 
     def run(self) -> RunReport:
         outcomes = []
@@ -295,7 +295,7 @@ class RecoverRun:
                 outcome = session.refused(exc)
             except OpspatchError as exc:
                 outcome = HostOutcome(
-                    host.name, NEEDS_ATTENTION, _describe(exc), steps=tuple(session.steps)
+                    host.name, NEEDS_ATTENTION, describe_error(exc), steps=tuple(session.steps)
                 )
             finally:
                 release(session)
@@ -377,9 +377,9 @@ class RecoverRun:
                 note="patched and smoke-tested before the interruption",
             )
         try:
-            restart = _restart(session)
-            _ready(session, restart)
-            smoke = _smoke(session, restart, baseline=None)
+            restart = restart_step(session)
+            ready_step(session, restart)
+            smoke = smoke_step(session, restart, baseline=None)
             return HostOutcome(
                 session.name,
                 APPLIED,
@@ -389,18 +389,18 @@ class RecoverRun:
                 smoke=smoke,
                 note="finished: restarted and smoke-tested",
             )
-        except _HostFailed as failure:
+        except HostFailed as failure:
             try:
                 restored = _restore_recorded(
                     session, self.ledger, version, timeout=self.playbook.timeouts.restore
                 )
-                restart = _restart(session, step="restart-after-restore")
-                _ready(session, restart, step="ready-after-restore")
-            except (OpspatchError, _HostFailed) as exc:
+                restart = restart_step(session, step="restart-after-restore")
+                ready_step(session, restart, step="ready-after-restore")
+            except (OpspatchError, HostFailed) as exc:
                 return HostOutcome(
                     session.name,
                     NEEDS_ATTENTION,
-                    f"{failure.error}; then the restore failed: {_describe(exc)}",
+                    f"{failure.error}; then the restore failed: {describe_error(exc)}",
                     change,
                     tuple(session.steps),
                 )

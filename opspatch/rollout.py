@@ -23,15 +23,16 @@ reused for every step of that host and closed at the end.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from opspatch.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, detect, sha256_hex
+from opspatch.edit import AlreadyApplied, Applied, NotApplicable, apply_patch
 from opspatch.engine import EngineControl, RestartResult, SmokeResult
 from opspatch.errors import (
     EXIT_BAD_INPUT,
@@ -46,10 +47,10 @@ from opspatch.errors import (
     TargetError,
     TransportError,
 )
-from opspatch.inventory import Host
+from opspatch.inventory import EngineSettings, Host
 from opspatch.ledger import Ledger, operator_identity
 from opspatch.playbook import Playbook, plan_rollout
-from opspatch.remote import HostInspection, HostOperations, RemoteFile, RestoreResult
+from opspatch.remote import HostInspection, HostOperations, RestoreResult
 from opspatch.spec import LoadedPatch
 from opspatch.transport.base import Transport
 
@@ -71,7 +72,9 @@ class Progress(Protocol):
     def update(self, host: str, step: str, status: str) -> None: ...
 
 
-class _NoProgress:
+class NoProgress:
+    """Progress that goes nowhere (library use, tests)."""
+
     def update(self, host: str, step: str, status: str) -> None:
         return None
 
@@ -198,7 +201,7 @@ def record_outcome(ledger: Ledger | None, run_id: str | None, outcome: HostOutco
         )
 
 
-class _HostFailed(Exception):
+class HostFailed(Exception):
     """Ends a host's pipeline with an outcome; carries the step where it happened."""
 
     def __init__(self, outcome: str, error: str) -> None:
@@ -266,7 +269,7 @@ class HostSession:
             return HostOutcome(self.name, FAILED, f"refused: {exc.detail}", steps=steps)
         if isinstance(exc, (InputError, TargetError)):
             return HostOutcome(self.name, SKIPPED, exc.message, steps=steps)
-        return HostOutcome(self.name, FAILED, _describe(exc), steps=steps)
+        return HostOutcome(self.name, FAILED, describe_error(exc), steps=steps)
 
     def record_outcome(self, outcome: HostOutcome) -> None:
         """The host's final outcome, into the ledger (when this is a recorded run)."""
@@ -292,7 +295,7 @@ class HostSession:
             yield note
         except BaseException as exc:
             seconds = time.monotonic() - started
-            detail = _describe(exc)
+            detail = describe_error(exc)
             self.steps.append(StepResult(name, "failed", seconds, detail))
             self.record(name, "failed", seconds, detail)
             self.progress.update(self.name, name, "failed")
@@ -303,8 +306,9 @@ class HostSession:
         self.progress.update(self.name, name, "ok")
 
 
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, _HostFailed):
+def describe_error(exc: BaseException) -> str:
+    """One line (plus a log tail when the host sent one) saying why a step failed."""
+    if isinstance(exc, HostFailed):
         return exc.error
     if isinstance(exc, OpspatchError):
         detail = getattr(exc, "detail", None) or exc.message
@@ -435,12 +439,12 @@ class ApplyPipeline:
             # The swap may or may not have happened: look before deciding anything.
             return self._reconcile_after_lost_swap(session, change, plan, exc)
         except OpspatchError as exc:
-            return self._outcome(session, FAILED, _describe(exc), change, plan)
+            return self._outcome(session, FAILED, describe_error(exc), change, plan)
         if not self.restart_engine:
             return self._outcome(session, APPLIED, None, change, plan)
         try:
             restart = self._restart_and_prove(session, baseline=baseline)
-        except _HostFailed as failure:
+        except HostFailed as failure:
             return self._roll_back(session, change, plan, failure.error)
         return self._outcome(session, APPLIED, None, change, plan, smoke=restart)
 
@@ -466,9 +470,9 @@ class ApplyPipeline:
     def _restart_and_prove(
         self, session: HostSession, *, baseline: Sequence[str | None] | None
     ) -> SmokeResult:
-        restart = _restart(session)
-        _ready(session, restart)
-        return _smoke(session, restart, baseline=baseline)
+        restart = restart_step(session)
+        ready_step(session, restart)
+        return smoke_step(session, restart, baseline=baseline)
 
     def _roll_back(
         self, session: HostSession, change: FileChange, plan: Applied, why: str
@@ -496,14 +500,14 @@ class ApplyPipeline:
                     else plan.old_source,
                     action="restore",
                 )
-            restart = _restart(session, step="restart-after-restore")
-            _ready(session, restart, step="ready-after-restore")
-        except (OpspatchError, _HostFailed) as exc:
-            error = f"{why}; then the restore failed: {_describe(exc)}"
+            restart = restart_step(session, step="restart-after-restore")
+            ready_step(session, restart, step="ready-after-restore")
+        except (OpspatchError, HostFailed) as exc:
+            error = f"{why}; then the restore failed: {describe_error(exc)}"
             return self._outcome(session, NEEDS_ATTENTION, error, change, plan)
         smoke: SmokeResult | None = None
         try:
-            smoke = _smoke(
+            smoke = smoke_step(
                 session, restart, baseline=None, step="smoke-after-restore", must_pass=False
             )
         except OpspatchError:
@@ -523,7 +527,7 @@ class ApplyPipeline:
             return self._outcome(
                 session,
                 NEEDS_ATTENTION,
-                f"{why}; the host is unreachable ({_describe(again)})",
+                f"{why}; the host is unreachable ({describe_error(again)})",
                 change,
                 plan,
             )
@@ -597,26 +601,28 @@ def restore_pre_image(
     return restored
 
 
-def _restart(session: HostSession, *, step: str = "restart") -> RestartResult:
+def restart_step(session: HostSession, *, step: str = "restart") -> RestartResult:
+    """Restart the engine as a recorded step; a failure ends the pipeline (`HostFailed`)."""
     try:
         with session.step(step) as note:
             result = session.engine.restart(step=step)
             note["detail"] = f"{result.strategy}: pid {result.pid}"
         return result
     except OpspatchError as exc:
-        raise _HostFailed(FAILED, f"{step}: {_describe(exc)}") from exc
+        raise HostFailed(FAILED, f"{step}: {describe_error(exc)}") from exc
 
 
-def _ready(session: HostSession, restart: RestartResult, *, step: str = "ready") -> None:
+def ready_step(session: HostSession, restart: RestartResult, *, step: str = "ready") -> None:
+    """Wait until the engine is ready, as a recorded step (`HostFailed` when it is not)."""
     try:
         with session.step(step) as note:
             ready = session.engine.wait_ready(restart, step=step)
             note["detail"] = f"/health 200 after {ready.seconds:.1f}s ({ready.polls} polls)"
     except OpspatchError as exc:
-        raise _HostFailed(FAILED, f"{step}: {_describe(exc)}") from exc
+        raise HostFailed(FAILED, f"{step}: {describe_error(exc)}") from exc
 
 
-def _smoke(
+def smoke_step(
     session: HostSession,
     restart: RestartResult | None,
     *,
@@ -624,6 +630,8 @@ def _smoke(
     step: str = "smoke",
     must_pass: bool = True,
 ) -> SmokeResult:
+    """The smoke decode as a recorded step; with `must_pass`, a failed check ends the pipeline
+    (`HostFailed`), otherwise the result is returned for the caller to report."""
     try:
         with session.step(step) as note:
             result = session.engine.smoke(
@@ -631,10 +639,10 @@ def _smoke(
             )
             note["detail"] = result.summary()
             if must_pass and not result.ok:
-                raise _HostFailed(FAILED, f"smoke failed: {result.summary()}")
+                raise HostFailed(FAILED, f"smoke failed: {result.summary()}")
         return result
     except OpspatchError as exc:
-        raise _HostFailed(FAILED, f"{step}: {_describe(exc)}") from exc
+        raise HostFailed(FAILED, f"{step}: {describe_error(exc)}") from exc
 
 
 def release(session: HostSession) -> None:
@@ -665,7 +673,7 @@ class FleetRollout:
     factory: TransportFactory
     ledger: Ledger | None
     run_id: str | None
-    progress: Progress = field(default_factory=_NoProgress)
+    progress: Progress = field(default_factory=NoProgress)
     dry_run: bool = False
     sessions: dict[str, HostSession] = field(default_factory=dict)
 
@@ -832,7 +840,7 @@ class FleetRollout:
                 return HostOutcome(
                     name,
                     NEEDS_ATTENTION,
-                    f"internal error: {_describe(exc)}",
+                    f"internal error: {describe_error(exc)}",
                     steps=tuple(session.steps),
                 )
             finally:
@@ -941,35 +949,9 @@ def finish_run(ledger: Ledger, report: RunReport) -> None:
         ledger.finish_run(report.run_id, report.outcome)
 
 
-__all__ = [
-    "ALREADY_APPLIED",
-    "APPLIED",
-    "FAILED",
-    "NEEDS_ATTENTION",
-    "RESTORED",
-    "ROLLED_BACK",
-    "SKIPPED",
-    "ApplyPipeline",
-    "FleetRollout",
-    "HostOutcome",
-    "HostSession",
-    "RunReport",
-    "begin_run",
-    "detect",
-    "finish_run",
-    "replace",
-    "sha256_hex",
-    "RemoteFile",
-]
-
-
 def local_file_host(python: str, state_dir: str) -> Host:
     """The controller itself as a host, for the `--file` commands: local transport, the given
     interpreter validates the new text, backups and the lock live in `state_dir`."""
-    import socket
-
-    from opspatch.inventory import EngineSettings
-
     return Host(
         name=f"local:{socket.gethostname()}",
         inventory="local",
