@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ import pytest
 from opspatch.edit import Applied, apply_patch
 from opspatch.engine import EngineControl
 from opspatch.errors import EngineError
+from opspatch.hostagent import stop_process_tree
 from opspatch.inventory import Host, parse_inventory
 from opspatch.playbook import Playbook, SmokePrompt, SmokeSettings, StepTimeouts
 from opspatch.remote import HostOperations
@@ -76,12 +76,13 @@ def control(host: Host, **playbook: object) -> EngineControl:
 
 
 def _stop(host: Host) -> None:
+    """End the engine's whole process tree (the pid file names the shell that started it)."""
     restart = host.engine.restart
     pid_file = Path(getattr(restart, "pid_file", ""))
     if pid_file.exists():
         pid = int(pid_file.read_text())
         if alive(pid):
-            os.kill(pid, signal.SIGKILL)
+            stop_process_tree(pid, timeout=5)
 
 
 @pytest.fixture()
@@ -197,13 +198,16 @@ def test_engine_exiting_before_ready_fails_fast_with_log_tail(
     host_python: Path, tmp_path: Path
 ) -> None:
     host = command_host(host_python, tmp_path, extra="--context-length 16")  # warm-up fails
-    ctl = control(host)
-    restart = ctl.restart()
-    started = time.monotonic()
-    with pytest.raises(EngineError) as caught:
-        ctl.wait_ready(restart)
-    assert time.monotonic() - started < 60
-    assert "exited before it was ready" in caught.value.message
+    try:
+        ctl = control(host)
+        restart = ctl.restart()
+        started = time.monotonic()
+        with pytest.raises(EngineError) as caught:
+            ctl.wait_ready(restart)
+        assert time.monotonic() - started < 60
+        assert "exited before it was ready" in caught.value.message
+    finally:
+        _stop(host)
 
 
 def test_engine_never_ready_times_out(host_python: Path, tmp_path: Path) -> None:
