@@ -55,9 +55,7 @@ class RestoreTarget:
     module: str | None
 
 
-def _restore_recorded(
-    session: HostSession, ledger: Ledger, version: FileVersion, *, timeout: float
-) -> FileChange:
+def _restore_recorded(session: HostSession, version: FileVersion, *, timeout: float) -> FileChange:
     """Restore `version`'s pre-image (the host's backup, else the ledger's bytes) and record it."""
     restored = restore_pre_image(
         session,
@@ -65,19 +63,9 @@ def _restore_recorded(
         pre_sha256=version.sha256_before,
         post_sha256=version.sha256_after,
         timeout=timeout,
+        mode=version.mode,
+        owner=version.owner,
     )
-    if session.run_id is not None and restored.changed and version.post_image_sha256:
-        ledger.record_file_version(
-            session.run_id,
-            session.name,
-            path=version.path,
-            sha256_before=restored.sha256_before,
-            sha256_after=restored.sha256_after,
-            mode=version.mode,
-            owner=version.owner,
-            pre_image=ledger.blob(version.post_image_sha256),
-            action="restore",
-        )
     return FileChange(version.path, restored.sha256_before, restored.sha256_after)
 
 
@@ -224,9 +212,7 @@ class RollbackFleet:
                 tuple(session.steps),
             )
         try:
-            change = _restore_recorded(
-                session, self.ledger, version, timeout=self.playbook.timeouts.restore
-            )
+            change = _restore_recorded(session, version, timeout=self.playbook.timeouts.restore)
         except OpspatchError as exc:
             return HostOutcome(
                 session.name,
@@ -392,7 +378,7 @@ class RecoverRun:
         except HostFailed as failure:
             try:
                 restored = _restore_recorded(
-                    session, self.ledger, version, timeout=self.playbook.timeouts.restore
+                    session, version, timeout=self.playbook.timeouts.restore
                 )
                 restart = restart_step(session, step="restart-after-restore")
                 ready_step(session, restart, step="ready-after-restore")

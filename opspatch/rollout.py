@@ -479,27 +479,13 @@ class ApplyPipeline:
     ) -> HostOutcome:
         """Put the pre-image back after a failure past the swap, then restart and prove."""
         try:
-            restored = restore_pre_image(
+            restore_pre_image(
                 session,
                 path=change.path,
                 pre_sha256=plan.sha256_before,
                 post_sha256=plan.sha256_after,
                 timeout=self.playbook.timeouts.restore,
             )
-            if session.ledger is not None and session.run_id is not None:
-                session.ledger.record_file_version(
-                    session.run_id,
-                    session.name,
-                    path=change.path,
-                    sha256_before=restored.sha256_before,
-                    sha256_after=restored.sha256_after,
-                    mode=0,
-                    owner="",
-                    pre_image=plan.new_source
-                    if restored.sha256_before == plan.sha256_after
-                    else plan.old_source,
-                    action="restore",
-                )
             restart = restart_step(session, step="restart-after-restore")
             ready_step(session, restart, step="ready-after-restore")
         except (OpspatchError, HostFailed) as exc:
@@ -570,12 +556,15 @@ def restore_pre_image(
     pre_sha256: str,
     post_sha256: str,
     timeout: float,
+    mode: int = 0,
+    owner: str = "",
 ) -> RestoreResult:
     """Put the pre-image back: from the host's own backup, else from the ledger's copy.
 
     The host's backup is tried first (no bytes cross the network); when it is missing or does
     not hash to the pre-image, the ledger's copy is sent (the ledger re-hashes it on the way
-    out, so a tampered copy is refused rather than written).
+    out, so a tampered copy is refused rather than written). When the file changed, the
+    restore is recorded as a file version (the bytes it overwrote are the ledger's post-image).
 
     Raises:
         RemoteOperationError: the restore failed on the host (`not-our-file`, `write-failed`...).
@@ -598,6 +587,18 @@ def restore_pre_image(
                 timeout=timeout,
             )
         note["detail"] = f"back to {restored.sha256_after[:12]} from {restored.source}"
+    if restored.changed and session.ledger is not None and session.run_id is not None:
+        session.ledger.record_file_version(
+            session.run_id,
+            session.name,
+            path=path,
+            sha256_before=restored.sha256_before,
+            sha256_after=restored.sha256_after,
+            mode=mode,
+            owner=owner,
+            pre_image=session.ledger.blob(restored.sha256_before),
+            action="restore",
+        )
     return restored
 
 
