@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from opspatch.ledger import Ledger
+from opspatch.ledger.store import Ledger
 
 STEPS = ("lock", "inspect", "swap", "restart", "ready", "smoke")
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opspatch.inventory import Host, load_inventory
+from opspatch.config.inventory import Host, load_inventory
 from tests.clirunner import Run, opspatch
 
 REPO = Path(__file__).resolve().parent.parent

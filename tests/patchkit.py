@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
-from opspatch.spec import PatchSpec, parse_patch
-from opspatch.tomlsource import parse_toml
+from opspatch.core.spec import PatchSpec, parse_patch
+from opspatch.core.tomlsource import parse_toml
 
 HEADER = """
 id = "{id}"

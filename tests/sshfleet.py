@@ -1,11 +1,11 @@
 """pytest plugin: a fleet of real OpenSSH servers on 127.0.0.2, 127.0.0.3 and 127.0.0.4.
 
-The servers (`opspatch.sshd`) run for the whole session with generated host and user keys and a
+The servers (`opspatch.sandbox.sshd`) run for the whole session with generated host and user keys and a
 pinned known_hosts file in a temporary folder; the user's own `~/.ssh` is never read or written.
 Tests that need them are skipped, with the reason shown, when OpenSSH's sshd is not installed.
 
 Fixtures:
-- `ssh_fleet`: the running fleet (`opspatch.sshd.SshFleet`).
+- `ssh_fleet`: the running fleet (`opspatch.sandbox.sshd.SshFleet`).
 - `remote_target`: parametrised over the two transports (`local`, `ssh`): a resolved inventory
   `Host` whose engine interpreter is this Python, its transport, and `HostOperations` on it.
   Every host-side operation test takes it, so each runs over both transports.
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from opspatch.inventory import Host, parse_inventory
-from opspatch.remote import HostOperations, open_transport
-from opspatch.sshd import SshdError, SshFleet, find_sshd, start_ssh_fleet, stop_ssh_fleet
-from opspatch.transport.base import Transport
+from opspatch.config.inventory import Host, parse_inventory
+from opspatch.hosts.operations import HostOperations, open_transport
+from opspatch.hosts.transport.base import Transport
+from opspatch.sandbox.sshd import SshdError, SshFleet, find_sshd, start_ssh_fleet, stop_ssh_fleet
 
 FLEET_ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from opspatch.edit import (
+from opspatch.core.edit import (
     AlreadyApplied,
     Applied,
     NotApplicable,

@@ -17,8 +17,8 @@ import difflib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opspatch.anchors import iter_definitions, strip_positions
-from opspatch.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, reverse, unapply
+from opspatch.core.anchors import iter_definitions, strip_positions
+from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, reverse, unapply
 from tests.patchkit import make_patch
 
 NAMES = st.sampled_from(["a", "b", "count", "value", "total", "flag"])

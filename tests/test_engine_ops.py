@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from opspatch.edit import Applied, apply_patch
-from opspatch.engine import EngineControl
+from opspatch.config.inventory import Host, parse_inventory
+from opspatch.config.playbook import Playbook, SmokePrompt, SmokeSettings, StepTimeouts
+from opspatch.core.edit import Applied, apply_patch
+from opspatch.core.spec import load_patch
 from opspatch.errors import EngineError
-from opspatch.hostagent import stop_process_tree
-from opspatch.inventory import Host, parse_inventory
-from opspatch.playbook import Playbook, SmokePrompt, SmokeSettings, StepTimeouts
-from opspatch.remote import HostOperations
+from opspatch.hosts.agent import stop_process_tree
+from opspatch.hosts.engine import EngineControl
+from opspatch.hosts.operations import HostOperations
+from opspatch.hosts.transport.local import LocalTransport
 from opspatch.sandbox.install import make_host_python
-from opspatch.spec import load_patch
-from opspatch.transport.local import LocalTransport
 from tests.fleetkit import alive, wait_until
 from tests.standin import free_port
 

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from opspatch.errors import SelectionError, SpecError
-from opspatch.inventory import (
+from opspatch.config.inventory import (
     INVENTORY_COLUMNS,
     CommandRestart,
     EngineLayer,
@@ -27,7 +26,8 @@ from opspatch.inventory import (
     resolve_workspace_hosts,
     select_hosts,
 )
-from opspatch.workspace import Workspace
+from opspatch.config.lookup import Workspace
+from opspatch.errors import SelectionError, SpecError
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "inventories"

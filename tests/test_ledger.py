@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from opspatch.config.paths import default_ledger_path
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
-from opspatch.ledger import (
+from opspatch.ledger.store import (
     GENESIS_HASH,
     ControllerProcess,
     Ledger,
@@ -30,7 +31,6 @@ from opspatch.ledger import (
     new_run_id,
     operator_identity,
 )
-from opspatch.paths import default_ledger_path
 
 PATCH_SHA = "ab" * 32
 ORIGINAL = b"class EAGLEWorkerV2:\n    def __init__(self):\n        pass\n"
@@ -432,7 +432,7 @@ def test_a_sigkilled_run_shows_as_interrupted_with_each_hosts_last_step(
         """
         import os, signal, sys
         from pathlib import Path
-        from opspatch.ledger import Ledger
+        from opspatch.ledger.store import Ledger
         ledger = Ledger.open(Path(sys.argv[1]))
         run_id = ledger.begin_run(command="apply", patch_id="eagle-init-guard",
                                   patch_sha256=None, operator="ops@controller",

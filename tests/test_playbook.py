@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from opspatch.errors import InputError, SpecError
-from opspatch.playbook import (
+from opspatch.config.playbook import (
     DEFAULT_FAIL_PATTERNS,
     BatchSize,
     LogSettings,
@@ -20,6 +19,7 @@ from opspatch.playbook import (
     plan_batches,
     plan_rollout,
 )
+from opspatch.errors import InputError, SpecError
 
 REPO_PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 

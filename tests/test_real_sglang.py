@@ -11,11 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from opspatch.anchors import first_line, iter_definitions, last_line, resolve_scope, strip_positions
-from opspatch.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, reverse, unapply
-from opspatch.localfiles import distribution_version_for
-from opspatch.spec import load_patch
-from opspatch.validate import check_compiles
+from opspatch.core.anchors import (
+    first_line,
+    iter_definitions,
+    last_line,
+    resolve_scope,
+    strip_positions,
+)
+from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, reverse, unapply
+from opspatch.core.spec import load_patch
+from opspatch.core.validate import check_compiles
+from opspatch.runs.localfile import distribution_version_for
 from tests.sglang_wheels import EAGLE_RELPATH, WheelUnavailable, sglang_site
 
 REPO = Path(__file__).resolve().parent.parent

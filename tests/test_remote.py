@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from opspatch.config.inventory import CommandRestart
 from opspatch.errors import (
     InputError,
     LockHeld,
@@ -28,11 +29,10 @@ from opspatch.errors import (
     RemoteOperationError,
     TargetError,
 )
-from opspatch.hostagent import purge_stale_bytecode
-from opspatch.inventory import CommandRestart
-from opspatch.remote import BOOTSTRAP, HostOperations, agent_source, open_transport
-from opspatch.sshd import SshFleet
-from opspatch.transport.base import Command
+from opspatch.hosts.agent import purge_stale_bytecode
+from opspatch.hosts.operations import BOOTSTRAP, HostOperations, agent_source, open_transport
+from opspatch.hosts.transport.base import Command
+from opspatch.sandbox.sshd import SshFleet
 
 if TYPE_CHECKING:
     from tests.sshfleet import HostMaker, Target

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from opspatch.ledger import Ledger
-from opspatch.sshd import find_sshd
+from opspatch.ledger.store import Ledger
+from opspatch.sandbox.sshd import find_sshd
 from tests.fleetkit import SandboxFleet, wait_until
 
 pytestmark = pytest.mark.slow
@@ -206,10 +206,10 @@ def test_dry_run_changes_nothing(fleet: SandboxFleet) -> None:
 
 def test_round_trips_per_host(fleet: SandboxFleet, tmp_path: Path) -> None:
     """plan is one exec per host; apply is six (begin, swap, restart, ready, smoke, release)."""
-    from opspatch.playbook import Playbook
-    from opspatch.remote import open_transport
-    from opspatch.rollout import FleetRollout, begin_run
-    from opspatch.spec import load_patch
+    from opspatch.config.playbook import Playbook
+    from opspatch.core.spec import load_patch
+    from opspatch.hosts.operations import open_transport
+    from opspatch.runs.apply import FleetRollout, begin_run
 
     patch = load_patch(Path(__file__).resolve().parent.parent / "patches" / "eagle-init-guard.toml")
     hosts = [fleet.hosts[n] for n in fleet.names]

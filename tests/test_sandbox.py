@@ -20,18 +20,18 @@ from typing import Any
 
 import pytest
 
-from opspatch.edit import Applied, apply_patch, detect
-from opspatch.engine import EngineControl
-from opspatch.inventory import CommandRestart, load_inventory, resolve_workspace_hosts
-from opspatch.playbook import Playbook
-from opspatch.remote import HostOperations, open_transport
+from opspatch.config.inventory import CommandRestart, load_inventory, resolve_workspace_hosts
+from opspatch.config.lookup import Workspace
+from opspatch.config.playbook import Playbook
+from opspatch.core.edit import Applied, apply_patch, detect
+from opspatch.core.spec import load_patch
+from opspatch.hosts.engine import EngineControl
+from opspatch.hosts.operations import HostOperations, open_transport
+from opspatch.hosts.transport.base import Command
+from opspatch.hosts.transport.local import LocalTransport
 from opspatch.sandbox.fleet import SandboxLayout, engine_pid
 from opspatch.sandbox.install import make_host_python
-from opspatch.spec import load_patch
-from opspatch.sshd import find_sshd
-from opspatch.transport.base import Command
-from opspatch.transport.local import LocalTransport
-from opspatch.workspace import Workspace
+from opspatch.sandbox.sshd import find_sshd
 from tests.clirunner import Run, opspatch
 from tests.standin import http_request
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from opspatch.core.spec import InsertEdit, load_patch, patch_json_schema
+from opspatch.core.tomlsource import format_field_path, locate_lines, parse_field_path
 from opspatch.errors import SpecError
-from opspatch.spec import InsertEdit, load_patch, patch_json_schema
-from opspatch.tomlsource import format_field_path, locate_lines, parse_field_path
 
 GOOD = """\
 id = "p"

@@ -21,7 +21,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opspatch.edit import Applied, apply_patch, detect
+from opspatch.config.lookup import Workspace
+from opspatch.core.edit import Applied, apply_patch, detect
+from opspatch.core.spec import PatchSpec, load_patch
 from opspatch.errors import InputError
 from opspatch.sandbox.install import (
     engine_source_dir,
@@ -29,8 +31,6 @@ from opspatch.sandbox.install import (
     make_host_python,
     record_hash,
 )
-from opspatch.spec import PatchSpec, load_patch
-from opspatch.workspace import Workspace
 from tests.standin import (
     EngineProcess,
     StandinHost,

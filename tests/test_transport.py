@@ -15,10 +15,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from opspatch.errors import CommandTimeout, HostKeyError, TransportError
-from opspatch.sshd import SshFleet, generate_keypair
-from opspatch.transport.base import Command, Transport
-from opspatch.transport.local import LocalTransport
-from opspatch.transport.ssh import SSHTransport, wrap_in_process_group
+from opspatch.hosts.transport.base import Command, Transport
+from opspatch.hosts.transport.local import LocalTransport
+from opspatch.hosts.transport.ssh import SSHTransport, wrap_in_process_group
+from opspatch.sandbox.sshd import SshFleet, generate_keypair
 
 if TYPE_CHECKING:
     from tests.sshfleet import HostMaker, Target

@@ -7,7 +7,7 @@ the host agent keeps its lock and backups). It starts every engine through the s
 rollout uses (`LocalTransport` -> `HostOperations` -> `EngineControl.restart` / `wait_ready` with
 the `command` restart strategy), so the sandbox exercises the real restart logic, then writes the
 `sandbox` inventory into `<state>/inventories/`, where `--hosts sandbox` finds it from any folder.
-With `--ssh` every host also gets a private sshd on 127.0.0.2, 127.0.0.3, ... (`opspatch.sshd`)
+With `--ssh` every host also gets a private sshd on 127.0.0.2, 127.0.0.3, ... (`opspatch.sandbox.sshd`)
 and a `sandbox-ssh` inventory reaching the same hosts over SSH.
 
 Layout (everything is derived from the state directory; only ports and sshd pids are recorded):
@@ -30,7 +30,7 @@ Why things are the way they are:
 - Ports are chosen once and recorded before anything starts; a recorded port that something
   else now holds is refused up front (exit 2, nothing started).
 - One sandbox command at a time: `up` and `down` hold `<state>/sandbox/.lock`.
-- A restarted sshd gets a new host key (`opspatch.sshd` generates one per start); `up` rewrites
+- A restarted sshd gets a new host key (`opspatch.sandbox.sshd` generates one per start); `up` rewrites
   the pinned known_hosts each time, so the `sandbox-ssh` inventory always verifies keys strictly.
 - Linux only, like the host agent's process handling: processes are recognised through /proc.
 """
@@ -52,20 +52,27 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from opspatch import paths
-from opspatch.edit import detect
-from opspatch.engine import EngineControl, RestartResult
+from opspatch.config import paths
+from opspatch.config.inventory import Host, Inventory, parse_inventory
+from opspatch.config.lookup import Workspace
+from opspatch.config.playbook import Playbook, StepTimeouts
+from opspatch.core.edit import detect
+from opspatch.core.spec import LoadedPatch, load_patch
 from opspatch.errors import HostError, InputError, OpspatchError
-from opspatch.hostagent import stop_process_tree
-from opspatch.inventory import Host, Inventory, parse_inventory
-from opspatch.playbook import Playbook, StepTimeouts
-from opspatch.remote import HostOperations
+from opspatch.hosts.agent import stop_process_tree
+from opspatch.hosts.engine import EngineControl, RestartResult
+from opspatch.hosts.operations import HostOperations
+from opspatch.hosts.transport.base import Command
+from opspatch.hosts.transport.local import LocalTransport
 from opspatch.sandbox.install import make_host_python
-from opspatch.spec import LoadedPatch, load_patch
-from opspatch.sshd import SshdError, SshdServer, find_sshd, generate_keypair, start_sshd, stop_sshd
-from opspatch.transport.base import Command
-from opspatch.transport.local import LocalTransport
-from opspatch.workspace import Workspace
+from opspatch.sandbox.sshd import (
+    SshdError,
+    SshdServer,
+    find_sshd,
+    generate_keypair,
+    start_sshd,
+    stop_sshd,
+)
 
 DEFAULT_HOSTS = 3
 MAX_HOSTS = 16

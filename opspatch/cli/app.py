@@ -24,8 +24,19 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from opspatch import __version__, paths
-from opspatch.edit import AlreadyApplied, Applied, NotApplicable, PlanOutcome, apply_patch
+from opspatch import __version__
+from opspatch.config import paths
+from opspatch.config.inventory import (
+    Host,
+    inventory_show_json,
+    inventory_show_table,
+    resolve_workspace_hosts,
+)
+from opspatch.config.lookup import Workspace
+from opspatch.config.playbook import Playbook, load_playbook
+from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, PlanOutcome, apply_patch
+from opspatch.core.spec import LoadedPatch, load_patch, patch_json_schema
+from opspatch.core.tomlsource import parse_field_path
 from opspatch.errors import (
     EXIT_BAD_INPUT,
     EXIT_NEEDS_ATTENTION,
@@ -39,18 +50,10 @@ from opspatch.errors import (
     TargetError,
     exit_code_for,
 )
-from opspatch.inventory import (
-    Host,
-    inventory_show_json,
-    inventory_show_table,
-    resolve_workspace_hosts,
-)
-from opspatch.ledger import Ledger
-from opspatch.localfiles import distribution_version_for
-from opspatch.playbook import Playbook, load_playbook
-from opspatch.remote import open_transport
-from opspatch.rollback import RecoverRun, RollbackFleet
-from opspatch.rollout import (
+from opspatch.hosts.operations import open_transport
+from opspatch.hosts.transport.base import Transport
+from opspatch.ledger.store import Ledger
+from opspatch.runs.apply import (
     ApplyPipeline,
     FleetRollout,
     HostOutcome,
@@ -62,11 +65,9 @@ from opspatch.rollout import (
     local_file_host,
     release,
 )
-from opspatch.spec import LoadedPatch, load_patch, patch_json_schema
-from opspatch.status import fleet_status
-from opspatch.tomlsource import parse_field_path
-from opspatch.transport.base import Transport
-from opspatch.workspace import Workspace
+from opspatch.runs.localfile import distribution_version_for
+from opspatch.runs.restore import RecoverRun, RollbackFleet
+from opspatch.runs.status import fleet_status
 
 app = typer.Typer(
     name="opspatch",
@@ -1082,13 +1083,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
 def _register_subcommands() -> None:
     try:
-        from opspatch.cli_sandbox import sandbox_app
+        from opspatch.cli.sandbox import sandbox_app
     except ImportError:  # pragma: no cover - the sandbox sub-app ships with the package
         return
     app.add_typer(sandbox_app, name="sandbox")
 
 
 _register_subcommands()
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

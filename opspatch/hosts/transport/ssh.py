@@ -37,10 +37,10 @@ from typing import Any
 import paramiko
 from fabric import Config, Connection
 
+from opspatch.config.inventory import Host, JumpHost
 from opspatch.errors import CommandTimeout, HostKeyError, TransportError
-from opspatch.inventory import Host, JumpHost
-from opspatch.transport.base import Command, CommandResult
-from opspatch.transport.local import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer
+from opspatch.hosts.transport.base import Command, CommandResult
+from opspatch.hosts.transport.local import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer
 
 ACCEPT_NEW_HOST_KEYS_FLAG = "--accept-new-host-keys"
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opspatch.config.inventory import Host
+from opspatch.config.playbook import Playbook
 from opspatch.errors import EngineError, RemoteOperationError
-from opspatch.inventory import Host
-from opspatch.playbook import Playbook
-from opspatch.remote import HostOperations
+from opspatch.hosts.operations import HostOperations
 
 # Seconds added to a host-side deadline for the exec itself (interpreter start, transfer).
 EXEC_MARGIN = 30.0

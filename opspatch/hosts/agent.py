@@ -1,7 +1,7 @@
 """The opspatch host agent: the code that runs ON a host, under the engine's own interpreter.
 
 The controller never installs anything on a host. For each operation it runs ONE command,
-`<engine python> -c BOOTSTRAP` (see `opspatch.remote`), and sends on stdin one JSON request that
+`<engine python> -c BOOTSTRAP` (see `opspatch.hosts.operations`), and sends on stdin one JSON request that
 carries this file's source text, the operation's name and its arguments (bytes as base64). The
 bootstrap executes this source as a module and calls `main(request)`, which prints exactly one
 JSON line on the original stdout:

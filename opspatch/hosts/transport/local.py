@@ -17,7 +17,7 @@ import subprocess
 import time
 
 from opspatch.errors import CommandTimeout, TransportError
-from opspatch.transport.base import Command, CommandResult
+from opspatch.hosts.transport.base import Command, CommandResult
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024 * 1024
 """Output kept per stream; a command that floods past this is still drained, the rest dropped."""

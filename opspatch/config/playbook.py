@@ -59,8 +59,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from opspatch.core.tomlsource import FieldPath, TomlDocument, parse_toml, read_toml
 from opspatch.errors import InputError
-from opspatch.tomlsource import FieldPath, TomlDocument, parse_toml, read_toml
 
 ON_HALT_CHOICES = ("stop", "rollback-run")
 TIMEOUT_STEPS = ("lock", "inspect", "swap", "restart", "ready", "smoke", "restore")

@@ -17,7 +17,7 @@ import difflib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from opspatch.spec import MODULE_SCOPE, ReplaceSelector, StatementSelector
+from opspatch.core.spec import MODULE_SCOPE, ReplaceSelector, StatementSelector
 
 DefNode = ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
 ScopeNode = ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef

@@ -10,7 +10,7 @@ import re
 from email.parser import HeaderParser
 from pathlib import Path
 
-from opspatch.spec import Target
+from opspatch.core.spec import Target
 
 
 def _normalize(name: str) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from opspatch import paths
+from opspatch.config import paths
 from opspatch.errors import InputError
 
 KINDS = ("patches", "inventories", "playbooks")
@@ -32,7 +32,7 @@ _SUFFIXES = {
 
 def bundled_dir(kind: str) -> Path | None:
     """The folder of `kind` shipped with the package (wheel), or the repository's (checkout)."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parent.parent  # opspatch/
     for candidate in (package / "_bundled" / kind, package.parent / kind):
         if candidate.is_dir():
             return candidate

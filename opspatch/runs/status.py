@@ -14,13 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from opspatch.edit import detect
+from opspatch.config.inventory import Host
+from opspatch.core.edit import detect
+from opspatch.core.spec import LoadedPatch
 from opspatch.errors import OpspatchError, TargetError
-from opspatch.inventory import Host
-from opspatch.ledger import Ledger
-from opspatch.remote import HostOperations, RemoteFile
-from opspatch.rollout import TransportFactory
-from opspatch.spec import LoadedPatch
+from opspatch.hosts.operations import HostOperations, RemoteFile
+from opspatch.ledger.store import Ledger
+from opspatch.runs.apply import TransportFactory
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,9 @@ from typing import Annotated, Any, Literal, Protocol
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from opspatch.config.lookup import Workspace, bundled_dir
+from opspatch.core.tomlsource import FieldPath, format_field_path, parse_toml
 from opspatch.errors import Location, SelectionError, SpecError
-from opspatch.tomlsource import FieldPath, format_field_path, parse_toml
-from opspatch.workspace import Workspace, bundled_dir
 
 DEFAULT_ENGINE_URL = "http://127.0.0.1:30000"
 DEFAULT_STATE_DIR = "/var/tmp/opspatch"

@@ -24,8 +24,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 from pydantic import model_validator as _model_validator
 
+from opspatch.core.tomlsource import TomlDocument, format_field_path, read_toml
 from opspatch.errors import Location
-from opspatch.tomlsource import TomlDocument, format_field_path, read_toml
 
 MODULE_SCOPE = "<module>"
 MARKER_PREFIX = "# opspatch:"
@@ -316,7 +316,7 @@ class DiffEdit(_Strict):
     @field_validator("diff")
     @classmethod
     def _diff_parses(cls, value: str) -> str:
-        from opspatch.unified import parse_unified_diff
+        from opspatch.core.unified import parse_unified_diff
 
         parse_unified_diff(value)  # raises ValueError with the reason
         return value

@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from opspatch.config.lookup import Workspace
 from opspatch.errors import EXIT_HOST_FAILED
 from opspatch.sandbox.fleet import (
     MAX_HOSTS,
@@ -29,7 +30,6 @@ from opspatch.sandbox.fleet import (
     sandbox_status,
     sandbox_up,
 )
-from opspatch.workspace import Workspace
 
 sandbox_app = typer.Typer(
     name="sandbox",

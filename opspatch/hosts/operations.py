@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import Any, Literal
 
+from opspatch.config.inventory import Host
 from opspatch.errors import (
     InputError,
     LockHeld,
@@ -37,10 +38,9 @@ from opspatch.errors import (
     TargetError,
     TransportError,
 )
-from opspatch.inventory import Host
-from opspatch.transport.base import Command, Transport
-from opspatch.transport.local import LocalTransport
-from opspatch.transport.ssh import SSHTransport
+from opspatch.hosts.transport.base import Command, Transport
+from opspatch.hosts.transport.local import LocalTransport
+from opspatch.hosts.transport.ssh import SSHTransport
 
 BOOTSTRAP = (
     "import json, sys, types\n"
@@ -58,7 +58,7 @@ DEFAULT_LOCK_TTL_SECONDS = 30 * 60
 @functools.cache
 def agent_source() -> str:
     """The host agent's source text, as shipped in the package."""
-    return resources.files("opspatch").joinpath("hostagent.py").read_text(encoding="utf-8")
+    return resources.files("opspatch.hosts").joinpath("agent.py").read_text(encoding="utf-8")
 
 
 def default_lock_owner() -> str:

@@ -20,7 +20,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 
-from opspatch.anchors import (
+from opspatch.core.anchors import (
     AnchorProblem,
     call_matches,
     calls_in,
@@ -31,7 +31,7 @@ from opspatch.anchors import (
     statement_assigns,
     strip_positions,
 )
-from opspatch.spec import (
+from opspatch.core.spec import (
     MODULE_SCOPE,
     AssignedBeforeCalls,
     ClassAttribute,

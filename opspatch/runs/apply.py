@@ -32,8 +32,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from opspatch.edit import AlreadyApplied, Applied, NotApplicable, apply_patch
-from opspatch.engine import EngineControl, RestartResult, SmokeResult
+from opspatch.config.inventory import EngineSettings, Host
+from opspatch.config.playbook import Playbook, plan_rollout
+from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch
+from opspatch.core.spec import LoadedPatch
 from opspatch.errors import (
     EXIT_BAD_INPUT,
     EXIT_HOST_FAILED,
@@ -47,12 +49,10 @@ from opspatch.errors import (
     TargetError,
     TransportError,
 )
-from opspatch.inventory import EngineSettings, Host
-from opspatch.ledger import Ledger, operator_identity
-from opspatch.playbook import Playbook, plan_rollout
-from opspatch.remote import HostInspection, HostOperations, RestoreResult
-from opspatch.spec import LoadedPatch
-from opspatch.transport.base import Transport
+from opspatch.hosts.engine import EngineControl, RestartResult, SmokeResult
+from opspatch.hosts.operations import HostInspection, HostOperations, RestoreResult
+from opspatch.hosts.transport.base import Transport
+from opspatch.ledger.store import Ledger, operator_identity
 
 # Host outcomes (architecture.md's vocabulary).
 APPLIED = "applied"

@@ -1,5 +1,5 @@
 """Transports: how a command reaches a host. One small interface, two implementations."""
 
-from opspatch.transport.base import Command, CommandResult, Transport
+from opspatch.hosts.transport.base import Command, CommandResult, Transport
 
 __all__ = ["Command", "CommandResult", "Transport"]

@@ -18,11 +18,12 @@ from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from opspatch.config.inventory import Host
+from opspatch.config.playbook import Playbook
+from opspatch.core.spec import LoadedPatch
 from opspatch.errors import LockHeld, OpspatchError
-from opspatch.inventory import Host
-from opspatch.ledger import FileVersion, Ledger, RunDetail
-from opspatch.playbook import Playbook
-from opspatch.rollout import (
+from opspatch.ledger.store import FileVersion, Ledger, RunDetail
+from opspatch.runs.apply import (
     APPLIED,
     NEEDS_ATTENTION,
     RESTORED,
@@ -44,7 +45,6 @@ from opspatch.rollout import (
     restore_pre_image,
     smoke_step,
 )
-from opspatch.spec import LoadedPatch
 
 
 @dataclass(frozen=True)

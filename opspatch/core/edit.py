@@ -27,7 +27,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from opspatch.anchors import (
+from opspatch.core.anchors import (
     AnchorProblem,
     Located,
     Scope,
@@ -43,8 +43,14 @@ from opspatch.anchors import (
     select_statement,
     statement_dumps,
 )
-from opspatch.source import LineIndex, SourceDecodeError, SourceText, split_lines, strip_newline
-from opspatch.spec import (
+from opspatch.core.source import (
+    LineIndex,
+    SourceDecodeError,
+    SourceText,
+    split_lines,
+    strip_newline,
+)
+from opspatch.core.spec import (
     MODULE_SCOPE,
     DiffEdit,
     InsertEdit,
@@ -52,14 +58,14 @@ from opspatch.spec import (
     ReplaceEdit,
     edit_field,
 )
-from opspatch.unified import (
+from opspatch.core.unified import (
     HunkFailure,
     LineReplacement,
     ParsedDiff,
     parse_unified_diff,
     plan_hunks,
 )
-from opspatch.validate import validate_result
+from opspatch.core.validate import validate_result
 
 # ---------------------------------------------------------------------------------------------
 # outcomes

@@ -1,0 +1,5 @@
+"""`python -m opspatch.cli`: the console script, for tests and hosts without the entry point."""
+
+from opspatch.cli.app import main
+
+main()
