@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opspatch.config.inventory import Host, load_inventory
+from opspatch.config.inventory import load_inventory
+from opspatch.core.host import Host
 from tests.clirunner import Run, opspatch
 
 REPO = Path(__file__).resolve().parent.parent

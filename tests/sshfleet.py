@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from opspatch.config.inventory import Host, parse_inventory
+from opspatch.config.inventory import parse_inventory
+from opspatch.core.host import Host
 from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.transport.base import Transport
 from opspatch.sandbox.sshd import SshdError, SshFleet, find_sshd, start_ssh_fleet, stop_ssh_fleet

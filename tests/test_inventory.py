@@ -9,13 +9,9 @@ import pytest
 
 from opspatch.config.inventory import (
     INVENTORY_COLUMNS,
-    CommandRestart,
     EngineLayer,
     Inventory,
-    JumpHost,
     SettingsLayer,
-    SupervisorRestart,
-    SystemdRestart,
     find_inventory,
     inventory_show_json,
     inventory_show_table,
@@ -27,6 +23,7 @@ from opspatch.config.inventory import (
     select_hosts,
 )
 from opspatch.config.lookup import Workspace
+from opspatch.core.host import CommandRestart, JumpHost, SupervisorRestart, SystemdRestart
 from opspatch.errors import SelectionError, SpecError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from opspatch.config.playbook import (
+from opspatch.config.playbook import load_playbook, parse_playbook
+from opspatch.core.policy import (
     DEFAULT_FAIL_PATTERNS,
     BatchSize,
     LogSettings,
     Playbook,
     SmokePrompt,
-    load_playbook,
-    parse_playbook,
     plan_batches,
     plan_rollout,
 )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from opspatch.config.inventory import CommandRestart
+from opspatch.core.host import CommandRestart
 from opspatch.errors import (
     InputError,
     LockHeld,

@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
-from opspatch.config.inventory import CommandRestart, load_inventory, resolve_workspace_hosts
+from opspatch.config.inventory import load_inventory, resolve_workspace_hosts
 from opspatch.config.lookup import Workspace
-from opspatch.config.playbook import Playbook
 from opspatch.core.edit import Applied, apply_patch, detect
+from opspatch.core.host import CommandRestart
+from opspatch.core.policy import Playbook
 from opspatch.core.spec import load_patch
 from opspatch.hosts.engine import EngineControl
 from opspatch.hosts.operations import HostOperations, open_transport

@@ -27,14 +27,15 @@ from rich.text import Text
 from opspatch import __version__
 from opspatch.config import paths
 from opspatch.config.inventory import (
-    Host,
     inventory_show_json,
     inventory_show_table,
     resolve_workspace_hosts,
 )
 from opspatch.config.lookup import Workspace
-from opspatch.config.playbook import Playbook, load_playbook
+from opspatch.config.playbook import load_playbook
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, PlanOutcome, apply_patch
+from opspatch.core.host import Host
+from opspatch.core.policy import Playbook
 from opspatch.core.spec import LoadedPatch, load_patch, patch_json_schema
 from opspatch.core.tomlsource import parse_field_path
 from opspatch.errors import (

@@ -39,118 +39,25 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from opspatch.config.lookup import Workspace, bundled_dir
+from opspatch.core.host import (
+    DEFAULT_ENGINE_URL,
+    DEFAULT_STATE_DIR,
+    DEFAULT_TRANSPORT,
+    CommandRestart,
+    EngineSettings,
+    Host,
+    JumpHost,
+    RestartStrategy,
+    SupervisorRestart,
+    SystemdRestart,
+    Transport,
+)
 from opspatch.core.tomlsource import FieldPath, format_field_path, parse_toml
 from opspatch.errors import Location, SelectionError, SpecError
 
-DEFAULT_ENGINE_URL = "http://127.0.0.1:30000"
-DEFAULT_STATE_DIR = "/var/tmp/opspatch"
 INVENTORY_SUFFIXES = (".toml", ".yml", ".yaml")
 ALL_HOSTS = "all"
 """The reserved selection word for every host of an inventory (as in Ansible)."""
-
-Transport = Literal["ssh", "local"]
-DEFAULT_TRANSPORT: Transport = "ssh"
-
-# ---------------------------------------------------------------------------------------------
-# The resolved model (what the rest of opspatch uses)
-
-
-@dataclass(frozen=True)
-class SystemdRestart:
-    """Restart the engine with `systemctl restart <unit>`."""
-
-    unit: str
-    kind: Literal["systemd"] = "systemd"
-
-    def describe(self) -> str:
-        return f"systemd unit {self.unit}"
-
-
-@dataclass(frozen=True)
-class SupervisorRestart:
-    """Restart the engine with `supervisorctl [-c <config>] restart <program>`."""
-
-    program: str
-    config: str | None = None
-    kind: Literal["supervisor"] = "supervisor"
-
-    def describe(self) -> str:
-        return f"supervisor program {self.program}"
-
-
-@dataclass(frozen=True)
-class CommandRestart:
-    """Stop the process tree whose pid is in `pid_file`, then run `start` (a shell command line
-    the operator wrote, run by `/bin/sh -c` in `workdir`)."""
-
-    start: str
-    pid_file: str
-    workdir: str | None = None
-    stop_timeout: float = 30.0
-    kind: Literal["command"] = "command"
-
-    def describe(self) -> str:
-        return f"command (pid file {self.pid_file})"
-
-
-RestartStrategy = SystemdRestart | SupervisorRestart | CommandRestart
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """How the engine runs on one host.
-
-    `python` is the engine's own interpreter (host operations run under it, so they see the files
-    the server imports); `None` means the inventory does not say, and host operations refuse.
-    `speculative` says whether the smoke decode must see `spec_verify_ct > 0`.
-    """
-
-    python: str | None = None
-    url: str = DEFAULT_ENGINE_URL
-    log_file: str | None = None
-    speculative: bool = False
-    env: Mapping[str, str] = field(default_factory=dict)
-    restart: RestartStrategy | None = None
-
-
-@dataclass(frozen=True)
-class JumpHost:
-    """A host to tunnel through (SSH `ProxyJump`). `name` is set when it is an inventory host."""
-
-    address: str
-    port: int | None = None
-    user: str | None = None
-    identity_file: str | None = None
-    name: str | None = None
-
-    def describe(self) -> str:
-        user = f"{self.user}@" if self.user else ""
-        port = f":{self.port}" if self.port else ""
-        return f"{user}{self.address}{port}"
-
-
-@dataclass(frozen=True)
-class Host:
-    """One host, with every setting resolved (defaults < groups < host).
-
-    `port` and `user` may be `None`: then `~/.ssh/config` (or port 22 and the local user) decides.
-    `identity_file` and `known_hosts` are kept as written (`~` is expanded by the transport, on the
-    controller); relative paths were made relative to the inventory file's folder.
-    """
-
-    name: str
-    inventory: str
-    address: str
-    port: int | None
-    user: str | None
-    identity_file: str | None
-    known_hosts: str | None
-    jump: JumpHost | None
-    transport: Transport
-    state_dir: str
-    vars: Mapping[str, Any]
-    engine: EngineSettings
-    groups: tuple[str, ...]
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from opspatch.config.inventory import Host
-from opspatch.config.playbook import Playbook
+from opspatch.core.host import Host
+from opspatch.core.policy import Playbook
 from opspatch.errors import EngineError, RemoteOperationError
 from opspatch.hosts.operations import HostOperations
 

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import Any, Literal
 
-from opspatch.config.inventory import Host
+from opspatch.core.host import Host
 from opspatch.errors import (
     InputError,
     LockHeld,

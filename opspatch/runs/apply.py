@@ -32,9 +32,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from opspatch.config.inventory import EngineSettings, Host
-from opspatch.config.playbook import Playbook, plan_rollout
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch
+from opspatch.core.host import EngineSettings, Host
+from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.spec import LoadedPatch
 from opspatch.errors import (
     EXIT_BAD_INPUT,

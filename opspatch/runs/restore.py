@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from opspatch.config.inventory import Host
-from opspatch.config.playbook import Playbook
+from opspatch.core.host import Host
+from opspatch.core.policy import Playbook
 from opspatch.core.spec import LoadedPatch
 from opspatch.errors import LockHeld, OpspatchError
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail

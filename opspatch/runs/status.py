@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from opspatch.config.inventory import Host
 from opspatch.core.edit import detect
+from opspatch.core.host import Host
 from opspatch.core.spec import LoadedPatch
 from opspatch.errors import OpspatchError, TargetError
 from opspatch.hosts.operations import HostOperations, RemoteFile

@@ -1,6 +1,10 @@
 """The sandbox: a local fleet of stand-in SGLang engines on one machine.
 
 `engine_src/sglang/` is the stand-in engine (package data, copied into each sandbox host; it is
-never importable from the controller), and `install.py` installs it into a host's own virtual
-environment like a real distribution.
+never importable from the controller), `install.py` installs it into a host's own virtual
+environment like a real distribution, `sshd.py` starts private OpenSSH servers for the hosts, and
+`fleet.py` brings the fleet up and down and writes its inventories.
+
+May import: `opspatch.runs`, `opspatch.hosts`, `opspatch.config`, `opspatch.core` and
+`opspatch.errors`; not the CLI (the `opspatch sandbox` commands live in `opspatch.cli.sandbox`).
 """

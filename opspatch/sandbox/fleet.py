@@ -53,10 +53,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from opspatch.config import paths
-from opspatch.config.inventory import Host, Inventory, parse_inventory
+from opspatch.config.inventory import Inventory, parse_inventory
 from opspatch.config.lookup import Workspace
-from opspatch.config.playbook import Playbook, StepTimeouts
 from opspatch.core.edit import detect
+from opspatch.core.host import Host
+from opspatch.core.policy import Playbook, StepTimeouts
 from opspatch.core.spec import LoadedPatch, load_patch
 from opspatch.errors import HostError, InputError, OpspatchError
 from opspatch.hosts.agent import stop_process_tree

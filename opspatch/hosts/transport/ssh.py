@@ -37,7 +37,7 @@ from typing import Any
 import paramiko
 from fabric import Config, Connection
 
-from opspatch.config.inventory import Host, JumpHost
+from opspatch.core.host import Host, JumpHost
 from opspatch.errors import CommandTimeout, HostKeyError, TransportError
 from opspatch.hosts.transport.base import Command, CommandResult
 from opspatch.hosts.transport.local import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer

@@ -1,0 +1,291 @@
+"""Rollout policy: the playbook model (canary, batches, halting, timeouts, smoke and log
+checks) and the pure fleet-policy functions (pure).
+
+The file format and its loader are in `opspatch.config.playbook`, whose docstring documents every
+key; this module is what runs, hosts and the CLI use once a playbook is loaded.
+`plan_rollout(playbook, hosts)` turns a host selection into batches (canaries first), and
+`Playbook.halt_reason(outcomes, canaries=...)` says whether the rollout must stop.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from opspatch.core.vocabulary import FAILED_OUTCOMES, Outcome
+
+ON_HALT_CHOICES = ("stop", "rollback-run")
+TIMEOUT_STEPS = ("lock", "inspect", "swap", "restart", "ready", "smoke", "restore")
+DEFAULT_FAIL_PATTERNS = (r"Scheduler hit an exception", r"Traceback \(most recent call last\)")
+DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):")
+MIN_SMOKE_TOKENS = 8  # fewer tokens can end at prefill and never run speculative verify
+MAX_SMOKE_TOKENS = 4096
+
+
+# ---------------------------------------------------------------------------------------------
+# the model
+
+
+@dataclass(frozen=True)
+class BatchSize:
+    """How many hosts go in one batch: a fixed `count`, or a `percent` of all selected hosts."""
+
+    count: int | None = None
+    percent: Decimal | None = None
+
+    def __post_init__(self) -> None:
+        if (self.count is None) == (self.percent is None):
+            raise ValueError("a BatchSize has either a count or a percent")
+        if self.count is not None and self.count < 1:
+            raise ValueError("a batch holds at least one host")
+        if self.percent is not None and not Decimal(0) < self.percent <= Decimal(100):
+            raise ValueError("a batch percentage is above 0 and at most 100")
+
+    def hosts_per_batch(self, selected: int) -> int:
+        """Hosts per batch for a selection of `selected` hosts: a percentage rounds up, and a
+        batch is never empty (25% of 3 hosts is 1 host, 25% of 5 is 2)."""
+        if self.count is not None:
+            return self.count
+        assert self.percent is not None
+        return max(1, math.ceil(Decimal(selected) * self.percent / Decimal(100)))
+
+    def to_json(self) -> int | str:
+        """As written in a playbook: a count, `"25%"`, or `"all"` for 100%."""
+        if self.count is not None:
+            return self.count
+        return "all" if self.percent == 100 else f"{self.percent}%"
+
+    def __str__(self) -> str:
+        return str(self.to_json())
+
+
+@dataclass(frozen=True)
+class StepTimeouts:
+    """Seconds each step may take on one host; the rollout passes them as deadlines."""
+
+    lock: float = 30.0
+    inspect: float = 120.0
+    swap: float = 60.0
+    restart: float = 180.0
+    ready: float = 1200.0
+    smoke: float = 180.0
+    restore: float = 120.0
+
+    def to_json(self) -> dict[str, float]:
+        return {step: getattr(self, step) for step in TIMEOUT_STEPS}
+
+
+@dataclass(frozen=True)
+class SmokePrompt:
+    """One greedy smoke decode: the prompt and, optionally, a regex its output must contain."""
+
+    text: str
+    expect: str | None = None
+
+    def matches(self, completion: str) -> bool:
+        """True when there is no expectation or `expect` is found (re.search) in `completion`."""
+        return self.expect is None or re.search(self.expect, completion) is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"text": self.text, "expect": self.expect}
+
+
+@dataclass(frozen=True)
+class SmokeSettings:
+    """How a host is proven to decode after a restart."""
+
+    prompts: tuple[SmokePrompt, ...] = tuple(SmokePrompt(p) for p in DEFAULT_PROMPTS)
+    max_new_tokens: int = 16
+    baseline: bool = False
+    require_spec_verify: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompts": [p.to_json() for p in self.prompts],
+            "max_new_tokens": self.max_new_tokens,
+            "baseline": self.baseline,
+            "require_spec_verify": self.require_spec_verify,
+        }
+
+
+@dataclass(frozen=True)
+class LogHit:
+    """A line of the server log that fails a host: its 1-based number, text and the pattern."""
+
+    line_number: int
+    line: str
+    pattern: str
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """Regular expressions that fail a host when they match the log written since the restart."""
+
+    fail_patterns: tuple[str, ...] = DEFAULT_FAIL_PATTERNS
+
+    def first_failure(self, log_text: str) -> LogHit | None:
+        """The first line of `log_text` that matches a fail pattern, or None."""
+        compiled = [(p, re.compile(p)) for p in self.fail_patterns]
+        for number, line in enumerate(log_text.splitlines(), start=1):
+            for pattern, regex in compiled:
+                if regex.search(line):
+                    return LogHit(number, line, pattern)
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fail_patterns": list(self.fail_patterns)}
+
+
+@dataclass(frozen=True)
+class Playbook:
+    """A rollout policy plus its verification procedure (see the module docstring for fields).
+
+    `canary` is a count or a tuple of host names; `max_in_flight` None means the whole batch;
+    `source` is the file it was loaded from (not part of equality).
+    """
+
+    name: str = "default"
+    description: str = ""
+    canary: int | tuple[str, ...] = 1
+    batch: BatchSize = BatchSize(percent=Decimal(25))
+    max_in_flight: int | None = 8
+    max_failures: int = 1
+    on_halt: str = "stop"
+    timeouts: StepTimeouts = StepTimeouts()
+    smoke: SmokeSettings = SmokeSettings()
+    log: LogSettings = LogSettings()
+    source: str | None = field(default=None, compare=False)
+
+    def in_flight(self, batch_size: int) -> int:
+        """How many hosts of a batch of `batch_size` are worked on at once."""
+        if self.max_in_flight is None:
+            return batch_size
+        return min(self.max_in_flight, batch_size)
+
+    def halt_reason(
+        self, outcomes: Mapping[str, str], *, canaries: Collection[str] = ()
+    ) -> str | None:
+        """Why the rollout must stop now, given each finished host's outcome; None to go on.
+
+        A host that needs attention always halts (its state is unknown); so does any failed
+        canary (that is what a canary is for); otherwise `max_failures` failed hosts halt.
+        Failed means an outcome in `FAILED_OUTCOMES`.
+        """
+        attention = sorted(h for h, o in outcomes.items() if o == Outcome.NEEDS_ATTENTION)
+        if attention:
+            return f"{_hosts_text(attention)} need{'s' if len(attention) == 1 else ''} attention"
+        failed = sorted(h for h, o in outcomes.items() if o in FAILED_OUTCOMES)
+        failed_canaries = [h for h in failed if h in canaries]
+        if failed_canaries:
+            return f"canary {_hosts_text(failed_canaries)} failed"
+        if len(failed) >= self.max_failures:
+            return (
+                f"{len(failed)} host{'s' if len(failed) != 1 else ''} failed ({_hosts_text(failed)}); "
+                f"the playbook halts at max_failures = {self.max_failures}"
+            )
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "canary": self.canary if isinstance(self.canary, int) else list(self.canary),
+            "batch": self.batch.to_json(),
+            "max_in_flight": "all" if self.max_in_flight is None else self.max_in_flight,
+            "max_failures": self.max_failures,
+            "on_halt": self.on_halt,
+            "timeouts": self.timeouts.to_json(),
+            "smoke": self.smoke.to_json(),
+            "log": self.log.to_json(),
+            "source": self.source,
+        }
+
+
+def _hosts_text(hosts: Sequence[str]) -> str:
+    return ", ".join(hosts[:5]) + (f" and {len(hosts) - 5} more" if len(hosts) > 5 else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# planning
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Hosts rolled out together; `in_flight` of them at once. Canary batches come first."""
+
+    hosts: tuple[str, ...]
+    canary: bool
+    in_flight: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hosts": list(self.hosts), "canary": self.canary, "in_flight": self.in_flight}
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """The order a rollout takes, and notes on choices the operator may not expect."""
+
+    batches: tuple[Batch, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def canaries(self) -> tuple[str, ...]:
+        return tuple(h for b in self.batches if b.canary for h in b.hosts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"batches": [b.to_json() for b in self.batches], "notes": list(self.notes)}
+
+
+def plan_rollout(playbook: Playbook, hosts: Sequence[str]) -> RolloutPlan:
+    """Split the selected `hosts` (in selection order) into batches: canaries, then the rest.
+
+    The canaries form one batch: the first `canary` hosts of the selection, or the named ones
+    that are selected (in the playbook's order). The others follow in batches of
+    `playbook.batch` hosts, a percentage being of all selected hosts (canaries included),
+    rounded up. Named canaries that are not selected are left out, with a note.
+
+    Raises:
+        ValueError: a host appears twice in `hosts` (the selection should have merged them).
+    """
+    duplicates = sorted({h for h in hosts if list(hosts).count(h) > 1})
+    if duplicates:
+        raise ValueError(f"hosts selected twice: {', '.join(duplicates)}")
+    if not hosts:
+        return RolloutPlan(batches=(), notes=("no hosts are selected",))
+    notes: list[str] = []
+    if isinstance(playbook.canary, int):
+        canaries = tuple(hosts[: playbook.canary])
+        if playbook.canary > len(hosts):
+            notes.append(
+                f"canary = {playbook.canary} but {len(hosts)} host"
+                f"{'s are' if len(hosts) != 1 else ' is'} selected: every host is a canary"
+            )
+    else:
+        canaries = tuple(h for h in playbook.canary if h in hosts)
+        absent = [h for h in playbook.canary if h not in hosts]
+        if absent:
+            notes.append(f"canary {_hosts_text(absent)} not selected; left out of this rollout")
+        if not canaries:
+            notes.append("none of the named canaries is selected: this rollout has no canary")
+    batches: list[Batch] = []
+    if canaries:
+        batches.append(Batch(canaries, True, playbook.in_flight(len(canaries))))
+    rest = [h for h in hosts if h not in canaries]
+    size = playbook.batch.hosts_per_batch(len(hosts))
+    for start in range(0, len(rest), size):
+        chunk = tuple(rest[start : start + size])
+        batches.append(Batch(chunk, False, playbook.in_flight(len(chunk))))
+    return RolloutPlan(batches=tuple(batches), notes=tuple(notes))
+
+
+def plan_batches(playbook: Playbook, hosts: Sequence[str]) -> list[list[str]]:
+    """`plan_rollout` as plain lists of host names, canary batch first.
+
+    Raises:
+        ValueError: a host appears twice in `hosts`.
+    """
+    return [list(batch.hosts) for batch in plan_rollout(playbook, hosts).batches]

@@ -1,0 +1,126 @@
+"""The words opspatch reports states in, defined once and used by the ledger, the playbook, the
+runs and the CLI.
+
+They are `str` enums so that a value *is* its wire spelling: `Outcome.APPLIED == "applied"`,
+`json.dumps` writes `"applied"`, and the ledger, the JSON output and the exit-code rules read the
+same word. Adding a state means adding it here; every `match`/set that must know about it is then
+found by searching for the enum.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Outcome(str, Enum):
+    """Where one host ended in a run (the `outcome` of a host in the JSON and the ledger)."""
+
+    APPLIED = "applied"
+    """The patch is on the host and the server was restarted and proven by the smoke decode."""
+    ALREADY_APPLIED = "already-applied"
+    """The host's file already carried the patch; nothing was changed."""
+    STAGED = "staged"
+    """The patched file is in place but the server was not restarted (`--restart never`)."""
+    ROLLED_BACK = "rolled-back"
+    """The apply failed after the swap and the pre-image is back (the run failed on this host)."""
+    RESTORED = "restored"
+    """rollback/recover put the pre-image back (or found it there) and the server is ready."""
+    FAILED = "failed"
+    """Nothing changed on this host (unreachable, lock held, the swap refused)."""
+    SKIPPED = "skipped"
+    """Not started (the rollout halted) or refused before any change, with the reason."""
+    NEEDS_ATTENTION = "needs-attention"
+    """The host is in a state opspatch cannot vouch for (a restore failed)."""
+    WOULD_APPLY = "would-apply"
+    """Dry run: the patch would change this host."""
+    NOT_APPLICABLE = "not-applicable"
+    """Dry run: the patch does not fit this host (version gate, anchors)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    __hash__ = str.__hash__  # so "applied" and Outcome.APPLIED are one set/dict key (3.10 too)
+
+    @property
+    def counts_as_failed(self) -> bool:
+        """Whether this outcome counts towards a playbook's `max_failures`."""
+        return self in FAILED_OUTCOMES
+
+
+FAILED_OUTCOMES = frozenset({Outcome.FAILED, Outcome.ROLLED_BACK, Outcome.NEEDS_ATTENTION})
+"""Host outcomes that count as a failed host for the fleet policy."""
+
+RECORDED_OUTCOMES = frozenset(
+    {
+        Outcome.APPLIED,
+        Outcome.ALREADY_APPLIED,
+        Outcome.STAGED,
+        Outcome.ROLLED_BACK,
+        Outcome.RESTORED,
+        Outcome.FAILED,
+        Outcome.SKIPPED,
+        Outcome.NEEDS_ATTENTION,
+    }
+)
+"""Host outcomes a recorded (non-dry) run writes to the ledger."""
+
+
+class StepStatus(str, Enum):
+    """The status of one step on one host (a ledger step record, a `steps[]` entry)."""
+
+    STARTED = "started"
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+    __hash__ = str.__hash__  # so "applied" and Outcome.APPLIED are one set/dict key (3.10 too)
+
+
+class PatchState(str, Enum):
+    """What `status` says about one patch in one host's live file."""
+
+    APPLIED = "applied"
+    STAGED = "staged"
+    NOT_APPLIED = "not-applied"
+    DRIFTED = "drifted"
+    NOT_APPLICABLE = "not-applicable"
+    PARTIAL = "partial"
+    UNKNOWN = "unknown"
+    UNREACHABLE = "unreachable"
+
+    def __str__(self) -> str:
+        return self.value
+
+    __hash__ = str.__hash__  # so "applied" and Outcome.APPLIED are one set/dict key (3.10 too)
+
+
+class RunStatus(str, Enum):
+    """A ledger run's status, derived from its events and its controller process."""
+
+    RUNNING = "running"
+    INTERRUPTED = "interrupted"
+    RECOVERED = "recovered"
+    FINISHED = "finished"
+    UNKNOWN = "unknown"
+
+    def __str__(self) -> str:
+        return self.value
+
+    __hash__ = str.__hash__  # so "applied" and Outcome.APPLIED are one set/dict key (3.10 too)
+
+
+class RunOutcome(str, Enum):
+    """A whole run's outcome, one word per exit code (0 ok, 1 failed, 2 refused, 3 attention)."""
+
+    OK = "ok"
+    FAILED = "failed"
+    REFUSED = "refused"
+    NEEDS_ATTENTION = "needs-attention"
+
+    def __str__(self) -> str:
+        return self.value
+
+    __hash__ = str.__hash__  # so "applied" and Outcome.APPLIED are one set/dict key (3.10 too)
