@@ -396,4 +396,3 @@ def _log(doc: TomlDocument, value: Any) -> LogSettings:
     return LogSettings(
         tuple(_regex(doc, (*where, "fail_patterns", i), p) for i, p in enumerate(raw))
     )
-

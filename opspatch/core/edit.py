@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import difflib
-import hashlib
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from opspatch.core.source import (
     LineIndex,
     SourceDecodeError,
     SourceText,
+    sha256_hex,
     split_lines,
     strip_newline,
 )
@@ -176,10 +176,6 @@ class Reverted:
 
     old_source: bytes
     diff: str
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 class _EditProblem(Exception):

@@ -11,6 +11,7 @@ Pure: bytes in, values out.
 from __future__ import annotations
 
 import codecs
+import hashlib
 import io
 import re
 import tokenize
@@ -132,3 +133,9 @@ class LineIndex:
     def indentation(self, lineno: int) -> str:
         line = self.line_text(lineno)
         return line[: len(line) - len(line.lstrip(" \t\f"))]
+
+
+def sha256_hex(data: bytes) -> str:
+    """The sha256 of `data` as 64 lowercase hex digits: how every file version is named (the
+    ledger, host backups, plans). The host agent keeps its own copy: it runs on hosts alone."""
+    return hashlib.sha256(data).hexdigest()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import functools
 import getpass
-import hashlib
 import json
 import socket
 from dataclasses import asdict, dataclass
@@ -30,6 +29,7 @@ from importlib import resources
 from typing import Any, Literal
 
 from opspatch.core.host import Host
+from opspatch.core.source import sha256_hex
 from opspatch.errors import (
     InputError,
     LockHeld,
@@ -453,7 +453,7 @@ class HostOperations:
 
     def _remote_file(self, data: dict[str, Any], step: str) -> RemoteFile:
         content = base64.b64decode(data["content_b64"])
-        if hashlib.sha256(content).hexdigest() != data["sha256"]:
+        if sha256_hex(content) != data["sha256"]:
             raise RemoteOperationError(
                 f"{data['path']} arrived with a different sha256 than the host computed",
                 code="read-corrupt",

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import hashlib
 import json
 import os
 import re
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from opspatch import __version__
+from opspatch.core.source import sha256_hex
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
 
 SCHEMA_VERSION = 1
@@ -129,11 +129,6 @@ def canonical_json(value: Any) -> str:
     return json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     )
-
-
-def sha256_hex(data: bytes) -> str:
-    """Lower-case hex sha256 of `data`."""
-    return hashlib.sha256(data).hexdigest()
 
 
 def event_hash(
