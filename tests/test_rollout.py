@@ -208,8 +208,8 @@ def test_round_trips_per_host(fleet: SandboxFleet, tmp_path: Path) -> None:
     """plan is one exec per host; apply is six (begin, swap, restart, ready, smoke, release)."""
     from opspatch.core.policy import Playbook
     from opspatch.core.spec import load_patch
-    from opspatch.hosts.operations import open_transport
-    from opspatch.runs.apply import FleetRollout, begin_run
+    from opspatch.runs.apply import apply_to_hosts
+    from opspatch.runs.connect import open_transport
 
     patch = load_patch(Path(__file__).resolve().parent.parent / "patches" / "eagle-init-guard.toml")
     hosts = [fleet.hosts[n] for n in fleet.names]
@@ -219,16 +219,13 @@ def test_round_trips_per_host(fleet: SandboxFleet, tmp_path: Path) -> None:
         transports.append(open_transport(host))
         return transports[-1]
 
-    dry = FleetRollout(
-        patch, Playbook(), hosts, counting, ledger=None, run_id=None, dry_run=True
-    ).run()
+    dry = apply_to_hosts(patch, hosts, Playbook(), factory=counting, ledger=None, dry_run=True)
     assert {h.outcome for h in dry.hosts} == {"would-apply"}
     assert [t.exec_count for t in transports] == [1] * len(hosts)
 
     transports.clear()
     ledger = Ledger.open(tmp_path / "ledger.sqlite3")
-    run_id = begin_run(ledger, command="apply", patch=patch, hosts=hosts, command_line="test")
-    report = FleetRollout(patch, Playbook(), hosts, counting, ledger=ledger, run_id=run_id).run()
+    report = apply_to_hosts(patch, hosts, Playbook(), factory=counting, ledger=ledger)
     assert {h.outcome for h in report.hosts} == {"applied"}
     assert [t.exec_count for t in transports] == [6] * len(hosts)
 
