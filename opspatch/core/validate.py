@@ -39,7 +39,6 @@ from opspatch.core.spec import (
     PatchSpec,
 )
 
-
 _WARNING_FILTERS = threading.Lock()
 """`warnings.catch_warnings` saves and restores the process-wide filter list; two threads doing
 it at once (the preflight plans hosts in parallel) can restore each other's state and leave

@@ -25,9 +25,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch
+from opspatch.core.gate import version_gate
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
-from opspatch.core.spec import LoadedPatch
+from opspatch.core.spec import LoadedPatch, Target
 from opspatch.core.vocabulary import Outcome
 from opspatch.errors import HostKeyError, OpspatchError, PreimageMismatch, TransportError
 from opspatch.hosts.engine import SmokeResult
@@ -64,6 +65,28 @@ class Prepared:
     inspection: HostInspection
     plan: PlanOutcome
     version_problem: str | None
+
+
+def gate_inspection(target: Target, inspection: HostInspection) -> str | None:
+    """The version gate for a host's file: the owning distribution's version decides
+    (`core.gate`); the module's import origin must be the target too (a symlink's target can
+    live anywhere, its origin cannot)."""
+    module = inspection.module
+    installed = inspection.facts.sglang_version if _is_sglang(target.distribution) else None
+    problem = version_gate(
+        target,
+        inspection.file.realpath,
+        owner=module.distribution if module else None,
+        owner_version=module.distribution_version if module else None,
+        installed_version=installed,
+    )
+    if problem is None and module is not None:
+        problem = target.mismatch(module.origin, None)
+    return problem
+
+
+def _is_sglang(distribution: str) -> bool:
+    return distribution.lower().replace("_", "-") == "sglang"
 
 
 class ApplyPipeline:
@@ -110,12 +133,17 @@ class ApplyPipeline:
         if session.recorded:
             assert session.ledger is not None and session.run_id is not None
             session.ledger.record_facts(session.run_id, session.name, inspection.facts.to_json())
-        installed = inspection.facts.sglang_version if target.distribution == "sglang" else None
         if path is not None:
-            installed = installed_version
-        mismatch = target.mismatch(inspection.file.realpath, installed)
-        if mismatch is None and inspection.module is not None:
-            mismatch = target.mismatch(inspection.module.origin, installed)
+            mismatch = version_gate(
+                target,
+                inspection.file.realpath,
+                owner=None,
+                owner_version=None,
+                installed_version=installed_version,
+                version_hint="pass --target-version when no dist-info beside the file says",
+            )
+        else:
+            mismatch = gate_inspection(target, inspection)
         with session.step("plan") as note:
             plan = apply_patch(inspection.file.content, self.patch.spec)
             note["detail"] = plan.outcome

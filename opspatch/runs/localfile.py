@@ -16,6 +16,7 @@ from email.parser import HeaderParser
 from pathlib import Path
 
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch
+from opspatch.core.gate import version_gate
 from opspatch.core.host import EngineSettings, Host
 from opspatch.core.policy import Playbook
 from opspatch.core.source import sha256_hex
@@ -114,11 +115,15 @@ def plan_local_file(loaded: LoadedPatch, file: Path, target_version: str | None)
     if not file.is_file():
         raise InputError(f"{file}: no such file")
     version = target_version or distribution_version_for(file, loaded.spec.target)
-    mismatch = loaded.spec.target.mismatch(str(file.resolve()), version)
-    if mismatch:
-        field = (
-            ("target", "versions") if "outside the versions" in mismatch else ("target", "module")
+    path = str(file.resolve())
+    field: tuple[str, str] = ("target", "module")
+    mismatch = loaded.spec.target.mismatch(path, None)
+    if mismatch is None:
+        field = ("target", "versions")
+        mismatch = version_gate(
+            loaded.spec.target, path, owner=None, owner_version=None, installed_version=version
         )
+    if mismatch:
         raise TargetError(
             f"{loaded.location(field)}: {mismatch}",
             hint="check that the file is the module and release this patch is for"

@@ -18,8 +18,9 @@ from opspatch.core.host import Host
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import PatchState
 from opspatch.errors import OpspatchError, TargetError
-from opspatch.hosts.operations import HostOperations, RemoteFile
+from opspatch.hosts.operations import HostInspection, HostOperations
 from opspatch.ledger.store import Ledger
+from opspatch.runs.apply import gate_inspection
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import map_hosts
 
@@ -38,11 +39,11 @@ class PatchStatus:
 
 
 def classify(
-    patch: LoadedPatch, host: str, file: RemoteFile, version: str | None, ledger: Ledger | None
+    patch: LoadedPatch, host: str, inspection: HostInspection, ledger: Ledger | None
 ) -> PatchStatus:
     """The state of one patch in one live file (pure apart from reading the ledger)."""
-    target = patch.spec.target
-    gate = target.mismatch(file.realpath, version if target.distribution == "sglang" else None)
+    file = inspection.file
+    gate = gate_inspection(patch.spec.target, inspection)
     structural = detect(file.content, patch.spec)
     recorded = ledger.last_applied(host, file.realpath, patch.spec.id) if ledger else None
     base = {"host": host, "patch": patch.spec.id, "path": file.realpath, "sha256": file.sha256}
@@ -112,15 +113,7 @@ def fleet_status(
                     ]
                     continue
                 for patch in group:
-                    results.append(
-                        classify(
-                            patch,
-                            host.name,
-                            inspection.file,
-                            inspection.facts.sglang_version,
-                            ledger,
-                        )
-                    )
+                    results.append(classify(patch, host.name, inspection, ledger))
         finally:
             transport.close()
         return results
