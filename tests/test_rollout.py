@@ -234,7 +234,9 @@ def test_version_gate_uses_the_distribution_that_owns_the_file(fleet: SandboxFle
     """A patch for another distribution's build (a fork published as `sglang-fork`) must not
     pass the gate on the sandbox's own sglang 0.5.23 (before: the gate was off for any
     distribution but `sglang`); and one for sglang outside its range is refused too."""
-    base = (Path(__file__).resolve().parent.parent / "patches" / "eagle-init-guard.toml").read_text()
+    base = (
+        Path(__file__).resolve().parent.parent / "patches" / "eagle-init-guard.toml"
+    ).read_text()
     fork = base.replace('id = "eagle-init-guard"', 'id = "fork-guard"').replace(
         'distribution = "sglang"', 'distribution = "sglang-fork"'
     )

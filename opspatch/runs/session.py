@@ -146,14 +146,15 @@ class HostSession:
 
     def refused(self, exc: OpspatchError) -> HostOutcome:
         """The outcome of a host whose step raised before anything was changed there: its lock
-        is held (`failed`, naming who holds it), its host key is unknown or changed (`failed`:
-        it could not be reached safely), the patch or inventory does not fit (`skipped`, with
-        the reason), or the host could not be reached or refused (`failed`)."""
+        is held (`failed`, naming who holds it), its host key is unknown or changed (`skipped`:
+        nothing was run there, with the fingerprint and what to do), the patch or inventory
+        does not fit (`skipped`, with the reason), or the host could not be reached or refused
+        (`failed`)."""
         if isinstance(exc, LockHeld):
             return self.outcome(Outcome.FAILED, f"refused: {exc.detail}")
         if isinstance(exc, HostKeyError):
             text = exc.message if not exc.hint else f"{exc.message} ({exc.hint})"
-            return self.outcome(Outcome.FAILED, text)
+            return self.outcome(Outcome.SKIPPED, text)
         if isinstance(exc, (InputError, TargetError)):
             return self.outcome(Outcome.SKIPPED, exc.message)
         return self.outcome(Outcome.FAILED, describe_error(exc))
