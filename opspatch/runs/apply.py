@@ -30,7 +30,7 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.spec import LoadedPatch, Target
 from opspatch.core.vocabulary import Outcome
-from opspatch.errors import HostKeyError, OpspatchError, PreimageMismatch, TransportError
+from opspatch.errors import HostKeyError, OpspatchError, PreimageMismatch
 from opspatch.hosts.engine import SmokeResult
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import Ledger
@@ -47,6 +47,7 @@ from opspatch.runs.session import (
     record_outcome,
 )
 from opspatch.runs.steps import (
+    effect_unknown,
     ready_step,
     release,
     restart_after_restore,
@@ -197,11 +198,11 @@ class ApplyPipeline:
                 change,
                 plan,
             )
-        except TransportError as exc:
-            # The swap may or may not have happened: look before deciding anything.
+        except Exception as exc:
+            if not effect_unknown(exc):
+                return self._outcome(session, Outcome.FAILED, describe_error(exc), change, plan)
+            # No reply: the swap may or may not have happened. Look before saying anything.
             return self._reconcile_after_lost_swap(session, change, plan, exc)
-        except OpspatchError as exc:
-            return self._outcome(session, Outcome.FAILED, describe_error(exc), change, plan)
         if not self.restart_engine:
             return self._outcome(session, Outcome.APPLIED, None, change, plan)
         try:
@@ -266,9 +267,9 @@ class ApplyPipeline:
         return self._outcome(session, Outcome.ROLLED_BACK, why, restored, plan, smoke=smoke)
 
     def _reconcile_after_lost_swap(
-        self, session: HostSession, change: FileChange, plan: Applied, exc: TransportError
+        self, session: HostSession, change: FileChange, plan: Applied, exc: Exception
     ) -> HostOutcome:
-        why = f"the swap did not answer: {exc.detail}"
+        why = f"the swap did not answer: {describe_error(exc)}"
         try:
             with session.step("reconcile") as note:
                 live = session.ops.read(change.path, timeout=self.playbook.timeouts.inspect)

@@ -8,12 +8,29 @@ own backup or the ledger's copy and records it; `release` gives the host's lock 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from opspatch.core.vocabulary import Outcome
-from opspatch.errors import OpspatchError, RemoteOperationError
+from opspatch.errors import InputError, OpspatchError, RemoteOperationError
 from opspatch.hosts.engine import Readiness, RestartResult, SmokeResult
 from opspatch.hosts.operations import RestoreResult
 from opspatch.runs.session import HostFailed, HostSession, describe_error
+
+# Refusals the host agent replies with only when it wrote nothing: the effect is known.
+_NO_EFFECT_CODES_EXCLUDED = frozenset({"agent-no-reply", "agent-error"})
+
+
+def effect_unknown(exc: BaseException) -> bool:
+    """Whether a failed exec that could change a file may or may not have changed it.
+
+    The host agent replies only when it is done, so a refusal it replied with (preimage-mismatch,
+    compile-failed, write-failed, ...) means it wrote nothing or undid what it wrote. Anything
+    else (no reply, a dropped channel, a deadline, a transport error, an error the agent hit
+    part-way) leaves the file's state unknown: read it back before saying what happened.
+    """
+    if isinstance(exc, RemoteOperationError):
+        return exc.code in _NO_EFFECT_CODES_EXCLUDED
+    return not isinstance(exc, InputError)
 
 
 def restore_pre_image(
@@ -39,21 +56,43 @@ def restore_pre_image(
     """
     with session.step("restore") as note:
         try:
-            restored = session.ops.restore(
+            try:
+                restored = session.ops.restore(
+                    path, pre_sha256=pre_sha256, current_sha256=post_sha256, timeout=timeout
+                )
+            except RemoteOperationError as exc:
+                if (
+                    exc.code not in ("backup-missing", "backup-hash-mismatch")
+                    or session.ledger is None
+                ):
+                    raise
+                content = session.ledger.blob(pre_sha256)
+                restored = session.ops.restore(
+                    path,
+                    pre_sha256=pre_sha256,
+                    content=content,
+                    current_sha256=post_sha256,
+                    timeout=timeout,
+                )
+        except Exception as exc:
+            if not effect_unknown(exc):
+                raise
+            # No reply: the restore may or may not have happened. Ask again: the agent reads
+            # the file itself, restores it if it is still the post-image, and purges bytecode.
+            again = session.ops.restore(
                 path, pre_sha256=pre_sha256, current_sha256=post_sha256, timeout=timeout
             )
-        except RemoteOperationError as exc:
-            if exc.code not in ("backup-missing", "backup-hash-mismatch") or session.ledger is None:
-                raise
-            content = session.ledger.blob(pre_sha256)
-            restored = session.ops.restore(
-                path,
-                pre_sha256=pre_sha256,
-                content=content,
-                current_sha256=post_sha256,
-                timeout=timeout,
+            restored = replace(again, sha256_before=post_sha256, changed=True)
+            note["detail"] = (
+                f"the first restore did not answer ({describe_error(exc)}); asked again: "
+                + (
+                    "it had worked"
+                    if again.source == "already"
+                    else f"restored from {again.source}"
+                )
             )
-        note["detail"] = f"back to {restored.sha256_after[:12]} from {restored.source}"
+        else:
+            note["detail"] = f"back to {restored.sha256_after[:12]} from {restored.source}"
     if restored.changed and session.ledger is not None and session.run_id is not None:
         session.ledger.record_file_version(
             session.run_id,
