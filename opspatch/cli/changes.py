@@ -174,44 +174,108 @@ def recover(
     run: Annotated[
         str | None, typer.Option("--run", help="The interrupted run (default: the newest one)")
     ] = None,
+    hosts: HostsOption = None,
     playbook: PlaybookOption = "default",
     yes: YesOption = False,
     accept_new_host_keys: AcceptKeysOption = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Bring every host of an interrupted run to a known state (finish it, or restore)."""
+    """Bring hosts a run left behind to a known state: an interrupted run and the runs it
+    descends from (default: the newest interrupted run), or `--hosts` whatever run touched them."""
     from opspatch.runs.connect import transport_factory
-    from opspatch.runs.restore import recover_run
+    from opspatch.runs.recover import recover_hosts, recover_run, run_chain
 
     ledger = options.open_ledger()
+    factory = transport_factory(accept_new_host_keys=accept_new_host_keys)
+    playbook_obj = options.load_playbook(playbook)
+    if hosts is not None:
+        if run is not None:
+            raise InputError("recover takes --run RUN_ID or --hosts TARGET, not both")
+        selected = options.hosts(hosts)
+        names = [h.name for h in selected]
+        confirm_or_refuse(f"Recover {len(names)} host(s): {', '.join(names)}?", yes=yes)
+        with LiveProgress(names, enabled=not as_json) as progress:
+            report = recover_hosts(
+                ledger=ledger,
+                hosts=selected,
+                factory=factory,
+                playbook=playbook_obj,
+                patch=None,
+                progress=progress,
+            )
+        finish(report, as_json)
     if run is None:
         interrupted = [r for r in ledger.list_runs(limit=200) if r.status == "interrupted"]
         if not interrupted:
-            raise InputError("no interrupted run in the ledger", hint="opspatch ledger list")
+            raise InputError(
+                "no interrupted run in the ledger",
+                hint="`opspatch ledger list` shows the runs; a host whose lock outlived its run: "
+                "`opspatch recover --hosts TARGET` or `opspatch unlock --hosts TARGET`",
+            )
         run = interrupted[0].run_id
     detail = ledger.get_run(run)
     if detail.summary.status != "interrupted":
         raise InputError(
             f"run {detail.run_id} is {detail.summary.status}, not interrupted",
-            hint="recover is for runs whose controller died part-way",
+            hint="recover --run is for runs whose controller died part-way; "
+            "`opspatch recover --hosts TARGET` reconciles hosts whatever run touched them",
         )
-    selected = hosts_of_run(detail.summary.hosts)
+    chain = run_chain(ledger, detail.run_id)
+    names = list(dict.fromkeys(h for d in reversed(chain) for h in d.summary.hosts))
+    selected = hosts_of_run(names)
     loaded: LoadedPatch | None = None
-    if detail.summary.patch_id:
+    patch_id = next((d.summary.patch_id for d in chain if d.summary.patch_id), None)
+    if patch_id:
         try:
-            loaded = options.load_patch(detail.summary.patch_id)
+            loaded = options.load_patch(patch_id)
         except OpspatchError:
             loaded = None
-    confirm_or_refuse(f"Recover run {detail.run_id} on {len(selected)} host(s)?", yes=yes)
-    playbook_obj = options.load_playbook(playbook)
+    runs = ", ".join(d.run_id for d in chain)
+    confirm_or_refuse(f"Recover run {runs} on {len(selected)} host(s)?", yes=yes)
     with LiveProgress([h.name for h in selected], enabled=not as_json) as progress:
         report = recover_run(
             ledger=ledger,
-            interrupted=detail,
+            chain=chain,
             hosts=selected,
-            factory=transport_factory(accept_new_host_keys=accept_new_host_keys),
+            factory=factory,
             playbook=playbook_obj,
             patch=loaded,
+            progress=progress,
+        )
+    finish(report, as_json)
+
+
+def unlock(
+    hosts: HostsOption = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Also remove a lock whose run this ledger does not know (never a running one).",
+        ),
+    ] = False,
+    yes: YesOption = False,
+    accept_new_host_keys: AcceptKeysOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Remove host locks left behind by runs that are over (recorded in the ledger)."""
+    from opspatch.runs.connect import transport_factory
+    from opspatch.runs.recover import unlock_hosts
+
+    if hosts is None:
+        raise InputError("unlock needs --hosts TARGET", hint="opspatch unlock --hosts gpu-01")
+    selected = options.hosts(hosts)
+    names = [h.name for h in selected]
+    confirm_or_refuse(
+        f"Remove the opspatch lock on {len(names)} host(s): {', '.join(names)}?", yes=yes
+    )
+    with LiveProgress(names, enabled=not as_json) as progress:
+        report = unlock_hosts(
+            ledger=options.open_ledger(),
+            hosts=selected,
+            factory=transport_factory(accept_new_host_keys=accept_new_host_keys),
+            playbook=options.load_playbook("default"),
+            force_unknown=force,
             progress=progress,
         )
     finish(report, as_json)
@@ -221,3 +285,4 @@ def register(app: typer.Typer) -> None:
     app.command()(apply)
     app.command()(rollback)
     app.command()(recover)
+    app.command()(unlock)

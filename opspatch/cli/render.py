@@ -33,6 +33,7 @@ OUTCOME_STYLE = {
     "applied": "green",
     "already-applied": "green",
     "restored": "green",
+    "unlocked": "green",
     "staged": "cyan",
     "would-apply": "cyan",
     "rolled-back": "yellow",

@@ -31,6 +31,8 @@ class Outcome(str, Enum):
     """Not started (the rollout halted) or refused before any change, with the reason."""
     NEEDS_ATTENTION = "needs-attention"
     """The host is in a state opspatch cannot vouch for (a restore failed)."""
+    UNLOCKED = "unlocked"
+    """`unlock` removed a lock left behind by a run that is over."""
     WOULD_APPLY = "would-apply"
     """Dry run: the patch would change this host."""
     NOT_APPLICABLE = "not-applicable"

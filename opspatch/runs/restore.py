@@ -1,5 +1,5 @@
-"""Putting hosts back: `rollback` (undo a patch from the ledger) and `recover` (finish or undo
-what an interrupted run left behind).
+"""Putting hosts back: `rollback` (undo a patch from the ledger), and what `recover`
+(`runs.recover`) shares with it.
 
 Both restore only what opspatch itself wrote: a host's file is restored to the pre-image the
 ledger holds when the live file still hashes to the post-image opspatch recorded; anything else
@@ -23,7 +23,7 @@ from contextlib import ExitStack
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Outcome, StepStatus
+from opspatch.core.vocabulary import Outcome
 from opspatch.errors import LockHeld, OpspatchError
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.connect import TransportFactory
@@ -41,14 +41,13 @@ from opspatch.runs.session import (
 from opspatch.runs.steps import (
     ready_step,
     release,
-    restart_after_restore,
     restart_step,
     restore_pre_image,
     smoke_step,
 )
 
 
-def _restore_recorded(session: HostSession, version: FileVersion) -> FileChange:
+def restore_recorded(session: HostSession, version: FileVersion) -> FileChange:
     """Restore `version`'s pre-image (the host's backup, else the ledger's bytes) and record it."""
     restored = restore_pre_image(
         session,
@@ -62,7 +61,7 @@ def _restore_recorded(session: HostSession, version: FileVersion) -> FileChange:
     return FileChange(version.path, restored.sha256_before, restored.sha256_after)
 
 
-def _ensure_running(session: HostSession) -> str:
+def ensure_running(session: HostSession) -> str:
     """Make sure the server answers /health: wait for it, restart it if it does not come."""
     try:
         ready_step(session, None, step="ready")
@@ -78,7 +77,7 @@ def _ensure_running(session: HostSession) -> str:
         return "restarted"
 
 
-def _run_restore(
+def run_restore(
     *,
     command: str,
     ledger: Ledger,
@@ -165,7 +164,7 @@ def rollback_hosts(
         parent_run=source_run.run_id if source_run else None,
     ) as run:
         rollback = _Rollback(ledger, patch, source_run, restart_engine, only_path)
-        report = _run_restore(
+        report = run_restore(
             command="rollback",
             ledger=ledger,
             run_id=run.run_id,
@@ -247,7 +246,7 @@ class _Rollback:
                 file=FileChange(version.path, live, live),
             )
         try:
-            change = _restore_recorded(session, version)
+            change = restore_recorded(session, version)
         except OpspatchError as exc:
             return session.outcome(
                 Outcome.NEEDS_ATTENTION, f"restore failed: {describe_error(exc)}"
@@ -271,143 +270,3 @@ class _Rollback:
         if smoke is not None and not smoke.ok:
             note_text = f"smoke after restore failed (the original code may be what was broken): {smoke.summary()}"
         return session.outcome(Outcome.RESTORED, file=change, smoke=smoke, note=note_text)
-
-
-# ---------------------------------------------------------------------------------------------
-# recover
-
-
-def recover_run(
-    *,
-    ledger: Ledger,
-    interrupted: RunDetail,
-    hosts: Sequence[Host],
-    factory: TransportFactory,
-    playbook: Playbook,
-    patch: LoadedPatch | None,
-    progress: Progress | None = None,
-) -> RunReport:
-    """Bring every host of an interrupted run to a known state, as a recorded `recover` run.
-
-    Per host, from the ledger and the live file: patched and proven -> `applied`; patched but not
-    proven -> restart, ready, smoke, and `applied` or restored (`rolled-back`); at the pre-image
-    -> make sure the server is up, `restored`; anything else -> `needs-attention`. The patch is
-    never applied twice: recover only finishes or undoes what the run already wrote.
-    """
-    with recorded_run(
-        ledger,
-        command="recover",
-        patch=patch,
-        hosts=hosts,
-        playbook=playbook,
-        parent_run=interrupted.run_id,
-    ) as run:
-        recover = _Recover(interrupted, patch)
-        report = _run_restore(
-            command="recover",
-            ledger=ledger,
-            run_id=run.run_id,
-            hosts=hosts,
-            factory=factory,
-            playbook=playbook,
-            progress=progress or NoProgress(),
-            patch_id=interrupted.summary.patch_id,
-            per_host=recover.host,
-        )
-        return run.finish(report)
-
-
-class _Recover:
-    """What a recover does on one host of an interrupted run."""
-
-    def __init__(self, interrupted: RunDetail, patch: LoadedPatch | None) -> None:
-        self.interrupted = interrupted
-        self.patch = patch
-
-    def host(self, session: HostSession) -> HostOutcome:
-        try:
-            record = self.interrupted.host(session.name)
-        except KeyError:
-            record = None
-        versions = [v for v in (record.file_versions if record else ()) if v.action == "patch"]
-        restores = [v for v in (record.file_versions if record else ()) if v.action == "restore"]
-        takeover = self.interrupted.run_id
-        timeouts = session.playbook.timeouts
-        begin_timeout = timeouts.lock + timeouts.inspect
-        if versions:
-            version = versions[-1]
-            with session.step("begin") as note:
-                _, inspection = session.ops.begin(
-                    path=version.path,
-                    run_id=session.run_id or "",
-                    takeover_run=takeover,
-                    timeout=begin_timeout,
-                )
-                note["detail"] = f"{version.path} is {inspection.file.sha256[:12]}"
-        else:
-            module = self.patch.spec.target.module if self.patch else None
-            if module is None:
-                return session.outcome(
-                    Outcome.SKIPPED, note="the interrupted run changed nothing here"
-                )
-            with session.step("begin") as note:
-                _, inspection = session.ops.begin(
-                    module,
-                    run_id=session.run_id or "",
-                    takeover_run=takeover,
-                    timeout=begin_timeout,
-                )
-                note["detail"] = (
-                    f"{inspection.file.realpath} is {inspection.file.sha256[:12]}; no change recorded"
-                )
-            how = _ensure_running(session)
-            live = inspection.file.sha256
-            return session.outcome(
-                Outcome.RESTORED,
-                file=FileChange(inspection.file.realpath, live, live),
-                note=f"the interrupted run changed nothing here; server {how}",
-            )
-        live = inspection.file.sha256
-        change = FileChange(version.path, version.sha256_before, live)
-        if live == version.sha256_before:
-            how = _ensure_running(session)
-            state = "the file is at its pre-image" + (" (restored by the run)" if restores else "")
-            return session.outcome(Outcome.RESTORED, file=change, note=f"{state}; server {how}")
-        if live != version.sha256_after:
-            return session.outcome(
-                Outcome.NEEDS_ATTENTION,
-                f"{version.path} is {live[:12]}: neither the pre-image {version.sha256_before[:12]} nor the "
-                f"post-image {version.sha256_after[:12]} of run {version.run_id}",
-                file=change,
-            )
-        proven = any(
-            s.step == "smoke" and s.status == StepStatus.OK
-            for s in (record.steps if record else ())
-        )
-        if proven:
-            return session.outcome(
-                Outcome.APPLIED,
-                file=change,
-                note="patched and smoke-tested before the interruption",
-            )
-        try:
-            restart = restart_step(session)
-            ready_step(session, restart)
-            smoke = smoke_step(session, restart, baseline=None)
-            return session.outcome(
-                Outcome.APPLIED,
-                file=change,
-                smoke=smoke,
-                note="finished: restarted and smoke-tested",
-            )
-        except HostFailed as failure:
-            try:
-                restored = _restore_recorded(session, version)
-                restart_after_restore(session)
-            except (OpspatchError, HostFailed) as exc:
-                return session.outcome(
-                    Outcome.NEEDS_ATTENTION,
-                    f"{failure.error}; then the restore failed: {describe_error(exc)}",
-                    file=change,
-                )
-            return session.outcome(Outcome.ROLLED_BACK, failure.error, file=restored)

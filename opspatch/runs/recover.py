@@ -1,0 +1,362 @@
+"""`recover` and `unlock`: bring hosts that a run left behind to a known state.
+
+A run's controller can die at any step (killed, the laptop closed, the SSH connection lost), and
+so can the `recover` meant to finish it. Recover therefore works from two things only: what the
+ledger holds for each host (every file version any run recorded there) and what is on the host's
+disk now. It never trusts a run's own account of where it got to.
+
+- `recover_run(chain)`: the interrupted run and every run it descends from through `parent_run`
+  (a recover of a recover recovers the original run too). Hosts: every host of the chain. Locks
+  held by any run of the chain are taken over.
+- `recover_hosts(hosts)`: the hosts named, whatever run touched them last (for a lock left by a
+  finished run after a lost connection, or a run that is not in this ledger). Locks are taken
+  over only from runs this ledger knows to be over.
+- `unlock_hosts(hosts)`: remove a host lock whose run is over, recorded in the ledger; a lock
+  whose run is alive (or unknown here and not expired) is refused.
+
+Per host: the live file matches the post-image of a recorded patch → proven before (its run's
+smoke passed) `applied`, else restart, ready, smoke → `applied`, or restore → `rolled-back`; it
+matches a recorded pre-image → make sure the server answers → `restored`; no run recorded a
+change here → make sure the server answers → `restored`; anything else → `needs-attention`
+(someone else changed it). The patch is never applied twice: recover only finishes or undoes
+what a run wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from opspatch.core.host import Host
+from opspatch.core.policy import Playbook
+from opspatch.core.spec import LoadedPatch
+from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
+from opspatch.errors import InputError, LockHeld, OpspatchError
+from opspatch.hosts.operations import HostInspection
+from opspatch.ledger.store import FileVersion, Ledger, RunDetail
+from opspatch.runs.connect import TransportFactory
+from opspatch.runs.recorded import recorded_run
+from opspatch.runs.report import FileChange, HostOutcome, RunReport
+from opspatch.runs.restore import ensure_running, restore_recorded, run_restore
+from opspatch.runs.session import HostFailed, HostSession, NoProgress, Progress, describe_error
+from opspatch.runs.steps import ready_step, restart_after_restore, restart_step, smoke_step
+
+_OVER = (RunStatus.FINISHED, RunStatus.INTERRUPTED, RunStatus.RECOVERED)
+
+
+def run_chain(ledger: Ledger, run_id: str) -> list[RunDetail]:
+    """The run and its ancestors through `parent_run`, newest first (a cycle is cut)."""
+    chain: list[RunDetail] = []
+    seen: set[str] = set()
+    current: str | None = run_id
+    while current is not None and current not in seen:
+        seen.add(current)
+        detail = ledger.get_run(current)
+        chain.append(detail)
+        current = detail.summary.parent_run
+    return chain
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """What a recover may use: file versions by host (oldest first) and the runs whose host
+    locks it may take over (None: any run this ledger knows to be over)."""
+
+    versions: dict[str, list[FileVersion]]
+    takeover: frozenset[str] | None
+    what: str
+
+
+def recover_run(
+    *,
+    ledger: Ledger,
+    chain: Sequence[RunDetail],
+    hosts: Sequence[Host],
+    factory: TransportFactory,
+    playbook: Playbook,
+    patch: LoadedPatch | None,
+    progress: Progress | None = None,
+) -> RunReport:
+    """Recover the interrupted run `chain[0]` and the runs it descends from (`run_chain`)."""
+    versions: dict[str, list[FileVersion]] = {}
+    for detail in reversed(chain):  # oldest run first
+        for record in detail.hosts:
+            versions.setdefault(record.host, []).extend(
+                v for v in record.file_versions if v.action == "patch"
+            )
+    runs = ", ".join(d.run_id for d in chain)
+    scope = _Scope(versions, frozenset(d.run_id for d in chain), f"run {runs}")
+    return _recover(
+        ledger, scope, hosts, factory, playbook, patch, progress, parent_run=chain[0].run_id
+    )
+
+
+def recover_hosts(
+    *,
+    ledger: Ledger,
+    hosts: Sequence[Host],
+    factory: TransportFactory,
+    playbook: Playbook,
+    patch: LoadedPatch | None,
+    progress: Progress | None = None,
+) -> RunReport:
+    """Recover the named hosts from every file version this ledger holds for them."""
+    versions = {
+        host.name: [v for v in reversed(ledger.file_history(host.name)) if v.action == "patch"]
+        for host in hosts
+    }
+    scope = _Scope(versions, None, "any recorded run")
+    return _recover(ledger, scope, hosts, factory, playbook, patch, progress, parent_run=None)
+
+
+def _recover(
+    ledger: Ledger,
+    scope: _Scope,
+    hosts: Sequence[Host],
+    factory: TransportFactory,
+    playbook: Playbook,
+    patch: LoadedPatch | None,
+    progress: Progress | None,
+    *,
+    parent_run: str | None,
+) -> RunReport:
+    with recorded_run(
+        ledger,
+        command="recover",
+        patch=patch,
+        hosts=hosts,
+        playbook=playbook,
+        parent_run=parent_run,
+    ) as run:
+        recover = _RecoverHost(ledger, scope, patch)
+        report = run_restore(
+            command="recover",
+            ledger=ledger,
+            run_id=run.run_id,
+            hosts=hosts,
+            factory=factory,
+            playbook=playbook,
+            progress=progress or NoProgress(),
+            patch_id=patch.spec.id if patch else None,
+            per_host=recover.host,
+        )
+        return run.finish(report)
+
+
+def begin_taking_over(
+    session: HostSession,
+    ledger: Ledger,
+    takeover: Collection[str] | None,
+    *,
+    module: str | None = None,
+    path: str | None = None,
+) -> HostInspection:
+    """`begin` (lock + inspect) on a host, taking over a lock held by a run we may take over:
+    one of `takeover`, or (when None) any run this ledger knows to be over.
+
+    Raises:
+        LockHeld: the lock belongs to a run that may still be alive.
+    """
+    timeouts = session.playbook.timeouts
+    run_id = session.run_id or ""
+    with session.step("begin") as note:
+        try:
+            _, inspection = session.ops.begin(
+                module, path=path, run_id=run_id, timeout=timeouts.lock + timeouts.inspect
+            )
+        except LockHeld as held:
+            holder = str(held.data.get("run_id") or "")
+            if not holder or not _may_take_over(ledger, holder, takeover):
+                raise
+            _, inspection = session.ops.begin(
+                module,
+                path=path,
+                run_id=run_id,
+                takeover_run=holder,
+                timeout=timeouts.lock + timeouts.inspect,
+            )
+            note["detail"] = f"took the lock over from run {holder}; "
+        note["detail"] += f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
+    return inspection
+
+
+def _may_take_over(ledger: Ledger, holder: str, takeover: Collection[str] | None) -> bool:
+    if takeover is not None:
+        return holder in takeover
+    try:
+        return ledger.get_run(holder).summary.status in _OVER
+    except InputError:
+        return False  # not a run of this ledger: it may be alive elsewhere
+
+
+class _RecoverHost:
+    """What a recover does on one host."""
+
+    def __init__(self, ledger: Ledger, scope: _Scope, patch: LoadedPatch | None) -> None:
+        self.ledger = ledger
+        self.scope = scope
+        self.patch = patch
+
+    def host(self, session: HostSession) -> HostOutcome:
+        versions = self.scope.versions.get(session.name, [])
+        if versions:
+            inspection = begin_taking_over(
+                session, self.ledger, self.scope.takeover, path=versions[-1].path
+            )
+        elif self.patch is not None:
+            inspection = begin_taking_over(
+                session, self.ledger, self.scope.takeover, module=self.patch.spec.target.module
+            )
+        else:
+            return session.outcome(
+                Outcome.SKIPPED, note=f"{self.scope.what} recorded no change here"
+            )
+        live = inspection.file.sha256
+        path = inspection.file.realpath
+        patched = next((v for v in reversed(versions) if v.sha256_after == live), None)
+        if patched is not None:
+            return self._finish_patched(session, patched)
+        at_pre_image = next((v for v in reversed(versions) if v.sha256_before == live), None)
+        if at_pre_image is not None or not versions:
+            how = ensure_running(session)
+            state = (
+                f"the file is at the pre-image of run {at_pre_image.run_id}"
+                if at_pre_image is not None
+                else f"{self.scope.what} recorded no change here"
+            )
+            return session.outcome(
+                Outcome.RESTORED, file=FileChange(path, live, live), note=f"{state}; server {how}"
+            )
+        newest = versions[-1]
+        return session.outcome(
+            Outcome.NEEDS_ATTENTION,
+            f"{path} is {live[:12]}: none of the {len(versions)} version(s) the ledger holds for it "
+            f"(newest: pre-image {newest.sha256_before[:12]}, post-image "
+            f"{newest.sha256_after[:12]} of run {newest.run_id}); someone else changed it",
+            file=FileChange(path, newest.sha256_before, live),
+        )
+
+    def _proven(self, version: FileVersion, host: str) -> bool:
+        """Whether the run that wrote `version` proved it: its smoke passed on this host, or a
+        recover already found it patched and proven."""
+        try:
+            record = self.ledger.get_run(version.run_id).host(host)
+        except (InputError, KeyError):
+            return False
+        return record.outcome == Outcome.APPLIED or any(
+            s.step == "smoke" and s.status == StepStatus.OK for s in record.steps
+        )
+
+    def _finish_patched(self, session: HostSession, version: FileVersion) -> HostOutcome:
+        change = FileChange(version.path, version.sha256_before, version.sha256_after)
+        if self._proven(version, session.name):
+            return session.outcome(
+                Outcome.APPLIED,
+                file=change,
+                note=f"patched by run {version.run_id} and smoke-tested before the interruption",
+            )
+        try:
+            restart = restart_step(session)
+            ready_step(session, restart)
+            smoke = smoke_step(session, restart, baseline=None)
+            return session.outcome(
+                Outcome.APPLIED,
+                file=change,
+                smoke=smoke,
+                note=f"finished run {version.run_id}'s change: restarted and smoke-tested",
+            )
+        except HostFailed as failure:
+            try:
+                restored = restore_recorded(session, version)
+                restart_after_restore(session)
+            except (OpspatchError, HostFailed) as exc:
+                return session.outcome(
+                    Outcome.NEEDS_ATTENTION,
+                    f"{failure.error}; then the restore failed: {describe_error(exc)}",
+                    file=change,
+                )
+            return session.outcome(Outcome.ROLLED_BACK, failure.error, file=restored)
+
+
+# ---------------------------------------------------------------------------------------------
+# unlock
+
+
+def unlock_hosts(
+    *,
+    ledger: Ledger,
+    hosts: Sequence[Host],
+    factory: TransportFactory,
+    playbook: Playbook,
+    force_unknown: bool = False,
+    progress: Progress | None = None,
+) -> RunReport:
+    """Remove host locks whose run is over, as a recorded `unlock` run.
+
+    A lock whose run this ledger knows to be running is refused (`skipped`, exit 2); so is one
+    whose run this ledger does not know (another controller's), unless `force_unknown`.
+    """
+    with recorded_run(ledger, command="unlock", patch=None, hosts=hosts, playbook=playbook) as run:
+        unlock = _UnlockHost(ledger, force_unknown)
+        report = run_restore(
+            command="unlock",
+            ledger=ledger,
+            run_id=run.run_id,
+            hosts=hosts,
+            factory=factory,
+            playbook=playbook,
+            progress=progress or NoProgress(),
+            patch_id=None,
+            per_host=unlock.host,
+        )
+        return run.finish(report)
+
+
+class _UnlockHost:
+    def __init__(self, ledger: Ledger, force_unknown: bool) -> None:
+        self.ledger = ledger
+        self.force_unknown = force_unknown
+
+    def host(self, session: HostSession) -> HostOutcome:
+        timeout = session.playbook.timeouts.lock
+        run_id = session.run_id or ""
+        with session.step("lock") as note:
+            try:
+                info = session.ops.lock(run_id=run_id, timeout=timeout)
+            except LockHeld as held:
+                holder = str(held.data.get("run_id") or "")
+                held_by = held.detail
+                note["detail"] = f"held by run {holder or '?'} ({held_by})"
+            else:
+                previous = info.took_over_from
+                note["detail"] = (
+                    f"the lock of run {previous.run_id} had expired" if previous else "no lock held"
+                )
+                return session.outcome(Outcome.SKIPPED, note=f"{note['detail']}; nothing to remove")
+        status = self._status_of(holder)
+        if status == RunStatus.RUNNING:
+            return session.outcome(
+                Outcome.SKIPPED,
+                f"refused: the lock belongs to run {holder}, which is still running",
+            )
+        if status is None and not self.force_unknown:
+            return session.outcome(
+                Outcome.SKIPPED,
+                f"refused: the lock belongs to run {holder or '(unnamed)'}, which this ledger does "
+                f"not know ({held_by}); it may be alive on another controller. Ask its owner, "
+                "wait for it to expire, or re-run with --force",
+            )
+        with session.step("unlock") as note:
+            result = session.ops.unlock(run_id=holder, force=not holder, timeout=timeout)
+            note["detail"] = (
+                f"removed the lock of run {holder}" if result.released else result.reason
+            )
+        return session.outcome(Outcome.UNLOCKED, note=f"removed the lock of run {holder}")
+
+    def _status_of(self, run_id: str) -> RunStatus | None:
+        if not run_id:
+            return None
+        try:
+            return RunStatus(self.ledger.get_run(run_id).summary.status)
+        except InputError:
+            return None
