@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from opspatch.core.edit import AlreadyApplied, Applied, apply_patch, reverse
+from opspatch.core.fixes import parse_exception_line, patches_fixing
 from opspatch.core.initlint import InitLintReport, lint_init, write_guard_patch
-from opspatch.core.spec import load_patch
+from opspatch.core.spec import PatchSpec, load_patch
 from opspatch.core.validate import check_compiles
 from opspatch.errors import InputError
 from tests.sglang_wheels import EAGLE_RELPATH, WheelUnavailable, sglang_site
@@ -43,7 +44,7 @@ def _hazard(report: InitLintReport, attribute: str):  # type: ignore[no-untyped-
     return found[0]
 
 
-def _guard_round_trip(tmp_path: Path, path: Path, report: InitLintReport) -> None:
+def _guard_round_trip(tmp_path: Path, path: Path, report: InitLintReport) -> PatchSpec:
     """The written guard loads, applies, validates, is idempotent, reverses exactly, and leaves
     no hazard behind."""
     patch_id = "eagle-guard-written"
@@ -103,7 +104,14 @@ def test_standin_incident_hazard_found_with_its_line() -> None:
 
 def test_standin_guard_patch_applies_validates_and_clears_the_hazards(tmp_path: Path) -> None:
     path = STANDIN_SPECULATIVE / "eagle_worker_v2.py"
-    _guard_round_trip(tmp_path, path, _lint(path))
+    spec = _guard_round_trip(tmp_path, path, _lint(path))
+    # the written patch declares the AttributeErrors it prevents, subclass included
+    for owner in ("EAGLEWorkerV2", "StandaloneWorkerV2"):
+        raised = parse_exception_line(
+            f"AttributeError: '{owner}' object has no attribute 'spec_disable_batch_threshold'"
+        )
+        assert raised is not None
+        assert [m.patch_id for m in patches_fixing(raised, [spec])] == [spec.id]
 
 
 def test_the_shipped_guard_clears_the_incident_hazard() -> None:

@@ -664,9 +664,7 @@ def write_guard_patch(
         out.append(f"incident = {_toml_string(incident)}")
     out += [
         f"rationale = {_toml_multiline(rationale)}",
-        "fixes = [",
-        f'  {{ exception = "AttributeError", message = {_toml_string(message)} }},',
-        "]",
+        f'fixes = [{{ exception = "AttributeError", message = {_toml_string(message)} }}]',
         "",
         "[target]",
         f"module = {_toml_string(module)}",
