@@ -69,6 +69,7 @@ def _guard_round_trip(tmp_path: Path, path: Path, report: InitLintReport) -> Pat
         assert (
             f"{hazard.class_name}.{hazard.attribute} is assigned at line" in loaded.spec.rationale
         )
+    return loaded.spec
 
 
 # -- the stand-in: the incident's case ------------------------------------------------------------
