@@ -381,3 +381,37 @@ def test_report_json_names_every_field() -> None:
     }  # fmt: skip
     assert hazard["first_risky"]["calls"] == ["SpeculativeAlgorithm.from_string"]
     assert ast.parse(hazard["default"]["value"])
+
+
+def test_a_refused_class_is_left_out_when_the_file_has_others_to_guard(tmp_path: Path) -> None:
+    source = textwrap.dedent(
+        """
+        from dataclasses import dataclass
+
+        @dataclass
+        class Config:
+            def __init__(self):
+                setup()
+                self.x = 1
+            def use(self):
+                return self.x
+
+        class Worker:
+            def __init__(self):
+                setup()
+                self.y = 1
+            def use(self):
+                return self.y
+        """
+    )
+    report = lint_init(source, "pkg/mod.py")
+    guard = write_guard_patch(report, module="pkg.mod", patch_id="mod-guard")
+    assert [d[:2] for d in guard.defaults] == [("Worker", "y: int = 0")]
+    assert guard.skipped == (
+        "Config: it is decorated with @dataclass: a class-level value would become a field",
+    )
+    (tmp_path / "mod-guard.toml").write_text(guard.text)
+    outcome = apply_patch(source.encode(), load_patch(tmp_path / "mod-guard.toml").spec)
+    assert isinstance(outcome, Applied), outcome
+    with pytest.raises(InputError, match="class Config: no guard patch"):
+        write_guard_patch(report, module="pkg.mod", patch_id="g", class_name="Config")

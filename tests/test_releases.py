@@ -22,9 +22,10 @@ from opspatch.runs.releases import (
     list_releases,
     parse_index_json,
     release_cache_dir,
+    release_module_source,
 )
 from tests.patchkit import make_patch, src
-from tests.sglang_wheels import CACHE, WheelUnavailable, sglang_site
+from tests.sglang_wheels import CACHE, EAGLE_RELPATH, WheelUnavailable, sglang_site
 
 REPO = Path(__file__).resolve().parent.parent
 VERSIONS = ["0.5.4", "0.5.10", "0.5.23"]
@@ -129,6 +130,16 @@ def test_releases_not_in_the_cache_are_reported_not_checked(
     assert matrix.to_json()["unchecked"] == [
         {"version": "0.5.11", "reason": "not in the cache, and offline"}
     ]
+
+
+def test_release_module_source_for_export(guard: PatchSpec, seeded_cache: Path) -> None:
+    pristine = release_module_source(guard.target, "0.5.10", cache=seeded_cache, offline=True)
+    assert pristine == (sglang_site("0.5.10") / EAGLE_RELPATH).read_bytes()
+    with pytest.raises(InputError, match=r"sglang 0.5.11: cannot fetch the release: not in the"):
+        release_module_source(guard.target, "0.5.11", cache=seeded_cache, offline=True)
+    other = guard.target.model_copy(update={"module": "sglang.srt.not_there"})
+    with pytest.raises(InputError, match=r"sglang 0.5.10 has no sglang/srt/not_there.py"):
+        release_module_source(other, "0.5.10", cache=seeded_cache, offline=True)
 
 
 def test_a_bad_spec_is_an_input_error(guard: PatchSpec, tmp_path: Path) -> None:

@@ -32,6 +32,9 @@ class RaisedException:
     def render(self) -> str:
         return f"{self.type_name}: {self.message}"
 
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type_name, "message": self.message}
+
 
 def parse_exception_line(line: str) -> RaisedException | None:
     """`AttributeError: 'X' object has no attribute 'y'` -> RaisedException; None for other text.

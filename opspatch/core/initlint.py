@@ -577,15 +577,29 @@ def _from_annotation(annotation: ast.expr, where: str, future: bool) -> GuardDef
 
 @dataclass(frozen=True)
 class GuardPatch:
-    """A written guard patch: its id, the TOML text, and what it defaults."""
+    """A written guard patch: its id, the TOML text, what it defaults, and the classes left out
+    (where class-level defaults would not be inert)."""
 
     patch_id: str
     text: str
-    defaults: tuple[tuple[str, str, str], ...]  # (class, attribute line of code, reason)
+    defaults: tuple[tuple[str, str, str], ...]  # (class, line of code, reason)
+    skipped: tuple[str, ...] = ()  # "Class: why"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "patch": self.patch_id,
+            "defaults": [
+                {"class": cls, "code": code, "reason": reason}
+                for cls, code, reason in self.defaults
+            ],
+            "skipped": list(self.skipped),
+            "toml": self.text,
+        }
 
     def render(self) -> str:
         lines = [f"guard patch {self.patch_id}: {len(self.defaults)} class-level default(s)"]
         lines += [f"  {cls}: {code}  # {reason}" for cls, code, reason in self.defaults]
+        lines += [f"  not guarded: {why}" for why in self.skipped]
         return "\n".join(lines)
 
 
@@ -617,9 +631,12 @@ def write_guard_patch(
     and a `fixes` entry for the AttributeError it prevents. It loads with `load_patch` and, on the
     file the report was made from, applies and validates with `apply_patch`.
 
+    Classes where class-level defaults would not be inert (dataclass, enum, `__slots__`, ...) are
+    left out and listed in `skipped`.
+
     Raises:
-        InputError: no hazard to guard (in `class_name`, if given), or a class where class-level
-            defaults would not be inert (dataclass, enum, `__slots__`, ...).
+        InputError: no hazard to guard (in `class_name`, if given), or `class_name` (or every class
+            with hazards) is one where class-level defaults would not be inert.
     """
     classes = [
         c for c in report.classes if c.hazards and (class_name is None or c.name == class_name)
@@ -627,12 +644,15 @@ def write_guard_patch(
     if not classes:
         where = f"class {class_name}" if class_name else report.path
         raise InputError(f"{where}: no partial-initialisation hazard to guard")
-    for cls in classes:
-        if cls.guard_refusal:
-            raise InputError(
-                f"{report.path}:{cls.line}: class {cls.name}: no guard patch: {cls.guard_refusal}",
-                hint="guard the attribute by assigning it early in __init__ instead",
-            )
+    refused = [c for c in classes if c.guard_refusal]
+    if refused and (class_name is not None or len(refused) == len(classes)):
+        cls = refused[0]
+        raise InputError(
+            f"{report.path}:{cls.line}: class {cls.name}: no guard patch: {cls.guard_refusal}",
+            hint="guard the attribute by assigning it early in __init__ instead",
+        )
+    classes = [c for c in classes if not c.guard_refusal]
+    skipped = tuple(f"{c.name}: {c.guard_refusal}" for c in refused)
     hazards = [h for c in classes for h in c.hazards]
     names = sorted({h.attribute for h in hazards})
     owners = sorted({h.class_name for h in hazards} | {
@@ -696,4 +716,4 @@ def write_guard_patch(
             f"class = {_toml_string(hazard.class_name)}",
             f"name = {_toml_string(hazard.attribute)}",
         ]
-    return GuardPatch(patch_id, "\n".join(out) + "\n", tuple(defaults))
+    return GuardPatch(patch_id, "\n".join(out) + "\n", tuple(defaults), skipped)

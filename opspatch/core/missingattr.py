@@ -51,6 +51,9 @@ class MissingAttribute:
     class_name: str
     attribute: str
 
+    def to_json(self) -> dict[str, Any]:
+        return {"class": self.class_name, "attribute": self.attribute}
+
 
 def parse_missing_attribute(text: str) -> MissingAttribute | None:
     """The class and attribute of `AttributeError: 'C' object has no attribute 'a'` (also found

@@ -42,7 +42,7 @@ from opspatch.core.portability import (
     missing_module_result,
     sort_versions,
 )
-from opspatch.core.spec import PatchSpec
+from opspatch.core.spec import PatchSpec, Target
 from opspatch.errors import InputError
 
 DEFAULT_INDEX = "https://pypi.org"
@@ -218,6 +218,41 @@ def extract_module(wheel: Path, relpaths: Sequence[str], destination: Path) -> P
                 partial.replace(target)
                 return target
     return None
+
+
+def release_module_source(
+    target: Target,
+    version: str,
+    *,
+    cache: Path | None = None,
+    offline: bool = False,
+    pip: Sequence[str] = (sys.executable, "-m", "pip"),
+) -> bytes:
+    """The released bytes of `target`'s module in one release, fetched once into the cache (what
+    `opspatch export PATCH --release VERSION` diffs against).
+
+    Raises:
+        InputError: the release cannot be fetched (offline and not cached, no wheel), or it does
+            not ship the module.
+    """
+    cache = cache or release_cache_dir()
+    wheel = fetch_wheel(target.distribution, version, cache=cache, offline=offline, pip=pip)
+    if isinstance(wheel, str):
+        raise InputError(
+            f"{target.distribution} {version}: cannot fetch the release: {wheel}",
+            hint=f"check the version, or run once online to fill the cache ({cache})",
+        )
+    destination = cache / normalize_name(target.distribution) / version
+    try:
+        module = extract_module(wheel, target.module_relpaths(), destination)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise InputError(f"cannot read {wheel}: {exc}", hint="delete it and fetch again") from None
+    if module is None:
+        raise InputError(
+            f"{target.distribution} {version} has no {target.module_relpaths()[0]} ({wheel.name})",
+            hint="choose a release inside the patch's version range",
+        )
+    return module.read_bytes()
 
 
 def check_releases(
