@@ -153,6 +153,38 @@ def assigned_attributes(stmt: ast.AST, self_var: str) -> list[str]:
     return names
 
 
+def statement_assigned_attributes(stmt: ast.stmt, self_var: str) -> list[str]:
+    """Attributes one statement assigns itself (not the statements nested in it): assignment
+    targets, a `for` target, `with ... as self.x`."""
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        return assigned_attributes(stmt, self_var)
+    if isinstance(stmt, (ast.For, ast.AsyncFor)):
+        return assigned_attributes(stmt.target, self_var)
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return [
+            n
+            for item in stmt.items
+            if item.optional_vars is not None
+            for n in assigned_attributes(item.optional_vars, self_var)
+        ]
+    return []
+
+
+def statements_run(stmt: ast.stmt) -> list[ast.stmt]:
+    """`stmt` and the statements nested in its blocks, in source order; a nested function's or
+    class's body is not entered (it does not run as part of `stmt`)."""
+    out = [stmt]
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return out
+    for child in ast.iter_child_nodes(stmt):
+        if isinstance(child, ast.stmt):
+            out += statements_run(child)
+        elif isinstance(child, (ast.ExceptHandler, ast.match_case)):
+            for inner in child.body:
+                out += statements_run(inner)
+    return out
+
+
 def attribute_reads(func: FunctionNode, attribute: str | None = None) -> list[tuple[str, int]]:
     """`(attribute, line)` of every `self.<attribute>` load in a method (all of them if None)."""
     self_var = self_name(func)

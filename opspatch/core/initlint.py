@@ -42,6 +42,8 @@ from opspatch.core.classgraph import (
     describe_statement,
     find_class,
     self_name,
+    statement_assigned_attributes,
+    statements_run,
 )
 from opspatch.core.guarddefault import GuardDefault, infer_default
 from opspatch.errors import InputError
@@ -241,26 +243,10 @@ def _first_assignments(init: FunctionNode, self_var: str) -> dict[str, tuple[int
     assigns it: the top-level statement or the nested one inside it)."""
     found: dict[str, tuple[int, ast.stmt]] = {}
     for index, stmt in enumerate(init.body):
-        for node in ast.walk(stmt):
-            if not isinstance(node, ast.stmt):
-                continue
-            for name in assigned_attributes_of_statement(node, self_var):
+        for node in statements_run(stmt):
+            for name in statement_assigned_attributes(node, self_var):
                 found.setdefault(name, (index, node))
     return found
-
-
-def assigned_attributes_of_statement(stmt: ast.stmt, self_var: str) -> list[str]:
-    """Attributes a single statement assigns itself (not those of the statements nested in it)."""
-    if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-        return assigned_attributes(stmt, self_var)
-    if isinstance(stmt, (ast.For, ast.AsyncFor)):
-        return assigned_attributes(stmt.target, self_var)
-    if isinstance(stmt, (ast.With, ast.AsyncWith)):
-        return [
-            n for item in stmt.items if item.optional_vars is not None
-            for n in assigned_attributes(item.optional_vars, self_var)
-        ]  # fmt: skip
-    return []
 
 
 def _hierarchy_reads(

@@ -31,9 +31,10 @@ from opspatch.core.classgraph import (
     ClassGraph,
     ClassInfo,
     Statement,
-    assigned_attributes,
     describe_statement,
     self_name,
+    statement_assigned_attributes,
+    statements_run,
 )
 from opspatch.core.initprogress import InitProgress, init_progress
 
@@ -177,10 +178,8 @@ def _assignments(
                 hit = next(
                     (
                         node
-                        for node in ast.walk(stmt)
-                        if isinstance(node, ast.stmt)
-                        and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                        and attribute in _own_assignments(node, self_var)
+                        for node in statements_run(stmt)
+                        if attribute in statement_assigned_attributes(node, self_var)
                     ),
                     None,
                 )
@@ -203,21 +202,6 @@ def _assignments(
                 if in_init:
                     break  # the first assignment in __init__ is the one that matters
     return found
-
-
-def _own_assignments(stmt: ast.stmt, self_var: str) -> list[str]:
-    if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-        return assigned_attributes(stmt, self_var)
-    if isinstance(stmt, (ast.For, ast.AsyncFor)):
-        return assigned_attributes(stmt.target, self_var)
-    if isinstance(stmt, (ast.With, ast.AsyncWith)):
-        return [
-            n
-            for item in stmt.items
-            if item.optional_vars is not None
-            for n in assigned_attributes(item.optional_vars, self_var)
-        ]
-    return []
 
 
 def _dunder_check(graph: ClassGraph, order: list[ClassInfo], name: str, why: str) -> Check:
