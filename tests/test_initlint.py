@@ -415,3 +415,22 @@ def test_a_refused_class_is_left_out_when_the_file_has_others_to_guard(tmp_path:
     assert isinstance(outcome, Applied), outcome
     with pytest.raises(InputError, match="class Config: no guard patch"):
         write_guard_patch(report, module="pkg.mod", patch_id="g", class_name="Config")
+
+
+def test_an_assignment_inside_a_closure_is_not_an_assignment_of_init() -> None:
+    report = _lint_text(
+        """
+        class W:
+            def __init__(self):
+                def later():
+                    self.x = 0
+                self.cb = later
+                setup()
+                self.x = 1
+            def use(self):
+                return self.x
+        """
+    )
+    (hazard,) = report.hazards
+    assert hazard.assignment.text == "self.x = 1"
+    assert hazard.first_risky is not None and hazard.first_risky.text == "setup()"
