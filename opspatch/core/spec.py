@@ -353,6 +353,37 @@ class ClassAttribute(_Strict):
 Postcondition = Annotated[AssignedBeforeCalls | ClassAttribute, Field(discriminator="kind")]
 
 
+class Fix(_Strict):
+    """An exception a patch fixes, so a diagnosis that finds it in a log can name the patch.
+
+    `exception` is the exception's type name (a dotted name matches by its last part:
+    `torch.OutOfMemoryError` matches `OutOfMemoryError`); `message` is a Python regular expression
+    searched in the exception's message (the text after `Type: ` on the traceback's last line).
+    """
+
+    exception: str = Field(description="Exception type name, e.g. AttributeError")
+    message: str = Field(
+        description="Regular expression searched in the exception's message, e.g. "
+        "\"object has no attribute 'spec_disable_batch_threshold'\""
+    )
+
+    @field_validator("exception")
+    @classmethod
+    def _exception_is_dotted(cls, value: str) -> str:
+        if not _QUALNAME_RE.match(value):
+            raise ValueError(f"{value!r} is not an exception type name such as AttributeError")
+        return value
+
+    @field_validator("message")
+    @classmethod
+    def _message_compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
+        return value
+
+
 class PatchSpec(_Strict):
     """A patch file, validated."""
 
@@ -367,6 +398,11 @@ class PatchSpec(_Strict):
     target: Target
     edits: list[Edit] = Field(min_length=1)
     postconditions: list[Postcondition] = Field(default_factory=list)
+    fixes: list[Fix] = Field(
+        default_factory=list,
+        description="Exceptions this patch fixes (type and message pattern): diagnose names the "
+        "patch when a host's log shows one",
+    )
 
     @field_validator("id")
     @classmethod

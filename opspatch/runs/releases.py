@@ -1,0 +1,323 @@
+"""Fetch the released files of a patch's target and check the patch on each (`check --releases`).
+
+The effects behind the portability matrix (`opspatch.core.portability` judges):
+
+1. list the releases of the target distribution in the patch's range (or a given SPEC) from the
+   package index's JSON API (`<index>/pypi/<name>/json`; yanked files and releases without files
+   are left out); when the index cannot be reached, the releases already in the cache are used and
+   the report says so;
+2. fetch each release's wheel once into the cache with `pip download --no-deps
+   --only-binary=:all:` (when the wheel is built for other platforms only, again with the
+   platform tags of a wheel the index lists: the module's text is the same in every wheel of a
+   release), and extract only the target module;
+3. evaluate the patch on each extracted file.
+
+The cache is `$OPSPATCH_CACHE`, else `~/.cache/opspatch/releases`; never the repository. Layout:
+`<cache>/<name>/wheels/*.whl` and `<cache>/<name>/<version>/<module path>`. Offline, everything
+comes from the cache, and each release that is not there is reported as not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from opspatch.core.portability import (
+    ReleaseMatrix,
+    ReleaseResult,
+    UncheckedRelease,
+    evaluate_release,
+    missing_module_result,
+    sort_versions,
+)
+from opspatch.core.spec import PatchSpec, Target
+from opspatch.errors import InputError
+
+DEFAULT_INDEX = "https://pypi.org"
+INDEX_TIMEOUT_S = 20.0
+DOWNLOAD_TIMEOUT_S = 600.0
+
+
+def release_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where released files are cached: `$OPSPATCH_CACHE`, else `~/.cache/opspatch/releases`."""
+    env = os.environ if environ is None else environ
+    if env.get("OPSPATCH_CACHE"):
+        return Path(env["OPSPATCH_CACHE"]).expanduser()
+    home = Path(env.get("HOME") or Path.home())
+    return home / ".cache" / "opspatch" / "releases"
+
+
+def normalize_name(distribution: str) -> str:
+    """PEP 503 name with `_` as wheels spell it: `SGLang-Router` -> `sglang_router`."""
+    return re.sub(r"[-_.]+", "_", distribution).lower()
+
+
+@dataclass(frozen=True)
+class ReleaseListing:
+    """The releases in range, where the list came from, and what each offers."""
+
+    versions: tuple[str, ...]
+    listed_from: str  # "index" | "cache"
+    wheels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # version -> filenames
+    note: str = ""
+
+
+def parse_index_json(data: Mapping[str, object], specifier: SpecifierSet) -> ReleaseListing:
+    """The releases of a PyPI JSON API answer that are in `specifier` and have a file that is not
+    yanked; `wheels` lists each one's wheel filenames (empty: sdist only)."""
+    releases = data.get("releases")
+    if not isinstance(releases, dict):
+        raise ValueError("the index answer has no `releases`")
+    wheels: dict[str, tuple[str, ...]] = {}
+    for version, files in releases.items():
+        live = [f for f in files if isinstance(f, dict) and not f.get("yanked")]
+        if not live:
+            continue
+        try:
+            Version(version)
+        except InvalidVersion:
+            continue
+        wheels[version] = tuple(
+            str(f["filename"]) for f in live if str(f.get("filename", "")).endswith(".whl")
+        )
+    chosen = list(specifier.filter(wheels))
+    return ReleaseListing(
+        versions=tuple(sort_versions(chosen)),
+        listed_from="index",
+        wheels={v: wheels[v] for v in chosen},
+    )
+
+
+def _cached_versions(cache: Path, distribution: str) -> set[str]:
+    root = cache / normalize_name(distribution)
+    prefix = normalize_name(distribution) + "-"
+    found = (
+        {p.name for p in root.iterdir() if p.is_dir() and p.name != "wheels"}
+        if root.is_dir()
+        else set()
+    )
+    for wheel in (root / "wheels").glob("*.whl"):
+        if wheel.name.startswith(prefix):
+            found.add(wheel.name[len(prefix) :].split("-", 1)[0])
+    return found
+
+
+def list_releases(
+    distribution: str,
+    specifier: SpecifierSet,
+    *,
+    cache: Path,
+    offline: bool = False,
+    index_url: str = DEFAULT_INDEX,
+) -> ReleaseListing:
+    """The releases of `distribution` in `specifier`: from the index, or from the cache when
+    offline or when the index cannot be reached (the note says why)."""
+    note = "offline: releases listed from the cache"
+    if not offline:
+        url = f"{index_url.rstrip('/')}/pypi/{normalize_name(distribution)}/json"
+        try:
+            with urllib.request.urlopen(url, timeout=INDEX_TIMEOUT_S) as answer:
+                return parse_index_json(json.load(answer), specifier)
+        except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
+            note = f"the index could not be read ({exc}): releases listed from the cache"
+    cached = [v for v in specifier.filter(_cached_versions(cache, distribution))]
+    return ReleaseListing(tuple(sort_versions(cached)), "cache", {}, note)
+
+
+def _wheel_tag_args(filename: str) -> list[str]:
+    """pip's --platform/--python-version/--implementation/--abi for one wheel's tags."""
+    parts = filename[: -len(".whl")].split("-")
+    python, abi, platform = parts[-3], parts[-2], parts[-1]
+    args = ["--platform", platform.split(".")[0]]
+    match = re.match(r"^(cp|pp|py)(\d)(\d+)?", python)
+    if match:
+        args += ["--implementation", match.group(1)]
+        args += ["--python-version", match.group(2) + (match.group(3) or "")]
+    if abi != "none":
+        args += ["--abi", abi]
+    return args
+
+
+def _pip_download(
+    pip: Sequence[str], requirement: str, target: Path, extra: Sequence[str] = ()
+) -> str | None:
+    """Run pip download; None on success, else pip's last line."""
+    command = [*pip, "download", "--no-deps", "--only-binary=:all:", "--quiet",
+               "--disable-pip-version-check", requirement, "-d", str(target), *extra]  # fmt: skip
+    try:
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"pip download could not run: {exc}"
+    if result.returncode == 0:
+        return None
+    tail = (result.stderr or result.stdout).strip().splitlines()
+    return tail[-1] if tail else f"pip download exited {result.returncode}"
+
+
+def _find_wheel(wheels_dir: Path, distribution: str, version: str) -> Path | None:
+    found = sorted(wheels_dir.glob(f"{normalize_name(distribution)}-{version}-*.whl"))
+    return found[0] if found else None
+
+
+def fetch_wheel(
+    distribution: str,
+    version: str,
+    *,
+    cache: Path,
+    offline: bool,
+    listed_wheels: Sequence[str] = (),
+    pip: Sequence[str] = (sys.executable, "-m", "pip"),
+) -> Path | str:
+    """The cached wheel of one release, downloading it once; a string says why there is none."""
+    wheels_dir = cache / normalize_name(distribution) / "wheels"
+    cached = _find_wheel(wheels_dir, distribution, version)
+    if cached is not None:
+        return cached
+    if offline:
+        return "not in the cache, and offline"
+    wheels_dir.mkdir(parents=True, exist_ok=True)
+    requirement = f"{distribution}=={version}"
+    problem = _pip_download(pip, requirement, wheels_dir)
+    if problem is not None and listed_wheels:
+        problem = _pip_download(pip, requirement, wheels_dir, _wheel_tag_args(listed_wheels[0]))
+    found = _find_wheel(wheels_dir, distribution, version)
+    if found is not None:
+        return found
+    return problem or "pip download found no wheel"
+
+
+def extract_module(wheel: Path, relpaths: Sequence[str], destination: Path) -> Path | None:
+    """Extract the first of `relpaths` the wheel has into `destination` (atomically); None when the
+    wheel has none of them. An extraction already there is reused."""
+    for relpath in relpaths:
+        target = destination / relpath
+        if target.is_file():
+            return target
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        for relpath in relpaths:
+            if relpath in names:
+                target = destination / relpath
+                target.parent.mkdir(parents=True, exist_ok=True)
+                partial = target.with_name(target.name + ".partial")
+                partial.write_bytes(archive.read(relpath))
+                partial.replace(target)
+                return target
+    return None
+
+
+def release_module_source(
+    target: Target,
+    version: str,
+    *,
+    cache: Path | None = None,
+    offline: bool = False,
+    pip: Sequence[str] = (sys.executable, "-m", "pip"),
+) -> bytes:
+    """The released bytes of `target`'s module in one release, fetched once into the cache (what
+    `opspatch export PATCH --release VERSION` diffs against).
+
+    Raises:
+        InputError: the release cannot be fetched (offline and not cached, no wheel), or it does
+            not ship the module.
+    """
+    cache = cache or release_cache_dir()
+    wheel = fetch_wheel(target.distribution, version, cache=cache, offline=offline, pip=pip)
+    if isinstance(wheel, str):
+        raise InputError(
+            f"{target.distribution} {version}: cannot fetch the release: {wheel}",
+            hint=f"check the version, or run once online to fill the cache ({cache})",
+        )
+    destination = cache / normalize_name(target.distribution) / version
+    try:
+        module = extract_module(wheel, target.module_relpaths(), destination)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise InputError(f"cannot read {wheel}: {exc}", hint="delete it and fetch again") from None
+    if module is None:
+        raise InputError(
+            f"{target.distribution} {version} has no {target.module_relpaths()[0]} ({wheel.name})",
+            hint="choose a release inside the patch's version range",
+        )
+    return module.read_bytes()
+
+
+def check_releases(
+    patch: PatchSpec,
+    *,
+    spec: str | None = None,
+    versions: Sequence[str] | None = None,
+    cache: Path | None = None,
+    offline: bool = False,
+    index_url: str = DEFAULT_INDEX,
+    pip: Sequence[str] = (sys.executable, "-m", "pip"),
+) -> ReleaseMatrix:
+    """The portability matrix of `patch`: every release of its distribution in its range (or in
+    `spec`, or exactly `versions`), each fetched once into the cache and evaluated.
+
+    Raises:
+        InputError: `spec` is not a version range.
+    """
+    cache = cache or release_cache_dir()
+    target = patch.target
+    range_text = spec if spec is not None else target.versions
+    try:
+        specifier = SpecifierSet(range_text)
+    except InvalidSpecifier:
+        raise InputError(
+            f"{range_text!r} is not a version range", hint="e.g. --releases '>=0.5.4,<0.6'"
+        ) from None
+    if versions is not None:
+        listing = ReleaseListing(tuple(sort_versions(list(versions))), "given")
+        range_text = ", ".join(listing.versions)
+    else:
+        listing = list_releases(
+            target.distribution, specifier, cache=cache, offline=offline, index_url=index_url
+        )
+    results: list[ReleaseResult] = []
+    unchecked: list[UncheckedRelease] = []
+    for version in listing.versions:
+        listed = listing.wheels.get(version, ())
+        if listing.listed_from == "index" and not listed:
+            unchecked.append(UncheckedRelease(version, "the index has no wheel (sdist only)"))
+            continue
+        wheel = fetch_wheel(
+            target.distribution, version, cache=cache, offline=offline,
+            listed_wheels=listed, pip=pip,
+        )  # fmt: skip
+        if isinstance(wheel, str):
+            unchecked.append(UncheckedRelease(version, wheel))
+            continue
+        destination = cache / normalize_name(target.distribution) / version
+        try:
+            module = extract_module(wheel, target.module_relpaths(), destination)
+        except (zipfile.BadZipFile, OSError) as exc:
+            unchecked.append(UncheckedRelease(version, f"cannot read {wheel.name}: {exc}"))
+            continue
+        if module is None:
+            results.append(missing_module_result(patch, version, wheel.name))
+            continue
+        results.append(evaluate_release(patch, version, module.read_bytes()))
+    notes = (listing.note,) if listing.note else ()
+    return ReleaseMatrix(
+        patch_id=patch.id,
+        distribution=target.distribution,
+        range=range_text,
+        listed_from=listing.listed_from,
+        results=tuple(results),
+        unchecked=tuple(unchecked),
+        notes=notes,
+    )

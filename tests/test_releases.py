@@ -1,0 +1,264 @@
+"""check --releases: the portability matrix of a patch over real SGLang releases.
+
+The release cache is seeded from the wheels tests/sglang_wheels.py downloads (skipped with the
+reason when offline) and the matrix is computed offline from it, so these tests do not depend on
+the index; the `network` tests ask PyPI itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from packaging.specifiers import SpecifierSet
+
+from opspatch.core.portability import evaluate_release
+from opspatch.core.spec import PatchSpec, load_patch
+from opspatch.errors import InputError
+from opspatch.runs.releases import (
+    check_releases,
+    list_releases,
+    parse_index_json,
+    release_cache_dir,
+    release_module_source,
+)
+from tests.patchkit import make_patch, src
+from tests.sglang_wheels import CACHE, EAGLE_RELPATH, WheelUnavailable, sglang_site
+
+REPO = Path(__file__).resolve().parent.parent
+VERSIONS = ["0.5.4", "0.5.10", "0.5.23"]
+
+
+@pytest.fixture(scope="module")
+def guard() -> PatchSpec:
+    return load_patch(REPO / "patches" / "eagle-init-guard.toml").spec
+
+
+@pytest.fixture
+def seeded_cache(tmp_path: Path) -> Path:
+    """A release cache holding the test wheels of 0.5.4, 0.5.10 and 0.5.23 (hard links)."""
+    for version in VERSIONS:
+        try:
+            sglang_site(version)
+        except WheelUnavailable as exc:
+            pytest.skip(f"SGLang {version} wheel not available (offline?): {exc}")
+    wheels = tmp_path / "cache" / "sglang" / "wheels"
+    wheels.mkdir(parents=True)
+    for version in VERSIONS:
+        (wheel,) = (CACHE / "wheels").glob(f"sglang-{version}-*.whl")
+        try:
+            os.link(wheel, wheels / wheel.name)
+        except OSError:
+            shutil.copy(wheel, wheels / wheel.name)
+    return tmp_path / "cache"
+
+
+def test_eagle_init_guard_is_green_on_every_release(guard: PatchSpec, seeded_cache: Path) -> None:
+    matrix = check_releases(guard, versions=VERSIONS, cache=seeded_cache, offline=True)
+    assert [r.version for r in matrix.results] == VERSIONS
+    for result in matrix.results:
+        assert result.in_range and result.ok, result
+        assert (result.applies, result.validates, result.postconditions) == (True, True, True)
+        assert (result.idempotent, result.reverse) == (True, True)
+        assert result.lines_added == 5
+    assert matrix.exit_code == 0 and matrix.unchecked == ()
+    assert "every release checked in range passes" in matrix.render()
+    # only the target module was extracted, once per release
+    extracted = sorted(p.relative_to(seeded_cache).as_posix() for p in seeded_cache.rglob("*.py"))
+    assert extracted == [
+        f"sglang/{v}/sglang/srt/speculative/eagle_worker_v2.py" for v in sorted(VERSIONS)
+    ]
+
+
+def test_the_patch_range_lists_the_cached_releases_when_offline(
+    guard: PatchSpec, seeded_cache: Path
+) -> None:
+    matrix = check_releases(guard, cache=seeded_cache, offline=True)
+    assert matrix.listed_from == "cache"
+    assert [r.version for r in matrix.results] == VERSIONS
+    assert matrix.notes == ("offline: releases listed from the cache",)
+    narrowed = check_releases(guard, spec=">=0.5.5", cache=seeded_cache, offline=True)
+    assert [r.version for r in narrowed.results] == ["0.5.10", "0.5.23"]
+
+
+def test_a_method_one_release_lacks_fails_for_exactly_that_release(
+    seeded_cache: Path,
+) -> None:
+    # EAGLEWorkerV2.clear_cache_pool exists in 0.5.4 and 0.5.10, not in 0.5.23
+    patch = make_patch(
+        """
+        [[edits]]
+        kind = "insert"
+        scope = "EAGLEWorkerV2.clear_cache_pool"
+        position = "end"
+        code = "return None"
+        """,
+        header="""
+id = "{id}"
+summary = "anchored on a method"
+rationale = "tests"
+[target]
+module = "sglang.srt.speculative.eagle_worker_v2"
+versions = ">=0.5.4"
+""",
+    )
+    matrix = check_releases(patch, versions=VERSIONS, cache=seeded_cache, offline=True)
+    assert [r.version for r in matrix.failed] == ["0.5.23"]
+    failed = matrix.failed[0]
+    assert failed.applies is False
+    assert failed.field == "edits[0].scope"
+    assert "scope `EAGLEWorkerV2.clear_cache_pool` is not defined in this file" in failed.reason
+    assert failed.candidates  # the nearest names the release has instead
+    assert matrix.exit_code == 1
+    table = matrix.render()
+    assert "FAILED in range: 0.5.23" in table
+    assert "0.5.23: edits[0].scope: scope `EAGLEWorkerV2.clear_cache_pool`" in table
+
+
+def test_releases_not_in_the_cache_are_reported_not_checked(
+    guard: PatchSpec, seeded_cache: Path
+) -> None:
+    matrix = check_releases(guard, versions=["0.5.4", "0.5.11"], cache=seeded_cache, offline=True)
+    assert [r.version for r in matrix.results] == ["0.5.4"]
+    assert [(u.version, u.reason) for u in matrix.unchecked] == [
+        ("0.5.11", "not in the cache, and offline")
+    ]
+    assert "not checked: 0.5.11: not in the cache, and offline" in matrix.render()
+    assert matrix.exit_code == 0
+    assert matrix.to_json()["unchecked"] == [
+        {"version": "0.5.11", "reason": "not in the cache, and offline"}
+    ]
+
+
+def test_release_module_source_for_export(guard: PatchSpec, seeded_cache: Path) -> None:
+    pristine = release_module_source(guard.target, "0.5.10", cache=seeded_cache, offline=True)
+    assert pristine == (sglang_site("0.5.10") / EAGLE_RELPATH).read_bytes()
+    with pytest.raises(InputError, match=r"sglang 0.5.11: cannot fetch the release: not in the"):
+        release_module_source(guard.target, "0.5.11", cache=seeded_cache, offline=True)
+    other = guard.target.model_copy(update={"module": "sglang.srt.not_there"})
+    with pytest.raises(InputError, match=r"sglang 0.5.10 has no sglang/srt/not_there.py"):
+        release_module_source(other, "0.5.10", cache=seeded_cache, offline=True)
+
+
+def test_a_bad_spec_is_an_input_error(guard: PatchSpec, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="is not a version range"):
+        check_releases(guard, spec="0.5.4+", cache=tmp_path, offline=True)
+
+
+def test_cache_location(tmp_path: Path) -> None:
+    assert release_cache_dir({"OPSPATCH_CACHE": str(tmp_path)}) == tmp_path
+    assert release_cache_dir({"HOME": "/home/ops"}) == Path("/home/ops/.cache/opspatch/releases")
+
+
+def test_index_answer_parsing() -> None:
+    answer = {
+        "releases": {
+            "0.5.3": [{"filename": "sglang-0.5.3-py3-none-any.whl", "yanked": False}],
+            "0.5.4": [
+                {"filename": "sglang-0.5.4-py3-none-any.whl", "yanked": False},
+                {"filename": "sglang-0.5.4.tar.gz", "yanked": False},
+            ],
+            "0.5.5": [{"filename": "sglang-0.5.5-py3-none-any.whl", "yanked": True}],
+            "0.5.6": [],
+            "0.5.7": [{"filename": "sglang-0.5.7.tar.gz", "yanked": False}],
+            "0.6.0rc1": [{"filename": "sglang-0.6.0rc1-py3-none-any.whl", "yanked": False}],
+            "not-a-version": [{"filename": "x.whl", "yanked": False}],
+        }
+    }
+    listing = parse_index_json(answer, SpecifierSet(">=0.5.4"))
+    assert listing.versions == ("0.5.4", "0.5.7")  # yanked, empty and pre-releases left out
+    assert listing.wheels["0.5.7"] == ()
+    assert listing.wheels["0.5.4"] == ("sglang-0.5.4-py3-none-any.whl",)
+
+
+# -- the pure judgement ---------------------------------------------------------------------------
+
+
+def test_evaluate_release_stages_on_small_sources() -> None:
+    patch = make_patch(
+        """
+        [[edits]]
+        kind = "insert"
+        scope = "W.__init__"
+        code = "self.x = 0"
+
+        [[postconditions]]
+        kind = "assigned-before-calls"
+        scope = "W.__init__"
+        attribute = "self.x"
+        """
+    )
+    good = src(
+        """
+        class W:
+            def __init__(self):
+                self.y = make()
+        """
+    )
+    result = evaluate_release(patch, "1.0", good)
+    assert result.ok and result.verdict == "ok"
+    already = evaluate_release(patch, "1.1", result_source(patch, good))
+    assert already.already_applied and already.verdict == "already-applied" and already.ok
+    missing = evaluate_release(patch, "1.2", src("class W:\n    pass\n"))
+    assert missing.applies is False and missing.field == "edits[0].scope"
+    assert "scope `W.__init__` is not defined in this file" in missing.reason
+
+
+def test_a_postcondition_that_fails_is_its_own_stage() -> None:
+    patch = make_patch(
+        """
+        [[edits]]
+        kind = "insert"
+        scope = "W.__init__"
+        position = "end"
+        code = "self.x = 0"
+
+        [[postconditions]]
+        kind = "assigned-before-calls"
+        scope = "W.__init__"
+        attribute = "self.x"
+        """
+    )
+    result = evaluate_release(
+        patch, "1.0", src("class W:\n    def __init__(self):\n        go()\n")
+    )
+    assert (result.applies, result.validates, result.postconditions) == (True, True, False)
+    assert "is not assigned in `W.__init__` before line 3" in result.reason
+    assert not result.ok
+
+
+def result_source(patch: PatchSpec, source: bytes) -> bytes:
+    from opspatch.core.edit import Applied, apply_patch
+
+    outcome = apply_patch(source, patch)
+    assert isinstance(outcome, Applied)
+    return outcome.new_source
+
+
+# -- the real index -------------------------------------------------------------------------------
+
+
+@pytest.mark.network
+def test_real_index_lists_releases_with_their_wheels(tmp_path: Path) -> None:
+    listing = list_releases("sglang", SpecifierSet(">=0.5.4,<0.5.5"), cache=tmp_path)
+    if listing.listed_from != "index":
+        pytest.skip(f"PyPI not reachable: {listing.note}")
+    assert listing.versions[:2] == ("0.5.4", "0.5.4.post1")
+    assert listing.wheels["0.5.4"] == ("sglang-0.5.4-py3-none-any.whl",)
+
+
+@pytest.mark.network
+def test_real_download_of_a_release_without_the_module(guard: PatchSpec) -> None:
+    """0.5.3 predates eagle_worker_v2.py: pip fetches the wheel once (into the persistent test
+    cache) and the release is reported as lacking the module, outside the patch's range."""
+    cache = CACHE / "releases"
+    matrix = check_releases(guard, versions=["0.5.3"], cache=cache)
+    if matrix.unchecked:
+        pytest.skip(f"0.5.3 could not be fetched: {matrix.unchecked[0].reason}")
+    (result,) = matrix.results
+    assert not result.in_range and result.applies is False
+    assert "has no sglang/srt/speculative/eagle_worker_v2.py" in result.reason
+    assert matrix.exit_code == 0  # outside the range: reported, not failed
+    assert list((cache / "sglang" / "wheels").glob("sglang-0.5.3-*.whl"))
