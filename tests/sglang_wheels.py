@@ -67,3 +67,25 @@ def sglang_site(version: str) -> Path:
         wheel.extractall(partial, members)
     partial.rename(site)
     return site
+
+
+RELEASE_VERSIONS = ("0.5.4", "0.5.10", "0.5.23")
+
+
+def seed_release_cache(root: Path, versions: tuple[str, ...] = RELEASE_VERSIONS) -> Path:
+    """A release cache (`opspatch.runs.releases` layout) holding the test wheels of `versions`
+    as hard links, so `check --releases` runs offline. Raises WheelUnavailable when offline."""
+    import os
+    import shutil
+
+    for version in versions:
+        sglang_site(version)
+    wheels = root / "sglang" / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    for version in versions:
+        (wheel,) = (CACHE / "wheels").glob(f"sglang-{version}-*.whl")
+        try:
+            os.link(wheel, wheels / wheel.name)
+        except OSError:
+            shutil.copy(wheel, wheels / wheel.name)
+    return root

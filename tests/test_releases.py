@@ -7,8 +7,6 @@ the index; the `network` tests ask PyPI itself.
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,7 +23,13 @@ from opspatch.runs.releases import (
     release_module_source,
 )
 from tests.patchkit import make_patch, src
-from tests.sglang_wheels import CACHE, EAGLE_RELPATH, WheelUnavailable, sglang_site
+from tests.sglang_wheels import (
+    CACHE,
+    EAGLE_RELPATH,
+    WheelUnavailable,
+    seed_release_cache,
+    sglang_site,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 VERSIONS = ["0.5.4", "0.5.10", "0.5.23"]
@@ -39,20 +43,10 @@ def guard() -> PatchSpec:
 @pytest.fixture
 def seeded_cache(tmp_path: Path) -> Path:
     """A release cache holding the test wheels of 0.5.4, 0.5.10 and 0.5.23 (hard links)."""
-    for version in VERSIONS:
-        try:
-            sglang_site(version)
-        except WheelUnavailable as exc:
-            pytest.skip(f"SGLang {version} wheel not available (offline?): {exc}")
-    wheels = tmp_path / "cache" / "sglang" / "wheels"
-    wheels.mkdir(parents=True)
-    for version in VERSIONS:
-        (wheel,) = (CACHE / "wheels").glob(f"sglang-{version}-*.whl")
-        try:
-            os.link(wheel, wheels / wheel.name)
-        except OSError:
-            shutil.copy(wheel, wheels / wheel.name)
-    return tmp_path / "cache"
+    try:
+        return seed_release_cache(tmp_path / "cache", tuple(VERSIONS))
+    except WheelUnavailable as exc:
+        pytest.skip(f"SGLang wheel not available (offline?): {exc}")
 
 
 def test_eagle_init_guard_is_green_on_every_release(guard: PatchSpec, seeded_cache: Path) -> None:

@@ -19,7 +19,7 @@ import typer
 from rich.text import Text
 
 from opspatch import __version__
-from opspatch.cli import changes, inspect, inventory, ledger, patches, sandbox
+from opspatch.cli import changes, incident, inspect, inventory, ledger, patches, sandbox
 from opspatch.cli.context import options
 from opspatch.cli.render import err, out
 from opspatch.errors import EXIT_BAD_INPUT, EXIT_OK, OpspatchError, exit_code_for
@@ -69,7 +69,7 @@ def _global(
     options.ledger = ledger_file
 
 
-for group in (patches, changes, inspect, ledger, inventory, sandbox):
+for group in (patches, changes, inspect, incident, ledger, inventory, sandbox):
     group.register(app)
 
 
@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point: run the app, turn every failure into one message + exit code."""
     try:
         # Without standalone mode, an Exit raised by a command comes back as its exit code.
-        returned = app(args=argv, prog_name="opspatch", standalone_mode=False)
+        args = patches.releases_without_spec(sys.argv[1:] if argv is None else list(argv))
+        returned = app(args=args, prog_name="opspatch", standalone_mode=False)
         code = returned if isinstance(returned, int) else EXIT_OK
     except typer.Exit as exc:
         code = exc.exit_code

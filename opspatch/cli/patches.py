@@ -52,9 +52,23 @@ def check(
         list[str] | None,
         typer.Argument(help="Patch ids or .toml paths (default: every patch in the workspace)"),
     ] = None,
+    releases: Annotated[
+        str | None,
+        typer.Option(
+            "--releases",
+            metavar="[SPEC]",
+            help="Also apply each patch to every release of its distribution in its version "
+            "range (or SPEC) from the package index: the portability matrix (exit 1 if a "
+            "release in range fails).",
+        ),
+    ] = None,
+    offline: Annotated[
+        bool,
+        typer.Option("--offline", help="With --releases: use only the release cache."),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Lint patch files: schema, snippets parse, anchors well-formed."""
+    """Lint patch files: schema, snippets parse, anchors well-formed (--releases: on every release)."""
     from opspatch.core.spec import load_patch
 
     workspace = options.workspace_dir()
@@ -63,6 +77,8 @@ def check(
         raise InputError(
             "no patches to check", hint="give patch ids or paths, or add patches/*.toml"
         )
+    if releases is not None:
+        check_releases_of(references, releases, offline, as_json)
     results: list[dict[str, Any]] = []
     for reference in references:
         try:
@@ -97,6 +113,41 @@ def check(
                 out.print(f"[red]error[/red] {result['error']}")
     if failed:
         raise typer.Exit(EXIT_BAD_INPUT)
+
+
+RELEASES_FLAG = "--releases"
+
+
+def releases_without_spec(argv: list[str]) -> list[str]:
+    """`--releases` may be given without a SPEC (then the patch's own range is used): a bare
+    flag gets an empty value so the option parser accepts it. A SPEC is recognised by its
+    comparison operator (`>=0.5.4`, `==0.5.10`), which patch ids and paths never start with."""
+    fixed: list[str] = []
+    for index, arg in enumerate(argv):
+        fixed.append(arg)
+        if arg == RELEASES_FLAG:
+            following = argv[index + 1] if index + 1 < len(argv) else ""
+            if not following or following.lstrip()[:1] not in ("<", ">", "=", "!", "~"):
+                fixed.append("")
+    return fixed
+
+
+def check_releases_of(references: list[str], spec: str, offline: bool, as_json: bool) -> NoReturn:
+    """The portability matrix of each patch (`check --releases [SPEC]`)."""
+    from opspatch.cli.incident import release_matrix
+
+    matrices = [release_matrix(options.load_patch(r), spec, offline) for r in references]
+    if as_json:
+        emit_json(
+            {
+                "ok": all(m.exit_code == 0 for m in matrices),
+                "matrices": [m.to_json() for m in matrices],
+            }
+        )
+    else:
+        for matrix in matrices:
+            out.print(matrix.render(), markup=False)
+    raise typer.Exit(max(m.exit_code for m in matrices))
 
 
 def plan_json(loaded: LoadedPatch, plan: LocalPlan) -> dict[str, Any]:

@@ -1,0 +1,185 @@
+"""Incident-response commands that read code, never hosts' state: `lint-init` (find
+partial-initialisation hazards and write the guard patch), `export` (an upstreamable diff or
+mail), and the release matrix behind `check --releases`."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from opspatch.cli.context import JsonOption, PatchArgument, options
+from opspatch.cli.render import emit_json, err, out
+from opspatch.errors import InputError
+
+if TYPE_CHECKING:
+    from opspatch.core.portability import ReleaseMatrix
+    from opspatch.core.spec import LoadedPatch
+
+
+def _related_sources(file: Path) -> dict[str, str]:
+    """The other Python files of the file's package folder: where its bases and subclasses live
+    (SGLang keeps `StandaloneWorkerV2` beside `EAGLEWorkerV2`, not in its file)."""
+    related: dict[str, str] = {}
+    for sibling in sorted(file.parent.glob("*.py")):
+        if sibling.resolve() == file.resolve():
+            continue
+        try:
+            related[str(sibling)] = sibling.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # not readable as text: not a base or subclass we can analyse
+    return related
+
+
+def lint_init(
+    file: Annotated[Path, typer.Option("--file", "-f", help="The Python source file to analyse.")],
+    class_name: Annotated[
+        str | None, typer.Option("--class", help="Only this class (default: every class).")
+    ] = None,
+    module: Annotated[
+        str | None,
+        typer.Option(
+            "--module", help="With --write-patch: the dotted module the file is (the patch target)."
+        ),
+    ] = None,
+    write_patch: Annotated[
+        Path | None,
+        typer.Option(
+            "--write-patch",
+            help="Write a guard patch (class-level defaults) to this .toml; its name is the id.",
+        ),
+    ] = None,
+    versions: Annotated[
+        str, typer.Option("--versions", help="With --write-patch: the patch's version range.")
+    ] = "",
+    as_json: JsonOption = False,
+) -> None:
+    """Partial-initialisation hazards: attributes read elsewhere but assigned in __init__ only
+    after a call that can raise, or only in an __init__ a subclass skips."""
+    from opspatch.core.initlint import lint_init as analyse
+    from opspatch.core.initlint import write_guard_patch
+
+    if not file.is_file():
+        raise InputError(f"{file}: no such file")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{file}: not a UTF-8 Python source file ({exc.reason})") from None
+    report = analyse(text, str(file), class_name=class_name, related=_related_sources(file))
+    guard = None
+    if write_patch is not None:
+        if write_patch.suffix != ".toml":
+            raise InputError(f"{write_patch}: a patch file ends in .toml (its name is its id)")
+        target_module = module or _module_of(file)
+        guard = write_guard_patch(
+            report,
+            module=target_module,
+            patch_id=write_patch.stem,
+            versions=versions,
+            class_name=class_name,
+        )
+        if write_patch.exists():
+            raise InputError(
+                f"{write_patch} already exists; not overwriting it", hint="choose another name"
+            )
+        write_patch.write_text(guard.text, encoding="utf-8")
+    if as_json:
+        emit_json({**report.to_json(), "guard_patch": guard.to_json() if guard else None})
+        return
+    out.print(report.render(), markup=False)
+    if guard is not None:
+        out.print(guard.render(), markup=False)
+        err.print(f"wrote {write_patch}; check it with `opspatch check {write_patch}`")
+
+
+def _module_of(file: Path) -> str:
+    """The dotted module of a file inside a package tree (up to the first folder without
+    `__init__.py`)."""
+    resolved = file.resolve()
+    parts = [resolved.stem]
+    folder = resolved.parent
+    while (folder / "__init__.py").is_file():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    if len(parts) == 1:
+        raise InputError(
+            f"{file} is not inside a package; pass --module to name the patch's target"
+        )
+    return ".".join(parts)
+
+
+def export(
+    patch: PatchArgument,
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="The pristine file to diff against.")
+    ] = None,
+    release: Annotated[
+        str | None,
+        typer.Option("--release", help="Diff against this release's own file (fetched once)."),
+    ] = None,
+    from_dir: Annotated[
+        Path | None,
+        typer.Option("--from", help="With --release: the release cache folder (offline)."),
+    ] = None,
+    output_format: Annotated[
+        str, typer.Option("--format", help="diff (unified, git-style) or git (a mail for git am)")
+    ] = "diff",
+    prefix: Annotated[
+        str, typer.Option("--prefix", help="Path prefix in the upstream repository (python/).")
+    ] = "",
+    author: Annotated[
+        str | None,
+        typer.Option("--author", help="With --format git: 'Name <email>' (default: git's)."),
+    ] = None,
+) -> None:
+    """An upstreamable change: the patch as a unified diff with a/ b/ paths, or a
+    git format-patch mail whose subject is the summary and body the rationale."""
+    from opspatch.core.export import export_diff, render_mail
+
+    if output_format not in ("diff", "git"):
+        raise InputError(f"--format {output_format!r}: expected diff or git")
+    if (file is None) == (release is None):
+        raise InputError("export needs exactly one of --file PATH or --release VERSION")
+    loaded = options.load_patch(patch)
+    if file is not None:
+        if not file.is_file():
+            raise InputError(f"{file}: no such file")
+        pristine = file.read_bytes()
+    else:
+        from opspatch.runs.releases import release_module_source
+
+        assert release is not None
+        pristine = release_module_source(
+            loaded.spec.target, release, cache=from_dir, offline=from_dir is not None
+        )
+    change = export_diff(loaded.spec, pristine, prefix=prefix)
+    if output_format == "diff":
+        out.file.write(change.diff)
+        return
+    mail = render_mail(
+        change, loaded.spec, author=author or _default_author(), date=datetime.now(timezone.utc)
+    )
+    out.file.write(mail)
+
+
+def _default_author() -> str:
+    name = os.environ.get("GIT_AUTHOR_NAME") or getpass.getuser()
+    email = os.environ.get("GIT_AUTHOR_EMAIL") or f"{getpass.getuser()}@{socket.gethostname()}"
+    return f"{name} <{email}>"
+
+
+def release_matrix(loaded: LoadedPatch, spec: str, offline: bool) -> ReleaseMatrix:
+    """`check PATCH --releases [SPEC]`: the patch on every release in its range (or SPEC)."""
+    from opspatch.runs.releases import check_releases
+
+    return check_releases(loaded.spec, spec=spec or None, offline=offline)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("lint-init")(lint_init)
+    app.command()(export)
