@@ -7,7 +7,7 @@ steps, facts, outcomes and file versions (with the full pre-image bytes) as hash
 (triggers), tamper-evident (`verify()`), and safe for several processes and threads (every
 "read the last hash, insert the next event" runs inside `BEGIN IMMEDIATE`, so the chain never
 forks). State is derived when read, never updated (`events.py`: finished, running, interrupted,
-unknown).
+unknown). A full or read-only filesystem is named as such (`failures.py`).
 
 The names callers have always imported from here (`Ledger`, the records, `ControllerProcess`,
 `canonical_json`, `event_hash`, `GENESIS_HASH`, `new_run_id`, `operator_identity`) still import
@@ -47,6 +47,7 @@ from opspatch.ledger.events import (
     select_events,
     start_event,
 )
+from opspatch.ledger.failures import filesystem_failure
 from opspatch.ledger.liveness import ControllerProcess, operator_identity
 from opspatch.ledger.records import (
     FILE_ACTIONS,
@@ -116,8 +117,9 @@ class Ledger:
         """Open (creating if needed) the ledger at `path`, with its parent directories and schema.
 
         Raises:
-            LedgerError: the file cannot be created or opened, is not an SQLite database, was
-                written by a newer opspatch, or the filesystem refuses WAL mode.
+            LedgerError: the file cannot be created or opened (the message says when the
+                filesystem is full or read-only), is not an SQLite database, was written by a
+                newer opspatch, or the filesystem refuses WAL mode.
         """
         path = Path(path)
         try:
@@ -129,7 +131,7 @@ class Ledger:
                 check_same_thread=False,  # a rollout's worker threads share it under _lock
             )
         except (OSError, sqlite3.Error) as exc:
-            raise LedgerError(
+            raise filesystem_failure(path, exc, "open") or LedgerError(
                 f"cannot open the ledger {path}: {exc}",
                 hint="check the path and its permissions, or move it with --ledger / OPSPATCH_LEDGER",
             ) from exc
@@ -140,7 +142,7 @@ class Ledger:
             raise
         except sqlite3.Error as exc:
             conn.close()
-            raise LedgerError(
+            raise filesystem_failure(path, exc, "open") or LedgerError(
                 f"the ledger {path} is unusable: {exc}",
                 hint="is it an opspatch ledger? move it aside or point --ledger elsewhere",
             ) from exc
@@ -511,7 +513,9 @@ class Ledger:
     # -- internals ------------------------------------------------------------------------------
 
     def _write_failure(self, exc: sqlite3.Error, hint: str | None = None) -> LedgerError:
-        return LedgerError(f"cannot write the ledger {self.path}: {exc}", hint=hint)
+        return filesystem_failure(self.path, exc, "write") or LedgerError(
+            f"cannot write the ledger {self.path}: {exc}", hint=hint
+        )
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -547,7 +551,9 @@ class Ledger:
             try:
                 yield self._conn
             except sqlite3.Error as exc:
-                raise LedgerError(f"cannot read the ledger {self.path}: {exc}") from exc
+                raise filesystem_failure(self.path, exc, "read") or LedgerError(
+                    f"cannot read the ledger {self.path}: {exc}"
+                ) from exc
             except (KeyError, TypeError, ValueError) as exc:
                 # Only decoding raises these here: an event body this opspatch cannot read.
                 raise LedgerError(
