@@ -1,5 +1,6 @@
 """Run statuses, derived from the events and the controller process, never stored: running,
-finished, interrupted (the controller died), unknown (another controller)."""
+finished, interrupted (the controller died), recovered (a later `recover` naming the run finished),
+unknown (another controller); and the chain of runs a recover follows through `parent_run`."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from opspatch.core.vocabulary import RunStatus
+from opspatch.errors import InputError
 from opspatch.ledger import ControllerProcess, Ledger
-from tests.ledgerkit import begin
+from tests.clirunner import opspatch
+from tests.ledgerkit import begin, begin_and_die
 
 
 @pytest.fixture
@@ -104,3 +108,127 @@ def test_a_reused_pid_does_not_count_as_the_run_still_going() -> None:
 def test_a_run_begun_on_another_controller_has_unknown_status() -> None:
     elsewhere = ControllerProcess(socket.gethostname() + "-other", os.getpid(), None)
     assert elsewhere.is_alive() is None
+
+
+# ---------------------------------------------------------------------------------------------
+# recovered
+
+
+def test_an_interrupted_run_is_recovered_once_a_recover_naming_it_finishes(
+    ledger: Ledger, ledger_path: Path
+) -> None:
+    applied = begin_and_die(ledger_path)
+    assert statuses(ledger)[applied] == ("interrupted", None)
+
+    recover = begin(ledger, command="recover", parent_run=applied)
+    assert statuses(ledger)[applied] == ("interrupted", None)  # the recover is still running
+
+    ledger.finish_run(recover, "ok")
+    assert statuses(ledger) == {recover: ("finished", None), applied: ("recovered", recover)}
+    summary = ledger.get_run(applied[:-1]).summary
+    assert summary.status is RunStatus.RECOVERED and summary.recovered_by == recover
+    assert summary.outcome is None and summary.finished_at is None  # it never finished itself
+    document = summary.to_json()
+    assert (document["status"], document["recovered_by"]) == ("recovered", recover)
+    assert list(document)[-3:] == ["status", "outcome", "recovered_by"]
+
+
+def test_a_recover_that_was_itself_killed_does_not_recover_its_parent(
+    ledger: Ledger, ledger_path: Path
+) -> None:
+    applied = begin_and_die(ledger_path)
+    killed_recover = begin_and_die(ledger_path, command="recover", parent_run=applied)
+    assert statuses(ledger) == {
+        killed_recover: ("interrupted", None),
+        applied: ("interrupted", None),
+    }
+    # A recover of the killed recover recovers that one; the apply names no finished recover.
+    second = begin(ledger, command="recover", parent_run=killed_recover)
+    ledger.finish_run(second, "ok")
+    assert statuses(ledger)[killed_recover] == ("recovered", second)
+    assert statuses(ledger)[applied] == ("interrupted", None)
+
+    third = begin(ledger, command="recover", parent_run=applied)
+    ledger.finish_run(third, "needs-attention")  # finished, whatever its outcome
+    assert statuses(ledger)[applied] == ("recovered", third)
+
+
+def test_only_a_recover_recovers_and_only_an_interrupted_run(
+    ledger: Ledger, ledger_path: Path
+) -> None:
+    applied = begin_and_die(ledger_path)
+    rollback = begin(ledger, command="rollback", parent_run=applied)
+    ledger.finish_run(rollback, "ok")
+    assert statuses(ledger)[applied] == ("interrupted", None)
+
+    finished = begin(ledger)
+    ledger.finish_run(finished, "failed")
+    recover = begin(ledger, command="recover", parent_run=finished)
+    ledger.finish_run(recover, "ok")
+    assert statuses(ledger)[finished] == ("finished", None)
+
+
+def test_the_first_recover_to_finish_is_the_one_named(ledger: Ledger, ledger_path: Path) -> None:
+    applied = begin_and_die(ledger_path)
+    earlier = begin(ledger, command="recover", parent_run=applied)
+    later = begin(ledger, command="recover", parent_run=applied)
+    ledger.finish_run(later, "ok")
+    ledger.finish_run(earlier, "ok")
+    assert statuses(ledger)[applied] == ("recovered", later)
+
+
+def test_ledger_list_and_show_say_which_run_recovered_it(ledger_path: Path) -> None:
+    with Ledger.open(ledger_path) as ledger:
+        applied = begin_and_die(ledger_path)
+        recover = begin(ledger, command="recover", parent_run=applied)
+        ledger.finish_run(recover, "ok")
+    env = {"OPSPATCH_LEDGER": str(ledger_path)}
+
+    table = opspatch("ledger", "list", env=env)
+    assert table.code == 0, table.stderr
+    assert "recovered by" in table.stdout
+    (row,) = [line for line in table.stdout.splitlines() if applied in line]
+    assert "recovered" in row and recover in row
+
+    runs = {r["run_id"]: r for r in opspatch("ledger", "list", "--json", env=env).json()["runs"]}
+    assert (runs[applied]["status"], runs[applied]["recovered_by"]) == ("recovered", recover)
+    assert runs[recover]["recovered_by"] is None
+
+    shown = opspatch("ledger", "show", applied, env=env)
+    assert shown.code == 0, shown.stderr
+    assert f"recovered by run {recover}" in shown.stdout
+    document = opspatch("ledger", "show", applied, "--json", env=env).json()
+    assert document["recovered_by"] == recover
+
+
+# ---------------------------------------------------------------------------------------------
+# the chain of runs
+
+
+def test_run_chain_follows_parent_runs_from_the_run_to_its_oldest_ancestor(
+    ledger: Ledger, ledger_path: Path
+) -> None:
+    applied = begin_and_die(ledger_path)
+    killed_recover = begin_and_die(ledger_path, command="recover", parent_run=applied)
+    recover = begin(ledger, command="recover", parent_run=killed_recover)
+    unrelated = begin(ledger)
+
+    chain = ledger.run_chain(recover)
+    assert [r.run_id for r in chain] == [recover, killed_recover, applied]
+    assert [r.status for r in chain] == ["running", "interrupted", "interrupted"]
+    assert [r.parent_run for r in chain] == [killed_recover, applied, None]
+
+    ledger.finish_run(recover, "ok")
+    chain = ledger.run_chain(recover[:-1])  # a unique prefix is enough
+    assert [(r.status, r.recovered_by) for r in chain] == [
+        ("finished", None),
+        ("recovered", recover),
+        ("interrupted", None),
+    ]
+    assert [r.run_id for r in ledger.run_chain(applied)] == [applied]
+    assert [r.run_id for r in ledger.run_chain(unrelated)] == [unrelated]
+
+
+def test_run_chain_of_an_unknown_run_is_refused(ledger: Ledger) -> None:
+    with pytest.raises(InputError, match="no run"):
+        ledger.run_chain("19990101T000000Z-000000")

@@ -3,7 +3,9 @@
 Every record is built by the one generic codec: a row's body plus its columns make the record's
 JSON document, which `Record.from_json` reads (and checks) field by field. Run statuses are
 derived here, never stored: `finished` (a finish event), `running` / `interrupted` / `unknown`
-(whether the controller process that began the run lives, `liveness.py`).
+(whether the controller process that began the run lives, `liveness.py`), and `recovered` (an
+interrupted run that a later `recover` run, naming it as its `parent_run`, finished; a recover
+that was itself killed recovers nothing).
 
 All functions take the connection explicitly; the caller holds the ledger's lock.
 """
@@ -19,6 +21,9 @@ from opspatch.errors import LedgerError
 from opspatch.ledger.chain import ROW_COLUMNS, EventRow
 from opspatch.ledger.liveness import ControllerProcess
 from opspatch.ledger.records import FileVersion, HostRecord, RunDetail, RunSummary
+
+RECOVER_COMMAND = "recover"
+"""The command whose finished runs recover their (interrupted) parent run."""
 
 
 def select_events(
@@ -59,10 +64,39 @@ def finish_events(conn: sqlite3.Connection, run_ids: Sequence[str]) -> dict[str,
     return {row.run_id: row for row in found}
 
 
+def recovered_by(conn: sqlite3.Connection, parents: Sequence[str]) -> dict[str, str]:
+    """For each of `parents` that has one, the first `recover` run naming it as `parent_run`
+    that finished (a recover that was itself killed recovers nothing)."""
+    if not parents:
+        return {}
+    wanted = set(parents)
+    # The canonical body has no spaces: LIKE is a cheap filter before the bodies are parsed.
+    candidates = select_events(
+        conn,
+        "kind = 'run-started' AND body LIKE ? ORDER BY id",
+        (f'%"command":"{RECOVER_COMMAND}"%',),
+    )
+    children = [
+        (row.run_id, row.data["parent_run"])
+        for row in candidates
+        if row.data["command"] == RECOVER_COMMAND and row.data["parent_run"] in wanted
+    ]
+    finished = finish_events(conn, [child for child, _ in children])
+    first: dict[str, tuple[int, str]] = {}  # parent -> (finish event id, recover run)
+    for child, parent in children:
+        finish = finished.get(child)
+        if finish is not None and (parent not in first or finish.id < first[parent][0]):
+            first[parent] = (finish.id, child)
+    return {parent: child for parent, (_, child) in first.items()}
+
+
 def run_summaries(conn: sqlite3.Connection, starts: Sequence[EventRow]) -> list[RunSummary]:
     """The summaries of the runs begun by `starts`, in that order, with derived statuses."""
     finished = finish_events(conn, [s.run_id for s in starts])
-    return [_summary(start, finished.get(start.run_id)) for start in starts]
+    recovery = recovered_by(conn, [s.run_id for s in starts if s.run_id not in finished])
+    return [
+        _summary(start, finished.get(start.run_id), recovery.get(start.run_id)) for start in starts
+    ]
 
 
 def run_detail(conn: sqlite3.Connection, run_id: str) -> RunDetail:
@@ -85,10 +119,10 @@ def file_version(row: EventRow) -> FileVersion:
     return FileVersion.from_json(_file_version_json(row))
 
 
-def _summary(start: EventRow, finish: EventRow | None) -> RunSummary:
+def _summary(start: EventRow, finish: EventRow | None, recovery: str | None) -> RunSummary:
     data = start.data
     controller = ControllerProcess.from_json(data["controller"])
-    status, outcome = RunStatus.FINISHED, None
+    status, outcome, recovered = RunStatus.FINISHED, None, None
     if finish is not None:
         outcome = finish.data["outcome"]
     else:
@@ -97,6 +131,8 @@ def _summary(start: EventRow, finish: EventRow | None) -> RunSummary:
             status = RunStatus.UNKNOWN
         elif alive:
             status = RunStatus.RUNNING
+        elif recovery is not None:
+            status, recovered = RunStatus.RECOVERED, recovery
         else:
             status = RunStatus.INTERRUPTED
     return RunSummary.from_json(
@@ -107,6 +143,7 @@ def _summary(start: EventRow, finish: EventRow | None) -> RunSummary:
             "finished_at": None if finish is None else finish.recorded_at,
             "status": status.value,
             "outcome": outcome,
+            "recovered_by": recovered,
         }
     )
 

@@ -92,8 +92,10 @@ class RunSummary(JsonRecord):
     """One run as `ledger list` shows it, with its derived status.
 
     `status` (derived, never stored) is `finished` (it has a finish event; `outcome` is set only
-    then), `running` (its controller process is alive), `interrupted` (that process is gone), or
-    `unknown` (begun on another controller, whose processes this one cannot see).
+    then), `running` (its controller process is alive), `interrupted` (that process is gone),
+    `recovered` (interrupted, and a later `recover` run naming it as `parent_run` finished; that
+    run is `recovered_by`), or `unknown` (begun on another controller, whose processes this one
+    cannot see).
     """
 
     run_id: str
@@ -111,6 +113,7 @@ class RunSummary(JsonRecord):
     finished_at: str | None
     status: RunStatus
     outcome: str | None
+    recovered_by: str | None = None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ steps, facts, outcomes and file versions (with the full pre-image bytes) as hash
 (triggers), tamper-evident (`verify()`), and safe for several processes and threads (every
 "read the last hash, insert the next event" runs inside `BEGIN IMMEDIATE`, so the chain never
 forks). State is derived when read, never updated (`events.py`: finished, running, interrupted,
-unknown). A full or read-only filesystem is named as such (`failures.py`).
+recovered, unknown). A full or read-only filesystem is named as such (`failures.py`).
 
 The names callers have always imported from here (`Ledger`, the records, `ControllerProcess`,
 `canonical_json`, `event_hash`, `GENESIS_HASH`, `new_run_id`, `operator_identity`) still import
@@ -358,6 +358,28 @@ class Ledger:
         """
         with self._reading() as conn:
             starts = select_events(conn, "kind = 'run-started' ORDER BY id DESC LIMIT ?", (limit,))
+            return run_summaries(conn, starts)
+
+    def run_chain(self, run_id: str) -> list[RunSummary]:
+        """The run and its ancestors through `parent_run`: the run first, its oldest ancestor last.
+
+        For a `recover` of a `recover` of an `apply` that is `[recover 2, recover 1, apply]`: what
+        a recover must reconcile when the recover before it was itself interrupted. `run_id` may
+        be a unique prefix. Each summary carries its derived status.
+
+        Raises:
+            InputError: no run (or several) matches `run_id`.
+            LedgerError: the ledger cannot be read.
+        """
+        current: str | None = self.resolve_run_id(run_id)
+        with self._reading() as conn:
+            starts: list[EventRow] = []
+            while current is not None and all(s.run_id != current for s in starts):
+                start = start_event(conn, current)
+                if start is None:  # only after tampering: begin_run checks the parent exists
+                    break
+                starts.append(start)
+                current = start.data["parent_run"]
             return run_summaries(conn, starts)
 
     def resolve_run_id(self, run_id_or_prefix: str) -> str:
