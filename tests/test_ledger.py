@@ -1,106 +1,40 @@
 """The ledger against real SQLite files: durability settings, append-only triggers, the hash chain
-catching edits, deletions and altered blobs, concurrent writers, interrupted runs, and queries."""
+catching edits, deletions and altered blobs, concurrent writers, queries, and what a write may
+hold. Run statuses: test_ledger_runs.py; a full or read-only filesystem: test_ledger_faults.py;
+the ledger an earlier opspatch wrote: test_ledger_golden.py."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import multiprocessing
-import os
-import signal
 import socket
 import sqlite3
-import subprocess
-import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from opspatch.config.paths import default_ledger_path
+from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
-from opspatch.ledger.store import (
-    GENESIS_HASH,
-    ControllerProcess,
-    Ledger,
-    event_hash,
-    new_run_id,
-    operator_identity,
+from opspatch.ledger import Ledger, RunDetail, new_run_id, operator_identity
+from opspatch.ledger.chain import GENESIS_HASH, ROW_COLUMNS, EventRow, event_hash
+from tests.ledgerkit import (
+    ORIGINAL,
+    PATCH_SHA,
+    PATCHED,
+    begin,
+    drop_triggers,
+    full_run,
+    raw,
+    record_patch,
+    sha,
 )
-
-PATCH_SHA = "ab" * 32
-ORIGINAL = b"class EAGLEWorkerV2:\n    def __init__(self):\n        pass\n"
-PATCHED = b"class EAGLEWorkerV2:\n    def __init__(self):\n        self.x = 0\n"
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def begin(ledger: Ledger, hosts: tuple[str, ...] = ("gpu-01", "gpu-02"), **kw: object) -> str:
-    args: dict[str, object] = {
-        "command": "apply",
-        "patch_id": "eagle-init-guard",
-        "patch_sha256": PATCH_SHA,
-        "operator": "ops@controller",
-        "command_line": "opspatch apply eagle-init-guard --hosts gpu-fleet",
-        "hosts": hosts,
-        "playbook": "default",
-    }
-    args.update(kw)
-    return ledger.begin_run(**args)  # type: ignore[arg-type]
-
-
-def record_patch(
-    ledger: Ledger, run_id: str, host: str, path: str = "/srv/eagle_worker_v2.py"
-) -> None:
-    ledger.record_file_version(
-        run_id,
-        host,
-        path=path,
-        sha256_before=sha(ORIGINAL),
-        sha256_after=sha(PATCHED),
-        mode=0o644,
-        owner="root:root",
-        pre_image=ORIGINAL,
-        post_image=PATCHED,
-    )
-
-
-def full_run(ledger: Ledger) -> str:
-    """A finished two-host apply run: one host applied, one rolled back within the run."""
-    run_id = begin(ledger)
-    for host in ("gpu-01", "gpu-02"):
-        ledger.record_facts(run_id, host, {"python": "3.11.9", "sglang": "0.5.23", "gpus": []})
-        ledger.record_step(run_id, host, "lock", "ok", 0.02)
-        record_patch(ledger, run_id, host)
-        ledger.record_step(run_id, host, "swap", "ok", 0.05, "renamed over the target")
-    ledger.record_step(run_id, "gpu-01", "smoke", "ok", 1.5)
-    ledger.record_host_outcome(
-        run_id,
-        "gpu-01",
-        "applied",
-        file={"path": "/srv/eagle_worker_v2.py", "sha256_before": sha(ORIGINAL)},
-    )
-    ledger.record_step(run_id, "gpu-02", "smoke", "failed", 2.5, "Traceback in the log")
-    ledger.record_file_version(
-        run_id,
-        "gpu-02",
-        path="/srv/eagle_worker_v2.py",
-        sha256_before=sha(PATCHED),
-        sha256_after=sha(ORIGINAL),
-        mode=0o644,
-        owner="root:root",
-        pre_image=PATCHED,
-        action="restore",
-    )
-    ledger.record_host_outcome(run_id, "gpu-02", "rolled-back", error="smoke failed")
-    ledger.finish_run(run_id, "failed")
-    return run_id
 
 
 @pytest.fixture
@@ -113,17 +47,6 @@ def ledger(ledger_path: Path) -> Iterator[Ledger]:
     opened = Ledger.open(ledger_path)
     yield opened
     opened.close()
-
-
-def raw(path: Path) -> sqlite3.Connection:
-    """A connection that goes behind opspatch's back (the tamperer's tool)."""
-    return sqlite3.connect(str(path), isolation_level=None)
-
-
-def drop_triggers(conn: sqlite3.Connection) -> None:
-    names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")]
-    for name in names:
-        conn.execute(f"DROP TRIGGER {name}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -411,77 +334,6 @@ def test_threads_sharing_one_ledger_keep_one_intact_chain(ledger: Ledger) -> Non
 
 
 # ---------------------------------------------------------------------------------------------
-# derived run status
-
-
-def test_a_run_of_a_living_process_is_running_until_finished(ledger: Ledger) -> None:
-    run_id = begin(ledger)
-    (summary,) = ledger.list_runs()
-    assert summary.status == "running" and summary.outcome is None
-    assert summary.controller.pid == os.getpid()
-    ledger.finish_run(run_id, "succeeded")
-    (summary,) = ledger.list_runs()
-    assert (summary.status, summary.outcome) == ("finished", "succeeded")
-    assert summary.finished_at is not None
-
-
-def test_a_sigkilled_run_shows_as_interrupted_with_each_hosts_last_step(
-    ledger_path: Path,
-) -> None:
-    script = textwrap.dedent(
-        """
-        import os, signal, sys
-        from pathlib import Path
-        from opspatch.ledger.store import Ledger
-        ledger = Ledger.open(Path(sys.argv[1]))
-        run_id = ledger.begin_run(command="apply", patch_id="eagle-init-guard",
-                                  patch_sha256=None, operator="ops@controller",
-                                  command_line="opspatch apply", hosts=["gpu-01", "gpu-02"])
-        ledger.record_step(run_id, "gpu-01", "lock", "ok", 0.01)
-        ledger.record_step(run_id, "gpu-01", "swap", "started")
-        ledger.record_step(run_id, "gpu-02", "lock", "ok", 0.01)
-        print(run_id, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-        """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(ledger_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == -signal.SIGKILL, done.stderr
-    run_id = done.stdout.strip()
-
-    with Ledger.open(ledger_path) as ledger:
-        (summary,) = ledger.list_runs()
-        detail = ledger.get_run(run_id)
-        assert ledger.verify().ok
-    assert summary.run_id == run_id
-    assert summary.status == "interrupted"
-    assert summary.outcome is None and summary.finished_at is None
-    last_01 = detail.host("gpu-01").last_step
-    last_02 = detail.host("gpu-02").last_step
-    assert last_01 is not None and (last_01.step, last_01.status) == ("swap", "started")
-    assert last_02 is not None and (last_02.step, last_02.status) == ("lock", "ok")
-    assert detail.host("gpu-01").outcome is None
-
-
-def test_a_reused_pid_does_not_count_as_the_run_still_going() -> None:
-    me = ControllerProcess.current()
-    assert me.is_alive() is True
-    if me.start_token is None:
-        pytest.skip("no /proc on this system: start times cannot be compared")
-    impostor = ControllerProcess(me.hostname, me.pid, me.start_token + "0")
-    assert impostor.is_alive() is False
-
-
-def test_a_run_begun_on_another_controller_has_unknown_status() -> None:
-    elsewhere = ControllerProcess(socket.gethostname() + "-other", os.getpid(), None)
-    assert elsewhere.is_alive() is None
-
-
-# ---------------------------------------------------------------------------------------------
 # queries
 
 
@@ -657,3 +509,141 @@ def test_run_ids_are_unique_and_sort_by_time() -> None:
     assert earlier.startswith("20261130T025012Z-") and len(earlier) == 23
     assert earlier < later
     assert len({new_run_id() for _ in range(20)}) == 20
+
+
+# ---------------------------------------------------------------------------------------------
+# the vocabulary: statuses and outcomes are the shared words, on disk the same as ever
+
+
+def test_steps_and_outcomes_read_back_as_the_vocabulary(ledger: Ledger, ledger_path: Path) -> None:
+    run_id = full_run(ledger)
+    gpu01, gpu02 = ledger.get_run(run_id).hosts
+    assert gpu01.steps[0].status is StepStatus.OK
+    assert gpu01.outcome is Outcome.APPLIED and gpu02.outcome is Outcome.ROLLED_BACK
+    (summary,) = ledger.list_runs()
+    assert summary.status is RunStatus.FINISHED
+    # On disk and in JSON they are the plain words they always were.
+    bodies = [
+        r[0] for r in raw(ledger_path).execute("SELECT body FROM events WHERE host = 'gpu-02'")
+    ]
+    assert '{"error":"smoke failed","file":null,"outcome":"rolled-back"}' in bodies
+    assert gpu01.to_json()["outcome"] == "applied"
+    assert type(gpu01.to_json()["steps"][0]["status"]) is str
+
+
+def test_enum_members_and_their_words_are_both_accepted(ledger: Ledger) -> None:
+    run_id = begin(ledger)
+    ledger.record_step(run_id, "gpu-01", "swap", StepStatus.STARTED)
+    ledger.record_step(run_id, "gpu-01", "swap", "ok", 0.1)
+    ledger.record_host_outcome(run_id, "gpu-01", Outcome.NEEDS_ATTENTION, error="restore failed")
+    ledger.record_host_outcome(run_id, "gpu-02", "already-applied")
+    detail = ledger.get_run(run_id)
+    assert [s.status for s in detail.host("gpu-01").steps] == ["started", "ok"]
+    assert detail.host("gpu-01").outcome == "needs-attention"
+    assert detail.host("gpu-02").outcome is Outcome.ALREADY_APPLIED
+
+
+@pytest.mark.parametrize("status", ["succeeded", "OK", "done"])
+def test_a_step_status_outside_the_vocabulary_is_refused(ledger: Ledger, status: str) -> None:
+    run_id = begin(ledger)
+    with pytest.raises(ValueError, match="status must be one of started, ok, failed, skipped"):
+        ledger.record_step(run_id, "gpu-01", "swap", status)
+    assert ledger.verify().events_checked == 1
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "would-apply", "not-applicable", "Applied"])
+def test_a_host_outcome_outside_the_recorded_outcomes_is_refused(
+    ledger: Ledger, outcome: str
+) -> None:
+    # Dry-run words (would-apply, not-applicable) are never recorded: a dry run writes nothing.
+    run_id = begin(ledger)
+    with pytest.raises(ValueError, match="outcome must be one of applied, already-applied"):
+        ledger.record_host_outcome(run_id, "gpu-01", outcome)
+    assert ledger.verify().events_checked == 1
+
+
+def test_an_event_this_opspatch_cannot_read_is_a_ledger_error(
+    ledger: Ledger, ledger_path: Path
+) -> None:
+    # A word from a newer opspatch, appended with a valid hash (the chain holds): reading it
+    # must say what is wrong, not end in a traceback.
+    run_id = begin(ledger)
+    conn = raw(ledger_path)
+    last_id, last_hash = conn.execute("SELECT id, hash FROM events ORDER BY id DESC").fetchone()
+    row = EventRow(
+        id=last_id + 1,
+        run_id=run_id,
+        kind="step",
+        host="gpu-01",
+        path=None,
+        recorded_at="2026-11-30T02:50:12.000000Z",
+        body='{"detail":"","seconds":null,"status":"paused","step":"swap"}',
+        pre_image=None,
+        post_image=None,
+        prev_hash=last_hash,
+        hash="",
+    )
+    row = replace(row, hash=row.computed_hash())
+    conn.execute(f"INSERT INTO events ({ROW_COLUMNS}) VALUES ({', '.join('?' * 11)})", row.values())
+    assert ledger.verify().ok
+    with pytest.raises(LedgerError, match="cannot read.*'paused' is not one of") as caught:
+        ledger.get_run(run_id)
+    assert "newer opspatch" in (caught.value.hint or "")
+
+
+# ---------------------------------------------------------------------------------------------
+# records and their one JSON mechanism
+
+
+def test_every_record_round_trips_through_json(ledger: Ledger) -> None:
+    run_id = full_run(ledger)
+    detail = ledger.get_run(run_id)
+    records: list[Any] = [
+        detail,
+        detail.summary,
+        detail.summary.controller,
+        *detail.hosts,
+        *(s for h in detail.hosts for s in h.steps),
+        *(v for h in detail.hosts for v in h.file_versions),
+        ledger.verify(),
+    ]
+    for record in records:
+        text = json.dumps(record.to_json())
+        assert type(record).from_json(json.loads(text)) == record, type(record).__name__
+    # The derived last_step is written in its place and not read back.
+    host_json = detail.host("gpu-02").to_json()
+    assert list(host_json)[:5] == ["host", "outcome", "error", "file", "last_step"]
+    assert host_json["last_step"] == host_json["steps"][-1]
+
+
+def test_from_json_names_the_key_that_is_wrong(ledger: Ledger) -> None:
+    document = ledger.get_run(full_run(ledger)).to_json()
+    document["host_records"][1]["steps"][0]["seconds"] = "fast"
+    with pytest.raises(ValueError, match=r"RunDetail\.host_records\[1\]\.steps\[0\]\.seconds"):
+        RunDetail.from_json(document)
+    del document["controller"]
+    with pytest.raises(ValueError, match=r"RunDetail\.controller: missing"):
+        RunDetail.from_json(document)
+
+
+def test_the_names_callers_import_from_the_store_module_still_import() -> None:
+    # runs/, cli/, bench/ and older tests import these from opspatch.ledger.store.
+    from opspatch.ledger import store
+
+    for name in (
+        "GENESIS_HASH",
+        "ControllerProcess",
+        "FileVersion",
+        "HostRecord",
+        "Ledger",
+        "RunDetail",
+        "RunSummary",
+        "StepRecord",
+        "VerifyReport",
+        "canonical_json",
+        "event_hash",
+        "new_run_id",
+        "operator_identity",
+    ):
+        assert name in store.__all__ and hasattr(store, name), name
+    assert store.Ledger is Ledger

@@ -22,7 +22,7 @@ def ledger_list(
     limit: Annotated[int, typer.Option("--limit", "-n", help="How many runs, newest first.")] = 20,
     as_json: JsonOption = False,
 ) -> None:
-    """The newest runs: command, patch, operator, status (finished, running, interrupted)."""
+    """The newest runs: command, patch, operator, status (finished, running, interrupted, recovered)."""
     runs = options.open_ledger().list_runs(limit=limit)
     if as_json:
         emit_json({"runs": [r.to_json() for r in runs]})
@@ -31,10 +31,11 @@ def ledger_list(
         out.print(f"no runs yet in the ledger {options.ledger_path()}")
         return
     table = Table()
-    for column in ("run", "command", "patch", "hosts", "operator", "started", "status", "outcome"):
+    columns = ("run", "command", "patch", "hosts", "operator", "started", "status", "outcome")
+    for column in (*columns, "recovered by"):
         table.add_column(column)
     for r in runs:
-        style = {"interrupted": "red", "running": "cyan"}.get(r.status, "")
+        style = {"interrupted": "red", "running": "cyan", "recovered": "yellow"}.get(r.status, "")
         table.add_row(
             r.run_id,
             r.command,
@@ -44,6 +45,7 @@ def ledger_list(
             r.started_at,
             Text(str(r.status), style=style),
             r.outcome or "",
+            r.recovered_by or "",
         )
     out.print(table)
 
@@ -62,6 +64,8 @@ def ledger_show(
     out.print(f"run {s.run_id}: {s.command} {s.patch_id or ''} by {s.operator}")
     out.print(f"  command line: {s.command_line}")
     out.print(f"  started {s.started_at}, {s.status}{' ' + s.outcome if s.outcome else ''}")
+    if s.recovered_by:
+        out.print(f"  recovered by run {s.recovered_by}")
     for host in detail.hosts:
         out.print(
             Text(

@@ -1,6 +1,38 @@
 """The ledger: the append-only, hash-chained SQLite record of every run, step, file version and
-host fact (`store`).
+host fact, and the run statuses derived from it.
+
+`store` (the `Ledger` class: open, appends, queries), `schema` (tables, triggers, pragmas),
+`chain` (canonical JSON, event hashes, the verify walk), `events` (event rows read back into
+records, derived run statuses), `records` (the frozen dataclasses the queries return), `codec`
+(their one JSON mechanism), `liveness` (the controller process that began a run, from /proc),
+`failures` (a full or read-only filesystem, named as such). Callers import from here:
+`from opspatch.ledger import Ledger`.
 
 May import: `opspatch.core` and `opspatch.errors`. It knows nothing of hosts or runs beyond the
 values it is asked to record, so a second backend (PostgreSQL for a team ledger) plugs in here.
 """
+
+from opspatch.ledger.liveness import ControllerProcess, operator_identity
+from opspatch.ledger.records import (
+    FileVersion,
+    HostRecord,
+    RunDetail,
+    RunSummary,
+    StepRecord,
+    VerifyReport,
+    new_run_id,
+)
+from opspatch.ledger.store import Ledger
+
+__all__ = [
+    "ControllerProcess",
+    "FileVersion",
+    "HostRecord",
+    "Ledger",
+    "RunDetail",
+    "RunSummary",
+    "StepRecord",
+    "VerifyReport",
+    "new_run_id",
+    "operator_identity",
+]

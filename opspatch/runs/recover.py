@@ -45,16 +45,8 @@ _OVER = (RunStatus.FINISHED, RunStatus.INTERRUPTED, RunStatus.RECOVERED)
 
 
 def run_chain(ledger: Ledger, run_id: str) -> list[RunDetail]:
-    """The run and its ancestors through `parent_run`, newest first (a cycle is cut)."""
-    chain: list[RunDetail] = []
-    seen: set[str] = set()
-    current: str | None = run_id
-    while current is not None and current not in seen:
-        seen.add(current)
-        detail = ledger.get_run(current)
-        chain.append(detail)
-        current = detail.summary.parent_run
-    return chain
+    """The run and its ancestors through `parent_run`, newest first, with their records."""
+    return [ledger.get_run(summary.run_id) for summary in ledger.run_chain(run_id)]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,177 @@
+"""One generic way to turn the ledger's frozen dataclasses into JSON values and back.
+
+Every record the ledger returns (`records.py`, `liveness.ControllerProcess`) inherits
+`JsonRecord`: `to_json()` walks the dataclass fields in declaration order, so the field order *is*
+the key order that `opspatch ledger show --json` prints, and `from_json()` reads a document back
+by the same fields and their type hints. Nothing is written by hand per class.
+
+The rules, kept small on purpose:
+
+- a field becomes the key of its name, or of `json_field(key=...)`;
+- a field marked `json_field(inline=True)` holds a record whose keys are merged into its parent's
+  (a run's detail is its summary's keys plus `host_records`);
+- a field declared with `init=False` is derived from the others: written, never read back;
+- nested records become objects, tuples and lists become arrays, `str` enums become their word;
+- reading checks each value against its type hint (`X | None`, `tuple[X, ...]`, `list[X]`,
+  `dict[str, Any]`, enums, nested records, `str`, `int`, `float` (an int is kept as it is, so
+  `1` prints as `1` again), `bool`, `Any`) and raises `ValueError` naming the key on a mismatch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin, get_type_hints
+
+_KEY = "opspatch.json.key"
+_INLINE = "opspatch.json.inline"
+
+R = TypeVar("R", bound="JsonRecord")
+
+
+def json_field(*, key: str | None = None, inline: bool = False, **options: Any) -> Any:
+    """A dataclass `field(**options)` serialised under `key` or merged into its parent (`inline`)."""
+    metadata = dict(options.pop("metadata", {}) or {})
+    if key is not None:
+        metadata[_KEY] = key
+    if inline:
+        metadata[_INLINE] = True
+    return dataclasses.field(metadata=metadata, **options)
+
+
+class JsonRecord:
+    """Mixin for frozen dataclasses: `to_json()` and `from_json()` derived from the fields."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as a JSON object (keys in field order)."""
+        return record_to_json(self)
+
+    @classmethod
+    def from_json(cls: type[R], data: Mapping[str, Any]) -> R:
+        """Read a record back from what `to_json()` wrote.
+
+        Raises:
+            ValueError: a key is missing or a value does not have the field's type.
+        """
+        return record_from_json(cls, data)
+
+
+def to_json_value(value: Any) -> Any:
+    """`value` as plain JSON values: records as objects, sequences as lists, enums as words."""
+    if isinstance(value, JsonRecord):
+        return record_to_json(value)
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [to_json_value(item) for item in value]
+    if isinstance(value, Mapping):
+        return {key: to_json_value(item) for key, item in value.items()}
+    return value
+
+
+def record_to_json(record: JsonRecord) -> dict[str, Any]:
+    """A record's fields as a JSON object, in declaration order (see the module rules)."""
+    document: dict[str, Any] = {}
+    for spec in dataclasses.fields(record):
+        value = getattr(record, spec.name)
+        if spec.metadata.get(_INLINE):
+            document.update(record_to_json(value))
+        else:
+            document[spec.metadata.get(_KEY, spec.name)] = to_json_value(value)
+    return document
+
+
+def record_from_json(cls: type[R], data: Mapping[str, Any]) -> R:
+    """A `cls` read from the JSON object `data` (see the module rules).
+
+    Raises:
+        ValueError: `data` is not an object, a key is missing, or a value has the wrong type.
+    """
+    return _decode_record(cls, data, cls.__name__)
+
+
+# ---------------------------------------------------------------------------------------------
+# decoding
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """The resolved type hints of `cls` (its annotations are strings), computed once."""
+    if cls not in _HINTS:
+        _HINTS[cls] = get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _decode_record(cls: type[R], data: Any, where: str) -> R:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
+    hints = _hints(cls)
+    values: dict[str, Any] = {}
+    for spec in dataclasses.fields(cls):
+        if not spec.init:
+            continue  # derived from the other fields
+        if spec.metadata.get(_INLINE):
+            values[spec.name] = _decode_record(hints[spec.name], data, where)
+            continue
+        key = spec.metadata.get(_KEY, spec.name)
+        if key not in data:
+            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+                raise ValueError(f"{where}.{key}: missing")
+            continue
+        values[spec.name] = _decode(hints[spec.name], data[key], f"{where}.{key}")
+    return cls(**values)
+
+
+def _decode(hint: Any, value: Any, where: str) -> Any:
+    origin = get_origin(hint)
+    if hint is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        options = [a for a in get_args(hint) if a is not type(None)]
+        if value is None and len(options) < len(get_args(hint)):
+            return None
+        if len(options) != 1:
+            raise TypeError(f"{where}: unions other than `X | None` are not supported")
+        return _decode(options[0], value, where)
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where}: expected an array, got {type(value).__name__}")
+        item_hint = get_args(hint)[0]
+        items = [_decode(item_hint, item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict or hint is dict:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
+        item_hint = get_args(hint)[1] if get_args(hint) else Any
+        return {str(k): _decode(item_hint, v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            known = ", ".join(str(member.value) for member in hint)
+            raise ValueError(f"{where}: {value!r} is not one of {known}") from None
+    if isinstance(hint, type) and issubclass(hint, JsonRecord):
+        return _decode_record(hint, value, where)
+    return _decode_scalar(hint, value, where)
+
+
+def _decode_scalar(hint: Any, value: Any, where: str) -> Any:
+    if hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif hint is str:
+        ok = isinstance(value, str)
+    else:
+        raise TypeError(f"{where}: cannot read a value of type {hint!r}")
+    if not ok:
+        raise ValueError(f"{where}: expected {hint.__name__}, got {type(value).__name__}")
+    return value

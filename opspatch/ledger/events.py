@@ -1,0 +1,193 @@
+"""Reading events back: one run's rows turned into the records of `records.py`.
+
+Every record is built by the one generic codec: a row's body plus its columns make the record's
+JSON document, which `Record.from_json` reads (and checks) field by field. Run statuses are
+derived here, never stored: `finished` (a finish event), `running` / `interrupted` / `unknown`
+(whether the controller process that began the run lives, `liveness.py`), and `recovered` (an
+interrupted run that a later `recover` run, naming it as its `parent_run`, finished; a recover
+that was itself killed recovers nothing).
+
+All functions take the connection explicitly; the caller holds the ledger's lock.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from opspatch.core.vocabulary import RunStatus
+from opspatch.errors import LedgerError
+from opspatch.ledger.chain import ROW_COLUMNS, EventRow
+from opspatch.ledger.liveness import ControllerProcess
+from opspatch.ledger.records import FileVersion, HostRecord, RunDetail, RunSummary
+
+RECOVER_COMMAND = "recover"
+"""The command whose finished runs recover their (interrupted) parent run."""
+
+
+def select_events(
+    conn: sqlite3.Connection, where: str, params: Sequence[Any] = ()
+) -> list[EventRow]:
+    """The event rows `SELECT ... FROM events WHERE <where>` returns (`where` may order them)."""
+    return [
+        EventRow(*values)
+        for values in conn.execute(f"SELECT {ROW_COLUMNS} FROM events WHERE {where}", tuple(params))
+    ]
+
+
+def start_event(conn: sqlite3.Connection, run_id: str) -> EventRow | None:
+    """The `run-started` event of `run_id`, or None if there is no such run."""
+    found = select_events(conn, "run_id = ? AND kind = 'run-started'", (run_id,))
+    return found[0] if found else None
+
+
+def require_open_run(conn: sqlite3.Connection, run_id: str) -> EventRow:
+    """The run's start event; raises LedgerError if the run is unknown or already finished."""
+    found = select_events(
+        conn, "run_id = ? AND kind IN ('run-started', 'run-finished') ORDER BY id", (run_id,)
+    )
+    starts = [r for r in found if r.kind == "run-started"]
+    if not starts:
+        raise LedgerError(f"run {run_id} is not in the ledger")
+    if any(r.kind == "run-finished" for r in found):
+        raise LedgerError(f"run {run_id} is already finished; nothing can be added to it")
+    return starts[0]
+
+
+def finish_events(conn: sqlite3.Connection, run_ids: Sequence[str]) -> dict[str, EventRow]:
+    """The `run-finished` event of each of `run_ids` that has one."""
+    if not run_ids:
+        return {}
+    marks = ", ".join("?" for _ in run_ids)
+    found = select_events(conn, f"kind = 'run-finished' AND run_id IN ({marks})", run_ids)
+    return {row.run_id: row for row in found}
+
+
+def recovered_by(conn: sqlite3.Connection, parents: Sequence[str]) -> dict[str, str]:
+    """For each of `parents` that has one, the first `recover` run that finished and descends
+    from it through `parent_run`: a recover recovers its parent, and a recover of a recover that
+    was itself killed recovers the original run too. A killed recover recovers nothing."""
+    if not parents:
+        return {}
+    # The canonical body has no spaces: LIKE is a cheap filter before the bodies are parsed.
+    candidates = select_events(
+        conn,
+        "kind = 'run-started' AND body LIKE ? ORDER BY id",
+        (f'%"command":"{RECOVER_COMMAND}"%',),
+    )
+    children: dict[str, list[str]] = {}  # parent run -> recover runs naming it
+    for row in candidates:
+        if row.data["command"] == RECOVER_COMMAND and row.data["parent_run"]:
+            children.setdefault(row.data["parent_run"], []).append(row.run_id)
+    finished = finish_events(conn, [c for runs in children.values() for c in runs])
+    found: dict[str, str] = {}
+    for parent in parents:
+        best: tuple[int, str] | None = None
+        queue, seen = list(children.get(parent, ())), {parent}
+        while queue:
+            child = queue.pop()
+            if child in seen:
+                continue
+            seen.add(child)
+            finish = finished.get(child)
+            if finish is not None and (best is None or finish.id < best[0]):
+                best = (finish.id, child)
+            queue.extend(children.get(child, ()))
+        if best is not None:
+            found[parent] = best[1]
+    return found
+
+
+def run_summaries(conn: sqlite3.Connection, starts: Sequence[EventRow]) -> list[RunSummary]:
+    """The summaries of the runs begun by `starts`, in that order, with derived statuses."""
+    finished = finish_events(conn, [s.run_id for s in starts])
+    recovery = recovered_by(conn, [s.run_id for s in starts if s.run_id not in finished])
+    return [
+        _summary(start, finished.get(start.run_id), recovery.get(start.run_id)) for start in starts
+    ]
+
+
+def run_detail(conn: sqlite3.Connection, run_id: str) -> RunDetail:
+    """Run `run_id` (a full id that exists) with every host's record.
+
+    Hosts come in the order the run named them, then any other host its events mention.
+    """
+    events = select_events(conn, "run_id = ? ORDER BY id", (run_id,))
+    start = next(row for row in events if row.kind == "run-started")
+    (summary,) = run_summaries(conn, [start])
+    order = dict.fromkeys([*summary.hosts, *(row.host for row in events if row.host)])
+    return RunDetail(
+        summary=summary,
+        hosts=tuple(HostRecord.from_json(_host_record_json(h, events)) for h in order),
+    )
+
+
+def file_version(row: EventRow) -> FileVersion:
+    """A `file-version` event as a `FileVersion`."""
+    return FileVersion.from_json(_file_version_json(row))
+
+
+def _summary(start: EventRow, finish: EventRow | None, recovery: str | None) -> RunSummary:
+    data = start.data
+    controller = ControllerProcess.from_json(data["controller"])
+    status, outcome, recovered = RunStatus.FINISHED, None, None
+    if finish is not None:
+        outcome = finish.data["outcome"]
+    else:
+        alive = controller.is_alive()
+        if alive is None:
+            status = RunStatus.UNKNOWN
+        elif alive:
+            status = RunStatus.RUNNING
+        elif recovery is not None:
+            status, recovered = RunStatus.RECOVERED, recovery
+        else:
+            status = RunStatus.INTERRUPTED
+    return RunSummary.from_json(
+        {
+            **data,
+            "run_id": start.run_id,
+            "started_at": start.recorded_at,
+            "finished_at": None if finish is None else finish.recorded_at,
+            "status": status.value,
+            "outcome": outcome,
+            "recovered_by": recovered,
+        }
+    )
+
+
+def _file_version_json(row: EventRow) -> dict[str, Any]:
+    """A `file-version` event as `FileVersion` JSON: its body plus the row's columns."""
+    return {
+        **row.data,
+        "event_id": row.id,
+        "run_id": row.run_id,
+        "host": row.host,
+        "path": row.path,
+        "pre_image_sha256": row.pre_image,
+        "post_image_sha256": row.post_image,
+        "recorded_at": row.recorded_at,
+    }
+
+
+def _host_record_json(host: str, events: Sequence[EventRow]) -> dict[str, Any]:
+    """Everything `events` (one run's) say about `host`, as `HostRecord` JSON: every step, the
+    latest facts, every file version, and the latest outcome (a later one supersedes)."""
+    mine = [row for row in events if row.host == host]
+    facts = [row.data["facts"] for row in mine if row.kind == "facts"]
+    outcomes = [row.data for row in mine if row.kind == "host-outcome"]
+    last_outcome: dict[str, Any] = outcomes[-1] if outcomes else {}
+    return {
+        "host": host,
+        "outcome": last_outcome.get("outcome"),
+        "error": last_outcome.get("error"),
+        "file": last_outcome.get("file"),
+        "steps": [
+            {**row.data, "event_id": row.id, "recorded_at": row.recorded_at}
+            for row in mine
+            if row.kind == "step"
+        ],
+        "facts": facts[-1] if facts else None,
+        "file_versions": [_file_version_json(row) for row in mine if row.kind == "file-version"],
+    }

@@ -1,0 +1,192 @@
+"""What the ledger's queries return: frozen dataclasses, serialised by one mechanism (`codec`).
+
+The field order of each class is the key order of its JSON (`opspatch ledger show --json`,
+`ledger list --json`), so reordering fields changes the CLI's output: don't, add at the end.
+States use the shared vocabulary (`opspatch.core.vocabulary`): a step's `StepStatus`, a host's
+`Outcome`, a run's derived `RunStatus`; on disk and in JSON they are the same words as ever.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any, TypeVar
+
+from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
+from opspatch.ledger.codec import JsonRecord, json_field
+from opspatch.ledger.liveness import ControllerProcess
+
+FILE_ACTIONS = frozenset({"patch", "restore"})
+"""What a file version records: the patched text swapped in, or earlier bytes put back."""
+
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_TOKEN_RE = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
+_Word = TypeVar("_Word", bound=Enum)
+
+
+@dataclass(frozen=True)
+class StepRecord(JsonRecord):
+    """One step a host went through (lock, inspect, swap, restart, ready, smoke, ...)."""
+
+    event_id: int
+    step: str
+    status: StepStatus
+    seconds: float | None
+    detail: str
+    recorded_at: str
+
+
+@dataclass(frozen=True)
+class FileVersion(JsonRecord):
+    """One change of one file on one host, with the bytes needed to undo it.
+
+    `action` is `patch` (the patched text was swapped in) or `restore` (earlier bytes were put
+    back). `pre_image_sha256` names the full bytes before the change in the blob store (always
+    stored; equal to `sha256_before`); `post_image_sha256` names the bytes after it when they were
+    stored too.
+    """
+
+    event_id: int
+    run_id: str
+    patch_id: str | None
+    host: str
+    path: str
+    action: str
+    sha256_before: str
+    sha256_after: str
+    mode: int
+    owner: str
+    size_before: int
+    pre_image_sha256: str
+    post_image_sha256: str | None
+    recorded_at: str
+
+
+@dataclass(frozen=True)
+class HostRecord(JsonRecord):
+    """Everything one run recorded about one host; `last_step` says where it stopped.
+
+    `outcome`, `error` and `file` come from the host's latest `host-outcome` event (None when the
+    run never recorded one, for example because it was killed first).
+    """
+
+    host: str
+    outcome: Outcome | None
+    error: str | None
+    file: dict[str, Any] | None
+    last_step: StepRecord | None = field(init=False, compare=False, repr=False)
+    steps: tuple[StepRecord, ...]
+    facts: dict[str, Any] | None
+    file_versions: tuple[FileVersion, ...]
+
+    def __post_init__(self) -> None:
+        # Derived, so that it is serialised in its place among the fields (codec: init=False).
+        object.__setattr__(self, "last_step", self.steps[-1] if self.steps else None)
+
+
+@dataclass(frozen=True)
+class RunSummary(JsonRecord):
+    """One run as `ledger list` shows it, with its derived status.
+
+    `status` (derived, never stored) is `finished` (it has a finish event; `outcome` is set only
+    then), `running` (its controller process is alive), `interrupted` (that process is gone),
+    `recovered` (interrupted, and a later `recover` run naming it as `parent_run` finished; that
+    run is `recovered_by`), or `unknown` (begun on another controller, whose processes this one
+    cannot see).
+    """
+
+    run_id: str
+    command: str
+    patch_id: str | None
+    patch_sha256: str | None
+    playbook: str | None
+    operator: str
+    command_line: str
+    hosts: tuple[str, ...]
+    parent_run: str | None
+    controller: ControllerProcess
+    opspatch_version: str
+    started_at: str
+    finished_at: str | None
+    status: RunStatus
+    outcome: str | None
+    recovered_by: str | None = None
+
+
+@dataclass(frozen=True)
+class RunDetail(JsonRecord):
+    """A run with every host's steps, facts, file versions and outcome (`ledger show`).
+
+    Its JSON is the summary's keys followed by `host_records`.
+    """
+
+    summary: RunSummary = json_field(inline=True)
+    hosts: tuple[HostRecord, ...] = json_field(key="host_records")
+
+    @property
+    def run_id(self) -> str:
+        return self.summary.run_id
+
+    def host(self, name: str) -> HostRecord:
+        """The record of host `name`. Raises KeyError if the run never mentioned it."""
+        for record in self.hosts:
+            if record.host == name:
+                return record
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class VerifyReport(JsonRecord):
+    """What `verify()` found: ok, how much it checked, and the first broken link if any.
+
+    `first_broken` is the id of the first event whose hash, link, or blobs do not check out (for
+    a deleted tail: the first missing id). `head_hash` is the hash of the last event, worth
+    writing down elsewhere: a ledger rewritten wholesale from that point on cannot reproduce it.
+    `warnings` are findings that do not break the chain (append-only triggers that were missing
+    and have been re-created when the ledger was opened).
+    """
+
+    ok: bool
+    events_checked: int
+    blobs_checked: int
+    first_broken: int | None
+    reason: str | None
+    head_hash: str
+    warnings: tuple[str, ...] = ()
+
+
+# ---------------------------------------------------------------------------------------------
+# what an event may hold: checked before anything is written
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    """A sortable, unique run id such as `20261130T025012Z-3f9a1c` (UTC second + 24 random bits)."""
+    moment = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    return f"{moment:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+
+
+def require_sha256(value: str, what: str) -> None:
+    """Raises ValueError unless `value` is 64 lower-case hex digits."""
+    if not _SHA256_RE.match(value):
+        raise ValueError(f"{what} must be 64 lower-case hex digits, got {value!r}")
+
+
+def require_token(value: str, what: str) -> None:
+    """Raises ValueError unless `value` is a lower-case kebab-case word (`swap`, `rolled-back`)."""
+    if not _TOKEN_RE.match(value):
+        raise ValueError(f"{what} must be a lower-case kebab-case word, got {value!r}")
+
+
+def require_word(
+    vocabulary: type[_Word], value: str, what: str, allowed: frozenset[_Word] | None = None
+) -> _Word:
+    """`value` as a word of `vocabulary` (and of `allowed`); ValueError naming the words if not."""
+    words = list(vocabulary) if allowed is None else [w for w in vocabulary if w in allowed]
+    for word in words:
+        if word.value == value:
+            return word
+    known = ", ".join(str(w.value) for w in words)
+    raise ValueError(f"{what} must be one of {known}; got {value!r}")

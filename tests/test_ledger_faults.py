@@ -1,0 +1,171 @@
+"""A ledger on a full or read-only filesystem: the operator is told that, with the path and what to
+do, not "disk I/O error ... is it an opspatch ledger? move it aside".
+
+The filesystems are real: a tiny tmpfs (root ignores file permissions, a full or read-only
+filesystem does not), filled with a file or remounted read-only, unmounted afterwards.
+"""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from opspatch.errors import LedgerError
+from opspatch.ledger import Ledger
+from tests.clirunner import opspatch
+from tests.ledgerkit import ORIGINAL, begin, begin_and_die, sha
+
+FULL = "the filesystem that holds it is full"
+READ_ONLY = "the filesystem that holds it is mounted read-only"
+
+
+@pytest.fixture
+def tiny_filesystem(tmp_path: Path) -> Iterator[Path]:
+    mountpoint = tmp_path / "tiny"
+    mountpoint.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512k,mode=0755", "opspatch-test", str(mountpoint)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
+
+
+def fill(filesystem: Path) -> Path:
+    """Write one file until the filesystem has no space left; returns it (delete it to free)."""
+    filler = filesystem / "filler"
+    with filler.open("wb") as out:
+        try:
+            for _ in range(1024):
+                out.write(b"\0" * 65536)
+                out.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+        else:
+            raise AssertionError("the tiny filesystem never filled up")
+    return filler
+
+
+def remount_read_only(filesystem: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(filesystem)], check=True)
+
+
+def assert_names(error: LedgerError, path: Path, problem: str, remedy: str) -> None:
+    assert problem in error.message, error.render()
+    assert str(path) in error.message
+    assert remedy in (error.hint or ""), error.render()
+    assert "is it an opspatch ledger" not in error.render()
+
+
+# ---------------------------------------------------------------------------------------------
+# full
+
+
+def test_a_new_ledger_on_a_full_filesystem_says_it_is_full(tiny_filesystem: Path) -> None:
+    fill(tiny_filesystem)
+    path = tiny_filesystem / "state" / "ledger.sqlite3"
+    with pytest.raises(LedgerError) as caught:
+        Ledger.open(path)
+    assert_names(caught.value, path, FULL, "free space")
+
+
+def test_an_existing_ledger_on_a_full_filesystem_says_it_is_full(tiny_filesystem: Path) -> None:
+    # Closed cleanly, the ledger has no -wal/-shm files; opening must create them, and SQLite
+    # reports that failure as "disk I/O error" (SQLITE_IOERR_SHMSIZE).
+    path = tiny_filesystem / "ledger.sqlite3"
+    with Ledger.open(path) as ledger:
+        begin(ledger)
+    assert sorted(p.name for p in tiny_filesystem.iterdir()) == ["ledger.sqlite3"]
+    fill(tiny_filesystem)
+    with pytest.raises(LedgerError) as caught:
+        Ledger.open(path)
+    assert_names(caught.value, path, FULL, "free space")
+
+
+def test_a_write_that_fills_the_filesystem_says_so_and_loses_nothing(
+    tiny_filesystem: Path,
+) -> None:
+    path = tiny_filesystem / "ledger.sqlite3"
+    with Ledger.open(path) as ledger:
+        run_id = begin(ledger)
+        ledger.record_step(run_id, "gpu-01", "lock", "ok", 0.01)
+        filler = fill(tiny_filesystem)
+        big = ORIGINAL * 4000  # about 240 KB of pre-image on a full filesystem
+        with pytest.raises(LedgerError) as caught:
+            ledger.record_file_version(
+                run_id,
+                "gpu-01",
+                path="/srv/eagle_worker_v2.py",
+                sha256_before=sha(big),
+                sha256_after=sha(ORIGINAL),
+                mode=0o644,
+                owner="root:root",
+                pre_image=big,
+            )
+        assert_names(caught.value, path, FULL, "free space")
+        assert caught.value.message.startswith(f"cannot write the ledger {path}")
+
+        filler.unlink()  # space again: the run carries on, the failed write left nothing behind
+        ledger.record_step(run_id, "gpu-01", "swap", "ok", 0.02)
+        host = ledger.get_run(run_id).host("gpu-01")
+        assert [s.step for s in host.steps] == ["lock", "swap"] and host.file_versions == ()
+        assert ledger.verify().ok
+
+
+def test_the_cli_tells_the_operator_the_filesystem_is_full(tiny_filesystem: Path) -> None:
+    fill(tiny_filesystem)
+    path = tiny_filesystem / "ledger.sqlite3"
+    listed = opspatch("ledger", "list", env={"OPSPATCH_LEDGER": str(path)})
+    assert listed.code == 3
+    assert FULL in listed.stderr and str(path) in listed.stderr
+    assert "Traceback" not in listed.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# read-only
+
+
+def test_an_existing_ledger_on_a_read_only_filesystem_says_so(tiny_filesystem: Path) -> None:
+    path = tiny_filesystem / "ledger.sqlite3"
+    with Ledger.open(path) as ledger:
+        begin(ledger)
+    remount_read_only(tiny_filesystem)
+    with pytest.raises(LedgerError) as caught:
+        Ledger.open(path)
+    assert_names(caught.value, path, READ_ONLY, "remount it read-write")
+
+
+@pytest.mark.parametrize("name", ["ledger.sqlite3", "state/ledger.sqlite3"])
+def test_a_new_ledger_on_a_read_only_filesystem_says_so(tiny_filesystem: Path, name: str) -> None:
+    remount_read_only(tiny_filesystem)
+    path = tiny_filesystem / name
+    with pytest.raises(LedgerError) as caught:
+        Ledger.open(path)
+    assert_names(caught.value, path, READ_ONLY, "remount it read-write")
+
+
+def test_a_read_only_ledger_can_be_read_but_a_write_says_read_only(
+    tiny_filesystem: Path,
+) -> None:
+    # A controller killed mid-run leaves the -wal and -shm files behind; then the filesystem
+    # went read-only. Reading works (ledger list, show, verify); writing says why it cannot.
+    path = tiny_filesystem / "ledger.sqlite3"
+    run_id = begin_and_die(path)
+    assert {p.name for p in tiny_filesystem.iterdir()} >= {"ledger.sqlite3-wal"}
+    remount_read_only(tiny_filesystem)
+    with Ledger.open(path) as ledger:
+        assert [r.run_id for r in ledger.list_runs()] == [run_id]
+        assert ledger.verify().ok
+        with pytest.raises(LedgerError) as caught:
+            ledger.record_step(run_id, "gpu-01", "swap", "started")
+    assert_names(caught.value, path, READ_ONLY, "remount it read-write")
+    assert caught.value.message.startswith(f"cannot write the ledger {path}")
