@@ -26,17 +26,12 @@ from rich.text import Text
 
 from opspatch import __version__
 from opspatch.config import paths
-from opspatch.config.inventory import (
-    inventory_show_json,
-    inventory_show_table,
-    resolve_workspace_hosts,
-)
+from opspatch.config.inventory import inventory_show_json, inventory_show_table
 from opspatch.config.lookup import Workspace
-from opspatch.config.playbook import load_playbook
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, PlanOutcome, apply_patch
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
-from opspatch.core.spec import LoadedPatch, load_patch, patch_json_schema
+from opspatch.core.spec import LoadedPatch, patch_json_schema
 from opspatch.core.tomlsource import parse_field_path
 from opspatch.errors import (
     EXIT_BAD_INPUT,
@@ -167,12 +162,11 @@ def _workspace() -> Workspace:
 
 
 def _load(reference: str) -> LoadedPatch:
-    return load_patch(_workspace().find("patches", reference))
+    return _workspace().load_patch(reference)
 
 
 def _playbook(reference: str) -> Playbook:
-    workspace = _workspace()
-    return load_playbook(reference, workspace.search_dirs("playbooks"))
+    return _workspace().load_playbook(reference)
 
 
 def _ledger() -> Ledger:
@@ -180,7 +174,7 @@ def _ledger() -> Ledger:
 
 
 def _hosts(selection: str) -> tuple[Host, ...]:
-    return resolve_workspace_hosts(selection, _workspace())
+    return _workspace().hosts(selection)
 
 
 def _factory(accept_new_host_keys: bool) -> TransportFactory:
@@ -384,7 +378,7 @@ def check(
     results = []
     for reference in references:
         try:
-            loaded = load_patch(workspace.find("patches", reference))
+            loaded = workspace.load_patch(reference)
         except OpspatchError as exc:
             results.append({"patch": reference, "ok": False, "error": exc.render()})
             continue
@@ -857,7 +851,7 @@ def status(
     selected = _hosts(hosts)
     workspace = _workspace()
     references = patch or sorted(workspace.available("patches"))
-    patches = [load_patch(workspace.find("patches", r)) for r in references]
+    patches = [workspace.load_patch(r) for r in references]
     ledger_path = _options.ledger or paths.default_ledger_path()
     ledger = Ledger.open(ledger_path) if ledger_path.exists() else None
     results = fleet_status(selected, patches, _factory(accept_new_host_keys), ledger)
