@@ -401,12 +401,15 @@ def check(
         for result in results:
             if result["ok"]:
                 out.print(
-                    f"[green]ok[/green]    {result['patch']}  {result['file']}  "
-                    f"{result['edits']} edit(s), {result['postconditions']} postcondition(s)  "
-                    f"-> {result['target']}"
+                    Text.assemble(
+                        ("ok", "green"),
+                        f"    {result['patch']}  {result['file']}  "
+                        f"{result['edits']} edit(s), {result['postconditions']} postcondition(s)  "
+                        f"-> {result['target']}",
+                    )
                 )
-            else:
-                out.print(f"[red]error[/red] {result['error']}")
+            else:  # Text, not markup: the message quotes the file, which may hold `[/x]`
+                out.print(Text.assemble(("error", "red"), f" {result['error']}"))
     if failed:
         raise typer.Exit(EXIT_BAD_INPUT)
 
