@@ -426,6 +426,12 @@ def test_unknown_inventory_suggests_near_names(tmp_path: Path) -> None:
     assert caught.value.hint is not None and "gpu-fleet" in caught.value.hint
 
 
+def test_a_missing_inventory_path_is_named_as_a_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "fleet.toml"
+    with pytest.raises(SelectionError, match=f"{missing}: no such inventory file"):
+        _workspace(tmp_path).hosts(f"{missing}:canary")
+
+
 def test_same_host_name_from_two_inventories_is_refused(tmp_path: Path) -> None:
     folder = tmp_path / "ws" / "inventories"
     _write(folder, "a.toml", '[hosts.x]\naddress="x.b"\n')

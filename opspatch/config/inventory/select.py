@@ -132,6 +132,8 @@ def resolve_hosts(expr: str, workspace: Workspace) -> tuple[Host, ...]:
         path = workspace.locate("inventories", name)
         if path is not None:
             return load(path)
+        if workspace.is_path("inventories", name):
+            raise SelectionError(f"{name}: no such inventory file")
         known = workspace.available("inventories")
         searched = ", ".join(str(d) for d in workspace.search_dirs("inventories"))
         raise SelectionError(
