@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from opspatch.config.inventory import parse_inventory
+from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, SmokePrompt, SmokeSettings, StepTimeouts
-from opspatch.core.spec import load_patch
 from opspatch.errors import EngineError
 from opspatch.hosts.agent import stop_process_tree
 from opspatch.hosts.engine import EngineControl

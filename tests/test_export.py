@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.export import export_diff, git_blob_sha1, normalize_prefix, render_mail
-from opspatch.core.spec import PatchSpec, load_patch
+from opspatch.core.spec import PatchSpec
 from opspatch.errors import InputError, TargetError
 from tests.patchkit import make_patch
 from tests.sglang_wheels import EAGLE_RELPATH, WheelUnavailable, sglang_site

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from opspatch.config.patches import load_patch
 from opspatch.core.edit import AlreadyApplied, Applied, apply_patch, reverse
 from opspatch.core.fixes import parse_exception_line, patches_fixing
 from opspatch.core.initlint import InitLintReport, lint_init, write_guard_patch
-from opspatch.core.spec import PatchSpec, load_patch
+from opspatch.core.spec import PatchSpec
 from opspatch.core.validate import check_compiles
 from opspatch.errors import InputError
 from tests.sglang_wheels import EAGLE_RELPATH, WheelUnavailable, sglang_site

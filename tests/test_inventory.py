@@ -12,14 +12,11 @@ from opspatch.config.inventory import (
     EngineLayer,
     Inventory,
     SettingsLayer,
-    find_inventory,
     inventory_show_json,
     inventory_show_table,
     load_inventory,
     merge_layers,
     parse_inventory,
-    resolve_hosts,
-    resolve_workspace_hosts,
     select_hosts,
 )
 from opspatch.config.lookup import Workspace
@@ -231,14 +228,15 @@ def test_wrong_type_names_the_field() -> None:
     assert (error.location.line, error.location.field) == (3, "hosts.a.port")
 
 
-def test_bad_restart_kind_points_at_restart() -> None:
+def test_bad_restart_kind_points_at_the_kind_and_lists_the_kinds() -> None:
     error = spec_error(
         '[hosts.a]\naddress = "a.fleet.example"\n'
         '[hosts.a.engine]\nrestart = { kind = "init.d", unit = "x" }\n'
     )
     assert error.location.line == 4
-    assert error.location.field == "hosts.a.engine.restart"
-    assert "kind" in error.message
+    assert error.location.field == "hosts.a.engine.restart.kind"
+    assert "unknown kind 'init.d'" in error.message
+    assert "'systemd', 'supervisor', 'command'" in error.message
 
 
 def test_restart_missing_field_points_inside_the_inline_table() -> None:
@@ -381,56 +379,75 @@ def _write(folder: Path, name: str, text: str) -> Path:
     return path
 
 
+def _workspace(tmp_path: Path) -> Workspace:
+    """A workspace at `tmp_path/ws` with its state directory at `tmp_path/state`."""
+    return Workspace(root=tmp_path / "ws", state_dir=tmp_path / "state")
+
+
 def test_resolve_hosts_over_the_search_path(tmp_path: Path) -> None:
     workspace = tmp_path / "ws" / "inventories"
     state = tmp_path / "state" / "inventories"
     _write(workspace, "prod.toml", '[hosts.p1]\naddress="p1.b"\n[groups.canary]\nhosts=["p1"]\n')
     _write(state, "sandbox.toml", '[hosts.sandbox-1]\ntransport="local"\n')
     _write(state, "prod.toml", '[hosts.shadowed]\naddress="s.b"\n')  # the workspace wins
-    search = [workspace, state]
-    assert [h.name for h in resolve_hosts("sandbox", search)] == ["sandbox-1"]
-    assert [h.name for h in resolve_hosts("prod", search)] == ["p1"]
-    assert [h.name for h in resolve_hosts("canary", search)] == ["p1"]
-    assert [h.name for h in resolve_hosts("prod:canary,sandbox-*", search)] == [
+    search = _workspace(tmp_path)
+    assert [h.name for h in search.hosts("sandbox")] == ["sandbox-1"]
+    assert [h.name for h in search.hosts("prod")] == ["p1"]
+    assert [h.name for h in search.hosts("canary")] == ["p1"]
+    assert [h.name for h in search.hosts("prod:canary,sandbox-*")] == [
         "p1",
         "sandbox-1",
     ]
-    assert find_inventory("prod", search) == workspace / "prod.toml"
+    assert search.find("inventories", "prod") == workspace / "prod.toml"
 
 
 def test_bare_names_do_not_reach_bundled_examples(tmp_path: Path) -> None:
-    workspace = tmp_path / "inventories"
-    _write(workspace, "prod.toml", '[hosts.p1]\naddress="p1.b"\n')
+    _write(tmp_path / "ws" / "inventories", "prod.toml", '[hosts.p1]\naddress="p1.b"\n')
     with pytest.raises(SelectionError):
-        resolve_hosts("canary", [workspace], examples=[EXAMPLES])
-    named = resolve_hosts("gpu-fleet:canary", [workspace], examples=[EXAMPLES])
+        _workspace(tmp_path).hosts("canary")
+    named = _workspace(tmp_path).hosts("gpu-fleet:canary")
     assert [h.name for h in named] == ["gpu-01"]
 
 
 def test_ambiguous_bare_names_ask_for_the_inventory(tmp_path: Path) -> None:
-    folder = tmp_path / "inventories"
+    folder = tmp_path / "ws" / "inventories"
     _write(folder, "a.toml", '[hosts.x1]\naddress="x.b"\n[groups.canary]\nhosts=["x1"]\n')
     _write(folder, "b.toml", '[hosts.y1]\naddress="y.b"\n[groups.canary]\nhosts=["y1"]\n')
     with pytest.raises(SelectionError) as caught:
-        resolve_hosts("canary", [folder])
+        _workspace(tmp_path).hosts("canary")
     assert "several inventories" in caught.value.message
     assert caught.value.hint is not None and "a:canary" in caught.value.hint
 
 
 def test_unknown_inventory_suggests_near_names(tmp_path: Path) -> None:
-    folder = tmp_path / "inventories"
-    _write(folder, "gpu-fleet.toml", '[hosts.x1]\naddress="x.b"\n')
+    _write(tmp_path / "ws" / "inventories", "gpu-fleet.toml", '[hosts.x1]\naddress="x.b"\n')
     with pytest.raises(SelectionError) as caught:
-        resolve_hosts("gpu-flet:all", [folder])
+        _workspace(tmp_path).hosts("gpu-flet:all")
     assert caught.value.hint is not None and "gpu-fleet" in caught.value.hint
 
 
+def test_a_missing_inventory_path_is_named_as_a_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "fleet.toml"
+    with pytest.raises(SelectionError, match=f"{missing}: no such inventory file"):
+        _workspace(tmp_path).hosts(f"{missing}:canary")
+
+
 def test_same_host_name_from_two_inventories_is_refused(tmp_path: Path) -> None:
-    folder = tmp_path / "inventories"
+    folder = tmp_path / "ws" / "inventories"
     _write(folder, "a.toml", '[hosts.x]\naddress="x.b"\n')
     _write(folder, "b.toml", '[hosts.x]\naddress="y.b"\n')
     with pytest.raises(SelectionError, match="both inventory"):
-        resolve_hosts("a,b", [folder])
+        _workspace(tmp_path).hosts("a,b")
+
+
+def test_one_folder_prefers_toml_then_yml_then_yaml(tmp_path: Path) -> None:
+    folder = tmp_path / "ws" / "inventories"
+    _write(folder, "fleet.yaml", "all:\n  hosts:\n    from-yaml: {}\n")
+    _write(folder, "fleet.yml", "all:\n  hosts:\n    from-yml: {}\n")
+    assert [h.name for h in _workspace(tmp_path).hosts("fleet")] == ["from-yml"]
+    _write(folder, "fleet.toml", '[hosts.from-toml]\naddress = "t.b"\n')
+    assert [h.name for h in _workspace(tmp_path).hosts("fleet")] == ["from-toml"]
+    assert _workspace(tmp_path).find("inventories", str(folder / "fleet.yaml")).suffix == ".yaml"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -458,10 +475,10 @@ def test_workspace_lookup_order_workspace_then_state_dir_then_examples_by_name(
     workspace = Workspace(root=tmp_path / "ws", state_dir=tmp_path / "state")
     _write(tmp_path / "ws" / "inventories", "prod.toml", '[hosts.p1]\naddress="p1.b"\n')
     _write(tmp_path / "state" / "inventories", "sandbox.toml", '[hosts.sb-1]\ntransport="local"\n')
-    assert [h.name for h in resolve_workspace_hosts("sandbox,p1", workspace)] == ["sb-1", "p1"]
-    assert [h.name for h in resolve_workspace_hosts("gpu-fleet:canary", workspace)] == ["gpu-01"]
+    assert [h.name for h in workspace.hosts("sandbox,p1")] == ["sb-1", "p1"]
+    assert [h.name for h in workspace.hosts("gpu-fleet:canary")] == ["gpu-01"]
     with pytest.raises(SelectionError):
-        resolve_workspace_hosts("canary", workspace)  # a group of the bundled example only
+        workspace.hosts("canary")  # a group of the bundled example only
 
 
 def test_inventory_show_json_is_serialisable_with_toml_dates() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from opspatch.config.patches import load_patch
 from opspatch.core.classgraph import ClassGraph
 from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.fixes import parse_exception_line, patches_fixing
@@ -24,7 +25,7 @@ from opspatch.core.missingattr import (
     analyze_missing_attribute,
     parse_missing_attribute,
 )
-from opspatch.core.spec import load_patch, patch_json_schema
+from opspatch.core.spec import patch_json_schema
 from opspatch.errors import SpecError
 
 REPO = Path(__file__).resolve().parent.parent

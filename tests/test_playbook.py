@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from opspatch.config.lookup import Workspace
 from opspatch.config.playbook import load_playbook, parse_playbook
 from opspatch.core.policy import (
     DEFAULT_FAIL_PATTERNS,
@@ -21,6 +22,11 @@ from opspatch.core.policy import (
 from opspatch.errors import InputError, SpecError
 
 REPO_PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
+
+
+def shipped(name: str) -> Playbook:
+    """A playbook shipped with opspatch, loaded by path."""
+    return load_playbook(REPO_PLAYBOOKS / f"{name}.toml")
 
 
 def playbook(text: str, path: str = "playbooks/test.toml") -> Playbook:
@@ -38,7 +44,7 @@ def spec_error(text: str, path: str = "playbooks/test.toml") -> SpecError:
 
 
 def test_default_playbook_is_one_canary_then_quarters_halting_on_the_first_failure() -> None:
-    book = load_playbook("default", [REPO_PLAYBOOKS])
+    book = shipped("default")
     assert book.name == "default"
     assert book.canary == 1
     assert book.batch == BatchSize(percent=Decimal(25))
@@ -52,12 +58,12 @@ def test_default_playbook_is_one_canary_then_quarters_halting_on_the_first_failu
 
 def test_default_playbook_file_writes_out_the_model_defaults() -> None:
     # Leaving a key out of any playbook means what default.toml says.
-    book = load_playbook("default", [REPO_PLAYBOOKS])
+    book = shipped("default")
     assert book == Playbook(name="default", description=book.description)
 
 
 def test_incident_playbook_has_no_canary_everything_in_flight_and_halts_on_the_second() -> None:
-    book = load_playbook("incident", [REPO_PLAYBOOKS])
+    book = shipped("incident")
     assert book.canary == 0
     assert book.max_in_flight is None
     assert book.max_failures == 2
@@ -70,7 +76,7 @@ def test_incident_playbook_has_no_canary_everything_in_flight_and_halts_on_the_s
 
 @pytest.mark.parametrize("name", ["default", "incident"])
 def test_shipped_playbooks_round_trip_through_json(name: str) -> None:
-    book = load_playbook(name, [REPO_PLAYBOOKS])
+    book = shipped(name)
     document = book.to_json()
     assert document["name"] == name
     assert set(document["timeouts"]) == {
@@ -89,30 +95,34 @@ def test_shipped_playbooks_round_trip_through_json(name: str) -> None:
 # loading by name and path
 
 
-def test_load_by_name_takes_the_first_search_directory_that_has_it(tmp_path: Path) -> None:
+def test_load_by_name_takes_the_workspace_first_then_the_shipped_ones(tmp_path: Path) -> None:
     mine = tmp_path / "workspace"
-    mine.mkdir()
-    (mine / "default.toml").write_text('name = "default"\nmax_failures = 3\n')
-    assert load_playbook("default", [mine, REPO_PLAYBOOKS]).max_failures == 3
-    assert load_playbook("incident", [mine, REPO_PLAYBOOKS]).max_failures == 2
+    (mine / "playbooks").mkdir(parents=True)
+    (mine / "playbooks" / "default.toml").write_text('name = "default"\nmax_failures = 3\n')
+    workspace = Workspace(mine, tmp_path / "state")
+    assert workspace.load_playbook("default").max_failures == 3
+    assert workspace.load_playbook("incident").max_failures == 2
+    assert workspace.load_playbook("incident").source == str(REPO_PLAYBOOKS / "incident.toml")
 
 
 def test_load_by_path(tmp_path: Path) -> None:
     path = tmp_path / "careful.toml"
     path.write_text("canary = 2\n")
-    assert load_playbook(str(path), []).canary == 2
-    assert load_playbook(path, []).name == "careful"
+    assert Workspace(tmp_path, tmp_path).load_playbook(str(path)).canary == 2
+    assert load_playbook(path).name == "careful"
 
 
-def test_unknown_name_suggests_near_names() -> None:
+def test_unknown_name_suggests_near_names(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no playbook named 'incidnet'") as caught:
-        load_playbook("incidnet", [REPO_PLAYBOOKS])
+        Workspace(tmp_path, tmp_path).load_playbook("incidnet")
     assert caught.value.hint is not None and "incident" in caught.value.hint
 
 
-def test_missing_path_is_a_spec_error(tmp_path: Path) -> None:
+def test_missing_path_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="nope.toml: no such file"):
+        Workspace(tmp_path, tmp_path).load_playbook(str(tmp_path / "nope.toml"))
     with pytest.raises(SpecError, match="file not found"):
-        load_playbook(str(tmp_path / "nope.toml"), [])
+        load_playbook(tmp_path / "nope.toml")
 
 
 def test_an_empty_playbook_takes_every_default() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from opspatch.config.patches import load_patch
 from opspatch.core.anchors import (
     first_line,
     iter_definitions,
@@ -19,7 +20,6 @@ from opspatch.core.anchors import (
     strip_positions,
 )
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, reverse, unapply
-from opspatch.core.spec import load_patch
 from opspatch.core.validate import check_compiles
 from opspatch.runs.localfile import distribution_version_for
 from tests.sglang_wheels import EAGLE_RELPATH, WheelUnavailable, sglang_site

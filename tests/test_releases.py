@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
+from opspatch.config.patches import load_patch
 from opspatch.core.portability import evaluate_release
-from opspatch.core.spec import PatchSpec, load_patch
+from opspatch.core.spec import PatchSpec
 from opspatch.errors import InputError
 from opspatch.runs.releases import (
     check_releases,

@@ -206,8 +206,8 @@ def test_dry_run_changes_nothing(fleet: SandboxFleet) -> None:
 
 def test_round_trips_per_host(fleet: SandboxFleet, tmp_path: Path) -> None:
     """plan is one exec per host; apply is six (begin, swap, restart, ready, smoke, release)."""
+    from opspatch.config.patches import load_patch
     from opspatch.core.policy import Playbook
-    from opspatch.core.spec import load_patch
     from opspatch.runs.apply import apply_to_hosts
     from opspatch.runs.connect import open_transport
 

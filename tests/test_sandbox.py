@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from opspatch.config.inventory import load_inventory, resolve_workspace_hosts
+from opspatch.config.inventory import load_inventory
 from opspatch.config.lookup import Workspace
+from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch, detect
 from opspatch.core.host import CommandRestart
 from opspatch.core.policy import Playbook
-from opspatch.core.spec import load_patch
 from opspatch.hosts.engine import EngineControl
 from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.transport.base import Command
@@ -204,11 +204,11 @@ def test_up_writes_the_sandbox_inventory_that_hosts_sandbox_finds_from_any_folde
     workspace = Workspace.discover(
         sandbox.cwd, environ={"OPSPATCH_STATE_DIR": str(sandbox.state_dir)}
     )
-    assert [h.name for h in resolve_workspace_hosts("sandbox", workspace)] == [
+    assert [h.name for h in workspace.hosts("sandbox")] == [
         "sandbox-01",
         "sandbox-02",
     ]
-    assert [h.name for h in resolve_workspace_hosts("sandbox:canary", workspace)] == ["sandbox-01"]
+    assert [h.name for h in workspace.hosts("sandbox:canary")] == ["sandbox-01"]
 
 
 def test_status_json_shows_pid_port_health_and_the_patches_each_file_carries(

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from opspatch.core.spec import InsertEdit, load_patch, patch_json_schema
+from opspatch.config.patches import load_patch
+from opspatch.core.spec import InsertEdit, patch_json_schema
 from opspatch.core.tomlsource import format_field_path, locate_lines, parse_field_path
 from opspatch.errors import SpecError
 

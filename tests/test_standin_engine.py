@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from opspatch.config.lookup import Workspace
 from opspatch.core.edit import Applied, apply_patch, detect
-from opspatch.core.spec import PatchSpec, load_patch
+from opspatch.core.spec import PatchSpec
 from opspatch.errors import InputError
 from opspatch.sandbox.install import (
     engine_source_dir,
@@ -54,7 +54,7 @@ EAGLE_INIT_GUARD = "eagle-init-guard"
 
 def eagle_init_guard() -> PatchSpec:
     """The incident's real fix, as shipped (`patches/eagle-init-guard.toml`)."""
-    return load_patch(Workspace.discover().find("patches", EAGLE_INIT_GUARD)).spec
+    return Workspace.discover().load_patch(EAGLE_INIT_GUARD).spec
 
 
 def guard_part(part: str) -> PatchSpec:

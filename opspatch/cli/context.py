@@ -40,19 +40,13 @@ class GlobalOptions:
         return Ledger.open(self.ledger_path())
 
     def load_patch(self, reference: str) -> LoadedPatch:
-        from opspatch.core.spec import load_patch
-
-        return load_patch(self.workspace_dir().find("patches", reference))
+        return self.workspace_dir().load_patch(reference)
 
     def load_playbook(self, reference: str) -> Playbook:
-        from opspatch.config.playbook import load_playbook
-
-        return load_playbook(reference, self.workspace_dir().search_dirs("playbooks"))
+        return self.workspace_dir().load_playbook(reference)
 
     def hosts(self, selection: str) -> tuple[Host, ...]:
-        from opspatch.config.inventory import resolve_workspace_hosts
-
-        return resolve_workspace_hosts(selection, self.workspace_dir())
+        return self.workspace_dir().hosts(selection)
 
     def state_dir(self) -> Path:
         return paths.state_dir()

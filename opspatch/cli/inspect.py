@@ -22,7 +22,6 @@ def status(
     as_json: JsonOption = False,
 ) -> None:
     """What is applied where: applied, not applied, drifted, unreachable (checked live against the ledger)."""
-    from opspatch.core.spec import load_patch
     from opspatch.ledger.store import Ledger
     from opspatch.runs.connect import transport_factory
     from opspatch.runs.status import fleet_status
@@ -32,7 +31,7 @@ def status(
     selected = options.hosts(hosts)
     workspace = options.workspace_dir()
     references = patch or sorted(workspace.available("patches"))
-    patches = [load_patch(workspace.find("patches", r)) for r in references]
+    patches = [workspace.load_patch(r) for r in references]
     ledger_path = options.ledger_path()
     ledger = Ledger.open(ledger_path) if ledger_path.exists() else None
     factory = transport_factory(accept_new_host_keys=accept_new_host_keys)

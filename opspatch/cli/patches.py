@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+from rich.text import Text
 
 from opspatch.cli.context import (
     AcceptKeysOption,
@@ -69,8 +70,6 @@ def check(
     as_json: JsonOption = False,
 ) -> None:
     """Lint patch files: schema, snippets parse, anchors well-formed (--releases: on every release)."""
-    from opspatch.core.spec import load_patch
-
     workspace = options.workspace_dir()
     references = patches or sorted(workspace.available("patches"))
     if not references:
@@ -82,7 +81,7 @@ def check(
     results: list[dict[str, Any]] = []
     for reference in references:
         try:
-            loaded = load_patch(workspace.find("patches", reference))
+            loaded = workspace.load_patch(reference)
         except OpspatchError as exc:
             results.append({"patch": reference, "ok": False, "error": exc.render()})
             continue
@@ -105,12 +104,15 @@ def check(
         for result in results:
             if result["ok"]:
                 out.print(
-                    f"[green]ok[/green]    {result['patch']}  {result['file']}  "
-                    f"{result['edits']} edit(s), {result['postconditions']} postcondition(s)  "
-                    f"-> {result['target']}"
+                    Text.assemble(
+                        ("ok", "green"),
+                        f"    {result['patch']}  {result['file']}  "
+                        f"{result['edits']} edit(s), {result['postconditions']} postcondition(s)  "
+                        f"-> {result['target']}",
+                    )
                 )
-            else:
-                out.print(f"[red]error[/red] {result['error']}")
+            else:  # Text, not markup: the message quotes the file, which may hold `[/x]`
+                out.print(Text.assemble(("error", "red"), f" {result['error']}"))
     if failed:
         raise typer.Exit(EXIT_BAD_INPUT)
 

@@ -8,7 +8,11 @@ Lookup order, first match wins:
 3. the files bundled with the package (the repository's top-level folders, shipped in the wheel).
 
 A reference that looks like a path (it ends in `.toml`/`.yml`/`.yaml` or contains a `/`) is taken
-as a path and nothing is searched.
+as a path and nothing is searched. Within one folder, `<name>.toml` wins over `<name>.yml` over
+`<name>.yaml`.
+
+`Workspace.find` is the only place a name is resolved; `load_patch`, `load_playbook`,
+`load_inventory` and `hosts` (a `--hosts` selection) are built on it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opspatch.config import paths
+from opspatch.config.inventory import Inventory, load_inventory, resolve_hosts
+from opspatch.config.patches import load_patch
+from opspatch.config.playbook import load_playbook
+from opspatch.core.host import Host
+from opspatch.core.policy import Playbook
+from opspatch.core.spec import LoadedPatch
 from opspatch.errors import InputError
 
 KINDS = ("patches", "inventories", "playbooks")
@@ -28,6 +38,7 @@ _SUFFIXES = {
     "playbooks": (".toml",),
     "inventories": (".toml", ".yml", ".yaml"),
 }
+_SINGULAR = {"patches": "patch", "inventories": "inventory", "playbooks": "playbook"}
 
 
 def bundled_dir(kind: str) -> Path | None:
@@ -55,6 +66,7 @@ class Workspace:
         return cls(root=root.expanduser(), state_dir=paths.state_dir(env))
 
     def search_dirs(self, kind: str) -> list[Path]:
+        """The folders searched for `kind`, first match wins (see the module docstring)."""
         dirs = [self.root / kind]
         if kind == "inventories":
             dirs.append(self.state_dir / "inventories")
@@ -63,16 +75,36 @@ class Workspace:
             dirs.append(bundled)
         return dirs
 
-    def available(self, kind: str) -> dict[str, Path]:
-        """Every name of `kind` that can be looked up, with the file it resolves to."""
+    def available(self, kind: str, *, bundled: bool = True) -> dict[str, Path]:
+        """Every name of `kind` that can be looked up, with the file it resolves to.
+
+        `bundled=False` leaves out the examples shipped with opspatch (a bare host or group name
+        in `--hosts` is looked up in the operator's own inventories only).
+        """
+        shipped = bundled_dir(kind)
         found: dict[str, Path] = {}
         for directory in self.search_dirs(kind):
             if not directory.is_dir():
                 continue
-            for path in sorted(directory.iterdir()):
-                if path.suffix in _SUFFIXES[kind] and path.is_file():
-                    found.setdefault(path.stem, path)
+            if not bundled and shipped is not None and directory.resolve() == shipped.resolve():
+                continue
+            for suffix in _SUFFIXES[kind]:
+                for path in sorted(directory.glob(f"*{suffix}")):
+                    if path.is_file():
+                        found.setdefault(path.stem, path)
         return found
+
+    @staticmethod
+    def is_path(kind: str, reference: str) -> bool:
+        """Whether `reference` is taken as a path rather than a name."""
+        return reference.endswith(_SUFFIXES[kind]) or "/" in reference or os.sep in reference
+
+    def locate(self, kind: str, reference: str) -> Path | None:
+        """The file a name or path of `kind` resolves to, or None when there is none."""
+        if self.is_path(kind, reference):
+            path = Path(reference).expanduser()
+            return path if path.is_file() else None
+        return self.available(kind).get(reference)
 
     def find(self, kind: str, reference: str) -> Path:
         """Resolve a name or path of `kind` to a file.
@@ -80,16 +112,13 @@ class Workspace:
         Raises:
             InputError: no such file; the message lists near names and where it looked.
         """
-        if reference.endswith(_SUFFIXES[kind]) or "/" in reference or os.sep in reference:
-            path = Path(reference).expanduser()
-            if not path.is_file():
-                raise InputError(
-                    f"{reference}: no such file", hint=f"give a {kind[:-1]} name or a path"
-                )
-            return path
+        found = self.locate(kind, reference)
+        if found is not None:
+            return found
+        singular = _SINGULAR[kind]
+        if self.is_path(kind, reference):
+            raise InputError(f"{reference}: no such file", hint=f"give a {singular} name or a path")
         available = self.available(kind)
-        if reference in available:
-            return available[reference]
         near = difflib.get_close_matches(reference, list(available), n=3, cutoff=0.5)
         looked = ", ".join(str(d) for d in self.search_dirs(kind))
         hint = (
@@ -97,4 +126,43 @@ class Workspace:
             if near
             else (f"known: {', '.join(sorted(available)) or 'none'}")
         )
-        raise InputError(f"no {kind[:-1]} named {reference!r} (looked in {looked})", hint=hint)
+        raise InputError(f"no {singular} named {reference!r} (looked in {looked})", hint=hint)
+
+    # -----------------------------------------------------------------------------------------
+    # conveniences: find, then load
+
+    def load_patch(self, reference: str) -> LoadedPatch:
+        """The patch a name or path refers to.
+
+        Raises:
+            InputError: no such patch (near names suggested).
+            SpecError: the file is not a valid patch (file:line: field).
+        """
+        return load_patch(self.find("patches", reference))
+
+    def load_playbook(self, reference: str) -> Playbook:
+        """The playbook a name or path refers to.
+
+        Raises:
+            InputError: no such playbook (near names suggested).
+            SpecError: the file is not a valid playbook (file:line: field).
+        """
+        return load_playbook(self.find("playbooks", reference))
+
+    def load_inventory(self, reference: str) -> Inventory:
+        """The inventory a name or path refers to (TOML or Ansible YAML).
+
+        Raises:
+            InputError: no such inventory (near names suggested).
+            SpecError: the file is not a valid inventory (file:line: field).
+        """
+        return load_inventory(self.find("inventories", reference))
+
+    def hosts(self, selection: str) -> tuple[Host, ...]:
+        """The hosts a `--hosts` selection names (`opspatch.config.inventory.resolve_hosts`).
+
+        Raises:
+            SelectionError: an unknown inventory, host or group (near names suggested).
+            SpecError: an inventory that had to be read is not valid.
+        """
+        return resolve_hosts(selection, self)

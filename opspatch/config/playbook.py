@@ -46,25 +46,33 @@ plain word matches as a substring; escape `.`, `(` and friends to match them lit
 `expect` and `fail_patterns` are compiled when the playbook is loaded, so a bad expression is an
 error at `file:line` before anything is touched.
 
-The fleet policy is pure too: `plan_rollout(playbook, hosts)` turns a host selection into
-batches (canaries first), and `Playbook.halt_reason(outcomes, canaries=...)` says whether the
-rollout must stop. Errors in files are `SpecError`s naming the file, the line and the field.
+The file's shape is a strict pydantic schema (`PlaybookFile`); a problem is reported by the
+shared translation (`opspatch.core.fileschema`) as a `SpecError` naming the file, the line and
+the field, and `to_playbook` is the one conversion into the core's model
+(`opspatch.core.policy.Playbook`, with the pure fleet policy: `plan_rollout`, `halt_reason`).
+A playbook is found by name with `Workspace.load_playbook` (`opspatch.config.lookup`).
 """
 
 from __future__ import annotations
 
-import difflib
-import math
 import re
-from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Literal
 
+from pydantic import AfterValidator, Field, ValidationError
+
+from opspatch.config.files import read_toml
+from opspatch.core.fileschema import (
+    FileSchema,
+    by_type,
+    expects,
+    problem,
+    spec_error_from_validation,
+)
 from opspatch.core.policy import (
     MAX_SMOKE_TOKENS,
     MIN_SMOKE_TOKENS,
-    ON_HALT_CHOICES,
     TIMEOUT_STEPS,
     BatchSize,
     LogSettings,
@@ -73,11 +81,154 @@ from opspatch.core.policy import (
     SmokeSettings,
     StepTimeouts,
 )
-from opspatch.core.tomlsource import FieldPath, TomlDocument, parse_toml, read_toml
-from opspatch.errors import InputError
+from opspatch.core.tomlsource import TomlDocument, parse_toml
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+# ---------------------------------------------------------------------------------------------
+# the file's schema (every key optional: a missing key takes the model's default)
+
+
+def _usable_name(name: str) -> str:
+    if not _NAME_RE.match(name):
+        raise problem(f"{name!r} is not a usable playbook name", hint="use a-z, 0-9, -")
+    return name
+
+
+def _distinct_names(names: list[str]) -> list[str]:
+    if any(not n.strip() for n in names):
+        raise problem("host names must not be empty")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise problem(f"lists {', '.join(repeated)} more than once")
+    return names
+
+
+def _percent(text: str) -> Decimal | None:
+    """The batch percentage `text` says (`"all"` is 100), or None when it says none."""
+    if text.strip().lower() == "all":
+        return Decimal(100)
+    match = _PERCENT_RE.match(text)
+    if match is None:
+        return None
+    try:
+        percent = Decimal(match.group(1))
+    except InvalidOperation:  # pragma: no cover - the regex admits only decimals
+        return None
+    return percent if Decimal(0) < percent <= Decimal(100) else None
+
+
+def _batch_text(text: str) -> str:
+    if _percent(text) is None:
+        raise problem(
+            f"must be a host count, a percentage above 0% and at most 100%, or 'all'; got {text!r}",
+            hint='for example batch = 4 or batch = "25%"',
+        )
+    return text
+
+
+def _all(text: str) -> str:
+    if text.strip().lower() != "all":
+        raise problem(f"must be a number of hosts or 'all', got {text!r}")
+    return text
+
+
+def _regex(pattern: str) -> str:
+    if not pattern:
+        raise problem("an empty regular expression matches everything")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise problem(
+            f"is not a valid regular expression: {exc.msg} at position {exc.pos}",
+            hint="TOML literal strings ('...') keep backslashes as written",
+        ) from None
+    except (RecursionError, MemoryError, OverflowError):
+        raise problem("is not a usable regular expression: it is nested too deeply") from None
+    return pattern
+
+
+def _prompt_text(text: str) -> str:
+    if not text.strip():
+        raise problem("a smoke prompt must not be empty")
+    return text
+
+
+Count = Annotated[int, Field(ge=0)]
+Positive = Annotated[int, Field(ge=1)]
+Seconds = Annotated[
+    float, expects("a number of seconds", int, float), Field(gt=0, allow_inf_nan=False)
+]
+Regex = Annotated[str, AfterValidator(_regex)]
+PromptText = Annotated[str, AfterValidator(_prompt_text)]
+
+
+class PromptTable(FileSchema):
+    text: PromptText
+    expect: Regex | None = None
+
+
+if TYPE_CHECKING:  # what the unions below hold, for mypy; pydantic validates the real ones
+    Canary = int | list[str]
+    Batch = int | str
+    MaxInFlight = int | str
+    Prompt = str | PromptTable
+else:
+    Canary = by_type(
+        "a number of hosts or a list of host names",
+        int=Count,
+        list=Annotated[list[str], AfterValidator(_distinct_names)],
+    )
+    Batch = by_type(
+        "a host count, a percentage string or 'all'",
+        int=Positive,
+        str=Annotated[str, AfterValidator(_batch_text)],
+    )
+    MaxInFlight = by_type(
+        "a number of hosts or 'all'", int=Positive, str=Annotated[str, AfterValidator(_all)]
+    )
+    Prompt = by_type(
+        "a prompt string or a table { text, expect }", str=PromptText, dict=PromptTable
+    )
+
+
+class TimeoutsTable(FileSchema):
+    lock: Seconds | None = None
+    inspect: Seconds | None = None
+    swap: Seconds | None = None
+    restart: Seconds | None = None
+    ready: Seconds | None = None
+    smoke: Seconds | None = None
+    restore: Seconds | None = None
+    restore_ready: Seconds | None = None
+
+
+class SmokeTable(FileSchema):
+    prompts: Annotated[list[Prompt], Field(min_length=1)] | None = None
+    max_new_tokens: Annotated[int, Field(ge=MIN_SMOKE_TOKENS, le=MAX_SMOKE_TOKENS)] | None = None
+    baseline: bool | None = None
+    require_spec_verify: bool | None = None
+
+
+class LogTable(FileSchema):
+    fail_patterns: list[Regex] | None = None
+
+
+class PlaybookFile(FileSchema):
+    """A playbook file as written (see the module docstring for each key)."""
+
+    name: Annotated[str, AfterValidator(_usable_name)] | None = None
+    description: str | None = None
+    canary: Canary | None = None
+    batch: Batch | None = None
+    max_in_flight: MaxInFlight | None = None
+    max_failures: Positive | None = None
+    on_halt: Literal["stop", "rollback-run"] | None = None
+    timeouts: TimeoutsTable | None = None
+    smoke: SmokeTable | None = None
+    log: LogTable | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,310 +243,105 @@ def parse_playbook(text: str, path: str) -> Playbook:
             regular expression, or a `name` that differs from the file name; the error names the
             file, the line and the field.
     """
-    return _build(parse_toml(text, path))
+    return to_playbook(parse_toml(text, path))
 
 
-def load_playbook(name_or_path: str | Path, search_dirs: Sequence[Path]) -> Playbook:
-    """Load a playbook by name (first `<dir>/<name>.toml` in `search_dirs`) or by path.
-
-    A `Path`, or a string ending in `.toml` or containing a path separator, is a path; anything
-    else is a name.
+def load_playbook(path: Path) -> Playbook:
+    """Read and check a playbook file (by name: `Workspace.load_playbook`).
 
     Raises:
-        InputError: no playbook of that name in `search_dirs` (near names are suggested).
         SpecError: the file cannot be read or is not a valid playbook (file:line, field).
     """
-    text = str(name_or_path)
-    if isinstance(name_or_path, Path) or text.endswith(".toml") or "/" in text:
-        return _build(read_toml(Path(name_or_path).expanduser()))
-    for directory in search_dirs:
-        candidate = directory / f"{text}.toml"
-        if candidate.is_file():
-            return _build(read_toml(candidate))
-    available = sorted(list_playbooks(search_dirs))
-    near = difflib.get_close_matches(text, available, n=3, cutoff=0.5)
-    hint = f"did you mean {' or '.join(near)}?" if near else None
-    if hint is None:
-        hint = f"available: {', '.join(available)}" if available else "no playbooks found"
-    searched = ", ".join(str(d) for d in search_dirs) or "nowhere (no search directories)"
-    raise InputError(f"no playbook named {text!r} (looked in {searched})", hint=hint)
+    return to_playbook(read_toml(path))
 
 
-def list_playbooks(search_dirs: Sequence[Path]) -> dict[str, Path]:
-    """Every playbook name found in `search_dirs`, with its file (earlier directories win)."""
-    found: dict[str, Path] = {}
-    for directory in search_dirs:
-        if directory.is_dir():
-            for path in sorted(directory.glob("*.toml")):
-                found.setdefault(path.stem, path)
-    return found
+def to_playbook(document: TomlDocument) -> Playbook:
+    """The one conversion of a playbook file into the core's model.
 
-
-# ---------------------------------------------------------------------------------------------
-# checking values; every problem is reported at the key's line
-
-
-_TOP_KEYS = (
-    "name",
-    "description",
-    "canary",
-    "batch",
-    "max_in_flight",
-    "max_failures",
-    "on_halt",
-    "timeouts",
-    "smoke",
-    "log",
-)
-_SMOKE_KEYS = ("prompts", "max_new_tokens", "baseline", "require_spec_verify")
-_PROMPT_KEYS = ("text", "expect")
-_LOG_KEYS = ("fail_patterns",)
-
-
-def _build(doc: TomlDocument) -> Playbook:
-    data = doc.data
-    _check_keys(doc, (), data, _TOP_KEYS)
+    Raises:
+        SpecError: as `parse_playbook`.
+    """
+    try:
+        written = PlaybookFile.model_validate(document.data)
+    except ValidationError as exc:
+        raise spec_error_from_validation(
+            exc, document, schema=PlaybookFile, data=document.data
+        ) from None
     defaults = Playbook()
-    stem = Path(doc.path).stem if doc.path.endswith(".toml") else None
-
-    name = _string(doc, ("name",), data.get("name", stem or defaults.name))
-    if not _NAME_RE.match(name):
-        raise doc.error(
-            ("name",), f"{name!r} is not a usable playbook name", hint="use a-z, 0-9, -"
-        )
+    stem = Path(document.path).stem if document.path.endswith(".toml") else None
+    name = written.name or stem or defaults.name
     if stem is not None and name != stem:
-        raise doc.error(
+        raise document.error(
             ("name",),
             f"name {name!r} differs from the file name {stem!r}",
             hint=f"a playbook is chosen by its file name; rename the file or set name = {stem!r}",
         )
-    on_halt = _string(doc, ("on_halt",), data.get("on_halt", defaults.on_halt))
-    if on_halt not in ON_HALT_CHOICES:
-        raise doc.error(
-            ("on_halt",),
-            f"must be one of {', '.join(repr(c) for c in ON_HALT_CHOICES)}, got {on_halt!r}",
-            hint=_did_you_mean(on_halt, ON_HALT_CHOICES),
-        )
     return Playbook(
         name=name,
-        description=_string(doc, ("description",), data.get("description", "")),
-        canary=_canary(doc, data.get("canary", defaults.canary)),
-        batch=_batch(doc, data.get("batch", defaults.batch.to_json())),
-        max_in_flight=_max_in_flight(doc, data.get("max_in_flight", defaults.max_in_flight)),
-        max_failures=_count(
-            doc, ("max_failures",), data.get("max_failures", defaults.max_failures), minimum=1
-        ),
-        on_halt=on_halt,
-        timeouts=_timeouts(doc, data.get("timeouts", {})),
-        smoke=_smoke(doc, data.get("smoke", {})),
-        log=_log(doc, data.get("log", {})),
-        source=doc.path,
+        description=written.description or "",
+        canary=_canary(written.canary, defaults.canary),
+        batch=_batch(written.batch, defaults.batch),
+        max_in_flight=defaults.max_in_flight
+        if written.max_in_flight is None
+        else (None if isinstance(written.max_in_flight, str) else written.max_in_flight),
+        max_failures=written.max_failures or defaults.max_failures,
+        on_halt=written.on_halt or defaults.on_halt,
+        timeouts=_timeouts(written.timeouts),
+        smoke=_smoke(written.smoke),
+        log=LogSettings()
+        if written.log is None or written.log.fail_patterns is None
+        else LogSettings(tuple(written.log.fail_patterns)),
+        source=document.path,
     )
 
 
-def _check_keys(
-    doc: TomlDocument, where: FieldPath, table: Mapping[str, Any], known: Sequence[str]
-) -> None:
-    for key in table:
-        if key not in known:
-            raise doc.error(
-                (*where, key),
-                f"unknown key {key!r}",
-                hint=_did_you_mean(key, known) or f"known keys here: {', '.join(known)}",
-            )
+def _canary(
+    written: int | list[str] | None, default: int | tuple[str, ...]
+) -> int | tuple[str, ...]:
+    if written is None:
+        return default
+    if isinstance(written, list):
+        return tuple(written) if written else 0  # `canary = []` names no canary, like 0
+    return written
 
 
-def _did_you_mean(word: str, choices: Sequence[str]) -> str | None:
-    near = difflib.get_close_matches(word, list(choices), n=2, cutoff=0.6)
-    return f"did you mean {' or '.join(repr(n) for n in near)}?" if near else None
+def _batch(written: int | str | None, default: BatchSize) -> BatchSize:
+    if written is None:
+        return default
+    if isinstance(written, int):
+        return BatchSize(count=written)
+    percent = _percent(written)
+    assert percent is not None  # checked by the schema
+    return BatchSize(percent=percent)
 
 
-def _table(doc: TomlDocument, where: FieldPath, value: Any) -> Mapping[str, Any]:
-    if not isinstance(value, dict):
-        raise doc.error(where, f"must be a table, got {_shown(value)}")
-    return value
-
-
-def _shown(value: Any) -> str:
-    kind = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}.get(
-        type(value), "a " + type(value).__name__
-    )
-    return f"{kind} ({value!r})" if not isinstance(value, (dict, list)) else kind
-
-
-def _string(doc: TomlDocument, where: FieldPath, value: Any) -> str:
-    if not isinstance(value, str):
-        raise doc.error(where, f"must be a string, got {_shown(value)}")
-    return value
-
-
-def _boolean(doc: TomlDocument, where: FieldPath, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise doc.error(where, f"must be true or false, got {_shown(value)}")
-    return value
-
-
-def _count(
-    doc: TomlDocument, where: FieldPath, value: Any, *, minimum: int, maximum: int | None = None
-) -> int:
-    # bool is an int in Python; `canary = true` must not quietly mean one canary.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise doc.error(where, f"must be a whole number, got {_shown(value)}")
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"at least {minimum}" + (f" and at most {maximum}" if maximum is not None else "")
-        raise doc.error(where, f"must be {bound}, got {value}")
-    return value
-
-
-def _canary(doc: TomlDocument, value: Any) -> int | tuple[str, ...]:
-    where: FieldPath = ("canary",)
-    if isinstance(value, list):
-        if not value:
-            return 0  # `canary = []` names no canary, like `canary = 0`
-        names = tuple(_string(doc, (*where, i), v) for i, v in enumerate(value))
-        if any(not n.strip() for n in names):
-            raise doc.error(where, "host names must not be empty")
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        if repeated:
-            raise doc.error(where, f"lists {', '.join(repeated)} more than once")
-        return names
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise doc.error(
-            where, f"must be a number of hosts or a list of host names, got {_shown(value)}"
-        )
-    return _count(doc, where, value, minimum=0)
-
-
-def _batch(doc: TomlDocument, value: Any) -> BatchSize:
-    where: FieldPath = ("batch",)
-    if isinstance(value, str):
-        if value.strip().lower() == "all":
-            return BatchSize(percent=Decimal(100))
-        match = _PERCENT_RE.match(value)
-        percent = None
-        if match:
-            try:
-                percent = Decimal(match.group(1))
-            except InvalidOperation:  # pragma: no cover - the regex admits only decimals
-                percent = None
-        if percent is None or not Decimal(0) < percent <= Decimal(100):
-            raise doc.error(
-                where,
-                f"must be a host count, a percentage above 0% and at most 100%, or 'all'; "
-                f"got {value!r}",
-                hint='for example batch = 4 or batch = "25%"',
-            )
-        return BatchSize(percent=percent)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise doc.error(
-            where, f"must be a host count, a percentage string or 'all', got {_shown(value)}"
-        )
-    return BatchSize(count=_count(doc, where, value, minimum=1))
-
-
-def _max_in_flight(doc: TomlDocument, value: Any) -> int | None:
-    where: FieldPath = ("max_in_flight",)
-    if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
-        return None
-    if isinstance(value, str):
-        raise doc.error(where, f"must be a number of hosts or 'all', got {value!r}")
-    return _count(doc, where, value, minimum=1)
-
-
-def _seconds(doc: TomlDocument, where: FieldPath, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise doc.error(where, f"must be a number of seconds, got {_shown(value)}")
-    if not math.isfinite(value) or value <= 0:
-        raise doc.error(where, f"must be more than 0 seconds, got {value}")
-    return float(value)
-
-
-def _timeouts(doc: TomlDocument, value: Any) -> StepTimeouts:
-    where: FieldPath = ("timeouts",)
-    table = _table(doc, where, value)
-    _check_keys(doc, where, table, TIMEOUT_STEPS)
+def _timeouts(written: TimeoutsTable | None) -> StepTimeouts:
     defaults = StepTimeouts()
+    if written is None:
+        return defaults
+    chosen = {step: getattr(written, step) for step in TIMEOUT_STEPS}
     return StepTimeouts(
-        **{
-            step: _seconds(doc, (*where, step), table[step])
-            if step in table
-            else getattr(defaults, step)
-            for step in TIMEOUT_STEPS
-        }
+        **{step: getattr(defaults, step) if v is None else float(v) for step, v in chosen.items()}
     )
 
 
-def _regex(doc: TomlDocument, where: FieldPath, value: Any) -> str:
-    pattern = _string(doc, where, value)
-    if not pattern:
-        raise doc.error(where, "an empty regular expression matches everything")
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise doc.error(
-            where,
-            f"is not a valid regular expression: {exc.msg} at position {exc.pos}",
-            hint="TOML literal strings ('...') keep backslashes as written",
-        ) from None
-    return pattern
-
-
-def _prompt(doc: TomlDocument, where: FieldPath, value: Any) -> SmokePrompt:
-    if isinstance(value, str):
-        text, expect = value, None
-    elif isinstance(value, dict):
-        _check_keys(doc, where, value, _PROMPT_KEYS)
-        if "text" not in value:
-            raise doc.error(where, "a prompt table needs `text`")
-        text = _string(doc, (*where, "text"), value["text"])
-        expect = _regex(doc, (*where, "expect"), value["expect"]) if "expect" in value else None
-    else:
-        raise doc.error(
-            where, f"must be a prompt string or a table {{ text, expect }}, got {_shown(value)}"
-        )
-    if not text.strip():
-        raise doc.error(where, "a smoke prompt must not be empty")
-    return SmokePrompt(text, expect)
-
-
-def _smoke(doc: TomlDocument, value: Any) -> SmokeSettings:
-    where: FieldPath = ("smoke",)
-    table = _table(doc, where, value)
-    _check_keys(doc, where, table, _SMOKE_KEYS)
+def _smoke(written: SmokeTable | None) -> SmokeSettings:
     defaults = SmokeSettings()
+    if written is None:
+        return defaults
     prompts = defaults.prompts
-    if "prompts" in table:
-        raw = table["prompts"]
-        if not isinstance(raw, list) or not raw:
-            raise doc.error((*where, "prompts"), "must be a non-empty list of prompts")
-        prompts = tuple(_prompt(doc, (*where, "prompts", i), p) for i, p in enumerate(raw))
+    if written.prompts is not None:
+        prompts = tuple(
+            SmokePrompt(p) if isinstance(p, str) else SmokePrompt(p.text, p.expect)
+            for p in written.prompts
+        )
     return SmokeSettings(
         prompts=prompts,
-        max_new_tokens=_count(
-            doc,
-            (*where, "max_new_tokens"),
-            table.get("max_new_tokens", defaults.max_new_tokens),
-            minimum=MIN_SMOKE_TOKENS,
-            maximum=MAX_SMOKE_TOKENS,
-        ),
-        baseline=_boolean(doc, (*where, "baseline"), table.get("baseline", defaults.baseline)),
-        require_spec_verify=_boolean(
-            doc,
-            (*where, "require_spec_verify"),
-            table.get("require_spec_verify", defaults.require_spec_verify),
-        ),
-    )
-
-
-def _log(doc: TomlDocument, value: Any) -> LogSettings:
-    where: FieldPath = ("log",)
-    table = _table(doc, where, value)
-    _check_keys(doc, where, table, _LOG_KEYS)
-    if "fail_patterns" not in table:
-        return LogSettings()
-    raw = table["fail_patterns"]
-    if not isinstance(raw, list):
-        raise doc.error((*where, "fail_patterns"), f"must be a list, got {_shown(raw)}")
-    return LogSettings(
-        tuple(_regex(doc, (*where, "fail_patterns", i), p) for i, p in enumerate(raw))
+        max_new_tokens=defaults.max_new_tokens
+        if written.max_new_tokens is None
+        else written.max_new_tokens,
+        baseline=defaults.baseline if written.baseline is None else written.baseline,
+        require_spec_verify=defaults.require_spec_verify
+        if written.require_spec_verify is None
+        else written.require_spec_verify,
     )

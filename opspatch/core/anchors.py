@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from opspatch.core.spec import MODULE_SCOPE, ReplaceSelector, StatementSelector
+from opspatch.core.syntax import parse_python
 
 DefNode = ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
 ScopeNode = ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
@@ -220,7 +221,7 @@ def statement_dumps(code: str) -> list[str]:
     """Dumps of the statements of a (dedented) snippet."""
     import textwrap
 
-    return [strip_positions(s) for s in ast.parse(textwrap.dedent(code)).body]
+    return [strip_positions(s) for s in parse_python(textwrap.dedent(code)).body]
 
 
 def _pick(
@@ -339,7 +340,7 @@ def select_expression(scope: Scope, selector: ReplaceSelector) -> LocatedExpress
 
 def matching_expressions(scope: Scope, code: str) -> list[LocatedExpression]:
     """Every expression of `scope` whose syntax tree equals `code`, in source order."""
-    wanted = strip_positions(ast.parse(code.strip(), mode="eval").body)
+    wanted = strip_positions(parse_python(code.strip(), mode="eval").body)
     unique: dict[tuple[int, int], LocatedExpression] = {}
     for loc in iter_statements(scope.node):
         for expr_root in _header_expressions(loc.stmt):

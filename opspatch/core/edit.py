@@ -58,6 +58,7 @@ from opspatch.core.spec import (
     ReplaceEdit,
     edit_field,
 )
+from opspatch.core.syntax import parse_python
 from opspatch.core.unified import (
     HunkFailure,
     LineReplacement,
@@ -605,9 +606,10 @@ def _replace_state(tree: ast.Module, edit: ReplaceEdit, i: int) -> EditState:
 def _decode(source: bytes) -> tuple[SourceText, ast.Module]:
     decoded = SourceText.decode(source)
     try:
-        tree = ast.parse(decoded.text)
+        tree = parse_python(decoded.text)
     except SyntaxError as exc:
-        raise SourceDecodeError(f"the file does not parse: {exc.msg} (line {exc.lineno})") from None
+        where = f" (line {exc.lineno})" if exc.lineno else ""
+        raise SourceDecodeError(f"the file does not parse: {exc.msg}{where}") from None
     return decoded, tree
 
 
@@ -699,7 +701,7 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
     scopes: list[str] = []
     try:
         for i, edit in enumerate(patch.edits):
-            current_tree = tree if i == 0 else ast.parse(text)
+            current_tree = tree if i == 0 else parse_python(text)
             if isinstance(edit, InsertEdit):
                 splices, edit_scopes = _place_insert(
                     text, current_tree, edit, patch, decoded.newline, i
@@ -727,11 +729,12 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
             scopes.extend(s for s in edit_scopes if s not in scopes)
             text = new_text
             try:
-                ast.parse(text)
+                parse_python(text)
             except SyntaxError as exc:
+                where = f" (line {exc.lineno})" if exc.lineno else ""
                 return NotApplicable(
                     patch.id,
-                    f"the result does not parse after this edit: {exc.msg} (line {exc.lineno})",
+                    f"the result does not parse after this edit: {exc.msg}{where}",
                     edit_field(i),
                 )
     except _EditProblem as problem:
@@ -799,7 +802,7 @@ def _first_verified(
     assert isinstance(edit, InsertEdit)
     for candidate in candidates:
         try:
-            tree = ast.parse(candidate)
+            tree = parse_python(candidate)
             splices, _ = _place_insert(candidate, tree, edit, patch, newline, i)
         except (SyntaxError, _EditProblem):
             continue
@@ -826,7 +829,7 @@ def unapply(
     text = decoded.text
     for i in reversed(range(len(patch.edits))):
         edit = patch.edits[i]
-        tree = ast.parse(text)
+        tree = parse_python(text)
         index = LineIndex(text)
         if isinstance(edit, ReplaceEdit):
             return NotApplicable(

@@ -1,30 +1,32 @@
-"""Typed patch files (`patches/<id>.toml`): the model, loading, and the JSON Schema.
+"""Typed patch files (`patches/<id>.toml`): the model, its validation, and the JSON Schema.
 
 A patch says what to change (edits anchored on code structure, never on line numbers), where
 (a module by dotted name, the distribution and version range it is meant for), why (the rationale,
 which becomes the message of an exported upstream diff) and what must hold afterwards
-(postconditions). Loading is strict: unknown keys and unknown edit kinds are errors, code snippets
-must parse, and every problem is reported as `file:line: field: problem` (`SpecError`).
+(postconditions). Validation is strict: unknown keys and unknown edit kinds are errors, code
+snippets must parse, and every problem is reported as `file:line: field: problem` (`SpecError`,
+by the shared translation in `fileschema`).
 
-Pure: this module reads the file it is given and nothing else.
+Pure: `parse_patch` validates a parsed TOML document; reading the file is
+`opspatch.config.patches.load_patch`.
 """
 
 from __future__ import annotations
 
 import ast
-import hashlib
 import keyword
 import re
 import textwrap
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 from pydantic import model_validator as _model_validator
 
-from opspatch.core.tomlsource import TomlDocument, format_field_path, read_toml
+from opspatch.core.fileschema import FileSchema, spec_error_from_validation
+from opspatch.core.syntax import parse_python
+from opspatch.core.tomlsource import TomlDocument, format_field_path
 from opspatch.errors import Location
 
 MODULE_SCOPE = "<module>"
@@ -35,10 +37,6 @@ _PATCH_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _QUALNAME_RE = re.compile(rf"^{_IDENT}(\.{_IDENT})*$")
 _DOTTED_CALL_RE = re.compile(rf"^({_IDENT}|super\(\))(\.{_IDENT})*$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
 def _check_qualname(value: str) -> str:
@@ -53,12 +51,13 @@ def _check_qualname(value: str) -> str:
 
 def _parse_statements(code: str, what: str) -> list[ast.stmt]:
     try:
-        return ast.parse(textwrap.dedent(code)).body
+        return parse_python(textwrap.dedent(code)).body
     except SyntaxError as exc:
-        raise ValueError(f"{what} does not parse: {exc.msg} (snippet line {exc.lineno})") from None
+        where = f" (snippet line {exc.lineno})" if exc.lineno else ""
+        raise ValueError(f"{what} does not parse: {exc.msg}{where}") from None
 
 
-class Target(_Strict):
+class Target(FileSchema):
     """What a patch is for: a module, the distribution that ships it, the versions it fits."""
 
     module: str = Field(
@@ -153,7 +152,7 @@ class Target(_Strict):
         return f"{base}.py", f"{base}/__init__.py"
 
 
-class StatementSelector(_Strict):
+class StatementSelector(FileSchema):
     """Selects statements structurally inside a scope (exactly one criterion).
 
     - `calls`: a statement that calls this name (`init_cuda_graphs` matches
@@ -208,12 +207,12 @@ def _check_statement_criteria(selector: Any, extra: tuple[str, ...]) -> None:
     expression = getattr(selector, "expression", None)
     if expression is not None:
         try:
-            ast.parse(expression.strip(), mode="eval")
+            parse_python(expression.strip(), mode="eval")
         except SyntaxError as exc:
             raise ValueError(f"expression does not parse: {exc.msg}") from None
 
 
-class ReplaceSelector(_Strict):
+class ReplaceSelector(FileSchema):
     """What a `replace` edit replaces: a statement (as `StatementSelector`) or `expression`, an
     expression whose syntax tree equals this code."""
 
@@ -242,7 +241,7 @@ class ReplaceSelector(_Strict):
         ).describe()
 
 
-class InsertEdit(_Strict):
+class InsertEdit(FileSchema):
     """Insert code into a scope.
 
     Positions: `start` (after the docstring, after `from __future__` imports in a module, and after
@@ -278,7 +277,7 @@ class InsertEdit(_Strict):
         return self
 
 
-class ReplaceEdit(_Strict):
+class ReplaceEdit(FileSchema):
     """Replace one statement or expression, selected structurally, with new code."""
 
     kind: Literal["replace"]
@@ -293,7 +292,7 @@ class ReplaceEdit(_Strict):
     def _code_fits_selection(self) -> ReplaceEdit:
         if self.select.expression is not None:
             try:
-                ast.parse(self.code.strip(), mode="eval")
+                parse_python(self.code.strip(), mode="eval")
             except SyntaxError as exc:
                 raise ValueError(
                     f"code: must be an expression to replace an expression: {exc.msg}"
@@ -303,7 +302,7 @@ class ReplaceEdit(_Strict):
         return self
 
 
-class DiffEdit(_Strict):
+class DiffEdit(FileSchema):
     """A unified diff, applied by context like GNU patch: the hunk may move by at most
     `max_offset` lines and drop up to `fuzz` context lines at its ends; a context that matches
     more than one place is refused rather than guessed."""
@@ -325,7 +324,7 @@ class DiffEdit(_Strict):
 Edit = Annotated[InsertEdit | ReplaceEdit | DiffEdit, Field(discriminator="kind")]
 
 
-class AssignedBeforeCalls(_Strict):
+class AssignedBeforeCalls(FileSchema):
     """`attribute` is assigned in `scope`'s own body before any statement that calls out.
 
     Calls named in `ignore_calls` (by default the base-class initializer) do not count.
@@ -339,7 +338,7 @@ class AssignedBeforeCalls(_Strict):
     _scope = field_validator("scope")(_check_qualname)
 
 
-class ClassAttribute(_Strict):
+class ClassAttribute(FileSchema):
     """Class `class_` has a class-level value for `name` (so every instance has it, even one
     whose `__init__` never ran or stopped part-way)."""
 
@@ -353,7 +352,7 @@ class ClassAttribute(_Strict):
 Postcondition = Annotated[AssignedBeforeCalls | ClassAttribute, Field(discriminator="kind")]
 
 
-class Fix(_Strict):
+class Fix(FileSchema):
     """An exception a patch fixes, so a diagnosis that finds it in a log can name the patch.
 
     `exception` is the exception's type name (a dotted name matches by its last part:
@@ -384,7 +383,7 @@ class Fix(_Strict):
         return value
 
 
-class PatchSpec(_Strict):
+class PatchSpec(FileSchema):
     """A patch file, validated."""
 
     id: str = Field(description="Lower-case slug; the file is patches/<id>.toml")
@@ -432,22 +431,6 @@ class LoadedPatch(BaseModel):
         return self.document.location(field_path)
 
 
-def _pydantic_problem(error: dict[str, Any]) -> str:
-    kind = error.get("type", "")
-    if kind == "extra_forbidden":
-        return "unknown key"
-    if kind == "union_tag_invalid":
-        tag = error.get("input", {}).get("kind") if isinstance(error.get("input"), dict) else None
-        ctx = error.get("ctx", {})
-        return f"unknown kind {tag!r}; expected one of {ctx.get('expected_tags', '')}"
-    if kind == "union_tag_not_found":
-        return "missing `kind`"
-    if kind == "missing":
-        return "required field is missing"
-    message = str(error.get("msg", "invalid"))
-    return message.removeprefix("Value error, ")
-
-
 def parse_patch(document: TomlDocument) -> PatchSpec:
     """Validate a parsed TOML document as a patch.
 
@@ -458,64 +441,17 @@ def parse_patch(document: TomlDocument) -> PatchSpec:
     try:
         return PatchSpec.model_validate(document.data)
     except ValidationError as exc:
-        # unknown keys first: a misspelt key also shows up as a missing one
-        errors = sorted(exc.errors(), key=lambda e: e.get("type") != "extra_forbidden")
-        located = []
-        for error in errors:
-            loc = _field_path(error["loc"])
-            problem = _pydantic_problem(dict(error))
-            if error.get("type") in ("union_tag_invalid", "union_tag_not_found"):
-                loc.append("kind")
-            moved = re.match(r"^([a-z_]+): (.*)$", problem)
-            if moved and error.get("type") == "value_error" and moved.group(1) in _MODEL_FIELDS:
-                loc.append(moved.group(1))
-                problem = moved.group(2)
-            located.append((loc, problem))
-        first_loc, first_problem = located[0]
-        others = [f"{document.location(loc)}: {problem}" for loc, problem in located[1:]]
-        hint = ("also: " + "; ".join(others)) if others else _hint_for(first_problem)
-        raise document.error(first_loc, first_problem, hint=hint) from None
+        raise spec_error_from_validation(
+            exc,
+            document,
+            schema=PatchSpec,
+            data=document.data,
+            named_in_message=_NAMED_IN_MESSAGE,
+        ) from None
 
 
-_UNION_TAGS = {"insert", "replace", "diff", "assigned-before-calls", "class-attribute"}
-# Model-level checks name the field they are about as "field: problem", so it can be located.
-_MODEL_FIELDS = {"position", "anchor", "code", "select"}
-
-
-def _field_path(loc: Sequence[str | int]) -> list[str | int]:
-    """Pydantic's error location without the union tag it inserts after a list index."""
-    out: list[str | int] = []
-    for i, part in enumerate(loc):
-        if isinstance(part, str) and part in _UNION_TAGS and i > 0 and isinstance(loc[i - 1], int):
-            continue
-        out.append(part)
-    return out
-
-
-def _hint_for(problem: str) -> str | None:
-    if problem == "unknown key":
-        return "remove it or check its spelling against `opspatch schema`"
-    if problem.startswith("unknown kind"):
-        return "see `opspatch schema` for the edit and postcondition kinds"
-    return None
-
-
-def load_patch(path: Path) -> LoadedPatch:
-    """Read, parse and validate a patch file.
-
-    Raises:
-        SpecError: unreadable file, malformed TOML, or an invalid patch (file:line: field).
-    """
-    document = read_toml(path)
-    spec = parse_patch(document)
-    if path.suffix == ".toml" and path.stem != spec.id:
-        raise document.error(
-            ["id"],
-            f"id {spec.id!r} does not match the file name {path.name!r}",
-            hint=f"rename the file to {spec.id}.toml or change the id",
-        )
-    digest = hashlib.sha256(document.text.encode("utf-8")).hexdigest()
-    return LoadedPatch(spec=spec, path=str(path), sha256=digest, document=document)
+# Checks across fields name the field they are about as "field: problem", so it can be located.
+_NAMED_IN_MESSAGE = ("position", "anchor", "code", "select")
 
 
 def edit_field(index: int, *rest: str | int) -> str:

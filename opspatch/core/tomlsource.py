@@ -14,9 +14,9 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from opspatch.core.fileschema import MAX_NESTING, FieldPath, check_nesting, format_field_path
 from opspatch.errors import Location, SpecError
 
 if sys.version_info >= (3, 11):
@@ -24,7 +24,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-FieldPath = tuple[str | int, ...]
+__all__ = [
+    "FieldPath",
+    "TomlDocument",
+    "format_field_path",
+    "locate_lines",
+    "parse_field_path",
+    "parse_toml",
+]
 
 _BARE_KEY = r"[A-Za-z0-9_-]+"
 _KEY = rf'(?:{_BARE_KEY}|"(?:[^"\\]|\\.)*"|\'[^\']*\')'
@@ -122,22 +129,26 @@ class TomlDocument:
         return SpecError(self.location(field_path), problem, hint=hint)
 
 
-def format_field_path(field_path: Sequence[str | int]) -> str:
-    """`("edits", 1, "anchor")` -> `edits[1].anchor` (the form operators see in messages)."""
-    out = ""
-    for part in field_path:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + part
-    return out
+def first_line_nested_deeper_than(text: str, depth: int) -> int:
+    """The first line where brackets and braces (counted naively) open more than `depth` deep,
+    or 0: where to point when a parser gives up on nesting without saying where."""
+    level = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        for char in line:
+            if char in "[{":
+                level += 1
+                if level > depth:
+                    return number
+            elif char in "]}":
+                level = max(0, level - 1)
+    return 0
 
 
 def parse_toml(text: str, path: str) -> TomlDocument:
     """Parse TOML text; a syntax error becomes a SpecError with the parser's line.
 
     Raises:
-        SpecError: the text is not valid TOML.
+        SpecError: the text is not valid TOML, or is nested more than `MAX_NESTING` deep.
     """
     try:
         data = tomllib.loads(text)
@@ -148,24 +159,16 @@ def parse_toml(text: str, path: str) -> TomlDocument:
         raise SpecError(
             Location(path, line), f"malformed TOML: {problem}", hint="fix the syntax at that line"
         ) from None
-    return TomlDocument(path=path, text=text, data=data, _lines=locate_lines(text))
-
-
-def read_toml(path: Path) -> TomlDocument:
-    """Read and parse a TOML file.
-
-    Raises:
-        SpecError: the file cannot be read, is not UTF-8, or is not valid TOML.
-    """
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise SpecError(Location(str(path)), "file not found") from None
-    except UnicodeDecodeError as exc:
-        raise SpecError(Location(str(path)), f"not UTF-8 text ({exc.reason})") from None
-    except OSError as exc:
-        raise SpecError(Location(str(path)), f"cannot read: {exc.strerror}") from None
-    return parse_toml(text, str(path))
+    except (RecursionError, MemoryError):
+        # tomllib parses nested arrays and inline tables recursively
+        raise SpecError(
+            Location(path, first_line_nested_deeper_than(text, MAX_NESTING)),
+            f"arrays or inline tables nested more than {MAX_NESTING} levels deep",
+            hint="no opspatch file needs that; is the file generated or damaged?",
+        ) from None
+    document = TomlDocument(path=path, text=text, data=data, _lines=locate_lines(text))
+    check_nesting(data, document)
+    return document
 
 
 def parse_field_path(text: str) -> FieldPath:

@@ -38,6 +38,7 @@ from opspatch.core.spec import (
     ClassAttribute,
     PatchSpec,
 )
+from opspatch.core.syntax import parse_python
 
 _WARNING_FILTERS = threading.Lock()
 """`warnings.catch_warnings` saves and restores the process-wide filter list; two threads doing
@@ -61,9 +62,11 @@ def check_compiles(
             problems.append(f"does not compile: {exc.msg} (line {exc.lineno})")
         except ValueError as exc:  # e.g. null bytes
             problems.append(f"does not compile: {exc}")
+        except (RecursionError, MemoryError):
+            problems.append("does not compile: nested too deeply for Python's compiler")
         if feature_version is not None and not problems:
             try:
-                ast.parse(new_source, filename, feature_version=feature_version)
+                parse_python(new_source, filename, feature_version=feature_version)
             except SyntaxError as exc:
                 problems.append(
                     f"does not parse as Python {feature_version[0]}.{feature_version[1]}: "
@@ -200,8 +203,8 @@ def validate_result(
         problems += check_compiles(new_source, filename, patch.target.feature_version)
         if problems:
             return problems
-    new_tree = ast.parse(new_text)
+    new_tree = parse_python(new_text)
     problems += check_postconditions(new_tree, patch)
     if old_text is not new_text:
-        problems += check_untouched(ast.parse(old_text), new_tree, edited_scopes)
+        problems += check_untouched(parse_python(old_text), new_tree, edited_scopes)
     return problems

@@ -55,10 +55,11 @@ from typing import Any, Literal
 from opspatch.config import paths
 from opspatch.config.inventory import Inventory, parse_inventory
 from opspatch.config.lookup import Workspace
+from opspatch.config.patches import load_patch
 from opspatch.core.edit import detect
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, StepTimeouts
-from opspatch.core.spec import LoadedPatch, load_patch
+from opspatch.core.spec import LoadedPatch
 from opspatch.errors import HostError, InputError, OpspatchError
 from opspatch.hosts.agent import stop_process_tree
 from opspatch.hosts.engine import EngineControl, RestartResult

@@ -1,0 +1,175 @@
+"""Host selection: the `--hosts` grammar, within one inventory and over a workspace.
+
+A selection is a comma list; each item is one of:
+- `INVENTORY` (a name the workspace finds, or a path to an inventory file): all its hosts;
+- `INVENTORY:PATTERN`: PATTERN (host, group, glob, `all`) within that inventory;
+- `PATTERN`: a host, group or glob looked up in every inventory of the workspace and the state
+  directory (not in the bundled examples, so a placeholder example host is only reached by
+  naming its inventory); it must match in exactly one inventory.
+
+Inventories are found by the one lookup, `Workspace` (`opspatch.config.lookup`). Unknown names
+are refused with the nearest ones suggested (`SelectionError`, exit 2).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from opspatch.config.inventory.load import load_inventory
+from opspatch.config.inventory.model import ALL_HOSTS, Inventory
+from opspatch.core.fileschema import did_you_mean
+from opspatch.core.host import Host
+from opspatch.errors import SelectionError
+
+if TYPE_CHECKING:  # the lookup imports this module to offer Workspace.hosts
+    from opspatch.config.lookup import Workspace
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+SANDBOX_INVENTORIES = {"sandbox": "opspatch sandbox up", "sandbox-ssh": "opspatch sandbox up --ssh"}
+"""The inventories `opspatch sandbox up` writes, and the command that writes each."""
+
+
+def _split_expression(expr: str) -> list[str]:
+    items = [item.strip() for item in expr.split(",")]
+    if not expr.strip() or any(not item for item in items):
+        raise SelectionError(
+            f"host selection {expr!r} has an empty item",
+            hint="use names, groups or globs separated by commas, e.g. canary,gpu-0*",
+        )
+    return items
+
+
+def _match_in_inventory(inventory: Inventory, item: str) -> tuple[Host, ...] | None:
+    """The hosts `item` names in `inventory`, or None when it names nothing there."""
+    if item in (ALL_HOSTS, inventory.name):
+        return inventory.hosts
+    by_name = {h.name: h for h in inventory.hosts}
+    if item in by_name:
+        return (by_name[item],)
+    if item in inventory.groups:
+        return tuple(by_name[m] for m in inventory.groups[item].members)
+    if _GLOB_CHARS.search(item):
+        chosen: set[str] = set()
+        for host in inventory.hosts:
+            if fnmatch.fnmatchcase(host.name, item):
+                chosen.add(host.name)
+        for group in inventory.groups.values():
+            if fnmatch.fnmatchcase(group.name, item):
+                chosen.update(group.members)
+        if chosen:
+            return tuple(h for h in inventory.hosts if h.name in chosen)
+    return None
+
+
+def _unique(hosts: Iterable[Host]) -> tuple[Host, ...]:
+    seen: dict[str, Host] = {}
+    for host in hosts:
+        previous = seen.get(host.name)
+        if previous is not None and previous.inventory != host.inventory:
+            raise SelectionError(
+                f"host name {host.name!r} is in both inventory {previous.inventory!r} "
+                f"and {host.inventory!r}",
+                hint="select from one inventory, or rename one of the hosts",
+            )
+        seen.setdefault(host.name, host)
+    return tuple(seen.values())
+
+
+def select_hosts(inventory: Inventory, expr: str) -> tuple[Host, ...]:
+    """The hosts an expression selects in one inventory, in expression then inventory order.
+
+    `expr` is a comma list of: the inventory's name or `all` (every host), a host, a group
+    (every host in it or below it), or a glob (`fnmatch`, case-sensitive) over host and group
+    names. Duplicates are dropped.
+
+    Raises:
+        SelectionError: an item names nothing (near names suggested), or the list is malformed.
+    """
+    chosen: list[Host] = []
+    for item in _split_expression(expr):
+        hosts = _match_in_inventory(inventory, item)
+        if hosts is None:
+            names = (*inventory.host_names, *inventory.groups, inventory.name)
+            what = (
+                "matches no host or group" if _GLOB_CHARS.search(item) else "is not a host or group"
+            )
+            raise SelectionError(
+                f"{item!r} {what} of inventory {inventory.name!r}",
+                hint=did_you_mean(item, names),
+            )
+        if not hosts:
+            raise SelectionError(f"{item!r} selects no hosts in inventory {inventory.name!r}")
+        chosen.extend(hosts)
+    return _unique(chosen)
+
+
+def _sandbox_hint(name: str) -> str | None:
+    command = SANDBOX_INVENTORIES.get(name)
+    if command is None:
+        return None
+    return f"no sandbox is set up: `{command}` creates one, with its {name!r} inventory"
+
+
+def resolve_hosts(expr: str, workspace: Workspace) -> tuple[Host, ...]:
+    """Resolve a `--hosts` expression over a workspace's inventories (module docstring).
+
+    Raises:
+        SelectionError: unknown inventory, host or group (near names suggested), or ambiguous.
+        SpecError: an inventory that had to be read is malformed.
+    """
+    loaded: dict[Path, Inventory] = {}
+
+    def load(path: Path) -> Inventory:
+        if path not in loaded:
+            loaded[path] = load_inventory(path)
+        return loaded[path]
+
+    def named(name: str) -> Inventory:
+        path = workspace.locate("inventories", name)
+        if path is not None:
+            return load(path)
+        if workspace.is_path("inventories", name):
+            raise SelectionError(f"{name}: no such inventory file")
+        known = workspace.available("inventories")
+        searched = ", ".join(str(d) for d in workspace.search_dirs("inventories"))
+        raise SelectionError(
+            f"no inventory named {name!r} (searched {searched})",
+            hint=_sandbox_hint(name) or did_you_mean(name, tuple(known)),
+        )
+
+    chosen: list[Host] = []
+    for item in _split_expression(expr):
+        if ":" in item:
+            inventory_name, pattern = item.split(":", 1)
+            chosen.extend(select_hosts(named(inventory_name), pattern or ALL_HOSTS))
+            continue
+        whole = workspace.locate("inventories", item)
+        if whole is not None:
+            chosen.extend(load(whole).hosts)
+            continue
+        matches: list[tuple[Inventory, tuple[Host, ...]]] = []
+        for path in workspace.available("inventories", bundled=False).values():
+            candidate = load(path)
+            hosts = _match_in_inventory(candidate, item)
+            if hosts:
+                matches.append((candidate, hosts))
+        if len(matches) > 1:
+            where = ", ".join(repr(inv.name) for inv, _ in matches)
+            raise SelectionError(
+                f"{item!r} matches in several inventories ({where})",
+                hint=f"say which: {matches[0][0].name}:{item}",
+            )
+        if not matches:
+            names: list[str] = list(workspace.available("inventories"))
+            for inv in loaded.values():
+                names.extend((*inv.host_names, *inv.groups))
+            raise SelectionError(
+                f"{item!r} is not an inventory, host or group on the search path",
+                hint=_sandbox_hint(item) or did_you_mean(item, names),
+            )
+        chosen.extend(matches[0][1])
+    return _unique(chosen)

@@ -1,0 +1,33 @@
+"""Patch files: reading `patches/<id>.toml` into a `LoadedPatch`.
+
+The model and its validation are the core's (`opspatch.core.spec`); this module adds what
+depends on the file: its bytes, its name (which must be the patch's id) and its sha256 (recorded
+in the ledger, so a run names the exact patch text it applied).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from opspatch.config.files import read_toml
+from opspatch.core.source import sha256_hex
+from opspatch.core.spec import LoadedPatch, parse_patch
+
+
+def load_patch(path: Path) -> LoadedPatch:
+    """Read, parse and validate a patch file.
+
+    Raises:
+        SpecError: unreadable file, malformed TOML, an invalid patch, or an id that is not the
+            file's name (file:line: field).
+    """
+    document = read_toml(path)
+    spec = parse_patch(document)
+    if path.suffix == ".toml" and path.stem != spec.id:
+        raise document.error(
+            ["id"],
+            f"id {spec.id!r} does not match the file name {path.name!r}",
+            hint=f"rename the file to {spec.id}.toml or change the id",
+        )
+    digest = sha256_hex(document.text.encode("utf-8"))
+    return LoadedPatch(spec=spec, path=str(path), sha256=digest, document=document)

@@ -1,0 +1,82 @@
+"""Parsing Python without letting a hostile or generated input crash opspatch.
+
+`ast.parse` raises `RecursionError` or `MemoryError` (not `SyntaxError`) on very deep code,
+such as `1+1+...` a hundred thousand terms long or `lambda: lambda: ...` nested thousands deep,
+and a tree that does parse can still be too deep for the recursive walks that follow (`ast.dump`,
+`compile`, the anchor code). `parse_python` turns all of these into `NestingTooDeep`, a
+`SyntaxError`, so every caller's existing "does not parse" handling reports it as a problem at
+the patch field or target file it came from.
+
+Pure: text in, syntax tree out.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Literal, overload
+
+MAX_AST_DEPTH = 150
+"""Deepest syntax tree accepted. Real code stays below it (the deepest file of the standard
+library and of torch is under 100 levels); the walks after parsing (`copy.deepcopy`, the node
+transformers) take several of Python's 1000 frames per level and fail from about 250 levels."""
+
+
+class NestingTooDeep(SyntaxError):
+    """Code nested too deeply for Python's parser, or for the analysis that follows it."""
+
+
+@overload
+def parse_python(
+    source: str | bytes,
+    filename: str = "<unknown>",
+    *,
+    mode: Literal["exec"] = "exec",
+    feature_version: tuple[int, int] | None = None,
+) -> ast.Module: ...
+
+
+@overload
+def parse_python(
+    source: str | bytes,
+    filename: str = "<unknown>",
+    *,
+    mode: Literal["eval"],
+    feature_version: tuple[int, int] | None = None,
+) -> ast.Expression: ...
+
+
+def parse_python(
+    source: str | bytes,
+    filename: str = "<unknown>",
+    *,
+    mode: Literal["exec", "eval"] = "exec",
+    feature_version: tuple[int, int] | None = None,
+) -> ast.Module | ast.Expression:
+    """`ast.parse`, refusing code nested deeper than `MAX_AST_DEPTH`.
+
+    Raises:
+        SyntaxError: the code does not parse; `NestingTooDeep` when it is nested too deeply.
+    """
+    try:
+        tree = ast.parse(source, filename, mode, feature_version=feature_version)
+    except (RecursionError, MemoryError):
+        raise NestingTooDeep(
+            "nested too deeply for Python's parser (a very long or very deep expression)"
+        ) from None
+    assert isinstance(tree, ast.Module | ast.Expression)
+    _check_depth(tree)
+    return tree
+
+
+def _check_depth(tree: ast.AST) -> None:
+    stack: list[tuple[ast.AST, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_AST_DEPTH:
+            error = NestingTooDeep(
+                f"nested more than {MAX_AST_DEPTH} levels deep (a very long or very deep "
+                "expression); opspatch does not analyse code this deep"
+            )
+            error.lineno = getattr(node, "lineno", None)
+            raise error
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
