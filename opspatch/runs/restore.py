@@ -201,6 +201,8 @@ class _Rollback:
                 record = self.source_run.host(host)
             except KeyError:
                 return []
+            if record.outcome == Outcome.FAILED:  # nothing changed there (the swap was refused)
+                return []
             return [v for v in record.file_versions if v.action == "patch"]
         assert self.patch is not None
         history = self.ledger.file_history(host, self.only_path)
