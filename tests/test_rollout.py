@@ -503,3 +503,31 @@ def test_halt_with_rollback_run_restores_every_host_the_run_changed(fleet: Sandb
     assert "spec_verify_ct" in next(h for h in run.json()["hosts"] if h["host"] == second)["error"]
     assert "rollback-run" in next(h for h in run.json()["hosts"] if h["host"] == first)["error"]
     assert {n: fleet.sha(n) for n in fleet.names} == pre
+
+
+def test_rollback_with_the_ledger_deleted_uses_the_host_backups_or_refuses(
+    fleet: SandboxFleet,
+) -> None:
+    """The ledger is gone but every host still carries the patch and (but one) its backup:
+    rollback restores from the hosts' own backups, saying so, and refuses (exit 2, nothing
+    changed) the host without one. Before, it exited 0 with every host skipped."""
+    pre = {n: fleet.sha(n) for n in fleet.names}
+    _guarded(fleet)
+    patched = {n: fleet.sha(n) for n in fleet.names}
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(fleet.ledger_path) + suffix).unlink(missing_ok=True)
+    bare = fleet.names[-1]
+    backups = fleet.host_dir(bare) / "state" / "backups"
+    assert (backups / pre[bare]).is_file()
+    for backup in backups.iterdir():
+        backup.unlink()
+    run = fleet.opspatch("rollback", "eagle-init-guard", "--hosts", "sandbox", "--yes", "--json")
+    assert run.code == 2, run.stdout + run.stderr
+    outcomes = {h["host"]: h for h in run.json()["hosts"]}
+    for name in fleet.names[:-1]:
+        assert outcomes[name]["outcome"] == "restored", outcomes[name]
+        assert "host's own backup" in outcomes[name]["note"]
+        assert fleet.sha(name) == pre[name]
+    assert outcomes[bare]["outcome"] == "skipped"
+    assert "no backup of its pre-image" in outcomes[bare]["error"]
+    assert fleet.sha(bare) == patched[bare]
