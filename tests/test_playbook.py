@@ -159,7 +159,7 @@ def test_an_empty_playbook_takes_every_default() -> None:
         ("\n[smoke]\nmax_new_tokens = 4\n", 3, "smoke.max_new_tokens", "at least 8"),
         ("\n[smoke]\nprompts = []\n", 3, "smoke.prompts", "non-empty"),
         ('\n[smoke]\nprompts = ["   "]\n', 3, "smoke.prompts[0]", "must not be empty"),
-        ('\n[smoke]\nbaseline = "yes"\n', 3, "smoke.baseline", "true or false"),
+        ('\n[smoke]\nbaseline = "yes"\n', 3, "smoke.baseline", 'true, false or "required"'),
         (
             '\n[smoke]\nprompts = [{ text = "hi", expect = "(unclosed" }]\n',
             3,

@@ -531,3 +531,38 @@ def test_rollback_with_the_ledger_deleted_uses_the_host_backups_or_refuses(
     assert outcomes[bare]["outcome"] == "skipped"
     assert "no backup of its pre-image" in outcomes[bare]["error"]
     assert fleet.sha(bare) == patched[bare]
+
+
+BASELINE = """
+name = "{name}"
+canary = 1
+batch = "all"
+max_failures = 3
+[smoke]
+baseline = {baseline}
+"""
+
+
+def test_a_baseline_that_cannot_be_taken_is_said_and_can_be_required(fleet: SandboxFleet) -> None:
+    """On the incident's servers the pre-patch decode is what crashes them: with `baseline =
+    true` the patch still goes on, and the outcome says output preservation was not checked
+    (before: silently `applied`); with `baseline = "required"` the host is refused before any
+    change."""
+    first, second, *rest = fleet.names
+    pre = {n: fleet.sha(n) for n in fleet.names}
+    fleet.write_playbook("best-effort", BASELINE.format(name="best-effort", baseline="true"))
+    run = fleet.opspatch("apply", "eagle-init-guard", "--hosts", first, "--playbook",
+                         "best-effort", "--yes", "--json")  # fmt: skip
+    assert run.code == 0, run.stdout + run.stderr
+    (host,) = run.json()["hosts"]
+    assert host["outcome"] == "applied"
+    assert "output preservation was not checked" in host["note"]
+    fleet.write_playbook("strict", BASELINE.format(name="strict", baseline='"required"'))
+    run = fleet.opspatch("apply", "eagle-init-guard", "--hosts", second, "--playbook", "strict",
+                         "--yes", "--json")  # fmt: skip
+    assert run.code == 1, run.stdout + run.stderr
+    (host,) = run.json()["hosts"]
+    assert host["outcome"] == "failed"
+    assert "requires a baseline" in host["error"]
+    assert fleet.sha(second) == pre[second]
+    assert "swap" not in [s["step"] for s in host["steps"]]

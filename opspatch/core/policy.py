@@ -14,7 +14,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from opspatch.core.vocabulary import FAILED_OUTCOMES, Outcome
 
@@ -113,7 +113,10 @@ class SmokeSettings:
 
     prompts: tuple[SmokePrompt, ...] = tuple(SmokePrompt(p) for p in DEFAULT_PROMPTS)
     max_new_tokens: int = 16
-    baseline: bool = False
+    baseline: bool | Literal["required"] = False
+    """Compare the smoke with a greedy decode of the unpatched server (patches that declare
+    `preserves_output`). True: best effort, a baseline that cannot be taken is a note on the
+    outcome; "required": a host whose baseline cannot be taken is refused before any change."""
     require_spec_verify: bool = True
 
     def to_json(self) -> dict[str, Any]:
