@@ -496,16 +496,29 @@ def unapply(
         run = find_statement_run(scope, statement_dumps(edit.code))
         assert run is not None  # detection said applied
         indent = index.indentation(first_line(run[0]))
-        marker = marker_lines(patch, edit.comment, indent)
-        start_line = first_line(run[0]) - len(marker)
-        if start_line < 1 or index.line_text(start_line).strip() != marker[0]:
+        end_line = last_line(run[-1])
+        for blank_after in (False, True):
+            marker = marker_lines(patch, edit.comment, indent, blank_after=blank_after)
+            start_line = first_line(run[0]) - len(marker)
+            if start_line >= 1 and index.line_text(start_line).strip() == marker[0]:
+                break
+        else:
             return NotApplicable(
                 patch.id,
                 "the inserted code's marker comment is missing or changed; restore from the recorded "
                 "pre-image",
                 edit_field(i),
             )
-        candidates = _removal_candidates(index, start_line, last_line(run[-1]), decoded.newline)
+        if blank_after:  # the block brought the blank line after it: it goes too
+            end_line += 1
+            if end_line > len(index.lines) or index.line_text(end_line).strip():
+                return NotApplicable(
+                    patch.id,
+                    "the blank line the inserted code brought is gone; restore from the recorded "
+                    "pre-image",
+                    edit_field(i),
+                )
+        candidates = _removal_candidates(index, start_line, end_line, decoded.newline)
         verified = _first_verified(candidates, patch, i, text, decoded.newline)
         if verified is None:
             return NotApplicable(

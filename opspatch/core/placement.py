@@ -102,15 +102,26 @@ def _is_blank_or_comment(line: str) -> bool:
 COMMENT_WIDTH = 99
 
 
-def marker_lines(patch: PatchSpec, comment: str | None, indent: str = "") -> list[str]:
-    """The marker comment naming the patch, with the edit's reason wrapped to fit the line."""
+BLANK_LINE_MARK = "+blank"
+"""Appended to the marker (`# opspatch:<id>+blank: ...`) when the inserted block brought the
+blank line after it, so `unapply` can take exactly that line away again (see `place_insert`)."""
+
+
+def marker_lines(
+    patch: PatchSpec, comment: str | None, indent: str = "", *, blank_after: bool = False
+) -> list[str]:
+    """The marker comment naming the patch, with the edit's reason wrapped to fit the line.
+
+    `blank_after`: the block is followed by a blank line it added; the marker says so.
+    """
+    head = patch.marker + (BLANK_LINE_MARK if blank_after else "")
     if not comment:
-        return [patch.marker]
+        return [head]
     width = max(40, COMMENT_WIDTH - len(indent.expandtabs(8)))
     lines: list[str] = []
     paragraphs = [p.strip() for p in textwrap.dedent(comment).strip().splitlines()]
     for number, paragraph in enumerate(paragraphs):
-        first = f"{patch.marker}: {paragraph}" if number == 0 else f"# {paragraph}"
+        first = f"{head}: {paragraph}" if number == 0 else f"# {paragraph}"
         lines += textwrap.wrap(
             first,
             width=width,
@@ -272,9 +283,21 @@ def place_insert(
         located = select_in(scope, edit.anchor, i, "anchor")
         point = _before_point if edit.position == "before" else _after_point
         line, indent = point(index, located)
-    lines = marker_lines(patch, edit.comment, indent) + _code_lines(edit.code)
+    blank_after = needs_blank_line_after(index, scope, line)
+    lines = marker_lines(patch, edit.comment, indent, blank_after=blank_after)
+    lines += _code_lines(edit.code) + ([""] if blank_after else [])
     block = _render_block(lines, indent, newline)
     return [_insert_splice(index, line, block, newline)], [edit.scope]
+
+
+def needs_blank_line_after(index: LineIndex, scope: Scope, line: int) -> bool:
+    """Whether a block inserted at class level before `line` must bring a blank line: the line
+    starts a method, a nested class or a decorator, which a reviewer expects set apart (a block
+    glued to the `def` under it reads as a mistake). Function bodies and modules are left as
+    they are: there a blank line would be a matter of taste, not of reading."""
+    if not isinstance(scope.node, ast.ClassDef) or line > len(index.lines):
+        return False
+    return index.line_text(line).lstrip().startswith(("def ", "async def ", "class ", "@"))
 
 
 def place_replace(
