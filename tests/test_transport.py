@@ -142,13 +142,15 @@ def test_one_connection_is_reused_for_every_command(
     make_inventory_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
 ) -> None:
     host = make_inventory_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s")
-    transport = SSHTransport(host)
-    try:
+    with SSHTransport(host) as transport:
         for _ in range(4):
             assert transport.run(Command(("true",)), timeout=30).ok
         assert (transport.connect_count, transport.exec_count) == (1, 4)
-    finally:
-        transport.close()
+        client = transport._connection.client  # type: ignore[union-attr]
+        assert client.get_transport() is not None and client.get_transport().is_active()
+    # leaving the `with` block closed the connection
+    assert transport._connection is None
+    assert client.get_transport() is None or not client.get_transport().is_active()
 
 
 @pytest.mark.ssh

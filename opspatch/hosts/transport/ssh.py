@@ -39,7 +39,7 @@ from fabric import Config, Connection
 
 from opspatch.core.host import Host, JumpHost
 from opspatch.errors import CommandTimeout, HostKeyError, TransportError
-from opspatch.hosts.transport.base import Command, CommandResult
+from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult
 from opspatch.hosts.transport.local import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer
 
 ACCEPT_NEW_HOST_KEYS_FLAG = "--accept-new-host-keys"
@@ -116,7 +116,7 @@ class _VerifyingHostKeyPolicy(paramiko.MissingHostKeyPolicy):
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
-class SSHTransport:
+class SSHTransport(ClosesOnExit):
     """Runs commands on one host over SSH; one connection per host per run, reused by every call.
 
     The connection opens on the first `run` (so building transports for a fleet costs nothing)
