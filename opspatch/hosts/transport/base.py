@@ -3,7 +3,8 @@
 A transport runs one command on one host with bytes on stdin and a deadline, draining stdout and
 stderr while it waits (so a chatty command cannot block on a full pipe), and returns the result as
 a value. Implementations: `ssh.SSHTransport` (fabric/paramiko), `local.LocalTransport`
-(subprocess) and `scripted.ScriptedTransport` (a function answers, for tests). Callers receive a transport as an argument; nothing reaches for a global.
+(subprocess) and `scripted.ScriptedTransport` (a function answers, for tests). Callers receive
+a transport as an argument; nothing reaches for a global.
 
 Commands are data (`Command`): an argv list plus environment, rendered to one shell string in
 exactly one place (`Command.render`), so every argument that reaches a shell is quoted the same
