@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 import base64
 import hashlib
+import importlib.metadata
+import importlib.util
 import os
 import py_compile
 import subprocess
@@ -29,7 +31,7 @@ from opspatch.errors import (
     RemoteOperationError,
     TargetError,
 )
-from opspatch.hosts.agent import purge_stale_bytecode
+from opspatch.hosts.agent import parse_nvidia_smi, purge_stale_bytecode
 from opspatch.hosts.operations import BOOTSTRAP, HostOperations, agent_source, open_transport
 from opspatch.hosts.transport.base import Command
 from opspatch.sandbox.sshd import SshFleet
@@ -113,11 +115,10 @@ def test_inspect_is_one_exec_and_imports_nothing(remote_target: Target, tmp_path
     source = b"class EAGLEWorkerV2:\n    def __init__(self):\n        self.a = 1\n"
     worker = make_fake_sglang(tmp_path / "site", source)
     ops = engine_with_env(remote_target, PYTHONPATH=str(tmp_path / "site"))
-    inspection = ops.inspect("sglang.srt.speculative.eagle_worker_v2", probe_cuda=False)
+    inspection = ops.inspect("sglang.srt.speculative.eagle_worker_v2", timeout=60)
     assert remote_target.transport.exec_count == 1
     assert inspection.facts.sglang_version == "0.5.23"
     assert inspection.facts.python_executable == sys.executable
-    assert inspection.facts.cuda_available is None  # not probed
     module = inspection.module
     assert module is not None
     assert module.origin == str(worker)
@@ -127,18 +128,95 @@ def test_inspect_is_one_exec_and_imports_nothing(remote_target: Target, tmp_path
     assert inspection.file.sha256 == sha(source)
 
 
-def test_facts_report_python_torch_and_cuda(remote_target: Target) -> None:
-    facts = remote_target.ops.facts(probe_cuda=True)
+def test_facts_report_python_and_package_versions(remote_target: Target) -> None:
+    facts = remote_target.ops.facts(timeout=60)
     assert facts.python_version == ".".join(map(str, sys.version_info[:3]))
     assert facts.sglang_version is None  # not installed in this interpreter
-    torch_installed = (
-        subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
-    )
-    if torch_installed:
-        assert facts.torch_version is not None
-        assert facts.cuda_available is False  # CPU-only CI machines
-    assert facts.gpu_names == ()
+    if importlib.util.find_spec("torch") is not None:
+        assert facts.torch_version == importlib.metadata.version("torch")
     assert facts.hostname
+
+
+# Installed as `sitecustomize` in the engine's environment: at exit, every interpreter started
+# with it (the agent and any child it runs) appends one line saying which engine modules
+# (torch, sglang) it imported.
+_IMPORT_WITNESS = """
+import atexit, json, sys
+def _record():
+    with open({out!r}, "a") as handle:
+        found = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "sglang"))
+        handle.write(json.dumps(found) + "\\n")
+atexit.register(_record)
+"""
+
+
+def test_facts_never_import_torch(remote_target: Target, tmp_path: Path) -> None:
+    """On a GPU host, importing torch beside a running server takes seconds and GPU memory."""
+    site = tmp_path / "witness"
+    site.mkdir()
+    out = tmp_path / "imported.json"
+    (site / "sitecustomize.py").write_text(_IMPORT_WITNESS.format(out=str(out)))
+    ops = engine_with_env(remote_target, PYTHONPATH=str(site))
+    facts = ops.facts(timeout=60)
+    assert out.read_text().splitlines() == ["[]"]  # one interpreter, nothing imported
+    out.unlink()
+    ops.inspect(path=str(site / "sitecustomize.py"), timeout=60)
+    assert out.read_text().splitlines() == ["[]"]
+    if importlib.util.find_spec("torch") is not None:  # installed, and still not imported
+        assert facts.torch_version is not None
+
+
+_NVIDIA_SMI_STUB = """#!/bin/sh
+echo "$@" >> {calls}
+{body}
+"""
+
+
+def nvidia_smi_stub(folder: Path, body: str) -> dict[str, str]:
+    """An environment whose `nvidia-smi` is a stub script and whose NVML cannot be loaded (a
+    `libnvidia-ml.so.1` that is not a library comes first), so the agent falls back to the
+    stub even on a machine with a real driver."""
+    folder.mkdir()
+    stub = folder / "nvidia-smi"
+    stub.write_text(_NVIDIA_SMI_STUB.format(calls=folder / "calls", body=body))
+    stub.chmod(0o755)
+    (folder / "libnvidia-ml.so.1").write_text("not a shared library\n")
+    return {"PATH": f"{folder}:{os.environ['PATH']}", "LD_LIBRARY_PATH": str(folder)}
+
+
+def test_gpu_facts_come_from_the_driver_tool(remote_target: Target, tmp_path: Path) -> None:
+    rows = "printf 'NVIDIA H200, 550.54.15, 143771 MiB\\nNVIDIA H200, 550.54.15, 143771 MiB\\n'"
+    env = nvidia_smi_stub(tmp_path / "bin", rows)
+    facts = engine_with_env(remote_target, **env).facts(timeout=60)
+    assert facts.gpu_names == ("NVIDIA H200", "NVIDIA H200")
+    assert facts.gpu_memory_mib == (143771, 143771)
+    assert facts.driver_version == "550.54.15"
+    assert (facts.cuda_available, facts.cuda_device_count) == (True, 2)
+    assert facts.notes == ()
+    calls = (tmp_path / "bin" / "calls").read_text().splitlines()
+    assert calls == ["--query-gpu=name,driver_version,memory.total --format=csv,noheader"]
+
+
+def test_a_failing_driver_tool_is_a_note_not_an_error(
+    remote_target: Target, tmp_path: Path
+) -> None:
+    env = nvidia_smi_stub(tmp_path / "bin", "echo 'NVIDIA-SMI has failed' >&2; exit 9")
+    facts = engine_with_env(remote_target, **env).facts(timeout=60)
+    assert facts.gpu_names == () and facts.cuda_available is None
+    assert facts.notes == ("nvidia-smi exited 9: NVIDIA-SMI has failed",)
+
+
+def test_nvidia_smi_rows_are_parsed_with_or_without_units() -> None:
+    parsed = parse_nvidia_smi(
+        "NVIDIA H200, 550.54.15, 143771 MiB\nNVIDIA A100-SXM4-80GB, 550.54.15, 81920\n\n"
+    )
+    assert parsed == {
+        "names": ["NVIDIA H200", "NVIDIA A100-SXM4-80GB"],
+        "memory_mib": [143771, 81920],
+        "count": 2,
+        "driver_version": "550.54.15",
+    }
+    assert parse_nvidia_smi("")["count"] == 0
 
 
 def test_read_reports_bytes_hash_mode_owner_and_symlink(
@@ -196,7 +274,7 @@ def test_a_missing_interpreter_names_host_and_path(remote_target: Target) -> Non
         engine=replace(remote_target.host.engine, python="/opt/no such/python;true"),
     )
     with pytest.raises(InputError) as caught:
-        remote_target.with_host(host).facts(probe_cuda=False)
+        remote_target.with_host(host).facts(timeout=60)
     assert remote_target.host.name in caught.value.message
     assert "'/opt/no such/python;true'" in caught.value.message
     assert caught.value.exit_code == 2

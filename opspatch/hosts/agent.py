@@ -225,58 +225,157 @@ def _ensure_state_dir(state_dir: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # facts
 
-_TORCH_PROBE = (
-    "import json, torch\n"
-    "ok = bool(torch.cuda.is_available())\n"
-    "print(json.dumps({'cuda_available': ok, 'cuda_version': torch.version.cuda,"
-    " 'cuda_device_count': torch.cuda.device_count() if ok else 0}))\n"
-)
+_GPU_PROBE_SECONDS = 5.0
+"""How long the driver may take to describe the GPUs; past it the GPU facts are skipped."""
 
 
-def _gpu_names(timeout: float) -> tuple[list[str], list[str]]:
+def _nvml_gpus(timeout: float) -> Result | None:
+    """GPU facts from NVML (libnvidia-ml, the driver's own library), via ctypes.
+
+    NVML talks to the driver only: no CUDA context is created and no GPU memory is taken, so it is
+    safe beside a running server. None when the library is not installed (or cannot be loaded).
+    The calls run in a daemon thread so a wedged driver costs at most `timeout` seconds.
+    """
+    import ctypes
+    import threading
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+
+    class Memory(ctypes.Structure):
+        _fields_ = [
+            ("total", ctypes.c_ulonglong),
+            ("free", ctypes.c_ulonglong),
+            ("used", ctypes.c_ulonglong),
+        ]
+
+    found: Result = {}
+
+    def query() -> None:
+        status = nvml.nvmlInit_v2()
+        if status != 0:
+            found["error"] = f"NVML could not start (nvmlReturn {status})"
+            return
+        try:
+            text = ctypes.create_string_buffer(96)
+            found["driver_version"] = (
+                text.value.decode(errors="replace")
+                if nvml.nvmlSystemGetDriverVersion(text, 96) == 0
+                else None
+            )
+            cuda = ctypes.c_int()
+            found["cuda_version"] = (
+                f"{cuda.value // 1000}.{cuda.value % 1000 // 10}"
+                if nvml.nvmlSystemGetCudaDriverVersion(ctypes.byref(cuda)) == 0 and cuda.value
+                else None
+            )
+            count = ctypes.c_uint()
+            if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+                found["error"] = "NVML could not count the GPUs"
+                return
+            names: list[str] = []
+            memory: list[int] = []
+            for index in range(count.value):
+                handle = ctypes.c_void_p()
+                if nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != 0:
+                    continue
+                name = ctypes.create_string_buffer(96)
+                if nvml.nvmlDeviceGetName(handle, name, 96) == 0:
+                    names.append(name.value.decode(errors="replace"))
+                info = Memory()
+                if nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(info)) == 0:
+                    memory.append(int(info.total // (1024 * 1024)))
+            found.update(names=names, memory_mib=memory, count=count.value)
+        finally:
+            nvml.nvmlShutdown()
+
+    worker = threading.Thread(target=query, name="opspatch-nvml", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        return {"error": f"NVML did not answer within {timeout:g}s"}
+    return found
+
+
+def parse_nvidia_smi(text: str) -> Result:
+    """The rows of `nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader`:
+    names, driver version and memory (MiB), e.g. `NVIDIA H200, 550.54.15, 143771 MiB`."""
+    names: list[str] = []
+    memory: list[int] = []
+    driver = None
+    for line in text.splitlines():
+        fields = [field.strip() for field in line.rsplit(",", 2)]
+        if len(fields) != 3 or not fields[0]:
+            continue
+        names.append(fields[0])
+        driver = driver or fields[1] or None
+        amount = fields[2].split()[0] if fields[2] else ""
+        if amount.isdigit():
+            memory.append(int(amount))
+    return {"names": names, "memory_mib": memory, "count": len(names), "driver_version": driver}
+
+
+def _nvidia_smi_gpus(timeout: float) -> Result | None:
+    """GPU facts from `nvidia-smi` (the driver's tool; no CUDA context). None when absent."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return [], []
+        return None
     try:
         done = subprocess.run(
-            [smi, "--query-gpu=name", "--format=csv,noheader"],
+            [smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
             capture_output=True,
             timeout=timeout,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return [], [f"nvidia-smi failed: {exc}"]
+        return {"error": f"nvidia-smi failed: {exc}"}
     if done.returncode != 0:
         message = done.stderr.decode(errors="replace").strip()[-300:]
-        return [], [f"nvidia-smi exited {done.returncode}: {message}"]
-    names = [line.strip() for line in done.stdout.decode(errors="replace").splitlines()]
-    return [n for n in names if n], []
+        return {"error": f"nvidia-smi exited {done.returncode}: {message}"}
+    return parse_nvidia_smi(done.stdout.decode(errors="replace"))
 
 
-def _torch_probe(timeout: float) -> tuple[dict[str, Any], list[str]]:
-    """Ask torch about CUDA in a child interpreter, so a slow or crashing import is contained."""
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _TORCH_PROBE],
-            capture_output=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        return {}, [f"the torch CUDA probe took more than {timeout:g}s"]
-    except OSError as exc:
-        return {}, [f"the torch CUDA probe could not start: {exc}"]
-    lines = done.stdout.decode(errors="replace").strip().splitlines()
-    if done.returncode != 0 or not lines:
-        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        return {}, [f"importing torch failed: {tail[0][-300:]}"]
-    try:
-        return dict(json.loads(lines[-1])), []
-    except ValueError:
-        return {}, [f"the torch CUDA probe printed {lines[-1][-200:]!r}"]
+def gpu_facts(timeout: float = _GPU_PROBE_SECONDS) -> Result:
+    """What the NVIDIA driver says about the GPUs: NVML where its library is installed, else
+    `nvidia-smi`; every field null (and no note) on a host without the driver.
 
-
-def collect_facts(probe_cuda: bool = True, probe_timeout: float = 60.0) -> Result:
-    """What the host runs: Python, sglang and torch versions, CUDA availability, GPUs."""
+    `cuda_version` is the newest CUDA the driver supports (NVML only); `cuda_available` is
+    whether the driver sees a GPU. Never torch: importing it beside a running server takes
+    seconds, and creating a CUDA context takes GPU memory the server owns.
+    """
+    facts: Result = {
+        "cuda_available": None,
+        "cuda_version": None,
+        "cuda_device_count": None,
+        "driver_version": None,
+        "gpu_names": [],
+        "gpu_memory_mib": [],
+    }
     notes: list[str] = []
+    found = _nvml_gpus(timeout)
+    if found is None or "error" in found:
+        if found is not None:
+            notes.append(str(found["error"]))
+        found = _nvidia_smi_gpus(timeout)
+    if found is not None and "error" in found:
+        notes.append(str(found["error"]))
+    elif found is not None:
+        facts.update(
+            cuda_available=found["count"] > 0,
+            cuda_version=found.get("cuda_version"),
+            cuda_device_count=found["count"],
+            driver_version=found.get("driver_version"),
+            gpu_names=found["names"],
+            gpu_memory_mib=found["memory_mib"],
+        )
+    facts["notes"] = notes
+    return facts
+
+
+def collect_facts() -> Result:
+    """What the host runs: Python, the engine's package versions (from distribution metadata,
+    nothing imported) and what the GPU driver reports. Cheap: no torch, no CUDA context."""
     facts: Result = {
         "python_version": platform.python_version(),
         "python_executable": sys.executable,
@@ -286,23 +385,14 @@ def collect_facts(probe_cuda: bool = True, probe_timeout: float = 60.0) -> Resul
         "machine": platform.machine(),
         "sglang_version": _dist_version("sglang"),
         "torch_version": _dist_version("torch"),
-        "cuda_available": None,
-        "cuda_version": None,
-        "cuda_device_count": None,
     }
-    facts["gpu_names"], gpu_notes = _gpu_names(min(probe_timeout, 20.0))
-    notes.extend(gpu_notes)
-    if probe_cuda and facts["torch_version"] is not None:
-        cuda, cuda_notes = _torch_probe(probe_timeout)
-        facts.update(cuda)
-        notes.extend(cuda_notes)
-    facts["notes"] = notes
+    facts.update(gpu_facts())
     return facts
 
 
 @operation("facts")
 def op_facts(args: Args) -> Result:
-    return collect_facts(bool(args.get("probe_cuda", True)), float(args.get("probe_timeout", 60)))
+    return collect_facts()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,7 +544,7 @@ def op_read(args: Args) -> Result:
 @operation("inspect")
 def op_inspect(args: Args) -> Result:
     """facts + resolve + read in one exec: everything `plan` needs from a host."""
-    facts = collect_facts(bool(args.get("probe_cuda", True)), float(args.get("probe_timeout", 60)))
+    facts = collect_facts()
     resolved = None
     path = args.get("path")
     if args.get("module"):

@@ -79,7 +79,12 @@ def open_transport(host: Host, *, accept_new_host_keys: bool = False) -> Transpo
 
 @dataclass(frozen=True)
 class HostFacts:
-    """What a host runs. `None` means unknown or not installed; `notes` say why a probe failed."""
+    """What a host runs. `None` means unknown or not installed; `notes` say why a probe failed.
+
+    Package versions come from distribution metadata; the GPU fields come from the NVIDIA driver
+    (NVML or nvidia-smi), never from torch: `cuda_available` is whether the driver sees a GPU,
+    `cuda_version` the newest CUDA it supports; all are `None` on a host without the driver.
+    """
 
     python_version: str
     python_executable: str
@@ -94,6 +99,8 @@ class HostFacts:
     cuda_device_count: int | None
     gpu_names: tuple[str, ...]
     notes: tuple[str, ...]
+    driver_version: str | None = None
+    gpu_memory_mib: tuple[int, ...] = ()
 
     @classmethod
     def from_reply(cls, data: dict[str, Any]) -> HostFacts:
@@ -111,6 +118,8 @@ class HostFacts:
             cuda_device_count=data.get("cuda_device_count"),
             gpu_names=tuple(data.get("gpu_names") or ()),
             notes=tuple(data.get("notes") or ()),
+            driver_version=data.get("driver_version"),
+            gpu_memory_mib=tuple(int(m) for m in data.get("gpu_memory_mib") or ()),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -398,15 +407,10 @@ class HostOperations:
 
     # -- facts, resolve, read, inspect -------------------------------------------------------
 
-    def facts(self, *, probe_cuda: bool = True, timeout: float | None = None) -> HostFacts:
-        """Python, sglang and torch versions, CUDA availability (a torch probe in a child
-        interpreter, skipped with `probe_cuda=False`), GPU names (nvidia-smi), hostname."""
-        deadline = timeout or self.timeouts.facts
-        reply = self.call(
-            "facts",
-            {"probe_cuda": probe_cuda, "probe_timeout": max(1.0, deadline * 0.5)},
-            timeout=deadline,
-        )
+    def facts(self, *, timeout: float | None = None) -> HostFacts:
+        """Python, sglang and torch versions (distribution metadata), GPUs and CUDA as the
+        driver reports them (NVML or nvidia-smi; nothing imports torch), hostname."""
+        reply = self.call("facts", {}, timeout=timeout or self.timeouts.facts)
         return HostFacts.from_reply(reply)
 
     def resolve(self, module: str, *, timeout: float | None = None) -> ResolvedModule:
@@ -424,7 +428,6 @@ class HostOperations:
         module: str | None = None,
         *,
         path: str | None = None,
-        probe_cuda: bool = True,
         timeout: float | None = None,
     ) -> HostInspection:
         """facts + resolve(`module`) + read of its file, in one exec (what `plan` needs).
@@ -436,12 +439,7 @@ class HostOperations:
         deadline = timeout or self.timeouts.inspect
         reply = self.call(
             "inspect",
-            {
-                "module": module,
-                "path": path,
-                "probe_cuda": probe_cuda,
-                "probe_timeout": max(1.0, deadline * 0.5),
-            },
+            {"module": module, "path": path},
             timeout=deadline,
         )
         resolved = reply.get("resolved")
@@ -610,7 +608,6 @@ class HostOperations:
         owner: str | None = None,
         ttl_seconds: float = DEFAULT_LOCK_TTL_SECONDS,
         takeover_run: str | None = None,
-        probe_cuda: bool = True,
         timeout: float | None = None,
     ) -> tuple[LockInfo, HostInspection]:
         """lock + inspect in one exec: how a rollout starts on a host.
@@ -635,8 +632,6 @@ class HostOperations:
                 "takeover_run": takeover_run,
                 "module": module,
                 "path": path,
-                "probe_cuda": probe_cuda,
-                "probe_timeout": max(1.0, deadline * 0.5),
             },
             timeout=deadline,
             step="begin",

@@ -367,12 +367,9 @@ class ApplyPipeline:
                     path=path,
                     run_id=session.run_id,
                     timeout=timeout,
-                    probe_cuda=path is None,
                 )
             else:
-                inspection = session.ops.inspect(
-                    module, path=path, timeout=timeout, probe_cuda=path is None
-                )
+                inspection = session.ops.inspect(module, path=path, timeout=timeout)
             facts = inspection.facts
             note["detail"] = (
                 f"{inspection.file.realpath} sha256 {inspection.file.sha256[:12]}; python "

@@ -93,7 +93,7 @@ def fleet_status(
                 modules.setdefault(patch.spec.target.module, []).append(patch)
             for module, group in modules.items():
                 try:
-                    inspection = ops.inspect(module, probe_cuda=False)
+                    inspection = ops.inspect(module)
                 except TargetError as exc:
                     results += [
                         PatchStatus(host.name, p.spec.id, "not-applicable", None, None, exc.message)
