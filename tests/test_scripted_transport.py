@@ -188,3 +188,24 @@ def test_the_real_transports_are_context_managers_that_close(tmp_path: Path) -> 
         assert transport.run(Command(("true",)), timeout=10).ok
     with open_transport(host) as ssh:  # nothing is connected until the first run
         assert ssh.exec_count == 0
+
+
+def test_every_operation_takes_its_deadline_from_the_caller(tmp_path: Path) -> None:
+    """One timeout table (the playbook's): nothing in the hosts layer picks its own deadline."""
+    transport = ScriptedTransport(lambda op, args: Refusal("scripted", op))
+    ops = HostOperations(transport, scripted_host(tmp_path))
+    calls = [
+        lambda: ops.facts(timeout=1),
+        lambda: ops.resolve("m", timeout=2),
+        lambda: ops.read("/f", timeout=3),
+        lambda: ops.inspect(path="/f", timeout=4),
+        lambda: ops.swap("/f", expected_sha256="0", new_content=b"", timeout=5),
+        lambda: ops.restore("/f", pre_sha256="0", timeout=6),
+        lambda: ops.lock(run_id="r", timeout=7),
+        lambda: ops.begin(path="/f", run_id="r", timeout=8),
+        lambda: ops.unlock(run_id="r", timeout=9),
+    ]
+    for call in calls:
+        with pytest.raises(RemoteOperationError):
+            call()
+    assert [c.timeout for c in transport.calls] == [1, 2, 3, 4, 5, 6, 7, 8, 9]

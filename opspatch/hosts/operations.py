@@ -2,7 +2,7 @@
 
 Each operation is ONE command on the host: the engine's own interpreter running a tiny bootstrap
 (`<python> -c BOOTSTRAP`) that reads a JSON request on stdin, executes the host agent's source
-(`opspatch/hostagent.py`, sent with every request, so nothing is installed on hosts), runs the
+(`opspatch/hosts/agent`, sent with every request, so nothing is installed on hosts), runs the
 operation and prints one JSON reply line. Running under the engine's interpreter and environment
 is the point: `resolve` then finds the file the server really imports, `facts` reports the
 versions it really runs, and `swap` compiles the new text with the Python that will run it.
@@ -10,8 +10,10 @@ versions it really runs, and `swap` compiles the new text with the Python that w
 `HostOperations` turns replies into frozen dataclasses and refusals into the error tree:
 `PreimageMismatch`, `LockHeld`, `RemoteOperationError` (with its stable `code`), `TargetError`
 for a module that does not resolve, `InputError` for an interpreter that is missing on the host.
-Every call has a deadline; transport failures arrive as `TransportError` / `CommandTimeout`
-with the host and the operation named as the step.
+Every call takes its deadline from the caller (`timeout=`, seconds for the whole exec): the
+rollout passes the playbook's `StepTimeouts` (`opspatch.core.policy`), the one timeout table, so
+an operator's `[timeouts]` reach every path. Transport failures arrive as `TransportError` /
+`CommandTimeout` with the host and the operation named as the step.
 
 Round trips: `inspect` (what `plan` needs: facts + resolve + read) is 1 exec; read-then-swap is
 2; `lock` and `unlock` are 1 each.
@@ -275,19 +277,6 @@ def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-@dataclass(frozen=True)
-class OperationTimeouts:
-    """Default deadlines (seconds) per operation; every method also takes `timeout=`."""
-
-    facts: float = 120.0
-    resolve: float = 60.0
-    read: float = 60.0
-    inspect: float = 180.0
-    swap: float = 120.0
-    restore: float = 120.0
-    lock: float = 30.0
-
-
 # ---------------------------------------------------------------------------------------------
 # The operations
 
@@ -299,21 +288,15 @@ _MODULE_CODES = ("module-not-found", "module-not-source", "bad-module")
 class HostOperations:
     """Host-side operations on one host, through its transport, under its engine's interpreter.
 
-    Build one per host per run: `HostOperations(transport, host)`. Each method is one exec.
-    Later operations (restart, readiness, smoke, log scan) are added to `hostagent.py` and
+    Build one per host per run: `HostOperations(transport, host)`. Each method is one exec and
+    takes its deadline as `timeout=` (seconds; the playbook's `StepTimeouts` in a rollout).
+    Later operations (restart, readiness, smoke, log scan) are added to the agent and
     called through `call`, the same single path every method here uses.
     """
 
-    def __init__(
-        self,
-        transport: Transport,
-        host: Host,
-        *,
-        timeouts: OperationTimeouts | None = None,
-    ) -> None:
+    def __init__(self, transport: Transport, host: Host) -> None:
         self.transport = transport
         self.host = host
-        self.timeouts = timeouts or OperationTimeouts()
         self._agent = agent_source()
 
     @property
@@ -407,20 +390,20 @@ class HostOperations:
 
     # -- facts, resolve, read, inspect -------------------------------------------------------
 
-    def facts(self, *, timeout: float | None = None) -> HostFacts:
+    def facts(self, *, timeout: float) -> HostFacts:
         """Python, sglang and torch versions (distribution metadata), GPUs and CUDA as the
         driver reports them (NVML or nvidia-smi; nothing imports torch), hostname."""
-        reply = self.call("facts", {}, timeout=timeout or self.timeouts.facts)
+        reply = self.call("facts", {}, timeout=timeout)
         return HostFacts.from_reply(reply)
 
-    def resolve(self, module: str, *, timeout: float | None = None) -> ResolvedModule:
+    def resolve(self, module: str, *, timeout: float) -> ResolvedModule:
         """The file the engine's interpreter imports for `module` (nothing is imported)."""
-        reply = self.call("resolve", {"module": module}, timeout=timeout or self.timeouts.resolve)
+        reply = self.call("resolve", {"module": module}, timeout=timeout)
         return ResolvedModule.from_reply(reply)
 
-    def read(self, path: str, *, timeout: float | None = None) -> RemoteFile:
+    def read(self, path: str, *, timeout: float) -> RemoteFile:
         """The file's exact bytes, sha256, mode, owner, mtime and symlink target."""
-        reply = self.call("read", {"path": path}, timeout=timeout or self.timeouts.read)
+        reply = self.call("read", {"path": path}, timeout=timeout)
         return self._remote_file(reply, "read")
 
     def inspect(
@@ -428,7 +411,7 @@ class HostOperations:
         module: str | None = None,
         *,
         path: str | None = None,
-        timeout: float | None = None,
+        timeout: float,
     ) -> HostInspection:
         """facts + resolve(`module`) + read of its file, in one exec (what `plan` needs).
 
@@ -436,11 +419,10 @@ class HostOperations:
         """
         if (module is None) == (path is None):
             raise ValueError("inspect needs exactly one of module or path")
-        deadline = timeout or self.timeouts.inspect
         reply = self.call(
             "inspect",
             {"module": module, "path": path},
-            timeout=deadline,
+            timeout=timeout,
         )
         resolved = reply.get("resolved")
         return HostInspection(
@@ -483,7 +465,7 @@ class HostOperations:
         expected_sha256: str,
         new_content: bytes,
         lock_run_id: str | None = None,
-        timeout: float | None = None,
+        timeout: float,
     ) -> SwapResult:
         """Atomically replace `path` (its real file, if a symlink) by `new_content`.
 
@@ -505,7 +487,7 @@ class HostOperations:
             "state_dir": self.host.state_dir,
             "lock_run_id": lock_run_id,
         }
-        reply = self.call("swap", args, timeout=timeout or self.timeouts.swap)
+        reply = self.call("swap", args, timeout=timeout)
         return SwapResult(
             path=str(reply["path"]),
             realpath=str(reply["realpath"]),
@@ -528,7 +510,7 @@ class HostOperations:
         content: bytes | None = None,
         current_sha256: str | None = None,
         force: bool = False,
-        timeout: float | None = None,
+        timeout: float,
     ) -> RestoreResult:
         """Put `path` back to the pre-image `pre_sha256`, atomically, and purge its bytecode.
 
@@ -549,7 +531,7 @@ class HostOperations:
             "force": force,
             "state_dir": self.host.state_dir,
         }
-        reply = self.call("restore", args, timeout=timeout or self.timeouts.restore)
+        reply = self.call("restore", args, timeout=timeout)
         return RestoreResult(
             path=str(reply["path"]),
             realpath=str(reply["realpath"]),
@@ -570,7 +552,7 @@ class HostOperations:
         run_id: str,
         owner: str | None = None,
         ttl_seconds: float = DEFAULT_LOCK_TTL_SECONDS,
-        timeout: float | None = None,
+        timeout: float,
     ) -> LockInfo:
         """Take the host's lock (`<state_dir>/lock.json`) for `run_id`, or refresh it.
 
@@ -589,7 +571,7 @@ class HostOperations:
                 "run_id": run_id,
                 "ttl_seconds": ttl_seconds,
             },
-            timeout=timeout or self.timeouts.lock,
+            timeout=timeout,
         )
         holder = LockHolder.from_reply(reply["holder"])
         assert holder is not None
@@ -608,12 +590,13 @@ class HostOperations:
         owner: str | None = None,
         ttl_seconds: float = DEFAULT_LOCK_TTL_SECONDS,
         takeover_run: str | None = None,
-        timeout: float | None = None,
+        timeout: float,
     ) -> tuple[LockInfo, HostInspection]:
         """lock + inspect in one exec: how a rollout starts on a host.
 
         `takeover_run` lets `recover` take the lock still held by the interrupted run it
         recovers. The lock stays held if the inspection fails; the caller releases it.
+        `timeout` covers both (a rollout passes its playbook's `lock + inspect`).
 
         Raises:
             LockHeld: another run holds the lock (nothing inspected).
@@ -621,7 +604,6 @@ class HostOperations:
         """
         if (module is None) == (path is None):
             raise ValueError("begin needs exactly one of module or path")
-        deadline = timeout or (self.timeouts.lock + self.timeouts.inspect)
         reply = self.call(
             "begin",
             {
@@ -633,7 +615,7 @@ class HostOperations:
                 "module": module,
                 "path": path,
             },
-            timeout=deadline,
+            timeout=timeout,
             step="begin",
         )
         lock = reply["lock"]
@@ -653,9 +635,7 @@ class HostOperations:
             ),
         )
 
-    def unlock(
-        self, *, run_id: str, force: bool = False, timeout: float | None = None
-    ) -> UnlockResult:
+    def unlock(self, *, run_id: str, force: bool = False, timeout: float) -> UnlockResult:
         """Release the host's lock held by `run_id` (`force` releases anyone's).
 
         Raises:
@@ -664,7 +644,7 @@ class HostOperations:
         reply = self.call(
             "unlock",
             {"state_dir": self.host.state_dir, "run_id": run_id, "force": force},
-            timeout=timeout or self.timeouts.lock,
+            timeout=timeout,
         )
         return UnlockResult(
             released=bool(reply["released"]),

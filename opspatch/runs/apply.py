@@ -504,7 +504,7 @@ class ApplyPipeline:
         why = f"the swap did not answer: {exc.detail}"
         try:
             with session.step("reconcile") as note:
-                live = session.ops.read(change.path)
+                live = session.ops.read(change.path, timeout=session.playbook.timeouts.inspect)
                 note["detail"] = f"file is {live.sha256[:12]}"
         except OpspatchError as again:
             return self._outcome(
@@ -905,7 +905,7 @@ class FleetRollout:
             assert outcome.file is not None
             try:
                 assert session.run_id is not None
-                session.ops.lock(run_id=session.run_id)
+                session.ops.lock(run_id=session.run_id, timeout=self.playbook.timeouts.lock)
                 rolled = pipeline._roll_back(
                     session, outcome.file, item.plan, "the rollout halted (on_halt = rollback-run)"
                 )

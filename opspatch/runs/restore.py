@@ -190,7 +190,11 @@ class RollbackFleet:
             )
         version = versions[0]
         with session.step("begin") as note:
-            _, inspection = session.ops.begin(path=version.path, run_id=self.run_id)
+            _, inspection = session.ops.begin(
+                path=version.path,
+                run_id=self.run_id,
+                timeout=self.playbook.timeouts.lock + self.playbook.timeouts.inspect,
+            )
             note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
         live = inspection.file.sha256
         if live == version.sha256_before:
@@ -303,7 +307,10 @@ class RecoverRun:
             version = versions[-1]
             with session.step("begin") as note:
                 _, inspection = session.ops.begin(
-                    path=version.path, run_id=self.run_id, takeover_run=takeover
+                    path=version.path,
+                    run_id=self.run_id,
+                    takeover_run=takeover,
+                    timeout=self.playbook.timeouts.lock + self.playbook.timeouts.inspect,
                 )
                 note["detail"] = f"{version.path} is {inspection.file.sha256[:12]}"
         else:
@@ -313,7 +320,12 @@ class RecoverRun:
                     session.name, SKIPPED, None, note="the interrupted run changed nothing here"
                 )
             with session.step("begin") as note:
-                _, inspection = session.ops.begin(module, run_id=self.run_id, takeover_run=takeover)
+                _, inspection = session.ops.begin(
+                    module,
+                    run_id=self.run_id,
+                    takeover_run=takeover,
+                    timeout=self.playbook.timeouts.lock + self.playbook.timeouts.inspect,
+                )
                 note["detail"] = (
                     f"{inspection.file.realpath} is {inspection.file.sha256[:12]}; no change recorded"
                 )

@@ -16,6 +16,7 @@ from typing import Any
 
 from opspatch.core.edit import detect
 from opspatch.core.host import Host
+from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch
 from opspatch.errors import OpspatchError, TargetError
 from opspatch.hosts.operations import HostOperations, RemoteFile
@@ -93,7 +94,7 @@ def fleet_status(
                 modules.setdefault(patch.spec.target.module, []).append(patch)
             for module, group in modules.items():
                 try:
-                    inspection = ops.inspect(module)
+                    inspection = ops.inspect(module, timeout=StepTimeouts().inspect)
                 except TargetError as exc:
                     results += [
                         PatchStatus(host.name, p.spec.id, "not-applicable", None, None, exc.message)

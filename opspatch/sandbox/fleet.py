@@ -1012,7 +1012,7 @@ def _patch_states(host: Host, patches: Sequence[LoadedPatch]) -> tuple[list[Patc
     notes: list[str] = []
     for module, group in by_module.items():
         try:
-            seen = ops.inspect(module)
+            seen = ops.inspect(module, timeout=StepTimeouts().inspect)
         except OpspatchError as exc:
             notes.append(f"{module}: {exc.detail if isinstance(exc, HostError) else exc.message}")
             continue
