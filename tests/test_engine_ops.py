@@ -20,7 +20,7 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, SmokePrompt, SmokeSettings, StepTimeouts
 from opspatch.core.spec import load_patch
 from opspatch.errors import EngineError
-from opspatch.hosts.agent import stop_process_tree
+from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.hosts.engine import EngineControl
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.local import LocalTransport

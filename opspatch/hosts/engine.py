@@ -1,6 +1,6 @@
 """The engine on a host: restart it, wait until it is ready, prove it decodes.
 
-Each step is one exec of the host agent (`hostagent.py`: `restart`, `wait_ready`, `smoke`), run
+Each step is one exec of the host agent (`opspatch.hosts.agent`: `restart`, `wait_ready`, `smoke`), run
 ON the host because SGLang servers usually listen on the host's loopback only. The controller
 side here only builds the arguments from the inventory and the playbook and turns replies into
 values:

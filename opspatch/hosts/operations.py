@@ -47,20 +47,37 @@ from opspatch.hosts.transport.ssh import SSHTransport
 BOOTSTRAP = (
     "import json, sys, types\n"
     "request = json.loads(sys.stdin.buffer.read().decode('utf-8'))\n"
-    "agent = types.ModuleType('opspatch_hostagent')\n"
-    "sys.modules[agent.__name__] = agent\n"
-    "exec(compile(request.pop('agent'), '<opspatch-hostagent>', 'exec'), agent.__dict__)\n"
-    "sys.exit(agent.main(request))\n"
+    "for name, source in request.pop('agent'):\n"
+    "    parts = name.split('.')\n"
+    "    for i in range(1, len(parts)):\n"
+    "        sys.modules.setdefault('.'.join(parts[:i]), types.ModuleType('.'.join(parts[:i])))"
+    ".__path__ = []\n"
+    "    module = sys.modules[name] = types.ModuleType(name)\n"
+    "    exec(compile(source, '<opspatch-agent>/' + name, 'exec'), module.__dict__)\n"
+    "sys.exit(module.main(request))\n"
 )
-"""The `-c` program: small and stable, so the command line never changes between operations."""
+"""The `-c` program: small and stable, so the command line never changes between operations.
+
+It registers each agent module sent in the request (`[name, source]` pairs, in dependency order)
+in `sys.modules` under its real dotted name, its parents as empty stub packages (whose empty
+`__path__` means nothing under these names is ever imported from the host's disk), executes it,
+and calls the last module's `main(request)`."""
 
 DEFAULT_LOCK_TTL_SECONDS = 30 * 60
+AGENT_PACKAGE = "opspatch.hosts.agent"
 
 
 @functools.cache
-def agent_source() -> str:
-    """The host agent's source text, as shipped in the package."""
-    return resources.files("opspatch.hosts").joinpath("agent.py").read_text(encoding="utf-8")
+def agent_modules() -> tuple[tuple[str, str], ...]:
+    """The host agent as sent to hosts: (dotted name, source text) of each of its modules, in
+    the order the bootstrap executes them (`opspatch.hosts.agent.MODULES`)."""
+    from opspatch.hosts.agent import MODULES
+
+    package = resources.files(AGENT_PACKAGE)
+    return tuple(
+        (f"{AGENT_PACKAGE}.{name}", package.joinpath(f"{name}.py").read_text(encoding="utf-8"))
+        for name in MODULES
+    )
 
 
 def default_lock_owner() -> str:
@@ -297,7 +314,7 @@ class HostOperations:
     def __init__(self, transport: Transport, host: Host) -> None:
         self.transport = transport
         self.host = host
-        self._agent = agent_source()
+        self._agent = [list(module) for module in agent_modules()]
 
     @property
     def name(self) -> str:

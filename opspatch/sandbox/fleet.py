@@ -60,7 +60,7 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, StepTimeouts
 from opspatch.core.spec import LoadedPatch, load_patch
 from opspatch.errors import HostError, InputError, OpspatchError
-from opspatch.hosts.agent import stop_process_tree
+from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.hosts.engine import EngineControl, RestartResult
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.base import Command

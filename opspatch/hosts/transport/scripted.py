@@ -155,7 +155,8 @@ def agent_operation(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal:
     `agent-error`, as on a host). The request's `cwd` is not entered: the test process stays
     where it is.
     """
-    from opspatch.hosts.agent import OPERATIONS, OpFailure
+    import opspatch.hosts.agent.dispatch  # noqa: F401 - registers every operation
+    from opspatch.hosts.agent.protocol import OPERATIONS, OpFailure
 
     function = OPERATIONS.get(op)
     if function is None:
