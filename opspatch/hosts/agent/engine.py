@@ -8,11 +8,10 @@ The checks that decide (a /generate reply, a log scan) are pure functions in
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from opspatch.hosts.agent.checks import log_tail
+from opspatch.hosts.agent.checks import judge_reply, log_tail, scan_log
 from opspatch.hosts.agent.fsutil import file_size, log_since
 from opspatch.hosts.agent.processes import alive
 from opspatch.hosts.agent.protocol import OpFailure, operation
@@ -128,45 +127,25 @@ def op_smoke(args: Args) -> Result:
         except _Dropped as exc:
             result["problem"] = f"connection dropped ({exc}): the server may have crashed"
         else:
-            try:
-                data = json.loads(raw.decode("utf-8"))
-            except ValueError:
-                data = {}
-            meta = data.get("meta_info") or {} if isinstance(data, dict) else {}
-            result["text"] = data.get("text") if isinstance(data, dict) else None
-            result["completion_tokens"] = meta.get("completion_tokens")
-            result["spec_verify_ct"] = meta.get("spec_verify_ct")
-            if status != 200:
-                result["problem"] = f"HTTP {status}: {raw[:200].decode('utf-8', 'replace')}"
-            elif not checks:
-                pass
-            elif not result["completion_tokens"]:
-                result["problem"] = "no completion tokens"
-            elif require_spec_verify and not result["spec_verify_ct"]:
-                result["problem"] = (
-                    "no spec_verify_ct: speculative decoding did not verify any draft"
+            expected = baseline[index] if baseline is not None and index < len(baseline) else None
+            result.update(
+                judge_reply(
+                    status,
+                    raw,
+                    checks=bool(checks),
+                    require_spec_verify=require_spec_verify,
+                    expect=prompt.get("expect"),
+                    baseline=expected,
                 )
-            elif prompt.get("expect") and not re.search(str(prompt["expect"]), str(result["text"])):
-                result["problem"] = f"text {result['text']!r} does not match {prompt['expect']!r}"
-            elif (
-                baseline is not None
-                and index < len(baseline)
-                and baseline[index] is not None
-                and result["text"] != baseline[index]
-            ):
-                result["problem"] = (
-                    f"text {result['text']!r} differs from the pre-patch baseline {baseline[index]!r}"
-                )
+            )
         if result["problem"]:
             failures.append(f"prompt {index + 1}: {result['problem']}")
         else:
             result["ok"] = True
     log_hits: list[str] = []
     if checks and log_file:
-        patterns = [re.compile(p) for p in (args.get("fail_patterns") or [])]
-        for line in log_since(log_file, offset).splitlines():
-            if any(p.search(line) for p in patterns):
-                log_hits.append(line.strip()[:300])
+        hits = scan_log(log_since(log_file, offset), args.get("fail_patterns") or [])
+        log_hits = [hit["line"] for hit in hits]
         if log_hits:
             failures.append(f"server log: {log_hits[0]}")
     return {
