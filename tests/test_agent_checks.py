@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 
 from opspatch.core.policy import DEFAULT_FAIL_PATTERNS
-from opspatch.hosts.agent.checks import judge_reply, scan_log
+from opspatch.hosts.agent.checks import (
+    describe_exception,
+    find_tracebacks,
+    group_tracebacks,
+    judge_reply,
+    relevant_tail,
+    scan_log,
+)
 
 
 def reply(text: str | None = " Paris", tokens: int | None = 16, verified: int | None = 3) -> bytes:
@@ -97,3 +104,127 @@ def test_log_scan_finds_every_failing_line_in_order() -> None:
     assert hits[0]["line"].startswith("[2026-11-30 02:50:20 TP0] Scheduler hit an exception")
     assert scan_log("[2026-11-30] all quiet\n", DEFAULT_FAIL_PATTERNS) == []
     assert scan_log(log, ()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# tracebacks in a server log
+
+SCHEDULER_CRASH = textwrap.dedent(
+    """\
+    [2026-11-30 02:50:12] Load weight end.
+    [2026-11-30 02:50:13] The server is fired up and ready to roll!
+    [2026-11-30 02:50:20 TP0] Scheduler hit an exception: Traceback (most recent call last):
+      File "/opt/sglang/srt/managers/scheduler.py", line 120, in event_loop
+        result = self.run_batch(batch)
+      File "/opt/sglang/srt/speculative/eagle_worker_v2.py", line 613, in forward
+        if self.spec_disable_batch_threshold:
+           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+    AttributeError: 'EAGLEWorkerV2' object has no attribute 'spec_disable_batch_threshold'
+
+    [2026-11-30 02:50:20] Received sigquit from a child process. It usually means the child failed.
+    """
+)
+
+STARTUP_IMPORT_ERROR = textwrap.dedent(
+    """\
+    Traceback (most recent call last):
+      File "<frozen runpy>", line 198, in _run_module_as_main
+      File "/opt/sglang/launch_server.py", line 7, in <module>
+        from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+    ImportError: cannot import name 'EAGLEWorkerV2' from 'sglang.srt.speculative.eagle_worker_v2'
+    """
+)
+
+
+def test_a_scheduler_crash_is_found_with_its_exception_frame_line_and_time() -> None:
+    found = find_tracebacks(SCHEDULER_CRASH)
+    assert len(found) == 1
+    crash = found[0]
+    assert crash["type"] == "AttributeError"
+    assert (
+        crash["message"] == "'EAGLEWorkerV2' object has no attribute 'spec_disable_batch_threshold'"
+    )
+    assert crash["frame"] == (
+        'File "/opt/sglang/srt/speculative/eagle_worker_v2.py", line 613, in forward'
+    )
+    assert (crash["file"], crash["lineno"], crash["function"]) == (
+        "/opt/sglang/srt/speculative/eagle_worker_v2.py",
+        613,
+        "forward",
+    )
+    assert crash["line_number"] == 3
+    assert crash["time"] == "2026-11-30 02:50:20"
+    assert crash["context"] == "Scheduler hit an exception"
+    assert describe_exception(crash) == (
+        "AttributeError: 'EAGLEWorkerV2' object has no attribute 'spec_disable_batch_threshold' "
+        '(File "/opt/sglang/srt/speculative/eagle_worker_v2.py", line 613, in forward)'
+    )
+
+
+def test_a_start_up_error_printed_by_the_interpreter_has_no_time() -> None:
+    (error,) = find_tracebacks("[2026-11-30 02:50:11] server_args=...\n" + STARTUP_IMPORT_ERROR)
+    assert error["type"] == "ImportError"
+    assert error["frame"] == 'File "/opt/sglang/launch_server.py", line 7, in <module>'
+    assert (error["line_number"], error["time"], error["context"]) == (2, None, None)
+
+
+def test_a_chained_exception_is_reported_as_the_one_raised_last() -> None:
+    log = textwrap.dedent(
+        """\
+        [2026-11-30 03:00:00] Traceback (most recent call last):
+          File "/a.py", line 1, in f
+        KeyError: 'x'
+
+        During handling of the above exception, another exception occurred:
+
+        Traceback (most recent call last):
+          File "/b.py", line 2, in g
+        ValueError: bad x
+        """
+    )
+    (chained,) = find_tracebacks(log)
+    assert (chained["type"], chained["message"], chained["frame"]) == (
+        "ValueError",
+        "bad x",
+        'File "/b.py", line 2, in g',
+    )
+    assert chained["line_number"] == 1 and chained["time"] == "2026-11-30 03:00:00"
+    assert chained["cause"] == "KeyError: 'x'"
+
+
+def test_a_traceback_cut_off_before_its_exception_still_names_its_frame() -> None:
+    log = 'Traceback (most recent call last):\n  File "/a.py", line 9, in f\n'
+    (cut,) = find_tracebacks(log)
+    assert cut["type"] is None and cut["frame"] == 'File "/a.py", line 9, in f'
+    assert "cut off" in describe_exception(cut)
+    assert find_tracebacks("[2026-11-30 03:00:00] all quiet\n") == []
+
+
+def test_tracebacks_are_grouped_by_exception_with_count_and_times() -> None:
+    again = SCHEDULER_CRASH.replace("02:50:20", "02:51:40").replace("02:50:12", "02:51:30")
+    other = "[2026-11-30 02:52:00] " + STARTUP_IMPORT_ERROR
+    groups = group_tracebacks(find_tracebacks(SCHEDULER_CRASH + again + other))
+    assert [(g["type"], g["count"], g["first_time"], g["last_time"]) for g in groups] == [
+        ("AttributeError", 2, "2026-11-30 02:50:20", "2026-11-30 02:51:40"),
+        ("ImportError", 1, "2026-11-30 02:52:00", "2026-11-30 02:52:00"),
+    ]
+    assert groups[0]["first_line_number"] == 3
+    assert groups[0]["frame"].endswith("line 613, in forward")
+
+
+def test_the_relevant_tail_keeps_the_exception_and_its_frame_within_bounds() -> None:
+    noise = "".join(f"[2026-11-30 02:50:2{i % 10}] shutting down part {i}\n" for i in range(40))
+    tail = relevant_tail(SCHEDULER_CRASH + noise, max_lines=20, max_bytes=4096)
+    lines = tail.splitlines()
+    assert len(lines) <= 20 and len(tail.encode()) <= 4096
+    assert (
+        lines[0] == '  File "/opt/sglang/srt/speculative/eagle_worker_v2.py", line 613, in forward'
+    )
+    assert lines[1].startswith("AttributeError: 'EAGLEWorkerV2' object has no attribute")
+    assert lines[2] == "[...]"
+    assert lines[-1].endswith("shutting down part 39")
+    # a short log is its own tail; a log without a traceback is its last lines
+    assert relevant_tail(SCHEDULER_CRASH) == SCHEDULER_CRASH.rstrip()
+    assert relevant_tail(noise, max_lines=3).splitlines()[0].endswith("part 37")
+    huge = "x" * 10_000 + "\n" + "y" * 10
+    assert len(relevant_tail(huge, max_bytes=600).encode()) <= 600

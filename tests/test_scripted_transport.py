@@ -209,3 +209,27 @@ def test_every_operation_takes_its_deadline_from_the_caller(tmp_path: Path) -> N
         with pytest.raises(RemoteOperationError):
             call()
     assert [c.timeout for c in transport.calls] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+
+
+def test_a_failed_engine_step_keeps_the_engine_log_tail_and_exception(tmp_path: Path) -> None:
+    from opspatch.core.policy import Playbook
+    from opspatch.errors import EngineError
+    from opspatch.hosts.engine import EngineControl, RestartResult
+
+    exception = {"type": "ImportError", "message": "cannot import name 'x'", "lineno": 3}
+    tail = "Traceback (most recent call last):\n  File \"/srv/a.py\", line 3, in <module>\nImportError: cannot import name 'x'"
+
+    def handler(op: str, args: dict[str, Any]) -> Refusal:
+        return Refusal(
+            "engine-exited",
+            "the engine (pid 42) exited before it was ready: ImportError: cannot import name 'x'",
+            {"log_tail": tail, "exception": exception},
+        )
+
+    host = scripted_host(tmp_path)
+    ctl = EngineControl(HostOperations(ScriptedTransport(handler), host), host, Playbook())
+    with pytest.raises(EngineError) as caught:
+        ctl.wait_ready(RestartResult("command", pid=42, log_offset=0))
+    assert caught.value.step == "ready"
+    assert caught.value.data == {"log_tail": tail, "exception": exception}
+    assert "ImportError: cannot import name 'x'" in caught.value.message

@@ -11,9 +11,16 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from opspatch.hosts.agent.checks import judge_reply, log_tail, scan_log
+from opspatch.hosts.agent.checks import (
+    describe_exception,
+    failure_evidence,
+    find_tracebacks,
+    group_tracebacks,
+    judge_reply,
+    scan_log,
+)
 from opspatch.hosts.agent.fsutil import file_size, log_since
-from opspatch.hosts.agent.processes import alive
+from opspatch.hosts.agent.processes import alive, find_server_pid
 from opspatch.hosts.agent.protocol import OpFailure, operation
 
 if TYPE_CHECKING:
@@ -21,12 +28,18 @@ if TYPE_CHECKING:
 
 
 class _Dropped(Exception):
-    """The server closed the connection without an answer (it crashed, as SGLang does)."""
+    """No answer: the connection was refused or dropped (the server crashed, as SGLang does) or,
+    with `timed_out`, the server did not answer in time."""
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 def _http(method: str, url: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, bytes]:
-    """One HTTP request; (status, body). A refused or dropped connection raises `_Dropped`."""
+    """One HTTP request; (status, body). No answer raises `_Dropped`."""
     import http.client
+    import socket
     import urllib.error
     import urllib.request
 
@@ -41,7 +54,45 @@ def _http(method: str, url: str, body: dict[str, Any] | None, timeout: float) ->
         return int(exc.code), exc.read()
     except (urllib.error.URLError, http.client.HTTPException, ConnectionError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise _Dropped(f"{type(reason).__name__}: {reason}") from None
+        timed_out = isinstance(reason, socket.timeout)  # TimeoutError from Python 3.10 on
+        raise _Dropped(f"{type(reason).__name__}: {reason}", timed_out) from None
+
+
+def _port(url: str) -> int | None:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+
+
+def _seconds(value: float) -> str:
+    return f"{round(value, 1):g}s"
+
+
+def explain_no_answer(dropped: _Dropped, waited: float, server: int | None, log_text: str) -> str:
+    """Why a /generate got no answer, told apart: the server crashed (its log records an
+    exception since the restart: shown with where it was raised), it did not answer in time
+    while still running, or it exited or dropped the connection without logging why."""
+    found = find_tracebacks(log_text)
+    if found:
+        return f"the server crashed: {describe_exception(found[-1])}"
+    running = server is not None and alive(server)
+    where = f"the server (pid {server})" if server is not None else "the server"
+    if dropped.timed_out:
+        head = f"did not answer within {_seconds(waited)}"
+        if running:
+            return f"{head}; {where} is still running"
+        if server is None:
+            return f"{head}; no server process was found"
+        return f"{head}; {where} has exited and its log records no exception"
+    if running:
+        return f"the connection was dropped ({dropped}); {where} is still running"
+    if server is None:
+        return f"the connection was dropped ({dropped}); no server process was found"
+    return f"{where} exited while decoding ({dropped}); its log records no exception"
 
 
 @operation("wait_ready")
@@ -70,16 +121,20 @@ def op_wait_ready(args: Args) -> Result:
         except _Dropped as exc:
             last = f"/health: {exc}"
         if pid is not None and not alive(int(pid)):
+            said, evidence = failure_evidence(log_since(log_file, offset))
             raise OpFailure(
                 "engine-exited",
-                f"the engine (pid {pid}) exited before it was ready",
-                {"log_tail": log_tail(log_since(log_file, offset))},
+                f"the engine (pid {pid}) exited before it was ready{said}",
+                evidence,
             )
         if time.monotonic() + delay > deadline:
+            said, evidence = failure_evidence(log_since(log_file, offset))
+            running = f"; the engine (pid {pid}) is still running" if pid is not None else ""
             raise OpFailure(
                 "not-ready",
-                f"not ready after {timeout:.0f}s ({last})",
-                {"log_tail": log_tail(log_since(log_file, offset))},
+                f"not ready after {timeout:.0f}s ({last}){running}"
+                + (f"; its log records{said}" if said else ""),
+                evidence,
             )
         time.sleep(delay)
         delay = min(delay * 1.5, 2.0)
@@ -120,12 +175,16 @@ def op_smoke(args: Args) -> Result:
             "text": text,
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
         }
+        waited = max(1.0, deadline - time.monotonic())
         try:
-            status, raw = _http(
-                "POST", url + "/generate", body, timeout=max(1.0, deadline - time.monotonic())
-            )
+            status, raw = _http("POST", url + "/generate", body, timeout=waited)
         except _Dropped as exc:
-            result["problem"] = f"connection dropped ({exc}): the server may have crashed"
+            server = find_server_pid(args.get("pid"), args.get("pid_file"), _port(url))
+            log_text = log_since(log_file, offset)
+            if not find_tracebacks(log_text) and not (server is not None and alive(server)):
+                time.sleep(0.3)  # a dying server may still be writing its traceback
+                log_text = log_since(log_file, offset)
+            result["problem"] = explain_no_answer(exc, waited, server, log_text)
         else:
             expected = baseline[index] if baseline is not None and index < len(baseline) else None
             result.update(
@@ -143,15 +202,34 @@ def op_smoke(args: Args) -> Result:
         else:
             result["ok"] = True
     log_hits: list[str] = []
+    exceptions: list[Result] = []
+    evidence: Result = {"log_tail": None, "exception": None}
     if checks and log_file:
-        hits = scan_log(log_since(log_file, offset), args.get("fail_patterns") or [])
+        log_text = log_since(log_file, offset)
+        hits = scan_log(log_text, args.get("fail_patterns") or [])
         log_hits = [hit["line"] for hit in hits]
+        found = find_tracebacks(log_text)
+        exceptions = group_tracebacks(found)
         if log_hits:
-            failures.append(f"server log: {log_hits[0]}")
+            failures.append(f"server log: {_explain_hit(hits[0], found)}")
+        if failures:
+            _, evidence = failure_evidence(log_text)
     return {
         "ok": not failures,
         "results": results,
         "failures": failures,
         "log_hits": log_hits[:20],
         "log_offset": offset,
+        "exceptions": exceptions[:20],
+        "log_tail": evidence["log_tail"],
+        "exception": evidence["exception"],
     }
+
+
+def _explain_hit(hit: Result, tracebacks: list[Result]) -> str:
+    """The exception behind a matching log line (the first traceback that holds it or starts
+    after it), shown with where it was raised; the line itself when no traceback follows it."""
+    for found in tracebacks:
+        if (found["exception_line_number"] or found["line_number"]) >= hit["line_number"]:
+            return describe_exception(found)
+    return str(hit["line"])

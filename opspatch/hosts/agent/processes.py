@@ -12,7 +12,7 @@ import subprocess
 import time
 from typing import TYPE_CHECKING, Any
 
-from opspatch.hosts.agent.checks import log_tail
+from opspatch.hosts.agent.checks import failure_evidence
 from opspatch.hosts.agent.fsutil import file_size, log_since, write_atomically
 from opspatch.hosts.agent.protocol import OpFailure, operation
 
@@ -116,6 +116,62 @@ def read_pid_file(path: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def listening_pids(port: int) -> list[int]:
+    """Processes with a listening TCP socket on `port` (any address, IPv4 or IPv6), from /proc.
+
+    Sockets are matched by inode against each process's file descriptors, so processes of other
+    users (whose descriptors cannot be read without privileges) are not found.
+    """
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii", errors="replace") as handle:
+                rows = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            # sl local_address rem_address st ... inode; state 0A is LISTEN
+            listening = len(fields) > 9 and fields[3] == "0A"
+            if listening and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    if not inodes:
+        return []
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            descriptors = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for descriptor in descriptors:
+            try:
+                target = os.readlink(f"/proc/{entry}/fd/{descriptor}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                found.append(int(entry))
+                break
+    return sorted(found)
+
+
+def find_server_pid(pid: int | None, pid_file: str | None, port: int | None) -> int | None:
+    """The engine's process: the pid its restart reported when known, else the one in its pid
+    file, else whoever listens on its port; None when none of them says."""
+    if pid is not None:
+        return int(pid)
+    if pid_file:
+        from_file = read_pid_file(pid_file)
+        if from_file is not None:
+            return from_file
+    if port is not None:
+        listening = listening_pids(port)
+        if listening:
+            return listening[0]
+    return None
+
+
 def _run_tool(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
@@ -161,10 +217,11 @@ def _restart_command(
     write_atomically(pid_file, f"{process.pid}\n".encode(), 0o644, stat_dir.st_uid, stat_dir.st_gid)
     time.sleep(0.2)
     if process.poll() is not None:
+        said, evidence = failure_evidence(log_since(log_file, offset))
         raise OpFailure(
             "start-failed",
-            f"the start command exited at once with status {process.returncode}",
-            {"log_tail": log_tail(log_since(log_file, offset))},
+            f"the start command exited at once with status {process.returncode}{said}",
+            evidence,
         )
     return {"strategy": "command", "pid": process.pid, "log_offset": offset, "stopped": stopped}
 
