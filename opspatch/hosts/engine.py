@@ -8,8 +8,8 @@ replies into values:
 - restart strategies: systemd (`systemctl restart UNIT`, then `is-active`), supervisor
   (`supervisorctl restart NAME`), command (stop the process tree of the pid in the pid file:
   TERM, wait, KILL; start the command detached with its log; write the pid file);
-- readiness: poll `/health` with backoff until the playbook's deadline, failing fast when the
-  started process exits;
+- readiness: poll `/health` every 0.1 s (no backoff: a ready engine is noticed at once) until
+  the playbook's deadline, failing fast when the started process exits;
 - smoke decode: greedy `/generate` per prompt, checked for HTTP 200, completion tokens,
   `spec_verify_ct` on speculative hosts, expected text, a pre-patch baseline; plus a scan of the
   server log written since the restart for the playbook's fail patterns.

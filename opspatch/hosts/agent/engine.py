@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from opspatch.hosts.agent.protocol import Args, Result
 
 
+READY_POLL_SECONDS = 0.1
+"""Seconds between two /health polls while an engine starts."""
+
+
 class _Dropped(Exception):
     """No answer: the connection was refused or dropped (the server crashed, as SGLang does) or,
     with `timed_out`, the server did not answer in time."""
@@ -97,9 +101,13 @@ def explain_no_answer(dropped: _Dropped, waited: float, server: int | None, log_
 
 @operation("wait_ready")
 def op_wait_ready(args: Args) -> Result:
-    """Poll `<url>/health` until it answers 200, with backoff, until the deadline.
+    """Poll `<url>/health` every `READY_POLL_SECONDS` until it answers 200, until the deadline.
 
-    Fails fast when the process started by the restart (its pid) has exited.
+    A fixed short interval, never a backoff: a server that turns ready is noticed within one
+    interval (a backoff to 2 s noticed it up to 2 s late, on every host of a rollout). It does not
+    flood the server: a starting SGLang server answers /health with a cheap 503 (or refuses the
+    connection), and each poll waits for the previous answer. Fails fast when the process
+    started by the restart (its pid) has exited.
     """
     url = str(args["url"]).rstrip("/")
     timeout = float(args.get("timeout") or 600.0)
@@ -109,12 +117,12 @@ def op_wait_ready(args: Args) -> Result:
     started = time.monotonic()
     deadline = started + timeout
     polls = 0
-    delay = 0.1
     last = "no answer yet"
     while True:
         polls += 1
+        wait = min(20.0, max(1.0, deadline - time.monotonic()))
         try:
-            status, _ = _http("GET", url + "/health", None, timeout=min(20.0, max(1.0, timeout)))
+            status, _ = _http("GET", url + "/health", None, timeout=wait)
             if status == 200:
                 return {"seconds": round(time.monotonic() - started, 3), "polls": polls}
             last = f"/health answered {status}"
@@ -127,7 +135,7 @@ def op_wait_ready(args: Args) -> Result:
                 f"the engine (pid {pid}) exited before it was ready{said}",
                 evidence,
             )
-        if time.monotonic() + delay > deadline:
+        if time.monotonic() + READY_POLL_SECONDS > deadline:
             said, evidence = failure_evidence(log_since(log_file, offset))
             running = f"; the engine (pid {pid}) is still running" if pid is not None else ""
             raise OpFailure(
@@ -136,8 +144,7 @@ def op_wait_ready(args: Args) -> Result:
                 + (f"; its log records{said}" if said else ""),
                 evidence,
             )
-        time.sleep(delay)
-        delay = min(delay * 1.5, 2.0)
+        time.sleep(READY_POLL_SECONDS)
 
 
 @operation("smoke")
