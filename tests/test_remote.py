@@ -13,6 +13,7 @@ import importlib.metadata
 import importlib.util
 import os
 import py_compile
+import shutil
 import subprocess
 import sys
 import time
@@ -196,6 +197,51 @@ def test_gpu_facts_come_from_the_driver_tool(remote_target: Target, tmp_path: Pa
     assert facts.notes == ()
     calls = (tmp_path / "bin" / "calls").read_text().splitlines()
     assert calls == ["--query-gpu=name,driver_version,memory.total --format=csv,noheader"]
+
+
+# A stand-in for the driver's NVML library with the real entry points and signatures.
+_FAKE_NVML = r"""
+#include <stdio.h>
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef void *nvmlDevice_t;
+int nvmlInit_v2(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+int nvmlSystemGetDriverVersion(char *v, unsigned int n) { snprintf(v, n, "550.54.15"); return 0; }
+int nvmlSystemGetCudaDriverVersion(int *v) { *v = 12040; return 0; }
+int nvmlDeviceGetCount_v2(unsigned int *c) { *c = 2; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d) {
+    *d = (void *)(unsigned long)(0x1000 + i); return 0;
+}
+int nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int n) {
+    snprintf(name, n, "NVIDIA H200 #%lu", (unsigned long)d - 0x1000); return 0;
+}
+int nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
+    m->total = 150754820096ULL; m->free = 1; m->used = 2; return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build a stand-in NVML")
+def test_gpu_facts_come_from_nvml_first(remote_target: Target, tmp_path: Path) -> None:
+    env = nvidia_smi_stub(tmp_path / "bin", "echo 'NVIDIA H100, 1.0, 1 MiB'")
+    (tmp_path / "nvml.c").write_text(_FAKE_NVML)
+    subprocess.run(
+        [
+            "cc",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(tmp_path / "bin" / "libnvidia-ml.so.1"),
+            str(tmp_path / "nvml.c"),
+        ],
+        check=True,
+    )
+    facts = engine_with_env(remote_target, **env).facts(timeout=60)
+    assert facts.gpu_names == ("NVIDIA H200 #0", "NVIDIA H200 #1")
+    assert facts.gpu_memory_mib == (143771, 143771)
+    assert (facts.driver_version, facts.cuda_version) == ("550.54.15", "12.4")
+    assert (facts.cuda_available, facts.cuda_device_count, facts.notes) == (True, 2, ())
+    assert not (tmp_path / "bin" / "calls").exists()  # nvidia-smi was not needed
 
 
 def test_a_failing_driver_tool_is_a_note_not_an_error(
