@@ -80,6 +80,7 @@ def test_shipped_playbooks_round_trip_through_json(name: str) -> None:
         "ready",
         "smoke",
         "restore",
+        "restore_ready",
     }
 
 

@@ -208,8 +208,8 @@ def test_round_trips_per_host(fleet: SandboxFleet, tmp_path: Path) -> None:
     """plan is one exec per host; apply is six (begin, swap, restart, ready, smoke, release)."""
     from opspatch.core.policy import Playbook
     from opspatch.core.spec import load_patch
-    from opspatch.hosts.operations import open_transport
-    from opspatch.runs.apply import FleetRollout, begin_run
+    from opspatch.runs.apply import apply_to_hosts
+    from opspatch.runs.connect import open_transport
 
     patch = load_patch(Path(__file__).resolve().parent.parent / "patches" / "eagle-init-guard.toml")
     hosts = [fleet.hosts[n] for n in fleet.names]
@@ -219,18 +219,41 @@ def test_round_trips_per_host(fleet: SandboxFleet, tmp_path: Path) -> None:
         transports.append(open_transport(host))
         return transports[-1]
 
-    dry = FleetRollout(
-        patch, Playbook(), hosts, counting, ledger=None, run_id=None, dry_run=True
-    ).run()
+    dry = apply_to_hosts(patch, hosts, Playbook(), factory=counting, ledger=None, dry_run=True)
     assert {h.outcome for h in dry.hosts} == {"would-apply"}
     assert [t.exec_count for t in transports] == [1] * len(hosts)
 
     transports.clear()
     ledger = Ledger.open(tmp_path / "ledger.sqlite3")
-    run_id = begin_run(ledger, command="apply", patch=patch, hosts=hosts, command_line="test")
-    report = FleetRollout(patch, Playbook(), hosts, counting, ledger=ledger, run_id=run_id).run()
+    report = apply_to_hosts(patch, hosts, Playbook(), factory=counting, ledger=ledger)
     assert {h.outcome for h in report.hosts} == {"applied"}
     assert [t.exec_count for t in transports] == [6] * len(hosts)
+
+
+def test_version_gate_uses_the_distribution_that_owns_the_file(fleet: SandboxFleet) -> None:
+    """A patch for another distribution's build (a fork published as `sglang-fork`) must not
+    pass the gate on the sandbox's own sglang 0.5.23 (before: the gate was off for any
+    distribution but `sglang`); and one for sglang outside its range is refused too."""
+    base = (Path(__file__).resolve().parent.parent / "patches" / "eagle-init-guard.toml").read_text()
+    fork = base.replace('id = "eagle-init-guard"', 'id = "fork-guard"').replace(
+        'distribution = "sglang"', 'distribution = "sglang-fork"'
+    )
+    assert 'distribution = "sglang-fork"' in fork
+    fleet.write_patch("fork-guard", fork)
+    run = fleet.opspatch("plan", "fork-guard", "--hosts", "sandbox", "--json")
+    assert run.code == 2, run.stdout + run.stderr
+    doc = run.json()
+    assert doc["refused"] is True
+    for host in doc["hosts"]:
+        assert "belongs to sglang 0.5.23, not to sglang-fork" in host["error"]
+    old = base.replace('id = "eagle-init-guard"', 'id = "old-guard"').replace(
+        'versions = ">=0.5.4"', 'versions = ">=0.5.4,<0.5.20"'
+    )
+    assert 'versions = ">=0.5.4,<0.5.20"' in old
+    fleet.write_patch("old-guard", old)
+    run = fleet.opspatch("plan", "old-guard", "--hosts", "sandbox", "--json")
+    assert run.code == 2, run.stdout + run.stderr
+    assert all("sglang 0.5.23 is outside" in h["error"] for h in run.json()["hosts"])
 
 
 def test_patch_not_fitting_one_host_refuses_the_whole_run(fleet: SandboxFleet) -> None:

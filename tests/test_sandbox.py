@@ -262,8 +262,8 @@ def test_up_twice_leaves_running_hosts_alone(two_hosts: tuple[Sandbox, dict[str,
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--hosts", "0"), "--hosts must be between 1 and 16 (got 0)"),
-        (("--hosts", "99"), "--hosts must be between 1 and 16 (got 99)"),
+        (("--hosts", "0"), "--hosts must be between 1 and 32 (got 0)"),
+        (("--hosts", "99"), "--hosts must be between 1 and 32 (got 99)"),
         (("--hosts", "1"), "the sandbox has 2 hosts; `up --hosts 1` would not remove any"),
     ],
 )

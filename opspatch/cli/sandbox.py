@@ -8,28 +8,18 @@ Errors are raised as opspatch errors and turned into one message and an exit cod
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from opspatch.config.lookup import Workspace
+from opspatch.cli.context import JsonOption, options
+from opspatch.cli.render import emit_json, err, out
 from opspatch.errors import EXIT_HOST_FAILED
-from opspatch.sandbox.fleet import (
-    MAX_HOSTS,
-    DownReport,
-    HostStatus,
-    SandboxLayout,
-    StatusReport,
-    UpReport,
-    sandbox_down,
-    sandbox_status,
-    sandbox_up,
-)
+from opspatch.sandbox import MAX_HOSTS
+
+if TYPE_CHECKING:  # the fleet module is imported by the commands (it pulls the runs in)
+    from opspatch.sandbox.fleet import DownReport, HostStatus, StatusReport, UpReport
 
 sandbox_app = typer.Typer(
     name="sandbox",
@@ -41,25 +31,9 @@ sandbox_app = typer.Typer(
     ),
 )
 
-_out = Console(highlight=False, soft_wrap=True)
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-JsonOption = Annotated[bool, typer.Option("--json", help="One JSON document on stdout")]
-
-
-def _emit_json(document: Any) -> None:
-    sys.stdout.write(json.dumps(document, indent=2) + "\n")
-    sys.stdout.flush()
-
 
 def _progress(message: str) -> None:
-    _err.print(message, markup=False)
-
-
-def _workspace(ctx: typer.Context) -> Workspace:
-    # `--workspace` is an option of the root command (opspatch -w DIR sandbox status).
-    explicit = ctx.find_root().params.get("workspace")
-    return Workspace.discover(Path(explicit) if explicit else None)
+    err.print(message, markup=False)
 
 
 @sandbox_app.command()
@@ -85,9 +59,11 @@ def up(
     Safe to run again: running hosts are left alone, stopped ones started, ports kept, and
     patched files never reinstalled.
     """
+    from opspatch.sandbox.fleet import SandboxLayout, sandbox_up
+
     report = sandbox_up(SandboxLayout.default(), hosts=hosts, ssh=ssh, progress=_progress)
     if as_json:
-        _emit_json(report.to_json())
+        emit_json(report.to_json())
     else:
         _print_up(report)
     if not report.ok:
@@ -95,11 +71,13 @@ def up(
 
 
 @sandbox_app.command()
-def status(ctx: typer.Context, as_json: JsonOption = False) -> None:
+def status(as_json: JsonOption = False) -> None:
     """Each host: engine pid, port, /health, the patches its file carries, its ssh address."""
-    report = sandbox_status(SandboxLayout.default(), _workspace(ctx))
+    from opspatch.sandbox.fleet import SandboxLayout, sandbox_status
+
+    report = sandbox_status(SandboxLayout.default(), options.workspace_dir())
     if as_json:
-        _emit_json(report.to_json())
+        emit_json(report.to_json())
     else:
         _print_status(report)
 
@@ -115,9 +93,11 @@ def down(
     as_json: JsonOption = False,
 ) -> None:
     """Stop every sandbox engine and sshd by pid; remove nothing unless --purge."""
+    from opspatch.sandbox.fleet import SandboxLayout, sandbox_down
+
     report = sandbox_down(SandboxLayout.default(), purge=purge, progress=_progress)
     if as_json:
-        _emit_json(report.to_json())
+        emit_json(report.to_json())
     else:
         _print_down(report)
 
@@ -134,16 +114,16 @@ def _print_up(report: UpReport) -> None:
         ssh = f"{host.ssh.address}:{host.ssh.port}" if host.ssh and host.ssh.port else "-"
         style = "red" if host.outcome == "failed" else ""
         table.add_row(host.host, host.outcome, str(host.pid or "-"), host.url, ssh, style=style)
-    _out.print(table)
+    out.print(table)
     for host in report.hosts:
         if host.error:
-            _out.print(f"{host.host}: {host.error}", markup=False)
+            out.print(f"{host.host}: {host.error}", markup=False)
     if report.inventory:
-        _out.print(f"inventory: {report.inventory} (--hosts sandbox)", markup=False)
+        out.print(f"inventory: {report.inventory} (--hosts sandbox)", markup=False)
     if report.ssh_inventory:
-        _out.print(f"inventory: {report.ssh_inventory} (--hosts sandbox-ssh)", markup=False)
+        out.print(f"inventory: {report.ssh_inventory} (--hosts sandbox-ssh)", markup=False)
     if not report.ok:
-        _out.print("not every host is ready; the inventories were not updated", markup=False)
+        out.print("not every host is ready; the inventories were not updated", markup=False)
 
 
 def _health_text(host: HostStatus) -> str:
@@ -173,12 +153,12 @@ def _print_status(report: StatusReport) -> None:
         if host.ssh is not None and host.ssh.port:
             ssh = f"{host.ssh.address}:{host.ssh.port}" + ("" if host.ssh_running else " (stopped)")
         table.add_row(host.host, pid, str(host.port), _health_text(host), patches, ssh)
-    _out.print(table)
+    out.print(table)
     for host in report.hosts:
         for note in host.notes:
-            _err.print(f"{host.host}: {note}", markup=False)
+            err.print(f"{host.host}: {note}", markup=False)
     for note in report.notes:
-        _err.print(note, markup=False)
+        err.print(note, markup=False)
 
 
 def _print_down(report: DownReport) -> None:
@@ -188,8 +168,12 @@ def _print_down(report: DownReport) -> None:
             parts.append(f"engine stopped (pids {', '.join(map(str, host.stopped))})")
         if host.sshd_stopped:
             parts.append(f"sshd stopped (pid {host.sshd_stopped})")
-        _out.print(f"{host.host}: {'; '.join(parts) or 'was not running'}", markup=False)
+        out.print(f"{host.host}: {'; '.join(parts) or 'was not running'}", markup=False)
     for path in report.removed:
-        _out.print(f"removed {path}", markup=False)
+        out.print(f"removed {path}", markup=False)
     for note in report.notes:
-        _out.print(note, markup=False)
+        out.print(note, markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(sandbox_app, name="sandbox")

@@ -22,7 +22,10 @@ swap = 60                 # backup, validate on the host, atomic swap, bytecode 
 restart = 180             # the restart command itself
 ready = 1200              # until /health answers (real models load for minutes)
 smoke = 180               # all smoke prompts together, plus the log scan
-restore = 120             # put the pre-image back (its restart and readiness use the above)
+restore = 120             # put the pre-image back (its restart uses `restart` above)
+restore_ready = 1800      # until /health answers after a restore: its own deadline, long, so a
+                          # `ready` shortened to catch a start-up hang never turns a slow but
+                          # healthy restore into needs-attention
 
 [smoke]
 prompts = ["The capital of France is", { text = "def square(x):", expect = "return" }]

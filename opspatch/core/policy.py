@@ -18,7 +18,16 @@ from typing import Any
 from opspatch.core.vocabulary import FAILED_OUTCOMES, Outcome
 
 ON_HALT_CHOICES = ("stop", "rollback-run")
-TIMEOUT_STEPS = ("lock", "inspect", "swap", "restart", "ready", "smoke", "restore")
+TIMEOUT_STEPS = (
+    "lock",
+    "inspect",
+    "swap",
+    "restart",
+    "ready",
+    "smoke",
+    "restore",
+    "restore_ready",
+)
 DEFAULT_FAIL_PATTERNS = (r"Scheduler hit an exception", r"Traceback \(most recent call last\)")
 DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):")
 MIN_SMOKE_TOKENS = 8  # fewer tokens can end at prefill and never run speculative verify
@@ -73,6 +82,10 @@ class StepTimeouts:
     ready: float = 1200.0
     smoke: float = 180.0
     restore: float = 120.0
+    restore_ready: float = 1800.0
+    """Readiness after a restore has its own, long deadline: an operator shortens `ready` to
+    catch a start-up hang, and that must not turn a slow but healthy restore into
+    needs-attention."""
 
     def to_json(self) -> dict[str, float]:
         return {step: getattr(self, step) for step in TIMEOUT_STEPS}

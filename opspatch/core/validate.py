@@ -16,6 +16,7 @@ Pure: texts in, problems out.
 from __future__ import annotations
 
 import ast
+import threading
 import warnings
 from collections import defaultdict
 from collections.abc import Sequence
@@ -38,13 +39,21 @@ from opspatch.core.spec import (
     PatchSpec,
 )
 
+_WARNING_FILTERS = threading.Lock()
+"""`warnings.catch_warnings` saves and restores the process-wide filter list; two threads doing
+it at once (the preflight plans hosts in parallel) can restore each other's state and leave
+warnings ignored for good. Every use here holds this lock."""
+
 
 def check_compiles(
     new_source: bytes, filename: str, feature_version: tuple[int, int] | None
 ) -> list[str]:
-    """Problems compiling `new_source` (and parsing it for an older Python, if named)."""
+    """Problems compiling `new_source` (and parsing it for an older Python, if named).
+
+    Thread-safe: the warning filters are changed under `_WARNING_FILTERS`.
+    """
     problems = []
-    with warnings.catch_warnings():
+    with _WARNING_FILTERS, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SyntaxWarnings of upstream code are not ours to judge
         try:
             compile(new_source, filename, "exec", dont_inherit=True)

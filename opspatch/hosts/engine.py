@@ -179,14 +179,21 @@ class EngineControl:
             detail=str(data.get("detail", "")),
         )
 
-    def wait_ready(self, restart: RestartResult | None = None, *, step: str = "ready") -> Readiness:
-        """Poll the server's /health on the host until it answers 200.
+    def wait_ready(
+        self,
+        restart: RestartResult | None = None,
+        *,
+        step: str = "ready",
+        timeout: float | None = None,
+    ) -> Readiness:
+        """Poll the server's /health on the host until it answers 200, within `timeout` seconds
+        (default: the playbook's `ready`).
 
         Raises:
             EngineError: the deadline passed, or the started process exited (`data`: the log
                 tail and the exception the engine logged, if any).
         """
-        timeout = float(self.playbook.timeouts.ready)
+        timeout = float(self.playbook.timeouts.ready if timeout is None else timeout)
         args = {
             "url": self.host.engine.url,
             "timeout": timeout,

@@ -1,16 +1,37 @@
-"""Facts about files on the controller's own disk (the `--file` commands).
+"""Runs on a file of the controller's own disk: `plan`, `apply` and `rollback` with `--file`.
 
-The remote equivalent runs inside the host agent; this is the same question asked locally: which
-version of the distribution owns this source file?
+They use the host agent too (local transport, a lock and backups under `<state>/local`), so a
+local file gets the same host-side compile check, atomic write and ledger record as a fleet; only
+the restart is skipped. The file must be the patch's module (its path ends in the module's path)
+and its distribution's version (from the `*.dist-info` beside it, or `--target-version`) inside
+the patch's range.
 """
 
 from __future__ import annotations
 
 import re
+import socket
+from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
 
-from opspatch.core.spec import Target
+from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch
+from opspatch.core.gate import version_gate
+from opspatch.core.host import EngineSettings, Host
+from opspatch.core.policy import Playbook
+from opspatch.core.source import sha256_hex
+from opspatch.core.spec import LoadedPatch, Target
+from opspatch.core.tomlsource import parse_field_path
+from opspatch.core.vocabulary import Outcome
+from opspatch.errors import InputError, Location, OpspatchError, SpecError, TargetError
+from opspatch.ledger.store import Ledger
+from opspatch.runs.apply import ApplyPipeline
+from opspatch.runs.connect import transport_factory
+from opspatch.runs.recorded import recorded_run
+from opspatch.runs.report import FileChange, HostOutcome, RunReport
+from opspatch.runs.restore import rollback_hosts
+from opspatch.runs.session import HostSession, NoProgress
+from opspatch.runs.steps import release
 
 
 def _normalize(name: str) -> str:
@@ -41,3 +62,148 @@ def distribution_version_for(file: Path, target: Target) -> str | None:
             return headers.get("Version") or version or None
         return version or None
     return None
+
+
+def local_file_host(python: str, state_dir: str) -> Host:
+    """The controller itself as a host, for the `--file` commands: local transport, the given
+    interpreter validates the new text, backups and the lock live in `state_dir`. Its name,
+    `local:<hostname>`, is what the ledger and every outcome call it."""
+    return Host(
+        name=f"local:{socket.gethostname()}",
+        inventory="local",
+        address="localhost",
+        port=None,
+        user=None,
+        identity_file=None,
+        known_hosts=None,
+        jump=None,
+        transport="local",
+        state_dir=state_dir,
+        vars={},
+        engine=EngineSettings(python=python),
+        groups=(),
+    )
+
+
+def not_applicable_error(loaded: LoadedPatch, target: str, outcome: NotApplicable) -> SpecError:
+    """A NotApplicable outcome as an error naming the patch file, line and field, and the target."""
+    reason = f"{target}: {outcome.reason}"
+    if outcome.candidates:
+        reason += "\n" + "\n".join(f"    {c}" for c in outcome.candidates)
+    if outcome.field:
+        return SpecError(loaded.location(parse_field_path(outcome.field)), reason)
+    return SpecError(Location(loaded.path), reason)
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """A patch planned on a local file: the file, its distribution's version (if known) and the
+    plan's outcome."""
+
+    file: Path
+    version: str | None
+    outcome: Applied | AlreadyApplied | NotApplicable
+
+
+def plan_local_file(loaded: LoadedPatch, file: Path, target_version: str | None) -> LocalPlan:
+    """Check that `file` is the patch's target and plan the patch on its bytes (pure otherwise).
+
+    Raises:
+        InputError: there is no such file.
+        TargetError: the file is not the patch's module, or its version is outside the range.
+    """
+    if not file.is_file():
+        raise InputError(f"{file}: no such file")
+    version = target_version or distribution_version_for(file, loaded.spec.target)
+    path = str(file.resolve())
+    field: tuple[str, str] = ("target", "module")
+    mismatch = loaded.spec.target.mismatch(path, None)
+    if mismatch is None:
+        field = ("target", "versions")
+        mismatch = version_gate(
+            loaded.spec.target, path, owner=None, owner_version=None, installed_version=version
+        )
+    if mismatch:
+        raise TargetError(
+            f"{loaded.location(field)}: {mismatch}",
+            hint="check that the file is the module and release this patch is for"
+            + ("" if version else "; pass --target-version when no dist-info says"),
+        )
+    return LocalPlan(file, version, apply_patch(file.read_bytes(), loaded.spec))
+
+
+def apply_local_file(
+    loaded: LoadedPatch, plan: LocalPlan, *, python: str, ledger: Ledger, state_dir: Path
+) -> RunReport:
+    """Apply a planned patch to the local file, recorded in the ledger (nothing to restart).
+
+    Raises:
+        SpecError: the plan says the patch does not fit the file.
+    """
+    if isinstance(plan.outcome, NotApplicable):
+        raise not_applicable_error(loaded, str(plan.file), plan.outcome)
+    host = local_file_host(python, str(state_dir / "local"))
+    if isinstance(plan.outcome, AlreadyApplied):
+        sha = sha256_hex(plan.file.read_bytes())
+        already = HostOutcome(
+            host.name,
+            Outcome.ALREADY_APPLIED,
+            file=FileChange(str(plan.file.resolve()), sha, sha),
+            note=plan.outcome.reason,
+        )
+        return RunReport(None, "apply", loaded.spec.id, (already,))
+    playbook = Playbook()
+    with recorded_run(ledger, command="apply", patch=loaded, hosts=[host]) as run:
+        pipeline = ApplyPipeline(loaded, playbook, restart_engine=False)
+        with HostSession(
+            host,
+            transport_factory(),
+            playbook,
+            ledger=ledger,
+            run_id=run.run_id,
+            progress=NoProgress(),
+        ) as session:
+            try:
+                prepared = pipeline.prepare(
+                    session,
+                    lock=True,
+                    path=str(plan.file.resolve()),
+                    installed_version=plan.version,
+                )
+                if isinstance(prepared.plan, Applied):
+                    result = pipeline.apply(session, prepared)
+                else:
+                    result = session.outcome(Outcome.ALREADY_APPLIED)
+            except OpspatchError as exc:
+                result = session.refused(exc)
+            finally:
+                release(session)
+            session.record_outcome(result)
+        return run.finish(RunReport(run.run_id, "apply", loaded.spec.id, (result,)))
+
+
+def rollback_local_file(
+    loaded: LoadedPatch, file: Path, *, python: str, ledger: Ledger, state_dir: Path
+) -> RunReport:
+    """Restore the pre-image opspatch recorded for `file` (where it is still what opspatch wrote).
+
+    Raises:
+        InputError: no such file, or the ledger has no change by this patch to it.
+    """
+    if not file.is_file():
+        raise InputError(f"{file}: no such file")
+    host = local_file_host(python, str(state_dir / "local"))
+    if not ledger.file_history(host.name, str(file.resolve())):
+        raise InputError(
+            f"the ledger has no change by {loaded.spec.id} to {file.resolve()} on this machine",
+            hint="rollback restores what opspatch recorded; see `opspatch ledger list`",
+        )
+    return rollback_hosts(
+        ledger=ledger,
+        hosts=[host],
+        factory=transport_factory(),
+        playbook=Playbook(),
+        patch=loaded,
+        restart_engine=False,
+        only_path=str(file.resolve()),
+    )

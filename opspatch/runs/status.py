@@ -10,7 +10,6 @@ host and target module; nothing is locked or changed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,62 +17,65 @@ from opspatch.core.edit import detect
 from opspatch.core.host import Host
 from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch
+from opspatch.core.vocabulary import PatchState
 from opspatch.errors import OpspatchError, TargetError
-from opspatch.hosts.operations import HostOperations, RemoteFile
+from opspatch.hosts.operations import HostInspection, HostOperations
 from opspatch.ledger.store import Ledger
-from opspatch.runs.apply import TransportFactory
+from opspatch.runs.apply import gate_inspection
+from opspatch.runs.connect import TransportFactory
+from opspatch.runs.executor import map_hosts
 
 
 @dataclass(frozen=True)
 class PatchStatus:
     host: str
     patch: str
-    state: str
+    state: PatchState
     path: str | None
     sha256: str | None
     detail: str
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "state": str(self.state)}
 
 
 def classify(
-    patch: LoadedPatch, host: str, file: RemoteFile, version: str | None, ledger: Ledger | None
+    patch: LoadedPatch, host: str, inspection: HostInspection, ledger: Ledger | None
 ) -> PatchStatus:
     """The state of one patch in one live file (pure apart from reading the ledger)."""
-    target = patch.spec.target
-    gate = target.mismatch(file.realpath, version if target.distribution == "sglang" else None)
+    file = inspection.file
+    gate = gate_inspection(patch.spec.target, inspection)
     structural = detect(file.content, patch.spec)
     recorded = ledger.last_applied(host, file.realpath, patch.spec.id) if ledger else None
     base = {"host": host, "patch": patch.spec.id, "path": file.realpath, "sha256": file.sha256}
     if recorded is not None:
         if file.sha256 == recorded.sha256_after:
             return PatchStatus(
-                **base, state="applied", detail=f"as written by run {recorded.run_id}"
+                **base, state=PatchState.APPLIED, detail=f"as written by run {recorded.run_id}"
             )
         if file.sha256 == recorded.sha256_before:
             return PatchStatus(
                 **base,
-                state="not-applied",
+                state=PatchState.NOT_APPLIED,
                 detail=f"back at the pre-image of run {recorded.run_id}",
             )
         return PatchStatus(
             **base,
-            state="drifted",
+            state=PatchState.DRIFTED,
             detail=f"changed since run {recorded.run_id} wrote {recorded.sha256_after[:12]}; "
             f"the patch is {structural.state} here",
         )
     if structural.state == "applied":
         return PatchStatus(
             **base,
-            state="applied",
+            state=PatchState.APPLIED,
             detail="present, but not written by opspatch (no ledger record)",
         )
     if gate is not None:
-        return PatchStatus(**base, state="not-applicable", detail=gate)
+        return PatchStatus(**base, state=PatchState.NOT_APPLICABLE, detail=gate)
     if structural.state == "not-applied":
-        return PatchStatus(**base, state="not-applied", detail="")
-    return PatchStatus(**base, state=structural.state, detail=structural.reason)
+        return PatchStatus(**base, state=PatchState.NOT_APPLIED, detail="")
+    return PatchStatus(**base, state=PatchState(structural.state), detail=structural.reason)
 
 
 def fleet_status(
@@ -97,29 +99,26 @@ def fleet_status(
                     inspection = ops.inspect(module, timeout=StepTimeouts().inspect)
                 except TargetError as exc:
                     results += [
-                        PatchStatus(host.name, p.spec.id, "not-applicable", None, None, exc.message)
+                        PatchStatus(
+                            host.name, p.spec.id, PatchState.NOT_APPLICABLE, None, None, exc.message
+                        )
                         for p in group
                     ]
                     continue
                 except OpspatchError as exc:
                     results += [
-                        PatchStatus(host.name, p.spec.id, "unreachable", None, None, exc.message)
+                        PatchStatus(
+                            host.name, p.spec.id, PatchState.UNREACHABLE, None, None, exc.message
+                        )
                         for p in group
                     ]
                     continue
                 for patch in group:
-                    results.append(
-                        classify(
-                            patch,
-                            host.name,
-                            inspection.file,
-                            inspection.facts.sglang_version,
-                            ledger,
-                        )
-                    )
+                    results.append(classify(patch, host.name, inspection, ledger))
         finally:
             transport.close()
         return results
 
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-        return [status for statuses in pool.map(one, hosts) for status in statuses]
+    by_name = {h.name: h for h in hosts}
+    found = map_hosts(lambda name: one(by_name[name]), list(by_name), limit=16)
+    return [status for statuses in found.values() for status in statuses]

@@ -8,3 +8,6 @@ environment like a real distribution, `sshd.py` starts private OpenSSH servers f
 May import: `opspatch.runs`, `opspatch.hosts`, `opspatch.config`, `opspatch.core` and
 `opspatch.errors`; not the CLI (the `opspatch sandbox` commands live in `opspatch.cli.sandbox`).
 """
+
+MAX_HOSTS = 32
+"""Most hosts one sandbox holds (loopback addresses 127.0.0.2 and up, one engine each)."""

@@ -65,6 +65,7 @@ from opspatch.hosts.engine import EngineControl, RestartResult
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.base import Command
 from opspatch.hosts.transport.local import LocalTransport
+from opspatch.sandbox import MAX_HOSTS
 from opspatch.sandbox.install import make_host_python
 from opspatch.sandbox.sshd import (
     SshdError,
@@ -76,7 +77,6 @@ from opspatch.sandbox.sshd import (
 )
 
 DEFAULT_HOSTS = 3
-MAX_HOSTS = 16
 """Each engine is a torch process of a few hundred MB; more than this is a mistake, not a test."""
 
 ENGINE_ADDRESS = "127.0.0.1"

@@ -1,0 +1,223 @@
+"""`opspatch apply | rollback | recover`: the commands that change hosts.
+
+Each one parses its options, asks for confirmation (`--yes`, a terminal, or a refusal with exit
+2), calls one function of `opspatch.runs` that returns a `RunReport`, and prints it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NoReturn
+
+import typer
+
+from opspatch.cli.context import (
+    AcceptKeysOption,
+    FileOption,
+    HostsOption,
+    JsonOption,
+    PatchArgument,
+    PlaybookOption,
+    YesOption,
+    options,
+)
+from opspatch.cli.patches import TargetVersionOption, one_target, show_fleet_plan, show_local_plan
+from opspatch.cli.render import LiveProgress, confirm_or_refuse, err, finish, print_diff
+from opspatch.errors import InputError, OpspatchError
+
+if TYPE_CHECKING:
+    from opspatch.core.host import Host
+    from opspatch.core.spec import LoadedPatch
+
+PythonOption = Annotated[
+    str,
+    typer.Option("--python", help="With --file: the interpreter that validates the new text."),
+]
+
+
+def apply(
+    patch: PatchArgument,
+    file: FileOption = None,
+    hosts: HostsOption = None,
+    playbook: PlaybookOption = "default",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show every host's plan; change nothing.")
+    ] = False,
+    yes: YesOption = False,
+    python: PythonOption = sys.executable,
+    target_version: TargetVersionOption = None,
+    accept_new_host_keys: AcceptKeysOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Apply a patch: to a local file, or across hosts (lock, swap, restart, smoke, roll back on failure)."""
+    one_target(file, hosts, "apply")
+    loaded = options.load_patch(patch)
+    if file is not None:
+        if dry_run:
+            show_local_plan(loaded, file, target_version, as_json)
+            return
+        _apply_file(loaded, file, python, target_version, yes, as_json)
+    assert hosts is not None
+    if dry_run:
+        show_fleet_plan(loaded, hosts, playbook, accept_new_host_keys, as_json)
+    from opspatch.runs.apply import apply_to_hosts
+    from opspatch.runs.connect import transport_factory
+
+    selected = options.hosts(hosts)
+    playbook_obj = options.load_playbook(playbook)
+    names = [h.name for h in selected]
+    confirm_or_refuse(
+        f"Apply {loaded.spec.id} to {len(names)} host(s): {', '.join(names)} (playbook {playbook_obj.name})?",
+        yes=yes,
+    )
+    ledger = options.open_ledger()
+    with LiveProgress(names, enabled=not as_json) as progress:
+        report = apply_to_hosts(
+            loaded,
+            selected,
+            playbook_obj,
+            factory=transport_factory(accept_new_host_keys=accept_new_host_keys),
+            ledger=ledger,
+            progress=progress,
+        )
+    finish(report, as_json)
+
+
+def _apply_file(
+    loaded: LoadedPatch,
+    file: Path,
+    python: str,
+    target_version: str | None,
+    yes: bool,
+    as_json: bool,
+) -> NoReturn:
+    from opspatch.core.edit import Applied
+    from opspatch.runs.localfile import apply_local_file, plan_local_file
+
+    plan = plan_local_file(loaded, file, target_version)
+    if isinstance(plan.outcome, Applied):
+        if not as_json:
+            print_diff(plan.outcome.diff, err)
+        confirm_or_refuse(f"Apply {loaded.spec.id} to {file}?", yes=yes)
+    report = apply_local_file(
+        loaded, plan, python=python, ledger=options.open_ledger(), state_dir=options.state_dir()
+    )
+    finish(report, as_json)
+
+
+def rollback(
+    patch: Annotated[str | None, typer.Argument(help="Patch id or path (or use --run)")] = None,
+    run: Annotated[
+        str | None, typer.Option("--run", help="Undo the changes of this run id")
+    ] = None,
+    file: FileOption = None,
+    hosts: HostsOption = None,
+    playbook: PlaybookOption = "default",
+    yes: YesOption = False,
+    python: PythonOption = sys.executable,
+    accept_new_host_keys: AcceptKeysOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Restore the pre-images opspatch recorded (where the file is still what opspatch wrote), restart, smoke."""
+    from opspatch.runs.connect import transport_factory
+    from opspatch.runs.restore import rollback_hosts
+
+    if (patch is None) == (run is None):
+        raise InputError("rollback needs exactly one of PATCH or --run RUN_ID")
+    ledger = options.open_ledger()
+    if file is not None and hosts is None and patch is not None:
+        from opspatch.runs.localfile import rollback_local_file
+
+        loaded_file = options.load_patch(patch)
+        confirm_or_refuse(f"Restore {file} to its state before {loaded_file.spec.id}?", yes=yes)
+        finish(
+            rollback_local_file(
+                loaded_file, file, python=python, ledger=ledger, state_dir=options.state_dir()
+            ),
+            as_json,
+        )
+    source_run = ledger.get_run(run) if run is not None else None
+    if hosts is None and source_run is not None and file is None:
+        selected = hosts_of_run(source_run.summary.hosts)
+    else:
+        one_target(file, hosts, "rollback")
+        if file is not None:
+            raise InputError("rollback --file takes a PATCH, not --run")
+        assert hosts is not None
+        selected = options.hosts(hosts)
+    loaded = options.load_patch(patch) if patch is not None else None
+    names = [h.name for h in selected]
+    what = loaded.spec.id if loaded else f"run {run}"
+    confirm_or_refuse(f"Roll back {what} on {len(names)} host(s): {', '.join(names)}?", yes=yes)
+    playbook_obj = options.load_playbook(playbook)
+    with LiveProgress(names, enabled=not as_json) as progress:
+        report = rollback_hosts(
+            ledger=ledger,
+            hosts=selected,
+            factory=transport_factory(accept_new_host_keys=accept_new_host_keys),
+            playbook=playbook_obj,
+            patch=loaded,
+            source_run=None if loaded else source_run,
+            progress=progress,
+        )
+    finish(report, as_json)
+
+
+def hosts_of_run(names: Sequence[str]) -> tuple[Host, ...]:
+    """The inventory hosts of a recorded run (looked up by name across the workspace's inventories)."""
+    return options.hosts(",".join(names))
+
+
+def recover(
+    run: Annotated[
+        str | None, typer.Option("--run", help="The interrupted run (default: the newest one)")
+    ] = None,
+    playbook: PlaybookOption = "default",
+    yes: YesOption = False,
+    accept_new_host_keys: AcceptKeysOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Bring every host of an interrupted run to a known state (finish it, or restore)."""
+    from opspatch.runs.connect import transport_factory
+    from opspatch.runs.restore import recover_run
+
+    ledger = options.open_ledger()
+    if run is None:
+        interrupted = [r for r in ledger.list_runs(limit=200) if r.status == "interrupted"]
+        if not interrupted:
+            raise InputError("no interrupted run in the ledger", hint="opspatch ledger list")
+        run = interrupted[0].run_id
+    detail = ledger.get_run(run)
+    if detail.summary.status != "interrupted":
+        raise InputError(
+            f"run {detail.run_id} is {detail.summary.status}, not interrupted",
+            hint="recover is for runs whose controller died part-way",
+        )
+    selected = hosts_of_run(detail.summary.hosts)
+    loaded: LoadedPatch | None = None
+    if detail.summary.patch_id:
+        try:
+            loaded = options.load_patch(detail.summary.patch_id)
+        except OpspatchError:
+            loaded = None
+    confirm_or_refuse(f"Recover run {detail.run_id} on {len(selected)} host(s)?", yes=yes)
+    playbook_obj = options.load_playbook(playbook)
+    with LiveProgress([h.name for h in selected], enabled=not as_json) as progress:
+        report = recover_run(
+            ledger=ledger,
+            interrupted=detail,
+            hosts=selected,
+            factory=transport_factory(accept_new_host_keys=accept_new_host_keys),
+            playbook=playbook_obj,
+            patch=loaded,
+            progress=progress,
+        )
+    finish(report, as_json)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(apply)
+    app.command()(rollback)
+    app.command()(recover)

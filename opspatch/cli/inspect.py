@@ -1,0 +1,93 @@
+"""`opspatch status | smoke`: questions to hosts; nothing is locked, changed or recorded."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from opspatch.cli.context import AcceptKeysOption, HostsOption, JsonOption, PlaybookOption, options
+from opspatch.cli.render import STATE_STYLE, emit_json, out
+from opspatch.errors import EXIT_HOST_FAILED, InputError
+
+
+def status(
+    hosts: HostsOption = None,
+    patch: Annotated[
+        list[str] | None, typer.Option("--patch", help="Only these patches (repeatable).")
+    ] = None,
+    accept_new_host_keys: AcceptKeysOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """What is applied where: applied, not applied, drifted, unreachable (checked live against the ledger)."""
+    from opspatch.core.spec import load_patch
+    from opspatch.ledger.store import Ledger
+    from opspatch.runs.connect import transport_factory
+    from opspatch.runs.status import fleet_status
+
+    if hosts is None:
+        raise InputError("status needs --hosts TARGET", hint="opspatch status --hosts gpu-fleet")
+    selected = options.hosts(hosts)
+    workspace = options.workspace_dir()
+    references = patch or sorted(workspace.available("patches"))
+    patches = [load_patch(workspace.find("patches", r)) for r in references]
+    ledger_path = options.ledger_path()
+    ledger = Ledger.open(ledger_path) if ledger_path.exists() else None
+    factory = transport_factory(accept_new_host_keys=accept_new_host_keys)
+    results = fleet_status(selected, patches, factory, ledger)
+    if as_json:
+        emit_json({"hosts": [h.name for h in selected], "status": [r.to_json() for r in results]})
+    else:
+        table = Table()
+        for column in ("host", "patch", "state", "file", "sha256", "detail"):
+            table.add_column(column)
+        for r in results:
+            table.add_row(
+                r.host,
+                r.patch,
+                Text(str(r.state), style=STATE_STYLE.get(r.state, "")),
+                r.path or "",
+                (r.sha256 or "")[:12],
+                r.detail,
+            )
+        out.print(table)
+    if any(r.state == "unreachable" for r in results):
+        raise typer.Exit(EXIT_HOST_FAILED)
+
+
+def smoke(
+    hosts: HostsOption = None,
+    playbook: PlaybookOption = "default",
+    accept_new_host_keys: AcceptKeysOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Run the playbook's smoke decode (and a scan of the log it writes) on each host; change nothing."""
+    from opspatch.runs.connect import transport_factory
+    from opspatch.runs.smoke import smoke_hosts
+
+    if hosts is None:
+        raise InputError("smoke needs --hosts TARGET", hint="opspatch smoke --hosts gpu-fleet")
+    report = smoke_hosts(
+        options.hosts(hosts),
+        options.load_playbook(playbook),
+        factory=transport_factory(accept_new_host_keys=accept_new_host_keys),
+    )
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        for item in report.hosts:
+            style = "green" if item.ok else "red"
+            summary = "ok" if item.ok else "; ".join(item.failures)
+            out.print(Text(f"{item.host}: {summary}", style=style))
+            for prompt in item.result.prompts if item.result else ():
+                out.print(
+                    f"   {prompt.prompt!r} -> {prompt.text!r} (spec_verify_ct {prompt.spec_verify_ct})"
+                )
+    raise typer.Exit(report.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(status)
+    app.command()(smoke)

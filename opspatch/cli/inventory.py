@@ -1,0 +1,40 @@
+"""`opspatch inventory show`: the resolved hosts of a selection and their merged settings."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from opspatch.cli.context import JsonOption, options
+from opspatch.cli.render import emit_json, out
+
+inventory_app = typer.Typer(
+    no_args_is_help=True, help="Inventories: hosts, groups, engine settings."
+)
+
+
+@inventory_app.command("show")
+def inventory_show(
+    target: Annotated[str, typer.Argument(help="Inventory, group, host, comma list or glob")],
+    as_json: JsonOption = False,
+) -> None:
+    """The resolved hosts of a selection and their settings (merged defaults, groups, host)."""
+    from opspatch.config.inventory import inventory_show_json, inventory_show_table
+
+    hosts = options.hosts(target)
+    if as_json:
+        emit_json(inventory_show_json(hosts, selection=target))
+        return
+    shown = inventory_show_table(hosts, selection=target)
+    table = Table(title=shown.title, title_justify="left")
+    for column in shown.columns:
+        table.add_column(column)
+    for row in shown.rows:
+        table.add_row(*row)
+    out.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(inventory_app, name="inventory")

@@ -1,0 +1,112 @@
+"""`opspatch ledger list | show | verify`: the record of every run."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from opspatch.cli.context import JsonOption, options
+from opspatch.cli.render import OUTCOME_STYLE, emit_json, out
+from opspatch.errors import EXIT_NEEDS_ATTENTION
+
+ledger_app = typer.Typer(
+    no_args_is_help=True, help="The append-only, hash-chained record of every run."
+)
+
+
+@ledger_app.command("list")
+def ledger_list(
+    limit: Annotated[int, typer.Option("--limit", "-n", help="How many runs, newest first.")] = 20,
+    as_json: JsonOption = False,
+) -> None:
+    """The newest runs: command, patch, operator, status (finished, running, interrupted)."""
+    runs = options.open_ledger().list_runs(limit=limit)
+    if as_json:
+        emit_json({"runs": [r.to_json() for r in runs]})
+        return
+    if not runs:
+        out.print(f"no runs yet in the ledger {options.ledger_path()}")
+        return
+    table = Table()
+    for column in ("run", "command", "patch", "hosts", "operator", "started", "status", "outcome"):
+        table.add_column(column)
+    for r in runs:
+        style = {"interrupted": "red", "running": "cyan"}.get(r.status, "")
+        table.add_row(
+            r.run_id,
+            r.command,
+            r.patch_id or "",
+            str(len(r.hosts)),
+            r.operator,
+            r.started_at,
+            Text(str(r.status), style=style),
+            r.outcome or "",
+        )
+    out.print(table)
+
+
+@ledger_app.command("show")
+def ledger_show(
+    run: Annotated[str, typer.Argument(help="Run id (a unique prefix is enough)")],
+    as_json: JsonOption = False,
+) -> None:
+    """One run: every host's steps with timings, facts, file versions and outcome."""
+    detail = options.open_ledger().get_run(run)
+    if as_json:
+        emit_json(detail.to_json())
+        return
+    s = detail.summary
+    out.print(f"run {s.run_id}: {s.command} {s.patch_id or ''} by {s.operator}")
+    out.print(f"  command line: {s.command_line}")
+    out.print(f"  started {s.started_at}, {s.status}{' ' + s.outcome if s.outcome else ''}")
+    for host in detail.hosts:
+        out.print(
+            Text(
+                f"  {host.host}: {host.outcome or '(no outcome)'}",
+                style=OUTCOME_STYLE.get(host.outcome or "", "bold"),
+            )
+        )
+        if host.error:
+            out.print(f"    error: {host.error}")
+        for step in host.steps:
+            if step.status == "started":
+                continue
+            seconds = f"{step.seconds:.2f}s" if step.seconds is not None else ""
+            first_line = step.detail.splitlines()[0] if step.detail else ""
+            out.print(f"    {step.step:<22} {step.status:<7} {seconds:>8}  {first_line}")
+        for version in host.file_versions:
+            out.print(
+                f"    file {version.action}: {version.path} {version.sha256_before[:12]} -> {version.sha256_after[:12]}"
+            )
+
+
+@ledger_app.command("verify")
+def ledger_verify(as_json: JsonOption = False) -> None:
+    """Check the hash chain; name the first broken link (exit 3 if broken)."""
+    report = options.open_ledger().verify()
+    data = report.to_json()
+    if as_json:
+        emit_json(data)
+    elif data.get("ok"):
+        out.print(
+            Text(
+                f"ok: {data.get('events_checked')} events, head {str(data.get('head_hash'))[:16]}",
+                style="green",
+            )
+        )
+    else:
+        out.print(
+            Text(f"BROKEN at event {data.get('first_broken')}: {data.get('reason')}", style="red")
+        )
+    if not as_json:
+        for warning in data.get("warnings", []):
+            out.print(Text(f"warning: {warning}", style="yellow"))
+    if not data.get("ok"):
+        raise typer.Exit(EXIT_NEEDS_ATTENTION)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(ledger_app, name="ledger")

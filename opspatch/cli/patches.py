@@ -1,0 +1,201 @@
+"""`opspatch schema | check | plan`: patch files and what they would do; nothing is changed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+from opspatch.cli.context import (
+    AcceptKeysOption,
+    FileOption,
+    HostsOption,
+    JsonOption,
+    PatchArgument,
+    options,
+)
+from opspatch.cli.render import emit_json, err, out, print_diff, print_dry_run
+from opspatch.errors import EXIT_BAD_INPUT, InputError, OpspatchError
+
+if TYPE_CHECKING:
+    from opspatch.core.spec import LoadedPatch
+    from opspatch.runs.localfile import LocalPlan
+
+TargetVersionOption = Annotated[
+    str | None,
+    typer.Option(
+        "--target-version",
+        help="With --file: the file's distribution version, when no dist-info says.",
+    ),
+]
+
+
+def one_target(file: Path | None, hosts: str | None, command: str) -> None:
+    """Exactly one of `--file` and `--hosts`."""
+    if (file is None) == (hosts is None):
+        raise InputError(
+            f"{command} needs exactly one of --file PATH or --hosts TARGET",
+            hint=f"opspatch {command} ... --hosts gpu-fleet   or   opspatch {command} ... --file PATH",
+        )
+
+
+def schema() -> None:
+    """Print the JSON Schema of patch files (point your editor's TOML validation at it)."""
+    from opspatch.core.spec import patch_json_schema
+
+    emit_json(patch_json_schema())
+
+
+def check(
+    patches: Annotated[
+        list[str] | None,
+        typer.Argument(help="Patch ids or .toml paths (default: every patch in the workspace)"),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Lint patch files: schema, snippets parse, anchors well-formed."""
+    from opspatch.core.spec import load_patch
+
+    workspace = options.workspace_dir()
+    references = patches or sorted(workspace.available("patches"))
+    if not references:
+        raise InputError(
+            "no patches to check", hint="give patch ids or paths, or add patches/*.toml"
+        )
+    results: list[dict[str, Any]] = []
+    for reference in references:
+        try:
+            loaded = load_patch(workspace.find("patches", reference))
+        except OpspatchError as exc:
+            results.append({"patch": reference, "ok": False, "error": exc.render()})
+            continue
+        spec = loaded.spec
+        results.append(
+            {
+                "patch": spec.id,
+                "ok": True,
+                "file": loaded.path,
+                "sha256": loaded.sha256,
+                "target": f"{spec.target.module} ({spec.target.distribution} {spec.target.versions or 'any'})",
+                "edits": len(spec.edits),
+                "postconditions": len(spec.postconditions),
+            }
+        )
+    failed = [r for r in results if not r["ok"]]
+    if as_json:
+        emit_json({"ok": not failed, "patches": results})
+    else:
+        for result in results:
+            if result["ok"]:
+                out.print(
+                    f"[green]ok[/green]    {result['patch']}  {result['file']}  "
+                    f"{result['edits']} edit(s), {result['postconditions']} postcondition(s)  "
+                    f"-> {result['target']}"
+                )
+            else:
+                out.print(f"[red]error[/red] {result['error']}")
+    if failed:
+        raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def plan_json(loaded: LoadedPatch, plan: LocalPlan) -> dict[str, Any]:
+    """What `plan --file --json` prints."""
+    from opspatch.core.edit import AlreadyApplied, Applied
+
+    outcome = plan.outcome
+    doc: dict[str, Any] = {
+        "patch": loaded.spec.id,
+        "patch_file": loaded.path,
+        "file": str(plan.file),
+        "version": plan.version,
+        "outcome": outcome.outcome,
+    }
+    if isinstance(outcome, Applied):
+        doc.update(
+            sha256_before=outcome.sha256_before,
+            sha256_after=outcome.sha256_after,
+            diff=outcome.diff,
+        )
+    elif isinstance(outcome, AlreadyApplied):
+        doc["reason"] = outcome.reason
+    else:
+        doc.update(reason=outcome.reason, field=outcome.field, candidates=list(outcome.candidates))
+    return doc
+
+
+def show_local_plan(
+    loaded: LoadedPatch, file: Path, target_version: str | None, as_json: bool
+) -> None:
+    """Plan a patch on a local file and show the diff (or why not); exit 2 if it does not fit."""
+    from opspatch.core.edit import AlreadyApplied, NotApplicable
+    from opspatch.runs.localfile import not_applicable_error, plan_local_file
+
+    plan = plan_local_file(loaded, file, target_version)
+    outcome = plan.outcome
+    if as_json:
+        emit_json(plan_json(loaded, plan))
+        if isinstance(outcome, NotApplicable):
+            raise typer.Exit(EXIT_BAD_INPUT)
+        return
+    if isinstance(outcome, NotApplicable):
+        raise not_applicable_error(loaded, str(file), outcome)
+    if isinstance(outcome, AlreadyApplied):
+        out.print(f"{file}: already applied: {outcome.reason}")
+        return
+    print_diff(outcome.diff)
+    err.print(
+        f"{loaded.spec.id}: {len(outcome.edits)} edit(s) in {', '.join(outcome.edited_scopes)}; "
+        f"sha256 {outcome.sha256_before[:12]} -> {outcome.sha256_after[:12]}"
+    )
+
+
+def show_fleet_plan(
+    loaded: LoadedPatch, selection: str, playbook_ref: str, accept: bool, as_json: bool
+) -> NoReturn:
+    """Inspect and plan on every selected host (no lock, no record) and show each plan."""
+    from opspatch.cli.render import LiveProgress
+    from opspatch.runs.apply import apply_to_hosts
+    from opspatch.runs.connect import transport_factory
+
+    selected = options.hosts(selection)
+    playbook = options.load_playbook(playbook_ref)
+    with LiveProgress([h.name for h in selected], enabled=not as_json) as progress:
+        report = apply_to_hosts(
+            loaded,
+            selected,
+            playbook,
+            factory=transport_factory(accept_new_host_keys=accept),
+            ledger=None,
+            progress=progress,
+            dry_run=True,
+        )
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        print_dry_run(report)
+    raise typer.Exit(report.exit_code)
+
+
+def plan(
+    patch: PatchArgument,
+    file: FileOption = None,
+    hosts: HostsOption = None,
+    target_version: TargetVersionOption = None,
+    accept_new_host_keys: AcceptKeysOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Show the diff a patch would make (per host: facts, file, diff or why not); change nothing."""
+    one_target(file, hosts, "plan")
+    loaded = options.load_patch(patch)
+    if file is not None:
+        show_local_plan(loaded, file, target_version, as_json)
+        return
+    assert hosts is not None
+    show_fleet_plan(loaded, hosts, "default", accept_new_host_keys, as_json)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(schema)
+    app.command()(check)
+    app.command()(plan)

@@ -1,0 +1,189 @@
+"""How the CLI shows things: diffs, the run table, dry-run plans, live progress, JSON, and the
+confirmation rule. Results go to stdout (a table, a diff, or one JSON document); progress, logs
+and errors go to stderr, so `--json` output can be piped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from opspatch.errors import ConfirmationRequired
+
+if TYPE_CHECKING:
+    from opspatch.runs.report import RunReport
+
+# Piped output is read by people in logs and by scripts: tables get room instead of 80 columns.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+err = Console(
+    stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 160
+)
+
+OUTCOME_STYLE = {
+    "applied": "green",
+    "already-applied": "green",
+    "restored": "green",
+    "staged": "cyan",
+    "would-apply": "cyan",
+    "rolled-back": "yellow",
+    "skipped": "yellow",
+    "failed": "red",
+    "needs-attention": "bold red",
+    "not-applicable": "yellow",
+}
+STATE_STYLE = {"applied": "green", "staged": "cyan", "drifted": "yellow", "unreachable": "red"}
+
+
+def emit_json(document: Any) -> None:
+    """One JSON document on stdout."""
+    sys.stdout.write(json.dumps(document, indent=2, sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+def print_diff(diff: str, console: Console = out) -> None:
+    """A unified diff, coloured on a terminal and plain when piped."""
+    for line in diff.splitlines():
+        style = ""
+        if line.startswith(("+++", "---")):
+            style = "bold"
+        elif line.startswith("@@"):
+            style = "cyan"
+        elif line.startswith("+"):
+            style = "green"
+        elif line.startswith("-"):
+            style = "red"
+        console.print(Text(line, style=style))
+
+
+def short_path(path: str, width: int = 48) -> str:
+    """The end of a long path (the module part is what tells files apart)."""
+    return path if len(path) <= width else "…" + path[-(width - 1) :]
+
+
+def print_report(report: RunReport) -> None:
+    """The summary table of a run, then the reason for every host that did not reach the goal."""
+    title = f"{report.command} {report.patch or ''}".strip()
+    if report.run_id:
+        title += f"  (run {report.run_id})"
+    table = Table(title=title, title_justify="left")
+    for column in ("host", "outcome", "file", "sha256", "steps", "seconds"):
+        table.add_column(column)
+    for host in report.hosts:
+        sha = ""
+        if host.file is not None and host.file.sha256_before and host.file.sha256_after:
+            before, after = host.file.sha256_before[:12], host.file.sha256_after[:12]
+            sha = before if before == after else f"{before} -> {after}"
+        seconds = sum(s.seconds for s in host.steps)
+        table.add_row(
+            host.host,
+            Text(str(host.outcome), style=OUTCOME_STYLE.get(host.outcome, "")),
+            short_path(host.file.path) if host.file else "",
+            sha,
+            " ".join(s.step for s in host.steps if s.status == "ok"),
+            f"{seconds:.1f}",
+        )
+    out.print(table)
+    for host in report.hosts:
+        if host.error:
+            out.print(Text(f"{host.host}: {host.error}", style=OUTCOME_STYLE.get(host.outcome, "")))
+        if host.note:
+            out.print(f"{host.host}: {host.note}")
+    if report.halted:
+        out.print(Text(f"halted: {report.halted}", style="red"))
+    out.print(f"outcome: {report.outcome} (exit {report.exit_code})")
+
+
+def print_dry_run(report: RunReport) -> None:
+    """A dry run, host by host: what was inspected, then the diff or why not (once)."""
+    for host in report.hosts:
+        out.print(Text(f"== {host.host}: {host.outcome}", style="bold"))
+        for step in host.steps:
+            if step.step == "inspect" and step.detail and step.status == "ok":
+                out.print(f"   {step.detail}")
+        if host.diff:
+            print_diff(host.diff)
+        elif host.error:
+            out.print(f"   {host.error}")
+    if report.halted:
+        out.print(Text(report.halted, style="red"))
+
+
+def finish(report: RunReport, as_json: bool) -> NoReturn:
+    """Print a run's report (table or JSON) and exit with its code."""
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        print_report(report)
+    raise typer.Exit(report.exit_code)
+
+
+class LiveProgress:
+    """A line per host with its current step and elapsed time (rich Live on a terminal, plain
+    lines otherwise), on stderr. Implements `opspatch.runs.session.Progress`."""
+
+    def __init__(self, hosts: Sequence[str], *, enabled: bool) -> None:
+        self.enabled = enabled
+        self.state = {h: ("waiting", "", time.monotonic()) for h in hosts}
+        self.started = {h: time.monotonic() for h in hosts}
+        self.lock = threading.Lock()
+        self.live: Live | None = None
+
+    def __enter__(self) -> LiveProgress:
+        if self.enabled and err.is_terminal:
+            self.live = Live(self._render(), console=err, refresh_per_second=4, transient=True)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+    def _render(self) -> Table:
+        table = Table(show_header=True, box=None)
+        for column in ("host", "step", "status", "elapsed"):
+            table.add_column(column)
+        now = time.monotonic()
+        for host, (step, status, _) in self.state.items():
+            table.add_row(host, step, status, f"{now - self.started.get(host, now):.1f}s")
+        return table
+
+    def run_started(self, run_id: str, summary: str) -> None:
+        err.print(f"run {run_id}: {summary}")
+
+    def update(self, host: str, step: str, status: str) -> None:
+        if not self.enabled:
+            return
+        with self.lock:
+            self.started.setdefault(host, time.monotonic())
+            self.state[host] = (step, status, time.monotonic())
+            if self.live is not None:
+                self.live.update(self._render())
+            elif status != "running":
+                err.print(f"{host}: {step} {status} ({time.monotonic() - self.started[host]:.1f}s)")
+
+
+def confirm_or_refuse(question: str, *, yes: bool) -> None:
+    """The confirmation rule: `--yes` proceeds; a terminal is asked; anything else is refused.
+
+    Raises:
+        ConfirmationRequired: no terminal and no `--yes` (exit 2, nothing changed).
+    """
+    if yes:
+        return
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        raise ConfirmationRequired(
+            f"{question} needs confirmation and there is no terminal to ask on; nothing was changed",
+            hint="re-run with --yes to proceed without asking",
+        )
+    if not typer.confirm(question, default=False, err=True):
+        raise ConfirmationRequired("not confirmed; nothing was changed")

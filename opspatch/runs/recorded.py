@@ -1,0 +1,87 @@
+"""The ledger ceremony of a run, written once: check the chain, begin, finish with the outcome.
+
+```python
+with recorded_run(ledger, command="apply", patch=loaded, hosts=hosts, ...) as run:
+    report = ...  # every step and host outcome is recorded under run.run_id as it happens
+    run.finish(report)
+```
+
+A run whose body raises `InputError` (bad input found after the run began: nothing was changed)
+is finished as `refused`. Anything else that escapes (the operator's second Ctrl-C, a bug) leaves
+the run unfinished on purpose: the ledger then shows it `interrupted` once this process is gone,
+and `opspatch recover` brings its hosts to a known state.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from opspatch.core.host import Host
+from opspatch.core.policy import Playbook
+from opspatch.core.spec import LoadedPatch
+from opspatch.core.vocabulary import RunOutcome
+from opspatch.errors import InputError
+from opspatch.ledger.store import Ledger, operator_identity
+from opspatch.runs.report import RunReport
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command as the operator typed it (quoted), for the ledger."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    return " ".join(shlex.quote(a) for a in ["opspatch", *args])
+
+
+@dataclass
+class RecordedRun:
+    """A run begun in the ledger; `finish(report)` records its outcome (once)."""
+
+    ledger: Ledger
+    run_id: str
+    finished: bool = field(default=False)
+
+    def finish(self, report: RunReport) -> RunReport:
+        if not self.finished:
+            self.ledger.finish_run(self.run_id, str(report.outcome))
+            self.finished = True
+        return report
+
+
+@contextmanager
+def recorded_run(
+    ledger: Ledger,
+    *,
+    command: str,
+    patch: LoadedPatch | None,
+    hosts: Sequence[Host],
+    playbook: Playbook | None = None,
+    parent_run: str | None = None,
+    argv: Sequence[str] | None = None,
+) -> Iterator[RecordedRun]:
+    """Begin a run in the ledger (after checking its chain is intact, as any change must).
+
+    Raises:
+        LedgerIntegrityError: the chain is broken; nothing is begun.
+    """
+    ledger.ensure_intact()
+    run_id = ledger.begin_run(
+        command=command,
+        patch_id=patch.spec.id if patch else None,
+        patch_sha256=patch.sha256 if patch else None,
+        operator=operator_identity(),
+        command_line=command_line(argv),
+        hosts=[h.name for h in hosts],
+        playbook=playbook.name if playbook else None,
+        parent_run=parent_run,
+    )
+    run = RecordedRun(ledger, run_id)
+    try:
+        yield run
+    except InputError:
+        if not run.finished:
+            ledger.finish_run(run_id, str(RunOutcome.REFUSED))
+            run.finished = True
+        raise

@@ -1,0 +1,207 @@
+"""One host within one run: its transport, operations and engine control, and the step recorder.
+
+Everything a run does on a host goes through a `HostSession`: one transport opened on first use
+and reused for every step (one SSH connection per host per run), closed when the session ends
+(it is a context manager). `session.step(name)` wraps each step: live progress, a `started` and
+an `ok`/`failed` ledger record with timing, and the `StepResult` the report shows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+from opspatch.core.host import Host
+from opspatch.core.policy import Playbook
+from opspatch.core.vocabulary import Outcome, StepStatus
+from opspatch.errors import HostKeyError, InputError, LockHeld, OpspatchError, TargetError
+from opspatch.hosts.engine import EngineControl, SmokeResult
+from opspatch.hosts.operations import HostOperations
+from opspatch.hosts.transport.base import Transport
+from opspatch.ledger.store import Ledger
+from opspatch.runs.connect import TransportFactory
+from opspatch.runs.report import FileChange, HostOutcome, StepResult
+
+DETAIL_LIMIT = 2000
+"""Characters of a step's detail kept in the ledger (a log tail can be long)."""
+
+
+class Progress(Protocol):
+    """Where live progress goes (the CLI draws a line per host); `NoProgress` by default."""
+
+    def run_started(self, run_id: str, summary: str) -> None: ...
+
+    def update(self, host: str, step: str, status: str) -> None: ...
+
+
+class NoProgress:
+    """Progress that goes nowhere (library use, tests)."""
+
+    def run_started(self, run_id: str, summary: str) -> None:
+        return None
+
+    def update(self, host: str, step: str, status: str) -> None:
+        return None
+
+
+class HostFailed(Exception):
+    """Ends a host's pipeline with an outcome; carries the reason, with the step in it."""
+
+    def __init__(self, outcome: Outcome, error: str) -> None:
+        super().__init__(error)
+        self.outcome = outcome
+        self.error = error
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line (plus the engine's log lines when the host sent them) saying why a step failed."""
+    if isinstance(exc, HostFailed):
+        return exc.error
+    if isinstance(exc, OpspatchError):
+        detail = getattr(exc, "detail", None) or exc.message
+        data = getattr(exc, "data", None) or {}
+        tail = data.get("log_tail") if isinstance(data, dict) else None
+        return f"{detail}\n{tail}" if tail else str(detail)
+    return f"{type(exc).__name__}: {exc}"
+
+
+class HostSession:
+    """Everything one run does on one host goes through here: one transport, reused."""
+
+    def __init__(
+        self,
+        host: Host,
+        factory: TransportFactory,
+        playbook: Playbook,
+        *,
+        ledger: Ledger | None,
+        run_id: str | None,
+        progress: Progress,
+    ) -> None:
+        self.host = host
+        self.playbook = playbook
+        self.ledger = ledger
+        self.run_id = run_id
+        self.progress = progress
+        self.steps: list[StepResult] = []
+        self._factory = factory
+        self._transport: Transport | None = None
+        self._ops: HostOperations | None = None
+
+    def __enter__(self) -> HostSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    @property
+    def connected(self) -> bool:
+        """Whether a command was (or is being) sent to this host in this session."""
+        return self._ops is not None
+
+    @property
+    def ops(self) -> HostOperations:
+        if self._ops is None:
+            self._transport = self._factory(self.host)
+            self._ops = HostOperations(self._transport, self.host)
+        return self._ops
+
+    @property
+    def engine(self) -> EngineControl:
+        return EngineControl(self.ops, self.host, self.playbook)
+
+    @property
+    def exec_count(self) -> int:
+        return self._transport.exec_count if self._transport is not None else 0
+
+    @property
+    def recorded(self) -> bool:
+        """Whether steps and outcomes go to the ledger (not in a dry run or a plain smoke)."""
+        return self.ledger is not None and self.run_id is not None
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def outcome(
+        self,
+        outcome: Outcome,
+        error: str | None = None,
+        *,
+        file: FileChange | None = None,
+        diff: str | None = None,
+        smoke: SmokeResult | None = None,
+        note: str | None = None,
+    ) -> HostOutcome:
+        """A `HostOutcome` of this host carrying every step so far."""
+        return HostOutcome(
+            self.name, outcome, error, file, tuple(self.steps), diff=diff, smoke=smoke, note=note
+        )
+
+    def refused(self, exc: OpspatchError) -> HostOutcome:
+        """The outcome of a host whose step raised before anything was changed there: its lock
+        is held (`failed`, naming who holds it), its host key is unknown or changed (`failed`:
+        it could not be reached safely), the patch or inventory does not fit (`skipped`, with
+        the reason), or the host could not be reached or refused (`failed`)."""
+        if isinstance(exc, LockHeld):
+            return self.outcome(Outcome.FAILED, f"refused: {exc.detail}")
+        if isinstance(exc, HostKeyError):
+            text = exc.message if not exc.hint else f"{exc.message} ({exc.hint})"
+            return self.outcome(Outcome.FAILED, text)
+        if isinstance(exc, (InputError, TargetError)):
+            return self.outcome(Outcome.SKIPPED, exc.message)
+        return self.outcome(Outcome.FAILED, describe_error(exc))
+
+    def record_outcome(self, outcome: HostOutcome) -> None:
+        """The host's final outcome, into the ledger (when this is a recorded run)."""
+        record_outcome(self.ledger, self.run_id, outcome)
+
+    def record(
+        self, step: str, status: StepStatus, seconds: float | None = None, detail: str = ""
+    ) -> None:
+        if self.ledger is not None and self.run_id is not None:
+            self.ledger.record_step(
+                self.run_id, self.name, step, str(status), seconds, detail[:DETAIL_LIMIT]
+            )
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[dict[str, str]]:
+        """Run one step: progress, a `started` and an `ok`/`failed` ledger record, timing.
+
+        The body may set `note["detail"]` to describe what it did.
+        """
+        note: dict[str, str] = {"detail": ""}
+        self.progress.update(self.name, name, "running")
+        self.record(name, StepStatus.STARTED)
+        started = time.monotonic()
+        try:
+            yield note
+        except BaseException as exc:
+            seconds = time.monotonic() - started
+            detail = describe_error(exc)
+            self.steps.append(StepResult(name, StepStatus.FAILED, seconds, detail))
+            self.record(name, StepStatus.FAILED, seconds, detail)
+            self.progress.update(self.name, name, "failed")
+            raise
+        seconds = time.monotonic() - started
+        self.steps.append(StepResult(name, StepStatus.OK, seconds, note["detail"]))
+        self.record(name, StepStatus.OK, seconds, note["detail"])
+        self.progress.update(self.name, name, "ok")
+
+
+def record_outcome(ledger: Ledger | None, run_id: str | None, outcome: HostOutcome) -> None:
+    """A host's final outcome, into the ledger (a dry run records nothing)."""
+    if ledger is not None and run_id is not None:
+        ledger.record_host_outcome(
+            run_id,
+            outcome.host,
+            str(outcome.outcome),
+            outcome.error,
+            outcome.file.to_json() if outcome.file else None,
+        )

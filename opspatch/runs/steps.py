@@ -1,0 +1,148 @@
+"""The steps apply, rollback and recover share, each a recorded step of a `HostSession`.
+
+`restart_step`, `ready_step` and `smoke_step` turn an engine failure into `HostFailed` (which
+ends a host's pipeline with a reason); `restore_pre_image` puts a pre-image back from the host's
+own backup or the ledger's copy and records it; `release` gives the host's lock back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from opspatch.core.vocabulary import Outcome
+from opspatch.errors import OpspatchError, RemoteOperationError
+from opspatch.hosts.engine import Readiness, RestartResult, SmokeResult
+from opspatch.hosts.operations import RestoreResult
+from opspatch.runs.session import HostFailed, HostSession, describe_error
+
+
+def restore_pre_image(
+    session: HostSession,
+    *,
+    path: str,
+    pre_sha256: str,
+    post_sha256: str,
+    timeout: float,
+    mode: int = 0,
+    owner: str = "",
+) -> RestoreResult:
+    """Put the pre-image back: from the host's own backup, else from the ledger's copy.
+
+    The host's backup is tried first (no bytes cross the network); when it is missing or does
+    not hash to the pre-image, the ledger's copy is sent (the ledger re-hashes it on the way
+    out, so a tampered copy is refused rather than written). When the file changed, the
+    restore is recorded as a file version (the bytes it overwrote are the ledger's post-image).
+
+    Raises:
+        RemoteOperationError: the restore failed on the host (`not-our-file`, `write-failed`...).
+        LedgerIntegrityError, LedgerError: the ledger's copy is missing or not the pre-image.
+    """
+    with session.step("restore") as note:
+        try:
+            restored = session.ops.restore(
+                path, pre_sha256=pre_sha256, current_sha256=post_sha256, timeout=timeout
+            )
+        except RemoteOperationError as exc:
+            if exc.code not in ("backup-missing", "backup-hash-mismatch") or session.ledger is None:
+                raise
+            content = session.ledger.blob(pre_sha256)
+            restored = session.ops.restore(
+                path,
+                pre_sha256=pre_sha256,
+                content=content,
+                current_sha256=post_sha256,
+                timeout=timeout,
+            )
+        note["detail"] = f"back to {restored.sha256_after[:12]} from {restored.source}"
+    if restored.changed and session.ledger is not None and session.run_id is not None:
+        session.ledger.record_file_version(
+            session.run_id,
+            session.name,
+            path=path,
+            sha256_before=restored.sha256_before,
+            sha256_after=restored.sha256_after,
+            mode=mode,
+            owner=owner,
+            pre_image=session.ledger.blob(restored.sha256_before),
+            action="restore",
+        )
+    return restored
+
+
+def restart_step(session: HostSession, *, step: str = "restart") -> RestartResult:
+    """Restart the engine as a recorded step; a failure ends the pipeline (`HostFailed`)."""
+    try:
+        with session.step(step) as note:
+            result = session.engine.restart(step=step)
+            note["detail"] = f"{result.strategy}: pid {result.pid}"
+        return result
+    except OpspatchError as exc:
+        raise HostFailed(Outcome.FAILED, f"{step}: {describe_error(exc)}") from exc
+
+
+def ready_step(
+    session: HostSession,
+    restart: RestartResult | None,
+    *,
+    step: str = "ready",
+    timeout: float | None = None,
+) -> Readiness:
+    """Wait until the engine is ready, as a recorded step (`HostFailed` when it is not).
+
+    `timeout` overrides the playbook's `ready` deadline (the restore path has its own).
+    """
+    try:
+        with session.step(step) as note:
+            ready = session.engine.wait_ready(restart, step=step, timeout=timeout)
+            note["detail"] = f"/health 200 after {ready.seconds:.1f}s ({ready.polls} polls)"
+        return ready
+    except OpspatchError as exc:
+        raise HostFailed(Outcome.FAILED, f"{step}: {describe_error(exc)}") from exc
+
+
+def smoke_step(
+    session: HostSession,
+    restart: RestartResult | None,
+    *,
+    baseline: Sequence[str | None] | None,
+    step: str = "smoke",
+    must_pass: bool = True,
+) -> SmokeResult:
+    """The smoke decode as a recorded step; with `must_pass`, a failed check ends the pipeline
+    (`HostFailed`), otherwise the result is returned for the caller to report."""
+    try:
+        with session.step(step) as note:
+            result = session.engine.smoke(
+                log_offset=restart.log_offset if restart else None, baseline=baseline, step=step
+            )
+            note["detail"] = result.summary()
+            if must_pass and not result.ok:
+                raise HostFailed(Outcome.FAILED, f"smoke failed: {result.summary()}")
+        return result
+    except OpspatchError as exc:
+        raise HostFailed(Outcome.FAILED, f"{step}: {describe_error(exc)}") from exc
+
+
+def restart_after_restore(session: HostSession) -> RestartResult:
+    """Restart after a restore and wait with the restore path's own deadline (playbook
+    `timeouts.restore_ready`): an operator who shortens `ready` to catch a start-up hang must
+    not turn every slow but healthy restore into needs-attention."""
+    restart = restart_step(session, step="restart-after-restore")
+    ready_step(
+        session,
+        restart,
+        step="ready-after-restore",
+        timeout=session.playbook.timeouts.restore_ready,
+    )
+    return restart
+
+
+def release(session: HostSession) -> None:
+    """Release the host's lock held by this run (best effort: it expires on its own)."""
+    if session.run_id is None or not session.connected:
+        return
+    try:
+        with session.step("release"):
+            session.ops.unlock(run_id=session.run_id, timeout=session.playbook.timeouts.lock)
+    except OpspatchError:
+        pass  # the lock expires on its own; the outcome is already decided
