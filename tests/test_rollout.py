@@ -175,7 +175,9 @@ def test_rollback_after_crash_reports_the_smoke_beside_restored(fleet: SandboxFl
     assert host["outcome"] == "restored"
     # the original code is exactly what was broken: the smoke after the restore says so
     assert host["smoke"]["ok"] is False
-    assert "connection dropped" in " ".join(host["smoke"]["failures"])
+    failures = " ".join(host["smoke"]["failures"])
+    assert "the server crashed: AttributeError: 'EAGLEWorkerV2' object has no attribute" in failures
+    assert "eagle_worker_v2.py" in failures  # where it was raised
 
 
 def test_dry_run_changes_nothing(fleet: SandboxFleet) -> None:
@@ -234,7 +236,9 @@ def test_version_gate_uses_the_distribution_that_owns_the_file(fleet: SandboxFle
     """A patch for another distribution's build (a fork published as `sglang-fork`) must not
     pass the gate on the sandbox's own sglang 0.5.23 (before: the gate was off for any
     distribution but `sglang`); and one for sglang outside its range is refused too."""
-    base = (Path(__file__).resolve().parent.parent / "patches" / "eagle-init-guard.toml").read_text()
+    base = (
+        Path(__file__).resolve().parent.parent / "patches" / "eagle-init-guard.toml"
+    ).read_text()
     fork = base.replace('id = "eagle-init-guard"', 'id = "fork-guard"').replace(
         'distribution = "sglang"', 'distribution = "sglang-fork"'
     )
