@@ -73,3 +73,55 @@ def test_readiness_polls_at_one_short_fixed_interval(
     # and never more often than that (a starting server is not flooded)
     assert slept == [READY_POLL_SECONDS] * 12
     assert 0.05 <= READY_POLL_SECONDS <= 0.1
+
+
+# ---------------------------------------------------------------------------------------------
+# a decode with no answer: a timeout told from a crash
+
+CRASH_LOG = (
+    "[2026-11-30 02:50:20 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+    '  File "/srv/eagle_worker_v2.py", line 613, in forward\n'
+    "AttributeError: no attribute 'spec_disable_batch_threshold'\n"
+)
+WHERE = '(File "/srv/eagle_worker_v2.py", line 613, in forward)'
+
+
+def exited_pid() -> int:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True
+    )
+    return int(done.stdout)
+
+
+def test_a_decode_without_answer_is_told_apart() -> None:
+    import os
+
+    from opspatch.hosts.agent.engine import NoAnswer, explain_no_answer
+
+    timeout = NoAnswer("TimeoutError: timed out", timed_out=True)
+    dropped = NoAnswer("RemoteDisconnected: Remote end closed connection without response")
+    me = os.getpid()
+    assert explain_no_answer(timeout, 2.97, me, "") == (
+        f"did not answer within 3s; the server (pid {me}) is still running"
+    )
+    assert explain_no_answer(timeout, 3, me, CRASH_LOG) == (
+        f"did not answer within 3s; the server (pid {me}) is still running; its log records "
+        f"AttributeError: no attribute 'spec_disable_batch_threshold' {WHERE}"
+    )
+    assert explain_no_answer(dropped, 3, me, CRASH_LOG) == (
+        f"the server crashed: AttributeError: no attribute 'spec_disable_batch_threshold' {WHERE}"
+    )
+    gone = exited_pid()
+    assert explain_no_answer(timeout, 3, gone, CRASH_LOG).startswith("the server crashed: ")
+    assert explain_no_answer(dropped, 3, gone, "") == (
+        f"the server (pid {gone}) exited while decoding ({dropped}); its log records no exception"
+    )
+    assert explain_no_answer(dropped, 3, None, "") == (
+        f"the connection was dropped ({dropped}); no server process was found"
+    )
+    assert explain_no_answer(timeout, 3, None, "") == (
+        "did not answer within 3s; no server process was found"
+    )

@@ -31,7 +31,7 @@ READY_POLL_SECONDS = 0.1
 """Seconds between two /health polls while an engine starts."""
 
 
-class _Dropped(Exception):
+class NoAnswer(Exception):
     """No answer: the connection was refused or dropped (the server crashed, as SGLang does) or,
     with `timed_out`, the server did not answer in time."""
 
@@ -41,7 +41,7 @@ class _Dropped(Exception):
 
 
 def _http(method: str, url: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, bytes]:
-    """One HTTP request; (status, body). No answer raises `_Dropped`."""
+    """One HTTP request; (status, body). No answer raises `NoAnswer`."""
     import http.client
     import socket
     import urllib.error
@@ -59,7 +59,7 @@ def _http(method: str, url: str, body: dict[str, Any] | None, timeout: float) ->
     except (urllib.error.URLError, http.client.HTTPException, ConnectionError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         timed_out = isinstance(reason, socket.timeout)  # TimeoutError from Python 3.10 on
-        raise _Dropped(f"{type(reason).__name__}: {reason}", timed_out) from None
+        raise NoAnswer(f"{type(reason).__name__}: {reason}", timed_out) from None
 
 
 def _port(url: str) -> int | None:
@@ -76,19 +76,21 @@ def _seconds(value: float) -> str:
     return f"{round(value, 1):g}s"
 
 
-def explain_no_answer(dropped: _Dropped, waited: float, server: int | None, log_text: str) -> str:
+def explain_no_answer(dropped: NoAnswer, waited: float, server: int | None, log_text: str) -> str:
     """Why a /generate got no answer, told apart: the server crashed (its log records an
     exception since the restart: shown with where it was raised), it did not answer in time
-    while still running, or it exited or dropped the connection without logging why."""
+    while still running (with the exception its log records, if any: a scheduler that died
+    under a living HTTP server), or it exited or dropped the connection without logging why."""
     found = find_tracebacks(log_text)
-    if found:
-        return f"the server crashed: {describe_exception(found[-1])}"
     running = server is not None and alive(server)
     where = f"the server (pid {server})" if server is not None else "the server"
+    if found and not (dropped.timed_out and running):
+        return f"the server crashed: {describe_exception(found[-1])}"
     if dropped.timed_out:
         head = f"did not answer within {_seconds(waited)}"
         if running:
-            return f"{head}; {where} is still running"
+            logged = f"; its log records {describe_exception(found[-1])}" if found else ""
+            return f"{head}; {where} is still running{logged}"
         if server is None:
             return f"{head}; no server process was found"
         return f"{head}; {where} has exited and its log records no exception"
@@ -126,7 +128,7 @@ def op_wait_ready(args: Args) -> Result:
             if status == 200:
                 return {"seconds": round(time.monotonic() - started, 3), "polls": polls}
             last = f"/health answered {status}"
-        except _Dropped as exc:
+        except NoAnswer as exc:
             last = f"/health: {exc}"
         if pid is not None and not alive(int(pid)):
             said, evidence = failure_evidence(log_since(log_file, offset))
@@ -185,7 +187,7 @@ def op_smoke(args: Args) -> Result:
         waited = max(1.0, deadline - time.monotonic())
         try:
             status, raw = _http("POST", url + "/generate", body, timeout=waited)
-        except _Dropped as exc:
+        except NoAnswer as exc:
             server = find_server_pid(args.get("pid"), args.get("pid_file"), _port(url))
             log_text = log_since(log_file, offset)
             if not find_tracebacks(log_text) and not (server is not None and alive(server)):
