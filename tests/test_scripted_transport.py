@@ -233,3 +233,18 @@ def test_a_failed_engine_step_keeps_the_engine_log_tail_and_exception(tmp_path: 
     assert caught.value.step == "ready"
     assert caught.value.data == {"log_tail": tail, "exception": exception}
     assert "ImportError: cannot import name 'x'" in caught.value.message
+
+
+def test_host_operations_import_no_ssh_library() -> None:
+    """Paramiko and fabric load with the first SSH host, not with the hosts layer."""
+    import subprocess
+
+    code = (
+        "import sys, opspatch.hosts.operations, opspatch.hosts.engine; "
+        "print(sorted(m for m in ('paramiko', 'fabric') if m in sys.modules))"
+    )
+    repo = Path(__file__).resolve().parent.parent  # `-c` imports from the current folder first
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo
+    )
+    assert done.stdout.strip() == "[]"
