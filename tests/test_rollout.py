@@ -175,7 +175,9 @@ def test_rollback_after_crash_reports_the_smoke_beside_restored(fleet: SandboxFl
     assert host["outcome"] == "restored"
     # the original code is exactly what was broken: the smoke after the restore says so
     assert host["smoke"]["ok"] is False
-    assert "connection dropped" in " ".join(host["smoke"]["failures"])
+    failures = " ".join(host["smoke"]["failures"])
+    assert "the server crashed: AttributeError: 'EAGLEWorkerV2' object has no attribute" in failures
+    assert "eagle_worker_v2.py" in failures  # where it was raised
 
 
 def test_dry_run_changes_nothing(fleet: SandboxFleet) -> None:

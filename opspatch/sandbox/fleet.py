@@ -61,7 +61,7 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, StepTimeouts
 from opspatch.core.spec import LoadedPatch
 from opspatch.errors import HostError, InputError, OpspatchError
-from opspatch.hosts.agent import stop_process_tree
+from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.hosts.engine import EngineControl, RestartResult
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.base import Command
@@ -1013,7 +1013,7 @@ def _patch_states(host: Host, patches: Sequence[LoadedPatch]) -> tuple[list[Patc
     notes: list[str] = []
     for module, group in by_module.items():
         try:
-            seen = ops.inspect(module, probe_cuda=False)
+            seen = ops.inspect(module, timeout=StepTimeouts().inspect)
         except OpspatchError as exc:
             notes.append(f"{module}: {exc.detail if isinstance(exc, HostError) else exc.message}")
             continue
