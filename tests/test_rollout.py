@@ -210,8 +210,8 @@ def test_round_trips_per_host(fleet: SandboxFleet, tmp_path: Path) -> None:
     """plan is one exec per host; apply is six (begin, swap, restart, ready, smoke, release)."""
     from opspatch.config.patches import load_patch
     from opspatch.core.policy import Playbook
+    from opspatch.hosts.operations import open_transport
     from opspatch.runs.apply import apply_to_hosts
-    from opspatch.runs.connect import open_transport
 
     patch = load_patch(Path(__file__).resolve().parent.parent / "patches" / "eagle-init-guard.toml")
     hosts = [fleet.hosts[n] for n in fleet.names]
