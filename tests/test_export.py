@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from opspatch.analysis.export import export_diff, git_blob_sha1, normalize_prefix, render_mail
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
-from opspatch.core.export import export_diff, git_blob_sha1, normalize_prefix, render_mail
 from opspatch.core.spec import PatchSpec
 from opspatch.errors import InputError, TargetError
 from tests.patchkit import make_patch

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from opspatch.analysis.fixes import parse_exception_line, patches_fixing
+from opspatch.analysis.initlint import InitLintReport, lint_init, write_guard_patch
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import AlreadyApplied, Applied, apply_patch, reverse
-from opspatch.core.fixes import parse_exception_line, patches_fixing
-from opspatch.core.initlint import InitLintReport, lint_init, write_guard_patch
 from opspatch.core.spec import PatchSpec
 from opspatch.core.validate import check_compiles
 from opspatch.errors import InputError

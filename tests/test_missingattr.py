@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from opspatch.config.patches import load_patch
-from opspatch.core.classgraph import ClassGraph
-from opspatch.core.edit import Applied, apply_patch
-from opspatch.core.fixes import parse_exception_line, patches_fixing
-from opspatch.core.initprogress import init_progress, message_pattern
-from opspatch.core.missingattr import (
+from opspatch.analysis.classgraph import ClassGraph
+from opspatch.analysis.fixes import parse_exception_line, patches_fixing
+from opspatch.analysis.initprogress import init_progress, message_pattern
+from opspatch.analysis.missingattr import (
     MissingAttribute,
     MissingAttributeReport,
     analyze_missing_attribute,
     parse_missing_attribute,
 )
+from opspatch.config.patches import load_patch
+from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.spec import patch_json_schema
 from opspatch.errors import SpecError
 

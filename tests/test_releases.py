@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
+from opspatch.analysis.portability import evaluate_release
 from opspatch.config.patches import load_patch
-from opspatch.core.portability import evaluate_release
 from opspatch.core.spec import PatchSpec
 from opspatch.errors import InputError
 from opspatch.runs.releases import (

@@ -18,7 +18,7 @@ from opspatch.cli.render import emit_json, err, out
 from opspatch.errors import InputError
 
 if TYPE_CHECKING:
-    from opspatch.core.portability import ReleaseMatrix
+    from opspatch.analysis.portability import ReleaseMatrix
     from opspatch.core.spec import LoadedPatch
 
 
@@ -61,8 +61,8 @@ def lint_init(
 ) -> None:
     """Partial-initialisation hazards: attributes read elsewhere but assigned in __init__ only
     after a call that can raise, or only in an __init__ a subclass skips."""
-    from opspatch.core.initlint import lint_init as analyse
-    from opspatch.core.initlint import write_guard_patch
+    from opspatch.analysis.initlint import lint_init as analyse
+    from opspatch.analysis.initlint import write_guard_patch
 
     if not file.is_file():
         raise InputError(f"{file}: no such file")
@@ -139,7 +139,7 @@ def export(
 ) -> None:
     """An upstreamable change: the patch as a unified diff with a/ b/ paths, or a
     git format-patch mail whose subject is the summary and body the rationale."""
-    from opspatch.core.export import export_diff, render_mail
+    from opspatch.analysis.export import export_diff, render_mail
 
     if output_format not in ("diff", "git"):
         raise InputError(f"--format {output_format!r}: expected diff or git")

@@ -1,8 +1,13 @@
 """Runs: what opspatch does to a fleet, built from host operations and recorded in the ledger.
 
-Lives here: the per-host pipeline of an apply (`apply`), rollback and recover (`restore`), runs
-on a local file (`localfile`), the live status of patches (`status`).
+Lives here: one host within a run (`session`: its transport, operations, engine control and the
+step recorder) and the steps runs share (`steps`); the fleet executor (`executor`: batches,
+in-flight limit, halt policy, Ctrl-C); the ledger ceremony (`recorded`); what a run reports
+(`report`); apply (`apply`), rollback (`restore`), recover and unlock (`recover`), runs on a
+local file (`localfile`), the smoke decode alone (`smoke`), live status (`status`), the release
+matrix's fetching (`releases`), and how transports are opened (`connect`).
 
-May import: `opspatch.hosts`, `opspatch.ledger`, `opspatch.config`, `opspatch.core` and
-`opspatch.errors`. Never the CLI: every run returns a report value, and printing it is the CLI's.
+May import: `opspatch.hosts`, `opspatch.ledger`, `opspatch.config`, `opspatch.analysis`,
+`opspatch.core` and `opspatch.errors`. Never the CLI: every run returns a report value, and
+printing it is the CLI's.
 """

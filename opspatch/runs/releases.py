@@ -1,6 +1,6 @@
 """Fetch the released files of a patch's target and check the patch on each (`check --releases`).
 
-The effects behind the portability matrix (`opspatch.core.portability` judges):
+The effects behind the portability matrix (`opspatch.analysis.portability` judges):
 
 1. list the releases of the target distribution in the patch's range (or a given SPEC) from the
    package index's JSON API (`<index>/pypi/<name>/json`; yanked files and releases without files
@@ -34,7 +34,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from opspatch.core.portability import (
+from opspatch.analysis.portability import (
     ReleaseMatrix,
     ReleaseResult,
     UncheckedRelease,

@@ -15,7 +15,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from opspatch.core.classgraph import ClassGraph, ClassInfo, FunctionNode, self_name
+from opspatch.analysis.classgraph import ClassGraph, ClassInfo, FunctionNode, self_name
 
 ZERO_OF = {"int": "0", "float": "0.0", "bool": "False", "str": '""', "bytes": 'b""'}
 

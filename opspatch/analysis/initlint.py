@@ -30,8 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opspatch.core.anchors import first_line
-from opspatch.core.classgraph import (
+from opspatch.analysis.classgraph import (
     DEFAULT_IGNORED_CALLS,
     ClassGraph,
     ClassInfo,
@@ -45,7 +44,8 @@ from opspatch.core.classgraph import (
     statement_assigned_attributes,
     statements_run,
 )
-from opspatch.core.guarddefault import GuardDefault, infer_default
+from opspatch.analysis.guarddefault import GuardDefault, infer_default
+from opspatch.core.anchors import first_line
 from opspatch.errors import InputError
 
 # Class decorators and bases under which a class-level assignment is not an inert default: it

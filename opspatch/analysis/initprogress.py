@@ -21,8 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opspatch.core.anchors import dotted_name, first_line, last_line
-from opspatch.core.classgraph import (
+from opspatch.analysis.classgraph import (
     DEFAULT_IGNORED_CALLS,
     ClassGraph,
     ClassInfo,
@@ -32,6 +31,7 @@ from opspatch.core.classgraph import (
     describe_statement,
     self_name,
 )
+from opspatch.core.anchors import dotted_name, first_line, last_line
 
 MIN_LITERAL_CHARS = 8
 _MAX_DEPTH = 3

@@ -25,8 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opspatch.core.anchors import first_line
-from opspatch.core.classgraph import (
+from opspatch.analysis.classgraph import (
     DEFAULT_IGNORED_CALLS,
     ClassGraph,
     ClassInfo,
@@ -36,7 +35,8 @@ from opspatch.core.classgraph import (
     statement_assigned_attributes,
     statements_run,
 )
-from opspatch.core.initprogress import InitProgress, init_progress
+from opspatch.analysis.initprogress import InitProgress, init_progress
+from opspatch.core.anchors import first_line
 
 _MESSAGE = re.compile(
     r"(?:AttributeError:\s*)?'(?P<cls>[A-Za-z_][\w.]*)' object has no attribute '(?P<attr>\w+)'"
