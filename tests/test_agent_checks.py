@@ -228,3 +228,18 @@ def test_the_relevant_tail_keeps_the_exception_and_its_frame_within_bounds() -> 
     assert relevant_tail(noise, max_lines=3).splitlines()[0].endswith("part 37")
     huge = "x" * 10_000 + "\n" + "y" * 10
     assert len(relevant_tail(huge, max_bytes=600).encode()) <= 600
+
+
+def test_the_relevant_tail_leaves_out_our_own_health_polls() -> None:
+    """Readiness polls write an access-log line each; in a failure's tail they would push out
+    what the engine said (its warm-up delay, its traceback)."""
+    from opspatch.hosts.agent.checks import relevant_tail
+
+    said = "[2026-12-01 10:00:00] Delaying warm-up by 30 s"
+    polls = [
+        f'[2026-12-01 10:00:{i:02}] INFO:     127.0.0.1:5{i} - "GET /health HTTP/1.1" 503 Service Unavailable'
+        for i in range(40)
+    ]
+    tail = relevant_tail("\n".join([said, *polls, "[2026-12-01 10:00:41] still waiting"]))
+    assert said in tail and "still waiting" in tail
+    assert "/health" not in tail

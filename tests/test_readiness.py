@@ -11,6 +11,7 @@ import http.server
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -73,6 +74,67 @@ def test_readiness_polls_at_one_short_fixed_interval(
     # and never more often than that (a starting server is not flooded)
     assert slept == [READY_POLL_SECONDS] * 12
     assert 0.05 <= READY_POLL_SECONDS <= 0.1
+
+
+class LoggingStartingServer(StartingServer):
+    """Writes an access-log line for every request into `log`, as uvicorn does."""
+
+    def __init__(self, log: Path) -> None:
+        super().__init__(starting=10**9)  # 503 until `ready_now()`
+        self.log = log
+
+    def ready_now(self) -> None:
+        self.starting = self.requests  # every later request answers 200
+        with self.log.open("a") as handle:
+            handle.write("[2026-12-01 10:00:00] The server is fired up and ready to roll!\n")
+
+
+class _LoggedHealth(_Health):
+    server: LoggingStartingServer
+
+    def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+        super().do_GET()
+        status = 503 if self.server.requests <= self.server.starting else 200
+        with self.server.log.open("a") as handle:
+            handle.write(
+                f'[2026-12-01 10:00:00] INFO:     127.0.0.1:5 - "GET /health HTTP/1.1" {status}\n'
+            )
+
+
+def test_readiness_watches_the_log_and_polls_when_the_engine_says_something(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the log is silent (our own polls' access lines do not count) /health is not asked
+    again before the quiet interval; the moment the engine logs that it is ready, it is asked."""
+    log = tmp_path / "server.log"
+    log.write_text("[2026-12-01 09:59:59] Load weight begin.\n")
+    server = LoggingStartingServer(log)
+    server.RequestHandlerClass = _LoggedHealth
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    looks: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        looks.append(seconds)
+        if len(looks) == 8:
+            server.ready_now()
+        time.sleep(seconds)
+
+    monkeypatch.setattr(agent_engine, "QUIET_POLL_SECONDS", 10_000.0)  # only news makes a poll
+    monkeypatch.setattr(
+        agent_engine, "time", SimpleNamespace(monotonic=time.monotonic, time=time.time, sleep=sleep)
+    )
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        ready = op_wait_ready(
+            {"url": url, "timeout": 600, "pid": None, "log_file": str(log), "log_offset": 0}
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    # one poll at the start, none while only our own access line was new, one on the ready line
+    assert ready["polls"] == 2 == server.requests
+    assert len(looks) == 8  # noticed at the first look after the engine said so
 
 
 # ---------------------------------------------------------------------------------------------

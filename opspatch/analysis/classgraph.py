@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from opspatch.core.anchors import call_matches, dotted_name, first_line, iter_definitions
+from opspatch.core.syntax import parse_python
 from opspatch.errors import InputError
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
@@ -229,7 +230,7 @@ class ClassGraph:
         self.texts: dict[str, str] = {}
         self.skipped: list[str] = []
         try:
-            self.trees[main_path] = ast.parse(main_text)
+            self.trees[main_path] = parse_python(main_text)
         except SyntaxError as exc:
             raise InputError(
                 f"{main_path}:{exc.lineno or 0}: not Python: {exc.msg}",
@@ -240,7 +241,7 @@ class ClassGraph:
             if path == main_path:
                 continue
             try:
-                self.trees[path] = ast.parse(text)
+                self.trees[path] = parse_python(text)
                 self.texts[path] = text
             except SyntaxError:
                 self.skipped.append(path)

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 from opspatch.analysis.classgraph import ClassGraph, ClassInfo, FunctionNode, self_name
+from opspatch.core.syntax import parse_python
 
 ZERO_OF = {"int": "0", "float": "0.0", "bool": "False", "str": '""', "bytes": 'b""'}
 
@@ -40,7 +41,7 @@ def _annotation_default(annotation: ast.expr) -> tuple[str, bool]:
     """(default value, whether the annotation already admits None) for an annotation."""
     if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
         try:
-            annotation = ast.parse(annotation.value, mode="eval").body
+            annotation = parse_python(annotation.value, mode="eval").body
         except SyntaxError:
             return "None", False
     text = ast.unparse(annotation)

@@ -13,7 +13,6 @@ releases that could not be checked (and why). Fetching releases is `opspatch.run
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from opspatch.core.edit import (
     unapply,
 )
 from opspatch.core.spec import PatchSpec, ReplaceEdit
+from opspatch.core.syntax import parse_python
 from opspatch.core.validate import check_postconditions
 
 # NotApplicable reasons that mean the edits were placed but the result was refused (edit.py).
@@ -99,7 +99,7 @@ def evaluate_release(patch: PatchSpec, version: str, source: bytes) -> ReleaseRe
     in_range = _in_range(patch, version)
     placed = apply_patch(source, patch.model_copy(update={"postconditions": []}))
     if isinstance(placed, AlreadyApplied):
-        holds = not check_postconditions(ast.parse(source), patch)
+        holds = not check_postconditions(parse_python(source), patch)
         return ReleaseResult(
             version, in_range, applies=True, validates=True, postconditions=holds,
             idempotent=True, already_applied=True,
@@ -116,7 +116,7 @@ def evaluate_release(patch: PatchSpec, version: str, source: bytes) -> ReleaseRe
             field=placed.field,
             candidates=placed.candidates,
         )
-    problems = check_postconditions(ast.parse(placed.new_source), patch)
+    problems = check_postconditions(parse_python(placed.new_source), patch)
     if problems:
         return ReleaseResult(
             version, in_range, applies=True, validates=True, postconditions=False,

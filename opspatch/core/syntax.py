@@ -13,12 +13,21 @@ Pure: text in, syntax tree out.
 from __future__ import annotations
 
 import ast
+import threading
 from typing import Literal, overload
 
 MAX_AST_DEPTH = 150
 """Deepest syntax tree accepted. Real code stays below it (the deepest file of the standard
 library and of torch is under 100 levels); the walks after parsing (`copy.deepcopy`, the node
 transformers) take several of Python's 1000 frames per level and fail from about 250 levels."""
+
+
+_PARSE = threading.Lock()
+"""One `ast.parse` at a time in this process. CPython 3.11 (and 3.12 before its fix for
+gh-106905) keeps the recursion depth of the C-to-Python tree conversion in per-interpreter
+state, so two threads parsing at once (the preflight plans hosts in parallel) can fail with
+`SystemError: AST constructor recursion depth mismatch`. Seen in a dry run over three hosts;
+parsing is a few milliseconds, so serialising it costs nothing that matters."""
 
 
 class NestingTooDeep(SyntaxError):
@@ -58,7 +67,8 @@ def parse_python(
         SyntaxError: the code does not parse; `NestingTooDeep` when it is nested too deeply.
     """
     try:
-        tree = ast.parse(source, filename, mode, feature_version=feature_version)
+        with _PARSE:
+            tree = ast.parse(source, filename, mode, feature_version=feature_version)
     except (RecursionError, MemoryError):
         raise NestingTooDeep(
             "nested too deeply for Python's parser (a very long or very deep expression)"

@@ -202,10 +202,21 @@ def group_tracebacks(tracebacks: Sequence[Result]) -> list[Result]:
     return list(groups.values())
 
 
+_HEALTH_ACCESS_LINE = re.compile(r'"(?:GET|HEAD) /(?:health|health_generate|ready)(?:\?\S*)? HTTP/')
+
+
+def is_health_poll(line: str) -> bool:
+    """Whether a log line is the server's access-log entry for a /health (or /ready) request:
+    opspatch's own readiness polls, which say nothing about why a server failed."""
+    return _HEALTH_ACCESS_LINE.search(line) is not None
+
+
 def relevant_tail(text: str, max_lines: int = 20, max_bytes: int = 4096) -> str:
     """The log's last lines, bounded (`max_lines`, `max_bytes`), that always show the last
     traceback's exception line and final frame: when they are older than the last lines, they
-    come first, followed by `[...]`."""
+    come first, followed by `[...]`. The access-log lines of health polls (ours, while waiting
+    for readiness) are left out: they would push out what the engine itself said."""
+    text = "\n".join(line for line in text.splitlines() if not is_health_poll(line))
     lines = [line[:_MAX_LINE] for line in text.rstrip().splitlines()]
     found = find_tracebacks(text)
     needed: list[int] = []
