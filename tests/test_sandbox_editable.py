@@ -370,6 +370,9 @@ def test_incident_fix_and_rollback_on_an_editable_sandbox_as_git_sees_them(
             n: "applied" for n in names
         }
 
+        if not over_ssh:  # every engine runs the fixed code now
+            _up_keeps_the_shape_and_refuses_the_other(fleet)
+
         # Rollback: HEAD's bytes back, and git sees a clean checkout again.
         back = fleet.opspatch(
             "rollback", "eagle-init-guard", "--hosts", fleet.inventory, "--yes", "--json"
@@ -380,9 +383,6 @@ def test_incident_fix_and_rollback_on_an_editable_sandbox_as_git_sees_them(
             assert fleet.file(name).read_bytes() == pristine[name]
             assert git(fleet.checkout(name), "status", "--porcelain") == ""
             assert git(fleet.checkout(name), "rev-parse", "HEAD").strip() == head[name]
-
-        if not over_ssh:
-            _up_keeps_the_shape_and_refuses_the_other(fleet)
     finally:
         fleet.close()
 
