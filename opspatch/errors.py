@@ -181,7 +181,24 @@ class LockHeld(RemoteOperationError):
 
 
 class EngineError(HostError):
-    """Restarting the engine, waiting for it to be ready, or the smoke decode failed."""
+    """Restarting the engine, waiting for it to be ready, or the smoke decode failed.
+
+    `data` carries what the engine itself said, when the host sent it: `log_tail` (its last
+    relevant log lines, bounded) and `exception` (the traceback found in its log: type, message,
+    final frame).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        host: str = "",
+        step: str = "",
+        data: dict[str, Any] | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, host=host, step=step, hint=hint)
+        self.data = data or {}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -152,14 +152,71 @@ def test_insert_at_class_level_after_class_docstring() -> None:
         '''
         class Worker:
             """Doc."""
-            # opspatch:t-patch
+            # opspatch:t-patch+blank
             threshold: int = 0
+
             @property
             def x(self):
                 return 1
         '''
     )
     assert_golden(before, patch, expected)
+
+
+def test_a_class_level_block_brings_its_blank_line_and_unapply_takes_exactly_it_away() -> None:
+    """Before a method the block is set apart by a blank line it adds (the marker records it),
+    so the structural unapply removes that line and no other; where a blank line already
+    follows the insertion point, none is added (issue 11)."""
+    patch = """
+    [[edits]]
+    kind = "insert"
+    scope = "Worker"
+    comment = "safe default"
+    code = "threshold: int = 0"
+    """
+    glued = src(
+        """
+        class Worker:
+            def __init__(self):
+                self.threshold = 5
+        """
+    )
+    assert_golden(
+        glued,
+        patch,
+        src(
+            """
+            class Worker:
+                # opspatch:t-patch+blank: safe default
+                threshold: int = 0
+
+                def __init__(self):
+                    self.threshold = 5
+            """
+        ),
+    )
+    spaced = src(
+        """
+        class Worker:
+
+            def __init__(self):
+                self.threshold = 5
+        """
+    )
+    assert_golden(
+        spaced,
+        patch,
+        src(
+            """
+            class Worker:
+                # opspatch:t-patch: safe default
+                threshold: int = 0
+
+                def __init__(self):
+                    self.threshold = 5
+            """
+        ),
+    )
 
 
 def test_insert_at_class_start_above_a_decorated_first_method() -> None:
@@ -184,8 +241,9 @@ def test_insert_at_class_start_above_a_decorated_first_method() -> None:
         class Worker(
             Base,
         ):
-            # opspatch:t-patch
+            # opspatch:t-patch+blank
             threshold = 0
+
             @property
             def x(self):
                 return 1

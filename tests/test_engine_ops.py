@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -20,7 +21,7 @@ from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, SmokePrompt, SmokeSettings, StepTimeouts
 from opspatch.errors import EngineError
-from opspatch.hosts.agent import stop_process_tree
+from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.hosts.engine import EngineControl
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.local import LocalTransport
@@ -207,6 +208,60 @@ def test_engine_exiting_before_ready_fails_fast_with_log_tail(
             ctl.wait_ready(restart)
         assert time.monotonic() - started < 60
         assert "exited before it was ready" in caught.value.message
+        # the engine's own words travel with the error: its log since the restart, bounded
+        tail = caught.value.data["log_tail"]
+        assert "Initialization failed. warmup error" in tail
+        assert len(tail.splitlines()) <= 20 and len(tail.encode()) <= 4096
+    finally:
+        _stop(host)
+
+
+def script_host(python: Path, work: Path, script: str) -> Host:
+    """A host whose start command runs `script` (a Python file written to `work`)."""
+    (work / "server.py").write_text(textwrap.dedent(script))
+    port = free_port()
+    text = textwrap.dedent(
+        f"""
+        [hosts.h1]
+        address = "127.0.0.1"
+        transport = "local"
+        state_dir = "{work}/state"
+        [hosts.h1.engine]
+        python = "{python}"
+        url = "http://127.0.0.1:{port}"
+        log_file = "{work}/server.log"
+        restart = {{ kind = "command", start = "{python} {work}/server.py", pid_file = "{work}/server.pid", workdir = "{work}", stop_timeout = 5 }}
+        """
+    )
+    return parse_inventory(text, str(work / "inv.toml"), name="test").hosts[0]
+
+
+def test_an_import_error_at_start_up_is_in_the_error_with_its_frame(tmp_path: Path) -> None:
+    (tmp_path / "eagle_helpers.py").write_text("present = 1\n")
+    host = script_host(
+        Path(sys.executable),
+        tmp_path,
+        """\
+        import time; time.sleep(1)  # exits after the restart has seen it start
+        from eagle_helpers import missing_name
+        time.sleep(60)
+        """,
+    )
+    try:
+        ctl = control(host)
+        with pytest.raises(EngineError) as caught:
+            # one block: on a machine slow enough to take 1 s for 0.2 s, the restart sees the exit
+            ctl.wait_ready(ctl.restart())
+        error = caught.value
+        exception = "ImportError: cannot import name 'missing_name' from 'eagle_helpers'"
+        frame = f'File "{tmp_path}/server.py", line 2, in <module>'
+        assert error.step in ("ready", "restart")
+        assert f": {exception}" in error.message
+        assert f"({frame})" in error.message
+        assert error.data["exception"]["type"] == "ImportError"
+        assert error.data["exception"]["lineno"] == 2
+        assert exception in error.data["log_tail"]
+        assert frame in error.data["log_tail"]
     finally:
         _stop(host)
 
@@ -227,11 +282,69 @@ def test_engine_never_ready_times_out(host_python: Path, tmp_path: Path) -> None
     try:
         ctl = control(host, timeouts=StepTimeouts(ready=2))
         restart = ctl.restart()
+        log = Path(host.engine.log_file or "")
+        # hung in its start-up: what it logged so far must reach the operator
+        assert wait_until(lambda: "Delaying warm-up" in log.read_text(), 120)
         with pytest.raises(EngineError) as caught:
             ctl.wait_ready(restart)
         assert "not ready after 2s" in caught.value.message
+        assert "Delaying warm-up by 30 s" in caught.value.data["log_tail"]
     finally:
         _stop(host)
+
+
+@pytest.fixture(scope="module")
+def unpatched_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A host venv with the stand-in as shipped: its first speculative decode crashes."""
+    return make_host_python(tmp_path_factory.mktemp("unpatched-host"))
+
+
+def test_a_decode_crash_names_the_exception_and_where_it_was_raised(
+    unpatched_python: Path, tmp_path: Path
+) -> None:
+    host = command_host(unpatched_python, tmp_path)
+    try:
+        ctl = control(host, smoke=SmokeSettings(prompts=(SmokePrompt("The capital of"),)))
+        restart = ctl.restart()
+        ctl.wait_ready(restart)
+        result = ctl.smoke(log_offset=restart.log_offset, pid=restart.pid)
+        assert not result.ok
+        crash = (
+            "AttributeError: 'EAGLEWorkerV2' object has no attribute "
+            "'spec_disable_batch_threshold' (File \""
+        )
+        assert result.failures[0].startswith(f"prompt 1: the server crashed: {crash}")
+        assert 'eagle_worker_v2.py", line ' in result.failures[0]
+        # the log scan shows the exception too, not the line its pattern matched
+        assert result.failures[-1].startswith(f"server log: {crash}")
+        assert "Traceback (most recent call last)" not in result.summary()
+        assert [(e["type"], e["count"]) for e in result.exceptions] == [("AttributeError", 1)]
+        assert "AttributeError" in result.log_tail
+    finally:
+        _stop(host)
+
+
+def test_a_decode_that_hangs_is_told_from_a_crash(engine: tuple[Host, EngineControl]) -> None:
+    host, _ = engine
+    ctl = control(
+        host,
+        smoke=SmokeSettings(prompts=(SmokePrompt("The capital of"),)),
+        timeouts=StepTimeouts(smoke=3),
+    )
+    restart = ctl.restart()
+    ctl.wait_ready(restart)
+    assert restart.pid is not None
+    os.killpg(restart.pid, signal.SIGSTOP)  # the whole server hangs, alive
+    try:
+        given = ctl.smoke(log_offset=restart.log_offset, pid=restart.pid)
+        from_pid_file = ctl.smoke(log_offset=restart.log_offset)
+    finally:
+        os.killpg(restart.pid, signal.SIGCONT)
+    for result in (given, from_pid_file):
+        assert not result.ok
+        assert result.failures == (
+            f"prompt 1: did not answer within 3s; the server (pid {restart.pid}) is still running",
+        )
 
 
 def test_systemd_strategy_reports_systemctl_failure(tmp_path: Path) -> None:

@@ -80,7 +80,8 @@ def test_diff_applies_to_the_real_release_in_upstreams_layout(
     assert change.path == "python/" + EAGLE_RELPATH
     assert change.diff.startswith(f"diff --git a/python/{EAGLE_RELPATH} b/python/{EAGLE_RELPATH}\n")
     assert f"--- a/python/{EAGLE_RELPATH}\n+++ b/python/{EAGLE_RELPATH}\n" in change.diff
-    assert (change.insertions, change.deletions) == (5, 0)
+    # the class-level default (2 marker lines, the line, its blank line) and the early assignment
+    assert (change.insertions, change.deletions) == (6, 0)
     repo = _repo_with(tmp_path, "python/" + EAGLE_RELPATH, pristine_0_5_23)
     (tmp_path / "change.diff").write_text(change.diff)
     check = _git(repo, "apply", "--check", str(tmp_path / "change.diff"))
@@ -113,8 +114,8 @@ def test_mail_is_applied_by_git_am(
         "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
     )
     assert f"Subject: [PATCH] {guard.summary}\n" in mail
-    assert "\n---\n python/sglang/srt/speculative/eagle_worker_v2.py | 5 +++++\n" in mail
-    assert " 1 file changed, 5 insertions(+)\n" in mail
+    assert "\n---\n python/sglang/srt/speculative/eagle_worker_v2.py | 6 ++++++\n" in mail
+    assert " 1 file changed, 6 insertions(+)\n" in mail
     assert mail.endswith("\n-- \nopspatch\n\n")
     repo = _repo_with(tmp_path, "python/" + EAGLE_RELPATH, pristine_0_5_23)
     (tmp_path / "0001.patch").write_text(mail)

@@ -421,6 +421,25 @@ def test_last_applied_survives_a_later_rollback_run(ledger: Ledger) -> None:
     assert ledger.get_run(rollback).summary.parent_run == apply_run
 
 
+def test_a_swap_that_was_refused_is_not_a_change_opspatch_made(ledger: Ledger) -> None:
+    """The pre-image is recorded before the swap; a swap refused on the host (the file changed
+    in between) leaves the run's outcome `failed`: that version must not count as a write, or
+    status and rollback would say "changed since run R wrote it" of a run that wrote nothing."""
+    earlier = full_run(ledger)
+    refused = begin(ledger, hosts=("gpu-01",))
+    record_patch(ledger, refused, "gpu-01")
+    ledger.record_host_outcome(refused, "gpu-01", "failed", "the file changed since it was read")
+    ledger.finish_run(refused, "failed")
+    applied = ledger.last_applied("gpu-01", "/srv/eagle_worker_v2.py", "eagle-init-guard")
+    assert applied is not None and applied.run_id == earlier
+    assert refused not in {v.run_id for v in ledger.file_history("gpu-01")}
+    # a run killed before any outcome may have written: it still counts
+    killed = begin(ledger, hosts=("gpu-01",))
+    record_patch(ledger, killed, "gpu-01")
+    applied = ledger.last_applied("gpu-01", "/srv/eagle_worker_v2.py", "eagle-init-guard")
+    assert applied is not None and applied.run_id == killed
+
+
 def test_file_history_is_newest_first_and_filters_by_path(ledger: Ledger) -> None:
     run_id = full_run(ledger)
     history = ledger.file_history("gpu-02")

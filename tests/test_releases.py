@@ -57,7 +57,7 @@ def test_eagle_init_guard_is_green_on_every_release(guard: PatchSpec, seeded_cac
         assert result.in_range and result.ok, result
         assert (result.applies, result.validates, result.postconditions) == (True, True, True)
         assert (result.idempotent, result.reverse) == (True, True)
-        assert result.lines_added == 5
+        assert result.lines_added == 6  # markers, default, its blank line, assignment
     assert matrix.exit_code == 0 and matrix.unchecked == ()
     assert "every release checked in range passes" in matrix.render()
     # only the target module was extracted, once per release

@@ -175,7 +175,9 @@ def test_rollback_after_crash_reports_the_smoke_beside_restored(fleet: SandboxFl
     assert host["outcome"] == "restored"
     # the original code is exactly what was broken: the smoke after the restore says so
     assert host["smoke"]["ok"] is False
-    assert "connection dropped" in " ".join(host["smoke"]["failures"])
+    failures = " ".join(host["smoke"]["failures"])
+    assert "the server crashed: AttributeError: 'EAGLEWorkerV2' object has no attribute" in failures
+    assert "eagle_worker_v2.py" in failures  # where it was raised
 
 
 def test_dry_run_changes_nothing(fleet: SandboxFleet) -> None:
@@ -208,8 +210,8 @@ def test_round_trips_per_host(fleet: SandboxFleet, tmp_path: Path) -> None:
     """plan is one exec per host; apply is six (begin, swap, restart, ready, smoke, release)."""
     from opspatch.config.patches import load_patch
     from opspatch.core.policy import Playbook
+    from opspatch.hosts.operations import open_transport
     from opspatch.runs.apply import apply_to_hosts
-    from opspatch.runs.connect import open_transport
 
     patch = load_patch(Path(__file__).resolve().parent.parent / "patches" / "eagle-init-guard.toml")
     hosts = [fleet.hosts[n] for n in fleet.names]
@@ -503,3 +505,66 @@ def test_halt_with_rollback_run_restores_every_host_the_run_changed(fleet: Sandb
     assert "spec_verify_ct" in next(h for h in run.json()["hosts"] if h["host"] == second)["error"]
     assert "rollback-run" in next(h for h in run.json()["hosts"] if h["host"] == first)["error"]
     assert {n: fleet.sha(n) for n in fleet.names} == pre
+
+
+def test_rollback_with_the_ledger_deleted_uses_the_host_backups_or_refuses(
+    fleet: SandboxFleet,
+) -> None:
+    """The ledger is gone but every host still carries the patch and (but one) its backup:
+    rollback restores from the hosts' own backups, saying so, and refuses (exit 2, nothing
+    changed) the host without one. Before, it exited 0 with every host skipped."""
+    pre = {n: fleet.sha(n) for n in fleet.names}
+    _guarded(fleet)
+    patched = {n: fleet.sha(n) for n in fleet.names}
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(fleet.ledger_path) + suffix).unlink(missing_ok=True)
+    bare = fleet.names[-1]
+    backups = fleet.host_dir(bare) / "state" / "backups"
+    assert (backups / pre[bare]).is_file()
+    for backup in backups.iterdir():
+        backup.unlink()
+    run = fleet.opspatch("rollback", "eagle-init-guard", "--hosts", "sandbox", "--yes", "--json")
+    assert run.code == 2, run.stdout + run.stderr
+    outcomes = {h["host"]: h for h in run.json()["hosts"]}
+    for name in fleet.names[:-1]:
+        assert outcomes[name]["outcome"] == "restored", outcomes[name]
+        assert "host's own backup" in outcomes[name]["note"]
+        assert fleet.sha(name) == pre[name]
+    assert outcomes[bare]["outcome"] == "skipped"
+    assert "no backup of its pre-image" in outcomes[bare]["error"]
+    assert fleet.sha(bare) == patched[bare]
+
+
+BASELINE = """
+name = "{name}"
+canary = 1
+batch = "all"
+max_failures = 3
+[smoke]
+baseline = {baseline}
+"""
+
+
+def test_a_baseline_that_cannot_be_taken_is_said_and_can_be_required(fleet: SandboxFleet) -> None:
+    """On the incident's servers the pre-patch decode is what crashes them: with `baseline =
+    true` the patch still goes on, and the outcome says output preservation was not checked
+    (before: silently `applied`); with `baseline = "required"` the host is refused before any
+    change."""
+    first, second, *rest = fleet.names
+    pre = {n: fleet.sha(n) for n in fleet.names}
+    fleet.write_playbook("best-effort", BASELINE.format(name="best-effort", baseline="true"))
+    run = fleet.opspatch("apply", "eagle-init-guard", "--hosts", first, "--playbook",
+                         "best-effort", "--yes", "--json")  # fmt: skip
+    assert run.code == 0, run.stdout + run.stderr
+    (host,) = run.json()["hosts"]
+    assert host["outcome"] == "applied"
+    assert "output preservation was not checked" in host["note"]
+    fleet.write_playbook("strict", BASELINE.format(name="strict", baseline='"required"'))
+    run = fleet.opspatch("apply", "eagle-init-guard", "--hosts", second, "--playbook", "strict",
+                         "--yes", "--json")  # fmt: skip
+    assert run.code == 1, run.stdout + run.stderr
+    (host,) = run.json()["hosts"]
+    assert host["outcome"] == "failed"
+    assert "requires a baseline" in host["error"]
+    assert fleet.sha(second) == pre[second]
+    assert "swap" not in [s["step"] for s in host["steps"]]

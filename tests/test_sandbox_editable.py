@@ -324,7 +324,7 @@ def test_incident_fix_and_rollback_on_an_editable_sandbox_as_git_sees_them(
             )
             transport = open_transport(host)
             try:
-                resolved = HostOperations(transport, host).resolve(EAGLE_MODULE)
+                resolved = HostOperations(transport, host).resolve(EAGLE_MODULE, timeout=60)
             finally:
                 transport.close()
             assert resolved.origin == str(fleet.file(name))

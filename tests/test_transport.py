@@ -14,10 +14,11 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from opspatch.core.host import JumpHost
 from opspatch.errors import CommandTimeout, HostKeyError, TransportError
 from opspatch.hosts.transport.base import Command, Transport
 from opspatch.hosts.transport.local import LocalTransport
-from opspatch.hosts.transport.ssh import SSHTransport, wrap_in_process_group
+from opspatch.hosts.transport.ssh import SSHTransport, error_reason, wrap_in_process_group
 from opspatch.sandbox.sshd import SshFleet, generate_keypair
 
 if TYPE_CHECKING:
@@ -142,13 +143,15 @@ def test_one_connection_is_reused_for_every_command(
     make_inventory_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
 ) -> None:
     host = make_inventory_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s")
-    transport = SSHTransport(host)
-    try:
+    with SSHTransport(host) as transport:
         for _ in range(4):
             assert transport.run(Command(("true",)), timeout=30).ok
         assert (transport.connect_count, transport.exec_count) == (1, 4)
-    finally:
-        transport.close()
+        client = transport._connection.client  # type: ignore[union-attr]
+        assert client.get_transport() is not None and client.get_transport().is_active()
+    # leaving the `with` block closed the connection
+    assert transport._connection is None
+    assert client.get_transport() is None or not client.get_transport().is_active()
 
 
 @pytest.mark.ssh
@@ -319,6 +322,54 @@ def test_unreachable_host_is_a_transport_error(
     assert caught.value.step == "connect"
     assert caught.value.exit_code == 1
     assert "cannot connect" in caught.value.message
+
+
+@pytest.mark.ssh
+def test_an_unreachable_jump_host_is_named_not_the_target(
+    make_inventory_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
+) -> None:
+    host = make_inventory_host("ssh", fleet=ssh_fleet, index=0, state_dir=tmp_path / "s")
+    closed = JumpHost(
+        address="127.0.0.9",
+        port=1,
+        user=ssh_fleet.user,
+        identity_file=str(ssh_fleet.user_key.private_key),
+    )
+    with (
+        SSHTransport(replace(host, jump=closed), connect_timeout=3) as transport,
+        pytest.raises(TransportError) as caught,
+    ):
+        transport.run(Command(("true",)), timeout=10)
+    error = caught.value
+    assert error.step == "connect"
+    assert error.message.endswith(f"jump host {ssh_fleet.user}@127.0.0.9:1: Connection refused")
+    assert ssh_fleet.servers[0].address not in error.message  # the target was never tried
+
+
+@pytest.mark.ssh
+def test_a_target_unreachable_from_its_jump_host_says_through_which(
+    make_inventory_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
+) -> None:
+    host = make_inventory_host(
+        "ssh", fleet=ssh_fleet, index=2, jump_index=1, state_dir=tmp_path / "s"
+    )
+    with (
+        SSHTransport(replace(host, port=1), connect_timeout=3) as transport,
+        pytest.raises(TransportError) as caught,
+    ):
+        transport.run(Command(("true",)), timeout=10)
+    jump = ssh_fleet.servers[1]
+    assert f"cannot connect to {ssh_fleet.user}@{ssh_fleet.servers[2].address}:1 " in (
+        caught.value.message
+    )
+    assert f"through jump host {ssh_fleet.user}@{jump.address}:{jump.port}: " in (
+        caught.value.message
+    )
+
+
+def test_an_error_without_words_is_named_by_its_type() -> None:
+    assert error_reason(EOFError()) == "EOFError"
+    assert error_reason(OSError(111, "Connection refused")) == "[Errno 111] Connection refused"
 
 
 def test_local_transport_reports_signals_like_a_shell() -> None:

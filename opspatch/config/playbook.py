@@ -33,8 +33,10 @@ max_new_tokens = 16       # at least 8, so the speculative draft/verify path rea
 baseline = false          # compare with a greedy decode taken on the unpatched server before the
                           # swap, when the patch declares it preserves output. Off by default:
                           # on a host hit by the bug being fixed, that decode is what crashes it.
-                          # Best effort when on: a failed pre-patch decode gives no baseline
-                          # (the smoke says so); that alone never fails a host
+                          # true: best effort, a pre-patch decode that fails gives no baseline
+                          # and the host's outcome carries a note saying output preservation
+                          # was not checked; "required": such a host is refused (failed, nothing
+                          # changed) before any change
 require_spec_verify = true  # a host running speculative decoding must report spec_verify_ct > 0
 
 [log]                     # regular expressions; a match in the log written since the restart
@@ -60,7 +62,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import AfterValidator, Field, ValidationError
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 
 from opspatch.config.files import read_toml
 from opspatch.core.fileschema import (
@@ -205,10 +207,22 @@ class TimeoutsTable(FileSchema):
     restore_ready: Seconds | None = None
 
 
+def _true_false_or_required(value: object) -> object:
+    if isinstance(value, bool) or value == "required":
+        return value
+    raise problem(f'must be true, false or "required", got {value!r}')
+
+
 class SmokeTable(FileSchema):
     prompts: Annotated[list[Prompt], Field(min_length=1)] | None = None
     max_new_tokens: Annotated[int, Field(ge=MIN_SMOKE_TOKENS, le=MAX_SMOKE_TOKENS)] | None = None
-    baseline: bool | None = None
+    baseline: (
+        Annotated[
+            bool | Literal["required"],
+            BeforeValidator(_true_false_or_required),
+        ]
+        | None
+    ) = None
     require_spec_verify: bool | None = None
 
 

@@ -10,11 +10,10 @@ key; this module is what runs, hosts and the CLI use once a playbook is loaded.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from opspatch.core.vocabulary import FAILED_OUTCOMES, Outcome
 
@@ -94,14 +93,11 @@ class StepTimeouts:
 
 @dataclass(frozen=True)
 class SmokePrompt:
-    """One greedy smoke decode: the prompt and, optionally, a regex its output must contain."""
+    """One greedy smoke decode: the prompt and, optionally, a regex its output must contain
+    (checked on the host by `opspatch.hosts.agent.checks.judge_reply`)."""
 
     text: str
     expect: str | None = None
-
-    def matches(self, completion: str) -> bool:
-        """True when there is no expectation or `expect` is found (re.search) in `completion`."""
-        return self.expect is None or re.search(self.expect, completion) is not None
 
     def to_json(self) -> dict[str, Any]:
         return {"text": self.text, "expect": self.expect}
@@ -113,7 +109,10 @@ class SmokeSettings:
 
     prompts: tuple[SmokePrompt, ...] = tuple(SmokePrompt(p) for p in DEFAULT_PROMPTS)
     max_new_tokens: int = 16
-    baseline: bool = False
+    baseline: bool | Literal["required"] = False
+    """Compare the smoke with a greedy decode of the unpatched server (patches that declare
+    `preserves_output`). True: best effort, a baseline that cannot be taken is a note on the
+    outcome; "required": a host whose baseline cannot be taken is refused before any change."""
     require_spec_verify: bool = True
 
     def to_json(self) -> dict[str, Any]:
@@ -126,28 +125,11 @@ class SmokeSettings:
 
 
 @dataclass(frozen=True)
-class LogHit:
-    """A line of the server log that fails a host: its 1-based number, text and the pattern."""
-
-    line_number: int
-    line: str
-    pattern: str
-
-
-@dataclass(frozen=True)
 class LogSettings:
-    """Regular expressions that fail a host when they match the log written since the restart."""
+    """Regular expressions that fail a host when they match the log written since the restart
+    (scanned on the host by `opspatch.hosts.agent.checks.scan_log`)."""
 
     fail_patterns: tuple[str, ...] = DEFAULT_FAIL_PATTERNS
-
-    def first_failure(self, log_text: str) -> LogHit | None:
-        """The first line of `log_text` that matches a fail pattern, or None."""
-        compiled = [(p, re.compile(p)) for p in self.fail_patterns]
-        for number, line in enumerate(log_text.splitlines(), start=1):
-            for pattern, regex in compiled:
-                if regex.search(line):
-                    return LogHit(number, line, pattern)
-        return None
 
     def to_json(self) -> dict[str, Any]:
         return {"fail_patterns": list(self.fail_patterns)}

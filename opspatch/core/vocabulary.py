@@ -62,6 +62,7 @@ RECORDED_OUTCOMES = frozenset(
         Outcome.FAILED,
         Outcome.SKIPPED,
         Outcome.NEEDS_ATTENTION,
+        Outcome.UNLOCKED,
     }
 )
 """Host outcomes a recorded (non-dry) run writes to the ledger."""

@@ -1,18 +1,24 @@
 """The engine on a host: restart it, wait until it is ready, prove it decodes.
 
-Each step is one exec of the host agent (`hostagent.py`: `restart`, `wait_ready`, `smoke`), run
-ON the host because SGLang servers usually listen on the host's loopback only. The controller
-side here only builds the arguments from the inventory and the playbook and turns replies into
-values:
+Each step is one exec of the host agent (`opspatch.hosts.agent`: `restart`, `wait_ready`,
+`smoke`), run ON the host because SGLang servers usually listen on the host's loopback only. The
+controller side here only builds the arguments from the inventory and the playbook and turns
+replies into values:
 
 - restart strategies: systemd (`systemctl restart UNIT`, then `is-active`), supervisor
   (`supervisorctl restart NAME`), command (stop the process tree of the pid in the pid file:
   TERM, wait, KILL; start the command detached with its log; write the pid file);
-- readiness: poll `/health` with backoff until the playbook's deadline, failing fast when the
-  started process exits;
+- readiness: poll `/health` every 0.1 s (no backoff: a ready engine is noticed at once) until
+  the playbook's deadline, failing fast when the started process exits;
 - smoke decode: greedy `/generate` per prompt, checked for HTTP 200, completion tokens,
   `spec_verify_ct` on speculative hosts, expected text, a pre-patch baseline; plus a scan of the
   server log written since the restart for the playbook's fail patterns.
+
+When a step fails, the engine's own words come with it: an `EngineError` (restart, readiness)
+carries `data["log_tail"]` (its last relevant log lines, bounded) and `data["exception"]` (the
+traceback in its log: type, message, final frame), and its message names that exception and
+where it was raised; a failed smoke says the same in its failures, `exceptions` and `log_tail`,
+and tells a decode that timed out (the server still running) from a crash.
 """
 
 from __future__ import annotations
@@ -68,13 +74,17 @@ class PromptResult:
 
 @dataclass(frozen=True)
 class SmokeResult:
-    """A smoke decode: every prompt's result, every failure, and log lines that matched."""
+    """A smoke decode: every prompt's result, every failure, and log lines that matched; on a
+    failure, the exceptions the server logged (grouped: type, message, count, times, frame) and
+    its last relevant log lines."""
 
     ok: bool
     prompts: tuple[PromptResult, ...]
     failures: tuple[str, ...]
     log_hits: tuple[str, ...] = ()
     texts: tuple[str | None, ...] = field(default_factory=tuple)
+    exceptions: tuple[dict[str, Any], ...] = ()
+    log_tail: str | None = None
 
     @classmethod
     def from_reply(cls, data: dict[str, Any]) -> SmokeResult:
@@ -95,6 +105,8 @@ class SmokeResult:
             failures=tuple(str(f) for f in data.get("failures", [])),
             log_hits=tuple(str(h) for h in data.get("log_hits", [])),
             texts=tuple(p.text for p in prompts),
+            exceptions=tuple(dict(e) for e in data.get("exceptions") or ()),
+            log_tail=data.get("log_tail"),
         )
 
     def summary(self) -> str:
@@ -112,6 +124,8 @@ class SmokeResult:
             "failures": list(self.failures),
             "log_hits": list(self.log_hits),
             "prompts": [p.__dict__ for p in self.prompts],
+            "exceptions": list(self.exceptions),
+            "log_tail": self.log_tail,
         }
 
 
@@ -143,7 +157,9 @@ class EngineControl:
         try:
             return self.ops.call(operation, args, timeout=timeout + EXEC_MARGIN, step=step)
         except RemoteOperationError as exc:
-            raise EngineError(exc.detail, host=self.host.name, step=step, hint=exc.hint) from exc
+            raise EngineError(
+                exc.detail, host=self.host.name, step=step, data=exc.data, hint=exc.hint
+            ) from exc
 
     def restart(self, *, step: str = "restart") -> RestartResult:
         """Restart the engine with the host's strategy.
@@ -174,7 +190,8 @@ class EngineControl:
         (default: the playbook's `ready`).
 
         Raises:
-            EngineError: the deadline passed, or the started process exited (log tail attached).
+            EngineError: the deadline passed, or the started process exited (`data`: the log
+                tail and the exception the engine logged, if any).
         """
         timeout = float(self.playbook.timeouts.ready if timeout is None else timeout)
         args = {
@@ -193,12 +210,15 @@ class EngineControl:
         log_offset: int | None,
         baseline: Sequence[str | None] | None = None,
         checks: bool = True,
+        pid: int | None = None,
         step: str = "smoke",
     ) -> SmokeResult:
         """Run the playbook's smoke decode and log scan on the host.
 
         With `checks=False` it only decodes (used to take a pre-patch baseline).
-        A failed check is a value (`ok=False`), not an exception.
+        A failed check is a value (`ok=False`), not an exception. `pid` (the restart's) is the
+        server whose liveness tells a decode that timed out from a crash; without it, the pid
+        file (command strategy) or whoever listens on the engine's port is asked.
         """
         smoke = self.playbook.smoke
         timeout = float(self.playbook.timeouts.smoke)
@@ -213,6 +233,8 @@ class EngineControl:
             "fail_patterns": list(self.playbook.log.fail_patterns) if checks else [],
             "checks": checks,
             "timeout": timeout,
+            "pid": pid,
+            "pid_file": getattr(self.host.engine.restart, "pid_file", None),
         }
         data = self._call("smoke", args, timeout=timeout, step=step)
         return SmokeResult.from_reply(data)

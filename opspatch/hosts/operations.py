@@ -2,7 +2,7 @@
 
 Each operation is ONE command on the host: the engine's own interpreter running a tiny bootstrap
 (`<python> -c BOOTSTRAP`) that reads a JSON request on stdin, executes the host agent's source
-(`opspatch/hostagent.py`, sent with every request, so nothing is installed on hosts), runs the
+(`opspatch/hosts/agent`, sent with every request, so nothing is installed on hosts), runs the
 operation and prints one JSON reply line. Running under the engine's interpreter and environment
 is the point: `resolve` then finds the file the server really imports, `facts` reports the
 versions it really runs, and `swap` compiles the new text with the Python that will run it.
@@ -10,8 +10,10 @@ versions it really runs, and `swap` compiles the new text with the Python that w
 `HostOperations` turns replies into frozen dataclasses and refusals into the error tree:
 `PreimageMismatch`, `LockHeld`, `RemoteOperationError` (with its stable `code`), `TargetError`
 for a module that does not resolve, `InputError` for an interpreter that is missing on the host.
-Every call has a deadline; transport failures arrive as `TransportError` / `CommandTimeout`
-with the host and the operation named as the step.
+Every call takes its deadline from the caller (`timeout=`, seconds for the whole exec): the
+rollout passes the playbook's `StepTimeouts` (`opspatch.core.policy`), the one timeout table, so
+an operator's `[timeouts]` reach every path. Transport failures arrive as `TransportError` /
+`CommandTimeout` with the host and the operation named as the step.
 
 Round trips: `inspect` (what `plan` needs: facts + resolve + read) is 1 exec; read-then-swap is
 2; `lock` and `unlock` are 1 each.
@@ -24,9 +26,8 @@ import functools
 import getpass
 import json
 import socket
-from dataclasses import asdict, dataclass
 from importlib import resources
-from typing import Any, Literal
+from typing import Any
 
 from opspatch.core.host import Host
 from opspatch.core.source import sha256_hex
@@ -38,27 +39,73 @@ from opspatch.errors import (
     TargetError,
     TransportError,
 )
+from opspatch.hosts.results import (
+    HostFacts,
+    HostInspection,
+    LockHolder,
+    LockInfo,
+    RemoteFile,
+    ResolvedModule,
+    RestoreResult,
+    SwapResult,
+    UnlockResult,
+)
 from opspatch.hosts.transport.base import Command, Transport
 from opspatch.hosts.transport.local import LocalTransport
-from opspatch.hosts.transport.ssh import SSHTransport
+
+__all__ = [  # the result values are defined in `opspatch.hosts.results`, re-exported here
+    "AGENT_PACKAGE",
+    "BOOTSTRAP",
+    "DEFAULT_LOCK_TTL_SECONDS",
+    "HostFacts",
+    "HostInspection",
+    "HostOperations",
+    "LockHolder",
+    "LockInfo",
+    "RemoteFile",
+    "ResolvedModule",
+    "RestoreResult",
+    "SwapResult",
+    "UnlockResult",
+    "agent_modules",
+    "default_lock_owner",
+    "open_transport",
+]
 
 BOOTSTRAP = (
     "import json, sys, types\n"
     "request = json.loads(sys.stdin.buffer.read().decode('utf-8'))\n"
-    "agent = types.ModuleType('opspatch_hostagent')\n"
-    "sys.modules[agent.__name__] = agent\n"
-    "exec(compile(request.pop('agent'), '<opspatch-hostagent>', 'exec'), agent.__dict__)\n"
-    "sys.exit(agent.main(request))\n"
+    "for name, source in request.pop('agent'):\n"
+    "    parts = name.split('.')\n"
+    "    for i in range(1, len(parts)):\n"
+    "        sys.modules.setdefault('.'.join(parts[:i]), types.ModuleType('.'.join(parts[:i])))"
+    ".__path__ = []\n"
+    "    module = sys.modules[name] = types.ModuleType(name)\n"
+    "    exec(compile(source, '<opspatch-agent>/' + name, 'exec'), module.__dict__)\n"
+    "sys.exit(module.main(request))\n"
 )
-"""The `-c` program: small and stable, so the command line never changes between operations."""
+"""The `-c` program: small and stable, so the command line never changes between operations.
+
+It registers each agent module sent in the request (`[name, source]` pairs, in dependency order)
+in `sys.modules` under its real dotted name, its parents as empty stub packages (whose empty
+`__path__` means nothing under these names is ever imported from the host's disk), executes it,
+and calls the last module's `main(request)`."""
 
 DEFAULT_LOCK_TTL_SECONDS = 30 * 60
+AGENT_PACKAGE = "opspatch.hosts.agent"
 
 
 @functools.cache
-def agent_source() -> str:
-    """The host agent's source text, as shipped in the package."""
-    return resources.files("opspatch.hosts").joinpath("agent.py").read_text(encoding="utf-8")
+def agent_modules() -> tuple[tuple[str, str], ...]:
+    """The host agent as sent to hosts: (dotted name, source text) of each of its modules, in
+    the order the bootstrap executes them (`opspatch.hosts.agent.MODULES`)."""
+    from opspatch.hosts.agent import MODULES
+
+    package = resources.files(AGENT_PACKAGE)
+    return tuple(
+        (f"{AGENT_PACKAGE}.{name}", package.joinpath(f"{name}.py").read_text(encoding="utf-8"))
+        for name in MODULES
+    )
 
 
 def default_lock_owner() -> str:
@@ -67,216 +114,15 @@ def default_lock_owner() -> str:
 
 
 def open_transport(host: Host, *, accept_new_host_keys: bool = False) -> Transport:
-    """The transport the inventory says this host uses (nothing is connected yet)."""
+    """The transport the inventory says this host uses (nothing is connected yet).
+
+    Paramiko and fabric are imported here, on the first SSH host, not with this module: commands
+    that never reach a host over SSH start without them."""
     if host.transport == "local":
         return LocalTransport(host.name)
+    from opspatch.hosts.transport.ssh import SSHTransport
+
     return SSHTransport(host, accept_new_host_keys=accept_new_host_keys)
-
-
-# ---------------------------------------------------------------------------------------------
-# Results
-
-
-@dataclass(frozen=True)
-class HostFacts:
-    """What a host runs. `None` means unknown or not installed; `notes` say why a probe failed."""
-
-    python_version: str
-    python_executable: str
-    python_implementation: str
-    hostname: str
-    platform: str
-    machine: str
-    sglang_version: str | None
-    torch_version: str | None
-    cuda_available: bool | None
-    cuda_version: str | None
-    cuda_device_count: int | None
-    gpu_names: tuple[str, ...]
-    notes: tuple[str, ...]
-
-    @classmethod
-    def from_reply(cls, data: dict[str, Any]) -> HostFacts:
-        return cls(
-            python_version=str(data["python_version"]),
-            python_executable=str(data["python_executable"]),
-            python_implementation=str(data["python_implementation"]),
-            hostname=str(data["hostname"]),
-            platform=str(data["platform"]),
-            machine=str(data["machine"]),
-            sglang_version=data.get("sglang_version"),
-            torch_version=data.get("torch_version"),
-            cuda_available=data.get("cuda_available"),
-            cuda_version=data.get("cuda_version"),
-            cuda_device_count=data.get("cuda_device_count"),
-            gpu_names=tuple(data.get("gpu_names") or ()),
-            notes=tuple(data.get("notes") or ()),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class ResolvedModule:
-    """The file the engine imports for `module`. `record_sha256` is the hash pip recorded for
-    it in the distribution's RECORD (an edit made outside any tool shows up as a difference)."""
-
-    module: str
-    origin: str
-    realpath: str
-    is_symlink: bool
-    is_package: bool
-    distribution: str | None
-    distribution_version: str | None
-    record_sha256: str | None
-
-    @classmethod
-    def from_reply(cls, data: dict[str, Any]) -> ResolvedModule:
-        return cls(
-            module=str(data["module"]),
-            origin=str(data["origin"]),
-            realpath=str(data["realpath"]),
-            is_symlink=bool(data["is_symlink"]),
-            is_package=bool(data["is_package"]),
-            distribution=data.get("distribution"),
-            distribution_version=data.get("distribution_version"),
-            record_sha256=data.get("record_sha256"),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class RemoteFile:
-    """A file as read on the host: its exact bytes and what must be kept when it is replaced.
-
-    `path` is what was asked for; `realpath` is the file really read (and later written) when
-    `path` is a symlink, whose `symlink_target` is kept as it is.
-    """
-
-    path: str
-    realpath: str
-    symlink_target: str | None
-    content: bytes
-    sha256: str
-    size: int
-    mode: int
-    uid: int
-    gid: int
-    owner: str | None
-    group: str | None
-    mtime_ns: int
-    nlink: int
-
-    def to_json(self, *, include_content: bool = False) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("content")
-        if include_content:
-            data["content_b64"] = base64.b64encode(self.content).decode("ascii")
-        return data
-
-
-@dataclass(frozen=True)
-class HostInspection:
-    """Everything `plan` needs from one host, from one exec."""
-
-    facts: HostFacts
-    module: ResolvedModule | None
-    file: RemoteFile
-
-
-@dataclass(frozen=True)
-class SwapResult:
-    """A completed swap: the hashes before and after, where the pre-image backup is, and which
-    cached bytecode files were removed. `changed` is False when the new bytes equal the old."""
-
-    path: str
-    realpath: str
-    sha256_before: str
-    sha256_after: str
-    changed: bool
-    backup_path: str | None
-    purged_bytecode: tuple[str, ...]
-    purge_failures: tuple[str, ...]
-    mode: int
-    uid: int
-    gid: int
-
-
-@dataclass(frozen=True)
-class RestoreResult:
-    """A completed restore. `source` says where the bytes came from: the host's `backup`, the
-    `given` bytes, or `already` (the file was the pre-image; nothing written). `kept_copy` is a
-    backup of what the restore overwrote."""
-
-    path: str
-    realpath: str
-    sha256_before: str
-    sha256_after: str
-    changed: bool
-    source: Literal["backup", "given", "already"]
-    kept_copy: str | None
-    purged_bytecode: tuple[str, ...]
-    purge_failures: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class LockHolder:
-    """Who holds (or held) a host's lock; times are the host's clock, seconds since the epoch."""
-
-    owner: str | None
-    run_id: str | None
-    acquired_at: float | None
-    expires_at: float | None
-
-    @classmethod
-    def from_reply(cls, data: dict[str, Any] | None) -> LockHolder | None:
-        if not data:
-            return None
-        return cls(
-            owner=data.get("owner"),
-            run_id=data.get("run_id"),
-            acquired_at=_optional_float(data.get("acquired_at")),
-            expires_at=_optional_float(data.get("expires_at")),
-        )
-
-
-@dataclass(frozen=True)
-class LockInfo:
-    """The lock this run now holds. `took_over_from` is the expired holder it replaced, if any;
-    `refreshed` is True when this run already held it (the expiry was extended)."""
-
-    holder: LockHolder
-    refreshed: bool
-    took_over_from: LockHolder | None
-
-
-@dataclass(frozen=True)
-class UnlockResult:
-    """`released` is False when there was no lock to release (`reason` = `not-held`)."""
-
-    released: bool
-    reason: str
-    previous: LockHolder | None
-
-
-def _optional_float(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-@dataclass(frozen=True)
-class OperationTimeouts:
-    """Default deadlines (seconds) per operation; every method also takes `timeout=`."""
-
-    facts: float = 120.0
-    resolve: float = 60.0
-    read: float = 60.0
-    inspect: float = 180.0
-    swap: float = 120.0
-    restore: float = 120.0
-    lock: float = 30.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,22 +136,16 @@ _MODULE_CODES = ("module-not-found", "module-not-source", "bad-module")
 class HostOperations:
     """Host-side operations on one host, through its transport, under its engine's interpreter.
 
-    Build one per host per run: `HostOperations(transport, host)`. Each method is one exec.
-    Later operations (restart, readiness, smoke, log scan) are added to `hostagent.py` and
+    Build one per host per run: `HostOperations(transport, host)`. Each method is one exec and
+    takes its deadline as `timeout=` (seconds; the playbook's `StepTimeouts` in a rollout).
+    Later operations (restart, readiness, smoke, log scan) are added to the agent and
     called through `call`, the same single path every method here uses.
     """
 
-    def __init__(
-        self,
-        transport: Transport,
-        host: Host,
-        *,
-        timeouts: OperationTimeouts | None = None,
-    ) -> None:
+    def __init__(self, transport: Transport, host: Host) -> None:
         self.transport = transport
         self.host = host
-        self.timeouts = timeouts or OperationTimeouts()
-        self._agent = agent_source()
+        self._agent = [list(module) for module in agent_modules()]
 
     @property
     def name(self) -> str:
@@ -398,25 +238,20 @@ class HostOperations:
 
     # -- facts, resolve, read, inspect -------------------------------------------------------
 
-    def facts(self, *, probe_cuda: bool = True, timeout: float | None = None) -> HostFacts:
-        """Python, sglang and torch versions, CUDA availability (a torch probe in a child
-        interpreter, skipped with `probe_cuda=False`), GPU names (nvidia-smi), hostname."""
-        deadline = timeout or self.timeouts.facts
-        reply = self.call(
-            "facts",
-            {"probe_cuda": probe_cuda, "probe_timeout": max(1.0, deadline * 0.5)},
-            timeout=deadline,
-        )
+    def facts(self, *, timeout: float) -> HostFacts:
+        """Python, sglang and torch versions (distribution metadata), GPUs and CUDA as the
+        driver reports them (NVML or nvidia-smi; nothing imports torch), hostname."""
+        reply = self.call("facts", {}, timeout=timeout)
         return HostFacts.from_reply(reply)
 
-    def resolve(self, module: str, *, timeout: float | None = None) -> ResolvedModule:
+    def resolve(self, module: str, *, timeout: float) -> ResolvedModule:
         """The file the engine's interpreter imports for `module` (nothing is imported)."""
-        reply = self.call("resolve", {"module": module}, timeout=timeout or self.timeouts.resolve)
+        reply = self.call("resolve", {"module": module}, timeout=timeout)
         return ResolvedModule.from_reply(reply)
 
-    def read(self, path: str, *, timeout: float | None = None) -> RemoteFile:
+    def read(self, path: str, *, timeout: float) -> RemoteFile:
         """The file's exact bytes, sha256, mode, owner, mtime and symlink target."""
-        reply = self.call("read", {"path": path}, timeout=timeout or self.timeouts.read)
+        reply = self.call("read", {"path": path}, timeout=timeout)
         return self._remote_file(reply, "read")
 
     def inspect(
@@ -424,8 +259,7 @@ class HostOperations:
         module: str | None = None,
         *,
         path: str | None = None,
-        probe_cuda: bool = True,
-        timeout: float | None = None,
+        timeout: float,
     ) -> HostInspection:
         """facts + resolve(`module`) + read of its file, in one exec (what `plan` needs).
 
@@ -433,16 +267,10 @@ class HostOperations:
         """
         if (module is None) == (path is None):
             raise ValueError("inspect needs exactly one of module or path")
-        deadline = timeout or self.timeouts.inspect
         reply = self.call(
             "inspect",
-            {
-                "module": module,
-                "path": path,
-                "probe_cuda": probe_cuda,
-                "probe_timeout": max(1.0, deadline * 0.5),
-            },
-            timeout=deadline,
+            {"module": module, "path": path},
+            timeout=timeout,
         )
         resolved = reply.get("resolved")
         return HostInspection(
@@ -485,7 +313,7 @@ class HostOperations:
         expected_sha256: str,
         new_content: bytes,
         lock_run_id: str | None = None,
-        timeout: float | None = None,
+        timeout: float,
     ) -> SwapResult:
         """Atomically replace `path` (its real file, if a symlink) by `new_content`.
 
@@ -507,7 +335,7 @@ class HostOperations:
             "state_dir": self.host.state_dir,
             "lock_run_id": lock_run_id,
         }
-        reply = self.call("swap", args, timeout=timeout or self.timeouts.swap)
+        reply = self.call("swap", args, timeout=timeout)
         return SwapResult(
             path=str(reply["path"]),
             realpath=str(reply["realpath"]),
@@ -530,7 +358,7 @@ class HostOperations:
         content: bytes | None = None,
         current_sha256: str | None = None,
         force: bool = False,
-        timeout: float | None = None,
+        timeout: float,
     ) -> RestoreResult:
         """Put `path` back to the pre-image `pre_sha256`, atomically, and purge its bytecode.
 
@@ -551,7 +379,7 @@ class HostOperations:
             "force": force,
             "state_dir": self.host.state_dir,
         }
-        reply = self.call("restore", args, timeout=timeout or self.timeouts.restore)
+        reply = self.call("restore", args, timeout=timeout)
         return RestoreResult(
             path=str(reply["path"]),
             realpath=str(reply["realpath"]),
@@ -572,7 +400,7 @@ class HostOperations:
         run_id: str,
         owner: str | None = None,
         ttl_seconds: float = DEFAULT_LOCK_TTL_SECONDS,
-        timeout: float | None = None,
+        timeout: float,
     ) -> LockInfo:
         """Take the host's lock (`<state_dir>/lock.json`) for `run_id`, or refresh it.
 
@@ -591,7 +419,7 @@ class HostOperations:
                 "run_id": run_id,
                 "ttl_seconds": ttl_seconds,
             },
-            timeout=timeout or self.timeouts.lock,
+            timeout=timeout,
         )
         holder = LockHolder.from_reply(reply["holder"])
         assert holder is not None
@@ -610,13 +438,13 @@ class HostOperations:
         owner: str | None = None,
         ttl_seconds: float = DEFAULT_LOCK_TTL_SECONDS,
         takeover_run: str | None = None,
-        probe_cuda: bool = True,
-        timeout: float | None = None,
+        timeout: float,
     ) -> tuple[LockInfo, HostInspection]:
         """lock + inspect in one exec: how a rollout starts on a host.
 
         `takeover_run` lets `recover` take the lock still held by the interrupted run it
         recovers. The lock stays held if the inspection fails; the caller releases it.
+        `timeout` covers both (a rollout passes its playbook's `lock + inspect`).
 
         Raises:
             LockHeld: another run holds the lock (nothing inspected).
@@ -624,7 +452,6 @@ class HostOperations:
         """
         if (module is None) == (path is None):
             raise ValueError("begin needs exactly one of module or path")
-        deadline = timeout or (self.timeouts.lock + self.timeouts.inspect)
         reply = self.call(
             "begin",
             {
@@ -635,10 +462,8 @@ class HostOperations:
                 "takeover_run": takeover_run,
                 "module": module,
                 "path": path,
-                "probe_cuda": probe_cuda,
-                "probe_timeout": max(1.0, deadline * 0.5),
             },
-            timeout=deadline,
+            timeout=timeout,
             step="begin",
         )
         lock = reply["lock"]
@@ -658,9 +483,7 @@ class HostOperations:
             ),
         )
 
-    def unlock(
-        self, *, run_id: str, force: bool = False, timeout: float | None = None
-    ) -> UnlockResult:
+    def unlock(self, *, run_id: str, force: bool = False, timeout: float) -> UnlockResult:
         """Release the host's lock held by `run_id` (`force` releases anyone's).
 
         Raises:
@@ -669,7 +492,7 @@ class HostOperations:
         reply = self.call(
             "unlock",
             {"state_dir": self.host.state_dir, "run_id": run_id, "force": force},
-            timeout=timeout or self.timeouts.lock,
+            timeout=timeout,
         )
         return UnlockResult(
             released=bool(reply["released"]),

@@ -447,7 +447,15 @@ class Ledger:
         return data
 
     def file_history(self, host: str, path: str | None = None) -> list[FileVersion]:
-        """Every recorded change of `path` (or of any file) on `host`, newest first.
+        """Every change of `path` (or of any file) on `host` that may have been written, newest
+        first.
+
+        A `patch` version is recorded (with its pre-image) before the swap, so that a controller
+        killed during the swap leaves what recover needs. A run whose outcome on the host is
+        `failed` changed nothing there by definition (the swap was refused: the file had changed
+        since it was read, the host compile failed...): its versions are not changes opspatch
+        made and are left out, so status and rollback never say "changed since run R wrote it"
+        about a run that wrote nothing.
 
         Raises:
             LedgerError: the ledger cannot be read.
@@ -458,10 +466,29 @@ class Ledger:
             where += " AND path = ?"
             params += (path,)
         with self._reading() as conn:
-            return [
+            versions = [
                 file_version(row)
                 for row in select_events(conn, f"{where} ORDER BY id DESC", params)
             ]
+            unwritten = self._runs_that_changed_nothing(conn, host, {v.run_id for v in versions})
+        return [v for v in versions if v.run_id not in unwritten]
+
+    @staticmethod
+    def _runs_that_changed_nothing(
+        conn: sqlite3.Connection, host: str, run_ids: set[str]
+    ) -> set[str]:
+        """Those of `run_ids` whose last recorded outcome on `host` is `failed` (nothing
+        changed there)."""
+        if not run_ids:
+            return set()
+        marks = ", ".join("?" for _ in run_ids)
+        rows = select_events(
+            conn,
+            f"kind = 'host-outcome' AND host = ? AND run_id IN ({marks}) ORDER BY id",
+            (host, *sorted(run_ids)),
+        )
+        last = {row.run_id: row.data.get("outcome") for row in rows}
+        return {run_id for run_id, outcome in last.items() if outcome == Outcome.FAILED}
 
     def last_applied(self, host: str, path: str, patch_id: str) -> FileVersion | None:
         """The newest `patch` change that `patch_id` made to `path` on `host` and that the same

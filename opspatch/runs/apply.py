@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch
 from opspatch.core.gate import version_gate
@@ -159,7 +159,10 @@ class ApplyPipeline:
         assert isinstance(plan, Applied)
         remote = prepared.inspection.file
         change = FileChange(remote.realpath, plan.sha256_before, plan.sha256_after)
-        baseline = self._baseline(session)
+        try:
+            baseline, baseline_note = self._baseline(session)
+        except HostFailed as refused:
+            return self._outcome(session, refused.outcome, refused.error, change, plan)
         ledger, run_id = session.ledger, session.run_id
         try:
             with session.step("backup") as note:
@@ -208,27 +211,43 @@ class ApplyPipeline:
         try:
             smoke = self._restart_and_prove(session, baseline=baseline)
         except HostFailed as failure:
-            return self.roll_back(session, change, plan, failure.error)
-        return self._outcome(session, Outcome.APPLIED, None, change, plan, smoke=smoke)
+            rolled = self.roll_back(session, change, plan, failure.error)
+            return replace(rolled, note=_join(rolled.note, baseline_note))
+        return self._outcome(
+            session, Outcome.APPLIED, None, change, plan, smoke=smoke, note=baseline_note
+        )
 
-    def _baseline(self, session: HostSession) -> tuple[str | None, ...] | None:
-        """Greedy texts from the unpatched server, if the playbook and the patch ask for it.
+    def _baseline(self, session: HostSession) -> tuple[tuple[str | None, ...] | None, str | None]:
+        """Greedy texts from the unpatched server, if the playbook and the patch ask for it,
+        and a note when it could not be taken (output preservation then goes unchecked).
 
-        Best effort: a failed baseline decode gives no baseline and never fails the host.
+        Raises:
+            HostFailed: the playbook requires the baseline (`baseline = "required"`) and it
+                could not be taken; nothing has been changed on the host yet.
         """
-        if not (
-            self.restart_engine
-            and self.playbook.smoke.baseline
-            and self.patch.spec.preserves_output
-        ):
-            return None
+        wanted = self.playbook.smoke.baseline
+        if not (self.restart_engine and wanted and self.patch.spec.preserves_output):
+            return None, None
+        problem = ""
         try:
             with session.step("baseline") as note:
                 result = session.engine.smoke(log_offset=None, checks=False, step="baseline")
-                note["detail"] = "taken" if all(result.texts) else "incomplete"
-            return result.texts if all(t is not None for t in result.texts) else None
-        except OpspatchError:
-            return None
+                complete = all(t is not None for t in result.texts)
+                note["detail"] = "taken" if complete else "incomplete: " + result.summary()
+            if complete:
+                return result.texts, None
+            problem = result.summary()
+        except OpspatchError as exc:
+            problem = describe_error(exc)
+        if wanted == "required":
+            raise HostFailed(
+                Outcome.FAILED,
+                f"refused before any change: the playbook requires a baseline and the pre-patch "
+                f"decode failed ({problem})",
+            )
+        return None, (
+            f"output preservation was not checked: the pre-patch baseline decode failed ({problem})"
+        )
 
     def _restart_and_prove(
         self, session: HostSession, *, baseline: Sequence[str | None] | None
@@ -304,6 +323,7 @@ class ApplyPipeline:
         change: FileChange | None,
         plan: Applied | None,
         smoke: SmokeResult | None = None,
+        note: str | None = None,
     ) -> HostOutcome:
         return session.outcome(
             outcome,
@@ -311,7 +331,12 @@ class ApplyPipeline:
             file=change,
             diff=plan.diff if plan is not None else None,
             smoke=smoke,
+            note=note,
         )
+
+
+def _join(*notes: str | None) -> str | None:
+    return "; ".join(n for n in notes if n) or None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -73,6 +73,8 @@ def recover_run(
     versions: dict[str, list[FileVersion]] = {}
     for detail in reversed(chain):  # oldest run first
         for record in detail.hosts:
+            if record.outcome == Outcome.FAILED:  # nothing changed there (the swap was refused)
+                continue
             versions.setdefault(record.host, []).extend(
                 v for v in record.file_versions if v.action == "patch"
             )

@@ -20,11 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 
+from opspatch.core.edit import NotApplicable, detect, unapply
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
+from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Outcome
-from opspatch.errors import LockHeld, OpspatchError
+from opspatch.errors import LockHeld, OpspatchError, RemoteOperationError
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import halt_on_attention, one_batch, run_fleet
@@ -201,6 +203,8 @@ class _Rollback:
                 record = self.source_run.host(host)
             except KeyError:
                 return []
+            if record.outcome == Outcome.FAILED:  # nothing changed there (the swap was refused)
+                return []
             return [v for v in record.file_versions if v.action == "patch"]
         assert self.patch is not None
         history = self.ledger.file_history(host, self.only_path)
@@ -219,9 +223,11 @@ class _Rollback:
             else f"patch {self.patch.spec.id if self.patch else '?'}"
         )
         if not versions:
-            return session.outcome(
-                Outcome.SKIPPED, note=f"the ledger has no change by {what} on this host"
-            )
+            if self.patch is None:
+                return session.outcome(
+                    Outcome.SKIPPED, note=f"the ledger has no change by {what} on this host"
+                )
+            return self._without_record(session, self.patch)
         version = versions[0]
         timeouts = session.playbook.timeouts
         with session.step("begin") as note:
@@ -251,11 +257,19 @@ class _Rollback:
             return session.outcome(
                 Outcome.NEEDS_ATTENTION, f"restore failed: {describe_error(exc)}"
             )
+        return self._restart_and_prove(session, change, note=None)
+
+    def _restart_and_prove(
+        self, session: HostSession, change: FileChange, *, note: str | None
+    ) -> HostOutcome:
+        """After a restore: restart, wait (the restore path's own deadline), smoke-decode. The
+        host is `restored` once its file is back and its server ready; the smoke is reported
+        beside it (the original code may be exactly what was broken)."""
         if not self.restart_engine:
-            return session.outcome(Outcome.RESTORED, file=change)
+            return session.outcome(Outcome.RESTORED, file=change, note=note)
         try:
             restart = restart_step(session)
-            ready_step(session, restart, timeout=timeouts.restore_ready)
+            ready_step(session, restart, timeout=session.playbook.timeouts.restore_ready)
         except HostFailed as failure:
             return session.outcome(
                 Outcome.NEEDS_ATTENTION,
@@ -266,7 +280,83 @@ class _Rollback:
             smoke = smoke_step(session, restart, baseline=None, must_pass=False)
         except HostFailed:
             smoke = None
-        note_text = None
+        notes = [note] if note else []
         if smoke is not None and not smoke.ok:
-            note_text = f"smoke after restore failed (the original code may be what was broken): {smoke.summary()}"
-        return session.outcome(Outcome.RESTORED, file=change, smoke=smoke, note=note_text)
+            notes.append(
+                "smoke after restore failed (the original code may be what was broken): "
+                + smoke.summary()
+            )
+        return session.outcome(
+            Outcome.RESTORED, file=change, smoke=smoke, note="; ".join(notes) or None
+        )
+
+    def _without_record(self, session: HostSession, patch: LoadedPatch) -> HostOutcome:
+        """Roll back a patch the ledger has no record of on this host (the ledger was deleted,
+        or the change was made from another controller): only from the host's own backup.
+
+        The file must carry the patch; taking the patch off the file alone (`unapply`, proven
+        by re-applying) names the pre-image, and only a host backup with exactly that sha256
+        is written back. Anything less is refused: a rollback that did not happen is never
+        reported as done.
+        """
+        timeouts = session.playbook.timeouts
+        with session.step("begin") as note:
+            _, inspection = session.ops.begin(
+                patch.spec.target.module,
+                run_id=session.run_id or "",
+                timeout=timeouts.lock + timeouts.inspect,
+            )
+            note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
+        live = inspection.file
+        unchanged = FileChange(live.realpath, live.sha256, live.sha256)
+        if detect(live.content, patch.spec).state != "applied":
+            return session.outcome(
+                Outcome.SKIPPED,
+                file=unchanged,
+                note=f"{patch.spec.id} is not on this host (and the ledger has no record of it)",
+            )
+        pre = unapply(live.content, patch.spec)
+        if isinstance(pre, NotApplicable):
+            return session.outcome(
+                Outcome.SKIPPED,
+                f"refused: the ledger has no record of {patch.spec.id} on this host and it cannot "
+                f"be taken off the file alone ({pre.reason}); restore the file from your own "
+                "backup or reinstall the package",
+                file=unchanged,
+            )
+        pre_sha256 = sha256_hex(pre.old_source)
+        try:
+            with session.step("restore") as note:
+                restored = session.ops.restore(
+                    live.realpath,
+                    pre_sha256=pre_sha256,
+                    current_sha256=live.sha256,
+                    timeout=timeouts.restore,
+                )
+                note["detail"] = f"back to {pre_sha256[:12]} from the host's backup"
+        except RemoteOperationError as exc:
+            if exc.code not in ("backup-missing", "backup-hash-mismatch"):
+                raise
+            return session.outcome(
+                Outcome.SKIPPED,
+                f"refused: the ledger has no record of {patch.spec.id} on this host and the host "
+                f"holds no backup of its pre-image {pre_sha256[:12]} ({exc.detail}); nothing was "
+                "changed. Use the ledger that recorded the change (--ledger), or restore the file "
+                "from your own backup",
+                file=unchanged,
+            )
+        if session.ledger is not None and session.run_id is not None:
+            session.ledger.record_file_version(
+                session.run_id,
+                session.name,
+                path=live.realpath,
+                sha256_before=live.sha256,
+                sha256_after=pre_sha256,
+                mode=live.mode,
+                owner=f"{live.owner or live.uid}:{live.group or live.gid}",
+                pre_image=live.content,
+                action="restore",
+            )
+        change = FileChange(live.realpath, restored.sha256_before, restored.sha256_after)
+        how = "restored from the host's own backup (the ledger had no record of this change)"
+        return self._restart_and_prove(session, change, note=how)

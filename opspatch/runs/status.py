@@ -15,6 +15,7 @@ from typing import Any
 
 from opspatch.core.edit import detect
 from opspatch.core.host import Host
+from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import PatchState
 from opspatch.errors import OpspatchError, TargetError
@@ -95,7 +96,7 @@ def fleet_status(
                 modules.setdefault(patch.spec.target.module, []).append(patch)
             for module, group in modules.items():
                 try:
-                    inspection = ops.inspect(module, probe_cuda=False)
+                    inspection = ops.inspect(module, timeout=StepTimeouts().inspect)
                 except TargetError as exc:
                     results += [
                         PatchStatus(

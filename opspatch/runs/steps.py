@@ -152,7 +152,10 @@ def smoke_step(
     try:
         with session.step(step) as note:
             result = session.engine.smoke(
-                log_offset=restart.log_offset if restart else None, baseline=baseline, step=step
+                log_offset=restart.log_offset if restart else None,
+                baseline=baseline,
+                pid=restart.pid if restart else None,
+                step=step,
             )
             note["detail"] = result.summary()
             if must_pass and not result.ok:

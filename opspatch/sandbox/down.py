@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from opspatch.errors import InputError
-from opspatch.hosts.agent import stop_process_tree
+from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.sandbox.layout import ENGINE_STOP_TIMEOUT, Progress, SandboxLayout, quiet
 from opspatch.sandbox.manifest import HostRecord, Manifest, load_manifest
 from opspatch.sandbox.processes import engine_pid, sandbox_lock, sshd_pid

@@ -13,6 +13,7 @@ from opspatch.config.lookup import Workspace
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import detect
 from opspatch.core.host import Host
+from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch
 from opspatch.errors import HostError, InputError, OpspatchError
 from opspatch.hosts.operations import HostOperations
@@ -144,7 +145,7 @@ def _patch_states(host: Host, patches: Sequence[LoadedPatch]) -> tuple[list[Patc
     notes: list[str] = []
     for module, group in by_module.items():
         try:
-            seen = ops.inspect(module, probe_cuda=False)
+            seen = ops.inspect(module, timeout=StepTimeouts().inspect)
         except OpspatchError as exc:
             notes.append(f"{module}: {exc.detail if isinstance(exc, HostError) else exc.message}")
             continue

@@ -2,12 +2,16 @@
 
 A transport runs one command on one host with bytes on stdin and a deadline, draining stdout and
 stderr while it waits (so a chatty command cannot block on a full pipe), and returns the result as
-a value. Implementations: `ssh.SSHTransport` (fabric/paramiko) and `local.LocalTransport`
-(subprocess). Callers receive a transport as an argument; nothing reaches for a global.
+a value. Implementations: `ssh.SSHTransport` (fabric/paramiko), `local.LocalTransport`
+(subprocess) and `scripted.ScriptedTransport` (a function answers, for tests). Callers receive
+a transport as an argument; nothing reaches for a global.
 
 Commands are data (`Command`): an argv list plus environment, rendered to one shell string in
 exactly one place (`Command.render`), so every argument that reaches a shell is quoted the same
 way over SSH and locally.
+
+A transport is a context manager: `with open_transport(host) as transport:` closes its
+connection on the way out, whatever happened inside.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from types import TracebackType
+from typing import Protocol, TypeVar, runtime_checkable
 
 _SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
 
@@ -93,3 +98,35 @@ class Transport(Protocol):
     def close(self) -> None:
         """Release the connection; safe to call twice."""
         ...
+
+    def __enter__(self) -> Transport:
+        """The transport itself; `close` runs on the way out of the `with` block."""
+        ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None: ...
+
+
+_Self = TypeVar("_Self", bound="ClosesOnExit")
+
+
+class ClosesOnExit:
+    """Mixin making a transport a context manager that calls its `close()` on exit."""
+
+    def close(self) -> None:  # pragma: no cover - every transport defines its own
+        raise NotImplementedError
+
+    def __enter__(self: _Self) -> _Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

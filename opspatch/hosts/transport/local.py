@@ -17,7 +17,7 @@ import subprocess
 import time
 
 from opspatch.errors import CommandTimeout, TransportError
-from opspatch.hosts.transport.base import Command, CommandResult
+from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024 * 1024
 """Output kept per stream; a command that floods past this is still drained, the rest dropped."""
@@ -61,7 +61,7 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-class LocalTransport:
+class LocalTransport(ClosesOnExit):
     """Runs commands on this machine through `/bin/sh -c`, each in its own process group.
 
     `host` is the inventory name used in messages. Not thread-safe: one transport per host,

@@ -39,7 +39,7 @@ from fabric import Config, Connection
 
 from opspatch.core.host import Host, JumpHost
 from opspatch.errors import CommandTimeout, HostKeyError, TransportError
-from opspatch.hosts.transport.base import Command, CommandResult
+from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult
 from opspatch.hosts.transport.local import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer
 
 ACCEPT_NEW_HOST_KEYS_FLAG = "--accept-new-host-keys"
@@ -116,7 +116,7 @@ class _VerifyingHostKeyPolicy(paramiko.MissingHostKeyPolicy):
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
-class SSHTransport:
+class SSHTransport(ClosesOnExit):
     """Runs commands on one host over SSH; one connection per host per run, reused by every call.
 
     The connection opens on the first `run` (so building transports for a fleet costs nothing)
@@ -209,8 +209,15 @@ class SSHTransport:
             connect_timeout=math.ceil(self._connect_timeout),
         )
         self._verify_host_keys(connection, self.host)
-        where = f"{connection.user}@{connection.host}:{connection.port}"
+        target_at = f"{connection.user}@{connection.host}:{connection.port}"
+        jump = connection.gateway if isinstance(connection.gateway, Connection) else None
+        where = target_at
         try:
+            if jump is not None:
+                # The jump host first, on its own: a failure there names that hop, not the target.
+                where = f"jump host {jump.user}@{jump.host}:{jump.port}"
+                jump.open()
+                where = f"{target_at} through jump host {jump.user}@{jump.host}:{jump.port}"
             connection.open()
         except HostKeyError:
             _close_quietly(connection)
@@ -233,15 +240,16 @@ class SSHTransport:
         except paramiko.AuthenticationException as exc:
             _close_quietly(connection)
             raise TransportError(
-                f"authentication failed for {where}: {exc}",
+                f"authentication failed for {where}: {error_reason(exc)}",
                 host=self.host,
                 step="connect",
                 hint="check user and identity_file in the inventory, or your ssh-agent",
             ) from None
         except (OSError, EOFError, paramiko.SSHException) as exc:
             _close_quietly(connection)
+            prefix = "" if where.startswith("jump host") else "cannot connect to "
             raise TransportError(
-                f"cannot connect to {where}: {exc or type(exc).__name__}",
+                f"{prefix}{where}: {error_reason(exc)}",
                 host=self.host,
                 step="connect",
             ) from None
@@ -287,7 +295,7 @@ class SSHTransport:
             channel.exec_command(wrap_in_process_group(command))
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise TransportError(
-                f"cannot start a command: {exc or type(exc).__name__}", host=self.host, step="exec"
+                f"cannot start a command: {error_reason(exc)}", host=self.host, step="exec"
             ) from None
         stdout = CappedBuffer(self._max_output)
         stderr = CappedBuffer(self._max_output)
@@ -305,8 +313,7 @@ class SSHTransport:
             exit_code = channel.recv_exit_status()
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise TransportError(
-                f"the connection broke while running `{command.masked()}`: "
-                f"{exc or type(exc).__name__}",
+                f"the connection broke while running `{command.masked()}`: {error_reason(exc)}",
                 host=self.host,
                 step="exec",
             ) from None
@@ -349,6 +356,22 @@ class SSHTransport:
         connection, self._connection = self._connection, None
         if connection is not None:
             _close_quietly(connection)
+
+
+def error_reason(exc: BaseException) -> str:
+    """What an exception says, or its type's name when it says nothing (an `EOFError()` from a
+    closed channel, say), so no message ends in an empty reason. Paramiko's "[Errno None]
+    Unable to connect to port P on A" is replaced by what each address answered (`Connection
+    refused`)."""
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) and exc.errors:
+        answers = sorted(
+            {
+                getattr(error, "strerror", None) or error_reason(error)
+                for error in exc.errors.values()
+            }
+        )
+        return "; ".join(answers)
+    return str(exc).strip() or type(exc).__name__
 
 
 def _close_quietly(connection: Connection) -> None:

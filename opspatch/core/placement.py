@@ -1,0 +1,427 @@
+"""Where an edit goes and what text it becomes: scopes, anchors, insertion points, the marker
+comment, and the splices that carry an edit into the original text (pure).
+
+`opspatch.core.edit` decides *whether* a patch applies and validates the result; this module
+computes *how* each edit is placed. A `Splice` replaces a span of the original text, so every
+byte outside the edited spans is kept as it was; `undo_splices` records the inverse, which is how
+`reverse` rebuilds the pre-image byte for byte.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from opspatch.core.anchors import (
+    AnchorProblem,
+    Located,
+    Scope,
+    first_line,
+    iter_definitions,
+    last_line,
+    resolve_scope,
+    select_expression,
+    select_statement,
+)
+from opspatch.core.source import (
+    LineIndex,
+    strip_newline,
+)
+from opspatch.core.spec import (
+    MODULE_SCOPE,
+    DiffEdit,
+    InsertEdit,
+    PatchSpec,
+    ReplaceEdit,
+    edit_field,
+)
+from opspatch.core.unified import (
+    LineReplacement,
+    ParsedDiff,
+    parse_unified_diff,
+    plan_hunks,
+)
+
+
+@dataclass(frozen=True)
+class Splice:
+    """Replace text[start:end] with `text` (offsets into the text the splice applies to)."""
+
+    start: int
+    end: int
+    text: str
+
+
+class EditProblem(Exception):
+    """An edit cannot be placed; carries the field and candidates for `NotApplicable`."""
+
+    def __init__(self, message: str, field: str = "", candidates: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.candidates = tuple(candidates)
+
+
+# ---------------------------------------------------------------------------------------------
+# text helpers
+
+
+def apply_splices(text: str, splices: Sequence[Splice]) -> str:
+    out = []
+    cursor = 0
+    for splice in sorted(splices, key=lambda s: s.start):
+        if splice.start < cursor:
+            raise EditProblem("two changes of this patch overlap")
+        out.append(text[cursor : splice.start])
+        out.append(splice.text)
+        cursor = splice.end
+    out.append(text[cursor:])
+    return "".join(out)
+
+
+def undo_splices(text: str, splices: Sequence[Splice]) -> tuple[Splice, ...]:
+    """The splices that turn the result of `splices` back into `text`."""
+    undo = []
+    shift = 0
+    for splice in sorted(splices, key=lambda s: s.start):
+        new_start = splice.start + shift
+        undo.append(
+            Splice(new_start, new_start + len(splice.text), text[splice.start : splice.end])
+        )
+        shift += len(splice.text) - (splice.end - splice.start)
+    return tuple(undo)
+
+
+def _is_blank_or_comment(line: str) -> bool:
+    stripped = line.strip()
+    return not stripped or stripped.startswith("#")
+
+
+COMMENT_WIDTH = 99
+
+
+BLANK_LINE_MARK = "+blank"
+"""Appended to the marker (`# opspatch:<id>+blank: ...`) when the inserted block brought the
+blank line after it, so `unapply` can take exactly that line away again (see `place_insert`)."""
+
+
+def marker_lines(
+    patch: PatchSpec, comment: str | None, indent: str = "", *, blank_after: bool = False
+) -> list[str]:
+    """The marker comment naming the patch, with the edit's reason wrapped to fit the line.
+
+    `blank_after`: the block is followed by a blank line it added; the marker says so.
+    """
+    head = patch.marker + (BLANK_LINE_MARK if blank_after else "")
+    if not comment:
+        return [head]
+    width = max(40, COMMENT_WIDTH - len(indent.expandtabs(8)))
+    lines: list[str] = []
+    paragraphs = [p.strip() for p in textwrap.dedent(comment).strip().splitlines()]
+    for number, paragraph in enumerate(paragraphs):
+        first = f"{head}: {paragraph}" if number == 0 else f"# {paragraph}"
+        lines += textwrap.wrap(
+            first,
+            width=width,
+            subsequent_indent="# ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        ) or ["#"]
+    return lines
+
+
+def _render_block(lines: Sequence[str], indent: str, newline: str) -> str:
+    return "".join((indent + line if line.strip() else "") + newline for line in lines)
+
+
+def _code_lines(code: str) -> list[str]:
+    return [line.rstrip() for line in textwrap.dedent(code).strip("\n").splitlines()]
+
+
+def _rest_of_line_is_empty(index: LineIndex, lineno: int, col: int) -> bool:
+    line = index.line_text(lineno)
+    rest = line.encode("utf-8")[col:].decode("utf-8")
+    return _is_blank_or_comment(rest)
+
+
+def _prefix_is_indent(index: LineIndex, lineno: int, col: int) -> bool:
+    line = index.line_text(lineno).encode("utf-8")
+    return not line[:col].strip()
+
+
+def _statement_alone(index: LineIndex, stmt: ast.stmt) -> bool:
+    """True when no other statement shares the statement's first or last line."""
+    start_line = first_line(stmt)
+    decorators = getattr(stmt, "decorator_list", None) or []
+    start_col = decorators[0].col_offset - 1 if decorators else stmt.col_offset
+    end_col = stmt.end_col_offset if stmt.end_col_offset is not None else 0
+    return _prefix_is_indent(index, start_line, max(start_col, 0)) and _rest_of_line_is_empty(
+        index, last_line(stmt), end_col
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# placing edits
+
+
+def _is_docstring(stmt: ast.stmt) -> bool:
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Constant)
+        and isinstance(stmt.value.value, str)
+    )
+
+
+def _is_super_init(stmt: ast.stmt) -> bool:
+    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+        return False
+    func = stmt.value.func
+    return (
+        isinstance(func, ast.Attribute)
+        and func.attr == "__init__"
+        and isinstance(func.value, ast.Call)
+        and isinstance(func.value.func, ast.Name)
+        and func.value.func.id == "super"
+    )
+
+
+def _is_future_import(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"
+
+
+def _start_point(index: LineIndex, scope: Scope) -> tuple[int, str]:
+    """(line to insert before, indentation) for the start of a scope's body."""
+    body = scope.node.body
+    skipped: ast.stmt | None = None
+    position = 0
+    if position < len(body) and _is_docstring(body[position]):
+        skipped = body[position]
+        position += 1
+    if isinstance(scope.node, ast.Module):
+        while position < len(body) and _is_future_import(body[position]):
+            skipped = body[position]
+            position += 1
+    elif position < len(body) and _is_super_init(body[position]):
+        skipped = body[position]
+        position += 1
+    if skipped is not None:
+        if not _statement_alone(index, skipped):
+            raise EditProblem(f"line {last_line(skipped)} holds more than one statement")
+        return last_line(skipped) + 1, index.indentation(first_line(skipped))
+    if not body:  # only possible for an empty module
+        return 1, ""
+    first = body[0]
+    indent = index.indentation(first_line(first))
+    if isinstance(scope.node, ast.Module):
+        return first_line(first), indent
+    header_line = scope.node.lineno
+    line = first_line(first) - 1
+    while line > header_line and _is_blank_or_comment(index.line_text(line)):
+        line -= 1
+    if first_line(first) <= header_line:
+        raise EditProblem(
+            f"`{scope.qualname}` has its body on its header line (line {header_line}); "
+            "inserting at its start would need reformatting"
+        )
+    return line + 1, indent
+
+
+def _end_point(index: LineIndex, scope: Scope) -> tuple[int, str]:
+    last = scope.node.body[-1] if scope.node.body else None
+    if last is None:
+        return len(index.lines) + 1, ""
+    if not _statement_alone(index, last):
+        raise EditProblem(f"line {last_line(last)} holds more than one statement")
+    return last_line(last) + 1, index.indentation(first_line(last))
+
+
+def _before_point(index: LineIndex, located: Located) -> tuple[int, str]:
+    stmt = located.stmt
+    if not _statement_alone(index, stmt):
+        raise EditProblem(f"the anchor statement at line {first_line(stmt)} shares its line")
+    line = first_line(stmt)
+    indent = index.indentation(line)
+    # Comments directly above a statement belong to it: insert above them.
+    while line > 1:
+        above = index.line_text(line - 1)
+        if above.strip().startswith("#") and index.indentation(line - 1) == indent:
+            line -= 1
+        else:
+            break
+    return line, indent
+
+
+def _after_point(index: LineIndex, located: Located) -> tuple[int, str]:
+    stmt = located.stmt
+    if not _statement_alone(index, stmt):
+        raise EditProblem(f"the anchor statement at line {last_line(stmt)} shares its line")
+    return last_line(stmt) + 1, index.indentation(first_line(stmt))
+
+
+def _insert_splice(index: LineIndex, line: int, block: str, newline: str) -> Splice:
+    offset = index.line_start(line)
+    text = index.text
+    if offset == len(text) and text and not text.endswith(("\n", "\r")):
+        # the file ends without a newline: start the block on a new line, keep the ending as it was
+        return Splice(offset, offset, newline + block[: -len(newline)])
+    return Splice(offset, offset, block)
+
+
+def place_insert(
+    text: str, tree: ast.Module, edit: InsertEdit, patch: PatchSpec, newline: str, i: int
+) -> tuple[list[Splice], list[str]]:
+    index = LineIndex(text)
+    scope = scope_of(tree, edit.scope, i)
+    if edit.position == "start":
+        line, indent = _start_point(index, scope)
+    elif edit.position == "end":
+        line, indent = _end_point(index, scope)
+    else:
+        assert edit.anchor is not None
+        located = select_in(scope, edit.anchor, i, "anchor")
+        point = _before_point if edit.position == "before" else _after_point
+        line, indent = point(index, located)
+    blank_after = needs_blank_line_after(index, scope, line)
+    lines = marker_lines(patch, edit.comment, indent, blank_after=blank_after)
+    lines += _code_lines(edit.code) + ([""] if blank_after else [])
+    block = _render_block(lines, indent, newline)
+    return [_insert_splice(index, line, block, newline)], [edit.scope]
+
+
+def needs_blank_line_after(index: LineIndex, scope: Scope, line: int) -> bool:
+    """Whether a block inserted at class level before `line` must bring a blank line: the line
+    starts a method, a nested class or a decorator, which a reviewer expects set apart (a block
+    glued to the `def` under it reads as a mistake). Function bodies and modules are left as
+    they are: there a blank line would be a matter of taste, not of reading."""
+    if not isinstance(scope.node, ast.ClassDef) or line > len(index.lines):
+        return False
+    return index.line_text(line).lstrip().startswith(("def ", "async def ", "class ", "@"))
+
+
+def place_replace(
+    text: str, tree: ast.Module, edit: ReplaceEdit, patch: PatchSpec, newline: str, i: int
+) -> tuple[list[Splice], list[str]]:
+    index = LineIndex(text)
+    scope = scope_of(tree, edit.scope, i)
+    if edit.select.expression is not None:
+        try:
+            found = select_expression(scope, edit.select)
+        except AnchorProblem as problem:
+            raise EditProblem(
+                problem.message, edit_field(i, "select"), problem.candidates
+            ) from None
+        expr = found.expr
+        assert expr.end_lineno is not None and expr.end_col_offset is not None
+        start = index.offset(expr.lineno, expr.col_offset)
+        end = index.offset(expr.end_lineno, expr.end_col_offset)
+        stmt_line = first_line(found.stmt)
+        indent = index.indentation(stmt_line)
+        marker = marker_lines(patch, edit.comment, indent)
+        marker_splice = Splice(
+            index.line_start(stmt_line),
+            index.line_start(stmt_line),
+            _render_block(marker, indent, newline),
+        )
+        return [marker_splice, Splice(start, end, edit.code.strip())], [edit.scope]
+    located = select_in(scope, edit.select, i, "select")
+    stmt = located.stmt
+    if not _statement_alone(index, stmt):
+        raise EditProblem(
+            f"the selected statement at line {first_line(stmt)} shares its line with other code",
+            edit_field(i, "select"),
+        )
+    indent = index.indentation(first_line(stmt))
+    marker = marker_lines(patch, edit.comment, indent)
+    assert stmt.end_col_offset is not None
+    start = index.line_start(first_line(stmt))
+    end = index.offset(last_line(stmt), stmt.end_col_offset)
+    code = _code_lines(edit.code)
+    rendered = _render_block(marker + code, indent, newline)
+    rendered = rendered[: -len(newline)]  # the statement's own line ending stays in the file
+    scopes = [edit.scope]
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        prefix = "" if edit.scope == MODULE_SCOPE else edit.scope + "."
+        scopes.append(prefix + stmt.name)
+    return [Splice(start, end, rendered)], scopes
+
+
+def _enclosing_scope(tree: ast.Module, first: int, last: int) -> str:
+    """The innermost definition containing lines [first, last]; `<module>` when none does."""
+    best = MODULE_SCOPE
+    best_span = None
+    for qualname, node in iter_definitions(tree):
+        start, end = first_line(node), last_line(node)
+        if start <= first and last <= end and (best_span is None or end - start < best_span):
+            best, best_span = qualname, end - start
+    return best
+
+
+def plan_diff(
+    text: str,
+    tree: ast.Module,
+    edit: DiffEdit,
+    newline: str,
+    i: int,
+    diff: ParsedDiff | None = None,
+) -> tuple[list[Splice], list[str]]:
+    index = LineIndex(text)
+    parsed = diff if diff is not None else parse_unified_diff(edit.diff)
+    plain = [strip_newline(line) for line in index.lines]
+    planned = plan_hunks(plain, parsed, max_offset=edit.max_offset, fuzz=edit.fuzz)
+    if not isinstance(planned, list):
+        raise EditProblem(planned.message, edit_field(i, "diff"))
+    splices = []
+    scopes = []
+    for replacement in planned:
+        splices.append(_replacement_splice(index, replacement, newline))
+        changed: list[int] = []  # 0-based old lines removed, or where lines are added
+        cursor = replacement.start
+        for tag, _ in replacement.ops:
+            if tag == "+":
+                changed.append(cursor)
+                continue
+            if tag == "-":
+                changed.append(cursor)
+            cursor += 1
+        lo = min(changed, default=replacement.start) + 1
+        hi = max(changed, default=replacement.end - 1) + 1
+        scopes.append(_enclosing_scope(tree, lo, hi))
+    return splices, scopes
+
+
+def _replacement_splice(index: LineIndex, replacement: LineReplacement, newline: str) -> Splice:
+    out = []
+    cursor = replacement.start
+    for tag, value in replacement.ops:
+        if tag == " ":
+            out.append(index.lines[cursor])
+            cursor += 1
+        elif tag == "-":
+            cursor += 1
+        else:
+            if out and not out[-1].endswith(("\n", "\r")):
+                out[-1] += newline
+            out.append(value + newline)
+    start = index.line_start(replacement.start + 1)
+    end = index.line_end(replacement.end)
+    new = "".join(out)
+    original_tail = index.text[start:end]
+    if new and not original_tail.endswith(("\n", "\r")) and end == len(index.text):
+        new = new[: -len(newline)] if new.endswith(newline) else new
+    return Splice(start, end, new)
+
+
+def scope_of(tree: ast.Module, qualname: str, i: int) -> Scope:
+    try:
+        return resolve_scope(tree, qualname)
+    except AnchorProblem as problem:
+        raise EditProblem(problem.message, edit_field(i, "scope"), problem.candidates) from None
+
+
+def select_in(scope: Scope, selector: object, i: int, name: str) -> Located:
+    try:
+        return select_statement(scope, selector)  # type: ignore[arg-type]
+    except AnchorProblem as problem:
+        raise EditProblem(problem.message, edit_field(i, name), problem.candidates) from None

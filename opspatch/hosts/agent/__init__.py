@@ -1,0 +1,39 @@
+"""The opspatch host agent: the code that runs ON a host, under the engine's own interpreter.
+
+The controller never installs anything on a host. For each operation it runs ONE command,
+`<engine python> -c BOOTSTRAP` (see `opspatch.hosts.operations`), and sends on stdin one JSON
+request carrying the source of every module listed in `MODULES` (in that order), the operation's
+name and its arguments (bytes as base64). The bootstrap registers each module in `sys.modules`
+under its real dotted name (this package and its parents as empty stub packages, so nothing is
+ever imported from the host's disk under these names), executes it, and calls the last one's
+`main(request)` (`dispatch`). So the modules import each other with ordinary absolute imports
+that work the same here, in tests and mypy, and on a host.
+
+One concern per module:
+- `protocol`: the operation registry and `OpFailure` (an expected refusal with a stable code);
+- `fsutil`: exact bytes, atomic writes, the state folder;
+- `checks`: pure functions on what an engine says (a /generate reply, a log, tracebacks);
+- `locks`: the per-host lock; `files`: read, swap, restore, backups, bytecode, compile check;
+- `facts`: facts (driver, metadata), resolve, inspect, begin;
+- `processes`: /proc, stopping process trees, restart strategies;
+- `engine`: readiness and the smoke decode; `dispatch`: `main`, the one reply line.
+
+Rules for every module here, because they run on hosts we do not control: Python 3.8+ and the
+standard library only (`from __future__ import annotations` keeps the type hints as strings, so
+the modern spelling costs nothing at run time); never import the engine or torch; this file is
+never sent to hosts, so nothing at run time may depend on it.
+"""
+
+MODULES = (
+    "protocol",
+    "fsutil",
+    "checks",
+    "locks",
+    "files",
+    "facts",
+    "processes",
+    "engine",
+    "dispatch",
+)
+"""The agent's modules in the order a host executes them: each imports only earlier ones, and
+the last (`dispatch`) holds `main`."""

@@ -1,0 +1,244 @@
+"""The running engine: readiness and the smoke decode, checked on the host itself (SGLang servers
+usually listen on the host's loopback only).
+
+The checks that decide (a /generate reply, a log scan) are pure functions in
+`opspatch.hosts.agent.checks`, shared with the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from opspatch.hosts.agent.checks import (
+    describe_exception,
+    failure_evidence,
+    find_tracebacks,
+    group_tracebacks,
+    judge_reply,
+    scan_log,
+)
+from opspatch.hosts.agent.fsutil import file_size, log_since
+from opspatch.hosts.agent.processes import alive, find_server_pid
+from opspatch.hosts.agent.protocol import OpFailure, operation
+
+if TYPE_CHECKING:
+    from opspatch.hosts.agent.protocol import Args, Result
+
+
+READY_POLL_SECONDS = 0.1
+"""Seconds between two /health polls while an engine starts."""
+
+
+class NoAnswer(Exception):
+    """No answer: the connection was refused or dropped (the server crashed, as SGLang does) or,
+    with `timed_out`, the server did not answer in time."""
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+def _http(method: str, url: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, bytes]:
+    """One HTTP request; (status, body). No answer raises `NoAnswer`."""
+    import http.client
+    import socket
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode("utf-8") if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - loopback URL from the inventory
+            return int(response.status), response.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read()
+    except (urllib.error.URLError, http.client.HTTPException, ConnectionError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        timed_out = isinstance(reason, socket.timeout)  # TimeoutError from Python 3.10 on
+        raise NoAnswer(f"{type(reason).__name__}: {reason}", timed_out) from None
+
+
+def _port(url: str) -> int | None:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+
+
+def _seconds(value: float) -> str:
+    return f"{round(value, 1):g}s"
+
+
+def explain_no_answer(dropped: NoAnswer, waited: float, server: int | None, log_text: str) -> str:
+    """Why a /generate got no answer, told apart: the server crashed (its log records an
+    exception since the restart: shown with where it was raised), it did not answer in time
+    while still running (with the exception its log records, if any: a scheduler that died
+    under a living HTTP server), or it exited or dropped the connection without logging why."""
+    found = find_tracebacks(log_text)
+    running = server is not None and alive(server)
+    where = f"the server (pid {server})" if server is not None else "the server"
+    if found and not (dropped.timed_out and running):
+        return f"the server crashed: {describe_exception(found[-1])}"
+    if dropped.timed_out:
+        head = f"did not answer within {_seconds(waited)}"
+        if running:
+            logged = f"; its log records {describe_exception(found[-1])}" if found else ""
+            return f"{head}; {where} is still running{logged}"
+        if server is None:
+            return f"{head}; no server process was found"
+        return f"{head}; {where} has exited and its log records no exception"
+    if running:
+        return f"the connection was dropped ({dropped}); {where} is still running"
+    if server is None:
+        return f"the connection was dropped ({dropped}); no server process was found"
+    return f"{where} exited while decoding ({dropped}); its log records no exception"
+
+
+@operation("wait_ready")
+def op_wait_ready(args: Args) -> Result:
+    """Poll `<url>/health` every `READY_POLL_SECONDS` until it answers 200, until the deadline.
+
+    A fixed short interval, never a backoff: a server that turns ready is noticed within one
+    interval (a backoff to 2 s noticed it up to 2 s late, on every host of a rollout). It does not
+    flood the server: a starting SGLang server answers /health with a cheap 503 (or refuses the
+    connection), and each poll waits for the previous answer. Fails fast when the process
+    started by the restart (its pid) has exited.
+    """
+    url = str(args["url"]).rstrip("/")
+    timeout = float(args.get("timeout") or 600.0)
+    pid = args.get("pid")
+    log_file = args.get("log_file")
+    offset = args.get("log_offset")
+    started = time.monotonic()
+    deadline = started + timeout
+    polls = 0
+    last = "no answer yet"
+    while True:
+        polls += 1
+        wait = min(20.0, max(1.0, deadline - time.monotonic()))
+        try:
+            status, _ = _http("GET", url + "/health", None, timeout=wait)
+            if status == 200:
+                return {"seconds": round(time.monotonic() - started, 3), "polls": polls}
+            last = f"/health answered {status}"
+        except NoAnswer as exc:
+            last = f"/health: {exc}"
+        if pid is not None and not alive(int(pid)):
+            said, evidence = failure_evidence(log_since(log_file, offset))
+            raise OpFailure(
+                "engine-exited",
+                f"the engine (pid {pid}) exited before it was ready{said}",
+                evidence,
+            )
+        if time.monotonic() + READY_POLL_SECONDS > deadline:
+            said, evidence = failure_evidence(log_since(log_file, offset))
+            running = f"; the engine (pid {pid}) is still running" if pid is not None else ""
+            raise OpFailure(
+                "not-ready",
+                f"not ready after {timeout:.0f}s ({last}){running}"
+                + (f"; its log records{said}" if said else ""),
+                evidence,
+            )
+        time.sleep(READY_POLL_SECONDS)
+
+
+@operation("smoke")
+def op_smoke(args: Args) -> Result:
+    """Greedy decodes of the playbook's prompts, checked; then a scan of the log since restart.
+
+    Every failed check is reported in the result (not raised): the controller decides.
+    """
+    url = str(args["url"]).rstrip("/")
+    prompts = args.get("prompts") or []
+    max_new_tokens = int(args.get("max_new_tokens") or 16)
+    require_spec_verify = bool(args.get("require_spec_verify"))
+    baseline = args.get("baseline")
+    checks = args.get("checks", True)
+    timeout = float(args.get("timeout") or 180.0)
+    log_file = args.get("log_file")
+    offset = args.get("log_offset")
+    if offset is None:
+        offset = file_size(log_file)
+    deadline = time.monotonic() + timeout
+    results: list[Result] = []
+    failures: list[str] = []
+    for index, prompt in enumerate(prompts):
+        text = str(prompt.get("text", ""))
+        result: Result = {
+            "prompt": text,
+            "ok": False,
+            "text": None,
+            "completion_tokens": None,
+            "spec_verify_ct": None,
+            "problem": None,
+        }
+        results.append(result)
+        body = {
+            "text": text,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
+        }
+        waited = max(1.0, deadline - time.monotonic())
+        try:
+            status, raw = _http("POST", url + "/generate", body, timeout=waited)
+        except NoAnswer as exc:
+            server = find_server_pid(args.get("pid"), args.get("pid_file"), _port(url))
+            log_text = log_since(log_file, offset)
+            if not find_tracebacks(log_text) and not (server is not None and alive(server)):
+                time.sleep(0.3)  # a dying server may still be writing its traceback
+                log_text = log_since(log_file, offset)
+            result["problem"] = explain_no_answer(exc, waited, server, log_text)
+        else:
+            expected = baseline[index] if baseline is not None and index < len(baseline) else None
+            result.update(
+                judge_reply(
+                    status,
+                    raw,
+                    checks=bool(checks),
+                    require_spec_verify=require_spec_verify,
+                    expect=prompt.get("expect"),
+                    baseline=expected,
+                )
+            )
+        if result["problem"]:
+            failures.append(f"prompt {index + 1}: {result['problem']}")
+        else:
+            result["ok"] = True
+    log_hits: list[str] = []
+    exceptions: list[Result] = []
+    evidence: Result = {"log_tail": None, "exception": None}
+    if checks and log_file:
+        log_text = log_since(log_file, offset)
+        hits = scan_log(log_text, args.get("fail_patterns") or [])
+        log_hits = [hit["line"] for hit in hits]
+        found = find_tracebacks(log_text)
+        exceptions = group_tracebacks(found)
+        if log_hits:
+            failures.append(f"server log: {_explain_hit(hits[0], found)}")
+        if failures:
+            _, evidence = failure_evidence(log_text)
+    return {
+        "ok": not failures,
+        "results": results,
+        "failures": failures,
+        "log_hits": log_hits[:20],
+        "log_offset": offset,
+        "exceptions": exceptions[:20],
+        "log_tail": evidence["log_tail"],
+        "exception": evidence["exception"],
+    }
+
+
+def _explain_hit(hit: Result, tracebacks: list[Result]) -> str:
+    """The exception behind a matching log line (the first traceback that holds it or starts
+    after it), shown with where it was raised; the line itself when no traceback follows it."""
+    for found in tracebacks:
+        if (found["exception_line_number"] or found["line_number"]) >= hit["line_number"]:
+            return describe_exception(found)
+    return str(hit["line"])

@@ -1,0 +1,158 @@
+"""Files on the host: exact bytes in, atomic writes out, and the small helpers around them.
+
+Every write is atomic (a temp file in the target's own directory, fsync, rename, fsync of the
+directory), keeps mode and owner, and removes its temp file on any failure.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import hashlib
+import os
+import tempfile
+import time
+
+from opspatch.hosts.agent.protocol import OpFailure, os_failure
+
+try:  # POSIX hosts only; the agent is never run elsewhere, but importing it must not fail
+    import grp
+    import pwd
+except ImportError:  # pragma: no cover
+    grp = None  # type: ignore[assignment]
+    pwd = None  # type: ignore[assignment]
+
+TEMP_SUFFIX = ".opspatch-tmp"
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"), validate=True)
+
+
+def iso(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
+
+
+def read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        raise OpFailure("not-found", f"{path} does not exist", {"path": path}) from None
+    except IsADirectoryError:
+        raise OpFailure("not-a-file", f"{path} is a directory", {"path": path}) from None
+    except PermissionError as exc:
+        raise os_failure("permission-denied", f"cannot read {path}", exc) from None
+
+
+def user_name(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name if pwd else None
+    except KeyError:
+        return None
+
+
+def group_name(gid: int) -> str | None:
+    try:
+        return grp.getgrgid(gid).gr_name if grp else None
+    except KeyError:
+        return None
+
+
+def dist_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def ensure_state_dir(state_dir: str) -> str:
+    try:
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise os_failure(
+            "state-dir-unwritable", f"cannot create the state folder {state_dir}", exc
+        ) from None
+    return state_dir
+
+
+def fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # some filesystems cannot fsync a directory; the rename still stands
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def write_atomically(target: str, content: bytes, mode: int, uid: int, gid: int) -> None:
+    """Replace `target` by `content` atomically, with the given mode and owner.
+
+    A temp file is written in the target's own directory (so the rename cannot cross
+    filesystems), fsynced, given mode and owner, renamed over the target, then the directory is
+    fsynced. On any failure the temp file is removed and the target is untouched.
+
+    Raises:
+        OpFailure("write-failed"): the directory is read-only, the disk is full, the owner
+            cannot be kept, or the rename failed.
+    """
+    directory, name = os.path.split(target)
+    try:
+        fd, temp = tempfile.mkstemp(prefix="." + name + ".", suffix=TEMP_SUFFIX, dir=directory)
+    except OSError as exc:
+        raise os_failure("write-failed", f"cannot create a temp file in {directory}", exc) from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+            info = os.fstat(handle.fileno())
+            if (info.st_uid, info.st_gid) != (uid, gid):
+                os.fchown(handle.fileno(), uid, gid)
+            os.fchmod(handle.fileno(), mode)  # after chown, which may clear set-id bits
+        os.replace(temp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise os_failure("write-failed", f"cannot write {target}", exc) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    fsync_directory(directory)
+
+
+def file_size(path: str | None) -> int | None:
+    if not path:
+        return None
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+def log_since(path: str | None, offset: int | None, limit: int = 4_000_000) -> str:
+    """The log written since `offset` (the whole log if it shrank: it was rotated)."""
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            start = offset if offset is not None and offset <= size else 0
+            handle.seek(max(start, size - limit))
+            return handle.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""

@@ -1,0 +1,263 @@
+"""Processes on the host and restarting the engine: systemd, supervisor, or a start command.
+
+Processes are found through /proc by pid and parent pid, never by name; a pid read from a pid
+file is trusted only if its process started before the file was written (a reused pid did not).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from typing import TYPE_CHECKING, Any
+
+from opspatch.hosts.agent.checks import failure_evidence
+from opspatch.hosts.agent.fsutil import file_size, log_since, write_atomically
+from opspatch.hosts.agent.protocol import OpFailure, operation
+
+if TYPE_CHECKING:
+    from opspatch.hosts.agent.protocol import Args, Result
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2 :].split()
+    return fields[0], int(fields[1])
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited but not yet reaped, does not count)."""
+    stat_info = proc_stat(pid)
+    if stat_info is not None:
+        return stat_info[0] not in ("Z", "X")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _process_tree(root: int) -> list[int]:
+    """`root` and all its descendants, found through parent pids (never by name)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat_info = proc_stat(int(entry))
+            if stat_info is not None:
+                children.setdefault(stat_info[1], []).append(int(entry))
+    tree, queue = [], [root]
+    while queue:
+        pid = queue.pop()
+        tree.append(pid)
+        queue.extend(children.get(pid, []))
+    return tree
+
+
+def stop_process_tree(root: int, timeout: float) -> list[int]:
+    """TERM the process tree of `root`, wait up to `timeout`, then KILL what is left."""
+    import signal
+
+    tree = [pid for pid in _process_tree(root) if alive(pid)]
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(pid) for pid in tree):
+        time.sleep(0.1)
+    for pid in tree:
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(pid) for pid in tree):
+        time.sleep(0.05)
+    return tree
+
+
+def _process_start_epoch(pid: int) -> float | None:
+    """When `pid` started (seconds since the epoch), from /proc; None where that is unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read().decode("utf-8", errors="replace")
+        with open("/proc/stat", encoding="utf-8") as handle:
+            boot = next(float(line.split()[1]) for line in handle if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError):
+        return None
+    ticks = int(raw[raw.rfind(")") + 2 :].split()[19])
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _started_before(pid: int, pid_file: str) -> bool:
+    """Whether `pid` is the process the pid file was written for, not a later one that reused
+    the number: the engine started before its pid file was written (a reused pid started
+    after). Where /proc cannot tell, the pid file is trusted."""
+    started = _process_start_epoch(pid)
+    try:
+        written = os.stat(pid_file).st_mtime
+    except OSError:
+        return False
+    return started is None or started <= written + 2.0
+
+
+def read_pid_file(path: str) -> int | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def listening_pids(port: int) -> list[int]:
+    """Processes with a listening TCP socket on `port` (any address, IPv4 or IPv6), from /proc.
+
+    Sockets are matched by inode against each process's file descriptors, so processes of other
+    users (whose descriptors cannot be read without privileges) are not found.
+    """
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii", errors="replace") as handle:
+                rows = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            # sl local_address rem_address st ... inode; state 0A is LISTEN
+            listening = len(fields) > 9 and fields[3] == "0A"
+            if listening and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    if not inodes:
+        return []
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            descriptors = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for descriptor in descriptors:
+            try:
+                target = os.readlink(f"/proc/{entry}/fd/{descriptor}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                found.append(int(entry))
+                break
+    return sorted(found)
+
+
+def find_server_pid(pid: int | None, pid_file: str | None, port: int | None) -> int | None:
+    """The engine's process: the pid its restart reported when known, else the one in its pid
+    file, else whoever listens on its port; None when none of them says."""
+    if pid is not None:
+        return int(pid)
+    if pid_file:
+        from_file = read_pid_file(pid_file)
+        if from_file is not None:
+            return from_file
+    if port is not None:
+        listening = listening_pids(port)
+        if listening:
+            return listening[0]
+    return None
+
+
+def _run_tool(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        raise OpFailure(
+            "restart-tool-missing", f"{argv[0]} is not installed on this host"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise OpFailure(
+            "restart-timeout", f"{' '.join(argv)} did not finish in {timeout:.0f}s"
+        ) from None
+
+
+def _restart_command(
+    settings: dict[str, Any], env: dict[str, str], log_file: str | None, timeout: float
+) -> Result:
+    pid_file = settings["pid_file"]
+    stopped: list[int] = []
+    old = read_pid_file(pid_file)
+    if old is not None and alive(old) and _started_before(old, pid_file):
+        stopped = stop_process_tree(old, float(settings.get("stop_timeout") or 30.0))
+    log_path = log_file or os.devnull
+    if log_file:
+        os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
+    offset = file_size(log_file)
+    full_env = dict(os.environ)
+    full_env.update(env)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(  # noqa: S602 - the operator's start command, as systemd's ExecStart
+            settings["start"],
+            shell=True,
+            cwd=settings.get("workdir") or None,
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives this agent and the SSH session that started it
+            close_fds=True,
+        )
+    pid_dir = os.path.dirname(os.path.abspath(pid_file))
+    os.makedirs(pid_dir, exist_ok=True)
+    stat_dir = os.stat(pid_dir)
+    write_atomically(pid_file, f"{process.pid}\n".encode(), 0o644, stat_dir.st_uid, stat_dir.st_gid)
+    time.sleep(0.2)
+    if process.poll() is not None:
+        said, evidence = failure_evidence(log_since(log_file, offset))
+        raise OpFailure(
+            "start-failed",
+            f"the start command exited at once with status {process.returncode}{said}",
+            evidence,
+        )
+    return {"strategy": "command", "pid": process.pid, "log_offset": offset, "stopped": stopped}
+
+
+@operation("restart")
+def op_restart(args: Args) -> Result:
+    """Restart the engine with the inventory's strategy; return its pid and the log offset."""
+    settings = dict(args.get("restart") or {})
+    log_file = args.get("log_file")
+    timeout = float(args.get("timeout") or 180.0)
+    env = {str(k): str(v) for k, v in (args.get("env") or {}).items()}
+    kind = settings.get("kind")
+    if kind == "command":
+        return _restart_command(settings, env, log_file, timeout)
+    offset = file_size(log_file)
+    if kind == "systemd":
+        unit = settings["unit"]
+        done = _run_tool(["systemctl", "restart", unit], timeout)
+        if done.returncode != 0:
+            raise OpFailure("restart-failed", f"systemctl restart {unit}: {done.stderr.strip()}")
+        state = _run_tool(["systemctl", "is-active", unit], 30).stdout.strip()
+        if state not in ("active", "activating", "reloading"):
+            raise OpFailure("restart-failed", f"{unit} is {state or 'unknown'} after restart")
+        main_pid = _run_tool(
+            ["systemctl", "show", "-p", "MainPID", "--value", unit], 30
+        ).stdout.strip()
+        pid = int(main_pid) if main_pid.isdigit() and main_pid != "0" else None
+        return {"strategy": "systemd", "pid": pid, "log_offset": offset, "detail": state}
+    if kind == "supervisor":
+        program = settings["program"]
+        ctl = ["supervisorctl"] + (["-c", settings["config"]] if settings.get("config") else [])
+        done = _run_tool(ctl + ["restart", program], timeout)
+        output = (done.stdout + done.stderr).strip()
+        if done.returncode != 0 or "started" not in output:
+            raise OpFailure("restart-failed", f"supervisorctl restart {program}: {output}")
+        found = _run_tool(ctl + ["pid", program], 30).stdout.strip()
+        pid = int(found) if found.isdigit() and found != "0" else None
+        return {"strategy": "supervisor", "pid": pid, "log_offset": offset, "detail": output}
+    raise OpFailure("bad-restart", f"unknown restart strategy {kind!r}")

@@ -1,0 +1,143 @@
+"""The host agent as a package: what travels to hosts, and the rules its modules keep.
+
+The agent runs on hosts we do not control, under the engine's interpreter (Python 3.8 or newer),
+with nothing installed: each module must parse with the 3.8 grammar, import only the standard
+library and earlier agent modules (the bootstrap executes them in `MODULES` order), and stay a
+readable size.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from opspatch.core.host import EngineSettings, Host
+from opspatch.errors import PreimageMismatch
+from opspatch.hosts.agent import MODULES
+from opspatch.hosts.operations import AGENT_PACKAGE, HostOperations, agent_modules
+from opspatch.hosts.transport.local import LocalTransport
+
+PYTHON_38_CANDIDATES = (
+    "/root/.pyenv/versions/3.8.18/bin/python3.8",
+    os.path.expanduser("~/.pyenv/versions/3.8.18/bin/python3.8"),
+    shutil.which("python3.8"),
+)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def imported_modules(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == AGENT_PACKAGE:
+                names.update(f"{AGENT_PACKAGE}.{alias.name}" for alias in node.names)
+            else:
+                names.add(node.module)
+    return names
+
+
+def test_every_module_travels_in_dependency_order_and_parses_as_python_38() -> None:
+    sent = agent_modules()
+    assert [name for name, _ in sent] == [f"{AGENT_PACKAGE}.{m}" for m in MODULES]
+    assert MODULES[-1] == "dispatch"
+    earlier: set[str] = set()
+    for name, source in sent:
+        tree = ast.parse(source, filename=name, feature_version=(3, 8))
+        assert any(
+            isinstance(node, ast.ImportFrom) and node.module == "__future__" for node in tree.body
+        ), f"{name} needs `from __future__ import annotations` (hints stay strings on 3.8)"
+        for imported in imported_modules(tree):
+            if imported.startswith("opspatch"):
+                assert imported in earlier, f"{name} imports {imported}, not sent before it"
+            else:
+                top = imported.split(".")[0]
+                assert top in sys.stdlib_module_names, f"{name} imports {imported}"
+        earlier.add(name)
+
+
+def test_each_module_holds_one_concern_of_a_readable_size() -> None:
+    for name, source in agent_modules():
+        assert len(source.splitlines()) < 600, name
+
+
+def python_38() -> str | None:
+    """A real Python 3.8 (a pyenv shim is not one: it needs its own configuration)."""
+    found = (p for p in PYTHON_38_CANDIDATES if p and "/shims/" not in p)
+    return next((p for p in found if os.access(p, os.X_OK)), None)
+
+
+def host_on(python: str, state_dir: Path) -> Host:
+    return Host(
+        name="py38",
+        inventory="test",
+        address="127.0.0.1",
+        port=None,
+        user=None,
+        identity_file=None,
+        known_hosts=None,
+        jump=None,
+        transport="local",
+        state_dir=str(state_dir),
+        vars={},
+        engine=EngineSettings(python=python),
+        groups=(),
+    )
+
+
+@pytest.mark.skipif(python_38() is None, reason="no Python 3.8 interpreter here (pyenv 3.8.18)")
+def test_the_agent_runs_under_python_38(tmp_path: Path) -> None:
+    python = python_38()
+    assert python is not None
+    target = tmp_path / "worker.py"
+    target.write_bytes(b"A = 1\n")
+    with LocalTransport("py38") as transport:
+        ops = HostOperations(transport, host_on(python, tmp_path / "state"))
+        inspection = ops.inspect(path=str(target), timeout=60)
+        assert inspection.facts.python_version.startswith("3.8.")
+        assert inspection.file.content == b"A = 1\n"
+        lock = ops.lock(run_id="r1", timeout=30)
+        swapped = ops.swap(
+            str(target),
+            expected_sha256=sha(b"A = 1\n"),
+            new_content=b"A = 2\n",
+            lock_run_id="r1",
+            timeout=60,
+        )
+        assert swapped.changed and target.read_bytes() == b"A = 2\n"
+        with pytest.raises(PreimageMismatch):
+            ops.swap(str(target), expected_sha256=sha(b"A = 1\n"), new_content=b"", timeout=60)
+        restored = ops.restore(str(target), pre_sha256=sha(b"A = 1\n"), timeout=60)
+        assert restored.source == "backup" and target.read_bytes() == b"A = 1\n"
+        assert ops.unlock(run_id=lock.holder.run_id or "", timeout=30).released
+
+
+def test_nothing_is_imported_from_the_host_disk_under_the_agent_names(tmp_path: Path) -> None:
+    """An `opspatch` installed on a host (any version) must not mix with the agent sent."""
+    decoy = tmp_path / "site" / "opspatch" / "hosts" / "agent"
+    decoy.mkdir(parents=True)
+    for folder in (decoy.parent.parent, decoy.parent, decoy):
+        (folder / "__init__.py").write_text("raise RuntimeError('imported from disk')\n")
+    (decoy / "protocol.py").write_text("raise RuntimeError('imported from disk')\n")
+    host = host_on(sys.executable, tmp_path / "state")
+    host = Host(
+        **{
+            **host.__dict__,
+            "engine": EngineSettings(
+                python=sys.executable, env={"PYTHONPATH": str(decoy.parents[2])}
+            ),
+        }
+    )
+    with LocalTransport("h") as transport:
+        facts = HostOperations(transport, host).facts(timeout=60)
+    assert facts.python_executable == sys.executable

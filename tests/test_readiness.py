@@ -1,0 +1,127 @@
+"""Readiness: a ready engine is noticed within one short poll interval, without flooding it.
+
+The agent's `wait_ready` runs here in-process against a real HTTP server on loopback that
+answers 503 (starting) to its first requests, then 200. The agent's sleeps are recorded (and
+really slept), so the test checks the interval it chose, not how fast this machine is.
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import opspatch.hosts.agent.engine as agent_engine
+from opspatch.hosts.agent.engine import READY_POLL_SECONDS, op_wait_ready
+
+
+class StartingServer(http.server.ThreadingHTTPServer):
+    """Answers /health with 503 to its first `starting` requests, then 200."""
+
+    def __init__(self, starting: int) -> None:
+        super().__init__(("127.0.0.1", 0), _Health)
+        self.starting = starting
+        self.requests = 0
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    server: StartingServer
+
+    def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+        self.server.requests += 1
+        status = 503 if self.server.requests <= self.server.starting else 200
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def starting_server() -> Iterator[StartingServer]:
+    server = StartingServer(starting=12)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_readiness_polls_at_one_short_fixed_interval(
+    starting_server: StartingServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        time.sleep(seconds)
+
+    clock = SimpleNamespace(monotonic=time.monotonic, time=time.time, sleep=sleep)
+    monkeypatch.setattr(agent_engine, "time", clock)
+    url = f"http://127.0.0.1:{starting_server.server_address[1]}"
+    ready = op_wait_ready({"url": url, "timeout": 600, "pid": None})
+    assert ready["polls"] == 13 == starting_server.requests  # 12 answers 503, then 200
+    # never a backoff: a server that turns ready is asked again within one short interval,
+    # and never more often than that (a starting server is not flooded)
+    assert slept == [READY_POLL_SECONDS] * 12
+    assert 0.05 <= READY_POLL_SECONDS <= 0.1
+
+
+# ---------------------------------------------------------------------------------------------
+# a decode with no answer: a timeout told from a crash
+
+CRASH_LOG = (
+    "[2026-11-30 02:50:20 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+    '  File "/srv/eagle_worker_v2.py", line 613, in forward\n'
+    "AttributeError: no attribute 'spec_disable_batch_threshold'\n"
+)
+WHERE = '(File "/srv/eagle_worker_v2.py", line 613, in forward)'
+
+
+def exited_pid() -> int:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True
+    )
+    return int(done.stdout)
+
+
+def test_a_decode_without_answer_is_told_apart() -> None:
+    import os
+
+    from opspatch.hosts.agent.engine import NoAnswer, explain_no_answer
+
+    timeout = NoAnswer("TimeoutError: timed out", timed_out=True)
+    dropped = NoAnswer("RemoteDisconnected: Remote end closed connection without response")
+    me = os.getpid()
+    assert explain_no_answer(timeout, 2.97, me, "") == (
+        f"did not answer within 3s; the server (pid {me}) is still running"
+    )
+    assert explain_no_answer(timeout, 3, me, CRASH_LOG) == (
+        f"did not answer within 3s; the server (pid {me}) is still running; its log records "
+        f"AttributeError: no attribute 'spec_disable_batch_threshold' {WHERE}"
+    )
+    assert explain_no_answer(dropped, 3, me, CRASH_LOG) == (
+        f"the server crashed: AttributeError: no attribute 'spec_disable_batch_threshold' {WHERE}"
+    )
+    gone = exited_pid()
+    assert explain_no_answer(timeout, 3, gone, CRASH_LOG).startswith("the server crashed: ")
+    assert explain_no_answer(dropped, 3, gone, "") == (
+        f"the server (pid {gone}) exited while decoding ({dropped}); its log records no exception"
+    )
+    assert explain_no_answer(dropped, 3, None, "") == (
+        f"the connection was dropped ({dropped}); no server process was found"
+    )
+    assert explain_no_answer(timeout, 3, None, "") == (
+        "did not answer within 3s; no server process was found"
+    )

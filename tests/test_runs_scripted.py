@@ -1,0 +1,412 @@
+"""The pipeline's rare paths, fast: every host is a `ScriptedTransport` whose file operations run
+the real host agent on real files in a temporary folder, while the engine (restart, readiness,
+smoke) and the faults under test are scripted. No engine, no sshd: each test takes well under a
+second, so every rare branch of the apply, rollback and recover pipelines gets one.
+
+The real-process tests (test_rollout.py) prove the same pipeline end to end; these pin down the
+branches that are hard to provoke there: a swap whose reply is lost after the write, a host that
+vanishes in the middle, a restore that fails, a lock taken away mid-run, halting and
+on_halt = rollback-run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opspatch.config.patches import load_patch
+from opspatch.core.host import CommandRestart, EngineSettings, Host
+from opspatch.core.policy import BatchSize, Playbook
+from opspatch.core.spec import LoadedPatch
+from opspatch.errors import TransportError
+from opspatch.hosts.transport.base import Transport
+from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
+from opspatch.ledger.store import Ledger
+from opspatch.runs.apply import apply_to_hosts
+from opspatch.runs.recover import recover_hosts, unlock_hosts
+from opspatch.runs.report import RunReport
+
+REPO = Path(__file__).resolve().parent.parent
+STANDIN = REPO / "opspatch" / "sandbox" / "engine_src" / "sglang" / "srt" / "speculative"
+MODULE = "sglang.srt.speculative.eagle_worker_v2"
+
+Fault = Callable[[str, dict[str, Any]], "dict[str, Any] | Refusal | None"]
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class FakeHost:
+    """One scripted host: a real file (the stand-in's eagle_worker_v2.py) and a real state
+    folder, an engine that answers as scripted, and `fault`, asked first for every request."""
+
+    name: str
+    root: Path
+    fault: Fault | None = None
+    smoke_ok: bool = True
+    gone: bool = False  # every request fails: the host vanished
+    requests: list[str] = field(default_factory=list)
+
+    @property
+    def file(self) -> Path:
+        return self.root / "site" / "sglang" / "srt" / "speculative" / "eagle_worker_v2.py"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    def host(self) -> Host:
+        return Host(
+            name=self.name,
+            inventory="scripted",
+            address=self.name,
+            port=None,
+            user=None,
+            identity_file=None,
+            known_hosts=None,
+            jump=None,
+            transport="ssh",
+            state_dir=str(self.state),
+            vars={},
+            engine=EngineSettings(
+                python="/opt/sglang/bin/python",
+                speculative=True,
+                restart=CommandRestart(start="serve", pid_file=str(self.root / "pid")),
+            ),
+            groups=(),
+        )
+
+    def answer(self, op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal:
+        self.requests.append(op)
+        if self.gone:
+            raise TransportError("the host does not answer", host=self.name, step="exec")
+        if self.fault is not None:
+            scripted = self.fault(op, args)
+            if scripted is not None:
+                return scripted
+        return self.real(op, args)
+
+    def real(self, op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal:
+        """The real agent for files and locks; a scripted engine for the rest."""
+        if op in ("begin", "inspect") and args.get("module") == MODULE:
+            args = {**args, "module": None, "path": str(self.file)}
+            answer = agent_operation(op, args)
+            if isinstance(answer, dict):  # as the engine's interpreter resolves it
+                answer["resolved"] = {
+                    "module": MODULE,
+                    "origin": str(self.file),
+                    "realpath": str(self.file),
+                    "is_symlink": False,
+                    "is_package": False,
+                    "distribution": "sglang",
+                    "distribution_version": "0.5.23",
+                    "record_sha256": None,
+                }
+            return answer
+        if op == "restart":
+            return {"strategy": "command", "pid": 4242, "log_offset": 0, "stopped": []}
+        if op == "wait_ready":
+            return {"seconds": 0.1, "polls": 1}
+        if op == "smoke":
+            result = {
+                "prompt": "p",
+                "ok": self.smoke_ok,
+                "text": "t",
+                "completion_tokens": 16,
+                "spec_verify_ct": 4,
+                "problem": None if self.smoke_ok else "the server crashed: ValueError: boom",
+            }
+            failures = [] if self.smoke_ok else ["prompt 1: the server crashed: ValueError: boom"]
+            return {"ok": self.smoke_ok, "results": [result], "failures": failures}
+        return agent_operation(op, args)
+
+
+@dataclass
+class Fleet:
+    hosts: list[FakeHost]
+    ledger: Ledger
+    patch: LoadedPatch
+    transports: dict[str, ScriptedTransport] = field(default_factory=dict)
+
+    def factory(self, host: Host) -> Transport:
+        fake = next(h for h in self.hosts if h.name == host.name)
+        self.transports[host.name] = ScriptedTransport(fake.answer, host=host.name)
+        return self.transports[host.name]
+
+    def apply(self, playbook: Playbook | None = None) -> RunReport:
+        return apply_to_hosts(
+            self.patch,
+            [h.host() for h in self.hosts],
+            playbook or Playbook(canary=0, batch=BatchSize(count=10), max_failures=1),
+            factory=self.factory,
+            ledger=self.ledger,
+        )
+
+    def outcomes(self, report: RunReport) -> dict[str, str]:
+        return {h.host: str(h.outcome) for h in report.hosts}
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    patch = load_patch(REPO / "patches" / "eagle-init-guard.toml")
+    hosts = []
+    for index in range(3):
+        fake = FakeHost(f"h{index + 1}", tmp_path / f"h{index + 1}")
+        fake.file.parent.mkdir(parents=True)
+        fake.file.write_bytes((STANDIN / "eagle_worker_v2.py").read_bytes())
+        hosts.append(fake)
+    ledger = Ledger.open(tmp_path / "ledger.sqlite3")
+    try:
+        yield Fleet(hosts, ledger, patch)
+    finally:
+        ledger.close()
+
+
+PRISTINE = sha((STANDIN / "eagle_worker_v2.py").read_bytes())
+
+
+def test_a_swap_whose_reply_is_lost_after_the_write_is_read_back_and_rolled_back(
+    fleet: Fleet,
+) -> None:
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+
+    def lose_the_swap_reply(op: str, args: dict[str, Any]) -> None:
+        if op == "swap":
+            agent_operation(op, args)  # the file is written...
+            raise TransportError("the connection broke", host=host.name, step="exec")
+        return None
+
+    host.fault = lose_the_swap_reply
+    report = fleet.apply()
+    (outcome,) = report.hosts
+    assert outcome.outcome == "rolled-back", outcome
+    assert "the swap did not answer" in (outcome.error or "")
+    assert sha(host.file.read_bytes()) == PRISTINE
+    steps = [s.step for s in outcome.steps]
+    assert steps[steps.index("swap") + 1 : steps.index("swap") + 3] == ["reconcile", "restore"]
+    assert report.exit_code == 1
+
+
+def test_a_swap_that_gave_no_reply_and_wrote_nothing_is_failed_with_the_file_unchanged(
+    fleet: Fleet,
+) -> None:
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+
+    def drop_before_the_write(op: str, args: dict[str, Any]) -> None:
+        if op == "swap":
+            raise TransportError("the connection broke", host=host.name, step="exec")
+        return None
+
+    host.fault = drop_before_the_write
+    (outcome,) = fleet.apply().hosts
+    assert outcome.outcome == "failed"
+    assert "the file is unchanged" in (outcome.error or "")
+    assert sha(host.file.read_bytes()) == PRISTINE
+
+
+def test_an_agent_that_printed_no_reply_during_the_swap_is_not_taken_as_nothing_changed(
+    fleet: Fleet,
+) -> None:
+    """No reply at all (the channel closed with no exit status, say) is an unknown effect, not
+    a refusal: before, the host was reported `failed` while its file was the post-image."""
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+
+    def write_then_die(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        if op == "swap":
+            agent_operation(op, args)
+            return Refusal("agent-no-reply", "the host agent gave no reply (exit -1)")
+        return None
+
+    host.fault = write_then_die
+    (outcome,) = fleet.apply().hosts
+    assert outcome.outcome == "rolled-back"
+    assert sha(host.file.read_bytes()) == PRISTINE
+
+
+def test_a_host_that_vanishes_after_a_lost_swap_needs_attention_and_halts(fleet: Fleet) -> None:
+    first = fleet.hosts[0]
+
+    def vanish(op: str, args: dict[str, Any]) -> None:
+        if op == "swap":
+            agent_operation(op, args)
+            first.gone = True
+            raise TransportError("the connection broke", host=first.name, step="exec")
+        return None
+
+    first.fault = vanish
+    report = fleet.apply(Playbook(canary=1, batch=BatchSize(count=10), max_failures=1))
+    outcomes = fleet.outcomes(report)
+    assert outcomes == {"h1": "needs-attention", "h2": "skipped", "h3": "skipped"}
+    assert report.exit_code == 3
+    for other in fleet.hosts[1:]:
+        assert sha(other.file.read_bytes()) == PRISTINE
+        assert "swap" not in other.requests
+
+
+def test_a_restore_that_fails_needs_attention_and_keeps_the_backup(fleet: Fleet) -> None:
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+    host.smoke_ok = False
+
+    def restore_fails(op: str, args: dict[str, Any]) -> Refusal | None:
+        if op == "restore":
+            return Refusal("write-failed", "cannot write: the directory is read-only")
+        return None
+
+    host.fault = restore_fails
+    report = fleet.apply()
+    (outcome,) = report.hosts
+    assert outcome.outcome == "needs-attention"
+    assert "then the restore failed" in (outcome.error or "")
+    assert report.exit_code == 3
+    assert (host.state / "backups" / PRISTINE).is_file()
+
+
+def test_a_lock_taken_away_mid_run_refuses_the_swap_and_changes_nothing(fleet: Fleet) -> None:
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+
+    def steal_the_lock(op: str, args: dict[str, Any]) -> None:
+        if op == "swap":
+            lock = host.state / "lock.json"
+            holder = json.loads(lock.read_text())
+            lock.write_text(json.dumps({**holder, "run_id": "20260101T000000Z-other0"}))
+        return None
+
+    host.fault = steal_the_lock
+    (outcome,) = fleet.apply().hosts
+    assert outcome.outcome == "failed"
+    assert "no longer holds the host's lock" in (outcome.error or "")
+    assert sha(host.file.read_bytes()) == PRISTINE
+
+
+def test_a_failed_canary_halts_and_the_rest_is_not_started(fleet: Fleet) -> None:
+    fleet.hosts[0].smoke_ok = False
+    report = fleet.apply(Playbook(canary=1, batch=BatchSize(count=10), max_failures=5))
+    outcomes = fleet.outcomes(report)
+    assert outcomes == {"h1": "rolled-back", "h2": "skipped", "h3": "skipped"}
+    assert report.halted is not None and "canary h1 failed" in report.halted
+    assert all(sha(h.file.read_bytes()) == PRISTINE for h in fleet.hosts)
+    assert "swap" not in fleet.hosts[1].requests
+
+
+def test_on_halt_rollback_run_restores_the_hosts_this_run_applied(fleet: Fleet) -> None:
+    fleet.hosts[1].smoke_ok = False
+    playbook = Playbook(
+        canary=0, batch=BatchSize(count=10), max_in_flight=1, max_failures=1, on_halt="rollback-run"
+    )
+    report = fleet.apply(playbook)
+    outcomes = fleet.outcomes(report)
+    assert outcomes == {"h1": "rolled-back", "h2": "rolled-back", "h3": "skipped"}
+    assert "on_halt = rollback-run" in (report.hosts[0].error or "")
+    assert all(sha(h.file.read_bytes()) == PRISTINE for h in fleet.hosts)
+
+
+def test_every_host_step_of_apply_takes_its_deadline_from_the_playbook(fleet: Fleet) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    playbook = Playbook(canary=0, batch=BatchSize(count=10))
+    from dataclasses import replace
+
+    timeouts = replace(playbook.timeouts, swap=7.0, smoke=11.0, lock=3.0, inspect=5.0)
+    fleet.apply(replace(playbook, timeouts=timeouts))
+    deadlines = {c.op: c.timeout for c in fleet.transports["h1"].calls}
+    assert deadlines["begin"] == 8.0
+    assert deadlines["swap"] == 7.0
+    assert deadlines["unlock"] == 3.0
+    assert deadlines["smoke"] > 11.0  # the host-side deadline plus the exec's margin
+
+
+def _left_by_a_dead_run(fleet: Fleet, host: FakeHost) -> str:
+    """What a controller killed right after the swap leaves: its run interrupted in the ledger
+    with the file version recorded, the host's file patched and never restarted, its lock."""
+    from opspatch.core.edit import Applied, apply_patch
+    from tests.ledgerkit import begin_and_die
+
+    run_id = begin_and_die(fleet.ledger.path, hosts=[host.name])
+    planned = apply_patch(host.file.read_bytes(), fleet.patch.spec)
+    assert isinstance(planned, Applied)
+    fleet.ledger.record_file_version(
+        run_id,
+        host.name,
+        path=str(host.file),
+        sha256_before=planned.sha256_before,
+        sha256_after=planned.sha256_after,
+        mode=0o644,
+        owner="root:root",
+        pre_image=planned.old_source,
+        post_image=planned.new_source,
+    )
+    locked = agent_operation(
+        "lock",
+        {"state_dir": str(host.state), "owner": "ops@gone", "run_id": run_id, "ttl_seconds": 1800},
+    )
+    assert isinstance(locked, dict)
+    host.file.write_bytes(planned.new_source)
+    return run_id
+
+
+def test_recover_hosts_finishes_what_a_dead_run_left_taking_over_its_lock(fleet: Fleet) -> None:
+    host = fleet.hosts[0]
+    dead = _left_by_a_dead_run(fleet, host)
+    assert fleet.ledger.get_run(dead).summary.status == "interrupted"
+    report = recover_hosts(
+        ledger=fleet.ledger,
+        hosts=[host.host()],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=fleet.patch,
+    )
+    (outcome,) = report.hosts
+    assert outcome.outcome == "applied", outcome
+    assert f"took the lock over from run {dead}" in outcome.steps[0].detail
+    assert "finished run" in (outcome.note or "")
+    assert report.exit_code == 0
+    assert not (host.state / "lock.json").exists()  # released at the end
+
+
+def test_unlock_frees_a_dead_runs_lock_and_refuses_an_unknown_one(fleet: Fleet) -> None:
+    host, other = fleet.hosts[0], fleet.hosts[1]
+    _left_by_a_dead_run(fleet, host)
+    locked = agent_operation(
+        "lock",
+        {
+            "state_dir": str(other.state),
+            "owner": "someone@elsewhere",
+            "run_id": "20260101T000000Z-abcdef",
+            "ttl_seconds": 1800,
+        },
+    )
+    assert isinstance(locked, dict)
+    report = unlock_hosts(
+        ledger=fleet.ledger,
+        hosts=[host.host(), other.host()],
+        factory=fleet.factory,
+        playbook=Playbook(),
+    )
+    outcomes = {h.host: h for h in report.hosts}
+    assert outcomes["h1"].outcome == "unlocked"
+    assert not (host.state / "lock.json").exists()
+    assert outcomes["h2"].outcome == "skipped"
+    assert "which this ledger does not know" in (outcomes["h2"].error or "")
+    assert (other.state / "lock.json").is_file()
+    assert report.exit_code == 2
+    forced = unlock_hosts(
+        ledger=fleet.ledger,
+        hosts=[other.host()],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        force_unknown=True,
+    )
+    assert [h.outcome for h in forced.hosts] == ["unlocked"]
+    assert not (other.state / "lock.json").exists()
