@@ -31,6 +31,7 @@ class SandboxFleet:
     root: Path
     size: int
     ssh: bool = False
+    install: str = "wheel"  # or "editable": each host's engine is a git checkout <host>/sglang
     hosts: dict[str, Host] = field(default_factory=dict)
 
     @property
@@ -56,7 +57,8 @@ class SandboxFleet:
     def up(self) -> SandboxFleet:
         (self.workspace / "patches").mkdir(parents=True, exist_ok=True)
         (self.workspace / "playbooks").mkdir(parents=True, exist_ok=True)
-        args = ["sandbox", "up", "--hosts", str(self.size)] + (["--ssh"] if self.ssh else [])
+        args = ["sandbox", "up", "--hosts", str(self.size), "--install", self.install]
+        args += ["--ssh"] if self.ssh else []
         run = self.opspatch(*args, timeout=240)
         assert run.code == 0, run.stdout + run.stderr
         inventory = load_inventory(self.state / "inventories" / f"{self.inventory}.toml")
@@ -90,7 +92,13 @@ class SandboxFleet:
     def host_dir(self, name: str) -> Path:
         return self.state / "sandbox" / "hosts" / name
 
+    def checkout(self, name: str) -> Path:
+        """An editable host's git checkout (`<host>/sglang`, the package under `python/`)."""
+        return self.host_dir(name) / "sglang"
+
     def file(self, name: str) -> Path:
+        if self.install == "editable":
+            return self.checkout(name) / "python" / EAGLE_RELPATH
         python = Path(self.hosts[name].engine.python or "")
         found = sorted(python.parent.parent.glob(f"lib/python*/site-packages/{EAGLE_RELPATH}"))
         assert found, f"no eagle_worker_v2.py under {python.parent.parent}"

@@ -161,6 +161,7 @@ def test_up_starts_every_host_and_waits_until_each_is_ready(
     sandbox, report = two_hosts
 
     assert report["ok"] is True
+    assert report["install"] == "wheel"  # the default shape
     assert [h["host"] for h in report["hosts"]] == ["sandbox-01", "sandbox-02"]
     assert len({h["port"] for h in report["hosts"]}) == 2
     for host in report["hosts"]:
@@ -218,6 +219,7 @@ def test_status_json_shows_pid_port_health_and_the_patches_each_file_carries(
     status = sandbox.status()
 
     assert status["sandbox"] == str(sandbox.layout.root)
+    assert status["install"] == "wheel"
     assert status["inventories"] == [str(sandbox.state_dir / "inventories" / "sandbox.toml")]
     started = hosts_by_name(report)
     for host in status["hosts"]:
@@ -227,6 +229,8 @@ def test_status_json_shows_pid_port_health_and_the_patches_each_file_carries(
         assert host["port"] == started[host["host"]]["port"]
         assert host["health"] == {"status": 200, "detail": "ok"}
         assert host["ssh"] is None
+        assert (host["install"], host["checkout"]) == ("wheel", None)
+        assert not sandbox.layout.checkout(host["host"]).exists()
         patches = {p["patch"]: p for p in host["patches"]}
         # Bundled patches whose target module resolves in the host's own environment.
         assert patches["eagle-init-guard"]["state"] == "not-applied"

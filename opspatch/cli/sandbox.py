@@ -15,10 +15,11 @@ from rich.table import Table
 
 from opspatch.cli.context import JsonOption, options
 from opspatch.cli.render import emit_json, err, out
-from opspatch.errors import EXIT_HOST_FAILED
+from opspatch.errors import EXIT_HOST_FAILED, InputError
 from opspatch.sandbox import MAX_HOSTS
 
 if TYPE_CHECKING:  # the fleet module is imported by the commands (it pulls the runs in)
+    from opspatch.sandbox.dist import InstallShape
     from opspatch.sandbox.fleet import DownReport, HostStatus, StatusReport, UpReport
 
 sandbox_app = typer.Typer(
@@ -34,6 +35,20 @@ sandbox_app = typer.Typer(
 
 def _progress(message: str) -> None:
     err.print(message, markup=False)
+
+
+def _install_shape(value: str | None) -> InstallShape | None:
+    """`--install` checked: one clear message (exit 2) for anything but the two shapes."""
+    if value is None:
+        return None
+    if value == "wheel":
+        return "wheel"
+    if value == "editable":
+        return "editable"
+    raise InputError(
+        f"--install {value!r}: expected wheel or editable",
+        hint="wheel installs each engine like a wheel; editable as a git checkout (pip install -e)",
+    )
 
 
 @sandbox_app.command()
@@ -52,16 +67,32 @@ def up(
             "--ssh", help="Also run a private sshd per host on 127.0.0.2, ... (sandbox-ssh)"
         ),
     ] = False,
+    install: Annotated[
+        str | None,
+        typer.Option(
+            "--install",
+            metavar="wheel|editable",
+            help="How each engine is installed: like a wheel in site-packages (wheel), or as a "
+            "git checkout <host>/sglang installed with pip install -e (editable). "
+            "Default: the sandbox's, else wheel",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Create and start the sandbox hosts, wait until they are ready, write the inventories.
 
-    Safe to run again: running hosts are left alone, stopped ones started, ports kept, and
-    patched files never reinstalled.
+    Safe to run again: running hosts are left alone, stopped ones started, ports kept, the
+    install shape kept, and patched files never reinstalled.
     """
     from opspatch.sandbox.fleet import SandboxLayout, sandbox_up
 
-    report = sandbox_up(SandboxLayout.default(), hosts=hosts, ssh=ssh, progress=_progress)
+    report = sandbox_up(
+        SandboxLayout.default(),
+        hosts=hosts,
+        ssh=ssh,
+        install=_install_shape(install),
+        progress=_progress,
+    )
     if as_json:
         emit_json(report.to_json())
     else:
@@ -107,7 +138,7 @@ def down(
 
 
 def _print_up(report: UpReport) -> None:
-    table = Table(title=f"sandbox {report.root}", title_justify="left")
+    table = Table(title=f"sandbox {report.root} (install: {report.install})", title_justify="left")
     for column in ("host", "outcome", "pid", "url", "ssh"):
         table.add_column(column)
     for host in report.hosts:
@@ -143,8 +174,8 @@ def _carried(host: HostStatus) -> str:
 
 
 def _print_status(report: StatusReport) -> None:
-    table = Table(title=f"sandbox {report.root}", title_justify="left")
-    for column in ("host", "pid", "port", "health", "carries", "ssh"):
+    table = Table(title=f"sandbox {report.root} (install: {report.install})", title_justify="left")
+    for column in ("host", "pid", "port", "health", "install", "carries", "ssh"):
         table.add_column(column)
     for host in report.hosts:
         pid = str(host.pid) if host.pid is not None else "stopped"
@@ -152,9 +183,12 @@ def _print_status(report: StatusReport) -> None:
         ssh = "-"
         if host.ssh is not None and host.ssh.port:
             ssh = f"{host.ssh.address}:{host.ssh.port}" + ("" if host.ssh_running else " (stopped)")
-        table.add_row(host.host, pid, str(host.port), _health_text(host), patches, ssh)
+        install = host.install or "-"
+        table.add_row(host.host, pid, str(host.port), _health_text(host), install, patches, ssh)
     out.print(table)
     for host in report.hosts:
+        if host.checkout:
+            out.print(f"{host.host}: git checkout {host.checkout}", markup=False)
         for note in host.notes:
             err.print(f"{host.host}: {note}", markup=False)
     for note in report.notes:

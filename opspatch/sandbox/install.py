@@ -1,93 +1,78 @@
 """Install the stand-in engine into a sandbox host the way pip installs a distribution.
 
 The stand-in's source ships as package data (`engine_src/sglang/`). A sandbox host gets its own
-virtual environment whose site-packages holds a copy under the top-level name `sglang`, with a
-`sglang-<version>.dist-info` (METADATA, INSTALLER, WHEEL, top_level.txt and a RECORD of sha256
-hashes), so everything opspatch does to a real host (read the version from the dist-info, resolve
-the module file with the host's interpreter, notice edits against RECORD) works unchanged.
+virtual environment, and the stand-in in one of two shapes (`InstallShape`):
 
-The stand-in is never installed into the controller's own environment: `install_standin` refuses
-the running interpreter's site-packages directories.
+- `wheel` (`install_standin`): site-packages holds a copy under the top-level name `sglang`, with a
+  `sglang-<version>.dist-info` (METADATA, INSTALLER, WHEEL, top_level.txt and a RECORD of sha256
+  hashes), so everything opspatch does to a real host (read the version from the dist-info,
+  resolve the module file with the host's interpreter, notice edits against RECORD) works
+  unchanged;
+- `editable` (`checkout.install_editable`): a git checkout `<host>/sglang/python/sglang/...`
+  installed as `pip install -e python` installs it, as on the incident's host.
+
+The stand-in is never installed into the controller's own environment: both refuse the running
+interpreter's site-packages directories.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import importlib.util
 import os
-import re
 import shutil
-import site
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 from opspatch.errors import HostError, InputError
+from opspatch.sandbox.checkout import install_editable
+from opspatch.sandbox.dist import (
+    DIST_NAME,
+    INSTALL_SHAPES,
+    INSTALLER_NAME,
+    STANDIN_VERSION,
+    InstallShape,
+    check_version,
+    dist_info_dir,
+    engine_source_dir,
+    installed_entries,
+    metadata_text,
+    record_hash,
+    record_line,
+    refuse_controller_site_packages,
+    remove,
+    standin_files,
+    wheel_text,
+)
 
-STANDIN_VERSION = "0.5.23"
-DIST_NAME = "sglang"
-INSTALLER_NAME = "opspatch"
+__all__ = [
+    "INSTALL_SHAPES",
+    "STANDIN_VERSION",
+    "TORCH_PTH_NAME",
+    "InstallShape",
+    "controller_torch_dir",
+    "dist_info_files",
+    "engine_source_dir",
+    "host_venv_dir",
+    "install_standin",
+    "make_host_python",
+    "record_hash",
+    "standin_files",
+    "venv_site_packages",
+]
+
 TORCH_PTH_NAME = "_opspatch_controller_torch.pth"
-_VERSION_PATTERN = re.compile(r"^[0-9]+(\.[0-9]+)*([._+-]?[A-Za-z0-9]+)*$")
-_VERSION_FILE = "sglang/version.py"
-
-
-def engine_source_dir() -> Path:
-    """The directory holding the stand-in's `sglang` package (package data of opspatch)."""
-    return Path(__file__).resolve().parent / "engine_src"
-
-
-def record_hash(data: bytes) -> str:
-    """A RECORD hash field as pip writes it: `sha256=` + urlsafe base64 without padding."""
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-    return "sha256=" + digest.decode("ascii")
-
-
-def record_line(relative_path: str, data: bytes) -> str:
-    """One RECORD row: `path,sha256=...,size` (paths are relative to site-packages, with /)."""
-    return f"{relative_path},{record_hash(data)},{len(data)}"
-
-
-def standin_files(version: str) -> dict[str, bytes]:
-    """Every file of the stand-in package, keyed by its path relative to site-packages.
-
-    Bytecode caches are left out; `sglang/version.py` carries `version`.
-    """
-    _check_version(version)
-    root = engine_source_dir()
-    files: dict[str, bytes] = {}
-    for path in sorted(_package_files(root / DIST_NAME)):
-        relative = path.relative_to(root).as_posix()
-        files[relative] = path.read_bytes()
-    files[_VERSION_FILE] = f'__version__ = "{version}"\n'.encode("ascii")
-    return files
 
 
 def dist_info_files(version: str, package_files: dict[str, bytes]) -> dict[str, bytes]:
     """The dist-info directory's files, RECORD last and listing every installed file."""
-    _check_version(version)
-    dist_info = f"{DIST_NAME}-{version}.dist-info"
-    metadata = (
-        "Metadata-Version: 2.1\n"
-        f"Name: {DIST_NAME}\n"
-        f"Version: {version}\n"
-        "Summary: Stand-in SGLang engine of the opspatch sandbox (tiny CPU model)\n"
-        "Requires-Python: >=3.10\n"
-        "Requires-Dist: torch\n"
-    )
-    wheel = (
-        "Wheel-Version: 1.0\n"
-        f"Generator: {INSTALLER_NAME}\n"
-        "Root-Is-Purelib: true\n"
-        "Tag: py3-none-any\n"
-    )
+    check_version(version)
+    dist_info = dist_info_dir(version)
     meta: dict[str, bytes] = {
-        f"{dist_info}/METADATA": metadata.encode("utf-8"),
+        f"{dist_info}/METADATA": metadata_text(version).encode("utf-8"),
         f"{dist_info}/INSTALLER": f"{INSTALLER_NAME}\n".encode("ascii"),
-        f"{dist_info}/WHEEL": wheel.encode("ascii"),
+        f"{dist_info}/WHEEL": wheel_text().encode("ascii"),
         f"{dist_info}/top_level.txt": f"{DIST_NAME}\n".encode("ascii"),
     }
     rows = [record_line(path, data) for path, data in {**package_files, **meta}.items()]
@@ -106,9 +91,9 @@ def install_standin(site_packages: Path, version: str = STANDIN_VERSION) -> Path
     Raises InputError for a malformed version or when `site_packages` belongs to the running
     interpreter (the stand-in must never shadow a real `sglang` on the controller).
     """
-    _check_version(version)
+    check_version(version)
     site_packages = site_packages.resolve()
-    _refuse_controller_site_packages(site_packages)
+    refuse_controller_site_packages(site_packages)
     site_packages.mkdir(parents=True, exist_ok=True)
 
     package_files = standin_files(version)
@@ -120,8 +105,8 @@ def install_standin(site_packages: Path, version: str = STANDIN_VERSION) -> Path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
             target.chmod(0o644)
-        for old in _installed_dist_dirs(site_packages):
-            _remove(old)
+        for old in installed_entries(site_packages):
+            remove(old)
         for top_level in sorted({relative.split("/", 1)[0] for relative in all_files}):
             os.replace(staging / top_level, site_packages / top_level)
     finally:
@@ -142,20 +127,25 @@ def venv_site_packages(venv_dir: Path) -> Path:
 
 
 def host_venv_dir(host_dir: Path) -> Path:
+    """The host's own virtual environment: `<host>/venv`."""
     return host_dir / "venv"
 
 
-def make_host_python(host_dir: Path, version: str = STANDIN_VERSION) -> Path:
+def make_host_python(
+    host_dir: Path, version: str = STANDIN_VERSION, install: InstallShape = "wheel"
+) -> Path:
     """Give a sandbox host its own interpreter with the stand-in installed; returns `bin/python`.
 
     Creates `host_dir/venv` (`python -m venv --without-pip`, well under a second) if it does not
     exist, points it at the controller's torch with a `.pth` line (processed after the venv's own
-    site-packages, so the host's `sglang` always wins), and installs the stand-in unless some
-    `sglang` distribution is already there. An existing installation is kept as it is, patched or
-    not: making a host twice never undoes what was done to it.
+    site-packages and after an editable install's `__editable__.sglang-*.pth`, which sorts first,
+    so the host's `sglang` always wins), and installs the stand-in in the `install` shape unless
+    some `sglang` distribution is already there. An existing installation is kept as it is, in
+    whatever shape, patched or not: making a host twice never undoes what was done to it.
 
-    Raises InputError when the controller has no torch (install `opspatch[sandbox]`), HostError
-    when the virtual environment cannot be created.
+    Raises InputError when the controller has no torch (install `opspatch[sandbox]`) or, for the
+    editable shape, no git; HostError when the virtual environment or the checkout cannot be
+    made.
     """
     torch_parent = controller_torch_dir()
     venv_dir = host_venv_dir(host_dir)
@@ -178,8 +168,11 @@ def make_host_python(host_dir: Path, version: str = STANDIN_VERSION) -> Path:
             )
     site_packages = venv_site_packages(venv_dir)
     (site_packages / TORCH_PTH_NAME).write_text(f"{torch_parent}\n", encoding="utf-8")
-    if not any(_installed_dist_dirs(site_packages)):
-        install_standin(site_packages, version)
+    if not any(installed_entries(site_packages)):
+        if install == "editable":
+            install_editable(host_dir, site_packages, version)
+        else:
+            install_standin(site_packages, version)
     return python
 
 
@@ -192,42 +185,3 @@ def controller_torch_dir() -> Path:
             hint="pip install 'opspatch[sandbox]'",
         )
     return Path(spec.origin).resolve().parent.parent
-
-
-def _check_version(version: str) -> None:
-    if not _VERSION_PATTERN.match(version):
-        raise InputError(f"not a valid distribution version: {version!r}")
-
-
-def _package_files(directory: Path) -> Iterator[Path]:
-    for path in directory.rglob("*"):
-        if "__pycache__" in path.parts or path.suffix == ".pyc" or not path.is_file():
-            continue
-        yield path
-
-
-def _installed_dist_dirs(site_packages: Path) -> Iterator[Path]:
-    package = site_packages / DIST_NAME
-    if package.exists() or package.is_symlink():
-        yield package
-    yield from sorted(site_packages.glob(f"{DIST_NAME}-*.dist-info"))
-
-
-def _remove(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    else:
-        shutil.rmtree(path)
-
-
-def _refuse_controller_site_packages(site_packages: Path) -> None:
-    own = {Path(p).resolve() for p in site.getsitepackages()}
-    user_site = site.getusersitepackages()
-    if user_site:
-        own.add(Path(user_site).resolve())
-    if site_packages in own:
-        raise InputError(
-            f"refusing to install the stand-in engine into {site_packages}: it is opspatch's own "
-            "environment, where a package named sglang would shadow a real one",
-            hint="install it into a sandbox host's virtual environment (make_host_python)",
-        )

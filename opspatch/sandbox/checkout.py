@@ -1,0 +1,304 @@
+"""The editable install shape: the engine as a git checkout installed with `pip install -e`.
+
+The incident's host ran SGLang from a git checkout (`/root/sglang/python/sglang/...`) installed
+with `pip install -e python`. A sandbox host built with `opspatch sandbox up --install editable`
+has the same shape:
+
+```
+<host>/sglang/                         a git repository with one commit, clean
+<host>/sglang/.gitignore               bytecode, build output (as SGLang's own)
+<host>/sglang/python/pyproject.toml    distribution `sglang` <version>, setuptools backend
+<host>/sglang/python/sglang/...        the stand-in's package
+<site-packages>/__editable__.sglang-<version>.pth    one line: <host>/sglang/python
+<site-packages>/sglang-<version>.dist-info/          METADATA, WHEEL, top_level.txt,
+    direct_url.json, INSTALLER, REQUESTED, RECORD
+```
+
+The site-packages side is what pip and setuptools write for `pip install -e python` in
+setuptools' `compat` editable mode (`--config-settings editable_mode=compat`; hatchling writes the
+same kind of path `.pth`): a static path in a `.pth` file, `direct_url.json` saying
+`{"dir_info": {"editable": true}, "url": "file:///.../python"}` (PEP 610, keys sorted as pip
+writes them), and a RECORD that lists the `.pth` and the dist-info files only, never the
+package's source files. So no RECORD owns the engine's files: the version of the installed
+`sglang` distribution is what opspatch's version gate goes by, and the checkout's HEAD is the
+pristine text. (setuptools' default editable mode writes an import-hook finder module for
+SGLang's flat layout instead of a path; opspatch resolves modules through the import system, so
+both hooks lead it to the same file.) `tests/test_sandbox_editable.py` compares this layout with
+what pip and setuptools really write for the same checkout.
+
+The commit is made with a fixed author, committer and date given on the command line and the
+user's and system's git configuration switched off, so it never depends on who runs `up` and every
+host's checkout has the same commit id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from opspatch.errors import HostError, InputError
+from opspatch.sandbox.dist import (
+    DIST_NAME,
+    INSTALLER_NAME,
+    check_version,
+    dist_info_dir,
+    installed_entries,
+    metadata_text,
+    record_line,
+    refuse_controller_site_packages,
+    remove,
+    standin_files,
+    wheel_text,
+)
+
+CHECKOUT_NAME = "sglang"
+"""The checkout's folder in a host's folder, as `git clone` names SGLang's repository."""
+
+PROJECT_SUBDIR = "python"
+"""Where SGLang keeps its Python project (`pyproject.toml` and the `sglang` package)."""
+
+GIT_BRANCH = "main"
+GIT_USER_NAME = "opspatch sandbox"
+GIT_USER_EMAIL = "sandbox@opspatch.invalid"
+GIT_DATE = "2025-11-01T00:00:00+00:00"
+GIT_TIMEOUT = 60.0
+
+_GITIGNORE = """\
+# As SGLang's repository ignores them: what running and building the package leaves behind.
+__pycache__/
+*.py[cod]
+*.egg-info/
+build/
+dist/
+"""
+
+_README = """\
+# sglang (opspatch sandbox stand-in)
+
+The stand-in SGLang engine of the opspatch sandbox, laid out as SGLang's repository lays out its
+package (`python/sglang/...`) and installed with the shape `pip install -e python` gives.
+Written by `opspatch sandbox up --install editable`; `opspatch sandbox down --purge` removes it.
+"""
+
+
+def checkout_dir(host_dir: Path) -> Path:
+    """The host's git checkout of the engine: `<host>/sglang`."""
+    return host_dir / CHECKOUT_NAME
+
+
+def project_dir(checkout: Path) -> Path:
+    """The checkout's Python project, the folder `pip install -e` is given: `<checkout>/python`."""
+    return checkout / PROJECT_SUBDIR
+
+
+def pth_name(version: str) -> str:
+    """The `.pth` file setuptools names after the distribution: `__editable__.sglang-<v>.pth`."""
+    return f"__editable__.{DIST_NAME}-{version}.pth"
+
+
+def pyproject_text(version: str) -> str:
+    """`python/pyproject.toml`: the distribution `sglang` at `version`, built by setuptools
+    with package discovery, as SGLang's own."""
+    return (
+        "# The stand-in SGLang engine of the opspatch sandbox; `pip install -e python` from the\n"
+        "# checkout's root installs it as SGLang is installed from a source checkout.\n"
+        "[build-system]\n"
+        'requires = ["setuptools>=61.0", "wheel"]\n'
+        'build-backend = "setuptools.build_meta"\n'
+        "\n"
+        "[project]\n"
+        f'name = "{DIST_NAME}"\n'
+        f'version = "{version}"\n'
+        'description = "Stand-in SGLang engine of the opspatch sandbox (tiny CPU model)"\n'
+        'requires-python = ">=3.10"\n'
+        'dependencies = ["torch"]\n'
+        "\n"
+        "[tool.setuptools.packages.find]\n"
+        f'include = ["{DIST_NAME}*"]\n'
+    )
+
+
+def checkout_files(version: str) -> dict[str, bytes]:
+    """Every file the checkout's commit holds, keyed by its path in the repository."""
+    files = {
+        ".gitignore": _GITIGNORE.encode("utf-8"),
+        "README.md": _README.encode("utf-8"),
+        f"{PROJECT_SUBDIR}/pyproject.toml": pyproject_text(version).encode("utf-8"),
+    }
+    for relative, data in standin_files(version).items():
+        files[f"{PROJECT_SUBDIR}/{relative}"] = data
+    return files
+
+
+def editable_files(checkout: Path, version: str) -> dict[str, bytes]:
+    """The files an editable install puts in site-packages, keyed by their path there: the
+    `.pth` naming the checkout's project folder and the dist-info, RECORD listing exactly these.
+    """
+    check_version(version)
+    project = project_dir(checkout).resolve()
+    dist_info = dist_info_dir(version)
+    direct_url = {"dir_info": {"editable": True}, "url": project.as_uri()}
+    files: dict[str, bytes] = {
+        pth_name(version): f"{project}\n".encode(),
+        f"{dist_info}/METADATA": metadata_text(version).encode("utf-8"),
+        f"{dist_info}/WHEEL": wheel_text().encode("ascii"),
+        f"{dist_info}/top_level.txt": f"{DIST_NAME}\n".encode("ascii"),
+        f"{dist_info}/direct_url.json": json.dumps(direct_url, sort_keys=True).encode("utf-8"),
+        f"{dist_info}/INSTALLER": f"{INSTALLER_NAME}\n".encode("ascii"),
+        f"{dist_info}/REQUESTED": b"",
+    }
+    rows = [record_line(path, data) for path, data in files.items()]
+    rows.append(f"{dist_info}/RECORD,,")
+    files[f"{dist_info}/RECORD"] = ("\n".join(sorted(rows)) + "\n").encode("utf-8")
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+# effects: git, and the install itself
+
+
+def require_git() -> str:
+    """The `git` executable.
+
+    Raises:
+        InputError: git is not installed.
+    """
+    git = shutil.which("git")
+    if git is None:
+        raise InputError(
+            "`--install editable` needs git, which is not installed; nothing was changed",
+            hint="apt-get install git (or run `opspatch sandbox up --install wheel`)",
+        )
+    return git
+
+
+def _git_env(home: Path) -> dict[str, str]:
+    """The environment git runs in: no inherited `GIT_*` setting, no system or user config (so
+    no hook, signing key or template of whoever runs `up` takes part), a fixed date."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.pop("XDG_CONFIG_HOME", None)
+    env.update(
+        HOME=str(home),
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_AUTHOR_DATE=GIT_DATE,
+        GIT_COMMITTER_DATE=GIT_DATE,
+        LC_ALL="C",
+    )
+    return env
+
+
+def _git(git: str, repo: Path, *args: str, host: str) -> None:
+    try:
+        done = subprocess.run(
+            [git, "-C", str(repo), *args],
+            env=_git_env(repo),
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HostError(
+            f"git {args[0]} failed: {exc}", host=host, step="sandbox-checkout"
+        ) from None
+    if done.returncode != 0:
+        raise HostError(
+            f"git {args[0]} exited {done.returncode}: {(done.stderr or done.stdout).strip()}",
+            host=host,
+            step="sandbox-checkout",
+        )
+
+
+def make_checkout(host_dir: Path, version: str) -> Path:
+    """Give the host its git checkout of the engine (kept as it is when it exists: a checkout
+    with local changes or commits stays so); returns `<host>/sglang`.
+
+    The repository is built and committed in a temporary folder beside it and renamed into
+    place, so a failure part-way leaves nothing under the final name.
+
+    Raises:
+        InputError: git is not installed.
+        HostError: `<host>/sglang` exists but is not a git checkout, or a git command failed.
+    """
+    checkout = checkout_dir(host_dir)
+    if (checkout / ".git").is_dir():
+        return checkout
+    if checkout.exists() or checkout.is_symlink():
+        raise HostError(
+            f"{checkout} is in the way of the host's git checkout (it is not one)",
+            host=host_dir.name,
+            step="sandbox-checkout",
+            hint="opspatch sandbox down --purge, then up again",
+        )
+    git = require_git()
+    host_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".opspatch-checkout-", dir=host_dir))
+    try:
+        for relative, data in checkout_files(version).items():
+            target = staging / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            target.chmod(0o644)
+        staging.chmod(0o755)
+        host = host_dir.name
+        _git(git, staging, "init", "--quiet", "--template=", host=host)
+        _git(git, staging, "symbolic-ref", "HEAD", f"refs/heads/{GIT_BRANCH}", host=host)
+        _git(git, staging, "add", "--all", host=host)
+        _git(
+            git,
+            staging,
+            "-c",
+            f"user.name={GIT_USER_NAME}",
+            "-c",
+            f"user.email={GIT_USER_EMAIL}",
+            "commit",
+            "--quiet",
+            "--no-verify",
+            "--no-gpg-sign",
+            "--message",
+            f"sglang {version}: the opspatch sandbox's stand-in engine\n\n"
+            "Laid out as SGLang's repository (python/sglang/...), installed editable.\n",
+            host=host,
+        )
+        os.replace(staging, checkout)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return checkout
+
+
+def install_editable(host_dir: Path, site_packages: Path, version: str) -> Path:
+    """Install the stand-in into `site_packages` as `pip install -e <host>/sglang/python` does,
+    making the checkout first if it is missing; returns the checkout's `sglang` package folder.
+
+    Replaces an existing `sglang` (either shape) in `site_packages`, as a reinstall with pip
+    would; the files are staged beside and renamed into place.
+
+    Raises:
+        InputError: a malformed version, `site_packages` is the controller's own, or no git.
+        HostError: the checkout cannot be made.
+    """
+    check_version(version)
+    site_packages = site_packages.resolve()
+    refuse_controller_site_packages(site_packages)
+    checkout = make_checkout(host_dir, version)
+    site_packages.mkdir(parents=True, exist_ok=True)
+    files = editable_files(checkout, version)
+    staging = Path(tempfile.mkdtemp(prefix=".opspatch-editable-", dir=site_packages))
+    try:
+        for relative, data in files.items():
+            target = staging / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            target.chmod(0o644)
+        for old in installed_entries(site_packages):
+            remove(old)
+        for top_level in sorted({relative.split("/", 1)[0] for relative in files}):
+            os.replace(staging / top_level, site_packages / top_level)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return project_dir(checkout) / DIST_NAME

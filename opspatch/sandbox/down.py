@@ -1,0 +1,142 @@
+"""`opspatch sandbox down [--purge]`: stop every engine and sshd by pid; purge on request."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from opspatch.errors import InputError
+from opspatch.hosts.agent.processes import stop_process_tree
+from opspatch.sandbox.layout import ENGINE_STOP_TIMEOUT, Progress, SandboxLayout, quiet
+from opspatch.sandbox.manifest import HostRecord, Manifest, load_manifest
+from opspatch.sandbox.processes import engine_pid, sandbox_lock, sshd_pid
+from opspatch.sandbox.sshd import SshdServer, stop_sshd
+
+
+@dataclass(frozen=True)
+class HostDown:
+    """What `down` did to one host: the engine pids it stopped and whether it stopped an sshd."""
+
+    host: str
+    stopped: tuple[int, ...]
+    sshd_stopped: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "stopped": list(self.stopped), "sshd_stopped": self.sshd_stopped}
+
+
+@dataclass(frozen=True)
+class DownReport:
+    root: Path
+    hosts: tuple[HostDown, ...]
+    removed: tuple[Path, ...]
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sandbox": str(self.root),
+            "hosts": [h.to_json() for h in self.hosts],
+            "removed": [str(p) for p in self.removed],
+            "notes": list(self.notes),
+        }
+
+
+def _host_names_on_disk(layout: SandboxLayout) -> list[str]:
+    if not layout.hosts_dir.is_dir():
+        return []
+    return sorted(p.name for p in layout.hosts_dir.iterdir() if p.is_dir())
+
+
+def sandbox_down(
+    layout: SandboxLayout, *, purge: bool = False, progress: Progress = quiet
+) -> DownReport:
+    """Stop every sandbox engine (its process tree, by the pid in its pid file) and sshd (by the
+    pid recorded for it); remove nothing unless `purge`, which also removes the host folders,
+    the ssh folder, the manifest and the sandbox inventories.
+
+    Hosts are taken from the manifest and from the host folders on disk, so an unreadable
+    manifest still lets `down --purge` stop every engine and clean up.
+
+    Raises:
+        InputError: another sandbox command is running.
+    """
+    if not layout.root.exists():
+        cleaned = _purge_inventories(layout) if purge else ()
+        return DownReport(layout.root, (), cleaned, ("there is no sandbox here",))
+    notes: list[str] = []
+    with sandbox_lock(layout):
+        try:
+            manifest = load_manifest(layout) or Manifest()
+        except InputError as exc:
+            if not purge:
+                raise
+            notes.append(f"manifest ignored: {exc.message}")
+            manifest = Manifest()
+        records = {record.name: record for record in manifest.hosts}
+        names = list(records) + [n for n in _host_names_on_disk(layout) if n not in records]
+        results = []
+        for name in names:
+            stopped: tuple[int, ...] = ()
+            pid = engine_pid(layout, name)
+            if pid is not None:
+                progress(f"{name}: stopping the engine (pid {pid})")
+                # The host agent's own stop logic, the one `restart` uses: TERM the tree, wait,
+                # KILL what is left.
+                stopped = tuple(stop_process_tree(pid, ENGINE_STOP_TIMEOUT))
+            sshd_stopped = _stop_host_sshd(layout, records.get(name), progress)
+            results.append(HostDown(name, stopped, sshd_stopped))
+        removed: tuple[Path, ...] = ()
+        if purge:
+            removed = _purge(layout)
+    if purge:
+        with contextlib.suppress(OSError):
+            layout.lock_file.unlink()
+            layout.root.rmdir()
+    return DownReport(layout.root, tuple(results), removed, tuple(notes))
+
+
+def _stop_host_sshd(
+    layout: SandboxLayout, record: HostRecord | None, progress: Progress
+) -> int | None:
+    if record is None or record.ssh is None:
+        return None
+    pid = sshd_pid(layout, record)
+    if pid is None:
+        return None
+    progress(f"{record.name}: stopping sshd (pid {pid})")
+    ssh = record.ssh
+    stop_sshd(
+        SshdServer(
+            address=ssh.address,
+            port=ssh.port or 0,
+            pid=pid,
+            workdir=layout.sshd_dir(record.name),
+            host_public_key=ssh.host_public_key or "",
+            log_file=layout.sshd_dir(record.name) / "sshd.log",
+        )
+    )
+    return pid
+
+
+def _purge_inventories(layout: SandboxLayout) -> tuple[Path, ...]:
+    removed = []
+    for path in (layout.inventory, layout.ssh_inventory):
+        if path.exists():
+            path.unlink()
+            removed.append(path)
+    return tuple(removed)
+
+
+def _purge(layout: SandboxLayout) -> tuple[Path, ...]:
+    removed = []
+    for directory in (layout.hosts_dir, layout.ssh_dir):
+        if directory.exists():
+            shutil.rmtree(directory)
+            removed.append(directory)
+    if layout.manifest.exists():
+        layout.manifest.unlink()
+        removed.append(layout.manifest)
+    return tuple(removed) + _purge_inventories(layout)

@@ -1,0 +1,246 @@
+"""The sandbox manifest (`sandbox.json`) and the inventories written from it.
+
+The manifest remembers what cannot be derived from the state directory: the hosts in order, their
+engine ports, their sshds (address, port, pid, pinned host key), the SSH login user and the
+install shape of the engines (`wheel` or `editable`). The inventories are rendered from it (pure)
+and parsed by the real inventory parser, so `--hosts sandbox` sees exactly what `up` wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from opspatch.config.inventory import Inventory, parse_inventory
+from opspatch.errors import InputError
+from opspatch.sandbox.dist import INSTALL_SHAPES, InstallShape
+from opspatch.sandbox.layout import (
+    CANARY_GROUP,
+    ENGINE_ADDRESS,
+    ENGINE_ENV,
+    ENGINE_STOP_TIMEOUT,
+    MANIFEST_FORMAT,
+    SandboxLayout,
+    engine_url,
+    start_command,
+)
+
+# ---------------------------------------------------------------------------------------------
+# the manifest
+
+
+@dataclass(frozen=True)
+class SshEndpoint:
+    """A sandbox host's private sshd: where it listens, its pid and its pinned host key."""
+
+    address: str
+    port: int | None = None
+    pid: int | None = None
+    host_public_key: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "address": self.address,
+            "port": self.port,
+            "pid": self.pid,
+            "host_public_key": self.host_public_key,
+        }
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """What the manifest remembers about one host: its name, engine port and sshd."""
+
+    name: str
+    port: int
+    ssh: SshEndpoint | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "port": self.port,
+            "ssh": self.ssh.to_json() if self.ssh else None,
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """`sandbox.json`: the hosts in order, the SSH login user (None: no `--ssh`) and how every
+    host's engine is installed (`install`: a wheel in site-packages, or an editable git
+    checkout). A manifest written before the install shape was recorded reads as `wheel`, the
+    only shape there was."""
+
+    hosts: tuple[HostRecord, ...] = ()
+    ssh_user: str | None = None
+    install: InstallShape = "wheel"
+
+    @property
+    def ssh(self) -> bool:
+        return self.ssh_user is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": MANIFEST_FORMAT,
+            "engine_address": ENGINE_ADDRESS,
+            "ssh_user": self.ssh_user,
+            "install": self.install,
+            "hosts": [record.to_json() for record in self.hosts],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, path: Path) -> Manifest:
+        """Parse a manifest document.
+
+        Raises:
+            InputError: the document is not a manifest this version wrote.
+        """
+        try:
+            if data.get("format") != MANIFEST_FORMAT:
+                raise ValueError(f"unknown format {data.get('format')!r}")
+            hosts = []
+            for entry in data["hosts"]:
+                ssh = entry.get("ssh")
+                hosts.append(
+                    HostRecord(
+                        name=str(entry["name"]),
+                        port=int(entry["port"]),
+                        ssh=None
+                        if ssh is None
+                        else SshEndpoint(
+                            address=str(ssh["address"]),
+                            port=None if ssh.get("port") is None else int(ssh["port"]),
+                            pid=None if ssh.get("pid") is None else int(ssh["pid"]),
+                            host_public_key=ssh.get("host_public_key"),
+                        ),
+                    )
+                )
+            user = data.get("ssh_user")
+            install = data.get("install", "wheel")
+            if install not in INSTALL_SHAPES:
+                raise ValueError(f"unknown install shape {install!r}")
+            return cls(tuple(hosts), None if user is None else str(user), install)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise InputError(
+                f"{path}: not a sandbox manifest ({type(exc).__name__}: {exc})",
+                hint="opspatch sandbox down --purge removes the sandbox so `up` can start afresh",
+            ) from None
+
+
+def load_manifest(layout: SandboxLayout) -> Manifest | None:
+    """The recorded sandbox, or None when there is none.
+
+    Raises:
+        InputError: the manifest exists but cannot be read as one.
+    """
+    try:
+        text = layout.manifest.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise InputError(
+            f"{layout.manifest}: not JSON ({exc})",
+            hint="opspatch sandbox down --purge removes the sandbox so `up` can start afresh",
+        ) from None
+    return Manifest.from_json(data, layout.manifest)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace `path` by `text` whole (temp file beside it, fsync, rename): a reader sees the old
+    file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+
+
+def save_manifest(layout: SandboxLayout, manifest: Manifest) -> None:
+    write_atomically(layout.manifest, json.dumps(manifest.to_json(), indent=2) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# the inventories (pure)
+
+
+def _toml_string(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def render_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: bool) -> str:
+    """The `sandbox` (local) or `sandbox-ssh` inventory text for the recorded hosts.
+
+    Both describe the same hosts with the same engine settings and host-side state folder (so the
+    host lock is shared whichever way a host is reached); only how they are reached differs.
+    """
+    kind = "SSH to a private sshd per host" if over_ssh else "local transport"
+    lines = [
+        "# Written by `opspatch sandbox up`; rewritten by every `up` (edits here are lost).",
+        f"# {len(manifest.hosts)} stand-in SGLang engine(s), each in its own folder of the sandbox "
+        f"(install: {manifest.install}).",
+        f"description = {_toml_string(f'opspatch sandbox: local stand-in SGLang hosts ({kind})')}",
+        "",
+        "[defaults]",
+    ]
+    if over_ssh:
+        lines += [
+            'transport = "ssh"',
+            f"user = {_toml_string(manifest.ssh_user or getpass.getuser())}",
+            f"identity_file = {_toml_string(str(layout.user_key))}",
+            f"known_hosts = {_toml_string(str(layout.known_hosts))}",
+        ]
+    else:
+        lines.append('transport = "local"')
+    env = ", ".join(f"{name} = {_toml_string(value)}" for name, value in ENGINE_ENV.items())
+    lines += ["", "[defaults.engine]", "speculative = true", f"env = {{ {env} }}"]
+    for record in manifest.hosts:
+        name = record.name
+        restart = (
+            f'{{ kind = "command", start = {_toml_string(start_command(layout.python(name), record.port))}, '
+            f"pid_file = {_toml_string(str(layout.pid_file(name)))}, "
+            f"workdir = {_toml_string(str(layout.host_dir(name)))}, "
+            f"stop_timeout = {int(ENGINE_STOP_TIMEOUT)} }}"
+        )
+        lines += ["", f"[hosts.{name}]"]
+        if over_ssh:
+            if record.ssh is None or record.ssh.port is None:
+                raise InputError(f"{name} has no sshd recorded; run `opspatch sandbox up --ssh`")
+            lines += [
+                f"address = {_toml_string(record.ssh.address)}",
+                f"port = {record.ssh.port}",
+            ]
+        lines += [
+            f"state_dir = {_toml_string(str(layout.host_state_dir(name)))}",
+            f"[hosts.{name}.engine]",
+            f"python = {_toml_string(str(layout.python(name)))}",
+            f"url = {_toml_string(engine_url(record.port))}",
+            f"log_file = {_toml_string(str(layout.log_file(name)))}",
+            f"restart = {restart}",
+        ]
+    if manifest.hosts:
+        lines += [
+            "",
+            f"[groups.{CANARY_GROUP}]",
+            f"hosts = [{_toml_string(manifest.hosts[0].name)}]",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def sandbox_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: bool) -> Inventory:
+    """The rendered inventory, parsed by the real inventory parser (what `--hosts` will see)."""
+    path = layout.ssh_inventory if over_ssh else layout.inventory
+    return parse_inventory(render_inventory(layout, manifest, over_ssh=over_ssh), str(path))

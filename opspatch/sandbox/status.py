@@ -1,0 +1,216 @@
+"""`opspatch sandbox status`: each host's engine, health, install shape, patches and sshd."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opspatch.config.lookup import Workspace
+from opspatch.config.patches import load_patch
+from opspatch.core.edit import detect
+from opspatch.core.host import Host
+from opspatch.core.policy import StepTimeouts
+from opspatch.core.spec import LoadedPatch
+from opspatch.errors import HostError, InputError, OpspatchError
+from opspatch.hosts.operations import HostOperations
+from opspatch.hosts.transport.local import LocalTransport
+from opspatch.runs.apply import gate_inspection
+from opspatch.sandbox.dist import InstallShape, installed_shape
+from opspatch.sandbox.install import host_venv_dir, venv_site_packages
+from opspatch.sandbox.layout import HEALTH_TIMEOUT, SandboxLayout, engine_url
+from opspatch.sandbox.manifest import SshEndpoint, load_manifest, sandbox_inventory
+from opspatch.sandbox.processes import engine_pid, sshd_pid
+
+
+@dataclass(frozen=True)
+class PatchState:
+    """Whether a host's copy of a patch's target file carries the patch (`detect`)."""
+
+    patch: str
+    state: str  # applied | not-applied | partial | unknown
+    file: str
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"patch": self.patch, "state": self.state, "file": self.file, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    """One sandbox host as it is now."""
+
+    host: str
+    port: int
+    url: str
+    pid: int | None
+    health: int | None
+    health_detail: str
+    patches: tuple[PatchState, ...]
+    ssh: SshEndpoint | None
+    ssh_running: bool | None
+    log_file: str
+    install: InstallShape | None = None
+    checkout: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+    @property
+    def carries(self) -> tuple[str, ...]:
+        return tuple(p.patch for p in self.patches if p.state == "applied")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "running": self.running,
+            "pid": self.pid,
+            "port": self.port,
+            "url": self.url,
+            "health": {"status": self.health, "detail": self.health_detail},
+            "patches": [p.to_json() for p in self.patches],
+            "ssh": None
+            if self.ssh is None
+            else {
+                "address": self.ssh.address,
+                "port": self.ssh.port,
+                "pid": self.ssh.pid if self.ssh_running else None,
+                "running": self.ssh_running,
+            },
+            "log_file": self.log_file,
+            "install": self.install,
+            "checkout": self.checkout,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """The sandbox's hosts, the inventories written, and the install shape it was built with
+    (each host's `install` says what its environment really holds)."""
+
+    root: Path
+    hosts: tuple[HostStatus, ...]
+    inventories: tuple[Path, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    install: InstallShape = "wheel"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sandbox": str(self.root),
+            "install": self.install,
+            "inventories": [str(p) for p in self.inventories],
+            "hosts": [h.to_json() for h in self.hosts],
+            "notes": list(self.notes),
+        }
+
+
+def health_of(url: str, timeout: float = HEALTH_TIMEOUT) -> tuple[int | None, str]:
+    """`GET <url>/health` from here (the engines listen on this machine's loopback)."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as reply:  # noqa: S310 - our loopback URL
+            return int(reply.status), "ok"
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.reason if isinstance(exc.reason, str) else str(exc.reason)
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return None, f"no answer ({reason})"
+
+
+def _workspace_patches(workspace: Workspace) -> tuple[list[LoadedPatch], list[str]]:
+    loaded, notes = [], []
+    for name, path in sorted(workspace.available("patches").items()):
+        try:
+            loaded.append(load_patch(path))
+        except OpspatchError as exc:
+            notes.append(f"patch {name} skipped: {exc.render()}")
+    return loaded, notes
+
+
+def _patch_states(host: Host, patches: Sequence[LoadedPatch]) -> tuple[list[PatchState], list[str]]:
+    """Detect each patch whose target module resolves under the host's interpreter (and passes
+    the version gate a rollout applies, `gate_inspection`: the RECORD owner's version for a
+    wheel, the installed distribution's for an editable checkout) in the file that interpreter
+    imports: one exec per target module, through the same host operations a rollout uses."""
+    ops = HostOperations(LocalTransport(host.name), host)
+    by_module: dict[str, list[LoadedPatch]] = {}
+    for patch in patches:
+        by_module.setdefault(patch.spec.target.module, []).append(patch)
+    states: list[PatchState] = []
+    notes: list[str] = []
+    for module, group in by_module.items():
+        try:
+            seen = ops.inspect(module, timeout=StepTimeouts().inspect)
+        except OpspatchError as exc:
+            notes.append(f"{module}: {exc.detail if isinstance(exc, HostError) else exc.message}")
+            continue
+        if seen.module is None:
+            continue
+        for patch in group:
+            if gate_inspection(patch.spec.target, seen) is not None:
+                continue
+            found = detect(seen.file.content, patch.spec)
+            states.append(PatchState(patch.spec.id, found.state, seen.file.path, found.reason))
+    return sorted(states, key=lambda s: s.patch), notes
+
+
+def sandbox_status(layout: SandboxLayout, workspace: Workspace) -> StatusReport:
+    """Each host's engine pid, port, /health answer, install shape (and checkout), patches its
+    file carries, and its sshd.
+
+    Patches are the workspace's and the bundled ones (`Workspace.available("patches")`).
+
+    Raises:
+        InputError: there is no sandbox, or its manifest is unreadable.
+    """
+    manifest = load_manifest(layout)
+    if manifest is None:
+        raise InputError(
+            f"no sandbox in {layout.root}", hint="create one with `opspatch sandbox up`"
+        )
+    inventory = sandbox_inventory(layout, manifest, over_ssh=False)
+    patches, notes = _workspace_patches(workspace)
+    statuses = []
+    for record in manifest.hosts:
+        pid = engine_pid(layout, record.name)
+        health, detail = (
+            health_of(engine_url(record.port)) if pid is not None else (None, "not running")
+        )
+        host_notes: list[str] = []
+        states: list[PatchState] = []
+        shape: InstallShape | None = None
+        if layout.python(record.name).exists():
+            shape = installed_shape(venv_site_packages(host_venv_dir(layout.host_dir(record.name))))
+            states, host_notes = _patch_states(inventory.host(record.name), patches)
+        else:
+            host_notes.append("no environment yet (run `opspatch sandbox up`)")
+        if shape is not None and shape != manifest.install:
+            host_notes.append(
+                f"installed as {shape}, though the sandbox was built with --install "
+                f"{manifest.install} (its environment was there before)"
+            )
+        checkout = layout.checkout(record.name)
+        statuses.append(
+            HostStatus(
+                host=record.name,
+                port=record.port,
+                url=engine_url(record.port),
+                pid=pid,
+                health=health,
+                health_detail=detail,
+                patches=tuple(states),
+                ssh=record.ssh,
+                ssh_running=None if record.ssh is None else sshd_pid(layout, record) is not None,
+                log_file=str(layout.log_file(record.name)),
+                install=shape,
+                checkout=str(checkout) if shape == "editable" else None,
+                notes=tuple(host_notes),
+            )
+        )
+    written = tuple(p for p in (layout.inventory, layout.ssh_inventory) if p.exists())
+    return StatusReport(layout.root, tuple(statuses), written, tuple(notes), manifest.install)

@@ -1,0 +1,425 @@
+"""`opspatch sandbox up`: create missing hosts, start stopped engines and sshds, wait until every
+engine is ready, write the inventories. Idempotent: see `opspatch.sandbox.fleet`."""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from opspatch.errors import HostError, InputError
+from opspatch.hosts.engine import EngineControl, RestartResult
+from opspatch.hosts.operations import HostOperations
+from opspatch.hosts.transport.local import LocalTransport
+from opspatch.sandbox.checkout import require_git
+from opspatch.sandbox.dist import InstallShape
+from opspatch.sandbox.install import make_host_python
+from opspatch.sandbox.layout import (
+    DEFAULT_HOSTS,
+    ENGINE_ADDRESS,
+    SANDBOX_PLAYBOOK,
+    Progress,
+    SandboxLayout,
+    check_host_count,
+    engine_url,
+    host_name,
+    quiet,
+    ssh_address,
+)
+from opspatch.sandbox.manifest import (
+    HostRecord,
+    Manifest,
+    SshEndpoint,
+    load_manifest,
+    render_inventory,
+    sandbox_inventory,
+    save_manifest,
+    write_atomically,
+)
+from opspatch.sandbox.processes import (
+    engine_pid,
+    free_port,
+    port_taken,
+    sandbox_lock,
+    sshd_pid,
+)
+from opspatch.sandbox.sshd import SshdError, find_sshd, generate_keypair, start_sshd
+
+HostUpOutcome = Literal["started", "already-running", "failed"]
+
+
+@dataclass(frozen=True)
+class HostUp:
+    """What `up` did to one host. `error` says why it failed (with the log's tail)."""
+
+    host: str
+    outcome: HostUpOutcome
+    port: int
+    url: str
+    pid: int | None
+    ready_seconds: float | None = None
+    ssh: SshEndpoint | None = None
+    ssh_outcome: Literal["started", "already-running"] | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "outcome": self.outcome,
+            "pid": self.pid,
+            "port": self.port,
+            "url": self.url,
+            "ready_seconds": self.ready_seconds,
+            "ssh": None
+            if self.ssh is None
+            else {
+                "address": self.ssh.address,
+                "port": self.ssh.port,
+                "pid": self.ssh.pid,
+                "outcome": self.ssh_outcome,
+            },
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class UpReport:
+    """Every host's outcome, the install shape of the sandbox and the inventories written (None
+    when a host failed)."""
+
+    root: Path
+    hosts: tuple[HostUp, ...]
+    inventory: Path | None
+    ssh_inventory: Path | None
+    install: InstallShape = "wheel"
+
+    @property
+    def ok(self) -> bool:
+        return all(h.outcome != "failed" for h in self.hosts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sandbox": str(self.root),
+            "ok": self.ok,
+            "install": self.install,
+            "inventory": None if self.inventory is None else str(self.inventory),
+            "ssh_inventory": None if self.ssh_inventory is None else str(self.ssh_inventory),
+            "hosts": [h.to_json() for h in self.hosts],
+        }
+
+
+def _planned_manifest(
+    current: Manifest | None, count: int | None, want_ssh: bool, install: InstallShape | None
+) -> tuple[Manifest, set[str]]:
+    """The manifest `up` will work to, and the names of hosts it adds (ports not yet chosen: 0).
+
+    `install` None keeps the sandbox's install shape (`wheel` for a new sandbox).
+
+    Raises:
+        InputError: a count outside 1..MAX_HOSTS, fewer hosts than the sandbox has, or another
+            install shape than the one the sandbox was built with.
+    """
+    if current is not None and install is not None and install != current.install:
+        raise InputError(
+            f"the sandbox's hosts are installed as {current.install}; "
+            f"`up --install {install}` would not reinstall them",
+            hint=f"run `opspatch sandbox down --purge` first to build it with --install {install}",
+        )
+    shape: InstallShape = install or (current.install if current else "wheel")
+    existing = current.hosts if current else ()
+    wanted = count if count is not None else (len(existing) or DEFAULT_HOSTS)
+    check_host_count(wanted)
+    if wanted < len(existing):
+        raise InputError(
+            f"the sandbox has {len(existing)} hosts; `up --hosts {wanted}` would not remove any",
+            hint="run `opspatch sandbox down --purge` first to build a smaller sandbox",
+        )
+    ssh_user = (current.ssh_user if current else None) or (getpass.getuser() if want_ssh else None)
+    records = list(existing)
+    added = set()
+    for index in range(len(existing), wanted):
+        records.append(HostRecord(name=host_name(index), port=0))
+        added.add(host_name(index))
+    if ssh_user is not None:
+        records = [
+            record if record.ssh else replace(record, ssh=SshEndpoint(address=ssh_address(index)))
+            for index, record in enumerate(records)
+        ]
+    return Manifest(tuple(records), ssh_user, shape), added
+
+
+def _choose_ports(manifest: Manifest) -> Manifest:
+    """Give hosts without a port (0) a free loopback port, distinct from every recorded one."""
+    taken = {record.port for record in manifest.hosts if record.port}
+    chosen = []
+    for record in manifest.hosts:
+        if not record.port:
+            record = replace(record, port=free_port(ENGINE_ADDRESS, taken))
+            taken.add(record.port)
+        chosen.append(record)
+    return replace(manifest, hosts=tuple(chosen))
+
+
+def _refuse_taken_ports(layout: SandboxLayout, manifest: Manifest, running: set[str]) -> None:
+    """Every stopped host's recorded engine and ssh ports must be free before anything starts.
+
+    Raises:
+        InputError: a port (or address) is held by another process; names host and port.
+    """
+    for record in manifest.hosts:
+        if record.name not in running and port_taken(ENGINE_ADDRESS, record.port):
+            raise InputError(
+                f"{record.name}: port {ENGINE_ADDRESS}:{record.port} is in use by another "
+                "process; nothing was started",
+                hint="stop that process, or `opspatch sandbox down --purge` and `up` again "
+                "to choose new ports",
+            )
+        ssh = record.ssh
+        if (
+            ssh is not None
+            and ssh.port is not None
+            and sshd_pid(layout, record) is None
+            and port_taken(ssh.address, ssh.port)
+        ):
+            raise InputError(
+                f"{record.name}: ssh port {ssh.address}:{ssh.port} is in use by another "
+                "process; nothing was started",
+                hint="stop that process, or `opspatch sandbox down --purge` and `up` again",
+            )
+
+
+def _drop_stale_pid_file(layout: SandboxLayout, name: str) -> None:
+    """Remove a pid file whose pid is not this host's engine (it exited; the pid may since have
+    been given to an unrelated process, which the restart's stop step must never signal)."""
+    if engine_pid(layout, name) is None:
+        with contextlib.suppress(FileNotFoundError):
+            layout.pid_file(name).unlink()
+
+
+def _log_tail(path: Path, lines: int = 12) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _failure_text(error: HostError, log_file: Path) -> str:
+    """Why a host did not come up: the failed step, the reason, and the tail of its log."""
+    text = f"{error.step}: {error.detail}" if error.step else error.detail
+    tail = _log_tail(log_file)
+    return text + (f"\n  log ({log_file}):\n{tail}" if tail else "")
+
+
+def _ensure_user_key(layout: SandboxLayout) -> str:
+    """The sandbox user's public key line, generating the key pair on first use."""
+    public = layout.user_key.with_name(layout.user_key.name + ".pub")
+    if layout.user_key.exists() and public.exists():
+        return public.read_text(encoding="utf-8").strip()
+    return generate_keypair(layout.user_key, "opspatch-sandbox-user").public_line
+
+
+def _start_sshd_for(layout: SandboxLayout, record: HostRecord, public_key_line: str) -> SshEndpoint:
+    assert record.ssh is not None
+    try:
+        server = start_sshd(
+            layout.sshd_dir(record.name),
+            address=record.ssh.address,
+            authorized_keys=[public_key_line],
+            port=record.ssh.port,
+        )
+    except SshdError as exc:
+        raise HostError(str(exc), host=record.name, step="sshd") from None
+    return SshEndpoint(record.ssh.address, server.port, server.pid, server.host_public_key)
+
+
+def _write_known_hosts(layout: SandboxLayout, manifest: Manifest) -> None:
+    lines = []
+    for record in manifest.hosts:
+        ssh = record.ssh
+        if ssh and ssh.port and ssh.host_public_key:
+            lines.append(f"[{ssh.address}]:{ssh.port} {ssh.host_public_key}\n")
+    write_atomically(layout.known_hosts, "".join(lines))
+
+
+def sandbox_up(
+    layout: SandboxLayout,
+    *,
+    hosts: int | None = None,
+    ssh: bool = False,
+    install: InstallShape | None = None,
+    progress: Progress = quiet,
+) -> UpReport:
+    """Create missing hosts, start stopped engines (and sshds), wait until all are ready, and
+    write the sandbox inventories.
+
+    `hosts` None keeps the sandbox's size (3 for a new one); more hosts than it has adds hosts.
+    `ssh` also gives every host a private sshd (and stays on for later `up`s). `install` says
+    how a new sandbox's engines are installed (`wheel`, the default, or `editable`: a git
+    checkout installed editable, `opspatch.sandbox.checkout`); None keeps the sandbox's shape,
+    and the other shape on an existing sandbox is refused.
+    A host whose engine does not come up is reported `failed` with its log's tail; the others are
+    still started, and the inventories are written only when every host is ready.
+
+    Raises:
+        InputError: a bad host count, fewer hosts than the sandbox has, another install shape
+            than the sandbox's, a recorded port or address held by another process, sshd (or,
+            for `editable`, git) not installed, another sandbox command running.
+        HostError: a private sshd did not start (the ones started are recorded for `down`).
+    """
+    if hosts is not None:
+        check_host_count(hosts)
+    with sandbox_lock(layout):
+        current = load_manifest(layout)
+        manifest, added = _planned_manifest(current, hosts, ssh, install)
+        if manifest.install == "editable":
+            require_git()
+        if manifest.ssh and find_sshd() is None:
+            raise InputError(
+                "`--ssh` needs OpenSSH's sshd, which is not installed",
+                hint="apt-get install openssh-server (or run `opspatch sandbox up` without --ssh)",
+            )
+        manifest = _choose_ports(manifest)
+        running = {r.name for r in manifest.hosts if engine_pid(layout, r.name) is not None}
+        _refuse_taken_ports(layout, manifest, running)
+        save_manifest(layout, manifest)  # ports are kept from here on, whatever happens next
+        if manifest.ssh:
+            manifest = _bring_up_sshds(layout, manifest, progress)
+
+        controls = _engine_controls(layout, manifest)
+        restarts, failed = _start_engines(layout, manifest, controls, running, added, progress)
+        outcomes = failed | _await_engines(layout, manifest, controls, restarts, failed, progress)
+        results = tuple(
+            replace(outcomes[r.name], ssh=r.ssh, ssh_outcome=_sshd_outcome(current, r))
+            for r in manifest.hosts
+        )
+        shape = manifest.install
+        if any(h.outcome == "failed" for h in results):
+            return UpReport(layout.root, results, None, None, shape)
+        write_atomically(layout.inventory, render_inventory(layout, manifest, over_ssh=False))
+        if not manifest.ssh:
+            return UpReport(layout.root, results, layout.inventory, None, shape)
+        write_atomically(layout.ssh_inventory, render_inventory(layout, manifest, over_ssh=True))
+        return UpReport(layout.root, results, layout.inventory, layout.ssh_inventory, shape)
+
+
+def _engine_controls(layout: SandboxLayout, manifest: Manifest) -> dict[str, EngineControl]:
+    """Engine control per host, built from the `sandbox` inventory exactly as a rollout builds
+    it: local transport, host operations under the host's interpreter, the command strategy."""
+    inventory = sandbox_inventory(layout, manifest, over_ssh=False)
+    controls = {}
+    for record in manifest.hosts:
+        host = inventory.host(record.name)
+        ops = HostOperations(LocalTransport(host.name), host)
+        controls[record.name] = EngineControl(ops, host, SANDBOX_PLAYBOOK)
+    return controls
+
+
+def _start_engines(
+    layout: SandboxLayout,
+    manifest: Manifest,
+    controls: dict[str, EngineControl],
+    running: set[str],
+    added: set[str],
+    progress: Progress,
+) -> tuple[dict[str, RestartResult], dict[str, HostUp]]:
+    """Make each stopped host's environment (kept when it exists) and start its engine; all
+    start before any is waited for, so they boot side by side. Returns the restarts and the
+    hosts that failed to start."""
+    restarts: dict[str, RestartResult] = {}
+    failed: dict[str, HostUp] = {}
+    for record in manifest.hosts:
+        if record.name in running:
+            progress(f"{record.name}: already running")
+            continue
+        verb = "creating" if record.name in added else "preparing"
+        shape = "an editable git checkout" if manifest.install == "editable" else "a wheel"
+        progress(
+            f"{record.name}: {verb} its environment ({shape}) in {layout.host_dir(record.name)}"
+        )
+        try:
+            make_host_python(layout.host_dir(record.name), install=manifest.install)
+            layout.host_state_dir(record.name).mkdir(parents=True, exist_ok=True)
+            progress(f"{record.name}: starting the engine on {engine_url(record.port)}")
+            _drop_stale_pid_file(layout, record.name)
+            restarts[record.name] = controls[record.name].restart(step="start")
+        except HostError as exc:
+            error = _failure_text(exc, layout.log_file(record.name))
+            failed[record.name] = _host_up(record, "failed", None, error=error)
+    return restarts, failed
+
+
+def _await_engines(
+    layout: SandboxLayout,
+    manifest: Manifest,
+    controls: dict[str, EngineControl],
+    restarts: dict[str, RestartResult],
+    failed: dict[str, HostUp],
+    progress: Progress,
+) -> dict[str, HostUp]:
+    """Wait until every host that did not fail to start answers /health (the readiness check
+    a rollout uses, failing fast when a started engine exits)."""
+    outcomes: dict[str, HostUp] = {}
+    for record in manifest.hosts:
+        if record.name in failed:
+            continue
+        restart = restarts.get(record.name)
+        try:
+            readiness = controls[record.name].wait_ready(restart)
+        except HostError as exc:
+            error = _failure_text(exc, layout.log_file(record.name))
+            pid = restart.pid if restart else None
+            outcomes[record.name] = _host_up(record, "failed", pid, error=error)
+            continue
+        outcome: HostUpOutcome = "already-running" if restart is None else "started"
+        pid = engine_pid(layout, record.name)
+        progress(f"{record.name}: ready ({outcome}, pid {pid})")
+        outcomes[record.name] = _host_up(record, outcome, pid, ready=readiness.seconds)
+    return outcomes
+
+
+def _sshd_outcome(
+    previous: Manifest | None, record: HostRecord
+) -> Literal["started", "already-running"] | None:
+    if record.ssh is None:
+        return None
+    before = next((r for r in previous.hosts if r.name == record.name), None) if previous else None
+    same = before is not None and before.ssh is not None and before.ssh.pid == record.ssh.pid
+    return "already-running" if same else "started"
+
+
+def _host_up(
+    record: HostRecord,
+    outcome: HostUpOutcome,
+    pid: int | None,
+    *,
+    ready: float | None = None,
+    error: str | None = None,
+) -> HostUp:
+    return HostUp(
+        host=record.name,
+        outcome=outcome,
+        port=record.port,
+        url=engine_url(record.port),
+        pid=pid,
+        ready_seconds=ready,
+        error=error,
+    )
+
+
+def _bring_up_sshds(layout: SandboxLayout, manifest: Manifest, progress: Progress) -> Manifest:
+    """Start every host's sshd that is not running; record each in the manifest as it starts."""
+    public_key = _ensure_user_key(layout)
+    records = list(manifest.hosts)
+    for index, record in enumerate(records):
+        if sshd_pid(layout, record) is not None:
+            continue
+        assert record.ssh is not None
+        progress(f"{record.name}: starting sshd on {record.ssh.address}")
+        records[index] = replace(record, ssh=_start_sshd_for(layout, record, public_key))
+        manifest = replace(manifest, hosts=tuple(records))
+        save_manifest(layout, manifest)  # `down` can stop it even if a later one fails
+    _write_known_hosts(layout, manifest)
+    return manifest
