@@ -469,6 +469,22 @@ class Fleet:
                 raise RuntimeError(f"engines not ready after {timeout:.0f}s: {names}")
             time.sleep(0.1)
 
+    def engine_cpu_s(self, host: BenchHost) -> float:
+        """CPU seconds the engine's process group has used (right after a start: the cost of
+        starting one engine, mostly importing torch)."""
+        pid = self.engine_pid(host)
+        if pid is None:
+            return 0.0
+        group = _pgid(pid)
+        ticks = 0
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and _pgid(int(entry)) == group:
+                with contextlib.suppress(OSError):
+                    raw = Path(f"/proc/{entry}/stat").read_text()
+                    fields = raw[raw.rfind(")") + 2 :].split()
+                    ticks += int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
+
     def engine_rss_mb(self, host: BenchHost) -> float:
         """Proportional set size of one engine's process tree (MB), from /proc."""
         pid = self.engine_pid(host)

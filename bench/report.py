@@ -122,9 +122,14 @@ def machine_section(doc: dict[str, Any]) -> list[str]:
             if limit.get("limit_by_measured_memory")
             else ""
         )
+        + (
+            f"; starting one took {limit['engine_start_cpu_s_measured']} s of CPU"
+            if limit.get("engine_start_cpu_s_measured")
+            else ""
+        )
         + ". Idle engines use no CPU; starting them is CPU-bound (torch import), so restarting "
-        "many at once on few cores is slow but works. The full pipeline runs up to this many "
-        "hosts; the patch phase runs every N.",
+        "N at once costs about N times that, shared by the cores. The full pipeline runs up to "
+        "this many hosts; the patch phase runs every N.",
         "",
     ]
     return lines

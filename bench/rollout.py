@@ -272,6 +272,7 @@ class Bench:
         self.fleet = fleet = Fleet(args.state, self.opspatch, self.base_env, REPO, log)
         fleet.up(total, min(limit["value"], total), args.sandbox_size)
         limit["engine_pss_mb_measured"] = round(fleet.engine_rss_mb(fleet.hosts[0]), 1)
+        limit["engine_start_cpu_s_measured"] = round(fleet.engine_cpu_s(fleet.hosts[0]), 2)
         if limit["engine_pss_mb_measured"]:
             limit["limit_by_measured_memory"] = int(
                 limit["mem_available_mb_at_start"] * MEMORY_SHARE // limit["engine_pss_mb_measured"]
@@ -379,10 +380,11 @@ class Bench:
         self.relay.set_rtt(0)
         hosts = self.fleet.hosts[:count]
         for tool in self.args.tools:
-            if tool == "opspatch" and not restart_never:
-                continue
             self.fleet.restore_pristine(hosts)
-            command = workloads.command(tool, count, "patch")
+            if tool == "opspatch" and not restart_never:
+                command = workloads.opspatch_plan_command(count)
+            else:
+                command = workloads.command(tool, count, "patch")
             log(f"warm-up: {tool}")
             result = self.runner.run(
                 command.argv,
@@ -562,6 +564,8 @@ def _interrupt(signum: int, _frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     bench = Bench(args)
+    # Ctrl-C interrupts even when this was started with SIGINT ignored (a background job).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
     code = 0
     try:

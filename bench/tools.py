@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -176,7 +177,7 @@ class Workloads:
             text=True,
             check=False,
         )
-        return "--restart" in done.stdout
+        return re.search(r"--restart[\s=\[]", done.stdout) is not None
 
     def opspatch_command(self, count: int, phase: str) -> Command:
         argv = [
@@ -192,6 +193,18 @@ class Workloads:
         ]
         if phase == "patch":
             argv += ["--restart", "never"]
+        return Command(tuple(argv), self.env())
+
+    def opspatch_plan_command(self, count: int) -> Command:
+        """`opspatch plan --hosts`: the warm-up for opspatch while it cannot skip the restart
+        (the same imports and SSH connections as an apply, changing nothing)."""
+        argv = [
+            *self.opspatch,
+            "plan",
+            "eagle-init-guard",
+            "--hosts",
+            self.opspatch_inventory_name(count),
+        ]
         return Command(tuple(argv), self.env())
 
     # b. ansible ----------------------------------------------------------------------------------
