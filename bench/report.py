@@ -27,6 +27,12 @@ TOOL_LABELS = {
     "pyinfra": "pyinfra deploy",
     "sed": "ssh + sed loop (incident)",
 }
+TOOL_COLOURS = {
+    "opspatch": "tab:blue",
+    "ansible": "tab:red",
+    "pyinfra": "tab:green",
+    "sed": "tab:gray",
+}
 PHASE_LABELS = {
     "full": "Full pipeline: edit, validate, restart, wait for /health, smoke decode",
     "patch": "Patch phase alone: edit and validate, no restart",
@@ -428,9 +434,18 @@ def make_plots(doc: dict[str, Any], summary: Summary, folder: Path) -> list[Path
                 low = [v["wall_median"] - v["wall_min"] for _, v in points]
                 high = [v["wall_max"] - v["wall_median"] for _, v in points]
                 axis.errorbar(
-                    xs, ys, yerr=[low, high], marker="o", capsize=3, label=TOOL_LABELS[tool]
+                    xs,
+                    ys,
+                    yerr=[low, high],
+                    marker="o",
+                    capsize=3,
+                    color=TOOL_COLOURS[tool],
+                    label=TOOL_LABELS[tool],
                 )
+            counts = sorted({n for (p, r, n, _t) in summary if (p, r) == (phase, rtt)})
             axis.set_xscale("log", base=2)
+            axis.set_xticks(counts, [str(n) for n in counts])
+            axis.minorticks_off()
             axis.set_xlabel("hosts (N)")
             axis.set_ylabel("wall time, s (median; min–max)")
             axis.set_title(f"{'full pipeline' if phase == 'full' else 'patch phase'}, {rtt} ms RTT")
