@@ -47,6 +47,7 @@ from opspatch.hosts.results import (
     RemoteFile,
     ResolvedModule,
     RestoreResult,
+    ServerProcess,
     SwapResult,
     UnlockResult,
 )
@@ -269,7 +270,7 @@ class HostOperations:
             raise ValueError("inspect needs exactly one of module or path")
         reply = self.call(
             "inspect",
-            {"module": module, "path": path},
+            {"module": module, "path": path, "server": self._server_hint()},
             timeout=timeout,
         )
         resolved = reply.get("resolved")
@@ -277,7 +278,15 @@ class HostOperations:
             facts=HostFacts.from_reply(reply["facts"]),
             module=ResolvedModule.from_reply(resolved) if resolved else None,
             file=self._remote_file(reply["file"], "inspect"),
+            server=ServerProcess.from_reply(reply.get("server")),
         )
+
+    def _server_hint(self) -> dict[str, Any]:
+        """Where the agent can find the running engine (its pid file, its URL's port)."""
+        return {
+            "pid_file": getattr(self.host.engine.restart, "pid_file", None),
+            "url": self.host.engine.url,
+        }
 
     def _remote_file(self, data: dict[str, Any], step: str) -> RemoteFile:
         content = base64.b64decode(data["content_b64"])
@@ -462,6 +471,7 @@ class HostOperations:
                 "takeover_run": takeover_run,
                 "module": module,
                 "path": path,
+                "server": self._server_hint(),
             },
             timeout=timeout,
             step="begin",
@@ -480,6 +490,7 @@ class HostOperations:
                 facts=HostFacts.from_reply(reply["facts"]),
                 module=ResolvedModule.from_reply(resolved) if resolved else None,
                 file=self._remote_file(reply["file"], "begin"),
+                server=ServerProcess.from_reply(reply.get("server")),
             ),
         )
 

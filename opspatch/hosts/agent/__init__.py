@@ -14,8 +14,8 @@ One concern per module:
 - `fsutil`: exact bytes, atomic writes, the state folder;
 - `checks`: pure functions on what an engine says (a /generate reply, a log, tracebacks);
 - `locks`: the per-host lock; `files`: read, swap, restore, backups, bytecode, compile check;
-- `facts`: facts (driver, metadata), resolve, inspect, begin;
 - `processes`: /proc, stopping process trees, restart strategies;
+- `facts`: facts (driver, metadata), resolve, inspect (with the running server), begin;
 - `engine`: readiness and the smoke decode; `dispatch`: `main`, the one reply line.
 
 Rules for every module here, because they run on hosts we do not control: Python 3.8+ and the
@@ -30,8 +30,8 @@ MODULES = (
     "checks",
     "locks",
     "files",
-    "facts",
     "processes",
+    "facts",
     "engine",
     "dispatch",
 )
