@@ -422,3 +422,17 @@ def test_unlock_frees_a_dead_runs_lock_and_refuses_an_unknown_one(fleet: Fleet) 
     )
     assert [h.outcome for h in forced.hosts] == ["unlocked"]
     assert not (other.state / "lock.json").exists()
+
+
+def test_a_staged_apply_is_two_execs_and_leaves_no_lock(fleet: Fleet) -> None:
+    """`restart = "never"`: begin, then a swap that gives the lock back itself."""
+    from dataclasses import replace
+
+    fleet.hosts = fleet.hosts[:1]
+    report = fleet.apply(replace(Playbook(canary=0, batch=BatchSize(count=10)), restart="never"))
+    (outcome,) = report.hosts
+    assert outcome.outcome == "staged"
+    assert "the running server still runs the old code" in (outcome.note or "")
+    assert fleet.transports["h1"].ops == ["begin", "swap"]
+    assert not (fleet.hosts[0].state / "lock.json").exists()
+    assert sha(fleet.hosts[0].file.read_bytes()) != PRISTINE

@@ -322,6 +322,7 @@ class HostOperations:
         expected_sha256: str,
         new_content: bytes,
         lock_run_id: str | None = None,
+        release_lock: bool = False,
         timeout: float,
     ) -> SwapResult:
         """Atomically replace `path` (its real file, if a symlink) by `new_content`.
@@ -330,7 +331,8 @@ class HostOperations:
         with its own interpreter, keeps a backup of the pre-image under
         `<state_dir>/backups/<sha256>`, writes a temp file beside the target, fsyncs, keeps mode
         and owner, renames it over the target and removes the module's stale bytecode. With
-        `lock_run_id`, it also checks that this run still holds the host's lock.
+        `lock_run_id`, it also checks that this run still holds the host's lock, and with
+        `release_lock` it gives that lock back once the swap is done (the host's last step).
 
         Raises:
             PreimageMismatch: the file is not the bytes the plan was made from; nothing written.
@@ -343,6 +345,7 @@ class HostOperations:
             "content_b64": base64.b64encode(new_content).decode("ascii"),
             "state_dir": self.host.state_dir,
             "lock_run_id": lock_run_id,
+            "release_lock": release_lock,
         }
         reply = self.call("swap", args, timeout=timeout)
         return SwapResult(
@@ -357,6 +360,7 @@ class HostOperations:
             mode=int(reply["mode"]),
             uid=int(reply["uid"]),
             gid=int(reply["gid"]),
+            lock_released=bool((reply.get("released") or {}).get("released")),
         )
 
     def restore(

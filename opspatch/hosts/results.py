@@ -166,6 +166,7 @@ class SwapResult:
     mode: int
     uid: int
     gid: int
+    lock_released: bool = False
 
 
 @dataclass(frozen=True)

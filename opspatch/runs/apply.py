@@ -196,11 +196,14 @@ class ApplyPipeline:
                     expected_sha256=plan.sha256_before,
                     new_content=plan.new_source,
                     lock_run_id=run_id,
+                    release_lock=not self.restart_engine,  # no restart: the swap is the last step
                     timeout=self.playbook.timeouts.swap,
                 )
+                session.lock_released = swapped.lock_released
                 note["detail"] = (
                     f"{swapped.sha256_before[:12]} -> {swapped.sha256_after[:12]}; "
                     f"purged {len(swapped.purged_bytecode)} pyc"
+                    + ("; lock released" if swapped.lock_released else "")
                 )
         except PreimageMismatch as exc:
             return self._outcome(
