@@ -99,7 +99,7 @@ class BecomeSettings:
     def describe(self) -> str:
         if not self.enabled:
             return "-"
-        source = f", password from ${self.password_env}" if self.password_env else ""
+        source = f" (${self.password_env})" if self.password_env else ""
         return f"{self.method} -u {self.user}{source}"
 
 

@@ -148,7 +148,7 @@ def _words(lines: Sequence[str], needle: str) -> str:
         if needle in line:
             if line.startswith("Sorry, user") and not line.rstrip().endswith("."):
                 line = " ".join(lines[index:])  # the refused command spanned lines
-            return re.sub(r"\s+", " ", line)[:500]
+            return re.sub(r"\s+", " ", line).rstrip(".")[:500]
     return ""
 
 
@@ -192,9 +192,17 @@ class BecomePasswords:
         if self._prompt is not None:
             with self._lock:
                 if self._asked is None:
-                    self._asked = self._prompt(
-                        "sudo password (opspatch become; asked once for this run): "
-                    )
+                    try:
+                        self._asked = self._prompt(
+                            "sudo password (opspatch become; asked once for this run): "
+                        )
+                    except EOFError:
+                        raise BecomeError(
+                            f"[{host.name}] sudo needs a password to run as {user} and none was "
+                            "typed; nothing was changed",
+                            host=host.name,
+                            reason="password-missing",
+                        ) from None
             return _sendable(self._asked, host, "the terminal"), "the terminal"
         if name:
             hint = (

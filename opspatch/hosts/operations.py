@@ -293,6 +293,9 @@ class HostOperations:
             if refusal.reason != "password-required":
                 raise become_error(self.host, user, refusal, source=None)
             self._password_needed[user] = True
+        # sudo reads the first line as the password; a wrong one makes it read the next lines
+        # as more attempts (the request, which is only ever the lock's: preflight proves the
+        # password before any request carries file contents) and fail without running the agent
         password, source = self.passwords.password_for(self.host, user)
         result = self._run(
             sudo_command(user, program, with_password=True),
@@ -351,6 +354,12 @@ class HostOperations:
             "preimage-mismatch": PreimageMismatch,
             "lock-held": LockHeld,
         }
+        if data.get("errno") in ("EACCES", "EPERM") and not self.host.become.enabled:
+            # said in the message itself: a host's error line is what the report shows
+            message += (
+                " (the login user may not change this; set become = true and become_user to "
+                "the owner of the file in the inventory)"
+            )
         error_type = kinds.get(code, RemoteOperationError)
         return error_type(message, code=code, host=self.name, step=step, data=data)
 
