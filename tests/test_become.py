@@ -400,3 +400,17 @@ def test_a_host_whose_sudoers_denies_the_agent_refuses_the_rollout_in_preflight(
     assert other["outcome"] == "skipped"  # preflight passed there, and the rollout never started
     assert "swap" not in steps_of(other)
     unchanged.check()
+
+
+def test_a_restart_that_needs_root_is_proven_in_preflight(host: BecomeHost) -> None:
+    # file operations as the service user are allowed; a systemd restart would need root
+    host.sudoers(host.rules_limited())
+    unchanged = Unchanged(host)
+    run = apply(host, "systemd-host", env={PASSWORD_ENV: host.password})
+    assert run.code == 2, run.stdout + run.stderr
+    outcome = only_host(run)
+    assert "[systemd-host] become: sudo does not allow" in outcome["error"]
+    assert "as root" in outcome["error"]
+    assert [s["step"] for s in outcome["steps"]] == ["begin"]  # refused at its start
+    assert steps_of(outcome)["begin"]["ran_as"] == [f"{host.service} (sudo)"]  # the lock only
+    unchanged.check()  # and the lock it took was given back

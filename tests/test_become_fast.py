@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from opspatch.config.inventory import parse_inventory
+from opspatch.config.inventory import load_inventory, parse_inventory
 from opspatch.config.inventory.ansible import parse_ansible_inventory
 from opspatch.config.inventory.show import inventory_show_json, inventory_show_table
 from opspatch.core.host import BecomeSettings, Host
@@ -77,6 +77,16 @@ become = false
         "method": "sudo",
         "password_env": "FLEET_SUDO",
     }
+
+
+def test_the_example_inventories_show_become() -> None:
+    examples = Path(__file__).resolve().parent.parent / "inventories"
+    fleet = load_inventory(examples / "gpu-fleet.toml")
+    expected = BecomeSettings(True, "root", "sudo", "OPSPATCH_BECOME_PASSWORD")
+    assert fleet.host("gpu-01").become == expected
+    assert fleet.host("gpu-04").become.enabled is False  # ops owns that engine
+    ansible = load_inventory(examples / "example-ansible.yml")
+    assert ansible.host("gpu-03").become == expected
 
 
 def test_a_host_without_become_keys_does_not_raise() -> None:
@@ -439,3 +449,28 @@ def test_sudo_not_installed_is_refused(tmp_path: Path, monkeypatch: pytest.Monke
     assert caught.value.reason == "sudo-missing"
     assert "sudo is not installed on the host" in caught.value.message
     assert "sudo: not found" in caught.value.message
+
+
+def test_begin_with_become_locks_raised_probes_root_and_inspects_as_the_login(
+    tmp_path: Path,
+) -> None:
+    host = raised_host(tmp_path)
+    systemd = host_from(
+        f'[hosts.gpu-01]\naddress = "a"\nbecome = true\nbecome_user = "sglang"\n'
+        f"state_dir = {json.dumps(str(tmp_path / 'state'))}\n"
+        f"engine = {{ python = {json.dumps(sys.executable)}, "
+        'restart = { kind = "systemd", unit = "sglang.service" } }\n'
+    )
+    assert host.engine.restart is None
+    transport = SudoHost(password=None)
+    ops = HostOperations(transport, systemd)
+    lock, inspection = ops.begin(path=str(tmp_path / "target.py"), run_id="r1", timeout=10)
+    assert lock.holder.run_id == "r1"
+    assert inspection.file.content == b"x = 1\n"
+    argvs = [argv for argv, _ in transport.execs]
+    assert [(argv[0], argv[argv.index("-u") + 1] if "-u" in argv else None) for argv in argvs] == [
+        ("sudo", "sglang"),  # the lock: the state folder belongs to the become user
+        ("sudo", "root"),  # the probe: a systemd restart will need root; proven now
+        (sys.executable, None),  # the inspection: the login user
+    ]
+    assert ops.ran_as == ["sglang (sudo)", "root (sudo)", "ops"]

@@ -33,11 +33,12 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from opspatch.core.host import DEFAULT_BECOME_USER, Host
 from opspatch.errors import BecomeError
-from opspatch.hosts.transport.base import Command
+from opspatch.hosts.transport.base import Command, CommandResult
 
 RAISED_OPERATIONS = frozenset({"lock", "unlock", "swap", "restore", "restart"})
 """Agent operations that change the host: raised when the host's inventory says `become`."""
@@ -85,6 +86,77 @@ def sudo_command(user: str, program: Sequence[str], *, with_password: bool) -> C
     """
     flags = ("-S", "-k", "-p", SUDO_PROMPT) if with_password else ("-n",)
     return Command(("sudo", "-H", *flags, "-u", user, "--", *program))
+
+
+def not_allowed_to_read(operation: str, reply: Mapping[str, Any]) -> bool:
+    """Whether the agent's refusal says the login user may not read what a read-only operation
+    needs (a file or log only its owner may read): worth asking again as the become user."""
+    if operation not in LOGIN_OPERATIONS:
+        return False
+    code = str(reply.get("code") or "")
+    message = str(reply.get("message") or "")
+    return code == "permission-denied" or (
+        code == "agent-error" and message.startswith("PermissionError")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# sending raised execs
+
+
+class Sudo:
+    """How one host's raised execs are sent, for one run: without a password until the host's
+    sudo says it needs one for a user, then with the password ahead of the payload on stdin.
+    What was learned is kept per user, so each later operation is one exec."""
+
+    def __init__(self, host: Host, passwords: BecomePasswords) -> None:
+        self.host = host
+        self.passwords = passwords
+        self._password_needed: dict[str, bool] = {}
+
+    def run(
+        self,
+        user: str,
+        program: Sequence[str],
+        payload: bytes,
+        *,
+        send: Callable[[Command, bytes], CommandResult],
+        program_text: str = "",
+    ) -> CommandResult:
+        """`program` as `user` with `payload` on stdin, through `send` (one exec on the host).
+
+        Raises:
+            BecomeError: sudo is missing, needs a password none of the sources has, refused the
+                password, denies the command, requires a terminal, or does not know `user`.
+        """
+        if not self._password_needed.get(user):
+            result = send(sudo_command(user, program, with_password=False), payload)
+            refusal = _refusal_of(result, program_text)
+            if refusal is None:
+                self._password_needed[user] = False
+                return result
+            if refusal.reason != "password-required":
+                raise become_error(self.host, user, refusal, source=None)
+            self._password_needed[user] = True
+        # sudo reads the first line as the password; a wrong one makes it read the next lines as
+        # more attempts (the payload: in a run only the lock's, which carries no file, because
+        # preflight's lock is the first raised exec) and fail without running the program
+        password, source = self.passwords.password_for(self.host, user)
+        result = send(
+            sudo_command(user, program, with_password=True),
+            password.encode("utf-8") + b"\n" + payload,
+        )
+        refusal = _refusal_of(result, program_text)
+        if refusal is not None:
+            if refusal.reason == "password-required":  # it asked again: the password was wrong
+                refusal = replace(refusal, reason="password-rejected")
+            raise become_error(self.host, user, refusal, source=source)
+        return result
+
+
+def _refusal_of(result: CommandResult, program_text: str) -> SudoRefusal | None:
+    stderr = result.stderr.decode("utf-8", errors="replace")
+    return sudo_refusal(result.exit_code, stderr, program_text=program_text)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,7 +32,6 @@ import functools
 import getpass
 import json
 import socket
-from dataclasses import replace
 from importlib import resources
 from typing import Any
 
@@ -49,12 +48,10 @@ from opspatch.errors import (
 from opspatch.hosts.become import (
     LOGIN_OPERATIONS,
     BecomePasswords,
-    SudoRefusal,
-    become_error,
+    Sudo,
+    not_allowed_to_read,
     raised_users,
     run_as,
-    sudo_command,
-    sudo_refusal,
 )
 from opspatch.hosts.results import (
     HostFacts,
@@ -169,11 +166,10 @@ class HostOperations:
     ) -> None:
         self.transport = transport
         self.host = host
-        self.passwords = passwords or BecomePasswords()
         self.ran_as: list[str] = []
         """The user each exec ran as (`name`, or `name (sudo)` when raised), oldest first."""
         self._agent = [list(module) for module in agent_modules()]
-        self._password_needed: dict[str, bool] = {}
+        self._sudo = Sudo(host, passwords or BecomePasswords())
 
     @property
     def name(self) -> str:
@@ -195,6 +191,7 @@ class HostOperations:
             TargetError: a module named in `args` does not resolve on the host.
             PreimageMismatch, LockHeld, RemoteOperationError: the agent refused (`code` says why).
             TransportError, CommandTimeout: the host could not be reached or the deadline passed.
+            BecomeError: the operation is raised (`become`) and sudo cannot run it.
         """
         step = step or operation
         return self._call(
@@ -224,11 +221,22 @@ class HostOperations:
             result = self._run(command, json.dumps(request).encode("utf-8"), timeout, step)
         else:
             request["env"] = dict(self.host.engine.env)  # sudo resets the environment
-            result = self._run_raised(user, python, request, timeout, step)
+            result = self._sudo.run(
+                user,
+                (python, "-c", BOOTSTRAP),
+                json.dumps(request).encode("utf-8"),
+                send=lambda command, stdin: self._run(command, stdin, timeout, step),
+                program_text=BOOTSTRAP,
+            )
         reply = _parse_reply(result.stdout)
         if reply is None:
             stderr = result.stderr.decode("utf-8", errors="replace").strip()
             if result.exit_code in _INTERPRETER_MISSING_STATUS:
+                if user is None and self.host.become.enabled and operation in LOGIN_OPERATIONS:
+                    # an interpreter only its owner may run: read as the become user instead
+                    return self._call(
+                        operation, args, timeout=timeout, step=step, user=self.host.become.user
+                    )
                 raise InputError(
                     f"[{self.name}] engine.python {python!r} cannot be run on the host "
                     f"(exit {result.exit_code}: {_last_line(stderr)})",
@@ -254,7 +262,7 @@ class HostOperations:
         if reply.get("ok"):
             value = reply.get("result")
             return value if isinstance(value, dict) else {"value": value}
-        if user is None and self.host.become.enabled and _not_allowed_to_read(operation, reply):
+        if user is None and self.host.become.enabled and not_allowed_to_read(operation, reply):
             # the login user may not read what this needs: ask again as the become user
             return self._call(
                 operation, args, timeout=timeout, step=step, user=self.host.become.user
@@ -269,54 +277,6 @@ class HostOperations:
             if exc.step == step and exc.host == self.name:
                 raise
             raise type(exc)(exc.detail, host=self.name, step=step, hint=exc.hint) from None
-
-    def _run_raised(
-        self, user: str, python: str, request: dict[str, Any], timeout: float, step: str
-    ) -> CommandResult:
-        """The agent as `user` through sudo: without a password first (until this host's sudo
-        says it needs one for `user`), then with the password ahead of the request on stdin.
-
-        Raises:
-            BecomeError: sudo is missing, needs a password none of the sources has, refused the
-                password, denies the command, requires a terminal, or does not know `user`.
-        """
-        program = (python, "-c", BOOTSTRAP)
-        payload = json.dumps(request).encode("utf-8")
-        if not self._password_needed.get(user):
-            result = self._run(
-                sudo_command(user, program, with_password=False), payload, timeout, step
-            )
-            refusal = self._sudo_refusal(result)
-            if refusal is None:
-                self._password_needed[user] = False
-                return result
-            if refusal.reason != "password-required":
-                raise become_error(self.host, user, refusal, source=None)
-            self._password_needed[user] = True
-        # sudo reads the first line as the password; a wrong one makes it read the next lines
-        # as more attempts (the request, which is only ever the lock's: preflight proves the
-        # password before any request carries file contents) and fail without running the agent
-        password, source = self.passwords.password_for(self.host, user)
-        result = self._run(
-            sudo_command(user, program, with_password=True),
-            password.encode("utf-8") + b"\n" + payload,
-            timeout,
-            step,
-        )
-        refusal = self._sudo_refusal(result)
-        if refusal is not None:
-            reason = "password-rejected" if refusal.reason == "password-required" else None
-            if reason is not None:
-                refusal = replace(refusal, reason=reason)
-            raise become_error(self.host, user, refusal, source=source)
-        return result
-
-    @staticmethod
-    def _sudo_refusal(result: CommandResult) -> SudoRefusal | None:
-        if _parse_reply(result.stdout) is not None:
-            return None  # the agent ran and replied
-        stderr = result.stderr.decode("utf-8", errors="replace")
-        return sudo_refusal(result.exit_code, stderr, program_text=BOOTSTRAP)
 
     def _note_user(self, reply: dict[str, Any], user: str | None) -> None:
         identity = reply.get("as")
@@ -641,18 +601,6 @@ class HostOperations:
             reason=str(reply["reason"]),
             previous=LockHolder.from_reply(reply.get("previous")),
         )
-
-
-def _not_allowed_to_read(operation: str, reply: dict[str, Any]) -> bool:
-    """A read-only operation the login user was not allowed to do (a file or log readable by
-    its owner only): worth asking again as the become user."""
-    if operation not in LOGIN_OPERATIONS:
-        return False
-    code = str(reply.get("code") or "")
-    message = str(reply.get("message") or "")
-    return code == "permission-denied" or (
-        code == "agent-error" and message.startswith("PermissionError")
-    )
 
 
 def _parse_reply(stdout: bytes) -> dict[str, Any] | None:
