@@ -8,6 +8,7 @@ OpspatchError                      base; carries a one-line message and optional
 │   ├── TargetError                the file is not the patch's module / outside its version range
 │   ├── SelectionError             --hosts names an unknown host or group (near names suggested)
 │   ├── HostKeyError               unknown or changed SSH host key (fingerprint shown)
+│   ├── BecomeError                sudo cannot raise privileges on a host (missing, password, denied)
 │   └── ConfirmationRequired       a change needs --yes (no terminal to ask on)
 ├── HostError                      exit 1: one host failed; carries host and step
 │   ├── TransportError             connecting or running a command failed
@@ -121,6 +122,18 @@ class HostKeyError(InputError):
         super().__init__(message, hint=hint)
         self.host = host
         self.fingerprint = fingerprint
+
+
+class BecomeError(InputError):
+    """Privileges cannot be raised on a host: sudo is not installed, needs a password that is not
+    available or was refused, denies the command, or requires a terminal. Nothing ran there as
+    the other user. `reason` is stable: `sudo-missing`, `password-missing`, `password-rejected`,
+    `denied`, `requiretty`, `unknown-user`, `sudo-failed`."""
+
+    def __init__(self, message: str, *, host: str, reason: str, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.host = host
+        self.reason = reason
 
 
 class ConfirmationRequired(InputError):

@@ -72,7 +72,6 @@ def apply(
     if dry_run:
         show_fleet_plan(loaded, hosts, playbook, accept_new_host_keys, as_json)
     from opspatch.runs.apply import apply_to_hosts
-    from opspatch.runs.connect import transport_factory
 
     selected = options.hosts(hosts)
     playbook_obj = options.load_playbook(playbook)
@@ -93,7 +92,7 @@ def apply(
             loaded,
             selected,
             playbook_obj,
-            factory=transport_factory(accept_new_host_keys=accept_new_host_keys),
+            factory=options.connector(accept_new_host_keys=accept_new_host_keys),
             ledger=ledger,
             progress=progress,
         )
@@ -136,7 +135,6 @@ def rollback(
     as_json: JsonOption = False,
 ) -> None:
     """Restore the pre-images opspatch recorded (where the file is still what opspatch wrote), restart, smoke."""
-    from opspatch.runs.connect import transport_factory
     from opspatch.runs.restore import rollback_hosts
 
     if (patch is None) == (run is None):
@@ -171,7 +169,7 @@ def rollback(
         report = rollback_hosts(
             ledger=ledger,
             hosts=selected,
-            factory=transport_factory(accept_new_host_keys=accept_new_host_keys),
+            factory=options.connector(accept_new_host_keys=accept_new_host_keys),
             playbook=playbook_obj,
             patch=loaded,
             source_run=None if loaded else source_run,
@@ -197,11 +195,10 @@ def recover(
 ) -> None:
     """Bring hosts a run left behind to a known state: an interrupted run and the runs it
     descends from (default: the newest interrupted run), or `--hosts` whatever run touched them."""
-    from opspatch.runs.connect import transport_factory
     from opspatch.runs.recover import recover_hosts, recover_run, run_chain
 
     ledger = options.open_ledger()
-    factory = transport_factory(accept_new_host_keys=accept_new_host_keys)
+    factory = options.connector(accept_new_host_keys=accept_new_host_keys)
     playbook_obj = options.load_playbook(playbook)
     if hosts is not None:
         if run is not None:
@@ -274,7 +271,6 @@ def unlock(
     as_json: JsonOption = False,
 ) -> None:
     """Remove host locks left behind by runs that are over (recorded in the ledger)."""
-    from opspatch.runs.connect import transport_factory
     from opspatch.runs.recover import unlock_hosts
 
     if hosts is None:
@@ -288,7 +284,7 @@ def unlock(
         report = unlock_hosts(
             ledger=options.open_ledger(),
             hosts=selected,
-            factory=transport_factory(accept_new_host_keys=accept_new_host_keys),
+            factory=options.connector(accept_new_host_keys=accept_new_host_keys),
             playbook=options.load_playbook("default"),
             force_unknown=force,
             progress=progress,

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from opspatch.core.policy import Playbook
     from opspatch.core.spec import LoadedPatch
     from opspatch.ledger.store import Ledger
+    from opspatch.runs.connect import Connector
 
 
 @dataclass
@@ -50,6 +51,16 @@ class GlobalOptions:
 
     def state_dir(self) -> Path:
         return paths.state_dir()
+
+    def connector(self, *, accept_new_host_keys: bool) -> Connector:
+        """How this command reaches hosts: the host-key policy, and the sudo passwords of the
+        run (`become`: the inventory's environment variable, else one prompt on the terminal)."""
+        from opspatch.cli.render import terminal_password_prompt
+        from opspatch.hosts.become import BecomePasswords
+        from opspatch.runs.connect import transport_factory
+
+        passwords = BecomePasswords(prompt=terminal_password_prompt())
+        return transport_factory(accept_new_host_keys=accept_new_host_keys, passwords=passwords)
 
 
 options = GlobalOptions()

@@ -23,7 +23,6 @@ def status(
 ) -> None:
     """What is applied where: applied, not applied, drifted, unreachable (checked live against the ledger)."""
     from opspatch.ledger.store import Ledger
-    from opspatch.runs.connect import transport_factory
     from opspatch.runs.status import fleet_status
 
     if hosts is None:
@@ -34,7 +33,7 @@ def status(
     patches = [workspace.load_patch(r) for r in references]
     ledger_path = options.ledger_path()
     ledger = Ledger.open(ledger_path) if ledger_path.exists() else None
-    factory = transport_factory(accept_new_host_keys=accept_new_host_keys)
+    factory = options.connector(accept_new_host_keys=accept_new_host_keys)
     results = fleet_status(selected, patches, factory, ledger)
     if as_json:
         emit_json({"hosts": [h.name for h in selected], "status": [r.to_json() for r in results]})
@@ -63,7 +62,6 @@ def smoke(
     as_json: JsonOption = False,
 ) -> None:
     """Run the playbook's smoke decode (and a scan of the log it writes) on each host; change nothing."""
-    from opspatch.runs.connect import transport_factory
     from opspatch.runs.smoke import smoke_hosts
 
     if hosts is None:
@@ -71,7 +69,7 @@ def smoke(
     report = smoke_hosts(
         options.hosts(hosts),
         options.load_playbook(playbook),
-        factory=transport_factory(accept_new_host_keys=accept_new_host_keys),
+        factory=options.connector(accept_new_host_keys=accept_new_host_keys),
     )
     if as_json:
         emit_json(report.to_json())

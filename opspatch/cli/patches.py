@@ -209,7 +209,6 @@ def show_fleet_plan(
     """Inspect and plan on every selected host (no lock, no record) and show each plan."""
     from opspatch.cli.render import LiveProgress
     from opspatch.runs.apply import apply_to_hosts
-    from opspatch.runs.connect import transport_factory
 
     selected = options.hosts(selection)
     playbook = options.load_playbook(playbook_ref)
@@ -218,7 +217,7 @@ def show_fleet_plan(
             loaded,
             selected,
             playbook,
-            factory=transport_factory(accept_new_host_keys=accept),
+            factory=options.connector(accept_new_host_keys=accept),
             ledger=None,
             progress=progress,
             dry_run=True,

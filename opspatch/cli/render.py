@@ -5,11 +5,12 @@ and errors go to stderr, so `--json` output can be piped.
 
 from __future__ import annotations
 
+import getpass
 import json
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
@@ -143,10 +144,12 @@ class LiveProgress:
         if self.enabled and err.is_terminal:
             self.live = Live(self._render(), console=err, refresh_per_second=4, transient=True)
             self.live.__enter__()
+            _LIVE.append(self.live)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.live is not None:
+            _LIVE.remove(self.live)
             self.live.__exit__(None, None, None)
 
     def _render(self) -> Table:
@@ -171,6 +174,35 @@ class LiveProgress:
                 self.live.update(self._render())
             elif status != "running":
                 err.print(f"{host}: {step} {status} ({time.monotonic() - self.started[host]:.1f}s)")
+
+
+_LIVE: list[Live] = []
+"""The progress display on screen (one process, one command), paused while a prompt is asked."""
+_PROMPT_LOCK = threading.Lock()
+
+
+def terminal_password_prompt() -> Callable[[str], str] | None:
+    """How a run asks for the sudo password on the terminal (`become`), or None when there is
+    no terminal to ask on (then only the inventory's environment variable can provide it).
+
+    The prompt is asked from whichever host first needs it, so the live progress is paused
+    while it is on screen; the answer is not echoed and is never printed or written anywhere.
+    """
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        return None
+
+    def ask(question: str) -> str:
+        with _PROMPT_LOCK:
+            paused = list(_LIVE)
+            for live in paused:
+                live.stop()
+            try:
+                return getpass.getpass(question, stream=sys.stderr)
+            finally:
+                for live in paused:
+                    live.start()
+
+    return ask
 
 
 def confirm_or_refuse(question: str, *, yes: bool) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 DEFAULT_ENGINE_URL = "http://127.0.0.1:30000"
 DEFAULT_STATE_DIR = "/var/tmp/opspatch"
+DEFAULT_BECOME_USER = "root"
 
 Transport = Literal["ssh", "local"]
 DEFAULT_TRANSPORT: Transport = "ssh"
@@ -76,6 +77,32 @@ class EngineSettings:
     restart: RestartStrategy | None = None
 
 
+BecomeMethod = Literal["sudo"]
+
+
+@dataclass(frozen=True)
+class BecomeSettings:
+    """Raising privileges for the host operations that need them (Ansible's `become`).
+
+    With `enabled`, the operations that change the host (swap and restore of the target file
+    with its bytecode purge, backups in the state folder, the lock file, restarts) run through
+    `sudo -u <user>`; everything else runs as the SSH login user. `password_env` names the
+    environment variable *on the controller* that holds the sudo password, when sudo needs one;
+    the password itself is never part of the model (nor of any file).
+    """
+
+    enabled: bool = False
+    user: str = DEFAULT_BECOME_USER
+    method: BecomeMethod = "sudo"
+    password_env: str | None = None
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return "-"
+        source = f" (${self.password_env})" if self.password_env else ""
+        return f"{self.method} -u {self.user}{source}"
+
+
 @dataclass(frozen=True)
 class JumpHost:
     """A host to tunnel through (SSH `ProxyJump`). `name` is set when it is an inventory host."""
@@ -98,7 +125,8 @@ class Host:
 
     `port` and `user` may be `None`: then `~/.ssh/config` (or port 22 and the local user) decides.
     `identity_file` and `known_hosts` are kept as written (`~` is expanded by the transport, on the
-    controller); relative paths were made relative to the inventory file's folder.
+    controller); relative paths were made relative to the inventory file's folder. `become` says
+    whether and as whom the operations that need privileges are raised.
     """
 
     name: str
@@ -114,3 +142,4 @@ class Host:
     vars: Mapping[str, Any]
     engine: EngineSettings
     groups: tuple[str, ...]
+    become: BecomeSettings = field(default_factory=BecomeSettings)

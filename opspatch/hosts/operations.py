@@ -17,6 +17,12 @@ an operator's `[timeouts]` reach every path. Transport failures arrive as `Trans
 
 Round trips: `inspect` (what `plan` needs: facts + resolve + read) is 1 exec; read-then-swap is
 2; `lock` and `unlock` are 1 each.
+
+With `become` in the host's inventory (`opspatch.hosts.become`), the operations that change the
+host run through sudo as the become user, still one exec each; `begin` is then two (the lock
+raised, the inspection as the login user), plus one probe per other user a run raises to. The
+first raised exec of a host whose sudo needs a password is sent twice (once to learn that).
+`ran_as` lists the user every exec ran as, as the agent reported it, for the step records.
 """
 
 from __future__ import annotations
@@ -39,6 +45,14 @@ from opspatch.errors import (
     TargetError,
     TransportError,
 )
+from opspatch.hosts.become import (
+    LOGIN_OPERATIONS,
+    BecomePasswords,
+    Sudo,
+    not_allowed_to_read,
+    raised_users,
+    run_as,
+)
 from opspatch.hosts.results import (
     HostFacts,
     HostInspection,
@@ -51,7 +65,7 @@ from opspatch.hosts.results import (
     SwapResult,
     UnlockResult,
 )
-from opspatch.hosts.transport.base import Command, Transport
+from opspatch.hosts.transport.base import Command, CommandResult, Transport
 from opspatch.hosts.transport.local import LocalTransport
 
 __all__ = [  # the result values are defined in `opspatch.hosts.results`, re-exported here
@@ -74,8 +88,10 @@ __all__ = [  # the result values are defined in `opspatch.hosts.results`, re-exp
 ]
 
 BOOTSTRAP = (
-    "import json, sys, types\n"
-    "request = json.loads(sys.stdin.buffer.read().decode('utf-8'))\n"
+    "import json, os, sys, types\n"
+    "request = json.loads(sys.stdin.buffer.read().splitlines()[-1])\n"
+    "os.environ.update(request.pop('env', None) or {})\n"
+    "sys.pycache_prefix = os.environ.get('PYTHONPYCACHEPREFIX', sys.pycache_prefix)\n"
     "for name, source in request.pop('agent'):\n"
     "    parts = name.split('.')\n"
     "    for i in range(1, len(parts)):\n"
@@ -87,7 +103,10 @@ BOOTSTRAP = (
 )
 """The `-c` program: small and stable, so the command line never changes between operations.
 
-It registers each agent module sent in the request (`[name, source]` pairs, in dependency order)
+The request is stdin's last line (a line ahead of it is never the agent's business: it is sudo's
+password, read by sudo itself). Its `env` (sent when the agent runs through sudo, which resets
+the environment) is applied first, so a start command and the bytecode cache folder see the
+engine's environment. It registers each agent module sent in the request (`[name, source]` pairs, in dependency order)
 in `sys.modules` under its real dotted name, its parents as empty stub packages (whose empty
 `__path__` means nothing under these names is ever imported from the host's disk), executes it,
 and calls the last module's `main(request)`."""
@@ -143,10 +162,15 @@ class HostOperations:
     called through `call`, the same single path every method here uses.
     """
 
-    def __init__(self, transport: Transport, host: Host) -> None:
+    def __init__(
+        self, transport: Transport, host: Host, *, passwords: BecomePasswords | None = None
+    ) -> None:
         self.transport = transport
         self.host = host
+        self.ran_as: list[str] = []
+        """The user each exec ran as (`name`, or `name (sudo)` when raised), oldest first."""
         self._agent = [list(module) for module in agent_modules()]
+        self._sudo = Sudo(host, passwords or BecomePasswords())
 
     @property
     def name(self) -> str:
@@ -168,8 +192,23 @@ class HostOperations:
             TargetError: a module named in `args` does not resolve on the host.
             PreimageMismatch, LockHeld, RemoteOperationError: the agent refused (`code` says why).
             TransportError, CommandTimeout: the host could not be reached or the deadline passed.
+            BecomeError: the operation is raised (`become`) and sudo cannot run it.
         """
         step = step or operation
+        return self._call(
+            operation, args, timeout=timeout, step=step, user=run_as(self.host, operation)
+        )
+
+    def _call(
+        self,
+        operation: str,
+        args: dict[str, Any],
+        *,
+        timeout: float,
+        step: str,
+        user: str | None,
+    ) -> dict[str, Any]:
+        """`call` as `user` through sudo (None: the login user)."""
         python = self.host.engine.python
         if not python:
             raise InputError(
@@ -178,19 +217,27 @@ class HostOperations:
                 "e.g. /opt/sglang/venv/bin/python",
             )
         request = {"agent": self._agent, "op": operation, "args": args, "cwd": self._workdir()}
-        command = Command((python, "-c", BOOTSTRAP), env=dict(self.host.engine.env))
-        try:
-            result = self.transport.run(
-                command, stdin=json.dumps(request).encode("utf-8"), timeout=timeout
+        if user is None:
+            command = Command((python, "-c", BOOTSTRAP), env=dict(self.host.engine.env))
+            result = self._run(command, json.dumps(request).encode("utf-8"), timeout, step)
+        else:
+            request["env"] = dict(self.host.engine.env)  # sudo resets the environment
+            result = self._sudo.run(
+                user,
+                (python, "-c", BOOTSTRAP),
+                json.dumps(request).encode("utf-8"),
+                send=lambda command, stdin: self._run(command, stdin, timeout, step),
+                program_text=BOOTSTRAP,
             )
-        except TransportError as exc:
-            if exc.step == step and exc.host == self.name:
-                raise
-            raise type(exc)(exc.detail, host=self.name, step=step, hint=exc.hint) from None
         reply = _parse_reply(result.stdout)
         if reply is None:
             stderr = result.stderr.decode("utf-8", errors="replace").strip()
             if result.exit_code in _INTERPRETER_MISSING_STATUS:
+                if user is None and self.host.become.enabled and operation in LOGIN_OPERATIONS:
+                    # an interpreter only its owner may run: read as the become user instead
+                    return self._call(
+                        operation, args, timeout=timeout, step=step, user=self.host.become.user
+                    )
                 raise InputError(
                     f"[{self.name}] engine.python {python!r} cannot be run on the host "
                     f"(exit {result.exit_code}: {_last_line(stderr)})",
@@ -212,10 +259,44 @@ class HostOperations:
                 step=step,
                 data={"stderr": stderr[-4000:], "exit_code": result.exit_code},
             )
+        self._note_user(reply, user)
         if reply.get("ok"):
             value = reply.get("result")
             return value if isinstance(value, dict) else {"value": value}
+        if user is None and self.host.become.enabled and not_allowed_to_read(operation, reply):
+            # the login user may not read what this needs: ask again as the become user
+            return self._call(
+                operation, args, timeout=timeout, step=step, user=self.host.become.user
+            )
         raise self._refusal(reply, step, args)
+
+    def _run(self, command: Command, stdin: bytes, timeout: float, step: str) -> CommandResult:
+        """One exec on the host; transport failures name this host and step."""
+        try:
+            return self.transport.run(command, stdin=stdin, timeout=timeout)
+        except TransportError as exc:
+            if exc.step == step and exc.host == self.name:
+                raise
+            raise type(exc)(exc.detail, host=self.name, step=step, hint=exc.hint) from None
+
+    def _note_user(self, reply: dict[str, Any], user: str | None) -> None:
+        identity = reply.get("as")
+        name = identity.get("user") if isinstance(identity, dict) else None
+        if name is None and user is None:
+            return  # an agent that does not say (a scripted host)
+        name = str(name or user)
+        self.ran_as.append(f"{name} (sudo)" if user is not None else name)
+
+    def probe_raised(self, user: str, *, timeout: float, step: str) -> str:
+        """Run the agent's `whoami` as `user` through sudo: proves sudo lets this host's login
+        raise to `user` (preflight, for a user no earlier operation raised to). Returns the user
+        the agent ran as.
+
+        Raises:
+            BecomeError: as for any raised operation.
+        """
+        reply = self._call("whoami", {}, timeout=timeout, step=step, user=user)
+        return str(reply.get("user") or user)
 
     def _refusal(
         self, reply: dict[str, Any], step: str, args: dict[str, Any]
@@ -234,6 +315,12 @@ class HostOperations:
             "preimage-mismatch": PreimageMismatch,
             "lock-held": LockHeld,
         }
+        if data.get("errno") in ("EACCES", "EPERM") and not self.host.become.enabled:
+            # said in the message itself: a host's error line is what the report shows
+            message += (
+                " (the login user may not change this; set become = true and become_user to "
+                "the owner of the file in the inventory)"
+            )
         error_type = kinds.get(code, RemoteOperationError)
         return error_type(message, code=code, host=self.name, step=step, data=data)
 
@@ -465,21 +552,20 @@ class HostOperations:
         """
         if (module is None) == (path is None):
             raise ValueError("begin needs exactly one of module or path")
-        reply = self.call(
-            "begin",
-            {
-                "state_dir": self.host.state_dir,
-                "owner": owner or default_lock_owner(),
-                "run_id": run_id,
-                "ttl_seconds": ttl_seconds,
-                "takeover_run": takeover_run,
-                "module": module,
-                "path": path,
-                "server": self._server_hint(),
-            },
-            timeout=timeout,
-            step="begin",
-        )
+        args = {
+            "state_dir": self.host.state_dir,
+            "owner": owner or default_lock_owner(),
+            "run_id": run_id,
+            "ttl_seconds": ttl_seconds,
+            "takeover_run": takeover_run,
+            "module": module,
+            "path": path,
+            "server": self._server_hint(),
+        }
+        if self.host.become.enabled:
+            reply = self._begin_raised(args, timeout=timeout)
+        else:
+            reply = self.call("begin", args, timeout=timeout, step="begin")
         lock = reply["lock"]
         holder = LockHolder.from_reply(lock["holder"])
         assert holder is not None
@@ -497,6 +583,22 @@ class HostOperations:
                 server=ServerProcess.from_reply(reply.get("server")),
             ),
         )
+
+    def _begin_raised(self, args: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+        """`begin` with become: the lock as the become user (the first raised exec, so sudo is
+        checked before anything else), a probe of every other user the run raises to (root for
+        a systemd restart), then the inspection as the login user. The lock stays held if a
+        later part fails; the caller releases it."""
+        lock = self.call("lock", args, timeout=timeout, step="begin")
+        for user in raised_users(self.host)[1:]:
+            self.probe_raised(user, timeout=timeout, step="begin")
+        inspected = self.call(
+            "inspect",
+            {"module": args["module"], "path": args["path"], "server": args.get("server")},
+            timeout=timeout,
+            step="begin",
+        )
+        return dict(inspected, lock=lock)
 
     def unlock(self, *, run_id: str, force: bool = False, timeout: float) -> UnlockResult:
         """Release the host's lock held by `run_id` (`force` releases anyone's).

@@ -30,7 +30,7 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.spec import LoadedPatch, Target
 from opspatch.core.vocabulary import Outcome
-from opspatch.errors import HostKeyError, OpspatchError, PreimageMismatch
+from opspatch.errors import BecomeError, HostKeyError, OpspatchError, PreimageMismatch
 from opspatch.hosts.engine import SmokeResult
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import Ledger
@@ -417,6 +417,7 @@ class _FleetApply:
             self.patch, self.playbook, restart_engine=self.playbook.restart != "never"
         )
         self.host_key_refusals: dict[str, HostKeyError] = {}
+        self.become_refusals: dict[str, BecomeError] = {}
         with ExitStack() as stack:
             self.sessions = {
                 host.name: stack.enter_context(
@@ -453,6 +454,11 @@ class _FleetApply:
             except HostKeyError as exc:
                 self.host_key_refusals[name] = exc
                 return session.refused(exc)
+            except (
+                BecomeError
+            ) as exc:  # sudo cannot raise privileges there: swap/restart would fail
+                self.become_refusals[name] = exc
+                return session.refused(exc)
             except OpspatchError as exc:
                 return session.refused(exc)
 
@@ -467,7 +473,8 @@ class _FleetApply:
             session = self.sessions[host.name]
             item = prepared[host.name]
             if isinstance(item, HostOutcome):
-                if item.outcome == Outcome.SKIPPED and host.name not in self.host_key_refusals:
+                refused_for_access = {*self.host_key_refusals, *self.become_refusals}
+                if item.outcome == Outcome.SKIPPED and host.name not in refused_for_access:
                     misfits.append(host.name)
                 outcomes.append(item)
                 continue
@@ -493,6 +500,9 @@ class _FleetApply:
                     else "changed; it is never accepted by a flag)"
                 )
             )
+        if self.become_refusals:
+            names = ", ".join(sorted(self.become_refusals))
+            reasons.append(f"privileges cannot be raised on {names} (sudo; see each host's error)")
         if not reasons:
             return None
         return RunReport(

@@ -2,13 +2,20 @@
 every session (one transport per host per run). The transports themselves are opened by
 `opspatch.hosts.operations.open_transport`, which imports the SSH libraries only for the first
 SSH host, so commands that reach no host over SSH start without them.
+
+The factory the CLI builds (`Connector`) also carries the run's sudo passwords
+(`opspatch.hosts.become.BecomePasswords`: the environment variables the inventory names, and the
+terminal prompt asked at most once per run), so every session of the run shares them. A plain
+function works as a factory too (tests): its sessions read passwords from the environment only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from opspatch.core.host import Host
+from opspatch.hosts.become import BecomePasswords
 from opspatch.hosts.operations import open_transport
 from opspatch.hosts.transport.base import Transport
 
@@ -16,10 +23,25 @@ TransportFactory = Callable[[Host], Transport]
 """Opens (lazily: nothing connects before the first command) the transport of one host."""
 
 
-def transport_factory(*, accept_new_host_keys: bool = False) -> TransportFactory:
-    """A factory opening each host's transport with the run's host-key policy."""
+@dataclass(frozen=True)
+class Connector:
+    """A `TransportFactory` with the run's host-key policy and the run's sudo passwords."""
 
-    def make(host: Host) -> Transport:
-        return open_transport(host, accept_new_host_keys=accept_new_host_keys)
+    accept_new_host_keys: bool = False
+    passwords: BecomePasswords = field(default_factory=BecomePasswords)
 
-    return make
+    def __call__(self, host: Host) -> Transport:
+        return open_transport(host, accept_new_host_keys=self.accept_new_host_keys)
+
+
+def transport_factory(
+    *, accept_new_host_keys: bool = False, passwords: BecomePasswords | None = None
+) -> Connector:
+    """A factory opening each host's transport with the run's host-key policy; `passwords` are
+    the run's sudo password sources (default: environment variables only, no prompt)."""
+    return Connector(accept_new_host_keys, passwords or BecomePasswords())
+
+
+def become_passwords(factory: TransportFactory) -> BecomePasswords:
+    """The sudo passwords of the run `factory` belongs to (environment only for a plain one)."""
+    return factory.passwords if isinstance(factory, Connector) else BecomePasswords()

@@ -21,12 +21,16 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class StepResult:
-    """One step on one host: its name, status, duration and what it did (or why it failed)."""
+    """One step on one host: its name, status, duration, what it did (or why it failed), and who
+    it ran as on the host."""
 
     step: str
     status: StepStatus
     seconds: float
     detail: str = ""
+    ran_as: tuple[str, ...] = ()
+    """The users the step's execs ran as (`svc (sudo)` when raised); empty for a step that
+    reached no host."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -34,6 +38,7 @@ class StepResult:
             "status": str(self.status),
             "seconds": round(self.seconds, 3),
             "detail": self.detail,
+            "ran_as": list(self.ran_as),
         }
 
 

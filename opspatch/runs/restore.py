@@ -26,7 +26,7 @@ from opspatch.core.policy import Playbook
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Outcome
-from opspatch.errors import LockHeld, OpspatchError, RemoteOperationError
+from opspatch.errors import BecomeError, LockHeld, OpspatchError, RemoteOperationError
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import halt_on_attention, one_batch, run_fleet
@@ -106,7 +106,7 @@ def run_restore(
             session = sessions[name]
             try:
                 return per_host(session)
-            except LockHeld as exc:
+            except (LockHeld, BecomeError) as exc:  # nothing was changed on that host
                 return session.refused(exc)
             except OpspatchError as exc:
                 return session.outcome(Outcome.NEEDS_ATTENTION, describe_error(exc))

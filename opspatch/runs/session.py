@@ -16,12 +16,19 @@ from typing import Protocol
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
 from opspatch.core.vocabulary import Outcome, StepStatus
-from opspatch.errors import HostKeyError, InputError, LockHeld, OpspatchError, TargetError
+from opspatch.errors import (
+    BecomeError,
+    HostKeyError,
+    InputError,
+    LockHeld,
+    OpspatchError,
+    TargetError,
+)
 from opspatch.hosts.engine import EngineControl, SmokeResult
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.base import Transport
 from opspatch.ledger.store import Ledger
-from opspatch.runs.connect import TransportFactory
+from opspatch.runs.connect import TransportFactory, become_passwords
 from opspatch.runs.report import FileChange, HostOutcome, StepResult
 
 DETAIL_LIMIT = 2000
@@ -111,7 +118,9 @@ class HostSession:
     def ops(self) -> HostOperations:
         if self._ops is None:
             self._transport = self._factory(self.host)
-            self._ops = HostOperations(self._transport, self.host)
+            self._ops = HostOperations(
+                self._transport, self.host, passwords=become_passwords(self._factory)
+            )
         return self._ops
 
     @property
@@ -154,7 +163,7 @@ class HostSession:
         (`failed`)."""
         if isinstance(exc, LockHeld):
             return self.outcome(Outcome.FAILED, f"refused: {exc.detail}")
-        if isinstance(exc, HostKeyError):
+        if isinstance(exc, (HostKeyError, BecomeError)):
             text = exc.message if not exc.hint else f"{exc.message} ({exc.hint})"
             return self.outcome(Outcome.SKIPPED, text)
         if isinstance(exc, (InputError, TargetError)):
@@ -177,25 +186,45 @@ class HostSession:
     def step(self, name: str) -> Iterator[dict[str, str]]:
         """Run one step: progress, a `started` and an `ok`/`failed` ledger record, timing.
 
-        The body may set `note["detail"]` to describe what it did.
+        The body may set `note["detail"]` to describe what it did. The users the step's execs
+        ran as (as the host agent reported them; `name (sudo)` when raised) are kept with it and
+        said at the end of its ledger detail: `[ran as svc (sudo), ops]`.
         """
         note: dict[str, str] = {"detail": ""}
         self.progress.update(self.name, name, "running")
         self.record(name, StepStatus.STARTED)
         started = time.monotonic()
+        execs_before = len(self._ops.ran_as) if self._ops is not None else 0
         try:
             yield note
         except BaseException as exc:
             seconds = time.monotonic() - started
+            ran_as = self._ran_as_since(execs_before)
             detail = describe_error(exc)
-            self.steps.append(StepResult(name, StepStatus.FAILED, seconds, detail))
-            self.record(name, StepStatus.FAILED, seconds, detail)
+            self.steps.append(StepResult(name, StepStatus.FAILED, seconds, detail, ran_as))
+            self.record(name, StepStatus.FAILED, seconds, with_users(detail, ran_as))
             self.progress.update(self.name, name, "failed")
             raise
         seconds = time.monotonic() - started
-        self.steps.append(StepResult(name, StepStatus.OK, seconds, note["detail"]))
-        self.record(name, StepStatus.OK, seconds, note["detail"])
+        ran_as = self._ran_as_since(execs_before)
+        self.steps.append(StepResult(name, StepStatus.OK, seconds, note["detail"], ran_as))
+        self.record(name, StepStatus.OK, seconds, with_users(note["detail"], ran_as))
         self.progress.update(self.name, name, "ok")
+
+    def _ran_as_since(self, count: int) -> tuple[str, ...]:
+        """The distinct users of the execs made since the first `count`, in order."""
+        if self._ops is None:
+            return ()
+        return tuple(dict.fromkeys(self._ops.ran_as[count:]))
+
+
+def with_users(detail: str, ran_as: tuple[str, ...]) -> str:
+    """A step's ledger detail ending with the users its execs ran as (within the length kept)."""
+    if not ran_as:
+        return detail
+    suffix = f"[ran as {', '.join(ran_as)}]"
+    room = DETAIL_LIMIT - len(suffix) - 1
+    return f"{detail[:room]} {suffix}" if detail else suffix
 
 
 def record_outcome(ledger: Ledger | None, run_id: str | None, outcome: HostOutcome) -> None:

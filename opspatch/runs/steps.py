@@ -158,7 +158,9 @@ def smoke_step(
                 baseline=baseline,
                 pid=restart.pid if restart else None,
                 step=step,
-                release_lock=session.run_id if last else None,
+                # the smoke runs as the login user: with become the lock is a raised user's,
+                # so it is released by its own (raised) exec
+                release_lock=session.run_id if last and not session.host.become.enabled else None,
             )
             session.lock_released = session.lock_released or result.lock_released
             note["detail"] = result.summary() + ("; lock released" if result.lock_released else "")

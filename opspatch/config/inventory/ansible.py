@@ -22,7 +22,7 @@ import yaml
 
 from opspatch.config.inventory.model import ALL_HOSTS, Inventory
 from opspatch.config.inventory.resolve import build_inventory
-from opspatch.config.inventory.schema import validate_inventory
+from opspatch.config.inventory.schema import PASSWORD_SOURCE_HINT, validate_inventory
 from opspatch.core.fileschema import (
     MAX_NESTING,
     FieldPath,
@@ -44,12 +44,43 @@ _ANSIBLE_KEYS: dict[str, tuple[str, ...]] = {
     "ansible_ssh_private_key_file": ("identity_file",),
     "ansible_private_key_file": ("identity_file",),
     "ansible_connection": ("transport",),
+    "ansible_become": ("become",),
+    "ansible_sudo": ("become",),
+    "ansible_become_user": ("become_user",),
+    "ansible_sudo_user": ("become_user",),
+    "ansible_become_method": ("become_method",),
+}
+# Secrets Ansible lets an inventory hold; opspatch refuses them (environment or terminal instead).
+_ANSIBLE_SECRETS = (
+    "ansible_become_password",
+    "ansible_become_pass",
+    "ansible_sudo_password",
+    "ansible_sudo_pass",
+)
+_YAML_PASSWORD_HINT = PASSWORD_SOURCE_HINT.replace(
+    'become_password_env = "OPSPATCH_BECOME_PASSWORD"',
+    "opspatch_become_password_env: OPSPATCH_BECOME_PASSWORD",
+)
+_ANSIBLE_BOOLEANS = {
+    "yes": True,
+    "on": True,
+    "true": True,
+    "1": True,
+    "y": True,
+    "t": True,
+    "no": False,
+    "off": False,
+    "false": False,
+    "0": False,
+    "n": False,
+    "f": False,
 }
 _OPSPATCH_KEYS: dict[str, tuple[str, ...]] = {
     "opspatch_transport": ("transport",),
     "opspatch_known_hosts": ("known_hosts",),
     "opspatch_jump": ("jump",),
     "opspatch_state_dir": ("state_dir",),
+    "opspatch_become_password_env": ("become_password_env",),
     "opspatch_engine_python": ("engine", "python"),
     "opspatch_engine_url": ("engine", "url"),
     "opspatch_engine_log_file": ("engine", "log_file"),
@@ -228,6 +259,12 @@ def _settings(
     free: dict[str, Any] = {}
     for key, value in level.variables.items():
         where = level.origins[key]
+        if key in _ANSIBLE_SECRETS:
+            raise doc.error(
+                where,
+                "a password does not belong in an inventory",
+                hint=_YAML_PASSWORD_HINT,
+            )
         target = _ANSIBLE_KEYS.get(key) or _OPSPATCH_KEYS.get(key)
         if target is None:
             if key.startswith("opspatch_"):
@@ -249,6 +286,9 @@ def _settings(
             value = _ANSIBLE_CONNECTIONS[value]
         if target == ("port",) and isinstance(value, str) and value.isdigit():
             value = int(value)  # Ansible writes ports as strings as often as numbers
+        if target == ("become",) and isinstance(value, str):
+            # Ansible's booleans: `ansible_become: "yes"` (a string in YAML 1.2 readers) is true
+            value = _ANSIBLE_BOOLEANS.get(value.strip().lower(), value)
         if len(target) == 2:
             layer.setdefault("engine", {})[target[1]] = value
         else:

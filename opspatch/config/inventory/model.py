@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opspatch.core.fileschema import did_you_mean
-from opspatch.core.host import Host, RestartStrategy, Transport
+from opspatch.core.host import BecomeMethod, Host, RestartStrategy, Transport
 from opspatch.errors import SelectionError
 
 ALL_HOSTS = "all"
@@ -89,6 +89,10 @@ class SettingsLayer:
     transport: Transport | None = None
     state_dir: str | None = None
     jump: str | None = None
+    become: bool | None = None
+    become_user: str | None = None
+    become_method: BecomeMethod | None = None
+    become_password_env: str | None = None
     vars: Mapping[str, Any] = field(default_factory=dict)
     engine: EngineLayer = field(default_factory=EngineLayer)
 
@@ -101,6 +105,10 @@ _SCALAR_SETTINGS = (
     "transport",
     "state_dir",
     "jump",
+    "become",
+    "become_user",
+    "become_method",
+    "become_password_env",
 )
 _SCALAR_ENGINE = ("python", "url", "log_file", "speculative", "restart")
 

@@ -33,9 +33,11 @@ from opspatch.config.inventory.schema import (
 )
 from opspatch.core.fileschema import FieldPath, SourceDocument, did_you_mean
 from opspatch.core.host import (
+    DEFAULT_BECOME_USER,
     DEFAULT_ENGINE_URL,
     DEFAULT_STATE_DIR,
     DEFAULT_TRANSPORT,
+    BecomeSettings,
     CommandRestart,
     EngineSettings,
     Host,
@@ -84,6 +86,10 @@ def layer_from_table(table: LayerTable, base_dir: str) -> SettingsLayer:
         transport=table.transport,
         state_dir=table.state_dir,
         jump=table.jump,
+        become=table.become,
+        become_user=table.become_user,
+        become_method=table.become_method,
+        become_password_env=table.become_password_env,
         vars=dict(table.vars),
         engine=EngineLayer(
             python=engine.python,
@@ -327,4 +333,10 @@ def _host(
             restart=engine.restart,
         ),
         groups=groups,
+        become=BecomeSettings(
+            enabled=bool(settings.become),
+            user=settings.become_user or DEFAULT_BECOME_USER,
+            method=settings.become_method or "sudo",
+            password_env=settings.become_password_env,
+        ),
     )

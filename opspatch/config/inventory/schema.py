@@ -33,6 +33,34 @@ def _url(value: str) -> str:
     return value
 
 
+_USER_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9_.-]*\$?|#[0-9]+)$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PASSWORD_SOURCE_HINT = (
+    "keep the password out of the inventory: export it in an environment variable on the "
+    'controller and name that variable here, e.g. become_password_env = "OPSPATCH_BECOME_PASSWORD" '
+    "(or run on a terminal and opspatch asks once per run)"
+)
+
+
+def _become_user(value: str) -> str:
+    if not _USER_RE.match(value):
+        raise problem(f"{value!r} is not a user name", hint='e.g. become_user = "root" or "sglang"')
+    return value
+
+
+def _env_name(value: str) -> str:
+    if not _ENV_NAME_RE.match(value):
+        raise problem(
+            f"{value!r} is not an environment variable name",
+            hint='e.g. become_password_env = "OPSPATCH_BECOME_PASSWORD"',
+        )
+    return value
+
+
+SECRET_KEYS = ("become_password", "become_pass")
+"""Keys an operator may try for the sudo password; refused, pointing at the env source."""
+
+
 class SystemdTable(FileSchema):
     kind: Literal["systemd"]
     unit: NonEmpty
@@ -74,6 +102,10 @@ class LayerTable(FileSchema):
     transport: Literal["ssh", "local"] | None = None
     state_dir: NonEmpty | None = None
     jump: NonEmpty | None = None
+    become: bool | None = None
+    become_user: Annotated[str, AfterValidator(_become_user)] | None = None
+    become_method: Literal["sudo"] | None = None
+    become_password_env: Annotated[str, AfterValidator(_env_name)] | None = None
     vars: dict[str, Any] = Field(default_factory=dict)
     engine: EngineTable = Field(default_factory=EngineTable)
 
@@ -106,11 +138,37 @@ def validate_inventory(
     written in `document` (an Ansible variable, for a YAML inventory).
 
     Raises:
-        SpecError: the first problem at its file:line and field, the others in the hint.
+        SpecError: the first problem at its file:line and field, the others in the hint; a
+            password written in the inventory is refused whatever else is wrong.
     """
+    _refuse_secrets(data, document, to_document or (lambda path: path))
     try:
         return InventoryFile.model_validate(data)
     except ValidationError as exc:
         raise spec_error_from_validation(
             exc, document, schema=InventoryFile, data=data, to_document=to_document
         ) from None
+
+
+def _refuse_secrets(
+    data: Any, document: SourceDocument, to_document: Callable[[FieldPath], FieldPath]
+) -> None:
+    """A sudo password written into the inventory is refused at its line: inventories are
+    committed, copied and printed; secrets come from the environment or the terminal."""
+    if not isinstance(data, dict):
+        return
+    layers: list[tuple[FieldPath, Any]] = [(("defaults",), data.get("defaults"))]
+    for section in ("hosts", "groups"):
+        table = data.get(section)
+        if isinstance(table, dict):
+            layers.extend(((section, str(name)), layer) for name, layer in table.items())
+    for where, layer in layers:
+        if not isinstance(layer, dict):
+            continue
+        for key in SECRET_KEYS:
+            if key in layer:
+                raise document.error(
+                    to_document((*where, key)),
+                    "a password does not belong in an inventory",
+                    hint=PASSWORD_SOURCE_HINT,
+                )

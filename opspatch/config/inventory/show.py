@@ -23,6 +23,7 @@ INVENTORY_COLUMNS = (
     "python",
     "restart",
     "url",
+    "become",
 )
 
 
@@ -87,6 +88,13 @@ def host_to_json(host: Host) -> dict[str, Any]:
         },
         "transport": host.transport,
         "state_dir": host.state_dir,
+        # the settings only: a password is never in the model, so it cannot be shown
+        "become": {
+            "enabled": host.become.enabled,
+            "user": host.become.user,
+            "method": host.become.method,
+            "password_env": host.become.password_env,
+        },
         "groups": list(host.groups),
         "vars": _json_safe(dict(host.vars)),
         "engine": {
@@ -127,6 +135,7 @@ def inventory_show_table(hosts: Sequence[Host], *, selection: str = "") -> Inven
             text(h.engine.python),
             text(h.engine.restart.describe() if h.engine.restart else None),
             h.engine.url,
+            h.become.describe(),
         )
         for h in hosts
     )

@@ -3,8 +3,11 @@
 The bootstrap (`opspatch.hosts.operations.BOOTSTRAP`) registers every agent module and calls this
 module's `main`, which prints exactly one JSON line on the original stdout:
 
-    {"ok": true, "result": {...}}
-    {"ok": false, "code": "preimage-mismatch", "message": "...", "data": {...}}
+    {"ok": true, "result": {...}, "as": {"user": "ops", "uid": 1000}}
+    {"ok": false, "code": "preimage-mismatch", "message": "...", "data": {...}, "as": {...}}
+
+`as` says who ran the operation (the effective user: the login user, or the one sudo raised to),
+so every step's record can say it.
 
 Anything else the process prints (an import warning, a library's banner) is sent to stderr, so the
 reply line cannot be corrupted.
@@ -16,11 +19,28 @@ import json
 import os
 import sys
 import traceback
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 # Imported for their operations, which register themselves by name.
 from opspatch.hosts.agent import engine, facts, files, locks, processes  # noqa: F401
-from opspatch.hosts.agent.protocol import OPERATIONS, OpFailure
+from opspatch.hosts.agent.fsutil import user_name
+from opspatch.hosts.agent.protocol import OPERATIONS, OpFailure, operation
+
+if TYPE_CHECKING:
+    from opspatch.hosts.agent.protocol import Args, Result
+
+
+def identity() -> Result:
+    """Who this agent runs as: its effective user (name and uid)."""
+    uid = os.geteuid()
+    return {"user": user_name(uid) or str(uid), "uid": uid}
+
+
+@operation("whoami")
+def op_whoami(args: Args) -> Result:
+    """Who runs the agent: how the controller proves sudo lets it raise to a user, before any
+    change is made (`become`)."""
+    return identity()
 
 
 def _reply_stream() -> IO[str]:
@@ -74,6 +94,7 @@ def main(request: dict[str, Any]) -> int:
             "message": f"{type(exc).__name__}: {exc}",
             "data": {"traceback": traceback.format_exc()[-4000:]},
         }
+    reply["as"] = identity()
     reply_to.write(json.dumps(reply, sort_keys=True) + "\n")
     reply_to.flush()
     return 0

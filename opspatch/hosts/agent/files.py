@@ -205,6 +205,8 @@ def op_swap(args: Args) -> Result:
             result["released"] = op_unlock({"state_dir": state_dir, "run_id": args["lock_run_id"]})
         except OpFailure as failure:
             result["released"] = {"released": False, "reason": failure.code, "previous": None}
+        except OSError as exc:  # the controller releases it with its own exec
+            result["released"] = {"released": False, "reason": f"unlock-failed: {exc}"}
     return result
 
 

@@ -108,10 +108,10 @@ class ScriptedTransport(ClosesOnExit):
         self.exec_count += 1
         started = time.monotonic()
         try:
-            request = json.loads(stdin.decode("utf-8"))
+            request = json.loads(stdin.splitlines()[-1].decode("utf-8"))  # as the bootstrap
             op = str(request["op"])
             args = dict(request.get("args") or {})
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             raise ValueError(
                 f"the scripted transport only answers host-agent requests, not `{command.masked()}`"
             ) from exc
