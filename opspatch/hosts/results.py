@@ -136,7 +136,8 @@ class ServerProcess:
 
     def predates(self, file: RemoteFile) -> bool:
         """Whether the server started before `file` last changed (so it runs older code)."""
-        return self.started_at is not None and self.started_at < file.mtime_ns / 1e9 - 1.0
+        # /proc start times are whole boot-clock seconds plus ticks: up to ~1 s early; 2 s slack
+        return self.started_at is not None and self.started_at < file.mtime_ns / 1e9 - 2.0
 
 
 @dataclass(frozen=True)
