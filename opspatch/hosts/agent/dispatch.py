@@ -19,7 +19,7 @@ import traceback
 from typing import IO, Any
 
 # Imported for their operations, which register themselves by name.
-from opspatch.hosts.agent import engine, facts, files, locks, processes  # noqa: F401
+from opspatch.hosts.agent import diagnose, engine, facts, files, locks, processes  # noqa: F401
 from opspatch.hosts.agent.protocol import OPERATIONS, OpFailure
 
 
