@@ -10,7 +10,7 @@ edited outside, healthy but crashing) needs the ledger and the other hosts, and 
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -134,6 +134,7 @@ class ModuleDiagnosis:
     checkout: Checkout | None = None
     bytecode: tuple[CachedBytecode, ...] = ()
     server_older_than_file: bool | None = None
+    changed_after_log_start: bool | None = None
 
     @property
     def version(self) -> str | None:
@@ -199,6 +200,7 @@ class LogWindow:
     exists: bool
     size: int
     basis: str
+    started_at: float | None = None  # the start the window begins with (its log line's time)
     truncated: bool = False
     first_line: int = 1
     text: str = ""
@@ -277,6 +279,7 @@ def _module(ops: HostOperations, data: Mapping[str, Any]) -> ModuleDiagnosis:
         checkout=_checkout(checkout) if checkout else None,
         bytecode=tuple(CachedBytecode(**b) for b in data.get("bytecode") or ()),
         server_older_than_file=data.get("server_older_than_file"),
+        changed_after_log_start=data.get("changed_after_log_start"),
     )
 
 
@@ -326,6 +329,7 @@ def _log(data: Mapping[str, Any] | None) -> LogWindow | None:
         exists=bool(data.get("exists")),
         size=int(data.get("size") or 0),
         basis=str(data.get("basis") or ""),
+        started_at=data.get("started_at"),
         truncated=bool(data.get("truncated")),
         first_line=int(data.get("first_line") or 1),
         text=str(data.get("text") or ""),
@@ -348,8 +352,3 @@ def _traceback(data: Mapping[str, Any]) -> TracebackGroup:
         lineno=data.get("lineno"),
         context=data.get("context"),
     )
-
-
-def sources_of(diagnosis: HostDiagnosis, paths: Sequence[str]) -> dict[str, str]:
-    """The texts among the host's sources for `paths` (those it sent)."""
-    return {p: diagnosis.sources[p] for p in paths if p in diagnosis.sources}

@@ -167,6 +167,15 @@ def analyse_exceptions(d: HostDiagnosis, specs: Sequence[PatchSpec]) -> tuple[Ex
                     )
                 except InputError as exc:
                     note = f"not analysed: {exc.message}"
+            changed = [
+                m for m in d.modules
+                if m.file is not None and m.file.realpath == main and m.changed_after_log_start
+            ]  # fmt: skip
+            if changed:
+                note = (
+                    f"{main} changed after the server's last start: the analysis reads the file "
+                    "as it is now, the logged exception ran the earlier one"
+                )
             if d.sources_left_out:
                 note = (note + "; " if note else "") + (
                     f"{len(d.sources_left_out)} related file(s) not read (size bound)"

@@ -65,6 +65,7 @@ class FileVerdict:
     copies: tuple[InstalledCopy, ...] = ()
     stale_bytecode: tuple[CachedBytecode, ...] = ()
     server_older_than_file: bool | None = None
+    changed_after_log_start: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -82,6 +83,7 @@ class FileVerdict:
             "copies": [c.__dict__ for c in self.copies],
             "stale_bytecode": [b.__dict__ for b in self.stale_bytecode],
             "server_older_than_file": self.server_older_than_file,
+            "changed_after_log_start": self.changed_after_log_start,
         }
 
 
@@ -257,6 +259,7 @@ def judge_file(
         "copies": m.copies,
         "stale_bytecode": tuple(b for b in m.bytecode if b.runs_old_code),
         "server_older_than_file": m.server_older_than_file,
+        "changed_after_log_start": m.changed_after_log_start,
     }
     reference, label = None, None
     if m.record_sha256:
@@ -360,6 +363,16 @@ def _file_findings(v: FileVerdict, server_running: bool) -> list[Finding]:
                 f"{v.path}",
             )
         )
+    elif v.changed_after_log_start and not server_running:
+        found.append(
+            Finding(
+                "changed-after-start",
+                WARNING,
+                f"{v.module} changed after the server's last start: the logged crash ran the "
+                "earlier code",
+                f"{v.path}",
+            )
+        )
     present = [c for c in v.copies if c.exists]
     paths = list(dict.fromkeys(c.path for c in present))
     if len(paths) > 1:
@@ -410,7 +423,7 @@ def _checkout_findings(verdicts: Sequence[FileVerdict]) -> list[Finding]:
                 )
             )
             continue
-        changes = [line for line in c.uncommitted if (c.root, line[3:]) not in ours]
+        changes = [line.strip() for line in c.uncommitted if (c.root, line[3:]) not in ours]
         if changes:
             found.append(
                 Finding(

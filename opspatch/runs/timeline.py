@@ -273,14 +273,16 @@ def _render_run(r: ReportRun) -> list[str]:
     if s.recovered_by:
         lines.append(f"- recovered by run {s.recovered_by}")
     lines += ["", "### Steps", ""]
+    steps = sorted(
+        ((host.host, step) for host in r.detail.hosts for step in host.steps),
+        key=lambda item: item[1].event_id,  # the order the ledger recorded them in
+    )
     rows = [
-        (_short(step.recorded_at), host.host, step.step, step.status,
+        (_short(step.recorded_at), host, step.step, step.status,
          "" if step.seconds is None else f"{step.seconds:.2f}", step.detail)
-        for host in r.detail.hosts
-        for step in host.steps
+        for host, step in steps
         if step.status != "started"
     ]  # fmt: skip
-    rows.sort(key=lambda row: str(row[0]))
     lines += table(("time (UTC)", "host", "step", "status", "seconds", "detail"), rows)
     lines += ["", "### Outcomes", ""]
     lines += table(

@@ -3,7 +3,8 @@
 For each module a workspace patch targets: the file the engine's interpreter imports, its bytes,
 its RECORD hash, the other installed copies of its package, its git checkout, its cached
 bytecode, and whether the running server started before the file last changed. The server: its
-process (pid, start time, command line, speculative settings) and /health. Optionally a smoke
+process (pid, start time, command line, speculative settings) and /health (asked before the
+decode). Optionally a smoke
 decode (`--decode`; on a broken host it may crash the server, which is what it proves). The log
 since the server's last start (or since a time): tracebacks grouped, the lines that name a
 known failure (scheduler exception, failed warm-up, CUDA out of memory, CUDA graph capture). And
@@ -55,6 +56,10 @@ DEFAULT_MAX_LOG_TEXT = 1024 * 1024
 """Bytes of the log window sent back (its head and its tail when longer)."""
 DEFAULT_SOURCE_BUDGET = 8 * 1024 * 1024
 DEFAULT_MAX_SOURCES = 400
+START_TIME_SLACK = 2.0
+"""Seconds a process start time read from /proc may be early (the boot time it is counted from
+is a whole second): a file changed within this of the start is not called newer than the
+server."""
 START_MARKER = "server_args=ServerArgs("
 """SGLang's first log line of a start: the log since the last start begins at the last one."""
 
@@ -214,7 +219,14 @@ def log_window(
             handle.seek(start)
             raw = handle.read()
     except FileNotFoundError:
-        return {"path": path, "exists": False, "size": 0, "text": "", "basis": "no log file"}
+        return {
+            "path": path,
+            "exists": False,
+            "size": 0,
+            "text": "",
+            "basis": "no log file",
+            "started_at": None,
+        }
     except OSError as exc:
         raise OpFailure("log-unreadable", f"cannot read the log {path}: {exc.strerror}") from None
     if start > 0:
@@ -239,6 +251,7 @@ def log_window(
             basis = "since the server process started"
     if start > 0 and begin == 0:
         basis += f"; only the last {max_read} bytes were read"
+    from_start = since_seconds is None and begin < len(lines) and basis.startswith("since")
     return {
         "path": path,
         "exists": True,
@@ -247,6 +260,7 @@ def log_window(
         "truncated": start > 0,
         "first_line": begin + 1,
         "basis": basis,
+        "started_at": _stamp_epoch(lines[begin]) if from_start else None,
         "text": "".join(lines[begin:]),
     }
 
@@ -410,9 +424,15 @@ def gather_sources(seeds: list[str], budget: int, max_files: int) -> Result:
 # the operation
 
 
-def module_facts(module: str, started_at: float | None) -> Result:
+def _newer(mtime: float, start: float | None) -> bool | None:
+    return None if start is None else start + START_TIME_SLACK < mtime
+
+
+def module_facts(module: str, started_at: float | None, log_started_at: float | None) -> Result:
     """One module's file and where its code comes from; a module that does not resolve is a
-    value (`error`), not a failure of the whole diagnosis."""
+    value (`error`), not a failure of the whole diagnosis. `server_older_than_file`: the running
+    server started before the file last changed; `changed_after_log_start`: the file changed
+    after the start the log window begins with (its logged exceptions ran the earlier code)."""
     try:
         resolved = resolve_module_file(module)
     except OpFailure as failure:
@@ -430,7 +450,8 @@ def module_facts(module: str, started_at: float | None) -> Result:
         copies=installed_copies(top, resolved["realpath"]),
         checkout=checkout_state(resolved["realpath"], content),
         bytecode=bytecode_state([resolved["origin"], resolved["realpath"]], content),
-        server_older_than_file=None if started_at is None else started_at < mtime,
+        server_older_than_file=_newer(mtime, started_at),
+        changed_after_log_start=_newer(mtime, log_started_at),
     )
 
 
@@ -454,8 +475,6 @@ def op_diagnose(args: Args) -> Result:
         )
     result["server"] = server
     started_at = server["started_at"] if server else None
-    modules = [str(m) for m in args.get("modules") or []]
-    result["modules"] = [module_facts(m, started_at) for m in modules]
     smoke_args = args.get("smoke")
     if smoke_args:
         result["smoke"] = op_smoke(dict(smoke_args))
@@ -465,6 +484,7 @@ def op_diagnose(args: Args) -> Result:
         result["smoke"] = None
     log_args = args.get("log")
     tracebacks: list[Result] = []
+    result["log"] = None
     if log_args and log_args.get("file"):
         window = log_window(
             str(log_args["file"]),
@@ -480,8 +500,9 @@ def op_diagnose(args: Args) -> Result:
             text, int(log_args.get("max_text") or DEFAULT_MAX_LOG_TEXT)
         )
         result["log"] = window
-    else:
-        result["log"] = None
+    log_started_at = result["log"]["started_at"] if result["log"] else None
+    modules = [str(m) for m in args.get("modules") or []]
+    result["modules"] = [module_facts(m, started_at, log_started_at) for m in modules]
     result["sources"] = _sources(args.get("sources"), result["modules"], tracebacks)
     return result
 

@@ -153,7 +153,8 @@ def installed_copies(top: str, imported: str) -> list[Result]:
 
     seen_paths: set[str] = set()
     for entry in sys.path:
-        if not entry or not os.path.isdir(entry):
+        entry = entry or os.getcwd()  # "" is the working folder
+        if not os.path.isdir(entry):
             continue
         found = _package_at(entry, top)
         if found is not None and found not in seen_paths:
