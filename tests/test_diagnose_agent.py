@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,11 @@ from opspatch.hosts.agent.diagnose import (
 )
 from opspatch.hosts.agent.provenance import bytecode_state, checkout_state
 from opspatch.hosts.diagnosis import DiagnoseRequest, diagnose_host
+from opspatch.hosts.operations import HostOperations
+from opspatch.hosts.transport.local import LocalTransport
 from tests.sshfleet import HostMaker, Target
 from tests.standin import EAGLE_WORKER_MODULE, make_host
+from tests.test_agent import host_on, python_38
 
 CRASH_LOG = """\
 [2026-12-01 00:05:09] server_args=ServerArgs(model_path='tiny', port=1)
@@ -327,3 +331,31 @@ def test_the_operation_reads_provenance_and_sources_and_writes_nothing(
     assert {"eagle_worker_v2.py", "base_spec_worker.py", "standalone_worker_v2.py"} <= names
     assert "tp_worker.py" in names  # imported by eagle_worker_v2 from another package folder
     assert d.facts is not None and d.facts.sglang_version == "0.5.23"
+
+
+def test_the_operation_runs_under_python_38(tmp_path: Path) -> None:
+    python = python_38()
+    if python is None:
+        pytest.skip("no Python 3.8 interpreter here (pyenv 3.8.18)")
+    package = tmp_path / "lib" / "pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "worker.py").write_text("from pkg.base import Base\nclass W(Base):\n    pass\n")
+    (package / "base.py").write_text("class Base:\n    pass\n")
+    log = tmp_path / "server.log"
+    log.write_text(CRASH_LOG)
+    host = host_on(python, tmp_path / "state")
+    engine = replace(host.engine, log_file=str(log), env={"PYTHONPATH": str(tmp_path / "lib")})
+    host = replace(host, engine=engine)
+    with LocalTransport("py38") as transport:
+        d = diagnose_host(
+            HostOperations(transport, host),
+            DiagnoseRequest(modules=("pkg.worker",), source_modules=("pkg.worker",)),
+            timeout=120,
+        )
+    assert d.facts is not None and d.facts.python_version.startswith("3.8.")
+    m = d.module("pkg.worker")
+    assert m.file is not None and m.file.content.startswith(b"from pkg.base")
+    assert d.log is not None and d.log.tracebacks[0].count == 2
+    assert {Path(p).name for p in d.sources} == {"worker.py", "base.py", "__init__.py"}
+    assert d.server is not None and not d.server.running
