@@ -19,6 +19,7 @@ import getpass
 import re
 import socket
 import tempfile
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -118,11 +119,17 @@ def patch_text(
     """The patch file for an adopted edit (a `diff` edit, gated to the installed release)."""
     summary = f"Adopt the hand edit of {module_relpath(module, path)} found on {hosts[0]}"
     rationale = (
-        f"Adopted by `opspatch adopt` on {when:%Y-%m-%d %H:%M:%S} UTC by {operator}: {path} on "
-        f"{', '.join(hosts)} had been edited outside opspatch (sha256 {live_sha256[:12]} instead "
-        f"of the pristine {pristine.sha256[:12]}, taken from {pristine.source}). The edit is kept "
-        "as it is, so that status, rollback and rollout treat it as any other patch. Say here why "
-        "it was made.\n"
+        textwrap.fill(
+            f"Adopted by `opspatch adopt` on {when:%Y-%m-%d %H:%M:%S} UTC by {operator}: {path} on "
+            f"{', '.join(hosts)} had been edited outside opspatch (sha256 {live_sha256[:12]} instead "
+            f"of the pristine {pristine.sha256[:12]}, taken from {pristine.source}). The edit is kept "
+            "as it is, so that status, rollback and rollout treat it as any other patch. Say here why "
+            "it was made.",
+            width=96,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        + "\n"
     )
     lines = [
         f"# Adopted from a hand edit by `opspatch adopt` ({when:%Y-%m-%dT%H:%M:%SZ}).",

@@ -32,15 +32,18 @@ def render_host(report: HostReport) -> str:
         lines.append(f"server  {state}; /health {health}")
         if s.cmdline:
             lines.append(f"        {' '.join(s.cmdline)}")
-        if s.speculative:
-            lines.append(
-                "        speculative: " + ", ".join(f"{k}={v}" for k, v in s.speculative.items())
-            )
+        settings = [f"{k}={v}" for k, v in s.speculative.items()]
+        if s.spec_v2_env is not None:
+            settings.append(f"SGLANG_ENABLE_SPEC_V2={s.spec_v2_env}")
+        if settings:
+            lines.append("        speculative: " + ", ".join(settings))
     if d.smoke is not None:
-        lines.append(
-            "decode  "
-            + ("ok: " + d.smoke.summary() if d.smoke.ok else "FAILED: " + d.smoke.summary())
-        )
+        if d.smoke.ok:
+            lines.append(f"decode  ok: {d.smoke.summary()}")
+        else:
+            crashed = s is not None and s.running_after_decode is False
+            lines.append("decode  FAILED" + (" (the server died during it)" if crashed else ""))
+            lines += [f"        {failure}" for failure in d.smoke.failures]
     for v in report.files:
         lines.append(f"file    {v.module}: {v.state} ({v.detail})")
         if v.path:
@@ -50,6 +53,15 @@ def render_host(report: HostReport) -> str:
             lines.append(
                 f"        checkout {c.root} at {c.head[:12]} ({c.branch}) {c.subject or ''}".rstrip()
             )
+            if c.uncommitted:
+                more = (
+                    f" (+{c.uncommitted_count - len(c.uncommitted)} more)"
+                    if (c.uncommitted_count > len(c.uncommitted))
+                    else ""
+                )
+                lines.append(
+                    "        uncommitted: " + ", ".join(u.strip() for u in c.uncommitted) + more
+                )
         if v.diff:
             lines.append(f"        diff against {v.diff_against}:")
             lines += ["          " + line for line in v.diff.rstrip("\n").splitlines()]

@@ -470,7 +470,7 @@ def judge_host(
             if decode_failed and healthy
             else "the server reported ready, then crashed on a request"
         )
-        detail = "; ".join(d.smoke.failures) if decode_failed and d.smoke else ""
+        detail = d.smoke.failures[0] if decode_failed and d.smoke and d.smoke.failures else ""
         found.append(
             Finding("healthy-but-crashing", PROBLEM, f"healthy but crashing: {why}", detail)
         )
