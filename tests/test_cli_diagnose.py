@@ -173,6 +173,8 @@ def test_adopt_with_a_given_pristine_file_and_its_refusals(
     outcome = apply_patch(pristine.read_bytes(), spec)
     assert isinstance(outcome, Applied) and outcome.new_source == edited
     assert workspace.run("check", "hand-fix").code == 0
+    again = workspace.run(*adopt, "--id", "hand-fix-2", "--pristine", str(pristine))
+    assert again.code == 2 and "nothing to adopt" in again.stderr  # it is hand-fix's now
     status = workspace.run("status", "--hosts", "lab:standin-01", "--patch", "hand-fix", "--json")
     assert [s["state"] for s in status.json()["status"]] == ["applied"]
     report = workspace.run("ledger", "report", done.json()["run_id"], "--format", "json")

@@ -116,13 +116,8 @@ def lint_init(
                 class_name=class_name,
             )
             write_patch.write_text(guard.text, encoding="utf-8")
-        documents.append(
-            {
-                "hosts": list(source.hosts),
-                **report.to_json(),
-                "guard_patch": guard.to_json() if guard else None,
-            }
-        )
+        document = {**report.to_json(), "guard_patch": guard.to_json() if guard else None}
+        documents.append({"hosts": list(source.hosts), **document} if hosts else document)
         if not as_json:
             if source.hosts:
                 out.print(f"== {', '.join(source.hosts)} (sha256 {source.sha256[:12]})")

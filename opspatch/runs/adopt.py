@@ -59,7 +59,8 @@ class Pristine:
 @dataclass(frozen=True)
 class AdoptReport:
     """What `adopt` wrote and recorded: the patch file, the run, and each host's outcome
-    (`applied`: the edit is now that patch; `skipped`: the file is pristine there)."""
+    (`applied`: the edit is now that patch; `skipped`: the file is pristine there, or is what an
+    opspatch run wrote)."""
 
     patch_id: str
     patch_path: str
@@ -280,18 +281,29 @@ def adopt_edit(
         lambda more: _read_one(more, factory, module, timeout), module,
     )  # fmt: skip
     edited: dict[str, tuple[ModuleDiagnosis, Pristine]] = {}
-    untouched: list[str] = []
+    untouched: list[tuple[str, str]] = []
     for host in hosts:
         m = read[host.name].module(module)
         assert m.file is not None
+        ours = next(
+            (
+                v
+                for v in ledger.file_history(host.name, m.file.realpath)
+                if v.action == "patch" and v.sha256_after == m.file.sha256
+            ),
+            None,
+        )
+        if ours is not None:
+            untouched.append((host.name, f"written by run {ours.run_id} ({ours.patch_id})"))
+            continue
         found = finder.find(host.name, m)
         if found.content == m.file.content:
-            untouched.append(host.name)
+            untouched.append((host.name, "pristine here"))
         else:
             edited[host.name] = (m, found)
     if not edited:
         raise InputError(
-            f"nothing to adopt: {module} is pristine on every selected host",
+            f"nothing to adopt: {module} is pristine or written by opspatch on every selected host",
             hint="`opspatch diagnose --hosts ...` shows which hosts were edited",
         )
     kinds = {(m.file.sha256 if m.file else "", p.sha256) for m, p in edited.values()}
@@ -356,7 +368,7 @@ def _record(
     loaded: LoadedPatch,
     hosts: Sequence[Host],
     edited: dict[str, tuple[ModuleDiagnosis, Pristine]],
-    untouched: Sequence[str],
+    untouched: Sequence[tuple[str, str]],
 ) -> RunReport:
     """The adoption as a recorded run: per edited host a file version pristine -> live."""
     recorded_hosts = [h for h in hosts if h.name in edited]
@@ -400,7 +412,7 @@ def _record(
             )
             outcomes.append(outcome)
         outcomes += [
-            HostOutcome(name, Outcome.SKIPPED, note="pristine here: nothing to adopt")
-            for name in untouched
+            HostOutcome(name, Outcome.SKIPPED, note=f"{why}: nothing to adopt")
+            for name, why in untouched
         ]
         return run.finish(RunReport(run.run_id, "adopt", loaded.spec.id, tuple(outcomes)))

@@ -24,7 +24,7 @@ from opspatch.analysis.missingattr import analyze_missing_attribute, parse_missi
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, StepTimeouts
 from opspatch.core.spec import LoadedPatch, PatchSpec
-from opspatch.errors import InputError, LedgerError, OpspatchError, TargetError
+from opspatch.errors import HostError, InputError, LedgerError, OpspatchError, TargetError
 from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, diagnose_host
 from opspatch.hosts.engine import EXEC_MARGIN, smoke_args
 from opspatch.hosts.operations import HostOperations
@@ -269,7 +269,8 @@ def read_module_sources(
 
     Raises:
         TargetError: the module does not resolve on a host.
-        InputError: a host could not be read, or its file is not UTF-8 text.
+        HostError: a host could not be read.
+        InputError: a host's file is not UTF-8 text.
     """
     request = DiagnoseRequest(
         modules=(module,), server=False, log=False, source_modules=(module,), facts=False
@@ -279,7 +280,7 @@ def read_module_sources(
     for host in hosts:
         d = found[host.name]
         if not isinstance(d, HostDiagnosis):
-            raise InputError(f"[{host.name}] could not be read: {d}")
+            raise HostError(f"could not be read: {d}", host=host.name, step="read")
         m = d.module(module)
         if m.error is not None or m.file is None:
             raise TargetError(
