@@ -207,7 +207,8 @@ def test_dry_run_changes_nothing(fleet: SandboxFleet) -> None:
 
 
 def test_round_trips_per_host(fleet: SandboxFleet, tmp_path: Path) -> None:
-    """plan is one exec per host; apply is six (begin, swap, restart, ready, smoke, release)."""
+    """plan is one exec per host; apply is five: begin, swap, restart, ready (the readiness
+    polling, on the host) and smoke, which also gives the lock back when it passes."""
     from opspatch.config.patches import load_patch
     from opspatch.core.policy import Playbook
     from opspatch.hosts.operations import open_transport
@@ -229,7 +230,7 @@ def test_round_trips_per_host(fleet: SandboxFleet, tmp_path: Path) -> None:
     ledger = Ledger.open(tmp_path / "ledger.sqlite3")
     report = apply_to_hosts(patch, hosts, Playbook(), factory=counting, ledger=ledger)
     assert {h.outcome for h in report.hosts} == {"applied"}
-    assert [t.exec_count for t in transports] == [6] * len(hosts)
+    assert [t.exec_count for t in transports] == [5] * len(hosts)
 
 
 def test_version_gate_uses_the_distribution_that_owns_the_file(fleet: SandboxFleet) -> None:
@@ -568,3 +569,47 @@ def test_a_baseline_that_cannot_be_taken_is_said_and_can_be_required(fleet: Sand
     assert "requires a baseline" in host["error"]
     assert fleet.sha(second) == pre[second]
     assert "swap" not in [s["step"] for s in host["steps"]]
+
+
+def test_a_staged_apply_leaves_servers_running_old_code_until_restart_proves_it(
+    fleet: SandboxFleet,
+) -> None:
+    """`apply --restart never` swaps the files only: every host is `staged`, its server (same
+    pid) still runs the old code, and `status` says so; `opspatch restart` then restarts, proves
+    and completes it. A staged change that breaks the engine is rolled back by `restart`."""
+    pids = {n: fleet.pid(n) for n in fleet.names}
+    pre = {n: fleet.sha(n) for n in fleet.names}
+    run = fleet.opspatch("apply", "eagle-init-guard", "--hosts", "sandbox", "--restart", "never",
+                         "--yes", "--json")  # fmt: skip
+    assert run.code == 0, run.stdout + run.stderr
+    assert set(_outcomes(run.json()).values()) == {"staged"}
+    assert {n: fleet.pid(n) for n in fleet.names} == pids  # nothing restarted
+    assert all(fleet.sha(n) != pre[n] for n in fleet.names)
+    status = fleet.opspatch("status", "--hosts", "sandbox", "--patch", "eagle-init-guard", "--json")
+    assert {s["state"] for s in status.json()["status"]} == {"staged"}, status.stdout
+    done = fleet.opspatch("restart", "--hosts", "sandbox", "--yes", "--json")
+    assert done.code == 0, done.stdout + done.stderr
+    assert set(_outcomes(done.json()).values()) == {"applied"}
+    assert all(fleet.pid(n) != pids[n] for n in fleet.names)
+    status = fleet.opspatch("status", "--hosts", "sandbox", "--patch", "eagle-init-guard", "--json")
+    assert {s["state"] for s in status.json()["status"]} == {"applied"}
+    # a staged change that breaks the engine: restart rolls it back on the canary and halts
+    fleet.write_playbook("fast", FAST.format(ready=30))
+    fleet.write_patch(
+        "break-at-import",
+        _test_patch("break-at-import", 'raise RuntimeError("broken by a test patch")', "breaks"),
+    )
+    guarded = {n: fleet.sha(n) for n in fleet.names}
+    staged = fleet.opspatch("apply", "break-at-import", "--hosts", "sandbox", "--restart", "never",
+                            "--yes", "--json")  # fmt: skip
+    assert staged.code == 0, staged.stdout + staged.stderr
+    broken = fleet.opspatch(
+        "restart", "--hosts", "sandbox", "--playbook", "fast", "--yes", "--json"
+    )
+    assert broken.code == 1, broken.stdout + broken.stderr
+    canary, *others = fleet.names
+    outcomes = _outcomes(broken.json())
+    assert outcomes[canary] == "rolled-back"
+    assert all(outcomes[n] == "skipped" for n in others)
+    assert fleet.sha(canary) == guarded[canary]
+    assert "RuntimeError: broken by a test patch" in broken.json()["hosts"][0]["error"]

@@ -125,7 +125,15 @@ class FakeHost:
                 "problem": None if self.smoke_ok else "the server crashed: ValueError: boom",
             }
             failures = [] if self.smoke_ok else ["prompt 1: the server crashed: ValueError: boom"]
-            return {"ok": self.smoke_ok, "results": [result], "failures": failures}
+            released = None
+            if self.smoke_ok and args.get("release_lock"):  # as the agent does: same exec
+                released = agent_operation("unlock", dict(args["release_lock"]))
+            return {
+                "ok": self.smoke_ok,
+                "results": [result],
+                "failures": failures,
+                "released": released,
+            }
         return agent_operation(op, args)
 
 
@@ -320,11 +328,15 @@ def test_every_host_step_of_apply_takes_its_deadline_from_the_playbook(fleet: Fl
 
     timeouts = replace(playbook.timeouts, swap=7.0, smoke=11.0, lock=3.0, inspect=5.0)
     fleet.apply(replace(playbook, timeouts=timeouts))
-    deadlines = {c.op: c.timeout for c in fleet.transports["h1"].calls}
+    calls = fleet.transports["h1"].calls
+    deadlines = {c.op: c.timeout for c in calls}
     assert deadlines["begin"] == 8.0
     assert deadlines["swap"] == 7.0
-    assert deadlines["unlock"] == 3.0
     assert deadlines["smoke"] > 11.0  # the host-side deadline plus the exec's margin
+    # the passing smoke gave the lock back itself: four execs besides readiness, no unlock
+    assert [c.op for c in calls] == ["begin", "swap", "restart", "wait_ready", "smoke"]
+    assert next(c for c in calls if c.op == "smoke").args["release_lock"]["run_id"]
+    assert not (fleet.hosts[0].state / "lock.json").exists()
 
 
 def _left_by_a_dead_run(fleet: Fleet, host: FakeHost) -> str:
@@ -410,3 +422,17 @@ def test_unlock_frees_a_dead_runs_lock_and_refuses_an_unknown_one(fleet: Fleet) 
     )
     assert [h.outcome for h in forced.hosts] == ["unlocked"]
     assert not (other.state / "lock.json").exists()
+
+
+def test_a_staged_apply_is_two_execs_and_leaves_no_lock(fleet: Fleet) -> None:
+    """`restart = "never"`: begin, then a swap that gives the lock back itself."""
+    from dataclasses import replace
+
+    fleet.hosts = fleet.hosts[:1]
+    report = fleet.apply(replace(Playbook(canary=0, batch=BatchSize(count=10)), restart="never"))
+    (outcome,) = report.hosts
+    assert outcome.outcome == "staged"
+    assert "the running server still runs the old code" in (outcome.note or "")
+    assert fleet.transports["h1"].ops == ["begin", "swap"]
+    assert not (fleet.hosts[0].state / "lock.json").exists()
+    assert sha(fleet.hosts[0].file.read_bytes()) != PRISTINE

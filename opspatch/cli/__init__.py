@@ -1,8 +1,24 @@
 """The command line (typer): parses arguments, asks for confirmation, calls one function per
-command and prints what it returns. Kept light: importing it imports no SSH library or torch."""
+command and prints what it returns. `main` answers `--version` before importing the rest: it is
+what scripts and people run to check an installation, and it should answer at once."""
 
 from __future__ import annotations
 
-from opspatch.cli.app import main
+import sys
+from typing import NoReturn
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """The console script's entry point (`opspatch.cli.app.main` does the work)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args == ["--version"]:
+        from opspatch import __version__
+
+        sys.stdout.write(f"opspatch {__version__}\n")
+        sys.exit(0)
+    from opspatch.cli.app import main as run
+
+    run(args)
+
 
 __all__ = ["main"]

@@ -1,5 +1,5 @@
 """`python -m opspatch.cli`: the console script, for tests and hosts without the entry point."""
 
-from opspatch.cli.app import main
+from opspatch.cli import main
 
 main()

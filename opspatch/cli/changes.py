@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -46,6 +47,14 @@ def apply(
         bool, typer.Option("--dry-run", help="Show every host's plan; change nothing.")
     ] = False,
     yes: YesOption = False,
+    restart: Annotated[
+        str | None,
+        typer.Option(
+            "--restart",
+            help="always: restart, wait, smoke after the swap (default: the playbook's); never: "
+            "stage the file only (hosts are `staged` until `opspatch restart`).",
+        ),
+    ] = None,
     python: PythonOption = sys.executable,
     target_version: TargetVersionOption = None,
     accept_new_host_keys: AcceptKeysOption = False,
@@ -67,9 +76,15 @@ def apply(
 
     selected = options.hosts(hosts)
     playbook_obj = options.load_playbook(playbook)
+    if restart is not None:
+        if restart not in ("always", "never"):
+            raise InputError(f"--restart {restart!r}: expected always or never")
+        playbook_obj = replace(playbook_obj, restart=restart)
     names = [h.name for h in selected]
+    staging = " (staged: no restart)" if playbook_obj.restart == "never" else ""
     confirm_or_refuse(
-        f"Apply {loaded.spec.id} to {len(names)} host(s): {', '.join(names)} (playbook {playbook_obj.name})?",
+        f"Apply {loaded.spec.id} to {len(names)} host(s): {', '.join(names)} "
+        f"(playbook {playbook_obj.name}){staging}?",
         yes=yes,
     )
     ledger = options.open_ledger()
@@ -281,8 +296,41 @@ def unlock(
     finish(report, as_json)
 
 
+def restart(
+    hosts: HostsOption = None,
+    playbook: PlaybookOption = "default",
+    yes: YesOption = False,
+    accept_new_host_keys: AcceptKeysOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Complete staged patches (apply --restart never): restart each host's engine under the
+    playbook, wait, smoke-decode, roll back the staged change on failure."""
+    from opspatch.runs.connect import transport_factory
+    from opspatch.runs.restart import restart_hosts
+
+    if hosts is None:
+        raise InputError("restart needs --hosts TARGET", hint="opspatch restart --hosts gpu-fleet")
+    selected = options.hosts(hosts)
+    names = [h.name for h in selected]
+    playbook_obj = options.load_playbook(playbook)
+    confirm_or_refuse(
+        f"Restart the engines of {len(names)} host(s) with staged changes: {', '.join(names)}?",
+        yes=yes,
+    )
+    with LiveProgress(names, enabled=not as_json) as progress:
+        report = restart_hosts(
+            ledger=options.open_ledger(),
+            hosts=selected,
+            factory=transport_factory(accept_new_host_keys=accept_new_host_keys),
+            playbook=playbook_obj,
+            progress=progress,
+        )
+    finish(report, as_json)
+
+
 def register(app: typer.Typer) -> None:
     app.command()(apply)
     app.command()(rollback)
     app.command()(recover)
     app.command()(unlock)
+    app.command()(restart)

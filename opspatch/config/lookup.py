@@ -22,15 +22,17 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opspatch.config import paths
-from opspatch.config.inventory import Inventory, load_inventory, resolve_hosts
-from opspatch.config.patches import load_patch
-from opspatch.config.playbook import load_playbook
-from opspatch.core.host import Host
-from opspatch.core.policy import Playbook
-from opspatch.core.spec import LoadedPatch
 from opspatch.errors import InputError
+
+if TYPE_CHECKING:  # the loaders (pydantic, yaml) are imported when a file is loaded: a command
+    # that loads none (`--version`, `sandbox status`) starts without them
+    from opspatch.config.inventory import Inventory
+    from opspatch.core.host import Host
+    from opspatch.core.policy import Playbook
+    from opspatch.core.spec import LoadedPatch
 
 KINDS = ("patches", "inventories", "playbooks")
 _SUFFIXES = {
@@ -138,6 +140,8 @@ class Workspace:
             InputError: no such patch (near names suggested).
             SpecError: the file is not a valid patch (file:line: field).
         """
+        from opspatch.config.patches import load_patch
+
         return load_patch(self.find("patches", reference))
 
     def load_playbook(self, reference: str) -> Playbook:
@@ -147,6 +151,8 @@ class Workspace:
             InputError: no such playbook (near names suggested).
             SpecError: the file is not a valid playbook (file:line: field).
         """
+        from opspatch.config.playbook import load_playbook
+
         return load_playbook(self.find("playbooks", reference))
 
     def load_inventory(self, reference: str) -> Inventory:
@@ -156,6 +162,8 @@ class Workspace:
             InputError: no such inventory (near names suggested).
             SpecError: the file is not a valid inventory (file:line: field).
         """
+        from opspatch.config.inventory import load_inventory
+
         return load_inventory(self.find("inventories", reference))
 
     def hosts(self, selection: str) -> tuple[Host, ...]:
@@ -165,4 +173,6 @@ class Workspace:
             SelectionError: an unknown inventory, host or group (near names suggested).
             SpecError: an inventory that had to be read is not valid.
         """
+        from opspatch.config.inventory import resolve_hosts
+
         return resolve_hosts(selection, self)

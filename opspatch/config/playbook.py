@@ -14,6 +14,9 @@ max_in_flight = 8         # most hosts worked on at once inside a batch; "all" =
 max_failures = 1          # failed hosts that halt the rollout (1 = halt on the first failure)
 on_halt = "stop"          # "stop": leave patched hosts patched; "rollback-run": roll back every
                           # host this run changed
+restart = "always"        # "never": stage the patched file without restarting the engine (the
+                          # host is `staged`: its server still runs the old code until
+                          # `opspatch restart --hosts ...`, which restarts, proves, rolls back)
 
 [timeouts]                # seconds per step, per host
 lock = 30                 # take the host's lock
@@ -240,6 +243,7 @@ class PlaybookFile(FileSchema):
     max_in_flight: MaxInFlight | None = None
     max_failures: Positive | None = None
     on_halt: Literal["stop", "rollback-run"] | None = None
+    restart: Literal["always", "never"] | None = None
     timeouts: TimeoutsTable | None = None
     smoke: SmokeTable | None = None
     log: LogTable | None = None
@@ -300,6 +304,7 @@ def to_playbook(document: TomlDocument) -> Playbook:
         else (None if isinstance(written.max_in_flight, str) else written.max_in_flight),
         max_failures=written.max_failures or defaults.max_failures,
         on_halt=written.on_halt or defaults.on_halt,
+        restart=written.restart or defaults.restart,
         timeouts=_timeouts(written.timeouts),
         smoke=_smoke(written.smoke),
         log=LogSettings()

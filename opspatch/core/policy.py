@@ -150,6 +150,9 @@ class Playbook:
     max_in_flight: int | None = 8
     max_failures: int = 1
     on_halt: str = "stop"
+    restart: str = "always"
+    """`always`: restart, wait, smoke after the swap; `never`: stage the patched file only (the
+    host is `staged`; `opspatch restart` completes it)."""
     timeouts: StepTimeouts = StepTimeouts()
     smoke: SmokeSettings = SmokeSettings()
     log: LogSettings = LogSettings()
@@ -193,6 +196,7 @@ class Playbook:
             "max_in_flight": "all" if self.max_in_flight is None else self.max_in_flight,
             "max_failures": self.max_failures,
             "on_halt": self.on_halt,
+            "restart": self.restart,
             "timeouts": self.timeouts.to_json(),
             "smoke": self.smoke.to_json(),
             "log": self.log.to_json(),

@@ -85,6 +85,8 @@ class SmokeResult:
     texts: tuple[str | None, ...] = field(default_factory=tuple)
     exceptions: tuple[dict[str, Any], ...] = ()
     log_tail: str | None = None
+    lock_released: bool = False
+    """The smoke passed and released the run's lock on the host in the same exec."""
 
     @classmethod
     def from_reply(cls, data: dict[str, Any]) -> SmokeResult:
@@ -107,6 +109,7 @@ class SmokeResult:
             texts=tuple(p.text for p in prompts),
             exceptions=tuple(dict(e) for e in data.get("exceptions") or ()),
             log_tail=data.get("log_tail"),
+            lock_released=bool((data.get("released") or {}).get("released")),
         )
 
     def summary(self) -> str:
@@ -240,10 +243,13 @@ class EngineControl:
         checks: bool = True,
         pid: int | None = None,
         step: str = "smoke",
+        release_lock: str | None = None,
     ) -> SmokeResult:
         """Run the playbook's smoke decode and log scan on the host.
 
-        With `checks=False` it only decodes (used to take a pre-patch baseline).
+        With `checks=False` it only decodes (used to take a pre-patch baseline). With
+        `release_lock` (a run id), a smoke that passes also releases that run's lock on the
+        host in the same exec: it is a host's last step, and one exec fewer per host.
         A failed check is a value (`ok=False`), not an exception. `pid` (the restart's) is the
         server whose liveness tells a decode that timed out from a crash; without it, the pid
         file (command strategy) or whoever listens on the engine's port is asked.
@@ -256,6 +262,9 @@ class EngineControl:
             baseline=baseline,
             checks=checks,
             pid=pid,
+        )
+        args["release_lock"] = (
+            {"state_dir": self.host.state_dir, "run_id": release_lock} if release_lock else None
         )
         data = self._call("smoke", args, timeout=timeout, step=step)
         return SmokeResult.from_reply(data)

@@ -47,6 +47,7 @@ from opspatch.hosts.results import (
     RemoteFile,
     ResolvedModule,
     RestoreResult,
+    ServerProcess,
     SwapResult,
     UnlockResult,
 )
@@ -269,7 +270,7 @@ class HostOperations:
             raise ValueError("inspect needs exactly one of module or path")
         reply = self.call(
             "inspect",
-            {"module": module, "path": path},
+            {"module": module, "path": path, "server": self._server_hint()},
             timeout=timeout,
         )
         resolved = reply.get("resolved")
@@ -277,7 +278,15 @@ class HostOperations:
             facts=HostFacts.from_reply(reply["facts"]),
             module=ResolvedModule.from_reply(resolved) if resolved else None,
             file=self._remote_file(reply["file"], "inspect"),
+            server=ServerProcess.from_reply(reply.get("server")),
         )
+
+    def _server_hint(self) -> dict[str, Any]:
+        """Where the agent can find the running engine (its pid file, its URL's port)."""
+        return {
+            "pid_file": getattr(self.host.engine.restart, "pid_file", None),
+            "url": self.host.engine.url,
+        }
 
     def _remote_file(self, data: dict[str, Any], step: str) -> RemoteFile:
         content = base64.b64decode(data["content_b64"])
@@ -313,6 +322,7 @@ class HostOperations:
         expected_sha256: str,
         new_content: bytes,
         lock_run_id: str | None = None,
+        release_lock: bool = False,
         timeout: float,
     ) -> SwapResult:
         """Atomically replace `path` (its real file, if a symlink) by `new_content`.
@@ -321,7 +331,8 @@ class HostOperations:
         with its own interpreter, keeps a backup of the pre-image under
         `<state_dir>/backups/<sha256>`, writes a temp file beside the target, fsyncs, keeps mode
         and owner, renames it over the target and removes the module's stale bytecode. With
-        `lock_run_id`, it also checks that this run still holds the host's lock.
+        `lock_run_id`, it also checks that this run still holds the host's lock, and with
+        `release_lock` it gives that lock back once the swap is done (the host's last step).
 
         Raises:
             PreimageMismatch: the file is not the bytes the plan was made from; nothing written.
@@ -334,6 +345,7 @@ class HostOperations:
             "content_b64": base64.b64encode(new_content).decode("ascii"),
             "state_dir": self.host.state_dir,
             "lock_run_id": lock_run_id,
+            "release_lock": release_lock,
         }
         reply = self.call("swap", args, timeout=timeout)
         return SwapResult(
@@ -348,6 +360,7 @@ class HostOperations:
             mode=int(reply["mode"]),
             uid=int(reply["uid"]),
             gid=int(reply["gid"]),
+            lock_released=bool((reply.get("released") or {}).get("released")),
         )
 
     def restore(
@@ -462,6 +475,7 @@ class HostOperations:
                 "takeover_run": takeover_run,
                 "module": module,
                 "path": path,
+                "server": self._server_hint(),
             },
             timeout=timeout,
             step="begin",
@@ -480,6 +494,7 @@ class HostOperations:
                 facts=HostFacts.from_reply(reply["facts"]),
                 module=ResolvedModule.from_reply(resolved) if resolved else None,
                 file=self._remote_file(reply["file"], "begin"),
+                server=ServerProcess.from_reply(reply.get("server")),
             ),
         )
 

@@ -121,12 +121,33 @@ class RemoteFile:
 
 
 @dataclass(frozen=True)
+class ServerProcess:
+    """The engine's running process as the host sees it: pid and start time (epoch seconds)."""
+
+    pid: int
+    started_at: float | None
+
+    @classmethod
+    def from_reply(cls, data: dict[str, Any] | None) -> ServerProcess | None:
+        if not data:
+            return None
+        started = data.get("started_at")
+        return cls(pid=int(data["pid"]), started_at=float(started) if started is not None else None)
+
+    def predates(self, file: RemoteFile) -> bool:
+        """Whether the server started before `file` last changed (so it runs older code)."""
+        return self.started_at is not None and self.started_at < file.mtime_ns / 1e9 - 1.0
+
+
+@dataclass(frozen=True)
 class HostInspection:
-    """Everything `plan` needs from one host, from one exec."""
+    """Everything `plan` needs from one host, from one exec (and the running server, when the
+    host's engine says where to find it)."""
 
     facts: HostFacts
     module: ResolvedModule | None
     file: RemoteFile
+    server: ServerProcess | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +166,7 @@ class SwapResult:
     mode: int
     uid: int
     gid: int
+    lock_released: bool = False
 
 
 @dataclass(frozen=True)

@@ -94,11 +94,20 @@ class ApplyPipeline:
     """Apply one patch to one host: the template every apply runs through."""
 
     def __init__(
-        self, patch: LoadedPatch, playbook: Playbook, *, restart_engine: bool = True
+        self,
+        patch: LoadedPatch,
+        playbook: Playbook,
+        *,
+        restart_engine: bool = True,
+        unrestarted: Outcome = Outcome.STAGED,
     ) -> None:
+        """`restart_engine=False` swaps the file only; the host's outcome is then `unrestarted`:
+        `staged` on a fleet (its server still runs the old code), `applied` for a local file
+        (there is no server)."""
         self.patch = patch
         self.playbook = playbook
         self.restart_engine = restart_engine
+        self.unrestarted = unrestarted
 
     # -- preflight: begin + plan ---------------------------------------------------------
 
@@ -187,11 +196,14 @@ class ApplyPipeline:
                     expected_sha256=plan.sha256_before,
                     new_content=plan.new_source,
                     lock_run_id=run_id,
+                    release_lock=not self.restart_engine,  # no restart: the swap is the last step
                     timeout=self.playbook.timeouts.swap,
                 )
+                session.lock_released = swapped.lock_released
                 note["detail"] = (
                     f"{swapped.sha256_before[:12]} -> {swapped.sha256_after[:12]}; "
                     f"purged {len(swapped.purged_bytecode)} pyc"
+                    + ("; lock released" if swapped.lock_released else "")
                 )
         except PreimageMismatch as exc:
             return self._outcome(
@@ -207,7 +219,13 @@ class ApplyPipeline:
             # No reply: the swap may or may not have happened. Look before saying anything.
             return self._reconcile_after_lost_swap(session, change, plan, exc)
         if not self.restart_engine:
-            return self._outcome(session, Outcome.APPLIED, None, change, plan)
+            staged_note = (
+                "staged: the file is patched; the running server still runs the old code until "
+                "`opspatch restart` restarts, proves and (on failure) rolls it back"
+                if self.unrestarted == Outcome.STAGED
+                else None
+            )
+            return self._outcome(session, self.unrestarted, None, change, plan, note=staged_note)
         try:
             smoke = self._restart_and_prove(session, baseline=baseline)
         except HostFailed as failure:
@@ -254,7 +272,7 @@ class ApplyPipeline:
     ) -> SmokeResult:
         restart = restart_step(session)
         ready_step(session, restart)
-        return smoke_step(session, restart, baseline=baseline)
+        return smoke_step(session, restart, baseline=baseline, last=True)
 
     def roll_back(
         self, session: HostSession, change: FileChange, plan: Applied, why: str
@@ -278,7 +296,12 @@ class ApplyPipeline:
         smoke: SmokeResult | None = None
         try:
             smoke = smoke_step(
-                session, restart, baseline=None, step="smoke-after-restore", must_pass=False
+                session,
+                restart,
+                baseline=None,
+                step="smoke-after-restore",
+                must_pass=False,
+                last=True,
             )
         except HostFailed:
             smoke = None
@@ -390,7 +413,9 @@ class _FleetApply:
     dry_run: bool
 
     def run(self) -> RunReport:
-        self.pipeline = ApplyPipeline(self.patch, self.playbook)
+        self.pipeline = ApplyPipeline(
+            self.patch, self.playbook, restart_engine=self.playbook.restart != "never"
+        )
         self.host_key_refusals: dict[str, HostKeyError] = {}
         with ExitStack() as stack:
             self.sessions = {
@@ -576,6 +601,7 @@ class _FleetApply:
             assert session.run_id is not None
             try:
                 session.ops.lock(run_id=session.run_id, timeout=self.playbook.timeouts.lock)
+                session.lock_released = False
                 rolled = self.pipeline.roll_back(
                     session, outcome.file, item.plan, "the rollout halted (on_halt = rollback-run)"
                 )

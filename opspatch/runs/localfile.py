@@ -154,7 +154,9 @@ def apply_local_file(
         return RunReport(None, "apply", loaded.spec.id, (already,))
     playbook = Playbook()
     with recorded_run(ledger, command="apply", patch=loaded, hosts=[host]) as run:
-        pipeline = ApplyPipeline(loaded, playbook, restart_engine=False)
+        pipeline = ApplyPipeline(
+            loaded, playbook, restart_engine=False, unrestarted=Outcome.APPLIED
+        )
         with HostSession(
             host,
             transport_factory(),

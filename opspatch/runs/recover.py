@@ -252,7 +252,7 @@ class _RecoverHost:
         try:
             restart = restart_step(session)
             ready_step(session, restart)
-            smoke = smoke_step(session, restart, baseline=None)
+            smoke = smoke_step(session, restart, baseline=None, last=True)
             return session.outcome(
                 Outcome.APPLIED,
                 file=change,

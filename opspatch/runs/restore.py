@@ -277,7 +277,7 @@ class _Rollback:
                 file=change,
             )
         try:
-            smoke = smoke_step(session, restart, baseline=None, must_pass=False)
+            smoke = smoke_step(session, restart, baseline=None, must_pass=False, last=True)
         except HostFailed:
             smoke = None
         notes = [note] if note else []

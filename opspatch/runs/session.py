@@ -86,6 +86,8 @@ class HostSession:
         self.run_id = run_id
         self.progress = progress
         self.steps: list[StepResult] = []
+        self.lock_released = False
+        """Whether this run's lock on the host was given back already (by a passing last smoke)."""
         self._factory = factory
         self._transport: Transport | None = None
         self._ops: HostOperations | None = None

@@ -1,7 +1,8 @@
 """What is applied where: each host's live file checked against the ledger and the patch.
 
 Per host and patch: `applied` (the file is the bytes opspatch wrote, or carries the patch
-structurally), `not-applied`, `drifted` (the file changed since opspatch wrote it, e.g. sglang was
+structurally), `staged` (so, but the running server started before the file changed: it still
+runs the old code), `not-applied`, `drifted` (the file changed since opspatch wrote it, e.g. sglang was
 reinstalled: the ledger's post-image is not what is there), `not-applicable` (the module does not
 resolve on the host, or its version is outside the patch's range), or `unreachable`. One exec per
 host and target module; nothing is locked or changed.
@@ -48,8 +49,18 @@ def classify(
     structural = detect(file.content, patch.spec)
     recorded = ledger.last_applied(host, file.realpath, patch.spec.id) if ledger else None
     base = {"host": host, "patch": patch.spec.id, "path": file.realpath, "sha256": file.sha256}
+    server = inspection.server
+    stale = server is not None and server.predates(file)
     if recorded is not None:
         if file.sha256 == recorded.sha256_after:
+            if stale:
+                assert server is not None
+                return PatchStatus(
+                    **base,
+                    state=PatchState.STAGED,
+                    detail=f"written by run {recorded.run_id}, but the running server (pid "
+                    f"{server.pid}) started before it: run `opspatch restart` to load it",
+                )
             return PatchStatus(
                 **base, state=PatchState.APPLIED, detail=f"as written by run {recorded.run_id}"
             )
@@ -68,8 +79,9 @@ def classify(
     if structural.state == "applied":
         return PatchStatus(
             **base,
-            state=PatchState.APPLIED,
-            detail="present, but not written by opspatch (no ledger record)",
+            state=PatchState.STAGED if stale else PatchState.APPLIED,
+            detail="present, but not written by opspatch (no ledger record)"
+            + ("; the running server started before it" if stale else ""),
         )
     if gate is not None:
         return PatchStatus(**base, state=PatchState.NOT_APPLICABLE, detail=gate)

@@ -146,9 +146,11 @@ def smoke_step(
     baseline: Sequence[str | None] | None,
     step: str = "smoke",
     must_pass: bool = True,
+    last: bool = False,
 ) -> SmokeResult:
     """The smoke decode as a recorded step; with `must_pass`, a failed check ends the pipeline
-    (`HostFailed`), otherwise the result is returned for the caller to report."""
+    (`HostFailed`), otherwise the result is returned for the caller to report. `last`: the
+    host's last step; a smoke that passes then releases the run's lock in the same exec."""
     try:
         with session.step(step) as note:
             result = session.engine.smoke(
@@ -156,8 +158,10 @@ def smoke_step(
                 baseline=baseline,
                 pid=restart.pid if restart else None,
                 step=step,
+                release_lock=session.run_id if last else None,
             )
-            note["detail"] = result.summary()
+            session.lock_released = session.lock_released or result.lock_released
+            note["detail"] = result.summary() + ("; lock released" if result.lock_released else "")
             if must_pass and not result.ok:
                 raise HostFailed(Outcome.FAILED, f"smoke failed: {result.summary()}")
         return result
@@ -181,7 +185,7 @@ def restart_after_restore(session: HostSession) -> RestartResult:
 
 def release(session: HostSession) -> None:
     """Release the host's lock held by this run (best effort: it expires on its own)."""
-    if session.run_id is None or not session.connected:
+    if session.run_id is None or not session.connected or session.lock_released:
         return
     try:
         with session.step("release"):

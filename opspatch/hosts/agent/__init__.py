@@ -14,8 +14,8 @@ One concern per module:
 - `fsutil`: exact bytes, atomic writes, the state folder;
 - `checks`: pure functions on what an engine says (a /generate reply, a log, tracebacks);
 - `locks`: the per-host lock; `files`: read, swap, restore, backups, bytecode, compile check;
-- `facts`: facts (driver, metadata), resolve, inspect, begin;
 - `processes`: /proc, stopping process trees, restart strategies;
+- `facts`: facts (driver, metadata), resolve, inspect (with the running server), begin;
 - `engine`: readiness and the smoke decode;
 - `provenance`: where a module's code comes from (other copies, git checkout, bytecode);
 - `diagnose`: one host's incident facts in one exec (`opspatch diagnose`, `lint-init --hosts`);
@@ -33,8 +33,8 @@ MODULES = (
     "checks",
     "locks",
     "files",
-    "facts",
     "processes",
+    "facts",
     "engine",
     "provenance",
     "diagnose",

@@ -32,10 +32,10 @@ from opspatch.hosts.agent.facts import collect_facts, resolve_module_file
 from opspatch.hosts.agent.files import read_file
 from opspatch.hosts.agent.fsutil import unb64
 from opspatch.hosts.agent.processes import (
-    _process_start_epoch,
     _process_tree,
     alive,
     listening_pids,
+    process_start_epoch,
     read_pid_file,
 )
 from opspatch.hosts.agent.protocol import OpFailure, operation
@@ -173,7 +173,7 @@ def server_state(restart: Result, url: str | None, health_timeout: float) -> Res
     if running and pid is not None:
         argv = _cmdline(pid)
         state.update(
-            started_at=_process_start_epoch(pid),
+            started_at=process_start_epoch(pid),
             cmdline=argv,
             speculative=speculative_settings(argv),
             spec_v2_env=_environ_value(pid, "SGLANG_ENABLE_SPEC_V2"),

@@ -21,6 +21,7 @@ from opspatch.hosts.agent.checks import (
     scan_log,
 )
 from opspatch.hosts.agent.fsutil import file_size, log_since
+from opspatch.hosts.agent.locks import op_unlock
 from opspatch.hosts.agent.processes import alive, find_server_pid
 from opspatch.hosts.agent.protocol import OpFailure, operation
 
@@ -244,6 +245,15 @@ def op_smoke(args: Args) -> Result:
             failures.append(f"server log: {_explain_hit(hits[0], found)}")
         if failures:
             _, evidence = failure_evidence(log_text)
+    released = None
+    release = args.get("release_lock")
+    if release and not failures:
+        # The host's last step when it passes: give the run's lock back in the same exec (one
+        # round trip fewer per host). A failed smoke keeps it: the rollback still needs it.
+        try:
+            released = op_unlock({"state_dir": release["state_dir"], "run_id": release["run_id"]})
+        except OpFailure as failure:
+            released = {"released": False, "reason": failure.code, "previous": None}
     return {
         "ok": not failures,
         "results": results,
@@ -253,6 +263,7 @@ def op_smoke(args: Args) -> Result:
         "exceptions": exceptions[:20],
         "log_tail": evidence["log_tail"],
         "exception": evidence["exception"],
+        "released": released,
     }
 
 

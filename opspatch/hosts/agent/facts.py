@@ -13,6 +13,7 @@ import importlib.machinery
 import importlib.util
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 from opspatch.hosts.agent.files import read_file
 from opspatch.hosts.agent.fsutil import dist_version
 from opspatch.hosts.agent.locks import op_lock
+from opspatch.hosts.agent.processes import alive, find_server_pid, process_start_epoch
 from opspatch.hosts.agent.protocol import OpFailure, operation
 
 if TYPE_CHECKING:
@@ -312,7 +314,29 @@ def op_inspect(args: Args) -> Result:
         path = resolved["origin"]
     if not path:
         raise OpFailure("bad-request", "inspect needs a module or a path")
-    return {"facts": facts, "resolved": resolved, "file": read_file(str(path))}
+    return {
+        "facts": facts,
+        "resolved": resolved,
+        "file": read_file(str(path)),
+        "server": running_server(args.get("server")),
+    }
+
+
+def running_server(where: Result | None) -> Result | None:
+    """The engine's running process, when the request says where to look (`pid_file`, `url`):
+    its pid and when it started (seconds since the epoch). A server that started before its
+    file last changed still runs the old code (`status` says `staged`)."""
+    if not where:
+        return None
+    url = str(where.get("url") or "")
+    port = None
+    match = re.match(r"^[a-z]+://[^/:]+:(\d+)", url)
+    if match:
+        port = int(match.group(1))
+    pid = find_server_pid(None, where.get("pid_file"), port)
+    if pid is None or not alive(pid):
+        return None
+    return {"pid": pid, "started_at": process_start_epoch(pid)}
 
 
 @operation("begin")

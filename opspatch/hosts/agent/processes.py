@@ -82,7 +82,7 @@ def stop_process_tree(root: int, timeout: float) -> list[int]:
     return tree
 
 
-def _process_start_epoch(pid: int) -> float | None:
+def process_start_epoch(pid: int) -> float | None:
     """When `pid` started (seconds since the epoch), from /proc; None where that is unknown."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
@@ -99,7 +99,7 @@ def _started_before(pid: int, pid_file: str) -> bool:
     """Whether `pid` is the process the pid file was written for, not a later one that reused
     the number: the engine started before its pid file was written (a reused pid started
     after). Where /proc cannot tell, the pid file is trusted."""
-    started = _process_start_epoch(pid)
+    started = process_start_epoch(pid)
     try:
         written = os.stat(pid_file).st_mtime
     except OSError:

@@ -1,0 +1,166 @@
+"""`opspatch restart`: complete a staged patch (`apply --restart never`) host by host.
+
+A staged host carries the patched file but its server still runs the old code. Restarting it is
+the risky half of an apply, so it runs under the same playbook policy (canary, batches, halting)
+and the same proof: restart, wait until ready, smoke decode; a host that fails is rolled back to
+the pre-image the ledger recorded for the staged change, restarted and reported `rolled-back`.
+A host where nothing is staged (its file is at the pre-image, or the ledger holds no change) is
+left alone; a file that changed since opspatch wrote it is refused, never restarted into.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
+
+from opspatch.core.host import Host
+from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.vocabulary import Outcome
+from opspatch.errors import OpspatchError
+from opspatch.ledger.store import FileVersion, Ledger
+from opspatch.runs.connect import TransportFactory
+from opspatch.runs.executor import run_fleet
+from opspatch.runs.recorded import recorded_run
+from opspatch.runs.report import FileChange, HostOutcome, RunReport
+from opspatch.runs.restore import restore_recorded
+from opspatch.runs.session import (
+    HostFailed,
+    HostSession,
+    NoProgress,
+    Progress,
+    describe_error,
+    record_outcome,
+)
+from opspatch.runs.steps import (
+    ready_step,
+    release,
+    restart_after_restore,
+    restart_step,
+    smoke_step,
+)
+
+
+def restart_hosts(
+    *,
+    ledger: Ledger,
+    hosts: Sequence[Host],
+    factory: TransportFactory,
+    playbook: Playbook,
+    progress: Progress | None = None,
+) -> RunReport:
+    """Restart, prove and (on failure) roll back every host with a staged change, recorded.
+
+    Raises (before any host is touched):
+        LedgerIntegrityError: the ledger's chain is broken.
+    """
+    progress = progress or NoProgress()
+    with recorded_run(ledger, command="restart", patch=None, hosts=hosts, playbook=playbook) as run:
+        with ExitStack() as stack:
+            sessions = {
+                host.name: stack.enter_context(
+                    HostSession(
+                        host,
+                        factory,
+                        playbook,
+                        ledger=ledger,
+                        run_id=run.run_id,
+                        progress=progress,
+                    )
+                )
+                for host in hosts
+            }
+
+            def one(name: str) -> HostOutcome:
+                session = sessions[name]
+                try:
+                    return _restart_host(session, ledger)
+                except OpspatchError as exc:
+                    return session.refused(exc)
+                finally:
+                    release(session)
+
+            names = [h.name for h in hosts]
+            plan = plan_rollout(playbook, names)
+
+            def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
+                return playbook.halt_reason(
+                    {n: o.outcome for n, o in outcomes.items()}, canaries=plan.canaries
+                )
+
+            result = run_fleet(
+                plan.batches,
+                one,
+                halt=halt,
+                on_outcome=lambda o: record_outcome(ledger, run.run_id, o),
+            )
+        outcomes = dict(result.outcomes)
+        for name in result.not_started:
+            outcomes[name] = HostOutcome(
+                name, Outcome.SKIPPED, f"not started: the run halted ({result.halted})"
+            )
+            record_outcome(ledger, run.run_id, outcomes[name])
+        report = RunReport(
+            run.run_id,
+            "restart",
+            None,
+            tuple(outcomes[n] for n in names),
+            halted=result.halted,
+        )
+        return run.finish(report)
+
+
+def _staged_version(ledger: Ledger, host: str) -> FileVersion | None:
+    """The newest change opspatch wrote on the host (a staged one is the newest write)."""
+    return next((v for v in ledger.file_history(host) if v.action == "patch"), None)
+
+
+def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
+    version = _staged_version(ledger, session.name)
+    if version is None:
+        return session.outcome(Outcome.SKIPPED, note="the ledger holds no change on this host")
+    timeouts = session.playbook.timeouts
+    with session.step("begin") as note:
+        _, inspection = session.ops.begin(
+            path=version.path,
+            run_id=session.run_id or "",
+            timeout=timeouts.lock + timeouts.inspect,
+        )
+        note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
+    live = inspection.file.sha256
+    unchanged = FileChange(version.path, live, live)
+    if live == version.sha256_before:
+        return session.outcome(
+            Outcome.SKIPPED,
+            file=unchanged,
+            note=f"nothing staged: the file is at the pre-image of run {version.run_id}",
+        )
+    if live != version.sha256_after:
+        return session.outcome(
+            Outcome.SKIPPED,
+            f"refused: {version.path} is {live[:12]}, not the {version.sha256_after[:12]} run "
+            f"{version.run_id} wrote (changed since); not restarting into code opspatch did not "
+            "write",
+            file=unchanged,
+        )
+    change = FileChange(version.path, version.sha256_before, version.sha256_after)
+    try:
+        restart = restart_step(session)
+        ready_step(session, restart)
+        smoke = smoke_step(session, restart, baseline=None, last=True)
+    except HostFailed as failure:
+        try:
+            restored = restore_recorded(session, version)
+            restart_after_restore(session)
+        except (OpspatchError, HostFailed) as exc:
+            return session.outcome(
+                Outcome.NEEDS_ATTENTION,
+                f"{failure.error}; then the restore failed: {describe_error(exc)}",
+                file=change,
+            )
+        return session.outcome(Outcome.ROLLED_BACK, failure.error, file=restored)
+    return session.outcome(
+        Outcome.APPLIED,
+        file=change,
+        smoke=smoke,
+        note=f"restarted into run {version.run_id}'s change and proven",
+    )
