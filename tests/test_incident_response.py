@@ -142,10 +142,10 @@ def test_the_incident_is_diagnosed_fixed_and_reported(tmp_path: Path) -> None:
         assert report.code == 0, report.stderr
         tables = markdown_tables(report.stdout)
         steps = next(t for t in tables if t[0][:3] == ["time (UTC)", "host", "step"])
-        for name in names:
-            assert [row[2] for row in steps[1:] if row[1] == name] == [
-                "begin", "plan", "backup", "swap", "restart", "ready", "smoke", "release",
-            ]  # fmt: skip
+        for host in applied.json()["hosts"]:  # every step the apply reported, per host
+            expected = [step["step"] for step in host["steps"]]
+            assert [row[2] for row in steps[1:] if row[1] == host["host"]] == expected
+            assert {"backup", "swap", "restart", "ready", "smoke"} <= set(expected)
         changes = next(t for t in tables if "sha256 before" in t[0])
         assert sorted(row[1] for row in changes[1:]) == names
         assert "+        self.spec_disable_batch_threshold = 0" in report.stdout
@@ -258,8 +258,14 @@ def test_a_sed_edit_over_ssh_is_found_adopted_and_rolled_back(tmp_path: Path) ->
             "status", "--hosts", fleet.inventory, "--patch", "hand-threshold", "--json"
         )
         assert {s["host"]: s["state"] for s in status.json()["status"]} == {
-            name: "applied", reference: "not-applied",
+            name: "staged", reference: "not-applied",  # its server still runs the earlier code
         }  # fmt: skip
+        restarted = fleet.opspatch("restart", "--hosts", edited_host, "--yes", "--json")
+        assert restarted.code == 0, restarted.stdout + restarted.stderr
+        status = fleet.opspatch(
+            "status", "--hosts", edited_host, "--patch", "hand-threshold", "--json"
+        )
+        assert [s["state"] for s in status.json()["status"]] == ["applied"]
         again = fleet.opspatch("diagnose", "--hosts", fleet.inventory, "--json")
         assert file_of(by_host(again.json())[name])["patch"] == "hand-threshold"
 

@@ -9,7 +9,8 @@ selected hosts first, then the rest of their inventory, one exec each until one 
 That difference becomes a `diff`-kind patch file, `patches/NEW_ID.toml` (version gate: exactly
 the installed release), proven before it is written: applied to the pristine text it must give
 the host's file byte for byte. The adoption is a recorded run (`adopt`) whose file version per
-host is pristine -> live with both images stored, so `status` reports the patch applied there and
+host is pristine -> live with both images stored, so `status` reports the patch there (`staged`
+while the server still runs the code from before the edit; `opspatch restart` completes it), and
 `rollback NEW_ID` restores the pristine file byte-identically. Nothing is written on a host.
 """
 
