@@ -5,8 +5,8 @@ Results go to stdout (a diff, a table, or one JSON document with `--json`); prog
 errors go to stderr. Exit codes (architecture.md): 0 every host reached the goal; 1 a host failed
 (and was restored); 2 bad input, configuration or usage (nothing was changed); 3 needs attention.
 `errors.exit_code_for` decides for errors, `RunReport.exit_code` for runs. The commands live in
-one module per group (`patches`, `changes`, `inspect`, `ledger`, `inventory`, `sandbox`), each
-thin: parse, confirm, call one function, print.
+one module per group (`patches`, `changes`, `inspect`, `incident`, `respond`, `ledger`,
+`inventory`, `sandbox`), each thin: parse, confirm, call one function, print.
 """
 
 from __future__ import annotations
@@ -19,7 +19,16 @@ import typer
 from rich.text import Text
 
 from opspatch import __version__
-from opspatch.cli import changes, incident, inspect, inventory, ledger, patches, sandbox
+from opspatch.cli import (
+    changes,
+    incident,
+    inspect,
+    inventory,
+    ledger,
+    patches,
+    respond,
+    sandbox,
+)
 from opspatch.cli.context import options
 from opspatch.cli.render import err, out
 from opspatch.errors import EXIT_BAD_INPUT, EXIT_OK, OpspatchError, exit_code_for
@@ -69,7 +78,7 @@ def _global(
     options.ledger = ledger_file
 
 
-for group in (patches, changes, inspect, incident, ledger, inventory, sandbox):
+for group in (patches, changes, inspect, incident, ledger, respond, inventory, sandbox):
     group.register(app)
 
 

@@ -7,13 +7,20 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from opspatch.cli.context import JsonOption, PatchArgument, options
+from opspatch.cli.context import (
+    AcceptKeysOption,
+    HostsOption,
+    JsonOption,
+    PatchArgument,
+    options,
+)
 from opspatch.cli.render import emit_json, err, out
 from opspatch.errors import InputError
 
@@ -37,14 +44,19 @@ def _related_sources(file: Path) -> dict[str, str]:
 
 
 def lint_init(
-    file: Annotated[Path, typer.Option("--file", "-f", help="The Python source file to analyse.")],
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="The Python source file to analyse.")
+    ] = None,
+    hosts: HostsOption = None,
     class_name: Annotated[
         str | None, typer.Option("--class", help="Only this class (default: every class).")
     ] = None,
     module: Annotated[
         str | None,
         typer.Option(
-            "--module", help="With --write-patch: the dotted module the file is (the patch target)."
+            "--module",
+            help="With --hosts: the module to read from the hosts. With --file and "
+            "--write-patch: the dotted module the file is (the patch target).",
         ),
     ] = None,
     write_patch: Annotated[
@@ -57,44 +69,105 @@ def lint_init(
     versions: Annotated[
         str, typer.Option("--versions", help="With --write-patch: the patch's version range.")
     ] = "",
+    accept_new_host_keys: AcceptKeysOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Partial-initialisation hazards: attributes read elsewhere but assigned in __init__ only
-    after a call that can raise, or only in an __init__ a subclass skips."""
+    after a call that can raise, or only in an __init__ a subclass skips. Reads the file here
+    (--file) or the module's file as hosts import it (--module M --hosts H)."""
     from opspatch.analysis.initlint import lint_init as analyse
     from opspatch.analysis.initlint import write_guard_patch
 
+    if (file is None) == (hosts is None):
+        raise InputError(
+            "lint-init needs exactly one of --file PATH or --module M --hosts TARGET",
+            hint="opspatch lint-init --module sglang.srt.speculative.eagle_worker_v2 --hosts gpu-fleet",
+        )
+    if write_patch is not None and write_patch.suffix != ".toml":
+        raise InputError(f"{write_patch}: a patch file ends in .toml (its name is its id)")
+    if write_patch is not None and write_patch.exists():
+        raise InputError(
+            f"{write_patch} already exists; not overwriting it", hint="choose another name"
+        )
+    if hosts is not None:
+        if module is None:
+            raise InputError("lint-init --hosts needs --module M (the module to read)")
+        sources = _host_sources(hosts, module, accept_new_host_keys)
+    else:
+        assert file is not None
+        sources = [_file_source(file, module, need_module=write_patch is not None)]
+    if write_patch is not None and len(sources) > 1:
+        listing = "; ".join(f"{', '.join(s.hosts)}: {s.sha256[:12]}" for s in sources)
+        raise InputError(
+            f"the hosts hold different versions of {module}: {listing}",
+            hint="select hosts that run the same file to write one guard patch",
+        )
+    documents = []
+    for source in sources:
+        report = analyse(source.text, source.path, class_name=class_name, related=source.related)
+        guard = None
+        if write_patch is not None:
+            guard = write_guard_patch(
+                report,
+                module=source.module,
+                patch_id=write_patch.stem,
+                distribution=source.distribution or "sglang",
+                versions=versions,
+                class_name=class_name,
+            )
+            write_patch.write_text(guard.text, encoding="utf-8")
+        document = {**report.to_json(), "guard_patch": guard.to_json() if guard else None}
+        documents.append({"hosts": list(source.hosts), **document} if hosts else document)
+        if not as_json:
+            if source.hosts:
+                out.print(f"== {', '.join(source.hosts)} (sha256 {source.sha256[:12]})")
+            out.print(report.render(), markup=False)
+            if guard is not None:
+                out.print(guard.render(), markup=False)
+                err.print(f"wrote {write_patch}; check it with `opspatch check {write_patch}`")
+    if as_json:
+        emit_json(documents[0] if file is not None else {"sources": documents})
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What lint-init analyses: a file's text, its package siblings, and the patch target."""
+
+    path: str
+    text: str
+    related: dict[str, str]
+    module: str
+    sha256: str = ""
+    hosts: tuple[str, ...] = ()
+    distribution: str | None = None
+
+
+def _file_source(file: Path, module: str | None, *, need_module: bool) -> _Source:
     if not file.is_file():
         raise InputError(f"{file}: no such file")
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"{file}: not a UTF-8 Python source file ({exc.reason})") from None
-    report = analyse(text, str(file), class_name=class_name, related=_related_sources(file))
-    guard = None
-    if write_patch is not None:
-        if write_patch.suffix != ".toml":
-            raise InputError(f"{write_patch}: a patch file ends in .toml (its name is its id)")
-        target_module = module or _module_of(file)
-        guard = write_guard_patch(
-            report,
-            module=target_module,
-            patch_id=write_patch.stem,
-            versions=versions,
-            class_name=class_name,
-        )
-        if write_patch.exists():
-            raise InputError(
-                f"{write_patch} already exists; not overwriting it", hint="choose another name"
-            )
-        write_patch.write_text(guard.text, encoding="utf-8")
-    if as_json:
-        emit_json({**report.to_json(), "guard_patch": guard.to_json() if guard else None})
-        return
-    out.print(report.render(), markup=False)
-    if guard is not None:
-        out.print(guard.render(), markup=False)
-        err.print(f"wrote {write_patch}; check it with `opspatch check {write_patch}`")
+    target = module or (_module_of(file) if need_module else "")
+    return _Source(str(file), text, _related_sources(file), target)
+
+
+def _host_sources(hosts: str, module: str, accept_new_host_keys: bool) -> list[_Source]:
+    from opspatch.core.policy import StepTimeouts
+    from opspatch.runs.connect import transport_factory
+    from opspatch.runs.diagnose import read_module_sources
+
+    found = read_module_sources(
+        options.hosts(hosts),
+        transport_factory(accept_new_host_keys=accept_new_host_keys),
+        module,
+        timeout=StepTimeouts().inspect,
+    )
+    return [
+        _Source(s.path, s.text, dict(s.related), module, s.sha256, s.hosts, s.distribution)
+        for s in found
+    ]
 
 
 def _module_of(file: Path) -> str:

@@ -146,6 +146,34 @@ def restart_args(host: Host) -> dict[str, Any]:
     return {"restart": settings, "log_file": host.engine.log_file, "env": dict(host.engine.env)}
 
 
+def smoke_args(
+    host: Host,
+    playbook: Playbook,
+    *,
+    log_offset: int | None,
+    baseline: Sequence[str | None] | None = None,
+    checks: bool = True,
+    pid: int | None = None,
+) -> dict[str, Any]:
+    """The agent's `smoke` arguments for a host: the playbook's prompts and checks, the host's
+    URL, log and pid file (also sent inside `diagnose --decode`)."""
+    smoke = playbook.smoke
+    return {
+        "url": host.engine.url,
+        "prompts": [{"text": p.text, "expect": p.expect} for p in smoke.prompts],
+        "max_new_tokens": smoke.max_new_tokens,
+        "require_spec_verify": bool(smoke.require_spec_verify and host.engine.speculative),
+        "baseline": list(baseline) if baseline is not None else None,
+        "log_file": host.engine.log_file if checks else None,
+        "log_offset": log_offset,
+        "fail_patterns": list(playbook.log.fail_patterns) if checks else [],
+        "checks": checks,
+        "timeout": float(playbook.timeouts.smoke),
+        "pid": pid,
+        "pid_file": getattr(host.engine.restart, "pid_file", None),
+    }
+
+
 class EngineControl:
     """Restart, readiness and smoke decode for one host, through its `HostOperations`."""
 
@@ -226,24 +254,17 @@ class EngineControl:
         server whose liveness tells a decode that timed out from a crash; without it, the pid
         file (command strategy) or whoever listens on the engine's port is asked.
         """
-        smoke = self.playbook.smoke
         timeout = float(self.playbook.timeouts.smoke)
-        args = {
-            "url": self.host.engine.url,
-            "prompts": [{"text": p.text, "expect": p.expect} for p in smoke.prompts],
-            "max_new_tokens": smoke.max_new_tokens,
-            "require_spec_verify": bool(smoke.require_spec_verify and self.host.engine.speculative),
-            "baseline": list(baseline) if baseline is not None else None,
-            "log_file": self.host.engine.log_file if checks else None,
-            "log_offset": log_offset,
-            "fail_patterns": list(self.playbook.log.fail_patterns) if checks else [],
-            "checks": checks,
-            "timeout": timeout,
-            "pid": pid,
-            "pid_file": getattr(self.host.engine.restart, "pid_file", None),
-            "release_lock": (
-                {"state_dir": self.host.state_dir, "run_id": release_lock} if release_lock else None
-            ),
-        }
+        args = smoke_args(
+            self.host,
+            self.playbook,
+            log_offset=log_offset,
+            baseline=baseline,
+            checks=checks,
+            pid=pid,
+        )
+        args["release_lock"] = (
+            {"state_dir": self.host.state_dir, "run_id": release_lock} if release_lock else None
+        )
         data = self._call("smoke", args, timeout=timeout, step=step)
         return SmokeResult.from_reply(data)

@@ -5,7 +5,10 @@ step recorder) and the steps runs share (`steps`); the fleet executor (`executor
 in-flight limit, halt policy, Ctrl-C); the ledger ceremony (`recorded`); what a run reports
 (`report`); apply (`apply`), rollback (`restore`), recover and unlock (`recover`), runs on a
 local file (`localfile`), the smoke decode alone (`smoke`), live status (`status`), the release
-matrix's fetching (`releases`), and how transports are opened (`connect`).
+matrix's fetching (`releases`), and how transports are opened (`connect`). Incident response:
+`diagnose` (one read per host, judged against RECORD, git and the ledger; also the read behind
+`lint-init --hosts`), `findings` (the judging, pure) and `diagnosis_text` (its text), `adopt` (a
+hand edit becomes a patch and a recorded run), `timeline` (the postmortem `ledger report`).
 
 May import: `opspatch.hosts`, `opspatch.ledger`, `opspatch.config`, `opspatch.analysis`,
 `opspatch.core` and `opspatch.errors`. Never the CLI: every run returns a report value, and

@@ -16,7 +16,10 @@ One concern per module:
 - `locks`: the per-host lock; `files`: read, swap, restore, backups, bytecode, compile check;
 - `processes`: /proc, stopping process trees, restart strategies;
 - `facts`: facts (driver, metadata), resolve, inspect (with the running server), begin;
-- `engine`: readiness and the smoke decode; `dispatch`: `main`, the one reply line.
+- `engine`: readiness and the smoke decode;
+- `provenance`: where a module's code comes from (other copies, git checkout, bytecode);
+- `diagnose`: one host's incident facts in one exec (`opspatch diagnose`, `lint-init --hosts`);
+- `dispatch`: `main`, the one reply line.
 
 Rules for every module here, because they run on hosts we do not control: Python 3.8+ and the
 standard library only (`from __future__ import annotations` keeps the type hints as strings, so
@@ -33,6 +36,8 @@ MODULES = (
     "processes",
     "facts",
     "engine",
+    "provenance",
+    "diagnose",
     "dispatch",
 )
 """The agent's modules in the order a host executes them: each imports only earlier ones, and

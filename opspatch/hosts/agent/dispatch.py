@@ -22,7 +22,7 @@ import traceback
 from typing import IO, TYPE_CHECKING, Any
 
 # Imported for their operations, which register themselves by name.
-from opspatch.hosts.agent import engine, facts, files, locks, processes  # noqa: F401
+from opspatch.hosts.agent import diagnose, engine, facts, files, locks, processes  # noqa: F401
 from opspatch.hosts.agent.fsutil import user_name
 from opspatch.hosts.agent.protocol import OPERATIONS, OpFailure, operation
 

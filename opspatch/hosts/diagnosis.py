@@ -1,0 +1,354 @@
+"""`diagnose` on one host, controller side: the request, one exec of the agent's `diagnose`
+operation (`opspatch.hosts.agent.diagnose`), and its reply as frozen values.
+
+The values say what the host showed, nothing more: judging them (pristine, written by opspatch,
+edited outside, healthy but crashing) needs the ledger and the other hosts, and belongs to
+`opspatch.runs.diagnose`. A module that does not resolve on the host is a value here
+(`ModuleDiagnosis.error`), so one missing module never hides the rest of a diagnosis.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from opspatch.hosts.engine import SmokeResult
+from opspatch.hosts.operations import HostOperations
+from opspatch.hosts.results import HostFacts, RemoteFile
+
+
+@dataclass(frozen=True)
+class DiagnoseRequest:
+    """What to look at on a host (each part costs nothing when left out).
+
+    `modules`: the dotted modules whose files are judged. `server`: find the engine's process and
+    ask /health. `log`: read the log since the last start (or `since_seconds` ago), at most
+    `max_log_read` bytes from its end. `smoke`: the agent's `smoke` arguments (`--decode`).
+    `source_modules`: send these modules' files with their package siblings and the
+    same-package modules they import; `traceback_sources`: the same for the frames where logged
+    AttributeErrors were raised.
+    """
+
+    modules: tuple[str, ...]
+    server: bool = True
+    log: bool = True
+    since_seconds: float | None = None
+    max_log_read: int | None = None
+    smoke: Mapping[str, Any] | None = None
+    source_modules: tuple[str, ...] = ()
+    traceback_sources: bool = False
+    facts: bool = True
+
+    def args(self, ops: HostOperations) -> dict[str, Any]:
+        """The agent's arguments for this request on the host `ops` works on."""
+        engine = ops.host.engine
+        restart = engine.restart
+        settings = {k: v for k, v in vars(restart).items() if v is not None} if restart else {}
+        wants_sources = bool(self.source_modules) or self.traceback_sources
+        return {
+            "facts": self.facts,
+            "modules": list(self.modules),
+            "server": {"url": engine.url, "restart": settings} if self.server else None,
+            "log": (
+                {
+                    "file": engine.log_file,
+                    "since_seconds": self.since_seconds,
+                    "max_read": self.max_log_read,
+                }
+                if self.log and engine.log_file
+                else None
+            ),
+            "smoke": dict(self.smoke) if self.smoke is not None else None,
+            "sources": (
+                {"modules": list(self.source_modules), "tracebacks": self.traceback_sources}
+                if wants_sources
+                else None
+            ),
+        }
+
+
+@dataclass(frozen=True)
+class InstalledCopy:
+    """A copy of the package the interpreter could import, and what points at it."""
+
+    path: str
+    kind: str  # sys.path | egg-link | pth | editable-finder
+    via: str
+    exists: bool
+    imported: bool
+
+
+@dataclass(frozen=True)
+class CachedBytecode:
+    """One pyc of the module, judged against its source (`runs_old_code`: the next import would
+    run code that is not the source's)."""
+
+    path: str
+    kind: str
+    verdict: str
+    runs_old_code: bool
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """The git checkout a module's file lives in (an editable install's source tree)."""
+
+    root: str
+    relpath: str
+    error: str | None
+    head: str | None = None
+    branch: str | None = None
+    author: str | None = None
+    date: str | None = None
+    subject: str | None = None
+    tracked: bool = False
+    head_sha256: str | None = None
+    head_content: bytes | None = None  # HEAD's bytes of the file, when they differ from the live
+    diff: str | None = None  # `git diff HEAD -- file`
+    uncommitted: tuple[str, ...] = ()  # `git status --porcelain` of the whole checkout
+    uncommitted_count: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("head_content")
+        return data
+
+
+@dataclass(frozen=True)
+class ModuleDiagnosis:
+    """The file a host imports for one module, and where its code comes from."""
+
+    module: str
+    error: str | None = None  # the module does not resolve (or is not a .py source)
+    error_code: str | None = None
+    file: RemoteFile | None = None
+    origin: str | None = None
+    distribution: str | None = None
+    distribution_version: str | None = None
+    record_sha256: str | None = None
+    installed: Mapping[str, Any] | None = None  # name, version, editable, url
+    distributions: tuple[Mapping[str, Any], ...] = ()
+    copies: tuple[InstalledCopy, ...] = ()
+    checkout: Checkout | None = None
+    bytecode: tuple[CachedBytecode, ...] = ()
+    server_older_than_file: bool | None = None
+    changed_after_log_start: bool | None = None
+
+    @property
+    def version(self) -> str | None:
+        """The installed distribution's version (RECORD's, else the dist-info's)."""
+        if self.distribution_version:
+            return self.distribution_version
+        return str(self.installed["version"]) if self.installed else None
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """The engine's process and its /health answer."""
+
+    pid: int | None
+    found_by: str
+    running: bool
+    started_at: float | None
+    cmdline: tuple[str, ...]
+    speculative: Mapping[str, str]
+    spec_v2_env: str | None
+    health_status: int | None
+    health_error: str | None
+    running_after_decode: bool | None = None
+
+
+@dataclass(frozen=True)
+class TracebackGroup:
+    """The tracebacks of one exception (type and message) in the log window."""
+
+    type: str | None
+    message: str | None
+    count: int
+    first_time: str | None
+    last_time: str | None
+    first_line_number: int
+    frame: str | None
+    file: str | None
+    lineno: int | None
+    context: str | None
+
+    @property
+    def exception(self) -> str:
+        return f"{self.type}: {self.message}" if self.message is not None else str(self.type)
+
+
+@dataclass(frozen=True)
+class LogMarker:
+    """Lines of one known kind (scheduler exception, warm-up failure, CUDA OOM, ...)."""
+
+    kind: str
+    count: int
+    first_time: str | None
+    last_time: str | None
+    line_number: int
+    line: str
+
+
+@dataclass(frozen=True)
+class LogWindow:
+    """The log since the server's last start (or since a time), as read on the host."""
+
+    path: str
+    exists: bool
+    size: int
+    basis: str
+    started_at: float | None = None  # the start the window begins with (its log line's time)
+    truncated: bool = False
+    first_line: int = 1
+    text: str = ""
+    text_cut: bool = False
+    tracebacks: tuple[TracebackGroup, ...] = ()
+    markers: tuple[LogMarker, ...] = ()
+
+    def marker(self, kind: str) -> LogMarker | None:
+        return next((m for m in self.markers if m.kind == kind), None)
+
+
+@dataclass(frozen=True)
+class HostDiagnosis:
+    """Everything one `diagnose` exec brought back from a host."""
+
+    host: str
+    facts: HostFacts | None
+    server: ServerState | None
+    modules: tuple[ModuleDiagnosis, ...]
+    smoke: SmokeResult | None
+    log: LogWindow | None
+    sources: Mapping[str, str] = field(default_factory=dict)  # path -> text
+    sources_left_out: tuple[str, ...] = ()
+
+    def module(self, name: str) -> ModuleDiagnosis:
+        return next(m for m in self.modules if m.module == name)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def diagnose_host(
+    ops: HostOperations, request: DiagnoseRequest, *, timeout: float
+) -> HostDiagnosis:
+    """Run the agent's `diagnose` on the host (one exec, nothing written) and read its reply.
+
+    Raises:
+        InputError: the host's engine interpreter is not set or cannot run.
+        TransportError, CommandTimeout, RemoteOperationError: the host could not be asked.
+    """
+    reply = ops.call("diagnose", request.args(ops), timeout=timeout, step="diagnose")
+    return _host_diagnosis(ops, reply)
+
+
+def _host_diagnosis(ops: HostOperations, reply: Mapping[str, Any]) -> HostDiagnosis:
+    sources = reply.get("sources") or {}
+    return HostDiagnosis(
+        host=ops.name,
+        facts=HostFacts.from_reply(reply["facts"]) if reply.get("facts") else None,
+        server=_server(reply.get("server")),
+        modules=tuple(_module(ops, m) for m in reply.get("modules") or ()),
+        smoke=SmokeResult.from_reply(reply["smoke"]) if reply.get("smoke") else None,
+        log=_log(reply.get("log")),
+        sources={str(f["path"]): str(f["text"]) for f in sources.get("files") or ()},
+        sources_left_out=tuple(str(p) for p in sources.get("left_out") or ()),
+    )
+
+
+def _module(ops: HostOperations, data: Mapping[str, Any]) -> ModuleDiagnosis:
+    error = data.get("error")
+    if error:
+        return ModuleDiagnosis(
+            module=str(data["module"]), error=str(error["message"]), error_code=str(error["code"])
+        )
+    checkout = data.get("checkout")
+    return ModuleDiagnosis(
+        module=str(data["module"]),
+        file=ops._remote_file(dict(data["file"]), "diagnose"),  # noqa: SLF001 - one decoder
+        origin=str(data["origin"]),
+        distribution=data.get("distribution"),
+        distribution_version=data.get("distribution_version"),
+        record_sha256=data.get("record_sha256"),
+        installed=data.get("installed"),
+        distributions=tuple(data.get("distributions") or ()),
+        copies=tuple(InstalledCopy(**c) for c in data.get("copies") or ()),
+        checkout=_checkout(checkout) if checkout else None,
+        bytecode=tuple(CachedBytecode(**b) for b in data.get("bytecode") or ()),
+        server_older_than_file=data.get("server_older_than_file"),
+        changed_after_log_start=data.get("changed_after_log_start"),
+    )
+
+
+def _checkout(data: Mapping[str, Any]) -> Checkout:
+    head = data.get("head_content_b64")
+    return Checkout(
+        root=str(data["root"]),
+        relpath=str(data["relpath"]),
+        error=data.get("error"),
+        head=data.get("head"),
+        branch=data.get("branch"),
+        author=data.get("author"),
+        date=data.get("date"),
+        subject=data.get("subject"),
+        tracked=bool(data.get("tracked")),
+        head_sha256=data.get("head_sha256"),
+        head_content=base64.b64decode(head) if head else None,
+        diff=data.get("diff"),
+        uncommitted=tuple(data.get("uncommitted") or ()),
+        uncommitted_count=int(data.get("uncommitted_count") or 0),
+    )
+
+
+def _server(data: Mapping[str, Any] | None) -> ServerState | None:
+    if not data:
+        return None
+    health = data.get("health") or {}
+    return ServerState(
+        pid=data.get("pid"),
+        found_by=str(data.get("found_by") or ""),
+        running=bool(data.get("running")),
+        started_at=data.get("started_at"),
+        cmdline=tuple(data.get("cmdline") or ()),
+        speculative=dict(data.get("speculative") or {}),
+        spec_v2_env=data.get("spec_v2_env"),
+        health_status=health.get("status"),
+        health_error=health.get("error"),
+        running_after_decode=data.get("running_after_decode"),
+    )
+
+
+def _log(data: Mapping[str, Any] | None) -> LogWindow | None:
+    if not data:
+        return None
+    return LogWindow(
+        path=str(data["path"]),
+        exists=bool(data.get("exists")),
+        size=int(data.get("size") or 0),
+        basis=str(data.get("basis") or ""),
+        started_at=data.get("started_at"),
+        truncated=bool(data.get("truncated")),
+        first_line=int(data.get("first_line") or 1),
+        text=str(data.get("text") or ""),
+        text_cut=bool(data.get("text_cut")),
+        tracebacks=tuple(_traceback(t) for t in data.get("tracebacks") or ()),
+        markers=tuple(LogMarker(**m) for m in data.get("markers") or ()),
+    )
+
+
+def _traceback(data: Mapping[str, Any]) -> TracebackGroup:
+    return TracebackGroup(
+        type=data.get("type"),
+        message=data.get("message"),
+        count=int(data.get("count") or 0),
+        first_time=data.get("first_time"),
+        last_time=data.get("last_time"),
+        first_line_number=int(data.get("first_line_number") or 0),
+        frame=data.get("frame"),
+        file=data.get("file"),
+        lineno=data.get("lineno"),
+        context=data.get("context"),
+    )

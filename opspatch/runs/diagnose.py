@@ -1,0 +1,310 @@
+"""`opspatch diagnose`: what every host really runs and why it crashed, read, never changed.
+
+Per host, ONE exec of the agent's `diagnose` (`opspatch.hosts.diagnosis`): the files of the
+workspace patches' modules, the server, the log since its last start, and the source the
+analyses need (with `--decode`, the smoke decode in the same exec). Then, on the controller:
+each file judged against its RECORD hash, git HEAD and the ledger (`runs.findings.judge_file`),
+with reference texts shared across the fleet (a RECORD-verified copy on one host is the pristine
+text of every host of that release); each logged exception matched to the workspace patches that
+declare they fix it (`analysis.fixes`), and a missing attribute explained from its class's source
+as that host has it (`analysis.missingattr`, with how far `__init__` got from the log).
+
+An unreachable host is a row of the report. Nothing is locked, recorded or written on a host.
+`read_module_sources` is the same read for `lint-init --module M --hosts H`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from opspatch.analysis.fixes import FixMatch, RaisedException, patches_fixing
+from opspatch.analysis.missingattr import analyze_missing_attribute, parse_missing_attribute
+from opspatch.core.host import Host
+from opspatch.core.policy import Playbook, StepTimeouts
+from opspatch.core.spec import LoadedPatch, PatchSpec
+from opspatch.errors import HostError, InputError, LedgerError, OpspatchError, TargetError
+from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, diagnose_host
+from opspatch.hosts.engine import EXEC_MARGIN, smoke_args
+from opspatch.hosts.operations import HostOperations
+from opspatch.ledger.records import FileVersion
+from opspatch.ledger.store import Ledger
+from opspatch.runs.connect import TransportFactory
+from opspatch.runs.executor import map_hosts
+from opspatch.runs.findings import (
+    ExceptionReport,
+    FileVerdict,
+    FleetDiagnosis,
+    HostReport,
+    judge_file,
+    judge_host,
+)
+from opspatch.runs.session import describe_error
+
+MAX_HOSTS_AT_ONCE = 16
+
+
+@dataclass(frozen=True)
+class DiagnoseOptions:
+    """How far to look: `since_seconds` (else since the server's last start), `decode` (run
+    the playbook's smoke decode: on a broken host it may crash the server), extra `modules`
+    beside the workspace patches' (each must resolve on some host), `max_log_read` (bytes of
+    the log read from its end)."""
+
+    since_seconds: float | None = None
+    decode: bool = False
+    playbook: Playbook = field(default_factory=Playbook)
+    modules: tuple[str, ...] = ()
+    max_log_read: int | None = None
+
+
+def _read(
+    host: Host, factory: TransportFactory, request: DiagnoseRequest, timeout: float
+) -> HostDiagnosis | str:
+    transport = factory(host)
+    try:
+        return diagnose_host(HostOperations(transport, host), request, timeout=timeout)
+    except InputError as exc:
+        return exc.render()
+    except OpspatchError as exc:
+        return describe_error(exc)
+    finally:
+        transport.close()
+
+
+def read_hosts(
+    hosts: Sequence[Host],
+    factory: TransportFactory,
+    request_for: Mapping[str, DiagnoseRequest],
+    timeout: float,
+) -> dict[str, HostDiagnosis | str]:
+    """One `diagnose` exec per host, in parallel: the diagnosis, or why the host could not be
+    read (a string)."""
+    by_name = {h.name: h for h in hosts}
+    return map_hosts(
+        lambda name: _read(by_name[name], factory, request_for[name], timeout),
+        list(by_name),
+        limit=MAX_HOSTS_AT_ONCE,
+    )
+
+
+def _require_resolving(modules: Sequence[str], found: Mapping[str, HostDiagnosis | str]) -> None:
+    """An explicitly named module must resolve on at least one reachable host."""
+    read = [d for d in found.values() if isinstance(d, HostDiagnosis)]
+    for module in modules:
+        errors = [d.module(module).error for d in read if d.module(module).error]
+        if read and len(errors) == len(read):
+            raise TargetError(
+                f"module {module!r} does not resolve on any host read: {errors[0]}",
+                hint="check the module name and the hosts' engine.python",
+            )
+
+
+def reference_texts(
+    found: Mapping[str, HostDiagnosis | str],
+) -> tuple[dict[str, bytes], dict[str, str]]:
+    """Bytes known by sha256 from the fleet itself: every file that equals its RECORD hash (a
+    RECORD-verified copy of that release) and every checkout's HEAD text; with where each
+    came from."""
+    texts: dict[str, bytes] = {}
+    sources: dict[str, str] = {}
+    for host, d in found.items():
+        if not isinstance(d, HostDiagnosis):
+            continue
+        for m in d.modules:
+            if m.file is not None and m.record_sha256 == m.file.sha256:
+                texts.setdefault(m.file.sha256, m.file.content)
+                sources.setdefault(m.file.sha256, f"RECORD-verified copy on {host}")
+            c = m.checkout
+            if c is not None and c.head_sha256:
+                if c.head_content is not None:
+                    texts.setdefault(c.head_sha256, c.head_content)
+                elif m.file is not None and m.file.sha256 == c.head_sha256:
+                    texts.setdefault(c.head_sha256, m.file.content)
+                sources.setdefault(c.head_sha256, f"git HEAD on {host}")
+    return texts, sources
+
+
+def _ledger_texts(ledger: Ledger | None, wanted: set[str], texts: dict[str, bytes]) -> None:
+    """Add the ledger's stored bytes for each wanted sha256 not already known."""
+    if ledger is None:
+        return
+    for sha in sorted(wanted - set(texts)):
+        try:
+            texts[sha] = ledger.blob(sha)
+        except LedgerError:
+            continue  # not stored, or altered (then `ledger verify` says so): not a reference
+
+
+def analyse_exceptions(d: HostDiagnosis, specs: Sequence[PatchSpec]) -> tuple[ExceptionReport, ...]:
+    """Each logged exception with the patches that fix it; a missing attribute explained from
+    its class's source as the host has it."""
+    reports = []
+    for group in d.log.tracebacks if d.log else ():
+        fixes: tuple[FixMatch, ...] = ()
+        if group.type:
+            fixes = patches_fixing(RaisedException(group.type, group.message or ""), specs)
+        missing = parse_missing_attribute(group.message or "") if group.type else None
+        analysis, note = None, None
+        if missing is not None and str(group.type).endswith("AttributeError"):
+            defines = re.compile(rf"^\s*class\s+{re.escape(missing.class_name)}\b", re.M)
+            candidates = [p for p in (group.file or "", *sorted(d.sources)) if p in d.sources]
+            main = next((p for p in candidates if defines.search(d.sources[p])), None)
+            if main is None and candidates:
+                main = candidates[0]
+            if main is None:
+                note = "the source of the class was not read from the host"
+            else:
+                related = {p: t for p, t in d.sources.items() if p != main}
+                try:
+                    analysis = analyze_missing_attribute(
+                        d.sources[main],
+                        main,
+                        missing,
+                        related=related,
+                        log_text=d.log.text if d.log else None,
+                    )
+                except InputError as exc:
+                    note = f"not analysed: {exc.message}"
+            changed = [
+                m for m in d.modules
+                if m.file is not None and m.file.realpath == main and m.changed_after_log_start
+            ]  # fmt: skip
+            if changed:
+                note = (
+                    f"{main} changed after the server's last start: the analysis reads the file "
+                    "as it is now, the logged exception ran the earlier one"
+                )
+            if d.sources_left_out:
+                note = (note + "; " if note else "") + (
+                    f"{len(d.sources_left_out)} related file(s) not read (size bound)"
+                )
+        reports.append(ExceptionReport(group, tuple(fixes), analysis, note))
+    return tuple(reports)
+
+
+def diagnose_fleet(
+    hosts: Sequence[Host],
+    patches: Sequence[LoadedPatch],
+    factory: TransportFactory,
+    ledger: Ledger | None,
+    options: DiagnoseOptions,
+) -> FleetDiagnosis:
+    """Diagnose every host (see the module docstring); never raises for a host-level problem.
+
+    Raises:
+        TargetError: a module named in `options.modules` resolves on no host that was read.
+    """
+    modules = tuple(dict.fromkeys([p.spec.target.module for p in patches] + list(options.modules)))
+    timeouts: StepTimeouts = options.playbook.timeouts
+    requests = {
+        h.name: DiagnoseRequest(
+            modules=modules,
+            since_seconds=options.since_seconds,
+            max_log_read=options.max_log_read,
+            smoke=smoke_args(h, options.playbook, log_offset=None) if options.decode else None,
+            traceback_sources=True,
+        )
+        for h in hosts
+    }
+    timeout = timeouts.inspect + (timeouts.smoke if options.decode else 0.0) + EXEC_MARGIN
+    found = read_hosts(hosts, factory, requests, timeout)
+    _require_resolving(options.modules, found)
+    texts, copy_sources = reference_texts(found)
+    histories: dict[tuple[str, str], list[FileVersion]] = {}
+    wanted: set[str] = set()
+    for name, d in found.items():
+        if not isinstance(d, HostDiagnosis):
+            continue
+        for m in d.modules:
+            if m.file is None:
+                continue
+            history = ledger.file_history(name, m.file.realpath) if ledger else []
+            histories[(name, m.module)] = history
+            wanted |= {m.record_sha256} if m.record_sha256 else set()
+            if history:
+                wanted |= {history[0].sha256_after, history[-1].sha256_before}
+    _ledger_texts(ledger, wanted, texts)
+    for sha in wanted & set(texts):
+        copy_sources.setdefault(sha, "the ledger's copy")
+    specs = [p.spec for p in patches]
+    reports: list[HostReport] = []
+    for host in hosts:
+        d = found[host.name]
+        if not isinstance(d, HostDiagnosis):
+            reports.append(HostReport(host.name, None, error=d))
+            continue
+        files: list[FileVerdict] = [
+            judge_file(m, histories.get((host.name, m.module), []), texts, copy_sources)
+            for m in d.modules
+        ]
+        files = [f for f in files if f.state != "not-installed" or f.module in options.modules]
+        reports.append(judge_host(d, files, analyse_exceptions(d, specs)))
+    return FleetDiagnosis(tuple(reports), modules)
+
+
+# ---------------------------------------------------------------------------------------------
+# lint-init --hosts
+
+
+@dataclass(frozen=True)
+class ModuleSource:
+    """A module's source as one or more hosts have it (hosts with the same bytes share one),
+    with its package siblings and the same-package modules it imports (`related`)."""
+
+    hosts: tuple[str, ...]
+    path: str
+    text: str
+    sha256: str
+    related: Mapping[str, str]
+    distribution: str | None
+    version: str | None
+
+
+def read_module_sources(
+    hosts: Sequence[Host], factory: TransportFactory, module: str, *, timeout: float
+) -> list[ModuleSource]:
+    """The module's source on every host (one exec each), one entry per distinct text.
+
+    Raises:
+        TargetError: the module does not resolve on a host.
+        HostError: a host could not be read.
+        InputError: a host's file is not UTF-8 text.
+    """
+    request = DiagnoseRequest(
+        modules=(module,), server=False, log=False, source_modules=(module,), facts=False
+    )
+    found = read_hosts(hosts, factory, {h.name: request for h in hosts}, timeout)
+    distinct: dict[str, ModuleSource] = {}
+    for host in hosts:
+        d = found[host.name]
+        if not isinstance(d, HostDiagnosis):
+            raise HostError(f"could not be read: {d}", host=host.name, step="read")
+        m = d.module(module)
+        if m.error is not None or m.file is None:
+            raise TargetError(
+                f"[{host.name}] module {module!r} does not resolve: {m.error}",
+                hint="check the module name and the host's engine.python",
+            )
+        sha = m.file.sha256
+        if sha in distinct:
+            known = distinct[sha]
+            distinct[sha] = ModuleSource(
+                (*known.hosts, host.name), known.path, known.text, sha, known.related,
+                known.distribution, known.version,
+            )  # fmt: skip
+            continue
+        try:
+            text = m.file.content.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(
+                f"[{host.name}] {m.file.realpath}: not a UTF-8 Python source file ({exc.reason})"
+            ) from None
+        related = {p: t for p, t in d.sources.items() if p != m.file.realpath}
+        distinct[sha] = ModuleSource(
+            (host.name,), m.file.realpath, text, sha, related, m.distribution or (
+                str(m.installed["name"]) if m.installed else None
+            ), m.version,
+        )  # fmt: skip
+    return list(distinct.values())
