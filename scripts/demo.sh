@@ -2,7 +2,8 @@
 # The main job on one machine, no GPU, no remote host: the incident and its fix on the sandbox.
 #
 #   install -> sandbox up (3 stand-in SGLang servers) -> they report healthy -> the first decode
-#   crashes them (the incident) -> opspatch apply eagle-init-guard -> decodes work -> ledger.
+#   crashes them (the incident) -> diagnose names the cause and the patch -> opspatch apply
+#   eagle-init-guard -> decodes work -> status -> ledger.
 #
 # State (sandbox hosts, ledger) goes to $OPSPATCH_STATE_DIR, by default ./.demo-state, so the
 # demo never touches your own sandbox or ledger. Run it again to start over.
@@ -28,6 +29,10 @@ opspatch smoke --hosts sandbox
 echo "(exit $? as expected: the smoke decode failed)"
 log="$OPSPATCH_STATE_DIR/sandbox/hosts/sandbox-01/server.log"
 grep -m1 -B1 "AttributeError" "$log" || true
+
+step "incident response: what the host really runs, and why it crashed" "opspatch diagnose --hosts sandbox-01"
+opspatch diagnose --hosts sandbox-01
+echo "(exit $?: the host is not clean)"
 
 step "the fix, planned: a structural diff, per host" "opspatch plan eagle-init-guard --hosts sandbox-01"
 opspatch plan eagle-init-guard --hosts sandbox-01 || exit 1

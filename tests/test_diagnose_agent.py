@@ -271,6 +271,24 @@ def test_checkout_state_names_the_commit_the_diff_and_every_uncommitted_change(
     assert checkout_state(str(tmp_path / "elsewhere.py"), b"") is None
 
 
+def test_a_wheel_installed_inside_some_git_work_tree_is_not_a_checkout(tmp_path: Path) -> None:
+    """A virtual environment that lives inside a repository (ignored there, as a demo's or a
+    test's state folder is) holds a wheel install: its files are not the repository's, and that
+    repository's own changes say nothing about the engine."""
+    root = tmp_path / "ops-repo"
+    site = root / ".state" / "venv" / "lib" / "python3.11" / "site-packages" / "pkg"
+    site.mkdir(parents=True)
+    (root / ".gitignore").write_text(".state/\n")
+    (root / "README.md").write_text("tools\n")
+    _git(root, "init", "-q", "-b", "main")
+    _git(root, "add", ".")
+    _git(root, "commit", "-q", "-m", "tools")
+    (root / "README.md").write_text("tools, edited\n")  # the outer repository's own change
+    target = site / "mod.py"
+    target.write_text("A = 1\n")
+    assert checkout_state(str(target), target.read_bytes()) is None
+
+
 # -- the operation on a host ----------------------------------------------------------------------
 
 

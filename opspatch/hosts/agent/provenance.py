@@ -250,9 +250,10 @@ def _git(root: str, *args: str) -> tuple[int, bytes, str]:
 
 
 def checkout_state(realpath: str, content: bytes) -> Result | None:
-    """For a file inside a git checkout: the commit, the file as HEAD has it (the pristine text
-    of an editable install), its uncommitted change (`git diff HEAD`), and every uncommitted
-    change in the checkout (`git status`). None when the file is in no checkout."""
+    """For a file of a git checkout: the commit, the file as HEAD has it (the pristine text of an
+    editable install), its uncommitted change (`git diff HEAD`), and every uncommitted change in
+    the checkout (`git status`). None when the file is in no checkout, or is not tracked by the
+    work tree it sits in."""
     root = find_checkout(realpath)
     if root is None:
         return None
@@ -272,12 +273,14 @@ def checkout_state(realpath: str, content: bytes) -> Result | None:
     state["branch"] = out.decode().strip() if code == 0 else None
     relpath = state["relpath"].replace(os.sep, "/")
     code, blob, said = _git(root, "show", f"HEAD:{relpath}")
-    if code == 0:
-        state["head_sha256"] = sha256_hex(blob)
-        state["head_content_b64"] = b64(blob) if blob != content else None
-        state["tracked"] = True
-    else:
-        state.update(head_sha256=None, head_content_b64=None, tracked=False)
+    if code != 0:
+        # Not a file of this checkout: a wheel installed into a virtual environment that happens
+        # to live inside some git work tree (ignored or untracked there) is not a checkout
+        # install, and that tree's own changes say nothing about the engine.
+        return None
+    state["head_sha256"] = sha256_hex(blob)
+    state["head_content_b64"] = b64(blob) if blob != content else None
+    state["tracked"] = True
     code, out, _ = _git(root, "diff", "--no-color", "--no-ext-diff", "HEAD", "--", relpath)
     state["diff"] = out[:MAX_GIT_DIFF].decode("utf-8", "replace") if code == 0 else None
     code, out, _ = _git(root, "status", "--porcelain=v1", "--untracked-files=no")
