@@ -3,7 +3,7 @@
 Lives here: one host within a run (`session`: its transport, operations, engine control and the
 step recorder) and the steps runs share (`steps`); the fleet executor (`executor`: batches,
 in-flight limit, halt policy, Ctrl-C); the ledger ceremony (`recorded`); what a run reports
-(`report`); apply (`apply`), rollback (`restore`), recover and unlock (`recover`), runs on a
+(`report`); the per-host apply pipeline (`pipeline`) and the fleet apply (`apply`), rollback (`restore`), recover and unlock (`recover`), runs on a
 local file (`localfile`), the smoke decode alone (`smoke`), live status (`status`), the release
 matrix's fetching (`releases`), and how transports are opened (`connect`). Incident response:
 `diagnose` (one read per host, judged against RECORD, git and the ledger; also the read behind

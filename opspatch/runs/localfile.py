@@ -25,8 +25,8 @@ from opspatch.core.tomlsource import parse_field_path
 from opspatch.core.vocabulary import Outcome
 from opspatch.errors import InputError, Location, OpspatchError, SpecError, TargetError
 from opspatch.ledger.store import Ledger
-from opspatch.runs.apply import ApplyPipeline
 from opspatch.runs.connect import transport_factory
+from opspatch.runs.pipeline import ApplyPipeline
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 from opspatch.runs.restore import rollback_hosts

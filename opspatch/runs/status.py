@@ -22,9 +22,9 @@ from opspatch.core.vocabulary import PatchState
 from opspatch.errors import OpspatchError, TargetError
 from opspatch.hosts.operations import HostInspection, HostOperations
 from opspatch.ledger.store import Ledger
-from opspatch.runs.apply import gate_inspection
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import map_hosts
+from opspatch.runs.pipeline import gate_inspection
 
 
 @dataclass(frozen=True)

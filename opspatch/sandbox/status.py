@@ -18,7 +18,7 @@ from opspatch.core.spec import LoadedPatch
 from opspatch.errors import HostError, InputError, OpspatchError
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.local import LocalTransport
-from opspatch.runs.apply import gate_inspection
+from opspatch.runs.pipeline import gate_inspection
 from opspatch.sandbox.dist import InstallShape, installed_shape
 from opspatch.sandbox.install import host_venv_dir, venv_site_packages
 from opspatch.sandbox.layout import HEALTH_TIMEOUT, SandboxLayout, engine_url
