@@ -172,11 +172,14 @@ class Ledger:
         hosts: Sequence[str],
         playbook: str | None = None,
         parent_run: str | None = None,
+        inventories: Mapping[str, str] | None = None,
     ) -> str:
         """Record the start of a run and return its new id.
 
         `command` is the opspatch command (`apply`, `rollback`, `recover`, ...); `parent_run` names
-        the run this one rolls back or recovers. The controller's hostname, pid and process start
+        the run this one rolls back or recovers; `inventories` names, per host, the inventory it
+        was taken from (so that `recover` finds the same hosts when another inventory has a host
+        of the same name, as `sandbox` and `sandbox-ssh` do). The controller's hostname, pid and process start
         time are recorded so the run can later be told apart as running or interrupted.
 
         Raises:
@@ -200,6 +203,8 @@ class Ledger:
             "controller": ControllerProcess.current().to_json(),
             "opspatch_version": __version__,
         }
+        if inventories is not None:
+            body["inventories"] = dict(inventories)
         with self._transaction() as conn:
             for _attempt in range(5):
                 run_id = new_run_id()

@@ -76,6 +76,7 @@ def recorded_run(
         hosts=[h.name for h in hosts],
         playbook=playbook.name if playbook else None,
         parent_run=parent_run,
+        inventories={h.name: h.inventory for h in hosts},
     )
     run = RecordedRun(ledger, run_id)
     try:
