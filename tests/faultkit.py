@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -32,8 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
+from opspatch.errors import OpspatchError
+from opspatch.ledger.store import Ledger
 from tests.clirunner import Run, opspatch
 from tests.fleetkit import SandboxFleet, alive, wait_until
 
@@ -377,8 +382,10 @@ class FaultFleet:
         assert out.get("text") == self.texts[name], (name, out)
         assert out["meta_info"]["spec_verify_ct"] > 0, (name, out)
 
-    def status(self) -> dict[str, dict[str, Any]]:
-        run = self.cli("status", "--hosts", INVENTORY, "--patch", PATCH_ID, "--json")
+    def status(self, ledger: Path | None = None) -> dict[str, dict[str, Any]]:
+        run = self.cli(
+            *_ledger(ledger), "status", "--hosts", INVENTORY, "--patch", PATCH_ID, "--json"
+        )
         assert run.code == 0, run.stdout + run.stderr
         return {s["host"]: s for s in run.json()["status"]}
 
@@ -397,7 +404,9 @@ class FaultFleet:
         run_id: str = self.cli("ledger", "list", "--json").json()["runs"][0]["run_id"]
         return run_id
 
-    def check_invariant(self, outcomes: Mapping[str, str] | None = None) -> dict[str, str]:
+    def check_invariant(
+        self, outcomes: Mapping[str, str] | None = None, *, ledger: Path | None = None
+    ) -> dict[str, str]:
         """Issue 9's invariant on every host, read from outside; each host's state.
 
         `outcomes` (host -> outcome a command reported) must agree with the file: `applied`
@@ -417,23 +426,70 @@ class FaultFleet:
                 expected = "patched" if outcomes[name] == "applied" else "pre-image"
                 if outcomes[name] in ("applied", "restored", "rolled-back", "failed"):
                     assert state == expected, (name, outcomes[name], state)
-        verify = self.cli("ledger", "verify")
+        verify = self.cli(*_ledger(ledger), "ledger", "verify")
         assert verify.code == 0, verify.stdout + verify.stderr
-        said = self.status()
+        said = self.status(ledger)
         for name, state in states.items():
             expected = "applied" if state == "patched" else "not-applied"
             assert said[name]["state"] == expected, (name, state, said[name])
         return states
 
-    def reset(self) -> None:
+    def at_baseline(self) -> bool:
+        """Whether the fleet is as `up` left it (read directly; nothing is changed)."""
+        try:
+            for name in self.names:
+                host = self.fleet.hosts[name]
+                with socket.create_connection((host.address, int(host.port or 22)), timeout=5):
+                    pass
+                if self.fleet.sha(name) != self.pre[name] or self.runs_patch(name):
+                    return False
+                if self.lock_file(name).exists() or self.temp_files(name):
+                    return False
+            if (self.control / "fault.json").exists():
+                return False
+            with Ledger.open(self.fleet.ledger_path) as ledger:
+                return all(r.status not in ("running", "interrupted") for r in ledger.list_runs())
+        except (OSError, AssertionError, OpspatchError):
+            return False
+
+    def reset(self, ledger: Path | None = None) -> None:
         """Back to the pre-image everywhere with a plain rollback, which must not be refused
         (no lock left behind) and must leave every host at its pre-image."""
-        back = self.cli("rollback", PATCH_ID, "--hosts", INVENTORY, "--yes", "--json")
+        back = self.cli(
+            *_ledger(ledger), "rollback", PATCH_ID, "--hosts", INVENTORY, "--yes", "--json"
+        )
         assert back.code == 0, back.stdout + back.stderr
         assert {n: self.state(n) for n in self.names} == dict.fromkeys(self.names, "pre-image")
         for marker in self.markers.iterdir():
             if _start_time(int(marker.name)) is None:
                 marker.unlink()
+
+
+class FleetSlot:
+    """One fleet shared by the cases of a scenario family, each case starting from the baseline:
+    a case that failed and left the fleet elsewhere gets a new fleet for the next one, so a
+    failure is reported once, where it happened."""
+
+    def __init__(self, folders: pytest.TempPathFactory, name: str) -> None:
+        self.folders = folders
+        self.name = name
+        self.current: FaultFleet | None = None
+
+    def ready(self) -> FaultFleet:
+        if self.current is not None and not self.current.at_baseline():
+            self.current.close()
+            self.current = None
+        if self.current is None:
+            self.current = FaultFleet.up(self.folders.mktemp(self.name))
+        return self.current
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.close()
+
+
+def _ledger(path: Path | None) -> tuple[str, ...]:
+    return ("--ledger", str(path)) if path is not None else ()
 
 
 def outcomes_of(run: Run) -> dict[str, str]:
