@@ -240,7 +240,7 @@ def truthful(outcome: str, error: str | None, state: str) -> None:
         assert state == "pre-image", (outcome, error, state)
     else:
         assert outcome == "needs-attention", outcome
-        assert error and "connect" in error, error
+        assert error and "the connection was lost" in error, error
 
 
 # (the canary's operation, what is killed once it is done there, what is used afterwards)
@@ -271,7 +271,7 @@ def test_sshd_killed_at_each_step_of_a_host(cuts: FaultFleet, point: str) -> Non
     mine = report[canary]
     if kind == "connection":  # the connection came back at once: the run reconciled it
         assert mine["outcome"] == "rolled-back", mine
-        assert "did not answer" in mine["error"], mine
+        assert "the swap did not answer: the connection was lost" in mine["error"], mine
     if kind == "sshd":
         up = cuts.cli("sandbox", "up", "--json")
         assert up.code == 0, up.stdout + up.stderr
