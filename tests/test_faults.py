@@ -279,6 +279,13 @@ def test_sshd_killed_at_each_step_of_a_host(cuts: FaultFleet, point: str) -> Non
         assert engines[canary] == "already-running", engines  # opspatch left it running
         cuts.write_inventory()
     if then == "unlock":
+        # the lock the lost `begin` took outlived its run: the next apply is refused, saying
+        # how to clear it, and changes nothing
+        refused = cuts.cli("apply", PATCH_ID, "--hosts", INVENTORY, "--yes", "--json")
+        assert refused.code == 1, refused.stdout + refused.stderr
+        error = next(h for h in refused.json()["hosts"] if h["host"] == canary)["error"]
+        assert f"`opspatch unlock --hosts {canary}`" in error, error
+        assert {n: cuts.state(n) for n in cuts.names} == dict.fromkeys(cuts.names, "pre-image")
         unlocked = cuts.cli("unlock", "--hosts", f"{INVENTORY}:{canary}", "--yes", "--json")
         assert unlocked.code == 0, unlocked.stdout + unlocked.stderr
         assert outcomes_of(unlocked) == {canary: "unlocked"}

@@ -315,8 +315,8 @@ class SSHTransport(ClosesOnExit):
                 # No exit status because the connection itself went (sshd killed, the network
                 # gone): say so, not "the command gave no reply". What it did is unknown.
                 raise TransportError(
-                    f"the connection was lost while running `{command.masked()}` (no exit "
-                    "status came back; what the command did is unknown)",
+                    "the connection was lost while the command ran (no exit status came back; "
+                    "what the command did is unknown)",
                     host=self.host,
                     step="exec",
                 )
