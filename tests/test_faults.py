@@ -388,6 +388,7 @@ def test_ledger_filesystem_full_or_read_only(kills: FaultFleet, tmp_path: Path) 
         out, err = controller.communicate(timeout=240)
         assert controller.returncode == 3, out + err
         assert "the filesystem that holds it is full" in err, err
+        assert "`opspatch recover` then brings the hosts run" in err, err
         filler.unlink()
         recovered = kills.cli(*with_ledger, "recover", "--yes", "--json")
         assert recovered.code == 0, recovered.stdout + recovered.stderr
