@@ -278,6 +278,11 @@ def test_sshd_killed_at_each_step_of_a_host(cuts: FaultFleet, point: str) -> Non
         engines = {h["host"]: h["outcome"] for h in up.json()["hosts"]}
         assert engines[canary] == "already-running", engines  # opspatch left it running
         cuts.write_inventory()
+        if cuts.state(canary) == "patched":  # status must not pass an unproven change as live
+            said = cuts.status()[canary]
+            assert said["state"] == "applied", said
+            proven = mine["outcome"] == "applied"
+            assert ("never proven" in said["detail"]) != proven, (mine, said)
     if then == "unlock":
         # the lock the lost `begin` took outlived its run: the next apply is refused, saying
         # how to clear it, and changes nothing

@@ -495,6 +495,22 @@ class Ledger:
         last = {row.run_id: row.data.get("outcome") for row in rows}
         return {run_id for run_id, outcome in last.items() if outcome == Outcome.FAILED}
 
+    def outcomes_since(
+        self, host: str, event_id: int
+    ) -> list[tuple[str, str, dict[str, Any] | None]]:
+        """`(run_id, outcome, file)` of every host outcome recorded on `host` after the event
+        `event_id` (a file version), oldest first: whether any run concluded anything about that
+        change since (`status` tells a change proven by a smoke from one never proven).
+
+        Raises:
+            LedgerError: the ledger cannot be read.
+        """
+        with self._reading() as conn:
+            rows = select_events(
+                conn, "kind = 'host-outcome' AND host = ? AND id > ? ORDER BY id", (host, event_id)
+            )
+        return [(row.run_id, str(row.data["outcome"]), row.data.get("file")) for row in rows]
+
     def last_applied(self, host: str, path: str, patch_id: str) -> FileVersion | None:
         """The newest `patch` change that `patch_id` made to `path` on `host` and that the same
         run did not restore afterwards; None if there is none.
