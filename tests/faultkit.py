@@ -22,6 +22,7 @@ answers a greedy decode with the same text as before any fault, the engine runs 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -255,6 +256,7 @@ class FaultFleet:
     def close(self) -> None:
         self.release()
         self.fleet.close()
+        end_leftovers(self.fleet.root)
 
     # -- names -----------------------------------------------------------------------------------
 
@@ -486,6 +488,23 @@ class FleetSlot:
     def close(self) -> None:
         if self.current is not None:
             self.current.close()
+
+
+def end_leftovers(root: Path) -> None:
+    """End, by pid, what this fleet's commands left running on its hosts: a host operation whose
+    controller was killed goes on by itself (a readiness wait would poll a stopped engine until
+    its deadline). Only processes whose command line names this fleet's own folder."""
+    mine = str(root).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if mine in command and b"import json, sys, types" in command:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 def _ledger(path: Path | None) -> tuple[str, ...]:

@@ -110,6 +110,9 @@ def test_controller_killed_at_each_step_then_recover(kills: FaultFleet, point: s
     # the other hosts were only locked (preflight): never changed, never restarted
     assert {n: kills.state(n) for n in kills.others} == dict.fromkeys(kills.others, "pre-image")
     assert {n: kills.fleet.pid(n) for n in kills.others} == pids
+    if kills.state(canary) == "patched":  # swapped, and not (yet) proven by a finished run
+        said = kills.status()[canary]
+        assert said["state"] == "applied" and "never proven" in said["detail"], said
 
     recovered = kills.cli("recover", "--yes", "--json")
     assert recovered.code == 0, recovered.stdout + recovered.stderr
@@ -397,7 +400,16 @@ def test_ledger_filesystem_full_or_read_only(kills: FaultFleet, tmp_path: Path) 
         filler.unlink()
         recovered = kills.cli(*with_ledger, "recover", "--yes", "--json")
         assert recovered.code == 0, recovered.stdout + recovered.stderr
-        kills.check_invariant(outcomes_of(recovered), ledger=ledger)
+        states = kills.check_invariant(outcomes_of(recovered), ledger=ledger)
+
+        # a rollback on a read-only ledger is refused too, and leaves the patched hosts alone
+        pids = {n: kills.fleet.pid(n) for n in kills.names}
+        subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+        refused = kills.cli(*with_ledger, "rollback", PATCH_ID, "--hosts", INVENTORY, "--yes")
+        subprocess.run(["mount", "-o", "remount,rw", str(folder)], check=True)
+        assert refused.code == 3 and "read-only" in refused.stderr, refused.stderr
+        assert {n: kills.state(n) for n in kills.names} == states
+        assert {n: kills.fleet.pid(n) for n in kills.names} == pids
         kills.reset(ledger=ledger)
 
 
