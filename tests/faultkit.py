@@ -294,6 +294,16 @@ class FaultFleet:
     def spawn(self, *args: str) -> subprocess.Popen[str]:
         return self.fleet.spawn(*args)
 
+    @staticmethod
+    def finish(controller: subprocess.Popen[str]) -> tuple[str, str]:
+        """A background command's output once it exits; one that hangs is killed and fails."""
+        try:
+            return controller.communicate(timeout=COMMAND_LIMIT)
+        except subprocess.TimeoutExpired:
+            controller.kill()
+            out, err = controller.communicate(timeout=30)
+            raise AssertionError(f"{controller.args} hung: {out}{err}") from None
+
     def apply(self, *hosts: str) -> subprocess.Popen[str]:
         """`opspatch apply fault-marker` on `hosts` (default: the whole `faults` inventory), in
         the background."""

@@ -39,7 +39,8 @@ def sshd_installed() -> None:
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The fleets outlive one test: give them (and every command) a HOME of their own."""
+    """The fleets are closed when the module ends, after each test's own HOME (conftest) is
+    gone: that last `sandbox down` gets a HOME of its own too, never the user's."""
     folder = tmp_path_factory.mktemp("faults-home")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HOME", str(folder))
@@ -264,7 +265,7 @@ def test_sshd_killed_at_each_step_of_a_host(cuts: FaultFleet, point: str) -> Non
     canary = cuts.canary
     cuts.arm(op, cut=kind)
     controller = cuts.apply()
-    out, err = controller.communicate(timeout=240)
+    out, err = FaultFleet.finish(controller)
     said = cuts.reached()
     assert said["cut"] == kind and said["sessions"], said
     assert controller.returncode in (0, 1, 3), out + err
@@ -393,7 +394,7 @@ def test_ledger_filesystem_full_or_read_only(kills: FaultFleet, tmp_path: Path) 
         kills.reached()
         filler = fill(folder)
         kills.release()
-        out, err = controller.communicate(timeout=240)
+        out, err = FaultFleet.finish(controller)
         assert controller.returncode == 3, out + err
         assert "the filesystem that holds it is full" in err, err
         assert "`opspatch recover` then brings the hosts run" in err, err
@@ -431,7 +432,7 @@ def test_hand_edit_between_preflight_and_swap(kills: FaultFleet) -> None:
     path.write_bytes(before + b"# a hand edit, made while the rollout was on its way\n")
     edited = kills.fleet.sha(canary)
     kills.release()
-    out, err = controller.communicate(timeout=240)
+    out, err = FaultFleet.finish(controller)
     assert controller.returncode == 1, out + err
     report = json.loads(out)
     run_id = report["run_id"]
