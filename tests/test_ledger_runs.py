@@ -130,7 +130,7 @@ def test_an_interrupted_run_is_recovered_once_a_recover_naming_it_finishes(
     assert summary.outcome is None and summary.finished_at is None  # it never finished itself
     document = summary.to_json()
     assert (document["status"], document["recovered_by"]) == ("recovered", recover)
-    assert list(document)[-3:] == ["status", "outcome", "recovered_by"]
+    assert list(document)[-4:] == ["status", "outcome", "recovered_by", "inventories"]
 
 
 def test_a_killed_recover_recovers_nothing_and_a_recover_of_it_recovers_the_chain(

@@ -8,6 +8,7 @@ really slept), so the test checks the interval it chose, not how fast this machi
 from __future__ import annotations
 
 import http.server
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import pytest
 
 import opspatch.hosts.agent.engine as agent_engine
 from opspatch.hosts.agent.engine import READY_POLL_SECONDS, op_wait_ready
+from opspatch.hosts.agent.protocol import OpFailure
 
 
 class StartingServer(http.server.ThreadingHTTPServer):
@@ -187,3 +189,34 @@ def test_a_decode_without_answer_is_told_apart() -> None:
     assert explain_no_answer(timeout, 3, None, "") == (
         "did not answer within 3s; no server process was found"
     )
+
+
+def test_readiness_without_a_restart_fails_at_once_when_the_pid_file_names_a_gone_engine(
+    tmp_path: Path,
+) -> None:
+    """`recover` asks "is the server up?" with no restart of its own to watch: when the engine's
+    pid file names a process that has exited and /health does not answer, nothing is starting
+    there. Before, the wait ran out the playbook's `ready` deadline (20 minutes by default)."""
+    pid_file = tmp_path / "server.pid"
+    pid_file.write_text(f"{exited_pid()}\n")
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    with pytest.raises(OpFailure) as refused:
+        op_wait_ready({"url": url, "timeout": 600, "pid": None, "pid_file": str(pid_file)})
+    assert refused.value.code == "engine-not-running"
+    assert f"its pid file {pid_file} names pid" in refused.value.message
+
+
+def test_readiness_without_a_restart_still_waits_for_a_server_that_answers(
+    starting_server: StartingServer, tmp_path: Path
+) -> None:
+    """A pid file naming a gone process does not fail a server that answers /health (the pid
+    file is stale, the server was started another way), nor does a missing pid file."""
+    pid_file = tmp_path / "server.pid"
+    pid_file.write_text(f"{exited_pid()}\n")
+    starting_server.starting = 0
+    url = f"http://127.0.0.1:{starting_server.server_address[1]}"
+    assert op_wait_ready({"url": url, "timeout": 600, "pid": None, "pid_file": str(pid_file)})
+    missing = str(tmp_path / "none.pid")
+    assert op_wait_ready({"url": url, "timeout": 600, "pid": None, "pid_file": missing})

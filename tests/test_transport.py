@@ -376,3 +376,27 @@ def test_local_transport_reports_signals_like_a_shell() -> None:
     transport = LocalTransport("here")
     result = transport.run(Command(("sh", "-c", "kill -s KILL $$")), timeout=30)
     assert result.exit_code == 128 + 9
+
+
+KILL_MY_SSHD_SESSION = (
+    'p=$$; while [ "$p" -gt 1 ]; do '
+    'if [ "$(cat /proc/$p/comm)" = sshd ]; then kill -KILL $p; break; fi; '
+    "p=$(cut -d' ' -f4 /proc/$p/stat); done; sleep 30"
+)
+
+
+@pytest.mark.ssh
+def test_a_connection_lost_mid_command_says_so(
+    make_inventory_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
+) -> None:
+    """The sshd session serving a command killed while it runs: the transport says the
+    connection was lost and that what the command did is unknown (before: a result with exit
+    status -1, which read as "the host agent gave no reply (exit -1): no output")."""
+    host = make_inventory_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s")
+    with SSHTransport(host) as transport:
+        with pytest.raises(TransportError) as caught:
+            transport.run(Command(("sh", "-c", KILL_MY_SSHD_SESSION)), timeout=60)
+        assert caught.value.step == "exec"
+        assert "the connection was lost while the command ran" in caught.value.message
+        assert "what the command did is unknown" in caught.value.message
+        assert transport.run(Command(("true",)), timeout=30).ok  # and it connects again

@@ -7,7 +7,7 @@ Each one parses its options, asks for confirmation (`--yes`, a terminal, or a re
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -153,7 +153,7 @@ def rollback(
         )
     source_run = ledger.get_run(run) if run is not None else None
     if hosts is None and source_run is not None and file is None:
-        selected = hosts_of_run(source_run.summary.hosts)
+        selected = hosts_of_run(source_run.summary.hosts, source_run.summary.inventories)
     else:
         one_target(file, hosts, "rollback")
         if file is not None:
@@ -178,9 +178,20 @@ def rollback(
     finish(report, as_json)
 
 
-def hosts_of_run(names: Sequence[str]) -> tuple[Host, ...]:
-    """The inventory hosts of a recorded run (looked up by name across the workspace's inventories)."""
-    return options.hosts(",".join(names))
+def hosts_of_run(
+    names: Sequence[str], inventories: Mapping[str, str] | None = None
+) -> tuple[Host, ...]:
+    """The inventory hosts of a recorded run: each from the inventory the run took it from (its
+    `inventories`, when the workspace still finds that inventory), else looked up by name across
+    the workspace's inventories. Without the first, a host name that two inventories share (the
+    sandbox's `sandbox` and `sandbox-ssh`) could not be recovered at all."""
+    workspace = options.workspace_dir()
+    items = []
+    for name in names:
+        inventory = (inventories or {}).get(name)
+        found = inventory and workspace.locate("inventories", inventory) is not None
+        items.append(f"{inventory}:{name}" if found else name)
+    return options.hosts(",".join(items))
 
 
 def recover(
@@ -234,7 +245,8 @@ def recover(
         )
     chain = run_chain(ledger, detail.run_id)
     names = list(dict.fromkeys(h for d in reversed(chain) for h in d.summary.hosts))
-    selected = hosts_of_run(names)
+    inventories = {h: i for d in reversed(chain) for h, i in (d.summary.inventories or {}).items()}
+    selected = hosts_of_run(names, inventories)
     loaded: LoadedPatch | None = None
     patch_id = next((d.summary.patch_id for d in chain if d.summary.patch_id), None)
     if patch_id:

@@ -218,17 +218,20 @@ class EngineControl:
         timeout: float | None = None,
     ) -> Readiness:
         """Poll the server's /health on the host until it answers 200, within `timeout` seconds
-        (default: the playbook's `ready`).
+        (default: the playbook's `ready`). Without `restart`, the process the engine's pid file
+        names (command strategy) is watched, and none running fails at once.
 
         Raises:
-            EngineError: the deadline passed, or the started process exited (`data`: the log
-                tail and the exception the engine logged, if any).
+            EngineError: the deadline passed, the started process exited, or (no `restart`) the
+                pid file names no running process (`data`: the log tail and the exception the
+                engine logged, if any).
         """
         timeout = float(self.playbook.timeouts.ready if timeout is None else timeout)
         args = {
             "url": self.host.engine.url,
             "timeout": timeout,
             "pid": restart.pid if restart else None,
+            "pid_file": getattr(self.host.engine.restart, "pid_file", None),
             "log_file": self.host.engine.log_file,
             "log_offset": restart.log_offset if restart else None,
         }

@@ -95,7 +95,8 @@ class RunSummary(JsonRecord):
     then), `running` (its controller process is alive), `interrupted` (that process is gone),
     `recovered` (interrupted, and a later `recover` run naming it as `parent_run` finished; that
     run is `recovered_by`), or `unknown` (begun on another controller, whose processes this one
-    cannot see).
+    cannot see). `inventories` names, per host, the inventory the run took it from (None for
+    runs recorded before it was).
     """
 
     run_id: str
@@ -114,6 +115,7 @@ class RunSummary(JsonRecord):
     status: RunStatus
     outcome: str | None
     recovered_by: str | None = None
+    inventories: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -172,11 +172,14 @@ class Ledger:
         hosts: Sequence[str],
         playbook: str | None = None,
         parent_run: str | None = None,
+        inventories: Mapping[str, str] | None = None,
     ) -> str:
         """Record the start of a run and return its new id.
 
         `command` is the opspatch command (`apply`, `rollback`, `recover`, ...); `parent_run` names
-        the run this one rolls back or recovers. The controller's hostname, pid and process start
+        the run this one rolls back or recovers; `inventories` names, per host, the inventory it
+        was taken from (so that `recover` finds the same hosts when another inventory has a host
+        of the same name, as `sandbox` and `sandbox-ssh` do). The controller's hostname, pid and process start
         time are recorded so the run can later be told apart as running or interrupted.
 
         Raises:
@@ -200,6 +203,8 @@ class Ledger:
             "controller": ControllerProcess.current().to_json(),
             "opspatch_version": __version__,
         }
+        if inventories is not None:
+            body["inventories"] = dict(inventories)
         with self._transaction() as conn:
             for _attempt in range(5):
                 run_id = new_run_id()
@@ -489,6 +494,22 @@ class Ledger:
         )
         last = {row.run_id: row.data.get("outcome") for row in rows}
         return {run_id for run_id, outcome in last.items() if outcome == Outcome.FAILED}
+
+    def outcomes_since(
+        self, host: str, event_id: int
+    ) -> list[tuple[str, str, dict[str, Any] | None]]:
+        """`(run_id, outcome, file)` of every host outcome recorded on `host` after the event
+        `event_id` (a file version), oldest first: whether any run concluded anything about that
+        change since (`status` tells a change proven by a smoke from one never proven).
+
+        Raises:
+            LedgerError: the ledger cannot be read.
+        """
+        with self._reading() as conn:
+            rows = select_events(
+                conn, "kind = 'host-outcome' AND host = ? AND id > ? ORDER BY id", (host, event_id)
+            )
+        return [(row.run_id, str(row.data["outcome"]), row.data.get("file")) for row in rows]
 
     def last_applied(self, host: str, path: str, patch_id: str) -> FileVersion | None:
         """The newest `patch` change that `patch_id` made to `path` on `host` and that the same

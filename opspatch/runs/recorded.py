@@ -7,9 +7,10 @@ with recorded_run(ledger, command="apply", patch=loaded, hosts=hosts, ...) as ru
 ```
 
 A run whose body raises `InputError` (bad input found after the run began: nothing was changed)
-is finished as `refused`. Anything else that escapes (the operator's second Ctrl-C, a bug) leaves
-the run unfinished on purpose: the ledger then shows it `interrupted` once this process is gone,
-and `opspatch recover` brings its hosts to a known state.
+is finished as `refused`. Anything else that escapes (the operator's second Ctrl-C, a bug, a
+ledger that can no longer be written) leaves the run unfinished on purpose: the ledger then shows
+it `interrupted` once this process is gone, and `opspatch recover` brings its hosts to a known
+state (a ledger error's hint says so).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import RunOutcome
-from opspatch.errors import InputError
+from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.report import RunReport
 
@@ -76,6 +77,7 @@ def recorded_run(
         hosts=[h.name for h in hosts],
         playbook=playbook.name if playbook else None,
         parent_run=parent_run,
+        inventories={h.name: h.inventory for h in hosts},
     )
     run = RecordedRun(ledger, run_id)
     try:
@@ -84,4 +86,14 @@ def recorded_run(
         if not run.finished:
             ledger.finish_run(run_id, str(RunOutcome.REFUSED))
             run.finished = True
+        raise
+    except LedgerError as exc:
+        # The ledger became unwritable part-way (its filesystem filled up, went read-only): the
+        # run stops where it was, and may have left hosts locked or changed. Say what to do.
+        if not run.finished and not isinstance(exc, LedgerIntegrityError):
+            then = (
+                f"`opspatch recover` then brings the hosts run {run_id} left part-way "
+                "(locked, or changed and not yet proven) to a known state"
+            )
+            exc.hint = f"{exc.hint}; {then}" if exc.hint else then
         raise

@@ -244,10 +244,14 @@ class _RecoverHost:
     def _finish_patched(self, session: HostSession, version: FileVersion) -> HostOutcome:
         change = FileChange(version.path, version.sha256_before, version.sha256_after)
         if self._proven(version, session.name):
+            # Proven before the interruption, but the server may have gone since (a crash, a
+            # reboot): `applied` says it runs the patched code, so make sure it does.
+            how = ensure_running(session)
             return session.outcome(
                 Outcome.APPLIED,
                 file=change,
-                note=f"patched by run {version.run_id} and smoke-tested before the interruption",
+                note=f"patched by run {version.run_id} and smoke-tested before the "
+                f"interruption; server {how}",
             )
         try:
             restart = restart_step(session)

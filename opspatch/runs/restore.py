@@ -108,7 +108,7 @@ def run_restore(
                 return per_host(session)
             except (LockHeld, BecomeError) as exc:  # nothing was changed on that host
                 return session.refused(exc)
-            except OpspatchError as exc:
+            except (OpspatchError, HostFailed) as exc:  # HostFailed: the server did not come back
                 return session.outcome(Outcome.NEEDS_ATTENTION, describe_error(exc))
             except Exception as exc:  # a bug must not lose the other hosts' outcomes
                 return session.outcome(

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
-from opspatch.core.vocabulary import Outcome, StepStatus
+from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
 from opspatch.errors import (
     BecomeError,
     HostKeyError,
@@ -162,13 +162,34 @@ class HostSession:
         does not fit (`skipped`, with the reason), or the host could not be reached or refused
         (`failed`)."""
         if isinstance(exc, LockHeld):
-            return self.outcome(Outcome.FAILED, f"refused: {exc.detail}")
+            return self.outcome(Outcome.FAILED, f"refused: {exc.detail}{self._way_out(exc)}")
         if isinstance(exc, (HostKeyError, BecomeError)):
             text = exc.message if not exc.hint else f"{exc.message} ({exc.hint})"
             return self.outcome(Outcome.SKIPPED, text)
         if isinstance(exc, (InputError, TargetError)):
             return self.outcome(Outcome.SKIPPED, exc.message)
         return self.outcome(Outcome.FAILED, describe_error(exc))
+
+    def _way_out(self, held: LockHeld) -> str:
+        """What to do about a lock whose run this ledger knows to be over: a run whose lock
+        outlived it (its controller lost the host, or was killed) blocks every run on the host
+        until the lock expires, unless the operator is told how to clear it."""
+        holder = str(held.data.get("run_id") or "")
+        if not holder or self.ledger is None:
+            return ""
+        try:
+            status = self.ledger.get_run(holder).summary.status
+        except OpspatchError:
+            return ""  # not a run of this ledger: it may be alive on another controller
+        if status == RunStatus.INTERRUPTED:
+            return f"; run {holder} was interrupted: `opspatch recover` finishes or undoes it"
+        if status in (RunStatus.FINISHED, RunStatus.RECOVERED):
+            return (
+                f"; run {holder} is over ({status}) but its lock outlived it: "
+                f"`opspatch recover --hosts {self.name}` reconciles the host and clears it, "
+                f"or `opspatch unlock --hosts {self.name}`"
+            )
+        return ""
 
     def record_outcome(self, outcome: HostOutcome) -> None:
         """The host's final outcome, into the ledger (when this is a recorded run)."""

@@ -18,10 +18,10 @@ from opspatch.core.edit import detect
 from opspatch.core.host import Host
 from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import PatchState
+from opspatch.core.vocabulary import Outcome, PatchState
 from opspatch.errors import OpspatchError, TargetError
 from opspatch.hosts.operations import HostInspection, HostOperations
-from opspatch.ledger.store import Ledger
+from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import map_hosts
 from opspatch.runs.pipeline import gate_inspection
@@ -61,8 +61,11 @@ def classify(
                     detail=f"written by run {recorded.run_id}, but the running server (pid "
                     f"{server.pid}) started before it: run `opspatch restart` to load it",
                 )
+            assert ledger is not None
             return PatchStatus(
-                **base, state=PatchState.APPLIED, detail=f"as written by run {recorded.run_id}"
+                **base,
+                state=PatchState.APPLIED,
+                detail=_written(ledger, host, file.realpath, recorded),
             )
         if file.sha256 == recorded.sha256_before:
             return PatchStatus(
@@ -88,6 +91,40 @@ def classify(
     if structural.state == "not-applied":
         return PatchStatus(**base, state=PatchState.NOT_APPLIED, detail="")
     return PatchStatus(**base, state=PatchState(structural.state), detail=structural.reason)
+
+
+_CONCLUDES_NOTHING = frozenset(
+    {Outcome.SKIPPED, Outcome.UNLOCKED, Outcome.ALREADY_APPLIED, Outcome.WOULD_APPLY}
+)
+"""Host outcomes that say nothing about whether a change is proven (nothing was done, or the
+patch was found already there and not restarted)."""
+
+
+def _written(ledger: Ledger, host: str, path: str, version: FileVersion) -> str:
+    """Where a file that is the bytes a run wrote stands: proven (the last outcome a run
+    concluded about these bytes since is `applied`, after a smoke decode) or not: its run was
+    interrupted or still runs, or ended needs-attention (the swap unanswered, the host lost), and
+    the server may still run the old code. Plain "applied" there would say the fix is live."""
+    said = [
+        (run_id, outcome)
+        for run_id, outcome, change in ledger.outcomes_since(host, version.event_id)
+        if outcome not in _CONCLUDES_NOTHING
+        and (
+            change is None
+            or (change.get("path") == path and change.get("sha256_after") == version.sha256_after)
+        )
+    ]
+    if said and said[-1][1] == Outcome.APPLIED:
+        return f"as written by run {version.run_id}"
+    why = (
+        f"run {said[-1][0]} ended {said[-1][1]} here"
+        if said
+        else f"run {version.run_id} recorded no outcome here (interrupted, or still running)"
+    )
+    return (
+        f"written by run {version.run_id} but never proven ({why}); the server may still run the "
+        f"old code: `opspatch recover --hosts {host}` finishes or undoes it"
+    )
 
 
 def fleet_status(

@@ -22,7 +22,7 @@ from opspatch.hosts.agent.checks import (
 )
 from opspatch.hosts.agent.fsutil import file_size, log_since
 from opspatch.hosts.agent.locks import op_unlock
-from opspatch.hosts.agent.processes import alive, find_server_pid
+from opspatch.hosts.agent.processes import alive, find_server_pid, read_pid_file
 from opspatch.hosts.agent.protocol import OpFailure, operation
 
 if TYPE_CHECKING:
@@ -117,11 +117,22 @@ def op_wait_ready(args: Args) -> Result:
     noticed it up to 2 s late on every host of a rollout) and without flooding the server or its
     log with 10 requests a second for minutes. The access-log lines of our own polls do not count
     as news. Without a log file, /health is polled at every look. Fails fast when the process
-    started by the restart (its pid) has exited.
+    started by the restart (its pid) has exited. Without a restart to watch, the process the
+    engine's pid file names (command strategy) is watched instead; when it names a process that
+    is gone and /health does not answer, it fails after the first poll (`engine-not-running`):
+    nothing is starting there, and waiting would only wait out the deadline.
     """
     url = str(args["url"]).rstrip("/")
     timeout = float(args.get("timeout") or 600.0)
     pid = args.get("pid")
+    pid_file = args.get("pid_file")
+    gone = None  # what the pid file names, when that process is not running
+    if pid is None and pid_file:
+        named = read_pid_file(str(pid_file))
+        if named is not None and alive(named):
+            pid = named
+        else:
+            gone = named
     log_file = args.get("log_file")
     offset = args.get("log_offset")
     started = time.monotonic()
@@ -152,6 +163,15 @@ def op_wait_ready(args: Args) -> Result:
             next_poll = time.monotonic() + QUIET_POLL_SECONDS
             if log_file:  # our own request's access line is not news
                 watched = file_size(log_file) or 0
+        if gone is not None:
+            said, evidence = failure_evidence(log_since(log_file, offset))
+            raise OpFailure(
+                "engine-not-running",
+                f"the engine is not running: its pid file {pid_file} names pid {gone}, which "
+                f"has exited, and /health does not answer ({last})"
+                + (f"; its log records{said}" if said else ""),
+                evidence,
+            )
         if pid is not None and not alive(int(pid)):
             said, evidence = failure_evidence(log_since(log_file, offset))
             raise OpFailure(

@@ -311,6 +311,15 @@ class SSHTransport(ClosesOnExit):
                     step="exec",
                 )
             exit_code = channel.recv_exit_status()
+            if exit_code == -1 and not transport.is_active():
+                # No exit status because the connection itself went (sshd killed, the network
+                # gone): say so, not "the command gave no reply". What it did is unknown.
+                raise TransportError(
+                    "the connection was lost while the command ran (no exit status came back; "
+                    "what the command did is unknown)",
+                    host=self.host,
+                    step="exec",
+                )
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise TransportError(
                 f"the connection broke while running `{command.masked()}`: {error_reason(exc)}",

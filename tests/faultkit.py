@@ -1,0 +1,526 @@
+"""Fault injection on the sandbox fleet over SSH, and the invariant checked from outside.
+
+`FaultFleet` is a `SandboxFleet` (`opspatch sandbox up --ssh`) prepared for fault tests:
+
+- every host first gets `eagle-init-guard` (so every engine decodes), and the patch under fault
+  is `fault-marker`, a harmless module-level addition to the same file that leaves the greedy
+  output unchanged and, when the engine imports it, writes a marker file naming the process.
+  The markers tell, from outside, which code the running engine really runs;
+- the inventory `faults` is the sandbox's `sandbox-ssh` with the canary's engine interpreter
+  replaced by a wrapper (`WRAPPER`) with a fault switch: every host operation runs as
+  `<engine python> -c BOOTSTRAP` with its request on stdin, so the wrapper sees which operation
+  it is and can hold it (the test then kills the controller at exactly that step), or run it and
+  then kill the SSH connection or the whole sshd before the reply goes back. Nothing in opspatch
+  knows about it: it is an interpreter path in an inventory, as an operator could write one.
+
+`check_invariant` is issue 9's invariant, read from the files and processes themselves: each
+host's file is byte-identical to its pre-image or to the patched text, its engine is alive and
+answers a greedy decode with the same text as before any fault, the engine runs the code on disk
+(markers), no temp file lies beside the target, no host lock is left, the ledger verifies and
+`status` says what the file says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opspatch.config.patches import load_patch
+from opspatch.core.edit import Applied, apply_patch
+from opspatch.errors import OpspatchError
+from opspatch.ledger.store import Ledger
+from tests.clirunner import Run, opspatch
+from tests.fleetkit import SandboxFleet, alive, wait_until
+
+PATCH_ID = "fault-marker"
+INVENTORY = "faults"
+TEMP_SUFFIX = ".opspatch-tmp"
+LOCK_FILE = "lock.json"
+
+# Seconds a command may take before the test calls it a hang. Generous: a recover of two hosts
+# takes a few seconds here; these only turn "no command hangs" into an assertion.
+COMMAND_LIMIT = 240
+
+WRAPPER = '''#!{python}
+"""The engine interpreter of one sandbox host, with a fault switch (tests/faultkit.py).
+
+Runs the real interpreter on each request unchanged, unless {control}/fault.json names the
+request's operation: the first such request claims the fault (a rename: exactly once) and then
+- at "before": says so in reached.json and waits for a release file, then drops the request
+  ("then": "drop", as if it never arrived) or runs it ("then": "run");
+- at "after": runs it, then either holds (reached.json, wait for release) before the reply goes
+  back, or cuts ("cut": "connection" kills the sshd session serving this request; "sshd" kills
+  the sshd listener too), so the reply never goes back.
+"""
+import json, os, signal, subprocess, sys, time
+
+REAL = {real!r}
+CONTROL = {control!r}
+
+
+def write_json(name, value):
+    temp = os.path.join(CONTROL, name + ".tmp")
+    with open(temp, "w") as handle:
+        json.dump(value, handle)
+    os.replace(temp, os.path.join(CONTROL, name))
+
+
+def claim(op):
+    path = os.path.join(CONTROL, "fault.json")
+    try:
+        with open(path) as handle:
+            fault = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if fault.get("op") != op:
+        return None
+    try:
+        os.rename(path, os.path.join(CONTROL, "claimed.json"))
+    except OSError:
+        return None
+    return fault
+
+
+def hold(fault, op):
+    write_json("reached.json", {{"op": op, "at": fault["at"], "pid": os.getpid()}})
+    deadline = time.monotonic() + 300
+    while not os.path.exists(os.path.join(CONTROL, "release")):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+
+
+def sshd_ancestors():
+    """This request's sshd processes, nearest first: session process(es), then the listener."""
+    found, pid = [], os.getppid()
+    while pid > 1:
+        try:
+            with open("/proc/%d/stat" % pid) as handle:
+                stat = handle.read()
+        except OSError:
+            break
+        if stat[stat.index("(") + 1 : stat.rindex(")")].startswith("sshd"):
+            found.append(pid)
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return found
+
+
+def cut(kind, op):
+    chain = sshd_ancestors()
+    sessions, listener = chain[:-1], chain[-1:]
+    write_json("reached.json", {{"op": op, "at": "after", "pid": os.getpid(), "cut": kind,
+                                 "sessions": sessions, "listener": listener}})
+    for pid in (listener if kind == "sshd" else []) + sessions:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def main():
+    data = sys.stdin.buffer.read()
+    try:
+        op = json.loads(data.decode("utf-8")).get("op")
+    except ValueError:
+        op = None
+    command = [REAL] + sys.argv[1:]
+    fault = claim(op)
+    if fault is None:
+        sys.exit(subprocess.run(command, input=data).returncode)
+    if fault["at"] == "before":
+        hold(fault, op)
+        if fault.get("then") == "drop":
+            sys.exit(75)
+        sys.exit(subprocess.run(command, input=data).returncode)
+    done = subprocess.run(command, input=data, capture_output=True)
+    if fault.get("cut"):
+        cut(fault["cut"], op)
+    else:
+        hold(fault, op)
+    try:
+        sys.stdout.buffer.write(done.stdout)
+        sys.stdout.flush()
+    except OSError:
+        pass
+    sys.exit(done.returncode)
+
+
+main()
+'''
+
+FAULT_PATCH = '''
+id = "{patch_id}"
+summary = "A harmless addition that records, when imported, which process runs it"
+rationale = "fault-injection tests: tells from outside whether the engine runs the patched code"
+[target]
+module = "sglang.srt.speculative.eagle_worker_v2"
+versions = ">=0.5.4"
+[[edits]]
+kind = "insert"
+scope = "<module>"
+position = "end"
+code = """
+{code}
+"""
+'''
+
+MARKER_CODE = """
+def _opspatch_fault_marker():
+    import os
+    with open("/proc/self/stat") as stat:
+        started = stat.read().rsplit(")", 1)[1].split()[19]
+    with open(os.path.join({markers!r}, str(os.getpid())), "w") as marker:
+        marker.write(str(os.getppid()) + " " + started)
+
+
+_opspatch_fault_marker()
+"""
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return None
+
+
+@dataclass
+class FaultFleet:
+    """A sandbox fleet over SSH with the fault switch on its canary; see the module docstring."""
+
+    fleet: SandboxFleet
+    pre: dict[str, str] = field(default_factory=dict)
+    post: dict[str, str] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+
+    # -- setting up ----------------------------------------------------------------------------
+
+    @classmethod
+    def up(cls, root: Path, size: int = 2) -> FaultFleet:
+        fleet = SandboxFleet(root, size, ssh=True).up()
+        self = cls(fleet)
+        try:
+            self._prepare()
+        except BaseException:
+            fleet.close()
+            raise
+        return self
+
+    def _prepare(self) -> None:
+        guard = self.cli("apply", "eagle-init-guard", "--hosts", "sandbox-ssh", "--yes")
+        assert guard.code == 0, guard.stdout + guard.stderr
+        self.control.mkdir(parents=True, exist_ok=True)
+        self.markers.mkdir(parents=True, exist_ok=True)
+        code = MARKER_CODE.format(markers=str(self.markers)).strip()
+        path = self.fleet.write_patch(PATCH_ID, FAULT_PATCH.format(patch_id=PATCH_ID, code=code))
+        spec = load_patch(path).spec
+        wrapper = self.control / "python"
+        real = self.fleet.hosts[self.canary].engine.python
+        wrapper.write_text(
+            WRAPPER.format(python=sys.executable, real=real, control=str(self.control))
+        )
+        wrapper.chmod(0o755)
+        self.write_inventory()
+        for name in self.names:
+            plan = apply_patch(self.fleet.file(name).read_bytes(), spec)
+            assert isinstance(plan, Applied), plan
+            self.pre[name], self.post[name] = plan.sha256_before, plan.sha256_after
+            out = self.fleet.generate(name)
+            assert out is not None and out["meta_info"]["spec_verify_ct"] > 0, out
+            self.texts[name] = out["text"]
+
+    def write_inventory(self) -> None:
+        """`faults`: the `sandbox-ssh` inventory with the canary's interpreter wrapped (written
+        again after `sandbox up`, which rewrites `sandbox-ssh`)."""
+        text = (self.fleet.state / "inventories" / "sandbox-ssh.toml").read_text()
+        real = self.fleet.hosts[self.canary].engine.python
+        line = f"python = {json.dumps(real)}"
+        assert text.count(line) == 1, line
+        wrapped = text.replace(line, f"python = {json.dumps(str(self.control / 'python'))}")
+        folder = self.fleet.workspace / "inventories"
+        folder.mkdir(exist_ok=True)
+        (folder / f"{INVENTORY}.toml").write_text(wrapped)
+
+    def close(self) -> None:
+        self.release()
+        self.fleet.close()
+        end_leftovers(self.fleet.root)
+
+    # -- names -----------------------------------------------------------------------------------
+
+    @property
+    def names(self) -> list[str]:
+        return self.fleet.names
+
+    @property
+    def canary(self) -> str:
+        return self.fleet.names[0]
+
+    @property
+    def others(self) -> list[str]:
+        return self.fleet.names[1:]
+
+    @property
+    def control(self) -> Path:
+        return self.fleet.root / "fault"
+
+    @property
+    def markers(self) -> Path:
+        return self.fleet.root / "markers"
+
+    # -- driving opspatch ------------------------------------------------------------------------
+
+    def cli(self, *args: str, env: Mapping[str, str] | None = None) -> Run:
+        """The console script, as an operator runs it; a command that hangs fails the test."""
+        return opspatch(
+            *args,
+            cwd=self.fleet.workspace,
+            env={**self.fleet.env, **(env or {})},
+            timeout=COMMAND_LIMIT,
+        )
+
+    def spawn(self, *args: str) -> subprocess.Popen[str]:
+        return self.fleet.spawn(*args)
+
+    @staticmethod
+    def finish(controller: subprocess.Popen[str]) -> tuple[str, str]:
+        """A background command's output once it exits; one that hangs is killed and fails."""
+        try:
+            return controller.communicate(timeout=COMMAND_LIMIT)
+        except subprocess.TimeoutExpired:
+            controller.kill()
+            out, err = controller.communicate(timeout=30)
+            raise AssertionError(f"{controller.args} hung: {out}{err}") from None
+
+    def apply(self, *hosts: str) -> subprocess.Popen[str]:
+        """`opspatch apply fault-marker` on `hosts` (default: the whole `faults` inventory), in
+        the background."""
+        return self.spawn(
+            "apply", PATCH_ID, "--hosts", ",".join(hosts) or INVENTORY, "--yes", "--json"
+        )
+
+    # -- the fault switch ------------------------------------------------------------------------
+
+    def arm(
+        self, op: str, *, at: str = "after", then: str = "drop", cut: str | None = None
+    ) -> None:
+        """The canary's next `op` request meets the fault (see `WRAPPER`)."""
+        self.release()
+        for name in ("reached.json", "claimed.json", "release"):
+            (self.control / name).unlink(missing_ok=True)
+        fault: dict[str, Any] = {"op": op, "at": at, "then": then}
+        if cut is not None:
+            fault["cut"] = cut
+        temp = self.control / "fault.json.tmp"
+        temp.write_text(json.dumps(fault))
+        temp.replace(self.control / "fault.json")
+
+    def reached(self, timeout: float = 120) -> dict[str, Any]:
+        """Wait until the armed request met its fault; what the wrapper said."""
+        path = self.control / "reached.json"
+        assert wait_until(path.exists, timeout, 0.02), "the armed operation never came"
+        found: dict[str, Any] = json.loads(path.read_text())
+        return found
+
+    def release(self) -> None:
+        """Let a held request go, and wait until its wrapper process is gone."""
+        (self.control / "release").touch()
+        path = self.control / "reached.json"
+        if path.exists():
+            pid = int(json.loads(path.read_text())["pid"])
+            assert wait_until(lambda: not alive(pid), 60), f"wrapper {pid} did not exit"
+        (self.control / "fault.json").unlink(missing_ok=True)
+
+    def kill_when_held(self, controller: subprocess.Popen[str]) -> None:
+        """SIGKILL the controller while the canary's armed request is held, then let it go."""
+        try:
+            self.reached()
+        except AssertionError:
+            controller.kill()
+            out, err = controller.communicate(30)
+            raise AssertionError(f"the fault was never reached: {out}{err}") from None
+        os.kill(controller.pid, signal.SIGKILL)
+        controller.communicate(30)
+        self.release()
+
+    # -- looking at the hosts directly -----------------------------------------------------------
+
+    def lock_file(self, name: str) -> Path:
+        return Path(self.fleet.hosts[name].state_dir) / LOCK_FILE
+
+    def temp_files(self, name: str) -> list[Path]:
+        """Temp files beside the target or in the host's state folder (there should be none)."""
+        folders = [self.fleet.file(name).parent, Path(self.fleet.hosts[name].state_dir)]
+        return [p for folder in folders for p in folder.glob(f"*{TEMP_SUFFIX}")]
+
+    def runs_patch(self, name: str) -> bool:
+        """Whether the engine serving `name` now imported the patched code (a marker written by
+        that very process: its pid, or its parent's, and its start time)."""
+        engine = self.fleet.pid(name)
+        assert engine is not None, f"{name}: no engine running"
+        for marker in self.markers.iterdir():
+            writer = int(marker.name)
+            parent, started = marker.read_text().split()
+            if _start_time(writer) != started:
+                continue  # not the process that wrote it (gone, or its pid reused)
+            if engine in (writer, int(parent)):
+                return True
+        return False
+
+    def state(self, name: str) -> str:
+        """`patched` or `pre-image`, from the file's bytes (anything else fails)."""
+        sha = self.fleet.sha(name)
+        assert sha in (self.pre[name], self.post[name]), (
+            f"{name}: {sha[:12]} is neither the pre-image {self.pre[name][:12]} nor the patched "
+            f"text {self.post[name][:12]}"
+        )
+        return "patched" if sha == self.post[name] else "pre-image"
+
+    def decodes_as_before(self, name: str) -> None:
+        out = self.fleet.generate(name)
+        assert out is not None, f"{name}: the engine did not answer a decode"
+        assert out.get("text") == self.texts[name], (name, out)
+        assert out["meta_info"]["spec_verify_ct"] > 0, (name, out)
+
+    def status(self, ledger: Path | None = None) -> dict[str, dict[str, Any]]:
+        run = self.cli(
+            *_ledger(ledger), "status", "--hosts", INVENTORY, "--patch", PATCH_ID, "--json"
+        )
+        assert run.code == 0, run.stdout + run.stderr
+        return {s["host"]: s for s in run.json()["status"]}
+
+    def run_status(self, run_id: str) -> dict[str, Any]:
+        runs = self.cli("ledger", "list", "--json").json()["runs"]
+        found: dict[str, Any] = next(r for r in runs if r["run_id"] == run_id)
+        return found
+
+    def run_record(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """`ledger show RUN --json`: each host's record."""
+        shown = self.cli("ledger", "show", run_id, "--json")
+        assert shown.code == 0, shown.stdout + shown.stderr
+        return {h["host"]: h for h in shown.json()["host_records"]}
+
+    def newest_run(self) -> str:
+        run_id: str = self.cli("ledger", "list", "--json").json()["runs"][0]["run_id"]
+        return run_id
+
+    def check_invariant(
+        self, outcomes: Mapping[str, str] | None = None, *, ledger: Path | None = None
+    ) -> dict[str, str]:
+        """Issue 9's invariant on every host, read from outside; each host's state.
+
+        `outcomes` (host -> outcome a command reported) must agree with the file: `applied`
+        only on the patched text, `restored` / `rolled-back` / `failed` only on the pre-image.
+        """
+        states = {name: self.state(name) for name in self.names}
+        for name, state in states.items():
+            assert self.runs_patch(name) == (state == "patched"), (
+                f"{name}: the file is {state} but the engine runs the "
+                + ("unpatched" if state == "patched" else "patched")
+                + " code"
+            )
+            self.decodes_as_before(name)
+            assert not self.temp_files(name), self.temp_files(name)
+            assert not self.lock_file(name).exists(), self.lock_file(name).read_text()
+            if outcomes is not None and name in outcomes:
+                expected = "patched" if outcomes[name] == "applied" else "pre-image"
+                if outcomes[name] in ("applied", "restored", "rolled-back", "failed"):
+                    assert state == expected, (name, outcomes[name], state)
+        verify = self.cli(*_ledger(ledger), "ledger", "verify")
+        assert verify.code == 0, verify.stdout + verify.stderr
+        said = self.status(ledger)
+        for name, state in states.items():
+            expected = "applied" if state == "patched" else "not-applied"
+            assert said[name]["state"] == expected, (name, state, said[name])
+        return states
+
+    def at_baseline(self) -> bool:
+        """Whether the fleet is as `up` left it (read directly; nothing is changed)."""
+        try:
+            for name in self.names:
+                host = self.fleet.hosts[name]
+                with socket.create_connection((host.address, int(host.port or 22)), timeout=5):
+                    pass
+                if self.fleet.sha(name) != self.pre[name] or self.runs_patch(name):
+                    return False
+                if self.lock_file(name).exists() or self.temp_files(name):
+                    return False
+            if (self.control / "fault.json").exists():
+                return False
+            with Ledger.open(self.fleet.ledger_path) as ledger:
+                return all(r.status not in ("running", "interrupted") for r in ledger.list_runs())
+        except (OSError, AssertionError, OpspatchError):
+            return False
+
+    def reset(self, ledger: Path | None = None) -> None:
+        """Back to the pre-image everywhere with a plain rollback, which must not be refused
+        (no lock left behind) and must leave every host at its pre-image."""
+        back = self.cli(
+            *_ledger(ledger), "rollback", PATCH_ID, "--hosts", INVENTORY, "--yes", "--json"
+        )
+        assert back.code == 0, back.stdout + back.stderr
+        assert {n: self.state(n) for n in self.names} == dict.fromkeys(self.names, "pre-image")
+        for marker in self.markers.iterdir():
+            if _start_time(int(marker.name)) is None:
+                marker.unlink()
+
+
+class FleetSlot:
+    """One fleet shared by the cases of a scenario family, each case starting from the baseline:
+    a case that failed and left the fleet elsewhere gets a new fleet for the next one, so a
+    failure is reported once, where it happened."""
+
+    def __init__(self, folders: pytest.TempPathFactory, name: str) -> None:
+        self.folders = folders
+        self.name = name
+        self.current: FaultFleet | None = None
+
+    def ready(self) -> FaultFleet:
+        if self.current is not None and not self.current.at_baseline():
+            self.current.close()
+            self.current = None
+        if self.current is None:
+            self.current = FaultFleet.up(self.folders.mktemp(self.name))
+        return self.current
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.close()
+
+
+def end_leftovers(root: Path) -> None:
+    """End, by pid, what this fleet's commands left running on its hosts: a host operation whose
+    controller was killed goes on by itself (a readiness wait would poll a stopped engine until
+    its deadline). Only processes whose command line names this fleet's own folder."""
+    mine = str(root).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if mine in command and b"import json, sys, types" in command:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
+def _ledger(path: Path | None) -> tuple[str, ...]:
+    return ("--ledger", str(path)) if path is not None else ()
+
+
+def outcomes_of(run: Run) -> dict[str, str]:
+    assert run.stdout.strip(), run.stderr
+    return {h["host"]: h["outcome"] for h in run.json()["hosts"]}
