@@ -436,3 +436,33 @@ def test_a_staged_apply_is_two_execs_and_leaves_no_lock(fleet: Fleet) -> None:
     assert fleet.transports["h1"].ops == ["begin", "swap"]
     assert not (fleet.hosts[0].state / "lock.json").exists()
     assert sha(fleet.hosts[0].file.read_bytes()) != PRISTINE
+
+
+def test_a_change_proven_before_the_kill_whose_engine_died_since_is_restarted_by_recover(
+    fleet: Fleet,
+) -> None:
+    """The run recorded the smoke as passed, then its controller died (before the outcome), and
+    the engine died too: recover must not call the host `applied` while its server is down."""
+    host = fleet.hosts[0]
+    dead = _left_by_a_dead_run(fleet, host)
+    fleet.ledger.record_step(dead, host.name, "smoke", "ok", 0.2, "2 prompt(s), 32 tokens")
+    down = {"yes": True}
+
+    def engine_gone(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        if op == "wait_ready" and down["yes"]:
+            return Refusal("engine-not-running", "the engine is not running: pid 4242 has exited")
+        if op == "restart":
+            down["yes"] = False
+        return None
+
+    host.fault = engine_gone
+    report = recover_hosts(
+        ledger=fleet.ledger,
+        hosts=[host.host()],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=fleet.patch,
+    )
+    (outcome,) = report.hosts
+    assert outcome.outcome == "applied", outcome
+    assert "restart" in fleet.transports[host.name].ops  # it was brought back, not trusted

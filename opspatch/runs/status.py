@@ -53,20 +53,17 @@ def classify(
     stale = server is not None and server.predates(file)
     if recorded is not None:
         if file.sha256 == recorded.sha256_after:
+            assert ledger is not None
+            written = _written(ledger, host, file.realpath, recorded)
             if stale:
                 assert server is not None
                 return PatchStatus(
                     **base,
                     state=PatchState.STAGED,
-                    detail=f"written by run {recorded.run_id}, but the running server (pid "
-                    f"{server.pid}) started before it: run `opspatch restart` to load it",
+                    detail=f"{written}; the running server (pid {server.pid}) started before "
+                    "the file changed, so it still runs the old code",
                 )
-            assert ledger is not None
-            return PatchStatus(
-                **base,
-                state=PatchState.APPLIED,
-                detail=_written(ledger, host, file.realpath, recorded),
-            )
+            return PatchStatus(**base, state=PatchState.APPLIED, detail=written)
         if file.sha256 == recorded.sha256_before:
             return PatchStatus(
                 **base,
@@ -116,6 +113,11 @@ def _written(ledger: Ledger, host: str, path: str, version: FileVersion) -> str:
     ]
     if said and said[-1][1] == Outcome.APPLIED:
         return f"as written by run {version.run_id}"
+    if said and said[-1][1] == Outcome.STAGED:
+        return (
+            f"staged by run {said[-1][0]}: `opspatch restart --hosts {host}` restarts, proves "
+            "and (on failure) rolls it back"
+        )
     why = (
         f"run {said[-1][0]} ended {said[-1][1]} here"
         if said
