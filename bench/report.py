@@ -373,6 +373,9 @@ def render(doc: dict[str, Any], summary: Summary, plots: list[Path], doc_path: P
     ]
     lines += machine_section(doc)
     lines += targets_section(doc, summary)
+    findings = Path(__file__).resolve().parent / "findings.md"
+    if findings.is_file():  # the analysis of the misses, written by hand beside the figures
+        lines += findings.read_text(encoding="utf-8").rstrip().splitlines() + [""]
     for phase in settings["phases"]:
         if not any(k[0] == phase for k in summary):
             continue

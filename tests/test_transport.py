@@ -400,3 +400,11 @@ def test_a_connection_lost_mid_command_says_so(
         assert "the connection was lost while the command ran" in caught.value.message
         assert "what the command did is unknown" in caught.value.message
         assert transport.run(Command(("true",)), timeout=30).ok  # and it connects again
+
+
+def test_a_message_names_a_long_program_by_its_size_not_its_text() -> None:
+    """Deadline and lost-connection messages quote the command: the host agent's 600-character
+    `-c` program would bury what matters (which interpreter, on which host)."""
+    command = Command(("/opt/venv/bin/python", "-c", "x" * 600), env={"API_TOKEN": "s3cret"})
+    assert command.describe() == "env API_TOKEN='***' /opt/venv/bin/python -c '<600 characters>'"
+    assert "x" * 600 in command.masked()  # what is recorded keeps the command whole

@@ -59,6 +59,14 @@ class Command:
         }
         return Command(self.argv, env).render()
 
+    def describe(self, longest: int = 60) -> str:
+        """`masked()` for a one-line message: an argument longer than `longest` characters (the
+        host agent's `-c` program, say) is named by its size instead of quoted whole."""
+        argv = tuple(
+            arg if len(arg) <= longest else f"<{len(arg)} characters>" for arg in self.argv
+        )
+        return Command(argv, self.env).masked()
+
 
 @dataclass(frozen=True)
 class CommandResult:

@@ -113,7 +113,7 @@ class LocalTransport(ClosesOnExit):
         if not finished:
             _end_process_group(process, self._kill_grace)
             raise CommandTimeout(
-                f"`{command.masked()}` ran past its {timeout:g}s deadline; "
+                f"`{command.describe()}` ran past its {timeout:g}s deadline; "
                 "its process group was ended",
                 host=self.host,
                 step="exec",

@@ -306,7 +306,7 @@ class SSHTransport(ClosesOnExit):
                 channel.close()
                 outcome = self._end_remote_group(pgid)
                 raise CommandTimeout(
-                    f"`{command.masked()}` ran past its {timeout:g}s deadline; {outcome}",
+                    f"`{command.describe()}` ran past its {timeout:g}s deadline; {outcome}",
                     host=self.host,
                     step="exec",
                 )
@@ -322,7 +322,7 @@ class SSHTransport(ClosesOnExit):
                 )
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise TransportError(
-                f"the connection broke while running `{command.masked()}`: {error_reason(exc)}",
+                f"the connection broke while running `{command.describe()}`: {error_reason(exc)}",
                 host=self.host,
                 step="exec",
             ) from None
