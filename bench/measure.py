@@ -54,6 +54,19 @@ class ToolRun:
     stdout: str
     stderr: str
     interrupted: bool = False
+    machine_busy_s: float = 0.0  # CPU seconds all cores of the machine were busy meanwhile
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds this machine's cores have been busy since boot (/proc/stat: everything but
+    idle and iowait). On one machine the hosts' sshd, agents and engines share the controller's
+    cores, so the difference over a run says how much of the wall time the machine was saturated:
+    the part a real fleet, with a machine per host, would not pay."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    idle, iowait = fields[3], fields[4]
+    # guest time is already counted in user and nice
+    return (sum(fields[:8]) - idle - iowait) / _CLOCK_TICKS
 
 
 @dataclass
@@ -183,6 +196,7 @@ class Runner:
         out_path, err_path = log_dir / f"{label}.out", log_dir / f"{label}.err"
         interrupted = False
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            busy_before = machine_busy_seconds()
             started = time.perf_counter()
             process = subprocess.Popen(
                 list(argv),
@@ -213,6 +227,7 @@ class Runner:
                     time.sleep(0.02)
             finally:
                 wall = time.perf_counter() - started
+                busy = machine_busy_seconds() - busy_before
                 sampler.stop.set()
                 thread.join()
             process.returncode = os.waitstatus_to_exitcode(status)
@@ -233,6 +248,7 @@ class Runner:
             stdout=out_path.read_text(errors="replace"),
             stderr=err_path.read_text(errors="replace"),
             interrupted=interrupted,
+            machine_busy_s=busy,
         )
 
     def kill_current(self) -> None:

@@ -61,7 +61,7 @@ def newest_results() -> Path:
 # numbers
 
 
-def summarise(runs: Iterable[dict[str, Any]]) -> Summary:
+def summarise(runs: Iterable[dict[str, Any]], cpus: int) -> Summary:
     """Per (phase, rtt, n, tool): wall median/min/max over the runs that did the job, the
     medians of CPU, memory and SSH counts, and how many runs were ok."""
     groups: dict[tuple[str, int, int, str], list[dict[str, Any]]] = {}
@@ -85,6 +85,12 @@ def summarise(runs: Iterable[dict[str, Any]]) -> Summary:
             "wall_min": min(walls),
             "wall_max": max(walls),
             "cpu_median": statistics.median(r["cpu_s"] for r in good),
+            # share of all cores busy during the run (results from before it was recorded: None)
+            "busy_median": statistics.median(
+                r["machine_busy_s"] / (r["wall_s"] * cpus) for r in good
+            )
+            if all("machine_busy_s" in r for r in good)
+            else None,
             "rss_median": statistics.median(r["peak_tree_rss_mb"] for r in good),
             "max_rss_median": statistics.median(r["max_rss_mb"] for r in good),
             "connections": per_host("connections"),
@@ -148,9 +154,9 @@ def results_table(summary: Summary, phase: str, rtt: int, tools: Sequence[str]) 
     lines = [
         f"#### {rtt} ms round trip",
         "",
-        "| N | tool | wall s, median (min–max) | controller CPU s | peak RSS MB (tree / largest) "
-        "| SSH connections per host | execs per host | runs ok |",
-        "|---:|---|---|---:|---|---|---|---|",
+        "| N | tool | wall s, median (min–max) | controller CPU s | machine busy "
+        "| peak RSS MB (tree / largest) | SSH connections per host | execs per host | runs ok |",
+        "|---:|---|---|---:|---:|---|---|---|---|",
     ]
     for count in counts:
         for tool in tools:
@@ -163,6 +169,7 @@ def results_table(summary: Summary, phase: str, rtt: int, tools: Sequence[str]) 
                 f"| {count} | {tool} | **{fmt_s(entry['wall_median'])}** "
                 f"({fmt_s(entry['wall_min'])}–{fmt_s(entry['wall_max'])}) "
                 f"| {entry['cpu_median']:.2f} "
+                f"| {'-' if entry['busy_median'] is None else format(entry['busy_median'], '.0%')} "
                 f"| {entry['rss_median']:.0f} / {entry['max_rss_median']:.0f} "
                 f"| {conns:g} (max {conns_max}) | {execs:g} (max {execs_max}) "
                 f"| {entry['ok']}/{entry['runs']} |"
@@ -397,6 +404,10 @@ def render(doc: dict[str, Any], summary: Summary, plots: list[Path], doc_path: P
         "restarted and decodes with `spec_verify_ct > 0`).",
         "- controller CPU: user + system time of the tool's whole process tree on this machine "
         "(`wait4`, plus SSH ControlPersist masters read from /proc before they are ended).",
+        "- machine busy: the share of all the machine's cores that were busy during the run "
+        "(/proc/stat), whoever used them: the tool, the hosts' sshd and agents or modules, the "
+        "engines. All hosts share this machine's cores, so near 100% the wall time is set by "
+        "the fleet's summed CPU, not by the tool's waiting.",
         "- peak RSS: the largest sum of RSS over the tool's processes, sampled every 100 ms "
         "(forked workers share pages, so this over-states a forking tool; a process shorter "
         "than a sample is missed, so the sum can be below the largest) / the largest single "
@@ -480,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc["source"] = str(source.resolve().relative_to(REPO))
     except ValueError:
         doc["source"] = str(source)
-    summary = summarise(doc["runs"])
+    summary = summarise(doc["runs"], int(doc["machine"]["cpus"] or 1))
     plots = make_plots(doc, summary, args.plots)
     args.doc.parent.mkdir(parents=True, exist_ok=True)
     args.doc.write_text(render(doc, summary, plots, args.doc))

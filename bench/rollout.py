@@ -447,6 +447,7 @@ class Bench:
             "wall_s": round(result.wall_s, 3),
             "cpu_s": round(result.cpu_s, 3),
             "leftover_cpu_s": round(result.leftover_cpu_s, 3),
+            "machine_busy_s": round(result.machine_busy_s, 2),
             "max_rss_mb": round(result.max_rss_mb, 1),
             "peak_tree_rss_mb": round(result.peak_tree_rss_mb, 1),
             "processes": result.processes_seen,
@@ -464,6 +465,7 @@ class Bench:
         status = "ok" if ok else f"FAILED (exit {result.returncode}; {'; '.join(problems[:3])})"
         log(
             f"{label}: {result.wall_s:.2f}s wall, {result.cpu_s:.2f}s cpu, "
+            f"machine {result.machine_busy_s / (result.wall_s * (os.cpu_count() or 1)):.0%} busy, "
             f"{result.peak_tree_rss_mb:.0f} MB, {conns:.1f} conn/host, {execs:.1f} exec/host: "
             f"{status}"
         )
