@@ -151,12 +151,15 @@ def results_table(summary: Summary, phase: str, rtt: int, tools: Sequence[str]) 
     counts = sorted({n for (p, r, n, _t) in summary if p == phase and r == rtt})
     if not counts:
         return []
+    # results from before the machine's busy time was recorded have no such column
+    busy = any(v["busy_median"] is not None for v in summary.values())
     lines = [
         f"#### {rtt} ms round trip",
         "",
-        "| N | tool | wall s, median (min–max) | controller CPU s | machine busy "
-        "| peak RSS MB (tree / largest) | SSH connections per host | execs per host | runs ok |",
-        "|---:|---|---|---:|---:|---|---|---|---|",
+        "| N | tool | wall s, median (min–max) | controller CPU s "
+        + ("| machine busy " if busy else "")
+        + "| peak RSS MB (tree / largest) | SSH connections per host | execs per host | runs ok |",
+        "|---:|---|---|---:|" + ("---:|" if busy else "") + "---|---|---|---|",
     ]
     for count in counts:
         for tool in tools:
@@ -165,15 +168,23 @@ def results_table(summary: Summary, phase: str, rtt: int, tools: Sequence[str]) 
                 continue
             conns, conns_max = entry["connections"]
             execs, execs_max = entry["execs"]
-            lines.append(
-                f"| {count} | {tool} | **{fmt_s(entry['wall_median'])}** "
-                f"({fmt_s(entry['wall_min'])}–{fmt_s(entry['wall_max'])}) "
-                f"| {entry['cpu_median']:.2f} "
-                f"| {'-' if entry['busy_median'] is None else format(entry['busy_median'], '.0%')} "
-                f"| {entry['rss_median']:.0f} / {entry['max_rss_median']:.0f} "
-                f"| {conns:g} (max {conns_max}) | {execs:g} (max {execs_max}) "
-                f"| {entry['ok']}/{entry['runs']} |"
-            )
+            cells = [
+                str(count),
+                tool,
+                f"**{fmt_s(entry['wall_median'])}** "
+                f"({fmt_s(entry['wall_min'])}–{fmt_s(entry['wall_max'])})",
+                f"{entry['cpu_median']:.2f}",
+            ]
+            if busy:
+                share = entry["busy_median"]
+                cells.append("-" if share is None else f"{share:.0%}")
+            cells += [
+                f"{entry['rss_median']:.0f} / {entry['max_rss_median']:.0f}",
+                f"{conns:g} (max {conns_max})",
+                f"{execs:g} (max {execs_max})",
+                f"{entry['ok']}/{entry['runs']}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 
 
@@ -269,7 +280,7 @@ def targets_section(doc: dict[str, Any], summary: Summary) -> list[str]:
                 "-" if median is None else f"{median * 1000:.0f} ms",
                 verdict(
                     None if median is None else median < limit,
-                    f"{(median or 0) / limit:.1f}x the limit",
+                    f"{(median or 0) / limit:.2f}x the limit",
                 ),
             )
         )
@@ -404,7 +415,7 @@ def render(doc: dict[str, Any], summary: Summary, plots: list[Path], doc_path: P
         "restarted and decodes with `spec_verify_ct > 0`).",
         "- controller CPU: user + system time of the tool's whole process tree on this machine "
         "(`wait4`, plus SSH ControlPersist masters read from /proc before they are ended).",
-        "- machine busy: the share of all the machine's cores that were busy during the run "
+        "- machine busy (in results that record it): the share of all the machine's cores that were busy during the run "
         "(/proc/stat), whoever used them: the tool, the hosts' sshd and agents or modules, the "
         "engines. All hosts share this machine's cores, so near 100% the wall time is set by "
         "the fleet's summed CPU, not by the tool's waiting.",
