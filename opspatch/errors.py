@@ -20,6 +20,7 @@ OpspatchError                      base; carries a one-line message and optional
 ├── LedgerError                    exit 3: the ledger cannot be trusted or written
 │   └── LedgerIntegrityError       the hash chain is broken (first broken link named)
 └── NeedsAttention                 exit 3: a host is in an unknown state (a restore failed)
+    └── RunInterrupted             a second Ctrl-C: the run stopped waiting for hosts in flight
 ```
 
 Why a tree: the CLI catches `OpspatchError` once and turns it into one message and one exit code
@@ -236,6 +237,26 @@ class NeedsAttention(OpspatchError):
     """A host is in a state opspatch cannot vouch for (for example a restore failed)."""
 
     exit_code = EXIT_NEEDS_ATTENTION
+
+
+class RunInterrupted(NeedsAttention):
+    """The operator's second Ctrl-C: the run stopped waiting for the hosts in flight, which may
+    be part-way through their pipeline (the run is left interrupted in the ledger)."""
+
+    def __init__(self, run_id: str | None, in_flight: Sequence[str]) -> None:
+        hosts = ", ".join(in_flight) or "no host"
+        run = f"run {run_id}" if run_id else "the run"
+        super().__init__(
+            f"interrupted (second Ctrl-C): {run} stopped waiting for {hosts} in flight; "
+            "their files and servers may be part-way",
+            hint=(
+                f"`opspatch recover --run {run_id}` finishes or undoes them"
+                if run_id
+                else "nothing was recorded (a dry run); run `opspatch status` to see the hosts"
+            ),
+        )
+        self.run_id = run_id
+        self.in_flight = tuple(in_flight)
 
 
 def exit_code_for(error: BaseException) -> int:

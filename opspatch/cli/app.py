@@ -11,6 +11,7 @@ one module per group (`patches`, `changes`, `inspect`, `incident`, `respond`, `l
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -31,7 +32,7 @@ from opspatch.cli import (
 )
 from opspatch.cli.context import options
 from opspatch.cli.render import err, out
-from opspatch.errors import EXIT_BAD_INPUT, EXIT_OK, OpspatchError, exit_code_for
+from opspatch.errors import EXIT_BAD_INPUT, EXIT_OK, OpspatchError, RunInterrupted, exit_code_for
 
 app = typer.Typer(
     name="opspatch",
@@ -97,6 +98,12 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except OpspatchError as exc:
         err.print(Text(f"error: {exc.render()}", style="red"))
         code = exit_code_for(exc)
+        if isinstance(exc, RunInterrupted):
+            # The hosts in flight are abandoned on purpose: exiting normally would join their
+            # threads, which is the waiting the operator just refused.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
     except KeyboardInterrupt:
         err.print("interrupted")
         code = exit_code_for(KeyboardInterrupt())

@@ -164,6 +164,9 @@ class LiveProgress:
     def run_started(self, run_id: str, summary: str) -> None:
         err.print(f"run {run_id}: {summary}")
 
+    def notice(self, text: str) -> None:
+        err.print(Text(text, style="yellow"))
+
     def update(self, host: str, step: str, status: str) -> None:
         if not self.enabled:
             return

@@ -11,7 +11,6 @@ run with exit 2, so a rollout never starts on a fleet it cannot finish. The per-
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable
@@ -22,7 +21,7 @@ from opspatch.core.vocabulary import Outcome
 from opspatch.errors import BecomeError, HostKeyError, OpspatchError
 from opspatch.ledger.store import Ledger
 from opspatch.runs.connect import TransportFactory
-from opspatch.runs.executor import map_hosts, run_fleet
+from opspatch.runs.fleetrun import FleetRun
 from opspatch.runs.pipeline import ApplyPipeline, Prepared
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
@@ -31,11 +30,8 @@ from opspatch.runs.session import (
     NoProgress,
     Progress,
     describe_error,
-    record_outcome,
 )
-from opspatch.runs.steps import (
-    release,
-)
+from opspatch.runs.steps import release
 
 # ---------------------------------------------------------------------------------------------
 # the fleet
@@ -93,64 +89,61 @@ class _FleetApply:
         )
         self.host_key_refusals: dict[str, HostKeyError] = {}
         self.become_refusals: dict[str, BecomeError] = {}
-        with ExitStack() as stack:
-            self.sessions = {
-                host.name: stack.enter_context(
-                    HostSession(
-                        host,
-                        self.factory,
-                        self.playbook,
-                        ledger=self.ledger,
-                        run_id=self.run_id,
-                        progress=self.progress,
-                    )
-                )
-                for host in self.hosts
-            }
-            prepared = self._preflight()
+        with FleetRun(
+            command="apply",
+            patch_id=self.patch.spec.id,
+            hosts=self.hosts,
+            factory=self.factory,
+            playbook=self.playbook,
+            ledger=self.ledger,
+            run_id=self.run_id,
+            progress=self.progress,
+        ) as fleet:
+            self.fleet = fleet
+            self.sessions = fleet.sessions
+            prepared = fleet.preflight(self._prepare)
+            if prepared is None:
+                return fleet.cancelled_report()
             refused = self._refusals(prepared)
             if refused is not None or self.dry_run:
                 report = refused or self._dry_run_report(prepared)
                 if not self.dry_run:
-                    for session in self.sessions.values():
-                        release(session)
+                    fleet.release_all()
                 return report
             return self._roll_out(prepared)
 
     # -- preflight ------------------------------------------------------------------------
 
-    def _preflight(self) -> dict[str, Prepared | HostOutcome]:
-        """Begin + plan on every host, in parallel (bounded): nothing is changed here."""
-
-        def one(name: str) -> Prepared | HostOutcome:
-            session = self.sessions[name]
-            try:
-                return self.pipeline.prepare(session, lock=not self.dry_run)
-            except HostKeyError as exc:
-                self.host_key_refusals[name] = exc
-                return session.refused(exc)
-            except (
-                BecomeError
-            ) as exc:  # sudo cannot raise privileges there: swap/restart would fail
-                self.become_refusals[name] = exc
-                return session.refused(exc)
-            except OpspatchError as exc:
-                return session.refused(exc)
-
-        return map_hosts(one, [h.name for h in self.hosts], limit=16)
+    def _prepare(self, session: HostSession) -> Prepared | HostOutcome:
+        """Begin + plan on one host: nothing is changed here."""
+        try:
+            return self.pipeline.prepare(session, lock=not self.dry_run)
+        except HostKeyError as exc:
+            self.host_key_refusals[session.name] = exc
+            return session.refused(exc)
+        except BecomeError as exc:  # sudo cannot raise privileges there: swap/restart would fail
+            self.become_refusals[session.name] = exc
+            return session.refused(exc)
+        except OpspatchError as exc:
+            return session.refused(exc)
 
     def _refusals(self, prepared: Mapping[str, Prepared | HostOutcome]) -> RunReport | None:
         """A run where the patch does not fit some host, or some host cannot be reached safely
         (its host key), is refused before anything changes, with the reason that is true."""
         outcomes: list[HostOutcome] = []
         misfits: list[str] = []
+        unreached: list[str] = []
+        refused_for_access = {*self.host_key_refusals, *self.become_refusals}
         for host in self.hosts:
             session = self.sessions[host.name]
             item = prepared[host.name]
             if isinstance(item, HostOutcome):
-                refused_for_access = {*self.host_key_refusals, *self.become_refusals}
-                if item.outcome == Outcome.SKIPPED and host.name not in refused_for_access:
+                if host.name in refused_for_access:
+                    pass
+                elif item.outcome == Outcome.SKIPPED:
                     misfits.append(host.name)
+                else:  # unreachable, or its lock held by another run: preflight refuses
+                    unreached.append(host.name)
                 outcomes.append(item)
                 continue
             problem = item.version_problem
@@ -164,6 +157,11 @@ class _FleetApply:
         reasons = []
         if misfits:
             reasons.append("the patch does not fit every selected host")
+        if unreached:
+            reasons.append(
+                f"{', '.join(unreached)} could not be begun (unreachable, or locked by another "
+                "run: see each host's error); fix that or leave the host out of --hosts"
+            )
         if self.host_key_refusals:
             names = ", ".join(sorted(self.host_key_refusals))
             unknown = any(_HOST_KEY_UNKNOWN in e.message for e in self.host_key_refusals.values())
@@ -222,10 +220,7 @@ class _FleetApply:
     # -- the rollout ---------------------------------------------------------------------------
 
     def _roll_out(self, prepared: dict[str, Prepared | HostOutcome]) -> RunReport:
-        # Hosts that failed preflight (unreachable, locked by someone else) count as failures.
-        refused = {n: o for n, o in prepared.items() if isinstance(o, HostOutcome)}
-        names = [h.name for h in self.hosts if h.name not in refused]
-        plan = plan_rollout(self.playbook, names)
+        plan = plan_rollout(self.playbook, self.fleet.names)
         canaries = plan.canaries
 
         def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
@@ -233,39 +228,21 @@ class _FleetApply:
                 {n: o.outcome for n, o in outcomes.items()}, canaries=canaries
             )
 
-        def one(name: str) -> HostOutcome:
-            session = self.sessions[name]
-            item = prepared[name]
+        def one(session: HostSession) -> HostOutcome:
+            item = prepared[session.name]
             assert isinstance(item, Prepared)
-            try:
-                if isinstance(item.plan, AlreadyApplied):
-                    file = item.inspection.file
-                    return session.outcome(
-                        Outcome.ALREADY_APPLIED,
-                        file=FileChange(file.realpath, file.sha256, file.sha256),
-                    )
-                return self.pipeline.apply(session, item)
-            except Exception as exc:  # a bug must not lose the other hosts' outcomes
+            if isinstance(item.plan, AlreadyApplied):
+                file = item.inspection.file
                 return session.outcome(
-                    Outcome.NEEDS_ATTENTION, f"internal error: {describe_error(exc)}"
+                    Outcome.ALREADY_APPLIED,
+                    file=FileChange(file.realpath, file.sha256, file.sha256),
                 )
-            finally:
-                release(session)
+            return self.pipeline.apply(session, item)
 
-        for outcome in refused.values():
-            self._record(outcome)
-        result = run_fleet(plan.batches, one, halt=halt, on_outcome=self._record, already=refused)
-        outcomes = {**refused, **result.outcomes}
-        for name in result.not_started:
-            release(self.sessions[name])
-            outcomes[name] = HostOutcome(
-                name, Outcome.SKIPPED, f"not started: the rollout halted ({result.halted})"
-            )
-            self._record(outcomes[name])
-        if result.halted and self.playbook.on_halt == "rollback-run":
+        outcomes, halted = self.fleet.execute(one, batches=plan.batches, halt=halt)
+        if halted and self.playbook.on_halt == "rollback-run":
             self._roll_back_run(prepared, outcomes)
-        ordered = tuple(outcomes[h.name] for h in self.hosts)
-        return RunReport(self.run_id, "apply", self.patch.spec.id, ordered, halted=result.halted)
+        return self.fleet.report(outcomes, halted=halted)
 
     def _roll_back_run(
         self,
@@ -299,7 +276,4 @@ class _FleetApply:
             finally:
                 release(session)
             outcomes[name] = rolled
-            self._record(rolled)
-
-    def _record(self, outcome: HostOutcome) -> None:
-        record_outcome(self.ledger, self.run_id, outcome)
+            self.fleet.record(rolled)

@@ -1,22 +1,26 @@
 """The fleet executor: one function per host, over batches, a bounded number at a time.
 
-Apply, rollback and recover all run through `run_fleet`: batches in order (canaries first for an
-apply; one batch for a restore), at most `in_flight` hosts of a batch at once on a bounded thread
-pool (never a thread per host), each host's outcome handed to `on_outcome` as soon as it is known
-(the ledger records it then, so a killed controller loses nothing already decided), and after
-each outcome the halt policy decides whether to start more hosts. Hosts that were not started are
-returned by name, for the caller to report with the halt's reason.
+Every command that changes hosts runs through `run_fleet` (via `runs.fleetrun.FleetRun`): batches
+in order (canaries first for an apply; one batch for a restore), at most `in_flight` hosts of a
+batch at once on a bounded thread pool (never a thread per host), each host's outcome handed to
+`on_outcome` as soon as it is known (the ledger records it then, so a killed controller loses
+nothing already decided), and after each outcome the halt policy decides whether to start more
+hosts. Hosts that were not started are returned by name, for the caller to report.
 
-Cancellation: the first Ctrl-C stops starting hosts and waits for the running ones to finish
-their pipeline (each ends applied or restored; abandoning a host between its swap and its smoke
-would leave it unproven); a second Ctrl-C gives up waiting (the run is then interrupted, and
-`opspatch recover` finishes it).
+Cancellation is a flag (`Cancellation`), not an exception: the operator's first Ctrl-C sets it,
+the executor stops starting hosts and lets the running ones finish their pipeline (each ends
+applied or restored; abandoning a host between its swap and its smoke would leave it unproven).
+A second Ctrl-C raises `KeyboardInterrupt` in the waiting thread; the executor then stops waiting
+(the pool's threads are not joined) and lets it propagate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -34,6 +38,55 @@ HostWork = Callable[[str], HostOutcome]
 HaltPolicy = Callable[[Mapping[str, HostOutcome]], "str | None"]
 """Given every outcome so far, why the run must stop starting hosts (None: go on)."""
 
+_POLL_SECONDS = 0.25
+"""How often a waiting executor looks at the cancellation flag (a signal handler that only sets
+a flag does not wake a thread blocked on a lock)."""
+
+
+class Cancellation:
+    """The operator's Ctrl-C for one run, as a flag the executor reads between hosts.
+
+    `armed()` installs the SIGINT handler for the run's duration: the first Ctrl-C sets the
+    flag (and calls `on_request`, from the main thread, where it is safe to print), the second
+    raises `KeyboardInterrupt`. Only the main thread can take signals; elsewhere (a library
+    caller's worker thread) arming changes nothing and the flag can still be set by `request`.
+    """
+
+    def __init__(self) -> None:
+        self._requested = threading.Event()
+        self._announced = False
+
+    @property
+    def requested(self) -> bool:
+        return self._requested.is_set()
+
+    def request(self) -> None:
+        self._requested.set()
+
+    def announce_once(self) -> bool:
+        """True the first time it is called after a request (to say so once), else False."""
+        if self.requested and not self._announced:
+            self._announced = True
+            return True
+        return False
+
+    @contextmanager
+    def armed(self) -> Iterator[Cancellation]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+
+        def on_sigint(signum: int, frame: object) -> None:
+            if self.requested:
+                raise KeyboardInterrupt
+            self.request()
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
 
 @dataclass(frozen=True)
 class FleetResult:
@@ -43,6 +96,15 @@ class FleetResult:
     outcomes: dict[str, HostOutcome]
     halted: str | None
     not_started: tuple[str, ...]
+
+
+class GaveUpWaiting(KeyboardInterrupt):
+    """The second Ctrl-C: the executor stopped waiting for `in_flight` (their pipelines may still
+    be part-way when the process exits)."""
+
+    def __init__(self, in_flight: Sequence[str]) -> None:
+        super().__init__(", ".join(in_flight))
+        self.in_flight = tuple(in_flight)
 
 
 def halt_on_attention(outcomes: Mapping[str, HostOutcome]) -> str | None:
@@ -61,56 +123,107 @@ def run_fleet(
     halt: HaltPolicy,
     on_outcome: Callable[[HostOutcome], None] = lambda _: None,
     already: Mapping[str, HostOutcome] | None = None,
+    cancellation: Cancellation | None = None,
+    on_cancel: Callable[[Sequence[str]], None] = lambda _: None,
 ) -> FleetResult:
     """Run `work` for every host of `batches` under the halt policy.
 
     `already` holds outcomes decided before the run (e.g. hosts refused in preflight): they
-    count for the halt policy but are not run, recorded or returned again.
+    count for the halt policy but are not run, recorded or returned again. `on_cancel` is told
+    (once, from this thread) which hosts are in flight when the operator cancels.
+
+    Raises:
+        GaveUpWaiting: a second Ctrl-C while hosts were in flight.
     """
+    cancellation = cancellation or Cancellation()
     decided: dict[str, HostOutcome] = dict(already or {})
     outcomes: dict[str, HostOutcome] = {}
     halted = halt(decided) if decided else None
     not_started: list[str] = []
-    cancelled = False
     for batch in batches:
         pending = [name for name in batch.hosts if name not in decided]
-        if halted:
+        if halted or cancellation.requested:
+            halted = halted or CANCELLED
             not_started.extend(pending)
             continue
         in_flight = max(1, batch.in_flight)
-        with ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="host") as pool:
-            running: dict[Future[HostOutcome], str] = {}
-            while pending or running:
-                while pending and len(running) < in_flight and not halted:
-                    name = pending.pop(0)
-                    running[pool.submit(work, name)] = name
-                if not running:
-                    break
-                try:
-                    done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-                except KeyboardInterrupt:
-                    if cancelled:
-                        raise
-                    cancelled = True
-                    halted = CANCELLED
-                    continue
-                for future in done:
-                    name = running.pop(future)
-                    try:
-                        outcome = future.result()
-                    except Exception as exc:  # a bug must not lose the other hosts' outcomes
-                        outcome = HostOutcome(
-                            name,
-                            Outcome.NEEDS_ATTENTION,
-                            f"internal error: {type(exc).__name__}: {exc}",
-                        )
-                    outcomes[name] = decided[name] = outcome
-                    on_outcome(outcome)
-                    halted = halted or halt(decided)
-                if halted:
-                    not_started.extend(pending)
-                    pending.clear()
+
+        for name, future in _bounded(pending, in_flight, work, cancellation, on_cancel):
+            try:
+                outcome = future.result()
+            except Exception as exc:  # a bug must not lose the other hosts' outcomes
+                outcome = HostOutcome(
+                    name, Outcome.NEEDS_ATTENTION, f"internal error: {type(exc).__name__}: {exc}"
+                )
+            outcomes[name] = decided[name] = outcome
+            on_outcome(outcome)
+            halted = halted or halt(decided)
+            if halted:
+                not_started.extend(pending)
+                pending.clear()
+        if cancellation.requested:
+            halted = halted or CANCELLED
+            not_started.extend(pending)
+            pending.clear()
     return FleetResult(outcomes, halted, tuple(not_started))
+
+
+def _bounded(
+    pending: list[str],
+    limit: int,
+    work: Callable[[str], T],
+    cancellation: Cancellation,
+    on_cancel: Callable[[Sequence[str]], None],
+) -> Iterator[tuple[str, Future[T]]]:
+    """Start `pending` hosts, at most `limit` at once, until none is left or the run is
+    cancelled; yield each host as it finishes (the caller may clear `pending` to stop starting
+    hosts). The pool's threads are joined unless the operator gave up waiting."""
+    pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="host")
+    running: dict[Future[T], str] = {}
+    gave_up = False
+    try:
+        while pending or running:
+            while pending and len(running) < limit and not cancellation.requested:
+                name = pending.pop(0)
+                running[pool.submit(work, name)] = name
+            if not running:
+                break
+            try:
+                done, _ = wait(list(running), timeout=_POLL_SECONDS, return_when=FIRST_COMPLETED)
+            except KeyboardInterrupt:
+                gave_up = True
+                raise GaveUpWaiting(sorted(running.values())) from None
+            if cancellation.announce_once():
+                on_cancel(sorted(running.values()))
+            for future in done:
+                yield running.pop(future), future
+            if cancellation.requested and not running:
+                break
+    except GeneratorExit:  # the consumer was interrupted (a second Ctrl-C while it recorded)
+        gave_up = True
+        raise
+    finally:
+        pool.shutdown(wait=not gave_up, cancel_futures=gave_up)
+
+
+def map_cancellable(
+    work: Callable[[str], T],
+    hosts: Sequence[str],
+    *,
+    limit: int,
+    cancellation: Cancellation,
+    on_cancel: Callable[[Sequence[str]], None] = lambda _: None,
+) -> dict[str, T]:
+    """`work` on every host, at most `limit` at once, stopping to start hosts once the run is
+    cancelled: the result holds the hosts that were started (in selection order).
+
+    Raises:
+        GaveUpWaiting: a second Ctrl-C while hosts were in flight.
+    """
+    results: dict[str, T] = {}
+    for name, future in _bounded(list(hosts), max(1, limit), work, cancellation, on_cancel):
+        results[name] = future.result()
+    return {name: results[name] for name in hosts if name in results}
 
 
 def one_batch(hosts: Sequence[str], in_flight: int | None) -> tuple[Batch, ...]:

@@ -91,6 +91,11 @@ class HostOutcome:
         return data
 
 
+CHANGED_OUTCOMES = frozenset(
+    {Outcome.APPLIED, Outcome.STAGED, Outcome.RESTORED, Outcome.UNLOCKED, Outcome.ROLLED_BACK}
+)
+"""Host outcomes of a run that changed something on the host (a file, a server, a lock)."""
+
 _RUN_OUTCOME_BY_EXIT = {
     EXIT_OK: RunOutcome.OK,
     EXIT_HOST_FAILED: RunOutcome.FAILED,
@@ -117,17 +122,21 @@ class RunReport:
 
     @property
     def exit_code(self) -> int:
-        """3 if a host needs attention; else 1 if a host failed or was rolled back; else 2 if the
-        run was refused before any change, or a host was refused (nothing changed there); else 1
-        if the fleet policy halted the run; else 0."""
+        """3 if a host needs attention; else 2 if the run was refused before any change; else 1
+        if a host failed or was rolled back; else 2 if a host was refused and no host was
+        changed (nothing changed anywhere); else 1 if the run halted or a host did not reach the
+        goal (a host changed beside it: "nothing was changed" would be false); else 0."""
         outcomes = {h.outcome for h in self.hosts}
         if Outcome.NEEDS_ATTENTION in outcomes:
             return EXIT_NEEDS_ATTENTION
+        if self.refused:
+            return EXIT_BAD_INPUT
         if outcomes & {Outcome.FAILED, Outcome.ROLLED_BACK}:
             return EXIT_HOST_FAILED
-        if self.refused or any(h.outcome == Outcome.SKIPPED and h.error for h in self.hosts):
+        refused_hosts = any(h.outcome == Outcome.SKIPPED and h.error for h in self.hosts)
+        if refused_hosts and not outcomes & CHANGED_OUTCOMES:
             return EXIT_BAD_INPUT
-        if self.halted:
+        if self.halted or refused_hosts:
             return EXIT_HOST_FAILED
         return EXIT_OK
 

@@ -11,7 +11,6 @@ left alone; a file that changed since opspatch wrote it is refused, never restar
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import ExitStack
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
@@ -19,7 +18,7 @@ from opspatch.core.vocabulary import Outcome
 from opspatch.errors import OpspatchError
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.connect import TransportFactory
-from opspatch.runs.executor import run_fleet
+from opspatch.runs.fleetrun import FleetRun
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 from opspatch.runs.restore import restore_recorded
@@ -29,11 +28,9 @@ from opspatch.runs.session import (
     NoProgress,
     Progress,
     describe_error,
-    record_outcome,
 )
 from opspatch.runs.steps import (
     ready_step,
-    release,
     restart_after_restore,
     restart_step,
     smoke_step,
@@ -54,59 +51,30 @@ def restart_hosts(
         LedgerIntegrityError: the ledger's chain is broken.
     """
     progress = progress or NoProgress()
-    with recorded_run(ledger, command="restart", patch=None, hosts=hosts, playbook=playbook) as run:
-        with ExitStack() as stack:
-            sessions = {
-                host.name: stack.enter_context(
-                    HostSession(
-                        host,
-                        factory,
-                        playbook,
-                        ledger=ledger,
-                        run_id=run.run_id,
-                        progress=progress,
-                    )
-                )
-                for host in hosts
-            }
+    with (
+        recorded_run(ledger, command="restart", patch=None, hosts=hosts, playbook=playbook) as run,
+        FleetRun(
+            command="restart",
+            patch_id=None,
+            hosts=hosts,
+            factory=factory,
+            playbook=playbook,
+            ledger=ledger,
+            run_id=run.run_id,
+            progress=progress,
+        ) as fleet,
+    ):
+        plan = plan_rollout(playbook, fleet.names)
 
-            def one(name: str) -> HostOutcome:
-                session = sessions[name]
-                try:
-                    return _restart_host(session, ledger)
-                except OpspatchError as exc:
-                    return session.refused(exc)
-                finally:
-                    release(session)
-
-            names = [h.name for h in hosts]
-            plan = plan_rollout(playbook, names)
-
-            def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
-                return playbook.halt_reason(
-                    {n: o.outcome for n, o in outcomes.items()}, canaries=plan.canaries
-                )
-
-            result = run_fleet(
-                plan.batches,
-                one,
-                halt=halt,
-                on_outcome=lambda o: record_outcome(ledger, run.run_id, o),
+        def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
+            return playbook.halt_reason(
+                {n: o.outcome for n, o in outcomes.items()}, canaries=plan.canaries
             )
-        outcomes = dict(result.outcomes)
-        for name in result.not_started:
-            outcomes[name] = HostOutcome(
-                name, Outcome.SKIPPED, f"not started: the run halted ({result.halted})"
-            )
-            record_outcome(ledger, run.run_id, outcomes[name])
-        report = RunReport(
-            run.run_id,
-            "restart",
-            None,
-            tuple(outcomes[n] for n in names),
-            halted=result.halted,
+
+        outcomes, halted = fleet.execute(
+            lambda session: _restart_host(session, ledger), batches=plan.batches, halt=halt
         )
-        return run.finish(report)
+        return run.finish(fleet.report(outcomes, halted=halted))
 
 
 def _staged_version(ledger: Ledger, host: str) -> FileVersion | None:
@@ -119,13 +87,16 @@ def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
     if version is None:
         return session.outcome(Outcome.SKIPPED, note="the ledger holds no change on this host")
     timeouts = session.playbook.timeouts
-    with session.step("begin") as note:
-        _, inspection = session.ops.begin(
-            path=version.path,
-            run_id=session.run_id or "",
-            timeout=timeouts.lock + timeouts.inspect,
-        )
-        note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
+    try:
+        with session.step("begin") as note:
+            _, inspection = session.ops.begin(
+                path=version.path,
+                run_id=session.run_id or "",
+                timeout=timeouts.lock + timeouts.inspect,
+            )
+            note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
+    except OpspatchError as exc:  # unreachable, locked: nothing was done there
+        return session.refused(exc)
     live = inspection.file.sha256
     unchanged = FileChange(version.path, live, live)
     if live == version.sha256_before:
@@ -141,6 +112,14 @@ def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
             f"{version.run_id} wrote (changed since); not restarting into code opspatch did not "
             "write",
             file=unchanged,
+        )
+    server = inspection.server
+    if server is not None and not server.predates(inspection.file):
+        return session.outcome(
+            Outcome.SKIPPED,
+            file=unchanged,
+            note=f"nothing staged: the running server (pid {server.pid}) started after the file "
+            f"changed, so it already runs run {version.run_id}'s change; left alone",
         )
     change = FileChange(version.path, version.sha256_before, version.sha256_after)
     try:

@@ -18,7 +18,6 @@ Both run through the fleet executor (`runs.executor`): hosts in parallel up to t
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 
 from opspatch.core.edit import NotApplicable, detect, unapply
 from opspatch.core.host import Host
@@ -26,10 +25,11 @@ from opspatch.core.policy import Playbook
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Outcome
-from opspatch.errors import BecomeError, LockHeld, OpspatchError, RemoteOperationError
+from opspatch.errors import OpspatchError, RemoteOperationError
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.connect import TransportFactory
-from opspatch.runs.executor import halt_on_attention, one_batch, run_fleet
+from opspatch.runs.executor import halt_on_attention, one_batch
+from opspatch.runs.fleetrun import FleetRun
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 from opspatch.runs.session import (
@@ -38,11 +38,9 @@ from opspatch.runs.session import (
     NoProgress,
     Progress,
     describe_error,
-    record_outcome,
 )
 from opspatch.runs.steps import (
     ready_step,
-    release,
     restart_step,
     restore_pre_image,
     smoke_step,
@@ -91,46 +89,24 @@ def run_restore(
     patch_id: str | None,
     per_host: Callable[[HostSession], HostOutcome],
 ) -> RunReport:
-    """The fleet part both restore runs share: sessions, the executor, the ledger records."""
-    with ExitStack() as stack:
-        sessions = {
-            host.name: stack.enter_context(
-                HostSession(
-                    host, factory, playbook, ledger=ledger, run_id=run_id, progress=progress
-                )
-            )
-            for host in hosts
-        }
-
-        def one(name: str) -> HostOutcome:
-            session = sessions[name]
-            try:
-                return per_host(session)
-            except (LockHeld, BecomeError) as exc:  # nothing was changed on that host
-                return session.refused(exc)
-            except (OpspatchError, HostFailed) as exc:  # HostFailed: the server did not come back
-                return session.outcome(Outcome.NEEDS_ATTENTION, describe_error(exc))
-            except Exception as exc:  # a bug must not lose the other hosts' outcomes
-                return session.outcome(
-                    Outcome.NEEDS_ATTENTION, f"internal error: {describe_error(exc)}"
-                )
-            finally:
-                release(session)
-
-        names = [h.name for h in hosts]
-        result = run_fleet(
-            one_batch(names, playbook.max_in_flight),
-            one,
+    """The fleet part of the restore runs (rollback, recover, unlock): one batch, halted by a
+    host that needs attention."""
+    with FleetRun(
+        command=command,
+        patch_id=patch_id,
+        hosts=hosts,
+        factory=factory,
+        playbook=playbook,
+        ledger=ledger,
+        run_id=run_id,
+        progress=progress,
+    ) as fleet:
+        outcomes, halted = fleet.execute(
+            per_host,
+            batches=one_batch(fleet.names, playbook.max_in_flight),
             halt=halt_on_attention,
-            on_outcome=lambda o: record_outcome(ledger, run_id, o),
         )
-    outcomes = dict(result.outcomes)
-    for name in result.not_started:
-        outcomes[name] = HostOutcome(name, Outcome.SKIPPED, f"not started: {result.halted}")
-        record_outcome(ledger, run_id, outcomes[name])
-    return RunReport(
-        run_id, command, patch_id, tuple(outcomes[n] for n in names), halted=result.halted
-    )
+        return fleet.report(outcomes, halted=halted)
 
 
 # ---------------------------------------------------------------------------------------------

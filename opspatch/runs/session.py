@@ -42,6 +42,9 @@ class Progress(Protocol):
 
     def update(self, host: str, step: str, status: str) -> None: ...
 
+    def notice(self, text: str) -> None:
+        """Something the operator must see now (their Ctrl-C was taken, and what happens next)."""
+
 
 class NoProgress:
     """Progress that goes nowhere (library use, tests)."""
@@ -50,6 +53,9 @@ class NoProgress:
         return None
 
     def update(self, host: str, step: str, status: str) -> None:
+        return None
+
+    def notice(self, text: str) -> None:
         return None
 
 

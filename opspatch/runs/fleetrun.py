@@ -1,0 +1,239 @@
+"""One fleet run, written once: the sessions, the preflight, the executor, the records, Ctrl-C.
+
+Every command that changes hosts (apply, restart, rollback, recover, unlock) is a strategy of
+this run: it says what to check on every host first (apply: begin + plan) and what to do to one
+host (`per_host`); `FleetRun` opens one `HostSession` per host (one connection each, closed at
+the end), runs the work under the batches and halt policy it is given, records every outcome as
+soon as it is decided, reports the hosts it never started (their locks given back), and turns
+the operator's Ctrl-C into a decision that the report states:
+
+- the first Ctrl-C stops starting hosts; hosts in flight finish their pipeline (each ends
+  applied or restored). During the preflight nothing has been changed anywhere: every lock taken
+  is given back and the run is refused (exit 2).
+- a second Ctrl-C stops waiting: `RunInterrupted` names the run and the hosts left in flight,
+  and `opspatch recover --run R` finishes or undoes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from typing import TypeVar
+
+from opspatch.core.host import Host
+from opspatch.core.policy import Batch, Playbook
+from opspatch.core.vocabulary import Outcome
+from opspatch.errors import BecomeError, HostKeyError, LockHeld, OpspatchError, RunInterrupted
+from opspatch.ledger.store import Ledger
+from opspatch.runs.connect import TransportFactory
+from opspatch.runs.executor import (
+    CANCELLED,
+    Cancellation,
+    GaveUpWaiting,
+    HaltPolicy,
+    map_cancellable,
+    run_fleet,
+)
+from opspatch.runs.report import HostOutcome, RunReport
+from opspatch.runs.session import (
+    HostFailed,
+    HostSession,
+    Progress,
+    describe_error,
+    record_outcome,
+)
+from opspatch.runs.steps import release
+
+T = TypeVar("T")
+
+PREFLIGHT_IN_FLIGHT = 16
+"""Hosts inspected at once in a preflight (read-only and short: more than a rollout's batch)."""
+
+CANCELLED_IN_PREFLIGHT = (
+    "cancelled by the operator (Ctrl-C) during the preflight: nothing was changed on any host "
+    "and every lock taken was given back"
+)
+
+
+class FleetRun:
+    """One run of one command over a fleet: its sessions, its Ctrl-C, its records, its report.
+
+    Use as a context manager (the sessions are closed and the SIGINT handler restored on exit).
+    """
+
+    def __init__(
+        self,
+        *,
+        command: str,
+        patch_id: str | None,
+        hosts: Sequence[Host],
+        factory: TransportFactory,
+        playbook: Playbook,
+        ledger: Ledger | None,
+        run_id: str | None,
+        progress: Progress,
+        cancellation: Cancellation | None = None,
+    ) -> None:
+        self.command = command
+        self.patch_id = patch_id
+        self.hosts = tuple(hosts)
+        self.names = [h.name for h in hosts]
+        self.playbook = playbook
+        self.ledger = ledger
+        self.run_id = run_id
+        self.progress = progress
+        self.cancellation = cancellation or Cancellation()
+        self._factory = factory
+        self._stack = ExitStack()
+        self.sessions: dict[str, HostSession] = {}
+
+    def __enter__(self) -> FleetRun:
+        with ExitStack() as stack:
+            for host in self.hosts:
+                self.sessions[host.name] = stack.enter_context(
+                    HostSession(
+                        host,
+                        self._factory,
+                        self.playbook,
+                        ledger=self.ledger,
+                        run_id=self.run_id,
+                        progress=self.progress,
+                    )
+                )
+            stack.enter_context(self.cancellation.armed())
+            self._stack = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancellation.requested
+
+    # -- the two phases -------------------------------------------------------------------
+
+    def preflight(self, work: Callable[[HostSession], T]) -> dict[str, T] | None:
+        """`work` on every host, bounded, before anything is changed; None when the operator
+        cancelled: the locks taken are then given back (nothing was changed anywhere)."""
+        try:
+            done = map_cancellable(
+                lambda name: work(self.sessions[name]),
+                self.names,
+                limit=PREFLIGHT_IN_FLIGHT,
+                cancellation=self.cancellation,
+                on_cancel=self._announce,
+            )
+        except KeyboardInterrupt as stop:
+            raise RunInterrupted(self.run_id, _in_flight(stop)) from None
+        if self.cancelled:
+            self.release_all()
+            return None
+        return done
+
+    def execute(
+        self,
+        per_host: Callable[[HostSession], HostOutcome],
+        *,
+        batches: Sequence[Batch],
+        halt: HaltPolicy,
+        already: Mapping[str, HostOutcome] | None = None,
+    ) -> tuple[dict[str, HostOutcome], str | None]:
+        """`per_host` on every host of `batches` under `halt`; every outcome recorded as it is
+        decided, hosts never started reported `skipped` (their locks given back). Returns the
+        outcome of every host of the batches and `already`, and why the run halted.
+
+        Raises:
+            RunInterrupted: a second Ctrl-C while hosts were in flight.
+        """
+        for outcome in (already or {}).values():
+            self.record(outcome)
+
+        def one(name: str) -> HostOutcome:
+            session = self.sessions[name]
+            try:
+                return per_host(session)
+            except (LockHeld, BecomeError, HostKeyError) as exc:  # nothing changed there
+                return session.refused(exc)
+            except (OpspatchError, HostFailed) as exc:
+                return session.outcome(Outcome.NEEDS_ATTENTION, describe_error(exc))
+            except Exception as exc:  # a bug must not lose the other hosts' outcomes
+                return session.outcome(
+                    Outcome.NEEDS_ATTENTION, f"internal error: {describe_error(exc)}"
+                )
+            finally:
+                release(session)
+
+        try:
+            result = run_fleet(
+                batches,
+                one,
+                halt=halt,
+                on_outcome=self.record,
+                already=already,
+                cancellation=self.cancellation,
+                on_cancel=self._announce,
+            )
+        except KeyboardInterrupt as stop:
+            raise RunInterrupted(self.run_id, _in_flight(stop)) from None
+        outcomes = {**(already or {}), **result.outcomes}
+        for name in result.not_started:
+            release(self.sessions[name])
+            why = "the operator cancelled" if result.halted == CANCELLED else "the run halted"
+            outcomes[name] = self.sessions[name].outcome(
+                Outcome.SKIPPED, f"not started: {why} ({result.halted})"
+            )
+            self.record(outcomes[name])
+        return outcomes, result.halted
+
+    # -- ending ---------------------------------------------------------------------------
+
+    def release_all(self) -> None:
+        """Give back every lock this run still holds (hosts it will not change)."""
+        for session in self.sessions.values():
+            release(session)
+
+    def record(self, outcome: HostOutcome) -> None:
+        record_outcome(self.ledger, self.run_id, outcome)
+
+    def report(
+        self,
+        outcomes: Mapping[str, HostOutcome],
+        *,
+        halted: str | None,
+        refused: bool = False,
+        dry_run: bool = False,
+    ) -> RunReport:
+        """The run's report, hosts in selection order."""
+        return RunReport(
+            self.run_id,
+            self.command,
+            self.patch_id,
+            tuple(outcomes[n] for n in self.names),
+            halted=halted,
+            dry_run=dry_run,
+            refused=refused,
+        )
+
+    def cancelled_report(self) -> RunReport:
+        """The report of a run cancelled in its preflight: every host unchanged, recorded."""
+        outcomes = {
+            name: session.outcome(Outcome.SKIPPED, "not started: " + CANCELLED_IN_PREFLIGHT)
+            for name, session in self.sessions.items()
+        }
+        for outcome in outcomes.values():
+            self.record(outcome)
+        return self.report(outcomes, halted=CANCELLED_IN_PREFLIGHT, refused=True)
+
+    def _announce(self, in_flight: Sequence[str]) -> None:
+        waiting = (
+            f"waiting for {', '.join(in_flight)} to finish; Ctrl-C again stops waiting "
+            "(`opspatch recover` then finishes them)"
+            if in_flight
+            else "no host is in flight"
+        )
+        self.progress.notice(f"Ctrl-C: no more hosts will be started; {waiting}")
+
+
+def _in_flight(stop: KeyboardInterrupt) -> tuple[str, ...]:
+    return stop.in_flight if isinstance(stop, GaveUpWaiting) else ()
