@@ -300,6 +300,29 @@ def test_password_from_the_environment_works_and_never_shows(host: BecomeHost) -
     assert host.sha() == pre_image
 
 
+def test_restart_reaches_sudo_with_the_password_as_apply_does(host: BecomeHost) -> None:
+    """`opspatch restart` builds its connections as apply does, with the run's sudo passwords:
+    before, it could not raise privileges on a host whose sudo asks for a password."""
+    host.sudoers(host.rules_password())
+    pre_image = host.sha()
+    env = {PASSWORD_ENV: host.password}
+    common = ["--hosts", "become:svc-host", "--playbook", "become", "--yes", "--json"]
+    staged = host.opspatch("apply", PATCH, *common, "--restart", "never", env=env)
+    assert staged.code == 0, staged.stdout + staged.stderr
+    assert only_host(staged)["outcome"] == "staged"
+    old_pid = host.engine_pid()
+    restarted = host.opspatch("restart", *common, env=env)
+    assert restarted.code == 0, restarted.stdout + restarted.stderr
+    outcome = only_host(restarted)
+    assert outcome["outcome"] == "applied", outcome
+    assert steps_of(outcome)["restart"]["ran_as"] == [f"{host.service} (sudo)"]
+    new_pid = host.engine_pid()
+    assert new_pid is not None and new_pid != old_pid
+    assert host.password not in restarted.stdout + restarted.stderr
+    host.opspatch("rollback", PATCH, *common, env=env)
+    assert host.sha() == pre_image
+
+
 def run_on_terminal(host: BecomeHost, args: list[str]) -> tuple[int, bytes]:
     """`opspatch ARGS` on a terminal (a pty) without the variable: the password is typed at the
     prompt. Returns the exit status and everything the terminal showed."""

@@ -313,7 +313,6 @@ def restart(
 ) -> None:
     """Complete staged patches (apply --restart never): restart each host's engine under the
     playbook, wait, smoke-decode, roll back the staged change on failure."""
-    from opspatch.runs.connect import transport_factory
     from opspatch.runs.restart import restart_hosts
 
     if hosts is None:
@@ -329,7 +328,7 @@ def restart(
         report = restart_hosts(
             ledger=options.open_ledger(),
             hosts=selected,
-            factory=transport_factory(accept_new_host_keys=accept_new_host_keys),
+            factory=options.connector(accept_new_host_keys=accept_new_host_keys),
             playbook=playbook_obj,
             progress=progress,
         )

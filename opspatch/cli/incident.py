@@ -155,12 +155,11 @@ def _file_source(file: Path, module: str | None, *, need_module: bool) -> _Sourc
 
 def _host_sources(hosts: str, module: str, accept_new_host_keys: bool) -> list[_Source]:
     from opspatch.core.policy import StepTimeouts
-    from opspatch.runs.connect import transport_factory
     from opspatch.runs.diagnose import read_module_sources
 
     found = read_module_sources(
         options.hosts(hosts),
-        transport_factory(accept_new_host_keys=accept_new_host_keys),
+        options.connector(accept_new_host_keys=accept_new_host_keys),
         module,
         timeout=StepTimeouts().inspect,
     )

@@ -78,7 +78,6 @@ def diagnose(
     opspatch, edited outside), bytecode, server, /health, the log since its start, the
     exceptions with their analysis and the patches that fix them. Changes nothing."""
     from opspatch.ledger.store import Ledger
-    from opspatch.runs.connect import transport_factory
     from opspatch.runs.diagnose import DiagnoseOptions, diagnose_fleet
     from opspatch.runs.diagnosis_text import render_host, render_summary
 
@@ -102,7 +101,7 @@ def diagnose(
     report = diagnose_fleet(
         selected,
         patches,
-        transport_factory(accept_new_host_keys=accept_new_host_keys),
+        options.connector(accept_new_host_keys=accept_new_host_keys),
         ledger,
         DiagnoseOptions(
             since_seconds=window.total_seconds() if window else None,
@@ -140,7 +139,6 @@ def adopt(
     """Turn a hand edit on hosts into a diff-kind patch file against the pristine source, and
     record the adoption, so status, rollback and rollout treat it as any other patch."""
     from opspatch.runs.adopt import Pristine, adopt_edit
-    from opspatch.runs.connect import transport_factory
 
     if hosts is None or module is None or patch_id is None:
         raise InputError(
@@ -174,7 +172,7 @@ def adopt(
         patches_dir=workspace.root / "patches",
         known_patch_ids=set(workspace.available("patches")),
         ledger=options.open_ledger(),
-        factory=transport_factory(accept_new_host_keys=accept_new_host_keys),
+        factory=options.connector(accept_new_host_keys=accept_new_host_keys),
         pristine=given,
         reference_hosts=same_inventory,
     )
