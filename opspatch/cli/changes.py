@@ -26,6 +26,7 @@ from opspatch.cli.context import (
 )
 from opspatch.cli.patches import TargetVersionOption, one_target, show_fleet_plan, show_local_plan
 from opspatch.cli.render import LiveProgress, confirm_or_refuse, err, finish, print_diff
+from opspatch.core.vocabulary import RestartPolicy
 from opspatch.errors import InputError, OpspatchError
 
 if TYPE_CHECKING:
@@ -78,9 +79,9 @@ def apply(
     if restart is not None:
         if restart not in ("always", "never"):
             raise InputError(f"--restart {restart!r}: expected always or never")
-        playbook_obj = replace(playbook_obj, restart=restart)
+        playbook_obj = replace(playbook_obj, restart=RestartPolicy(restart))
     names = [h.name for h in selected]
-    staging = " (staged: no restart)" if playbook_obj.restart == "never" else ""
+    staging = " (staged: no restart)" if playbook_obj.restart == RestartPolicy.NEVER else ""
     confirm_or_refuse(
         f"Apply {loaded.spec.id} to {len(names)} host(s): {', '.join(names)} "
         f"(playbook {playbook_obj.name}){staging}?",

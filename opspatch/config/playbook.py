@@ -87,6 +87,7 @@ from opspatch.core.policy import (
     StepTimeouts,
 )
 from opspatch.core.tomlsource import TomlDocument, parse_toml
+from opspatch.core.vocabulary import HaltAction, RestartPolicy
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
@@ -303,8 +304,8 @@ def to_playbook(document: TomlDocument) -> Playbook:
         if written.max_in_flight is None
         else (None if isinstance(written.max_in_flight, str) else written.max_in_flight),
         max_failures=written.max_failures or defaults.max_failures,
-        on_halt=written.on_halt or defaults.on_halt,
-        restart=written.restart or defaults.restart,
+        on_halt=HaltAction(written.on_halt or defaults.on_halt),
+        restart=RestartPolicy(written.restart or defaults.restart),
         timeouts=_timeouts(written.timeouts),
         smoke=_smoke(written.smoke),
         log=LogSettings()

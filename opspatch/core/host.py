@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from opspatch.core.vocabulary import RestartKind
+
 DEFAULT_ENGINE_URL = "http://127.0.0.1:30000"
 DEFAULT_STATE_DIR = "/var/tmp/opspatch"
 DEFAULT_BECOME_USER = "root"
@@ -24,7 +26,7 @@ class SystemdRestart:
     """Restart the engine with `systemctl restart <unit>`."""
 
     unit: str
-    kind: Literal["systemd"] = "systemd"
+    kind: Literal[RestartKind.SYSTEMD] = RestartKind.SYSTEMD
 
     def describe(self) -> str:
         return f"systemd unit {self.unit}"
@@ -36,7 +38,7 @@ class SupervisorRestart:
 
     program: str
     config: str | None = None
-    kind: Literal["supervisor"] = "supervisor"
+    kind: Literal[RestartKind.SUPERVISOR] = RestartKind.SUPERVISOR
 
     def describe(self) -> str:
         return f"supervisor program {self.program}"
@@ -51,7 +53,7 @@ class CommandRestart:
     pid_file: str
     workdir: str | None = None
     stop_timeout: float = 30.0
-    kind: Literal["command"] = "command"
+    kind: Literal[RestartKind.COMMAND] = RestartKind.COMMAND
 
     def describe(self) -> str:
         return f"command (pid file {self.pid_file})"

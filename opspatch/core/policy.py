@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
 
-from opspatch.core.vocabulary import FAILED_OUTCOMES, Outcome
+from opspatch.core.vocabulary import FAILED_OUTCOMES, HaltAction, Outcome, RestartPolicy
 
-ON_HALT_CHOICES = ("stop", "rollback-run")
 TIMEOUT_STEPS = (
     "lock",
     "inspect",
@@ -149,8 +148,8 @@ class Playbook:
     batch: BatchSize = BatchSize(percent=Decimal(25))
     max_in_flight: int | None = 8
     max_failures: int = 1
-    on_halt: str = "stop"
-    restart: str = "always"
+    on_halt: HaltAction = HaltAction.STOP
+    restart: RestartPolicy = RestartPolicy.ALWAYS
     """`always`: restart, wait, smoke after the swap; `never`: stage the patched file only (the
     host is `staged`; `opspatch restart` completes it)."""
     timeouts: StepTimeouts = StepTimeouts()
@@ -195,8 +194,8 @@ class Playbook:
             "batch": self.batch.to_json(),
             "max_in_flight": "all" if self.max_in_flight is None else self.max_in_flight,
             "max_failures": self.max_failures,
-            "on_halt": self.on_halt,
-            "restart": self.restart,
+            "on_halt": str(self.on_halt),
+            "restart": str(self.restart),
             "timeouts": self.timeouts.to_json(),
             "smoke": self.smoke.to_json(),
             "log": self.log.to_json(),

@@ -12,7 +12,17 @@ from __future__ import annotations
 from enum import Enum
 
 
-class Outcome(str, Enum):
+class Word(str, Enum):
+    """The base of every word: a `str` whose value is its wire spelling, printed as itself, and
+    one set/dict key with the plain string (`"applied" in {Outcome.APPLIED}`, Python 3.10 too)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    __hash__ = str.__hash__
+
+
+class Outcome(Word):
     """Where one host ended in a run (the `outcome` of a host in the JSON and the ledger)."""
 
     APPLIED = "applied"
@@ -37,11 +47,6 @@ class Outcome(str, Enum):
     """Dry run: the patch would change this host."""
     NOT_APPLICABLE = "not-applicable"
     """Dry run: the patch does not fit this host (version gate, anchors)."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    __hash__ = str.__hash__  # so "applied" and Outcome.APPLIED are one set/dict key (3.10 too)
 
     @property
     def counts_as_failed(self) -> bool:
@@ -68,7 +73,7 @@ RECORDED_OUTCOMES = frozenset(
 """Host outcomes a recorded (non-dry) run writes to the ledger."""
 
 
-class StepStatus(str, Enum):
+class StepStatus(Word):
     """The status of one step on one host (a ledger step record, a `steps[]` entry)."""
 
     STARTED = "started"
@@ -76,13 +81,8 @@ class StepStatus(str, Enum):
     FAILED = "failed"
     SKIPPED = "skipped"
 
-    def __str__(self) -> str:
-        return self.value
 
-    __hash__ = str.__hash__  # so "applied" and Outcome.APPLIED are one set/dict key (3.10 too)
-
-
-class PatchState(str, Enum):
+class PatchState(Word):
     """What `status` says about one patch in one host's live file."""
 
     APPLIED = "applied"
@@ -94,13 +94,8 @@ class PatchState(str, Enum):
     UNKNOWN = "unknown"
     UNREACHABLE = "unreachable"
 
-    def __str__(self) -> str:
-        return self.value
 
-    __hash__ = str.__hash__  # so "applied" and Outcome.APPLIED are one set/dict key (3.10 too)
-
-
-class RunStatus(str, Enum):
+class RunStatus(Word):
     """A ledger run's status, derived from its events and its controller process."""
 
     RUNNING = "running"
@@ -109,13 +104,8 @@ class RunStatus(str, Enum):
     FINISHED = "finished"
     UNKNOWN = "unknown"
 
-    def __str__(self) -> str:
-        return self.value
 
-    __hash__ = str.__hash__  # so "applied" and Outcome.APPLIED are one set/dict key (3.10 too)
-
-
-class RunOutcome(str, Enum):
+class RunOutcome(Word):
     """A whole run's outcome, one word per exit code (0 ok, 1 failed, 2 refused, 3 attention)."""
 
     OK = "ok"
@@ -123,7 +113,49 @@ class RunOutcome(str, Enum):
     REFUSED = "refused"
     NEEDS_ATTENTION = "needs-attention"
 
-    def __str__(self) -> str:
-        return self.value
 
-    __hash__ = str.__hash__  # so "applied" and Outcome.APPLIED are one set/dict key (3.10 too)
+class RestartPolicy(Word):
+    """A playbook's `restart`: what follows the swap."""
+
+    ALWAYS = "always"
+    """Restart, wait until ready, smoke-decode."""
+    NEVER = "never"
+    """Stage the patched file only (the host is `staged`; `opspatch restart` completes it)."""
+
+
+class HaltAction(Word):
+    """A playbook's `on_halt`: what a halted rollout does with the hosts it already changed."""
+
+    STOP = "stop"
+    """Leave patched hosts patched (and proven); start no more hosts."""
+    ROLLBACK_RUN = "rollback-run"
+    """Restore every host this run applied, then stop."""
+
+
+class RestartKind(Word):
+    """How a host's engine is restarted (the inventory's `restart.kind`)."""
+
+    SYSTEMD = "systemd"
+    SUPERVISOR = "supervisor"
+    COMMAND = "command"
+
+
+class FileState(Word):
+    """Where one imported file stands, as `diagnose` judges it."""
+
+    PRISTINE = "pristine"
+    PATCHED_BY_OPSPATCH = "patched-by-opspatch"
+    EDITED_OUTSIDE = "edited-outside"
+    UNKNOWN = "unknown"
+    NOT_INSTALLED = "not-installed"
+    UNRESOLVED = "unresolved"
+
+
+class FindingLevel(Word):
+    """How much a `diagnose` finding matters."""
+
+    PROBLEM = "problem"
+    """The host is not clean."""
+    WARNING = "warning"
+    """Worth knowing; the host may still be clean."""
+    INFO = "info"

@@ -17,7 +17,7 @@ from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Outcome
+from opspatch.core.vocabulary import HaltAction, Outcome, RestartPolicy
 from opspatch.errors import BecomeError, HostKeyError, OpspatchError
 from opspatch.ledger.store import Ledger
 from opspatch.runs.connect import TransportFactory
@@ -85,7 +85,7 @@ class _FleetApply:
 
     def run(self) -> RunReport:
         self.pipeline = ApplyPipeline(
-            self.patch, self.playbook, restart_engine=self.playbook.restart != "never"
+            self.patch, self.playbook, restart_engine=self.playbook.restart != RestartPolicy.NEVER
         )
         self.host_key_refusals: dict[str, HostKeyError] = {}
         self.become_refusals: dict[str, BecomeError] = {}
@@ -240,7 +240,7 @@ class _FleetApply:
             return self.pipeline.apply(session, item)
 
         outcomes, halted = self.fleet.execute(one, batches=plan.batches, halt=halt)
-        if halted and self.playbook.on_halt == "rollback-run":
+        if halted and self.playbook.on_halt == HaltAction.ROLLBACK_RUN:
             self._roll_back_run(prepared, outcomes)
         return self.fleet.report(outcomes, halted=halted)
 

@@ -24,6 +24,7 @@ from opspatch.analysis.missingattr import analyze_missing_attribute, parse_missi
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, StepTimeouts
 from opspatch.core.spec import LoadedPatch, PatchSpec
+from opspatch.core.vocabulary import FileState
 from opspatch.errors import HostError, InputError, LedgerError, OpspatchError, TargetError
 from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, diagnose_host
 from opspatch.hosts.engine import EXEC_MARGIN, smoke_args
@@ -239,7 +240,7 @@ def diagnose_fleet(
             judge_file(m, histories.get((host.name, m.module), []), texts, copy_sources)
             for m in d.modules
         ]
-        files = [f for f in files if f.state != "not-installed" or f.module in options.modules]
+        files = [f for f in files if f.state != FileState.NOT_INSTALLED or f.module in options.modules]
         reports.append(judge_host(d, files, analyse_exceptions(d, specs)))
     return FleetDiagnosis(tuple(reports), modules)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from opspatch.analysis.fixes import FixMatch
 from opspatch.analysis.missingattr import MissingAttributeReport
+from opspatch.core.vocabulary import FileState, FindingLevel
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK
 from opspatch.hosts.diagnosis import (
     CachedBytecode,
@@ -29,7 +30,7 @@ from opspatch.hosts.diagnosis import (
 )
 from opspatch.ledger.records import FileVersion
 
-PROBLEM, WARNING, INFO = "problem", "warning", "info"
+PROBLEM, WARNING, INFO = FindingLevel.PROBLEM, FindingLevel.WARNING, FindingLevel.INFO
 MAX_DIFF_LINES = 400
 
 
@@ -39,12 +40,12 @@ class Finding:
     group in the fleet summary); `detail` is this host's particulars."""
 
     kind: str
-    level: str
+    level: FindingLevel
     text: str
     detail: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "level": self.level, "text": self.text, "detail": self.detail}
+        return {"kind": self.kind, "level": str(self.level), "text": self.text, "detail": self.detail}
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class FileVerdict:
     """Where one imported file stands, and what else bears on the code the server runs."""
 
     module: str
-    state: str  # pristine | patched-by-opspatch | edited-outside | unknown | not-installed
+    state: FileState
     detail: str
     path: str | None = None
     sha256: str | None = None
@@ -70,7 +71,7 @@ class FileVerdict:
     def to_json(self) -> dict[str, Any]:
         return {
             "module": self.module,
-            "state": self.state,
+            "state": str(self.state),
             "detail": self.detail,
             "path": self.path,
             "sha256": self.sha256,
@@ -247,7 +248,11 @@ def judge_file(
     `copy_sources`: for a sha256 in `texts`, where the bytes come from (for the diff's label).
     """
     if m.error is not None or m.file is None:
-        state = "not-installed" if m.error_code == "module-not-found" else "unresolved"
+        state = (
+            FileState.NOT_INSTALLED
+            if m.error_code == "module-not-found"
+            else FileState.UNRESOLVED
+        )
         return FileVerdict(m.module, state, m.error or "not read")
     f = m.file
     live = f.sha256
@@ -271,7 +276,7 @@ def judge_file(
     if written is not None:
         return FileVerdict(
             m.module,
-            "patched-by-opspatch",
+            FileState.PATCHED_BY_OPSPATCH,
             f"written by run {written.run_id} (patch {written.patch_id})",
             patch_id=written.patch_id,
             run_id=written.run_id,
@@ -280,7 +285,7 @@ def judge_file(
     if reference is not None and reference == live:
         restored = next((v for v in history if v.sha256_after == live), None)
         again = f"; put back by run {restored.run_id}" if restored else ""
-        return FileVerdict(m.module, "pristine", f"matches {label}{again}", **common)
+        return FileVerdict(m.module, FileState.PRISTINE, f"matches {label}{again}", **common)
     if reference is None:
         first = history[-1] if history else None
         said = (
@@ -288,7 +293,7 @@ def judge_file(
             if first is not None and first.sha256_before == live
             else "no RECORD entry and no git checkout to compare it with"
         )
-        return FileVerdict(m.module, "unknown", said, **common)
+        return FileVerdict(m.module, FileState.UNKNOWN, said, **common)
     relpath = module_relpath(m.module, f.realpath)
     latest = history[0] if history else None
     diff, against = None, None
@@ -309,7 +314,7 @@ def judge_file(
     if diff is None:
         detail += "; no pristine text known to diff against (RECORD holds only its hash)"
     return FileVerdict(
-        m.module, "edited-outside", detail, diff=diff, diff_against=against, **common
+        m.module, FileState.EDITED_OUTSIDE, detail, diff=diff, diff_against=against, **common
     )
 
 
@@ -319,7 +324,7 @@ def judge_file(
 
 def _file_findings(v: FileVerdict, server_running: bool) -> list[Finding]:
     found: list[Finding] = []
-    if v.state == "edited-outside":
+    if v.state == FileState.EDITED_OUTSIDE:
         found.append(
             Finding(
                 "edited-outside",
@@ -328,7 +333,7 @@ def _file_findings(v: FileVerdict, server_running: bool) -> list[Finding]:
                 f"{v.path}: {v.detail}" + (f"; diff against {v.diff_against}" if v.diff else ""),
             )
         )
-    elif v.state == "patched-by-opspatch":
+    elif v.state == FileState.PATCHED_BY_OPSPATCH:
         found.append(
             Finding(
                 "patched-by-opspatch",
@@ -337,11 +342,11 @@ def _file_findings(v: FileVerdict, server_running: bool) -> list[Finding]:
                 v.detail,
             )
         )
-    elif v.state == "unknown":
+    elif v.state == FileState.UNKNOWN:
         found.append(
             Finding("provenance-unknown", WARNING, f"{v.module}: cannot tell if pristine", v.detail)
         )
-    elif v.state == "unresolved":
+    elif v.state == FileState.UNRESOLVED:
         found.append(
             Finding("module-unresolved", WARNING, f"{v.module} does not resolve", v.detail)
         )
@@ -406,7 +411,7 @@ def _checkout_findings(verdicts: Sequence[FileVerdict]) -> list[Finding]:
     ours = {
         (v.checkout.root, v.checkout.relpath)
         for v in verdicts
-        if v.checkout and v.state == "patched-by-opspatch"
+        if v.checkout and v.state == FileState.PATCHED_BY_OPSPATCH
     }
     for v in verdicts:
         c = v.checkout
