@@ -436,7 +436,9 @@ def test_second_apply_on_a_locked_host_is_refused_and_names_the_holder(fleet: Sa
         second = fleet.opspatch(
             "apply", "eagle-init-guard", "--hosts", "sandbox", "--yes", "--json"
         )
-        assert second.code == 1, second.stdout + second.stderr
+        # held by a live run: refused in preflight, before any change (exit 2, issue 17 bug 9)
+        assert second.code == 2, second.stdout + second.stderr
+        assert second.json()["refused"] is True
         for host in second.json()["hosts"]:
             assert host["outcome"] == "failed"
             assert f"run {holder}" in host["error"] and "locked by" in host["error"]
@@ -525,7 +527,9 @@ def test_rollback_with_the_ledger_deleted_uses_the_host_backups_or_refuses(
     for backup in backups.iterdir():
         backup.unlink()
     run = fleet.opspatch("rollback", "eagle-init-guard", "--hosts", "sandbox", "--yes", "--json")
-    assert run.code == 2, run.stdout + run.stderr
+    # two hosts were restored, so "nothing was changed" (exit 2) would be false; the bare one
+    # did not reach the goal: exit 1
+    assert run.code == 1, run.stdout + run.stderr
     outcomes = {h["host"]: h for h in run.json()["hosts"]}
     for name in fleet.names[:-1]:
         assert outcomes[name]["outcome"] == "restored", outcomes[name]
