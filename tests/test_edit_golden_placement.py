@@ -60,8 +60,7 @@ code = "self.chunked is None"
             "last",
             STEP.replace(
                 b"        if self.chunked is not None and self.dynamic:\n",
-                b"        # opspatch:t-patch\n"
-                b"        if self.chunked is None and self.dynamic:\n",
+                b"        # opspatch:t-patch\n        if self.chunked is None and self.dynamic:\n",
             ),
         ),
     ],
