@@ -44,10 +44,13 @@ def test_a_patch_path_with_any_file_name_applies_once_and_only_once(tmp_path: Pa
     first = opspatch("apply", "patch.toml", "--file", "pkg/mod.py", "-y", cwd=tmp_path, env=env)
     assert first.code == 0, first.stderr
     applied = module.read_bytes()
-    assert applied == MODULE.replace(
-        "        if self.free <= 0 and self.chunked is not None:\n",
-        "        # opspatch:first-only\n        if self.free <= 0 and self.chunked is None:\n",
-    ).encode()
+    assert (
+        applied
+        == MODULE.replace(
+            "        if self.free <= 0 and self.chunked is not None:\n",
+            "        # opspatch:first-only\n        if self.free <= 0 and self.chunked is None:\n",
+        ).encode()
+    )
 
     again = opspatch("apply", "patch.toml", "--file", "pkg/mod.py", "-y", cwd=tmp_path, env=env)
     assert again.code == 0, again.stderr
