@@ -207,3 +207,27 @@ code = "b = 2"
     undone = unapply(outcome.new_source, patch)
     assert not isinstance(undone, NotApplicable), undone.reason
     assert undone.old_source == LOOP
+
+
+# ---------------------------------------------------------------------------------------------
+# how an already-applied patch was recognised (issue 19)
+
+
+def test_an_applied_diff_says_it_was_recognised_by_reverse_apply() -> None:
+    from tests.test_edit_golden import DIFF_BEFORE, DIFF_PATCH
+
+    patch = make_patch(DIFF_PATCH)
+    outcome = apply_patch(DIFF_BEFORE, patch)
+    assert isinstance(outcome, Applied)
+    again = apply_patch(outcome.new_source, patch)
+    assert isinstance(again, AlreadyApplied)
+    assert again.reason == "all 1 edit(s) already present (recognised by reverse apply)"
+
+
+def test_an_applied_replace_says_it_was_recognised_by_syntax_tree() -> None:
+    patch = make_patch(_replace_expression("first"))
+    outcome = apply_patch(STEP, patch)
+    assert isinstance(outcome, Applied)
+    again = apply_patch(outcome.new_source, patch)
+    assert isinstance(again, AlreadyApplied)
+    assert again.reason == "all 1 edit(s) already present (recognised by syntax tree)"

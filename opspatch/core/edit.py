@@ -6,7 +6,7 @@ fit, and never returns a broken file:
 - `Applied(new_source, diff, ...)`: every edit placed, the result validated (parses, compiles,
   postconditions hold, nothing outside the edited scopes changed);
 - `AlreadyApplied(reason)`: every edit is already present, recognised by its syntax tree (so a
-  removed marker comment or a reformatted line does not hide it);
+  removed marker comment or a reformatted line does not hide it; a diff edit: its reverse applies);
 - `NotApplicable(reason, field, candidates)`: an anchor found nothing or several places, the file
   is partly patched, not decodable, not an accepted pre-image, or the result failed validation.
 
@@ -392,7 +392,7 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
             return NotApplicable(patch.id, "its code is present but: " + "; ".join(problems))
         return AlreadyApplied(
             patch.id,
-            f"all {len(patch.edits)} edit(s) already present (recognised by syntax tree)"
+            f"all {len(patch.edits)} edit(s) already present (recognised by {_recognised_by(patch)})"
             + (", postconditions hold" if patch.postconditions else ""),
         )
     sha = sha256_hex(source)
@@ -471,6 +471,12 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
         encoding=decoded.encoding,
         newline=decoded.newline,
     )
+
+
+def _recognised_by(patch: PatchSpec) -> str:
+    """How the engine saw the edits in place: a diff by its reverse applying, others by tree."""
+    ways = {"reverse apply" if isinstance(e, DiffEdit) else "syntax tree" for e in patch.edits}
+    return " and ".join(sorted(ways, reverse=True))
 
 
 def _broken_field(patch: PatchSpec, state: EditState) -> str:
