@@ -142,7 +142,9 @@ class Workspace:
         """
         from opspatch.config.patches import load_patch
 
-        return load_patch(self.find("patches", reference))
+        return load_patch(
+            self.find("patches", reference), named_by_id=not self.is_path("patches", reference)
+        )
 
     def load_playbook(self, reference: str) -> Playbook:
         """The playbook a name or path refers to.

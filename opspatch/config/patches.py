@@ -1,8 +1,9 @@
 """Patch files: reading `patches/<id>.toml` into a `LoadedPatch`.
 
 The model and its validation are the core's (`opspatch.core.spec`); this module adds what
-depends on the file: its bytes, its name (which must be the patch's id) and its sha256 (recorded
-in the ledger, so a run names the exact patch text it applied).
+depends on the file: its bytes, its name (which must be the patch's id when the patch is looked up
+by id; a patch given as a path may have any name) and its sha256 (recorded in the ledger, so a
+run names the exact patch text it applied).
 """
 
 from __future__ import annotations
@@ -14,16 +15,19 @@ from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch, parse_patch
 
 
-def load_patch(path: Path) -> LoadedPatch:
+def load_patch(path: Path, *, named_by_id: bool = True) -> LoadedPatch:
     """Read, parse and validate a patch file.
 
+    `named_by_id`: the file is found by its id (`patches/<id>.toml`), so its name must be the id;
+    False for a file the operator named by its path.
+
     Raises:
-        SpecError: unreadable file, malformed TOML, an invalid patch, or an id that is not the
-            file's name (file:line: field).
+        SpecError: unreadable file, malformed TOML, an invalid patch, or (`named_by_id`) an id
+            that is not the file's name (file:line: field).
     """
     document = read_toml(path)
     spec = parse_patch(document)
-    if path.suffix == ".toml" and path.stem != spec.id:
+    if named_by_id and path.suffix == ".toml" and path.stem != spec.id:
         raise document.error(
             ["id"],
             f"id {spec.id!r} does not match the file name {path.name!r}",

@@ -368,19 +368,40 @@ def contains(outer: ast.AST, inner: ast.AST) -> bool:
     return (a[0], a[1]) <= (b[0], b[1]) and (b[2], b[3]) <= (a[2], a[3])
 
 
-def find_statement_run(scope: Scope, dumps: Sequence[str]) -> list[ast.stmt] | None:
-    """A run of consecutive statements in any block of `scope` equal to `dumps`, if present.
+@dataclass(frozen=True)
+class StatementRun:
+    """Consecutive statements `block[start:start + length]` of one block."""
 
-    This is how an insert is recognised as already applied: by its syntax tree, so removing the
+    block: list[ast.stmt]
+    start: int
+    length: int
+
+    @property
+    def statements(self) -> list[ast.stmt]:
+        return self.block[self.start : self.start + self.length]
+
+
+def find_statement_runs(scope: Scope, dumps: Sequence[str]) -> list[StatementRun]:
+    """Every run of consecutive statements in a block of `scope` equal to `dumps`, outermost
+    block first.
+
+    This is how an edit is recognised as already applied: by its syntax tree, so removing the
     marker comment or reformatting does not hide it.
     """
     n = len(dumps)
+    runs: list[StatementRun] = []
     for block in scope_blocks(scope.node):
         block_dumps = [strip_positions(s) for s in block]
         for i in range(len(block) - n + 1):
             if block_dumps[i : i + n] == list(dumps):
-                return block[i : i + n]
-    return None
+                runs.append(StatementRun(block, i, n))
+    return runs
+
+
+def find_statement_run(scope: Scope, dumps: Sequence[str]) -> list[ast.stmt] | None:
+    """The first run of consecutive statements of `scope` equal to `dumps`, if present."""
+    runs = find_statement_runs(scope, dumps)
+    return runs[0].statements if runs else None
 
 
 def skeleton(node: ast.AST) -> str:

@@ -6,7 +6,7 @@ fit, and never returns a broken file:
 - `Applied(new_source, diff, ...)`: every edit placed, the result validated (parses, compiles,
   postconditions hold, nothing outside the edited scopes changed);
 - `AlreadyApplied(reason)`: every edit is already present, recognised by its syntax tree (so a
-  removed marker comment or a reformatted line does not hide it);
+  removed marker comment or a reformatted line does not hide it; a diff edit: its reverse applies);
 - `NotApplicable(reason, field, candidates)`: an anchor found nothing or several places, the file
   is partly patched, not decodable, not an accepted pre-image, or the result failed validation.
 
@@ -27,16 +27,17 @@ from dataclasses import dataclass, field
 
 from opspatch.core.anchors import (
     AnchorProblem,
-    contains,
-    find_statement_run,
+    StatementRun,
+    find_statement_runs,
     first_line,
     last_line,
     matching_expressions,
     matching_statements,
-    resolve_scope,
     select_expression,
     select_statement,
+    span,
     statement_dumps,
+    strip_positions,
 )
 from opspatch.core.placement import (
     EditProblem,
@@ -179,16 +180,58 @@ class Reverted:
 # detecting
 
 
-def _edit_state(text: str, tree: ast.Module, edit: object, i: int) -> EditState:
+def inserted_run(tree: ast.Module, patch: PatchSpec, i: int) -> list[ast.stmt] | None:
+    """The statements insert edit `i` put into `tree`, if they are there.
+
+    An anchored insert counts only beside its anchor (the same code standing elsewhere in the
+    scope is not it); the code of the patch's other inserts may stand in between, since two
+    inserts at one anchor are placed next to each other.
+    """
+    edit = patch.edits[i]
+    assert isinstance(edit, InsertEdit)
+    scope = scope_of(tree, edit.scope, i)
+    runs = find_statement_runs(scope, statement_dumps(edit.code))
+    if edit.anchor is None:
+        return runs[0].statements if runs else None
+    anchors = {id(loc.stmt) for loc in matching_statements(scope, edit.anchor)}
+    others = [
+        statement_dumps(other.code)
+        for j, other in enumerate(patch.edits)
+        if j != i and isinstance(other, InsertEdit)
+    ]
+    for run in runs:
+        dumps = [strip_positions(s) for s in run.block]
+        if edit.position == "after":
+            end = run.start  # the anchor is the statement before, past the other inserts
+            while skipped := next(
+                (o for o in others if o and end >= len(o) and dumps[end - len(o) : end] == o), None
+            ):
+                end -= len(skipped)
+            if end >= 1 and id(run.block[end - 1]) in anchors:
+                return run.statements
+        else:
+            begin = run.start + run.length
+            while skipped := next(
+                (o for o in others if o and dumps[begin : begin + len(o)] == o), None
+            ):
+                begin += len(skipped)
+            if begin < len(run.block) and id(run.block[begin]) in anchors:
+                return run.statements
+    return None
+
+
+def _edit_state(text: str, tree: ast.Module, patch: PatchSpec, i: int) -> EditState:
     """Is edit `i` present in `text`? Decided by syntax trees, never by marker comments."""
+    edit = patch.edits[i]
     try:
         if isinstance(edit, InsertEdit):
             scope = scope_of(tree, edit.scope, i)
-            present = find_statement_run(scope, statement_dumps(edit.code)) is not None
-            if present:
-                return EditState(i, "applied", "its code is present in the scope")
+            if inserted_run(tree, patch, i) is not None:
+                where = "in the scope" if edit.anchor is None else f"{edit.position} its anchor"
+                return EditState(i, "applied", f"its code is present {where}")
             if edit.anchor is not None:
                 select_in(scope, edit.anchor, i, "anchor")  # a missing anchor is a problem now
+                return EditState(i, "pending", f"its code is not {edit.position} its anchor")
             return EditState(i, "pending", "its code is not in the scope")
         if isinstance(edit, ReplaceEdit):
             return _replace_state(tree, edit, i)
@@ -213,22 +256,40 @@ def _edit_state(text: str, tree: ast.Module, edit: object, i: int) -> EditState:
         return EditState(i, "broken", problem.message, problem.candidates, problem.field)
 
 
+Span = tuple[int, int, int, int]
+
+
+def _run_span(run: StatementRun) -> Span:
+    statements = run.statements
+    return span(statements[0])[:2] + span(statements[-1])[2:]
+
+
+def _inside(inner: Span, outer: Span) -> bool:
+    return outer[:2] <= inner[:2] and inner[2:] <= outer[2:]
+
+
 def _replace_state(tree: ast.Module, edit: ReplaceEdit, i: int) -> EditState:
-    """A replace is applied when its new code is present and every place the selector still
-    matches lies inside that new code (the new code may contain the old, e.g. `max(x, 1)`)."""
+    """A replace is applied when its new code is present where the selector chose: for `only`,
+    every place the selector still matches lies inside new code (which may contain the old, e.g.
+    `max(x, 1)`); for `first` (`last`), new code comes before (after) every such place."""
     scope = scope_of(tree, edit.scope, i)
     field_name = edit_field(i, "select")
     if edit.select.expression is not None:
-        new_nodes: list[ast.AST] = [m.expr for m in matching_expressions(scope, edit.code)]
-        old_nodes: list[ast.AST] = [
-            m.expr for m in matching_expressions(scope, edit.select.expression)
-        ]
+        new_spans = [span(m.expr) for m in matching_expressions(scope, edit.code)]
+        old_spans = [span(m.expr) for m in matching_expressions(scope, edit.select.expression)]
     else:
-        run = find_statement_run(scope, statement_dumps(edit.code))
-        new_nodes = list(run or [])
-        old_nodes = [loc.stmt for loc in matching_statements(scope, edit.select)]
-    leftover = [old for old in old_nodes if not any(contains(new, old) for new in new_nodes)]
-    if new_nodes and not leftover:
+        new_spans = [_run_span(r) for r in find_statement_runs(scope, statement_dumps(edit.code))]
+        old_spans = [span(loc.stmt) for loc in matching_statements(scope, edit.select)]
+    leftover = sorted(old for old in old_spans if not any(_inside(old, new) for new in new_spans))
+    new_spans.sort()
+    if new_spans and (
+        not leftover
+        or (edit.select.which == "first" and new_spans[0][:2] < leftover[0][:2])
+        or (
+            edit.select.which == "last"
+            and max(s[2:] for s in new_spans) > max(s[2:] for s in leftover)
+        )
+    ):
         return EditState(i, "applied", "the replacement is present")
     if leftover:
         try:  # the selection must still be unambiguous for the edit to be applicable
@@ -265,7 +326,7 @@ def detect(source: bytes, patch: PatchSpec) -> Detection:
         decoded, tree = _decode(source)
     except SourceDecodeError as exc:
         return Detection("unknown", (), str(exc))
-    states = tuple(_edit_state(decoded.text, tree, edit, i) for i, edit in enumerate(patch.edits))
+    states = tuple(_edit_state(decoded.text, tree, patch, i) for i in range(len(patch.edits)))
     kinds = {s.state for s in states}
     if "broken" in kinds:
         broken = next(s for s in states if s.state == "broken")
@@ -331,7 +392,7 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
             return NotApplicable(patch.id, "its code is present but: " + "; ".join(problems))
         return AlreadyApplied(
             patch.id,
-            f"all {len(patch.edits)} edit(s) already present (recognised by syntax tree)"
+            f"all {len(patch.edits)} edit(s) already present (recognised by {_recognised_by(patch)})"
             + (", postconditions hold" if patch.postconditions else ""),
         )
     sha = sha256_hex(source)
@@ -410,6 +471,12 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
         encoding=decoded.encoding,
         newline=decoded.newline,
     )
+
+
+def _recognised_by(patch: PatchSpec) -> str:
+    """How the engine saw the edits in place: a diff by its reverse applying, others by tree."""
+    ways = {"reverse apply" if isinstance(e, DiffEdit) else "syntax tree" for e in patch.edits}
+    return " and ".join(sorted(ways, reverse=True))
 
 
 def _broken_field(patch: PatchSpec, state: EditState) -> str:
@@ -492,8 +559,7 @@ def unapply(
                 return NotApplicable(patch.id, problem.message, problem.field)
             text = apply_splices(text, splices)
             continue
-        scope = resolve_scope(tree, edit.scope)
-        run = find_statement_run(scope, statement_dumps(edit.code))
+        run = inserted_run(tree, patch, i)
         assert run is not None  # detection said applied
         indent = index.indentation(first_line(run[0]))
         end_line = last_line(run[-1])

@@ -1,0 +1,233 @@
+"""Golden pairs for where an edit is recognised as applied (issue 19): at the place its selector
+or anchor chose, not anywhere in its scope.
+
+Each case applies, re-applies (already applied, bytes unchanged) and reverses to the exact
+pre-image; the unpatched file must plan as applicable.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from opspatch.core.edit import (
+    AlreadyApplied,
+    Applied,
+    NotApplicable,
+    apply_patch,
+    detect,
+    reverse,
+    unapply,
+)
+from tests.patchkit import make_patch, src
+
+# ---------------------------------------------------------------------------------------------
+# replace with which = "first" / "last" (issue 19, bug 1)
+
+STEP = src(
+    """
+    class S:
+        def step(self):
+            if self.free <= 0 and self.chunked is not None:
+                return None
+            if self.chunked is not None and self.dynamic:
+                return len(self.chunked.prefix)
+    """
+)
+
+
+def _replace_expression(which: str) -> str:
+    return f"""
+[[edits]]
+kind = "replace"
+scope = "S.step"
+select = {{ expression = "self.chunked is not None", which = "{which}" }}
+code = "self.chunked is None"
+"""
+
+
+@pytest.mark.parametrize(
+    ("which", "expected"),
+    [
+        (
+            "first",
+            STEP.replace(
+                b"        if self.free <= 0 and self.chunked is not None:\n",
+                b"        # opspatch:t-patch\n"
+                b"        if self.free <= 0 and self.chunked is None:\n",
+            ),
+        ),
+        (
+            "last",
+            STEP.replace(
+                b"        if self.chunked is not None and self.dynamic:\n",
+                b"        # opspatch:t-patch\n        if self.chunked is None and self.dynamic:\n",
+            ),
+        ),
+    ],
+    ids=["first", "last"],
+)
+def test_replace_first_or_last_expression_applies_once_and_only_once(
+    which: str, expected: bytes
+) -> None:
+    patch = make_patch(_replace_expression(which))
+    assert detect(STEP, patch).state == "not-applied"
+    outcome = apply_patch(STEP, patch)
+    assert isinstance(outcome, Applied), outcome
+    assert outcome.new_source == expected, outcome.new_source.decode()
+    again = apply_patch(outcome.new_source, patch)
+    assert isinstance(again, AlreadyApplied), again
+    assert detect(outcome.new_source, patch).state == "applied"
+    assert reverse(outcome) == STEP
+
+
+def test_replace_first_expression_recognised_without_its_marker() -> None:
+    patch = make_patch(_replace_expression("first"))
+    outcome = apply_patch(STEP, patch)
+    assert isinstance(outcome, Applied)
+    unmarked = outcome.new_source.replace(b"        # opspatch:t-patch\n", b"")
+    assert isinstance(apply_patch(unmarked, patch), AlreadyApplied)
+
+
+LIMITS = src(
+    """
+    def clamp(x):
+        x = max(x, 0)
+        y = 1
+        x = max(x, 0)
+        return x
+    """
+)
+
+
+@pytest.mark.parametrize(("which", "line"), [("first", 2), ("last", 4)])
+def test_replace_first_or_last_statement_applies_once_and_only_once(which: str, line: int) -> None:
+    patch = make_patch(
+        f"""
+[[edits]]
+kind = "replace"
+scope = "clamp"
+select = {{ assigns = "x", which = "{which}" }}
+code = "x = min(max(x, 0), 9)"
+"""
+    )
+    outcome = apply_patch(LIMITS, patch)
+    assert isinstance(outcome, Applied), outcome
+    lines = outcome.new_source.decode().splitlines()
+    assert lines[line - 1 : line + 1] == ["    # opspatch:t-patch", "    x = min(max(x, 0), 9)"]
+    again = apply_patch(outcome.new_source, patch)
+    assert isinstance(again, AlreadyApplied), again
+    assert reverse(outcome) == LIMITS
+
+
+# ---------------------------------------------------------------------------------------------
+# insert recognised at its anchor (issue 19, bug 3)
+
+LOOP = src(
+    """
+    def run(batches):
+        for batch in batches:
+            batch.positions.add_(1)
+            out = batch.forward()
+            batch.hidden = out.hidden
+        return batches
+    """
+)
+
+MOVE_AFTER_HIDDEN = """
+[[edits]]
+kind = "insert"
+scope = "run"
+position = "after"
+anchor = { assigns = "batch.hidden" }
+code = "batch.positions.add_(1)"
+"""
+
+
+def test_insert_is_not_recognised_where_its_code_already_stands_elsewhere_in_the_scope() -> None:
+    patch = make_patch(MOVE_AFTER_HIDDEN)
+    assert detect(LOOP, patch).state == "not-applied"
+    outcome = apply_patch(LOOP, patch)
+    assert isinstance(outcome, Applied), outcome
+    assert outcome.new_source == LOOP.replace(
+        b"        batch.hidden = out.hidden\n",
+        b"        batch.hidden = out.hidden\n"
+        b"        # opspatch:t-patch\n"
+        b"        batch.positions.add_(1)\n",
+    )
+    again = apply_patch(outcome.new_source, patch)
+    assert isinstance(again, AlreadyApplied), again
+    assert reverse(outcome) == LOOP
+    undone = unapply(outcome.new_source, patch)
+    assert not isinstance(undone, NotApplicable), undone.reason
+    assert undone.old_source == LOOP
+
+
+def test_insert_before_is_recognised_only_just_before_its_anchor() -> None:
+    patch = make_patch(
+        """
+[[edits]]
+kind = "insert"
+scope = "run"
+position = "before"
+anchor = { calls = "batch.forward" }
+code = "batch.hidden = out.hidden"
+"""
+    )
+    assert detect(LOOP, patch).state == "not-applied"
+    outcome = apply_patch(LOOP, patch)
+    assert isinstance(outcome, Applied), outcome
+    assert isinstance(apply_patch(outcome.new_source, patch), AlreadyApplied)
+    undone = unapply(outcome.new_source, patch)
+    assert not isinstance(undone, NotApplicable), undone.reason
+    assert undone.old_source == LOOP
+
+
+def test_two_inserts_after_one_anchor_are_both_recognised() -> None:
+    patch = make_patch(
+        """
+[[edits]]
+kind = "insert"
+scope = "run"
+position = "after"
+anchor = { assigns = "out" }
+code = "a = 1"
+
+[[edits]]
+kind = "insert"
+scope = "run"
+position = "after"
+anchor = { assigns = "out" }
+code = "b = 2"
+"""
+    )
+    outcome = apply_patch(LOOP, patch)
+    assert isinstance(outcome, Applied), outcome
+    assert detect(outcome.new_source, patch).state == "applied"
+    assert isinstance(apply_patch(outcome.new_source, patch), AlreadyApplied)
+    undone = unapply(outcome.new_source, patch)
+    assert not isinstance(undone, NotApplicable), undone.reason
+    assert undone.old_source == LOOP
+
+
+# ---------------------------------------------------------------------------------------------
+# how an already-applied patch was recognised (issue 19)
+
+
+def test_an_applied_diff_says_it_was_recognised_by_reverse_apply() -> None:
+    from tests.test_edit_golden import DIFF_BEFORE, DIFF_PATCH
+
+    patch = make_patch(DIFF_PATCH)
+    outcome = apply_patch(DIFF_BEFORE, patch)
+    assert isinstance(outcome, Applied)
+    again = apply_patch(outcome.new_source, patch)
+    assert isinstance(again, AlreadyApplied)
+    assert again.reason == "all 1 edit(s) already present (recognised by reverse apply)"
+
+
+def test_an_applied_replace_says_it_was_recognised_by_syntax_tree() -> None:
+    patch = make_patch(_replace_expression("first"))
+    outcome = apply_patch(STEP, patch)
+    assert isinstance(outcome, Applied)
+    again = apply_patch(outcome.new_source, patch)
+    assert isinstance(again, AlreadyApplied)
+    assert again.reason == "all 1 edit(s) already present (recognised by syntax tree)"
