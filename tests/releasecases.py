@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from opspatch.config.patches import load_patch
-from opspatch.core.edit import Applied, NotApplicable, apply_patch, detect, unapply
+from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, detect, unapply
 from opspatch.core.spec import PatchSpec
 from opspatch.core.validate import validate_result
 from tests.patchkit import make_patch
@@ -93,7 +93,8 @@ def _plan_record(outcome: object) -> dict[str, object]:
             "field": outcome.field,
             "candidates": list(outcome.candidates),
         }
-    return {"outcome": getattr(outcome, "outcome"), "reason": getattr(outcome, "reason")}
+    assert isinstance(outcome, AlreadyApplied)
+    return {"outcome": outcome.outcome, "reason": outcome.reason}
 
 
 def cases() -> Iterator[tuple[str, str, bytes, PatchSpec]]:

@@ -17,6 +17,8 @@ from tests.releasecases import cases, record
 OUT = Path(__file__).resolve().parent / "real_release_outcomes.json"
 
 if __name__ == "__main__":
-    records = {name: record(name, relpath, source, patch) for name, relpath, source, patch in cases()}
+    records = {
+        name: record(name, relpath, source, patch) for name, relpath, source, patch in cases()
+    }
     OUT.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(f"{len(records)} cases -> {OUT}")
