@@ -111,6 +111,12 @@ class ApplyPipeline:
                 plan = self._plans[key] = apply_patch(content, self.patch.spec)
         return plan
 
+    def reuse(self, plan: Applied) -> None:
+        """Take a plan made before this pipeline (`apply --file` plans to ask first): a host whose
+        file is still its pre-image gets it without planning again."""
+        with self._plans_lock:
+            self._plans.setdefault((self.patch.sha256, plan.sha256_before), plan)
+
     # -- preflight: begin + plan ---------------------------------------------------------
 
     def prepare(
