@@ -182,3 +182,41 @@ def test_rollback_file_without_a_record_is_refused(site: Path, tmp_path: Path) -
     assert run.code == 2
     assert "the ledger has no change" in run.stderr
     assert target.read_bytes() == before
+
+
+def test_apply_file_plans_the_file_once(
+    site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan shown before asking is the plan applied: the pipeline does not plan again."""
+    from opspatch.config.patches import load_patch
+    from opspatch.core import edit
+    from opspatch.ledger.store import Ledger
+    from opspatch.runs import localfile, pipeline
+
+    planned: list[bytes] = []
+
+    def counting(source: bytes, patch: object, **kwargs: object) -> edit.PlanOutcome:
+        planned.append(source)
+        return edit.apply_patch(source, patch, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(localfile, "apply_patch", counting)
+    monkeypatch.setattr(pipeline, "apply_patch", counting)
+    loaded = load_patch(
+        Path(__file__).resolve().parent.parent / "patches" / "eagle-init-guard.toml"
+    )
+    target = site / EAGLE
+    before = target.read_bytes()
+    plan = localfile.plan_local_file(loaded, target, None)
+    ledger = Ledger.open(tmp_path / "ledger.sqlite3")
+    try:
+        report = localfile.apply_local_file(
+            loaded,
+            plan,
+            python=shutil.which("python3") or "python3",
+            ledger=ledger,
+            state_dir=tmp_path / "state",
+        )
+    finally:
+        ledger.close()
+    assert [h.outcome for h in report.hosts] == ["applied"]
+    assert planned == [before] and target.read_bytes() != before

@@ -468,3 +468,43 @@ def test_a_change_proven_before_the_kill_whose_engine_died_since_is_restarted_by
     (outcome,) = report.hosts
     assert outcome.outcome == "applied", outcome
     assert "restart" in fleet.transports[host.name].ops  # it was brought back, not trusted
+
+
+def _count_plans(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The files the pipeline planned the patch on, one entry per call of the planner."""
+    from opspatch.core.edit import apply_patch
+    from opspatch.runs import pipeline
+
+    planned: list[bytes] = []
+
+    def counting(source: bytes, patch: Any, **kwargs: Any) -> Any:
+        planned.append(source)
+        return apply_patch(source, patch, **kwargs)
+
+    monkeypatch.setattr(pipeline, "apply_patch", counting)
+    return planned
+
+
+def test_hosts_with_one_pre_image_share_one_plan(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planned = _count_plans(monkeypatch)
+    report = fleet.apply()
+    assert set(fleet.outcomes(report).values()) == {"applied"}
+    assert len(planned) == 1 and sha(planned[0]) == PRISTINE
+    patched = {sha(host.file.read_bytes()) for host in fleet.hosts}
+    assert len(patched) == 1 and PRISTINE not in patched
+    for host in fleet.hosts:  # the swap (and the host's own compile check) stays per host
+        assert host.requests.count("swap") == 1
+
+
+def test_hosts_with_different_pre_images_each_get_their_own_plan(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for index, host in enumerate(fleet.hosts[1:], start=1):
+        host.file.write_bytes(host.file.read_bytes() + f"# host {index}\n".encode())
+    pre_images = sorted(sha(host.file.read_bytes()) for host in fleet.hosts)
+    planned = _count_plans(monkeypatch)
+    report = fleet.apply()
+    assert set(fleet.outcomes(report).values()) == {"applied"}
+    assert sorted(sha(p) for p in planned) == pre_images  # one plan each, on its own file

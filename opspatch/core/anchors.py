@@ -12,7 +12,6 @@ Pure: works on `ast` trees.
 from __future__ import annotations
 
 import ast
-import copy
 import difflib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -217,6 +216,69 @@ def strip_positions(node: ast.AST) -> str:
     return ast.dump(node, annotate_fields=True, include_attributes=False)
 
 
+def dump_matches(node: ast.AST, dump: str) -> bool:
+    """`strip_positions(node) == dump`, without dumping nodes of another type (a dump starts with
+    its node's type name): most candidates in a scope differ at the top."""
+    name = type(node).__name__
+    return (
+        dump.startswith(name)
+        and dump[len(name) : len(name) + 1] == "("
+        and (strip_positions(node) == dump)
+    )
+
+
+_OMITTED = object()
+_PLAIN = (str, int, bool, bytes)
+"""Values whose `repr`s are equal exactly when they are (floats are not: `0.0 == -0.0`)."""
+
+
+def _field_value(node: ast.AST, name: str) -> object:
+    """A field as `ast.dump` sees it: missing, or None where the class default is None, is
+    omitted from the dump."""
+    value = getattr(node, name, _OMITTED)
+    if value is None and getattr(type(node), name, ...) is None:
+        return _OMITTED
+    return value
+
+
+def same_code(old: ast.AST, new: ast.AST, *, stub_nested: bool = False) -> bool:
+    """`strip_positions(old) == strip_positions(new)`, decided by walking both trees side by side
+    and stopping at the first difference. With `stub_nested`, definitions nested in the two roots
+    count as their kind and name only (`<FunctionDef name>`): the roots' own code is compared,
+    their nested definitions are compared on their own.
+
+    Constants compare as `ast.dump` prints them (by type and `repr`), so `1` and `1.0` differ.
+    """
+    roots = (old, new)
+    stack: list[tuple[object, object]] = [(old, new)]
+    while stack:
+        a, b = stack.pop()
+        if stub_nested:
+            if isinstance(a, DefNode) and a not in roots:
+                a = _stub(a)
+            if isinstance(b, DefNode) and b not in roots:
+                b = _stub(b)
+        if isinstance(a, ast.AST):
+            if type(a) is not type(b):
+                return False
+            for name in a._fields:
+                stack.append((_field_value(a, name), _field_value(b, name)))
+        elif isinstance(a, list):
+            if not isinstance(b, list) or len(a) != len(b):
+                return False
+            stack.extend(zip(a, b, strict=True))
+        elif a is _OMITTED or b is _OMITTED or type(a) is not type(b):
+            if a is not b:
+                return False
+        elif (a != b) if type(a) in _PLAIN else (repr(a) != repr(b)):
+            return False
+    return True
+
+
+def _stub(node: DefNode) -> ast.stmt:
+    return ast.Expr(ast.Constant(f"<{type(node).__name__} {node.name}>"))
+
+
 def statement_dumps(code: str) -> list[str]:
     """Dumps of the statements of a (dedented) snippet."""
     import textwrap
@@ -303,7 +365,7 @@ def matching_statements(
                 stmt.name == selector.defines
             )
         else:
-            hit = strip_positions(stmt) == wanted_dump
+            hit = wanted_dump is not None and dump_matches(stmt, wanted_dump)
         if hit:
             found.append(loc)
     return found
@@ -345,7 +407,7 @@ def matching_expressions(scope: Scope, code: str) -> list[LocatedExpression]:
     for loc in iter_statements(scope.node):
         for expr_root in _header_expressions(loc.stmt):
             for sub in ast.walk(expr_root):
-                if isinstance(sub, ast.expr) and strip_positions(sub) == wanted:
+                if isinstance(sub, ast.expr) and dump_matches(sub, wanted):
                     unique.setdefault(
                         (sub.lineno, sub.col_offset), LocatedExpression(sub, loc.stmt)
                     )
@@ -391,9 +453,8 @@ def find_statement_runs(scope: Scope, dumps: Sequence[str]) -> list[StatementRun
     n = len(dumps)
     runs: list[StatementRun] = []
     for block in scope_blocks(scope.node):
-        block_dumps = [strip_positions(s) for s in block]
         for i in range(len(block) - n + 1):
-            if block_dumps[i : i + n] == list(dumps):
+            if all(dump_matches(s, d) for s, d in zip(block[i : i + n], dumps, strict=True)):
                 runs.append(StatementRun(block, i, n))
     return runs
 
@@ -402,32 +463,3 @@ def find_statement_run(scope: Scope, dumps: Sequence[str]) -> list[ast.stmt] | N
     """The first run of consecutive statements of `scope` equal to `dumps`, if present."""
     runs = find_statement_runs(scope, dumps)
     return runs[0].statements if runs else None
-
-
-def skeleton(node: ast.AST) -> str:
-    """A dump of `node` with nested definitions reduced to their names.
-
-    Two versions of a scope with equal skeletons differ at most inside their nested definitions,
-    which are compared on their own.
-    """
-
-    class _Reduce(ast.NodeTransformer):
-        def __init__(self, root: ast.AST) -> None:
-            self.root = root
-
-        def _stub(self, node: DefNode) -> ast.AST:
-            if node is self.root:
-                return self.generic_visit(node)
-            return ast.Expr(ast.Constant(f"<{type(node).__name__} {node.name}>"))
-
-        def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
-            return self._stub(node)
-
-        def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> ast.AST:
-            return self._stub(node)
-
-        def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
-            return self._stub(node)
-
-    clone = copy.deepcopy(node)
-    return strip_positions(_Reduce(clone).visit(clone))

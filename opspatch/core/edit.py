@@ -326,6 +326,11 @@ def detect(source: bytes, patch: PatchSpec) -> Detection:
         decoded, tree = _decode(source)
     except SourceDecodeError as exc:
         return Detection("unknown", (), str(exc))
+    return _detect_parsed(decoded, tree, patch)
+
+
+def _detect_parsed(decoded: SourceText, tree: ast.Module, patch: PatchSpec) -> Detection:
+    """`detect` on a file already decoded and parsed (`tree` is `parse_python(decoded.text)`)."""
     states = tuple(_edit_state(decoded.text, tree, patch, i) for i in range(len(patch.edits)))
     kinds = {s.state for s in states}
     if "broken" in kinds:
@@ -364,7 +369,7 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
         decoded, tree = _decode(source)
     except SourceDecodeError as exc:
         return NotApplicable(patch.id, str(exc))
-    detection = detect(source, patch)
+    detection = _detect_parsed(decoded, tree, patch)
     if detection.state == "unknown":
         broken = next((s for s in detection.edits if s.state == "broken"), None)
         if broken is not None:
@@ -387,6 +392,7 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
             edited_scopes=(),
             filename=relpath,
             check_compile=False,
+            new_tree=tree,
         )
         if problems:
             return NotApplicable(patch.id, "its code is present but: " + "; ".join(problems))
@@ -406,9 +412,9 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
     text = decoded.text
     records: list[EditRecord] = []
     scopes: list[str] = []
+    current_tree = tree  # the tree of `text`, parsed once per text
     try:
         for i, edit in enumerate(patch.edits):
-            current_tree = tree if i == 0 else parse_python(text)
             if isinstance(edit, InsertEdit):
                 splices, edit_scopes = place_insert(
                     text, current_tree, edit, patch, decoded.newline, i
@@ -436,7 +442,7 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
             scopes.extend(s for s in edit_scopes if s not in scopes)
             text = new_text
             try:
-                parse_python(text)
+                current_tree = parse_python(text)
             except SyntaxError as exc:
                 where = f" (line {exc.lineno})" if exc.lineno else ""
                 return NotApplicable(
@@ -458,6 +464,8 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
         patch=patch,
         edited_scopes=tuple(scopes),
         filename=relpath,
+        old_tree=tree,
+        new_tree=current_tree,
     )
     if problems:
         return NotApplicable(patch.id, "the result fails validation: " + "; ".join(problems))

@@ -27,11 +27,12 @@ from opspatch.core.anchors import (
     calls_in,
     first_line,
     iter_definitions,
+    last_line,
     resolve_scope,
-    skeleton,
+    same_code,
     statement_assigns,
-    strip_positions,
 )
+from opspatch.core.source import LineIndex
 from opspatch.core.spec import (
     MODULE_SCOPE,
     AssignedBeforeCalls,
@@ -141,17 +142,56 @@ def _definitions(tree: ast.Module) -> dict[str, list[ast.AST]]:
     return found
 
 
+class _Unchanged:
+    """Whether a definition is the same code in both trees.
+
+    With both texts, a definition whose lines are the same text in both files is the same code
+    (it starts a logical line in both, so the same tokens make the same tree): one string
+    comparison instead of a walk of both trees, for the many definitions a patch does not touch.
+    The others are compared node by node (`same_code`)."""
+
+    def __init__(self, old_text: str | None, new_text: str | None) -> None:
+        self.texts = (
+            (LineIndex(old_text), LineIndex(new_text))
+            if old_text is not None and new_text is not None
+            else None
+        )
+
+    def __call__(self, old: ast.AST, new: ast.AST, *, stub_nested: bool = False) -> bool:
+        if self.texts is not None and isinstance(old, ast.stmt) and isinstance(new, ast.stmt):
+            old_index, new_index = self.texts
+            old_span = old_index.text[
+                old_index.line_start(first_line(old)) : old_index.line_end(last_line(old))
+            ]
+            new_span = new_index.text[
+                new_index.line_start(first_line(new)) : new_index.line_end(last_line(new))
+            ]
+            if old_span == new_span:
+                return True
+        return same_code(old, new, stub_nested=stub_nested)
+
+
 def check_untouched(
-    old_tree: ast.Module, new_tree: ast.Module, edited_scopes: Sequence[str]
+    old_tree: ast.Module,
+    new_tree: ast.Module,
+    edited_scopes: Sequence[str],
+    *,
+    old_text: str | None = None,
+    new_text: str | None = None,
 ) -> list[str]:
-    """Problems where the new tree differs from the old outside the edited scopes."""
+    """Problems where the new tree differs from the old outside the edited scopes.
+
+    `old_text` and `new_text`, the texts the trees were parsed from, let definitions whose text
+    is unchanged be recognised without walking their trees.
+    """
+    unchanged = _Unchanged(old_text, new_text)
     edited = set(edited_scopes)
     enclosing = {MODULE_SCOPE}
     for scope in edited:
         parts = scope.split(".") if scope != MODULE_SCOPE else []
         enclosing.update(".".join(parts[:k]) for k in range(1, len(parts)))
     problems = []
-    if MODULE_SCOPE not in edited and skeleton(old_tree) != skeleton(new_tree):
+    if MODULE_SCOPE not in edited and not same_code(old_tree, new_tree, stub_nested=True):
         problems.append("module-level code outside the edited scopes changed")
     old_defs = _definitions(old_tree)
     new_defs = _definitions(new_tree)
@@ -166,9 +206,9 @@ def check_untouched(
                 f"`{qualname}` is defined {len(new_nodes)} time(s) instead of {len(old_nodes)}"
             )
             continue
-        compare = skeleton if qualname in enclosing else strip_positions
+        stub_nested = qualname in enclosing
         for old, new in zip(old_nodes, new_nodes, strict=False):
-            if compare(old) != compare(new):
+            if not unchanged(old, new, stub_nested=stub_nested):
                 problems.append(f"`{qualname}` changed, but the patch does not edit it")
                 break
     # definitions nested inside an edited scope must survive unchanged unless edited themselves
@@ -182,7 +222,9 @@ def check_untouched(
             ):
                 continue
             new_nodes = new_defs.get(qualname, [])
-            if [strip_positions(n) for n in new_nodes] != [strip_positions(n) for n in old_nodes]:
+            if len(new_nodes) != len(old_nodes) or not all(
+                unchanged(old, new) for old, new in zip(old_nodes, new_nodes, strict=True)
+            ):
                 problems.append(f"`{qualname}` changed, but the patch does not edit it")
     return sorted(set(problems))
 
@@ -196,15 +238,26 @@ def validate_result(
     edited_scopes: Sequence[str],
     filename: str,
     check_compile: bool = True,
+    old_tree: ast.Module | None = None,
+    new_tree: ast.Module | None = None,
 ) -> list[str]:
-    """Every problem with a patched text; empty when it may be written."""
+    """Every problem with a patched text; empty when it may be written.
+
+    `old_tree` and `new_tree`, when the caller has them, are `parse_python(old_text)` and
+    `parse_python(new_text)`: passing them saves parsing a text again.
+    """
     problems = []
     if check_compile:
         problems += check_compiles(new_source, filename, patch.target.feature_version)
         if problems:
             return problems
-    new_tree = parse_python(new_text)
+    if new_tree is None:
+        new_tree = parse_python(new_text)
     problems += check_postconditions(new_tree, patch)
     if old_text is not new_text:
-        problems += check_untouched(parse_python(old_text), new_tree, edited_scopes)
+        if old_tree is None:
+            old_tree = parse_python(old_text)
+        problems += check_untouched(
+            old_tree, new_tree, edited_scopes, old_text=old_text, new_text=new_text
+        )
     return problems

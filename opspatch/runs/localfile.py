@@ -157,6 +157,8 @@ def apply_local_file(
         pipeline = ApplyPipeline(
             loaded, playbook, restart_engine=False, unrestarted=Outcome.APPLIED
         )
+        if isinstance(plan.outcome, Applied):
+            pipeline.reuse(plan.outcome)
         with HostSession(
             host,
             transport_factory(),

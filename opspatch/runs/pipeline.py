@@ -16,12 +16,14 @@ on a failure after the swap:  restore -> restart -> ready -> smoke (reported)
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch
 from opspatch.core.gate import version_gate
 from opspatch.core.policy import Playbook
+from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch, Target
 from opspatch.core.vocabulary import Outcome
 from opspatch.errors import OpspatchError, PreimageMismatch
@@ -94,6 +96,26 @@ class ApplyPipeline:
         self.playbook = playbook
         self.restart_engine = restart_engine
         self.unrestarted = unrestarted
+        # A plan depends on the patch and the file's bytes alone (the version gate, per host, is
+        # not part of it): hosts with one pre-image share one plan and its validation.
+        self._plans: dict[tuple[str, str], PlanOutcome] = {}
+        self._plans_lock = threading.Lock()
+
+    def plan(self, content: bytes) -> PlanOutcome:
+        """The plan of the patch on a file of these bytes, made once per pre-image in this
+        pipeline; the preflight's threads wait for a plan being made."""
+        key = (self.patch.sha256, sha256_hex(content))
+        with self._plans_lock:
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._plans[key] = apply_patch(content, self.patch.spec)
+        return plan
+
+    def reuse(self, plan: Applied) -> None:
+        """Take a plan made before this pipeline (`apply --file` plans to ask first): a host whose
+        file is still its pre-image gets it without planning again."""
+        with self._plans_lock:
+            self._plans.setdefault((self.patch.sha256, plan.sha256_before), plan)
 
     # -- preflight: begin + plan ---------------------------------------------------------
 
@@ -141,7 +163,7 @@ class ApplyPipeline:
         else:
             mismatch = gate_inspection(target, inspection)
         with session.step("plan") as note:
-            plan = apply_patch(inspection.file.content, self.patch.spec)
+            plan = self.plan(inspection.file.content)
             note["detail"] = plan.outcome
         return Prepared(inspection, plan, mismatch)
 
