@@ -220,3 +220,108 @@ def test_apply_file_plans_the_file_once(
         ledger.close()
     assert [h.outcome for h in report.hosts] == ["applied"]
     assert planned == [before] and target.read_bytes() != before
+
+
+# ---------------------------------------------------------------------------------------------
+# which recorded change the live file is at: stacked patches, a patch applied twice
+
+
+def _module_end_patch(patch_id: str, line: str) -> str:
+    """A patch that appends `line` to eagle_worker_v2 (each `line` a different edit)."""
+    return (
+        f'id = "{patch_id}"\nsummary = "append {line}"\nrationale = "test"\n'
+        '[target]\nmodule = "sglang.srt.speculative.eagle_worker_v2"\nversions = ">=0.5.4"\n'
+        f'[[edits]]\nkind = "insert"\nscope = "<module>"\nposition = "end"\ncode = "{line}"\n'
+    )
+
+
+def _apply_file(patch_id: str, target: Path, workspace: Path, env: dict[str, str]) -> str:
+    run = opspatch("apply", patch_id, "--file", str(target), "--yes", "--json",
+                   cwd=workspace, env=env)  # fmt: skip
+    assert run.code == 0, run.stdout + run.stderr
+    assert run.json()["hosts"][0]["outcome"] == "applied"
+    return str(run.json()["run_id"])
+
+
+def _rollback_file(*args: str, target: Path, workspace: Path, env: dict[str, str]) -> dict:  # type: ignore[type-arg]
+    run = opspatch("rollback", *args, "--file", str(target), "--yes", "--json",
+                   cwd=workspace, env=env)  # fmt: skip
+    doc = run.json()
+    doc["exit"] = run.code
+    return doc  # type: ignore[no-any-return]
+
+
+def test_stacked_patches_roll_back_newest_first_to_the_pristine_bytes(
+    site: Path, workspace: Path, tmp_path: Path
+) -> None:
+    """Patch B applied on top of patch A on one file: rolling A back first is refused, naming
+    B's run (opspatch made that change itself, nothing drifted); B then A gives the pristine
+    bytes back."""
+    target = site / EAGLE
+    pristine = target.read_bytes()
+    env = {"OPSPATCH_STATE_DIR": str(tmp_path / "state")}
+    (workspace / "patches" / "stack-a.toml").write_text(_module_end_patch("stack-a", "STACK_A = 1"))
+    (workspace / "patches" / "stack-b.toml").write_text(_module_end_patch("stack-b", "STACK_B = 2"))
+    _apply_file("stack-a", target, workspace, env)
+    with_a = target.read_bytes()
+    run_b = _apply_file("stack-b", target, workspace, env)
+    with_both = target.read_bytes()
+
+    first_a = _rollback_file("stack-a", target=target, workspace=workspace, env=env)
+    assert first_a["exit"] == 2, first_a
+    (host,) = first_a["hosts"]
+    assert host["outcome"] == "skipped"
+    assert f"patched further by run {run_b} (stack-b): roll stack-b back first" in host["error"]
+    assert "changed since" not in host["error"]
+    assert target.read_bytes() == with_both
+
+    b = _rollback_file("stack-b", target=target, workspace=workspace, env=env)
+    assert (b["exit"], b["hosts"][0]["outcome"]) == (0, "restored"), b
+    assert target.read_bytes() == with_a
+    a = _rollback_file("stack-a", target=target, workspace=workspace, env=env)
+    assert (a["exit"], a["hosts"][0]["outcome"]) == (0, "restored"), a
+    assert target.read_bytes() == pristine
+
+
+def test_a_patch_applied_twice_rolls_back_through_every_recorded_version(
+    site: Path, workspace: Path, tmp_path: Path
+) -> None:
+    """Two runs of one patch, the second on the first's post-image (the patch file changed in
+    between): rollback restores wherever the live file is a recorded post-image, so two
+    rollbacks give the pristine bytes and only the third says there is nothing to restore.
+    `rollback --run R --file F` undoes one run, and names the run on top of it first."""
+    target = site / EAGLE
+    pristine = target.read_bytes()
+    env = {"OPSPATCH_STATE_DIR": str(tmp_path / "state")}
+    patch_file = workspace / "patches" / "twice.toml"
+    patch_file.write_text(_module_end_patch("twice", "TWICE = 1"))
+    run_1 = _apply_file("twice", target, workspace, env)
+    once = target.read_bytes()
+    patch_file.write_text(_module_end_patch("twice", "TWICE_AGAIN = 2"))
+    run_2 = _apply_file("twice", target, workspace, env)
+    twice = target.read_bytes()
+
+    under = _rollback_file("--run", run_1, target=target, workspace=workspace, env=env)
+    assert under["exit"] == 2, under
+    error = under["hosts"][0]["error"]
+    assert f"patched further by run {run_2} (twice): roll twice back first" in error
+    assert target.read_bytes() == twice
+
+    back = _rollback_file("twice", target=target, workspace=workspace, env=env)
+    assert (back["exit"], back["hosts"][0]["outcome"]) == (0, "restored"), back
+    assert target.read_bytes() == once
+    back = _rollback_file("twice", target=target, workspace=workspace, env=env)
+    assert (back["exit"], back["hosts"][0]["outcome"]) == (0, "restored"), back
+    assert target.read_bytes() == pristine
+    done = _rollback_file("twice", target=target, workspace=workspace, env=env)
+    assert (done["exit"], done["hosts"][0]["outcome"]) == (0, "skipped"), done
+    assert "already at the pre-image" in done["hosts"][0]["note"]
+    assert target.read_bytes() == pristine
+
+    # the same walk by run: run 2 first, then run 1
+    _apply_file("twice", target, workspace, env)  # TWICE_AGAIN = 2 onto the pristine file
+    patch_file.write_text(_module_end_patch("twice", "TWICE = 1"))
+    top = _apply_file("twice", target, workspace, env)
+    by_run = _rollback_file("--run", top, target=target, workspace=workspace, env=env)
+    assert (by_run["exit"], by_run["hosts"][0]["outcome"]) == (0, "restored"), by_run
+    assert b"TWICE_AGAIN = 2" in target.read_bytes() and b"TWICE = 1" not in target.read_bytes()

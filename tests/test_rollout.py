@@ -617,3 +617,64 @@ def test_a_staged_apply_leaves_servers_running_old_code_until_restart_proves_it(
     assert all(outcomes[n] == "skipped" for n in others)
     assert fleet.sha(canary) == guarded[canary]
     assert "RuntimeError: broken by a test patch" in broken.json()["hosts"][0]["error"]
+
+
+def test_stacked_patches_over_ssh_status_names_the_run_on_top_and_roll_back_in_order(
+    tmp_path: Path,
+) -> None:
+    """Patch B applied on top of patch A on one host (over real sshd): `status` says A is
+    applied and patched further by B's run (not drifted), `rollback A` is refused naming B,
+    and B then A gives back the bytes before A."""
+    if find_sshd() is None:
+        pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)")
+    fleet = SandboxFleet(tmp_path, 1, ssh=True).up()
+    try:
+        (name,) = fleet.names
+        _guarded(fleet)  # a healthy engine, so every restart's smoke decode passes
+        guarded = fleet.sha(name)
+        for patch_id, line in (("stack-a", "STACK_A = 1"), ("stack-b", "STACK_B = 2")):
+            fleet.write_patch(patch_id, _test_patch(patch_id, line, f"appends {line}"))
+        applied = {}
+        for patch_id in ("stack-a", "stack-b"):
+            run = fleet.opspatch("apply", patch_id, "--hosts", fleet.inventory, "--yes", "--json")
+            assert run.code == 0, run.stdout + run.stderr
+            assert _outcomes(run.json()) == {name: "applied"}
+            applied[patch_id] = run.json()["run_id"]
+        stacked = fleet.sha(name)
+        run_a, run_b = applied["stack-a"], applied["stack-b"]
+
+        status = fleet.opspatch("status", "--hosts", fleet.inventory, "--patch", "stack-a",
+                                "--patch", "stack-b", "--patch", "eagle-init-guard", "--json")  # fmt: skip
+        assert status.code == 0, status.stdout + status.stderr
+        found = {s["patch"]: (s["state"], s["detail"]) for s in status.json()["status"]}
+        assert found["stack-b"] == ("applied", f"as written by run {run_b}")
+        assert found["stack-a"] == (
+            "applied",
+            f"written by run {run_a}, patched further by run {run_b} (stack-b): "
+            "roll stack-b back first",
+        )
+        assert found["eagle-init-guard"][0] == "applied"
+        assert found["eagle-init-guard"][1].endswith(
+            f"patched further by run {run_a} (stack-a), then run {run_b} (stack-b): "
+            "roll stack-b back first"
+        )
+
+        refused = fleet.opspatch("rollback", "stack-a", "--hosts", fleet.inventory, "--yes",
+                                 "--json")  # fmt: skip
+        assert refused.code == 2, refused.stdout + refused.stderr
+        (host,) = refused.json()["hosts"]
+        assert host["outcome"] == "skipped"
+        assert f"patched further by run {run_b} (stack-b): roll stack-b back first" in host["error"]
+        assert fleet.sha(name) == stacked
+
+        for patch_id in ("stack-b", "stack-a"):
+            back = fleet.opspatch("rollback", patch_id, "--hosts", fleet.inventory, "--yes",
+                                  "--json")  # fmt: skip
+            assert back.code == 0, back.stdout + back.stderr
+            assert _outcomes(back.json()) == {name: "restored"}
+        assert fleet.sha(name) == guarded
+        status = fleet.opspatch("status", "--hosts", fleet.inventory, "--patch", "stack-a",
+                                "--json")  # fmt: skip
+        assert [s["state"] for s in status.json()["status"]] == ["not-applied"]
+    finally:
+        fleet.close()

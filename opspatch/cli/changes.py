@@ -141,24 +141,28 @@ def rollback(
     if (patch is None) == (run is None):
         raise InputError("rollback needs exactly one of PATCH or --run RUN_ID")
     ledger = options.open_ledger()
-    if file is not None and hosts is None and patch is not None:
+    source_run = ledger.get_run(run) if run is not None else None
+    if file is not None and hosts is None:
         from opspatch.runs.localfile import rollback_local_file
 
-        loaded_file = options.load_patch(patch)
-        confirm_or_refuse(f"Restore {file} to its state before {loaded_file.spec.id}?", yes=yes)
+        loaded_file = options.load_patch(patch) if patch is not None else None
+        what = loaded_file.spec.id if loaded_file else f"run {run}"
+        confirm_or_refuse(f"Restore {file} to its state before {what}?", yes=yes)
         finish(
             rollback_local_file(
-                loaded_file, file, python=python, ledger=ledger, state_dir=options.state_dir()
+                file,
+                patch=loaded_file,
+                source_run=source_run,
+                python=python,
+                ledger=ledger,
+                state_dir=options.state_dir(),
             ),
             as_json,
         )
-    source_run = ledger.get_run(run) if run is not None else None
-    if hosts is None and source_run is not None and file is None:
+    if hosts is None and source_run is not None:
         selected = hosts_of_run(source_run.summary.hosts, source_run.summary.inventories)
     else:
         one_target(file, hosts, "rollback")
-        if file is not None:
-            raise InputError("rollback --file takes a PATCH, not --run")
         assert hosts is not None
         selected = options.hosts(hosts)
     loaded = options.load_patch(patch) if patch is not None else None

@@ -48,6 +48,7 @@ from opspatch.ledger.events import (
     start_event,
 )
 from opspatch.ledger.failures import filesystem_failure
+from opspatch.ledger.lineage import applied_versions
 from opspatch.ledger.liveness import ControllerProcess, operator_identity
 from opspatch.ledger.records import (
     FILE_ACTIONS,
@@ -522,17 +523,8 @@ class Ledger:
         Raises:
             LedgerError: the ledger cannot be read.
         """
-        history = self.file_history(host, path)  # newest first
-        for index, version in enumerate(history):
-            if version.action != "patch" or version.patch_id != patch_id:
-                continue
-            undone_in_same_run = any(
-                later.run_id == version.run_id and later.action == "restore"
-                for later in history[:index]
-            )
-            if not undone_in_same_run:
-                return version
-        return None
+        found = applied_versions(self.file_history(host, path), patch_id)
+        return found[0] if found else None
 
     def settings(self) -> dict[str, Any]:
         """The SQLite settings this connection runs with, as PRAGMA reports them.

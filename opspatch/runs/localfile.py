@@ -24,7 +24,7 @@ from opspatch.core.spec import LoadedPatch, Target
 from opspatch.core.tomlsource import parse_field_path
 from opspatch.core.vocabulary import Outcome
 from opspatch.errors import InputError, Location, OpspatchError, SpecError, TargetError
-from opspatch.ledger.store import Ledger
+from opspatch.ledger.store import Ledger, RunDetail
 from opspatch.runs.connect import transport_factory
 from opspatch.runs.pipeline import ApplyPipeline
 from opspatch.runs.recorded import recorded_run
@@ -187,19 +187,34 @@ def apply_local_file(
 
 
 def rollback_local_file(
-    loaded: LoadedPatch, file: Path, *, python: str, ledger: Ledger, state_dir: Path
+    file: Path,
+    *,
+    patch: LoadedPatch | None = None,
+    source_run: RunDetail | None = None,
+    python: str,
+    ledger: Ledger,
+    state_dir: Path,
 ) -> RunReport:
-    """Restore the pre-image opspatch recorded for `file` (where it is still what opspatch wrote).
+    """Restore the pre-image opspatch recorded for `file` by `patch` (or by the run
+    `source_run`), where the file is still what opspatch wrote.
 
     Raises:
-        InputError: no such file, or the ledger has no change by this patch to it.
+        InputError: no such file, or the ledger has no change by this patch (run) to it.
     """
     if not file.is_file():
         raise InputError(f"{file}: no such file")
     host = local_file_host(python, str(state_dir / "local"))
-    if not ledger.file_history(host.name, str(file.resolve())):
+    path = str(file.resolve())
+    history = ledger.file_history(host.name, path)
+    if source_run is not None:
+        by = f"run {source_run.run_id}"
+        recorded = any(v.run_id == source_run.run_id for v in history)
+    else:
+        by = patch.spec.id if patch else "?"
+        recorded = bool(history)
+    if not recorded:
         raise InputError(
-            f"the ledger has no change by {loaded.spec.id} to {file.resolve()} on this machine",
+            f"the ledger has no change by {by} to {path} on this machine",
             hint="rollback restores what opspatch recorded; see `opspatch ledger list`",
         )
     return rollback_hosts(
@@ -207,7 +222,8 @@ def rollback_local_file(
         hosts=[host],
         factory=transport_factory(),
         playbook=Playbook(),
-        patch=loaded,
+        patch=patch,
+        source_run=source_run,
         restart_engine=False,
-        only_path=str(file.resolve()),
+        only_path=path,
     )

@@ -26,6 +26,13 @@ from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Outcome
 from opspatch.errors import OpspatchError, RemoteOperationError
+from opspatch.ledger.lineage import (
+    AtPostImage,
+    AtPreImage,
+    PatchedFurther,
+    applied_versions,
+    locate,
+)
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import halt_on_attention, one_batch
@@ -174,6 +181,9 @@ class _Rollback:
         self.only_path = only_path
 
     def versions_for(self, host: str) -> list[FileVersion]:
+        """The changes to undo on `host`, of one path (the first that has any), newest first:
+        every change the patch made there (a patch applied twice is undone one run at a time),
+        or the run's own."""
         if self.source_run is not None:
             try:
                 record = self.source_run.host(host)
@@ -181,52 +191,66 @@ class _Rollback:
                 return []
             if record.outcome == Outcome.FAILED:  # nothing changed there (the swap was refused)
                 return []
-            return [v for v in record.file_versions if v.action == "patch"]
+            found = [
+                v
+                for v in reversed(record.file_versions)
+                if v.action == "patch" and self.only_path in (None, v.path)
+            ]
+            return [v for v in found if v.path == found[0].path]
         assert self.patch is not None
         history = self.ledger.file_history(host, self.only_path)
-        paths = []
-        for version in history:
-            if version.patch_id == self.patch.spec.id and version.path not in paths:
-                paths.append(version.path)
-        found = [self.ledger.last_applied(host, path, self.patch.spec.id) for path in paths]
-        return [v for v in found if v is not None]
+        paths = list(dict.fromkeys(v.path for v in history if v.patch_id == self.patch.spec.id))
+        for path in paths:
+            found = applied_versions(self.ledger.file_history(host, path), self.patch.spec.id)
+            if found:
+                return found
+        return []
 
     def host(self, session: HostSession) -> HostOutcome:
-        versions = self.versions_for(session.name)
+        candidates = self.versions_for(session.name)
         what = (
             f"run {self.source_run.run_id}"
             if self.source_run
             else f"patch {self.patch.spec.id if self.patch else '?'}"
         )
-        if not versions:
+        if not candidates:
             if self.patch is None:
                 return session.outcome(
                     Outcome.SKIPPED, note=f"the ledger has no change by {what} on this host"
                 )
             return self._without_record(session, self.patch)
-        version = versions[0]
+        path = candidates[0].path
         timeouts = session.playbook.timeouts
         with session.step("begin") as note:
             _, inspection = session.ops.begin(
-                path=version.path,
+                path=path,
                 run_id=session.run_id or "",
                 timeout=timeouts.lock + timeouts.inspect,
             )
             note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
         live = inspection.file.sha256
-        if live == version.sha256_before:
+        unchanged = FileChange(path, live, live)
+        standing = locate(self.ledger.file_history(session.name, path), candidates, live)
+        if isinstance(standing, AtPreImage):
             return session.outcome(
-                Outcome.SKIPPED,
-                file=FileChange(version.path, live, live),
-                note="already at the pre-image; nothing to restore",
+                Outcome.SKIPPED, file=unchanged, note="already at the pre-image; nothing to restore"
             )
-        if live != version.sha256_after:
+        if isinstance(standing, PatchedFurther):
             return session.outcome(
                 Outcome.SKIPPED,
-                f"refused: {version.path} is {live[:12]}, not the {version.sha256_after[:12]} opspatch "
+                f"refused: {path} is {live[:12]}: the change of run {standing.version.run_id} was "
+                f"{standing.advice()}",
+                file=unchanged,
+            )
+        if not isinstance(standing, AtPostImage):
+            version = candidates[0]  # ChangedSince: the newest change was overwritten since
+            return session.outcome(
+                Outcome.SKIPPED,
+                f"refused: {path} is {live[:12]}, not the {version.sha256_after[:12]} opspatch "
                 f"wrote in run {version.run_id} (changed since, e.g. sglang reinstalled); not overwriting it",
-                file=FileChange(version.path, live, live),
+                file=unchanged,
             )
+        version = standing.version
         try:
             change = restore_recorded(session, version)
         except OpspatchError as exc:

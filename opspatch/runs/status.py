@@ -3,7 +3,8 @@
 Per host and patch: `applied` (the file is the bytes opspatch wrote, or carries the patch
 structurally), `staged` (so, but the running server started before the file changed: it still
 runs the old code), `not-applied`, `drifted` (the file changed since opspatch wrote it, e.g. sglang was
-reinstalled: the ledger's post-image is not what is there), `not-applicable` (the module does not
+reinstalled: no post-image the ledger recorded leads to what is there; a patch that later recorded
+patches were stacked on is not drifted, its detail names them), `not-applicable` (the module does not
 resolve on the host, or its version is outside the patch's range), or `unreachable`. One exec per
 host and target module; nothing is locked or changed.
 """
@@ -21,6 +22,14 @@ from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Outcome, PatchState
 from opspatch.errors import OpspatchError, TargetError
 from opspatch.hosts.operations import HostInspection, HostOperations
+from opspatch.ledger.lineage import (
+    AtPostImage,
+    AtPreImage,
+    ChangedSince,
+    PatchedFurther,
+    applied_versions,
+    locate,
+)
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import map_hosts
@@ -47,33 +56,47 @@ def classify(
     file = inspection.file
     gate = gate_inspection(patch.spec.target, inspection)
     structural = detect(file.content, patch.spec)
-    recorded = ledger.last_applied(host, file.realpath, patch.spec.id) if ledger else None
+    history = ledger.file_history(host, file.realpath) if ledger else []
+    standing = locate(history, applied_versions(history, patch.spec.id), file.sha256)
     base = {"host": host, "patch": patch.spec.id, "path": file.realpath, "sha256": file.sha256}
     server = inspection.server
     stale = server is not None and server.predates(file)
-    if recorded is not None:
-        if file.sha256 == recorded.sha256_after:
-            assert ledger is not None
-            written = _written(ledger, host, file.realpath, recorded)
-            if stale:
-                assert server is not None
-                return PatchStatus(
-                    **base,
-                    state=PatchState.STAGED,
-                    detail=f"{written}; the running server (pid {server.pid}) started before "
-                    "the file changed, so it still runs the old code",
-                )
-            return PatchStatus(**base, state=PatchState.APPLIED, detail=written)
-        if file.sha256 == recorded.sha256_before:
+    if isinstance(standing, AtPostImage):
+        assert ledger is not None
+        written = _written(ledger, host, file.realpath, standing.version)
+        if stale:
+            assert server is not None
             return PatchStatus(
                 **base,
-                state=PatchState.NOT_APPLIED,
-                detail=f"back at the pre-image of run {recorded.run_id}",
+                state=PatchState.STAGED,
+                detail=f"{written}; the running server (pid {server.pid}) started before "
+                "the file changed, so it still runs the old code",
             )
+        return PatchStatus(**base, state=PatchState.APPLIED, detail=written)
+    if isinstance(standing, PatchedFurther):
+        # Not drifted: opspatch made every change since, and rolling them back in order works.
+        state = (
+            PatchState(structural.state)
+            if structural.state != "applied"
+            else (PatchState.STAGED if stale else PatchState.APPLIED)
+        )
+        return PatchStatus(
+            **base,
+            state=state,
+            detail=f"written by run {standing.version.run_id}, {standing.advice()}",
+        )
+    if isinstance(standing, AtPreImage):
+        return PatchStatus(
+            **base,
+            state=PatchState.NOT_APPLIED,
+            detail=f"back at the pre-image of run {standing.version.run_id}",
+        )
+    if isinstance(standing, ChangedSince):
+        version = standing.version
         return PatchStatus(
             **base,
             state=PatchState.DRIFTED,
-            detail=f"changed since run {recorded.run_id} wrote {recorded.sha256_after[:12]}; "
+            detail=f"changed since run {version.run_id} wrote {version.sha256_after[:12]}; "
             f"the patch is {structural.state} here",
         )
     if structural.state == "applied":
