@@ -407,6 +407,9 @@ def render(doc: dict[str, Any], summary: Summary, plots: list[Path], doc_path: P
     if doc.get("notes"):
         lines += ["## Notes", ""] + [f"- {n}" for n in doc["notes"]] + [""]
     lines += failures_section(doc)
+    controller = Path(__file__).resolve().parent / "controller.md"
+    if controller.is_file():  # bench_controller.py's figures (issue 20), written by hand
+        lines += controller.read_text(encoding="utf-8").rstrip().splitlines() + [""]
     lines += [
         "## Reading the columns",
         "",

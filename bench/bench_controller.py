@@ -1,0 +1,203 @@
+"""What the controller itself costs at fleet scale (issue 20): no engines, no sshd.
+
+1. The planner on the real `eagle_worker_v2.py` of SGLang 0.5.4, 0.5.10 and 0.5.23 (and 0.5.23's
+   `managers/scheduler.py` with a benchmark patch): `core.edit.apply_patch` in-process (plan +
+   validation, CPU ms), then `opspatch plan --file` and `opspatch apply --file --yes` as the
+   user runs them (wall and CPU of the process).
+2. A fleet of N hosts on the scripted transport, each answering with 0.5.23's real file (the real
+   host agent on a real file per host; restart, readiness and smoke scripted): wall, the
+   process's CPU per host with the in-process agents' own CPU taken out, peak memory.
+
+The wheels come from PyPI through tests/sglang_wheels.py (cached in ~/.cache/opspatch-tests).
+
+    PYTHONPATH=$PWD python bench/bench_controller.py [--hosts 32,1000] [--repeat 5] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from opspatch.config.patches import load_patch
+from opspatch.core.edit import apply_patch
+from opspatch.core.policy import BatchSize, Playbook
+from opspatch.hosts.transport.scripted import ScriptedTransport
+from opspatch.ledger.store import Ledger
+from opspatch.runs.apply import apply_to_hosts
+from tests.releasecases import SCHEDULER_RELPATH, release_source, scheduler_patch
+from tests.sglang_wheels import EAGLE_RELPATH, RELEASE_VERSIONS, sglang_site
+from tests.test_runs_scripted import FakeHost
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def planner(repeat: int) -> list[dict[str, Any]]:
+    guard = load_patch(REPO / "patches" / "eagle-init-guard.toml").spec
+    cases = [(v, EAGLE_RELPATH, release_source(v, EAGLE_RELPATH), guard) for v in RELEASE_VERSIONS]
+    cases.append(
+        (
+            "0.5.23",
+            SCHEDULER_RELPATH,
+            release_source("0.5.23", SCHEDULER_RELPATH),
+            scheduler_patch(),
+        )
+    )
+    rows = []
+    for version, relpath, source, patch in cases:
+        apply_patch(source, patch)  # warm: imports, first-time caches
+        times = []
+        for _ in range(repeat):
+            started = time.process_time()
+            outcome = apply_patch(source, patch)
+            times.append((time.process_time() - started) * 1000)
+        rows.append(
+            {
+                "version": version,
+                "file": relpath,
+                "lines": source.count(b"\n"),
+                "outcome": outcome.outcome,
+                "plan_cpu_ms_median": round(statistics.median(times), 1),
+                "plan_cpu_ms_min": round(min(times), 1),
+            }
+        )
+    return rows
+
+
+def _child(argv: list[str], env: dict[str, str]) -> tuple[float, float, int]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    code = subprocess.run(argv, env=env, capture_output=True, check=False).returncode
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall * 1000, cpu * 1000, code
+
+
+def commands(repeat: int) -> list[dict[str, Any]]:
+    rows = []
+    cli = [sys.executable, "-m", "opspatch.cli"]
+    # as pip does at install: this environment sets PYTHONDONTWRITEBYTECODE (bench/findings.md)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "opspatch")], check=True)
+    for version in RELEASE_VERSIONS:
+        site = sglang_site(version)
+        for command in ("plan", "apply"):
+            walls, cpus = [], []
+            for _ in range(repeat):
+                with tempfile.TemporaryDirectory() as scratch:
+                    copy = Path(scratch) / "site"
+                    shutil.copytree(site, copy)
+                    env = {**os.environ, "OPSPATCH_STATE_DIR": str(Path(scratch) / "state")}
+                    argv = [*cli, command, "eagle-init-guard", "--file", str(copy / EAGLE_RELPATH)]
+                    wall, cpu, code = _child(argv + (["--yes"] if command == "apply" else []), env)
+                    assert code == 0, (command, version, code)
+                    walls.append(wall)
+                    cpus.append(cpu)
+            rows.append(
+                {
+                    "version": version,
+                    "command": f"opspatch {command} --file",
+                    "wall_ms_median": round(statistics.median(walls)),
+                    "cpu_ms_median": round(statistics.median(cpus)),
+                }
+            )
+    return rows
+
+
+class TimedHost(FakeHost):
+    """A scripted host that keeps the CPU its in-process agent spends (the host's share)."""
+
+    agent_cpu = 0.0
+    _lock = threading.Lock()
+
+    def real(self, op: str, args: dict[str, Any]) -> Any:
+        started = time.thread_time()
+        try:
+            return super().real(op, args)
+        finally:
+            with TimedHost._lock:
+                TimedHost.agent_cpu += time.thread_time() - started
+
+
+def fleet(n: int, scratch: Path) -> dict[str, Any]:
+    patch = load_patch(REPO / "patches" / "eagle-init-guard.toml")
+    source = release_source("0.5.23", EAGLE_RELPATH)
+    hosts = []
+    for index in range(n):
+        fake = TimedHost(f"h{index + 1:04}", scratch / f"h{index + 1:04}")
+        fake.file.parent.mkdir(parents=True)
+        fake.file.write_bytes(source)
+        hosts.append(fake)
+
+    def factory(host: Any) -> ScriptedTransport:
+        fake = next(h for h in hosts if h.name == host.name)
+        return ScriptedTransport(fake.answer, host=host.name)
+
+    TimedHost.agent_cpu = 0.0
+    playbook = Playbook(canary=1, batch=BatchSize(count=32), max_failures=1)
+    with Ledger.open(scratch / "ledger.sqlite3") as ledger:
+        wall_started, cpu_started = time.perf_counter(), _cpu()
+        report = apply_to_hosts(
+            patch, [h.host() for h in hosts], playbook, factory=factory, ledger=ledger
+        )
+        wall, cpu = time.perf_counter() - wall_started, _cpu() - cpu_started
+    outcomes = {str(h.outcome) for h in report.hosts}
+    assert outcomes == {"applied"}, outcomes
+    controller = cpu - TimedHost.agent_cpu
+    return {
+        "hosts": n,
+        "wall_s": round(wall, 2),
+        "process_cpu_s": round(cpu, 2),
+        "agents_cpu_s": round(TimedHost.agent_cpu, 2),
+        "controller_cpu_ms_per_host": round(controller / n * 1000, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "ledger_mb": round((scratch / "ledger.sqlite3").stat().st_size / 2**20, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", default="32,1000", help="fleet sizes, comma-separated")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--skip-commands", action="store_true")
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
+    args = parser.parse_args()
+    result: dict[str, Any] = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "python": platform.python_version(),
+        "load_before": os.getloadavg(),
+        "planner": planner(args.repeat),
+    }
+    print(json.dumps(result["planner"], indent=1))
+    if not args.skip_commands:
+        result["commands"] = commands(args.repeat)
+        print(json.dumps(result["commands"], indent=1))
+    result["fleet"] = []
+    for n in [int(x) for x in args.hosts.split(",")]:
+        with tempfile.TemporaryDirectory() as scratch:
+            row = fleet(n, Path(scratch))
+        print(json.dumps(row))
+        result["fleet"].append(row)
+    result["load_after"] = os.getloadavg()
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
