@@ -541,6 +541,40 @@ def test_replace_expression() -> None:
     assert_golden(before, patch, expected, revertible=False)
 
 
+def test_replace_expression_beside_a_keyword_only_argument_without_default() -> None:
+    """`def inner(*, k)` has None among its keyword defaults: the selector skips it (it used to
+    crash with AttributeError, e.g. on scope EAGLEWorkerV2 of the real releases)."""
+    patch = """
+    [[edits]]
+    kind = "replace"
+    scope = "W.m"
+    select = { expression = "self.limit" }
+    code = "max(self.limit, 1)"
+    """
+    before = src(
+        """
+        class W:
+            def m(self):
+                def inner(*, k):
+                    return k
+
+                return self.limit
+        """
+    )
+    expected = src(
+        """
+        class W:
+            def m(self):
+                def inner(*, k):
+                    return k
+
+                # opspatch:t-patch
+                return max(self.limit, 1)
+        """
+    )
+    assert_golden(before, patch, expected, revertible=False)
+
+
 # ---------------------------------------------------------------------------------------------
 # diff
 

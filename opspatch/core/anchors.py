@@ -166,7 +166,9 @@ def _header_expressions(stmt: ast.stmt) -> list[ast.AST]:
     if isinstance(stmt, ast.With | ast.AsyncWith):
         return [item.context_expr for item in stmt.items]
     if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
-        return [*stmt.decorator_list, *stmt.args.defaults, *stmt.args.kw_defaults]  # type: ignore[list-item]
+        # a keyword-only argument without a default has None in kw_defaults: not an expression
+        defaults = [d for d in stmt.args.kw_defaults if d is not None]
+        return [*stmt.decorator_list, *stmt.args.defaults, *defaults]
     if isinstance(stmt, ast.ClassDef):
         return [*stmt.decorator_list, *stmt.bases, *(k.value for k in stmt.keywords)]
     subject = getattr(stmt, "subject", None)
