@@ -231,3 +231,93 @@ def test_an_applied_replace_says_it_was_recognised_by_syntax_tree() -> None:
     again = apply_patch(outcome.new_source, patch)
     assert isinstance(again, AlreadyApplied)
     assert again.reason == "all 1 edit(s) already present (recognised by syntax tree)"
+
+
+# ---------------------------------------------------------------------------------------------
+# replace with which = "all" (issue 19)
+
+
+def _assert_replaced_once(before: bytes, patch_body: str, expected: bytes) -> None:
+    patch = make_patch(patch_body)
+    outcome = apply_patch(before, patch)
+    assert isinstance(outcome, Applied), outcome
+    assert outcome.new_source == expected, outcome.new_source.decode()
+    again = apply_patch(outcome.new_source, patch)
+    assert isinstance(again, AlreadyApplied), again
+    assert detect(before, patch).state == "not-applied"
+    assert reverse(outcome) == before
+
+
+def test_replace_all_expressions_marks_each_statement_once() -> None:
+    before = src(
+        """
+        def f(self):
+            if self.chunked is not None and self.chunked is not None:
+                return 1
+            while self.chunked is not None:
+                pass
+        """
+    )
+    expected = src(
+        """
+        def f(self):
+            # opspatch:t-patch
+            if self.chunked is None and self.chunked is None:
+                return 1
+            # opspatch:t-patch
+            while self.chunked is None:
+                pass
+        """
+    )
+    _assert_replaced_once(
+        before,
+        """
+[[edits]]
+kind = "replace"
+scope = "f"
+select = { expression = "self.chunked is not None", which = "all" }
+code = "self.chunked is None"
+""",
+        expected,
+    )
+
+
+def test_replace_all_statements() -> None:
+    expected = src(
+        """
+        def clamp(x):
+            # opspatch:t-patch
+            x = min(max(x, 0), 9)
+            y = 1
+            # opspatch:t-patch
+            x = min(max(x, 0), 9)
+            return x
+        """
+    )
+    _assert_replaced_once(
+        LIMITS,
+        """
+[[edits]]
+kind = "replace"
+scope = "clamp"
+select = { matches = "x = max(x, 0)", which = "all" }
+code = "x = min(max(x, 0), 9)"
+""",
+        expected,
+    )
+
+
+def test_replace_all_that_matches_nothing_is_not_applicable() -> None:
+    patch = make_patch(
+        """
+[[edits]]
+kind = "replace"
+scope = "clamp"
+select = { expression = "nothing_here", which = "all" }
+code = "something_else"
+"""
+    )
+    outcome = apply_patch(LIMITS, patch)
+    assert isinstance(outcome, NotApplicable)
+    assert outcome.field == "edits[0].select"
+    assert "every expression `nothing_here`" in outcome.reason

@@ -33,8 +33,8 @@ from opspatch.core.anchors import (
     last_line,
     matching_expressions,
     matching_statements,
-    select_expression,
-    select_statement,
+    select_expressions,
+    select_statements,
     span,
     statement_dumps,
     strip_positions,
@@ -294,17 +294,17 @@ def _replace_state(tree: ast.Module, edit: ReplaceEdit, i: int) -> EditState:
     if leftover:
         try:  # the selection must still be unambiguous for the edit to be applicable
             if edit.select.expression is not None:
-                select_expression(scope, edit.select)
+                select_expressions(scope, edit.select)
             else:
-                select_statement(scope, edit.select)
+                select_statements(scope, edit.select)
         except AnchorProblem as problem:
             raise EditProblem(problem.message, field_name, problem.candidates) from None
         return EditState(i, "pending", "the code to replace is present")
     try:
         if edit.select.expression is not None:
-            select_expression(scope, edit.select)
+            select_expressions(scope, edit.select)
         else:
-            select_statement(scope, edit.select)
+            select_statements(scope, edit.select)
     except AnchorProblem as problem:
         raise EditProblem(problem.message, field_name, problem.candidates) from None
     raise AssertionError("unreachable")  # pragma: no cover

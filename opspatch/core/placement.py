@@ -22,8 +22,9 @@ from opspatch.core.anchors import (
     iter_definitions,
     last_line,
     resolve_scope,
-    select_expression,
+    select_expressions,
     select_statement,
+    select_statements,
 )
 from opspatch.core.source import (
     LineIndex,
@@ -305,46 +306,50 @@ def place_replace(
 ) -> tuple[list[Splice], list[str]]:
     index = LineIndex(text)
     scope = scope_of(tree, edit.scope, i)
-    if edit.select.expression is not None:
-        try:
-            found = select_expression(scope, edit.select)
-        except AnchorProblem as problem:
-            raise EditProblem(
-                problem.message, edit_field(i, "select"), problem.candidates
-            ) from None
+    try:
+        if edit.select.expression is not None:
+            expressions = select_expressions(scope, edit.select)
+            statements = []
+        else:
+            expressions = []
+            statements = [located.stmt for located in select_statements(scope, edit.select)]
+    except AnchorProblem as problem:
+        raise EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
+    splices: list[Splice] = []
+    marked: set[int] = set()  # one marker per statement, however many of its expressions change
+    for found in expressions:
         expr = found.expr
         assert expr.end_lineno is not None and expr.end_col_offset is not None
+        stmt_line = first_line(found.stmt)
+        if stmt_line not in marked:
+            marked.add(stmt_line)
+            indent = index.indentation(stmt_line)
+            marker = marker_lines(patch, edit.comment, indent)
+            at = index.line_start(stmt_line)
+            splices.append(Splice(at, at, _render_block(marker, indent, newline)))
         start = index.offset(expr.lineno, expr.col_offset)
         end = index.offset(expr.end_lineno, expr.end_col_offset)
-        stmt_line = first_line(found.stmt)
-        indent = index.indentation(stmt_line)
-        marker = marker_lines(patch, edit.comment, indent)
-        marker_splice = Splice(
-            index.line_start(stmt_line),
-            index.line_start(stmt_line),
-            _render_block(marker, indent, newline),
-        )
-        return [marker_splice, Splice(start, end, edit.code.strip())], [edit.scope]
-    located = select_in(scope, edit.select, i, "select")
-    stmt = located.stmt
-    if not _statement_alone(index, stmt):
-        raise EditProblem(
-            f"the selected statement at line {first_line(stmt)} shares its line with other code",
-            edit_field(i, "select"),
-        )
-    indent = index.indentation(first_line(stmt))
-    marker = marker_lines(patch, edit.comment, indent)
-    assert stmt.end_col_offset is not None
-    start = index.line_start(first_line(stmt))
-    end = index.offset(last_line(stmt), stmt.end_col_offset)
-    code = _code_lines(edit.code)
-    rendered = _render_block(marker + code, indent, newline)
-    rendered = rendered[: -len(newline)]  # the statement's own line ending stays in the file
+        splices.append(Splice(start, end, edit.code.strip()))
     scopes = [edit.scope]
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        prefix = "" if edit.scope == MODULE_SCOPE else edit.scope + "."
-        scopes.append(prefix + stmt.name)
-    return [Splice(start, end, rendered)], scopes
+    for stmt in statements:
+        if not _statement_alone(index, stmt):
+            raise EditProblem(
+                f"the selected statement at line {first_line(stmt)} shares its line with other "
+                "code",
+                edit_field(i, "select"),
+            )
+        indent = index.indentation(first_line(stmt))
+        marker = marker_lines(patch, edit.comment, indent)
+        assert stmt.end_col_offset is not None
+        start = index.line_start(first_line(stmt))
+        end = index.offset(last_line(stmt), stmt.end_col_offset)
+        rendered = _render_block(marker + _code_lines(edit.code), indent, newline)
+        rendered = rendered[: -len(newline)]  # the statement's own line ending stays in the file
+        splices.append(Splice(start, end, rendered))
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            prefix = "" if edit.scope == MODULE_SCOPE else edit.scope + "."
+            scopes.append(prefix + stmt.name)
+    return splices, scopes
 
 
 def _enclosing_scope(tree: ast.Module, first: int, last: int) -> str:

@@ -214,14 +214,14 @@ def _check_statement_criteria(selector: Any, extra: tuple[str, ...]) -> None:
 
 class ReplaceSelector(FileSchema):
     """What a `replace` edit replaces: a statement (as `StatementSelector`) or `expression`, an
-    expression whose syntax tree equals this code."""
+    expression whose syntax tree equals this code. `which = "all"` replaces every match."""
 
     calls: str | None = None
     assigns: str | None = None
     defines: str | None = None
     matches: str | None = None
     expression: str | None = None
-    which: Literal["only", "first", "last"] = "only"
+    which: Literal["only", "first", "last", "all"] = "only"
 
     @_model_validator(mode="after")
     def _exactly_one(self) -> ReplaceSelector:
@@ -230,15 +230,18 @@ class ReplaceSelector(FileSchema):
 
     def describe(self) -> str:
         if self.expression is not None:
+            if self.which == "all":
+                return f"every expression `{self.expression.strip()}`"
             which = "" if self.which == "only" else self.which + " "
             return f"the {which}expression `{self.expression.strip()}`"
-        return StatementSelector.model_construct(
+        one = StatementSelector.model_construct(
             calls=self.calls,
             assigns=self.assigns,
             defines=self.defines,
             matches=self.matches,
-            which=self.which,
+            which="only" if self.which == "all" else self.which,
         ).describe()
+        return "every" + one.removeprefix("the") if self.which == "all" else one
 
 
 class InsertEdit(FileSchema):
