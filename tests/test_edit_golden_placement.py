@@ -321,3 +321,121 @@ code = "something_else"
     assert isinstance(outcome, NotApplicable)
     assert outcome.field == "edits[0].select"
     assert "every expression `nothing_here`" in outcome.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# delete (issue 19)
+
+
+def test_delete_a_statement_leaves_the_marker_in_its_place() -> None:
+    expected = src(
+        """
+        def run(batches):
+            for batch in batches:
+                # opspatch:t-patch: it moves after the forward pass
+                out = batch.forward()
+                batch.hidden = out.hidden
+            return batches
+        """
+    )
+    _assert_replaced_once(
+        LOOP,
+        """
+[[edits]]
+kind = "delete"
+scope = "run"
+select = { calls = "batch.positions.add_" }
+comment = "it moves after the forward pass"
+""",
+        expected,
+    )
+
+
+def test_delete_all_matching_statements() -> None:
+    expected = src(
+        """
+        def clamp(x):
+            # opspatch:t-patch
+            y = 1
+            # opspatch:t-patch
+            return x
+        """
+    )
+    _assert_replaced_once(
+        LIMITS,
+        """
+[[edits]]
+kind = "delete"
+scope = "clamp"
+select = { assigns = "x", which = "all" }
+""",
+        expected,
+    )
+
+
+def test_a_move_is_a_delete_then_an_insert_at_the_anchor() -> None:
+    delete = """
+[[edits]]
+kind = "delete"
+scope = "run"
+select = { matches = "batch.positions.add_(1)" }
+"""
+    expected = src(
+        """
+        def run(batches):
+            for batch in batches:
+                # opspatch:t-patch
+                out = batch.forward()
+                batch.hidden = out.hidden
+                # opspatch:t-patch
+                batch.positions.add_(1)
+            return batches
+        """
+    )
+    _assert_replaced_once(LOOP, delete + MOVE_AFTER_HIDDEN, expected)
+
+
+def test_a_delete_after_an_insert_of_the_same_code_is_refused() -> None:
+    patch = make_patch(
+        MOVE_AFTER_HIDDEN
+        + """
+[[edits]]
+kind = "delete"
+scope = "run"
+select = { matches = "batch.positions.add_(1)", which = "all" }
+"""
+    )
+    outcome = apply_patch(LOOP, patch)
+    assert isinstance(outcome, NotApplicable)
+    assert outcome.field == "edits[1].select"
+    assert "put the delete before the insert" in outcome.reason
+
+
+def test_delete_refuses_an_ambiguous_selector_with_every_place() -> None:
+    patch = make_patch(
+        """
+[[edits]]
+kind = "delete"
+scope = "clamp"
+select = { assigns = "x" }
+"""
+    )
+    outcome = apply_patch(LIMITS, patch)
+    assert isinstance(outcome, NotApplicable)
+    assert outcome.field == "edits[0].select"
+    assert outcome.candidates == ("line 2", "line 4")
+
+
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_delete_with_first_or_last_is_refused_at_load_time(which: str) -> None:
+    from opspatch.errors import SpecError
+
+    with pytest.raises(SpecError, match="cannot be recognised as applied"):
+        make_patch(
+            f"""
+[[edits]]
+kind = "delete"
+scope = "clamp"
+select = {{ assigns = "x", which = "{which}" }}
+"""
+        )

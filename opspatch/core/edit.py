@@ -44,6 +44,7 @@ from opspatch.core.placement import (
     Splice,
     apply_splices,
     marker_lines,
+    place_delete,
     place_insert,
     place_replace,
     plan_diff,
@@ -60,6 +61,7 @@ from opspatch.core.source import (
     strip_newline,
 )
 from opspatch.core.spec import (
+    DeleteEdit,
     DiffEdit,
     InsertEdit,
     PatchSpec,
@@ -235,6 +237,8 @@ def _edit_state(text: str, tree: ast.Module, patch: PatchSpec, i: int) -> EditSt
             return EditState(i, "pending", "its code is not in the scope")
         if isinstance(edit, ReplaceEdit):
             return _replace_state(tree, edit, i)
+        if isinstance(edit, DeleteEdit):
+            return _delete_state(tree, edit, i, _inserted_by(tree, patch, range(len(patch.edits))))
         assert isinstance(edit, DiffEdit)
         parsed = parse_unified_diff(edit.diff)
         plain = [strip_newline(line) for line in split_lines(text)]
@@ -308,6 +312,49 @@ def _replace_state(tree: ast.Module, edit: ReplaceEdit, i: int) -> EditState:
     except AnchorProblem as problem:
         raise EditProblem(problem.message, field_name, problem.candidates) from None
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _inserted_by(tree: ast.Module, patch: PatchSpec, indices: Sequence[int]) -> set[int]:
+    """Ids of the statements the patch's inserts among `indices` put into `tree` (where present),
+    so a delete of the same code (a move: the delete, then the insert) does not count them."""
+    found: set[int] = set()
+    for j in indices:
+        if isinstance(patch.edits[j], InsertEdit):
+            try:
+                run = inserted_run(tree, patch, j)
+            except EditProblem:
+                continue
+            found.update(id(stmt) for stmt in run or [])
+    return found
+
+
+def _delete_state(tree: ast.Module, edit: DeleteEdit, i: int, inserted: set[int]) -> EditState:
+    """A delete is applied when the selector matches nothing left in the scope but the code this
+    patch inserted."""
+    scope = scope_of(tree, edit.scope, i)
+    left = [loc for loc in matching_statements(scope, edit.select) if id(loc.stmt) not in inserted]
+    if not left:
+        return EditState(i, "applied", "the statement to delete is not in the scope")
+    if edit.select.which == "only" and len(left) > 1:
+        raise EditProblem(
+            f"{edit.select.describe()} matches {len(left)} statements in `{scope.qualname}`",
+            edit_field(i, "select"),
+            [f"line {first_line(loc.stmt)}" for loc in left],
+        )
+    return EditState(i, "pending", "the statement to delete is present")
+
+
+def _refuse_deleting_inserted(tree: ast.Module, patch: PatchSpec, i: int) -> None:
+    """A delete placed after an insert of the same code would take the inserted code too."""
+    edit = patch.edits[i]
+    assert isinstance(edit, DeleteEdit)
+    inserted = _inserted_by(tree, patch, range(i))
+    scope = scope_of(tree, edit.scope, i)
+    if any(id(loc.stmt) in inserted for loc in matching_statements(scope, edit.select)):
+        raise EditProblem(
+            "it would delete code this patch inserts; put the delete before the insert",
+            edit_field(i, "select"),
+        )
 
 
 def _decode(source: bytes) -> tuple[SourceText, ast.Module]:
@@ -419,6 +466,12 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
                     text, current_tree, edit, patch, decoded.newline, i
                 )
                 description = f"replace {edit.select.describe()} in {edit.scope}"
+            elif isinstance(edit, DeleteEdit):
+                _refuse_deleting_inserted(current_tree, patch, i)
+                splices, edit_scopes = place_delete(
+                    text, current_tree, edit, patch, decoded.newline, i
+                )
+                description = f"delete {edit.select.describe()} in {edit.scope}"
             else:
                 splices, edit_scopes = plan_diff(text, current_tree, edit, decoded.newline, i)
                 description = "diff"
@@ -530,8 +583,8 @@ def unapply(
     """Remove `patch` from a patched file without any record of how it was applied.
 
     Works for `insert` edits (the inserted block, marker included, is found by its syntax tree
-    and removed line for line) and `diff` edits (the reversed diff is applied). A `replace` edit
-    cannot be undone from the patched text alone: it is undone from the recorded pre-image
+    and removed line for line) and `diff` edits (the reversed diff is applied). A `replace` or
+    `delete` edit cannot be undone from the patched text alone: it is undone from the recorded pre-image
     (the ledger, or the backup beside a local file), so this returns `NotApplicable` for it.
     """
     relpath = relpath or patch.target.module_relpaths()[0]
@@ -544,10 +597,10 @@ def unapply(
         edit = patch.edits[i]
         tree = parse_python(text)
         index = LineIndex(text)
-        if isinstance(edit, ReplaceEdit):
+        if isinstance(edit, ReplaceEdit | DeleteEdit):
             return NotApplicable(
                 patch.id,
-                "a replace edit is undone from the recorded pre-image (ledger or backup), "
+                f"a {edit.kind} edit is undone from the recorded pre-image (ledger or backup), "
                 "not from the patched text",
                 edit_field(i),
             )

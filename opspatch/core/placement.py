@@ -32,6 +32,7 @@ from opspatch.core.source import (
 )
 from opspatch.core.spec import (
     MODULE_SCOPE,
+    DeleteEdit,
     DiffEdit,
     InsertEdit,
     PatchSpec,
@@ -330,6 +331,37 @@ def place_replace(
         start = index.offset(expr.lineno, expr.col_offset)
         end = index.offset(expr.end_lineno, expr.end_col_offset)
         splices.append(Splice(start, end, edit.code.strip()))
+    statement_splices, scopes = _replace_statements(
+        index, statements, edit, patch, _code_lines(edit.code), newline, i
+    )
+    return splices + statement_splices, scopes
+
+
+def place_delete(
+    text: str, tree: ast.Module, edit: DeleteEdit, patch: PatchSpec, newline: str, i: int
+) -> tuple[list[Splice], list[str]]:
+    """Each selected statement becomes the marker comment (which says why it went)."""
+    index = LineIndex(text)
+    scope = scope_of(tree, edit.scope, i)
+    try:
+        statements = [located.stmt for located in select_statements(scope, edit.select)]
+    except AnchorProblem as problem:
+        raise EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
+    return _replace_statements(index, statements, edit, patch, [], newline, i)
+
+
+def _replace_statements(
+    index: LineIndex,
+    statements: Sequence[ast.stmt],
+    edit: ReplaceEdit | DeleteEdit,
+    patch: PatchSpec,
+    code: list[str],
+    newline: str,
+    i: int,
+) -> tuple[list[Splice], list[str]]:
+    """Splices that put the marker and `code` where each statement stood (its trailing comment
+    and line ending stay)."""
+    splices: list[Splice] = []
     scopes = [edit.scope]
     for stmt in statements:
         if not _statement_alone(index, stmt):
@@ -343,7 +375,7 @@ def place_replace(
         assert stmt.end_col_offset is not None
         start = index.line_start(first_line(stmt))
         end = index.offset(last_line(stmt), stmt.end_col_offset)
-        rendered = _render_block(marker + _code_lines(edit.code), indent, newline)
+        rendered = _render_block(marker + code, indent, newline)
         rendered = rendered[: -len(newline)]  # the statement's own line ending stays in the file
         splices.append(Splice(start, end, rendered))
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):

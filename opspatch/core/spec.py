@@ -305,6 +305,36 @@ class ReplaceEdit(FileSchema):
         return self
 
 
+class DeleteEdit(FileSchema):
+    """Delete one statement (`which = "all"`: every match), selected as `replace` selects
+    statements; the marker comment stands where it was.
+
+    Recognised as applied when the selector matches nothing in the scope, so `first`/`last`
+    (which would delete one more match each time) are refused.
+    """
+
+    kind: Literal["delete"]
+    scope: str
+    select: ReplaceSelector
+    comment: str | None = None
+
+    _scope = field_validator("scope")(_check_qualname)
+
+    @_model_validator(mode="after")
+    def _selects_statements(self) -> DeleteEdit:
+        if self.select.expression is not None:
+            raise ValueError(
+                "select: a delete removes statements; use calls, assigns, "
+                "defines or matches (an expression is changed with replace)"
+            )
+        if self.select.which in ("first", "last"):
+            raise ValueError(
+                f"select.which: {self.select.which!r} cannot be recognised as applied once the "
+                "statement is gone; use 'only' (select it uniquely, e.g. with matches) or 'all'"
+            )
+        return self
+
+
 class DiffEdit(FileSchema):
     """A unified diff, applied by context like GNU patch: the hunk may move by at most
     `max_offset` lines and drop up to `fuzz` context lines at its ends; a context that matches
@@ -324,7 +354,7 @@ class DiffEdit(FileSchema):
         return value
 
 
-Edit = Annotated[InsertEdit | ReplaceEdit | DiffEdit, Field(discriminator="kind")]
+Edit = Annotated[InsertEdit | ReplaceEdit | DeleteEdit | DiffEdit, Field(discriminator="kind")]
 
 
 class AssignedBeforeCalls(FileSchema):
