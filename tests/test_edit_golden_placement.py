@@ -439,3 +439,33 @@ scope = "clamp"
 select = {{ assigns = "x", which = "{which}" }}
 """
         )
+
+
+@pytest.mark.parametrize("position", ["start", "end"])
+def test_insert_at_start_or_end_is_not_recognised_in_the_middle_of_the_scope(
+    position: str,
+) -> None:
+    before = src(
+        """
+        def f(x):
+            y = 1
+            guard = 0
+            return x
+        """
+    )
+    patch = make_patch(
+        f"""
+[[edits]]
+kind = "insert"
+scope = "f"
+position = "{position}"
+code = "guard = 0"
+"""
+    )
+    assert detect(before, patch).state == "not-applied"
+    outcome = apply_patch(before, patch)
+    assert isinstance(outcome, Applied), outcome
+    assert isinstance(apply_patch(outcome.new_source, patch), AlreadyApplied)
+    undone = unapply(outcome.new_source, patch)
+    assert not isinstance(undone, NotApplicable), undone.reason
+    assert undone.old_source == before

@@ -50,6 +50,7 @@ from opspatch.core.placement import (
     plan_diff,
     scope_of,
     select_in,
+    start_index,
     undo_splices,
 )
 from opspatch.core.source import (
@@ -185,17 +186,19 @@ class Reverted:
 def inserted_run(tree: ast.Module, patch: PatchSpec, i: int) -> list[ast.stmt] | None:
     """The statements insert edit `i` put into `tree`, if they are there.
 
-    An anchored insert counts only beside its anchor (the same code standing elsewhere in the
-    scope is not it); the code of the patch's other inserts may stand in between, since two
-    inserts at one anchor are placed next to each other.
+    An insert counts only where it is placed: beside its anchor, or at the start (end) of the
+    scope's own body; the same code standing elsewhere in the scope is not it. The code of the
+    patch's other inserts may stand in between, since two inserts at one place go side by side.
     """
     edit = patch.edits[i]
     assert isinstance(edit, InsertEdit)
     scope = scope_of(tree, edit.scope, i)
     runs = find_statement_runs(scope, statement_dumps(edit.code))
-    if edit.anchor is None:
-        return runs[0].statements if runs else None
-    anchors = {id(loc.stmt) for loc in matching_statements(scope, edit.anchor)}
+    anchors = (
+        {id(loc.stmt) for loc in matching_statements(scope, edit.anchor)}
+        if edit.anchor is not None
+        else set()
+    )
     others = [
         statement_dumps(other.code)
         for j, other in enumerate(patch.edits)
@@ -203,23 +206,35 @@ def inserted_run(tree: ast.Module, patch: PatchSpec, i: int) -> list[ast.stmt] |
     ]
     for run in runs:
         dumps = [strip_positions(s) for s in run.block]
-        if edit.position == "after":
-            end = run.start  # the anchor is the statement before, past the other inserts
+        if edit.position in ("after", "start"):
+            end = run.start  # what stands before it, past the other inserts
             while skipped := next(
                 (o for o in others if o and end >= len(o) and dumps[end - len(o) : end] == o), None
             ):
                 end -= len(skipped)
-            if end >= 1 and id(run.block[end - 1]) in anchors:
+            if edit.position == "start":
+                if run.block is scope.node.body and end == start_index(scope):
+                    return run.statements
+            elif end >= 1 and id(run.block[end - 1]) in anchors:
                 return run.statements
         else:
-            begin = run.start + run.length
+            begin = run.start + run.length  # what stands after it, past the other inserts
             while skipped := next(
                 (o for o in others if o and dumps[begin : begin + len(o)] == o), None
             ):
                 begin += len(skipped)
-            if begin < len(run.block) and id(run.block[begin]) in anchors:
+            if edit.position == "end":
+                if run.block is scope.node.body and begin == len(run.block):
+                    return run.statements
+            elif begin < len(run.block) and id(run.block[begin]) in anchors:
                 return run.statements
     return None
+
+
+def _insert_place(edit: InsertEdit) -> str:
+    if edit.anchor is not None:
+        return f"{edit.position} its anchor"
+    return f"at the {edit.position} of `{edit.scope}`"
 
 
 def _edit_state(text: str, tree: ast.Module, patch: PatchSpec, i: int) -> EditState:
@@ -229,12 +244,10 @@ def _edit_state(text: str, tree: ast.Module, patch: PatchSpec, i: int) -> EditSt
         if isinstance(edit, InsertEdit):
             scope = scope_of(tree, edit.scope, i)
             if inserted_run(tree, patch, i) is not None:
-                where = "in the scope" if edit.anchor is None else f"{edit.position} its anchor"
-                return EditState(i, "applied", f"its code is present {where}")
+                return EditState(i, "applied", f"its code is present {_insert_place(edit)}")
             if edit.anchor is not None:
                 select_in(scope, edit.anchor, i, "anchor")  # a missing anchor is a problem now
-                return EditState(i, "pending", f"its code is not {edit.position} its anchor")
-            return EditState(i, "pending", "its code is not in the scope")
+            return EditState(i, "pending", f"its code is not {_insert_place(edit)}")
         if isinstance(edit, ReplaceEdit):
             return _replace_state(tree, edit, i)
         if isinstance(edit, DeleteEdit):

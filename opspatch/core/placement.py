@@ -193,21 +193,26 @@ def _is_future_import(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"
 
 
-def _start_point(index: LineIndex, scope: Scope) -> tuple[int, str]:
-    """(line to insert before, indentation) for the start of a scope's body."""
+def start_index(scope: Scope) -> int:
+    """Where `position = "start"` inserts in a scope's body: past its docstring, and past a
+    module's `from __future__` imports or a leading `super().__init__(...)`."""
     body = scope.node.body
-    skipped: ast.stmt | None = None
     position = 0
     if position < len(body) and _is_docstring(body[position]):
-        skipped = body[position]
         position += 1
     if isinstance(scope.node, ast.Module):
         while position < len(body) and _is_future_import(body[position]):
-            skipped = body[position]
             position += 1
     elif position < len(body) and _is_super_init(body[position]):
-        skipped = body[position]
         position += 1
+    return position
+
+
+def _start_point(index: LineIndex, scope: Scope) -> tuple[int, str]:
+    """(line to insert before, indentation) for the start of a scope's body."""
+    body = scope.node.body
+    position = start_index(scope)
+    skipped = body[position - 1] if position else None
     if skipped is not None:
         if not _statement_alone(index, skipped):
             raise EditProblem(f"line {last_line(skipped)} holds more than one statement")
