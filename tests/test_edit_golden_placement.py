@@ -231,3 +231,241 @@ def test_an_applied_replace_says_it_was_recognised_by_syntax_tree() -> None:
     again = apply_patch(outcome.new_source, patch)
     assert isinstance(again, AlreadyApplied)
     assert again.reason == "all 1 edit(s) already present (recognised by syntax tree)"
+
+
+# ---------------------------------------------------------------------------------------------
+# replace with which = "all" (issue 19)
+
+
+def _assert_replaced_once(before: bytes, patch_body: str, expected: bytes) -> None:
+    patch = make_patch(patch_body)
+    outcome = apply_patch(before, patch)
+    assert isinstance(outcome, Applied), outcome
+    assert outcome.new_source == expected, outcome.new_source.decode()
+    again = apply_patch(outcome.new_source, patch)
+    assert isinstance(again, AlreadyApplied), again
+    assert detect(before, patch).state == "not-applied"
+    assert reverse(outcome) == before
+
+
+def test_replace_all_expressions_marks_each_statement_once() -> None:
+    before = src(
+        """
+        def f(self):
+            if self.chunked is not None and self.chunked is not None:
+                return 1
+            while self.chunked is not None:
+                pass
+        """
+    )
+    expected = src(
+        """
+        def f(self):
+            # opspatch:t-patch
+            if self.chunked is None and self.chunked is None:
+                return 1
+            # opspatch:t-patch
+            while self.chunked is None:
+                pass
+        """
+    )
+    _assert_replaced_once(
+        before,
+        """
+[[edits]]
+kind = "replace"
+scope = "f"
+select = { expression = "self.chunked is not None", which = "all" }
+code = "self.chunked is None"
+""",
+        expected,
+    )
+
+
+def test_replace_all_statements() -> None:
+    expected = src(
+        """
+        def clamp(x):
+            # opspatch:t-patch
+            x = min(max(x, 0), 9)
+            y = 1
+            # opspatch:t-patch
+            x = min(max(x, 0), 9)
+            return x
+        """
+    )
+    _assert_replaced_once(
+        LIMITS,
+        """
+[[edits]]
+kind = "replace"
+scope = "clamp"
+select = { matches = "x = max(x, 0)", which = "all" }
+code = "x = min(max(x, 0), 9)"
+""",
+        expected,
+    )
+
+
+def test_replace_all_that_matches_nothing_is_not_applicable() -> None:
+    patch = make_patch(
+        """
+[[edits]]
+kind = "replace"
+scope = "clamp"
+select = { expression = "nothing_here", which = "all" }
+code = "something_else"
+"""
+    )
+    outcome = apply_patch(LIMITS, patch)
+    assert isinstance(outcome, NotApplicable)
+    assert outcome.field == "edits[0].select"
+    assert "every expression `nothing_here`" in outcome.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# delete (issue 19)
+
+
+def test_delete_a_statement_leaves_the_marker_in_its_place() -> None:
+    expected = src(
+        """
+        def run(batches):
+            for batch in batches:
+                # opspatch:t-patch: it moves after the forward pass
+                out = batch.forward()
+                batch.hidden = out.hidden
+            return batches
+        """
+    )
+    _assert_replaced_once(
+        LOOP,
+        """
+[[edits]]
+kind = "delete"
+scope = "run"
+select = { calls = "batch.positions.add_" }
+comment = "it moves after the forward pass"
+""",
+        expected,
+    )
+
+
+def test_delete_all_matching_statements() -> None:
+    expected = src(
+        """
+        def clamp(x):
+            # opspatch:t-patch
+            y = 1
+            # opspatch:t-patch
+            return x
+        """
+    )
+    _assert_replaced_once(
+        LIMITS,
+        """
+[[edits]]
+kind = "delete"
+scope = "clamp"
+select = { assigns = "x", which = "all" }
+""",
+        expected,
+    )
+
+
+def test_a_move_is_a_delete_then_an_insert_at_the_anchor() -> None:
+    delete = """
+[[edits]]
+kind = "delete"
+scope = "run"
+select = { matches = "batch.positions.add_(1)" }
+"""
+    expected = src(
+        """
+        def run(batches):
+            for batch in batches:
+                # opspatch:t-patch
+                out = batch.forward()
+                batch.hidden = out.hidden
+                # opspatch:t-patch
+                batch.positions.add_(1)
+            return batches
+        """
+    )
+    _assert_replaced_once(LOOP, delete + MOVE_AFTER_HIDDEN, expected)
+
+
+def test_a_delete_after_an_insert_of_the_same_code_is_refused() -> None:
+    patch = make_patch(
+        MOVE_AFTER_HIDDEN
+        + """
+[[edits]]
+kind = "delete"
+scope = "run"
+select = { matches = "batch.positions.add_(1)", which = "all" }
+"""
+    )
+    outcome = apply_patch(LOOP, patch)
+    assert isinstance(outcome, NotApplicable)
+    assert outcome.field == "edits[1].select"
+    assert "put the delete before the insert" in outcome.reason
+
+
+def test_delete_refuses_an_ambiguous_selector_with_every_place() -> None:
+    patch = make_patch(
+        """
+[[edits]]
+kind = "delete"
+scope = "clamp"
+select = { assigns = "x" }
+"""
+    )
+    outcome = apply_patch(LIMITS, patch)
+    assert isinstance(outcome, NotApplicable)
+    assert outcome.field == "edits[0].select"
+    assert outcome.candidates == ("line 2", "line 4")
+
+
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_delete_with_first_or_last_is_refused_at_load_time(which: str) -> None:
+    from opspatch.errors import SpecError
+
+    with pytest.raises(SpecError, match="cannot be recognised as applied"):
+        make_patch(
+            f"""
+[[edits]]
+kind = "delete"
+scope = "clamp"
+select = {{ assigns = "x", which = "{which}" }}
+"""
+        )
+
+
+@pytest.mark.parametrize("position", ["start", "end"])
+def test_insert_at_start_or_end_is_not_recognised_in_the_middle_of_the_scope(
+    position: str,
+) -> None:
+    before = src(
+        """
+        def f(x):
+            y = 1
+            guard = 0
+            return x
+        """
+    )
+    patch = make_patch(
+        f"""
+[[edits]]
+kind = "insert"
+scope = "f"
+position = "{position}"
+code = "guard = 0"
+"""
+    )
+    assert detect(before, patch).state == "not-applied"
+    outcome = apply_patch(before, patch)
+    assert isinstance(outcome, Applied), outcome
+    assert isinstance(apply_patch(outcome.new_source, patch), AlreadyApplied)
+    undone = unapply(outcome.new_source, patch)
+    assert not isinstance(undone, NotApplicable), undone.reason
+    assert undone.old_source == before

@@ -168,3 +168,28 @@ def test_insert_properties(
                 line.endswith(newline) or j == len(new_lines) - 1
                 for j, line in enumerate(new_lines[j1:j2], j1)
             )
+
+
+SELECTIONS = st.sampled_from(
+    [
+        'kind = "replace"\nselect = { assigns = "self.last", which = "first" }\ncode = "self.last = -1"',
+        'kind = "replace"\nselect = { assigns = "self.last", which = "last" }\ncode = "self.last = -1"',
+        'kind = "replace"\nselect = { assigns = "self.last", which = "all" }\ncode = "self.last = -1"',
+        'kind = "delete"\nselect = { calls = "anchor_call" }',
+    ]
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(module_source(), SELECTIONS)
+def test_replace_and_delete_properties(generated: tuple[bytes, str], selection: str) -> None:
+    """For replace (first, last, all) and delete: applying twice equals applying once, and the
+    record reverses to the original bytes (issue 19: first/last rewrote one more match each
+    time)."""
+    source, _ = generated
+    patch = make_patch(f'[[edits]]\nscope = "Target.__init__"\n{selection}\n')
+    outcome = apply_patch(source, patch)
+    assert isinstance(outcome, Applied), outcome
+    assert reverse(outcome) == source
+    again = apply_patch(outcome.new_source, patch)
+    assert isinstance(again, AlreadyApplied), again

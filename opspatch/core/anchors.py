@@ -373,6 +373,25 @@ def matching_statements(
     return found
 
 
+def select_statements(scope: Scope, selector: ReplaceSelector) -> list[Located]:
+    """The statements a replace selector chooses: every match for `which = "all"`, else the
+    one `select_statement` chooses.
+
+    Raises:
+        AnchorProblem: as `select_statement`; for `all`, when nothing matches.
+    """
+    if selector.which != "all":
+        return [select_statement(scope, selector)]
+    found = matching_statements(scope, selector)
+    if not found:
+        near = _statement_candidates(scope, selector)
+        raise AnchorProblem(
+            f"{selector.describe()}: none is in `{scope.qualname}`",
+            [f"nearest: {n}" for n in near],
+        )
+    return found
+
+
 @dataclass(frozen=True)
 class LocatedExpression:
     expr: ast.expr
@@ -400,6 +419,22 @@ def select_expression(scope: Scope, selector: ReplaceSelector) -> LocatedExpress
             [f"line {i.expr.lineno}, column {i.expr.col_offset + 1}" for i in ordered],
         )
     return ordered[0]
+
+
+def select_expressions(scope: Scope, selector: ReplaceSelector) -> list[LocatedExpression]:
+    """The expressions a replace selector chooses: every match for `which = "all"`, else the
+    one `select_expression` chooses.
+
+    Raises:
+        AnchorProblem: as `select_expression`; for `all`, when nothing matches.
+    """
+    if selector.which != "all":
+        return [select_expression(scope, selector)]
+    assert selector.expression is not None
+    ordered = matching_expressions(scope, selector.expression)
+    if not ordered:
+        raise AnchorProblem(f"{selector.describe()}: none is in `{scope.qualname}`")
+    return ordered
 
 
 def matching_expressions(scope: Scope, code: str) -> list[LocatedExpression]:

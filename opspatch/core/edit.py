@@ -33,8 +33,8 @@ from opspatch.core.anchors import (
     last_line,
     matching_expressions,
     matching_statements,
-    select_expression,
-    select_statement,
+    select_expressions,
+    select_statements,
     span,
     statement_dumps,
     strip_positions,
@@ -44,11 +44,13 @@ from opspatch.core.placement import (
     Splice,
     apply_splices,
     marker_lines,
+    place_delete,
     place_insert,
     place_replace,
     plan_diff,
     scope_of,
     select_in,
+    start_index,
     undo_splices,
 )
 from opspatch.core.source import (
@@ -60,6 +62,7 @@ from opspatch.core.source import (
     strip_newline,
 )
 from opspatch.core.spec import (
+    DeleteEdit,
     DiffEdit,
     InsertEdit,
     PatchSpec,
@@ -183,17 +186,19 @@ class Reverted:
 def inserted_run(tree: ast.Module, patch: PatchSpec, i: int) -> list[ast.stmt] | None:
     """The statements insert edit `i` put into `tree`, if they are there.
 
-    An anchored insert counts only beside its anchor (the same code standing elsewhere in the
-    scope is not it); the code of the patch's other inserts may stand in between, since two
-    inserts at one anchor are placed next to each other.
+    An insert counts only where it is placed: beside its anchor, or at the start (end) of the
+    scope's own body; the same code standing elsewhere in the scope is not it. The code of the
+    patch's other inserts may stand in between, since two inserts at one place go side by side.
     """
     edit = patch.edits[i]
     assert isinstance(edit, InsertEdit)
     scope = scope_of(tree, edit.scope, i)
     runs = find_statement_runs(scope, statement_dumps(edit.code))
-    if edit.anchor is None:
-        return runs[0].statements if runs else None
-    anchors = {id(loc.stmt) for loc in matching_statements(scope, edit.anchor)}
+    anchors = (
+        {id(loc.stmt) for loc in matching_statements(scope, edit.anchor)}
+        if edit.anchor is not None
+        else set()
+    )
     others = [
         statement_dumps(other.code)
         for j, other in enumerate(patch.edits)
@@ -201,23 +206,35 @@ def inserted_run(tree: ast.Module, patch: PatchSpec, i: int) -> list[ast.stmt] |
     ]
     for run in runs:
         dumps = [strip_positions(s) for s in run.block]
-        if edit.position == "after":
-            end = run.start  # the anchor is the statement before, past the other inserts
+        if edit.position in ("after", "start"):
+            end = run.start  # what stands before it, past the other inserts
             while skipped := next(
                 (o for o in others if o and end >= len(o) and dumps[end - len(o) : end] == o), None
             ):
                 end -= len(skipped)
-            if end >= 1 and id(run.block[end - 1]) in anchors:
+            if edit.position == "start":
+                if run.block is scope.node.body and end == start_index(scope):
+                    return run.statements
+            elif end >= 1 and id(run.block[end - 1]) in anchors:
                 return run.statements
         else:
-            begin = run.start + run.length
+            begin = run.start + run.length  # what stands after it, past the other inserts
             while skipped := next(
                 (o for o in others if o and dumps[begin : begin + len(o)] == o), None
             ):
                 begin += len(skipped)
-            if begin < len(run.block) and id(run.block[begin]) in anchors:
+            if edit.position == "end":
+                if run.block is scope.node.body and begin == len(run.block):
+                    return run.statements
+            elif begin < len(run.block) and id(run.block[begin]) in anchors:
                 return run.statements
     return None
+
+
+def _insert_place(edit: InsertEdit) -> str:
+    if edit.anchor is not None:
+        return f"{edit.position} its anchor"
+    return f"at the {edit.position} of `{edit.scope}`"
 
 
 def _edit_state(text: str, tree: ast.Module, patch: PatchSpec, i: int) -> EditState:
@@ -227,14 +244,14 @@ def _edit_state(text: str, tree: ast.Module, patch: PatchSpec, i: int) -> EditSt
         if isinstance(edit, InsertEdit):
             scope = scope_of(tree, edit.scope, i)
             if inserted_run(tree, patch, i) is not None:
-                where = "in the scope" if edit.anchor is None else f"{edit.position} its anchor"
-                return EditState(i, "applied", f"its code is present {where}")
+                return EditState(i, "applied", f"its code is present {_insert_place(edit)}")
             if edit.anchor is not None:
                 select_in(scope, edit.anchor, i, "anchor")  # a missing anchor is a problem now
-                return EditState(i, "pending", f"its code is not {edit.position} its anchor")
-            return EditState(i, "pending", "its code is not in the scope")
+            return EditState(i, "pending", f"its code is not {_insert_place(edit)}")
         if isinstance(edit, ReplaceEdit):
             return _replace_state(tree, edit, i)
+        if isinstance(edit, DeleteEdit):
+            return _delete_state(tree, edit, i, _inserted_by(tree, patch, range(len(patch.edits))))
         assert isinstance(edit, DiffEdit)
         parsed = parse_unified_diff(edit.diff)
         plain = [strip_newline(line) for line in split_lines(text)]
@@ -294,20 +311,63 @@ def _replace_state(tree: ast.Module, edit: ReplaceEdit, i: int) -> EditState:
     if leftover:
         try:  # the selection must still be unambiguous for the edit to be applicable
             if edit.select.expression is not None:
-                select_expression(scope, edit.select)
+                select_expressions(scope, edit.select)
             else:
-                select_statement(scope, edit.select)
+                select_statements(scope, edit.select)
         except AnchorProblem as problem:
             raise EditProblem(problem.message, field_name, problem.candidates) from None
         return EditState(i, "pending", "the code to replace is present")
     try:
         if edit.select.expression is not None:
-            select_expression(scope, edit.select)
+            select_expressions(scope, edit.select)
         else:
-            select_statement(scope, edit.select)
+            select_statements(scope, edit.select)
     except AnchorProblem as problem:
         raise EditProblem(problem.message, field_name, problem.candidates) from None
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _inserted_by(tree: ast.Module, patch: PatchSpec, indices: Sequence[int]) -> set[int]:
+    """Ids of the statements the patch's inserts among `indices` put into `tree` (where present),
+    so a delete of the same code (a move: the delete, then the insert) does not count them."""
+    found: set[int] = set()
+    for j in indices:
+        if isinstance(patch.edits[j], InsertEdit):
+            try:
+                run = inserted_run(tree, patch, j)
+            except EditProblem:
+                continue
+            found.update(id(stmt) for stmt in run or [])
+    return found
+
+
+def _delete_state(tree: ast.Module, edit: DeleteEdit, i: int, inserted: set[int]) -> EditState:
+    """A delete is applied when the selector matches nothing left in the scope but the code this
+    patch inserted."""
+    scope = scope_of(tree, edit.scope, i)
+    left = [loc for loc in matching_statements(scope, edit.select) if id(loc.stmt) not in inserted]
+    if not left:
+        return EditState(i, "applied", "the statement to delete is not in the scope")
+    if edit.select.which == "only" and len(left) > 1:
+        raise EditProblem(
+            f"{edit.select.describe()} matches {len(left)} statements in `{scope.qualname}`",
+            edit_field(i, "select"),
+            [f"line {first_line(loc.stmt)}" for loc in left],
+        )
+    return EditState(i, "pending", "the statement to delete is present")
+
+
+def _refuse_deleting_inserted(tree: ast.Module, patch: PatchSpec, i: int) -> None:
+    """A delete placed after an insert of the same code would take the inserted code too."""
+    edit = patch.edits[i]
+    assert isinstance(edit, DeleteEdit)
+    inserted = _inserted_by(tree, patch, range(i))
+    scope = scope_of(tree, edit.scope, i)
+    if any(id(loc.stmt) in inserted for loc in matching_statements(scope, edit.select)):
+        raise EditProblem(
+            "it would delete code this patch inserts; put the delete before the insert",
+            edit_field(i, "select"),
+        )
 
 
 def _decode(source: bytes) -> tuple[SourceText, ast.Module]:
@@ -425,6 +485,12 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
                     text, current_tree, edit, patch, decoded.newline, i
                 )
                 description = f"replace {edit.select.describe()} in {edit.scope}"
+            elif isinstance(edit, DeleteEdit):
+                _refuse_deleting_inserted(current_tree, patch, i)
+                splices, edit_scopes = place_delete(
+                    text, current_tree, edit, patch, decoded.newline, i
+                )
+                description = f"delete {edit.select.describe()} in {edit.scope}"
             else:
                 splices, edit_scopes = plan_diff(text, current_tree, edit, decoded.newline, i)
                 description = "diff"
@@ -538,8 +604,8 @@ def unapply(
     """Remove `patch` from a patched file without any record of how it was applied.
 
     Works for `insert` edits (the inserted block, marker included, is found by its syntax tree
-    and removed line for line) and `diff` edits (the reversed diff is applied). A `replace` edit
-    cannot be undone from the patched text alone: it is undone from the recorded pre-image
+    and removed line for line) and `diff` edits (the reversed diff is applied). A `replace` or
+    `delete` edit cannot be undone from the patched text alone: it is undone from the recorded pre-image
     (the ledger, or the backup beside a local file), so this returns `NotApplicable` for it.
     """
     relpath = relpath or patch.target.module_relpaths()[0]
@@ -552,10 +618,10 @@ def unapply(
         edit = patch.edits[i]
         tree = parse_python(text)
         index = LineIndex(text)
-        if isinstance(edit, ReplaceEdit):
+        if isinstance(edit, ReplaceEdit | DeleteEdit):
             return NotApplicable(
                 patch.id,
-                "a replace edit is undone from the recorded pre-image (ledger or backup), "
+                f"a {edit.kind} edit is undone from the recorded pre-image (ledger or backup), "
                 "not from the patched text",
                 edit_field(i),
             )

@@ -22,8 +22,9 @@ from opspatch.core.anchors import (
     iter_definitions,
     last_line,
     resolve_scope,
-    select_expression,
+    select_expressions,
     select_statement,
+    select_statements,
 )
 from opspatch.core.source import (
     LineIndex,
@@ -31,6 +32,7 @@ from opspatch.core.source import (
 )
 from opspatch.core.spec import (
     MODULE_SCOPE,
+    DeleteEdit,
     DiffEdit,
     InsertEdit,
     PatchSpec,
@@ -191,21 +193,26 @@ def _is_future_import(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"
 
 
-def _start_point(index: LineIndex, scope: Scope) -> tuple[int, str]:
-    """(line to insert before, indentation) for the start of a scope's body."""
+def start_index(scope: Scope) -> int:
+    """Where `position = "start"` inserts in a scope's body: past its docstring, and past a
+    module's `from __future__` imports or a leading `super().__init__(...)`."""
     body = scope.node.body
-    skipped: ast.stmt | None = None
     position = 0
     if position < len(body) and _is_docstring(body[position]):
-        skipped = body[position]
         position += 1
     if isinstance(scope.node, ast.Module):
         while position < len(body) and _is_future_import(body[position]):
-            skipped = body[position]
             position += 1
     elif position < len(body) and _is_super_init(body[position]):
-        skipped = body[position]
         position += 1
+    return position
+
+
+def _start_point(index: LineIndex, scope: Scope) -> tuple[int, str]:
+    """(line to insert before, indentation) for the start of a scope's body."""
+    body = scope.node.body
+    position = start_index(scope)
+    skipped = body[position - 1] if position else None
     if skipped is not None:
         if not _statement_alone(index, skipped):
             raise EditProblem(f"line {last_line(skipped)} holds more than one statement")
@@ -305,46 +312,81 @@ def place_replace(
 ) -> tuple[list[Splice], list[str]]:
     index = LineIndex(text)
     scope = scope_of(tree, edit.scope, i)
-    if edit.select.expression is not None:
-        try:
-            found = select_expression(scope, edit.select)
-        except AnchorProblem as problem:
-            raise EditProblem(
-                problem.message, edit_field(i, "select"), problem.candidates
-            ) from None
+    try:
+        if edit.select.expression is not None:
+            expressions = select_expressions(scope, edit.select)
+            statements = []
+        else:
+            expressions = []
+            statements = [located.stmt for located in select_statements(scope, edit.select)]
+    except AnchorProblem as problem:
+        raise EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
+    splices: list[Splice] = []
+    marked: set[int] = set()  # one marker per statement, however many of its expressions change
+    for found in expressions:
         expr = found.expr
         assert expr.end_lineno is not None and expr.end_col_offset is not None
+        stmt_line = first_line(found.stmt)
+        if stmt_line not in marked:
+            marked.add(stmt_line)
+            indent = index.indentation(stmt_line)
+            marker = marker_lines(patch, edit.comment, indent)
+            at = index.line_start(stmt_line)
+            splices.append(Splice(at, at, _render_block(marker, indent, newline)))
         start = index.offset(expr.lineno, expr.col_offset)
         end = index.offset(expr.end_lineno, expr.end_col_offset)
-        stmt_line = first_line(found.stmt)
-        indent = index.indentation(stmt_line)
-        marker = marker_lines(patch, edit.comment, indent)
-        marker_splice = Splice(
-            index.line_start(stmt_line),
-            index.line_start(stmt_line),
-            _render_block(marker, indent, newline),
-        )
-        return [marker_splice, Splice(start, end, edit.code.strip())], [edit.scope]
-    located = select_in(scope, edit.select, i, "select")
-    stmt = located.stmt
-    if not _statement_alone(index, stmt):
-        raise EditProblem(
-            f"the selected statement at line {first_line(stmt)} shares its line with other code",
-            edit_field(i, "select"),
-        )
-    indent = index.indentation(first_line(stmt))
-    marker = marker_lines(patch, edit.comment, indent)
-    assert stmt.end_col_offset is not None
-    start = index.line_start(first_line(stmt))
-    end = index.offset(last_line(stmt), stmt.end_col_offset)
-    code = _code_lines(edit.code)
-    rendered = _render_block(marker + code, indent, newline)
-    rendered = rendered[: -len(newline)]  # the statement's own line ending stays in the file
+        splices.append(Splice(start, end, edit.code.strip()))
+    statement_splices, scopes = _replace_statements(
+        index, statements, edit, patch, _code_lines(edit.code), newline, i
+    )
+    return splices + statement_splices, scopes
+
+
+def place_delete(
+    text: str, tree: ast.Module, edit: DeleteEdit, patch: PatchSpec, newline: str, i: int
+) -> tuple[list[Splice], list[str]]:
+    """Each selected statement becomes the marker comment (which says why it went)."""
+    index = LineIndex(text)
+    scope = scope_of(tree, edit.scope, i)
+    try:
+        statements = [located.stmt for located in select_statements(scope, edit.select)]
+    except AnchorProblem as problem:
+        raise EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
+    return _replace_statements(index, statements, edit, patch, [], newline, i)
+
+
+def _replace_statements(
+    index: LineIndex,
+    statements: Sequence[ast.stmt],
+    edit: ReplaceEdit | DeleteEdit,
+    patch: PatchSpec,
+    code: list[str],
+    newline: str,
+    i: int,
+) -> tuple[list[Splice], list[str]]:
+    """Splices that put the marker and `code` where each statement stood (its trailing comment
+    and line ending stay)."""
+    splices: list[Splice] = []
     scopes = [edit.scope]
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        prefix = "" if edit.scope == MODULE_SCOPE else edit.scope + "."
-        scopes.append(prefix + stmt.name)
-    return [Splice(start, end, rendered)], scopes
+    for stmt in statements:
+        if not _statement_alone(index, stmt):
+            raise EditProblem(
+                f"the selected statement at line {first_line(stmt)} shares its line with other "
+                "code",
+                edit_field(i, "select"),
+            )
+        indent = index.indentation(first_line(stmt))
+        marker = marker_lines(patch, edit.comment, indent)
+        assert stmt.end_col_offset is not None
+        start = index.line_start(first_line(stmt))
+        end = index.offset(last_line(stmt), stmt.end_col_offset)
+        rendered = _render_block(marker + code, indent, newline)
+        rendered = rendered[: -len(newline)]  # the statement's own line ending stays in the file
+        splices.append(Splice(start, end, rendered))
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            prefix = "" if edit.scope == MODULE_SCOPE else edit.scope + "."
+            scopes.append(prefix + stmt.name)
+    return splices, scopes
 
 
 def _enclosing_scope(tree: ast.Module, first: int, last: int) -> str:

@@ -214,14 +214,14 @@ def _check_statement_criteria(selector: Any, extra: tuple[str, ...]) -> None:
 
 class ReplaceSelector(FileSchema):
     """What a `replace` edit replaces: a statement (as `StatementSelector`) or `expression`, an
-    expression whose syntax tree equals this code."""
+    expression whose syntax tree equals this code. `which = "all"` replaces every match."""
 
     calls: str | None = None
     assigns: str | None = None
     defines: str | None = None
     matches: str | None = None
     expression: str | None = None
-    which: Literal["only", "first", "last"] = "only"
+    which: Literal["only", "first", "last", "all"] = "only"
 
     @_model_validator(mode="after")
     def _exactly_one(self) -> ReplaceSelector:
@@ -230,15 +230,18 @@ class ReplaceSelector(FileSchema):
 
     def describe(self) -> str:
         if self.expression is not None:
+            if self.which == "all":
+                return f"every expression `{self.expression.strip()}`"
             which = "" if self.which == "only" else self.which + " "
             return f"the {which}expression `{self.expression.strip()}`"
-        return StatementSelector.model_construct(
+        one = StatementSelector.model_construct(
             calls=self.calls,
             assigns=self.assigns,
             defines=self.defines,
             matches=self.matches,
-            which=self.which,
+            which="only" if self.which == "all" else self.which,
         ).describe()
+        return "every" + one.removeprefix("the") if self.which == "all" else one
 
 
 class InsertEdit(FileSchema):
@@ -302,6 +305,36 @@ class ReplaceEdit(FileSchema):
         return self
 
 
+class DeleteEdit(FileSchema):
+    """Delete one statement (`which = "all"`: every match), selected as `replace` selects
+    statements; the marker comment stands where it was.
+
+    Recognised as applied when the selector matches nothing in the scope, so `first`/`last`
+    (which would delete one more match each time) are refused.
+    """
+
+    kind: Literal["delete"]
+    scope: str
+    select: ReplaceSelector
+    comment: str | None = None
+
+    _scope = field_validator("scope")(_check_qualname)
+
+    @_model_validator(mode="after")
+    def _selects_statements(self) -> DeleteEdit:
+        if self.select.expression is not None:
+            raise ValueError(
+                "select: a delete removes statements; use calls, assigns, "
+                "defines or matches (an expression is changed with replace)"
+            )
+        if self.select.which in ("first", "last"):
+            raise ValueError(
+                f"select.which: {self.select.which!r} cannot be recognised as applied once the "
+                "statement is gone; use 'only' (select it uniquely, e.g. with matches) or 'all'"
+            )
+        return self
+
+
 class DiffEdit(FileSchema):
     """A unified diff, applied by context like GNU patch: the hunk may move by at most
     `max_offset` lines and drop up to `fuzz` context lines at its ends; a context that matches
@@ -321,7 +354,7 @@ class DiffEdit(FileSchema):
         return value
 
 
-Edit = Annotated[InsertEdit | ReplaceEdit | DiffEdit, Field(discriminator="kind")]
+Edit = Annotated[InsertEdit | ReplaceEdit | DeleteEdit | DiffEdit, Field(discriminator="kind")]
 
 
 class AssignedBeforeCalls(FileSchema):
