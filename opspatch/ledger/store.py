@@ -54,6 +54,7 @@ from opspatch.ledger.records import (
     FILE_ACTIONS,
     FileVersion,
     HostRecord,
+    Machine,
     RunDetail,
     RunSummary,
     StepRecord,
@@ -80,6 +81,7 @@ __all__ = [
     "FileVersion",
     "HostRecord",
     "Ledger",
+    "Machine",
     "RunDetail",
     "RunSummary",
     "StepRecord",
@@ -453,7 +455,7 @@ class Ledger:
         return data
 
     def file_history(
-        self, host: str, path: str | None = None, *, machine_id: str | None = None
+        self, host: str, path: str | None = None, *, machine: Machine | None = None
     ) -> list[FileVersion]:
         """Every change of `path` (or of any file) on `host` that may have been written, newest
         first.
@@ -465,10 +467,10 @@ class Ledger:
         made and are left out, so status and rollback never say "changed since run R wrote it"
         about a run that wrote nothing.
 
-        With `path` and `machine_id` (the host's /etc/machine-id, from its facts), the changes of
-        that file recorded under another host name whose run's facts say the same machine are
-        included: one machine reached through two inventories is one host. A version's `host`
-        is the name it was recorded under.
+        With `path` and `machine` (the host's machine id and hostname, from its facts), the
+        changes of that file recorded under another host name whose run's facts say the same
+        machine are included: one machine reached through two inventories is one host. A
+        version's `host` is the name it was recorded under.
 
         Raises:
             LedgerError: the ledger cannot be read.
@@ -480,8 +482,8 @@ class Ledger:
             params += (path,)
         with self._reading() as conn:
             same_machine = (
-                self._runs_on_machine(conn, machine_id)
-                if machine_id is not None and path is not None
+                self._runs_on_machine(conn, machine)
+                if machine is not None and path is not None
                 else set()
             )
             hosts = {host} | {name for _, name in same_machine}
@@ -499,18 +501,18 @@ class Ledger:
         return [v for v in versions if (v.run_id, v.host) not in unwritten]
 
     @staticmethod
-    def _runs_on_machine(conn: sqlite3.Connection, machine_id: str) -> set[tuple[str, str]]:
-        """`(run_id, host)` of every run whose recorded facts of a host say `machine_id`."""
+    def _runs_on_machine(conn: sqlite3.Connection, machine: Machine) -> set[tuple[str, str]]:
+        """`(run_id, host)` of every run whose recorded facts of a host say `machine`."""
         # The canonical body has no spaces: LIKE is a cheap filter before the bodies are parsed.
         rows = select_events(
             conn,
             "kind = 'facts' AND body LIKE ?",
-            (f'%"machine_id":{canonical_json(machine_id)}%',),
+            (f'%"machine_id":{canonical_json(machine.machine_id)}%',),
         )
         return {
             (row.run_id, row.host)
             for row in rows
-            if row.host is not None and row.data["facts"].get("machine_id") == machine_id
+            if row.host is not None and machine.said_by(row.data["facts"])
         }
 
     @staticmethod

@@ -35,7 +35,7 @@ from opspatch.ledger.lineage import (
     applied_versions,
     locate,
 )
-from opspatch.ledger.store import FileVersion, Ledger, RunDetail
+from opspatch.ledger.store import FileVersion, Ledger, Machine, RunDetail
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import halt_on_attention, one_batch, run_fleet
 from opspatch.runs.recorded import recorded_run
@@ -252,7 +252,9 @@ class _Rollback:
             session.ledger.record_facts(session.run_id, session.name, inspection.facts.to_json())
         path = candidates[0].path if candidates else inspection.file.realpath
         history = self.ledger.file_history(
-            session.name, path, machine_id=inspection.facts.machine_id
+            session.name,
+            path,
+            machine=Machine.of(inspection.facts.machine_id, inspection.facts.hostname),
         )
         if self.patch is not None and self.source_run is None:
             # the same machine's changes recorded under another inventory's name count too

@@ -30,7 +30,7 @@ from opspatch.ledger.lineage import (
     applied_versions,
     locate,
 )
-from opspatch.ledger.store import FileVersion, Ledger
+from opspatch.ledger.store import FileVersion, Ledger, Machine
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import map_hosts
 from opspatch.runs.pipeline import gate_inspection
@@ -57,7 +57,11 @@ def classify(
     gate = gate_inspection(patch.spec.target, inspection)
     structural = detect(file.content, patch.spec)
     history = (
-        ledger.file_history(host, file.realpath, machine_id=inspection.facts.machine_id)
+        ledger.file_history(
+            host,
+            file.realpath,
+            machine=Machine.of(inspection.facts.machine_id, inspection.facts.hostname),
+        )
         if ledger
         else []
     )
