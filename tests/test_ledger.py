@@ -24,6 +24,7 @@ from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
 from opspatch.ledger import Ledger, RunDetail, new_run_id, operator_identity
 from opspatch.ledger.chain import GENESIS_HASH, ROW_COLUMNS, EventRow, event_hash
+from opspatch.ledger.records import Machine
 from tests.ledgerkit import (
     ORIGINAL,
     PATCH_SHA,
@@ -666,3 +667,35 @@ def test_the_names_callers_import_from_the_store_module_still_import() -> None:
     ):
         assert name in store.__all__ and hasattr(store, name), name
     assert store.Ledger is Ledger
+
+
+def test_file_history_by_machine_id_joins_the_names_one_machine_was_recorded_under(
+    ledger: Ledger,
+) -> None:
+    """One machine reached through two inventories (`lab-gpu`, `sandbox-01`) is one host for a
+    file's history when the facts of the run that recorded it say the same machine id; the same
+    path on another machine (or on a clone with the same machine id but another hostname),
+    another path on the same machine, and a refused swap are not."""
+    path = "/srv/eagle_worker_v2.py"
+    machine = "3d1219c7c4c5404aaa1f6d2a48adfda4"
+    run_id = begin(ledger, hosts=("lab-gpu", "other-gpu", "lab-gpu-2"))
+    ledger.record_facts(run_id, "lab-gpu", {"machine_id": machine, "hostname": "gpu7"})
+    ledger.record_facts(run_id, "other-gpu", {"machine_id": "f" * 32, "hostname": "gpu8"})
+    ledger.record_facts(run_id, "lab-gpu-2", {"machine_id": machine, "hostname": "gpu7"})
+    clone = begin(ledger, hosts=("clone-gpu",))  # an image cloned with its machine id
+    ledger.record_facts(clone, "clone-gpu", {"machine_id": machine, "hostname": "gpu9"})
+    record_patch(ledger, clone, "clone-gpu")
+    record_patch(ledger, run_id, "lab-gpu")
+    record_patch(ledger, run_id, "other-gpu")
+    record_patch(ledger, run_id, "lab-gpu-2", path="/srv/other.py")
+    refused = begin(ledger, hosts=("lab-gpu",))
+    ledger.record_facts(refused, "lab-gpu", {"machine_id": machine, "hostname": "gpu7"})
+    record_patch(ledger, refused, "lab-gpu")
+    ledger.record_host_outcome(refused, "lab-gpu", "failed", "the file changed since it was read")
+
+    joined = ledger.file_history("sandbox-01", path, machine=Machine(machine, "gpu7"))
+    assert [(v.run_id, v.host) for v in joined] == [(run_id, "lab-gpu")]
+    assert ledger.file_history("sandbox-01", path) == []
+    assert ledger.file_history("sandbox-01", path, machine=Machine("0" * 32, "gpu7")) == []
+    other = ledger.file_history("other-gpu", path, machine=Machine("f" * 32, "gpu8"))
+    assert [v.host for v in other] == ["other-gpu"]

@@ -137,6 +137,10 @@ def test_facts_report_python_and_package_versions(remote_target: Target) -> None
     if importlib.util.find_spec("torch") is not None:
         assert facts.torch_version == importlib.metadata.version("torch")
     assert facts.hostname
+    # which machine it is, however it was reached (the ledger's host identity)
+    machine_id = Path("/etc/machine-id")
+    if machine_id.is_file() and machine_id.read_text().strip():
+        assert facts.machine_id == machine_id.read_text().strip()
 
 
 # Installed as `sitecustomize` in the engine's environment: at exit, every interpreter started

@@ -678,3 +678,44 @@ def test_stacked_patches_over_ssh_status_names_the_run_on_top_and_roll_back_in_o
         assert [s["state"] for s in status.json()["status"]] == ["not-applied"]
     finally:
         fleet.close()
+
+
+def test_one_machine_through_two_inventories_is_one_host_to_status_and_rollback(
+    tmp_path: Path,
+) -> None:
+    """The operator's own inventory names the sandbox host `lab-gpu`; the sandbox's `sandbox-ssh`
+    names it `sandbox-01`. An apply through one is the same machine's change to `status` and
+    `rollback` through the other (matched by /etc/machine-id and the file's path), not "no
+    ledger record"."""
+    if find_sshd() is None:
+        pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)")
+    fleet = SandboxFleet(tmp_path, 1, ssh=True).up()
+    try:
+        (name,) = fleet.names
+        _guarded(fleet)  # a healthy engine, so every restart's smoke decode passes
+        text = (fleet.state / "inventories" / "sandbox-ssh.toml").read_text()
+        (fleet.workspace / "inventories").mkdir(exist_ok=True)
+        (fleet.workspace / "inventories" / "lab.toml").write_text(
+            text.replace(f"[hosts.{name}", "[hosts.lab-gpu").replace(f'"{name}"', '"lab-gpu"')
+        )
+        fleet.write_patch("mark", _test_patch("mark", "MARK = 1", "appends a mark"))
+        before = fleet.sha(name)
+        run = fleet.opspatch("apply", "mark", "--hosts", "lab:lab-gpu", "--yes", "--json")
+        assert run.code == 0, run.stdout + run.stderr
+        assert _outcomes(run.json()) == {"lab-gpu": "applied"}
+        status = fleet.opspatch("status", "--hosts", "sandbox-ssh", "--patch", "mark", "--json")
+        assert status.code == 0, status.stdout + status.stderr
+        (found,) = status.json()["status"]
+        assert (found["host"], found["state"]) == (name, "applied")
+        assert found["detail"] == f"as written by run {run.json()['run_id']}", found
+
+        back = fleet.opspatch("rollback", "mark", "--hosts", "sandbox-ssh", "--yes", "--json")
+        assert back.code == 0, back.stdout + back.stderr
+        (host,) = back.json()["hosts"]
+        assert (host["host"], host["outcome"], host["note"]) == (name, "restored", None), host
+        assert fleet.sha(name) == before
+        status = fleet.opspatch("status", "--hosts", "lab:lab-gpu", "--patch", "mark", "--json")
+        (found,) = status.json()["status"]
+        assert found["state"] == "not-applied", found
+    finally:
+        fleet.close()

@@ -34,6 +34,9 @@ class HostFacts:
     notes: tuple[str, ...]
     driver_version: str | None = None
     gpu_memory_mib: tuple[int, ...] = ()
+    machine_id: str | None = None
+    """/etc/machine-id: which machine this is, however it was reached (the ledger matches a
+    host's file history by it, with the file's path, across inventories)."""
 
     @classmethod
     def from_reply(cls, data: dict[str, Any]) -> HostFacts:
@@ -53,6 +56,7 @@ class HostFacts:
             notes=tuple(data.get("notes") or ()),
             driver_version=data.get("driver_version"),
             gpu_memory_mib=tuple(int(m) for m in data.get("gpu_memory_mib") or ()),
+            machine_id=data.get("machine_id"),
         )
 
     def to_json(self) -> dict[str, Any]:

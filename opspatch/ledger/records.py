@@ -66,6 +66,25 @@ class FileVersion(JsonRecord):
 
 
 @dataclass(frozen=True)
+class Machine:
+    """What a host is, whatever an inventory calls it: its /etc/machine-id and its hostname, as
+    its facts reported them. The hostname too, because machines cloned from one image may share
+    a machine id that nobody regenerated."""
+
+    machine_id: str
+    hostname: str
+
+    @classmethod
+    def of(cls, machine_id: str | None, hostname: str) -> Machine | None:
+        """The identity, or None when the host reported no machine id."""
+        return cls(machine_id, hostname) if machine_id else None
+
+    def said_by(self, facts: dict[str, Any]) -> bool:
+        """Whether recorded `facts` describe this machine."""
+        return facts.get("machine_id") == self.machine_id and facts.get("hostname") == self.hostname
+
+
+@dataclass(frozen=True)
 class HostRecord(JsonRecord):
     """Everything one run recorded about one host; `last_step` says where it stopped.
 

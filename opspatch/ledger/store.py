@@ -54,6 +54,7 @@ from opspatch.ledger.records import (
     FILE_ACTIONS,
     FileVersion,
     HostRecord,
+    Machine,
     RunDetail,
     RunSummary,
     StepRecord,
@@ -80,6 +81,7 @@ __all__ = [
     "FileVersion",
     "HostRecord",
     "Ledger",
+    "Machine",
     "RunDetail",
     "RunSummary",
     "StepRecord",
@@ -452,7 +454,9 @@ class Ledger:
             )
         return data
 
-    def file_history(self, host: str, path: str | None = None) -> list[FileVersion]:
+    def file_history(
+        self, host: str, path: str | None = None, *, machine: Machine | None = None
+    ) -> list[FileVersion]:
         """Every change of `path` (or of any file) on `host` that may have been written, newest
         first.
 
@@ -463,52 +467,88 @@ class Ledger:
         made and are left out, so status and rollback never say "changed since run R wrote it"
         about a run that wrote nothing.
 
+        With `path` and `machine` (the host's machine id and hostname, from its facts), the
+        changes of that file recorded under another host name whose run's facts say the same
+        machine are included: one machine reached through two inventories is one host. A
+        version's `host` is the name it was recorded under.
+
         Raises:
             LedgerError: the ledger cannot be read.
         """
-        where = "kind = 'file-version' AND host = ?"
-        params: tuple[Any, ...] = (host,)
+        where = "kind = 'file-version'"
+        params: tuple[Any, ...] = ()
         if path is not None:
             where += " AND path = ?"
             params += (path,)
         with self._reading() as conn:
+            same_machine = (
+                self._runs_on_machine(conn, machine)
+                if machine is not None and path is not None
+                else set()
+            )
+            hosts = {host} | {name for _, name in same_machine}
+            marks = ", ".join("?" for _ in hosts)
             versions = [
                 file_version(row)
-                for row in select_events(conn, f"{where} ORDER BY id DESC", params)
+                for row in select_events(
+                    conn,
+                    f"{where} AND host IN ({marks}) ORDER BY id DESC",
+                    (*params, *sorted(hosts)),
+                )
+                if row.host == host or (row.run_id, row.host) in same_machine
             ]
-            unwritten = self._runs_that_changed_nothing(conn, host, {v.run_id for v in versions})
-        return [v for v in versions if v.run_id not in unwritten]
+            unwritten = self._changed_nothing(conn, {(v.run_id, v.host) for v in versions})
+        return [v for v in versions if (v.run_id, v.host) not in unwritten]
 
     @staticmethod
-    def _runs_that_changed_nothing(
-        conn: sqlite3.Connection, host: str, run_ids: set[str]
-    ) -> set[str]:
-        """Those of `run_ids` whose last recorded outcome on `host` is `failed` (nothing
-        changed there)."""
-        if not run_ids:
-            return set()
-        marks = ", ".join("?" for _ in run_ids)
+    def _runs_on_machine(conn: sqlite3.Connection, machine: Machine) -> set[tuple[str, str]]:
+        """`(run_id, host)` of every run whose recorded facts of a host say `machine`."""
+        # The canonical body has no spaces: LIKE is a cheap filter before the bodies are parsed.
         rows = select_events(
             conn,
-            f"kind = 'host-outcome' AND host = ? AND run_id IN ({marks}) ORDER BY id",
-            (host, *sorted(run_ids)),
+            "kind = 'facts' AND body LIKE ?",
+            (f'%"machine_id":{canonical_json(machine.machine_id)}%',),
         )
-        last = {row.run_id: row.data.get("outcome") for row in rows}
-        return {run_id for run_id, outcome in last.items() if outcome == Outcome.FAILED}
+        return {
+            (row.run_id, row.host)
+            for row in rows
+            if row.host is not None and machine.said_by(row.data["facts"])
+        }
+
+    @staticmethod
+    def _changed_nothing(
+        conn: sqlite3.Connection, runs: set[tuple[str, str]]
+    ) -> set[tuple[str, str]]:
+        """Those `(run_id, host)` of `runs` whose last recorded outcome on the host is `failed`
+        (nothing changed there)."""
+        if not runs:
+            return set()
+        run_ids = sorted({run_id for run_id, _ in runs})
+        marks = ", ".join("?" for _ in run_ids)
+        rows = select_events(
+            conn, f"kind = 'host-outcome' AND run_id IN ({marks}) ORDER BY id", run_ids
+        )
+        last = {(row.run_id, row.host): row.data.get("outcome") for row in rows}
+        return {pair for pair in runs if last.get(pair) == Outcome.FAILED}
 
     def outcomes_since(
-        self, host: str, event_id: int
+        self, hosts: Sequence[str], event_id: int
     ) -> list[tuple[str, str, dict[str, Any] | None]]:
-        """`(run_id, outcome, file)` of every host outcome recorded on `host` after the event
-        `event_id` (a file version), oldest first: whether any run concluded anything about that
-        change since (`status` tells a change proven by a smoke from one never proven).
+        """`(run_id, outcome, file)` of every host outcome recorded on any of `hosts` (the names
+        one machine was recorded under) after the event `event_id` (a file version), oldest
+        first: whether any run concluded anything about that change since (`status` tells a
+        change proven by a smoke from one never proven).
 
         Raises:
             LedgerError: the ledger cannot be read.
         """
+        names = sorted(set(hosts))
+        marks = ", ".join("?" for _ in names)
         with self._reading() as conn:
             rows = select_events(
-                conn, "kind = 'host-outcome' AND host = ? AND id > ? ORDER BY id", (host, event_id)
+                conn,
+                f"kind = 'host-outcome' AND host IN ({marks}) AND id > ? ORDER BY id",
+                (*names, event_id),
             )
         return [(row.run_id, str(row.data["outcome"]), row.data.get("file")) for row in rows]
 

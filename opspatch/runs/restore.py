@@ -26,6 +26,7 @@ from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Outcome
 from opspatch.errors import OpspatchError, RemoteOperationError
+from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.lineage import (
     AtPostImage,
     AtPreImage,
@@ -33,7 +34,7 @@ from opspatch.ledger.lineage import (
     applied_versions,
     locate,
 )
-from opspatch.ledger.store import FileVersion, Ledger, RunDetail
+from opspatch.ledger.store import FileVersion, Ledger, Machine, RunDetail
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import halt_on_attention, one_batch
 from opspatch.runs.fleetrun import FleetRun
@@ -208,29 +209,38 @@ class _Rollback:
 
     def host(self, session: HostSession) -> HostOutcome:
         candidates = self.versions_for(session.name)
-        what = (
-            f"run {self.source_run.run_id}"
-            if self.source_run
-            else f"patch {self.patch.spec.id if self.patch else '?'}"
-        )
-        if not candidates:
-            if self.patch is None:
-                return session.outcome(
-                    Outcome.SKIPPED, note=f"the ledger has no change by {what} on this host"
-                )
-            return self._without_record(session, self.patch)
-        path = candidates[0].path
+        if not candidates and self.source_run is not None:
+            return session.outcome(
+                Outcome.SKIPPED,
+                note=f"the ledger has no change by run {self.source_run.run_id} on this host",
+            )
         timeouts = session.playbook.timeouts
         with session.step("begin") as note:
             _, inspection = session.ops.begin(
-                path=path,
+                None if candidates or self.patch is None else self.patch.spec.target.module,
+                path=candidates[0].path if candidates else None,
                 run_id=session.run_id or "",
                 timeout=timeouts.lock + timeouts.inspect,
             )
             note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
+        if session.ledger is not None and session.run_id is not None:
+            # what the machine is, so later lookups through another inventory find this run
+            session.ledger.record_facts(session.run_id, session.name, inspection.facts.to_json())
+        path = candidates[0].path if candidates else inspection.file.realpath
+        history = self.ledger.file_history(
+            session.name,
+            path,
+            machine=Machine.of(inspection.facts.machine_id, inspection.facts.hostname),
+        )
+        if self.patch is not None and self.source_run is None:
+            # the same machine's changes recorded under another inventory's name count too
+            candidates = applied_versions(history, self.patch.spec.id)
+        if not candidates:
+            assert self.patch is not None
+            return self._without_record(session, self.patch, inspection)
         live = inspection.file.sha256
         unchanged = FileChange(path, live, live)
-        standing = locate(self.ledger.file_history(session.name, path), candidates, live)
+        standing = locate(history, candidates, live)
         if isinstance(standing, AtPreImage):
             return session.outcome(
                 Outcome.SKIPPED, file=unchanged, note="already at the pre-image; nothing to restore"
@@ -290,7 +300,9 @@ class _Rollback:
             Outcome.RESTORED, file=change, smoke=smoke, note="; ".join(notes) or None
         )
 
-    def _without_record(self, session: HostSession, patch: LoadedPatch) -> HostOutcome:
+    def _without_record(
+        self, session: HostSession, patch: LoadedPatch, inspection: HostInspection
+    ) -> HostOutcome:
         """Roll back a patch the ledger has no record of on this host (the ledger was deleted,
         or the change was made from another controller): only from the host's own backup.
 
@@ -300,13 +312,6 @@ class _Rollback:
         reported as done.
         """
         timeouts = session.playbook.timeouts
-        with session.step("begin") as note:
-            _, inspection = session.ops.begin(
-                patch.spec.target.module,
-                run_id=session.run_id or "",
-                timeout=timeouts.lock + timeouts.inspect,
-            )
-            note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
         live = inspection.file
         unchanged = FileChange(live.realpath, live.sha256, live.sha256)
         if detect(live.content, patch.spec).state != "applied":

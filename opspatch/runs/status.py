@@ -30,7 +30,7 @@ from opspatch.ledger.lineage import (
     applied_versions,
     locate,
 )
-from opspatch.ledger.store import FileVersion, Ledger
+from opspatch.ledger.store import FileVersion, Ledger, Machine
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import map_hosts
 from opspatch.runs.pipeline import gate_inspection
@@ -56,7 +56,15 @@ def classify(
     file = inspection.file
     gate = gate_inspection(patch.spec.target, inspection)
     structural = detect(file.content, patch.spec)
-    history = ledger.file_history(host, file.realpath) if ledger else []
+    history = (
+        ledger.file_history(
+            host,
+            file.realpath,
+            machine=Machine.of(inspection.facts.machine_id, inspection.facts.hostname),
+        )
+        if ledger
+        else []
+    )
     standing = locate(history, applied_versions(history, patch.spec.id), file.sha256)
     base = {"host": host, "patch": patch.spec.id, "path": file.realpath, "sha256": file.sha256}
     server = inspection.server
@@ -127,7 +135,7 @@ def _written(ledger: Ledger, host: str, path: str, version: FileVersion) -> str:
     the server may still run the old code. Plain "applied" there would say the fix is live."""
     said = [
         (run_id, outcome)
-        for run_id, outcome, change in ledger.outcomes_since(host, version.event_id)
+        for run_id, outcome, change in ledger.outcomes_since((host, version.host), version.event_id)
         if outcome not in _CONCLUDES_NOTHING
         and (
             change is None

@@ -178,6 +178,23 @@ def gpu_facts(timeout: float = _GPU_PROBE_SECONDS) -> Result:
     return facts
 
 
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+"""Where systemd and D-Bus keep the machine's identity (stable across reboots and inventories)."""
+
+
+def machine_id() -> str | None:
+    """What the machine is, whatever inventory reached it; None where no id file is readable."""
+    for path in MACHINE_ID_FILES:
+        try:
+            with open(path, encoding="ascii") as handle:
+                found = handle.read().strip()
+        except (OSError, ValueError):
+            continue
+        if found:
+            return found
+    return None
+
+
 def collect_facts() -> Result:
     """What the host runs: Python, the engine's package versions (from distribution metadata,
     nothing imported) and what the GPU driver reports. Cheap: no torch, no CUDA context."""
@@ -186,6 +203,7 @@ def collect_facts() -> Result:
         "python_executable": sys.executable,
         "python_implementation": platform.python_implementation(),
         "hostname": socket.gethostname(),
+        "machine_id": machine_id(),
         "platform": platform.platform(),
         "machine": platform.machine(),
         "sglang_version": dist_version("sglang"),
