@@ -150,34 +150,65 @@ def test_incident_apply_status_rollback_apply_again(tmp_path: Path, over_ssh: bo
         assert all("restart" not in [s["step"] for s in h["steps"]] for h in again.json()["hosts"])
         assert {n: fleet.pid(n) for n in names} == pids
 
-        # rollback: byte-identical pre-images, and the crash comes back
+        # rollback, canary first: a byte-identical pre-image, and the crash comes back with it:
+        # the canary's restored file is not served, which halts the rollback (exit 1)
         back = fleet.opspatch(
             "rollback", "eagle-init-guard", "--hosts", fleet.inventory, "--yes", "--json"
         )
-        assert back.code == 0, back.stdout + back.stderr
-        assert _outcomes(back.json()) == {n: "restored" for n in names}
-        assert {n: fleet.sha(n) for n in names} == pre
+        assert back.code == 1, back.stdout + back.stderr
+        canary, *rest = names
+        assert _outcomes(back.json()) == {
+            canary: "restored-not-serving",
+            **dict.fromkeys(rest, "skipped"),
+        }
+        assert fleet.sha(canary) == pre[canary]
         status = fleet.opspatch(
             "status", "--hosts", fleet.inventory, "--patch", "eagle-init-guard", "--json"
         )
-        assert {s["state"] for s in status.json()["status"]} == {"not-applied"}
+        states = {s["host"]: s for s in status.json()["status"]}
+        assert states[canary]["state"] == "not-applied"
+        assert states[canary]["server_running"] is False
+        assert all(states[n]["state"] == "applied" and states[n]["server_running"] for n in rest)
     finally:
         fleet.close()
 
 
-def test_rollback_after_crash_reports_the_smoke_beside_restored(fleet: SandboxFleet) -> None:
+def test_a_rollback_onto_code_that_crashes_says_the_server_is_not_serving(
+    fleet: SandboxFleet,
+) -> None:
+    """Rolling eagle-init-guard back restores the incident's own code, and the rollback's smoke
+    decode crashes it. Before: the step `ok`, the host `restored`, exit 0, nothing said the
+    server was down (`status` included)."""
     _guarded(fleet)
-    back = fleet.opspatch(
-        "rollback", "eagle-init-guard", "--hosts", fleet.names[0], "--yes", "--json"
-    )
-    assert back.code == 0
-    host = back.json()["hosts"][0]
-    assert host["outcome"] == "restored"
-    # the original code is exactly what was broken: the smoke after the restore says so
+    first = fleet.names[0]
+    back = fleet.opspatch("rollback", "eagle-init-guard", "--hosts", first, "--yes", "--json")
+    assert back.code == 1, back.stdout + back.stderr
+    doc = back.json()
+    assert doc["outcome"] == "failed"
+    host = doc["hosts"][0]
+    assert host["outcome"] == "restored-not-serving", host
+    assert "the server does not serve the restored file" in host["error"]
+    assert f"`opspatch apply eagle-init-guard --hosts {first}`" in host["error"]
+    smoke = next(s for s in host["steps"] if s["step"] == "smoke")
+    assert smoke["status"] == "failed", smoke
     assert host["smoke"]["ok"] is False
     failures = " ".join(host["smoke"]["failures"])
     assert "the server crashed: AttributeError: 'EAGLEWorkerV2' object has no attribute" in failures
     assert "eagle_worker_v2.py" in failures  # where it was raised
+    assert wait_until(lambda: fleet.pid(first) is None, 30)  # the decode crashed it
+    run = fleet.opspatch("ledger", "show", doc["run_id"], "--json").json()
+    recorded = next(h for h in run["host_records"] if h["host"] == first)
+    assert recorded["outcome"] == "restored-not-serving"
+    assert (
+        next(s for s in recorded["steps"] if s["step"] == "smoke" and s["status"] != "started")[
+            "status"
+        ]
+        == "failed"
+    )
+    status = fleet.opspatch("status", "--hosts", first, "--patch", "eagle-init-guard", "--json")
+    (said,) = status.json()["status"]
+    assert said["state"] == "not-applied" and said["server_running"] is False, said
+    assert "the server is not running" in said["detail"], said
 
 
 def test_dry_run_changes_nothing(fleet: SandboxFleet) -> None:

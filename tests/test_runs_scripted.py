@@ -466,3 +466,48 @@ def test_a_change_proven_before_the_kill_whose_engine_died_since_is_restarted_by
     (outcome,) = report.hosts
     assert outcome.outcome == "applied", outcome
     assert "restart" in fleet.transports[host.name].ops  # it was brought back, not trusted
+
+
+def test_a_rollback_whose_smoke_fails_is_restored_not_serving_with_a_failed_step(
+    fleet: Fleet,
+) -> None:
+    """The restored pre-image is what was broken: its smoke decode fails. Before, the step read
+    `ok`, the host `restored` with no note, exit 0."""
+    from opspatch.runs.restore import rollback_hosts
+
+    fleet.hosts = fleet.hosts[:2]
+    assert fleet.apply().exit_code == 0
+    for fake in fleet.hosts:
+        fake.smoke_ok = False
+    report = rollback_hosts(
+        ledger=fleet.ledger,
+        hosts=[h.host() for h in fleet.hosts],
+        factory=fleet.factory,
+        playbook=Playbook(max_in_flight=1),
+        patch=fleet.patch,
+    )
+    first, second = report.hosts
+    assert first.outcome == "restored-not-serving", first
+    assert "the server does not serve the restored file" in (first.error or "")
+    assert "apply eagle-init-guard --hosts h1" in (first.error or "")
+    smoke = next(s for s in first.steps if s.step == "smoke")
+    assert smoke.status == "failed" and "the server crashed" in smoke.detail
+    assert sha(fleet.hosts[0].file.read_bytes()) == PRISTINE
+    # the same restore elsewhere would take that server down too: the run halts
+    assert second.outcome == "skipped" and "not served on h1" in (second.error or ""), second
+    assert sha(fleet.hosts[1].file.read_bytes()) != PRISTINE
+    assert report.exit_code == 1
+    recorded = fleet.ledger.get_run(report.run_id or "").host("h1")
+    assert recorded.outcome == "restored-not-serving"
+    assert any(s.step == "smoke" and s.status == "failed" for s in recorded.steps)
+
+
+def test_an_apply_rolled_back_onto_code_that_does_not_serve_says_so(fleet: Fleet) -> None:
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+    host.smoke_ok = False
+    (outcome,) = fleet.apply().hosts
+    assert outcome.outcome == "rolled-back"
+    after = next(s for s in outcome.steps if s.step == "smoke-after-restore")
+    assert after.status == "failed"
+    assert "the server does not serve the restored file" in (outcome.note or ""), outcome

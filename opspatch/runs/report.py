@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from opspatch.core.vocabulary import Outcome, RunOutcome, StepStatus
+from opspatch.core.vocabulary import FAILED_OUTCOMES, Outcome, RunOutcome, StepStatus
 from opspatch.errors import EXIT_BAD_INPUT, EXIT_HOST_FAILED, EXIT_NEEDS_ATTENTION, EXIT_OK
 
 if TYPE_CHECKING:
@@ -117,13 +117,14 @@ class RunReport:
 
     @property
     def exit_code(self) -> int:
-        """3 if a host needs attention; else 1 if a host failed or was rolled back; else 2 if the
-        run was refused before any change, or a host was refused (nothing changed there); else 1
-        if the fleet policy halted the run; else 0."""
+        """3 if a host needs attention; else 1 if a host failed (`FAILED_OUTCOMES`: failed,
+        rolled back, restored but not serving); else 2 if the run was refused before any change,
+        or a host was refused (nothing changed there); else 1 if the fleet policy halted the
+        run; else 0."""
         outcomes = {h.outcome for h in self.hosts}
         if Outcome.NEEDS_ATTENTION in outcomes:
             return EXIT_NEEDS_ATTENTION
-        if outcomes & {Outcome.FAILED, Outcome.ROLLED_BACK}:
+        if outcomes & FAILED_OUTCOMES:
             return EXIT_HOST_FAILED
         if self.refused or any(h.outcome == Outcome.SKIPPED and h.error for h in self.hosts):
             return EXIT_BAD_INPUT

@@ -4,14 +4,15 @@ Per host and patch: `applied` (the file is the bytes opspatch wrote, or carries 
 structurally), `staged` (so, but the running server started before the file changed: it still
 runs the old code), `not-applied`, `drifted` (the file changed since opspatch wrote it, e.g. sglang was
 reinstalled: the ledger's post-image is not what is there), `not-applicable` (the module does not
-resolve on the host, or its version is outside the patch's range), or `unreachable`. One exec per
-host and target module; nothing is locked or changed.
+resolve on the host, or its version is outside the patch's range), or `unreachable`; and whether
+the host's server is running (a file that is right on disk serves nothing while it is down). One
+exec per host and target module; nothing is locked or changed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opspatch.core.edit import detect
@@ -35,9 +36,25 @@ class PatchStatus:
     path: str | None
     sha256: str | None
     detail: str
+    server_running: bool | None = None
+    """Whether the host's engine is running (None: the host was not inspected)."""
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "state": str(self.state)}
+
+
+def with_server(status: PatchStatus, host: Host, inspection: HostInspection) -> PatchStatus:
+    """`status` saying whether the host's server runs: a file that is right on disk serves
+    nothing while no server runs it (a restore whose decode crashed the engine, say)."""
+    running = inspection.server is not None
+    detail = status.detail
+    if not running:
+        down = (
+            f"the server is not running (no live process in its pid file, nothing listening at "
+            f"{host.engine.url}): `opspatch diagnose --hosts {host.name}` says why"
+        )
+        detail = f"{detail}; {down}" if detail else down
+    return replace(status, detail=detail, server_running=running)
 
 
 def classify(
@@ -48,7 +65,12 @@ def classify(
     gate = gate_inspection(patch.spec.target, inspection)
     structural = detect(file.content, patch.spec)
     recorded = ledger.last_applied(host, file.realpath, patch.spec.id) if ledger else None
-    base = {"host": host, "patch": patch.spec.id, "path": file.realpath, "sha256": file.sha256}
+    base: dict[str, Any] = {
+        "host": host,
+        "patch": patch.spec.id,
+        "path": file.realpath,
+        "sha256": file.sha256,
+    }
     server = inspection.server
     stale = server is not None and server.predates(file)
     if recorded is not None:
@@ -165,7 +187,8 @@ def fleet_status(
                     ]
                     continue
                 for patch in group:
-                    results.append(classify(patch, host.name, inspection, ledger))
+                    found = classify(patch, host.name, inspection, ledger)
+                    results.append(with_server(found, host, inspection))
         finally:
             transport.close()
         return results
