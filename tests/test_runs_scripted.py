@@ -511,3 +511,80 @@ def test_an_apply_rolled_back_onto_code_that_does_not_serve_says_so(fleet: Fleet
     after = next(s for s in outcome.steps if s.step == "smoke-after-restore")
     assert after.status == "failed"
     assert "the server does not serve the restored file" in (outcome.note or ""), outcome
+
+
+def _recover(fleet: Fleet, host: FakeHost) -> RunReport:
+    return recover_hosts(
+        ledger=fleet.ledger,
+        hosts=[host.host()],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=fleet.patch,
+    )
+
+
+def test_a_second_recover_leaves_a_host_it_already_reconciled_alone(fleet: Fleet) -> None:
+    """Before, every `recover --hosts` said "finished run R's change" and restarted again."""
+    import subprocess
+    import sys
+
+    host = fleet.hosts[0]
+    dead = _left_by_a_dead_run(fleet, host)
+    first = _recover(fleet, host)
+    (outcome,) = first.hosts
+    assert outcome.outcome == "applied" and "finished run" in (outcome.note or ""), outcome
+    assert "restart" in fleet.transports[host.name].ops
+    # the server the first recover started, after the change was written
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (host.root / "pid").write_text(f"{server.pid}\n")
+        again = _recover(fleet, host)
+        (outcome,) = again.hosts
+        assert outcome.outcome == "applied", outcome
+        assert "restart" not in fleet.transports[host.name].ops  # no restart, no smoke
+        assert "smoke" not in fleet.transports[host.name].ops
+        note = outcome.note or ""
+        assert f"written by run {dead}, proven by run {first.run_id}" in note, note
+        assert f"its server (pid {server.pid}) started after the change was written" in note
+        assert "left alone" in note and "finished run" not in note
+        assert again.exit_code == 0
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_status_and_recover_say_the_same_about_a_change_nothing_interrupted(
+    fleet: Fleet,
+) -> None:
+    """A finished apply, then `recover --hosts`: before, recover said "smoke-tested before the
+    interruption" although nothing was interrupted, in other words than `status`."""
+    from opspatch.runs.status import fleet_status
+
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+    applied = fleet.apply()
+    assert applied.exit_code == 0
+    (said,) = fleet_status([host.host()], [fleet.patch], fleet.factory, fleet.ledger)
+    sentence = f"as written by run {applied.run_id}, proven by its smoke decode"
+    assert said.detail.startswith(sentence), said
+    (outcome,) = _recover(fleet, host).hosts
+    assert outcome.outcome == "applied"
+    assert (outcome.note or "").startswith(sentence), outcome
+    assert "interrupt" not in (outcome.note or "")
+
+
+def test_a_smoke_that_passed_before_a_double_ctrl_c_is_proven_for_status_and_recover(
+    fleet: Fleet,
+) -> None:
+    """The run recorded the smoke as passed and no outcome (a second Ctrl-C): status said "never
+    proven" while recover said "smoke-tested before the interruption"."""
+    from opspatch.runs.status import fleet_status
+
+    host = fleet.hosts[0]
+    dead = _left_by_a_dead_run(fleet, host)
+    fleet.ledger.record_step(dead, host.name, "smoke", "ok", 0.2, "1 prompt(s), 16 tokens")
+    (said,) = fleet_status([host.host()], [fleet.patch], fleet.factory, fleet.ledger)
+    sentence = f"written by run {dead} and proven by its smoke decode before it was interrupted"
+    assert said.detail.startswith(sentence) and "never proven" not in said.detail, said
+    (outcome,) = _recover(fleet, host).hosts
+    assert (outcome.note or "").startswith(sentence), outcome

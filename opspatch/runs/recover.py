@@ -14,8 +14,10 @@ disk now. It never trusts a run's own account of where it got to.
 - `unlock_hosts(hosts)`: remove a host lock whose run is over, recorded in the ledger; a lock
   whose run is alive (or unknown here and not expired) is refused.
 
-Per host: the live file matches the post-image of a recorded patch → proven before (its run's
-smoke passed) `applied`, else restart, ready, smoke → `applied`, or restore → `rolled-back`; it
+Per host: the live file matches the post-image of a recorded patch → proven (`runs.proof`, as
+`status` says it) and its server started after the write: `applied`, left alone (a second
+recover restarts nothing); proven and its server gone: started again, `applied`; else restart,
+ready, smoke → `applied`, or restore → `rolled-back`; it
 matches a recorded pre-image → make sure the server answers → `restored`; no run recorded a
 change here → make sure the server answers → `restored`; anything else → `needs-attention`
 (someone else changed it). The patch is never applied twice: recover only finishes or undoes
@@ -30,11 +32,12 @@ from dataclasses import dataclass
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
+from opspatch.core.vocabulary import Outcome, RunStatus
 from opspatch.errors import InputError, LockHeld, OpspatchError
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.connect import TransportFactory
+from opspatch.runs.proof import change_proof, describe
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 from opspatch.runs.restore import ensure_running, restore_recorded, run_restore
@@ -209,7 +212,7 @@ class _RecoverHost:
         path = inspection.file.realpath
         patched = next((v for v in reversed(versions) if v.sha256_after == live), None)
         if patched is not None:
-            return self._finish_patched(session, patched)
+            return self._finish_patched(session, patched, inspection)
         at_pre_image = next((v for v in reversed(versions) if v.sha256_before == live), None)
         if at_pre_image is not None or not versions:
             how = ensure_running(session)
@@ -230,28 +233,28 @@ class _RecoverHost:
             file=FileChange(path, newest.sha256_before, live),
         )
 
-    def _proven(self, version: FileVersion, host: str) -> bool:
-        """Whether the run that wrote `version` proved it: its smoke passed on this host, or a
-        recover already found it patched and proven."""
-        try:
-            record = self.ledger.get_run(version.run_id).host(host)
-        except (InputError, KeyError):
-            return False
-        return record.outcome == Outcome.APPLIED or any(
-            s.step == "smoke" and s.status == StepStatus.OK for s in record.steps
-        )
-
-    def _finish_patched(self, session: HostSession, version: FileVersion) -> HostOutcome:
+    def _finish_patched(
+        self, session: HostSession, version: FileVersion, inspection: HostInspection
+    ) -> HostOutcome:
         change = FileChange(version.path, version.sha256_before, version.sha256_after)
-        if self._proven(version, session.name):
-            # Proven before the interruption, but the server may have gone since (a crash, a
-            # reboot): `applied` says it runs the patched code, so make sure it does.
-            how = ensure_running(session)
+        proof = change_proof(self.ledger, session.name, version)
+        server = inspection.server
+        if proof.proven and server is not None and not server.predates(inspection.file):
+            # Already reconciled: proven, and the running server started after the change was
+            # written. Restarting it again would prove nothing new and drop its requests.
+            pid = f" (pid {server.pid})" if server.pid is not None else ""
             return session.outcome(
                 Outcome.APPLIED,
                 file=change,
-                note=f"patched by run {version.run_id} and smoke-tested before the "
-                f"interruption; server {how}",
+                note=f"{describe(proof)}; its server{pid} started after the change was "
+                "written: left alone",
+            )
+        if proof.proven and server is None:
+            # Proven, but the server has gone since (a crash, a reboot): `applied` says it runs
+            # the patched code, so make sure it does.
+            how = ensure_running(session)
+            return session.outcome(
+                Outcome.APPLIED, file=change, note=f"{describe(proof)}; server {how}"
             )
         try:
             restart = restart_step(session)

@@ -19,13 +19,14 @@ from opspatch.core.edit import detect
 from opspatch.core.host import Host
 from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Outcome, PatchState
+from opspatch.core.vocabulary import PatchState
 from opspatch.errors import OpspatchError, TargetError
 from opspatch.hosts.operations import HostInspection, HostOperations
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import map_hosts
 from opspatch.runs.pipeline import gate_inspection
+from opspatch.runs.proof import change_proof, describe
 
 
 @dataclass(frozen=True)
@@ -112,43 +113,11 @@ def classify(
     return PatchStatus(**base, state=PatchState(structural.state), detail=structural.reason)
 
 
-_CONCLUDES_NOTHING = frozenset(
-    {Outcome.SKIPPED, Outcome.UNLOCKED, Outcome.ALREADY_APPLIED, Outcome.WOULD_APPLY}
-)
-"""Host outcomes that say nothing about whether a change is proven (nothing was done, or the
-patch was found already there and not restarted)."""
-
-
 def _written(ledger: Ledger, host: str, path: str, version: FileVersion) -> str:
-    """Where a file that is the bytes a run wrote stands: proven (the last outcome a run
-    concluded about these bytes since is `applied`, after a smoke decode) or not: its run was
-    interrupted or still runs, or ended needs-attention (the swap unanswered, the host lost), and
-    the server may still run the old code. Plain "applied" there would say the fix is live."""
-    said = [
-        (run_id, outcome)
-        for run_id, outcome, change in ledger.outcomes_since(host, version.event_id)
-        if outcome not in _CONCLUDES_NOTHING
-        and (
-            change is None
-            or (change.get("path") == path and change.get("sha256_after") == version.sha256_after)
-        )
-    ]
-    if said and said[-1][1] == Outcome.APPLIED:
-        return f"as written by run {version.run_id}"
-    if said and said[-1][1] == Outcome.STAGED:
-        return (
-            f"staged by run {said[-1][0]}: `opspatch restart --hosts {host}` restarts, proves "
-            "and (on failure) rolls it back"
-        )
-    why = (
-        f"run {said[-1][0]} ended {said[-1][1]} here"
-        if said
-        else f"run {version.run_id} recorded no outcome here (interrupted, or still running)"
-    )
-    return (
-        f"written by run {version.run_id} but never proven ({why}); the server may still run the "
-        f"old code: `opspatch recover --hosts {host}` finishes or undoes it"
-    )
+    """Where a file that is the bytes a run wrote stands: proven or not (`runs.proof`, the
+    same sentence `recover` says). Plain "applied" for an unproven change would say the fix is
+    live while the server may still run the old code."""
+    return describe(change_proof(ledger, host, version))
 
 
 def fleet_status(
