@@ -644,3 +644,29 @@ def test_a_staged_apply_leaves_servers_running_old_code_until_restart_proves_it(
     assert all(outcomes[n] == "skipped" for n in others)
     assert fleet.sha(canary) == guarded[canary]
     assert "RuntimeError: broken by a test patch" in broken.json()["hosts"][0]["error"]
+
+
+def test_recover_twice_restarts_a_host_once(fleet: SandboxFleet) -> None:
+    """A staged change finished by `recover --hosts`, then `recover --hosts` again: the second
+    finds it proven and its server started after the write, and leaves it alone (before, every
+    recover said "finished run R's change" and restarted the engine again)."""
+    first = fleet.names[0]
+    staged = fleet.opspatch("apply", "eagle-init-guard", "--hosts", first, "--restart", "never",
+                            "--yes", "--json")  # fmt: skip
+    assert staged.code == 0, staged.stdout + staged.stderr
+    before = fleet.pid(first)
+    once = fleet.opspatch("recover", "--hosts", first, "--yes", "--json")
+    assert once.code == 0, once.stdout + once.stderr
+    (host,) = once.json()["hosts"]
+    assert host["outcome"] == "applied" and "finished run" in host["note"], host
+    pid = fleet.pid(first)
+    assert pid is not None and pid != before
+    twice = fleet.opspatch("recover", "--hosts", first, "--yes", "--json")
+    assert twice.code == 0, twice.stdout + twice.stderr
+    (host,) = twice.json()["hosts"]
+    assert host["outcome"] == "applied", host
+    assert "left alone" in host["note"] and "finished run" not in host["note"], host
+    assert "restart" not in [s["step"] for s in host["steps"]]
+    assert fleet.pid(first) == pid
+    out = fleet.generate(first)
+    assert out is not None and out["meta_info"]["spec_verify_ct"] > 0
