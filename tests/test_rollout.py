@@ -670,3 +670,36 @@ def test_recover_twice_restarts_a_host_once(fleet: SandboxFleet) -> None:
     assert fleet.pid(first) == pid
     out = fleet.generate(first)
     assert out is not None and out["meta_info"]["spec_verify_ct"] > 0
+
+
+def test_a_bare_recover_reaches_a_host_a_finished_run_left_needing_attention(
+    fleet: SandboxFleet,
+) -> None:
+    """A run that finished with a host `needs-attention` (its connection lost mid-swap, its lock
+    still held) and nothing interrupted: before, a bare `recover` answered "no interrupted run
+    in the ledger" (exit 2) and left the host locked."""
+    from opspatch.hosts.transport.scripted import agent_operation
+    from tests.ledgerkit import begin
+
+    _guarded(fleet)
+    first = fleet.names[0]
+    with Ledger.open(fleet.ledger_path) as ledger:
+        lost = begin(ledger, hosts=(first,), inventories={first: "sandbox"})
+        ledger.record_step(lost, first, "swap", "failed", 1.0, "the connection was lost")
+        ledger.record_host_outcome(
+            lost, first, "needs-attention", "the swap did not answer: the connection was lost", None
+        )
+        ledger.finish_run(lost, "needs-attention")
+    state = fleet.hosts[first].state_dir
+    held = agent_operation(
+        "lock", {"state_dir": state, "owner": "ops@lost", "run_id": lost, "ttl_seconds": 1800}
+    )
+    assert isinstance(held, dict)
+    recovered = fleet.opspatch("recover", "--yes", "--json")
+    assert recovered.code == 0, recovered.stdout + recovered.stderr
+    (host,) = recovered.json()["hosts"]
+    assert host["host"] == first and host["outcome"] == "applied", host
+    assert f"took the lock over from run {lost}" in host["steps"][0]["detail"]
+    assert not (Path(state) / "lock.json").exists()
+    again = fleet.opspatch("recover", "--yes")
+    assert again.code == 2 and "no host that a recent run left" in again.stderr, again.stderr

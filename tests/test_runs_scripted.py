@@ -588,3 +588,37 @@ def test_a_smoke_that_passed_before_a_double_ctrl_c_is_proven_for_status_and_rec
     assert said.detail.startswith(sentence) and "never proven" not in said.detail, said
     (outcome,) = _recover(fleet, host).hosts
     assert (outcome.note or "").startswith(sentence), outcome
+
+
+def test_hosts_a_finished_run_left_needing_attention_are_what_a_bare_recover_reaches(
+    fleet: Fleet,
+) -> None:
+    """The canary's connection lost mid-swap (the file written, the lock held) and the host gone:
+    the run finishes with it `needs-attention` and nothing is interrupted. Before, a bare
+    `recover` answered "no interrupted run in the ledger" and left it."""
+    from opspatch.runs.recover import hosts_left_needing_attention
+
+    first = fleet.hosts[0]
+
+    def vanish(op: str, args: dict[str, Any]) -> None:
+        if op == "swap":
+            agent_operation(op, args)
+            first.gone = True
+            raise TransportError("the connection broke", host=first.name, step="exec")
+        return None
+
+    first.fault = vanish
+    report = fleet.apply(Playbook(canary=1, batch=BatchSize(count=10), max_failures=1))
+    assert fleet.outcomes(report)["h1"] == "needs-attention"
+    assert fleet.ledger.get_run(report.run_id or "").summary.status == "finished"
+    assert (first.state / "lock.json").is_file()
+    # a later run refused on it (its lock held) settles nothing
+    first.gone, first.fault = False, None
+    fleet.hosts = [first]
+    assert fleet.outcomes(fleet.apply()) == {"h1": "failed"}
+    left = hosts_left_needing_attention(fleet.ledger)
+    assert list(left) == ["h1"], left
+    (outcome,) = _recover(fleet, first).hosts
+    assert outcome.outcome == "applied", outcome
+    assert not (first.state / "lock.json").exists()
+    assert hosts_left_needing_attention(fleet.ledger) == {}

@@ -10,7 +10,8 @@ disk now. It never trusts a run's own account of where it got to.
   held by any run of the chain are taken over.
 - `recover_hosts(hosts)`: the hosts named, whatever run touched them last (for a lock left by a
   finished run after a lost connection, or a run that is not in this ledger). Locks are taken
-  over only from runs this ledger knows to be over.
+  over only from runs this ledger knows to be over. A bare `recover` with no interrupted run
+  reaches the hosts recent runs left `needs-attention` (`hosts_left_needing_attention`).
 - `unlock_hosts(hosts)`: remove a host lock whose run is over, recorded in the ledger; a lock
   whose run is alive (or unknown here and not expired) is refused.
 
@@ -86,6 +87,33 @@ def recover_run(
     return _recover(
         ledger, scope, hosts, factory, playbook, patch, progress, parent_run=chain[0].run_id
     )
+
+
+_CHANGED_NOTHING = frozenset({Outcome.FAILED, Outcome.SKIPPED})
+"""Host outcomes of runs that did nothing on the host (refused: its lock held, say), so they
+do not settle what an earlier run left there."""
+
+
+def hosts_left_needing_attention(ledger: Ledger, *, runs: int = 50) -> dict[str, str]:
+    """The hosts the newest `runs` runs left `needs-attention` (a connection lost mid-swap, its
+    lock still held) that no later run settled, each with the inventory that run took it from
+    (empty when unknown): what a bare `recover` reaches when no run is interrupted.
+
+    Raises:
+        LedgerError: the ledger cannot be read.
+    """
+    settled: set[str] = set()
+    left: dict[str, str] = {}
+    for summary in ledger.list_runs(limit=runs):  # newest first
+        for record in ledger.get_run(summary.run_id).hosts:
+            if record.host in settled or record.outcome is None:
+                continue
+            if record.outcome in _CHANGED_NOTHING:
+                continue
+            settled.add(record.host)
+            if record.outcome == Outcome.NEEDS_ATTENTION:
+                left[record.host] = (summary.inventories or {}).get(record.host, "")
+    return left
 
 
 def recover_hosts(
