@@ -267,20 +267,15 @@ class _RecoverHost:
         change = FileChange(version.path, version.sha256_before, version.sha256_after)
         proof = change_proof(self.ledger, session.name, version)
         server = inspection.server
-        if proof.proven and server is not None and not server.predates(inspection.file):
-            # Already reconciled: proven, and the running server started after the change was
-            # written. Restarting it again would prove nothing new and drop its requests.
-            pid = f" (pid {server.pid})" if server.pid is not None else ""
-            return session.outcome(
-                Outcome.APPLIED,
-                file=change,
-                note=f"{describe(proof)}; its server{pid} started after the change was "
-                "written: left alone",
-            )
-        if proof.proven and server is None:
-            # Proven, but the server has gone since (a crash, a reboot): `applied` says it runs
-            # the patched code, so make sure it does.
+        stale = server is not None and server.predates(inspection.file)
+        if proof.proven and not stale:
+            # Proven, and no server older than the change runs: make sure one answers (it may
+            # have gone since: a crash, a reboot) and otherwise leave it alone. Restarting an
+            # already reconciled host again would prove nothing new and drop its requests.
             how = ensure_running(session)
+            if how == "already running" and server is not None:
+                pid = f" (pid {server.pid})" if server.pid is not None else ""
+                how = f"already running{pid}, started after the change was written: left alone"
             return session.outcome(
                 Outcome.APPLIED, file=change, note=f"{describe(proof)}; server {how}"
             )
