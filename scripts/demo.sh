@@ -54,6 +54,6 @@ cat <<TXT
 
 The sandbox is still running. To continue by hand:
   export OPSPATCH_STATE_DIR=$OPSPATCH_STATE_DIR
-  opspatch rollback eagle-init-guard --hosts sandbox --yes   # byte-identical pre-images; the crash is back
+  opspatch rollback eagle-init-guard --hosts sandbox --yes   # canary first: the incident's code is back, its decode crashes it, exit 1
   opspatch sandbox down --purge                              # stop the servers, remove the hosts
 TXT

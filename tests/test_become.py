@@ -180,15 +180,16 @@ def test_apply_and_rollback_with_become_keep_owner_and_mode(host: BecomeHost) ->
 
     host.sudoers(host.rules_nopasswd_all())
     restored = rollback(host)
-    assert restored.code == 0, restored.stdout + restored.stderr
+    # the unpatched engine crashes on its first decode, as in the incident: the restore's smoke
+    # says the restored file is not served (exit 1)
+    assert restored.code == 1, restored.stdout + restored.stderr
     outcome = only_host(restored)
-    assert outcome["outcome"] == "restored"
+    assert outcome["outcome"] == "restored-not-serving"
     assert host.sha() == pre_image
     assert host.owner_and_mode() == owner_and_mode
     steps = steps_of(outcome)
     assert steps["restore"]["ran_as"] == [raised]
     assert steps["restart"]["ran_as"] == [raised]
-    # (the unpatched engine then crashes on its first decode, as in the incident: reported)
 
 
 def test_without_become_the_swap_fails_with_a_permission_error(host: BecomeHost) -> None:

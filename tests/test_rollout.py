@@ -150,34 +150,65 @@ def test_incident_apply_status_rollback_apply_again(tmp_path: Path, over_ssh: bo
         assert all("restart" not in [s["step"] for s in h["steps"]] for h in again.json()["hosts"])
         assert {n: fleet.pid(n) for n in names} == pids
 
-        # rollback: byte-identical pre-images, and the crash comes back
+        # rollback, canary first: a byte-identical pre-image, and the crash comes back with it:
+        # the canary's restored file is not served, which halts the rollback (exit 1)
         back = fleet.opspatch(
             "rollback", "eagle-init-guard", "--hosts", fleet.inventory, "--yes", "--json"
         )
-        assert back.code == 0, back.stdout + back.stderr
-        assert _outcomes(back.json()) == {n: "restored" for n in names}
-        assert {n: fleet.sha(n) for n in names} == pre
+        assert back.code == 1, back.stdout + back.stderr
+        canary, *rest = names
+        assert _outcomes(back.json()) == {
+            canary: "restored-not-serving",
+            **dict.fromkeys(rest, "skipped"),
+        }
+        assert fleet.sha(canary) == pre[canary]
         status = fleet.opspatch(
             "status", "--hosts", fleet.inventory, "--patch", "eagle-init-guard", "--json"
         )
-        assert {s["state"] for s in status.json()["status"]} == {"not-applied"}
+        states = {s["host"]: s for s in status.json()["status"]}
+        assert states[canary]["state"] == "not-applied"
+        assert states[canary]["server_running"] is False
+        assert all(states[n]["state"] == "applied" and states[n]["server_running"] for n in rest)
     finally:
         fleet.close()
 
 
-def test_rollback_after_crash_reports_the_smoke_beside_restored(fleet: SandboxFleet) -> None:
+def test_a_rollback_onto_code_that_crashes_says_the_server_is_not_serving(
+    fleet: SandboxFleet,
+) -> None:
+    """Rolling eagle-init-guard back restores the incident's own code, and the rollback's smoke
+    decode crashes it. Before: the step `ok`, the host `restored`, exit 0, nothing said the
+    server was down (`status` included)."""
     _guarded(fleet)
-    back = fleet.opspatch(
-        "rollback", "eagle-init-guard", "--hosts", fleet.names[0], "--yes", "--json"
-    )
-    assert back.code == 0
-    host = back.json()["hosts"][0]
-    assert host["outcome"] == "restored"
-    # the original code is exactly what was broken: the smoke after the restore says so
+    first = fleet.names[0]
+    back = fleet.opspatch("rollback", "eagle-init-guard", "--hosts", first, "--yes", "--json")
+    assert back.code == 1, back.stdout + back.stderr
+    doc = back.json()
+    assert doc["outcome"] == "failed"
+    host = doc["hosts"][0]
+    assert host["outcome"] == "restored-not-serving", host
+    assert "the server does not serve the restored file" in host["error"]
+    assert f"`opspatch apply eagle-init-guard --hosts {first}`" in host["error"]
+    smoke = next(s for s in host["steps"] if s["step"] == "smoke")
+    assert smoke["status"] == "failed", smoke
     assert host["smoke"]["ok"] is False
     failures = " ".join(host["smoke"]["failures"])
     assert "the server crashed: AttributeError: 'EAGLEWorkerV2' object has no attribute" in failures
     assert "eagle_worker_v2.py" in failures  # where it was raised
+    assert wait_until(lambda: fleet.pid(first) is None, 30)  # the decode crashed it
+    run = fleet.opspatch("ledger", "show", doc["run_id"], "--json").json()
+    recorded = next(h for h in run["host_records"] if h["host"] == first)
+    assert recorded["outcome"] == "restored-not-serving"
+    assert (
+        next(s for s in recorded["steps"] if s["step"] == "smoke" and s["status"] != "started")[
+            "status"
+        ]
+        == "failed"
+    )
+    status = fleet.opspatch("status", "--hosts", first, "--patch", "eagle-init-guard", "--json")
+    (said,) = status.json()["status"]
+    assert said["state"] == "not-applied" and said["server_running"] is False, said
+    assert "the server is not running" in said["detail"], said
 
 
 def test_dry_run_changes_nothing(fleet: SandboxFleet) -> None:
@@ -719,3 +750,62 @@ def test_one_machine_through_two_inventories_is_one_host_to_status_and_rollback(
         assert found["state"] == "not-applied", found
     finally:
         fleet.close()
+
+
+def test_recover_twice_restarts_a_host_once(fleet: SandboxFleet) -> None:
+    """A staged change finished by `recover --hosts`, then `recover --hosts` again: the second
+    finds it proven and its server started after the write, and leaves it alone (before, every
+    recover said "finished run R's change" and restarted the engine again)."""
+    first = fleet.names[0]
+    staged = fleet.opspatch("apply", "eagle-init-guard", "--hosts", first, "--restart", "never",
+                            "--yes", "--json")  # fmt: skip
+    assert staged.code == 0, staged.stdout + staged.stderr
+    before = fleet.pid(first)
+    once = fleet.opspatch("recover", "--hosts", first, "--yes", "--json")
+    assert once.code == 0, once.stdout + once.stderr
+    (host,) = once.json()["hosts"]
+    assert host["outcome"] == "applied" and "finished run" in host["note"], host
+    pid = fleet.pid(first)
+    assert pid is not None and pid != before
+    twice = fleet.opspatch("recover", "--hosts", first, "--yes", "--json")
+    assert twice.code == 0, twice.stdout + twice.stderr
+    (host,) = twice.json()["hosts"]
+    assert host["outcome"] == "applied", host
+    assert "left alone" in host["note"] and "finished run" not in host["note"], host
+    assert "restart" not in [s["step"] for s in host["steps"]]
+    assert fleet.pid(first) == pid
+    out = fleet.generate(first)
+    assert out is not None and out["meta_info"]["spec_verify_ct"] > 0
+
+
+def test_a_bare_recover_reaches_a_host_a_finished_run_left_needing_attention(
+    fleet: SandboxFleet,
+) -> None:
+    """A run that finished with a host `needs-attention` (its connection lost mid-swap, its lock
+    still held) and nothing interrupted: before, a bare `recover` answered "no interrupted run
+    in the ledger" (exit 2) and left the host locked."""
+    from opspatch.hosts.transport.scripted import agent_operation
+    from tests.ledgerkit import begin
+
+    _guarded(fleet)
+    first = fleet.names[0]
+    with Ledger.open(fleet.ledger_path) as ledger:
+        lost = begin(ledger, hosts=(first,), inventories={first: "sandbox"})
+        ledger.record_step(lost, first, "swap", "failed", 1.0, "the connection was lost")
+        ledger.record_host_outcome(
+            lost, first, "needs-attention", "the swap did not answer: the connection was lost", None
+        )
+        ledger.finish_run(lost, "needs-attention")
+    state = fleet.hosts[first].state_dir
+    held = agent_operation(
+        "lock", {"state_dir": state, "owner": "ops@lost", "run_id": lost, "ttl_seconds": 1800}
+    )
+    assert isinstance(held, dict)
+    recovered = fleet.opspatch("recover", "--yes", "--json")
+    assert recovered.code == 0, recovered.stdout + recovered.stderr
+    (host,) = recovered.json()["hosts"]
+    assert host["host"] == first and host["outcome"] == "applied", host
+    assert f"took the lock over from run {lost}" in host["steps"][0]["detail"]
+    assert not (Path(state) / "lock.json").exists()
+    again = fleet.opspatch("recover", "--yes")
+    assert again.code == 2 and "no host that a recent run left" in again.stderr, again.stderr

@@ -508,3 +508,159 @@ def test_hosts_with_different_pre_images_each_get_their_own_plan(
     report = fleet.apply()
     assert set(fleet.outcomes(report).values()) == {"applied"}
     assert sorted(sha(p) for p in planned) == pre_images  # one plan each, on its own file
+
+
+def test_a_rollback_whose_smoke_fails_is_restored_not_serving_with_a_failed_step(
+    fleet: Fleet,
+) -> None:
+    """The restored pre-image is what was broken: its smoke decode fails. Before, the step read
+    `ok`, the host `restored` with no note, exit 0."""
+    from opspatch.runs.restore import rollback_hosts
+
+    fleet.hosts = fleet.hosts[:2]
+    assert fleet.apply().exit_code == 0
+    for fake in fleet.hosts:
+        fake.smoke_ok = False
+    report = rollback_hosts(
+        ledger=fleet.ledger,
+        hosts=[h.host() for h in fleet.hosts],
+        factory=fleet.factory,
+        playbook=Playbook(max_in_flight=1),
+        patch=fleet.patch,
+    )
+    first, second = report.hosts
+    assert first.outcome == "restored-not-serving", first
+    assert "the server does not serve the restored file" in (first.error or "")
+    assert "apply eagle-init-guard --hosts h1" in (first.error or "")
+    smoke = next(s for s in first.steps if s.step == "smoke")
+    assert smoke.status == "failed" and "the server crashed" in smoke.detail
+    assert sha(fleet.hosts[0].file.read_bytes()) == PRISTINE
+    # the same restore elsewhere would take that server down too: the run halts
+    assert second.outcome == "skipped" and "not served on h1" in (second.error or ""), second
+    assert sha(fleet.hosts[1].file.read_bytes()) != PRISTINE
+    assert report.exit_code == 1
+    recorded = fleet.ledger.get_run(report.run_id or "").host("h1")
+    assert recorded.outcome == "restored-not-serving"
+    assert any(s.step == "smoke" and s.status == "failed" for s in recorded.steps)
+
+
+def test_an_apply_rolled_back_onto_code_that_does_not_serve_says_so(fleet: Fleet) -> None:
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+    host.smoke_ok = False
+    (outcome,) = fleet.apply().hosts
+    assert outcome.outcome == "rolled-back"
+    after = next(s for s in outcome.steps if s.step == "smoke-after-restore")
+    assert after.status == "failed"
+    assert "the server does not serve the restored file" in (outcome.note or ""), outcome
+
+
+def _recover(fleet: Fleet, host: FakeHost) -> RunReport:
+    return recover_hosts(
+        ledger=fleet.ledger,
+        hosts=[host.host()],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=fleet.patch,
+    )
+
+
+def test_a_second_recover_leaves_a_host_it_already_reconciled_alone(fleet: Fleet) -> None:
+    """Before, every `recover --hosts` said "finished run R's change" and restarted again."""
+    import subprocess
+    import sys
+
+    host = fleet.hosts[0]
+    dead = _left_by_a_dead_run(fleet, host)
+    first = _recover(fleet, host)
+    (outcome,) = first.hosts
+    assert outcome.outcome == "applied" and "finished run" in (outcome.note or ""), outcome
+    assert "restart" in fleet.transports[host.name].ops
+    # the server the first recover started, after the change was written
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (host.root / "pid").write_text(f"{server.pid}\n")
+        again = _recover(fleet, host)
+        (outcome,) = again.hosts
+        assert outcome.outcome == "applied", outcome
+        assert "restart" not in fleet.transports[host.name].ops  # no restart, no smoke
+        assert "smoke" not in fleet.transports[host.name].ops
+        note = outcome.note or ""
+        assert f"written by run {dead}, proven by run {first.run_id}" in note, note
+        assert f"already running (pid {server.pid}), started after the change was written" in note
+        assert "left alone" in note and "finished run" not in note
+        assert again.exit_code == 0
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_status_and_recover_say_the_same_about_a_change_nothing_interrupted(
+    fleet: Fleet,
+) -> None:
+    """A finished apply, then `recover --hosts`: before, recover said "smoke-tested before the
+    interruption" although nothing was interrupted, in other words than `status`."""
+    from opspatch.runs.status import fleet_status
+
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+    applied = fleet.apply()
+    assert applied.exit_code == 0
+    (said,) = fleet_status([host.host()], [fleet.patch], fleet.factory, fleet.ledger)
+    sentence = f"as written by run {applied.run_id}, proven by its smoke decode"
+    assert said.detail.startswith(sentence), said
+    (outcome,) = _recover(fleet, host).hosts
+    assert outcome.outcome == "applied"
+    assert (outcome.note or "").startswith(sentence), outcome
+    assert "interrupt" not in (outcome.note or "")
+
+
+def test_a_smoke_that_passed_before_a_double_ctrl_c_is_proven_for_status_and_recover(
+    fleet: Fleet,
+) -> None:
+    """The run recorded the smoke as passed and no outcome (a second Ctrl-C): status said "never
+    proven" while recover said "smoke-tested before the interruption"."""
+    from opspatch.runs.status import fleet_status
+
+    host = fleet.hosts[0]
+    dead = _left_by_a_dead_run(fleet, host)
+    fleet.ledger.record_step(dead, host.name, "smoke", "ok", 0.2, "1 prompt(s), 16 tokens")
+    (said,) = fleet_status([host.host()], [fleet.patch], fleet.factory, fleet.ledger)
+    sentence = f"written by run {dead} and proven by its smoke decode before it was interrupted"
+    assert said.detail.startswith(sentence) and "never proven" not in said.detail, said
+    (outcome,) = _recover(fleet, host).hosts
+    assert (outcome.note or "").startswith(sentence), outcome
+
+
+def test_hosts_a_finished_run_left_needing_attention_are_what_a_bare_recover_reaches(
+    fleet: Fleet,
+) -> None:
+    """The canary's connection lost mid-swap (the file written, the lock held) and the host gone:
+    the run finishes with it `needs-attention` and nothing is interrupted. Before, a bare
+    `recover` answered "no interrupted run in the ledger" and left it."""
+    from opspatch.runs.recover import hosts_left_needing_attention
+
+    first = fleet.hosts[0]
+
+    def vanish(op: str, args: dict[str, Any]) -> None:
+        if op == "swap":
+            agent_operation(op, args)
+            first.gone = True
+            raise TransportError("the connection broke", host=first.name, step="exec")
+        return None
+
+    first.fault = vanish
+    report = fleet.apply(Playbook(canary=1, batch=BatchSize(count=10), max_failures=1))
+    assert fleet.outcomes(report)["h1"] == "needs-attention"
+    assert fleet.ledger.get_run(report.run_id or "").summary.status == "finished"
+    assert (first.state / "lock.json").is_file()
+    # a later run refused on it (its lock held) settles nothing
+    first.gone, first.fault = False, None
+    fleet.hosts = [first]
+    assert fleet.outcomes(fleet.apply()) == {"h1": "failed"}
+    left = hosts_left_needing_attention(fleet.ledger)
+    assert list(left) == ["h1"], left
+    (outcome,) = _recover(fleet, first).hosts
+    assert outcome.outcome == "applied", outcome
+    assert not (first.state / "lock.json").exists()
+    assert hosts_left_needing_attention(fleet.ledger) == {}

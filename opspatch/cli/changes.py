@@ -210,8 +210,14 @@ def recover(
     as_json: JsonOption = False,
 ) -> None:
     """Bring hosts a run left behind to a known state: an interrupted run and the runs it
-    descends from (default: the newest interrupted run), or `--hosts` whatever run touched them."""
-    from opspatch.runs.recover import recover_hosts, recover_run, run_chain
+    descends from (default: the newest interrupted run; with none, the hosts recent runs left
+    needing attention), or `--hosts` whatever run touched them."""
+    from opspatch.runs.recover import (
+        hosts_left_needing_attention,
+        recover_hosts,
+        recover_run,
+        run_chain,
+    )
 
     ledger = options.open_ledger()
     factory = options.connector(accept_new_host_keys=accept_new_host_keys)
@@ -235,11 +241,33 @@ def recover(
     if run is None:
         interrupted = [r for r in ledger.list_runs(limit=200) if r.status == "interrupted"]
         if not interrupted:
-            raise InputError(
-                "no interrupted run in the ledger",
-                hint="`opspatch ledger list` shows the runs; a host whose lock outlived its run: "
-                "`opspatch recover --hosts TARGET` or `opspatch unlock --hosts TARGET`",
+            left = hosts_left_needing_attention(ledger)
+            if not left:
+                raise InputError(
+                    "no interrupted run in the ledger, and no host that a recent run left "
+                    "needing attention",
+                    hint="`opspatch ledger list` shows the runs; a host whose lock outlived its "
+                    "run: `opspatch recover --hosts TARGET` or `opspatch unlock --hosts TARGET`",
+                )
+            # a finished run can leave hosts behind too (its connection lost mid-swap, the
+            # lock still held): reach them as `recover --hosts` would
+            selected = hosts_of_run(list(left), {h: i for h, i in left.items() if i})
+            names = [h.name for h in selected]
+            confirm_or_refuse(
+                f"No run is interrupted; recover the {len(names)} host(s) recent runs left "
+                f"needing attention ({', '.join(names)})?",
+                yes=yes,
             )
+            with LiveProgress(names, enabled=not as_json) as progress:
+                report = recover_hosts(
+                    ledger=ledger,
+                    hosts=selected,
+                    factory=factory,
+                    playbook=playbook_obj,
+                    patch=None,
+                    progress=progress,
+                )
+            finish(report, as_json)
         run = interrupted[0].run_id
     detail = ledger.get_run(run)
     if detail.summary.status != "interrupted":

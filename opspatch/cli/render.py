@@ -38,6 +38,7 @@ OUTCOME_STYLE = {
     "staged": "cyan",
     "would-apply": "cyan",
     "rolled-back": "yellow",
+    "restored-not-serving": "red",
     "skipped": "yellow",
     "failed": "red",
     "needs-attention": "bold red",

@@ -35,6 +35,10 @@ class Outcome(Word):
     """The apply failed after the swap and the pre-image is back (the run failed on this host)."""
     RESTORED = "restored"
     """rollback/recover put the pre-image back (or found it there) and the server is ready."""
+    RESTORED_NOT_SERVING = "restored-not-serving"
+    """rollback/recover put the pre-image back, but the server does not serve it: the smoke
+    decode after the restore failed (the original code may be what was broken; a crash leaves
+    the server down). The run failed on this host (exit 1)."""
     FAILED = "failed"
     """Nothing changed on this host (unreachable, lock held, the swap refused)."""
     SKIPPED = "skipped"
@@ -54,8 +58,16 @@ class Outcome(Word):
         return self in FAILED_OUTCOMES
 
 
-FAILED_OUTCOMES = frozenset({Outcome.FAILED, Outcome.ROLLED_BACK, Outcome.NEEDS_ATTENTION})
-"""Host outcomes that count as a failed host for the fleet policy."""
+FAILED_OUTCOMES = frozenset(
+    {
+        Outcome.FAILED,
+        Outcome.ROLLED_BACK,
+        Outcome.RESTORED_NOT_SERVING,
+        Outcome.NEEDS_ATTENTION,
+    }
+)
+"""Host outcomes that count as a failed host, for the fleet policy and for the exit code (1, or
+3 for `needs-attention`)."""
 
 RECORDED_OUTCOMES = frozenset(
     {
@@ -64,6 +76,7 @@ RECORDED_OUTCOMES = frozenset(
         Outcome.STAGED,
         Outcome.ROLLED_BACK,
         Outcome.RESTORED,
+        Outcome.RESTORED_NOT_SERVING,
         Outcome.FAILED,
         Outcome.SKIPPED,
         Outcome.NEEDS_ATTENTION,

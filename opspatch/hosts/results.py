@@ -126,17 +126,23 @@ class RemoteFile:
 
 @dataclass(frozen=True)
 class ServerProcess:
-    """The engine's running process as the host sees it: pid and start time (epoch seconds)."""
+    """The engine's running process as the host sees it: pid and start time (epoch seconds).
+    An inspection without one (`HostInspection.server` None) found no server running."""
 
-    pid: int
+    pid: int | None
+    """None: something listens on the engine's port, but its process is not visible to the
+    login user (another user's)."""
     started_at: float | None
 
     @classmethod
     def from_reply(cls, data: dict[str, Any] | None) -> ServerProcess | None:
         if not data:
             return None
-        started = data.get("started_at")
-        return cls(pid=int(data["pid"]), started_at=float(started) if started is not None else None)
+        pid, started = data.get("pid"), data.get("started_at")
+        return cls(
+            pid=int(pid) if pid is not None else None,
+            started_at=float(started) if started is not None else None,
+        )
 
     def predates(self, file: RemoteFile) -> bool:
         """Whether the server started before `file` last changed (so it runs older code)."""

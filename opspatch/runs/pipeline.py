@@ -9,7 +9,8 @@ begin (lock + facts + resolve + read, one exec) -> plan (pure) -> [baseline deco
   -> backup (the full pre-image into the ledger) -> swap (host: check pre-image, compile with
      the host's Python, backup copy, atomic rename, bytecode purge)
   -> restart -> ready -> smoke (decode + log scan; gives the lock back when it passes)
-on a failure after the swap:  restore -> restart -> ready -> smoke (reported)
+on a failure after the swap:  restore -> restart -> ready -> smoke (a failed one is a failed
+  step, and the note says the server does not serve the restored file)
   restored and ready: `rolled-back`;  restore or its restart failed: `needs-attention` (halts)
 ```
 """
@@ -41,6 +42,7 @@ from opspatch.runs.steps import (
     restart_after_restore,
     restart_step,
     restore_pre_image,
+    smoke_after_restore,
     smoke_step,
 )
 
@@ -301,20 +303,11 @@ class ApplyPipeline:
         except (OpspatchError, HostFailed) as exc:
             error = f"{why}; then the restore failed: {describe_error(exc)}"
             return self._outcome(session, Outcome.NEEDS_ATTENTION, error, change, plan)
-        smoke: SmokeResult | None = None
-        try:
-            smoke = smoke_step(
-                session,
-                restart,
-                baseline=None,
-                step="smoke-after-restore",
-                must_pass=False,
-                last=True,
-            )
-        except HostFailed:
-            smoke = None
+        smoke, not_serving = smoke_after_restore(session, restart)
         restored = FileChange(change.path, plan.sha256_before, plan.sha256_before)
-        return self._outcome(session, Outcome.ROLLED_BACK, why, restored, plan, smoke=smoke)
+        return self._outcome(
+            session, Outcome.ROLLED_BACK, why, restored, plan, smoke=smoke, note=not_serving
+        )
 
     def _reconcile_after_lost_swap(
         self, session: HostSession, change: FileChange, plan: Applied, exc: Exception

@@ -10,12 +10,15 @@ disk now. It never trusts a run's own account of where it got to.
   held by any run of the chain are taken over.
 - `recover_hosts(hosts)`: the hosts named, whatever run touched them last (for a lock left by a
   finished run after a lost connection, or a run that is not in this ledger). Locks are taken
-  over only from runs this ledger knows to be over.
+  over only from runs this ledger knows to be over. A bare `recover` with no interrupted run
+  reaches the hosts recent runs left `needs-attention` (`hosts_left_needing_attention`).
 - `unlock_hosts(hosts)`: remove a host lock whose run is over, recorded in the ledger; a lock
   whose run is alive (or unknown here and not expired) is refused.
 
-Per host: the live file matches the post-image of a recorded patch → proven before (its run's
-smoke passed) `applied`, else restart, ready, smoke → `applied`, or restore → `rolled-back`; it
+Per host: the live file matches the post-image of a recorded patch → proven (`runs.proof`, as
+`status` says it) and its server started after the write: `applied`, left alone (a second
+recover restarts nothing); proven and its server gone: started again, `applied`; else restart,
+ready, smoke → `applied`, or restore → `rolled-back`; it
 matches a recorded pre-image → make sure the server answers → `restored`; no run recorded a
 change here → make sure the server answers → `restored`; anything else → `needs-attention`
 (someone else changed it). The patch is never applied twice: recover only finishes or undoes
@@ -30,11 +33,12 @@ from dataclasses import dataclass
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
+from opspatch.core.vocabulary import Outcome, RunStatus
 from opspatch.errors import InputError, LockHeld, OpspatchError
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.connect import TransportFactory
+from opspatch.runs.proof import change_proof, describe
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 from opspatch.runs.restore import ensure_running, restore_recorded, run_restore
@@ -83,6 +87,33 @@ def recover_run(
     return _recover(
         ledger, scope, hosts, factory, playbook, patch, progress, parent_run=chain[0].run_id
     )
+
+
+_CHANGED_NOTHING = frozenset({Outcome.FAILED, Outcome.SKIPPED})
+"""Host outcomes of runs that did nothing on the host (refused: its lock held, say), so they
+do not settle what an earlier run left there."""
+
+
+def hosts_left_needing_attention(ledger: Ledger, *, runs: int = 50) -> dict[str, str]:
+    """The hosts the newest `runs` runs left `needs-attention` (a connection lost mid-swap, its
+    lock still held) that no later run settled, each with the inventory that run took it from
+    (empty when unknown): what a bare `recover` reaches when no run is interrupted.
+
+    Raises:
+        LedgerError: the ledger cannot be read.
+    """
+    settled: set[str] = set()
+    left: dict[str, str] = {}
+    for summary in ledger.list_runs(limit=runs):  # newest first
+        for record in ledger.get_run(summary.run_id).hosts:
+            if record.host in settled or record.outcome is None:
+                continue
+            if record.outcome in _CHANGED_NOTHING:
+                continue
+            settled.add(record.host)
+            if record.outcome == Outcome.NEEDS_ATTENTION:
+                left[record.host] = (summary.inventories or {}).get(record.host, "")
+    return left
 
 
 def recover_hosts(
@@ -209,7 +240,7 @@ class _RecoverHost:
         path = inspection.file.realpath
         patched = next((v for v in reversed(versions) if v.sha256_after == live), None)
         if patched is not None:
-            return self._finish_patched(session, patched)
+            return self._finish_patched(session, patched, inspection)
         at_pre_image = next((v for v in reversed(versions) if v.sha256_before == live), None)
         if at_pre_image is not None or not versions:
             how = ensure_running(session)
@@ -230,28 +261,23 @@ class _RecoverHost:
             file=FileChange(path, newest.sha256_before, live),
         )
 
-    def _proven(self, version: FileVersion, host: str) -> bool:
-        """Whether the run that wrote `version` proved it: its smoke passed on this host, or a
-        recover already found it patched and proven."""
-        try:
-            record = self.ledger.get_run(version.run_id).host(host)
-        except (InputError, KeyError):
-            return False
-        return record.outcome == Outcome.APPLIED or any(
-            s.step == "smoke" and s.status == StepStatus.OK for s in record.steps
-        )
-
-    def _finish_patched(self, session: HostSession, version: FileVersion) -> HostOutcome:
+    def _finish_patched(
+        self, session: HostSession, version: FileVersion, inspection: HostInspection
+    ) -> HostOutcome:
         change = FileChange(version.path, version.sha256_before, version.sha256_after)
-        if self._proven(version, session.name):
-            # Proven before the interruption, but the server may have gone since (a crash, a
-            # reboot): `applied` says it runs the patched code, so make sure it does.
+        proof = change_proof(self.ledger, session.name, version)
+        server = inspection.server
+        stale = server is not None and server.predates(inspection.file)
+        if proof.proven and not stale:
+            # Proven, and no server older than the change runs: make sure one answers (it may
+            # have gone since: a crash, a reboot) and otherwise leave it alone. Restarting an
+            # already reconciled host again would prove nothing new and drop its requests.
             how = ensure_running(session)
+            if how == "already running" and server is not None:
+                pid = f" (pid {server.pid})" if server.pid is not None else ""
+                how = f"already running{pid}, started after the change was written: left alone"
             return session.outcome(
-                Outcome.APPLIED,
-                file=change,
-                note=f"patched by run {version.run_id} and smoke-tested before the "
-                f"interruption; server {how}",
+                Outcome.APPLIED, file=change, note=f"{describe(proof)}; server {how}"
             )
         try:
             restart = restart_step(session)

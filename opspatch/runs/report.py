@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from opspatch.core.vocabulary import Outcome, RunOutcome, StepStatus
+from opspatch.core.vocabulary import FAILED_OUTCOMES, Outcome, RunOutcome, StepStatus
 from opspatch.errors import EXIT_BAD_INPUT, EXIT_HOST_FAILED, EXIT_NEEDS_ATTENTION, EXIT_OK
 
 if TYPE_CHECKING:
@@ -123,15 +123,16 @@ class RunReport:
     @property
     def exit_code(self) -> int:
         """3 if a host needs attention; else 2 if the run was refused before any change; else 1
-        if a host failed or was rolled back; else 2 if a host was refused and no host was
-        changed (nothing changed anywhere); else 1 if the run halted or a host did not reach the
-        goal (a host changed beside it: "nothing was changed" would be false); else 0."""
+        if a host failed (`FAILED_OUTCOMES`: failed, rolled back, restored but not serving); else
+        2 if a host was refused and no host was changed (nothing changed anywhere); else 1 if the
+        run halted or a host did not reach the goal (a host changed beside it: "nothing was
+        changed" would be false); else 0."""
         outcomes = {h.outcome for h in self.hosts}
         if Outcome.NEEDS_ATTENTION in outcomes:
             return EXIT_NEEDS_ATTENTION
         if self.refused:
             return EXIT_BAD_INPUT
-        if outcomes & {Outcome.FAILED, Outcome.ROLLED_BACK}:
+        if outcomes & FAILED_OUTCOMES:
             return EXIT_HOST_FAILED
         refused_hosts = any(h.outcome == Outcome.SKIPPED and h.error for h in self.hosts)
         if refused_hosts and not outcomes & CHANGED_OUTCOMES:

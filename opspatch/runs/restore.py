@@ -7,21 +7,28 @@ is refused for that host with the reason, because overwriting a file someone els
 (a reinstalled sglang, a hand edit) would lose their change.
 
 A rollback restores, restarts, waits until ready and runs the smoke decode. A host whose file is
-back byte-identically and whose server is ready is `restored` (exit 0) and its smoke result is
-reported beside it: the original code may be exactly what was broken (the incident's first
-decode crashes the unpatched engine).
+back byte-identically and whose server is ready and decodes is `restored` (exit 0); when the
+smoke fails it is `restored-not-serving` (exit 1), with the smoke's failures and the way back:
+the original code may be exactly what was broken (the incident's first decode crashes the
+unpatched engine, so the rollback's decode leaves it down). The decode is sent all the same
+(docs/architecture.md, "Proving a restore"): it is the only proof of what the host serves, and a
+server that would crash on the first request is better found down by the rollback than by the
+first user. So a rollback goes canary first (one host, then the rest): a host whose restored
+file is not served halts the run, as a failed canary halts an apply, since rolling more hosts
+back the same way would take their servers down too.
 
 Both run through the fleet executor (`runs.executor`): hosts in parallel up to the playbook's
-`max_in_flight`, a host that needs attention halts the rest.
+`max_in_flight`; a host that needs attention, or whose restored file is not served, halts the
+rest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from opspatch.core.edit import NotApplicable, detect, unapply
 from opspatch.core.host import Host
-from opspatch.core.policy import Playbook
+from opspatch.core.policy import Batch, Playbook
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Outcome
@@ -51,7 +58,7 @@ from opspatch.runs.steps import (
     ready_step,
     restart_step,
     restore_pre_image,
-    smoke_step,
+    smoke_after_restore,
 )
 
 
@@ -85,6 +92,29 @@ def ensure_running(session: HostSession) -> str:
         return "restarted"
 
 
+def halt_on_attention_or_not_serving(outcomes: Mapping[str, HostOutcome]) -> str | None:
+    """The restore runs' halt policy: a host that needs attention, or one whose restored file
+    its server does not serve (the same restore elsewhere would take those servers down too)."""
+    attention = halt_on_attention(outcomes)
+    if attention:
+        return attention
+    down = sorted(n for n, o in outcomes.items() if o.outcome == Outcome.RESTORED_NOT_SERVING)
+    if down:
+        return (
+            f"the restored file is not served on {', '.join(down)} (its smoke decode failed); "
+            "the other hosts were left as they are"
+        )
+    return None
+
+
+def _restore_batches(
+    names: Sequence[str], in_flight: int | None, *, canary_first: bool
+) -> tuple[Batch, ...]:
+    if not canary_first or len(names) < 2:
+        return one_batch(names, in_flight)
+    return (Batch((names[0],), True, 1), *one_batch(names[1:], in_flight))
+
+
 def run_restore(
     *,
     command: str,
@@ -96,9 +126,13 @@ def run_restore(
     progress: Progress,
     patch_id: str | None,
     per_host: Callable[[HostSession], HostOutcome],
+    canary_first: bool = False,
 ) -> RunReport:
-    """The fleet part of the restore runs (rollback, recover, unlock): one batch, halted by a
-    host that needs attention."""
+    """The fleet part of the restore runs (rollback, recover, unlock), halted by a host that
+    needs attention or whose restored file its server does not serve.
+
+    `canary_first`: the first host alone, then the rest (a rollback: a restored file its server
+    does not serve halts the run before more servers go down)."""
     with FleetRun(
         command=command,
         patch_id=patch_id,
@@ -111,8 +145,8 @@ def run_restore(
     ) as fleet:
         outcomes, halted = fleet.execute(
             per_host,
-            batches=one_batch(fleet.names, playbook.max_in_flight),
-            halt=halt_on_attention,
+            batches=_restore_batches(fleet.names, playbook.max_in_flight, canary_first=canary_first),
+            halt=halt_on_attention_or_not_serving,
         )
         return fleet.report(outcomes, halted=halted)
 
@@ -160,6 +194,7 @@ def rollback_hosts(
             progress=progress or NoProgress(),
             patch_id=patch_id,
             per_host=rollback.host,
+            canary_first=restart_engine,
         )
         return run.finish(report)
 
@@ -273,8 +308,9 @@ class _Rollback:
         self, session: HostSession, change: FileChange, *, note: str | None
     ) -> HostOutcome:
         """After a restore: restart, wait (the restore path's own deadline), smoke-decode. The
-        host is `restored` once its file is back and its server ready; the smoke is reported
-        beside it (the original code may be exactly what was broken)."""
+        host is `restored` once its file is back and its server ready and decoding; a failed
+        smoke makes it `restored-not-serving` (exit 1): the original code may be exactly what
+        was broken, and a server the decode crashed is down."""
         if not self.restart_engine:
             return session.outcome(Outcome.RESTORED, file=change, note=note)
         try:
@@ -286,19 +322,25 @@ class _Rollback:
                 f"restored, but the server does not come back: {failure.error}",
                 file=change,
             )
-        try:
-            smoke = smoke_step(session, restart, baseline=None, must_pass=False, last=True)
-        except HostFailed:
-            smoke = None
-        notes = [note] if note else []
-        if smoke is not None and not smoke.ok:
-            notes.append(
-                "smoke after restore failed (the original code may be what was broken): "
-                + smoke.summary()
+        smoke, not_serving = smoke_after_restore(session, restart, step="smoke")
+        if not_serving is not None:
+            return session.outcome(
+                Outcome.RESTORED_NOT_SERVING,
+                f"{not_serving}; {self._way_back(session.name)}",
+                file=change,
+                smoke=smoke,
+                note=note,
             )
-        return session.outcome(
-            Outcome.RESTORED, file=change, smoke=smoke, note="; ".join(notes) or None
-        )
+        return session.outcome(Outcome.RESTORED, file=change, smoke=smoke, note=note)
+
+    def _way_back(self, host: str) -> str:
+        patch_id = self.patch.spec.id if self.patch else None
+        if patch_id is None and self.source_run is not None:
+            patch_id = self.source_run.summary.patch_id
+        status = f"`opspatch status --hosts {host}` shows whether its server runs"
+        if patch_id is None:
+            return status
+        return f"`opspatch apply {patch_id} --hosts {host}` puts the change back; {status}"
 
     def _without_record(
         self, session: HostSession, patch: LoadedPatch, inspection: HostInspection

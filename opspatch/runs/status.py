@@ -5,21 +5,22 @@ structurally), `staged` (so, but the running server started before the file chan
 runs the old code), `not-applied`, `drifted` (the file changed since opspatch wrote it, e.g. sglang was
 reinstalled: no post-image the ledger recorded leads to what is there; a patch that later recorded
 patches were stacked on is not drifted, its detail names them), `not-applicable` (the module does not
-resolve on the host, or its version is outside the patch's range), or `unreachable`. One exec per
-host and target module; nothing is locked or changed.
+resolve on the host, or its version is outside the patch's range), or `unreachable`; and whether
+the host's server is running (a file that is right on disk serves nothing while it is down). One
+exec per host and target module; nothing is locked or changed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opspatch.core.edit import detect
 from opspatch.core.host import Host
 from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Outcome, PatchState
+from opspatch.core.vocabulary import PatchState
 from opspatch.errors import OpspatchError, TargetError
 from opspatch.hosts.operations import HostInspection, HostOperations
 from opspatch.ledger.lineage import (
@@ -34,6 +35,7 @@ from opspatch.ledger.store import FileVersion, Ledger, Machine
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import map_hosts
 from opspatch.runs.pipeline import gate_inspection
+from opspatch.runs.proof import change_proof, describe
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,25 @@ class PatchStatus:
     path: str | None
     sha256: str | None
     detail: str
+    server_running: bool | None = None
+    """Whether the host's engine is running (None: the host was not inspected)."""
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "state": str(self.state)}
+
+
+def with_server(status: PatchStatus, host: Host, inspection: HostInspection) -> PatchStatus:
+    """`status` saying whether the host's server runs: a file that is right on disk serves
+    nothing while no server runs it (a restore whose decode crashed the engine, say)."""
+    running = inspection.server is not None
+    detail = status.detail
+    if not running:
+        down = (
+            f"the server is not running (no live process in its pid file, nothing listening at "
+            f"{host.engine.url}): `opspatch diagnose --hosts {host.name}` says why"
+        )
+        detail = f"{detail}; {down}" if detail else down
+    return replace(status, detail=detail, server_running=running)
 
 
 def classify(
@@ -66,7 +84,12 @@ def classify(
         else []
     )
     standing = locate(history, applied_versions(history, patch.spec.id), file.sha256)
-    base = {"host": host, "patch": patch.spec.id, "path": file.realpath, "sha256": file.sha256}
+    base: dict[str, Any] = {
+        "host": host,
+        "patch": patch.spec.id,
+        "path": file.realpath,
+        "sha256": file.sha256,
+    }
     server = inspection.server
     stale = server is not None and server.predates(file)
     if isinstance(standing, AtPostImage):
@@ -121,43 +144,11 @@ def classify(
     return PatchStatus(**base, state=PatchState(structural.state), detail=structural.reason)
 
 
-_CONCLUDES_NOTHING = frozenset(
-    {Outcome.SKIPPED, Outcome.UNLOCKED, Outcome.ALREADY_APPLIED, Outcome.WOULD_APPLY}
-)
-"""Host outcomes that say nothing about whether a change is proven (nothing was done, or the
-patch was found already there and not restarted)."""
-
-
 def _written(ledger: Ledger, host: str, path: str, version: FileVersion) -> str:
-    """Where a file that is the bytes a run wrote stands: proven (the last outcome a run
-    concluded about these bytes since is `applied`, after a smoke decode) or not: its run was
-    interrupted or still runs, or ended needs-attention (the swap unanswered, the host lost), and
-    the server may still run the old code. Plain "applied" there would say the fix is live."""
-    said = [
-        (run_id, outcome)
-        for run_id, outcome, change in ledger.outcomes_since((host, version.host), version.event_id)
-        if outcome not in _CONCLUDES_NOTHING
-        and (
-            change is None
-            or (change.get("path") == path and change.get("sha256_after") == version.sha256_after)
-        )
-    ]
-    if said and said[-1][1] == Outcome.APPLIED:
-        return f"as written by run {version.run_id}"
-    if said and said[-1][1] == Outcome.STAGED:
-        return (
-            f"staged by run {said[-1][0]}: `opspatch restart --hosts {host}` restarts, proves "
-            "and (on failure) rolls it back"
-        )
-    why = (
-        f"run {said[-1][0]} ended {said[-1][1]} here"
-        if said
-        else f"run {version.run_id} recorded no outcome here (interrupted, or still running)"
-    )
-    return (
-        f"written by run {version.run_id} but never proven ({why}); the server may still run the "
-        f"old code: `opspatch recover --hosts {host}` finishes or undoes it"
-    )
+    """Where a file that is the bytes a run wrote stands: proven or not (`runs.proof`, the
+    same sentence `recover` says). Plain "applied" for an unproven change would say the fix is
+    live while the server may still run the old code."""
+    return describe(change_proof(ledger, host, version))
 
 
 def fleet_status(
@@ -196,7 +187,8 @@ def fleet_status(
                     ]
                     continue
                 for patch in group:
-                    results.append(classify(patch, host.name, inspection, ledger))
+                    found = classify(patch, host.name, inspection, ledger)
+                    results.append(with_server(found, host, inspection))
         finally:
             transport.close()
         return results

@@ -139,6 +139,14 @@ def ready_step(
         raise HostFailed(Outcome.FAILED, f"{step}: {describe_error(exc)}") from exc
 
 
+class SmokeFailed(HostFailed):
+    """A smoke decode that ran and failed a check; carries its result for the report."""
+
+    def __init__(self, result: SmokeResult) -> None:
+        super().__init__(Outcome.FAILED, f"smoke failed: {result.summary()}")
+        self.result = result
+
+
 def smoke_step(
     session: HostSession,
     restart: RestartResult | None,
@@ -148,9 +156,11 @@ def smoke_step(
     must_pass: bool = True,
     last: bool = False,
 ) -> SmokeResult:
-    """The smoke decode as a recorded step; with `must_pass`, a failed check ends the pipeline
-    (`HostFailed`), otherwise the result is returned for the caller to report. `last`: the
-    host's last step; a smoke that passes then releases the run's lock in the same exec."""
+    """The smoke decode as a recorded step. A failed check is a `failed` step whatever the
+    caller does with it (a restore whose smoke failed must not read `ok` in the ledger); with
+    `must_pass` it ends the pipeline (`SmokeFailed`, a `HostFailed`), otherwise the result is
+    returned for the caller to report. `last`: the host's last step; a smoke that passes then
+    releases the run's lock in the same exec."""
     try:
         with session.step(step) as note:
             result = session.engine.smoke(
@@ -164,11 +174,36 @@ def smoke_step(
             )
             session.lock_released = session.lock_released or result.lock_released
             note["detail"] = result.summary() + ("; lock released" if result.lock_released else "")
-            if must_pass and not result.ok:
-                raise HostFailed(Outcome.FAILED, f"smoke failed: {result.summary()}")
+            if not result.ok:
+                raise SmokeFailed(result)
         return result
+    except SmokeFailed as failed:
+        if must_pass:
+            raise
+        return failed.result
     except OpspatchError as exc:
         raise HostFailed(Outcome.FAILED, f"{step}: {describe_error(exc)}") from exc
+
+
+def smoke_after_restore(
+    session: HostSession, restart: RestartResult, *, step: str = "smoke-after-restore"
+) -> tuple[SmokeResult | None, str | None]:
+    """The smoke decode after a restore, as the host's last step: its result (None when it
+    could not run) and, unless it passed, why the server does not serve the restored file.
+
+    A restore is proven like a change: the restored code may be exactly what was broken (the
+    incident's first decode crashes the unpatched engine), and a server that crashed during the
+    decode is down; the outcome must say so, never pass it as serving."""
+    try:
+        smoke = smoke_step(session, restart, baseline=None, step=step, must_pass=False, last=True)
+    except HostFailed as failure:
+        return None, f"the server does not serve the restored file: {failure.error}"
+    if smoke.ok:
+        return smoke, None
+    return smoke, (
+        "the server does not serve the restored file (the original code may be what was "
+        f"broken): the smoke decode after the restore failed: {smoke.summary()}"
+    )
 
 
 def restart_after_restore(session: HostSession) -> RestartResult:

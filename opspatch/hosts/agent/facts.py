@@ -23,7 +23,12 @@ from typing import TYPE_CHECKING
 from opspatch.hosts.agent.files import read_file
 from opspatch.hosts.agent.fsutil import dist_version
 from opspatch.hosts.agent.locks import op_lock
-from opspatch.hosts.agent.processes import alive, find_server_pid, process_start_epoch
+from opspatch.hosts.agent.processes import (
+    alive,
+    find_server_pid,
+    listening_sockets,
+    process_start_epoch,
+)
 from opspatch.hosts.agent.protocol import OpFailure, operation
 
 if TYPE_CHECKING:
@@ -343,7 +348,9 @@ def op_inspect(args: Args) -> Result:
 def running_server(where: Result | None) -> Result | None:
     """The engine's running process, when the request says where to look (`pid_file`, `url`):
     its pid and when it started (seconds since the epoch). A server that started before its
-    file last changed still runs the old code (`status` says `staged`)."""
+    file last changed still runs the old code (`status` says `staged`). None: no live process
+    in the pid file and nothing listening on the port (the server is not running); a listener
+    whose process this user cannot see is a server of unknown pid."""
     if not where:
         return None
     url = str(where.get("url") or "")
@@ -353,6 +360,8 @@ def running_server(where: Result | None) -> Result | None:
         port = int(match.group(1))
     pid = find_server_pid(None, where.get("pid_file"), port)
     if pid is None or not alive(pid):
+        if port is not None and listening_sockets(port):  # another user's process: not ours to see
+            return {"pid": None, "started_at": None}
         return None
     return {"pid": pid, "started_at": process_start_epoch(pid)}
 

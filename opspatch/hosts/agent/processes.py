@@ -122,19 +122,7 @@ def listening_pids(port: int) -> list[int]:
     Sockets are matched by inode against each process's file descriptors, so processes of other
     users (whose descriptors cannot be read without privileges) are not found.
     """
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table, encoding="ascii", errors="replace") as handle:
-                rows = handle.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            # sl local_address rem_address st ... inode; state 0A is LISTEN
-            listening = len(fields) > 9 and fields[3] == "0A"
-            if listening and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(fields[9])
+    inodes = listening_sockets(port)
     if not inodes:
         return []
     found: list[int] = []
@@ -154,6 +142,25 @@ def listening_pids(port: int) -> list[int]:
                 found.append(int(entry))
                 break
     return sorted(found)
+
+
+def listening_sockets(port: int) -> set[str]:
+    """The inodes of the listening TCP sockets on `port` (any address, IPv4 or IPv6): whether
+    anything listens there, whoever owns it (/proc/net/tcp is readable by every user)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii", errors="replace") as handle:
+                rows = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            # sl local_address rem_address st ... inode; state 0A is LISTEN
+            listening = len(fields) > 9 and fields[3] == "0A"
+            if listening and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
 
 
 def find_server_pid(pid: int | None, pid_file: str | None, port: int | None) -> int | None:

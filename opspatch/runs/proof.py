@@ -1,0 +1,117 @@
+"""Whether bytes a run wrote on a host were proven, from the ledger's facts alone, and the one
+sentence that says so.
+
+`status` and `recover` both need it and used to derive it twice (status from the host outcomes
+since the write, recover from the writing run's smoke step), so after a double Ctrl-C one said
+"never proven" and the other "smoke-tested before the interruption". Both now read
+`change_proof` and say `describe`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
+from opspatch.errors import InputError
+from opspatch.ledger.store import FileVersion, Ledger
+
+_CONCLUDES_NOTHING = frozenset(
+    {Outcome.SKIPPED, Outcome.UNLOCKED, Outcome.ALREADY_APPLIED, Outcome.WOULD_APPLY}
+)
+"""Host outcomes that say nothing about whether a change is proven (nothing was done, or the
+patch was found already there and not restarted)."""
+
+
+@dataclass(frozen=True)
+class ChangeProof:
+    """What the ledger says about `version`'s bytes on `host` (the live file is those bytes).
+
+    `proven_by`: the run whose smoke decode passed on them (the last run that concluded
+    anything about them said `applied`, or the writing run's own smoke passed and it recorded
+    no outcome since); `staged_by`: the last word was `staged`; `last_word`: the last run and
+    outcome that concluded anything about them; `writer`: the writing run's status."""
+
+    host: str
+    version: FileVersion
+    writer: RunStatus | None
+    proven_by: str | None
+    staged_by: str | None
+    last_word: tuple[str, str] | None
+
+    @property
+    def proven(self) -> bool:
+        return self.proven_by is not None
+
+
+def change_proof(ledger: Ledger, host: str, version: FileVersion) -> ChangeProof:
+    """The proof of `version`'s bytes on `host`, from the outcomes and steps recorded since.
+
+    Raises:
+        LedgerError: the ledger cannot be read.
+    """
+    said = [
+        (run_id, outcome)
+        for run_id, outcome, change in ledger.outcomes_since((host, version.host), version.event_id)
+        if outcome not in _CONCLUDES_NOTHING
+        and (
+            change is None
+            or (
+                change.get("path") == version.path
+                and change.get("sha256_after") == version.sha256_after
+            )
+        )
+    ]
+    try:
+        writer = ledger.get_run(version.run_id)
+    except InputError:
+        writer = None
+    status = RunStatus(writer.summary.status) if writer is not None else None
+    proven_by = staged_by = None
+    if said and said[-1][1] == Outcome.APPLIED:
+        proven_by = said[-1][0]
+    elif said and said[-1][1] == Outcome.STAGED:
+        staged_by = said[-1][0]
+    elif not said and writer is not None:
+        try:
+            steps = writer.host(host).steps
+        except KeyError:
+            steps = ()
+        if any(
+            s.step == "smoke" and s.status == StepStatus.OK and s.event_id > version.event_id
+            for s in steps
+        ):
+            proven_by = version.run_id  # its smoke passed; it recorded no outcome after it
+    return ChangeProof(host, version, status, proven_by, staged_by, said[-1] if said else None)
+
+
+def describe(proof: ChangeProof) -> str:
+    """The sentence `status` and `recover` say about a change (why it is, or is not, live)."""
+    run, host = proof.version.run_id, proof.host
+    if proof.proven_by is not None:
+        if proof.proven_by != run:
+            return f"written by run {run}, proven by run {proof.proven_by}'s smoke decode"
+        if proof.last_word is None:
+            cut = (
+                " before it was interrupted"
+                if proof.writer in (RunStatus.INTERRUPTED, RunStatus.RECOVERED)
+                else ""
+            )
+            return (
+                f"written by run {run} and proven by its smoke decode{cut} (the run recorded no "
+                "outcome here)"
+            )
+        return f"as written by run {run}, proven by its smoke decode"
+    if proof.staged_by is not None:
+        return (
+            f"staged by run {proof.staged_by}: `opspatch restart --hosts {host}` restarts, proves "
+            "and (on failure) rolls it back"
+        )
+    why = (
+        f"run {proof.last_word[0]} ended {proof.last_word[1]} here"
+        if proof.last_word
+        else f"run {run} recorded no outcome here (interrupted, or still running)"
+    )
+    return (
+        f"written by run {run} but never proven ({why}); the server may still run the "
+        f"old code: `opspatch recover --hosts {host}` finishes or undoes it"
+    )
