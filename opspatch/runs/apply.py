@@ -31,7 +31,6 @@ from opspatch.runs.session import (
     Progress,
     describe_error,
 )
-from opspatch.runs.steps import release
 
 # ---------------------------------------------------------------------------------------------
 # the fleet
@@ -260,10 +259,8 @@ class _FleetApply:
             ):
                 continue
             session = self.sessions[name]
-            assert session.run_id is not None
             try:
-                session.ops.lock(run_id=session.run_id, timeout=self.playbook.timeouts.lock)
-                session.lock_released = False
+                session.lock.take()
                 rolled = self.pipeline.roll_back(
                     session, outcome.file, item.plan, "the rollout halted (on_halt = rollback-run)"
                 )
@@ -274,6 +271,6 @@ class _FleetApply:
                     file=outcome.file,
                 )
             finally:
-                release(session)
+                session.lock.release()
             outcomes[name] = rolled
             self.fleet.record(rolled)

@@ -42,7 +42,6 @@ from opspatch.runs.session import (
     describe_error,
     record_outcome,
 )
-from opspatch.runs.steps import release
 
 T = TypeVar("T")
 
@@ -162,7 +161,7 @@ class FleetRun:
                     Outcome.NEEDS_ATTENTION, f"internal error: {describe_error(exc)}"
                 )
             finally:
-                release(session)
+                session.lock.release()
 
         try:
             result = run_fleet(
@@ -178,7 +177,7 @@ class FleetRun:
             raise RunInterrupted(self.run_id, _in_flight(stop)) from None
         outcomes = {**(already or {}), **result.outcomes}
         for name in result.not_started:
-            release(self.sessions[name])
+            self.sessions[name].lock.release()
             why = "the operator cancelled" if result.halted == CANCELLED else "the run halted"
             outcomes[name] = self.sessions[name].outcome(
                 Outcome.SKIPPED, f"not started: {why} ({result.halted})"
@@ -191,7 +190,7 @@ class FleetRun:
     def release_all(self) -> None:
         """Give back every lock this run still holds (hosts it will not change)."""
         for session in self.sessions.values():
-            release(session)
+            session.lock.release()
 
     def record(self, outcome: HostOutcome) -> None:
         record_outcome(self.ledger, self.run_id, outcome)

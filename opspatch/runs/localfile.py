@@ -31,7 +31,6 @@ from opspatch.runs.recorded import recorded_run
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 from opspatch.runs.restore import rollback_hosts
 from opspatch.runs.session import HostSession, NoProgress
-from opspatch.runs.steps import release
 
 
 def _normalize(name: str) -> str:
@@ -181,7 +180,7 @@ def apply_local_file(
             except OpspatchError as exc:
                 result = session.refused(exc)
             finally:
-                release(session)
+                session.lock.release()
             session.record_outcome(result)
         return run.finish(RunReport(run.run_id, "apply", loaded.spec.id, (result,)))
 

@@ -209,7 +209,7 @@ class ApplyPipeline:
                     release_lock=not self.restart_engine,  # no restart: the swap is the last step
                     timeout=self.playbook.timeouts.swap,
                 )
-                session.lock_released = swapped.lock_released
+                session.lock.given_back_by(swapped.lock_released)
                 note["detail"] = (
                     f"{swapped.sha256_before[:12]} -> {swapped.sha256_after[:12]}; "
                     f"purged {len(swapped.purged_bytecode)} pyc"

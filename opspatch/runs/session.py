@@ -80,6 +80,56 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+class HostLock:
+    """This run's lock on one host, owned by its session: the only place that knows whether it
+    may still be held and gives it back.
+
+    Any exec of a recorded run may take it (begin, lock); an exec may also give it back itself
+    (a swap with no restart after it, a last smoke that passed), which it reports; `release`
+    gives back what is left, once, as a recorded step.
+    """
+
+    def __init__(self, session: HostSession) -> None:
+        self._session = session
+        self._given_back = False
+
+    @property
+    def may_be_held(self) -> bool:
+        """Whether this run may still hold the host's lock (a command reached the host, and no
+        exec said it gave the lock back since)."""
+        session = self._session
+        return session.run_id is not None and session.connected and not self._given_back
+
+    def given_back_by(self, released: bool) -> None:
+        """An exec reported whether it gave the lock back in the same breath."""
+        self._given_back = self._given_back or released
+
+    def take(self) -> None:
+        """Take the lock again (a halted rollout rolling this host back: `on_halt`).
+
+        Raises:
+            LockHeld: another run holds it.
+        """
+        session = self._session
+        assert session.run_id is not None
+        session.ops.lock(run_id=session.run_id, timeout=session.playbook.timeouts.lock)
+        self._given_back = False
+
+    def release(self) -> None:
+        """Give the lock back if this run may still hold it (best effort: it expires on its
+        own, and the host's outcome is already decided)."""
+        if not self.may_be_held:
+            return
+        session = self._session
+        assert session.run_id is not None
+        try:
+            with session.step("release"):
+                session.ops.unlock(run_id=session.run_id, timeout=session.playbook.timeouts.lock)
+            self._given_back = True
+        except OpspatchError:
+            pass
+
+
 class HostSession:
     """Everything one run does on one host goes through here: one transport, reused."""
 
@@ -99,8 +149,7 @@ class HostSession:
         self.run_id = run_id
         self.progress = progress
         self.steps: list[StepResult] = []
-        self.lock_released = False
-        """Whether this run's lock on the host was given back already (by a passing last smoke)."""
+        self.lock = HostLock(self)
         self._factory = factory
         self._transport: Transport | None = None
         self._ops: HostOperations | None = None

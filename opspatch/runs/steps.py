@@ -2,7 +2,7 @@
 
 `restart_step`, `ready_step` and `smoke_step` turn an engine failure into `HostFailed` (which
 ends a host's pipeline with a reason); `restore_pre_image` puts a pre-image back from the host's
-own backup or the ledger's copy and records it; `release` gives the host's lock back.
+own backup or the ledger's copy and records it; the host's lock is the session's own (`session.lock`).
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def smoke_step(
                 # so it is released by its own (raised) exec
                 release_lock=session.run_id if last and not session.host.become.enabled else None,
             )
-            session.lock_released = session.lock_released or result.lock_released
+            session.lock.given_back_by(result.lock_released)
             note["detail"] = result.summary() + ("; lock released" if result.lock_released else "")
             if not result.ok:
                 raise SmokeFailed(result)
@@ -218,14 +218,3 @@ def restart_after_restore(session: HostSession) -> RestartResult:
         timeout=session.playbook.timeouts.restore_ready,
     )
     return restart
-
-
-def release(session: HostSession) -> None:
-    """Release the host's lock held by this run (best effort: it expires on its own)."""
-    if session.run_id is None or not session.connected or session.lock_released:
-        return
-    try:
-        with session.step("release"):
-            session.ops.unlock(run_id=session.run_id, timeout=session.playbook.timeouts.lock)
-    except OpspatchError:
-        pass  # the lock expires on its own; the outcome is already decided
