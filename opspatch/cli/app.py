@@ -61,11 +61,16 @@ def _global(
             "--workspace",
             "-w",
             help="Folder holding patches/, inventories/, playbooks/ (default: $OPSPATCH_HOME or .)",
+            metavar="DIR",
         ),
     ] = None,
     ledger_file: Annotated[
         Path | None,
-        typer.Option("--ledger", help="Ledger file (default: $OPSPATCH_LEDGER or the state dir)."),
+        typer.Option(
+            "--ledger",
+            help="Ledger file (default: $OPSPATCH_LEDGER or the state dir).",
+            metavar="FILE",
+        ),
     ] = None,
     version: Annotated[
         bool,

@@ -45,11 +45,13 @@ def _related_sources(file: Path) -> dict[str, str]:
 
 def lint_init(
     file: Annotated[
-        Path | None, typer.Option("--file", "-f", help="The Python source file to analyse.")
+        Path | None,
+        typer.Option("--file", "-f", help="The Python source file to analyse.", metavar="PATH"),
     ] = None,
     hosts: HostsOption = None,
     class_name: Annotated[
-        str | None, typer.Option("--class", help="Only this class (default: every class).")
+        str | None,
+        typer.Option("--class", help="Only this class (default: every class).", metavar="CLASS"),
     ] = None,
     module: Annotated[
         str | None,
@@ -57,6 +59,7 @@ def lint_init(
             "--module",
             help="With --hosts: the module to read from the hosts. With --file and "
             "--write-patch: the dotted module the file is (the patch target).",
+            metavar="MODULE",
         ),
     ] = None,
     write_patch: Annotated[
@@ -64,10 +67,14 @@ def lint_init(
         typer.Option(
             "--write-patch",
             help="Write a guard patch (class-level defaults) to this .toml; its name is the id.",
+            metavar="FILE",
         ),
     ] = None,
     versions: Annotated[
-        str, typer.Option("--versions", help="With --write-patch: the patch's version range.")
+        str,
+        typer.Option(
+            "--versions", help="With --write-patch: the patch's version range.", metavar="RANGE"
+        ),
     ] = "",
     accept_new_host_keys: AcceptKeysOption = False,
     as_json: JsonOption = False,
@@ -189,25 +196,42 @@ def _module_of(file: Path) -> str:
 def export(
     patch: PatchArgument,
     file: Annotated[
-        Path | None, typer.Option("--file", "-f", help="The pristine file to diff against.")
+        Path | None,
+        typer.Option("--file", "-f", help="The pristine file to diff against.", metavar="PATH"),
     ] = None,
     release: Annotated[
         str | None,
-        typer.Option("--release", help="Diff against this release's own file (fetched once)."),
+        typer.Option(
+            "--release",
+            help="Diff against this release's own file (fetched once).",
+            metavar="VERSION",
+        ),
     ] = None,
     from_dir: Annotated[
         Path | None,
-        typer.Option("--from", help="With --release: the release cache folder (offline)."),
+        typer.Option(
+            "--from", help="With --release: the release cache folder (offline).", metavar="DIR"
+        ),
     ] = None,
     output_format: Annotated[
-        str, typer.Option("--format", help="diff (unified, git-style) or git (a mail for git am)")
+        str,
+        typer.Option(
+            "--format",
+            help="diff (unified, git-style) or git (a mail for git am)",
+            metavar="FORMAT",
+        ),
     ] = "diff",
     prefix: Annotated[
-        str, typer.Option("--prefix", help="Path prefix in the upstream repository (python/).")
+        str,
+        typer.Option(
+            "--prefix", help="Path prefix in the upstream repository (python/).", metavar="PREFIX"
+        ),
     ] = "",
     author: Annotated[
         str | None,
-        typer.Option("--author", help="With --format git: 'Name <email>' (default: git's)."),
+        typer.Option(
+            "--author", help="With --format git: 'Name <email>' (default: git's).", metavar="AUTHOR"
+        ),
     ] = None,
 ) -> None:
     """An upstreamable change: the patch as a unified diff with a/ b/ paths, or a

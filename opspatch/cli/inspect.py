@@ -16,7 +16,8 @@ from opspatch.errors import EXIT_HOST_FAILED, InputError
 def status(
     hosts: HostsOption = None,
     patch: Annotated[
-        list[str] | None, typer.Option("--patch", help="Only these patches (repeatable).")
+        list[str] | None,
+        typer.Option("--patch", help="Only these patches (repeatable).", metavar="PATCH"),
     ] = None,
     accept_new_host_keys: AcceptKeysOption = False,
     as_json: JsonOption = False,

@@ -20,7 +20,9 @@ ledger_app = typer.Typer(
 
 @ledger_app.command("list")
 def ledger_list(
-    limit: Annotated[int, typer.Option("--limit", "-n", help="How many runs, newest first.")] = 20,
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", help="How many runs, newest first.", metavar="LIMIT")
+    ] = 20,
     as_json: JsonOption = False,
 ) -> None:
     """The newest runs: command, patch, operator, status (finished, running, interrupted, recovered)."""
@@ -53,7 +55,9 @@ def ledger_list(
 
 @ledger_app.command("show")
 def ledger_show(
-    run: Annotated[str, typer.Argument(help="Run id (a unique prefix is enough)")],
+    run: Annotated[
+        str, typer.Argument(help="Run id (a unique prefix is enough)", metavar="RUN_ID")
+    ],
     as_json: JsonOption = False,
 ) -> None:
     """One run: every host's steps with timings, facts, file versions and outcome."""

@@ -28,6 +28,7 @@ TargetVersionOption = Annotated[
     typer.Option(
         "--target-version",
         help="With --file: the file's distribution version, when no dist-info says.",
+        metavar="VERSION",
     ),
 ]
 
@@ -51,7 +52,10 @@ def schema() -> None:
 def check(
     patches: Annotated[
         list[str] | None,
-        typer.Argument(help="Patch ids or .toml paths (default: every patch in the workspace)"),
+        typer.Argument(
+            help="Patch ids or .toml paths (default: every patch in the workspace)",
+            metavar="PATCH",
+        ),
     ] = None,
     releases: Annotated[
         str | None,

@@ -28,7 +28,9 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 SinceOption = Annotated[
     str | None,
-    typer.Option("--since", help="A duration back from now: 90s, 30m, 2h, 1d, 1h30m."),
+    typer.Option(
+        "--since", help="A duration back from now: 90s, 30m, 2h, 1d, 1h30m.", metavar="DURATION"
+    ),
 ]
 
 
@@ -64,12 +66,18 @@ def diagnose(
     ] = False,
     module: Annotated[
         list[str] | None,
-        typer.Option("--module", "-m", help="Also judge this module's file (repeatable)."),
+        typer.Option(
+            "--module", "-m", help="Also judge this module's file (repeatable).", metavar="MODULE"
+        ),
     ] = None,
     playbook: PlaybookOption = "default",
     max_log_bytes: Annotated[
         int,
-        typer.Option("--max-log-bytes", help="Read at most this much of the log, from its end."),
+        typer.Option(
+            "--max-log-bytes",
+            help="Read at most this much of the log, from its end.",
+            metavar="BYTES",
+        ),
     ] = 32 * 1024 * 1024,
     accept_new_host_keys: AcceptKeysOption = False,
     as_json: JsonOption = False,
@@ -125,14 +133,20 @@ def diagnose(
 def adopt(
     hosts: HostsOption = None,
     module: Annotated[
-        str | None, typer.Option("--module", "-m", help="The module whose file was edited.")
+        str | None,
+        typer.Option("--module", "-m", help="The module whose file was edited.", metavar="MODULE"),
     ] = None,
     patch_id: Annotated[
-        str | None, typer.Option("--id", help="The new patch's id (patches/ID.toml).")
+        str | None,
+        typer.Option("--id", help="The new patch's id (patches/ID.toml).", metavar="NEW_ID"),
     ] = None,
     pristine: Annotated[
         Path | None,
-        typer.Option("--pristine", help="The pristine file (the release's), when no host has it."),
+        typer.Option(
+            "--pristine",
+            help="The pristine file (the release's), when no host has it.",
+            metavar="FILE",
+        ),
     ] = None,
     accept_new_host_keys: AcceptKeysOption = False,
     as_json: JsonOption = False,
@@ -191,11 +205,14 @@ def adopt(
 
 def ledger_report(
     run: Annotated[
-        str | None, typer.Argument(help="One run (a unique prefix) and the runs that followed it")
+        str | None,
+        typer.Argument(
+            help="One run (a unique prefix) and the runs that followed it", metavar="RUN_ID"
+        ),
     ] = None,
     since: SinceOption = None,
     output_format: Annotated[
-        str, typer.Option("--format", help="md (Markdown tables) or json")
+        str, typer.Option("--format", help="md (Markdown tables) or json", metavar="FORMAT")
     ] = "md",
 ) -> None:
     """The postmortem timeline: every run in the window (default: the last 24 hours), who ran

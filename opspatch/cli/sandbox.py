@@ -59,6 +59,7 @@ def up(
             "--hosts",
             "-n",
             help=f"How many hosts (1-{MAX_HOSTS}; default: as many as the sandbox has, else 3)",
+            metavar="TARGET",
         ),
     ] = None,
     ssh: Annotated[
