@@ -149,7 +149,7 @@ def test_the_incident_is_diagnosed_fixed_and_reported(tmp_path: Path) -> None:
         changes = next(t for t in tables if "sha256 before" in t[0])
         assert sorted(row[1] for row in changes[1:]) == names
         assert "+        self.spec_disable_batch_threshold = 0" in report.stdout
-        whole = fleet.opspatch("ledger", "report", "--since", "1h", "--format", "json")
+        whole = fleet.opspatch("ledger", "report", "--since", "1h", "--json")
         assert [r["command"] for r in whole.json()["runs"]] == ["apply"]
     finally:
         fleet.close()

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-from rich.text import Text
 
 from opspatch import __version__
 from opspatch.cli import (
@@ -30,7 +29,7 @@ from opspatch.cli import (
     sandbox,
 )
 from opspatch.cli.context import options
-from opspatch.cli.render import err, out
+from opspatch.cli.render import out, print_error
 from opspatch.errors import EXIT_BAD_INPUT, EXIT_OK, OpspatchError, exit_code_for
 
 app = typer.Typer(
@@ -89,28 +88,37 @@ for group in (patches, changes, inspect, incident, ledger, respond, inventory, s
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point: run the app, turn every failure into one message + exit code."""
+    args = patches.releases_without_spec(sys.argv[1:] if argv is None else list(argv))
+    # Every command that reports takes --json; an error then is a JSON document on stdout too.
+    as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     try:
         # Without standalone mode, an Exit raised by a command comes back as its exit code.
-        args = patches.releases_without_spec(sys.argv[1:] if argv is None else list(argv))
         returned = app(args=args, prog_name="opspatch", standalone_mode=False)
         code = returned if isinstance(returned, int) else EXIT_OK
     except typer.Exit as exc:
         code = exc.exit_code
     except typer.Abort:
-        err.print("aborted; nothing was changed")
         code = EXIT_BAD_INPUT
+        print_error("aborted; nothing was changed", hint=None, exit_code=code, as_json=as_json)
     except OpspatchError as exc:
-        err.print(Text(f"error: {exc.render()}", style="red"))
         code = exit_code_for(exc)
+        print_error(exc.message, hint=exc.hint, exit_code=code, as_json=as_json)
     except KeyboardInterrupt:
-        err.print("interrupted")
         code = exit_code_for(KeyboardInterrupt())
+        print_error("interrupted", hint=None, exit_code=code, as_json=as_json)
     except Exception as exc:
-        # Usage errors of the option parser (typer vendors click; older typers use click itself):
-        # they know how to show themselves and always mean bad usage (exit 2).
-        show = getattr(exc, "show", None)
-        if show is None or not hasattr(exc, "exit_code"):
+        # Usage errors of the option parser (typer vendors click; older typers use click itself)
+        # always mean bad usage (exit 2); shown in the same style as every other error.
+        format_message = getattr(exc, "format_message", None)
+        if format_message is None or not hasattr(exc, "exit_code"):
             raise
-        show()
         code = EXIT_BAD_INPUT
+        context = getattr(exc, "ctx", None)
+        command = context.command_path if context is not None else "opspatch"
+        print_error(
+            str(format_message()),
+            hint=f"see `{command} --help`",
+            exit_code=code,
+            as_json=as_json,
+        )
     sys.exit(code)

@@ -57,6 +57,7 @@ def lint_init(
         str | None,
         typer.Option(
             "--module",
+            "-m",
             help="With --hosts: the module to read from the hosts. With --file and "
             "--write-patch: the dotted module the file is (the patch target).",
             metavar="MODULE",

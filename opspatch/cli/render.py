@@ -46,10 +46,28 @@ OUTCOME_STYLE = {
 STATE_STYLE = {"applied": "green", "staged": "cyan", "drifted": "yellow", "unreachable": "red"}
 
 
+class _JsonState:
+    """Whether this process already wrote its JSON document (an error raised after it must not
+    add a second one: stdout under --json holds exactly one document)."""
+
+    written = False
+
+
 def emit_json(document: Any) -> None:
     """One JSON document on stdout."""
     sys.stdout.write(json.dumps(document, indent=2, sort_keys=False) + "\n")
     sys.stdout.flush()
+    _JsonState.written = True
+
+
+def print_error(message: str, *, hint: str | None, exit_code: int, as_json: bool) -> None:
+    """The one way an error reaches the operator: `error: MESSAGE` and its hint on stderr, and
+    with --json also `{"error": {"message", "hint", "exit_code"}}` on stdout, so a script reading
+    stdout learns why there is no result."""
+    text = f"error: {message}" if not hint else f"error: {message}\n  hint: {hint}"
+    err.print(Text(text, style="red"))
+    if as_json and not _JsonState.written:
+        emit_json({"error": {"message": message, "hint": hint, "exit_code": exit_code}})
 
 
 def print_diff(diff: str, console: Console = out) -> None:

@@ -211,24 +211,20 @@ def ledger_report(
         ),
     ] = None,
     since: SinceOption = None,
-    output_format: Annotated[
-        str, typer.Option("--format", help="md (Markdown tables) or json", metavar="FORMAT")
-    ] = "md",
+    as_json: JsonOption = False,
 ) -> None:
     """The postmortem timeline: every run in the window (default: the last 24 hours), who ran
     it from where, each host's steps with times and outcomes, what changed, what was rolled
     back and why."""
     from opspatch.runs.timeline import build_report, render_markdown
 
-    if output_format not in ("md", "json"):
-        raise InputError(f"--format {output_format!r}: expected md or json")
     if run is not None and since is not None:
         raise InputError("ledger report takes a RUN_ID or --since DURATION, not both")
     window = parse_duration(since) if since is not None else None
     if not options.ledger_path().exists():
         raise InputError(f"no ledger at {options.ledger_path()}", hint="nothing has been run yet")
     report = build_report(options.open_ledger(), run_id=run, since=window)
-    if output_format == "json":
+    if as_json:
         emit_json(report.to_json())
     else:
         out.file.write(render_markdown(report))

@@ -133,7 +133,7 @@ def _planned_manifest(
     check_host_count(wanted)
     if wanted < len(existing):
         raise InputError(
-            f"the sandbox has {len(existing)} hosts; `up --hosts {wanted}` would not remove any",
+            f"the sandbox has {len(existing)} hosts; `up --count {wanted}` would not remove any",
             hint="run `opspatch sandbox down --purge` first to build a smaller sandbox",
         )
     ssh_user = (current.ssh_user if current else None) or (getpass.getuser() if want_ssh else None)
