@@ -93,7 +93,7 @@ def test_lint_init_reads_the_module_from_the_host_and_writes_a_guard(workspace: 
         "lint-init", "--module", EAGLE_WORKER_MODULE, "--hosts", "lab:standin-01",
         "--class", "EAGLEWorkerV2", "--write-patch", str(guard), "--versions", ">=0.5.4",
     )  # fmt: skip
-    assert run.code == 0, run.stderr
+    assert run.code == 1, run.stderr  # hazards found (the guard is written for them)
     source = workspace.standin.eagle_worker_file
     line = next(
         n for n, text in enumerate(source.read_text().splitlines(), 1)
@@ -145,7 +145,7 @@ def test_adopt_with_a_given_pristine_file_and_its_refusals(
     target = workspace.standin.eagle_worker_file
     pristine = tmp_path / "pristine.py"
     pristine.write_bytes(target.read_bytes())
-    adopt = ("adopt", "--hosts", "lab:standin-01", "--module", EAGLE_WORKER_MODULE)
+    adopt = ("adopt", "--hosts", "lab:standin-01", "--module", EAGLE_WORKER_MODULE, "--yes")
 
     nothing = workspace.run(*adopt, "--id", "hand-fix")
     assert nothing.code == 2 and "nothing to adopt" in nothing.stderr

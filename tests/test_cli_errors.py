@@ -67,3 +67,20 @@ def test_check_reports_a_bad_patch_on_stderr_in_the_same_style(tmp_path: Path) -
     assert run.stdout == ""
     assert run.stderr.startswith("error: ") and "half.toml:1: summary" in run.stderr
     assert "\n  hint: " in run.stderr
+
+
+def test_adopt_without_a_terminal_or_yes_refuses_and_writes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "inventories").mkdir()
+    (tmp_path / "inventories" / "lab.toml").write_text(
+        '[defaults]\ntransport = "local"\n\n[hosts.lab-01]\n'
+    )
+    ledger = tmp_path / "ledger.sqlite3"
+    run = opspatch(
+        "--ledger", str(ledger), "adopt", "--hosts", "lab", "-m", "sglang.x", "--id", "new-id",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert run.code == 2, run.stdout + run.stderr
+    assert run.stderr.startswith("error: Adopt the hand edit of sglang.x on 1 host(s)")
+    assert "no terminal to ask on; nothing was changed" in run.stderr
+    assert "hint: re-run with --yes" in run.stderr
+    assert not (tmp_path / "patches").exists() and not ledger.exists()

@@ -245,10 +245,11 @@ def test_a_sed_edit_over_ssh_is_found_adopted_and_rolled_back(tmp_path: Path) ->
         assert file_of(by_host(run.json())[reference])["state"] == "pristine"
         edited_host = f"{fleet.inventory}:{name}"
         adopted = fleet.opspatch(
-            "adopt", "--hosts", edited_host, "--module", EAGLE, "--id", "hand-threshold", "--json"
-        )
+            "adopt", "--hosts", edited_host, "--module", EAGLE, "--id", "hand-threshold", "--yes",
+            "--json",
+        )  # fmt: skip
         assert adopted.code == 0, adopted.stdout + adopted.stderr
-        assert [(h["host"], h["outcome"]) for h in adopted.json()["hosts"]] == [(name, "applied")]
+        assert [(h["host"], h["outcome"]) for h in adopted.json()["hosts"]] == [(name, "staged")]
         assert adopted.json()["pristine_from"] == f"the RECORD-verified copy on {reference}"
         patch_file = fleet.workspace / "patches" / "hand-threshold.toml"
         assert 'kind = "diff"' in patch_file.read_text()
@@ -313,7 +314,9 @@ def test_an_editable_checkout_names_its_commit_and_adopts_a_git_diff(tmp_path: P
         assert f"checkout {checkout} at {head[:12]} (main)" in text.stdout
         assert "M python/sglang/srt/managers/tp_worker.py" in text.stdout
 
-        adopted = fleet.opspatch("adopt", "--hosts", "sandbox", "-m", EAGLE, "--id", "hand-edit")
+        adopted = fleet.opspatch(
+            "adopt", "--hosts", "sandbox", "-m", EAGLE, "--id", "hand-edit", "--yes"
+        )
         assert adopted.code == 0, adopted.stdout + adopted.stderr
         assert f"pristine from git HEAD {head[:12]}" in adopted.stdout
         pristine = tmp_path / "pristine.py"

@@ -16,8 +16,15 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
-from opspatch.cli.context import AcceptKeysOption, HostsOption, JsonOption, PlaybookOption, options
-from opspatch.cli.render import emit_json, err, out, print_diff
+from opspatch.cli.context import (
+    AcceptKeysOption,
+    HostsOption,
+    JsonOption,
+    PlaybookOption,
+    YesOption,
+    options,
+)
+from opspatch.cli.render import confirm_or_refuse, emit_json, err, out, print_diff
 from opspatch.errors import InputError
 
 if TYPE_CHECKING:
@@ -148,6 +155,7 @@ def adopt(
             metavar="FILE",
         ),
     ] = None,
+    yes: YesOption = False,
     accept_new_host_keys: AcceptKeysOption = False,
     as_json: JsonOption = False,
 ) -> None:
@@ -168,6 +176,11 @@ def adopt(
         given = Pristine(pristine.read_bytes(), f"--pristine {pristine}")
     selected = options.hosts(hosts)
     workspace = options.workspace_dir()
+    confirm_or_refuse(
+        f"Adopt the hand edit of {module} on {len(selected)} host(s) as patch {patch_id} "
+        f"(writes patches/{patch_id}.toml and a ledger run; nothing on the hosts)?",
+        yes=yes,
+    )
 
     def same_inventory() -> tuple[Host, ...]:
         """The rest of the selected hosts' inventories: where a RECORD-verified copy of the
