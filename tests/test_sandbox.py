@@ -171,7 +171,11 @@ def test_up_starts_every_host_and_waits_until_each_is_ready(
         assert http_request("GET", host["url"] + "/health").status == 200
         host_dir = sandbox.layout.host_dir(host["host"])
         assert (host_dir / "venv" / "bin" / "python").exists()
-        assert (host_dir / "server.pid").read_text().strip() == str(host["pid"])
+        # the pid shown is the engine's own; the pid file holds its start command's shell
+        wrapper = (host_dir / "server.pid").read_text().strip()
+        stat = Path(f"/proc/{host['pid']}/stat").read_text()
+        assert stat.rpartition(")")[2].split()[1] == wrapper
+        assert "sglang.launch_server" in Path(f"/proc/{host['pid']}/cmdline").read_text()
         assert "The server is fired up and ready to roll!" in (host_dir / "server.log").read_text()
     assert report["ssh_inventory"] is None
 

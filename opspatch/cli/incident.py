@@ -22,7 +22,7 @@ from opspatch.cli.context import (
     options,
 )
 from opspatch.cli.render import emit_json, err, out
-from opspatch.errors import InputError
+from opspatch.errors import EXIT_HOST_FAILED, InputError
 
 if TYPE_CHECKING:
     from opspatch.analysis.portability import ReleaseMatrix
@@ -111,8 +111,10 @@ def lint_init(
             hint="select hosts that run the same file to write one guard patch",
         )
     documents = []
+    reports = []
     for source in sources:
         report = analyse(source.text, source.path, class_name=class_name, related=source.related)
+        reports.append(report)
         guard = None
         if write_patch is not None:
             guard = write_guard_patch(
@@ -135,6 +137,10 @@ def lint_init(
                 err.print(f"wrote {write_patch}; check it with `opspatch check {write_patch}`")
     if as_json:
         emit_json(documents[0] if file is not None else {"sources": documents})
+    # A linter's convention: findings exit 1 (a guard patch written for them does not remove them
+    # from the file), so scripts and CI can tell a clean file from one with hazards.
+    if any(report.hazards for report in reports):
+        raise typer.Exit(EXIT_HOST_FAILED)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from opspatch.sandbox.processes import (
     free_port,
     port_taken,
     sandbox_lock,
+    server_pid,
     sshd_pid,
 )
 from opspatch.sandbox.sshd import SshdError, find_sshd, generate_keypair, start_sshd
@@ -374,7 +375,7 @@ def _await_engines(
             outcomes[record.name] = _host_up(record, "failed", pid, error=error)
             continue
         outcome: HostUpOutcome = "already-running" if restart is None else "started"
-        pid = engine_pid(layout, record.name)
+        pid = server_pid(layout, record.name)  # the engine's own, as status and diagnose show
         progress(f"{record.name}: ready ({outcome}, pid {pid})")
         outcomes[record.name] = _host_up(record, outcome, pid, ready=readiness.seconds)
     return outcomes
