@@ -43,7 +43,7 @@ from pathlib import Path
 
 import tomllib
 
-SANDBOX_MAX_HOSTS = 16  # opspatch.sandbox.fleet.MAX_HOSTS: `sandbox up --hosts` refuses more
+SANDBOX_MAX_HOSTS = 16  # opspatch.sandbox.fleet.MAX_HOSTS: `sandbox up --count` refuses more
 TARGET_RELATIVE = "sglang/srt/speculative/eagle_worker_v2.py"
 ENGINE_ENV = {"CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
 
@@ -279,9 +279,9 @@ class Fleet:
                 capture_output=True,
                 check=True,
             )
-        self.log(f"opspatch sandbox up --ssh --hosts {size}  (OPSPATCH_STATE_DIR={state})")
+        self.log(f"opspatch sandbox up --ssh --count {size}  (OPSPATCH_STATE_DIR={state})")
         done = subprocess.run(
-            [*self.opspatch, "sandbox", "up", "--ssh", "--hosts", str(size), "--json"],
+            [*self.opspatch, "sandbox", "up", "--ssh", "--count", str(size), "--json"],
             env=self._opspatch_env(state),
             cwd=self.cwd,
             capture_output=True,

@@ -5,17 +5,23 @@
 #   crashes them (the incident) -> diagnose names the cause and the patch -> opspatch apply
 #   eagle-init-guard -> decodes work -> status -> ledger.
 #
+# It installs opspatch (editable, with torch 2.13.0 for the CPU) into the environment of the first
+# `python3` on PATH: activate a virtual environment first to keep it elsewhere.
 # State (sandbox hosts, ledger) goes to $OPSPATCH_STATE_DIR, by default ./.demo-state, so the
-# demo never touches your own sandbox or ledger. Run it again to start over.
+# demo never touches your own sandbox or ledger. Running it again rebuilds the sandbox but keeps
+# the ledger (the earlier runs stay listed); delete .demo-state to start from nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OPSPATCH_STATE_DIR="${OPSPATCH_STATE_DIR:-$PWD/.demo-state}"
 
 step() { printf '\n\033[1m== %s\033[0m\n$ %s\n' "$1" "$2"; }
 
-step "install (torch 2.13.0 is a CPU build)" "pip install torch==2.13.0 -e '.[sandbox]'"
+step "install into $(command -v python3) (torch 2.13.0 is a CPU build; a few minutes the first time)" \
+     "python3 -m pip install torch==2.13.0 -e '.[sandbox]'"
 python3 -m pip install --quiet --disable-pip-version-check torch==2.13.0 -e '.[sandbox]' || exit 1
+echo "installed: $(command -v opspatch)"
 
+echo "(removing the sandbox of an earlier demo run, if any; its ledger is kept)"
 opspatch sandbox down --purge >/dev/null 2>&1 || true
 
 step "a local fleet of three stand-in SGLang servers" "opspatch sandbox up"
@@ -44,7 +50,8 @@ opspatch apply eagle-init-guard --hosts sandbox --yes || exit 1
 step "decodes work, through speculative decoding" "opspatch smoke --hosts sandbox"
 opspatch smoke --hosts sandbox || exit 1
 
-step "what is applied where, checked live against the ledger" "opspatch status --hosts sandbox"
+step "what is applied where, checked live against the ledger" \
+     "opspatch status --hosts sandbox --patch eagle-init-guard"
 opspatch status --hosts sandbox --patch eagle-init-guard || exit 1
 
 step "every run is recorded, hash-chained" "opspatch ledger list && opspatch ledger verify"

@@ -57,7 +57,7 @@ class SandboxFleet:
     def up(self) -> SandboxFleet:
         (self.workspace / "patches").mkdir(parents=True, exist_ok=True)
         (self.workspace / "playbooks").mkdir(parents=True, exist_ok=True)
-        args = ["sandbox", "up", "--hosts", str(self.size), "--install", self.install]
+        args = ["sandbox", "up", "--count", str(self.size), "--install", self.install]
         args += ["--ssh"] if self.ssh else []
         run = self.opspatch(*args, timeout=240)
         assert run.code == 0, run.stdout + run.stderr

@@ -31,7 +31,7 @@ def test_lint_init_finds_the_incident_and_writes_a_guard_that_check_accepts_and_
     guard.parent.mkdir(parents=True)
     run = opspatch("lint-init", "--file", str(standin_copy), "--class", "EAGLEWorkerV2",
                    "--write-patch", str(guard), cwd=tmp_path)  # fmt: skip
-    assert run.code == 0, run.stdout + run.stderr
+    assert run.code == 1, run.stdout + run.stderr  # hazards found: a linter's exit 1
     assert "spec_disable_batch_threshold [late, skipped]" in run.stdout
     assert "StandaloneWorkerV2" in run.stdout  # the subclass that skips __init__, in a sibling file
     assert guard.is_file()
@@ -42,6 +42,21 @@ def test_lint_init_finds_the_incident_and_writes_a_guard_that_check_accepts_and_
     )
     assert planned.code == 0, planned.stdout + planned.stderr
     assert "+    spec_disable_batch_threshold" in planned.stdout
+
+
+def test_lint_init_exits_0_on_a_clean_file_and_1_on_hazards(tmp_path: Path) -> None:
+    clean = tmp_path / "clean.py"
+    clean.write_text(
+        "class Worker:\n    def __init__(self):\n        self.x = 0\n\n    def f(self):\n        return self.x\n"
+    )
+    assert opspatch("lint-init", "--file", str(clean)).code == 0
+    late = tmp_path / "late.py"
+    late.write_text(
+        "class Worker:\n    def __init__(self):\n        self.setup()\n        self.x = 0\n\n    def f(self):\n        return self.x\n"
+    )
+    found = opspatch("lint-init", "--file", str(late), "--json")
+    assert found.code == 1, found.stdout + found.stderr
+    assert found.json()["classes"][0]["hazards"]
 
 
 def test_lint_init_on_a_missing_class_is_one_message_exit_2(standin_copy: Path) -> None:

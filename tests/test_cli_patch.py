@@ -62,7 +62,7 @@ def test_check_reports_bad_patch_with_file_line_field(workspace: Path) -> None:
     line = text.splitlines().index('position = "middle"') + 1
     run = opspatch("check", "broken", cwd=workspace)
     assert run.code == 2
-    assert f"broken.toml:{line}: edits[1].position" in run.stdout
+    assert f"broken.toml:{line}: edits[1].position" in run.stderr  # errors go to stderr
 
 
 def test_plan_shows_diff_and_changes_nothing(site: Path) -> None:

@@ -149,7 +149,7 @@ def test_the_incident_is_diagnosed_fixed_and_reported(tmp_path: Path) -> None:
         changes = next(t for t in tables if "sha256 before" in t[0])
         assert sorted(row[1] for row in changes[1:]) == names
         assert "+        self.spec_disable_batch_threshold = 0" in report.stdout
-        whole = fleet.opspatch("ledger", "report", "--since", "1h", "--format", "json")
+        whole = fleet.opspatch("ledger", "report", "--since", "1h", "--json")
         assert [r["command"] for r in whole.json()["runs"]] == ["apply"]
     finally:
         fleet.close()
@@ -245,10 +245,11 @@ def test_a_sed_edit_over_ssh_is_found_adopted_and_rolled_back(tmp_path: Path) ->
         assert file_of(by_host(run.json())[reference])["state"] == "pristine"
         edited_host = f"{fleet.inventory}:{name}"
         adopted = fleet.opspatch(
-            "adopt", "--hosts", edited_host, "--module", EAGLE, "--id", "hand-threshold", "--json"
-        )
+            "adopt", "--hosts", edited_host, "--module", EAGLE, "--id", "hand-threshold", "--yes",
+            "--json",
+        )  # fmt: skip
         assert adopted.code == 0, adopted.stdout + adopted.stderr
-        assert [(h["host"], h["outcome"]) for h in adopted.json()["hosts"]] == [(name, "applied")]
+        assert [(h["host"], h["outcome"]) for h in adopted.json()["hosts"]] == [(name, "staged")]
         assert adopted.json()["pristine_from"] == f"the RECORD-verified copy on {reference}"
         patch_file = fleet.workspace / "patches" / "hand-threshold.toml"
         assert 'kind = "diff"' in patch_file.read_text()
@@ -314,7 +315,9 @@ def test_an_editable_checkout_names_its_commit_and_adopts_a_git_diff(tmp_path: P
         assert f"checkout {checkout} at {head[:12]} (main)" in text.stdout
         assert "M python/sglang/srt/managers/tp_worker.py" in text.stdout
 
-        adopted = fleet.opspatch("adopt", "--hosts", "sandbox", "-m", EAGLE, "--id", "hand-edit")
+        adopted = fleet.opspatch(
+            "adopt", "--hosts", "sandbox", "-m", EAGLE, "--id", "hand-edit", "--yes"
+        )
         assert adopted.code == 0, adopted.stdout + adopted.stderr
         assert f"pristine from git HEAD {head[:12]}" in adopted.stdout
         pristine = tmp_path / "pristine.py"

@@ -145,6 +145,9 @@ def test_a_bad_spec_is_an_input_error(guard: PatchSpec, tmp_path: Path) -> None:
 def test_cache_location(tmp_path: Path) -> None:
     assert release_cache_dir({"OPSPATCH_CACHE": str(tmp_path)}) == tmp_path
     assert release_cache_dir({"HOME": "/home/ops"}) == Path("/home/ops/.cache/opspatch/releases")
+    assert release_cache_dir({"HOME": "/home/ops", "XDG_CACHE_HOME": "/var/cache/ops"}) == Path(
+        "/var/cache/ops/opspatch/releases"
+    )
 
 
 def test_index_answer_parsing() -> None:

@@ -151,7 +151,7 @@ def hosts_by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sandbox, dict[str, Any]]]:
     with new_sandbox(tmp_path_factory.mktemp("sandbox-two")) as sandbox:
-        report = sandbox.up("--hosts", "2")
+        report = sandbox.up("--count", "2")
         yield sandbox, report
 
 
@@ -171,7 +171,11 @@ def test_up_starts_every_host_and_waits_until_each_is_ready(
         assert http_request("GET", host["url"] + "/health").status == 200
         host_dir = sandbox.layout.host_dir(host["host"])
         assert (host_dir / "venv" / "bin" / "python").exists()
-        assert (host_dir / "server.pid").read_text().strip() == str(host["pid"])
+        # the pid shown is the engine's own; the pid file holds its start command's shell
+        wrapper = (host_dir / "server.pid").read_text().strip()
+        stat = Path(f"/proc/{host['pid']}/stat").read_text()
+        assert stat.rpartition(")")[2].split()[1] == wrapper
+        assert "sglang.launch_server" in Path(f"/proc/{host['pid']}/cmdline").read_text()
         assert "The server is fired up and ready to roll!" in (host_dir / "server.log").read_text()
     assert report["ssh_inventory"] is None
 
@@ -266,9 +270,9 @@ def test_up_twice_leaves_running_hosts_alone(two_hosts: tuple[Sandbox, dict[str,
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--hosts", "0"), "--hosts must be between 1 and 32 (got 0)"),
-        (("--hosts", "99"), "--hosts must be between 1 and 32 (got 99)"),
-        (("--hosts", "1"), "the sandbox has 2 hosts; `up --hosts 1` would not remove any"),
+        (("--count", "0"), "--count must be between 1 and 32 (got 0)"),
+        (("--count", "99"), "--count must be between 1 and 32 (got 99)"),
+        (("--count", "1"), "the sandbox has 2 hosts; `up --count 1` would not remove any"),
     ],
 )
 def test_a_bad_host_count_gets_one_message_and_exit_2(
@@ -298,7 +302,7 @@ def test_down_keeps_everything_and_up_restarts_on_the_same_port_with_the_patched
     tmp_path: Path,
 ) -> None:
     with new_sandbox(tmp_path) as sandbox:
-        first = sandbox.up("--hosts", "1")["hosts"][0]
+        first = sandbox.up("--count", "1")["hosts"][0]
         host = sandbox.inventory_host("sandbox-01")
         target = Path(
             HostOperations(LocalTransport(host.name), host).resolve(EAGLE_MODULE, timeout=60).origin
@@ -336,7 +340,7 @@ def test_a_recorded_port_held_by_another_process_is_refused_before_anything_star
     tmp_path: Path,
 ) -> None:
     with new_sandbox(tmp_path) as sandbox:
-        port = sandbox.up("--hosts", "1")["hosts"][0]["port"]
+        port = sandbox.up("--count", "1")["hosts"][0]["port"]
         assert sandbox.run("down").code == 0
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
             squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -363,7 +367,7 @@ def test_a_host_that_does_not_come_up_is_reported_failed_with_its_log_and_up_exi
         )
         broken.write_text(broken.read_text() + "raise RuntimeError('broken on purpose')\n")
 
-        result = sandbox.run("up", "--hosts", "1", "--json")
+        result = sandbox.run("up", "--count", "1", "--json")
 
         assert result.code == 1, result.stderr
         host = result.json()["hosts"][0]
@@ -385,7 +389,7 @@ def test_incident_on_a_sandbox_host_is_fixed_by_eagle_init_guard_and_a_restart(
     tmp_path: Path,
 ) -> None:
     with new_sandbox(tmp_path) as sandbox:
-        started = sandbox.up("--hosts", "1")["hosts"][0]
+        started = sandbox.up("--count", "1")["hosts"][0]
         url, log_file = started["url"], sandbox.layout.log_file("sandbox-01")
 
         # A fresh host reports healthy...
@@ -437,7 +441,7 @@ def ssh_sandbox(
 ) -> Iterator[tuple[Sandbox, dict[str, Any]]]:
     require_sshd()
     with new_sandbox(tmp_path_factory.mktemp("sandbox-ssh")) as sandbox:
-        yield sandbox, sandbox.up("--hosts", "1", "--ssh")
+        yield sandbox, sandbox.up("--count", "1", "--ssh")
 
 
 @pytest.mark.ssh
@@ -515,7 +519,7 @@ def test_ssh_transport_from_the_sandbox_ssh_inventory_runs_commands_on_the_host(
 def test_up_ssh_twice_keeps_the_sshd_and_down_stops_it(tmp_path: Path) -> None:
     require_sshd()
     with new_sandbox(tmp_path) as sandbox:
-        first = sandbox.up("--hosts", "1", "--ssh")["hosts"][0]["ssh"]
+        first = sandbox.up("--count", "1", "--ssh")["hosts"][0]["ssh"]
         again = sandbox.up()["hosts"][0]["ssh"]  # --ssh stays on once given
         assert again["outcome"] == "already-running"
         assert (again["pid"], again["port"]) == (first["pid"], first["port"])

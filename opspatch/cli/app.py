@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-from rich.text import Text
 
 from opspatch import __version__
 from opspatch.cli import (
@@ -31,7 +30,7 @@ from opspatch.cli import (
     sandbox,
 )
 from opspatch.cli.context import options
-from opspatch.cli.render import err, out
+from opspatch.cli.render import out, print_error
 from opspatch.errors import EXIT_BAD_INPUT, EXIT_OK, OpspatchError, RunInterrupted, exit_code_for
 
 app = typer.Typer(
@@ -62,11 +61,16 @@ def _global(
             "--workspace",
             "-w",
             help="Folder holding patches/, inventories/, playbooks/ (default: $OPSPATCH_HOME or .)",
+            metavar="DIR",
         ),
     ] = None,
     ledger_file: Annotated[
         Path | None,
-        typer.Option("--ledger", help="Ledger file (default: $OPSPATCH_LEDGER or the state dir)."),
+        typer.Option(
+            "--ledger",
+            help="Ledger file (default: $OPSPATCH_LEDGER or the state dir).",
+            metavar="FILE",
+        ),
     ] = None,
     version: Annotated[
         bool,
@@ -85,19 +89,21 @@ for group in (patches, changes, inspect, incident, ledger, respond, inventory, s
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point: run the app, turn every failure into one message + exit code."""
+    args = patches.releases_without_spec(sys.argv[1:] if argv is None else list(argv))
+    # Every command that reports takes --json; an error then is a JSON document on stdout too.
+    as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     try:
         # Without standalone mode, an Exit raised by a command comes back as its exit code.
-        args = patches.releases_without_spec(sys.argv[1:] if argv is None else list(argv))
         returned = app(args=args, prog_name="opspatch", standalone_mode=False)
         code = returned if isinstance(returned, int) else EXIT_OK
     except typer.Exit as exc:
         code = exc.exit_code
     except typer.Abort:
-        err.print("aborted; nothing was changed")
         code = EXIT_BAD_INPUT
+        print_error("aborted; nothing was changed", hint=None, exit_code=code, as_json=as_json)
     except OpspatchError as exc:
-        err.print(Text(f"error: {exc.render()}", style="red"))
         code = exit_code_for(exc)
+        print_error(exc.message, hint=exc.hint, exit_code=code, as_json=as_json)
         if isinstance(exc, RunInterrupted):
             # The hosts in flight are abandoned on purpose: exiting normally would join their
             # threads, which is the waiting the operator just refused.
@@ -105,14 +111,21 @@ def main(argv: list[str] | None = None) -> NoReturn:
             sys.stderr.flush()
             os._exit(code)
     except KeyboardInterrupt:
-        err.print("interrupted")
         code = exit_code_for(KeyboardInterrupt())
+        print_error("interrupted", hint=None, exit_code=code, as_json=as_json)
     except Exception as exc:
-        # Usage errors of the option parser (typer vendors click; older typers use click itself):
-        # they know how to show themselves and always mean bad usage (exit 2).
-        show = getattr(exc, "show", None)
-        if show is None or not hasattr(exc, "exit_code"):
+        # Usage errors of the option parser (typer vendors click; older typers use click itself)
+        # always mean bad usage (exit 2); shown in the same style as every other error.
+        format_message = getattr(exc, "format_message", None)
+        if format_message is None or not hasattr(exc, "exit_code"):
             raise
-        show()
         code = EXIT_BAD_INPUT
+        context = getattr(exc, "ctx", None)
+        command = context.command_path if context is not None else "opspatch"
+        print_error(
+            str(format_message()),
+            hint=f"see `{command} --help`",
+            exit_code=code,
+            as_json=as_json,
+        )
     sys.exit(code)

@@ -35,7 +35,11 @@ if TYPE_CHECKING:
 
 PythonOption = Annotated[
     str,
-    typer.Option("--python", help="With --file: the interpreter that validates the new text."),
+    typer.Option(
+        "--python",
+        help="With --file: the interpreter that validates the new text.",
+        metavar="PYTHON",
+    ),
 ]
 
 
@@ -54,6 +58,7 @@ def apply(
             "--restart",
             help="always: restart, wait, smoke after the swap (default: the playbook's); never: "
             "stage the file only (hosts are `staged` until `opspatch restart`).",
+            metavar="RESTART",
         ),
     ] = None,
     python: PythonOption = sys.executable,
@@ -123,9 +128,11 @@ def _apply_file(
 
 
 def rollback(
-    patch: Annotated[str | None, typer.Argument(help="Patch id or path (or use --run)")] = None,
+    patch: Annotated[
+        str | None, typer.Argument(help="Patch id or path (or use --run)", metavar="PATCH")
+    ] = None,
     run: Annotated[
-        str | None, typer.Option("--run", help="Undo the changes of this run id")
+        str | None, typer.Option("--run", help="Undo the changes of this run id", metavar="RUN_ID")
     ] = None,
     file: FileOption = None,
     hosts: HostsOption = None,
@@ -201,7 +208,10 @@ def hosts_of_run(
 
 def recover(
     run: Annotated[
-        str | None, typer.Option("--run", help="The interrupted run (default: the newest one)")
+        str | None,
+        typer.Option(
+            "--run", help="The interrupted run (default: the newest one)", metavar="RUN_ID"
+        ),
     ] = None,
     hosts: HostsOption = None,
     playbook: PlaybookOption = "default",

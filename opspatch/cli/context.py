@@ -73,12 +73,23 @@ YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for con
 HostsOption = Annotated[
     str | None,
     typer.Option(
-        "--hosts", "-H", help="Inventory, group, host, comma list or glob (e.g. gpu-fleet)."
+        "--hosts",
+        "-H",
+        help="Inventory, group, host, comma list or glob (e.g. gpu-fleet).",
+        metavar="TARGET",
     ),
 ]
-FileOption = Annotated[Path | None, typer.Option("--file", "-f", help="A local source file.")]
+FileOption = Annotated[
+    Path | None, typer.Option("--file", "-f", help="A local source file.", metavar="PATH")
+]
 PlaybookOption = Annotated[
-    str, typer.Option("--playbook", "-p", help="Rollout policy: a playbook name or a .toml path.")
+    str,
+    typer.Option(
+        "--playbook",
+        "-p",
+        help="Rollout policy: a playbook name or a .toml path.",
+        metavar="PLAYBOOK",
+    ),
 ]
 AcceptKeysOption = Annotated[
     bool,
@@ -88,5 +99,5 @@ AcceptKeysOption = Annotated[
     ),
 ]
 PatchArgument = Annotated[
-    str, typer.Argument(help="Patch id (looked up in patches/) or a .toml path")
+    str, typer.Argument(help="Patch id (looked up in patches/) or a .toml path", metavar="PATCH")
 ]

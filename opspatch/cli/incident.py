@@ -22,7 +22,7 @@ from opspatch.cli.context import (
     options,
 )
 from opspatch.cli.render import emit_json, err, out
-from opspatch.errors import InputError
+from opspatch.errors import EXIT_HOST_FAILED, InputError
 
 if TYPE_CHECKING:
     from opspatch.analysis.portability import ReleaseMatrix
@@ -45,18 +45,22 @@ def _related_sources(file: Path) -> dict[str, str]:
 
 def lint_init(
     file: Annotated[
-        Path | None, typer.Option("--file", "-f", help="The Python source file to analyse.")
+        Path | None,
+        typer.Option("--file", "-f", help="The Python source file to analyse.", metavar="PATH"),
     ] = None,
     hosts: HostsOption = None,
     class_name: Annotated[
-        str | None, typer.Option("--class", help="Only this class (default: every class).")
+        str | None,
+        typer.Option("--class", help="Only this class (default: every class).", metavar="CLASS"),
     ] = None,
     module: Annotated[
         str | None,
         typer.Option(
             "--module",
+            "-m",
             help="With --hosts: the module to read from the hosts. With --file and "
             "--write-patch: the dotted module the file is (the patch target).",
+            metavar="MODULE",
         ),
     ] = None,
     write_patch: Annotated[
@@ -64,10 +68,14 @@ def lint_init(
         typer.Option(
             "--write-patch",
             help="Write a guard patch (class-level defaults) to this .toml; its name is the id.",
+            metavar="FILE",
         ),
     ] = None,
     versions: Annotated[
-        str, typer.Option("--versions", help="With --write-patch: the patch's version range.")
+        str,
+        typer.Option(
+            "--versions", help="With --write-patch: the patch's version range.", metavar="RANGE"
+        ),
     ] = "",
     accept_new_host_keys: AcceptKeysOption = False,
     as_json: JsonOption = False,
@@ -103,8 +111,10 @@ def lint_init(
             hint="select hosts that run the same file to write one guard patch",
         )
     documents = []
+    reports = []
     for source in sources:
         report = analyse(source.text, source.path, class_name=class_name, related=source.related)
+        reports.append(report)
         guard = None
         if write_patch is not None:
             guard = write_guard_patch(
@@ -127,6 +137,10 @@ def lint_init(
                 err.print(f"wrote {write_patch}; check it with `opspatch check {write_patch}`")
     if as_json:
         emit_json(documents[0] if file is not None else {"sources": documents})
+    # A linter's convention: findings exit 1 (a guard patch written for them does not remove them
+    # from the file), so scripts and CI can tell a clean file from one with hazards.
+    if any(report.hazards for report in reports):
+        raise typer.Exit(EXIT_HOST_FAILED)
 
 
 @dataclass(frozen=True)
@@ -188,25 +202,42 @@ def _module_of(file: Path) -> str:
 def export(
     patch: PatchArgument,
     file: Annotated[
-        Path | None, typer.Option("--file", "-f", help="The pristine file to diff against.")
+        Path | None,
+        typer.Option("--file", "-f", help="The pristine file to diff against.", metavar="PATH"),
     ] = None,
     release: Annotated[
         str | None,
-        typer.Option("--release", help="Diff against this release's own file (fetched once)."),
+        typer.Option(
+            "--release",
+            help="Diff against this release's own file (fetched once).",
+            metavar="VERSION",
+        ),
     ] = None,
     from_dir: Annotated[
         Path | None,
-        typer.Option("--from", help="With --release: the release cache folder (offline)."),
+        typer.Option(
+            "--from", help="With --release: the release cache folder (offline).", metavar="DIR"
+        ),
     ] = None,
     output_format: Annotated[
-        str, typer.Option("--format", help="diff (unified, git-style) or git (a mail for git am)")
+        str,
+        typer.Option(
+            "--format",
+            help="diff (unified, git-style) or git (a mail for git am)",
+            metavar="FORMAT",
+        ),
     ] = "diff",
     prefix: Annotated[
-        str, typer.Option("--prefix", help="Path prefix in the upstream repository (python/).")
+        str,
+        typer.Option(
+            "--prefix", help="Path prefix in the upstream repository (python/).", metavar="PREFIX"
+        ),
     ] = "",
     author: Annotated[
         str | None,
-        typer.Option("--author", help="With --format git: 'Name <email>' (default: git's)."),
+        typer.Option(
+            "--author", help="With --format git: 'Name <email>' (default: git's).", metavar="AUTHOR"
+        ),
     ] = None,
 ) -> None:
     """An upstreamable change: the patch as a unified diff with a/ b/ paths, or a

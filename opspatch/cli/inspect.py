@@ -5,18 +5,18 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from opspatch.cli.context import AcceptKeysOption, HostsOption, JsonOption, PlaybookOption, options
-from opspatch.cli.render import STATE_STYLE, emit_json, out
+from opspatch.cli.render import STATE_STYLE, Column, emit_json, out, table_of
 from opspatch.errors import EXIT_HOST_FAILED, InputError
 
 
 def status(
     hosts: HostsOption = None,
     patch: Annotated[
-        list[str] | None, typer.Option("--patch", help="Only these patches (repeatable).")
+        list[str] | None,
+        typer.Option("--patch", help="Only these patches (repeatable).", metavar="PATCH"),
     ] = None,
     accept_new_host_keys: AcceptKeysOption = False,
     as_json: JsonOption = False,
@@ -38,11 +38,16 @@ def status(
     if as_json:
         emit_json({"hosts": [h.name for h in selected], "status": [r.to_json() for r in results]})
     else:
-        table = Table()
-        for column in ("host", "patch", "state", "file", "sha256", "detail"):
-            table.add_column(column)
-        for r in results:
-            table.add_row(
+        columns = (
+            ("host", Column.ID),
+            ("patch", Column.ID),
+            ("state", Column.ID),
+            ("file", Column.PATH),
+            ("sha256", Column.ID),
+            ("detail", Column.TEXT),
+        )
+        rows = [
+            (
                 r.host,
                 r.patch,
                 Text(str(r.state), style=STATE_STYLE.get(r.state, "")),
@@ -50,7 +55,9 @@ def status(
                 (r.sha256 or "")[:12],
                 r.detail,
             )
-        out.print(table)
+            for r in results
+        ]
+        out.print(table_of(columns, rows))
     if any(r.state == "unreachable" for r in results):
         raise typer.Exit(EXIT_HOST_FAILED)
 
@@ -80,9 +87,16 @@ def smoke(
             out.print(Text(f"{item.host}: {summary}", style=style))
             for prompt in item.result.prompts if item.result else ():
                 out.print(
-                    f"   {prompt.prompt!r} -> {prompt.text!r} (spec_verify_ct {prompt.spec_verify_ct})"
+                    Text(f"   {smoke_line(prompt.prompt, prompt.text, prompt.spec_verify_ct)}")
                 )
     raise typer.Exit(report.exit_code)
+
+
+def smoke_line(prompt: str, text: str | None, spec_verify_ct: int | None) -> str:
+    """One prompt of a smoke decode, in words: no Python `None` for what the server never said."""
+    answer = repr(text) if text is not None else "no text (the server gave no completion)"
+    verified = f" (spec_verify_ct {spec_verify_ct})" if spec_verify_ct is not None else ""
+    return f"{prompt!r} -> {answer}{verified}"
 
 
 def register(app: typer.Typer) -> None:

@@ -17,7 +17,9 @@ inventory_app = typer.Typer(
 
 @inventory_app.command("show")
 def inventory_show(
-    target: Annotated[str, typer.Argument(help="Inventory, group, host, comma list or glob")],
+    target: Annotated[
+        str, typer.Argument(help="Inventory, group, host, comma list or glob", metavar="TARGET")
+    ],
     as_json: JsonOption = False,
 ) -> None:
     """The resolved hosts of a selection and their settings (merged defaults, groups, host)."""

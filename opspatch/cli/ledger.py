@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from opspatch.cli.context import JsonOption, options
-from opspatch.cli.render import OUTCOME_STYLE, emit_json, out
+from opspatch.cli.render import OUTCOME_STYLE, Column, emit_json, out, table_of
 from opspatch.errors import EXIT_NEEDS_ATTENTION
 
 ledger_app = typer.Typer(
@@ -20,7 +19,9 @@ ledger_app = typer.Typer(
 
 @ledger_app.command("list")
 def ledger_list(
-    limit: Annotated[int, typer.Option("--limit", "-n", help="How many runs, newest first.")] = 20,
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", help="How many runs, newest first.", metavar="LIMIT")
+    ] = 20,
     as_json: JsonOption = False,
 ) -> None:
     """The newest runs: command, patch, operator, status (finished, running, interrupted, recovered)."""
@@ -31,29 +32,41 @@ def ledger_list(
     if not runs:
         out.print(f"no runs yet in the ledger {options.ledger_path()}")
         return
-    table = Table()
-    columns = ("run", "command", "patch", "hosts", "operator", "started", "status", "outcome")
-    for column in (*columns, "recovered by"):
-        table.add_column(column)
+    columns = (
+        ("run", Column.ID),
+        ("command", Column.ID),
+        ("patch", Column.ID),
+        ("hosts", Column.TEXT),
+        ("operator", Column.TEXT),
+        ("started", Column.TEXT),
+        ("status", Column.ID),
+        ("outcome", Column.TEXT),
+        ("recovered by", Column.ID),
+    )
+    rows = []
     for r in runs:
         style = {"interrupted": "red", "running": "cyan", "recovered": "yellow"}.get(r.status, "")
-        table.add_row(
-            r.run_id,
-            r.command,
-            r.patch_id or "",
-            str(len(r.hosts)),
-            r.operator,
-            r.started_at,
-            Text(str(r.status), style=style),
-            r.outcome or "",
-            r.recovered_by or "",
+        rows.append(
+            (
+                r.run_id,
+                r.command,
+                r.patch_id or "",
+                str(len(r.hosts)),
+                r.operator,
+                r.started_at,
+                Text(str(r.status), style=style),
+                r.outcome or "",
+                r.recovered_by or "",
+            )
         )
-    out.print(table)
+    out.print(table_of(columns, rows))
 
 
 @ledger_app.command("show")
 def ledger_show(
-    run: Annotated[str, typer.Argument(help="Run id (a unique prefix is enough)")],
+    run: Annotated[
+        str, typer.Argument(help="Run id (a unique prefix is enough)", metavar="RUN_ID")
+    ],
     as_json: JsonOption = False,
 ) -> None:
     """One run: every host's steps with timings, facts, file versions and outcome."""

@@ -16,7 +16,7 @@ from opspatch.cli.context import (
     PatchArgument,
     options,
 )
-from opspatch.cli.render import emit_json, err, out, print_diff, print_dry_run
+from opspatch.cli.render import emit_json, err, out, print_diff, print_dry_run, print_error
 from opspatch.errors import EXIT_BAD_INPUT, InputError, OpspatchError
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ TargetVersionOption = Annotated[
     typer.Option(
         "--target-version",
         help="With --file: the file's distribution version, when no dist-info says.",
+        metavar="VERSION",
     ),
 ]
 
@@ -51,7 +52,10 @@ def schema() -> None:
 def check(
     patches: Annotated[
         list[str] | None,
-        typer.Argument(help="Patch ids or .toml paths (default: every patch in the workspace)"),
+        typer.Argument(
+            help="Patch ids or .toml paths (default: every patch in the workspace)",
+            metavar="PATCH",
+        ),
     ] = None,
     releases: Annotated[
         str | None,
@@ -83,7 +87,9 @@ def check(
         try:
             loaded = workspace.load_patch(reference)
         except OpspatchError as exc:
-            results.append({"patch": reference, "ok": False, "error": exc.render()})
+            results.append(
+                {"patch": reference, "ok": False, "error": exc.message, "hint": exc.hint}
+            )
             continue
         spec = loaded.spec
         results.append(
@@ -111,8 +117,10 @@ def check(
                         f"-> {result['target']}",
                     )
                 )
-            else:  # Text, not markup: the message quotes the file, which may hold `[/x]`
-                out.print(Text.assemble(("error", "red"), f" {result['error']}"))
+            else:  # the message quotes the file, which print_error shows as text, not markup
+                print_error(
+                    result["error"], hint=result["hint"], exit_code=EXIT_BAD_INPUT, as_json=False
+                )
     if failed:
         raise typer.Exit(EXIT_BAD_INPUT)
 

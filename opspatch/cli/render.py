@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from enum import Enum
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import typer
 from rich.console import Console
@@ -24,11 +26,15 @@ from opspatch.errors import ConfirmationRequired
 if TYPE_CHECKING:
     from opspatch.runs.report import RunReport
 
-# Piped output is read by people in logs and by scripts: tables get room instead of 80 columns.
-out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
-err = Console(
-    stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 160
-)
+
+def _width(stream: TextIO) -> int | None:
+    """A terminal's own width; piped, `COLUMNS` when set (rich reads it), else 160: piped output
+    is read by people in logs and by scripts, so tables get room instead of 80 columns."""
+    return None if stream.isatty() or os.environ.get("COLUMNS") else 160
+
+
+out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
 
 OUTCOME_STYLE = {
     "applied": "green",
@@ -47,10 +53,28 @@ OUTCOME_STYLE = {
 STATE_STYLE = {"applied": "green", "staged": "cyan", "drifted": "yellow", "unreachable": "red"}
 
 
+class _JsonState:
+    """Whether this process already wrote its JSON document (an error raised after it must not
+    add a second one: stdout under --json holds exactly one document)."""
+
+    written = False
+
+
 def emit_json(document: Any) -> None:
     """One JSON document on stdout."""
     sys.stdout.write(json.dumps(document, indent=2, sort_keys=False) + "\n")
     sys.stdout.flush()
+    _JsonState.written = True
+
+
+def print_error(message: str, *, hint: str | None, exit_code: int, as_json: bool) -> None:
+    """The one way an error reaches the operator: `error: MESSAGE` and its hint on stderr, and
+    with --json also `{"error": {"message", "hint", "exit_code"}}` on stdout, so a script reading
+    stdout learns why there is no result."""
+    text = f"error: {message}" if not hint else f"error: {message}\n  hint: {hint}"
+    err.print(Text(text, style="red"))
+    if as_json and not _JsonState.written:
+        emit_json({"error": {"message": message, "hint": hint, "exit_code": exit_code}})
 
 
 def print_diff(diff: str, console: Console = out) -> None:
@@ -69,8 +93,60 @@ def print_diff(diff: str, console: Console = out) -> None:
 
 
 def short_path(path: str, width: int = 48) -> str:
-    """The end of a long path (the module part is what tells files apart)."""
+    """The end of a long path (the module part is what tells files apart), never shorter than
+    its file name."""
+    width = max(width, len(path.rsplit("/", 1)[-1]) + 2)
     return path if len(path) <= width else "…" + path[-(width - 1) :]
+
+
+class Column(str, Enum):
+    """How a table column gives way when the terminal is narrow."""
+
+    ID = "id"  # never cut: run ids, patch ids and host names are what the operator copies
+    PATH = "path"  # cut from the left, keeping the file name
+    TEXT = "text"  # wraps
+
+
+def _cell_len(cell: str | Text) -> int:
+    """The width of a cell's longest line."""
+    text = cell.plain if isinstance(cell, Text) else cell
+    return max((Text(line).cell_len for line in text.splitlines()), default=0)
+
+
+def table_of(
+    columns: Sequence[tuple[str, Column]],
+    rows: Sequence[Sequence[str | Text]],
+    *,
+    title: str | None = None,
+    console: Console | None = None,
+) -> Table:
+    """A table readable at 80 columns: ids whole, paths cut from the left, the rest wrapped."""
+    width = (console or out).width
+    # The room the paths have: the width less the whole ids, the borders (3 per column and 1)
+    # (no outer edge) and a word of 7 for each text column; never less than a file name.
+    fixed = sum(
+        max([len(name), *(_cell_len(row[index]) for row in rows)])
+        for index, (name, kind) in enumerate(columns)
+        if kind is Column.ID
+    )
+    texts = sum(1 for _, kind in columns if kind is Column.TEXT)
+    paths = sum(1 for _, kind in columns if kind is Column.PATH) or 1
+    path_width = (width - fixed - (3 * len(columns) - 1) - 7 * texts) // paths
+    cells = [
+        [short_path(cell, path_width) if kind is Column.PATH and isinstance(cell, str) else cell
+         for cell, (_, kind) in zip(row, columns, strict=True)]
+        for row in rows
+    ]  # fmt: skip
+    table = Table(title=title, title_justify="left", show_edge=False)
+    for index, (name, kind) in enumerate(columns):
+        if kind is Column.TEXT:
+            table.add_column(name)
+            continue
+        longest = max([len(name), *(_cell_len(row[index]) for row in cells)])
+        table.add_column(name, no_wrap=True, min_width=longest)
+    for row in cells:
+        table.add_row(*row)
+    return table
 
 
 def print_report(report: RunReport) -> None:
@@ -78,24 +154,32 @@ def print_report(report: RunReport) -> None:
     title = f"{report.command} {report.patch or ''}".strip()
     if report.run_id:
         title += f"  (run {report.run_id})"
-    table = Table(title=title, title_justify="left")
-    for column in ("host", "outcome", "file", "sha256", "steps", "seconds"):
-        table.add_column(column)
+    columns = (
+        ("host", Column.ID),
+        ("outcome", Column.ID),
+        ("file", Column.PATH),
+        ("sha256", Column.ID),
+        ("steps", Column.TEXT),
+        ("time", Column.ID),
+    )
+    rows: list[tuple[str | Text, ...]] = []
     for host in report.hosts:
         sha = ""
         if host.file is not None and host.file.sha256_before and host.file.sha256_after:
             before, after = host.file.sha256_before[:12], host.file.sha256_after[:12]
-            sha = before if before == after else f"{before} -> {after}"
+            sha = before if before == after else f"{before} ->\n{after}"
         seconds = sum(s.seconds for s in host.steps)
-        table.add_row(
-            host.host,
-            Text(str(host.outcome), style=OUTCOME_STYLE.get(host.outcome, "")),
-            short_path(host.file.path) if host.file else "",
-            sha,
-            " ".join(s.step for s in host.steps if s.status == "ok"),
-            f"{seconds:.1f}",
+        rows.append(
+            (
+                host.host,
+                Text(str(host.outcome), style=OUTCOME_STYLE.get(host.outcome, "")),
+                host.file.path if host.file else "",
+                sha,
+                " ".join(s.step for s in host.steps if s.status == "ok"),
+                f"{seconds:.1f}s",
+            )
         )
-    out.print(table)
+    out.print(table_of(columns, rows, title=title))
     for host in report.hosts:
         if host.error:
             out.print(Text(f"{host.host}: {host.error}", style=OUTCOME_STYLE.get(host.outcome, "")))

@@ -16,8 +16,15 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
-from opspatch.cli.context import AcceptKeysOption, HostsOption, JsonOption, PlaybookOption, options
-from opspatch.cli.render import emit_json, err, out, print_diff
+from opspatch.cli.context import (
+    AcceptKeysOption,
+    HostsOption,
+    JsonOption,
+    PlaybookOption,
+    YesOption,
+    options,
+)
+from opspatch.cli.render import confirm_or_refuse, emit_json, err, out, print_diff
 from opspatch.errors import InputError
 
 if TYPE_CHECKING:
@@ -28,7 +35,9 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 SinceOption = Annotated[
     str | None,
-    typer.Option("--since", help="A duration back from now: 90s, 30m, 2h, 1d, 1h30m."),
+    typer.Option(
+        "--since", help="A duration back from now: 90s, 30m, 2h, 1d, 1h30m.", metavar="DURATION"
+    ),
 ]
 
 
@@ -64,12 +73,18 @@ def diagnose(
     ] = False,
     module: Annotated[
         list[str] | None,
-        typer.Option("--module", "-m", help="Also judge this module's file (repeatable)."),
+        typer.Option(
+            "--module", "-m", help="Also judge this module's file (repeatable).", metavar="MODULE"
+        ),
     ] = None,
     playbook: PlaybookOption = "default",
     max_log_bytes: Annotated[
         int,
-        typer.Option("--max-log-bytes", help="Read at most this much of the log, from its end."),
+        typer.Option(
+            "--max-log-bytes",
+            help="Read at most this much of the log, from its end.",
+            metavar="BYTES",
+        ),
     ] = 32 * 1024 * 1024,
     accept_new_host_keys: AcceptKeysOption = False,
     as_json: JsonOption = False,
@@ -124,15 +139,22 @@ def diagnose(
 def adopt(
     hosts: HostsOption = None,
     module: Annotated[
-        str | None, typer.Option("--module", "-m", help="The module whose file was edited.")
+        str | None,
+        typer.Option("--module", "-m", help="The module whose file was edited.", metavar="MODULE"),
     ] = None,
     patch_id: Annotated[
-        str | None, typer.Option("--id", help="The new patch's id (patches/ID.toml).")
+        str | None,
+        typer.Option("--id", help="The new patch's id (patches/ID.toml).", metavar="NEW_ID"),
     ] = None,
     pristine: Annotated[
         Path | None,
-        typer.Option("--pristine", help="The pristine file (the release's), when no host has it."),
+        typer.Option(
+            "--pristine",
+            help="The pristine file (the release's), when no host has it.",
+            metavar="FILE",
+        ),
     ] = None,
+    yes: YesOption = False,
     accept_new_host_keys: AcceptKeysOption = False,
     as_json: JsonOption = False,
 ) -> None:
@@ -152,6 +174,11 @@ def adopt(
         given = Pristine(pristine.read_bytes(), f"--pristine {pristine}")
     selected = options.hosts(hosts)
     workspace = options.workspace_dir()
+    confirm_or_refuse(
+        f"Adopt the hand edit of {module} on {len(selected)} host(s) as patch {patch_id} "
+        f"(writes patches/{patch_id}.toml and a ledger run; nothing on the hosts)?",
+        yes=yes,
+    )
 
     def same_inventory() -> tuple[Host, ...]:
         """The rest of the selected hosts' inventories: where a RECORD-verified copy of the
@@ -189,27 +216,26 @@ def adopt(
 
 def ledger_report(
     run: Annotated[
-        str | None, typer.Argument(help="One run (a unique prefix) and the runs that followed it")
+        str | None,
+        typer.Argument(
+            help="One run (a unique prefix) and the runs that followed it", metavar="RUN_ID"
+        ),
     ] = None,
     since: SinceOption = None,
-    output_format: Annotated[
-        str, typer.Option("--format", help="md (Markdown tables) or json")
-    ] = "md",
+    as_json: JsonOption = False,
 ) -> None:
     """The postmortem timeline: every run in the window (default: the last 24 hours), who ran
     it from where, each host's steps with times and outcomes, what changed, what was rolled
     back and why."""
     from opspatch.runs.timeline import build_report, render_markdown
 
-    if output_format not in ("md", "json"):
-        raise InputError(f"--format {output_format!r}: expected md or json")
     if run is not None and since is not None:
         raise InputError("ledger report takes a RUN_ID or --since DURATION, not both")
     window = parse_duration(since) if since is not None else None
     if not options.ledger_path().exists():
         raise InputError(f"no ledger at {options.ledger_path()}", hint="nothing has been run yet")
     report = build_report(options.open_ledger(), run_id=run, since=window)
-    if output_format == "json":
+    if as_json:
         emit_json(report.to_json())
     else:
         out.file.write(render_markdown(report))

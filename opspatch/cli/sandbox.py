@@ -53,12 +53,13 @@ def _install_shape(value: str | None) -> InstallShape | None:
 
 @sandbox_app.command()
 def up(
-    hosts: Annotated[
+    count: Annotated[
         int | None,
         typer.Option(
-            "--hosts",
+            "--count",
             "-n",
             help=f"How many hosts (1-{MAX_HOSTS}; default: as many as the sandbox has, else 3)",
+            metavar="N",
         ),
     ] = None,
     ssh: Annotated[
@@ -88,7 +89,7 @@ def up(
 
     report = sandbox_up(
         SandboxLayout.default(),
-        hosts=hosts,
+        hosts=count,
         ssh=ssh,
         install=_install_shape(install),
         progress=_progress,

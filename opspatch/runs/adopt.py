@@ -60,7 +60,8 @@ class Pristine:
 @dataclass(frozen=True)
 class AdoptReport:
     """What `adopt` wrote and recorded: the patch file, the run, and each host's outcome
-    (`applied`: the edit is now that patch; `skipped`: the file is pristine there, or is what an
+    (`applied`: the edit is now that patch; `staged`: the same, but the running server started
+    before the edit, as `status` says; `skipped`: the file is pristine there, or is what an
     opspatch run wrote)."""
 
     patch_id: str
@@ -154,7 +155,9 @@ def patch_text(
 def _read_one(
     hosts: Sequence[Host], factory: TransportFactory, module: str, timeout: float
 ) -> dict[str, HostDiagnosis]:
-    request = DiagnoseRequest(modules=(module,), server=False, log=False)
+    # The server too (same exec): one started before the edit makes the host `staged`, as
+    # `status` will call it.
+    request = DiagnoseRequest(modules=(module,), server=True, log=False)
     found = read_hosts(hosts, factory, {h.name: request for h in hosts}, timeout)
     read: dict[str, HostDiagnosis] = {}
     for host in hosts:
@@ -398,15 +401,23 @@ def _record(
             said = f"recorded as patch {loaded.spec.id}"
             ledger.record_step(run.run_id, host.name, "adopt", StepStatus.OK, 0.0, said)
             change = FileChange(f.realpath, pristine.sha256, f.sha256)
+            # What `status` will say: a server started before the edit still runs the old code.
+            staged = bool(m.server_older_than_file)
+            note = f"the hand edit is now patch {loaded.spec.id}"
+            if staged:
+                note += (
+                    "; the running server started before the edit, so it still runs the old "
+                    f"code: `opspatch restart --hosts {host.name}` completes it"
+                )
             outcome = HostOutcome(
                 host.name,
-                Outcome.APPLIED,
+                Outcome.STAGED if staged else Outcome.APPLIED,
                 file=change,
                 steps=(
                     StepResult("read", StepStatus.OK, 0.0, detail),
                     StepResult("adopt", StepStatus.OK, 0.0, said),
                 ),
-                note=f"the hand edit is now patch {loaded.spec.id}",
+                note=note,
             )
             ledger.record_host_outcome(
                 run.run_id, host.name, str(outcome.outcome), None, change.to_json()

@@ -12,7 +12,8 @@ The effects behind the portability matrix (`opspatch.analysis.portability` judge
    release), and extract only the target module;
 3. evaluate the patch on each extracted file.
 
-The cache is `$OPSPATCH_CACHE`, else `~/.cache/opspatch/releases`; never the repository. Layout:
+The cache is `$OPSPATCH_CACHE`, else `$XDG_CACHE_HOME/opspatch/releases`, else
+`~/.cache/opspatch/releases`; never the repository. Layout:
 `<cache>/<name>/wheels/*.whl` and `<cache>/<name>/<version>/<module path>`. Offline, everything
 comes from the cache, and each release that is not there is reported as not checked.
 """
@@ -51,10 +52,13 @@ DOWNLOAD_TIMEOUT_S = 600.0
 
 
 def release_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Where released files are cached: `$OPSPATCH_CACHE`, else `~/.cache/opspatch/releases`."""
+    """Where released files are cached: `$OPSPATCH_CACHE`, else `$XDG_CACHE_HOME/opspatch/releases`,
+    else `~/.cache/opspatch/releases` (as the state directory honours `XDG_STATE_HOME`)."""
     env = os.environ if environ is None else environ
     if env.get("OPSPATCH_CACHE"):
         return Path(env["OPSPATCH_CACHE"]).expanduser()
+    if env.get("XDG_CACHE_HOME"):
+        return Path(env["XDG_CACHE_HOME"]).expanduser() / "opspatch" / "releases"
     home = Path(env.get("HOME") or Path.home())
     return home / ".cache" / "opspatch" / "releases"
 

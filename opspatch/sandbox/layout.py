@@ -164,6 +164,6 @@ def check_host_count(count: int) -> None:
     """
     if not 1 <= count <= MAX_HOSTS:
         raise InputError(
-            f"--hosts must be between 1 and {MAX_HOSTS} (got {count})",
+            f"--count must be between 1 and {MAX_HOSTS} (got {count})",
             hint="each sandbox host runs its own engine process on this machine",
         )

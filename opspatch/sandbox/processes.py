@@ -68,6 +68,26 @@ def engine_pid(layout: SandboxLayout, name: str) -> int | None:
     return pid
 
 
+def server_pid(layout: SandboxLayout, name: str) -> int | None:
+    """The pid of the engine's own Python process: the pid file holds the start command's
+    `/bin/sh -c` wrapper, whose child runs `sglang.launch_server` (the pid `diagnose` shows);
+    the wrapper's pid when no such child is found (an engine started without a wrapper)."""
+    wrapper = engine_pid(layout, name)
+    if wrapper is None:
+        return None
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = proc_text(int(entry.name), "stat") or ""
+        # `pid (comm) state ppid ...`: comm may hold spaces, so split after its closing paren.
+        fields = stat.rpartition(")")[2].split()
+        if len(fields) > 1 and fields[1] == str(wrapper):
+            cmdline = proc_text(int(entry.name), "cmdline") or ""
+            if "sglang.launch_server" in cmdline and "-c" not in cmdline.split()[:2]:
+                return int(entry.name)
+    return wrapper
+
+
 def sshd_pid(layout: SandboxLayout, record: HostRecord) -> int | None:
     """The pid of host `record`'s sshd if it still runs this sandbox's config, else None."""
     if record.ssh is None or record.ssh.pid is None or not is_running(record.ssh.pid):

@@ -23,7 +23,7 @@ from opspatch.sandbox.dist import InstallShape, installed_shape
 from opspatch.sandbox.install import host_venv_dir, venv_site_packages
 from opspatch.sandbox.layout import HEALTH_TIMEOUT, SandboxLayout, engine_url
 from opspatch.sandbox.manifest import SshEndpoint, load_manifest, sandbox_inventory
-from opspatch.sandbox.processes import engine_pid, sshd_pid
+from opspatch.sandbox.processes import server_pid, sshd_pid
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ def sandbox_status(layout: SandboxLayout, workspace: Workspace) -> StatusReport:
     patches, notes = _workspace_patches(workspace)
     statuses = []
     for record in manifest.hosts:
-        pid = engine_pid(layout, record.name)
+        pid = server_pid(layout, record.name)
         health, detail = (
             health_of(engine_url(record.port)) if pid is not None else (None, "not running")
         )

@@ -43,6 +43,7 @@ from opspatch.sandbox.processes import (
     free_port,
     port_taken,
     sandbox_lock,
+    server_pid,
     sshd_pid,
 )
 from opspatch.sandbox.sshd import SshdError, find_sshd, generate_keypair, start_sshd
@@ -133,7 +134,7 @@ def _planned_manifest(
     check_host_count(wanted)
     if wanted < len(existing):
         raise InputError(
-            f"the sandbox has {len(existing)} hosts; `up --hosts {wanted}` would not remove any",
+            f"the sandbox has {len(existing)} hosts; `up --count {wanted}` would not remove any",
             hint="run `opspatch sandbox down --purge` first to build a smaller sandbox",
         )
     ssh_user = (current.ssh_user if current else None) or (getpass.getuser() if want_ssh else None)
@@ -374,7 +375,7 @@ def _await_engines(
             outcomes[record.name] = _host_up(record, "failed", pid, error=error)
             continue
         outcome: HostUpOutcome = "already-running" if restart is None else "started"
-        pid = engine_pid(layout, record.name)
+        pid = server_pid(layout, record.name)  # the engine's own, as status and diagnose show
         progress(f"{record.name}: ready ({outcome}, pid {pid})")
         outcomes[record.name] = _host_up(record, outcome, pid, ready=readiness.seconds)
     return outcomes
