@@ -29,7 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -524,3 +524,17 @@ def _ledger(path: Path | None) -> tuple[str, ...]:
 def outcomes_of(run: Run) -> dict[str, str]:
     assert run.stdout.strip(), run.stderr
     return {h["host"]: h["outcome"] for h in run.json()["hosts"]}
+
+
+@contextlib.contextmanager
+def isolated_home(folder: Path) -> Iterator[None]:
+    """A HOME (and XDG folders) of a test module's own, with opspatch's variables unset: a fleet
+    shared by the module outlives each test's own HOME (conftest), and its last `sandbox down`
+    must not get the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", str(folder))
+        patch.setenv("XDG_STATE_HOME", str(folder / ".local" / "state"))
+        patch.setenv("XDG_CONFIG_HOME", str(folder / ".config"))
+        for name in ("OPSPATCH_STATE_DIR", "OPSPATCH_LEDGER", "OPSPATCH_HOME", "SSH_AUTH_SOCK"):
+            patch.delenv(name, raising=False)
+        yield

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from opspatch.sandbox.sshd import find_sshd
-from tests.faultkit import INVENTORY, PATCH_ID, FaultFleet, FleetSlot, outcomes_of
+from tests.faultkit import INVENTORY, PATCH_ID, FaultFleet, FleetSlot, isolated_home, outcomes_of
 from tests.fleetkit import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
@@ -41,13 +41,7 @@ def sshd_installed() -> None:
 def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The fleets are closed when the module ends, after each test's own HOME (conftest) is
     gone: that last `sandbox down` gets a HOME of its own too, never the user's."""
-    folder = tmp_path_factory.mktemp("faults-home")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HOME", str(folder))
-        patch.setenv("XDG_STATE_HOME", str(folder / ".local" / "state"))
-        patch.setenv("XDG_CONFIG_HOME", str(folder / ".config"))
-        for name in ("OPSPATCH_STATE_DIR", "OPSPATCH_LEDGER", "OPSPATCH_HOME", "SSH_AUTH_SOCK"):
-            patch.delenv(name, raising=False)
+    with isolated_home(tmp_path_factory.mktemp("faults-home")):
         yield
 
 

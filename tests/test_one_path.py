@@ -18,7 +18,7 @@ import pytest
 
 from opspatch.ledger.store import Ledger
 from opspatch.sandbox.sshd import find_sshd
-from tests.faultkit import INVENTORY, PATCH_ID, FaultFleet, FleetSlot, outcomes_of
+from tests.faultkit import INVENTORY, PATCH_ID, FaultFleet, FleetSlot, isolated_home, outcomes_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 
@@ -26,13 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A HOME of the module's own (the fleet outlives each test's HOME from conftest)."""
-    folder = tmp_path_factory.mktemp("one-path-home")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HOME", str(folder))
-        patch.setenv("XDG_STATE_HOME", str(folder / ".local" / "state"))
-        patch.setenv("XDG_CONFIG_HOME", str(folder / ".config"))
-        for name in ("OPSPATCH_STATE_DIR", "OPSPATCH_LEDGER", "OPSPATCH_HOME", "SSH_AUTH_SOCK"):
-            patch.delenv(name, raising=False)
+    with isolated_home(tmp_path_factory.mktemp("one-path-home")):
         yield
 
 
