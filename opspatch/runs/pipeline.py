@@ -18,7 +18,6 @@ on a failure after the swap:  restore -> restart -> ready -> smoke (a failed one
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch
@@ -38,12 +37,9 @@ from opspatch.runs.session import (
 )
 from opspatch.runs.steps import (
     effect_unknown,
-    ready_step,
-    restart_after_restore,
-    restart_step,
+    prove,
     restore_pre_image,
-    smoke_after_restore,
-    smoke_step,
+    undo,
 )
 
 PlanOutcome = Applied | AlreadyApplied | NotApplicable
@@ -237,7 +233,7 @@ class ApplyPipeline:
             )
             return self._outcome(session, self.unrestarted, None, change, plan, note=staged_note)
         try:
-            smoke = self._restart_and_prove(session, baseline=baseline)
+            smoke = prove(session, baseline=baseline)
         except HostFailed as failure:
             rolled = self.roll_back(session, change, plan, failure.error)
             return replace(rolled, note=_join(rolled.note, baseline_note))
@@ -277,18 +273,12 @@ class ApplyPipeline:
             f"output preservation was not checked: the pre-patch baseline decode failed ({problem})"
         )
 
-    def _restart_and_prove(
-        self, session: HostSession, *, baseline: Sequence[str | None] | None
-    ) -> SmokeResult:
-        restart = restart_step(session)
-        ready_step(session, restart)
-        return smoke_step(session, restart, baseline=baseline, last=True)
-
     def roll_back(
         self, session: HostSession, change: FileChange, plan: Applied, why: str
     ) -> HostOutcome:
         """Put the pre-image back after a failure past the swap, then restart and prove."""
-        try:
+
+        def restore() -> FileChange:
             restore_pre_image(
                 session,
                 path=change.path,
@@ -296,18 +286,10 @@ class ApplyPipeline:
                 post_sha256=plan.sha256_after,
                 timeout=self.playbook.timeouts.restore,
             )
-            if not self.restart_engine:
-                restored = FileChange(change.path, plan.sha256_before, plan.sha256_before)
-                return self._outcome(session, Outcome.ROLLED_BACK, why, restored, plan)
-            restart = restart_after_restore(session)
-        except (OpspatchError, HostFailed) as exc:
-            error = f"{why}; then the restore failed: {describe_error(exc)}"
-            return self._outcome(session, Outcome.NEEDS_ATTENTION, error, change, plan)
-        smoke, not_serving = smoke_after_restore(session, restart)
-        restored = FileChange(change.path, plan.sha256_before, plan.sha256_before)
-        return self._outcome(
-            session, Outcome.ROLLED_BACK, why, restored, plan, smoke=smoke, note=not_serving
-        )
+            return FileChange(change.path, plan.sha256_before, plan.sha256_before)
+
+        undone = undo(session, why, restore=restore, change=change, restart=self.restart_engine)
+        return replace(undone, diff=plan.diff)
 
     def _reconcile_after_lost_swap(
         self, session: HostSession, change: FileChange, plan: Applied, exc: Exception

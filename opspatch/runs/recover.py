@@ -34,7 +34,7 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Outcome, RunStatus
-from opspatch.errors import InputError, LockHeld, OpspatchError
+from opspatch.errors import InputError, LockHeld
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.connect import TransportFactory
@@ -42,8 +42,8 @@ from opspatch.runs.proof import change_proof, describe
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 from opspatch.runs.restore import ensure_running, restore_recorded, run_restore
-from opspatch.runs.session import HostFailed, HostSession, NoProgress, Progress, describe_error
-from opspatch.runs.steps import ready_step, restart_after_restore, restart_step, smoke_step
+from opspatch.runs.session import HostFailed, HostSession, NoProgress, Progress
+from opspatch.runs.steps import prove, undo
 
 _OVER = (RunStatus.FINISHED, RunStatus.INTERRUPTED, RunStatus.RECOVERED)
 
@@ -280,26 +280,20 @@ class _RecoverHost:
                 Outcome.APPLIED, file=change, note=f"{describe(proof)}; server {how}"
             )
         try:
-            restart = restart_step(session)
-            ready_step(session, restart)
-            smoke = smoke_step(session, restart, baseline=None, last=True)
-            return session.outcome(
-                Outcome.APPLIED,
-                file=change,
-                smoke=smoke,
-                note=f"finished run {version.run_id}'s change: restarted and smoke-tested",
-            )
+            smoke = prove(session)
         except HostFailed as failure:
-            try:
-                restored = restore_recorded(session, version)
-                restart_after_restore(session)
-            except (OpspatchError, HostFailed) as exc:
-                return session.outcome(
-                    Outcome.NEEDS_ATTENTION,
-                    f"{failure.error}; then the restore failed: {describe_error(exc)}",
-                    file=change,
-                )
-            return session.outcome(Outcome.ROLLED_BACK, failure.error, file=restored)
+            return undo(
+                session,
+                failure.error,
+                restore=lambda: restore_recorded(session, version),
+                change=change,
+            )
+        return session.outcome(
+            Outcome.APPLIED,
+            file=change,
+            smoke=smoke,
+            note=f"finished run {version.run_id}'s change: restarted and smoke-tested",
+        )
 
 
 # ---------------------------------------------------------------------------------------------

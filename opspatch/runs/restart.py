@@ -27,14 +27,8 @@ from opspatch.runs.session import (
     HostSession,
     NoProgress,
     Progress,
-    describe_error,
 )
-from opspatch.runs.steps import (
-    ready_step,
-    restart_after_restore,
-    restart_step,
-    smoke_step,
-)
+from opspatch.runs.steps import prove, undo
 
 
 def restart_hosts(
@@ -123,20 +117,14 @@ def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
         )
     change = FileChange(version.path, version.sha256_before, version.sha256_after)
     try:
-        restart = restart_step(session)
-        ready_step(session, restart)
-        smoke = smoke_step(session, restart, baseline=None, last=True)
+        smoke = prove(session)
     except HostFailed as failure:
-        try:
-            restored = restore_recorded(session, version)
-            restart_after_restore(session)
-        except (OpspatchError, HostFailed) as exc:
-            return session.outcome(
-                Outcome.NEEDS_ATTENTION,
-                f"{failure.error}; then the restore failed: {describe_error(exc)}",
-                file=change,
-            )
-        return session.outcome(Outcome.ROLLED_BACK, failure.error, file=restored)
+        return undo(
+            session,
+            failure.error,
+            restore=lambda: restore_recorded(session, version),
+            change=change,
+        )
     return session.outcome(
         Outcome.APPLIED,
         file=change,

@@ -7,13 +7,14 @@ own backup or the ledger's copy and records it; the host's lock is the session's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from opspatch.core.vocabulary import Outcome
 from opspatch.errors import InputError, OpspatchError, RemoteOperationError
 from opspatch.hosts.engine import Readiness, RestartResult, SmokeResult
 from opspatch.hosts.operations import RestoreResult
+from opspatch.runs.report import FileChange, HostOutcome
 from opspatch.runs.session import HostFailed, HostSession, describe_error
 
 # Refusals the host agent replies with only when it wrote nothing: the effect is known.
@@ -218,3 +219,43 @@ def restart_after_restore(session: HostSession) -> RestartResult:
         timeout=session.playbook.timeouts.restore_ready,
     )
     return restart
+
+
+def prove(session: HostSession, *, baseline: Sequence[str | None] | None = None) -> SmokeResult:
+    """PROVE a change: restart, wait until ready, smoke-decode, as the host's last steps (a
+    passing smoke gives the lock back). Every command that restarts into a change proves it here,
+    so a step around it (a router's drain and admit) is added once.
+
+    Raises:
+        HostFailed: a step failed; the caller undoes the change (`undo`).
+    """
+    restart = restart_step(session)
+    ready_step(session, restart)
+    return smoke_step(session, restart, baseline=baseline, last=True)
+
+
+def undo(
+    session: HostSession,
+    why: str,
+    *,
+    restore: Callable[[], FileChange],
+    change: FileChange,
+    restart: bool = True,
+) -> HostOutcome:
+    """UNDO a change whose proof failed: `restore` puts the pre-image back (and returns the file
+    as it is then), the engine is restarted with the restore path's deadline, and the smoke after
+    it is reported, never passed as serving when it failed. `rolled-back`; `needs-attention` when
+    the restore or its restart failed (the host's state is then not known)."""
+    try:
+        restored = restore()
+        if not restart:
+            return session.outcome(Outcome.ROLLED_BACK, why, file=restored)
+        restarted = restart_after_restore(session)
+    except (OpspatchError, HostFailed) as exc:
+        return session.outcome(
+            Outcome.NEEDS_ATTENTION,
+            f"{why}; then the restore failed: {describe_error(exc)}",
+            file=change,
+        )
+    smoke, not_serving = smoke_after_restore(session, restarted)
+    return session.outcome(Outcome.ROLLED_BACK, why, file=restored, smoke=smoke, note=not_serving)
