@@ -691,6 +691,7 @@ code = "threshold = 0"
     outcome = apply_patch(only_first.new_source, patch)
     assert isinstance(outcome, NotApplicable)
     assert "partly applied" in outcome.reason
+    assert "`opspatch rollback t-patch`" in outcome.reason  # the hint names the patch
 
 
 def test_missing_scope_offers_nearest_names() -> None:

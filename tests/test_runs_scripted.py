@@ -664,3 +664,23 @@ def test_hosts_a_finished_run_left_needing_attention_are_what_a_bare_recover_rea
     assert outcome.outcome == "applied", outcome
     assert not (first.state / "lock.json").exists()
     assert hosts_left_needing_attention(fleet.ledger) == {}
+
+
+def test_status_of_a_partial_file_names_the_patch_to_roll_back(fleet: Fleet) -> None:
+    """A file with some of a patch's edits (a hand edit stopped half-way): status says
+    `partial` and names the rollback of that patch on that host."""
+    from opspatch.core.edit import Applied, apply_patch
+    from opspatch.runs.status import fleet_status
+
+    host = fleet.hosts[0]
+    spec = fleet.patch.spec
+    assert len(spec.edits) >= 2
+    half = apply_patch(
+        host.file.read_bytes(),
+        spec.model_copy(update={"edits": spec.edits[:1], "postconditions": []}),
+    )
+    assert isinstance(half, Applied)
+    host.file.write_bytes(half.new_source)
+    (said,) = fleet_status([host.host()], [fleet.patch], fleet.factory, fleet.ledger)
+    assert said.state == "partial", said
+    assert f"`opspatch rollback {spec.id} --hosts {host.name}`" in said.detail, said

@@ -441,7 +441,8 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
         return NotApplicable(
             patch.id,
             detection.reason
-            + "; restore the original file (opspatch rollback) or finish the change by hand",
+            + f"; restore the original file (`opspatch rollback {patch.id}` where opspatch wrote "
+            "it) or finish the change by hand",
         )
     if detection.state == "applied":
         problems = validate_result(

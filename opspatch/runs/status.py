@@ -141,7 +141,13 @@ def classify(
         return PatchStatus(**base, state=PatchState.NOT_APPLICABLE, detail=gate)
     if structural.state == "not-applied":
         return PatchStatus(**base, state=PatchState.NOT_APPLIED, detail="")
-    return PatchStatus(**base, state=PatchState(structural.state), detail=structural.reason)
+    detail = structural.reason
+    if structural.state == "partial":
+        detail += (
+            f"; `opspatch rollback {patch.spec.id} --hosts {host}` restores the original where "
+            "opspatch wrote it, or finish the change by hand"
+        )
+    return PatchStatus(**base, state=PatchState(structural.state), detail=detail)
 
 
 def _written(ledger: Ledger, host: str, path: str, version: FileVersion) -> str:
