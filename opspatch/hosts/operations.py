@@ -32,8 +32,9 @@ import functools
 import getpass
 import json
 import socket
+from collections.abc import Mapping
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from opspatch.core.host import Host
 from opspatch.core.source import sha256_hex
@@ -44,6 +45,25 @@ from opspatch.errors import (
     RemoteOperationError,
     TargetError,
     TransportError,
+)
+from opspatch.hosts.agent.protocol import (
+    BeginReply,
+    BeginRequest,
+    FileReply,
+    InspectReply,
+    InspectRequest,
+    LockReply,
+    LockRequest,
+    ReadRequest,
+    ResolveRequest,
+    RestoreReply,
+    RestoreRequest,
+    ServerHint,
+    SwapReply,
+    SwapRequest,
+    UnlockReply,
+    UnlockRequest,
+    WhoamiReply,
 )
 from opspatch.hosts.become import (
     LOGIN_OPERATIONS,
@@ -128,6 +148,10 @@ def agent_modules() -> tuple[tuple[str, str], ...]:
     )
 
 
+ReplyT = TypeVar("ReplyT")
+UNLOCK_NOTHING = UnlockReply(released=False, reason="not-asked", previous=None)
+
+
 def default_lock_owner() -> str:
     """`user@controller`, the owner recorded in host locks taken from this machine."""
     return f"{getpass.getuser()}@{socket.gethostname()}"
@@ -150,7 +174,15 @@ def open_transport(host: Host, *, accept_new_host_keys: bool = False) -> Transpo
 
 
 _INTERPRETER_MISSING_STATUS = (126, 127)  # the shell's "not executable" / "not found"
-_MODULE_CODES = ("module-not-found", "module-not-source", "bad-module")
+REFUSAL_ERRORS: dict[str, type[RemoteOperationError] | type[TargetError]] = {
+    "preimage-mismatch": PreimageMismatch,
+    "lock-held": LockHeld,
+    "module-not-found": TargetError,
+    "module-not-source": TargetError,
+    "bad-module": TargetError,
+}
+"""The agent's refusal codes that are their own error; every other code is a
+`RemoteOperationError` carrying it. The one table from the agent's words to the error tree."""
 
 
 class HostOperations:
@@ -270,6 +302,19 @@ class HostOperations:
             )
         raise self._refusal(reply, step, args)
 
+    def _typed_call(
+        self,
+        operation: str,
+        request: Mapping[str, object],
+        reply_type: type[ReplyT],
+        *,
+        timeout: float,
+        step: str | None = None,
+    ) -> ReplyT:
+        """`call` with the operation's request and reply shapes from `agent.protocol`: what
+        the agent's operation reads and returns, named once for both ends."""
+        return cast(ReplyT, self.call(operation, dict(request), timeout=timeout, step=step))
+
     def _run(self, command: Command, stdin: bytes, timeout: float, step: str) -> CommandResult:
         """One exec on the host; transport failures name this host and step."""
         try:
@@ -295,7 +340,7 @@ class HostOperations:
         Raises:
             BecomeError: as for any raised operation.
         """
-        reply = self._call("whoami", {}, timeout=timeout, step=step, user=user)
+        reply = cast(WhoamiReply, self._call("whoami", {}, timeout=timeout, step=step, user=user))
         return str(reply.get("user") or user)
 
     def _refusal(
@@ -305,23 +350,20 @@ class HostOperations:
         message = str(reply.get("message") or "the host agent refused")
         raw_data = reply.get("data")
         data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
-        if code in _MODULE_CODES:
+        error_type = REFUSAL_ERRORS.get(code, RemoteOperationError)
+        if error_type is TargetError:
             return TargetError(
                 f"[{self.name}] module {args.get('module')!r} does not resolve under "
                 f"{self.host.engine.python}: {message}",
                 hint="check the patch's target module and the host's engine.python / engine.env",
             )
-        kinds: dict[str, type[RemoteOperationError]] = {
-            "preimage-mismatch": PreimageMismatch,
-            "lock-held": LockHeld,
-        }
         if data.get("errno") in ("EACCES", "EPERM") and not self.host.become.enabled:
             # said in the message itself: a host's error line is what the report shows
             message += (
                 " (the login user may not change this; set become = true and become_user to "
                 "the owner of the file in the inventory)"
             )
-        error_type = kinds.get(code, RemoteOperationError)
+        assert issubclass(error_type, RemoteOperationError)
         return error_type(message, code=code, host=self.name, step=step, data=data)
 
     # -- facts, resolve, read, inspect -------------------------------------------------------
@@ -334,12 +376,12 @@ class HostOperations:
 
     def resolve(self, module: str, *, timeout: float) -> ResolvedModule:
         """The file the engine's interpreter imports for `module` (nothing is imported)."""
-        reply = self.call("resolve", {"module": module}, timeout=timeout)
+        reply = self.call("resolve", dict(ResolveRequest(module=module)), timeout=timeout)
         return ResolvedModule.from_reply(reply)
 
     def read(self, path: str, *, timeout: float) -> RemoteFile:
         """The file's exact bytes, sha256, mode, owner, mtime and symlink target."""
-        reply = self.call("read", {"path": path}, timeout=timeout)
+        reply = self._typed_call("read", ReadRequest(path=path), FileReply, timeout=timeout)
         return self._remote_file(reply, "read")
 
     def inspect(
@@ -355,11 +397,8 @@ class HostOperations:
         """
         if (module is None) == (path is None):
             raise ValueError("inspect needs exactly one of module or path")
-        reply = self.call(
-            "inspect",
-            {"module": module, "path": path, "server": self._server_hint()},
-            timeout=timeout,
-        )
+        request = InspectRequest(module=module, path=path, server=self._server_hint())
+        reply = self._typed_call("inspect", request, InspectReply, timeout=timeout)
         resolved = reply.get("resolved")
         return HostInspection(
             facts=HostFacts.from_reply(reply["facts"]),
@@ -368,14 +407,14 @@ class HostOperations:
             server=ServerProcess.from_reply(reply.get("server")),
         )
 
-    def _server_hint(self) -> dict[str, Any]:
+    def _server_hint(self) -> ServerHint:
         """Where the agent can find the running engine (its pid file, its URL's port)."""
-        return {
-            "pid_file": getattr(self.host.engine.restart, "pid_file", None),
-            "url": self.host.engine.url,
-        }
+        return ServerHint(
+            pid_file=getattr(self.host.engine.restart, "pid_file", None),
+            url=self.host.engine.url,
+        )
 
-    def _remote_file(self, data: dict[str, Any], step: str) -> RemoteFile:
+    def _remote_file(self, data: FileReply | Mapping[str, Any], step: str) -> RemoteFile:
         content = base64.b64decode(data["content_b64"])
         if sha256_hex(content) != data["sha256"]:
             raise RemoteOperationError(
@@ -426,15 +465,15 @@ class HostOperations:
             RemoteOperationError: `compile-failed` (with the line), `write-failed`,
                 `backup-failed`, `lock-lost`; nothing written in each case.
         """
-        args = {
-            "path": path,
-            "expected_sha256": expected_sha256,
-            "content_b64": base64.b64encode(new_content).decode("ascii"),
-            "state_dir": self.host.state_dir,
-            "lock_run_id": lock_run_id,
-            "release_lock": release_lock,
-        }
-        reply = self.call("swap", args, timeout=timeout)
+        args = SwapRequest(
+            path=path,
+            expected_sha256=expected_sha256,
+            content_b64=base64.b64encode(new_content).decode("ascii"),
+            state_dir=self.host.state_dir,
+            lock_run_id=lock_run_id,
+            release_lock=release_lock,
+        )
+        reply = self._typed_call("swap", args, SwapReply, timeout=timeout)
         return SwapResult(
             path=str(reply["path"]),
             realpath=str(reply["realpath"]),
@@ -447,7 +486,7 @@ class HostOperations:
             mode=int(reply["mode"]),
             uid=int(reply["uid"]),
             gid=int(reply["gid"]),
-            lock_released=bool((reply.get("released") or {}).get("released")),
+            lock_released=bool((reply.get("released") or UNLOCK_NOTHING)["released"]),
         )
 
     def restore(
@@ -471,15 +510,15 @@ class HostOperations:
             RemoteOperationError: `not-our-file`, `backup-hash-mismatch`, `backup-missing`,
                 `write-failed`.
         """
-        args = {
-            "path": path,
-            "pre_sha256": pre_sha256,
-            "content_b64": None if content is None else base64.b64encode(content).decode("ascii"),
-            "current_sha256": current_sha256,
-            "force": force,
-            "state_dir": self.host.state_dir,
-        }
-        reply = self.call("restore", args, timeout=timeout)
+        args = RestoreRequest(
+            path=path,
+            pre_sha256=pre_sha256,
+            content_b64=None if content is None else base64.b64encode(content).decode("ascii"),
+            current_sha256=current_sha256,
+            force=force,
+            state_dir=self.host.state_dir,
+        )
+        reply = self._typed_call("restore", args, RestoreReply, timeout=timeout)
         return RestoreResult(
             path=str(reply["path"]),
             realpath=str(reply["realpath"]),
@@ -511,22 +550,19 @@ class HostOperations:
             LockHeld: another run holds it and it has not expired (owner, run id, expiry in
                 `data` and in the message).
         """
-        reply = self.call(
-            "lock",
-            {
-                "state_dir": self.host.state_dir,
-                "owner": owner or default_lock_owner(),
-                "run_id": run_id,
-                "ttl_seconds": ttl_seconds,
-            },
-            timeout=timeout,
+        request = LockRequest(
+            state_dir=self.host.state_dir,
+            owner=owner or default_lock_owner(),
+            run_id=run_id,
+            ttl_seconds=ttl_seconds,
         )
-        holder = LockHolder.from_reply(reply["holder"])
+        reply = self._typed_call("lock", request, LockReply, timeout=timeout)
+        holder = LockHolder.from_reply(dict(reply["holder"]))
         assert holder is not None
         return LockInfo(
             holder=holder,
             refreshed=bool(reply["refreshed"]),
-            took_over_from=LockHolder.from_reply(reply.get("previous")),
+            took_over_from=_holder(reply["previous"]),
         )
 
     def begin(
@@ -552,29 +588,29 @@ class HostOperations:
         """
         if (module is None) == (path is None):
             raise ValueError("begin needs exactly one of module or path")
-        args = {
-            "state_dir": self.host.state_dir,
-            "owner": owner or default_lock_owner(),
-            "run_id": run_id,
-            "ttl_seconds": ttl_seconds,
-            "takeover_run": takeover_run,
-            "module": module,
-            "path": path,
-            "server": self._server_hint(),
-        }
+        args = BeginRequest(
+            state_dir=self.host.state_dir,
+            owner=owner or default_lock_owner(),
+            run_id=run_id,
+            ttl_seconds=ttl_seconds,
+            takeover_run=takeover_run,
+            module=module,
+            path=path,
+            server=self._server_hint(),
+        )
         if self.host.become.enabled:
             reply = self._begin_raised(args, timeout=timeout)
         else:
-            reply = self.call("begin", args, timeout=timeout, step="begin")
+            reply = self._typed_call("begin", args, BeginReply, timeout=timeout, step="begin")
         lock = reply["lock"]
-        holder = LockHolder.from_reply(lock["holder"])
+        holder = LockHolder.from_reply(dict(lock["holder"]))
         assert holder is not None
         resolved = reply.get("resolved")
         return (
             LockInfo(
                 holder=holder,
                 refreshed=bool(lock["refreshed"]),
-                took_over_from=LockHolder.from_reply(lock.get("previous")),
+                took_over_from=_holder(lock["previous"]),
             ),
             HostInspection(
                 facts=HostFacts.from_reply(reply["facts"]),
@@ -584,21 +620,19 @@ class HostOperations:
             ),
         )
 
-    def _begin_raised(self, args: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+    def _begin_raised(self, args: BeginRequest, *, timeout: float) -> BeginReply:
         """`begin` with become: the lock as the become user (the first raised exec, so sudo is
         checked before anything else), a probe of every other user the run raises to (root for
         a systemd restart), then the inspection as the login user. The lock stays held if a
         later part fails; the caller releases it."""
-        lock = self.call("lock", args, timeout=timeout, step="begin")
+        lock = self._typed_call("lock", args, LockReply, timeout=timeout, step="begin")
         for user in raised_users(self.host)[1:]:
             self.probe_raised(user, timeout=timeout, step="begin")
-        inspected = self.call(
-            "inspect",
-            {"module": args["module"], "path": args["path"], "server": args.get("server")},
-            timeout=timeout,
-            step="begin",
+        request = InspectRequest(module=args["module"], path=args["path"], server=args["server"])
+        inspected = self._typed_call(
+            "inspect", request, InspectReply, timeout=timeout, step="begin"
         )
-        return dict(inspected, lock=lock)
+        return BeginReply(**inspected, lock=lock)
 
     def unlock(self, *, run_id: str, force: bool = False, timeout: float) -> UnlockResult:
         """Release the host's lock held by `run_id` (`force` releases anyone's).
@@ -606,16 +640,17 @@ class HostOperations:
         Raises:
             RemoteOperationError: `lock-not-ours`, another run holds it.
         """
-        reply = self.call(
-            "unlock",
-            {"state_dir": self.host.state_dir, "run_id": run_id, "force": force},
-            timeout=timeout,
-        )
+        request = UnlockRequest(state_dir=self.host.state_dir, run_id=run_id, force=force)
+        reply = self._typed_call("unlock", request, UnlockReply, timeout=timeout)
         return UnlockResult(
             released=bool(reply["released"]),
             reason=str(reply["reason"]),
-            previous=LockHolder.from_reply(reply.get("previous")),
+            previous=_holder(reply.get("previous")),
         )
+
+
+def _holder(reply: Mapping[str, Any] | None) -> LockHolder | None:
+    return LockHolder.from_reply(dict(reply) if reply else None)
 
 
 def _parse_reply(stdout: bytes) -> dict[str, Any] | None:
