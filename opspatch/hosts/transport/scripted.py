@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from opspatch.hosts.channel import decode_request
 from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult
 
 
@@ -108,10 +109,10 @@ class ScriptedTransport(ClosesOnExit):
         self.exec_count += 1
         started = time.monotonic()
         try:
-            request = json.loads(stdin.splitlines()[-1].decode("utf-8"))  # as the bootstrap
-            op = str(request["op"])
+            request = decode_request(stdin)  # the channel's one wire format
+            op = request["op"]
             args = dict(request.get("args") or {})
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        except (ValueError, TypeError) as exc:
             raise ValueError(
                 f"the scripted transport only answers host-agent requests, not `{command.masked()}`"
             ) from exc
