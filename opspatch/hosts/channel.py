@@ -11,8 +11,11 @@ the error tree through `REFUSAL_ERRORS`, the one table from the agent's codes to
 
 from __future__ import annotations
 
+import ast
+import base64
 import functools
 import json
+import zlib
 from importlib import resources
 from typing import Any
 
@@ -34,27 +37,27 @@ from opspatch.hosts.become import (
 )
 from opspatch.hosts.transport.base import Command, CommandResult, Transport
 
-BOOTSTRAP = (
-    "import json, os, sys, types\n"
-    "request = json.loads(sys.stdin.buffer.read().splitlines()[-1])\n"
-    "os.environ.update(request.pop('env', None) or {})\n"
+BOOTSTRAP = (  # short names: the whole program travels on every command line
+    "import base64, json, os, sys, types, zlib\n"
+    "r = json.loads(sys.stdin.buffer.read().splitlines()[-1])\n"
+    "os.environ.update(r.pop('env', None) or {})\n"
     "sys.pycache_prefix = os.environ.get('PYTHONPYCACHEPREFIX', sys.pycache_prefix)\n"
-    "for name, source in request.pop('agent'):\n"
-    "    parts = name.split('.')\n"
-    "    for i in range(1, len(parts)):\n"
-    "        sys.modules.setdefault('.'.join(parts[:i]), types.ModuleType('.'.join(parts[:i])))"
+    "for name, src in json.loads(zlib.decompress(base64.b64decode(r.pop('agent')))):\n"
+    "    p = name.split('.')\n"
+    "    for i in range(1, len(p)):\n"
+    "        sys.modules.setdefault('.'.join(p[:i]), types.ModuleType('.'.join(p[:i])))"
     ".__path__ = []\n"
-    "    module = sys.modules[name] = types.ModuleType(name)\n"
-    "    exec(compile(source, '<opspatch-agent>/' + name, 'exec'), module.__dict__)\n"
-    "sys.exit(module.main(request))\n"
+    "    m = sys.modules[name] = types.ModuleType(name)\n"
+    "    exec(compile(src, '<opspatch-agent>/' + name, 'exec'), m.__dict__)\n"
+    "sys.exit(m.main(r))\n"
 )
 """The `-c` program: small and stable, so the command line never changes between operations.
 
 The request is stdin's last line (a line ahead of it is never the agent's business: it is sudo's
 password, read by sudo itself). Its `env` (sent when the agent runs through sudo, which resets
 the environment) is applied first, so a start command and the bytecode cache folder see the
-engine's environment. It registers each agent module sent in the request (`[name, source]` pairs, in dependency order)
-in `sys.modules` under its real dotted name, its parents as empty stub packages (whose empty
+engine's environment. It registers each agent module sent in the request (`[name, source]` pairs
+in dependency order, as zlib-compressed JSON in base64: a third of the bytes), in `sys.modules` under its real dotted name, its parents as empty stub packages (whose empty
 `__path__` means nothing under these names is ever imported from the host's disk), executes it,
 and calls the last module's `main(request)`."""
 
@@ -86,13 +89,79 @@ def agent_modules() -> tuple[tuple[str, str], ...]:
     )
 
 
+@functools.cache
+def _defining_modules() -> dict[str, str]:
+    """Operation name -> the agent module that registers it (its `@operation("name")`)."""
+    defined: dict[str, str] = {}
+    for name, source in agent_modules():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef):
+                for decorator in node.decorator_list:
+                    if (
+                        isinstance(decorator, ast.Call)
+                        and isinstance(decorator.func, ast.Name)
+                        and decorator.func.id == "operation"
+                        and isinstance(decorator.args[0], ast.Constant)
+                    ):
+                        defined[str(decorator.args[0].value)] = name
+    return defined
+
+
+@functools.cache
+def _imports(name: str) -> frozenset[str]:
+    """The agent modules `name` imports."""
+    source = dict(agent_modules())[name]
+    found: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == AGENT_PACKAGE:
+                found.update(f"{AGENT_PACKAGE}.{alias.name}" for alias in node.names)
+            elif node.module.startswith(AGENT_PACKAGE + "."):
+                found.add(node.module)
+    return frozenset(found)
+
+
+@functools.cache
+def modules_for(operation: str) -> tuple[str, ...]:
+    """The agent modules an exec of `operation` needs, in the order the bootstrap runs them:
+    the module that defines it, what that imports (transitively), and `dispatch` last. An
+    unknown operation gets every module (the agent then says `unknown-operation`)."""
+    every = [name for name, _ in agent_modules()]
+    dispatch = every[-1]
+    defining = _defining_modules().get(operation)
+    if defining is None:
+        return tuple(every)
+    needed: set[str] = set()
+    pending = [defining, dispatch]
+    while pending:
+        name = pending.pop()
+        if name not in needed:
+            needed.add(name)
+            pending.extend(_imports(name))
+    return tuple(name for name in every if name in needed)
+
+
+@functools.cache
+def _packed_agent(operation: str) -> str:
+    """The `agent` field of a request for `operation`: its modules, compressed."""
+    sources = dict(agent_modules())
+    pairs = [[name, sources[name]] for name in modules_for(operation)]
+    return base64.b64encode(zlib.compress(json.dumps(pairs).encode("utf-8"), 6)).decode("ascii")
+
+
+def unpack_agent(packed: str) -> list[tuple[str, str]]:
+    """The (name, source) pairs a request's `agent` field carries, as the bootstrap reads them."""
+    pairs = json.loads(zlib.decompress(base64.b64decode(packed)))
+    return [(str(name), str(source)) for name, source in pairs]
+
+
 def encode_request(
     operation: str, args: dict[str, Any], *, cwd: str | None, env: dict[str, str] | None
 ) -> bytes:
     """The request line the bootstrap reads: the agent's source, the operation, its arguments,
     the engine's folder, and (through sudo, which resets it) the engine's environment."""
     request: dict[str, Any] = {
-        "agent": [list(module) for module in agent_modules()],
+        "agent": _packed_agent(operation),
         "op": operation,
         "args": args,
         "cwd": cwd,

@@ -4,7 +4,9 @@ with a stable, machine-readable `code`.
 
 Adding an operation: in the module of its concern, write `def op_name(args) -> dict`, decorate it
 with `@operation("name")`, raise `OpFailure(code, message, data)` for expected refusals, and make
-sure `opspatch.hosts.agent.dispatch` imports that module. That is the whole pattern.
+list that module in `opspatch.hosts.agent.MODULES` (the controller finds which module defines an
+operation from its decorator and sends an exec that module and what it imports). That is the whole
+pattern.
 """
 
 from __future__ import annotations

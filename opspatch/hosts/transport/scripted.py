@@ -35,13 +35,14 @@ as the real transports count their execs, so a test can check round trips and de
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from opspatch.hosts.channel import decode_request
+from opspatch.hosts.channel import agent_modules, decode_request
 from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult
 
 
@@ -156,8 +157,10 @@ def agent_operation(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal:
     `agent-error`, as on a host). The request's `cwd` is not entered: the test process stays
     where it is.
     """
-    import opspatch.hosts.agent.dispatch  # noqa: F401 - registers every operation
     from opspatch.hosts.agent.protocol import OPERATIONS, OpFailure
+
+    for name, _ in agent_modules():
+        importlib.import_module(name)  # each registers its operations
 
     function = OPERATIONS.get(op)
     if function is None:
