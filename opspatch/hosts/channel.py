@@ -109,10 +109,10 @@ def _defining_modules() -> dict[str, str]:
 
 @functools.cache
 def _imports(name: str) -> frozenset[str]:
-    """The agent modules `name` imports."""
+    """The agent modules `name` imports anywhere (in a function too: it runs on the host)."""
     source = dict(agent_modules())[name]
     found: set[str] = set()
-    for node in ast.parse(source).body:
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.module:
             if node.module == AGENT_PACKAGE:
                 found.update(f"{AGENT_PACKAGE}.{alias.name}" for alias in node.names)

@@ -370,6 +370,7 @@ class HostOperations:
             owner=owner or default_lock_owner(),
             run_id=run_id,
             ttl_seconds=ttl_seconds,
+            takeover_run=None,
         )
         reply = self._typed_call("lock", request, LockReply, timeout=timeout)
         holder = LockHolder.from_reply(dict(reply["holder"]))

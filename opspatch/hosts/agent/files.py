@@ -202,7 +202,9 @@ def op_swap(args: Args) -> Result:
         # No restart follows (a staged apply, a local file): the swap is the host's last step,
         # so the lock goes back in the same exec.
         try:
-            result["released"] = op_unlock({"state_dir": state_dir, "run_id": args["lock_run_id"]})
+            result["released"] = op_unlock(
+                {"state_dir": state_dir, "run_id": args["lock_run_id"], "force": False}
+            )
         except OpFailure as failure:
             result["released"] = {"released": False, "reason": failure.code, "previous": None}
         except OSError as exc:  # the controller releases it with its own exec

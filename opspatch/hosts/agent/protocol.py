@@ -2,8 +2,10 @@
 request's `args` (a JSON object) and return a JSON object; an expected refusal is an `OpFailure`
 with a stable, machine-readable `code`.
 
-Adding an operation: in the module of its concern, write `def op_name(args) -> dict`, decorate it
-with `@operation("name")`, raise `OpFailure(code, message, data)` for expected refusals, and make
+Adding an operation: in the module of its concern, write `def op_name(args: NameRequest) ->
+NameReply` (its two TypedDicts below, which the controller's `HostOperations` reads too, so mypy
+checks both ends against one shape; `Args` -> `Result` for an operation not yet typed), decorate it
+with `@operation("name")`, raise `OpFailure(code, message, data)` for expected refusals, and
 list that module in `opspatch.hosts.agent.MODULES` (the controller finds which module defines an
 operation from its decorator and sends an exec that module and what it imports). That is the whole
 pattern.
@@ -12,14 +14,17 @@ pattern.
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
 if TYPE_CHECKING:  # aliases for the checker only: `dict[...]` cannot be evaluated on Python 3.8
     Args = dict[str, Any]
     Result = dict[str, Any]
 
-OPERATIONS: dict[str, Callable[[Args], Result]] = {}
+OPERATIONS: dict[str, Callable[[Any], Mapping[str, Any]]] = {}
+"""Every operation by name: it takes its request's `args` (a TypedDict below, or `Args`) and
+returns its reply's `result` (likewise)."""
+OpFunction = TypeVar("OpFunction", bound="Callable[[Any], Mapping[str, Any]]")
 
 
 # -- the wire format of the operations the controller calls -------------------------------------
@@ -40,6 +45,7 @@ class LockRequest(TypedDict):
     owner: str
     run_id: str
     ttl_seconds: float
+    takeover_run: str | None  # `recover` takes over the lock of the run it recovers
 
 
 class LockHolderReply(TypedDict, total=False):
@@ -110,7 +116,6 @@ class InspectReply(TypedDict):
 
 
 class BeginRequest(LockRequest):
-    takeover_run: str | None
     module: str | None
     path: str | None
     server: ServerHint
@@ -191,10 +196,10 @@ class OpFailure(Exception):
         self.data = data or {}
 
 
-def operation(name: str) -> Callable[[Callable[[Args], Result]], Callable[[Args], Result]]:
+def operation(name: str) -> Callable[[OpFunction], OpFunction]:
     """Register a function as the operation `name`."""
 
-    def register(function: Callable[[Args], Result]) -> Callable[[Args], Result]:
+    def register(function: OpFunction) -> OpFunction:
         OPERATIONS[name] = function
         return function
 

@@ -166,7 +166,7 @@ def agent_operation(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal:
     if function is None:
         return Refusal("unknown-operation", f"this agent has no operation {op!r}")
     try:
-        return function(json.loads(json.dumps(args)))  # the copy a host would decode
+        return dict(function(json.loads(json.dumps(args))))  # the copy a host would decode
     except OpFailure as failure:
         return Refusal(failure.code, failure.message, failure.data)
     except Exception as exc:
