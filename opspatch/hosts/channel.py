@@ -149,12 +149,6 @@ def _packed_agent(operation: str) -> str:
     return base64.b64encode(zlib.compress(json.dumps(pairs).encode("utf-8"), 6)).decode("ascii")
 
 
-def unpack_agent(packed: str) -> list[tuple[str, str]]:
-    """The (name, source) pairs a request's `agent` field carries, as the bootstrap reads them."""
-    pairs = json.loads(zlib.decompress(base64.b64decode(packed)))
-    return [(str(name), str(source)) for name, source in pairs]
-
-
 def encode_request(
     operation: str, args: dict[str, Any], *, cwd: str | None, env: dict[str, str] | None
 ) -> bytes:

@@ -1,8 +1,9 @@
 """Host-side operations, controller side: one exec per operation, typed results, typed errors.
 
 Each operation is ONE command on the host: the engine's own interpreter running a tiny bootstrap
-(`<python> -c BOOTSTRAP`) that reads a JSON request on stdin, executes the host agent's source
-(`opspatch/hosts/agent`, sent with every request, so nothing is installed on hosts), runs the
+(`<python> -c BOOTSTRAP`, `opspatch.hosts.channel`) that reads a JSON request on stdin, executes
+the host agent's source (the modules of `opspatch/hosts/agent` the operation needs, sent with
+every request, so nothing is installed on hosts), runs the
 operation and prints one JSON reply line. Running under the engine's interpreter and environment
 is the point: `resolve` then finds the file the server really imports, `facts` reports the
 versions it really runs, and `swap` compiles the new text with the Python that will run it.
