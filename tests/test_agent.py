@@ -141,3 +141,38 @@ def test_nothing_is_imported_from_the_host_disk_under_the_agent_names(tmp_path: 
     with LocalTransport("h") as transport:
         facts = HostOperations(transport, host).facts(timeout=60)
     assert facts.python_executable == sys.executable
+
+
+def test_each_operation_travels_with_only_the_modules_it_needs(tmp_path: Path) -> None:
+    from opspatch.hosts.channel import modules_for
+
+    swap = modules_for("swap")
+    assert swap[-1] == f"{AGENT_PACKAGE}.dispatch"
+    assert f"{AGENT_PACKAGE}.files" in swap
+    for unneeded in ("diagnose", "engine", "provenance"):
+        assert f"{AGENT_PACKAGE}.{unneeded}" not in swap
+    # the modules sent really suffice: the real bootstrap runs each operation of the patch phase
+    target = tmp_path / "worker.py"
+    target.write_bytes(b"A = 1\n")
+    with LocalTransport("local") as transport:
+        ops = HostOperations(transport, host_on(sys.executable, tmp_path / "state"))
+        _, inspection = ops.begin(path=str(target), run_id="r1", timeout=60)
+        ops.swap(
+            str(target),
+            expected_sha256=inspection.file.sha256,
+            new_content=b"A = 2\n",
+            lock_run_id="r1",
+            release_lock=True,
+            timeout=60,
+        )
+    assert target.read_bytes() == b"A = 2\n"
+
+
+def test_versions_read_from_dist_info_folders_agree_with_importlib_metadata() -> None:
+    from importlib import metadata
+
+    from opspatch.hosts.agent.fsutil import dist_version
+
+    for name in ("pip", "pytest", "PyYAML", "typing-extensions", "typing_extensions"):
+        assert dist_version(name) == metadata.version(name), name
+    assert dist_version("no-such-distribution-here") is None

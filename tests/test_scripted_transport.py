@@ -248,3 +248,14 @@ def test_host_operations_import_no_ssh_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_each_refusal_code_of_the_one_table_becomes_its_error(tmp_path: Path) -> None:
+    from opspatch.hosts.channel import REFUSAL_ERRORS
+
+    for code, error_type in {**REFUSAL_ERRORS, "write-failed": RemoteOperationError}.items():
+        transport = ScriptedTransport(lambda op, args, code=code: Refusal(code, "no"), host="h1")
+        ops = HostOperations(transport, scripted_host(tmp_path / "state"))
+        with pytest.raises(error_type) as raised:
+            ops.resolve("pkg.mod", timeout=5)
+        assert type(raised.value) is error_type, code

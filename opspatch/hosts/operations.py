@@ -1,8 +1,9 @@
 """Host-side operations, controller side: one exec per operation, typed results, typed errors.
 
 Each operation is ONE command on the host: the engine's own interpreter running a tiny bootstrap
-(`<python> -c BOOTSTRAP`) that reads a JSON request on stdin, executes the host agent's source
-(`opspatch/hosts/agent`, sent with every request, so nothing is installed on hosts), runs the
+(`<python> -c BOOTSTRAP`, `opspatch.hosts.channel`) that reads a JSON request on stdin, executes
+the host agent's source (the modules of `opspatch/hosts/agent` the operation needs, sent with
+every request, so nothing is installed on hosts), runs the
 operation and prints one JSON reply line. Running under the engine's interpreter and environment
 is the point: `resolve` then finds the file the server really imports, `facts` reports the
 versions it really runs, and `swap` compiles the new text with the Python that will run it.
@@ -28,31 +29,35 @@ first raised exec of a host whose sudo needs a password is sent twice (once to l
 from __future__ import annotations
 
 import base64
-import functools
 import getpass
-import json
 import socket
-from importlib import resources
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar, cast
 
 from opspatch.core.host import Host
 from opspatch.core.source import sha256_hex
-from opspatch.errors import (
-    InputError,
-    LockHeld,
-    PreimageMismatch,
-    RemoteOperationError,
-    TargetError,
-    TransportError,
+from opspatch.errors import RemoteOperationError
+from opspatch.hosts.agent.protocol import (
+    BeginReply,
+    BeginRequest,
+    FileReply,
+    InspectReply,
+    InspectRequest,
+    LockReply,
+    LockRequest,
+    ReadRequest,
+    ResolveRequest,
+    RestoreReply,
+    RestoreRequest,
+    ServerHint,
+    SwapReply,
+    SwapRequest,
+    UnlockReply,
+    UnlockRequest,
+    WhoamiReply,
 )
-from opspatch.hosts.become import (
-    LOGIN_OPERATIONS,
-    BecomePasswords,
-    Sudo,
-    not_allowed_to_read,
-    raised_users,
-    run_as,
-)
+from opspatch.hosts.become import BecomePasswords, raised_users
+from opspatch.hosts.channel import AGENT_PACKAGE, BOOTSTRAP, AgentChannel, agent_modules
 from opspatch.hosts.results import (
     HostFacts,
     HostInspection,
@@ -65,10 +70,10 @@ from opspatch.hosts.results import (
     SwapResult,
     UnlockResult,
 )
-from opspatch.hosts.transport.base import Command, CommandResult, Transport
+from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.local import LocalTransport
 
-__all__ = [  # the result values are defined in `opspatch.hosts.results`, re-exported here
+__all__ = [  # the result values (`opspatch.hosts.results`) and the channel's names, re-exported
     "AGENT_PACKAGE",
     "BOOTSTRAP",
     "DEFAULT_LOCK_TTL_SECONDS",
@@ -87,45 +92,9 @@ __all__ = [  # the result values are defined in `opspatch.hosts.results`, re-exp
     "open_transport",
 ]
 
-BOOTSTRAP = (
-    "import json, os, sys, types\n"
-    "request = json.loads(sys.stdin.buffer.read().splitlines()[-1])\n"
-    "os.environ.update(request.pop('env', None) or {})\n"
-    "sys.pycache_prefix = os.environ.get('PYTHONPYCACHEPREFIX', sys.pycache_prefix)\n"
-    "for name, source in request.pop('agent'):\n"
-    "    parts = name.split('.')\n"
-    "    for i in range(1, len(parts)):\n"
-    "        sys.modules.setdefault('.'.join(parts[:i]), types.ModuleType('.'.join(parts[:i])))"
-    ".__path__ = []\n"
-    "    module = sys.modules[name] = types.ModuleType(name)\n"
-    "    exec(compile(source, '<opspatch-agent>/' + name, 'exec'), module.__dict__)\n"
-    "sys.exit(module.main(request))\n"
-)
-"""The `-c` program: small and stable, so the command line never changes between operations.
-
-The request is stdin's last line (a line ahead of it is never the agent's business: it is sudo's
-password, read by sudo itself). Its `env` (sent when the agent runs through sudo, which resets
-the environment) is applied first, so a start command and the bytecode cache folder see the
-engine's environment. It registers each agent module sent in the request (`[name, source]` pairs, in dependency order)
-in `sys.modules` under its real dotted name, its parents as empty stub packages (whose empty
-`__path__` means nothing under these names is ever imported from the host's disk), executes it,
-and calls the last module's `main(request)`."""
-
 DEFAULT_LOCK_TTL_SECONDS = 30 * 60
-AGENT_PACKAGE = "opspatch.hosts.agent"
-
-
-@functools.cache
-def agent_modules() -> tuple[tuple[str, str], ...]:
-    """The host agent as sent to hosts: (dotted name, source text) of each of its modules, in
-    the order the bootstrap executes them (`opspatch.hosts.agent.MODULES`)."""
-    from opspatch.hosts.agent import MODULES
-
-    package = resources.files(AGENT_PACKAGE)
-    return tuple(
-        (f"{AGENT_PACKAGE}.{name}", package.joinpath(f"{name}.py").read_text(encoding="utf-8"))
-        for name in MODULES
-    )
+ReplyT = TypeVar("ReplyT")
+UNLOCK_NOTHING = UnlockReply(released=False, reason="not-asked", previous=None)
 
 
 def default_lock_owner() -> str:
@@ -149,10 +118,6 @@ def open_transport(host: Host, *, accept_new_host_keys: bool = False) -> Transpo
 # The operations
 
 
-_INTERPRETER_MISSING_STATUS = (126, 127)  # the shell's "not executable" / "not found"
-_MODULE_CODES = ("module-not-found", "module-not-source", "bad-module")
-
-
 class HostOperations:
     """Host-side operations on one host, through its transport, under its engine's interpreter.
 
@@ -167,125 +132,41 @@ class HostOperations:
     ) -> None:
         self.transport = transport
         self.host = host
-        self.ran_as: list[str] = []
+        self.channel = AgentChannel(transport, host, passwords=passwords)
+        self.ran_as: list[str] = self.channel.ran_as
         """The user each exec ran as (`name`, or `name (sudo)` when raised), oldest first."""
-        self._agent = [list(module) for module in agent_modules()]
-        self._sudo = Sudo(host, passwords or BecomePasswords())
 
     @property
     def name(self) -> str:
         return self.host.name
 
-    # -- the one path to the host -----------------------------------------------------------
-
-    def _workdir(self) -> str | None:
-        restart = self.host.engine.restart
-        return getattr(restart, "workdir", None)
+    # -- the one path to the host: the channel ----------------------------------------------
 
     def call(
         self, operation: str, args: dict[str, Any], *, timeout: float, step: str | None = None
     ) -> dict[str, Any]:
-        """Run agent operation `operation` with `args` on the host; its `result` on success.
-
-        Raises:
-            InputError: the inventory names no engine interpreter, or it cannot run on the host.
-            TargetError: a module named in `args` does not resolve on the host.
-            PreimageMismatch, LockHeld, RemoteOperationError: the agent refused (`code` says why).
-            TransportError, CommandTimeout: the host could not be reached or the deadline passed.
-            BecomeError: the operation is raised (`become`) and sudo cannot run it.
-        """
-        step = step or operation
-        return self._call(
-            operation, args, timeout=timeout, step=step, user=run_as(self.host, operation)
+        """Run agent operation `operation` with `args` on the host, as the user the inventory
+        says runs it (`become`); its `result` on success. See `AgentChannel.call`."""
+        return self.channel.call(
+            operation,
+            args,
+            as_user=self.channel.default_user(operation),
+            timeout=timeout,
+            step=step or operation,
         )
 
-    def _call(
+    def _typed_call(
         self,
         operation: str,
-        args: dict[str, Any],
+        request: Mapping[str, object],
+        reply_type: type[ReplyT],
         *,
         timeout: float,
-        step: str,
-        user: str | None,
-    ) -> dict[str, Any]:
-        """`call` as `user` through sudo (None: the login user)."""
-        python = self.host.engine.python
-        if not python:
-            raise InputError(
-                f"[{self.name}] the inventory sets no engine.python for this host",
-                hint="set engine.python to the interpreter the SGLang server runs with, "
-                "e.g. /opt/sglang/venv/bin/python",
-            )
-        request = {"agent": self._agent, "op": operation, "args": args, "cwd": self._workdir()}
-        if user is None:
-            command = Command((python, "-c", BOOTSTRAP), env=dict(self.host.engine.env))
-            result = self._run(command, json.dumps(request).encode("utf-8"), timeout, step)
-        else:
-            request["env"] = dict(self.host.engine.env)  # sudo resets the environment
-            result = self._sudo.run(
-                user,
-                (python, "-c", BOOTSTRAP),
-                json.dumps(request).encode("utf-8"),
-                send=lambda command, stdin: self._run(command, stdin, timeout, step),
-                program_text=BOOTSTRAP,
-            )
-        reply = _parse_reply(result.stdout)
-        if reply is None:
-            stderr = result.stderr.decode("utf-8", errors="replace").strip()
-            if result.exit_code in _INTERPRETER_MISSING_STATUS:
-                if user is None and self.host.become.enabled and operation in LOGIN_OPERATIONS:
-                    # an interpreter only its owner may run: read as the become user instead
-                    return self._call(
-                        operation, args, timeout=timeout, step=step, user=self.host.become.user
-                    )
-                raise InputError(
-                    f"[{self.name}] engine.python {python!r} cannot be run on the host "
-                    f"(exit {result.exit_code}: {_last_line(stderr)})",
-                    hint="set engine.python in the inventory to the interpreter the server "
-                    "runs with",
-                )
-            if "SyntaxError" in stderr:
-                raise RemoteOperationError(
-                    f"{python} could not run the host agent (it needs Python 3.8 or newer): "
-                    f"{_last_line(stderr)}",
-                    code="agent-unsupported-python",
-                    host=self.name,
-                    step=step,
-                )
-            raise RemoteOperationError(
-                f"the host agent gave no reply (exit {result.exit_code}): {_last_line(stderr)}",
-                code="agent-no-reply",
-                host=self.name,
-                step=step,
-                data={"stderr": stderr[-4000:], "exit_code": result.exit_code},
-            )
-        self._note_user(reply, user)
-        if reply.get("ok"):
-            value = reply.get("result")
-            return value if isinstance(value, dict) else {"value": value}
-        if user is None and self.host.become.enabled and not_allowed_to_read(operation, reply):
-            # the login user may not read what this needs: ask again as the become user
-            return self._call(
-                operation, args, timeout=timeout, step=step, user=self.host.become.user
-            )
-        raise self._refusal(reply, step, args)
-
-    def _run(self, command: Command, stdin: bytes, timeout: float, step: str) -> CommandResult:
-        """One exec on the host; transport failures name this host and step."""
-        try:
-            return self.transport.run(command, stdin=stdin, timeout=timeout)
-        except TransportError as exc:
-            if exc.step == step and exc.host == self.name:
-                raise
-            raise type(exc)(exc.detail, host=self.name, step=step, hint=exc.hint) from None
-
-    def _note_user(self, reply: dict[str, Any], user: str | None) -> None:
-        identity = reply.get("as")
-        name = identity.get("user") if isinstance(identity, dict) else None
-        if name is None and user is None:
-            return  # an agent that does not say (a scripted host)
-        name = str(name or user)
-        self.ran_as.append(f"{name} (sudo)" if user is not None else name)
+        step: str | None = None,
+    ) -> ReplyT:
+        """`call` with the operation's request and reply shapes from `agent.protocol`: what
+        the agent's operation reads and returns, named once for both ends."""
+        return cast(ReplyT, self.call(operation, dict(request), timeout=timeout, step=step))
 
     def probe_raised(self, user: str, *, timeout: float, step: str) -> str:
         """Run the agent's `whoami` as `user` through sudo: proves sudo lets this host's login
@@ -295,34 +176,11 @@ class HostOperations:
         Raises:
             BecomeError: as for any raised operation.
         """
-        reply = self._call("whoami", {}, timeout=timeout, step=step, user=user)
+        reply = cast(
+            WhoamiReply,
+            self.channel.call("whoami", {}, as_user=user, timeout=timeout, step=step),
+        )
         return str(reply.get("user") or user)
-
-    def _refusal(
-        self, reply: dict[str, Any], step: str, args: dict[str, Any]
-    ) -> TargetError | RemoteOperationError:
-        code = str(reply.get("code") or "agent-error")
-        message = str(reply.get("message") or "the host agent refused")
-        raw_data = reply.get("data")
-        data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
-        if code in _MODULE_CODES:
-            return TargetError(
-                f"[{self.name}] module {args.get('module')!r} does not resolve under "
-                f"{self.host.engine.python}: {message}",
-                hint="check the patch's target module and the host's engine.python / engine.env",
-            )
-        kinds: dict[str, type[RemoteOperationError]] = {
-            "preimage-mismatch": PreimageMismatch,
-            "lock-held": LockHeld,
-        }
-        if data.get("errno") in ("EACCES", "EPERM") and not self.host.become.enabled:
-            # said in the message itself: a host's error line is what the report shows
-            message += (
-                " (the login user may not change this; set become = true and become_user to "
-                "the owner of the file in the inventory)"
-            )
-        error_type = kinds.get(code, RemoteOperationError)
-        return error_type(message, code=code, host=self.name, step=step, data=data)
 
     # -- facts, resolve, read, inspect -------------------------------------------------------
 
@@ -334,12 +192,12 @@ class HostOperations:
 
     def resolve(self, module: str, *, timeout: float) -> ResolvedModule:
         """The file the engine's interpreter imports for `module` (nothing is imported)."""
-        reply = self.call("resolve", {"module": module}, timeout=timeout)
+        reply = self.call("resolve", dict(ResolveRequest(module=module)), timeout=timeout)
         return ResolvedModule.from_reply(reply)
 
     def read(self, path: str, *, timeout: float) -> RemoteFile:
         """The file's exact bytes, sha256, mode, owner, mtime and symlink target."""
-        reply = self.call("read", {"path": path}, timeout=timeout)
+        reply = self._typed_call("read", ReadRequest(path=path), FileReply, timeout=timeout)
         return self._remote_file(reply, "read")
 
     def inspect(
@@ -355,11 +213,8 @@ class HostOperations:
         """
         if (module is None) == (path is None):
             raise ValueError("inspect needs exactly one of module or path")
-        reply = self.call(
-            "inspect",
-            {"module": module, "path": path, "server": self._server_hint()},
-            timeout=timeout,
-        )
+        request = InspectRequest(module=module, path=path, server=self._server_hint())
+        reply = self._typed_call("inspect", request, InspectReply, timeout=timeout)
         resolved = reply.get("resolved")
         return HostInspection(
             facts=HostFacts.from_reply(reply["facts"]),
@@ -368,14 +223,14 @@ class HostOperations:
             server=ServerProcess.from_reply(reply.get("server")),
         )
 
-    def _server_hint(self) -> dict[str, Any]:
+    def _server_hint(self) -> ServerHint:
         """Where the agent can find the running engine (its pid file, its URL's port)."""
-        return {
-            "pid_file": getattr(self.host.engine.restart, "pid_file", None),
-            "url": self.host.engine.url,
-        }
+        return ServerHint(
+            pid_file=getattr(self.host.engine.restart, "pid_file", None),
+            url=self.host.engine.url,
+        )
 
-    def _remote_file(self, data: dict[str, Any], step: str) -> RemoteFile:
+    def _remote_file(self, data: FileReply | Mapping[str, Any], step: str) -> RemoteFile:
         content = base64.b64decode(data["content_b64"])
         if sha256_hex(content) != data["sha256"]:
             raise RemoteOperationError(
@@ -426,15 +281,15 @@ class HostOperations:
             RemoteOperationError: `compile-failed` (with the line), `write-failed`,
                 `backup-failed`, `lock-lost`; nothing written in each case.
         """
-        args = {
-            "path": path,
-            "expected_sha256": expected_sha256,
-            "content_b64": base64.b64encode(new_content).decode("ascii"),
-            "state_dir": self.host.state_dir,
-            "lock_run_id": lock_run_id,
-            "release_lock": release_lock,
-        }
-        reply = self.call("swap", args, timeout=timeout)
+        args = SwapRequest(
+            path=path,
+            expected_sha256=expected_sha256,
+            content_b64=base64.b64encode(new_content).decode("ascii"),
+            state_dir=self.host.state_dir,
+            lock_run_id=lock_run_id,
+            release_lock=release_lock,
+        )
+        reply = self._typed_call("swap", args, SwapReply, timeout=timeout)
         return SwapResult(
             path=str(reply["path"]),
             realpath=str(reply["realpath"]),
@@ -447,7 +302,7 @@ class HostOperations:
             mode=int(reply["mode"]),
             uid=int(reply["uid"]),
             gid=int(reply["gid"]),
-            lock_released=bool((reply.get("released") or {}).get("released")),
+            lock_released=bool((reply.get("released") or UNLOCK_NOTHING)["released"]),
         )
 
     def restore(
@@ -471,15 +326,15 @@ class HostOperations:
             RemoteOperationError: `not-our-file`, `backup-hash-mismatch`, `backup-missing`,
                 `write-failed`.
         """
-        args = {
-            "path": path,
-            "pre_sha256": pre_sha256,
-            "content_b64": None if content is None else base64.b64encode(content).decode("ascii"),
-            "current_sha256": current_sha256,
-            "force": force,
-            "state_dir": self.host.state_dir,
-        }
-        reply = self.call("restore", args, timeout=timeout)
+        args = RestoreRequest(
+            path=path,
+            pre_sha256=pre_sha256,
+            content_b64=None if content is None else base64.b64encode(content).decode("ascii"),
+            current_sha256=current_sha256,
+            force=force,
+            state_dir=self.host.state_dir,
+        )
+        reply = self._typed_call("restore", args, RestoreReply, timeout=timeout)
         return RestoreResult(
             path=str(reply["path"]),
             realpath=str(reply["realpath"]),
@@ -511,22 +366,20 @@ class HostOperations:
             LockHeld: another run holds it and it has not expired (owner, run id, expiry in
                 `data` and in the message).
         """
-        reply = self.call(
-            "lock",
-            {
-                "state_dir": self.host.state_dir,
-                "owner": owner or default_lock_owner(),
-                "run_id": run_id,
-                "ttl_seconds": ttl_seconds,
-            },
-            timeout=timeout,
+        request = LockRequest(
+            state_dir=self.host.state_dir,
+            owner=owner or default_lock_owner(),
+            run_id=run_id,
+            ttl_seconds=ttl_seconds,
+            takeover_run=None,
         )
-        holder = LockHolder.from_reply(reply["holder"])
+        reply = self._typed_call("lock", request, LockReply, timeout=timeout)
+        holder = LockHolder.from_reply(dict(reply["holder"]))
         assert holder is not None
         return LockInfo(
             holder=holder,
             refreshed=bool(reply["refreshed"]),
-            took_over_from=LockHolder.from_reply(reply.get("previous")),
+            took_over_from=_holder(reply["previous"]),
         )
 
     def begin(
@@ -552,29 +405,29 @@ class HostOperations:
         """
         if (module is None) == (path is None):
             raise ValueError("begin needs exactly one of module or path")
-        args = {
-            "state_dir": self.host.state_dir,
-            "owner": owner or default_lock_owner(),
-            "run_id": run_id,
-            "ttl_seconds": ttl_seconds,
-            "takeover_run": takeover_run,
-            "module": module,
-            "path": path,
-            "server": self._server_hint(),
-        }
+        args = BeginRequest(
+            state_dir=self.host.state_dir,
+            owner=owner or default_lock_owner(),
+            run_id=run_id,
+            ttl_seconds=ttl_seconds,
+            takeover_run=takeover_run,
+            module=module,
+            path=path,
+            server=self._server_hint(),
+        )
         if self.host.become.enabled:
             reply = self._begin_raised(args, timeout=timeout)
         else:
-            reply = self.call("begin", args, timeout=timeout, step="begin")
+            reply = self._typed_call("begin", args, BeginReply, timeout=timeout, step="begin")
         lock = reply["lock"]
-        holder = LockHolder.from_reply(lock["holder"])
+        holder = LockHolder.from_reply(dict(lock["holder"]))
         assert holder is not None
         resolved = reply.get("resolved")
         return (
             LockInfo(
                 holder=holder,
                 refreshed=bool(lock["refreshed"]),
-                took_over_from=LockHolder.from_reply(lock.get("previous")),
+                took_over_from=_holder(lock["previous"]),
             ),
             HostInspection(
                 facts=HostFacts.from_reply(reply["facts"]),
@@ -584,21 +437,19 @@ class HostOperations:
             ),
         )
 
-    def _begin_raised(self, args: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+    def _begin_raised(self, args: BeginRequest, *, timeout: float) -> BeginReply:
         """`begin` with become: the lock as the become user (the first raised exec, so sudo is
         checked before anything else), a probe of every other user the run raises to (root for
         a systemd restart), then the inspection as the login user. The lock stays held if a
         later part fails; the caller releases it."""
-        lock = self.call("lock", args, timeout=timeout, step="begin")
+        lock = self._typed_call("lock", args, LockReply, timeout=timeout, step="begin")
         for user in raised_users(self.host)[1:]:
             self.probe_raised(user, timeout=timeout, step="begin")
-        inspected = self.call(
-            "inspect",
-            {"module": args["module"], "path": args["path"], "server": args.get("server")},
-            timeout=timeout,
-            step="begin",
+        request = InspectRequest(module=args["module"], path=args["path"], server=args["server"])
+        inspected = self._typed_call(
+            "inspect", request, InspectReply, timeout=timeout, step="begin"
         )
-        return dict(inspected, lock=lock)
+        return BeginReply(**inspected, lock=lock)
 
     def unlock(self, *, run_id: str, force: bool = False, timeout: float) -> UnlockResult:
         """Release the host's lock held by `run_id` (`force` releases anyone's).
@@ -606,31 +457,14 @@ class HostOperations:
         Raises:
             RemoteOperationError: `lock-not-ours`, another run holds it.
         """
-        reply = self.call(
-            "unlock",
-            {"state_dir": self.host.state_dir, "run_id": run_id, "force": force},
-            timeout=timeout,
-        )
+        request = UnlockRequest(state_dir=self.host.state_dir, run_id=run_id, force=force)
+        reply = self._typed_call("unlock", request, UnlockReply, timeout=timeout)
         return UnlockResult(
             released=bool(reply["released"]),
             reason=str(reply["reason"]),
-            previous=LockHolder.from_reply(reply.get("previous")),
+            previous=_holder(reply.get("previous")),
         )
 
 
-def _parse_reply(stdout: bytes) -> dict[str, Any] | None:
-    """The agent's reply: the last non-empty stdout line, if it is a JSON object with `ok`."""
-    for line in reversed(stdout.splitlines()):
-        if not line.strip():
-            continue
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            return None
-        return reply if isinstance(reply, dict) and "ok" in reply else None
-    return None
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    return lines[-1][-500:] if lines else "no output"
+def _holder(reply: Mapping[str, Any] | None) -> LockHolder | None:
+    return LockHolder.from_reply(dict(reply) if reply else None)

@@ -1,9 +1,9 @@
 """The opspatch host agent: the code that runs ON a host, under the engine's own interpreter.
 
 The controller never installs anything on a host. For each operation it runs ONE command,
-`<engine python> -c BOOTSTRAP` (see `opspatch.hosts.operations`), and sends on stdin one JSON
-request carrying the source of every module listed in `MODULES` (in that order), the operation's
-name and its arguments (bytes as base64). The bootstrap registers each module in `sys.modules`
+`<engine python> -c BOOTSTRAP` (see `opspatch.hosts.channel`), and sends on stdin one JSON
+request carrying the source of the modules of `MODULES` its operation needs (in that order,
+compressed: `channel.modules_for`), the operation's name and its arguments (bytes as base64). The bootstrap registers each module in `sys.modules`
 under its real dotted name (this package and its parents as empty stub packages, so nothing is
 ever imported from the host's disk under these names), executes it, and calls the last one's
 `main(request)` (`dispatch`). So the modules import each other with ordinary absolute imports

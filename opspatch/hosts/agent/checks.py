@@ -88,10 +88,12 @@ _CHAIN_LINES = (
     "During handling of the above exception, another exception occurred:",
     "The above exception was the direct cause of the following exception:",
 )
+# Pattern strings, compiled on first use by `re`'s own cache: most execs that carry this module
+# (every `begin`) never read a log, so they need not pay for compiling them.
 # SGLang: `[2026-11-30 02:50:20] msg`, `[2026-11-30 02:50:20 TP0] msg` (ranks after the time).
-_STAMP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:[ ,.][^\]]*)?\] ?")
-_FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<lineno>\d+)(?:, in (?P<function>.+))?$')
-_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::[ ]?(?P<message>.*))?$")
+_STAMP = r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:[ ,.][^\]]*)?\] ?"
+_FRAME = r'^\s+File "(?P<file>[^"]*)", line (?P<lineno>\d+)(?:, in (?P<function>.+))?$'
+_EXCEPTION = r"^(?P<type>[A-Za-z_][\w.]*)(?::[ ]?(?P<message>.*))?$"
 _MAX_LINE = 500
 
 
@@ -116,7 +118,7 @@ def find_tracebacks(text: str) -> list[Result]:
         if at < 0:
             index += 1
             continue
-        stamp = _STAMP.match(line)
+        stamp = re.match(_STAMP, line)
         context = line[stamp.end() if stamp else 0 : at].strip().rstrip(":").strip()
         record: Result = {
             "type": None,
@@ -144,7 +146,7 @@ def find_tracebacks(text: str) -> list[Result]:
             chain = None
         index += 1
         while index < len(lines) and lines[index][:1] in (" ", "\t"):
-            frame = _FRAME.match(lines[index])
+            frame = re.match(_FRAME, lines[index])
             if frame:
                 record.update(
                     frame=lines[index].strip()[:_MAX_LINE],
@@ -154,7 +156,7 @@ def find_tracebacks(text: str) -> list[Result]:
                     frame_line_number=index + 1,
                 )
             index += 1
-        raised = _EXCEPTION.match(lines[index]) if index < len(lines) else None
+        raised = re.match(_EXCEPTION, lines[index]) if index < len(lines) else None
         if raised:
             record.update(
                 type=raised.group("type"),
@@ -202,13 +204,13 @@ def group_tracebacks(tracebacks: Sequence[Result]) -> list[Result]:
     return list(groups.values())
 
 
-_HEALTH_ACCESS_LINE = re.compile(r'"(?:GET|HEAD) /(?:health|health_generate|ready)(?:\?\S*)? HTTP/')
+_HEALTH_ACCESS_LINE = r'"(?:GET|HEAD) /(?:health|health_generate|ready)(?:\?\S*)? HTTP/'
 
 
 def is_health_poll(line: str) -> bool:
     """Whether a log line is the server's access-log entry for a /health (or /ready) request:
     opspatch's own readiness polls, which say nothing about why a server failed."""
-    return _HEALTH_ACCESS_LINE.search(line) is not None
+    return re.search(_HEALTH_ACCESS_LINE, line) is not None
 
 
 def relevant_tail(text: str, max_lines: int = 20, max_bytes: int = 4096) -> str:

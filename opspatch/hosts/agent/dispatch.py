@@ -1,6 +1,6 @@
 """The agent's entry point: `main(request)` runs one operation and prints its reply.
 
-The bootstrap (`opspatch.hosts.operations.BOOTSTRAP`) registers every agent module and calls this
+The bootstrap (`opspatch.hosts.channel.BOOTSTRAP`) registers the agent modules sent and calls this
 module's `main`, which prints exactly one JSON line on the original stdout:
 
     {"ok": true, "result": {...}, "as": {"user": "ops", "uid": 1000}}
@@ -21,8 +21,8 @@ import sys
 import traceback
 from typing import IO, TYPE_CHECKING, Any
 
-# Imported for their operations, which register themselves by name.
-from opspatch.hosts.agent import diagnose, engine, facts, files, locks, processes  # noqa: F401
+# The operations' modules are not imported here: the controller sends an exec only the modules
+# its operation needs (`opspatch.hosts.channel.modules_for`), each registering its operations.
 from opspatch.hosts.agent.fsutil import user_name
 from opspatch.hosts.agent.protocol import OPERATIONS, OpFailure, operation
 

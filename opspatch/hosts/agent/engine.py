@@ -271,7 +271,9 @@ def op_smoke(args: Args) -> Result:
         # The host's last step when it passes: give the run's lock back in the same exec (one
         # round trip fewer per host). A failed smoke keeps it: the rollback still needs it.
         try:
-            released = op_unlock({"state_dir": release["state_dir"], "run_id": release["run_id"]})
+            released = op_unlock(
+                {"state_dir": release["state_dir"], "run_id": release["run_id"], "force": False}
+            )
         except OpFailure as failure:
             released = {"released": False, "reason": failure.code, "previous": None}
         except OSError as exc:  # e.g. the lock belongs to a raised user: the controller releases it

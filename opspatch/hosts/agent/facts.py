@@ -18,7 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from opspatch.hosts.agent.files import read_file
 from opspatch.hosts.agent.fsutil import dist_version
@@ -32,7 +32,7 @@ from opspatch.hosts.agent.processes import (
 from opspatch.hosts.agent.protocol import OpFailure, operation
 
 if TYPE_CHECKING:
-    from opspatch.hosts.agent.protocol import Args, Result
+    from opspatch.hosts.agent.protocol import Args, LockRequest, Result
 
 
 _GPU_PROBE_SECONDS = 5.0
@@ -370,7 +370,7 @@ def running_server(where: Result | None) -> Result | None:
 def op_begin(args: Args) -> Result:
     """lock + inspect in one exec: how a rollout starts on a host. The lock is kept even if the
     inspection fails (the controller releases it), so no other run slips in between."""
-    locked = op_lock(args)
+    locked = op_lock(cast("LockRequest", args))  # a begin request carries the lock's fields
     try:
         inspected = op_inspect(args)
     except OpFailure as failure:

@@ -30,12 +30,19 @@ from opspatch.hosts.agent.locks import op_unlock, require_lock
 from opspatch.hosts.agent.protocol import OpFailure, operation, os_failure
 
 if TYPE_CHECKING:
-    from opspatch.hosts.agent.protocol import Args, Result
+    from opspatch.hosts.agent.protocol import (
+        Args,
+        FileReply,
+        ReadRequest,
+        Result,
+        SwapReply,
+        SwapRequest,
+    )
 
 BACKUPS = "backups"
 
 
-def read_file(path: str) -> Result:
+def read_file(path: str) -> FileReply:
     """The file's bytes and metadata; a symlink is followed (the link target is reported)."""
     try:
         link = os.lstat(path)
@@ -70,7 +77,7 @@ def read_file(path: str) -> Result:
 
 
 @operation("read")
-def op_read(args: Args) -> Result:
+def op_read(args: ReadRequest) -> FileReply:
     return read_file(str(args["path"]))
 
 
@@ -159,7 +166,7 @@ def check_compiles(content: bytes, filename: str) -> None:
 
 
 @operation("swap")
-def op_swap(args: Args) -> Result:
+def op_swap(args: SwapRequest) -> SwapReply:
     """Replace a file whose current sha256 is `expected_sha256` by new bytes, atomically.
 
     Order: pre-image check, compile check, backup of the pre-image, atomic write, bytecode purge.
@@ -183,7 +190,7 @@ def op_swap(args: Args) -> Result:
     after = sha256_hex(new)
     check_compiles(new, realpath)
     info = os.stat(realpath)
-    result: Result = {
+    result: SwapReply = {
         "path": path,
         "realpath": realpath,
         "sha256_before": before,
@@ -202,11 +209,17 @@ def op_swap(args: Args) -> Result:
         # No restart follows (a staged apply, a local file): the swap is the host's last step,
         # so the lock goes back in the same exec.
         try:
-            result["released"] = op_unlock({"state_dir": state_dir, "run_id": args["lock_run_id"]})
+            result["released"] = op_unlock(
+                {"state_dir": state_dir, "run_id": str(args["lock_run_id"]), "force": False}
+            )
         except OpFailure as failure:
             result["released"] = {"released": False, "reason": failure.code, "previous": None}
         except OSError as exc:  # the controller releases it with its own exec
-            result["released"] = {"released": False, "reason": f"unlock-failed: {exc}"}
+            result["released"] = {
+                "released": False,
+                "reason": f"unlock-failed: {exc}",
+                "previous": None,
+            }
     return result
 
 

@@ -14,7 +14,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from opspatch.hosts.agent.fsutil import TEMP_SUFFIX, ensure_state_dir, fsync_directory, iso
 from opspatch.hosts.agent.protocol import OpFailure, operation, os_failure
@@ -25,7 +25,13 @@ except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
-    from opspatch.hosts.agent.protocol import Args, Result
+    from opspatch.hosts.agent.protocol import (
+        LockHolderReply,
+        LockReply,
+        LockRequest,
+        UnlockReply,
+        UnlockRequest,
+    )
 
 LOCK_FILE = "lock.json"
 LOCK_GUARD = "lock.guard"
@@ -75,7 +81,7 @@ def _is_expired(holder: dict[str, Any], now: float, ttl: float) -> bool:
     return float(holder["expires_at"]) < now
 
 
-def _write_lock(path: str, holder: dict[str, Any], replace_existing: bool) -> None:
+def _write_lock(path: str, holder: LockHolderReply, replace_existing: bool) -> None:
     directory = os.path.dirname(path)
     fd, temp = tempfile.mkstemp(prefix=".lock.", suffix=TEMP_SUFFIX, dir=directory)
     try:
@@ -104,7 +110,7 @@ def require_lock(state_dir: str, run_id: str) -> None:
 
 
 @operation("lock")
-def op_lock(args: Args) -> Result:
+def op_lock(args: LockRequest) -> LockReply:
     """Take (or refresh) the host's lock for a run; take over an expired one.
 
     Refuses with `lock-held` (owner, run id, expiry in data) while another run holds it.
@@ -140,7 +146,7 @@ def op_lock(args: Args) -> Result:
                 dict(current, path=path),
             )
         acquired = float(current["acquired_at"]) if refreshed and current else now
-        holder = {
+        holder: LockHolderReply = {
             "owner": owner,
             "run_id": run_id,
             "acquired_at": acquired,
@@ -156,12 +162,12 @@ def op_lock(args: Args) -> Result:
     return {
         "holder": holder,
         "refreshed": refreshed,
-        "previous": None if refreshed else current,
+        "previous": None if refreshed else cast("LockHolderReply | None", current),
     }
 
 
 @operation("unlock")
-def op_unlock(args: Args) -> Result:
+def op_unlock(args: UnlockRequest) -> UnlockReply:
     """Release the host's lock; only the run that holds it may (unless `force`)."""
     state_dir = str(args["state_dir"])
     run_id = str(args["run_id"])
@@ -182,4 +188,4 @@ def op_unlock(args: Args) -> Result:
             )
         os.unlink(path)
         fsync_directory(state_dir)
-    return {"released": True, "reason": "released", "previous": current}
+    return {"released": True, "reason": "released", "previous": cast("LockHolderReply", current)}

@@ -2,22 +2,188 @@
 request's `args` (a JSON object) and return a JSON object; an expected refusal is an `OpFailure`
 with a stable, machine-readable `code`.
 
-Adding an operation: in the module of its concern, write `def op_name(args) -> dict`, decorate it
-with `@operation("name")`, raise `OpFailure(code, message, data)` for expected refusals, and make
-sure `opspatch.hosts.agent.dispatch` imports that module. That is the whole pattern.
+Adding an operation: in the module of its concern, write `def op_name(args: NameRequest) ->
+NameReply` (its two TypedDicts below, which the controller's `HostOperations` reads too, so mypy
+checks both ends against one shape; `Args` -> `Result` for an operation not yet typed), decorate it
+with `@operation("name")`, raise `OpFailure(code, message, data)` for expected refusals, and
+list that module in `opspatch.hosts.agent.MODULES` (the controller finds which module defines an
+operation from its decorator and sends an exec that module and what it imports). That is the whole
+pattern.
 """
 
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
 if TYPE_CHECKING:  # aliases for the checker only: `dict[...]` cannot be evaluated on Python 3.8
     Args = dict[str, Any]
     Result = dict[str, Any]
 
-OPERATIONS: dict[str, Callable[[Args], Result]] = {}
+OPERATIONS: dict[str, Callable[[Any], Mapping[str, Any]]] = {}
+"""Every operation by name: it takes its request's `args` (a TypedDict below, or `Args`) and
+returns its reply's `result` (likewise)."""
+OpFunction = TypeVar("OpFunction", bound="Callable[[Any], Mapping[str, Any]]")
+
+
+# -- the wire format of the operations the controller calls -------------------------------------
+# One request and one reply shape per operation, imported by the controller's channel
+# (`opspatch.hosts.channel`) so both ends read the same names. `typing.TypedDict` exists on
+# Python 3.8, and these classes cost a host nothing beyond `typing`, which dispatch imports anyway.
+# The field types stay strings here (`from __future__ import annotations`), so 3.8 never
+# evaluates `list[str]`; mypy checks them on the controller.
+
+
+class ServerHint(TypedDict):
+    pid_file: str | None
+    url: str | None
+
+
+class LockRequest(TypedDict):
+    state_dir: str
+    owner: str
+    run_id: str
+    ttl_seconds: float
+    takeover_run: str | None  # `recover` takes over the lock of the run it recovers
+
+
+class LockHolderReply(TypedDict, total=False):
+    owner: str | None
+    run_id: str | None
+    hostname: str
+    acquired_at: float
+    expires_at: float
+    acquired_at_iso: str
+    expires_at_iso: str
+    unreadable: bool
+    modified_at: float
+
+
+class LockReply(TypedDict):
+    holder: LockHolderReply
+    refreshed: bool
+    previous: LockHolderReply | None
+
+
+class UnlockRequest(TypedDict):
+    state_dir: str
+    run_id: str
+    force: bool
+
+
+class UnlockReply(TypedDict):
+    released: bool
+    reason: str
+    previous: LockHolderReply | None
+
+
+class ResolveRequest(TypedDict):
+    module: str
+
+
+class ReadRequest(TypedDict):
+    path: str
+
+
+class FileReply(TypedDict):
+    path: str
+    realpath: str
+    symlink_target: str | None
+    content_b64: str
+    sha256: str
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    owner: str | None
+    group: str | None
+    mtime_ns: int
+    nlink: int
+
+
+class InspectRequest(TypedDict):
+    module: str | None
+    path: str | None
+    server: ServerHint | None
+
+
+class InspectReply(TypedDict):
+    facts: dict[str, Any]
+    resolved: dict[str, Any] | None
+    file: FileReply
+    server: dict[str, Any] | None
+
+
+class BeginRequest(LockRequest):
+    module: str | None
+    path: str | None
+    server: ServerHint
+
+
+class BeginReply(InspectReply):
+    lock: LockReply
+
+
+class SwapRequest(TypedDict):
+    path: str
+    expected_sha256: str
+    content_b64: str
+    state_dir: str
+    lock_run_id: str | None
+    release_lock: bool
+
+
+class SwapReply(TypedDict, total=False):
+    path: str
+    realpath: str
+    sha256_before: str
+    sha256_after: str
+    mode: int
+    uid: int
+    gid: int
+    changed: bool
+    backup_path: str | None
+    purged_bytecode: list[str]
+    purge_failures: list[str]
+    released: UnlockReply
+
+
+class RestoreRequest(TypedDict):
+    path: str
+    pre_sha256: str
+    content_b64: str | None
+    current_sha256: str | None
+    force: bool
+    state_dir: str
+
+
+class RestoreReply(TypedDict):
+    path: str
+    realpath: str
+    sha256_before: str
+    sha256_after: str
+    changed: bool
+    source: Literal["backup", "given", "already"]
+    kept_copy: str | None
+    purged_bytecode: list[str]
+    purge_failures: list[str]
+
+
+class WhoamiReply(TypedDict):
+    user: str
+    uid: int
+
+
+class Reply(TypedDict, total=False):
+    """The one reply line `dispatch.main` prints for every operation."""
+
+    ok: bool
+    result: Any
+    code: str
+    message: str
+    data: dict[str, Any]
+    # `as` is a keyword, so the field is read as reply.get("as") on a plain dict.
 
 
 class OpFailure(Exception):
@@ -30,10 +196,10 @@ class OpFailure(Exception):
         self.data = data or {}
 
 
-def operation(name: str) -> Callable[[Callable[[Args], Result]], Callable[[Args], Result]]:
+def operation(name: str) -> Callable[[OpFunction], OpFunction]:
     """Register a function as the operation `name`."""
 
-    def register(function: Callable[[Args], Result]) -> Callable[[Args], Result]:
+    def register(function: OpFunction) -> OpFunction:
         OPERATIONS[name] = function
         return function
 

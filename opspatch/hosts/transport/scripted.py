@@ -35,12 +35,14 @@ as the real transports count their execs, so a test can check round trips and de
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from opspatch.hosts.channel import agent_modules, decode_request
 from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult
 
 
@@ -108,10 +110,10 @@ class ScriptedTransport(ClosesOnExit):
         self.exec_count += 1
         started = time.monotonic()
         try:
-            request = json.loads(stdin.splitlines()[-1].decode("utf-8"))  # as the bootstrap
-            op = str(request["op"])
+            request = decode_request(stdin)  # the channel's one wire format
+            op = request["op"]
             args = dict(request.get("args") or {})
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        except (ValueError, TypeError) as exc:
             raise ValueError(
                 f"the scripted transport only answers host-agent requests, not `{command.masked()}`"
             ) from exc
@@ -155,14 +157,16 @@ def agent_operation(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal:
     `agent-error`, as on a host). The request's `cwd` is not entered: the test process stays
     where it is.
     """
-    import opspatch.hosts.agent.dispatch  # noqa: F401 - registers every operation
     from opspatch.hosts.agent.protocol import OPERATIONS, OpFailure
+
+    for name, _ in agent_modules():
+        importlib.import_module(name)  # each registers its operations
 
     function = OPERATIONS.get(op)
     if function is None:
         return Refusal("unknown-operation", f"this agent has no operation {op!r}")
     try:
-        return function(json.loads(json.dumps(args)))  # the copy a host would decode
+        return dict(function(json.loads(json.dumps(args))))  # the copy a host would decode
     except OpFailure as failure:
         return Refusal(failure.code, failure.message, failure.data)
     except Exception as exc:

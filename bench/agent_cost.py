@@ -1,0 +1,78 @@
+"""Host-side CPU of one host's patch phase: begin (lock + inspect), swap, unlock, repeated.
+
+Runs the real agent through the local transport (each operation one `python -c BOOTSTRAP`
+process, as on a host) and reads the CPU its processes used from `getrusage(RUSAGE_CHILDREN)`,
+so the figure is what a host pays, not the controller. Usage:
+
+    PYTHONPATH=$PWD python bench/agent_cost.py [rounds]
+
+Prints the median and the best CPU-seconds per round (user + system of the children). The
+machine is shared, so repeat it and read the best figure.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from opspatch.core.host import EngineSettings, Host
+from opspatch.core.source import sha256_hex
+from opspatch.hosts.operations import HostOperations
+from opspatch.hosts.transport.local import LocalTransport
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def one_round(ops: HostOperations, target: Path, round_number: int) -> float:
+    """CPU-seconds the host's agent processes used for one begin + swap + unlock."""
+    run_id = f"bench-{round_number}"
+    before = _children_cpu()
+    _, inspection = ops.begin(path=str(target), run_id=run_id, timeout=60)
+    new = inspection.file.content + f"# round {round_number}\n".encode()
+    ops.swap(
+        str(target),
+        expected_sha256=sha256_hex(inspection.file.content),
+        new_content=new,
+        lock_run_id=run_id,
+        timeout=60,
+    )
+    ops.unlock(run_id=run_id, timeout=60)
+    return _children_cpu() - before
+
+
+def main(rounds: int) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        target = Path(folder) / "worker.py"
+        target.write_text("A = 1\n" * 200)
+        host = Host(
+            name="bench",
+            inventory="bench",
+            address="127.0.0.1",
+            port=None,
+            user=None,
+            identity_file=None,
+            known_hosts=None,
+            jump=None,
+            transport="local",
+            state_dir=str(Path(folder) / "state"),
+            vars={},
+            engine=EngineSettings(python=sys.executable),
+            groups=(),
+        )
+        with LocalTransport("bench") as transport:
+            ops = HostOperations(transport, host)
+            figures = [one_round(ops, target, n) for n in range(rounds)]
+    print(
+        f"host CPU per begin+swap+unlock over {rounds} rounds: "
+        f"median {statistics.median(figures) * 1000:.0f} ms, best {min(figures) * 1000:.0f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 10)

@@ -1,0 +1,359 @@
+"""The agent channel: one typed call to the host agent over a `Transport`, in one place.
+
+`AgentChannel.call(op, args, as_user=...)` is the only code that turns an operation into bytes
+on a host and its reply line back into a value: it builds `<python> -c BOOTSTRAP` with the
+request on stdin (`encode_request`), sends it as the login user or, through `Sudo`, as a raised
+one, reads the reply line (`parse_reply`), notes who ran it (`ran_as`), and turns a refusal into
+the error tree through `REFUSAL_ERRORS`, the one table from the agent's codes to errors.
+`HostOperations` (`opspatch.hosts.operations`) builds each operation's typed request
+(`opspatch.hosts.agent.protocol`) and makes result values of the typed replies.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import functools
+import json
+import zlib
+from importlib import resources
+from typing import Any
+
+from opspatch.core.host import Host
+from opspatch.errors import (
+    InputError,
+    LockHeld,
+    PreimageMismatch,
+    RemoteOperationError,
+    TargetError,
+    TransportError,
+)
+from opspatch.hosts.become import (
+    LOGIN_OPERATIONS,
+    BecomePasswords,
+    Sudo,
+    not_allowed_to_read,
+    run_as,
+)
+from opspatch.hosts.transport.base import Command, CommandResult, Transport
+
+BOOTSTRAP = (  # short names: the whole program travels on every command line
+    "import base64, json, os, sys, types, zlib\n"
+    "r = json.loads(sys.stdin.buffer.read().splitlines()[-1])\n"
+    "os.environ.update(r.pop('env', None) or {})\n"
+    "sys.pycache_prefix = os.environ.get('PYTHONPYCACHEPREFIX', sys.pycache_prefix)\n"
+    "for name, src in json.loads(zlib.decompress(base64.b64decode(r.pop('agent')))):\n"
+    "    p = name.split('.')\n"
+    "    for i in range(1, len(p)):\n"
+    "        sys.modules.setdefault('.'.join(p[:i]), types.ModuleType('.'.join(p[:i])))"
+    ".__path__ = []\n"
+    "    m = sys.modules[name] = types.ModuleType(name)\n"
+    "    exec(compile(src, '<opspatch-agent>/' + name, 'exec'), m.__dict__)\n"
+    "sys.exit(m.main(r))\n"
+)
+"""The `-c` program: small and stable, so the command line never changes between operations.
+
+The request is stdin's last line (a line ahead of it is never the agent's business: it is sudo's
+password, read by sudo itself). Its `env` (sent when the agent runs through sudo, which resets
+the environment) is applied first, so a start command and the bytecode cache folder see the
+engine's environment. It registers each agent module sent in the request (`[name, source]` pairs
+in dependency order, as zlib-compressed JSON in base64: a third of the bytes), in `sys.modules` under its real dotted name, its parents as empty stub packages (whose empty
+`__path__` means nothing under these names is ever imported from the host's disk), executes it,
+and calls the last module's `main(request)`."""
+
+AGENT_PACKAGE = "opspatch.hosts.agent"
+
+REFUSAL_ERRORS: dict[str, type[RemoteOperationError] | type[TargetError]] = {
+    "preimage-mismatch": PreimageMismatch,
+    "lock-held": LockHeld,
+    "module-not-found": TargetError,
+    "module-not-source": TargetError,
+    "bad-module": TargetError,
+}
+"""The agent's refusal codes that are their own error; every other code is a
+`RemoteOperationError` carrying it. The one table from the agent's words to the error tree."""
+
+_INTERPRETER_MISSING_STATUS = (126, 127)  # the shell's "not executable" / "not found"
+
+
+@functools.cache
+def agent_modules() -> tuple[tuple[str, str], ...]:
+    """The host agent as sent to hosts: (dotted name, source text) of each of its modules, in
+    the order the bootstrap executes them (`opspatch.hosts.agent.MODULES`)."""
+    from opspatch.hosts.agent import MODULES
+
+    package = resources.files(AGENT_PACKAGE)
+    return tuple(
+        (f"{AGENT_PACKAGE}.{name}", package.joinpath(f"{name}.py").read_text(encoding="utf-8"))
+        for name in MODULES
+    )
+
+
+@functools.cache
+def _defining_modules() -> dict[str, str]:
+    """Operation name -> the agent module that registers it (its `@operation("name")`)."""
+    defined: dict[str, str] = {}
+    for name, source in agent_modules():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef):
+                for decorator in node.decorator_list:
+                    if (
+                        isinstance(decorator, ast.Call)
+                        and isinstance(decorator.func, ast.Name)
+                        and decorator.func.id == "operation"
+                        and isinstance(decorator.args[0], ast.Constant)
+                    ):
+                        defined[str(decorator.args[0].value)] = name
+    return defined
+
+
+@functools.cache
+def _imports(name: str) -> frozenset[str]:
+    """The agent modules `name` imports anywhere (in a function too: it runs on the host)."""
+    source = dict(agent_modules())[name]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == AGENT_PACKAGE:
+                found.update(f"{AGENT_PACKAGE}.{alias.name}" for alias in node.names)
+            elif node.module.startswith(AGENT_PACKAGE + "."):
+                found.add(node.module)
+    return frozenset(found)
+
+
+@functools.cache
+def modules_for(operation: str) -> tuple[str, ...]:
+    """The agent modules an exec of `operation` needs, in the order the bootstrap runs them:
+    the module that defines it, what that imports (transitively), and `dispatch` last. An
+    unknown operation gets every module (the agent then says `unknown-operation`)."""
+    every = [name for name, _ in agent_modules()]
+    dispatch = every[-1]
+    defining = _defining_modules().get(operation)
+    if defining is None:
+        return tuple(every)
+    needed: set[str] = set()
+    pending = [defining, dispatch]
+    while pending:
+        name = pending.pop()
+        if name not in needed:
+            needed.add(name)
+            pending.extend(_imports(name))
+    return tuple(name for name in every if name in needed)
+
+
+@functools.cache
+def _packed_agent(operation: str) -> str:
+    """The `agent` field of a request for `operation`: its modules, compressed."""
+    sources = dict(agent_modules())
+    pairs = [[name, sources[name]] for name in modules_for(operation)]
+    return base64.b64encode(zlib.compress(json.dumps(pairs).encode("utf-8"), 6)).decode("ascii")
+
+
+def encode_request(
+    operation: str, args: dict[str, Any], *, cwd: str | None, env: dict[str, str] | None
+) -> bytes:
+    """The request line the bootstrap reads: the agent's source, the operation, its arguments,
+    the engine's folder, and (through sudo, which resets it) the engine's environment."""
+    request: dict[str, Any] = {
+        "agent": _packed_agent(operation),
+        "op": operation,
+        "args": args,
+        "cwd": cwd,
+    }
+    if env is not None:
+        request["env"] = env
+    return json.dumps(request).encode("utf-8")
+
+
+def decode_request(stdin: bytes) -> dict[str, Any]:
+    """The request an exec carries, read as the bootstrap reads it (stdin's last line).
+
+    Raises:
+        ValueError: `stdin` is not a host-agent request.
+    """
+    try:
+        request = json.loads(stdin.splitlines()[-1].decode("utf-8"))
+    except (ValueError, IndexError, UnicodeDecodeError) as exc:
+        raise ValueError("not a host-agent request") from exc
+    if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+        raise ValueError("not a host-agent request")
+    return request
+
+
+def parse_reply(stdout: bytes) -> dict[str, Any] | None:
+    """The agent's reply: the last non-empty stdout line, if it is a JSON object with `ok`."""
+    for line in reversed(stdout.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            return None
+        return reply if isinstance(reply, dict) and "ok" in reply else None
+    return None
+
+
+class AgentChannel:
+    """Calls to one host's agent: `call(op, args, as_user=...)`, the single path every host
+    operation takes. `ran_as` lists the user every exec ran as (`name`, or `name (sudo)`)."""
+
+    def __init__(
+        self, transport: Transport, host: Host, *, passwords: BecomePasswords | None = None
+    ) -> None:
+        self.transport = transport
+        self.host = host
+        self.ran_as: list[str] = []
+        self._sudo = Sudo(host, passwords or BecomePasswords())
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    def default_user(self, operation: str) -> str | None:
+        """Who runs `operation` on this host: the become user for one that changes it (with
+        `become`), else None, the login user."""
+        return run_as(self.host, operation)
+
+    def call(
+        self,
+        operation: str,
+        args: dict[str, Any],
+        *,
+        as_user: str | None,
+        timeout: float,
+        step: str,
+    ) -> dict[str, Any]:
+        """Run agent operation `operation` with `args` as `as_user` (None: the login user);
+        its `result` on success.
+
+        Raises:
+            InputError: the inventory names no engine interpreter, or it cannot run on the host.
+            TargetError: a module named in `args` does not resolve on the host.
+            PreimageMismatch, LockHeld, RemoteOperationError: the agent refused (`code` says why).
+            TransportError, CommandTimeout: the host could not be reached or the deadline passed.
+            BecomeError: `as_user` is set and sudo cannot run it.
+        """
+        python = self.host.engine.python
+        if not python:
+            raise InputError(
+                f"[{self.name}] the inventory sets no engine.python for this host",
+                hint="set engine.python to the interpreter the SGLang server runs with, "
+                "e.g. /opt/sglang/venv/bin/python",
+            )
+        result = self._exchange(python, operation, args, as_user, timeout, step)
+        reply = parse_reply(result.stdout)
+        if reply is None:
+            stderr = result.stderr.decode("utf-8", errors="replace").strip()
+            if result.exit_code in _INTERPRETER_MISSING_STATUS:
+                if self._may_raise_instead(as_user, operation):
+                    # an interpreter only its owner may run: read as the become user instead
+                    return self._call_raised(operation, args, timeout, step)
+                raise InputError(
+                    f"[{self.name}] engine.python {python!r} cannot be run on the host "
+                    f"(exit {result.exit_code}: {_last_line(stderr)})",
+                    hint="set engine.python in the inventory to the interpreter the server "
+                    "runs with",
+                )
+            if "SyntaxError" in stderr:
+                raise RemoteOperationError(
+                    f"{python} could not run the host agent (it needs Python 3.8 or newer): "
+                    f"{_last_line(stderr)}",
+                    code="agent-unsupported-python",
+                    host=self.name,
+                    step=step,
+                )
+            raise RemoteOperationError(
+                f"the host agent gave no reply (exit {result.exit_code}): {_last_line(stderr)}",
+                code="agent-no-reply",
+                host=self.name,
+                step=step,
+                data={"stderr": stderr[-4000:], "exit_code": result.exit_code},
+            )
+        self._note_user(reply, as_user)
+        if reply.get("ok"):
+            value = reply.get("result")
+            return value if isinstance(value, dict) else {"value": value}
+        if as_user is None and self.host.become.enabled and not_allowed_to_read(operation, reply):
+            # the login user may not read what this needs: ask again as the become user
+            return self._call_raised(operation, args, timeout, step)
+        raise self._refusal(reply, step, args)
+
+    def _may_raise_instead(self, as_user: str | None, operation: str) -> bool:
+        return as_user is None and self.host.become.enabled and operation in LOGIN_OPERATIONS
+
+    def _call_raised(
+        self, operation: str, args: dict[str, Any], timeout: float, step: str
+    ) -> dict[str, Any]:
+        user = self.host.become.user
+        return self.call(operation, args, as_user=user, timeout=timeout, step=step)
+
+    def _exchange(
+        self,
+        python: str,
+        operation: str,
+        args: dict[str, Any],
+        as_user: str | None,
+        timeout: float,
+        step: str,
+    ) -> CommandResult:
+        """The one exec: the bootstrap with the request on stdin, through sudo when raised."""
+        cwd = getattr(self.host.engine.restart, "workdir", None)
+        program = (python, "-c", BOOTSTRAP)
+        if as_user is None:
+            stdin = encode_request(operation, args, cwd=cwd, env=None)
+            command = Command(program, env=dict(self.host.engine.env))
+            return self._run(command, stdin, timeout, step)
+        # sudo resets the environment, so the request carries it
+        stdin = encode_request(operation, args, cwd=cwd, env=dict(self.host.engine.env))
+        return self._sudo.run(
+            as_user,
+            program,
+            stdin,
+            send=lambda command, payload: self._run(command, payload, timeout, step),
+            program_text=BOOTSTRAP,
+        )
+
+    def _run(self, command: Command, stdin: bytes, timeout: float, step: str) -> CommandResult:
+        """One exec on the host; transport failures name this host and step."""
+        try:
+            return self.transport.run(command, stdin=stdin, timeout=timeout)
+        except TransportError as exc:
+            if exc.step == step and exc.host == self.name:
+                raise
+            raise type(exc)(exc.detail, host=self.name, step=step, hint=exc.hint) from None
+
+    def _note_user(self, reply: dict[str, Any], user: str | None) -> None:
+        identity = reply.get("as")
+        name = identity.get("user") if isinstance(identity, dict) else None
+        if name is None and user is None:
+            return  # an agent that does not say (a scripted host)
+        name = str(name or user)
+        self.ran_as.append(f"{name} (sudo)" if user is not None else name)
+
+    def _refusal(
+        self, reply: dict[str, Any], step: str, args: dict[str, Any]
+    ) -> TargetError | RemoteOperationError:
+        code = str(reply.get("code") or "agent-error")
+        message = str(reply.get("message") or "the host agent refused")
+        raw_data = reply.get("data")
+        data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
+        error_type = REFUSAL_ERRORS.get(code, RemoteOperationError)
+        if error_type is TargetError:
+            return TargetError(
+                f"[{self.name}] module {args.get('module')!r} does not resolve under "
+                f"{self.host.engine.python}: {message}",
+                hint="check the patch's target module and the host's engine.python / engine.env",
+            )
+        if data.get("errno") in ("EACCES", "EPERM") and not self.host.become.enabled:
+            # said in the message itself: a host's error line is what the report shows
+            message += (
+                " (the login user may not change this; set become = true and become_user to "
+                "the owner of the file in the inventory)"
+            )
+        assert issubclass(error_type, RemoteOperationError)
+        return error_type(message, code=code, host=self.name, step=step, data=data)
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][-500:] if lines else "no output"
