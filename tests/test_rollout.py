@@ -683,7 +683,10 @@ def test_stacked_patches_over_ssh_status_names_the_run_on_top_and_roll_back_in_o
                                 "--patch", "stack-b", "--patch", "eagle-init-guard", "--json")  # fmt: skip
         assert status.code == 0, status.stdout + status.stderr
         found = {s["patch"]: (s["state"], s["detail"]) for s in status.json()["status"]}
-        assert found["stack-b"] == ("applied", f"as written by run {run_b}")
+        assert found["stack-b"] == (
+            "applied",
+            f"as written by run {run_b}, proven by its smoke decode",
+        )
         assert found["stack-a"] == (
             "applied",
             f"written by run {run_a}, patched further by run {run_b} (stack-b): "
@@ -743,7 +746,9 @@ def test_one_machine_through_two_inventories_is_one_host_to_status_and_rollback(
         assert status.code == 0, status.stdout + status.stderr
         (found,) = status.json()["status"]
         assert (found["host"], found["state"]) == (name, "applied")
-        assert found["detail"] == f"as written by run {run.json()['run_id']}", found
+        assert found["detail"] == (
+            f"as written by run {run.json()['run_id']}, proven by its smoke decode"
+        ), found
 
         back = fleet.opspatch("rollback", "mark", "--hosts", "sandbox-ssh", "--yes", "--json")
         assert back.code == 0, back.stdout + back.stderr

@@ -311,9 +311,10 @@ def test_down_keeps_everything_and_up_restarts_on_the_same_port_with_the_patched
         assert isinstance(outcome, Applied)
         target.write_bytes(outcome.new_source)
 
+        wrapper = parent_pid(first["pid"])  # the pid file's /bin/sh, whose child is the engine
         down = sandbox.run("down", "--json")
         assert down.code == 0, down.stderr
-        assert down.json()["hosts"][0]["stopped"][0] == first["pid"]
+        assert down.json()["hosts"][0]["stopped"][0] == wrapper
         assert down.json()["removed"] == []
         assert not running(first["pid"])
         assert sandbox.layout.host_dir("sandbox-01").is_dir()
@@ -508,7 +509,8 @@ def test_ssh_transport_from_the_sandbox_ssh_inventory_runs_commands_on_the_host(
         pid_file = sandbox.layout.pid_file("sandbox-01")
         result = transport.run(Command(("cat", str(pid_file))), timeout=60)
         assert result.exit_code == 0, result.stderr
-        assert result.stdout.decode().strip() == str(report["hosts"][0]["pid"])
+        # the pid file names the start command's /bin/sh; the status names the engine, its child
+        assert result.stdout.decode().strip() == str(parent_pid(report["hosts"][0]["pid"]))
         resolved = HostOperations(transport, host).resolve(EAGLE_MODULE, timeout=60)
         assert resolved.origin.startswith(str(sandbox.layout.host_dir("sandbox-01")))
     finally:
@@ -528,3 +530,9 @@ def test_up_ssh_twice_keeps_the_sshd_and_down_stops_it(tmp_path: Path) -> None:
         assert down.code == 0, down.stderr
         assert down.json()["hosts"][0]["sshd_stopped"] == first["pid"]
         assert not running(first["pid"])
+
+
+def parent_pid(pid: int) -> int:
+    """The parent of a running process (from /proc)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])

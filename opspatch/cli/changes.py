@@ -39,6 +39,8 @@ PythonOption = Annotated[
         "--python",
         help="With --file: the interpreter that validates the new text.",
         metavar="PYTHON",
+        # the path differs per machine (and per `python`/`python3`): the reference shows a word
+        show_default="the Python opspatch runs on",
     ),
 ]
 
