@@ -59,3 +59,18 @@ def test_a_smoke_line_says_in_words_what_the_server_did_not_give() -> None:
         "'The capital of France is' -> no text (the server gave no completion)"
     )
     assert smoke_line("def f():", "return", 4) == "'def f():' -> 'return' (spec_verify_ct 4)"
+
+
+def test_a_failure_is_one_short_line_with_paths_cut_to_their_file_name() -> None:
+    from opspatch.cli.render import one_line
+
+    crash = (
+        "prompt 1: the server crashed: AttributeError: 'EAGLEWorkerV2' object has no attribute "
+        "'spec_disable_batch_threshold' (File \"/srv/a/venv/lib/python3.11/site-packages/sglang/"
+        'srt/speculative/eagle_worker_v2.py", line 120, in forward)\n[log] Traceback (most recent'
+    )
+    line = one_line(crash)
+    assert "\n" not in line and len(line) <= 160
+    assert '"…/eagle_worker_v2.py"' in line and "site-packages" not in line
+    assert line.startswith("prompt 1: the server crashed: AttributeError:")
+    assert one_line("short") == "short"

@@ -50,6 +50,12 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
             timeout=600,
         )
         assert done.returncode == expected, f"{line}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        if words[1] == "smoke" and expected == 1:  # a crashed host: one short line each
+            crashed = [ln for ln in done.stdout.splitlines() if ln.startswith("sandbox-0")]
+            assert len(crashed) == 3, done.stdout
+            for said in crashed:
+                assert "AttributeError" in said and len(said) <= 200, said
+                assert "/site-packages/" not in said, said  # the path cut to its file name
         if words[1] == "apply":  # the lines the README shows of it
             said = done.stdout + done.stderr
             assert ": eagle-init-guard on 3 host(s), playbook default" in said, said

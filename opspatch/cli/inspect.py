@@ -8,7 +8,7 @@ import typer
 from rich.text import Text
 
 from opspatch.cli.context import AcceptKeysOption, HostsOption, JsonOption, PlaybookOption, options
-from opspatch.cli.render import STATE_STYLE, Column, emit_json, out, table_of
+from opspatch.cli.render import STATE_STYLE, Column, emit_json, one_line, out, table_of
 from opspatch.errors import EXIT_HOST_FAILED, InputError
 
 
@@ -67,6 +67,9 @@ def smoke(
     playbook: PlaybookOption = "default",
     accept_new_host_keys: AcceptKeysOption = False,
     as_json: JsonOption = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Every failure in full (paths, log lines).")
+    ] = False,
 ) -> None:
     """Run the playbook's smoke decode (and a scan of the log it writes) on each host; change nothing."""
     from opspatch.runs.smoke import smoke_hosts
@@ -83,7 +86,15 @@ def smoke(
     else:
         for item in report.hosts:
             style = "green" if item.ok else "red"
-            summary = "ok" if item.ok else "; ".join(item.failures)
+            if item.ok:
+                summary = "ok"
+            elif verbose:
+                summary = "; ".join(item.failures)
+            else:  # one short line: the first failure; the rest under --verbose and in --json
+                more = len(item.failures) - 1
+                summary = one_line(item.failures[0] if item.failures else "failed") + (
+                    f" (+{more} more: --verbose)" if more > 0 else ""
+                )
             out.print(Text(f"{item.host}: {summary}", style=style))
             for prompt in item.result.prompts if item.result else ():
                 out.print(

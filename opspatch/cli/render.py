@@ -8,6 +8,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -97,6 +98,18 @@ def short_path(path: str, width: int = 48) -> str:
     its file name."""
     width = max(width, len(path.rsplit("/", 1)[-1]) + 2)
     return path if len(path) <= width else "…" + path[-(width - 1) :]
+
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[^\s/\"',()]+/)+([^\s/\"',()]+)")
+
+
+def one_line(text: str, limit: int = 160) -> str:
+    """A failure as one short line for a person: its first line, absolute paths cut to their
+    file name (`…/eagle_worker_v2.py`), at most `limit` characters. The whole text stays in the
+    ledger and `--json` (and under `--verbose`)."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    first = _ABSOLUTE_PATH.sub(lambda m: "…/" + m.group(1), first)
+    return first if len(first) <= limit else first[: limit - 1] + "…"
 
 
 class Column(str, Enum):
