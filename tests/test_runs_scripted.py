@@ -684,3 +684,22 @@ def test_status_of_a_partial_file_names_the_patch_to_roll_back(fleet: Fleet) -> 
     (said,) = fleet_status([host.host()], [fleet.patch], fleet.factory, fleet.ledger)
     assert said.state == "partial", said
     assert f"`opspatch rollback {spec.id} --hosts {host.name}`" in said.detail, said
+
+
+def test_a_patch_that_does_not_fit_a_host_names_its_file_line_and_field(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """With --hosts as with --file, an anchor that matches nothing names the patch file and the
+    line of the field (before: only the field and the reason)."""
+    text = (REPO / "patches" / "eagle-init-guard.toml").read_text()
+    wrong = text.replace('scope = "EAGLEWorkerV2.__init__"', 'scope = "EAGLEWorkerV2.__inti__"')
+    assert wrong != text
+    path = tmp_path / "eagle-init-guard.toml"
+    path.write_text(wrong)
+    fleet.patch = load_patch(path)
+    line = 1 + wrong[: wrong.index('scope = "EAGLEWorkerV2.__inti__"')].count("\n")
+    report = fleet.apply()
+    assert report.refused and report.exit_code == 2
+    for host in report.hosts:
+        assert f"{path}:{line}" in (host.error or ""), host.error
+        assert "__inti__" in (host.error or "")

@@ -22,6 +22,7 @@ from opspatch.errors import BecomeError, HostKeyError, OpspatchError
 from opspatch.ledger.store import Ledger
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.fleetrun import FleetRun
+from opspatch.runs.localfile import not_applicable_error
 from opspatch.runs.pipeline import ApplyPipeline, Prepared
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
@@ -147,7 +148,8 @@ class _FleetApply:
                 continue
             problem = item.version_problem
             if problem is None and isinstance(item.plan, NotApplicable):
-                problem = item.plan.render()
+                # the patch file, line and field, as `--file` names them
+                problem = self._misfit(item.inspection.file.realpath, item.plan)
             if problem is not None:
                 misfits.append(host.name)
                 outcomes.append(session.outcome(Outcome.SKIPPED, f"not applicable: {problem}"))
@@ -206,7 +208,11 @@ class _FleetApply:
                     )
                 )
             else:
-                reason = plan.reason if isinstance(plan, AlreadyApplied) else plan.render()
+                reason = (
+                    plan.reason
+                    if isinstance(plan, AlreadyApplied)
+                    else self._misfit(file.realpath, plan)
+                )
                 outcomes.append(
                     session.outcome(
                         Outcome(plan.outcome),
@@ -215,6 +221,9 @@ class _FleetApply:
                     )
                 )
         return RunReport(None, "apply", self.patch.spec.id, tuple(outcomes), dry_run=True)
+
+    def _misfit(self, path: str, plan: NotApplicable) -> str:
+        return not_applicable_error(self.patch, path, plan).render()
 
     # -- the rollout ---------------------------------------------------------------------------
 
