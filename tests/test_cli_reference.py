@@ -61,3 +61,9 @@ def test_help_shows_words_for_option_values_not_python_types() -> None:
     reference = docgen.render_reference()
     options = [line for line in reference.splitlines() if line.lstrip().startswith("-")]
     assert not [line for line in options if "<str>" in line or "<int>" in line or "list[" in line]
+
+
+def test_help_shows_arguments_by_their_name_not_their_python_type() -> None:
+    reference = docgen.render_reference()
+    assert "PATCH " in reference
+    assert "<str>" not in reference and "<path>" not in reference and "<int>" not in reference

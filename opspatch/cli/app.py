@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
+import typer.core
 
 from opspatch import __version__
 from opspatch.cli import (
@@ -32,6 +33,15 @@ from opspatch.cli import (
 from opspatch.cli.context import options
 from opspatch.cli.render import out, print_error
 from opspatch.errors import EXIT_BAD_INPUT, EXIT_OK, OpspatchError, RunInterrupted, exit_code_for
+
+
+def _argument_type_not_shown(self: object, ctx: object) -> None:
+    return None
+
+
+# typer 0.29 prints an argument's Python type after its name (`PATCH <str>`) and has no setting
+# to stop it; the argument's name already says what its value is.
+setattr(typer.core.TyperArgument, "display_type_rich", _argument_type_not_shown)  # noqa: B010
 
 app = typer.Typer(
     name="opspatch",
