@@ -76,6 +76,7 @@ from opspatch.core.unified import (
     plan_hunks,
 )
 from opspatch.core.validate import validate_result
+from opspatch.core.vocabulary import Detected, EditStatus
 
 # ---------------------------------------------------------------------------------------------
 # outcomes
@@ -156,7 +157,7 @@ PlanOutcome = Applied | AlreadyApplied | NotApplicable
 @dataclass(frozen=True)
 class EditState:
     index: int
-    state: str  # "applied" | "pending" | "broken"
+    state: EditStatus
     reason: str
     candidates: tuple[str, ...] = ()
     field: str = ""
@@ -166,7 +167,7 @@ class EditState:
 class Detection:
     """Whether a file carries a patch: `applied`, `not-applied`, `partial` or `unknown`."""
 
-    state: str
+    state: Detected
     edits: tuple[EditState, ...] = field(default_factory=tuple)
     reason: str = ""
 
@@ -244,10 +245,12 @@ def _edit_state(text: str, tree: ast.Module, patch: PatchSpec, i: int) -> EditSt
         if isinstance(edit, InsertEdit):
             scope = scope_of(tree, edit.scope, i)
             if inserted_run(tree, patch, i) is not None:
-                return EditState(i, "applied", f"its code is present {_insert_place(edit)}")
+                return EditState(
+                    i, EditStatus.APPLIED, f"its code is present {_insert_place(edit)}"
+                )
             if edit.anchor is not None:
                 select_in(scope, edit.anchor, i, "anchor")  # a missing anchor is a problem now
-            return EditState(i, "pending", f"its code is not {_insert_place(edit)}")
+            return EditState(i, EditStatus.PENDING, f"its code is not {_insert_place(edit)}")
         if isinstance(edit, ReplaceEdit):
             return _replace_state(tree, edit, i)
         if isinstance(edit, DeleteEdit):
@@ -261,16 +264,16 @@ def _edit_state(text: str, tree: ast.Module, patch: PatchSpec, i: int) -> EditSt
         for fuzz in sorted({0, edit.fuzz}):
             forward = plan_hunks(plain, parsed, max_offset=edit.max_offset, fuzz=fuzz)
             if isinstance(forward, list):
-                return EditState(i, "pending", "the diff applies")
+                return EditState(i, EditStatus.PENDING, "the diff applies")
             backward = plan_hunks(plain, parsed.reversed(), max_offset=edit.max_offset, fuzz=fuzz)
             if isinstance(backward, list):
                 return EditState(
-                    i, "applied", "the diff is already in the file (its reverse applies)"
+                    i, EditStatus.APPLIED, "the diff is already in the file (its reverse applies)"
                 )
         assert isinstance(forward, HunkFailure)
         raise EditProblem(forward.message, edit_field(i, "diff"))
     except EditProblem as problem:
-        return EditState(i, "broken", problem.message, problem.candidates, problem.field)
+        return EditState(i, EditStatus.BROKEN, problem.message, problem.candidates, problem.field)
 
 
 Span = tuple[int, int, int, int]
@@ -307,7 +310,7 @@ def _replace_state(tree: ast.Module, edit: ReplaceEdit, i: int) -> EditState:
             and max(s[2:] for s in new_spans) > max(s[2:] for s in leftover)
         )
     ):
-        return EditState(i, "applied", "the replacement is present")
+        return EditState(i, EditStatus.APPLIED, "the replacement is present")
     if leftover:
         try:  # the selection must still be unambiguous for the edit to be applicable
             if edit.select.expression is not None:
@@ -316,7 +319,7 @@ def _replace_state(tree: ast.Module, edit: ReplaceEdit, i: int) -> EditState:
                 select_statements(scope, edit.select)
         except AnchorProblem as problem:
             raise EditProblem(problem.message, field_name, problem.candidates) from None
-        return EditState(i, "pending", "the code to replace is present")
+        return EditState(i, EditStatus.PENDING, "the code to replace is present")
     try:
         if edit.select.expression is not None:
             select_expressions(scope, edit.select)
@@ -347,14 +350,14 @@ def _delete_state(tree: ast.Module, edit: DeleteEdit, i: int, inserted: set[int]
     scope = scope_of(tree, edit.scope, i)
     left = [loc for loc in matching_statements(scope, edit.select) if id(loc.stmt) not in inserted]
     if not left:
-        return EditState(i, "applied", "the statement to delete is not in the scope")
+        return EditState(i, EditStatus.APPLIED, "the statement to delete is not in the scope")
     if edit.select.which == "only" and len(left) > 1:
         raise EditProblem(
             f"{edit.select.describe()} matches {len(left)} statements in `{scope.qualname}`",
             edit_field(i, "select"),
             [f"line {first_line(loc.stmt)}" for loc in left],
         )
-    return EditState(i, "pending", "the statement to delete is present")
+    return EditState(i, EditStatus.PENDING, "the statement to delete is present")
 
 
 def _refuse_deleting_inserted(tree: ast.Module, patch: PatchSpec, i: int) -> None:
@@ -385,7 +388,7 @@ def detect(source: bytes, patch: PatchSpec) -> Detection:
     try:
         decoded, tree = _decode(source)
     except SourceDecodeError as exc:
-        return Detection("unknown", (), str(exc))
+        return Detection(Detected.UNKNOWN, (), str(exc))
     return _detect_parsed(decoded, tree, patch)
 
 
@@ -395,14 +398,16 @@ def _detect_parsed(decoded: SourceText, tree: ast.Module, patch: PatchSpec) -> D
     kinds = {s.state for s in states}
     if "broken" in kinds:
         broken = next(s for s in states if s.state == "broken")
-        return Detection("unknown", states, f"{edit_field(broken.index)}: {broken.reason}")
+        return Detection(Detected.UNKNOWN, states, f"{edit_field(broken.index)}: {broken.reason}")
     if kinds == {"applied"}:
-        return Detection("applied", states, "every edit is present")
+        return Detection(Detected.APPLIED, states, "every edit is present")
     if kinds == {"pending"}:
-        return Detection("not-applied", states, "no edit is present")
+        return Detection(Detected.NOT_APPLIED, states, "no edit is present")
     present = ", ".join(edit_field(s.index) for s in states if s.state == "applied")
     missing = ", ".join(edit_field(s.index) for s in states if s.state == "pending")
-    return Detection("partial", states, f"partly applied: {present} present, {missing} missing")
+    return Detection(
+        Detected.PARTIAL, states, f"partly applied: {present} present, {missing} missing"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

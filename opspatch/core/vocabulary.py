@@ -172,3 +172,22 @@ class FindingLevel(Word):
     WARNING = "warning"
     """Worth knowing; the host may still be clean."""
     INFO = "info"
+
+
+class EditStatus(Word):
+    """Where one edit of a patch stands in a file."""
+
+    APPLIED = "applied"
+    PENDING = "pending"
+    """Not there yet, and it fits: applying it would put it there."""
+    BROKEN = "broken"
+    """Not there, and it does not fit (its anchor or selector matches nothing, or several)."""
+
+
+class Detected(Word):
+    """Whether a file carries a whole patch (`core.edit.detect`)."""
+
+    APPLIED = "applied"
+    NOT_APPLIED = "not-applied"
+    PARTIAL = "partial"
+    UNKNOWN = "unknown"
