@@ -442,14 +442,16 @@ select = {{ assigns = "x", which = "{which}" }}
 
 
 @pytest.mark.parametrize("position", ["start", "end"])
-def test_insert_at_start_or_end_is_not_recognised_in_the_middle_of_the_scope(
+def test_insert_at_start_or_end_counts_in_the_scopes_own_body_not_in_a_nested_block(
     position: str,
 ) -> None:
+    """The same code in a nested block is not the insert; in the scope's own body it is, also
+    when a patch stacked later put code before or after it (re-applying must not add a copy)."""
     before = src(
         """
         def f(x):
-            y = 1
-            guard = 0
+            if x:
+                guard = 0
             return x
         """
     )
@@ -469,3 +471,16 @@ code = "guard = 0"
     undone = unapply(outcome.new_source, patch)
     assert not isinstance(undone, NotApplicable), undone.reason
     assert undone.old_source == before
+    stacked = make_patch(
+        f"""
+[[edits]]
+kind = "insert"
+scope = "f"
+position = "{position}"
+code = "later = 1"
+"""
+    )
+    on_top = apply_patch(outcome.new_source, stacked)
+    assert isinstance(on_top, Applied), on_top
+    assert detect(on_top.new_source, patch).state == "applied"
+    assert isinstance(apply_patch(on_top.new_source, patch), AlreadyApplied)

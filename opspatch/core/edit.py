@@ -50,7 +50,6 @@ from opspatch.core.placement import (
     plan_diff,
     scope_of,
     select_in,
-    start_index,
     undo_splices,
 )
 from opspatch.core.source import (
@@ -187,8 +186,9 @@ class Reverted:
 def inserted_run(tree: ast.Module, patch: PatchSpec, i: int) -> list[ast.stmt] | None:
     """The statements insert edit `i` put into `tree`, if they are there.
 
-    An insert counts only where it is placed: beside its anchor, or at the start (end) of the
-    scope's own body; the same code standing elsewhere in the scope is not it. The code of the
+    An insert counts only where it is placed: beside its anchor, or (at the start or end) in
+    the scope's own body, not in a nested block; anywhere in that body, since patches stacked
+    later may insert before or after it there. The code of the
     patch's other inserts may stand in between, since two inserts at one place go side by side.
     """
     edit = patch.edits[i]
@@ -214,7 +214,8 @@ def inserted_run(tree: ast.Module, patch: PatchSpec, i: int) -> list[ast.stmt] |
             ):
                 end -= len(skipped)
             if edit.position == "start":
-                if run.block is scope.node.body and end == start_index(scope):
+                # in the scope's own body: a later patch may have inserted before it (stacked)
+                if run.block is scope.node.body:
                     return run.statements
             elif end >= 1 and id(run.block[end - 1]) in anchors:
                 return run.statements
@@ -225,7 +226,8 @@ def inserted_run(tree: ast.Module, patch: PatchSpec, i: int) -> list[ast.stmt] |
             ):
                 begin += len(skipped)
             if edit.position == "end":
-                if run.block is scope.node.body and begin == len(run.block):
+                # in the scope's own body: a later patch may have appended after it (stacked)
+                if run.block is scope.node.body:
                     return run.statements
             elif begin < len(run.block) and id(run.block[begin]) in anchors:
                 return run.statements
