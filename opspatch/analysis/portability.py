@@ -25,8 +25,9 @@ from opspatch.core.edit import (
     apply_patch,
     reverse,
     unapply,
+    undone_from_text,
 )
-from opspatch.core.spec import DeleteEdit, PatchSpec, ReplaceEdit
+from opspatch.core.spec import PatchSpec
 from opspatch.core.syntax import parse_python
 from opspatch.core.validate import check_postconditions
 
@@ -128,7 +129,7 @@ def evaluate_release(patch: PatchSpec, version: str, source: bytes) -> ReleaseRe
     reversed_ok = reverse(placed) == source
     if not reversed_ok:
         reasons.append("reversing from the recorded splices does not give the release's bytes")
-    if not any(isinstance(e, ReplaceEdit | DeleteEdit) for e in patch.edits):
+    if undone_from_text(patch):
         undone = unapply(placed.new_source, patch)
         if isinstance(undone, NotApplicable) or undone.old_source != source:
             reversed_ok = False

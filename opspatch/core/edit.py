@@ -169,6 +169,12 @@ class NotApplicable:
 PlanOutcome = Applied | AlreadyApplied | NotApplicable
 
 
+def plan_summary(outcome: PlanOutcome) -> str:
+    """The outcome's word, then which alternative of each edit fit (`applicable; edits[0]:
+    alternatives[1] (sglang >= 0.5.10)`): the plan step's detail, so the ledger keeps it."""
+    return "; ".join((outcome.outcome, *outcome.matched))
+
+
 @dataclass(frozen=True)
 class EditState:
     index: int
@@ -741,6 +747,12 @@ def _first_verified(
         if apply_splices(candidate, splices) == current:
             return candidate
     return None
+
+
+def undone_from_text(patch: PatchSpec) -> bool:
+    """Whether `unapply` can remove the patch from the patched text alone: only inserts and
+    diffs can; a replace, delete or move is undone from its recorded pre-image."""
+    return all(isinstance(edit, InsertEdit | DiffEdit) for edit in patch.edits)
 
 
 def unapply(
