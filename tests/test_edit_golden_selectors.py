@@ -251,3 +251,27 @@ def test_two_expression_edits_in_one_while_leave_one_marker() -> None:
         b"        # opspatch:t-patch\n        while self.queue and self.room:\n",
     )
     assert_golden(CAPTURE, make_patch(body), expected)
+
+
+def test_code_inserted_into_a_tab_indented_block_is_indented_with_tabs() -> None:
+    before = b"class T:\n\tdef f(self):\n\t\tself.a = 1\n"
+    patch = make_patch(
+        '[[edits]]\nkind = "insert"\nscope = "T.f"\nposition = "end"\n'
+        'code = """\nif self.a:\n    self.b = 2\n"""\n'
+    )
+    expected = before + b"\t\t# opspatch:t-patch\n\t\tif self.a:\n\t\t\tself.b = 2\n"
+    assert_golden(before, patch, expected)
+
+
+def test_code_whose_multi_line_string_the_indentation_would_change_is_refused() -> None:
+    """Indenting the string's lines would change the string, so the result would not be the
+    code written and every apply would add one more copy: refused, naming the code field."""
+    before = b"def f():\n    x = 1\n"
+    code = 'y = """\nkept\n"""\n'
+    patch = make_patch(
+        f"[[edits]]\nkind = \"insert\"\nscope = \"f\"\nposition = \"end\"\ncode = '''\n{code}'''\n"
+    )
+    outcome = apply_patch(before, patch)
+    assert isinstance(outcome, NotApplicable)
+    assert outcome.field == "edits[0].code"
+    assert "multi-line string" in outcome.reason

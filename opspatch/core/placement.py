@@ -25,6 +25,7 @@ from opspatch.core.anchors import (
     select_expressions,
     select_statement,
     select_statements,
+    statement_dumps,
     strip_positions,
 )
 from opspatch.core.source import (
@@ -141,8 +142,50 @@ def _render_block(lines: Sequence[str], indent: str, newline: str) -> str:
     return "".join((indent + line if line.strip() else "") + newline for line in lines)
 
 
-def _code_lines(code: str) -> list[str]:
-    return [line.rstrip() for line in textwrap.dedent(code).strip("\n").splitlines()]
+def _reads_the_same(lines: Sequence[str], indent: str, dumps: Sequence[str]) -> bool:
+    """Whether `lines`, written at `indent` as `_render_block` writes them, are still the
+    statements `dumps` (a multi-line string's lines would take the indentation too)."""
+    written = [indent + line if line.strip() else "" for line in lines]
+    source = "\n".join(written)
+    try:
+        tree = parse_python("if 1:\n" + source if indent else source)
+    except SyntaxError:
+        return False
+    head = tree.body[0] if tree.body else None
+    body = head.body if indent and isinstance(head, ast.If) else tree.body
+    return [strip_positions(stmt) for stmt in body] == list(dumps)
+
+
+def _refuse_reindenting(lines: Sequence[str], indent: str, code: str, field: str) -> None:
+    if not _reads_the_same(lines, indent, statement_dumps(code)):
+        raise EditProblem(
+            "the code holds a multi-line string whose lines would take the block's indentation "
+            "(so it would no longer be the code written); write the string with \\n escapes",
+            field,
+        )
+
+
+def _code_lines(code: str, indent: str = "") -> list[str]:
+    """The snippet's lines, dedented; in a block indented with tabs, its own nested levels
+    (written with spaces) become tabs too, unless that would change it (a multi-line string)."""
+    lines = [line.rstrip() for line in textwrap.dedent(code).strip("\n").splitlines()]
+    if not indent.startswith("\t"):
+        return lines
+    depths = [len(line) - len(line.lstrip(" ")) for line in lines if line.strip()]
+    unit = min((d for d in depths if d), default=0)
+    if not unit:
+        return lines
+    tabbed = []
+    for line in lines:
+        depth = len(line) - len(line.lstrip(" "))
+        tabbed.append("\t" * (depth // unit) + " " * (depth % unit) + line[depth:])
+    try:
+        same = strip_positions(parse_python("\n".join(tabbed))) == strip_positions(
+            parse_python("\n".join(lines))
+        )
+    except SyntaxError:
+        same = False
+    return tabbed if same else lines
 
 
 def _rest_of_line_is_empty(index: LineIndex, lineno: int, col: int) -> bool:
@@ -301,7 +344,9 @@ def place_insert(
     line, indent = _insertion_point(index, scope, edit, i)
     blank_after = needs_blank_line_after(index, scope, line)
     lines = marker_lines(patch, edit.comment, indent, blank_after=blank_after)
-    lines += _code_lines(edit.code) + ([""] if blank_after else [])
+    code_lines = _code_lines(edit.code, indent)
+    _refuse_reindenting(code_lines, indent, edit.code, edit_field(i, "code"))
+    lines += code_lines + ([""] if blank_after else [])
     block = _render_block(lines, indent, newline)
     return [_insert_splice(index, line, block, newline)], [edit.scope]
 
@@ -337,19 +382,12 @@ def place_move(
         )
     own = index.indentation(first)
     lines = [index.line_text(n) for n in range(first, last + 1)]
-    # as _render_block will write them: its own indentation off, whitespace-only lines empty
+    # its own indentation off, whitespace-only lines empty (as _render_block writes them)
     body = [
         (line_[len(own) :] if line_.startswith(own) else line_) if line_.strip() else ""
         for line_ in lines
     ]
-    written = [indent + b if b.strip() else "" for b in body]  # as it will stand, in a block
-    try:
-        reparsed = parse_python("if 1:\n" + "\n".join(written) if indent else "\n".join(written))
-        moved_tree = reparsed.body[0].body[0] if indent else reparsed.body[0]  # type: ignore[attr-defined]
-        same = strip_positions(moved_tree) == strip_positions(stmt)
-    except (SyntaxError, IndexError):
-        same = False
-    if not same:
+    if not _reads_the_same(body, indent, [strip_positions(stmt)]):
         raise EditProblem(
             f"the statement at line {first} cannot be re-indented without changing it (a "
             "multi-line string inside it)",
@@ -405,7 +443,7 @@ def place_replace(
         end = index.offset(expr.end_lineno, expr.end_col_offset)
         splices.append(Splice(start, end, fit_expression(index, expr, edit.code, width, newline)))
     statement_splices, scopes = _replace_statements(
-        index, statements, edit, patch, _code_lines(edit.code), newline, i
+        index, statements, edit, patch, edit.code, newline, i
     )
     return splices + statement_splices, scopes
 
@@ -481,7 +519,7 @@ def place_delete(
         statements = [located.stmt for located in select_statements(scope, edit.select)]
     except AnchorProblem as problem:
         raise EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
-    return _replace_statements(index, statements, edit, patch, [], newline, i)
+    return _replace_statements(index, statements, edit, patch, "", newline, i)
 
 
 def _replace_statements(
@@ -489,11 +527,11 @@ def _replace_statements(
     statements: Sequence[ast.stmt],
     edit: ReplaceEdit | DeleteEdit,
     patch: PatchSpec,
-    code: list[str],
+    code: str,
     newline: str,
     i: int,
 ) -> tuple[list[Splice], list[str]]:
-    """Splices that put the marker and `code` where each statement stood (its trailing comment
+    """Splices that put the marker and `code` ("" for a delete) where each statement stood (its trailing comment
     and line ending stay)."""
     splices: list[Splice] = []
     scopes = [edit.scope]
@@ -512,7 +550,10 @@ def _replace_statements(
         assert stmt.end_col_offset is not None
         start = index.line_start(first_line(stmt))
         end = index.offset(last_line(stmt), stmt.end_col_offset)
-        rendered = _render_block(marker + code, indent, newline)
+        lines = _code_lines(code, indent) if code else []
+        if code:
+            _refuse_reindenting(lines, indent, code, edit_field(i, "code"))
+        rendered = _render_block(marker + lines, indent, newline)
         rendered = rendered[: -len(newline)]  # the statement's own line ending stays in the file
         splices.append(Splice(start, end, rendered))
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
