@@ -152,3 +152,40 @@ def test_an_alternative_that_is_not_a_valid_edit_is_refused_at_load_time_at_its_
 def test_an_alternative_with_an_unknown_key_is_refused() -> None:
     with pytest.raises(SpecError, match="unknown key 'kind'"):
         make_patch(RENAMED.replace('name = "sglang >= 0.5.10"', 'kind = "insert"'))
+
+
+def test_more_than_sixteen_alternatives_are_refused_at_load_time() -> None:
+    many = "".join(
+        f'\n[[edits.alternatives]]\nselect = {{ expression = "self.v{n}" }}\n' for n in range(17)
+    )
+    with pytest.raises(SpecError, match="edits\\[0\\].alternatives"):
+        make_patch(RENAMED.split("\n[[edits.alternatives]]")[0] + many)
+
+
+def test_a_re_application_names_the_alternative_whose_selector_finds_the_new_code() -> None:
+    """Both variants write the same code; the one as written reads applied only because its
+    old code is absent, the alternative's selector finds the new code: that one is named."""
+    patch = make_patch(
+        """
+[[edits]]
+kind = "replace"
+scope = "S.step"
+select = { assigns = "self.missing" }
+code = "self.dynamic = False"
+
+[[edits.alternatives]]
+select = { assigns = "self.dynamic" }
+"""
+    )
+    before = OLD_RELEASE.replace(b"        return self.chunked\n", b"        self.dynamic = True\n")
+    outcome = assert_golden(
+        before,
+        patch,
+        before.replace(
+            b"        self.dynamic = True\n",
+            b"        # opspatch:t-patch\n        self.dynamic = False\n",
+        ),
+    )
+    again = apply_patch(outcome.new_source, patch)
+    assert isinstance(again, AlreadyApplied)
+    assert again.matched == ("edits[0]: alternatives[0]",)

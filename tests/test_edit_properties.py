@@ -211,6 +211,11 @@ MOVES_AND_SELECTORS = st.sampled_from(
         'code = "self.stream_size_that_every_capture_of_this_runner_shares_with_its_draft_model_runner"',
         'kind = "replace"\nselect = { with_item = "self.lock" }\ncode = "self.rlock"',
         'kind = "replace"\nselect = { test_of = "if", which = "all" }\ncode = "flag and not done"',
+        # alternatives: the edit as written fits no generated module, its alternative does
+        'kind = "replace"\nselect = { assigns = "self.missing" }\ncode = "self.last = -1"\n'
+        '[[edits.alternatives]]\nselect = { assigns = "self.last", which = "all" }',
+        'kind = "move"\nselect = { calls = "missing_call" }\nposition = "end"\n'
+        '[[edits.alternatives]]\nselect = { calls = "anchor_call" }',
     ]
 )
 
@@ -218,7 +223,8 @@ MOVES_AND_SELECTORS = st.sampled_from(
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(module_source(), MOVES_AND_SELECTORS)
 def test_move_and_selector_properties(generated: tuple[bytes, str], selection: str) -> None:
-    """For move and the selectors below the statement (issue 19): applying twice equals applying
+    """For move, the selectors below the statement and alternatives (issue 19): applying twice
+    equals applying
     once, the record reverses to the original bytes, definitions outside the scope keep their
     syntax trees; where nothing fits (no `if` in the scope) it is refused at its select field."""
     source, _ = generated
@@ -234,6 +240,8 @@ def test_move_and_selector_properties(generated: tuple[bytes, str], selection: s
     again = apply_patch(outcome.new_source, patch)
     assert isinstance(again, AlreadyApplied), again
     assert again.reason.startswith("all 1 edit(s) already present")
+    if "alternatives" in selection:
+        assert outcome.matched == again.matched == ("edits[0]: alternatives[0]",)
     before = _definitions(ast.parse(source.decode()))
     after = _definitions(ast.parse(outcome.new_source.decode()))
     for name, dump in before.items():

@@ -184,6 +184,10 @@ class EditState:
     field: str = ""
     variant: int = 0
     """Which variant of the edit this state is of (0: as written; n: `alternatives[n - 1]`)."""
+    placed: bool = True
+    """For `applied`: the edit's selector found the new code where it points. False when it was
+    judged applied because the old code is gone (a replace whose selector matches nothing, a
+    delete): then another alternative with the same code reads applied as well."""
 
 
 @dataclass(frozen=True)
@@ -381,7 +385,9 @@ def _replace_state(tree: ast.Module, edit: ReplaceEdit, i: int) -> EditState:
             and max(s[2:] for s in new_spans) > max(s[2:] for s in leftover)
         )
     ):
-        return EditState(i, EditStatus.APPLIED, "the replacement is present")
+        return EditState(
+            i, EditStatus.APPLIED, "the replacement is present", placed=bool(old_spans)
+        )
     if leftover:
         try:  # the selection must still be unambiguous for the edit to be applicable
             if edit.select.selects_expressions:
@@ -421,7 +427,9 @@ def _delete_state(tree: ast.Module, edit: DeleteEdit, i: int, inserted: set[int]
     scope = scope_of(tree, edit.scope, i)
     left = [loc for loc in matching_statements(scope, edit.select) if id(loc.stmt) not in inserted]
     if not left:
-        return EditState(i, EditStatus.APPLIED, "the statement to delete is not in the scope")
+        return EditState(
+            i, EditStatus.APPLIED, "the statement to delete is not in the scope", placed=False
+        )
     if edit.select.which == "only" and len(left) > 1:
         raise EditProblem(
             f"{edit.select.describe()} matches {len(left)} statements in `{scope.qualname}`",
@@ -472,7 +480,8 @@ def _choose_variants(
     text: str, tree: ast.Module, patch: PatchSpec
 ) -> tuple[PatchSpec, tuple[EditState, ...]]:
     """Each edit's state, for an edit with alternatives that of the variant that fits: the first
-    found applied (so a re-application recognises what it wrote), else the first pending; when
+    found applied where its selector points, else the first found applied at all (so a
+    re-application recognises what it wrote), else the first pending; when
     none fits, one broken state naming what each variant found. Returns the patch with each
     edit replaced by its chosen variant, which is what is placed, detected and undone."""
     edits: list[Edit] = list(patch.edits)
@@ -488,8 +497,11 @@ def _choose_variants(
             edits[i] = variant
             attempt = patch.model_copy(update={"edits": list(edits)})
             tried.append(replace(_edit_state(text, tree, attempt, i), variant=number))
-        chosen = next((t for t in tried if t.state == EditStatus.APPLIED), None) or next(
-            (t for t in tried if t.state == EditStatus.PENDING), None
+        applied = [t for t in tried if t.state == EditStatus.APPLIED]
+        chosen = (
+            next((t for t in applied if t.placed), None)
+            or next(iter(applied), None)
+            or next((t for t in tried if t.state == EditStatus.PENDING), None)
         )
         if chosen is None:
             chosen = EditState(

@@ -305,6 +305,10 @@ def _check_expression(code: str, what: str) -> None:
 # per-release alternatives
 
 
+MAX_ALTERNATIVES = 16
+"""Each is tried on every plan; a patch needing more releases than this is several patches."""
+
+
 class Alternative(FileSchema):
     """Base of an edit's alternative: the fields it changes; the others are the edit's own."""
 
@@ -410,6 +414,7 @@ class InsertEdit(FileSchema):
     comment: str | None = Field(None, description="Why: rendered after the marker comment")
     alternatives: list[InsertAlternative] = Field(
         default_factory=list,
+        max_length=MAX_ALTERNATIVES,
         description="Tried in order when the edit as written does not fit (other releases)",
     )
 
@@ -451,6 +456,7 @@ class ReplaceEdit(FileSchema):
     comment: str | None = None
     alternatives: list[ReplaceAlternative] = Field(
         default_factory=list,
+        max_length=MAX_ALTERNATIVES,
         description="Tried in order when the edit as written does not fit (other releases)",
     )
 
@@ -492,6 +498,7 @@ class DeleteEdit(FileSchema):
     comment: str | None = None
     alternatives: list[DeleteAlternative] = Field(
         default_factory=list,
+        max_length=MAX_ALTERNATIVES,
         description="Tried in order when the edit as written does not fit (other releases)",
     )
 
@@ -538,6 +545,7 @@ class MoveEdit(FileSchema):
     comment: str | None = None
     alternatives: list[MoveAlternative] = Field(
         default_factory=list,
+        max_length=MAX_ALTERNATIVES,
         description="Tried in order when the edit as written does not fit (other releases)",
     )
 
@@ -582,6 +590,7 @@ class DiffEdit(FileSchema):
     fuzz: int = Field(2, ge=0, le=3)
     alternatives: list[DiffAlternative] = Field(
         default_factory=list,
+        max_length=MAX_ALTERNATIVES,
         description="Tried in order when the edit as written does not fit (other releases)",
     )
 
