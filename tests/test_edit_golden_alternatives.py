@@ -189,3 +189,14 @@ select = { assigns = "self.dynamic" }
     again = apply_patch(outcome.new_source, patch)
     assert isinstance(again, AlreadyApplied)
     assert again.matched == ("edits[0]: alternatives[0]",)
+
+
+def test_check_releases_says_which_alternative_fit_each_release() -> None:
+    from opspatch.analysis.portability import evaluate_release
+
+    patch = make_patch(RENAMED)
+    old = evaluate_release(patch, "0.5.9", OLD_RELEASE)
+    new = evaluate_release(patch, "0.5.10", NEW_RELEASE)
+    assert old.ok and new.ok
+    assert old.to_json()["matched"] == ["edits[0]: as written"]
+    assert new.to_json()["matched"] == ["edits[0]: alternatives[0] (sglang >= 0.5.10)"]
