@@ -162,8 +162,7 @@ def apply_local_file(
             host,
             transport_factory(),
             playbook,
-            ledger=ledger,
-            run_id=run.run_id,
+            recorder=run,
             progress=NoProgress(),
         ) as session:
             try:
@@ -181,7 +180,7 @@ def apply_local_file(
                 result = session.refused(exc)
             finally:
                 session.lock.release()
-            session.record_outcome(result)
+            run.outcome(result)
         return run.finish(RunReport(run.run_id, "apply", loaded.spec.id, (result,)))
 
 

@@ -16,6 +16,7 @@ from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, OpspatchError
 from opspatch.hosts.engine import SmokeResult
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import map_hosts
+from opspatch.runs.recorder import NullRecorder
 from opspatch.runs.session import HostSession, NoProgress, describe_error
 
 
@@ -63,7 +64,7 @@ def smoke_hosts(
     def one(name: str) -> HostSmoke:
         host = by_name[name]
         with HostSession(
-            host, factory, playbook, ledger=None, run_id=None, progress=NoProgress()
+            host, factory, playbook, recorder=NullRecorder(), progress=NoProgress()
         ) as session:
             try:
                 return HostSmoke(name, session.engine.smoke(log_offset=None))
