@@ -424,4 +424,4 @@ def _record(
             HostOutcome(name, Outcome.SKIPPED, note=f"{why}: nothing to adopt")
             for name, why in untouched
         ]
-        return run.finish(RunReport(run.run_id, "adopt", loaded.spec.id, tuple(outcomes)))
+        return run.finish(RunReport(run.run_id, "adopt", loaded.spec.id, hosts=tuple(outcomes)))

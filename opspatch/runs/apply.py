@@ -180,7 +180,7 @@ class _FleetApply:
             self.recorder.reported_run_id,
             "apply",
             self.patch.spec.id,
-            tuple(outcomes),
+            hosts=tuple(outcomes),
             halted="refused before any change: " + "; ".join(reasons),
             dry_run=self.dry_run,
             refused=True,
@@ -217,7 +217,7 @@ class _FleetApply:
                         file=FileChange(file.realpath, file.sha256, file.sha256),
                     )
                 )
-        return RunReport(None, "apply", self.patch.spec.id, tuple(outcomes), dry_run=True)
+        return RunReport(None, "apply", self.patch.spec.id, hosts=tuple(outcomes), dry_run=True)
 
     def _misfit(self, path: str, plan: NotApplicable) -> str:
         return not_applicable_error(self.patch, path, plan).render()

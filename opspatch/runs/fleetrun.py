@@ -199,7 +199,7 @@ class FleetRun:
             self.recorder.reported_run_id,
             self.command,
             self.patch_id,
-            tuple(outcomes[n] for n in self.names),
+            hosts=tuple(outcomes[n] for n in self.names),
             halted=halted,
             dry_run=dry_run,
             refused=refused,

@@ -150,7 +150,7 @@ def apply_local_file(
             file=FileChange(str(plan.file.resolve()), sha, sha),
             note=plan.outcome.reason,
         )
-        return RunReport(None, "apply", loaded.spec.id, (already,))
+        return RunReport(None, "apply", loaded.spec.id, hosts=(already,))
     playbook = Playbook()
     with recorded_run(ledger, command="apply", patch=loaded, hosts=[host]) as run:
         pipeline = ApplyPipeline(
@@ -181,7 +181,7 @@ def apply_local_file(
             finally:
                 session.lock.release()
             run.outcome(result)
-        return run.finish(RunReport(run.run_id, "apply", loaded.spec.id, (result,)))
+        return run.finish(RunReport(run.run_id, "apply", loaded.spec.id, hosts=(result,)))
 
 
 def rollback_local_file(

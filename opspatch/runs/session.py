@@ -208,7 +208,14 @@ class HostSession:
     ) -> HostOutcome:
         """A `HostOutcome` of this host carrying every step so far."""
         return HostOutcome(
-            self.name, outcome, error, file, tuple(self.steps), diff=diff, smoke=smoke, note=note
+            self.name,
+            outcome,
+            error,
+            note=note,
+            file=file,
+            steps=tuple(self.steps),
+            diff=diff,
+            smoke=smoke,
         )
 
     def refused(self, exc: OpspatchError) -> HostOutcome:
