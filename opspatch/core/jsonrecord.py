@@ -89,7 +89,7 @@ class JsonRecord:
 def to_json_value(value: Any) -> Any:
     """`value` as plain JSON values: records as objects, sequences as lists, enums as words."""
     if isinstance(value, JsonRecord):
-        return record_to_json(value)
+        return value.to_json()  # a class whose JSON is written by hand says so by overriding
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, (list, tuple)):

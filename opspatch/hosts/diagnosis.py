@@ -71,7 +71,7 @@ class DiagnoseRequest:
 
 
 @dataclass(frozen=True)
-class InstalledCopy:
+class InstalledCopy(JsonRecord):
     """A copy of the package the interpreter could import, and what points at it."""
 
     path: str
@@ -82,7 +82,7 @@ class InstalledCopy:
 
 
 @dataclass(frozen=True)
-class CachedBytecode:
+class CachedBytecode(JsonRecord):
     """One pyc of the module, judged against its source (`runs_old_code`: the next import would
     run code that is not the source's)."""
 
