@@ -746,3 +746,30 @@ def test_the_null_recorder_has_no_run_id_to_lock_with() -> None:
     with pytest.raises(RuntimeError, match="takes no host lock"):
         _ = NullRecorder().run_id
     assert NullRecorder().reported_run_id is None
+
+
+def test_a_begin_reply_without_the_hosts_facts_refuses_the_run_naming_the_field(
+    fleet: Fleet,
+) -> None:
+    """A reply read by the codec is checked at the boundary: a host whose agent answers `begin`
+    without a field the controller reads is refused in the preflight (exit 2, nothing changed
+    anywhere) with the field named, not lost as an internal KeyError."""
+    broken = fleet.hosts[1]
+
+    def drop_the_python_version(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        if op != "begin":
+            return None
+        answer = broken.real(op, args)
+        assert isinstance(answer, dict)
+        answer["facts"] = {k: v for k, v in answer["facts"].items() if k != "python_version"}
+        return answer
+
+    broken.fault = drop_the_python_version
+    report = fleet.apply()
+    assert report.refused and report.exit_code == 2, report
+    error = report.hosts[1].error or ""
+    assert "HostFacts.python_version: missing" in error, error
+    assert all(
+        h.file.read_bytes() == (STANDIN / "eagle_worker_v2.py").read_bytes() for h in fleet.hosts
+    )
+    assert not any((h.state / "lock.json").exists() for h in fleet.hosts)
