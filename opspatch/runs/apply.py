@@ -25,6 +25,7 @@ from opspatch.runs.fleetrun import FleetRun
 from opspatch.runs.localfile import not_applicable_error
 from opspatch.runs.pipeline import ApplyPipeline, Prepared
 from opspatch.runs.recorded import recorded_run
+from opspatch.runs.recorder import NullRecorder, Recorder
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 from opspatch.runs.session import (
     HostSession,
@@ -54,16 +55,14 @@ def apply_to_hosts(
     """
     progress = progress or NoProgress()
     if dry_run:
-        return _FleetApply(patch, playbook, hosts, factory, None, None, progress, True).run()
+        return _FleetApply(patch, playbook, hosts, factory, NullRecorder(), progress, True).run()
     if ledger is None:
         raise ValueError("an apply that changes hosts is recorded: pass the ledger")
     with recorded_run(ledger, command="apply", patch=patch, hosts=hosts, playbook=playbook) as run:
         progress.run_started(
             run.run_id, f"{patch.spec.id} on {len(hosts)} host(s), playbook {playbook.name}"
         )
-        report = _FleetApply(
-            patch, playbook, hosts, factory, ledger, run.run_id, progress, False
-        ).run()
+        report = _FleetApply(patch, playbook, hosts, factory, run, progress, False).run()
         return run.finish(report)
 
 
@@ -78,8 +77,7 @@ class _FleetApply:
     playbook: Playbook
     hosts: Sequence[Host]
     factory: TransportFactory
-    ledger: Ledger | None
-    run_id: str | None
+    recorder: Recorder
     progress: Progress
     dry_run: bool
 
@@ -95,8 +93,7 @@ class _FleetApply:
             hosts=self.hosts,
             factory=self.factory,
             playbook=self.playbook,
-            ledger=self.ledger,
-            run_id=self.run_id,
+            recorder=self.recorder,
             progress=self.progress,
         ) as fleet:
             self.fleet = fleet
@@ -180,10 +177,10 @@ class _FleetApply:
         if not reasons:
             return None
         return RunReport(
-            self.run_id,
+            self.recorder.reported_run_id,
             "apply",
             self.patch.spec.id,
-            tuple(outcomes),
+            hosts=tuple(outcomes),
             halted="refused before any change: " + "; ".join(reasons),
             dry_run=self.dry_run,
             refused=True,
@@ -220,7 +217,7 @@ class _FleetApply:
                         file=FileChange(file.realpath, file.sha256, file.sha256),
                     )
                 )
-        return RunReport(None, "apply", self.patch.spec.id, tuple(outcomes), dry_run=True)
+        return RunReport(None, "apply", self.patch.spec.id, hosts=tuple(outcomes), dry_run=True)
 
     def _misfit(self, path: str, plan: NotApplicable) -> str:
         return not_applicable_error(self.patch, path, plan).render()

@@ -150,7 +150,7 @@ def apply_local_file(
             file=FileChange(str(plan.file.resolve()), sha, sha),
             note=plan.outcome.reason,
         )
-        return RunReport(None, "apply", loaded.spec.id, (already,))
+        return RunReport(None, "apply", loaded.spec.id, hosts=(already,))
     playbook = Playbook()
     with recorded_run(ledger, command="apply", patch=loaded, hosts=[host]) as run:
         pipeline = ApplyPipeline(
@@ -162,8 +162,7 @@ def apply_local_file(
             host,
             transport_factory(),
             playbook,
-            ledger=ledger,
-            run_id=run.run_id,
+            recorder=run,
             progress=NoProgress(),
         ) as session:
             try:
@@ -181,8 +180,8 @@ def apply_local_file(
                 result = session.refused(exc)
             finally:
                 session.lock.release()
-            session.record_outcome(result)
-        return run.finish(RunReport(run.run_id, "apply", loaded.spec.id, (result,)))
+            run.outcome(result)
+        return run.finish(RunReport(run.run_id, "apply", loaded.spec.id, hosts=(result,)))
 
 
 def rollback_local_file(

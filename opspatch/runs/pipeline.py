@@ -135,9 +135,8 @@ class ApplyPipeline:
         timeout = self.playbook.timeouts.lock + self.playbook.timeouts.inspect
         with session.step("begin" if lock else "inspect") as note:
             if lock:
-                assert session.run_id is not None
                 _, inspection = session.ops.begin(
-                    module, path=path, run_id=session.run_id, timeout=timeout
+                    module, path=path, run_id=session.lock.taking(), timeout=timeout
                 )
             else:
                 inspection = session.ops.inspect(module, path=path, timeout=timeout)
@@ -146,9 +145,7 @@ class ApplyPipeline:
                 f"{inspection.file.realpath} sha256 {inspection.file.sha256[:12]}; python "
                 f"{facts.python_version}, {target.distribution} {facts.sglang_version or '?'}"
             )
-        if session.recorded:
-            assert session.ledger is not None and session.run_id is not None
-            session.ledger.record_facts(session.run_id, session.name, inspection.facts.to_json())
+        session.recorder.facts(session.name, inspection.facts.to_json())
         if path is not None:
             mismatch = version_gate(
                 target,
@@ -178,21 +175,18 @@ class ApplyPipeline:
             baseline, baseline_note = self._baseline(session)
         except HostFailed as refused:
             return self._outcome(session, refused.outcome, refused.error, change, plan)
-        ledger, run_id = session.ledger, session.run_id
         try:
             with session.step("backup") as note:
-                if ledger is not None and run_id is not None:
-                    ledger.record_file_version(
-                        run_id,
-                        session.name,
-                        path=remote.realpath,
-                        sha256_before=plan.sha256_before,
-                        sha256_after=plan.sha256_after,
-                        mode=remote.mode,
-                        owner=f"{remote.owner or remote.uid}:{remote.group or remote.gid}",
-                        pre_image=plan.old_source,
-                        post_image=plan.new_source,
-                    )
+                session.recorder.file_version(
+                    session.name,
+                    path=remote.realpath,
+                    sha256_before=plan.sha256_before,
+                    sha256_after=plan.sha256_after,
+                    mode=remote.mode,
+                    owner=f"{remote.owner or remote.uid}:{remote.group or remote.gid}",
+                    pre_image=plan.old_source,
+                    post_image=plan.new_source,
+                )
                 note["detail"] = (
                     f"pre-image {plan.sha256_before[:12]} ({len(plan.old_source)} bytes) in the ledger"
                 )
@@ -201,7 +195,7 @@ class ApplyPipeline:
                     remote.realpath,
                     expected_sha256=plan.sha256_before,
                     new_content=plan.new_source,
-                    lock_run_id=run_id,
+                    lock_run_id=session.lock.run_id,
                     release_lock=not self.restart_engine,  # no restart: the swap is the last step
                     timeout=self.playbook.timeouts.swap,
                 )

@@ -156,8 +156,7 @@ def _recover(
         recover = _RecoverHost(ledger, scope, patch)
         report = run_restore(
             command="recover",
-            ledger=ledger,
-            run_id=run.run_id,
+            recorder=run,
             hosts=hosts,
             factory=factory,
             playbook=playbook,
@@ -183,7 +182,7 @@ def begin_taking_over(
         LockHeld: the lock belongs to a run that may still be alive.
     """
     timeouts = session.playbook.timeouts
-    run_id = session.run_id or ""
+    run_id = session.lock.taking()
     with session.step("begin") as note:
         try:
             _, inspection = session.ops.begin(
@@ -318,8 +317,7 @@ def unlock_hosts(
         unlock = _UnlockHost(ledger, force_unknown)
         report = run_restore(
             command="unlock",
-            ledger=ledger,
-            run_id=run.run_id,
+            recorder=run,
             hosts=hosts,
             factory=factory,
             playbook=playbook,
@@ -337,7 +335,7 @@ class _UnlockHost:
 
     def host(self, session: HostSession) -> HostOutcome:
         timeout = session.playbook.timeouts.lock
-        run_id = session.run_id or ""
+        run_id = session.lock.taking()
         with session.step("lock") as note:
             try:
                 info = session.ops.lock(run_id=run_id, timeout=timeout)

@@ -53,8 +53,7 @@ def restart_hosts(
             hosts=hosts,
             factory=factory,
             playbook=playbook,
-            ledger=ledger,
-            run_id=run.run_id,
+            recorder=run,
             progress=progress,
         ) as fleet,
     ):
@@ -85,7 +84,7 @@ def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
         with session.step("begin") as note:
             _, inspection = session.ops.begin(
                 path=version.path,
-                run_id=session.run_id or "",
+                run_id=session.lock.taking(),
                 timeout=timeouts.lock + timeouts.inspect,
             )
             note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"

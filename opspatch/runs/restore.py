@@ -46,6 +46,7 @@ from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import halt_on_attention, one_batch
 from opspatch.runs.fleetrun import FleetRun
 from opspatch.runs.recorded import recorded_run
+from opspatch.runs.recorder import Recorder
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 from opspatch.runs.session import (
     HostFailed,
@@ -118,8 +119,7 @@ def _restore_batches(
 def run_restore(
     *,
     command: str,
-    ledger: Ledger,
-    run_id: str,
+    recorder: Recorder,
     hosts: Sequence[Host],
     factory: TransportFactory,
     playbook: Playbook,
@@ -139,8 +139,7 @@ def run_restore(
         hosts=hosts,
         factory=factory,
         playbook=playbook,
-        ledger=ledger,
-        run_id=run_id,
+        recorder=recorder,
         progress=progress,
     ) as fleet:
         outcomes, halted = fleet.execute(
@@ -186,8 +185,7 @@ def rollback_hosts(
         rollback = _Rollback(ledger, patch, source_run, restart_engine, only_path)
         report = run_restore(
             command="rollback",
-            ledger=ledger,
-            run_id=run.run_id,
+            recorder=run,
             hosts=hosts,
             factory=factory,
             playbook=playbook,
@@ -254,13 +252,12 @@ class _Rollback:
             _, inspection = session.ops.begin(
                 None if candidates or self.patch is None else self.patch.spec.target.module,
                 path=candidates[0].path if candidates else None,
-                run_id=session.run_id or "",
+                run_id=session.lock.taking(),
                 timeout=timeouts.lock + timeouts.inspect,
             )
             note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
-        if session.ledger is not None and session.run_id is not None:
-            # what the machine is, so later lookups through another inventory find this run
-            session.ledger.record_facts(session.run_id, session.name, inspection.facts.to_json())
+        # what the machine is, so later lookups through another inventory find this run
+        session.recorder.facts(session.name, inspection.facts.to_json())
         path = candidates[0].path if candidates else inspection.file.realpath
         history = self.ledger.file_history(
             session.name,
@@ -392,18 +389,16 @@ class _Rollback:
                 "from your own backup",
                 file=unchanged,
             )
-        if session.ledger is not None and session.run_id is not None:
-            session.ledger.record_file_version(
-                session.run_id,
-                session.name,
-                path=live.realpath,
-                sha256_before=live.sha256,
-                sha256_after=pre_sha256,
-                mode=live.mode,
-                owner=f"{live.owner or live.uid}:{live.group or live.gid}",
-                pre_image=live.content,
-                action="restore",
-            )
+        session.recorder.file_version(
+            session.name,
+            path=live.realpath,
+            sha256_before=live.sha256,
+            sha256_after=pre_sha256,
+            mode=live.mode,
+            owner=f"{live.owner or live.uid}:{live.group or live.gid}",
+            pre_image=live.content,
+            action="restore",
+        )
         change = FileChange(live.realpath, restored.sha256_before, restored.sha256_after)
         how = "restored from the host's own backup (the ledger had no record of this change)"
         return self._restart_and_prove(session, change, note=how)

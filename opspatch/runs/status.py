@@ -18,6 +18,7 @@ from typing import Any
 
 from opspatch.core.edit import detect
 from opspatch.core.host import Host
+from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import PatchState
@@ -39,7 +40,7 @@ from opspatch.runs.proof import change_proof, describe
 
 
 @dataclass(frozen=True)
-class PatchStatus:
+class PatchStatus(JsonRecord):
     host: str
     patch: str
     state: PatchState
@@ -48,9 +49,6 @@ class PatchStatus:
     detail: str
     server_running: bool | None = None
     """Whether the host's engine is running (None: the host was not inspected)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "state": str(self.state)}
 
 
 def with_server(status: PatchStatus, host: Host, inspection: HostInspection) -> PatchStatus:

@@ -13,6 +13,7 @@ from opspatch.config.lookup import Workspace
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import detect
 from opspatch.core.host import Host
+from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch
 from opspatch.errors import HostError, InputError, OpspatchError
@@ -27,16 +28,13 @@ from opspatch.sandbox.processes import server_pid, sshd_pid
 
 
 @dataclass(frozen=True)
-class PatchState:
+class PatchState(JsonRecord):
     """Whether a host's copy of a patch's target file carries the patch (`detect`)."""
 
     patch: str
     state: str  # applied | not-applied | partial | unknown
     file: str
     reason: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"patch": self.patch, "state": self.state, "file": self.file, "reason": self.reason}
 
 
 @dataclass(frozen=True)
