@@ -542,7 +542,7 @@ class LoadedPatch(BaseModel):
             raise InputError(
                 f"{self.path}: {self.spec.id} is a patch set ({modules}); {command} takes a patch "
                 "with one [target]",
-                hint="apply, rollback, recover and status take a patch set",
+                hint="with --hosts, apply, rollback, recover and status take a patch set",
             )
         return self.spec
 

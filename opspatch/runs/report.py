@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from opspatch.core.vocabulary import FAILED_OUTCOMES, Outcome, RunOutcome, StepStatus
+from opspatch.core.vocabulary import FAILED_OUTCOMES, Outcome, RunOutcome, SetState, StepStatus
 from opspatch.errors import EXIT_BAD_INPUT, EXIT_HOST_FAILED, EXIT_NEEDS_ATTENTION, EXIT_OK
 
 if TYPE_CHECKING:
@@ -43,19 +43,76 @@ class StepResult:
 
 
 @dataclass(frozen=True)
-class FileChange:
-    """The file a host's run was about, with its sha256 before and after (equal: unchanged)."""
+class SetFile:
+    """One file of a patch set on a host: the pre- and post-image its change was planned (or
+    recorded) with, and the bytes it holds when the host's outcome is decided."""
 
     path: str
-    sha256_before: str | None
-    sha256_after: str | None
+    pre_sha256: str
+    post_sha256: str
+    live_sha256: str | None
+
+    @property
+    def is_new(self) -> bool:
+        return self.live_sha256 == self.post_sha256
+
+    @property
+    def is_old(self) -> bool:
+        return self.live_sha256 == self.pre_sha256
 
     def to_json(self) -> dict[str, Any]:
         return {
             "path": self.path,
+            "sha256_pre": self.pre_sha256,
+            "sha256_post": self.post_sha256,
+            "sha256_live": self.live_sha256,
+            "standing": "new" if self.is_new else "old" if self.is_old else "changed",
+        }
+
+
+def set_state(files: tuple[SetFile, ...]) -> SetState:
+    """Where a set's files stand together: all new, all old, partly applied, or changed."""
+    if all(f.is_new for f in files):
+        return SetState.ALL_NEW
+    if all(f.is_old for f in files):
+        return SetState.ALL_OLD
+    if all(f.is_new or f.is_old for f in files):
+        return SetState.PARTLY_APPLIED
+    return SetState.CHANGED
+
+
+@dataclass(frozen=True)
+class FileChange:
+    """The file a host's run was about, with its sha256 before and after (equal: unchanged).
+
+    For a patch set, `set_files` holds every file of the set (this one, the set's first, too):
+    the JSON and the ledger's host outcome then say where the set stands (`set.state`)."""
+
+    path: str
+    sha256_before: str | None
+    sha256_after: str | None
+    set_files: tuple[SetFile, ...] = ()
+
+    @property
+    def set_state(self) -> SetState | None:
+        return set_state(self.set_files) if self.set_files else None
+
+    def paths(self) -> tuple[str, ...]:
+        """Every file this change is about (one, or a set's)."""
+        return tuple(f.path for f in self.set_files) or (self.path,)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "path": self.path,
             "sha256_before": self.sha256_before,
             "sha256_after": self.sha256_after,
         }
+        if self.set_files:
+            data["set"] = {
+                "state": str(self.set_state),
+                "files": [f.to_json() for f in self.set_files],
+            }
+        return data
 
 
 @dataclass(frozen=True)
