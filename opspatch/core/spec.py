@@ -525,9 +525,7 @@ class LoadedPatch(BaseModel):
 
     def edit_field(self, index: int, edit: int, *rest: str | int) -> tuple[str | int, ...]:
         """The field path of an edit of part `index` (`edits[0]`, `targets[1].edits[0]`)."""
-        return (
-            ("targets", index, "edits", edit, *rest) if self.is_set else ("edits", edit, *rest)
-        )
+        return ("targets", index, "edits", edit, *rest) if self.is_set else ("edits", edit, *rest)
 
     def only_target(self, command: str) -> PatchSpec:
         """The patch's one target part, for a command that works on one file.

@@ -209,9 +209,7 @@ class _FleetApply:
             else:
                 reasons = [f.plan.reason for f in item.files if isinstance(f.plan, AlreadyApplied)]
                 outcomes.append(
-                    session.outcome(
-                        Outcome.ALREADY_APPLIED, "; ".join(reasons), file=item.change()
-                    )
+                    session.outcome(Outcome.ALREADY_APPLIED, "; ".join(reasons), file=item.change())
                 )
         return RunReport(None, "apply", self.patch.spec.id, tuple(outcomes), dry_run=True)
 

@@ -108,7 +108,9 @@ def read_live(
     if missing:
         with session.step("read-set") as note:
             for path in missing:
-                live[path] = session.ops.read(path, timeout=session.playbook.timeouts.inspect).sha256
+                live[path] = session.ops.read(
+                    path, timeout=session.playbook.timeouts.inspect
+                ).sha256
             note["detail"] = "; ".join(f"{p} is {live[p][:12]}" for p in missing)
     return live
 

@@ -225,9 +225,7 @@ class ApplyPipeline:
                 inspections.append(inspection)
             facts = inspections[0].facts
             note["detail"] = (
-                "; ".join(
-                    f"{i.file.realpath} sha256 {i.file.sha256[:12]}" for i in inspections
-                )
+                "; ".join(f"{i.file.realpath} sha256 {i.file.sha256[:12]}" for i in inspections)
                 + f"; python {facts.python_version}, "
                 f"{parts[0].target.distribution} {facts.sglang_version or '?'}"
             )
@@ -236,7 +234,7 @@ class ApplyPipeline:
             session.ledger.record_facts(session.run_id, session.name, facts.to_json())
         files = []
         with session.step("plan") as note:
-            for index, (part, inspection) in enumerate(zip(parts, inspections)):
+            for index, (part, inspection) in enumerate(zip(parts, inspections, strict=True)):
                 files.append(
                     PreparedFile(
                         index,
@@ -286,7 +284,7 @@ class ApplyPipeline:
             baseline, baseline_note = self._baseline(session)
         except HostFailed as refused:
             return self._outcome(session, prepared, refused.outcome, refused.error, old=pending)
-        ledger, run_id = session.ledger, session.run_id
+        run_id = session.run_id
         with_path = prepared.is_set
         try:
             with session.step("backup") as note:
@@ -497,7 +495,9 @@ class ApplyPipeline:
                 live=_live_new(prepared, swapped),
             )
         if live.sha256 == plan.sha256_before:
-            return self._swap_refused(session, prepared, item, swapped, f"{why}; the file is unchanged")
+            return self._swap_refused(
+                session, prepared, item, swapped, f"{why}; the file is unchanged"
+            )
         if live.sha256 == plan.sha256_after:
             return self.roll_back(session, prepared, why, swapped=(*swapped, item))
         return self._outcome(

@@ -146,7 +146,9 @@ def run_restore(
     ) as fleet:
         outcomes, halted = fleet.execute(
             per_host,
-            batches=_restore_batches(fleet.names, playbook.max_in_flight, canary_first=canary_first),
+            batches=_restore_batches(
+                fleet.names, playbook.max_in_flight, canary_first=canary_first
+            ),
             halt=halt_on_attention_or_not_serving,
         )
         return fleet.report(outcomes, halted=halted)
@@ -338,9 +340,7 @@ class _Rollback:
             )
         return self._restart_and_prove(session, change, note=None)
 
-    def _set_host(
-        self, session: HostSession, by_path: dict[str, list[FileVersion]]
-    ) -> HostOutcome:
+    def _set_host(self, session: HostSession, by_path: dict[str, list[FileVersion]]) -> HostOutcome:
         """Roll a patch set back on one host: every file it changed is restored, or none.
 
         Each file must be at a post-image the set recorded (restored) or at its pre-image (left

@@ -251,9 +251,7 @@ def fleet_status(
                     found[patch.sha256, index] = with_server(said, host, inspection)
             for patch in patches:
                 files = [found[patch.sha256, i] for i in range(len(patch.parts))]
-                results.append(
-                    combine_set(patch, host.name, files) if patch.is_set else files[0]
-                )
+                results.append(combine_set(patch, host.name, files) if patch.is_set else files[0])
         finally:
             transport.close()
         return results
