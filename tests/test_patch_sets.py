@@ -88,9 +88,10 @@ def test_a_set_loads_as_one_part_per_target(tmp_path: Path) -> None:
     assert {p.id for p in loaded.parts} == {SET_ID}  # one marker for the whole set
     assert loaded.spec is loaded.parts[0]
     assert loaded.edit_field(1, 0, "code") == ("targets", 1, "edits", 0, "code")
-    assert loaded.location(loaded.edit_field(1, 0, "code")).line == (
-        HEADER + TARGET_A + TARGET_B
-    ).splitlines().index('code = "_OPSPATCH_SET_B = 2"') + 1
+    assert (
+        loaded.location(loaded.edit_field(1, 0, "code")).line
+        == (HEADER + TARGET_A + TARGET_B).splitlines().index('code = "_OPSPATCH_SET_B = 2"') + 1
+    )
 
 
 def test_a_single_target_patch_is_unchanged(tmp_path: Path) -> None:
@@ -126,9 +127,7 @@ BAD_SETS = {
         "move [target] into the [[targets]] table it belongs to",
     ),
     "edits-beside-targets": (
-        TARGET_A
-        + TARGET_B
-        + '[[edits]]\nkind = "insert"\nscope = "<module>"\ncode = "X = 1"\n',
+        TARGET_A + TARGET_B + '[[edits]]\nkind = "insert"\nscope = "<module>"\ncode = "X = 1"\n',
         "edits",
         "keeps each file's edits inside its [[targets]] table",
         "[[targets.edits]]",
@@ -140,7 +139,10 @@ BAD_SETS = {
         "",
     ),
     "bad-versions": (
-        TARGET_A + TARGET_B.replace(f'module = "{SCHEDULER}"', f'module = "{SCHEDULER}"\nversions = "0.5.x"'),
+        TARGET_A
+        + TARGET_B.replace(
+            f'module = "{SCHEDULER}"', f'module = "{SCHEDULER}"\nversions = "0.5.x"'
+        ),
         "targets[1].versions",
         "is not a version range",
         "",
@@ -341,7 +343,7 @@ def test_controller_killed_between_the_swaps_then_recover_makes_the_set_whole(
     canary = faults.canary
     pristine = _files(faults.fleet, canary)
     faults.arm("swap", at="before", skip=1)  # the canary's second swap is held
-    controller = faults.spawn("apply", SET_ID, "--hosts", canary, "--yes", "--json")
+    controller = faults.spawn("apply", SET_ID, "--hosts", f"faults:{canary}", "--yes", "--json")
     faults.kill_when_held(controller)
     assert _standing(faults, canary, pristine) == ("new", "old")
 
@@ -369,7 +371,7 @@ def test_connection_cut_after_the_first_swap_puts_the_set_back(faults: FaultFlee
     canary = faults.canary
     pristine = _files(faults.fleet, canary)
     faults.arm("swap", cut="connection")  # the first swap happens, its reply never comes
-    run = faults.cli("apply", SET_ID, "--hosts", canary, "--yes", "--json")
+    run = faults.cli("apply", SET_ID, "--hosts", f"faults:{canary}", "--yes", "--json")
     assert run.code == 1, run.stdout + run.stderr
     mine = {h["host"]: h for h in run.json()["hosts"]}[canary]
     assert mine["outcome"] == "rolled-back", mine
@@ -380,3 +382,31 @@ def test_connection_cut_after_the_first_swap_puts_the_set_back(faults: FaultFlee
     assert _standing(faults, canary, pristine) == ("old", "old")
     faults.decodes_as_before(canary)
     assert not faults.lock_file(canary).exists()
+
+
+@pytest.mark.slow
+def test_a_staged_set_is_restarted_into_together(fleet: SandboxFleet) -> None:
+    before = {n: _files(fleet, n) for n in fleet.names}
+    fleet.write_patch(SET_ID, HEADER + TARGET_A + TARGET_B)
+    run = fleet.opspatch(
+        "apply", SET_ID, "--hosts", "sandbox", "--restart", "never", "--yes", "--json"
+    )
+    assert run.code == 0, run.stdout + run.stderr
+    for host in run.json()["hosts"]:
+        assert host["outcome"] == "staged", host
+        assert host["file"]["set"]["state"] == "all-new", host["file"]
+    status = _status(fleet, "sandbox")
+    assert {n: s["state"] for n, s in status.items()} == dict.fromkeys(fleet.names, "staged")
+
+    restarted = fleet.opspatch("restart", "--hosts", "sandbox", "--yes", "--json")
+    assert restarted.code == 0, restarted.stdout + restarted.stderr
+    for host in restarted.json()["hosts"]:
+        assert host["outcome"] == "applied", host
+        assert host["file"]["set"]["state"] == "all-new", host["file"]
+        assert [s["step"] for s in host["steps"]].count("restart") == 1, host["steps"]
+    status = _status(fleet, "sandbox")
+    assert {n: s["state"] for n, s in status.items()} == dict.fromkeys(fleet.names, "applied")
+
+    back = fleet.opspatch("rollback", SET_ID, "--hosts", "sandbox", "--yes", "--json")
+    assert back.code == 0, back.stdout + back.stderr
+    assert {n: _files(fleet, n) for n in fleet.names} == before
