@@ -23,6 +23,11 @@ matches a recorded pre-image → make sure the server answers → `restored`; no
 change here → make sure the server answers → `restored`; anything else → `needs-attention`
 (someone else changed it). The patch is never applied twice: recover only finishes or undoes
 what a run wrote.
+
+A patch set (the newest run recorded several files on the host) is made whole: all new ->
+finished as above (proven, or proven now; a failed proof restores every file); partly applied
+(a run stopped between two swaps) -> its new files restored, restarted and smoked: `restored`,
+the set all-old; all old -> `restored`; a file neither -> `needs-attention`.
 """
 
 from __future__ import annotations
