@@ -72,9 +72,7 @@ class SetOnHost:
     def describe(self) -> str:
         """`a.py new, b.py old` (file names only: the JSON has the paths)."""
         return ", ".join(
-            f"{m.path.rsplit('/', 1)[-1]} "
-            + ("new" if m.is_new else "old" if m.is_old else f"changed ({m.live_sha256[:12]})")
-            for m in self.members
+            f"{m.path.rsplit('/', 1)[-1]} {m.set_file().standing}" for m in self.members
         )
 
 

@@ -60,13 +60,18 @@ class SetFile:
     def is_old(self) -> bool:
         return self.live_sha256 == self.pre_sha256
 
+    @property
+    def standing(self) -> str:
+        """`new`, `old` or `changed`."""
+        return "new" if self.is_new else "old" if self.is_old else "changed"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "sha256_pre": self.pre_sha256,
             "sha256_post": self.post_sha256,
             "sha256_live": self.live_sha256,
-            "standing": "new" if self.is_new else "old" if self.is_old else "changed",
+            "standing": self.standing,
         }
 
 
