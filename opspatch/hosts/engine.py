@@ -23,8 +23,9 @@ and tells a decode that timed out (the server still running) from a crash.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opspatch.core.host import Host
@@ -109,7 +110,6 @@ class SmokeResult:
             texts=tuple(p.text for p in prompts),
             exceptions=tuple(dict(e) for e in data.get("exceptions") or ()),
             log_tail=data.get("log_tail"),
-            lock_released=bool((data.get("released") or {}).get("released")),
         )
 
     def summary(self) -> str:
@@ -185,8 +185,14 @@ class EngineControl:
     def _call(
         self, operation: str, args: dict[str, Any], *, timeout: float, step: str
     ) -> dict[str, Any]:
-        try:
+        with self._engine_errors(step):
             return self.ops.call(operation, args, timeout=timeout + EXEC_MARGIN, step=step)
+
+    @contextlib.contextmanager
+    def _engine_errors(self, step: str) -> Iterator[None]:
+        """The agent's refusals of an engine step, as the engine's errors."""
+        try:
+            yield
         except RemoteOperationError as exc:
             raise EngineError(
                 exc.detail, host=self.host.name, step=step, data=exc.data, hint=exc.hint
@@ -252,7 +258,8 @@ class EngineControl:
 
         With `checks=False` it only decodes (used to take a pre-patch baseline). With
         `release_lock` (a run id), a smoke that passes also releases that run's lock on the
-        host in the same exec: it is a host's last step, and one exec fewer per host.
+        host in the same exec (`HostOperations.then_unlock`): it is a host's last step, and one
+        exec fewer per host.
         A failed check is a value (`ok=False`), not an exception. `pid` (the restart's) is the
         server whose liveness tells a decode that timed out from a crash; without it, the pid
         file (command strategy) or whoever listens on the engine's port is asked.
@@ -266,8 +273,15 @@ class EngineControl:
             checks=checks,
             pid=pid,
         )
-        args["release_lock"] = (
-            {"state_dir": self.host.state_dir, "run_id": release_lock} if release_lock else None
-        )
-        data = self._call("smoke", args, timeout=timeout, step=step)
-        return SmokeResult.from_reply(data)
+        if release_lock is None:
+            return SmokeResult.from_reply(self._call("smoke", args, timeout=timeout, step=step))
+        with self._engine_errors(step):
+            data, released = self.ops.then_unlock(
+                "smoke",
+                args,
+                run_id=release_lock,
+                gate=True,  # a failed smoke keeps the lock: the rollback still needs it
+                timeout=timeout + EXEC_MARGIN,
+                step=step,
+            )
+        return replace(SmokeResult.from_reply(data), lock_released=released)

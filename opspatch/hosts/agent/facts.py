@@ -1,4 +1,4 @@
-"""What a host runs, and which file its engine imports: facts, resolve, inspect, begin.
+"""What a host runs, and which file its engine imports: facts, resolve, inspect.
 
 Rules, because this runs beside a serving engine: never import the engine or torch (sglang may
 need GPUs and minutes to import; torch beside a running server takes seconds and, with a CUDA
@@ -18,11 +18,10 @@ import shutil
 import socket
 import subprocess
 import sys
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from opspatch.hosts.agent.files import read_file
 from opspatch.hosts.agent.fsutil import dist_version
-from opspatch.hosts.agent.locks import op_lock
 from opspatch.hosts.agent.processes import (
     alive,
     find_server_pid,
@@ -32,7 +31,7 @@ from opspatch.hosts.agent.processes import (
 from opspatch.hosts.agent.protocol import OpFailure, operation
 
 if TYPE_CHECKING:
-    from opspatch.hosts.agent.protocol import Args, LockRequest, Result
+    from opspatch.hosts.agent.protocol import Args, Result
 
 
 _GPU_PROBE_SECONDS = 5.0
@@ -364,16 +363,3 @@ def running_server(where: Result | None) -> Result | None:
             return {"pid": None, "started_at": None}
         return None
     return {"pid": pid, "started_at": process_start_epoch(pid)}
-
-
-@operation("begin")
-def op_begin(args: Args) -> Result:
-    """lock + inspect in one exec: how a rollout starts on a host. The lock is kept even if the
-    inspection fails (the controller releases it), so no other run slips in between."""
-    locked = op_lock(cast("LockRequest", args))  # a begin request carries the lock's fields
-    try:
-        inspected = op_inspect(args)
-    except OpFailure as failure:
-        failure.data["lock"] = locked
-        raise
-    return dict(inspected, lock=locked)

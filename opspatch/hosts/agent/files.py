@@ -26,7 +26,7 @@ from opspatch.hosts.agent.fsutil import (
     user_name,
     write_atomically,
 )
-from opspatch.hosts.agent.locks import op_unlock, require_lock
+from opspatch.hosts.agent.locks import require_lock
 from opspatch.hosts.agent.protocol import OpFailure, operation, os_failure
 
 if TYPE_CHECKING:
@@ -205,21 +205,6 @@ def op_swap(args: SwapRequest) -> SwapReply:
         result["backup_path"] = store_backup(state_dir, current)
         write_atomically(realpath, new, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid)
     result["purged_bytecode"], result["purge_failures"] = purge_stale_bytecode(path, realpath)
-    if args.get("release_lock") and args.get("lock_run_id"):
-        # No restart follows (a staged apply, a local file): the swap is the host's last step,
-        # so the lock goes back in the same exec.
-        try:
-            result["released"] = op_unlock(
-                {"state_dir": state_dir, "run_id": str(args["lock_run_id"]), "force": False}
-            )
-        except OpFailure as failure:
-            result["released"] = {"released": False, "reason": failure.code, "previous": None}
-        except OSError as exc:  # the controller releases it with its own exec
-            result["released"] = {
-                "released": False,
-                "reason": f"unlock-failed: {exc}",
-                "previous": None,
-            }
     return result
 
 
