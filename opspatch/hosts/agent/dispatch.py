@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING
 
@@ -92,6 +91,8 @@ def perform(name: str, args: Args) -> OperationReply:
     except OpFailure as failure:
         return refused(failure)
     except Exception as exc:
+        import traceback  # only here: it imports textwrap, whose patterns compile at import
+
         return {
             "status": "refused",
             "code": "agent-error",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import platform
 import re
 import stat
 from typing import TYPE_CHECKING
@@ -20,6 +19,7 @@ from opspatch.hosts.agent.fsutil import (
     b64,
     ensure_state_dir,
     group_name,
+    python_version,
     read_bytes,
     sha256_hex,
     unb64,
@@ -150,13 +150,13 @@ def check_compiles(content: bytes, filename: str) -> None:
     except SyntaxError as exc:
         raise OpFailure(
             "compile-failed",
-            f"the new text does not compile under Python {platform.python_version()}: {exc.msg} (line {exc.lineno})",
+            f"the new text does not compile under Python {python_version()}: {exc.msg} (line {exc.lineno})",
             {
                 "lineno": exc.lineno,
                 "offset": exc.offset,
                 "text": (exc.text or "").rstrip("\n"),
                 "msg": exc.msg,
-                "python": platform.python_version(),
+                "python": python_version(),
             },
         ) from None
     except ValueError as exc:  # e.g. null bytes (a SyntaxError from Python 3.12)

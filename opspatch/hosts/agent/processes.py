@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +16,8 @@ from opspatch.hosts.agent.fsutil import file_size, log_since, write_atomically
 from opspatch.hosts.agent.protocol import OpFailure, operation
 
 if TYPE_CHECKING:
+    import subprocess
+
     from opspatch.hosts.agent.protocol import Args, Result
 
 
@@ -122,7 +123,11 @@ def listening_pids(port: int) -> list[int]:
     Sockets are matched by inode against each process's file descriptors, so processes of other
     users (whose descriptors cannot be read without privileges) are not found.
     """
-    inodes = listening_sockets(port)
+    return pids_holding(listening_sockets(port))
+
+
+def pids_holding(inodes: set[str]) -> list[int]:
+    """Processes holding one of the sockets `inodes` (this user's, or all with privileges)."""
     if not inodes:
         return []
     found: list[int] = []
@@ -180,6 +185,8 @@ def find_server_pid(pid: int | None, pid_file: str | None, port: int | None) -> 
 
 
 def _run_tool(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    import subprocess  # only where a process is started: an inspect does not pay for it
+
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except FileNotFoundError:
@@ -206,6 +213,8 @@ def _restart_command(
     offset = file_size(log_file)
     full_env = dict(os.environ)
     full_env.update(env)
+    import subprocess
+
     with open(log_path, "ab") as log:
         process = subprocess.Popen(  # noqa: S602 - the operator's start command, as systemd's ExecStart
             settings["start"],
