@@ -137,6 +137,18 @@ def _alive(pid: int) -> bool:
     return raw[raw.rfind(")") + 2 :].split()[0] not in ("Z", "X")
 
 
+def _pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(raw[raw.rfind(")") + 2 :].split()[1])
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -401,6 +413,24 @@ class Fleet:
 
     def log_offsets(self) -> list[int]:
         return [s.log_file.stat().st_size for s in self.sshds]
+
+    def host_cpu(self, count: int) -> list[float]:
+        """CPU seconds each of the first `count` hosts' sshd has used with everything it ran and
+        reaped: its listener, the sessions and the commands they ran (the agent's execs), from
+        /proc/PID/stat (utime + stime + cutime + cstime). The difference over a run is what the
+        tool cost that host, whatever else the machine runs. A session still exiting is waited
+        for first (up to 3 s), so its share is not missed."""
+        listeners = {s.pid for s in self.sshds[:count]}
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and any(_parent(p) in listeners for p in _pids()):
+            time.sleep(0.05)
+        ticks = os.sysconf("SC_CLK_TCK")
+        figures = []
+        for sshd in self.sshds[:count]:
+            raw = Path(f"/proc/{sshd.pid}/stat").read_text()
+            fields = raw[raw.rfind(")") + 2 :].split()
+            figures.append(sum(int(v) for v in fields[11:15]) / ticks)  # utime..cstime
+        return figures
 
     def ssh_counts(self, offsets: Sequence[int], count: int) -> list[SshCounts]:
         """Connections and execs per host (the first `count`) logged since `offsets`."""

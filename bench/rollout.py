@@ -161,6 +161,8 @@ def machine_description() -> dict[str, Any]:
 
 def tool_versions(env: dict[str, str], opspatch: Sequence[str], venv: Path) -> dict[str, str]:
     def first_line(argv: Sequence[str]) -> str:
+        if Path(argv[0]).is_absolute() and not Path(argv[0]).exists():
+            return ""  # a venv tool this run did not need, so never installed
         done = subprocess.run(
             list(argv), env=env, cwd=REPO, capture_output=True, text=True, check=False
         )
@@ -274,7 +276,8 @@ class Bench:
 
     def run(self) -> Path:
         args = self.args
-        ensure_venv(args.venv)
+        if {"ansible", "pyinfra"} & set(args.tools):  # the only tools that live in the venv
+            ensure_venv(args.venv)
         counts = sorted(set(args.hosts))
         total = max(counts)
         started = dt.datetime.now(dt.timezone.utc)
@@ -430,6 +433,7 @@ class Bench:
         time.sleep(0.5)  # let the restarted engines settle
         command = workloads.command(tool, count, phase)
         offsets = fleet.log_offsets()
+        host_cpu_before = fleet.host_cpu(count)
         relay_before = relay.snapshot()
         label = f"{phase}-n{count}-rtt{rtt}-{tool}-{run + 1}"
         result: ToolRun = self.runner.run(
@@ -442,6 +446,7 @@ class Bench:
         )
         time.sleep(0.2)  # sshd logs the end of sessions after the client is gone
         ssh = fleet.ssh_counts(offsets, count)
+        host_cpu = [a - b for a, b in zip(fleet.host_cpu(count), host_cpu_before, strict=True)]
         relay_after = relay.snapshot()
         problems = run_problems(fleet, hosts, phase, pids_before)
         per_host = [
@@ -450,6 +455,7 @@ class Bench:
                 "connections": s.connections,
                 "execs": s.execs,
                 "relay_connections": relay_after[i].connections - relay_before[i].connections,
+                "host_cpu_s": round(host_cpu[i], 3),
             }
             for i, (h, s) in enumerate(zip(hosts, ssh, strict=True))
         ]
@@ -468,6 +474,7 @@ class Bench:
             "cpu_s": round(result.cpu_s, 3),
             "leftover_cpu_s": round(result.leftover_cpu_s, 3),
             "machine_busy_s": round(result.machine_busy_s, 2),
+            "host_cpu_s": round(sum(host_cpu), 3),  # every host's sshd, sessions and execs
             "max_rss_mb": round(result.max_rss_mb, 1),
             "peak_tree_rss_mb": round(result.peak_tree_rss_mb, 1),
             "processes": result.processes_seen,

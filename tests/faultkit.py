@@ -55,14 +55,18 @@ COMMAND_LIMIT = 240
 WRAPPER = '''#!{python}
 """The engine interpreter of one sandbox host, with a fault switch (tests/faultkit.py).
 
-Runs the real interpreter on each request unchanged, unless {control}/fault.json names the
-request's operation: the first such request (after "skip" of them) claims the fault (a rename:
-exactly once) and then
-- at "before": says so in reached.json and waits for a release file, then drops the request
-  ("then": "drop", as if it never arrived) or runs it ("then": "run");
-- at "after": runs it, then either holds (reached.json, wait for release) before the reply goes
-  back, or cuts ("cut": "connection" kills the sshd session serving this request; "sshd" kills
-  the sshd listener too), so the reply never goes back.
+Runs the real interpreter on each request unchanged, unless {control}/fault.json names one of
+the request's operations (a request is a list of operations, run in order): the first such
+request (after "skip" of them) claims the fault (a rename: exactly once) and the fault fires at that operation. The
+operations before it run first, as their own exec (a refusal there ends the request as the agent
+would: the rest not run), then
+- at "before": says so in reached.json and waits for a release file, then drops the operation
+  and all after it ("then": "drop", as if the rest never arrived: no reply) or runs them ("then":
+  "run");
+- at "after": runs it, then either holds (reached.json, wait for release) before the operations
+  after it run and the reply goes back, or cuts ("cut": "connection" kills the sshd session
+  serving this request; "sshd" kills the sshd listener too), so nothing after it runs and the
+  reply never goes back.
 """
 import json, os, signal, subprocess, sys, time
 
@@ -77,14 +81,15 @@ def write_json(name, value):
     os.replace(temp, os.path.join(CONTROL, name))
 
 
-def claim(op):
+def claim(ops):
+    """(the index of the faulted operation, the fault), once; None if no fault is for these."""
     path = os.path.join(CONTROL, "fault.json")
     try:
         with open(path) as handle:
             fault = json.load(handle)
     except (OSError, ValueError):
         return None
-    if fault.get("op") != op:
+    if fault.get("op") not in ops:
         return None
     if fault.get("skip"):  # let this many requests of the op pass first (a set's second swap)
         fault["skip"] -= 1
@@ -94,7 +99,11 @@ def claim(op):
         os.rename(path, os.path.join(CONTROL, "claimed.json"))
     except OSError:
         return None
-    return fault
+    return ops.index(fault["op"]), fault
+
+
+def unclaim():
+    os.rename(os.path.join(CONTROL, "claimed.json"), os.path.join(CONTROL, "fault.json"))
 
 
 def hold(fault, op):
@@ -133,32 +142,86 @@ def cut(kind, op):
             pass
 
 
+def run(head, request, calls):
+    """`calls` of the request as one exec of the real interpreter: (its replies or None, the
+    process as it ended)."""
+    line = json.dumps(dict(request, ops=calls)).encode("utf-8")
+    done = subprocess.run([REAL] + sys.argv[1:], input=head + line + b"\\n", capture_output=True)
+    for out in reversed(done.stdout.splitlines()):
+        if out.strip():
+            try:
+                return json.loads(out), done
+            except ValueError:
+                break
+    return None, done
+
+
+def stopped(calls, reply):
+    """Whether the agent stopped after these calls (a refusal, or a gate that did not pass)."""
+    for call, answer in zip(calls, reply["replies"]):
+        result = answer.get("result")
+        passed = isinstance(result, dict) and result.get("ok") is True
+        if answer.get("status") != "done" or (call.get("gate") and not passed):
+            return True
+    return False
+
+
 def main():
     data = sys.stdin.buffer.read()
+    head, _, last = data.rstrip(b"\\n").rpartition(b"\\n")
+    head = head + b"\\n" if head else b""
     try:
-        op = json.loads(data.decode("utf-8")).get("op")
-    except ValueError:
-        op = None
-    command = [REAL] + sys.argv[1:]
-    fault = claim(op)
-    if fault is None:
-        sys.exit(subprocess.run(command, input=data).returncode)
+        request = json.loads(last.decode("utf-8"))
+        calls = list(request["ops"])
+        ops = [call["op"] for call in calls]
+    except (ValueError, KeyError, TypeError):
+        request, calls, ops = None, [], []
+    claimed = claim(ops) if request is not None else None
+    if claimed is None:
+        sys.exit(subprocess.run([REAL] + sys.argv[1:], input=data).returncode)
+    index, fault = claimed
+    op = ops[index]
+    upto = index if fault["at"] == "before" else index + 1
+    replies, identity = [], None
+    if upto:
+        reply, done = run(head, request, calls[:upto])
+        if reply is None:  # no reply from the operations before the fault: the exec's own end
+            sys.stdout.buffer.write(done.stdout)
+            sys.exit(done.returncode)
+        replies, identity = reply["replies"], reply.get("identity")
+        if stopped(calls[:upto], reply):  # the agent stops there: nothing after it would run
+            replies += [{{"status": "not-run"}} for _ in ops[upto:]]
+            if replies[index].get("status") in (None, "not-run"):  # nor the faulted one:
+                unclaim()  # the fault is not reached: armed again for the next request
+                reply_with(replies, identity)
     if fault["at"] == "before":
         hold(fault, op)
         if fault.get("then") == "drop":
             sys.exit(75)
-        sys.exit(subprocess.run(command, input=data).returncode)
-    done = subprocess.run(command, input=data, capture_output=True)
-    if fault.get("cut"):
+    elif fault.get("cut"):
         cut(fault["cut"], op)
+        sys.exit(0)  # the reply has no way back, and nothing after the faulted operation runs
     else:
         hold(fault, op)
+    if len(replies) < len(ops):  # the operations from the fault on (before) or after it
+        reply, done = run(head, request, calls[len(replies):])
+        if reply is None:
+            sys.stdout.buffer.write(done.stdout)
+            sys.exit(done.returncode)
+        replies += reply["replies"]
+        identity = identity or reply.get("identity")
+    reply_with(replies, identity)
+
+
+def reply_with(replies, identity):
+    """The one reply line, as the agent prints it, and the end of this exec."""
     try:
-        sys.stdout.buffer.write(done.stdout)
+        sys.stdout.buffer.write(json.dumps({{"replies": replies, "identity": identity}}).encode())
+        sys.stdout.buffer.write(b"\\n")
         sys.stdout.flush()
     except OSError:
         pass
-    sys.exit(done.returncode)
+    sys.exit(0)
 
 
 main()
@@ -191,6 +254,35 @@ def _opspatch_fault_marker():
 
 _opspatch_fault_marker()
 """
+
+
+def install_wrapper(control: Path, real: str) -> Path:
+    """`control/python`: the interpreter `real` with the fault switch kept in `control`."""
+    wrapper = control / "python"
+    wrapper.write_text(WRAPPER.format(python=sys.executable, real=real, control=str(control)))
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def arm_switch(
+    control: Path,
+    op: str,
+    *,
+    at: str = "after",
+    then: str = "drop",
+    cut: str | None = None,
+    skip: int = 0,
+) -> None:
+    """The wrapper's next request holding `op` (after `skip` of them) meets the fault at that
+    operation (`WRAPPER`)."""
+    for name in ("reached.json", "claimed.json", "release"):
+        (control / name).unlink(missing_ok=True)
+    fault: dict[str, Any] = {"op": op, "at": at, "then": then, "skip": skip}
+    if cut is not None:
+        fault["cut"] = cut
+    temp = control / "fault.json.tmp"
+    temp.write_text(json.dumps(fault))
+    temp.replace(control / "fault.json")
 
 
 def _start_time(pid: int) -> str | None:
@@ -231,12 +323,7 @@ class FaultFleet:
         code = MARKER_CODE.format(markers=str(self.markers)).strip()
         path = self.fleet.write_patch(PATCH_ID, FAULT_PATCH.format(patch_id=PATCH_ID, code=code))
         spec = load_patch(path).spec
-        wrapper = self.control / "python"
-        real = self.fleet.hosts[self.canary].engine.python
-        wrapper.write_text(
-            WRAPPER.format(python=sys.executable, real=real, control=str(self.control))
-        )
-        wrapper.chmod(0o755)
+        install_wrapper(self.control, self.fleet.hosts[self.canary].engine.python)
         self.write_inventory()
         for name in self.names:
             plan = apply_patch(self.fleet.file(name).read_bytes(), spec)
@@ -329,14 +416,7 @@ class FaultFleet:
     ) -> None:
         """The canary's next `op` request (after `skip` of them) meets the fault (`WRAPPER`)."""
         self.release()
-        for name in ("reached.json", "claimed.json", "release"):
-            (self.control / name).unlink(missing_ok=True)
-        fault: dict[str, Any] = {"op": op, "at": at, "then": then, "skip": skip}
-        if cut is not None:
-            fault["cut"] = cut
-        temp = self.control / "fault.json.tmp"
-        temp.write_text(json.dumps(fault))
-        temp.replace(self.control / "fault.json")
+        arm_switch(self.control, op, at=at, then=then, cut=cut, skip=skip)
 
     def reached(self, timeout: float = 120) -> dict[str, Any]:
         """Wait until the armed request met its fault; what the wrapper said."""

@@ -176,3 +176,104 @@ def test_versions_read_from_dist_info_folders_agree_with_importlib_metadata() ->
     for name in ("pip", "pytest", "PyYAML", "typing-extensions", "typing_extensions"):
         assert dist_version(name) == metadata.version(name), name
     assert dist_version("no-such-distribution-here") is None
+
+
+# -- one exec, a list of operations ------------------------------------------------------------
+
+
+def test_a_batch_stops_at_its_first_refusal_and_runs_nothing_after_it(tmp_path: Path) -> None:
+    """The real bootstrap and agent: lock, a swap refused (wrong pre-image), then a swap that
+    would write and an unlock. The refusal stops the exec: the later two are not run, so the
+    file keeps its bytes and the lock stays."""
+    import base64
+
+    from opspatch.hosts.channel import operation_call
+
+    target = tmp_path / "worker.py"
+    target.write_bytes(b"A = 1\n")
+    state = tmp_path / "state"
+
+    def swap(expected: bytes) -> dict[str, object]:
+        return {
+            "path": str(target),
+            "expected_sha256": sha(expected),
+            "content_b64": base64.b64encode(b"A = 2\n").decode(),
+            "state_dir": str(state),
+            "lock_run_id": "r1",
+        }
+
+    with LocalTransport("local") as transport:
+        ops = HostOperations(transport, host_on(sys.executable, state))
+        lock = {"state_dir": str(state), "owner": "t@ctl", "run_id": "r1", "ttl_seconds": 60.0}
+        replies = ops.call_batch(
+            [
+                operation_call("lock", {**lock, "takeover_run": None}),
+                operation_call("swap", swap(b"A = 0\n")),
+                operation_call("swap", swap(b"A = 1\n")),
+                operation_call("unlock", {"state_dir": str(state), "run_id": "r1", "force": False}),
+            ],
+            timeout=60,
+            step="batch",
+        )
+        assert transport.exec_count == 1
+    assert [r["status"] for r in replies] == ["done", "refused", "not-run", "not-run"]
+    assert replies[1]["code"] == "preimage-mismatch"
+    assert target.read_bytes() == b"A = 1\n"  # the second swap never ran
+    assert not (state / "backups").exists()
+    assert (state / "lock.json").exists()  # nor the unlock
+
+
+def test_a_gate_whose_result_is_not_ok_stops_the_batch() -> None:
+    """`gate` is how "smoke, then give the lock back" keeps the lock after a failed smoke."""
+    from opspatch.hosts.agent.dispatch import run_batch
+    from opspatch.hosts.agent.protocol import OperationReply
+    from opspatch.hosts.channel import operation_call
+
+    ran: list[str] = []
+
+    def perform(op: str, args: dict[str, object]) -> OperationReply:
+        ran.append(op)
+        return {"status": "done", "result": {"ok": args["ok"]}}
+
+    passed = run_batch(
+        [operation_call("smoke", {"ok": True}, gate=True), operation_call("unlock", {"ok": True})],
+        perform,
+    )
+    failed = run_batch(
+        [operation_call("smoke", {"ok": False}, gate=True), operation_call("unlock", {"ok": True})],
+        perform,
+    )
+    ungated = run_batch(
+        [operation_call("smoke", {"ok": False}), operation_call("unlock", {"ok": True})], perform
+    )
+    assert [r["status"] for r in passed] == ["done", "done"]
+    assert [r["status"] for r in failed] == ["done", "not-run"]
+    assert failed[0]["result"] == {"ok": False}  # the failed smoke's result still comes back
+    assert [r["status"] for r in ungated] == ["done", "done"]
+    assert ran == ["smoke", "unlock", "smoke", "smoke", "unlock"]
+
+
+def test_begin_is_one_exec_that_takes_the_lock_then_inspects(tmp_path: Path) -> None:
+    from opspatch.errors import LockHeld
+
+    target = tmp_path / "worker.py"
+    target.write_bytes(b"A = 1\n")
+    state = tmp_path / "state"
+    with LocalTransport("local") as transport:
+        ops = HostOperations(transport, host_on(sys.executable, state))
+        lock, inspection = ops.begin(path=str(target), run_id="r1", timeout=60)
+        assert transport.exec_count == 1
+        assert lock.holder.run_id == "r1" and (state / "lock.json").exists()
+        assert inspection.file.content == b"A = 1\n"
+        with pytest.raises(LockHeld):  # another run: refused at the lock, nothing inspected
+            ops.begin(path=str(tmp_path / "missing.py"), run_id="r2", timeout=60)
+        assert transport.exec_count == 2
+
+
+def test_a_batch_travels_with_the_union_of_its_modules() -> None:
+    from opspatch.hosts.channel import modules_for
+
+    begin = modules_for("lock", "inspect")
+    assert set(modules_for("lock")) | set(modules_for("inspect")) == set(begin)
+    assert begin[-1] == f"{AGENT_PACKAGE}.dispatch"
+    assert f"{AGENT_PACKAGE}.diagnose" not in begin

@@ -19,6 +19,8 @@ from opspatch.config.inventory.ansible import parse_ansible_inventory
 from opspatch.config.inventory.show import inventory_show_json, inventory_show_table
 from opspatch.core.host import BecomeSettings, Host
 from opspatch.errors import BecomeError, SpecError
+from opspatch.hosts.agent.dispatch import run_batch
+from opspatch.hosts.agent.protocol import AgentReply, OperationReply
 from opspatch.hosts.become import (
     SUDO_PROMPT,
     BecomePasswords,
@@ -26,10 +28,11 @@ from opspatch.hosts.become import (
     run_as,
     sudo_refusal,
 )
+from opspatch.hosts.channel import decode_request
 from opspatch.hosts.operations import BOOTSTRAP, HostOperations
 from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult
 from opspatch.hosts.transport.local import LocalTransport
-from opspatch.hosts.transport.scripted import agent_operation, encode_reply
+from opspatch.hosts.transport.scripted import agent_perform
 
 SECRET = "correct horse battery staple"
 
@@ -357,13 +360,17 @@ class SudoHost(ClosesOnExit):
                     return self._result(
                         command, 1, b"", b"Sorry, try again.\nsudo: 1 incorrect password attempt\n"
                     )
-        request = json.loads(stdin.splitlines()[-1])
-        reply: dict[str, Any]
-        if self.unreadable and user is None and request["op"] == "inspect":
-            reply = {"ok": False, "code": "permission-denied", "message": "cannot read"}
-        else:
-            reply = json.loads(encode_reply(agent_operation(request["op"], request["args"])))
-        reply["as"] = {"user": user or "ops"}  # who the agent says it ran as
+        request = decode_request(stdin)  # this double sees the bytes: it stands in for sudo
+
+        def perform(op: str, args: dict[str, Any]) -> OperationReply:
+            if self.unreadable and user is None and op == "inspect":
+                return {"status": "refused", "code": "permission-denied", "message": "cannot read"}
+            return agent_perform(op, args)
+
+        reply: AgentReply = {
+            "replies": run_batch(request["ops"], perform),
+            "identity": {"user": user or "ops", "uid": 1000},  # who the agent says it ran as
+        }
         return self._result(command, 0, json.dumps(reply).encode() + b"\n", b"")
 
     def _result(self, command: Command, code: int, out: bytes, err: bytes) -> CommandResult:

@@ -69,7 +69,7 @@ def kills(kills_slot: FleetSlot) -> FaultFleet:
 # killed once it recorded the backup, with its swap request held and then dropped (it never
 # reaches the host). Every other step is killed after the host did it, before the reply came.
 KILL_POINTS = {
-    "begin": ("begin", "after", "begin"),
+    "begin": ("inspect", "after", "begin"),  # begin's batch is lock, then inspect
     "backup": ("swap", "before", "swap"),
     "swap": ("swap", "after", "swap"),
     "restart": ("restart", "after", "restart"),
@@ -175,7 +175,7 @@ def test_a_swap_still_on_its_way_when_the_controller_died_is_refused_after_recov
 # 2. the recover itself killed, then the next recover follows the chain
 
 
-@pytest.mark.parametrize(("point", "op"), [("begin", "begin"), ("restart", "restart")])
+@pytest.mark.parametrize(("point", "op"), [("begin", "inspect"), ("restart", "restart")])
 def test_recover_killed_then_the_next_recover_follows_the_chain(
     kills: FaultFleet, point: str, op: str
 ) -> None:
@@ -246,7 +246,7 @@ def truthful(outcome: str, error: str | None, state: str) -> None:
 
 # (the canary's operation, what is killed once it is done there, what is used afterwards)
 CUT_POINTS = {
-    "begin": ("begin", "sshd", "unlock"),
+    "begin": ("inspect", "sshd", "unlock"),
     "swap-connection": ("swap", "connection", None),
     "swap": ("swap", "sshd", "recover"),
     "restart": ("restart", "sshd", "recover"),

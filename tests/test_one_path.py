@@ -70,7 +70,7 @@ def sigint_when_held(fleet: FaultFleet, controller: object, times: int = 1) -> N
 
 
 def test_ctrl_c_in_preflight_gives_every_lock_back_and_says_so(fleet: FaultFleet) -> None:
-    fleet.arm("begin", at="after")  # the canary's begin ran (its lock taken); the reply held
+    fleet.arm("inspect", at="after")  # the canary's begin ran (its lock taken); the reply held
     controller = fleet.apply()
     sigint_when_held(fleet, controller)
     fleet.release()

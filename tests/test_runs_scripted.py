@@ -96,7 +96,7 @@ class FakeHost:
 
     def real(self, op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal:
         """The real agent for files and locks; a scripted engine for the rest."""
-        if op in ("begin", "inspect") and args.get("module") == MODULE:
+        if op == "inspect" and args.get("module") == MODULE:
             args = {**args, "module": None, "path": str(self.file)}
             answer = agent_operation(op, args)
             if isinstance(answer, dict):  # as the engine's interpreter resolves it
@@ -125,15 +125,7 @@ class FakeHost:
                 "problem": None if self.smoke_ok else "the server crashed: ValueError: boom",
             }
             failures = [] if self.smoke_ok else ["prompt 1: the server crashed: ValueError: boom"]
-            released = None
-            if self.smoke_ok and args.get("release_lock"):  # as the agent does: same exec
-                released = agent_operation("unlock", dict(args["release_lock"]))
-            return {
-                "ok": self.smoke_ok,
-                "results": [result],
-                "failures": failures,
-                "released": released,
-            }
+            return {"ok": self.smoke_ok, "results": [result], "failures": failures}
         return agent_operation(op, args)
 
 
@@ -330,13 +322,33 @@ def test_every_host_step_of_apply_takes_its_deadline_from_the_playbook(fleet: Fl
     fleet.apply(replace(playbook, timeouts=timeouts))
     calls = fleet.transports["h1"].calls
     deadlines = {c.op: c.timeout for c in calls}
-    assert deadlines["begin"] == 8.0
+    assert deadlines["lock"] == deadlines["inspect"] == 8.0  # begin: lock + inspect, one exec
     assert deadlines["swap"] == 7.0
     assert deadlines["smoke"] > 11.0  # the host-side deadline plus the exec's margin
-    # the passing smoke gave the lock back itself: four execs besides readiness, no unlock
-    assert [c.op for c in calls] == ["begin", "swap", "restart", "wait_ready", "smoke"]
-    assert next(c for c in calls if c.op == "smoke").args["release_lock"]["run_id"]
+    # the passing smoke gave the lock back in its own exec: no exec of its own for the unlock
+    assert fleet.transports["h1"].execs == [
+        ("lock", "inspect"),
+        ("swap",),
+        ("restart",),
+        ("wait_ready",),
+        ("smoke", "unlock"),
+    ]
     assert not (fleet.hosts[0].state / "lock.json").exists()
+
+
+def test_a_failed_smoke_keeps_the_lock_it_would_have_given_back(fleet: Fleet) -> None:
+    """The smoke's exec carries the unlock behind a gate: a smoke that fails stops it there, so
+    the roll-back that follows still holds the host's lock."""
+    fleet.hosts = fleet.hosts[:1]
+    fleet.hosts[0].smoke_ok = False
+    report = fleet.apply(Playbook(canary=0, batch=BatchSize(count=10)))
+    assert fleet.outcomes(report) == {"h1": "rolled-back"}
+    transport = fleet.transports["h1"]
+    first_smoke = transport.execs.index(("smoke", "unlock"))
+    ran = [c.op for c in transport.calls if c.exec_index == first_smoke]
+    assert ran == ["smoke"]  # the unlock was not run: the lock stayed for the roll-back
+    assert "restore" in transport.ops[transport.ops.index("smoke") :]
+    assert not (fleet.hosts[0].state / "lock.json").exists()  # given back once it was done
 
 
 def _left_by_a_dead_run(fleet: Fleet, host: FakeHost) -> str:
@@ -435,7 +447,7 @@ def test_a_staged_apply_is_two_execs_and_leaves_no_lock(fleet: Fleet) -> None:
     (outcome,) = report.hosts
     assert outcome.outcome == "staged"
     assert "the running server still runs the old code" in (outcome.note or "")
-    assert fleet.transports["h1"].ops == ["begin", "swap"]
+    assert fleet.transports["h1"].execs == [("lock", "inspect"), ("swap", "unlock")]
     assert not (fleet.hosts[0].state / "lock.json").exists()
     assert sha(fleet.hosts[0].file.read_bytes()) != PRISTINE
 

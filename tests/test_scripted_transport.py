@@ -24,7 +24,7 @@ from opspatch.errors import (
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.scripted import (
-    RawReply,
+    NoReply,
     Refusal,
     ScriptedTransport,
     agent_operation,
@@ -155,16 +155,14 @@ def test_a_deadline_raised_by_the_handler_reaches_the_caller_with_the_step(tmp_p
     assert caught.value.step == "lock" and caught.value.host == "h1"
 
 
-def test_a_raw_reply_is_taken_as_the_command_output(tmp_path: Path) -> None:
+def test_an_exec_with_no_reply_is_read_by_its_exit_status(tmp_path: Path) -> None:
     missing = ScriptedTransport(
-        lambda op, args: RawReply(stderr=b"sh: 1: python: not found\n", exit_code=127)
+        lambda op, args: NoReply(exit_code=127, stderr="sh: 1: python: not found")
     )
     with pytest.raises(InputError) as caught:
         HostOperations(missing, scripted_host(tmp_path)).unlock(run_id="r1", timeout=3)
     assert "cannot be run on the host" in caught.value.message
-    silent = ScriptedTransport(
-        lambda op, args: RawReply(stdout=b"", exit_code=1, stderr=b"Killed\n")
-    )
+    silent = ScriptedTransport(lambda op, args: NoReply(exit_code=1, stderr="Killed"))
     with pytest.raises(RemoteOperationError) as no_reply:
         HostOperations(silent, scripted_host(tmp_path)).unlock(run_id="r1", timeout=3)
     assert no_reply.value.code == "agent-no-reply"
@@ -259,3 +257,20 @@ def test_each_refusal_code_of_the_one_table_becomes_its_error(tmp_path: Path) ->
         with pytest.raises(error_type) as raised:
             ops.resolve("pkg.mod", timeout=5)
         assert type(raised.value) is error_type, code
+
+
+def test_begin_is_one_exec_and_a_lock_refused_inspects_nothing(tmp_path: Path) -> None:
+    """The transport answers the typed batch (lock, then inspect) by the agent's own rule."""
+    from opspatch.errors import LockHeld
+
+    target = tmp_path / "worker.py"
+    target.write_bytes(b"A = 1\n")
+    transport = ScriptedTransport(agent_operation, host="h1")
+    ops = HostOperations(transport, scripted_host(tmp_path / "state"))
+    ops.begin(path=str(target), run_id="r1", timeout=8)
+    assert transport.execs == [("lock", "inspect")]
+    with pytest.raises(LockHeld):
+        ops.begin(path=str(target), run_id="r2", timeout=8)
+    assert transport.execs == [("lock", "inspect"), ("lock", "inspect")]
+    assert transport.ops == ["lock", "inspect", "lock"]  # the second inspect never ran
+    assert [c.exec_index for c in transport.calls] == [0, 0, 1]

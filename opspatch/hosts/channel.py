@@ -1,12 +1,18 @@
-"""The agent channel: one typed call to the host agent over a `Transport`, in one place.
+"""The agent channel: typed calls to the host agent over a `Transport`, in one place.
 
-`AgentChannel.call(op, args, as_user=...)` is the only code that turns an operation into bytes
-on a host and its reply line back into a value: it builds `<python> -c BOOTSTRAP` with the
-request on stdin (`encode_request`), sends it as the login user or, through `Sudo`, as a raised
-one, reads the reply line (`parse_reply`), notes who ran it (`ran_as`), and turns a refusal into
-the error tree through `REFUSAL_ERRORS`, the one table from the agent's codes to errors.
+`AgentChannel.call_batch(calls, as_user=...)` is the only code that sends operations to a host
+and reads their replies: a list of operations (`OperationCall`) run in order by the agent in one
+exec, stopping at the first refusal, and a reply per operation (`done`, `refused` or `not-run`).
+`call(op, args, as_user=...)` is a batch of one that returns the result or raises the refusal.
+Who answers is an `AgentEndpoint`: for the SSH and local transports, `BootstrapEndpoint`, the one
+real path, which builds `<python> -c BOOTSTRAP` with the request on stdin (`encode_request`),
+sends it as the login user or, through `Sudo`, as a raised one, and reads the reply line
+(`parse_reply`); a test double that answers typed requests itself (`transport.scripted`) is its
+own endpoint. The channel notes who ran each exec (`ran_as`) and turns a refusal into the error
+tree through `REFUSAL_ERRORS`, the one table from the agent's codes to errors.
 `HostOperations` (`opspatch.hosts.operations`) builds each operation's typed request
-(`opspatch.hosts.agent.protocol`) and makes result values of the typed replies.
+(`opspatch.hosts.agent.protocol`), composes them ("lock, then inspect"; "smoke, then give the
+lock back") and makes result values of the typed replies.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ import base64
 import functools
 import json
 import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol, cast, runtime_checkable
 
 from opspatch.core.host import Host
 from opspatch.errors import (
@@ -28,6 +36,12 @@ from opspatch.errors import (
     TargetError,
     TransportError,
 )
+from opspatch.hosts.agent.protocol import (
+    AgentReply,
+    AgentRequest,
+    OperationCall,
+    OperationReply,
+)
 from opspatch.hosts.become import (
     LOGIN_OPERATIONS,
     BecomePasswords,
@@ -35,7 +49,7 @@ from opspatch.hosts.become import (
     not_allowed_to_read,
     run_as,
 )
-from opspatch.hosts.transport.base import Command, CommandResult, Transport
+from opspatch.hosts.transport.base import Command, Transport
 
 BOOTSTRAP = (  # short names: the whole program travels on every command line
     "import base64, json, os, sys, types, zlib\n"
@@ -122,17 +136,17 @@ def _imports(name: str) -> frozenset[str]:
 
 
 @functools.cache
-def modules_for(operation: str) -> tuple[str, ...]:
-    """The agent modules an exec of `operation` needs, in the order the bootstrap runs them:
-    the module that defines it, what that imports (transitively), and `dispatch` last. An
+def modules_for(*operations: str) -> tuple[str, ...]:
+    """The agent modules an exec of `operations` needs, in the order the bootstrap runs them:
+    the modules that define them, what those import (transitively), and `dispatch` last. An
     unknown operation gets every module (the agent then says `unknown-operation`)."""
     every = [name for name, _ in agent_modules()]
     dispatch = every[-1]
-    defining = _defining_modules().get(operation)
-    if defining is None:
+    defined = _defining_modules()
+    if any(operation not in defined for operation in operations):
         return tuple(every)
     needed: set[str] = set()
-    pending = [defining, dispatch]
+    pending = [dispatch, *(defined[operation] for operation in operations)]
     while pending:
         name = pending.pop()
         if name not in needed:
@@ -142,31 +156,35 @@ def modules_for(operation: str) -> tuple[str, ...]:
 
 
 @functools.cache
-def _packed_agent(operation: str) -> str:
-    """The `agent` field of a request for `operation`: its modules, compressed."""
+def _packed_agent(operations: tuple[str, ...]) -> str:
+    """The `agent` field of a request for `operations`: the union of their modules, compressed."""
     sources = dict(agent_modules())
-    pairs = [[name, sources[name]] for name in modules_for(operation)]
+    pairs = [[name, sources[name]] for name in modules_for(*operations)]
     return base64.b64encode(zlib.compress(json.dumps(pairs).encode("utf-8"), 6)).decode("ascii")
 
 
-def encode_request(
-    operation: str, args: dict[str, Any], *, cwd: str | None, env: dict[str, str] | None
-) -> bytes:
-    """The request line the bootstrap reads: the agent's source, the operation, its arguments,
-    the engine's folder, and (through sudo, which resets it) the engine's environment."""
-    request: dict[str, Any] = {
-        "agent": _packed_agent(operation),
-        "op": operation,
-        "args": args,
-        "cwd": cwd,
-    }
+def operation_call(
+    operation: str, args: Mapping[str, object], *, gate: bool = False
+) -> OperationCall:
+    """One operation of a batch; with `gate`, the operations after it run only if its result
+    says `ok: true`."""
+    return OperationCall(op=operation, args=dict(args), gate=gate)
+
+
+def encode_request(request: AgentRequest, *, env: dict[str, str] | None) -> bytes:
+    """The request line the bootstrap reads: the agent's source (the modules its operations
+    need), the operations and the engine's folder, and (through sudo, which resets it) the
+    engine's environment."""
+    operations = tuple(call["op"] for call in request["ops"])
+    line: dict[str, Any] = {"agent": _packed_agent(operations), **request}
     if env is not None:
-        request["env"] = env
-    return json.dumps(request).encode("utf-8")
+        line["env"] = env
+    return json.dumps(line).encode("utf-8")
 
 
-def decode_request(stdin: bytes) -> dict[str, Any]:
-    """The request an exec carries, read as the bootstrap reads it (stdin's last line).
+def decode_request(stdin: bytes) -> AgentRequest:
+    """The request an exec carries, read as the bootstrap reads it (stdin's last line), for a
+    test double that sees the bytes a transport sends (a sudo stand-in).
 
     Raises:
         ValueError: `stdin` is not a host-agent request.
@@ -175,13 +193,17 @@ def decode_request(stdin: bytes) -> dict[str, Any]:
         request = json.loads(stdin.splitlines()[-1].decode("utf-8"))
     except (ValueError, IndexError, UnicodeDecodeError) as exc:
         raise ValueError("not a host-agent request") from exc
-    if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+    calls = request.get("ops") if isinstance(request, dict) else None
+    if not isinstance(calls, list) or not all(
+        isinstance(call, dict) and isinstance(call.get("op"), str) for call in calls
+    ):
         raise ValueError("not a host-agent request")
-    return request
+    return AgentRequest(ops=calls, cwd=request.get("cwd"))
 
 
-def parse_reply(stdout: bytes) -> dict[str, Any] | None:
-    """The agent's reply: the last non-empty stdout line, if it is a JSON object with `ok`."""
+def parse_reply(stdout: bytes) -> AgentReply | None:
+    """The agent's reply: the last non-empty stdout line, if it is a JSON object with a reply
+    per operation (`replies`)."""
     for line in reversed(stdout.splitlines()):
         if not line.strip():
             continue
@@ -189,13 +211,76 @@ def parse_reply(stdout: bytes) -> dict[str, Any] | None:
             reply = json.loads(line)
         except ValueError:
             return None
-        return reply if isinstance(reply, dict) and "ok" in reply else None
+        if isinstance(reply, dict) and isinstance(reply.get("replies"), list):
+            return cast(AgentReply, reply)
+        return None
     return None
 
 
+@dataclass(frozen=True)
+class AgentAnswer:
+    """What one exec of the agent gave back: its reply line (None: it printed none), and the
+    command's exit status and stderr, which say why when there is none."""
+
+    reply: AgentReply | None
+    exit_code: int = 0
+    stderr: str = ""
+
+
+@runtime_checkable
+class AgentEndpoint(Protocol):
+    """Who answers an agent request (one exec): `BootstrapEndpoint` over a real transport, or a
+    test double that answers the typed request itself (`transport.scripted.ScriptedTransport`)."""
+
+    def answer(
+        self, request: AgentRequest, *, as_user: str | None, timeout: float
+    ) -> AgentAnswer: ...
+
+
+class BootstrapEndpoint:
+    """The real path: the request as bytes to `<engine python> -c BOOTSTRAP` over the host's
+    transport, through sudo when raised, and the reply line read back."""
+
+    def __init__(self, transport: Transport, host: Host, sudo: Sudo) -> None:
+        self.transport = transport
+        self.host = host
+        self._sudo = sudo
+
+    def answer(self, request: AgentRequest, *, as_user: str | None, timeout: float) -> AgentAnswer:
+        """One exec.
+
+        Raises:
+            TransportError, CommandTimeout: the host could not be reached or the deadline passed.
+            BecomeError: `as_user` is set and sudo cannot run it.
+        """
+        program = (str(self.host.engine.python), "-c", BOOTSTRAP)
+        env = dict(self.host.engine.env)
+        if as_user is None:
+            command = Command(program, env=env)
+            result = self.transport.run(
+                command, stdin=encode_request(request, env=None), timeout=timeout
+            )
+        else:  # sudo resets the environment, so the request carries it
+            result = self._sudo.run(
+                as_user,
+                program,
+                encode_request(request, env=env),
+                send=lambda command, payload: self.transport.run(
+                    command, stdin=payload, timeout=timeout
+                ),
+                program_text=BOOTSTRAP,
+            )
+        return AgentAnswer(
+            reply=parse_reply(result.stdout),
+            exit_code=result.exit_code,
+            stderr=result.stderr.decode("utf-8", errors="replace").strip(),
+        )
+
+
 class AgentChannel:
-    """Calls to one host's agent: `call(op, args, as_user=...)`, the single path every host
-    operation takes. `ran_as` lists the user every exec ran as (`name`, or `name (sudo)`)."""
+    """Calls to one host's agent: `call_batch(calls, as_user=...)`, the single path every host
+    operation takes, and `call(op, args, as_user=...)`, a batch of one. `ran_as` lists the user
+    every exec ran as (`name`, or `name (sudo)`)."""
 
     def __init__(
         self, transport: Transport, host: Host, *, passwords: BecomePasswords | None = None
@@ -203,7 +288,12 @@ class AgentChannel:
         self.transport = transport
         self.host = host
         self.ran_as: list[str] = []
-        self._sudo = Sudo(host, passwords or BecomePasswords())
+        sudo = Sudo(host, passwords or BecomePasswords())
+        self.endpoint: AgentEndpoint = (
+            transport
+            if isinstance(transport, AgentEndpoint)
+            else BootstrapEndpoint(transport, host, sudo)
+        )
 
     @property
     def name(self) -> str:
@@ -217,19 +307,52 @@ class AgentChannel:
     def call(
         self,
         operation: str,
-        args: dict[str, Any],
+        args: Mapping[str, object],
         *,
         as_user: str | None,
         timeout: float,
         step: str,
     ) -> dict[str, Any]:
         """Run agent operation `operation` with `args` as `as_user` (None: the login user);
-        its `result` on success.
+        its `result` on success. A read the login user is not allowed is asked again raised.
 
         Raises:
             InputError: the inventory names no engine interpreter, or it cannot run on the host.
             TargetError: a module named in `args` does not resolve on the host.
             PreimageMismatch, LockHeld, RemoteOperationError: the agent refused (`code` says why).
+            TransportError, CommandTimeout: the host could not be reached or the deadline passed.
+            BecomeError: `as_user` is set and sudo cannot run it.
+        """
+        (reply,) = self.call_batch(
+            [operation_call(operation, args)], as_user=as_user, timeout=timeout, step=step
+        )
+        if (
+            reply.get("status") == "refused"
+            and as_user is None
+            and self.host.become.enabled
+            and not_allowed_to_read(operation, reply)
+        ):
+            # the login user may not read what this needs: ask again as the become user
+            user = self.host.become.user
+            return self.call(operation, args, as_user=user, timeout=timeout, step=step)
+        return self.result(reply, step=step, args=args)
+
+    def call_batch(
+        self,
+        calls: Sequence[OperationCall],
+        *,
+        as_user: str | None,
+        timeout: float,
+        step: str,
+    ) -> list[OperationReply]:
+        """Run `calls` in order in one exec as `as_user` (None: the login user); a reply per
+        call, in order: `done`, `refused` (the first refusal stops the batch), `not-run`. A
+        refusal is a value here; `result` turns one reply into its result or its error.
+
+        Raises:
+            InputError: the inventory names no engine interpreter, or it cannot run on the host.
+            RemoteOperationError: the agent gave no reply (`agent-no-reply`,
+                `agent-unsupported-python`) or not one per call (`agent-bad-reply`).
             TransportError, CommandTimeout: the host could not be reached or the deadline passed.
             BecomeError: `as_user` is set and sudo cannot run it.
         """
@@ -240,90 +363,90 @@ class AgentChannel:
                 hint="set engine.python to the interpreter the SGLang server runs with, "
                 "e.g. /opt/sglang/venv/bin/python",
             )
-        result = self._exchange(python, operation, args, as_user, timeout, step)
-        reply = parse_reply(result.stdout)
+        cwd = getattr(self.host.engine.restart, "workdir", None)
+        request = AgentRequest(ops=list(calls), cwd=cwd)
+        answer = self._exchange(request, as_user, timeout, step)
+        reply = answer.reply
         if reply is None:
-            stderr = result.stderr.decode("utf-8", errors="replace").strip()
-            if result.exit_code in _INTERPRETER_MISSING_STATUS:
-                if self._may_raise_instead(as_user, operation):
+            if answer.exit_code in _INTERPRETER_MISSING_STATUS:
+                if self._may_raise_instead(as_user, calls):
                     # an interpreter only its owner may run: read as the become user instead
-                    return self._call_raised(operation, args, timeout, step)
+                    user = self.host.become.user
+                    return self.call_batch(calls, as_user=user, timeout=timeout, step=step)
                 raise InputError(
                     f"[{self.name}] engine.python {python!r} cannot be run on the host "
-                    f"(exit {result.exit_code}: {_last_line(stderr)})",
+                    f"(exit {answer.exit_code}: {_last_line(answer.stderr)})",
                     hint="set engine.python in the inventory to the interpreter the server "
                     "runs with",
                 )
-            if "SyntaxError" in stderr:
+            if "SyntaxError" in answer.stderr:
                 raise RemoteOperationError(
                     f"{python} could not run the host agent (it needs Python 3.8 or newer): "
-                    f"{_last_line(stderr)}",
+                    f"{_last_line(answer.stderr)}",
                     code="agent-unsupported-python",
                     host=self.name,
                     step=step,
                 )
             raise RemoteOperationError(
-                f"the host agent gave no reply (exit {result.exit_code}): {_last_line(stderr)}",
+                f"the host agent gave no reply (exit {answer.exit_code}): "
+                f"{_last_line(answer.stderr)}",
                 code="agent-no-reply",
                 host=self.name,
                 step=step,
-                data={"stderr": stderr[-4000:], "exit_code": result.exit_code},
+                data={"stderr": answer.stderr[-4000:], "exit_code": answer.exit_code},
             )
         self._note_user(reply, as_user)
-        if reply.get("ok"):
+        replies = list(reply["replies"])
+        if len(replies) != len(calls):
+            raise RemoteOperationError(
+                f"the host agent answered {len(replies)} of {len(calls)} operations",
+                code="agent-bad-reply",
+                host=self.name,
+                step=step,
+            )
+        return replies
+
+    def result(
+        self, reply: OperationReply, *, step: str, args: Mapping[str, object]
+    ) -> dict[str, Any]:
+        """The result of a `done` reply; a refusal (or an operation not run) raised as its error.
+
+        Raises:
+            TargetError, PreimageMismatch, LockHeld, RemoteOperationError: as `call`.
+        """
+        status = reply.get("status")
+        if status == "done":
             value = reply.get("result")
             return value if isinstance(value, dict) else {"value": value}
-        if as_user is None and self.host.become.enabled and not_allowed_to_read(operation, reply):
-            # the login user may not read what this needs: ask again as the become user
-            return self._call_raised(operation, args, timeout, step)
+        if status == "not-run":
+            raise RemoteOperationError(
+                "the host agent did not run this: an earlier operation of the exec stopped it",
+                code="not-run",
+                host=self.name,
+                step=step,
+            )
         raise self._refusal(reply, step, args)
 
-    def _may_raise_instead(self, as_user: str | None, operation: str) -> bool:
-        return as_user is None and self.host.become.enabled and operation in LOGIN_OPERATIONS
-
-    def _call_raised(
-        self, operation: str, args: dict[str, Any], timeout: float, step: str
-    ) -> dict[str, Any]:
-        user = self.host.become.user
-        return self.call(operation, args, as_user=user, timeout=timeout, step=step)
-
-    def _exchange(
-        self,
-        python: str,
-        operation: str,
-        args: dict[str, Any],
-        as_user: str | None,
-        timeout: float,
-        step: str,
-    ) -> CommandResult:
-        """The one exec: the bootstrap with the request on stdin, through sudo when raised."""
-        cwd = getattr(self.host.engine.restart, "workdir", None)
-        program = (python, "-c", BOOTSTRAP)
-        if as_user is None:
-            stdin = encode_request(operation, args, cwd=cwd, env=None)
-            command = Command(program, env=dict(self.host.engine.env))
-            return self._run(command, stdin, timeout, step)
-        # sudo resets the environment, so the request carries it
-        stdin = encode_request(operation, args, cwd=cwd, env=dict(self.host.engine.env))
-        return self._sudo.run(
-            as_user,
-            program,
-            stdin,
-            send=lambda command, payload: self._run(command, payload, timeout, step),
-            program_text=BOOTSTRAP,
+    def _may_raise_instead(self, as_user: str | None, calls: Sequence[OperationCall]) -> bool:
+        return (
+            as_user is None
+            and self.host.become.enabled
+            and all(call["op"] in LOGIN_OPERATIONS for call in calls)
         )
 
-    def _run(self, command: Command, stdin: bytes, timeout: float, step: str) -> CommandResult:
-        """One exec on the host; transport failures name this host and step."""
+    def _exchange(
+        self, request: AgentRequest, as_user: str | None, timeout: float, step: str
+    ) -> AgentAnswer:
+        """The one exec; transport failures name this host and step."""
         try:
-            return self.transport.run(command, stdin=stdin, timeout=timeout)
+            return self.endpoint.answer(request, as_user=as_user, timeout=timeout)
         except TransportError as exc:
             if exc.step == step and exc.host == self.name:
                 raise
             raise type(exc)(exc.detail, host=self.name, step=step, hint=exc.hint) from None
 
-    def _note_user(self, reply: dict[str, Any], user: str | None) -> None:
-        identity = reply.get("as")
+    def _note_user(self, reply: AgentReply, user: str | None) -> None:
+        identity = reply.get("identity")
         name = identity.get("user") if isinstance(identity, dict) else None
         if name is None and user is None:
             return  # an agent that does not say (a scripted host)
@@ -331,7 +454,7 @@ class AgentChannel:
         self.ran_as.append(f"{name} (sudo)" if user is not None else name)
 
     def _refusal(
-        self, reply: dict[str, Any], step: str, args: dict[str, Any]
+        self, reply: OperationReply, step: str, args: Mapping[str, object]
     ) -> TargetError | RemoteOperationError:
         code = str(reply.get("code") or "agent-error")
         message = str(reply.get("message") or "the host agent refused")

@@ -23,7 +23,8 @@ and tells a decode that timed out (the server still running) from a crash.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -87,19 +88,14 @@ class SmokeResult(JsonRecord):
 
     @classmethod
     def from_reply(cls, reply: Mapping[str, Any], *, host: str, step: str) -> SmokeResult:
-        """The agent's `smoke` reply, checked field by field. Written by hand for its two keys
-        of the wire only (`results`, the lock `released` in the same exec); the rest is read
-        by the codec as `to_json` writes it.
+        """The agent's `smoke` reply, checked field by field. Written by hand for its one key
+        of the wire (`results`); the rest is read by the codec as `to_json` writes it.
 
         Raises:
             RemoteOperationError: `agent-bad-reply` (see `results.read_reply`).
         """
-        released = reply.get("released")
-        smoke = read_reply(
+        return read_reply(
             cls, {**reply, "prompts": reply.get("results", [])}, host=host, step=step
-        )
-        return replace(
-            smoke, lock_released=isinstance(released, dict) and bool(released.get("released"))
         )
 
     def summary(self) -> str:
@@ -165,8 +161,14 @@ class EngineControl:
     def _call(
         self, operation: str, args: dict[str, Any], *, timeout: float, step: str
     ) -> dict[str, Any]:
-        try:
+        with self._engine_errors(step):
             return self.ops.call(operation, args, timeout=timeout + EXEC_MARGIN, step=step)
+
+    @contextlib.contextmanager
+    def _engine_errors(self, step: str) -> Iterator[None]:
+        """The agent's refusals of an engine step, as the engine's errors."""
+        try:
+            yield
         except RemoteOperationError as exc:
             raise EngineError(
                 exc.detail, host=self.host.name, step=step, data=exc.data, hint=exc.hint
@@ -226,7 +228,8 @@ class EngineControl:
 
         With `checks=False` it only decodes (used to take a pre-patch baseline). With
         `release_lock` (a run id), a smoke that passes also releases that run's lock on the
-        host in the same exec: it is a host's last step, and one exec fewer per host.
+        host in the same exec (`HostOperations.then_unlock`): it is a host's last step, and one
+        exec fewer per host.
         A failed check is a value (`ok=False`), not an exception. `pid` (the restart's) is the
         server whose liveness tells a decode that timed out from a crash; without it, the pid
         file (command strategy) or whoever listens on the engine's port is asked.
@@ -240,8 +243,17 @@ class EngineControl:
             checks=checks,
             pid=pid,
         )
-        args["release_lock"] = (
-            {"state_dir": self.host.state_dir, "run_id": release_lock} if release_lock else None
-        )
-        data = self._call("smoke", args, timeout=timeout, step=step)
-        return SmokeResult.from_reply(data, host=self.host.name, step=step)
+        if release_lock is None:
+            data = self._call("smoke", args, timeout=timeout, step=step)
+            return SmokeResult.from_reply(data, host=self.host.name, step=step)
+        with self._engine_errors(step):
+            data, released = self.ops.then_unlock(
+                "smoke",
+                args,
+                run_id=release_lock,
+                gate=True,  # a failed smoke keeps the lock: the rollback still needs it
+                timeout=timeout + EXEC_MARGIN,
+                step=step,
+            )
+        smoke = SmokeResult.from_reply(data, host=self.host.name, step=step)
+        return replace(smoke, lock_released=released)

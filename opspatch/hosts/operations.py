@@ -1,10 +1,10 @@
-"""Host-side operations, controller side: one exec per operation, typed results, typed errors.
+"""Host-side operations, controller side: one exec per call, typed results, typed errors.
 
-Each operation is ONE command on the host: the engine's own interpreter running a tiny bootstrap
+Each call is ONE command on the host: the engine's own interpreter running a tiny bootstrap
 (`<python> -c BOOTSTRAP`, `opspatch.hosts.channel`) that reads a JSON request on stdin, executes
-the host agent's source (the modules of `opspatch/hosts/agent` the operation needs, sent with
-every request, so nothing is installed on hosts), runs the
-operation and prints one JSON reply line. Running under the engine's interpreter and environment
+the host agent's source (the modules of `opspatch/hosts/agent` its operations need, sent with
+every request, so nothing is installed on hosts), runs the request's operations in order and
+prints one JSON reply line, a reply per operation. Running under the engine's interpreter and environment
 is the point: `resolve` then finds the file the server really imports, `facts` reports the
 versions it really runs, and `swap` compiles the new text with the Python that will run it.
 
@@ -17,11 +17,15 @@ an operator's `[timeouts]` reach every path. Transport failures arrive as `Trans
 `CommandTimeout` with the host and the operation named as the step.
 
 Round trips: `inspect` (what `plan` needs: facts + resolve + read) is 1 exec; read-then-swap is
-2; `lock` and `unlock` are 1 each.
+2; `lock` and `unlock` are 1 each. Compositions are one exec too, a batch the agent runs in
+order and stops at the first refusal: `begin` is `lock` then `inspect`; a swap or a smoke that is
+a host's last step is followed by `unlock` in the same exec (`then_unlock`; after a smoke, only
+if it passed).
 
 With `become` in the host's inventory (`opspatch.hosts.become`), the operations that change the
-host run through sudo as the become user, still one exec each; `begin` is then two (the lock
-raised, the inspection as the login user), plus one probe per other user a run raises to. The
+host run through sudo as the become user, still one exec each (a batch runs as one user); `begin`
+is then two (the lock raised, the inspection as the login user), plus one probe per other user a
+run raises to. The
 first raised exec of a host whose sudo needs a password is sent twice (once to learn that).
 `ran_as` lists the user every exec ran as, as the agent reported it, for the step records.
 """
@@ -31,20 +35,20 @@ from __future__ import annotations
 import base64
 import getpass
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from opspatch.core.host import Host
 from opspatch.core.source import sha256_hex
 from opspatch.errors import RemoteOperationError
 from opspatch.hosts.agent.protocol import (
-    BeginReply,
-    BeginRequest,
     FileReply,
     InspectReply,
     InspectRequest,
     LockReply,
     LockRequest,
+    OperationCall,
+    OperationReply,
     ReadRequest,
     ResolveRequest,
     RestoreReply,
@@ -57,7 +61,13 @@ from opspatch.hosts.agent.protocol import (
     WhoamiReply,
 )
 from opspatch.hosts.become import BecomePasswords, raised_users
-from opspatch.hosts.channel import AGENT_PACKAGE, BOOTSTRAP, AgentChannel, agent_modules
+from opspatch.hosts.channel import (
+    AGENT_PACKAGE,
+    BOOTSTRAP,
+    AgentChannel,
+    agent_modules,
+    operation_call,
+)
 from opspatch.hosts.results import (
     HostFacts,
     HostInspection,
@@ -95,7 +105,6 @@ __all__ = [  # the result values (`opspatch.hosts.results`) and the channel's na
 
 DEFAULT_LOCK_TTL_SECONDS = 30 * 60
 ReplyT = TypeVar("ReplyT")
-UNLOCK_NOTHING = UnlockReply(released=False, reason="not-asked", previous=None)
 
 
 def default_lock_owner() -> str:
@@ -144,7 +153,12 @@ class HostOperations:
     # -- the one path to the host: the channel ----------------------------------------------
 
     def call(
-        self, operation: str, args: dict[str, Any], *, timeout: float, step: str | None = None
+        self,
+        operation: str,
+        args: Mapping[str, object],
+        *,
+        timeout: float,
+        step: str | None = None,
     ) -> dict[str, Any]:
         """Run agent operation `operation` with `args` on the host, as the user the inventory
         says runs it (`become`); its `result` on success. See `AgentChannel.call`."""
@@ -155,6 +169,51 @@ class HostOperations:
             timeout=timeout,
             step=step or operation,
         )
+
+    def call_batch(
+        self, calls: Sequence[OperationCall], *, timeout: float, step: str
+    ) -> list[OperationReply]:
+        """Run `calls` in order in one exec, as the user the inventory says runs them (one user
+        for the whole batch); a reply per call (`AgentChannel.call_batch`), the first refusal
+        stopping the rest. `channel.result(reply, ...)` reads one.
+
+        Raises:
+            ValueError: the calls would run as different users (a batch is one process).
+            As `AgentChannel.call_batch` otherwise.
+        """
+        users = {self.channel.default_user(call["op"]) for call in calls}
+        if len(users) != 1:
+            raise ValueError(f"a batch runs as one user: {[c['op'] for c in calls]} need {users}")
+        (user,) = users
+        return self.channel.call_batch(calls, as_user=user, timeout=timeout, step=step)
+
+    def then_unlock(
+        self,
+        operation: str,
+        args: Mapping[str, object],
+        *,
+        run_id: str,
+        gate: bool,
+        timeout: float,
+        step: str,
+    ) -> tuple[dict[str, Any], bool]:
+        """`operation`, then give `run_id`'s lock back, in one exec: how a host's last step
+        ends. With `gate`, the lock goes back only if the result says `ok` (a smoke that failed
+        keeps it: the rollback still needs it). Returns the operation's result and whether the
+        lock was given back (False: the caller gives it back with its own exec).
+
+        Raises:
+            As `call` for `operation`; nothing about the unlock (it is best effort here).
+        """
+        unlock = UnlockRequest(state_dir=self.host.state_dir, run_id=run_id, force=False)
+        first, then = self.call_batch(
+            [operation_call(operation, args, gate=gate), operation_call("unlock", unlock)],
+            timeout=timeout,
+            step=step,
+        )
+        result = self.channel.result(first, step=step, args=args)
+        released = cast(UnlockReply, then.get("result") or {}).get("released")
+        return result, then.get("status") == "done" and bool(released)
 
     def _typed_call(
         self,
@@ -167,7 +226,7 @@ class HostOperations:
     ) -> ReplyT:
         """`call` with the operation's request and reply shapes from `agent.protocol`: what
         the agent's operation reads and returns, named once for both ends."""
-        return cast(ReplyT, self.call(operation, dict(request), timeout=timeout, step=step))
+        return cast(ReplyT, self.call(operation, request, timeout=timeout, step=step))
 
     def probe_raised(self, user: str, *, timeout: float, step: str) -> str:
         """Run the agent's `whoami` as `user` through sudo: proves sudo lets this host's login
@@ -281,7 +340,8 @@ class HostOperations:
         `<state_dir>/backups/<sha256>`, writes a temp file beside the target, fsyncs, keeps mode
         and owner, renames it over the target and removes the module's stale bytecode. With
         `lock_run_id`, it also checks that this run still holds the host's lock, and with
-        `release_lock` it gives that lock back once the swap is done (the host's last step).
+        `release_lock` it gives that lock back once the swap is done, in the same exec (the
+        host's last step: `then_unlock`).
 
         Raises:
             PreimageMismatch: the file is not the bytes the plan was made from; nothing written.
@@ -294,9 +354,14 @@ class HostOperations:
             content_b64=base64.b64encode(new_content).decode("ascii"),
             state_dir=self.host.state_dir,
             lock_run_id=lock_run_id,
-            release_lock=release_lock,
         )
-        reply = self._typed_call("swap", args, SwapReply, timeout=timeout)
+        if release_lock and lock_run_id:
+            result, released = self.then_unlock(
+                "swap", args, run_id=lock_run_id, gate=False, timeout=timeout, step="swap"
+            )
+            reply = cast(SwapReply, result)
+        else:
+            reply, released = self._typed_call("swap", args, SwapReply, timeout=timeout), False
         return SwapResult(
             path=str(reply["path"]),
             realpath=str(reply["realpath"]),
@@ -309,7 +374,7 @@ class HostOperations:
             mode=int(reply["mode"]),
             uid=int(reply["uid"]),
             gid=int(reply["gid"]),
-            lock_released=bool((reply.get("released") or UNLOCK_NOTHING)["released"]),
+            lock_released=released,
         )
 
     def restore(
@@ -404,7 +469,7 @@ class HostOperations:
         takeover_run: str | None = None,
         timeout: float,
     ) -> tuple[LockInfo, HostInspection]:
-        """lock + inspect in one exec: how a rollout starts on a host.
+        """lock, then inspect, in one exec: how a rollout starts on a host.
 
         `takeover_run` lets `recover` take the lock still held by the interrupted run it
         recovers. The lock stays held if the inspection fails; the caller releases it.
@@ -416,35 +481,43 @@ class HostOperations:
         """
         if (module is None) == (path is None):
             raise ValueError("begin needs exactly one of module or path")
-        args = BeginRequest(
+        lock = LockRequest(
             state_dir=self.host.state_dir,
             owner=owner or default_lock_owner(),
             run_id=run_id,
             ttl_seconds=ttl_seconds,
             takeover_run=takeover_run,
-            module=module,
-            path=path,
-            server=self._server_hint(),
         )
+        inspect = InspectRequest(module=module, path=path, server=self._server_hint())
         if self.host.become.enabled:
-            reply = self._begin_raised(args, timeout=timeout)
+            locked, inspected = self._begin_raised(lock, inspect, timeout=timeout)
         else:
-            reply = self._typed_call("begin", args, BeginReply, timeout=timeout, step="begin")
-        return self._lock_info(reply["lock"], "begin"), self._inspection(reply, "begin")
+            lock_reply, inspect_reply = self.channel.call_batch(
+                [operation_call("lock", lock), operation_call("inspect", inspect)],
+                as_user=None,
+                timeout=timeout,
+                step="begin",
+            )
+            locked = cast(LockReply, self.channel.result(lock_reply, step="begin", args=lock))
+            inspected = cast(
+                InspectReply, self.channel.result(inspect_reply, step="begin", args=inspect)
+            )
+        return self._lock_info(locked, "begin"), self._inspection(inspected, "begin")
 
-    def _begin_raised(self, args: BeginRequest, *, timeout: float) -> BeginReply:
+    def _begin_raised(
+        self, lock: LockRequest, inspect: InspectRequest, *, timeout: float
+    ) -> tuple[LockReply, InspectReply]:
         """`begin` with become: the lock as the become user (the first raised exec, so sudo is
         checked before anything else), a probe of every other user the run raises to (root for
         a systemd restart), then the inspection as the login user. The lock stays held if a
         later part fails; the caller releases it."""
-        lock = self._typed_call("lock", args, LockReply, timeout=timeout, step="begin")
+        locked = self._typed_call("lock", lock, LockReply, timeout=timeout, step="begin")
         for user in raised_users(self.host)[1:]:
             self.probe_raised(user, timeout=timeout, step="begin")
-        request = InspectRequest(module=args["module"], path=args["path"], server=args["server"])
         inspected = self._typed_call(
-            "inspect", request, InspectReply, timeout=timeout, step="begin"
+            "inspect", inspect, InspectReply, timeout=timeout, step="begin"
         )
-        return BeginReply(**inspected, lock=lock)
+        return locked, inspected
 
     def unlock(self, *, run_id: str, force: bool = False, timeout: float) -> UnlockResult:
         """Release the host's lock held by `run_id` (`force` releases anyone's).

@@ -1,13 +1,17 @@
-"""The agent's entry point: `main(request)` runs one operation and prints its reply.
+"""The agent's entry point: `main(request)` runs a list of operations and prints their replies.
 
 The bootstrap (`opspatch.hosts.channel.BOOTSTRAP`) registers the agent modules sent and calls this
-module's `main`, which prints exactly one JSON line on the original stdout:
+module's `main`, which runs the request's operations in order, in this one process, stopping at the
+first refusal (or at a gate whose result is not `ok`), and prints exactly one JSON line on the
+original stdout, a reply per operation:
 
-    {"ok": true, "result": {...}, "as": {"user": "ops", "uid": 1000}}
-    {"ok": false, "code": "preimage-mismatch", "message": "...", "data": {...}, "as": {...}}
+    {"replies": [{"status": "done", "result": {...}},
+                 {"status": "refused", "code": "preimage-mismatch", "message": "...", "data": {}},
+                 {"status": "not-run"}],
+     "identity": {"user": "ops", "uid": 1000}}
 
-`as` says who ran the operation (the effective user: the login user, or the one sudo raised to),
-so every step's record can say it.
+`identity` says who ran them (the effective user: the login user, or the one sudo raised to), so
+every step's record can say it.
 
 Anything else the process prints (an import warning, a library's banner) is sent to stderr, so the
 reply line cannot be corrupted.
@@ -18,8 +22,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
-from typing import IO, TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import IO, TYPE_CHECKING
 
 # The operations' modules are not imported here: the controller sends an exec only the modules
 # its operation needs (`opspatch.hosts.channel.modules_for`), each registering its operations.
@@ -27,17 +31,24 @@ from opspatch.hosts.agent.fsutil import user_name
 from opspatch.hosts.agent.protocol import OPERATIONS, OpFailure, operation
 
 if TYPE_CHECKING:
-    from opspatch.hosts.agent.protocol import Args, Result
+    from opspatch.hosts.agent.protocol import (
+        AgentReply,
+        AgentRequest,
+        Args,
+        OperationCall,
+        OperationReply,
+        WhoamiReply,
+    )
 
 
-def identity() -> Result:
+def identity() -> WhoamiReply:
     """Who this agent runs as: its effective user (name and uid)."""
     uid = os.geteuid()
     return {"user": user_name(uid) or str(uid), "uid": uid}
 
 
 @operation("whoami")
-def op_whoami(args: Args) -> Result:
+def op_whoami(args: Args) -> WhoamiReply:
     """Who runs the agent: how the controller proves sudo lets it raise to a user, before any
     change is made (`become`)."""
     return identity()
@@ -65,36 +76,78 @@ def _enter_engine_workdir(cwd: str | None) -> None:
         sys.path[:] = [entry for entry in sys.path if entry not in ("", ".")]
 
 
-def main(request: dict[str, Any]) -> int:
-    """Run one operation and print its reply as one JSON line; the exit status is 0 even for
-    refusals (the reply says what happened), non-zero only if no reply could be written."""
-    reply_to = _reply_stream()
+def perform(name: str, args: Args) -> OperationReply:
+    """Run one operation here: its result, or its refusal (an unexpected exception is refused as
+    `agent-error`, with its traceback: a bug or a host state nobody planned for, not hidden)."""
     try:
-        name = request.get("op")
-        handler = OPERATIONS.get(str(name))
+        handler = OPERATIONS.get(name)
         if handler is None:
             raise OpFailure(
                 "unknown-operation",
                 f"this agent has no operation {name!r}",
                 {"known": sorted(OPERATIONS)},
             )
-        _enter_engine_workdir(request.get("cwd"))
-        reply: dict[str, Any] = {"ok": True, "result": handler(request.get("args") or {})}
+        return {"status": "done", "result": handler(args)}
     except OpFailure as failure:
-        reply = {
-            "ok": False,
-            "code": failure.code,
-            "message": failure.message,
-            "data": failure.data,
-        }
-    except Exception as exc:  # a bug or an unexpected host state: report it, do not hide it
-        reply = {
-            "ok": False,
+        return refused(failure)
+    except Exception as exc:
+        import traceback  # only here: it imports textwrap, whose patterns compile at import
+
+        return {
+            "status": "refused",
             "code": "agent-error",
             "message": f"{type(exc).__name__}: {exc}",
             "data": {"traceback": traceback.format_exc()[-4000:]},
         }
-    reply["as"] = identity()
+
+
+def refused(failure: OpFailure) -> OperationReply:
+    return {
+        "status": "refused",
+        "code": failure.code,
+        "message": failure.message,
+        "data": failure.data,
+    }
+
+
+def not_run() -> OperationReply:
+    """The reply of an operation an earlier one stopped: nothing of it was attempted."""
+    return {"status": "not-run"}
+
+
+def run_batch(
+    calls: Sequence[OperationCall], perform: Callable[[str, Args], OperationReply]
+) -> list[OperationReply]:
+    """Each call's reply, in order: the first refusal, or a gate whose result is not `ok`, stops
+    the batch and every later call is `not-run` (nothing of it is attempted). `perform` runs one
+    operation (the agent's own here; a test double's in `transport.scripted`)."""
+    replies: list[OperationReply] = []
+    stopped = False
+    for call in calls:
+        if stopped:
+            replies.append(not_run())
+            continue
+        reply = perform(str(call["op"]), call.get("args") or {})
+        replies.append(reply)
+        result = reply.get("result")
+        passed = isinstance(result, dict) and result.get("ok") is True
+        stopped = reply["status"] != "done" or (bool(call.get("gate")) and not passed)
+    return replies
+
+
+def main(request: AgentRequest) -> int:
+    """Run the request's operations and print their replies as one JSON line; the exit status is
+    0 even for refusals (the replies say what happened), non-zero only if no reply could be
+    written."""
+    reply_to = _reply_stream()
+    calls = list(request.get("ops") or [])
+    try:
+        _enter_engine_workdir(request.get("cwd"))
+    except OpFailure as failure:  # nothing can run where the server does not import from
+        replies = [refused(failure)] + [not_run() for _ in calls[1:]]
+    else:
+        replies = run_batch(calls, perform)
+    reply: AgentReply = {"replies": replies, "identity": identity()}
     reply_to.write(json.dumps(reply, sort_keys=True) + "\n")
     reply_to.flush()
     return 0

@@ -21,7 +21,6 @@ from opspatch.hosts.agent.checks import (
     scan_log,
 )
 from opspatch.hosts.agent.fsutil import file_size, log_since
-from opspatch.hosts.agent.locks import op_unlock
 from opspatch.hosts.agent.processes import alive, find_server_pid, read_pid_file
 from opspatch.hosts.agent.protocol import OpFailure, operation
 
@@ -265,19 +264,6 @@ def op_smoke(args: Args) -> Result:
             failures.append(f"server log: {_explain_hit(hits[0], found)}")
         if failures:
             _, evidence = failure_evidence(log_text)
-    released = None
-    release = args.get("release_lock")
-    if release and not failures:
-        # The host's last step when it passes: give the run's lock back in the same exec (one
-        # round trip fewer per host). A failed smoke keeps it: the rollback still needs it.
-        try:
-            released = op_unlock(
-                {"state_dir": release["state_dir"], "run_id": release["run_id"], "force": False}
-            )
-        except OpFailure as failure:
-            released = {"released": False, "reason": failure.code, "previous": None}
-        except OSError as exc:  # e.g. the lock belongs to a raised user: the controller releases it
-            released = {"released": False, "reason": f"unlock-failed: {exc}", "previous": None}
     return {
         "ok": not failures,
         "results": results,
@@ -287,7 +273,6 @@ def op_smoke(args: Args) -> Result:
         "exceptions": exceptions[:20],
         "log_tail": evidence["log_tail"],
         "exception": evidence["exception"],
-        "released": released,
     }
 
 

@@ -1,4 +1,4 @@
-"""What a host runs, and which file its engine imports: facts, resolve, inspect, begin.
+"""What a host runs, and which file its engine imports: facts, resolve, inspect.
 
 Rules, because this runs beside a serving engine: never import the engine or torch (sglang may
 need GPUs and minutes to import; torch beside a running server takes seconds and, with a CUDA
@@ -12,27 +12,24 @@ import base64
 import importlib.machinery
 import importlib.util
 import os
-import platform
 import re
 import shutil
-import socket
-import subprocess
 import sys
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from opspatch.hosts.agent.files import read_file
-from opspatch.hosts.agent.fsutil import dist_version
-from opspatch.hosts.agent.locks import op_lock
+from opspatch.hosts.agent.fsutil import dist_version, host_name, python_version
 from opspatch.hosts.agent.processes import (
     alive,
     find_server_pid,
     listening_sockets,
+    pids_holding,
     process_start_epoch,
 )
 from opspatch.hosts.agent.protocol import OpFailure, operation
 
 if TYPE_CHECKING:
-    from opspatch.hosts.agent.protocol import Args, LockRequest, Result
+    from opspatch.hosts.agent.protocol import Args, Result
 
 
 _GPU_PROBE_SECONDS = 5.0
@@ -132,6 +129,8 @@ def _nvidia_smi_gpus(timeout: float) -> Result | None:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
+    import subprocess  # only here: an inspect on a host with NVML starts no process
+
     try:
         done = subprocess.run(
             [smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
@@ -200,17 +199,38 @@ def machine_id() -> str | None:
     return None
 
 
+IMPLEMENTATIONS = {"cpython": "CPython", "pypy": "PyPy", "graalpy": "GraalVM"}
+"""`sys.implementation.name` as `platform.python_implementation()` spells it."""
+
+
+def platform_name() -> str:
+    """`Linux-6.1.0-x86_64-with-glibc2.36`, as `platform.platform()` says it on Linux, from the
+    kernel and the C library's own answers: `platform` compiles a dozen patterns at import and
+    reads the interpreter's binary to guess the C library."""
+    uname = os.uname()
+    parts = [uname.sysname, uname.release, uname.machine]
+    try:
+        libc = os.confstr("CS_GNU_LIBC_VERSION")  # "glibc 2.36"; None or an error elsewhere
+    except (ValueError, OSError):
+        libc = None
+    if libc:
+        parts.append("with-" + libc.replace(" ", ""))
+    return "-".join(parts)
+
+
 def collect_facts() -> Result:
     """What the host runs: Python, the engine's package versions (from distribution metadata,
     nothing imported) and what the GPU driver reports. Cheap: no torch, no CUDA context."""
     facts: Result = {
-        "python_version": platform.python_version(),
+        "python_version": python_version(),
         "python_executable": sys.executable,
-        "python_implementation": platform.python_implementation(),
-        "hostname": socket.gethostname(),
+        "python_implementation": IMPLEMENTATIONS.get(
+            sys.implementation.name, sys.implementation.name
+        ),
+        "hostname": host_name(),
         "machine_id": machine_id(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
+        "platform": platform_name(),
+        "machine": os.uname().machine,
         "sglang_version": dist_version("sglang"),
         "torch_version": dist_version("torch"),
     }
@@ -358,22 +378,14 @@ def running_server(where: Result | None) -> Result | None:
     match = re.match(r"^[a-z]+://[^/:]+:(\d+)", url)
     if match:
         port = int(match.group(1))
-    pid = find_server_pid(None, where.get("pid_file"), port)
+    pid = find_server_pid(None, where.get("pid_file"), None)
+    inodes = None  # the socket table is read once: reading it is the kernel's slowest part here
+    if pid is None and port is not None:
+        inodes = listening_sockets(port)
+        holders = pids_holding(inodes)
+        pid = holders[0] if holders else None
     if pid is None or not alive(pid):
-        if port is not None and listening_sockets(port):  # another user's process: not ours to see
-            return {"pid": None, "started_at": None}
+        if port is not None and (listening_sockets(port) if inodes is None else inodes):
+            return {"pid": None, "started_at": None}  # another user's process: not ours to see
         return None
     return {"pid": pid, "started_at": process_start_epoch(pid)}
-
-
-@operation("begin")
-def op_begin(args: Args) -> Result:
-    """lock + inspect in one exec: how a rollout starts on a host. The lock is kept even if the
-    inspection fails (the controller releases it), so no other run slips in between."""
-    locked = op_lock(cast("LockRequest", args))  # a begin request carries the lock's fields
-    try:
-        inspected = op_inspect(args)
-    except OpFailure as failure:
-        failure.data["lock"] = locked
-        raise
-    return dict(inspected, lock=locked)

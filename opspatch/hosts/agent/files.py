@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import platform
 import re
 import stat
 from typing import TYPE_CHECKING
@@ -20,13 +19,14 @@ from opspatch.hosts.agent.fsutil import (
     b64,
     ensure_state_dir,
     group_name,
+    python_version,
     read_bytes,
     sha256_hex,
     unb64,
     user_name,
     write_atomically,
 )
-from opspatch.hosts.agent.locks import op_unlock, require_lock
+from opspatch.hosts.agent.locks import require_lock
 from opspatch.hosts.agent.protocol import OpFailure, operation, os_failure
 
 if TYPE_CHECKING:
@@ -150,13 +150,13 @@ def check_compiles(content: bytes, filename: str) -> None:
     except SyntaxError as exc:
         raise OpFailure(
             "compile-failed",
-            f"the new text does not compile under Python {platform.python_version()}: {exc.msg} (line {exc.lineno})",
+            f"the new text does not compile under Python {python_version()}: {exc.msg} (line {exc.lineno})",
             {
                 "lineno": exc.lineno,
                 "offset": exc.offset,
                 "text": (exc.text or "").rstrip("\n"),
                 "msg": exc.msg,
-                "python": platform.python_version(),
+                "python": python_version(),
             },
         ) from None
     except ValueError as exc:  # e.g. null bytes (a SyntaxError from Python 3.12)
@@ -205,21 +205,6 @@ def op_swap(args: SwapRequest) -> SwapReply:
         result["backup_path"] = store_backup(state_dir, current)
         write_atomically(realpath, new, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid)
     result["purged_bytecode"], result["purge_failures"] = purge_stale_bytecode(path, realpath)
-    if args.get("release_lock") and args.get("lock_run_id"):
-        # No restart follows (a staged apply, a local file): the swap is the host's last step,
-        # so the lock goes back in the same exec.
-        try:
-            result["released"] = op_unlock(
-                {"state_dir": state_dir, "run_id": str(args["lock_run_id"]), "force": False}
-            )
-        except OpFailure as failure:
-            result["released"] = {"released": False, "reason": failure.code, "previous": None}
-        except OSError as exc:  # the controller releases it with its own exec
-            result["released"] = {
-                "released": False,
-                "reason": f"unlock-failed: {exc}",
-                "previous": None,
-            }
     return result
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
-import hashlib
+import importlib
 import os
 import sys
 import tempfile
 import time
+from typing import Any
 
 from opspatch.hosts.agent.protocol import OpFailure, os_failure
 
@@ -27,8 +28,24 @@ except ImportError:  # pragma: no cover
 TEMP_SUFFIX = ".opspatch-tmp"
 
 
+def _sha256_constructor() -> Any:
+    """The interpreter's own SHA-256 (`_sha2`, `_sha256` before 3.12) where it is built in, else
+    hashlib's: importing hashlib loads OpenSSL, a few ms of every exec for one digest."""
+    for name in ("_sha2", "_sha256"):
+        try:
+            return importlib.import_module(name).sha256
+        except (ImportError, AttributeError):
+            continue
+    import hashlib
+
+    return hashlib.sha256
+
+
+_SHA256 = _sha256_constructor()
+
+
 def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return str(_SHA256(data).hexdigest())
 
 
 def b64(data: bytes) -> str:
@@ -53,6 +70,18 @@ def read_bytes(path: str) -> bytes:
         raise OpFailure("not-a-file", f"{path} is a directory", {"path": path}) from None
     except PermissionError as exc:
         raise os_failure("permission-denied", f"cannot read {path}", exc) from None
+
+
+def host_name() -> str:
+    """This machine's name, as `socket.gethostname()` says it (the kernel's node name), without
+    importing `socket` into every exec."""
+    return os.uname().nodename
+
+
+def python_version() -> str:
+    """This interpreter's version (`3.11.7`, `3.13.0rc1`), as `platform.python_version()` says
+    it, without importing `platform` (its regular expressions compile at import)."""
+    return sys.version.split()[0]
 
 
 def user_name(uid: int) -> str | None:

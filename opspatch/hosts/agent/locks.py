@@ -10,13 +10,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import tempfile
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
-from opspatch.hosts.agent.fsutil import TEMP_SUFFIX, ensure_state_dir, fsync_directory, iso
+from opspatch.hosts.agent.fsutil import (
+    TEMP_SUFFIX,
+    ensure_state_dir,
+    fsync_directory,
+    host_name,
+    iso,
+)
 from opspatch.hosts.agent.protocol import OpFailure, operation, os_failure
 
 try:  # POSIX hosts only
@@ -153,7 +158,7 @@ def op_lock(args: LockRequest) -> LockReply:
             "expires_at": now + ttl,
             "acquired_at_iso": iso(acquired),
             "expires_at_iso": iso(now + ttl),
-            "hostname": socket.gethostname(),
+            "hostname": host_name(),
         }
         try:
             _write_lock(path, holder, replace_existing=current is not None)

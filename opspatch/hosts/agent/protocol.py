@@ -115,23 +115,12 @@ class InspectReply(TypedDict):
     server: dict[str, Any] | None
 
 
-class BeginRequest(LockRequest):
-    module: str | None
-    path: str | None
-    server: ServerHint
-
-
-class BeginReply(InspectReply):
-    lock: LockReply
-
-
 class SwapRequest(TypedDict):
     path: str
     expected_sha256: str
     content_b64: str
     state_dir: str
     lock_run_id: str | None
-    release_lock: bool
 
 
 class SwapReply(TypedDict, total=False):
@@ -146,7 +135,6 @@ class SwapReply(TypedDict, total=False):
     backup_path: str | None
     purged_bytecode: list[str]
     purge_failures: list[str]
-    released: UnlockReply
 
 
 class RestoreRequest(TypedDict):
@@ -175,15 +163,46 @@ class WhoamiReply(TypedDict):
     uid: int
 
 
-class Reply(TypedDict, total=False):
-    """The one reply line `dispatch.main` prints for every operation."""
+# -- one exec: a list of operations -------------------------------------------------------------
+# An exec carries a list of operations, run in order in one process: how the controller composes
+# "take the lock, then inspect" or "smoke, then give the lock back" without a flag on either.
 
-    ok: bool
+
+class OperationCall(TypedDict):
+    op: str
+    args: dict[str, Any]
+    gate: bool
+    """The operations after this one run only if its result says `ok: true` (a smoke that
+    passed); whatever `gate` says, a refusal stops the batch."""
+
+
+ReplyStatus = Literal["done", "refused", "not-run"]
+
+
+class OperationReply(TypedDict, total=False):
+    """One operation's reply: `done` with its `result`, `refused` with a stable `code`, a
+    `message` and `data`, or `not-run` (an earlier operation of the exec stopped it)."""
+
+    status: ReplyStatus
     result: Any
     code: str
     message: str
     data: dict[str, Any]
-    # `as` is a keyword, so the field is read as reply.get("as") on a plain dict.
+
+
+class AgentRequest(TypedDict):
+    """What `dispatch.main` runs: the operations, and the server's folder to run them in."""
+
+    ops: list[OperationCall]
+    cwd: str | None
+
+
+class AgentReply(TypedDict):
+    """The one reply line `dispatch.main` prints: a reply per operation, in the request's
+    order, and who ran them (the effective user: the login user, or the one sudo raised to)."""
+
+    replies: list[OperationReply]
+    identity: WhoamiReply | None  # None: a test double that does not say
 
 
 class OpFailure(Exception):

@@ -1,17 +1,19 @@
 """The scripted transport: host-agent requests answered by a function, for fast tests of rare paths.
 
 In the manner of httpx's `MockTransport`: a `ScriptedTransport` is built with a handler,
-`handler(op, args)`, and every `run` decodes the host-agent request sent on stdin (the JSON the
-bootstrap reads: `op`, `args`, `cwd`, the agent's source) and answers with what the handler
-returns, encoded exactly as the agent prints its reply line. `HostOperations`, `EngineControl`
-and everything above them cannot tell it from a host, yet no process, engine or sshd is started.
+`handler(op, args)`, and answers the channel's typed requests itself (it is its own
+`AgentEndpoint`, `opspatch.hosts.channel`): each exec's operations are run through the handler in
+order, by the agent's own batch rule (`dispatch.run_batch`: the first refusal stops the rest,
+which are `not-run`), and the typed replies go back. No bytes are encoded or decoded, yet
+`HostOperations`, `EngineControl` and everything above them cannot tell it from a host; no
+process, engine or sshd is started.
 
-What a handler returns, or raises:
-- a `dict`: the operation succeeded with that result (`{"ok": true, "result": {...}}`);
-- a `Refusal(code, message, data)`: the agent refused (`{"ok": false, "code": ...}`), which
-  `HostOperations` turns into `PreimageMismatch`, `LockHeld`, `RemoteOperationError`...;
-- a `RawReply(stdout, stderr, exit_code)`: the command's output verbatim (an agent that printed
-  no reply, an interpreter that is missing: exit 127);
+What a handler returns, or raises, for one operation:
+- a `dict`: the operation succeeded with that result;
+- a `Refusal(code, message, data)`: the agent refused it, which `HostOperations` turns into
+  `PreimageMismatch`, `LockHeld`, `RemoteOperationError`...;
+- a `NoReply(exit_code, stderr)`: the whole exec printed no reply (an agent that crashed, an
+  interpreter that is missing: exit 127), whatever else the batch held;
 - raise `TransportError` / `CommandTimeout`: the connection was lost, or the deadline passed,
   with no reply; whatever the handler did before raising (a real write, say) stays done.
 
@@ -29,20 +31,22 @@ arrives):
     with ScriptedTransport(handler, host="h1") as transport:
         ops = HostOperations(transport, host)
 
-Every call is recorded (`calls`: operation, arguments, deadline) and counted in `exec_count`,
-as the real transports count their execs, so a test can check round trips and deadlines.
+Every operation is recorded (`calls`: operation, arguments, deadline, the user it ran as, which
+exec) and every exec counted in `exec_count` and listed in `execs` (its operations), as the real
+transports count their execs, so a test can check round trips and deadlines.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from opspatch.hosts.channel import agent_modules, decode_request
+from opspatch.hosts.agent.dispatch import perform, run_batch
+from opspatch.hosts.agent.protocol import AgentRequest, OperationReply
+from opspatch.hosts.channel import AgentAnswer, agent_modules
 from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult
 
 
@@ -57,78 +61,102 @@ class Refusal:
 
 
 @dataclass(frozen=True)
-class RawReply:
-    """A command's output taken verbatim, for replies the agent never prints itself."""
+class NoReply:
+    """An exec that printed no reply line: its exit status and stderr (an interpreter that is
+    missing: 127; an agent killed: 1 and "Killed")."""
 
-    stdout: bytes = b""
-    stderr: bytes = b""
-    exit_code: int = 0
+    exit_code: int
+    stderr: str = ""
 
 
-Answer = dict[str, Any] | Refusal | RawReply
+Answer = dict[str, Any] | Refusal | NoReply
 Handler = Callable[[str, dict[str, Any]], Answer]
 
 
 @dataclass(frozen=True)
 class ScriptedCall:
-    """One request the transport received: the agent operation, its arguments, the deadline."""
+    """One operation the transport was asked to run: its name, arguments, the exec's deadline,
+    the user it ran as (None: the login user) and which exec carried it (0, 1, ...)."""
 
     op: str
     args: dict[str, Any]
     timeout: float
     cwd: str | None = None
+    as_user: str | None = None
+    exec_index: int = 0
+
+
+class _ExecEnded(Exception):
+    """A handler's `NoReply`: the exec ends there, with that status and no reply line."""
+
+    def __init__(self, no_reply: NoReply) -> None:
+        super().__init__("no reply")
+        self.no_reply = no_reply
 
 
 class ScriptedTransport(ClosesOnExit):
-    """A transport whose host is a function: `handler(op, args)` answers each agent request.
+    """A transport whose host is a function: `handler(op, args)` answers each operation of each
+    typed agent request (`answer`).
 
-    `host` is the inventory name used in messages; `exec_count` counts `run` calls and `calls`
-    records each request (the handler can keep its own record too). `closed` says whether
-    `close()` was called. Thread-safe as far as the handler is: one transport per host.
+    `host` is the inventory name used in messages; `exec_count` counts execs, `execs` lists the
+    operations of each and `calls` records every operation (the handler can keep its own record
+    too). `closed` says whether `close()` was called. Thread-safe as far as the handler is: one
+    transport per host.
     """
 
     def __init__(self, handler: Handler, *, host: str = "scripted") -> None:
         self.host = host
         self.exec_count = 0
         self.calls: list[ScriptedCall] = []
+        self.execs: list[tuple[str, ...]] = []
         self.closed = False
         self._handler = handler
 
     @property
     def ops(self) -> list[str]:
-        """The operations requested so far, in order."""
+        """The operations requested so far, in order (every exec's, one after another)."""
         return [call.op for call in self.calls]
 
-    def run(self, command: Command, *, stdin: bytes = b"", timeout: float) -> CommandResult:
-        """Decode the agent request on `stdin`, ask the handler, encode its answer.
+    def answer(self, request: AgentRequest, *, as_user: str | None, timeout: float) -> AgentAnswer:
+        """Run the request's operations through the handler, by the agent's batch rule.
 
         Raises:
-            ValueError: `stdin` is not a host-agent request (this transport only speaks to the
-                agent).
             TransportError, CommandTimeout: as the handler raises them.
         """
+        index = self.exec_count
         self.exec_count += 1
-        started = time.monotonic()
+        self.execs.append(tuple(call["op"] for call in request["ops"]))
+
+        def perform(op: str, args: dict[str, Any]) -> OperationReply:
+            copy = json.loads(json.dumps(args))  # what a host would decode: no shared objects
+            self.calls.append(ScriptedCall(op, copy, timeout, request["cwd"], as_user, index))
+            answer = self._handler(op, copy)
+            if isinstance(answer, NoReply):
+                raise _ExecEnded(answer)
+            if isinstance(answer, Refusal):
+                return {
+                    "status": "refused",
+                    "code": answer.code,
+                    "message": answer.message,
+                    "data": dict(answer.data),
+                }
+            return {"status": "done", "result": json.loads(json.dumps(answer))}
+
         try:
-            request = decode_request(stdin)  # the channel's one wire format
-            op = request["op"]
-            args = dict(request.get("args") or {})
-        except (ValueError, TypeError) as exc:
-            raise ValueError(
-                f"the scripted transport only answers host-agent requests, not `{command.masked()}`"
-            ) from exc
-        self.calls.append(ScriptedCall(op, args, timeout, request.get("cwd")))
-        answer = self._handler(op, args)
-        if isinstance(answer, RawReply):
-            stdout, stderr, exit_code = answer.stdout, answer.stderr, answer.exit_code
-        else:
-            stdout, stderr, exit_code = encode_reply(answer), b"", 0
-        return CommandResult(
-            command=command.masked(),
-            exit_code=exit_code,
-            stdout=stdout,
-            stderr=stderr,
-            seconds=time.monotonic() - started,
+            replies = run_batch(request["ops"], perform)
+        except _ExecEnded as ended:
+            no_reply = ended.no_reply
+            return AgentAnswer(reply=None, exit_code=no_reply.exit_code, stderr=no_reply.stderr)
+        return AgentAnswer(reply={"replies": replies, "identity": None})
+
+    def run(self, command: Command, *, stdin: bytes = b"", timeout: float) -> CommandResult:
+        """Not a shell: this transport only answers typed host-agent requests (`answer`).
+
+        Raises:
+            ValueError: always.
+        """
+        raise ValueError(
+            f"the scripted transport only answers host-agent requests, not `{command.masked()}`"
         )
 
     def close(self) -> None:
@@ -136,38 +164,19 @@ class ScriptedTransport(ClosesOnExit):
         self.closed = True
 
 
-def encode_reply(answer: dict[str, Any] | Refusal) -> bytes:
-    """The reply line the host agent prints for a result or a refusal."""
-    if isinstance(answer, Refusal):
-        reply: dict[str, Any] = {
-            "ok": False,
-            "code": answer.code,
-            "message": answer.message,
-            "data": dict(answer.data),
-        }
-    else:
-        reply = {"ok": True, "result": answer}
-    return (json.dumps(reply, sort_keys=True) + "\n").encode("utf-8")
+def agent_perform(op: str, args: dict[str, Any]) -> OperationReply:
+    """The real host agent's operation `op`, run here, in this process, on this machine's files,
+    as the agent runs each operation of a batch (`dispatch.perform`): its reply. The request's
+    `cwd` is not entered: the test process stays where it is."""
+    for name, _ in agent_modules():
+        importlib.import_module(name)  # each registers its operations
+    return perform(op, json.loads(json.dumps(args)))  # the copy a host would decode
 
 
 def agent_operation(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal:
-    """Run the real host agent's operation `op` here, in this process, on this machine's files.
-
-    Returns its result, or its refusal as a `Refusal` (an unexpected exception becomes
-    `agent-error`, as on a host). The request's `cwd` is not entered: the test process stays
-    where it is.
-    """
-    from opspatch.hosts.agent.protocol import OPERATIONS, OpFailure
-
-    for name, _ in agent_modules():
-        importlib.import_module(name)  # each registers its operations
-
-    function = OPERATIONS.get(op)
-    if function is None:
-        return Refusal("unknown-operation", f"this agent has no operation {op!r}")
-    try:
-        return dict(function(json.loads(json.dumps(args))))  # the copy a host would decode
-    except OpFailure as failure:
-        return Refusal(failure.code, failure.message, failure.data)
-    except Exception as exc:
-        return Refusal("agent-error", f"{type(exc).__name__}: {exc}")
+    """`agent_perform` as a handler's answer: the result, or the refusal as a `Refusal` (an
+    unexpected exception becomes `agent-error`, as on a host)."""
+    reply = agent_perform(op, args)
+    if reply["status"] == "done":
+        return dict(reply["result"])
+    return Refusal(reply["code"], reply["message"], reply.get("data") or {})
