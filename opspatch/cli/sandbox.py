@@ -78,6 +78,15 @@ def up(
             "Default: the sandbox's, else wheel",
         ),
     ] = None,
+    containers: Annotated[
+        bool,
+        typer.Option(
+            "--containers",
+            help="Run each engine in a podman container from a locally built image, installed "
+            "editable in /sgl-workspace/sglang as in the upstream image (needs podman, runc and "
+            "debootstrap, as root)",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Create and start the sandbox hosts, wait until they are ready, write the inventories.
@@ -92,6 +101,7 @@ def up(
         hosts=count,
         ssh=ssh,
         install=_install_shape(install),
+        containers=True if containers else None,
         progress=_progress,
     )
     if as_json:

@@ -10,6 +10,7 @@ from typing import Any
 
 from opspatch.errors import InputError
 from opspatch.hosts.agent.processes import stop_process_tree
+from opspatch.sandbox import containers as sandbox_containers
 from opspatch.sandbox.layout import ENGINE_STOP_TIMEOUT, Progress, SandboxLayout, quiet
 from opspatch.sandbox.manifest import HostRecord, Manifest, load_manifest
 from opspatch.sandbox.processes import engine_pid, sandbox_lock, sshd_pid
@@ -78,9 +79,11 @@ def sandbox_down(
         records = {record.name: record for record in manifest.hosts}
         names = list(records) + [n for n in _host_names_on_disk(layout) if n not in records]
         results = []
+        if manifest.containers:
+            _down_containers(layout, names, purge=purge, progress=progress)
         for name in names:
             stopped: tuple[int, ...] = ()
-            pid = engine_pid(layout, name)
+            pid = None if manifest.containers else engine_pid(layout, name)
             if pid is not None:
                 progress(f"{name}: stopping the engine (pid {pid})")
                 # The host agent's own stop logic, the one `restart` uses: TERM the tree, wait,
@@ -96,6 +99,24 @@ def sandbox_down(
             layout.lock_file.unlink()
             layout.root.rmdir()
     return DownReport(layout.root, tuple(results), removed, tuple(notes))
+
+
+def _down_containers(
+    layout: SandboxLayout, names: list[str], *, purge: bool, progress: Progress
+) -> None:
+    """Stop each host's container (its writable layer, a patched file with it, kept for the
+    next `up`), or with `purge` remove it."""
+    env = sandbox_containers.podman_env(layout)
+    for name in names:
+        found = sandbox_containers.inspect_container(layout, name)
+        if found is None:
+            continue
+        if purge:
+            progress(f"{name}: removing container {found.name}")
+            sandbox_containers.remove_container(layout, name, env)
+        elif found.running:
+            progress(f"{name}: stopping container {found.name}")
+            sandbox_containers.stop_container(layout, name, env)
 
 
 def _stop_host_sshd(
