@@ -192,6 +192,7 @@ class ApplyPipeline:
                         owner=f"{remote.owner or remote.uid}:{remote.group or remote.gid}",
                         pre_image=plan.old_source,
                         post_image=plan.new_source,
+                        container=session.container,
                     )
                 note["detail"] = (
                     f"pre-image {plan.sha256_before[:12]} ({len(plan.old_source)} bytes) in the ledger"

@@ -105,6 +105,7 @@ def restore_pre_image(
             owner=owner,
             pre_image=session.ledger.blob(restored.sha256_before),
             action="restore",
+            container=session.container,
         )
     return restored
 
