@@ -32,6 +32,8 @@ def podman_unavailable() -> str | None:
         return "the container tests use rootful podman and debootstrap: run them as root"
     if shutil.which("runc") is None:
         return "runc is not installed (apt-get install runc)"
+    if shutil.which("catatonit") is None:
+        return "catatonit (podman run --init) is not installed (apt-get install catatonit)"
     done = subprocess.run(["podman", "info"], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         return f"podman cannot run here: {(done.stderr or done.stdout).strip()[-300:]}"

@@ -340,6 +340,10 @@ def test_runtime_restart_keeps_the_fix_and_a_recreated_container_loses_it(
     assert "the container was recreated since run" in gone["detail"]
     assert "the fix is no longer there" in gone["detail"]
     assert recreated["Id"][:12] in gone["detail"]
+    diagnose = fleet.opspatch("diagnose", "--hosts", host, "--json")
+    findings = diagnose.json()["hosts"][0]["findings"]
+    said = [f["detail"] for f in findings if f["kind"] == "container-recreated"]
+    assert len(said) == 1 and "the container was recreated since run" in said[0]
 
     run = fleet.opspatch("apply", "eagle-init-guard", "--hosts", host, "--yes", "--json")
     assert run.code == 0, run.stdout + run.stderr

@@ -93,7 +93,7 @@ def classify(
         else []
     )
     standing = locate(history, applied_versions(history, patch.spec.id), file.sha256)
-    recreated = _recreated_since(history, patch.spec.id, container)
+    recreated = recreated_since(history, patch.spec.id, container)
     if recreated is not None and not isinstance(standing, AtPostImage | PatchedFurther):
         return PatchStatus(
             host=host,
@@ -171,19 +171,19 @@ def classify(
     return PatchStatus(**base, state=PatchState(structural.state), detail=detail)
 
 
-def _recreated_since(
-    history: Sequence[FileVersion], patch_id: str, container: ContainerIdentity | None
+def recreated_since(
+    history: Sequence[FileVersion], patch_id: str | None, container: ContainerIdentity | None
 ) -> str | None:
-    """What to say when the container the patch was last written in is not this one (it was
-    recreated from its image, and the fix went with the old one's writable layer); None when
-    it is the same container, or no container was recorded."""
+    """What to say when the container the file was last patched in (by `patch_id`; None: by
+    any patch) is not this one: it was recreated from its image, and the fix went with the old
+    one's writable layer. None when it is the same container, or no container was recorded."""
     if container is None:
         return None
     written = history[0] if history else None  # newest first: a later restore says nothing
     if (
         written is None
         or written.action != "patch"
-        or written.patch_id != patch_id
+        or (patch_id is not None and written.patch_id != patch_id)
         or written.container is None
         or written.container.id == container.id
     ):
