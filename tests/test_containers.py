@@ -340,12 +340,14 @@ def test_runtime_restart_keeps_the_fix_and_a_recreated_container_loses_it(
     assert "the container was recreated since run" in gone["detail"]
     assert "the fix is no longer there" in gone["detail"]
     assert recreated["Id"][:12] in gone["detail"]
-    diagnose = fleet.opspatch("diagnose", "--hosts", host, "--json")
+    diagnose = fleet.opspatch("diagnose", "--hosts", f"sandbox:{host}", "--json")
     findings = diagnose.json()["hosts"][0]["findings"]
     said = [f["detail"] for f in findings if f["kind"] == "container-recreated"]
     assert len(said) == 1 and "the container was recreated since run" in said[0]
 
-    run = fleet.opspatch("apply", "eagle-init-guard", "--hosts", host, "--yes", "--json")
+    run = fleet.opspatch(
+        "apply", "eagle-init-guard", "--hosts", f"sandbox:{host}", "--yes", "--json"
+    )
     assert run.code == 0, run.stdout + run.stderr
     assert _outcomes(run.json()) == {host: "applied"}
     assert _status(fleet)[host]["state"] == "applied"
@@ -356,18 +358,20 @@ def test_preflight_refuses_a_missing_or_stopped_container_and_changes_nothing(
     fleet: ContainerFleet,
 ) -> None:
     _guarded(fleet)
-    rollback = fleet.opspatch("rollback", "eagle-init-guard", "--hosts", fleet.names[0], "--yes")
-    assert rollback.code == 1, rollback.stdout + rollback.stderr  # back at the crashing code
     before = {n: fleet.sha(n) for n in fleet.names}
     inventories = fleet.state / "inventories"
-    wrong = inventories / "sandbox.toml"
-    text = wrong.read_text().replace(fleet.container(fleet.names[2]), "opspatch-no-such")
-    (inventories / "wrong.toml").write_text(text)
+    text = (inventories / "sandbox.toml").read_text()
+    missing_name = fleet.names[2]
+    (inventories / "wrong.toml").write_text(
+        text.replace(fleet.container(missing_name), "opspatch-no-such")
+    )
+    # a patch that would change every file it reached: refused, it reaches none
+    apply = ("apply", "break-at-import", "--playbook", "fast", "--yes", "--json", "--hosts")
 
-    missing = fleet.opspatch("apply", "eagle-init-guard", "--hosts", "wrong", "--yes", "--json")
+    missing = fleet.opspatch(*apply, "wrong")
 
     assert missing.code == 2, missing.stdout + missing.stderr
-    error = {h["host"]: h["error"] for h in missing.json()["hosts"]}[fleet.names[2]]
+    error = {h["host"]: h["error"] for h in missing.json()["hosts"]}[missing_name]
     assert "container opspatch-no-such (podman) does not exist" in error
     assert "no such container" in error  # the runtime's own words
     assert {n: fleet.sha(n) for n in fleet.names} == before
@@ -375,24 +379,23 @@ def test_preflight_refuses_a_missing_or_stopped_container_and_changes_nothing(
     stopped = fleet.names[1]
     podman("stop", "--time", "0", fleet.container(stopped))
     try:
-        refused = fleet.opspatch(
-            "apply", "eagle-init-guard", "--hosts", "sandbox", "--yes", "--json"
-        )
+        refused = fleet.opspatch(*apply, "sandbox")
         assert refused.code == 2, refused.stdout + refused.stderr
         error = {h["host"]: h["error"] for h in refused.json()["hosts"]}[stopped]
         assert f"container {fleet.container(stopped)} (podman) is not running" in error
     finally:
         up = fleet.opspatch("sandbox", "up", timeout=300)
         assert up.code == 0, up.stdout + up.stderr
-    assert {n: fleet.sha(n) for n in fleet.names} == before
-    _guarded(fleet)
+    assert {n: fleet.sha(n) for n in fleet.names} == before  # `up` restarted the same layer
 
 
 @pytest.mark.slow
 def test_the_swap_refuses_a_container_recreated_since_the_run_pinned_it(
     fleet: ContainerFleet,
 ) -> None:
-    rollback = fleet.opspatch("rollback", "eagle-init-guard", "--hosts", fleet.names[2], "--yes")
+    rollback = fleet.opspatch(
+        "rollback", "eagle-init-guard", "--hosts", f"sandbox:{fleet.names[2]}", "--yes"
+    )
     assert rollback.code == 1, rollback.stdout + rollback.stderr
     host = fleet.hosts[fleet.names[2]]
     ops = HostOperations(open_transport(host), host)

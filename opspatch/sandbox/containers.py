@@ -342,6 +342,16 @@ def start_container(layout: SandboxLayout, host: str, env: Mapping[str, str]) ->
     _podman(["start", container_name(layout, host)], env, step="container", host=host)
 
 
+def restart_container(layout: SandboxLayout, host: str, env: Mapping[str, str]) -> None:
+    """Restart host `host`'s running container (its engine exited; the layer is kept)."""
+    _podman(
+        ["restart", "--time", str(int(STOP_TIMEOUT)), container_name(layout, host)],
+        env,
+        step="container",
+        host=host,
+    )
+
+
 def stop_container(layout: SandboxLayout, host: str, env: Mapping[str, str]) -> None:
     _podman(
         ["stop", "--time", str(int(STOP_TIMEOUT)), container_name(layout, host)],

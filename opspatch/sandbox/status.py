@@ -110,11 +110,13 @@ class StatusReport:
     inventories: tuple[Path, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
     install: InstallShape = "wheel"
+    containers: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
             "sandbox": str(self.root),
             "install": self.install,
+            "containers": self.containers,
             "inventories": [str(p) for p in self.inventories],
             "hosts": [h.to_json() for h in self.hosts],
             "notes": list(self.notes),
@@ -261,4 +263,6 @@ def sandbox_status(layout: SandboxLayout, workspace: Workspace) -> StatusReport:
             )
         )
     written = tuple(p for p in (layout.inventory, layout.ssh_inventory) if p.exists())
-    return StatusReport(layout.root, tuple(statuses), written, tuple(notes), manifest.install)
+    return StatusReport(
+        layout.root, tuple(statuses), written, tuple(notes), manifest.install, manifest.containers
+    )

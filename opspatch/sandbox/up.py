@@ -98,6 +98,7 @@ class UpReport:
     inventory: Path | None
     ssh_inventory: Path | None
     install: InstallShape = "wheel"
+    containers: bool = False
 
     @property
     def ok(self) -> bool:
@@ -108,6 +109,7 @@ class UpReport:
             "sandbox": str(self.root),
             "ok": self.ok,
             "install": self.install,
+            "containers": self.containers,
             "inventory": None if self.inventory is None else str(self.inventory),
             "ssh_inventory": None if self.ssh_inventory is None else str(self.ssh_inventory),
             "hosts": [h.to_json() for h in self.hosts],
@@ -337,12 +339,12 @@ def sandbox_up(
         )
         shape = manifest.install
         if any(h.outcome == "failed" for h in results):
-            return UpReport(layout.root, results, None, None, shape)
+            return UpReport(layout.root, results, None, None, shape, manifest.containers)
         write_atomically(layout.inventory, render_inventory(layout, manifest, over_ssh=False))
         if not manifest.ssh:
-            return UpReport(layout.root, results, layout.inventory, None, shape)
+            return UpReport(layout.root, results, layout.inventory, None, shape, manifest.containers)
         write_atomically(layout.ssh_inventory, render_inventory(layout, manifest, over_ssh=True))
-        return UpReport(layout.root, results, layout.inventory, layout.ssh_inventory, shape)
+        return UpReport(layout.root, results, layout.inventory, layout.ssh_inventory, shape, manifest.containers)
 
 
 def _engine_running(layout: SandboxLayout, manifest: Manifest, name: str) -> bool:
@@ -350,7 +352,12 @@ def _engine_running(layout: SandboxLayout, manifest: Manifest, name: str) -> boo
     if not manifest.containers:
         return engine_pid(layout, name) is not None
     found = sandbox_containers.inspect_container(layout, name)
-    return found is not None and found.running
+    if found is None or not found.running:
+        return False
+    # the container outlives its engine (its start script): an engine that crashed answers
+    # nothing on its port, and `up` restarts the container
+    port = next(r.port for r in manifest.hosts if r.name == name)
+    return port_taken(ENGINE_ADDRESS, port)
 
 
 def _start_containers(
@@ -366,9 +373,13 @@ def _start_containers(
             continue
         name = sandbox_containers.container_name(layout, record.name)
         try:
-            if sandbox_containers.inspect_container(layout, record.name) is None:
+            found = sandbox_containers.inspect_container(layout, record.name)
+            if found is None:
                 progress(f"{record.name}: creating container {name} from {image}")
                 sandbox_containers.run_container(layout, record.name, record.port, image, env)
+            elif found.running:
+                progress(f"{record.name}: its engine is not running: restarting container {name}")
+                sandbox_containers.restart_container(layout, record.name, env)
             else:
                 progress(f"{record.name}: starting container {name}")
                 sandbox_containers.start_container(layout, record.name, env)
