@@ -249,6 +249,7 @@ def _guarded(fleet: ContainerFleet) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the module's fleet: the first run on a machine builds the image
 def test_incident_in_containers_diagnosed_fixed_rolled_back_and_fixed_again_over_ssh(
     fleet: ContainerFleet,
 ) -> None:
@@ -264,6 +265,9 @@ def test_incident_in_containers_diagnosed_fixed_rolled_back_and_fixed_again_over
             "name": fleet.container(host["host"]),
             "id": fleet.inspect(host["host"])["Id"],
         }
+
+    text = fleet.opspatch("sandbox", "status").stdout
+    assert f"container {fleet.inspect(names[0])['Id'][:12]} (running)" in text
 
     # the first decode crashes every engine; diagnose names the cause inside the container
     smoke = fleet.opspatch("smoke", "--hosts", "sandbox", "--json")

@@ -190,6 +190,9 @@ def _print_status(report: StatusReport) -> None:
         table.add_column(column)
     for host in report.hosts:
         pid = str(host.pid) if host.pid is not None else "stopped"
+        if host.container is not None:
+            state = host.container.status or "unknown"
+            pid = f"container {host.container.id[:12]} ({state})"
         patches = _carried(host)
         ssh = "-"
         if host.ssh is not None and host.ssh.port:
@@ -199,7 +202,8 @@ def _print_status(report: StatusReport) -> None:
     out.print(table)
     for host in report.hosts:
         if host.checkout:
-            out.print(f"{host.host}: git checkout {host.checkout}", markup=False)
+            inside = f" in container {host.container.name}" if host.container else ""
+            out.print(f"{host.host}: git checkout {host.checkout}{inside}", markup=False)
         for note in host.notes:
             err.print(f"{host.host}: {note}", markup=False)
     for note in report.notes:
@@ -213,6 +217,8 @@ def _print_down(report: DownReport) -> None:
             parts.append(f"engine stopped (pids {', '.join(map(str, host.stopped))})")
         if host.sshd_stopped:
             parts.append(f"sshd stopped (pid {host.sshd_stopped})")
+        if host.container:
+            parts.append(f"container {host.container}")
         out.print(f"{host.host}: {'; '.join(parts) or 'was not running'}", markup=False)
     for path in report.removed:
         out.print(f"removed {path}", markup=False)

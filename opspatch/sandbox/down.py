@@ -24,9 +24,16 @@ class HostDown:
     host: str
     stopped: tuple[int, ...]
     sshd_stopped: int | None
+    container: str | None = None
+    """What was done to the host's container: `stopped` or `removed` (None: nothing)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "stopped": list(self.stopped), "sshd_stopped": self.sshd_stopped}
+        return {
+            "host": self.host,
+            "stopped": list(self.stopped),
+            "sshd_stopped": self.sshd_stopped,
+            "container": self.container,
+        }
 
 
 @dataclass(frozen=True)
@@ -79,8 +86,11 @@ def sandbox_down(
         records = {record.name: record for record in manifest.hosts}
         names = list(records) + [n for n in _host_names_on_disk(layout) if n not in records]
         results = []
-        if manifest.containers:
+        done = (
             _down_containers(layout, names, purge=purge, progress=progress)
+            if manifest.containers
+            else {}
+        )
         for name in names:
             stopped: tuple[int, ...] = ()
             pid = None if manifest.containers else engine_pid(layout, name)
@@ -90,7 +100,7 @@ def sandbox_down(
                 # KILL what is left.
                 stopped = tuple(stop_process_tree(pid, ENGINE_STOP_TIMEOUT))
             sshd_stopped = _stop_host_sshd(layout, records.get(name), progress)
-            results.append(HostDown(name, stopped, sshd_stopped))
+            results.append(HostDown(name, stopped, sshd_stopped, done.get(name)))
         removed: tuple[Path, ...] = ()
         if purge:
             removed = _purge(layout)
@@ -103,10 +113,11 @@ def sandbox_down(
 
 def _down_containers(
     layout: SandboxLayout, names: list[str], *, purge: bool, progress: Progress
-) -> None:
+) -> dict[str, str]:
     """Stop each host's container (its writable layer, a patched file with it, kept for the
-    next `up`), or with `purge` remove it."""
+    next `up`), or with `purge` remove it; what was done, per host."""
     env = sandbox_containers.podman_env(layout)
+    done: dict[str, str] = {}
     for name in names:
         found = sandbox_containers.inspect_container(layout, name)
         if found is None:
@@ -114,9 +125,12 @@ def _down_containers(
         if purge:
             progress(f"{name}: removing container {found.name}")
             sandbox_containers.remove_container(layout, name, env)
+            done[name] = "removed"
         elif found.running:
             progress(f"{name}: stopping container {found.name}")
             sandbox_containers.stop_container(layout, name, env)
+            done[name] = "stopped"
+    return done
 
 
 def _stop_host_sshd(
