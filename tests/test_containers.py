@@ -12,6 +12,7 @@ import json
 import shutil
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ from opspatch.hosts.transport.container import (
 from opspatch.hosts.transport.local import LocalTransport
 from opspatch.sandbox.checkout import checkout_files
 from opspatch.sandbox.dist import STANDIN_VERSION
+from tests.clirunner import opspatch
 from tests.containerkit import CONTAINER_EAGLE, ContainerFleet, podman, require_podman
 from tests.fleetkit import EAGLE_RELPATH
 from tests.sshfleet import find_sshd
@@ -173,6 +175,17 @@ def test_a_runtime_not_installed_on_the_host_is_refused_naming_it(
     assert caught.value.reason == "no-runtime"
     assert "container c (docker) cannot be reached: docker is not installed" in caught.value.message
     assert transport.exec_count == 0  # nothing was run in any container
+
+
+def test_sandbox_containers_refuse_the_wheel_shape_before_anything_starts(tmp_path: Path) -> None:
+    run = opspatch(
+        "sandbox", "up", "--containers", "--install", "wheel",
+        env={"OPSPATCH_STATE_DIR": str(tmp_path)},
+    )  # fmt: skip
+
+    assert run.code == 2, run.stdout + run.stderr
+    assert "`--install wheel` does not go with it" in run.stderr
+    assert not (tmp_path / "sandbox" / "sandbox.json").exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,10 +410,7 @@ def test_preflight_refuses_a_missing_or_stopped_container_and_changes_nothing(
 def test_the_swap_refuses_a_container_recreated_since_the_run_pinned_it(
     fleet: ContainerFleet,
 ) -> None:
-    rollback = fleet.opspatch(
-        "rollback", "eagle-init-guard", "--hosts", f"sandbox:{fleet.names[2]}", "--yes"
-    )
-    assert rollback.code == 1, rollback.stdout + rollback.stderr
+    _guarded(fleet)
     host = fleet.hosts[fleet.names[2]]
     ops = HostOperations(open_transport(host), host)
     seen = ops.inspect(path=CONTAINER_EAGLE, timeout=60)  # pins the container, as preflight does
