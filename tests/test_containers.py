@@ -2,8 +2,9 @@
 restart, and the incident and its fix on a fleet of real podman containers.
 
 The first half is pure (commands as data, the runtime's inspect document, the inventory); the
-second runs against real podman (`sandbox up --containers --ssh`, one fleet of 3 containers
-shared by the module to bound CI time; each test leaves the fleet healthy and patched).
+second runs against real podman (`sandbox up --containers --ssh`, one fleet of 2 containers, a
+canary and one more, shared by the module to bound CI time; each test leaves the fleet healthy and
+patched).
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ def test_sandbox_containers_refuse_the_wheel_shape_before_anything_starts(tmp_pa
 
 
 # ---------------------------------------------------------------------------------------------
-# real podman: one fleet of 3 containers, reached locally and over each host's sshd
+# real podman: one fleet of 2 containers, reached locally and over each host's sshd
 
 FAST = """
 name = "fast"
@@ -234,7 +235,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ContainerFleet]:
     if find_sshd() is None:
         pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)")
     root = tmp_path_factory.mktemp("containers")
-    fleet = ContainerFleet(root, 3, ssh=True)
+    fleet = ContainerFleet(root, 2, ssh=True)
     try:
         fleet.up()
         copy = fleet.workspace / "patches" / "break-at-import.toml"
@@ -378,7 +379,7 @@ def test_preflight_refuses_a_missing_or_stopped_container_and_changes_nothing(
     before = {n: fleet.sha(n) for n in fleet.names}
     inventories = fleet.state / "inventories"
     text = (inventories / "sandbox.toml").read_text()
-    missing_name = fleet.names[2]
+    missing_name = fleet.names[-1]
     (inventories / "wrong.toml").write_text(
         text.replace(fleet.container(missing_name), "opspatch-no-such")
     )
@@ -411,7 +412,7 @@ def test_the_swap_refuses_a_container_recreated_since_the_run_pinned_it(
     fleet: ContainerFleet,
 ) -> None:
     _guarded(fleet)
-    host = fleet.hosts[fleet.names[2]]
+    host = fleet.hosts[fleet.names[-1]]
     ops = HostOperations(open_transport(host), host)
     seen = ops.inspect(path=CONTAINER_EAGLE, timeout=60)  # pins the container, as preflight does
     fleet.recreate(host.name)
