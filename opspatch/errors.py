@@ -12,7 +12,9 @@ OpspatchError                      base; carries a one-line message and optional
 │   └── ConfirmationRequired       a change needs --yes (no terminal to ask on)
 ├── HostError                      exit 1: one host failed; carries host and step
 │   ├── TransportError             connecting or running a command failed
-│   │   └── CommandTimeout         a remote command passed its deadline (process group ended)
+│   │   ├── CommandTimeout         a remote command passed its deadline (process group ended)
+│   │   └── ContainerError         the engine's container is missing, stopped, recreated, or the
+│   │                              runtime is missing or not allowed (the runtime's own words)
 │   ├── RemoteOperationError       a host-side operation refused or failed (its `code` says why)
 │   │   ├── PreimageMismatch       the file is not the bytes the plan was made from
 │   │   └── LockHeld               another run holds the host's lock (owner, run id, expiry)
@@ -166,6 +168,25 @@ class TransportError(HostError):
 
 class CommandTimeout(TransportError):
     """A command ran past its deadline; its process group was ended."""
+
+
+class ContainerError(TransportError):
+    """The engine's container cannot be used: it does not exist, is not running, was recreated
+    since this run first reached it, or the runtime is missing or refuses the login user.
+    `reason` is a stable word (`missing`, `not-running`, `recreated`, `no-runtime`,
+    `permission`, `runtime-failed`); nothing was run inside the container."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        host: str = "",
+        step: str = "",
+        hint: str | None = None,
+        reason: str = "runtime-failed",
+    ) -> None:
+        super().__init__(message, host=host, step=step, hint=hint)
+        self.reason = reason
 
 
 class RemoteOperationError(HostError):

@@ -67,8 +67,8 @@ become = false
     assert inventory.host("gpu-02").become == BecomeSettings(True, "sglang", "sudo", "FLEET_SUDO")
     assert inventory.host("gpu-03").become.enabled is False
     table = inventory_show_table(inventory.hosts)
-    assert table.columns[-1] == "become"
-    assert [row[-1] for row in table.rows] == [
+    column = table.columns.index("become")
+    assert [row[column] for row in table.rows] == [
         "sudo -u root ($FLEET_SUDO)",
         "sudo -u sglang ($FLEET_SUDO)",
         "-",

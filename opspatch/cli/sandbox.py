@@ -78,6 +78,15 @@ def up(
             "Default: the sandbox's, else wheel",
         ),
     ] = None,
+    containers: Annotated[
+        bool,
+        typer.Option(
+            "--containers",
+            help="Run each engine in a podman container from a locally built image, installed "
+            "editable in /sgl-workspace/sglang as in the upstream image (needs podman, runc and "
+            "debootstrap, as root)",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Create and start the sandbox hosts, wait until they are ready, write the inventories.
@@ -92,6 +101,7 @@ def up(
         hosts=count,
         ssh=ssh,
         install=_install_shape(install),
+        containers=True if containers else None,
         progress=_progress,
     )
     if as_json:
@@ -180,6 +190,9 @@ def _print_status(report: StatusReport) -> None:
         table.add_column(column)
     for host in report.hosts:
         pid = str(host.pid) if host.pid is not None else "stopped"
+        if host.container is not None:
+            state = host.container.status or "unknown"
+            pid = f"container {host.container.id[:12]} ({state})"
         patches = _carried(host)
         ssh = "-"
         if host.ssh is not None and host.ssh.port:
@@ -189,7 +202,8 @@ def _print_status(report: StatusReport) -> None:
     out.print(table)
     for host in report.hosts:
         if host.checkout:
-            out.print(f"{host.host}: git checkout {host.checkout}", markup=False)
+            inside = f" in container {host.container.name}" if host.container else ""
+            out.print(f"{host.host}: git checkout {host.checkout}{inside}", markup=False)
         for note in host.notes:
             err.print(f"{host.host}: {note}", markup=False)
     for note in report.notes:
@@ -203,6 +217,8 @@ def _print_down(report: DownReport) -> None:
             parts.append(f"engine stopped (pids {', '.join(map(str, host.stopped))})")
         if host.sshd_stopped:
             parts.append(f"sshd stopped (pid {host.sshd_stopped})")
+        if host.container:
+            parts.append(f"container {host.container}")
         out.print(f"{host.host}: {'; '.join(parts) or 'was not running'}", markup=False)
     for path in report.removed:
         out.print(f"removed {path}", markup=False)

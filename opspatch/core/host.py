@@ -59,7 +59,38 @@ class CommandRestart:
         return f"command (pid file {self.pid_file})"
 
 
-RestartStrategy = SystemdRestart | SupervisorRestart | CommandRestart
+@dataclass(frozen=True)
+class ContainerRestart:
+    """Restart the engine's container with its runtime (`podman restart` / `docker restart`):
+    the container keeps its writable layer, so a file patched inside it survives. Needs the
+    host's `container`. `stop_timeout` is the runtime's `--time` (seconds before it kills)."""
+
+    stop_timeout: float = 10.0
+    pid_file: str | None = None
+    """The engine's pid file inside the container, when its image writes one (readiness and
+    the smoke then watch that process); else whoever listens on the engine's port."""
+    kind: Literal[RestartKind.CONTAINER] = RestartKind.CONTAINER
+
+    def describe(self) -> str:
+        return "container (runtime restart)"
+
+
+RestartStrategy = SystemdRestart | SupervisorRestart | CommandRestart | ContainerRestart
+
+ContainerRuntime = Literal["podman", "docker"]
+CONTAINER_RUNTIMES: tuple[ContainerRuntime, ...] = ("podman", "docker")
+
+
+@dataclass(frozen=True)
+class ContainerSettings:
+    """The container the engine runs in on a host: every operation runs inside it, through
+    `<runtime> exec -i <name>` on the host (locally or over the host's SSH connection)."""
+
+    runtime: ContainerRuntime
+    name: str
+
+    def describe(self) -> str:
+        return f"{self.runtime} {self.name}"
 
 
 @dataclass(frozen=True)
@@ -145,3 +176,5 @@ class Host:
     engine: EngineSettings
     groups: tuple[str, ...]
     become: BecomeSettings = field(default_factory=BecomeSettings)
+    container: ContainerSettings | None = None
+    """The container the engine runs in (None: on the host itself)."""

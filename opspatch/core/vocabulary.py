@@ -164,6 +164,7 @@ class RestartKind(Word):
     SYSTEMD = "systemd"
     SUPERVISOR = "supervisor"
     COMMAND = "command"
+    CONTAINER = "container"
 
 
 class FileState(Word):

@@ -18,6 +18,7 @@ from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord
 from opspatch.hosts.engine import SmokeResult
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.results import HostFacts, RemoteFile, read_reply
+from opspatch.hosts.transport.container import ContainerIdentity
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,8 @@ class HostDiagnosis:
     log: LogWindow | None
     sources: Mapping[str, str] = field(default_factory=dict)  # path -> text
     sources_left_out: tuple[str, ...] = ()
+    container: ContainerIdentity | None = None
+    """The container the engine runs in, as this diagnosis found it (None: on the host)."""
 
     def module(self, name: str) -> ModuleDiagnosis:
         return next(m for m in self.modules if m.module == name)

@@ -6,7 +6,8 @@ controller side here only builds the arguments from the inventory and the playbo
 replies into values:
 
 - restart strategies: systemd (`systemctl restart UNIT`, then `is-active`), supervisor
-  (`supervisorctl restart NAME`), command (stop the process tree of the pid in the pid file:
+  (`supervisorctl restart NAME`), container (`podman/docker restart ID` run on the host, outside
+  the container, after the agent inside noted the log's size), command (stop the process tree of the pid in the pid file:
   TERM, wait, KILL; start the command detached with its log; write the pid file);
 - readiness: poll `/health` every 0.1 s (no backoff: a ready engine is noticed at once) until
   the playbook's deadline, failing fast when the started process exits;
@@ -28,12 +29,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from opspatch.core.host import Host
+from opspatch.core.host import ContainerRestart, Host
 from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord
 from opspatch.core.policy import Playbook
-from opspatch.errors import EngineError, RemoteOperationError
+from opspatch.errors import ContainerError, EngineError, RemoteOperationError
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.results import read_reply
+from opspatch.hosts.transport.container import ContainerTransport
 
 # Seconds added to a host-side deadline for the exec itself (interpreter start, transfer).
 EXEC_MARGIN = 30.0
@@ -184,7 +186,33 @@ class EngineControl:
         timeout = float(self.playbook.timeouts.restart)
         args = restart_args(self.host) | {"timeout": timeout}
         data = self._call("restart", args, timeout=timeout, step=step)
+        if isinstance(self.host.engine.restart, ContainerRestart):
+            return self._restart_container(self.host.engine.restart, data, timeout, step)
         return read_reply(RestartResult, data, host=self.host.name, step=step)
+
+    def _restart_container(
+        self, restart: ContainerRestart, noted: dict[str, Any], timeout: float, step: str
+    ) -> RestartResult:
+        """The runtime's restart of the engine's container, after the agent noted the log's
+        size inside it (`noted`): the same container, its writable layer kept."""
+        transport = self.ops.transport
+        if not isinstance(transport, ContainerTransport):
+            raise EngineError(
+                "restart kind container needs the host's container",
+                host=self.host.name,
+                step=step,
+                hint='set container = { runtime = "podman", name = "..." } in the inventory',
+            )
+        try:
+            after = transport.restart(restart.stop_timeout, timeout=timeout + EXEC_MARGIN)
+        except ContainerError as exc:
+            raise EngineError(exc.detail, host=self.host.name, step=step, hint=exc.hint) from exc
+        return RestartResult(
+            strategy="container",
+            pid=None,
+            log_offset=noted.get("log_offset"),
+            detail=f"{transport.describe()} restarted (id {after.id[:12]}, {after.status})",
+        )
 
     def wait_ready(
         self,

@@ -82,6 +82,7 @@ from opspatch.hosts.results import (
     read_reply,
 )
 from opspatch.hosts.transport.base import Transport
+from opspatch.hosts.transport.container import ContainerTransport
 from opspatch.hosts.transport.local import LocalTransport
 
 __all__ = [  # the result values (`opspatch.hosts.results`) and the channel's names, re-exported
@@ -113,15 +114,22 @@ def default_lock_owner() -> str:
 
 
 def open_transport(host: Host, *, accept_new_host_keys: bool = False) -> Transport:
-    """The transport the inventory says this host uses (nothing is connected yet).
+    """The transport the inventory says this host uses (nothing is connected yet); for a host
+    whose engine runs in a container, that transport wrapped to exec into the container.
 
     Paramiko and fabric are imported here, on the first SSH host, not with this module: commands
     that never reach a host over SSH start without them."""
+    base: Transport
     if host.transport == "local":
-        return LocalTransport(host.name)
-    from opspatch.hosts.transport.ssh import SSHTransport
+        base = LocalTransport(host.name)
+    else:
+        from opspatch.hosts.transport.ssh import SSHTransport
 
-    return SSHTransport(host, accept_new_host_keys=accept_new_host_keys)
+        base = SSHTransport(host, accept_new_host_keys=accept_new_host_keys)
+    if host.container is None:
+        return base
+    # the engine runs in a container: every operation is an exec into it, through the host
+    return ContainerTransport(base, host.container)
 
 
 # ---------------------------------------------------------------------------------------------

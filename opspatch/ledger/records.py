@@ -41,6 +41,19 @@ class StepRecord(JsonRecord):
 
 
 @dataclass(frozen=True)
+class ContainerRecord(JsonRecord):
+    """The container a file version was written in: the runtime's id for it and when it was
+    created. A container recreated from its image (the fix gone with its writable layer) has
+    another id under the same name."""
+
+    runtime: str
+    name: str
+    id: str
+    created: str
+    image: str = ""
+
+
+@dataclass(frozen=True)
 class FileVersion(JsonRecord):
     """One change of one file on one host, with the bytes needed to undo it.
 
@@ -64,6 +77,8 @@ class FileVersion(JsonRecord):
     pre_image_sha256: str
     post_image_sha256: str | None
     recorded_at: str
+    container: ContainerRecord | None = None
+    """Where the file was written, for an engine in a container (None: on the host)."""
 
 
 @dataclass(frozen=True)

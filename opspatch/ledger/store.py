@@ -52,6 +52,7 @@ from opspatch.ledger.lineage import applied_versions
 from opspatch.ledger.liveness import ControllerProcess, operator_identity
 from opspatch.ledger.records import (
     FILE_ACTIONS,
+    ContainerRecord,
     FileVersion,
     HostRecord,
     Machine,
@@ -269,11 +270,13 @@ class Ledger:
         pre_image: bytes,
         post_image: bytes | None = None,
         action: str = "patch",
+        container: ContainerRecord | None = None,
     ) -> FileVersion:
         """Record a change of `path` on `host`, storing the full bytes before it (and after it).
 
         Record it before the swap (backup step), so that a controller killed mid-swap still has
-        the pre-image. `action` is `patch` or `restore`. Returns what was recorded.
+        the pre-image. `action` is `patch` or `restore`. `container` is the container the file
+        is in (its id and creation time), for an engine in one. Returns what was recorded.
 
         Raises:
             ValueError: a hash is malformed, the bytes do not hash to the hashes given, or
@@ -300,6 +303,8 @@ class Ledger:
                 "owner": owner,
                 "size_before": len(pre_image),
             }
+            if container is not None:
+                body["container"] = container.to_json()
             store_blob(conn, sha256_before, pre_image)
             if post_image is not None:
                 store_blob(conn, sha256_after, post_image)

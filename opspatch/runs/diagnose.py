@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from opspatch.analysis.fixes import FixMatch, RaisedException, patches_fixing
 from opspatch.analysis.missingattr import analyze_missing_attribute, parse_missing_attribute
@@ -34,14 +34,17 @@ from opspatch.ledger.store import Ledger
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import map_hosts
 from opspatch.runs.findings import (
+    PROBLEM,
     ExceptionReport,
     FileVerdict,
+    Finding,
     FleetDiagnosis,
     HostReport,
     judge_file,
     judge_host,
 )
 from opspatch.runs.session import describe_error
+from opspatch.runs.status import container_of, recreated_since
 
 MAX_HOSTS_AT_ONCE = 16
 
@@ -65,7 +68,8 @@ def _read(
 ) -> HostDiagnosis | str:
     transport = factory(host)
     try:
-        return diagnose_host(HostOperations(transport, host), request, timeout=timeout)
+        found = diagnose_host(HostOperations(transport, host), request, timeout=timeout)
+        return replace(found, container=container_of(transport))
     except InputError as exc:
         return exc.render()
     except OpspatchError as exc:
@@ -243,8 +247,24 @@ def diagnose_fleet(
             for m in d.modules
         ]
         files = [f for f in files if f.state != FileState.NOT_INSTALLED or f.module in options.modules]
-        reports.append(judge_host(d, files, analyse_exceptions(d, specs)))
+        report = judge_host(d, files, analyse_exceptions(d, specs))
+        reports.append(_with_recreated(report, d, histories))
     return FleetDiagnosis(tuple(reports), modules)
+
+
+def _with_recreated(
+    report: HostReport,
+    d: HostDiagnosis,
+    histories: Mapping[tuple[str, str], Sequence[FileVersion]],
+) -> HostReport:
+    """The report with a problem for each module whose last patch was written in another
+    container than the one running now (recreated from its image: the fix is gone)."""
+    found = [
+        Finding("container-recreated", PROBLEM, "the fix is no longer there", said)
+        for m in d.modules
+        if (said := recreated_since(histories.get((d.host, m.module), []), None, d.container))
+    ]
+    return replace(report, findings=(*found, *report.findings)) if found else report
 
 
 # ---------------------------------------------------------------------------------------------

@@ -356,6 +356,7 @@ class ApplyPipeline:
             owner=f"{remote.owner or remote.uid}:{remote.group or remote.gid}",
             pre_image=plan.old_source,
             post_image=plan.new_source,
+            container=session.container,
         )
 
     def _baseline(self, session: HostSession) -> tuple[tuple[str | None, ...] | None, str | None]:

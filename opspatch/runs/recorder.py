@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from opspatch.core.vocabulary import RunStatus, StepStatus
 from opspatch.errors import OpspatchError
+from opspatch.ledger.records import ContainerRecord
 from opspatch.ledger.store import Ledger
 from opspatch.runs.report import HostOutcome, RunReport
 
@@ -54,11 +55,20 @@ class Recorder(Protocol):
         pre_image: bytes,
         post_image: bytes | None = None,
         action: str = "patch",
+        container: ContainerRecord | None = None,
     ) -> None:
         """A file this run changes, with its full pre-image (before the host is touched)."""
 
     def restored(
-        self, host: str, *, path: str, sha256_before: str, sha256_after: str, mode: int, owner: str
+        self,
+        host: str,
+        *,
+        path: str,
+        sha256_before: str,
+        sha256_after: str,
+        mode: int,
+        owner: str,
+        container: ContainerRecord | None = None,
     ) -> None:
         """A restore this run made: a file version whose overwritten bytes are the ledger's
         own post-image of the change undone (`sha256_before`)."""
@@ -115,6 +125,7 @@ class LedgerRecorder:
         pre_image: bytes,
         post_image: bytes | None = None,
         action: str = "patch",
+        container: ContainerRecord | None = None,
     ) -> None:
         self.ledger.record_file_version(
             self._run_id,
@@ -127,10 +138,19 @@ class LedgerRecorder:
             pre_image=pre_image,
             post_image=post_image,
             action=action,
+            container=container,
         )
 
     def restored(
-        self, host: str, *, path: str, sha256_before: str, sha256_after: str, mode: int, owner: str
+        self,
+        host: str,
+        *,
+        path: str,
+        sha256_before: str,
+        sha256_after: str,
+        mode: int,
+        owner: str,
+        container: ContainerRecord | None = None,
     ) -> None:
         self.file_version(
             host,
@@ -141,6 +161,7 @@ class LedgerRecorder:
             owner=owner,
             pre_image=self.ledger.blob(sha256_before),
             action="restore",
+            container=container,
         )
 
     def outcome(self, outcome: HostOutcome) -> None:
@@ -202,11 +223,20 @@ class NullRecorder:
         pre_image: bytes,
         post_image: bytes | None = None,
         action: str = "patch",
+        container: ContainerRecord | None = None,
     ) -> None:
         return None
 
     def restored(
-        self, host: str, *, path: str, sha256_before: str, sha256_after: str, mode: int, owner: str
+        self,
+        host: str,
+        *,
+        path: str,
+        sha256_before: str,
+        sha256_after: str,
+        mode: int,
+        owner: str,
+        container: ContainerRecord | None = None,
     ) -> None:
         return None
 

@@ -505,6 +505,7 @@ class _Rollback:
             owner=f"{live.owner or live.uid}:{live.group or live.gid}",
             pre_image=live.content,
             action="restore",
+            container=session.container,
         )
         change = FileChange(live.realpath, restored.sha256_before, restored.sha256_after)
         how = "restored from the host's own backup (the ledger had no record of this change)"

@@ -28,6 +28,8 @@ from opspatch.errors import (
 from opspatch.hosts.engine import EngineControl, SmokeResult
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.base import Transport
+from opspatch.hosts.transport.container import ContainerTransport
+from opspatch.ledger.records import ContainerRecord
 from opspatch.runs.connect import TransportFactory, become_passwords
 from opspatch.runs.recorder import DETAIL_LIMIT, Recorder
 from opspatch.runs.report import FileChange, HostOutcome, StepResult
@@ -187,6 +189,16 @@ class HostSession:
     @property
     def engine(self) -> EngineControl:
         return EngineControl(self.ops, self.host, self.playbook)
+
+    @property
+    def container(self) -> ContainerRecord | None:
+        """The container this session's operations ran in (its id and creation time as first
+        seen in this run), for the ledger's file versions; None for an engine on the host."""
+        transport = self._transport
+        if not isinstance(transport, ContainerTransport) or transport.identity is None:
+            return None
+        seen = transport.identity
+        return ContainerRecord(seen.runtime, seen.name, seen.id, seen.created, seen.image)
 
     @property
     def exec_count(self) -> int:

@@ -24,6 +24,8 @@ from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import PatchState
 from opspatch.errors import OpspatchError, TargetError
 from opspatch.hosts.operations import HostInspection, HostOperations
+from opspatch.hosts.transport.base import Transport
+from opspatch.hosts.transport.container import ContainerIdentity, ContainerTransport
 from opspatch.ledger.lineage import (
     AtPostImage,
     AtPreImage,
@@ -77,11 +79,15 @@ def classify(
     host: str,
     inspection: HostInspection,
     ledger: Ledger | None,
+    container: ContainerIdentity | None = None,
     *,
     part: int = 0,
 ) -> PatchStatus:
     """The state of one patch (`part`: one target of a patch set) in one live file (pure
-    apart from reading the ledger)."""
+    apart from reading the ledger).
+
+    `container` is the container the file was read in, for an engine in one: a container other
+    than the one the patch was written in (recreated from its image) is said to be so."""
     file = inspection.file
     spec = patch.parts[part]
     gate = gate_inspection(spec.target, inspection)
@@ -96,6 +102,18 @@ def classify(
         else []
     )
     standing = locate(history, applied_versions(history, patch.spec.id), file.sha256)
+    recreated = recreated_since(history, patch.spec.id, container)
+    if recreated is not None and not isinstance(standing, AtPostImage | PatchedFurther):
+        return PatchStatus(
+            host=host,
+            patch=patch.spec.id,
+            state=PatchState(structural.state)
+            if structural.state != "applied"
+            else PatchState.APPLIED,
+            path=file.realpath,
+            sha256=file.sha256,
+            detail=recreated,
+        )
     base: dict[str, Any] = {
         "host": host,
         "patch": patch.spec.id,
@@ -205,11 +223,40 @@ def combine_set(patch: LoadedPatch, host: str, files: Sequence[PatchStatus]) -> 
     )
 
 
+def recreated_since(
+    history: Sequence[FileVersion], patch_id: str | None, container: ContainerIdentity | None
+) -> str | None:
+    """What to say when the container the file was last patched in (by `patch_id`; None: by
+    any patch) is not this one: it was recreated from its image, and the fix went with the old
+    one's writable layer. None when it is the same container, or no container was recorded."""
+    if container is None:
+        return None
+    written = history[0] if history else None  # newest first: a later restore says nothing
+    if (
+        written is None
+        or written.action != "patch"
+        or (patch_id is not None and written.patch_id != patch_id)
+        or written.container is None
+        or written.container.id == container.id
+    ):
+        return None
+    return (
+        f"the container was recreated since run {written.run_id} patched it (created at "
+        f"{written.container.created}; now {container.id[:12]}, created at {container.created}): "
+        "the fix is no longer there"
+    )
+
+
 def _written(ledger: Ledger, host: str, path: str, version: FileVersion) -> str:
     """Where a file that is the bytes a run wrote stands: proven or not (`runs.proof`, the
     same sentence `recover` says). Plain "applied" for an unproven change would say the fix is
     live while the server may still run the old code."""
     return describe(change_proof(ledger, host, version))
+
+
+def container_of(transport: Transport) -> ContainerIdentity | None:
+    """The container a transport's commands ran in (None: the host itself)."""
+    return transport.identity if isinstance(transport, ContainerTransport) else None
 
 
 def fleet_status(
@@ -246,7 +293,9 @@ def fleet_status(
                         )
                     continue
                 for patch, index in group:
-                    said = classify(patch, host.name, inspection, ledger, part=index)
+                    said = classify(
+                        patch, host.name, inspection, ledger, container_of(transport), part=index
+                    )
                     found[patch.sha256, index] = with_server(said, host, inspection)
             for patch in patches:
                 files = [found[patch.sha256, i] for i in range(len(patch.parts))]

@@ -101,6 +101,7 @@ def restore_pre_image(
             sha256_after=restored.sha256_after,
             mode=mode,
             owner=owner,
+            container=session.container,
         )
     return restored
 

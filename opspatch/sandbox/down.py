@@ -11,6 +11,7 @@ from typing import Any
 from opspatch.core.jsonrecord import JsonRecord
 from opspatch.errors import InputError
 from opspatch.hosts.agent.processes import stop_process_tree
+from opspatch.sandbox import containers as sandbox_containers
 from opspatch.sandbox.layout import ENGINE_STOP_TIMEOUT, Progress, SandboxLayout, quiet
 from opspatch.sandbox.manifest import HostRecord, Manifest, load_manifest
 from opspatch.sandbox.processes import engine_pid, sandbox_lock, sshd_pid
@@ -24,6 +25,8 @@ class HostDown(JsonRecord):
     host: str
     stopped: tuple[int, ...]
     sshd_stopped: int | None
+    container: str | None = None
+    """What was done to the host's container: `stopped` or `removed` (None: nothing)."""
 
 
 @dataclass(frozen=True)
@@ -76,16 +79,21 @@ def sandbox_down(
         records = {record.name: record for record in manifest.hosts}
         names = list(records) + [n for n in _host_names_on_disk(layout) if n not in records]
         results = []
+        done = (
+            _down_containers(layout, names, purge=purge, progress=progress)
+            if manifest.containers
+            else {}
+        )
         for name in names:
             stopped: tuple[int, ...] = ()
-            pid = engine_pid(layout, name)
+            pid = None if manifest.containers else engine_pid(layout, name)
             if pid is not None:
                 progress(f"{name}: stopping the engine (pid {pid})")
                 # The host agent's own stop logic, the one `restart` uses: TERM the tree, wait,
                 # KILL what is left.
                 stopped = tuple(stop_process_tree(pid, ENGINE_STOP_TIMEOUT))
             sshd_stopped = _stop_host_sshd(layout, records.get(name), progress)
-            results.append(HostDown(name, stopped, sshd_stopped))
+            results.append(HostDown(name, stopped, sshd_stopped, done.get(name)))
         removed: tuple[Path, ...] = ()
         if purge:
             removed = _purge(layout)
@@ -94,6 +102,28 @@ def sandbox_down(
             layout.lock_file.unlink()
             layout.root.rmdir()
     return DownReport(layout.root, tuple(results), removed, tuple(notes))
+
+
+def _down_containers(
+    layout: SandboxLayout, names: list[str], *, purge: bool, progress: Progress
+) -> dict[str, str]:
+    """Stop each host's container (its writable layer, a patched file with it, kept for the
+    next `up`), or with `purge` remove it; what was done, per host."""
+    env = sandbox_containers.podman_env(layout)
+    done: dict[str, str] = {}
+    for name in names:
+        found = sandbox_containers.inspect_container(layout, name)
+        if found is None:
+            continue
+        if purge:
+            progress(f"{name}: removing container {found.name}")
+            sandbox_containers.remove_container(layout, name, env)
+            done[name] = "removed"
+        elif found.running:
+            progress(f"{name}: stopping container {found.name}")
+            sandbox_containers.stop_container(layout, name, env)
+            done[name] = "stopped"
+    return done
 
 
 def _stop_host_sshd(

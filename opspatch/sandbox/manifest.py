@@ -20,6 +20,7 @@ from typing import Any
 from opspatch.config.inventory import Inventory, parse_inventory
 from opspatch.core.jsonrecord import JsonRecord
 from opspatch.errors import InputError
+from opspatch.sandbox import containers
 from opspatch.sandbox.dist import INSTALL_SHAPES, InstallShape
 from opspatch.sandbox.layout import (
     CANARY_GROUP,
@@ -65,6 +66,9 @@ class Manifest:
     hosts: tuple[HostRecord, ...] = ()
     ssh_user: str | None = None
     install: InstallShape = "wheel"
+    containers: bool = False
+    """Each engine runs in a podman container (`opspatch.sandbox.containers`), installed
+    editable in the image's checkout."""
 
     @property
     def ssh(self) -> bool:
@@ -76,6 +80,7 @@ class Manifest:
             "engine_address": ENGINE_ADDRESS,
             "ssh_user": self.ssh_user,
             "install": self.install,
+            "containers": self.containers,
             "hosts": [record.to_json() for record in self.hosts],
         }
 
@@ -110,7 +115,10 @@ class Manifest:
             install = data.get("install", "wheel")
             if install not in INSTALL_SHAPES:
                 raise ValueError(f"unknown install shape {install!r}")
-            return cls(tuple(hosts), None if user is None else str(user), install)
+            containers = data.get("containers", False)
+            if not isinstance(containers, bool):
+                raise ValueError(f"containers must be true or false, not {containers!r}")
+            return cls(tuple(hosts), None if user is None else str(user), install, containers)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise InputError(
                 f"{path}: not a sandbox manifest ({type(exc).__name__}: {exc})",
@@ -176,8 +184,9 @@ def render_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: boo
     kind = "SSH to a private sshd per host" if over_ssh else "local transport"
     lines = [
         "# Written by `opspatch sandbox up`; rewritten by every `up` (edits here are lost).",
-        f"# {len(manifest.hosts)} stand-in SGLang engine(s), each in its own folder of the sandbox "
-        f"(install: {manifest.install}).",
+        f"# {len(manifest.hosts)} stand-in SGLang engine(s), each in its own "
+        + ("podman container" if manifest.containers else "folder of the sandbox")
+        + f" (install: {manifest.install}).",
         f"description = {_toml_string(f'opspatch sandbox: local stand-in SGLang hosts ({kind})')}",
         "",
         "[defaults]",
@@ -195,6 +204,12 @@ def render_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: boo
     lines += ["", "[defaults.engine]", "speculative = true", f"env = {{ {env} }}"]
     for record in manifest.hosts:
         name = record.name
+        if manifest.containers:
+            lines += ["", f"[hosts.{name}]"]
+            if over_ssh:
+                lines += _ssh_address_lines(record)
+            lines += _container_host_lines(layout, record)
+            continue
         restart = (
             f'{{ kind = "command", start = {_toml_string(start_command(layout.python(name), record.port))}, '
             f"pid_file = {_toml_string(str(layout.pid_file(name)))}, "
@@ -203,12 +218,7 @@ def render_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: boo
         )
         lines += ["", f"[hosts.{name}]"]
         if over_ssh:
-            if record.ssh is None or record.ssh.port is None:
-                raise InputError(f"{name} has no sshd recorded; run `opspatch sandbox up --ssh`")
-            lines += [
-                f"address = {_toml_string(record.ssh.address)}",
-                f"port = {record.ssh.port}",
-            ]
+            lines += _ssh_address_lines(record)
         lines += [
             f"state_dir = {_toml_string(str(layout.host_state_dir(name)))}",
             f"[hosts.{name}.engine]",
@@ -224,6 +234,32 @@ def render_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: boo
             f"hosts = [{_toml_string(manifest.hosts[0].name)}]",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _ssh_address_lines(record: HostRecord) -> list[str]:
+    if record.ssh is None or record.ssh.port is None:
+        raise InputError(f"{record.name} has no sshd recorded; run `opspatch sandbox up --ssh`")
+    return [f"address = {_toml_string(record.ssh.address)}", f"port = {record.ssh.port}"]
+
+
+def _container_host_lines(layout: SandboxLayout, record: HostRecord) -> list[str]:
+    """A containerised host: its container, and the engine as the image runs it (the paths
+    are inside the container; the state folder too, in its writable layer)."""
+    settings = containers.container_settings(layout, record.name)
+    restart = (
+        f'{{ kind = "container", stop_timeout = {int(containers.STOP_TIMEOUT)}, '
+        f"pid_file = {_toml_string(containers.PID_FILE)} }}"
+    )
+    return [
+        f"state_dir = {_toml_string(containers.STATE_DIR)}",
+        f"container = {{ runtime = {_toml_string(settings.runtime)}, "
+        f"name = {_toml_string(settings.name)} }}",
+        f"[hosts.{record.name}.engine]",
+        f"python = {_toml_string(containers.PYTHON)}",
+        f"url = {_toml_string(engine_url(record.port))}",
+        f"log_file = {_toml_string(containers.LOG_FILE)}",
+        f"restart = {restart}",
+    ]
 
 
 def sandbox_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: bool) -> Inventory:

@@ -17,13 +17,14 @@ from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch, PatchSpec
 from opspatch.errors import HostError, InputError, OpspatchError
-from opspatch.hosts.operations import HostOperations
-from opspatch.hosts.transport.local import LocalTransport
+from opspatch.hosts.operations import HostOperations, open_transport
+from opspatch.hosts.transport.container import ContainerIdentity
 from opspatch.runs.pipeline import gate_inspection
+from opspatch.sandbox import containers as sandbox_containers
 from opspatch.sandbox.dist import InstallShape, installed_shape
 from opspatch.sandbox.install import host_venv_dir, venv_site_packages
 from opspatch.sandbox.layout import HEALTH_TIMEOUT, SandboxLayout, engine_url
-from opspatch.sandbox.manifest import SshEndpoint, load_manifest, sandbox_inventory
+from opspatch.sandbox.manifest import HostRecord, SshEndpoint, load_manifest, sandbox_inventory
 from opspatch.sandbox.processes import server_pid, sshd_pid
 
 
@@ -54,9 +55,12 @@ class HostStatus:
     install: InstallShape | None = None
     checkout: str | None = None
     notes: tuple[str, ...] = ()
+    container: ContainerIdentity | None = None
 
     @property
     def running(self) -> bool:
+        if self.container is not None:
+            return self.container.running
         return self.pid is not None
 
     @property
@@ -84,6 +88,13 @@ class HostStatus:
             "install": self.install,
             "checkout": self.checkout,
             "notes": list(self.notes),
+            "container": None
+            if self.container is None
+            else {
+                "runtime": self.container.runtime,
+                "name": self.container.name,
+                "id": self.container.id,
+            },
         }
 
 
@@ -97,11 +108,13 @@ class StatusReport:
     inventories: tuple[Path, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
     install: InstallShape = "wheel"
+    containers: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
             "sandbox": str(self.root),
             "install": self.install,
+            "containers": self.containers,
             "inventories": [str(p) for p in self.inventories],
             "hosts": [h.to_json() for h in self.hosts],
             "notes": list(self.notes),
@@ -135,7 +148,7 @@ def _patch_states(host: Host, patches: Sequence[LoadedPatch]) -> tuple[list[Patc
     the version gate a rollout applies, `gate_inspection`: the RECORD owner's version for a
     wheel, the installed distribution's for an editable checkout) in the file that interpreter
     imports: one exec per target module, through the same host operations a rollout uses."""
-    ops = HostOperations(LocalTransport(host.name), host)
+    ops = HostOperations(open_transport(host), host)
     by_module: dict[str, list[PatchSpec]] = {}
     for patch in patches:
         for part in patch.parts:  # a patch set: each file is reported on its own
@@ -158,6 +171,40 @@ def _patch_states(host: Host, patches: Sequence[LoadedPatch]) -> tuple[list[Patc
     return sorted(states, key=lambda s: s.patch), notes
 
 
+def _container_status(
+    layout: SandboxLayout, record: HostRecord, host: Host, patches: Sequence[LoadedPatch]
+) -> HostStatus:
+    """A containerised host: its container as podman sees it, /health, and the patches the
+    file inside the container carries (read by exec, as a rollout reads it)."""
+    container = sandbox_containers.inspect_container(layout, record.name)
+    notes: list[str] = []
+    states: list[PatchState] = []
+    running = container is not None and container.running
+    if container is None:
+        notes.append("no container (run `opspatch sandbox up`)")
+    elif running:
+        states, notes = _patch_states(host, patches)
+    else:
+        notes.append(f"container {container.name} is {container.status}")
+    health, detail = health_of(engine_url(record.port)) if running else (None, "not running")
+    return HostStatus(
+        host=record.name,
+        port=record.port,
+        url=engine_url(record.port),
+        pid=None,
+        health=health,
+        health_detail=detail,
+        patches=tuple(states),
+        ssh=record.ssh,
+        ssh_running=None if record.ssh is None else sshd_pid(layout, record) is not None,
+        log_file=sandbox_containers.LOG_FILE,
+        install="editable",
+        checkout=sandbox_containers.CHECKOUT,
+        notes=tuple(notes),
+        container=container,
+    )
+
+
 def sandbox_status(layout: SandboxLayout, workspace: Workspace) -> StatusReport:
     """Each host's engine pid, port, /health answer, install shape (and checkout), patches its
     file carries, and its sshd.
@@ -176,6 +223,9 @@ def sandbox_status(layout: SandboxLayout, workspace: Workspace) -> StatusReport:
     patches, notes = _workspace_patches(workspace)
     statuses = []
     for record in manifest.hosts:
+        if manifest.containers:
+            statuses.append(_container_status(layout, record, inventory.host(record.name), patches))
+            continue
         pid = server_pid(layout, record.name)
         health, detail = (
             health_of(engine_url(record.port)) if pid is not None else (None, "not running")
@@ -212,4 +262,6 @@ def sandbox_status(layout: SandboxLayout, workspace: Workspace) -> StatusReport:
             )
         )
     written = tuple(p for p in (layout.inventory, layout.ssh_inventory) if p.exists())
-    return StatusReport(layout.root, tuple(statuses), written, tuple(notes), manifest.install)
+    return StatusReport(
+        layout.root, tuple(statuses), written, tuple(notes), manifest.install, manifest.containers
+    )

@@ -11,8 +11,9 @@ from typing import Any, Literal
 
 from opspatch.errors import HostError, InputError
 from opspatch.hosts.engine import EngineControl, RestartResult
-from opspatch.hosts.operations import HostOperations
-from opspatch.hosts.transport.local import LocalTransport
+from opspatch.hosts.operations import HostOperations, open_transport
+from opspatch.hosts.transport.container import ContainerIdentity
+from opspatch.sandbox import containers as sandbox_containers
 from opspatch.sandbox.checkout import require_git
 from opspatch.sandbox.dist import InstallShape
 from opspatch.sandbox.install import make_host_python
@@ -64,10 +65,12 @@ class HostUp:
     ssh: SshEndpoint | None = None
     ssh_outcome: Literal["started", "already-running"] | None = None
     error: str | None = None
+    container: ContainerIdentity | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "host": self.host,
+            "container": None if self.container is None else container_json(self.container),
             "outcome": self.outcome,
             "pid": self.pid,
             "port": self.port,
@@ -95,6 +98,7 @@ class UpReport:
     inventory: Path | None
     ssh_inventory: Path | None
     install: InstallShape = "wheel"
+    containers: bool = False
 
     @property
     def ok(self) -> bool:
@@ -105,14 +109,24 @@ class UpReport:
             "sandbox": str(self.root),
             "ok": self.ok,
             "install": self.install,
+            "containers": self.containers,
             "inventory": None if self.inventory is None else str(self.inventory),
             "ssh_inventory": None if self.ssh_inventory is None else str(self.ssh_inventory),
             "hosts": [h.to_json() for h in self.hosts],
         }
 
 
+def container_json(identity: ContainerIdentity) -> dict[str, Any]:
+    """A sandbox host's container as `up --json` and `status --json` show it."""
+    return {"runtime": identity.runtime, "name": identity.name, "id": identity.id}
+
+
 def _planned_manifest(
-    current: Manifest | None, count: int | None, want_ssh: bool, install: InstallShape | None
+    current: Manifest | None,
+    count: int | None,
+    want_ssh: bool,
+    install: InstallShape | None,
+    containers: bool | None = None,
 ) -> tuple[Manifest, set[str]]:
     """The manifest `up` will work to, and the names of hosts it adds (ports not yet chosen: 0).
 
@@ -128,7 +142,22 @@ def _planned_manifest(
             f"`up --install {install}` would not reinstall them",
             hint=f"run `opspatch sandbox down --purge` first to build it with --install {install}",
         )
-    shape: InstallShape = install or (current.install if current else "wheel")
+    if current is not None and containers is not None and containers != current.containers:
+        built = "in podman containers" if current.containers else "without containers"
+        raise InputError(
+            f"the sandbox's engines run {built}; `up` would not move them",
+            hint="run `opspatch sandbox down --purge` first to build it the other way",
+        )
+    in_containers = bool(containers) if current is None else current.containers
+    if in_containers and install == "wheel":
+        raise InputError(
+            "`--containers` installs each engine editable in the image's checkout, as the "
+            "upstream image does; `--install wheel` does not go with it",
+            hint="drop --install (or use --install editable)",
+        )
+    shape: InstallShape = install or (
+        current.install if current else ("editable" if in_containers else "wheel")
+    )
     existing = current.hosts if current else ()
     wanted = count if count is not None else (len(existing) or DEFAULT_HOSTS)
     check_host_count(wanted)
@@ -148,7 +177,7 @@ def _planned_manifest(
             record if record.ssh else replace(record, ssh=SshEndpoint(address=ssh_address(index)))
             for index, record in enumerate(records)
         ]
-    return Manifest(tuple(records), ssh_user, shape), added
+    return Manifest(tuple(records), ssh_user, shape, in_containers), added
 
 
 def _choose_ports(manifest: Manifest) -> Manifest:
@@ -251,6 +280,7 @@ def sandbox_up(
     hosts: int | None = None,
     ssh: bool = False,
     install: InstallShape | None = None,
+    containers: bool | None = None,
     progress: Progress = quiet,
 ) -> UpReport:
     """Create missing hosts, start stopped engines (and sshds), wait until all are ready, and
@@ -274,46 +304,99 @@ def sandbox_up(
         check_host_count(hosts)
     with sandbox_lock(layout):
         current = load_manifest(layout)
-        manifest, added = _planned_manifest(current, hosts, ssh, install)
+        manifest, added = _planned_manifest(current, hosts, ssh, install, containers)
         if manifest.install == "editable":
             require_git()
+        image = None
+        if manifest.containers:
+            sandbox_containers.require_podman()
+            podman = sandbox_containers.podman_env(layout)
+            image = sandbox_containers.ensure_engine_image(podman, progress)
         if manifest.ssh and find_sshd() is None:
             raise InputError(
                 "`--ssh` needs OpenSSH's sshd, which is not installed",
                 hint="apt-get install openssh-server (or run `opspatch sandbox up` without --ssh)",
             )
         manifest = _choose_ports(manifest)
-        running = {r.name for r in manifest.hosts if engine_pid(layout, r.name) is not None}
+        running = {r.name for r in manifest.hosts if _engine_running(layout, manifest, r.name)}
         _refuse_taken_ports(layout, manifest, running)
         save_manifest(layout, manifest)  # ports are kept from here on, whatever happens next
         if manifest.ssh:
             manifest = _bring_up_sshds(layout, manifest, progress)
 
         controls = _engine_controls(layout, manifest)
-        restarts, failed = _start_engines(layout, manifest, controls, running, added, progress)
-        outcomes = failed | _await_engines(layout, manifest, controls, restarts, failed, progress)
+        if image is not None:
+            restarts: dict[str, RestartResult] = {}
+            failed = _start_containers(layout, manifest, image, running, progress)
+        else:
+            restarts, failed = _start_engines(layout, manifest, controls, running, added, progress)
+        outcomes = failed | _await_engines(
+            layout, manifest, controls, restarts, failed, progress, running
+        )
         results = tuple(
             replace(outcomes[r.name], ssh=r.ssh, ssh_outcome=_sshd_outcome(current, r))
             for r in manifest.hosts
         )
         shape = manifest.install
         if any(h.outcome == "failed" for h in results):
-            return UpReport(layout.root, results, None, None, shape)
+            return UpReport(layout.root, results, None, None, shape, manifest.containers)
         write_atomically(layout.inventory, render_inventory(layout, manifest, over_ssh=False))
         if not manifest.ssh:
-            return UpReport(layout.root, results, layout.inventory, None, shape)
+            return UpReport(layout.root, results, layout.inventory, None, shape, manifest.containers)
         write_atomically(layout.ssh_inventory, render_inventory(layout, manifest, over_ssh=True))
-        return UpReport(layout.root, results, layout.inventory, layout.ssh_inventory, shape)
+        return UpReport(layout.root, results, layout.inventory, layout.ssh_inventory, shape, manifest.containers)
+
+
+def _engine_running(layout: SandboxLayout, manifest: Manifest, name: str) -> bool:
+    """Whether host `name`'s engine runs: its pid file's process, or its container."""
+    if not manifest.containers:
+        return engine_pid(layout, name) is not None
+    found = sandbox_containers.inspect_container(layout, name)
+    if found is None or not found.running:
+        return False
+    # the container outlives its engine (its start script): an engine that crashed answers
+    # nothing on its port, and `up` restarts the container
+    port = next(r.port for r in manifest.hosts if r.name == name)
+    return port_taken(ENGINE_ADDRESS, port)
+
+
+def _start_containers(
+    layout: SandboxLayout, manifest: Manifest, image: str, running: set[str], progress: Progress
+) -> dict[str, HostUp]:
+    """Start each host's stopped container, or create it from `image`; returns the hosts that
+    failed to start. Readiness is waited for next, as for engines on the host."""
+    env = sandbox_containers.podman_env(layout)
+    failed: dict[str, HostUp] = {}
+    for record in manifest.hosts:
+        if record.name in running:
+            progress(f"{record.name}: already running")
+            continue
+        name = sandbox_containers.container_name(layout, record.name)
+        try:
+            found = sandbox_containers.inspect_container(layout, record.name)
+            if found is None:
+                progress(f"{record.name}: creating container {name} from {image}")
+                sandbox_containers.run_container(layout, record.name, record.port, image, env)
+            elif found.running:
+                progress(f"{record.name}: its engine is not running: restarting container {name}")
+                sandbox_containers.restart_container(layout, record.name, env)
+            else:
+                progress(f"{record.name}: starting container {name}")
+                sandbox_containers.start_container(layout, record.name, env)
+        except HostError as exc:
+            failed[record.name] = _host_up(record, "failed", None, error=exc.detail)
+    return failed
 
 
 def _engine_controls(layout: SandboxLayout, manifest: Manifest) -> dict[str, EngineControl]:
     """Engine control per host, built from the `sandbox` inventory exactly as a rollout builds
-    it: local transport, host operations under the host's interpreter, the command strategy."""
+    it: its transport (local, into the container for a containerised sandbox), host operations
+    under the host's interpreter, its restart strategy."""
     inventory = sandbox_inventory(layout, manifest, over_ssh=False)
     controls = {}
     for record in manifest.hosts:
         host = inventory.host(record.name)
-        ops = HostOperations(LocalTransport(host.name), host)
+        ops = HostOperations(open_transport(host), host)
         controls[record.name] = EngineControl(ops, host, SANDBOX_PLAYBOOK)
     return controls
 
@@ -359,6 +442,7 @@ def _await_engines(
     restarts: dict[str, RestartResult],
     failed: dict[str, HostUp],
     progress: Progress,
+    running: set[str],
 ) -> dict[str, HostUp]:
     """Wait until every host that did not fail to start answers /health (the readiness check
     a rollout uses, failing fast when a started engine exits)."""
@@ -374,7 +458,15 @@ def _await_engines(
             pid = restart.pid if restart else None
             outcomes[record.name] = _host_up(record, "failed", pid, error=error)
             continue
-        outcome: HostUpOutcome = "already-running" if restart is None else "started"
+        if manifest.containers:
+            outcome: HostUpOutcome = "already-running" if record.name in running else "started"
+            container = sandbox_containers.inspect_container(layout, record.name)
+            progress(f"{record.name}: ready ({outcome}, container {record.name})")
+            outcomes[record.name] = replace(
+                _host_up(record, outcome, None, ready=readiness.seconds), container=container
+            )
+            continue
+        outcome = "already-running" if restart is None else "started"
         pid = server_pid(layout, record.name)  # the engine's own, as status and diagnose show
         progress(f"{record.name}: ready ({outcome}, pid {pid})")
         outcomes[record.name] = _host_up(record, outcome, pid, ready=readiness.seconds)

@@ -7,7 +7,7 @@ its settings. Settings are merged in one order, by one function (`merge_layers`)
     defaults  <  groups (outermost parent first, then inner; ties by group name)  <  host
 
 Scalars: the last layer that sets a key wins. `vars` and `engine.env` are merged key by key.
-`engine.restart` is one unit: a layer that sets it replaces it whole (mixing a systemd unit from
+`engine.restart` and `container` are each one unit: a layer that sets it replaces it whole (mixing a systemd unit from
 one layer with a supervisor program from another would describe no real host).
 
 Pure: values only.
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opspatch.core.fileschema import did_you_mean
-from opspatch.core.host import BecomeMethod, Host, RestartStrategy, Transport
+from opspatch.core.host import BecomeMethod, ContainerSettings, Host, RestartStrategy, Transport
 from opspatch.errors import SelectionError
 
 ALL_HOSTS = "all"
@@ -93,6 +93,7 @@ class SettingsLayer:
     become_user: str | None = None
     become_method: BecomeMethod | None = None
     become_password_env: str | None = None
+    container: ContainerSettings | None = None
     vars: Mapping[str, Any] = field(default_factory=dict)
     engine: EngineLayer = field(default_factory=EngineLayer)
 
@@ -109,6 +110,7 @@ _SCALAR_SETTINGS = (
     "become_user",
     "become_method",
     "become_password_env",
+    "container",
 )
 _SCALAR_ENGINE = ("python", "url", "log_file", "speculative", "restart")
 

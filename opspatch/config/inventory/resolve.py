@@ -26,6 +26,7 @@ from opspatch.config.inventory.model import (
 )
 from opspatch.config.inventory.schema import (
     CommandTable,
+    ContainerRestartTable,
     InventoryFile,
     LayerTable,
     SupervisorTable,
@@ -39,6 +40,8 @@ from opspatch.core.host import (
     DEFAULT_TRANSPORT,
     BecomeSettings,
     CommandRestart,
+    ContainerRestart,
+    ContainerSettings,
     EngineSettings,
     Host,
     JumpHost,
@@ -52,7 +55,9 @@ _ADDRESS_FORBIDDEN = re.compile(r"[\s@/\\\x00-\x1f\x7f]")
 _JUMP_RE = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:@\s]+)(?::(?P<port>\d+))?$")
 
 
-def _restart(table: SystemdTable | SupervisorTable | CommandTable | None) -> RestartStrategy | None:
+def _restart(
+    table: SystemdTable | SupervisorTable | CommandTable | ContainerRestartTable | None,
+) -> RestartStrategy | None:
     if isinstance(table, SystemdTable):
         return SystemdRestart(unit=table.unit)
     if isinstance(table, SupervisorTable):
@@ -64,6 +69,8 @@ def _restart(table: SystemdTable | SupervisorTable | CommandTable | None) -> Res
             workdir=table.workdir,
             stop_timeout=table.stop_timeout,
         )
+    if isinstance(table, ContainerRestartTable):
+        return ContainerRestart(stop_timeout=table.stop_timeout, pid_file=table.pid_file)
     return None
 
 
@@ -90,6 +97,9 @@ def layer_from_table(table: LayerTable, base_dir: str) -> SettingsLayer:
         become_user=table.become_user,
         become_method=table.become_method,
         become_password_env=table.become_password_env,
+        container=None
+        if table.container is None
+        else ContainerSettings(runtime=table.container.runtime, name=table.container.name),
         vars=dict(table.vars),
         engine=EngineLayer(
             python=engine.python,
@@ -312,6 +322,7 @@ def _host(
         )
     jump = _jump(settings.jump, written, merged, (*where, "jump"), doc) if settings.jump else None
     engine = settings.engine
+    _check_container(host_name, settings, where, doc)
     return Host(
         name=host_name,
         inventory=inventory,
@@ -339,4 +350,27 @@ def _host(
             method=settings.become_method or "sudo",
             password_env=settings.become_password_env,
         ),
+        container=settings.container,
     )
+
+
+def _check_container(
+    host_name: str, settings: SettingsLayer, where: FieldPath, doc: SourceDocument
+) -> None:
+    """A container restart needs a container; a container is reached without sudo (the runtime
+    is run by the login user, who must be allowed to use it)."""
+    if isinstance(settings.engine.restart, ContainerRestart) and settings.container is None:
+        raise doc.error(
+            where,
+            f'host {host_name!r} restarts with kind = "container" but names no container',
+            hint='add container = { runtime = "podman", name = "..." } (at the host, a group '
+            "or [defaults])",
+        )
+    if settings.container is not None and settings.become:
+        raise doc.error(
+            where,
+            f"host {host_name!r} has both a container and become = true, which opspatch does "
+            "not combine (sudo would run inside the container, not the runtime)",
+            hint="let the login user run the runtime (podman as root, or the docker group) and "
+            "set become = false for this host",
+        )

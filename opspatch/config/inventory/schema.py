@@ -80,7 +80,34 @@ class CommandTable(FileSchema):
     stop_timeout: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 30.0
 
 
-RestartTable = Annotated[SystemdTable | SupervisorTable | CommandTable, Field(discriminator="kind")]
+class ContainerRestartTable(FileSchema):
+    kind: Literal["container"]
+    stop_timeout: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 10.0
+    pid_file: NonEmpty | None = None
+
+
+RestartTable = Annotated[
+    SystemdTable | SupervisorTable | CommandTable | ContainerRestartTable,
+    Field(discriminator="kind"),
+]
+
+_CONTAINER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _container_name(value: str) -> str:
+    if not _CONTAINER_NAME_RE.match(value):
+        raise problem(
+            f"{value!r} is not a container name (letters, digits, _ . -, not first)",
+            hint='e.g. container = { runtime = "podman", name = "sglang-0" }',
+        )
+    return value
+
+
+class ContainerTable(FileSchema):
+    """`container = { runtime = "podman" | "docker", name = "..." }`."""
+
+    runtime: Literal["podman", "docker"]
+    name: Annotated[str, AfterValidator(_container_name)]
 
 
 class EngineTable(FileSchema):
@@ -106,6 +133,7 @@ class LayerTable(FileSchema):
     become_user: Annotated[str, AfterValidator(_become_user)] | None = None
     become_method: Literal["sudo"] | None = None
     become_password_env: Annotated[str, AfterValidator(_env_name)] | None = None
+    container: ContainerTable | None = None
     vars: dict[str, Any] = Field(default_factory=dict)
     engine: EngineTable = Field(default_factory=EngineTable)
 

@@ -10,7 +10,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opspatch.core.host import Host, RestartStrategy, SupervisorRestart, SystemdRestart
+from opspatch.core.host import (
+    CommandRestart,
+    Host,
+    RestartStrategy,
+    SupervisorRestart,
+    SystemdRestart,
+)
 
 INVENTORY_COLUMNS = (
     "host",
@@ -24,6 +30,7 @@ INVENTORY_COLUMNS = (
     "restart",
     "url",
     "become",
+    "container",
 )
 
 
@@ -43,6 +50,12 @@ def restart_to_json(restart: RestartStrategy | None) -> dict[str, Any] | None:
         return {"kind": restart.kind, "unit": restart.unit}
     if isinstance(restart, SupervisorRestart):
         return {"kind": restart.kind, "program": restart.program}
+    if not isinstance(restart, CommandRestart):
+        return {
+            "kind": restart.kind,
+            "stop_timeout": restart.stop_timeout,
+            "pid_file": restart.pid_file,
+        }
     return {
         "kind": restart.kind,
         "start": restart.start,
@@ -95,6 +108,9 @@ def host_to_json(host: Host) -> dict[str, Any]:
             "method": host.become.method,
             "password_env": host.become.password_env,
         },
+        "container": None
+        if host.container is None
+        else {"runtime": host.container.runtime, "name": host.container.name},
         "groups": list(host.groups),
         "vars": _json_safe(dict(host.vars)),
         "engine": {
@@ -136,6 +152,7 @@ def inventory_show_table(hosts: Sequence[Host], *, selection: str = "") -> Inven
             text(h.engine.restart.describe() if h.engine.restart else None),
             h.engine.url,
             h.become.describe(),
+            text(h.container.describe() if h.container else None),
         )
         for h in hosts
     )

@@ -171,6 +171,10 @@ def op_wait_ready(args: Args) -> Result:
                 + (f"; its log records{said}" if said else ""),
                 evidence,
             )
+        if pid is None and gone is None and pid_file:
+            # a pid file not written yet (a container's start script writes it as it starts
+            # the engine, on a fresh tmpfs): read it again at each look
+            pid = read_pid_file(str(pid_file))
         if pid is not None and not alive(int(pid)):
             said, evidence = failure_evidence(log_since(log_file, offset))
             raise OpFailure(

@@ -1,0 +1,280 @@
+"""The container transport: every command runs inside the engine's container, through the host.
+
+A container is one more way of reaching the engine, not another kind of host: this wrapper
+takes the host's own transport (local, or the same SSH connection) and runs each command as
+`<runtime> exec -i [--env NAME]... <container id> ARGV...` there, so the host agent runs with
+the container's interpreter, inside the container, one exec per operation as on a host. The
+runtime is `podman` or `docker` (their `exec`, `container inspect` and `restart` take the same
+arguments).
+
+The first command pins the container: `container inspect` by name gives its id and creation
+time, and refuses a container that does not exist or is not running, a runtime that is not
+installed or that the login user may not use (`ContainerError`, with the runtime's own words).
+Every later command addresses the pinned *id*, so a container recreated under the same name
+(`podman rm` + `run`, a Kubernetes restart) is never mistaken for the one this run planned
+against: its exec finds no such container, nothing runs, and the error says it was recreated.
+
+Environment values travel as the runtime's `--env NAME` (taken from the runtime process's own
+environment, which the rendered command sets), so they stay out of the argv that logs show.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from opspatch.core.host import ContainerSettings
+from opspatch.errors import ContainerError
+from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult, Transport
+
+INSPECT_TIMEOUT = 60.0
+"""Seconds for one `container inspect` (the runtime answers in well under a second)."""
+
+_MISSING_WORDS = ("no such container", "no such object", "no container with name or id")
+_NOT_RUNNING_WORDS = (
+    "container state improper",
+    "is not running",
+    "can only create exec sessions on running containers",
+)
+_PERMISSION_WORDS = ("permission denied", "access denied", "operation not permitted")
+_NO_RUNTIME_STATUS = 127
+
+
+@dataclass(frozen=True)
+class ContainerIdentity:
+    """Which container a name stood for when it was inspected: its id, when it was created (the
+    runtime's own text), the image it was created from, and whether it was running."""
+
+    runtime: str
+    name: str
+    id: str
+    created: str
+    image: str
+    running: bool
+    status: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "runtime": self.runtime,
+            "name": self.name,
+            "id": self.id,
+            "created": self.created,
+            "image": self.image,
+        }
+
+
+def inspect_command(container: ContainerSettings) -> Command:
+    """`<runtime> container inspect <name>`: one JSON array holding the container."""
+    return Command((container.runtime, "container", "inspect", container.name))
+
+
+def exec_command(container: ContainerSettings, target: str, command: Command) -> Command:
+    """`command` run inside the container `target` (its id): its environment is passed by name
+    (`--env NAME`) from the runtime's own, which the rendered command sets."""
+    names: list[str] = []
+    for name in sorted(command.env):
+        names += ["--env", name]
+    argv = (container.runtime, "exec", "-i", *names, target, *command.argv)
+    return Command(argv, env=dict(command.env))
+
+
+def restart_command(container: ContainerSettings, target: str, stop_timeout: float) -> Command:
+    """`<runtime> restart --time N <id>`: stop (TERM, then KILL after N seconds) and start the
+    same container, its writable layer kept."""
+    seconds = str(max(0, round(stop_timeout)))
+    return Command((container.runtime, "restart", "--time", seconds, target))
+
+
+def parse_inspect(container: ContainerSettings, stdout: bytes) -> ContainerIdentity:
+    """The identity `container inspect` printed (pure).
+
+    Raises:
+        ValueError: the output is not one container's inspect document.
+    """
+    data = json.loads(stdout.decode("utf-8"))
+    if not isinstance(data, list) or len(data) != 1 or not isinstance(data[0], dict):
+        raise ValueError("expected a JSON array with one container")
+    found: dict[str, Any] = data[0]
+    state = _table(found, "State")
+    config = _table(found, "Config")
+    image = found.get("ImageName") or config.get("Image") or found.get("Image") or ""
+    return ContainerIdentity(
+        runtime=container.runtime,
+        name=container.name,
+        id=str(found["Id"]),
+        created=str(found.get("Created") or ""),
+        image=str(image),
+        running=bool(state.get("Running")),
+        status=str(state.get("Status") or ""),
+    )
+
+
+def _table(found: dict[str, Any], key: str) -> dict[str, Any]:
+    value = found.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def runtime_words(result: CommandResult) -> str:
+    """The runtime's own message: its last non-empty stderr line (else stdout's)."""
+    text = (result.stderr or result.stdout).decode("utf-8", errors="replace")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:500] if lines else f"exit {result.exit_code}, no output"
+
+
+def _has(words: str, needles: tuple[str, ...]) -> bool:
+    lowered = words.lower()
+    return any(needle in lowered for needle in needles)
+
+
+class ContainerTransport(ClosesOnExit):
+    """Runs each command inside one container, through the host's own transport.
+
+    `identity` is the container as first inspected (None until the first command). `exec_count`
+    counts the commands run inside the container (an inspect or a restart is not one).
+    """
+
+    def __init__(self, inner: Transport, container: ContainerSettings) -> None:
+        self.inner = inner
+        self.container = container
+        self.host = inner.host
+        self.exec_count = 0
+        self.identity: ContainerIdentity | None = None
+
+    def describe(self) -> str:
+        return f"container {self.container.name} ({self.container.runtime})"
+
+    def pin(self, *, timeout: float = INSPECT_TIMEOUT) -> ContainerIdentity:
+        """The container this transport runs in, inspected on first use and kept.
+
+        Raises:
+            ContainerError: it does not exist or is not running, or the runtime is missing or
+                not allowed.
+        """
+        if self.identity is None:
+            found = self.inspect(timeout=timeout)
+            if not found.running:
+                raise self._error(
+                    f"is not running (status {found.status or 'unknown'}, id {found.id[:12]})",
+                    reason="not-running",
+                    hint=f"start it (`{self.container.runtime} start {self.container.name}`) "
+                    "and run this again",
+                )
+            self.identity = found
+        return self.identity
+
+    def inspect(self, *, timeout: float = INSPECT_TIMEOUT) -> ContainerIdentity:
+        """The container the name stands for now (not pinned).
+
+        Raises:
+            ContainerError: there is none, or the runtime is missing or not allowed.
+        """
+        result = self.inner.run(inspect_command(self.container), timeout=timeout)
+        if not result.ok:
+            raise self._runtime_refusal(result)
+        try:
+            return parse_inspect(self.container, result.stdout)
+        except (ValueError, KeyError) as exc:
+            raise self._error(
+                f"could not be read from `{inspect_command(self.container).render()}`: {exc}",
+                reason="runtime-failed",
+            ) from None
+
+    def run(self, command: Command, *, stdin: bytes = b"", timeout: float) -> CommandResult:
+        """Run `command` inside the pinned container.
+
+        Raises:
+            ContainerError: the container cannot be used, or is no longer the pinned one.
+            TransportError, CommandTimeout: as the host's own transport raises them.
+        """
+        pinned = self.pin()
+        self.exec_count += 1
+        result = self.inner.run(
+            exec_command(self.container, pinned.id, command), stdin=stdin, timeout=timeout
+        )
+        if not result.ok:
+            words = runtime_words(result)
+            if _has(words, _MISSING_WORDS + _NOT_RUNNING_WORDS):
+                raise self._gone(pinned, words)
+        return result
+
+    def restart(self, stop_timeout: float, *, timeout: float) -> ContainerIdentity:
+        """Restart the pinned container with the runtime (the writable layer kept); the
+        container inspected afterwards.
+
+        Raises:
+            ContainerError: the runtime refused, or the container is no longer the pinned one.
+        """
+        pinned = self.pin()
+        result = self.inner.run(
+            restart_command(self.container, pinned.id, stop_timeout), timeout=timeout
+        )
+        if not result.ok:
+            words = runtime_words(result)
+            if _has(words, _MISSING_WORDS):
+                raise self._gone(pinned, words)
+            raise self._error(f"did not restart: {words}", reason="runtime-failed")
+        return self.inspect(timeout=INSPECT_TIMEOUT)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    # -- what went wrong, in the runtime's words ---------------------------------------------
+
+    def _gone(self, pinned: ContainerIdentity, words: str) -> ContainerError:
+        """The pinned container cannot run the command: recreated, stopped or removed."""
+        try:
+            now = self.inspect()
+        except ContainerError:
+            return self._error(
+                f"(id {pinned.id[:12]}) is gone: {words}; nothing was run in it",
+                reason="missing",
+            )
+        if now.id != pinned.id:
+            return self._error(
+                f"was recreated since this run first reached it (id {pinned.id[:12]}, created "
+                f"{pinned.created}; now id {now.id[:12]}, created {now.created}); nothing was "
+                "run in the new one",
+                reason="recreated",
+                hint="run the command again: it plans against the new container's files",
+            )
+        return self._error(
+            f"(id {pinned.id[:12]}) is not running (status {now.status or 'unknown'}): {words}; "
+            "nothing was run in it",
+            reason="not-running",
+        )
+
+    def _runtime_refusal(self, result: CommandResult) -> ContainerError:
+        words = runtime_words(result)
+        runtime = self.container.runtime
+        if result.exit_code == _NO_RUNTIME_STATUS or (
+            "not found" in words and runtime in words and "container" not in words.lower()
+        ):
+            return self._error(
+                f"cannot be reached: {runtime} is not installed on the host ({words})",
+                reason="no-runtime",
+                hint=f"install {runtime} on the host, or fix the inventory's container.runtime",
+            )
+        if _has(words, _MISSING_WORDS):
+            return self._error(
+                f"does not exist on the host ({runtime} says: {words})",
+                reason="missing",
+                hint=f"check `{runtime} ps -a` on the host and the inventory's container.name",
+            )
+        if _has(words, _PERMISSION_WORDS):
+            return self._error(
+                f"cannot be reached: the login user may not use {runtime} ({words})",
+                reason="permission",
+                hint=f"log in as a user allowed to run {runtime} (root for rootful podman, the "
+                "docker group for docker)",
+            )
+        return self._error(f"cannot be inspected: {runtime} says: {words}", reason="runtime-failed")
+
+    def _error(self, what: str, *, reason: str, hint: str | None = None) -> ContainerError:
+        return ContainerError(
+            f"container {self.container.name} ({self.container.runtime}) {what}",
+            host=self.host,
+            step="container",
+            hint=hint,
+            reason=reason,
+        )
