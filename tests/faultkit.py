@@ -39,6 +39,7 @@ import pytest
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
 from opspatch.errors import OpspatchError
+from opspatch.hosts.channel import BOOTSTRAP
 from opspatch.ledger.store import Ledger
 from tests.clirunner import Run, opspatch
 from tests.fleetkit import SandboxFleet, alive, wait_until
@@ -603,7 +604,7 @@ def end_leftovers(root: Path) -> None:
             command = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if mine in command and b"import json, sys, types" in command:
+        if mine in command and BOOTSTRAP.encode().splitlines()[0] in command:
             with contextlib.suppress(OSError):
                 os.kill(int(entry.name), signal.SIGKILL)
 
