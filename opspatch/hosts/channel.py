@@ -20,6 +20,7 @@ from importlib import resources
 from typing import Any
 
 from opspatch.core.host import Host
+from opspatch.core.syntax import parse_python
 from opspatch.errors import (
     InputError,
     LockHeld,
@@ -90,11 +91,29 @@ def agent_modules() -> tuple[tuple[str, str], ...]:
 
 
 @functools.cache
+def _agent_statements(name: str) -> tuple[ast.stmt, ...]:
+    """Every statement of agent module `name`, nested ones too: what the two scans below look
+    for are statements, so their expressions (most of the tree) are never walked."""
+    found: list[ast.stmt] = []
+    blocks = [parse_python(dict(agent_modules())[name]).body]
+    while blocks:
+        for stmt in blocks.pop():
+            found.append(stmt)
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                inner = getattr(stmt, field, None)
+                if isinstance(inner, list):
+                    blocks.append(inner)
+                    blocks.extend(i.body for i in inner if isinstance(i, ast.excepthandler))
+                    blocks.extend(i.body for i in inner if isinstance(i, ast.match_case))
+    return tuple(found)
+
+
+@functools.cache
 def _defining_modules() -> dict[str, str]:
     """Operation name -> the agent module that registers it (its `@operation("name")`)."""
     defined: dict[str, str] = {}
-    for name, source in agent_modules():
-        for node in ast.walk(ast.parse(source)):
+    for name, _ in agent_modules():
+        for node in _agent_statements(name):
             if isinstance(node, ast.FunctionDef):
                 for decorator in node.decorator_list:
                     if (
@@ -110,9 +129,8 @@ def _defining_modules() -> dict[str, str]:
 @functools.cache
 def _imports(name: str) -> frozenset[str]:
     """The agent modules `name` imports anywhere (in a function too: it runs on the host)."""
-    source = dict(agent_modules())[name]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in _agent_statements(name):
         if isinstance(node, ast.ImportFrom) and node.module:
             if node.module == AGENT_PACKAGE:
                 found.update(f"{AGENT_PACKAGE}.{alias.name}" for alias in node.names)
