@@ -16,6 +16,8 @@ The wheels come from PyPI through tests/sglang_wheels.py (cached in ~/.cache/ops
 from __future__ import annotations
 
 import argparse
+import ast
+import gc
 import json
 import os
 import platform
@@ -75,9 +77,33 @@ def planner(repeat: int) -> list[dict[str, Any]]:
                 "outcome": outcome.outcome,
                 "plan_cpu_ms_median": round(statistics.median(times), 1),
                 "plan_cpu_ms_min": round(min(times), 1),
+                **_parser_floor(source, outcome, repeat),
             }
         )
     return rows
+
+
+def _parser_floor(source: bytes, outcome: Any, repeat: int) -> dict[str, float]:
+    """What Python's own parser and compiler take on this file (best of `repeat`, collector
+    paused as the engine pauses it): a plan parses each text it makes once and compiles the
+    result once, so the plan's time less (texts x parse + compile) is the engine's own."""
+    parse, compiled = [], []
+    new = getattr(outcome, "new_source", source)
+    for _ in range(repeat):
+        gc.disable()
+        try:
+            started = time.process_time()
+            ast.parse(source)
+            parse.append(time.process_time() - started)
+        finally:
+            gc.enable()
+        started = time.process_time()
+        compile(new, "<bench>", "exec", dont_inherit=True)
+        compiled.append(time.process_time() - started)
+    return {
+        "ast_parse_cpu_ms_min": round(min(parse) * 1000, 1),
+        "compile_cpu_ms_min": round(min(compiled) * 1000, 1),
+    }
 
 
 def _child(argv: list[str], env: dict[str, str]) -> tuple[float, float, int]:
@@ -90,33 +116,60 @@ def _child(argv: list[str], env: dict[str, str]) -> tuple[float, float, int]:
     return wall * 1000, cpu * 1000, code
 
 
+def _purge_bytecode() -> None:
+    for folder in (REPO / "opspatch").rglob("__pycache__"):
+        shutil.rmtree(folder)
+
+
 def commands(repeat: int) -> list[dict[str, Any]]:
+    """`--version`, `check`, `plan --file` and `apply --file --yes` as processes, twice: with the
+    checkout byte-compiled (as pip installs it) and with no bytecode for opspatch at all (this
+    environment sets PYTHONDONTWRITEBYTECODE, so an editable checkout compiles every module of
+    opspatch on every command; bench/findings.md)."""
     rows = []
     cli = [sys.executable, "-m", "opspatch.cli"]
-    # as pip does at install: this environment sets PYTHONDONTWRITEBYTECODE (bench/findings.md)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "opspatch")], check=True)
-    for version in RELEASE_VERSIONS:
-        site = sglang_site(version)
-        for command in ("plan", "apply"):
+    cases = [("--version", ""), ("check", "")]
+    cases += [(command, version) for version in RELEASE_VERSIONS for command in ("plan", "apply")]
+    for bytecode in ("compiled", "none"):
+        if bytecode == "compiled":
+            subprocess.run(
+                [sys.executable, "-m", "compileall", "-q", str(REPO / "opspatch")], check=True
+            )
+        else:
+            _purge_bytecode()
+        for command, version in cases:
+            site = sglang_site(version or "0.5.23")
             walls, cpus = [], []
-            for _ in range(repeat):
+            for run in range(repeat + 1):  # the first run is not counted (cold caches)
                 with tempfile.TemporaryDirectory() as scratch:
                     copy = Path(scratch) / "site"
                     shutil.copytree(site, copy)
-                    env = {**os.environ, "OPSPATCH_STATE_DIR": str(Path(scratch) / "state")}
-                    argv = [*cli, command, "eagle-init-guard", "--file", str(copy / EAGLE_RELPATH)]
+                    env = {
+                        **os.environ,
+                        "OPSPATCH_STATE_DIR": str(Path(scratch) / "state"),
+                        "PYTHONDONTWRITEBYTECODE": "1",
+                    }
+                    argv = [*cli, command]
+                    if command in ("plan", "apply"):
+                        argv += ["eagle-init-guard", "--file", str(copy / EAGLE_RELPATH)]
                     wall, cpu, code = _child(argv + (["--yes"] if command == "apply" else []), env)
-                    assert code == 0, (command, version, code)
-                    walls.append(wall)
-                    cpus.append(cpu)
+                    assert code == 0, (command, code)
+                    if run:
+                        walls.append(wall)
+                        cpus.append(cpu)
             rows.append(
                 {
-                    "version": version,
-                    "command": f"opspatch {command} --file",
+                    "version": version or None,
+                    "bytecode": bytecode,
+                    "command": f"opspatch {command}"
+                    + (" eagle-init-guard --file" if command in ("plan", "apply") else ""),
                     "wall_ms_median": round(statistics.median(walls)),
+                    "wall_ms_min": round(min(walls)),
                     "cpu_ms_median": round(statistics.median(cpus)),
+                    "cpu_ms_min": round(min(cpus)),
                 }
             )
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "opspatch")], check=True)
     return rows
 
 
