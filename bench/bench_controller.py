@@ -224,29 +224,145 @@ def fleet(n: int, scratch: Path) -> dict[str, Any]:
     }
 
 
+def _host_site(site: Path, into: Path) -> Path:
+    """The parts of a release's site-packages the agent reads to resolve and patch the module:
+    its dist-info, the module and the packages on its path (not the whole wheel, 32 times)."""
+    (dist_info,) = site.glob("sglang-*.dist-info")
+    shutil.copytree(dist_info, into / dist_info.name)
+    parts = Path(EAGLE_RELPATH).parts
+    for depth in range(1, len(parts)):
+        package = Path(*parts[:depth]) / "__init__.py"
+        (into / package).parent.mkdir(parents=True, exist_ok=True)
+        if (site / package).exists():
+            shutil.copyfile(site / package, into / package)
+        else:  # the test cache keeps no __init__ files; an installed sglang has them
+            (into / package).write_bytes(b"")
+    shutil.copyfile(site / EAGLE_RELPATH, into / EAGLE_RELPATH)
+    return into
+
+
+class _Spent:
+    """CPU the controller's own thread spends in a function (thread time), by label."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def wrap(self, owner: Any, name: str, label: str) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.thread_time()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self.seconds[label] = (
+                        self.seconds.get(label, 0.0) + time.thread_time() - started
+                    )
+
+        setattr(owner, name, timed)
+
+
+def ssh_fleet(n: int, scratch: Path) -> dict[str, Any]:
+    """The patch phase (begin + swap, `restart = never`) on N real sshds on 127.0.0.x, each
+    host's agent run by this Python on its own copy of 0.5.23's file: the controller's CPU per
+    host (this process: paramiko's threads included; sshd and the agents are other processes),
+    and the thread time of the parts that can be told apart."""
+    from opspatch.core.policy import RestartPolicy
+    from opspatch.hosts import channel
+    from opspatch.hosts.operations import open_transport
+    from opspatch.hosts.transport import ssh
+    from opspatch.ledger import store
+    from opspatch.runs import pipeline
+    from opspatch.sandbox.sshd import start_ssh_fleet, stop_ssh_fleet
+    from tests.sshfleet import inventory_host
+
+    site = sglang_site("0.5.23")
+    fleet_dir = scratch / "sshd"
+    fleet_dir.mkdir()
+    fleet = start_ssh_fleet(fleet_dir, [f"127.0.0.{index + 2}" for index in range(n)])
+    try:
+        hosts = []
+        for index in range(n):
+            home = scratch / f"h{index + 1:02}"
+            host_site = _host_site(site, home / "site")
+            hosts.append(
+                inventory_host(
+                    "ssh",
+                    state_dir=home / "state",
+                    fleet=fleet,
+                    index=index,
+                    name=f"h{index + 1:02}",
+                    env={"PYTHONPATH": str(host_site)},
+                )
+            )
+        spent = _Spent()
+        spent.wrap(ssh.SSHTransport, "_open", "SSH connect (handshake, auth; this thread)")
+        spent.wrap(channel, "encode_request", "agent request (payload, JSON)")
+        spent.wrap(channel, "parse_reply", "agent reply (JSON)")
+        spent.wrap(pipeline, "apply_patch", "plan (once per pre-image)")
+        for method in ("record_step", "record_host_outcome", "record_file_version", "begin_run"):
+            if hasattr(store.Ledger, method):
+                spent.wrap(store.Ledger, method, "ledger writes")
+        patch = load_patch(REPO / "patches" / "eagle-init-guard.toml")
+        playbook = Playbook(
+            canary=1, batch=BatchSize(count=32), max_failures=1, restart=RestartPolicy.NEVER
+        )
+        with Ledger.open(scratch / "ledger.sqlite3") as ledger:
+            wall_started, cpu_started = time.perf_counter(), _cpu()
+            report = apply_to_hosts(
+                patch, hosts, playbook, factory=lambda h: open_transport(h), ledger=ledger
+            )
+            wall, cpu = time.perf_counter() - wall_started, _cpu() - cpu_started
+    finally:
+        stop_ssh_fleet(fleet)
+    outcomes = {str(h.outcome) for h in report.hosts}
+    assert outcomes == {"staged"}, [(h.host, h.outcome, h.note, h.steps) for h in report.hosts]
+    return {
+        "hosts": n,
+        "transport": "ssh",
+        "wall_s": round(wall, 2),
+        "controller_cpu_s": round(cpu, 2),
+        "controller_cpu_ms_per_host": round(cpu / n * 1000, 1),
+        "thread_time_ms_per_host": {
+            label: round(seconds / n * 1000, 1) for label, seconds in spent.seconds.items()
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", default="32,1000", help="fleet sizes, comma-separated")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--skip-commands", action="store_true")
+    parser.add_argument("--ssh-hosts", default="", help="fleet sizes over real sshds, e.g. 32")
+    parser.add_argument("--only-ssh", action="store_true", help="only the --ssh-hosts fleets")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     args = parser.parse_args()
     result: dict[str, Any] = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
         "python": platform.python_version(),
         "load_before": os.getloadavg(),
-        "planner": planner(args.repeat),
     }
-    print(json.dumps(result["planner"], indent=1))
-    if not args.skip_commands:
-        result["commands"] = commands(args.repeat)
-        print(json.dumps(result["commands"], indent=1))
-    result["fleet"] = []
-    for n in [int(x) for x in args.hosts.split(",")]:
+    if not args.only_ssh:
+        result["planner"] = planner(args.repeat)
+        print(json.dumps(result["planner"], indent=1))
+        if not args.skip_commands:
+            result["commands"] = commands(args.repeat)
+            print(json.dumps(result["commands"], indent=1))
+        result["fleet"] = []
+        for n in [int(x) for x in args.hosts.split(",") if x]:
+            with tempfile.TemporaryDirectory() as scratch:
+                row = fleet(n, Path(scratch))
+            print(json.dumps(row))
+            result["fleet"].append(row)
+    result["ssh_fleet"] = []
+    for n in [int(x) for x in args.ssh_hosts.split(",") if x]:
         with tempfile.TemporaryDirectory() as scratch:
-            row = fleet(n, Path(scratch))
+            row = ssh_fleet(n, Path(scratch))
         print(json.dumps(row))
-        result["fleet"].append(row)
+        result["ssh_fleet"].append(row)
     result["load_after"] = os.getloadavg()
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
