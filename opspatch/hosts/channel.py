@@ -100,12 +100,13 @@ def _agent_statements(name: str) -> tuple[ast.stmt, ...]:
     while blocks:
         for stmt in blocks.pop():
             found.append(stmt)
-            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            for field in ("body", "orelse", "finalbody"):
                 inner = getattr(stmt, field, None)
-                if isinstance(inner, list):
+                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
                     blocks.append(inner)
-                    blocks.extend(i.body for i in inner if isinstance(i, ast.excepthandler))
-                    blocks.extend(i.body for i in inner if isinstance(i, ast.match_case))
+            for clause in (*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())):
+                if isinstance(clause, ast.ExceptHandler | ast.match_case):
+                    blocks.append(clause.body)
     return tuple(found)
 
 
