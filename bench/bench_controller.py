@@ -1,16 +1,20 @@
-"""What the controller itself costs at fleet scale (issue 20): no engines, no sshd.
+"""What the controller itself costs at fleet scale (issue 20): no engines.
 
 1. The planner on the real `eagle_worker_v2.py` of SGLang 0.5.4, 0.5.10 and 0.5.23 (and 0.5.23's
    `managers/scheduler.py` with a benchmark patch): `core.edit.apply_patch` in-process (plan +
-   validation, CPU ms), then `opspatch plan --file` and `opspatch apply --file --yes` as the
-   user runs them (wall and CPU of the process).
+   validation, CPU ms) beside Python's own parse and compile of the file, then `opspatch
+   --version`, `check`, `plan --file` and `apply --file --yes` as the user runs them (wall and
+   CPU of the process), with the checkout byte-compiled and with no bytecode.
 2. A fleet of N hosts on the scripted transport, each answering with 0.5.23's real file (the real
    host agent on a real file per host; restart, readiness and smoke scripted): wall, the
    process's CPU per host with the in-process agents' own CPU taken out, peak memory.
+3. With `--ssh-hosts N`: the patch phase (`restart = never`) over N real sshds on 127.0.0.x
+   (OpenSSH's sshd needed): the controller's CPU per host and where its calling threads spend it.
 
 The wheels come from PyPI through tests/sglang_wheels.py (cached in ~/.cache/opspatch-tests).
 
     PYTHONPATH=$PWD python bench/bench_controller.py [--hosts 32,1000] [--repeat 5] [--out FILE]
+        [--ssh-hosts 32] [--only-ssh] [--skip-commands]
 """
 
 from __future__ import annotations
