@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ast
 import difflib
+import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -56,9 +58,22 @@ def last_line(node: ast.stmt) -> int:
     return node.end_lineno if node.end_lineno is not None else node.lineno
 
 
+_BLOCKLESS = frozenset(
+    {
+        ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Return, ast.Pass, ast.Import,
+        ast.ImportFrom, ast.Raise, ast.Assert, ast.Delete, ast.Global, ast.Nonlocal, ast.Break,
+        ast.Continue, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+    }
+)  # fmt: skip
+"""Statements with no statement list of their own to descend into (definitions are scopes of
+their own): most statements of a file, answered by one type lookup."""
+
+
 def child_blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
     """The statement lists directly inside a compound statement (not inside nested defs)."""
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+    if type(stmt) in _BLOCKLESS or isinstance(
+        stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    ):
         return []
     blocks: list[list[ast.stmt]] = []
     for name in ("body", "orelse", "finalbody"):
@@ -94,20 +109,49 @@ def iter_statements(node: ScopeNode) -> Iterator[Located]:
     yield from walk(node.body)
 
 
-def iter_definitions(tree: ast.Module) -> Iterator[tuple[str, DefNode]]:
-    """Every class and function with its qualname (`Outer.Inner.method`), in source order."""
+@dataclass(frozen=True)
+class _Definitions:
+    ordered: tuple[tuple[str, DefNode], ...]
+    by_name: dict[str, list[DefNode]]
 
-    def walk(block: list[ast.stmt], prefix: str) -> Iterator[tuple[str, DefNode]]:
+
+_DEFINITIONS: weakref.WeakKeyDictionary[ast.Module, _Definitions] = weakref.WeakKeyDictionary()
+_DEFINITIONS_LOCK = threading.Lock()
+"""Each tree's definitions, walked once: a plan resolves scopes a dozen times on the same tree
+(placing, detecting, validating), and walking a 6,000-line file each time was a fifth of it.
+Trees are never changed after parsing (nothing in the engine edits a tree); kept while the tree
+lives. The preflight plans hosts in parallel, hence the lock."""
+
+
+def _definitions_of(tree: ast.Module) -> _Definitions:
+    with _DEFINITIONS_LOCK:
+        known = _DEFINITIONS.get(tree)
+    if known is not None:
+        return known
+    ordered: list[tuple[str, DefNode]] = []
+
+    def walk(block: list[ast.stmt], prefix: str) -> None:
         for stmt in block:
             if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 qualname = f"{prefix}{stmt.name}"
-                yield qualname, stmt
-                yield from walk(stmt.body, qualname + ".")
+                ordered.append((qualname, stmt))
+                walk(stmt.body, qualname + ".")
             else:
                 for inner in child_blocks(stmt):
-                    yield from walk(inner, prefix)
+                    walk(inner, prefix)
 
-    yield from walk(tree.body, "")
+    walk(tree.body, "")
+    by_name: dict[str, list[DefNode]] = {}
+    for qualname, node in ordered:
+        by_name.setdefault(qualname, []).append(node)
+    found = _Definitions(tuple(ordered), by_name)
+    with _DEFINITIONS_LOCK:
+        return _DEFINITIONS.setdefault(tree, found)
+
+
+def iter_definitions(tree: ast.Module) -> Iterator[tuple[str, DefNode]]:
+    """Every class and function with its qualname (`Outer.Inner.method`), in source order."""
+    return iter(_definitions_of(tree).ordered)
 
 
 def resolve_scope(tree: ast.Module, qualname: str) -> Scope:
@@ -118,13 +162,13 @@ def resolve_scope(tree: ast.Module, qualname: str) -> Scope:
     """
     if qualname == MODULE_SCOPE:
         return Scope(qualname, tree)
-    found = [(name, node) for name, node in iter_definitions(tree) if name == qualname]
+    found = _definitions_of(tree).by_name.get(qualname, [])
     if len(found) == 1:
-        return Scope(qualname, found[0][1])
+        return Scope(qualname, found[0])
     if found:
         raise AnchorProblem(
             f"scope `{qualname}` is defined {len(found)} times",
-            [f"{qualname} at line {first_line(node)}" for _, node in found],
+            [f"{qualname} at line {first_line(node)}" for node in found],
         )
     names = [name for name, _ in iter_definitions(tree)]
     near = difflib.get_close_matches(qualname, names, n=5, cutoff=0.5)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 import io
+import itertools
 import re
 import tokenize
 from dataclasses import dataclass
@@ -86,6 +87,13 @@ def split_lines(text: str) -> list[str]:
     Unlike `str.splitlines`, form feeds and other Unicode separators do not end a line here, so
     line numbers agree with `ast` line numbers.
     """
+    # `str.splitlines` (in C) also ends lines at form feeds and other separators: its result is
+    # ours when it found no more lines than CR, LF and CRLF make (one such separator at the very
+    # end makes the same last line either way)
+    fast = text.splitlines(keepends=True)
+    breaks = text.count("\n") + text.count("\r") - text.count("\r\n")
+    if len(fast) == breaks + (1 if text and text[-1] not in "\r\n" else 0):
+        return fast
     lines: list[str] = []
     start = 0
     for match in _NEWLINE_RE.finditer(text):
@@ -106,12 +114,8 @@ class LineIndex:
     def __init__(self, text: str) -> None:
         self.text = text
         self.lines = split_lines(text)
-        self.starts: list[int] = []
-        offset = 0
-        for line in self.lines:
-            self.starts.append(offset)
-            offset += len(line)
-        self.starts.append(offset)  # one past the last line: insertion at the end
+        # the last start is one past the last line: insertion at the end
+        self.starts: list[int] = [0, *itertools.accumulate(map(len, self.lines))]
 
     def line_start(self, lineno: int) -> int:
         """Offset of the first character of line `lineno` (lineno = count+1 means end of text)."""

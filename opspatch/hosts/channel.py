@@ -21,6 +21,7 @@ import ast
 import base64
 import functools
 import json
+import threading
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from importlib import resources
 from typing import Any, Protocol, cast, runtime_checkable
 
 from opspatch.core.host import Host
+from opspatch.core.syntax import parse_python
 from opspatch.errors import (
     InputError,
     LockHeld,
@@ -104,11 +106,30 @@ def agent_modules() -> tuple[tuple[str, str], ...]:
 
 
 @functools.cache
+def _agent_statements(name: str) -> tuple[ast.stmt, ...]:
+    """Every statement of agent module `name`, nested ones too: what the two scans below look
+    for are statements, so their expressions (most of the tree) are never walked."""
+    found: list[ast.stmt] = []
+    blocks = [parse_python(dict(agent_modules())[name]).body]
+    while blocks:
+        for stmt in blocks.pop():
+            found.append(stmt)
+            for field in ("body", "orelse", "finalbody"):
+                inner = getattr(stmt, field, None)
+                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                    blocks.append(inner)
+            for clause in (*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())):
+                if isinstance(clause, ast.ExceptHandler | ast.match_case):
+                    blocks.append(clause.body)
+    return tuple(found)
+
+
+@functools.cache
 def _defining_modules() -> dict[str, str]:
     """Operation name -> the agent module that registers it (its `@operation("name")`)."""
     defined: dict[str, str] = {}
-    for name, source in agent_modules():
-        for node in ast.walk(ast.parse(source)):
+    for name, _ in agent_modules():
+        for node in _agent_statements(name):
             if isinstance(node, ast.FunctionDef):
                 for decorator in node.decorator_list:
                     if (
@@ -124,9 +145,8 @@ def _defining_modules() -> dict[str, str]:
 @functools.cache
 def _imports(name: str) -> frozenset[str]:
     """The agent modules `name` imports anywhere (in a function too: it runs on the host)."""
-    source = dict(agent_modules())[name]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in _agent_statements(name):
         if isinstance(node, ast.ImportFrom) and node.module:
             if node.module == AGENT_PACKAGE:
                 found.update(f"{AGENT_PACKAGE}.{alias.name}" for alias in node.names)
@@ -155,9 +175,21 @@ def modules_for(*operations: str) -> tuple[str, ...]:
     return tuple(name for name in every if name in needed)
 
 
-@functools.cache
+_PACKING = threading.Lock()
+"""`functools.cache` lets every thread that misses compute the value: the preflight's 16 threads
+each scanned and packed the agent for their first `begin` (13 ms of controller CPU per host at
+N = 32). Packing holds this lock, so the others wait for the one that computes it."""
+
+
 def _packed_agent(operations: tuple[str, ...]) -> str:
-    """The `agent` field of a request for `operations`: the union of their modules, compressed."""
+    """The `agent` field of a request for `operations`: the union of their modules, compressed
+    (made once per set of operations)."""
+    with _PACKING:
+        return _pack_agent(operations)
+
+
+@functools.cache
+def _pack_agent(operations: tuple[str, ...]) -> str:
     sources = dict(agent_modules())
     pairs = [[name, sources[name]] for name in modules_for(*operations)]
     return base64.b64encode(zlib.compress(json.dumps(pairs).encode("utf-8"), 6)).decode("ascii")
