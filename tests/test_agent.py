@@ -277,3 +277,26 @@ def test_a_batch_travels_with_the_union_of_its_modules() -> None:
     assert set(modules_for("lock")) | set(modules_for("inspect")) == set(begin)
     assert begin[-1] == f"{AGENT_PACKAGE}.dispatch"
     assert f"{AGENT_PACKAGE}.diagnose" not in begin
+
+
+@pytest.mark.parametrize("top_has_init", [True, False], ids=["wheel-layout", "all-namespace"])
+def test_a_module_under_packages_without_init_files_resolves_as_python_would_import_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, top_has_init: bool
+) -> None:
+    """Real SGLang wheels ship `sglang/__init__.py` but no `__init__.py` in `sglang/srt/` or
+    below: the path finder's namespace lookup needs the parent imported (a KeyError without),
+    and the agent must not import it, so it finds each portion itself."""
+    from opspatch.hosts.agent.facts import resolve_module_file
+
+    site = tmp_path / "site"
+    worker = site / "sglang" / "srt" / "speculative" / "eagle_worker_v2.py"
+    worker.parent.mkdir(parents=True)
+    worker.write_text("A = 1\n")
+    if top_has_init:
+        (site / "sglang" / "__init__.py").write_text("raise RuntimeError('never imported')\n")
+    monkeypatch.syspath_prepend(str(site))
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
+    found = resolve_module_file("sglang.srt.speculative.eagle_worker_v2")
+    assert found["realpath"] == str(worker)
+    assert "sglang" not in sys.modules

@@ -253,6 +253,38 @@ def _search_locations(spec: importlib.machinery.ModuleSpec) -> list[str] | None:
         return list(getattr(locations, "_path", []))
 
 
+_FILE_LOADERS = (
+    (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES),
+    (importlib.machinery.SourceFileLoader, importlib.machinery.SOURCE_SUFFIXES),
+    (importlib.machinery.SourcelessFileLoader, importlib.machinery.BYTECODE_SUFFIXES),
+)
+"""The path finder's own loaders, in its order (extension, source, bytecode)."""
+
+
+def _find_in_package(
+    fullname: str, locations: list[str]
+) -> importlib.machinery.ModuleSpec | None:
+    """`fullname`'s spec among its package's `locations`, as the path finder finds it, without
+    importing the parent. `PathFinder.find_spec` builds a namespace package's path from its
+    parent in `sys.modules` (a KeyError while the parent is not imported), and real SGLang
+    wheels ship `sglang/srt/` and its subpackages without an `__init__.py`."""
+    portions: list[str] = []
+    for entry in locations:
+        if not os.path.isdir(entry):
+            continue
+        spec = importlib.machinery.FileFinder(entry, *_FILE_LOADERS).find_spec(fullname)
+        if spec is None:
+            continue
+        if spec.loader is not None:
+            return spec
+        portions.extend(spec.submodule_search_locations or [])  # a namespace portion
+    if not portions:
+        return None
+    namespace = importlib.machinery.ModuleSpec(fullname, None, is_package=True)
+    namespace.submodule_search_locations = portions
+    return namespace
+
+
 def _record_entry(top: str, realpath: str) -> Result | None:
     """The distribution RECORD entry for the file (its pip-installed sha256), if any."""
     from importlib import metadata
@@ -314,7 +346,7 @@ def resolve_module_file(module: str) -> Result:
                 f"{name!r} is a module, not a package, so it has no {parts[index]!r}",
                 {"module": module, "missing": ".".join(parts[: index + 1])},
             )
-        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: index + 1]), locations)
+        spec = _find_in_package(".".join(parts[: index + 1]), locations)
     assert spec is not None
     origin = spec.origin
     if not origin or not origin.endswith(".py") or not os.path.isfile(origin):
