@@ -45,7 +45,12 @@ class Finding:
     detail: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "level": str(self.level), "text": self.text, "detail": self.detail}
+        return {
+            "kind": self.kind,
+            "level": str(self.level),
+            "text": self.text,
+            "detail": self.detail,
+        }
 
 
 @dataclass(frozen=True)
@@ -249,9 +254,7 @@ def judge_file(
     """
     if m.error is not None or m.file is None:
         state = (
-            FileState.NOT_INSTALLED
-            if m.error_code == "module-not-found"
-            else FileState.UNRESOLVED
+            FileState.NOT_INSTALLED if m.error_code == "module-not-found" else FileState.UNRESOLVED
         )
         return FileVerdict(m.module, state, m.error or "not read")
     f = m.file

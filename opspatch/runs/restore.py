@@ -145,7 +145,9 @@ def run_restore(
     ) as fleet:
         outcomes, halted = fleet.execute(
             per_host,
-            batches=_restore_batches(fleet.names, playbook.max_in_flight, canary_first=canary_first),
+            batches=_restore_batches(
+                fleet.names, playbook.max_in_flight, canary_first=canary_first
+            ),
             halt=halt_on_attention_or_not_serving,
         )
         return fleet.report(outcomes, halted=halted)
