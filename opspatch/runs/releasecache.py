@@ -2,9 +2,10 @@
 
 `release_cache_dir` is `$OPSPATCH_CACHE`, else `$XDG_CACHE_HOME/opspatch/releases`, else
 `~/.cache/opspatch/releases`. Besides the wheels and extracted modules (`opspatch.runs.releases`)
-it keeps, per patch, `<cache>/<name>/proofs/<patch id>.json`: the `ReleaseProofs` that every
-`check --releases` merges its matrix into and plain `check` reads (`release_coverage`). Kept
-apart from the fetching so plain `check` imports neither urllib nor the edit engine.
+it keeps, per patch and module, `<cache>/<name>/proofs/<patch id>/<module>.json`: the
+`ReleaseProofs` that every `check --releases` merges its matrix into and plain `check` reads
+(`release_coverage`). Kept apart from the fetching so plain `check` imports neither urllib nor
+the edit engine.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def normalize_name(distribution: str) -> str:
 
 
 def _proofs_path(patch: PatchSpec, cache: Path) -> Path:
-    return cache / normalize_name(patch.target.distribution) / "proofs" / f"{patch.id}.json"
+    # per module too: each file of a patch set has its own edits, so its own proofs
+    root = cache / normalize_name(patch.target.distribution) / "proofs"
+    return root / patch.id / f"{patch.target.module}.json"
 
 
 def read_proofs(patch: PatchSpec, cache: Path) -> ReleaseProofs | None:

@@ -11,14 +11,16 @@ The effects behind the portability matrix (`opspatch.analysis.portability` judge
    platform tags of a wheel the index lists: the module's text is the same in every wheel of a
    release), and extract only the target module;
 3. evaluate the patch on each extracted file;
-4. record what was found (`<cache>/<name>/proofs/<patch id>.json`, a `ReleaseProofs`), which
-   plain `check` reads to warn about releases in a patch's range it is not proven on.
+4. record what was found (`<cache>/<name>/proofs/<patch id>/<module>.json`, a
+   `ReleaseProofs`), which plain `check` reads to warn about releases in a patch's range it is
+   not proven on.
 
 The cache (`opspatch.runs.releasecache`: where it is, and the proof records) is
 `$OPSPATCH_CACHE`, else `$XDG_CACHE_HOME/opspatch/releases`, else `~/.cache/opspatch/releases`;
 never the repository. Layout: `<cache>/<name>/wheels/*.whl`,
-`<cache>/<name>/<version>/<module path>` and `<cache>/<name>/proofs/<patch id>.json`. Offline, everything
-comes from the cache, and each release that is not there is reported as not checked.
+`<cache>/<name>/<version>/<module path>` and `<cache>/<name>/proofs/<patch id>/<module>.json`.
+Offline, everything comes from the cache, and each release that is not there is reported as not
+checked.
 """
 
 from __future__ import annotations
