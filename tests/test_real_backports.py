@@ -245,3 +245,32 @@ def test_the_upstream_release_reads_as_already_applied(backport: Backport) -> No
         assert not part.target.specifier.contains(backport.upstream, prereleases=True)
         outcome = apply_patch(upstream, part, relpath=_relpath(part))
         assert isinstance(outcome, AlreadyApplied), getattr(outcome, "reason", outcome)
+
+
+def test_a_backport_through_apply_and_rollback_on_a_real_release_file(tmp_path: Path) -> None:
+    """The console script on the real 0.5.8 scheduler: applied, applied again (already-applied,
+    the bytes as they were), rolled back to the release's bytes."""
+    from tests.clirunner import opspatch
+
+    patch_file = BACKPORTS_DIR / "scheduler-internal-state-copy.toml"
+    relpath = "sglang/srt/managers/scheduler.py"
+    target = tmp_path / "site-packages" / relpath
+    target.parent.mkdir(parents=True)
+    release = _release("0.5.8", relpath)
+    target.write_bytes(release)
+    env = {"OPSPATCH_STATE_DIR": str(tmp_path / "state")}
+    args = ("--file", str(target), "--target-version", "0.5.8", "--yes", "--json")
+
+    run = opspatch("apply", str(patch_file), *args, env=env)
+    assert run.code == 0, run.stdout + run.stderr
+    assert run.json()["hosts"][0]["outcome"] == "applied"
+    patched = target.read_bytes()
+    assert b"ret = dict(vars(get_global_server_args()))" in patched
+
+    again = opspatch("apply", str(patch_file), *args, env=env)
+    assert again.code == 0 and again.json()["hosts"][0]["outcome"] == "already-applied"
+    assert target.read_bytes() == patched
+
+    back = opspatch("rollback", str(patch_file), "--file", str(target), "--yes", env=env)
+    assert back.code == 0, back.stdout + back.stderr
+    assert target.read_bytes() == release
