@@ -313,6 +313,10 @@ def test_proofs_hold_for_the_edits_they_were_found_for() -> None:
     assert proof_coverage(patch, proofs).warning is None  # listed in full and passed
     reworded = patch.model_copy(update={"rationale": "said better", "summary": "also"})
     assert proof_coverage(reworded, proofs).warning is None
+    respelled = patch.model_copy(
+        update={"target": patch.target.model_copy(update={"versions": ">= 0.5.4"})}
+    )
+    assert proof_coverage(respelled, proofs).warning is None  # the same range, written apart
     edit = patch.edits[0].model_copy(update={"code": "return 0"})
     changed = patch.model_copy(update={"edits": [edit]})
     assert proof_key(changed) != proof_key(patch)

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from opspatch.core.spec import PatchSpec
@@ -49,6 +50,14 @@ def in_range(patch: PatchSpec, version: str) -> bool:
         return patch.target.specifier.contains(version, prereleases=True)
     except InvalidVersion:
         return False
+
+
+def canonical_range(text: str) -> str:
+    """A version range written one way (`>= 0.5.4,<0.6` and `<0.6,>=0.5.4` are the same)."""
+    try:
+        return str(SpecifierSet(text))
+    except InvalidSpecifier:
+        return text
 
 
 def proof_key(patch: PatchSpec) -> str:
@@ -83,7 +92,7 @@ class ReleaseProofs:
         listed = set(self.listed) | checked | {u.version for u in matrix.unchecked}
         full = set(self.full_ranges)
         if matrix.listed_from == "index":
-            full.add(matrix.range)
+            full.add(canonical_range(matrix.range))
         return ReleaseProofs(
             patch_id=self.patch_id,
             key=self.key,
@@ -143,8 +152,9 @@ class ProofCoverage:
             return f"{covers} covers releases it is not proven on: {shown}: {run}"
         if not self.listed_in_full:
             return (
-                f"{covers} may cover releases never checked (proven on {', '.join(self.proven)}; "
-                f"the range was not listed in full from the index): {run} online"
+                f"{covers} may cover releases never checked (proven on "
+                f"{len(self.proven)} release(s), but the range was not listed in full from the "
+                f"index): {run} online"
             )
         return None
 
@@ -169,6 +179,6 @@ def proof_coverage(patch: PatchSpec, proofs: ReleaseProofs | None) -> ProofCover
         versions=patch.target.versions,
         proven=tuple(v for v in listed if v in proven),
         unproven=tuple(v for v in listed if v not in proven),
-        listed_in_full=patch.target.versions in proofs.full_ranges,
+        listed_in_full=canonical_range(patch.target.versions) in proofs.full_ranges,
         recorded=True,
     )
