@@ -699,3 +699,44 @@ def test_file_history_by_machine_id_joins_the_names_one_machine_was_recorded_und
     assert ledger.file_history("sandbox-01", path, machine=Machine("0" * 32, "gpu7")) == []
     other = ledger.file_history("other-gpu", path, machine=Machine("f" * 32, "gpu8"))
     assert [v.host for v in other] == ["other-gpu"]
+
+
+def test_checking_a_run_is_open_costs_the_same_however_many_events_it_has(
+    ledger_path: Path,
+) -> None:
+    """Every event a fleet run writes first checks its run is open: that check must be a point
+    lookup, not a scan of the run's events (counted in SQLite VM steps, not timed)."""
+    from opspatch.ledger.events import require_open_run
+
+    def steps_to_check(conn: sqlite3.Connection, run_id: str) -> int:
+        counted = [0]
+
+        def tick() -> int:
+            counted[0] += 1
+            return 0
+
+        conn.set_progress_handler(tick, 1)
+        try:
+            require_open_run(conn, run_id)
+        finally:
+            conn.set_progress_handler(None, 1)
+        return counted[0]
+
+    with Ledger.open(ledger_path) as ledger:
+        run_id = ledger.begin_run(
+            command="apply",
+            patch_id="eagle-init-guard",
+            patch_sha256=None,
+            operator="operator@controller",
+            command_line="opspatch apply",
+            hosts=["gpu-01"],
+        )
+        ledger.record_step(run_id, "gpu-01", "lock", "ok")
+        with sqlite3.connect(ledger_path) as conn:
+            few = steps_to_check(conn, run_id)
+        for step in range(300):
+            ledger.record_step(run_id, "gpu-01", "smoke", "ok", float(step))
+        with sqlite3.connect(ledger_path) as conn:
+            many = steps_to_check(conn, run_id)
+        ledger.finish_run(run_id, "succeeded")
+    assert many == few
