@@ -27,8 +27,9 @@ from opspatch.core.edit import (
     apply_patch,
     reverse,
     unapply,
+    undone_from_text,
 )
-from opspatch.core.spec import DeleteEdit, PatchSpec, ReplaceEdit
+from opspatch.core.spec import PatchSpec
 from opspatch.core.syntax import parse_python
 from opspatch.core.validate import check_postconditions
 
@@ -54,6 +55,8 @@ class ReleaseResult:
     candidates: tuple[str, ...] = ()
     lines_added: int = 0
     lines_removed: int = 0
+    matched: tuple[str, ...] = ()
+    """Which alternative of each edit that has alternatives fit this release."""
 
     @property
     def ok(self) -> bool:
@@ -77,6 +80,7 @@ class ReleaseResult:
             "candidates": list(self.candidates),
             "lines_added": self.lines_added,
             "lines_removed": self.lines_removed,
+            "matched": list(self.matched),
         }
 
 
@@ -97,6 +101,7 @@ def evaluate_release(patch: PatchSpec, version: str, source: bytes) -> ReleaseRe
             version, in_range, applies=True, validates=True, postconditions=holds,
             idempotent=True, already_applied=True,
             reason=f"the release already contains the change ({placed.reason})",
+            matched=placed.matched,
         )  # fmt: skip
     if isinstance(placed, NotApplicable):
         validation = placed.reason.startswith(_VALIDATION_PREFIXES)
@@ -121,7 +126,7 @@ def evaluate_release(patch: PatchSpec, version: str, source: bytes) -> ReleaseRe
     reversed_ok = reverse(placed) == source
     if not reversed_ok:
         reasons.append("reversing from the recorded splices does not give the release's bytes")
-    if not any(isinstance(e, ReplaceEdit | DeleteEdit) for e in patch.edits):
+    if undone_from_text(patch):
         undone = unapply(placed.new_source, patch)
         if isinstance(undone, NotApplicable) or undone.old_source != source:
             reversed_ok = False
@@ -133,7 +138,7 @@ def evaluate_release(patch: PatchSpec, version: str, source: bytes) -> ReleaseRe
     return ReleaseResult(
         version, in_range, applies=True, validates=True, postconditions=True,
         idempotent=idempotent, reverse=reversed_ok, reason="; ".join(reasons),
-        lines_added=added, lines_removed=removed,
+        lines_added=added, lines_removed=removed, matched=placed.matched,
     )  # fmt: skip
 
 
@@ -216,6 +221,9 @@ class ReleaseMatrix:
                 where = f"{result.field}: " if result.field else ""
                 out.append(f"{result.version}: {where}{result.reason}")
                 out += [f"    {c}" for c in result.candidates]
+        for result in sorted(self.results, key=lambda r: _version_key(r.version)):
+            if result.matched:
+                out.append(f"{result.version}: fits with {'; '.join(result.matched)}")
         for unchecked in self.unchecked:
             out.append(f"not checked: {unchecked.version}: {unchecked.reason}")
         out += [f"note: {n}" for n in self.notes]

@@ -188,9 +188,19 @@ def plan_json(loaded: LoadedPatch, plan: LocalPlan) -> dict[str, Any]:
             sha256_before=outcome.sha256_before,
             sha256_after=outcome.sha256_after,
             diff=outcome.diff,
+            edits=[
+                {
+                    "index": e.index,
+                    "kind": e.kind,
+                    "description": e.description,
+                    "variant": e.variant,
+                }
+                for e in outcome.edits
+            ],
+            matched=list(outcome.matched),
         )
     elif isinstance(outcome, AlreadyApplied):
-        doc["reason"] = outcome.reason
+        doc.update(reason=outcome.reason, matched=list(outcome.matched))
     else:
         doc.update(reason=outcome.reason, field=outcome.field, candidates=list(outcome.candidates))
     return doc
@@ -220,6 +230,8 @@ def show_local_plan(
         f"{loaded.spec.id}: {len(outcome.edits)} edit(s) in {', '.join(outcome.edited_scopes)}; "
         f"sha256 {outcome.sha256_before[:12]} -> {outcome.sha256_after[:12]}"
     )
+    for matched in outcome.matched:
+        err.print(f"  {matched}")
 
 
 def show_fleet_plan(

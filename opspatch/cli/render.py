@@ -210,6 +210,8 @@ def print_dry_run(report: RunReport) -> None:
         for step in host.steps:
             if step.step == "inspect" and step.detail and step.status == "ok":
                 out.print(f"   {step.detail}")
+            if step.step == "plan" and "; " in (step.detail or ""):  # alternatives that fit
+                out.print(f"   plan: {step.detail}")
         if host.diff:
             print_diff(host.diff)
         elif host.error:

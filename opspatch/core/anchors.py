@@ -399,16 +399,19 @@ class LocatedExpression:
 
 
 def select_expression(scope: Scope, selector: ReplaceSelector) -> LocatedExpression:
-    """The expression of `scope` equal to `selector.expression`.
+    """The expression of `scope` that `selector` chooses (`expression`, or a selector below the
+    statement: `calls` + `keyword`, `with_item`, `test_of`).
 
     Raises:
-        AnchorProblem: no such expression, or several and `which` is `only`.
+        AnchorProblem: no such expression (the places considered listed), or several and
+            `which` is `only` (all listed).
     """
-    assert selector.expression is not None
-    ordered = matching_expressions(scope, selector.expression)
+    ordered = selected_expressions(scope, selector)
     where = f"`{scope.qualname}`"
     if not ordered:
-        raise AnchorProblem(f"{selector.describe()} is not in {where}")
+        raise AnchorProblem(
+            f"{selector.describe()} is not in {where}", _expression_candidates(scope, selector)
+        )
     if selector.which == "first":
         return ordered[0]
     if selector.which == "last":
@@ -416,7 +419,7 @@ def select_expression(scope: Scope, selector: ReplaceSelector) -> LocatedExpress
     if len(ordered) > 1:
         raise AnchorProblem(
             f"{selector.describe()} matches {len(ordered)} places in {where}",
-            [f"line {i.expr.lineno}, column {i.expr.col_offset + 1}" for i in ordered],
+            [_place(i) for i in ordered],
         )
     return ordered[0]
 
@@ -430,11 +433,95 @@ def select_expressions(scope: Scope, selector: ReplaceSelector) -> list[LocatedE
     """
     if selector.which != "all":
         return [select_expression(scope, selector)]
-    assert selector.expression is not None
-    ordered = matching_expressions(scope, selector.expression)
+    ordered = selected_expressions(scope, selector)
     if not ordered:
-        raise AnchorProblem(f"{selector.describe()}: none is in `{scope.qualname}`")
+        raise AnchorProblem(
+            f"{selector.describe()}: none is in `{scope.qualname}`",
+            _expression_candidates(scope, selector),
+        )
     return ordered
+
+
+def _place(found: LocatedExpression) -> str:
+    return f"line {found.expr.lineno}, column {found.expr.col_offset + 1}"
+
+
+def selected_expressions(scope: Scope, selector: ReplaceSelector) -> list[LocatedExpression]:
+    """Every expression the selector's criterion matches (ignoring `which`), in source order."""
+    if selector.expression is not None:
+        return matching_expressions(scope, selector.expression)
+    return [found for found in slot_expressions(scope, selector) if _slot_matches(selector, found)]
+
+
+def replaced_expressions(
+    scope: Scope, selector: ReplaceSelector, code: str
+) -> list[LocatedExpression]:
+    """Where an expression replace's new `code` stands: for `expression`, anywhere in the scope;
+    for a selector below the statement, in the kind of place it selects (a `pool=` value of that
+    call, a `with` item, an `if` test)."""
+    if selector.expression is not None:
+        return matching_expressions(scope, code)
+    wanted = strip_positions(parse_python(code.strip(), mode="eval").body)
+    return [
+        found for found in slot_expressions(scope, selector) if dump_matches(found.expr, wanted)
+    ]
+
+
+def slot_expressions(scope: Scope, selector: ReplaceSelector) -> list[LocatedExpression]:
+    """Every expression in the kind of place a selector below the statement chooses from,
+    whatever it holds: the values of `keyword=` in calls of `calls`, the context expressions of
+    `with` items, the tests of `if` (`elif`) or `while` statements."""
+    found: list[LocatedExpression] = []
+    for loc in iter_statements(scope.node):
+        stmt = loc.stmt
+        if selector.keyword is not None:
+            assert selector.calls is not None
+            for root in _header_expressions(stmt):
+                for sub in ast.walk(root):
+                    if isinstance(sub, ast.Call) and call_matches(
+                        dotted_name(sub.func) or "<call>", selector.calls
+                    ):
+                        found += [
+                            LocatedExpression(k.value, stmt)
+                            for k in sub.keywords
+                            if k.arg == selector.keyword
+                        ]
+        elif selector.with_item is not None:
+            if isinstance(stmt, ast.With | ast.AsyncWith):
+                found += [LocatedExpression(item.context_expr, stmt) for item in stmt.items]
+        elif selector.test_of is not None:
+            kind = ast.If if selector.test_of == "if" else ast.While
+            if isinstance(stmt, kind):
+                found.append(LocatedExpression(stmt.test, stmt))
+    return sorted(found, key=lambda i: (i.expr.lineno, i.expr.col_offset))
+
+
+def _slot_matches(selector: ReplaceSelector, found: LocatedExpression) -> bool:
+    expr = found.expr
+    if selector.with_item is not None:
+        wanted = selector.with_item.strip()
+        if isinstance(expr, ast.Call) and call_matches(dotted_name(expr.func) or "", wanted):
+            return True
+        return dump_matches(expr, strip_positions(parse_python(wanted, mode="eval").body))
+    if selector.containing is not None:
+        wanted = strip_positions(parse_python(selector.containing.strip(), mode="eval").body)
+        return any(dump_matches(sub, wanted) for sub in ast.walk(expr))
+    return True
+
+
+def _expression_candidates(scope: Scope, selector: ReplaceSelector) -> list[str]:
+    """The places a selector below the statement considered, when none fits (at most 8)."""
+    if selector.expression is not None:
+        return []
+    places = [
+        f"{_place(found)}: `{ast.unparse(found.expr)}`"
+        for found in slot_expressions(scope, selector)
+    ]
+    if not places and selector.keyword is not None:
+        assert selector.calls is not None
+        near = _statement_candidates(scope, selector)
+        places = [f"nearest call: {n}" for n in near]
+    return places[:8]
 
 
 def matching_expressions(scope: Scope, code: str) -> list[LocatedExpression]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 import difflib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from opspatch.core.anchors import (
     AnchorProblem,
@@ -31,10 +31,11 @@ from opspatch.core.anchors import (
     find_statement_runs,
     first_line,
     last_line,
-    matching_expressions,
     matching_statements,
+    replaced_expressions,
     select_expressions,
     select_statements,
+    selected_expressions,
     span,
     statement_dumps,
     strip_positions,
@@ -46,10 +47,12 @@ from opspatch.core.placement import (
     marker_lines,
     place_delete,
     place_insert,
+    place_move,
     place_replace,
     plan_diff,
     scope_of,
     select_in,
+    start_index,
     undo_splices,
 )
 from opspatch.core.source import (
@@ -63,10 +66,13 @@ from opspatch.core.source import (
 from opspatch.core.spec import (
     DeleteEdit,
     DiffEdit,
+    Edit,
     InsertEdit,
+    MoveEdit,
     PatchSpec,
     ReplaceEdit,
     edit_field,
+    variant_label,
 )
 from opspatch.core.syntax import parse_python
 from opspatch.core.unified import (
@@ -91,6 +97,8 @@ class EditRecord:
     description: str
     splices: tuple[Splice, ...]
     undo: tuple[Splice, ...]
+    variant: int = 0
+    """0: the edit as written; n: its `alternatives[n - 1]`, the one that fit."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,8 @@ class Applied:
     edited_scopes: tuple[str, ...]
     encoding: str
     newline: str
+    matched: tuple[str, ...] = ()
+    """Which alternative of each edit that has alternatives fit (`edits[0]: alternatives[1]`)."""
 
     @property
     def sha256_before(self) -> str:
@@ -125,6 +135,8 @@ class AlreadyApplied:
 
     patch_id: str
     reason: str
+    matched: tuple[str, ...] = ()
+    """Which alternative of each edit that has alternatives was found in place."""
 
     @property
     def outcome(self) -> str:
@@ -144,6 +156,10 @@ class NotApplicable:
     def outcome(self) -> str:
         return "not-applicable"
 
+    @property
+    def matched(self) -> tuple[str, ...]:
+        return ()
+
     def render(self) -> str:
         lines = [self.reason if not self.field else f"{self.field}: {self.reason}"]
         lines += [f"    {c}" for c in self.candidates]
@@ -153,6 +169,12 @@ class NotApplicable:
 PlanOutcome = Applied | AlreadyApplied | NotApplicable
 
 
+def plan_summary(outcome: PlanOutcome) -> str:
+    """The outcome's word, then which alternative of each edit fit (`applicable; edits[0]:
+    alternatives[1] (sglang >= 0.5.10)`): the plan step's detail, so the ledger keeps it."""
+    return "; ".join((outcome.outcome, *outcome.matched))
+
+
 @dataclass(frozen=True)
 class EditState:
     index: int
@@ -160,6 +182,12 @@ class EditState:
     reason: str
     candidates: tuple[str, ...] = ()
     field: str = ""
+    variant: int = 0
+    """Which variant of the edit this state is of (0: as written; n: `alternatives[n - 1]`)."""
+    placed: bool = True
+    """For `applied`: the edit's selector found the new code where it points. False when it was
+    judged applied because the old code is gone (a replace whose selector matches nothing, a
+    delete): then another alternative with the same code reads applied as well."""
 
 
 @dataclass(frozen=True)
@@ -200,19 +228,11 @@ def inserted_run(tree: ast.Module, patch: PatchSpec, i: int) -> list[ast.stmt] |
         if edit.anchor is not None
         else set()
     )
-    others = [
-        statement_dumps(other.code)
-        for j, other in enumerate(patch.edits)
-        if j != i and isinstance(other, InsertEdit)
-    ]
+    others = _other_inserts(patch, i)
     for run in runs:
         dumps = [strip_positions(s) for s in run.block]
         if edit.position in ("after", "start"):
-            end = run.start  # what stands before it, past the other inserts
-            while skipped := next(
-                (o for o in others if o and end >= len(o) and dumps[end - len(o) : end] == o), None
-            ):
-                end -= len(skipped)
+            end = _skip_back(dumps, run.start, others)  # what stands before it
             if edit.position == "start":
                 # in the scope's own body: a later patch may have inserted before it (stacked)
                 if run.block is scope.node.body:
@@ -220,11 +240,7 @@ def inserted_run(tree: ast.Module, patch: PatchSpec, i: int) -> list[ast.stmt] |
             elif end >= 1 and id(run.block[end - 1]) in anchors:
                 return run.statements
         else:
-            begin = run.start + run.length  # what stands after it, past the other inserts
-            while skipped := next(
-                (o for o in others if o and dumps[begin : begin + len(o)] == o), None
-            ):
-                begin += len(skipped)
+            begin = _skip_forward(dumps, run.start + run.length, others)  # what stands after it
             if edit.position == "end":
                 # in the scope's own body: a later patch may have appended after it (stacked)
                 if run.block is scope.node.body:
@@ -234,7 +250,62 @@ def inserted_run(tree: ast.Module, patch: PatchSpec, i: int) -> list[ast.stmt] |
     return None
 
 
-def _insert_place(edit: InsertEdit) -> str:
+def _other_inserts(patch: PatchSpec, i: int) -> list[list[str]]:
+    """The statement dumps of the patch's inserts other than edit `i` (they may stand beside it)."""
+    return [
+        statement_dumps(other.code)
+        for j, other in enumerate(patch.edits)
+        if j != i and isinstance(other, InsertEdit)
+    ]
+
+
+def _skip_back(dumps: list[str], end: int, others: list[list[str]]) -> int:
+    """`end`, moved back over any of `others` that stand just before it."""
+    while skipped := next(
+        (o for o in others if o and end >= len(o) and dumps[end - len(o) : end] == o), None
+    ):
+        end -= len(skipped)
+    return end
+
+
+def _skip_forward(dumps: list[str], begin: int, others: list[list[str]]) -> int:
+    """`begin`, moved on over any of `others` that stand just from it."""
+    while skipped := next((o for o in others if o and dumps[begin : begin + len(o)] == o), None):
+        begin += len(skipped)
+    return begin
+
+
+def _move_state(tree: ast.Module, patch: PatchSpec, edit: MoveEdit, i: int) -> EditState:
+    """A move is applied when its one statement stands where the position says (past the code
+    of the patch's inserts), not merely somewhere in the scope."""
+    scope = scope_of(tree, edit.scope, i)
+    moved = select_in(scope, edit.select, i, "select")
+    anchor = select_in(scope, edit.anchor, i, "anchor") if edit.anchor is not None else None
+    if anchor is not None and anchor.stmt is moved.stmt:
+        raise EditProblem("the anchor is the statement to move", edit_field(i, "anchor"))
+    block = moved.block
+    at = next(k for k, stmt in enumerate(block) if stmt is moved.stmt)
+    dumps = [strip_positions(stmt) for stmt in block]
+    others = _other_inserts(patch, i)
+    if edit.position == "after":
+        before = _skip_back(dumps, at, others)
+        placed = anchor is not None and before >= 1 and block[before - 1] is anchor.stmt
+    elif edit.position == "before":
+        after = _skip_forward(dumps, at + 1, others)
+        placed = anchor is not None and after < len(block) and block[after] is anchor.stmt
+    elif edit.position == "start":
+        placed = block is scope.node.body and _skip_back(dumps, at, others) == start_index(scope)
+    else:
+        placed = block is scope.node.body and _skip_forward(dumps, at + 1, others) == len(block)
+    where = _insert_place(edit)
+    if placed:
+        return EditState(i, EditStatus.APPLIED, f"the statement stands {where}")
+    return EditState(
+        i, EditStatus.PENDING, f"the statement stands at line {first_line(moved.stmt)}, not {where}"
+    )
+
+
+def _insert_place(edit: InsertEdit | MoveEdit) -> str:
     if edit.anchor is not None:
         return f"{edit.position} its anchor"
     return f"at the {edit.position} of `{edit.scope}`"
@@ -257,6 +328,8 @@ def _edit_state(text: str, tree: ast.Module, patch: PatchSpec, i: int) -> EditSt
             return _replace_state(tree, edit, i)
         if isinstance(edit, DeleteEdit):
             return _delete_state(tree, edit, i, _inserted_by(tree, patch, range(len(patch.edits))))
+        if isinstance(edit, MoveEdit):
+            return _move_state(tree, patch, edit, i)
         assert isinstance(edit, DiffEdit)
         parsed = parse_unified_diff(edit.diff)
         plain = [strip_newline(line) for line in split_lines(text)]
@@ -296,9 +369,9 @@ def _replace_state(tree: ast.Module, edit: ReplaceEdit, i: int) -> EditState:
     `max(x, 1)`); for `first` (`last`), new code comes before (after) every such place."""
     scope = scope_of(tree, edit.scope, i)
     field_name = edit_field(i, "select")
-    if edit.select.expression is not None:
-        new_spans = [span(m.expr) for m in matching_expressions(scope, edit.code)]
-        old_spans = [span(m.expr) for m in matching_expressions(scope, edit.select.expression)]
+    if edit.select.selects_expressions:
+        new_spans = [span(m.expr) for m in replaced_expressions(scope, edit.select, edit.code)]
+        old_spans = [span(m.expr) for m in selected_expressions(scope, edit.select)]
     else:
         new_spans = [_run_span(r) for r in find_statement_runs(scope, statement_dumps(edit.code))]
         old_spans = [span(loc.stmt) for loc in matching_statements(scope, edit.select)]
@@ -312,10 +385,12 @@ def _replace_state(tree: ast.Module, edit: ReplaceEdit, i: int) -> EditState:
             and max(s[2:] for s in new_spans) > max(s[2:] for s in leftover)
         )
     ):
-        return EditState(i, EditStatus.APPLIED, "the replacement is present")
+        return EditState(
+            i, EditStatus.APPLIED, "the replacement is present", placed=bool(old_spans)
+        )
     if leftover:
         try:  # the selection must still be unambiguous for the edit to be applicable
-            if edit.select.expression is not None:
+            if edit.select.selects_expressions:
                 select_expressions(scope, edit.select)
             else:
                 select_statements(scope, edit.select)
@@ -323,7 +398,7 @@ def _replace_state(tree: ast.Module, edit: ReplaceEdit, i: int) -> EditState:
             raise EditProblem(problem.message, field_name, problem.candidates) from None
         return EditState(i, EditStatus.PENDING, "the code to replace is present")
     try:
-        if edit.select.expression is not None:
+        if edit.select.selects_expressions:
             select_expressions(scope, edit.select)
         else:
             select_statements(scope, edit.select)
@@ -352,7 +427,9 @@ def _delete_state(tree: ast.Module, edit: DeleteEdit, i: int, inserted: set[int]
     scope = scope_of(tree, edit.scope, i)
     left = [loc for loc in matching_statements(scope, edit.select) if id(loc.stmt) not in inserted]
     if not left:
-        return EditState(i, EditStatus.APPLIED, "the statement to delete is not in the scope")
+        return EditState(
+            i, EditStatus.APPLIED, "the statement to delete is not in the scope", placed=False
+        )
     if edit.select.which == "only" and len(left) > 1:
         raise EditProblem(
             f"{edit.select.describe()} matches {len(left)} statements in `{scope.qualname}`",
@@ -396,10 +473,77 @@ def detect(source: bytes, patch: PatchSpec) -> Detection:
 
 def _detect_parsed(decoded: SourceText, tree: ast.Module, patch: PatchSpec) -> Detection:
     """`detect` on a file already decoded and parsed (`tree` is `parse_python(decoded.text)`)."""
-    states = tuple(_edit_state(decoded.text, tree, patch, i) for i in range(len(patch.edits)))
+    return _detect_resolved(decoded, tree, patch)[0]
+
+
+def _choose_variants(
+    text: str, tree: ast.Module, patch: PatchSpec
+) -> tuple[PatchSpec, tuple[EditState, ...]]:
+    """Each edit's state, for an edit with alternatives that of the variant that fits: the first
+    found applied where its selector points, else the first found applied at all (so a
+    re-application recognises what it wrote), else the first pending; when
+    none fits, one broken state naming what each variant found. Returns the patch with each
+    edit replaced by its chosen variant, which is what is placed, detected and undone."""
+    edits: list[Edit] = list(patch.edits)
+    resolved = patch
+    states: list[EditState] = []
+    for i, edit in enumerate(patch.edits):
+        variants: Sequence[Edit] = edit.variants()
+        if len(variants) == 1:
+            states.append(_edit_state(text, tree, resolved, i))
+            continue
+        tried: list[EditState] = []
+        for number, variant in enumerate(variants):
+            edits[i] = variant
+            attempt = patch.model_copy(update={"edits": list(edits)})
+            tried.append(replace(_edit_state(text, tree, attempt, i), variant=number))
+        applied = [t for t in tried if t.state == EditStatus.APPLIED]
+        chosen = (
+            next((t for t in applied if t.placed), None)
+            or next(iter(applied), None)
+            or next((t for t in tried if t.state == EditStatus.PENDING), None)
+        )
+        if chosen is None:
+            chosen = EditState(
+                i,
+                EditStatus.BROKEN,
+                f"none of its {len(variants)} variants fits",
+                tuple(
+                    f"{variant_label(edit, t.variant)}: "
+                    + (f"{t.field}: " if t.field else "")
+                    + t.reason
+                    + "".join(f" [{c}]" for c in t.candidates[:3])
+                    for t in tried
+                ),
+                edit_field(i),
+            )
+        edits[i] = variants[chosen.variant]
+        resolved = patch.model_copy(update={"edits": list(edits)})
+        states.append(chosen)
+    return resolved, tuple(states)
+
+
+def matched_alternatives(patch: PatchSpec, states: Sequence[EditState]) -> tuple[str, ...]:
+    """`edits[i]: <variant>` for every edit that has alternatives: which one fit."""
+    return tuple(
+        f"{edit_field(state.index)}: {variant_label(patch.edits[state.index], state.variant)}"
+        for state in states
+        if patch.edits[state.index].alternatives
+    )
+
+
+def _detect_resolved(
+    decoded: SourceText, tree: ast.Module, patch: PatchSpec
+) -> tuple[Detection, PatchSpec]:
+    """`detect`, and the patch with each edit's fitting variant in its place."""
+    resolved, states = _choose_variants(decoded.text, tree, patch)
+    return _judge(states), resolved
+
+
+def _judge(states: tuple[EditState, ...]) -> Detection:
     kinds = {s.state for s in states}
-    if "broken" in kinds:
-        broken = next(s for s in states if s.state == "broken")
+    if EditStatus.BROKEN in kinds:
+        broken = next(s for s in states if s.state == EditStatus.BROKEN)
         return Detection(Detected.UNKNOWN, states, f"{edit_field(broken.index)}: {broken.reason}")
     if kinds == {"applied"}:
         return Detection(Detected.APPLIED, states, "every edit is present")
@@ -436,7 +580,9 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
         decoded, tree = _decode(source)
     except SourceDecodeError as exc:
         return NotApplicable(patch.id, str(exc))
-    detection = _detect_parsed(decoded, tree, patch)
+    original = patch
+    detection, patch = _detect_resolved(decoded, tree, patch)
+    matched = matched_alternatives(original, detection.edits)
     if detection.state == "unknown":
         broken = next((s for s in detection.edits if s.state == "broken"), None)
         if broken is not None:
@@ -467,7 +613,9 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
         return AlreadyApplied(
             patch.id,
             f"all {len(patch.edits)} edit(s) already present (recognised by {_recognised_by(patch)})"
-            + (", postconditions hold" if patch.postconditions else ""),
+            + (", postconditions hold" if patch.postconditions else "")
+            + "".join(f"; {m}" for m in matched),
+            matched,
         )
     sha = sha256_hex(source)
     if patch.target.accept_sha256 and sha not in patch.target.accept_sha256:
@@ -499,6 +647,11 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
                     text, current_tree, edit, patch, decoded.newline, i
                 )
                 description = f"delete {edit.select.describe()} in {edit.scope}"
+            elif isinstance(edit, MoveEdit):
+                splices, edit_scopes = place_move(
+                    text, current_tree, edit, patch, decoded.newline, i
+                )
+                description = f"move {edit.select.describe()} {_insert_place(edit)} in {edit.scope}"
             else:
                 splices, edit_scopes = plan_diff(text, current_tree, edit, decoded.newline, i)
                 description = "diff"
@@ -511,6 +664,7 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
                     description=description,
                     splices=tuple(splices),
                     undo=undo_splices(text, splices),
+                    variant=detection.edits[i].variant,
                 )
             )
             scopes.extend(s for s in edit_scopes if s not in scopes)
@@ -552,6 +706,7 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
         edited_scopes=tuple(scopes),
         encoding=decoded.encoding,
         newline=decoded.newline,
+        matched=matched,
     )
 
 
@@ -606,27 +761,36 @@ def _first_verified(
     return None
 
 
+def undone_from_text(patch: PatchSpec) -> bool:
+    """Whether `unapply` can remove the patch from the patched text alone: only inserts and
+    diffs can; a replace, delete or move is undone from its recorded pre-image."""
+    return all(isinstance(edit, InsertEdit | DiffEdit) for edit in patch.edits)
+
+
 def unapply(
     source: bytes, patch: PatchSpec, *, relpath: str | None = None
 ) -> Reverted | NotApplicable:
     """Remove `patch` from a patched file without any record of how it was applied.
 
     Works for `insert` edits (the inserted block, marker included, is found by its syntax tree
-    and removed line for line) and `diff` edits (the reversed diff is applied). A `replace` or
-    `delete` edit cannot be undone from the patched text alone: it is undone from the recorded pre-image
+    and removed line for line) and `diff` edits (the reversed diff is applied), each in the
+    variant (alternative) found in the file. A `replace`, `delete` or `move` edit cannot be undone from the patched text alone: it is undone from the recorded pre-image
     (the ledger, or the backup beside a local file), so this returns `NotApplicable` for it.
     """
     relpath = relpath or patch.target.module_relpaths()[0]
-    detection = detect(source, patch)
+    try:
+        decoded, source_tree = _decode(source)
+    except SourceDecodeError as exc:
+        return NotApplicable(patch.id, f"the patch is not applied here ({exc})")
+    detection, patch = _detect_resolved(decoded, source_tree, patch)  # the alternatives in place
     if detection.state != "applied":
         return NotApplicable(patch.id, f"the patch is not applied here ({detection.reason})")
-    decoded, _ = _decode(source)
     text = decoded.text
     for i in reversed(range(len(patch.edits))):
         edit = patch.edits[i]
         tree = parse_python(text)
         index = LineIndex(text)
-        if isinstance(edit, ReplaceEdit | DeleteEdit):
+        if isinstance(edit, ReplaceEdit | DeleteEdit | MoveEdit):
             return NotApplicable(
                 patch.id,
                 f"a {edit.kind} edit is undone from the recorded pre-image (ledger or backup), "

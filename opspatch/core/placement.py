@@ -25,6 +25,8 @@ from opspatch.core.anchors import (
     select_expressions,
     select_statement,
     select_statements,
+    statement_dumps,
+    strip_positions,
 )
 from opspatch.core.source import (
     LineIndex,
@@ -35,10 +37,12 @@ from opspatch.core.spec import (
     DeleteEdit,
     DiffEdit,
     InsertEdit,
+    MoveEdit,
     PatchSpec,
     ReplaceEdit,
     edit_field,
 )
+from opspatch.core.syntax import parse_python
 from opspatch.core.unified import (
     LineReplacement,
     ParsedDiff,
@@ -138,8 +142,50 @@ def _render_block(lines: Sequence[str], indent: str, newline: str) -> str:
     return "".join((indent + line if line.strip() else "") + newline for line in lines)
 
 
-def _code_lines(code: str) -> list[str]:
-    return [line.rstrip() for line in textwrap.dedent(code).strip("\n").splitlines()]
+def _reads_the_same(lines: Sequence[str], indent: str, dumps: Sequence[str]) -> bool:
+    """Whether `lines`, written at `indent` as `_render_block` writes them, are still the
+    statements `dumps` (a multi-line string's lines would take the indentation too)."""
+    written = [indent + line if line.strip() else "" for line in lines]
+    source = "\n".join(written)
+    try:
+        tree = parse_python("if 1:\n" + source if indent else source)
+    except SyntaxError:
+        return False
+    head = tree.body[0] if tree.body else None
+    body = head.body if indent and isinstance(head, ast.If) else tree.body
+    return [strip_positions(stmt) for stmt in body] == list(dumps)
+
+
+def _refuse_reindenting(lines: Sequence[str], indent: str, code: str, field: str) -> None:
+    if not _reads_the_same(lines, indent, statement_dumps(code)):
+        raise EditProblem(
+            "the code holds a multi-line string whose lines would take the block's indentation "
+            "(so it would no longer be the code written); write the string with \\n escapes",
+            field,
+        )
+
+
+def _code_lines(code: str, indent: str = "") -> list[str]:
+    """The snippet's lines, dedented; in a block indented with tabs, its own nested levels
+    (written with spaces) become tabs too, unless that would change it (a multi-line string)."""
+    lines = [line.rstrip() for line in textwrap.dedent(code).strip("\n").splitlines()]
+    if not indent.startswith("\t"):
+        return lines
+    depths = [len(line) - len(line.lstrip(" ")) for line in lines if line.strip()]
+    unit = min((d for d in depths if d), default=0)
+    if not unit:
+        return lines
+    tabbed = []
+    for line in lines:
+        depth = len(line) - len(line.lstrip(" "))
+        tabbed.append("\t" * (depth // unit) + " " * (depth % unit) + line[depth:])
+    try:
+        same = strip_positions(parse_python("\n".join(tabbed))) == strip_positions(
+            parse_python("\n".join(lines))
+        )
+    except SyntaxError:
+        same = False
+    return tabbed if same else lines
 
 
 def _rest_of_line_is_empty(index: LineIndex, lineno: int, col: int) -> bool:
@@ -276,25 +322,83 @@ def _insert_splice(index: LineIndex, line: int, block: str, newline: str) -> Spl
     return Splice(offset, offset, block)
 
 
+def _insertion_point(
+    index: LineIndex, scope: Scope, edit: InsertEdit | MoveEdit, i: int
+) -> tuple[int, str]:
+    """(line to insert before, indentation) for an insert's or a move's position."""
+    if edit.position == "start":
+        return _start_point(index, scope)
+    if edit.position == "end":
+        return _end_point(index, scope)
+    assert edit.anchor is not None
+    located = select_in(scope, edit.anchor, i, "anchor")
+    point = _before_point if edit.position == "before" else _after_point
+    return point(index, located)
+
+
 def place_insert(
     text: str, tree: ast.Module, edit: InsertEdit, patch: PatchSpec, newline: str, i: int
 ) -> tuple[list[Splice], list[str]]:
     index = LineIndex(text)
     scope = scope_of(tree, edit.scope, i)
-    if edit.position == "start":
-        line, indent = _start_point(index, scope)
-    elif edit.position == "end":
-        line, indent = _end_point(index, scope)
-    else:
-        assert edit.anchor is not None
-        located = select_in(scope, edit.anchor, i, "anchor")
-        point = _before_point if edit.position == "before" else _after_point
-        line, indent = point(index, located)
+    line, indent = _insertion_point(index, scope, edit, i)
     blank_after = needs_blank_line_after(index, scope, line)
     lines = marker_lines(patch, edit.comment, indent, blank_after=blank_after)
-    lines += _code_lines(edit.code) + ([""] if blank_after else [])
+    code_lines = _code_lines(edit.code, indent)
+    _refuse_reindenting(code_lines, indent, edit.code, edit_field(i, "code"))
+    lines += code_lines + ([""] if blank_after else [])
     block = _render_block(lines, indent, newline)
     return [_insert_splice(index, line, block, newline)], [edit.scope]
+
+
+def place_move(
+    text: str, tree: ast.Module, edit: MoveEdit, patch: PatchSpec, newline: str, i: int
+) -> tuple[list[Splice], list[str]]:
+    """The statement's lines go (whole lines: it must stand alone on them) and its text, re-
+    indented for its new block and preceded by the marker, goes in at the insertion point."""
+    index = LineIndex(text)
+    scope = scope_of(tree, edit.scope, i)
+    moved = select_in(scope, edit.select, i, "select")
+    stmt = moved.stmt
+    field_name = edit_field(i, "select")
+    if not _statement_alone(index, stmt):
+        raise EditProblem(
+            f"the statement to move at line {first_line(stmt)} shares its line with other code",
+            field_name,
+        )
+    if len(moved.block) == 1:
+        raise EditProblem(
+            f"the statement at line {first_line(stmt)} is alone in its block; moving it would "
+            "leave the block empty",
+            field_name,
+        )
+    line, indent = _insertion_point(index, scope, edit, i)
+    first, last = first_line(stmt), last_line(stmt)
+    if first < line <= last:
+        raise EditProblem(
+            f"the place to move to (line {line}) is inside the statement to move "
+            f"(lines {first}-{last})",
+            edit_field(i, "anchor" if edit.anchor is not None else "position"),
+        )
+    own = index.indentation(first)
+    lines = [index.line_text(n) for n in range(first, last + 1)]
+    # its own indentation off, whitespace-only lines empty (as _render_block writes them)
+    body = [
+        (line_[len(own) :] if line_.startswith(own) else line_) if line_.strip() else ""
+        for line_ in lines
+    ]
+    if not _reads_the_same(body, indent, [strip_positions(stmt)]):
+        raise EditProblem(
+            f"the statement at line {first} cannot be re-indented without changing it (a "
+            "multi-line string inside it)",
+            field_name,
+        )
+    blank_after = needs_blank_line_after(index, scope, line)
+    block_lines = marker_lines(patch, edit.comment, indent, blank_after=blank_after)
+    block = _render_block(block_lines + body + ([""] if blank_after else []), indent, newline)
+    removal = Splice(index.line_start(first), index.line_end(last), "")
+    insertion = _insert_splice(index, line, block, newline)
+    return sorted([removal, insertion], key=lambda s_: (s_.start, s_.end)), [edit.scope]
 
 
 def needs_blank_line_after(index: LineIndex, scope: Scope, line: int) -> bool:
@@ -313,7 +417,7 @@ def place_replace(
     index = LineIndex(text)
     scope = scope_of(tree, edit.scope, i)
     try:
-        if edit.select.expression is not None:
+        if edit.select.selects_expressions:
             expressions = select_expressions(scope, edit.select)
             statements = []
         else:
@@ -322,7 +426,9 @@ def place_replace(
     except AnchorProblem as problem:
         raise EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
     splices: list[Splice] = []
-    marked: set[int] = set()  # one marker per statement, however many of its expressions change
+    # one marker per statement, however many of its expressions this and earlier edits change
+    marked = {first_line(found.stmt) for found in expressions if _marked(index, found.stmt, patch)}
+    width = file_width(index)
     for found in expressions:
         expr = found.expr
         assert expr.end_lineno is not None and expr.end_col_offset is not None
@@ -335,11 +441,72 @@ def place_replace(
             splices.append(Splice(at, at, _render_block(marker, indent, newline)))
         start = index.offset(expr.lineno, expr.col_offset)
         end = index.offset(expr.end_lineno, expr.end_col_offset)
-        splices.append(Splice(start, end, edit.code.strip()))
+        splices.append(Splice(start, end, fit_expression(index, expr, edit.code, width, newline)))
     statement_splices, scopes = _replace_statements(
-        index, statements, edit, patch, _code_lines(edit.code), newline, i
+        index, statements, edit, patch, edit.code, newline, i
     )
     return splices + statement_splices, scopes
+
+
+def _marked(index: LineIndex, stmt: ast.stmt, patch: PatchSpec) -> bool:
+    """Whether the comment block directly above `stmt` holds this patch's marker."""
+    line = first_line(stmt) - 1
+    while line >= 1 and index.line_text(line).strip().startswith("#"):
+        if index.line_text(line).strip().startswith(patch.marker):
+            return True
+        line -= 1
+    return False
+
+
+WIDTHS = (79, 88, 100, 120)
+"""The line lengths style guides use; a file's width is the first that holds its longest line."""
+
+
+def file_width(index: LineIndex) -> int:
+    """The width a file keeps to: the first of 79, 88, 100, 120 that its longest line fits in,
+    or the longest line itself when it is longer (tabs count 8)."""
+    longest = max(
+        (len(index.line_text(n).expandtabs(8)) for n in range(1, len(index.lines) + 1)), default=0
+    )
+    return next((w for w in WIDTHS if longest <= w), longest)
+
+
+def fit_expression(index: LineIndex, expr: ast.expr, code: str, width: int, newline: str) -> str:
+    """The text that replaces `expr`: `code` on its line when the line keeps within `width`,
+    else in parentheses on lines of its own, one level deeper than the line it starts on, split
+    before each `and` / `or` of a boolean expression at its top. Parentheses do not change the
+    syntax tree, so detection and undo read it as the one-line form."""
+    code = code.strip()
+    assert expr.end_lineno is not None and expr.end_col_offset is not None
+    start_line = index.line_text(expr.lineno)
+    before = start_line.encode("utf-8")[: expr.col_offset].decode("utf-8")
+    after = index.line_text(expr.end_lineno).encode("utf-8")[expr.end_col_offset :].decode("utf-8")
+    if "\n" in code or len((before + code + after).rstrip().expandtabs(8)) <= width:
+        return code
+    lead = index.indentation(expr.lineno)
+    inner = lead + ("\t" if lead.startswith("\t") else "    ")
+    tree = parse_python(code, mode="eval").body
+    pieces = [code]
+    if isinstance(tree, ast.BoolOp):
+        word = "and" if isinstance(tree.op, ast.And) else "or"
+        parts = [_operand_text(code, value) for value in tree.values]
+        split = [parts[0], *(f"{word} {part}" for part in parts[1:])]
+        if _same_expression(" ".join(split), tree):  # the split must read as the code did
+            pieces = split
+    return "(" + newline + "".join(inner + p + newline for p in pieces) + lead + ")"
+
+
+def _operand_text(code: str, value: ast.expr) -> str:
+    text = ast.get_source_segment(code, value) or ast.unparse(value)
+    loose = isinstance(value, ast.BoolOp | ast.IfExp | ast.Lambda | ast.NamedExpr)
+    return f"({text})" if loose else text
+
+
+def _same_expression(text: str, tree: ast.expr) -> bool:
+    try:
+        return strip_positions(parse_python(f"({text})", mode="eval").body) == strip_positions(tree)
+    except SyntaxError:
+        return False
 
 
 def place_delete(
@@ -352,7 +519,7 @@ def place_delete(
         statements = [located.stmt for located in select_statements(scope, edit.select)]
     except AnchorProblem as problem:
         raise EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
-    return _replace_statements(index, statements, edit, patch, [], newline, i)
+    return _replace_statements(index, statements, edit, patch, "", newline, i)
 
 
 def _replace_statements(
@@ -360,11 +527,11 @@ def _replace_statements(
     statements: Sequence[ast.stmt],
     edit: ReplaceEdit | DeleteEdit,
     patch: PatchSpec,
-    code: list[str],
+    code: str,
     newline: str,
     i: int,
 ) -> tuple[list[Splice], list[str]]:
-    """Splices that put the marker and `code` where each statement stood (its trailing comment
+    """Splices that put the marker and `code` ("" for a delete) where each statement stood (its trailing comment
     and line ending stay)."""
     splices: list[Splice] = []
     scopes = [edit.scope]
@@ -376,11 +543,17 @@ def _replace_statements(
                 edit_field(i, "select"),
             )
         indent = index.indentation(first_line(stmt))
-        marker = marker_lines(patch, edit.comment, indent)
+        # a replace under this patch's marker (an earlier edit's) adds none; a delete needs its
+        # own, since the marker is what stands in its place
+        already = isinstance(edit, ReplaceEdit) and bool(code) and _marked(index, stmt, patch)
+        marker = [] if already else marker_lines(patch, edit.comment, indent)
         assert stmt.end_col_offset is not None
         start = index.line_start(first_line(stmt))
         end = index.offset(last_line(stmt), stmt.end_col_offset)
-        rendered = _render_block(marker + code, indent, newline)
+        lines = _code_lines(code, indent) if code else []
+        if code:
+            _refuse_reindenting(lines, indent, code, edit_field(i, "code"))
+        rendered = _render_block(marker + lines, indent, newline)
         rendered = rendered[: -len(newline)]  # the statement's own line ending stays in the file
         splices.append(Splice(start, end, rendered))
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):

@@ -18,7 +18,7 @@ import keyword
 import re
 import textwrap
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
@@ -187,7 +187,9 @@ def _check_statement_criteria(selector: Any, extra: tuple[str, ...]) -> None:
     """Exactly one selection criterion, each well-formed (shared by both selector models)."""
     keys = ("calls", "assigns", "defines", "matches", *extra)
     given = [k for k in keys if getattr(selector, k, None)]
-    if len(given) != 1:
+    if getattr(selector, "keyword", None) is not None and given == ["calls"]:
+        pass  # calls + keyword: one criterion, the keyword's value in that call
+    elif len(given) != 1:
         raise ValueError(
             f"give exactly one of {', '.join(keys)}"
             + (f" (got {', '.join(given)})" if given else "")
@@ -213,27 +215,75 @@ def _check_statement_criteria(selector: Any, extra: tuple[str, ...]) -> None:
 
 
 class ReplaceSelector(FileSchema):
-    """What a `replace` edit replaces: a statement (as `StatementSelector`) or `expression`, an
-    expression whose syntax tree equals this code. `which = "all"` replaces every match."""
+    """What a `replace` edit replaces: a statement (as `StatementSelector`), or an expression:
+
+    - `expression`: an expression whose syntax tree equals this code;
+    - `calls` with `keyword`: the value of `keyword=` in a call of `calls`
+      (`{ calls = "torch.cuda.graph", keyword = "pool" }` picks `...` in `torch.cuda.graph(g, pool=...)`);
+    - `with_item`: the context expression of a `with` item that calls this name, or equals this
+      expression (`{ with_item = "torch.cuda.graph" }`); its `as` target stays;
+    - `test_of` (`"if"` or `"while"`), optionally with `containing`: the whole test of such a
+      statement whose test contains that expression.
+
+    `which = "all"` replaces every match.
+    """
 
     calls: str | None = None
     assigns: str | None = None
     defines: str | None = None
     matches: str | None = None
     expression: str | None = None
+    keyword: str | None = None
+    with_item: str | None = None
+    test_of: Literal["if", "while"] | None = None
+    containing: str | None = None
     which: Literal["only", "first", "last", "all"] = "only"
 
     @_model_validator(mode="after")
     def _exactly_one(self) -> ReplaceSelector:
-        _check_statement_criteria(self, extra=("expression",))
+        if self.keyword is not None:
+            if self.calls is None:
+                raise ValueError("keyword: names an argument of a call; give calls too")
+            if not re.match(rf"^{_IDENT}$", self.keyword) or keyword.iskeyword(self.keyword):
+                raise ValueError(f"keyword: {self.keyword!r} is not an argument name")
+        if self.containing is not None:
+            if self.test_of is None:
+                raise ValueError("containing: narrows test_of; give test_of too")
+            _check_expression(self.containing, "containing")
+        if self.with_item is not None and not _DOTTED_CALL_RE.match(self.with_item):
+            _check_expression(self.with_item, "with_item")
+        _check_statement_criteria(self, extra=("expression", "with_item", "test_of"))
         return self
 
+    def sub_criterion(self) -> Literal["keyword", "with_item", "test_of"] | None:
+        """Which selector below the statement this is, if one is (they select expressions)."""
+        if self.keyword is not None:
+            return "keyword"
+        if self.with_item is not None:
+            return "with_item"
+        if self.test_of is not None:
+            return "test_of"
+        return None
+
+    @property
+    def selects_expressions(self) -> bool:
+        return self.expression is not None or self.sub_criterion() is not None
+
     def describe(self) -> str:
+        which = {"only": "the ", "first": "the first ", "last": "the last ", "all": "every "}[
+            self.which
+        ]
         if self.expression is not None:
-            if self.which == "all":
-                return f"every expression `{self.expression.strip()}`"
-            which = "" if self.which == "only" else self.which + " "
-            return f"the {which}expression `{self.expression.strip()}`"
+            return f"{which}expression `{self.expression.strip()}`"
+        if self.keyword is not None:
+            return f"{which}value of `{self.keyword}=` in a call of `{self.calls}`"
+        if self.with_item is not None:
+            return f"{which}`with` item `{self.with_item.strip()}`"
+        if self.test_of is not None:
+            containing = (
+                f" containing `{self.containing.strip()}`" if self.containing is not None else ""
+            )
+            return f"{which}test of an `{self.test_of}`{containing}"
         one = StatementSelector.model_construct(
             calls=self.calls,
             assigns=self.assigns,
@@ -242,6 +292,109 @@ class ReplaceSelector(FileSchema):
             which="only" if self.which == "all" else self.which,
         ).describe()
         return "every" + one.removeprefix("the") if self.which == "all" else one
+
+
+def _check_expression(code: str, what: str) -> None:
+    try:
+        parse_python(code.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"{what} does not parse as an expression: {exc.msg}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# per-release alternatives
+
+
+MAX_ALTERNATIVES = 16
+"""Each is tried on every plan; a patch needing more releases than this is several patches."""
+
+
+class Alternative(FileSchema):
+    """Base of an edit's alternative: the fields it changes; the others are the edit's own."""
+
+    name: str | None = Field(
+        None, description="What this alternative is for (e.g. 'sglang < 0.5.10'); shown by plan"
+    )
+
+
+class InsertAlternative(Alternative):
+    scope: str | None = None
+    position: Literal["start", "end", "before", "after"] | None = None
+    anchor: StatementSelector | None = None
+    code: str | None = None
+    comment: str | None = None
+
+
+class ReplaceAlternative(Alternative):
+    scope: str | None = None
+    select: ReplaceSelector | None = None
+    code: str | None = None
+    comment: str | None = None
+
+
+class DeleteAlternative(Alternative):
+    scope: str | None = None
+    select: ReplaceSelector | None = None
+    comment: str | None = None
+
+
+class MoveAlternative(Alternative):
+    scope: str | None = None
+    select: ReplaceSelector | None = None
+    position: Literal["start", "end", "before", "after"] | None = None
+    anchor: StatementSelector | None = None
+    comment: str | None = None
+
+
+class DiffAlternative(Alternative):
+    diff: str | None = None
+    max_offset: int | None = Field(None, ge=0, le=100_000)
+    fuzz: int | None = Field(None, ge=0, le=3)
+
+
+_EditT = TypeVar("_EditT", bound=FileSchema)
+
+
+def _alternative_fields(edit: FileSchema, alternative: Alternative) -> dict[str, Any]:
+    """The edit's fields with the alternative's given ones in their place."""
+    data = {name: getattr(edit, name) for name in type(edit).model_fields if name != "alternatives"}
+    data.update(
+        {name: getattr(alternative, name) for name in alternative.model_fields_set - {"name"}}
+    )
+    return data
+
+
+def _check_alternatives(edit: FileSchema, alternatives: Sequence[Alternative]) -> None:
+    """Each alternative, merged with its edit, must be a valid edit of the same kind."""
+    for number, alternative in enumerate(alternatives):
+        try:
+            type(edit).model_validate(_alternative_fields(edit, alternative))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first.get("loc", ()))
+            problem = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+            raise ValueError(
+                f"alternatives: alternatives[{number}]"
+                + (f".{where}" if where else "")
+                + f": {problem}"
+            ) from None
+
+
+def _variants(edit: _EditT, alternatives: Sequence[Alternative]) -> list[_EditT]:
+    """The edit as written, then each alternative as a whole edit (validated at load time)."""
+    return [
+        edit,
+        *(type(edit).model_construct(**_alternative_fields(edit, a)) for a in alternatives),
+    ]
+
+
+def variant_label(edit: Any, variant: int) -> str:
+    """How plan names the variant of an edit that matched: `as written` or its alternative."""
+    if variant == 0:
+        return "as written"
+    alternative = edit.alternatives[variant - 1]
+    named = f" ({alternative.name})" if alternative.name else ""
+    return f"alternatives[{variant - 1}]{named}"
 
 
 class InsertEdit(FileSchema):
@@ -259,6 +412,11 @@ class InsertEdit(FileSchema):
     anchor: StatementSelector | None = None
     code: str = Field(description="Python statements to insert (dedented automatically)")
     comment: str | None = Field(None, description="Why: rendered after the marker comment")
+    alternatives: list[InsertAlternative] = Field(
+        default_factory=list,
+        max_length=MAX_ALTERNATIVES,
+        description="Tried in order when the edit as written does not fit (other releases)",
+    )
 
     _scope = field_validator("scope")(_check_qualname)
 
@@ -279,6 +437,14 @@ class InsertEdit(FileSchema):
             )
         return self
 
+    @_model_validator(mode="after")
+    def _alternatives_are_edits(self) -> InsertEdit:
+        _check_alternatives(self, self.alternatives)
+        return self
+
+    def variants(self) -> list[InsertEdit]:
+        return _variants(self, self.alternatives)
+
 
 class ReplaceEdit(FileSchema):
     """Replace one statement or expression, selected structurally, with new code."""
@@ -288,12 +454,17 @@ class ReplaceEdit(FileSchema):
     select: ReplaceSelector
     code: str
     comment: str | None = None
+    alternatives: list[ReplaceAlternative] = Field(
+        default_factory=list,
+        max_length=MAX_ALTERNATIVES,
+        description="Tried in order when the edit as written does not fit (other releases)",
+    )
 
     _scope = field_validator("scope")(_check_qualname)
 
     @_model_validator(mode="after")
     def _code_fits_selection(self) -> ReplaceEdit:
-        if self.select.expression is not None:
+        if self.select.selects_expressions:
             try:
                 parse_python(self.code.strip(), mode="eval")
             except SyntaxError as exc:
@@ -303,6 +474,14 @@ class ReplaceEdit(FileSchema):
         elif not _parse_statements(self.code, "code"):
             raise ValueError("code: is empty")
         return self
+
+    @_model_validator(mode="after")
+    def _alternatives_are_edits(self) -> ReplaceEdit:
+        _check_alternatives(self, self.alternatives)
+        return self
+
+    def variants(self) -> list[ReplaceEdit]:
+        return _variants(self, self.alternatives)
 
 
 class DeleteEdit(FileSchema):
@@ -317,12 +496,17 @@ class DeleteEdit(FileSchema):
     scope: str
     select: ReplaceSelector
     comment: str | None = None
+    alternatives: list[DeleteAlternative] = Field(
+        default_factory=list,
+        max_length=MAX_ALTERNATIVES,
+        description="Tried in order when the edit as written does not fit (other releases)",
+    )
 
     _scope = field_validator("scope")(_check_qualname)
 
     @_model_validator(mode="after")
     def _selects_statements(self) -> DeleteEdit:
-        if self.select.expression is not None:
+        if self.select.selects_expressions:
             raise ValueError(
                 "select: a delete removes statements; use calls, assigns, "
                 "defines or matches (an expression is changed with replace)"
@@ -334,6 +518,66 @@ class DeleteEdit(FileSchema):
             )
         return self
 
+    @_model_validator(mode="after")
+    def _alternatives_are_edits(self) -> DeleteEdit:
+        _check_alternatives(self, self.alternatives)
+        return self
+
+    def variants(self) -> list[DeleteEdit]:
+        return _variants(self, self.alternatives)
+
+
+class MoveEdit(FileSchema):
+    """Move one statement (chosen as `replace` chooses statements) to a new place in its
+    scope: `before` / `after` the statement chosen by `anchor`, or the `start` / `end` of the
+    scope's body. The statement's own text moves (re-indented to its new block), preceded
+    by the marker comment; nothing is left where it stood.
+
+    Recognised as applied only where the anchor says: the statement stands there and nowhere else
+    in the scope. A file where it stands elsewhere is pending, however near.
+    """
+
+    kind: Literal["move"]
+    scope: str
+    select: ReplaceSelector
+    position: Literal["start", "end", "before", "after"]
+    anchor: StatementSelector | None = None
+    comment: str | None = None
+    alternatives: list[MoveAlternative] = Field(
+        default_factory=list,
+        max_length=MAX_ALTERNATIVES,
+        description="Tried in order when the edit as written does not fit (other releases)",
+    )
+
+    _scope = field_validator("scope")(_check_qualname)
+
+    @_model_validator(mode="after")
+    def _one_statement_to_one_place(self) -> MoveEdit:
+        if self.select.selects_expressions:
+            raise ValueError(
+                "select: a move takes one statement; use calls, assigns, defines or matches"
+            )
+        if self.select.which != "only":
+            raise ValueError(
+                f"select.which: a move takes one statement, so {self.select.which!r} cannot be "
+                "recognised as applied; select it uniquely (e.g. with matches)"
+            )
+        if self.position in ("before", "after") and self.anchor is None:
+            raise ValueError(f"position: {self.position!r} needs an anchor (a statement selector)")
+        if self.position in ("start", "end") and self.anchor is not None:
+            raise ValueError(
+                f"anchor: position {self.position!r} takes no anchor (use before/after)"
+            )
+        return self
+
+    @_model_validator(mode="after")
+    def _alternatives_are_edits(self) -> MoveEdit:
+        _check_alternatives(self, self.alternatives)
+        return self
+
+    def variants(self) -> list[MoveEdit]:
+        return _variants(self, self.alternatives)
+
 
 class DiffEdit(FileSchema):
     """A unified diff, applied by context like GNU patch: the hunk may move by at most
@@ -344,6 +588,11 @@ class DiffEdit(FileSchema):
     diff: str
     max_offset: int = Field(200, ge=0, le=100_000)
     fuzz: int = Field(2, ge=0, le=3)
+    alternatives: list[DiffAlternative] = Field(
+        default_factory=list,
+        max_length=MAX_ALTERNATIVES,
+        description="Tried in order when the edit as written does not fit (other releases)",
+    )
 
     @field_validator("diff")
     @classmethod
@@ -353,8 +602,18 @@ class DiffEdit(FileSchema):
         parse_unified_diff(value)  # raises ValueError with the reason
         return value
 
+    @_model_validator(mode="after")
+    def _alternatives_are_edits(self) -> DiffEdit:
+        _check_alternatives(self, self.alternatives)
+        return self
 
-Edit = Annotated[InsertEdit | ReplaceEdit | DeleteEdit | DiffEdit, Field(discriminator="kind")]
+    def variants(self) -> list[DiffEdit]:
+        return _variants(self, self.alternatives)
+
+
+Edit = Annotated[
+    InsertEdit | ReplaceEdit | DeleteEdit | MoveEdit | DiffEdit, Field(discriminator="kind")
+]
 
 
 class AssignedBeforeCalls(FileSchema):
@@ -484,7 +743,16 @@ def parse_patch(document: TomlDocument) -> PatchSpec:
 
 
 # Checks across fields name the field they are about as "field: problem", so it can be located.
-_NAMED_IN_MESSAGE = ("position", "anchor", "code", "select")
+_NAMED_IN_MESSAGE = (
+    "position",
+    "anchor",
+    "code",
+    "select",
+    "keyword",
+    "containing",
+    "with_item",
+    "alternatives",
+)
 
 
 def edit_field(index: int, *rest: str | int) -> str:

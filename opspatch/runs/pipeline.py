@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, replace
 
-from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch
+from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, plan_summary
 from opspatch.core.gate import version_gate
 from opspatch.core.policy import Playbook
 from opspatch.core.source import sha256_hex
@@ -162,7 +162,7 @@ class ApplyPipeline:
             mismatch = gate_inspection(target, inspection)
         with session.step("plan") as note:
             plan = self.plan(inspection.file.content)
-            note["detail"] = plan.outcome
+            note["detail"] = plan_summary(plan)
         return Prepared(inspection, plan, mismatch)
 
     # -- the change ------------------------------------------------------------------------
