@@ -72,23 +72,20 @@ BACKPORTS = (
     Backport("cuda-graph-pp-proxy-dtype", "0.5.5", "0.5.4", ("0.4.7", "0.5.3")),
     Backport("scheduler-pp-allocatable-reqs", "0.5.12", "0.5.11", ("0.4.7", "0.5.4")),
     # a move; in 0.5.3 and 0.5.4 the check was a bare call (an alternative)
-    pytest.param(
-        Backport(
-            "scheduler-priority-all-modes",
-            "0.5.12",
-            "0.5.11",
-            ("0.5.3", "0.5.4", "0.5.5", "0.5.9"),
-            own_statement={
-                "0.5.3": (PRIORITY_CHECK, "self._set_or_validate_priority(req)"),
-                "0.5.4": (PRIORITY_CHECK, "self._set_or_validate_priority(req)"),
-            },
-        ),
-        marks=pytest.mark.xfail(strict=True, reason="needs move and alternatives (wip-edits)"),
+    Backport(
+        "scheduler-priority-all-modes",
+        "0.5.12",
+        "0.5.11",
+        ("0.5.3", "0.5.4", "0.5.5", "0.5.9"),
+        own_statement={
+            "0.5.3": (PRIORITY_CHECK, "self._set_or_validate_priority(req)"),
+            "0.5.4": (PRIORITY_CHECK, "self._set_or_validate_priority(req)"),
+        },
     ),
     # a patch set over three modules, two of them a move
     pytest.param(
         Backport("eagle-draft-positions-after-forward", "0.5.12", "0.5.11", ("0.5.8", "0.5.10")),
-        marks=pytest.mark.xfail(strict=True, reason="needs move (wip-edits) and sets (wip-sets)"),
+        marks=pytest.mark.xfail(strict=True, reason="needs patch sets (wip-sets)"),
     ),
 )
 
@@ -193,8 +190,7 @@ def _read_as(change: list[Change], upstream_statement: str, own: str) -> list[Ch
 
 def _variants(outcome: Applied) -> list[int]:
     """Which variant of each edit fit (0: as written; n: its alternatives[n - 1])."""
-    # EditRecord.variant comes with alternatives (wip-edits); before that every edit is as written
-    return [getattr(record, "variant", 0) for record in outcome.edits]
+    return [record.variant for record in outcome.edits]
 
 
 @pytest.mark.parametrize("backport", BACKPORTS, ids=lambda b: b.patch_id)

@@ -221,7 +221,7 @@ class ReleaseMatrix:
                 where = f"{result.field}: " if result.field else ""
                 out.append(f"{result.version}: {where}{result.reason}")
                 out += [f"    {c}" for c in result.candidates]
-        for result in sorted(self.results, key=lambda r: _version_key(r.version)):
+        for result in sorted(self.results, key=lambda r: version_key(r.version)):
             if result.matched:
                 out.append(f"{result.version}: fits with {'; '.join(result.matched)}")
         for unchecked in self.unchecked:
