@@ -13,7 +13,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 from opspatch.analysis.portability import evaluate_release
-from opspatch.analysis.proofs import ReleaseProofs, proof_coverage, proof_key
+from opspatch.analysis.proofs import ReleaseProofs, combined_coverage, proof_coverage, proof_key
 from opspatch.config.patches import load_patch
 from opspatch.core.spec import PatchSpec
 from opspatch.errors import InputError
@@ -280,7 +280,7 @@ def test_check_releases_records_the_releases_a_patch_passed_on(seeded_cache: Pat
     assert (proofs.listed, proofs.proven) == (tuple(VERSIONS), ("0.5.4", "0.5.10"))
     assert proofs.full_ranges == ()  # the releases were given, not listed from the index
 
-    coverage = release_coverage(patch, seeded_cache)
+    coverage = release_coverage((patch,), seeded_cache)
     assert (coverage.proven, coverage.unproven) == (("0.5.4", "0.5.10"), ("0.5.23",))
     assert coverage.warning == (
         "versions '>=0.5.4' covers releases it is not proven on: 0.5.23: "
@@ -292,7 +292,7 @@ def test_check_releases_records_the_releases_a_patch_passed_on(seeded_cache: Pat
         update={"target": patch.target.model_copy(update={"versions": "<0.5.23"})}
     )
     assert proof_key(narrowed) == proof_key(patch)  # the range is not part of the proof
-    kept = release_coverage(narrowed, seeded_cache)
+    kept = release_coverage((narrowed,), seeded_cache)
     assert kept.unproven == () and kept.proven == ("0.5.4", "0.5.10")
     assert kept.warning is not None and "not listed in full from the index" in kept.warning
 
@@ -300,10 +300,10 @@ def test_check_releases_records_the_releases_a_patch_passed_on(seeded_cache: Pat
 def test_a_release_checked_again_takes_its_new_verdict(seeded_cache: Path) -> None:
     guard = load_patch(REPO / "patches" / "eagle-init-guard.toml").spec
     check_releases(guard, versions=["0.5.4", "0.5.11"], cache=seeded_cache, offline=True)
-    first = release_coverage(guard, seeded_cache)
+    first = release_coverage((guard,), seeded_cache)
     assert (first.proven, first.unproven) == (("0.5.4",), ("0.5.11",))  # 0.5.11 not checked
     check_releases(guard, versions=["0.5.10"], cache=seeded_cache, offline=True)
-    second = release_coverage(guard, seeded_cache)
+    second = release_coverage((guard,), seeded_cache)
     assert (second.proven, second.unproven) == (("0.5.4", "0.5.10"), ("0.5.11",))
 
 
@@ -361,6 +361,27 @@ def test_a_range_listed_in_full_from_an_index_and_passed_is_proven(seeded_cache:
         server.shutdown()
         server.server_close()
     assert matrix.listed_from == "index" and matrix.exit_code == 0
-    coverage = release_coverage(guard, seeded_cache)
+    coverage = release_coverage((guard,), seeded_cache)
     assert coverage.proven == tuple(VERSIONS) and coverage.listed_in_full
     assert coverage.warning is None
+
+
+def test_a_fix_in_several_files_is_proven_where_every_file_is() -> None:
+    """One fix in two modules (a patch set's parts): each file has its own proofs."""
+    first = clear_cache_pool_patch()
+    second = first.model_copy(
+        update={
+            "target": first.target.model_copy(
+                update={"module": "sglang.srt.speculative.eagle_worker"}
+            )
+        }
+    )
+    listed = ("0.5.4", "0.5.10", "0.5.23")
+    one = ReleaseProofs(first.id, proof_key(first), listed, listed, (">=0.5.4",))
+    other = ReleaseProofs(first.id, proof_key(second), listed, ("0.5.4", "0.5.23"), (">=0.5.4",))
+    coverage = combined_coverage([proof_coverage(first, one), proof_coverage(second, other)])
+    assert (coverage.proven, coverage.unproven) == (("0.5.4", "0.5.23"), ("0.5.10",))
+    assert coverage.warning is not None and "not proven on: 0.5.10" in coverage.warning
+    unrecorded = combined_coverage([proof_coverage(first, one), proof_coverage(second, None)])
+    # a file never checked: nothing is proven for the fix
+    assert unrecorded.proven == () and "is not proven on any release" in str(unrecorded.warning)

@@ -182,3 +182,21 @@ def proof_coverage(patch: PatchSpec, proofs: ReleaseProofs | None) -> ProofCover
         listed_in_full=canonical_range(patch.target.versions) in proofs.full_ranges,
         recorded=True,
     )
+
+
+def combined_coverage(coverages: Sequence[ProofCoverage]) -> ProofCoverage:
+    """The coverage of one fix in several files (a patch set's parts, each proven on its own):
+    a release is proven only where every file is, and unproven where any file is not."""
+    if len(coverages) == 1:
+        return coverages[0]
+    proven_everywhere = set.intersection(*(set(c.proven) for c in coverages))
+    named = {v for c in coverages for v in (*c.proven, *c.unproven)}
+    versions = list(dict.fromkeys(c.versions for c in coverages))
+    return ProofCoverage(
+        patch_id=coverages[0].patch_id,
+        versions="; ".join(versions),
+        proven=tuple(sort_versions(list(proven_everywhere))),
+        unproven=tuple(sort_versions(list(named - proven_everywhere))),
+        listed_in_full=all(c.listed_in_full for c in coverages),
+        recorded=all(c.recorded for c in coverages),
+    )

@@ -106,7 +106,7 @@ def check(
                 "target": f"{spec.target.module} ({spec.target.distribution} {spec.target.versions or 'any'})",
                 "edits": len(spec.edits),
                 "postconditions": len(spec.postconditions),
-                "releases": release_coverage(spec).to_json(),
+                "releases": release_coverage((spec,)).to_json(),
             }
         )
     failed = [r for r in results if not r["ok"]]

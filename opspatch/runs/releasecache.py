@@ -13,11 +13,17 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from opspatch.analysis.proofs import ProofCoverage, ReleaseProofs, proof_coverage, proof_key
+from opspatch.analysis.proofs import (
+    ProofCoverage,
+    ReleaseProofs,
+    combined_coverage,
+    proof_coverage,
+    proof_key,
+)
 from opspatch.core.spec import PatchSpec
 
 if TYPE_CHECKING:
@@ -77,8 +83,9 @@ def record_proofs(patch: PatchSpec, matrix: ReleaseMatrix, cache: Path) -> str |
     return None
 
 
-def release_coverage(patch: PatchSpec, cache: Path | None = None) -> ProofCoverage:
-    """Which releases in `patch`'s range `check --releases` has proven it on, from the record
-    in the release cache (no network, nothing fetched)."""
+def release_coverage(parts: Sequence[PatchSpec], cache: Path | None = None) -> ProofCoverage:
+    """Which releases in a patch's range `check --releases` has proven it on, from the records
+    in the release cache (no network, nothing fetched). `parts`: the patch's single-file parts
+    (one for a `[target]` patch), each proven on its own file."""
     cache = cache or release_cache_dir()
-    return proof_coverage(patch, read_proofs(patch, cache))
+    return combined_coverage([proof_coverage(p, read_proofs(p, cache)) for p in parts])
