@@ -56,7 +56,8 @@ WRAPPER = '''#!{python}
 """The engine interpreter of one sandbox host, with a fault switch (tests/faultkit.py).
 
 Runs the real interpreter on each request unchanged, unless {control}/fault.json names the
-request's operation: the first such request claims the fault (a rename: exactly once) and then
+request's operation: the first such request (after "skip" of them) claims the fault (a rename:
+exactly once) and then
 - at "before": says so in reached.json and waits for a release file, then drops the request
   ("then": "drop", as if it never arrived) or runs it ("then": "run");
 - at "after": runs it, then either holds (reached.json, wait for release) before the reply goes
@@ -84,6 +85,10 @@ def claim(op):
     except (OSError, ValueError):
         return None
     if fault.get("op") != op:
+        return None
+    if fault.get("skip"):  # let this many requests of the op pass first (a set's second swap)
+        fault["skip"] -= 1
+        write_json("fault.json", fault)
         return None
     try:
         os.rename(path, os.path.join(CONTROL, "claimed.json"))
@@ -314,13 +319,19 @@ class FaultFleet:
     # -- the fault switch ------------------------------------------------------------------------
 
     def arm(
-        self, op: str, *, at: str = "after", then: str = "drop", cut: str | None = None
+        self,
+        op: str,
+        *,
+        at: str = "after",
+        then: str = "drop",
+        cut: str | None = None,
+        skip: int = 0,
     ) -> None:
-        """The canary's next `op` request meets the fault (see `WRAPPER`)."""
+        """The canary's next `op` request (after `skip` of them) meets the fault (`WRAPPER`)."""
         self.release()
         for name in ("reached.json", "claimed.json", "release"):
             (self.control / name).unlink(missing_ok=True)
-        fault: dict[str, Any] = {"op": op, "at": at, "then": then}
+        fault: dict[str, Any] = {"op": op, "at": at, "then": then, "skip": skip}
         if cut is not None:
             fault["cut"] = cut
         temp = self.control / "fault.json.tmp"

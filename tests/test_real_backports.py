@@ -62,8 +62,7 @@ class Backport:
     @property
     def parts(self) -> tuple[PatchSpec, ...]:
         """One single-file patch per module the fix changes (a patch set has several)."""
-        # until patch sets land on main (branch wip-sets: LoadedPatch.parts), one [target] each
-        return (load_patch(BACKPORTS_DIR / f"{self.patch_id}.toml").spec,)
+        return load_patch(BACKPORTS_DIR / f"{self.patch_id}.toml").parts
 
 
 PRIORITY_CHECK = "if not self._set_or_validate_priority(req):\n    return"
@@ -83,10 +82,7 @@ BACKPORTS = (
         },
     ),
     # a patch set over three modules, two of them a move
-    pytest.param(
-        Backport("eagle-draft-positions-after-forward", "0.5.12", "0.5.11", ("0.5.8", "0.5.10")),
-        marks=pytest.mark.xfail(strict=True, reason="needs patch sets (wip-sets)"),
-    ),
+    Backport("eagle-draft-positions-after-forward", "0.5.12", "0.5.11", ("0.5.8", "0.5.10")),
 )
 
 
@@ -208,11 +204,7 @@ def test_backport_gives_the_upstream_code_on_the_release_before_the_fix(backport
 
 @pytest.mark.parametrize(
     ("backport", "version"),
-    [
-        pytest.param(b.values[0], v, marks=b.marks) if hasattr(b, "values") else (b, v)
-        for b in BACKPORTS
-        for v in (b.values[0] if hasattr(b, "values") else b).older
-    ],
+    [(b, v) for b in BACKPORTS for v in b.older],
     ids=lambda x: x.patch_id if isinstance(x, Backport) else x,
 )
 def test_backport_makes_the_upstream_change_on_older_releases(

@@ -703,3 +703,73 @@ def test_a_patch_that_does_not_fit_a_host_names_its_file_line_and_field(
     for host in report.hosts:
         assert f"{path}:{line}" in (host.error or ""), host.error
         assert "__inti__" in (host.error or "")
+
+
+def _ledger_rows(path: Path) -> dict[str, int]:
+    """Rows per table of the SQLite file itself (not through the Ledger class)."""
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return {t: conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables}
+
+
+def test_a_dry_run_records_nothing_even_when_given_the_ledger(fleet: Fleet, tmp_path: Path) -> None:
+    """A dry run records through the null recorder: handed the very ledger a real apply writes
+    to, it leaves every table of the SQLite file as it was, and takes no lock on any host."""
+    path = tmp_path / "ledger.sqlite3"
+    before = _ledger_rows(path)
+    assert before.get("events") == 0, before
+    report = apply_to_hosts(
+        fleet.patch,
+        [h.host() for h in fleet.hosts],
+        Playbook(),
+        factory=fleet.factory,
+        ledger=fleet.ledger,
+        dry_run=True,
+    )
+    assert {str(h.outcome) for h in report.hosts} == {"would-apply"}
+    assert report.run_id is None and report.to_json()["run_id"] is None
+    assert [h.requests for h in fleet.hosts] == [["inspect"]] * 3  # no begin, no release
+    assert _ledger_rows(path) == before
+    assert fleet.ledger.list_runs() == []
+    assert not any((h.state / "lock.json").exists() for h in fleet.hosts)
+    # the same apply for real writes to that file: the check above can fail
+    fleet.apply()
+    assert _ledger_rows(path)["events"] > 0
+
+
+def test_the_null_recorder_has_no_run_id_to_lock_with() -> None:
+    """A run that records nothing must never take a host lock: asking for its id is a bug."""
+    from opspatch.runs.recorder import NullRecorder
+
+    with pytest.raises(RuntimeError, match="takes no host lock"):
+        _ = NullRecorder().run_id
+    assert NullRecorder().reported_run_id is None
+
+
+def test_a_begin_reply_without_the_hosts_facts_refuses_the_run_naming_the_field(
+    fleet: Fleet,
+) -> None:
+    """A reply read by the codec is checked at the boundary: a host whose agent answers `begin`
+    without a field the controller reads is refused in the preflight (exit 2, nothing changed
+    anywhere) with the field named, not lost as an internal KeyError."""
+    broken = fleet.hosts[1]
+
+    def drop_the_python_version(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        if op != "begin":
+            return None
+        answer = broken.real(op, args)
+        assert isinstance(answer, dict)
+        answer["facts"] = {k: v for k, v in answer["facts"].items() if k != "python_version"}
+        return answer
+
+    broken.fault = drop_the_python_version
+    report = fleet.apply()
+    assert report.refused and report.exit_code == 2, report
+    error = report.hosts[1].error or ""
+    assert "HostFacts.python_version: missing" in error, error
+    assert all(
+        h.file.read_bytes() == (STANDIN / "eagle_worker_v2.py").read_bytes() for h in fleet.hosts
+    )
+    assert not any((h.state / "lock.json").exists() for h in fleet.hosts)

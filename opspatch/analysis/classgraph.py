@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from opspatch.core.anchors import call_matches, dotted_name, first_line, iter_definitions
+from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.syntax import parse_python
 from opspatch.errors import InputError
 
@@ -50,21 +51,13 @@ class ClassInfo:
 
 
 @dataclass(frozen=True)
-class Statement:
+class Statement(JsonRecord):
     """A statement as reports show it: its lines, a one-line text, and the calls it makes."""
 
     line: int
     end_line: int
     text: str
     calls: tuple[str, ...]
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "line": self.line,
-            "end_line": self.end_line,
-            "text": self.text,
-            "calls": list(self.calls),
-        }
 
     def render(self) -> str:
         return f"line {self.line}: {self.text}"

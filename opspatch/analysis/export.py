@@ -20,12 +20,13 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from email.header import Header
 from email.utils import format_datetime, formataddr, parseaddr
 
 from opspatch.core.edit import AlreadyApplied, Applied, apply_patch
+from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field
 from opspatch.core.source import SourceText, split_lines
 from opspatch.core.spec import PatchSpec
 from opspatch.errors import InputError, TargetError
@@ -36,16 +37,16 @@ _NO_NEWLINE = "\\ No newline at end of file\n"
 _MESSAGE_BREAKERS = re.compile(r"^(---(\s|$)|diff -|Index: )")
 
 
-@dataclass(frozen=True)
-class ExportedChange:
+@dataclass(frozen=True, kw_only=True)
+class ExportedChange(JsonRecord):
     """What a patch changes in one file, as a git-style unified diff."""
 
-    patch_id: str
+    patch_id: str = json_field(key="patch")
     path: str  # as it appears after a/ and b/, prefix included
-    diff: str
     insertions: int
     deletions: int
-    new_source: bytes
+    diff: str
+    new_source: bytes = field(metadata=NOT_WRITTEN)
 
     def diffstat(self) -> str:
         """git's summary: ` path | 5 +++--` and ` 1 file changed, 3 insertions(+), ...`."""
@@ -58,14 +59,6 @@ class ExportedChange:
             parts.append(f"{self.deletions} deletion{'s' if self.deletions != 1 else ''}(-)")
         return f" {self.path} | {total} {graph}\n {', '.join(parts)}\n"
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "patch": self.patch_id,
-            "path": self.path,
-            "insertions": self.insertions,
-            "deletions": self.deletions,
-            "diff": self.diff,
-        }
 
 
 def git_blob_sha1(data: bytes) -> str:

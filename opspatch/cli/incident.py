@@ -249,6 +249,7 @@ def export(
     if (file is None) == (release is None):
         raise InputError("export needs exactly one of --file PATH or --release VERSION")
     loaded = options.load_patch(patch)
+    loaded.only_target("export")
     if file is not None:
         if not file.is_file():
             raise InputError(f"{file}: no such file")
@@ -280,7 +281,9 @@ def release_matrix(loaded: LoadedPatch, spec: str, offline: bool) -> ReleaseMatr
     """`check PATCH --releases [SPEC]`: the patch on every release in its range (or SPEC)."""
     from opspatch.runs.releases import check_releases
 
-    return check_releases(loaded.spec, spec=spec or None, offline=offline)
+    return check_releases(
+        loaded.only_target("check --releases"), spec=spec or None, offline=offline
+    )
 
 
 def register(app: typer.Typer) -> None:

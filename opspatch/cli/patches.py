@@ -96,17 +96,20 @@ def check(
                 {"patch": reference, "ok": False, "error": exc.message, "hint": exc.hint}
             )
             continue
-        spec = loaded.spec
+        parts = loaded.parts
         results.append(
             {
-                "patch": spec.id,
+                "patch": loaded.spec.id,
                 "ok": True,
                 "file": loaded.path,
                 "sha256": loaded.sha256,
-                "target": f"{spec.target.module} ({spec.target.distribution} {spec.target.versions or 'any'})",
-                "edits": len(spec.edits),
-                "postconditions": len(spec.postconditions),
-                "releases": release_coverage((spec,)).to_json(),
+                "target": "; ".join(
+                    f"{p.target.module} ({p.target.distribution} {p.target.versions or 'any'})"
+                    for p in parts
+                ),
+                "edits": sum(len(p.edits) for p in parts),
+                "postconditions": sum(len(p.postconditions) for p in parts),
+                "releases": release_coverage(parts).to_json(),
             }
         )
     failed = [r for r in results if not r["ok"]]

@@ -181,12 +181,18 @@ def print_report(report: RunReport) -> None:
         if host.file is not None and host.file.sha256_before and host.file.sha256_after:
             before, after = host.file.sha256_before[:12], host.file.sha256_after[:12]
             sha = before if before == after else f"{before} ->\n{after}"
+        path = host.file.path if host.file else ""
+        if host.file is not None and host.file.set_files:  # a patch set: a line per file
+            path = "\n".join(f.path for f in host.file.set_files)
+            sha = "\n".join(
+                f"{(f.live_sha256 or '?')[:12]} ({f.standing})" for f in host.file.set_files
+            )
         seconds = sum(s.seconds for s in host.steps)
         rows.append(
             (
                 host.host,
                 Text(str(host.outcome), style=OUTCOME_STYLE.get(host.outcome, "")),
-                host.file.path if host.file else "",
+                path,
                 sha,
                 " ".join(s.step for s in host.steps if s.status == "ok"),
                 f"{seconds:.1f}s",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from opspatch.config.files import read_toml
 from opspatch.core.source import sha256_hex
-from opspatch.core.spec import LoadedPatch, parse_patch
+from opspatch.core.spec import LoadedPatch, PatchSetSpec, parse_patch_file
 
 
 def load_patch(path: Path, *, named_by_id: bool = True) -> LoadedPatch:
@@ -26,7 +26,10 @@ def load_patch(path: Path, *, named_by_id: bool = True) -> LoadedPatch:
             that is not the file's name (file:line: field).
     """
     document = read_toml(path)
-    spec = parse_patch(document)
+    parsed = parse_patch_file(document)
+    parts = parsed.parts() if isinstance(parsed, PatchSetSpec) else ()
+    spec = parts[0] if parts else parsed
+    assert not isinstance(spec, PatchSetSpec)
     if named_by_id and path.suffix == ".toml" and path.stem != spec.id:
         raise document.error(
             ["id"],
@@ -34,4 +37,4 @@ def load_patch(path: Path, *, named_by_id: bool = True) -> LoadedPatch:
             hint=f"rename the file to {spec.id}.toml or change the id",
         )
     digest = sha256_hex(document.text.encode("utf-8"))
-    return LoadedPatch(spec=spec, path=str(path), sha256=digest, document=document)
+    return LoadedPatch(spec=spec, path=str(path), sha256=digest, document=document, members=parts)

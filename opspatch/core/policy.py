@@ -13,8 +13,9 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Literal
 
+from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.vocabulary import FAILED_OUTCOMES, HaltAction, Outcome, RestartPolicy
 
 TIMEOUT_STEPS = (
@@ -71,7 +72,7 @@ class BatchSize:
 
 
 @dataclass(frozen=True)
-class StepTimeouts:
+class StepTimeouts(JsonRecord):
     """Seconds each step may take on one host; the rollout passes them as deadlines."""
 
     lock: float = 30.0
@@ -86,24 +87,18 @@ class StepTimeouts:
     catch a start-up hang, and that must not turn a slow but healthy restore into
     needs-attention."""
 
-    def to_json(self) -> dict[str, float]:
-        return {step: getattr(self, step) for step in TIMEOUT_STEPS}
-
 
 @dataclass(frozen=True)
-class SmokePrompt:
+class SmokePrompt(JsonRecord):
     """One greedy smoke decode: the prompt and, optionally, a regex its output must contain
     (checked on the host by `opspatch.hosts.agent.checks.judge_reply`)."""
 
     text: str
     expect: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"text": self.text, "expect": self.expect}
-
 
 @dataclass(frozen=True)
-class SmokeSettings:
+class SmokeSettings(JsonRecord):
     """How a host is proven to decode after a restart."""
 
     prompts: tuple[SmokePrompt, ...] = tuple(SmokePrompt(p) for p in DEFAULT_PROMPTS)
@@ -114,28 +109,17 @@ class SmokeSettings:
     outcome; "required": a host whose baseline cannot be taken is refused before any change."""
     require_spec_verify: bool = True
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "prompts": [p.to_json() for p in self.prompts],
-            "max_new_tokens": self.max_new_tokens,
-            "baseline": self.baseline,
-            "require_spec_verify": self.require_spec_verify,
-        }
-
 
 @dataclass(frozen=True)
-class LogSettings:
+class LogSettings(JsonRecord):
     """Regular expressions that fail a host when they match the log written since the restart
     (scanned on the host by `opspatch.hosts.agent.checks.scan_log`)."""
 
     fail_patterns: tuple[str, ...] = DEFAULT_FAIL_PATTERNS
 
-    def to_json(self) -> dict[str, Any]:
-        return {"fail_patterns": list(self.fail_patterns)}
-
 
 @dataclass(frozen=True)
-class Playbook:
+class Playbook(JsonRecord):
     """A rollout policy plus its verification procedure (see the module docstring for fields).
 
     `canary` is a count or a tuple of host names; `max_in_flight` None means the whole batch;
@@ -145,8 +129,12 @@ class Playbook:
     name: str = "default"
     description: str = ""
     canary: int | tuple[str, ...] = 1
-    batch: BatchSize = BatchSize(percent=Decimal(25))
-    max_in_flight: int | None = 8
+    batch: BatchSize = json_field(
+        default=BatchSize(percent=Decimal(25)), encode=lambda batch: batch.to_json()
+    )
+    max_in_flight: int | None = json_field(
+        default=8, encode=lambda limit: "all" if limit is None else limit
+    )
     max_failures: int = 1
     on_halt: HaltAction = HaltAction.STOP
     restart: RestartPolicy = RestartPolicy.ALWAYS
@@ -186,22 +174,6 @@ class Playbook:
             )
         return None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "canary": self.canary if isinstance(self.canary, int) else list(self.canary),
-            "batch": self.batch.to_json(),
-            "max_in_flight": "all" if self.max_in_flight is None else self.max_in_flight,
-            "max_failures": self.max_failures,
-            "on_halt": str(self.on_halt),
-            "restart": str(self.restart),
-            "timeouts": self.timeouts.to_json(),
-            "smoke": self.smoke.to_json(),
-            "log": self.log.to_json(),
-            "source": self.source,
-        }
-
 
 def _hosts_text(hosts: Sequence[str]) -> str:
     return ", ".join(hosts[:5]) + (f" and {len(hosts) - 5} more" if len(hosts) > 5 else "")
@@ -212,19 +184,16 @@ def _hosts_text(hosts: Sequence[str]) -> str:
 
 
 @dataclass(frozen=True)
-class Batch:
+class Batch(JsonRecord):
     """Hosts rolled out together; `in_flight` of them at once. Canary batches come first."""
 
     hosts: tuple[str, ...]
     canary: bool
     in_flight: int
 
-    def to_json(self) -> dict[str, Any]:
-        return {"hosts": list(self.hosts), "canary": self.canary, "in_flight": self.in_flight}
-
 
 @dataclass(frozen=True)
-class RolloutPlan:
+class RolloutPlan(JsonRecord):
     """The order a rollout takes, and notes on choices the operator may not expect."""
 
     batches: tuple[Batch, ...]
@@ -233,9 +202,6 @@ class RolloutPlan:
     @property
     def canaries(self) -> tuple[str, ...]:
         return tuple(h for b in self.batches if b.canary for h in b.hosts)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"batches": [b.to_json() for b in self.batches], "notes": list(self.notes)}
 
 
 def plan_rollout(playbook: Playbook, hosts: Sequence[str]) -> RolloutPlan:

@@ -675,6 +675,12 @@ class Fix(FileSchema):
         return value
 
 
+def _check_patch_id(value: str) -> str:
+    if not _PATCH_ID_RE.match(value):
+        raise ValueError(f"{value!r} is not a patch id (lower-case letters, digits, '-', '.', '_')")
+    return value
+
+
 class PatchSpec(FileSchema):
     """A patch file, validated."""
 
@@ -695,22 +701,64 @@ class PatchSpec(FileSchema):
         "patch when a host's log shows one",
     )
 
-    @field_validator("id")
-    @classmethod
-    def _id_is_slug(cls, value: str) -> str:
-        if not _PATCH_ID_RE.match(value):
-            raise ValueError(
-                f"{value!r} is not a patch id (lower-case letters, digits, '-', '.', '_')"
-            )
-        return value
+    _id = field_validator("id")(_check_patch_id)
 
     @property
     def marker(self) -> str:
         return f"{MARKER_PREFIX}{self.id}"
 
 
+class SetTarget(Target):
+    """One file of a patch set (`[[targets]]`): a target with its own edits and postconditions."""
+
+    edits: list[Edit] = Field(min_length=1)
+    postconditions: list[Postcondition] = Field(default_factory=list)
+
+
+class PatchSetSpec(FileSchema):
+    """A patch set: one fix across several modules (`[[targets]]`, each with its own
+    `[[targets.edits]]`), planned, swapped, proven and rolled back together on a host.
+
+    The header is a patch's; `parts()` gives one single-target `PatchSpec` per target, the unit
+    the edit engine plans on one file."""
+
+    id: str = Field(description="Lower-case slug; the file is patches/<id>.toml")
+    summary: str = Field(min_length=1)
+    rationale: str = Field(min_length=1)
+    incident: str | None = None
+    preserves_output: bool = False
+    targets: list[SetTarget] = Field(
+        min_length=2,
+        description="Two or more files changed together (one target is written [target])",
+    )
+    fixes: list[Fix] = Field(default_factory=list)
+
+    _id = field_validator("id")(_check_patch_id)
+
+    def parts(self) -> tuple[PatchSpec, ...]:
+        """One single-target patch per target, in the file's order (same id and header)."""
+        header = self.model_dump(exclude={"targets"}, by_alias=True)
+        parts = []
+        for target in self.targets:
+            edits = list(target.edits)
+            conditions = list(target.postconditions)
+            plain = Target.model_validate(
+                target.model_dump(exclude={"edits", "postconditions"}, by_alias=True)
+            )
+            parts.append(
+                PatchSpec.model_construct(
+                    **header, target=plain, edits=edits, postconditions=conditions
+                )
+            )
+        return tuple(parts)
+
+
 class LoadedPatch(BaseModel):
-    """A patch together with where it came from (for messages and the ledger)."""
+    """A patch together with where it came from (for messages and the ledger).
+
+    `spec` is the patch; for a patch set (`[[targets]]`) it is the set's first target's part
+    and `parts` holds every target's, in order. Code that changes files goes over `parts`;
+    code that is about one file only refuses a set (`only_target`)."""
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
@@ -718,9 +766,84 @@ class LoadedPatch(BaseModel):
     path: str
     sha256: str
     document: TomlDocument
+    members: tuple[PatchSpec, ...] = ()
+    """Every target's part of a patch set; empty for a single-target patch."""
+
+    @property
+    def parts(self) -> tuple[PatchSpec, ...]:
+        """The patch's single-target parts, one per file it changes (one for `[target]`)."""
+        return self.members or (self.spec,)
+
+    @property
+    def is_set(self) -> bool:
+        return bool(self.members)
+
+    def target_field(self, index: int, *rest: str | int) -> tuple[str | int, ...]:
+        """The field path of part `index`'s target in the file (`target`, `targets[1]`)."""
+        return ("targets", index, *rest) if self.is_set else ("target", *rest)
+
+    def edit_field(self, index: int, edit: int, *rest: str | int) -> tuple[str | int, ...]:
+        """The field path of an edit of part `index` (`edits[0]`, `targets[1].edits[0]`)."""
+        return ("targets", index, "edits", edit, *rest) if self.is_set else ("edits", edit, *rest)
+
+    def only_target(self, command: str) -> PatchSpec:
+        """The patch's one target part, for a command that works on one file.
+
+        Raises:
+            InputError: the patch is a set of several targets.
+        """
+        if self.is_set:
+            from opspatch.errors import InputError
+
+            modules = ", ".join(p.target.module for p in self.parts)
+            raise InputError(
+                f"{self.path}: {self.spec.id} is a patch set ({modules}); {command} takes a patch "
+                "with one [target]",
+                hint="with --hosts, apply, rollback, recover and status take a patch set",
+            )
+        return self.spec
 
     def location(self, field_path: Sequence[str | int]) -> Location:
         return self.document.location(field_path)
+
+
+def parse_patch_file(document: TomlDocument) -> PatchSpec | PatchSetSpec:
+    """Validate a parsed TOML document as a patch (`[target]`) or a patch set (`[[targets]]`).
+
+    Raises:
+        SpecError: as `parse_patch`; a document with both forms (or neither) is refused at
+            its `targets` (or `target`) field.
+    """
+    data = document.data
+    if "targets" not in data:
+        return parse_patch(document)
+    for single in ("target", "edits", "postconditions"):
+        if single in data:
+            raise document.error(
+                [single],
+                f"a patch set ([[targets]]) keeps each file's {single} inside its "
+                "[[targets]] table",
+                hint=f"move [{single}] into the [[targets]] table it belongs to "
+                "([[targets.edits]], [[targets.postconditions]]), or write one [target] "
+                "without [[targets]]",
+            )
+    try:
+        patch_set = PatchSetSpec.model_validate(data)
+    except ValidationError as exc:
+        raise spec_error_from_validation(
+            exc, document, schema=PatchSetSpec, data=data, named_in_message=_NAMED_IN_MESSAGE
+        ) from None
+    first_at: dict[str, int] = {}
+    for index, target in enumerate(patch_set.targets):
+        if target.module in first_at:
+            raise document.error(
+                ["targets", index, "module"],
+                f"{target.module!r} is already targets[{first_at[target.module]}]: one file is "
+                "one [[targets]] table",
+                hint="put all of that module's edits under one [[targets]] table",
+            )
+        first_at[target.module] = index
+    return patch_set
 
 
 def parse_patch(document: TomlDocument) -> PatchSpec:

@@ -86,6 +86,19 @@ RECORDED_OUTCOMES = frozenset(
 """Host outcomes a recorded (non-dry) run writes to the ledger."""
 
 
+class SetState(Word):
+    """Where the files of a patch set stand on one host, together (a set is changed whole)."""
+
+    ALL_NEW = "all-new"
+    """Every file is the post-image its run wrote."""
+    ALL_OLD = "all-old"
+    """Every file is its pre-image (never changed, or restored)."""
+    PARTLY_APPLIED = "partly-applied"
+    """Some files are new and the rest old: a run stopped between two files' swaps."""
+    CHANGED = "changed"
+    """A file is neither its pre- nor its post-image (someone else changed it)."""
+
+
 class StepStatus(Word):
     """The status of one step on one host (a ledger step record, a `steps[]` entry)."""
 

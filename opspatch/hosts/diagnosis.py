@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
+from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord
 from opspatch.hosts.engine import SmokeResult
 from opspatch.hosts.operations import HostOperations
-from opspatch.hosts.results import HostFacts, RemoteFile
+from opspatch.hosts.results import HostFacts, RemoteFile, read_reply
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class DiagnoseRequest:
 
 
 @dataclass(frozen=True)
-class InstalledCopy:
+class InstalledCopy(JsonRecord):
     """A copy of the package the interpreter could import, and what points at it."""
 
     path: str
@@ -81,7 +82,7 @@ class InstalledCopy:
 
 
 @dataclass(frozen=True)
-class CachedBytecode:
+class CachedBytecode(JsonRecord):
     """One pyc of the module, judged against its source (`runs_old_code`: the next import would
     run code that is not the source's)."""
 
@@ -92,7 +93,7 @@ class CachedBytecode:
 
 
 @dataclass(frozen=True)
-class Checkout:
+class Checkout(JsonRecord):
     """The git checkout a module's file lives in (an editable install's source tree)."""
 
     root: str
@@ -105,15 +106,11 @@ class Checkout:
     subject: str | None = None
     tracked: bool = False
     head_sha256: str | None = None
-    head_content: bytes | None = None  # HEAD's bytes of the file, when they differ from the live
+    # HEAD's bytes of the file, when they differ from the live one
+    head_content: bytes | None = field(default=None, metadata=NOT_WRITTEN)
     diff: str | None = None  # `git diff HEAD -- file`
     uncommitted: tuple[str, ...] = ()  # `git status --porcelain` of the whole checkout
     uncommitted_count: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("head_content")
-        return data
 
 
 @dataclass(frozen=True)
@@ -249,10 +246,14 @@ def _host_diagnosis(ops: HostOperations, reply: Mapping[str, Any]) -> HostDiagno
     sources = reply.get("sources") or {}
     return HostDiagnosis(
         host=ops.name,
-        facts=HostFacts.from_reply(reply["facts"]) if reply.get("facts") else None,
+        facts=read_reply(HostFacts, reply["facts"], host=ops.name, step="diagnose")
+        if reply.get("facts")
+        else None,
         server=_server(reply.get("server")),
         modules=tuple(_module(ops, m) for m in reply.get("modules") or ()),
-        smoke=SmokeResult.from_reply(reply["smoke"]) if reply.get("smoke") else None,
+        smoke=SmokeResult.from_reply(reply["smoke"], host=ops.name, step="diagnose")
+        if reply.get("smoke")
+        else None,
         log=_log(reply.get("log")),
         sources={str(f["path"]): str(f["text"]) for f in sources.get("files") or ()},
         sources_left_out=tuple(str(p) for p in sources.get("left_out") or ()),

@@ -23,93 +23,83 @@ and tells a decode that timed out (the server still running) from a crash.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opspatch.core.host import Host
+from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord
 from opspatch.core.policy import Playbook
 from opspatch.errors import EngineError, RemoteOperationError
 from opspatch.hosts.operations import HostOperations
+from opspatch.hosts.results import read_reply
 
 # Seconds added to a host-side deadline for the exec itself (interpreter start, transfer).
 EXEC_MARGIN = 30.0
 
 
 @dataclass(frozen=True)
-class RestartResult:
+class RestartResult(JsonRecord):
     """What a restart did: the new pid (if known) and where the log was when it started."""
 
     strategy: str
-    pid: int | None
-    log_offset: int | None
+    pid: int | None = None
+    log_offset: int | None = None
     stopped: tuple[int, ...] = ()
     detail: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy,
-            "pid": self.pid,
-            "log_offset": self.log_offset,
-            "stopped": list(self.stopped),
-            "detail": self.detail,
-        }
-
 
 @dataclass(frozen=True)
-class Readiness:
+class Readiness(JsonRecord):
     seconds: float
     polls: int
 
 
 @dataclass(frozen=True)
-class PromptResult:
+class PromptResult(JsonRecord):
     prompt: str
     ok: bool
-    text: str | None
-    completion_tokens: int | None
-    spec_verify_ct: int | None
-    problem: str | None
+    text: str | None = None
+    completion_tokens: int | None = None
+    spec_verify_ct: int | None = None
+    problem: str | None = None
 
 
-@dataclass(frozen=True)
-class SmokeResult:
+@dataclass(frozen=True, kw_only=True)
+class SmokeResult(JsonRecord):
     """A smoke decode: every prompt's result, every failure, and log lines that matched; on a
     failure, the exceptions the server logged (grouped: type, message, count, times, frame) and
     its last relevant log lines."""
 
     ok: bool
-    prompts: tuple[PromptResult, ...]
-    failures: tuple[str, ...]
+    failures: tuple[str, ...] = ()
     log_hits: tuple[str, ...] = ()
-    texts: tuple[str | None, ...] = field(default_factory=tuple)
+    prompts: tuple[PromptResult, ...] = ()
     exceptions: tuple[dict[str, Any], ...] = ()
     log_tail: str | None = None
-    lock_released: bool = False
+    lock_released: bool = field(default=False, metadata=NOT_WRITTEN)
     """The smoke passed and released the run's lock on the host in the same exec."""
 
+    @property
+    def texts(self) -> tuple[str | None, ...]:
+        """Each prompt's completion (a baseline for the next smoke)."""
+        return tuple(p.text for p in self.prompts)
+
     @classmethod
-    def from_reply(cls, data: dict[str, Any]) -> SmokeResult:
-        prompts = tuple(
-            PromptResult(
-                prompt=str(p.get("prompt", "")),
-                ok=bool(p.get("ok")),
-                text=p.get("text"),
-                completion_tokens=p.get("completion_tokens"),
-                spec_verify_ct=p.get("spec_verify_ct"),
-                problem=p.get("problem"),
-            )
-            for p in data.get("results", [])
+    def from_reply(cls, reply: Mapping[str, Any], *, host: str, step: str) -> SmokeResult:
+        """The agent's `smoke` reply, checked field by field. Written by hand for its two keys
+        of the wire only (`results`, the lock `released` in the same exec); the rest is read
+        by the codec as `to_json` writes it.
+
+        Raises:
+            RemoteOperationError: `agent-bad-reply` (see `results.read_reply`).
+        """
+        released = reply.get("released")
+        smoke = read_reply(
+            cls, {**reply, "prompts": reply.get("results", [])}, host=host, step=step
         )
-        return cls(
-            ok=bool(data.get("ok")),
-            prompts=prompts,
-            failures=tuple(str(f) for f in data.get("failures", [])),
-            log_hits=tuple(str(h) for h in data.get("log_hits", [])),
-            texts=tuple(p.text for p in prompts),
-            exceptions=tuple(dict(e) for e in data.get("exceptions") or ()),
-            log_tail=data.get("log_tail"),
-            lock_released=bool((data.get("released") or {}).get("released")),
+        return replace(
+            smoke, lock_released=isinstance(released, dict) and bool(released.get("released"))
         )
 
     def summary(self) -> str:
@@ -120,16 +110,6 @@ class SmokeResult:
                 f", spec_verify_ct {sum(verified)}" if verified else ""
             )
         return "; ".join(self.failures)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "failures": list(self.failures),
-            "log_hits": list(self.log_hits),
-            "prompts": [p.__dict__ for p in self.prompts],
-            "exceptions": list(self.exceptions),
-            "log_tail": self.log_tail,
-        }
 
 
 def restart_args(host: Host) -> dict[str, Any]:
@@ -202,13 +182,7 @@ class EngineControl:
         timeout = float(self.playbook.timeouts.restart)
         args = restart_args(self.host) | {"timeout": timeout}
         data = self._call("restart", args, timeout=timeout, step=step)
-        return RestartResult(
-            strategy=str(data.get("strategy", "")),
-            pid=data.get("pid"),
-            log_offset=data.get("log_offset"),
-            stopped=tuple(data.get("stopped", [])),
-            detail=str(data.get("detail", "")),
-        )
+        return read_reply(RestartResult, data, host=self.host.name, step=step)
 
     def wait_ready(
         self,
@@ -236,7 +210,7 @@ class EngineControl:
             "log_offset": restart.log_offset if restart else None,
         }
         data = self._call("wait_ready", args, timeout=timeout, step=step)
-        return Readiness(seconds=float(data.get("seconds", 0.0)), polls=int(data.get("polls", 0)))
+        return read_reply(Readiness, data, host=self.host.name, step=step)
 
     def smoke(
         self,
@@ -270,4 +244,4 @@ class EngineControl:
             {"state_dir": self.host.state_dir, "run_id": release_lock} if release_lock else None
         )
         data = self._call("smoke", args, timeout=timeout, step=step)
-        return SmokeResult.from_reply(data)
+        return SmokeResult.from_reply(data, host=self.host.name, step=step)

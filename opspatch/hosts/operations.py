@@ -69,6 +69,7 @@ from opspatch.hosts.results import (
     ServerProcess,
     SwapResult,
     UnlockResult,
+    read_reply,
 )
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.local import LocalTransport
@@ -188,12 +189,12 @@ class HostOperations:
         """Python, sglang and torch versions (distribution metadata), GPUs and CUDA as the
         driver reports them (NVML or nvidia-smi; nothing imports torch), hostname."""
         reply = self.call("facts", {}, timeout=timeout)
-        return HostFacts.from_reply(reply)
+        return read_reply(HostFacts, reply, host=self.name, step="facts")
 
     def resolve(self, module: str, *, timeout: float) -> ResolvedModule:
         """The file the engine's interpreter imports for `module` (nothing is imported)."""
         reply = self.call("resolve", dict(ResolveRequest(module=module)), timeout=timeout)
-        return ResolvedModule.from_reply(reply)
+        return read_reply(ResolvedModule, reply, host=self.name, step="resolve")
 
     def read(self, path: str, *, timeout: float) -> RemoteFile:
         """The file's exact bytes, sha256, mode, owner, mtime and symlink target."""
@@ -215,12 +216,18 @@ class HostOperations:
             raise ValueError("inspect needs exactly one of module or path")
         request = InspectRequest(module=module, path=path, server=self._server_hint())
         reply = self._typed_call("inspect", request, InspectReply, timeout=timeout)
-        resolved = reply.get("resolved")
+        return self._inspection(reply, "inspect")
+
+    def _inspection(self, reply: InspectReply, step: str) -> HostInspection:
+        """An inspection (`inspect`, or the inspecting half of `begin`), its parts checked."""
+        resolved, server = reply.get("resolved"), reply.get("server")
         return HostInspection(
-            facts=HostFacts.from_reply(reply["facts"]),
-            module=ResolvedModule.from_reply(resolved) if resolved else None,
-            file=self._remote_file(reply["file"], "inspect"),
-            server=ServerProcess.from_reply(reply.get("server")),
+            facts=read_reply(HostFacts, reply["facts"], host=self.name, step=step),
+            module=read_reply(ResolvedModule, resolved, host=self.name, step=step)
+            if resolved
+            else None,
+            file=self._remote_file(reply["file"], step),
+            server=read_reply(ServerProcess, server, host=self.name, step=step) if server else None,
         )
 
     def _server_hint(self) -> ServerHint:
@@ -374,12 +381,16 @@ class HostOperations:
             takeover_run=None,
         )
         reply = self._typed_call("lock", request, LockReply, timeout=timeout)
-        holder = LockHolder.from_reply(dict(reply["holder"]))
-        assert holder is not None
+        return self._lock_info(reply, "lock")
+
+    def _lock_info(self, reply: LockReply, step: str) -> LockInfo:
+        previous = reply["previous"]
         return LockInfo(
-            holder=holder,
+            holder=read_reply(LockHolder, reply["holder"], host=self.name, step=step),
             refreshed=bool(reply["refreshed"]),
-            took_over_from=_holder(reply["previous"]),
+            took_over_from=read_reply(LockHolder, previous, host=self.name, step=step)
+            if previous
+            else None,
         )
 
     def begin(
@@ -419,23 +430,7 @@ class HostOperations:
             reply = self._begin_raised(args, timeout=timeout)
         else:
             reply = self._typed_call("begin", args, BeginReply, timeout=timeout, step="begin")
-        lock = reply["lock"]
-        holder = LockHolder.from_reply(dict(lock["holder"]))
-        assert holder is not None
-        resolved = reply.get("resolved")
-        return (
-            LockInfo(
-                holder=holder,
-                refreshed=bool(lock["refreshed"]),
-                took_over_from=_holder(lock["previous"]),
-            ),
-            HostInspection(
-                facts=HostFacts.from_reply(reply["facts"]),
-                module=ResolvedModule.from_reply(resolved) if resolved else None,
-                file=self._remote_file(reply["file"], "begin"),
-                server=ServerProcess.from_reply(reply.get("server")),
-            ),
-        )
+        return self._lock_info(reply["lock"], "begin"), self._inspection(reply, "begin")
 
     def _begin_raised(self, args: BeginRequest, *, timeout: float) -> BeginReply:
         """`begin` with become: the lock as the become user (the first raised exec, so sudo is
@@ -459,12 +454,11 @@ class HostOperations:
         """
         request = UnlockRequest(state_dir=self.host.state_dir, run_id=run_id, force=force)
         reply = self._typed_call("unlock", request, UnlockReply, timeout=timeout)
+        previous = reply.get("previous")
         return UnlockResult(
             released=bool(reply["released"]),
             reason=str(reply["reason"]),
-            previous=_holder(reply.get("previous")),
+            previous=read_reply(LockHolder, previous, host=self.name, step="unlock")
+            if previous
+            else None,
         )
-
-
-def _holder(reply: Mapping[str, Any] | None) -> LockHolder | None:
-    return LockHolder.from_reply(dict(reply) if reply else None)

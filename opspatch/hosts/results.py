@@ -1,17 +1,43 @@
 """What host operations return: frozen values built from the host agent's replies.
 
 `HostOperations` (`opspatch.hosts.operations`) builds them; runs, status and the CLI read them.
+A reply is read through the one codec (`core.jsonrecord`), so it is checked field by field at
+the boundary: `read_reply` turns a reply that does not have the record's shape into the
+`RemoteOperationError` (`agent-bad-reply`) every caller of an agent operation already handles.
 """
 
 from __future__ import annotations
 
-import base64
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
+
+from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, record_from_json
+from opspatch.errors import RemoteOperationError
+
+R = TypeVar("R", bound=JsonRecord)
 
 
-@dataclass(frozen=True)
-class HostFacts:
+def read_reply(cls: type[R], reply: Mapping[str, object], *, host: str, step: str) -> R:
+    """The agent's `reply` read as a `cls` record, every field checked against its type.
+
+    Raises:
+        RemoteOperationError: `agent-bad-reply`, the reply lacks a field or one has the wrong
+            type (an agent of another opspatch version, or a broken host); names the field.
+    """
+    try:
+        return record_from_json(cls, reply)
+    except ValueError as exc:
+        raise RemoteOperationError(
+            f"the host agent's reply is not what this opspatch reads: {exc}",
+            code="agent-bad-reply",
+            host=host,
+            step=step,
+        ) from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostFacts(JsonRecord):
     """What a host runs. `None` means unknown or not installed; `notes` say why a probe failed.
 
     Package versions come from distribution metadata; the GPU fields come from the NVIDIA driver
@@ -25,46 +51,23 @@ class HostFacts:
     hostname: str
     platform: str
     machine: str
-    sglang_version: str | None
-    torch_version: str | None
-    cuda_available: bool | None
-    cuda_version: str | None
-    cuda_device_count: int | None
-    gpu_names: tuple[str, ...]
-    notes: tuple[str, ...]
+    # an agent leaves out what it could not probe: the defaults say unknown
+    sglang_version: str | None = None
+    torch_version: str | None = None
+    cuda_available: bool | None = None
+    cuda_version: str | None = None
+    cuda_device_count: int | None = None
+    gpu_names: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
     driver_version: str | None = None
     gpu_memory_mib: tuple[int, ...] = ()
     machine_id: str | None = None
     """/etc/machine-id: which machine this is, however it was reached (the ledger matches a
     host's file history by it, with the file's path, across inventories)."""
 
-    @classmethod
-    def from_reply(cls, data: dict[str, Any]) -> HostFacts:
-        return cls(
-            python_version=str(data["python_version"]),
-            python_executable=str(data["python_executable"]),
-            python_implementation=str(data["python_implementation"]),
-            hostname=str(data["hostname"]),
-            platform=str(data["platform"]),
-            machine=str(data["machine"]),
-            sglang_version=data.get("sglang_version"),
-            torch_version=data.get("torch_version"),
-            cuda_available=data.get("cuda_available"),
-            cuda_version=data.get("cuda_version"),
-            cuda_device_count=data.get("cuda_device_count"),
-            gpu_names=tuple(data.get("gpu_names") or ()),
-            notes=tuple(data.get("notes") or ()),
-            driver_version=data.get("driver_version"),
-            gpu_memory_mib=tuple(int(m) for m in data.get("gpu_memory_mib") or ()),
-            machine_id=data.get("machine_id"),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class ResolvedModule:
+class ResolvedModule(JsonRecord):
     """The file the engine imports for `module`. `record_sha256` is the hash pip recorded for
     it in the distribution's RECORD (an edit made outside any tool shows up as a difference)."""
 
@@ -73,29 +76,13 @@ class ResolvedModule:
     realpath: str
     is_symlink: bool
     is_package: bool
-    distribution: str | None
-    distribution_version: str | None
-    record_sha256: str | None
-
-    @classmethod
-    def from_reply(cls, data: dict[str, Any]) -> ResolvedModule:
-        return cls(
-            module=str(data["module"]),
-            origin=str(data["origin"]),
-            realpath=str(data["realpath"]),
-            is_symlink=bool(data["is_symlink"]),
-            is_package=bool(data["is_package"]),
-            distribution=data.get("distribution"),
-            distribution_version=data.get("distribution_version"),
-            record_sha256=data.get("record_sha256"),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    distribution: str | None = None
+    distribution_version: str | None = None
+    record_sha256: str | None = None
 
 
 @dataclass(frozen=True)
-class RemoteFile:
+class RemoteFile(JsonRecord):
     """A file as read on the host: its exact bytes and what must be kept when it is replaced.
 
     `path` is what was asked for; `realpath` is the file really read (and later written) when
@@ -105,7 +92,7 @@ class RemoteFile:
     path: str
     realpath: str
     symlink_target: str | None
-    content: bytes
+    content: bytes = field(metadata=NOT_WRITTEN)
     sha256: str
     size: int
     mode: int
@@ -116,33 +103,16 @@ class RemoteFile:
     mtime_ns: int
     nlink: int
 
-    def to_json(self, *, include_content: bool = False) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("content")
-        if include_content:
-            data["content_b64"] = base64.b64encode(self.content).decode("ascii")
-        return data
-
 
 @dataclass(frozen=True)
-class ServerProcess:
+class ServerProcess(JsonRecord):
     """The engine's running process as the host sees it: pid and start time (epoch seconds).
     An inspection without one (`HostInspection.server` None) found no server running."""
 
-    pid: int | None
+    pid: int | None = None
     """None: something listens on the engine's port, but its process is not visible to the
     login user (another user's)."""
-    started_at: float | None
-
-    @classmethod
-    def from_reply(cls, data: dict[str, Any] | None) -> ServerProcess | None:
-        if not data:
-            return None
-        pid, started = data.get("pid"), data.get("started_at")
-        return cls(
-            pid=int(pid) if pid is not None else None,
-            started_at=float(started) if started is not None else None,
-        )
+    started_at: float | None = None
 
     def predates(self, file: RemoteFile) -> bool:
         """Whether the server started before `file` last changed (so it runs older code)."""
@@ -198,24 +168,13 @@ class RestoreResult:
 
 
 @dataclass(frozen=True)
-class LockHolder:
+class LockHolder(JsonRecord):
     """Who holds (or held) a host's lock; times are the host's clock, seconds since the epoch."""
 
-    owner: str | None
-    run_id: str | None
-    acquired_at: float | None
-    expires_at: float | None
-
-    @classmethod
-    def from_reply(cls, data: dict[str, Any] | None) -> LockHolder | None:
-        if not data:
-            return None
-        return cls(
-            owner=data.get("owner"),
-            run_id=data.get("run_id"),
-            acquired_at=_optional_float(data.get("acquired_at")),
-            expires_at=_optional_float(data.get("expires_at")),
-        )
+    owner: str | None = None
+    run_id: str | None = None
+    acquired_at: float | None = None
+    expires_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -235,7 +194,3 @@ class UnlockResult:
     released: bool
     reason: str
     previous: LockHolder | None
-
-
-def _optional_float(value: Any) -> float | None:
-    return None if value is None else float(value)

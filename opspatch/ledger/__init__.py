@@ -3,8 +3,8 @@ host fact, and the run statuses derived from it.
 
 `store` (the `Ledger` class: open, appends, queries), `schema` (tables, triggers, pragmas),
 `chain` (canonical JSON, event hashes, the verify walk), `events` (event rows read back into
-records, derived run statuses), `records` (the frozen dataclasses the queries return), `codec`
-(their one JSON mechanism), `liveness` (the controller process that began a run, from /proc),
+records, derived run statuses), `records` (the frozen dataclasses the queries return, serialised
+by the core's one JSON mechanism, `opspatch.core.jsonrecord`), `liveness` (the controller process that began a run, from /proc),
 `failures` (a full or read-only filesystem, named as such). Callers import from here:
 `from opspatch.ledger import Ledger`.
 

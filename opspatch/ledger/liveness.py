@@ -16,7 +16,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from opspatch.ledger.codec import JsonRecord
+from opspatch.core.jsonrecord import JsonRecord
 
 
 def operator_identity() -> str:

@@ -1,4 +1,5 @@
-"""What the ledger's queries return: frozen dataclasses, serialised by one mechanism (`codec`).
+"""What the ledger's queries return: frozen dataclasses, serialised by one mechanism
+(`opspatch.core.jsonrecord`).
 
 The field order of each class is the key order of its JSON (`opspatch ledger show --json`,
 `ledger list --json`), so reordering fields changes the CLI's output: don't, add at the end.
@@ -15,8 +16,8 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, TypeVar
 
+from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
-from opspatch.ledger.codec import JsonRecord, json_field
 from opspatch.ledger.liveness import ControllerProcess
 
 FILE_ACTIONS = frozenset({"patch", "restore"})
@@ -102,7 +103,7 @@ class HostRecord(JsonRecord):
     file_versions: tuple[FileVersion, ...]
 
     def __post_init__(self) -> None:
-        # Derived, so that it is serialised in its place among the fields (codec: init=False).
+        # Derived, so that it is serialised in its place among the fields (jsonrecord: init=False).
         object.__setattr__(self, "last_step", self.steps[-1] if self.steps else None)
 
 

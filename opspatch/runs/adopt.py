@@ -386,9 +386,8 @@ def _record(
                 f"{f.realpath} is {f.sha256[:12]}; pristine {pristine.sha256[:12]} from "
                 f"{pristine.source}"
             )
-            ledger.record_step(run.run_id, host.name, "read", StepStatus.OK, 0.0, detail)
-            ledger.record_file_version(
-                run.run_id,
+            run.step(host.name, "read", StepStatus.OK, 0.0, detail)
+            run.file_version(
                 host.name,
                 path=f.realpath,
                 sha256_before=pristine.sha256,
@@ -399,7 +398,7 @@ def _record(
                 post_image=f.content,
             )
             said = f"recorded as patch {loaded.spec.id}"
-            ledger.record_step(run.run_id, host.name, "adopt", StepStatus.OK, 0.0, said)
+            run.step(host.name, "adopt", StepStatus.OK, 0.0, said)
             change = FileChange(f.realpath, pristine.sha256, f.sha256)
             # What `status` will say: a server started before the edit still runs the old code.
             staged = bool(m.server_older_than_file)
@@ -419,12 +418,10 @@ def _record(
                 ),
                 note=note,
             )
-            ledger.record_host_outcome(
-                run.run_id, host.name, str(outcome.outcome), None, change.to_json()
-            )
+            run.outcome(outcome)
             outcomes.append(outcome)
         outcomes += [
             HostOutcome(name, Outcome.SKIPPED, note=f"{why}: nothing to adopt")
             for name, why in untouched
         ]
-        return run.finish(RunReport(run.run_id, "adopt", loaded.spec.id, tuple(outcomes)))
+        return run.finish(RunReport(run.run_id, "adopt", loaded.spec.id, hosts=tuple(outcomes)))

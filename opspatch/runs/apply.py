@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable
+from opspatch.core.edit import AlreadyApplied, NotApplicable
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.spec import LoadedPatch
@@ -23,9 +23,10 @@ from opspatch.ledger.store import Ledger
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.fleetrun import FleetRun
 from opspatch.runs.localfile import not_applicable_error
-from opspatch.runs.pipeline import ApplyPipeline, Prepared
+from opspatch.runs.pipeline import ApplyPipeline, Prepared, PreparedFile
 from opspatch.runs.recorded import recorded_run
-from opspatch.runs.report import FileChange, HostOutcome, RunReport
+from opspatch.runs.recorder import NullRecorder, Recorder
+from opspatch.runs.report import HostOutcome, RunReport
 from opspatch.runs.session import (
     HostSession,
     NoProgress,
@@ -54,16 +55,14 @@ def apply_to_hosts(
     """
     progress = progress or NoProgress()
     if dry_run:
-        return _FleetApply(patch, playbook, hosts, factory, None, None, progress, True).run()
+        return _FleetApply(patch, playbook, hosts, factory, NullRecorder(), progress, True).run()
     if ledger is None:
         raise ValueError("an apply that changes hosts is recorded: pass the ledger")
     with recorded_run(ledger, command="apply", patch=patch, hosts=hosts, playbook=playbook) as run:
         progress.run_started(
             run.run_id, f"{patch.spec.id} on {len(hosts)} host(s), playbook {playbook.name}"
         )
-        report = _FleetApply(
-            patch, playbook, hosts, factory, ledger, run.run_id, progress, False
-        ).run()
+        report = _FleetApply(patch, playbook, hosts, factory, run, progress, False).run()
         return run.finish(report)
 
 
@@ -78,8 +77,7 @@ class _FleetApply:
     playbook: Playbook
     hosts: Sequence[Host]
     factory: TransportFactory
-    ledger: Ledger | None
-    run_id: str | None
+    recorder: Recorder
     progress: Progress
     dry_run: bool
 
@@ -95,8 +93,7 @@ class _FleetApply:
             hosts=self.hosts,
             factory=self.factory,
             playbook=self.playbook,
-            ledger=self.ledger,
-            run_id=self.run_id,
+            recorder=self.recorder,
             progress=self.progress,
         ) as fleet:
             self.fleet = fleet
@@ -146,12 +143,10 @@ class _FleetApply:
                     unreached.append(host.name)
                 outcomes.append(item)
                 continue
-            problem = item.version_problem
-            if problem is None and isinstance(item.plan, NotApplicable):
-                # the patch file, line and field, as `--file` names them
-                problem = self._misfit(item.inspection.file.realpath, item.plan)
-            if problem is not None:
+            misfit = item.misfit
+            if misfit is not None:
                 misfits.append(host.name)
+                problem = self._misfit(misfit)
                 outcomes.append(session.outcome(Outcome.SKIPPED, f"not applicable: {problem}"))
             else:
                 outcomes.append(session.outcome(Outcome.SKIPPED))
@@ -180,10 +175,10 @@ class _FleetApply:
         if not reasons:
             return None
         return RunReport(
-            self.run_id,
+            self.recorder.reported_run_id,
             "apply",
             self.patch.spec.id,
-            tuple(outcomes),
+            hosts=tuple(outcomes),
             halted="refused before any change: " + "; ".join(reasons),
             dry_run=self.dry_run,
             refused=True,
@@ -197,33 +192,35 @@ class _FleetApply:
             if isinstance(item, HostOutcome):
                 outcomes.append(item)
                 continue
-            plan = item.plan
-            file = item.inspection.file
-            if isinstance(plan, Applied):
+            misfit = item.misfit
+            if misfit is not None:
                 outcomes.append(
                     session.outcome(
-                        Outcome.WOULD_APPLY,
-                        file=FileChange(file.realpath, plan.sha256_before, plan.sha256_after),
-                        diff=plan.diff,
+                        Outcome.NOT_APPLICABLE, self._misfit(misfit), file=item.change()
                     )
+                )
+            elif item.pending:
+                outcomes.append(
+                    session.outcome(Outcome.WOULD_APPLY, file=item.change(), diff=item.diff())
                 )
             else:
-                reason = (
-                    plan.reason
-                    if isinstance(plan, AlreadyApplied)
-                    else self._misfit(file.realpath, plan)
-                )
+                reasons = [f.plan.reason for f in item.files if isinstance(f.plan, AlreadyApplied)]
                 outcomes.append(
-                    session.outcome(
-                        Outcome(plan.outcome),
-                        reason,
-                        file=FileChange(file.realpath, file.sha256, file.sha256),
-                    )
+                    session.outcome(Outcome.ALREADY_APPLIED, "; ".join(reasons), file=item.change())
                 )
-        return RunReport(None, "apply", self.patch.spec.id, tuple(outcomes), dry_run=True)
+        return RunReport(None, "apply", self.patch.spec.id, hosts=tuple(outcomes), dry_run=True)
 
-    def _misfit(self, path: str, plan: NotApplicable) -> str:
-        return not_applicable_error(self.patch, path, plan).render()
+    def _misfit(self, item: PreparedFile) -> str:
+        """Why a target does not fit: the patch file, line and field, as `--file` names them
+        (a set's target by its module too)."""
+        if item.version_problem is not None:
+            problem = item.version_problem
+            if self.patch.is_set:
+                where = self.patch.location(self.patch.target_field(item.index, "versions"))
+                problem = f"{where}: {item.part.target.module}: {problem}"
+            return problem
+        assert isinstance(item.plan, NotApplicable)
+        return not_applicable_error(self.patch, item.path, item.plan, part=item.index).render()
 
     # -- the rollout ---------------------------------------------------------------------------
 
@@ -239,12 +236,8 @@ class _FleetApply:
         def one(session: HostSession) -> HostOutcome:
             item = prepared[session.name]
             assert isinstance(item, Prepared)
-            if isinstance(item.plan, AlreadyApplied):
-                file = item.inspection.file
-                return session.outcome(
-                    Outcome.ALREADY_APPLIED,
-                    file=FileChange(file.realpath, file.sha256, file.sha256),
-                )
+            if not item.pending:
+                return session.outcome(Outcome.ALREADY_APPLIED, file=item.change())
             return self.pipeline.apply(session, item)
 
         outcomes, halted = self.fleet.execute(one, batches=plan.batches, halt=halt)
@@ -263,7 +256,7 @@ class _FleetApply:
             if (
                 outcome.outcome != Outcome.APPLIED
                 or not isinstance(item, Prepared)
-                or not isinstance(item.plan, Applied)
+                or not item.pending
                 or outcome.file is None
             ):
                 continue
@@ -271,7 +264,7 @@ class _FleetApply:
             try:
                 session.lock.take()
                 rolled = self.pipeline.roll_back(
-                    session, outcome.file, item.plan, "the rollout halted (on_halt = rollback-run)"
+                    session, item, "the rollout halted (on_halt = rollback-run)"
                 )
             except OpspatchError as exc:
                 rolled = session.outcome(

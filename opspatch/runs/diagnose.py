@@ -197,7 +197,9 @@ def diagnose_fleet(
     Raises:
         TargetError: a module named in `options.modules` resolves on no host that was read.
     """
-    modules = tuple(dict.fromkeys([p.spec.target.module for p in patches] + list(options.modules)))
+    modules = tuple(
+        dict.fromkeys([q.target.module for p in patches for q in p.parts] + list(options.modules))
+    )
     timeouts: StepTimeouts = options.playbook.timeouts
     requests = {
         h.name: DiagnoseRequest(

@@ -18,6 +18,7 @@ from typing import Any
 
 from opspatch.analysis.fixes import FixMatch
 from opspatch.analysis.missingattr import MissingAttributeReport
+from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.vocabulary import FileState, FindingLevel
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK
 from opspatch.hosts.diagnosis import (
@@ -35,7 +36,7 @@ MAX_DIFF_LINES = 400
 
 
 @dataclass(frozen=True)
-class Finding:
+class Finding(JsonRecord):
     """One thing found on a host. `text` reads the same on every host that has it (so hosts
     group in the fleet summary); `detail` is this host's particulars."""
 
@@ -44,17 +45,9 @@ class Finding:
     text: str
     detail: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "level": str(self.level),
-            "text": self.text,
-            "detail": self.detail,
-        }
-
 
 @dataclass(frozen=True)
-class FileVerdict:
+class FileVerdict(JsonRecord):
     """Where one imported file stands, and what else bears on the code the server runs."""
 
     module: str
@@ -63,7 +56,7 @@ class FileVerdict:
     path: str | None = None
     sha256: str | None = None
     install: str = "unknown"  # wheel | editable | unknown
-    patch_id: str | None = None
+    patch_id: str | None = json_field(key="patch", default=None)
     run_id: str | None = None
     diff: str | None = None
     diff_against: str | None = None
@@ -72,25 +65,6 @@ class FileVerdict:
     stale_bytecode: tuple[CachedBytecode, ...] = ()
     server_older_than_file: bool | None = None
     changed_after_log_start: bool | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "module": self.module,
-            "state": str(self.state),
-            "detail": self.detail,
-            "path": self.path,
-            "sha256": self.sha256,
-            "install": self.install,
-            "patch": self.patch_id,
-            "run_id": self.run_id,
-            "diff": self.diff,
-            "diff_against": self.diff_against,
-            "checkout": self.checkout.to_json() if self.checkout else None,
-            "copies": [c.__dict__ for c in self.copies],
-            "stale_bytecode": [b.__dict__ for b in self.stale_bytecode],
-            "server_older_than_file": self.server_older_than_file,
-            "changed_after_log_start": self.changed_after_log_start,
-        }
 
 
 @dataclass(frozen=True)
@@ -254,7 +228,9 @@ def judge_file(
     """
     if m.error is not None or m.file is None:
         state = (
-            FileState.NOT_INSTALLED if m.error_code == "module-not-found" else FileState.UNRESOLVED
+            FileState.NOT_INSTALLED
+            if m.error_code == "module-not-found"
+            else FileState.UNRESOLVED
         )
         return FileVerdict(m.module, state, m.error or "not read")
     f = m.file

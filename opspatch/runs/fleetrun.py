@@ -24,7 +24,6 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Batch, Playbook
 from opspatch.core.vocabulary import Outcome
 from opspatch.errors import BecomeError, HostKeyError, LockHeld, OpspatchError, RunInterrupted
-from opspatch.ledger.store import Ledger
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import (
     CANCELLED,
@@ -34,14 +33,9 @@ from opspatch.runs.executor import (
     map_cancellable,
     run_fleet,
 )
+from opspatch.runs.recorder import Recorder
 from opspatch.runs.report import HostOutcome, RunReport
-from opspatch.runs.session import (
-    HostFailed,
-    HostSession,
-    Progress,
-    describe_error,
-    record_outcome,
-)
+from opspatch.runs.session import HostFailed, HostSession, Progress, describe_error
 
 T = TypeVar("T")
 
@@ -68,8 +62,7 @@ class FleetRun:
         hosts: Sequence[Host],
         factory: TransportFactory,
         playbook: Playbook,
-        ledger: Ledger | None,
-        run_id: str | None,
+        recorder: Recorder,
         progress: Progress,
         cancellation: Cancellation | None = None,
     ) -> None:
@@ -78,8 +71,7 @@ class FleetRun:
         self.hosts = tuple(hosts)
         self.names = [h.name for h in hosts]
         self.playbook = playbook
-        self.ledger = ledger
-        self.run_id = run_id
+        self.recorder = recorder
         self.progress = progress
         self.cancellation = cancellation or Cancellation()
         self._factory = factory
@@ -94,8 +86,7 @@ class FleetRun:
                         host,
                         self._factory,
                         self.playbook,
-                        ledger=self.ledger,
-                        run_id=self.run_id,
+                        recorder=self.recorder,
                         progress=self.progress,
                     )
                 )
@@ -124,7 +115,7 @@ class FleetRun:
                 on_cancel=self._announce,
             )
         except KeyboardInterrupt as stop:
-            raise RunInterrupted(self.run_id, _in_flight(stop)) from None
+            raise RunInterrupted(self.recorder.reported_run_id, _in_flight(stop)) from None
         if self.cancelled:
             self.release_all()
             return None
@@ -174,7 +165,7 @@ class FleetRun:
                 on_cancel=self._announce,
             )
         except KeyboardInterrupt as stop:
-            raise RunInterrupted(self.run_id, _in_flight(stop)) from None
+            raise RunInterrupted(self.recorder.reported_run_id, _in_flight(stop)) from None
         outcomes = {**(already or {}), **result.outcomes}
         for name in result.not_started:
             self.sessions[name].lock.release()
@@ -193,7 +184,7 @@ class FleetRun:
             session.lock.release()
 
     def record(self, outcome: HostOutcome) -> None:
-        record_outcome(self.ledger, self.run_id, outcome)
+        self.recorder.outcome(outcome)
 
     def report(
         self,
@@ -205,10 +196,10 @@ class FleetRun:
     ) -> RunReport:
         """The run's report, hosts in selection order."""
         return RunReport(
-            self.run_id,
+            self.recorder.reported_run_id,
             self.command,
             self.patch_id,
-            tuple(outcomes[n] for n in self.names),
+            hosts=tuple(outcomes[n] for n in self.names),
             halted=halted,
             dry_run=dry_run,
             refused=refused,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
@@ -84,13 +85,24 @@ def local_file_host(python: str, state_dir: str) -> Host:
     )
 
 
-def not_applicable_error(loaded: LoadedPatch, target: str, outcome: NotApplicable) -> SpecError:
-    """A NotApplicable outcome as an error naming the patch file, line and field, and the target."""
+def not_applicable_error(
+    loaded: LoadedPatch, target: str, outcome: NotApplicable, *, part: int = 0
+) -> SpecError:
+    """A NotApplicable outcome as an error naming the patch file, line and field, and the target
+    (`part`: which target of a patch set; its fields are `targets[part]....`)."""
     reason = f"{target}: {outcome.reason}"
+    if loaded.is_set:
+        reason = f"{loaded.parts[part].target.module} ({reason})"
     if outcome.candidates:
         reason += "\n" + "\n".join(f"    {c}" for c in outcome.candidates)
     if outcome.field:
-        return SpecError(loaded.location(parse_field_path(outcome.field)), reason)
+        field: Sequence[str | int] = parse_field_path(outcome.field)
+        if loaded.is_set:
+            inside = field[1:] if field[0] == "target" else field
+            field = loaded.target_field(part, *inside)
+        return SpecError(loaded.location(field), reason)
+    if loaded.is_set:
+        return SpecError(loaded.location(loaded.target_field(part)), reason)
     return SpecError(Location(loaded.path), reason)
 
 
@@ -111,6 +123,7 @@ def plan_local_file(loaded: LoadedPatch, file: Path, target_version: str | None)
         InputError: there is no such file.
         TargetError: the file is not the patch's module, or its version is outside the range.
     """
+    loaded.only_target("--file")
     if not file.is_file():
         raise InputError(f"{file}: no such file")
     version = target_version or distribution_version_for(file, loaded.spec.target)
@@ -150,7 +163,7 @@ def apply_local_file(
             file=FileChange(str(plan.file.resolve()), sha, sha),
             note=plan.outcome.reason,
         )
-        return RunReport(None, "apply", loaded.spec.id, (already,))
+        return RunReport(None, "apply", loaded.spec.id, hosts=(already,))
     playbook = Playbook()
     with recorded_run(ledger, command="apply", patch=loaded, hosts=[host]) as run:
         pipeline = ApplyPipeline(
@@ -162,18 +175,17 @@ def apply_local_file(
             host,
             transport_factory(),
             playbook,
-            ledger=ledger,
-            run_id=run.run_id,
+            recorder=run,
             progress=NoProgress(),
         ) as session:
             try:
                 prepared = pipeline.prepare(
                     session,
                     lock=True,
-                    path=str(plan.file.resolve()),
+                    paths=[str(plan.file.resolve())],
                     installed_version=plan.version,
                 )
-                if isinstance(prepared.plan, Applied):
+                if prepared.pending:
                     result = pipeline.apply(session, prepared)
                 else:
                     result = session.outcome(Outcome.ALREADY_APPLIED)
@@ -181,8 +193,8 @@ def apply_local_file(
                 result = session.refused(exc)
             finally:
                 session.lock.release()
-            session.record_outcome(result)
-        return run.finish(RunReport(run.run_id, "apply", loaded.spec.id, (result,)))
+            run.outcome(result)
+        return run.finish(RunReport(run.run_id, "apply", loaded.spec.id, hosts=(result,)))
 
 
 def rollback_local_file(
@@ -200,6 +212,8 @@ def rollback_local_file(
     Raises:
         InputError: no such file, or the ledger has no change by this patch (run) to it.
     """
+    if patch is not None:
+        patch.only_target("rollback --file")
     if not file.is_file():
         raise InputError(f"{file}: no such file")
     host = local_file_host(python, str(state_dir / "local"))

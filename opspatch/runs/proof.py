@@ -10,6 +10,7 @@ since the write, recover from the writing run's smoke step), so after a double C
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
 from opspatch.errors import InputError
@@ -52,14 +53,7 @@ def change_proof(ledger: Ledger, host: str, version: FileVersion) -> ChangeProof
     said = [
         (run_id, outcome)
         for run_id, outcome, change in ledger.outcomes_since((host, version.host), version.event_id)
-        if outcome not in _CONCLUDES_NOTHING
-        and (
-            change is None
-            or (
-                change.get("path") == version.path
-                and change.get("sha256_after") == version.sha256_after
-            )
-        )
+        if outcome not in _CONCLUDES_NOTHING and (change is None or _about(change, version))
     ]
     try:
         writer = ledger.get_run(version.run_id)
@@ -82,6 +76,18 @@ def change_proof(ledger: Ledger, host: str, version: FileVersion) -> ChangeProof
         ):
             proven_by = version.run_id  # its smoke passed; it recorded no outcome after it
     return ChangeProof(host, version, status, proven_by, staged_by, said[-1] if said else None)
+
+
+def _about(change: dict[str, Any], version: FileVersion) -> bool:
+    """Whether a host outcome's file is `version`'s bytes: its file, or (a patch set) any file
+    of its set as the outcome left it."""
+    if change.get("path") == version.path and change.get("sha256_after") == version.sha256_after:
+        return True
+    members = (change.get("set") or {}).get("files") or ()
+    return any(
+        m.get("path") == version.path and m.get("sha256_live") == version.sha256_after
+        for m in members
+    )
 
 
 def describe(proof: ChangeProof) -> str:

@@ -2,9 +2,12 @@
 
 ```python
 with recorded_run(ledger, command="apply", patch=loaded, hosts=hosts, ...) as run:
-    report = ...  # every step and host outcome is recorded under run.run_id as it happens
+    report = ...  # every step and host outcome is recorded through `run` as it happens
     run.finish(report)
 ```
+
+`run` is the run's `LedgerRecorder` (`runs.recorder`): the sessions and the fleet run record
+through it.
 
 A run whose body raises `InputError` (bad input found after the run began: nothing was changed)
 is finished as `refused`. Anything else that escapes (the operator's second Ctrl-C, a bug, a
@@ -19,7 +22,6 @@ import shlex
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
@@ -27,28 +29,13 @@ from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import RunOutcome
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
 from opspatch.ledger.store import Ledger, operator_identity
-from opspatch.runs.report import RunReport
+from opspatch.runs.recorder import LedgerRecorder
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:
     """The command as the operator typed it (quoted), for the ledger."""
     args = sys.argv[1:] if argv is None else list(argv)
     return " ".join(shlex.quote(a) for a in ["opspatch", *args])
-
-
-@dataclass
-class RecordedRun:
-    """A run begun in the ledger; `finish(report)` records its outcome (once)."""
-
-    ledger: Ledger
-    run_id: str
-    finished: bool = field(default=False)
-
-    def finish(self, report: RunReport) -> RunReport:
-        if not self.finished:
-            self.ledger.finish_run(self.run_id, str(report.outcome))
-            self.finished = True
-        return report
 
 
 @contextmanager
@@ -61,7 +48,7 @@ def recorded_run(
     playbook: Playbook | None = None,
     parent_run: str | None = None,
     argv: Sequence[str] | None = None,
-) -> Iterator[RecordedRun]:
+) -> Iterator[LedgerRecorder]:
     """Begin a run in the ledger (after checking its chain is intact, as any change must).
 
     Raises:
@@ -79,7 +66,7 @@ def recorded_run(
         parent_run=parent_run,
         inventories={h.name: h.inventory for h in hosts},
     )
-    run = RecordedRun(ledger, run_id)
+    run = LedgerRecorder(ledger, run_id)
     try:
         yield run
     except InputError:

@@ -23,21 +23,27 @@ matches a recorded pre-image → make sure the server answers → `restored`; no
 change here → make sure the server answers → `restored`; anything else → `needs-attention`
 (someone else changed it). The patch is never applied twice: recover only finishes or undoes
 what a run wrote.
+
+A patch set (the newest run recorded several files on the host) is made whole: all new ->
+finished as above (proven, or proven now; a failed proof restores every file); partly applied
+(a run stopped between two swaps) -> its new files restored, restarted and smoked: `restored`,
+the set all-old; all old -> `restored`; a file neither -> `needs-attention`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Outcome, RunStatus
+from opspatch.core.vocabulary import Outcome, RunStatus, SetState
 from opspatch.errors import InputError, LockHeld
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.connect import TransportFactory
+from opspatch.runs.patchset import paths_of, read_set
 from opspatch.runs.proof import change_proof, describe
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
@@ -156,8 +162,7 @@ def _recover(
         recover = _RecoverHost(ledger, scope, patch)
         report = run_restore(
             command="recover",
-            ledger=ledger,
-            run_id=run.run_id,
+            recorder=run,
             hosts=hosts,
             factory=factory,
             playbook=playbook,
@@ -183,7 +188,7 @@ def begin_taking_over(
         LockHeld: the lock belongs to a run that may still be alive.
     """
     timeouts = session.playbook.timeouts
-    run_id = session.run_id or ""
+    run_id = session.lock.taking()
     with session.step("begin") as note:
         try:
             _, inspection = session.ops.begin(
@@ -224,6 +229,9 @@ class _RecoverHost:
 
     def host(self, session: HostSession) -> HostOutcome:
         versions = self.scope.versions.get(session.name, [])
+        newest_run = [v for v in versions if v.run_id == versions[-1].run_id] if versions else []
+        if len(paths_of(newest_run)) > 1:
+            return self._recover_set(session, versions, paths_of(newest_run))
         if versions:
             inspection = begin_taking_over(
                 session, self.ledger, self.scope.takeover, path=versions[-1].path
@@ -259,6 +267,71 @@ class _RecoverHost:
             f"(newest: pre-image {newest.sha256_before[:12]}, post-image "
             f"{newest.sha256_after[:12]} of run {newest.run_id}); someone else changed it",
             file=FileChange(path, newest.sha256_before, live),
+        )
+
+    def _recover_set(
+        self, session: HostSession, versions: Sequence[FileVersion], paths: Sequence[str]
+    ) -> HostOutcome:
+        """Make a patch set whole on a host: every file new (proven, or proven now), or every
+        file old. A set a run left partly applied (stopped between two files' swaps) is put
+        back to its pre-images, never completed: the run never proved its new code, and a
+        fresh `apply` of an all-old set is an ordinary one."""
+        inspection = begin_taking_over(session, self.ledger, self.scope.takeover, path=paths[0])
+        mine = [v for v in versions if v.path in paths]
+        found = read_set(session, mine, {inspection.file.realpath: inspection.file.sha256})
+        state = found.state
+        if state == SetState.CHANGED:
+            return session.outcome(
+                Outcome.NEEDS_ATTENTION,
+                f"a file of the patch set is none of the versions the ledger holds for it "
+                f"({found.describe()}); someone else changed it: nothing was written",
+                file=found.change(),
+            )
+        if state == SetState.ALL_OLD:
+            how = ensure_running(session)
+            return session.outcome(
+                Outcome.RESTORED,
+                file=found.change(),
+                note=f"every file of the patch set is at its pre-image (all-old); server {how}",
+            )
+
+        def restore_new() -> FileChange:
+            for member in reversed(found.new):
+                restore_recorded(session, member.version)
+            return found.all_old()
+
+        if state == SetState.PARTLY_APPLIED:
+            why = (
+                f"the patch set was partly applied ({found.describe()}): its swapped files "
+                "were put back, so the set is whole at its pre-images (all-old)"
+            )
+            undone = undo(session, why, restore=restore_new, change=found.change())
+            if undone.outcome != Outcome.ROLLED_BACK:
+                return undone
+            # Making the set whole is what this recover is for: restored (or not serving).
+            outcome = Outcome.RESTORED if undone.note is None else Outcome.RESTORED_NOT_SERVING
+            return replace(undone, outcome=outcome, error=undone.note, note=why)
+        proofs = [change_proof(self.ledger, session.name, m.version) for m in found.members]
+        server = inspection.server
+        stale = server is not None and server.predates(inspection.file)
+        if all(p.proven for p in proofs) and not stale:
+            how = ensure_running(session)
+            return session.outcome(
+                Outcome.APPLIED,
+                file=found.change(),
+                note=f"every file of the patch set is new (all-new); {describe(proofs[0])}; "
+                f"server {how}",
+            )
+        try:
+            smoke = prove(session)
+        except HostFailed as failure:
+            return undo(session, failure.error, restore=restore_new, change=found.change())
+        return session.outcome(
+            Outcome.APPLIED,
+            file=found.change(),
+            smoke=smoke,
+            note=f"finished run {found.members[0].version.run_id}'s patch set (all-new): "
+            "restarted and smoke-tested",
         )
 
     def _finish_patched(
@@ -318,8 +391,7 @@ def unlock_hosts(
         unlock = _UnlockHost(ledger, force_unknown)
         report = run_restore(
             command="unlock",
-            ledger=ledger,
-            run_id=run.run_id,
+            recorder=run,
             hosts=hosts,
             factory=factory,
             playbook=playbook,
@@ -337,7 +409,7 @@ class _UnlockHost:
 
     def host(self, session: HostSession) -> HostOutcome:
         timeout = session.playbook.timeouts.lock
-        run_id = session.run_id or ""
+        run_id = session.lock.taking()
         with session.step("lock") as note:
             try:
                 info = session.ops.lock(run_id=run_id, timeout=timeout)

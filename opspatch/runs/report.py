@@ -9,10 +9,11 @@ normal").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from opspatch.core.vocabulary import FAILED_OUTCOMES, Outcome, RunOutcome, StepStatus
+from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field, record_to_json
+from opspatch.core.vocabulary import FAILED_OUTCOMES, Outcome, RunOutcome, SetState, StepStatus
 from opspatch.errors import EXIT_BAD_INPUT, EXIT_HOST_FAILED, EXIT_NEEDS_ATTENTION, EXIT_OK
 
 if TYPE_CHECKING:
@@ -20,46 +21,88 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class StepResult:
+class StepResult(JsonRecord):
     """One step on one host: its name, status, duration, what it did (or why it failed), and who
     it ran as on the host."""
 
     step: str
     status: StepStatus
-    seconds: float
+    seconds: float = json_field(encode=lambda seconds: round(seconds, 3))
     detail: str = ""
     ran_as: tuple[str, ...] = ()
     """The users the step's execs ran as (`svc (sudo)` when raised); empty for a step that
     reached no host."""
 
+
+@dataclass(frozen=True)
+class SetFile(JsonRecord):
+    """One file of a patch set on a host: the pre- and post-image its change was planned (or
+    recorded) with, and the bytes it holds when the host's outcome is decided."""
+
+    path: str
+    pre_sha256: str = json_field(key="sha256_pre")
+    post_sha256: str = json_field(key="sha256_post")
+    live_sha256: str | None = json_field(key="sha256_live")
+
+    @property
+    def is_new(self) -> bool:
+        return self.live_sha256 == self.post_sha256
+
+    @property
+    def is_old(self) -> bool:
+        return self.live_sha256 == self.pre_sha256
+
+    @property
+    def standing(self) -> str:
+        """`new`, `old` or `changed`."""
+        return "new" if self.is_new else "old" if self.is_old else "changed"
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "status": str(self.status),
-            "seconds": round(self.seconds, 3),
-            "detail": self.detail,
-            "ran_as": list(self.ran_as),
-        }
+        return {**record_to_json(self), "standing": self.standing}  # derived, so written here
+
+
+def set_state(files: tuple[SetFile, ...]) -> SetState:
+    """Where a set's files stand together: all new, all old, partly applied, or changed."""
+    if all(f.is_new for f in files):
+        return SetState.ALL_NEW
+    if all(f.is_old for f in files):
+        return SetState.ALL_OLD
+    if all(f.is_new or f.is_old for f in files):
+        return SetState.PARTLY_APPLIED
+    return SetState.CHANGED
 
 
 @dataclass(frozen=True)
-class FileChange:
-    """The file a host's run was about, with its sha256 before and after (equal: unchanged)."""
+class FileChange(JsonRecord):
+    """The file a host's run was about, with its sha256 before and after (equal: unchanged).
+
+    For a patch set, `set_files` holds every file of the set (this one, the set's first, too):
+    the JSON and the ledger's host outcome then say where the set stands (`set.state`)."""
 
     path: str
     sha256_before: str | None
     sha256_after: str | None
+    set_files: tuple[SetFile, ...] = field(default=(), metadata=NOT_WRITTEN)
+
+    @property
+    def set_state(self) -> SetState | None:
+        return set_state(self.set_files) if self.set_files else None
+
+    def paths(self) -> tuple[str, ...]:
+        """Every file this change is about (one, or a set's)."""
+        return tuple(f.path for f in self.set_files) or (self.path,)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "sha256_before": self.sha256_before,
-            "sha256_after": self.sha256_after,
-        }
-
+        data = record_to_json(self)
+        if self.set_files:  # reshaped: a set's state beside its files, only for a set
+            data["set"] = {
+                "state": str(self.set_state),
+                "files": [f.to_json() for f in self.set_files],
+            }
+        return data
 
 @dataclass(frozen=True)
-class HostOutcome:
+class HostOutcome(JsonRecord):
     """One host's result: what happened, why, the file's hashes, and every step with timing.
 
     `error` says why a host did not reach the goal; `note` says something the operator should
@@ -69,26 +112,12 @@ class HostOutcome:
     host: str
     outcome: Outcome
     error: str | None = None
+    _: KW_ONLY
+    note: str | None = None
     file: FileChange | None = None
     steps: tuple[StepResult, ...] = ()
-    diff: str | None = None
-    smoke: SmokeResult | None = None
-    note: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "host": self.host,
-            "outcome": str(self.outcome),
-            "error": self.error,
-            "note": self.note,
-            "file": self.file.to_json() if self.file else None,
-            "steps": [s.to_json() for s in self.steps],
-        }
-        if self.diff is not None:
-            data["diff"] = self.diff
-        if self.smoke is not None:
-            data["smoke"] = self.smoke.to_json()
-        return data
+    diff: str | None = json_field(default=None, omit_none=True)
+    smoke: SmokeResult | None = json_field(default=None, omit_none=True)
 
 
 CHANGED_OUTCOMES = frozenset(
@@ -105,20 +134,22 @@ _RUN_OUTCOME_BY_EXIT = {
 
 
 @dataclass(frozen=True)
-class RunReport:
+class RunReport(JsonRecord):
     """A whole run: every host's outcome, whether the fleet policy halted, and the run's exit."""
 
     run_id: str | None
     command: str
     patch: str | None
-    hosts: tuple[HostOutcome, ...]
-    halted: str | None = None
+    _: KW_ONLY
+    outcome: RunOutcome = field(init=False)
     dry_run: bool = False
     refused: bool = False
+    halted: str | None = None
+    hosts: tuple[HostOutcome, ...]
 
-    @property
-    def outcome(self) -> RunOutcome:
-        return _RUN_OUTCOME_BY_EXIT[self.exit_code]
+    def __post_init__(self) -> None:
+        # Derived, so that it is written in its place among the keys (jsonrecord: init=False).
+        object.__setattr__(self, "outcome", _RUN_OUTCOME_BY_EXIT[self.exit_code])
 
     @property
     def exit_code(self) -> int:
@@ -140,15 +171,3 @@ class RunReport:
         if self.halted or refused_hosts:
             return EXIT_HOST_FAILED
         return EXIT_OK
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "command": self.command,
-            "patch": self.patch,
-            "outcome": str(self.outcome),
-            "dry_run": self.dry_run,
-            "refused": self.refused,
-            "halted": self.halted,
-            "hosts": [h.to_json() for h in self.hosts],
-        }

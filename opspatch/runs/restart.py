@@ -14,11 +14,13 @@ from collections.abc import Mapping, Sequence
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
-from opspatch.core.vocabulary import Outcome
+from opspatch.core.vocabulary import Outcome, SetState
 from opspatch.errors import OpspatchError
+from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.fleetrun import FleetRun
+from opspatch.runs.patchset import read_set
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 from opspatch.runs.restore import restore_recorded
@@ -53,8 +55,7 @@ def restart_hosts(
             hosts=hosts,
             factory=factory,
             playbook=playbook,
-            ledger=ledger,
-            run_id=run.run_id,
+            recorder=run,
             progress=progress,
         ) as fleet,
     ):
@@ -85,13 +86,16 @@ def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
         with session.step("begin") as note:
             _, inspection = session.ops.begin(
                 path=version.path,
-                run_id=session.run_id or "",
+                run_id=session.lock.taking(),
                 timeout=timeouts.lock + timeouts.inspect,
             )
             note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
     except OpspatchError as exc:  # unreachable, locked: nothing was done there
         return session.refused(exc)
     live = inspection.file.sha256
+    staged_set = _staged_set(ledger, session.name, version)
+    if len(staged_set) > 1:
+        return _restart_set(session, staged_set, inspection)
     unchanged = FileChange(version.path, live, live)
     if live == version.sha256_before:
         return session.outcome(
@@ -130,4 +134,60 @@ def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
         file=change,
         smoke=smoke,
         note=f"restarted into run {version.run_id}'s change and proven",
+    )
+
+
+def _staged_set(ledger: Ledger, host: str, newest: FileVersion) -> list[FileVersion]:
+    """The changes the newest write's run made on the host, the newest of each path, in the
+    order they were written: several for a patch set, which is restarted into together."""
+    mine = [
+        v for v in ledger.file_history(host) if v.action == "patch" and v.run_id == newest.run_id
+    ]
+    by_path = {v.path: v for v in sorted(mine, key=lambda v: v.event_id)}
+    return list(by_path.values())
+
+
+def _restart_set(
+    session: HostSession, versions: Sequence[FileVersion], inspection: HostInspection
+) -> HostOutcome:
+    """Restart into a staged patch set: only when every file is the post-image its run wrote
+    (a set not whole is left to `recover`); a failed proof restores every file."""
+    found = read_set(session, versions, {inspection.file.realpath: inspection.file.sha256})
+    run_id = versions[0].run_id
+    if found.state == SetState.ALL_OLD:
+        return session.outcome(
+            Outcome.SKIPPED,
+            file=found.change(),
+            note=f"nothing staged: every file of run {run_id}'s patch set is at its pre-image",
+        )
+    if found.state != SetState.ALL_NEW:
+        return session.outcome(
+            Outcome.SKIPPED,
+            f"refused: run {run_id}'s patch set is not whole ({found.describe()}); "
+            f"`opspatch recover --hosts {session.name}` makes it whole",
+            file=found.change(),
+        )
+    server = inspection.server
+    if server is not None and not server.predates(inspection.file):
+        return session.outcome(
+            Outcome.SKIPPED,
+            file=found.change(),
+            note=f"nothing staged: the running server (pid {server.pid}) started after the "
+            f"patch set was written, so it already runs run {run_id}'s change; left alone",
+        )
+
+    def restore_all() -> FileChange:
+        for member in reversed(found.new):
+            restore_recorded(session, member.version)
+        return found.all_old()
+
+    try:
+        smoke = prove(session)
+    except HostFailed as failure:
+        return undo(session, failure.error, restore=restore_all, change=found.change())
+    return session.outcome(
+        Outcome.APPLIED,
+        file=found.change(),
+        smoke=smoke,
+        note=f"restarted into run {run_id}'s patch set (all-new) and proven",
     )

@@ -31,7 +31,7 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Batch, Playbook
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Outcome
+from opspatch.core.vocabulary import Outcome, SetState
 from opspatch.errors import OpspatchError, RemoteOperationError
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.lineage import (
@@ -45,7 +45,9 @@ from opspatch.ledger.store import FileVersion, Ledger, Machine, RunDetail
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import halt_on_attention, one_batch
 from opspatch.runs.fleetrun import FleetRun
+from opspatch.runs.patchset import Member, SetOnHost, paths_of, read_live
 from opspatch.runs.recorded import recorded_run
+from opspatch.runs.recorder import Recorder
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 from opspatch.runs.session import (
     HostFailed,
@@ -118,8 +120,7 @@ def _restore_batches(
 def run_restore(
     *,
     command: str,
-    ledger: Ledger,
-    run_id: str,
+    recorder: Recorder,
     hosts: Sequence[Host],
     factory: TransportFactory,
     playbook: Playbook,
@@ -139,8 +140,7 @@ def run_restore(
         hosts=hosts,
         factory=factory,
         playbook=playbook,
-        ledger=ledger,
-        run_id=run_id,
+        recorder=recorder,
         progress=progress,
     ) as fleet:
         outcomes, halted = fleet.execute(
@@ -188,8 +188,7 @@ def rollback_hosts(
         rollback = _Rollback(ledger, patch, source_run, restart_engine, only_path)
         report = run_restore(
             command="rollback",
-            ledger=ledger,
-            run_id=run.run_id,
+            recorder=run,
             hosts=hosts,
             factory=factory,
             playbook=playbook,
@@ -244,7 +243,40 @@ class _Rollback:
                 return found
         return []
 
+    def set_versions(self, host: str) -> dict[str, list[FileVersion]]:
+        """A patch set's changes to undo on `host`, by path (two or more paths; else empty):
+        the run's own, or every change the set's patch made to each of its files."""
+        if self.source_run is not None:
+            try:
+                record = self.source_run.host(host)
+            except KeyError:
+                return {}
+            if record.outcome == Outcome.FAILED:
+                return {}
+            found = [v for v in reversed(record.file_versions) if v.action == "patch"]
+        elif self.patch is not None and self.patch.is_set:
+            found = [
+                v
+                for v in self.ledger.file_history(host)
+                if v.patch_id == self.patch.spec.id and v.action == "patch"
+            ]
+        else:
+            return {}
+        by_path: dict[str, list[FileVersion]] = {}
+        for path in paths_of(found):
+            by_path[path] = [v for v in found if v.path == path]
+        return by_path if len(by_path) > 1 else {}
+
     def host(self, session: HostSession) -> HostOutcome:
+        by_path = self.set_versions(session.name)
+        if by_path:
+            return self._set_host(session, by_path)
+        if self.patch is not None and self.patch.is_set:
+            return session.outcome(
+                Outcome.SKIPPED,
+                note=f"the ledger has no change by the patch set {self.patch.spec.id} on this "
+                "host (a set is rolled back from the ledger's record only)",
+            )
         candidates = self.versions_for(session.name)
         if not candidates and self.source_run is not None:
             return session.outcome(
@@ -256,13 +288,12 @@ class _Rollback:
             _, inspection = session.ops.begin(
                 None if candidates or self.patch is None else self.patch.spec.target.module,
                 path=candidates[0].path if candidates else None,
-                run_id=session.run_id or "",
+                run_id=session.lock.taking(),
                 timeout=timeouts.lock + timeouts.inspect,
             )
             note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
-        if session.ledger is not None and session.run_id is not None:
-            # what the machine is, so later lookups through another inventory find this run
-            session.ledger.record_facts(session.run_id, session.name, inspection.facts.to_json())
+        # what the machine is, so later lookups through another inventory find this run
+        session.recorder.facts(session.name, inspection.facts.to_json())
         path = candidates[0].path if candidates else inspection.file.realpath
         history = self.ledger.file_history(
             session.name,
@@ -305,6 +336,77 @@ class _Rollback:
                 Outcome.NEEDS_ATTENTION, f"restore failed: {describe_error(exc)}"
             )
         return self._restart_and_prove(session, change, note=None)
+
+    def _set_host(self, session: HostSession, by_path: dict[str, list[FileVersion]]) -> HostOutcome:
+        """Roll a patch set back on one host: every file it changed is restored, or none.
+
+        Each file must be at a post-image the set recorded (restored) or at its pre-image (left
+        alone: a set a run left partly applied is made whole); a file patched further or
+        changed since refuses the whole host, with nothing written."""
+        paths = list(by_path)
+        timeouts = session.playbook.timeouts
+        with session.step("begin") as note:
+            _, inspection = session.ops.begin(
+                None,
+                path=paths[0],
+                run_id=session.lock.taking(),
+                timeout=timeouts.lock + timeouts.inspect,
+            )
+            note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
+        session.recorder.facts(session.name, inspection.facts.to_json())
+        machine = Machine.of(inspection.facts.machine_id, inspection.facts.hostname)
+        live = read_live(session, paths, {inspection.file.realpath: inspection.file.sha256})
+        members: list[Member] = []
+        refusals: list[str] = []
+        for path in paths:
+            history = self.ledger.file_history(session.name, path, machine=machine)
+            candidates = by_path[path]
+            if self.source_run is None and self.patch is not None:
+                candidates = applied_versions(history, self.patch.spec.id) or candidates
+            standing = locate(history, candidates, live[path])
+            if isinstance(standing, (AtPostImage, AtPreImage)):
+                members.append(Member(standing.version, live[path]))
+            elif isinstance(standing, PatchedFurther):
+                members.append(Member(standing.version, live[path]))
+                refusals.append(f"{path}: {standing.advice()}")
+            else:
+                version = candidates[0]
+                members.append(Member(version, live[path]))
+                refusals.append(
+                    f"{path} is {live[path][:12]}, not the {version.sha256_after[:12]} opspatch "
+                    f"wrote in run {version.run_id} (changed since)"
+                )
+        found = SetOnHost(tuple(members))
+        if refusals:
+            return session.outcome(
+                Outcome.SKIPPED,
+                "refused: a patch set is rolled back whole or not at all, and "
+                + "; ".join(refusals)
+                + "; nothing was restored",
+                file=found.change(),
+            )
+        if not found.new:
+            return session.outcome(
+                Outcome.SKIPPED,
+                file=found.change(),
+                note="every file of the patch set is already at its pre-image; nothing to restore",
+            )
+        try:
+            for member in reversed(found.new):
+                restore_recorded(session, member.version)
+        except OpspatchError as exc:
+            return session.outcome(
+                Outcome.NEEDS_ATTENTION,
+                f"restore of the patch set failed part-way: {describe_error(exc)}; "
+                f"`opspatch recover --hosts {session.name}` makes the set whole",
+                file=found.change(),
+            )
+        partly = (
+            f"the set was partly applied ({found.describe()}); now all-old"
+            if found.state == SetState.PARTLY_APPLIED
+            else None
+        )
+        return self._restart_and_prove(session, found.all_old(), note=partly)
 
     def _restart_and_prove(
         self, session: HostSession, change: FileChange, *, note: str | None
@@ -394,18 +496,16 @@ class _Rollback:
                 "from your own backup",
                 file=unchanged,
             )
-        if session.ledger is not None and session.run_id is not None:
-            session.ledger.record_file_version(
-                session.run_id,
-                session.name,
-                path=live.realpath,
-                sha256_before=live.sha256,
-                sha256_after=pre_sha256,
-                mode=live.mode,
-                owner=f"{live.owner or live.uid}:{live.group or live.gid}",
-                pre_image=live.content,
-                action="restore",
-            )
+        session.recorder.file_version(
+            session.name,
+            path=live.realpath,
+            sha256_before=live.sha256,
+            sha256_after=pre_sha256,
+            mode=live.mode,
+            owner=f"{live.owner or live.uid}:{live.group or live.gid}",
+            pre_image=live.content,
+            action="restore",
+        )
         change = FileChange(live.realpath, restored.sha256_before, restored.sha256_after)
         how = "restored from the host's own backup (the ledger had no record of this change)"
         return self._restart_and_prove(session, change, note=how)

@@ -3,7 +3,8 @@
 Everything a run does on a host goes through a `HostSession`: one transport opened on first use
 and reused for every step (one SSH connection per host per run), closed when the session ends
 (it is a context manager). `session.step(name)` wraps each step: live progress, a `started` and
-an `ok`/`failed` ledger record with timing, and the `StepResult` the report shows.
+an `ok`/`failed` record with timing (through the run's `Recorder`: the ledger, or nowhere in a
+dry run), and the `StepResult` the report shows.
 """
 
 from __future__ import annotations
@@ -27,12 +28,9 @@ from opspatch.errors import (
 from opspatch.hosts.engine import EngineControl, SmokeResult
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.base import Transport
-from opspatch.ledger.store import Ledger
 from opspatch.runs.connect import TransportFactory, become_passwords
+from opspatch.runs.recorder import DETAIL_LIMIT, Recorder
 from opspatch.runs.report import FileChange, HostOutcome, StepResult
-
-DETAIL_LIMIT = 2000
-"""Characters of a step's detail kept in the ledger (a log tail can be long)."""
 
 
 class Progress(Protocol):
@@ -84,21 +82,34 @@ class HostLock:
     """This run's lock on one host, owned by its session: the only place that knows whether it
     may still be held and gives it back.
 
-    Any exec of a recorded run may take it (begin, lock); an exec may also give it back itself
-    (a swap with no restart after it, a last smoke that passed), which it reports; `release`
-    gives back what is left, once, as a recorded step.
+    An exec that takes it (begin, lock) says so first (`taking`: with no reply it may be held);
+    an exec may also give it back itself (a swap with no restart after it, a last smoke that
+    passed), which it reports; `release` gives back what is left, once, as a recorded step.
     """
 
     def __init__(self, session: HostSession) -> None:
         self._session = session
+        self._sent = False
         self._given_back = False
 
     @property
+    def run_id(self) -> str:
+        """The id the lock is taken under: the run's."""
+        return self._session.recorder.run_id
+
+    @property
     def may_be_held(self) -> bool:
-        """Whether this run may still hold the host's lock (a command reached the host, and no
-        exec said it gave the lock back since)."""
-        session = self._session
-        return session.run_id is not None and session.connected and not self._given_back
+        """Whether this run may still hold the host's lock (an exec that takes it was sent, and
+        no exec said it gave the lock back since)."""
+        return self._sent and not self._given_back
+
+    def taking(self) -> str:
+        """An exec that takes the lock is about to be sent: from now on it may be held.
+        Returns the run id to take it under."""
+        run_id = self.run_id
+        self._sent = True
+        self._given_back = False
+        return run_id
 
     def given_back_by(self, released: bool) -> None:
         """An exec reported whether it gave the lock back in the same breath."""
@@ -111,9 +122,7 @@ class HostLock:
             LockHeld: another run holds it.
         """
         session = self._session
-        assert session.run_id is not None
-        session.ops.lock(run_id=session.run_id, timeout=session.playbook.timeouts.lock)
-        self._given_back = False
+        session.ops.lock(run_id=self.taking(), timeout=session.playbook.timeouts.lock)
 
     def release(self) -> None:
         """Give the lock back if this run may still hold it (best effort: it expires on its
@@ -121,10 +130,9 @@ class HostLock:
         if not self.may_be_held:
             return
         session = self._session
-        assert session.run_id is not None
         try:
             with session.step("release"):
-                session.ops.unlock(run_id=session.run_id, timeout=session.playbook.timeouts.lock)
+                session.ops.unlock(run_id=self.run_id, timeout=session.playbook.timeouts.lock)
             self._given_back = True
         except OpspatchError:
             pass
@@ -139,14 +147,12 @@ class HostSession:
         factory: TransportFactory,
         playbook: Playbook,
         *,
-        ledger: Ledger | None,
-        run_id: str | None,
+        recorder: Recorder,
         progress: Progress,
     ) -> None:
         self.host = host
         self.playbook = playbook
-        self.ledger = ledger
-        self.run_id = run_id
+        self.recorder = recorder
         self.progress = progress
         self.steps: list[StepResult] = []
         self.lock = HostLock(self)
@@ -186,11 +192,6 @@ class HostSession:
     def exec_count(self) -> int:
         return self._transport.exec_count if self._transport is not None else 0
 
-    @property
-    def recorded(self) -> bool:
-        """Whether steps and outcomes go to the ledger (not in a dry run or a plain smoke)."""
-        return self.ledger is not None and self.run_id is not None
-
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
@@ -207,7 +208,14 @@ class HostSession:
     ) -> HostOutcome:
         """A `HostOutcome` of this host carrying every step so far."""
         return HostOutcome(
-            self.name, outcome, error, file, tuple(self.steps), diff=diff, smoke=smoke, note=note
+            self.name,
+            outcome,
+            error,
+            note=note,
+            file=file,
+            steps=tuple(self.steps),
+            diff=diff,
+            smoke=smoke,
         )
 
     def refused(self, exc: OpspatchError) -> HostOutcome:
@@ -230,12 +238,7 @@ class HostSession:
         outlived it (its controller lost the host, or was killed) blocks every run on the host
         until the lock expires, unless the operator is told how to clear it."""
         holder = str(held.data.get("run_id") or "")
-        if not holder or self.ledger is None:
-            return ""
-        try:
-            status = self.ledger.get_run(holder).summary.status
-        except OpspatchError:
-            return ""  # not a run of this ledger: it may be alive on another controller
+        status = self.recorder.run_status(holder) if holder else None
         if status == RunStatus.INTERRUPTED:
             return f"; run {holder} was interrupted: `opspatch recover` finishes or undoes it"
         if status in (RunStatus.FINISHED, RunStatus.RECOVERED):
@@ -246,17 +249,10 @@ class HostSession:
             )
         return ""
 
-    def record_outcome(self, outcome: HostOutcome) -> None:
-        """The host's final outcome, into the ledger (when this is a recorded run)."""
-        record_outcome(self.ledger, self.run_id, outcome)
-
     def record(
         self, step: str, status: StepStatus, seconds: float | None = None, detail: str = ""
     ) -> None:
-        if self.ledger is not None and self.run_id is not None:
-            self.ledger.record_step(
-                self.run_id, self.name, step, str(status), seconds, detail[:DETAIL_LIMIT]
-            )
+        self.recorder.step(self.name, step, status, seconds, detail)
 
     @contextmanager
     def step(self, name: str) -> Iterator[dict[str, str]]:
@@ -301,15 +297,3 @@ def with_users(detail: str, ran_as: tuple[str, ...]) -> str:
     suffix = f"[ran as {', '.join(ran_as)}]"
     room = DETAIL_LIMIT - len(suffix) - 1
     return f"{detail[:room]} {suffix}" if detail else suffix
-
-
-def record_outcome(ledger: Ledger | None, run_id: str | None, outcome: HostOutcome) -> None:
-    """A host's final outcome, into the ledger (a dry run records nothing)."""
-    if ledger is not None and run_id is not None:
-        ledger.record_host_outcome(
-            run_id,
-            outcome.host,
-            str(outcome.outcome),
-            outcome.error,
-            outcome.file.to_json() if outcome.file else None,
-        )

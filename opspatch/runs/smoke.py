@@ -11,17 +11,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from opspatch.core.host import Host
+from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.policy import Playbook
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, OpspatchError
 from opspatch.hosts.engine import SmokeResult
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import map_hosts
+from opspatch.runs.recorder import NullRecorder
 from opspatch.runs.session import HostSession, NoProgress, describe_error
 
 
 @dataclass(frozen=True)
-class HostSmoke:
-    """One host's smoke: the result, or why it could not be run."""
+class HostSmoke(JsonRecord):
+    """One host's smoke: the result, or why it could not be run. Its JSON is written by hand:
+    two shapes (a result's keys after `host` and `ok`, or only the failures), not its fields."""
 
     host: str
     result: SmokeResult | None
@@ -44,15 +47,12 @@ class HostSmoke:
 
 
 @dataclass(frozen=True)
-class SmokeReport:
+class SmokeReport(JsonRecord):
     hosts: tuple[HostSmoke, ...]
 
     @property
     def exit_code(self) -> int:
         return EXIT_OK if all(h.ok for h in self.hosts) else EXIT_HOST_FAILED
-
-    def to_json(self) -> dict[str, Any]:
-        return {"hosts": [h.to_json() for h in self.hosts]}
 
 
 def smoke_hosts(
@@ -63,7 +63,7 @@ def smoke_hosts(
     def one(name: str) -> HostSmoke:
         host = by_name[name]
         with HostSession(
-            host, factory, playbook, ledger=None, run_id=None, progress=NoProgress()
+            host, factory, playbook, recorder=NullRecorder(), progress=NoProgress()
         ) as session:
             try:
                 return HostSmoke(name, session.engine.smoke(log_offset=None))

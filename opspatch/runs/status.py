@@ -18,6 +18,7 @@ from typing import Any
 
 from opspatch.core.edit import detect
 from opspatch.core.host import Host
+from opspatch.core.jsonrecord import JsonRecord, record_to_json
 from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import PatchState
@@ -39,7 +40,7 @@ from opspatch.runs.proof import change_proof, describe
 
 
 @dataclass(frozen=True)
-class PatchStatus:
+class PatchStatus(JsonRecord):
     host: str
     patch: str
     state: PatchState
@@ -48,10 +49,14 @@ class PatchStatus:
     detail: str
     server_running: bool | None = None
     """Whether the host's engine is running (None: the host was not inspected)."""
+    files: tuple[PatchStatus, ...] = ()
+    """A patch set's files, each with its own state (the set's state is theirs together)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "state": str(self.state)}
-
+        data = record_to_json(self)
+        if not self.files:  # only a patch set has files of its own
+            del data["files"]
+        return data
 
 def with_server(status: PatchStatus, host: Host, inspection: HostInspection) -> PatchStatus:
     """`status` saying whether the host's server runs: a file that is right on disk serves
@@ -68,12 +73,19 @@ def with_server(status: PatchStatus, host: Host, inspection: HostInspection) -> 
 
 
 def classify(
-    patch: LoadedPatch, host: str, inspection: HostInspection, ledger: Ledger | None
+    patch: LoadedPatch,
+    host: str,
+    inspection: HostInspection,
+    ledger: Ledger | None,
+    *,
+    part: int = 0,
 ) -> PatchStatus:
-    """The state of one patch in one live file (pure apart from reading the ledger)."""
+    """The state of one patch (`part`: one target of a patch set) in one live file (pure
+    apart from reading the ledger)."""
     file = inspection.file
-    gate = gate_inspection(patch.spec.target, inspection)
-    structural = detect(file.content, patch.spec)
+    spec = patch.parts[part]
+    gate = gate_inspection(spec.target, inspection)
+    structural = detect(file.content, spec)
     history = (
         ledger.file_history(
             host,
@@ -150,6 +162,49 @@ def classify(
     return PatchStatus(**base, state=PatchState(structural.state), detail=detail)
 
 
+_SET_PRECEDENCE = (
+    PatchState.UNREACHABLE,
+    PatchState.NOT_APPLICABLE,
+    PatchState.DRIFTED,
+    PatchState.UNKNOWN,
+)
+"""A set's state when one of its files is in one of these (the first found wins)."""
+
+
+def combine_set(patch: LoadedPatch, host: str, files: Sequence[PatchStatus]) -> PatchStatus:
+    """A patch set's state on a host from its files' states: `applied` (or `staged`) only when
+    every file is, `not-applied` only when none is; a set with some files new and the rest old
+    (a run stopped between two swaps) is `partial`, never `applied`."""
+    states = [f.state for f in files]
+    each = ", ".join(f"{(f.path or f.detail).rsplit('/', 1)[-1]} {f.state}" for f in files)
+    new = {PatchState.APPLIED, PatchState.STAGED}
+    first = files[0]
+    if all(s in new for s in states):
+        state = PatchState.STAGED if PatchState.STAGED in states else PatchState.APPLIED
+        detail = f"every file of the set: {each}; {first.detail}"
+    elif all(s == PatchState.NOT_APPLIED for s in states):
+        state, detail = PatchState.NOT_APPLIED, ""
+    else:
+        state = next((s for s in _SET_PRECEDENCE if s in states), PatchState.PARTIAL)
+        detail = f"the patch set is not whole ({each})"
+        if state == PatchState.PARTIAL:
+            detail += (
+                f": `opspatch recover --hosts {host}` makes it whole (puts the new files back), "
+                f"or `opspatch rollback {patch.spec.id} --hosts {host}`"
+            )
+    running = [f.server_running for f in files if f.server_running is not None]
+    return PatchStatus(
+        host,
+        patch.spec.id,
+        state,
+        first.path,
+        first.sha256,
+        detail,
+        server_running=running[0] if running else None,
+        files=tuple(files),
+    )
+
+
 def _written(ledger: Ledger, host: str, path: str, version: FileVersion) -> str:
     """Where a file that is the bytes a run wrote stands: proven or not (`runs.proof`, the
     same sentence `recover` says). Plain "applied" for an unproven change would say the fix is
@@ -170,31 +225,32 @@ def fleet_status(
         ops = HostOperations(transport, host)
         results: list[PatchStatus] = []
         try:
-            modules: dict[str, list[LoadedPatch]] = {}
+            modules: dict[str, list[tuple[LoadedPatch, int]]] = {}
             for patch in patches:
-                modules.setdefault(patch.spec.target.module, []).append(patch)
+                for index, part in enumerate(patch.parts):
+                    modules.setdefault(part.target.module, []).append((patch, index))
+            found: dict[tuple[str, int], PatchStatus] = {}
             for module, group in modules.items():
                 try:
                     inspection = ops.inspect(module, timeout=StepTimeouts().inspect)
                 except TargetError as exc:
-                    results += [
-                        PatchStatus(
+                    for p, index in group:
+                        found[p.sha256, index] = PatchStatus(
                             host.name, p.spec.id, PatchState.NOT_APPLICABLE, None, None, exc.message
                         )
-                        for p in group
-                    ]
                     continue
                 except OpspatchError as exc:
-                    results += [
-                        PatchStatus(
+                    for p, index in group:
+                        found[p.sha256, index] = PatchStatus(
                             host.name, p.spec.id, PatchState.UNREACHABLE, None, None, exc.message
                         )
-                        for p in group
-                    ]
                     continue
-                for patch in group:
-                    found = classify(patch, host.name, inspection, ledger)
-                    results.append(with_server(found, host, inspection))
+                for patch, index in group:
+                    said = classify(patch, host.name, inspection, ledger, part=index)
+                    found[patch.sha256, index] = with_server(said, host, inspection)
+            for patch in patches:
+                files = [found[patch.sha256, i] for i in range(len(patch.parts))]
+                results.append(combine_set(patch, host.name, files) if patch.is_set else files[0])
         finally:
             transport.close()
         return results

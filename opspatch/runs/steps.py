@@ -62,12 +62,11 @@ def restore_pre_image(
                     path, pre_sha256=pre_sha256, current_sha256=post_sha256, timeout=timeout
                 )
             except RemoteOperationError as exc:
-                if (
-                    exc.code not in ("backup-missing", "backup-hash-mismatch")
-                    or session.ledger is None
-                ):
+                if exc.code not in ("backup-missing", "backup-hash-mismatch"):
                     raise
-                content = session.ledger.blob(pre_sha256)
+                content = session.recorder.stored_image(pre_sha256)
+                if content is None:
+                    raise
                 restored = session.ops.restore(
                     path,
                     pre_sha256=pre_sha256,
@@ -94,17 +93,14 @@ def restore_pre_image(
             )
         else:
             note["detail"] = f"back to {restored.sha256_after[:12]} from {restored.source}"
-    if restored.changed and session.ledger is not None and session.run_id is not None:
-        session.ledger.record_file_version(
-            session.run_id,
+    if restored.changed:
+        session.recorder.restored(
             session.name,
             path=path,
             sha256_before=restored.sha256_before,
             sha256_after=restored.sha256_after,
             mode=mode,
             owner=owner,
-            pre_image=session.ledger.blob(restored.sha256_before),
-            action="restore",
         )
     return restored
 
@@ -171,7 +167,9 @@ def smoke_step(
                 step=step,
                 # the smoke runs as the login user: with become the lock is a raised user's,
                 # so it is released by its own (raised) exec
-                release_lock=session.run_id if last and not session.host.become.enabled else None,
+                release_lock=(
+                    session.lock.run_id if last and not session.host.become.enabled else None
+                ),
             )
             session.lock.given_back_by(result.lock_released)
             note["detail"] = result.summary() + ("; lock released" if result.lock_released else "")

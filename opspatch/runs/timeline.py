@@ -18,8 +18,8 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
+from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.vocabulary import Outcome
 from opspatch.errors import LedgerError
 from opspatch.ledger.records import FileVersion, RunDetail, RunSummary
@@ -30,54 +30,33 @@ MAX_DIFF_LINES = 300
 
 
 @dataclass(frozen=True)
-class Change:
+class Change(JsonRecord):
     """One file version of a run, with the diff between its stored images (when both are)."""
 
-    version: FileVersion
-    diff: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.version.to_json(), "diff": self.diff}
+    version: FileVersion = json_field(inline=True)
+    diff: str | None = None
 
 
-@dataclass(frozen=True)
-class ReportRun:
+@dataclass(frozen=True, kw_only=True)
+class ReportRun(JsonRecord):
     """One run of the timeline: its record, its changes and what it rolled back, and why."""
 
-    detail: RunDetail
+    detail: RunDetail = json_field(inline=True)
+    relation: str | None  # "rollback of run X" for a run that undoes another
     changes: tuple[Change, ...]
     rolled_back: tuple[str, ...]
-    relation: str | None  # "rollback of run X" for a run that undoes another
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **self.detail.to_json(),
-            "relation": self.relation,
-            "changes": [c.to_json() for c in self.changes],
-            "rolled_back": list(self.rolled_back),
-        }
 
 
-@dataclass(frozen=True)
-class LedgerReport:
+@dataclass(frozen=True, kw_only=True)
+class LedgerReport(JsonRecord):
     """The timeline of a window of the ledger."""
 
     window: str
     generated_at: str
-    ledger_path: str
+    ledger_path: str = json_field(key="ledger")
     chain_ok: bool
     head_hash: str
     runs: tuple[ReportRun, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "window": self.window,
-            "generated_at": self.generated_at,
-            "ledger": self.ledger_path,
-            "chain_ok": self.chain_ok,
-            "head_hash": self.head_hash,
-            "runs": [r.to_json() for r in self.runs],
-        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,7 +164,14 @@ def build_report(
         changes = tuple(
             Change(v, _diff(ledger, v)) for host in detail.hosts for v in host.file_versions
         )
-        runs.append(ReportRun(detail, changes, tuple(_rolled_back(detail)), _relation(summary)))
+        runs.append(
+            ReportRun(
+                detail=detail,
+                relation=_relation(summary),
+                changes=changes,
+                rolled_back=tuple(_rolled_back(detail)),
+            )
+        )
     return LedgerReport(
         window=window,
         generated_at=f"{moment:%Y-%m-%dT%H:%M:%SZ}",

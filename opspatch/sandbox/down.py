@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opspatch.core.jsonrecord import JsonRecord
 from opspatch.errors import InputError
 from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.sandbox.layout import ENGINE_STOP_TIMEOUT, Progress, SandboxLayout, quiet
@@ -17,15 +18,12 @@ from opspatch.sandbox.sshd import SshdServer, stop_sshd
 
 
 @dataclass(frozen=True)
-class HostDown:
+class HostDown(JsonRecord):
     """What `down` did to one host: the engine pids it stopped and whether it stopped an sshd."""
 
     host: str
     stopped: tuple[int, ...]
     sshd_stopped: int | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "stopped": list(self.stopped), "sshd_stopped": self.sshd_stopped}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from opspatch.config.inventory import Inventory, parse_inventory
+from opspatch.core.jsonrecord import JsonRecord
 from opspatch.errors import InputError
 from opspatch.sandbox.dist import INSTALL_SHAPES, InstallShape
 from opspatch.sandbox.layout import (
@@ -36,7 +37,7 @@ from opspatch.sandbox.layout import (
 
 
 @dataclass(frozen=True)
-class SshEndpoint:
+class SshEndpoint(JsonRecord):
     """A sandbox host's private sshd: where it listens, its pid and its pinned host key."""
 
     address: str
@@ -44,29 +45,14 @@ class SshEndpoint:
     pid: int | None = None
     host_public_key: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "address": self.address,
-            "port": self.port,
-            "pid": self.pid,
-            "host_public_key": self.host_public_key,
-        }
-
 
 @dataclass(frozen=True)
-class HostRecord:
+class HostRecord(JsonRecord):
     """What the manifest remembers about one host: its name, engine port and sshd."""
 
     name: str
     port: int
     ssh: SshEndpoint | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "port": self.port,
-            "ssh": self.ssh.to_json() if self.ssh else None,
-        }
 
 
 @dataclass(frozen=True)

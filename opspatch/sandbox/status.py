@@ -13,8 +13,9 @@ from opspatch.config.lookup import Workspace
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import detect
 from opspatch.core.host import Host
+from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.policy import StepTimeouts
-from opspatch.core.spec import LoadedPatch
+from opspatch.core.spec import LoadedPatch, PatchSpec
 from opspatch.errors import HostError, InputError, OpspatchError
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.local import LocalTransport
@@ -27,16 +28,13 @@ from opspatch.sandbox.processes import server_pid, sshd_pid
 
 
 @dataclass(frozen=True)
-class PatchState:
+class PatchState(JsonRecord):
     """Whether a host's copy of a patch's target file carries the patch (`detect`)."""
 
     patch: str
     state: str  # applied | not-applied | partial | unknown
     file: str
     reason: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"patch": self.patch, "state": self.state, "file": self.file, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -138,9 +136,10 @@ def _patch_states(host: Host, patches: Sequence[LoadedPatch]) -> tuple[list[Patc
     wheel, the installed distribution's for an editable checkout) in the file that interpreter
     imports: one exec per target module, through the same host operations a rollout uses."""
     ops = HostOperations(LocalTransport(host.name), host)
-    by_module: dict[str, list[LoadedPatch]] = {}
+    by_module: dict[str, list[PatchSpec]] = {}
     for patch in patches:
-        by_module.setdefault(patch.spec.target.module, []).append(patch)
+        for part in patch.parts:  # a patch set: each file is reported on its own
+            by_module.setdefault(part.target.module, []).append(part)
     states: list[PatchState] = []
     notes: list[str] = []
     for module, group in by_module.items():
@@ -151,11 +150,11 @@ def _patch_states(host: Host, patches: Sequence[LoadedPatch]) -> tuple[list[Patc
             continue
         if seen.module is None:
             continue
-        for patch in group:
-            if gate_inspection(patch.spec.target, seen) is not None:
+        for part in group:
+            if gate_inspection(part.target, seen) is not None:
                 continue
-            found = detect(seen.file.content, patch.spec)
-            states.append(PatchState(patch.spec.id, found.state, seen.file.path, found.reason))
+            found = detect(seen.file.content, part)
+            states.append(PatchState(part.id, found.state, seen.file.path, found.reason))
     return sorted(states, key=lambda s: s.patch), notes
 
 

@@ -1,9 +1,11 @@
-"""One generic way to turn the ledger's frozen dataclasses into JSON values and back.
+"""One generic way to turn opspatch's frozen dataclasses into JSON values and back.
 
-Every record the ledger returns (`records.py`, `liveness.ControllerProcess`) inherits
-`JsonRecord`: `to_json()` walks the dataclass fields in declaration order, so the field order *is*
-the key order that `opspatch ledger show --json` prints, and `from_json()` reads a document back
-by the same fields and their type hints. Nothing is written by hand per class.
+Every record the ledger returns (`ledger/records.py`, `ledger/liveness.ControllerProcess`), what
+host operations return (`hosts/results.py`, `hosts/engine.py`) and what the runs report
+(`runs/report.py` and the other `--json` documents) inherits `JsonRecord`: `to_json()` walks the
+dataclass fields in declaration order, so the field order *is* the key order that `--json`
+prints, and `from_json()` reads a document back by the same fields and their type hints (an agent
+reply is checked this way at the boundary). Nothing is written by hand per class.
 
 The rules, kept small on purpose:
 
@@ -11,6 +13,11 @@ The rules, kept small on purpose:
 - a field marked `json_field(inline=True)` holds a record whose keys are merged into its parent's
   (a run's detail is its summary's keys plus `host_records`);
 - a field declared with `init=False` is derived from the others: written, never read back;
+- `json_field(omit_none=True)`: the key is left out while the value is None (and reads as the
+  field's default when absent);
+- a field with `metadata=NOT_WRITTEN` (a plain `field()`, so it may stay required) is never
+  written (bytes, or what only the controller needs), nor read back;
+- `json_field(encode=f)`: the value is written as `f(value)` (seconds rounded for display);
 - nested records become objects, tuples and lists become arrays, `str` enums become their word;
 - reading checks each value against its type hint (`X | None`, `tuple[X, ...]`, `list[X]`,
   `dict[str, Any]`, enums, nested records, `str`, `int`, `float` (an int is kept as it is, so
@@ -21,23 +28,42 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin, get_type_hints
 
 _KEY = "opspatch.json.key"
 _INLINE = "opspatch.json.inline"
+_OMIT_NONE = "opspatch.json.omit_none"
+_SKIP = "opspatch.json.skip"
+_ENCODE = "opspatch.json.encode"
+
+NOT_WRITTEN: Mapping[str, Any] = {_SKIP: True}
+"""`field(metadata=NOT_WRITTEN)`: a field the JSON leaves out (see the module rules)."""
 
 R = TypeVar("R", bound="JsonRecord")
 
 
-def json_field(*, key: str | None = None, inline: bool = False, **options: Any) -> Any:
-    """A dataclass `field(**options)` serialised under `key` or merged into its parent (`inline`)."""
+def json_field(
+    *,
+    key: str | None = None,
+    inline: bool = False,
+    omit_none: bool = False,
+    encode: Callable[[Any], Any] | None = None,
+    **options: Any,
+) -> Any:
+    """A dataclass `field(**options)` serialised under `key` or merged into its parent
+    (`inline`), left out while None (`omit_none`), or written as `encode(value)` (see the
+    module rules)."""
     metadata = dict(options.pop("metadata", {}) or {})
     if key is not None:
         metadata[_KEY] = key
     if inline:
         metadata[_INLINE] = True
+    if omit_none:
+        metadata[_OMIT_NONE] = True
+    if encode is not None:
+        metadata[_ENCODE] = encode
     return dataclasses.field(metadata=metadata, **options)
 
 
@@ -63,7 +89,7 @@ class JsonRecord:
 def to_json_value(value: Any) -> Any:
     """`value` as plain JSON values: records as objects, sequences as lists, enums as words."""
     if isinstance(value, JsonRecord):
-        return record_to_json(value)
+        return value.to_json()  # a class whose JSON is written by hand says so by overriding
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, (list, tuple)):
@@ -78,10 +104,15 @@ def record_to_json(record: JsonRecord) -> dict[str, Any]:
     document: dict[str, Any] = {}
     for spec in dataclasses.fields(record):
         value = getattr(record, spec.name)
+        if spec.metadata.get(_SKIP) or (value is None and spec.metadata.get(_OMIT_NONE)):
+            continue
         if spec.metadata.get(_INLINE):
             document.update(record_to_json(value))
-        else:
-            document[spec.metadata.get(_KEY, spec.name)] = to_json_value(value)
+            continue
+        encode = spec.metadata.get(_ENCODE)
+        if encode is not None:
+            value = encode(value)
+        document[spec.metadata.get(_KEY, spec.name)] = to_json_value(value)
     return document
 
 
@@ -114,8 +145,8 @@ def _decode_record(cls: type[R], data: Any, where: str) -> R:
     hints = _hints(cls)
     values: dict[str, Any] = {}
     for spec in dataclasses.fields(cls):
-        if not spec.init:
-            continue  # derived from the other fields
+        if not spec.init or spec.metadata.get(_SKIP):
+            continue  # derived from the other fields, or never written
         if spec.metadata.get(_INLINE):
             values[spec.name] = _decode_record(hints[spec.name], data, where)
             continue

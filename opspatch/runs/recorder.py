@@ -1,0 +1,220 @@
+"""Where a run's records go, in one object: the ledger under the run's id, or nowhere.
+
+Every record a run makes on its way (a step, a host's facts, a file version, a host's outcome,
+the run's end) goes through its `Recorder`. A run that changes hosts is begun in the ledger
+(`runs.recorded.recorded_run`) and records through a `LedgerRecorder`; a run that only looks
+(`apply --dry-run`, `plan`, `smoke`) records through the `NullRecorder`, so no code on the run
+path asks whether there is a ledger or a run id. The ledger's own guarantees (every append in
+one fsync'd transaction, in the order the run makes them) are the `Ledger`'s; a recorder only
+forwards, in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from opspatch.core.vocabulary import RunStatus, StepStatus
+from opspatch.errors import OpspatchError
+from opspatch.ledger.store import Ledger
+from opspatch.runs.report import HostOutcome, RunReport
+
+DETAIL_LIMIT = 2000
+"""Characters of a step's detail kept in the ledger (a log tail can be long)."""
+
+
+class Recorder(Protocol):
+    """What a run records, and the one id its records and host locks carry."""
+
+    @property
+    def run_id(self) -> str:
+        """The id this run's records and host locks carry."""
+
+    @property
+    def reported_run_id(self) -> str | None:
+        """The run id its report names: None for a run nothing recorded (a dry run)."""
+
+    def step(
+        self, host: str, step: str, status: StepStatus, seconds: float | None, detail: str
+    ) -> None:
+        """A step's `started` or its end, with timing and what it did (cut to `DETAIL_LIMIT`)."""
+
+    def facts(self, host: str, facts: Mapping[str, Any]) -> None:
+        """What a host runs (its machine id among it: later lookups by machine find the run)."""
+
+    def file_version(
+        self,
+        host: str,
+        *,
+        path: str,
+        sha256_before: str,
+        sha256_after: str,
+        mode: int,
+        owner: str,
+        pre_image: bytes,
+        post_image: bytes | None = None,
+        action: str = "patch",
+    ) -> None:
+        """A file this run changes, with its full pre-image (before the host is touched)."""
+
+    def restored(
+        self, host: str, *, path: str, sha256_before: str, sha256_after: str, mode: int, owner: str
+    ) -> None:
+        """A restore this run made: a file version whose overwritten bytes are the ledger's
+        own post-image of the change undone (`sha256_before`)."""
+
+    def outcome(self, outcome: HostOutcome) -> None:
+        """A host's outcome, as soon as it is decided (a later one supersedes it)."""
+
+    def stored_image(self, sha256: str) -> bytes | None:
+        """The bytes the ledger holds with `sha256`; None when this run has no ledger.
+
+        Raises:
+            LedgerError, LedgerIntegrityError: the ledger has no such bytes, or they were altered.
+        """
+
+    def run_status(self, run_id: str) -> RunStatus | None:
+        """The status of another run of this ledger; None when it knows no such run."""
+
+
+class LedgerRecorder:
+    """The records of one run begun in `ledger` as `run_id`; `finish(report)` ends it (once)."""
+
+    def __init__(self, ledger: Ledger, run_id: str) -> None:
+        self.ledger = ledger
+        self._run_id = run_id
+        self.finished = False
+
+    @property
+    def run_id(self) -> str:
+        return self._run_id
+
+    @property
+    def reported_run_id(self) -> str | None:
+        return self._run_id
+
+    def step(
+        self, host: str, step: str, status: StepStatus, seconds: float | None, detail: str
+    ) -> None:
+        self.ledger.record_step(
+            self._run_id, host, step, str(status), seconds, detail[:DETAIL_LIMIT]
+        )
+
+    def facts(self, host: str, facts: Mapping[str, Any]) -> None:
+        self.ledger.record_facts(self._run_id, host, facts)
+
+    def file_version(
+        self,
+        host: str,
+        *,
+        path: str,
+        sha256_before: str,
+        sha256_after: str,
+        mode: int,
+        owner: str,
+        pre_image: bytes,
+        post_image: bytes | None = None,
+        action: str = "patch",
+    ) -> None:
+        self.ledger.record_file_version(
+            self._run_id,
+            host,
+            path=path,
+            sha256_before=sha256_before,
+            sha256_after=sha256_after,
+            mode=mode,
+            owner=owner,
+            pre_image=pre_image,
+            post_image=post_image,
+            action=action,
+        )
+
+    def restored(
+        self, host: str, *, path: str, sha256_before: str, sha256_after: str, mode: int, owner: str
+    ) -> None:
+        self.file_version(
+            host,
+            path=path,
+            sha256_before=sha256_before,
+            sha256_after=sha256_after,
+            mode=mode,
+            owner=owner,
+            pre_image=self.ledger.blob(sha256_before),
+            action="restore",
+        )
+
+    def outcome(self, outcome: HostOutcome) -> None:
+        self.ledger.record_host_outcome(
+            self._run_id,
+            outcome.host,
+            str(outcome.outcome),
+            outcome.error,
+            outcome.file.to_json() if outcome.file else None,
+        )
+
+    def stored_image(self, sha256: str) -> bytes | None:
+        return self.ledger.blob(sha256)
+
+    def run_status(self, run_id: str) -> RunStatus | None:
+        try:
+            return RunStatus(self.ledger.get_run(run_id).summary.status)
+        except OpspatchError:
+            return None  # not a run of this ledger: it may be alive on another controller
+
+    def finish(self, report: RunReport) -> RunReport:
+        """Record the run's outcome (the first time only) and return `report`."""
+        if not self.finished:
+            self.ledger.finish_run(self._run_id, str(report.outcome))
+            self.finished = True
+        return report
+
+
+class NullRecorder:
+    """The recorder of a run that changes nothing (a dry run, a smoke): it records nothing,
+    holds no ledger, and takes no lock, so it has no run id to give one."""
+
+    @property
+    def run_id(self) -> str:
+        # A bug, not an input: only a run that changes hosts takes locks, and it is recorded.
+        raise RuntimeError("a run that records nothing takes no host lock")
+
+    @property
+    def reported_run_id(self) -> str | None:
+        return None
+
+    def step(
+        self, host: str, step: str, status: StepStatus, seconds: float | None, detail: str
+    ) -> None:
+        return None
+
+    def facts(self, host: str, facts: Mapping[str, Any]) -> None:
+        return None
+
+    def file_version(
+        self,
+        host: str,
+        *,
+        path: str,
+        sha256_before: str,
+        sha256_after: str,
+        mode: int,
+        owner: str,
+        pre_image: bytes,
+        post_image: bytes | None = None,
+        action: str = "patch",
+    ) -> None:
+        return None
+
+    def restored(
+        self, host: str, *, path: str, sha256_before: str, sha256_after: str, mode: int, owner: str
+    ) -> None:
+        return None
+
+    def outcome(self, outcome: HostOutcome) -> None:
+        return None
+
+    def stored_image(self, sha256: str) -> bytes | None:
+        return None
+
+    def run_status(self, run_id: str) -> RunStatus | None:
+        return None

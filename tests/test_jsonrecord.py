@@ -1,0 +1,173 @@
+"""The one JSON codec (`opspatch.core.jsonrecord`) on the records outside the ledger: a host
+record survives a round trip, its rules (a key left out while None, a field never written, a
+value encoded) hold, and an agent reply that does not have a record's shape is refused at the
+boundary with the error every caller of an agent operation handles."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opspatch.core.host import EngineSettings, Host
+from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field
+from opspatch.core.policy import Playbook
+from opspatch.core.vocabulary import Outcome, StepStatus
+from opspatch.errors import RemoteOperationError
+from opspatch.hosts.engine import EngineControl, PromptResult, SmokeResult
+from opspatch.hosts.operations import HostOperations
+from opspatch.hosts.results import HostFacts
+from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
+from opspatch.runs.report import HostOutcome, StepResult
+
+FACTS: dict[str, Any] = {
+    "python_version": "3.10.12",
+    "python_executable": "/opt/sglang/venv/bin/python",
+    "python_implementation": "CPython",
+    "hostname": "gpu-01",
+    "platform": "Linux",
+    "machine": "x86_64",
+    "sglang_version": "0.5.23",
+    "torch_version": None,
+    "cuda_available": True,
+    "cuda_version": "12.4",
+    "cuda_device_count": 2,
+    "gpu_names": ["NVIDIA H200", "NVIDIA H200"],
+    "notes": ["torch not imported"],
+    "driver_version": "550.54",
+    "gpu_memory_mib": [143771, 143771],
+    "machine_id": "0123456789abcdef0123456789abcdef",
+}
+
+
+def host(state_dir: Path) -> Host:
+    return Host(
+        name="h1",
+        inventory="test",
+        address="192.0.2.1",
+        port=None,
+        user=None,
+        identity_file=None,
+        known_hosts=None,
+        jump=None,
+        transport="ssh",
+        state_dir=str(state_dir),
+        vars={},
+        engine=EngineSettings(python=sys.executable),
+        groups=(),
+    )
+
+
+def test_host_facts_round_trip_through_json_text() -> None:
+    facts = HostFacts.from_json(FACTS)
+    assert facts.gpu_names == ("NVIDIA H200", "NVIDIA H200")  # arrays read back as tuples
+    text = json.dumps(facts.to_json())
+    assert json.loads(text) == FACTS  # every key, in the agent's order
+    assert list(json.loads(text)) == list(FACTS)
+    assert HostFacts.from_json(json.loads(text)) == facts
+
+
+def test_a_smoke_result_round_trips_and_leaves_out_what_only_the_controller_needs() -> None:
+    smoke = SmokeResult(
+        ok=False,
+        failures=("prompt 1: the server crashed",),
+        prompts=(PromptResult("p", False, None, None, None, "the server crashed"),),
+        exceptions=({"type": "ValueError", "count": 2},),
+        log_tail="Traceback ...",
+        lock_released=True,
+    )
+    document = json.loads(json.dumps(smoke.to_json()))
+    assert list(document) == ["ok", "failures", "log_hits", "prompts", "exceptions", "log_tail"]
+    assert "lock_released" not in document
+    again = SmokeResult.from_json(document)
+    assert again.prompts == smoke.prompts and again.exceptions == smoke.exceptions
+    assert again.lock_released is False  # not written, so read as its default
+    assert again == SmokeResult(**{**smoke.__dict__, "lock_released": False})
+
+
+def test_a_host_outcome_omits_diff_and_smoke_while_none_and_rounds_seconds() -> None:
+    step = StepResult("swap", StepStatus.OK, 0.123456, "done")
+    bare = HostOutcome("h1", Outcome.APPLIED, steps=(step,)).to_json()
+    assert list(bare) == ["host", "outcome", "error", "note", "file", "steps"]
+    assert bare["steps"][0]["seconds"] == 0.123
+    assert bare["outcome"] == "applied" and bare["steps"][0]["status"] == "ok"
+    with_diff = HostOutcome("h1", Outcome.WOULD_APPLY, diff="--- a\n").to_json()
+    assert list(with_diff)[-1] == "diff"
+
+
+def test_the_rules_on_a_record_of_their_own() -> None:
+    @dataclass(frozen=True)
+    class Sample(JsonRecord):
+        name: str
+        blob: bytes = field(metadata=NOT_WRITTEN)
+        when: float = json_field(encode=lambda value: round(value, 1))
+        gone: str | None = json_field(default=None, omit_none=True)
+        wire: int = json_field(key="on_the_wire", default=0)
+
+    sample = Sample("a", b"\x00", 1.26)
+    assert sample.to_json() == {"name": "a", "when": 1.3, "on_the_wire": 0}
+    assert Sample("a", b"", 1.0, "here", 2).to_json()["gone"] == "here"
+    with pytest.raises(ValueError, match=r"Sample\.on_the_wire: expected int, got str"):
+        Sample.from_json({"name": "a", "when": 1.0, "on_the_wire": "2"})
+
+
+# -- replies at the boundary ----------------------------------------------------------------
+
+
+def test_facts_an_agent_leaves_out_read_as_unknown(tmp_path: Path) -> None:
+    sparse = {k: v for k, v in FACTS.items() if not k.startswith(("cuda", "gpu", "driver"))}
+    transport = ScriptedTransport(lambda op, args: sparse)
+    facts = HostOperations(transport, host(tmp_path)).facts(timeout=5)
+    assert facts.cuda_available is None and facts.gpu_names == () and facts.driver_version is None
+    assert facts.hostname == "gpu-01"
+
+
+@pytest.mark.parametrize(
+    ("reply", "named"),
+    [
+        (
+            {k: v for k, v in FACTS.items() if k != "python_version"},
+            "HostFacts.python_version: missing",
+        ),
+        ({**FACTS, "cuda_device_count": "two"}, "HostFacts.cuda_device_count: expected int"),
+        ({**FACTS, "gpu_names": "NVIDIA H200"}, "HostFacts.gpu_names: expected an array"),
+    ],
+)
+def test_a_malformed_facts_reply_is_a_remote_error_naming_the_field(
+    tmp_path: Path, reply: dict[str, Any], named: str
+) -> None:
+    transport = ScriptedTransport(lambda op, args: reply)
+    with pytest.raises(RemoteOperationError) as caught:
+        HostOperations(transport, host(tmp_path)).facts(timeout=5)
+    assert caught.value.code == "agent-bad-reply"
+    assert caught.value.host == "h1" and caught.value.step == "facts"
+    assert named in caught.value.message, caught.value.message
+
+
+def test_a_malformed_smoke_reply_is_a_remote_error_naming_the_prompt_field(tmp_path: Path) -> None:
+    def handler(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal:
+        if op == "smoke":
+            return {"ok": True, "results": [{"prompt": "p", "ok": "yes"}], "failures": []}
+        return agent_operation(op, args)
+
+    target = host(tmp_path)
+    ctl = EngineControl(HostOperations(ScriptedTransport(handler), target), target, Playbook())
+    with pytest.raises(RemoteOperationError) as caught:
+        ctl.smoke(log_offset=None)
+    assert caught.value.code == "agent-bad-reply" and caught.value.step == "smoke"
+    assert "SmokeResult.prompts[0].ok: expected bool, got str" in caught.value.message
+
+
+def test_a_smoke_reply_says_whether_it_gave_the_lock_back(tmp_path: Path) -> None:
+    released = {"released": True, "reason": "released", "previous": None}
+
+    def handler(op: str, args: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "results": [], "failures": [], "released": released}
+
+    target = host(tmp_path)
+    ctl = EngineControl(HostOperations(ScriptedTransport(handler), target), target, Playbook())
+    assert ctl.smoke(log_offset=None, release_lock="run-1").lock_released is True
