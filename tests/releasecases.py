@@ -8,7 +8,6 @@ The records of the engine before the speed-up of issue 20 are committed
 from __future__ import annotations
 
 import hashlib
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_pat
 from opspatch.core.spec import PatchSpec
 from opspatch.core.validate import validate_result
 from tests.patchkit import make_patch
-from tests.sglang_wheels import CACHE, RELEASE_VERSIONS, sglang_site
+from tests.sglang_wheels import RELEASE_VERSIONS, release_file
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEDULER_RELPATH = "sglang/srt/managers/scheduler.py"
@@ -54,15 +53,12 @@ code = "x = 1"
 
 
 def release_source(version: str, relpath: str) -> bytes:
-    """The file `relpath` of the SGLang `version` wheel (downloaded by `sglang_site`).
+    """The file `relpath` of the SGLang `version` wheel.
 
     Raises:
         WheelUnavailable: offline and not cached.
     """
-    sglang_site(version)
-    (wheel,) = (CACHE / "wheels").glob(f"sglang-{version}-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
-        return archive.read(relpath)
+    return release_file(version, relpath)
 
 
 def scheduler_patch() -> PatchSpec:

@@ -2,8 +2,9 @@
 
 `pip download --no-deps sglang==V` into a cache outside the repository (default
 `~/.cache/opspatch-tests`, or `$OPSPATCH_TEST_CACHE`), then the wheel's `sglang/srt/speculative/`
-folder and its dist-info are unpacked. When PyPI cannot be reached the caller skips with the
-reason, so an offline run says why those tests did not run.
+folder and its dist-info are unpacked (`sglang_site`), or any one file is read from the wheel
+(`release_file`). When PyPI cannot be reached the caller skips with the reason, so an offline run
+says why those tests did not run.
 """
 
 from __future__ import annotations
@@ -23,6 +24,52 @@ class WheelUnavailable(Exception):
     pass
 
 
+def wheel_of(version: str) -> Path:
+    """The cached wheel of SGLang `version`, downloaded once.
+
+    Raises:
+        WheelUnavailable: the wheel could not be downloaded (offline), with pip's last words.
+    """
+    wheels = CACHE / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
+    if found:
+        return found[0]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            f"sglang=={version}",
+            "-d",
+            str(wheels),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
+    if result.returncode != 0 or not found:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise WheelUnavailable(f"pip download sglang=={version} failed: {tail[0]}")
+    return found[0]
+
+
+def release_file(version: str, relpath: str) -> bytes:
+    """The bytes of `relpath` (e.g. `sglang/srt/managers/scheduler.py`) in SGLang `version`'s
+    wheel, read from the cached wheel (nothing is extracted).
+
+    Raises:
+        WheelUnavailable: offline and not cached.
+        KeyError: the release does not ship `relpath`.
+    """
+    with zipfile.ZipFile(wheel_of(version)) as wheel:
+        return wheel.read(relpath)
+
+
 def sglang_site(version: str) -> Path:
     """A folder holding `sglang/srt/speculative/...` and `sglang-<version>.dist-info/`.
 
@@ -32,32 +79,8 @@ def sglang_site(version: str) -> Path:
     site = CACHE / "sites" / version
     if (site / EAGLE_RELPATH).is_file():
         return site
-    wheels = CACHE / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
-    if not found:
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--quiet",
-                f"sglang=={version}",
-                "-d",
-                str(wheels),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
-        if result.returncode != 0 or not found:
-            tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise WheelUnavailable(f"pip download sglang=={version} failed: {tail[0]}")
     partial = site.with_name(site.name + ".partial")
-    with zipfile.ZipFile(found[0]) as wheel:
+    with zipfile.ZipFile(wheel_of(version)) as wheel:
         members = [
             name
             for name in wheel.namelist()

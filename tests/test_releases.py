@@ -13,14 +13,15 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 from opspatch.analysis.portability import evaluate_release
+from opspatch.analysis.proofs import ReleaseProofs, combined_coverage, proof_coverage, proof_key
 from opspatch.config.patches import load_patch
 from opspatch.core.spec import PatchSpec
 from opspatch.errors import InputError
+from opspatch.runs.releasecache import read_proofs, release_cache_dir, release_coverage
 from opspatch.runs.releases import (
     check_releases,
     list_releases,
     parse_index_json,
-    release_cache_dir,
     release_module_source,
 )
 from tests.patchkit import make_patch, src
@@ -78,11 +79,10 @@ def test_the_patch_range_lists_the_cached_releases_when_offline(
     assert [r.version for r in narrowed.results] == ["0.5.10", "0.5.23"]
 
 
-def test_a_method_one_release_lacks_fails_for_exactly_that_release(
-    seeded_cache: Path,
-) -> None:
-    # EAGLEWorkerV2.clear_cache_pool exists in 0.5.4 and 0.5.10, not in 0.5.23
-    patch = make_patch(
+def clear_cache_pool_patch(versions: str = ">=0.5.4") -> PatchSpec:
+    """A patch anchored on EAGLEWorkerV2.clear_cache_pool, which exists in 0.5.4 and 0.5.10, not
+    in 0.5.23."""
+    return make_patch(
         """
         [[edits]]
         kind = "insert"
@@ -90,15 +90,21 @@ def test_a_method_one_release_lacks_fails_for_exactly_that_release(
         position = "end"
         code = "return None"
         """,
-        header="""
-id = "{id}"
+        header=f"""
+id = "{{id}}"
 summary = "anchored on a method"
 rationale = "tests"
 [target]
 module = "sglang.srt.speculative.eagle_worker_v2"
-versions = ">=0.5.4"
+versions = "{versions}"
 """,
     )
+
+
+def test_a_method_one_release_lacks_fails_for_exactly_that_release(
+    seeded_cache: Path,
+) -> None:
+    patch = clear_cache_pool_patch()
     matrix = check_releases(patch, versions=VERSIONS, cache=seeded_cache, offline=True)
     assert [r.version for r in matrix.failed] == ["0.5.23"]
     failed = matrix.failed[0]
@@ -260,3 +266,122 @@ def test_real_download_of_a_release_without_the_module(guard: PatchSpec) -> None
     assert "has no sglang/srt/speculative/eagle_worker_v2.py" in result.reason
     assert matrix.exit_code == 0  # outside the range: reported, not failed
     assert list((cache / "sglang" / "wheels").glob("sglang-0.5.3-*.whl"))
+
+
+# ---------------------------------------------------------------------------------------------
+# what check --releases proved, recorded for plain check
+
+
+def test_check_releases_records_the_releases_a_patch_passed_on(seeded_cache: Path) -> None:
+    patch = clear_cache_pool_patch()
+    check_releases(patch, versions=VERSIONS, cache=seeded_cache, offline=True)
+    proofs = read_proofs(patch, seeded_cache)
+    assert proofs is not None and proofs.key == proof_key(patch)
+    assert (proofs.listed, proofs.proven) == (tuple(VERSIONS), ("0.5.4", "0.5.10"))
+    assert proofs.full_ranges == ()  # the releases were given, not listed from the index
+
+    coverage = release_coverage((patch,), seeded_cache)
+    assert (coverage.proven, coverage.unproven) == (("0.5.4", "0.5.10"), ("0.5.23",))
+    assert coverage.warning == (
+        "versions '>=0.5.4' covers releases it is not proven on: 0.5.23: "
+        f"run `opspatch check {patch.id} --releases`"
+    )
+    # narrowed to the releases it passed on: nothing unproven among the listed, but the range
+    # was never listed in full, which is said
+    narrowed = patch.model_copy(
+        update={"target": patch.target.model_copy(update={"versions": "<0.5.23"})}
+    )
+    assert proof_key(narrowed) == proof_key(patch)  # the range is not part of the proof
+    kept = release_coverage((narrowed,), seeded_cache)
+    assert kept.unproven == () and kept.proven == ("0.5.4", "0.5.10")
+    assert kept.warning is not None and "not listed in full from the index" in kept.warning
+
+
+def test_a_release_checked_again_takes_its_new_verdict(seeded_cache: Path) -> None:
+    guard = load_patch(REPO / "patches" / "eagle-init-guard.toml").spec
+    check_releases(guard, versions=["0.5.4", "0.5.11"], cache=seeded_cache, offline=True)
+    first = release_coverage((guard,), seeded_cache)
+    assert (first.proven, first.unproven) == (("0.5.4",), ("0.5.11",))  # 0.5.11 not checked
+    check_releases(guard, versions=["0.5.10"], cache=seeded_cache, offline=True)
+    second = release_coverage((guard,), seeded_cache)
+    assert (second.proven, second.unproven) == (("0.5.4", "0.5.10"), ("0.5.11",))
+
+
+def test_proofs_hold_for_the_edits_they_were_found_for() -> None:
+    patch = clear_cache_pool_patch()
+    proofs = ReleaseProofs(patch.id, proof_key(patch), ("0.5.4",), ("0.5.4",), (">=0.5.4",))
+    assert proof_coverage(patch, proofs).warning is None  # listed in full and passed
+    reworded = patch.model_copy(update={"rationale": "said better", "summary": "also"})
+    assert proof_coverage(reworded, proofs).warning is None
+    respelled = patch.model_copy(
+        update={"target": patch.target.model_copy(update={"versions": ">= 0.5.4"})}
+    )
+    assert proof_coverage(respelled, proofs).warning is None  # the same range, written apart
+    edit = patch.edits[0].model_copy(update={"code": "return 0"})
+    changed = patch.model_copy(update={"edits": [edit]})
+    assert proof_key(changed) != proof_key(patch)
+    assert proof_coverage(changed, proofs).warning == (
+        f"versions '>=0.5.4' is not proven on any release: run `opspatch check {patch.id} "
+        "--releases`"
+    )
+    assert proof_coverage(patch, None).proven == ()
+
+
+def test_a_range_listed_in_full_from_an_index_and_passed_is_proven(seeded_cache: Path) -> None:
+    """A real HTTP index on loopback lists the three releases (the wheels are in the cache)."""
+    import http.server
+    import json
+    import threading
+
+    answer = json.dumps(
+        {
+            "releases": {
+                v: [{"filename": f"sglang-{v}-py3-none-any.whl", "yanked": False}] for v in VERSIONS
+            }
+        }
+    ).encode()
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the handler's API)
+            self.send_response(200 if self.path == "/pypi/sglang/json" else 404)
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    guard = load_patch(REPO / "patches" / "eagle-init-guard.toml").spec
+    try:
+        matrix = check_releases(
+            guard, cache=seeded_cache, index_url=f"http://127.0.0.1:{server.server_port}"
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert matrix.listed_from == "index" and matrix.exit_code == 0
+    coverage = release_coverage((guard,), seeded_cache)
+    assert coverage.proven == tuple(VERSIONS) and coverage.listed_in_full
+    assert coverage.warning is None
+
+
+def test_a_fix_in_several_files_is_proven_where_every_file_is() -> None:
+    """One fix in two modules (a patch set's parts): each file has its own proofs."""
+    first = clear_cache_pool_patch()
+    second = first.model_copy(
+        update={
+            "target": first.target.model_copy(
+                update={"module": "sglang.srt.speculative.eagle_worker"}
+            )
+        }
+    )
+    listed = ("0.5.4", "0.5.10", "0.5.23")
+    one = ReleaseProofs(first.id, proof_key(first), listed, listed, (">=0.5.4",))
+    other = ReleaseProofs(first.id, proof_key(second), listed, ("0.5.4", "0.5.23"), (">=0.5.4",))
+    coverage = combined_coverage([proof_coverage(first, one), proof_coverage(second, other)])
+    assert (coverage.proven, coverage.unproven) == (("0.5.4", "0.5.23"), ("0.5.10",))
+    assert coverage.warning is not None and "not proven on: 0.5.10" in coverage.warning
+    unrecorded = combined_coverage([proof_coverage(first, one), proof_coverage(second, None)])
+    # a file never checked: nothing is proven for the fix
+    assert unrecorded.proven == () and "is not proven on any release" in str(unrecorded.warning)

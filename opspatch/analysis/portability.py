@@ -9,16 +9,18 @@ its reason and the anchor's nearest candidates, so the author sees what the rele
 
 `evaluate_release` is the pure judgement of one release; `ReleaseMatrix` collects them with the
 releases that could not be checked (and why). Fetching releases is `opspatch.runs.releases`.
+
+What the matrices found is kept per patch (`opspatch.analysis.proofs`), so plain `check` can
+say which releases a patch's range covers that it is not proven on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
+from opspatch.analysis.proofs import in_range as version_in_range
+from opspatch.analysis.proofs import version_key
 from opspatch.core.edit import (
     AlreadyApplied,
     NotApplicable,
@@ -82,15 +84,6 @@ class ReleaseResult:
         }
 
 
-def _in_range(patch: PatchSpec, version: str) -> bool:
-    if not patch.target.versions:
-        return True
-    try:
-        return patch.target.specifier.contains(version, prereleases=True)
-    except InvalidVersion:
-        return False
-
-
 def _diff_counts(diff: str) -> tuple[int, int]:
     lines = diff.splitlines()
     added = sum(1 for line in lines if line.startswith("+") and not line.startswith("+++"))
@@ -100,7 +93,7 @@ def _diff_counts(diff: str) -> tuple[int, int]:
 
 def evaluate_release(patch: PatchSpec, version: str, source: bytes) -> ReleaseResult:
     """Judge `patch` on one release's file (`source`, the released bytes of the target module)."""
-    in_range = _in_range(patch, version)
+    in_range = version_in_range(patch, version)
     placed = apply_patch(source, patch.model_copy(update={"postconditions": []}))
     if isinstance(placed, AlreadyApplied):
         holds = not check_postconditions(parse_python(source), patch)
@@ -153,7 +146,7 @@ def missing_module_result(patch: PatchSpec, version: str, where: str) -> Release
     """The verdict for a release that does not ship the target module at all."""
     return ReleaseResult(
         version,
-        _in_range(patch, version),
+        version_in_range(patch, version),
         applies=False,
         reason=f"release {version} has no {patch.target.module_relpaths()[0]} ({where})",
         field="target.module",
@@ -166,13 +159,6 @@ class UncheckedRelease:
 
     version: str
     reason: str
-
-
-def _version_key(version: str) -> tuple[int, Any]:
-    try:
-        return (0, Version(version))
-    except InvalidVersion:
-        return (1, version)
 
 
 @dataclass(frozen=True)
@@ -220,7 +206,7 @@ class ReleaseMatrix:
         rows = [
             [r.version, "in" if r.in_range else "out", *(mark(getattr(r, s)) for s in STAGES),
              r.verdict]
-            for r in sorted(self.results, key=lambda r: _version_key(r.version))
+            for r in sorted(self.results, key=lambda r: version_key(r.version))
         ]  # fmt: skip
         widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
         out = [
@@ -230,12 +216,12 @@ class ReleaseMatrix:
         ]
         for row in rows:
             out.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-        for result in sorted(self.results, key=lambda r: _version_key(r.version)):
+        for result in sorted(self.results, key=lambda r: version_key(r.version)):
             if result.reason and (not result.ok or result.already_applied):
                 where = f"{result.field}: " if result.field else ""
                 out.append(f"{result.version}: {where}{result.reason}")
                 out += [f"    {c}" for c in result.candidates]
-        for result in sorted(self.results, key=lambda r: _version_key(r.version)):
+        for result in sorted(self.results, key=lambda r: version_key(r.version)):
             if result.matched:
                 out.append(f"{result.version}: fits with {'; '.join(result.matched)}")
         for unchecked in self.unchecked:
@@ -246,7 +232,3 @@ class ReleaseMatrix:
             f"FAILED in range: {failed}" if failed else "every release checked in range passes"
         )
         return "\n".join(out)
-
-
-def sort_versions(versions: Sequence[str]) -> list[str]:
-    return sorted(versions, key=_version_key)

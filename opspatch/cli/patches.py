@@ -73,7 +73,12 @@ def check(
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Lint patch files: schema, snippets parse, anchors well-formed (--releases: on every release)."""
+    """Lint patch files: schema, snippets parse, anchors well-formed (--releases: on every release).
+
+    Without --releases, also warns when a patch's version range covers releases that
+    `check --releases` has not proven it on (read from the release cache, offline)."""
+    from opspatch.runs.releasecache import release_coverage
+
     workspace = options.workspace_dir()
     references = patches or sorted(workspace.available("patches"))
     if not references:
@@ -104,6 +109,7 @@ def check(
                 ),
                 "edits": sum(len(p.edits) for p in parts),
                 "postconditions": sum(len(p.postconditions) for p in parts),
+                "releases": release_coverage(parts).to_json(),
             }
         )
     failed = [r for r in results if not r["ok"]]
@@ -120,6 +126,11 @@ def check(
                         f"-> {result['target']}",
                     )
                 )
+                warning = result["releases"]["warning"]
+                if warning:
+                    err.print(
+                        Text.assemble(("warning", "yellow"), f"  {result['patch']}: {warning}")
+                    )
             else:  # the message quotes the file, which print_error shows as text, not markup
                 print_error(
                     result["error"], hint=result["hint"], exit_code=EXIT_BAD_INPUT, as_json=False

@@ -246,7 +246,9 @@ def diagnose_fleet(
             judge_file(m, histories.get((host.name, m.module), []), texts, copy_sources)
             for m in d.modules
         ]
-        files = [f for f in files if f.state != FileState.NOT_INSTALLED or f.module in options.modules]
+        files = [
+            f for f in files if f.state != FileState.NOT_INSTALLED or f.module in options.modules
+        ]
         report = judge_host(d, files, analyse_exceptions(d, specs))
         reports.append(_with_recreated(report, d, histories))
     return FleetDiagnosis(tuple(reports), modules)

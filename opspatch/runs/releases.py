@@ -10,18 +10,23 @@ The effects behind the portability matrix (`opspatch.analysis.portability` judge
    --only-binary=:all:` (when the wheel is built for other platforms only, again with the
    platform tags of a wheel the index lists: the module's text is the same in every wheel of a
    release), and extract only the target module;
-3. evaluate the patch on each extracted file.
+3. evaluate the patch on each extracted file;
+4. record what was found (`<cache>/<name>/proofs/<patch id>/<module>.json`, a
+   `ReleaseProofs`), which plain `check` reads to warn about releases in a patch's range it is
+   not proven on.
 
-The cache is `$OPSPATCH_CACHE`, else `$XDG_CACHE_HOME/opspatch/releases`, else
-`~/.cache/opspatch/releases`; never the repository. Layout:
-`<cache>/<name>/wheels/*.whl` and `<cache>/<name>/<version>/<module path>`. Offline, everything
-comes from the cache, and each release that is not there is reported as not checked.
+The cache (`opspatch.runs.releasecache`: where it is, and the proof records) is
+`$OPSPATCH_CACHE`, else `$XDG_CACHE_HOME/opspatch/releases`, else `~/.cache/opspatch/releases`;
+never the repository. Layout: `<cache>/<name>/wheels/*.whl`,
+`<cache>/<name>/<version>/<module path>` and `<cache>/<name>/proofs/<patch id>/<module>.json`.
+Offline, everything comes from the cache, and each release that is not there is reported as not
+checked.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import re
 import subprocess
 import sys
@@ -41,31 +46,15 @@ from opspatch.analysis.portability import (
     UncheckedRelease,
     evaluate_release,
     missing_module_result,
-    sort_versions,
 )
+from opspatch.analysis.proofs import sort_versions
 from opspatch.core.spec import PatchSpec, Target
 from opspatch.errors import InputError
+from opspatch.runs.releasecache import normalize_name, record_proofs, release_cache_dir
 
 DEFAULT_INDEX = "https://pypi.org"
 INDEX_TIMEOUT_S = 20.0
 DOWNLOAD_TIMEOUT_S = 600.0
-
-
-def release_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Where released files are cached: `$OPSPATCH_CACHE`, else `$XDG_CACHE_HOME/opspatch/releases`,
-    else `~/.cache/opspatch/releases` (as the state directory honours `XDG_STATE_HOME`)."""
-    env = os.environ if environ is None else environ
-    if env.get("OPSPATCH_CACHE"):
-        return Path(env["OPSPATCH_CACHE"]).expanduser()
-    if env.get("XDG_CACHE_HOME"):
-        return Path(env["XDG_CACHE_HOME"]).expanduser() / "opspatch" / "releases"
-    home = Path(env.get("HOME") or Path.home())
-    return home / ".cache" / "opspatch" / "releases"
-
-
-def normalize_name(distribution: str) -> str:
-    """PEP 503 name with `_` as wheels spell it: `SGLang-Router` -> `sglang_router`."""
-    return re.sub(r"[-_.]+", "_", distribution).lower()
 
 
 @dataclass(frozen=True)
@@ -108,7 +97,7 @@ def _cached_versions(cache: Path, distribution: str) -> set[str]:
     root = cache / normalize_name(distribution)
     prefix = normalize_name(distribution) + "-"
     found = (
-        {p.name for p in root.iterdir() if p.is_dir() and p.name != "wheels"}
+        {p.name for p in root.iterdir() if p.is_dir() and p.name not in ("wheels", "proofs")}
         if root.is_dir()
         else set()
     )
@@ -316,7 +305,7 @@ def check_releases(
             continue
         results.append(evaluate_release(patch, version, module.read_bytes()))
     notes = (listing.note,) if listing.note else ()
-    return ReleaseMatrix(
+    matrix = ReleaseMatrix(
         patch_id=patch.id,
         distribution=target.distribution,
         range=range_text,
@@ -325,3 +314,7 @@ def check_releases(
         unchecked=tuple(unchecked),
         notes=notes,
     )
+    problem = record_proofs(patch, matrix, cache)
+    if problem is not None:
+        matrix = dataclasses.replace(matrix, notes=(*matrix.notes, problem))
+    return matrix
