@@ -12,6 +12,7 @@ from tests.sglang_wheels import WheelUnavailable, seed_release_cache
 
 REPO = Path(__file__).resolve().parent.parent
 GUARD = REPO / "patches" / "eagle-init-guard.toml"
+SET_ID = "eagle-draft-positions-after-forward"
 
 
 @pytest.fixture
@@ -94,3 +95,30 @@ def test_check_names_the_releases_in_range_a_patch_failed_on(cache: Path, tmp_pa
     (ws / "patches" / "pool-guard.toml").write_text(changed, encoding="utf-8")
     run = opspatch("check", "pool-guard", env=env, cwd=ws)
     assert "is not proven on any release" in run.stderr
+
+
+def test_a_patch_set_is_checked_on_every_release_file_by_file(cache: Path, tmp_path: Path) -> None:
+    """`check --releases` on a patch set gives one matrix per target module; plain `check` then
+    counts a release proven where every file of the set passed on it."""
+    backport = REPO / "tests" / "data" / "backports" / "eagle-draft-positions-after-forward.toml"
+    ws = _workspace_patch(tmp_path, SET_ID, backport.read_text(encoding="utf-8"))
+    env = {"OPSPATCH_CACHE": str(cache)}
+    before = opspatch("check", SET_ID, "--json", env=env, cwd=ws)
+    assert before.code == 0, before.stderr
+    (doc,) = before.json()["patches"]
+    assert doc["releases"]["proven"] == []
+
+    matrix = opspatch(
+        "check", SET_ID, "--releases", "--offline", "--json", env=env, cwd=ws
+    )
+    assert matrix.code == 0, matrix.stdout + matrix.stderr
+    matrices = matrix.json()["matrices"]
+    modules = [m["module"] for m in matrices]
+    assert len(modules) == len(set(modules)) >= 2, modules
+    for each in matrices:  # 0.5.10 is the one cached release in the set's range
+        assert [r["version"] for r in each["results"] if r["in_range"]] == ["0.5.10"], each
+        assert each["ok"] and each["failed"] == [], each
+
+    after = opspatch("check", SET_ID, "--json", env=env, cwd=ws)
+    (doc,) = after.json()["patches"]
+    assert doc["releases"]["proven"] == ["0.5.10"]

@@ -172,6 +172,8 @@ class ReleaseMatrix:
     results: tuple[ReleaseResult, ...]
     unchecked: tuple[UncheckedRelease, ...] = ()
     notes: tuple[str, ...] = ()
+    module: str | None = None
+    """The target module, named for one part of a patch set (each file has its own matrix)."""
 
     @property
     def failed(self) -> tuple[ReleaseResult, ...]:
@@ -194,6 +196,7 @@ class ReleaseMatrix:
             "failed": [r.version for r in self.failed],
             "unchecked": [{"version": u.version, "reason": u.reason} for u in self.unchecked],
             "notes": list(self.notes),
+            **({"module": self.module} if self.module else {}),
         }
 
     def render(self) -> str:
@@ -210,7 +213,8 @@ class ReleaseMatrix:
         ]  # fmt: skip
         widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
         out = [
-            f"{self.patch_id} on {self.distribution} {self.range or '(any version)'}: "
+            f"{self.patch_id}{f' ({self.module})' if self.module else ''} on {self.distribution} "
+            f"{self.range or '(any version)'}: "
             f"{len(self.results)} release(s) checked (listed from {self.listed_from})",
             "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip(),
         ]

@@ -4,6 +4,7 @@ mail), and the release matrix behind `check --releases`."""
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 import socket
@@ -277,13 +278,18 @@ def _default_author() -> str:
     return f"{name} <{email}>"
 
 
-def release_matrix(loaded: LoadedPatch, spec: str, offline: bool) -> ReleaseMatrix:
-    """`check PATCH --releases [SPEC]`: the patch on every release in its range (or SPEC)."""
+def release_matrices(loaded: LoadedPatch, spec: str, offline: bool) -> list[ReleaseMatrix]:
+    """`check PATCH --releases [SPEC]`: the patch on every release in its range (or SPEC); a
+    patch set has one matrix per file (its coverage counts a release where every file passes)."""
     from opspatch.runs.releases import check_releases
 
-    return check_releases(
-        loaded.only_target("check --releases"), spec=spec or None, offline=offline
-    )
+    matrices = [check_releases(part, spec=spec or None, offline=offline) for part in loaded.parts]
+    if not loaded.is_set:
+        return matrices
+    return [
+        dataclasses.replace(m, module=part.target.module)
+        for m, part in zip(matrices, loaded.parts, strict=True)
+    ]
 
 
 def register(app: typer.Typer) -> None:

@@ -158,9 +158,11 @@ def releases_without_spec(argv: list[str]) -> list[str]:
 
 def check_releases_of(references: list[str], spec: str, offline: bool, as_json: bool) -> NoReturn:
     """The portability matrix of each patch (`check --releases [SPEC]`)."""
-    from opspatch.cli.incident import release_matrix
+    from opspatch.cli.incident import release_matrices
 
-    matrices = [release_matrix(options.load_patch(r), spec, offline) for r in references]
+    matrices = [
+        m for r in references for m in release_matrices(options.load_patch(r), spec, offline)
+    ]
     if as_json:
         emit_json(
             {
