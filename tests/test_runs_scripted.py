@@ -769,7 +769,7 @@ def test_a_begin_reply_without_the_hosts_facts_refuses_the_run_naming_the_field(
     broken = fleet.hosts[1]
 
     def drop_the_python_version(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
-        if op != "begin":
+        if op != "inspect":
             return None
         answer = broken.real(op, args)
         assert isinstance(answer, dict)
