@@ -23,6 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from datetime import datetime, timezone
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -71,6 +72,7 @@ class HttpApp:
             ("GET", "/server_info"): self.server_info,
             ("GET", "/get_server_info"): self.server_info,
             ("GET", "/v1/models"): self.v1_models,
+            ("GET", "/v1/loads"): self.v1_loads,
             ("POST", "/generate"): self.generate,
             ("POST", "/v1/completions"): self.v1_completions,
             ("POST", "/v1/chat/completions"): self.v1_chat_completions,
@@ -134,6 +136,16 @@ class HttpApp:
             "version": __version__,
             "status": self.tokenizer_manager.server_status.value,
             "internal_states": [self.scheduler.get_internal_state()],
+        }
+
+    def v1_loads(self, body: Any) -> Response:
+        # SGLang 0.5.23 `entrypoints/v1_loads.py`: one entry per data-parallel rank.
+        return 200, {
+            "timestamp": datetime.now(timezone.utc).isoformat(),
+            "version": __version__,
+            "accelerator": None,
+            "num_accelerators": 0,
+            "loads": [self.scheduler.get_load()],
         }
 
     def v1_models(self, body: Any) -> Response:
