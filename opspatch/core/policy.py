@@ -26,6 +26,8 @@ TIMEOUT_STEPS = (
     "smoke",
     "restore",
     "restore_ready",
+    "drain",
+    "admit",
 )
 DEFAULT_FAIL_PATTERNS = (r"Scheduler hit an exception", r"Traceback \(most recent call last\)")
 DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):")
@@ -85,6 +87,10 @@ class StepTimeouts:
     """Readiness after a restore has its own, long deadline: an operator shortens `ready` to
     catch a start-up hang, and that must not turn a slow but healthy restore into
     needs-attention."""
+    drain: float = 300.0
+    """A worker behind a router: until it reports no request running or waiting."""
+    admit: float = 120.0
+    """A worker behind a router: until the router lists it healthy again."""
 
     def to_json(self) -> dict[str, float]:
         return {step: getattr(self, step) for step in TIMEOUT_STEPS}
@@ -135,6 +141,20 @@ class LogSettings:
 
 
 @dataclass(frozen=True)
+class RotationSettings:
+    """Hosts behind a router: how many of one router's workers may be out of rotation at once
+    (`max_unavailable`, a count or a percentage of its workers, rounded up), and whether the
+    fleet is already down (`fleet_down`: the incident playbook drains even the last healthy
+    worker, since nothing healthy is left to protect)."""
+
+    max_unavailable: BatchSize = BatchSize(count=1)
+    fleet_down: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"max_unavailable": self.max_unavailable.to_json(), "fleet_down": self.fleet_down}
+
+
+@dataclass(frozen=True)
 class Playbook:
     """A rollout policy plus its verification procedure (see the module docstring for fields).
 
@@ -155,6 +175,7 @@ class Playbook:
     timeouts: StepTimeouts = StepTimeouts()
     smoke: SmokeSettings = SmokeSettings()
     log: LogSettings = LogSettings()
+    rotation: RotationSettings = RotationSettings()
     source: str | None = field(default=None, compare=False)
 
     def in_flight(self, batch_size: int) -> int:
@@ -199,6 +220,7 @@ class Playbook:
             "timeouts": self.timeouts.to_json(),
             "smoke": self.smoke.to_json(),
             "log": self.log.to_json(),
+            "rotation": self.rotation.to_json(),
             "source": self.source,
         }
 
