@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from opspatch.core.vocabulary import FAILED_OUTCOMES, Outcome, RunOutcome, StepStatus
+from opspatch.core.vocabulary import FAILED_OUTCOMES, Outcome, Rotation, RunOutcome, StepStatus
 from opspatch.errors import EXIT_BAD_INPUT, EXIT_HOST_FAILED, EXIT_NEEDS_ATTENTION, EXIT_OK
 
 if TYPE_CHECKING:
@@ -74,6 +74,8 @@ class HostOutcome:
     diff: str | None = None
     smoke: SmokeResult | None = None
     note: str | None = None
+    rotation: Rotation | None = None
+    """Behind a router: whether the host takes traffic at the end (None: no router)."""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -88,6 +90,8 @@ class HostOutcome:
             data["diff"] = self.diff
         if self.smoke is not None:
             data["smoke"] = self.smoke.to_json()
+        if self.rotation is not None:
+            data["rotation"] = str(self.rotation)
         return data
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
@@ -30,6 +30,9 @@ from opspatch.hosts.transport.base import Transport
 from opspatch.ledger.store import Ledger
 from opspatch.runs.connect import TransportFactory, become_passwords
 from opspatch.runs.report import FileChange, HostOutcome, StepResult
+
+if TYPE_CHECKING:
+    from opspatch.runs.rotation import HostRotation
 
 DETAIL_LIMIT = 2000
 """Characters of a step's detail kept in the ledger (a log tail can be long)."""
@@ -142,8 +145,11 @@ class HostSession:
         ledger: Ledger | None,
         run_id: str | None,
         progress: Progress,
+        rotation: HostRotation | None = None,
     ) -> None:
         self.host = host
+        self.rotation = rotation
+        """Behind a router (in a run that restarts engines): drained, admitted, or neither."""
         self.playbook = playbook
         self.ledger = ledger
         self.run_id = run_id
@@ -205,9 +211,22 @@ class HostSession:
         smoke: SmokeResult | None = None,
         note: str | None = None,
     ) -> HostOutcome:
-        """A `HostOutcome` of this host carrying every step so far."""
+        """A `HostOutcome` of this host carrying every step so far, and behind a router whether
+        it takes traffic (a host left out of rotation says so in its note, never silently)."""
+        rotation = self.rotation
+        if rotation is not None and rotation.out:
+            out = rotation.out_note(self.name)
+            note = f"{note}; {out}" if note else out
         return HostOutcome(
-            self.name, outcome, error, file, tuple(self.steps), diff=diff, smoke=smoke, note=note
+            self.name,
+            outcome,
+            error,
+            file,
+            tuple(self.steps),
+            diff=diff,
+            smoke=smoke,
+            note=note,
+            rotation=rotation.word if rotation is not None else None,
         )
 
     def refused(self, exc: OpspatchError) -> HostOutcome:

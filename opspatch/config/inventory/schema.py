@@ -191,8 +191,9 @@ def _refuse_secrets(
                     hint=PASSWORD_SOURCE_HINT,
                 )
         router = layer.get("router")
-        for key in ROUTER_SECRET_KEYS if isinstance(router, dict) else ():
-            if key in router:
+        router_keys = router if isinstance(router, dict) else {}
+        for key in ROUTER_SECRET_KEYS:
+            if key in router_keys:
                 raise document.error(
                     to_document((*where, "router", key)),
                     "a router key does not belong in an inventory",
