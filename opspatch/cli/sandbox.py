@@ -78,6 +78,14 @@ def up(
             "Default: the sandbox's, else wheel",
         ),
     ] = None,
+    router: Annotated[
+        bool,
+        typer.Option(
+            "--router",
+            help="Also run a real sglang-router (retries off) in front of the engines on "
+            "127.0.0.1, written into the inventories as every host's router",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Create and start the sandbox hosts, wait until they are ready, write the inventories.
@@ -92,6 +100,7 @@ def up(
         hosts=count,
         ssh=ssh,
         install=_install_shape(install),
+        router=router,
         progress=_progress,
     )
     if as_json:
@@ -150,6 +159,8 @@ def _print_up(report: UpReport) -> None:
     for host in report.hosts:
         if host.error:
             out.print(f"{host.host}: {host.error}", markup=False)
+    if report.router:
+        out.print(f"router: {report.router.url} (pid {report.router.pid})", markup=False)
     if report.inventory:
         out.print(f"inventory: {report.inventory} (--hosts sandbox)", markup=False)
     if report.ssh_inventory:
@@ -192,6 +203,9 @@ def _print_status(report: StatusReport) -> None:
             out.print(f"{host.host}: git checkout {host.checkout}", markup=False)
         for note in host.notes:
             err.print(f"{host.host}: {note}", markup=False)
+    if report.router:
+        running = f"pid {report.router.pid}" if report.router.pid else "not running"
+        out.print(f"router: {report.router.url} ({running})", markup=False)
     for note in report.notes:
         err.print(note, markup=False)
 

@@ -61,7 +61,9 @@ class RouterClient:
         body = self._call("GET", "/workers")
         listed = body.get("workers") if isinstance(body, dict) else None
         if not isinstance(listed, list):
-            raise RouterError(f"router {self.url}: GET /workers did not list workers: {body!r:.200}")
+            raise RouterError(
+                f"router {self.url}: GET /workers did not list workers: {body!r:.200}"
+            )
         return tuple(
             RouterWorker(str(w.get("id", "")), str(w.get("url", "")), bool(w.get("is_healthy")))
             for w in listed
@@ -89,7 +91,12 @@ class RouterClient:
         self._call("DELETE", f"/workers/{worker_id}", missing_ok=True)
 
     def _call(
-        self, method: str, path: str, body: dict[str, Any] | None = None, *, missing_ok: bool = False
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        missing_ok: bool = False,
     ) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.url + path, data=data, method=method)

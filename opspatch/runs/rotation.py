@@ -247,7 +247,9 @@ def drain_step(session: HostSession) -> None:
                 if removed
                 else f"router {client.url} did not list it"
             )
-            wait = f" (waited {waited:.1f}s for room under max_unavailable)" if waited > 0.05 else ""
+            wait = (
+                f" (waited {waited:.1f}s for room under max_unavailable)" if waited > 0.05 else ""
+            )
             note["detail"] = f"{how}{wait}; {idle}"
     except OpspatchError as exc:
         raise HostFailed(Outcome.FAILED, f"drain: {describe_error(exc)}") from exc
@@ -334,7 +336,9 @@ def _wait_idle(worker_url: str, timeout: float) -> str:
         time.sleep(DRAIN_POLL_SECONDS)
 
 
-def _wait_registered(client: RouterClient, worker_url: str, worker_id: str, timeout: float) -> float:
+def _wait_registered(
+    client: RouterClient, worker_url: str, worker_id: str, timeout: float
+) -> float:
     started = time.monotonic()
     while True:
         if any(w.url == worker_url and w.healthy for w in client.workers()):

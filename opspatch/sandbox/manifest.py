@@ -70,6 +70,21 @@ class HostRecord:
 
 
 @dataclass(frozen=True)
+class RouterRecord:
+    """The sandbox's router (`up --router`): its HTTP and Prometheus ports on loopback."""
+
+    port: int
+    prometheus_port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{ENGINE_ADDRESS}:{self.port}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"port": self.port, "prometheus_port": self.prometheus_port}
+
+
+@dataclass(frozen=True)
 class Manifest:
     """`sandbox.json`: the hosts in order, the SSH login user (None: no `--ssh`) and how every
     host's engine is installed (`install`: a wheel in site-packages, or an editable git
@@ -79,6 +94,8 @@ class Manifest:
     hosts: tuple[HostRecord, ...] = ()
     ssh_user: str | None = None
     install: InstallShape = "wheel"
+    router: RouterRecord | None = None
+    """Set by `up --router` and kept by later `up`s, like `--ssh`."""
 
     @property
     def ssh(self) -> bool:
@@ -91,6 +108,7 @@ class Manifest:
             "ssh_user": self.ssh_user,
             "install": self.install,
             "hosts": [record.to_json() for record in self.hosts],
+            "router": self.router.to_json() if self.router else None,
         }
 
     @classmethod
@@ -124,7 +142,13 @@ class Manifest:
             install = data.get("install", "wheel")
             if install not in INSTALL_SHAPES:
                 raise ValueError(f"unknown install shape {install!r}")
-            return cls(tuple(hosts), None if user is None else str(user), install)
+            written = data.get("router")
+            router = (
+                None
+                if written is None
+                else RouterRecord(int(written["port"]), int(written["prometheus_port"]))
+            )
+            return cls(tuple(hosts), None if user is None else str(user), install, router)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise InputError(
                 f"{path}: not a sandbox manifest ({type(exc).__name__}: {exc})",
@@ -205,6 +229,9 @@ def render_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: boo
         ]
     else:
         lines.append('transport = "local"')
+    if manifest.router is not None:
+        # every engine behind the one router, registered under its engine URL (the default)
+        lines.append(f"router = {{ url = {_toml_string(manifest.router.url)} }}")
     env = ", ".join(f"{name} = {_toml_string(value)}" for name, value in ENGINE_ENV.items())
     lines += ["", "[defaults.engine]", "speculative = true", f"env = {{ {env} }}"]
     for record in manifest.hosts:
