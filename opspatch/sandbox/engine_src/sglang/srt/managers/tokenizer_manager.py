@@ -68,6 +68,8 @@ class TokenizerManager:
         self.tokenizer = scheduler.tokenizer
         self.server_status = ServerStatus.Starting
         self._status_lock = threading.Lock()
+        # SGLang's `sglang:num_requests_total` (tokenizer metrics): requests finished
+        self.num_requests_total = 0
 
     def mark_up(self) -> None:
         with self._status_lock:
@@ -196,6 +198,8 @@ class TokenizerManager:
         self.scheduler.submit(reqs)
         for req in reqs:
             req.done.wait()
+        with self._status_lock:
+            self.num_requests_total += len(reqs)
         outputs = [self.output_of(req) for req in reqs]
         return outputs[0] if request.is_single else outputs
 
