@@ -47,7 +47,7 @@ class RouterGate:
     """One router of a run: its client and the permits of workers it may lose at once."""
 
     client: RouterClient
-    permits: threading.BoundedSemaphore
+    permits: threading.Semaphore
     capacity: int
 
 
@@ -92,7 +92,9 @@ class HostRotation:
         return time.monotonic() - started
 
     def give_permit(self) -> None:
-        if self._holding:
+        """Back in rotation: the room it took is free again; a worker that was out before the
+        run began adds room (the router has one more healthy worker)."""
+        if self._holding or not self.registered_at_start:
             self._holding = False
             self.gate.permits.release()
 
@@ -160,8 +162,10 @@ class Rotation:
                     "as exact strings); a worker a run left drained is re-admitted by "
                     f"`opspatch recover --hosts {host.name}`",
                 )
-            capacity = _capacity(url, listed, routed, playbook)
-            gate = RouterGate(client, threading.BoundedSemaphore(capacity), capacity)
+            # recover re-admits workers first-hand out of rotation, which costs no room; a host
+            # it must drain as well waits for room (one re-admitted gives one back)
+            capacity = _capacity(url, listed, routed, playbook, refuse=not allow_unregistered)
+            gate = RouterGate(client, threading.Semaphore(capacity), capacity)
             for host in routed:
                 assert host.router is not None
                 rotations[host.name] = HostRotation(
@@ -187,9 +191,15 @@ def _admin_key(router: RouterSettings, env: Mapping[str, str]) -> str | None:
 
 
 def _capacity(
-    url: str, listed: Sequence[RouterWorker], routed: Sequence[Host], playbook: Playbook
+    url: str,
+    listed: Sequence[RouterWorker],
+    routed: Sequence[Host],
+    playbook: Playbook,
+    *,
+    refuse: bool,
 ) -> int:
-    """How many of this run's workers may be out of rotation at once behind router `url`."""
+    """How many more of this run's workers may leave rotation at once behind router `url`
+    (0 or less, without `refuse`: none until one comes back)."""
     rotation = playbook.rotation
     workers = {w.url for w in listed} | {h.router.worker_url for h in routed if h.router}
     healthy = sum(1 for w in listed if w.healthy)
@@ -198,6 +208,8 @@ def _capacity(
     room = min(allowed - unavailable, healthy - 1)
     if rotation.fleet_down:
         return max(1, allowed - unavailable)
+    if room < 1 and not refuse:
+        return 0
     if room < 1:
         raise RouterRefused(
             f"router {url} has {healthy} healthy of {len(workers)} workers: draining one "
@@ -235,7 +247,12 @@ def drain_step(session: HostSession) -> None:
     try:
         with session.step("drain") as note:
             t = timeouts
-            waited = rotation.take_permit(t.drain + t.restart + t.ready + t.smoke + t.admit)
+            # a worker already out of rotation at the start takes no more room
+            waited = (
+                rotation.take_permit(t.drain + t.restart + t.ready + t.smoke + t.admit)
+                if rotation.registered_at_start
+                else 0.0
+            )
             client = rotation.gate.client
             removed = [w for w in client.workers() if w.url == rotation.worker_url]
             for worker in removed:
