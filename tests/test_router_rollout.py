@@ -45,6 +45,10 @@ code = """
 '''
 
 
+# one canary, then the other two at once: the router may lose two of its three workers
+TWO_AT_ONCE = 'canary = 1\nbatch = "all"\n[rotation]\nmax_unavailable = 2\n'
+
+
 def harmless(fleet: SandboxFleet, patch_id: str, code: str | None = None) -> None:
     constant = patch_id.upper().replace("-", "_")
     fleet.write_patch(patch_id, HARMLESS.format(patch_id=patch_id, code=code or f"{constant} = 1"))
@@ -54,9 +58,11 @@ def harmless(fleet: SandboxFleet, patch_id: str, code: str | None = None) -> Non
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxFleet]:
     fleet = SandboxFleet(tmp_path_factory.mktemp("routed"), 3, router=True).up()
     copy_patch(fleet, "eagle-init-guard")
-    # every engine must decode before load can run (the sandbox reproduces the incident); this
-    # first apply already drains and admits each host, with nothing in flight
-    run = fleet.opspatch("apply", "eagle-init-guard", "--hosts", "sandbox", "--yes")
+    # every engine must decode before load can run (the sandbox reproduces the incident): the
+    # incident playbook (fleet down, all at once) already drains and admits each host
+    run = fleet.opspatch(
+        "apply", "eagle-init-guard", "--hosts", "sandbox", "--yes", "--playbook", "incident"
+    )
     assert run.code == 0, run.stdout + run.stderr
     try:
         yield fleet
@@ -112,8 +118,11 @@ def test_an_apply_under_load_drains_proves_and_readmits_every_host_with_no_faile
     fleet: SandboxFleet,
 ) -> None:
     harmless(fleet, "harmless-one")
+    book = fleet.write_playbook("two", TWO_AT_ONCE)
     load = Load(fleet)
-    run = fleet.opspatch("apply", "harmless-one", "--hosts", "sandbox", "--yes", "--json")
+    run = fleet.opspatch(
+        "apply", "harmless-one", "--hosts", "sandbox", "--yes", "--json", "--playbook", str(book)
+    )
     report = load.stop()
     assert run.code == 0, run.stdout + run.stderr
     hosts = {h["host"]: h for h in run.json()["hosts"]}
@@ -271,8 +280,11 @@ def test_the_same_apply_without_the_router_in_the_inventory_costs_clients_reques
     plain.write_text(
         "\n".join(line for line in text.splitlines() if not line.startswith("router = "))
     )
+    book = fleet.write_playbook("two", TWO_AT_ONCE)
     load = Load(fleet)
-    run = fleet.opspatch("apply", "harmless-five", "--hosts", str(plain), "--yes", "--json")
+    run = fleet.opspatch(
+        "apply", "harmless-five", "--hosts", str(plain), "--yes", "--json", "--playbook", str(book)
+    )
     report = load.stop(settle=1.0)
     assert run.code == 0, run.stdout + run.stderr
     assert all("rotation" not in h for h in run.json()["hosts"])

@@ -164,7 +164,8 @@ def _planned_manifest(
             record if record.ssh else replace(record, ssh=SshEndpoint(address=ssh_address(index)))
             for index, record in enumerate(records)
         ]
-    return Manifest(tuple(records), ssh_user, shape), added
+    # the router, like --ssh, stays on for later `up`s
+    return Manifest(tuple(records), ssh_user, shape, current.router if current else None), added
 
 
 def _choose_ports(manifest: Manifest, *, want_router: bool = False) -> Manifest:
