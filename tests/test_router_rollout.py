@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from opspatch.sandbox.load import LoadReport, run_load
-from tests.fleetkit import SandboxFleet, copy_patch, wait_until
+from tests.fleetkit import SandboxFleet, alive, copy_patch, wait_until
 
 pytest.importorskip("sglang_router", reason="sglang-router (the sandbox extra) is not installed")
 
@@ -71,7 +71,16 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxFleet]:
 
 
 def router_url(fleet: SandboxFleet) -> str:
-    return str(fleet.opspatch("sandbox", "status", "--json").json()["router"]["url"])
+    """The router `sandbox up --router` wrote into the inventory (every host's)."""
+    routers = {h.router.url for h in fleet.hosts.values() if h.router is not None}
+    assert len(routers) == 1, routers
+    return routers.pop()
+
+
+def test_sandbox_status_gives_the_router_with_its_pid(fleet: SandboxFleet) -> None:
+    router = fleet.opspatch("sandbox", "status", "--json").json()["router"]
+    assert router["url"] == router_url(fleet)
+    assert router["pid"] and alive(router["pid"])
 
 
 def router_workers(fleet: SandboxFleet) -> dict[str, dict[str, Any]]:
