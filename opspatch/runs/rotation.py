@@ -164,7 +164,7 @@ class Rotation:
                 )
             # recover re-admits workers first-hand out of rotation, which costs no room; a host
             # it must drain as well waits for room (one re-admitted gives one back)
-            capacity = _capacity(url, listed, routed, playbook, refuse=not allow_unregistered)
+            capacity = drain_room(url, listed, routed, playbook, refuse=not allow_unregistered)
             gate = RouterGate(client, threading.Semaphore(capacity), capacity)
             for host in routed:
                 assert host.router is not None
@@ -190,7 +190,7 @@ def _admin_key(router: RouterSettings, env: Mapping[str, str]) -> str | None:
     return key
 
 
-def _capacity(
+def drain_room(
     url: str,
     listed: Sequence[RouterWorker],
     routed: Sequence[Host],
