@@ -231,6 +231,24 @@ def test_an_unreachable_router_is_refused_before_any_change(fleet: SandboxFleet)
     assert {n: fleet.sha(n) for n in fleet.names} == before
 
 
+def test_a_worker_url_the_router_does_not_know_is_refused_naming_it_and_the_routers_list(
+    fleet: SandboxFleet,
+) -> None:
+    text = (fleet.state / "inventories" / "sandbox.toml").read_text()
+    canary = fleet.names[0]
+    wrong = fleet.workspace / "inventories" / "wrongworker.toml"
+    wrong.parent.mkdir(exist_ok=True)
+    wrong.write_text(
+        text + f'[hosts.{canary}.router]\nworker_url = "http://gpu-01.internal:30000"\n'
+    )
+    before = fleet.sha(canary)
+    run = fleet.opspatch("apply", "harmless-two", "--hosts", f"{wrong}:{canary}", "--yes")
+    assert run.code == 2, run.stdout + run.stderr
+    assert "does not know worker http://gpu-01.internal:30000" in run.stderr
+    assert fleet.hosts[canary].engine.url in run.stderr  # the router's own list
+    assert fleet.sha(canary) == before
+
+
 def _kill_when_drained(fleet: SandboxFleet, pid: int, name: str) -> None:
     """SIGKILL `pid` once the router no longer lists host `name`'s worker."""
     url = fleet.hosts[name].engine.url
