@@ -290,9 +290,19 @@ def test_a_router_killed_mid_run_halts_it_and_the_report_names_the_worker_out_of
     assert ("admit", "failed") in steps_of(hosts[canary])
     assert "left out of rotation" in (report["halted"] or "")
     assert all(hosts[n]["outcome"] == "skipped" for n in fleet.names[1:])
+
+    def rotations() -> dict[str, dict[str, Any]]:
+        said = fleet.opspatch("status", "--hosts", "sandbox", "--patch", "harmless-four", "--json")
+        return {s["host"]: s for s in said.json()["status"]}
+
+    gone = rotations()[canary]
+    assert gone["rotation"] is None and "rotation unknown" in gone["detail"], gone
     # a new router (sandbox up starts it again) registers every worker it is given
     assert fleet.opspatch("sandbox", "up").code == 0
     assert wait_until(lambda: all_in_rotation(fleet), 30)
+    assert {n: s["rotation"] for n, s in rotations().items()} == dict.fromkeys(
+        fleet.names, "in-rotation"
+    )
 
 
 def test_the_same_apply_without_the_router_in_the_inventory_costs_clients_requests(

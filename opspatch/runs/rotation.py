@@ -314,6 +314,41 @@ def halt_on_out_of_rotation(outcomes: Mapping[str, HostOutcome]) -> str | None:
     return f"{', '.join(out)} left out of rotation; `opspatch recover` re-admits proven hosts"
 
 
+def rotation_of(
+    hosts: Sequence[Host], environ: Mapping[str, str] | None = None
+) -> dict[str, tuple[RotationWord | None, str]]:
+    """Per host behind a router, whether its router lists its worker healthy, and a sentence
+    when not (`status`); one `GET /workers` per router, best effort: a router that cannot be
+    asked gives None and says why."""
+    env = os.environ if environ is None else environ
+    found: dict[str, tuple[RotationWord | None, str]] = {}
+    listed: dict[str, tuple[RouterWorker, ...] | str] = {}
+    for host in hosts:
+        router = host.router
+        if router is None:
+            continue
+        if router.url not in listed:
+            try:
+                listed[router.url] = RouterClient(router, _admin_key(router, env)).workers()
+            except (RouterError, RouterRefused) as exc:
+                listed[router.url] = exc.message
+        workers = listed[router.url]
+        if isinstance(workers, str):
+            found[host.name] = (None, f"rotation unknown: {workers}")
+            continue
+        mine = [w for w in workers if w.url == router.worker_url]
+        if mine and all(w.healthy for w in mine):
+            found[host.name] = (RotationWord.IN_ROTATION, "")
+        else:
+            why = "lists it unhealthy" if mine else "does not list it"
+            found[host.name] = (
+                RotationWord.OUT_OF_ROTATION,
+                f"out of rotation: router {router.url} {why} ({router.worker_url}); "
+                f"`opspatch recover --hosts {host.name}` re-admits it once its server is proven",
+            )
+    return found
+
+
 # ---------------------------------------------------------------------------------------------
 # waiting
 

@@ -20,7 +20,7 @@ from opspatch.core.edit import detect
 from opspatch.core.host import Host
 from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import PatchState
+from opspatch.core.vocabulary import PatchState, Rotation
 from opspatch.errors import OpspatchError, TargetError
 from opspatch.hosts.operations import HostInspection, HostOperations
 from opspatch.ledger.lineage import (
@@ -36,6 +36,7 @@ from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import map_hosts
 from opspatch.runs.pipeline import gate_inspection
 from opspatch.runs.proof import change_proof, describe
+from opspatch.runs.rotation import rotation_of
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,14 @@ class PatchStatus:
     detail: str
     server_running: bool | None = None
     """Whether the host's engine is running (None: the host was not inspected)."""
+    rotation: Rotation | None = None
+    """Behind a router: whether the router lists its worker healthy (None: no router, or the
+    router could not be asked)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "state": str(self.state)}
+        data = {**self.__dict__, "state": str(self.state)}
+        data["rotation"] = None if self.rotation is None else str(self.rotation)
+        return data
 
 
 def with_server(status: PatchStatus, host: Host, inspection: HostInspection) -> PatchStatus:
@@ -201,4 +207,14 @@ def fleet_status(
 
     by_name = {h.name: h for h in hosts}
     found = map_hosts(lambda name: one(by_name[name]), list(by_name), limit=16)
-    return [status for statuses in found.values() for status in statuses]
+    rotations = rotation_of(hosts)
+    return [
+        _with_rotation(status, *rotations[status.host]) if status.host in rotations else status
+        for statuses in found.values()
+        for status in statuses
+    ]
+
+
+def _with_rotation(status: PatchStatus, rotation: Rotation | None, why: str) -> PatchStatus:
+    detail = f"{status.detail}; {why}" if why and status.detail else (why or status.detail)
+    return replace(status, rotation=rotation, detail=detail)
