@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -22,6 +24,8 @@ from typing import Any
 import pytest
 
 from opspatch.sandbox.load import LoadReport, run_load
+from opspatch.sandbox.processes import free_port
+from tests.clirunner import opspatch
 from tests.fleetkit import SandboxFleet, alive, copy_patch, wait_until
 
 pytest.importorskip("sglang_router", reason="sglang-router (the sandbox extra) is not installed")
@@ -247,6 +251,59 @@ def test_a_worker_url_the_router_does_not_know_is_refused_naming_it_and_the_rout
     assert "does not know worker http://gpu-01.internal:30000" in run.stderr
     assert fleet.hosts[canary].engine.url in run.stderr  # the router's own list
     assert fleet.sha(canary) == before
+
+
+def test_a_router_behind_an_admin_key_is_used_with_the_key_from_the_named_variable(
+    fleet: SandboxFleet,
+) -> None:
+    """A second, keyed router in front of the same engines: without the variable, or with a
+    wrong key, the run is refused (exit 2, nothing changed); with it, the canary drains and
+    comes back through that router."""
+    port = free_port("127.0.0.1", set())
+    prometheus = free_port("127.0.0.1", {port})
+    workers = [fleet.hosts[n].engine.url for n in fleet.names]
+    keyed = subprocess.Popen(
+        [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+         "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port",
+         str(prometheus), "--control-plane-api-keys", "ops:ops:admin:s3cret",
+         "--worker-urls", *workers],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=dict(os.environ, HTTPS_PROXY="http://127.0.0.1:9"),
+    )  # fmt: skip
+    try:
+        text = (fleet.state / "inventories" / "sandbox.toml").read_text()
+        inventory = fleet.workspace / "inventories" / "keyed.toml"
+        inventory.parent.mkdir(exist_ok=True)
+        inventory.write_text(
+            text.replace(
+                f'router = {{ url = "{router_url(fleet)}" }}',
+                f'router = {{ url = "http://127.0.0.1:{port}", admin_key_env = "TEST_ROUTER_KEY" }}',
+            )
+        )
+        canary = fleet.names[0]
+        target = f"{inventory}:{canary}"
+        harmless(fleet, "harmless-keyed")
+        before = fleet.sha(canary)
+        unset = fleet.opspatch("apply", "harmless-keyed", "--hosts", target, "--yes")
+        assert unset.code == 2 and "$TEST_ROUTER_KEY is not set" in unset.stderr, unset.stderr
+        env = dict(os.environ, **fleet.env, TEST_ROUTER_KEY="wrong")
+        wrong = opspatch(
+            "apply", "harmless-keyed", "--hosts", target, "--yes", cwd=fleet.workspace, env=env
+        )
+        assert wrong.code == 2 and "answered 401" in wrong.stderr, wrong.stderr
+        assert fleet.sha(canary) == before
+        env["TEST_ROUTER_KEY"] = "s3cret"
+        right = opspatch(
+            "apply", "harmless-keyed", "--hosts", target, "--yes", "--json",
+            cwd=fleet.workspace, env=env, timeout=240,
+        )  # fmt: skip
+        assert right.code == 0, right.stdout + right.stderr
+        (host,) = right.json()["hosts"]
+        assert host["rotation"] == "in-rotation"
+        assert [s for s, status in steps_of(host) if status == "ok"][-1] == "admit"
+    finally:
+        keyed.terminate()
+        keyed.wait(timeout=20)
 
 
 def _kill_when_drained(fleet: SandboxFleet, pid: int, name: str) -> None:
