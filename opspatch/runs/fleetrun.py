@@ -96,9 +96,7 @@ class FleetRun:
         """
         # A recorded run that restarts engines drains and admits; a dry run changes nothing.
         rotation = (
-            Rotation.open(
-                self.hosts, self.playbook, allow_unregistered=self.command == "recover"
-            )
+            Rotation.open(self.hosts, self.playbook, allow_unregistered=self.command == "recover")
             if self.command in ROTATING_COMMANDS and self.run_id is not None
             else None
         )

@@ -1,5 +1,5 @@
 """Drain and admit: a host behind a router leaves rotation before its engine restarts and comes
-back only once its server is proven (docs/architecture.md, "Where drain and admit go").
+back only once its server is proven (docs/architecture.md, "Drain and admit").
 
 `Rotation.open` looks at every router in front of a run's hosts before anything changes: each
 must answer its admin call, know every worker URL (recover excepted: a worker a crashed run left

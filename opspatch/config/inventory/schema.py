@@ -64,7 +64,7 @@ ROUTER_SECRET_KEYS = ("admin_key", "api_key", "key")
 """Keys an operator may try for the router's admin key; refused, pointing at `admin_key_env`."""
 ROUTER_KEY_HINT = (
     "keep the router's admin key out of the inventory: export it in an environment variable on "
-    'the controller and name that variable here, e.g. router = { ..., admin_key_env = '
+    "the controller and name that variable here, e.g. router = { ..., admin_key_env = "
     '"OPSPATCH_ROUTER_KEY" }'
 )
 
