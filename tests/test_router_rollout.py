@@ -336,7 +336,11 @@ def test_a_router_killed_mid_run_halts_it_and_the_report_names_the_worker_out_of
     harmless(fleet, "harmless-four")
     canary = fleet.names[0]
     router_pid = int(fleet.opspatch("sandbox", "status", "--json").json()["router"]["pid"])
-    controller = fleet.spawn("apply", "harmless-four", "--hosts", "sandbox", "--yes", "--json")
+    # the admit asks a router that does not answer again until its deadline: keep it short
+    book = fleet.write_playbook("short-admit", "[timeouts]\nadmit = 3\n")
+    controller = fleet.spawn(
+        "apply", "harmless-four", "--hosts", "sandbox", "--yes", "--json", "--playbook", str(book)
+    )
     _kill_when_drained(fleet, router_pid, canary)
     stdout, _ = controller.communicate(timeout=240)
     report = json.loads(stdout)

@@ -289,10 +289,7 @@ def admit_step(session: HostSession) -> None:
     client = rotation.gate.client
     try:
         with session.step("admit") as note:
-            worker_id = client.add(rotation.worker_url)
-            seconds = _wait_registered(
-                client, rotation.worker_url, worker_id, session.playbook.timeouts.admit
-            )
+            seconds = _register(client, rotation.worker_url, session.playbook.timeouts.admit)
             rotation.admitted = True
             note["detail"] = (
                 f"router {client.url} lists {rotation.worker_url} healthy after {seconds:.1f}s "
@@ -388,19 +385,29 @@ def _wait_idle(worker_url: str, timeout: float) -> str:
         time.sleep(DRAIN_POLL_SECONDS)
 
 
-def _wait_registered(
-    client: RouterClient, worker_url: str, worker_id: str, timeout: float
-) -> float:
+def _register(client: RouterClient, worker_url: str, timeout: float) -> float:
+    """Add the worker and wait until the router lists it healthy; seconds taken. A router that
+    does not answer for a moment is asked again until `timeout` (one lost reply must not leave
+    a proven host out of rotation and halt the run); a registration the router gave up is final.
+    """
     started = time.monotonic()
+    worker_id: str | None = None
+    last: RouterError | None = None
     while True:
-        if any(w.url == worker_url and w.healthy for w in client.workers()):
-            return time.monotonic() - started
-        failure = client.job_failure(worker_id)
+        failure = None
+        try:
+            if any(w.url == worker_url and w.healthy for w in client.workers()):
+                return time.monotonic() - started
+            if worker_id is None:
+                worker_id = client.add(worker_url)
+            failure = client.job_failure(worker_id)
+        except RouterError as exc:
+            last = exc
         if failure is not None:
             raise RouterError(f"router {client.url} did not register {worker_url}: {failure}")
         if time.monotonic() - started > timeout:
             raise RouterError(
                 f"router {client.url} did not list {worker_url} healthy within {timeout:.0f}s "
-                "(timeouts.admit)"
+                "(timeouts.admit)" + (f"; last: {last.detail}" if last is not None else "")
             )
         time.sleep(ADMIT_POLL_SECONDS)
