@@ -3,7 +3,7 @@ dropped request): drain, prove, re-admit under steady load, and the router's fau
 
 One sandbox of 3 stand-in hosts behind one router is shared by the module, in the order the
 tests are written (each leaves every worker registered and healthy for the next): the harmless
-apply under load, the smoke-rejected canary, the refusals (capacity, unreachable router), the
+apply under load, a rollback of it on the canary under load, the smoke-rejected canary, the refusals (capacity, unreachable router, unknown worker URL), the keyed router, the
 controller killed while a worker was drained and its recover, the router killed mid-run, and
 last the same apply without a router (it opens the router's circuit breakers for a minute).
 """
@@ -156,6 +156,22 @@ def test_an_apply_under_load_drains_proves_and_readmits_every_host_with_no_faile
     ledger = fleet.opspatch("ledger", "show", run.json()["run_id"], "--json")
     assert ledger.code == 0, ledger.stderr
     assert '"admit"' in ledger.stdout and '"drain"' in ledger.stdout
+
+
+def test_a_rollback_behind_the_router_drains_and_readmits_too(fleet: SandboxFleet) -> None:
+    canary = fleet.names[0]
+    load = Load(fleet)
+    run = fleet.opspatch(
+        "rollback", "harmless-one", "--hosts", f"sandbox:{canary}", "--yes", "--json"
+    )
+    report = load.stop(settle=1.0)
+    assert run.code == 0, run.stdout + run.stderr
+    (host,) = run.json()["hosts"]
+    assert host["outcome"] == "restored" and host["rotation"] == "in-rotation"
+    done = [s for s, status in steps_of(host) if status == "ok"]
+    assert done.index("drain") < done.index("restart") and done[-1] == "admit", done
+    assert report.failed == 0, report.to_json()
+    assert all_in_rotation(fleet)
 
 
 def test_a_smoke_rejected_canary_is_drained_restored_and_readmitted_with_no_failed_request(
