@@ -3,9 +3,10 @@ dropped request): drain, prove, re-admit under steady load, and the router's fau
 
 One sandbox of 3 stand-in hosts behind one router is shared by the module, in the order the
 tests are written (each leaves every worker registered and healthy for the next): the harmless
-apply under load, a rollback of it on the canary under load, the smoke-rejected canary, the refusals (capacity, unreachable router, unknown worker URL), the keyed router, the
-controller killed while a worker was drained and its recover, the router killed mid-run, and
-last the same apply without a router (it opens the router's circuit breakers for a minute).
+apply under load, a rollback of it on the canary under load, the smoke-rejected canary, the
+refusals (capacity, unreachable router, unknown worker URL), the keyed router, the controller
+killed while a worker was drained and its recover, the router killed mid-run, and last the same
+apply without a router (it opens the router's circuit breakers for a minute).
 """
 
 from __future__ import annotations
