@@ -9,7 +9,9 @@ OpspatchError                      base; carries a one-line message and optional
 │   ├── SelectionError             --hosts names an unknown host or group (near names suggested)
 │   ├── HostKeyError               unknown or changed SSH host key (fingerprint shown)
 │   ├── BecomeError                sudo cannot raise privileges on a host (missing, password, denied)
-│   └── ConfirmationRequired       a change needs --yes (no terminal to ask on)
+│   ├── ConfirmationRequired       a change needs --yes (no terminal to ask on)
+│   └── RouterRefused              a router cannot be used before any change (unreachable, key,
+│                                  unknown worker URL, no capacity to drain)
 ├── HostError                      exit 1: one host failed; carries host and step
 │   ├── TransportError             connecting or running a command failed
 │   │   ├── CommandTimeout         a remote command passed its deadline (process group ended)
@@ -18,7 +20,8 @@ OpspatchError                      base; carries a one-line message and optional
 │   ├── RemoteOperationError       a host-side operation refused or failed (its `code` says why)
 │   │   ├── PreimageMismatch       the file is not the bytes the plan was made from
 │   │   └── LockHeld               another run holds the host's lock (owner, run id, expiry)
-│   └── EngineError                restart, readiness or smoke decode failed
+│   ├── EngineError                restart, readiness or smoke decode failed
+│   └── RouterError                a router's control plane or a worker's load report failed
 ├── LedgerError                    exit 3: the ledger cannot be trusted or written
 │   └── LedgerIntegrityError       the hash chain is broken (first broken link named)
 └── NeedsAttention                 exit 3: a host is in an unknown state (a restore failed)
@@ -143,6 +146,12 @@ class ConfirmationRequired(InputError):
     """A command that changes hosts was run without a terminal and without --yes."""
 
 
+class RouterRefused(InputError):
+    """A router in front of the selected hosts cannot be used, found before anything changed:
+    it does not answer or refuses the admin call, does not know a worker URL, or draining would
+    take more workers out of rotation than the playbook allows."""
+
+
 # ---------------------------------------------------------------------------------------------
 # exit 1: a host failed
 
@@ -213,6 +222,11 @@ class PreimageMismatch(RemoteOperationError):
 
 class LockHeld(RemoteOperationError):
     """Another run holds the host's lock; says who, which run and until when."""
+
+
+class RouterError(HostError):
+    """A call to a router's control plane, or a worker's `/v1/loads`, failed or answered
+    something unexpected; the message names the router (or worker), the call and the answer."""
 
 
 class EngineError(HostError):

@@ -32,6 +32,7 @@ class SandboxFleet:
     size: int
     ssh: bool = False
     install: str = "wheel"  # or "editable": each host's engine is a git checkout <host>/sglang
+    router: bool = False  # `up --router`: a real sglang-router in front of the engines
     hosts: dict[str, Host] = field(default_factory=dict)
 
     @property
@@ -59,6 +60,7 @@ class SandboxFleet:
         (self.workspace / "playbooks").mkdir(parents=True, exist_ok=True)
         args = ["sandbox", "up", "--count", str(self.size), "--install", self.install]
         args += ["--ssh"] if self.ssh else []
+        args += ["--router"] if self.router else []
         run = self.opspatch(*args, timeout=240)
         assert run.code == 0, run.stdout + run.stderr
         inventory = load_inventory(self.state / "inventories" / f"{self.inventory}.toml")

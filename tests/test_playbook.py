@@ -73,6 +73,31 @@ def test_incident_playbook_has_no_canary_everything_in_flight_and_halts_on_the_s
     assert book.halt_reason({"gpu-00": "rolled-back", "gpu-01": "failed"}) is not None
 
 
+def test_rotation_reads_a_count_or_a_percentage_and_the_incident_playbook_says_the_fleet_is_down(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "careful.toml"
+    path.write_text('[rotation]\nmax_unavailable = "10%"\n[timeouts]\ndrain = 5\n')
+    book = Workspace(tmp_path, tmp_path).load_playbook(str(path))
+    assert book.rotation.max_unavailable.hosts_per_batch(100) == 10
+    assert book.rotation.fleet_down is False
+    assert book.timeouts.drain == 5
+    incident = shipped("incident")
+    assert incident.rotation.fleet_down is True
+    assert incident.rotation.max_unavailable.hosts_per_batch(7) == 7
+
+
+def test_a_rotation_capacity_that_is_not_a_count_or_percentage_names_its_line(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "careful.toml"
+    path.write_text('[rotation]\nmax_unavailable = "most"\n')
+    with pytest.raises(SpecError) as caught:
+        Workspace(tmp_path, tmp_path).load_playbook(str(path))
+    assert "careful.toml:2" in caught.value.render()
+    assert "rotation.max_unavailable" in caught.value.render()
+
+
 @pytest.mark.parametrize("name", ["default", "incident"])
 def test_shipped_playbooks_round_trip_through_json(name: str) -> None:
     book = shipped(name)
@@ -87,6 +112,8 @@ def test_shipped_playbooks_round_trip_through_json(name: str) -> None:
         "smoke",
         "restore",
         "restore_ready",
+        "drain",
+        "admit",
     }
 
 

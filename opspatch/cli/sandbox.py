@@ -87,6 +87,14 @@ def up(
             "debootstrap, as root)",
         ),
     ] = False,
+    router: Annotated[
+        bool,
+        typer.Option(
+            "--router",
+            help="Also run a real sglang-router (retries off) in front of the engines on "
+            "127.0.0.1, written into the inventories as every host's router",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Create and start the sandbox hosts, wait until they are ready, write the inventories.
@@ -102,6 +110,7 @@ def up(
         ssh=ssh,
         install=_install_shape(install),
         containers=True if containers else None,
+        router=router,
         progress=_progress,
     )
     if as_json:
@@ -160,6 +169,8 @@ def _print_up(report: UpReport) -> None:
     for host in report.hosts:
         if host.error:
             out.print(f"{host.host}: {host.error}", markup=False)
+    if report.router:
+        out.print(f"router: {report.router.url} (pid {report.router.pid})", markup=False)
     if report.inventory:
         out.print(f"inventory: {report.inventory} (--hosts sandbox)", markup=False)
     if report.ssh_inventory:
@@ -206,8 +217,63 @@ def _print_status(report: StatusReport) -> None:
             out.print(f"{host.host}: git checkout {host.checkout}{inside}", markup=False)
         for note in host.notes:
             err.print(f"{host.host}: {note}", markup=False)
+    if report.router:
+        running = f"pid {report.router.pid}" if report.router.pid else "not running"
+        out.print(f"router: {report.router.url} ({running})", markup=False)
     for note in report.notes:
         err.print(note, markup=False)
+
+
+@sandbox_app.command()
+def load(
+    requests: Annotated[
+        int, typer.Option("--requests", metavar="N", help="Send at most N requests")
+    ] = 1000,
+    seconds: Annotated[
+        float, typer.Option("--seconds", metavar="S", help="Stop after S seconds")
+    ] = 30.0,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", metavar="C", help="Clients sending at once")
+    ] = 4,
+    url: Annotated[
+        str | None,
+        typer.Option("--url", metavar="URL", help="The router (default: the sandbox's router)"),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Steady generate requests through the router: sent, succeeded, failed (with reasons),
+    latency percentiles, and per worker what it served after its last re-admission."""
+    from opspatch.sandbox.fleet import SandboxLayout
+    from opspatch.sandbox.load import run_load
+    from opspatch.sandbox.manifest import load_manifest
+
+    if url is None:
+        manifest = load_manifest(SandboxLayout.default())
+        if manifest is None or manifest.router is None:
+            raise InputError(
+                "the sandbox has no router", hint="start one: opspatch sandbox up --router"
+            )
+        url = manifest.router.url
+    report = run_load(url, requests=requests, seconds=seconds, concurrency=concurrency)
+    if as_json:
+        emit_json(report.to_json())
+        return
+    latency = ", ".join(f"{k} {v:g} ms" for k, v in report.latency_ms.items()) or "-"
+    out.print(
+        f"{report.sent} sent in {report.seconds:.1f}s through {report.router}: "
+        f"{report.succeeded} succeeded, {report.failed} failed; latency {latency}",
+        markup=False,
+    )
+    for reason, count in sorted(report.failures.items()):
+        out.print(f"  failed: {count} x {reason}", markup=False)
+    for worker in report.workers:
+        served = (
+            "?"
+            if worker.served_after_last_admission is None
+            else worker.served_after_last_admission
+        )
+        since = "since its re-admission" if worker.registrations > 1 else "since it started"
+        out.print(f"  {worker.url}: {served} requests {since}", markup=False)
 
 
 def _print_down(report: DownReport) -> None:

@@ -29,6 +29,9 @@ restore = 120             # put the pre-image back (its restart uses `restart` a
 restore_ready = 1800      # until /health answers after a restore: its own deadline, long, so a
                           # `ready` shortened to catch a start-up hang never turns a slow but
                           # healthy restore into needs-attention
+drain = 300               # a host behind a router: until its engine has no request running or
+                          # waiting, after the router stopped sending it any
+admit = 120               # a host behind a router: until the router lists it healthy again
 
 [smoke]
 prompts = ["The capital of France is", { text = "def square(x):", expect = "return" }]
@@ -41,6 +44,13 @@ baseline = false          # compare with a greedy decode taken on the unpatched 
                           # was not checked; "required": such a host is refused (failed, nothing
                           # changed) before any change
 require_spec_verify = true  # a host running speculative decoding must report spec_verify_ct > 0
+
+[rotation]                # hosts whose inventory names a `router`
+max_unavailable = 1       # workers of one router out of rotation at once: a count or "25%" of
+                          # the router's workers (rounded up); a worker the router already
+                          # cannot use counts as unavailable
+fleet_down = false        # true: the fleet is already down (the incident playbook), so a drain
+                          # may leave a router with no healthy worker; false refuses that run
 
 [log]                     # regular expressions; a match in the log written since the restart
 fail_patterns = ['Scheduler hit an exception', 'Traceback \\(most recent call last\\)']
@@ -82,6 +92,7 @@ from opspatch.core.policy import (
     BatchSize,
     LogSettings,
     Playbook,
+    RotationSettings,
     SmokePrompt,
     SmokeSettings,
     StepTimeouts,
@@ -209,6 +220,8 @@ class TimeoutsTable(FileSchema):
     smoke: Seconds | None = None
     restore: Seconds | None = None
     restore_ready: Seconds | None = None
+    drain: Seconds | None = None
+    admit: Seconds | None = None
 
 
 def _true_false_or_required(value: object) -> object:
@@ -230,6 +243,11 @@ class SmokeTable(FileSchema):
     require_spec_verify: bool | None = None
 
 
+class RotationTable(FileSchema):
+    max_unavailable: Batch | None = None
+    fleet_down: bool | None = None
+
+
 class LogTable(FileSchema):
     fail_patterns: list[Regex] | None = None
 
@@ -248,6 +266,7 @@ class PlaybookFile(FileSchema):
     timeouts: TimeoutsTable | None = None
     smoke: SmokeTable | None = None
     log: LogTable | None = None
+    rotation: RotationTable | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,6 +330,7 @@ def to_playbook(document: TomlDocument) -> Playbook:
         log=LogSettings()
         if written.log is None or written.log.fail_patterns is None
         else LogSettings(tuple(written.log.fail_patterns)),
+        rotation=_rotation(written.rotation),
         source=document.path,
     )
 
@@ -333,6 +353,16 @@ def _batch(written: int | str | None, default: BatchSize) -> BatchSize:
     percent = _percent(written)
     assert percent is not None  # checked by the schema
     return BatchSize(percent=percent)
+
+
+def _rotation(written: RotationTable | None) -> RotationSettings:
+    defaults = RotationSettings()
+    if written is None:
+        return defaults
+    return RotationSettings(
+        max_unavailable=_batch(written.max_unavailable, defaults.max_unavailable),
+        fleet_down=defaults.fleet_down if written.fleet_down is None else written.fleet_down,
+    )
 
 
 def _timeouts(written: TimeoutsTable | None) -> StepTimeouts:

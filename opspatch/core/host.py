@@ -110,6 +110,34 @@ class EngineSettings:
     restart: RestartStrategy | None = None
 
 
+@dataclass(frozen=True)
+class RouterSettings:
+    """The router in front of a host's engine (sglang-router's HTTP control plane).
+
+    `worker_url` is the engine as the router knows it (the router compares URLs as exact
+    strings), by default the engine URL in its canonical form (`canonical_url`). `admin_key_env`
+    names the environment variable *on the controller* that holds the control plane's admin key;
+    the key itself is never part of the model (nor of any file).
+    """
+
+    url: str
+    worker_url: str
+    admin_key_env: str | None = None
+
+    def describe(self) -> str:
+        key = f" (${self.admin_key_env})" if self.admin_key_env else ""
+        return f"{self.url}{key} as {self.worker_url}"
+
+
+def canonical_url(url: str) -> str:
+    """`scheme://host:port` with no trailing slash and a lowercase scheme and host: the one
+    spelling opspatch registers a worker under (`http://h:p/` would be a second worker)."""
+    scheme, _, rest = url.partition("://")
+    netloc, _, path = rest.partition("/")
+    path = path.rstrip("/")
+    return f"{scheme.lower()}://{netloc.lower()}" + (f"/{path}" if path else "")
+
+
 BecomeMethod = Literal["sudo"]
 
 
@@ -178,3 +206,4 @@ class Host:
     become: BecomeSettings = field(default_factory=BecomeSettings)
     container: ContainerSettings | None = None
     """The container the engine runs in (None: on the host itself)."""
+    router: RouterSettings | None = None

@@ -27,6 +27,8 @@ TIMEOUT_STEPS = (
     "smoke",
     "restore",
     "restore_ready",
+    "drain",
+    "admit",
 )
 DEFAULT_FAIL_PATTERNS = (r"Scheduler hit an exception", r"Traceback \(most recent call last\)")
 DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):")
@@ -86,6 +88,10 @@ class StepTimeouts(JsonRecord):
     """Readiness after a restore has its own, long deadline: an operator shortens `ready` to
     catch a start-up hang, and that must not turn a slow but healthy restore into
     needs-attention."""
+    drain: float = 300.0
+    """A worker behind a router: until it reports no request running or waiting."""
+    admit: float = 120.0
+    """A worker behind a router: until the router lists it healthy again."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,19 @@ class LogSettings(JsonRecord):
 
 
 @dataclass(frozen=True)
+class RotationSettings(JsonRecord):
+    """Hosts behind a router: how many of one router's workers may be out of rotation at once
+    (`max_unavailable`, a count or a percentage of its workers, rounded up), and whether the
+    fleet is already down (`fleet_down`: the incident playbook drains even the last healthy
+    worker, since nothing healthy is left to protect)."""
+
+    max_unavailable: BatchSize = json_field(
+        default=BatchSize(count=1), encode=lambda size: size.to_json()
+    )
+    fleet_down: bool = False
+
+
+@dataclass(frozen=True)
 class Playbook(JsonRecord):
     """A rollout policy plus its verification procedure (see the module docstring for fields).
 
@@ -143,6 +162,7 @@ class Playbook(JsonRecord):
     timeouts: StepTimeouts = StepTimeouts()
     smoke: SmokeSettings = SmokeSettings()
     log: LogSettings = LogSettings()
+    rotation: RotationSettings = RotationSettings()
     source: str | None = field(default=None, compare=False)
 
     def in_flight(self, batch_size: int) -> int:

@@ -205,3 +205,14 @@ class Detected(Word):
     NOT_APPLIED = "not-applied"
     PARTIAL = "partial"
     UNKNOWN = "unknown"
+
+
+class Rotation(Word):
+    """Whether a host behind a router is taking traffic at the end of a run (`rotation` of a
+    host in the JSON; absent for a host with no router)."""
+
+    IN_ROTATION = "in-rotation"
+    """Registered with its router and healthy (re-admitted after a proven restart)."""
+    OUT_OF_ROTATION = "out-of-rotation"
+    """Drained and not re-admitted: its server did not prove it serves (or the router could not
+    be reached); the router sends it nothing until `opspatch recover` re-admits it."""

@@ -35,6 +35,7 @@ from opspatch.runs.executor import (
 )
 from opspatch.runs.recorder import Recorder
 from opspatch.runs.report import HostOutcome, RunReport
+from opspatch.runs.rotation import ROTATING_COMMANDS, Rotation, halt_on_out_of_rotation
 from opspatch.runs.session import HostFailed, HostSession, Progress, describe_error
 
 T = TypeVar("T")
@@ -79,6 +80,18 @@ class FleetRun:
         self.sessions: dict[str, HostSession] = {}
 
     def __enter__(self) -> FleetRun:
+        """Open a session per host; behind routers, check them first (`Rotation.open` refuses,
+        exit 2, before anything changed).
+
+        Raises:
+            RouterRefused: a router cannot be used or has no room to drain.
+        """
+        # A recorded run that restarts engines drains and admits; a dry run changes nothing.
+        rotation = (
+            Rotation.open(self.hosts, self.playbook, allow_unregistered=self.command == "recover")
+            if self.command in ROTATING_COMMANDS and self.recorder.reported_run_id is not None
+            else None
+        )
         with ExitStack() as stack:
             for host in self.hosts:
                 self.sessions[host.name] = stack.enter_context(
@@ -88,6 +101,7 @@ class FleetRun:
                         self.playbook,
                         recorder=self.recorder,
                         progress=self.progress,
+                        rotation=rotation.of(host.name) if rotation is not None else None,
                     )
                 )
             stack.enter_context(self.cancellation.armed())
@@ -154,11 +168,14 @@ class FleetRun:
             finally:
                 session.lock.release()
 
+        def halt_or_out_of_rotation(outcomes: Mapping[str, HostOutcome]) -> str | None:
+            return halt(outcomes) or halt_on_out_of_rotation(outcomes)
+
         try:
             result = run_fleet(
                 batches,
                 one,
-                halt=halt,
+                halt=halt_or_out_of_rotation,
                 on_outcome=self.record,
                 already=already,
                 cancellation=self.cancellation,

@@ -13,7 +13,14 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field, record_to_json
-from opspatch.core.vocabulary import FAILED_OUTCOMES, Outcome, RunOutcome, SetState, StepStatus
+from opspatch.core.vocabulary import (
+    FAILED_OUTCOMES,
+    Outcome,
+    Rotation,
+    RunOutcome,
+    SetState,
+    StepStatus,
+)
 from opspatch.errors import EXIT_BAD_INPUT, EXIT_HOST_FAILED, EXIT_NEEDS_ATTENTION, EXIT_OK
 
 if TYPE_CHECKING:
@@ -118,6 +125,8 @@ class HostOutcome(JsonRecord):
     steps: tuple[StepResult, ...] = ()
     diff: str | None = json_field(default=None, omit_none=True)
     smoke: SmokeResult | None = json_field(default=None, omit_none=True)
+    rotation: Rotation | None = json_field(default=None, omit_none=True)
+    """Behind a router: whether the host takes traffic at the end (None: no router)."""
 
 
 CHANGED_OUTCOMES = frozenset(

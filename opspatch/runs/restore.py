@@ -49,6 +49,7 @@ from opspatch.runs.patchset import Member, SetOnHost, paths_of, read_live
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.recorder import Recorder
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
+from opspatch.runs.rotation import admit_step
 from opspatch.runs.session import (
     HostFailed,
     HostSession,
@@ -79,9 +80,11 @@ def restore_recorded(session: HostSession, version: FileVersion) -> FileChange:
 
 
 def ensure_running(session: HostSession) -> str:
-    """Make sure the server answers /health: wait for it, restart it if it does not come."""
+    """Make sure the server answers /health: wait for it, restart it if it does not come.
+    Behind a router, a worker that a crashed run left drained is re-admitted once it answers."""
     try:
         ready_step(session, None, step="ready")
+        admit_step(session)
         return "already running"
     except HostFailed:
         restart = restart_step(session, step="restart")
@@ -91,6 +94,7 @@ def ensure_running(session: HostSession) -> str:
             step="ready-after-restart",
             timeout=session.playbook.timeouts.restore_ready,
         )
+        admit_step(session)
         return "restarted"
 
 

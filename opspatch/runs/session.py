@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
@@ -33,6 +33,9 @@ from opspatch.ledger.records import ContainerRecord
 from opspatch.runs.connect import TransportFactory, become_passwords
 from opspatch.runs.recorder import DETAIL_LIMIT, Recorder
 from opspatch.runs.report import FileChange, HostOutcome, StepResult
+
+if TYPE_CHECKING:
+    from opspatch.runs.rotation import HostRotation
 
 
 class Progress(Protocol):
@@ -151,8 +154,11 @@ class HostSession:
         *,
         recorder: Recorder,
         progress: Progress,
+        rotation: HostRotation | None = None,
     ) -> None:
         self.host = host
+        self.rotation = rotation
+        """Behind a router (in a run that restarts engines): drained, admitted, or neither."""
         self.playbook = playbook
         self.recorder = recorder
         self.progress = progress
@@ -218,7 +224,12 @@ class HostSession:
         smoke: SmokeResult | None = None,
         note: str | None = None,
     ) -> HostOutcome:
-        """A `HostOutcome` of this host carrying every step so far."""
+        """A `HostOutcome` of this host carrying every step so far, and behind a router whether
+        it takes traffic (a host left out of rotation says so in its note, never silently)."""
+        rotation = self.rotation
+        if rotation is not None and rotation.out:
+            out = rotation.out_note(self.name)
+            note = f"{note}; {out}" if note else out
         return HostOutcome(
             self.name,
             outcome,
@@ -228,6 +239,7 @@ class HostSession:
             steps=tuple(self.steps),
             diff=diff,
             smoke=smoke,
+            rotation=rotation.word if rotation is not None else None,
         )
 
     def refused(self, exc: OpspatchError) -> HostOutcome:

@@ -21,7 +21,7 @@ from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord, record_to_json
 from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import PatchState
+from opspatch.core.vocabulary import PatchState, Rotation
 from opspatch.errors import OpspatchError, TargetError
 from opspatch.hosts.operations import HostInspection, HostOperations
 from opspatch.hosts.transport.base import Transport
@@ -39,6 +39,7 @@ from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import map_hosts
 from opspatch.runs.pipeline import gate_inspection
 from opspatch.runs.proof import change_proof, describe
+from opspatch.runs.rotation import rotation_of
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,9 @@ class PatchStatus(JsonRecord):
     """Whether the host's engine is running (None: the host was not inspected)."""
     files: tuple[PatchStatus, ...] = ()
     """A patch set's files, each with its own state (the set's state is theirs together)."""
+    rotation: Rotation | None = None
+    """Behind a router: whether the router lists its worker healthy (None: no router, or the
+    router could not be asked)."""
 
     def to_json(self) -> dict[str, Any]:
         data = record_to_json(self)
@@ -306,4 +310,14 @@ def fleet_status(
 
     by_name = {h.name: h for h in hosts}
     found = map_hosts(lambda name: one(by_name[name]), list(by_name), limit=16)
-    return [status for statuses in found.values() for status in statuses]
+    rotations = rotation_of(hosts)
+    return [
+        _with_rotation(status, *rotations[status.host]) if status.host in rotations else status
+        for statuses in found.values()
+        for status in statuses
+    ]
+
+
+def _with_rotation(status: PatchStatus, rotation: Rotation | None, why: str) -> PatchStatus:
+    detail = f"{status.detail}; {why}" if why and status.detail else (why or status.detail)
+    return replace(status, rotation=rotation, detail=detail)

@@ -15,6 +15,7 @@ from opspatch.errors import InputError, OpspatchError, RemoteOperationError
 from opspatch.hosts.engine import Readiness, RestartResult, SmokeResult
 from opspatch.hosts.operations import RestoreResult
 from opspatch.runs.report import FileChange, HostOutcome
+from opspatch.runs.rotation import admit_step, drain_step
 from opspatch.runs.session import HostFailed, HostSession, describe_error
 
 # Refusals the host agent replies with only when it wrote nothing: the effect is known.
@@ -107,7 +108,10 @@ def restore_pre_image(
 
 
 def restart_step(session: HostSession, *, step: str = "restart") -> RestartResult:
-    """Restart the engine as a recorded step; a failure ends the pipeline (`HostFailed`)."""
+    """Restart the engine as a recorded step; a failure ends the pipeline (`HostFailed`).
+    Behind a router the host is drained first (once per session), so no restart drops a
+    request."""
+    drain_step(session)
     try:
         with session.step(step) as note:
             result = session.engine.restart(step=step)
@@ -158,7 +162,8 @@ def smoke_step(
     caller does with it (a restore whose smoke failed must not read `ok` in the ledger); with
     `must_pass` it ends the pipeline (`SmokeFailed`, a `HostFailed`), otherwise the result is
     returned for the caller to report. `last`: the host's last step; a smoke that passes then
-    releases the run's lock in the same exec."""
+    releases the run's lock in the same exec; behind a router a last smoke that passes puts the
+    host back into rotation (`admit`), so every proven restart ends admitted."""
     try:
         with session.step(step) as note:
             result = session.engine.smoke(
@@ -176,6 +181,8 @@ def smoke_step(
             note["detail"] = result.summary() + ("; lock released" if result.lock_released else "")
             if not result.ok:
                 raise SmokeFailed(result)
+        if last:
+            admit_step(session)
         return result
     except SmokeFailed as failed:
         if must_pass:

@@ -15,6 +15,7 @@ from opspatch.sandbox import containers as sandbox_containers
 from opspatch.sandbox.layout import ENGINE_STOP_TIMEOUT, Progress, SandboxLayout, quiet
 from opspatch.sandbox.manifest import HostRecord, Manifest, load_manifest
 from opspatch.sandbox.processes import engine_pid, sandbox_lock, sshd_pid
+from opspatch.sandbox.router import router_dir, stop_router
 from opspatch.sandbox.sshd import SshdServer, stop_sshd
 
 
@@ -94,6 +95,9 @@ def sandbox_down(
                 stopped = tuple(stop_process_tree(pid, ENGINE_STOP_TIMEOUT))
             sshd_stopped = _stop_host_sshd(layout, records.get(name), progress)
             results.append(HostDown(name, stopped, sshd_stopped, done.get(name)))
+        router = stop_router(layout)
+        if router is not None:
+            progress(f"router: stopped (pid {router})")
         removed: tuple[Path, ...] = ()
         if purge:
             removed = _purge(layout)
@@ -160,7 +164,7 @@ def _purge_inventories(layout: SandboxLayout) -> tuple[Path, ...]:
 
 def _purge(layout: SandboxLayout) -> tuple[Path, ...]:
     removed = []
-    for directory in (layout.hosts_dir, layout.ssh_dir):
+    for directory in (layout.hosts_dir, layout.ssh_dir, router_dir(layout)):
         if directory.exists():
             shutil.rmtree(directory)
             removed.append(directory)

@@ -57,6 +57,21 @@ class HostRecord(JsonRecord):
 
 
 @dataclass(frozen=True)
+class RouterRecord:
+    """The sandbox's router (`up --router`): its HTTP and Prometheus ports on loopback."""
+
+    port: int
+    prometheus_port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{ENGINE_ADDRESS}:{self.port}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"port": self.port, "prometheus_port": self.prometheus_port}
+
+
+@dataclass(frozen=True)
 class Manifest:
     """`sandbox.json`: the hosts in order, the SSH login user (None: no `--ssh`) and how every
     host's engine is installed (`install`: a wheel in site-packages, or an editable git
@@ -69,6 +84,8 @@ class Manifest:
     containers: bool = False
     """Each engine runs in a podman container (`opspatch.sandbox.containers`), installed
     editable in the image's checkout."""
+    router: RouterRecord | None = None
+    """Set by `up --router` and kept by later `up`s, like `--ssh`."""
 
     @property
     def ssh(self) -> bool:
@@ -82,6 +99,7 @@ class Manifest:
             "install": self.install,
             "containers": self.containers,
             "hosts": [record.to_json() for record in self.hosts],
+            "router": self.router.to_json() if self.router else None,
         }
 
     @classmethod
@@ -115,10 +133,18 @@ class Manifest:
             install = data.get("install", "wheel")
             if install not in INSTALL_SHAPES:
                 raise ValueError(f"unknown install shape {install!r}")
+            written = data.get("router")
+            router = (
+                None
+                if written is None
+                else RouterRecord(int(written["port"]), int(written["prometheus_port"]))
+            )
             containers = data.get("containers", False)
             if not isinstance(containers, bool):
                 raise ValueError(f"containers must be true or false, not {containers!r}")
-            return cls(tuple(hosts), None if user is None else str(user), install, containers)
+            return cls(
+                tuple(hosts), None if user is None else str(user), install, containers, router
+            )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise InputError(
                 f"{path}: not a sandbox manifest ({type(exc).__name__}: {exc})",
@@ -200,6 +226,9 @@ def render_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: boo
         ]
     else:
         lines.append('transport = "local"')
+    if manifest.router is not None:
+        # every engine behind the one router, registered under its engine URL (the default)
+        lines.append(f"router = {{ url = {_toml_string(manifest.router.url)} }}")
     env = ", ".join(f"{name} = {_toml_string(value)}" for name, value in ENGINE_ENV.items())
     lines += ["", "[defaults.engine]", "speculative = true", f"env = {{ {env} }}"]
     for record in manifest.hosts:

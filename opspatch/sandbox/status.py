@@ -26,6 +26,7 @@ from opspatch.sandbox.install import host_venv_dir, venv_site_packages
 from opspatch.sandbox.layout import HEALTH_TIMEOUT, SandboxLayout, engine_url
 from opspatch.sandbox.manifest import HostRecord, SshEndpoint, load_manifest, sandbox_inventory
 from opspatch.sandbox.processes import server_pid, sshd_pid
+from opspatch.sandbox.router import router_pid
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,17 @@ class HostStatus:
 
 
 @dataclass(frozen=True)
+class RouterStatus:
+    """The sandbox router (`up --router`): its URL and pid (None: not running)."""
+
+    url: str
+    pid: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"url": self.url, "pid": self.pid}
+
+
+@dataclass(frozen=True)
 class StatusReport:
     """The sandbox's hosts, the inventories written, and the install shape it was built with
     (each host's `install` says what its environment really holds)."""
@@ -109,10 +121,12 @@ class StatusReport:
     notes: tuple[str, ...] = field(default_factory=tuple)
     install: InstallShape = "wheel"
     containers: bool = False
+    router: RouterStatus | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "sandbox": str(self.root),
+            "router": self.router.to_json() if self.router else None,
             "install": self.install,
             "containers": self.containers,
             "inventories": [str(p) for p in self.inventories],
@@ -262,6 +276,15 @@ def sandbox_status(layout: SandboxLayout, workspace: Workspace) -> StatusReport:
             )
         )
     written = tuple(p for p in (layout.inventory, layout.ssh_inventory) if p.exists())
+    router = (
+        None if manifest.router is None else RouterStatus(manifest.router.url, router_pid(layout))
+    )
     return StatusReport(
-        layout.root, tuple(statuses), written, tuple(notes), manifest.install, manifest.containers
+        layout.root,
+        tuple(statuses),
+        written,
+        tuple(notes),
+        manifest.install,
+        manifest.containers,
+        router,
     )

@@ -32,6 +32,7 @@ from opspatch.sandbox.layout import (
 from opspatch.sandbox.manifest import (
     HostRecord,
     Manifest,
+    RouterRecord,
     SshEndpoint,
     load_manifest,
     render_inventory,
@@ -47,6 +48,7 @@ from opspatch.sandbox.processes import (
     server_pid,
     sshd_pid,
 )
+from opspatch.sandbox.router import require_router_package, router_pid, start_router
 from opspatch.sandbox.sshd import SshdError, find_sshd, generate_keypair, start_sshd
 
 HostUpOutcome = Literal["started", "already-running", "failed"]
@@ -99,6 +101,7 @@ class UpReport:
     ssh_inventory: Path | None
     install: InstallShape = "wheel"
     containers: bool = False
+    router: RouterUp | None = None
 
     @property
     def ok(self) -> bool:
@@ -113,12 +116,25 @@ class UpReport:
             "inventory": None if self.inventory is None else str(self.inventory),
             "ssh_inventory": None if self.ssh_inventory is None else str(self.ssh_inventory),
             "hosts": [h.to_json() for h in self.hosts],
+            "router": self.router.to_json() if self.router else None,
         }
 
 
 def container_json(identity: ContainerIdentity) -> dict[str, Any]:
     """A sandbox host's container as `up --json` and `status --json` show it."""
     return {"runtime": identity.runtime, "name": identity.name, "id": identity.id}
+
+
+@dataclass(frozen=True)
+class RouterUp:
+    """The sandbox router `up` started or found running."""
+
+    url: str
+    pid: int
+    prometheus_port: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"url": self.url, "pid": self.pid, "prometheus_port": self.prometheus_port}
 
 
 def _planned_manifest(
@@ -177,19 +193,28 @@ def _planned_manifest(
             record if record.ssh else replace(record, ssh=SshEndpoint(address=ssh_address(index)))
             for index, record in enumerate(records)
         ]
-    return Manifest(tuple(records), ssh_user, shape, in_containers), added
+    # the router, like --ssh, stays on for later `up`s
+    router = current.router if current else None
+    return Manifest(tuple(records), ssh_user, shape, in_containers, router), added
 
 
-def _choose_ports(manifest: Manifest) -> Manifest:
-    """Give hosts without a port (0) a free loopback port, distinct from every recorded one."""
+def _choose_ports(manifest: Manifest, *, want_router: bool = False) -> Manifest:
+    """Give hosts without a port (0) a free loopback port, distinct from every recorded one;
+    with `want_router` and no router recorded yet, the router's two ports as well."""
     taken = {record.port for record in manifest.hosts if record.port}
+    if manifest.router is not None:
+        taken |= {manifest.router.port, manifest.router.prometheus_port}
     chosen = []
     for record in manifest.hosts:
         if not record.port:
             record = replace(record, port=free_port(ENGINE_ADDRESS, taken))
             taken.add(record.port)
         chosen.append(record)
-    return replace(manifest, hosts=tuple(chosen))
+    router = manifest.router
+    if want_router and router is None:
+        port = free_port(ENGINE_ADDRESS, taken)
+        router = RouterRecord(port, free_port(ENGINE_ADDRESS, taken | {port}))
+    return replace(manifest, hosts=tuple(chosen), router=router)
 
 
 def _refuse_taken_ports(layout: SandboxLayout, manifest: Manifest, running: set[str]) -> None:
@@ -281,6 +306,7 @@ def sandbox_up(
     ssh: bool = False,
     install: InstallShape | None = None,
     containers: bool | None = None,
+    router: bool = False,
     progress: Progress = quiet,
 ) -> UpReport:
     """Create missing hosts, start stopped engines (and sshds), wait until all are ready, and
@@ -290,7 +316,9 @@ def sandbox_up(
     `ssh` also gives every host a private sshd (and stays on for later `up`s). `install` says
     how a new sandbox's engines are installed (`wheel`, the default, or `editable`: a git
     checkout installed editable, `opspatch.sandbox.checkout`); None keeps the sandbox's shape,
-    and the other shape on an existing sandbox is refused.
+    and the other shape on an existing sandbox is refused. `router` also starts a real
+    sglang-router in front of the engines (and stays on for later `up`s), written into both
+    inventories as every host's router.
     A host whose engine does not come up is reported `failed` with its log's tail; the others are
     still started, and the inventories are written only when every host is ready.
 
@@ -312,12 +340,14 @@ def sandbox_up(
             sandbox_containers.require_podman()
             podman = sandbox_containers.podman_env(layout)
             image = sandbox_containers.ensure_engine_image(podman, progress)
+        if router or manifest.router is not None:
+            require_router_package()
         if manifest.ssh and find_sshd() is None:
             raise InputError(
                 "`--ssh` needs OpenSSH's sshd, which is not installed",
                 hint="apt-get install openssh-server (or run `opspatch sandbox up` without --ssh)",
             )
-        manifest = _choose_ports(manifest)
+        manifest = _choose_ports(manifest, want_router=router)
         running = {r.name for r in manifest.hosts if _engine_running(layout, manifest, r.name)}
         _refuse_taken_ports(layout, manifest, running)
         save_manifest(layout, manifest)  # ports are kept from here on, whatever happens next
@@ -340,11 +370,22 @@ def sandbox_up(
         shape = manifest.install
         if any(h.outcome == "failed" for h in results):
             return UpReport(layout.root, results, None, None, shape, manifest.containers)
+        router_up = _bring_up_router(layout, manifest, progress)
         write_atomically(layout.inventory, render_inventory(layout, manifest, over_ssh=False))
         if not manifest.ssh:
-            return UpReport(layout.root, results, layout.inventory, None, shape, manifest.containers)
+            return UpReport(
+                layout.root, results, layout.inventory, None, shape, manifest.containers, router_up
+            )
         write_atomically(layout.ssh_inventory, render_inventory(layout, manifest, over_ssh=True))
-        return UpReport(layout.root, results, layout.inventory, layout.ssh_inventory, shape, manifest.containers)
+        return UpReport(
+            layout.root,
+            results,
+            layout.inventory,
+            layout.ssh_inventory,
+            shape,
+            manifest.containers,
+            router_up,
+        )
 
 
 def _engine_running(layout: SandboxLayout, manifest: Manifest, name: str) -> bool:
@@ -386,6 +427,24 @@ def _start_containers(
         except HostError as exc:
             failed[record.name] = _host_up(record, "failed", None, error=exc.detail)
     return failed
+
+
+def _bring_up_router(
+    layout: SandboxLayout, manifest: Manifest, progress: Progress
+) -> RouterUp | None:
+    """Start the recorded router (once every engine is ready, so it registers them at once)."""
+    if manifest.router is None:
+        return None
+    record = manifest.router
+    if router_pid(layout) is None:
+        progress(f"router: starting sglang-router on {record.url}")
+    pid = start_router(
+        layout,
+        port=record.port,
+        prometheus_port=record.prometheus_port,
+        worker_urls=[engine_url(r.port) for r in manifest.hosts],
+    )
+    return RouterUp(record.url, pid, record.prometheus_port)
 
 
 def _engine_controls(layout: SandboxLayout, manifest: Manifest) -> dict[str, EngineControl]:

@@ -6,7 +6,7 @@ its settings. Settings are merged in one order, by one function (`merge_layers`)
 
     defaults  <  groups (outermost parent first, then inner; ties by group name)  <  host
 
-Scalars: the last layer that sets a key wins. `vars` and `engine.env` are merged key by key.
+Scalars: the last layer that sets a key wins. `vars` and `engine.env` are merged key by key, and so is `router`.
 `engine.restart` and `container` are each one unit: a layer that sets it replaces it whole (mixing a systemd unit from
 one layer with a supervisor program from another would describe no real host).
 
@@ -79,6 +79,15 @@ class EngineLayer:
 
 
 @dataclass(frozen=True)
+class RouterLayer:
+    """Router settings one level writes; `None` = not set here (merged key by key)."""
+
+    url: str | None = None
+    worker_url: str | None = None
+    admin_key_env: str | None = None
+
+
+@dataclass(frozen=True)
 class SettingsLayer:
     """The settings one level (defaults, a group, a host) writes; `None` = not set here."""
 
@@ -96,6 +105,7 @@ class SettingsLayer:
     container: ContainerSettings | None = None
     vars: Mapping[str, Any] = field(default_factory=dict)
     engine: EngineLayer = field(default_factory=EngineLayer)
+    router: RouterLayer = field(default_factory=RouterLayer)
 
 
 _SCALAR_SETTINGS = (
@@ -113,6 +123,7 @@ _SCALAR_SETTINGS = (
     "container",
 )
 _SCALAR_ENGINE = ("python", "url", "log_file", "speculative", "restart")
+_SCALAR_ROUTER = ("url", "worker_url", "admin_key_env")
 
 
 def merge_layers(layers: Iterable[SettingsLayer]) -> SettingsLayer:
@@ -124,6 +135,7 @@ def merge_layers(layers: Iterable[SettingsLayer]) -> SettingsLayer:
     """
     scalars: dict[str, Any] = {}
     engine_scalars: dict[str, Any] = {}
+    router_scalars: dict[str, Any] = {}
     merged_vars: dict[str, Any] = {}
     merged_env: dict[str, str] = {}
     for layer in layers:
@@ -135,10 +147,15 @@ def merge_layers(layers: Iterable[SettingsLayer]) -> SettingsLayer:
             value = getattr(layer.engine, name)
             if value is not None:
                 engine_scalars[name] = value
+        for name in _SCALAR_ROUTER:
+            value = getattr(layer.router, name)
+            if value is not None:
+                router_scalars[name] = value
         merged_vars.update(layer.vars)
         merged_env.update(layer.engine.env)
     return SettingsLayer(
         **scalars,
         vars=merged_vars,
         engine=EngineLayer(**engine_scalars, env=merged_env),
+        router=RouterLayer(**router_scalars),
     )

@@ -21,6 +21,7 @@ from opspatch.config.inventory.model import (
     EngineLayer,
     Group,
     Inventory,
+    RouterLayer,
     SettingsLayer,
     merge_layers,
 )
@@ -46,9 +47,11 @@ from opspatch.core.host import (
     Host,
     JumpHost,
     RestartStrategy,
+    RouterSettings,
     SupervisorRestart,
     SystemdRestart,
     Transport,
+    canonical_url,
 )
 
 _ADDRESS_FORBIDDEN = re.compile(r"[\s@/\\\x00-\x1f\x7f]")
@@ -108,6 +111,11 @@ def layer_from_table(table: LayerTable, base_dir: str) -> SettingsLayer:
             speculative=engine.speculative,
             env=dict(engine.env),
             restart=_restart(engine.restart),
+        ),
+        router=RouterLayer(
+            url=table.router.url,
+            worker_url=table.router.worker_url,
+            admin_key_env=table.router.admin_key_env,
         ),
     )
 
@@ -323,6 +331,8 @@ def _host(
     jump = _jump(settings.jump, written, merged, (*where, "jump"), doc) if settings.jump else None
     engine = settings.engine
     _check_container(host_name, settings, where, doc)
+    engine_url = engine.url or DEFAULT_ENGINE_URL
+    router = _router(settings.router, engine_url, (*where, "router"), doc)
     return Host(
         name=host_name,
         inventory=inventory,
@@ -337,7 +347,7 @@ def _host(
         vars=dict(settings.vars),
         engine=EngineSettings(
             python=engine.python,
-            url=engine.url or DEFAULT_ENGINE_URL,
+            url=engine_url,
             log_file=engine.log_file,
             speculative=bool(engine.speculative),
             env=dict(engine.env),
@@ -351,6 +361,27 @@ def _host(
             password_env=settings.become_password_env,
         ),
         container=settings.container,
+        router=router,
+    )
+
+
+def _router(
+    layer: RouterLayer, engine_url: str, where: FieldPath, doc: SourceDocument
+) -> RouterSettings | None:
+    """The host's router, or None; a worker URL or key source without a router URL is refused
+    (the host would silently be restarted without a drain)."""
+    if layer.url is None:
+        if layer.worker_url is not None or layer.admin_key_env is not None:
+            raise doc.error(
+                where,
+                "the router has no url",
+                hint='e.g. router = { url = "http://router:30000" } in the group or [defaults]',
+            )
+        return None
+    return RouterSettings(
+        url=canonical_url(layer.url),
+        worker_url=canonical_url(layer.worker_url or engine_url),
+        admin_key_env=layer.admin_key_env,
     )
 
 

@@ -60,6 +60,14 @@ def _env_name(value: str) -> str:
 SECRET_KEYS = ("become_password", "become_pass")
 """Keys an operator may try for the sudo password; refused, pointing at the env source."""
 
+ROUTER_SECRET_KEYS = ("admin_key", "api_key", "key")
+"""Keys an operator may try for the router's admin key; refused, pointing at `admin_key_env`."""
+ROUTER_KEY_HINT = (
+    "keep the router's admin key out of the inventory: export it in an environment variable on "
+    "the controller and name that variable here, e.g. router = { ..., admin_key_env = "
+    '"OPSPATCH_ROUTER_KEY" }'
+)
+
 
 class SystemdTable(FileSchema):
     kind: Literal["systemd"]
@@ -119,6 +127,15 @@ class EngineTable(FileSchema):
     restart: RestartTable | None = None
 
 
+class RouterTable(FileSchema):
+    """`router = { url, worker_url, admin_key_env }`; merged key by key across levels, so a
+    group names the router and a host may name its own worker URL."""
+
+    url: Annotated[str, AfterValidator(_url)] | None = None
+    worker_url: Annotated[str, AfterValidator(_url)] | None = None
+    admin_key_env: Annotated[str, AfterValidator(_env_name)] | None = None
+
+
 class LayerTable(FileSchema):
     """The settings one level writes: `[defaults]`, a group or a host."""
 
@@ -136,6 +153,7 @@ class LayerTable(FileSchema):
     container: ContainerTable | None = None
     vars: dict[str, Any] = Field(default_factory=dict)
     engine: EngineTable = Field(default_factory=EngineTable)
+    router: RouterTable = Field(default_factory=RouterTable)
 
 
 class HostTable(LayerTable):
@@ -199,4 +217,13 @@ def _refuse_secrets(
                     to_document((*where, key)),
                     "a password does not belong in an inventory",
                     hint=PASSWORD_SOURCE_HINT,
+                )
+        router = layer.get("router")
+        router_keys = router if isinstance(router, dict) else {}
+        for key in ROUTER_SECRET_KEYS:
+            if key in router_keys:
+                raise document.error(
+                    to_document((*where, "router", key)),
+                    "a router key does not belong in an inventory",
+                    hint=ROUTER_KEY_HINT,
                 )

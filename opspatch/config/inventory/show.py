@@ -121,6 +121,14 @@ def host_to_json(host: Host) -> dict[str, Any]:
             "env": dict(host.engine.env),
             "restart": restart_to_json(host.engine.restart),
         },
+        # the key's source only: the key is never in the model, so it cannot be shown
+        "router": None
+        if host.router is None
+        else {
+            "url": host.router.url,
+            "worker_url": host.router.worker_url,
+            "admin_key_env": host.router.admin_key_env,
+        },
     }
 
 
@@ -139,6 +147,8 @@ def inventory_show_table(hosts: Sequence[Host], *, selection: str = "") -> Inven
     def text(value: object) -> str:
         return "-" if value is None or value == "" else str(value)
 
+    # the router column only where a host has one: inventories without routers read as before
+    routed = any(h.router is not None for h in hosts)
     rows = tuple(
         (
             h.name,
@@ -153,10 +163,12 @@ def inventory_show_table(hosts: Sequence[Host], *, selection: str = "") -> Inven
             h.engine.url,
             h.become.describe(),
             text(h.container.describe() if h.container else None),
+            *((text(h.router.describe() if h.router else None),) if routed else ()),
         )
         for h in hosts
     )
     title = f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}" + (
         f" selected by {selection!r}" if selection else ""
     )
-    return InventoryTable(title=title, columns=INVENTORY_COLUMNS, rows=rows)
+    columns = (*INVENTORY_COLUMNS, "router") if routed else INVENTORY_COLUMNS
+    return InventoryTable(title=title, columns=columns, rows=rows)

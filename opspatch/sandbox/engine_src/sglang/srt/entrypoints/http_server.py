@@ -23,6 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from datetime import datetime, timezone
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -46,7 +47,11 @@ WARMUP_DELAY_ENV = "SGLANG_STANDIN_WARMUP_DELAY_S"
 WARMUP_PROMPT = "The capital city of France is"
 _UVICORN = "INFO:     "
 
-Response = tuple[int, Any]  # status, JSON body (None: empty body)
+Response = tuple[int, Any]  # status, JSON body (None: empty body; PlainText: text)
+
+
+class PlainText(str):
+    """A body sent as `text/plain` rather than JSON (the Prometheus exposition format)."""
 
 
 class HttpApp:
@@ -71,6 +76,8 @@ class HttpApp:
             ("GET", "/server_info"): self.server_info,
             ("GET", "/get_server_info"): self.server_info,
             ("GET", "/v1/models"): self.v1_models,
+            ("GET", "/v1/loads"): self.v1_loads,
+            ("GET", "/metrics"): self.metrics,
             ("POST", "/generate"): self.generate,
             ("POST", "/v1/completions"): self.v1_completions,
             ("POST", "/v1/chat/completions"): self.v1_chat_completions,
@@ -136,6 +143,27 @@ class HttpApp:
             "internal_states": [self.scheduler.get_internal_state()],
         }
 
+    def v1_loads(self, body: Any) -> Response:
+        # SGLang 0.5.23 `entrypoints/v1_loads.py`: one entry per data-parallel rank.
+        return 200, {
+            "timestamp": datetime.now(timezone.utc).isoformat(),
+            "version": __version__,
+            "accelerator": None,
+            "num_accelerators": 0,
+            "loads": [self.scheduler.get_load()],
+        }
+
+    def metrics(self, body: Any) -> Response:
+        # A subset of SGLang's Prometheus metrics (`--enable-metrics`): requests finished since
+        # the server started. Answered as text, like the real exporter.
+        model = self.server_args.served_model_name
+        text = (
+            "# TYPE sglang:num_requests_total counter\n"
+            f'sglang:num_requests_total{{model_name="{model}"}} '
+            f"{self.tokenizer_manager.num_requests_total}\n"
+        )
+        return 200, PlainText(text)
+
     def v1_models(self, body: Any) -> Response:
         return 200, openai_api.models(self.server_args, self.created)
 
@@ -174,11 +202,15 @@ class _RequestHandler(BaseHTTPRequestHandler):
         except Exception as error:  # a bug in a route, not in the scheduler: answer 500
             logger.exception(f"Exception in route {method} {path}")
             status, payload = 500, {"error": {"message": f"internal error: {error}"}}
-        data = b"" if payload is None else json.dumps(payload).encode("utf-8")
+        if isinstance(payload, PlainText):
+            data, kind = payload.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8"
+        else:
+            data = b"" if payload is None else json.dumps(payload).encode("utf-8")
+            kind = "application/json"
         try:
             self.send_response(status)
             if payload is not None:
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

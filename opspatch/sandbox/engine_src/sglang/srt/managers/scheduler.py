@@ -61,6 +61,10 @@ class Scheduler:
         self.waiting_queue: deque[Req] = deque()
         self.running_reqs: list[Req] = []
         self._thread: threading.Thread | None = None
+        # Submitted and not finished: what /v1/loads reports as running + waiting (a request
+        # still in the inbox counts as waiting, so a drain never reads 0 while one is queued).
+        self._unfinished = 0
+        self._unfinished_lock = threading.Lock()
 
         self.forward_ct_decode = 0
         self.num_generated_tokens = 0
@@ -107,6 +111,8 @@ class Scheduler:
 
     def submit(self, reqs: list[Req]) -> None:
         """Queue requests; requests submitted together are admitted in the same prefill batch."""
+        with self._unfinished_lock:
+            self._unfinished += len(reqs)
         self._inbox.put(list(reqs))
 
     def event_loop(self) -> None:
@@ -207,6 +213,8 @@ class Scheduler:
     def finish(self, req: Req, reason: dict[str, Any]) -> None:
         req.finished_reason = reason
         req.finished_time = time.perf_counter()
+        with self._unfinished_lock:
+            self._unfinished -= 1
         req.done.set()
 
     def log_decode_stats(self, batch: ScheduleBatch) -> None:
@@ -225,6 +233,21 @@ class Scheduler:
             f"#queue-req: {len(self.waiting_queue)}"
         )
         logger.info(message)
+
+    def get_load(self) -> dict[str, Any]:
+        """This rank's core load snapshot, the keys of SGLang 0.5.23's `LoadSnapshot`."""
+        with self._unfinished_lock:
+            unfinished = self._unfinished
+        running = min(len(self.running_reqs), unfinished)
+        return {
+            "timestamp": time.time(),
+            "dp_rank": 0,
+            "num_running_reqs": running,
+            "num_waiting_reqs": unfinished - running,
+            "max_total_num_tokens": self.tp_worker.max_total_num_tokens,
+            "max_running_requests": self.max_running_requests,
+            "gen_throughput": self.last_gen_throughput,
+        }
 
     def get_internal_state(self) -> dict[str, Any]:
         return {

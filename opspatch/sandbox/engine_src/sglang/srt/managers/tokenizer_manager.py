@@ -26,6 +26,18 @@ GENERATE_REQUEST_FIELDS = (
     "stream",
     "return_logprob",
 )
+# Fields of SGLang's GenerateReqInput that sglang-router 0.3.2 sends with every /generate it
+# forwards; the stand-in accepts them and honours none (a true return_* is refused below).
+ROUTER_FORWARDED_FIELDS = (
+    "model",
+    "log_metrics",
+    "no_logs",
+    "background",
+    "return_bytes",
+    "return_entropy",
+    "return_hidden_states",
+    "return_text_in_logprobs",
+)
 HEALTH_CHECK_TIMEOUT_S = 20.0
 
 
@@ -56,6 +68,8 @@ class TokenizerManager:
         self.tokenizer = scheduler.tokenizer
         self.server_status = ServerStatus.Starting
         self._status_lock = threading.Lock()
+        # SGLang's `sglang:num_requests_total` (tokenizer metrics): requests finished
+        self.num_requests_total = 0
 
     def mark_up(self) -> None:
         with self._status_lock:
@@ -72,7 +86,7 @@ class TokenizerManager:
     ) -> GenerateReqInput:
         if not isinstance(body, dict):
             raise BadRequestError("the request body must be a JSON object")
-        unknown = sorted(set(body) - set(GENERATE_REQUEST_FIELDS))
+        unknown = sorted(set(body) - set(GENERATE_REQUEST_FIELDS) - set(ROUTER_FORWARDED_FIELDS))
         if unknown:
             raise BadRequestError(
                 f"unknown field(s) {', '.join(map(repr, unknown))}; "
@@ -80,6 +94,13 @@ class TokenizerManager:
             )
         if body.get("stream"):
             raise BadRequestError("stream=true is not supported by the stand-in engine")
+        unsupported = [
+            name for name in ROUTER_FORWARDED_FIELDS if name.startswith("return_") and body.get(name)
+        ]
+        if unsupported:
+            raise BadRequestError(
+                f"{', '.join(unsupported)}=true is not supported by the stand-in engine"
+            )
         if body.get("return_logprob"):
             raise BadRequestError("return_logprob=true is not supported by the stand-in engine")
 
@@ -177,6 +198,8 @@ class TokenizerManager:
         self.scheduler.submit(reqs)
         for req in reqs:
             req.done.wait()
+        with self._status_lock:
+            self.num_requests_total += len(reqs)
         outputs = [self.output_of(req) for req in reqs]
         return outputs[0] if request.is_single else outputs
 

@@ -1,0 +1,243 @@
+"""The fleet executor behind routers, simulated (issue 22 item 6): no engines, no sshd, no router.
+
+N scripted hosts (the real host agent on a real copy of the stand-in's `eagle_worker_v2.py`
+each; restart, readiness and smoke scripted) behind R routers, with `max_unavailable` per
+router. One in-process HTTP server plays every router's control plane (`/r<k>/workers`) and
+every worker's `/v1/loads` (always idle), and records how many of each router's workers were
+out of rotation at once. Every agent exec waits one round trip, every restart the engine's
+restart time; the whole run is simulated at `--time-scale` (0.01: a 50 ms round trip is 0.5 ms,
+a 120 s restart 1.2 s, and opspatch's drain settle and poll intervals are scaled alike), so the
+wall is read against the wave limit: waves x per-host pipeline time, both scaled back.
+
+    PYTHONPATH=$PWD python bench/bench_rotation.py [--hosts 1000] [--routers 10] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import replace
+from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import opspatch.runs.rotation as rotation
+from opspatch.config.patches import load_patch
+from opspatch.core.host import Host, RouterSettings
+from opspatch.core.policy import BatchSize, Playbook, RotationSettings
+from opspatch.hosts.transport.scripted import ScriptedTransport
+from opspatch.ledger.store import Ledger
+from opspatch.runs.apply import apply_to_hosts
+from tests.test_runs_scripted import STANDIN, FakeHost
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class ControlPlane(ThreadingHTTPServer):
+    """Every router's `/workers` and every worker's `/v1/loads`, with the most workers of each
+    router seen out of rotation at once."""
+
+    daemon_threads = True
+    request_queue_size = 256  # a real router accepts hundreds of connections at once
+
+    def __init__(self, routers: int, workers_per_router: dict[int, int]) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.lock = threading.Lock()
+        self.registered: dict[int, dict[str, str]] = {k: {} for k in range(routers)}
+        self.size = workers_per_router
+        self.most_out: Counter[int] = Counter()
+        self.next_id = 0
+        self.calls = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def note_out(self, router: int) -> None:
+        out = self.size[router] - len(self.registered[router])
+        self.most_out[router] = max(self.most_out[router], out)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ControlPlane
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+    def _send(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _router(self) -> tuple[int, list[str]]:
+        parts = self.path.strip("/").split("/")
+        return int(parts[0][1:]), parts[1:]
+
+    def do_GET(self) -> None:
+        plane = self.server
+        if self.path.endswith("/v1/loads"):
+            self._send(200, {"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]})
+            return
+        router, rest = self._router()
+        with plane.lock:
+            plane.calls += 1
+            listed = [
+                {"id": i, "url": u, "is_healthy": True} for u, i in plane.registered[router].items()
+            ]
+        if rest == ["workers"]:
+            self._send(200, {"workers": listed, "total": len(listed)})
+        else:
+            self._send(404, {"error": "no job"})
+
+    def do_POST(self) -> None:
+        plane = self.server
+        router, _ = self._router()
+        url = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["url"]
+        with plane.lock:
+            plane.calls += 1
+            plane.next_id += 1
+            plane.registered[router][url] = f"id-{plane.next_id}"
+            worker_id = plane.registered[router][url]
+        self._send(202, {"worker_id": worker_id})
+
+    def do_DELETE(self) -> None:
+        plane = self.server
+        router, rest = self._router()
+        with plane.lock:
+            plane.calls += 1
+            gone = [u for u, i in plane.registered[router].items() if i == rest[-1]]
+            for url in gone:
+                del plane.registered[router][url]
+            plane.note_out(router)
+        self._send(202, {"status": "accepted"})
+
+
+class SimulatedHost(FakeHost):
+    """A scripted host whose every exec costs a round trip, and a restart the engine's time."""
+
+    round_trip = 0.0
+    restart_seconds = 0.0
+
+    def answer(self, op: str, args: dict[str, Any]) -> Any:
+        time.sleep(self.round_trip)
+        if op == "restart":
+            time.sleep(self.restart_seconds)
+        return super().answer(op, args)
+
+
+def run(
+    hosts: int, routers: int, percent: int, round_trip: float, restart: float, scale: float
+) -> dict[str, Any]:
+    SimulatedHost.round_trip = round_trip * scale
+    SimulatedHost.restart_seconds = restart * scale
+    rotation.DRAIN_SETTLE_SECONDS *= scale
+    rotation.DRAIN_POLL_SECONDS *= scale
+    rotation.ADMIT_POLL_SECONDS *= scale
+    size = Counter(i % routers for i in range(hosts))
+    plane = ControlPlane(routers, dict(size))
+    threading.Thread(target=plane.serve_forever, daemon=True).start()
+    source = (STANDIN / "eagle_worker_v2.py").read_bytes()
+    patch = load_patch(REPO / "patches" / "eagle-init-guard.toml")
+    with tempfile.TemporaryDirectory() as scratch:
+        fakes: dict[str, SimulatedHost] = {}
+        targets: list[Host] = []
+        for index in range(hosts):
+            fake = SimulatedHost(f"h{index + 1:04}", Path(scratch) / f"h{index + 1:04}")
+            fake.file.parent.mkdir(parents=True)
+            fake.file.write_bytes(source)
+            fakes[fake.name] = fake
+            router = index % routers
+            worker = f"{plane.url}/w{index}"
+            plane.registered[router][worker] = f"id-start-{index}"
+            targets.append(
+                replace(
+                    fake.host(),
+                    router=RouterSettings(url=f"{plane.url}/r{router}", worker_url=worker),
+                )
+            )
+        per_router = max(size.values())
+        room = math.ceil(per_router * percent / 100)
+        playbook = Playbook(
+            canary=1,
+            batch=BatchSize(percent=Decimal(100)),
+            max_in_flight=2 * room * routers,
+            max_failures=1,
+            rotation=RotationSettings(max_unavailable=BatchSize(percent=Decimal(percent))),
+        )
+
+        def factory(host: Host) -> ScriptedTransport:
+            return ScriptedTransport(fakes[host.name].answer, host=host.name)
+
+        with Ledger.open(Path(scratch) / "ledger.sqlite3") as ledger:
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            cpu_started = usage.ru_utime + usage.ru_stime
+            started = time.perf_counter()
+            report = apply_to_hosts(patch, targets, playbook, factory=factory, ledger=ledger)
+            wall = time.perf_counter() - started
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = usage.ru_utime + usage.ru_stime - cpu_started
+    plane.shutdown()
+    outcomes = Counter(str(h.outcome) for h in report.hosts)
+    rotations = Counter(str(h.rotation) for h in report.hosts)
+    canary = next(h for h in report.hosts if h.host == "h0001")
+    pipeline = sum(s.seconds for s in canary.steps if s.step not in ("begin", "plan"))
+    waves = 1 + math.ceil((per_router - (1 if routers == 1 else 0)) / room)
+    return {
+        "hosts": hosts,
+        "routers": routers,
+        "max_unavailable": f"{percent}%",
+        "room_per_router": room,
+        "time_scale": scale,
+        "outcomes": dict(outcomes),
+        "rotation": dict(rotations),
+        "most_out_of_rotation_per_router": max(plane.most_out.values()),
+        "wall_s": round(wall, 2),
+        "wall_s_unscaled": round(wall / scale, 1),
+        "canary_pipeline_s": round(pipeline, 3),
+        "waves": waves,
+        "wave_limit_s": round(waves * pipeline, 2),
+        "controller_cpu_s": round(cpu, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "router_calls": plane.calls,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=1000)
+    parser.add_argument("--routers", type=int, default=10)
+    parser.add_argument("--percent", type=int, default=10, help="max_unavailable per router")
+    parser.add_argument("--round-trip", type=float, default=0.05, help="seconds, unscaled")
+    parser.add_argument("--restart", type=float, default=120.0, help="seconds, unscaled")
+    parser.add_argument("--time-scale", type=float, default=0.01)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    result = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "python": platform.python_version(),
+        "load_before": os.getloadavg(),
+        **run(
+            args.hosts, args.routers, args.percent, args.round_trip, args.restart, args.time_scale
+        ),
+        "load_after": os.getloadavg(),
+    }
+    print(json.dumps(result, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

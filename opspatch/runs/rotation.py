@@ -1,0 +1,413 @@
+"""Drain and admit: a host behind a router leaves rotation before its engine restarts and comes
+back only once its server is proven (docs/architecture.md, "Drain and admit").
+
+`Rotation.open` looks at every router in front of a run's hosts before anything changes: each
+must answer its admin call, know every worker URL (recover excepted: a worker a crashed run left
+drained is what it re-admits) and have room under the playbook's `max_unavailable` with at least
+one healthy worker left (unless `fleet_down`); otherwise the run is refused (exit 2). During the
+run, each host's `HostRotation` holds one of its router's permits from its drain until its admit,
+so no more workers than allowed are ever out at once.
+
+The steps (`drain_step`, `admit_step`) are called from `runs/steps.py` only: the drain before
+every engine restart, the admit after a last smoke that passed. A host whose proof failed stays
+out of rotation, and its outcome says so (`Rotation.OUT_OF_ROTATION`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from opspatch.core.host import Host, RouterSettings
+from opspatch.core.policy import Playbook
+from opspatch.core.vocabulary import Outcome
+from opspatch.core.vocabulary import Rotation as RotationWord
+from opspatch.errors import OpspatchError, RouterError, RouterRefused
+from opspatch.hosts.router import RouterClient, RouterWorker, worker_load
+from opspatch.runs.report import HostOutcome
+from opspatch.runs.session import HostFailed, HostSession, describe_error
+
+DRAIN_POLL_SECONDS = 0.1
+"""Seconds between two reads of a draining worker's `/v1/loads`."""
+
+DRAIN_SETTLE_SECONDS = 0.5
+"""How long a worker must read idle before it counts as drained: a request the router sent just
+before the removal may still be on its way into the worker's queue."""
+
+ADMIT_POLL_SECONDS = 0.1
+ROTATING_COMMANDS = frozenset({"apply", "restart", "rollback", "recover"})
+"""The commands that restart engines, and so drain and admit around the restart."""
+
+
+@dataclass
+class RouterGate:
+    """One router of a run: its client and the permits of workers it may lose at once."""
+
+    client: RouterClient
+    permits: threading.Semaphore
+    capacity: int
+
+
+class HostRotation:
+    """One host's place behind its router during a run: drained, admitted, or neither yet."""
+
+    def __init__(self, gate: RouterGate, worker_url: str, *, registered: bool) -> None:
+        self.gate = gate
+        self.worker_url = worker_url
+        self.drained = False
+        self.admitted = False
+        self.registered_at_start = registered
+        self._holding = False
+
+    @property
+    def router_url(self) -> str:
+        return self.gate.client.url
+
+    @property
+    def out(self) -> bool:
+        """Whether the router sends this worker nothing now (drained or found unregistered, and
+        not admitted since)."""
+        return (self.drained or not self.registered_at_start) and not self.admitted
+
+    @property
+    def word(self) -> RotationWord:
+        return RotationWord.OUT_OF_ROTATION if self.out else RotationWord.IN_ROTATION
+
+    def take_permit(self, bound: float) -> float:
+        """Block until the router may lose one more worker; seconds waited.
+
+        Raises:
+            RouterError: no room within `bound` seconds.
+        """
+        started = time.monotonic()
+        if not self.gate.permits.acquire(timeout=bound):
+            raise RouterError(
+                f"router {self.router_url}: no room under max_unavailable "
+                f"({self.gate.capacity} at once) within {bound:.0f}s"
+            )
+        self._holding = True
+        return time.monotonic() - started
+
+    def give_permit(self) -> None:
+        """Back in rotation: the room it took is free again; a worker that was out before the
+        run began adds room (the router has one more healthy worker)."""
+        if self._holding or not self.registered_at_start:
+            self._holding = False
+            self.gate.permits.release()
+
+    def out_note(self, host: str) -> str:
+        return (
+            f"out of rotation: router {self.router_url} sends {self.worker_url} nothing; "
+            f"`opspatch recover --hosts {host}` re-admits it once its server is proven"
+        )
+
+
+class Rotation:
+    """The routers in front of one run's hosts, checked before the run changes anything."""
+
+    def __init__(self, hosts: Mapping[str, HostRotation]) -> None:
+        self._hosts = dict(hosts)
+
+    def of(self, host: str) -> HostRotation | None:
+        return self._hosts.get(host)
+
+    @classmethod
+    def open(
+        cls,
+        hosts: Sequence[Host],
+        playbook: Playbook,
+        *,
+        allow_unregistered: bool,
+        environ: Mapping[str, str] | None = None,
+    ) -> Rotation | None:
+        """Look at every router in front of `hosts`; None when no host has one.
+
+        Raises:
+            RouterRefused: a router does not answer or refuses the admin call, its admin key's
+                variable is not set, it does not know a worker URL (unless `allow_unregistered`),
+                or draining one more worker would break `max_unavailable` or leave it no healthy
+                worker (unless the playbook says `fleet_down`).
+        """
+        env = os.environ if environ is None else environ
+        behind: dict[str, list[Host]] = {}
+        settings: dict[str, RouterSettings] = {}
+        for host in hosts:
+            if host.router is not None:
+                behind.setdefault(host.router.url, []).append(host)
+                settings.setdefault(host.router.url, host.router)
+        if not behind:
+            return None
+        rotations: dict[str, HostRotation] = {}
+        for url, routed in behind.items():
+            client = RouterClient(settings[url], _admin_key(settings[url], env))
+            try:
+                listed = client.workers()
+            except RouterError as exc:
+                raise RouterRefused(
+                    f"{exc.detail}; nothing was changed", hint=exc.hint or _UNREACHABLE_HINT
+                ) from None
+            urls = {w.url for w in listed}
+            unknown = [h for h in routed if h.router and h.router.worker_url not in urls]
+            if unknown and not allow_unregistered:
+                host = unknown[0]
+                assert host.router is not None
+                raise RouterRefused(
+                    f"router {url} does not know worker {host.router.worker_url} (host "
+                    f"{host.name}); it lists: {', '.join(sorted(urls)) or 'no worker'}; "
+                    "nothing was changed",
+                    hint="set router.worker_url to the URL the router registered (URLs compare "
+                    "as exact strings); a worker a run left drained is re-admitted by "
+                    f"`opspatch recover --hosts {host.name}`",
+                )
+            # recover re-admits workers first-hand out of rotation, which costs no room; a host
+            # it must drain as well waits for room (one re-admitted gives one back)
+            capacity = drain_room(url, listed, routed, playbook, refuse=not allow_unregistered)
+            gate = RouterGate(client, threading.Semaphore(capacity), capacity)
+            for host in routed:
+                assert host.router is not None
+                rotations[host.name] = HostRotation(
+                    gate, host.router.worker_url, registered=host.router.worker_url in urls
+                )
+        return cls(rotations)
+
+
+_UNREACHABLE_HINT = "check the inventory's router url and that the router runs"
+
+
+def _admin_key(router: RouterSettings, env: Mapping[str, str]) -> str | None:
+    if router.admin_key_env is None:
+        return None
+    key = env.get(router.admin_key_env)
+    if not key:
+        raise RouterRefused(
+            f"router {router.url}: the admin key's variable ${router.admin_key_env} is not set; "
+            "nothing was changed",
+            hint=f"export {router.admin_key_env} with the router's admin key on this controller",
+        )
+    return key
+
+
+def drain_room(
+    url: str,
+    listed: Sequence[RouterWorker],
+    routed: Sequence[Host],
+    playbook: Playbook,
+    *,
+    refuse: bool,
+) -> int:
+    """How many more of this run's workers may leave rotation at once behind router `url`
+    (0 or less, without `refuse`: none until one comes back)."""
+    rotation = playbook.rotation
+    workers = {w.url for w in listed} | {h.router.worker_url for h in routed if h.router}
+    healthy = sum(1 for w in listed if w.healthy)
+    unavailable = len(workers) - healthy
+    allowed = rotation.max_unavailable.hosts_per_batch(len(workers))
+    room = min(allowed - unavailable, healthy - 1)
+    if rotation.fleet_down:
+        return max(1, allowed - unavailable)
+    if room < 1 and not refuse:
+        return 0
+    if room < 1:
+        raise RouterRefused(
+            f"router {url} has {healthy} healthy of {len(workers)} workers: draining one "
+            + (
+                "would leave it no healthy worker"
+                if healthy <= 1
+                else f"would take more than max_unavailable = {rotation.max_unavailable} "
+                f"out of rotation ({unavailable} already unavailable)"
+            )
+            + "; nothing was changed",
+            hint="raise [rotation] max_unavailable in the playbook, bring the unhealthy workers "
+            "back, or, if the fleet is already down, use a playbook with fleet_down = true "
+            "(--playbook incident)",
+        )
+    return room
+
+
+# ---------------------------------------------------------------------------------------------
+# the steps
+
+
+def drain_step(session: HostSession) -> None:
+    """Take the host out of rotation before its engine restarts: hold one of its router's
+    permits, remove its worker, and wait until the worker itself reports nothing running or
+    waiting (playbook `timeouts.drain`). Once per session: a restart after a restore finds the
+    host drained already. A host with no router: nothing.
+
+    Raises:
+        HostFailed: the router or the worker failed, or the worker did not drain in time.
+    """
+    rotation = session.rotation
+    if rotation is None or rotation.drained:
+        return
+    timeouts = session.playbook.timeouts
+    try:
+        with session.step("drain") as note:
+            t = timeouts
+            # a worker already out of rotation at the start takes no more room
+            waited = (
+                rotation.take_permit(t.drain + t.restart + t.ready + t.smoke + t.admit)
+                if rotation.registered_at_start
+                else 0.0
+            )
+            client = rotation.gate.client
+            removed = [w for w in client.workers() if w.url == rotation.worker_url]
+            for worker in removed:
+                client.remove(worker.id)
+            _wait_unlisted(client, rotation.worker_url, timeouts.admit)
+            idle = _wait_idle(rotation.worker_url, timeouts.drain)
+            how = (
+                f"removed from router {client.url}"
+                if removed
+                else f"router {client.url} did not list it"
+            )
+            wait = (
+                f" (waited {waited:.1f}s for room under max_unavailable)" if waited > 0.05 else ""
+            )
+            note["detail"] = f"{how}{wait}; {idle}"
+    except OpspatchError as exc:
+        raise HostFailed(Outcome.FAILED, f"drain: {describe_error(exc)}") from exc
+    finally:
+        # Tried once per session: a failed drain leaves the worker removed or its router gone,
+        # so the restore's restart that follows goes ahead, and the outcome says out of rotation.
+        rotation.drained = True
+
+
+def admit_step(session: HostSession) -> None:
+    """Put a proven host back into rotation: register its worker and wait until the router lists
+    it healthy (playbook `timeouts.admit`). The proof is the smoke decode sent to the worker
+    directly just before (a router policy with prefix affinity may route it nothing for long).
+    A failure is a failed step and leaves the host out of rotation, which its outcome says; the
+    change itself stays proven.
+    """
+    rotation = session.rotation
+    if rotation is None or not rotation.out:
+        return
+    client = rotation.gate.client
+    try:
+        with session.step("admit") as note:
+            seconds = _register(client, rotation.worker_url, session.playbook.timeouts.admit)
+            rotation.admitted = True
+            note["detail"] = (
+                f"router {client.url} lists {rotation.worker_url} healthy after {seconds:.1f}s "
+                "(proven by the smoke decode sent to it directly)"
+            )
+    except OpspatchError:
+        return
+    finally:
+        if rotation.admitted:
+            rotation.give_permit()
+
+
+def halt_on_out_of_rotation(outcomes: Mapping[str, HostOutcome]) -> str | None:
+    """A host left out of rotation halts the run: the next drain would take capacity the
+    router no longer has (and the cause, often the router itself, hits every host)."""
+    out = sorted(n for n, o in outcomes.items() if o.rotation == RotationWord.OUT_OF_ROTATION)
+    if not out:
+        return None
+    return f"{', '.join(out)} left out of rotation; `opspatch recover` re-admits proven hosts"
+
+
+def rotation_of(
+    hosts: Sequence[Host], environ: Mapping[str, str] | None = None
+) -> dict[str, tuple[RotationWord | None, str]]:
+    """Per host behind a router, whether its router lists its worker healthy, and a sentence
+    when not (`status`); one `GET /workers` per router, best effort: a router that cannot be
+    asked gives None and says why."""
+    env = os.environ if environ is None else environ
+    found: dict[str, tuple[RotationWord | None, str]] = {}
+    listed: dict[str, tuple[RouterWorker, ...] | str] = {}
+    for host in hosts:
+        router = host.router
+        if router is None:
+            continue
+        if router.url not in listed:
+            try:
+                listed[router.url] = RouterClient(router, _admin_key(router, env)).workers()
+            except (RouterError, RouterRefused) as exc:
+                listed[router.url] = exc.message
+        workers = listed[router.url]
+        if isinstance(workers, str):
+            found[host.name] = (None, f"rotation unknown: {workers}")
+            continue
+        mine = [w for w in workers if w.url == router.worker_url]
+        if mine and all(w.healthy for w in mine):
+            found[host.name] = (RotationWord.IN_ROTATION, "")
+        else:
+            why = "lists it unhealthy" if mine else "does not list it"
+            found[host.name] = (
+                RotationWord.OUT_OF_ROTATION,
+                f"out of rotation: router {router.url} {why} ({router.worker_url}); "
+                f"`opspatch recover --hosts {host.name}` re-admits it once its server is proven",
+            )
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# waiting
+
+
+def _wait_unlisted(client: RouterClient, worker_url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while any(w.url == worker_url for w in client.workers()):
+        if time.monotonic() > deadline:
+            raise RouterError(f"router {client.url} still lists {worker_url} after {timeout:.0f}s")
+        time.sleep(ADMIT_POLL_SECONDS)
+
+
+def _wait_idle(worker_url: str, timeout: float) -> str:
+    """Wait until the worker reads idle for `DRAIN_SETTLE_SECONDS`; says what was seen."""
+    started = time.monotonic()
+    idle_since: float | None = None
+    polls = 0
+    last = None
+    while True:
+        polls += 1
+        load = worker_load(worker_url)
+        now = time.monotonic()
+        if load is None:
+            return "its server does not answer: nothing runs there"
+        last = load
+        if load.idle:
+            idle_since = idle_since if idle_since is not None else now
+            if now - idle_since >= DRAIN_SETTLE_SECONDS:
+                return f"idle after {now - started:.1f}s ({polls} reads of /v1/loads)"
+        else:
+            idle_since = None
+        if now - started > timeout:
+            raise RouterError(
+                f"worker {worker_url} still had {last.running} running and {last.waiting} "
+                f"waiting after {timeout:.0f}s (timeouts.drain)"
+            )
+        time.sleep(DRAIN_POLL_SECONDS)
+
+
+def _register(client: RouterClient, worker_url: str, timeout: float) -> float:
+    """Add the worker and wait until the router lists it healthy; seconds taken. A router that
+    does not answer for a moment is asked again until `timeout` (one lost reply must not leave
+    a proven host out of rotation and halt the run); a registration the router gave up is final.
+    """
+    started = time.monotonic()
+    worker_id: str | None = None
+    last: RouterError | None = None
+    while True:
+        failure = None
+        try:
+            if any(w.url == worker_url and w.healthy for w in client.workers()):
+                return time.monotonic() - started
+            if worker_id is None:
+                worker_id = client.add(worker_url)
+            failure = client.job_failure(worker_id)
+        except RouterError as exc:
+            last = exc
+        if failure is not None:
+            raise RouterError(f"router {client.url} did not register {worker_url}: {failure}")
+        if time.monotonic() - started > timeout:
+            raise RouterError(
+                f"router {client.url} did not list {worker_url} healthy within {timeout:.0f}s "
+                "(timeouts.admit)" + (f"; last: {last.detail}" if last is not None else "")
+            )
+        time.sleep(ADMIT_POLL_SECONDS)
