@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch
+from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, plan_summary
 from opspatch.core.gate import version_gate
 from opspatch.core.policy import Playbook
 from opspatch.core.source import sha256_hex
@@ -241,10 +241,10 @@ class ApplyPipeline:
                         self._gate(part.target, inspection, paths, installed_version),
                     )
                 )
-            note["detail"] = (
-                files[0].plan.outcome
+            note["detail"] = (  # which alternative fit is kept in the ledger (plan_summary)
+                plan_summary(files[0].plan)
                 if len(files) == 1
-                else "; ".join(f"{f.part.target.module} {f.plan.outcome}" for f in files)
+                else "; ".join(f"{f.part.target.module} {plan_summary(f.plan)}" for f in files)
             )
         return Prepared(tuple(files))
 
