@@ -37,6 +37,7 @@ class RouterState:
 
     workers: dict[str, tuple[str, bool]] = field(default_factory=dict)
     adds_turn_healthy: bool = True
+    down: bool = False  # every call answered 503, as a dying router's port might
     calls: list[str] = field(default_factory=list)
     next_id: int = 0
 
@@ -62,6 +63,8 @@ class _Handler(BaseHTTPRequestHandler):
         return None
 
     def _send(self, status: int, body: Any) -> None:
+        if self.server.state.down:
+            status, body = 503, {"error": "the router is gone"}
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -120,6 +123,7 @@ class RoutedFleet:
     fakes: dict[str, FakeHost]
     ledger: Ledger
     drain_reads: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    router_dies_at_restart: bool = False
 
     def hosts(self, *names: str) -> list[Host]:
         peers = tuple(worker_url(n) for n in self.fakes)
@@ -138,6 +142,8 @@ class RoutedFleet:
             if op == "wait_drained":  # read on the host; the engine is idle
                 self.drain_reads.append((host.name, args))
                 return {"seconds": 0.5, "polls": 6, "answered": True}
+            if op == "restart" and self.router_dies_at_restart:
+                self.router.state.down = True
             return fake.answer(op, args)
 
         return ScriptedTransport(answer, host=host.name)
@@ -216,6 +222,38 @@ def test_an_admit_the_router_never_lists_healthy_leaves_the_host_out_of_rotation
     assert f"did not list {worker_url('h1')} healthy within 1s (timeouts.admit)" in note, note
     assert report.halted and outcomes["h2"].outcome == "skipped"
     assert report.exit_code == 1
+
+
+def test_a_router_gone_after_the_drain_halts_the_run_and_the_next_recover_readmits_the_host(
+    fleet: RoutedFleet,
+) -> None:
+    fleet.register("h1", "h2", "h3")
+    fleet.router_dies_at_restart = True
+    report = apply_to_hosts(
+        PATCH, fleet.hosts("h1", "h2"), book(admit=1), factory=fleet.factory, ledger=fleet.ledger
+    )
+    outcomes = {o.host: o for o in report.hosts}
+    canary = outcomes["h1"]
+    assert canary.outcome == "applied" and canary.rotation == RotationWord.OUT_OF_ROTATION
+    assert "answered 503" in (canary.note or ""), canary.note
+    assert report.halted and "h1 left out of rotation" in (report.halted or "")
+    assert outcomes["h2"].outcome == "skipped"
+
+    fleet.router_dies_at_restart = False
+    fleet.router.state.down = False  # the router is back, without h1
+    assert worker_url("h1") not in fleet.router.state.workers
+    recovered = recover_hosts(
+        ledger=fleet.ledger,
+        hosts=fleet.hosts("h1"),
+        factory=fleet.factory,
+        playbook=book(),
+        patch=PATCH,
+    )
+    (outcome,) = recovered.hosts
+    assert outcome.outcome == "applied" and outcome.rotation == RotationWord.IN_ROTATION, outcome
+    done = [s for s, status in steps_of(outcome) if status == "ok"]
+    assert done[-2:] == ["smoke", "admit"], done
+    assert worker_url("h1") in fleet.router.state.workers
 
 
 def test_recover_readmits_a_drained_worker_only_after_its_smoke_decode_passes(
