@@ -374,8 +374,9 @@ def test_recover_after_a_controller_killed_while_a_worker_was_drained_readmits_i
 def test_recover_readmits_a_proven_host_found_out_of_rotation_only_after_its_smoke_decode(
     fleet: SandboxFleet,
 ) -> None:
-    """The canary's change is proven and its server runs (the recover above): the leave-alone
-    path. Found out of rotation, it is smoke-decoded before the router gets it back."""
+    """The canary's newest change is proven and its server started after it was written: the
+    leave-alone path. Found out of rotation, it is smoke-decoded before the router gets it back
+    (and not restarted)."""
     canary = fleet.names[0]
     remove_by_hand(fleet, fleet.hosts[canary].engine.url)
     run = fleet.opspatch("recover", "--hosts", f"sandbox:{canary}", "--yes", "--json")
