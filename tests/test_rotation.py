@@ -195,3 +195,19 @@ def test_one_server_listed_twice_is_one_healthy_worker() -> None:
     ]
     with pytest.raises(RouterRefused, match="has 1 healthy of 2 workers"):
         drain_room("http://r:1", listed, hosts, _book(BatchSize(percent=Decimal(100))), refuse=True)
+
+
+def test_a_run_of_workers_the_router_already_cannot_use_needs_no_room() -> None:
+    """h2 is down (the host an incident patches) and max_unavailable = 1 is spent on it: its
+    drain takes nothing from the router, so it goes ahead; h0 with it would not."""
+    hosts = _hosts(3)
+    listed = [
+        RouterWorker("id0", "http://w0:1", True),
+        RouterWorker("id1", "http://w1:1", True),
+        RouterWorker("id2", "http://w2:1", False),
+    ]
+    assert drain_room("http://r:1", listed, [hosts[2]], _book(BatchSize(count=1)), refuse=True) == 0
+    with pytest.raises(RouterRefused, match="1 already unavailable: http://w2:1"):
+        drain_room(
+            "http://r:1", listed, [hosts[0], hosts[2]], _book(BatchSize(count=1)), refuse=True
+        )

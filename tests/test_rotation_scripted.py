@@ -331,6 +331,33 @@ def test_a_worker_the_router_lists_unhealthy_is_already_out_and_its_drain_takes_
     assert well.gate.capacity == 1
     assert sick.out and not sick.usable_at_start
     assert not well.out and well.usable_at_start
+    # max_unavailable = 1 is used up by h3 itself, yet patching h3 takes nothing more
+    report = apply_to_hosts(
+        PATCH, fleet.hosts("h3"), book(ONE), factory=fleet.factory, ledger=fleet.ledger
+    )
+    (outcome,) = report.hosts
+    assert outcome.outcome == "applied" and outcome.rotation == RotationWord.IN_ROTATION
+    assert fleet.router.state.workers[worker_url("h3")][1] is True
+
+
+def test_recover_registers_a_worker_listed_unhealthy_afresh_once_its_smoke_passes(
+    fleet: RoutedFleet,
+) -> None:
+    """Not a second registration of one server: the unhealthy entry goes, then the add."""
+    fleet.register("h1", "h2")
+    fleet.register("h3", healthy=False)
+    report = recover_hosts(
+        ledger=fleet.ledger,
+        hosts=fleet.hosts("h3"),
+        factory=fleet.factory,
+        playbook=book(),
+        patch=PATCH,
+    )
+    (outcome,) = report.hosts
+    assert outcome.rotation == RotationWord.IN_ROTATION, outcome
+    calls = [c for c in fleet.router.state.calls if not c.startswith("GET")]
+    assert calls == ["DELETE /workers/start-h3", f"POST /workers {worker_url('h3')}"], calls
+    assert fleet.router.state.workers[worker_url("h3")][1] is True
 
 
 class LoadsServer(ThreadingHTTPServer):

@@ -219,7 +219,8 @@ def drain_room(
     (`HostRotation.take_permit` is skipped for it).
 
     Raises:
-        RouterRefused: with `refuse`, no room (and the playbook does not say `fleet_down`).
+        RouterRefused: with `refuse`, no room for a worker of the run the router can use now
+            (and the playbook does not say `fleet_down`).
     """
     rotation = playbook.rotation
     workers = {w.url for w in listed}
@@ -232,24 +233,27 @@ def drain_room(
     room = min(allowed - unavailable, len(usable) - 1)
     if rotation.fleet_down:
         return max(1, allowed - unavailable)
-    if room < 1 and not refuse:
+    if room >= 1:
+        return room
+    # a run whose workers here are all out already takes nothing from the router (the broken
+    # host an incident patches): no room is needed, and each one back adds some
+    takes_room = any(h.router is not None and h.router.worker_url in usable for h in routed)
+    if not refuse or not takes_room:
         return 0
-    if room < 1:
-        raise RouterRefused(
-            f"router {url} has {len(usable)} healthy of {len(workers)} workers: draining one "
-            + (
-                "would leave it no healthy worker"
-                if len(usable) <= 1
-                else f"would take more than max_unavailable = {rotation.max_unavailable} "
-                f"out of rotation ({unavailable} already unavailable: "
-                f"{', '.join(sorted(workers - usable))})"
-            )
-            + "; nothing was changed",
-            hint="raise [rotation] max_unavailable in the playbook, bring the unhealthy workers "
-            "back, or, if the fleet is already down, use a playbook with fleet_down = true "
-            "(--playbook incident)",
+    raise RouterRefused(
+        f"router {url} has {len(usable)} healthy of {len(workers)} workers: draining one "
+        + (
+            "would leave it no healthy worker"
+            if len(usable) <= 1
+            else f"would take more than max_unavailable = {rotation.max_unavailable} "
+            f"out of rotation ({unavailable} already unavailable: "
+            f"{', '.join(sorted(workers - usable))})"
         )
-    return room
+        + "; nothing was changed",
+        hint="raise [rotation] max_unavailable in the playbook, bring the unhealthy workers "
+        "back, or, if the fleet is already down, use a playbook with fleet_down = true "
+        "(--playbook incident)",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
