@@ -1,10 +1,10 @@
 """The fleet executor behind routers, simulated (issue 22 item 6): no engines, no sshd, no router.
 
 N scripted hosts (the real host agent on a real copy of the stand-in's `eagle_worker_v2.py`
-each; restart, readiness and smoke scripted) behind R routers, with `max_unavailable` per
-router. One in-process HTTP server plays every router's control plane (`/r<k>/workers`) and
-every worker's `/v1/loads` (always idle), and records how many of each router's workers were
-out of rotation at once. Every agent exec waits one round trip, every restart the engine's
+each; restart, readiness, the drain wait (idle once it settled) and smoke scripted) behind R
+routers, with `max_unavailable` per router. One in-process HTTP server plays every router's
+control plane (`/r<k>/workers`) and records how many of each router's workers were out of
+rotation at once. Every agent exec waits one round trip, every restart the engine's
 restart time; the whole run is simulated at `--time-scale` (0.01: a 50 ms round trip is 0.5 ms,
 a 120 s restart 1.2 s, and opspatch's drain settle and poll intervals are scaled alike), so the
 wall is read against the wave limit: waves x per-host pipeline time, both scaled back.
@@ -43,8 +43,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 class ControlPlane(ThreadingHTTPServer):
-    """Every router's `/workers` and every worker's `/v1/loads`, with the most workers of each
-    router seen out of rotation at once."""
+    """Every router's `/workers`, with the most workers of each router seen out of rotation at
+    once."""
 
     daemon_threads = True
     request_queue_size = 256  # a real router accepts hundreds of connections at once
@@ -88,9 +88,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         plane = self.server
-        if self.path.endswith("/v1/loads"):
-            self._send(200, {"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]})
-            return
         router, rest = self._router()
         with plane.lock:
             plane.calls += 1
@@ -135,6 +132,9 @@ class SimulatedHost(FakeHost):
         time.sleep(self.round_trip)
         if op == "restart":
             time.sleep(self.restart_seconds)
+        if op == "wait_drained":  # idle at once: the wait is the settle time
+            time.sleep(float(args["settle"]))
+            return {"seconds": float(args["settle"]), "polls": 2, "answered": True}
         return super().answer(op, args)
 
 

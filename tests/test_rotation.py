@@ -156,3 +156,58 @@ def test_a_host_left_out_of_rotation_halts_the_run() -> None:
     assert halt_on_out_of_rotation({"a": outcomes["a"]}) is None
     assert HostOutcome("a", Outcome.APPLIED).to_json().get("rotation") is None
     assert outcomes["b"].to_json()["rotation"] == "out-of-rotation"
+
+
+def test_every_host_of_the_inventory_behind_a_router_is_one_of_its_peers() -> None:
+    hosts = _hosts(3)
+    expected = ("http://w0:1", "http://w1:1", "http://w2:1")
+    assert all(h.router is not None and h.router.peers == expected for h in hosts)
+
+
+def test_a_worker_outside_the_run_that_the_router_no_longer_lists_counts_as_unavailable() -> None:
+    """Only h0 is in the run; w2 (the inventory's) was removed from the router by hand."""
+    (canary, *_) = _hosts(3)
+    listed = [RouterWorker("id0", "http://w0:1", True), RouterWorker("id1", "http://w1:1", True)]
+    with pytest.raises(RouterRefused, match=r"1 already unavailable: http://w2:1\)"):
+        drain_room("http://r:1", listed, [canary], _book(BatchSize(count=1)), refuse=True)
+    assert drain_room("http://r:1", listed, [canary], _book(BatchSize(count=2)), refuse=True) == 1
+
+
+def test_a_worker_outside_the_run_that_the_router_lists_unhealthy_counts_as_unavailable() -> None:
+    (canary, *_) = _hosts(3)
+    listed = [
+        RouterWorker("id0", "http://w0:1", True),
+        RouterWorker("id1", "http://w1:1", True),
+        RouterWorker("id2", "http://w2:1", False),
+    ]
+    with pytest.raises(RouterRefused, match="1 already unavailable"):
+        drain_room("http://r:1", listed, [canary], _book(BatchSize(count=1)), refuse=True)
+
+
+def test_one_server_listed_twice_is_one_healthy_worker() -> None:
+    """Two registrations of one URL are one server: never counted as two healthy workers, so
+    the drain of the other one is refused (it would leave the router none but that server)."""
+    hosts = _hosts(2)
+    listed = [
+        RouterWorker("id0", "http://w0:1", True),
+        RouterWorker("id0b", "http://w0:1", True),
+        RouterWorker("id1", "http://w1:1", False),
+    ]
+    with pytest.raises(RouterRefused, match="has 1 healthy of 2 workers"):
+        drain_room("http://r:1", listed, hosts, _book(BatchSize(percent=Decimal(100))), refuse=True)
+
+
+def test_a_run_of_workers_the_router_already_cannot_use_needs_no_room() -> None:
+    """h2 is down (the host an incident patches) and max_unavailable = 1 is spent on it: its
+    drain takes nothing from the router, so it goes ahead; h0 with it would not."""
+    hosts = _hosts(3)
+    listed = [
+        RouterWorker("id0", "http://w0:1", True),
+        RouterWorker("id1", "http://w1:1", True),
+        RouterWorker("id2", "http://w2:1", False),
+    ]
+    assert drain_room("http://r:1", listed, [hosts[2]], _book(BatchSize(count=1)), refuse=True) == 0
+    with pytest.raises(RouterRefused, match="1 already unavailable: http://w2:1"):
+        drain_room(
+            "http://r:1", listed, [hosts[0], hosts[2]], _book(BatchSize(count=1)), refuse=True
+        )

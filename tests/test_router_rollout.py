@@ -4,9 +4,10 @@ dropped request): drain, prove, re-admit under steady load, and the router's fau
 One sandbox of 3 stand-in hosts behind one router is shared by the module, in the order the
 tests are written (each leaves every worker registered and healthy for the next): the harmless
 apply under load, a rollback of it on the canary under load, the smoke-rejected canary, the
-refusals (capacity, unreachable router, unknown worker URL), the keyed router, the controller
-killed while a worker was drained and its recover, the router killed mid-run, and last the same
-apply without a router (it opens the router's circuit breakers for a minute).
+refusals (capacity, then fleet_down going ahead; unreachable router, unknown worker URL), the
+keyed router, the controller killed while a worker was drained and its recover, a proven host
+found out of rotation and re-admitted by recover after a smoke decode, the router killed
+mid-run, and last the same apply without a router (it opens the router's circuit breakers).
 """
 
 from __future__ import annotations
@@ -198,36 +199,59 @@ def test_a_smoke_rejected_canary_is_drained_restored_and_readmitted_with_no_fail
     assert all_in_rotation(fleet)
 
 
-def test_a_drain_that_would_leave_the_router_no_healthy_worker_is_refused_and_changes_nothing(
+def remove_by_hand(fleet: SandboxFleet, worker: str) -> None:
+    url = router_url(fleet)
+    worker_id = router_workers(fleet)[worker]["id"]
+    urllib.request.urlopen(
+        urllib.request.Request(f"{url}/workers/{worker_id}", method="DELETE"), timeout=5
+    ).read()
+    assert wait_until(lambda: worker not in router_workers(fleet), 10)
+
+
+def test_workers_the_router_cannot_use_count_and_only_fleet_down_drains_its_last_healthy_one(
     fleet: SandboxFleet,
 ) -> None:
+    """Only the canary is in each run. One other worker removed by hand (the inventory's, not
+    the run's) already is the one max_unavailable = 1 allows: refused. Both removed: draining
+    the canary would leave the router none: refused, unless the playbook says fleet_down."""
     harmless(fleet, "harmless-two")
     url = router_url(fleet)
+    canary = fleet.names[0]
+    only = f"sandbox:{canary}"
     others = [fleet.hosts[n].engine.url for n in fleet.names[1:]]
-    workers = router_workers(fleet)
-    for worker in others:
-        request = urllib.request.Request(f"{url}/workers/{workers[worker]['id']}", method="DELETE")
-        urllib.request.urlopen(request, timeout=5).read()
+    before = fleet.sha(canary)
     try:
-        assert wait_until(lambda: not set(others) & set(router_workers(fleet)), 10)
-        book = fleet.write_playbook("wide", '[rotation]\nmax_unavailable = "all"\n')
-        before = fleet.sha(fleet.names[0])
+        remove_by_hand(fleet, others[1])
+        one_out = fleet.opspatch("apply", "harmless-two", "--hosts", only, "--yes")
+        assert one_out.code == 2, one_out.stdout + one_out.stderr
+        assert f"1 already unavailable: {others[1]}" in one_out.stderr, one_out.stderr
+        assert "nothing was changed" in one_out.stderr and fleet.sha(canary) == before
+
+        remove_by_hand(fleet, others[0])
+        wide = fleet.write_playbook("wide", '[rotation]\nmax_unavailable = "all"\n')
         run = fleet.opspatch(
-            "apply",
-            "harmless-two",
-            "--hosts",
-            f"sandbox:{fleet.names[0]}",
-            "--yes",
-            "--playbook",
-            str(book),
+            "apply", "harmless-two", "--hosts", only, "--yes", "--playbook", str(wide)
         )
         assert run.code == 2, run.stdout + run.stderr
         assert "would leave it no healthy worker" in run.stderr
         assert "nothing was changed" in run.stderr
-        assert fleet.sha(fleet.names[0]) == before
-        assert fleet.hosts[fleet.names[0]].engine.url in router_workers(fleet)
+        assert fleet.sha(canary) == before
+        assert fleet.hosts[canary].engine.url in router_workers(fleet)
+
+        down = fleet.write_playbook(
+            "down", '[rotation]\nmax_unavailable = "all"\nfleet_down = true\n'
+        )
+        run = fleet.opspatch(
+            "apply", "harmless-two", "--hosts", only, "--yes", "--json", "--playbook", str(down)
+        )
+        assert run.code == 0, run.stdout + run.stderr
+        (host,) = run.json()["hosts"]
+        assert host["outcome"] == "applied" and host["rotation"] == "in-rotation", host
+        assert fleet.sha(canary) != before
     finally:
         for worker in others:
+            if worker in router_workers(fleet):
+                continue
             body = json.dumps({"url": worker}).encode()
             request = urllib.request.Request(
                 f"{url}/workers",
@@ -344,6 +368,24 @@ def test_recover_after_a_controller_killed_while_a_worker_was_drained_readmits_i
     hosts = {h["host"]: h for h in run.json()["hosts"]}
     assert hosts[canary]["rotation"] == "in-rotation", hosts[canary]
     assert ("admit", "ok") in steps_of(hosts[canary])
+    assert all_in_rotation(fleet)
+
+
+def test_recover_readmits_a_proven_host_found_out_of_rotation_only_after_its_smoke_decode(
+    fleet: SandboxFleet,
+) -> None:
+    """The canary's newest change is proven and its server started after it was written: the
+    leave-alone path. Found out of rotation, it is smoke-decoded before the router gets it back
+    (and not restarted)."""
+    canary = fleet.names[0]
+    remove_by_hand(fleet, fleet.hosts[canary].engine.url)
+    run = fleet.opspatch("recover", "--hosts", f"sandbox:{canary}", "--yes", "--json")
+    assert run.code == 0, run.stdout + run.stderr
+    (host,) = run.json()["hosts"]
+    assert host["outcome"] == "applied" and "left alone" in host["note"], host
+    assert host["rotation"] == "in-rotation", host
+    done = [s for s, status in steps_of(host) if status == "ok"]
+    assert "restart" not in done and done[-2:] == ["smoke", "admit"], done
     assert all_in_rotation(fleet)
 
 

@@ -47,8 +47,9 @@ require_spec_verify = true  # a host running speculative decoding must report sp
 
 [rotation]                # hosts whose inventory names a `router`
 max_unavailable = 1       # workers of one router out of rotation at once: a count or "25%" of
-                          # the router's workers (rounded up); a worker the router already
-                          # cannot use counts as unavailable
+                          # the router's workers (rounded up: those it lists and every one the
+                          # inventory puts behind it); a worker it already cannot use (not
+                          # listed, or unhealthy), in the run or not, counts as unavailable
 fleet_down = false        # true: the fleet is already down (the incident playbook), so a drain
                           # may leave a router with no healthy worker; false refuses that run
 

@@ -117,12 +117,15 @@ class RouterSettings:
     `worker_url` is the engine as the router knows it (the router compares URLs as exact
     strings), by default the engine URL in its canonical form (`canonical_url`). `admin_key_env`
     names the environment variable *on the controller* that holds the control plane's admin key;
-    the key itself is never part of the model (nor of any file).
+    the key itself is never part of the model (nor of any file). `peers`: every worker URL the
+    inventory puts behind this router, this host's included, so a worker that a run does not
+    touch and the router no longer lists still counts against the router's capacity.
     """
 
     url: str
     worker_url: str
     admin_key_env: str | None = None
+    peers: tuple[str, ...] = ()
 
     def describe(self) -> str:
         key = f" (${self.admin_key_env})" if self.admin_key_env else ""

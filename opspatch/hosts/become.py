@@ -43,7 +43,9 @@ from opspatch.hosts.transport.base import Command, CommandResult
 RAISED_OPERATIONS = frozenset({"lock", "unlock", "swap", "restore", "restart"})
 """Agent operations that change the host: raised when the host's inventory says `become`."""
 
-LOGIN_OPERATIONS = frozenset({"facts", "resolve", "read", "inspect", "wait_ready", "smoke"})
+LOGIN_OPERATIONS = frozenset(
+    {"facts", "resolve", "read", "inspect", "wait_ready", "wait_drained", "smoke"}
+)
 """Read-only operations: run as the login user, and asked again raised only when the login user
 is not allowed to read what they need (a file or log readable by its owner alone)."""
 

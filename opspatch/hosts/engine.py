@@ -1,7 +1,7 @@
 """The engine on a host: restart it, wait until it is ready, prove it decodes.
 
 Each step is one exec of the host agent (`opspatch.hosts.agent`: `restart`, `wait_ready`,
-`smoke`), run ON the host because SGLang servers usually listen on the host's loopback only. The
+`wait_drained`, `smoke`), run ON the host because SGLang servers usually listen on the host's loopback only. The
 controller side here only builds the arguments from the inventory and the playbook and turns
 replies into values:
 
@@ -56,6 +56,21 @@ class RestartResult(JsonRecord):
 class Readiness(JsonRecord):
     seconds: float
     polls: int
+
+
+@dataclass(frozen=True)
+class Drained(JsonRecord):
+    """A drained engine: how long until it read idle, in how many reads of `/v1/loads`, and
+    whether it answered at all (a server that does not answer runs nothing)."""
+
+    seconds: float
+    polls: int
+    answered: bool
+
+    def describe(self) -> str:
+        if not self.answered:
+            return "its server does not answer: nothing runs there"
+        return f"idle after {self.seconds:.1f}s ({self.polls} reads of /v1/loads on the host)"
 
 
 @dataclass(frozen=True)
@@ -241,6 +256,21 @@ class EngineControl:
         }
         data = self._call("wait_ready", args, timeout=timeout, step=step)
         return read_reply(Readiness, data, host=self.host.name, step=step)
+
+    def wait_drained(
+        self, *, settle: float, poll: float, step: str = "drain", timeout: float | None = None
+    ) -> Drained:
+        """Wait on the host until the engine reports nothing running or waiting for `settle`
+        seconds (its `GET /v1/loads`, read every `poll` seconds), within `timeout` (default: the
+        playbook's `drain`).
+
+        Raises:
+            EngineError: it still had requests at the deadline, or answered no load report.
+        """
+        timeout = float(self.playbook.timeouts.drain if timeout is None else timeout)
+        args = {"url": self.host.engine.url, "timeout": timeout, "settle": settle, "poll": poll}
+        data = self._call("wait_drained", args, timeout=timeout, step=step)
+        return read_reply(Drained, data, host=self.host.name, step=step)
 
     def smoke(
         self,

@@ -1,10 +1,10 @@
-"""The router's HTTP control plane (sglang-router 0.3.2, "SGLang Model Gateway") and the one
-thing opspatch reads on a worker to see it drained (`GET /v1/loads`), as typed calls.
+"""The router's HTTP control plane (sglang-router 0.3.2, "SGLang Model Gateway"), as typed calls.
 
 The router adds workers asynchronously (`POST /workers` answers 202 with a job; the worker is
 listed by `GET /workers` once registered) and removes them by id (`DELETE /workers/UUID`); URLs
 compare as exact strings, so every URL sent is the inventory's canonical one. Once removed, a
-worker's in-flight requests are invisible to the router: "drained" is read on the worker itself.
+worker's in-flight requests are invisible to the router: "drained" is read on the worker itself,
+on its host (the agent's `wait_drained`, beside the readiness poll and the smoke decode).
 See ../shared/docs/sglang.md for what the binary was seen to do.
 """
 
@@ -31,18 +31,6 @@ class RouterWorker:
     id: str
     url: str
     healthy: bool
-
-
-@dataclass(frozen=True)
-class WorkerLoad:
-    """What a worker reports running and waiting, summed over its data-parallel ranks."""
-
-    running: int
-    waiting: int
-
-    @property
-    def idle(self) -> bool:
-        return self.running == 0 and self.waiting == 0
 
 
 class RouterClient:
@@ -125,30 +113,3 @@ class RouterClient:
             return json.loads(raw) if raw.strip() else {}
         except ValueError:
             raise RouterError(f"{where} answered text that is not JSON: {raw[:200]!r}") from None
-
-
-def worker_load(worker_url: str, *, timeout: float = ROUTER_CALL_TIMEOUT) -> WorkerLoad | None:
-    """The worker's own `GET /v1/loads` (SGLang 0.5.23: one entry per data-parallel rank),
-    summed; None when the worker does not answer at all (no server: nothing runs there).
-
-    Raises:
-        RouterError: the worker answered something that is not a load report.
-    """
-    request = urllib.request.Request(worker_url + "/v1/loads", method="GET")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - the inventory's worker URL
-            raw = response.read()
-    except urllib.error.HTTPError as exc:
-        raise RouterError(f"worker {worker_url}: GET /v1/loads answered {exc.code}") from None
-    except (urllib.error.URLError, http.client.HTTPException, OSError):
-        return None
-    try:
-        loads = json.loads(raw)["loads"]
-        return WorkerLoad(
-            running=sum(int(rank["num_running_reqs"]) for rank in loads),
-            waiting=sum(int(rank["num_waiting_reqs"]) for rank in loads),
-        )
-    except (ValueError, KeyError, TypeError):
-        raise RouterError(
-            f"worker {worker_url}: GET /v1/loads is not SGLang's load report: {raw[:200]!r}"
-        ) from None

@@ -33,6 +33,7 @@ from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Outcome, SetState
 from opspatch.errors import OpspatchError, RemoteOperationError
+from opspatch.hosts.engine import RestartResult
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.lineage import (
     AtPostImage,
@@ -49,7 +50,6 @@ from opspatch.runs.patchset import Member, SetOnHost, paths_of, read_live
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.recorder import Recorder
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
-from opspatch.runs.rotation import admit_step
 from opspatch.runs.session import (
     HostFailed,
     HostSession,
@@ -58,6 +58,7 @@ from opspatch.runs.session import (
     describe_error,
 )
 from opspatch.runs.steps import (
+    readmit,
     ready_step,
     restart_step,
     restore_pre_image,
@@ -81,11 +82,13 @@ def restore_recorded(session: HostSession, version: FileVersion) -> FileChange:
 
 def ensure_running(session: HostSession) -> str:
     """Make sure the server answers /health: wait for it, restart it if it does not come.
-    Behind a router, a worker that a crashed run left drained is re-admitted once it answers."""
+    Behind a router, a worker that a crashed run left drained is re-admitted only once it is
+    ready and its smoke decode passes (`readmit`); otherwise it stays out, and the answer (and
+    the host's outcome) says why."""
+    restart: RestartResult | None = None
     try:
         ready_step(session, None, step="ready")
-        admit_step(session)
-        return "already running"
+        how = "already running"
     except HostFailed:
         restart = restart_step(session, step="restart")
         ready_step(
@@ -94,8 +97,9 @@ def ensure_running(session: HostSession) -> str:
             step="ready-after-restart",
             timeout=session.playbook.timeouts.restore_ready,
         )
-        admit_step(session)
-        return "restarted"
+        how = "restarted"
+    readmit(session, restart)
+    return how
 
 
 def halt_on_attention_or_not_serving(outcomes: Mapping[str, HostOutcome]) -> str | None:

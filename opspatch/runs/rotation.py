@@ -26,7 +26,7 @@ from opspatch.core.policy import Playbook
 from opspatch.core.vocabulary import Outcome
 from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.errors import OpspatchError, RouterError, RouterRefused
-from opspatch.hosts.router import RouterClient, RouterWorker, worker_load
+from opspatch.hosts.router import RouterClient, RouterWorker
 from opspatch.runs.report import HostOutcome
 from opspatch.runs.session import HostFailed, HostSession, describe_error
 
@@ -54,13 +54,17 @@ class RouterGate:
 class HostRotation:
     """One host's place behind its router during a run: drained, admitted, or neither yet."""
 
-    def __init__(self, gate: RouterGate, worker_url: str, *, registered: bool) -> None:
+    def __init__(self, gate: RouterGate, worker_url: str, *, usable: bool) -> None:
         self.gate = gate
         self.worker_url = worker_url
         self.drained = False
         self.admitted = False
-        self.registered_at_start = registered
+        self.usable_at_start = usable
+        """Listed healthy by its router when the run began; one that was not is already
+        counted unavailable (`drain_room`), so its drain takes no room and its admit adds some."""
         self._holding = False
+        self.why_out: str | None = None
+        """Why it was not put back (a failed admit, a smoke that failed before one), for the note."""
 
     @property
     def router_url(self) -> str:
@@ -68,9 +72,9 @@ class HostRotation:
 
     @property
     def out(self) -> bool:
-        """Whether the router sends this worker nothing now (drained or found unregistered, and
-        not admitted since)."""
-        return (self.drained or not self.registered_at_start) and not self.admitted
+        """Whether the router sends this worker nothing now (drained, or found unregistered or
+        unhealthy, and not admitted since)."""
+        return (self.drained or not self.usable_at_start) and not self.admitted
 
     @property
     def word(self) -> RotationWord:
@@ -94,13 +98,14 @@ class HostRotation:
     def give_permit(self) -> None:
         """Back in rotation: the room it took is free again; a worker that was out before the
         run began adds room (the router has one more healthy worker)."""
-        if self._holding or not self.registered_at_start:
+        if self._holding or not self.usable_at_start:
             self._holding = False
             self.gate.permits.release()
 
     def out_note(self, host: str) -> str:
+        why = f" ({self.why_out})" if self.why_out else ""
         return (
-            f"out of rotation: router {self.router_url} sends {self.worker_url} nothing; "
+            f"out of rotation: router {self.router_url} sends {self.worker_url} nothing{why}; "
             f"`opspatch recover --hosts {host}` re-admits it once its server is proven"
         )
 
@@ -166,10 +171,11 @@ class Rotation:
             # it must drain as well waits for room (one re-admitted gives one back)
             capacity = drain_room(url, listed, routed, playbook, refuse=not allow_unregistered)
             gate = RouterGate(client, threading.Semaphore(capacity), capacity)
+            usable = usable_workers(listed)
             for host in routed:
                 assert host.router is not None
                 rotations[host.name] = HostRotation(
-                    gate, host.router.worker_url, registered=host.router.worker_url in urls
+                    gate, host.router.worker_url, usable=host.router.worker_url in usable
                 )
         return cls(rotations)
 
@@ -190,6 +196,11 @@ def _admin_key(router: RouterSettings, env: Mapping[str, str]) -> str | None:
     return key
 
 
+def usable_workers(listed: Sequence[RouterWorker]) -> frozenset[str]:
+    """The worker URLs the router can send requests to now: listed and healthy."""
+    return frozenset(w.url for w in listed if w.healthy)
+
+
 def drain_room(
     url: str,
     listed: Sequence[RouterWorker],
@@ -199,32 +210,50 @@ def drain_room(
     refuse: bool,
 ) -> int:
     """How many more of this run's workers may leave rotation at once behind router `url`
-    (0 or less, without `refuse`: none until one comes back)."""
+    (0 or less, without `refuse`: none until one comes back).
+
+    The router's workers are those it lists, this run's and every other the inventory puts
+    behind it (`RouterSettings.peers`); each one it cannot use now (not listed, or listed
+    unhealthy), in this run or not, is already unavailable, so it counts against
+    `max_unavailable` and is never the healthy worker left. Draining one of those costs no room
+    (`HostRotation.take_permit` is skipped for it).
+
+    Raises:
+        RouterRefused: with `refuse`, no room for a worker of the run the router can use now
+            (and the playbook does not say `fleet_down`).
+    """
     rotation = playbook.rotation
-    workers = {w.url for w in listed} | {h.router.worker_url for h in routed if h.router}
-    healthy = sum(1 for w in listed if w.healthy)
-    unavailable = len(workers) - healthy
+    workers = {w.url for w in listed}
+    for host in routed:
+        if host.router is not None:
+            workers |= {host.router.worker_url, *host.router.peers}
+    usable = usable_workers(listed)
+    unavailable = len(workers - usable)
     allowed = rotation.max_unavailable.hosts_per_batch(len(workers))
-    room = min(allowed - unavailable, healthy - 1)
+    room = min(allowed - unavailable, len(usable) - 1)
     if rotation.fleet_down:
         return max(1, allowed - unavailable)
-    if room < 1 and not refuse:
+    if room >= 1:
+        return room
+    # a run whose workers here are all out already takes nothing from the router (the broken
+    # host an incident patches): no room is needed, and each one back adds some
+    takes_room = any(h.router is not None and h.router.worker_url in usable for h in routed)
+    if not refuse or not takes_room:
         return 0
-    if room < 1:
-        raise RouterRefused(
-            f"router {url} has {healthy} healthy of {len(workers)} workers: draining one "
-            + (
-                "would leave it no healthy worker"
-                if healthy <= 1
-                else f"would take more than max_unavailable = {rotation.max_unavailable} "
-                f"out of rotation ({unavailable} already unavailable)"
-            )
-            + "; nothing was changed",
-            hint="raise [rotation] max_unavailable in the playbook, bring the unhealthy workers "
-            "back, or, if the fleet is already down, use a playbook with fleet_down = true "
-            "(--playbook incident)",
+    raise RouterRefused(
+        f"router {url} has {len(usable)} healthy of {len(workers)} workers: draining one "
+        + (
+            "would leave it no healthy worker"
+            if len(usable) <= 1
+            else f"would take more than max_unavailable = {rotation.max_unavailable} "
+            f"out of rotation ({unavailable} already unavailable: "
+            f"{', '.join(sorted(workers - usable))})"
         )
-    return room
+        + "; nothing was changed",
+        hint="raise [rotation] max_unavailable in the playbook, bring the unhealthy workers "
+        "back, or, if the fleet is already down, use a playbook with fleet_down = true "
+        "(--playbook incident)",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,7 +279,7 @@ def drain_step(session: HostSession) -> None:
             # a worker already out of rotation at the start takes no more room
             waited = (
                 rotation.take_permit(t.drain + t.restart + t.ready + t.smoke + t.admit)
-                if rotation.registered_at_start
+                if rotation.usable_at_start
                 else 0.0
             )
             client = rotation.gate.client
@@ -258,7 +287,10 @@ def drain_step(session: HostSession) -> None:
             for worker in removed:
                 client.remove(worker.id)
             _wait_unlisted(client, rotation.worker_url, timeouts.admit)
-            idle = _wait_idle(rotation.worker_url, timeouts.drain)
+            # on the host, at the engine URL its readiness and smoke use (docs/architecture.md)
+            idle = session.engine.wait_drained(
+                settle=DRAIN_SETTLE_SECONDS, poll=DRAIN_POLL_SECONDS
+            ).describe()
             how = (
                 f"removed from router {client.url}"
                 if removed
@@ -295,8 +327,8 @@ def admit_step(session: HostSession) -> None:
                 f"router {client.url} lists {rotation.worker_url} healthy after {seconds:.1f}s "
                 "(proven by the smoke decode sent to it directly)"
             )
-    except OpspatchError:
-        return
+    except OpspatchError as exc:
+        rotation.why_out = f"its admit failed: {describe_error(exc)}"
     finally:
         if rotation.admitted:
             rotation.give_permit()
@@ -358,33 +390,6 @@ def _wait_unlisted(client: RouterClient, worker_url: str, timeout: float) -> Non
         time.sleep(ADMIT_POLL_SECONDS)
 
 
-def _wait_idle(worker_url: str, timeout: float) -> str:
-    """Wait until the worker reads idle for `DRAIN_SETTLE_SECONDS`; says what was seen."""
-    started = time.monotonic()
-    idle_since: float | None = None
-    polls = 0
-    last = None
-    while True:
-        polls += 1
-        load = worker_load(worker_url)
-        now = time.monotonic()
-        if load is None:
-            return "its server does not answer: nothing runs there"
-        last = load
-        if load.idle:
-            idle_since = idle_since if idle_since is not None else now
-            if now - idle_since >= DRAIN_SETTLE_SECONDS:
-                return f"idle after {now - started:.1f}s ({polls} reads of /v1/loads)"
-        else:
-            idle_since = None
-        if now - started > timeout:
-            raise RouterError(
-                f"worker {worker_url} still had {last.running} running and {last.waiting} "
-                f"waiting after {timeout:.0f}s (timeouts.drain)"
-            )
-        time.sleep(DRAIN_POLL_SECONDS)
-
-
 def _register(client: RouterClient, worker_url: str, timeout: float) -> float:
     """Add the worker and wait until the router lists it healthy; seconds taken. A router that
     does not answer for a moment is asked again until `timeout` (one lost reply must not leave
@@ -396,9 +401,14 @@ def _register(client: RouterClient, worker_url: str, timeout: float) -> float:
     while True:
         failure = None
         try:
-            if any(w.url == worker_url and w.healthy for w in client.workers()):
+            mine = [w for w in client.workers() if w.url == worker_url]
+            if any(w.healthy for w in mine):
                 return time.monotonic() - started
             if worker_id is None:
+                # listed unhealthy: registered afresh (a new health check and circuit breaker)
+                # rather than waiting on the router's checker; two of one URL would be two workers
+                for stale in mine:
+                    client.remove(stale.id)
                 worker_id = client.add(worker_url)
             failure = client.job_failure(worker_id)
         except RouterError as exc:

@@ -192,6 +192,23 @@ def smoke_step(
         raise HostFailed(Outcome.FAILED, f"{step}: {describe_error(exc)}") from exc
 
 
+def readmit(session: HostSession, restart: RestartResult | None) -> None:
+    """Put a host that is out of rotation (a crashed run left it drained) back once its
+    answering server passes the same proof as every change: the smoke decode, as the host's
+    last step, which admits it when it passes (`smoke_step`). Otherwise it stays out, and its
+    outcome's note says why (`HostRotation.out_note`). No router, or in rotation: nothing."""
+    rotation = session.rotation
+    if rotation is None or not rotation.out:
+        return
+    try:
+        smoke = smoke_step(session, restart, baseline=None, must_pass=False, last=True)
+    except HostFailed as failure:
+        rotation.why_out = f"no smoke decode before its re-admission: {failure.error}"
+        return
+    if not smoke.ok:
+        rotation.why_out = f"the smoke decode before its re-admission failed: {smoke.summary()}"
+
+
 def smoke_after_restore(
     session: HostSession, restart: RestartResult, *, step: str = "smoke-after-restore"
 ) -> tuple[SmokeResult | None, str | None]:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from opspatch.config.inventory.model import (
     ALL_HOSTS,
@@ -286,10 +287,12 @@ def build_inventory(written: InventoryFile, doc: SourceDocument, name: str) -> I
         merged[host_name] = merge_layers(
             [defaults, *(group_layers[g] for g in ordered), layer_from_table(table, base_dir)]
         )
-    hosts = [
-        _host(host_name, written, merged, host_groups[host_name], doc, name)
-        for host_name in written.hosts
-    ]
+    hosts = _with_router_peers(
+        [
+            _host(host_name, written, merged, host_groups[host_name], doc, name)
+            for host_name in written.hosts
+        ]
+    )
     order = {h: i for i, h in enumerate(written.hosts)}
     groups: dict[str, Group] = {}
     for group_name, group in written.groups.items():
@@ -383,6 +386,20 @@ def _router(
         worker_url=canonical_url(layer.worker_url or engine_url),
         admin_key_env=layer.admin_key_env,
     )
+
+
+def _with_router_peers(hosts: Sequence[Host]) -> list[Host]:
+    """Each host's router with every worker URL this inventory puts behind it (`peers`)."""
+    peers: dict[str, list[str]] = {}
+    for host in hosts:
+        if host.router is not None and host.router.worker_url not in peers.get(host.router.url, []):
+            peers.setdefault(host.router.url, []).append(host.router.worker_url)
+    return [
+        replace(host, router=replace(host.router, peers=tuple(peers[host.router.url])))
+        if host.router is not None
+        else host
+        for host in hosts
+    ]
 
 
 def _check_container(

@@ -16,7 +16,7 @@ One concern per module:
 - `locks`: the per-host lock; `files`: read, swap, restore, backups, bytecode, compile check;
 - `processes`: /proc, finding and stopping process trees; `restarts`: the restart strategies;
 - `facts`: facts (driver, metadata), resolve, inspect (with the running server);
-- `engine`: readiness and the smoke decode;
+- `engine`: readiness, the drain wait (`/v1/loads`) and the smoke decode;
 - `provenance`: where a module's code comes from (other copies, git checkout, bytecode);
 - `diagnose`: one host's incident facts in one exec (`opspatch diagnose`, `lint-init --hosts`);
 - `dispatch`: `main`, the one reply line.

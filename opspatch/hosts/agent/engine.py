@@ -1,5 +1,5 @@
-"""The running engine: readiness and the smoke decode, checked on the host itself (SGLang servers
-usually listen on the host's loopback only).
+"""The running engine: readiness, the drain wait and the smoke decode, checked on the host
+itself (SGLang servers usually listen on the host's loopback only).
 
 The checks that decide (a /generate reply, a log scan) are pure functions in
 `opspatch.hosts.agent.checks`, shared with the tests.
@@ -192,6 +192,69 @@ def op_wait_ready(args: Args) -> Result:
                 evidence,
             )
         time.sleep(READY_POLL_SECONDS)
+
+
+def summed_loads(raw: bytes) -> tuple[int, int] | None:
+    """(running, waiting) summed over the data-parallel ranks of SGLang's `GET /v1/loads`
+    (0.5.23: `{"loads": [{"num_running_reqs", "num_waiting_reqs", ...}, ...]}`), or None when
+    `raw` is not that report."""
+    try:
+        loads = json.loads(raw)["loads"]
+        return (
+            sum(int(rank["num_running_reqs"]) for rank in loads),
+            sum(int(rank["num_waiting_reqs"]) for rank in loads),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+@operation("wait_drained")
+def op_wait_drained(args: Args) -> Result:
+    """Wait until the engine at `url` reports nothing running or waiting (`GET /v1/loads`) for
+    `settle` seconds in a row, reading it every `poll` seconds, within `timeout`: a request the
+    router sent just before the worker's removal may still be on its way into the queue. Read on
+    the host, at the engine URL the readiness poll and the smoke decode use. A server that does
+    not answer at all runs nothing: drained (`answered` false).
+    """
+    url = str(args["url"]).rstrip("/")
+    timeout = float(args["timeout"])
+    settle = float(args["settle"])
+    poll = float(args["poll"])
+    started = time.monotonic()
+    idle_since: float | None = None
+    polls = 0
+    running = waiting = 0
+    while True:
+        polls += 1
+        try:
+            status, raw = _http("GET", url + "/v1/loads", None, timeout=min(10.0, timeout))
+        except NoAnswer:
+            return {
+                "seconds": round(time.monotonic() - started, 3),
+                "polls": polls,
+                "answered": False,
+            }
+        counts = summed_loads(raw) if status == 200 else None
+        if counts is None:
+            raise OpFailure(
+                "bad-load-report",
+                f"GET {url}/v1/loads answered {status}, not SGLang's load report: {raw[:200]!r}",
+            )
+        running, waiting = counts
+        now = time.monotonic()
+        if running == 0 and waiting == 0:
+            idle_since = now if idle_since is None else idle_since
+            if now - idle_since >= settle:
+                return {"seconds": round(now - started, 3), "polls": polls, "answered": True}
+        else:
+            idle_since = None
+        if now - started > timeout:
+            raise OpFailure(
+                "not-drained",
+                f"the engine at {url} still had {running} running and {waiting} waiting after "
+                f"{timeout:.0f}s (timeouts.drain)",
+            )
+        time.sleep(poll)
 
 
 @operation("smoke")

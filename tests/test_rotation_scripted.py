@@ -1,0 +1,432 @@
+"""Drain and admit on scripted hosts behind a small in-process router (its `/workers` control
+plane as sglang-router 0.3.2 answers it): the rare paths the real router makes slow or hard to
+reach (an admit that never turns healthy, a re-admission whose smoke fails, workers the router
+cannot use at the start). The behaviour against the real binary is in test_router_rollout.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opspatch.config.patches import load_patch
+from opspatch.core.host import Host, RouterSettings
+from opspatch.core.policy import BatchSize, Playbook, RotationSettings, StepTimeouts
+from opspatch.core.vocabulary import Rotation as RotationWord
+from opspatch.errors import RouterRefused
+from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
+from opspatch.ledger.store import Ledger
+from opspatch.runs.apply import apply_to_hosts
+from opspatch.runs.recover import recover_hosts
+from opspatch.runs.rotation import Rotation, rotation_of
+from tests.test_runs_scripted import REPO, STANDIN, FakeHost, sha
+
+
+@dataclass
+class RouterState:
+    """What the fake router holds: registered workers by URL (id, healthy), whether a worker
+    it is asked to add turns healthy, and every control-plane call in order."""
+
+    workers: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    adds_turn_healthy: bool = True
+    down: bool = False  # every call answered 503, as a dying router's port might
+    calls: list[str] = field(default_factory=list)
+    next_id: int = 0
+
+
+class FakeRouter(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.state = RouterState()
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeRouter
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+    def _send(self, status: int, body: Any) -> None:
+        if self.server.state.down:
+            status, body = 503, {"error": "the router is gone"}
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        state = self.server.state
+        with self.server.lock:
+            state.calls.append(f"GET {self.path}")
+            listed = [{"id": i, "url": u, "is_healthy": ok} for u, (i, ok) in state.workers.items()]
+        if self.path == "/workers":
+            self._send(200, {"workers": listed, "total": len(listed)})
+        else:
+            self._send(200, {"job_status": {"status": "processing"}})
+
+    def do_POST(self) -> None:
+        state = self.server.state
+        url = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["url"]
+        with self.server.lock:
+            state.calls.append(f"POST /workers {url}")
+            state.next_id += 1
+            worker_id = f"id-{state.next_id}"
+            state.workers[url] = (worker_id, state.adds_turn_healthy)
+        self._send(202, {"worker_id": worker_id})
+
+    def do_DELETE(self) -> None:
+        state = self.server.state
+        with self.server.lock:
+            state.calls.append(f"DELETE {self.path}")
+            gone = [u for u, (i, _) in state.workers.items() if self.path.endswith(i)]
+            for url in gone:
+                del state.workers[url]
+        self._send(202, {"status": "accepted"})
+
+
+@pytest.fixture(scope="module")
+def router() -> Iterator[FakeRouter]:
+    server = FakeRouter()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+
+
+def worker_url(name: str) -> str:
+    """The worker as the router knows it: not the engine URL the host itself uses."""
+    return f"http://{name}.internal:30000"
+
+
+@dataclass
+class RoutedFleet:
+    router: FakeRouter
+    fakes: dict[str, FakeHost]
+    ledger: Ledger
+    drain_reads: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    router_dies_at_restart: bool = False
+
+    def hosts(self, *names: str) -> list[Host]:
+        peers = tuple(worker_url(n) for n in self.fakes)
+        return [
+            replace(
+                self.fakes[n].host(),
+                router=RouterSettings(url=self.router.url, worker_url=worker_url(n), peers=peers),
+            )
+            for n in names or self.fakes
+        ]
+
+    def factory(self, host: Host) -> ScriptedTransport:
+        fake = self.fakes[host.name]
+
+        def answer(op: str, args: dict[str, Any]) -> Any:
+            if op == "wait_drained":  # read on the host; the engine is idle
+                self.drain_reads.append((host.name, args))
+                return {"seconds": 0.5, "polls": 6, "answered": True}
+            if op == "restart" and self.router_dies_at_restart:
+                self.router.state.down = True
+            return fake.answer(op, args)
+
+        return ScriptedTransport(answer, host=host.name)
+
+    def register(self, *names: str, healthy: bool = True) -> None:
+        for name in names:
+            self.router.state.workers[worker_url(name)] = (f"start-{name}", healthy)
+
+
+@pytest.fixture
+def fleet(router: FakeRouter, tmp_path: Path) -> Iterator[RoutedFleet]:
+    router.state = RouterState()
+    fakes = {}
+    for index in range(3):
+        fake = FakeHost(f"h{index + 1}", tmp_path / f"h{index + 1}")
+        fake.file.parent.mkdir(parents=True)
+        fake.file.write_bytes((STANDIN / "eagle_worker_v2.py").read_bytes())
+        fakes[fake.name] = fake
+    with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
+        yield RoutedFleet(router, fakes, ledger)
+
+
+PATCH = load_patch(REPO / "patches" / "eagle-init-guard.toml")
+
+
+ONE = BatchSize(count=1)
+
+
+def book(
+    max_unavailable: BatchSize = ONE, *, fleet_down: bool = False, admit: float = 5
+) -> Playbook:
+    return Playbook(
+        canary=1,
+        batch=BatchSize(percent=Decimal(100)),
+        max_failures=1,
+        timeouts=replace(StepTimeouts(), admit=admit),
+        rotation=RotationSettings(max_unavailable, fleet_down),
+    )
+
+
+def steps_of(outcome: Any) -> list[tuple[str, str]]:
+    return [(s.step, str(s.status)) for s in outcome.steps]
+
+
+def test_the_drain_is_read_on_the_host_at_the_engine_url_its_smoke_uses(
+    fleet: RoutedFleet,
+) -> None:
+    fleet.register("h1", "h2", "h3")
+    report = apply_to_hosts(
+        PATCH, fleet.hosts("h1"), book(), factory=fleet.factory, ledger=fleet.ledger
+    )
+    (outcome,) = report.hosts
+    assert outcome.outcome == "applied" and outcome.rotation == RotationWord.IN_ROTATION
+    (read,) = fleet.drain_reads
+    host = fleet.hosts("h1")[0]
+    assert read[1]["url"] == host.engine.url != worker_url("h1")
+    drain = next(s for s in outcome.steps if s.step == "drain")
+    assert "reads of /v1/loads on the host" in (drain.detail or "")
+
+
+def test_an_admit_the_router_never_lists_healthy_leaves_the_host_out_of_rotation_and_says_so(
+    fleet: RoutedFleet,
+) -> None:
+    fleet.register("h1", "h2", "h3")
+    fleet.router.state.adds_turn_healthy = False
+    report = apply_to_hosts(
+        PATCH, fleet.hosts("h1", "h2"), book(admit=1), factory=fleet.factory, ledger=fleet.ledger
+    )
+    outcomes = {o.host: o for o in report.hosts}
+    canary = outcomes["h1"]
+    assert canary.outcome == "applied"  # the change is proven; only the admit failed
+    assert canary.rotation == RotationWord.OUT_OF_ROTATION
+    assert ("admit", "failed") in steps_of(canary)
+    note = canary.note or ""
+    assert "out of rotation" in note and "its admit failed" in note, note
+    assert f"did not list {worker_url('h1')} healthy within 1s (timeouts.admit)" in note, note
+    assert report.halted and outcomes["h2"].outcome == "skipped"
+    assert report.exit_code == 1
+
+
+def test_a_router_gone_after_the_drain_halts_the_run_and_the_next_recover_readmits_the_host(
+    fleet: RoutedFleet,
+) -> None:
+    fleet.register("h1", "h2", "h3")
+    fleet.router_dies_at_restart = True
+    report = apply_to_hosts(
+        PATCH, fleet.hosts("h1", "h2"), book(admit=1), factory=fleet.factory, ledger=fleet.ledger
+    )
+    outcomes = {o.host: o for o in report.hosts}
+    canary = outcomes["h1"]
+    assert canary.outcome == "applied" and canary.rotation == RotationWord.OUT_OF_ROTATION
+    assert "answered 503" in (canary.note or ""), canary.note
+    assert report.halted and "h1 left out of rotation" in (report.halted or "")
+    assert outcomes["h2"].outcome == "skipped"
+
+    fleet.router_dies_at_restart = False
+    fleet.router.state.down = False  # the router is back, without h1
+    assert worker_url("h1") not in fleet.router.state.workers
+    recovered = recover_hosts(
+        ledger=fleet.ledger,
+        hosts=fleet.hosts("h1"),
+        factory=fleet.factory,
+        playbook=book(),
+        patch=PATCH,
+    )
+    (outcome,) = recovered.hosts
+    assert outcome.outcome == "applied" and outcome.rotation == RotationWord.IN_ROTATION, outcome
+    done = [s for s, status in steps_of(outcome) if status == "ok"]
+    assert done[-2:] == ["smoke", "admit"], done
+    assert worker_url("h1") in fleet.router.state.workers
+
+
+def test_recover_readmits_a_drained_worker_only_after_its_smoke_decode_passes(
+    fleet: RoutedFleet,
+) -> None:
+    """A crashed run left h1 drained (the router does not list it); its engine answers /health.
+    A failed smoke keeps it out, said in the outcome and by status; a passing one admits it."""
+    fleet.register("h2", "h3")
+    fleet.fakes["h1"].smoke_ok = False
+    hosts = fleet.hosts("h1")
+    failed = recover_hosts(
+        ledger=fleet.ledger, hosts=hosts, factory=fleet.factory, playbook=book(), patch=PATCH
+    )
+    (outcome,) = failed.hosts
+    assert outcome.rotation == RotationWord.OUT_OF_ROTATION
+    assert ("smoke", "failed") in steps_of(outcome)
+    assert "admit" not in [s for s, _ in steps_of(outcome)]
+    assert "the smoke decode before its re-admission failed" in (outcome.note or ""), outcome
+    assert not any(c.startswith("POST") for c in fleet.router.state.calls)
+    said = rotation_of(hosts)["h1"]
+    assert said[0] == RotationWord.OUT_OF_ROTATION and "does not list it" in said[1]
+
+    fleet.fakes["h1"].smoke_ok = True
+    passed = recover_hosts(
+        ledger=fleet.ledger, hosts=hosts, factory=fleet.factory, playbook=book(), patch=PATCH
+    )
+    (outcome,) = passed.hosts
+    assert outcome.rotation == RotationWord.IN_ROTATION, outcome
+    done = [s for s, status in steps_of(outcome) if status == "ok"]
+    assert done[-2:] == ["smoke", "admit"], done
+    assert rotation_of(hosts)["h1"][0] == RotationWord.IN_ROTATION
+
+
+def test_without_fleet_down_draining_the_last_healthy_worker_is_refused_before_any_change(
+    fleet: RoutedFleet,
+) -> None:
+    """h2 (listed unhealthy) and h3 (the inventory's, not listed) are not part of the run and
+    the router cannot use them: h1 is its last healthy worker."""
+    fleet.register("h1")
+    fleet.register("h2", healthy=False)
+    before = sha(fleet.fakes["h1"].file.read_bytes())
+    everything = BatchSize(percent=Decimal(100))
+    with pytest.raises(RouterRefused) as refused:
+        apply_to_hosts(
+            PATCH, fleet.hosts("h1"), book(everything), factory=fleet.factory, ledger=fleet.ledger
+        )
+    assert "has 1 healthy of 3 workers" in refused.value.message
+    assert "would leave it no healthy worker" in refused.value.message
+    assert "fleet_down = true" in (refused.value.hint or "")
+    assert fleet.fakes["h1"].requests == []  # nothing was even asked of the host
+    assert sha(fleet.fakes["h1"].file.read_bytes()) == before
+
+    report = apply_to_hosts(
+        PATCH,
+        fleet.hosts("h1"),
+        book(everything, fleet_down=True),
+        factory=fleet.factory,
+        ledger=fleet.ledger,
+    )
+    (outcome,) = report.hosts
+    assert outcome.outcome == "applied" and outcome.rotation == RotationWord.IN_ROTATION
+    assert sha(fleet.fakes["h1"].file.read_bytes()) != before
+
+
+def test_a_worker_the_router_lists_unhealthy_is_already_out_and_its_drain_takes_no_room(
+    fleet: RoutedFleet,
+) -> None:
+    fleet.register("h1", "h2")
+    fleet.register("h3", healthy=False)
+    rotation = Rotation.open(fleet.hosts(), book(BatchSize(count=2)), allow_unregistered=False)
+    assert rotation is not None
+    sick, well = rotation.of("h3"), rotation.of("h1")
+    assert sick is not None and well is not None
+    # 2 allowed, 1 of 3 already unavailable: room for one more, and never the last healthy one
+    assert well.gate.capacity == 1
+    assert sick.out and not sick.usable_at_start
+    assert not well.out and well.usable_at_start
+    # max_unavailable = 1 is used up by h3 itself, yet patching h3 takes nothing more
+    report = apply_to_hosts(
+        PATCH, fleet.hosts("h3"), book(ONE), factory=fleet.factory, ledger=fleet.ledger
+    )
+    (outcome,) = report.hosts
+    assert outcome.outcome == "applied" and outcome.rotation == RotationWord.IN_ROTATION
+    assert fleet.router.state.workers[worker_url("h3")][1] is True
+
+
+def test_recover_registers_a_worker_listed_unhealthy_afresh_once_its_smoke_passes(
+    fleet: RoutedFleet,
+) -> None:
+    """Not a second registration of one server: the unhealthy entry goes, then the add."""
+    fleet.register("h1", "h2")
+    fleet.register("h3", healthy=False)
+    report = recover_hosts(
+        ledger=fleet.ledger,
+        hosts=fleet.hosts("h3"),
+        factory=fleet.factory,
+        playbook=book(),
+        patch=PATCH,
+    )
+    (outcome,) = report.hosts
+    assert outcome.rotation == RotationWord.IN_ROTATION, outcome
+    calls = [c for c in fleet.router.state.calls if not c.startswith("GET")]
+    assert calls == ["DELETE /workers/start-h3", f"POST /workers {worker_url('h3')}"], calls
+    assert fleet.router.state.workers[worker_url("h3")][1] is True
+
+
+class LoadsServer(ThreadingHTTPServer):
+    """An engine's `GET /v1/loads` as SGLang 0.5.23 answers it (two data-parallel ranks):
+    busy for the first `busy` reads, idle after; or, with `garbage`, not a load report."""
+
+    daemon_threads = True
+
+    def __init__(self, busy: int, *, garbage: bool = False) -> None:
+        super().__init__(("127.0.0.1", 0), _LoadsHandler)
+        self.busy = busy
+        self.garbage = garbage
+        self.reads = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _LoadsHandler(BaseHTTPRequestHandler):
+    server: LoadsServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+    def do_GET(self) -> None:
+        server = self.server
+        server.reads += 1
+        running = 1 if server.reads <= server.busy else 0
+        ranks = [{"dp_rank": r, "num_running_reqs": running, "num_waiting_reqs": 0} for r in (0, 1)]
+        body = b"<html>" if server.garbage else json.dumps({"loads": ranks}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.mark.parametrize(
+    ("busy", "garbage", "timeout", "expect"),
+    [
+        (3, False, 30.0, "idle"),
+        (10_000, False, 0.3, "not-drained"),
+        (0, True, 30.0, "bad-load-report"),
+    ],
+)
+def test_the_agent_waits_on_the_host_until_every_rank_reads_idle_for_the_settle_time(
+    busy: int, garbage: bool, timeout: float, expect: str
+) -> None:
+    server = LoadsServer(busy, garbage=garbage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        args = {"url": server.url, "timeout": timeout, "settle": 0.05, "poll": 0.01}
+        answer = agent_operation("wait_drained", args)
+    finally:
+        server.shutdown()
+    if expect == "idle":
+        assert isinstance(answer, dict) and answer["answered"], answer
+        assert answer["polls"] >= busy + 2 and server.reads == answer["polls"]
+    else:
+        assert isinstance(answer, Refusal) and answer.code == expect, answer
+        if expect == "not-drained":
+            assert "still had 2 running and 0 waiting" in answer.message
+
+
+def test_an_engine_that_does_not_answer_runs_nothing_so_it_is_drained() -> None:
+    server = LoadsServer(0)
+    url = server.url
+    server.server_close()  # nothing listens there now
+    answer = agent_operation(
+        "wait_drained", {"url": url, "timeout": 5.0, "settle": 0.05, "poll": 0.01}
+    )
+    assert isinstance(answer, dict) and answer["answered"] is False
