@@ -124,7 +124,7 @@ class PatchState(Word):
     pristine file passes the patch's proof of the fix; `analysis/upstream.py`)."""
 
 
-class UpstreamVerdict(Word):
+class UpstreamState(Word):
     """Whether a release's pristine file already carries a patch's fix (`analysis/upstream.py`)."""
 
     FIXED_UPSTREAM = "fixed-upstream"
