@@ -60,7 +60,6 @@ class ExportedChange(JsonRecord):
         return f" {self.path} | {total} {graph}\n {', '.join(parts)}\n"
 
 
-
 def git_blob_sha1(data: bytes) -> str:
     """The object id git gives a file's content (for the `index` line)."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()

@@ -13,8 +13,10 @@ the release's version, used only to cross-check the patch's `upstream.fixed_in`.
 What counts as proof, decided by opspatch on the file itself (never by `fixed_in` alone):
 
 1. every edit's code is already in the file, recognised by its syntax tree as `apply` recognises
-   it (a diff edit: its reverse applies cleanly), the file carries no opspatch marker (so it is
-   not this patch applied by hand or left behind), and every postcondition holds; or
+   it (a diff edit: its reverse applies cleanly), at least one edit by code of its own (a
+   delete alone reads applied wherever its statement is gone, which proves nothing), the file
+   carries no opspatch marker (so it is not this patch applied by hand or left behind), and
+   every postcondition holds; or
 2. the edits are not there, but the patch has postconditions, every one holds on the file as it
    is, and at least one is about a scope the patch edits (or one enclosing it): the fix is
    there, written another way, and the edit would not be needed.
@@ -44,6 +46,7 @@ from opspatch.core.source import SourceDecodeError, SourceText
 from opspatch.core.spec import (
     AssignedBeforeCalls,
     ClassAttribute,
+    DeleteEdit,
     LoadedPatch,
     PatchSpec,
     Postcondition,
@@ -51,7 +54,7 @@ from opspatch.core.spec import (
 )
 from opspatch.core.syntax import parse_python
 from opspatch.core.validate import check_postconditions
-from opspatch.core.vocabulary import Detected, EditStatus, UpstreamState
+from opspatch.core.vocabulary import Detected, UpstreamState
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,8 +153,10 @@ def _judge(part: PatchSpec, source: bytes) -> tuple[UpstreamState, str]:
             else ""
         )
         return UpstreamState.ANCHOR_GONE, detection.reason + also
-    in_place = detection.state == Detected.APPLIED and all(
-        s.state == EditStatus.APPLIED and s.placed for s in detection.edits
+    # A delete reads applied when its statement is gone, which a rewrite does as well: absence
+    # proves nothing alone, so at least one edit must have its own code in the file.
+    in_place = detection.state == Detected.APPLIED and any(
+        not isinstance(edit, DeleteEdit) for edit in part.edits
     )
     if in_place:
         if problems:
