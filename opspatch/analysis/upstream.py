@@ -164,9 +164,9 @@ def _judge(part: PatchSpec, source: bytes) -> tuple[UpstreamState, str]:
                 "the edits' code is in the file, but a postcondition fails: " + problems[0]
             )
         holds = " and every postcondition holds" if part.postconditions else ""
+        each = "; ".join(f"edits[{s.index}]: {s.reason}" for s in detection.edits)
         return UpstreamState.FIXED_UPSTREAM, (
-            f"every edit's code is already in the file ({detection.reason}, recognised by its "
-            f"syntax tree, no opspatch marker){holds}"
+            f"every edit's code is already in the file, without opspatch's marker ({each}){holds}"
         )
     if not part.postconditions:
         return UpstreamState.NOT_FIXED, (
