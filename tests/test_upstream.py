@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from opspatch.analysis.export import export_diff, render_mail
-from opspatch.analysis.portability import evaluate_release
+from opspatch.analysis.portability import ReleaseMatrix, evaluate_release
 from opspatch.analysis.upstream import part_verdict, upstream_verdict
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
@@ -214,6 +214,35 @@ def test_a_real_backport_is_fixed_upstream_from_the_release_that_merged_it() -> 
             assert result.fixed_upstream == (version == "0.5.5")
             assert result.verdict == ("fixed-upstream" if version == "0.5.5" else "ok")
     assert found == expected
+    matrix = ReleaseMatrix(
+        part.id,
+        "sglang",
+        "",
+        "given",
+        tuple(evaluate_release(part, v, _release(v, relpath)) for v in ("0.5.4", "0.5.5")),
+    )
+    assert "fixed upstream in: 0.5.5 (the patch is not needed there)" in matrix.render()
+    assert matrix.to_json()["fixed_upstream"] == ["0.5.5"]
+
+
+def test_a_real_patch_set_is_fixed_upstream_only_where_every_file_is() -> None:
+    """eagle-draft-positions-after-forward: three modules, fixed together upstream in 0.5.12."""
+    loaded = load_patch(BACKPORTS / "eagle-draft-positions-after-forward.toml")
+    for version, state in (("0.5.11", NOT_FIXED), ("0.5.12", FIXED)):
+        sources = {
+            p.target.module: _release(version, p.target.module_relpaths()[0]) for p in loaded.parts
+        }
+        verdict = upstream_verdict(loaded, sources, version)
+        assert verdict.state == state, verdict.reason
+        assert {f.state for f in verdict.files} == {state}
+        assert len(verdict.files) == len(loaded.parts)
+    one_gone = dict(sources)
+    del one_gone[loaded.parts[-1].target.module]
+    verdict = upstream_verdict(loaded, one_gone, "0.5.12")
+    assert (
+        verdict.state == GONE
+        and f"the release has no {loaded.parts[-1].target.module_relpaths()[0]}" in verdict.reason
+    )
 
 
 # -- provenance --------------------------------------------------------------------------------
