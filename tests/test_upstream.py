@@ -17,6 +17,7 @@ import pytest
 
 from opspatch.analysis.export import export_diff, render_mail
 from opspatch.analysis.portability import ReleaseMatrix, evaluate_release
+from opspatch.analysis.provenance import Provenance
 from opspatch.analysis.upstream import part_verdict, upstream_verdict
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
@@ -278,8 +279,9 @@ def test_good_provenance_values_load() -> None:
         'bug = "https://github.com/sgl-project/sglang/issues/1"\nlast_update = "2026-12-01"'
     )
     assert patch.upstream is not None and patch.upstream.fixed_in == "0.5.24"
-    assert not patch.not_forwarded and patch.last_update is not None
-    assert _patch('forwarded = "not-needed: a local feature"').not_forwarded is False
+    assert not Provenance.of(patch).not_forwarded and patch.last_update is not None
+    assert Provenance.of(_patch('forwarded = "not-needed: a local feature"')).warning is None
+    assert Provenance.of(_patch("")).warning is not None  # no forwarded: not sent upstream
 
 
 def test_check_shows_provenance_and_warns_about_a_patch_not_forwarded(tmp_path: Path) -> None:

@@ -833,11 +833,6 @@ class PatchSpec(FileSchema):
     def marker(self) -> str:
         return f"{MARKER_PREFIX}{self.id}"
 
-    @property
-    def not_forwarded(self) -> bool:
-        """Nobody has sent the fix upstream (`forwarded` missing or `no`): it stays a hot fix."""
-        return self.forwarded is None or self.forwarded == NOT_FORWARDED
-
 
 class SetTarget(Target):
     """One file of a patch set (`[[targets]]`): a target with its own edits and postconditions."""
