@@ -8,7 +8,10 @@ renders what a patch does to the pristine file of a release as a change a mainta
   `prefix` that maps them to the repository layout (SGLang keeps its package under `python/`).
   A last line without a newline is marked `\\ No newline at end of file`, so `git apply` takes it.
 - `render_mail`: the diff as a `git format-patch` mail (`From <zeros>` line, `From:`, `Date:`,
-  `Subject: [PATCH] <summary>`, the rationale and incident reference as the body, `---`, a
+  `Subject: [PATCH] <summary>`, the patch's provenance as DEP-3 headers (`Origin:`, `Bug:`,
+  `Forwarded:`, `Applied-Upstream:`, `Last-Update:`, those the patch gives; `Forwarded: no`
+  when it says nothing, as DEP-3 reads a missing field), the rationale and incident reference
+  as the body, `---`, a
   diffstat, the diff, and a `-- ` signature) that `git am` applies. CRLF files need
   `git am --keep-cr` (git strips carriage returns from mail by default).
 
@@ -25,6 +28,7 @@ from datetime import datetime
 from email.header import Header
 from email.utils import format_datetime, formataddr, parseaddr
 
+from opspatch.analysis.provenance import Provenance
 from opspatch.core.edit import AlreadyApplied, Applied, apply_patch
 from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field
 from opspatch.core.source import SourceText, split_lines
@@ -58,7 +62,6 @@ class ExportedChange(JsonRecord):
         if self.deletions:
             parts.append(f"{self.deletions} deletion{'s' if self.deletions != 1 else ''}(-)")
         return f" {self.path} | {total} {graph}\n {', '.join(parts)}\n"
-
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -187,11 +190,16 @@ def render_mail(
         "Content-Transfer-Encoding: 8bit\n"
     )
     subject = " ".join(patch.summary.split())
+    provenance = "".join(
+        f"{header}: {_header(' '.join(value.split()))}\n"
+        for header, value in Provenance.of(patch).headers()
+    )
     return (
         f"From {ZERO_COMMIT} Mon Sep 17 00:00:00 2001\n"
         f"From: {formataddr((name, address), charset='utf-8')}\n"
         f"Date: {format_datetime(date)}\n"
         f"Subject: {_header('[PATCH] ' + subject)}\n"
+        f"{provenance}"
         f"{mime}"
         "\n"
         f"{_message_body(patch, signoff)}"

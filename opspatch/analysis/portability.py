@@ -10,17 +10,22 @@ its reason and the anchor's nearest candidates, so the author sees what the rele
 `evaluate_release` is the pure judgement of one release; `ReleaseMatrix` collects them with the
 releases that could not be checked (and why). Fetching releases is `opspatch.runs.releases`.
 
+Each release is also judged for the upstream fix (`opspatch.analysis.upstream`): a release whose
+own file already passes the patch's proof of the fix is marked `fixed-upstream`, so the author
+sees where the patch can be retired (and where `upstream.fixed_in` disagrees with the files).
+
 What the matrices found is kept per patch (`opspatch.analysis.proofs`), so plain `check` can
 say which releases a patch's range covers that it is not proven on.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opspatch.analysis.proofs import in_range as version_in_range
 from opspatch.analysis.proofs import version_key
+from opspatch.analysis.upstream import part_verdict
 from opspatch.core.edit import (
     AlreadyApplied,
     NotApplicable,
@@ -32,6 +37,7 @@ from opspatch.core.edit import (
 from opspatch.core.spec import PatchSpec
 from opspatch.core.syntax import parse_python
 from opspatch.core.validate import check_postconditions
+from opspatch.core.vocabulary import UpstreamState
 
 # NotApplicable reasons that mean the edits were placed but the result was refused (edit.py).
 _VALIDATION_PREFIXES = ("the result fails validation", "the result does not parse")
@@ -57,6 +63,15 @@ class ReleaseResult:
     lines_removed: int = 0
     matched: tuple[str, ...] = ()
     """Which alternative of each edit that has alternatives fit this release."""
+    upstream: UpstreamState | None = None
+    """Whether the release's own file already has the fix (None: not judged)."""
+    upstream_reason: str = ""
+    disagreement: str | None = None
+    """The patch's `upstream.fixed_in` and this release's file disagree."""
+
+    @property
+    def fixed_upstream(self) -> bool:
+        return self.upstream == UpstreamState.FIXED_UPSTREAM
 
     @property
     def ok(self) -> bool:
@@ -65,6 +80,8 @@ class ReleaseResult:
 
     @property
     def verdict(self) -> str:
+        if self.fixed_upstream:
+            return str(UpstreamState.FIXED_UPSTREAM)
         if self.already_applied:
             return "already-applied"
         return "ok" if self.ok else "FAIL"
@@ -81,6 +98,9 @@ class ReleaseResult:
             "lines_added": self.lines_added,
             "lines_removed": self.lines_removed,
             "matched": list(self.matched),
+            "upstream": self.upstream,
+            "upstream_reason": self.upstream_reason,
+            "disagreement": self.disagreement,
         }
 
 
@@ -92,7 +112,18 @@ def _diff_counts(diff: str) -> tuple[int, int]:
 
 
 def evaluate_release(patch: PatchSpec, version: str, source: bytes) -> ReleaseResult:
-    """Judge `patch` on one release's file (`source`, the released bytes of the target module)."""
+    """Judge `patch` on one release's file (`source`, the released bytes of the target module),
+    and whether that file already has the fix (`upstream`)."""
+    upstream = part_verdict(patch, source, version)
+    return replace(
+        _evaluate_edits(patch, version, source),
+        upstream=upstream.state,
+        upstream_reason=upstream.reason,
+        disagreement=upstream.disagreement,
+    )
+
+
+def _evaluate_edits(patch: PatchSpec, version: str, source: bytes) -> ReleaseResult:
     in_range = version_in_range(patch, version)
     placed = apply_patch(source, patch.model_copy(update={"postconditions": []}))
     if isinstance(placed, AlreadyApplied):
@@ -194,6 +225,7 @@ class ReleaseMatrix:
             "ok": not self.failed,
             "results": [r.to_json() for r in self.results],
             "failed": [r.version for r in self.failed],
+            "fixed_upstream": [r.version for r in self.results if r.fixed_upstream],
             "unchecked": [{"version": u.version, "reason": u.reason} for u in self.unchecked],
             "notes": list(self.notes),
             **({"module": self.module} if self.module else {}),
@@ -221,16 +253,31 @@ class ReleaseMatrix:
         for row in rows:
             out.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         for result in sorted(self.results, key=lambda r: version_key(r.version)):
-            if result.reason and (not result.ok or result.already_applied):
+            if (
+                result.reason
+                and (not result.ok or result.already_applied)
+                and not result.fixed_upstream
+            ):
                 where = f"{result.field}: " if result.field else ""
                 out.append(f"{result.version}: {where}{result.reason}")
                 out += [f"    {c}" for c in result.candidates]
+        for result in sorted(self.results, key=lambda r: version_key(r.version)):
+            if result.fixed_upstream:
+                out.append(f"{result.version}: fixed upstream: {result.upstream_reason}")
+            if result.disagreement:
+                out.append(f"{result.version}: disagreement: {result.disagreement}")
         for result in sorted(self.results, key=lambda r: version_key(r.version)):
             if result.matched:
                 out.append(f"{result.version}: fits with {'; '.join(result.matched)}")
         for unchecked in self.unchecked:
             out.append(f"not checked: {unchecked.version}: {unchecked.reason}")
         out += [f"note: {n}" for n in self.notes]
+        fixed = [r.version for r in self.results if r.fixed_upstream]
+        if fixed:
+            out.append(
+                f"fixed upstream in: {', '.join(sorted(fixed, key=version_key))} "
+                "(the patch is not needed there)"
+            )
         failed = ", ".join(r.version for r in self.failed)
         out.append(
             f"FAILED in range: {failed}" if failed else "every release checked in range passes"

@@ -75,8 +75,11 @@ def check(
 ) -> None:
     """Lint patch files: schema, snippets parse, anchors well-formed (--releases: on every release).
 
-    Without --releases, also warns when a patch's version range covers releases that
-    `check --releases` has not proven it on (read from the release cache, offline)."""
+    Without --releases, also shows each patch's provenance (origin, bug, forwarded,
+    last_update, upstream), warns when it has not been forwarded upstream, and warns when its
+    version range covers releases that `check --releases` has not proven it on (read from the
+    release cache, offline)."""
+    from opspatch.analysis.provenance import Provenance
     from opspatch.runs.releasecache import release_coverage
 
     workspace = options.workspace_dir()
@@ -88,6 +91,7 @@ def check(
     if releases is not None:
         check_releases_of(references, releases, offline, as_json)
     results: list[dict[str, Any]] = []
+    provenances: dict[str, Provenance] = {}
     for reference in references:
         try:
             loaded = workspace.load_patch(reference)
@@ -97,6 +101,7 @@ def check(
             )
             continue
         parts = loaded.parts
+        provenance = provenances[loaded.spec.id] = Provenance.of(loaded.spec)
         results.append(
             {
                 "patch": loaded.spec.id,
@@ -110,6 +115,7 @@ def check(
                 "edits": sum(len(p.edits) for p in parts),
                 "postconditions": sum(len(p.postconditions) for p in parts),
                 "releases": release_coverage(parts).to_json(),
+                "provenance": {**provenance.to_json(), "warning": provenance.warning},
             }
         )
     failed = [r for r in results if not r["ok"]]
@@ -126,11 +132,13 @@ def check(
                         f"-> {result['target']}",
                     )
                 )
-                warning = result["releases"]["warning"]
-                if warning:
-                    err.print(
-                        Text.assemble(("warning", "yellow"), f"  {result['patch']}: {warning}")
-                    )
+                for line in provenances[result["patch"]].lines():
+                    out.print(f"      {line}", markup=False, highlight=False)
+                for warning in (result["provenance"]["warning"], result["releases"]["warning"]):
+                    if warning:
+                        err.print(
+                            Text.assemble(("warning", "yellow"), f"  {result['patch']}: {warning}")
+                        )
             else:  # the message quotes the file, which print_error shows as text, not markup
                 print_error(
                     result["error"], hint=result["hint"], exit_code=EXIT_BAD_INPUT, as_json=False

@@ -51,7 +51,13 @@ OUTCOME_STYLE = {
     "needs-attention": "bold red",
     "not-applicable": "yellow",
 }
-STATE_STYLE = {"applied": "green", "staged": "cyan", "drifted": "yellow", "unreachable": "red"}
+STATE_STYLE = {
+    "applied": "green",
+    "staged": "cyan",
+    "drifted": "yellow",
+    "unreachable": "red",
+    "fixed-upstream": "blue",
+}
 
 
 class _JsonState:

@@ -14,6 +14,7 @@ Pure: `parse_patch` validates a parsed TOML document; reading the file is
 from __future__ import annotations
 
 import ast
+import datetime
 import keyword
 import re
 import textwrap
@@ -21,7 +22,16 @@ from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from packaging.version import InvalidVersion, Version
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 from pydantic import model_validator as _model_validator
 
 from opspatch.core.fileschema import FileSchema, spec_error_from_validation
@@ -675,6 +685,104 @@ class Fix(FileSchema):
         return value
 
 
+_URL_RE = re.compile(r"^https?://[^\s/]+\S*$")
+_GITHUB_REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*#[0-9]+$")
+_COMMIT_RE = re.compile(r"^[0-9a-f]{7,40}$")
+NOT_FORWARDED = "no"
+NOT_NEEDED_PREFIX = "not-needed:"
+
+
+class Upstream(FileSchema):
+    """The upstream fix a patch stands for: a pull request, a commit, the first release with it.
+
+    `fixed_in` is a claim that opspatch checks against the release's own file (a release at or
+    after it whose file does not pass the patch's proof of the fix is reported, not trusted)."""
+
+    pr: str | None = Field(None, description="The upstream pull request: a URL, or owner/repo#N")
+    commit: str | None = Field(None, description="The upstream commit (7-40 hex digits)")
+    fixed_in: str | None = Field(
+        None, description="The first release of the distribution that ships the fix, e.g. 0.5.24"
+    )
+
+    @field_validator("pr")
+    @classmethod
+    def _pr_is_a_reference(cls, value: str | None) -> str | None:
+        if value is not None and not (_URL_RE.match(value) or _GITHUB_REF_RE.match(value)):
+            raise ValueError(
+                f"{value!r} is not a pull request: give its URL "
+                "(https://github.com/sgl-project/sglang/pull/1234) or owner/repo#1234"
+            )
+        return value
+
+    @field_validator("commit")
+    @classmethod
+    def _commit_is_hex(cls, value: str | None) -> str | None:
+        if value is not None and not _COMMIT_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a commit: give 7 to 40 lower-case hex digits of its hash"
+            )
+        return value
+
+    @field_validator("fixed_in")
+    @classmethod
+    def _fixed_in_is_a_version(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                Version(value)
+            except InvalidVersion:
+                raise ValueError(
+                    f"{value!r} is not a version: give the release, e.g. '0.5.24'"
+                ) from None
+        return value
+
+    @property
+    def fixed_in_version(self) -> Version | None:
+        return Version(self.fixed_in) if self.fixed_in is not None else None
+
+
+def _check_forwarded(value: str | None) -> str | None:
+    """DEP-3's Forwarded: the upstream URL it was sent to, `no`, or `not-needed: <why>`."""
+    if value is None or value == NOT_FORWARDED or _URL_RE.match(value):
+        return value
+    if value.startswith(NOT_NEEDED_PREFIX) and value.removeprefix(NOT_NEEDED_PREFIX).strip():
+        return value
+    raise ValueError(
+        f"{value!r} is not a forwarding: give the upstream pull request's URL, "
+        f"'{NOT_FORWARDED}' (not sent upstream yet) or '{NOT_NEEDED_PREFIX} <why>'"
+    )
+
+
+def _check_bug(value: str | None) -> str | None:
+    if value is not None and not (_URL_RE.match(value) or _GITHUB_REF_RE.match(value)):
+        raise ValueError(f"{value!r} is not a bug reference: give the bug's URL or owner/repo#N")
+    return value
+
+
+def _check_text(value: str | None) -> str | None:
+    if value is not None and not value.strip():
+        raise ValueError(
+            "is empty: say who wrote the patch and from what incident, or leave it out"
+        )
+    return value
+
+
+def _read_date(value: Any) -> Any:
+    """A TOML date (`2026-12-01`) or the same written as a string; nothing else."""
+    if isinstance(value, datetime.datetime):
+        raise ValueError(f"{value.isoformat()} is a date and time: write the date only, YYYY-MM-DD")
+    if isinstance(value, str):
+        try:
+            return datetime.date.fromisoformat(value)
+        except ValueError:
+            raise ValueError(
+                f"{value!r} is not a date: write YYYY-MM-DD, e.g. 2026-12-01"
+            ) from None
+    return value
+
+
+LastUpdate = Annotated[datetime.date | None, BeforeValidator(_read_date)]
+
+
 def _check_patch_id(value: str) -> str:
     if not _PATCH_ID_RE.match(value):
         raise ValueError(f"{value!r} is not a patch id (lower-case letters, digits, '-', '.', '_')")
@@ -700,8 +808,26 @@ class PatchSpec(FileSchema):
         description="Exceptions this patch fixes (type and message pattern): diagnose names the "
         "patch when a host's log shows one",
     )
+    upstream: Upstream | None = Field(
+        None, description="The upstream fix this patch stands for (pr, commit, fixed_in)"
+    )
+    origin: str | None = Field(
+        None, description="DEP-3 Origin: who wrote the patch, from what incident"
+    )
+    bug: str | None = Field(None, description="DEP-3 Bug: the upstream bug's URL (or owner/repo#N)")
+    forwarded: str | None = Field(
+        None,
+        description="DEP-3 Forwarded: the upstream pull request's URL, 'no', or "
+        "'not-needed: <why>'",
+    )
+    last_update: LastUpdate = Field(
+        None, description="DEP-3 Last-Update: the date the patch was last changed (YYYY-MM-DD)"
+    )
 
     _id = field_validator("id")(_check_patch_id)
+    _origin = field_validator("origin")(_check_text)
+    _bug = field_validator("bug")(_check_bug)
+    _forwarded = field_validator("forwarded")(_check_forwarded)
 
     @property
     def marker(self) -> str:
@@ -732,12 +858,21 @@ class PatchSetSpec(FileSchema):
         description="Two or more files changed together (one target is written [target])",
     )
     fixes: list[Fix] = Field(default_factory=list)
+    upstream: Upstream | None = None
+    origin: str | None = None
+    bug: str | None = None
+    forwarded: str | None = None
+    last_update: LastUpdate = None
 
     _id = field_validator("id")(_check_patch_id)
+    _origin = field_validator("origin")(_check_text)
+    _bug = field_validator("bug")(_check_bug)
+    _forwarded = field_validator("forwarded")(_check_forwarded)
 
     def parts(self) -> tuple[PatchSpec, ...]:
         """One single-target patch per target, in the file's order (same id and header)."""
         header = self.model_dump(exclude={"targets"}, by_alias=True)
+        header["upstream"] = self.upstream  # kept a model: model_construct does not validate
         parts = []
         for target in self.targets:
             edits = list(target.edits)

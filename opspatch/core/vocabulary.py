@@ -119,6 +119,20 @@ class PatchState(Word):
     PARTIAL = "partial"
     UNKNOWN = "unknown"
     UNREACHABLE = "unreachable"
+    FIXED_UPSTREAM = "fixed-upstream"
+    """Not applied, and not needed: the host's installed release already ships the fix (its
+    pristine file passes the patch's proof of the fix; `analysis/upstream.py`)."""
+
+
+class UpstreamState(Word):
+    """Whether a release's pristine file already carries a patch's fix (`analysis/upstream.py`)."""
+
+    FIXED_UPSTREAM = "fixed-upstream"
+    """The pristine file passes the patch's proof of the fix: the patch is redundant there."""
+    NOT_FIXED = "not-fixed"
+    """The fix is not in the file: the patch is still needed (and fits)."""
+    ANCHOR_GONE = "anchor-gone"
+    """Neither: the code the patch edits is not there any more (the patch needs a port)."""
 
 
 class RunStatus(Word):

@@ -5,7 +5,9 @@ structurally), `staged` (so, but the running server started before the file chan
 runs the old code), `not-applied`, `drifted` (the file changed since opspatch wrote it, e.g. sglang was
 reinstalled: no post-image the ledger recorded leads to what is there; a patch that later recorded
 patches were stacked on is not drifted, its detail names them), `not-applicable` (the module does not
-resolve on the host, or its version is outside the patch's range), or `unreachable`; and whether
+resolve on the host, or its version is outside the patch's range), `fixed-upstream` (the patch is
+not there, and not needed: the file is its release's pristine file, as pip's RECORD says, and it
+already passes the patch's proof of the fix, `analysis/upstream.py`), or `unreachable`; and whether
 the host's server is running (a file that is right on disk serves nothing while it is down). One
 exec per host and target module; nothing is locked or changed.
 """
@@ -16,11 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from opspatch.analysis.upstream import UpstreamVerdict, part_verdict
 from opspatch.core.edit import detect
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord, record_to_json
 from opspatch.core.policy import StepTimeouts
-from opspatch.core.spec import LoadedPatch
+from opspatch.core.spec import LoadedPatch, PatchSpec
 from opspatch.core.vocabulary import PatchState, Rotation
 from opspatch.errors import OpspatchError, TargetError
 from opspatch.hosts.operations import HostInspection, HostOperations
@@ -64,6 +67,7 @@ class PatchStatus(JsonRecord):
             del data["files"]
         return data
 
+
 def with_server(status: PatchStatus, host: Host, inspection: HostInspection) -> PatchStatus:
     """`status` saying whether the host's server runs: a file that is right on disk serves
     nothing while no server runs it (a restore whose decode crashed the engine, say)."""
@@ -91,7 +95,53 @@ def classify(
     apart from reading the ledger).
 
     `container` is the container the file was read in, for an engine in one: a container other
-    than the one the patch was written in (recreated from its image) is said to be so."""
+    than the one the patch was written in (recreated from its image) is said to be so. A file
+    that is its release's pristine file and already has the fix is `fixed-upstream`, whatever the
+    ledger says opspatch once wrote there (an upgrade replaced it)."""
+    upstream = upstream_on_pristine(patch.parts[part], inspection)
+    if upstream is not None and upstream.fixed:
+        file = inspection.file
+        detail = f"{_release_of(inspection)} ships the fix ({upstream.reason}): the patch is not needed here"
+        if upstream.disagreement:
+            detail += f"; {upstream.disagreement}"
+        return PatchStatus(
+            host, patch.spec.id, PatchState.FIXED_UPSTREAM, file.realpath, file.sha256, detail
+        )
+    said = _classify_file(patch, host, inspection, ledger, container, part=part)
+    if upstream is not None and upstream.disagreement:
+        detail = f"{said.detail}; {upstream.disagreement}" if said.detail else upstream.disagreement
+        said = replace(said, detail=detail)
+    return said
+
+
+def upstream_on_pristine(spec: PatchSpec, inspection: HostInspection) -> UpstreamVerdict | None:
+    """The upstream verdict of one patch part on the host's file when that file is the pristine
+    file of its installed release (its sha256 is the one pip's RECORD holds); None otherwise:
+    a file someone changed, or one without a RECORD (a source checkout), says nothing about
+    what the release ships."""
+    module = inspection.module
+    if module is None or module.record_sha256 != inspection.file.sha256:
+        return None
+    return part_verdict(spec, inspection.file.content, module.distribution_version)
+
+
+def _release_of(inspection: HostInspection) -> str:
+    module = inspection.module
+    if module is None or module.distribution is None:
+        return "the installed release"
+    return f"{module.distribution} {module.distribution_version or '(version unknown)'}"
+
+
+def _classify_file(
+    patch: LoadedPatch,
+    host: str,
+    inspection: HostInspection,
+    ledger: Ledger | None,
+    container: ContainerIdentity | None,
+    *,
+    part: int,
+) -> PatchStatus:
+    """`classify` for a file that is not fixed upstream: the ledger and the patch decide."""
     file = inspection.file
     spec = patch.parts[part]
     gate = gate_inspection(spec.target, inspection)
@@ -201,7 +251,9 @@ def combine_set(patch: LoadedPatch, host: str, files: Sequence[PatchStatus]) -> 
     each = ", ".join(f"{(f.path or f.detail).rsplit('/', 1)[-1]} {f.state}" for f in files)
     new = {PatchState.APPLIED, PatchState.STAGED}
     first = files[0]
-    if all(s in new for s in states):
+    if all(s == PatchState.FIXED_UPSTREAM for s in states):
+        state, detail = PatchState.FIXED_UPSTREAM, f"every file of the set: {first.detail}"
+    elif all(s in new for s in states):
         state = PatchState.STAGED if PatchState.STAGED in states else PatchState.APPLIED
         detail = f"every file of the set: {each}; {first.detail}"
     elif all(s == PatchState.NOT_APPLIED for s in states):

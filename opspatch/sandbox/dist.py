@@ -17,9 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
+from packaging.version import Version
+
 from opspatch.errors import InputError
 
 STANDIN_VERSION = "0.5.23"
+STANDIN_FIXED_IN = "0.5.24"
+"""Stand-in releases from this one on ship the incident's fix upstream-style (`upstream_fixed`):
+what a host upgraded past the fix runs, so `status` can be seen calling a patch fixed-upstream."""
 DIST_NAME = "sglang"
 INSTALLER_NAME = "opspatch"
 _VERSION_PATTERN = re.compile(r"^[0-9]+(\.[0-9]+)*([._+-]?[A-Za-z0-9]+)*$")
@@ -88,7 +93,47 @@ def standin_files(version: str) -> dict[str, bytes]:
         relative = path.relative_to(root).as_posix()
         files[relative] = path.read_bytes()
     files[_VERSION_FILE] = f'__version__ = "{version}"\n'.encode("ascii")
+    if Version(version) >= Version(STANDIN_FIXED_IN):
+        files[EAGLE_WORKER_FILE] = upstream_fixed(files[EAGLE_WORKER_FILE])
     return files
+
+
+EAGLE_WORKER_FILE = "sglang/srt/speculative/eagle_worker_v2.py"
+_LATE_ASSIGNMENT = b"""
+        self.init_cuda_graphs()
+
+        # Dynamic speculation disable: above this many running requests, decode without
+        # speculation, which costs more than it saves under high concurrency. 0 = never.
+        self.spec_disable_batch_threshold = server_args.spec_disable_batch_threshold
+"""
+_ARGUMENTS = b"""
+        # Parse arguments
+"""
+_EARLY_ASSIGNMENT = b"""
+        # Dynamic speculation disable: above this many running requests, decode without
+        # speculation, which costs more than it saves under high concurrency. 0 = never.
+        # Assigned first: the calls below can fail part-way (CUDA graph capture).
+        self.spec_disable_batch_threshold = server_args.spec_disable_batch_threshold
+
+        # Parse arguments
+"""
+_CLASS_LINE = b"class EAGLEWorkerV2(BaseSpecWorker):\n"
+_CLASS_DEFAULT = (
+    b"    # for subclasses that skip __init__ and instances whose __init__ stopped part-way\n"
+)
+_CLASS_DEFAULT += b"    spec_disable_batch_threshold = 0\n\n"
+
+
+def upstream_fixed(eagle_worker: bytes) -> bytes:
+    """The stand-in's `eagle_worker_v2.py` as a release that fixed the incident would ship it:
+    the threshold assigned before the calls that can fail, and a class-level default. Written
+    differently from `eagle-init-guard` (no `= 0` at the start of `__init__`, no marker), as an
+    upstream fix would be, so only the patch's postconditions can tell it is fixed."""
+    if any(eagle_worker.count(text) != 1 for text in (_LATE_ASSIGNMENT, _ARGUMENTS, _CLASS_LINE)):
+        raise AssertionError("the stand-in's EAGLEWorkerV2.__init__ is not the incident's any more")
+    fixed = eagle_worker.replace(_LATE_ASSIGNMENT, b"\n        self.init_cuda_graphs()\n")
+    fixed = fixed.replace(_ARGUMENTS, _EARLY_ASSIGNMENT)
+    return fixed.replace(_CLASS_LINE, _CLASS_LINE + _CLASS_DEFAULT)
 
 
 def check_version(version: str) -> None:
