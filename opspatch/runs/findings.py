@@ -254,6 +254,16 @@ def judge_file(
         label = f"the RECORD of {m.distribution} {m.distribution_version}"
     elif m.checkout and m.checkout.head_sha256 and m.checkout.head:
         reference, label = m.checkout.head_sha256, f"git HEAD {m.checkout.head[:12]}"
+    if baked is not None:  # the image carries it: a write in an earlier container is moot
+        return FileVerdict(
+            m.module,
+            FileState.PATCHED_BY_OPSPATCH,
+            f"baked into the container's image by run {baked.run_id} (patch {baked.patch_id}, "
+            f"FROM {baked.base})",
+            patch_id=baked.patch_id,
+            run_id=baked.run_id,
+            **common,
+        )
     written = next((v for v in history if v.action == "patch" and v.sha256_after == live), None)
     if written is not None:
         return FileVerdict(
@@ -262,16 +272,6 @@ def judge_file(
             f"written by run {written.run_id} (patch {written.patch_id})",
             patch_id=written.patch_id,
             run_id=written.run_id,
-            **common,
-        )
-    if baked is not None:
-        return FileVerdict(
-            m.module,
-            FileState.PATCHED_BY_OPSPATCH,
-            f"baked into the container's image by run {baked.run_id} (patch {baked.patch_id}, "
-            f"FROM {baked.base})",
-            patch_id=baked.patch_id,
-            run_id=baked.run_id,
             **common,
         )
     if reference is not None and reference == live:
