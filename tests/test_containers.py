@@ -23,6 +23,8 @@ import pytest
 
 from opspatch.config.inventory import parse_inventory
 from opspatch.config.inventory.show import host_to_json, inventory_show_table
+from opspatch.config.patches import load_patch
+from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.host import ContainerRestart, ContainerSettings
 from opspatch.errors import ContainerError, SpecError
 from opspatch.hosts.image import (
@@ -691,3 +693,70 @@ def test_bake_of_a_patch_that_does_not_fit_or_of_no_image_is_refused_and_builds_
     assert podman("ps", "-a", "-q", "--filter", "name=opspatch-bake-").stdout == ""
     assert missing.code == 2, missing.stdout + missing.stderr
     assert "image localhost/opspatch-no-such:1 not found by podman" in missing.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# a container killed mid-swap
+
+KILL_AFTER_SWAP = """#!/bin/sh
+# podman, except that the first exec carrying a swap (while {armed} exists) runs, then the
+# container is killed and started again (as a restart policy would) and the exec's reply is lost.
+if [ "$1" = "exec" ] && [ -e {armed} ]; then
+    cat > {request}
+    if grep -q '"op": "swap"' {request}; then
+        rm -f {armed}
+        {podman} "$@" < {request} > /dev/null 2>&1
+        {podman} kill {container} > /dev/null 2>&1
+        {podman} start {container} > /dev/null 2>&1
+        exit 137
+    fi
+    exec {podman} "$@" < {request}
+fi
+exec {podman} "$@"
+"""
+
+
+@pytest.mark.slow
+def test_a_container_killed_mid_swap_is_read_back_through_a_new_exec_before_the_run_says_more(
+    fleet: ContainerFleet, tmp_path: Path
+) -> None:
+    _guarded(fleet)
+    host = fleet.names[-1]
+    before, first_id = fleet.sha(host), fleet.inspect(host)["Id"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    armed = tmp_path / "armed"
+    armed.touch()
+    wrapper = bin_dir / "podman"
+    wrapper.write_text(
+        KILL_AFTER_SWAP.format(
+            armed=armed,
+            request=tmp_path / "request.json",
+            podman=shutil.which("podman"),
+            container=fleet.container(host),
+        )
+    )
+    wrapper.chmod(0o755)
+
+    run = opspatch(
+        "apply", "break-at-import", "--hosts", f"sandbox:{host}", "--playbook", "fast", "--yes",
+        "--json", cwd=fleet.workspace,
+        env={**fleet.env, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    )  # fmt: skip
+
+    assert not armed.exists()  # the fault fired, on the swap's exec
+    assert run.code == 1, run.stdout + run.stderr
+    (outcome,) = run.json()["hosts"]
+    assert outcome["outcome"] == "rolled-back", outcome
+    assert "the swap did not answer" in outcome["error"]
+    steps = {s["step"]: s for s in outcome["steps"]}
+    # the swap had written the file: the read-back through a new exec saw the post-image
+    assert steps["reconcile"]["status"] == "ok"
+    patched = apply_patch(
+        fleet.read(host), load_patch(fleet.workspace / "patches" / "break-at-import.toml").parts[0]
+    )
+    assert isinstance(patched, Applied)
+    assert steps["reconcile"]["detail"] == f"file is {patched.sha256_after[:12]}"
+    assert fleet.sha(host) == before  # then restored byte-identically
+    assert fleet.inspect(host)["Id"] == first_id  # the same container, started again
+    assert fleet.generate(host) is not None
