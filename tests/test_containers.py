@@ -52,6 +52,12 @@ from tests.fleetkit import EAGLE_RELPATH
 from tests.sshfleet import find_sshd
 
 PODMAN = ContainerSettings(runtime="podman", name="sglang-0")
+EAGLE_PATCH = Path(__file__).resolve().parents[1] / "patches" / "eagle-init-guard.toml"
+PODMAN_DENIED = """#!/bin/sh
+echo 'Error: cannot re-exec process: open /run/containers/storage: permission denied' >&2
+exit 125
+"""
+"""A `podman` that refuses as podman does when the user may not use its storage."""
 
 # ---------------------------------------------------------------------------------------------
 # commands as data, the runtime's words
@@ -191,6 +197,38 @@ def test_a_runtime_not_installed_on_the_host_is_refused_naming_it(
     assert transport.exec_count == 0  # nothing was run in any container
 
 
+def test_apply_preflight_refuses_a_runtime_the_login_user_may_not_use_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "podman"  # podman's own words when its storage is root's
+    wrapper.write_text(PODMAN_DENIED)
+    wrapper.chmod(0o755)
+    workspace = tmp_path / "workspace"
+    (workspace / "inventories").mkdir(parents=True)
+    (workspace / "inventories" / "fleet.toml").write_text(
+        '[defaults]\ntransport = "local"\ncontainer = { runtime = "podman", name = "sglang-0" }\n'
+        '[defaults.engine]\npython = "/usr/bin/python3"\n'
+        'restart = { kind = "container" }\n[hosts.gpu-01]\n'
+    )
+
+    run = opspatch(
+        "apply", str(EAGLE_PATCH), "--hosts", "fleet", "--yes", "--json", cwd=workspace,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "OPSPATCH_STATE_DIR": str(tmp_path / "state")},
+    )  # fmt: skip
+
+    assert run.code == 2, run.stdout + run.stderr
+    (host,) = run.json()["hosts"]
+    assert (
+        "container sglang-0 (podman) cannot be reached: the login user may not use podman"
+        in (host["error"])
+    )
+    assert "permission denied" in host["error"]  # the runtime's own words
+    assert [s["step"] for s in host["steps"] if s["status"] == "ok"] == []  # nothing ran inside
+    assert run.json()["refused"] is True
+
+
 def test_sandbox_containers_refuse_the_wheel_shape_before_anything_starts(tmp_path: Path) -> None:
     run = opspatch(
         "sandbox", "up", "--containers", "--install", "wheel",
@@ -204,8 +242,6 @@ def test_sandbox_containers_refuse_the_wheel_shape_before_anything_starts(tmp_pa
 
 # ---------------------------------------------------------------------------------------------
 # bake: the build context, the labels, the refusals before anything is built
-
-EAGLE_PATCH = Path(__file__).resolve().parents[1] / "patches" / "eagle-init-guard.toml"
 
 
 def _baked_file(path: str, mode: int = 0o100640) -> BakedFile:
@@ -254,12 +290,6 @@ def test_bake_context_copies_each_file_with_its_mode_and_owner_and_the_labels_na
 )
 def test_bake_default_tag_is_the_image_tag_and_the_patch_id(image: str, tag: str) -> None:
     assert default_tag(image, "eagle-init-guard") == tag
-
-
-PODMAN_DENIED = """#!/bin/sh
-echo 'Error: cannot re-exec process: open /run/containers/storage: permission denied' >&2
-exit 125
-"""
 
 
 @pytest.mark.parametrize("runtime", ["missing", "denied"])
