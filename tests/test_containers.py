@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import textwrap
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from opspatch.hosts.image import (
 from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.transport.base import Command
 from opspatch.hosts.transport.container import (
+    ContainerIdentity,
     ContainerTransport,
     exec_command,
     parse_inspect,
@@ -44,6 +46,7 @@ from opspatch.hosts.transport.container import (
 )
 from opspatch.hosts.transport.local import LocalTransport
 from opspatch.runs.bake import default_tag
+from opspatch.runs.status import baked_in, describe_baked
 from opspatch.sandbox.checkout import checkout_files
 from opspatch.sandbox.dist import STANDIN_VERSION
 from tests.clirunner import opspatch
@@ -278,6 +281,28 @@ def test_bake_context_copies_each_file_with_its_mode_and_owner_and_the_labels_na
     assert said.post_image_of("/opt/other.py") is None
     assert labels["org.opencontainers.image.base.name"] == "lmsysorg/sglang:v0.5.4"
     assert read_baked_labels({"io.buildah.version": "1.28"}) is None
+
+
+def test_a_container_reads_as_baked_in_only_where_its_file_is_the_bytes_its_image_baked() -> None:
+    path = "/sgl-workspace/sglang/python/a.py"
+    base = ImageIdentity("podman", "engine:1", "f00d" * 16, {})
+    labels = bake_labels(
+        patch_id="p", patch_sha256="c" * 64, files=[_baked_file(path)], run_id="R1", base=base
+    )
+    container = ContainerIdentity(
+        "podman", "sglang-0", "beef" * 16, "2026-12-02", "engine:1-p", True, "running", labels
+    )
+
+    baked = baked_in(container, path, "b" * 64)
+
+    assert baked is not None and (baked.patch_id, baked.run_id) == ("p", "R1")
+    assert "the fix came baked in: image engine:1-p was built with p by run R1" in (
+        describe_baked(baked, container)
+    )
+    assert baked_in(container, path, "d" * 64) is None  # changed since the image was built
+    assert baked_in(container, "/other.py", "b" * 64) is None
+    assert baked_in(replace(container, labels={}), path, "b" * 64) is None
+    assert baked_in(None, path, "b" * 64) is None
 
 
 @pytest.mark.parametrize(
@@ -675,16 +700,41 @@ def test_a_baked_image_started_as_a_new_container_serves_the_fix_and_reads_as_ba
         _guarded(fleet)
 
 
+TWO_MODULES = textwrap.dedent(
+    """
+    id = "two-modules"
+    summary = "one fix in two modules"
+    rationale = "test: a patch set baked into one image"
+    [[targets]]
+    module = "sglang.srt.speculative.eagle_worker_v2"
+    versions = ">=0.5.4"
+    [[targets.edits]]
+    kind = "insert"
+    scope = "<module>"
+    position = "end"
+    code = "_OPSPATCH_SET_A = 1"
+    [[targets]]
+    module = "sglang.srt.managers.scheduler"
+    [[targets.edits]]
+    kind = "insert"
+    scope = "<module>"
+    position = "end"
+    code = "_OPSPATCH_SET_B = 2"
+    """
+)
+
+
 @pytest.mark.slow
-def test_bake_dockerfile_context_built_by_hand_gives_the_same_file_bytes(
+def test_bake_dockerfile_context_of_a_patch_set_built_by_hand_gives_the_planned_bytes(
     fleet: ContainerFleet, baked_tags: list[str], tmp_path: Path
 ) -> None:
     engine_image = fleet.inspect(fleet.names[0])["ImageName"]
+    fleet.write_patch("two-modules", TWO_MODULES)
     tag = f"localhost/opspatch-bake-test:context-{tmp_path.name[-24:]}"
     baked_tags.append(tag)
     context = tmp_path / "context"
 
-    run = _bake(fleet, "eagle-init-guard", "--image", engine_image, "--tag", tag,
+    run = _bake(fleet, "two-modules", "--image", engine_image, "--tag", tag,
                 "--dockerfile", str(context))  # fmt: skip
 
     assert run.code == 0, run.stdout + run.stderr
@@ -694,14 +744,20 @@ def test_bake_dockerfile_context_built_by_hand_gives_the_same_file_bytes(
     command = outcome["note"].split("build it with: ", 1)[1]
     assert command == f"podman build --network=none -t {tag} -f {context}/Containerfile {context}"
     assert (context / "patch.diff").read_text().startswith("---")
+    files = outcome["file"]["set"]["files"]
+    assert len(files) == 2
 
     subprocess.run(command.split(), env=_podman_conf(fleet), capture_output=True, check=True)
 
-    baked = _in_image(fleet, tag, "cat", CONTAINER_EAGLE)
-    assert hashlib.sha256(baked).hexdigest() == outcome["file"]["sha256_after"]
-    assert baked == (context / "files" / CONTAINER_EAGLE.lstrip("/")).read_bytes()
+    for file in files:
+        baked = _in_image(fleet, tag, "cat", file["path"])
+        assert hashlib.sha256(baked).hexdigest() == file["sha256_post"] != file["sha256_pre"]
+        assert baked == (context / "files" / file["path"].lstrip("/")).read_bytes()
     labels = json.loads(podman("image", "inspect", tag).stdout)[0]["Labels"]
-    assert labels["io.opspatch.patch"] == "eagle-init-guard"
+    assert labels["io.opspatch.patch"] == "two-modules"
+    assert labels["io.opspatch.files"].split() == [f["path"] for f in files]
+    assert labels["io.opspatch.post-image-sha256"].split() == [f["sha256_post"] for f in files]
+    (fleet.workspace / "patches" / "two-modules.toml").unlink()  # the module's other tests' view
 
 
 @pytest.mark.slow
@@ -723,6 +779,7 @@ def test_bake_of_a_patch_that_does_not_fit_or_of_no_image_is_refused_and_builds_
     assert podman("ps", "-a", "-q", "--filter", "name=opspatch-bake-").stdout == ""
     assert missing.code == 2, missing.stdout + missing.stderr
     assert "image localhost/opspatch-no-such:1 not found by podman" in missing.stderr
+    (fleet.workspace / "patches" / "does-not-fit.toml").unlink()
 
 
 # ---------------------------------------------------------------------------------------------
