@@ -230,14 +230,26 @@ class ImageRuntime:
         Raises:
             InputError: the runtime is not installed or not allowed, or has no such image.
         """
+        found = self.find(reference)
+        if isinstance(found, CommandResult):
+            raise InputError(
+                f"image {reference} not found by {self.runtime} ({runtime_words(found)}); "
+                "nothing was built",
+                hint=f"check `{self.runtime} images`, or pull or build the image first",
+            )
+        return found
+
+    def find(self, reference: str) -> ImageIdentity | CommandResult:
+        """The image `reference` names, or the runtime's answer saying it has none.
+
+        Raises:
+            InputError: the runtime is not installed or not allowed, or its answer is unreadable.
+        """
         result = self._run(image_inspect_command(self.runtime, reference), IMAGE_TIMEOUT)
         if not result.ok:
             words = runtime_words(result)
             if _has(words, _MISSING_IMAGE_WORDS) and result.exit_code != _NO_RUNTIME_STATUS:
-                raise InputError(
-                    f"image {reference} not found by {self.runtime} ({words}); nothing was built",
-                    hint=f"check `{self.runtime} images`, or pull or build the image first",
-                )
+                return result
             raise self._refusal(result, f"cannot inspect image {reference}")
         try:
             return parse_image_inspect(self.runtime, reference, result.stdout)

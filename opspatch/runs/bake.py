@@ -113,7 +113,7 @@ def bake_image(
     tag = request.tag or default_tag(request.image, patch.spec.id)
     _check_request(request, tag)
     base = runtime.inspect(request.image)
-    if request.context_dir is None and _exists(runtime, tag):
+    if request.context_dir is None and isinstance(runtime.find(tag), ImageIdentity):
         raise InputError(
             f"image {tag} exists already; nothing was built",
             hint=f"name another with --tag, or remove it (`{request.runtime} rmi {tag}`)",
@@ -168,16 +168,6 @@ def _check_request(request: BakeRequest, tag: str) -> None:
             f"--dockerfile {directory}: exists and is not an empty directory; nothing was written",
             hint="name a new or empty directory for the build context",
         )
-
-
-def _exists(runtime: ImageRuntime, tag: str) -> bool:
-    try:
-        runtime.inspect(tag)
-    except InputError as exc:
-        if "not found" in exc.message:
-            return False
-        raise
-    return True
 
 
 def _scratch_host(tag: str, scratch: ContainerSettings, python: str) -> Host:
