@@ -755,6 +755,17 @@ def test_bake_dockerfile_context_of_a_patch_set_built_by_hand_gives_the_planned_
         assert baked == (context / "files" / file["path"].lstrip("/")).read_bytes()
     labels = json.loads(podman("image", "inspect", tag).stdout)[0]["Labels"]
     assert labels["io.opspatch.patch"] == "two-modules"
+    # the diff is `git apply`-able in the image's editable checkout, to the same bytes
+    applied = subprocess.run(
+        ["podman", "run", "--rm", "--network=none", "--volume", f"{context}:/context:ro",
+         "--entrypoint", "sh", engine_image, "-c",
+         "cd /sgl-workspace/sglang && git apply --directory=python /context/patch.diff && "
+         "sha256sum " + " ".join(f["path"] for f in files)],
+        env=_podman_conf(fleet), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert [line.split()[0] for line in applied.stdout.splitlines()] == [
+        f["sha256_post"] for f in files
+    ]
     assert labels["io.opspatch.files"].split() == [f["path"] for f in files]
     assert labels["io.opspatch.post-image-sha256"].split() == [f["sha256_post"] for f in files]
     (fleet.workspace / "patches" / "two-modules.toml").unlink()  # the module's other tests' view

@@ -141,7 +141,8 @@ def build_context(
 ) -> dict[str, bytes]:
     """The build context of a baked image, by relative path (pure): the Containerfile (`FROM
     base`, one `COPY` per file keeping its mode and owner, the labels) and each file's bytes;
-    `patch.diff` is the plan's diff, for review (the build does not read it)."""
+    `patch.diff` is the plan's diff (module paths: `git apply --directory=python` in an editable
+    checkout); the build does not read it."""
     lines = [
         "# Written by `opspatch bake`: the base image with the patched file(s) copied over the",
         "# originals (mode and owner kept); the labels name the patch and each file's sha256.",
