@@ -9,10 +9,14 @@ patched).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
+import subprocess
 import textwrap
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +24,29 @@ import pytest
 
 from opspatch.config.inventory import parse_inventory
 from opspatch.config.inventory.show import host_to_json, inventory_show_table
+from opspatch.config.patches import load_patch
+from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.host import ContainerRestart, ContainerSettings
 from opspatch.errors import ContainerError, SpecError
+from opspatch.hosts.image import (
+    BakedFile,
+    ImageIdentity,
+    bake_labels,
+    build_context,
+    read_baked_labels,
+)
 from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.transport.base import Command
 from opspatch.hosts.transport.container import (
+    ContainerIdentity,
     ContainerTransport,
     exec_command,
     parse_inspect,
     restart_command,
 )
 from opspatch.hosts.transport.local import LocalTransport
+from opspatch.runs.bake import default_tag
+from opspatch.runs.status import baked_in, describe_baked
 from opspatch.sandbox.checkout import checkout_files
 from opspatch.sandbox.dist import STANDIN_VERSION
 from tests.clirunner import opspatch
@@ -39,6 +55,12 @@ from tests.fleetkit import EAGLE_RELPATH
 from tests.sshfleet import find_sshd
 
 PODMAN = ContainerSettings(runtime="podman", name="sglang-0")
+EAGLE_PATCH = Path(__file__).resolve().parents[1] / "patches" / "eagle-init-guard.toml"
+PODMAN_DENIED = """#!/bin/sh
+echo 'Error: cannot re-exec process: open /run/containers/storage: permission denied' >&2
+exit 125
+"""
+"""A `podman` that refuses as podman does when the user may not use its storage."""
 
 # ---------------------------------------------------------------------------------------------
 # commands as data, the runtime's words
@@ -178,6 +200,38 @@ def test_a_runtime_not_installed_on_the_host_is_refused_naming_it(
     assert transport.exec_count == 0  # nothing was run in any container
 
 
+def test_apply_preflight_refuses_a_runtime_the_login_user_may_not_use_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "podman"  # podman's own words when its storage is root's
+    wrapper.write_text(PODMAN_DENIED)
+    wrapper.chmod(0o755)
+    workspace = tmp_path / "workspace"
+    (workspace / "inventories").mkdir(parents=True)
+    (workspace / "inventories" / "fleet.toml").write_text(
+        '[defaults]\ntransport = "local"\ncontainer = { runtime = "podman", name = "sglang-0" }\n'
+        '[defaults.engine]\npython = "/usr/bin/python3"\n'
+        'restart = { kind = "container" }\n[hosts.gpu-01]\n'
+    )
+
+    run = opspatch(
+        "apply", str(EAGLE_PATCH), "--hosts", "fleet", "--yes", "--json", cwd=workspace,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "OPSPATCH_STATE_DIR": str(tmp_path / "state")},
+    )  # fmt: skip
+
+    assert run.code == 2, run.stdout + run.stderr
+    (host,) = run.json()["hosts"]
+    assert (
+        "container sglang-0 (podman) cannot be reached: the login user may not use podman"
+        in (host["error"])
+    )
+    assert "permission denied" in host["error"]  # the runtime's own words
+    assert [s["step"] for s in host["steps"] if s["status"] == "ok"] == []  # nothing ran inside
+    assert run.json()["refused"] is True
+
+
 def test_sandbox_containers_refuse_the_wheel_shape_before_anything_starts(tmp_path: Path) -> None:
     run = opspatch(
         "sandbox", "up", "--containers", "--install", "wheel",
@@ -187,6 +241,107 @@ def test_sandbox_containers_refuse_the_wheel_shape_before_anything_starts(tmp_pa
     assert run.code == 2, run.stdout + run.stderr
     assert "`--install wheel` does not go with it" in run.stderr
     assert not (tmp_path / "sandbox" / "sandbox.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# bake: the build context, the labels, the refusals before anything is built
+
+
+def _baked_file(path: str, mode: int = 0o100640) -> BakedFile:
+    return BakedFile(path, b"x = 1\n", mode, 1000, 1001, "a" * 64, "b" * 64)
+
+
+def test_bake_context_copies_each_file_with_its_mode_and_owner_and_the_labels_name_the_patch() -> (
+    None
+):
+    files = [_baked_file("/sgl-workspace/sglang/python/a.py"), _baked_file("/opt/b.py", 0o100755)]
+    base = ImageIdentity("podman", "lmsysorg/sglang:v0.5.4", "f00d" * 16, {})
+    labels = bake_labels(
+        patch_id="two-files", patch_sha256="c" * 64, files=files, run_id="R1", base=base
+    )
+
+    context = build_context(base.reference, files, labels, diff="--- a\n+++ b\n")
+    containerfile = context["Containerfile"].decode()
+
+    assert containerfile.splitlines()[2] == "FROM lmsysorg/sglang:v0.5.4"
+    assert (
+        'COPY --chown=1000:1001 --chmod=0640 ["files/sgl-workspace/sglang/python/a.py", '
+        '"/sgl-workspace/sglang/python/a.py"]'
+    ) in containerfile
+    assert 'COPY --chown=1000:1001 --chmod=0755 ["files/opt/b.py", "/opt/b.py"]' in containerfile
+    assert "RUN" not in containerfile  # the build needs no shell in the image
+    assert context["files/opt/b.py"] == b"x = 1\n"
+    assert set(context) == {
+        "Containerfile", "files/sgl-workspace/sglang/python/a.py", "files/opt/b.py", "patch.diff"
+    }  # fmt: skip
+    said = read_baked_labels(labels)
+    assert said is not None
+    assert (said.patch_id, said.patch_sha256, said.run_id) == ("two-files", "c" * 64, "R1")
+    assert said.post_image_of("/opt/b.py") == "b" * 64
+    assert said.post_image_of("/opt/other.py") is None
+    assert labels["org.opencontainers.image.base.name"] == "lmsysorg/sglang:v0.5.4"
+    assert read_baked_labels({"io.buildah.version": "1.28"}) is None
+
+
+def test_a_container_reads_as_baked_in_only_where_its_file_is_the_bytes_its_image_baked() -> None:
+    path = "/sgl-workspace/sglang/python/a.py"
+    base = ImageIdentity("podman", "engine:1", "f00d" * 16, {})
+    labels = bake_labels(
+        patch_id="p", patch_sha256="c" * 64, files=[_baked_file(path)], run_id="R1", base=base
+    )
+    container = ContainerIdentity(
+        "podman", "sglang-0", "beef" * 16, "2026-12-02", "engine:1-p", True, "running", labels
+    )
+
+    baked = baked_in(container, path, "b" * 64)
+
+    assert baked is not None and (baked.patch_id, baked.run_id) == ("p", "R1")
+    assert "the fix came baked in: image engine:1-p was built with p by run R1" in (
+        describe_baked(baked, container)
+    )
+    assert baked_in(container, path, "d" * 64) is None  # changed since the image was built
+    assert baked_in(container, "/other.py", "b" * 64) is None
+    assert baked_in(replace(container, labels={}), path, "b" * 64) is None
+    assert baked_in(None, path, "b" * 64) is None
+
+
+@pytest.mark.parametrize(
+    ("image", "tag"),
+    [
+        ("lmsysorg/sglang:v0.5.4", "lmsysorg/sglang:v0.5.4-eagle-init-guard"),
+        ("registry:5000/sglang", "registry:5000/sglang:latest-eagle-init-guard"),
+        ("sglang@sha256:" + "0" * 64, "sglang:latest-eagle-init-guard"),
+    ],
+)
+def test_bake_default_tag_is_the_image_tag_and_the_patch_id(image: str, tag: str) -> None:
+    assert default_tag(image, "eagle-init-guard") == tag
+
+
+@pytest.mark.parametrize("runtime", ["missing", "denied"])
+def test_bake_refuses_a_runtime_missing_or_not_allowed_and_builds_nothing(
+    tmp_path: Path, runtime: str
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if runtime == "denied":  # podman's own words when the user may not use its storage
+        wrapper = bin_dir / "podman"
+        wrapper.write_text(PODMAN_DENIED)
+        wrapper.chmod(0o755)
+    context = tmp_path / "context"
+
+    run = opspatch(
+        "bake", str(EAGLE_PATCH), "--image", "lmsysorg/sglang:v0.5.4", "--dockerfile", str(context),
+        env={"PATH": str(bin_dir), "OPSPATCH_STATE_DIR": str(tmp_path / "state")},
+    )  # fmt: skip
+
+    assert run.code == 2, run.stdout + run.stderr
+    said = {
+        "missing": "podman is not installed here",
+        "denied": "this user may not use podman (Error: cannot re-exec process",
+    }[runtime]
+    assert f"cannot inspect image lmsysorg/sglang:v0.5.4: {said}" in run.stderr
+    assert "nothing was built" in run.stderr
+    assert not context.exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,3 +583,278 @@ def test_the_swap_refuses_a_container_recreated_since_the_run_pinned_it(
     assert "was recreated since this run first reached it" in caught.value.message
     assert fleet.read(host.name) == PRISTINE  # nothing was written into the new container
     _guarded(fleet)
+
+
+# ---------------------------------------------------------------------------------------------
+# bake on the fleet's own image: a new container from the baked image, the context built by hand
+
+DOES_NOT_FIT = textwrap.dedent(
+    """
+    id = "does-not-fit"
+    summary = "anchored on a function the image does not have"
+    rationale = "test: a patch that does not fit the image's file"
+    [target]
+    module = "sglang.srt.speculative.eagle_worker_v2"
+    versions = ">=0.5.4"
+    [[edits]]
+    kind = "insert"
+    scope = "EAGLEWorkerV2.no_such_method"
+    position = "start"
+    code = "pass"
+    """
+)
+
+
+def _bake(fleet: ContainerFleet, *args: str) -> Any:
+    """`opspatch bake ARGS` with the sandbox's containers.conf (runc, the ulimits this machine
+    allows), as an operator's podman would have its own."""
+    conf = _podman_conf(fleet)["CONTAINERS_CONF"]
+    return opspatch(
+        "bake", *args, "--json", cwd=fleet.workspace, env={**fleet.env, "CONTAINERS_CONF": conf}
+    )
+
+
+def _podman_conf(fleet: ContainerFleet) -> dict[str, str]:
+    return {**os.environ, "CONTAINERS_CONF": str(fleet.state / "sandbox" / "containers.conf")}
+
+
+def _in_image(fleet: ContainerFleet, tag: str, *argv: str) -> bytes:
+    """What `argv` prints in a throwaway container of image `tag`."""
+    done = subprocess.run(
+        ["podman", "run", "--rm", "--network=none", "--entrypoint", argv[0], tag, *argv[1:]],
+        env=_podman_conf(fleet),
+        capture_output=True,
+        check=True,
+    )
+    return done.stdout
+
+
+@pytest.fixture
+def baked_tags(fleet: ContainerFleet) -> Iterator[list[str]]:
+    """Tags a test builds, removed by their exact names at its end."""
+    tags: list[str] = []
+    yield tags
+    for tag in tags:
+        podman("rmi", "--force", tag, check=False)
+
+
+@pytest.mark.slow
+def test_a_baked_image_started_as_a_new_container_serves_the_fix_and_reads_as_baked_in(
+    fleet: ContainerFleet, baked_tags: list[str]
+) -> None:
+    from opspatch.ledger.store import Ledger
+    from opspatch.sandbox.containers import podman_env, run_container
+    from opspatch.sandbox.layout import SandboxLayout
+
+    _guarded(fleet)  # the host has a run's patch on record: a recreate would say the fix is gone
+    host = fleet.names[-1]
+    engine_image = fleet.inspect(host)["ImageName"]
+    tag = f"localhost/opspatch-bake-test:{fleet.container(host)}"
+    baked_tags.append(tag)
+
+    run = _bake(fleet, "eagle-init-guard", "--image", engine_image, "--tag", tag)
+
+    assert run.code == 0, run.stdout + run.stderr
+    outcome = run.json()["hosts"][0]
+    assert (outcome["host"], outcome["outcome"]) == (tag, "baked")
+    post = outcome["file"]["sha256_after"]
+    labels = json.loads(podman("image", "inspect", tag).stdout)[0]["Labels"]
+    assert labels["io.opspatch.patch"] == "eagle-init-guard"
+    assert labels["io.opspatch.pre-image-sha256"] == hashlib.sha256(PRISTINE).hexdigest()
+    assert labels["io.opspatch.post-image-sha256"] == post
+    assert labels["io.opspatch.files"] == CONTAINER_EAGLE
+    assert labels["org.opencontainers.image.base.name"] == engine_image
+    stat = ("stat", "-c", "%a %u %g", CONTAINER_EAGLE)
+    assert _in_image(fleet, tag, *stat) == _in_image(
+        fleet, engine_image, *stat
+    )  # mode and owner kept
+    versions = Ledger.open(fleet.ledger_path).file_history(tag, CONTAINER_EAGLE)
+    assert [(v.run_id, v.sha256_after) for v in versions] == [(run.json()["run_id"], post)]
+    assert versions[0].container is not None
+    assert versions[0].container.id == json.loads(podman("image", "inspect", tag).stdout)[0]["Id"]
+    assert podman("ps", "-a", "-q", "--filter", "name=opspatch-bake-").stdout == ""
+
+    # the host's container recreated from the baked image: it serves the fix from the start
+    layout = SandboxLayout(fleet.state)
+    podman("rm", "--force", "--time", "0", fleet.container(host))
+    run_container(layout, host, fleet.port(host), tag, podman_env(layout))
+    try:
+        up = fleet.opspatch("sandbox", "up", timeout=300)  # waits for the engine to be ready
+        assert up.code == 0, up.stdout + up.stderr
+        out = fleet.generate(host)
+        assert out is not None and out["meta_info"]["spec_verify_ct"] > 0
+        assert fleet.sha(host) == post
+
+        said = _status(fleet)[host]
+        assert said["state"] == "applied", said
+        assert "the fix came baked in: image" in said["detail"]
+        assert "recreated" not in said["detail"]
+        diagnose = fleet.opspatch("diagnose", "--hosts", f"sandbox:{host}", "--json")
+        report = diagnose.json()["hosts"][0]
+        assert not [f for f in report["findings"] if f["kind"] == "container-recreated"]
+        (eagle,) = [f for f in report["files"] if f["path"] == CONTAINER_EAGLE]
+        assert eagle["state"] == "patched-by-opspatch"
+        assert "baked into the container's image by run" in eagle["detail"]
+    finally:
+        fleet.recreate(host)  # back on the fleet's own image, as the other tests expect
+        _guarded(fleet)
+
+
+TWO_MODULES = textwrap.dedent(
+    """
+    id = "two-modules"
+    summary = "one fix in two modules"
+    rationale = "test: a patch set baked into one image"
+    [[targets]]
+    module = "sglang.srt.speculative.eagle_worker_v2"
+    versions = ">=0.5.4"
+    [[targets.edits]]
+    kind = "insert"
+    scope = "<module>"
+    position = "end"
+    code = "_OPSPATCH_SET_A = 1"
+    [[targets]]
+    module = "sglang.srt.managers.scheduler"
+    [[targets.edits]]
+    kind = "insert"
+    scope = "<module>"
+    position = "end"
+    code = "_OPSPATCH_SET_B = 2"
+    """
+)
+
+
+@pytest.mark.slow
+def test_bake_dockerfile_context_of_a_patch_set_built_by_hand_gives_the_planned_bytes(
+    fleet: ContainerFleet, baked_tags: list[str], tmp_path: Path
+) -> None:
+    engine_image = fleet.inspect(fleet.names[0])["ImageName"]
+    fleet.write_patch("two-modules", TWO_MODULES)
+    tag = f"localhost/opspatch-bake-test:context-{tmp_path.name[-24:]}"
+    baked_tags.append(tag)
+    context = tmp_path / "context"
+
+    run = _bake(fleet, "two-modules", "--image", engine_image, "--tag", tag,
+                "--dockerfile", str(context))  # fmt: skip
+
+    assert run.code == 0, run.stdout + run.stderr
+    outcome = run.json()["hosts"][0]
+    assert outcome["outcome"] == "baked"
+    assert podman("image", "exists", tag, check=False).returncode != 0  # written, not built
+    command = outcome["note"].split("build it with: ", 1)[1]
+    assert command == f"podman build --network=none -t {tag} -f {context}/Containerfile {context}"
+    assert (context / "patch.diff").read_text().startswith("---")
+    files = outcome["file"]["set"]["files"]
+    assert len(files) == 2
+
+    subprocess.run(command.split(), env=_podman_conf(fleet), capture_output=True, check=True)
+
+    for file in files:
+        baked = _in_image(fleet, tag, "cat", file["path"])
+        assert hashlib.sha256(baked).hexdigest() == file["sha256_post"] != file["sha256_pre"]
+        assert baked == (context / "files" / file["path"].lstrip("/")).read_bytes()
+    labels = json.loads(podman("image", "inspect", tag).stdout)[0]["Labels"]
+    assert labels["io.opspatch.patch"] == "two-modules"
+    # the diff is `git apply`-able in the image's editable checkout, to the same bytes
+    applied = subprocess.run(
+        ["podman", "run", "--rm", "--network=none", "--volume", f"{context}:/context:ro",
+         "--entrypoint", "sh", engine_image, "-c",
+         "cd /sgl-workspace/sglang && git apply --directory=python /context/patch.diff && "
+         "sha256sum " + " ".join(f["path"] for f in files)],
+        env=_podman_conf(fleet), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert [line.split()[0] for line in applied.stdout.splitlines()] == [
+        f["sha256_post"] for f in files
+    ]
+    assert labels["io.opspatch.files"].split() == [f["path"] for f in files]
+    assert labels["io.opspatch.post-image-sha256"].split() == [f["sha256_post"] for f in files]
+    (fleet.workspace / "patches" / "two-modules.toml").unlink()  # the module's other tests' view
+
+
+@pytest.mark.slow
+def test_bake_of_a_patch_that_does_not_fit_or_of_no_image_is_refused_and_builds_nothing(
+    fleet: ContainerFleet,
+) -> None:
+    engine_image = fleet.inspect(fleet.names[0])["ImageName"]
+    fleet.write_patch("does-not-fit", DOES_NOT_FIT)
+    tag = "localhost/opspatch-bake-test:does-not-fit"
+
+    misfit = _bake(fleet, "does-not-fit", "--image", engine_image, "--tag", tag)
+    missing = _bake(fleet, "eagle-init-guard", "--image", "localhost/opspatch-no-such:1")
+
+    assert misfit.code == 2, misfit.stdout + misfit.stderr
+    assert f"the patch does not fit image {engine_image}" in misfit.stderr
+    assert "does-not-fit.toml:" in misfit.stderr and "no_such_method" in misfit.stderr
+    assert "nothing was built" in misfit.stderr
+    assert podman("image", "exists", tag, check=False).returncode != 0
+    assert podman("ps", "-a", "-q", "--filter", "name=opspatch-bake-").stdout == ""
+    assert missing.code == 2, missing.stdout + missing.stderr
+    assert "image localhost/opspatch-no-such:1 not found by podman" in missing.stderr
+    (fleet.workspace / "patches" / "does-not-fit.toml").unlink()
+
+
+# ---------------------------------------------------------------------------------------------
+# a container killed mid-swap
+
+KILL_AFTER_SWAP = """#!/bin/sh
+# podman, except that the first exec carrying a swap (while {armed} exists) runs, then the
+# container is killed and started again (as a restart policy would) and the exec's reply is lost.
+if [ "$1" = "exec" ] && [ -e {armed} ]; then
+    cat > {request}
+    if grep -q '"op": "swap"' {request}; then
+        rm -f {armed}
+        {podman} "$@" < {request} > /dev/null 2>&1
+        {podman} kill {container} > /dev/null 2>&1
+        {podman} start {container} > /dev/null 2>&1
+        exit 137
+    fi
+    exec {podman} "$@" < {request}
+fi
+exec {podman} "$@"
+"""
+
+
+@pytest.mark.slow
+def test_a_container_killed_mid_swap_is_read_back_through_a_new_exec_before_the_run_says_more(
+    fleet: ContainerFleet, tmp_path: Path
+) -> None:
+    _guarded(fleet)
+    host = fleet.names[-1]
+    before, first_id = fleet.sha(host), fleet.inspect(host)["Id"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    armed = tmp_path / "armed"
+    armed.touch()
+    wrapper = bin_dir / "podman"
+    wrapper.write_text(
+        KILL_AFTER_SWAP.format(
+            armed=armed,
+            request=tmp_path / "request.json",
+            podman=shutil.which("podman"),
+            container=fleet.container(host),
+        )
+    )
+    wrapper.chmod(0o755)
+
+    run = opspatch(
+        "apply", "break-at-import", "--hosts", f"sandbox:{host}", "--playbook", "fast", "--yes",
+        "--json", cwd=fleet.workspace,
+        env={**fleet.env, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    )  # fmt: skip
+
+    assert not armed.exists()  # the fault fired, on the swap's exec
+    assert run.code == 1, run.stdout + run.stderr
+    (outcome,) = run.json()["hosts"]
+    assert outcome["outcome"] == "rolled-back", outcome
+    assert "the swap did not answer" in outcome["error"]
+    steps = {s["step"]: s for s in outcome["steps"]}
+    # the swap had written the file: the read-back through a new exec saw the post-image
+    assert steps["reconcile"]["status"] == "ok"
+    patched = apply_patch(
+        fleet.read(host), load_patch(fleet.workspace / "patches" / "break-at-import.toml").parts[0]
+    )
+    assert isinstance(patched, Applied)
+    assert steps["reconcile"]["detail"] == f"file is {patched.sha256_after[:12]}"
+    assert fleet.sha(host) == before  # then restored byte-identically
+    assert fleet.inspect(host)["Id"] == first_id  # the same container, started again
+    assert fleet.generate(host) is not None

@@ -21,6 +21,7 @@ import typer.core
 
 from opspatch import __version__
 from opspatch.cli import (
+    bake,
     changes,
     incident,
     inspect,
@@ -93,7 +94,7 @@ def _global(
     options.ledger = ledger_file
 
 
-for group in (patches, changes, inspect, incident, ledger, respond, inventory, sandbox):
+for group in (patches, changes, bake, inspect, incident, ledger, respond, inventory, sandbox):
     group.register(app)
 
 

@@ -42,6 +42,7 @@ OUTCOME_STYLE = {
     "already-applied": "green",
     "restored": "green",
     "unlocked": "green",
+    "baked": "green",
     "staged": "cyan",
     "would-apply": "cyan",
     "rolled-back": "yellow",

@@ -47,6 +47,9 @@ class Outcome(Word):
     """The host is in a state opspatch cannot vouch for (a restore failed)."""
     UNLOCKED = "unlocked"
     """`unlock` removed a lock left behind by a run that is over."""
+    BAKED = "baked"
+    """`bake`: the patched file(s) were built into a new image on top of the base image (or
+    its build context written); no host or container of the fleet was changed."""
     WOULD_APPLY = "would-apply"
     """Dry run: the patch would change this host."""
     NOT_APPLICABLE = "not-applicable"
@@ -81,6 +84,7 @@ RECORDED_OUTCOMES = frozenset(
         Outcome.SKIPPED,
         Outcome.NEEDS_ATTENTION,
         Outcome.UNLOCKED,
+        Outcome.BAKED,
     }
 )
 """Host outcomes a recorded (non-dry) run writes to the ledger."""

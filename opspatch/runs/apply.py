@@ -69,6 +69,19 @@ def apply_to_hosts(
 _HOST_KEY_UNKNOWN = "unknown host key"
 
 
+def misfit_reason(patch: LoadedPatch, item: PreparedFile) -> str:
+    """Why a target does not fit: the patch file, line and field, as `--file` names them (a
+    set's target by its module too)."""
+    if item.version_problem is not None:
+        problem = item.version_problem
+        if patch.is_set:
+            where = patch.location(patch.target_field(item.index, "versions"))
+            problem = f"{where}: {item.part.target.module}: {problem}"
+        return problem
+    assert isinstance(item.plan, NotApplicable)
+    return not_applicable_error(patch, item.path, item.plan, part=item.index).render()
+
+
 @dataclass
 class _FleetApply:
     """One apply across hosts: preflight every host, refuse or roll out under the playbook."""
@@ -211,16 +224,7 @@ class _FleetApply:
         return RunReport(None, "apply", self.patch.spec.id, hosts=tuple(outcomes), dry_run=True)
 
     def _misfit(self, item: PreparedFile) -> str:
-        """Why a target does not fit: the patch file, line and field, as `--file` names them
-        (a set's target by its module too)."""
-        if item.version_problem is not None:
-            problem = item.version_problem
-            if self.patch.is_set:
-                where = self.patch.location(self.patch.target_field(item.index, "versions"))
-                problem = f"{where}: {item.part.target.module}: {problem}"
-            return problem
-        assert isinstance(item.plan, NotApplicable)
-        return not_applicable_error(self.patch, item.path, item.plan, part=item.index).render()
+        return misfit_reason(self.patch, item)
 
     # -- the rollout ---------------------------------------------------------------------------
 

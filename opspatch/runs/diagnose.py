@@ -26,8 +26,9 @@ from opspatch.core.policy import Playbook, StepTimeouts
 from opspatch.core.spec import LoadedPatch, PatchSpec
 from opspatch.core.vocabulary import FileState
 from opspatch.errors import HostError, InputError, LedgerError, OpspatchError, TargetError
-from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, diagnose_host
+from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, ModuleDiagnosis, diagnose_host
 from opspatch.hosts.engine import EXEC_MARGIN, smoke_args
+from opspatch.hosts.image import BakedLabels
 from opspatch.hosts.operations import HostOperations
 from opspatch.ledger.records import FileVersion
 from opspatch.ledger.store import Ledger
@@ -44,7 +45,7 @@ from opspatch.runs.findings import (
     judge_host,
 )
 from opspatch.runs.session import describe_error
-from opspatch.runs.status import container_of, recreated_since
+from opspatch.runs.status import baked_in, container_of, recreated_since
 
 MAX_HOSTS_AT_ONCE = 16
 
@@ -243,7 +244,9 @@ def diagnose_fleet(
             reports.append(HostReport(host.name, None, error=d))
             continue
         files: list[FileVerdict] = [
-            judge_file(m, histories.get((host.name, m.module), []), texts, copy_sources)
+            judge_file(
+                m, histories.get((host.name, m.module), []), texts, copy_sources, _baked(d, m)
+            )
             for m in d.modules
         ]
         files = [
@@ -252,6 +255,11 @@ def diagnose_fleet(
         report = judge_host(d, files, analyse_exceptions(d, specs))
         reports.append(_with_recreated(report, d, histories))
     return FleetDiagnosis(tuple(reports), modules)
+
+
+def _baked(d: HostDiagnosis, m: ModuleDiagnosis) -> BakedLabels | None:
+    """The bake the container's image carries for this module's file, if its bytes are it."""
+    return baked_in(d.container, m.file.realpath, m.file.sha256) if m.file is not None else None
 
 
 def _with_recreated(
@@ -264,7 +272,8 @@ def _with_recreated(
     found = [
         Finding("container-recreated", PROBLEM, "the fix is no longer there", said)
         for m in d.modules
-        if (said := recreated_since(histories.get((d.host, m.module), []), None, d.container))
+        if not _baked(d, m)
+        and (said := recreated_since(histories.get((d.host, m.module), []), None, d.container))
     ]
     return replace(report, findings=(*found, *report.findings)) if found else report
 

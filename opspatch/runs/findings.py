@@ -29,6 +29,7 @@ from opspatch.hosts.diagnosis import (
     ModuleDiagnosis,
     TracebackGroup,
 )
+from opspatch.hosts.image import BakedLabels
 from opspatch.ledger.records import FileVersion
 
 PROBLEM, WARNING, INFO = FindingLevel.PROBLEM, FindingLevel.WARNING, FindingLevel.INFO
@@ -219,12 +220,14 @@ def judge_file(
     history: Sequence[FileVersion],
     texts: Mapping[str, bytes],
     copy_sources: Mapping[str, str],
+    baked: BakedLabels | None = None,
 ) -> FileVerdict:
     """Where one imported file stands (see the module docstring).
 
     `history`: the ledger's changes of this file on this host, newest first. `texts`: known
     bytes by sha256 (RECORD-verified copies on other hosts, the ledger's stored images).
     `copy_sources`: for a sha256 in `texts`, where the bytes come from (for the diff's label).
+    `baked`: the bake of the container's image, when the file is the bytes it baked.
     """
     if m.error is not None or m.file is None:
         state = (
@@ -251,6 +254,16 @@ def judge_file(
         label = f"the RECORD of {m.distribution} {m.distribution_version}"
     elif m.checkout and m.checkout.head_sha256 and m.checkout.head:
         reference, label = m.checkout.head_sha256, f"git HEAD {m.checkout.head[:12]}"
+    if baked is not None:  # the image carries it: a write in an earlier container is moot
+        return FileVerdict(
+            m.module,
+            FileState.PATCHED_BY_OPSPATCH,
+            f"baked into the container's image by run {baked.run_id} (patch {baked.patch_id}, "
+            f"FROM {baked.base})",
+            patch_id=baked.patch_id,
+            run_id=baked.run_id,
+            **common,
+        )
     written = next((v for v in history if v.action == "patch" and v.sha256_after == live), None)
     if written is not None:
         return FileVerdict(

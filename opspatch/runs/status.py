@@ -26,6 +26,7 @@ from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch, PatchSpec
 from opspatch.core.vocabulary import PatchState, Rotation
 from opspatch.errors import OpspatchError, TargetError
+from opspatch.hosts.image import BakedLabels, read_baked_labels
 from opspatch.hosts.operations import HostInspection, HostOperations
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.container import ContainerIdentity, ContainerTransport
@@ -156,6 +157,16 @@ def _classify_file(
         else []
     )
     standing = locate(history, applied_versions(history, patch.spec.id), file.sha256)
+    baked = baked_in(container, file.realpath, file.sha256)
+    if baked is not None and baked.patch_id == patch.spec.id and container is not None:
+        return PatchStatus(
+            host=host,
+            patch=patch.spec.id,
+            state=PatchState.APPLIED,
+            path=file.realpath,
+            sha256=file.sha256,
+            detail=describe_baked(baked, container),
+        )
     recreated = recreated_since(history, patch.spec.id, container)
     if recreated is not None and not isinstance(standing, AtPostImage | PatchedFurther):
         return PatchStatus(
@@ -300,6 +311,23 @@ def recreated_since(
         f"the container was recreated since run {written.run_id} patched it (created at "
         f"{written.container.created}; now {container.id[:12]}, created at {container.created}): "
         "the fix is no longer there"
+    )
+
+
+def baked_in(container: ContainerIdentity | None, path: str, sha256: str) -> BakedLabels | None:
+    """The bake a container's image carries, when the file at `path` is the bytes it baked
+    there (`opspatch bake`'s labels, which the runtime copies into each container); None
+    otherwise. Such a file came with the image: no recreate of the container loses it."""
+    labels = read_baked_labels(container.labels) if container is not None else None
+    if labels is None or labels.post_image_of(path) != sha256:
+        return None
+    return labels
+
+
+def describe_baked(baked: BakedLabels, container: ContainerIdentity) -> str:
+    return (
+        f"the fix came baked in: image {container.image} was built with {baked.patch_id} by "
+        f"run {baked.run_id} (FROM {baked.base}), and the file is the bytes it baked"
     )
 
 

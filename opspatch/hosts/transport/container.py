@@ -21,7 +21,8 @@ environment, which the rendered command sets), so they stay out of the argv that
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from opspatch.core.host import ContainerSettings
@@ -44,7 +45,8 @@ _NO_RUNTIME_STATUS = 127
 @dataclass(frozen=True)
 class ContainerIdentity:
     """Which container a name stood for when it was inspected: its id, when it was created (the
-    runtime's own text), the image it was created from, and whether it was running."""
+    runtime's own text), the image it was created from, whether it was running, and its labels
+    (the image's among them: a baked image's say which patch it carries, `hosts.image`)."""
 
     runtime: str
     name: str
@@ -53,6 +55,7 @@ class ContainerIdentity:
     image: str
     running: bool
     status: str
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -107,6 +110,7 @@ def parse_inspect(container: ContainerSettings, stdout: bytes) -> ContainerIdent
         image=str(image),
         running=bool(state.get("Running")),
         status=str(state.get("Status") or ""),
+        labels={str(k): str(v) for k, v in (config.get("Labels") or {}).items()},
     )
 
 

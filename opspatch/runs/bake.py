@@ -1,0 +1,349 @@
+"""`opspatch bake`: the durable fix for images, a new image on top of one with the patch baked in.
+
+A fix applied inside a running container goes with its writable layer when the container is
+recreated from its image; the durable fix is an image that carries it. The bake runs the apply's
+own preflight against the image's own files and interpreter, then builds:
+
+```
+image inspect IMAGE (the runtime, the image and the tag checked: nothing built on a refusal)
+scratch container from IMAGE (`sleep` as its entrypoint, no network), reached as a host with
+  `container = {runtime, name}` (the ContainerTransport and the host agent, as for an engine)
+  FleetRun of that one host, command `bake`, recorded:
+    begin + plan (ApplyPipeline.prepare: gate, anchors, validation, postconditions); a patch
+      that does not fit the image's files, or that it carries already, refuses (exit 2)
+    swap (each pending file, in the scratch container: compiled by the image's interpreter)
+    context (Containerfile FROM IMAGE + the patched bytes, mode and owner kept, the labels)
+    build (`<runtime> build`), or, with --dockerfile DIR, the context written there instead
+    the image's file versions (host: the new tag; container record: the image id, its base)
+scratch container removed
+```
+
+The new image is recorded as a host named by its tag, its file versions' container record
+naming the image (its id, and the base image it was built from), so `ledger` shows what was
+baked where with the same records as an apply. The labels (`hosts.image`) name the patch and
+each file's pre- and post-image sha256; `status` and `diagnose` read them in a container
+started from the image.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from opspatch.core.edit import Applied
+from opspatch.core.host import ContainerRuntime, ContainerSettings, EngineSettings, Host
+from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.spec import LoadedPatch
+from opspatch.core.vocabulary import Outcome
+from opspatch.errors import HostError, InputError, OpspatchError
+from opspatch.hosts.image import (
+    BakedFile,
+    ImageIdentity,
+    ImageRuntime,
+    bake_labels,
+    build_command,
+    build_context,
+)
+from opspatch.hosts.operations import open_transport
+from opspatch.hosts.transport.base import Transport
+from opspatch.hosts.transport.container import runtime_words
+from opspatch.hosts.transport.local import LocalTransport
+from opspatch.ledger.records import ContainerRecord
+from opspatch.ledger.store import Ledger
+from opspatch.runs.apply import misfit_reason
+from opspatch.runs.fleetrun import FleetRun
+from opspatch.runs.pipeline import ApplyPipeline, Prepared, PreparedFile
+from opspatch.runs.recorded import recorded_run
+from opspatch.runs.report import HostOutcome, RunReport
+from opspatch.runs.session import HostSession, NoProgress, Progress, describe_error
+
+SCRATCH_STATE_DIR = "/var/tmp/opspatch"
+"""The agent's state (lock, backups) inside the scratch container: gone with it."""
+
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:-]*\Z")
+_TAG_SUFFIX = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclass(frozen=True)
+class BakeRequest:
+    """What to bake: `patch` on top of `image`, tagged `tag` (None: derived from the image and
+    the patch), built by `runtime`; with `context_dir`, the build context is written there and
+    nothing is built. `python` is the image's interpreter."""
+
+    image: str
+    tag: str | None = None
+    context_dir: Path | None = None
+    runtime: ContainerRuntime = "podman"
+    python: str = "python3"
+
+
+def default_tag(image: str, patch_id: str) -> str:
+    """`REPO:TAG-PATCH` for `REPO:TAG` (`latest` when the image names no tag; a digest's repo)."""
+    name = image.split("@", 1)[0]
+    repo, _, tag = name.rpartition(":")
+    if not repo or "/" in tag:  # the colon was a registry's port, not a tag
+        repo, tag = name, "latest"
+    suffix = _TAG_SUFFIX.sub("-", f"{tag}-{patch_id}")[:128]
+    return f"{repo}:{suffix}"
+
+
+def bake_image(
+    patch: LoadedPatch,
+    request: BakeRequest,
+    playbook: Playbook,
+    *,
+    ledger: Ledger,
+    progress: Progress | None = None,
+    runtime_transport: Transport | None = None,
+) -> RunReport:
+    """Bake `patch` into a new image on top of `request.image` (see the module's docstring).
+
+    Raises (nothing built, nothing recorded):
+        InputError: the runtime is missing or not allowed, the image is not found, the tag
+            exists already or is malformed, the context directory is not empty.
+    Raises (the run recorded as refused; nothing built):
+        InputError: the patch does not fit the image's file(s), or the image carries it already.
+    """
+    progress = progress or NoProgress()
+    runtime = ImageRuntime(runtime_transport or LocalTransport("controller"), request.runtime)
+    tag = request.tag or default_tag(request.image, patch.spec.id)
+    _check_request(request, tag)
+    base = runtime.inspect(request.image)
+    if request.context_dir is None and isinstance(runtime.find(tag), ImageIdentity):
+        raise InputError(
+            f"image {tag} exists already; nothing was built",
+            hint=f"name another with --tag, or remove it (`{request.runtime} rmi {tag}`)",
+        )
+    scratch = ContainerSettings(request.runtime, f"opspatch-bake-{secrets.token_hex(4)}")
+    runtime.start_scratch(base.id, scratch.name)
+    try:
+        host = _scratch_host(tag, scratch, request.python)
+        with recorded_run(ledger, command="bake", patch=patch, hosts=[host]) as run:
+            progress.run_started(run.run_id, f"{patch.spec.id} into {tag}, from {request.image}")
+            bake = _Bake(patch, request, playbook, tag, base, runtime, run.run_id)
+            with FleetRun(
+                command="bake",
+                patch_id=patch.spec.id,
+                hosts=[host],
+                factory=open_transport,
+                playbook=playbook,
+                recorder=run,
+                progress=progress,
+            ) as fleet:
+                prepared = fleet.preflight(bake.prepare)
+                if prepared is None:
+                    return run.finish(fleet.cancelled_report())
+                item = prepared[host.name]
+                if isinstance(item, HostOutcome):  # the scratch container could not be begun
+                    fleet.record(item)
+                    return run.finish(fleet.report({host.name: item}, halted=None, refused=True))
+                bake.refuse_misfits(item, fleet)
+                outcomes, halted = fleet.execute(
+                    lambda session: bake.host(session, item),
+                    batches=plan_rollout(playbook, [host.name]).batches,
+                    halt=lambda _: None,
+                )
+                return run.finish(fleet.report(outcomes, halted=halted))
+    finally:
+        runtime.remove(scratch.name)
+
+
+def _check_request(request: BakeRequest, tag: str) -> None:
+    if not _TAG.match(tag) or len(tag) > 255:
+        raise InputError(
+            f"--tag {tag!r} is not an image name; nothing was built",
+            hint="use REPOSITORY[:TAG], letters, digits and . _ - / : only",
+        )
+    directory = request.context_dir
+    if (
+        directory is not None
+        and directory.exists()
+        and (not directory.is_dir() or any(directory.iterdir()))
+    ):
+        raise InputError(
+            f"--dockerfile {directory}: exists and is not an empty directory; nothing was written",
+            hint="name a new or empty directory for the build context",
+        )
+
+
+def _scratch_host(tag: str, scratch: ContainerSettings, python: str) -> Host:
+    """The scratch container as a host of one: named by the tag the bake builds."""
+    return Host(
+        name=tag,
+        inventory="",
+        address="localhost",
+        port=None,
+        user=None,
+        identity_file=None,
+        known_hosts=None,
+        jump=None,
+        transport="local",
+        state_dir=SCRATCH_STATE_DIR,
+        vars={},
+        engine=EngineSettings(python=python),
+        groups=(),
+        container=scratch,
+    )
+
+
+@dataclass
+class _Bake:
+    patch: LoadedPatch
+    request: BakeRequest
+    playbook: Playbook
+    tag: str
+    base: ImageIdentity
+    runtime: ImageRuntime
+    run_id: str
+
+    def __post_init__(self) -> None:
+        self.pipeline = ApplyPipeline(self.patch, self.playbook, restart_engine=False)
+
+    def prepare(self, session: HostSession) -> Prepared | HostOutcome:
+        try:
+            return self.pipeline.prepare(session, lock=True)
+        except OpspatchError as exc:
+            return session.refused(exc)
+
+    def refuse_misfits(self, prepared: Prepared, fleet: FleetRun) -> None:
+        """A patch that does not fit the image's files, or that they carry already: nothing
+        to build (the run is recorded as refused by `recorded_run`).
+
+        Raises:
+            InputError: as said.
+        """
+        misfit = prepared.misfit
+        if misfit is not None:
+            fleet.release_all()
+            raise InputError(
+                f"the patch does not fit image {self.request.image}: "
+                f"{misfit_reason(self.patch, misfit)}; nothing was built"
+            )
+        if not prepared.pending:
+            fleet.release_all()
+            raise InputError(
+                f"image {self.request.image} carries {self.patch.spec.id} already "
+                f"({', '.join(f.path for f in prepared.files)}); nothing was built"
+            )
+
+    def host(self, session: HostSession, prepared: Prepared) -> HostOutcome:
+        """Check the patched files with the image's interpreter, then build (or write) the
+        image's context and record its file versions."""
+        files = [self._baked(item) for item in prepared.pending]
+        try:
+            with session.step("swap") as note:  # compiled by the image's own interpreter
+                for item in prepared.pending:
+                    plan = _plan(item)
+                    result = session.ops.swap(
+                        item.path,
+                        expected_sha256=plan.sha256_before,
+                        new_content=plan.new_source,
+                        lock_run_id=session.lock.run_id,
+                        release_lock=item is prepared.pending[-1],
+                        timeout=self.playbook.timeouts.swap,
+                    )
+                    session.lock.given_back_by(result.lock_released)
+                note["detail"] = "checked in a scratch container of the image: " + "; ".join(
+                    f"{f.path} {f.sha256_before[:12]} -> {f.sha256_after[:12]}" for f in files
+                )
+        except OpspatchError as exc:
+            return session.outcome(
+                Outcome.FAILED,
+                f"the image's interpreter refused the patched file: {describe_error(exc)}; "
+                "nothing was built",
+                file=prepared.change(),
+            )
+        labels = bake_labels(
+            patch_id=self.patch.spec.id,
+            patch_sha256=self.patch.sha256,
+            files=files,
+            run_id=self.run_id,
+            base=self.base,
+        )
+        context = build_context(self.request.image, files, labels, prepared.diff())
+        if self.request.context_dir is not None:
+            directory = self.request.context_dir
+            with session.step("context") as note:
+                _write_context(directory, context)
+                note["detail"] = f"{len(context)} file(s) in {directory}"
+            self._record(session, prepared, image_id="")
+            command = build_command(self.request.runtime, self.tag, str(directory)).render()
+            return session.outcome(
+                Outcome.BAKED,
+                file=prepared.change(),
+                note=f"build context written to {directory}; build it with: {command}",
+            )
+        with tempfile.TemporaryDirectory(prefix="opspatch-bake-") as scratch_dir:
+            try:
+                with session.step("build") as note:
+                    _write_context(Path(scratch_dir), context)
+                    built = self.runtime.build(self.tag, scratch_dir)
+                    if not built.ok:
+                        raise HostError(
+                            f"{self.request.runtime} build: {runtime_words(built)}",
+                            host=self.tag,
+                            step="build",
+                        )
+                    image = self.runtime.inspect(self.tag)
+                    note["detail"] = f"{self.tag} {image.id[:12]} FROM {self.request.image}"
+            except OpspatchError as exc:
+                return session.outcome(
+                    Outcome.FAILED,
+                    f"the image was not built: {describe_error(exc)}",
+                    file=prepared.change(),
+                )
+        self._record(session, prepared, image_id=image.id)
+        return session.outcome(
+            Outcome.BAKED,
+            file=prepared.change(),
+            note=f"image {self.tag} (id {image.id[:12]}) built FROM {self.request.image}, "
+            f"labelled {self.patch.spec.id}",
+        )
+
+    def _baked(self, item: PreparedFile) -> BakedFile:
+        plan = _plan(item)
+        seen = item.inspection.file
+        return BakedFile(
+            path=item.path,
+            content=plan.new_source,
+            mode=seen.mode,
+            uid=seen.uid,
+            gid=seen.gid,
+            sha256_before=plan.sha256_before,
+            sha256_after=plan.sha256_after,
+        )
+
+    def _record(self, session: HostSession, prepared: Prepared, *, image_id: str) -> None:
+        """The image's file versions: pre- and post-images in the ledger, the container record
+        naming the image (no id while only its context is written) and its base."""
+        image = ContainerRecord(self.request.runtime, self.tag, image_id, "", self.request.image)
+        for item in prepared.pending:
+            plan, seen = _plan(item), item.inspection.file
+            session.recorder.file_version(
+                session.name,
+                path=item.path,
+                sha256_before=plan.sha256_before,
+                sha256_after=plan.sha256_after,
+                mode=seen.mode,
+                owner=f"{seen.owner or seen.uid}:{seen.group or seen.gid}",
+                pre_image=plan.old_source,
+                post_image=plan.new_source,
+                container=image,
+            )
+
+
+def _plan(item: PreparedFile) -> Applied:
+    assert isinstance(item.plan, Applied)
+    return item.plan
+
+
+def _write_context(directory: Path, context: Mapping[str, bytes]) -> None:
+    for relative, data in context.items():
+        target = directory / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        target.chmod(0o644)  # the image's mode is the COPY's --chmod, not the context's
