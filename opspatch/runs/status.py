@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from opspatch.core.edit import detect
+from opspatch.core.edit import Detection, detect
 from opspatch.core.host import Host
-from opspatch.core.jsonrecord import JsonRecord, record_to_json
+from opspatch.core.jsonrecord import JsonRecord, json_field, record_to_json
 from opspatch.core.policy import StepTimeouts
-from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import PatchState, Rotation
+from opspatch.core.spec import LoadedPatch, PatchSpec
+from opspatch.core.vocabulary import Detected, PatchState, Rotation
 from opspatch.errors import OpspatchError, TargetError
 from opspatch.hosts.operations import HostInspection, HostOperations
 from opspatch.hosts.transport.base import Transport
@@ -57,6 +57,13 @@ class PatchStatus(JsonRecord):
     rotation: Rotation | None = None
     """Behind a router: whether the router lists its worker healthy (None: no router, or the
     router could not be asked)."""
+    release: str | None = json_field(default=None, omit_none=True)
+    """The version of the distribution that provides the file (None: not inspected, unknown)."""
+    carried: Detected | None = json_field(default=None, omit_none=True)
+    """What the file carries of the patch, structurally, whatever the ledger says (None: the
+    file was not read): what `sync` decides from for a file the ledger no longer explains."""
+    recreated: bool | None = json_field(default=None, omit_none=True)
+    """True: the engine's container was recreated since this patch was written in it."""
 
     def to_json(self) -> dict[str, Any]:
         data = record_to_json(self)
@@ -92,10 +99,28 @@ def classify(
 
     `container` is the container the file was read in, for an engine in one: a container other
     than the one the patch was written in (recreated from its image) is said to be so."""
-    file = inspection.file
     spec = patch.parts[part]
+    structural = detect(inspection.file.content, spec)
+    said = _classify(patch, host, inspection, ledger, container, spec=spec, structural=structural)
+    module = inspection.module
+    release = module.distribution_version if module and module.distribution_version else None
+    return replace(
+        said, release=release or inspection.facts.sglang_version, carried=structural.state
+    )
+
+
+def _classify(
+    patch: LoadedPatch,
+    host: str,
+    inspection: HostInspection,
+    ledger: Ledger | None,
+    container: ContainerIdentity | None,
+    *,
+    spec: PatchSpec,
+    structural: Detection,
+) -> PatchStatus:
+    file = inspection.file
     gate = gate_inspection(spec.target, inspection)
-    structural = detect(file.content, spec)
     history = (
         ledger.file_history(
             host,
@@ -117,6 +142,7 @@ def classify(
             path=file.realpath,
             sha256=file.sha256,
             detail=recreated,
+            recreated=True,
         )
     base: dict[str, Any] = {
         "host": host,
