@@ -173,9 +173,8 @@ def _resolve(workspace: Workspace, document: TomlDocument, written: _FleetFile) 
             try:
                 selected = workspace.hosts(selection)
             except InputError as exc:
-                raise document.error(
-                    (*where, "hosts", number), exc.message, hint=exc.hint
-                ) from None
+                hint = exc.hint or "`opspatch inventory show INVENTORY` lists its hosts and groups"
+                raise document.error((*where, "hosts", number), exc.message, hint=hint) from None
             for host in selected:
                 hosts.setdefault(host.name, host)
                 if host.name not in names:
