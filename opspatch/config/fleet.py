@@ -32,7 +32,7 @@ from opspatch.core.fileschema import FileSchema, expects, problem, spec_error_fr
 from opspatch.core.host import Host
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.tomlsource import TomlDocument
-from opspatch.errors import InputError, Location
+from opspatch.errors import InputError, Location, SelectionError
 
 FLEET_FILE = "fleet.toml"
 """The fleet file's name in the workspace."""
@@ -172,7 +172,7 @@ def _resolve(workspace: Workspace, document: TomlDocument, written: _FleetFile) 
         for number, selection in enumerate(entry.hosts):
             try:
                 selected = workspace.hosts(selection)
-            except InputError as exc:
+            except SelectionError as exc:  # an inventory that is itself wrong says its own line
                 hint = exc.hint or "`opspatch inventory show INVENTORY` lists its hosts and groups"
                 raise document.error((*where, "hosts", number), exc.message, hint=hint) from None
             for host in selected:
