@@ -180,6 +180,9 @@ def sync(
             for host in run.hosts:
                 why = f": {host.error}" if host.error else ""
                 out.print(f"  {host.host}: {host.outcome}{why}")
+        for run in report.left_alone:
+            where = ", ".join(h.host for h in run.hosts)
+            out.print(f"run {run.run_id}: {run.patch} not written on {where} (recorded why)")
         print_plan(report.after)
     raise typer.Exit(report.exit_code)
 

@@ -24,6 +24,7 @@ from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import (
     Detected,
     DriftCause,
+    Outcome,
     PatchState,
     SyncAction,
 )
@@ -37,7 +38,8 @@ from opspatch.errors import (
 from opspatch.ledger.store import Ledger
 from opspatch.runs.apply import apply_to_hosts
 from opspatch.runs.connect import TransportFactory
-from opspatch.runs.report import RunReport
+from opspatch.runs.recorded import recorded_run
+from opspatch.runs.report import HostOutcome, RunReport
 from opspatch.runs.session import NoProgress, Progress
 from opspatch.runs.status import PatchStatus, fleet_status
 
@@ -150,6 +152,8 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
             f"the patch no longer fits release {status.release or '(unknown)'}: {detail}; "
             "port it (alternatives, docs/formats.md); nothing is written there"
         )
+    elif action == SyncAction.APPLY and not detail:
+        detail = "not on the host; sync applies it"
     elif action == SyncAction.FIXED_UPSTREAM:
         detail = f"redundant here: {detail}" if detail else "redundant here"
     return row(action, detail, command)
@@ -288,6 +292,10 @@ class SyncReport(JsonRecord):
     """A sync: the runs it made (one per patch it applied), and the fleet as it is afterwards."""
 
     runs: tuple[RunReport, ...]
+    """The apply runs, one per patch sync applied somewhere."""
+    left_alone: tuple[RunReport, ...]
+    """Per patch, the recorded run naming the hosts sync did not write to although they differ
+    (needs-port, by-hand, staged, unreachable), each host `skipped` with its reason."""
     after: FleetPlan
     exit_code: int = field(init=False)
 
@@ -299,6 +307,7 @@ class SyncReport(JsonRecord):
             "fleet_file": self.after.fleet_file,
             "hosts": list(self.after.hosts),
             "runs": [r.to_json() for r in self.runs],
+            "left_alone": [r.to_json() for r in self.left_alone],
             "rows": [r.to_json() for r in self.after.rows],
             "redundant": [f"{r.host}: {r.patch}" for r in self.after.redundant],
             "exit_code": self.exit_code,
@@ -342,12 +351,13 @@ def sync_fleet(
     before = before or plan_fleet(desired, hosts, others, factory, ledger)
     by_name = {h.name: h for h in hosts}
     runs: list[RunReport] = []
+    left_alone: list[RunReport] = []
     for entry in desired.entries:
-        names = [
-            r.host
-            for r in before.rows
-            if r.patch == entry.patch.spec.id and r.action == SyncAction.APPLY
-        ]
+        rows = [r for r in before.rows if r.patch == entry.patch.spec.id and r.desired]
+        left = [r for r in rows if not r.action.at_goal and r.action != SyncAction.APPLY]
+        if left:
+            left_alone.append(_record_left_alone(entry, left, by_name, playbook, ledger))
+        names = [r.host for r in rows if r.action == SyncAction.APPLY]
         if not names:
             continue
         report = apply_to_hosts(
@@ -363,4 +373,26 @@ def sync_fleet(
         if report.exit_code != EXIT_OK:
             break
     after = plan_fleet(desired, hosts, others, factory, ledger) if runs else before
-    return SyncReport(tuple(runs), after)
+    return SyncReport(tuple(runs), tuple(left_alone), after)
+
+
+def _record_left_alone(
+    entry: DesiredPatch,
+    rows: Sequence[SyncRow],
+    by_name: Mapping[str, Host],
+    playbook: Playbook,
+    ledger: Ledger,
+) -> RunReport:
+    """Record that sync did not write to these hosts, and why (a needs-port is never silently
+    skipped): a `sync` run whose hosts are `skipped` with the action and its reason. Skipped
+    concludes nothing about an earlier change's proof (`runs.proof`)."""
+    hosts = [by_name[r.host] for r in rows]
+    with recorded_run(
+        ledger, command="sync", patch=entry.patch, hosts=hosts, playbook=playbook
+    ) as run:
+        outcomes = tuple(
+            HostOutcome(r.host, Outcome.SKIPPED, f"{r.action}: {r.detail}") for r in rows
+        )
+        for outcome in outcomes:
+            run.outcome(outcome)
+        return run.finish(RunReport(run.run_id, "sync", entry.patch.spec.id, hosts=outcomes))
