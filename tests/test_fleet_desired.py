@@ -15,7 +15,13 @@ from opspatch.config.patches import load_patch
 from opspatch.core.vocabulary import Detected, DriftCause, PatchState, SyncAction
 from opspatch.errors import InputError, Location, SpecError
 from opspatch.runs.status import PatchStatus
-from opspatch.runs.sync import ACTION_BY_STATE, WrittenBefore, decide, drift_cause
+from opspatch.runs.sync import (
+    ACTION_BY_CARRIED,
+    ACTION_BY_STATE,
+    WrittenBefore,
+    decide,
+    drift_cause,
+)
 from tests.clirunner import opspatch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,6 +78,13 @@ def test_decide_says_what_sync_does_about_a_desired_patch(
     assert row.action == action, row
     assert row.desired
     assert (row.command is None) == (action in (SyncAction.NOTHING, SyncAction.OUTSIDE_RANGE))
+
+
+def test_the_table_says_an_action_for_every_status_word() -> None:
+    # drifted alone is decided by what the file carries; a word added to PatchState must be
+    # given its action here, not fall through to by-hand
+    assert {str(s) for s in PatchState} - {str(k) for k in ACTION_BY_STATE} == {"drifted"}
+    assert {str(d) for d in Detected} == {str(k) for k in ACTION_BY_CARRIED}
 
 
 def test_a_fixed_upstream_status_is_left_alone_and_called_redundant() -> None:

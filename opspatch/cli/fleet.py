@@ -22,6 +22,7 @@ from opspatch.cli.context import (
 )
 from opspatch.cli.render import Column, LiveProgress, confirm_or_refuse, emit_json, out, table_of
 from opspatch.core.vocabulary import DriftCause, SyncAction
+from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK
 
 if TYPE_CHECKING:
     from opspatch.config.fleet import DesiredState
@@ -115,12 +116,15 @@ def _print_redundant(plan: FleetPlan) -> None:
 
 
 def show_desired_plan(hosts: str | None, accept_new_host_keys: bool, as_json: bool) -> None:
-    """`plan --fleet`: print the fleet plan; exit 0 (a plan is not a check)."""
+    """`plan --fleet`: print the fleet plan; exit 1 only when a host could not be inspected (as
+    `status`: a plan is not a check, `sync --check` is)."""
     plan = read_plan(hosts, accept_new_host_keys)
     if as_json:
         emit_json(plan.to_json())
     else:
         print_plan(plan)
+    if plan.unreachable:
+        raise typer.Exit(EXIT_HOST_FAILED)
 
 
 def sync(
@@ -205,10 +209,7 @@ def drift(
             {
                 "fleet_file": plan.fleet_file,
                 "hosts": list(plan.hosts),
-                "drift": [
-                    {**r.to_json(), "command": r.command or f"opspatch diagnose --hosts {r.host}"}
-                    for r in drifted
-                ],
+                "drift": [r.to_json() for r in drifted],
             }
         )
     elif not drifted:
@@ -217,9 +218,8 @@ def drift(
         for cause, rows in groupby(drifted, key=lambda r: r.cause):
             out.print(Text(f"{cause}:", style="bold"))
             for r in rows:
-                fix = r.command or f"opspatch diagnose --hosts {r.host}"
-                out.print(f"  {r.host}: {r.patch} ({r.release or '?'}, {r.action}): {fix}")
-    raise typer.Exit(1 if drifted else 0)
+                out.print(f"  {r.host}: {r.patch} ({r.release or '?'}, {r.action}): {r.command}")
+    raise typer.Exit(EXIT_HOST_FAILED if drifted else EXIT_OK)
 
 
 def register(app: typer.Typer) -> None:

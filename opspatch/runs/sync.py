@@ -76,7 +76,7 @@ class SyncRow(JsonRecord):
     patch: str
     desired: bool
     release: str | None
-    state: str
+    state: PatchState
     """`status`'s word for the patch on the host."""
     action: SyncAction
     detail: str
@@ -99,7 +99,7 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
             patch,
             entry is not None,
             status.release,
-            str(status.state),
+            status.state,
             action,
             detail,
             command,
@@ -216,6 +216,11 @@ class FleetPlan(JsonRecord):
         return tuple(r for r in self.rows if r.action == SyncAction.FIXED_UPSTREAM)
 
     @property
+    def unreachable(self) -> bool:
+        """Whether some host could not be inspected (`plan --fleet` exits 1, as `status`)."""
+        return any(r.action == SyncAction.UNREACHABLE for r in self.rows)
+
+    @property
     def exit_code(self) -> int:
         """`sync --check`: 0 when every host is as desired, else 1."""
         return EXIT_HOST_FAILED if self.differing else EXIT_OK
@@ -253,7 +258,9 @@ def plan_fleet(
             if row is None:
                 continue
             cause = drift_cause(row, status, _written_before(ledger, status))
-            rows.append(replace(row, cause=cause))
+            # a file that drifted with the fix still in it has no sync command: diagnose says how
+            fix = row.command or (f"opspatch diagnose --hosts {host.name}" if cause else None)
+            rows.append(replace(row, cause=cause, command=fix))
     return FleetPlan(desired.path, tuple(h.name for h in hosts), tuple(rows))
 
 
