@@ -2,12 +2,13 @@
 stand-in engines, the real console script, a real ledger), in the order an operator meets it:
 the desired patch applied by sync; a reinstall of the same release on one host found by
 `sync --check` and `drift` and restored by sync; a host added to the group patched by the next
-sync; an upgrade to a release where the patch's anchor is gone reported `needs-port` with
-nothing written. The tests run in file order and each leaves the fleet as the next expects.
+sync; a hand edit that kept the fix is drift, not a sync difference; an upgrade to a release
+where the patch's anchor is gone reported `needs-port` with nothing written. The tests run in file order and each leaves the fleet as the next expects.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -124,13 +125,29 @@ def test_a_host_added_to_the_group_gets_the_desired_patch_on_the_next_sync(
     fleet.hosts = {h.name: h for h in inventory.hosts}
     code, lines = check(fleet)
     assert code == 1 and [line.split(":")[0] for line in lines] == ["sandbox-03"], lines
-    drift = fleet.opspatch("drift").stdout
-    assert "patch-missing:\n  sandbox-03: eagle-init-guard" in drift, drift
     doc = sync(fleet)
     (run,) = doc["runs"]
     assert [(h["host"], h["outcome"]) for h in run["hosts"]] == [("sandbox-03", "applied")]
     assert carries_patch(fleet, "sandbox-03")
     assert check(fleet)[0] == 0
+
+
+def test_a_hand_edit_that_kept_the_fix_is_drift_but_not_a_sync_difference(
+    fleet: SandboxFleet,
+) -> None:
+    path = fleet.file("sandbox-03")
+    written, stat = path.read_bytes(), path.stat()
+    path.write_bytes(written + b"# tuned by hand\n")
+    try:
+        drift = fleet.opspatch("drift", "--json")
+        assert drift.code == 1, drift.stdout + drift.stderr
+        assert [
+            (d["host"], d["cause"], d["action"], d["command"]) for d in drift.json()["drift"]
+        ] == [("sandbox-03", "hand-edit", "nothing", "opspatch diagnose --hosts sandbox-03")]
+        assert check(fleet)[0] == 0  # the desired patch is there: nothing for sync to do
+    finally:  # the bytes and the time: a file newer than its server reads as staged
+        path.write_bytes(written)
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def install_release_without_the_anchor(fleet: SandboxFleet, name: str, version: str) -> None:
