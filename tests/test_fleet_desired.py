@@ -5,6 +5,7 @@ file, line and field with exit 2 (the real console script for that)."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from opspatch.config.lookup import Workspace
 from opspatch.config.patches import load_patch
 from opspatch.core.vocabulary import Detected, DriftCause, PatchState, SyncAction
 from opspatch.errors import InputError, Location, SpecError
-from opspatch.runs.status import PatchStatus
+from opspatch.runs.status import PatchStatus, combine_set
 from opspatch.runs.sync import (
     ACTION_BY_CARRIED,
     ACTION_BY_STATE,
@@ -263,3 +264,29 @@ def test_every_fleet_command_refuses_a_bad_fleet_file_with_exit_2(
     assert f"{workspace.root}/{BAD_FILES[0][1]}" in run.stderr
     # refused before a ledger or a host was touched
     assert not workspace.state_dir.exists() or not any(workspace.state_dir.rglob("*.sqlite3"))
+
+
+def test_a_patch_set_carries_what_its_files_carry_together(tmp_path: Path) -> None:
+    from tests.test_patch_sets import HEADER, SET_ID, TARGET_A, TARGET_B
+
+    path = tmp_path / f"{SET_ID}.toml"
+    path.write_text(HEADER + TARGET_A + TARGET_B)
+    patch_set = load_patch(path)
+
+    def part(carried: Detected, state: str) -> PatchStatus:
+        return replace(status(state, carried=carried), patch=SET_ID)
+
+    whole = combine_set(
+        patch_set,
+        "gpu-01",
+        [part(Detected.APPLIED, "applied"), part(Detected.APPLIED, "applied")],
+    )
+    assert (whole.carried, whole.release) == (Detected.APPLIED, "0.5.23")
+    broken = combine_set(
+        patch_set,
+        "gpu-01",
+        [part(Detected.NOT_APPLIED, "not-applied"), part(Detected.UNKNOWN, "unknown")],
+    )
+    assert broken.carried == Detected.UNKNOWN
+    row = decide(replace(ENTRY, patch=patch_set), broken)
+    assert row is not None and row.action == SyncAction.NEEDS_PORT

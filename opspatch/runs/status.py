@@ -250,7 +250,20 @@ def combine_set(patch: LoadedPatch, host: str, files: Sequence[PatchStatus]) -> 
         detail,
         server_running=running[0] if running else None,
         files=tuple(files),
+        release=first.release,
+        carried=_carried_by_set([f.carried for f in files]),
+        recreated=True if any(f.recreated for f in files) else None,
     )
+
+
+def _carried_by_set(carried: Sequence[Detected | None]) -> Detected | None:
+    """What a set's files carry together: a file not read or not fitting decides first."""
+    if None in carried:
+        return None
+    kinds = set(carried)
+    if Detected.UNKNOWN in kinds:
+        return Detected.UNKNOWN
+    return kinds.pop() if len(kinds) == 1 else Detected.PARTIAL
 
 
 def recreated_since(
