@@ -5,7 +5,7 @@ Results go to stdout (a diff, a table, or one JSON document with `--json`); prog
 errors go to stderr. Exit codes (architecture.md): 0 every host reached the goal; 1 a host failed
 (and was restored); 2 bad input, configuration or usage (nothing was changed); 3 needs attention.
 `errors.exit_code_for` decides for errors, `RunReport.exit_code` for runs. The commands live in
-one module per group (`patches`, `changes`, `inspect`, `incident`, `respond`, `ledger`,
+one module per group (`patches`, `changes`, `fleet`, `inspect`, `incident`, `respond`, `ledger`,
 `inventory`, `sandbox`), each thin: parse, confirm, call one function, print.
 """
 
@@ -23,6 +23,7 @@ from opspatch import __version__
 from opspatch.cli import (
     bake,
     changes,
+    fleet,
     incident,
     inspect,
     inventory,
@@ -94,7 +95,7 @@ def _global(
     options.ledger = ledger_file
 
 
-for group in (patches, changes, bake, inspect, incident, ledger, respond, inventory, sandbox):
+for group in (patches, changes, bake, fleet, inspect, incident, ledger, respond, inventory, sandbox):
     group.register(app)
 
 

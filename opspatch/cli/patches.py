@@ -13,7 +13,6 @@ from opspatch.cli.context import (
     FileOption,
     HostsOption,
     JsonOption,
-    PatchArgument,
     options,
 )
 from opspatch.cli.render import emit_json, err, out, print_diff, print_dry_run, print_error
@@ -274,14 +273,39 @@ def show_fleet_plan(
 
 
 def plan(
-    patch: PatchArgument,
+    patch: Annotated[
+        str | None,
+        typer.Argument(
+            help="Patch id (looked up in patches/) or a .toml path; none with --fleet",
+            metavar="PATCH",
+        ),
+    ] = None,
     file: FileOption = None,
     hosts: HostsOption = None,
+    fleet: Annotated[
+        bool,
+        typer.Option(
+            "--fleet",
+            help="Per host: the patches fleet.toml wants, what is there, what `sync` would do.",
+        ),
+    ] = False,
     target_version: TargetVersionOption = None,
     accept_new_host_keys: AcceptKeysOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Show the diff a patch would make (per host: facts, file, diff or why not); change nothing."""
+    if fleet:
+        if patch is not None or file is not None:
+            raise InputError(
+                "plan --fleet takes no PATCH or --file: the fleet file says which patches",
+                hint="opspatch plan --fleet [--hosts TARGET]",
+            )
+        from opspatch.cli.fleet import show_desired_plan
+
+        show_desired_plan(hosts, accept_new_host_keys, as_json)
+        return
+    if patch is None:
+        raise InputError("plan needs PATCH (or --fleet)", hint="opspatch plan PATCH --hosts TARGET")
     one_target(file, hosts, "plan")
     loaded = options.load_patch(patch)
     if file is not None:

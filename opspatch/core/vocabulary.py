@@ -158,6 +158,58 @@ class RunOutcome(Word):
     NEEDS_ATTENTION = "needs-attention"
 
 
+class SyncAction(Word):
+    """What `sync` does about one desired patch on one host (`plan --fleet`, `sync --check`)."""
+
+    NOTHING = "nothing"
+    """The patch is there and its server runs it."""
+    APPLY = "apply"
+    """The patch is missing (never applied, or a reinstall or recreated container wiped it) and
+    fits the host's file: sync applies it through the apply pipeline."""
+    RESTART = "restart"
+    """The file carries the patch but the running server predates it (`opspatch restart`)."""
+    NEEDS_PORT = "needs-port"
+    """The patch no longer fits the host's release (anchor gone, pre-image unknown, outside the
+    patch's own range): nothing is written; the patch must be ported."""
+    FIXED_UPSTREAM = "fixed-upstream"
+    """The host's release already has the fix: left alone, the fleet entry is redundant there."""
+    OUTSIDE_RANGE = "outside-range"
+    """The host's release is outside the fleet entry's `releases`: the patch is not for it."""
+    BY_HAND = "by-hand"
+    """sync cannot decide (a partly applied file, an unknown release): an operator looks."""
+    UNREACHABLE = "unreachable"
+    """The host could not be inspected."""
+    EXTRA = "extra"
+    """A patch the fleet file does not want there is on the host; sync leaves it (never removes
+    a fix unasked) and names the rollback."""
+
+    @property
+    def at_goal(self) -> bool:
+        """Whether the host is as the fleet file wants it, as far as this patch goes."""
+        return self in AT_GOAL
+
+
+AT_GOAL = frozenset({SyncAction.NOTHING, SyncAction.FIXED_UPSTREAM, SyncAction.OUTSIDE_RANGE})
+"""Sync actions that leave a host as desired: `sync --check` exits 0 when every row is one."""
+
+
+class DriftCause(Word):
+    """Why a host's file is not what the ledger and the fleet file expect (`opspatch drift`)."""
+
+    UPGRADED = "upgraded"
+    """The release changed since opspatch wrote the file (pip install -U)."""
+    REINSTALLED = "reinstalled"
+    """The same release's pristine file is back (a reinstall), the fix gone."""
+    RECREATED_CONTAINER = "recreated-container"
+    """The engine's container was recreated from its image since it was patched."""
+    HAND_EDIT = "hand-edit"
+    """The file changed since opspatch wrote it, within the same release, not back to pristine."""
+    PATCH_MISSING = "patch-missing"
+    """A desired patch that opspatch never wrote on the host."""
+    PATCH_EXTRA = "patch-extra"
+    """A patch the fleet file does not want there is on the host."""
+
+
 class RestartPolicy(Word):
     """A playbook's `restart`: what follows the swap."""
 

@@ -47,22 +47,27 @@ def apply_to_hosts(
     ledger: Ledger | None,
     progress: Progress | None = None,
     dry_run: bool = False,
+    command: str = "apply",
 ) -> RunReport:
     """Apply `patch` across `hosts` under `playbook` (a dry run locks and records nothing).
+
+    `command` is the run's name in the ledger: `sync` applies through this same run.
 
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
     """
     progress = progress or NoProgress()
     if dry_run:
-        return _FleetApply(patch, playbook, hosts, factory, NullRecorder(), progress, True).run()
+        return _FleetApply(
+            patch, playbook, hosts, factory, NullRecorder(), progress, True, command
+        ).run()
     if ledger is None:
         raise ValueError("an apply that changes hosts is recorded: pass the ledger")
-    with recorded_run(ledger, command="apply", patch=patch, hosts=hosts, playbook=playbook) as run:
+    with recorded_run(ledger, command=command, patch=patch, hosts=hosts, playbook=playbook) as run:
         progress.run_started(
             run.run_id, f"{patch.spec.id} on {len(hosts)} host(s), playbook {playbook.name}"
         )
-        report = _FleetApply(patch, playbook, hosts, factory, run, progress, False).run()
+        report = _FleetApply(patch, playbook, hosts, factory, run, progress, False, command).run()
         return run.finish(report)
 
 
@@ -93,6 +98,7 @@ class _FleetApply:
     recorder: Recorder
     progress: Progress
     dry_run: bool
+    command: str = "apply"
 
     def run(self) -> RunReport:
         self.pipeline = ApplyPipeline(
@@ -101,7 +107,7 @@ class _FleetApply:
         self.host_key_refusals: dict[str, HostKeyError] = {}
         self.become_refusals: dict[str, BecomeError] = {}
         with FleetRun(
-            command="apply",
+            command=self.command,
             patch_id=self.patch.spec.id,
             hosts=self.hosts,
             factory=self.factory,
@@ -189,7 +195,7 @@ class _FleetApply:
             return None
         return RunReport(
             self.recorder.reported_run_id,
-            "apply",
+            self.command,
             self.patch.spec.id,
             hosts=tuple(outcomes),
             halted="refused before any change: " + "; ".join(reasons),
@@ -221,7 +227,9 @@ class _FleetApply:
                 outcomes.append(
                     session.outcome(Outcome.ALREADY_APPLIED, "; ".join(reasons), file=item.change())
                 )
-        return RunReport(None, "apply", self.patch.spec.id, hosts=tuple(outcomes), dry_run=True)
+        return RunReport(
+            None, self.command, self.patch.spec.id, hosts=tuple(outcomes), dry_run=True
+        )
 
     def _misfit(self, item: PreparedFile) -> str:
         return misfit_reason(self.patch, item)

@@ -38,7 +38,7 @@ DRAIN_SETTLE_SECONDS = 0.5
 before the removal may still be on its way into the worker's queue."""
 
 ADMIT_POLL_SECONDS = 0.1
-ROTATING_COMMANDS = frozenset({"apply", "restart", "rollback", "recover"})
+ROTATING_COMMANDS = frozenset({"apply", "sync", "restart", "rollback", "recover"})
 """The commands that restart engines, and so drain and admit around the restart."""
 
 

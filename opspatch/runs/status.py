@@ -19,12 +19,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from opspatch.analysis.upstream import UpstreamVerdict, part_verdict
-from opspatch.core.edit import detect
+from opspatch.core.edit import Detection, detect
 from opspatch.core.host import Host
-from opspatch.core.jsonrecord import JsonRecord, record_to_json
+from opspatch.core.jsonrecord import JsonRecord, json_field, record_to_json
 from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch, PatchSpec
-from opspatch.core.vocabulary import PatchState, Rotation
+from opspatch.core.vocabulary import Detected, PatchState, Rotation
 from opspatch.errors import OpspatchError, TargetError
 from opspatch.hosts.image import BakedLabels, read_baked_labels
 from opspatch.hosts.operations import HostInspection, HostOperations
@@ -61,6 +61,13 @@ class PatchStatus(JsonRecord):
     rotation: Rotation | None = None
     """Behind a router: whether the router lists its worker healthy (None: no router, or the
     router could not be asked)."""
+    release: str | None = json_field(default=None, omit_none=True)
+    """The version of the distribution that provides the file (None: not inspected, unknown)."""
+    carried: Detected | None = json_field(default=None, omit_none=True)
+    """What the file carries of the patch, structurally, whatever the ledger says (None: the
+    file was not read): what `sync` decides from for a file the ledger no longer explains."""
+    recreated: bool | None = json_field(default=None, omit_none=True)
+    """True: the engine's container was recreated since this patch was written in it."""
 
     def to_json(self) -> dict[str, Any]:
         data = record_to_json(self)
@@ -106,7 +113,14 @@ def classify(
         if upstream.disagreement:
             detail += f"; {upstream.disagreement}"
         return PatchStatus(
-            host, patch.spec.id, PatchState.FIXED_UPSTREAM, file.realpath, file.sha256, detail
+            host,
+            patch.spec.id,
+            PatchState.FIXED_UPSTREAM,
+            file.realpath,
+            file.sha256,
+            detail,
+            release=module_release(inspection),
+            carried=detect(file.content, patch.parts[part]).state,
         )
     said = _classify_file(patch, host, inspection, ledger, container, part=part)
     if upstream is not None and upstream.disagreement:
@@ -143,10 +157,32 @@ def _classify_file(
     part: int,
 ) -> PatchStatus:
     """`classify` for a file that is not fixed upstream: the ledger and the patch decide."""
-    file = inspection.file
     spec = patch.parts[part]
+    structural = detect(inspection.file.content, spec)
+    said = _classify(patch, host, inspection, ledger, container, spec=spec, structural=structural)
+    return replace(said, release=module_release(inspection), carried=structural.state)
+
+
+def module_release(inspection: HostInspection) -> str | None:
+    """The version of the distribution that provides the file, else the engine's own."""
+    module = inspection.module
+    if module is not None and module.distribution_version:
+        return module.distribution_version
+    return inspection.facts.sglang_version
+
+
+def _classify(
+    patch: LoadedPatch,
+    host: str,
+    inspection: HostInspection,
+    ledger: Ledger | None,
+    container: ContainerIdentity | None,
+    *,
+    spec: PatchSpec,
+    structural: Detection,
+) -> PatchStatus:
+    file = inspection.file
     gate = gate_inspection(spec.target, inspection)
-    structural = detect(file.content, spec)
     history = (
         ledger.file_history(
             host,
@@ -178,6 +214,7 @@ def _classify_file(
             path=file.realpath,
             sha256=file.sha256,
             detail=recreated,
+            recreated=True,
         )
     base: dict[str, Any] = {
         "host": host,
@@ -287,7 +324,20 @@ def combine_set(patch: LoadedPatch, host: str, files: Sequence[PatchStatus]) -> 
         detail,
         server_running=running[0] if running else None,
         files=tuple(files),
+        release=first.release,
+        carried=_carried_by_set([f.carried for f in files]),
+        recreated=True if any(f.recreated for f in files) else None,
     )
+
+
+def _carried_by_set(carried: Sequence[Detected | None]) -> Detected | None:
+    """What a set's files carry together: a file not read or not fitting decides first."""
+    if None in carried:
+        return None
+    kinds = set(carried)
+    if Detected.UNKNOWN in kinds:
+        return Detected.UNKNOWN
+    return kinds.pop() if len(kinds) == 1 else Detected.PARTIAL
 
 
 def recreated_since(

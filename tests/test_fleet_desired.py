@@ -1,0 +1,292 @@
+"""The fleet file and the pure decision `plan --fleet`, `sync` and `drift` share: table cases
+over `runs.sync.decide` and `drift_cause` (no processes), and every bad fleet file refused at its
+file, line and field with exit 2 (the real console script for that)."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from opspatch.config.fleet import DesiredPatch, load_fleet
+from opspatch.config.lookup import Workspace
+from opspatch.config.patches import load_patch
+from opspatch.core.vocabulary import Detected, DriftCause, PatchState, SyncAction
+from opspatch.errors import InputError, Location, SpecError
+from opspatch.runs.status import PatchStatus, combine_set
+from opspatch.runs.sync import (
+    ACTION_BY_CARRIED,
+    ACTION_BY_STATE,
+    WrittenBefore,
+    decide,
+    drift_cause,
+)
+from tests.clirunner import opspatch
+
+REPO = Path(__file__).resolve().parent.parent
+PATCH = load_patch(REPO / "patches" / "eagle-init-guard.toml")
+ENTRY = DesiredPatch(PATCH, ("gpu-01",), ">=0.5.4,<0.5.24", Location("fleet.toml", 2, "x"))
+PRE, POST = "a" * 64, "b" * 64
+
+
+def status(
+    state: str,
+    *,
+    release: str | None = "0.5.23",
+    carried: Detected | None = None,
+    sha: str = PRE,
+    recreated: bool | None = None,
+) -> PatchStatus:
+    return PatchStatus(
+        "gpu-01",
+        "eagle-init-guard",
+        PatchState(state),
+        "/site/eagle_worker_v2.py",
+        sha,
+        "said by status",
+        release=release,
+        carried=carried,
+        recreated=recreated,
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "carried", "release", "action"),
+    [
+        ("applied", Detected.APPLIED, "0.5.23", SyncAction.NOTHING),
+        ("not-applied", Detected.NOT_APPLIED, "0.5.23", SyncAction.APPLY),
+        ("staged", Detected.APPLIED, "0.5.23", SyncAction.RESTART),
+        # the ledger no longer explains the file: what it carries decides
+        ("drifted", Detected.NOT_APPLIED, "0.5.23", SyncAction.APPLY),
+        ("drifted", Detected.UNKNOWN, "0.5.23", SyncAction.NEEDS_PORT),
+        ("drifted", Detected.APPLIED, "0.5.23", SyncAction.NOTHING),
+        ("unknown", Detected.UNKNOWN, "0.5.23", SyncAction.NEEDS_PORT),
+        ("not-applicable", None, "0.5.23", SyncAction.NEEDS_PORT),
+        ("partial", Detected.PARTIAL, "0.5.23", SyncAction.BY_HAND),
+        ("unreachable", None, None, SyncAction.UNREACHABLE),
+        # the entry's range, before what the file carries
+        ("not-applied", Detected.NOT_APPLIED, "0.5.24", SyncAction.OUTSIDE_RANGE),
+        ("not-applied", Detected.NOT_APPLIED, None, SyncAction.BY_HAND),
+    ],
+)
+def test_decide_says_what_sync_does_about_a_desired_patch(
+    state: str, carried: Detected | None, release: str | None, action: SyncAction
+) -> None:
+    row = decide(ENTRY, status(state, carried=carried, release=release))
+    assert row is not None
+    assert row.action == action, row
+    assert row.desired
+    assert (row.command is None) == (action in (SyncAction.NOTHING, SyncAction.OUTSIDE_RANGE))
+
+
+def test_the_table_says_an_action_for_every_status_word() -> None:
+    # drifted alone is decided by what the file carries; a word added to PatchState must be
+    # given its action here, not fall through to by-hand
+    assert {str(s) for s in PatchState} - {str(k) for k in ACTION_BY_STATE} == {"drifted"}
+    assert {str(d) for d in Detected} == {str(k) for k in ACTION_BY_CARRIED}
+
+
+def test_a_fixed_upstream_status_is_left_alone_and_called_redundant() -> None:
+    assert ACTION_BY_STATE[PatchState.FIXED_UPSTREAM] == SyncAction.FIXED_UPSTREAM
+    assert SyncAction.FIXED_UPSTREAM.at_goal and not SyncAction.APPLY.at_goal
+
+
+def test_a_needs_port_row_says_nothing_is_written_and_names_the_release() -> None:
+    row = decide(ENTRY, status("unknown", carried=Detected.UNKNOWN, release="0.5.20"))
+    assert row is not None
+    assert "no longer fits release 0.5.20" in row.detail
+    assert "nothing is written" in row.detail
+    assert row.command == "opspatch plan eagle-init-guard --hosts gpu-01"
+
+
+def test_a_patch_not_desired_is_extra_when_there_and_unsaid_when_not() -> None:
+    extra = decide(None, status("applied", carried=Detected.APPLIED))
+    assert extra is not None and extra.action == SyncAction.EXTRA and not extra.desired
+    assert extra.command == "opspatch rollback eagle-init-guard --hosts gpu-01"
+    assert decide(None, status("not-applied", carried=Detected.NOT_APPLIED)) is None
+
+
+def written(action: str = "patch", release: str | None = "0.5.23") -> WrittenBefore:
+    return WrittenBefore("r1", action, PRE, release)
+
+
+@pytest.mark.parametrize(
+    ("live", "before", "cause"),
+    [
+        (status("not-applied", carried=Detected.NOT_APPLIED), written(), DriftCause.REINSTALLED),
+        (
+            status("drifted", carried=Detected.UNKNOWN, release="0.5.30", sha=POST),
+            written(),
+            DriftCause.UPGRADED,
+        ),
+        (
+            status("drifted", carried=Detected.APPLIED, sha=POST),
+            written(),
+            DriftCause.HAND_EDIT,
+        ),
+        (
+            status("not-applied", carried=Detected.NOT_APPLIED, recreated=True),
+            written(),
+            DriftCause.RECREATED_CONTAINER,
+        ),
+        (status("not-applied", carried=Detected.NOT_APPLIED), None, DriftCause.PATCH_MISSING),
+        (
+            status("not-applied", carried=Detected.NOT_APPLIED),
+            written("restore"),
+            DriftCause.PATCH_MISSING,
+        ),
+        (status("applied", carried=Detected.APPLIED), written(), None),
+        (status("staged", carried=Detected.APPLIED), written(), None),
+    ],
+)
+def test_drift_cause_says_why_a_file_is_not_what_is_expected(
+    live: PatchStatus, before: WrittenBefore | None, cause: DriftCause | None
+) -> None:
+    row = decide(ENTRY if live.release != "0.5.30" else _open_entry(), live)
+    assert row is not None
+    assert drift_cause(row, live, before) == cause
+
+
+def _open_entry() -> DesiredPatch:
+    return DesiredPatch(PATCH, ("gpu-01",), "", Location("fleet.toml", 2, "x"))
+
+
+def test_an_extra_patch_is_drift_of_its_own_cause() -> None:
+    live = status("applied", carried=Detected.APPLIED)
+    row = decide(None, live)
+    assert row is not None
+    assert drift_cause(row, live, written()) == DriftCause.PATCH_EXTRA
+
+
+def test_covers_reads_the_range_as_pep_440() -> None:
+    assert ENTRY.covers("0.5.4") and ENTRY.covers("0.5.23.post1")
+    assert not ENTRY.covers("0.5.24") and not ENTRY.covers("0.5.3")
+    with pytest.raises(InputError, match="not a release version"):
+        ENTRY.covers("latest")
+
+
+# -- the file ----------------------------------------------------------------------------------
+
+INVENTORY = """\
+[defaults]
+transport = "local"
+[defaults.engine]
+python = "/usr/bin/python3"
+url = "http://127.0.0.1:30000"
+restart = { kind = "command", start = "/bin/true", pid_file = "/tmp/x.pid" }
+[hosts.gpu-01]
+[hosts.gpu-02]
+[groups.canary]
+hosts = ["gpu-01"]
+"""
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Workspace:
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "inventories").mkdir()
+    shutil.copy(REPO / "patches" / "eagle-init-guard.toml", tmp_path / "patches")
+    (tmp_path / "inventories" / "lab.toml").write_text(INVENTORY)
+    return Workspace(tmp_path, tmp_path / "state")
+
+
+def test_a_fleet_file_resolves_its_patches_and_selections(workspace: Workspace) -> None:
+    (workspace.root / "fleet.toml").write_text(
+        '[[patches]]\nid = "eagle-init-guard"\nhosts = ["canary", "lab:gpu-0*"]\n'
+        'releases = ">=0.5.4"\n'
+    )
+    desired = load_fleet(workspace)
+    (entry,) = desired.entries
+    assert entry.patch.spec.id == "eagle-init-guard"
+    assert entry.hosts == ("gpu-01", "gpu-02")  # each host once, in selection order
+    assert sorted(desired.hosts) == ["gpu-01", "gpu-02"]
+    assert desired.desired_on("gpu-02") == (entry,)
+
+
+BAD_FILES = [
+    (
+        '[[patches]]\nid = "eagle-init-gard"\nhosts = ["lab"]\n',
+        "fleet.toml:2: patches[0].id: no patch named 'eagle-init-gard'",
+        "did you mean eagle-init-guard?",
+    ),
+    (
+        '[[patches]]\nid = "eagle-init-guard"\nhosts = ["lab:gpu-fleet"]\n',
+        "fleet.toml:3: patches[0].hosts[0]: 'gpu-fleet' is not a host or group of inventory 'lab'",
+        "inventory show",
+    ),
+    (
+        '[[patches]]\nid = "eagle-init-guard"\nhosts = ["lab"]\nreleases = "<<0.5.24"\n',
+        "fleet.toml:4: patches[0].releases: '<<0.5.24' is not a release range",
+        'releases = ">=0.5.4,<0.5.24"',
+    ),
+    (
+        '[[patches]]\nid = "eagle-init-guard"\nhost = ["lab"]\n',
+        "fleet.toml:3: patches[0].host: unknown key 'host'",
+        "did you mean 'hosts'?",
+    ),
+    (
+        '[[patches]]\nid = "eagle-init-guard"\nhosts = "lab"\n',
+        "fleet.toml:3: patches[0].hosts: must be a list of host selections",
+        None,
+    ),
+    (
+        '[[patches]]\nid = "eagle-init-guard"\nhosts = ["lab"]\n'
+        '[[patches]]\nid = "eagle-init-guard"\nhosts = ["canary"]\n',
+        "fleet.toml:5: patches[1].id: patch 'eagle-init-guard' is listed twice (first at line 2)",
+        "one entry per patch",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "message", "hint"), BAD_FILES)
+def test_a_bad_fleet_file_is_one_message_at_its_line_and_field(
+    workspace: Workspace, text: str, message: str, hint: str | None
+) -> None:
+    (workspace.root / "fleet.toml").write_text(text)
+    with pytest.raises(SpecError) as caught:
+        load_fleet(workspace)
+    assert caught.value.message.startswith(f"{workspace.root}/{message}"), caught.value.message
+    if hint is not None:
+        assert caught.value.hint is not None and hint in caught.value.hint, caught.value.hint
+
+
+@pytest.mark.parametrize("command", [("plan", "--fleet"), ("sync", "--yes"), ("drift",)])
+def test_every_fleet_command_refuses_a_bad_fleet_file_with_exit_2(
+    workspace: Workspace, command: tuple[str, ...]
+) -> None:
+    (workspace.root / "fleet.toml").write_text(BAD_FILES[0][0])
+    run = opspatch(
+        *command, cwd=workspace.root, env={"OPSPATCH_STATE_DIR": str(workspace.state_dir)}
+    )
+    assert run.code == 2, run.stdout + run.stderr
+    assert f"{workspace.root}/{BAD_FILES[0][1]}" in run.stderr
+    # refused before a ledger or a host was touched
+    assert not workspace.state_dir.exists() or not any(workspace.state_dir.rglob("*.sqlite3"))
+
+
+def test_a_patch_set_carries_what_its_files_carry_together(tmp_path: Path) -> None:
+    from tests.test_patch_sets import HEADER, SET_ID, TARGET_A, TARGET_B
+
+    path = tmp_path / f"{SET_ID}.toml"
+    path.write_text(HEADER + TARGET_A + TARGET_B)
+    patch_set = load_patch(path)
+
+    def part(carried: Detected, state: str) -> PatchStatus:
+        return replace(status(state, carried=carried), patch=SET_ID)
+
+    whole = combine_set(
+        patch_set,
+        "gpu-01",
+        [part(Detected.APPLIED, "applied"), part(Detected.APPLIED, "applied")],
+    )
+    assert (whole.carried, whole.release) == (Detected.APPLIED, "0.5.23")
+    broken = combine_set(
+        patch_set,
+        "gpu-01",
+        [part(Detected.NOT_APPLIED, "not-applied"), part(Detected.UNKNOWN, "unknown")],
+    )
+    assert broken.carried == Detected.UNKNOWN
+    row = decide(replace(ENTRY, patch=patch_set), broken)
+    assert row is not None and row.action == SyncAction.NEEDS_PORT

@@ -1,0 +1,199 @@
+"""`sync` keeps a fleet's fixes true over time, on one sandbox fleet shared by the module (real
+stand-in engines, the real console script, a real ledger), in the order an operator meets it:
+the desired patch applied by sync; a reinstall of the same release on one host found by
+`sync --check` and `drift` and restored by sync; a host added to the group patched by the next
+sync; a hand edit that kept the fix is drift, not a sync difference; an upgrade to a release
+where the patch's anchor is gone reported `needs-port` with nothing written. The tests run in file order and each leaves the fleet as the next expects.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opspatch.config.inventory import load_inventory
+from opspatch.config.patches import load_patch
+from opspatch.core.edit import detect
+from opspatch.ledger.store import Ledger
+from opspatch.sandbox.install import (
+    dist_info_files,
+    install_standin,
+    standin_files,
+    venv_site_packages,
+)
+from tests.faultkit import isolated_home
+from tests.fleetkit import EAGLE_RELPATH, REPO, SandboxFleet, copy_patch
+
+pytestmark = pytest.mark.slow
+
+PATCH_ID = "eagle-init-guard"
+FLEET_TOML = f"""\
+[[patches]]
+id = "{PATCH_ID}"
+hosts = ["sandbox"]          # the inventory: a host added to it is covered
+releases = ">=0.5.4"
+"""
+EAGLE = load_patch(REPO / "patches" / f"{PATCH_ID}.toml")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxFleet]:
+    with isolated_home(tmp_path_factory.mktemp("sync-home")):
+        sandbox = SandboxFleet(tmp_path_factory.mktemp("sync"), 2).up()
+        try:
+            copy_patch(sandbox, PATCH_ID)
+            (sandbox.workspace / "fleet.toml").write_text(FLEET_TOML)
+            yield sandbox
+        finally:
+            sandbox.close()
+
+
+def check(fleet: SandboxFleet) -> tuple[int, list[str]]:
+    run = fleet.opspatch("sync", "--check")
+    assert run.code in (0, 1), run.stdout + run.stderr
+    return run.code, run.stdout.splitlines()
+
+
+def sync(fleet: SandboxFleet, expect: int = 0) -> dict[str, Any]:
+    run = fleet.opspatch("sync", "--yes", "--json")
+    assert run.code == expect, run.stdout + run.stderr
+    doc: dict[str, Any] = run.json()
+    return doc
+
+
+def carries_patch(fleet: SandboxFleet, name: str) -> bool:
+    return detect(fleet.file(name).read_bytes(), EAGLE.spec).state == "applied"
+
+
+def site_packages(fleet: SandboxFleet, name: str) -> Path:
+    return venv_site_packages(fleet.host_dir(name) / "venv")
+
+
+def test_sync_applies_the_desired_patch_through_a_proven_sync_run(fleet: SandboxFleet) -> None:
+    code, lines = check(fleet)
+    assert code == 1
+    assert lines == [
+        f"{n}: {PATCH_ID}: apply: not on the host; sync applies it" for n in fleet.names
+    ]
+    doc = sync(fleet)
+    (run,) = doc["runs"]
+    assert run["command"] == "sync" and run["outcome"] == "ok"
+    for host in run["hosts"]:
+        assert host["outcome"] == "applied", host
+        assert [s["status"] for s in host["steps"] if s["step"] == "smoke"] == ["ok"], host
+    assert all(carries_patch(fleet, n) for n in fleet.names)
+    assert {(r["host"], r["action"]) for r in doc["rows"]} == {(n, "nothing") for n in fleet.names}
+    with Ledger.open(fleet.ledger_path) as ledger:
+        assert ledger.get_run(run["run_id"]).summary.command == "sync"
+    assert check(fleet) == (0, [f"every host is as {fleet.workspace / 'fleet.toml'} wants it"])
+
+
+def test_a_reinstall_that_wiped_the_fix_is_found_and_sync_restores_it(
+    fleet: SandboxFleet,
+) -> None:
+    install_standin(site_packages(fleet, "sandbox-02"))  # pip install --force-reinstall
+    assert not carries_patch(fleet, "sandbox-02")
+    code, lines = check(fleet)
+    assert code == 1
+    assert len(lines) == 1 and lines[0].startswith(f"sandbox-02: {PATCH_ID}: apply: "), lines
+    drift = fleet.opspatch("drift", "--json")
+    assert drift.code == 1, drift.stdout + drift.stderr
+    assert [(d["host"], d["cause"], d["command"]) for d in drift.json()["drift"]] == [
+        ("sandbox-02", "reinstalled", "opspatch sync --hosts sandbox-02")
+    ]
+    pid_before = fleet.pid("sandbox-01")
+    doc = sync(fleet)
+    (run,) = doc["runs"]
+    assert [(h["host"], h["outcome"]) for h in run["hosts"]] == [("sandbox-02", "applied")]
+    assert fleet.pid("sandbox-01") == pid_before  # a host already right is not touched
+    assert carries_patch(fleet, "sandbox-02")
+    answer = fleet.generate("sandbox-02")
+    assert answer is not None and "text" in answer, answer  # it serves the fix
+    assert check(fleet)[0] == 0
+
+
+def test_a_host_added_to_the_group_gets_the_desired_patch_on_the_next_sync(
+    fleet: SandboxFleet,
+) -> None:
+    up = fleet.opspatch("sandbox", "up", "--count", "3", timeout=240)
+    assert up.code == 0, up.stdout + up.stderr
+    inventory = load_inventory(fleet.state / "inventories" / f"{fleet.inventory}.toml")
+    fleet.hosts = {h.name: h for h in inventory.hosts}
+    code, lines = check(fleet)
+    assert code == 1 and [line.split(":")[0] for line in lines] == ["sandbox-03"], lines
+    doc = sync(fleet)
+    (run,) = doc["runs"]
+    assert [(h["host"], h["outcome"]) for h in run["hosts"]] == [("sandbox-03", "applied")]
+    assert carries_patch(fleet, "sandbox-03")
+    assert check(fleet)[0] == 0
+
+
+def test_a_hand_edit_that_kept_the_fix_is_drift_but_not_a_sync_difference(
+    fleet: SandboxFleet,
+) -> None:
+    path = fleet.file("sandbox-03")
+    written, stat = path.read_bytes(), path.stat()
+    path.write_bytes(written + b"# tuned by hand\n")
+    try:
+        drift = fleet.opspatch("drift", "--json")
+        assert drift.code == 1, drift.stdout + drift.stderr
+        assert [
+            (d["host"], d["cause"], d["action"], d["command"]) for d in drift.json()["drift"]
+        ] == [("sandbox-03", "hand-edit", "nothing", "opspatch diagnose --hosts sandbox-03")]
+        assert check(fleet)[0] == 0  # the desired patch is there: nothing for sync to do
+    finally:  # the bytes and the time: a file newer than its server reads as staged
+        path.write_bytes(written)
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def install_release_without_the_anchor(fleet: SandboxFleet, name: str, version: str) -> None:
+    """Upgrade `name` to a stand-in release whose EAGLEWorkerV2 was renamed (kept as an alias):
+    the patch's scope is gone, the engine still imports. RECORD matches the new file, as a
+    wheel's would."""
+    packages = site_packages(fleet, name)
+    install_standin(packages, version)
+    files = standin_files(version)
+    source = files[EAGLE_RELPATH].replace(b"class EAGLEWorkerV2(", b"class EAGLEWorkerV3(")
+    files[EAGLE_RELPATH] = source + b"\nEAGLEWorkerV2 = EAGLEWorkerV3\n"
+    (packages / EAGLE_RELPATH).write_bytes(files[EAGLE_RELPATH])
+    for relative, data in dist_info_files(version, files).items():
+        (packages / relative).write_bytes(data)
+
+
+def test_an_upgrade_where_the_anchor_is_gone_is_needs_port_and_nothing_is_written(
+    fleet: SandboxFleet,
+) -> None:
+    install_release_without_the_anchor(fleet, "sandbox-01", "0.5.30")
+    before = fleet.sha("sandbox-01")
+    with Ledger.open(fleet.ledger_path) as ledger:
+        versions_before = len(ledger.file_history("sandbox-01"))
+    code, lines = check(fleet)
+    assert code == 1 and len(lines) == 1, lines
+    assert lines[0].startswith(f"sandbox-01: {PATCH_ID}: needs-port: the patch no longer fits "
+                               "release 0.5.30")  # fmt: skip
+    doc = sync(fleet, expect=1)
+    assert doc["runs"] == []  # no apply anywhere: the other hosts are right
+    (left,) = doc["left_alone"]
+    (host,) = left["hosts"]
+    assert host["host"] == "sandbox-01" and host["outcome"] == "skipped"
+    assert host["error"].startswith("needs-port: "), host
+    assert fleet.sha("sandbox-01") == before
+    with Ledger.open(fleet.ledger_path) as ledger:
+        assert len(ledger.file_history("sandbox-01")) == versions_before
+        recorded = ledger.get_run(left["run_id"])
+        assert recorded.summary.command == "sync"
+        assert (recorded.host("sandbox-01").error or "").startswith("needs-port: ")
+    drift = fleet.opspatch("drift", "--json").json()["drift"]
+    assert [(d["host"], d["cause"]) for d in drift] == [("sandbox-01", "upgraded")]
+    plan = fleet.opspatch("plan", "--fleet", "--json")
+    assert plan.code == 0, plan.stdout + plan.stderr
+    actions = {(r["host"], r["release"], r["action"]) for r in plan.json()["rows"]}
+    assert actions == {
+        ("sandbox-01", "0.5.30", "needs-port"),
+        ("sandbox-02", "0.5.23", "nothing"),
+        ("sandbox-03", "0.5.23", "nothing"),
+    }
