@@ -3,7 +3,8 @@ stand-in engines, the real console script, a real ledger), in the order an opera
 the desired patch applied by sync; a reinstall of the same release on one host found by
 `sync --check` and `drift` and restored by sync; a host added to the group patched by the next
 sync; a hand edit that kept the fix is drift, not a sync difference; an upgrade to a release
-where the patch's anchor is gone reported `needs-port` with nothing written. The tests run in file order and each leaves the fleet as the next expects.
+where the patch's anchor is gone reported `needs-port` with nothing written; an upgrade to a
+release that ships the fix left alone and called redundant. The tests run in file order and each leaves the fleet as the next expects.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from opspatch.config.inventory import load_inventory
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import detect
 from opspatch.ledger.store import Ledger
+from opspatch.sandbox.dist import STANDIN_FIXED_IN
 from opspatch.sandbox.install import (
     dist_info_files,
     install_standin,
@@ -197,3 +199,29 @@ def test_an_upgrade_where_the_anchor_is_gone_is_needs_port_and_nothing_is_writte
         ("sandbox-02", "0.5.23", "nothing"),
         ("sandbox-03", "0.5.23", "nothing"),
     }
+
+
+def test_an_upgrade_to_a_release_with_the_fix_is_left_alone_and_called_redundant(
+    fleet: SandboxFleet,
+) -> None:
+    """sandbox-02 upgraded to the stand-in release whose own file has the fix (written
+    upstream's way): status says fixed-upstream, sync writes nothing there and names the
+    desired patch redundant on it (sandbox-01 is still the needs-port host of the test above)."""
+    install_standin(site_packages(fleet, "sandbox-02"), STANDIN_FIXED_IN)
+    before = fleet.sha("sandbox-02")
+    status = fleet.opspatch("status", "--hosts", "sandbox-02", "--patch", PATCH_ID, "--json")
+    assert status.code == 0, status.stdout + status.stderr
+    assert [s["state"] for s in status.json()["status"]] == ["fixed-upstream"]
+    code, lines = check(fleet)
+    assert code == 1 and [line.split(":")[0] for line in lines] == ["sandbox-01"], lines
+    doc = sync(fleet, expect=1)
+    assert doc["runs"] == []
+    assert doc["redundant"] == [f"sandbox-02: {PATCH_ID}"]
+    assert {(r["host"], r["action"]) for r in doc["rows"] if r["host"] == "sandbox-02"} == {
+        ("sandbox-02", "fixed-upstream")
+    }
+    assert fleet.sha("sandbox-02") == before
+    plan = fleet.opspatch("plan", "--fleet")
+    assert f"redundant: {PATCH_ID} on sandbox-02 (release {STANDIN_FIXED_IN} has the fix)" in (
+        plan.stdout
+    ), plan.stdout
