@@ -1,0 +1,98 @@
+"""The small database interface the ledger's SQL runs over, and opening one by its location.
+
+The SQL of the ledger (`chain.py`, `events.py`, `store.py`) is written once, with `?`
+placeholders, against `Database`: statements that return rows, a `writing()` transaction in
+which "read the chain head, insert the next event" cannot interleave with another writer, and a
+`reading()` snapshot. `sqlite.py` (the embedded default, one file) and `postgres.py` (a team
+ledger) implement it; nothing above this module knows which one it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from opspatch.core.ledgerlocation import LedgerLocation, PostgresLedger
+from opspatch.errors import LedgerError
+
+
+class Rows(Protocol):
+    """What a statement returns: its rows as tuples (sqlite3's and psycopg's cursors are this)."""
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Database(Protocol):
+    """One connection to a ledger database. The `Ledger` holds its lock around every use."""
+
+    location: LedgerLocation
+    errors: tuple[type[BaseException], ...]
+    """The driver's exception classes, which `failure()` turns into a `LedgerError`."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
+        """Run one statement (`?` placeholders) and return its rows."""
+        ...
+
+    def writing(self) -> AbstractContextManager[None]:
+        """A write transaction that no other writer (thread, process, controller) interleaves
+        with: committed when the block ends, rolled back when it raises.
+
+        Raises:
+            LedgerError: the transaction cannot be begun or committed.
+        """
+        ...
+
+    def reading(self) -> AbstractContextManager[None]:
+        """A block of reads that sees the chain as one committed state."""
+        ...
+
+    def take_event_id(self, last_id: int) -> int:
+        """The id of the event about to be inserted (inside `writing()`): one more than the
+        highest id ever handed out, so a deleted tail leaves a visible gap."""
+        ...
+
+    def highest_event_id(self) -> int:
+        """The highest event id ever handed out (0 for an empty ledger)."""
+        ...
+
+    def failure(self, exc: BaseException, doing: str) -> LedgerError:
+        """The `LedgerError` that says why `exc` (one of `errors`) happened while `doing`
+        (`open`, `read`, `write`) the ledger."""
+        ...
+
+    def settings(self) -> dict[str, Any]:
+        """What the durability promises rest on, as the database reports it."""
+        ...
+
+    def schema_version(self) -> int:
+        """The schema version the database holds (0: none yet)."""
+        ...
+
+    def close(self) -> None:
+        """Close the connection; safe to call twice."""
+        ...
+
+
+def open_database(location: LedgerLocation) -> tuple[Database, tuple[str, ...]]:
+    """The database at `location`, ready for the ledger, and the warnings `verify()` reports.
+
+    A SQLite file is created with its schema; a PostgreSQL database must have been migrated by
+    its owner (`opspatch ledger migrate`). psycopg is imported only here, for a PostgreSQL
+    ledger, so the embedded default does not need it.
+
+    Raises:
+        LedgerError: the database cannot be opened, holds no or an older schema (PostgreSQL),
+            or a newer one.
+    """
+    if isinstance(location, PostgresLedger):
+        from opspatch.ledger.postgres import PostgresDatabase
+
+        return PostgresDatabase.open(location), ()
+    from opspatch.ledger.sqlite import SqliteDatabase
+
+    return SqliteDatabase.open(location)
