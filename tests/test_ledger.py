@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from opspatch.config.paths import default_ledger_path
+from opspatch.config.paths import default_ledger_location
 from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
 from opspatch.ledger import Ledger, RunDetail, new_run_id, operator_identity
@@ -70,7 +70,7 @@ def test_open_creates_parent_directories_and_uses_wal_full_sync_and_foreign_keys
 
 
 def test_default_path_is_in_the_isolated_state_directory(isolated_home: Path) -> None:
-    path = default_ledger_path()
+    path = default_ledger_location()
     assert path.is_relative_to(isolated_home)
     with Ledger.open(path) as ledger:
         assert ledger.verify().ok

@@ -14,7 +14,8 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from opspatch.core.ledgerlocation import LedgerLocation, PostgresLedger
-from opspatch.errors import LedgerError
+from opspatch.errors import InputError, LedgerError
+from opspatch.ledger.records import MigrateReport
 
 
 class Rows(Protocol):
@@ -30,9 +31,15 @@ class Rows(Protocol):
 class Database(Protocol):
     """One connection to a ledger database. The `Ledger` holds its lock around every use."""
 
-    location: LedgerLocation
-    errors: tuple[type[BaseException], ...]
-    """The driver's exception classes, which `failure()` turns into a `LedgerError`."""
+    @property
+    def location(self) -> LedgerLocation:
+        """Where it is (a URL without a password, for messages)."""
+        ...
+
+    @property
+    def errors(self) -> tuple[type[BaseException], ...]:
+        """The driver's exception classes, which `failure()` turns into a `LedgerError`."""
+        ...
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
         """Run one statement (`?` placeholders) and return its rows."""
@@ -96,3 +103,56 @@ def open_database(location: LedgerLocation) -> tuple[Database, tuple[str, ...]]:
     from opspatch.ledger.sqlite import SqliteDatabase
 
     return SqliteDatabase.open(location)
+
+
+def migrate(location: LedgerLocation, writer_role: str | None) -> MigrateReport:
+    """Create or upgrade the schema at `location` (`opspatch ledger migrate`, run as the
+    database's owner); on PostgreSQL, grant `writer_role` what opspatch writes with.
+
+    A SQLite file keeps its version in `PRAGMA user_version` and has no roles.
+
+    Raises:
+        InputError: the database is newer than this opspatch (both versions named), or
+            `writer_role` is given for a SQLite file, names no role, or names the owner.
+        LedgerError: the database cannot be opened or refused the change.
+    """
+    if isinstance(location, PostgresLedger):
+        from opspatch.ledger.postgres import PostgresDatabase
+
+        database = PostgresDatabase.connect(location)
+        try:
+            return database.migrate(writer_role)
+        finally:
+            database.close()
+    from opspatch.ledger.schema import SCHEMA_VERSION
+    from opspatch.ledger.sqlite import SqliteDatabase
+
+    if writer_role is not None:
+        raise InputError(
+            f"--writer-role {writer_role}: the ledger {location} is a SQLite file, which has no "
+            "roles (file permissions decide who writes it)",
+            hint="leave out --writer-role, or give --ledger postgresql://...",
+        )
+    existed = location.exists()
+    sqlite_file = SqliteDatabase.connect(location)
+    try:
+        before = sqlite_file.schema_version() if existed else 0
+    except sqlite_file.errors as exc:
+        raise sqlite_file.failure(exc, "open") from exc
+    finally:
+        sqlite_file.close()
+    if before > SCHEMA_VERSION:
+        raise InputError(
+            f"the ledger {location} has schema version {before}; this opspatch knows only up to "
+            f"{SCHEMA_VERSION} and will not touch it",
+            hint="run `ledger migrate` with the newer opspatch that wrote it",
+        )
+    opened, _warnings = SqliteDatabase.open(location)
+    opened.close()
+    return MigrateReport(
+        ledger=str(location),
+        backend="sqlite",
+        version_before=before,
+        version=SCHEMA_VERSION,
+        writer_role=None,
+    )

@@ -26,9 +26,7 @@ RECOVER_COMMAND = "recover"
 """The command whose finished runs recover their (interrupted) parent run."""
 
 
-def select_events(
-    conn: Database, where: str, params: Sequence[Any] = ()
-) -> list[EventRow]:
+def select_events(conn: Database, where: str, params: Sequence[Any] = ()) -> list[EventRow]:
     """The event rows `SELECT ... FROM events WHERE <where>` returns (`where` may order them)."""
     return [
         EventRow(*values)

@@ -24,9 +24,10 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from opspatch import __version__
-from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.ledgerlocation import PostgresLedger
 from opspatch.errors import InputError, LedgerError
+from opspatch.ledger.database import Rows
+from opspatch.ledger.records import MigrateReport
 from opspatch.ledger.schema import APPEND_ONLY_MESSAGE, EVENT_KINDS
 
 if TYPE_CHECKING:
@@ -35,7 +36,9 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 """The newest schema this opspatch knows, in the `schema_version` table."""
 
-CHAIN_LOCK_KEY = int.from_bytes(hashlib.sha256(b"opspatch ledger chain head").digest()[:8], "big", signed=True)
+CHAIN_LOCK_KEY = int.from_bytes(
+    hashlib.sha256(b"opspatch ledger chain head").digest()[:8], "big", signed=True
+)
 """The advisory lock every append takes first: one writer at a time moves the chain head."""
 
 HISTORY_TABLES = ("events", "blobs", "schema_version")
@@ -100,17 +103,6 @@ def quote_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-@dataclass(frozen=True)
-class MigrateReport(JsonRecord):
-    """What `opspatch ledger migrate` did."""
-
-    ledger: str
-    backend: str
-    version_before: int
-    version: int
-    writer_role: str | None
-
-
 @dataclass
 class PostgresDatabase:
     """A PostgreSQL ledger, open (one connection, autocommit outside `writing()`)."""
@@ -173,10 +165,14 @@ class PostgresDatabase:
             )
         return database
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
         if not params:
             return self._conn.execute(sql)  # no parameters: psycopg leaves `%` alone
         return self._conn.execute(sql.replace("%", "%%").replace("?", "%s"), tuple(params))
+
+    def _value(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        """The first column of the one row `sql` returns."""
+        return self.execute(sql, params).fetchone()[0]
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
@@ -197,7 +193,7 @@ class PostgresDatabase:
 
     def take_event_id(self, last_id: int) -> int:
         # nextval is taken under the chain lock, right before the insert: ids stay consecutive.
-        return int(self.execute("SELECT nextval('events_id_seq')").fetchone()[0])
+        return int(self._value("SELECT nextval('events_id_seq')"))
 
     def highest_event_id(self) -> int:
         last_value, is_called = self.execute(
@@ -223,18 +219,20 @@ class PostgresDatabase:
         """The server's version, `synchronous_commit`, `fsync`, the role, the schema version."""
         return {
             "backend": "postgresql",
-            "server_version": str(self.execute("SHOW server_version").fetchone()[0]),
-            "synchronous_commit": str(self.execute("SHOW synchronous_commit").fetchone()[0]),
-            "fsync": str(self.execute("SHOW fsync").fetchone()[0]),
-            "role": str(self.execute("SELECT current_user").fetchone()[0]),
+            "server_version": str(self._value("SHOW server_version")),
+            "synchronous_commit": str(self._value("SHOW synchronous_commit")),
+            "fsync": str(self._value("SHOW fsync")),
+            "role": str(self._value("SELECT current_user")),
             "schema_version": self.schema_version(),
         }
 
     def schema_version(self) -> int:
-        found = self.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()[0]
+        found = self._value("SELECT to_regclass('schema_version') IS NOT NULL")
         if not found:
             return 0
-        return int(self.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0])
+        return int(
+            self.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+        )
 
     def migrate(self, writer_role: str | None) -> MigrateReport:
         """Create or upgrade the schema, (re)create the append-only triggers and, for
@@ -285,7 +283,7 @@ class PostgresDatabase:
         )
 
     def _grant_writer(self, role: str) -> None:
-        me = str(self.execute("SELECT current_user").fetchone()[0])
+        me = str(self._value("SELECT current_user"))
         if role == me:
             raise InputError(
                 f"--writer-role {role} is the role running migrate; the owner of the tables can "
@@ -300,7 +298,7 @@ class PostgresDatabase:
             )
         who = quote_identifier(role)
         tables = ", ".join(HISTORY_TABLES)
-        schema = quote_identifier(str(self.execute("SELECT current_schema()").fetchone()[0]))
+        schema = quote_identifier(str(self._value("SELECT current_schema()")))
         self.execute(f"REVOKE ALL ON {tables} FROM {who}")
         self.execute(f"GRANT SELECT, INSERT ON events, blobs TO {who}")
         self.execute(f"GRANT SELECT ON schema_version TO {who}")

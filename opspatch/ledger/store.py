@@ -39,6 +39,8 @@ from opspatch.ledger.chain import (
     store_blob,
     verify_chain,
 )
+from opspatch.ledger.copy import copy_history
+from opspatch.ledger.database import Database, open_database
 from opspatch.ledger.events import (
     file_version,
     require_open_run,
@@ -47,12 +49,12 @@ from opspatch.ledger.events import (
     select_events,
     start_event,
 )
-from opspatch.ledger.database import Database, open_database
 from opspatch.ledger.lineage import applied_versions
 from opspatch.ledger.liveness import ControllerProcess, operator_identity
 from opspatch.ledger.records import (
     FILE_ACTIONS,
     ContainerRecord,
+    CopyReport,
     FileVersion,
     HostRecord,
     Machine,
@@ -69,7 +71,6 @@ from opspatch.ledger.schema import (
     APPEND_ONLY_MESSAGE,
     BUSY_TIMEOUT_SECONDS,
     SCHEMA_VERSION,
-    prepare,
 )
 
 __all__ = [
@@ -501,9 +502,7 @@ class Ledger:
         }
 
     @staticmethod
-    def _changed_nothing(
-        conn: Database, runs: set[tuple[str, str]]
-    ) -> set[tuple[str, str]]:
+    def _changed_nothing(conn: Database, runs: set[tuple[str, str]]) -> set[tuple[str, str]]:
         """Those `(run_id, host)` of `runs` whose last recorded outcome on the host is `failed`
         (nothing changed there)."""
         if not runs:
@@ -561,6 +560,23 @@ class Ledger:
         """
         with self._reading() as conn:
             return conn.settings()
+
+    def copy_to(self, target: Ledger) -> CopyReport:
+        """Append to `target` every event and blob of this ledger it does not hold yet, as they
+        were written (`copy.py`): the same chain, verified on both sides to the same head.
+
+        Raises:
+            InputError: `target` holds a different history, or is this ledger.
+            LedgerIntegrityError: this ledger does not verify, or the copy does not.
+            LedgerError: either ledger cannot be read or written.
+        """
+        if str(target.path) == str(self.path):
+            raise InputError(f"--from and --to are the same ledger {self.path}")
+        with self._lock, target._lock:
+            try:
+                return copy_history(self._db, target._db)
+            except (*self._db.errors, *target._db.errors) as exc:
+                raise target._db.failure(exc, "copy into") from exc
 
     # -- integrity ------------------------------------------------------------------------------
 
