@@ -273,7 +273,10 @@ class PostgresDatabase:
                 if writer_role is not None:
                     self._grant_writer(writer_role)
         except self.errors as exc:
-            raise self.failure(exc, "migrate") from exc
+            raise LedgerError(
+                self.failure(exc, "migrate").message,
+                hint="run migrate as the database owner (a role that may create in the schema)",
+            ) from exc
         return MigrateReport(
             ledger=str(self.location),
             backend="postgresql",
