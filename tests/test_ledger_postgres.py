@@ -129,6 +129,20 @@ def test_the_triggers_refuse_even_the_owner(location: PostgresLedger, statement:
         owner.execute(statement)
 
 
+def test_a_disabled_trigger_is_a_warning_and_migrate_puts_it_back(
+    location: PostgresLedger,
+) -> None:
+    with psycopg.connect(as_owner(location), autocommit=True) as owner:
+        owner.execute("ALTER TABLE events DISABLE TRIGGER events_refuse_change")
+    with Ledger.open(location) as ledger:
+        (warning,) = ledger.verify().warnings
+    assert "events_refuse_change" in warning and "ledger migrate" in warning
+    migrated = opspatch("--ledger", as_owner(location), "ledger", "migrate")
+    assert migrated.code == 0, migrated.stderr
+    with Ledger.open(location) as ledger:
+        assert ledger.verify().warnings == ()
+
+
 def test_a_ledger_not_yet_migrated_says_who_must_migrate_it(postgres: PostgresServer) -> None:
     with postgres.admin() as conn:
         conn.execute("CREATE SCHEMA never_migrated")

@@ -99,7 +99,12 @@ def open_database(location: LedgerLocation) -> tuple[Database, tuple[str, ...]]:
     if isinstance(location, PostgresLedger):
         from opspatch.ledger.postgres import PostgresDatabase
 
-        return PostgresDatabase.open(location), ()
+        database = PostgresDatabase.open(location)
+        try:
+            return database, database.append_only_warnings()
+        except database.errors as exc:
+            database.close()
+            raise database.failure(exc, "open") from exc
     from opspatch.ledger.sqlite import SqliteDatabase
 
     return SqliteDatabase.open(location)

@@ -165,6 +165,30 @@ class PostgresDatabase:
             )
         return database
 
+    def append_only_warnings(self) -> tuple[str, ...]:
+        """What `verify()` lists when a history table's append-only trigger is missing or
+        disabled (only the owner can do either; the chain itself still decides `ok`)."""
+        rows = self.execute(
+            "SELECT c.relname, t.tgname, t.tgenabled FROM pg_trigger t "
+            "JOIN pg_class c ON c.oid = t.tgrelid "
+            "WHERE c.oid = ANY (ARRAY[?, ?, ?]::regclass[]) AND NOT t.tgisinternal",
+            tuple(HISTORY_TABLES),
+        ).fetchall()
+        enabled = {str(name) for _, name, state in rows if state != "D"}
+        wanted = [
+            f"{table}_{what}"
+            for table in HISTORY_TABLES
+            for what in ("refuse_change", "refuse_truncate")
+        ]
+        off = [name for name in wanted if name not in enabled]
+        if not off:
+            return ()
+        return (
+            f"append-only triggers are missing or disabled: {', '.join(off)} (the database owner "
+            "did it; run `opspatch ledger migrate` as the owner to put them back, and compare "
+            "the head hash with the one kept elsewhere)",
+        )
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
         if not params:
             return self._conn.execute(sql)  # no parameters: psycopg leaves `%` alone
