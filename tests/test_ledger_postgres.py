@@ -249,3 +249,12 @@ def test_a_url_with_a_password_is_refused_and_never_printed(where: str) -> None:
     assert f"{where}: the PostgreSQL URL carries a password" in done.stderr
     assert "PGPASSWORD" in done.stderr and "~/.pgpass" in done.stderr
     assert "hunter2" not in done.stdout + done.stderr
+
+
+def test_a_libpq_string_with_a_password_is_refused_not_taken_for_a_file(tmp_path: Path) -> None:
+    dsn = "host=db.example dbname=ledger password=hunter2-secret"
+    done = opspatch("--ledger", dsn, "ledger", "list", cwd=tmp_path)
+    assert done.code == 2
+    assert "libpq connection string with a password" in done.stderr
+    assert "hunter2" not in done.stdout + done.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -8,6 +8,7 @@ command line, in the process list, in a file opspatch writes or in a message it 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -31,6 +32,8 @@ class PostgresLedger:
 LedgerLocation = Path | PostgresLedger
 """A SQLite file or a PostgreSQL database."""
 
+_PASSWORD_KEY = re.compile(r"(^|\s)password\s*=", re.IGNORECASE)
+
 
 def is_postgres_url(text: str) -> bool:
     """Whether `text` names a PostgreSQL ledger rather than a file."""
@@ -45,6 +48,14 @@ def ledger_location(text: str, *, given_by: str = "--ledger") -> LedgerLocation:
             URL cannot be read.
     """
     if not is_postgres_url(text):
+        if _PASSWORD_KEY.search(text):
+            # A libpq "key=value" string is not a file name: never create a file named after it.
+            raise InputError(
+                f"{given_by}: this looks like a libpq connection string with a password; "
+                "opspatch takes a postgresql:// URL, without the password",
+                hint="give postgresql://USER@HOST:PORT/DATABASE and put the password in "
+                "PGPASSWORD or ~/.pgpass (chmod 600)",
+            )
         return Path(text).expanduser()
     try:
         parts = urlsplit(text)

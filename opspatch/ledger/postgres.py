@@ -39,7 +39,8 @@ SCHEMA_VERSION = 1
 CHAIN_LOCK_KEY = int.from_bytes(
     hashlib.sha256(b"opspatch ledger chain head").digest()[:8], "big", signed=True
 )
-"""The advisory lock every append takes first: one writer at a time moves the chain head."""
+"""The advisory lock every append takes first: one writer at a time moves the chain head. One key
+per database: ledgers in two schemas of one database serialise together, which costs nothing."""
 
 HISTORY_TABLES = ("events", "blobs", "schema_version")
 """What nobody may change: the writer role gets SELECT and INSERT on these, nothing more."""
@@ -168,11 +169,12 @@ class PostgresDatabase:
     def append_only_warnings(self) -> tuple[str, ...]:
         """What `verify()` lists when a history table's append-only trigger is missing or
         disabled (only the owner can do either; the chain itself still decides `ok`)."""
+        marks = ", ".join("?" for _ in HISTORY_TABLES)
         rows = self.execute(
             "SELECT c.relname, t.tgname, t.tgenabled FROM pg_trigger t "
             "JOIN pg_class c ON c.oid = t.tgrelid "
-            "WHERE c.oid = ANY (ARRAY[?, ?, ?]::regclass[]) AND NOT t.tgisinternal",
-            tuple(HISTORY_TABLES),
+            f"WHERE c.oid = ANY (ARRAY[{marks}]::regclass[]) AND NOT t.tgisinternal",
+            HISTORY_TABLES,
         ).fetchall()
         enabled = {str(name) for _, name, state in rows if state != "D"}
         wanted = [
