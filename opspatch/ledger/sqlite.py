@@ -103,8 +103,17 @@ class SqliteDatabase:
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
-        # Autocommit reads, as the ledger always read its file.
-        yield
+        """A deferred read transaction: one WAL snapshot, so a verify never sees an append of
+        another process between its walk and its look at the id sequence."""
+        if self._conn.in_transaction:  # reads inside `writing()` see that transaction
+            yield
+            return
+        self._conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("COMMIT")
 
     def take_event_id(self, last_id: int) -> int:
         # Inserting the id moves AUTOINCREMENT's sequence with it, in the same transaction.
