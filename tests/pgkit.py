@@ -124,7 +124,9 @@ def postgres() -> Iterator[PostgresServer]:
         yield server
     finally:
         subprocess.run(
-            _as_service_user([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]),
+            _as_service_user(
+                [str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]
+            ),
             capture_output=True, timeout=120,
         )  # fmt: skip
         shutil.rmtree(base, ignore_errors=True)

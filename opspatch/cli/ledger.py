@@ -1,5 +1,5 @@
-"""`opspatch ledger list | show | verify | migrate | copy`: the record of every run. (`ledger report`, the
-postmortem timeline, is registered into this group by `opspatch.cli.respond`.)"""
+"""`opspatch ledger list | show | verify | migrate | copy`: the record of every run. (`ledger
+report`, the postmortem timeline, is registered into this group by `opspatch.cli.respond`.)"""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, Protocol
 
 from opspatch.core.ledgerlocation import LedgerLocation, PostgresLedger
@@ -107,7 +108,7 @@ def open_database(location: LedgerLocation) -> tuple[Database, tuple[str, ...]]:
             raise database.failure(exc, "open") from exc
     from opspatch.ledger.sqlite import SqliteDatabase
 
-    return SqliteDatabase.open(location)
+    return SqliteDatabase.open(Path(location))  # a str from a script is a file path too
 
 
 def migrate(location: LedgerLocation, writer_role: str | None) -> MigrateReport:

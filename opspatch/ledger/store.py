@@ -3,12 +3,13 @@
 An operator must be able to say, after an incident, what changed where, by whom, when, with which
 bytes before and after, and whether that record can be trusted. The store appends runs, per-host
 steps, facts, outcomes and file versions (with the full pre-image bytes) as hash-chained events
-(`chain.py`) in a SQLite file (`sqlite.py`, the default: WAL, `synchronous=FULL`) or a PostgreSQL database
-(`postgres.py`), both behind the small interface of `database.py`: append-only (triggers, and
-on PostgreSQL privileges), tamper-evident (`verify()`), and safe for several processes, threads
-and controllers (every "read the last hash, insert the next event" runs inside the database's
-`writing()` transaction, so the chain never forks). State is derived when read, never updated (`events.py`: finished, running, interrupted,
-recovered, unknown). A full or read-only filesystem is named as such (`failures.py`).
+(`chain.py`) in a SQLite file (`sqlite.py`, the default: WAL, `synchronous=FULL`) or a
+PostgreSQL database (`postgres.py`), both behind the small interface of `database.py`:
+append-only (triggers, and on PostgreSQL privileges), tamper-evident (`verify()`), and safe for
+several processes, threads and controllers (every "read the last hash, insert the next event"
+runs inside the database's `writing()` transaction, so the chain never forks). State is derived
+when read, never updated (`events.py`: finished, running, interrupted, recovered, unknown). A
+full or read-only filesystem is named as such (`failures.py`).
 
 The names callers have always imported from here (`Ledger`, the records, `ControllerProcess`,
 `canonical_json`, `event_hash`, `GENESIS_HASH`, `new_run_id`, `operator_identity`) still import
