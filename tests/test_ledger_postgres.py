@@ -86,6 +86,24 @@ def test_controllers_appending_at_once_keep_one_chain_and_every_event(
     assert sum(1 for a, b in pairwise(rows) if a[1] != b[1]) >= 4
 
 
+def test_a_writer_waits_for_the_chain_lock_only_so_long_and_writes_nothing(
+    location: PostgresLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opspatch.ledger import postgres
+
+    monkeypatch.setattr(postgres, "LOCK_TIMEOUT_SECONDS", 0.3)
+    with Ledger.open(location) as ledger:
+        begin(ledger)
+        with psycopg.connect(as_owner(location), autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s)", (postgres.CHAIN_LOCK_KEY,))
+            with pytest.raises(LedgerError, match="cannot write the ledger") as caught:
+                begin(ledger)
+        assert "chain lock" in (caught.value.hint or "")
+        assert ledger.verify().events_checked == 1  # the refused append left nothing behind
+        begin(ledger)  # the holder is gone: the lock is free again
+        assert ledger.verify().ok
+
+
 # ---------------------------------------------------------------------------------------------
 # append-only in the database
 

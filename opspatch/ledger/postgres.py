@@ -28,7 +28,7 @@ from opspatch.core.ledgerlocation import PostgresLedger
 from opspatch.errors import InputError, LedgerError
 from opspatch.ledger.database import Rows
 from opspatch.ledger.records import MigrateReport
-from opspatch.ledger.schema import APPEND_ONLY_MESSAGE, EVENT_KINDS
+from opspatch.ledger.schema import APPEND_ONLY_MESSAGE, BUSY_TIMEOUT_SECONDS, EVENT_KINDS
 
 if TYPE_CHECKING:
     import psycopg
@@ -41,6 +41,13 @@ CHAIN_LOCK_KEY = int.from_bytes(
 )
 """The advisory lock every append takes first: one writer at a time moves the chain head. One key
 per database: ledgers in two schemas of one database serialise together, which costs nothing."""
+
+LOCK_TIMEOUT_SECONDS = BUSY_TIMEOUT_SECONDS
+"""How long a writer waits for the chain lock (as SQLite's busy timeout): then SQLSTATE 55P03."""
+
+STALLED_TRANSACTION_SECONDS = 60.0
+"""A session of ours idle inside a transaction this long is ended by the server, so a controller
+frozen mid-append (SIGSTOP, a suspended laptop) does not hold the chain lock for ever."""
 
 HISTORY_TABLES = ("events", "blobs", "schema_version")
 """What nobody may change: the writer role gets SELECT and INSERT on these, nothing more."""
@@ -128,6 +135,11 @@ class PostgresDatabase:
             ) from None
         try:
             conn = psycopg.connect(location.url, autocommit=True)
+            conn.execute(f"SET lock_timeout = '{int(LOCK_TIMEOUT_SECONDS * 1000)}ms'")
+            conn.execute(
+                "SET idle_in_transaction_session_timeout = "
+                f"'{int(STALLED_TRANSACTION_SECONDS * 1000)}ms'"
+            )
         except psycopg.Error as exc:
             raise LedgerError(
                 f"cannot open the ledger {location}: {_first_line(exc)}",
@@ -234,6 +246,12 @@ class PostgresDatabase:
             hint = (
                 "the role opspatch connects as lacks that privilege: have the database owner "
                 "run `opspatch ledger migrate --writer-role ROLE` for it"
+            )
+        elif sqlstate == "55P03":  # lock_not_available: lock_timeout passed
+            hint = (
+                f"another controller held the ledger's chain lock for more than "
+                f"{LOCK_TIMEOUT_SECONDS:.0f} s; pg_locks joined with pg_stat_activity (locktype "
+                "'advisory') shows which session"
             )
         elif sqlstate is not None and sqlstate.startswith("08"):  # connection exceptions
             hint = "the connection to the server was lost; check the server and retry"
