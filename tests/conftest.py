@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-# Real OpenSSH sshd processes on 127.0.0.2-4 for the transport and remote-operation tests.
-pytest_plugins = ["tests.sshfleet"]
+# Real OpenSSH sshd processes on 127.0.0.2-4 for the transport and remote-operation tests; a
+# throwaway PostgreSQL server (socket only) for the ledger tests on PostgreSQL.
+pytest_plugins = ["tests.sshfleet", "tests.pgkit"]
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
 """Helpers for the ledger tests: a scripted two-host run, a run whose controller is SIGKILLed, and
-a raw SQLite connection that goes behind opspatch's back."""
+a raw connection that goes behind opspatch's back (SQLite, or PostgreSQL as the tables' owner)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
+from opspatch.core.ledgerlocation import PostgresLedger
 from opspatch.ledger import Ledger
+from tests.pgkit import PostgresTamper, as_owner
 
 PATCH_SHA = "ab" * 32
 ORIGINAL = b"class EAGLEWorkerV2:\n    def __init__(self):\n        pass\n"
@@ -85,18 +88,25 @@ def full_run(ledger: Ledger) -> str:
     return run_id
 
 
-def raw(path: Path) -> sqlite3.Connection:
-    """A connection that goes behind opspatch's back (the tamperer's tool)."""
+def raw(path: Path | PostgresLedger) -> Any:
+    """A connection that goes behind opspatch's back (the tamperer's tool): a sqlite3 connection
+    to the file, or the owner's connection to the PostgreSQL ledger."""
+    if isinstance(path, PostgresLedger):
+        return PostgresTamper(as_owner(path))
     return sqlite3.connect(str(path), isolation_level=None)
 
 
-def drop_triggers(conn: sqlite3.Connection) -> None:
+def drop_triggers(conn: Any) -> None:
+    """Take the append-only triggers out of the tamperer's way."""
+    if isinstance(conn, PostgresTamper):
+        conn.disable_triggers()
+        return
     names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")]
     for name in names:
         conn.execute(f"DROP TRIGGER {name}")
 
 
-def begin_and_die(path: Path, **begin_args: object) -> str:
+def begin_and_die(path: Path | PostgresLedger, **begin_args: object) -> str:
     """Begin a run in a child process that is then SIGKILLed: its run is left interrupted.
 
     `begin_args` override those of `begin()` (for example `command="recover", parent_run=...`);
@@ -105,10 +115,10 @@ def begin_and_die(path: Path, **begin_args: object) -> str:
     script = textwrap.dedent(
         """
         import json, os, signal, sys
-        from pathlib import Path
+        from opspatch.core.ledgerlocation import ledger_location
         from opspatch.ledger import Ledger
         args = json.loads(sys.argv[2])
-        ledger = Ledger.open(Path(sys.argv[1]))
+        ledger = Ledger.open(ledger_location(sys.argv[1]))
         run_id = ledger.begin_run(**args)
         for host in args["hosts"]:
             ledger.record_step(run_id, host, "lock", "ok", 0.01)

@@ -1,6 +1,7 @@
-"""The ledger against real SQLite files: durability settings, append-only triggers, the hash chain
-catching edits, deletions and altered blobs, concurrent writers, queries, and what a write may
-hold. Run statuses: test_ledger_runs.py; a full or read-only filesystem: test_ledger_faults.py;
+"""The ledger against real SQLite files and a real PostgreSQL server (every test that is not about
+SQLite's file runs on both): durability settings, append-only triggers, the hash chain catching
+edits, deletions and altered blobs, concurrent writers, queries, and what a write may hold.
+PostgreSQL's roles, migrations and copying: test_ledger_postgres.py. Run statuses: test_ledger_runs.py; a full or read-only filesystem: test_ledger_faults.py;
 the ledger an earlier opspatch wrote: test_ledger_golden.py."""
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from opspatch.config.paths import default_ledger_path
+from opspatch.config.paths import default_ledger_location
+from opspatch.core.ledgerlocation import PostgresLedger, ledger_location
 from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
 from opspatch.ledger import Ledger, RunDetail, new_run_id, operator_identity
@@ -36,11 +38,15 @@ from tests.ledgerkit import (
     record_patch,
     sha,
 )
+from tests.pgkit import BACKENDS, backend_location
+
+sqlite_only = pytest.mark.parametrize("ledger_path", ["sqlite"], indirect=True)
+"""A test of SQLite's file itself (PRAGMAs, its triggers, its VM): PostgreSQL has its own."""
 
 
-@pytest.fixture
-def ledger_path(tmp_path: Path) -> Path:
-    return tmp_path / "state" / "ledger.sqlite3"
+@pytest.fixture(params=BACKENDS)
+def ledger_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path | PostgresLedger:
+    return backend_location(request, tmp_path)
 
 
 @pytest.fixture
@@ -54,6 +60,7 @@ def ledger(ledger_path: Path) -> Iterator[Ledger]:
 # opening and durability
 
 
+@sqlite_only
 def test_open_creates_parent_directories_and_uses_wal_full_sync_and_foreign_keys(
     ledger_path: Path,
 ) -> None:
@@ -70,7 +77,7 @@ def test_open_creates_parent_directories_and_uses_wal_full_sync_and_foreign_keys
 
 
 def test_default_path_is_in_the_isolated_state_directory(isolated_home: Path) -> None:
-    path = default_ledger_path()
+    path = default_ledger_location()
     assert path.is_relative_to(isolated_home)
     with Ledger.open(path) as ledger:
         assert ledger.verify().ok
@@ -83,6 +90,7 @@ def test_open_refuses_a_file_that_is_not_a_database(tmp_path: Path) -> None:
         Ledger.open(bogus)
 
 
+@sqlite_only
 def test_open_refuses_a_ledger_from_a_newer_opspatch(ledger_path: Path) -> None:
     Ledger.open(ledger_path).close()
     raw(ledger_path).execute("PRAGMA user_version = 99")
@@ -112,6 +120,7 @@ def test_reopening_keeps_history(ledger_path: Path) -> None:
         "DELETE FROM blobs",
     ],
 )
+@sqlite_only
 def test_update_and_delete_are_refused_on_every_history_table(
     ledger: Ledger, ledger_path: Path, statement: str
 ) -> None:
@@ -249,6 +258,7 @@ def test_a_deleted_blob_is_detected(ledger: Ledger, ledger_path: Path) -> None:
         ledger.blob(sha(ORIGINAL))
 
 
+@sqlite_only
 def test_reopening_restores_dropped_triggers_and_says_so(ledger_path: Path) -> None:
     with Ledger.open(ledger_path) as ledger:
         full_run(ledger)
@@ -266,7 +276,7 @@ def test_reopening_restores_dropped_triggers_and_says_so(ledger_path: Path) -> N
 
 
 def _append_from_another_process(path: str, worker: int, events: int, ready: object) -> None:
-    with Ledger.open(Path(path)) as ledger:
+    with Ledger.open(ledger_location(path)) as ledger:
         ready.wait()  # type: ignore[attr-defined]  # every writer starts at the same moment
         run_id = ledger.begin_run(
             command="apply",
@@ -701,6 +711,7 @@ def test_file_history_by_machine_id_joins_the_names_one_machine_was_recorded_und
     assert [v.host for v in other] == ["other-gpu"]
 
 
+@sqlite_only
 def test_checking_a_run_is_open_costs_the_same_however_many_events_it_has(
     ledger_path: Path,
 ) -> None:

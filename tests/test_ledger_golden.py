@@ -9,7 +9,9 @@ package with one generic serialiser (`tests/data/make_ledger_v1.py` says how). W
 - `ledger list --json` and `ledger show --json` print the same keys, in the same order, with the
   same values (additions, listed in `ADDED_SUMMARY_KEYS`, come after `outcome`);
 - the same API calls now write event bodies identical, byte for byte, to the ones in that ledger
-  (apart from what differs by nature: run ids, times, the controller process).
+  (apart from what differs by nature: run ids, times, the controller process);
+- copied into a PostgreSQL ledger (`ledger copy`), the same history verifies to the same head and
+  prints the same JSON (the `postgresql` param of `golden_ledger`).
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from typing import Any
 
 import pytest
 
+from opspatch.core.ledgerlocation import PostgresLedger
 from opspatch.ledger import Ledger, RunDetail, RunSummary
 from opspatch.ledger.chain import ROW_COLUMNS, EventRow
 from tests.clirunner import opspatch
 from tests.data.make_ledger_v1 import write
+from tests.pgkit import BACKENDS, PostgresServer
 
 DATA = Path(__file__).parent / "data"
 GOLDEN: dict[str, Any] = json.loads((DATA / "ledger_v1_cli.json").read_text(encoding="utf-8"))
@@ -32,13 +36,19 @@ ADDED_SUMMARY_KEYS = ["recovered_by", "inventories"]  # new since the golden led
 ADDED_FILE_VERSION_KEYS = ["container"]  # new since the golden ledger, last in a file version
 
 
-@pytest.fixture
-def golden_ledger(tmp_path: Path) -> Path:
+@pytest.fixture(params=BACKENDS)
+def golden_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Path | PostgresLedger:
     path = tmp_path / "ledger.sqlite3"
     conn = sqlite3.connect(str(path))
     conn.executescript((DATA / "ledger_v1.sql").read_text(encoding="utf-8"))
     conn.close()
-    return path
+    if request.param == "sqlite":
+        return path
+    server: PostgresServer = request.getfixturevalue("postgres")
+    location = server.fresh_ledger()
+    with Ledger.open(path) as source, Ledger.open(location) as target:
+        source.copy_to(target)
+    return location
 
 
 def without_additions(summary: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +89,9 @@ def golden_rows(path: Path) -> list[EventRow]:
         conn.close()
 
 
-def test_the_golden_ledger_still_verifies_with_the_same_head(golden_ledger: Path) -> None:
+def test_the_golden_ledger_still_verifies_with_the_same_head(
+    golden_ledger: Path | PostgresLedger,
+) -> None:
     with Ledger.open(golden_ledger) as ledger:
         report = ledger.verify()
     assert report.ok, report
@@ -87,7 +99,7 @@ def test_the_golden_ledger_still_verifies_with_the_same_head(golden_ledger: Path
     same_document(report.to_json(), GOLDEN["ledger_verify"])
 
 
-def test_ledger_list_json_prints_what_it_printed(golden_ledger: Path) -> None:
+def test_ledger_list_json_prints_what_it_printed(golden_ledger: Path | PostgresLedger) -> None:
     listed = opspatch("ledger", "list", "--json", env={"OPSPATCH_LEDGER": str(golden_ledger)})
     assert listed.code == 0, listed.stderr
     runs = listed.json()["runs"]
@@ -95,7 +107,9 @@ def test_ledger_list_json_prints_what_it_printed(golden_ledger: Path) -> None:
 
 
 @pytest.mark.parametrize("index", [0, 1])
-def test_ledger_show_json_prints_what_it_printed(golden_ledger: Path, index: int) -> None:
+def test_ledger_show_json_prints_what_it_printed(
+    golden_ledger: Path | PostgresLedger, index: int
+) -> None:
     run_id = GOLDEN["run_ids"][index]
     shown = opspatch(
         "ledger", "show", run_id, "--json", env={"OPSPATCH_LEDGER": str(golden_ledger)}
@@ -106,7 +120,9 @@ def test_ledger_show_json_prints_what_it_printed(golden_ledger: Path, index: int
     same_document(without_additions(document), GOLDEN["ledger_show"][run_id])
 
 
-def test_golden_documents_read_back_into_equal_records(golden_ledger: Path) -> None:
+def test_golden_documents_read_back_into_equal_records(
+    golden_ledger: Path | PostgresLedger,
+) -> None:
     with Ledger.open(golden_ledger) as ledger:
         for run_id in GOLDEN["run_ids"]:
             detail = ledger.get_run(run_id)
@@ -115,6 +131,7 @@ def test_golden_documents_read_back_into_equal_records(golden_ledger: Path) -> N
             assert RunSummary.from_json(golden) == summary
 
 
+@pytest.mark.parametrize("golden_ledger", ["sqlite"], indirect=True)  # the file's own rows
 def test_the_same_calls_write_the_same_event_bytes(golden_ledger: Path, tmp_path: Path) -> None:
     with Ledger.open(tmp_path / "now.sqlite3") as ledger:
         new_ids = write(ledger)

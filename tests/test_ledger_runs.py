@@ -15,16 +15,18 @@ from pathlib import Path
 
 import pytest
 
+from opspatch.core.ledgerlocation import PostgresLedger
 from opspatch.core.vocabulary import RunStatus
 from opspatch.errors import InputError
 from opspatch.ledger import ControllerProcess, Ledger
 from tests.clirunner import opspatch
 from tests.ledgerkit import begin, begin_and_die
+from tests.pgkit import BACKENDS, backend_location
 
 
-@pytest.fixture
-def ledger_path(tmp_path: Path) -> Path:
-    return tmp_path / "state" / "ledger.sqlite3"
+@pytest.fixture(params=BACKENDS)
+def ledger_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path | PostgresLedger:
+    return backend_location(request, tmp_path)
 
 
 @pytest.fixture
@@ -60,9 +62,9 @@ def test_a_sigkilled_run_shows_as_interrupted_with_each_hosts_last_step(
     script = textwrap.dedent(
         """
         import os, signal, sys
-        from pathlib import Path
+        from opspatch.core.ledgerlocation import ledger_location
         from opspatch.ledger.store import Ledger
-        ledger = Ledger.open(Path(sys.argv[1]))
+        ledger = Ledger.open(ledger_location(sys.argv[1]))
         run_id = ledger.begin_run(command="apply", patch_id="eagle-init-guard",
                                   patch_sha256=None, operator="ops@controller",
                                   command_line="opspatch apply", hosts=["gpu-01", "gpu-02"])

@@ -77,11 +77,12 @@ def _global(
         ),
     ] = None,
     ledger_file: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--ledger",
-            help="Ledger file (default: $OPSPATCH_LEDGER or the state dir).",
-            metavar="FILE",
+            help="Ledger file or postgresql:// URL, no password (default: $OPSPATCH_LEDGER or "
+            "the state dir).",
+            metavar="FILE|URL",
         ),
     ] = None,
     version: Annotated[

@@ -13,6 +13,7 @@ import typer
 
 from opspatch.config import paths
 from opspatch.config.lookup import Workspace
+from opspatch.core.ledgerlocation import LedgerLocation, ledger_location
 
 if TYPE_CHECKING:
     from opspatch.core.host import Host
@@ -24,21 +25,36 @@ if TYPE_CHECKING:
 
 @dataclass
 class GlobalOptions:
-    """The options given before the command (`opspatch -w DIR --ledger FILE <command>`)."""
+    """The options given before the command (`opspatch -w DIR --ledger FILE|URL <command>`)."""
 
     workspace: Path | None = None
-    ledger: Path | None = None
+    ledger: str | None = None
 
     def workspace_dir(self) -> Workspace:
         return Workspace.discover(self.workspace)
 
-    def ledger_path(self) -> Path:
-        return self.ledger or paths.default_ledger_path()
+    def ledger_location(self) -> LedgerLocation:
+        """`--ledger`, else `OPSPATCH_LEDGER`, else the state directory's file.
+
+        Raises:
+            InputError: a PostgreSQL URL that carries a password.
+        """
+        if self.ledger:
+            return ledger_location(self.ledger, given_by="--ledger")
+        return paths.default_ledger_location()
 
     def open_ledger(self) -> Ledger:
         from opspatch.ledger.store import Ledger
 
-        return Ledger.open(self.ledger_path())
+        return Ledger.open(self.ledger_location())
+
+    def existing_ledger(self) -> Ledger | None:
+        """The ledger, or None while it is a file nothing has written yet (a read-only command
+        must not create one); a database is always opened."""
+        location = self.ledger_location()
+        if isinstance(location, Path) and not location.exists():
+            return None
+        return self.open_ledger()
 
     def load_patch(self, reference: str) -> LoadedPatch:
         return self.workspace_dir().load_patch(reference)

@@ -22,7 +22,6 @@ def status(
     as_json: JsonOption = False,
 ) -> None:
     """What is applied where: applied, not applied, drifted, unreachable (checked live against the ledger)."""
-    from opspatch.ledger.store import Ledger
     from opspatch.runs.status import fleet_status
 
     if hosts is None:
@@ -31,8 +30,7 @@ def status(
     workspace = options.workspace_dir()
     references = patch or sorted(workspace.available("patches"))
     patches = [workspace.load_patch(r) for r in references]
-    ledger_path = options.ledger_path()
-    ledger = Ledger.open(ledger_path) if ledger_path.exists() else None
+    ledger = options.existing_ledger()
     factory = options.connector(accept_new_host_keys=accept_new_host_keys)
     results = fleet_status(selected, patches, factory, ledger)
     if as_json:

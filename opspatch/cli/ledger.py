@@ -1,8 +1,9 @@
-"""`opspatch ledger list | show | verify`: the record of every run. (`ledger report`, the
-postmortem timeline, is registered into this group by `opspatch.cli.respond`.)"""
+"""`opspatch ledger list | show | verify | migrate | copy`: the record of every run. (`ledger
+report`, the postmortem timeline, is registered into this group by `opspatch.cli.respond`.)"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -10,7 +11,8 @@ from rich.text import Text
 
 from opspatch.cli.context import JsonOption, options
 from opspatch.cli.render import OUTCOME_STYLE, Column, emit_json, out, table_of
-from opspatch.errors import EXIT_NEEDS_ATTENTION
+from opspatch.core.ledgerlocation import ledger_location
+from opspatch.errors import EXIT_NEEDS_ATTENTION, InputError
 
 ledger_app = typer.Typer(
     no_args_is_help=True, help="The append-only, hash-chained record of every run."
@@ -30,7 +32,7 @@ def ledger_list(
         emit_json({"runs": [r.to_json() for r in runs]})
         return
     if not runs:
-        out.print(f"no runs yet in the ledger {options.ledger_path()}")
+        out.print(f"no runs yet in the ledger {options.ledger_location()}")
         return
     columns = (
         ("run", Column.ID),
@@ -103,18 +105,17 @@ def ledger_show(
 
 @ledger_app.command("verify")
 def ledger_verify(as_json: JsonOption = False) -> None:
-    """Check the hash chain; name the first broken link (exit 3 if broken)."""
+    """Check the hash chain; name the first broken link (exit 3 if broken); print the head hash.
+
+    Keep the head hash somewhere else (a ticket, a commit): no rewrite of the history up to it
+    can reproduce it."""
     report = options.open_ledger().verify()
     data = report.to_json()
     if as_json:
         emit_json(data)
     elif data.get("ok"):
-        out.print(
-            Text(
-                f"ok: {data.get('events_checked')} events, head {str(data.get('head_hash'))[:16]}",
-                style="green",
-            )
-        )
+        out.print(Text(f"ok: {data.get('events_checked')} events", style="green"))
+        out.print(f"head {data.get('head_hash')}")
     else:
         out.print(
             Text(f"BROKEN at event {data.get('first_broken')}: {data.get('reason')}", style="red")
@@ -124,6 +125,70 @@ def ledger_verify(as_json: JsonOption = False) -> None:
             out.print(Text(f"warning: {warning}", style="yellow"))
     if not data.get("ok"):
         raise typer.Exit(EXIT_NEEDS_ATTENTION)
+
+
+@ledger_app.command("migrate")
+def ledger_migrate(
+    writer_role: Annotated[
+        str | None,
+        typer.Option(
+            "--writer-role",
+            help="PostgreSQL: the role opspatch writes as, granted SELECT and INSERT only.",
+            metavar="ROLE",
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Create or upgrade the ledger's schema (run as the database owner); refuse a newer one."""
+    from opspatch.ledger.database import migrate
+
+    report = migrate(options.ledger_location(), writer_role)
+    if as_json:
+        emit_json(report.to_json())
+        return
+    change = (
+        f"schema version {report.version_before} -> {report.version}"
+        if report.version_before != report.version
+        else f"schema version {report.version}, up to date"
+    )
+    out.print(f"{report.ledger} ({report.backend}): {change}")
+    if report.writer_role:
+        out.print(f"  {report.writer_role} may SELECT and INSERT the history, nothing more")
+
+
+@ledger_app.command("copy")
+def ledger_copy(
+    source: Annotated[
+        str,
+        typer.Option(
+            "--from", help="The ledger to copy: a file or postgresql:// URL.", metavar="FROM"
+        ),
+    ],
+    target: Annotated[
+        str,
+        typer.Option(
+            "--to", help="Where to: empty, or holding the start of the same history.", metavar="TO"
+        ),
+    ],
+    as_json: JsonOption = False,
+) -> None:
+    """Copy every event and blob into another ledger (SQLite <-> PostgreSQL); same head hash."""
+    from opspatch.ledger.store import Ledger
+
+    origin = ledger_location(source, given_by="--from")
+    destination = ledger_location(target, given_by="--to")
+    if isinstance(origin, Path) and not origin.exists():
+        raise InputError(f"--from {origin}: no such ledger file", hint="check the path")
+    with Ledger.open(origin) as opened, Ledger.open(destination) as into:
+        report = opened.copy_to(into)
+    if as_json:
+        emit_json(report.to_json())
+        return
+    out.print(
+        f"copied {report.events_copied} events and {report.blobs_copied} blobs "
+        f"({report.events_already_there} events were already there); both verify"
+    )
+    out.print(f"head {report.head_hash}")
 
 
 def register(app: typer.Typer) -> None:

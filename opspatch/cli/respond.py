@@ -92,7 +92,6 @@ def diagnose(
     """What each host really runs and why it crashed: the imported files (pristine, patched by
     opspatch, edited outside), bytecode, server, /health, the log since its start, the
     exceptions with their analysis and the patches that fix them. Changes nothing."""
-    from opspatch.ledger.store import Ledger
     from opspatch.runs.diagnose import DiagnoseOptions, diagnose_fleet
     from opspatch.runs.diagnosis_text import render_host, render_summary
 
@@ -111,8 +110,7 @@ def diagnose(
             patches.append(workspace.load_patch(reference))
         except InputError as exc:
             err.print(Text(f"warning: patch {reference} left out: {exc.message}", style="yellow"))
-    ledger_path = options.ledger_path()
-    ledger = Ledger.open(ledger_path) if ledger_path.exists() else None
+    ledger = options.existing_ledger()
     report = diagnose_fleet(
         selected,
         patches,
@@ -232,9 +230,12 @@ def ledger_report(
     if run is not None and since is not None:
         raise InputError("ledger report takes a RUN_ID or --since DURATION, not both")
     window = parse_duration(since) if since is not None else None
-    if not options.ledger_path().exists():
-        raise InputError(f"no ledger at {options.ledger_path()}", hint="nothing has been run yet")
-    report = build_report(options.open_ledger(), run_id=run, since=window)
+    ledger = options.existing_ledger()
+    if ledger is None:
+        raise InputError(
+            f"no ledger at {options.ledger_location()}", hint="nothing has been run yet"
+        )
+    report = build_report(ledger, run_id=run, since=window)
     if as_json:
         emit_json(report.to_json())
     else:

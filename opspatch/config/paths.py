@@ -3,7 +3,8 @@
 - state: `$XDG_STATE_HOME/opspatch` (default `~/.local/state/opspatch`): the ledger, the sandbox
   fleet, backups beside nothing else.
 - `OPSPATCH_STATE_DIR` overrides the whole state directory (tests use it to stay away from the
-  user's own files); `OPSPATCH_LEDGER` overrides the ledger file alone.
+  user's own files); `OPSPATCH_LEDGER` overrides the ledger alone: a file, or a
+  `postgresql://` URL for a team ledger (`core/ledgerlocation.py`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+
+from opspatch.core.ledgerlocation import LedgerLocation, ledger_location
 
 
 def state_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -22,11 +25,16 @@ def state_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base).expanduser() / "opspatch"
 
 
-def default_ledger_path(environ: Mapping[str, str] | None = None) -> Path:
-    """The ledger file: `OPSPATCH_LEDGER`, else `<state>/ledger.sqlite3`."""
+def default_ledger_location(environ: Mapping[str, str] | None = None) -> LedgerLocation:
+    """The ledger: `OPSPATCH_LEDGER` (a file or a `postgresql://` URL), else
+    `<state>/ledger.sqlite3`.
+
+    Raises:
+        InputError: `OPSPATCH_LEDGER` is a URL that carries a password.
+    """
     env = os.environ if environ is None else environ
     if env.get("OPSPATCH_LEDGER"):
-        return Path(env["OPSPATCH_LEDGER"]).expanduser()
+        return ledger_location(env["OPSPATCH_LEDGER"], given_by="OPSPATCH_LEDGER")
     return state_dir(env) / "ledger.sqlite3"
 
 

@@ -1,7 +1,9 @@
-"""The ledger: the append-only, hash-chained SQLite record of every run, step, file version and
-host fact, and the run statuses derived from it.
+"""The ledger: the append-only, hash-chained record of every run, step, file version and host
+fact (a SQLite file, or a PostgreSQL database a team shares), and the run statuses derived from it.
 
-`store` (the `Ledger` class: open, appends, queries), `schema` (tables, triggers, pragmas),
+`store` (the `Ledger` class: open, appends, queries), `database` (the small interface the SQL runs
+over: `sqlite`, the embedded default, and `postgres`, psycopg imported there only), `copy` (one
+history into another ledger), `schema` (SQLite's tables, triggers, pragmas),
 `chain` (canonical JSON, event hashes, the verify walk), `events` (event rows read back into
 records, derived run statuses), `records` (the frozen dataclasses the queries return, serialised
 by the core's one JSON mechanism, `opspatch.core.jsonrecord`), `liveness` (the controller process that began a run, from /proc),
@@ -9,7 +11,7 @@ by the core's one JSON mechanism, `opspatch.core.jsonrecord`), `liveness` (the c
 `from opspatch.ledger import Ledger`.
 
 May import: `opspatch.core` and `opspatch.errors`. It knows nothing of hosts or runs beyond the
-values it is asked to record, so a second backend (PostgreSQL for a team ledger) plugs in here.
+values it is asked to record.
 """
 
 from opspatch.ledger.liveness import ControllerProcess, operator_identity

@@ -2,7 +2,7 @@
 
 Every event row carries `prev_hash` and `hash = sha256(canonical JSON of every other column)`;
 the first event chains to 64 zeros. Ids are consecutive and the next id follows the highest one
-SQLite's AUTOINCREMENT sequence ever handed out, so a deleted row or a deleted tail leaves a
+the database's id sequence ever handed out, so a deleted row or a deleted tail leaves a
 visible gap. File bytes live in the content-addressed `blobs` table and events name them by
 sha256, so the chain covers them; the walk re-hashes every blob too.
 
@@ -14,12 +14,12 @@ Changing `canonical_json` or `event_hash` would make every existing ledger fail 
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
 from opspatch.core.source import sha256_hex
 from opspatch.errors import LedgerIntegrityError
+from opspatch.ledger.database import Database
 from opspatch.ledger.records import VerifyReport
 
 GENESIS_HASH = "0" * 64
@@ -129,24 +129,18 @@ class EventRow:
         )
 
 
-def id_sequence(conn: sqlite3.Connection) -> int:
-    """The highest event id SQLite ever handed out (0 for an empty ledger)."""
-    found = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
-    return 0 if found is None else int(found[0])
-
-
-def next_link(conn: sqlite3.Connection) -> tuple[int, str]:
-    """The id and `prev_hash` of the next event; the caller holds `BEGIN IMMEDIATE`.
+def next_link(conn: Database) -> tuple[int, str]:
+    """The id and `prev_hash` of the next event; the caller is inside `conn.writing()`.
 
     The id is one more than the highest ever handed out, so a deleted tail leaves a visible gap.
     """
     last = conn.execute("SELECT id, hash FROM events ORDER BY id DESC LIMIT 1").fetchone()
     last_id = 0 if last is None else int(last[0])
-    event_id = max(last_id, id_sequence(conn)) + 1
+    event_id = conn.take_event_id(last_id)
     return event_id, GENESIS_HASH if last is None else str(last[1])
 
 
-def store_blob(conn: sqlite3.Connection, sha256: str, data: bytes) -> None:
+def store_blob(conn: Database, sha256: str, data: bytes) -> None:
     """Store `data` under its `sha256` once (identical pre-images are stored once).
 
     Raises:
@@ -164,7 +158,7 @@ def store_blob(conn: sqlite3.Connection, sha256: str, data: bytes) -> None:
         )
 
 
-def verify_chain(conn: sqlite3.Connection, warnings: tuple[str, ...]) -> VerifyReport:
+def verify_chain(conn: Database, warnings: tuple[str, ...]) -> VerifyReport:
     """Check every event in id order, then every blob; stop at the first broken link."""
     expected_prev = GENESIS_HASH
     expected_id = 1
@@ -200,7 +194,7 @@ def verify_chain(conn: sqlite3.Connection, warnings: tuple[str, ...]) -> VerifyR
         expected_id += 1
         checked += 1
 
-    sequence = id_sequence(conn)
+    sequence = conn.highest_event_id()
     if sequence >= expected_id:
         return broken(
             expected_id,

@@ -12,13 +12,13 @@ All functions take the connection explicitly; the caller holds the ledger's lock
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
 from opspatch.core.vocabulary import RunStatus
 from opspatch.errors import LedgerError
 from opspatch.ledger.chain import ROW_COLUMNS, EventRow
+from opspatch.ledger.database import Database
 from opspatch.ledger.liveness import ControllerProcess
 from opspatch.ledger.records import FileVersion, HostRecord, RunDetail, RunSummary
 
@@ -26,9 +26,7 @@ RECOVER_COMMAND = "recover"
 """The command whose finished runs recover their (interrupted) parent run."""
 
 
-def select_events(
-    conn: sqlite3.Connection, where: str, params: Sequence[Any] = ()
-) -> list[EventRow]:
+def select_events(conn: Database, where: str, params: Sequence[Any] = ()) -> list[EventRow]:
     """The event rows `SELECT ... FROM events WHERE <where>` returns (`where` may order them)."""
     return [
         EventRow(*values)
@@ -36,13 +34,13 @@ def select_events(
     ]
 
 
-def start_event(conn: sqlite3.Connection, run_id: str) -> EventRow | None:
+def start_event(conn: Database, run_id: str) -> EventRow | None:
     """The `run-started` event of `run_id`, or None if there is no such run."""
     found = select_events(conn, "run_id = ? AND kind = 'run-started'", (run_id,))
     return found[0] if found else None
 
 
-def require_open_run(conn: sqlite3.Connection, run_id: str) -> EventRow:
+def require_open_run(conn: Database, run_id: str) -> EventRow:
     """The run's start event; raises LedgerError if the run is unknown or already finished.
 
     Two point lookups on the one-start/one-finish partial unique indexes: every event a fleet
@@ -55,7 +53,7 @@ def require_open_run(conn: sqlite3.Connection, run_id: str) -> EventRow:
     return start
 
 
-def finish_events(conn: sqlite3.Connection, run_ids: Sequence[str]) -> dict[str, EventRow]:
+def finish_events(conn: Database, run_ids: Sequence[str]) -> dict[str, EventRow]:
     """The `run-finished` event of each of `run_ids` that has one."""
     if not run_ids:
         return {}
@@ -64,7 +62,7 @@ def finish_events(conn: sqlite3.Connection, run_ids: Sequence[str]) -> dict[str,
     return {row.run_id: row for row in found}
 
 
-def recovered_by(conn: sqlite3.Connection, parents: Sequence[str]) -> dict[str, str]:
+def recovered_by(conn: Database, parents: Sequence[str]) -> dict[str, str]:
     """For each of `parents` that has one, the first `recover` run that finished and descends
     from it through `parent_run`: a recover recovers its parent, and a recover of a recover that
     was itself killed recovers the original run too. A killed recover recovers nothing."""
@@ -99,7 +97,7 @@ def recovered_by(conn: sqlite3.Connection, parents: Sequence[str]) -> dict[str, 
     return found
 
 
-def run_summaries(conn: sqlite3.Connection, starts: Sequence[EventRow]) -> list[RunSummary]:
+def run_summaries(conn: Database, starts: Sequence[EventRow]) -> list[RunSummary]:
     """The summaries of the runs begun by `starts`, in that order, with derived statuses."""
     finished = finish_events(conn, [s.run_id for s in starts])
     recovery = recovered_by(conn, [s.run_id for s in starts if s.run_id not in finished])
@@ -108,7 +106,7 @@ def run_summaries(conn: sqlite3.Connection, starts: Sequence[EventRow]) -> list[
     ]
 
 
-def run_detail(conn: sqlite3.Connection, run_id: str) -> RunDetail:
+def run_detail(conn: Database, run_id: str) -> RunDetail:
     """Run `run_id` (a full id that exists) with every host's record.
 
     Hosts come in the order the run named them, then any other host its events mention.

@@ -195,6 +195,31 @@ class VerifyReport(JsonRecord):
     warnings: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class MigrateReport(JsonRecord):
+    """What `opspatch ledger migrate` found and left: the schema version before and after, and
+    the role granted SELECT and INSERT on the history (PostgreSQL only)."""
+
+    ledger: str
+    backend: str
+    version_before: int
+    version: int
+    writer_role: str | None
+
+
+@dataclass(frozen=True)
+class CopyReport(JsonRecord):
+    """What `opspatch ledger copy` did: events and blobs copied, events the target already held
+    (the same ones, by id and hash), and the head hash both ledgers now verify to."""
+
+    source: str
+    target: str
+    events_copied: int
+    events_already_there: int
+    blobs_copied: int
+    head_hash: str
+
+
 # ---------------------------------------------------------------------------------------------
 # what an event may hold: checked before anything is written
 

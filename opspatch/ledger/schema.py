@@ -25,7 +25,8 @@ BUSY_TIMEOUT_SECONDS = 30.0
 APPEND_ONLY_MESSAGE = "opspatch ledger is append-only"
 """What the triggers say when an UPDATE or DELETE is tried."""
 
-_EVENT_KINDS = ("run-started", "step", "facts", "file-version", "host-outcome", "run-finished")
+EVENT_KINDS = ("run-started", "step", "facts", "file-version", "host-outcome", "run-finished")
+"""The kinds of event the `events` table accepts (both backends)."""
 _HISTORY_TABLES = ("events", "blobs")
 
 _SCHEMA = f"""
@@ -37,7 +38,7 @@ CREATE TABLE IF NOT EXISTS blobs (
 CREATE TABLE IF NOT EXISTS events (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id      TEXT NOT NULL,
-    kind        TEXT NOT NULL CHECK (kind IN ({", ".join(repr(k) for k in _EVENT_KINDS)})),
+    kind        TEXT NOT NULL CHECK (kind IN ({", ".join(repr(k) for k in EVENT_KINDS)})),
     host        TEXT,
     path        TEXT,
     recorded_at TEXT NOT NULL,

@@ -1,13 +1,15 @@
-"""The ledger store: the `Ledger` class over one SQLite file (open, schema, appends, queries).
+"""The ledger store: the `Ledger` class over one database (open, appends, queries, verify).
 
 An operator must be able to say, after an incident, what changed where, by whom, when, with which
 bytes before and after, and whether that record can be trusted. The store appends runs, per-host
 steps, facts, outcomes and file versions (with the full pre-image bytes) as hash-chained events
-(`chain.py`) under the schema of `schema.py`: durable (WAL, `synchronous=FULL`), append-only
-(triggers), tamper-evident (`verify()`), and safe for several processes and threads (every
-"read the last hash, insert the next event" runs inside `BEGIN IMMEDIATE`, so the chain never
-forks). State is derived when read, never updated (`events.py`: finished, running, interrupted,
-recovered, unknown). A full or read-only filesystem is named as such (`failures.py`).
+(`chain.py`) in a SQLite file (`sqlite.py`, the default: WAL, `synchronous=FULL`) or a
+PostgreSQL database (`postgres.py`), both behind the small interface of `database.py`:
+append-only (triggers, and on PostgreSQL privileges), tamper-evident (`verify()`), and safe for
+several processes, threads and controllers (every "read the last hash, insert the next event"
+runs inside the database's `writing()` transaction, so the chain never forks). State is derived
+when read, never updated (`events.py`: finished, running, interrupted, recovered, unknown). A
+full or read-only filesystem is named as such (`failures.py`).
 
 The names callers have always imported from here (`Ledger`, the records, `ControllerProcess`,
 `canonical_json`, `event_hash`, `GENESIS_HASH`, `new_run_id`, `operator_identity`) still import
@@ -17,15 +19,14 @@ from here; `opspatch.ledger` re-exports the public ones. docs/ledger.md has the 
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from opspatch import __version__
+from opspatch.core.ledgerlocation import LedgerLocation
 from opspatch.core.source import sha256_hex
 from opspatch.core.vocabulary import RECORDED_OUTCOMES, Outcome, StepStatus
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
@@ -39,6 +40,8 @@ from opspatch.ledger.chain import (
     store_blob,
     verify_chain,
 )
+from opspatch.ledger.copy import copy_history
+from opspatch.ledger.database import Database, open_database
 from opspatch.ledger.events import (
     file_version,
     require_open_run,
@@ -47,12 +50,12 @@ from opspatch.ledger.events import (
     select_events,
     start_event,
 )
-from opspatch.ledger.failures import filesystem_failure
 from opspatch.ledger.lineage import applied_versions
 from opspatch.ledger.liveness import ControllerProcess, operator_identity
 from opspatch.ledger.records import (
     FILE_ACTIONS,
     ContainerRecord,
+    CopyReport,
     FileVersion,
     HostRecord,
     Machine,
@@ -69,7 +72,6 @@ from opspatch.ledger.schema import (
     APPEND_ONLY_MESSAGE,
     BUSY_TIMEOUT_SECONDS,
     SCHEMA_VERSION,
-    prepare,
 )
 
 __all__ = [
@@ -104,58 +106,38 @@ def _utc_now() -> str:
 
 @dataclass
 class Ledger:
-    """An open ledger file. Safe to share between threads; one per process is enough.
+    """An open ledger (a SQLite file or a PostgreSQL database). Safe to share between threads;
+    one per process is enough.
 
-    Use `Ledger.open(path)`; close it with `close()` or a `with` block.
+    Use `Ledger.open(location)`; close it with `close()` or a `with` block.
     """
 
-    path: Path
-    _conn: sqlite3.Connection = field(repr=False)
+    path: LedgerLocation
+    _db: Database = field(repr=False)
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _warnings: tuple[str, ...] = ()
 
     # -- opening --------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: Path) -> Ledger:
-        """Open (creating if needed) the ledger at `path`, with its parent directories and schema.
+    def open(cls, path: LedgerLocation) -> Ledger:
+        """Open the ledger at `path`: a SQLite file (created if needed, with its parent
+        directories and schema) or a PostgreSQL database (`PostgresLedger`, migrated by its
+        owner with `opspatch ledger migrate`).
 
         Raises:
             LedgerError: the file cannot be created or opened (the message says when the
-                filesystem is full or read-only), is not an SQLite database, was written by a
-                newer opspatch, or the filesystem refuses WAL mode.
+                filesystem is full or read-only), is not an SQLite database, the server refuses
+                the connection, the schema is missing or was written by a newer opspatch, or the
+                filesystem refuses WAL mode.
         """
-        path = Path(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(
-                str(path),
-                timeout=BUSY_TIMEOUT_SECONDS,
-                isolation_level=None,  # autocommit; transactions are explicit BEGIN IMMEDIATE
-                check_same_thread=False,  # a rollout's worker threads share it under _lock
-            )
-        except (OSError, sqlite3.Error) as exc:
-            raise filesystem_failure(path, exc, "open") or LedgerError(
-                f"cannot open the ledger {path}: {exc}",
-                hint="check the path and its permissions, or move it with --ledger / OPSPATCH_LEDGER",
-            ) from exc
-        try:
-            warnings = prepare(conn, path)
-        except LedgerError:
-            conn.close()
-            raise
-        except sqlite3.Error as exc:
-            conn.close()
-            raise filesystem_failure(path, exc, "open") or LedgerError(
-                f"the ledger {path} is unusable: {exc}",
-                hint="is it an opspatch ledger? move it aside or point --ledger elsewhere",
-            ) from exc
-        return cls(path=path, _conn=conn, _warnings=warnings)
+        database, warnings = open_database(path)
+        return cls(path=database.location, _db=database, _warnings=warnings)
 
     def close(self) -> None:
         """Close the connection; safe to call twice."""
         with self._lock:
-            self._conn.close()
+            self._db.close()
 
     def __enter__(self) -> Ledger:
         return self
@@ -506,7 +488,7 @@ class Ledger:
         return [v for v in versions if (v.run_id, v.host) not in unwritten]
 
     @staticmethod
-    def _runs_on_machine(conn: sqlite3.Connection, machine: Machine) -> set[tuple[str, str]]:
+    def _runs_on_machine(conn: Database, machine: Machine) -> set[tuple[str, str]]:
         """`(run_id, host)` of every run whose recorded facts of a host say `machine`."""
         # The canonical body has no spaces: LIKE is a cheap filter before the bodies are parsed.
         rows = select_events(
@@ -521,9 +503,7 @@ class Ledger:
         }
 
     @staticmethod
-    def _changed_nothing(
-        conn: sqlite3.Connection, runs: set[tuple[str, str]]
-    ) -> set[tuple[str, str]]:
+    def _changed_nothing(conn: Database, runs: set[tuple[str, str]]) -> set[tuple[str, str]]:
         """Those `(run_id, host)` of `runs` whose last recorded outcome on the host is `failed`
         (nothing changed there)."""
         if not runs:
@@ -572,22 +552,32 @@ class Ledger:
         return found[0] if found else None
 
     def settings(self) -> dict[str, Any]:
-        """The SQLite settings this connection runs with, as PRAGMA reports them.
+        """The settings this connection runs with, as the database reports them.
 
-        `journal_mode` (`wal`), `synchronous` (2 = FULL), `foreign_keys` (1), `busy_timeout_ms`,
-        `schema_version`: what the durability promises rest on, for tests and `ledger verify`.
+        SQLite: `journal_mode` (`wal`), `synchronous` (2 = FULL), `foreign_keys` (1),
+        `busy_timeout_ms`, `schema_version` (PRAGMA); PostgreSQL: `backend`, `server_version`,
+        `synchronous_commit`, `fsync`, `role`, `schema_version`. What the durability promises
+        rest on, for tests and `ledger verify`.
         """
         with self._reading() as conn:
-            return {
-                name: conn.execute(f"PRAGMA {pragma}").fetchone()[0]
-                for name, pragma in (
-                    ("journal_mode", "journal_mode"),
-                    ("synchronous", "synchronous"),
-                    ("foreign_keys", "foreign_keys"),
-                    ("busy_timeout_ms", "busy_timeout"),
-                    ("schema_version", "user_version"),
-                )
-            }
+            return conn.settings()
+
+    def copy_to(self, target: Ledger) -> CopyReport:
+        """Append to `target` every event and blob of this ledger it does not hold yet, as they
+        were written (`copy.py`): the same chain, verified on both sides to the same head.
+
+        Raises:
+            InputError: `target` holds a different history, or is this ledger.
+            LedgerIntegrityError: this ledger does not verify, or the copy does not.
+            LedgerError: either ledger cannot be read or written.
+        """
+        if str(target.path) == str(self.path):
+            raise InputError(f"--from and --to are the same ledger {self.path}")
+        with self._lock, target._lock:
+            try:
+                return copy_history(self._db, target._db)
+            except (*self._db.errors, *target._db.errors) as exc:
+                raise target._db.failure(exc, "copy into") from exc
 
     # -- integrity ------------------------------------------------------------------------------
 
@@ -619,48 +609,21 @@ class Ledger:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _write_failure(self, exc: sqlite3.Error, hint: str | None = None) -> LedgerError:
-        return filesystem_failure(self.path, exc, "write") or LedgerError(
-            f"cannot write the ledger {self.path}: {exc}", hint=hint
-        )
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Database]:
+        """One write transaction (`Database.writing`): no other writer between read and insert."""
+        with self._lock, self._db.writing():
+            yield self._db
 
     @contextlib.contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction under BEGIN IMMEDIATE: no other writer between read and insert."""
-        with self._lock:
-            conn = self._conn
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                raise self._write_failure(
-                    exc,
-                    hint=f"another opspatch held it for more than {BUSY_TIMEOUT_SECONDS:.0f} s, "
-                    "or the file is read-only",
-                ) from exc
-            try:
-                yield conn
-            except BaseException:
-                # SQLite may already have rolled back after some errors; keep the first error.
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                raise
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                raise self._write_failure(exc) from exc
-
-    @contextlib.contextmanager
-    def _reading(self) -> Iterator[sqlite3.Connection]:
-        """The connection, for reads; turns what cannot be read into a `LedgerError`."""
+    def _reading(self) -> Iterator[Database]:
+        """The database, for reads; turns what cannot be read into a `LedgerError`."""
         with self._lock:
             try:
-                yield self._conn
-            except sqlite3.Error as exc:
-                raise filesystem_failure(self.path, exc, "read") or LedgerError(
-                    f"cannot read the ledger {self.path}: {exc}"
-                ) from exc
+                with self._db.reading():
+                    yield self._db
+            except self._db.errors as exc:
+                raise self._db.failure(exc, "read") from exc
             except (KeyError, TypeError, ValueError) as exc:
                 # Only decoding raises these here: an event body this opspatch cannot read.
                 raise LedgerError(
@@ -671,7 +634,7 @@ class Ledger:
 
     def _append(
         self,
-        conn: sqlite3.Connection,
+        conn: Database,
         *,
         run_id: str,
         kind: str,
@@ -681,7 +644,7 @@ class Ledger:
         pre_image: str | None = None,
         post_image: str | None = None,
     ) -> EventRow:
-        """Insert one event chained to the last one; the caller holds BEGIN IMMEDIATE."""
+        """Insert one event chained to the last one; the caller is inside `writing()`."""
         try:
             event_id, prev_hash = next_link(conn)
             unsealed = EventRow(
@@ -702,6 +665,6 @@ class Ledger:
                 f"INSERT INTO events ({ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 row.values(),
             )
-        except sqlite3.Error as exc:
-            raise self._write_failure(exc) from exc
+        except conn.errors as exc:
+            raise conn.failure(exc, "write") from exc
         return row

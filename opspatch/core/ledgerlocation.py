@@ -1,0 +1,81 @@
+"""Where a ledger lives: a SQLite file (a `Path`) or a PostgreSQL database (`PostgresLedger`).
+
+The config layer chooses the location (`--ledger`, `OPSPATCH_LEDGER`, the state directory) and
+the ledger layer opens it; both read this one value, so it lives below them. A PostgreSQL URL
+never carries a password: libpq reads it from `PGPASSWORD` or `~/.pgpass`, so it is never on a
+command line, in the process list, in a file opspatch writes or in a message it prints.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from opspatch.errors import InputError
+
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+"""The URL schemes libpq accepts; either selects the PostgreSQL ledger."""
+
+
+@dataclass(frozen=True)
+class PostgresLedger:
+    """A PostgreSQL ledger, by its libpq URL (`postgresql://user@host:5432/db?host=/run/sock`)."""
+
+    url: str
+
+    def __str__(self) -> str:
+        return self.url
+
+
+LedgerLocation = Path | PostgresLedger
+"""A SQLite file or a PostgreSQL database."""
+
+_PASSWORD_KEY = re.compile(r"(^|\s)password\s*=", re.IGNORECASE)
+
+
+def is_postgres_url(text: str) -> bool:
+    """Whether `text` names a PostgreSQL ledger rather than a file."""
+    return text.split("://", 1)[0].lower() in POSTGRES_SCHEMES and "://" in text
+
+
+def ledger_location(text: str, *, given_by: str = "--ledger") -> LedgerLocation:
+    """The ledger `text` names: a PostgreSQL URL, else a file path (`~` expanded).
+
+    Raises:
+        InputError: the URL carries a password (`given_by` names where it came from), or the
+            URL cannot be read.
+    """
+    if not is_postgres_url(text):
+        if _PASSWORD_KEY.search(text):
+            # A libpq "key=value" string is not a file name: never create a file named after it.
+            raise InputError(
+                f"{given_by}: this looks like a libpq connection string with a password; "
+                "opspatch takes a postgresql:// URL, without the password",
+                hint="give postgresql://USER@HOST:PORT/DATABASE and put the password in "
+                "PGPASSWORD or ~/.pgpass (chmod 600)",
+            )
+        return Path(text).expanduser()
+    try:
+        parts = urlsplit(text)
+        has_password = parts.password is not None
+        query_password = any(
+            item.split("=", 1)[0].strip().lower() == "password"
+            for item in parts.query.split("&")
+            if item
+        )
+    except ValueError as exc:
+        raise InputError(
+            f"{given_by}: the PostgreSQL URL cannot be read ({exc})",
+            hint="write it as postgresql://USER@HOST:PORT/DATABASE",
+        ) from None
+    if has_password or query_password:
+        # Never echo the URL: it holds the secret.
+        raise InputError(
+            f"{given_by}: the PostgreSQL URL carries a password; opspatch refuses to take one "
+            "there (it would show in the process list and the shell history)",
+            hint="drop the password from the URL and give it to libpq in PGPASSWORD or "
+            "~/.pgpass (chmod 600)",
+        )
+    return PostgresLedger(text)

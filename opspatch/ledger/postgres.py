@@ -1,0 +1,366 @@
+"""The team ledger: a PostgreSQL database, the `Database` of `database.py`, and its migrations.
+
+The same tables as the SQLite file (`blobs`, bytes as BYTEA; `events`, every column the text the
+hash was computed over), so the same rows verify to the same head hash on either backend.
+Writers serialise on the chain head with `pg_advisory_xact_lock(CHAIN_LOCK_KEY)` at the start of
+every write transaction (freed at commit or rollback, so a cut connection never keeps it);
+readers take the same lock shared, so a verify never sees an id handed out but not committed.
+
+Append-only is enforced by the database twice over: the writer role (named to `migrate`) is
+granted only SELECT and INSERT on the history, and BEFORE UPDATE/DELETE/TRUNCATE triggers refuse
+even the owner unless it disables them, which is why the chain head's hash is worth keeping
+elsewhere (`ledger verify` prints it). `migrate` runs as the owner; opspatch writes as the writer.
+
+psycopg 3 is imported here only, when a `postgresql://` ledger is opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from opspatch import __version__
+from opspatch.core.ledgerlocation import PostgresLedger
+from opspatch.errors import InputError, LedgerError
+from opspatch.ledger.database import Rows
+from opspatch.ledger.records import MigrateReport
+from opspatch.ledger.schema import APPEND_ONLY_MESSAGE, BUSY_TIMEOUT_SECONDS, EVENT_KINDS
+
+if TYPE_CHECKING:
+    import psycopg
+
+SCHEMA_VERSION = 1
+"""The newest schema this opspatch knows, in the `schema_version` table."""
+
+CHAIN_LOCK_KEY = int.from_bytes(
+    hashlib.sha256(b"opspatch ledger chain head").digest()[:8], "big", signed=True
+)
+"""The advisory lock every append takes first: one writer at a time moves the chain head. One key
+per database: ledgers in two schemas of one database serialise together, which costs nothing."""
+
+LOCK_TIMEOUT_SECONDS = BUSY_TIMEOUT_SECONDS
+"""How long a writer waits for the chain lock (as SQLite's busy timeout): then SQLSTATE 55P03."""
+
+STALLED_TRANSACTION_SECONDS = 60.0
+"""A session of ours idle inside a transaction this long is ended by the server, so a controller
+frozen mid-append (SIGSTOP, a suspended laptop) does not hold the chain lock for ever."""
+
+HISTORY_TABLES = ("events", "blobs", "schema_version")
+"""What nobody may change: the writer role gets SELECT and INSERT on these, nothing more."""
+
+_SCHEMA_VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_version (
+    version          INTEGER PRIMARY KEY,
+    migrated_at      TEXT NOT NULL,
+    opspatch_version TEXT NOT NULL
+)"""
+
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE blobs (
+            sha256 TEXT PRIMARY KEY CHECK (length(sha256) = 64),
+            size   BIGINT NOT NULL,
+            data   BYTEA NOT NULL
+        )""",
+        "CREATE SEQUENCE events_id_seq AS BIGINT MINVALUE 1",
+        f"""CREATE TABLE events (
+            id          BIGINT PRIMARY KEY,
+            run_id      TEXT NOT NULL,
+            kind        TEXT NOT NULL CHECK (kind IN ({", ".join(repr(k) for k in EVENT_KINDS)})),
+            host        TEXT,
+            path        TEXT,
+            recorded_at TEXT NOT NULL,
+            body        TEXT NOT NULL,
+            pre_image   TEXT REFERENCES blobs(sha256),
+            post_image  TEXT REFERENCES blobs(sha256),
+            prev_hash   TEXT NOT NULL,
+            hash        TEXT NOT NULL UNIQUE
+        )""",
+        "CREATE UNIQUE INDEX one_start_per_run ON events(run_id) WHERE kind = 'run-started'",
+        "CREATE UNIQUE INDEX one_finish_per_run ON events(run_id) WHERE kind = 'run-finished'",
+        "CREATE INDEX events_by_run ON events(run_id, id)",
+        "CREATE INDEX file_versions_by_file ON events(host, path, id) WHERE kind = 'file-version'",
+    ),
+}
+"""Each version's statements, applied in order by `migrate`, never edited once released."""
+
+_REFUSE_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION opspatch_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION '{APPEND_ONLY_MESSAGE}' USING ERRCODE = 'restrict_violation';
+END $$"""
+
+
+def _append_only_triggers(table: str) -> tuple[str, ...]:
+    return (
+        f"DROP TRIGGER IF EXISTS {table}_refuse_change ON {table}",
+        f"CREATE TRIGGER {table}_refuse_change BEFORE UPDATE OR DELETE ON {table} "
+        "FOR EACH ROW EXECUTE FUNCTION opspatch_refuse_change()",
+        f"DROP TRIGGER IF EXISTS {table}_refuse_truncate ON {table}",
+        f"CREATE TRIGGER {table}_refuse_truncate BEFORE TRUNCATE ON {table} "
+        "FOR EACH STATEMENT EXECUTE FUNCTION opspatch_refuse_change()",
+    )
+
+
+def quote_identifier(name: str) -> str:
+    """`name` as a PostgreSQL identifier, quoted (a role name goes into GRANT as is)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass
+class PostgresDatabase:
+    """A PostgreSQL ledger, open (one connection, autocommit outside `writing()`)."""
+
+    location: PostgresLedger
+    _conn: psycopg.Connection[Any] = field(repr=False)
+    errors: tuple[type[BaseException], ...] = ()
+
+    @classmethod
+    def connect(cls, location: PostgresLedger) -> PostgresDatabase:
+        """Connect to `location`, schema untouched (the password from libpq's environment).
+
+        Raises:
+            LedgerError: psycopg is not installed or the server refused the connection.
+        """
+        try:
+            import psycopg
+        except ImportError:
+            raise LedgerError(
+                f"the ledger {location} is on PostgreSQL, and psycopg is not installed",
+                hint="pip install 'opspatch[postgres]' (psycopg 3)",
+            ) from None
+        try:
+            conn = psycopg.connect(location.url, autocommit=True)
+            conn.execute(f"SET lock_timeout = '{int(LOCK_TIMEOUT_SECONDS * 1000)}ms'")
+            conn.execute(
+                "SET idle_in_transaction_session_timeout = "
+                f"'{int(STALLED_TRANSACTION_SECONDS * 1000)}ms'"
+            )
+        except psycopg.Error as exc:
+            raise LedgerError(
+                f"cannot open the ledger {location}: {_first_line(exc)}",
+                hint="check the URL, that the server is up, and the password in PGPASSWORD or "
+                "~/.pgpass",
+            ) from exc
+        return cls(location=location, _conn=conn, errors=(psycopg.Error,))
+
+    @classmethod
+    def open(cls, location: PostgresLedger) -> PostgresDatabase:
+        """Connect and check the schema is the one this opspatch writes.
+
+        Raises:
+            LedgerError: the connection fails, or the database holds no schema, an older one
+                (its owner runs `opspatch ledger migrate`) or a newer one (upgrade opspatch).
+        """
+        database = cls.connect(location)
+        try:
+            version = database.schema_version()
+        except database.errors as exc:
+            database.close()
+            raise database.failure(exc, "open") from exc
+        if version != SCHEMA_VERSION:
+            database.close()
+            if version > SCHEMA_VERSION:
+                raise LedgerError(
+                    f"the ledger {location} has schema version {version}; this opspatch knows "
+                    f"{SCHEMA_VERSION}",
+                    hint="upgrade opspatch",
+                )
+            raise LedgerError(
+                f"the ledger {location} has schema version {version}; this opspatch writes "
+                f"{SCHEMA_VERSION}",
+                hint="have the database owner run `opspatch --ledger URL ledger migrate "
+                "--writer-role ROLE` first",
+            )
+        return database
+
+    def append_only_warnings(self) -> tuple[str, ...]:
+        """What `verify()` lists when a history table's append-only trigger is missing or
+        disabled (only the owner can do either; the chain itself still decides `ok`)."""
+        marks = ", ".join("?" for _ in HISTORY_TABLES)
+        rows = self.execute(
+            "SELECT c.relname, t.tgname, t.tgenabled FROM pg_trigger t "
+            "JOIN pg_class c ON c.oid = t.tgrelid "
+            f"WHERE c.oid = ANY (ARRAY[{marks}]::regclass[]) AND NOT t.tgisinternal",
+            HISTORY_TABLES,
+        ).fetchall()
+        enabled = {str(name) for _, name, state in rows if state != "D"}
+        wanted = [
+            f"{table}_{what}"
+            for table in HISTORY_TABLES
+            for what in ("refuse_change", "refuse_truncate")
+        ]
+        off = [name for name in wanted if name not in enabled]
+        if not off:
+            return ()
+        return (
+            f"append-only triggers are missing or disabled: {', '.join(off)} (the database owner "
+            "did it; run `opspatch ledger migrate` as the owner to put them back, and compare "
+            "the head hash with the one kept elsewhere)",
+        )
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
+        if not params:
+            return self._conn.execute(sql)  # no parameters: psycopg leaves `%` alone
+        return self._conn.execute(sql.replace("%", "%%").replace("?", "%s"), tuple(params))
+
+    def _value(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        """The first column of the one row `sql` returns."""
+        return self.execute(sql, params).fetchone()[0]
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """A transaction that takes the chain head's advisory lock before anything else."""
+        try:
+            with self._conn.transaction():
+                self.execute("SELECT pg_advisory_xact_lock(?)", (CHAIN_LOCK_KEY,))
+                yield
+        except self.errors as exc:
+            raise self.failure(exc, "write") from exc
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """A transaction holding the chain lock shared: no append is half-way while it reads."""
+        with self._conn.transaction():
+            self.execute("SELECT pg_advisory_xact_lock_shared(?)", (CHAIN_LOCK_KEY,))
+            yield
+
+    def take_event_id(self, last_id: int) -> int:
+        # nextval is taken under the chain lock, right before the insert: ids stay consecutive.
+        return int(self._value("SELECT nextval('events_id_seq')"))
+
+    def highest_event_id(self) -> int:
+        last_value, is_called = self.execute(
+            "SELECT last_value, is_called FROM events_id_seq"
+        ).fetchone()
+        return int(last_value) if is_called else 0
+
+    def failure(self, exc: BaseException, doing: str) -> LedgerError:
+        sqlstate = getattr(exc, "sqlstate", None)
+        hint = None
+        if sqlstate == "42501":  # insufficient_privilege
+            hint = (
+                "the role opspatch connects as lacks that privilege: have the database owner "
+                "run `opspatch ledger migrate --writer-role ROLE` for it"
+            )
+        elif sqlstate == "55P03":  # lock_not_available: lock_timeout passed
+            hint = (
+                f"another controller held the ledger's chain lock for more than "
+                f"{LOCK_TIMEOUT_SECONDS:.0f} s; pg_locks joined with pg_stat_activity (locktype "
+                "'advisory') shows which session"
+            )
+        elif sqlstate is not None and sqlstate.startswith("08"):  # connection exceptions
+            hint = "the connection to the server was lost; check the server and retry"
+        return LedgerError(
+            f"cannot {doing} the ledger {self.location}: {_first_line(exc)}", hint=hint
+        )
+
+    def settings(self) -> dict[str, Any]:
+        """The server's version, `synchronous_commit`, `fsync`, the role, the schema version."""
+        return {
+            "backend": "postgresql",
+            "server_version": str(self._value("SHOW server_version")),
+            "synchronous_commit": str(self._value("SHOW synchronous_commit")),
+            "fsync": str(self._value("SHOW fsync")),
+            "role": str(self._value("SELECT current_user")),
+            "schema_version": self.schema_version(),
+        }
+
+    def schema_version(self) -> int:
+        found = self._value("SELECT to_regclass('schema_version') IS NOT NULL")
+        if not found:
+            return 0
+        return int(
+            self.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+        )
+
+    def migrate(self, writer_role: str | None) -> MigrateReport:
+        """Create or upgrade the schema, (re)create the append-only triggers and, for
+        `writer_role`, grant SELECT and INSERT on the history (and the id sequence) only.
+
+        Run as the owner of the tables. Safe to run again: applied versions are skipped, the
+        triggers and grants are put back as they should be.
+
+        Raises:
+            InputError: the database is newer than this opspatch, or `writer_role` does not
+                exist or is the role migrating (the owner can change anything).
+            LedgerError: the database refused (not its owner, no privilege to create).
+        """
+        try:
+            with self._conn.transaction():
+                self.execute("SELECT pg_advisory_xact_lock(?)", (CHAIN_LOCK_KEY,))
+                self.execute(_SCHEMA_VERSION_TABLE)
+                before = self.schema_version()
+                if before > SCHEMA_VERSION:
+                    raise InputError(
+                        f"the ledger {self.location} has schema version {before}; this opspatch "
+                        f"knows only up to {SCHEMA_VERSION} and will not touch it",
+                        hint="run `ledger migrate` with the newer opspatch that wrote it",
+                    )
+                for version in range(before + 1, SCHEMA_VERSION + 1):
+                    for statement in _MIGRATIONS[version]:
+                        self.execute(statement)
+                    self.execute(
+                        "INSERT INTO schema_version (version, migrated_at, opspatch_version) "
+                        "VALUES (?, ?, ?)",
+                        (version, _utc_now(), __version__),
+                    )
+                self.execute(_REFUSE_FUNCTION)
+                for table in HISTORY_TABLES:
+                    for statement in _append_only_triggers(table):
+                        self.execute(statement)
+                self.execute(f"REVOKE ALL ON {', '.join(HISTORY_TABLES)} FROM PUBLIC")
+                if writer_role is not None:
+                    self._grant_writer(writer_role)
+        except self.errors as exc:
+            raise LedgerError(
+                self.failure(exc, "migrate").message,
+                hint="run migrate as the database owner (a role that may create in the schema)",
+            ) from exc
+        return MigrateReport(
+            ledger=str(self.location),
+            backend="postgresql",
+            version_before=before,
+            version=SCHEMA_VERSION,
+            writer_role=writer_role,
+        )
+
+    def _grant_writer(self, role: str) -> None:
+        me = str(self._value("SELECT current_user"))
+        if role == me:
+            raise InputError(
+                f"--writer-role {role} is the role running migrate; the owner of the tables can "
+                "change history, so opspatch must write as another role",
+                hint="CREATE ROLE opspatch LOGIN; then migrate --writer-role opspatch",
+            )
+        if self.execute("SELECT 1 FROM pg_roles WHERE rolname = ?", (role,)).fetchone() is None:
+            raise InputError(
+                f"--writer-role {role}: no such role in the database server",
+                hint=f"create it first (CREATE ROLE {quote_identifier(role)} LOGIN) and run "
+                "migrate again",
+            )
+        who = quote_identifier(role)
+        tables = ", ".join(HISTORY_TABLES)
+        schema = quote_identifier(str(self._value("SELECT current_schema()")))
+        self.execute(f"REVOKE ALL ON {tables} FROM {who}")
+        self.execute(f"GRANT SELECT, INSERT ON events, blobs TO {who}")
+        self.execute(f"GRANT SELECT ON schema_version TO {who}")
+        self.execute(f"REVOKE ALL ON SEQUENCE events_id_seq FROM {who}")
+        self.execute(f"GRANT USAGE, SELECT ON SEQUENCE events_id_seq TO {who}")
+        self.execute(f"GRANT USAGE ON SCHEMA {schema} TO {who}")
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

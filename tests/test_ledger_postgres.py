@@ -1,0 +1,278 @@
+"""The team ledger on a real PostgreSQL server (tests/pgkit.py): controllers appending at once
+never fork the chain, the writer role cannot change history, `ledger migrate` refuses a newer
+schema, `ledger copy` keeps the head hash from SQLite to PostgreSQL and back, and a URL with a
+password is refused. The ledger's own behaviour on both backends: test_ledger.py,
+test_ledger_runs.py (parametrised)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+import threading
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opspatch.core.ledgerlocation import PostgresLedger, ledger_location
+from opspatch.errors import LedgerError
+from opspatch.ledger import Ledger
+from tests.clirunner import opspatch
+from tests.ledgerkit import begin, full_run, raw
+from tests.pgkit import WRITER, PostgresServer, as_owner
+
+psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed")
+
+
+@pytest.fixture
+def location(postgres: PostgresServer) -> PostgresLedger:
+    return postgres.fresh_ledger()
+
+
+# ---------------------------------------------------------------------------------------------
+# two controllers at once
+
+
+def _controller(url: str, name: str, events: int, ready: Any) -> None:
+    """One controller: its own connection, one run of `events` steps."""
+    with Ledger.open(ledger_location(url)) as ledger:
+        ready.wait()
+        run_id = begin(ledger, hosts=(name,), operator=f"{name}@controller")
+        for step in range(events):
+            ledger.record_step(run_id, name, "smoke", "ok", float(step))
+        ledger.finish_run(run_id, "succeeded")
+
+
+def test_controllers_appending_at_once_keep_one_chain_and_every_event(
+    location: PostgresLedger,
+) -> None:
+    # Two controller processes and two controller threads with their own connections, at once.
+    events = 100
+    context = multiprocessing.get_context("spawn")
+    ready = context.Barrier(4)
+    processes = [
+        context.Process(target=_controller, args=(location.url, f"proc-{i}", events, ready))
+        for i in range(2)
+    ]
+    threads = [
+        threading.Thread(target=_controller, args=(location.url, f"thread-{i}", events, ready))
+        for i in range(2)
+    ]
+    for worker in (*processes, *threads):
+        worker.start()
+    for process in processes:
+        process.join(timeout=120)
+        assert process.exitcode == 0
+    for thread in threads:
+        thread.join(timeout=120)
+        assert not thread.is_alive()
+
+    with Ledger.open(location) as ledger:
+        report = ledger.verify()
+        runs = ledger.list_runs()
+        details = [ledger.get_run(r.run_id) for r in runs]
+    assert report.ok, report
+    assert report.events_checked == 4 * (events + 2)  # no event lost
+    assert all(r.status == "finished" and r.outcome == "succeeded" for r in runs)
+    assert sorted(len(d.hosts[0].steps) for d in details) == [events] * 4
+    rows = raw(location).execute("SELECT id, run_id, prev_hash, hash FROM events ORDER BY id")
+    rows = rows.fetchall()
+    # No fork: consecutive ids, each event chained to the one before it, no hash twice.
+    assert [r[0] for r in rows] == list(range(1, len(rows) + 1))
+    assert all(after[2] == before[3] for before, after in pairwise(rows))
+    assert len({r[3] for r in rows}) == len(rows)
+    # The writers really interleaved (otherwise this proves nothing about forks).
+    assert sum(1 for a, b in pairwise(rows) if a[1] != b[1]) >= 4
+
+
+def test_a_writer_waits_for_the_chain_lock_only_so_long_and_writes_nothing(
+    location: PostgresLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opspatch.ledger import postgres
+
+    monkeypatch.setattr(postgres, "LOCK_TIMEOUT_SECONDS", 0.3)
+    with Ledger.open(location) as ledger:
+        begin(ledger)
+        with psycopg.connect(as_owner(location), autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s)", (postgres.CHAIN_LOCK_KEY,))
+            with pytest.raises(LedgerError, match="cannot write the ledger") as caught:
+                begin(ledger)
+        assert "chain lock" in (caught.value.hint or "")
+        assert ledger.verify().events_checked == 1  # the refused append left nothing behind
+        begin(ledger)  # the holder is gone: the lock is free again
+        assert ledger.verify().ok
+
+
+# ---------------------------------------------------------------------------------------------
+# append-only in the database
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE events SET body = '{}' WHERE id = 2",
+        "DELETE FROM events WHERE id = 2",
+        "TRUNCATE events",
+        "UPDATE blobs SET data = '\\x00'::bytea",
+        "DELETE FROM blobs",
+        "TRUNCATE blobs CASCADE",
+        "DELETE FROM schema_version",
+        "SELECT setval('events_id_seq', 1)",
+    ],
+)
+def test_the_writer_role_cannot_change_history(location: PostgresLedger, statement: str) -> None:
+    with Ledger.open(location) as ledger:
+        full_run(ledger)
+    with psycopg.connect(location.url, autocommit=True) as writer:
+        assert writer.execute("SELECT current_user").fetchone()[0] == WRITER
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            writer.execute(statement)
+    with Ledger.open(location) as ledger:
+        assert ledger.verify().ok and ledger.verify().events_checked == 15
+
+
+@pytest.mark.parametrize(
+    "statement",
+    ["UPDATE events SET body = '{}' WHERE id = 2", "DELETE FROM events", "TRUNCATE events",
+     "DELETE FROM blobs", "TRUNCATE schema_version"],
+)  # fmt: skip
+def test_the_triggers_refuse_even_the_owner(location: PostgresLedger, statement: str) -> None:
+    with Ledger.open(location) as ledger:
+        full_run(ledger)
+    with (
+        psycopg.connect(as_owner(location), autocommit=True) as owner,
+        pytest.raises(psycopg.errors.RestrictViolation, match="append-only"),
+    ):
+        owner.execute(statement)
+
+
+def test_a_disabled_trigger_is_a_warning_and_migrate_puts_it_back(
+    location: PostgresLedger,
+) -> None:
+    with psycopg.connect(as_owner(location), autocommit=True) as owner:
+        owner.execute("ALTER TABLE events DISABLE TRIGGER events_refuse_change")
+    with Ledger.open(location) as ledger:
+        (warning,) = ledger.verify().warnings
+    assert "events_refuse_change" in warning and "ledger migrate" in warning
+    migrated = opspatch("--ledger", as_owner(location), "ledger", "migrate")
+    assert migrated.code == 0, migrated.stderr
+    with Ledger.open(location) as ledger:
+        assert ledger.verify().warnings == ()
+
+
+def test_a_ledger_not_yet_migrated_says_who_must_migrate_it(postgres: PostgresServer) -> None:
+    with postgres.admin() as conn:
+        conn.execute("CREATE SCHEMA never_migrated")
+    with pytest.raises(LedgerError, match="schema version 0") as caught:
+        Ledger.open(PostgresLedger(postgres.url(schema="never_migrated")))
+    assert "ledger migrate" in (caught.value.hint or "")
+
+
+def test_migrate_refuses_a_newer_schema_and_changes_nothing(location: PostgresLedger) -> None:
+    with psycopg.connect(as_owner(location), autocommit=True) as owner:
+        owner.execute("INSERT INTO schema_version VALUES (99, 'later', '99.0')")
+    done = opspatch("--ledger", as_owner(location), "ledger", "migrate", "--writer-role", WRITER)
+    assert done.code == 2, done.stderr
+    assert "schema version 99" in done.stderr and "up to 1" in done.stderr
+    with pytest.raises(LedgerError, match="schema version 99; this opspatch knows 1"):
+        Ledger.open(location)
+    again = opspatch("--ledger", as_owner(location), "ledger", "migrate", "--json")
+    assert again.code == 2
+
+
+def test_migrate_is_idempotent_and_sqlite_refuses_a_newer_file(
+    location: PostgresLedger, tmp_path: Path
+) -> None:
+    done = opspatch("--ledger", as_owner(location), "ledger", "migrate", "--json",
+                    "--writer-role", WRITER)  # fmt: skip
+    assert done.code == 0, done.stderr
+    assert done.json() == {
+        "ledger": as_owner(location),
+        "backend": "postgresql",
+        "version_before": 1,
+        "version": 1,
+        "writer_role": WRITER,
+    }
+    path = tmp_path / "ledger.sqlite3"
+    Ledger.open(path).close()
+    sqlite3.connect(path).execute("PRAGMA user_version = 7")
+    refused = opspatch("--ledger", str(path), "ledger", "migrate")
+    assert refused.code == 2
+    assert "schema version 7" in refused.stderr and "up to 1" in refused.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# copy
+
+
+def test_copy_sqlite_to_postgresql_and_back_keeps_every_event_and_the_head(
+    location: PostgresLedger, tmp_path: Path
+) -> None:
+    first, back = tmp_path / "first.sqlite3", tmp_path / "back.sqlite3"
+    with Ledger.open(first) as ledger:
+        full_run(ledger)
+        begin(ledger, hosts=("gpu-03",))  # an unfinished run too
+        head = ledger.verify().head_hash
+
+    there = opspatch("ledger", "copy", "--from", str(first), "--to", location.url, "--json")
+    assert there.code == 0, there.stderr
+    assert there.json()["head_hash"] == head and there.json()["events_copied"] == 16
+    home = opspatch("ledger", "copy", "--from", location.url, "--to", str(back))
+    assert home.code == 0, home.stderr
+    assert f"head {head}" in home.stdout
+
+    def history(path: Path | PostgresLedger) -> tuple[list[Any], list[Any]]:
+        conn = raw(path)
+        events = [tuple(r) for r in conn.execute("SELECT * FROM events ORDER BY id").fetchall()]
+        blobs = [
+            (r[0], r[1], bytes(r[2]))
+            for r in conn.execute("SELECT * FROM blobs ORDER BY sha256").fetchall()
+        ]
+        return events, blobs
+
+    assert history(first) == history(location) == history(back)
+    verified = opspatch("--ledger", location.url, "ledger", "verify")
+    assert verified.code == 0 and f"head {head}" in verified.stdout
+    with Ledger.open(back) as ledger:
+        assert ledger.verify().head_hash == head
+
+
+def test_copy_refuses_a_different_history_and_writes_nothing(
+    location: PostgresLedger, tmp_path: Path
+) -> None:
+    other = tmp_path / "other.sqlite3"
+    with Ledger.open(other) as ledger:
+        full_run(ledger)
+    with Ledger.open(location) as ledger:
+        begin(ledger)
+        before = ledger.verify()
+    refused = opspatch("ledger", "copy", "--from", str(other), "--to", location.url)
+    assert refused.code == 2
+    assert "already holds a different history" in refused.stderr
+    with Ledger.open(location) as ledger:
+        assert ledger.verify() == before
+
+
+# ---------------------------------------------------------------------------------------------
+# the password
+
+
+@pytest.mark.parametrize("where", ["--ledger", "OPSPATCH_LEDGER"])
+def test_a_url_with_a_password_is_refused_and_never_printed(where: str) -> None:
+    url = "postgresql://opspatch:hunter2-secret@db.example/ledger"
+    args, env = (["--ledger", url], {}) if where == "--ledger" else ([], {"OPSPATCH_LEDGER": url})
+    done = opspatch(*args, "ledger", "list", env=env)
+    assert done.code == 2
+    assert f"{where}: the PostgreSQL URL carries a password" in done.stderr
+    assert "PGPASSWORD" in done.stderr and "~/.pgpass" in done.stderr
+    assert "hunter2" not in done.stdout + done.stderr
+
+
+def test_a_libpq_string_with_a_password_is_refused_not_taken_for_a_file(tmp_path: Path) -> None:
+    dsn = "host=db.example dbname=ledger password=hunter2-secret"
+    done = opspatch("--ledger", dsn, "ledger", "list", cwd=tmp_path)
+    assert done.code == 2
+    assert "libpq connection string with a password" in done.stderr
+    assert "hunter2" not in done.stdout + done.stderr
+    assert list(tmp_path.iterdir()) == []
