@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -27,8 +28,10 @@ from typing import Any
 
 from opspatch import __version__
 from opspatch.core.source import sha256_hex
-from opspatch.core.vocabulary import RECORDED_OUTCOMES, Outcome, StepStatus
+from opspatch.core.vocabulary import RECORDED_OUTCOMES, Outcome, RunOutcome, StepStatus
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
+from opspatch.ledger import leases
+from opspatch.ledger.approvals import APPROVE_COMMAND, SIGN_STEP, approvals_of
 from opspatch.ledger.chain import (
     GENESIS_HASH,
     ROW_COLUMNS,
@@ -52,9 +55,12 @@ from opspatch.ledger.lineage import applied_versions
 from opspatch.ledger.liveness import ControllerProcess, operator_identity
 from opspatch.ledger.records import (
     FILE_ACTIONS,
+    Approval,
     ContainerRecord,
     FileVersion,
     HostRecord,
+    LeaseGrant,
+    LeaseHolder,
     Machine,
     RunDetail,
     RunSummary,
@@ -96,6 +102,26 @@ __all__ = [
 
 def _utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+LEASE_STEP = "lease"
+"""The step that records taking, taking over and giving back a run's lease on a host."""
+
+
+def _holder(lease: leases.Lease, now_ms: int) -> LeaseHolder:
+    return LeaseHolder(
+        identity=lease.identity,
+        host=lease.host,
+        run_id=lease.run_id,
+        operator=lease.operator,
+        controller=lease.controller,
+        silent_seconds=lease.silent_ms(now_ms) / 1000,
+        expires_after_seconds=lease.expires_after_ms / 1000,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,7 +397,7 @@ class Ledger:
         """
         with self._reading() as conn:
             starts = select_events(conn, "kind = 'run-started' ORDER BY id DESC LIMIT ?", (limit,))
-            return run_summaries(conn, starts)
+            return self._with_approvals(conn, run_summaries(conn, starts))
 
     def run_chain(self, run_id: str) -> list[RunSummary]:
         """The run and its ancestors through `parent_run`: the run first, its oldest ancestor last.
@@ -437,7 +463,9 @@ class Ledger:
         """
         full_id = self.resolve_run_id(run_id)
         with self._reading() as conn:
-            return run_detail(conn, full_id)
+            detail = run_detail(conn, full_id)
+            (summary,) = self._with_approvals(conn, [detail.summary])
+            return replace(detail, summary=summary)
 
     def blob(self, sha256: str) -> bytes:
         """The bytes stored under `sha256`, re-hashed before they are returned.
@@ -588,6 +616,158 @@ class Ledger:
                     ("schema_version", "user_version"),
                 )
             }
+
+    # -- approvals (history: `approve` runs) -----------------------------------------------------
+
+    def record_approval(
+        self,
+        *,
+        patch_id: str | None,
+        patch_sha256: str,
+        principal: str,
+        signature: str,
+        operator: str,
+        command_line: str,
+    ) -> str:
+        """Record that `principal` signed `patch_sha256` (`signature`, armored OpenSSH): a finished
+        run with command `approve` and one `sign` step; returns the run id.
+
+        Raises:
+            ValueError: `patch_sha256` is not a sha256, or `principal` is empty.
+            LedgerError: the ledger cannot be written.
+        """
+        if not principal.strip():
+            raise ValueError("principal must not be empty")
+        run_id = self.begin_run(
+            command=APPROVE_COMMAND,
+            patch_id=patch_id,
+            patch_sha256=patch_sha256,
+            operator=operator,
+            command_line=command_line,
+            hosts=[],
+        )
+        self.record_step(run_id, principal, SIGN_STEP, StepStatus.OK, detail=signature)
+        self.finish_run(run_id, str(RunOutcome.OK))
+        return run_id
+
+    def approvals(self, patch_sha256: str) -> list[Approval]:
+        """Every approval recorded for `patch_sha256`, oldest first (verified by the caller).
+
+        Raises:
+            LedgerError: the ledger cannot be read.
+        """
+        with self._reading() as conn:
+            return approvals_of(conn, [patch_sha256]).get(patch_sha256, [])
+
+    @staticmethod
+    def _with_approvals(conn: sqlite3.Connection, summaries: list[RunSummary]) -> list[RunSummary]:
+        shas = [
+            s.patch_sha256 for s in summaries if s.patch_sha256 and s.command != APPROVE_COMMAND
+        ]
+        found = approvals_of(conn, [sha for sha in shas if sha])
+        return [
+            replace(s, approved_by=tuple(dict.fromkeys(a.principal for a in found[s.patch_sha256])))
+            if s.patch_sha256 in found and s.command != APPROVE_COMMAND
+            else s
+            for s in summaries
+        ]
+
+    # -- leases (mutable state beside the history; each change recorded as a step) ---------------
+
+    def take_leases(
+        self, run_id: str, identities: Mapping[str, str], *, expires_after: float
+    ) -> LeaseGrant:
+        """Lease each host of `identities` (inventory name -> host identity) to `run_id`, which
+        must heart-beat (`renew_leases`) more often than every `expires_after` seconds.
+
+        A live lease of another run refuses the whole request (nothing is taken: the grant's
+        `refused` names every such holder); an expired one is taken over. Each lease taken is
+        recorded as a `lease` step of the run in the same transaction, naming any run it was
+        taken over from.
+
+        Raises:
+            LedgerError: the run is unknown or finished, or the ledger cannot be written.
+        """
+        if expires_after <= 0:
+            raise ValueError(f"expires_after must be positive, got {expires_after}")
+        now = _now_ms()
+        with self._transaction() as conn:
+            start = require_open_run(conn, run_id).data
+            current = {
+                lease.identity: lease
+                for lease in leases.leases_on(conn, sorted(set(identities.values())))
+            }
+            others = {i: lease for i, lease in current.items() if lease.run_id != run_id}
+            refused = tuple(_holder(lease, now) for lease in others.values() if lease.live(now))
+            if refused:
+                return LeaseGrant(refused=refused)
+            taken = [
+                leases.Lease(
+                    identity=identity,
+                    host=host,
+                    run_id=run_id,
+                    operator=str(start["operator"]),
+                    controller=str(start["controller"]["hostname"]),
+                    taken_at_ms=now,
+                    heartbeat_at_ms=now,
+                    expires_after_ms=int(expires_after * 1000),
+                )
+                for host, identity in identities.items()
+            ]
+            leases.put(conn, taken)
+            taken_over = []
+            for lease in taken:
+                before = others.get(lease.identity)
+                detail = f"took the lease on {lease.identity}"
+                if before is not None:
+                    taken_over.append(_holder(before, now))
+                    detail += (
+                        f", taken over from {taken_over[-1].describe()} (expired after "
+                        f"{before.expires_after_ms / 1000:g} s)"
+                    )
+                body = {"step": LEASE_STEP, "status": "ok", "seconds": None, "detail": detail}
+                self._append(conn, run_id=run_id, kind="step", host=lease.host, body=body)
+        return LeaseGrant(taken_over=tuple(taken_over))
+
+    def renew_leases(self, run_id: str) -> int:
+        """A heartbeat of `run_id`: its leases renewed; how many it still holds (fewer than it
+        took means another run took some over after this one went quiet too long).
+
+        Raises:
+            LedgerError: the ledger cannot be written.
+        """
+        with self._transaction() as conn:
+            return leases.renew(conn, run_id, _now_ms())
+
+    def give_back_leases(self, run_id: str) -> int:
+        """Remove `run_id`'s leases, each recorded as a `lease` step while the run is open (a
+        finished run's leases are removed unrecorded); how many it held.
+
+        Raises:
+            LedgerError: the ledger cannot be written.
+        """
+        with self._transaction() as conn:
+            held = leases.give_back(conn, run_id)
+            if held and not select_events(conn, "run_id = ? AND kind = 'run-finished'", (run_id,)):
+                for lease in held:
+                    body = {
+                        "step": LEASE_STEP,
+                        "status": "ok",
+                        "seconds": None,
+                        "detail": f"gave the lease on {lease.identity} back",
+                    }
+                    self._append(conn, run_id=run_id, kind="step", host=lease.host, body=body)
+        return len(held)
+
+    def leases_of(self, run_ids: Sequence[str]) -> list[LeaseHolder]:
+        """The leases any of `run_ids` holds, live or expired, as this machine's clock judges.
+
+        Raises:
+            LedgerError: the ledger cannot be read.
+        """
+        now = _now_ms()
+        with self._reading() as conn:
+            return [_holder(lease, now) for lease in leases.leases_of(conn, list(run_ids))]
 
     # -- integrity ------------------------------------------------------------------------------
 
