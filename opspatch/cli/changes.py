@@ -228,6 +228,7 @@ def recover(
         hosts_left_needing_attention,
         recover_hosts,
         recover_run,
+        require_recoverable,
         run_chain,
     )
 
@@ -282,12 +283,7 @@ def recover(
             finish(report, as_json)
         run = interrupted[0].run_id
     detail = ledger.get_run(run)
-    if detail.summary.status != "interrupted":
-        raise InputError(
-            f"run {detail.run_id} is {detail.summary.status}, not interrupted",
-            hint="recover --run is for runs whose controller died part-way; "
-            "`opspatch recover --hosts TARGET` reconciles hosts whatever run touched them",
-        )
+    require_recoverable(ledger, detail)
     chain = run_chain(ledger, detail.run_id)
     names = list(dict.fromkeys(h for d in reversed(chain) for h in d.summary.hosts))
     inventories = {h: i for d in reversed(chain) for h, i in (d.summary.inventories or {}).items()}

@@ -18,10 +18,11 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import HaltAction, Outcome, RestartPolicy
-from opspatch.errors import BecomeError, HostKeyError, OpspatchError
+from opspatch.errors import BecomeError, HostKeyError, LockHeld, OpspatchError
 from opspatch.ledger.store import Ledger
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.fleetrun import FleetRun
+from opspatch.runs.leases import LeaseHeld, held_by, host_identity, live_holders
 from opspatch.runs.localfile import not_applicable_error
 from opspatch.runs.pipeline import ApplyPipeline, Prepared, PreparedFile
 from opspatch.runs.recorded import recorded_run
@@ -87,6 +88,7 @@ class _FleetApply:
         )
         self.host_key_refusals: dict[str, HostKeyError] = {}
         self.become_refusals: dict[str, BecomeError] = {}
+        self.lease_refusals: dict[str, LeaseHeld] = {}
         with FleetRun(
             command="apply",
             patch_id=self.patch.spec.id,
@@ -107,6 +109,15 @@ class _FleetApply:
                 if not self.dry_run:
                     fleet.release_all()
                 return report
+            leased = fleet.lease(
+                {
+                    name: host_identity(self.sessions[name].host, item.inspection.facts)
+                    for name, item in prepared.items()
+                    if isinstance(item, Prepared)
+                }
+            )
+            if leased is not None:
+                return leased
             return self._roll_out(prepared)
 
     # -- preflight ------------------------------------------------------------------------
@@ -121,6 +132,12 @@ class _FleetApply:
         except BecomeError as exc:  # sudo cannot raise privileges there: swap/restart would fail
             self.become_refusals[session.name] = exc
             return session.refused(exc)
+        except LockHeld as exc:  # held by a run with a live lease: name its operator, machine
+            holders = live_holders(self.recorder, exc)
+            if not holders:
+                return session.refused(exc)
+            self.lease_refusals[session.name] = LeaseHeld(holders, what=f"{session.name} is locked")
+            return session.refused(self.lease_refusals[session.name])
         except OpspatchError as exc:
             return session.refused(exc)
 
@@ -130,7 +147,7 @@ class _FleetApply:
         outcomes: list[HostOutcome] = []
         misfits: list[str] = []
         unreached: list[str] = []
-        refused_for_access = {*self.host_key_refusals, *self.become_refusals}
+        refused_for_access = {*self.host_key_refusals, *self.become_refusals, *self.lease_refusals}
         for host in self.hosts:
             session = self.sessions[host.name]
             item = prepared[host.name]
@@ -172,6 +189,13 @@ class _FleetApply:
         if self.become_refusals:
             names = ", ".join(sorted(self.become_refusals))
             reasons.append(f"privileges cannot be raised on {names} (sudo; see each host's error)")
+        if self.lease_refusals:
+            holders = [h for refusal in self.lease_refusals.values() for h in refusal.holders]
+            reasons.append(
+                f"{held_by(holders)}; wait until that run finishes or ask {holders[0].operator} "
+                f"(its lease expires {holders[0].expires_after_seconds:g} s after its last "
+                f"heartbeat; then `opspatch recover --run {holders[0].run_id}` may take it over)"
+            )
         if not reasons:
             return None
         return RunReport(

@@ -132,12 +132,14 @@ def run_restore(
     patch_id: str | None,
     per_host: Callable[[HostSession], HostOutcome],
     canary_first: bool = False,
+    leases: Mapping[str, str] | None = None,
 ) -> RunReport:
     """The fleet part of the restore runs (rollback, recover, unlock), halted by a host that
     needs attention or whose restored file its server does not serve.
 
     `canary_first`: the first host alone, then the rest (a rollback: a restored file its server
-    does not serve halts the run before more servers go down)."""
+    does not serve halts the run before more servers go down). `leases` (host name -> identity):
+    leased to this run first (a recover takes over the expired leases of the run it recovers)."""
     with FleetRun(
         command=command,
         patch_id=patch_id,
@@ -147,6 +149,9 @@ def run_restore(
         recorder=recorder,
         progress=progress,
     ) as fleet:
+        refused = fleet.lease(leases) if leases else None
+        if refused is not None:
+            return refused
         outcomes, halted = fleet.execute(
             per_host,
             batches=_restore_batches(
