@@ -110,6 +110,7 @@ def check(
                 "edits": sum(len(p.edits) for p in parts),
                 "postconditions": sum(len(p.postconditions) for p in parts),
                 "releases": release_coverage(parts).to_json(),
+                "signed_by": recorded_signers(loaded.sha256),
             }
         )
     failed = [r for r in results if not r["ok"]]
@@ -126,6 +127,13 @@ def check(
                         f"-> {result['target']}",
                     )
                 )
+                for signer in result["signed_by"]:
+                    out.print(
+                        f"      signed by {signer['principal']} (recorded by "
+                        f"{signer['operator']} at {signer['recorded_at']}; apply verifies it "
+                        "against the playbook's allowed_signers)",
+                        markup=False,
+                    )
                 warning = result["releases"]["warning"]
                 if warning:
                     err.print(
@@ -137,6 +145,24 @@ def check(
                 )
     if failed:
         raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def recorded_signers(patch_sha256: str) -> list[dict[str, str]]:
+    """Who signed this sha256 (`opspatch approve`), from the ledger if there is one: `check`
+    never creates a ledger."""
+    path = options.ledger_path()
+    if not path.exists():
+        return []
+    with options.open_ledger() as ledger:
+        return [
+            {
+                "principal": a.principal,
+                "operator": a.operator,
+                "recorded_at": a.recorded_at,
+                "run_id": a.run_id,
+            }
+            for a in ledger.approvals(patch_sha256)
+        ]
 
 
 RELEASES_FLAG = "--releases"

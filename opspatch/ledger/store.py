@@ -419,7 +419,7 @@ class Ledger:
                     break
                 starts.append(start)
                 current = start.data["parent_run"]
-            return run_summaries(conn, starts)
+            return self._with_approvals(conn, run_summaries(conn, starts))
 
     def resolve_run_id(self, run_id_or_prefix: str) -> str:
         """The full id of the one run whose id is or starts with `run_id_or_prefix`.

@@ -17,9 +17,10 @@ from opspatch.core.edit import AlreadyApplied, NotApplicable
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import HaltAction, Outcome, RestartPolicy
+from opspatch.core.vocabulary import HaltAction, Outcome, RestartPolicy, StepStatus
 from opspatch.errors import BecomeError, HostKeyError, LockHeld, OpspatchError
-from opspatch.ledger.store import Ledger
+from opspatch.ledger.store import Ledger, operator_identity
+from opspatch.runs.approval import require_approval
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.fleetrun import FleetRun
 from opspatch.runs.leases import LeaseHeld, held_by, host_identity, live_holders
@@ -53,6 +54,7 @@ def apply_to_hosts(
 
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
+        ApprovalRefused: the playbook requires an approval and the patch has no valid one.
     """
     progress = progress or NoProgress()
     if dry_run:
@@ -60,6 +62,10 @@ def apply_to_hosts(
     if ledger is None:
         raise ValueError("an apply that changes hosts is recorded: pass the ledger")
     with recorded_run(ledger, command="apply", patch=patch, hosts=hosts, playbook=playbook) as run:
+        approved = require_approval(ledger, patch, playbook.team, operator=operator_identity())
+        if approved is not None:
+            for host in hosts:  # who let this run change the host, in its history
+                run.step(host.name, "approval", StepStatus.OK, None, approved.describe())
         progress.run_started(
             run.run_id, f"{patch.spec.id} on {len(hosts)} host(s), playbook {playbook.name}"
         )

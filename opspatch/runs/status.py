@@ -18,7 +18,7 @@ from typing import Any
 
 from opspatch.core.edit import detect
 from opspatch.core.host import Host
-from opspatch.core.jsonrecord import JsonRecord, record_to_json
+from opspatch.core.jsonrecord import JsonRecord, json_field, record_to_json
 from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import PatchState, Rotation
@@ -40,6 +40,7 @@ from opspatch.runs.executor import map_hosts
 from opspatch.runs.pipeline import gate_inspection
 from opspatch.runs.proof import change_proof, describe
 from opspatch.runs.rotation import rotation_of
+from opspatch.runs.who import RunWho, who_ran
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,15 @@ class PatchStatus(JsonRecord):
     rotation: Rotation | None = None
     """Behind a router: whether the router lists its worker healthy (None: no router, or the
     router could not be asked)."""
+    written_by: RunWho | None = json_field(default=None, omit_none=True)
+    """The run that wrote the bytes the file is: its operator, controller, approvers."""
 
     def to_json(self) -> dict[str, Any]:
         data = record_to_json(self)
         if not self.files:  # only a patch set has files of its own
             del data["files"]
         return data
+
 
 def with_server(status: PatchStatus, host: Host, inspection: HostInspection) -> PatchStatus:
     """`status` saying whether the host's server runs: a file that is right on disk serves
@@ -129,6 +133,7 @@ def classify(
     if isinstance(standing, AtPostImage):
         assert ledger is not None
         written = _written(ledger, host, file.realpath, standing.version)
+        base["written_by"] = who_ran(ledger, standing.version.run_id)
         if stale:
             assert server is not None
             return PatchStatus(
