@@ -152,8 +152,9 @@ class RunSummary(JsonRecord):
     recovered_by: str | None = None
     inventories: dict[str, str] | None = None
     approved_by: tuple[str, ...] | None = json_field(default=None, omit_none=True)
-    """The principals whose signature of `patch_sha256` the ledger held when the run was listed
-    (`approve`); None (left out of the JSON) when nobody signed it."""
+    """The principals whose signatures of `patch_sha256` (`opspatch approve`) were verified
+    against the playbook's allowed_signers before the run began; None (left out of the JSON)
+    when the run needed no approval."""
 
 
 @dataclass(frozen=True)

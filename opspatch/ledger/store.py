@@ -203,6 +203,7 @@ class Ledger:
         playbook: str | None = None,
         parent_run: str | None = None,
         inventories: Mapping[str, str] | None = None,
+        approved_by: Sequence[str] | None = None,
     ) -> str:
         """Record the start of a run and return its new id.
 
@@ -211,6 +212,8 @@ class Ledger:
         was taken from (so that `recover` finds the same hosts when another inventory has a host
         of the same name, as `sandbox` and `sandbox-ssh` do). The controller's hostname, pid and process start
         time are recorded so the run can later be told apart as running or interrupted.
+        `approved_by` names the principals whose signatures of the patch were verified before
+        the run began (left out of the body when None, so older bodies stay byte-identical).
 
         Raises:
             ValueError: `command` is not a kebab-case word or `patch_sha256` is not a sha256.
@@ -235,6 +238,8 @@ class Ledger:
         }
         if inventories is not None:
             body["inventories"] = dict(inventories)
+        if approved_by is not None:
+            body["approved_by"] = list(approved_by)
         with self._transaction() as conn:
             for _attempt in range(5):
                 run_id = new_run_id()
@@ -397,7 +402,7 @@ class Ledger:
         """
         with self._reading() as conn:
             starts = select_events(conn, "kind = 'run-started' ORDER BY id DESC LIMIT ?", (limit,))
-            return self._with_approvals(conn, run_summaries(conn, starts))
+            return run_summaries(conn, starts)
 
     def run_chain(self, run_id: str) -> list[RunSummary]:
         """The run and its ancestors through `parent_run`: the run first, its oldest ancestor last.
@@ -419,7 +424,7 @@ class Ledger:
                     break
                 starts.append(start)
                 current = start.data["parent_run"]
-            return self._with_approvals(conn, run_summaries(conn, starts))
+            return run_summaries(conn, starts)
 
     def resolve_run_id(self, run_id_or_prefix: str) -> str:
         """The full id of the one run whose id is or starts with `run_id_or_prefix`.
@@ -463,9 +468,7 @@ class Ledger:
         """
         full_id = self.resolve_run_id(run_id)
         with self._reading() as conn:
-            detail = run_detail(conn, full_id)
-            (summary,) = self._with_approvals(conn, [detail.summary])
-            return replace(detail, summary=summary)
+            return run_detail(conn, full_id)
 
     def blob(self, sha256: str) -> bytes:
         """The bytes stored under `sha256`, re-hashed before they are returned.
@@ -658,19 +661,6 @@ class Ledger:
         """
         with self._reading() as conn:
             return approvals_of(conn, [patch_sha256]).get(patch_sha256, [])
-
-    @staticmethod
-    def _with_approvals(conn: sqlite3.Connection, summaries: list[RunSummary]) -> list[RunSummary]:
-        shas = [
-            s.patch_sha256 for s in summaries if s.patch_sha256 and s.command != APPROVE_COMMAND
-        ]
-        found = approvals_of(conn, [sha for sha in shas if sha])
-        return [
-            replace(s, approved_by=tuple(dict.fromkeys(a.principal for a in found[s.patch_sha256])))
-            if s.patch_sha256 in found and s.command != APPROVE_COMMAND
-            else s
-            for s in summaries
-        ]
 
     # -- leases (mutable state beside the history; each change recorded as a step) ---------------
 

@@ -17,7 +17,7 @@ from opspatch.core.edit import AlreadyApplied, NotApplicable
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import HaltAction, Outcome, RestartPolicy, StepStatus
+from opspatch.core.vocabulary import HaltAction, Outcome, RestartPolicy
 from opspatch.errors import BecomeError, HostKeyError, LockHeld, OpspatchError
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.approval import require_approval
@@ -61,11 +61,15 @@ def apply_to_hosts(
         return _FleetApply(patch, playbook, hosts, factory, NullRecorder(), progress, True).run()
     if ledger is None:
         raise ValueError("an apply that changes hosts is recorded: pass the ledger")
-    with recorded_run(ledger, command="apply", patch=patch, hosts=hosts, playbook=playbook) as run:
-        approved = require_approval(ledger, patch, playbook.team, operator=operator_identity())
-        if approved is not None:
-            for host in hosts:  # who let this run change the host, in its history
-                run.step(host.name, "approval", StepStatus.OK, None, approved.describe())
+    approved = require_approval(ledger, patch, playbook.team, operator=operator_identity())
+    with recorded_run(
+        ledger,
+        command="apply",
+        patch=patch,
+        hosts=hosts,
+        playbook=playbook,
+        approved_by=approved.principals if approved is not None else None,
+    ) as run:
         progress.run_started(
             run.run_id, f"{patch.spec.id} on {len(hosts)} host(s), playbook {playbook.name}"
         )

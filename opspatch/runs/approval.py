@@ -41,9 +41,9 @@ class Approved:
     approvals: tuple[Approval, ...]
     allowed_signers: str
 
-    def describe(self) -> str:
-        principals = ", ".join(dict.fromkeys(a.principal for a in self.approvals))
-        return f"approved by {principals} (verified against {self.allowed_signers})"
+    @property
+    def principals(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(a.principal for a in self.approvals))
 
 
 def approval_message(patch_sha256: str) -> bytes:
