@@ -17,13 +17,20 @@ the operator's Ctrl-C into a decision that the report states:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from typing import TypeVar
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Batch, Playbook
 from opspatch.core.vocabulary import Outcome
-from opspatch.errors import BecomeError, HostKeyError, LockHeld, OpspatchError, RunInterrupted
+from opspatch.errors import (
+    BecomeError,
+    HostKeyError,
+    LedgerError,
+    LockHeld,
+    OpspatchError,
+    RunInterrupted,
+)
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import (
     CANCELLED,
@@ -112,7 +119,10 @@ class FleetRun:
 
     def __exit__(self, kind: object, *exc: object) -> None:
         try:
-            self._end_leases(abandoned=kind is RunInterrupted or kind is KeyboardInterrupt)
+            self._end_leases(
+                abandoned=kind is RunInterrupted or kind is KeyboardInterrupt,
+                failing=kind is not None,
+            )
         finally:
             self._stack.close()
 
@@ -230,14 +240,19 @@ class FleetRun:
             self._heartbeat = Heartbeat(self.recorder, self.playbook.team.lease_expiry).start()
         return None
 
-    def _end_leases(self, *, abandoned: bool) -> None:
+    def _end_leases(self, *, abandoned: bool, failing: bool) -> None:
         """Stop the heartbeat; give the leases back unless the run was abandoned with hosts in
         flight (then they expire, and `recover --run R` takes them over)."""
         if self._heartbeat is None:
             return
         self._heartbeat.stop()
         self._heartbeat = None
-        if not abandoned:
+        if abandoned:
+            return
+        if failing:  # the error already on its way says more than a second one would
+            with suppress(LedgerError):
+                self.recorder.give_back_leases()
+        else:
             self.recorder.give_back_leases()
 
     # -- ending ---------------------------------------------------------------------------
