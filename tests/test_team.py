@@ -247,3 +247,21 @@ def test_an_apply_signed_by_a_second_operator_goes_ahead_and_records_the_signer(
     assert summary.approved_by == ("bob",)  # verified and not the author's
     assert summary.to_json()["approved_by"] == ["bob"]
     assert [a.principal for a in fleet.ledger.approvals(fleet.patch.sha256)] == [signers.me, "bob"]
+
+
+def test_a_playbook_requiring_approval_names_its_signers_file_relative_to_itself(
+    tmp_path: Path,
+) -> None:
+    from opspatch.config.playbook import load_playbook
+    from opspatch.errors import SpecError
+
+    path = tmp_path / "playbooks" / "guarded.toml"
+    path.parent.mkdir()
+    path.write_text('[team]\nlease_expiry = 5\nrequire_approval = true\nallowed_signers = "s"\n')
+    team = load_playbook(path).team
+    assert (team.lease_expiry, team.require_approval) == (5.0, True)
+    assert team.allowed_signers == str(path.parent.resolve() / "s")
+    path.write_text("[team]\nrequire_approval = true\n")
+    with pytest.raises(SpecError) as missing:
+        load_playbook(path)
+    assert f"{path}:2" in missing.value.render() and "allowed_signers" in missing.value.render()
