@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from opspatch.core.policy import BatchSize, Playbook, TeamSettings
-from opspatch.errors import EXIT_BAD_INPUT
+from opspatch.errors import EXIT_BAD_INPUT, InputError
 from opspatch.hosts.agent.facts import host_name, machine_id
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.apply import apply_to_hosts
@@ -265,3 +265,25 @@ def test_a_playbook_requiring_approval_names_its_signers_file_relative_to_itself
     with pytest.raises(SpecError) as missing:
         load_playbook(path)
     assert f"{path}:2" in missing.value.render() and "allowed_signers" in missing.value.render()
+
+
+def test_a_run_of_another_controller_is_recoverable_once_its_lease_expired_and_not_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What another machine can judge is the heartbeat: a run begun elsewhere (`unknown` here)
+    is refused while its lease is live, taken over once it expired, refused without a lease."""
+    from opspatch.ledger import store
+    from opspatch.ledger.liveness import ControllerProcess
+
+    elsewhere = ControllerProcess("alices-laptop", 4242, None)
+    monkeypatch.setattr(store.ControllerProcess, "current", classmethod(lambda cls: elsewhere))
+    with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
+        leased, bare = begin(ledger, "alice@laptop", ["g"]), begin(ledger, "alice@laptop", ["g"])
+        ledger.take_leases(leased, {"g": "m/g:/s"}, expires_after=0.3)
+        assert ledger.get_run(leased).summary.status == "unknown"
+        with pytest.raises(LeaseHeld, match="controller alices-laptop"):
+            require_recoverable(ledger, ledger.get_run(leased))
+        assert wait_until(lambda: not ledger.leases_of([leased])[0].live, timeout=10, interval=0.05)
+        require_recoverable(ledger, ledger.get_run(leased))  # expired: may be taken over
+        with pytest.raises(InputError, match="is unknown, not interrupted"):
+            require_recoverable(ledger, ledger.get_run(bare))

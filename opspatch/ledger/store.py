@@ -20,7 +20,7 @@ import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -665,15 +665,21 @@ class Ledger:
     # -- leases (mutable state beside the history; each change recorded as a step) ---------------
 
     def take_leases(
-        self, run_id: str, identities: Mapping[str, str], *, expires_after: float
+        self,
+        run_id: str,
+        identities: Mapping[str, str],
+        *,
+        expires_after: float,
+        taking_over: Collection[str] = (),
     ) -> LeaseGrant:
         """Lease each host of `identities` (inventory name -> host identity) to `run_id`, which
         must heart-beat (`renew_leases`) more often than every `expires_after` seconds.
 
         A live lease of another run refuses the whole request (nothing is taken: the grant's
-        `refused` names every such holder); an expired one is taken over. Each lease taken is
-        recorded as a `lease` step of the run in the same transaction, naming any run it was
-        taken over from.
+        `refused` names every such holder); an expired one is taken over, and so is one of the
+        runs in `taking_over` (the caller knows their controllers are gone: a recover of runs
+        this machine saw die). Each lease taken is recorded as a `lease` step of the run in the
+        same transaction, naming any run it was taken over from.
 
         Raises:
             LedgerError: the run is unknown or finished, or the ledger cannot be written.
@@ -688,7 +694,11 @@ class Ledger:
                 for lease in leases.leases_on(conn, sorted(set(identities.values())))
             }
             others = {i: lease for i, lease in current.items() if lease.run_id != run_id}
-            refused = tuple(_holder(lease, now) for lease in others.values() if lease.live(now))
+            refused = tuple(
+                _holder(lease, now)
+                for lease in others.values()
+                if lease.live(now) and lease.run_id not in taking_over
+            )
             if refused:
                 return LeaseGrant(refused=refused)
             taken = [
@@ -711,10 +721,12 @@ class Ledger:
                 detail = f"took the lease on {lease.identity}"
                 if before is not None:
                     taken_over.append(_holder(before, now))
-                    detail += (
-                        f", taken over from {taken_over[-1].describe()} (expired after "
-                        f"{before.expires_after_ms / 1000:g} s)"
+                    why = (
+                        f"expired after {before.expires_after_ms / 1000:g} s"
+                        if not before.live(now)
+                        else "its controller is gone"
                     )
+                    detail += f", taken over from {taken_over[-1].describe()} ({why})"
                 body = {"step": LEASE_STEP, "status": "ok", "seconds": None, "detail": detail}
                 self._append(conn, run_id=run_id, kind="step", host=lease.host, body=body)
         return LeaseGrant(taken_over=tuple(taken_over))

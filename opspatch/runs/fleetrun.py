@@ -16,7 +16,7 @@ the operator's Ctrl-C into a decision that the report states:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import ExitStack, suppress
 from typing import TypeVar
 
@@ -210,12 +210,14 @@ class FleetRun:
 
     # -- leases ---------------------------------------------------------------------------
 
-    def lease(self, identities: Mapping[str, str]) -> RunReport | None:
+    def lease(
+        self, identities: Mapping[str, str], *, taking_over: Collection[str] = ()
+    ) -> RunReport | None:
         """Lease the hosts (name -> `leases.host_identity`) to this run, with a heartbeat until
-        the run ends; None when taken. When a live lease of another run holds one of them, the
-        run is refused before any change: every lock given back, every host `skipped` naming
-        the holders (exit 2)."""
-        grant = self.recorder.take_leases(identities, self.playbook.team.lease_expiry)
+        the run ends; None when taken. When a live lease of another run (not one of
+        `taking_over`, runs known dead) holds one of them, the run is refused before any
+        change: every lock given back, every host `skipped` naming the holders (exit 2)."""
+        grant = self.recorder.take_leases(identities, self.playbook.team.lease_expiry, taking_over)
         if grant.refused:
             self.release_all()
             holder = grant.refused[0]

@@ -11,7 +11,7 @@ forwards, in the same order.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from opspatch.core.vocabulary import RunStatus, StepStatus
@@ -86,9 +86,12 @@ class Recorder(Protocol):
     def run_status(self, run_id: str) -> RunStatus | None:
         """The status of another run of this ledger; None when it knows no such run."""
 
-    def take_leases(self, identities: Mapping[str, str], expires_after: float) -> LeaseGrant:
+    def take_leases(
+        self, identities: Mapping[str, str], expires_after: float, taking_over: Collection[str]
+    ) -> LeaseGrant:
         """Lease the hosts (name -> identity) to this run, unless a live lease of another run
-        holds one (`LeaseGrant.refused`: nothing taken); each lease taken is a `lease` step."""
+        (not of `taking_over`, runs known dead) holds one (`LeaseGrant.refused`: nothing taken);
+        each lease taken is a `lease` step."""
 
     def renew_leases(self) -> int:
         """A heartbeat; how many leases this run still holds."""
@@ -195,8 +198,12 @@ class LedgerRecorder:
         except OpspatchError:
             return None  # not a run of this ledger: it may be alive on another controller
 
-    def take_leases(self, identities: Mapping[str, str], expires_after: float) -> LeaseGrant:
-        return self.ledger.take_leases(self._run_id, identities, expires_after=expires_after)
+    def take_leases(
+        self, identities: Mapping[str, str], expires_after: float, taking_over: Collection[str]
+    ) -> LeaseGrant:
+        return self.ledger.take_leases(
+            self._run_id, identities, expires_after=expires_after, taking_over=taking_over
+        )
 
     def renew_leases(self) -> int:
         return self.ledger.renew_leases(self._run_id)
@@ -274,7 +281,9 @@ class NullRecorder:
     def run_status(self, run_id: str) -> RunStatus | None:
         return None
 
-    def take_leases(self, identities: Mapping[str, str], expires_after: float) -> LeaseGrant:
+    def take_leases(
+        self, identities: Mapping[str, str], expires_after: float, taking_over: Collection[str]
+    ) -> LeaseGrant:
         return LeaseGrant()  # a run that changes nothing keeps no one off the hosts
 
     def renew_leases(self) -> int:

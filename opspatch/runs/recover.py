@@ -72,18 +72,19 @@ class _Scope:
 
 def require_recoverable(ledger: Ledger, detail: RunDetail) -> None:
     """Whether `recover --run` may take `detail`'s run over: interrupted (its controller process
-    is gone, as this machine sees it), or begun on another controller whose leases all expired
-    (the heartbeat is what another machine can judge). A live lease is never broken.
+    is gone: this machine began it and sees it dead), or begun on another controller whose
+    leases all expired (the heartbeat is what another machine can judge). A live lease of a
+    controller that may be alive is never broken.
 
     Raises:
         LeaseHeld: the run still heart-beats; names its operator and controller.
         InputError: the run is finished, or running here, or unknown here and holds no lease.
     """
+    status = detail.summary.status
     held = ledger.leases_of([detail.run_id])
-    live = [lease for lease in held if lease.live]
+    live = [lease for lease in held if lease.live and status != RunStatus.INTERRUPTED]
     if live:
         raise LeaseHeld(live, what=f"run {detail.run_id} is alive: its lease is live")
-    status = detail.summary.status
     if status == RunStatus.INTERRUPTED or (status == RunStatus.UNKNOWN and held):
         return
     raise InputError(
@@ -109,8 +110,9 @@ def recover_run(
     Raises (before anything is begun):
         LeaseHeld: a run of the chain still heart-beats (its controller lives, wherever it is).
     """
+    dead = frozenset(d.run_id for d in chain if d.summary.status in _OVER)
     held = ledger.leases_of([d.run_id for d in chain])
-    live = [lease for lease in held if lease.live]
+    live = [lease for lease in held if lease.live and lease.run_id not in dead]
     if live:
         raise LeaseHeld(live, what=f"run {live[0].run_id} is alive: its lease is live")
     versions: dict[str, list[FileVersion]] = {}
@@ -134,6 +136,7 @@ def recover_run(
         progress,
         parent_run=chain[0].run_id,
         leases={lease.host: lease.identity for lease in held if lease.host in names},
+        taking_over=dead,
     )
 
 
@@ -193,6 +196,7 @@ def _recover(
     *,
     parent_run: str | None,
     leases: Mapping[str, str] | None = None,
+    taking_over: Collection[str] = (),
 ) -> RunReport:
     with recorded_run(
         ledger,
@@ -213,6 +217,7 @@ def _recover(
             patch_id=patch.spec.id if patch else None,
             per_host=recover.host,
             leases=leases,
+            taking_over=taking_over,
         )
         return run.finish(report)
 
