@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from opspatch.core.policy import BatchSize, Playbook, TeamSettings
-from opspatch.errors import EXIT_BAD_INPUT, InputError
+from opspatch.errors import EXIT_BAD_INPUT, ApprovalRefused, InputError, LeaseHeld
 from opspatch.hosts.agent.facts import host_name, machine_id
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.apply import apply_to_hosts
-from opspatch.runs.approval import ApprovalRefused, approve_patch
-from opspatch.runs.leases import LeaseHeld, host_identity
+from opspatch.runs.approval import approve_patch
+from opspatch.runs.leases import host_identity
 from opspatch.runs.recover import require_recoverable
 from tests.fleetkit import wait_until
 from tests.test_runs_scripted import PRISTINE, REPO, STANDIN, FakeHost, Fleet

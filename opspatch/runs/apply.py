@@ -18,12 +18,13 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import HaltAction, Outcome, RestartPolicy
-from opspatch.errors import BecomeError, HostKeyError, LockHeld, OpspatchError
+from opspatch.errors import BecomeError, HostKeyError, LeaseHeld, LockHeld, OpspatchError
+from opspatch.ledger.records import LeaseHolder
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.approval import require_approval
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.fleetrun import FleetRun
-from opspatch.runs.leases import LeaseHeld, held_by, host_identity, live_holders
+from opspatch.runs.leases import held_by, host_identity, lease_held, live_holders
 from opspatch.runs.localfile import not_applicable_error
 from opspatch.runs.pipeline import ApplyPipeline, Prepared, PreparedFile
 from opspatch.runs.recorded import recorded_run
@@ -98,7 +99,7 @@ class _FleetApply:
         )
         self.host_key_refusals: dict[str, HostKeyError] = {}
         self.become_refusals: dict[str, BecomeError] = {}
-        self.lease_refusals: dict[str, LeaseHeld] = {}
+        self.lease_refusals: dict[str, tuple[list[LeaseHolder], LeaseHeld]] = {}
         with FleetRun(
             command="apply",
             patch_id=self.patch.spec.id,
@@ -146,8 +147,11 @@ class _FleetApply:
             holders = live_holders(self.recorder, exc)
             if not holders:
                 return session.refused(exc)
-            self.lease_refusals[session.name] = LeaseHeld(holders, what=f"{session.name} is locked")
-            return session.refused(self.lease_refusals[session.name])
+            self.lease_refusals[session.name] = (
+                holders,
+                lease_held(holders, what=f"{session.name} is locked"),
+            )
+            return session.refused(self.lease_refusals[session.name][1])
         except OpspatchError as exc:
             return session.refused(exc)
 
@@ -200,7 +204,7 @@ class _FleetApply:
             names = ", ".join(sorted(self.become_refusals))
             reasons.append(f"privileges cannot be raised on {names} (sudo; see each host's error)")
         if self.lease_refusals:
-            holders = [h for refusal in self.lease_refusals.values() for h in refusal.holders]
+            holders = [h for held, _ in self.lease_refusals.values() for h in held]
             reasons.append(
                 f"{held_by(holders)}; wait until that run finishes or ask {holders[0].operator} "
                 f"(its lease expires {holders[0].expires_after_seconds:g} s after its last "

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from opspatch.core.policy import TeamSettings
 from opspatch.core.spec import LoadedPatch
-from opspatch.errors import InputError
+from opspatch.errors import ApprovalRefused, InputError
 from opspatch.ledger.records import Approval
 from opspatch.ledger.store import Ledger
 
@@ -28,10 +28,6 @@ NAMESPACE = "opspatch"
 """The OpenSSH signature namespace: a signature made for git or for a file cannot pass here."""
 
 SSH_KEYGEN_SECONDS = 30.0
-
-
-class ApprovalRefused(InputError):
-    """An apply that needs a second operator's signature does not have a valid one (exit 2)."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 
 from opspatch.core.host import Host
-from opspatch.errors import InputError, LedgerError, LockHeld
+from opspatch.errors import LeaseHeld, LedgerError, LockHeld
 from opspatch.hosts.results import HostFacts
 from opspatch.ledger.records import LeaseHolder
 from opspatch.runs.recorder import Recorder
@@ -25,18 +25,16 @@ HEARTBEATS_PER_EXPIRY = 3
 """Heartbeats sent within one expiry interval: a late one or two do not lose the lease."""
 
 
-class LeaseHeld(InputError):
-    """A live lease of another run holds some of the hosts; names each holder (exit 2)."""
-
-    def __init__(self, holders: Sequence[LeaseHolder], *, what: str) -> None:
-        super().__init__(
-            f"{what}: {held_by(holders)}",
-            hint="nothing was changed; wait until that run finishes (`opspatch ledger show "
-            f"{holders[0].run_id}`), or ask {holders[0].operator}; if its controller is gone, "
-            f"`opspatch recover --run {holders[0].run_id}` takes it over once its lease expired "
-            f"({holders[0].expires_after_seconds:g} s after its last heartbeat)",
-        )
-        self.holders = tuple(holders)
+def lease_held(holders: Sequence[LeaseHolder], *, what: str) -> LeaseHeld:
+    """The refusal naming every holder (its run, operator, controller) and what to do."""
+    first = holders[0]
+    return LeaseHeld(
+        f"{what}: {held_by(holders)}",
+        hint="nothing was changed; wait until that run finishes (`opspatch ledger show "
+        f"{first.run_id}`), or ask {first.operator}; if its controller is gone, "
+        f"`opspatch recover --run {first.run_id}` takes it over once its lease expired "
+        f"({first.expires_after_seconds:g} s after its last heartbeat)",
+    )
 
 
 def held_by(holders: Sequence[LeaseHolder]) -> str:

@@ -43,7 +43,7 @@ from opspatch.errors import InputError, LockHeld
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.connect import TransportFactory
-from opspatch.runs.leases import LeaseHeld
+from opspatch.runs.leases import lease_held
 from opspatch.runs.patchset import paths_of, read_set
 from opspatch.runs.proof import change_proof, describe
 from opspatch.runs.recorded import recorded_run
@@ -84,7 +84,7 @@ def require_recoverable(ledger: Ledger, detail: RunDetail) -> None:
     held = ledger.leases_of([detail.run_id])
     live = [lease for lease in held if lease.live and status != RunStatus.INTERRUPTED]
     if live:
-        raise LeaseHeld(live, what=f"run {detail.run_id} is alive: its lease is live")
+        raise lease_held(live, what=f"run {detail.run_id} is alive: its lease is live")
     if status == RunStatus.INTERRUPTED or (status == RunStatus.UNKNOWN and held):
         return
     raise InputError(
@@ -114,7 +114,7 @@ def recover_run(
     held = ledger.leases_of([d.run_id for d in chain])
     live = [lease for lease in held if lease.live and lease.run_id not in dead]
     if live:
-        raise LeaseHeld(live, what=f"run {live[0].run_id} is alive: its lease is live")
+        raise lease_held(live, what=f"run {live[0].run_id} is alive: its lease is live")
     versions: dict[str, list[FileVersion]] = {}
     for detail in reversed(chain):  # oldest run first
         for record in detail.hosts:
