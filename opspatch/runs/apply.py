@@ -24,7 +24,7 @@ from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.approval import require_approval
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.fleetrun import FleetRun
-from opspatch.runs.leases import held_by, host_identity, lease_held, live_holders
+from opspatch.runs.leases import host_identity, lease_held, live_holders, refusal
 from opspatch.runs.localfile import not_applicable_error
 from opspatch.runs.pipeline import ApplyPipeline, Prepared, PreparedFile
 from opspatch.runs.recorded import recorded_run
@@ -205,11 +205,7 @@ class _FleetApply:
             reasons.append(f"privileges cannot be raised on {names} (sudo; see each host's error)")
         if self.lease_refusals:
             holders = [h for held, _ in self.lease_refusals.values() for h in held]
-            reasons.append(
-                f"{held_by(holders)}; wait until that run finishes or ask {holders[0].operator} "
-                f"(its lease expires {holders[0].expires_after_seconds:g} s after its last "
-                f"heartbeat; then `opspatch recover --run {holders[0].run_id}` may take it over)"
-            )
+            reasons.append(refusal(holders))
         if not reasons:
             return None
         return RunReport(

@@ -40,7 +40,7 @@ from opspatch.runs.executor import (
     map_cancellable,
     run_fleet,
 )
-from opspatch.runs.leases import Heartbeat, held_by
+from opspatch.runs.leases import Heartbeat, held_by, refusal
 from opspatch.runs.recorder import Recorder
 from opspatch.runs.report import HostOutcome, RunReport
 from opspatch.runs.rotation import ROTATING_COMMANDS, Rotation, halt_on_out_of_rotation
@@ -220,13 +220,7 @@ class FleetRun:
         grant = self.recorder.take_leases(identities, self.playbook.team.lease_expiry, taking_over)
         if grant.refused:
             self.release_all()
-            holder = grant.refused[0]
-            reason = (
-                f"refused before any change: {held_by(grant.refused)}; wait until that run "
-                f"finishes or ask {holder.operator} (its lease expires "
-                f"{holder.expires_after_seconds:g} s after its last heartbeat; then "
-                f"`opspatch recover --run {holder.run_id}` may take it over)"
-            )
+            reason = f"refused before any change: {refusal(grant.refused)}"
             outcomes = {
                 name: session.outcome(Outcome.SKIPPED, f"not started: {held_by(grant.refused)}")
                 for name, session in self.sessions.items()
@@ -235,9 +229,7 @@ class FleetRun:
                 self.record(outcome)
             return self.report(outcomes, halted=reason, refused=True)
         for holder in grant.taken_over:
-            self.progress.notice(
-                f"{holder.host}: took over the expired lease of {holder.describe()}"
-            )
+            self.progress.notice(f"{holder.host}: took over the lease of {holder.describe()}")
         if self.recorder.reported_run_id is not None and identities:
             self._heartbeat = Heartbeat(self.recorder, self.playbook.team.lease_expiry).start()
         return None

@@ -39,12 +39,12 @@ def lease_held(holders: Sequence[LeaseHolder], *, what: str) -> LeaseHeld:
 
 def held_by(holders: Sequence[LeaseHolder]) -> str:
     """`gpu-1 is leased to run R of alice@ctl (controller ctl), last heartbeat 2 s ago; ...`."""
-    by_run: dict[str, list[LeaseHolder]] = {}
-    for holder in holders:
-        by_run.setdefault(holder.run_id, []).append(holder)
+    by_run: dict[str, dict[str, LeaseHolder]] = {}
+    for holder in holders:  # a lease named twice (by two refused hosts) is said once
+        by_run.setdefault(holder.run_id, {})[holder.identity] = holder
     return "; ".join(
-        f"{', '.join(sorted(h.host for h in held))} "
-        f"{'is' if len(held) == 1 else 'are'} leased to {held[0].describe()}"
+        f"{', '.join(sorted(h.host for h in held.values()))} "
+        f"{'is' if len(held) == 1 else 'are'} leased to {next(iter(held.values())).describe()}"
         for held in by_run.values()
     )
 
@@ -56,6 +56,16 @@ def live_holders(recorder: Recorder, held: LockHeld) -> list[LeaseHolder]:
     if not holder:
         return []
     return [lease for lease in recorder.leases_of([holder]) if lease.live]
+
+
+def refusal(holders: Sequence[LeaseHolder]) -> str:
+    """Why a run is refused, for its report: who holds the hosts and what to do."""
+    first = holders[0]
+    return (
+        f"{held_by(holders)}; wait until that run finishes or ask {first.operator} (its lease "
+        f"expires {first.expires_after_seconds:g} s after its last heartbeat; then "
+        f"`opspatch recover --run {first.run_id}` may take it over)"
+    )
 
 
 def host_identity(host: Host, facts: HostFacts) -> str:
