@@ -78,14 +78,13 @@ def test_a_second_operator_is_kept_off_a_live_run_and_takes_it_over_once_its_lea
     slot: FleetSlot, tmp_path: Path
 ) -> None:
     fleet = slot.ready()
-    fleet.fleet.write_playbook("team", f'name = "team"\n[team]\nlease_expiry = {LEASE_EXPIRY}\n')
     alice = operator_env(fleet, "alice")
     bob = operator_env(fleet, "bob", tmp_path / "bob-state")
     controller = socket.gethostname()
 
     fleet.arm("swap", at="before")  # A's canary swap held: the leases taken, nothing changed
-    a = spawn(fleet, alice, "apply", PATCH_ID, "--hosts", INVENTORY, "--playbook", "team",
-              "--yes", "--json")  # fmt: skip
+    a = spawn(fleet, alice, "apply", PATCH_ID, "--hosts", INVENTORY,
+              "--lease-expiry", str(LEASE_EXPIRY), "--yes", "--json")  # fmt: skip
     fleet.reached()
     with Ledger.open(fleet.fleet.ledger_path) as ledger:
         run_a = ledger.list_runs(limit=1)[0].run_id
@@ -95,6 +94,7 @@ def test_a_second_operator_is_kept_off_a_live_run_and_takes_it_over_once_its_lea
     assert refused.code == 2, refused.stdout + refused.stderr
     halted = json.loads(refused.stdout)["halted"]
     assert f"leased to run {run_a} of alice@{controller} (controller {controller})" in halted
+    assert f"its lease expires {LEASE_EXPIRY} s after its last heartbeat" in halted  # A's flag
     assert "opspatch recover --run" in halted
 
     live = fleet.cli("recover", "--run", run_a, "--yes", "--json", env=bob)
