@@ -10,8 +10,11 @@ OpspatchError                      base; carries a one-line message and optional
 │   ├── HostKeyError               unknown or changed SSH host key (fingerprint shown)
 │   ├── BecomeError                sudo cannot raise privileges on a host (missing, password, denied)
 │   ├── ConfirmationRequired       a change needs --yes (no terminal to ask on)
-│   └── RouterRefused              a router cannot be used before any change (unreachable, key,
-│                                  unknown worker URL, no capacity to drain)
+│   ├── RouterRefused              a router cannot be used before any change (unreachable, key,
+│   │                              unknown worker URL, no capacity to drain)
+│   ├── LeaseHeld                  a live lease of another run holds the hosts (its operator,
+│   │                              controller machine and run named)
+│   └── ApprovalRefused            an apply needing a second operator's signature has no valid one
 ├── HostError                      exit 1: one host failed; carries host and step
 │   ├── TransportError             connecting or running a command failed
 │   │   ├── CommandTimeout         a remote command passed its deadline (process group ended)
@@ -150,6 +153,16 @@ class RouterRefused(InputError):
     """A router in front of the selected hosts cannot be used, found before anything changed:
     it does not answer or refuses the admin call, does not know a worker URL, or draining would
     take more workers out of rotation than the playbook allows."""
+
+
+class LeaseHeld(InputError):
+    """A live lease of another run holds hosts this run needs (another operator's run heart-beats
+    on them): refused before any change, naming that run's operator, controller and run."""
+
+
+class ApprovalRefused(InputError):
+    """The playbook asks for a second operator's signature of the patch and none that verifies
+    is recorded (none at all, none allowed_signers accepts, or only the author's)."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from opspatch.cli import (
     patches,
     respond,
     sandbox,
+    team,
 )
 from opspatch.cli.context import options
 from opspatch.cli.render import out, print_error
@@ -96,7 +97,19 @@ def _global(
     options.ledger = ledger_file
 
 
-for group in (patches, changes, bake, fleet, inspect, incident, ledger, respond, inventory, sandbox):
+for group in (
+    patches,
+    changes,
+    bake,
+    fleet,
+    inspect,
+    incident,
+    ledger,
+    respond,
+    inventory,
+    sandbox,
+    team,
+):
     group.register(app)
 
 

@@ -19,6 +19,7 @@ from opspatch.cli.context import (
     FileOption,
     HostsOption,
     JsonOption,
+    LeaseExpiryOption,
     PatchArgument,
     PlaybookOption,
     YesOption,
@@ -31,6 +32,7 @@ from opspatch.errors import InputError, OpspatchError
 
 if TYPE_CHECKING:
     from opspatch.core.host import Host
+    from opspatch.core.policy import Playbook
     from opspatch.core.spec import LoadedPatch
 
 PythonOption = Annotated[
@@ -43,6 +45,13 @@ PythonOption = Annotated[
         show_default="the Python opspatch runs on",
     ),
 ]
+
+
+def with_lease_expiry(playbook: Playbook, seconds: float | None) -> Playbook:
+    """The playbook with `--lease-expiry` over its `[team] lease_expiry` (the flag wins)."""
+    if seconds is None:
+        return playbook
+    return replace(playbook, team=replace(playbook.team, lease_expiry=seconds))
 
 
 def apply(
@@ -66,6 +75,7 @@ def apply(
     python: PythonOption = sys.executable,
     target_version: TargetVersionOption = None,
     accept_new_host_keys: AcceptKeysOption = False,
+    lease_expiry: LeaseExpiryOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Apply a patch: to a local file, or across hosts (lock, swap, restart, smoke, roll back on failure)."""
@@ -87,6 +97,7 @@ def apply(
         if restart not in ("always", "never"):
             raise InputError(f"--restart {restart!r}: expected always or never")
         playbook_obj = replace(playbook_obj, restart=RestartPolicy(restart))
+    playbook_obj = with_lease_expiry(playbook_obj, lease_expiry)
     names = [h.name for h in selected]
     staging = " (staged: no restart)" if playbook_obj.restart == RestartPolicy.NEVER else ""
     confirm_or_refuse(
@@ -219,6 +230,7 @@ def recover(
     playbook: PlaybookOption = "default",
     yes: YesOption = False,
     accept_new_host_keys: AcceptKeysOption = False,
+    lease_expiry: LeaseExpiryOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Bring hosts a run left behind to a known state: an interrupted run and the runs it
@@ -228,12 +240,13 @@ def recover(
         hosts_left_needing_attention,
         recover_hosts,
         recover_run,
+        require_recoverable,
         run_chain,
     )
 
     ledger = options.open_ledger()
     factory = options.connector(accept_new_host_keys=accept_new_host_keys)
-    playbook_obj = options.load_playbook(playbook)
+    playbook_obj = with_lease_expiry(options.load_playbook(playbook), lease_expiry)
     if hosts is not None:
         if run is not None:
             raise InputError("recover takes --run RUN_ID or --hosts TARGET, not both")
@@ -282,12 +295,7 @@ def recover(
             finish(report, as_json)
         run = interrupted[0].run_id
     detail = ledger.get_run(run)
-    if detail.summary.status != "interrupted":
-        raise InputError(
-            f"run {detail.run_id} is {detail.summary.status}, not interrupted",
-            hint="recover --run is for runs whose controller died part-way; "
-            "`opspatch recover --hosts TARGET` reconciles hosts whatever run touched them",
-        )
+    require_recoverable(ledger, detail)
     chain = run_chain(ledger, detail.run_id)
     names = list(dict.fromkeys(h for d in reversed(chain) for h in d.summary.hosts))
     inventories = {h: i for d in reversed(chain) for h, i in (d.summary.inventories or {}).items()}

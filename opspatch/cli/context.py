@@ -86,6 +86,16 @@ options = GlobalOptions()
 # Options shared by several commands.
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+LeaseExpiryOption = Annotated[
+    float | None,
+    typer.Option(
+        "--lease-expiry",
+        min=0.5,
+        help="Seconds this run's lease on its hosts outlives its last heartbeat (default: the "
+        "playbook's [team] lease_expiry, 60).",
+        metavar="SECONDS",
+    ),
+]
 HostsOption = Annotated[
     str | None,
     typer.Option(

@@ -58,11 +58,12 @@ def _read_fleet(
 
 def read_plan(hosts: str | None, accept_new_host_keys: bool) -> FleetPlan:
     """Every host's desired patches, what is there and what sync would do (nothing changed)."""
-    from opspatch.ledger.store import Ledger
-
-    ledger_path = options.ledger_path()
-    ledger = Ledger.open(ledger_path) if ledger_path.exists() else None
-    return _plan(_read_fleet(hosts), accept_new_host_keys, ledger)
+    ledger = options.existing_ledger()
+    try:
+        return _plan(_read_fleet(hosts), accept_new_host_keys, ledger)
+    finally:
+        if ledger is not None:
+            ledger.close()
 
 
 def _plan(

@@ -51,7 +51,7 @@ def status(
                 Text(str(r.state), style=STATE_STYLE.get(r.state, "")),
                 r.path or "",
                 (r.sha256 or "")[:12],
-                r.detail,
+                f"{r.detail} ({r.written_by.describe()})" if r.written_by else r.detail,
             )
             for r in results
         ]

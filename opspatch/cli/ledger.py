@@ -26,7 +26,8 @@ def ledger_list(
     ] = 20,
     as_json: JsonOption = False,
 ) -> None:
-    """The newest runs: command, patch, operator, status (finished, running, interrupted, recovered)."""
+    """The newest runs: command, patch, operator, controller, status (finished, running,
+    interrupted, recovered), who approved the patch."""
     runs = options.open_ledger().list_runs(limit=limit)
     if as_json:
         emit_json({"runs": [r.to_json() for r in runs]})
@@ -40,10 +41,12 @@ def ledger_list(
         ("patch", Column.ID),
         ("hosts", Column.TEXT),
         ("operator", Column.TEXT),
+        ("controller", Column.TEXT),
         ("started", Column.TEXT),
         ("status", Column.ID),
         ("outcome", Column.TEXT),
         ("recovered by", Column.ID),
+        ("approved by", Column.TEXT),
     )
     rows = []
     for r in runs:
@@ -55,10 +58,12 @@ def ledger_list(
                 r.patch_id or "",
                 str(len(r.hosts)),
                 r.operator,
+                r.controller.hostname,
                 r.started_at,
                 Text(str(r.status), style=style),
                 r.outcome or "",
                 r.recovered_by or "",
+                ", ".join(r.approved_by or ()),
             )
         )
     out.print(table_of(columns, rows))
@@ -78,6 +83,9 @@ def ledger_show(
         return
     s = detail.summary
     out.print(f"run {s.run_id}: {s.command} {s.patch_id or ''} by {s.operator}")
+    out.print(f"  controller: {s.controller.hostname} (pid {s.controller.pid})")
+    if s.approved_by:
+        out.print(f"  patch approved by: {', '.join(s.approved_by)}")
     out.print(f"  command line: {s.command_line}")
     out.print(f"  started {s.started_at}, {s.status}{' ' + s.outcome if s.outcome else ''}")
     if s.recovered_by:

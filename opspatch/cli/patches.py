@@ -115,6 +115,7 @@ def check(
                 "postconditions": sum(len(p.postconditions) for p in parts),
                 "releases": release_coverage(parts).to_json(),
                 "provenance": {**provenance.to_json(), "warning": provenance.warning},
+                "signed_by": recorded_signers(loaded.sha256),
             }
         )
     failed = [r for r in results if not r["ok"]]
@@ -131,6 +132,13 @@ def check(
                         f"-> {result['target']}",
                     )
                 )
+                for signer in result["signed_by"]:
+                    out.print(
+                        f"      signed by {signer['principal']} (recorded by "
+                        f"{signer['operator']} at {signer['recorded_at']}; apply verifies it "
+                        "against the playbook's allowed_signers)",
+                        markup=False,
+                    )
                 for line in provenances[result["patch"]].lines():
                     out.print(f"      {line}", markup=False, highlight=False)
                 for warning in (result["provenance"]["warning"], result["releases"]["warning"]):
@@ -144,6 +152,24 @@ def check(
                 )
     if failed:
         raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def recorded_signers(patch_sha256: str) -> list[dict[str, str]]:
+    """Who signed this sha256 (`opspatch approve`), from the ledger if there is one: `check`
+    never creates a ledger."""
+    ledger = options.existing_ledger()
+    if ledger is None:
+        return []
+    with ledger:
+        return [
+            {
+                "principal": a.principal,
+                "operator": a.operator,
+                "recorded_at": a.recorded_at,
+                "run_id": a.run_id,
+            }
+            for a in ledger.approvals(patch_sha256)
+        ]
 
 
 RELEASES_FLAG = "--releases"

@@ -53,6 +53,14 @@ max_unavailable = 1       # workers of one router out of rotation at once: a cou
 fleet_down = false        # true: the fleet is already down (the incident playbook), so a drain
                           # may leave a router with no healthy worker; false refuses that run
 
+[team]                    # several operators on one ledger (docs/team.md)
+lease_expiry = 60         # seconds a run's lease on its hosts outlives its last heartbeat; after
+                          # that another operator's `recover --run R` may take the run over
+require_approval = false  # true: apply needs the patch's sha256 signed (`opspatch approve`) by
+                          # someone other than the operator applying it
+allowed_signers = "..."   # the OpenSSH allowed_signers file those signatures are verified
+                          # against, relative to this playbook (required with require_approval)
+
 [log]                     # regular expressions; a match in the log written since the restart
 fail_patterns = ['Scheduler hit an exception', 'Traceback \\(most recent call last\\)']
 ```
@@ -97,6 +105,7 @@ from opspatch.core.policy import (
     SmokePrompt,
     SmokeSettings,
     StepTimeouts,
+    TeamSettings,
 )
 from opspatch.core.tomlsource import TomlDocument, parse_toml
 from opspatch.core.vocabulary import HaltAction, RestartPolicy
@@ -249,6 +258,12 @@ class RotationTable(FileSchema):
     fleet_down: bool | None = None
 
 
+class TeamTable(FileSchema):
+    lease_expiry: Seconds | None = None
+    require_approval: bool | None = None
+    allowed_signers: Annotated[str, Field(min_length=1)] | None = None
+
+
 class LogTable(FileSchema):
     fail_patterns: list[Regex] | None = None
 
@@ -268,6 +283,7 @@ class PlaybookFile(FileSchema):
     smoke: SmokeTable | None = None
     log: LogTable | None = None
     rotation: RotationTable | None = None
+    team: TeamTable | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,6 +348,7 @@ def to_playbook(document: TomlDocument) -> Playbook:
         if written.log is None or written.log.fail_patterns is None
         else LogSettings(tuple(written.log.fail_patterns)),
         rotation=_rotation(written.rotation),
+        team=_team(written.team, document),
         source=document.path,
     )
 
@@ -363,6 +380,30 @@ def _rotation(written: RotationTable | None) -> RotationSettings:
     return RotationSettings(
         max_unavailable=_batch(written.max_unavailable, defaults.max_unavailable),
         fleet_down=defaults.fleet_down if written.fleet_down is None else written.fleet_down,
+    )
+
+
+def _team(written: TeamTable | None, document: TomlDocument) -> TeamSettings:
+    """The [team] table; `allowed_signers` resolved against the playbook's own folder."""
+    defaults = TeamSettings()
+    if written is None:
+        return defaults
+    if written.require_approval and written.allowed_signers is None:
+        raise document.error(
+            ("team", "require_approval"),
+            "require_approval = true needs allowed_signers, the file the signatures are "
+            "verified against",
+            hint='add allowed_signers = "allowed_signers" (OpenSSH format, relative to this file)',
+        )
+    signers = None
+    if written.allowed_signers is not None:
+        signers = str(Path(document.path).resolve().parent / written.allowed_signers)
+    return TeamSettings(
+        lease_expiry=defaults.lease_expiry
+        if written.lease_expiry is None
+        else float(written.lease_expiry),
+        require_approval=bool(written.require_approval),
+        allowed_signers=signers,
     )
 
 

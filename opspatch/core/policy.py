@@ -137,6 +137,22 @@ class RotationSettings(JsonRecord):
     fleet_down: bool = False
 
 
+DEFAULT_LEASE_EXPIRY = 60.0
+"""Seconds a run's lease on its hosts outlives its controller's last heartbeat."""
+
+
+@dataclass(frozen=True)
+class TeamSettings(JsonRecord):
+    """Several operators on one ledger: how long a run's lease on its hosts outlives its last
+    heartbeat (`lease_expiry`, seconds; the heartbeat renews it every third of that), and whether
+    an apply needs a second operator's signature of the patch (`require_approval`), verified
+    against `allowed_signers` (an OpenSSH allowed_signers file, an absolute path once loaded)."""
+
+    lease_expiry: float = DEFAULT_LEASE_EXPIRY
+    require_approval: bool = False
+    allowed_signers: str | None = None
+
+
 @dataclass(frozen=True)
 class Playbook(JsonRecord):
     """A rollout policy plus its verification procedure (see the module docstring for fields).
@@ -163,6 +179,7 @@ class Playbook(JsonRecord):
     smoke: SmokeSettings = SmokeSettings()
     log: LogSettings = LogSettings()
     rotation: RotationSettings = RotationSettings()
+    team: TeamSettings = TeamSettings()
     source: str | None = field(default=None, compare=False)
 
     def in_flight(self, batch_size: int) -> int:

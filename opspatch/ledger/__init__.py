@@ -7,7 +7,9 @@ history into another ledger), `schema` (SQLite's tables, triggers, pragmas),
 `chain` (canonical JSON, event hashes, the verify walk), `events` (event rows read back into
 records, derived run statuses), `records` (the frozen dataclasses the queries return, serialised
 by the core's one JSON mechanism, `opspatch.core.jsonrecord`), `liveness` (the controller process that began a run, from /proc),
-`failures` (a full or read-only filesystem, named as such). Callers import from here:
+`failures` (a full or read-only filesystem, named as such), `leases` (which run holds which
+host, with its heartbeat: mutable state beside the history), `approvals` (the signatures `approve`
+runs recorded). Callers import from here:
 `from opspatch.ledger import Ledger`.
 
 May import: `opspatch.core` and `opspatch.errors`. It knows nothing of hosts or runs beyond the

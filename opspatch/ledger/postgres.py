@@ -27,13 +27,14 @@ from opspatch import __version__
 from opspatch.core.ledgerlocation import PostgresLedger
 from opspatch.errors import InputError, LedgerError
 from opspatch.ledger.database import Rows
+from opspatch.ledger.leases import LEASES_TABLE
 from opspatch.ledger.records import MigrateReport
 from opspatch.ledger.schema import APPEND_ONLY_MESSAGE, BUSY_TIMEOUT_SECONDS, EVENT_KINDS
 
 if TYPE_CHECKING:
     import psycopg
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The newest schema this opspatch knows, in the `schema_version` table."""
 
 CHAIN_LOCK_KEY = int.from_bytes(
@@ -85,6 +86,8 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX events_by_run ON events(run_id, id)",
         "CREATE INDEX file_versions_by_file ON events(host, path, id) WHERE kind = 'file-version'",
     ),
+    # Run leases: mutable state beside the history (ledger/leases.py), never in its chain.
+    2: (LEASES_TABLE,),
 }
 """Each version's statements, applied in order by `migrate`, never edited once released."""
 
@@ -352,6 +355,8 @@ class PostgresDatabase:
         self.execute(f"REVOKE ALL ON SEQUENCE events_id_seq FROM {who}")
         self.execute(f"GRANT USAGE, SELECT ON SEQUENCE events_id_seq TO {who}")
         self.execute(f"GRANT USAGE ON SCHEMA {schema} TO {who}")
+        # The leases are the present, not history: the one table the writer may change.
+        self.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON leases TO {who}")
 
     def close(self) -> None:
         self._conn.close()

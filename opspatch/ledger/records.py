@@ -151,6 +151,10 @@ class RunSummary(JsonRecord):
     outcome: str | None
     recovered_by: str | None = None
     inventories: dict[str, str] | None = None
+    approved_by: tuple[str, ...] | None = json_field(default=None, omit_none=True)
+    """The principals whose signatures of `patch_sha256` (`opspatch approve`) were verified
+    against the playbook's allowed_signers before the run began; None (left out of the JSON)
+    when the run needed no approval."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,54 @@ class RunDetail(JsonRecord):
             if record.host == name:
                 return record
         raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Approval(JsonRecord):
+    """One `opspatch approve`: `principal` signed the patch's sha256 with OpenSSH (`signature`,
+    armored, namespace `opspatch`); `operator` ran the command, in run `run_id`."""
+
+    run_id: str
+    patch_id: str | None
+    patch_sha256: str
+    principal: str
+    operator: str
+    signature: str
+    recorded_at: str
+
+
+@dataclass(frozen=True)
+class LeaseHolder(JsonRecord):
+    """A lease as a refusal or a takeover names it: host, the run, its operator and controller
+    machine, and how long its heartbeat has been silent against how long it may be."""
+
+    identity: str
+    host: str
+    run_id: str
+    operator: str
+    controller: str
+    silent_seconds: float
+    expires_after_seconds: float
+
+    @property
+    def live(self) -> bool:
+        return self.silent_seconds <= self.expires_after_seconds
+
+    def describe(self) -> str:
+        """`run R of alice@ctl (controller ctl), last heartbeat 3 s ago`."""
+        return (
+            f"run {self.run_id} of {self.operator} (controller {self.controller}), last "
+            f"heartbeat {self.silent_seconds:.0f} s ago"
+        )
+
+
+@dataclass(frozen=True)
+class LeaseGrant:
+    """What taking leases did: `refused` (live leases of other runs: nothing was taken) or the
+    leases taken, some of them `taken_over` from runs whose heartbeat had expired."""
+
+    refused: tuple[LeaseHolder, ...] = ()
+    taken_over: tuple[LeaseHolder, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import sqlite3
 from pathlib import Path
 
 from opspatch.errors import LedgerError
+from opspatch.ledger.leases import LEASES_TABLE
 
 SCHEMA_VERSION = 1
 """In `PRAGMA user_version`; a ledger with a newer one is refused, never rewritten."""
@@ -91,13 +92,19 @@ def prepare(conn: sqlite3.Connection, path: Path) -> tuple[str, ...]:
         str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
     }
     missing = [name for name in _TRIGGERS if name not in present]
-    if version == SCHEMA_VERSION and not missing:
+    # The leases are mutable state beside the history (not in its chain, no schema version of
+    # their own): a ledger written before them gets the table the first time it is opened.
+    has_leases = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'leases'"
+    ).fetchone()
+    if version == SCHEMA_VERSION and not missing and has_leases:
         return ()
     conn.execute("BEGIN IMMEDIATE")
     try:
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
+        conn.execute(LEASES_TABLE)
         for name in missing:
             conn.execute(_TRIGGERS[name])
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -28,8 +29,10 @@ from typing import Any
 from opspatch import __version__
 from opspatch.core.ledgerlocation import LedgerLocation
 from opspatch.core.source import sha256_hex
-from opspatch.core.vocabulary import RECORDED_OUTCOMES, Outcome, StepStatus
+from opspatch.core.vocabulary import RECORDED_OUTCOMES, Outcome, RunOutcome, StepStatus
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
+from opspatch.ledger import leases
+from opspatch.ledger.approvals import APPROVE_COMMAND, SIGN_STEP, approvals_of
 from opspatch.ledger.chain import (
     GENESIS_HASH,
     ROW_COLUMNS,
@@ -54,10 +57,13 @@ from opspatch.ledger.lineage import applied_versions
 from opspatch.ledger.liveness import ControllerProcess, operator_identity
 from opspatch.ledger.records import (
     FILE_ACTIONS,
+    Approval,
     ContainerRecord,
     CopyReport,
     FileVersion,
     HostRecord,
+    LeaseGrant,
+    LeaseHolder,
     Machine,
     RunDetail,
     RunSummary,
@@ -98,6 +104,26 @@ __all__ = [
 
 def _utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+LEASE_STEP = "lease"
+"""The step that records taking, taking over and giving back a run's lease on a host."""
+
+
+def _holder(lease: leases.Lease, now_ms: int) -> LeaseHolder:
+    return LeaseHolder(
+        identity=lease.identity,
+        host=lease.host,
+        run_id=lease.run_id,
+        operator=lease.operator,
+        controller=lease.controller,
+        silent_seconds=lease.silent_ms(now_ms) / 1000,
+        expires_after_seconds=lease.expires_after_ms / 1000,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,6 +185,7 @@ class Ledger:
         playbook: str | None = None,
         parent_run: str | None = None,
         inventories: Mapping[str, str] | None = None,
+        approved_by: Sequence[str] | None = None,
     ) -> str:
         """Record the start of a run and return its new id.
 
@@ -167,6 +194,8 @@ class Ledger:
         was taken from (so that `recover` finds the same hosts when another inventory has a host
         of the same name, as `sandbox` and `sandbox-ssh` do). The controller's hostname, pid and process start
         time are recorded so the run can later be told apart as running or interrupted.
+        `approved_by` names the principals whose signatures of the patch were verified before
+        the run began (left out of the body when None, so older bodies stay byte-identical).
 
         Raises:
             ValueError: `command` is not a kebab-case word or `patch_sha256` is not a sha256.
@@ -191,6 +220,8 @@ class Ledger:
         }
         if inventories is not None:
             body["inventories"] = dict(inventories)
+        if approved_by is not None:
+            body["approved_by"] = list(approved_by)
         with self._transaction() as conn:
             for _attempt in range(5):
                 run_id = new_run_id()
@@ -578,6 +609,157 @@ class Ledger:
                 return copy_history(self._db, target._db)
             except (*self._db.errors, *target._db.errors) as exc:
                 raise target._db.failure(exc, "copy into") from exc
+
+    # -- approvals (history: `approve` runs) -----------------------------------------------------
+
+    def record_approval(
+        self,
+        *,
+        patch_id: str | None,
+        patch_sha256: str,
+        principal: str,
+        signature: str,
+        operator: str,
+        command_line: str,
+    ) -> str:
+        """Record that `principal` signed `patch_sha256` (`signature`, armored OpenSSH): a finished
+        run with command `approve` and one `sign` step; returns the run id.
+
+        Raises:
+            ValueError: `patch_sha256` is not a sha256, or `principal` is empty.
+            LedgerError: the ledger cannot be written.
+        """
+        if not principal.strip():
+            raise ValueError("principal must not be empty")
+        run_id = self.begin_run(
+            command=APPROVE_COMMAND,
+            patch_id=patch_id,
+            patch_sha256=patch_sha256,
+            operator=operator,
+            command_line=command_line,
+            hosts=[],
+        )
+        self.record_step(run_id, principal, SIGN_STEP, StepStatus.OK, detail=signature)
+        self.finish_run(run_id, str(RunOutcome.OK))
+        return run_id
+
+    def approvals(self, patch_sha256: str) -> list[Approval]:
+        """Every approval recorded for `patch_sha256`, oldest first (verified by the caller).
+
+        Raises:
+            LedgerError: the ledger cannot be read.
+        """
+        with self._reading() as conn:
+            return approvals_of(conn, [patch_sha256]).get(patch_sha256, [])
+
+    # -- leases (mutable state beside the history; each change recorded as a step) ---------------
+
+    def take_leases(
+        self,
+        run_id: str,
+        identities: Mapping[str, str],
+        *,
+        expires_after: float,
+        taking_over: Collection[str] = (),
+    ) -> LeaseGrant:
+        """Lease each host of `identities` (inventory name -> host identity) to `run_id`, which
+        must heart-beat (`renew_leases`) more often than every `expires_after` seconds.
+
+        A live lease of another run refuses the whole request (nothing is taken: the grant's
+        `refused` names every such holder); an expired one is taken over, and so is one of the
+        runs in `taking_over` (the caller knows their controllers are gone: a recover of runs
+        this machine saw die). Each lease taken is recorded as a `lease` step of the run in the
+        same transaction, naming any run it was taken over from.
+
+        Raises:
+            LedgerError: the run is unknown or finished, or the ledger cannot be written.
+        """
+        if expires_after <= 0:
+            raise ValueError(f"expires_after must be positive, got {expires_after}")
+        now = _now_ms()
+        with self._transaction() as conn:
+            start = require_open_run(conn, run_id).data
+            current = {
+                lease.identity: lease
+                for lease in leases.leases_on(conn, sorted(set(identities.values())))
+            }
+            others = {i: lease for i, lease in current.items() if lease.run_id != run_id}
+            refused = tuple(
+                _holder(lease, now)
+                for lease in others.values()
+                if lease.live(now) and lease.run_id not in taking_over
+            )
+            if refused:
+                return LeaseGrant(refused=refused)
+            taken = [
+                leases.Lease(
+                    identity=identity,
+                    host=host,
+                    run_id=run_id,
+                    operator=str(start["operator"]),
+                    controller=str(start["controller"]["hostname"]),
+                    taken_at_ms=now,
+                    heartbeat_at_ms=now,
+                    expires_after_ms=int(expires_after * 1000),
+                )
+                for host, identity in identities.items()
+            ]
+            leases.put(conn, taken)
+            taken_over = []
+            for lease in taken:
+                before = others.get(lease.identity)
+                detail = f"took the lease on {lease.identity}"
+                if before is not None:
+                    taken_over.append(_holder(before, now))
+                    why = (
+                        f"expired after {before.expires_after_ms / 1000:g} s"
+                        if not before.live(now)
+                        else "its controller is gone"
+                    )
+                    detail += f", taken over from {taken_over[-1].describe()} ({why})"
+                body = {"step": LEASE_STEP, "status": "ok", "seconds": None, "detail": detail}
+                self._append(conn, run_id=run_id, kind="step", host=lease.host, body=body)
+        return LeaseGrant(taken_over=tuple(taken_over))
+
+    def renew_leases(self, run_id: str) -> int:
+        """A heartbeat of `run_id`: its leases renewed; how many it still holds (fewer than it
+        took means another run took some over after this one went quiet too long).
+
+        Raises:
+            LedgerError: the ledger cannot be written.
+        """
+        with self._transaction() as conn:
+            return leases.renew(conn, run_id, _now_ms())
+
+    def give_back_leases(self, run_id: str) -> int:
+        """Remove `run_id`'s leases, each recorded as a `lease` step while the run is open (a
+        finished run's leases are removed unrecorded); how many it held.
+
+        Raises:
+            LedgerError: the ledger cannot be written.
+        """
+        with self._transaction() as conn:
+            held = leases.give_back(conn, run_id)
+            if held and not select_events(conn, "run_id = ? AND kind = 'run-finished'", (run_id,)):
+                for lease in held:
+                    body = {
+                        "step": LEASE_STEP,
+                        "status": "ok",
+                        "seconds": None,
+                        "detail": f"gave the lease on {lease.identity} back",
+                    }
+                    self._append(conn, run_id=run_id, kind="step", host=lease.host, body=body)
+        return len(held)
+
+    def leases_of(self, run_ids: Sequence[str]) -> list[LeaseHolder]:
+        """The leases any of `run_ids` holds, live or expired, as this machine's clock judges.
+
+        Raises:
+            LedgerError: the ledger cannot be read.
+        """
+        now = _now_ms()
+        with self._reading() as conn:
+            return [_holder(lease, now) for lease in leases.leases_of(conn, list(run_ids))]
 
     # -- integrity ------------------------------------------------------------------------------
 

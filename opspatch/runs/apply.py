@@ -18,10 +18,13 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import HaltAction, Outcome, RestartPolicy
-from opspatch.errors import BecomeError, HostKeyError, OpspatchError
-from opspatch.ledger.store import Ledger
+from opspatch.errors import BecomeError, HostKeyError, LeaseHeld, LockHeld, OpspatchError
+from opspatch.ledger.records import LeaseHolder
+from opspatch.ledger.store import Ledger, operator_identity
+from opspatch.runs.approval import require_approval
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.fleetrun import FleetRun
+from opspatch.runs.leases import host_identity, lease_held, live_holders, refusal
 from opspatch.runs.localfile import not_applicable_error
 from opspatch.runs.pipeline import ApplyPipeline, Prepared, PreparedFile
 from opspatch.runs.recorded import recorded_run
@@ -55,6 +58,7 @@ def apply_to_hosts(
 
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
+        ApprovalRefused: the playbook requires an approval and the patch has no valid one.
     """
     progress = progress or NoProgress()
     if dry_run:
@@ -63,7 +67,15 @@ def apply_to_hosts(
         ).run()
     if ledger is None:
         raise ValueError("an apply that changes hosts is recorded: pass the ledger")
-    with recorded_run(ledger, command=command, patch=patch, hosts=hosts, playbook=playbook) as run:
+    approved = require_approval(ledger, patch, playbook.team, operator=operator_identity())
+    with recorded_run(
+        ledger,
+        command=command,
+        patch=patch,
+        hosts=hosts,
+        playbook=playbook,
+        approved_by=approved.principals if approved is not None else None,
+    ) as run:
         progress.run_started(
             run.run_id, f"{patch.spec.id} on {len(hosts)} host(s), playbook {playbook.name}"
         )
@@ -106,6 +118,7 @@ class _FleetApply:
         )
         self.host_key_refusals: dict[str, HostKeyError] = {}
         self.become_refusals: dict[str, BecomeError] = {}
+        self.lease_refusals: dict[str, tuple[list[LeaseHolder], LeaseHeld]] = {}
         with FleetRun(
             command=self.command,
             patch_id=self.patch.spec.id,
@@ -126,6 +139,15 @@ class _FleetApply:
                 if not self.dry_run:
                     fleet.release_all()
                 return report
+            leased = fleet.lease(
+                {
+                    name: host_identity(self.sessions[name].host, item.inspection.facts)
+                    for name, item in prepared.items()
+                    if isinstance(item, Prepared)
+                }
+            )
+            if leased is not None:
+                return leased
             return self._roll_out(prepared)
 
     # -- preflight ------------------------------------------------------------------------
@@ -140,6 +162,15 @@ class _FleetApply:
         except BecomeError as exc:  # sudo cannot raise privileges there: swap/restart would fail
             self.become_refusals[session.name] = exc
             return session.refused(exc)
+        except LockHeld as exc:  # held by a run with a live lease: name its operator, machine
+            holders = live_holders(self.recorder, exc)
+            if not holders:
+                return session.refused(exc)
+            self.lease_refusals[session.name] = (
+                holders,
+                lease_held(holders, what=f"{session.name} is locked"),
+            )
+            return session.refused(self.lease_refusals[session.name][1])
         except OpspatchError as exc:
             return session.refused(exc)
 
@@ -149,7 +180,7 @@ class _FleetApply:
         outcomes: list[HostOutcome] = []
         misfits: list[str] = []
         unreached: list[str] = []
-        refused_for_access = {*self.host_key_refusals, *self.become_refusals}
+        refused_for_access = {*self.host_key_refusals, *self.become_refusals, *self.lease_refusals}
         for host in self.hosts:
             session = self.sessions[host.name]
             item = prepared[host.name]
@@ -191,6 +222,9 @@ class _FleetApply:
         if self.become_refusals:
             names = ", ".join(sorted(self.become_refusals))
             reasons.append(f"privileges cannot be raised on {names} (sudo; see each host's error)")
+        if self.lease_refusals:
+            holders = [h for held, _ in self.lease_refusals.values() for h in held]
+            reasons.append(refusal(holders))
         if not reasons:
             return None
         return RunReport(

@@ -16,14 +16,21 @@ the operator's Ctrl-C into a decision that the report states:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import ExitStack, suppress
 from typing import TypeVar
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Batch, Playbook
 from opspatch.core.vocabulary import Outcome
-from opspatch.errors import BecomeError, HostKeyError, LockHeld, OpspatchError, RunInterrupted
+from opspatch.errors import (
+    BecomeError,
+    HostKeyError,
+    LedgerError,
+    LockHeld,
+    OpspatchError,
+    RunInterrupted,
+)
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.executor import (
     CANCELLED,
@@ -33,6 +40,7 @@ from opspatch.runs.executor import (
     map_cancellable,
     run_fleet,
 )
+from opspatch.runs.leases import Heartbeat, held_by, refusal
 from opspatch.runs.recorder import Recorder
 from opspatch.runs.report import HostOutcome, RunReport
 from opspatch.runs.rotation import ROTATING_COMMANDS, Rotation, halt_on_out_of_rotation
@@ -77,6 +85,7 @@ class FleetRun:
         self.cancellation = cancellation or Cancellation()
         self._factory = factory
         self._stack = ExitStack()
+        self._heartbeat: Heartbeat | None = None
         self.sessions: dict[str, HostSession] = {}
 
     def __enter__(self) -> FleetRun:
@@ -108,8 +117,14 @@ class FleetRun:
             self._stack = stack.pop_all()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._stack.close()
+    def __exit__(self, kind: object, *exc: object) -> None:
+        try:
+            self._end_leases(
+                abandoned=kind is RunInterrupted or kind is KeyboardInterrupt,
+                failing=kind is not None,
+            )
+        finally:
+            self._stack.close()
 
     @property
     def cancelled(self) -> bool:
@@ -192,6 +207,47 @@ class FleetRun:
             )
             self.record(outcomes[name])
         return outcomes, result.halted
+
+    # -- leases ---------------------------------------------------------------------------
+
+    def lease(
+        self, identities: Mapping[str, str], *, taking_over: Collection[str] = ()
+    ) -> RunReport | None:
+        """Lease the hosts (name -> `leases.host_identity`) to this run, with a heartbeat until
+        the run ends; None when taken. When a live lease of another run (not one of
+        `taking_over`, runs known dead) holds one of them, the run is refused before any
+        change: every lock given back, every host `skipped` naming the holders (exit 2)."""
+        grant = self.recorder.take_leases(identities, self.playbook.team.lease_expiry, taking_over)
+        if grant.refused:
+            self.release_all()
+            reason = f"refused before any change: {refusal(grant.refused)}"
+            outcomes = {
+                name: session.outcome(Outcome.SKIPPED, f"not started: {held_by(grant.refused)}")
+                for name, session in self.sessions.items()
+            }
+            for outcome in outcomes.values():
+                self.record(outcome)
+            return self.report(outcomes, halted=reason, refused=True)
+        for holder in grant.taken_over:
+            self.progress.notice(f"{holder.host}: took over the lease of {holder.describe()}")
+        if self.recorder.reported_run_id is not None and identities:
+            self._heartbeat = Heartbeat(self.recorder, self.playbook.team.lease_expiry).start()
+        return None
+
+    def _end_leases(self, *, abandoned: bool, failing: bool) -> None:
+        """Stop the heartbeat; give the leases back unless the run was abandoned with hosts in
+        flight (then they expire, and `recover --run R` takes them over)."""
+        if self._heartbeat is None:
+            return
+        self._heartbeat.stop()
+        self._heartbeat = None
+        if abandoned:
+            return
+        if failing:  # the error already on its way says more than a second one would
+            with suppress(LedgerError):
+                self.recorder.give_back_leases()
+        else:
+            self.recorder.give_back_leases()
 
     # -- ending ---------------------------------------------------------------------------
 

@@ -48,6 +48,7 @@ def recorded_run(
     playbook: Playbook | None = None,
     parent_run: str | None = None,
     argv: Sequence[str] | None = None,
+    approved_by: Sequence[str] | None = None,
 ) -> Iterator[LedgerRecorder]:
     """Begin a run in the ledger (after checking its chain is intact, as any change must).
 
@@ -65,6 +66,7 @@ def recorded_run(
         playbook=playbook.name if playbook else None,
         parent_run=parent_run,
         inventories={h.name: h.inventory for h in hosts},
+        approved_by=approved_by,
     )
     run = LedgerRecorder(ledger, run_id)
     try:

@@ -11,12 +11,12 @@ forwards, in the same order.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from opspatch.core.vocabulary import RunStatus, StepStatus
 from opspatch.errors import OpspatchError
-from opspatch.ledger.records import ContainerRecord
+from opspatch.ledger.records import ContainerRecord, LeaseGrant, LeaseHolder
 from opspatch.ledger.store import Ledger
 from opspatch.runs.report import HostOutcome, RunReport
 
@@ -85,6 +85,22 @@ class Recorder(Protocol):
 
     def run_status(self, run_id: str) -> RunStatus | None:
         """The status of another run of this ledger; None when it knows no such run."""
+
+    def take_leases(
+        self, identities: Mapping[str, str], expires_after: float, taking_over: Collection[str]
+    ) -> LeaseGrant:
+        """Lease the hosts (name -> identity) to this run, unless a live lease of another run
+        (not of `taking_over`, runs known dead) holds one (`LeaseGrant.refused`: nothing taken);
+        each lease taken is a `lease` step."""
+
+    def renew_leases(self) -> int:
+        """A heartbeat; how many leases this run still holds."""
+
+    def give_back_leases(self) -> None:
+        """Give back every lease this run holds (recorded while the run is open)."""
+
+    def leases_of(self, run_ids: Sequence[str]) -> list[LeaseHolder]:
+        """The leases the runs hold, live or expired."""
 
 
 class LedgerRecorder:
@@ -182,6 +198,22 @@ class LedgerRecorder:
         except OpspatchError:
             return None  # not a run of this ledger: it may be alive on another controller
 
+    def take_leases(
+        self, identities: Mapping[str, str], expires_after: float, taking_over: Collection[str]
+    ) -> LeaseGrant:
+        return self.ledger.take_leases(
+            self._run_id, identities, expires_after=expires_after, taking_over=taking_over
+        )
+
+    def renew_leases(self) -> int:
+        return self.ledger.renew_leases(self._run_id)
+
+    def give_back_leases(self) -> None:
+        self.ledger.give_back_leases(self._run_id)
+
+    def leases_of(self, run_ids: Sequence[str]) -> list[LeaseHolder]:
+        return self.ledger.leases_of(run_ids)
+
     def finish(self, report: RunReport) -> RunReport:
         """Record the run's outcome (the first time only) and return `report`."""
         if not self.finished:
@@ -248,3 +280,17 @@ class NullRecorder:
 
     def run_status(self, run_id: str) -> RunStatus | None:
         return None
+
+    def take_leases(
+        self, identities: Mapping[str, str], expires_after: float, taking_over: Collection[str]
+    ) -> LeaseGrant:
+        return LeaseGrant()  # a run that changes nothing keeps no one off the hosts
+
+    def renew_leases(self) -> int:
+        return 0
+
+    def give_back_leases(self) -> None:
+        return None
+
+    def leases_of(self, run_ids: Sequence[str]) -> list[LeaseHolder]:
+        return []

@@ -32,7 +32,7 @@ the set all-old; all old -> `restored`; a file neither -> `needs-attention`.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from opspatch.core.host import Host
@@ -43,6 +43,7 @@ from opspatch.errors import InputError, LockHeld
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.connect import TransportFactory
+from opspatch.runs.leases import lease_held
 from opspatch.runs.patchset import paths_of, read_set
 from opspatch.runs.proof import change_proof, describe
 from opspatch.runs.recorded import recorded_run
@@ -69,6 +70,30 @@ class _Scope:
     what: str
 
 
+def require_recoverable(ledger: Ledger, detail: RunDetail) -> None:
+    """Whether `recover --run` may take `detail`'s run over: interrupted (its controller process
+    is gone: this machine began it and sees it dead), or begun on another controller whose
+    leases all expired (the heartbeat is what another machine can judge). A live lease of a
+    controller that may be alive is never broken.
+
+    Raises:
+        LeaseHeld: the run still heart-beats; names its operator and controller.
+        InputError: the run is finished, or running here, or unknown here and holds no lease.
+    """
+    status = detail.summary.status
+    held = ledger.leases_of([detail.run_id])
+    live = [lease for lease in held if lease.live and status != RunStatus.INTERRUPTED]
+    if live:
+        raise lease_held(live, what=f"run {detail.run_id} is alive: its lease is live")
+    if status == RunStatus.INTERRUPTED or (status == RunStatus.UNKNOWN and held):
+        return
+    raise InputError(
+        f"run {detail.run_id} is {status}, not interrupted",
+        hint="recover --run is for runs whose controller died part-way; "
+        "`opspatch recover --hosts TARGET` reconciles hosts whatever run touched them",
+    )
+
+
 def recover_run(
     *,
     ledger: Ledger,
@@ -79,7 +104,17 @@ def recover_run(
     patch: LoadedPatch | None,
     progress: Progress | None = None,
 ) -> RunReport:
-    """Recover the interrupted run `chain[0]` and the runs it descends from (`run_chain`)."""
+    """Recover the interrupted run `chain[0]` and the runs it descends from (`run_chain`),
+    taking over their leases.
+
+    Raises (before anything is begun):
+        LeaseHeld: a run of the chain still heart-beats (its controller lives, wherever it is).
+    """
+    dead = frozenset(d.run_id for d in chain if d.summary.status in _OVER)
+    held = ledger.leases_of([d.run_id for d in chain])
+    live = [lease for lease in held if lease.live and lease.run_id not in dead]
+    if live:
+        raise lease_held(live, what=f"run {live[0].run_id} is alive: its lease is live")
     versions: dict[str, list[FileVersion]] = {}
     for detail in reversed(chain):  # oldest run first
         for record in detail.hosts:
@@ -90,8 +125,18 @@ def recover_run(
             )
     runs = ", ".join(d.run_id for d in chain)
     scope = _Scope(versions, frozenset(d.run_id for d in chain), f"run {runs}")
+    names = {h.name for h in hosts}
     return _recover(
-        ledger, scope, hosts, factory, playbook, patch, progress, parent_run=chain[0].run_id
+        ledger,
+        scope,
+        hosts,
+        factory,
+        playbook,
+        patch,
+        progress,
+        parent_run=chain[0].run_id,
+        leases={lease.host: lease.identity for lease in held if lease.host in names},
+        taking_over=dead,
     )
 
 
@@ -150,6 +195,8 @@ def _recover(
     progress: Progress | None,
     *,
     parent_run: str | None,
+    leases: Mapping[str, str] | None = None,
+    taking_over: Collection[str] = (),
 ) -> RunReport:
     with recorded_run(
         ledger,
@@ -169,6 +216,8 @@ def _recover(
             progress=progress or NoProgress(),
             patch_id=patch.spec.id if patch else None,
             per_host=recover.host,
+            leases=leases,
+            taking_over=taking_over,
         )
         return run.finish(report)
 

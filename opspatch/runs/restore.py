@@ -24,7 +24,7 @@ rest.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from opspatch.core.edit import NotApplicable, detect, unapply
 from opspatch.core.host import Host
@@ -136,12 +136,16 @@ def run_restore(
     patch_id: str | None,
     per_host: Callable[[HostSession], HostOutcome],
     canary_first: bool = False,
+    leases: Mapping[str, str] | None = None,
+    taking_over: Collection[str] = (),
 ) -> RunReport:
     """The fleet part of the restore runs (rollback, recover, unlock), halted by a host that
     needs attention or whose restored file its server does not serve.
 
     `canary_first`: the first host alone, then the rest (a rollback: a restored file its server
-    does not serve halts the run before more servers go down)."""
+    does not serve halts the run before more servers go down). `leases` (host name -> identity):
+    leased to this run first (a recover takes over the leases of the runs it recovers: expired,
+    or of `taking_over`, runs this machine saw die)."""
     with FleetRun(
         command=command,
         patch_id=patch_id,
@@ -151,6 +155,9 @@ def run_restore(
         recorder=recorder,
         progress=progress,
     ) as fleet:
+        refused = fleet.lease(leases, taking_over=taking_over) if leases else None
+        if refused is not None:
+            return refused
         outcomes, halted = fleet.execute(
             per_host,
             batches=_restore_batches(

@@ -44,6 +44,7 @@ from opspatch.runs.executor import map_hosts
 from opspatch.runs.pipeline import gate_inspection
 from opspatch.runs.proof import change_proof, describe
 from opspatch.runs.rotation import rotation_of
+from opspatch.runs.who import RunWho, who_ran
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class PatchStatus(JsonRecord):
     file was not read): what `sync` decides from for a file the ledger no longer explains."""
     recreated: bool | None = json_field(default=None, omit_none=True)
     """True: the engine's container was recreated since this patch was written in it."""
+    written_by: RunWho | None = json_field(default=None, omit_none=True)
+    """The run that wrote the bytes the file is: its operator, controller, approvers."""
 
     def to_json(self) -> dict[str, Any]:
         data = record_to_json(self)
@@ -227,6 +230,7 @@ def _classify(
     if isinstance(standing, AtPostImage):
         assert ledger is not None
         written = _written(ledger, host, file.realpath, standing.version)
+        base["written_by"] = who_ran(ledger, standing.version.run_id)
         if stale:
             assert server is not None
             return PatchStatus(

@@ -258,6 +258,8 @@ def _render_run(r: ReportRun) -> list[str]:
         lines.append(f"- {r.relation}")
     if s.recovered_by:
         lines.append(f"- recovered by run {s.recovered_by}")
+    if s.approved_by:
+        lines.append(f"- patch approved by: {', '.join(s.approved_by)}")
     lines += ["", "### Steps", ""]
     steps = sorted(
         ((host.host, step) for host in r.detail.hosts for step in host.steps),

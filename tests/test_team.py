@@ -1,0 +1,300 @@
+"""Several operators on one ledger, fast: run leases in the ledger, and approvals signed with real
+OpenSSH keys (`ssh-keygen -Y sign/verify`), over the scripted fleet of test_runs_scripted.py
+(real host agent on real files, real SQLite). The real-process cases (two controllers, a
+SIGKILL, a takeover) are in test_team_leases.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from opspatch.core.ledgerlocation import PostgresLedger
+from opspatch.core.policy import BatchSize, Playbook, TeamSettings
+from opspatch.errors import EXIT_BAD_INPUT, ApprovalRefused, InputError, LeaseHeld
+from opspatch.hosts.agent.facts import host_name, machine_id
+from opspatch.ledger.store import Ledger, operator_identity
+from opspatch.runs.apply import apply_to_hosts
+from opspatch.runs.approval import approve_patch
+from opspatch.runs.leases import host_identity
+from opspatch.runs.recover import require_recoverable
+from tests.fleetkit import wait_until
+from tests.pgkit import BACKENDS, backend_location
+from tests.test_runs_scripted import PRISTINE, REPO, STANDIN, FakeHost, Fleet
+
+pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen")
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    """test_runs_scripted's fleet: three scripted hosts with real files and state folders."""
+    from opspatch.config.patches import load_patch
+
+    hosts = []
+    for index in range(3):
+        fake = FakeHost(f"h{index + 1}", tmp_path / f"h{index + 1}")
+        fake.file.parent.mkdir(parents=True)
+        fake.file.write_bytes((STANDIN / "eagle_worker_v2.py").read_bytes())
+        hosts.append(fake)
+    with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
+        yield Fleet(hosts, ledger, load_patch(REPO / "patches" / "eagle-init-guard.toml"))
+
+
+def begin(ledger: Ledger, operator: str, hosts: list[str]) -> str:
+    return ledger.begin_run(
+        command="apply",
+        patch_id="p",
+        patch_sha256=None,
+        operator=operator,
+        command_line="opspatch apply p",
+        hosts=hosts,
+    )
+
+
+def lease_steps(ledger: Ledger, run_id: str, host: str) -> list[str]:
+    records = [r for r in ledger.get_run(run_id).hosts if r.host == host]
+    return [s.detail for r in records for s in r.steps if s.step == "lease"]
+
+
+# -- the lease table -----------------------------------------------------------------------------
+
+
+@pytest.fixture(params=BACKENDS)
+def ledger_location(request: pytest.FixtureRequest, tmp_path: Path) -> Path | PostgresLedger:
+    """The lease table on both backends (on PostgreSQL as the writer role, which may change
+    the leases and nothing of the history)."""
+    return backend_location(request, tmp_path)
+
+
+def test_a_live_lease_refuses_another_run_and_an_expired_one_is_taken_over_on_record(
+    ledger_location: Path | PostgresLedger,
+) -> None:
+    with Ledger.open(ledger_location) as ledger:
+        a = begin(ledger, "alice@laptop", ["gpu-1"])
+        b = begin(ledger, "bob@jump", ["gpu-1"])
+        assert ledger.take_leases(a, {"gpu-1": "m1/gpu-1:/s"}, expires_after=0.3).refused == ()
+        refused = ledger.take_leases(b, {"gpu-one": "m1/gpu-1:/s"}, expires_after=60).refused
+        assert [(h.run_id, h.operator, h.host) for h in refused] == [(a, "alice@laptop", "gpu-1")]
+        assert lease_steps(ledger, b, "gpu-one") == []  # refused: nothing taken, nothing recorded
+        assert wait_until(lambda: not ledger.leases_of([a])[0].live, timeout=10, interval=0.05)
+        grant = ledger.take_leases(b, {"gpu-one": "m1/gpu-1:/s"}, expires_after=60)
+        assert [h.run_id for h in grant.taken_over] == [a]
+        (taken,) = lease_steps(ledger, b, "gpu-one")
+        assert taken.startswith("took the lease on m1/gpu-1:/s, taken over from run " + a)
+        assert ledger.renew_leases(a) == 0 and ledger.renew_leases(b) == 1
+        assert ledger.give_back_leases(b) == 1
+        assert lease_steps(ledger, b, "gpu-one")[-1] == "gave the lease on m1/gpu-1:/s back"
+        assert ledger.leases_of([a, b]) == []
+        assert ledger.verify().ok  # the lease table is beside the chain, not in it
+
+
+def test_recover_run_refuses_a_run_whose_lease_is_live_naming_it(
+    ledger_location: Path | PostgresLedger,
+) -> None:
+    with Ledger.open(ledger_location) as ledger:
+        a = begin(ledger, "alice@laptop", ["gpu-1"])
+        ledger.take_leases(a, {"gpu-1": "m1/gpu-1:/s"}, expires_after=60)
+        with pytest.raises(LeaseHeld) as refused:
+            require_recoverable(ledger, ledger.get_run(a))
+        assert refused.value.exit_code == EXIT_BAD_INPUT
+        assert f"run {a} of alice@laptop (controller " in refused.value.message
+        assert f"opspatch recover --run {a}" in (refused.value.hint or "")
+
+
+# -- leases on the apply path --------------------------------------------------------------------
+
+
+def test_an_apply_on_hosts_another_runs_live_lease_holds_is_refused_before_any_change(
+    fleet: Fleet,
+) -> None:
+    other = begin(fleet.ledger, "alice@laptop", ["h2"])
+    facts = {"machine_id": machine_id(), "hostname": host_name()}
+    identity = (
+        f"{facts['machine_id'] or 'no-machine-id'}/{facts['hostname']}:{fleet.hosts[1].state}"
+    )
+    assert fleet.ledger.take_leases(other, {"h2": identity}, expires_after=60).refused == ()
+    report = fleet.apply()
+    assert report.refused and report.exit_code == EXIT_BAD_INPUT
+    assert report.halted is not None
+    assert f"h2 is leased to run {other} of alice@laptop (controller " in report.halted
+    for host in fleet.hosts:
+        assert host.file.read_bytes() and _sha(host.file) == PRISTINE
+        assert not (host.state / "lock.json").exists()  # every lock given back
+    fleet.ledger.give_back_leases(other)
+    again = fleet.apply()
+    assert again.exit_code == 0, again
+    for host in fleet.hosts:  # taken in the preflight, given back at the end, on record
+        taken, given = lease_steps(fleet.ledger, str(again.run_id), host.name)
+        assert taken.startswith("took the lease on ") and taken.endswith(f":{host.state}")
+        assert given.startswith("gave the lease on ")
+    assert fleet.ledger.leases_of([str(again.run_id)]) == []
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_host_identity_is_the_machine_and_the_lock_folder() -> None:
+    from opspatch.hosts.results import HostFacts
+    from tests.test_runs_scripted import FakeHost
+
+    facts = HostFacts.from_json(
+        {
+            "python_version": "3.11",
+            "python_executable": "/p",
+            "python_implementation": "CPython",
+            "hostname": "gpu-7",
+            "platform": "Linux",
+            "machine": "x86_64",
+            "machine_id": "abc",
+        }
+    )
+    host = FakeHost("h", Path("/r")).host()
+    assert host_identity(host, facts) == "abc/gpu-7:/r/state"
+
+
+# -- approvals with real OpenSSH keys ------------------------------------------------------------
+
+
+@dataclass
+class Signers:
+    folder: Path
+    me: str  # the operator running the apply (the author)
+
+    def key(self, name: str) -> Path:
+        return self.folder / name
+
+    @property
+    def allowed(self) -> Path:
+        return self.folder / "allowed_signers"
+
+
+@pytest.fixture(scope="module")
+def signers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Signers]:
+    """Keys for the author, bob and mallory; allowed_signers lists the author and bob only."""
+    folder = tmp_path_factory.mktemp("signers")
+    me = operator_identity().split("@", 1)[0]
+    lines = []
+    for name in ("author", "bob", "mallory"):
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(folder / name)],
+            check=True,
+        )
+        public = (folder / f"{name}.pub").read_text().strip()
+        principal = {"author": me, "bob": "bob"}.get(name)
+        if principal is not None:
+            lines.append(f'{principal} namespaces="opspatch" {public}')
+    (folder / "allowed_signers").write_text("\n".join(lines) + "\n")
+    yield Signers(folder, me)
+
+
+def guarded(signers: Signers) -> Playbook:
+    team = TeamSettings(require_approval=True, allowed_signers=str(signers.allowed))
+    return Playbook(canary=0, batch=BatchSize(count=10), max_failures=1, team=team)
+
+
+def sign(fleet: Fleet, signers: Signers, key: str, principal: str) -> None:
+    approve_patch(
+        fleet.ledger,
+        fleet.patch,
+        key=signers.key(key),
+        principal=principal,
+        operator=operator_identity(),
+        command_line="opspatch approve",
+    )
+
+
+def refused_apply(fleet: Fleet, signers: Signers) -> str:
+    runs_before = len(fleet.ledger.list_runs(limit=1000))
+    with pytest.raises(ApprovalRefused) as refused:
+        apply_to_hosts(
+            fleet.patch,
+            [h.host() for h in fleet.hosts],
+            guarded(signers),
+            factory=fleet.factory,
+            ledger=fleet.ledger,
+        )
+    assert refused.value.exit_code == EXIT_BAD_INPUT
+    assert not fleet.transports, "a host was contacted"
+    assert len(fleet.ledger.list_runs(limit=1000)) == runs_before  # no apply run begun
+    assert all(_sha(h.file) == PRISTINE for h in fleet.hosts)
+    return refused.value.message
+
+
+def test_an_apply_needing_approval_is_refused_unsigned_wrong_key_and_self_signed(
+    fleet: Fleet,
+    signers: Signers,
+) -> None:
+    assert "nobody signed it" in refused_apply(fleet, signers)
+    sign(fleet, signers, "mallory", "bob")  # a key allowed_signers does not give bob
+    assert "verifies against" in refused_apply(fleet, signers)
+    sign(fleet, signers, "author", signers.me)  # the author's own, valid signature
+    said = refused_apply(fleet, signers)
+    assert f"signed only by its author ({signers.me}" in said
+
+
+def test_an_apply_signed_by_a_second_operator_goes_ahead_and_records_the_signer(
+    fleet: Fleet,
+    signers: Signers,
+) -> None:
+    sign(fleet, signers, "author", signers.me)
+    sign(fleet, signers, "bob", "bob")
+    report = apply_to_hosts(
+        fleet.patch,
+        [h.host() for h in fleet.hosts],
+        guarded(signers),
+        factory=fleet.factory,
+        ledger=fleet.ledger,
+    )
+    assert report.exit_code == 0, report
+    summary = fleet.ledger.get_run(str(report.run_id)).summary
+    assert summary.approved_by == ("bob",)  # verified and not the author's
+    assert summary.to_json()["approved_by"] == ["bob"]
+    assert [a.principal for a in fleet.ledger.approvals(fleet.patch.sha256)] == [signers.me, "bob"]
+
+
+def test_a_playbook_requiring_approval_names_its_signers_file_relative_to_itself(
+    tmp_path: Path,
+) -> None:
+    from opspatch.config.playbook import load_playbook
+    from opspatch.errors import SpecError
+
+    path = tmp_path / "playbooks" / "guarded.toml"
+    path.parent.mkdir()
+    path.write_text('[team]\nlease_expiry = 5\nrequire_approval = true\nallowed_signers = "s"\n')
+    team = load_playbook(path).team
+    assert (team.lease_expiry, team.require_approval) == (5.0, True)
+    assert team.allowed_signers == str(path.parent.resolve() / "s")
+    path.write_text("[team]\nrequire_approval = true\n")
+    with pytest.raises(SpecError) as missing:
+        load_playbook(path)
+    assert f"{path}:2" in missing.value.render() and "allowed_signers" in missing.value.render()
+
+
+def test_a_run_of_another_controller_is_recoverable_once_its_lease_expired_and_not_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What another machine can judge is the heartbeat: a run begun elsewhere (`unknown` here)
+    is refused while its lease is live, taken over once it expired, refused without a lease."""
+    from opspatch.ledger import store
+    from opspatch.ledger.liveness import ControllerProcess
+
+    elsewhere = ControllerProcess("alices-laptop", 4242, None)
+    monkeypatch.setattr(store.ControllerProcess, "current", classmethod(lambda cls: elsewhere))
+    with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
+        leased, bare = begin(ledger, "alice@laptop", ["g"]), begin(ledger, "alice@laptop", ["g"])
+        ledger.take_leases(leased, {"g": "m/g:/s"}, expires_after=0.3)
+        assert ledger.get_run(leased).summary.status == "unknown"
+        with pytest.raises(LeaseHeld, match="controller alices-laptop"):
+            require_recoverable(ledger, ledger.get_run(leased))
+        assert wait_until(lambda: not ledger.leases_of([leased])[0].live, timeout=10, interval=0.05)
+        require_recoverable(ledger, ledger.get_run(leased))  # expired: may be taken over
+        with pytest.raises(InputError, match="is unknown, not interrupted"):
+            require_recoverable(ledger, ledger.get_run(bare))
