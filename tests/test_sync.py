@@ -177,6 +177,8 @@ def test_an_upgrade_where_the_anchor_is_gone_is_needs_port_and_nothing_is_writte
     assert code == 1 and len(lines) == 1, lines
     assert lines[0].startswith(f"sandbox-01: {PATCH_ID}: needs-port: the patch no longer fits "
                                "release 0.5.30")  # fmt: skip
+    # which edit no longer fits, and where: where the port starts
+    assert "edits[0] (insert in EAGLEWorkerV2): scope `EAGLEWorkerV2` is not defined" in lines[0]
     doc = sync(fleet, expect=1)
     assert doc["runs"] == []  # no apply anywhere: the other hosts are right
     (left,) = doc["left_alone"]
