@@ -527,6 +527,51 @@ def test_runtime_restart_keeps_the_fix_and_a_recreated_container_loses_it(
 
 
 @pytest.mark.slow
+def test_sync_finds_a_container_recreated_from_its_image_and_puts_the_fix_back_proven(
+    fleet: ContainerFleet,
+) -> None:
+    """The fleet file wants the fix on every host (issue 24): a container recreated from its
+    image lost it with its writable layer; `sync --check` and `drift` name it, `sync` restores
+    it on that host alone and proves it with the smoke decode."""
+    fleet_file = fleet.workspace / "fleet.toml"
+    fleet_file.write_text('[[patches]]\nid = "eagle-init-guard"\nhosts = ["sandbox"]\n')
+    host, other = fleet.names[1], fleet.names[0]
+    try:
+        _guarded(fleet)  # as the test above leaves it: both patched
+        assert fleet.opspatch("sync", "--check").code == 0
+        fleet.recreate(host)
+        assert fleet.read(host) == PRISTINE
+
+        check = fleet.opspatch("sync", "--check")
+        assert check.code == 1, check.stdout + check.stderr
+        (line,) = check.stdout.splitlines()
+        assert line.startswith(f"{host}: eagle-init-guard: apply: the container was recreated"), (
+            line
+        )
+        drift = fleet.opspatch("drift", "--json")
+        assert drift.code == 1, drift.stdout + drift.stderr
+        assert [(d["host"], d["cause"], d["command"]) for d in drift.json()["drift"]] == [
+            (host, "recreated-container", f"opspatch sync --hosts {host}")
+        ]
+
+        started = fleet.inspect(other)["State"]["StartedAt"]
+        sync = fleet.opspatch("sync", "--yes", "--json")
+        assert sync.code == 0, sync.stdout + sync.stderr
+        (run,) = sync.json()["runs"]
+        assert run["command"] == "sync"
+        (outcome,) = run["hosts"]
+        assert (outcome["host"], outcome["outcome"]) == (host, "applied"), outcome
+        assert [s["status"] for s in outcome["steps"] if s["step"] == "smoke"] == ["ok"], outcome
+        assert fleet.inspect(other)["State"]["StartedAt"] == started  # already right: untouched
+        assert fleet.read(host) != PRISTINE
+        out = fleet.generate(host)
+        assert out is not None and out["meta_info"]["spec_verify_ct"] > 0
+        assert fleet.opspatch("sync", "--check").code == 0
+    finally:
+        fleet_file.unlink()
+
+
+@pytest.mark.slow
 def test_preflight_refuses_a_missing_or_stopped_container_and_changes_nothing(
     fleet: ContainerFleet,
 ) -> None:

@@ -13,9 +13,10 @@ import pytest
 from opspatch.config.fleet import DesiredPatch, load_fleet
 from opspatch.config.lookup import Workspace
 from opspatch.config.patches import load_patch
+from opspatch.core.edit import detect
 from opspatch.core.vocabulary import Detected, DriftCause, PatchState, SyncAction
 from opspatch.errors import InputError, Location, SpecError
-from opspatch.runs.status import PatchStatus, combine_set
+from opspatch.runs.status import PatchStatus, combine_set, why_unknown
 from opspatch.runs.sync import (
     ACTION_BY_CARRIED,
     ACTION_BY_STATE,
@@ -23,7 +24,10 @@ from opspatch.runs.sync import (
     decide,
     drift_cause,
 )
+from opspatch.sandbox.dist import STANDIN_VERSION
+from opspatch.sandbox.install import standin_files
 from tests.clirunner import opspatch
+from tests.fleetkit import EAGLE_RELPATH
 
 REPO = Path(__file__).resolve().parent.parent
 PATCH = load_patch(REPO / "patches" / "eagle-init-guard.toml")
@@ -99,6 +103,24 @@ def test_a_needs_port_row_says_nothing_is_written_and_names_the_release() -> Non
     assert "no longer fits release 0.5.20" in row.detail
     assert "nothing is written" in row.detail
     assert row.command == "opspatch plan eagle-init-guard --hosts gpu-01"
+
+
+def test_a_needs_port_names_each_edit_whose_anchor_is_gone_by_field_kind_and_scope() -> None:
+    # a release that renamed the class the patch edits (the stand-in, class renamed)
+    source = standin_files(STANDIN_VERSION)[EAGLE_RELPATH]
+    renamed = source.replace(b"class EAGLEWorkerV2(", b"class EAGLEWorkerV3(")
+    said = why_unknown(PATCH.spec, detect(renamed, PATCH.spec))
+    row = decide(ENTRY, replace(status("unknown", carried=Detected.UNKNOWN), detail=said))
+    assert row is not None and row.action == SyncAction.NEEDS_PORT
+    assert (
+        "edits[0] (insert in EAGLEWorkerV2): scope `EAGLEWorkerV2` is not defined in this file; "
+        "nearest: EAGLEWorkerV3 (line "
+    ) in row.detail, row.detail
+    assert "edits[1] (insert in EAGLEWorkerV2.__init__): scope" in row.detail, row.detail
+    assert why_unknown(PATCH.spec, detect(b"def (:\n", PATCH.spec)).startswith(
+        "the file does not parse"
+    )  # no edit to name: the file's own problem
+    assert why_unknown(PATCH.spec, detect(source, PATCH.spec)) == "no edit is present"
 
 
 def test_a_patch_not_desired_is_extra_when_there_and_unsaid_when_not() -> None:

@@ -17,16 +17,18 @@ from typing import Any
 
 import pytest
 
+from opspatch.config.fleet import DesiredPatch, DesiredState
 from opspatch.config.patches import load_patch
 from opspatch.core.host import Host, RouterSettings
 from opspatch.core.policy import BatchSize, Playbook, RotationSettings, StepTimeouts
 from opspatch.core.vocabulary import Rotation as RotationWord
-from opspatch.errors import RouterRefused
+from opspatch.errors import Location, RouterRefused
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
 from opspatch.ledger.store import Ledger
 from opspatch.runs.apply import apply_to_hosts
 from opspatch.runs.recover import recover_hosts
 from opspatch.runs.rotation import Rotation, rotation_of
+from opspatch.runs.sync import sync_fleet
 from tests.test_runs_scripted import REPO, STANDIN, FakeHost, sha
 
 
@@ -285,6 +287,42 @@ def test_recover_readmits_a_drained_worker_only_after_its_smoke_decode_passes(
     done = [s for s, status in steps_of(outcome) if status == "ok"]
     assert done[-2:] == ["smoke", "admit"], done
     assert rotation_of(hosts)["h1"][0] == RotationWord.IN_ROTATION
+
+
+def test_a_sync_of_a_host_whose_fix_was_wiped_drains_it_and_readmits_it_after_its_proof(
+    fleet: RoutedFleet,
+) -> None:
+    """`sync` is one of the rotating commands: through the apply pipeline it takes only the
+    wiped host out of the router, and admits it back once its smoke decode passed."""
+    fleet.register("h1", "h2", "h3")
+    applied = apply_to_hosts(
+        PATCH, fleet.hosts(), book(), factory=fleet.factory, ledger=fleet.ledger
+    )
+    assert applied.exit_code == 0, applied
+    fleet.fakes["h2"].file.write_bytes((STANDIN / "eagle_worker_v2.py").read_bytes())  # reinstall
+    fleet.router.state.calls.clear()
+    worker_id = fleet.router.state.workers[worker_url("h2")][0]  # as the apply re-admitted it
+    desired = DesiredState(
+        "fleet.toml",
+        (DesiredPatch(PATCH, ("h1", "h2", "h3"), "", Location("fleet.toml", 1, "patches[0]")),),
+        {h.name: h for h in fleet.hosts()},
+    )
+
+    report = sync_fleet(
+        desired, fleet.hosts(), [], book(), factory=fleet.factory, ledger=fleet.ledger
+    )
+
+    (run,) = report.runs
+    (outcome,) = run.hosts
+    assert (outcome.host, outcome.outcome) == ("h2", "applied"), outcome
+    assert outcome.rotation == RotationWord.IN_ROTATION
+    done = [step for step, status in steps_of(outcome) if status == "ok"]
+    assert done.index("drain") < done.index("restart") < done.index("smoke") < done.index("admit")
+    assert done[-1] == "admit", done
+    calls = [c for c in fleet.router.state.calls if not c.startswith("GET")]
+    assert calls == [f"DELETE /workers/{worker_id}", f"POST /workers {worker_url('h2')}"], calls
+    assert fleet.ledger.get_run(run.run_id).summary.command == "sync"
+    assert report.exit_code == 0 and not report.after.differing
 
 
 def test_without_fleet_down_draining_the_last_healthy_worker_is_refused_before_any_change(

@@ -4,7 +4,8 @@ the desired patch applied by sync; a reinstall of the same release on one host f
 `sync --check` and `drift` and restored by sync; a host added to the group patched by the next
 sync; a hand edit that kept the fix is drift, not a sync difference; an upgrade to a release
 where the patch's anchor is gone reported `needs-port` with nothing written; an upgrade to a
-release that ships the fix left alone and called redundant. The tests run in file order and each leaves the fleet as the next expects.
+release that ships the fix left alone and called redundant, and its engine, started on that
+release, serving. The tests run in file order and each leaves the fleet as the next expects.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 from opspatch.config.inventory import load_inventory
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import detect
+from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.ledger.store import Ledger
 from opspatch.sandbox.dist import STANDIN_FIXED_IN
 from opspatch.sandbox.install import (
@@ -177,6 +179,8 @@ def test_an_upgrade_where_the_anchor_is_gone_is_needs_port_and_nothing_is_writte
     assert code == 1 and len(lines) == 1, lines
     assert lines[0].startswith(f"sandbox-01: {PATCH_ID}: needs-port: the patch no longer fits "
                                "release 0.5.30")  # fmt: skip
+    # which edit no longer fits, and where: where the port starts
+    assert "edits[0] (insert in EAGLEWorkerV2): scope `EAGLEWorkerV2` is not defined" in lines[0]
     doc = sync(fleet, expect=1)
     assert doc["runs"] == []  # no apply anywhere: the other hosts are right
     (left,) = doc["left_alone"]
@@ -225,3 +229,15 @@ def test_an_upgrade_to_a_release_with_the_fix_is_left_alone_and_called_redundant
     assert f"redundant: {PATCH_ID} on sandbox-02 (release {STANDIN_FIXED_IN} has the fix)" in (
         plan.stdout
     ), plan.stdout
+
+    # and it is true: the engine started on that release serves, its first decode does not crash
+    pid = fleet.pid("sandbox-02")
+    assert pid is not None
+    stop_process_tree(pid, timeout=10)  # the engine this module's fleet started, and its children
+    up = fleet.opspatch("sandbox", "up", timeout=240)  # starts it again, waits until ready
+    assert up.code == 0, up.stdout + up.stderr
+    assert fleet.pid("sandbox-02") not in (None, pid)
+    answer = fleet.generate("sandbox-02")
+    assert answer is not None and "text" in answer, answer
+    assert answer["meta_info"]["spec_verify_ct"] > 0, answer  # through the speculative path
+    assert fleet.sha("sandbox-02") == before  # the release's own file, not opspatch's

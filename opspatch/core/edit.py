@@ -556,6 +556,21 @@ def _judge(states: tuple[EditState, ...]) -> Detection:
     )
 
 
+def misfits(patch: PatchSpec, detection: Detection) -> str:
+    """Which of the patch's edits no longer fit the file, each by its field, kind and scope, and
+    why (`edits[0] (insert in EAGLEWorkerV2): scope ... is not defined in this file; nearest:
+    EAGLEWorkerV3 (line 70)`): where a port has to start. Empty when every edit fits."""
+    said = []
+    for state in detection.edits:
+        if state.state != EditStatus.BROKEN:
+            continue
+        edit = patch.edits[state.index]
+        where = f" in {edit.scope}" if not isinstance(edit, DiffEdit) else ""
+        nearest = f"; nearest: {', '.join(state.candidates[:3])}" if state.candidates else ""
+        said.append(f"{edit_field(state.index)} ({edit.kind}{where}): {state.reason}{nearest}")
+    return "; ".join(said)
+
+
 # ---------------------------------------------------------------------------------------------
 # applying
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from opspatch.analysis.upstream import UpstreamVerdict, part_verdict
-from opspatch.core.edit import Detection, detect
+from opspatch.core.edit import Detection, detect, misfits
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord, json_field, record_to_json
 from opspatch.core.policy import StepTimeouts
@@ -264,7 +264,8 @@ def _classify(
             **base,
             state=PatchState.DRIFTED,
             detail=f"changed since run {version.run_id} wrote {version.sha256_after[:12]}; "
-            f"the patch is {structural.state} here",
+            f"the patch is {structural.state} here"
+            + (f": {why_unknown(spec, structural)}" if structural.state == "unknown" else ""),
         )
     if structural.state == "applied":
         return PatchStatus(
@@ -277,13 +278,19 @@ def _classify(
         return PatchStatus(**base, state=PatchState.NOT_APPLICABLE, detail=gate)
     if structural.state == "not-applied":
         return PatchStatus(**base, state=PatchState.NOT_APPLIED, detail="")
-    detail = structural.reason
+    detail = why_unknown(spec, structural) if structural.state == "unknown" else structural.reason
     if structural.state == "partial":
         detail += (
             f"; `opspatch rollback {patch.spec.id} --hosts {host}` restores the original where "
             "opspatch wrote it, or finish the change by hand"
         )
     return PatchStatus(**base, state=PatchState(structural.state), detail=detail)
+
+
+def why_unknown(spec: PatchSpec, structural: Detection) -> str:
+    """Why the patch is unknown in a file: each edit that no longer fits, by its field, kind and
+    scope (what `needs-port` says), else the file's own problem (it does not parse)."""
+    return misfits(spec, structural) or structural.reason
 
 
 _SET_PRECEDENCE = (

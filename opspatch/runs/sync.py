@@ -35,8 +35,9 @@ from opspatch.errors import (
     EXIT_OK,
     InputError,
 )
-from opspatch.ledger.store import Ledger
+from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.apply import apply_to_hosts
+from opspatch.runs.approval import require_approval
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.report import HostOutcome, RunReport
@@ -352,9 +353,17 @@ def sync_fleet(
 
     Raises:
         LedgerIntegrityError: the ledger's chain is broken (nothing begun).
+        ApprovalRefused: the playbook requires approvals and a patch sync would apply has no
+            valid one (checked for every patch before any run: nothing changed, nothing recorded).
     """
     progress = progress or NoProgress()
     before = before or plan_fleet(desired, hosts, others, factory, ledger)
+    # Every approval first: a refusal of the second patch must not follow a first one applied.
+    for entry in desired.entries:
+        if any(
+            r.patch == entry.patch.spec.id and r.action == SyncAction.APPLY for r in before.rows
+        ):
+            require_approval(ledger, entry.patch, playbook.team, operator=operator_identity())
     by_name = {h.name: h for h in hosts}
     runs: list[RunReport] = []
     left_alone: list[RunReport] = []
