@@ -362,7 +362,7 @@ class DiffAlternative(Alternative):
     fuzz: int | None = Field(None, ge=0, le=3)
 
 
-_EditT = TypeVar("_EditT", bound=FileSchema)
+_EditT = TypeVar("_EditT", bound="_EditKind")
 
 
 def _alternative_fields(edit: FileSchema, alternative: Alternative) -> dict[str, Any]:
