@@ -63,20 +63,11 @@ def main(rounds: int) -> None:
     with tempfile.TemporaryDirectory() as folder:
         target = Path(folder) / "worker.py"
         target.write_text("A = 1\n" * 200)
-        host = Host(
-            name="bench",
+        host = Host.local(
+            "bench",
+            str(Path(folder) / "state"),
+            EngineSettings(python=sys.executable),
             inventory="bench",
-            address="127.0.0.1",
-            port=None,
-            user=None,
-            identity_file=None,
-            known_hosts=None,
-            jump=None,
-            transport="local",
-            state_dir=str(Path(folder) / "state"),
-            vars={},
-            engine=EngineSettings(python=sys.executable),
-            groups=(),
         )
         with LocalTransport("bench") as transport:
             ops = HostOperations(transport, host)

@@ -78,21 +78,7 @@ def python_38() -> str | None:
 
 
 def host_on(python: str, state_dir: Path) -> Host:
-    return Host(
-        name="py38",
-        inventory="test",
-        address="127.0.0.1",
-        port=None,
-        user=None,
-        identity_file=None,
-        known_hosts=None,
-        jump=None,
-        transport="local",
-        state_dir=str(state_dir),
-        vars={},
-        engine=EngineSettings(python=python),
-        groups=(),
-    )
+    return Host.local("py38", str(state_dir), EngineSettings(python=python), inventory="test")
 
 
 @pytest.mark.skipif(python_38() is None, reason="no Python 3.8 interpreter here (pyenv 3.8.18)")

@@ -108,9 +108,7 @@ def test_a_patch_set_is_checked_on_every_release_file_by_file(cache: Path, tmp_p
     (doc,) = before.json()["patches"]
     assert doc["releases"]["proven"] == []
 
-    matrix = opspatch(
-        "check", SET_ID, "--releases", "--offline", "--json", env=env, cwd=ws
-    )
+    matrix = opspatch("check", SET_ID, "--releases", "--offline", "--json", env=env, cwd=ws)
     assert matrix.code == 0, matrix.stdout + matrix.stderr
     matrices = matrix.json()["matrices"]
     modules = [m["module"] for m in matrices]

@@ -16,31 +16,11 @@ from opspatch.core.edit import (
     Applied,
     NotApplicable,
     apply_patch,
-    detect,
     reverse,
     unapply,
 )
+from tests.editkit import assert_golden
 from tests.patchkit import make_patch, src
-
-
-def assert_golden(
-    before: bytes, patch_body: str, expected: bytes, *, revertible: bool = True
-) -> Applied:
-    patch = make_patch(patch_body)
-    outcome = apply_patch(before, patch)
-    assert isinstance(outcome, Applied), getattr(outcome, "reason", outcome)
-    assert outcome.new_source == expected, "\n" + outcome.new_source.decode("utf-8", "replace")
-    assert reverse(outcome) == before
-    again = apply_patch(outcome.new_source, patch)
-    assert isinstance(again, AlreadyApplied), again
-    assert detect(outcome.new_source, patch).state == "applied"
-    assert detect(before, patch).state == "not-applied"
-    if revertible:
-        undone = unapply(outcome.new_source, patch)
-        assert not isinstance(undone, NotApplicable), undone.reason
-        assert undone.old_source == before
-    return outcome
-
 
 # ---------------------------------------------------------------------------------------------
 # insert: start of a method (docstring, super().__init__ present and absent)
@@ -101,7 +81,7 @@ def test_insert_start_after_docstring_and_super_init() -> None:
                 self.threshold = args.threshold
         '''
     )
-    assert_golden(WORKER, GUARD, expected)
+    assert_golden(WORKER, make_patch(GUARD), expected)
 
 
 def test_insert_start_without_super_goes_above_leading_comments() -> None:
@@ -129,7 +109,7 @@ def test_insert_start_without_super_goes_above_leading_comments() -> None:
                 self.args = args
         """
     )
-    assert_golden(before, GUARD, expected)
+    assert_golden(before, make_patch(GUARD), expected)
 
 
 def test_insert_at_class_level_after_class_docstring() -> None:
@@ -160,7 +140,7 @@ def test_insert_at_class_level_after_class_docstring() -> None:
                 return 1
         '''
     )
-    assert_golden(before, patch, expected)
+    assert_golden(before, make_patch(patch), expected)
 
 
 def test_a_class_level_block_brings_its_blank_line_and_unapply_takes_exactly_it_away() -> None:
@@ -183,7 +163,7 @@ def test_a_class_level_block_brings_its_blank_line_and_unapply_takes_exactly_it_
     )
     assert_golden(
         glued,
-        patch,
+        make_patch(patch),
         src(
             """
             class Worker:
@@ -205,7 +185,7 @@ def test_a_class_level_block_brings_its_blank_line_and_unapply_takes_exactly_it_
     )
     assert_golden(
         spaced,
-        patch,
+        make_patch(patch),
         src(
             """
             class Worker:
@@ -249,7 +229,7 @@ def test_insert_at_class_start_above_a_decorated_first_method() -> None:
                 return 1
         """
     )
-    assert_golden(before, patch, expected)
+    assert_golden(before, make_patch(patch), expected)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,7 +274,7 @@ def test_insert_at_end_of_async_function() -> None:
             pass
         """
     )
-    assert_golden(before, patch, expected)
+    assert_golden(before, make_patch(patch), expected)
 
 
 def test_insert_before_first_call_keeps_attached_comment_with_its_statement() -> None:
@@ -330,7 +310,7 @@ def test_insert_before_first_call_keeps_attached_comment_with_its_statement() ->
                 self.b = 2
         """
     )
-    assert_golden(before, patch, expected)
+    assert_golden(before, make_patch(patch), expected)
 
 
 def test_insert_after_assignment_nested_in_if_block_of_nested_class() -> None:
@@ -368,7 +348,7 @@ def test_insert_after_assignment_nested_in_if_block_of_nested_class() -> None:
                     return self
         """
     )
-    assert_golden(before, patch, expected)
+    assert_golden(before, make_patch(patch), expected)
 
 
 def test_insert_at_module_start_after_docstring_and_future_imports() -> None:
@@ -398,7 +378,7 @@ def test_insert_at_module_start_after_docstring_and_future_imports() -> None:
         import sys
         '''
     )
-    assert_golden(before, patch, expected)
+    assert_golden(before, make_patch(patch), expected)
 
 
 def test_insert_at_end_of_file_without_final_newline() -> None:
@@ -411,7 +391,7 @@ def test_insert_at_end_of_file_without_final_newline() -> None:
     """
     before = b"def f():\n    x = 1"
     expected = b"def f():\n    x = 1\n    # opspatch:t-patch\n    return 2"
-    assert_golden(before, patch, expected)
+    assert_golden(before, make_patch(patch), expected)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,7 +419,7 @@ def test_tab_indented_file_gets_tab_indented_code() -> None:
         b"\t\t# opspatch:t-patch: set before anything can fail\n\t\tself.threshold = 0\n"
         b"\t\tself.args = 1\n\t\tif x:\n\t\t\tpass\n"
     )
-    assert_golden(before, GUARD, expected)
+    assert_golden(before, make_patch(GUARD), expected)
 
 
 def test_latin1_encoding_cookie_and_bytes_are_kept() -> None:
@@ -449,7 +429,7 @@ def test_latin1_encoding_cookie_and_bytes_are_kept() -> None:
     ).encode("latin-1")
     outcome = assert_golden(
         before,
-        GUARD,
+        make_patch(GUARD),
         before.replace(
             b"    def __init__(self):\n",
             b"    def __init__(self):\n        # opspatch:t-patch: set before anything can fail\n"
@@ -508,7 +488,7 @@ def test_replace_statement_keeps_its_trailing_comment() -> None:
                 self.threshold = getattr(args, 'threshold', 0)  # from the CLI
         """
     )
-    assert_golden(before, patch, expected, revertible=False)
+    assert_golden(before, make_patch(patch), expected)
 
 
 def test_replace_expression() -> None:
@@ -538,7 +518,7 @@ def test_replace_expression() -> None:
             )
         """
     )
-    assert_golden(before, patch, expected, revertible=False)
+    assert_golden(before, make_patch(patch), expected)
 
 
 def test_replace_expression_beside_a_keyword_only_argument_without_default() -> None:
@@ -572,7 +552,7 @@ def test_replace_expression_beside_a_keyword_only_argument_without_default() -> 
                 return max(self.limit, 1)
         """
     )
-    assert_golden(before, patch, expected, revertible=False)
+    assert_golden(before, make_patch(patch), expected)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -619,7 +599,7 @@ def test_diff_applies_by_context() -> None:
     expected = DIFF_BEFORE.replace(
         b'falling back", exc)\n', b'falling back", exc)\n        raise\n'
     )
-    assert_golden(DIFF_BEFORE, DIFF_PATCH, expected)
+    assert_golden(DIFF_BEFORE, make_patch(DIFF_PATCH), expected)
 
 
 def test_diff_applies_with_offset_and_keeps_crlf() -> None:
@@ -627,7 +607,7 @@ def test_diff_applies_with_offset_and_keeps_crlf() -> None:
     expected = before.replace(
         b'falling back", exc)\r\n', b'falling back", exc)\r\n        raise\r\n'
     )
-    assert_golden(before, DIFF_PATCH, expected)
+    assert_golden(before, make_patch(DIFF_PATCH), expected)
 
 
 def test_diff_with_fuzz_ignores_a_changed_outer_context_line() -> None:

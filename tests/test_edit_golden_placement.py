@@ -18,6 +18,7 @@ from opspatch.core.edit import (
     reverse,
     unapply,
 )
+from tests.editkit import assert_golden
 from tests.patchkit import make_patch, src
 
 # ---------------------------------------------------------------------------------------------
@@ -69,15 +70,7 @@ code = "self.chunked is None"
 def test_replace_first_or_last_expression_applies_once_and_only_once(
     which: str, expected: bytes
 ) -> None:
-    patch = make_patch(_replace_expression(which))
-    assert detect(STEP, patch).state == "not-applied"
-    outcome = apply_patch(STEP, patch)
-    assert isinstance(outcome, Applied), outcome
-    assert outcome.new_source == expected, outcome.new_source.decode()
-    again = apply_patch(outcome.new_source, patch)
-    assert isinstance(again, AlreadyApplied), again
-    assert detect(outcome.new_source, patch).state == "applied"
-    assert reverse(outcome) == STEP
+    assert_golden(STEP, make_patch(_replace_expression(which)), expected)
 
 
 def test_replace_first_expression_recognised_without_its_marker() -> None:
@@ -144,22 +137,13 @@ code = "batch.positions.add_(1)"
 
 
 def test_insert_is_not_recognised_where_its_code_already_stands_elsewhere_in_the_scope() -> None:
-    patch = make_patch(MOVE_AFTER_HIDDEN)
-    assert detect(LOOP, patch).state == "not-applied"
-    outcome = apply_patch(LOOP, patch)
-    assert isinstance(outcome, Applied), outcome
-    assert outcome.new_source == LOOP.replace(
+    expected = LOOP.replace(
         b"        batch.hidden = out.hidden\n",
         b"        batch.hidden = out.hidden\n"
         b"        # opspatch:t-patch\n"
         b"        batch.positions.add_(1)\n",
     )
-    again = apply_patch(outcome.new_source, patch)
-    assert isinstance(again, AlreadyApplied), again
-    assert reverse(outcome) == LOOP
-    undone = unapply(outcome.new_source, patch)
-    assert not isinstance(undone, NotApplicable), undone.reason
-    assert undone.old_source == LOOP
+    assert_golden(LOOP, make_patch(MOVE_AFTER_HIDDEN), expected)
 
 
 def test_insert_before_is_recognised_only_just_before_its_anchor() -> None:
@@ -237,17 +221,6 @@ def test_an_applied_replace_says_it_was_recognised_by_syntax_tree() -> None:
 # replace with which = "all" (issue 19)
 
 
-def _assert_replaced_once(before: bytes, patch_body: str, expected: bytes) -> None:
-    patch = make_patch(patch_body)
-    outcome = apply_patch(before, patch)
-    assert isinstance(outcome, Applied), outcome
-    assert outcome.new_source == expected, outcome.new_source.decode()
-    again = apply_patch(outcome.new_source, patch)
-    assert isinstance(again, AlreadyApplied), again
-    assert detect(before, patch).state == "not-applied"
-    assert reverse(outcome) == before
-
-
 def test_replace_all_expressions_marks_each_statement_once() -> None:
     before = src(
         """
@@ -269,15 +242,17 @@ def test_replace_all_expressions_marks_each_statement_once() -> None:
                 pass
         """
     )
-    _assert_replaced_once(
+    assert_golden(
         before,
-        """
+        make_patch(
+            """
 [[edits]]
 kind = "replace"
 scope = "f"
 select = { expression = "self.chunked is not None", which = "all" }
 code = "self.chunked is None"
-""",
+"""
+        ),
         expected,
     )
 
@@ -294,15 +269,17 @@ def test_replace_all_statements() -> None:
             return x
         """
     )
-    _assert_replaced_once(
+    assert_golden(
         LIMITS,
-        """
+        make_patch(
+            """
 [[edits]]
 kind = "replace"
 scope = "clamp"
 select = { matches = "x = max(x, 0)", which = "all" }
 code = "x = min(max(x, 0), 9)"
-""",
+"""
+        ),
         expected,
     )
 
@@ -338,15 +315,17 @@ def test_delete_a_statement_leaves_the_marker_in_its_place() -> None:
             return batches
         """
     )
-    _assert_replaced_once(
+    assert_golden(
         LOOP,
-        """
+        make_patch(
+            """
 [[edits]]
 kind = "delete"
 scope = "run"
 select = { calls = "batch.positions.add_" }
 comment = "it moves after the forward pass"
-""",
+"""
+        ),
         expected,
     )
 
@@ -361,14 +340,16 @@ def test_delete_all_matching_statements() -> None:
             return x
         """
     )
-    _assert_replaced_once(
+    assert_golden(
         LIMITS,
-        """
+        make_patch(
+            """
 [[edits]]
 kind = "delete"
 scope = "clamp"
 select = { assigns = "x", which = "all" }
-""",
+"""
+        ),
         expected,
     )
 
@@ -392,7 +373,7 @@ select = { matches = "batch.positions.add_(1)" }
             return batches
         """
     )
-    _assert_replaced_once(LOOP, delete + MOVE_AFTER_HIDDEN, expected)
+    assert_golden(LOOP, make_patch(delete + MOVE_AFTER_HIDDEN), expected)
 
 
 def test_a_delete_after_an_insert_of_the_same_code_is_refused() -> None:

@@ -23,20 +23,11 @@ from tests.faultkit import arm_switch, install_wrapper
 def wrapped_host(tmp_path: Path) -> Host:
     control = tmp_path / "fault"
     control.mkdir()
-    return Host(
-        name="wrapped",
+    return Host.local(
+        "wrapped",
+        str(tmp_path / "state"),
+        EngineSettings(python=str(install_wrapper(control, sys.executable))),
         inventory="test",
-        address="127.0.0.1",
-        port=None,
-        user=None,
-        identity_file=None,
-        known_hosts=None,
-        jump=None,
-        transport="local",
-        state_dir=str(tmp_path / "state"),
-        vars={},
-        engine=EngineSettings(python=str(install_wrapper(control, sys.executable))),
-        groups=(),
     )
 
 

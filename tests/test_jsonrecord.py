@@ -6,14 +6,12 @@ boundary with the error every caller of an agent operation handles."""
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from opspatch.core.host import EngineSettings, Host
 from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field
 from opspatch.core.policy import Playbook
 from opspatch.core.vocabulary import Outcome, StepStatus
@@ -23,6 +21,7 @@ from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.results import HostFacts
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
 from opspatch.runs.report import HostOutcome, StepResult
+from tests.test_scripted_transport import scripted_host
 
 FACTS: dict[str, Any] = {
     "python_version": "3.10.12",
@@ -42,24 +41,6 @@ FACTS: dict[str, Any] = {
     "gpu_memory_mib": [143771, 143771],
     "machine_id": "0123456789abcdef0123456789abcdef",
 }
-
-
-def host(state_dir: Path) -> Host:
-    return Host(
-        name="h1",
-        inventory="test",
-        address="192.0.2.1",
-        port=None,
-        user=None,
-        identity_file=None,
-        known_hosts=None,
-        jump=None,
-        transport="ssh",
-        state_dir=str(state_dir),
-        vars={},
-        engine=EngineSettings(python=sys.executable),
-        groups=(),
-    )
 
 
 def test_host_facts_round_trip_through_json_text() -> None:
@@ -121,7 +102,7 @@ def test_the_rules_on_a_record_of_their_own() -> None:
 def test_facts_an_agent_leaves_out_read_as_unknown(tmp_path: Path) -> None:
     sparse = {k: v for k, v in FACTS.items() if not k.startswith(("cuda", "gpu", "driver"))}
     transport = ScriptedTransport(lambda op, args: sparse)
-    facts = HostOperations(transport, host(tmp_path)).facts(timeout=5)
+    facts = HostOperations(transport, scripted_host(tmp_path)).facts(timeout=5)
     assert facts.cuda_available is None and facts.gpu_names == () and facts.driver_version is None
     assert facts.hostname == "gpu-01"
 
@@ -142,7 +123,7 @@ def test_a_malformed_facts_reply_is_a_remote_error_naming_the_field(
 ) -> None:
     transport = ScriptedTransport(lambda op, args: reply)
     with pytest.raises(RemoteOperationError) as caught:
-        HostOperations(transport, host(tmp_path)).facts(timeout=5)
+        HostOperations(transport, scripted_host(tmp_path)).facts(timeout=5)
     assert caught.value.code == "agent-bad-reply"
     assert caught.value.host == "h1" and caught.value.step == "facts"
     assert named in caught.value.message, caught.value.message
@@ -154,7 +135,7 @@ def test_a_malformed_smoke_reply_is_a_remote_error_naming_the_prompt_field(tmp_p
             return {"ok": True, "results": [{"prompt": "p", "ok": "yes"}], "failures": []}
         return agent_operation(op, args)
 
-    target = host(tmp_path)
+    target = scripted_host(tmp_path)
     ctl = EngineControl(HostOperations(ScriptedTransport(handler), target), target, Playbook())
     with pytest.raises(RemoteOperationError) as caught:
         ctl.smoke(log_offset=None)
@@ -168,6 +149,6 @@ def test_a_smoke_reply_says_whether_it_gave_the_lock_back(tmp_path: Path) -> Non
     def handler(op: str, args: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "results": [], "failures": [], "released": released}
 
-    target = host(tmp_path)
+    target = scripted_host(tmp_path)
     ctl = EngineControl(HostOperations(ScriptedTransport(handler), target), target, Playbook())
     assert ctl.smoke(log_offset=None, release_lock="run-1").lock_released is True

@@ -30,6 +30,4 @@ def test_the_readme_selectors_below_the_statement_load() -> None:
     selectors = [s for s in selectors if "kind" not in s]
     assert len(selectors) == 3
     for selector in selectors:
-        make_patch(
-            f'[[edits]]\nkind = "replace"\nscope = "f"\nselect = {selector}\ncode = "x"\n'
-        )
+        make_patch(f'[[edits]]\nkind = "replace"\nscope = "f"\nselect = {selector}\ncode = "x"\n')

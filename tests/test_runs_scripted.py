@@ -64,24 +64,15 @@ class FakeHost:
         return self.root / "state"
 
     def host(self) -> Host:
-        return Host(
-            name=self.name,
-            inventory="scripted",
-            address=self.name,
-            port=None,
-            user=None,
-            identity_file=None,
-            known_hosts=None,
-            jump=None,
-            transport="ssh",
-            state_dir=str(self.state),
-            vars={},
-            engine=EngineSettings(
+        return Host.local(
+            self.name,
+            str(self.state),
+            EngineSettings(
                 python="/opt/sglang/bin/python",
                 speculative=True,
                 restart=CommandRestart(start="serve", pid_file=str(self.root / "pid")),
             ),
-            groups=(),
+            inventory="scripted",
         )
 
     def answer(self, op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal:

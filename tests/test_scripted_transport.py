@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,21 +37,8 @@ def sha(data: bytes) -> str:
 
 
 def scripted_host(state_dir: Path, name: str = "h1") -> Host:
-    return Host(
-        name=name,
-        inventory="test",
-        address="192.0.2.1",
-        port=None,
-        user=None,
-        identity_file=None,
-        known_hosts=None,
-        jump=None,
-        transport="ssh",
-        state_dir=str(state_dir),
-        vars={},
-        engine=EngineSettings(python=sys.executable),
-        groups=(),
-    )
+    """A host the scripted transport answers for (no transport of its own is opened)."""
+    return Host.local(name, str(state_dir), EngineSettings(python=sys.executable), inventory="test")
 
 
 FACTS: dict[str, Any] = {
@@ -180,11 +168,11 @@ def test_the_real_transports_are_context_managers_that_close(tmp_path: Path) -> 
     from opspatch.hosts.operations import open_transport
     from opspatch.hosts.transport.base import Command
 
-    host = scripted_host(tmp_path)
-    local = Host(**{**host.__dict__, "transport": "local"})
+    local = scripted_host(tmp_path)
     with open_transport(local) as transport:
         assert transport.run(Command(("true",)), timeout=10).ok
-    with open_transport(host) as ssh:  # nothing is connected until the first run
+    remote = replace(local, transport="ssh", address="192.0.2.1")
+    with open_transport(remote) as ssh:  # nothing is connected until the first run
         assert ssh.exec_count == 0
 
 

@@ -247,13 +247,11 @@ def recover(
     ledger = options.open_ledger()
     factory = options.connector(accept_new_host_keys=accept_new_host_keys)
     playbook_obj = with_lease_expiry(options.load_playbook(playbook), lease_expiry)
-    if hosts is not None:
-        if run is not None:
-            raise InputError("recover takes --run RUN_ID or --hosts TARGET, not both")
-        selected = options.hosts(hosts)
-        names = [h.name for h in selected]
-        confirm_or_refuse(f"Recover {len(names)} host(s): {', '.join(names)}?", yes=yes)
-        with LiveProgress(names, enabled=not as_json) as progress:
+
+    def recover_by_host(selected: tuple[Host, ...], question: str) -> NoReturn:
+        """Whatever run touched them: confirm, recover, print the report and exit."""
+        confirm_or_refuse(question, yes=yes)
+        with LiveProgress([h.name for h in selected], enabled=not as_json) as progress:
             report = recover_hosts(
                 ledger=ledger,
                 hosts=selected,
@@ -263,6 +261,13 @@ def recover(
                 progress=progress,
             )
         finish(report, as_json)
+
+    if hosts is not None:
+        if run is not None:
+            raise InputError("recover takes --run RUN_ID or --hosts TARGET, not both")
+        selected = options.hosts(hosts)
+        names = [h.name for h in selected]
+        recover_by_host(selected, f"Recover {len(names)} host(s): {', '.join(names)}?")
     if run is None:
         interrupted = [r for r in ledger.list_runs(limit=200) if r.status == "interrupted"]
         if not interrupted:
@@ -278,21 +283,11 @@ def recover(
             # lock still held): reach them as `recover --hosts` would
             selected = hosts_of_run(list(left), {h: i for h, i in left.items() if i})
             names = [h.name for h in selected]
-            confirm_or_refuse(
+            recover_by_host(
+                selected,
                 f"No run is interrupted; recover the {len(names)} host(s) recent runs left "
                 f"needing attention ({', '.join(names)})?",
-                yes=yes,
             )
-            with LiveProgress(names, enabled=not as_json) as progress:
-                report = recover_hosts(
-                    ledger=ledger,
-                    hosts=selected,
-                    factory=factory,
-                    playbook=playbook_obj,
-                    patch=None,
-                    progress=progress,
-                )
-            finish(report, as_json)
         run = interrupted[0].run_id
     detail = ledger.get_run(run)
     require_recoverable(ledger, detail)

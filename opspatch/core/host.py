@@ -210,3 +210,33 @@ class Host:
     container: ContainerSettings | None = None
     """The container the engine runs in (None: on the host itself)."""
     router: RouterSettings | None = None
+
+    @classmethod
+    def local(
+        cls,
+        name: str,
+        state_dir: str,
+        engine: EngineSettings,
+        *,
+        inventory: str = "local",
+        container: ContainerSettings | None = None,
+    ) -> Host:
+        """This machine as a fleet of one: the local transport, no SSH settings, groups or
+        vars; operations run under `engine.python` (inside `container` when given) and keep
+        backups and the lock in `state_dir`. `inventory` is the name the ledger records."""
+        return cls(
+            name=name,
+            inventory=inventory,
+            address="localhost",
+            port=None,
+            user=None,
+            identity_file=None,
+            known_hosts=None,
+            jump=None,
+            transport="local",
+            state_dir=state_dir,
+            vars={},
+            engine=engine,
+            groups=(),
+            container=container,
+        )

@@ -19,7 +19,7 @@ import keyword
 import re
 import textwrap
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -362,7 +362,7 @@ class DiffAlternative(Alternative):
     fuzz: int | None = Field(None, ge=0, le=3)
 
 
-_EditT = TypeVar("_EditT", bound=FileSchema)
+_EditT = TypeVar("_EditT", bound="_EditKind")
 
 
 def _alternative_fields(edit: FileSchema, alternative: Alternative) -> dict[str, Any]:
@@ -407,7 +407,47 @@ def variant_label(edit: Any, variant: int) -> str:
     return f"alternatives[{variant - 1}]{named}"
 
 
-class InsertEdit(FileSchema):
+class _EditKind(FileSchema):
+    """What every edit kind shares: its `alternatives`, checked after the kind's own rules and
+    tried in order by `variants()`. Each kind declares the field itself, typed with its own
+    alternative model and last, so the JSON schema lists it where it always stood."""
+
+    if TYPE_CHECKING:
+        alternatives: Sequence[Alternative]
+
+    def _check_rules(self) -> None:
+        """The kind's rules across its fields (a ValueError naming the field); none here."""
+
+    @_model_validator(mode="after")
+    def _rules_then_alternatives(self) -> _EditKind:
+        # The edit's own rules first: an edit that breaks one is reported as itself, not as
+        # every alternative that inherits the fault.
+        self._check_rules()
+        _check_alternatives(self, self.alternatives)
+        return self
+
+    def variants(self: _EditT) -> list[_EditT]:
+        """The edit as written, then each alternative as a whole edit (validated at load time)."""
+        return _variants(self, self.alternatives)
+
+
+def _check_anchor(position: str, anchor: StatementSelector | None) -> None:
+    """`before` / `after` take an anchor; `start` / `end` take none."""
+    if position in ("before", "after") and anchor is None:
+        raise ValueError(f"position: {position!r} needs an anchor (a statement selector)")
+    if position in ("start", "end") and anchor is not None:
+        raise ValueError(f"anchor: position {position!r} takes no anchor (use before/after)")
+
+
+def _alternatives_field() -> Any:
+    return Field(
+        default_factory=list,
+        max_length=MAX_ALTERNATIVES,
+        description="Tried in order when the edit as written does not fit (other releases)",
+    )
+
+
+class InsertEdit(_EditKind):
     """Insert code into a scope.
 
     Positions: `start` (after the docstring, after `from __future__` imports in a module, and after
@@ -422,11 +462,7 @@ class InsertEdit(FileSchema):
     anchor: StatementSelector | None = None
     code: str = Field(description="Python statements to insert (dedented automatically)")
     comment: str | None = Field(None, description="Why: rendered after the marker comment")
-    alternatives: list[InsertAlternative] = Field(
-        default_factory=list,
-        max_length=MAX_ALTERNATIVES,
-        description="Tried in order when the edit as written does not fit (other releases)",
-    )
+    alternatives: list[InsertAlternative] = _alternatives_field()
 
     _scope = field_validator("scope")(_check_qualname)
 
@@ -437,26 +473,12 @@ class InsertEdit(FileSchema):
             raise ValueError("code is empty")
         return value
 
-    @_model_validator(mode="after")
-    def _anchor_matches_position(self) -> InsertEdit:
-        if self.position in ("before", "after") and self.anchor is None:
-            raise ValueError(f"position: {self.position!r} needs an anchor (a statement selector)")
-        if self.position in ("start", "end") and self.anchor is not None:
-            raise ValueError(
-                f"anchor: position {self.position!r} takes no anchor (use before/after)"
-            )
-        return self
-
-    @_model_validator(mode="after")
-    def _alternatives_are_edits(self) -> InsertEdit:
-        _check_alternatives(self, self.alternatives)
-        return self
-
-    def variants(self) -> list[InsertEdit]:
-        return _variants(self, self.alternatives)
+    def _check_rules(self) -> None:
+        """The anchor matches the position."""
+        _check_anchor(self.position, self.anchor)
 
 
-class ReplaceEdit(FileSchema):
+class ReplaceEdit(_EditKind):
     """Replace one statement or expression, selected structurally, with new code."""
 
     kind: Literal["replace"]
@@ -464,16 +486,12 @@ class ReplaceEdit(FileSchema):
     select: ReplaceSelector
     code: str
     comment: str | None = None
-    alternatives: list[ReplaceAlternative] = Field(
-        default_factory=list,
-        max_length=MAX_ALTERNATIVES,
-        description="Tried in order when the edit as written does not fit (other releases)",
-    )
+    alternatives: list[ReplaceAlternative] = _alternatives_field()
 
     _scope = field_validator("scope")(_check_qualname)
 
-    @_model_validator(mode="after")
-    def _code_fits_selection(self) -> ReplaceEdit:
+    def _check_rules(self) -> None:
+        """The code fits what is selected: an expression for an expression, else statements."""
         if self.select.selects_expressions:
             try:
                 parse_python(self.code.strip(), mode="eval")
@@ -483,18 +501,9 @@ class ReplaceEdit(FileSchema):
                 ) from None
         elif not _parse_statements(self.code, "code"):
             raise ValueError("code: is empty")
-        return self
-
-    @_model_validator(mode="after")
-    def _alternatives_are_edits(self) -> ReplaceEdit:
-        _check_alternatives(self, self.alternatives)
-        return self
-
-    def variants(self) -> list[ReplaceEdit]:
-        return _variants(self, self.alternatives)
 
 
-class DeleteEdit(FileSchema):
+class DeleteEdit(_EditKind):
     """Delete one statement (`which = "all"`: every match), selected as `replace` selects
     statements; the marker comment stands where it was.
 
@@ -506,16 +515,12 @@ class DeleteEdit(FileSchema):
     scope: str
     select: ReplaceSelector
     comment: str | None = None
-    alternatives: list[DeleteAlternative] = Field(
-        default_factory=list,
-        max_length=MAX_ALTERNATIVES,
-        description="Tried in order when the edit as written does not fit (other releases)",
-    )
+    alternatives: list[DeleteAlternative] = _alternatives_field()
 
     _scope = field_validator("scope")(_check_qualname)
 
-    @_model_validator(mode="after")
-    def _selects_statements(self) -> DeleteEdit:
+    def _check_rules(self) -> None:
+        """It selects statements, in a way that can be recognised as applied."""
         if self.select.selects_expressions:
             raise ValueError(
                 "select: a delete removes statements; use calls, assigns, "
@@ -526,18 +531,9 @@ class DeleteEdit(FileSchema):
                 f"select.which: {self.select.which!r} cannot be recognised as applied once the "
                 "statement is gone; use 'only' (select it uniquely, e.g. with matches) or 'all'"
             )
-        return self
-
-    @_model_validator(mode="after")
-    def _alternatives_are_edits(self) -> DeleteEdit:
-        _check_alternatives(self, self.alternatives)
-        return self
-
-    def variants(self) -> list[DeleteEdit]:
-        return _variants(self, self.alternatives)
 
 
-class MoveEdit(FileSchema):
+class MoveEdit(_EditKind):
     """Move one statement (chosen as `replace` chooses statements) to a new place in its
     scope: `before` / `after` the statement chosen by `anchor`, or the `start` / `end` of the
     scope's body. The statement's own text moves (re-indented to its new block), preceded
@@ -553,16 +549,12 @@ class MoveEdit(FileSchema):
     position: Literal["start", "end", "before", "after"]
     anchor: StatementSelector | None = None
     comment: str | None = None
-    alternatives: list[MoveAlternative] = Field(
-        default_factory=list,
-        max_length=MAX_ALTERNATIVES,
-        description="Tried in order when the edit as written does not fit (other releases)",
-    )
+    alternatives: list[MoveAlternative] = _alternatives_field()
 
     _scope = field_validator("scope")(_check_qualname)
 
-    @_model_validator(mode="after")
-    def _one_statement_to_one_place(self) -> MoveEdit:
+    def _check_rules(self) -> None:
+        """One statement, to one place."""
         if self.select.selects_expressions:
             raise ValueError(
                 "select: a move takes one statement; use calls, assigns, defines or matches"
@@ -572,24 +564,10 @@ class MoveEdit(FileSchema):
                 f"select.which: a move takes one statement, so {self.select.which!r} cannot be "
                 "recognised as applied; select it uniquely (e.g. with matches)"
             )
-        if self.position in ("before", "after") and self.anchor is None:
-            raise ValueError(f"position: {self.position!r} needs an anchor (a statement selector)")
-        if self.position in ("start", "end") and self.anchor is not None:
-            raise ValueError(
-                f"anchor: position {self.position!r} takes no anchor (use before/after)"
-            )
-        return self
-
-    @_model_validator(mode="after")
-    def _alternatives_are_edits(self) -> MoveEdit:
-        _check_alternatives(self, self.alternatives)
-        return self
-
-    def variants(self) -> list[MoveEdit]:
-        return _variants(self, self.alternatives)
+        _check_anchor(self.position, self.anchor)
 
 
-class DiffEdit(FileSchema):
+class DiffEdit(_EditKind):
     """A unified diff, applied by context like GNU patch: the hunk may move by at most
     `max_offset` lines and drop up to `fuzz` context lines at its ends; a context that matches
     more than one place is refused rather than guessed."""
@@ -598,11 +576,7 @@ class DiffEdit(FileSchema):
     diff: str
     max_offset: int = Field(200, ge=0, le=100_000)
     fuzz: int = Field(2, ge=0, le=3)
-    alternatives: list[DiffAlternative] = Field(
-        default_factory=list,
-        max_length=MAX_ALTERNATIVES,
-        description="Tried in order when the edit as written does not fit (other releases)",
-    )
+    alternatives: list[DiffAlternative] = _alternatives_field()
 
     @field_validator("diff")
     @classmethod
@@ -611,14 +585,6 @@ class DiffEdit(FileSchema):
 
         parse_unified_diff(value)  # raises ValueError with the reason
         return value
-
-    @_model_validator(mode="after")
-    def _alternatives_are_edits(self) -> DiffEdit:
-        _check_alternatives(self, self.alternatives)
-        return self
-
-    def variants(self) -> list[DiffEdit]:
-        return _variants(self, self.alternatives)
 
 
 Edit = Annotated[

@@ -111,9 +111,7 @@ class SmokeResult(JsonRecord):
         Raises:
             RemoteOperationError: `agent-bad-reply` (see `results.read_reply`).
         """
-        return read_reply(
-            cls, {**reply, "prompts": reply.get("results", [])}, host=host, step=step
-        )
+        return read_reply(cls, {**reply, "prompts": reply.get("results", [])}, host=host, step=step)
 
     def summary(self) -> str:
         if self.ok:

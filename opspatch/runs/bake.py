@@ -172,21 +172,8 @@ def _check_request(request: BakeRequest, tag: str) -> None:
 
 def _scratch_host(tag: str, scratch: ContainerSettings, python: str) -> Host:
     """The scratch container as a host of one: named by the tag the bake builds."""
-    return Host(
-        name=tag,
-        inventory="",
-        address="localhost",
-        port=None,
-        user=None,
-        identity_file=None,
-        known_hosts=None,
-        jump=None,
-        transport="local",
-        state_dir=SCRATCH_STATE_DIR,
-        vars={},
-        engine=EngineSettings(python=python),
-        groups=(),
-        container=scratch,
+    return Host.local(
+        tag, SCRATCH_STATE_DIR, EngineSettings(python=python), inventory="", container=scratch
     )
 
 

@@ -231,9 +231,7 @@ def judge_file(
     """
     if m.error is not None or m.file is None:
         state = (
-            FileState.NOT_INSTALLED
-            if m.error_code == "module-not-found"
-            else FileState.UNRESOLVED
+            FileState.NOT_INSTALLED if m.error_code == "module-not-found" else FileState.UNRESOLVED
         )
         return FileVerdict(m.module, state, m.error or "not read")
     f = m.file

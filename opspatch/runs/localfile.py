@@ -68,21 +68,7 @@ def local_file_host(python: str, state_dir: str) -> Host:
     """The controller itself as a host, for the `--file` commands: local transport, the given
     interpreter validates the new text, backups and the lock live in `state_dir`. Its name,
     `local:<hostname>`, is what the ledger and every outcome call it."""
-    return Host(
-        name=f"local:{socket.gethostname()}",
-        inventory="local",
-        address="localhost",
-        port=None,
-        user=None,
-        identity_file=None,
-        known_hosts=None,
-        jump=None,
-        transport="local",
-        state_dir=state_dir,
-        vars={},
-        engine=EngineSettings(python=python),
-        groups=(),
-    )
+    return Host.local(f"local:{socket.gethostname()}", state_dir, EngineSettings(python=python))
 
 
 def not_applicable_error(

@@ -48,9 +48,9 @@ from opspatch.runs.patchset import paths_of, read_set
 from opspatch.runs.proof import change_proof, describe
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
-from opspatch.runs.restore import ensure_running, restore_recorded, run_restore
-from opspatch.runs.session import HostFailed, HostSession, NoProgress, Progress
-from opspatch.runs.steps import prove, undo
+from opspatch.runs.restore import ensure_running, restore_recorded, restore_set, run_restore
+from opspatch.runs.session import HostSession, NoProgress, Progress
+from opspatch.runs.steps import prove_or_undo, undo
 
 _OVER = (RunStatus.FINISHED, RunStatus.INTERRUPTED, RunStatus.RECOVERED)
 
@@ -344,17 +344,14 @@ class _RecoverHost:
                 note=f"every file of the patch set is at its pre-image (all-old); server {how}",
             )
 
-        def restore_new() -> FileChange:
-            for member in reversed(found.new):
-                restore_recorded(session, member.version)
-            return found.all_old()
-
         if state == SetState.PARTLY_APPLIED:
             why = (
                 f"the patch set was partly applied ({found.describe()}): its swapped files "
                 "were put back, so the set is whole at its pre-images (all-old)"
             )
-            undone = undo(session, why, restore=restore_new, change=found.change())
+            undone = undo(
+                session, why, restore=lambda: restore_set(session, found), change=found.change()
+            )
             if undone.outcome != Outcome.ROLLED_BACK:
                 return undone
             # Making the set whole is what this recover is for: restored (or not serving).
@@ -371,14 +368,10 @@ class _RecoverHost:
                 note=f"every file of the patch set is new (all-new); {describe(proofs[0])}; "
                 f"server {how}",
             )
-        try:
-            smoke = prove(session)
-        except HostFailed as failure:
-            return undo(session, failure.error, restore=restore_new, change=found.change())
-        return session.outcome(
-            Outcome.APPLIED,
-            file=found.change(),
-            smoke=smoke,
+        return prove_or_undo(
+            session,
+            change=found.change(),
+            restore=lambda: restore_set(session, found),
             note=f"finished run {found.members[0].version.run_id}'s patch set (all-new): "
             "restarted and smoke-tested",
         )
@@ -401,19 +394,10 @@ class _RecoverHost:
             return session.outcome(
                 Outcome.APPLIED, file=change, note=f"{describe(proof)}; server {how}"
             )
-        try:
-            smoke = prove(session)
-        except HostFailed as failure:
-            return undo(
-                session,
-                failure.error,
-                restore=lambda: restore_recorded(session, version),
-                change=change,
-            )
-        return session.outcome(
-            Outcome.APPLIED,
-            file=change,
-            smoke=smoke,
+        return prove_or_undo(
+            session,
+            change=change,
+            restore=lambda: restore_recorded(session, version),
             note=f"finished run {version.run_id}'s change: restarted and smoke-tested",
         )
 

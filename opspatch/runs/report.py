@@ -108,6 +108,7 @@ class FileChange(JsonRecord):
             }
         return data
 
+
 @dataclass(frozen=True)
 class HostOutcome(JsonRecord):
     """One host's result: what happened, why, the file's hashes, and every step with timing.

@@ -23,14 +23,13 @@ from opspatch.runs.fleetrun import FleetRun
 from opspatch.runs.patchset import read_set
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
-from opspatch.runs.restore import restore_recorded
+from opspatch.runs.restore import restore_recorded, restore_set
 from opspatch.runs.session import (
-    HostFailed,
     HostSession,
     NoProgress,
     Progress,
 )
-from opspatch.runs.steps import prove, undo
+from opspatch.runs.steps import prove_or_undo
 
 
 def restart_hosts(
@@ -119,20 +118,10 @@ def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
             note=f"nothing staged: the running server (pid {server.pid}) started after the file "
             f"changed, so it already runs run {version.run_id}'s change; left alone",
         )
-    change = FileChange(version.path, version.sha256_before, version.sha256_after)
-    try:
-        smoke = prove(session)
-    except HostFailed as failure:
-        return undo(
-            session,
-            failure.error,
-            restore=lambda: restore_recorded(session, version),
-            change=change,
-        )
-    return session.outcome(
-        Outcome.APPLIED,
-        file=change,
-        smoke=smoke,
+    return prove_or_undo(
+        session,
+        change=FileChange(version.path, version.sha256_before, version.sha256_after),
+        restore=lambda: restore_recorded(session, version),
         note=f"restarted into run {version.run_id}'s change and proven",
     )
 
@@ -175,19 +164,9 @@ def _restart_set(
             note=f"nothing staged: the running server (pid {server.pid}) started after the "
             f"patch set was written, so it already runs run {run_id}'s change; left alone",
         )
-
-    def restore_all() -> FileChange:
-        for member in reversed(found.new):
-            restore_recorded(session, member.version)
-        return found.all_old()
-
-    try:
-        smoke = prove(session)
-    except HostFailed as failure:
-        return undo(session, failure.error, restore=restore_all, change=found.change())
-    return session.outcome(
-        Outcome.APPLIED,
-        file=found.change(),
-        smoke=smoke,
+    return prove_or_undo(
+        session,
+        change=found.change(),
+        restore=lambda: restore_set(session, found),
         note=f"restarted into run {run_id}'s patch set (all-new) and proven",
     )

@@ -80,6 +80,18 @@ def restore_recorded(session: HostSession, version: FileVersion) -> FileChange:
     return FileChange(version.path, restored.sha256_before, restored.sha256_after)
 
 
+def restore_set(session: HostSession, found: SetOnHost) -> FileChange:
+    """Put every new file of a patch set back at its recorded pre-image, the last swapped
+    first; the set as it then is (all-old).
+
+    Raises:
+        OpspatchError: a restore failed (the files restored before it stay restored).
+    """
+    for member in reversed(found.new):
+        restore_recorded(session, member.version)
+    return found.all_old()
+
+
 def ensure_running(session: HostSession) -> str:
     """Make sure the server answers /health: wait for it, restart it if it does not come.
     Behind a router, a worker that a crashed run left drained is re-admitted only once it is
@@ -407,8 +419,7 @@ class _Rollback:
                 note="every file of the patch set is already at its pre-image; nothing to restore",
             )
         try:
-            for member in reversed(found.new):
-                restore_recorded(session, member.version)
+            restored = restore_set(session, found)
         except OpspatchError as exc:
             return session.outcome(
                 Outcome.NEEDS_ATTENTION,
@@ -421,7 +432,7 @@ class _Rollback:
             if found.state == SetState.PARTLY_APPLIED
             else None
         )
-        return self._restart_and_prove(session, found.all_old(), note=partly)
+        return self._restart_and_prove(session, restored, note=partly)
 
     def _restart_and_prove(
         self, session: HostSession, change: FileChange, *, note: str | None

@@ -257,6 +257,22 @@ def prove(session: HostSession, *, baseline: Sequence[str | None] | None = None)
     return smoke_step(session, restart, baseline=baseline, last=True)
 
 
+def prove_or_undo(
+    session: HostSession,
+    *,
+    change: FileChange,
+    restore: Callable[[], FileChange],
+    note: str,
+) -> HostOutcome:
+    """PROVE a change already on the host: `applied` (with `note`) when it passes, else UNDO it
+    with `restore`. How `restart` and `recover` finish a change a run wrote but never proved."""
+    try:
+        smoke = prove(session)
+    except HostFailed as failure:
+        return undo(session, failure.error, restore=restore, change=change)
+    return session.outcome(Outcome.APPLIED, file=change, smoke=smoke, note=note)
+
+
 def undo(
     session: HostSession,
     why: str,

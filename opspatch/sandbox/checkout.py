@@ -46,11 +46,10 @@ from opspatch.sandbox.dist import (
     INSTALLER_NAME,
     check_version,
     dist_info_dir,
-    installed_entries,
     metadata_text,
     record_line,
     refuse_controller_site_packages,
-    remove,
+    replace_installed,
     standin_files,
     wheel_text,
 )
@@ -288,17 +287,5 @@ def install_editable(host_dir: Path, site_packages: Path, version: str) -> Path:
     checkout = make_checkout(host_dir, version)
     site_packages.mkdir(parents=True, exist_ok=True)
     files = editable_files(checkout, version)
-    staging = Path(tempfile.mkdtemp(prefix=".opspatch-editable-", dir=site_packages))
-    try:
-        for relative, data in files.items():
-            target = staging / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-            target.chmod(0o644)
-        for old in installed_entries(site_packages):
-            remove(old)
-        for top_level in sorted({relative.split("/", 1)[0] for relative in files}):
-            os.replace(staging / top_level, site_packages / top_level)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    replace_installed(site_packages, files, staging_prefix=".opspatch-editable-")
     return project_dir(checkout) / DIST_NAME

@@ -10,10 +10,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 import shutil
 import site
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -181,6 +183,27 @@ def remove(path: Path) -> None:
         path.unlink()
     else:
         shutil.rmtree(path)
+
+
+def replace_installed(
+    site_packages: Path, files: Mapping[str, bytes], *, staging_prefix: str
+) -> None:
+    """Install `files` (relative path -> bytes) into `site_packages` in place of whatever
+    `sglang` is there (`installed_entries`). They are written into a staging folder beside it
+    first, so an install that fails while writing leaves the old one whole."""
+    staging = Path(tempfile.mkdtemp(prefix=staging_prefix, dir=site_packages))
+    try:
+        for relative, data in files.items():
+            target = staging / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            target.chmod(0o644)
+        for old in installed_entries(site_packages):
+            remove(old)
+        for top_level in sorted({relative.split("/", 1)[0] for relative in files}):
+            os.replace(staging / top_level, site_packages / top_level)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def refuse_controller_site_packages(site_packages: Path) -> None:

@@ -18,11 +18,8 @@ interpreter's site-packages directories.
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from opspatch.errors import HostError, InputError
@@ -41,7 +38,7 @@ from opspatch.sandbox.dist import (
     record_hash,
     record_line,
     refuse_controller_site_packages,
-    remove,
+    replace_installed,
     standin_files,
     wheel_text,
 )
@@ -98,19 +95,7 @@ def install_standin(site_packages: Path, version: str = STANDIN_VERSION) -> Path
 
     package_files = standin_files(version)
     all_files = {**package_files, **dist_info_files(version, package_files)}
-    staging = Path(tempfile.mkdtemp(prefix=".opspatch-standin-", dir=site_packages))
-    try:
-        for relative, data in all_files.items():
-            target = staging / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-            target.chmod(0o644)
-        for old in installed_entries(site_packages):
-            remove(old)
-        for top_level in sorted({relative.split("/", 1)[0] for relative in all_files}):
-            os.replace(staging / top_level, site_packages / top_level)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    replace_installed(site_packages, all_files, staging_prefix=".opspatch-standin-")
     return site_packages / DIST_NAME
 
 

@@ -261,9 +261,7 @@ _FILE_LOADERS = (
 """The path finder's own loaders, in its order (extension, source, bytecode)."""
 
 
-def _find_in_package(
-    fullname: str, locations: list[str]
-) -> importlib.machinery.ModuleSpec | None:
+def _find_in_package(fullname: str, locations: list[str]) -> importlib.machinery.ModuleSpec | None:
     """`fullname`'s spec among its package's `locations`, as the path finder finds it, without
     importing the parent. `PathFinder.find_spec` builds a namespace package's path from its
     parent in `sys.modules` (a KeyError while the parent is not imported), and real SGLang
