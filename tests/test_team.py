@@ -23,6 +23,7 @@ from opspatch.runs.apply import apply_to_hosts
 from opspatch.runs.approval import approve_patch
 from opspatch.runs.leases import host_identity
 from opspatch.runs.recover import require_recoverable
+from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
 from tests.pgkit import BACKENDS, backend_location
 from tests.test_runs_scripted import PRISTINE, REPO, STANDIN, FakeHost, Fleet
@@ -109,15 +110,18 @@ def test_recover_run_refuses_a_run_whose_lease_is_live_naming_it(
 # -- leases on the apply path --------------------------------------------------------------------
 
 
+def lease_to_another_run(fleet: Fleet, host: FakeHost, operator: str = "alice@laptop") -> str:
+    """A run of `operator` holding a live lease on `host` (by the identity its facts give)."""
+    other = begin(fleet.ledger, operator, [host.name])
+    identity = f"{machine_id() or 'no-machine-id'}/{host_name()}:{host.state}"
+    assert fleet.ledger.take_leases(other, {host.name: identity}, expires_after=60).refused == ()
+    return other
+
+
 def test_an_apply_on_hosts_another_runs_live_lease_holds_is_refused_before_any_change(
     fleet: Fleet,
 ) -> None:
-    other = begin(fleet.ledger, "alice@laptop", ["h2"])
-    facts = {"machine_id": machine_id(), "hostname": host_name()}
-    identity = (
-        f"{facts['machine_id'] or 'no-machine-id'}/{facts['hostname']}:{fleet.hosts[1].state}"
-    )
-    assert fleet.ledger.take_leases(other, {"h2": identity}, expires_after=60).refused == ()
+    other = lease_to_another_run(fleet, fleet.hosts[1])
     report = fleet.apply()
     assert report.refused and report.exit_code == EXIT_BAD_INPUT
     assert report.halted is not None
@@ -133,6 +137,89 @@ def test_an_apply_on_hosts_another_runs_live_lease_holds_is_refused_before_any_c
         assert taken.startswith("took the lease on ") and taken.endswith(f":{host.state}")
         assert given.startswith("gave the lease on ")
     assert fleet.ledger.leases_of([str(again.run_id)]) == []
+
+
+CHANGING_OPS = {"lock", "begin", "swap", "restore", "restart", "unlock"}
+
+
+def test_rollback_restart_and_recover_on_hosts_another_runs_live_lease_holds_are_refused(
+    fleet: Fleet,
+) -> None:
+    """Every command that changes hosts takes their leases (`FleetRun.lease`): a live run's
+    lease refuses them before any change, naming its run and operator; once given back, the
+    rollback leases the hosts itself (read from their facts) and gives them back."""
+    from opspatch.runs.recover import recover_hosts
+    from opspatch.runs.restart import restart_hosts
+    from opspatch.runs.restore import rollback_hosts
+
+    assert fleet.apply().exit_code == 0
+    patched = {h.name: _sha(h.file) for h in fleet.hosts}
+    other = lease_to_another_run(fleet, fleet.hosts[1])
+    common = {
+        "ledger": fleet.ledger,
+        "hosts": [h.host() for h in fleet.hosts],
+        "factory": fleet.factory,
+        "playbook": Playbook(max_in_flight=1),
+    }
+    for command, run in (
+        ("rollback", lambda: rollback_hosts(patch=fleet.patch, **common)),  # type: ignore[arg-type]
+        ("restart", lambda: restart_hosts(**common)),  # type: ignore[arg-type]
+        ("recover", lambda: recover_hosts(patch=fleet.patch, **common)),  # type: ignore[arg-type]
+    ):
+        report = run()
+        assert report.refused and report.exit_code == EXIT_BAD_INPUT, (command, report)
+        assert f"h2 is leased to run {other} of alice@laptop (controller " in (
+            report.halted or ""
+        ), command
+        for host in fleet.hosts:
+            assert _sha(host.file) == patched[host.name], command
+            assert not (host.state / "lock.json").exists(), command
+            assert not CHANGING_OPS & set(fleet.transports[host.name].ops), command
+    fleet.ledger.give_back_leases(other)
+    report = rollback_hosts(patch=fleet.patch, **common)  # type: ignore[arg-type]
+    assert report.exit_code == 0, report
+    for host in fleet.hosts:
+        assert _sha(host.file) == PRISTINE
+        taken, given = lease_steps(fleet.ledger, str(report.run_id), host.name)
+        assert taken.startswith("took the lease on ") and taken.endswith(f":{host.state}")
+        assert given.startswith("gave the lease on ")
+    assert fleet.ledger.leases_of([str(report.run_id)]) == []
+
+
+def test_unlock_refuses_the_lock_of_a_run_whose_lease_is_live_unless_forced(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of another controller is `unknown` here, yet known to the ledger: its live lease
+    says it may be changing the host, so its lock stays unless --force."""
+    from opspatch.hosts.transport.scripted import agent_operation
+    from opspatch.ledger import store
+    from opspatch.ledger.liveness import ControllerProcess
+    from opspatch.runs.recover import unlock_hosts
+
+    elsewhere = ControllerProcess("alices-laptop", 4242, None)
+    monkeypatch.setattr(store.ControllerProcess, "current", classmethod(lambda cls: elsewhere))
+    host = fleet.hosts[1]
+    other = lease_to_another_run(fleet, host)
+    args = {"state_dir": str(host.state), "owner": "alice@laptop", "run_id": other}
+    assert isinstance(agent_operation("lock", {**args, "ttl_seconds": 1800}), dict)
+
+    def unlock(force: bool) -> RunReport:
+        return unlock_hosts(
+            ledger=fleet.ledger,
+            hosts=[host.host()],
+            factory=fleet.factory,
+            playbook=Playbook(),
+            force_unknown=force,
+        )
+
+    (refused,) = (report := unlock(False)).hosts
+    assert refused.outcome == "skipped" and report.exit_code == EXIT_BAD_INPUT
+    assert f"run {other}, whose lease is live: h2 is leased to run {other} of alice@laptop" in (
+        refused.error or ""
+    )
+    assert (host.state / "lock.json").is_file()
+    assert [h.outcome for h in unlock(True).hosts] == ["unlocked"]
+    assert not (host.state / "lock.json").exists()
 
 
 def _sha(path: Path) -> str:
