@@ -385,3 +385,70 @@ def test_a_run_of_another_controller_is_recoverable_once_its_lease_expired_and_n
         require_recoverable(ledger, ledger.get_run(leased))  # expired: may be taken over
         with pytest.raises(InputError, match="is unknown, not interrupted"):
             require_recoverable(ledger, ledger.get_run(bare))
+
+
+# -- approval asked by the fleet file ------------------------------------------------------------
+
+
+def test_a_fleet_file_asks_for_approval_with_its_signers_file_relative_to_itself(
+    tmp_path: Path,
+) -> None:
+    from opspatch.config.fleet import load_fleet
+    from opspatch.config.lookup import Workspace
+    from opspatch.errors import SpecError
+    from tests.test_fleet_desired import INVENTORY
+
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "inventories").mkdir()
+    shutil.copy(REPO / "patches" / "eagle-init-guard.toml", tmp_path / "patches")
+    (tmp_path / "inventories" / "lab.toml").write_text(INVENTORY)
+    workspace = Workspace(tmp_path, tmp_path / "state")
+    entry = '[[patches]]\nid = "eagle-init-guard"\nhosts = ["lab"]\n'
+    (tmp_path / "fleet.toml").write_text(entry)
+    assert load_fleet(workspace).allowed_signers is None
+    (tmp_path / "fleet.toml").write_text(entry + "[team]\nrequire_approval = true\n")
+    with pytest.raises(SpecError) as missing:
+        load_fleet(workspace)
+    assert missing.value.message.startswith(f"{tmp_path}/fleet.toml:5: team.require_approval: ")
+    assert "allowed_signers" in missing.value.message
+    (tmp_path / "fleet.toml").write_text(
+        entry + '[team]\nrequire_approval = true\nallowed_signers = "keys/allowed"\n'
+    )
+    desired = load_fleet(workspace)
+    assert desired.allowed_signers == str(tmp_path / "keys" / "allowed")
+    governed = desired.governing(Playbook()).team
+    assert governed.require_approval and governed.allowed_signers == desired.allowed_signers
+
+
+def test_sync_under_a_fleet_file_asking_for_approval_needs_a_second_operators_signature(
+    fleet: Fleet, signers: Signers
+) -> None:
+    """The playbook asks nothing; the fleet file's [team] does, and sync applies through the
+    apply's approval check: refused unsigned before any host is changed, then signed by bob."""
+    from opspatch.config.fleet import DesiredPatch, DesiredState
+    from opspatch.errors import Location
+    from opspatch.runs.sync import sync_fleet
+
+    hosts = [h.host() for h in fleet.hosts]
+    desired = DesiredState(
+        path="fleet.toml",
+        entries=(
+            DesiredPatch(fleet.patch, tuple(h.name for h in hosts), "", Location("fleet.toml", 2)),
+        ),
+        hosts={h.name: h for h in hosts},
+        allowed_signers=str(signers.allowed),
+    )
+    playbook = Playbook(canary=0, batch=BatchSize(count=10), max_failures=1)
+
+    def sync() -> list[RunReport]:
+        done = sync_fleet(desired, hosts, [], playbook, factory=fleet.factory, ledger=fleet.ledger)
+        return list(done.runs)
+
+    with pytest.raises(ApprovalRefused, match="nobody signed it"):
+        sync()
+    assert all(_sha(h.file) == PRISTINE for h in fleet.hosts)
+    sign(fleet, signers, "bob", "bob")
+    (run,) = sync()
+    assert run.exit_code == 0 and run.command == "sync", run
+    assert fleet.ledger.get_run(str(run.run_id)).summary.approved_by == ("bob",)
+    assert all(_sha(h.file) != PRISTINE for h in fleet.hosts)

@@ -354,6 +354,7 @@ def sync_fleet(
         LedgerIntegrityError: the ledger's chain is broken (nothing begun).
     """
     progress = progress or NoProgress()
+    playbook = desired.governing(playbook)  # the fleet file's [team] approval, if it asks
     before = before or plan_fleet(desired, hosts, others, factory, ledger)
     by_name = {h.name: h for h in hosts}
     runs: list[RunReport] = []
