@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -452,3 +453,34 @@ def test_sync_under_a_fleet_file_asking_for_approval_needs_a_second_operators_si
     assert run.exit_code == 0 and run.command == "sync", run
     assert fleet.ledger.get_run(str(run.run_id)).summary.approved_by == ("bob",)
     assert all(_sha(h.file) != PRISTINE for h in fleet.hosts)
+
+
+def test_check_verifies_each_recorded_signature_against_the_playbooks_signers(
+    fleet: Fleet, signers: Signers, tmp_path: Path
+) -> None:
+    from tests.clirunner import opspatch
+
+    (tmp_path / "patches").mkdir()
+    shutil.copy(REPO / "patches" / "eagle-init-guard.toml", tmp_path / "patches")
+    (tmp_path / "playbooks").mkdir()
+    playbook = tmp_path / "playbooks" / "guarded.toml"
+    playbook.write_text(f'[team]\nrequire_approval = true\nallowed_signers = "{signers.allowed}"\n')
+    sign(fleet, signers, "bob", "bob")
+    sign(fleet, signers, "mallory", "carol")  # a key the allowed_signers file does not list
+
+    def check(*extra: str) -> Any:
+        return opspatch(
+            "--ledger", str(tmp_path / "ledger.sqlite3"), "check", "eagle-init-guard", *extra,
+            cwd=tmp_path, env={"OPSPATCH_HOME": str(tmp_path)},
+        )  # fmt: skip
+
+    done = check("--playbook", "guarded", "--json")
+    assert done.code == 0, done.stderr
+    (result,) = done.json()["patches"]
+    verdicts = {s["principal"]: s["verified"] for s in result["signed_by"]}
+    assert verdicts == {"bob": True, "carol": False}
+    text = check("--playbook", "guarded").stdout
+    assert f"signed by bob (verified against {signers.allowed};" in text
+    assert f"signed by carol (does NOT verify against {signers.allowed}: apply refuses it" in text
+    plain = check().stdout  # no playbook naming allowed_signers: said, not implied
+    assert "signed by bob (unverified: no allowed_signers in the playbook" in plain
