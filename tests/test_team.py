@@ -26,7 +26,7 @@ from opspatch.runs.leases import host_identity
 from opspatch.runs.recover import require_recoverable
 from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
-from tests.pgkit import BACKENDS, backend_location
+from tests.pgkit import BACKENDS, WRITER, PostgresServer, backend_location
 from tests.test_runs_scripted import PRISTINE, REPO, STANDIN, FakeHost, Fleet
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen")
@@ -484,3 +484,79 @@ def test_check_verifies_each_recorded_signature_against_the_playbooks_signers(
     assert f"signed by carol (does NOT verify against {signers.allowed}: apply refuses it" in text
     plain = check().stdout  # no playbook naming allowed_signers: said, not implied
     assert "signed by bob (unverified: no allowed_signers in the playbook" in plain
+
+
+# -- a lease held across a cut connection ------------------------------------------------------
+
+
+@dataclass
+class Notices:
+    """A Progress that keeps what the run says to its operator."""
+
+    said: list[str]
+
+    def run_started(self, run_id: str, summary: str) -> None:
+        return None
+
+    def update(self, host: str, step: str, status: str) -> None:
+        return None
+
+    def notice(self, text: str) -> None:
+        self.said.append(text)
+
+
+def test_a_lease_held_across_a_cut_ledger_connection_is_reported_then_taken_over_once_expired(
+    postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Controller A's connection to the PostgreSQL ledger is ended by the server (as a network
+    cut or a restarted server ends it): A's heartbeat says so and, once its expiry passed with no
+    beat through, A has lost its leases; B sees A's lease live until then, and takes it over."""
+    from opspatch.ledger import store
+    from opspatch.ledger.liveness import ControllerProcess
+    from opspatch.runs.leases import Heartbeat
+    from opspatch.runs.recorder import LedgerRecorder
+
+    elsewhere = ControllerProcess("alices-laptop", 4242, None)  # A's run is another machine's
+    monkeypatch.setattr(store.ControllerProcess, "current", classmethod(lambda cls: elsewhere))
+    location, expiry, notices = postgres.fresh_ledger(), 6.0, Notices([])
+    with Ledger.open(location) as alice:
+        a = begin(alice, "alice@laptop", ["g"])
+        assert alice.take_leases(a, {"g": "m/g:/s"}, expires_after=expiry).refused == ()
+        with postgres.admin() as admin:
+            query = "SELECT pid FROM pg_stat_activity WHERE usename = %s"
+            (a_backend,) = [row[0] for row in admin.execute(query, (WRITER,))]
+        heartbeat = Heartbeat(LedgerRecorder(alice, a), expiry, notices, held=1).start()
+        try:
+            with Ledger.open(location) as bob, postgres.admin() as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (a_backend,))
+                assert wait_until(lambda: bool(notices.said), timeout=30, interval=0.05)
+                assert "the ledger did not take this run's lease heartbeat" in notices.said[0]
+                (lease,) = bob.leases_of([a])
+                assert lease.live, lease  # the lease outlives the cut until its expiry
+                b = begin(bob, "bob@jump", ["g"])
+                refused = bob.take_leases(b, {"g": "m/g:/s"}, expires_after=60).refused
+                assert [h.run_id for h in refused] == [a]
+                with pytest.raises(LeaseHeld, match=f"run {a} is alive"):
+                    require_recoverable(bob, bob.get_run(a))
+                assert wait_until(lambda: not bob.leases_of([a])[0].live, timeout=60)
+                require_recoverable(bob, bob.get_run(a))  # expired: B may take A's run over
+                grant = bob.take_leases(b, {"g": "m/g:/s"}, expires_after=60)
+                assert [h.run_id for h in grant.taken_over] == [a]
+            assert wait_until(lambda: heartbeat.lost is not None, timeout=30, interval=0.05)
+            assert "leases could not be renewed" in str(heartbeat.lost)
+        finally:
+            heartbeat.stop()
+
+
+def test_a_run_that_lost_its_leases_starts_no_more_hosts(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opspatch.runs.leases import Heartbeat
+
+    lost = "this run's leases could not be renewed for 61 s (longer than their 60 s expiry): cut"
+    monkeypatch.setattr(Heartbeat, "lost", property(lambda self: lost))
+    report = fleet.apply()
+    assert report.halted is not None and lost in report.halted
+    for outcome in report.hosts:
+        assert outcome.outcome == "skipped" and f"not started: {lost}" in (outcome.error or "")
+    assert all(_sha(h.file) == PRISTINE for h in fleet.hosts)

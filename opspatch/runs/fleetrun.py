@@ -187,6 +187,9 @@ class FleetRun:
         def one(name: str) -> HostOutcome:
             session = self.sessions[name]
             try:
+                lost = self._lease_lost()
+                if lost:  # another operator may be changing it now
+                    return session.outcome(Outcome.SKIPPED, f"not started: {lost}")
                 return per_host(session)
             except (LockHeld, BecomeError, HostKeyError) as exc:  # nothing changed there
                 return session.refused(exc)
@@ -200,7 +203,7 @@ class FleetRun:
                 session.lock.release()
 
         def halt_or_out_of_rotation(outcomes: Mapping[str, HostOutcome]) -> str | None:
-            return halt(outcomes) or halt_on_out_of_rotation(outcomes)
+            return halt(outcomes) or halt_on_out_of_rotation(outcomes) or self._lease_lost()
 
         try:
             result = run_fleet(
@@ -265,8 +268,15 @@ class FleetRun:
         for holder in grant.taken_over:
             self.progress.notice(f"{holder.host}: took over the lease of {holder.describe()}")
         if known:
-            self._heartbeat = Heartbeat(self.recorder, self.playbook.team.lease_expiry).start()
+            self._heartbeat = Heartbeat(
+                self.recorder, self.playbook.team.lease_expiry, self.progress, held=len(known)
+            ).start()
         return None
+
+    def _lease_lost(self) -> str | None:
+        """Why this run may no longer change its hosts (its leases lost); None while held."""
+        lost = self._heartbeat.lost if self._heartbeat is not None else None
+        return f"{lost}; no more hosts are started" if lost else None
 
     def _read_identities(self, names: Sequence[str]) -> dict[str, str] | None:
         """Each host's identity from its facts (None: the operator cancelled); a host that
