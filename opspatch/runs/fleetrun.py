@@ -269,7 +269,10 @@ class FleetRun:
             self.progress.notice(f"{holder.host}: took over the lease of {holder.describe()}")
         if known:
             self._heartbeat = Heartbeat(
-                self.recorder, self.playbook.team.lease_expiry, self.progress, held=len(known)
+                self.recorder,
+                self.playbook.team.lease_expiry,
+                self.progress,
+                held=len(set(known.values())),  # one machine by two inventory names: one lease
             ).start()
         return None
 
