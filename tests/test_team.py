@@ -453,6 +453,9 @@ def test_sync_under_a_fleet_file_asking_for_approval_needs_a_second_operators_si
     assert run.exit_code == 0 and run.command == "sync", run
     assert fleet.ledger.get_run(str(run.run_id)).summary.approved_by == ("bob",)
     assert all(_sha(h.file) != PRISTINE for h in fleet.hosts)
+    for host in fleet.hosts:  # sync applies through the apply's fleet run: leased too
+        taken, given = lease_steps(fleet.ledger, str(run.run_id), host.name)
+        assert taken.startswith("took the lease on ") and given.startswith("gave the lease on ")
 
 
 def test_check_verifies_each_recorded_signature_against_the_playbooks_signers(
