@@ -486,7 +486,7 @@ class FaultFleet:
         assert out.get("text") == self.texts[name], (name, out)
         assert out["meta_info"]["spec_verify_ct"] > 0, (name, out)
 
-    def status(self, ledger: Path | None = None) -> dict[str, dict[str, Any]]:
+    def status(self, ledger: Path | str | None = None) -> dict[str, dict[str, Any]]:
         run = self.cli(
             *_ledger(ledger), "status", "--hosts", INVENTORY, "--patch", PATCH_ID, "--json"
         )
@@ -509,7 +509,7 @@ class FaultFleet:
         return run_id
 
     def check_invariant(
-        self, outcomes: Mapping[str, str] | None = None, *, ledger: Path | None = None
+        self, outcomes: Mapping[str, str] | None = None, *, ledger: Path | str | None = None
     ) -> dict[str, str]:
         """Issue 9's invariant on every host, read from outside; each host's state.
 
@@ -609,7 +609,7 @@ def end_leftovers(root: Path) -> None:
                 os.kill(int(entry.name), signal.SIGKILL)
 
 
-def _ledger(path: Path | None) -> tuple[str, ...]:
+def _ledger(path: Path | str | None) -> tuple[str, ...]:
     return ("--ledger", str(path)) if path is not None else ()
 
 

@@ -278,3 +278,42 @@ def test_a_libpq_string_with_a_password_is_refused_not_taken_for_a_file(tmp_path
     assert "libpq connection string with a password" in done.stderr
     assert "hunter2" not in done.stdout + done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_migrate_gives_a_v1_team_ledger_the_leases_table_and_keeps_its_chain(
+    postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ledger made by the release before leases (migration 1 alone) and written to; migrate
+    brings it to the newest version with the writer granted the leases, the chain unchanged."""
+    from opspatch.ledger import postgres as pg_backend
+    from opspatch.ledger.database import migrate
+
+    schema = f"ledger_v1_{next(postgres._schemas)}"
+    with postgres.admin() as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    owner = PostgresLedger(postgres.url(schema=schema))
+    with monkeypatch.context() as v1:
+        v1.setattr(pg_backend, "SCHEMA_VERSION", 1)
+        assert migrate(owner, None).version == 1
+        with Ledger.open(owner) as ledger:
+            run_id = full_run(ledger)
+            before = ledger.verify()
+    assert before.ok and before.events_checked > 0
+    with psycopg.connect(owner.url, autocommit=True) as conn:
+        assert conn.execute(f"SELECT to_regclass('{schema}.leases')").fetchone() == (None,)
+    with pytest.raises(LedgerError, match="schema version 1") as old:
+        Ledger.open(owner)
+    assert "ledger migrate" in (old.value.hint or "")
+    done = opspatch("--ledger", owner.url, "ledger", "migrate", "--json", "--writer-role", WRITER)
+    assert done.code == 0, done.stderr
+    assert (done.json()["version_before"], done.json()["version"]) == (1, PG_SCHEMA_VERSION)
+    writer = PostgresLedger(postgres.url(WRITER, schema))
+    with Ledger.open(writer) as ledger:
+        after = ledger.verify()
+        assert after.ok and after.head_hash == before.head_hash
+        assert after.events_checked == before.events_checked
+        assert ledger.get_run(run_id).summary.status == "finished"
+        later = begin(ledger, hosts=("gpu-01",))
+        grant = ledger.take_leases(later, {"gpu-01": "m/gpu-01:/s"}, expires_after=60)
+        assert grant.refused == () and [h.run_id for h in ledger.leases_of([later])] == [later]
+        assert ledger.verify().ok

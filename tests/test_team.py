@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,8 +24,9 @@ from opspatch.runs.apply import apply_to_hosts
 from opspatch.runs.approval import approve_patch
 from opspatch.runs.leases import host_identity
 from opspatch.runs.recover import require_recoverable
+from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
-from tests.pgkit import BACKENDS, backend_location
+from tests.pgkit import BACKENDS, WRITER, PostgresServer, backend_location
 from tests.test_runs_scripted import PRISTINE, REPO, STANDIN, FakeHost, Fleet
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen")
@@ -109,15 +111,18 @@ def test_recover_run_refuses_a_run_whose_lease_is_live_naming_it(
 # -- leases on the apply path --------------------------------------------------------------------
 
 
+def lease_to_another_run(fleet: Fleet, host: FakeHost, operator: str = "alice@laptop") -> str:
+    """A run of `operator` holding a live lease on `host` (by the identity its facts give)."""
+    other = begin(fleet.ledger, operator, [host.name])
+    identity = f"{machine_id() or 'no-machine-id'}/{host_name()}:{host.state}"
+    assert fleet.ledger.take_leases(other, {host.name: identity}, expires_after=60).refused == ()
+    return other
+
+
 def test_an_apply_on_hosts_another_runs_live_lease_holds_is_refused_before_any_change(
     fleet: Fleet,
 ) -> None:
-    other = begin(fleet.ledger, "alice@laptop", ["h2"])
-    facts = {"machine_id": machine_id(), "hostname": host_name()}
-    identity = (
-        f"{facts['machine_id'] or 'no-machine-id'}/{facts['hostname']}:{fleet.hosts[1].state}"
-    )
-    assert fleet.ledger.take_leases(other, {"h2": identity}, expires_after=60).refused == ()
+    other = lease_to_another_run(fleet, fleet.hosts[1])
     report = fleet.apply()
     assert report.refused and report.exit_code == EXIT_BAD_INPUT
     assert report.halted is not None
@@ -133,6 +138,89 @@ def test_an_apply_on_hosts_another_runs_live_lease_holds_is_refused_before_any_c
         assert taken.startswith("took the lease on ") and taken.endswith(f":{host.state}")
         assert given.startswith("gave the lease on ")
     assert fleet.ledger.leases_of([str(again.run_id)]) == []
+
+
+CHANGING_OPS = {"lock", "begin", "swap", "restore", "restart", "unlock"}
+
+
+def test_rollback_restart_and_recover_on_hosts_another_runs_live_lease_holds_are_refused(
+    fleet: Fleet,
+) -> None:
+    """Every command that changes hosts takes their leases (`FleetRun.lease`): a live run's
+    lease refuses them before any change, naming its run and operator; once given back, the
+    rollback leases the hosts itself (read from their facts) and gives them back."""
+    from opspatch.runs.recover import recover_hosts
+    from opspatch.runs.restart import restart_hosts
+    from opspatch.runs.restore import rollback_hosts
+
+    assert fleet.apply().exit_code == 0
+    patched = {h.name: _sha(h.file) for h in fleet.hosts}
+    other = lease_to_another_run(fleet, fleet.hosts[1])
+    common = {
+        "ledger": fleet.ledger,
+        "hosts": [h.host() for h in fleet.hosts],
+        "factory": fleet.factory,
+        "playbook": Playbook(max_in_flight=1),
+    }
+    for command, run in (
+        ("rollback", lambda: rollback_hosts(patch=fleet.patch, **common)),  # type: ignore[arg-type]
+        ("restart", lambda: restart_hosts(**common)),  # type: ignore[arg-type]
+        ("recover", lambda: recover_hosts(patch=fleet.patch, **common)),  # type: ignore[arg-type]
+    ):
+        report = run()
+        assert report.refused and report.exit_code == EXIT_BAD_INPUT, (command, report)
+        assert f"h2 is leased to run {other} of alice@laptop (controller " in (
+            report.halted or ""
+        ), command
+        for host in fleet.hosts:
+            assert _sha(host.file) == patched[host.name], command
+            assert not (host.state / "lock.json").exists(), command
+            assert not CHANGING_OPS & set(fleet.transports[host.name].ops), command
+    fleet.ledger.give_back_leases(other)
+    report = rollback_hosts(patch=fleet.patch, **common)  # type: ignore[arg-type]
+    assert report.exit_code == 0, report
+    for host in fleet.hosts:
+        assert _sha(host.file) == PRISTINE
+        taken, given = lease_steps(fleet.ledger, str(report.run_id), host.name)
+        assert taken.startswith("took the lease on ") and taken.endswith(f":{host.state}")
+        assert given.startswith("gave the lease on ")
+    assert fleet.ledger.leases_of([str(report.run_id)]) == []
+
+
+def test_unlock_refuses_the_lock_of_a_run_whose_lease_is_live_unless_forced(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of another controller is `unknown` here, yet known to the ledger: its live lease
+    says it may be changing the host, so its lock stays unless --force."""
+    from opspatch.hosts.transport.scripted import agent_operation
+    from opspatch.ledger import store
+    from opspatch.ledger.liveness import ControllerProcess
+    from opspatch.runs.recover import unlock_hosts
+
+    elsewhere = ControllerProcess("alices-laptop", 4242, None)
+    monkeypatch.setattr(store.ControllerProcess, "current", classmethod(lambda cls: elsewhere))
+    host = fleet.hosts[1]
+    other = lease_to_another_run(fleet, host)
+    args = {"state_dir": str(host.state), "owner": "alice@laptop", "run_id": other}
+    assert isinstance(agent_operation("lock", {**args, "ttl_seconds": 1800}), dict)
+
+    def unlock(force: bool) -> RunReport:
+        return unlock_hosts(
+            ledger=fleet.ledger,
+            hosts=[host.host()],
+            factory=fleet.factory,
+            playbook=Playbook(),
+            force_unknown=force,
+        )
+
+    (refused,) = (report := unlock(False)).hosts
+    assert refused.outcome == "skipped" and report.exit_code == EXIT_BAD_INPUT
+    assert f"run {other}, whose lease is live: h2 is leased to run {other} of alice@laptop" in (
+        refused.error or ""
+    )
+    assert (host.state / "lock.json").is_file()
+    assert [h.outcome for h in unlock(True).hosts] == ["unlocked"]
+    assert not (host.state / "lock.json").exists()
 
 
 def _sha(path: Path) -> str:
@@ -346,3 +434,180 @@ def test_a_run_of_another_controller_is_recoverable_once_its_lease_expired_and_n
         require_recoverable(ledger, ledger.get_run(leased))  # expired: may be taken over
         with pytest.raises(InputError, match="is unknown, not interrupted"):
             require_recoverable(ledger, ledger.get_run(bare))
+
+
+# -- approval asked by the fleet file ------------------------------------------------------------
+
+
+def test_a_fleet_file_asks_for_approval_with_its_signers_file_relative_to_itself(
+    tmp_path: Path,
+) -> None:
+    from opspatch.config.fleet import load_fleet
+    from opspatch.config.lookup import Workspace
+    from opspatch.errors import SpecError
+    from tests.test_fleet_desired import INVENTORY
+
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "inventories").mkdir()
+    shutil.copy(REPO / "patches" / "eagle-init-guard.toml", tmp_path / "patches")
+    (tmp_path / "inventories" / "lab.toml").write_text(INVENTORY)
+    workspace = Workspace(tmp_path, tmp_path / "state")
+    entry = '[[patches]]\nid = "eagle-init-guard"\nhosts = ["lab"]\n'
+    (tmp_path / "fleet.toml").write_text(entry)
+    assert load_fleet(workspace).allowed_signers is None
+    (tmp_path / "fleet.toml").write_text(entry + "[team]\nrequire_approval = true\n")
+    with pytest.raises(SpecError) as missing:
+        load_fleet(workspace)
+    assert missing.value.message.startswith(f"{tmp_path}/fleet.toml:5: team.require_approval: ")
+    assert "allowed_signers" in missing.value.message
+    (tmp_path / "fleet.toml").write_text(
+        entry + '[team]\nrequire_approval = true\nallowed_signers = "keys/allowed"\n'
+    )
+    desired = load_fleet(workspace)
+    assert desired.allowed_signers == str(tmp_path / "keys" / "allowed")
+    governed = desired.governing(Playbook()).team
+    assert governed.require_approval and governed.allowed_signers == desired.allowed_signers
+
+
+def test_sync_under_a_fleet_file_asking_for_approval_needs_a_second_operators_signature(
+    fleet: Fleet, signers: Signers
+) -> None:
+    """The playbook asks nothing; the fleet file's [team] does, and sync applies through the
+    apply's approval check: refused unsigned before any host is changed, then signed by bob."""
+    from opspatch.config.fleet import DesiredPatch, DesiredState
+    from opspatch.errors import Location
+    from opspatch.runs.sync import sync_fleet
+
+    hosts = [h.host() for h in fleet.hosts]
+    desired = DesiredState(
+        path="fleet.toml",
+        entries=(
+            DesiredPatch(fleet.patch, tuple(h.name for h in hosts), "", Location("fleet.toml", 2)),
+        ),
+        hosts={h.name: h for h in hosts},
+        allowed_signers=str(signers.allowed),
+    )
+    playbook = Playbook(canary=0, batch=BatchSize(count=10), max_failures=1)
+
+    def sync() -> list[RunReport]:
+        done = sync_fleet(desired, hosts, [], playbook, factory=fleet.factory, ledger=fleet.ledger)
+        return list(done.runs)
+
+    with pytest.raises(ApprovalRefused, match="nobody signed it"):
+        sync()
+    assert all(_sha(h.file) == PRISTINE for h in fleet.hosts)
+    sign(fleet, signers, "bob", "bob")
+    (run,) = sync()
+    assert run.exit_code == 0 and run.command == "sync", run
+    assert fleet.ledger.get_run(str(run.run_id)).summary.approved_by == ("bob",)
+    assert all(_sha(h.file) != PRISTINE for h in fleet.hosts)
+    for host in fleet.hosts:  # sync applies through the apply's fleet run: leased too
+        taken, given = lease_steps(fleet.ledger, str(run.run_id), host.name)
+        assert taken.startswith("took the lease on ") and given.startswith("gave the lease on ")
+
+
+def test_check_verifies_each_recorded_signature_against_the_playbooks_signers(
+    fleet: Fleet, signers: Signers, tmp_path: Path
+) -> None:
+    from tests.clirunner import opspatch
+
+    (tmp_path / "patches").mkdir()
+    shutil.copy(REPO / "patches" / "eagle-init-guard.toml", tmp_path / "patches")
+    (tmp_path / "playbooks").mkdir()
+    playbook = tmp_path / "playbooks" / "guarded.toml"
+    playbook.write_text(f'[team]\nrequire_approval = true\nallowed_signers = "{signers.allowed}"\n')
+    sign(fleet, signers, "bob", "bob")
+    sign(fleet, signers, "mallory", "carol")  # a key the allowed_signers file does not list
+
+    def check(*extra: str) -> Any:
+        return opspatch(
+            "--ledger", str(tmp_path / "ledger.sqlite3"), "check", "eagle-init-guard", *extra,
+            cwd=tmp_path, env={"OPSPATCH_HOME": str(tmp_path)},
+        )  # fmt: skip
+
+    done = check("--playbook", "guarded", "--json")
+    assert done.code == 0, done.stderr
+    (result,) = done.json()["patches"]
+    verdicts = {s["principal"]: s["verified"] for s in result["signed_by"]}
+    assert verdicts == {"bob": True, "carol": False}
+    text = check("--playbook", "guarded").stdout
+    assert f"signed by bob (verified against {signers.allowed};" in text
+    assert f"signed by carol (does NOT verify against {signers.allowed}: apply refuses it" in text
+    plain = check().stdout  # no playbook naming allowed_signers: said, not implied
+    assert "signed by bob (unverified: no allowed_signers in the playbook" in plain
+
+
+# -- a lease held across a cut connection ------------------------------------------------------
+
+
+@dataclass
+class Notices:
+    """A Progress that keeps what the run says to its operator."""
+
+    said: list[str]
+
+    def run_started(self, run_id: str, summary: str) -> None:
+        return None
+
+    def update(self, host: str, step: str, status: str) -> None:
+        return None
+
+    def notice(self, text: str) -> None:
+        self.said.append(text)
+
+
+def test_a_lease_held_across_a_cut_ledger_connection_is_reported_then_taken_over_once_expired(
+    postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Controller A's connection to the PostgreSQL ledger is ended by the server (as a network
+    cut or a restarted server ends it): A's heartbeat says so and, once its expiry passed with no
+    beat through, A has lost its leases; B sees A's lease live until then, and takes it over."""
+    from opspatch.ledger import store
+    from opspatch.ledger.liveness import ControllerProcess
+    from opspatch.runs.leases import Heartbeat
+    from opspatch.runs.recorder import LedgerRecorder
+
+    elsewhere = ControllerProcess("alices-laptop", 4242, None)  # A's run is another machine's
+    monkeypatch.setattr(store.ControllerProcess, "current", classmethod(lambda cls: elsewhere))
+    location, expiry, notices = postgres.fresh_ledger(), 6.0, Notices([])
+    with Ledger.open(location) as alice:
+        a = begin(alice, "alice@laptop", ["g"])
+        assert alice.take_leases(a, {"g": "m/g:/s"}, expires_after=expiry).refused == ()
+        with postgres.admin() as admin:
+            query = "SELECT pid FROM pg_stat_activity WHERE usename = %s"
+            (a_backend,) = [row[0] for row in admin.execute(query, (WRITER,))]
+        heartbeat = Heartbeat(LedgerRecorder(alice, a), expiry, notices, held=1).start()
+        try:
+            with Ledger.open(location) as bob, postgres.admin() as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (a_backend,))
+                assert wait_until(lambda: bool(notices.said), timeout=30, interval=0.05)
+                assert "the ledger did not take this run's lease heartbeat" in notices.said[0]
+                (lease,) = bob.leases_of([a])
+                assert lease.live, lease  # the lease outlives the cut until its expiry
+                b = begin(bob, "bob@jump", ["g"])
+                refused = bob.take_leases(b, {"g": "m/g:/s"}, expires_after=60).refused
+                assert [h.run_id for h in refused] == [a]
+                with pytest.raises(LeaseHeld, match=f"run {a} is alive"):
+                    require_recoverable(bob, bob.get_run(a))
+                assert wait_until(lambda: not bob.leases_of([a])[0].live, timeout=60)
+                require_recoverable(bob, bob.get_run(a))  # expired: B may take A's run over
+                grant = bob.take_leases(b, {"g": "m/g:/s"}, expires_after=60)
+                assert [h.run_id for h in grant.taken_over] == [a]
+            assert wait_until(lambda: heartbeat.lost is not None, timeout=30, interval=0.05)
+            assert "leases could not be renewed" in str(heartbeat.lost)
+        finally:
+            heartbeat.stop()
+
+
+def test_a_run_that_lost_its_leases_starts_no_more_hosts(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opspatch.runs.leases import Heartbeat
+
+    lost = "this run's leases could not be renewed for 61 s (longer than their 60 s expiry): cut"
+    monkeypatch.setattr(Heartbeat, "lost", property(lambda self: lost))
+    report = fleet.apply()
+    assert report.halted is not None and lost in report.halted
+    for outcome in report.hosts:
+        assert outcome.outcome == "skipped" and f"not started: {lost}" in (outcome.error or "")
+    assert all(_sha(h.file) == PRISTINE for h in fleet.hosts)

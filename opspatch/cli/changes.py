@@ -323,7 +323,8 @@ def unlock(
         bool,
         typer.Option(
             "--force",
-            help="Also remove a lock whose run this ledger does not know (never a running one).",
+            help="Also remove a lock whose run this ledger does not know, or whose run's lease "
+            "is live (another controller's; never a run running here).",
         ),
     ] = False,
     yes: YesOption = False,

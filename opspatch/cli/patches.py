@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -70,6 +71,16 @@ def check(
         bool,
         typer.Option("--offline", help="With --releases: use only the release cache."),
     ] = False,
+    playbook: Annotated[
+        str | None,
+        typer.Option(
+            "--playbook",
+            "-p",
+            help="Verify each recorded signature against this playbook's [team] "
+            "allowed_signers (default: the default playbook's, if it names one).",
+            metavar="PLAYBOOK",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Lint patch files: schema, snippets parse, anchors well-formed (--releases: on every release).
@@ -115,7 +126,7 @@ def check(
                 "postconditions": sum(len(p.postconditions) for p in parts),
                 "releases": release_coverage(parts).to_json(),
                 "provenance": {**provenance.to_json(), "warning": provenance.warning},
-                "signed_by": recorded_signers(loaded.sha256),
+                "signed_by": recorded_signers(loaded.sha256, playbook),
             }
         )
     failed = [r for r in results if not r["ok"]]
@@ -134,9 +145,8 @@ def check(
                 )
                 for signer in result["signed_by"]:
                     out.print(
-                        f"      signed by {signer['principal']} (recorded by "
-                        f"{signer['operator']} at {signer['recorded_at']}; apply verifies it "
-                        "against the playbook's allowed_signers)",
+                        f"      signed by {signer['principal']} ({_verdict(signer)}; recorded "
+                        f"by {signer['operator']} at {signer['recorded_at']})",
                         markup=False,
                     )
                 for line in provenances[result["patch"]].lines():
@@ -154,22 +164,54 @@ def check(
         raise typer.Exit(EXIT_BAD_INPUT)
 
 
-def recorded_signers(patch_sha256: str) -> list[dict[str, str]]:
-    """Who signed this sha256 (`opspatch approve`), from the ledger if there is one: `check`
-    never creates a ledger."""
+def _allowed_signers(playbook: str | None) -> str | None:
+    """The allowed_signers file `check` verifies signatures against: the named playbook's
+    (an unknown or invalid one is refused), else the default playbook's, if there is one."""
+    if playbook is not None:
+        return options.load_playbook(playbook).team.allowed_signers
+    if options.workspace_dir().locate("playbooks", "default") is None:
+        return None  # no default playbook here: the signatures stay unverified, and say so
+    return options.load_playbook("default").team.allowed_signers
+
+
+def recorded_signers(patch_sha256: str, playbook: str | None) -> list[dict[str, Any]]:
+    """Who signed this sha256 (`opspatch approve`), from the ledger if there is one (`check`
+    never creates a ledger), each verified against the playbook's allowed_signers (`verified`
+    None: there is no such file to verify against)."""
+    from opspatch.runs.approval import verifies
+
     ledger = options.existing_ledger()
     if ledger is None:
         return []
     with ledger:
-        return [
-            {
-                "principal": a.principal,
-                "operator": a.operator,
-                "recorded_at": a.recorded_at,
-                "run_id": a.run_id,
-            }
-            for a in ledger.approvals(patch_sha256)
-        ]
+        approvals = ledger.approvals(patch_sha256)
+    if not approvals:
+        return []
+    allowed_signers = _allowed_signers(playbook)
+    signers = Path(allowed_signers) if allowed_signers is not None else None
+    return [
+        {
+            "principal": a.principal,
+            "operator": a.operator,
+            "recorded_at": a.recorded_at,
+            "run_id": a.run_id,
+            "verified": verifies(signers, a) if signers and signers.is_file() else None,
+            "allowed_signers": allowed_signers,
+        }
+        for a in approvals
+    ]
+
+
+def _verdict(signer: Mapping[str, Any]) -> str:
+    """`verified against F`, `does NOT verify against F`, or why it was not verified."""
+    where = signer["allowed_signers"]
+    if signer["verified"] is True:
+        return f"verified against {where}"
+    if signer["verified"] is False:
+        return f"does NOT verify against {where}: apply refuses it"
+    if where is None:
+        return "unverified: no allowed_signers in the playbook; --playbook P names one"
+    return f"unverified: {where} does not exist"
 
 
 RELEASES_FLAG = "--releases"

@@ -5,6 +5,10 @@
 id = "eagle-init-guard"              # a patch the workspace finds (patches/<id>.toml)
 hosts = ["gpu-fleet"]                # --hosts selections: inventory, group, host, glob
 releases = ">=0.5.4,<0.5.24"         # PEP 440: the sglang releases this entry is for
+
+[team]                               # optional: as the playbook's [team] (docs/team.md)
+require_approval = true              # sync needs each patch signed by a second operator
+allowed_signers = "allowed_signers"  # OpenSSH format, relative to this file
 ```
 
 One file in the workspace (`<workspace>/fleet.toml`), apart from the inventories: a team reviews
@@ -18,7 +22,7 @@ unknown patch, a selection that names no host, a bad range or a patch listed twi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -30,6 +34,7 @@ from opspatch.config.files import read_toml
 from opspatch.config.lookup import Workspace
 from opspatch.core.fileschema import FileSchema, expects, problem, spec_error_from_validation
 from opspatch.core.host import Host
+from opspatch.core.policy import Playbook
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.tomlsource import TomlDocument
 from opspatch.errors import InputError, Location, SelectionError
@@ -69,10 +74,18 @@ class _EntryFile(FileSchema):
     ] = ""
 
 
+class _TeamFile(FileSchema):
+    require_approval: Annotated[bool, expects("true or false", bool)] = False
+    allowed_signers: (
+        Annotated[str, expects("a file name (a string)", str), Field(min_length=1)] | None
+    ) = None
+
+
 class _FleetFile(FileSchema):
     patches: Annotated[list[_EntryFile], expects("an array of [[patches]] tables", list)] = Field(
         default_factory=list
     )
+    team: _TeamFile | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +121,17 @@ class DesiredState:
     entries: tuple[DesiredPatch, ...]
     hosts: Mapping[str, Host]
     """Every host some entry names, by name."""
+    allowed_signers: str | None = None
+    """Set when the file's `[team] require_approval` asks a second operator's signature of
+    every patch sync applies: the allowed_signers file (absolute) they are verified against."""
+
+    def governing(self, playbook: Playbook) -> Playbook:
+        """The playbook a sync applies under: the fleet file's approval over the playbook's
+        (the fleet file may ask for one, never waive the playbook's)."""
+        if self.allowed_signers is None:
+            return playbook
+        team = replace(playbook.team, require_approval=True, allowed_signers=self.allowed_signers)
+        return replace(playbook, team=team)
 
     def desired_on(self, host: str) -> tuple[DesiredPatch, ...]:
         """The entries that name `host`."""
@@ -139,7 +163,24 @@ def load_fleet(workspace: Workspace, path: Path | None = None) -> DesiredState:
         raise spec_error_from_validation(
             exc, document, schema=_FleetFile, data=document.data
         ) from None
-    return _resolve(workspace, document, written)
+    return replace(
+        _resolve(workspace, document, written), allowed_signers=_approval(document, written)
+    )
+
+
+def _approval(document: TomlDocument, written: _FleetFile) -> str | None:
+    """The allowed_signers file when `[team] require_approval` is true (it needs one)."""
+    team = written.team
+    if team is None or not team.require_approval:
+        return None
+    if team.allowed_signers is None:
+        raise document.error(
+            ("team", "require_approval"),
+            "require_approval = true needs allowed_signers, the file the signatures are "
+            "verified against",
+            hint='add allowed_signers = "allowed_signers" (OpenSSH format, relative to this file)',
+        )
+    return str(Path(document.path).resolve().parent / team.allowed_signers)
 
 
 def _resolve(workspace: Workspace, document: TomlDocument, written: _FleetFile) -> DesiredState:

@@ -168,7 +168,8 @@ def require_approval(
     signers = Path(team.allowed_signers)
     if not signers.is_file():
         raise ApprovalRefused(
-            f"the playbook's allowed_signers file {signers} does not exist",
+            f"the allowed_signers file {signers} (the playbook's or fleet.toml's [team]) does "
+            "not exist",
             hint="nothing was changed; write it in OpenSSH allowed_signers format "
             '(`principal namespaces="opspatch" ssh-ed25519 AAAA...`)',
         )

@@ -12,6 +12,10 @@ the operator's Ctrl-C into a decision that the report states:
   is given back and the run is refused (exit 2).
 - a second Ctrl-C stops waiting: `RunInterrupted` names the run and the hosts left in flight,
   and `opspatch recover --run R` finishes or undoes them.
+
+A command that changes hosts' files or engines (`LEASED_COMMANDS`) holds its hosts' leases while
+it does: `lease()` takes them, reading each host's identity first where the command did not, and
+`execute` refuses to start such a run without them, so no command can forget.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from opspatch.runs.executor import (
     map_cancellable,
     run_fleet,
 )
-from opspatch.runs.leases import Heartbeat, held_by, refusal
+from opspatch.runs.leases import Heartbeat, held_by, host_identity, refusal
 from opspatch.runs.recorder import Recorder
 from opspatch.runs.report import HostOutcome, RunReport
 from opspatch.runs.rotation import ROTATING_COMMANDS, Rotation, halt_on_out_of_rotation
@@ -50,6 +54,11 @@ T = TypeVar("T")
 
 PREFLIGHT_IN_FLIGHT = 16
 """Hosts inspected at once in a preflight (read-only and short: more than a rollout's batch)."""
+
+LEASED_COMMANDS = frozenset({"apply", "sync", "rollback", "restart", "recover"})
+"""The commands that change hosts' files or engines. `unlock` changes a lock only: it refuses
+the lock of a run whose lease is live unless --force (`recover.unlock_hosts`); `bake` changes no
+host."""
 
 CANCELLED_IN_PREFLIGHT = (
     "cancelled by the operator (Ctrl-C) during the preflight: nothing was changed on any host "
@@ -86,6 +95,8 @@ class FleetRun:
         self._factory = factory
         self._stack = ExitStack()
         self._heartbeat: Heartbeat | None = None
+        self._leased = False
+        self._unleased: dict[str, HostOutcome] = {}
         self.sessions: dict[str, HostSession] = {}
 
     def __enter__(self) -> FleetRun:
@@ -165,12 +176,20 @@ class FleetRun:
         Raises:
             RunInterrupted: a second Ctrl-C while hosts were in flight.
         """
+        if self.command in LEASED_COMMANDS and not self._leased:
+            raise RuntimeError(f"{self.command} changes hosts only under their leases: lease()")
         for outcome in (already or {}).values():
+            self.record(outcome)
+        already = {**self._unleased, **(already or {})}
+        for outcome in self._unleased.values():
             self.record(outcome)
 
         def one(name: str) -> HostOutcome:
             session = self.sessions[name]
             try:
+                lost = self._lease_lost()
+                if lost:  # another operator may be changing it now
+                    return session.outcome(Outcome.SKIPPED, f"not started: {lost}")
                 return per_host(session)
             except (LockHeld, BecomeError, HostKeyError) as exc:  # nothing changed there
                 return session.refused(exc)
@@ -184,7 +203,7 @@ class FleetRun:
                 session.lock.release()
 
         def halt_or_out_of_rotation(outcomes: Mapping[str, HostOutcome]) -> str | None:
-            return halt(outcomes) or halt_on_out_of_rotation(outcomes)
+            return halt(outcomes) or halt_on_out_of_rotation(outcomes) or self._lease_lost()
 
         try:
             result = run_fleet(
@@ -211,13 +230,31 @@ class FleetRun:
     # -- leases ---------------------------------------------------------------------------
 
     def lease(
-        self, identities: Mapping[str, str], *, taking_over: Collection[str] = ()
+        self,
+        identities: Mapping[str, str] | None = None,
+        *,
+        taking_over: Collection[str] = (),
     ) -> RunReport | None:
-        """Lease the hosts (name -> `leases.host_identity`) to this run, with a heartbeat until
-        the run ends; None when taken. When a live lease of another run (not one of
-        `taking_over`, runs known dead) holds one of them, the run is refused before any
-        change: every lock given back, every host `skipped` naming the holders (exit 2)."""
-        grant = self.recorder.take_leases(identities, self.playbook.team.lease_expiry, taking_over)
+        """Lease the hosts to this run, with a heartbeat until the run ends; None when taken.
+
+        `identities` (name -> `leases.host_identity`): what the command's own preflight read
+        (apply) or the ledger recorded (recover --run); every other host's is read here from its
+        facts, changing nothing. A host whose facts cannot be read is not leased and will not be
+        changed (`failed`, its error). When a live lease of another run (not one of
+        `taking_over`, runs known dead) holds one of them, the run is refused before any change:
+        every lock given back, every host `skipped` naming the holders (exit 2); a Ctrl-C while
+        reading is the cancelled preflight's report."""
+        self._leased = True
+        if self.command not in LEASED_COMMANDS or self.recorder.reported_run_id is None:
+            return None  # unlock and dry runs keep no one off the hosts
+        known = dict(identities or {})
+        missing = [name for name in self.names if name not in known]
+        if missing:
+            read = self._read_identities(missing)
+            if read is None:
+                return self.cancelled_report()
+            known.update(read)
+        grant = self.recorder.take_leases(known, self.playbook.team.lease_expiry, taking_over)
         if grant.refused:
             self.release_all()
             reason = f"refused before any change: {refusal(grant.refused)}"
@@ -230,9 +267,39 @@ class FleetRun:
             return self.report(outcomes, halted=reason, refused=True)
         for holder in grant.taken_over:
             self.progress.notice(f"{holder.host}: took over the lease of {holder.describe()}")
-        if self.recorder.reported_run_id is not None and identities:
-            self._heartbeat = Heartbeat(self.recorder, self.playbook.team.lease_expiry).start()
+        if known:
+            self._heartbeat = Heartbeat(
+                self.recorder,
+                self.playbook.team.lease_expiry,
+                self.progress,
+                held=len(set(known.values())),  # one machine by two inventory names: one lease
+            ).start()
         return None
+
+    def _lease_lost(self) -> str | None:
+        """Why this run may no longer change its hosts (its leases lost); None while held."""
+        lost = self._heartbeat.lost if self._heartbeat is not None else None
+        return f"{lost}; no more hosts are started" if lost else None
+
+    def _read_identities(self, names: Sequence[str]) -> dict[str, str] | None:
+        """Each host's identity from its facts (None: the operator cancelled); a host that
+        cannot be read is decided `failed` here, before any host is changed."""
+        wanted = set(names)
+
+        def identity(session: HostSession) -> str | None:
+            if session.name not in wanted:
+                return None
+            try:
+                facts = session.ops.facts(timeout=session.playbook.timeouts.inspect)
+            except OpspatchError as exc:
+                self._unleased[session.name] = session.refused(exc)
+                return None
+            return host_identity(session.host, facts)
+
+        read = self.preflight(identity)
+        if read is None:
+            return None
+        return {name: found for name, found in read.items() if found is not None}
 
     def _end_leases(self, *, abandoned: bool, failing: bool) -> None:
         """Stop the heartbeat; give the leases back unless the run was abandoned with hosts in

@@ -5,7 +5,8 @@ A host is leased by what it is (`host_identity`: its machine id, its hostname, a
 opspatch lock lives in, so two stand-in engines on one machine are two hosts and one machine
 reached through two inventories is one), in the preflight, after every host was inspected and
 before any is changed. The `Heartbeat` renews the run's leases every third of the playbook's
-`[team] lease_expiry`; `FleetRun` gives them back when the run ends. A lease whose heartbeat
+`[team] lease_expiry` and says when the ledger does not take a beat; `FleetRun` starts no more
+hosts once they are lost, and gives them back when the run ends. A lease whose heartbeat
 went silent longer than that has expired: the controller is gone (killed, laptop closed, network
 cut) and `recover --run R` may take the run over. A live lease is never broken.
 """
@@ -13,6 +14,7 @@ cut) and `recover --run R` may take the run over. A live lease is never broken.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 
 from opspatch.core.host import Host
@@ -20,6 +22,7 @@ from opspatch.errors import LeaseHeld, LedgerError, LockHeld
 from opspatch.hosts.results import HostFacts
 from opspatch.ledger.records import LeaseHolder
 from opspatch.runs.recorder import Recorder
+from opspatch.runs.session import Progress
 
 HEARTBEATS_PER_EXPIRY = 3
 """Heartbeats sent within one expiry interval: a late one or two do not lose the lease."""
@@ -74,12 +77,23 @@ def host_identity(host: Host, facts: HostFacts) -> str:
 
 
 class Heartbeat:
-    """Renews a run's leases from a daemon thread until `stop()`; a ledger that cannot be
-    written is retried on the next beat (the lease expires only if every beat fails)."""
+    """Renews a run's leases from a daemon thread until `stop()`. A beat the ledger does not
+    take (a cut connection, a server gone) is said at once on `progress` and retried on the
+    next beat; once no beat got through for the whole expiry, or another run took leases over,
+    the run has `lost` its leases: another operator may be changing those hosts, so the fleet
+    run starts no more hosts (`FleetRun.execute`)."""
 
-    def __init__(self, recorder: Recorder, expires_after: float) -> None:
+    def __init__(
+        self, recorder: Recorder, expires_after: float, progress: Progress, *, held: int
+    ) -> None:
         self._recorder = recorder
+        self._expires_after = expires_after
         self._interval = expires_after / HEARTBEATS_PER_EXPIRY
+        self._progress = progress
+        self._held = held
+        self._renewed = time.monotonic()
+        self._failing: str | None = None
+        self._taken_over = False
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="opspatch-heartbeat", daemon=True)
 
@@ -92,9 +106,40 @@ class Heartbeat:
         if self._thread.is_alive():
             self._thread.join()
 
+    @property
+    def lost(self) -> str | None:
+        """Why this run may no longer hold its leases; None while it does."""
+        if self._taken_over:
+            return "another run took this run's leases over (its heartbeat was silent too long)"
+        silent = time.monotonic() - self._renewed
+        if self._failing is not None and silent > self._expires_after:
+            return (
+                f"this run's leases could not be renewed for {silent:.0f} s (longer than their "
+                f"{self._expires_after:g} s expiry): {self._failing}"
+            )
+        return None
+
     def _beat(self) -> None:
         while not self._stopped.wait(self._interval):
             try:
-                self._recorder.renew_leases()
-            except LedgerError:
-                continue  # the next beat tries again; the run's own writes report the ledger
+                held = self._recorder.renew_leases()
+            except LedgerError as exc:
+                if self._failing is None:  # said once per outage, not every beat
+                    self._progress.notice(
+                        f"the ledger did not take this run's lease heartbeat ({exc.message}); "
+                        f"retrying; if none gets through within {self._expires_after:g} s the "
+                        "leases expire, another operator may take the run over, and no more "
+                        "hosts are started"
+                    )
+                self._failing = exc.message
+                continue
+            self._renewed = time.monotonic()
+            if self._failing is not None:
+                self._progress.notice("the ledger takes this run's lease heartbeat again")
+                self._failing = None
+            if held < self._held and not self._taken_over:
+                self._taken_over = True
+                self._progress.notice(
+                    f"{self._held - held} of this run's {self._held} leases were taken over by "
+                    "another run; no more hosts are started"
+                )

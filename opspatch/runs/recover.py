@@ -43,7 +43,7 @@ from opspatch.errors import InputError, LockHeld
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.connect import TransportFactory
-from opspatch.runs.leases import lease_held
+from opspatch.runs.leases import lease_held, refusal
 from opspatch.runs.patchset import paths_of, read_set
 from opspatch.runs.proof import change_proof, describe
 from opspatch.runs.recorded import recorded_run
@@ -417,8 +417,9 @@ def unlock_hosts(
 ) -> RunReport:
     """Remove host locks whose run is over, as a recorded `unlock` run.
 
-    A lock whose run this ledger knows to be running is refused (`skipped`, exit 2); so is one
-    whose run this ledger does not know (another controller's), unless `force_unknown`.
+    A lock whose run this ledger knows to be running is refused (`skipped`, exit 2); so are one
+    whose run holds a live lease (its controller heart-beats, wherever it is) and one whose run
+    this ledger does not know (another controller's), unless `force_unknown` (--force).
     """
     with recorded_run(ledger, command="unlock", patch=None, hosts=hosts, playbook=playbook) as run:
         unlock = _UnlockHost(ledger, force_unknown)
@@ -461,6 +462,13 @@ class _UnlockHost:
             return session.outcome(
                 Outcome.SKIPPED,
                 f"refused: the lock belongs to run {holder}, which is still running",
+            )
+        live = [lease for lease in self.ledger.leases_of([holder] if holder else []) if lease.live]
+        if live and not self.force_unknown:  # its controller heart-beats: it may be changing it
+            return session.outcome(
+                Outcome.SKIPPED,
+                f"refused: the lock belongs to run {holder}, whose lease is live: "
+                f"{refusal(live)}; or re-run with --force",
             )
         if status is None and not self.force_unknown:
             return session.outcome(

@@ -58,6 +58,9 @@ def restart_hosts(
             progress=progress,
         ) as fleet,
     ):
+        refused = fleet.lease()
+        if refused is not None:
+            return run.finish(refused)
         plan = plan_rollout(playbook, fleet.names)
 
         def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:

@@ -155,9 +155,10 @@ def run_restore(
     needs attention or whose restored file its server does not serve.
 
     `canary_first`: the first host alone, then the rest (a rollback: a restored file its server
-    does not serve halts the run before more servers go down). `leases` (host name -> identity):
-    leased to this run first (a recover takes over the leases of the runs it recovers: expired,
-    or of `taking_over`, runs this machine saw die)."""
+    does not serve halts the run before more servers go down). The hosts are leased to this run
+    first (`FleetRun.lease`; unlock leases nothing); `leases` (host name -> identity): the ones
+    a recover --run takes over from the runs it recovers (expired, or of `taking_over`, runs
+    this machine saw die)."""
     with FleetRun(
         command=command,
         patch_id=patch_id,
@@ -167,7 +168,7 @@ def run_restore(
         recorder=recorder,
         progress=progress,
     ) as fleet:
-        refused = fleet.lease(leases, taking_over=taking_over) if leases else None
+        refused = fleet.lease(leases, taking_over=taking_over)
         if refused is not None:
             return refused
         outcomes, halted = fleet.execute(

@@ -357,6 +357,7 @@ def sync_fleet(
             valid one (checked for every patch before any run: nothing changed, nothing recorded).
     """
     progress = progress or NoProgress()
+    playbook = desired.governing(playbook)  # the fleet file's [team] approval, if it asks
     before = before or plan_fleet(desired, hosts, others, factory, ledger)
     # Every approval first: a refusal of the second patch must not follow a first one applied.
     for entry in desired.entries:
