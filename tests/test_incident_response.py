@@ -144,7 +144,11 @@ def test_the_incident_is_diagnosed_fixed_and_reported(tmp_path: Path) -> None:
         steps = next(t for t in tables if t[0][:3] == ["time (UTC)", "host", "step"])
         for host in applied.json()["hosts"]:  # every step the apply reported, per host
             expected = [step["step"] for step in host["steps"]]
-            assert [row[2] for row in steps[1:] if row[1] == host["host"]] == expected
+            reported = [row[2] for row in steps[1:] if row[1] == host["host"]]
+            # and the run's lease on the host: taken after the preflight, given back at the end
+            assert [s for s in reported if s != "lease"] == expected
+            assert reported.count("lease") == 2, reported
+            assert reported[-1] == "lease" and reported.index("lease") == expected.index("plan") + 1
             assert {"backup", "swap", "restart", "ready", "smoke"} <= set(expected)
         changes = next(t for t in tables if "sha256 before" in t[0])
         assert sorted(row[1] for row in changes[1:]) == names

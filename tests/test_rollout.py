@@ -463,16 +463,18 @@ def test_second_apply_on_a_locked_host_is_refused_and_names_the_holder(fleet: Sa
         "apply", "eagle-init-guard", "--hosts", "sandbox", "--playbook", "one-by-one", "--yes"
     )
     try:
-        holder = _wait_for_step(fleet, "begin", 3)
+        holder = _wait_for_step(fleet, "lease", 3)  # locked, then leased after its preflight
         second = fleet.opspatch(
             "apply", "eagle-init-guard", "--hosts", "sandbox", "--yes", "--json"
         )
         # held by a live run: refused in preflight, before any change (exit 2, issue 17 bug 9)
         assert second.code == 2, second.stdout + second.stderr
         assert second.json()["refused"] is True
-        for host in second.json()["hosts"]:
-            assert host["outcome"] == "failed"
-            assert f"run {holder}" in host["error"] and "locked by" in host["error"]
+        for host in second.json()["hosts"]:  # not started: the holder's lease named (issue 23)
+            assert host["outcome"] == "skipped"
+            assert f"leased to run {holder} of " in host["error"], host["error"]
+            (begin,) = host["steps"]
+            assert begin["status"] == "failed" and f"(run {holder})" in begin["detail"], begin
     finally:
         assert first.wait(120) == 0, first.stderr.read() if first.stderr else ""
 
