@@ -611,3 +611,35 @@ def test_a_run_that_lost_its_leases_starts_no_more_hosts(
     for outcome in report.hosts:
         assert outcome.outcome == "skipped" and f"not started: {lost}" in (outcome.error or "")
     assert all(_sha(h.file) == PRISTINE for h in fleet.hosts)
+
+
+def test_a_plain_apply_in_a_workspace_whose_fleet_file_asks_for_approval_is_refused_unsigned(
+    tmp_path: Path,
+) -> None:
+    """fleet.toml's [team] governs apply too (apply is no way around it): unsigned, the apply is
+    refused before any host is touched (exit 2, no ledger run); without the [team] table, the
+    same apply is not refused for approval."""
+    from tests.clirunner import opspatch
+    from tests.test_fleet_desired import INVENTORY
+
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "inventories").mkdir()
+    shutil.copy(REPO / "patches" / "eagle-init-guard.toml", tmp_path / "patches")
+    (tmp_path / "inventories" / "lab.toml").write_text(INVENTORY)
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "allowed").write_text("")
+    entry = '[[patches]]\nid = "eagle-init-guard"\nhosts = ["lab"]\n'
+    (tmp_path / "fleet.toml").write_text(
+        entry + '[team]\nrequire_approval = true\nallowed_signers = "keys/allowed"\n'
+    )
+    ledger = tmp_path / "ledger.sqlite3"
+    args = ("-w", str(tmp_path), "--ledger", str(ledger), "apply", "eagle-init-guard")
+    refused = opspatch(*args, "--hosts", "lab", "--yes", "--json")
+    assert refused.code == EXIT_BAD_INPUT, refused.stdout + refused.stderr
+    assert "needs an approval and nobody signed it" in refused.stdout + refused.stderr
+    if ledger.exists():
+        with Ledger.open(ledger) as opened:
+            assert opened.list_runs() == []
+    (tmp_path / "fleet.toml").write_text(entry)
+    ungoverned = opspatch(*args, "--hosts", "lab", "--yes", "--json")
+    assert "needs an approval" not in ungoverned.stdout + ungoverned.stderr

@@ -97,7 +97,7 @@ def apply(
         if restart not in ("always", "never"):
             raise InputError(f"--restart {restart!r}: expected always or never")
         playbook_obj = replace(playbook_obj, restart=RestartPolicy(restart))
-    playbook_obj = with_lease_expiry(playbook_obj, lease_expiry)
+    playbook_obj = with_lease_expiry(fleet_governed(playbook_obj), lease_expiry)
     names = [h.name for h in selected]
     staging = " (staged: no restart)" if playbook_obj.restart == RestartPolicy.NEVER else ""
     confirm_or_refuse(
@@ -116,6 +116,21 @@ def apply(
             progress=progress,
         )
     finish(report, as_json)
+
+
+def fleet_governed(playbook: Playbook) -> Playbook:
+    """The playbook an apply runs under: a workspace whose fleet.toml asks for approval
+    (`[team]`) gets it for a plain apply too, so apply is no way around what sync must honour.
+
+    Raises:
+        SpecError: the workspace's fleet.toml is not valid (file:line: field).
+    """
+    from opspatch.config.fleet import fleet_path, load_fleet
+
+    workspace = options.workspace_dir()
+    if not fleet_path(workspace).is_file():
+        return playbook
+    return load_fleet(workspace).governing(playbook)
 
 
 def _apply_file(
