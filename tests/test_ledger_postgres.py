@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from opspatch.core.ledgerlocation import PostgresLedger, ledger_location
-from opspatch.errors import LedgerError
+from opspatch.errors import InputError, LedgerError
 from opspatch.ledger import Ledger
 from tests.clirunner import opspatch
 from tests.ledgerkit import begin, full_run, raw
@@ -271,6 +271,20 @@ def test_a_url_with_a_password_is_refused_and_never_printed(where: str) -> None:
     assert "hunter2" not in done.stdout + done.stderr
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u@db.example/ledger?password=hunter2-secret",
+        "postgresql://u@db.example/ledger?pass%77ord=hunter2-secret",  # libpq decodes the key
+        "postgresql://u@db.example/ledger?sslmode=require&PASSWORD=hunter2-secret",
+    ],
+)
+def test_a_password_in_the_urls_query_is_refused_however_it_is_spelled(url: str) -> None:
+    with pytest.raises(InputError, match="carries a password") as caught:
+        ledger_location(url, given_by="--ledger")
+    assert "hunter2" not in caught.value.message + (caught.value.hint or "")
+
+
 def test_a_libpq_string_with_a_password_is_refused_not_taken_for_a_file(tmp_path: Path) -> None:
     dsn = "host=db.example dbname=ledger password=hunter2-secret"
     done = opspatch("--ledger", dsn, "ledger", "list", cwd=tmp_path)
@@ -283,8 +297,9 @@ def test_a_libpq_string_with_a_password_is_refused_not_taken_for_a_file(tmp_path
 def test_migrate_gives_a_v1_team_ledger_the_leases_table_and_keeps_its_chain(
     postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A ledger made by the release before leases (migration 1 alone) and written to; migrate
-    brings it to the newest version with the writer granted the leases, the chain unchanged."""
+    """A ledger made by the release before leases (migration 1 alone, ids from a sequence) and
+    written to; migrate brings it to the newest version with the writer granted the leases and
+    the chain tip, the chain unchanged."""
     from opspatch.ledger import postgres as pg_backend
     from opspatch.ledger.database import migrate
 
@@ -292,8 +307,18 @@ def test_migrate_gives_a_v1_team_ledger_the_leases_table_and_keeps_its_chain(
     with postgres.admin() as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
     owner = PostgresLedger(postgres.url(schema=schema))
-    with monkeypatch.context() as v1:
+    with monkeypatch.context() as v1:  # that release: its schema, its ids from the sequence
         v1.setattr(pg_backend, "SCHEMA_VERSION", 1)
+        v1.setattr(
+            pg_backend.PostgresDatabase,
+            "take_event_id",
+            lambda db, last_id: int(db._value("SELECT nextval('events_id_seq')")),
+        )
+        v1.setattr(
+            pg_backend.PostgresDatabase,
+            "highest_event_id",
+            lambda db: int(db._value("SELECT last_value FROM events_id_seq")),
+        )
         assert migrate(owner, None).version == 1
         with Ledger.open(owner) as ledger:
             run_id = full_run(ledger)
@@ -317,3 +342,18 @@ def test_migrate_gives_a_v1_team_ledger_the_leases_table_and_keeps_its_chain(
         grant = ledger.take_leases(later, {"gpu-01": "m/gpu-01:/s"}, expires_after=60)
         assert grant.refused == () and [h.run_id for h in ledger.leases_of([later])] == [later]
         assert ledger.verify().ok
+
+
+def test_a_write_that_fails_after_taking_its_id_leaves_no_gap(location: PostgresLedger) -> None:
+    """The id is taken in the append's own transaction (the chain tip, not a sequence, whose
+    nextval would survive the rollback): a write that fails half-way leaves the chain whole,
+    and the next append follows on with no 'deleted' events."""
+    with Ledger.open(location) as ledger:
+        run_id = begin(ledger)
+        with pytest.raises(LedgerError), ledger._transaction() as db:
+            db.take_event_id(0)
+            db.execute("SELECT no_such_column FROM events")
+        assert ledger.verify().ok
+        ledger.record_step(run_id, "gpu-01", "lock", "ok", 0.1, "locked")
+        report = ledger.verify()
+        assert report.ok, report

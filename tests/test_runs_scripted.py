@@ -776,3 +776,26 @@ def test_a_begin_reply_without_the_hosts_facts_refuses_the_run_naming_the_field(
         h.file.read_bytes() == (STANDIN / "eagle_worker_v2.py").read_bytes() for h in fleet.hosts
     )
     assert not any((h.state / "lock.json").exists() for h in fleet.hosts)
+
+
+def test_status_of_a_wiped_fix_on_a_release_the_patch_does_not_cover_is_not_applicable(
+    fleet: Fleet,
+) -> None:
+    """A file back at its pre-image (a reinstall wiped the fix) on a release outside the patch's
+    own versions: `not-applicable` (what sync reports as needs-port), never `not-applied` (what
+    sync would try to apply, and the apply's preflight then refuses the whole run)."""
+    from opspatch.runs.status import fleet_status
+
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+    assert fleet.apply().exit_code == 0
+    host.file.write_bytes((STANDIN / "eagle_worker_v2.py").read_bytes())  # the reinstall
+    (covered,) = fleet_status([host.host()], [fleet.patch], fleet.factory, fleet.ledger)
+    assert covered.state == "not-applied", covered
+    target = fleet.patch.spec.target.model_copy(update={"versions": "<0.5.23"})
+    narrowed = fleet.patch.model_copy(
+        update={"spec": fleet.patch.spec.model_copy(update={"target": target})}
+    )
+    (said,) = fleet_status([host.host()], [narrowed], fleet.factory, fleet.ledger)
+    assert said.state == "not-applicable", said
+    assert "0.5.23" in said.detail and "back at the pre-image of run" in said.detail, said

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -288,13 +288,20 @@ def guarded(signers: Signers) -> Playbook:
     return Playbook(canary=0, batch=BatchSize(count=10), max_failures=1, team=team)
 
 
-def sign(fleet: Fleet, signers: Signers, key: str, principal: str) -> None:
+def sign(
+    fleet: Fleet, signers: Signers, key: str, principal: str, operator: str | None = None
+) -> None:
+    """`principal` signs with `key`, recorded by `operator` (default: by the principal's own
+    account, `principal@jump`, as a second operator's approve would be; the author's own
+    signature is recorded by this process's identity)."""
+    if operator is None:
+        operator = operator_identity() if principal == signers.me else f"{principal}@jump"
     approve_patch(
         fleet.ledger,
         fleet.patch,
         key=signers.key(key),
         principal=principal,
-        operator=operator_identity(),
+        operator=operator,
         command_line="opspatch approve",
     )
 
@@ -467,6 +474,9 @@ def test_a_fleet_file_asks_for_approval_with_its_signers_file_relative_to_itself
     assert desired.allowed_signers == str(tmp_path / "keys" / "allowed")
     governed = desired.governing(Playbook()).team
     assert governed.require_approval and governed.allowed_signers == desired.allowed_signers
+    # a playbook that already asks keeps its own signers: the fleet file cannot swap them
+    strict = replace(Playbook(), team=TeamSettings(require_approval=True, allowed_signers="/team"))
+    assert desired.governing(strict).team.allowed_signers == "/team"
 
 
 def test_sync_under_a_fleet_file_asking_for_approval_needs_a_second_operators_signature(
@@ -643,3 +653,12 @@ def test_a_plain_apply_in_a_workspace_whose_fleet_file_asks_for_approval_is_refu
     (tmp_path / "fleet.toml").write_text(entry)
     ungoverned = opspatch(*args, "--hosts", "lab", "--yes", "--json")
     assert "needs an approval" not in ungoverned.stdout + ungoverned.stderr
+
+
+def test_a_second_principal_recorded_by_the_authors_own_account_is_still_the_author(
+    fleet: Fleet, signers: Signers
+) -> None:
+    """A valid signature under another principal, approved from the applying account itself
+    (the author holding a second key, or `USER=x` set to pass as someone else): refused."""
+    sign(fleet, signers, "bob", "bob", operator=operator_identity())
+    assert "signed only by its author" in refused_apply(fleet, signers)

@@ -326,6 +326,17 @@ def test_export_fills_the_mails_dep3_headers_from_the_provenance() -> None:
     assert headers["Applied-Upstream"] == "0.5.24, 0a1b2c3d"
     assert headers["Last-Update"] == "2026-12-02"
     assert headers["From"] == "Ops <ops@example.com>"
+    # a pull request alone may still be open: not "applied upstream"
+    proposed = guard.model_copy(
+        update={"upstream": _patch('upstream = { pr = "sgl-project/sglang#2" }').upstream}
+    )
+    mail = render_mail(
+        export_diff(proposed, standin_files("0.5.23")[EAGLE_WORKER_FILE]),
+        proposed,
+        author="Ops <ops@example.com>",
+        date=datetime(2026, 12, 2, tzinfo=timezone.utc),
+    )
+    assert "Applied-Upstream" not in email.message_from_string(mail.split("\n", 1)[1])
 
 
 # -- status on the sandbox ---------------------------------------------------------------------

@@ -62,7 +62,9 @@ class Provenance(JsonRecord):
     def headers(self) -> list[tuple[str, str]]:
         """The DEP-3 headers these fields give, in DEP-3's order (fields not given left out)."""
         forwarded = self.forwarded or NOT_FORWARDED
-        applied_upstream = self.upstream_commit or self.upstream_pr
+        # DEP-3's Applied-Upstream says upstream has it: a merged commit or a release, not a PR
+        # that may still be open
+        applied_upstream = self.upstream_commit or self.fixed_in
         rows = [
             ("Origin", self.origin),
             ("Bug", self.bug),

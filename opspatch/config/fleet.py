@@ -128,7 +128,8 @@ class DesiredState:
     def governing(self, playbook: Playbook) -> Playbook:
         """The playbook a sync applies under: the fleet file's approval over the playbook's
         (the fleet file may ask for one, never waive the playbook's)."""
-        if self.allowed_signers is None:
+        if self.allowed_signers is None or playbook.team.require_approval:
+            # the playbook's own signers stand: a fleet file must not swap in a friendlier list
             return playbook
         team = replace(playbook.team, require_approval=True, allowed_signers=self.allowed_signers)
         return replace(playbook, team=team)

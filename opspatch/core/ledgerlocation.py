@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 from opspatch.errors import InputError
 
@@ -61,7 +61,7 @@ def ledger_location(text: str, *, given_by: str = "--ledger") -> LedgerLocation:
         parts = urlsplit(text)
         has_password = parts.password is not None
         query_password = any(
-            item.split("=", 1)[0].strip().lower() == "password"
+            unquote_plus(item.split("=", 1)[0]).strip().lower() == "password"  # libpq decodes
             for item in parts.query.split("&")
             if item
         )

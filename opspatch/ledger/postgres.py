@@ -34,7 +34,7 @@ from opspatch.ledger.schema import APPEND_ONLY_MESSAGE, BUSY_TIMEOUT_SECONDS, EV
 if TYPE_CHECKING:
     import psycopg
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The newest schema this opspatch knows, in the `schema_version` table."""
 
 CHAIN_LOCK_KEY = int.from_bytes(
@@ -88,8 +88,45 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     # Run leases: mutable state beside the history (ledger/leases.py), never in its chain.
     2: (LEASES_TABLE,),
+    # The highest event id ever handed out, kept in a table: a sequence's nextval survives the
+    # rollback of a failed write, which would read as a deleted tail forever after.
+    3: (
+        """CREATE TABLE chain_tip (
+            one     BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
+            last_id BIGINT NOT NULL
+        )""",
+        """INSERT INTO chain_tip (last_id) SELECT GREATEST(
+            (SELECT COALESCE(max(id), 0) FROM events),
+            (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM events_id_seq)
+        )""",
+        """CREATE OR REPLACE FUNCTION opspatch_tip_only_grows() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.last_id < OLD.last_id THEN
+                RAISE EXCEPTION 'opspatch ledger is append-only: the chain tip only grows'
+                    USING ERRCODE = 'restrict_violation';
+            END IF;
+            RETURN NEW;
+        END $$""",
+        "CREATE TRIGGER chain_tip_only_grows BEFORE UPDATE ON chain_tip "
+        "FOR EACH ROW EXECUTE FUNCTION opspatch_tip_only_grows()",
+        "CREATE TRIGGER chain_tip_refuse_delete BEFORE DELETE OR TRUNCATE ON chain_tip "
+        "FOR EACH STATEMENT EXECUTE FUNCTION opspatch_refuse_change()",
+    ),
 }
 """Each version's statements, applied in order by `migrate`, never edited once released."""
+
+_CONNECTION_DEFAULTS = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+"""libpq settings a URL does not give: a cut network (no RST) fails a write within about 30 s
+instead of blocking for the kernel's quarter of an hour, so the heartbeat says it lost the
+ledger while the lease is still live (TCP only; a socket connection ignores them)."""
 
 _REFUSE_FUNCTION = f"""
 CREATE OR REPLACE FUNCTION opspatch_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -137,7 +174,11 @@ class PostgresDatabase:
                 hint="pip install 'opspatch[postgres]' (psycopg 3)",
             ) from None
         try:
-            conn = psycopg.connect(location.url, autocommit=True)
+            from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+            given = conninfo_to_dict(location.url)
+            unsaid = {k: v for k, v in _CONNECTION_DEFAULTS.items() if k not in given}
+            conn = psycopg.connect(make_conninfo(location.url, **unsaid), autocommit=True)
             conn.execute(f"SET lock_timeout = '{int(LOCK_TIMEOUT_SECONDS * 1000)}ms'")
             conn.execute(
                 "SET idle_in_transaction_session_timeout = "
@@ -233,14 +274,14 @@ class PostgresDatabase:
             yield
 
     def take_event_id(self, last_id: int) -> int:
-        # nextval is taken under the chain lock, right before the insert: ids stay consecutive.
-        return int(self._value("SELECT nextval('events_id_seq')"))
+        # Under the chain lock, in the append's own transaction: a write that fails or is cut
+        # off rolls its id back with it, so a gap means events were really removed.
+        taken = max(last_id, self.highest_event_id()) + 1
+        self.execute("UPDATE chain_tip SET last_id = ?", (taken,))
+        return taken
 
     def highest_event_id(self) -> int:
-        last_value, is_called = self.execute(
-            "SELECT last_value, is_called FROM events_id_seq"
-        ).fetchone()
-        return int(last_value) if is_called else 0
+        return int(self._value("SELECT last_id FROM chain_tip"))
 
     def failure(self, exc: BaseException, doing: str) -> LedgerError:
         sqlstate = getattr(exc, "sqlstate", None)
@@ -304,6 +345,7 @@ class PostgresDatabase:
                         f"knows only up to {SCHEMA_VERSION} and will not touch it",
                         hint="run `ledger migrate` with the newer opspatch that wrote it",
                     )
+                self.execute(_REFUSE_FUNCTION)  # migration 3's trigger uses it too
                 for version in range(before + 1, SCHEMA_VERSION + 1):
                     for statement in _MIGRATIONS[version]:
                         self.execute(statement)
@@ -312,7 +354,6 @@ class PostgresDatabase:
                         "VALUES (?, ?, ?)",
                         (version, _utc_now(), __version__),
                     )
-                self.execute(_REFUSE_FUNCTION)
                 for table in HISTORY_TABLES:
                     for statement in _append_only_triggers(table):
                         self.execute(statement)
@@ -355,6 +396,7 @@ class PostgresDatabase:
         self.execute(f"REVOKE ALL ON SEQUENCE events_id_seq FROM {who}")
         self.execute(f"GRANT USAGE, SELECT ON SEQUENCE events_id_seq TO {who}")
         self.execute(f"GRANT USAGE ON SCHEMA {schema} TO {who}")
+        self.execute(f"GRANT SELECT, UPDATE ON chain_tip TO {who}")  # it only grows (trigger)
         # The leases are the present, not history: the one table the writer may change.
         self.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON leases TO {who}")
 

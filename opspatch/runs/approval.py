@@ -6,11 +6,14 @@ signs commits with SSH keys; `require_approval` verifies every signature recorde
 (`ssh-keygen -Y verify -f allowed_signers -I principal -n opspatch -s sig`) and refuses the run
 (`ApprovalRefused`, exit 2, before any host is touched) when none is recorded, none verifies, or
 the only principals that verify are the author's. The author is the operator running the apply
-(`operator_identity()`, `user@controller`): a principal equal to it or to its user part.
+(`operator_identity()`, `user@controller`) and the OS account it runs as: a principal equal to
+either, or an approval recorded by that account under another principal.
 """
 
 from __future__ import annotations
 
+import os
+import pwd
 import shutil
 import subprocess
 import tempfile
@@ -148,8 +151,22 @@ def approve_patch(
 
 
 def author_principals(operator: str) -> frozenset[str]:
-    """The principals that are the author, `user@controller`: itself and its user part."""
-    return frozenset({operator, operator.split("@", 1)[0]})
+    """The principals that are the author, `user@controller`: itself and its user part, and
+    the account this process runs as (from the password database: `$USER` is the caller's to
+    set, so it alone cannot tell who is applying)."""
+    return frozenset({operator, operator.split("@", 1)[0], _login_user()})
+
+
+def _login_user() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid without an entry (a container's): the number is the account
+        return str(os.getuid())
+
+
+def _by_author(approval: Approval, authors: frozenset[str]) -> bool:
+    """Signed as the author, or recorded by the author's account under another principal."""
+    return approval.principal in authors or approval.operator.split("@", 1)[0] in authors
 
 
 def require_approval(
@@ -190,7 +207,8 @@ def require_approval(
             f"{signers}: {_principals(recorded)} signed it with a key that file does not allow",
             hint=f"nothing was changed; add the signer's key to {signers}, or {sign_it}",
         )
-    others = [a for a in valid if a.principal not in author_principals(operator)]
+    authors = author_principals(operator)
+    others = [a for a in valid if not _by_author(a, authors)]
     if not others:
         raise ApprovalRefused(
             f"{patch.spec.id} is signed only by its author ({_principals(valid)}, who runs this "

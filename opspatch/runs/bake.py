@@ -119,8 +119,8 @@ def bake_image(
             hint=f"name another with --tag, or remove it (`{request.runtime} rmi {tag}`)",
         )
     scratch = ContainerSettings(request.runtime, f"opspatch-bake-{secrets.token_hex(4)}")
-    runtime.start_scratch(base.id, scratch.name)
-    try:
+    try:  # a start that fails half-way can leave the container created: remove it whatever
+        runtime.start_scratch(base.id, scratch.name)
         host = _scratch_host(tag, scratch, request.python)
         with recorded_run(ledger, command="bake", patch=patch, hosts=[host]) as run:
             progress.run_started(run.run_id, f"{patch.spec.id} into {tag}, from {request.image}")
@@ -251,7 +251,10 @@ class _Bake:
             run_id=self.run_id,
             base=self.base,
         )
-        context = build_context(self.request.image, files, labels, prepared.diff())
+        # Built here, FROM the very image the plan ran on (its id: a tag may have moved since);
+        # a context for a pipeline names the reference, and its labels carry the base's digest.
+        base = self.request.image if self.request.context_dir is not None else self.base.id
+        context = build_context(base, files, labels, prepared.diff())
         if self.request.context_dir is not None:
             directory = self.request.context_dir
             with session.step("context") as note:

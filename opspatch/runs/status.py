@@ -206,18 +206,28 @@ def _classify(
             sha256=file.sha256,
             detail=describe_baked(baked, container),
         )
+
+    def lacking(status: PatchStatus) -> PatchStatus:
+        # the patch is not in the file and its own versions do not cover the host: it cannot
+        # be put back there (needs-port), whatever wiped it
+        if gate is None or structural.state == "applied":
+            return status
+        return replace(status, state=PatchState.NOT_APPLICABLE, detail=f"{gate}; {status.detail}")
+
     recreated = recreated_since(history, patch.spec.id, container)
     if recreated is not None and not isinstance(standing, AtPostImage | PatchedFurther):
-        return PatchStatus(
-            host=host,
-            patch=patch.spec.id,
-            state=PatchState(structural.state)
-            if structural.state != "applied"
-            else PatchState.APPLIED,
-            path=file.realpath,
-            sha256=file.sha256,
-            detail=recreated,
-            recreated=True,
+        return lacking(
+            PatchStatus(
+                host=host,
+                patch=patch.spec.id,
+                state=PatchState(structural.state)
+                if structural.state != "applied"
+                else PatchState.APPLIED,
+                path=file.realpath,
+                sha256=file.sha256,
+                detail=recreated,
+                recreated=True,
+            )
         )
     base: dict[str, Any] = {
         "host": host,
@@ -253,19 +263,23 @@ def _classify(
             detail=f"written by run {standing.version.run_id}, {standing.advice()}",
         )
     if isinstance(standing, AtPreImage):
-        return PatchStatus(
-            **base,
-            state=PatchState.NOT_APPLIED,
-            detail=f"back at the pre-image of run {standing.version.run_id}",
+        return lacking(
+            PatchStatus(
+                **base,
+                state=PatchState.NOT_APPLIED,
+                detail=f"back at the pre-image of run {standing.version.run_id}",
+            )
         )
     if isinstance(standing, ChangedSince):
         version = standing.version
-        return PatchStatus(
-            **base,
-            state=PatchState.DRIFTED,
-            detail=f"changed since run {version.run_id} wrote {version.sha256_after[:12]}; "
-            f"the patch is {structural.state} here"
-            + (f": {why_unknown(spec, structural)}" if structural.state == "unknown" else ""),
+        return lacking(
+            PatchStatus(
+                **base,
+                state=PatchState.DRIFTED,
+                detail=f"changed since run {version.run_id} wrote {version.sha256_after[:12]}; "
+                f"the patch is {structural.state} here"
+                + (f": {why_unknown(spec, structural)}" if structural.state == "unknown" else ""),
+            )
         )
     if structural.state == "applied":
         return PatchStatus(
