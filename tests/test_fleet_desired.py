@@ -14,7 +14,7 @@ from opspatch.config.fleet import DesiredPatch, load_fleet
 from opspatch.config.lookup import Workspace
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import detect
-from opspatch.core.vocabulary import Detected, DriftCause, PatchState, Rotation, SyncAction
+from opspatch.core.vocabulary import Detected, DriftCause, PatchState, SyncAction
 from opspatch.errors import InputError, Location, SpecError
 from opspatch.runs.status import PatchStatus, combine_set, why_unknown
 from opspatch.runs.sync import (
@@ -83,25 +83,6 @@ def test_decide_says_what_sync_does_about_a_desired_patch(
     assert row.action == action, row
     assert row.desired
     assert (row.command is None) == (action in (SyncAction.NOTHING, SyncAction.OUTSIDE_RANGE))
-
-
-@pytest.mark.parametrize(
-    ("change", "words"),
-    [
-        ({"server_running": False}, "its server is not running"),
-        ({"rotation": Rotation.OUT_OF_ROTATION}, "does not list the worker healthy"),
-    ],
-)
-def test_a_fix_that_is_there_on_a_host_that_does_not_serve_is_not_at_goal(
-    change: dict[str, object], words: str
-) -> None:
-    """Exit 0 means every host is as desired *and serving*: a down engine or a worker left out
-    of rotation is for `recover`, not `nothing`."""
-    there = status("applied", carried=Detected.APPLIED)
-    assert decide(ENTRY, there).action == SyncAction.NOTHING  # type: ignore[union-attr]
-    row = decide(ENTRY, replace(there, **change))  # type: ignore[arg-type]
-    assert row is not None and not row.action.at_goal
-    assert words in row.detail and row.command == "opspatch recover --hosts gpu-01"
 
 
 def test_the_table_says_an_action_for_every_status_word() -> None:

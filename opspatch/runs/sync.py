@@ -26,7 +26,6 @@ from opspatch.core.vocabulary import (
     DriftCause,
     Outcome,
     PatchState,
-    Rotation,
     SyncAction,
 )
 from opspatch.errors import (
@@ -87,15 +86,6 @@ class SyncRow(JsonRecord):
     """Why the file is not what the ledger and the fleet file expect (None: it is)."""
 
 
-def _not_serving(status: PatchStatus) -> str:
-    """Why a host whose file carries the patch is still not at goal ('' when it is)."""
-    if status.server_running is False:
-        return f"the patch is there but its server is not running ({status.detail})"
-    if status.rotation == Rotation.OUT_OF_ROTATION:
-        return "the patch is there but its router does not list the worker healthy"
-    return ""
-
-
 def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
     """What sync does about `status` (one host, one patch): `entry` is the fleet file's entry
     when the patch is desired there. None: a patch not desired and not there (nothing to say).
@@ -151,10 +141,6 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
     else:
         action = ACTION_BY_STATE.get(status.state, SyncAction.BY_HAND)
     detail = status.detail
-    if action == SyncAction.NOTHING:
-        not_serving = _not_serving(status)
-        if not_serving:  # the fix is there, but the goal is a server that serves it
-            return row(SyncAction.BY_HAND, not_serving, f"opspatch recover --hosts {host}")
     command = {
         SyncAction.APPLY: f"opspatch sync --hosts {host}",
         SyncAction.RESTART: f"opspatch restart --hosts {host}",
