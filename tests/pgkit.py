@@ -26,6 +26,7 @@ from urllib.parse import quote
 import pytest
 
 from opspatch.core.ledgerlocation import PostgresLedger
+from opspatch.ledger import Ledger
 from opspatch.ledger.database import migrate
 
 OWNER = "ledger"
@@ -69,6 +70,33 @@ class PostgresServer:
             conn.execute(f"CREATE SCHEMA {schema}")
         migrate(PostgresLedger(self.url(OWNER, schema)), WRITER)
         return PostgresLedger(self.url(WRITER, schema))
+
+    def own_writer(self, location: PostgresLedger) -> tuple[str, PostgresLedger]:
+        """A login role of its own that writes as the writer does (a member of it), and
+        `location` as that role reaches it: a controller the test can keep off the server
+        (`keep_out`) while every other connection goes on working."""
+        role = f"controller_{next(self._schemas)}"
+        with self.admin() as conn:
+            conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE {WRITER}")
+        return role, PostgresLedger(location.url.replace(f"//{WRITER}@", f"//{role}@", 1))
+
+    def keep_out(self, role: str, *, out: bool = True) -> None:
+        """Refuse `role`'s new connections (`out`), or let it connect again: to the controller,
+        the server is unreachable, as behind a network cut."""
+        with self.admin() as conn:
+            conn.execute(f"ALTER ROLE {role} {'NOLOGIN' if out else 'LOGIN'}")
+
+    def end_session(self, pid: int) -> None:
+        """End the server session `pid` as a restart or an operator's `pg_terminate_backend`
+        does, and wait until it is gone (so its client finds out at its next statement)."""
+        with self.admin() as conn:
+            ended = conn.execute("SELECT pg_terminate_backend(%s, 60000)", (pid,)).fetchone()
+        assert ended == (True,), f"the server session {pid} did not end"
+
+
+def backend_pid(ledger: Ledger) -> int:
+    """The server session an open PostgreSQL ledger writes through."""
+    return int(ledger._db._conn.info.backend_pid)
 
 
 def as_owner(location: PostgresLedger) -> str:

@@ -1,7 +1,8 @@
 """The team ledger on a real PostgreSQL server (tests/pgkit.py): controllers appending at once
 never fork the chain, the writer role cannot change history, `ledger migrate` refuses a newer
 schema, `ledger copy` keeps the head hash from SQLite to PostgreSQL and back, and a URL with a
-password is refused. The ledger's own behaviour on both backends: test_ledger.py,
+password is refused. A connection the server ended is opened again by the next transaction, and nothing is written
+twice. The ledger's own behaviour on both backends: test_ledger.py,
 test_ledger_runs.py (parametrised)."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from opspatch.errors import InputError, LedgerError
 from opspatch.ledger import Ledger
 from tests.clirunner import opspatch
 from tests.ledgerkit import begin, full_run, raw
-from tests.pgkit import WRITER, PostgresServer, as_owner
+from tests.pgkit import WRITER, PostgresServer, as_owner, backend_pid
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed")
 PG_SCHEMA_VERSION = pytest.importorskip("opspatch.ledger.postgres").SCHEMA_VERSION
@@ -102,6 +103,98 @@ def test_a_writer_waits_for_the_chain_lock_only_so_long_and_writes_nothing(
         assert "chain lock" in (caught.value.hint or "")
         assert ledger.verify().events_checked == 1  # the refused append left nothing behind
         begin(ledger)  # the holder is gone: the lock is free again
+        assert ledger.verify().ok
+
+
+# ---------------------------------------------------------------------------------------------
+# a lost connection
+
+
+def _steps(ledger: Ledger, run_id: str) -> list[tuple[str, str]]:
+    (host,) = ledger.get_run(run_id).hosts
+    return [(step.step, step.detail) for step in host.steps]
+
+
+def test_a_connection_the_server_ended_between_two_appends_is_opened_again_once(
+    location: PostgresLedger, postgres: PostgresServer
+) -> None:
+    """A restart or `pg_terminate_backend` between two writes (or reads): the next one connects
+    again and goes through, the chain verifies, and every event is there once."""
+    with Ledger.open(location) as ledger:
+        run_id = begin(ledger, hosts=("gpu-01",))
+        ledger.record_step(run_id, "gpu-01", "lock", "ok", 0.1, "first")
+        first = backend_pid(ledger)
+        postgres.end_session(first)
+        ledger.record_step(run_id, "gpu-01", "swap", "ok", 0.1, "second")
+        assert backend_pid(ledger) != first
+        postgres.end_session(backend_pid(ledger))
+        assert _steps(ledger, run_id) == [("lock", "first"), ("swap", "second")]  # a read
+        report = ledger.verify()
+    assert report.ok, report
+    assert report.events_checked == 3
+    hashes = [row[0] for row in raw(location).execute("SELECT hash FROM events").fetchall()]
+    assert len(hashes) == len(set(hashes)) == 3
+
+
+def test_a_connection_lost_inside_a_write_is_not_written_again(
+    location: PostgresLedger, postgres: PostgresServer
+) -> None:
+    """Lost after the write began, the write fails and is never sent twice: in the middle,
+    the server rolled it back; at COMMIT, the ledger says it cannot know whether the server
+    committed. Either way the next write connects again and the chain goes on whole."""
+    with Ledger.open(location) as ledger:
+        run_id = begin(ledger, hosts=("gpu-01",))
+        with (
+            pytest.raises(LedgerError, match="cannot write the ledger") as midway,
+            ledger._transaction() as db,
+        ):
+            db.take_event_id(0)
+            postgres.end_session(backend_pid(ledger))
+            db.execute("SELECT 1")
+        assert "the server rolled back" in (midway.value.hint or "")
+
+        step = {"step": "lock", "status": "ok", "seconds": None, "detail": "at commit"}
+        with (
+            pytest.raises(LedgerError, match="lost at COMMIT") as at_commit,
+            ledger._transaction() as db,
+        ):
+            ledger._append(db, run_id=run_id, kind="step", host="gpu-01", body=step)
+            postgres.end_session(backend_pid(ledger))
+        assert "whether the server committed this write is unknown" in at_commit.value.message
+        assert "did not write it again" in (at_commit.value.hint or "")
+        # The server never saw the COMMIT: the event is not there, and nobody wrote it twice.
+        assert _steps(ledger, run_id) == []
+        ledger.record_step(run_id, "gpu-01", "lock", "ok", 0.1, "after")
+        assert _steps(ledger, run_id) == [("lock", "after")]
+        report = ledger.verify()
+    assert report.ok, report
+    assert report.events_checked == 2
+
+
+def test_a_server_that_cannot_be_reached_again_is_one_clear_error_until_it_can(
+    location: PostgresLedger, postgres: PostgresServer
+) -> None:
+    role, mine = postgres.own_writer(location)
+    with Ledger.open(mine) as ledger:
+        run_id = begin(ledger, hosts=("gpu-01",))
+        postgres.keep_out(role)
+        try:
+            postgres.end_session(backend_pid(ledger))
+            for _ in range(2):  # the first finds the connection lost, the next finds it gone
+                with pytest.raises(LedgerError) as caught:
+                    ledger.record_step(run_id, "gpu-01", "lock", "ok", 0.1, "refused")
+                error = caught.value
+                assert error.message.startswith(f"cannot write the ledger {mine}: ")
+                assert "the connection to the server was lost" in error.message
+                assert "connecting again failed" in error.message
+                assert "not permitted to log in" in error.message
+                assert "that the server is up" in (error.hint or "")
+            with pytest.raises(LedgerError, match="cannot read the ledger"):
+                ledger.list_runs()
+        finally:
+            postgres.keep_out(role, out=False)
+        ledger.record_step(run_id, "gpu-01", "lock", "ok", 0.1, "let in again")
+        assert _steps(ledger, run_id) == [("lock", "let in again")]
         assert ledger.verify().ok
 
 

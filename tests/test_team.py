@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,7 +27,8 @@ from opspatch.runs.leases import host_identity
 from opspatch.runs.recover import require_recoverable
 from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
-from tests.pgkit import BACKENDS, WRITER, PostgresServer, backend_location
+from tests.ledgerkit import raw
+from tests.pgkit import BACKENDS, PostgresServer, backend_location, backend_pid
 from tests.test_runs_scripted import PRISTINE, REPO, STANDIN, FakeHost, Fleet
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen")
@@ -569,9 +571,11 @@ class Notices:
 def test_a_lease_held_across_a_cut_ledger_connection_is_reported_then_taken_over_once_expired(
     postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Controller A's connection to the PostgreSQL ledger is ended by the server (as a network
-    cut or a restarted server ends it): A's heartbeat says so and, once its expiry passed with no
-    beat through, A has lost its leases; B sees A's lease live until then, and takes it over."""
+    """Controller A loses the PostgreSQL ledger and cannot reach it again (its session ended and
+    its connections refused, as behind a network cut): A's heartbeat says so and, once its expiry
+    passed with no beat through, A has lost its leases; B sees A's lease live until then, and
+    takes it over. When A reaches the ledger again, its heartbeat says it got through and that
+    its leases were taken over."""
     from opspatch.ledger import store
     from opspatch.ledger.liveness import ControllerProcess
     from opspatch.runs.leases import Heartbeat
@@ -580,18 +584,18 @@ def test_a_lease_held_across_a_cut_ledger_connection_is_reported_then_taken_over
     elsewhere = ControllerProcess("alices-laptop", 4242, None)  # A's run is another machine's
     monkeypatch.setattr(store.ControllerProcess, "current", classmethod(lambda cls: elsewhere))
     location, expiry, notices = postgres.fresh_ledger(), 6.0, Notices([])
-    with Ledger.open(location) as alice:
+    alices_role, alices_way = postgres.own_writer(location)
+    with Ledger.open(alices_way) as alice:
         a = begin(alice, "alice@laptop", ["g"])
         assert alice.take_leases(a, {"g": "m/g:/s"}, expires_after=expiry).refused == ()
-        with postgres.admin() as admin:
-            query = "SELECT pid FROM pg_stat_activity WHERE usename = %s"
-            (a_backend,) = [row[0] for row in admin.execute(query, (WRITER,))]
         heartbeat = Heartbeat(LedgerRecorder(alice, a), expiry, notices, held=1).start()
         try:
-            with Ledger.open(location) as bob, postgres.admin() as admin:
-                admin.execute("SELECT pg_terminate_backend(%s)", (a_backend,))
+            with Ledger.open(location) as bob:
+                postgres.keep_out(alices_role)
+                postgres.end_session(backend_pid(alice))
                 assert wait_until(lambda: bool(notices.said), timeout=30, interval=0.05)
                 assert "the ledger did not take this run's lease heartbeat" in notices.said[0]
+                assert "connecting again failed" in notices.said[0]
                 (lease,) = bob.leases_of([a])
                 assert lease.live, lease  # the lease outlives the cut until its expiry
                 b = begin(bob, "bob@jump", ["g"])
@@ -605,6 +609,47 @@ def test_a_lease_held_across_a_cut_ledger_connection_is_reported_then_taken_over
                 assert [h.run_id for h in grant.taken_over] == [a]
             assert wait_until(lambda: heartbeat.lost is not None, timeout=30, interval=0.05)
             assert "leases could not be renewed" in str(heartbeat.lost)
+            postgres.keep_out(alices_role, out=False)  # the network is back
+            assert wait_until(lambda: len(notices.said) >= 3, timeout=30, interval=0.05)
+            assert notices.said[1] == "the ledger takes this run's lease heartbeat again"
+            assert "1 of this run's 1 leases were taken over by another run" in notices.said[2]
+            assert "took this run's leases over" in str(heartbeat.lost)
+        finally:
+            heartbeat.stop()
+            postgres.keep_out(alices_role, out=False)
+
+
+def test_a_run_keeps_its_lease_across_a_ledger_session_the_server_ended(
+    postgres: PostgresServer,
+) -> None:
+    """The server ends A's session (a restart, `pg_terminate_backend`): A's next heartbeat
+    connects again and gets through, so A never stops holding its lease, and says nothing of
+    it; B is still refused."""
+    from opspatch.runs.leases import Heartbeat
+    from opspatch.runs.recorder import LedgerRecorder
+
+    location, expiry, notices = postgres.fresh_ledger(), 3.0, Notices([])
+    with Ledger.open(location) as alice:
+        a = begin(alice, "alice@laptop", ["g"])
+        assert alice.take_leases(a, {"g": "m/g:/s"}, expires_after=expiry).refused == ()
+        heartbeat = Heartbeat(LedgerRecorder(alice, a), expiry, notices, held=1).start()
+        try:
+            postgres.end_session(backend_pid(alice))
+            ended_ms = int(time.time() * 1000)
+
+            def beat_since_the_end() -> bool:
+                (beat,) = raw(location).execute("SELECT heartbeat_at_ms FROM leases").fetchone()
+                return int(beat) > ended_ms
+
+            assert wait_until(beat_since_the_end, timeout=30, interval=0.05)
+            assert notices.said == []
+            assert heartbeat.lost is None
+            with Ledger.open(location) as bob:
+                (lease,) = bob.leases_of([a])
+                assert lease.live, lease
+                b = begin(bob, "bob@jump", ["g"])
+                refused = bob.take_leases(b, {"g": "m/g:/s"}, expires_after=60).refused
+                assert [h.run_id for h in refused] == [a]
         finally:
             heartbeat.stop()
 

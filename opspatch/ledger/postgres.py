@@ -5,6 +5,9 @@ hash was computed over), so the same rows verify to the same head hash on either
 Writers serialise on the chain head with `pg_advisory_xact_lock(CHAIN_LOCK_KEY)` at the start of
 every write transaction (freed at commit or rollback, so a cut connection never keeps it);
 readers take the same lock shared, so a verify never sees an id handed out but not committed.
+A connection the server ended (a restart, `pg_terminate_backend`) or the network cut is opened
+again by the next transaction, once, before it does anything; a transaction already under way
+when it was lost is never sent twice (`_transaction`).
 
 Append-only is enforced by the database twice over: the writer role (named to `migrate`) is
 granted only SELECT and INSERT on the history, and BEFORE UPDATE/DELETE/TRUNCATE triggers refuse
@@ -128,6 +131,12 @@ _CONNECTION_DEFAULTS = {
 instead of blocking for the kernel's quarter of an hour, so the heartbeat says it lost the
 ledger while the lease is still live (TCP only; a socket connection ignores them)."""
 
+_CONNECT_HINT = "check the URL, that the server is up, and the password in PGPASSWORD or ~/.pgpass"
+
+_ENDED_BY_SERVER = ("57P01", "57P02")
+"""admin_shutdown (a restart, pg_terminate_backend) and crash_shutdown: the server ended the
+session; like class 08 (connection exception), the connection is gone, not the statement wrong."""
+
 _REFUSE_FUNCTION = f"""
 CREATE OR REPLACE FUNCTION opspatch_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -153,7 +162,8 @@ def quote_identifier(name: str) -> str:
 
 @dataclass
 class PostgresDatabase:
-    """A PostgreSQL ledger, open (one connection, autocommit outside `writing()`)."""
+    """A PostgreSQL ledger, open (one connection, autocommit outside `writing()`, opened
+    again once when a transaction finds it lost before it did anything: `_begin`)."""
 
     location: PostgresLedger
     _conn: psycopg.Connection[Any] = field(repr=False)
@@ -174,21 +184,11 @@ class PostgresDatabase:
                 hint="pip install 'opspatch[postgres]' (psycopg 3)",
             ) from None
         try:
-            from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-            given = conninfo_to_dict(location.url)
-            unsaid = {k: v for k, v in _CONNECTION_DEFAULTS.items() if k not in given}
-            conn = psycopg.connect(make_conninfo(location.url, **unsaid), autocommit=True)
-            conn.execute(f"SET lock_timeout = '{int(LOCK_TIMEOUT_SECONDS * 1000)}ms'")
-            conn.execute(
-                "SET idle_in_transaction_session_timeout = "
-                f"'{int(STALLED_TRANSACTION_SECONDS * 1000)}ms'"
-            )
+            conn = _session(location)
         except psycopg.Error as exc:
             raise LedgerError(
                 f"cannot open the ledger {location}: {_first_line(exc)}",
-                hint="check the URL, that the server is up, and the password in PGPASSWORD or "
-                "~/.pgpass",
+                hint=_CONNECT_HINT,
             ) from exc
         return cls(location=location, _conn=conn, errors=(psycopg.Error,))
 
@@ -259,19 +259,122 @@ class PostgresDatabase:
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
         """A transaction that takes the chain head's advisory lock before anything else."""
-        try:
-            with self._conn.transaction():
-                self.execute("SELECT pg_advisory_xact_lock(?)", (CHAIN_LOCK_KEY,))
-                yield
-        except self.errors as exc:
-            raise self.failure(exc, "write") from exc
+        with self._transaction("SELECT pg_advisory_xact_lock(?)", "write"):
+            yield
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
         """A transaction holding the chain lock shared: no append is half-way while it reads."""
-        with self._conn.transaction():
-            self.execute("SELECT pg_advisory_xact_lock_shared(?)", (CHAIN_LOCK_KEY,))
+        from psycopg.pq import TransactionStatus
+
+        inside = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
+        if self._conn.info.transaction_status in inside:  # within `writing()`: its snapshot
             yield
+            return
+        with self._transaction("SELECT pg_advisory_xact_lock_shared(?)", "read"):
+            yield
+
+    @contextlib.contextmanager
+    def _transaction(self, lock: str, doing: str) -> Iterator[None]:
+        """BEGIN, take the chain lock with `lock`, run the block, COMMIT; every driver error as
+        the `LedgerError` of `failure(exc, doing)`.
+
+        A connection lost before the block ran (`_begin`) is opened again once and the
+        transaction begun on it, as if nothing happened. Nothing is retried once the block
+        ran: a connection lost in it took the whole transaction with it (the server rolls back
+        what it never saw committed), and one lost at COMMIT leaves unknown whether the
+        server committed, which is said, never guessed by writing the events again.
+        """
+        import psycopg
+
+        self._begin(lock, doing)
+        try:
+            yield
+        except psycopg.Error as exc:
+            self._roll_back()
+            raise self.failure(exc, doing) from exc
+        except BaseException:
+            self._roll_back()
+            raise
+        try:
+            self._conn.execute("COMMIT")
+        except psycopg.Error as exc:
+            self._roll_back()
+            if not self._lost(exc):
+                raise self.failure(exc, doing) from exc
+            raise LedgerError(
+                f"cannot {doing} the ledger {self.location}: the connection to the server was "
+                f"lost at COMMIT ({_first_line(exc)}); whether the server committed this "
+                f"{doing} is unknown",
+                hint="opspatch did not write it again, so nothing is recorded twice; "
+                "`opspatch ledger show RUN` tells whether it is there, and the next use of "
+                "the ledger connects again",
+            ) from exc
+
+    def _begin(self, lock: str, doing: str) -> None:
+        """BEGIN and the chain lock. A connection already lost (an earlier transaction failed
+        with it) or lost at these two statements, which leave nothing behind on the server, is
+        opened again once (same URL, same settings) and the two sent again on it.
+
+        Raises:
+            LedgerError: the connection cannot be opened again, or fails again, or the lock is
+                refused (its timeout passed).
+        """
+        import psycopg
+
+        reconnected = False
+        if self._conn.broken:
+            self._reconnect(doing, None)
+            reconnected = True
+        while True:
+            try:
+                self._conn.execute("BEGIN")
+                self.execute(lock, (CHAIN_LOCK_KEY,))
+                return
+            except psycopg.Error as exc:
+                self._roll_back()
+                if reconnected or not self._lost(exc):
+                    raise self.failure(exc, doing) from exc
+                self._reconnect(doing, _first_line(exc))
+                reconnected = True
+
+    def _reconnect(self, doing: str, why: str | None) -> None:
+        """Replace the lost connection with a new one to the same ledger.
+
+        Raises:
+            LedgerError: the server cannot be reached or refuses the connection.
+        """
+        import psycopg
+
+        said = f" ({why})" if why else ""
+        try:
+            conn = _session(self.location)
+        except psycopg.Error as exc:
+            raise LedgerError(
+                f"cannot {doing} the ledger {self.location}: the connection to the server was "
+                f"lost{said} and connecting again failed: {_first_line(exc)}",
+                hint=_CONNECT_HINT,
+            ) from exc
+        with contextlib.suppress(psycopg.Error):
+            self._conn.close()
+        self._conn = conn
+
+    def _lost(self, exc: BaseException) -> bool:
+        """Whether `exc` says the connection is gone (the server ended it, or it broke)."""
+        import psycopg
+
+        sqlstate = getattr(exc, "sqlstate", None) or ""
+        return isinstance(exc, psycopg.OperationalError) and (
+            self._conn.broken or sqlstate.startswith("08") or sqlstate in _ENDED_BY_SERVER
+        )
+
+    def _roll_back(self) -> None:
+        import psycopg
+
+        # A lost connection has nothing to roll back (the server did it); keep the first error.
+        with contextlib.suppress(psycopg.Error):
+            if not self._conn.closed:
+                self._conn.execute("ROLLBACK")
 
     def take_event_id(self, last_id: int) -> int:
         # Under the chain lock, in the append's own transaction: a write that fails or is cut
@@ -297,8 +400,11 @@ class PostgresDatabase:
                 f"{LOCK_TIMEOUT_SECONDS:.0f} s; pg_locks joined with pg_stat_activity (locktype "
                 "'advisory') shows which session"
             )
-        elif sqlstate is not None and sqlstate.startswith("08"):  # connection exceptions
-            hint = "the connection to the server was lost; check the server and retry"
+        elif self._lost(exc):
+            hint = (
+                "the connection to the server was lost; what it had not committed, the server "
+                "rolled back, and the next use of the ledger connects again"
+            )
         return LedgerError(
             f"cannot {doing} the ledger {self.location}: {_first_line(exc)}", hint=hint
         )
@@ -402,6 +508,27 @@ class PostgresDatabase:
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _session(location: PostgresLedger) -> psycopg.Connection[Any]:
+    """A new connection to `location` with the settings every session of ours runs with: the
+    URL's own, `_CONNECTION_DEFAULTS` for what it leaves out, and the two timeouts."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    given = conninfo_to_dict(location.url)
+    unsaid = {k: v for k, v in _CONNECTION_DEFAULTS.items() if k not in given}
+    conn = psycopg.connect(make_conninfo(location.url, **unsaid), autocommit=True)
+    try:
+        conn.execute(f"SET lock_timeout = '{int(LOCK_TIMEOUT_SECONDS * 1000)}ms'")
+        conn.execute(
+            "SET idle_in_transaction_session_timeout = "
+            f"'{int(STALLED_TRANSACTION_SECONDS * 1000)}ms'"
+        )
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _first_line(exc: BaseException) -> str:
