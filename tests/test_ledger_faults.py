@@ -2,12 +2,15 @@
 do, not "disk I/O error ... is it an opspatch ledger? move it aside".
 
 The filesystems are real: a tiny tmpfs (root ignores file permissions, a full or read-only
-filesystem does not), filled with a file or remounted read-only, unmounted afterwards.
+filesystem does not), filled with a file or remounted read-only, unmounted afterwards. A damaged
+file is a real one with a page overwritten, as a bad sector leaves it: what SQLite says of it
+reaches the caller as the ledger's error, never as sqlite3's.
 """
 
 from __future__ import annotations
 
 import errno
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +19,12 @@ import pytest
 
 from opspatch.errors import LedgerError
 from opspatch.ledger import Ledger
+from opspatch.runs.leases import Heartbeat
+from opspatch.runs.recorder import LedgerRecorder
 from tests.clirunner import opspatch
+from tests.fleetkit import wait_until
 from tests.ledgerkit import ORIGINAL, begin, begin_and_die, sha
+from tests.test_team import Notices
 
 FULL = "the filesystem that holds it is full"
 READ_ONLY = "the filesystem that holds it is mounted read-only"
@@ -169,3 +176,57 @@ def test_a_read_only_ledger_can_be_read_but_a_write_says_read_only(
             ledger.record_step(run_id, "gpu-01", "swap", "started")
     assert_names(caught.value, path, READ_ONLY, "remount it read-write")
     assert caught.value.message.startswith(f"cannot write the ledger {path}")
+
+
+# ---------------------------------------------------------------------------------------------
+# damaged
+
+
+def damage_table(path: Path, table: str) -> None:
+    """Overwrite the header of `table`'s root page in the (closed, checkpointed) ledger file, as
+    a bad sector would: SQLite then calls the file malformed wherever it reads that table."""
+    conn = sqlite3.connect(path)
+    (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()
+    (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+    conn.close()
+    assert not path.with_name(path.name + "-wal").exists()  # every page is in the file itself
+    with path.open("r+b") as file:
+        file.seek((root - 1) * page_size)
+        file.write(b"\xff" * 16)
+
+
+def test_a_lease_write_on_a_damaged_ledger_is_the_ledgers_error_and_the_heartbeat_says_so(
+    tmp_path: Path,
+) -> None:
+    """Taking, renewing and giving back leases run their own SQL inside the write transaction;
+    SQLite's error there is a `LedgerError` naming the ledger (as an append's is), so a run's
+    heartbeat says the ledger did not take the beat and goes on trying, instead of its thread
+    dying of a `sqlite3.DatabaseError` while the run goes on as if it held its hosts."""
+    path = tmp_path / "ledger.sqlite3"
+    with Ledger.open(path) as ledger:
+        run_id = begin(ledger, hosts=("gpu-01",))
+        ledger.take_leases(run_id, {"gpu-01": "m/gpu-01:/s"}, expires_after=60)
+    damage_table(path, "leases")
+    with Ledger.open(path) as ledger:
+        head = ledger.verify()
+        writes = (
+            lambda: ledger.take_leases(run_id, {"gpu-01": "m/gpu-01:/s"}, expires_after=60),
+            lambda: ledger.renew_leases(run_id),
+            lambda: ledger.give_back_leases(run_id),
+        )
+        for write in writes:
+            with pytest.raises(LedgerError) as caught:
+                write()
+            said = f"cannot write the ledger {path}: database disk image is malformed"
+            assert caught.value.message == said
+        assert ledger.verify() == head  # nothing was written: the history is as it was
+
+        notices = Notices([])
+        heartbeat = Heartbeat(LedgerRecorder(ledger, run_id), 0.3, notices, held=1).start()
+        try:
+            assert wait_until(lambda: heartbeat.lost is not None, timeout=30, interval=0.05)
+        finally:
+            heartbeat.stop()
+    assert "the ledger did not take this run's lease heartbeat" in notices.said[0]
+    assert "database disk image is malformed" in notices.said[0]
+    assert "leases could not be renewed" in str(heartbeat.lost)

@@ -51,7 +51,8 @@ class Database(Protocol):
         with: committed when the block ends, rolled back when it raises.
 
         Raises:
-            LedgerError: the transaction cannot be begun or committed.
+            LedgerError: the transaction cannot be begun or committed, or a statement in it
+                fails (the driver's error, as `failure()` tells it).
         """
         ...
 

@@ -89,17 +89,24 @@ class SqliteDatabase:
             ) from exc
         try:
             yield
+        except sqlite3.Error as exc:
+            # A statement of the block (a lease write, say) failed: the ledger's error, not the
+            # driver's, reaches the caller, as an append's does (a heartbeat retries only those).
+            self._roll_back()
+            raise self.failure(exc, "write") from exc
         except BaseException:
-            # SQLite may already have rolled back after some errors; keep the first error.
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
+            self._roll_back()
             raise
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
+            self._roll_back()
             raise self.failure(exc, "write") from exc
+
+    def _roll_back(self) -> None:
+        # SQLite may already have rolled back after some errors; keep the first error.
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.execute("ROLLBACK")
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
