@@ -518,6 +518,32 @@ def test_sync_under_a_fleet_file_asking_for_approval_needs_a_second_operators_si
         assert taken.startswith("took the lease on ") and given.startswith("gave the lease on ")
 
 
+def test_ledger_show_of_an_approve_run_names_the_signer_not_a_host(
+    fleet: Fleet, signers: Signers
+) -> None:
+    """An approval's `sign` step keeps the principal in the host column; `ledger show` tells it
+    as the signer, in the text and the JSON, and lists no host for it."""
+    from tests.clirunner import opspatch
+
+    sign(fleet, signers, "bob", "bob")
+    (run,) = [r for r in fleet.ledger.list_runs() if r.command == "approve"]
+    args = ("--ledger", str(fleet.ledger.path), "ledger", "show", run.run_id)
+    shown = opspatch(*args, "--json")
+    assert shown.code == 0, shown.stderr
+    data = shown.json()
+    assert data["host_records"] == []
+    (approval,) = data["approvals"]
+    assert approval["principal"] == "bob" and approval["operator"] == "bob@jump"
+    assert approval["patch_sha256"] == fleet.patch.sha256 and approval["run_id"] == run.run_id
+    assert approval["signature"].startswith("-----BEGIN SSH SIGNATURE-----")
+    text = opspatch(*args)
+    assert text.code == 0, text.stderr
+    assert f"  signed by bob: the patch's sha256 {fleet.patch.sha256}, recorded " in text.stdout
+    assert "  bob:" not in text.stdout  # not a host with an outcome
+    applied = fleet.ledger.get_run(begin(fleet.ledger, "alice@laptop", ["h1"]))
+    assert applied.approvals is None and "approvals" not in applied.to_json()
+
+
 def test_check_verifies_each_recorded_signature_against_the_playbooks_signers(
     fleet: Fleet, signers: Signers, tmp_path: Path
 ) -> None:

@@ -90,6 +90,12 @@ def ledger_show(
     out.print(f"  started {s.started_at}, {s.status}{' ' + s.outcome if s.outcome else ''}")
     if s.recovered_by:
         out.print(f"  recovered by run {s.recovered_by}")
+    for approval in detail.approvals or ():
+        out.print(
+            f"  signed by {approval.principal}: the patch's sha256 {approval.patch_sha256}, "
+            f"recorded {approval.recorded_at} (`opspatch check` verifies it against a playbook's "
+            "allowed_signers)"
+        )
     for host in detail.hosts:
         out.print(
             Text(

@@ -10,20 +10,19 @@ ledger's lock.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from opspatch.core.vocabulary import StepStatus
-from opspatch.ledger.chain import canonical_json
+from opspatch.ledger.chain import EventRow, canonical_json
 from opspatch.ledger.database import Database
 from opspatch.ledger.events import finish_events, select_events
-from opspatch.ledger.records import Approval
+from opspatch.ledger.records import Approval, RunDetail
 
 APPROVE_COMMAND = "approve"
 SIGN_STEP = "sign"
 
 
-def approvals_of(
-    conn: Database, patch_sha256s: Sequence[str]
-) -> dict[str, list[Approval]]:
+def approvals_of(conn: Database, patch_sha256s: Sequence[str]) -> dict[str, list[Approval]]:
     """Per sha256 of `patch_sha256s`, the finished approvals recorded for it, oldest first."""
     wanted = sorted(set(patch_sha256s))
     if not wanted:
@@ -49,18 +48,44 @@ def approvals_of(
         else []
     )
     for row in steps:
-        if row.data.get("step") != SIGN_STEP or row.data.get("status") != StepStatus.OK:
-            continue
-        start = by_run[row.run_id].data
-        found.setdefault(start["patch_sha256"], []).append(
-            Approval(
-                run_id=row.run_id,
-                patch_id=start["patch_id"],
-                patch_sha256=start["patch_sha256"],
-                principal=str(row.host),
-                operator=start["operator"],
-                signature=str(row.data["detail"]),
-                recorded_at=row.recorded_at,
-            )
-        )
+        if _signed(row):
+            start = by_run[row.run_id]
+            found.setdefault(start.data["patch_sha256"], []).append(_approval(start, row))
     return found
+
+
+def signed_in(conn: Database, detail: RunDetail) -> RunDetail:
+    """`detail` of an `approve` run told as what it is: its `sign` steps as `approvals` (the
+    principal who signed), not as host records (their host column holds the principal)."""
+    if detail.summary.command != APPROVE_COMMAND:
+        return detail
+    rows = select_events(conn, "run_id = ? ORDER BY id", (detail.run_id,))
+    start = next(row for row in rows if row.kind == "run-started")
+    approvals = tuple(_approval(start, row) for row in rows if _signed(row))
+    principals = {approval.principal for approval in approvals}
+    return replace(
+        detail,
+        hosts=tuple(h for h in detail.hosts if h.host not in principals),
+        approvals=approvals,
+    )
+
+
+def _signed(row: EventRow) -> bool:
+    return (
+        row.kind == "step"
+        and row.data.get("step") == SIGN_STEP
+        and row.data.get("status") == StepStatus.OK
+    )
+
+
+def _approval(start: EventRow, sign: EventRow) -> Approval:
+    """The approval an `approve` run's start and its `sign` step record."""
+    return Approval(
+        run_id=sign.run_id,
+        patch_id=start.data["patch_id"],
+        patch_sha256=start.data["patch_sha256"],
+        principal=str(sign.host),
+        operator=start.data["operator"],
+        signature=str(sign.data["detail"]),
+        recorded_at=sign.recorded_at,
+    )

@@ -161,11 +161,13 @@ class RunSummary(JsonRecord):
 class RunDetail(JsonRecord):
     """A run with every host's steps, facts, file versions and outcome (`ledger show`).
 
-    Its JSON is the summary's keys followed by `host_records`.
+    Its JSON is the summary's keys followed by `host_records`, and for an `approve` run
+    `approvals`: who signed (its `sign` steps, whose host column is the principal, not a host).
     """
 
     summary: RunSummary = json_field(inline=True)
     hosts: tuple[HostRecord, ...] = json_field(key="host_records")
+    approvals: tuple[Approval, ...] | None = json_field(omit_none=True, default=None)
 
     @property
     def run_id(self) -> str:

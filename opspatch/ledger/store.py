@@ -32,7 +32,7 @@ from opspatch.core.source import sha256_hex
 from opspatch.core.vocabulary import RECORDED_OUTCOMES, Outcome, RunOutcome, StepStatus
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
 from opspatch.ledger import leases
-from opspatch.ledger.approvals import APPROVE_COMMAND, SIGN_STEP, approvals_of
+from opspatch.ledger.approvals import APPROVE_COMMAND, SIGN_STEP, approvals_of, signed_in
 from opspatch.ledger.chain import (
     GENESIS_HASH,
     ROW_COLUMNS,
@@ -450,7 +450,7 @@ class Ledger:
         """
         full_id = self.resolve_run_id(run_id)
         with self._reading() as conn:
-            return run_detail(conn, full_id)
+            return signed_in(conn, run_detail(conn, full_id))
 
     def blob(self, sha256: str) -> bytes:
         """The bytes stored under `sha256`, re-hashed before they are returned.
