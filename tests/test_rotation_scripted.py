@@ -160,9 +160,7 @@ def fleet(router: FakeRouter, tmp_path: Path) -> Iterator[RoutedFleet]:
     router.state = RouterState()
     fakes = {}
     for index in range(3):
-        fake = FakeHost(f"h{index + 1}", tmp_path / f"h{index + 1}")
-        fake.file.parent.mkdir(parents=True)
-        fake.file.write_bytes((STANDIN / "eagle_worker_v2.py").read_bytes())
+        fake = FakeHost.installed(f"h{index + 1}", tmp_path / f"h{index + 1}")
         fakes[fake.name] = fake
     with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
         yield RoutedFleet(router, fakes, ledger)

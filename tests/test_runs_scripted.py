@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,10 @@ MODULE = "sglang.srt.speculative.eagle_worker_v2"
 Fault = Callable[[str, dict[str, Any]], "dict[str, Any] | Refusal | None"]
 
 
+FAKE_PID = 4242
+"""The scripted engine's pid, as its `restart` answers it and `inspect` finds it running."""
+
+
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -46,14 +52,40 @@ def sha(data: bytes) -> str:
 @dataclass
 class FakeHost:
     """One scripted host: a real file (the stand-in's eagle_worker_v2.py) and a real state
-    folder, an engine that answers as scripted, and `fault`, asked first for every request."""
+    folder, an engine that answers as scripted, and `fault`, asked first for every request.
+
+    The engine is a state, not a process: `serving` (what `inspect` finds in place of a live
+    process in the pid file, which the real agent cannot find, and whether `wait_ready`
+    answers) and `started_at` (when it last started: a `restart` moves it to now, so a file
+    swapped without a restart is newer than its server, `staged`, as on a real host)."""
 
     name: str
     root: Path
     fault: Fault | None = None
     smoke_ok: bool = True
     gone: bool = False  # every request fails: the host vanished
+    serving: bool = True
+    """False: the engine is down (no server found, readiness refused) until a restart."""
+    started_at: float | None = None
+    """When the engine started, epoch seconds (None: unknown, as for a process the agent
+    cannot read the start of)."""
     requests: list[str] = field(default_factory=list)
+
+    @classmethod
+    def installed(cls, name: str, root: Path) -> FakeHost:
+        """A host with the stand-in's pristine file, installed an hour ago, whose engine started
+        after that install: a swap now makes the file newer than the server."""
+        fake = cls(name, root)
+        fake.file.parent.mkdir(parents=True)
+        fake.file.write_bytes((STANDIN / "eagle_worker_v2.py").read_bytes())
+        installed = time.time() - 3600
+        os.utime(fake.file, (installed, installed))
+        fake.started_at = installed + 1
+        return fake
+
+    def restarted(self) -> None:
+        """What a restart of its engine does: it runs, started now (after every write so far)."""
+        self.serving, self.started_at = True, time.time()
 
     @property
     def file(self) -> Path:
@@ -101,10 +133,20 @@ class FakeHost:
                     "distribution_version": "0.5.23",
                     "record_sha256": None,
                 }
+                # a live process a test put in the pid file is found by the agent itself
+                if answer.get("server") is None and self.serving:
+                    answer["server"] = {"pid": FAKE_PID, "started_at": self.started_at}
             return answer
         if op == "restart":
-            return {"strategy": "command", "pid": 4242, "log_offset": 0, "stopped": []}
+            self.restarted()
+            return {"strategy": "command", "pid": FAKE_PID, "log_offset": 0, "stopped": []}
         if op == "wait_ready":
+            if not self.serving:
+                return Refusal(
+                    "engine-not-running",
+                    f"the engine is not running: pid {FAKE_PID} has exited, and /health does "
+                    "not answer",
+                )
             return {"seconds": 0.1, "polls": 1}
         if op == "smoke":
             result = {
@@ -148,12 +190,7 @@ class Fleet:
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
     patch = load_patch(REPO / "patches" / "eagle-init-guard.toml")
-    hosts = []
-    for index in range(3):
-        fake = FakeHost(f"h{index + 1}", tmp_path / f"h{index + 1}")
-        fake.file.parent.mkdir(parents=True)
-        fake.file.write_bytes((STANDIN / "eagle_worker_v2.py").read_bytes())
-        hosts.append(fake)
+    hosts = [FakeHost.installed(f"h{index + 1}", tmp_path / f"h{index + 1}") for index in range(3)]
     ledger = Ledger.open(tmp_path / "ledger.sqlite3")
     try:
         yield Fleet(hosts, ledger, patch)

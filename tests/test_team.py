@@ -27,7 +27,7 @@ from opspatch.runs.recover import require_recoverable
 from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
 from tests.pgkit import BACKENDS, WRITER, PostgresServer, backend_location
-from tests.test_runs_scripted import PRISTINE, REPO, STANDIN, FakeHost, Fleet
+from tests.test_runs_scripted import PRISTINE, REPO, FakeHost, Fleet
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen")
 
@@ -37,12 +37,7 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
     """test_runs_scripted's fleet: three scripted hosts with real files and state folders."""
     from opspatch.config.patches import load_patch
 
-    hosts = []
-    for index in range(3):
-        fake = FakeHost(f"h{index + 1}", tmp_path / f"h{index + 1}")
-        fake.file.parent.mkdir(parents=True)
-        fake.file.write_bytes((STANDIN / "eagle_worker_v2.py").read_bytes())
-        hosts.append(fake)
+    hosts = [FakeHost.installed(f"h{index + 1}", tmp_path / f"h{index + 1}") for index in range(3)]
     with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
         yield Fleet(hosts, ledger, load_patch(REPO / "patches" / "eagle-init-guard.toml"))
 
