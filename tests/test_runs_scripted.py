@@ -22,11 +22,12 @@ from typing import Any
 
 import pytest
 
+from opspatch.config.fleet import DesiredPatch, DesiredState
 from opspatch.config.patches import load_patch
 from opspatch.core.host import CommandRestart, EngineSettings, Host
 from opspatch.core.policy import BatchSize, Playbook
 from opspatch.core.spec import LoadedPatch
-from opspatch.errors import TransportError
+from opspatch.errors import Location, TransportError
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
 from opspatch.ledger.store import Ledger
@@ -836,3 +837,70 @@ def test_status_of_a_wiped_fix_on_a_release_the_patch_does_not_cover_is_not_appl
     (said,) = fleet_status([host.host()], [narrowed], fleet.factory, fleet.ledger)
     assert said.state == "not-applicable", said
     assert "0.5.23" in said.detail and "back at the pre-image of run" in said.detail, said
+
+
+# -- sync on scripted hosts ----------------------------------------------------------------------
+
+
+def desired_everywhere(fleet: Fleet, *patches: LoadedPatch) -> DesiredState:
+    """A fleet file that wants each of `patches` (in that order) on every host of `fleet`."""
+    hosts = {h.name: h.host() for h in fleet.hosts}
+    return DesiredState(
+        "fleet.toml",
+        tuple(
+            DesiredPatch(p, tuple(hosts), "", Location("fleet.toml", 1 + 3 * i, f"patches[{i}]"))
+            for i, p in enumerate(patches)
+        ),
+        hosts,
+    )
+
+
+def test_a_sync_leaves_a_host_whose_engine_is_down_to_recover_and_applies_the_rest(
+    fleet: Fleet,
+) -> None:
+    """h2 carries the fix, proven, but its engine died since: `sync --check` is not at goal
+    there (exit 1, naming `opspatch recover --hosts h2`), sync writes nothing there and records
+    it skipped with that reason while h1 and h3 get the patch; the recover it names clears it."""
+    from opspatch.runs.sync import plan_fleet, sync_fleet
+
+    everyone, down = fleet.hosts, fleet.hosts[1]
+    fleet.hosts = [down]
+    assert fleet.apply().exit_code == 0
+    fleet.hosts = everyone
+    down.serving = False
+    written = sha(down.file.read_bytes())
+    desired = desired_everywhere(fleet, fleet.patch)
+    hosts = list(desired.hosts.values())
+
+    check = plan_fleet(desired, hosts, [], fleet.factory, fleet.ledger)
+    assert check.exit_code == 1
+    rows = {r.host: r for r in check.differing}
+    assert {h: str(r.action) for h, r in rows.items()} == {
+        "h1": "apply",
+        "h2": "recover",
+        "h3": "apply",
+    }
+    assert rows["h2"].command == "opspatch recover --hosts h2"
+    assert "its server is not running: `opspatch recover --hosts h2`" in rows["h2"].detail
+
+    down.requests.clear()
+    playbook = Playbook(canary=0, batch=BatchSize(count=10), max_failures=1)
+    report = sync_fleet(
+        desired, hosts, [], playbook, factory=fleet.factory, ledger=fleet.ledger, before=check
+    )
+    (run,) = report.runs
+    assert fleet.outcomes(run) == {"h1": "applied", "h3": "applied"}
+    (left,) = report.left_alone
+    (skipped,) = left.hosts
+    assert (skipped.host, str(skipped.outcome)) == ("h2", "skipped")
+    assert (skipped.error or "").startswith("recover: the fix is there, but its server is not")
+    assert (fleet.ledger.get_run(str(left.run_id)).host("h2").error or "") == skipped.error
+    assert down.requests == ["inspect"]  # the plan after the sync; nothing begun, swapped
+    assert sha(down.file.read_bytes()) == written
+    assert not down.serving  # nor restarted
+    assert [str(r.action) for r in report.after.differing] == ["recover"]
+    assert report.exit_code == 1
+
+    recovered = _recover(fleet, down)
+    assert fleet.outcomes(recovered) == {"h2": "applied"}, recovered
+    assert plan_fleet(desired, hosts, [], fleet.factory, fleet.ledger).exit_code == 0

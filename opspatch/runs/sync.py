@@ -26,6 +26,7 @@ from opspatch.core.vocabulary import (
     DriftCause,
     Outcome,
     PatchState,
+    Rotation,
     SyncAction,
 )
 from opspatch.errors import (
@@ -141,6 +142,16 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
     else:
         action = ACTION_BY_STATE.get(status.state, SyncAction.BY_HAND)
     detail = status.detail
+    if action == SyncAction.NOTHING:
+        unserved = not_serving(status)
+        if unserved:  # the goal is a fix that is served, not only one on disk
+            return row(
+                SyncAction.RECOVER,
+                f"the fix is there, but {unserved}: `opspatch recover --hosts {host}` starts "
+                "the server and re-admits it once its smoke decode passes; sync writes nothing "
+                "there" + (f" ({detail})" if detail else ""),
+                f"opspatch recover --hosts {host}",
+            )
     command = {
         SyncAction.APPLY: f"opspatch sync --hosts {host}",
         SyncAction.RESTART: f"opspatch restart --hosts {host}",
@@ -159,6 +170,17 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
     return row(action, detail, command)
 
 
+def not_serving(status: PatchStatus) -> str:
+    """Why a host whose file carries the patch does not serve it ('' when it does, or when
+    that is not known: a host not inspected, no router or one that could not be asked)."""
+    why = []
+    if status.server_running is False:
+        why.append("its server is not running")
+    if status.rotation == Rotation.OUT_OF_ROTATION:
+        why.append("its router does not list its worker healthy (out of rotation)")
+    return " and ".join(why)
+
+
 @dataclass(frozen=True)
 class WrittenBefore:
     """What the ledger knows of the last time opspatch wrote a patch into a host's file."""
@@ -175,7 +197,9 @@ def drift_cause(
     row: SyncRow, status: PatchStatus, written: WrittenBefore | None
 ) -> DriftCause | None:
     """Why the host's file is not what the ledger and the fleet file expect, or None when it is
-    (or the difference is not in the file: a staged change, a release the entry is not for)."""
+    (or the difference is not in the file: a staged change, a release the entry is not for, a
+    server that is down or a worker out of rotation: `recover`, whose file is right). A file
+    that drifted keeps its cause whether or not its server runs: drift is about files."""
     if row.action == SyncAction.EXTRA:
         return DriftCause.PATCH_EXTRA
     lacking = row.action in (SyncAction.APPLY, SyncAction.NEEDS_PORT, SyncAction.BY_HAND)
