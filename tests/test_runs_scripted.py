@@ -479,6 +479,14 @@ def test_a_staged_apply_is_two_execs_and_leaves_no_lock(fleet: Fleet) -> None:
     assert fleet.transports["h1"].execs == [("lock", "inspect"), ("swap", "unlock")]
     assert not (fleet.hosts[0].state / "lock.json").exists()
     assert sha(fleet.hosts[0].file.read_bytes()) != PRISTINE
+    # the scripted engine started before the swap: status reads it staged, as on a real host
+    from opspatch.runs.status import fleet_status
+
+    (said,) = fleet_status([fleet.hosts[0].host()], [fleet.patch], fleet.factory, fleet.ledger)
+    assert said.state == "staged" and said.server_running, said
+    fleet.hosts[0].restarted()
+    (said,) = fleet_status([fleet.hosts[0].host()], [fleet.patch], fleet.factory, fleet.ledger)
+    assert said.state == "applied", said
 
 
 def test_a_change_proven_before_the_kill_whose_engine_died_since_is_restarted_by_recover(
@@ -842,6 +850,26 @@ def test_status_of_a_wiped_fix_on_a_release_the_patch_does_not_cover_is_not_appl
 # -- sync on scripted hosts ----------------------------------------------------------------------
 
 
+MARK = """
+id = "module-mark"
+summary = "a second desired patch"
+rationale = "test: a sync of two patches"
+[target]
+module = "sglang.srt.speculative.eagle_worker_v2"
+[[edits]]
+kind = "insert"
+scope = "<module>"
+position = "end"
+code = "_OPSPATCH_MARK = 1"
+"""
+
+
+def mark_patch(folder: Path) -> LoadedPatch:
+    """A second patch of the same file as eagle-init-guard, for a fleet file that wants two."""
+    (folder / "module-mark.toml").write_text(MARK)
+    return load_patch(folder / "module-mark.toml")
+
+
 def desired_everywhere(fleet: Fleet, *patches: LoadedPatch) -> DesiredState:
     """A fleet file that wants each of `patches` (in that order) on every host of `fleet`."""
     hosts = {h.name: h.host() for h in fleet.hosts}
@@ -904,3 +932,41 @@ def test_a_sync_leaves_a_host_whose_engine_is_down_to_recover_and_applies_the_re
     recovered = _recover(fleet, down)
     assert fleet.outcomes(recovered) == {"h2": "applied"}, recovered
     assert plan_fleet(desired, hosts, [], fleet.factory, fleet.ledger).exit_code == 0
+
+
+def test_a_sync_stopped_by_a_failed_run_records_the_next_patchs_hosts_as_not_applied(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """The first desired patch's canary fails its smoke (rolled back): the sync stops, and the
+    second patch's hosts, which needed `apply`, are recorded `skipped` naming the run that
+    stopped it, rather than left out of the ledger; nothing of the second patch is written."""
+    from opspatch.core.edit import detect
+    from opspatch.runs.sync import sync_fleet
+
+    mark = mark_patch(tmp_path)
+    fleet.hosts[0].smoke_ok = False
+    desired = desired_everywhere(fleet, fleet.patch, mark)
+    hosts = list(desired.hosts.values())
+    playbook = Playbook(canary=1, batch=BatchSize(count=10), max_failures=1)
+
+    report = sync_fleet(desired, hosts, [], playbook, factory=fleet.factory, ledger=fleet.ledger)
+
+    (first,) = report.runs
+    assert first.patch == "eagle-init-guard" and first.exit_code != 0
+    assert fleet.outcomes(first)["h1"] == "rolled-back", first
+    (left,) = report.left_alone
+    assert left.patch == "module-mark"
+    why = f"not applied: sync stopped after run {first.run_id} (eagle-init-guard) did not reach"
+    assert {h.host: str(h.outcome) for h in left.hosts} == dict.fromkeys(
+        ("h1", "h2", "h3"), "skipped"
+    )
+    for host in left.hosts:
+        assert (host.error or "").startswith(why), host
+        assert f"`opspatch sync --hosts {host.host}`" in (host.error or "")
+    recorded = fleet.ledger.get_run(str(left.run_id))
+    assert recorded.summary.command == "sync" and recorded.summary.patch_id == "module-mark"
+    assert all((recorded.host(n).error or "").startswith(why) for n in ("h1", "h2", "h3"))
+    for fake in fleet.hosts:
+        assert detect(fake.file.read_bytes(), mark.spec).state == "not-applied", fake.name
+    assert not any(v.patch_id == "module-mark" for v in fleet.ledger.file_history("h2"))
+    assert report.exit_code == first.exit_code

@@ -350,32 +350,17 @@ def test_an_apply_signed_by_a_second_operator_goes_ahead_and_records_the_signer(
     assert [a.principal for a in fleet.ledger.approvals(fleet.patch.sha256)] == [signers.me, "bob"]
 
 
-MARK = """
-id = "module-mark"
-summary = "a second desired patch"
-rationale = "test: a sync of two patches, the second unsigned"
-[target]
-module = "sglang.srt.speculative.eagle_worker_v2"
-[[edits]]
-kind = "insert"
-scope = "<module>"
-position = "end"
-code = "_OPSPATCH_MARK = 1"
-"""
-
-
 def test_a_sync_whose_second_patch_lacks_an_approval_changes_nothing_not_even_the_first(
     fleet: Fleet, signers: Signers, tmp_path: Path
 ) -> None:
     """sync checks every approval it needs before its first run: the signed first patch is not
     applied when the second would be refused after it."""
     from opspatch.config.fleet import DesiredPatch, DesiredState
-    from opspatch.config.patches import load_patch
     from opspatch.errors import Location
     from opspatch.runs.sync import sync_fleet
+    from tests.test_runs_scripted import mark_patch
 
-    (tmp_path / "module-mark.toml").write_text(MARK)
-    mark = load_patch(tmp_path / "module-mark.toml")
+    mark = mark_patch(tmp_path)
     sign(fleet, signers, "bob", "bob")  # the first patch, eagle-init-guard, is approved
     hosts = [h.host() for h in fleet.hosts]
     names = tuple(h.name for h in hosts)
