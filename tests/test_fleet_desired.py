@@ -14,7 +14,7 @@ from opspatch.config.fleet import DesiredPatch, load_fleet
 from opspatch.config.lookup import Workspace
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import detect
-from opspatch.core.vocabulary import Detected, DriftCause, PatchState, SyncAction
+from opspatch.core.vocabulary import Detected, DriftCause, PatchState, Rotation, SyncAction
 from opspatch.errors import InputError, Location, SpecError
 from opspatch.runs.status import PatchStatus, combine_set, why_unknown
 from opspatch.runs.sync import (
@@ -83,6 +83,76 @@ def test_decide_says_what_sync_does_about_a_desired_patch(
     assert row.action == action, row
     assert row.desired
     assert (row.command is None) == (action in (SyncAction.NOTHING, SyncAction.OUTSIDE_RANGE))
+
+
+SERVING = {"server_running": True, "rotation": Rotation.IN_ROTATION}
+
+
+@pytest.mark.parametrize(
+    ("unserved", "words"),
+    [
+        ({"server_running": False}, ["its server is not running"]),
+        ({"rotation": Rotation.OUT_OF_ROTATION}, ["does not list its worker healthy"]),
+        (
+            {"server_running": False, "rotation": Rotation.OUT_OF_ROTATION},
+            ["its server is not running and its router does not list its worker healthy"],
+        ),
+    ],
+)
+def test_a_fix_on_disk_that_the_host_does_not_serve_is_for_recover_not_at_goal(
+    unserved: dict[str, object], words: list[str]
+) -> None:
+    """`sync --check` exits 0 only when every fix is served: a down engine, a worker out of its
+    router's rotation, or both, is `recover` (the fix is there: sync writes nothing), naming
+    the command in the row and in the detail `sync --check` prints."""
+    there = replace(status("applied", carried=Detected.APPLIED), **SERVING)  # type: ignore[arg-type]
+    row = decide(ENTRY, replace(there, **unserved))  # type: ignore[arg-type]
+    assert row is not None and row.action == SyncAction.RECOVER, row
+    assert not row.action.at_goal
+    assert row.command == "opspatch recover --hosts gpu-01"
+    assert "`opspatch recover --hosts gpu-01`" in row.detail
+    assert "sync writes nothing there" in row.detail and "said by status" in row.detail
+    for said in words:
+        assert said in row.detail, row.detail
+    # the file is what the ledger and the fleet file expect: no drift cause, whatever wrote it
+    assert drift_cause(row, there, written()) is None
+    assert drift_cause(row, there, None) is None
+
+
+def test_a_fix_on_disk_that_is_served_is_at_goal() -> None:
+    there = replace(status("applied", carried=Detected.APPLIED), **SERVING)  # type: ignore[arg-type]
+    row = decide(ENTRY, there)
+    assert row is not None and row.action == SyncAction.NOTHING and row.action.at_goal
+    assert row.command is None
+    # not known (no router, or one that could not be asked; a host not inspected) claims nothing
+    unknown = replace(there, rotation=None, server_running=None)
+    assert decide(ENTRY, unknown) == replace(row, state=unknown.state)
+
+
+def test_a_drifted_file_that_kept_the_fix_on_a_down_host_keeps_its_files_cause() -> None:
+    """drift is about files: the hand edit is still one when the server is also down, and the
+    row is recover's (the command that makes it serve)."""
+    edited = replace(status("drifted", carried=Detected.APPLIED, sha=POST), server_running=False)
+    row = decide(ENTRY, edited)
+    assert row is not None and row.action == SyncAction.RECOVER
+    assert drift_cause(row, edited, written()) == DriftCause.HAND_EDIT
+
+
+@pytest.mark.parametrize(
+    "state",
+    ["not-applied", "staged", "unknown", "fixed-upstream"],
+)
+def test_a_host_that_does_not_serve_is_decided_by_its_file_when_the_fix_is_not_simply_there(
+    state: str,
+) -> None:
+    """Only a fix that is there and served is turned into recover: a missing fix is still
+    applied (the apply's own restart starts the engine), a staged one restarted, a port still
+    a port; a release that ships the fix is left to status (nothing of opspatch's to recover)."""
+    live = status(state, carried=Detected.APPLIED if state == "staged" else None)
+    served = decide(ENTRY, live)
+    down = decide(ENTRY, replace(live, server_running=False))
+    assert served is not None and down is not None
+    assert down.action == served.action != SyncAction.RECOVER
 
 
 def test_the_table_says_an_action_for_every_status_word() -> None:

@@ -160,9 +160,7 @@ def fleet(router: FakeRouter, tmp_path: Path) -> Iterator[RoutedFleet]:
     router.state = RouterState()
     fakes = {}
     for index in range(3):
-        fake = FakeHost(f"h{index + 1}", tmp_path / f"h{index + 1}")
-        fake.file.parent.mkdir(parents=True)
-        fake.file.write_bytes((STANDIN / "eagle_worker_v2.py").read_bytes())
+        fake = FakeHost.installed(f"h{index + 1}", tmp_path / f"h{index + 1}")
         fakes[fake.name] = fake
     with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
         yield RoutedFleet(router, fakes, ledger)
@@ -323,6 +321,56 @@ def test_a_sync_of_a_host_whose_fix_was_wiped_drains_it_and_readmits_it_after_it
     assert calls == [f"DELETE /workers/{worker_id}", f"POST /workers {worker_url('h2')}"], calls
     assert fleet.ledger.get_run(run.run_id).summary.command == "sync"
     assert report.exit_code == 0 and not report.after.differing
+
+
+def test_a_worker_out_of_rotation_with_its_fix_there_is_for_recover_and_sync_leaves_it_alone(
+    fleet: RoutedFleet,
+) -> None:
+    """h1 carries the proven fix but its router lost it (a crashed run's drain, say): the sync
+    goal includes a worker in rotation, so the row is `recover`, sync neither drains, writes
+    nor admits it (no router call beyond reading), and the recover it names re-admits it."""
+    from opspatch.runs.sync import plan_fleet
+
+    fleet.register("h1", "h2", "h3")
+    applied = apply_to_hosts(
+        PATCH, fleet.hosts(), book(), factory=fleet.factory, ledger=fleet.ledger
+    )
+    assert applied.exit_code == 0, applied
+    del fleet.router.state.workers[worker_url("h1")]
+    fleet.router.state.calls.clear()
+    desired = DesiredState(
+        "fleet.toml",
+        (DesiredPatch(PATCH, ("h1", "h2", "h3"), "", Location("fleet.toml", 1, "patches[0]")),),
+        {h.name: h for h in fleet.hosts()},
+    )
+
+    report = sync_fleet(
+        desired, fleet.hosts(), [], book(), factory=fleet.factory, ledger=fleet.ledger
+    )
+
+    assert report.runs == ()
+    (left,) = report.left_alone
+    (skipped,) = left.hosts
+    assert (skipped.host, str(skipped.outcome)) == ("h1", "skipped")
+    assert "its router does not list its worker healthy (out of rotation)" in (
+        skipped.error or ""
+    ), skipped
+    assert "`opspatch recover --hosts h1`" in (skipped.error or "")
+    assert [c for c in fleet.router.state.calls if not c.startswith("GET")] == []
+    assert [(r.host, str(r.action)) for r in report.after.differing] == [("h1", "recover")]
+    assert report.exit_code == 1
+
+    recovered = recover_hosts(
+        ledger=fleet.ledger,
+        hosts=fleet.hosts("h1"),
+        factory=fleet.factory,
+        playbook=book(),
+        patch=PATCH,
+    )
+    (outcome,) = recovered.hosts
+    assert outcome.rotation == RotationWord.IN_ROTATION, outcome
+    after = plan_fleet(desired, fleet.hosts(), [], fleet.factory, fleet.ledger)
+    assert after.exit_code == 0, after.differing
 
 
 def test_without_fleet_down_draining_the_last_healthy_worker_is_refused_before_any_change(

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +22,12 @@ from typing import Any
 
 import pytest
 
+from opspatch.config.fleet import DesiredPatch, DesiredState
 from opspatch.config.patches import load_patch
 from opspatch.core.host import CommandRestart, EngineSettings, Host
 from opspatch.core.policy import BatchSize, Playbook
 from opspatch.core.spec import LoadedPatch
-from opspatch.errors import TransportError
+from opspatch.errors import Location, TransportError
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
 from opspatch.ledger.store import Ledger
@@ -39,6 +42,10 @@ MODULE = "sglang.srt.speculative.eagle_worker_v2"
 Fault = Callable[[str, dict[str, Any]], "dict[str, Any] | Refusal | None"]
 
 
+FAKE_PID = 4242
+"""The scripted engine's pid, as its `restart` answers it and `inspect` finds it running."""
+
+
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -46,14 +53,40 @@ def sha(data: bytes) -> str:
 @dataclass
 class FakeHost:
     """One scripted host: a real file (the stand-in's eagle_worker_v2.py) and a real state
-    folder, an engine that answers as scripted, and `fault`, asked first for every request."""
+    folder, an engine that answers as scripted, and `fault`, asked first for every request.
+
+    The engine is a state, not a process: `serving` (what `inspect` finds in place of a live
+    process in the pid file, which the real agent cannot find, and whether `wait_ready`
+    answers) and `started_at` (when it last started: a `restart` moves it to now, so a file
+    swapped without a restart is newer than its server, `staged`, as on a real host)."""
 
     name: str
     root: Path
     fault: Fault | None = None
     smoke_ok: bool = True
     gone: bool = False  # every request fails: the host vanished
+    serving: bool = True
+    """False: the engine is down (no server found, readiness refused) until a restart."""
+    started_at: float | None = None
+    """When the engine started, epoch seconds (None: unknown, as for a process the agent
+    cannot read the start of)."""
     requests: list[str] = field(default_factory=list)
+
+    @classmethod
+    def installed(cls, name: str, root: Path) -> FakeHost:
+        """A host with the stand-in's pristine file, installed an hour ago, whose engine started
+        after that install: a swap now makes the file newer than the server."""
+        fake = cls(name, root)
+        fake.file.parent.mkdir(parents=True)
+        fake.file.write_bytes((STANDIN / "eagle_worker_v2.py").read_bytes())
+        installed = time.time() - 3600
+        os.utime(fake.file, (installed, installed))
+        fake.started_at = installed + 1
+        return fake
+
+    def restarted(self) -> None:
+        """What a restart of its engine does: it runs, started now (after every write so far)."""
+        self.serving, self.started_at = True, time.time()
 
     @property
     def file(self) -> Path:
@@ -101,10 +134,20 @@ class FakeHost:
                     "distribution_version": "0.5.23",
                     "record_sha256": None,
                 }
+                # a live process a test put in the pid file is found by the agent itself
+                if answer.get("server") is None and self.serving:
+                    answer["server"] = {"pid": FAKE_PID, "started_at": self.started_at}
             return answer
         if op == "restart":
-            return {"strategy": "command", "pid": 4242, "log_offset": 0, "stopped": []}
+            self.restarted()
+            return {"strategy": "command", "pid": FAKE_PID, "log_offset": 0, "stopped": []}
         if op == "wait_ready":
+            if not self.serving:
+                return Refusal(
+                    "engine-not-running",
+                    f"the engine is not running: pid {FAKE_PID} has exited, and /health does "
+                    "not answer",
+                )
             return {"seconds": 0.1, "polls": 1}
         if op == "smoke":
             result = {
@@ -148,12 +191,7 @@ class Fleet:
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
     patch = load_patch(REPO / "patches" / "eagle-init-guard.toml")
-    hosts = []
-    for index in range(3):
-        fake = FakeHost(f"h{index + 1}", tmp_path / f"h{index + 1}")
-        fake.file.parent.mkdir(parents=True)
-        fake.file.write_bytes((STANDIN / "eagle_worker_v2.py").read_bytes())
-        hosts.append(fake)
+    hosts = [FakeHost.installed(f"h{index + 1}", tmp_path / f"h{index + 1}") for index in range(3)]
     ledger = Ledger.open(tmp_path / "ledger.sqlite3")
     try:
         yield Fleet(hosts, ledger, patch)
@@ -446,6 +484,14 @@ def test_a_staged_apply_is_two_execs_and_leaves_no_lock(fleet: Fleet) -> None:
     assert fleet.transports["h1"].execs == [("lock", "inspect"), ("lock", "swap", "unlock")]
     assert not (fleet.hosts[0].state / "lock.json").exists()
     assert sha(fleet.hosts[0].file.read_bytes()) != PRISTINE
+    # the scripted engine started before the swap: status reads it staged, as on a real host
+    from opspatch.runs.status import fleet_status
+
+    (said,) = fleet_status([fleet.hosts[0].host()], [fleet.patch], fleet.factory, fleet.ledger)
+    assert said.state == "staged" and said.server_running, said
+    fleet.hosts[0].restarted()
+    (said,) = fleet_status([fleet.hosts[0].host()], [fleet.patch], fleet.factory, fleet.ledger)
+    assert said.state == "applied", said
 
 
 def test_a_change_proven_before_the_kill_whose_engine_died_since_is_restarted_by_recover(
@@ -804,3 +850,128 @@ def test_status_of_a_wiped_fix_on_a_release_the_patch_does_not_cover_is_not_appl
     (said,) = fleet_status([host.host()], [narrowed], fleet.factory, fleet.ledger)
     assert said.state == "not-applicable", said
     assert "0.5.23" in said.detail and "back at the pre-image of run" in said.detail, said
+
+
+# -- sync on scripted hosts ----------------------------------------------------------------------
+
+
+MARK = """
+id = "module-mark"
+summary = "a second desired patch"
+rationale = "test: a sync of two patches"
+[target]
+module = "sglang.srt.speculative.eagle_worker_v2"
+[[edits]]
+kind = "insert"
+scope = "<module>"
+position = "end"
+code = "_OPSPATCH_MARK = 1"
+"""
+
+
+def mark_patch(folder: Path) -> LoadedPatch:
+    """A second patch of the same file as eagle-init-guard, for a fleet file that wants two."""
+    (folder / "module-mark.toml").write_text(MARK)
+    return load_patch(folder / "module-mark.toml")
+
+
+def desired_everywhere(fleet: Fleet, *patches: LoadedPatch) -> DesiredState:
+    """A fleet file that wants each of `patches` (in that order) on every host of `fleet`."""
+    hosts = {h.name: h.host() for h in fleet.hosts}
+    return DesiredState(
+        "fleet.toml",
+        tuple(
+            DesiredPatch(p, tuple(hosts), "", Location("fleet.toml", 1 + 3 * i, f"patches[{i}]"))
+            for i, p in enumerate(patches)
+        ),
+        hosts,
+    )
+
+
+def test_a_sync_leaves_a_host_whose_engine_is_down_to_recover_and_applies_the_rest(
+    fleet: Fleet,
+) -> None:
+    """h2 carries the fix, proven, but its engine died since: `sync --check` is not at goal
+    there (exit 1, naming `opspatch recover --hosts h2`), sync writes nothing there and records
+    it skipped with that reason while h1 and h3 get the patch; the recover it names clears it."""
+    from opspatch.runs.sync import plan_fleet, sync_fleet
+
+    everyone, down = fleet.hosts, fleet.hosts[1]
+    fleet.hosts = [down]
+    assert fleet.apply().exit_code == 0
+    fleet.hosts = everyone
+    down.serving = False
+    written = sha(down.file.read_bytes())
+    desired = desired_everywhere(fleet, fleet.patch)
+    hosts = list(desired.hosts.values())
+
+    check = plan_fleet(desired, hosts, [], fleet.factory, fleet.ledger)
+    assert check.exit_code == 1
+    rows = {r.host: r for r in check.differing}
+    assert {h: str(r.action) for h, r in rows.items()} == {
+        "h1": "apply",
+        "h2": "recover",
+        "h3": "apply",
+    }
+    assert rows["h2"].command == "opspatch recover --hosts h2"
+    assert "its server is not running: `opspatch recover --hosts h2`" in rows["h2"].detail
+
+    down.requests.clear()
+    playbook = Playbook(canary=0, batch=BatchSize(count=10), max_failures=1)
+    report = sync_fleet(
+        desired, hosts, [], playbook, factory=fleet.factory, ledger=fleet.ledger, before=check
+    )
+    (run,) = report.runs
+    assert fleet.outcomes(run) == {"h1": "applied", "h3": "applied"}
+    (left,) = report.left_alone
+    (skipped,) = left.hosts
+    assert (skipped.host, str(skipped.outcome)) == ("h2", "skipped")
+    assert (skipped.error or "").startswith("recover: the fix is there, but its server is not")
+    assert (fleet.ledger.get_run(str(left.run_id)).host("h2").error or "") == skipped.error
+    assert down.requests == ["inspect"]  # the plan after the sync; nothing begun, swapped
+    assert sha(down.file.read_bytes()) == written
+    assert not down.serving  # nor restarted
+    assert [str(r.action) for r in report.after.differing] == ["recover"]
+    assert report.exit_code == 1
+
+    recovered = _recover(fleet, down)
+    assert fleet.outcomes(recovered) == {"h2": "applied"}, recovered
+    assert plan_fleet(desired, hosts, [], fleet.factory, fleet.ledger).exit_code == 0
+
+
+def test_a_sync_stopped_by_a_failed_run_records_the_next_patchs_hosts_as_not_applied(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """The first desired patch's canary fails its smoke (rolled back): the sync stops, and the
+    second patch's hosts, which needed `apply`, are recorded `skipped` naming the run that
+    stopped it, rather than left out of the ledger; nothing of the second patch is written."""
+    from opspatch.core.edit import detect
+    from opspatch.runs.sync import sync_fleet
+
+    mark = mark_patch(tmp_path)
+    fleet.hosts[0].smoke_ok = False
+    desired = desired_everywhere(fleet, fleet.patch, mark)
+    hosts = list(desired.hosts.values())
+    playbook = Playbook(canary=1, batch=BatchSize(count=10), max_failures=1)
+
+    report = sync_fleet(desired, hosts, [], playbook, factory=fleet.factory, ledger=fleet.ledger)
+
+    (first,) = report.runs
+    assert first.patch == "eagle-init-guard" and first.exit_code != 0
+    assert fleet.outcomes(first)["h1"] == "rolled-back", first
+    (left,) = report.left_alone
+    assert left.patch == "module-mark"
+    why = f"not applied: sync stopped after run {first.run_id} (eagle-init-guard) did not reach"
+    assert {h.host: str(h.outcome) for h in left.hosts} == dict.fromkeys(
+        ("h1", "h2", "h3"), "skipped"
+    )
+    for host in left.hosts:
+        assert (host.error or "").startswith(why), host
+        assert f"`opspatch sync --hosts {host.host}`" in (host.error or "")
+    recorded = fleet.ledger.get_run(str(left.run_id))
+    assert recorded.summary.command == "sync" and recorded.summary.patch_id == "module-mark"
+    assert all((recorded.host(n).error or "").startswith(why) for n in ("h1", "h2", "h3"))
+    for fake in fleet.hosts:
+        assert detect(fake.file.read_bytes(), mark.spec).state == "not-applied", fake.name
+    assert not any(v.patch_id == "module-mark" for v in fleet.ledger.file_history("h2"))
+    assert report.exit_code == first.exit_code

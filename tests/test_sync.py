@@ -2,7 +2,8 @@
 stand-in engines, the real console script, a real ledger), in the order an operator meets it:
 the desired patch applied by sync; a reinstall of the same release on one host found by
 `sync --check` and `drift` and restored by sync; a host added to the group patched by the next
-sync; a hand edit that kept the fix is drift, not a sync difference; an upgrade to a release
+sync; a hand edit that kept the fix is drift, not a sync difference; an engine that died is
+not at goal, `recover`'s, and comes back by it; an upgrade to a release
 where the patch's anchor is gone reported `needs-port` with nothing written; an upgrade to a
 release that ships the fix left alone and called redundant, and its engine, started on that
 release, serving. The tests run in file order and each leaves the fleet as the next expects.
@@ -152,6 +153,37 @@ def test_a_hand_edit_that_kept_the_fix_is_drift_but_not_a_sync_difference(
     finally:  # the bytes and the time: a file newer than its server reads as staged
         path.write_bytes(written)
         os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_a_host_whose_engine_is_down_is_not_at_goal_and_recover_brings_it_back(
+    fleet: SandboxFleet,
+) -> None:
+    """The fix is on sandbox-03's disk, but its engine died: `sync --check` must not say every
+    host is as desired. It names the host and `opspatch recover`; sync writes nothing there and
+    records why; the recover it names starts the engine, and the check is at goal again."""
+    pid = fleet.pid("sandbox-03")
+    assert pid is not None
+    before = fleet.sha("sandbox-03")
+    stop_process_tree(pid, timeout=10)  # the engine this module's fleet started
+    code, lines = check(fleet)
+    assert code == 1 and len(lines) == 1, lines
+    assert lines[0].startswith(
+        f"sandbox-03: {PATCH_ID}: recover: the fix is there, but its server is not running: "
+        "`opspatch recover --hosts sandbox-03`"
+    ), lines
+    doc = sync(fleet, expect=1)
+    assert doc["runs"] == []
+    (left,) = doc["left_alone"]
+    assert [(h["host"], h["outcome"]) for h in left["hosts"]] == [("sandbox-03", "skipped")]
+    assert left["hosts"][0]["error"].startswith("recover: "), left
+    assert fleet.sha("sandbox-03") == before
+    drift = fleet.opspatch("drift", "--json")
+    assert drift.code == 0 and drift.json()["drift"] == [], drift.stdout  # its file is right
+    recovered = fleet.opspatch("recover", "--hosts", "sandbox-03", "--yes", timeout=240)
+    assert recovered.code == 0, recovered.stdout + recovered.stderr
+    assert fleet.pid("sandbox-03") not in (None, pid)
+    assert check(fleet)[0] == 0
+    assert fleet.sha("sandbox-03") == before
 
 
 def install_release_without_the_anchor(fleet: SandboxFleet, name: str, version: str) -> None:

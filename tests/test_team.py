@@ -29,7 +29,7 @@ from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
 from tests.ledgerkit import raw
 from tests.pgkit import BACKENDS, PostgresServer, backend_location, backend_pid
-from tests.test_runs_scripted import PRISTINE, REPO, STANDIN, FakeHost, Fleet
+from tests.test_runs_scripted import PRISTINE, REPO, FakeHost, Fleet
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen")
 
@@ -39,12 +39,7 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
     """test_runs_scripted's fleet: three scripted hosts with real files and state folders."""
     from opspatch.config.patches import load_patch
 
-    hosts = []
-    for index in range(3):
-        fake = FakeHost(f"h{index + 1}", tmp_path / f"h{index + 1}")
-        fake.file.parent.mkdir(parents=True)
-        fake.file.write_bytes((STANDIN / "eagle_worker_v2.py").read_bytes())
-        hosts.append(fake)
+    hosts = [FakeHost.installed(f"h{index + 1}", tmp_path / f"h{index + 1}") for index in range(3)]
     with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
         yield Fleet(hosts, ledger, load_patch(REPO / "patches" / "eagle-init-guard.toml"))
 
@@ -357,32 +352,17 @@ def test_an_apply_signed_by_a_second_operator_goes_ahead_and_records_the_signer(
     assert [a.principal for a in fleet.ledger.approvals(fleet.patch.sha256)] == [signers.me, "bob"]
 
 
-MARK = """
-id = "module-mark"
-summary = "a second desired patch"
-rationale = "test: a sync of two patches, the second unsigned"
-[target]
-module = "sglang.srt.speculative.eagle_worker_v2"
-[[edits]]
-kind = "insert"
-scope = "<module>"
-position = "end"
-code = "_OPSPATCH_MARK = 1"
-"""
-
-
 def test_a_sync_whose_second_patch_lacks_an_approval_changes_nothing_not_even_the_first(
     fleet: Fleet, signers: Signers, tmp_path: Path
 ) -> None:
     """sync checks every approval it needs before its first run: the signed first patch is not
     applied when the second would be refused after it."""
     from opspatch.config.fleet import DesiredPatch, DesiredState
-    from opspatch.config.patches import load_patch
     from opspatch.errors import Location
     from opspatch.runs.sync import sync_fleet
+    from tests.test_runs_scripted import mark_patch
 
-    (tmp_path / "module-mark.toml").write_text(MARK)
-    mark = load_patch(tmp_path / "module-mark.toml")
+    mark = mark_patch(tmp_path)
     sign(fleet, signers, "bob", "bob")  # the first patch, eagle-init-guard, is approved
     hosts = [h.host() for h in fleet.hosts]
     names = tuple(h.name for h in hosts)

@@ -36,6 +36,7 @@ ACTION_STYLE = {
     SyncAction.FIXED_UPSTREAM: "cyan",
     SyncAction.APPLY: "yellow",
     SyncAction.NEEDS_PORT: "red",
+    SyncAction.RECOVER: "red",
     SyncAction.UNREACHABLE: "red",
 }
 

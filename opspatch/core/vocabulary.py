@@ -162,12 +162,18 @@ class SyncAction(Word):
     """What `sync` does about one desired patch on one host (`plan --fleet`, `sync --check`)."""
 
     NOTHING = "nothing"
-    """The patch is there and its server runs it."""
+    """The patch is there, its server runs it and, behind a router, its worker is in rotation."""
     APPLY = "apply"
     """The patch is missing (never applied, or a reinstall or recreated container wiped it) and
     fits the host's file: sync applies it through the apply pipeline."""
     RESTART = "restart"
     """The file carries the patch but the running server predates it (`opspatch restart`)."""
+    RECOVER = "recover"
+    """The file carries the patch, but the host serves nothing: its engine is not running, or
+    its router does not list its worker healthy (out of rotation). Not at goal, since the goal
+    is a fix that is served; sync writes nothing there (the fix is on disk) and names
+    `opspatch recover --hosts H`, which starts the engine and re-admits the worker once its
+    smoke decode passes."""
     NEEDS_PORT = "needs-port"
     """The patch no longer fits the host's release (anchor gone, pre-image unknown, outside the
     patch's own range): nothing is written; the patch must be ported."""

@@ -26,6 +26,7 @@ from opspatch.core.vocabulary import (
     DriftCause,
     Outcome,
     PatchState,
+    Rotation,
     SyncAction,
 )
 from opspatch.errors import (
@@ -141,6 +142,16 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
     else:
         action = ACTION_BY_STATE.get(status.state, SyncAction.BY_HAND)
     detail = status.detail
+    if action == SyncAction.NOTHING:
+        unserved = not_serving(status)
+        if unserved:  # the goal is a fix that is served, not only one on disk
+            return row(
+                SyncAction.RECOVER,
+                f"the fix is there, but {unserved}: `opspatch recover --hosts {host}` starts "
+                "the server and re-admits it once its smoke decode passes; sync writes nothing "
+                "there" + (f" ({detail})" if detail else ""),
+                f"opspatch recover --hosts {host}",
+            )
     command = {
         SyncAction.APPLY: f"opspatch sync --hosts {host}",
         SyncAction.RESTART: f"opspatch restart --hosts {host}",
@@ -159,6 +170,17 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
     return row(action, detail, command)
 
 
+def not_serving(status: PatchStatus) -> str:
+    """Why a host whose file carries the patch does not serve it ('' when it does, or when
+    that is not known: a host not inspected, no router or one that could not be asked)."""
+    why = []
+    if status.server_running is False:
+        why.append("its server is not running")
+    if status.rotation == Rotation.OUT_OF_ROTATION:
+        why.append("its router does not list its worker healthy (out of rotation)")
+    return " and ".join(why)
+
+
 @dataclass(frozen=True)
 class WrittenBefore:
     """What the ledger knows of the last time opspatch wrote a patch into a host's file."""
@@ -175,7 +197,9 @@ def drift_cause(
     row: SyncRow, status: PatchStatus, written: WrittenBefore | None
 ) -> DriftCause | None:
     """Why the host's file is not what the ledger and the fleet file expect, or None when it is
-    (or the difference is not in the file: a staged change, a release the entry is not for)."""
+    (or the difference is not in the file: a staged change, a release the entry is not for, a
+    server that is down or a worker out of rotation: `recover`, whose file is right). A file
+    that drifted keeps its cause whether or not its server runs: drift is about files."""
     if row.action == SyncAction.EXTRA:
         return DriftCause.PATCH_EXTRA
     lacking = row.action in (SyncAction.APPLY, SyncAction.NEEDS_PORT, SyncAction.BY_HAND)
@@ -302,7 +326,8 @@ class SyncReport(JsonRecord):
     """The apply runs, one per patch sync applied somewhere."""
     left_alone: tuple[RunReport, ...]
     """Per patch, the recorded run naming the hosts sync did not write to although they differ
-    (needs-port, by-hand, staged, unreachable), each host `skipped` with its reason."""
+    (needs-port, by-hand, staged, recover, unreachable, or an apply after a run that stopped the
+    sync), each host `skipped` with its reason."""
     after: FleetPlan
     exit_code: int = field(init=False)
 
@@ -348,8 +373,10 @@ def sync_fleet(
 ) -> SyncReport:
     """Bring `hosts` to their desired patches: per patch, one recorded `sync` run of the apply
     pipeline over the hosts where it is `apply`; hosts already right, outside the entry's range,
-    fixed upstream or needing a port are not touched. A run that does not reach its goal stops
-    the sync (the next patch would pile onto a fleet in trouble).
+    fixed upstream, needing a port or a recover are not touched. A run that does not reach its
+    goal stops the sync (the next patch would pile onto a fleet in trouble): every later
+    patch's hosts, those it would have applied to included, are recorded as left alone, each
+    with the run that stopped it.
 
     Raises:
         LedgerIntegrityError: the ledger's chain is broken (nothing begun).
@@ -368,13 +395,20 @@ def sync_fleet(
     by_name = {h.name: h for h in hosts}
     runs: list[RunReport] = []
     left_alone: list[RunReport] = []
+    stopped: RunReport | None = None
     for entry in desired.entries:
         rows = [r for r in before.rows if r.patch == entry.patch.spec.id and r.desired]
-        left = [r for r in rows if not r.action.at_goal and r.action != SyncAction.APPLY]
+        names = [r.host for r in rows if r.action == SyncAction.APPLY]
+        # after a run that did not reach its goal, the hosts to apply are left alone too, and
+        # recorded so: a later patch's hosts never go unapplied without the ledger saying why
+        left = [
+            (r, _why_left(r, stopped))
+            for r in rows
+            if not r.action.at_goal and (r.action != SyncAction.APPLY or stopped is not None)
+        ]
         if left:
             left_alone.append(_record_left_alone(entry, left, by_name, playbook, ledger))
-        names = [r.host for r in rows if r.action == SyncAction.APPLY]
-        if not names:
+        if not names or stopped is not None:
             continue
         report = apply_to_hosts(
             entry.patch,
@@ -387,28 +421,38 @@ def sync_fleet(
         )
         runs.append(report)
         if report.exit_code != EXIT_OK:
-            break
+            stopped = report
     after = plan_fleet(desired, hosts, others, factory, ledger) if runs else before
     return SyncReport(tuple(runs), tuple(left_alone), after)
 
 
+def _why_left(row: SyncRow, stopped: RunReport | None) -> str:
+    """Why sync did not write to `row`'s host: its action and reason, or, for a host it would
+    have applied to, the run that stopped the sync first."""
+    if row.action == SyncAction.APPLY and stopped is not None:
+        return (
+            f"not applied: sync stopped after run {stopped.run_id} ({stopped.patch}) did not "
+            f"reach its goal (exit {stopped.exit_code}); `opspatch sync --hosts {row.host}` "
+            "once that is settled"
+        )
+    return f"{row.action}: {row.detail}"
+
+
 def _record_left_alone(
     entry: DesiredPatch,
-    rows: Sequence[SyncRow],
+    left: Sequence[tuple[SyncRow, str]],
     by_name: Mapping[str, Host],
     playbook: Playbook,
     ledger: Ledger,
 ) -> RunReport:
     """Record that sync did not write to these hosts, and why (a needs-port is never silently
-    skipped): a `sync` run whose hosts are `skipped` with the action and its reason. Skipped
-    concludes nothing about an earlier change's proof (`runs.proof`)."""
-    hosts = [by_name[r.host] for r in rows]
+    skipped): a `sync` run whose hosts are `skipped`, each with its reason. Skipped concludes
+    nothing about an earlier change's proof (`runs.proof`)."""
+    hosts = [by_name[r.host] for r, _ in left]
     with recorded_run(
         ledger, command="sync", patch=entry.patch, hosts=hosts, playbook=playbook
     ) as run:
-        outcomes = tuple(
-            HostOutcome(r.host, Outcome.SKIPPED, f"{r.action}: {r.detail}") for r in rows
-        )
+        outcomes = tuple(HostOutcome(r.host, Outcome.SKIPPED, why) for r, why in left)
         for outcome in outcomes:
             run.outcome(outcome)
         return run.finish(RunReport(run.run_id, "sync", entry.patch.spec.id, hosts=outcomes))
