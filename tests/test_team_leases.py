@@ -127,39 +127,20 @@ def test_a_second_operator_is_kept_off_a_live_run_and_takes_it_over_once_its_lea
     assert f"run {run_a} is alive: its lease is live" in said["message"]
     assert f"of alice@{controller} (controller {controller})" in said["message"]
 
-    canary = fleet.names[0]
     fleet.kill_when_held(a)  # SIGKILL, by its pid: no heartbeat, no give-back
     assert wait_until(lambda: expired(ledger, run_a), timeout=60, interval=0.2)
 
-    # A's held swap was in flight: its lock lasts that exec's deadline past it, so B takes the
-    # run's leases and the other hosts, but not the canary's lock, and changes nothing there
     taken = fleet.cli("recover", "--run", run_a, "--yes", "--json", env=bob)
-    assert taken.code == 1, taken.stdout + taken.stderr
+    assert taken.code == 0, taken.stdout + taken.stderr
     run_b = taken.json()["run_id"]
-    by_host = {h["host"]: h for h in taken.json()["hosts"]}
-    assert by_host[canary]["outcome"] == "failed"
-    assert "controller may still be at work here" in by_host[canary]["error"]
-    assert f"opspatch recover --hosts {canary}" in by_host[canary]["error"]
     shown = fleet.cli("ledger", "show", run_b, "--json", env=bob).json()
     assert shown["operator"] == f"bob@{controller}"
     steps = [s["detail"] for h in shown["host_records"] for s in h["steps"] if s["step"] == "lease"]
     assert sum(f"taken over from run {run_a} of alice@" in d for d in steps) == len(fleet.names)
     assert sum(d.startswith("gave the lease on ") for d in steps) == len(fleet.names)
-
-    assert wait_until(lambda: _lock_expired(fleet.lock_file(canary)), timeout=600, interval=0.5)
-    finished = fleet.cli("recover", "--hosts", canary, "--yes", "--json", env=bob)
-    assert finished.code == 0, finished.stdout + finished.stderr
-    fleet.check_invariant({**_outcomes(taken), **_outcomes(finished)}, ledger=ledger)
-
-
-def _lock_expired(path: Path) -> bool:
-    """Whether the host lock at `path` is gone or past its expiry (the host's clock is ours)."""
-    import time
-
-    try:
-        return float(json.loads(path.read_text())["expires_at"]) < time.time()
-    except FileNotFoundError:
-        return True
+    fleet.check_invariant(_outcomes(taken), ledger=ledger)
+    runs = fleet.cli("ledger", "list", "--json", env=bob).json()["runs"]
+    assert next(r for r in runs if r["run_id"] == run_a)["status"] == "recovered"
 
 
 def _outcomes(run: Run) -> dict[str, str]:
