@@ -27,6 +27,7 @@ from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_
 from opspatch.ledger.store import Ledger
 from opspatch.runs.apply import apply_to_hosts
 from opspatch.runs.recover import recover_hosts
+from opspatch.runs.report import RunReport
 from opspatch.runs.rotation import Rotation, rotation_of
 from opspatch.runs.sync import sync_fleet
 from tests.test_runs_scripted import REPO, STANDIN, FakeHost, sha
@@ -150,6 +151,16 @@ class RoutedFleet:
 
         return ScriptedTransport(answer, host=host.name)
 
+    def recover(self, *names: str) -> RunReport:
+        """`recover --hosts NAMES` of the routed patch, under the routed playbook."""
+        return recover_hosts(
+            ledger=self.ledger,
+            hosts=self.hosts(*names),
+            factory=self.factory,
+            playbook=book(),
+            patch=PATCH,
+        )
+
     def register(self, *names: str, healthy: bool = True) -> None:
         for name in names:
             self.router.state.workers[worker_url(name)] = (f"start-{name}", healthy)
@@ -242,13 +253,7 @@ def test_a_router_gone_after_the_drain_halts_the_run_and_the_next_recover_readmi
     fleet.router_dies_at_restart = False
     fleet.router.state.down = False  # the router is back, without h1
     assert worker_url("h1") not in fleet.router.state.workers
-    recovered = recover_hosts(
-        ledger=fleet.ledger,
-        hosts=fleet.hosts("h1"),
-        factory=fleet.factory,
-        playbook=book(),
-        patch=PATCH,
-    )
+    recovered = fleet.recover("h1")
     (outcome,) = recovered.hosts
     assert outcome.outcome == "applied" and outcome.rotation == RotationWord.IN_ROTATION, outcome
     done = [s for s, status in steps_of(outcome) if status == "ok"]
@@ -264,9 +269,7 @@ def test_recover_readmits_a_drained_worker_only_after_its_smoke_decode_passes(
     fleet.register("h2", "h3")
     fleet.fakes["h1"].smoke_ok = False
     hosts = fleet.hosts("h1")
-    failed = recover_hosts(
-        ledger=fleet.ledger, hosts=hosts, factory=fleet.factory, playbook=book(), patch=PATCH
-    )
+    failed = fleet.recover("h1")
     (outcome,) = failed.hosts
     assert outcome.rotation == RotationWord.OUT_OF_ROTATION
     assert ("smoke", "failed") in steps_of(outcome)
@@ -277,9 +280,7 @@ def test_recover_readmits_a_drained_worker_only_after_its_smoke_decode_passes(
     assert said[0] == RotationWord.OUT_OF_ROTATION and "does not list it" in said[1]
 
     fleet.fakes["h1"].smoke_ok = True
-    passed = recover_hosts(
-        ledger=fleet.ledger, hosts=hosts, factory=fleet.factory, playbook=book(), patch=PATCH
-    )
+    passed = fleet.recover("h1")
     (outcome,) = passed.hosts
     assert outcome.rotation == RotationWord.IN_ROTATION, outcome
     done = [s for s, status in steps_of(outcome) if status == "ok"]
@@ -360,13 +361,7 @@ def test_a_worker_out_of_rotation_with_its_fix_there_is_for_recover_and_sync_lea
     assert [(r.host, str(r.action)) for r in report.after.differing] == [("h1", "recover")]
     assert report.exit_code == 1
 
-    recovered = recover_hosts(
-        ledger=fleet.ledger,
-        hosts=fleet.hosts("h1"),
-        factory=fleet.factory,
-        playbook=book(),
-        patch=PATCH,
-    )
+    recovered = fleet.recover("h1")
     (outcome,) = recovered.hosts
     assert outcome.rotation == RotationWord.IN_ROTATION, outcome
     after = plan_fleet(desired, fleet.hosts(), [], fleet.factory, fleet.ledger)
@@ -432,13 +427,7 @@ def test_recover_registers_a_worker_listed_unhealthy_afresh_once_its_smoke_passe
     """Not a second registration of one server: the unhealthy entry goes, then the add."""
     fleet.register("h1", "h2")
     fleet.register("h3", healthy=False)
-    report = recover_hosts(
-        ledger=fleet.ledger,
-        hosts=fleet.hosts("h3"),
-        factory=fleet.factory,
-        playbook=book(),
-        patch=PATCH,
-    )
+    report = fleet.recover("h3")
     (outcome,) = report.hosts
     assert outcome.rotation == RotationWord.IN_ROTATION, outcome
     calls = [c for c in fleet.router.state.calls if not c.startswith("GET")]
