@@ -350,18 +350,23 @@ def test_every_host_step_of_apply_takes_its_deadline_from_the_playbook(fleet: Fl
     timeouts = replace(playbook.timeouts, swap=7.0, smoke=11.0, lock=3.0, inspect=5.0)
     fleet.apply(replace(playbook, timeouts=timeouts))
     calls = fleet.transports["h1"].calls
-    deadlines = {c.op: c.timeout for c in calls}
-    assert deadlines["lock"] == deadlines["inspect"] == 8.0  # begin: lock + inspect, one exec
+    deadlines = {c.op: c.timeout for c in calls if c.op != "lock"}
+    assert deadlines["inspect"] == 8.0  # begin: lock + inspect, one exec
     assert deadlines["swap"] == 7.0
     assert deadlines["smoke"] > 11.0  # the host-side deadline plus the exec's margin
-    # the passing smoke gave the lock back in its own exec: no exec of its own for the unlock
+    # every exec after begin re-asserts the lock first (it lasts the exec's deadline plus the
+    # lease expiry); the passing smoke gave it back in its own exec: no exec for the unlock
     assert fleet.transports["h1"].execs == [
         ("lock", "inspect"),
-        ("swap",),
-        ("restart",),
-        ("wait_ready",),
-        ("smoke", "unlock"),
+        ("lock", "swap"),
+        ("lock", "restart"),
+        ("lock", "wait_ready"),
+        ("lock", "smoke", "unlock"),
     ]
+    grace = playbook.team.lease_expiry
+    locks = [c for c in calls if c.op == "lock"]
+    assert [c.args["ttl_seconds"] - c.timeout for c in locks] == [grace] * 5
+    assert [c.args["refresh_only"] for c in locks] == [False, True, True, True, True]
     assert not (fleet.hosts[0].state / "lock.json").exists()
 
 
@@ -373,9 +378,9 @@ def test_a_failed_smoke_keeps_the_lock_it_would_have_given_back(fleet: Fleet) ->
     report = fleet.apply(Playbook(canary=0, batch=BatchSize(count=10)))
     assert fleet.outcomes(report) == {"h1": "rolled-back"}
     transport = fleet.transports["h1"]
-    first_smoke = transport.execs.index(("smoke", "unlock"))
+    first_smoke = transport.execs.index(("lock", "smoke", "unlock"))
     ran = [c.op for c in transport.calls if c.exec_index == first_smoke]
-    assert ran == ["smoke"]  # the unlock was not run: the lock stayed for the roll-back
+    assert ran == ["lock", "smoke"]  # the unlock was not run: the lock stayed for the roll-back
     assert "restore" in transport.ops[transport.ops.index("smoke") :]
     assert not (fleet.hosts[0].state / "lock.json").exists()  # given back once it was done
 
@@ -476,7 +481,7 @@ def test_a_staged_apply_is_two_execs_and_leaves_no_lock(fleet: Fleet) -> None:
     (outcome,) = report.hosts
     assert outcome.outcome == "staged"
     assert "the running server still runs the old code" in (outcome.note or "")
-    assert fleet.transports["h1"].execs == [("lock", "inspect"), ("swap", "unlock")]
+    assert fleet.transports["h1"].execs == [("lock", "inspect"), ("lock", "swap", "unlock")]
     assert not (fleet.hosts[0].state / "lock.json").exists()
     assert sha(fleet.hosts[0].file.read_bytes()) != PRISTINE
     # the scripted engine started before the swap: status reads it staged, as on a real host

@@ -13,6 +13,12 @@ tree through `REFUSAL_ERRORS`, the one table from the agent's codes to errors.
 `HostOperations` (`opspatch.hosts.operations`) builds each operation's typed request
 (`opspatch.hosts.agent.protocol`), composes them ("lock, then inspect"; "smoke, then give the
 lock back") and makes result values of the typed replies.
+
+While a run holds the host's lock, every exec it sends re-asserts the lock first (`_Fence`): the
+lock lasts as long as the exec may run plus the run's grace (its lease expiry), so a controller
+that is alive keeps its lock however long the run takes, a dead one's lock expires soon after its
+last exec could have ended, and an exec sent after another run took the lock over is refused
+before it does anything (`lock-lost`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import base64
 import functools
 import json
 import threading
+import time
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +48,7 @@ from opspatch.errors import (
 from opspatch.hosts.agent.protocol import (
     AgentReply,
     AgentRequest,
+    LockRequest,
     OperationCall,
     OperationReply,
 )
@@ -90,6 +98,22 @@ REFUSAL_ERRORS: dict[str, type[RemoteOperationError] | type[TargetError]] = {
 `RemoteOperationError` carrying it. The one table from the agent's words to the error tree."""
 
 _INTERPRETER_MISSING_STATUS = (126, 127)  # the shell's "not executable" / "not found"
+
+DEFAULT_LOCK_GRACE = 60.0
+"""Seconds a host lock outlives the exec that last re-asserted it, when the run names no lease
+expiry of its own (`[team] lease_expiry` is what a run passes)."""
+
+_LOCK_OPERATIONS = frozenset({"lock", "unlock"})
+
+
+@dataclass(frozen=True)
+class _Fence:
+    """The host lock this channel's run holds: what re-asserts it (a `lock` that only refreshes
+    a lock still this run's), who runs it, and until when (monotonic) it is known to hold."""
+
+    request: LockRequest
+    user: str | None
+    good_until: float
 
 
 @functools.cache
@@ -315,11 +339,19 @@ class AgentChannel:
     every exec ran as (`name`, or `name (sudo)`)."""
 
     def __init__(
-        self, transport: Transport, host: Host, *, passwords: BecomePasswords | None = None
+        self,
+        transport: Transport,
+        host: Host,
+        *,
+        passwords: BecomePasswords | None = None,
+        lock_grace: float = DEFAULT_LOCK_GRACE,
     ) -> None:
         self.transport = transport
         self.host = host
+        self.lock_grace = lock_grace
+        """Seconds the host lock outlives the exec that last re-asserted it."""
         self.ran_as: list[str] = []
+        self._fence: _Fence | None = None
         sudo = Sudo(host, passwords or BecomePasswords())
         self.endpoint: AgentEndpoint = (
             transport
@@ -387,7 +419,93 @@ class AgentChannel:
                 `agent-unsupported-python`) or not one per call (`agent-bad-reply`).
             TransportError, CommandTimeout: the host could not be reached or the deadline passed.
             BecomeError: `as_user` is set and sudo cannot run it.
+            RemoteOperationError: `lock-lost`, this run held the host's lock and no longer does
+                (another run took it over): nothing of `calls` was run.
         """
+        fence = self._fence
+        if fence is None or not calls or calls[0]["op"] in _LOCK_OPERATIONS:
+            return self._send(calls, as_user=as_user, timeout=timeout, step=step)
+        refresh = operation_call(
+            "lock", {**fence.request, "ttl_seconds": timeout + self.lock_grace}
+        )
+        if as_user == fence.user:  # the same process: re-asserted in the same exec, for free
+            replies = self._send([refresh, *calls], as_user=as_user, timeout=timeout, step=step)
+            self._fenced(replies[0], step)
+            return replies[1:]
+        # a batch is one user's process: the lock's user re-asserts it on its own, when needed
+        if time.monotonic() + timeout + self.lock_grace > fence.good_until:
+            (reply,) = self._send([refresh], as_user=fence.user, timeout=timeout, step=step)
+            self._fenced(reply, step)
+        return self._send(calls, as_user=as_user, timeout=timeout, step=step)
+
+    def _fenced(self, reply: OperationReply, step: str) -> None:
+        """Raise `lock-lost` when the run's lock was not re-asserted (another run holds it, or
+        it is gone): the rest of the exec did not run."""
+        if reply.get("status") == "done":
+            return
+        # the fence stays: every later exec of this run is refused the same way
+        run_id = self._fence.request["run_id"] if self._fence is not None else "?"
+        said = str(reply.get("message") or reply.get("code") or "refused")
+        raw = reply.get("data")
+        raise RemoteOperationError(
+            f"this run ({run_id}) no longer holds the host's lock ({said}): another run took it "
+            "over after this run's lock expired, or it was removed; nothing more is done here",
+            code="lock-lost",
+            host=self.name,
+            step=step,
+            data=raw if isinstance(raw, dict) else {},
+        )
+
+    def _send(
+        self,
+        calls: Sequence[OperationCall],
+        *,
+        as_user: str | None,
+        timeout: float,
+        step: str,
+    ) -> list[OperationReply]:
+        """One exec of `calls` (`call_batch` without the fence), noting what it did to the lock."""
+        sent_at = time.monotonic()
+        replies = self._exchange_batch(calls, as_user=as_user, timeout=timeout, step=step)
+        self._track(calls, replies, as_user, sent_at)
+        return replies
+
+    def _track(
+        self,
+        calls: Sequence[OperationCall],
+        replies: Sequence[OperationReply],
+        as_user: str | None,
+        sent_at: float,
+    ) -> None:
+        """The fence after an exec: set (or extended) by a `lock` done, cleared by an `unlock`
+        that gave the lock back."""
+        for call, reply in zip(calls, replies, strict=False):
+            if reply.get("status") != "done":
+                continue
+            if call["op"] == "lock":
+                args = cast(LockRequest, call["args"])
+                request = LockRequest(
+                    state_dir=args["state_dir"],
+                    owner=args["owner"],
+                    run_id=args["run_id"],
+                    ttl_seconds=args["ttl_seconds"],
+                    takeover_run=None,
+                    refresh_only=True,
+                )
+                self._fence = _Fence(request, as_user, sent_at + float(args["ttl_seconds"]))
+            elif call["op"] == "unlock":
+                result = reply.get("result")
+                if isinstance(result, dict) and result.get("released"):
+                    self._fence = None
+
+    def _exchange_batch(
+        self,
+        calls: Sequence[OperationCall],
+        *,
+        as_user: str | None,
+        timeout: float,
+        step: str,
+    ) -> list[OperationReply]:
         python = self.host.engine.python
         if not python:
             raise InputError(

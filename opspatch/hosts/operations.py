@@ -64,6 +64,7 @@ from opspatch.hosts.become import BecomePasswords, raised_users
 from opspatch.hosts.channel import (
     AGENT_PACKAGE,
     BOOTSTRAP,
+    DEFAULT_LOCK_GRACE,
     AgentChannel,
     agent_modules,
     operation_call,
@@ -88,7 +89,6 @@ from opspatch.hosts.transport.local import LocalTransport
 __all__ = [  # the result values (`opspatch.hosts.results`) and the channel's names, re-exported
     "AGENT_PACKAGE",
     "BOOTSTRAP",
-    "DEFAULT_LOCK_TTL_SECONDS",
     "HostFacts",
     "HostInspection",
     "HostOperations",
@@ -104,7 +104,6 @@ __all__ = [  # the result values (`opspatch.hosts.results`) and the channel's na
     "open_transport",
 ]
 
-DEFAULT_LOCK_TTL_SECONDS = 30 * 60
 ReplyT = TypeVar("ReplyT")
 
 
@@ -146,11 +145,16 @@ class HostOperations:
     """
 
     def __init__(
-        self, transport: Transport, host: Host, *, passwords: BecomePasswords | None = None
+        self,
+        transport: Transport,
+        host: Host,
+        *,
+        passwords: BecomePasswords | None = None,
+        lock_grace: float = DEFAULT_LOCK_GRACE,
     ) -> None:
         self.transport = transport
         self.host = host
-        self.channel = AgentChannel(transport, host, passwords=passwords)
+        self.channel = AgentChannel(transport, host, passwords=passwords, lock_grace=lock_grace)
         self.ran_as: list[str] = self.channel.ran_as
         """The user each exec ran as (`name`, or `name (sudo)` when raised), oldest first."""
 
@@ -434,7 +438,7 @@ class HostOperations:
         *,
         run_id: str,
         owner: str | None = None,
-        ttl_seconds: float = DEFAULT_LOCK_TTL_SECONDS,
+        ttl_seconds: float | None = None,
         timeout: float,
     ) -> LockInfo:
         """Take the host's lock (`<state_dir>/lock.json`) for `run_id`, or refresh it.
@@ -450,11 +454,17 @@ class HostOperations:
             state_dir=self.host.state_dir,
             owner=owner or default_lock_owner(),
             run_id=run_id,
-            ttl_seconds=ttl_seconds,
+            ttl_seconds=self._lock_ttl(ttl_seconds, timeout),
             takeover_run=None,
+            refresh_only=False,
         )
         reply = self._typed_call("lock", request, LockReply, timeout=timeout)
         return self._lock_info(reply, "lock")
+
+    def _lock_ttl(self, ttl_seconds: float | None, timeout: float) -> float:
+        """How long a lock taken now lasts: `ttl_seconds`, or (by default) as long as this exec
+        may run plus the run's grace; every later exec of the run re-asserts it (`AgentChannel`)."""
+        return ttl_seconds if ttl_seconds is not None else timeout + self.channel.lock_grace
 
     def _lock_info(self, reply: LockReply, step: str) -> LockInfo:
         previous = reply["previous"]
@@ -473,7 +483,7 @@ class HostOperations:
         run_id: str,
         path: str | None = None,
         owner: str | None = None,
-        ttl_seconds: float = DEFAULT_LOCK_TTL_SECONDS,
+        ttl_seconds: float | None = None,
         takeover_run: str | None = None,
         timeout: float,
     ) -> tuple[LockInfo, HostInspection]:
@@ -493,8 +503,9 @@ class HostOperations:
             state_dir=self.host.state_dir,
             owner=owner or default_lock_owner(),
             run_id=run_id,
-            ttl_seconds=ttl_seconds,
+            ttl_seconds=self._lock_ttl(ttl_seconds, timeout),
             takeover_run=takeover_run,
+            refresh_only=False,
         )
         inspect = InspectRequest(module=module, path=path, server=self._server_hint())
         if self.host.become.enabled:

@@ -7,7 +7,9 @@ disk now. It never trusts a run's own account of where it got to.
 
 - `recover_run(chain)`: the interrupted run and every run it descends from through `parent_run`
   (a recover of a recover recovers the original run too). Hosts: every host of the chain. Locks
-  held by any run of the chain are taken over.
+  held by a run of the chain that is over (interrupted: its controller is seen dead) are taken
+  over; the lock of a run begun elsewhere whose lease expired only once it expired (its
+  controller re-asserts it with every exec while it lives: `hosts.channel`).
 - `recover_hosts(hosts)`: the hosts named, whatever run touched them last (for a lock left by a
   finished run after a lost connection, or a run that is not in this ledger). Locks are taken
   over only from runs this ledger knows to be over. A bare `recover` with no interrupted run
@@ -124,7 +126,10 @@ def recover_run(
                 v for v in record.file_versions if v.action == "patch"
             )
     runs = ", ".join(d.run_id for d in chain)
-    scope = _Scope(versions, frozenset(d.run_id for d in chain), f"run {runs}")
+    # A host lock is taken over by run id only from a run known to be over; the lock of a run
+    # whose lease expired but whose controller may be alive (cut off from the ledger, still
+    # reaching its hosts) is taken once it expired: every exec that controller sends keeps it.
+    scope = _Scope(versions, dead, f"run {runs}")
     names = {h.name for h in hosts}
     return _recover(
         ledger,

@@ -188,7 +188,10 @@ class HostSession:
         if self._ops is None:
             self._transport = self._factory(self.host)
             self._ops = HostOperations(
-                self._transport, self.host, passwords=become_passwords(self._factory)
+                self._transport,
+                self.host,
+                passwords=become_passwords(self._factory),
+                lock_grace=self.playbook.team.lease_expiry,  # the host lock lives as the lease
             )
         return self._ops
 
@@ -265,6 +268,12 @@ class HostSession:
         status = self.recorder.run_status(holder) if holder else None
         if status == RunStatus.INTERRUPTED:
             return f"; run {holder} was interrupted: `opspatch recover` finishes or undoes it"
+        if status == RunStatus.UNKNOWN:  # begun on another controller, which may be alive
+            return (
+                f"; run {holder}'s controller may still be at work here (every command it sends "
+                "keeps the lock): nothing was changed here; once the lock expired, "
+                f"`opspatch recover --hosts {self.name}` takes the host over"
+            )
         if status in (RunStatus.FINISHED, RunStatus.RECOVERED):
             return (
                 f"; run {holder} is over ({status}) but its lock outlived it: "

@@ -118,7 +118,10 @@ def require_lock(state_dir: str, run_id: str) -> None:
 def op_lock(args: LockRequest) -> LockReply:
     """Take (or refresh) the host's lock for a run; take over an expired one.
 
-    Refuses with `lock-held` (owner, run id, expiry in data) while another run holds it.
+    Refuses with `lock-held` (owner, run id, expiry in data) while another run holds it. With
+    `refresh_only` (every exec of a run that holds the lock re-asserts it this way) only a lock
+    that is still this run's is refreshed, expired or not: one another run took over is
+    `lock-held`, one that is gone `lock-lost`.
     """
     state_dir = ensure_state_dir(str(args["state_dir"]))
     owner = str(args["owner"])
@@ -129,6 +132,17 @@ def op_lock(args: LockRequest) -> LockReply:
         now = time.time()
         current = read_lock(path)
         refreshed = current is not None and current.get("run_id") == run_id
+        if args.get("refresh_only") and not refreshed:
+            # the run held this lock: gone or another's now, it was taken over (or removed)
+            raise OpFailure(
+                "lock-held" if current is not None else "lock-lost",
+                "locked by {} (run {}) until {}".format(
+                    current.get("owner"), current.get("run_id"), iso(float(current["expires_at"]))
+                )
+                if current is not None and not current.get("unreadable")
+                else f"the lock of run {run_id} is gone from {path}",
+                dict(current, path=path) if current is not None else {"path": path},
+            )
         # `opspatch recover` takes over the lock of the interrupted run it recovers, by run id.
         taken_from_run = (
             current is not None

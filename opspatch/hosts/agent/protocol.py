@@ -46,6 +46,7 @@ class LockRequest(TypedDict):
     run_id: str
     ttl_seconds: float
     takeover_run: str | None  # `recover` takes over the lock of the run it recovers
+    refresh_only: bool  # re-assert a lock still this run's (an exec of a run holding it)
 
 
 class LockHolderReply(TypedDict, total=False):

@@ -1,0 +1,260 @@
+"""The host lock as a fence: every exec of a run that holds a host's lock re-asserts it first
+(`hosts.channel`), so a controller that is alive keeps its lock however long its run takes (and
+however long it is cut off from the ledger), and an exec sent after another run took the lock
+over is refused before it does anything. A recover of a run whose lease expired takes a host's
+lock only once it expired, never by run id from a controller that may be alive.
+
+Scripted hosts (tests/test_runs_scripted.py): real files, real state folders, the real agent's
+lock; operator A's run in a thread, held inside an exec by the host's fault hook.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opspatch.core.policy import BatchSize, Playbook, StepTimeouts, TeamSettings
+from opspatch.errors import LedgerError
+from opspatch.hosts.transport.scripted import agent_operation
+from opspatch.ledger import store
+from opspatch.ledger.liveness import ControllerProcess
+from opspatch.ledger.store import Ledger
+from opspatch.runs.apply import apply_to_hosts
+from opspatch.runs.recover import recover_hosts, recover_run, run_chain
+from opspatch.runs.report import RunReport
+from tests.fleetkit import wait_until
+from tests.test_runs_scripted import PRISTINE, REPO, STANDIN, FakeHost, Fleet, sha
+
+GRACE = 0.5  # A's lease expiry, and so how long its lock outlives an exec: short, to wait for
+SLOW_STEP = 3600.0  # the held step's deadline: its lock cannot expire while the test runs
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    from opspatch.config.patches import load_patch
+
+    fake = FakeHost("h1", tmp_path / "h1")
+    fake.file.parent.mkdir(parents=True)
+    fake.file.write_bytes((STANDIN / "eagle_worker_v2.py").read_bytes())
+    with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
+        yield Fleet([fake], ledger, load_patch(REPO / "patches" / "eagle-init-guard.toml"))
+
+
+def playbook() -> Playbook:
+    base = Playbook(canary=0, batch=BatchSize(count=10))
+    return replace(
+        base,
+        timeouts=replace(StepTimeouts(), restart=SLOW_STEP),
+        team=TeamSettings(lease_expiry=GRACE),
+    )
+
+
+class HeldAt:
+    """A fault hook that holds the host's first `op` request (inside its exec, after the lock
+    was re-asserted) until `release()`."""
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+        self.reached = threading.Event()
+        self._go = threading.Event()
+
+    def __call__(self, op: str, args: dict[str, Any]) -> None:
+        if op == self.op and not self.reached.is_set():
+            self.reached.set()
+            assert self._go.wait(120), "the test never released the held request"
+        return None
+
+    def release(self) -> None:
+        self._go.set()
+
+
+class OperatorA:
+    """Operator A's apply in a thread, on its own connection to the ledger, begun on another
+    controller (so its run is `unknown` to B), its lease heartbeat cut from the ledger."""
+
+    def __init__(self, fleet: Fleet, monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+        self.ledger = Ledger.open(path)
+
+        def cut(run_id: str) -> int:
+            raise LedgerError("the ledger connection was cut")
+
+        monkeypatch.setattr(self.ledger, "renew_leases", cut)
+        self.report: RunReport | None = None
+        self._fleet = fleet
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._monkeypatch = monkeypatch
+
+    def start(self, held: HeldAt) -> str:
+        elsewhere = ControllerProcess("alices-laptop", 4242, None)
+        with self._monkeypatch.context() as begun_elsewhere:
+            begun_elsewhere.setattr(
+                store.ControllerProcess, "current", classmethod(lambda cls: elsewhere)
+            )
+            self._thread.start()
+            assert held.reached.wait(60), "A never reached the held step"
+        return self.ledger.list_runs(limit=1)[0].run_id
+
+    def _run(self) -> None:
+        self.report = apply_to_hosts(
+            self._fleet.patch,
+            [h.host() for h in self._fleet.hosts],
+            playbook(),
+            factory=self._fleet.factory,
+            ledger=self.ledger,
+        )
+
+    def join(self) -> RunReport:
+        self._thread.join(60)
+        assert not self._thread.is_alive() and self.report is not None
+        self.ledger.close()
+        return self.report
+
+
+def lease_expired(ledger: Ledger, run_id: str) -> bool:
+    held = ledger.leases_of([run_id])
+    return bool(held) and not any(lease.live for lease in held)
+
+
+def test_a_recover_does_not_take_the_lock_of_a_live_controller_whose_lease_expired(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A is cut off from the ledger (its lease expires) but still at work on its host, held in
+    its restart: B's `recover --run A` is refused there, naming why, and changes nothing; A
+    finishes its host, keeping the lock with every exec."""
+    host = fleet.hosts[0]
+    held = HeldAt("restart")
+    host.fault = held
+    a = OperatorA(fleet, monkeypatch, tmp_path / "ledger.sqlite3")
+    run_a = a.start(held)
+    assert wait_until(lambda: lease_expired(fleet.ledger, run_a), timeout=60, interval=0.05)
+    patched = host.file.read_bytes()
+    assert sha(patched) != PRISTINE  # A swapped before its restart
+
+    b = recover_run(
+        ledger=fleet.ledger,
+        chain=run_chain(fleet.ledger, run_a),
+        hosts=[host.host()],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=fleet.patch,
+    )
+    (refused,) = b.hosts
+    assert refused.outcome == "failed", refused
+    assert f"(run {run_a})" in (refused.error or "")
+    assert "controller may still be at work here" in (refused.error or "")
+    assert f"opspatch recover --hosts {host.name}" in (refused.error or "")
+    assert host.file.read_bytes() == patched  # B wrote nothing
+
+    held.release()
+    report = a.join()
+    (outcome,) = report.hosts
+    assert outcome.outcome == "applied", outcome  # A kept its lock to the end of its host
+    assert not (host.state / "lock.json").exists()
+
+
+def test_an_exec_sent_after_another_run_took_the_lock_over_is_refused_before_it_runs(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The lock is taken over while A is held in its restart (its lock expired or removed by
+    force): A's next exec is refused at the lock it re-asserts, so nothing of it runs, and A
+    says the host needs attention rather than claiming a result."""
+    host = fleet.hosts[0]
+    held = HeldAt("restart")
+    host.fault = held
+    a = OperatorA(fleet, monkeypatch, tmp_path / "ledger.sqlite3")
+    run_a = a.start(held)
+    taken = agent_operation(
+        "lock",
+        {
+            "state_dir": str(host.state),
+            "owner": "bob@ctl",
+            "run_id": "run-of-bob",
+            "ttl_seconds": 600,
+            "takeover_run": run_a,
+        },
+    )
+    assert isinstance(taken, dict)
+    asked_before = len(host.requests)
+    held.release()
+    report = a.join()
+    (outcome,) = report.hosts
+    assert outcome.outcome == "needs-attention", outcome
+    assert f"this run ({run_a}) no longer holds the host's lock" in str(outcome.to_json())
+    after = host.requests[asked_before:]
+    # no wait_ready, smoke or restore reached the host: only refused locks, and a give-back that
+    # the agent refuses (not this run's lock)
+    assert set(after) <= {"lock", "unlock"} and "lock" in after, after
+    assert "run-of-bob" in (host.state / "lock.json").read_text()  # bob's lock untouched
+
+
+def test_a_recover_takes_an_unknown_runs_lock_once_it_expired(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A controller gone for good: its lock expires `lease_expiry` after its last exec could
+    have ended, and `recover --hosts` then takes the host over (not by run id: by expiry)."""
+    host = fleet.hosts[0]
+    elsewhere = ControllerProcess("alices-laptop", 4242, None)
+    with monkeypatch.context() as begun_elsewhere:
+        begun_elsewhere.setattr(
+            store.ControllerProcess, "current", classmethod(lambda cls: elsewhere)
+        )
+        gone = fleet.ledger.begin_run(
+            command="apply",
+            patch_id=fleet.patch.spec.id,
+            patch_sha256=fleet.patch.sha256,
+            operator="alice@laptop",
+            command_line="opspatch apply",
+            hosts=[host.name],
+        )
+    assert fleet.ledger.get_run(gone).summary.status == "unknown"
+    lock = {"state_dir": str(host.state), "owner": "alice@laptop", "run_id": gone}
+    assert isinstance(agent_operation("lock", {**lock, "ttl_seconds": GRACE}), dict)
+    assert wait_until(lambda: _expired(host), timeout=60, interval=0.05)
+    report = recover_hosts(
+        ledger=fleet.ledger,
+        hosts=[host.host()],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=fleet.patch,
+    )
+    (outcome,) = report.hosts
+    assert outcome.outcome == "restored", outcome
+    assert sha(host.file.read_bytes()) == PRISTINE
+    assert not (host.state / "lock.json").exists()
+
+
+def _expired(host: FakeHost) -> bool:
+    import json
+
+    expires = float(json.loads((host.state / "lock.json").read_text())["expires_at"])
+    return expires < time.time()
+
+
+def test_refresh_only_re_asserts_a_lock_still_the_runs_and_nothing_else(tmp_path: Path) -> None:
+    """The agent's side of the fence: its own lock (expired or not) is refreshed; another's is
+    `lock-held`; a lock that is gone is `lock-lost`, never silently taken again."""
+    from opspatch.hosts.transport.scripted import Refusal
+
+    state = str(tmp_path / "state")
+    mine = {"state_dir": state, "owner": "a@c", "run_id": "run-a", "takeover_run": None}
+    assert isinstance(agent_operation("lock", {**mine, "ttl_seconds": 0.01}), dict)
+    time.sleep(0.05)  # let it expire: the run's own expired lock is still the run's
+    again = agent_operation("lock", {**mine, "ttl_seconds": 60, "refresh_only": True})
+    assert isinstance(again, dict) and again["refreshed"] is True
+
+    theirs = {**mine, "owner": "b@c", "run_id": "run-b", "takeover_run": "run-a"}
+    assert isinstance(agent_operation("lock", {**theirs, "ttl_seconds": 60}), dict)
+    held = agent_operation("lock", {**mine, "ttl_seconds": 60, "refresh_only": True})
+    assert isinstance(held, Refusal) and held.code == "lock-held", held
+
+    unlocked = agent_operation("unlock", {"state_dir": state, "run_id": "run-b", "force": False})
+    assert isinstance(unlocked, dict) and unlocked["released"]
+    lost = agent_operation("lock", {**mine, "ttl_seconds": 60, "refresh_only": True})
+    assert isinstance(lost, Refusal) and lost.code == "lock-lost", lost
+    assert not (tmp_path / "state" / "lock.json").exists()
