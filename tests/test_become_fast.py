@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from opspatch.config.inventory import load_inventory, parse_inventory
 from opspatch.config.inventory.ansible import parse_ansible_inventory
 from opspatch.config.inventory.show import inventory_show_json, inventory_show_table
 from opspatch.core.host import BecomeSettings, Host
-from opspatch.errors import BecomeError, SpecError
+from opspatch.errors import BecomeError, RemoteOperationError, SpecError
 from opspatch.hosts.agent.dispatch import run_batch
 from opspatch.hosts.agent.protocol import AgentReply, OperationReply
 from opspatch.hosts.become import (
@@ -28,7 +29,7 @@ from opspatch.hosts.become import (
     run_as,
     sudo_refusal,
 )
-from opspatch.hosts.channel import decode_request
+from opspatch.hosts.channel import decode_request, operation_call
 from opspatch.hosts.operations import BOOTSTRAP, HostOperations
 from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult
 from opspatch.hosts.transport.local import LocalTransport
@@ -458,16 +459,23 @@ def test_sudo_not_installed_is_refused(tmp_path: Path, monkeypatch: pytest.Monke
     assert "sudo: not found" in caught.value.message
 
 
-def test_begin_with_become_locks_raised_probes_root_and_inspects_as_the_login(
-    tmp_path: Path,
-) -> None:
-    host = raised_host(tmp_path)
-    systemd = host_from(
+def systemd_host(tmp_path: Path) -> Host:
+    """A raised host whose engine is a systemd unit: its restart runs as root, not as the
+    become user who owns the lock."""
+    (tmp_path / "target.py").write_text("x = 1\n")
+    return host_from(
         f'[hosts.gpu-01]\naddress = "a"\nbecome = true\nbecome_user = "sglang"\n'
         f"state_dir = {json.dumps(str(tmp_path / 'state'))}\n"
         f"engine = {{ python = {json.dumps(sys.executable)}, "
         'restart = { kind = "systemd", unit = "sglang.service" } }\n'
     )
+
+
+def test_begin_with_become_locks_raised_probes_root_and_inspects_as_the_login(
+    tmp_path: Path,
+) -> None:
+    host = raised_host(tmp_path)
+    systemd = systemd_host(tmp_path)
     assert host.engine.restart is None
     transport = SudoHost(password=None)
     ops = HostOperations(transport, systemd)
@@ -481,3 +489,64 @@ def test_begin_with_become_locks_raised_probes_root_and_inspects_as_the_login(
         (sys.executable, None),  # the inspection: the login user
     ]
     assert ops.ran_as == ["sglang (sudo)", "root (sudo)", "ops"]
+
+
+# -- the host lock as a fence, with become --------------------------------------------------
+
+
+def exec_users(transport: SudoHost) -> list[str | None]:
+    """Who each exec ran as: the sudo target, or None for the login user."""
+    return [
+        argv[argv.index("-u") + 1] if argv[0] == "sudo" else None for argv, _ in transport.execs
+    ]
+
+
+def test_a_run_whose_lock_was_taken_over_changes_nothing_as_any_user(tmp_path: Path) -> None:
+    host = systemd_host(tmp_path)
+    transport = SudoHost(password=None)
+    ops = HostOperations(transport, host, lock_grace=0.1)
+    ops.lock(run_id="r1", timeout=0.1)  # lasts 0.2 s, then another run takes it over
+    time.sleep(0.5)
+    HostOperations(SudoHost(password=None), host).lock(run_id="r2", timeout=30)
+    transport.execs.clear()
+
+    # a read as the login user changes nothing: sent as it is, not fenced
+    assert ops.read(str(tmp_path / "target.py"), timeout=10).content == b"x = 1\n"
+    # a change as the lock's user: the re-assertion leads the same exec and stops it
+    with pytest.raises(RemoteOperationError) as swap:
+        ops.channel.call_batch(
+            [operation_call("swap", {})], as_user="sglang", timeout=10, step="swap"
+        )
+    # a change as root: the lock's user re-asserts it in an exec of its own, the restart unsent
+    with pytest.raises(RemoteOperationError) as restart:
+        ops.channel.call("restart", {}, as_user="root", timeout=10, step="restart")
+    assert swap.value.code == restart.value.code == "lock-lost"
+    assert "r1" in restart.value.message and "took it over" in restart.value.message
+    assert exec_users(transport) == [None, "sglang", "sglang"]
+    lock = json.loads((tmp_path / "state" / "lock.json").read_text())
+    assert lock["run_id"] == "r2"  # the other run's lock, untouched
+
+
+def test_a_root_change_re_asserts_the_lock_only_when_it_might_lapse_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = agent_perform
+
+    def no_systemd(op: str, args: dict[str, Any]) -> OperationReply:
+        if op == "restart":  # this double has no systemd: the restart itself is not the point
+            return {"status": "done", "result": {"ok": True}}
+        return real(op, args)
+
+    monkeypatch.setattr(sys.modules[__name__], "agent_perform", no_systemd)
+    host = systemd_host(tmp_path)
+    transport = SudoHost(password=None)
+    ops = HostOperations(transport, host, lock_grace=60)
+    ops.lock(run_id="r1", timeout=10)  # holds for 70 s from now
+    transport.execs.clear()
+
+    ops.channel.call("restart", {}, as_user="root", timeout=5, step="restart")
+    assert exec_users(transport) == ["root"]  # the lock holds past this deadline: no extra exec
+    ops.channel.call("restart", {}, as_user="root", timeout=600, step="restart")
+    assert exec_users(transport) == ["root", "sglang", "root"]  # re-asserted first, as sglang
+    lock = json.loads((tmp_path / "state" / "lock.json").read_text())
+    assert lock["run_id"] == "r1" and lock["expires_at"] > time.time() + 600

@@ -14,11 +14,14 @@ tree through `REFUSAL_ERRORS`, the one table from the agent's codes to errors.
 (`opspatch.hosts.agent.protocol`), composes them ("lock, then inspect"; "smoke, then give the
 lock back") and makes result values of the typed replies.
 
-While a run holds the host's lock, every exec it sends re-asserts the lock first (`_Fence`): the
-lock lasts as long as the exec may run plus the run's grace (its lease expiry), so a controller
-that is alive keeps its lock however long the run takes, a dead one's lock expires soon after its
-last exec could have ended, and an exec sent after another run took the lock over is refused
-before it does anything (`lock-lost`).
+While a run holds the host's lock, every exec it sends as the lock's user re-asserts the lock
+first, in the same exec (`_Fence`): the lock lasts as long as the exec may run plus the run's
+grace (its lease expiry), so a controller that is alive keeps its lock however long the run
+takes, a dead one's lock expires soon after its last exec could have ended, and an exec sent
+after another run took the lock over is refused before it does anything (`lock-lost`). With
+become, an exec as another user is one process of its own: a read (the login user) is not
+fenced, since it changes nothing and the run's next change is; a change (a restart as root) is
+preceded by a re-assertion of its own only when the lock might lapse before its deadline.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from opspatch.hosts.agent.protocol import (
 )
 from opspatch.hosts.become import (
     LOGIN_OPERATIONS,
+    RAISED_OPERATIONS,
     BecomePasswords,
     Sudo,
     not_allowed_to_read,
@@ -432,8 +436,11 @@ class AgentChannel:
             replies = self._send([refresh, *calls], as_user=as_user, timeout=timeout, step=step)
             self._fenced(replies[0], step)
             return replies[1:]
-        # a batch is one user's process: the lock's user re-asserts it on its own, when needed
-        if time.monotonic() + timeout + self.lock_grace > fence.good_until:
+        # Another user's process (become). A read changes nothing, so it is not fenced: this
+        # run's next change is. A change (a restart as root) runs only while the lock holds
+        # to its deadline: the lock's user re-asserts it on its own when it might lapse first.
+        changes = any(call["op"] in RAISED_OPERATIONS for call in calls)
+        if changes and time.monotonic() + timeout > fence.good_until:
             (reply,) = self._send([refresh], as_user=fence.user, timeout=timeout, step=step)
             self._fenced(reply, step)
         return self._send(calls, as_user=as_user, timeout=timeout, step=step)
