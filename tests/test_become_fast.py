@@ -505,7 +505,7 @@ def test_a_run_whose_lock_was_taken_over_changes_nothing_as_any_user(tmp_path: P
     host = systemd_host(tmp_path)
     transport = SudoHost(password=None)
     ops = HostOperations(transport, host, lock_grace=0.1)
-    ops.lock(run_id="r1", timeout=0.1)  # lasts 0.2 s, then another run takes it over
+    ops.lock(run_id="r1", ttl_seconds=0.2, timeout=10)  # then another run takes it over
     time.sleep(0.5)
     HostOperations(SudoHost(password=None), host).lock(run_id="r2", timeout=30)
     transport.execs.clear()
@@ -541,7 +541,7 @@ def test_a_root_change_re_asserts_the_lock_only_when_it_might_lapse_first(
     host = systemd_host(tmp_path)
     transport = SudoHost(password=None)
     ops = HostOperations(transport, host, lock_grace=60)
-    ops.lock(run_id="r1", timeout=10)  # holds for 70 s from now
+    ops.lock(run_id="r1", ttl_seconds=70, timeout=10)  # holds for 70 s from now
     transport.execs.clear()
 
     ops.channel.call("restart", {}, as_user="root", timeout=5, step="restart")

@@ -258,3 +258,57 @@ def test_refresh_only_re_asserts_a_lock_still_the_runs_and_nothing_else(tmp_path
     lost = agent_operation("lock", {**mine, "ttl_seconds": 60, "refresh_only": True})
     assert isinstance(lost, Refusal) and lost.code == "lock-lost", lost
     assert not (tmp_path / "state" / "lock.json").exists()
+
+
+def test_a_host_waiting_for_its_batch_keeps_its_lock_until_the_run_reaches_it(
+    tmp_path: Path,
+) -> None:
+    """A rollout begins (locks) every host at preflight, and a later batch's host sees no exec
+    while the canary runs: its lock lasts until the run reaches it, not its begin's deadline,
+    so another run cannot take that host meanwhile; the run then finishes it."""
+    from opspatch.config.patches import load_patch
+    from opspatch.hosts.transport.scripted import Refusal
+
+    canary, later = (
+        FakeHost.installed("h1", tmp_path / "h1"),
+        FakeHost.installed("h2", tmp_path / "h2"),
+    )
+    held = HeldAt("restart")
+    canary.fault = held
+    quick_begin = replace(playbook(), canary=1)
+    quick_begin = replace(
+        quick_begin, timeouts=replace(quick_begin.timeouts, lock=0.1, inspect=0.1)
+    )
+    with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
+        fleet = Fleet(
+            [canary, later], ledger, load_patch(REPO / "patches" / "eagle-init-guard.toml")
+        )
+        reports: list[RunReport] = []
+        rollout = threading.Thread(
+            target=lambda: reports.append(
+                apply_to_hosts(
+                    fleet.patch,
+                    [h.host() for h in fleet.hosts],
+                    quick_begin,
+                    factory=fleet.factory,
+                    ledger=ledger,
+                )
+            ),
+            daemon=True,
+        )
+        rollout.start()
+        try:
+            assert held.reached.wait(60), "the canary never reached its restart"
+            # well past begin's deadline plus the grace (0.7 s): a lock that lasted only that
+            # long would be expired now, and free for the taking
+            time.sleep(2.0)
+            carol = {"state_dir": str(later.state), "owner": "carol@ctl", "run_id": "carols"}
+            taken = agent_operation("lock", {**carol, "ttl_seconds": 600, "takeover_run": None})
+            assert isinstance(taken, Refusal) and taken.code == "lock-held", taken
+        finally:
+            held.release()
+            rollout.join(60)
+        assert not rollout.is_alive()
+    (report,) = reports
+    assert {h.host: str(h.outcome) for h in report.hosts} == {"h1": "applied", "h2": "applied"}
+    assert not (later.state / "lock.json").exists()

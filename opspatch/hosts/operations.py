@@ -106,6 +106,11 @@ __all__ = [  # the result values (`opspatch.hosts.results`) and the channel's na
 
 ReplyT = TypeVar("ReplyT")
 
+BEGUN_LOCK_SECONDS = 30 * 60
+"""How long a lock lasts from its taking until the run's next exec there re-asserts it (for the
+exec's deadline plus the run's grace: `AgentChannel`): a rollout takes every host's lock at
+preflight and reaches a later batch's host only after the canary and the batches before it."""
+
 
 def default_lock_owner() -> str:
     """`user@controller`, the owner recorded in host locks taken from this machine."""
@@ -462,9 +467,12 @@ class HostOperations:
         return self._lock_info(reply, "lock")
 
     def _lock_ttl(self, ttl_seconds: float | None, timeout: float) -> float:
-        """How long a lock taken now lasts: `ttl_seconds`, or (by default) as long as this exec
-        may run plus the run's grace; every later exec of the run re-asserts it (`AgentChannel`)."""
-        return ttl_seconds if ttl_seconds is not None else timeout + self.channel.lock_grace
+        """How long a lock taken now lasts: `ttl_seconds`, or (by default) until the run can
+        reach the host again (`BEGUN_LOCK_SECONDS`, or this exec's deadline plus the run's grace
+        if longer); every later exec of the run re-asserts it (`AgentChannel`)."""
+        if ttl_seconds is not None:
+            return ttl_seconds
+        return max(BEGUN_LOCK_SECONDS, timeout + self.channel.lock_grace)
 
     def _lock_info(self, reply: LockReply, step: str) -> LockInfo:
         previous = reply["previous"]
