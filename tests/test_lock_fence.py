@@ -5,20 +5,23 @@ over is refused before it does anything. A recover of a run whose lease expired 
 lock only once it expired, never by run id from a controller that may be alive.
 
 Scripted hosts (tests/test_runs_scripted.py): real files, real state folders, the real agent's
-lock; operator A's run in a thread, held inside an exec by the host's fault hook.
+lock; operator A's run in a thread, held inside an exec by the host's fault hook. A is cut off
+from the ledger for real on PostgreSQL (its server session ended and its role kept out, as
+behind a network cut); on SQLite, whose file cannot be cut, its heartbeat is made to fail.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from opspatch.core.ledgerlocation import PostgresLedger
 from opspatch.core.policy import BatchSize, Playbook, StepTimeouts, TeamSettings
 from opspatch.errors import LedgerError
 from opspatch.hosts.transport.scripted import agent_operation
@@ -29,21 +32,68 @@ from opspatch.runs.apply import apply_to_hosts
 from opspatch.runs.recover import recover_hosts, recover_run, run_chain
 from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
+from tests.pgkit import BACKENDS, PostgresServer, backend_pid
 from tests.test_runs_scripted import PRISTINE, REPO, STANDIN, FakeHost, Fleet, sha
 
 GRACE = 0.5  # A's lease expiry, and so how long its lock outlives an exec: short, to wait for
 SLOW_STEP = 3600.0  # the held step's deadline: its lock cannot expire while the test runs
 
 
-@pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[Fleet]:
+@dataclass
+class Cut:
+    """The ledger both operators share (`location`, as B reaches it; `a_location`, as A's
+    controller does), how A is cut off from it (`cut`), and let back (`mend`)."""
+
+    location: Path | PostgresLedger
+    a_location: Path | PostgresLedger
+    cut: Callable[[Ledger], None]
+    mend: Callable[[Ledger], object]
+
+
+@pytest.fixture(params=BACKENDS)
+def cut(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cut:
+    if request.param == "sqlite":
+
+        def fail_heartbeat(a: Ledger) -> None:
+            def cut_off(run_id: str) -> int:
+                raise LedgerError("the ledger connection was cut")
+
+            monkeypatch.setattr(a, "renew_leases", cut_off)
+
+        path = tmp_path / "ledger.sqlite3"
+        return Cut(path, path, fail_heartbeat, lambda a: vars(a).pop("renew_leases", None))
+    server: PostgresServer = request.getfixturevalue("postgres")
+    shared = server.fresh_ledger()
+    role, a_location = server.own_writer(shared)
+
+    def keep_out(a: Ledger) -> None:
+        server.keep_out(role)
+        server.end_session(backend_pid(a))
+
+    request.addfinalizer(lambda: server.keep_out(role, out=False))
+    return Cut(shared, a_location, keep_out, lambda a: server.keep_out(role, out=False))
+
+
+def one_host(tmp_path: Path, ledger: Ledger) -> Fleet:
     from opspatch.config.patches import load_patch
 
     fake = FakeHost("h1", tmp_path / "h1")
     fake.file.parent.mkdir(parents=True)
     fake.file.write_bytes((STANDIN / "eagle_worker_v2.py").read_bytes())
+    return Fleet([fake], ledger, load_patch(REPO / "patches" / "eagle-init-guard.toml"))
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
     with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
-        yield Fleet([fake], ledger, load_patch(REPO / "patches" / "eagle-init-guard.toml"))
+        yield one_host(tmp_path, ledger)
+
+
+@pytest.fixture
+def shared_fleet(cut: Cut, tmp_path: Path) -> Iterator[Fleet]:
+    """One host, and B's connection to the ledger A is cut off from."""
+    with Ledger.open(cut.location) as ledger:
+        yield one_host(tmp_path, ledger)
 
 
 def playbook() -> Playbook:
@@ -76,15 +126,11 @@ class HeldAt:
 
 class OperatorA:
     """Operator A's apply in a thread, on its own connection to the ledger, begun on another
-    controller (so its run is `unknown` to B), its lease heartbeat cut from the ledger."""
+    controller (so its run is `unknown` to B); `cut` cuts it off from the ledger."""
 
-    def __init__(self, fleet: Fleet, monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
-        self.ledger = Ledger.open(path)
-
-        def cut(run_id: str) -> int:
-            raise LedgerError("the ledger connection was cut")
-
-        monkeypatch.setattr(self.ledger, "renew_leases", cut)
+    def __init__(self, fleet: Fleet, monkeypatch: pytest.MonkeyPatch, cut: Cut) -> None:
+        self.ledger = Ledger.open(cut.a_location)
+        self.cut = cut
         self.report: RunReport | None = None
         self._fleet = fleet
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -98,7 +144,13 @@ class OperatorA:
             )
             self._thread.start()
             assert held.reached.wait(60), "A never reached the held step"
-        return self.ledger.list_runs(limit=1)[0].run_id
+        run_id = self.ledger.list_runs(limit=1)[0].run_id
+        self.cut.cut(self.ledger)
+        return run_id
+
+    def reconnected(self) -> None:
+        """The network is back: A reaches the ledger again."""
+        self.cut.mend(self.ledger)
 
     def _run(self) -> None:
         self.report = apply_to_hosts(
@@ -122,15 +174,16 @@ def lease_expired(ledger: Ledger, run_id: str) -> bool:
 
 
 def test_a_recover_does_not_take_the_lock_of_a_live_controller_whose_lease_expired(
-    fleet: Fleet, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    shared_fleet: Fleet, cut: Cut, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A is cut off from the ledger (its lease expires) but still at work on its host, held in
     its restart: B's `recover --run A` is refused there, naming why, and changes nothing; A
     finishes its host, keeping the lock with every exec."""
+    fleet = shared_fleet
     host = fleet.hosts[0]
     held = HeldAt("restart")
     host.fault = held
-    a = OperatorA(fleet, monkeypatch, tmp_path / "ledger.sqlite3")
+    a = OperatorA(fleet, monkeypatch, cut)
     run_a = a.start(held)
     assert wait_until(lambda: lease_expired(fleet.ledger, run_a), timeout=60, interval=0.05)
     patched = host.file.read_bytes()
@@ -151,6 +204,7 @@ def test_a_recover_does_not_take_the_lock_of_a_live_controller_whose_lease_expir
     assert f"opspatch recover --hosts {host.name}" in (refused.error or "")
     assert host.file.read_bytes() == patched  # B wrote nothing
 
+    a.reconnected()
     held.release()
     report = a.join()
     (outcome,) = report.hosts
@@ -159,15 +213,16 @@ def test_a_recover_does_not_take_the_lock_of_a_live_controller_whose_lease_expir
 
 
 def test_an_exec_sent_after_another_run_took_the_lock_over_is_refused_before_it_runs(
-    fleet: Fleet, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    shared_fleet: Fleet, cut: Cut, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The lock is taken over while A is held in its restart (its lock expired or removed by
     force): A's next exec is refused at the lock it re-asserts, so nothing of it runs, and A
     says the host needs attention rather than claiming a result."""
+    fleet = shared_fleet
     host = fleet.hosts[0]
     held = HeldAt("restart")
     host.fault = held
-    a = OperatorA(fleet, monkeypatch, tmp_path / "ledger.sqlite3")
+    a = OperatorA(fleet, monkeypatch, cut)
     run_a = a.start(held)
     taken = agent_operation(
         "lock",
@@ -181,6 +236,7 @@ def test_an_exec_sent_after_another_run_took_the_lock_over_is_refused_before_it_
     )
     assert isinstance(taken, dict)
     asked_before = len(host.requests)
+    a.reconnected()
     held.release()
     report = a.join()
     (outcome,) = report.hosts
