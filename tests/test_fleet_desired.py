@@ -130,24 +130,40 @@ def test_a_fix_on_disk_that_is_served_is_at_goal() -> None:
 
 
 def test_a_drifted_file_that_kept_the_fix_on_a_down_host_keeps_its_files_cause() -> None:
-    """drift is about files: the hand edit is still one when the server is also down, and the
-    row is recover's (the command that makes it serve)."""
+    """drift is about files: the hand edit is still one when the server is also down. The row
+    is not at goal, but names no recover: recover leaves a file the ledger does not explain
+    alone (needs-attention), so it would not start that server."""
     edited = replace(status("drifted", carried=Detected.APPLIED, sha=POST), server_running=False)
     row = decide(ENTRY, edited)
-    assert row is not None and row.action == SyncAction.RECOVER
+    assert row is not None and row.action == SyncAction.RECOVER and not row.action.at_goal
+    assert row.command == "opspatch diagnose --hosts gpu-01"
+    assert "not opspatch's file" in row.detail and "start the server by its own" in row.detail
     assert drift_cause(row, edited, written()) == DriftCause.HAND_EDIT
+
+
+def test_a_release_that_ships_the_fix_on_a_down_host_is_not_at_goal() -> None:
+    """fixed-upstream is at goal only while the host serves it: a down engine is said (sync
+    --check exits 1), sync writes nothing, and no drift is claimed (the file is right)."""
+    shipped = replace(status("fixed-upstream"), server_running=False)
+    row = decide(ENTRY, shipped)
+    assert row is not None and row.action == SyncAction.RECOVER and not row.action.at_goal
+    assert row.command == "opspatch diagnose --hosts gpu-01"
+    assert "the release's own file" in row.detail and "its server is not running" in row.detail
+    assert drift_cause(row, shipped, written()) is None
+    served = decide(ENTRY, replace(shipped, **SERVING))  # type: ignore[arg-type]
+    assert served is not None and served.action == SyncAction.FIXED_UPSTREAM
 
 
 @pytest.mark.parametrize(
     "state",
-    ["not-applied", "staged", "unknown", "fixed-upstream"],
+    ["not-applied", "staged", "unknown"],
 )
 def test_a_host_that_does_not_serve_is_decided_by_its_file_when_the_fix_is_not_simply_there(
     state: str,
 ) -> None:
-    """Only a fix that is there and served is turned into recover: a missing fix is still
+    """Only a fix that is there is turned into recover when not served: a missing fix is still
     applied (the apply's own restart starts the engine), a staged one restarted, a port still
-    a port; a release that ships the fix is left to status (nothing of opspatch's to recover)."""
+    a port."""
     live = status(state, carried=Detected.APPLIED if state == "staged" else None)
     served = decide(ENTRY, live)
     down = decide(ENTRY, replace(live, server_running=False))

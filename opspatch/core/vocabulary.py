@@ -173,12 +173,15 @@ class SyncAction(Word):
     its router does not list its worker healthy (out of rotation). Not at goal, since the goal
     is a fix that is served; sync writes nothing there (the fix is on disk) and names
     `opspatch recover --hosts H`, which starts the engine and re-admits the worker once its
-    smoke decode passes."""
+    smoke decode passes, when the file is opspatch's own write; a release's own fix or a file
+    the ledger does not explain is not recover's to finish: the row says to start the server by
+    its own means."""
     NEEDS_PORT = "needs-port"
     """The patch no longer fits the host's release (anchor gone, pre-image unknown, outside the
     patch's own range): nothing is written; the patch must be ported."""
     FIXED_UPSTREAM = "fixed-upstream"
-    """The host's release already has the fix: left alone, the fleet entry is redundant there."""
+    """The host's release already has the fix, and serves it: left alone, the fleet entry is
+    redundant there."""
     OUTSIDE_RANGE = "outside-range"
     """The host's release is outside the fleet entry's `releases`: the patch is not for it."""
     BY_HAND = "by-hand"

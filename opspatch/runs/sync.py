@@ -142,16 +142,26 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
     else:
         action = ACTION_BY_STATE.get(status.state, SyncAction.BY_HAND)
     detail = status.detail
-    if action == SyncAction.NOTHING:
-        unserved = not_serving(status)
-        if unserved:  # the goal is a fix that is served, not only one on disk
+    unserved = not_serving(status) if action in _FIX_THERE else ""
+    if unserved:  # the goal is a fix that is served, not only one on disk
+        said = f" ({detail})" if detail else ""
+        if status.state == PatchState.APPLIED:  # opspatch's own write: recover finishes it
             return row(
                 SyncAction.RECOVER,
                 f"the fix is there, but {unserved}: `opspatch recover --hosts {host}` starts "
-                "the server and re-admits it once its smoke decode passes; sync writes nothing "
-                "there" + (f" ({detail})" if detail else ""),
+                f"the server and re-admits it once its smoke decode passes; sync writes nothing "
+                f"there{said}",
                 f"opspatch recover --hosts {host}",
             )
+        # upstream's fix, or a file the ledger does not explain: recover leaves those alone
+        whose = "the release's own" if action == SyncAction.FIXED_UPSTREAM else "not opspatch's"
+        return row(
+            SyncAction.RECOVER,
+            f"the fix is there ({whose} file), but {unserved}: start the server by its own "
+            f"means (recover finishes only what opspatch wrote); `opspatch diagnose --hosts "
+            f"{host}` says what it finds there; sync writes nothing there{said}",
+            f"opspatch diagnose --hosts {host}",
+        )
     command = {
         SyncAction.APPLY: f"opspatch sync --hosts {host}",
         SyncAction.RESTART: f"opspatch restart --hosts {host}",
@@ -168,6 +178,10 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
     elif action == SyncAction.FIXED_UPSTREAM:
         detail = f"redundant here: {detail}" if detail else "redundant here"
     return row(action, detail, command)
+
+
+_FIX_THERE = frozenset({SyncAction.NOTHING, SyncAction.FIXED_UPSTREAM})
+"""Actions that find the fix on disk: at goal only while the host also serves it."""
 
 
 def not_serving(status: PatchStatus) -> str:
