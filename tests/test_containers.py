@@ -27,11 +27,13 @@ from opspatch.config.inventory.show import host_to_json, inventory_show_table
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.host import ContainerRestart, ContainerSettings
-from opspatch.errors import ContainerError, SpecError
+from opspatch.errors import ContainerError, InputError, SpecError
 from opspatch.hosts.image import (
+    LABEL_EARLIER_BAKES,
     BakedFile,
     ImageIdentity,
     bake_labels,
+    baked_history,
     build_context,
     read_baked_labels,
 )
@@ -303,6 +305,59 @@ def test_a_container_reads_as_baked_in_only_where_its_file_is_the_bytes_its_imag
     assert baked_in(container, "/other.py", "b" * 64) is None
     assert baked_in(replace(container, labels={}), path, "b" * 64) is None
     assert baked_in(None, path, "b" * 64) is None
+
+
+def test_a_bake_onto_a_baked_image_keeps_every_earlier_bake() -> None:
+    """A on a.py, then B on b.py, then C on a.py again: each image's labels carry the bakes
+    before it, newest first, and a container reads each file as baked by the newest bake that
+    wrote it (a.py by C, b.py by B); nothing of A's record is lost."""
+    a_py, b_py = "/sgl-workspace/sglang/python/a.py", "/opt/b.py"
+    first = ImageIdentity("podman", "engine:1", "f00d" * 16, {"vendor": "lmsys"})
+    a = bake_labels(
+        patch_id="A", patch_sha256="1" * 64, files=[_baked_file(a_py)], run_id="R1", base=first
+    )
+    assert LABEL_EARLIER_BAKES not in a  # a first bake: nothing before it
+    b = bake_labels(
+        patch_id="B",
+        patch_sha256="2" * 64,
+        files=[replace(_baked_file(b_py), sha256_after="e" * 64)],
+        run_id="R2",
+        base=ImageIdentity("podman", "engine:1-A", "a0" * 32, {"vendor": "lmsys", **a}),
+    )
+    c = bake_labels(
+        patch_id="C",
+        patch_sha256="3" * 64,
+        files=[replace(_baked_file(a_py), sha256_before="b" * 64, sha256_after="f" * 64)],
+        run_id="R3",
+        base=ImageIdentity("podman", "engine:1-A-B", "b0" * 32, {"vendor": "lmsys", **b}),
+    )
+    assert [bake.patch_id for bake in baked_history(c)] == ["C", "B", "A"]
+    (earliest,) = [bake for bake in baked_history(c) if bake.patch_id == "A"]
+    assert (earliest.run_id, earliest.base, earliest.post_image_of(a_py)) == (
+        "R1",
+        "engine:1",
+        "b" * 64,
+    )
+    container = ContainerIdentity(
+        "podman", "sglang-0", "beef" * 16, "2026-12-02", "engine:1-A-B-C", True, "running", c
+    )
+    on_a, on_b = baked_in(container, a_py, "f" * 64), baked_in(container, b_py, "e" * 64)
+    assert on_a is not None and on_a.patch_id == "C"
+    assert on_b is not None and on_b.patch_id == "B"  # an earlier bake's file, still known
+    assert baked_in(container, a_py, "b" * 64) is None  # A's bytes there were baked over by C
+
+
+def test_a_bake_onto_an_image_whose_bake_record_is_unreadable_is_refused() -> None:
+    base = ImageIdentity("podman", "engine:1-A", "a0" * 32, {LABEL_EARLIER_BAKES: "not json"})
+    with pytest.raises(InputError, match=LABEL_EARLIER_BAKES):
+        bake_labels(
+            patch_id="B",
+            patch_sha256="2" * 64,
+            files=[_baked_file("/b.py")],
+            run_id="R2",
+            base=base,
+        )
+    assert baked_history({"io.opspatch.patch": "A", LABEL_EARLIER_BAKES: "[1]"})[0].patch_id == "A"
 
 
 @pytest.mark.parametrize(
@@ -743,6 +798,93 @@ def test_a_baked_image_started_as_a_new_container_serves_the_fix_and_reads_as_ba
     finally:
         fleet.recreate(host)  # back on the fleet's own image, as the other tests expect
         _guarded(fleet)
+
+
+@pytest.mark.slow
+def test_a_patch_baked_onto_a_baked_image_keeps_the_first_bakes_record(
+    fleet: ContainerFleet, baked_tags: list[str], tmp_path: Path
+) -> None:
+    """eagle-init-guard baked into one image, then two-modules baked onto that image: the
+    second image carries both fixes, and its labels both bakes (the earlier one, with its run
+    and its post-image, under io.opspatch.earlier-bakes), so no recreate or status loses the
+    first."""
+    engine_image = fleet.inspect(fleet.names[0])["ImageName"]
+    first = f"localhost/opspatch-bake-test:first-{tmp_path.name[-24:]}"
+    second = f"localhost/opspatch-bake-test:second-{tmp_path.name[-24:]}"
+    baked_tags.extend([second, first])
+    guard = _bake(fleet, "eagle-init-guard", "--image", engine_image, "--tag", first)
+    assert guard.code == 0, guard.stdout + guard.stderr
+    fleet.write_patch("two-modules", TWO_MODULES)
+    try:
+        onto = _bake(fleet, "two-modules", "--image", first, "--tag", second)
+    finally:
+        (fleet.workspace / "patches" / "two-modules.toml").unlink()  # the module's other tests
+    assert onto.code == 0, onto.stdout + onto.stderr
+
+    labels = json.loads(podman("image", "inspect", second).stdout)[0]["Labels"]
+    assert labels["io.opspatch.patch"] == "two-modules"
+    (earlier,) = json.loads(labels[LABEL_EARLIER_BAKES])
+    assert earlier["io.opspatch.patch"] == "eagle-init-guard"
+    assert earlier["io.opspatch.run"] == guard.json()["run_id"]
+    assert (
+        earlier["io.opspatch.post-image-sha256"] == guard.json()["hosts"][0]["file"]["sha256_after"]
+    )
+    assert [bake.patch_id for bake in baked_history(labels)] == ["two-modules", "eagle-init-guard"]
+    eagle = _in_image(fleet, second, "cat", CONTAINER_EAGLE).decode()
+    assert "_OPSPATCH_SET_A = 1" in eagle
+    assert _in_image(fleet, first, "cat", CONTAINER_EAGLE).decode() in eagle.replace(
+        "\n_OPSPATCH_SET_A = 1", ""
+    )  # the first bake's fix is still there, under the second's addition
+
+
+INSPECT_FAILS_AFTER_BUILD = """#!/bin/sh
+# podman, except that `image inspect $TAG` fails once the tag was looked up before (the bake's
+# check that it is free): the inspection of the image just built fails, as on a sick storage
+if [ "$1 $2 $3" = "image inspect $OPSPATCH_TEST_TAG" ]; then
+    if [ -e "$OPSPATCH_TEST_LOOKED" ]; then
+        echo "Error: reading image: input/output error" >&2
+        exit 125
+    fi
+    touch "$OPSPATCH_TEST_LOOKED"
+fi
+exec "$OPSPATCH_TEST_PODMAN" "$@"
+"""
+
+
+@pytest.mark.slow
+def test_a_bake_whose_built_image_cannot_be_inspected_fails_and_leaves_no_image(
+    fleet: ContainerFleet, baked_tags: list[str], tmp_path: Path
+) -> None:
+    """A failed bake leaves nothing behind: the image built but not inspectable is untagged
+    again, said in the outcome, so the same bake can run again (its tag is free)."""
+    engine_image = fleet.inspect(fleet.names[0])["ImageName"]
+    tag = f"localhost/opspatch-bake-test:sick-{tmp_path.name[-24:]}"
+    baked_tags.append(tag)
+    wrapper = tmp_path / "bin" / "podman"
+    wrapper.parent.mkdir()
+    wrapper.write_text(INSPECT_FAILS_AFTER_BUILD)
+    wrapper.chmod(0o755)
+    sick = {
+        "PATH": f"{wrapper.parent}:{os.environ['PATH']}",
+        "OPSPATCH_TEST_TAG": tag,
+        "OPSPATCH_TEST_LOOKED": str(tmp_path / "looked"),
+        "OPSPATCH_TEST_PODMAN": str(shutil.which("podman")),
+        "CONTAINERS_CONF": _podman_conf(fleet)["CONTAINERS_CONF"],
+    }
+
+    run = opspatch("bake", "eagle-init-guard", "--image", engine_image, "--tag", tag, "--json",
+                   cwd=fleet.workspace, env={**fleet.env, **sick})  # fmt: skip
+
+    assert run.code == 1, run.stdout + run.stderr
+    outcome = run.json()["hosts"][0]
+    assert outcome["outcome"] == "failed", outcome
+    assert f"the image was built as {tag} but could not be inspected" in outcome["error"]
+    assert "input/output error" in outcome["error"]
+    assert "the tag was removed again" in outcome["error"]
+    assert podman("image", "exists", tag, check=False).returncode != 0
+    assert podman("ps", "-a", "-q", "--filter", "name=opspatch-bake-").stdout == ""
+    again = _bake(fleet, "eagle-init-guard", "--image", engine_image, "--tag", tag)
+    assert again.code == 0, again.stdout + again.stderr  # the tag was free to bake again
 
 
 TWO_MODULES = textwrap.dedent(

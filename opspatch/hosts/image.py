@@ -35,6 +35,18 @@ LABEL_BASE_NAME = "org.opencontainers.image.base.name"
 LABEL_BASE_DIGEST = "org.opencontainers.image.base.digest"
 """Lists (files, their pre- and post-image hashes) are space-separated, in the patch's target
 order: one entry per file of a patch set."""
+LABEL_EARLIER_BAKES = "io.opspatch.earlier-bakes"
+"""An image baked onto an image opspatch baked already: the base's bakes, newest first, as a
+JSON list of each one's labels above (`BAKE_KEYS`), so a bake never drops the one before."""
+BAKE_KEYS = (
+    LABEL_PATCH,
+    LABEL_PATCH_SHA256,
+    LABEL_FILES,
+    LABEL_PRE_IMAGE_SHA256,
+    LABEL_POST_IMAGE_SHA256,
+    LABEL_RUN,
+    LABEL_BASE_NAME,
+)
 
 CONTAINERFILE = "Containerfile"
 FILES_DIR = "files"
@@ -107,8 +119,14 @@ def bake_labels(
     run_id: str,
     base: ImageIdentity,
 ) -> dict[str, str]:
-    """The labels of an image baked from `base` with `files` (pure)."""
-    return {
+    """The labels of an image baked from `base` with `files` (pure); a base opspatch baked
+    already has its bakes carried along (`LABEL_EARLIER_BAKES`).
+
+    Raises:
+        InputError: the base's `LABEL_EARLIER_BAKES` is not what a bake writes (it would be
+            lost).
+    """
+    labels = {
         LABEL_PATCH: patch_id,
         LABEL_PATCH_SHA256: patch_sha256,
         LABEL_FILES: " ".join(f.path for f in files),
@@ -118,10 +136,54 @@ def bake_labels(
         LABEL_BASE_NAME: base.reference,
         LABEL_BASE_DIGEST: base.id,
     }
+    earlier = earlier_bakes(base.labels)
+    if read_baked_labels(base.labels) is not None:
+        earlier = [{k: base.labels[k] for k in BAKE_KEYS if k in base.labels}, *earlier]
+    if earlier:
+        labels[LABEL_EARLIER_BAKES] = json.dumps(earlier, sort_keys=True, separators=(",", ":"))
+    return labels
+
+
+def earlier_bakes(labels: Mapping[str, str]) -> list[dict[str, str]]:
+    """The earlier bakes `labels` carry (`LABEL_EARLIER_BAKES`), newest first (pure).
+
+    Raises:
+        InputError: the label is there but not a JSON list of string-valued objects.
+    """
+    raw = labels.get(LABEL_EARLIER_BAKES)
+    if raw is None:
+        return []
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not all(
+        isinstance(entry, dict) and all(isinstance(v, str) for v in entry.values())
+        for entry in value
+    ):
+        raise InputError(
+            f"the image's label {LABEL_EARLIER_BAKES} is not a JSON list of earlier bakes, "
+            "as opspatch writes it; nothing was built",
+            hint="bake from the image it was built from, or fix the label",
+        )
+    return value
+
+
+def baked_history(labels: Mapping[str, str]) -> tuple[BakedLabels, ...]:
+    """Every bake `labels` record, newest first; a label that cannot be read records none of
+    the earlier ones (pure: never raises, it only reads)."""
+    newest = read_baked_labels(labels)
+    if newest is None:
+        return ()
+    try:
+        earlier = earlier_bakes(labels)
+    except InputError:
+        earlier = []
+    return (newest, *(b for b in map(read_baked_labels, earlier) if b is not None))
 
 
 def read_baked_labels(labels: Mapping[str, str]) -> BakedLabels | None:
-    """What `labels` say an image was baked with; None when they name no bake (pure)."""
+    """What `labels` say an image was last baked with; None when they name no bake (pure)."""
     patch_id = labels.get(LABEL_PATCH)
     if not patch_id:
         return None
@@ -184,6 +246,10 @@ def scratch_run_command(runtime: ContainerRuntime, image: str, name: str) -> Com
 
 def remove_command(runtime: ContainerRuntime, name: str) -> Command:
     return Command((runtime, "rm", "--force", "--time", "0", name))
+
+
+def remove_image_command(runtime: ContainerRuntime, tag: str) -> Command:
+    return Command((runtime, "rmi", tag))
 
 
 def build_command(runtime: ContainerRuntime, tag: str, directory: str) -> Command:
@@ -274,6 +340,10 @@ class ImageRuntime:
     def remove(self, name: str) -> None:
         """Remove the container `name` (best effort: `--rm` removes it when it stops anyway)."""
         self._run(remove_command(self.runtime, name), IMAGE_TIMEOUT)
+
+    def remove_image(self, tag: str) -> CommandResult:
+        """Untag (and so remove) the image `tag`; the result, succeeded or not."""
+        return self._run(remove_image_command(self.runtime, tag), IMAGE_TIMEOUT)
 
     def build(self, tag: str, directory: str) -> CommandResult:
         """Build the context in `directory` as `tag`; the result, succeeded or not."""

@@ -47,6 +47,7 @@ from opspatch.hosts.image import (
     bake_labels,
     build_command,
     build_context,
+    earlier_bakes,
 )
 from opspatch.hosts.operations import open_transport
 from opspatch.hosts.transport.base import Transport
@@ -113,6 +114,7 @@ def bake_image(
     tag = request.tag or default_tag(request.image, patch.spec.id)
     _check_request(request, tag)
     base = runtime.inspect(request.image)
+    earlier_bakes(base.labels)  # a base whose bake record cannot be carried on is refused now
     if request.context_dir is None and isinstance(runtime.find(tag), ImageIdentity):
         raise InputError(
             f"image {tag} exists already; nothing was built",
@@ -274,16 +276,17 @@ class _Bake:
                     built = self.runtime.build(self.tag, scratch_dir)
                     if not built.ok:
                         raise HostError(
-                            f"{self.request.runtime} build: {runtime_words(built)}",
+                            f"the image was not built: {self.request.runtime} build: "
+                            f"{runtime_words(built)}",
                             host=self.tag,
                             step="build",
                         )
-                    image = self.runtime.inspect(self.tag)
+                    image = self._inspect_built()
                     note["detail"] = f"{self.tag} {image.id[:12]} FROM {self.request.image}"
             except OpspatchError as exc:
                 return session.outcome(
                     Outcome.FAILED,
-                    f"the image was not built: {describe_error(exc)}",
+                    f"the bake failed: {describe_error(exc)}",
                     file=prepared.change(),
                 )
         self._record(session, prepared, image_id=image.id)
@@ -293,6 +296,30 @@ class _Bake:
             note=f"image {self.tag} (id {image.id[:12]}) built FROM {self.request.image}, "
             f"labelled {self.patch.spec.id}",
         )
+
+    def _inspect_built(self) -> ImageIdentity:
+        """The image just built as the tag. One that cannot be inspected is untagged again, so
+        a failed bake leaves no image behind (the tag did not exist before the build).
+
+        Raises:
+            HostError: it could not be inspected (saying whether the tag is gone).
+        """
+        try:
+            return self.runtime.inspect(self.tag)
+        except OpspatchError as exc:
+            removed = self.runtime.remove_image(self.tag)
+            gone = (
+                "the tag was removed again"
+                if removed.ok
+                else f"removing the tag failed ({runtime_words(removed)}): remove it with "
+                f"`{self.request.runtime} rmi {self.tag}`"
+            )
+            raise HostError(
+                f"the image was built as {self.tag} but could not be inspected ({exc.message}); "
+                f"{gone}",
+                host=self.tag,
+                step="build",
+            ) from None
 
     def _baked(self, item: PreparedFile) -> BakedFile:
         plan = _plan(item)

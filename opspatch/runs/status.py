@@ -26,7 +26,7 @@ from opspatch.core.policy import StepTimeouts
 from opspatch.core.spec import LoadedPatch, PatchSpec
 from opspatch.core.vocabulary import Detected, PatchState, Rotation
 from opspatch.errors import OpspatchError, TargetError
-from opspatch.hosts.image import BakedLabels, read_baked_labels
+from opspatch.hosts.image import BakedLabels, baked_history
 from opspatch.hosts.operations import HostInspection, HostOperations
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.container import ContainerIdentity, ContainerTransport
@@ -390,13 +390,15 @@ def recreated_since(
 
 
 def baked_in(container: ContainerIdentity | None, path: str, sha256: str) -> BakedLabels | None:
-    """The bake a container's image carries, when the file at `path` is the bytes it baked
-    there (`opspatch bake`'s labels, which the runtime copies into each container); None
-    otherwise. Such a file came with the image: no recreate of the container loses it."""
-    labels = read_baked_labels(container.labels) if container is not None else None
-    if labels is None or labels.post_image_of(path) != sha256:
+    """The bake a container's image carries for `path` (the newest that wrote it: an image
+    baked onto a baked one carries both), when the file is the bytes it baked there (`opspatch
+    bake`'s labels, which the runtime copies into each container); None otherwise. Such a file
+    came with the image: no recreate of the container loses it."""
+    history = baked_history(container.labels) if container is not None else ()
+    wrote = next((bake for bake in history if bake.post_image_of(path) is not None), None)
+    if wrote is None or wrote.post_image_of(path) != sha256:
         return None
-    return labels
+    return wrote
 
 
 def describe_baked(baked: BakedLabels, container: ContainerIdentity) -> str:
