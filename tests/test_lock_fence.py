@@ -29,7 +29,6 @@ from opspatch.ledger import store
 from opspatch.ledger.liveness import ControllerProcess
 from opspatch.ledger.store import Ledger
 from opspatch.runs.apply import apply_to_hosts
-from opspatch.runs.recover import recover_hosts, recover_run, run_chain
 from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
 from tests.pgkit import BACKENDS, PostgresServer, backend_pid
@@ -189,14 +188,7 @@ def test_a_recover_does_not_take_the_lock_of_a_live_controller_whose_lease_expir
     patched = host.file.read_bytes()
     assert sha(patched) != PRISTINE  # A swapped before its restart
 
-    b = recover_run(
-        ledger=fleet.ledger,
-        chain=run_chain(fleet.ledger, run_a),
-        hosts=[host.host()],
-        factory=fleet.factory,
-        playbook=Playbook(),
-        patch=fleet.patch,
-    )
+    b = fleet.recover(host, run=run_a)
     (refused,) = b.hosts
     assert refused.outcome == "failed", refused
     assert f"(run {run_a})" in (refused.error or "")
@@ -272,13 +264,7 @@ def test_a_recover_takes_an_unknown_runs_lock_once_it_expired(
     lock = {"state_dir": str(host.state), "owner": "alice@laptop", "run_id": gone}
     assert isinstance(agent_operation("lock", {**lock, "ttl_seconds": GRACE}), dict)
     assert wait_until(lambda: _expired(host), timeout=60, interval=0.05)
-    report = recover_hosts(
-        ledger=fleet.ledger,
-        hosts=[host.host()],
-        factory=fleet.factory,
-        playbook=Playbook(),
-        patch=fleet.patch,
-    )
+    report = fleet.recover(host)
     (outcome,) = report.hosts
     assert outcome.outcome == "restored", outcome
     assert sha(host.file.read_bytes()) == PRISTINE

@@ -33,7 +33,7 @@ from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
 from opspatch.ledger.store import Ledger
 from opspatch.runs.apply import apply_to_hosts
-from opspatch.runs.recover import recover_hosts, unlock_hosts
+from opspatch.runs.recover import recover_hosts, recover_run, run_chain, unlock_hosts
 from opspatch.runs.report import RunReport
 
 REPO = Path(__file__).resolve().parent.parent
@@ -187,6 +187,26 @@ class Fleet:
 
     def outcomes(self, report: RunReport) -> dict[str, str]:
         return {h.host: str(h.outcome) for h in report.hosts}
+
+    def recover(self, *hosts: FakeHost, run: str | None = None) -> RunReport:
+        """`recover --hosts HOSTS`, or with `run` `recover --run RUN` (its whole chain) there,
+        under the default playbook."""
+        if run is not None:
+            return recover_run(
+                ledger=self.ledger,
+                chain=run_chain(self.ledger, run),
+                hosts=[h.host() for h in hosts],
+                factory=self.factory,
+                playbook=Playbook(),
+                patch=self.patch,
+            )
+        return recover_hosts(
+            ledger=self.ledger,
+            hosts=[h.host() for h in hosts],
+            factory=self.factory,
+            playbook=Playbook(),
+            patch=self.patch,
+        )
 
 
 @pytest.fixture
@@ -421,13 +441,7 @@ def test_recover_hosts_finishes_what_a_dead_run_left_taking_over_its_lock(fleet:
     host = fleet.hosts[0]
     dead = _left_by_a_dead_run(fleet, host)
     assert fleet.ledger.get_run(dead).summary.status == "interrupted"
-    report = recover_hosts(
-        ledger=fleet.ledger,
-        hosts=[host.host()],
-        factory=fleet.factory,
-        playbook=Playbook(),
-        patch=fleet.patch,
-    )
+    report = fleet.recover(host)
     (outcome,) = report.hosts
     assert outcome.outcome == "applied", outcome
     assert f"took the lock over from run {dead}" in outcome.steps[0].detail
@@ -515,13 +529,7 @@ def test_a_change_proven_before_the_kill_whose_engine_died_since_is_restarted_by
         return None
 
     host.fault = engine_gone
-    report = recover_hosts(
-        ledger=fleet.ledger,
-        hosts=[host.host()],
-        factory=fleet.factory,
-        playbook=Playbook(),
-        patch=fleet.patch,
-    )
+    report = fleet.recover(host)
     (outcome,) = report.hosts
     assert outcome.outcome == "applied", outcome
     assert "restart" in fleet.transports[host.name].ops  # it was brought back, not trusted
@@ -612,16 +620,6 @@ def test_an_apply_rolled_back_onto_code_that_does_not_serve_says_so(fleet: Fleet
     assert "the server does not serve the restored file" in (outcome.note or ""), outcome
 
 
-def _recover(fleet: Fleet, host: FakeHost) -> RunReport:
-    return recover_hosts(
-        ledger=fleet.ledger,
-        hosts=[host.host()],
-        factory=fleet.factory,
-        playbook=Playbook(),
-        patch=fleet.patch,
-    )
-
-
 def test_a_second_recover_leaves_a_host_it_already_reconciled_alone(fleet: Fleet) -> None:
     """Before, every `recover --hosts` said "finished run R's change" and restarted again."""
     import subprocess
@@ -629,7 +627,7 @@ def test_a_second_recover_leaves_a_host_it_already_reconciled_alone(fleet: Fleet
 
     host = fleet.hosts[0]
     dead = _left_by_a_dead_run(fleet, host)
-    first = _recover(fleet, host)
+    first = fleet.recover(host)
     (outcome,) = first.hosts
     assert outcome.outcome == "applied" and "finished run" in (outcome.note or ""), outcome
     assert "restart" in fleet.transports[host.name].ops
@@ -637,7 +635,7 @@ def test_a_second_recover_leaves_a_host_it_already_reconciled_alone(fleet: Fleet
     server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         (host.root / "pid").write_text(f"{server.pid}\n")
-        again = _recover(fleet, host)
+        again = fleet.recover(host)
         (outcome,) = again.hosts
         assert outcome.outcome == "applied", outcome
         assert "restart" not in fleet.transports[host.name].ops  # no restart, no smoke
@@ -666,7 +664,7 @@ def test_status_and_recover_say_the_same_about_a_change_nothing_interrupted(
     (said,) = fleet_status([host.host()], [fleet.patch], fleet.factory, fleet.ledger)
     sentence = f"as written by run {applied.run_id}, proven by its smoke decode"
     assert said.detail.startswith(sentence), said
-    (outcome,) = _recover(fleet, host).hosts
+    (outcome,) = fleet.recover(host).hosts
     assert outcome.outcome == "applied"
     assert (outcome.note or "").startswith(sentence), outcome
     assert "interrupt" not in (outcome.note or "")
@@ -685,7 +683,7 @@ def test_a_smoke_that_passed_before_a_double_ctrl_c_is_proven_for_status_and_rec
     (said,) = fleet_status([host.host()], [fleet.patch], fleet.factory, fleet.ledger)
     sentence = f"written by run {dead} and proven by its smoke decode before it was interrupted"
     assert said.detail.startswith(sentence) and "never proven" not in said.detail, said
-    (outcome,) = _recover(fleet, host).hosts
+    (outcome,) = fleet.recover(host).hosts
     assert (outcome.note or "").startswith(sentence), outcome
 
 
@@ -717,7 +715,7 @@ def test_hosts_a_finished_run_left_needing_attention_are_what_a_bare_recover_rea
     assert fleet.outcomes(fleet.apply()) == {"h1": "failed"}
     left = hosts_left_needing_attention(fleet.ledger)
     assert list(left) == ["h1"], left
-    (outcome,) = _recover(fleet, first).hosts
+    (outcome,) = fleet.recover(first).hosts
     assert outcome.outcome == "applied", outcome
     assert not (first.state / "lock.json").exists()
     assert hosts_left_needing_attention(fleet.ledger) == {}
@@ -937,7 +935,7 @@ def test_a_sync_leaves_a_host_whose_engine_is_down_to_recover_and_applies_the_re
     assert [str(r.action) for r in report.after.differing] == ["recover"]
     assert report.exit_code == 1
 
-    recovered = _recover(fleet, down)
+    recovered = fleet.recover(down)
     assert fleet.outcomes(recovered) == {"h2": "applied"}, recovered
     assert plan_fleet(desired, hosts, [], fleet.factory, fleet.ledger).exit_code == 0
 
