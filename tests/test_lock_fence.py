@@ -167,6 +167,15 @@ class OperatorA:
         return self.report
 
 
+def held_in_restart(
+    fleet: Fleet, cut: Cut, monkeypatch: pytest.MonkeyPatch, held: HeldAt
+) -> tuple[OperatorA, str]:
+    """Operator A's apply, begun elsewhere, held at `held` and then cut off from the ledger;
+    A and its run id."""
+    a = OperatorA(fleet, monkeypatch, cut)
+    return a, a.start(held)
+
+
 def lease_expired(ledger: Ledger, run_id: str) -> bool:
     held = ledger.leases_of([run_id])
     return bool(held) and not any(lease.live for lease in held)
@@ -179,11 +188,9 @@ def test_a_recover_does_not_take_the_lock_of_a_live_controller_whose_lease_expir
     its restart: B's `recover --run A` is refused there, naming why, and changes nothing; A
     finishes its host, keeping the lock with every exec."""
     fleet = shared_fleet
-    host = fleet.hosts[0]
-    held = HeldAt("restart")
+    host, held = fleet.hosts[0], HeldAt("restart")
     host.fault = held
-    a = OperatorA(fleet, monkeypatch, cut)
-    run_a = a.start(held)
+    a, run_a = held_in_restart(fleet, cut, monkeypatch, held)
     assert wait_until(lambda: lease_expired(fleet.ledger, run_a), timeout=60, interval=0.05)
     patched = host.file.read_bytes()
     assert sha(patched) != PRISTINE  # A swapped before its restart
@@ -211,11 +218,9 @@ def test_an_exec_sent_after_another_run_took_the_lock_over_is_refused_before_it_
     force): A's next exec is refused at the lock it re-asserts, so nothing of it runs, and A
     says the host needs attention rather than claiming a result."""
     fleet = shared_fleet
-    host = fleet.hosts[0]
-    held = HeldAt("restart")
+    host, held = fleet.hosts[0], HeldAt("restart")
     host.fault = held
-    a = OperatorA(fleet, monkeypatch, cut)
-    run_a = a.start(held)
+    a, run_a = held_in_restart(fleet, cut, monkeypatch, held)
     taken = agent_operation(
         "lock",
         {
