@@ -127,9 +127,17 @@ class OperatorA:
     """Operator A's apply in a thread, on its own connection to the ledger, begun on another
     controller (so its run is `unknown` to B); `cut` cuts it off from the ledger."""
 
-    def __init__(self, fleet: Fleet, monkeypatch: pytest.MonkeyPatch, cut: Cut) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        monkeypatch: pytest.MonkeyPatch,
+        cut: Cut,
+        *,
+        playbook: Playbook | None = None,
+    ) -> None:
         self.ledger = Ledger.open(cut.a_location)
         self.cut = cut
+        self.playbook = playbook
         self.report: RunReport | None = None
         self._fleet = fleet
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -155,7 +163,7 @@ class OperatorA:
         self.report = apply_to_hosts(
             self._fleet.patch,
             [h.host() for h in self._fleet.hosts],
-            playbook(),
+            self.playbook or playbook(),
             factory=self._fleet.factory,
             ledger=self.ledger,
         )
@@ -200,7 +208,7 @@ def test_a_recover_does_not_take_the_lock_of_a_live_controller_whose_lease_expir
     assert refused.outcome == "failed", refused
     assert f"(run {run_a})" in (refused.error or "")
     assert "controller may still be at work here" in (refused.error or "")
-    assert f"opspatch recover --hosts {host.name}" in (refused.error or "")
+    assert f"`opspatch recover --run {run_a}` takes the host over" in (refused.error or "")
     assert host.file.read_bytes() == patched  # B wrote nothing
 
     a.reconnected()
@@ -359,3 +367,59 @@ def test_a_host_waiting_for_its_batch_keeps_its_lock_until_the_run_reaches_it(
     (report,) = reports
     assert {h.host: str(h.outcome) for h in report.hosts} == {"h1": "applied", "h2": "applied"}
     assert not (later.state / "lock.json").exists()
+
+
+def test_a_recover_takes_at_once_the_hosts_a_cut_off_run_has_no_command_running_on(
+    cut: Cut, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A is cut off with its canary held in its restart and a later batch's host locked at
+    preflight but not reached: B's `recover --run A` is refused on the canary (A's restart
+    may still be running there) but takes the waiting host over at once, its lock idle (no
+    command of A's can still be running there) though not expired; A never changes it after
+    (its leases lost, it starts no more hosts)."""
+    from opspatch.config.patches import load_patch
+
+    canary = FakeHost.installed("h1", tmp_path / "h1")
+    waiting = FakeHost.installed("h2", tmp_path / "h2")
+    held = HeldAt("restart")
+    canary.fault = held
+    quick_begin = replace(playbook(), canary=1)
+    quick_begin = replace(
+        quick_begin, timeouts=replace(quick_begin.timeouts, lock=0.1, inspect=0.1)
+    )
+    with Ledger.open(cut.location) as ledger:
+        patch = load_patch(REPO / "patches" / "eagle-init-guard.toml")
+        fleet = Fleet([canary, waiting], ledger, patch)
+        a = OperatorA(fleet, monkeypatch, cut, playbook=quick_begin)
+        run_a = a.start(held)
+        try:
+            assert wait_until(lambda: lease_expired(ledger, run_a), timeout=60, interval=0.05)
+            assert wait_until(lambda: _idle(waiting), timeout=60, interval=0.05)
+            assert not _expired(waiting)  # it still keeps other runs off
+
+            b = fleet.recover(canary, waiting, run=run_a)
+        finally:
+            a.reconnected()
+            held.release()
+        outcomes = {h.host: h for h in b.hosts}
+        assert outcomes["h1"].outcome == "failed", outcomes["h1"]
+        assert "controller may still be at work here" in (outcomes["h1"].error or "")
+        assert outcomes["h2"].outcome == "restored", outcomes["h2"]
+        begin = next(s for s in outcomes["h2"].steps if s.step == "begin")
+        assert f"took the lock over from run {run_a} (no command of it" in begin.detail
+        report = a.join()
+    by_host = {h.host: h for h in report.hosts}
+    assert by_host["h1"].outcome == "applied", by_host["h1"]  # A kept its canary's lock
+    # A, its leases lost, starts no more hosts (were it to, its first exec there is fenced)
+    assert by_host["h2"].outcome == "skipped", by_host["h2"]
+    assert "not started" in (by_host["h2"].error or ""), by_host["h2"]
+    assert sha(waiting.file.read_bytes()) == PRISTINE  # A changed nothing there after B
+    assert "swap" not in waiting.requests
+    assert not (waiting.state / "lock.json").exists()
+
+
+def _idle(host: FakeHost) -> bool:
+    import json
+
+    busy = float(json.loads((host.state / "lock.json").read_text())["busy_until"])
+    return busy < time.time()

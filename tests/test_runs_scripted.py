@@ -28,7 +28,7 @@ from opspatch.core.host import CommandRestart, EngineSettings, Host
 from opspatch.core.policy import BatchSize, Playbook
 from opspatch.core.spec import LoadedPatch
 from opspatch.errors import Location, TransportError
-from opspatch.hosts.operations import BEGUN_LOCK_SECONDS
+from opspatch.hosts.operations import LOCK_HOLD_SECONDS
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
 from opspatch.ledger.store import Ledger
@@ -375,9 +375,9 @@ def test_every_host_step_of_apply_takes_its_deadline_from_the_playbook(fleet: Fl
     assert deadlines["inspect"] == 8.0  # begin: lock + inspect, one exec
     assert deadlines["swap"] == 7.0
     assert deadlines["smoke"] > 11.0  # the host-side deadline plus the exec's margin
-    # every exec after begin re-asserts the lock first (it lasts the exec's deadline plus the
-    # lease expiry; begin's lasts until a later batch could be reached); the passing smoke gave
-    # it back in its own exec: no exec for the unlock
+    # every exec after begin re-asserts the lock first: busy for the exec's deadline plus the
+    # lease expiry, keeping other runs off for LOCK_HOLD_SECONDS after it; the passing smoke
+    # gave it back in its own exec: no exec for the unlock
     assert fleet.transports["h1"].execs == [
         ("lock", "inspect"),
         ("lock", "swap"),
@@ -387,8 +387,8 @@ def test_every_host_step_of_apply_takes_its_deadline_from_the_playbook(fleet: Fl
     ]
     grace = playbook.team.lease_expiry
     locks = [c for c in calls if c.op == "lock"]
-    assert locks[0].args["ttl_seconds"] == BEGUN_LOCK_SECONDS
-    assert [c.args["ttl_seconds"] - c.timeout for c in locks[1:]] == [grace] * 4
+    assert [c.args["ttl_seconds"] for c in locks] == [LOCK_HOLD_SECONDS] * 5
+    assert [c.args["busy_seconds"] - c.timeout for c in locks] == [grace] * 5
     assert [c.args["refresh_only"] for c in locks] == [False, True, True, True, True]
     assert not (fleet.hosts[0].state / "lock.json").exists()
 

@@ -15,10 +15,12 @@ tree through `REFUSAL_ERRORS`, the one table from the agent's codes to errors.
 lock back") and makes result values of the typed replies.
 
 While a run holds the host's lock, every exec it sends as the lock's user re-asserts the lock
-first, in the same exec (`_Fence`): the lock lasts as long as the exec may run plus the run's
-grace (its lease expiry), so a controller that is alive keeps its lock however long the run
-takes, a dead one's lock expires soon after its last exec could have ended, and an exec sent
-after another run took the lock over is refused before it does anything (`lock-lost`). With
+first, in the same exec (`_Fence`): the lock is then busy as long as the exec may run plus the
+run's grace (its lease expiry), and keeps other runs off for `LOCK_HOLD_SECONDS` after that.
+So a controller that is alive keeps its lock however long the run takes; a recover of a run
+whose controller is gone takes a host over once no exec of it can still be running there; and
+an exec sent after another run took the lock over is refused before it does anything
+(`lock-lost`). With
 become, an exec as another user is one process of its own: a read (the login user) is not
 fenced, since it changes nothing and the run's next change is; a change (a restart as root) is
 preceded by a re-assertion of its own only when the lock might lapse before its deadline.
@@ -104,8 +106,23 @@ REFUSAL_ERRORS: dict[str, type[RemoteOperationError] | type[TargetError]] = {
 _INTERPRETER_MISSING_STATUS = (126, 127)  # the shell's "not executable" / "not found"
 
 DEFAULT_LOCK_GRACE = 60.0
-"""Seconds a host lock outlives the exec that last re-asserted it, when the run names no lease
-expiry of its own (`[team] lease_expiry` is what a run passes)."""
+"""Seconds past an exec's deadline that it may still be running on the host (its lock's
+`busy_until`), when the run names no lease expiry of its own (`[team] lease_expiry` is what a
+run passes)."""
+
+LOCK_HOLD_SECONDS = 30 * 60
+"""How long a host lock keeps other runs off after its run's last exec there: a rollout takes
+every host's lock at preflight and reaches a later batch's host only after the canary and the
+batches before it. A recover of the run takes it over sooner, once no exec of the run can still
+be running there (`busy_until`)."""
+
+
+def lock_times(timeout: float, grace: float) -> tuple[float, float]:
+    """A lock's `ttl_seconds` and `busy_seconds` when taken or re-asserted by an exec that may
+    run for `timeout` seconds: it keeps other runs off for `LOCK_HOLD_SECONDS` (or longer, if
+    the exec may), and is busy as long as the exec may run plus `grace`."""
+    busy = timeout + grace
+    return max(LOCK_HOLD_SECONDS, busy), busy
 
 _LOCK_OPERATIONS = frozenset({"lock", "unlock"})
 
@@ -429,8 +446,9 @@ class AgentChannel:
         fence = self._fence
         if fence is None or not calls or calls[0]["op"] in _LOCK_OPERATIONS:
             return self._send(calls, as_user=as_user, timeout=timeout, step=step)
+        ttl, busy = lock_times(timeout, self.lock_grace)
         refresh = operation_call(
-            "lock", {**fence.request, "ttl_seconds": timeout + self.lock_grace}
+            "lock", {**fence.request, "ttl_seconds": ttl, "busy_seconds": busy}
         )
         if as_user == fence.user:  # the same process: re-asserted in the same exec, for free
             replies = self._send([refresh, *calls], as_user=as_user, timeout=timeout, step=step)
@@ -498,6 +516,8 @@ class AgentChannel:
                     ttl_seconds=args["ttl_seconds"],
                     takeover_run=None,
                     refresh_only=True,
+                    busy_seconds=float(args.get("busy_seconds", args["ttl_seconds"])),
+                    takeover_idle=False,
                 )
                 self._fence = _Fence(request, as_user, sent_at + float(args["ttl_seconds"]))
             elif call["op"] == "unlock":

@@ -65,8 +65,10 @@ from opspatch.hosts.channel import (
     AGENT_PACKAGE,
     BOOTSTRAP,
     DEFAULT_LOCK_GRACE,
+    LOCK_HOLD_SECONDS,
     AgentChannel,
     agent_modules,
+    lock_times,
     operation_call,
 )
 from opspatch.hosts.results import (
@@ -92,6 +94,7 @@ __all__ = [  # the result values (`opspatch.hosts.results`) and the channel's na
     "HostFacts",
     "HostInspection",
     "HostOperations",
+    "LOCK_HOLD_SECONDS",
     "LockHolder",
     "LockInfo",
     "RemoteFile",
@@ -106,10 +109,6 @@ __all__ = [  # the result values (`opspatch.hosts.results`) and the channel's na
 
 ReplyT = TypeVar("ReplyT")
 
-BEGUN_LOCK_SECONDS = 30 * 60
-"""How long a lock lasts from its taking until the run's next exec there re-asserts it (for the
-exec's deadline plus the run's grace: `AgentChannel`): a rollout takes every host's lock at
-preflight and reaches a later batch's host only after the canary and the batches before it."""
 
 
 def default_lock_owner() -> str:
@@ -455,24 +454,35 @@ class HostOperations:
             LockHeld: another run holds it and it has not expired (owner, run id, expiry in
                 `data` and in the message).
         """
-        request = LockRequest(
-            state_dir=self.host.state_dir,
-            owner=owner or default_lock_owner(),
-            run_id=run_id,
-            ttl_seconds=self._lock_ttl(ttl_seconds, timeout),
-            takeover_run=None,
-            refresh_only=False,
-        )
+        request = self._lock_request(run_id, owner, ttl_seconds, timeout)
         reply = self._typed_call("lock", request, LockReply, timeout=timeout)
         return self._lock_info(reply, "lock")
 
-    def _lock_ttl(self, ttl_seconds: float | None, timeout: float) -> float:
-        """How long a lock taken now lasts: `ttl_seconds`, or (by default) until the run can
-        reach the host again (`BEGUN_LOCK_SECONDS`, or this exec's deadline plus the run's grace
-        if longer); every later exec of the run re-asserts it (`AgentChannel`)."""
-        if ttl_seconds is not None:
-            return ttl_seconds
-        return max(BEGUN_LOCK_SECONDS, timeout + self.channel.lock_grace)
+    def _lock_request(
+        self,
+        run_id: str,
+        owner: str | None,
+        ttl_seconds: float | None,
+        timeout: float,
+        *,
+        takeover_run: str | None = None,
+        takeover_idle: bool = False,
+    ) -> LockRequest:
+        """The lock taken now by an exec that may run `timeout` seconds: it keeps other runs
+        off for `ttl_seconds` (by default `channel.LOCK_HOLD_SECONDS`) and is busy while the
+        exec may run plus the run's grace (`channel.lock_times`); every later exec of the run
+        re-asserts it (`AgentChannel`)."""
+        ttl, busy = lock_times(timeout, self.channel.lock_grace)
+        return LockRequest(
+            state_dir=self.host.state_dir,
+            owner=owner or default_lock_owner(),
+            run_id=run_id,
+            ttl_seconds=ttl if ttl_seconds is None else ttl_seconds,
+            takeover_run=takeover_run,
+            refresh_only=False,
+            busy_seconds=busy if ttl_seconds is None else min(busy, ttl_seconds),
+            takeover_idle=takeover_idle,
+        )
 
     def _lock_info(self, reply: LockReply, step: str) -> LockInfo:
         previous = reply["previous"]
@@ -493,12 +503,15 @@ class HostOperations:
         owner: str | None = None,
         ttl_seconds: float | None = None,
         takeover_run: str | None = None,
+        takeover_idle: bool = False,
         timeout: float,
     ) -> tuple[LockInfo, HostInspection]:
         """lock, then inspect, in one exec: how a rollout starts on a host.
 
-        `takeover_run` lets `recover` take the lock still held by the interrupted run it
-        recovers. The lock stays held if the inspection fails; the caller releases it.
+        `takeover_run` lets `recover` take the lock still held by the run it recovers: at once
+        (a run known to be over), or with `takeover_idle` once no exec of that run can still be
+        running there (a run whose controller may be alive, its lease expired). The lock stays
+        held if the inspection fails; the caller releases it.
         `timeout` covers both (a rollout passes its playbook's `lock + inspect`).
 
         Raises:
@@ -507,13 +520,13 @@ class HostOperations:
         """
         if (module is None) == (path is None):
             raise ValueError("begin needs exactly one of module or path")
-        lock = LockRequest(
-            state_dir=self.host.state_dir,
-            owner=owner or default_lock_owner(),
-            run_id=run_id,
-            ttl_seconds=self._lock_ttl(ttl_seconds, timeout),
+        lock = self._lock_request(
+            run_id,
+            owner,
+            ttl_seconds,
+            timeout,
             takeover_run=takeover_run,
-            refresh_only=False,
+            takeover_idle=takeover_idle,
         )
         inspect = InspectRequest(module=module, path=path, server=self._server_hint())
         if self.host.become.enabled:

@@ -8,8 +8,9 @@ disk now. It never trusts a run's own account of where it got to.
 - `recover_run(chain)`: the interrupted run and every run it descends from through `parent_run`
   (a recover of a recover recovers the original run too). Hosts: every host of the chain. Locks
   held by a run of the chain that is over (interrupted: its controller is seen dead) are taken
-  over; the lock of a run begun elsewhere whose lease expired only once it expired (its
-  controller re-asserts it with every exec while it lives: `hosts.channel`).
+  over at once; the lock of a run begun elsewhere whose lease expired once it is idle, no exec
+  of that run still running on the host (its controller re-asserts the lock with every exec
+  while it lives, busy to that exec's deadline: `hosts.channel`).
 - `recover_hosts(hosts)`: the hosts named, whatever run touched them last (for a lock left by a
   finished run after a lost connection, or a run that is not in this ledger). Locks are taken
   over only from runs this ledger knows to be over. A bare `recover` with no interrupted run
@@ -64,12 +65,14 @@ def run_chain(ledger: Ledger, run_id: str) -> list[RunDetail]:
 
 @dataclass(frozen=True)
 class _Scope:
-    """What a recover may use: file versions by host (oldest first) and the runs whose host
-    locks it may take over (None: any run this ledger knows to be over)."""
+    """What a recover may use: file versions by host (oldest first), the runs whose host locks
+    it may take over at once (None: any run this ledger knows to be over), and those whose
+    locks it may take once idle (no exec of theirs can still be running on the host)."""
 
     versions: dict[str, list[FileVersion]]
     takeover: frozenset[str] | None
     what: str
+    takeover_idle: frozenset[str] = frozenset()
 
 
 def require_recoverable(ledger: Ledger, detail: RunDetail) -> None:
@@ -126,10 +129,11 @@ def recover_run(
                 v for v in record.file_versions if v.action == "patch"
             )
     runs = ", ".join(d.run_id for d in chain)
-    # A host lock is taken over by run id only from a run known to be over; the lock of a run
-    # whose lease expired but whose controller may be alive (cut off from the ledger, still
-    # reaching its hosts) is taken once it expired: every exec that controller sends keeps it.
-    scope = _Scope(versions, dead, f"run {runs}")
+    # A host lock is taken over at once only from a run known to be over; that of a run whose
+    # lease expired but whose controller may be alive (cut off from the ledger, still reaching
+    # its hosts) once idle: every exec that controller sends keeps it busy to its deadline.
+    alive = frozenset(d.run_id for d in chain) - dead
+    scope = _Scope(versions, dead, f"run {runs}", takeover_idle=alive)
     names = {h.name for h in hosts}
     return _recover(
         ledger,
@@ -230,16 +234,18 @@ def _recover(
 def begin_taking_over(
     session: HostSession,
     ledger: Ledger,
-    takeover: Collection[str] | None,
+    scope: _Scope,
     *,
     module: str | None = None,
     path: str | None = None,
 ) -> HostInspection:
     """`begin` (lock + inspect) on a host, taking over a lock held by a run we may take over:
-    one of `takeover`, or (when None) any run this ledger knows to be over.
+    at once from one of `scope.takeover` (when None: any run this ledger knows to be over),
+    once idle from one of `scope.takeover_idle`.
 
     Raises:
-        LockHeld: the lock belongs to a run that may still be alive.
+        LockHeld: the lock belongs to a run that may still be alive, or to one of
+            `scope.takeover_idle` whose last exec there may still be running.
     """
     timeouts = session.playbook.timeouts
     run_id = session.lock.taking()
@@ -250,16 +256,19 @@ def begin_taking_over(
             )
         except LockHeld as held:
             holder = str(held.data.get("run_id") or "")
-            if not holder or not _may_take_over(ledger, holder, takeover):
+            idle = holder in scope.takeover_idle
+            if not holder or not (idle or _may_take_over(ledger, holder, scope.takeover)):
                 raise
             _, inspection = session.ops.begin(
                 module,
                 path=path,
                 run_id=run_id,
                 takeover_run=holder,
+                takeover_idle=idle,
                 timeout=timeouts.lock + timeouts.inspect,
             )
-            note["detail"] = f"took the lock over from run {holder}; "
+            idly = " (no command of it still running here)" if idle else ""
+            note["detail"] = f"took the lock over from run {holder}{idly}; "
         note["detail"] += f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
     return inspection
 
@@ -288,11 +297,11 @@ class _RecoverHost:
             return self._recover_set(session, versions, paths_of(newest_run))
         if versions:
             inspection = begin_taking_over(
-                session, self.ledger, self.scope.takeover, path=versions[-1].path
+                session, self.ledger, self.scope, path=versions[-1].path
             )
         elif self.patch is not None:
             inspection = begin_taking_over(
-                session, self.ledger, self.scope.takeover, module=self.patch.spec.target.module
+                session, self.ledger, self.scope, module=self.patch.spec.target.module
             )
         else:
             return session.outcome(
@@ -330,7 +339,7 @@ class _RecoverHost:
         file old. A set a run left partly applied (stopped between two files' swaps) is put
         back to its pre-images, never completed: the run never proved its new code, and a
         fresh `apply` of an all-old set is an ordinary one."""
-        inspection = begin_taking_over(session, self.ledger, self.scope.takeover, path=paths[0])
+        inspection = begin_taking_over(session, self.ledger, self.scope, path=paths[0])
         mine = [v for v in versions if v.path in paths]
         found = read_set(session, mine, {inspection.file.realpath: inspection.file.sha256})
         state = found.state

@@ -269,10 +269,11 @@ class HostSession:
         if status == RunStatus.INTERRUPTED:
             return f"; run {holder} was interrupted: `opspatch recover` finishes or undoes it"
         if status == RunStatus.UNKNOWN:  # begun on another controller, which may be alive
+            until = held.data.get("busy_until_iso") or held.data.get("expires_at_iso")
             return (
-                f"; run {holder}'s controller may still be at work here (every command it sends "
-                "keeps the lock): nothing was changed here; once the lock expired, "
-                f"`opspatch recover --hosts {self.name}` takes the host over"
+                f"; run {holder}'s controller may still be at work here (a command it sent may "
+                f"still be running until {until}): nothing was changed here; once then, "
+                f"`opspatch recover --run {holder}` takes the host over"
             )
         if status in (RunStatus.FINISHED, RunStatus.RECOVERED):
             return (

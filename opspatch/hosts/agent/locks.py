@@ -80,6 +80,17 @@ def read_lock(path: str) -> dict[str, Any] | None:
         return {"owner": None, "run_id": None, "unreadable": True, "modified_at": modified}
 
 
+def _is_idle(holder: dict[str, Any], now: float) -> bool:
+    """Whether no exec of the lock's run can still be running here (a lock written before
+    `busy_until` existed is busy until it expires)."""
+    if holder.get("unreadable"):
+        return False
+    try:
+        return float(holder.get("busy_until", holder["expires_at"])) < now
+    except (TypeError, ValueError):
+        return False
+
+
 def _is_expired(holder: dict[str, Any], now: float, ttl: float) -> bool:
     if holder.get("unreadable"):
         return float(holder["modified_at"]) + ttl < now
@@ -122,11 +133,17 @@ def op_lock(args: LockRequest) -> LockReply:
     `refresh_only` (every exec of a run that holds the lock re-asserts it this way) only a lock
     that is still this run's is refreshed, expired or not: one another run took over is
     `lock-held`, one that is gone `lock-lost`.
+
+    The lock says until when it keeps other runs off (`expires_at`, `ttl_seconds` from now)
+    and until when an exec of its run may still be running here (`busy_until`, `busy_seconds`
+    from now). `takeover_run` takes that run's lock over at once (a run known to be over);
+    with `takeover_idle` only once it is not busy (a run whose controller may be alive).
     """
     state_dir = ensure_state_dir(str(args["state_dir"]))
     owner = str(args["owner"])
     run_id = str(args["run_id"])
     ttl = float(args["ttl_seconds"])
+    busy = min(float(args.get("busy_seconds", ttl)), ttl)
     path = os.path.join(state_dir, LOCK_FILE)
     with _lock_guard(state_dir):
         now = time.time()
@@ -143,11 +160,13 @@ def op_lock(args: LockRequest) -> LockReply:
                 else f"the lock of run {run_id} is gone from {path}",
                 dict(current, path=path) if current is not None else {"path": path},
             )
-        # `opspatch recover` takes over the lock of the interrupted run it recovers, by run id.
+        # `opspatch recover` takes over the lock of the run it recovers, by run id: at once
+        # from a run known to be over, once idle from one that may be alive elsewhere.
         taken_from_run = (
             current is not None
             and args.get("takeover_run") is not None
             and (current.get("run_id") == args.get("takeover_run"))
+            and (not args.get("takeover_idle") or _is_idle(current, now))
         )
         if (
             current is not None
@@ -170,8 +189,10 @@ def op_lock(args: LockRequest) -> LockReply:
             "run_id": run_id,
             "acquired_at": acquired,
             "expires_at": now + ttl,
+            "busy_until": now + busy,
             "acquired_at_iso": iso(acquired),
             "expires_at_iso": iso(now + ttl),
+            "busy_until_iso": iso(now + busy),
             "hostname": host_name(),
         }
         try:

@@ -47,6 +47,8 @@ class LockRequest(TypedDict):
     ttl_seconds: float
     takeover_run: str | None  # `recover` takes over the lock of the run it recovers
     refresh_only: bool  # re-assert a lock still this run's (an exec of a run holding it)
+    busy_seconds: float  # how long an exec of this run may still be running here, from now
+    takeover_idle: bool  # take `takeover_run`'s lock only once it is not busy (busy_until)
 
 
 class LockHolderReply(TypedDict, total=False):
@@ -55,8 +57,10 @@ class LockHolderReply(TypedDict, total=False):
     hostname: str
     acquired_at: float
     expires_at: float
+    busy_until: float
     acquired_at_iso: str
     expires_at_iso: str
+    busy_until_iso: str
     unreadable: bool
     modified_at: float
 
