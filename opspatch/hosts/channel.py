@@ -20,10 +20,10 @@ run's grace (its lease expiry), and keeps other runs off for `LOCK_HOLD_SECONDS`
 So a controller that is alive keeps its lock however long the run takes; a recover of a run
 whose controller is gone takes a host over once no exec of it can still be running there; and
 an exec sent after another run took the lock over is refused before it does anything
-(`lock-lost`). With
-become, an exec as another user is one process of its own: a read (the login user) is not
-fenced, since it changes nothing and the run's next change is; a change (a restart as root) is
-preceded by a re-assertion of its own only when the lock might lapse before its deadline.
+(`lock-lost`). With become, an exec as another user is one process of its own: a read (the
+login user) is not fenced, since it changes nothing and the run's next change is; a change (a
+restart as root) is preceded by a re-assertion of its own only when the lock might lapse
+before its deadline.
 """
 
 from __future__ import annotations
@@ -123,6 +123,7 @@ def lock_times(timeout: float, grace: float) -> tuple[float, float]:
     the exec may), and is busy as long as the exec may run plus `grace`."""
     busy = timeout + grace
     return max(LOCK_HOLD_SECONDS, busy), busy
+
 
 _LOCK_OPERATIONS = frozenset({"lock", "unlock"})
 
@@ -370,7 +371,7 @@ class AgentChannel:
         self.transport = transport
         self.host = host
         self.lock_grace = lock_grace
-        """Seconds the host lock outlives the exec that last re-asserted it."""
+        """Seconds past an exec's deadline that the host lock stays busy (`lock_times`)."""
         self.ran_as: list[str] = []
         self._fence: _Fence | None = None
         sudo = Sudo(host, passwords or BecomePasswords())
@@ -474,7 +475,8 @@ class AgentChannel:
         raw = reply.get("data")
         raise RemoteOperationError(
             f"this run ({run_id}) no longer holds the host's lock ({said}): another run took it "
-            "over after this run's lock expired, or it was removed; nothing more is done here",
+            "over (a recover once no command of this run could still be running there, or "
+            "after the lock expired), or it was removed; nothing more is done here",
             code="lock-lost",
             host=self.name,
             step=step,

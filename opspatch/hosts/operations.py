@@ -110,7 +110,6 @@ __all__ = [  # the result values (`opspatch.hosts.results`) and the channel's na
 ReplyT = TypeVar("ReplyT")
 
 
-
 def default_lock_owner() -> str:
     """`user@controller`, the owner recorded in host locks taken from this machine."""
     return f"{getpass.getuser()}@{socket.gethostname()}"

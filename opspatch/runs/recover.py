@@ -296,9 +296,7 @@ class _RecoverHost:
         if len(paths_of(newest_run)) > 1:
             return self._recover_set(session, versions, paths_of(newest_run))
         if versions:
-            inspection = begin_taking_over(
-                session, self.ledger, self.scope, path=versions[-1].path
-            )
+            inspection = begin_taking_over(session, self.ledger, self.scope, path=versions[-1].path)
         elif self.patch is not None:
             inspection = begin_taking_over(
                 session, self.ledger, self.scope, module=self.patch.spec.target.module

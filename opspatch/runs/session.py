@@ -191,7 +191,7 @@ class HostSession:
                 self._transport,
                 self.host,
                 passwords=become_passwords(self._factory),
-                lock_grace=self.playbook.team.lease_expiry,  # the host lock lives as the lease
+                lock_grace=self.playbook.team.lease_expiry,  # how long a lock stays busy past an exec
             )
         return self._ops
 
