@@ -238,7 +238,10 @@ def recover(
     run: Annotated[
         str | None,
         typer.Option(
-            "--run", help="The interrupted run (default: the newest one)", metavar="RUN_ID"
+            "--run",
+            help="The run to finish or undo: interrupted, or begun on another machine whose "
+            "lease expired (default: the newest interrupted run)",
+            metavar="RUN_ID",
         ),
     ] = None,
     hosts: HostsOption = None,
