@@ -27,6 +27,7 @@ from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
 from opspatch.ledger import Ledger, RunDetail, new_run_id, operator_identity
 from opspatch.ledger.chain import GENESIS_HASH, ROW_COLUMNS, EventRow, event_hash
 from opspatch.ledger.records import Machine
+from tests.clirunner import opspatch
 from tests.ledgerkit import (
     ORIGINAL,
     PATCH_SHA,
@@ -88,6 +89,38 @@ def test_open_refuses_a_file_that_is_not_a_database(tmp_path: Path) -> None:
     bogus.write_bytes(b"this is not sqlite, just text that happens to be here\n" * 40)
     with pytest.raises(LedgerError, match="unusable"):
         Ledger.open(bogus)
+
+
+@pytest.mark.parametrize(
+    ("where", "url"),
+    [
+        ("--ledger", "http://db.example/ledger"),
+        ("--ledger", "mysql://ops:hunter2-secret@db.example/ledger"),
+        ("OPSPATCH_LEDGER", "sqlite:///var/lib/opspatch/ledger.sqlite3"),
+        ("--ledger", "HTTPS://db.example:5432/ledger"),
+    ],
+)
+def test_a_url_of_another_scheme_is_refused_never_taken_for_a_file(
+    where: str, url: str, tmp_path: Path
+) -> None:
+    """A mistyped team ledger must not become a private file (`./http:/db.example/ledger`)
+    that the operator takes for the shared one: refused, naming the schemes there are, without
+    echoing the rest of the URL (it may hold a password)."""
+    args, env = (["--ledger", url], {}) if where == "--ledger" else ([], {"OPSPATCH_LEDGER": url})
+    done = opspatch(*args, "ledger", "list", env=env, cwd=tmp_path)
+    assert done.code == 2, done.stdout + done.stderr
+    scheme = url.split("://", 1)[0]
+    assert f"{where}: {scheme}:// is not a ledger opspatch supports" in done.stderr
+    assert "postgresql:// or postgres://" in done.stderr and "SQLite file" in done.stderr
+    assert "hunter2" not in done.stdout + done.stderr
+    assert list(tmp_path.iterdir()) == []  # no file, no directory named after the URL
+    with pytest.raises(InputError, match="is not a ledger opspatch supports"):
+        ledger_location(url, given_by=where)
+    # What the backends are still is what they were: a file path, and PostgreSQL's two names.
+    assert ledger_location("postgres://u@db.example/ledger") == PostgresLedger(
+        "postgres://u@db.example/ledger"
+    )
+    assert ledger_location("./http:/x") == Path("./http:/x")
 
 
 @sqlite_only

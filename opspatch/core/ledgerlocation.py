@@ -34,6 +34,9 @@ LedgerLocation = Path | PostgresLedger
 
 _PASSWORD_KEY = re.compile(r"(^|\s)password\s*=", re.IGNORECASE)
 
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+"""A URL's scheme (RFC 3986): text that starts with one names a server, never a file."""
+
 
 def is_postgres_url(text: str) -> bool:
     """Whether `text` names a PostgreSQL ledger rather than a file."""
@@ -44,9 +47,21 @@ def ledger_location(text: str, *, given_by: str = "--ledger") -> LedgerLocation:
     """The ledger `text` names: a PostgreSQL URL, else a file path (`~` expanded).
 
     Raises:
-        InputError: the URL carries a password (`given_by` names where it came from), or the
-            URL cannot be read.
+        InputError: the URL carries a password (`given_by` names where it came from), has a
+            scheme that is no ledger backend (`http://`, `mysql://`: never taken for a file
+            path, which would give an operator a private file for a shared ledger), or the URL
+            cannot be read.
     """
+    scheme = _SCHEME.match(text)
+    if scheme is not None and not is_postgres_url(text):
+        # Only the scheme is said: the rest of a URL may hold a password.
+        supported = " or ".join(f"{name}://" for name in POSTGRES_SCHEMES)
+        raise InputError(
+            f"{given_by}: {scheme.group(1)}:// is not a ledger opspatch supports; a ledger is "
+            f"a PostgreSQL database ({supported}) or a SQLite file (its path, no scheme)",
+            hint="give postgresql://USER@HOST:PORT/DATABASE for a team ledger, or a file path "
+            "such as ./ledger.sqlite3 for a ledger of your own",
+        )
     if not is_postgres_url(text):
         if _PASSWORD_KEY.search(text):
             # A libpq "key=value" string is not a file name: never create a file named after it.
