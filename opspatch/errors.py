@@ -26,7 +26,13 @@ OpspatchError                      base; carries a one-line message and optional
 │   ├── EngineError                restart, readiness or smoke decode failed
 │   └── RouterError                a router's control plane or a worker's load report failed
 ├── LedgerError                    exit 3: the ledger cannot be trusted or written
-│   └── LedgerIntegrityError       the hash chain is broken (first broken link named)
+│   ├── LedgerIntegrityError       the hash chain is broken (first broken link named)
+│   ├── LedgerUnreachable          its server went away part-way (a restart, a network cut): a
+│   │                              run's write is tried again within its lease expiry
+│   └── LedgerConfigError          exit 2: the ledger cannot be used as given, found when it is
+│                                  opened or migrated, before anything changed (its server
+│                                  unreachable or refusing, no or another schema, a file that
+│                                  is no ledger, migrate as a role that is not the owner)
 └── NeedsAttention                 exit 3: a host is in an unknown state (a restore failed)
     └── RunInterrupted             a second Ctrl-C: the run stopped waiting for hosts in flight
 ```
@@ -279,6 +285,30 @@ class LedgerIntegrityError(LedgerError):
     def __init__(self, message: str, *, first_broken: int | None = None, hint: str | None = None):
         super().__init__(message, hint=hint)
         self.first_broken = first_broken
+
+
+class LedgerUnreachable(LedgerError):
+    """The ledger's server went away part-way (a restart, `pg_terminate_backend`, a network cut)
+    or cannot be reached again. What was being written is not in the ledger, or, when
+    `outcome_unknown` (the connection was lost at COMMIT), may be: the server may have
+    committed it. A run's write is tried again within its lease expiry (`Ledger.retrying`),
+    looking first whether such a write landed, so nothing is written twice."""
+
+    def __init__(
+        self, message: str, *, hint: str | None = None, outcome_unknown: bool = False
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.outcome_unknown = outcome_unknown
+
+
+class LedgerConfigError(LedgerError):
+    """The ledger cannot be used as it is given: its server cannot be reached or refuses the
+    role, the database holds no opspatch schema or another version of it, the file is no ledger,
+    or `ledger migrate` ran as a role that may not create or grant. Found when the ledger is
+    opened or migrated, before any host or any history changed: a configuration error (exit
+    2). A ledger lost part-way through a run is a plain `LedgerError` (exit 3)."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class NeedsAttention(OpspatchError):

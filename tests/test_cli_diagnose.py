@@ -184,8 +184,20 @@ def test_adopt_with_a_given_pristine_file_and_its_refusals(
 
 
 def test_bad_input_to_ledger_report_is_one_message(workspace: Workspace) -> None:
-    none = workspace.run("ledger", "report")
-    assert none.code == 2 and "no ledger at" in none.stderr
+    # Nothing recorded yet is no error: the empty report, as `ledger list` says "no runs yet"
+    # with 0, and no ledger file created by a read.
+    empty = workspace.run("ledger", "report", "--json")
+    assert empty.code == 0, empty.stderr
+    assert empty.json()["runs"] == [] and empty.json()["chain_ok"] is True
+    text = workspace.run("ledger", "report")
+    assert text.code == 0 and "0 run(s)" in text.stdout and "No run in this window." in text.stdout
+    assert not workspace.state.exists()
+    unknown = workspace.run("ledger", "report", "abc123")
+    assert unknown.code == 2 and "no run 'abc123' in the ledger" in unknown.stderr
+    assert not workspace.state.exists()
+    assert workspace.run("ledger", "list").code == 0  # creates the file: the same empty answer
+    again = workspace.run("ledger", "report", "--json")
+    assert again.code == 0 and again.json()["runs"] == []
     for args, said in (
         (("abc", "--since", "1h"), "error: ledger report takes a RUN_ID or --since DURATION, not both"),
         (("--format", "json"), "error: No such option: --format"),  # one way to ask: --json

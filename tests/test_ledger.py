@@ -87,8 +87,9 @@ def test_default_path_is_in_the_isolated_state_directory(isolated_home: Path) ->
 def test_open_refuses_a_file_that_is_not_a_database(tmp_path: Path) -> None:
     bogus = tmp_path / "ledger.sqlite3"
     bogus.write_bytes(b"this is not sqlite, just text that happens to be here\n" * 40)
-    with pytest.raises(LedgerError, match="unusable"):
+    with pytest.raises(LedgerError, match="unusable") as caught:
         Ledger.open(bogus)
+    assert caught.value.exit_code == 2  # the ledger given is no ledger: configuration, exit 2
 
 
 @pytest.mark.parametrize(

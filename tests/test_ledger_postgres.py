@@ -263,6 +263,34 @@ def test_a_ledger_not_yet_migrated_says_who_must_migrate_it(postgres: PostgresSe
     assert "ledger migrate" in (caught.value.hint or "")
 
 
+def test_a_ledger_that_cannot_be_used_as_given_is_a_configuration_error_exit_2(
+    location: PostgresLedger, postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """Unreachable, another database, not migrated, migrate run as the writer: each found when
+    the ledger is opened or migrated, before anything changed: exit 2 (bad configuration), as
+    docs/cli.md says, with what to do; exit 3 is for a ledger lost part-way through a run."""
+    with postgres.admin() as conn:
+        conn.execute("CREATE SCHEMA left_unmigrated")
+    nowhere = f"postgresql://{WRITER}@/postgres?host={tmp_path / 'no-server-here'}"
+    other_database = postgres.url(WRITER).replace("@/postgres?", "@/no_such_db?")
+    for url, said, hint in (
+        (nowhere, f"cannot open the ledger {nowhere}: ", "that the server is up"),
+        (other_database, 'database "no_such_db" does not exist', "check the URL"),
+        (postgres.url(schema="left_unmigrated"), "has schema version 0", "ledger migrate"),
+    ):
+        done = opspatch("--ledger", url, "ledger", "list")
+        assert done.code == 2, done.stdout + done.stderr
+        assert said in done.stderr and "hint: " in done.stderr and hint in done.stderr
+    as_writer = opspatch("--ledger", location.url, "ledger", "migrate", "--json")
+    assert as_writer.code == 2, as_writer.stdout + as_writer.stderr
+    assert as_writer.json()["error"]["exit_code"] == 2
+    assert "cannot migrate the ledger" in as_writer.stderr
+    assert "run migrate as the database owner" in as_writer.stderr
+    with Ledger.open(location) as ledger:  # nothing changed: the writer writes as before
+        begin(ledger)
+        assert ledger.verify().ok and ledger.verify().warnings == ()
+
+
 def test_migrate_refuses_a_newer_schema_and_changes_nothing(location: PostgresLedger) -> None:
     with psycopg.connect(as_owner(location), autocommit=True) as owner:
         owner.execute("INSERT INTO schema_version VALUES (99, 'later', '99.0')")

@@ -225,17 +225,22 @@ def ledger_report(
     """The postmortem timeline: every run in the window (default: the last 24 hours), who ran
     it from where, each host's steps with times and outcomes, what changed, what was rolled
     back and why."""
-    from opspatch.runs.timeline import build_report, render_markdown
+    from opspatch.runs.timeline import build_report, empty_report, render_markdown
 
     if run is not None and since is not None:
         raise InputError("ledger report takes a RUN_ID or --since DURATION, not both")
     window = parse_duration(since) if since is not None else None
     ledger = options.existing_ledger()
-    if ledger is None:
+    if ledger is None and run is not None:
         raise InputError(
-            f"no ledger at {options.ledger_location()}", hint="nothing has been run yet"
+            f"no run {run!r} in the ledger {options.ledger_location()}",
+            hint="nothing has been recorded there yet; `opspatch ledger list` shows the runs",
         )
-    report = build_report(ledger, run_id=run, since=window)
+    report = (
+        empty_report(str(options.ledger_location()), since=window)
+        if ledger is None
+        else build_report(ledger, run_id=run, since=window)
+    )
     if as_json:
         emit_json(report.to_json())
     else:

@@ -95,8 +95,9 @@ def open_database(location: LedgerLocation) -> tuple[Database, tuple[str, ...]]:
     ledger, so the embedded default does not need it.
 
     Raises:
-        LedgerError: the database cannot be opened, holds no or an older schema (PostgreSQL),
-            or a newer one.
+        LedgerConfigError: the database cannot be reached or used as given: it holds no or an
+            older schema (PostgreSQL), or a newer one, or is not a ledger (exit 2).
+        LedgerError: the file cannot be created or written (a full or read-only filesystem).
     """
     if isinstance(location, PostgresLedger):
         from opspatch.ledger.postgres import PostgresDatabase
@@ -106,7 +107,7 @@ def open_database(location: LedgerLocation) -> tuple[Database, tuple[str, ...]]:
             return database, database.append_only_warnings()
         except database.errors as exc:
             database.close()
-            raise database.failure(exc, "open") from exc
+            raise database.unusable(exc) from exc
     from opspatch.ledger.sqlite import SqliteDatabase
 
     return SqliteDatabase.open(Path(location))  # a str from a script is a file path too
@@ -121,7 +122,8 @@ def migrate(location: LedgerLocation, writer_role: str | None) -> MigrateReport:
     Raises:
         InputError: the database is newer than this opspatch (both versions named), or
             `writer_role` is given for a SQLite file, names no role, or names the owner.
-        LedgerError: the database cannot be opened or refused the change.
+        LedgerConfigError: the database cannot be reached or refused the change (migrate not
+            run as the owner): nothing was changed.
     """
     if isinstance(location, PostgresLedger):
         from opspatch.ledger.postgres import PostgresDatabase

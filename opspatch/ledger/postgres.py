@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from opspatch import __version__
 from opspatch.core.ledgerlocation import PostgresLedger
-from opspatch.errors import InputError, LedgerError
+from opspatch.errors import InputError, LedgerConfigError, LedgerError, LedgerUnreachable
 from opspatch.ledger.database import Rows
 from opspatch.ledger.leases import LEASES_TABLE
 from opspatch.ledger.records import MigrateReport
@@ -174,19 +174,20 @@ class PostgresDatabase:
         """Connect to `location`, schema untouched (the password from libpq's environment).
 
         Raises:
-            LedgerError: psycopg is not installed or the server refused the connection.
+            LedgerConfigError: psycopg is not installed, the server cannot be reached, or it
+                refused the connection (no such database or role, a password wanted).
         """
         try:
             import psycopg
         except ImportError:
-            raise LedgerError(
+            raise LedgerConfigError(
                 f"the ledger {location} is on PostgreSQL, and psycopg is not installed",
                 hint="pip install 'opspatch[postgres]' (psycopg 3)",
             ) from None
         try:
             conn = _session(location)
         except psycopg.Error as exc:
-            raise LedgerError(
+            raise LedgerConfigError(
                 f"cannot open the ledger {location}: {_first_line(exc)}",
                 hint=_CONNECT_HINT,
             ) from exc
@@ -197,24 +198,25 @@ class PostgresDatabase:
         """Connect and check the schema is the one this opspatch writes.
 
         Raises:
-            LedgerError: the connection fails, or the database holds no schema, an older one
-                (its owner runs `opspatch ledger migrate`) or a newer one (upgrade opspatch).
+            LedgerConfigError: the connection fails, the role may not read the schema, or the
+                database holds no schema, an older one (its owner runs `opspatch ledger
+                migrate`) or a newer one (upgrade opspatch).
         """
         database = cls.connect(location)
         try:
             version = database.schema_version()
         except database.errors as exc:
             database.close()
-            raise database.failure(exc, "open") from exc
+            raise database.unusable(exc) from exc
         if version != SCHEMA_VERSION:
             database.close()
             if version > SCHEMA_VERSION:
-                raise LedgerError(
+                raise LedgerConfigError(
                     f"the ledger {location} has schema version {version}; this opspatch knows "
                     f"{SCHEMA_VERSION}",
                     hint="upgrade opspatch",
                 )
-            raise LedgerError(
+            raise LedgerConfigError(
                 f"the ledger {location} has schema version {version}; this opspatch writes "
                 f"{SCHEMA_VERSION}",
                 hint="have the database owner run `opspatch --ledger URL ledger migrate "
@@ -280,10 +282,12 @@ class PostgresDatabase:
         the `LedgerError` of `failure(exc, doing)`.
 
         A connection lost before the block ran (`_begin`) is opened again once and the
-        transaction begun on it, as if nothing happened. Nothing is retried once the block
+        transaction begun on it, as if nothing happened. Nothing is retried here once the block
         ran: a connection lost in it took the whole transaction with it (the server rolls back
         what it never saw committed), and one lost at COMMIT leaves unknown whether the
-        server committed, which is said, never guessed by writing the events again.
+        server committed (`LedgerUnreachable.outcome_unknown`), which is said, never guessed by
+        writing the events again: the ledger's own retry (`store.Ledger._write`) first looks,
+        in a new transaction under the chain lock, whether the events it appended are there.
         """
         import psycopg
 
@@ -302,13 +306,14 @@ class PostgresDatabase:
             self._roll_back()
             if not self._lost(exc):
                 raise self.failure(exc, doing) from exc
-            raise LedgerError(
+            raise LedgerUnreachable(
                 f"cannot {doing} the ledger {self.location}: the connection to the server was "
                 f"lost at COMMIT ({_first_line(exc)}); whether the server committed this "
                 f"{doing} is unknown",
                 hint="opspatch did not write it again, so nothing is recorded twice; "
                 "`opspatch ledger show RUN` tells whether it is there, and the next use of "
                 "the ledger connects again",
+                outcome_unknown=True,
             ) from exc
 
     def _begin(self, lock: str, doing: str) -> None:
@@ -342,7 +347,7 @@ class PostgresDatabase:
         """Replace the lost connection with a new one to the same ledger.
 
         Raises:
-            LedgerError: the server cannot be reached or refuses the connection.
+            LedgerUnreachable: the server cannot be reached or refuses the connection.
         """
         import psycopg
 
@@ -350,7 +355,7 @@ class PostgresDatabase:
         try:
             conn = _session(self.location)
         except psycopg.Error as exc:
-            raise LedgerError(
+            raise LedgerUnreachable(
                 f"cannot {doing} the ledger {self.location}: the connection to the server was "
                 f"lost{said} and connecting again failed: {_first_line(exc)}",
                 hint=_CONNECT_HINT,
@@ -401,13 +406,20 @@ class PostgresDatabase:
                 "'advisory') shows which session"
             )
         elif self._lost(exc):
-            hint = (
-                "the connection to the server was lost; what it had not committed, the server "
-                "rolled back, and the next use of the ledger connects again"
+            return LedgerUnreachable(
+                f"cannot {doing} the ledger {self.location}: {_first_line(exc)}",
+                hint="the connection to the server was lost; what it had not committed, the "
+                "server rolled back, and the next use of the ledger connects again",
             )
         return LedgerError(
             f"cannot {doing} the ledger {self.location}: {_first_line(exc)}", hint=hint
         )
+
+    def unusable(self, exc: BaseException) -> LedgerConfigError:
+        """`failure(exc, "open")` as what it is when the ledger is being opened: the ledger as
+        given cannot be used (the role may not read it, it is not an opspatch schema)."""
+        error = self.failure(exc, "open")
+        return LedgerConfigError(error.message, hint=error.hint)
 
     def settings(self) -> dict[str, Any]:
         """The server's version, `synchronous_commit`, `fsync`, the role, the schema version."""
@@ -438,7 +450,8 @@ class PostgresDatabase:
         Raises:
             InputError: the database is newer than this opspatch, or `writer_role` does not
                 exist or is the role migrating (the owner can change anything).
-            LedgerError: the database refused (not its owner, no privilege to create).
+            LedgerConfigError: the database refused (not its owner, no privilege to create):
+                nothing was changed, the transaction rolled back.
         """
         try:
             with self._conn.transaction():
@@ -467,7 +480,7 @@ class PostgresDatabase:
                 if writer_role is not None:
                     self._grant_writer(writer_role)
         except self.errors as exc:
-            raise LedgerError(
+            raise LedgerConfigError(
                 self.failure(exc, "migrate").message,
                 hint="run migrate as the database owner (a role that may create in the schema)",
             ) from exc

@@ -14,7 +14,7 @@ import contextlib
 import sqlite3
 from pathlib import Path
 
-from opspatch.errors import LedgerError
+from opspatch.errors import LedgerConfigError
 from opspatch.ledger.leases import LEASES_TABLE
 
 SCHEMA_VERSION = 1
@@ -77,14 +77,14 @@ def prepare(conn: sqlite3.Connection, path: Path) -> tuple[str, ...]:
     conn.execute("PRAGMA foreign_keys = ON")
     mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
     if mode != "wal":
-        raise LedgerError(
+        raise LedgerConfigError(
             f"the ledger {path} cannot use WAL journaling (the filesystem gave {mode!r})",
             hint="keep the ledger on a local filesystem",
         )
     conn.execute("PRAGMA synchronous = FULL")
     version = int(conn.execute("PRAGMA user_version").fetchone()[0])
     if version > SCHEMA_VERSION:
-        raise LedgerError(
+        raise LedgerConfigError(
             f"the ledger {path} has schema version {version}; this opspatch knows {SCHEMA_VERSION}",
             hint="upgrade opspatch",
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opspatch.errors import LedgerError
+from opspatch.errors import LedgerConfigError, LedgerError
 from opspatch.ledger.failures import filesystem_failure
 from opspatch.ledger.schema import BUSY_TIMEOUT_SECONDS, prepare
 
@@ -66,7 +66,7 @@ class SqliteDatabase:
             raise
         except sqlite3.Error as exc:
             database.close()
-            raise filesystem_failure(path, exc, "open") or LedgerError(
+            raise filesystem_failure(path, exc, "open") or LedgerConfigError(
                 f"the ledger {path} is unusable: {exc}",
                 hint="is it an opspatch ledger? move it aside or point --ledger elsewhere",
             ) from exc

@@ -22,6 +22,7 @@ from datetime import datetime, timedelta, timezone
 from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.vocabulary import Outcome
 from opspatch.errors import LedgerError
+from opspatch.ledger.chain import GENESIS_HASH
 from opspatch.ledger.records import FileVersion, RunDetail, RunSummary
 from opspatch.ledger.store import Ledger
 
@@ -113,14 +114,20 @@ def _rolled_back(detail: RunDetail) -> list[str]:
     return lines
 
 
+def _since(since: timedelta | None, now: datetime) -> tuple[str, datetime]:
+    """The window of runs started since `since` ago (default 24 hours), and its start."""
+    cutoff = now - (since or timedelta(hours=24))
+    return f"runs started since {cutoff:%Y-%m-%d %H:%M:%S} UTC", cutoff
+
+
 def _window_runs(
     ledger: Ledger, run_id: str | None, since: timedelta | None, now: datetime
 ) -> tuple[str, list[RunSummary]]:
     runs = ledger.list_runs(limit=MAX_RUNS)  # newest first
     if run_id is None:
-        cutoff = now - (since or timedelta(hours=24))
+        window, cutoff = _since(since, now)
         chosen = [r for r in runs if parse_time(r.started_at) >= cutoff]
-        return f"runs started since {cutoff:%Y-%m-%d %H:%M:%S} UTC", chosen[::-1]
+        return window, chosen[::-1]
     chain = ledger.run_chain(run_id)  # the run and its ancestors
     root = chain[0]
     keep = {r.run_id for r in chain}
@@ -179,6 +186,23 @@ def build_report(
         chain_ok=verified.ok,
         head_hash=verified.head_hash,
         runs=tuple(runs),
+    )
+
+
+def empty_report(
+    location: str, *, since: timedelta | None = None, now: datetime | None = None
+) -> LedgerReport:
+    """The timeline of a ledger nothing has been written to yet (no file yet: a read must not
+    create one): no run in the window, as a ledger with no runs reports it (`ledger list` says
+    "no runs yet" the same way)."""
+    moment = now or datetime.now(timezone.utc)
+    return LedgerReport(
+        window=_since(since, moment)[0],
+        generated_at=f"{moment:%Y-%m-%dT%H:%M:%SZ}",
+        ledger_path=location,
+        chain_ok=True,
+        head_hash=GENESIS_HASH,
+        runs=(),
     )
 
 
@@ -242,6 +266,8 @@ def render_markdown(report: LedgerReport) -> str:
             for r in report.runs
         ],
     )
+    if not report.runs:
+        lines += ["", "No run in this window."]
     for r in report.runs:
         lines += ["", *_render_run(r)]
     return "\n".join(lines) + "\n"
