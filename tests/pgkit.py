@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -51,6 +51,9 @@ class PostgresServer:
 
     socket_dir: Path
     _schemas: Iterator[int]
+    _ctl: list[str] = field(default_factory=list)
+    """`pg_ctl -D DATA -l LOG` as the service user, for `stop` and `start`."""
+    _options: str = ""
 
     def url(self, role: str = OWNER, schema: str | None = None) -> str:
         query = f"host={quote(str(self.socket_dir))}"
@@ -85,6 +88,17 @@ class PostgresServer:
         the server is unreachable, as behind a network cut."""
         with self.admin() as conn:
             conn.execute(f"ALTER ROLE {role} {'NOLOGIN' if out else 'LOGIN'}")
+
+    def stop(self) -> None:
+        """Shut the server down as a restart does (`pg_ctl stop -m fast`: every session ended,
+        nothing committed lost), and wait until it is down: from now on nobody reaches it."""
+        subprocess.run([*self._ctl, "-m", "fast", "-w", "stop"], check=True,
+                       capture_output=True, timeout=120)  # fmt: skip
+
+    def start(self) -> None:
+        """Start the server again after `stop`, and wait until it takes connections."""
+        subprocess.run([*self._ctl, "-w", "-o", self._options, "start"], check=True,
+                       capture_output=True, timeout=120)  # fmt: skip
 
     def end_session(self, pid: int) -> None:
         """End the server session `pid` as a restart or an operator's `pg_terminate_backend`
@@ -145,7 +159,12 @@ def postgres() -> Iterator[PostgresServer]:
         log_text = log.read_text() if log.exists() else ""
         shutil.rmtree(base, ignore_errors=True)
         pytest.fail(f"the PostgreSQL test server did not start: {started.stderr}{log_text}")
-    server = PostgresServer(socket_dir=sock, _schemas=itertools.count(1))
+    server = PostgresServer(
+        socket_dir=sock,
+        _schemas=itertools.count(1),
+        _ctl=_as_service_user([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log)]),
+        _options=options,
+    )
     try:
         with server.admin() as conn:
             conn.execute(f"CREATE ROLE {WRITER} LOGIN")

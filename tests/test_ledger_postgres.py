@@ -171,6 +171,54 @@ def test_a_connection_lost_inside_a_write_is_not_written_again(
     assert report.events_checked == 2
 
 
+class LostAtCommit:
+    """A ledger's connection whose next COMMIT is lost for real: the server ends the session
+    either after committing (`committed`: only the reply is lost) or before the COMMIT reaches
+    it. Everything else goes to the real connection."""
+
+    def __init__(self, conn: Any, server: PostgresServer, *, committed: bool) -> None:
+        self._conn = conn
+        self._server = server
+        self._committed = committed
+        self.lost = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql == "COMMIT" and not self.lost:
+            self.lost = True
+            if self._committed:
+                self._conn.execute("COMMIT")  # the server has it
+            self._server.end_session(int(self._conn.info.backend_pid))
+            sql = "COMMIT" if not self._committed else "SELECT 1"  # either way: no reply
+        return self._conn.execute(sql, *args)
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "not-committed"])
+def test_a_write_lost_at_commit_is_looked_for_before_it_is_tried_again(
+    location: PostgresLedger, postgres: PostgresServer, committed: bool
+) -> None:
+    """A run's write (`Ledger.retrying`) whose COMMIT is lost does not know whether the server
+    committed it: its next try looks for the event it appended, by its hash, and writes it
+    only when it is not there. Either way the event is in the ledger once and the chain
+    verifies."""
+    with Ledger.open(location) as plain:
+        ledger = plain.retrying(60)
+        run_id = begin(ledger, hosts=("gpu-01",))
+        cut = LostAtCommit(ledger._db._conn, postgres, committed=committed)  # type: ignore[attr-defined]
+        ledger._db._conn = cut  # type: ignore[attr-defined]
+        ledger.record_step(run_id, "gpu-01", "lock", "ok", 0.1, "lost at commit")
+        assert cut.lost and ledger._db._conn is not cut  # lost, and connected again
+        ledger.record_step(run_id, "gpu-01", "swap", "ok", 0.1, "after")
+        assert _steps(ledger, run_id) == [("lock", "lost at commit"), ("swap", "after")]
+        report = ledger.verify()
+    assert report.ok, report
+    assert report.events_checked == 3
+    rows = raw(location).execute("SELECT id, hash FROM events ORDER BY id").fetchall()
+    assert [r[0] for r in rows] == [1, 2, 3] and len({r[1] for r in rows}) == 3
+
+
 def test_a_server_that_cannot_be_reached_again_is_one_clear_error_until_it_can(
     location: PostgresLedger, postgres: PostgresServer
 ) -> None:

@@ -52,15 +52,22 @@ class Cut:
 @pytest.fixture(params=BACKENDS)
 def cut(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cut:
     if request.param == "sqlite":
+        renew = Ledger.renew_leases
+        cut_off: set[int] = set()  # the connections cut: A's ledger and the run's view of it
 
-        def fail_heartbeat(a: Ledger) -> None:
-            def cut_off(run_id: str) -> int:
+        def renew_unless_cut(self: Ledger, run_id: str) -> int:
+            if id(self._db) in cut_off:
                 raise LedgerError("the ledger connection was cut")
+            return renew(self, run_id)
 
-            monkeypatch.setattr(a, "renew_leases", cut_off)
-
+        monkeypatch.setattr(Ledger, "renew_leases", renew_unless_cut)
         path = tmp_path / "ledger.sqlite3"
-        return Cut(path, path, fail_heartbeat, lambda a: vars(a).pop("renew_leases", None))
+        return Cut(
+            path,
+            path,
+            lambda a: cut_off.add(id(a._db)),
+            lambda a: cut_off.discard(id(a._db)),
+        )
     server: PostgresServer = request.getfixturevalue("postgres")
     shared = server.fresh_ledger()
     role, a_location = server.own_writer(shared)

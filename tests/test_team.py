@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -18,7 +19,8 @@ import pytest
 
 from opspatch.core.ledgerlocation import PostgresLedger
 from opspatch.core.policy import BatchSize, Playbook, TeamSettings
-from opspatch.errors import EXIT_BAD_INPUT, ApprovalRefused, InputError, LeaseHeld
+from opspatch.core.vocabulary import Rotation as RotationWord
+from opspatch.errors import EXIT_BAD_INPUT, ApprovalRefused, InputError, LeaseHeld, LedgerError
 from opspatch.hosts.agent.facts import host_name, machine_id
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.apply import apply_to_hosts
@@ -29,6 +31,7 @@ from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
 from tests.ledgerkit import raw
 from tests.pgkit import BACKENDS, PostgresServer, backend_location, backend_pid
+from tests.test_rotation_scripted import PATCH, FakeRouter, RoutedFleet, book, worker_url
 from tests.test_runs_scripted import PRISTINE, REPO, FakeHost, Fleet
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen")
@@ -713,3 +716,120 @@ def test_a_second_principal_recorded_by_the_authors_own_account_is_still_the_aut
     (the author holding a second key, or `USER=x` set to pass as someone else): refused."""
     sign(fleet, signers, "bob", "bob", operator=operator_identity())
     assert "signed only by its author" in refused_apply(fleet, signers)
+
+
+# -- a ledger outage during a rollout ------------------------------------------------------------
+
+OUTAGE = 6.0  # seconds the PostgreSQL server is down: a restart, as an operator saw it
+
+
+@pytest.fixture
+def routed(postgres: PostgresServer, tmp_path: Path) -> Iterator[RoutedFleet]:
+    """Three scripted hosts behind test_rotation_scripted's router, every one registered, and a
+    fresh PostgreSQL ledger on the session's server (started again if a test left it down)."""
+    router = FakeRouter()
+    threading.Thread(target=router.serve_forever, daemon=True).start()
+    fakes = {f"h{i}": FakeHost.installed(f"h{i}", tmp_path / f"h{i}") for i in range(1, 4)}
+    try:
+        with Ledger.open(postgres.fresh_ledger()) as ledger:
+            fleet = RoutedFleet(router, fakes, ledger)
+            fleet.register(*fakes)
+            yield fleet
+    finally:
+        router.shutdown()
+
+
+def _down_at_the_canarys_restart(postgres: PostgresServer, fake: FakeHost) -> threading.Event:
+    """The server goes down (`pg_ctl stop -m fast`, every session ended) as the canary's engine
+    restarts, after its `restart` step was recorded begun; set once it is down."""
+    down = threading.Event()
+
+    def stop(op: str, args: dict[str, Any]) -> None:
+        if op == "restart" and not down.is_set():
+            postgres.stop()
+            down.set()
+        return None
+
+    fake.fault = stop
+    return down
+
+
+def _steps(run: Any, host: str) -> list[tuple[str, str]]:
+    (record,) = [r for r in run.hosts if r.host == host]
+    return [(s.step, s.status) for s in record.steps]
+
+
+def test_a_ledger_restart_during_a_rollout_is_waited_out_and_the_run_goes_on(
+    routed: RoutedFleet, postgres: PostgresServer
+) -> None:
+    """The ledger is down for about 6 s while the canary restarts behind the router: the run's
+    writes are tried again until the server is back (well within the lease expiry), the canary
+    is proven and admitted, the other hosts follow, exit 0. Nothing is recorded twice: the
+    canary's steps are those of a host that saw no outage, and the chain verifies."""
+    down = _down_at_the_canarys_restart(postgres, routed.fakes["h1"])
+    back = threading.Event()
+
+    def start_again() -> None:
+        assert down.wait(120), "the canary never restarted"
+        time.sleep(OUTAGE)
+        postgres.start()
+        back.set()
+
+    restarter = threading.Thread(target=start_again, daemon=True)
+    restarter.start()
+    playbook = replace(book(), team=TeamSettings(lease_expiry=300))  # patient beyond any start
+    try:
+        report = apply_to_hosts(
+            PATCH, routed.hosts(), playbook, factory=routed.factory, ledger=routed.ledger
+        )
+        assert back.is_set()  # the run ended only once the ledger was back: it waited
+    finally:
+        restarter.join(180)
+    outcomes = {o.host: o for o in report.hosts}
+    assert report.exit_code == 0, report.to_json()
+    for name, outcome in outcomes.items():
+        assert outcome.outcome == "applied", (name, outcome)
+        assert outcome.rotation == RotationWord.IN_ROTATION, (name, outcome.note)
+        assert routed.router.state.workers[worker_url(name)][1] is True  # healthy, listed
+        assert _sha(routed.fakes[name].file) != PRISTINE
+    run = routed.ledger.get_run(str(report.run_id))
+    assert run.summary.status == "finished" and run.summary.outcome == str(report.outcome)
+    assert _steps(run, "h1") == _steps(run, "h2") == _steps(run, "h3")
+    done = [s for s, status in _steps(run, "h1") if status == "ok"]
+    assert done.index("admit") == done.index("smoke") + 1  # proven, then admitted
+    assert [r.outcome for r in run.hosts] == ["applied"] * 3
+    verified = routed.ledger.verify()
+    assert verified.ok, verified
+    hashes = [row[0] for row in raw(routed.ledger.path).execute("SELECT hash FROM events")]
+    assert len(hashes) == len(set(hashes)) == verified.events_checked
+
+
+def test_a_ledger_gone_past_the_lease_expiry_stops_the_run_where_recover_expects_it(
+    routed: RoutedFleet, postgres: PostgresServer
+) -> None:
+    """A ledger still down after the run's lease expiry stops the run (exit 3, saying how long
+    it was tried and naming recover): no other host is started, and what the canary did before
+    is in the ledger (its pre-image, its steps up to the outage) for `recover` to finish from;
+    the run is left unfinished, and the ledger verifies once it is back."""
+    _down_at_the_canarys_restart(postgres, routed.fakes["h1"])
+    playbook = replace(book(), team=TeamSettings(lease_expiry=2))
+    try:
+        with pytest.raises(LedgerError) as gone:
+            apply_to_hosts(
+                PATCH, routed.hosts(), playbook, factory=routed.factory, ledger=routed.ledger
+            )
+    finally:
+        postgres.start()
+    assert gone.value.exit_code == 3
+    assert "tried again for" in gone.value.message and "lease expiry is 2 s" in gone.value.message
+    assert "`opspatch recover` then brings the hosts run" in (gone.value.hint or "")
+    for name in ("h2", "h3"):  # never started: untouched
+        assert _sha(routed.fakes[name].file) == PRISTINE
+        assert "restart" not in routed.fakes[name].requests
+    (run,) = routed.ledger.list_runs(limit=1)
+    assert run.finished_at is None  # unfinished: recover --run finds it
+    detail = routed.ledger.get_run(run.run_id)
+    (canary,) = [h for h in detail.hosts if h.host == "h1"]
+    assert [v.action for v in canary.file_versions] == ["patch"]  # its pre-image is stored
+    assert ("restart", "started") in _steps(detail, "h1")
+    assert routed.ledger.verify().ok

@@ -7,7 +7,8 @@ every write transaction (freed at commit or rollback, so a cut connection never 
 readers take the same lock shared, so a verify never sees an id handed out but not committed.
 A connection the server ended (a restart, `pg_terminate_backend`) or the network cut is opened
 again by the next transaction, once, before it does anything; a transaction already under way
-when it was lost is never sent twice (`_transaction`).
+when it was lost is never sent twice (`_transaction`): it fails with `LedgerUnreachable`, which a
+run's writes try again after looking whether a try lost at COMMIT landed (`store.Ledger._write`).
 
 Append-only is enforced by the database twice over: the writer role (named to `migrate`) is
 granted only SELECT and INSERT on the history, and BEFORE UPDATE/DELETE/TRUNCATE triggers refuse

@@ -21,16 +21,16 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from opspatch import __version__
 from opspatch.core.ledgerlocation import LedgerLocation
 from opspatch.core.source import sha256_hex
 from opspatch.core.vocabulary import RECORDED_OUTCOMES, Outcome, RunOutcome, StepStatus
-from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
+from opspatch.errors import InputError, LedgerError, LedgerIntegrityError, LedgerUnreachable
 from opspatch.ledger import leases
 from opspatch.ledger.approvals import APPROVE_COMMAND, SIGN_STEP, approvals_of, signed_in
 from opspatch.ledger.chain import (
@@ -102,6 +102,9 @@ __all__ = [
 ]
 
 
+T = TypeVar("T")
+
+
 def _utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -126,6 +129,53 @@ def _holder(lease: leases.Lease, now_ms: int) -> LeaseHolder:
     )
 
 
+FIRST_RETRY_SECONDS = 0.2
+"""The pause before a write whose server is gone is tried again; doubled each try after."""
+
+LAST_RETRY_SECONDS = 2.0
+"""The longest pause between two tries: a server back is found within this."""
+
+
+@dataclass
+class WritePatience:
+    """How long a ledger's writes keep trying while its server is gone (`seconds`, 0: never),
+    and since when the outage under way has lasted (`since`, monotonic; None: no outage). One
+    per `Ledger.retrying` view, shared by every write through it: an outage is timed from its
+    first failed write, so once it outlasted the patience no later write waits again."""
+
+    seconds: float
+    since: float | None = None
+
+    def failed(self) -> float:
+        """A try failed for want of the server: the seconds of patience left (0: give up)."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        return self.seconds - (now - self.since)
+
+    def through(self) -> None:
+        """A write got through: the outage, if any, is over."""
+        self.since = None
+
+    def given_up(self, exc: LedgerUnreachable, unknown: bool) -> LedgerUnreachable:
+        """`exc`, saying how long the write was tried (and that a try lost at COMMIT may have
+        committed, when one was)."""
+        if self.seconds <= 0:
+            return exc
+        lasted = time.monotonic() - (self.since or time.monotonic())
+        said = (
+            "; a try lost at COMMIT may have committed: `opspatch ledger show RUN` tells"
+            if unknown and not exc.outcome_unknown
+            else ""
+        )
+        return LedgerUnreachable(
+            f"{exc.message} (tried again for {lasted:.0f} s, the run's lease expiry is "
+            f"{self.seconds:g} s){said}",
+            hint=exc.hint,
+            outcome_unknown=exc.outcome_unknown or unknown,
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # the ledger
 
@@ -142,6 +192,9 @@ class Ledger:
     _db: Database = field(repr=False)
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _warnings: tuple[str, ...] = ()
+    _patience: WritePatience = field(default_factory=lambda: WritePatience(0.0), repr=False)
+    _appended: list[str] | None = field(default=None, repr=False)
+    """The hashes the write transaction under way appended (under `_lock`), for `_write`."""
 
     # -- opening --------------------------------------------------------------------------------
 
@@ -159,6 +212,15 @@ class Ledger:
         """
         database, warnings = open_database(path)
         return cls(path=database.location, _db=database, _warnings=warnings)
+
+    def retrying(self, seconds: float) -> Ledger:
+        """This ledger (the same connection and lock) with writes tried again, with backoff,
+        while its server is gone (`LedgerUnreachable`: a restart, a network cut), until one gets
+        through or the outage has lasted `seconds`: a run's records, patient for its lease
+        expiry (`runs.recorded.recorded_run`). Once an outage outlasted it, every write is
+        tried once until one gets through again. Closing it closes this ledger.
+        """
+        return replace(self, _patience=WritePatience(seconds), _appended=None)
 
     def close(self) -> None:
         """Close the connection; safe to call twice."""
@@ -222,7 +284,8 @@ class Ledger:
             body["inventories"] = dict(inventories)
         if approved_by is not None:
             body["approved_by"] = list(approved_by)
-        with self._transaction() as conn:
+
+        def write(conn: Database) -> str:
             for _attempt in range(5):
                 run_id = new_run_id()
                 if start_event(conn, run_id) is None:
@@ -232,7 +295,9 @@ class Ledger:
             if parent_run is not None and start_event(conn, parent_run) is None:
                 raise LedgerError(f"parent run {parent_run} is not in the ledger")
             self._append(conn, run_id=run_id, kind="run-started", body=body)
-        return run_id
+            return run_id
+
+        return self._write(write)
 
     def record_step(
         self,
@@ -253,9 +318,12 @@ class Ledger:
         require_token(step, "step")
         word = require_word(StepStatus, status, "status")
         body = {"step": step, "status": word.value, "seconds": seconds, "detail": detail}
-        with self._transaction() as conn:
+
+        def write(conn: Database) -> None:
             require_open_run(conn, run_id)
             self._append(conn, run_id=run_id, kind="step", host=host, body=body)
+
+        self._write(write)
 
     def record_facts(self, run_id: str, host: str, facts: Mapping[str, Any]) -> None:
         """Record what was found on `host` (python, sglang, torch versions, GPUs, ...).
@@ -266,9 +334,12 @@ class Ledger:
         """
         body = {"facts": dict(facts)}
         canonical_json(body)  # fail before the transaction, with the caller's own error
-        with self._transaction() as conn:
+
+        def write(conn: Database) -> None:
             require_open_run(conn, run_id)
             self._append(conn, run_id=run_id, kind="facts", host=host, body=body)
+
+        self._write(write)
 
     def record_file_version(
         self,
@@ -305,7 +376,8 @@ class Ledger:
             raise ValueError("pre_image does not hash to sha256_before")
         if post_image is not None and sha256_hex(post_image) != sha256_after:
             raise ValueError("post_image does not hash to sha256_after")
-        with self._transaction() as conn:
+
+        def write(conn: Database) -> EventRow:
             start = require_open_run(conn, run_id)
             body = {
                 "patch_id": start.data["patch_id"],
@@ -321,7 +393,7 @@ class Ledger:
             store_blob(conn, sha256_before, pre_image)
             if post_image is not None:
                 store_blob(conn, sha256_after, post_image)
-            row = self._append(
+            return self._append(
                 conn,
                 run_id=run_id,
                 kind="file-version",
@@ -331,7 +403,8 @@ class Ledger:
                 pre_image=sha256_before,
                 post_image=sha256_after if post_image is not None else None,
             )
-        return file_version(row)
+
+        return file_version(self._write(write))
 
     def record_host_outcome(
         self,
@@ -358,9 +431,12 @@ class Ledger:
             "file": None if file is None else dict(file),
         }
         canonical_json(body)
-        with self._transaction() as conn:
+
+        def write(conn: Database) -> None:
             require_open_run(conn, run_id)
             self._append(conn, run_id=run_id, kind="host-outcome", host=host, body=body)
+
+        self._write(write)
 
     def finish_run(self, run_id: str, outcome: str) -> None:
         """Record the end of a run with its overall outcome; nothing can be added to it after.
@@ -370,9 +446,12 @@ class Ledger:
             LedgerError: the run is unknown or already finished, or the ledger cannot be written.
         """
         require_token(outcome, "outcome")
-        with self._transaction() as conn:
+
+        def write(conn: Database) -> None:
             require_open_run(conn, run_id)
             self._append(conn, run_id=run_id, kind="run-finished", body={"outcome": outcome})
+
+        self._write(write)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -676,8 +755,9 @@ class Ledger:
         """
         if expires_after <= 0:
             raise ValueError(f"expires_after must be positive, got {expires_after}")
-        now = _now_ms()
-        with self._transaction() as conn:
+
+        def write(conn: Database) -> LeaseGrant:
+            now = _now_ms()  # each try's own: a retried one takes its leases when it does
             start = require_open_run(conn, run_id).data
             current = {
                 lease.identity: lease
@@ -719,17 +799,21 @@ class Ledger:
                     detail += f", taken over from {taken_over[-1].describe()} ({why})"
                 body = {"step": LEASE_STEP, "status": "ok", "seconds": None, "detail": detail}
                 self._append(conn, run_id=run_id, kind="step", host=lease.host, body=body)
-        return LeaseGrant(taken_over=tuple(taken_over))
+            return LeaseGrant(taken_over=tuple(taken_over))
+
+        return self._write(write)
 
     def renew_leases(self, run_id: str) -> int:
         """A heartbeat of `run_id`: its leases renewed; how many it still holds (fewer than it
         took means another run took some over after this one went quiet too long).
 
+        Tried once, never again within a run's patience (`retrying`): the heartbeat beats again
+        on its own, and says so when one does not get through.
+
         Raises:
             LedgerError: the ledger cannot be written.
         """
-        with self._transaction() as conn:
-            return leases.renew(conn, run_id, _now_ms())
+        return self._write(lambda conn: leases.renew(conn, run_id, _now_ms()), patient=False)
 
     def give_back_leases(self, run_id: str) -> int:
         """Remove `run_id`'s leases, each recorded as a `lease` step while the run is open (a
@@ -738,7 +822,8 @@ class Ledger:
         Raises:
             LedgerError: the ledger cannot be written.
         """
-        with self._transaction() as conn:
+
+        def write(conn: Database) -> int:
             held = leases.give_back(conn, run_id)
             if held and not select_events(conn, "run_id = ? AND kind = 'run-finished'", (run_id,)):
                 for lease in held:
@@ -749,7 +834,9 @@ class Ledger:
                         "detail": f"gave the lease on {lease.identity} back",
                     }
                     self._append(conn, run_id=run_id, kind="step", host=lease.host, body=body)
-        return len(held)
+            return len(held)
+
+        return self._write(write)
 
     def leases_of(self, run_ids: Sequence[str]) -> list[LeaseHolder]:
         """The leases any of `run_ids` holds, live or expired, as this machine's clock judges.
@@ -790,6 +877,55 @@ class Ledger:
         return report
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _write(self, work: Callable[[Database], T], *, patient: bool = True) -> T:
+        """`work` in one write transaction (`Database.writing`: no other writer between read
+        and insert); what it returned.
+
+        Tried again while the server is gone and this ledger's patience lasts (`retrying`;
+        `patient=False`: once). Nothing is ever written twice: a try that failed before its
+        COMMIT left nothing on the server (it rolls back what it never saw committed); one lost
+        at COMMIT may have committed, so the next try first looks, in its own transaction
+        under the chain lock (the lost one has ended by then), for the last event the lost one
+        appended, by its hash (unique: it covers the id, the link and the content). There, the
+        write is done and its result is the lost try's; not there, `work` runs again and
+        appends afresh, chained to the head as it then is.
+        """
+        unknown: tuple[str, T] | None = None  # (last hash, result) of a try lost at COMMIT
+        delay = FIRST_RETRY_SECONDS
+        while True:
+            appended: list[str] = []
+            produced: list[T] = []
+            try:
+                with self._lock:
+                    self._appended = appended
+                    try:
+                        with self._db.writing():
+                            if unknown is not None and self._landed(unknown[0]):
+                                produced.append(unknown[1])
+                            else:
+                                produced.append(work(self._db))
+                    finally:
+                        self._appended = None
+            except LedgerUnreachable as exc:
+                if exc.outcome_unknown and appended and produced:
+                    unknown = (appended[-1], produced[-1])
+                left = self._patience.failed() if patient else 0.0
+                if left <= 0:
+                    raise self._patience.given_up(exc, unknown is not None) from exc
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, LAST_RETRY_SECONDS)
+                continue
+            self._patience.through()
+            return produced[-1]
+
+    def _landed(self, event_hash: str) -> bool:
+        """Whether the event with `event_hash` is in the ledger (inside `writing()`)."""
+        try:
+            found = self._db.execute("SELECT 1 FROM events WHERE hash = ?", (event_hash,))
+            return found.fetchone() is not None
+        except self._db.errors as exc:
+            raise self._db.failure(exc, "write") from exc
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Database]:
@@ -849,4 +985,6 @@ class Ledger:
             )
         except conn.errors as exc:
             raise conn.failure(exc, "write") from exc
+        if self._appended is not None:
+            self._appended.append(row.hash)
         return row

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from opspatch.core.host import Host
-from opspatch.core.policy import Playbook
+from opspatch.core.policy import Playbook, TeamSettings
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import RunOutcome
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
@@ -52,10 +52,16 @@ def recorded_run(
 ) -> Iterator[LedgerRecorder]:
     """Begin a run in the ledger (after checking its chain is intact, as any change must).
 
+    The run records through `ledger.retrying(lease expiry)`: a write whose server went away (a
+    PostgreSQL restart, a network cut) is tried again until it gets through, and the run goes
+    on where it was; only a ledger gone for longer than the run's lease expiry (the playbook's
+    `[team] lease_expiry`, after which its leases are lost anyway) stops it.
+
     Raises:
         LedgerIntegrityError: the chain is broken; nothing is begun.
     """
     ledger.ensure_intact()
+    ledger = ledger.retrying((playbook.team if playbook else TeamSettings()).lease_expiry)
     run_id = ledger.begin_run(
         command=command,
         patch_id=patch.spec.id if patch else None,
