@@ -6,7 +6,9 @@ SIGKILL, a takeover) are in test_team_leases.py.
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -805,16 +807,26 @@ def test_a_ledger_restart_during_a_rollout_is_waited_out_and_the_run_goes_on(
 
 
 def test_a_ledger_gone_past_the_lease_expiry_stops_the_run_where_recover_expects_it(
-    routed: RoutedFleet, postgres: PostgresServer
+    routed: RoutedFleet, postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A ledger still down after the run's lease expiry stops the run (exit 3, saying how long
     it was tried and naming recover): no other host is started, and what the canary did before
     is in the ledger (its pre-image, its steps up to the outage) for `recover` to finish from;
-    the run is left unfinished, and the ledger verifies once it is back."""
+    the run is left unfinished, and the ledger verifies once it is back. Its controller then
+    exits (exit 3), and `recover --run R` brings the canary back, proven and admitted, and
+    gives the other hosts back unchanged."""
+    from opspatch.ledger import store
+    from opspatch.ledger.liveness import ControllerProcess
+    from opspatch.runs.recover import recover_run, run_chain
+
+    # The run's controller as it will be once it exited: this pid, no longer the process that
+    # began the run (its start token differs), so the run reads interrupted, as after exit 3.
+    exited = ControllerProcess(socket.gethostname(), os.getpid(), "gone/0")
     _down_at_the_canarys_restart(postgres, routed.fakes["h1"])
     playbook = replace(book(), team=TeamSettings(lease_expiry=2))
     try:
-        with pytest.raises(LedgerError) as gone:
+        with monkeypatch.context() as begun, pytest.raises(LedgerError) as gone:
+            begun.setattr(store.ControllerProcess, "current", classmethod(lambda cls: exited))
             apply_to_hosts(
                 PATCH, routed.hosts(), playbook, factory=routed.factory, ledger=routed.ledger
             )
@@ -832,4 +844,26 @@ def test_a_ledger_gone_past_the_lease_expiry_stops_the_run_where_recover_expects
     (canary,) = [h for h in detail.hosts if h.host == "h1"]
     assert [v.action for v in canary.file_versions] == ["patch"]  # its pre-image is stored
     assert ("restart", "started") in _steps(detail, "h1")
+    assert routed.ledger.verify().ok
+    assert detail.summary.status == "interrupted"
+
+    routed.fakes["h1"].fault = None
+    recovered = recover_run(
+        ledger=routed.ledger,
+        chain=run_chain(routed.ledger, run.run_id),
+        hosts=routed.hosts(),
+        factory=routed.factory,
+        playbook=book(),
+        patch=PATCH,
+    )
+    outcomes = {o.host: o for o in recovered.hosts}
+    assert outcomes["h1"].outcome == "applied", outcomes["h1"]
+    assert outcomes["h1"].rotation == RotationWord.IN_ROTATION, outcomes["h1"].note
+    assert routed.router.state.workers[worker_url("h1")][1] is True
+    assert _sha(routed.fakes["h1"].file) != PRISTINE
+    for name in ("h2", "h3"):
+        assert _sha(routed.fakes[name].file) == PRISTINE
+        assert not (routed.fakes[name].state / "lock.json").exists(), name
+    assert recovered.exit_code == 0, recovered.to_json()
+    assert routed.ledger.get_run(run.run_id).summary.status == "recovered"
     assert routed.ledger.verify().ok
