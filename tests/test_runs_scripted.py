@@ -976,3 +976,15 @@ def test_a_sync_stopped_by_a_failed_run_records_the_next_patchs_hosts_as_not_app
         assert detect(fake.file.read_bytes(), mark.spec).state == "not-applied", fake.name
     assert not any(v.patch_id == "module-mark" for v in fleet.ledger.file_history("h2"))
     assert report.exit_code == first.exit_code
+
+
+def test_a_run_over_no_host_is_refused_and_records_nothing(fleet: Fleet) -> None:
+    """The runs' own guard under the selection's (which names the item): before, an apply over
+    zero hosts returned `ok`, exit 0, and the ledger kept a run of no host."""
+    from opspatch.errors import InputError
+
+    fleet.hosts = []
+    with pytest.raises(InputError, match="apply selects no host: nothing was done") as refused:
+        fleet.apply()
+    assert refused.value.exit_code == 2
+    assert fleet.ledger.list_runs() == []

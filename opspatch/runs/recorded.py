@@ -53,8 +53,16 @@ def recorded_run(
     """Begin a run in the ledger (after checking its chain is intact, as any change must).
 
     Raises:
+        InputError: `hosts` is empty: a run over no host would report success for doing
+            nothing; nothing is begun (the selection refuses this first, naming the item).
         LedgerIntegrityError: the chain is broken; nothing is begun.
     """
+    if not hosts:
+        raise InputError(
+            f"{command} selects no host: nothing was done and no run recorded",
+            hint="select hosts with --hosts TARGET (`opspatch inventory show INVENTORY` lists "
+            "them)",
+        )
     ledger.ensure_intact()
     run_id = ledger.begin_run(
         command=command,
