@@ -175,8 +175,17 @@ def test_adopt_with_a_given_pristine_file_and_its_refusals(
     assert workspace.run("check", "hand-fix").code == 0
     again = workspace.run(*adopt, "--id", "hand-fix-2", "--pristine", str(pristine))
     assert again.code == 2 and "nothing to adopt" in again.stderr  # it is hand-fix's now
+    # No engine runs on the host: adopt saw nothing serve the edit, so it says staged (before:
+    # `applied`, and status and recover then called it proven by a smoke decode that never ran)
+    (host,) = done.json()["hosts"]
+    assert host["outcome"] == "staged", host
+    assert "its server is not running, so nothing serves the edit yet" in host["note"]
+    assert "`opspatch restart --hosts standin-01` starts it into the patch" in host["note"]
     status = workspace.run("status", "--hosts", "lab:standin-01", "--patch", "hand-fix", "--json")
-    assert [s["state"] for s in status.json()["status"]] == ["applied"]
+    (said,) = status.json()["status"]
+    assert said["state"] == "applied"  # the file carries it; whether it is served is the detail
+    assert said["detail"].startswith(f"staged by run {done.json()['run_id']}: "), said
+    assert "proven" not in said["detail"], said
     report = workspace.run("ledger", "report", done.json()["run_id"], "--json")
     (run,) = report.json()["runs"]
     assert run["command"] == "adopt" and run["patch_id"] == "hand-fix"

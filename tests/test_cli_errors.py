@@ -84,3 +84,54 @@ def test_adopt_without_a_terminal_or_yes_refuses_and_writes_nothing(tmp_path: Pa
     assert "no terminal to ask on; nothing was changed" in run.stderr
     assert "hint: re-run with --yes" in run.stderr
     assert not (tmp_path / "patches").exists() and not ledger.exists()
+
+
+# Every command that takes --hosts, over a selection of no host (an inventory that lists none).
+ZERO_HOSTS = [
+    ("apply", "eagle-init-guard", "--hosts", "lab", "--yes"),
+    ("apply", "eagle-init-guard", "--hosts", "lab", "--dry-run"),
+    ("rollback", "eagle-init-guard", "--hosts", "lab", "--yes"),
+    ("restart", "--hosts", "lab", "--yes"),
+    ("recover", "--hosts", "lab", "--yes"),
+    ("unlock", "--hosts", "lab", "--yes"),
+    ("sync", "--hosts", "lab", "--yes"),
+    ("sync", "--check", "--hosts", "lab"),
+    ("drift", "--hosts", "lab"),
+    ("plan", "--fleet", "--hosts", "lab"),
+    ("plan", "eagle-init-guard", "--hosts", "lab"),
+    ("status", "--hosts", "lab"),
+    ("smoke", "--hosts", "lab"),
+    ("diagnose", "--hosts", "lab"),
+    ("adopt", "--hosts", "lab", "-m", "sglang.x", "--id", "new-id", "--yes"),
+]
+
+
+@pytest.mark.parametrize("args", ZERO_HOSTS, ids=[" ".join(case) for case in ZERO_HOSTS])
+def test_a_selection_of_no_host_is_refused_by_every_command_and_records_no_run(
+    args: tuple[str, ...], tmp_path: Path
+) -> None:
+    """Before, `apply --hosts lab` over an inventory with no hosts printed an empty table,
+    "outcome: ok (exit 0)", and recorded a run of zero hosts; status, smoke, diagnose, rollback,
+    restart and recover did the same kind of nothing with exit 0."""
+    import shutil
+
+    from opspatch.ledger import Ledger
+
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "patches").mkdir()
+    shutil.copy(root / "patches" / "eagle-init-guard.toml", tmp_path / "patches")
+    (tmp_path / "inventories").mkdir()
+    (tmp_path / "inventories" / "lab.toml").write_text('[defaults]\ntransport = "local"\n')
+    (tmp_path / "inventories" / "other.toml").write_text('[hosts.other-01]\ntransport = "local"\n')
+    (tmp_path / "fleet.toml").write_text(
+        '[[patches]]\nid = "eagle-init-guard"\nhosts = ["other"]\n'
+    )
+    state = tmp_path / "state"
+    run = opspatch(*args, cwd=tmp_path, env={"OPSPATCH_STATE_DIR": str(state)})
+    assert run.code == 2, run.stdout + run.stderr
+    assert run.stderr.startswith("error: 'lab' selects no host: inventory 'lab' ("), run.stderr
+    assert run.stdout == ""
+    ledger = state / "ledger.sqlite3"
+    if ledger.exists():
+        with Ledger.open(ledger) as opened:
+            assert opened.list_runs() == []

@@ -216,6 +216,16 @@ def test_a_patch_not_desired_is_extra_when_there_and_unsaid_when_not() -> None:
     assert decide(None, status("not-applied", carried=Detected.NOT_APPLIED)) is None
 
 
+def test_a_host_not_inspected_is_a_row_whether_the_patch_is_desired_there_or_not() -> None:
+    """Before, an unreachable host with no desired patch had no row, so `plan --fleet --hosts H`
+    and `sync --check --hosts H` exited 0 on a host nobody could read, and `drift` said "no
+    drift"."""
+    row = decide(None, status("unreachable", release=None))
+    assert row is not None and row.action == SyncAction.UNREACHABLE and not row.desired
+    assert row.command == "opspatch diagnose --hosts gpu-01"
+    assert not row.action.at_goal
+
+
 def written(action: str = "patch", release: str | None = "0.5.23") -> WrittenBefore:
     return WrittenBefore("r1", action, PRE, release)
 
@@ -398,3 +408,74 @@ def test_a_patch_set_carries_what_its_files_carry_together(tmp_path: Path) -> No
     assert broken.carried == Detected.UNKNOWN
     row = decide(replace(ENTRY, patch=patch_set), broken)
     assert row is not None and row.action == SyncAction.NEEDS_PORT
+
+
+def _unreachable_workspace(workspace: Workspace) -> dict[str, str]:
+    """gpu-01 (local, inspected) is desired the patch; far-01 is an SSH host on a port nothing
+    listens on (refused at once): it cannot be inspected."""
+    from tests.standin import free_port
+
+    (workspace.root / "inventories" / "far.toml").write_text(
+        f'[hosts.far-01]\naddress = "127.0.0.1"\nport = {free_port()}\nuser = "nobody"\n'
+    )
+    (workspace.root / "fleet.toml").write_text(
+        '[[patches]]\nid = "eagle-init-guard"\nhosts = ["far"]\n'
+    )
+    return {"OPSPATCH_STATE_DIR": str(workspace.state_dir)}
+
+
+def test_drift_names_a_host_it_could_not_inspect_and_exits_1(workspace: Workspace) -> None:
+    """Before: "no drift: every file is what the ledger and fleet.toml expect", exit 0, for a
+    fleet whose only host could not be read."""
+    env = _unreachable_workspace(workspace)
+    text = opspatch("drift", cwd=workspace.root, env=env)
+    assert text.code == 1, text.stdout + text.stderr
+    assert "no drift" not in text.stdout
+    assert "not inspected (drift unknown): far-01" in text.stdout
+    assert "far-01: eagle-init-guard: [far-01] " in text.stdout  # the detail as said, unmangled
+    assert "opspatch diagnose --hosts far-01" in text.stdout
+    doc = opspatch("drift", "--json", cwd=workspace.root, env=env)
+    assert doc.code == 1
+    assert doc.json()["drift"] == []
+    unreachable = doc.json()["unreachable"]  # a row per patch of the workspace
+    assert {(r["host"], r["action"]) for r in unreachable} == {("far-01", "unreachable")}
+    assert "eagle-init-guard" in {r["patch"] for r in unreachable}
+
+
+@pytest.mark.parametrize("command", [("plan", "--fleet"), ("sync", "--check"), ("drift",)])
+def test_a_host_not_inspected_fails_every_fleet_view_though_nothing_is_desired_there(
+    workspace: Workspace, command: tuple[str, ...]
+) -> None:
+    """`--hosts far-01` where fleet.toml desires nothing on far-01: before, no row at all and
+    exit 0 from all three."""
+    env = _unreachable_workspace(workspace)
+    (workspace.root / "fleet.toml").write_text(
+        '[[patches]]\nid = "eagle-init-guard"\nhosts = ["lab:gpu-01"]\n'
+    )
+    run = opspatch(*command, "--hosts", "far-01", "--json", cwd=workspace.root, env=env)
+    assert run.code == 1, run.stdout + run.stderr
+    rows = run.json().get("rows") or run.json().get("unreachable")
+    assert rows and {(r["host"], r["action"], r["desired"]) for r in rows} == {
+        ("far-01", "unreachable", False)
+    }
+
+
+@pytest.mark.parametrize(
+    "command", [("plan", "--fleet"), ("sync", "--check"), ("sync", "--yes"), ("drift",)]
+)
+@pytest.mark.parametrize("text", ["", "[team]\nrequire_approval = false\n"])
+def test_a_fleet_file_that_lists_no_patch_is_refused_not_passed(
+    workspace: Workspace, command: tuple[str, ...], text: str
+) -> None:
+    """Before, an empty fleet.toml passed `sync --check` ("every host is as fleet.toml wants
+    it", exit 0): a truncated file turned a timer green while it checked nothing."""
+    (workspace.root / "fleet.toml").write_text(text)
+    run = opspatch(
+        *command, cwd=workspace.root, env={"OPSPATCH_STATE_DIR": str(workspace.state_dir)}
+    )
+    assert run.code == 2, run.stdout + run.stderr
+    assert run.stderr.startswith(
+        f"error: {workspace.root}/fleet.toml lists no patch, so it selects no host"
+    ), run.stderr
+    assert "[[patches]]" in run.stderr
+    assert not workspace.state_dir.exists() or not any(workspace.state_dir.rglob("*.sqlite3"))

@@ -401,6 +401,31 @@ def test_resolve_hosts_over_the_search_path(tmp_path: Path) -> None:
     assert search.find("inventories", "prod") == workspace / "prod.toml"
 
 
+@pytest.mark.parametrize(
+    ("selection", "said"),
+    [
+        ("lab", "'lab' selects no host: inventory 'lab' ("),
+        ("lab:all", "'all' selects no host: inventory 'lab' ("),
+        ("spare", "'spare' selects no host: the group has no host in inventory 'lab' ("),
+        ("lab:spare", "'spare' selects no host: the group has no host in inventory 'lab' ("),
+        ("p1,spare", "'spare' selects no host"),  # one empty item refuses the whole selection
+    ],
+)
+def test_a_selection_of_no_host_is_refused_naming_the_item(
+    tmp_path: Path, selection: str, said: str
+) -> None:
+    """Before, an inventory with no hosts selected zero hosts silently (apply then reported
+    `ok`, exit 0, and recorded a run), and a bare empty group was "not an inventory, host or
+    group ... did you mean 'spare'?"."""
+    folder = tmp_path / "ws" / "inventories"
+    _write(folder, "lab.toml", "[groups.spare]\nhosts = []\n")
+    _write(folder, "prod.toml", '[hosts.p1]\naddress="p1.b"\n')
+    with pytest.raises(SelectionError) as caught:
+        _workspace(tmp_path).hosts(selection)
+    assert caught.value.message.startswith(said), caught.value.message
+    assert caught.value.exit_code == 2
+
+
 def test_bare_names_do_not_reach_bundled_examples(tmp_path: Path) -> None:
     _write(tmp_path / "ws" / "inventories", "prod.toml", '[hosts.p1]\naddress="p1.b"\n')
     with pytest.raises(SelectionError):

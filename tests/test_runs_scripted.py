@@ -976,3 +976,107 @@ def test_a_sync_stopped_by_a_failed_run_records_the_next_patchs_hosts_as_not_app
         assert detect(fake.file.read_bytes(), mark.spec).state == "not-applied", fake.name
     assert not any(v.patch_id == "module-mark" for v in fleet.ledger.file_history("h2"))
     assert report.exit_code == first.exit_code
+
+
+def test_a_run_over_no_host_is_refused_and_records_nothing(fleet: Fleet) -> None:
+    """The runs' own guard under the selection's (which names the item): before, an apply over
+    zero hosts returned `ok`, exit 0, and the ledger kept a run of no host."""
+    from opspatch.errors import InputError
+
+    fleet.hosts = []
+    with pytest.raises(InputError, match="apply selects no host: nothing was done") as refused:
+        fleet.apply()
+    assert refused.value.exit_code == 2
+    assert fleet.ledger.list_runs() == []
+
+
+def _adopted_applied(fleet: Fleet, host: FakeHost) -> str:
+    """What `adopt` recorded before it told a host whose server is down apart: a hand edit (the
+    patch's post-image, written outside opspatch) as a finished `adopt` run whose host outcome
+    is `applied`, with its `read` and `adopt` steps and no smoke decode."""
+    from opspatch.core.edit import Applied, apply_patch
+
+    planned = apply_patch(host.file.read_bytes(), fleet.patch.spec)
+    assert isinstance(planned, Applied)
+    host.file.write_bytes(planned.new_source)  # the hand edit
+    run_id = fleet.ledger.begin_run(
+        command="adopt",
+        patch_id=fleet.patch.spec.id,  # as if the hand edit had been adopted under this id
+        patch_sha256=fleet.patch.sha256,
+        operator="ops@controller",
+        command_line="opspatch adopt --hosts h1 -m x --id eagle-init-guard --yes",
+        hosts=[host.name],
+    )
+    fleet.ledger.record_step(run_id, host.name, "read", "ok", 0.0, "read the file")
+    fleet.ledger.record_file_version(
+        run_id,
+        host.name,
+        path=str(host.file),
+        sha256_before=planned.sha256_before,
+        sha256_after=planned.sha256_after,
+        mode=0o644,
+        owner="root:root",
+        pre_image=planned.old_source,
+        post_image=planned.new_source,
+    )
+    fleet.ledger.record_step(run_id, host.name, "adopt", "ok", 0.0, "recorded as a patch")
+    fleet.ledger.record_host_outcome(
+        run_id,
+        host.name,
+        "applied",
+        file={
+            "path": str(host.file),
+            "sha256_before": planned.sha256_before,
+            "sha256_after": planned.sha256_after,
+        },
+    )
+    fleet.ledger.finish_run(run_id, "ok")
+    return run_id
+
+
+def test_an_adoption_said_applied_is_no_proof_for_status_or_recover(fleet: Fleet) -> None:
+    """The adopt ran no smoke decode, on a host whose server was down. Before, `status` and
+    `recover` called it "as written by run R, proven by its smoke decode", and recover only
+    started the server again, proving nothing. Now nothing is claimed: recover restarts, runs
+    the smoke decode, and only then says proven."""
+    from opspatch.runs.status import fleet_status
+
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+    host.serving = False
+    adopted = _adopted_applied(fleet, host)
+    (said,) = fleet_status([host.host()], [fleet.patch], fleet.factory, fleet.ledger)
+    assert "proven by" not in said.detail, said
+    assert said.detail.startswith(
+        f"written by run {adopted} but never proven (run {adopted} recorded it applied, but no "
+        "smoke decode ran on it)"
+    ), said
+    assert f"`opspatch recover --hosts {host.name}`" in said.detail
+    (outcome,) = fleet.recover(host).hosts
+    assert outcome.outcome == "applied", outcome
+    assert "proven by its smoke decode" not in (outcome.note or ""), outcome
+    assert (outcome.note or "").startswith(f"finished run {adopted}'s change"), outcome
+    assert "smoke" in fleet.transports[host.name].ops  # the proof it now has, it ran
+    smoke = next(s for s in outcome.steps if s.step == "smoke")
+    assert smoke.status == "ok"
+
+
+def test_a_recover_that_left_a_proven_change_alone_is_not_named_as_its_proof(
+    fleet: Fleet,
+) -> None:
+    """A recover that found the change proven and its server up says `applied` without a smoke.
+    Before, `status` then credited the proof to that recover ("proven by run R's smoke decode",
+    a decode it never ran); the proof stays the apply's."""
+    from opspatch.runs.status import fleet_status
+
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+    applied = fleet.apply()
+    assert applied.exit_code == 0
+    left_alone = fleet.recover(host)
+    assert "smoke" not in fleet.transports[host.name].ops
+    (said,) = fleet_status([host.host()], [fleet.patch], fleet.factory, fleet.ledger)
+    assert said.detail.startswith(
+        f"as written by run {applied.run_id}, proven by its smoke decode"
+    ), said
+    assert str(left_alone.run_id) not in said.detail

@@ -560,6 +560,42 @@ def test_check_verifies_each_recorded_signature_against_the_playbooks_signers(
     assert "signed by bob (unverified: no allowed_signers in the playbook" in plain
 
 
+def test_check_verifies_signatures_against_the_fleet_files_signers_as_apply_does(
+    fleet: Fleet, signers: Signers, tmp_path: Path
+) -> None:
+    """fleet.toml's [team] asks for approval with its allowed_signers, which sync and apply
+    verify against. Before, `check` read only the playbook's, so it called every signature
+    "unverified: no allowed_signers in the playbook" in that workspace."""
+    from tests.clirunner import opspatch
+
+    (tmp_path / "patches").mkdir()
+    shutil.copy(REPO / "patches" / "eagle-init-guard.toml", tmp_path / "patches")
+    (tmp_path / "fleet.toml").write_text(
+        f'[team]\nrequire_approval = true\nallowed_signers = "{signers.allowed}"\n'
+    )
+    sign(fleet, signers, "bob", "bob")
+    sign(fleet, signers, "mallory", "carol")  # a key the allowed_signers file does not list
+    args = ("--ledger", str(fleet.ledger.path), "check", "eagle-init-guard")
+    env = {"OPSPATCH_HOME": str(tmp_path)}
+    done = opspatch(*args, "--json", cwd=tmp_path, env=env)
+    assert done.code == 0, done.stderr
+    (result,) = done.json()["patches"]
+    found = {s["principal"]: (s["verified"], s["allowed_signers"]) for s in result["signed_by"]}
+    assert found == {"bob": (True, str(signers.allowed)), "carol": (False, str(signers.allowed))}
+    text = opspatch(*args, cwd=tmp_path, env=env).stdout
+    assert f"signed by bob (verified against {signers.allowed};" in text
+    assert f"signed by carol (does NOT verify against {signers.allowed}: apply refuses it" in text
+    # a playbook that asks for approval keeps its own signers, as for apply
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks" / "strict.toml").write_text(
+        f'[team]\nrequire_approval = true\nallowed_signers = "{tmp_path / "other"}"\n'
+    )
+    strict = opspatch(*args, "--playbook", "strict", "--json", cwd=tmp_path, env=env)
+    assert {s["allowed_signers"] for s in strict.json()["patches"][0]["signed_by"]} == {
+        str(tmp_path / "other")
+    }
+
+
 # -- a lease held across a cut connection ------------------------------------------------------
 
 

@@ -119,7 +119,7 @@ def _print_redundant(plan: FleetPlan) -> None:
 
 def show_desired_plan(hosts: str | None, accept_new_host_keys: bool, as_json: bool) -> None:
     """`plan --fleet`: print the fleet plan; exit 1 only when a host could not be inspected (as
-    `status`: a plan is not a check, `sync --check` is)."""
+    `status`: a plan is not a check, `sync --check` is), desired patches or not."""
     plan = read_plan(hosts, accept_new_host_keys)
     if as_json:
         emit_json(plan.to_json())
@@ -154,7 +154,7 @@ def sync(
             emit_json({**plan.to_json(), "differing": [r.to_json() for r in plan.differing]})
         else:
             for row in plan.differing:
-                out.print(f"{row.host}: {row.patch}: {row.action}: {row.detail}")
+                out.print(f"{row.host}: {row.patch}: {row.action}: {row.detail}", markup=False)
             if not plan.differing:
                 out.print(f"every host is as {plan.fleet_file} wants it")
         raise typer.Exit(plan.exit_code)
@@ -200,28 +200,36 @@ def drift(
 ) -> None:
     """List hosts whose files differ from what the ledger and fleet.toml expect, grouped by
     cause (upgraded, reinstalled, recreated container, hand edit, patch missing, patch extra),
-    each with the command that fixes it; exit 1 when there is any."""
+    each with the command that fixes it; exit 1 when there is any, or when a host could not be
+    inspected (named: its drift is unknown)."""
     plan = read_plan(hosts, accept_new_host_keys)
     drifted = sorted(
         (r for r in plan.rows if r.cause is not None),
         key=lambda r: (list(DriftCause).index(r.cause) if r.cause else 0, r.host, r.patch),
     )
+    unknown = plan.unreachable  # not inspected: their files are unknown, not "no drift"
     if as_json:
         emit_json(
             {
                 "fleet_file": plan.fleet_file,
                 "hosts": list(plan.hosts),
                 "drift": [r.to_json() for r in drifted],
+                "unreachable": [r.to_json() for r in unknown],
             }
         )
-    elif not drifted:
-        out.print(f"no drift: every file is what the ledger and {plan.fleet_file} expect")
     else:
         for cause, rows in groupby(drifted, key=lambda r: r.cause):
             out.print(Text(f"{cause}:", style="bold"))
             for r in rows:
                 out.print(f"  {r.host}: {r.patch} ({r.release or '?'}, {r.action}): {r.command}")
-    raise typer.Exit(EXIT_HOST_FAILED if drifted else EXIT_OK)
+        if unknown:
+            names = ", ".join(dict.fromkeys(r.host for r in unknown))
+            out.print(Text(f"not inspected (drift unknown): {names}", style="bold"))
+            for r in unknown:
+                out.print(f"  {r.host}: {r.patch}: {r.detail}: {r.command}", markup=False)
+        elif not drifted:
+            out.print(f"no drift: every file is what the ledger and {plan.fleet_file} expect")
+    raise typer.Exit(EXIT_HOST_FAILED if drifted or unknown else EXIT_OK)
 
 
 def register(app: typer.Typer) -> None:

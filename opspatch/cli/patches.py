@@ -77,7 +77,8 @@ def check(
             "--playbook",
             "-p",
             help="Verify each recorded signature against this playbook's [team] "
-            "allowed_signers (default: the default playbook's, if it names one).",
+            "allowed_signers (default: the signers apply verifies against: the default "
+            "playbook's, else fleet.toml's [team] when it asks for approval).",
             metavar="PLAYBOOK",
         ),
     ] = None,
@@ -165,13 +166,24 @@ def check(
 
 
 def _allowed_signers(playbook: str | None) -> str | None:
-    """The allowed_signers file `check` verifies signatures against: the named playbook's
-    (an unknown or invalid one is refused), else the default playbook's, if there is one."""
+    """The allowed_signers file `check` verifies signatures against: the one an apply under the
+    same playbook verifies against (`fleet_governed`): the named playbook's (an unknown or
+    invalid one is refused), else the default playbook's, if there is one; and where that
+    playbook asks for no approval, the workspace fleet.toml's `[team]` signers when it asks.
+
+    Raises:
+        SpecError: the workspace's fleet.toml is not valid (as apply refuses it).
+    """
+    from opspatch.cli.changes import fleet_governed
+    from opspatch.core.policy import Playbook
+
     if playbook is not None:
-        return options.load_playbook(playbook).team.allowed_signers
-    if options.workspace_dir().locate("playbooks", "default") is None:
-        return None  # no default playbook here: the signatures stay unverified, and say so
-    return options.load_playbook("default").team.allowed_signers
+        chosen = options.load_playbook(playbook)
+    elif options.workspace_dir().locate("playbooks", "default") is None:
+        chosen = Playbook()  # no default playbook here: only fleet.toml can name signers
+    else:
+        chosen = options.load_playbook("default")
+    return fleet_governed(chosen).team.allowed_signers
 
 
 def recorded_signers(patch_sha256: str, playbook: str | None) -> list[dict[str, Any]]:
@@ -210,7 +222,10 @@ def _verdict(signer: Mapping[str, Any]) -> str:
     if signer["verified"] is False:
         return f"does NOT verify against {where}: apply refuses it"
     if where is None:
-        return "unverified: no allowed_signers in the playbook; --playbook P names one"
+        return (
+            "unverified: no allowed_signers in the playbook or in fleet.toml's [team]; "
+            "--playbook P names one"
+        )
     return f"unverified: {where} does not exist"
 
 

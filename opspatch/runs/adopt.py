@@ -10,8 +10,9 @@ That difference becomes a `diff`-kind patch file, `patches/NEW_ID.toml` (version
 the installed release), proven before it is written: applied to the pristine text it must give
 the host's file byte for byte. The adoption is a recorded run (`adopt`) whose file version per
 host is pristine -> live with both images stored, so `status` reports the patch there (`staged`
-while the server still runs the code from before the edit; `opspatch restart` completes it), and
-`rollback NEW_ID` restores the pristine file byte-identically. Nothing is written on a host.
+while the server still runs the code from before the edit, or no server runs; `opspatch restart`
+completes it), and `rollback NEW_ID` restores the pristine file byte-identically. Nothing is
+written on a host, and no smoke decode is run: an adoption proves nothing about what serves.
 """
 
 from __future__ import annotations
@@ -60,9 +61,10 @@ class Pristine:
 @dataclass(frozen=True)
 class AdoptReport:
     """What `adopt` wrote and recorded: the patch file, the run, and each host's outcome
-    (`applied`: the edit is now that patch; `staged`: the same, but the running server started
-    before the edit, as `status` says; `skipped`: the file is pristine there, or is what an
-    opspatch run wrote)."""
+    (`applied`: the edit is now that patch and the running server started after it; `staged`:
+    the same, but the running server started before the edit, as `status` says, or no server
+    runs; `skipped`: the file is pristine there, or is what an opspatch run wrote). Adopt runs
+    no smoke decode: neither word is a proof (`runs.proof`)."""
 
     patch_id: str
     patch_path: str
@@ -344,7 +346,8 @@ def adopt_edit(
     except FileExistsError:
         raise InputError(f"{target} already exists; not overwriting it") from None
     loaded = load_patch(target)
-    report = _record(ledger, loaded, hosts, edited, untouched)
+    down = {name for name in edited if not _serving(read[name])}
+    report = _record(ledger, loaded, hosts, edited, untouched, down)
     return AdoptReport(patch_id, str(target), module, found.source, diff, report)
 
 
@@ -367,14 +370,25 @@ def _prove(text: str, patch_id: str, pristine: bytes, live: bytes) -> None:
         )
 
 
+def _serving(diagnosis: HostDiagnosis) -> bool:
+    """Whether the host's engine runs (a process found that is alive), as its diagnosis says."""
+    return diagnosis.server is not None and diagnosis.server.running
+
+
 def _record(
     ledger: Ledger,
     loaded: LoadedPatch,
     hosts: Sequence[Host],
     edited: dict[str, tuple[ModuleDiagnosis, Pristine]],
     untouched: Sequence[tuple[str, str]],
+    down: set[str],
 ) -> RunReport:
-    """The adoption as a recorded run: per edited host a file version pristine -> live."""
+    """The adoption as a recorded run: per edited host a file version pristine -> live.
+
+    Adopt runs no smoke decode, so it never says a host serves the patch it did not see serve:
+    a host whose server is not running, or started before the edit, is `staged` (`opspatch
+    restart` starts it into the patch and proves it); `applied` only where the running server
+    started after the edit. Neither is a proof (`runs.proof`: only a smoke decode proves)."""
     recorded_hosts = [h for h in hosts if h.name in edited]
     outcomes: list[HostOutcome] = []
     with recorded_run(ledger, command="adopt", patch=loaded, hosts=recorded_hosts) as run:
@@ -400,13 +414,25 @@ def _record(
             said = f"recorded as patch {loaded.spec.id}"
             run.step(host.name, "adopt", StepStatus.OK, 0.0, said)
             change = FileChange(f.realpath, pristine.sha256, f.sha256)
-            # What `status` will say: a server started before the edit still runs the old code.
-            staged = bool(m.server_older_than_file)
+            # What `status` will say: a server started before the edit still runs the old code,
+            # and one that is not running serves nothing (adopt never saw the edit serve).
+            staged = bool(m.server_older_than_file) or host.name in down
             note = f"the hand edit is now patch {loaded.spec.id}"
-            if staged:
+            if host.name in down:
+                note += (
+                    "; its server is not running, so nothing serves the edit yet: `opspatch "
+                    f"restart --hosts {host.name}` starts it into the patch and proves it (smoke "
+                    "decode)"
+                )
+            elif staged:
                 note += (
                     "; the running server started before the edit, so it still runs the old "
                     f"code: `opspatch restart --hosts {host.name}` completes it"
+                )
+            else:
+                note += (
+                    "; the running server started after the edit; adopt ran no smoke decode, "
+                    "so nothing is proven"
                 )
             outcome = HostOutcome(
                 host.name,

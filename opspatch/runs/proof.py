@@ -9,11 +9,13 @@ since the write, recover from the writing run's smoke step), so after a double C
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
 from opspatch.errors import InputError
+from opspatch.ledger.records import StepRecord
 from opspatch.ledger.store import FileVersion, Ledger
 
 _CONCLUDES_NOTHING = frozenset(
@@ -28,9 +30,15 @@ class ChangeProof:
     """What the ledger says about `version`'s bytes on `host` (the live file is those bytes).
 
     `proven_by`: the run whose smoke decode passed on them (the last run that concluded
-    anything about them said `applied`, or the writing run's own smoke passed and it recorded
-    no outcome since); `staged_by`: the last word was `staged`; `last_word`: the last run and
-    outcome that concluded anything about them; `writer`: the writing run's status."""
+    anything about them said `applied`, and it or an `applied` run just before it smoke-tested
+    them there; or the writing run's own smoke passed and it recorded no outcome since);
+    `staged_by`: the last word was `staged`; `last_word`: the last run and outcome that
+    concluded anything about them; `writer`: the writing run's status.
+
+    A proof is only claimed where a smoke ran: an `applied` recorded without a smoke decode (an
+    `adopt` records a hand edit and tests nothing; a recover that found a proven change and left
+    it alone) proves nothing by itself, so it borrows the proof of the `applied` before it, or
+    there is none."""
 
     host: str
     version: FileVersion
@@ -61,8 +69,9 @@ def change_proof(ledger: Ledger, host: str, version: FileVersion) -> ChangeProof
         writer = None
     status = RunStatus(writer.summary.status) if writer is not None else None
     proven_by = staged_by = None
+    names = (host, version.host)
     if said and said[-1][1] == Outcome.APPLIED:
-        proven_by = said[-1][0]
+        proven_by = _smoke_tested(ledger, said, names, version.event_id)
     elif said and said[-1][1] == Outcome.STAGED:
         staged_by = said[-1][0]
     elif not said and writer is not None:
@@ -70,12 +79,33 @@ def change_proof(ledger: Ledger, host: str, version: FileVersion) -> ChangeProof
             steps = writer.host(host).steps
         except KeyError:
             steps = ()
-        if any(
-            s.step == "smoke" and s.status == StepStatus.OK and s.event_id > version.event_id
-            for s in steps
-        ):
+        if _smoke_passed(steps, version.event_id):
             proven_by = version.run_id  # its smoke passed; it recorded no outcome after it
     return ChangeProof(host, version, status, proven_by, staged_by, said[-1] if said else None)
+
+
+def _smoke_tested(
+    ledger: Ledger, said: list[tuple[str, str]], names: tuple[str, ...], event_id: int
+) -> str | None:
+    """The newest run of the trailing `applied` words whose smoke decode passed on the host
+    after the change was written (None: none of them ran one)."""
+    for run_id, outcome in reversed(said):
+        if outcome != Outcome.APPLIED:
+            return None
+        try:
+            run = ledger.get_run(run_id)
+        except InputError:
+            continue
+        if _smoke_passed([s for r in run.hosts if r.host in names for s in r.steps], event_id):
+            return run_id
+    return None
+
+
+def _smoke_passed(steps: Sequence[StepRecord], event_id: int) -> bool:
+    """Whether a smoke decode passed among `steps` after the event `event_id` (the write)."""
+    return any(
+        s.step == "smoke" and s.status == StepStatus.OK and s.event_id > event_id for s in steps
+    )
 
 
 def _about(change: dict[str, Any], version: FileVersion) -> bool:
@@ -112,11 +142,12 @@ def describe(proof: ChangeProof) -> str:
             f"staged by run {proof.staged_by}: `opspatch restart --hosts {host}` restarts, proves "
             "and (on failure) rolls it back"
         )
-    why = (
-        f"run {proof.last_word[0]} ended {proof.last_word[1]} here"
-        if proof.last_word
-        else f"run {run} recorded no outcome here (interrupted, or still running)"
-    )
+    if proof.last_word is None:
+        why = f"run {run} recorded no outcome here (interrupted, or still running)"
+    elif proof.last_word[1] == Outcome.APPLIED:  # said without a smoke decode (an adopt's)
+        why = f"run {proof.last_word[0]} recorded it applied, but no smoke decode ran on it"
+    else:
+        why = f"run {proof.last_word[0]} ended {proof.last_word[1]} here"
     return (
         f"written by run {run} but never proven ({why}); the server may still run the "
         f"old code: `opspatch recover --hosts {host}` finishes or undoes it"

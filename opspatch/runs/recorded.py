@@ -58,8 +58,16 @@ def recorded_run(
     `[team] lease_expiry`, after which its leases are lost anyway) stops it.
 
     Raises:
+        InputError: `hosts` is empty: a run over no host would report success for doing
+            nothing; nothing is begun (the selection refuses this first, naming the item).
         LedgerIntegrityError: the chain is broken; nothing is begun.
     """
+    if not hosts:
+        raise InputError(
+            f"{command} selects no host: nothing was done and no run recorded",
+            hint="select hosts with --hosts TARGET (`opspatch inventory show INVENTORY` lists "
+            "them)",
+        )
     ledger.ensure_intact()
     ledger = ledger.retrying((playbook.team if playbook else TeamSettings()).lease_expiry)
     run_id = ledger.begin_run(

@@ -89,7 +89,8 @@ class SyncRow(JsonRecord):
 
 def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
     """What sync does about `status` (one host, one patch): `entry` is the fleet file's entry
-    when the patch is desired there. None: a patch not desired and not there (nothing to say).
+    when the patch is desired there. None: a patch not desired and not there (nothing to say);
+    a host that could not be inspected is always a row (`unreachable`), desired or not.
 
     Raises nothing: an unknown release or state is `by-hand`, never a guess."""
     host, patch = status.host, status.patch
@@ -107,6 +108,10 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
         )
 
     carried = status.carried
+    if status.state == PatchState.UNREACHABLE:
+        # whether desired or not: a host not inspected is unknown, never "as desired" or
+        # "no drift" (a row dropped here made `plan --fleet --hosts H` and `drift` pass on it)
+        return row(SyncAction.UNREACHABLE, status.detail, f"opspatch diagnose --hosts {host}")
     if entry is None:
         present = status.state in (PatchState.APPLIED, PatchState.STAGED) or (
             status.state == PatchState.DRIFTED and carried == Detected.APPLIED
@@ -118,8 +123,6 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
             "on the host, but the fleet file does not want it there; sync leaves it",
             f"opspatch rollback {patch} --hosts {host}",
         )
-    if status.state == PatchState.UNREACHABLE:
-        return row(SyncAction.UNREACHABLE, status.detail, f"opspatch diagnose --hosts {host}")
     if entry.releases:
         if status.release is None:
             return row(
@@ -254,9 +257,10 @@ class FleetPlan(JsonRecord):
         return tuple(r for r in self.rows if r.action == SyncAction.FIXED_UPSTREAM)
 
     @property
-    def unreachable(self) -> bool:
-        """Whether some host could not be inspected (`plan --fleet` exits 1, as `status`)."""
-        return any(r.action == SyncAction.UNREACHABLE for r in self.rows)
+    def unreachable(self) -> tuple[SyncRow, ...]:
+        """The rows of hosts that could not be inspected: unknown, so never at goal and never
+        "no drift" (`plan --fleet`, `sync --check` and `drift` exit 1 naming them)."""
+        return tuple(r for r in self.rows if r.action == SyncAction.UNREACHABLE)
 
     @property
     def exit_code(self) -> int:
@@ -266,7 +270,19 @@ class FleetPlan(JsonRecord):
 
 def select_hosts(desired: DesiredState, chosen: Sequence[Host] | None) -> tuple[Host, ...]:
     """The hosts a plan or sync covers: `chosen` (a `--hosts` selection), else every host the
-    fleet file names."""
+    fleet file names.
+
+    Raises:
+        InputError: the fleet file lists no patch (only a `[team]` table, or nothing): it
+            desires nothing anywhere, so "every host is as desired" would be a pass that
+            checked nothing (a truncated file must fail a `sync --check` timer, not pass it).
+    """
+    if not desired.entries:
+        raise InputError(
+            f"{desired.path} lists no patch, so it selects no host: there is nothing to plan, "
+            "check or sync",
+            hint="add a [[patches]] entry with id, hosts and releases (docs/fleet.md)",
+        )
     return tuple(chosen) if chosen is not None else tuple(desired.hosts.values())
 
 

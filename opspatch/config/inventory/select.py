@@ -102,9 +102,27 @@ def select_hosts(inventory: Inventory, expr: str) -> tuple[Host, ...]:
                 hint=did_you_mean(item, names),
             )
         if not hosts:
-            raise SelectionError(f"{item!r} selects no hosts in inventory {inventory.name!r}")
+            raise _selects_no_host(item, inventory)
         chosen.extend(hosts)
     return _unique(chosen)
+
+
+def _selects_no_host(item: str, inventory: Inventory) -> SelectionError:
+    """`item` names `inventory` (or `all` of it) or one of its groups, and there is no host in
+    it: a run over it would do nothing and report success, so it is refused as any bad
+    selection is (exit 2), before a ledger or a host is touched."""
+    if item in inventory.groups:
+        return SelectionError(
+            f"{item!r} selects no host: the group has no host in inventory {inventory.name!r} "
+            f"({inventory.source})",
+            hint=f"add hosts to the group, or select others (`opspatch inventory show "
+            f"{inventory.name}` lists its hosts and groups)",
+        )
+    return SelectionError(
+        f"{item!r} selects no host: inventory {inventory.name!r} ({inventory.source}) lists no "
+        "host",
+        hint="add a host to it (docs/inventory.md), or select another inventory",
+    )
 
 
 def _sandbox_hint(name: str) -> str | None:
@@ -149,20 +167,28 @@ def resolve_hosts(expr: str, workspace: Workspace) -> tuple[Host, ...]:
             continue
         whole = workspace.locate("inventories", item)
         if whole is not None:
-            chosen.extend(load(whole).hosts)
+            inventory = load(whole)
+            if not inventory.hosts:
+                raise _selects_no_host(item, inventory)
+            chosen.extend(inventory.hosts)
             continue
         matches: list[tuple[Inventory, tuple[Host, ...]]] = []
+        empty: list[Inventory] = []  # where the item names a group with no host in it
         for path in workspace.available("inventories", bundled=False).values():
             candidate = load(path)
             hosts = _match_in_inventory(candidate, item)
             if hosts:
                 matches.append((candidate, hosts))
+            elif hosts is not None:
+                empty.append(candidate)
         if len(matches) > 1:
             where = ", ".join(repr(inv.name) for inv, _ in matches)
             raise SelectionError(
                 f"{item!r} matches in several inventories ({where})",
                 hint=f"say which: {matches[0][0].name}:{item}",
             )
+        if not matches and empty:
+            raise _selects_no_host(item, empty[0])
         if not matches:
             names: list[str] = list(workspace.available("inventories"))
             for inv in loaded.values():
