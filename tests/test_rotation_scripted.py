@@ -517,13 +517,17 @@ def test_an_engine_that_does_not_answer_runs_nothing_so_it_is_drained() -> None:
 # -- a worker out of rotation by opspatch's own hand (issue 31) ----------------------------------
 
 
-def rollback_onto_crashing_code(fleet: RoutedFleet) -> str:
-    """The README tour's step behind a router: h1 carries the proven fix, its rollback restores
-    a pre-image whose server crashes on its first decode, so h1 ends drained and not re-admitted.
-    Returns the rollback's run id."""
+def rollback_onto_crashing_code(fleet: RoutedFleet, *applied_on: str) -> str:
+    """The README tour's step behind a router: the fix is proven on `applied_on` (default h1),
+    then h1's rollback restores a pre-image whose server crashes on its first decode, so h1
+    ends drained and not re-admitted. Returns the rollback's run id."""
     fleet.register("h1", "h2", "h3")
     applied = apply_to_hosts(
-        PATCH, fleet.hosts("h1"), book(), factory=fleet.factory, ledger=fleet.ledger
+        PATCH,
+        fleet.hosts(*(applied_on or ["h1"])),
+        book(),
+        factory=fleet.factory,
+        ledger=fleet.ledger,
     )
     assert applied.exit_code == 0, applied
     fleet.fakes["h1"].smoke_ok = False  # the pre-image crashes
@@ -550,25 +554,32 @@ def test_after_a_rollback_onto_crashing_code_the_fix_goes_back_and_its_admit_bri
 ) -> None:
     """The documented way back (docs/fleet.md): the router does not list h1 because the
     rollback's own drain took it out, so the run drains nothing there, patches, restarts,
-    proves, and admits it (before the fix: refused, "router does not know worker")."""
-    rollback = rollback_onto_crashing_code(fleet)
+    proves, and admits it (before the fix: refused, "router does not know worker"). As in the
+    README's tour, the run selects every host and the others still carry the fix: the one out
+    of rotation takes no room, and the ones already right are never drained, so the default
+    max_unavailable = 1 (already used up by h1) does not refuse it."""
+    rollback = rollback_onto_crashing_code(fleet, "h1", "h2", "h3")
     if command == "apply":
         report = apply_to_hosts(
-            PATCH, fleet.hosts("h1"), book(), factory=fleet.factory, ledger=fleet.ledger
+            PATCH, fleet.hosts(), book(), factory=fleet.factory, ledger=fleet.ledger
         )
     else:
         desired = DesiredState(
             "fleet.toml",
-            (DesiredPatch(PATCH, ("h1",), "", Location("fleet.toml", 1, "patches[0]")),),
+            (DesiredPatch(PATCH, ("h1", "h2", "h3"), "", Location("fleet.toml", 1, "patches[0]")),),
             {h.name: h for h in fleet.hosts()},
         )
         synced = sync_fleet(
-            desired, fleet.hosts("h1"), [], book(), factory=fleet.factory, ledger=fleet.ledger
+            desired, fleet.hosts(), [], book(), factory=fleet.factory, ledger=fleet.ledger
         )
         assert synced.exit_code == 0, synced
         (report,) = synced.runs
-    (outcome,) = report.hosts
     assert report.exit_code == 0, report
+    outcome = next(o for o in report.hosts if o.host == "h1")
+    assert {o.host: str(o.outcome) for o in report.hosts if o.host != "h1"} in (
+        {"h2": "already-applied", "h3": "already-applied"},
+        {},  # sync runs only where the fix is missing
+    )
     assert outcome.outcome == "applied" and outcome.rotation == RotationWord.IN_ROTATION, outcome
     done = [s for s, status in steps_of(outcome) if status == "ok"]
     assert done.index("swap") < done.index("drain") < done.index("restart") < done.index("smoke")
@@ -699,3 +710,23 @@ def test_a_router_refusal_gives_back_the_leases_the_run_took(fleet: RoutedFleet)
     (refused,) = [r for r in fleet.ledger.list_runs() if r.command == "apply"]
     assert fleet.ledger.leases_of([refused.run_id]) == []
     assert not (fleet.fakes["h1"].state / "lock.json").exists()
+
+
+def test_a_run_that_must_drain_while_its_out_of_rotation_host_holds_the_room_says_run_it_first(
+    fleet: RoutedFleet,
+) -> None:
+    """h1 is out of rotation (the rollback's), h2 and h3 need the fix too: with max_unavailable
+    = 1 used up by h1, draining h2 would take a second worker out. Refused before any change,
+    naming the way: h1 alone first, whose admit gives the room back; then the rest."""
+    rollback_onto_crashing_code(fleet)
+    with pytest.raises(RouterRefused) as refused:
+        apply_to_hosts(PATCH, fleet.hosts(), book(), factory=fleet.factory, ledger=fleet.ledger)
+    assert "1 already unavailable: " + worker_url("h1") in refused.value.message
+    assert (refused.value.hint or "").startswith("run h1 alone first (--hosts)"), refused.value
+    first = apply_to_hosts(
+        PATCH, fleet.hosts("h1"), book(), factory=fleet.factory, ledger=fleet.ledger
+    )
+    assert first.exit_code == 0, first
+    rest = apply_to_hosts(PATCH, fleet.hosts(), book(), factory=fleet.factory, ledger=fleet.ledger)
+    assert rest.exit_code == 0, rest
+    assert all(o.rotation == RotationWord.IN_ROTATION for o in rest.hosts), rest

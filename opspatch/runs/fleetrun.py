@@ -230,6 +230,7 @@ class FleetRun:
         identities: Mapping[str, str] | None = None,
         *,
         taking_over: Collection[str] = (),
+        restarting: Collection[str] | None = None,
     ) -> RunReport | None:
         """Lease the hosts to this run, with a heartbeat until the run ends; None when taken.
 
@@ -240,7 +241,8 @@ class FleetRun:
         `taking_over`, runs known dead) holds one of them, the run is refused before any change:
         every lock given back, every host `skipped` naming the holders (exit 2); a Ctrl-C while
         reading is the cancelled preflight's report. Then, leased, the routers in front of the
-        hosts are checked (`_open_rotation`): a refusal there gives the leases and locks back.
+        hosts are checked (`_open_rotation`; `restarting`: the hosts the run may drain, None:
+        all): a refusal there gives the leases and locks back.
 
         Raises:
             RouterRefused: a router cannot be used, does not know a worker opspatch did not take
@@ -270,7 +272,7 @@ class FleetRun:
         for holder in grant.taken_over:
             self.progress.notice(f"{holder.host}: took over the lease of {holder.describe()}")
         try:
-            self._open_rotation()
+            self._open_rotation(restarting)
         except RouterRefused:
             self.release_all()
             self.recorder.give_back_leases()
@@ -284,7 +286,7 @@ class FleetRun:
             ).start()
         return None
 
-    def _open_rotation(self) -> None:
+    def _open_rotation(self, restarting: Collection[str] | None) -> None:
         """Behind routers, check them (`Rotation.open`) and give each session its place there:
         after the leases (a host another live run holds is refused naming that run, not by its
         router) and before anything changed.
@@ -306,6 +308,7 @@ class FleetRun:
             self.playbook,
             allow_unregistered=self.command == "recover",
             taken_out=taken_out,
+            restarting=restarting,
         )
         if rotation is not None:
             for name, session in self.sessions.items():

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from opspatch.core.host import Host, RouterSettings
@@ -142,9 +142,13 @@ class Rotation:
         *,
         allow_unregistered: bool,
         taken_out: Callable[[Host], str | None] = lambda host: None,
+        restarting: Collection[str] | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> Rotation | None:
         """Look at every router in front of `hosts`; None when no host has one.
+
+        `restarting`: the hosts the run may drain (apply: those with a change to make); None:
+        all. Only those need room: a host already right is never drained.
 
         `taken_out(host)`: the run of the ledger that took the host's worker out of rotation
         and that nothing put back since (`taken_out_by` over its recorded steps), asked only of
@@ -199,7 +203,14 @@ class Rotation:
                 )
             # recover re-admits workers first-hand out of rotation, which costs no room; a host
             # it must drain as well waits for room (one re-admitted gives one back)
-            capacity = drain_room(url, listed, routed, playbook, refuse=not allow_unregistered)
+            capacity = drain_room(
+                url,
+                listed,
+                routed,
+                playbook,
+                refuse=not allow_unregistered,
+                draining=[h for h in routed if restarting is None or h.name in restarting],
+            )
             gate = RouterGate(client, threading.Semaphore(capacity), capacity)
             usable = usable_workers(listed)
             for host in routed:
@@ -274,9 +285,11 @@ def drain_room(
     playbook: Playbook,
     *,
     refuse: bool,
+    draining: Sequence[Host] | None = None,
 ) -> int:
     """How many more of this run's workers may leave rotation at once behind router `url`
-    (0 or less, without `refuse`: none until one comes back).
+    (0 or less, without `refuse`: none until one comes back). `draining`: those of `routed`
+    the run may drain (default: all); one already right is counted, never drained.
 
     The router's workers are those it lists, this run's and every other the inventory puts
     behind it (`RouterSettings.peers`); each one it cannot use now (not listed, or listed
@@ -302,10 +315,15 @@ def drain_room(
     if room >= 1:
         return room
     # a run whose workers here are all out already takes nothing from the router (the broken
-    # host an incident patches): no room is needed, and each one back adds some
-    takes_room = any(h.router is not None and h.router.worker_url in usable for h in routed)
+    # host an incident patches, the host a rollback left out): no room is needed, and each one
+    # back adds some
+    draining = routed if draining is None else draining
+    takes_room = any(h.router is not None and h.router.worker_url in usable for h in draining)
     if not refuse or not takes_room:
         return 0
+    coming_back = sorted(
+        h.name for h in draining if h.router is not None and h.router.worker_url not in usable
+    )
     raise RouterRefused(
         f"router {url} has {len(usable)} healthy of {len(workers)} workers: draining one "
         + (
@@ -316,7 +334,13 @@ def drain_room(
             f"{', '.join(sorted(workers - usable))})"
         )
         + "; nothing was changed",
-        hint="raise [rotation] max_unavailable in the playbook, bring the unhealthy workers "
+        hint=(
+            f"run {', '.join(coming_back)} alone first (--hosts): each host it brings back "
+            "into rotation gives room back; or "
+            if coming_back
+            else ""
+        )
+        + "raise [rotation] max_unavailable in the playbook, bring the unhealthy workers "
         "back, or, if the fleet is already down, use a playbook with fleet_down = true "
         "(--playbook incident)",
     )
