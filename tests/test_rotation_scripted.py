@@ -22,13 +22,17 @@ from opspatch.config.patches import load_patch
 from opspatch.core.host import Host, RouterSettings
 from opspatch.core.policy import BatchSize, Playbook, RotationSettings, StepTimeouts
 from opspatch.core.vocabulary import Rotation as RotationWord
-from opspatch.errors import Location, RouterRefused
+from opspatch.core.vocabulary import StepStatus
+from opspatch.errors import EXIT_BAD_INPUT, Location, RouterRefused
+from opspatch.hosts.agent.facts import host_name, machine_id
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
+from opspatch.ledger.records import StepRecord
 from opspatch.ledger.store import Ledger
 from opspatch.runs.apply import apply_to_hosts
 from opspatch.runs.recover import recover_hosts
 from opspatch.runs.report import RunReport
-from opspatch.runs.rotation import Rotation, rotation_of
+from opspatch.runs.restore import rollback_hosts
+from opspatch.runs.rotation import Rotation, rotation_of, taken_out_by
 from opspatch.runs.sync import sync_fleet
 from tests.test_runs_scripted import REPO, STANDIN, FakeHost, sha
 
@@ -384,7 +388,10 @@ def test_without_fleet_down_draining_the_last_healthy_worker_is_refused_before_a
     assert "has 1 healthy of 3 workers" in refused.value.message
     assert "would leave it no healthy worker" in refused.value.message
     assert "fleet_down = true" in (refused.value.hint or "")
-    assert fleet.fakes["h1"].requests == []  # nothing was even asked of the host
+    # the routers are checked once the run holds its leases: the preflight's begin (lock and
+    # inspect) ran, its lock was given back, and nothing was changed
+    assert fleet.fakes["h1"].requests == ["lock", "inspect", "unlock"]
+    assert not (fleet.fakes["h1"].state / "lock.json").exists()
     assert sha(fleet.fakes["h1"].file.read_bytes()) == before
 
     report = apply_to_hosts(
@@ -505,3 +512,221 @@ def test_an_engine_that_does_not_answer_runs_nothing_so_it_is_drained() -> None:
         "wait_drained", {"url": url, "timeout": 5.0, "settle": 0.05, "poll": 0.01}
     )
     assert isinstance(answer, dict) and answer["answered"] is False
+
+
+# -- a worker out of rotation by opspatch's own hand (issue 31) ----------------------------------
+
+
+def rollback_onto_crashing_code(fleet: RoutedFleet, *applied_on: str) -> str:
+    """The README tour's step behind a router: the fix is proven on `applied_on` (default h1),
+    then h1's rollback restores a pre-image whose server crashes on its first decode, so h1
+    ends drained and not re-admitted. Returns the rollback's run id."""
+    fleet.register("h1", "h2", "h3")
+    applied = apply_to_hosts(
+        PATCH,
+        fleet.hosts(*(applied_on or ["h1"])),
+        book(),
+        factory=fleet.factory,
+        ledger=fleet.ledger,
+    )
+    assert applied.exit_code == 0, applied
+    fleet.fakes["h1"].smoke_ok = False  # the pre-image crashes
+    rolled = rollback_hosts(
+        ledger=fleet.ledger,
+        hosts=fleet.hosts("h1"),
+        factory=fleet.factory,
+        playbook=book(),
+        patch=PATCH,
+    )
+    (outcome,) = rolled.hosts
+    assert outcome.outcome == "restored-not-serving" and rolled.exit_code == 1, outcome
+    assert outcome.rotation == RotationWord.OUT_OF_ROTATION
+    assert worker_url("h1") not in fleet.router.state.workers
+    fleet.fakes["h1"].smoke_ok = True  # the fix decodes
+    fleet.router.state.calls.clear()
+    assert rolled.run_id is not None
+    return rolled.run_id
+
+
+@pytest.mark.parametrize("command", ["apply", "sync"])
+def test_after_a_rollback_onto_crashing_code_the_fix_goes_back_and_its_admit_brings_the_host_back(
+    fleet: RoutedFleet, command: str
+) -> None:
+    """The documented way back (docs/fleet.md): the router does not list h1 because the
+    rollback's own drain took it out, so the run drains nothing there, patches, restarts,
+    proves, and admits it (before the fix: refused, "router does not know worker"). As in the
+    README's tour, the run selects every host and the others still carry the fix: the one out
+    of rotation takes no room, and the ones already right are never drained, so the default
+    max_unavailable = 1 (already used up by h1) does not refuse it."""
+    rollback = rollback_onto_crashing_code(fleet, "h1", "h2", "h3")
+    if command == "apply":
+        report = apply_to_hosts(
+            PATCH, fleet.hosts(), book(), factory=fleet.factory, ledger=fleet.ledger
+        )
+    else:
+        desired = DesiredState(
+            "fleet.toml",
+            (DesiredPatch(PATCH, ("h1", "h2", "h3"), "", Location("fleet.toml", 1, "patches[0]")),),
+            {h.name: h for h in fleet.hosts()},
+        )
+        synced = sync_fleet(
+            desired, fleet.hosts(), [], book(), factory=fleet.factory, ledger=fleet.ledger
+        )
+        assert synced.exit_code == 0, synced
+        (report,) = synced.runs
+    assert report.exit_code == 0, report
+    outcome = next(o for o in report.hosts if o.host == "h1")
+    assert {o.host: str(o.outcome) for o in report.hosts if o.host != "h1"} in (
+        {"h2": "already-applied", "h3": "already-applied"},
+        {},  # sync runs only where the fix is missing
+    )
+    assert outcome.outcome == "applied" and outcome.rotation == RotationWord.IN_ROTATION, outcome
+    done = [s for s, status in steps_of(outcome) if status == "ok"]
+    assert done.index("swap") < done.index("drain") < done.index("restart") < done.index("smoke")
+    assert done[-1] == "admit", done
+    drain = next(s for s in outcome.steps if s.step == "drain")
+    assert f"did not list it (out of rotation since run {rollback})" in (drain.detail or "")
+    calls = [c for c in fleet.router.state.calls if not c.startswith("GET")]
+    assert calls == [f"POST /workers {worker_url('h1')}"], calls  # nothing drained, one admit
+    assert fleet.router.state.workers[worker_url("h1")][1] is True
+
+
+def test_a_worker_url_the_ledger_never_saw_drained_is_refused_as_a_wrong_worker_url(
+    fleet: RoutedFleet,
+) -> None:
+    """The rollback took out h1's worker by its URL; an inventory naming another URL for h1 (a
+    config error) is not vouched for by that drain: refused, nothing changed."""
+    rollback_onto_crashing_code(fleet)
+    wrong = [
+        replace(h, router=replace(h.router, worker_url="http://h1.internal:30000/"))
+        for h in fleet.hosts("h1")
+        if h.router is not None
+    ]
+    before = sha(fleet.fakes["h1"].file.read_bytes())
+    with pytest.raises(RouterRefused) as refused:
+        apply_to_hosts(PATCH, wrong, book(), factory=fleet.factory, ledger=fleet.ledger)
+    assert "does not know worker http://h1.internal:30000/ (host h1)" in refused.value.message
+    assert "the ledger shows no run of opspatch taking that worker out" in refused.value.message
+    assert "set router.worker_url" in (refused.value.hint or "")
+    assert sha(fleet.fakes["h1"].file.read_bytes()) == before
+    assert fleet.router.state.calls == ["GET /workers"]
+
+
+def test_a_worker_whose_run_died_in_its_drain_is_applied_and_admitted(fleet: RoutedFleet) -> None:
+    """A controller killed in h1's drain (the ledger has the drain begun, never ended) left it
+    out of the router: an apply takes it from there."""
+    fleet.register("h2", "h3")
+    dead = fleet.ledger.begin_run(
+        command="apply",
+        patch_id=PATCH.spec.id,
+        patch_sha256=None,
+        operator="alice@laptop",
+        command_line="opspatch apply eagle-init-guard",
+        hosts=["h1"],
+    )
+    fleet.ledger.record_step(dead, "h1", "drain", "started")
+    report = apply_to_hosts(
+        PATCH, fleet.hosts("h1"), book(), factory=fleet.factory, ledger=fleet.ledger
+    )
+    (outcome,) = report.hosts
+    assert report.exit_code == 0, report
+    assert outcome.outcome == "applied" and outcome.rotation == RotationWord.IN_ROTATION, outcome
+    assert fleet.router.state.workers[worker_url("h1")][1] is True
+
+
+def _step(name: str, status: str, detail: str = "") -> StepRecord:
+    return StepRecord(0, name, StepStatus(status), None, detail, "")
+
+
+ROUTER = RouterSettings(url="http://router:30000", worker_url="http://w1:30000")
+REMOVED = "removed http://w1:30000 from router http://router:30000; idle [ran as ops]"
+
+
+@pytest.mark.parametrize(
+    ("steps", "expect"),
+    [
+        ([], None),  # never drained: a wrong worker URL
+        ([("r1", _step("drain", "ok", REMOVED)), ("r1", _step("drain", "started"))], "r1"),
+        ([("r2", _step("admit", "ok")), ("r1", _step("drain", "ok", REMOVED))], None),  # put back
+        ([("r2", _step("admit", "failed")), ("r2", _step("drain", "ok", REMOVED))], "r2"),
+        ([("r1", _step("drain", "started"))], "r1"),  # its controller died in the drain
+        ([("r1", _step("drain", "failed", "drain: not drained"))], "r1"),
+        # a later run found it out already: the run that took it out is further back
+        ([("r3", _step("drain", "ok", "router http://router:30000 did not list it")),
+          ("r3", _step("drain", "started")),
+          ("r2", _step("drain", "ok", REMOVED))], "r2"),
+        # a drain of another URL (the inventory's worker_url changed since) vouches for nothing
+        ([("r1", _step("drain", "ok", "removed http://w9:30000 from router http://router:30000"))],
+         None),
+    ],
+)  # fmt: skip
+def test_who_took_a_worker_out_of_rotation_is_read_from_its_newest_drain_and_admit(
+    steps: list[tuple[str, StepRecord]], expect: str | None
+) -> None:
+    assert taken_out_by(steps, ROUTER) == expect
+
+
+@pytest.mark.parametrize("command", ["apply", "rollback"])
+def test_hosts_another_live_run_holds_are_refused_by_its_lease_before_their_router_is_asked(
+    fleet: RoutedFleet, command: str
+) -> None:
+    """alice's run holds h1 (its worker out of her drain, which her ledger does not show yet):
+    bob is told who holds the host (exit 2), not that the router does not know the worker."""
+    fleet.register("h2", "h3")
+    alice = fleet.ledger.begin_run(
+        command="apply",
+        patch_id=PATCH.spec.id,
+        patch_sha256=None,
+        operator="alice@laptop",
+        command_line="opspatch apply eagle-init-guard",
+        hosts=["h1"],
+    )
+    identity = f"{machine_id() or 'no-machine-id'}/{host_name()}:{fleet.fakes['h1'].state}"
+    assert fleet.ledger.take_leases(alice, {"h1": identity}, expires_after=60).refused == ()
+    before = sha(fleet.fakes["h1"].file.read_bytes())
+    if command == "apply":
+        report = apply_to_hosts(
+            PATCH, fleet.hosts("h1"), book(), factory=fleet.factory, ledger=fleet.ledger
+        )
+    else:
+        report = rollback_hosts(
+            ledger=fleet.ledger,
+            hosts=fleet.hosts("h1"),
+            factory=fleet.factory,
+            playbook=book(),
+            patch=PATCH,
+        )
+    assert report.refused and report.exit_code == EXIT_BAD_INPUT, report
+    assert f"h1 is leased to run {alice} of alice@laptop (controller " in (report.halted or "")
+    assert "router" not in (report.halted or "")
+    assert sha(fleet.fakes["h1"].file.read_bytes()) == before
+    assert not (fleet.fakes["h1"].state / "lock.json").exists()
+
+
+def test_a_router_refusal_gives_back_the_leases_the_run_took(fleet: RoutedFleet) -> None:
+    fleet.register("h2", "h3")  # h1: a worker URL no run ever drained
+    with pytest.raises(RouterRefused):
+        apply_to_hosts(PATCH, fleet.hosts("h1"), book(), factory=fleet.factory, ledger=fleet.ledger)
+    (refused,) = [r for r in fleet.ledger.list_runs() if r.command == "apply"]
+    assert fleet.ledger.leases_of([refused.run_id]) == []
+    assert not (fleet.fakes["h1"].state / "lock.json").exists()
+
+
+def test_a_run_that_must_drain_while_its_out_of_rotation_host_holds_the_room_says_run_it_first(
+    fleet: RoutedFleet,
+) -> None:
+    """h1 is out of rotation (the rollback's), h2 and h3 need the fix too: with max_unavailable
+    = 1 used up by h1, draining h2 would take a second worker out. Refused before any change,
+    naming the way: h1 alone first, whose admit gives the room back; then the rest."""
+    rollback_onto_crashing_code(fleet)
+    with pytest.raises(RouterRefused) as refused:
+        apply_to_hosts(PATCH, fleet.hosts(), book(), factory=fleet.factory, ledger=fleet.ledger)
+    assert "1 already unavailable: " + worker_url("h1") in refused.value.message
+    assert (refused.value.hint or "").startswith("run h1 alone first (--hosts)"), refused.value
+    first = apply_to_hosts(
+        PATCH, fleet.hosts("h1"), book(), factory=fleet.factory, ledger=fleet.ledger
+    )
+    assert first.exit_code == 0, first
+    rest = apply_to_hosts(PATCH, fleet.hosts(), book(), factory=fleet.factory, ledger=fleet.ledger)
+    assert rest.exit_code == 0, rest
+    assert all(o.rotation == RotationWord.IN_ROTATION for o in rest.hosts), rest

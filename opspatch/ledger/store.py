@@ -661,6 +661,27 @@ class Ledger:
         found = applied_versions(self.file_history(host, path), patch_id)
         return found[0] if found else None
 
+    def host_steps(self, host: str, steps: Collection[str]) -> list[tuple[str, StepRecord]]:
+        """`(run_id, step)` of every step named in `steps` that any run recorded on `host`,
+        newest first, its `started` records included (what a run that died part-way began).
+
+        Raises:
+            LedgerError: the ledger cannot be read.
+        """
+        wanted = set(steps)
+        with self._reading() as conn:
+            rows = select_events(conn, "kind = 'step' AND host = ? ORDER BY id DESC", (host,))
+        return [
+            (
+                row.run_id,
+                StepRecord.from_json(
+                    {**row.data, "event_id": row.id, "recorded_at": row.recorded_at}
+                ),
+            )
+            for row in rows
+            if row.data.get("step") in wanted
+        ]
+
     def settings(self) -> dict[str, Any]:
         """The settings this connection runs with, as the database reports them.
 

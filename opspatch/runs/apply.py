@@ -144,7 +144,13 @@ class _FleetApply:
                     name: host_identity(self.sessions[name].host, item.inspection.facts)
                     for name, item in prepared.items()
                     if isinstance(item, Prepared)
-                }
+                },
+                # only a host with a change to make is drained: one already right needs no room
+                restarting={
+                    name
+                    for name, item in prepared.items()
+                    if isinstance(item, Prepared) and item.pending
+                },
             )
             if leased is not None:
                 return leased

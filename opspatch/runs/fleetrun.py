@@ -33,6 +33,7 @@ from opspatch.errors import (
     LedgerError,
     LockHeld,
     OpspatchError,
+    RouterRefused,
     RunInterrupted,
 )
 from opspatch.runs.connect import TransportFactory
@@ -47,7 +48,13 @@ from opspatch.runs.executor import (
 from opspatch.runs.leases import Heartbeat, held_by, host_identity, refusal
 from opspatch.runs.recorder import Recorder
 from opspatch.runs.report import HostOutcome, RunReport
-from opspatch.runs.rotation import ROTATING_COMMANDS, Rotation, halt_on_out_of_rotation
+from opspatch.runs.rotation import (
+    ROTATING_COMMANDS,
+    ROTATION_STEPS,
+    Rotation,
+    halt_on_out_of_rotation,
+    taken_out_by,
+)
 from opspatch.runs.session import HostFailed, HostSession, Progress, describe_error
 
 T = TypeVar("T")
@@ -100,18 +107,8 @@ class FleetRun:
         self.sessions: dict[str, HostSession] = {}
 
     def __enter__(self) -> FleetRun:
-        """Open a session per host; behind routers, check them first (`Rotation.open` refuses,
-        exit 2, before anything changed).
-
-        Raises:
-            RouterRefused: a router cannot be used or has no room to drain.
-        """
-        # A recorded run that restarts engines drains and admits; a dry run changes nothing.
-        rotation = (
-            Rotation.open(self.hosts, self.playbook, allow_unregistered=self.command == "recover")
-            if self.command in ROTATING_COMMANDS and self.recorder.reported_run_id is not None
-            else None
-        )
+        """Open a session per host (the routers are looked at once the hosts are leased:
+        `lease`)."""
         with ExitStack() as stack:
             for host in self.hosts:
                 self.sessions[host.name] = stack.enter_context(
@@ -121,7 +118,6 @@ class FleetRun:
                         self.playbook,
                         recorder=self.recorder,
                         progress=self.progress,
-                        rotation=rotation.of(host.name) if rotation is not None else None,
                     )
                 )
             stack.enter_context(self.cancellation.armed())
@@ -234,6 +230,7 @@ class FleetRun:
         identities: Mapping[str, str] | None = None,
         *,
         taking_over: Collection[str] = (),
+        restarting: Collection[str] | None = None,
     ) -> RunReport | None:
         """Lease the hosts to this run, with a heartbeat until the run ends; None when taken.
 
@@ -243,7 +240,14 @@ class FleetRun:
         changed (`failed`, its error). When a live lease of another run (not one of
         `taking_over`, runs known dead) holds one of them, the run is refused before any change:
         every lock given back, every host `skipped` naming the holders (exit 2); a Ctrl-C while
-        reading is the cancelled preflight's report."""
+        reading is the cancelled preflight's report. Then, leased, the routers in front of the
+        hosts are checked (`_open_rotation`; `restarting`: the hosts the run may drain, None:
+        all): a refusal there gives the leases and locks back.
+
+        Raises:
+            RouterRefused: a router cannot be used, does not know a worker opspatch did not take
+                out, or has no room to drain (nothing was changed).
+        """
         self._leased = True
         if self.command not in LEASED_COMMANDS or self.recorder.reported_run_id is None:
             return None  # unlock and dry runs keep no one off the hosts
@@ -255,7 +259,7 @@ class FleetRun:
                 return self.cancelled_report()
             known.update(read)
         grant = self.recorder.take_leases(known, self.playbook.team.lease_expiry, taking_over)
-        if grant.refused:
+        if grant.refused:  # before the routers: the refusal names the run that holds the hosts
             self.release_all()
             reason = f"refused before any change: {refusal(grant.refused)}"
             outcomes = {
@@ -267,6 +271,12 @@ class FleetRun:
             return self.report(outcomes, halted=reason, refused=True)
         for holder in grant.taken_over:
             self.progress.notice(f"{holder.host}: took over the lease of {holder.describe()}")
+        try:
+            self._open_rotation(restarting)
+        except RouterRefused:
+            self.release_all()
+            self.recorder.give_back_leases()
+            raise
         if known:
             self._heartbeat = Heartbeat(
                 self.recorder,
@@ -275,6 +285,34 @@ class FleetRun:
                 held=len(set(known.values())),  # one machine by two inventory names: one lease
             ).start()
         return None
+
+    def _open_rotation(self, restarting: Collection[str] | None) -> None:
+        """Behind routers, check them (`Rotation.open`) and give each session its place there:
+        after the leases (a host another live run holds is refused naming that run, not by its
+        router) and before anything changed.
+
+        Raises:
+            RouterRefused: a router cannot be used, does not know a worker opspatch did not take
+                out, or has no room to drain.
+        """
+        if self.command not in ROTATING_COMMANDS:
+            return
+
+        def taken_out(host: Host) -> str | None:
+            router = host.router
+            assert router is not None
+            return taken_out_by(self.recorder.host_steps(host.name, ROTATION_STEPS), router)
+
+        rotation = Rotation.open(
+            self.hosts,
+            self.playbook,
+            allow_unregistered=self.command == "recover",
+            taken_out=taken_out,
+            restarting=restarting,
+        )
+        if rotation is not None:
+            for name, session in self.sessions.items():
+                session.rotation = rotation.of(name)
 
     def _lease_lost(self) -> str | None:
         """Why this run may no longer change its hosts (its leases lost); None while held."""

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from opspatch.core.vocabulary import RunStatus, StepStatus
 from opspatch.errors import OpspatchError
-from opspatch.ledger.records import ContainerRecord, LeaseGrant, LeaseHolder
+from opspatch.ledger.records import ContainerRecord, LeaseGrant, LeaseHolder, StepRecord
 from opspatch.ledger.store import Ledger
 from opspatch.runs.report import HostOutcome, RunReport
 
@@ -85,6 +85,14 @@ class Recorder(Protocol):
 
     def run_status(self, run_id: str) -> RunStatus | None:
         """The status of another run of this ledger; None when it knows no such run."""
+
+    def host_steps(self, host: str, steps: Collection[str]) -> list[tuple[str, StepRecord]]:
+        """`(run_id, step)` of the steps named in `steps` that any run of this ledger recorded
+        on `host`, newest first (`Ledger.host_steps`); none when this run has no ledger.
+
+        Raises:
+            LedgerError: the ledger cannot be read.
+        """
 
     def take_leases(
         self, identities: Mapping[str, str], expires_after: float, taking_over: Collection[str]
@@ -198,6 +206,9 @@ class LedgerRecorder:
         except OpspatchError:
             return None  # not a run of this ledger: it may be alive on another controller
 
+    def host_steps(self, host: str, steps: Collection[str]) -> list[tuple[str, StepRecord]]:
+        return self.ledger.host_steps(host, steps)
+
     def take_leases(
         self, identities: Mapping[str, str], expires_after: float, taking_over: Collection[str]
     ) -> LeaseGrant:
@@ -280,6 +291,9 @@ class NullRecorder:
 
     def run_status(self, run_id: str) -> RunStatus | None:
         return None
+
+    def host_steps(self, host: str, steps: Collection[str]) -> list[tuple[str, StepRecord]]:
+        return []
 
     def take_leases(
         self, identities: Mapping[str, str], expires_after: float, taking_over: Collection[str]

@@ -1,12 +1,16 @@
 """Drain and admit: a host behind a router leaves rotation before its engine restarts and comes
 back only once its server is proven (docs/architecture.md, "Drain and admit").
 
-`Rotation.open` looks at every router in front of a run's hosts before anything changes: each
-must answer its admin call, know every worker URL (recover excepted: a worker a crashed run left
-drained is what it re-admits) and have room under the playbook's `max_unavailable` with at least
-one healthy worker left (unless `fleet_down`); otherwise the run is refused (exit 2). During the
-run, each host's `HostRotation` holds one of its router's permits from its drain until its admit,
-so no more workers than allowed are ever out at once.
+`Rotation.open` looks at every router in front of a run's hosts before anything changes (once
+the run holds its hosts' leases: a host another live run holds is refused by its holder first):
+each must answer its admin call, know every worker URL, and have room under the playbook's
+`max_unavailable` with at least one healthy worker left (unless `fleet_down`); otherwise the run
+is refused (exit 2). A worker the router does not list is let through where opspatch itself took
+it out: the ledger's newest drain of that URL has no admit after it (`taken_out_by`), or the run
+is a recover; it is already out, so the run drains nothing there and admits it after its proof.
+One the ledger never saw drained is a wrong `router.worker_url`. During the run, each host's
+`HostRotation` holds one of its router's permits from its drain until its admit, so no more
+workers than allowed are ever out at once.
 
 The steps (`drain_step`, `admit_step`) are called from `runs/steps.py` only: the drain before
 every engine restart, the admit after a last smoke that passed. A host whose proof failed stays
@@ -18,15 +22,16 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from opspatch.core.host import Host, RouterSettings
 from opspatch.core.policy import Playbook
-from opspatch.core.vocabulary import Outcome
+from opspatch.core.vocabulary import Outcome, StepStatus
 from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.errors import OpspatchError, RouterError, RouterRefused
 from opspatch.hosts.router import RouterClient, RouterWorker
+from opspatch.ledger.records import StepRecord
 from opspatch.runs.report import HostOutcome
 from opspatch.runs.session import HostFailed, HostSession, describe_error
 
@@ -41,6 +46,11 @@ ADMIT_POLL_SECONDS = 0.1
 ROTATING_COMMANDS = frozenset({"apply", "sync", "restart", "rollback", "recover"})
 """The commands that restart engines, and so drain and admit around the restart."""
 
+DRAIN_STEP = "drain"
+ADMIT_STEP = "admit"
+ROTATION_STEPS = (DRAIN_STEP, ADMIT_STEP)
+"""The ledger steps that take a worker out of rotation and put it back (`taken_out_by`)."""
+
 
 @dataclass
 class RouterGate:
@@ -54,7 +64,9 @@ class RouterGate:
 class HostRotation:
     """One host's place behind its router during a run: drained, admitted, or neither yet."""
 
-    def __init__(self, gate: RouterGate, worker_url: str, *, usable: bool) -> None:
+    def __init__(
+        self, gate: RouterGate, worker_url: str, *, usable: bool, out_since: str | None = None
+    ) -> None:
         self.gate = gate
         self.worker_url = worker_url
         self.drained = False
@@ -62,6 +74,9 @@ class HostRotation:
         self.usable_at_start = usable
         """Listed healthy by its router when the run began; one that was not is already
         counted unavailable (`drain_room`), so its drain takes no room and its admit adds some."""
+        self.out_since = out_since
+        """Not listed by its router when the run began, taken out by this run of the ledger
+        (`taken_out_by`), for the drain's detail."""
         self._holding = False
         self.why_out: str | None = None
         """Why it was not put back (a failed admit, a smoke that failed before one), for the note."""
@@ -126,15 +141,25 @@ class Rotation:
         playbook: Playbook,
         *,
         allow_unregistered: bool,
+        taken_out: Callable[[Host], str | None] = lambda host: None,
+        restarting: Collection[str] | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> Rotation | None:
         """Look at every router in front of `hosts`; None when no host has one.
 
+        `restarting`: the hosts the run may drain (apply: those with a change to make); None:
+        all. Only those need room: a host already right is never drained.
+
+        `taken_out(host)`: the run of the ledger that took the host's worker out of rotation
+        and that nothing put back since (`taken_out_by` over its recorded steps), asked only of
+        a worker its router does not list; None: the ledger never saw opspatch take it out.
+
         Raises:
             RouterRefused: a router does not answer or refuses the admin call, its admin key's
-                variable is not set, it does not know a worker URL (unless `allow_unregistered`),
-                or draining one more worker would break `max_unavailable` or leave it no healthy
-                worker (unless the playbook says `fleet_down`).
+                variable is not set, it does not know a worker URL that opspatch did not take
+                out (unless `allow_unregistered`), or draining one more worker would break
+                `max_unavailable` or leave it no healthy worker (unless the playbook says
+                `fleet_down`).
         """
         env = os.environ if environ is None else environ
         behind: dict[str, list[Host]] = {}
@@ -155,27 +180,46 @@ class Rotation:
                     f"{exc.detail}; nothing was changed", hint=exc.hint or _UNREACHABLE_HINT
                 ) from None
             urls = {w.url for w in listed}
-            unknown = [h for h in routed if h.router and h.router.worker_url not in urls]
+            # not listed: out of rotation by opspatch's own drain (a run left it out, or died in
+            # it), or a URL the router never registered (a wrong router.worker_url)
+            out_since = {
+                h.name: taken_out(h)
+                for h in routed
+                if h.router is not None and h.router.worker_url not in urls
+            }
+            unknown = [h for h in routed if h.name in out_since and out_since[h.name] is None]
             if unknown and not allow_unregistered:
                 host = unknown[0]
                 assert host.router is not None
                 raise RouterRefused(
                     f"router {url} does not know worker {host.router.worker_url} (host "
-                    f"{host.name}); it lists: {', '.join(sorted(urls)) or 'no worker'}; "
+                    f"{host.name}); it lists: {', '.join(sorted(urls)) or 'no worker'}; the "
+                    "ledger shows no run of opspatch taking that worker out of rotation; "
                     "nothing was changed",
                     hint="set router.worker_url to the URL the router registered (URLs compare "
-                    "as exact strings); a worker a run left drained is re-admitted by "
-                    f"`opspatch recover --hosts {host.name}`",
+                    "as exact strings); a worker taken out by hand, or by a run another ledger "
+                    f"recorded, is re-admitted by `opspatch recover --hosts {host.name}` once "
+                    "its server is proven",
                 )
             # recover re-admits workers first-hand out of rotation, which costs no room; a host
             # it must drain as well waits for room (one re-admitted gives one back)
-            capacity = drain_room(url, listed, routed, playbook, refuse=not allow_unregistered)
+            capacity = drain_room(
+                url,
+                listed,
+                routed,
+                playbook,
+                refuse=not allow_unregistered,
+                draining=[h for h in routed if restarting is None or h.name in restarting],
+            )
             gate = RouterGate(client, threading.Semaphore(capacity), capacity)
             usable = usable_workers(listed)
             for host in routed:
                 assert host.router is not None
                 rotations[host.name] = HostRotation(
-                    gate, host.router.worker_url, usable=host.router.worker_url in usable
+                    gate,
+                    host.router.worker_url,
+                    usable=host.router.worker_url in usable,
+                    out_since=out_since.get(host.name),
                 )
         return cls(rotations)
 
@@ -196,6 +240,39 @@ def _admin_key(router: RouterSettings, env: Mapping[str, str]) -> str | None:
     return key
 
 
+def removal_detail(worker_url: str, router_url: str) -> str:
+    """How a drain that removed the worker begins its detail (`taken_out_by` reads it back)."""
+    return f"removed {worker_url} from router {router_url}"
+
+
+def taken_out_by(steps: Sequence[tuple[str, StepRecord]], router: RouterSettings) -> str | None:
+    """The run that took `router.worker_url` out of rotation and that no run put back since,
+    from a host's drain and admit steps as the ledger has them (`(run_id, step)`, newest first);
+    None when they show none (a worker the router never registered, or one opspatch put back
+    and someone removed since: neither is opspatch's to put back by an apply).
+
+    Newest first: an admit that passed put it back (None); a drain that removed this URL from
+    this router took it out (its run); a drain that failed, or that began and never ended (a
+    controller that died in it), may have removed it (its run); a drain that found the worker
+    out already, or an admit that failed, says nothing of who took it out (look further back).
+    """
+    ended: set[tuple[str, str]] = set()
+    for run_id, step in steps:
+        if step.status == StepStatus.STARTED:
+            if step.step == DRAIN_STEP and (run_id, DRAIN_STEP) not in ended:
+                return run_id
+            continue
+        ended.add((run_id, step.step))
+        if step.step == ADMIT_STEP:
+            if step.status == StepStatus.OK:
+                return None
+        elif step.status != StepStatus.OK or step.detail.startswith(
+            removal_detail(router.worker_url, router.url)
+        ):
+            return run_id
+    return None
+
+
 def usable_workers(listed: Sequence[RouterWorker]) -> frozenset[str]:
     """The worker URLs the router can send requests to now: listed and healthy."""
     return frozenset(w.url for w in listed if w.healthy)
@@ -208,9 +285,11 @@ def drain_room(
     playbook: Playbook,
     *,
     refuse: bool,
+    draining: Sequence[Host] | None = None,
 ) -> int:
     """How many more of this run's workers may leave rotation at once behind router `url`
-    (0 or less, without `refuse`: none until one comes back).
+    (0 or less, without `refuse`: none until one comes back). `draining`: those of `routed`
+    the run may drain (default: all); one already right is counted, never drained.
 
     The router's workers are those it lists, this run's and every other the inventory puts
     behind it (`RouterSettings.peers`); each one it cannot use now (not listed, or listed
@@ -236,10 +315,15 @@ def drain_room(
     if room >= 1:
         return room
     # a run whose workers here are all out already takes nothing from the router (the broken
-    # host an incident patches): no room is needed, and each one back adds some
-    takes_room = any(h.router is not None and h.router.worker_url in usable for h in routed)
+    # host an incident patches, the host a rollback left out): no room is needed, and each one
+    # back adds some
+    draining = routed if draining is None else draining
+    takes_room = any(h.router is not None and h.router.worker_url in usable for h in draining)
     if not refuse or not takes_room:
         return 0
+    coming_back = sorted(
+        h.name for h in draining if h.router is not None and h.router.worker_url not in usable
+    )
     raise RouterRefused(
         f"router {url} has {len(usable)} healthy of {len(workers)} workers: draining one "
         + (
@@ -250,7 +334,13 @@ def drain_room(
             f"{', '.join(sorted(workers - usable))})"
         )
         + "; nothing was changed",
-        hint="raise [rotation] max_unavailable in the playbook, bring the unhealthy workers "
+        hint=(
+            f"run {', '.join(coming_back)} alone first (--hosts): each host it brings back "
+            "into rotation gives room back; or "
+            if coming_back
+            else ""
+        )
+        + "raise [rotation] max_unavailable in the playbook, bring the unhealthy workers "
         "back, or, if the fleet is already down, use a playbook with fleet_down = true "
         "(--playbook incident)",
     )
@@ -274,7 +364,7 @@ def drain_step(session: HostSession) -> None:
         return
     timeouts = session.playbook.timeouts
     try:
-        with session.step("drain") as note:
+        with session.step(DRAIN_STEP) as note:
             t = timeouts
             # a worker already out of rotation at the start takes no more room
             waited = (
@@ -291,10 +381,13 @@ def drain_step(session: HostSession) -> None:
             idle = session.engine.wait_drained(
                 settle=DRAIN_SETTLE_SECONDS, poll=DRAIN_POLL_SECONDS
             ).describe()
+            since = (
+                f" (out of rotation since run {rotation.out_since})" if rotation.out_since else ""
+            )
             how = (
-                f"removed from router {client.url}"
+                removal_detail(rotation.worker_url, client.url)
                 if removed
-                else f"router {client.url} did not list it"
+                else f"router {client.url} did not list it{since}"
             )
             wait = (
                 f" (waited {waited:.1f}s for room under max_unavailable)" if waited > 0.05 else ""
@@ -320,7 +413,7 @@ def admit_step(session: HostSession) -> None:
         return
     client = rotation.gate.client
     try:
-        with session.step("admit") as note:
+        with session.step(ADMIT_STEP) as note:
             seconds = _register(client, rotation.worker_url, session.playbook.timeouts.admit)
             rotation.admitted = True
             note["detail"] = (
