@@ -227,8 +227,13 @@ def _print_status(report: StatusReport) -> None:
 @sandbox_app.command()
 def load(
     requests: Annotated[
-        int, typer.Option("--requests", metavar="N", help="Send at most N requests")
-    ] = 1000,
+        int | None,
+        typer.Option(
+            "--requests",
+            metavar="N",
+            help="Send at most N requests (default: no count; --seconds alone ends the load)",
+        ),
+    ] = None,
     seconds: Annotated[
         float, typer.Option("--seconds", metavar="S", help="Stop after S seconds")
     ] = 30.0,
@@ -241,8 +246,9 @@ def load(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Steady generate requests through the router: sent, succeeded, failed (with reasons),
-    latency percentiles, and per worker what it served after its last re-admission."""
+    """Steady generate requests through the router: which limit ended the load, sent,
+    succeeded, failed (with reasons), latency percentiles, and per worker what it served after
+    its last re-admission."""
     from opspatch.sandbox.fleet import SandboxLayout
     from opspatch.sandbox.load import run_load
     from opspatch.sandbox.manifest import load_manifest
@@ -261,7 +267,8 @@ def load(
     latency = ", ".join(f"{k} {v:g} ms" for k, v in report.latency_ms.items()) or "-"
     out.print(
         f"{report.sent} sent in {report.seconds:.1f}s through {report.router}: "
-        f"{report.succeeded} succeeded, {report.failed} failed; latency {latency}",
+        f"{report.succeeded} succeeded, {report.failed} failed; latency {latency}; "
+        f"ended by {report.ended}",
         markup=False,
     )
     for reason, count in sorted(report.failures.items()):
