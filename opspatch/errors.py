@@ -200,9 +200,10 @@ class CommandTimeout(TransportError):
 
 class ContainerError(TransportError):
     """The engine's container cannot be used: it does not exist, is not running, was recreated
-    since this run first reached it, or the runtime is missing or refuses the login user.
-    `reason` is a stable word (`missing`, `not-running`, `recreated`, `no-runtime`,
-    `permission`, `runtime-failed`); nothing was run inside the container."""
+    since this run first reached it, or the runtime is missing, refuses the login user or
+    cannot set a resource limit. `reason` is a stable word (`missing`, `not-running`,
+    `recreated`, `no-runtime`, `permission`, `rlimit`, `runtime-failed`); nothing was run inside
+    the container."""
 
     def __init__(
         self,

@@ -1,14 +1,20 @@
-"""Tables for people at 80 columns: run ids, patch ids and host names are never cut (they are
-what the operator copies), paths are cut from the left keeping the file name, text wraps."""
+"""Tables for people at 80 columns and wider: run ids, patch ids and host names are never cut
+(they are what the operator copies), paths are cut from the left keeping the file name, text
+wraps, and a detail wraps at a readable width or is printed whole below the table (issue 31,
+item 16: `status` and `apply` tables are read at 80 to 200 columns)."""
 
 from __future__ import annotations
 
 import io
+import re
+from collections.abc import Sequence
 
+import pytest
 from rich.console import Console
 from rich.text import Text
 
-from opspatch.cli.render import Column, short_path, table_of
+from opspatch.cli.inspect import STATUS_COLUMNS
+from opspatch.cli.render import RUN_COLUMNS, Column, short_path, table_of
 
 RUN_ID = "20261201T013050Z-52e288"
 PATH = "/srv/sglang/venv/lib/python3.11/site-packages/sglang/srt/speculative/eagle_worker_v2.py"
@@ -16,14 +22,7 @@ PATH = "/srv/sglang/venv/lib/python3.11/site-packages/sglang/srt/speculative/eag
 
 def rendered(width: int) -> str:
     console = Console(file=io.StringIO(), width=width, color_system=None)
-    columns = (  # the run table `apply` prints
-        ("host", Column.ID),
-        ("outcome", Column.ID),
-        ("file", Column.PATH),
-        ("sha256", Column.ID),
-        ("steps", Column.TEXT),
-        ("time", Column.ID),
-    )
+    columns = RUN_COLUMNS  # the run table `apply` prints
     rows = [
         ("sandbox-01", Text("applied"), PATH, "402350841416 ->\n17eafd84bf32",
          "begin plan backup swap restart ready smoke", "2.9s"),
@@ -41,6 +40,75 @@ def test_at_80_columns_ids_are_whole_and_the_path_keeps_its_file_name() -> None:
                   "402350841416", "17eafd84bf32"):  # fmt: skip
         assert whole in text, text
     assert "…" in text and "/srv/sglang" not in text  # the path was cut from the left
+
+
+STEPS = "begin plan backup swap restart ready smoke"
+DETAIL = (
+    "as written by run 20261201T013050Z-52e288, proven by its smoke decode; the server is not "
+    "running (out of rotation at http://127.0.0.1:30000: the smoke before its re-admission failed)"
+)
+STATUS_ROWS = [
+    ("sandbox-01", "eagle-init-guard", Text("applied"), PATH, "17eafd84bf32", DETAIL),
+    ("sandbox-02", "eagle-init-guard", Text("not-applied"), PATH, "402350841416", ""),
+    ("gpu-node-0017.prod", "eagle-init-guard", Text("drifted"), PATH, "9f0e3a51c2d4",
+     "changed since run 20261201T013050Z-52e288 wrote 17eafd84bf32; restart or rollback"),
+]  # fmt: skip
+RUN_ROWS = [
+    ("sandbox-01", Text("restored-not-serving"), PATH, "402350841416 ->\n17eafd84bf32", STEPS,
+     "12.9s"),
+    ("gpu-node-0017.prod", Text("applied"), PATH, "402350841416 ->\n17eafd84bf32", STEPS, "3.1s"),
+]  # fmt: skip
+
+
+def _render(
+    columns: Sequence[tuple[str, Column]], rows: Sequence[Sequence[str | Text]], width: int,
+    key: int,
+) -> str:  # fmt: skip
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    console.print(table_of(columns, rows, console=console, key=key, title="a title"))
+    assert isinstance(console.file, io.StringIO)
+    return console.file.getvalue()
+
+
+def _words(text: str) -> set[str]:
+    return set(re.split(r"[\s│┃━╇]+", text))
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 160, 200])
+@pytest.mark.parametrize(
+    ("columns", "rows", "key"), [(STATUS_COLUMNS, STATUS_ROWS, 2), (RUN_COLUMNS, RUN_ROWS, 1)],
+    ids=["status", "apply"],
+)  # fmt: skip
+def test_status_and_run_tables_cut_no_word_at_any_width(
+    columns: Sequence[tuple[str, Column]],
+    rows: Sequence[Sequence[str | Text]],
+    key: int,
+    width: int,
+) -> None:
+    """Every word of every id and detail is there whole (a detail that has no room to be read
+    in the table is printed below it), every file name too, and no line is wider than the
+    terminal; the only `…` is a path's cut left end."""
+    text = _render(columns, rows, width, key)
+
+    assert max(len(line) for line in text.splitlines()) <= width, text
+    shown = _words(text)
+    for row in rows:
+        for cell, (_, kind) in zip(row, columns, strict=True):
+            plain = cell.plain if isinstance(cell, Text) else cell
+            if kind is Column.PATH:
+                assert "eagle_worker_v2.py" in text, text
+                continue
+            missing = set(plain.split()) - shown
+            assert not missing, f"cut: {missing}\n{text}"
+    assert re.search("…(?!/)", text) is None, text  # no word cut at its end
+
+
+def test_a_detail_without_room_goes_below_its_row_under_the_rows_key() -> None:
+    text = _render(STATUS_COLUMNS, STATUS_ROWS, 80, 2)
+    header = text.splitlines()[1]
+    assert "detail" not in header and "sha256" in header, text
+    below = text.split("sandbox-01 eagle-init-guard", 2)[-1]
+    assert below.lstrip().startswith("file") and "detail  as written by run" in below, text
 
 
 def test_a_wide_terminal_shows_the_whole_path() -> None:

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from dataclasses import replace
@@ -396,6 +397,139 @@ def test_bake_refuses_a_runtime_missing_or_not_allowed_and_builds_nothing(
     }[runtime]
     assert f"cannot inspect image lmsysorg/sglang:v0.5.4: {said}" in run.stderr
     assert "nothing was built" in run.stderr
+    assert not context.exists()
+
+
+RUNC_RLIMIT = (
+    "Error: runc: runc create failed: unable to start container process: error during container "
+    "init: error setting rlimits for ready process: error setting rlimit type 7: operation not "
+    "permitted: OCI permission denied"
+)
+"""runc's words (seen here, as root) when podman's default ulimits exceed the hard limits."""
+PODMAN_WITH_IMAGES = """#!/bin/sh
+# podman with the images named in $OPSPATCH_TEST_IMAGES, whose containers cannot start here
+# for the reason in $OPSPATCH_TEST_RUN_FAILS
+if [ "$1 $2" = "image inspect" ]; then
+    case " $OPSPATCH_TEST_IMAGES " in
+        *" $3 "*) echo '[{"Id": "sha256:0123456789abcdef", "Labels": null}]'; exit 0;;
+    esac
+    echo "Error: $3: image not known" >&2
+    exit 125
+fi
+if [ "$1" = "run" ]; then echo "$OPSPATCH_TEST_RUN_FAILS" >&2; exit 126; fi
+exit 0
+"""
+
+
+def _bake_with_podman(tmp_path: Path, images: str, *args: str) -> Any:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "podman").write_text(PODMAN_WITH_IMAGES)
+    (bin_dir / "podman").chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "OPSPATCH_STATE_DIR": str(tmp_path / "state"),
+        "OPSPATCH_TEST_IMAGES": images,
+        "OPSPATCH_TEST_RUN_FAILS": RUNC_RLIMIT,
+    }
+    return opspatch("bake", str(EAGLE_PATCH), "--image", "lmsysorg/sglang:v0.5.4", *args, env=env)
+
+
+def test_bake_names_the_rlimit_podman_could_not_set_and_how_to_give_it_one(
+    tmp_path: Path,
+) -> None:
+    """runc's "operation not permitted" for an rlimit is no user's permission: it is said so,
+    with the setting that fixes it, to root as to anyone."""
+    run = _bake_with_podman(tmp_path, "lmsysorg/sglang:v0.5.4")
+
+    assert run.code == 2, run.stdout + run.stderr
+    assert "podman could not set RLIMIT_NOFILE for the container, higher than this machine " \
+        "allows (Error: runc: runc create failed" in run.stderr  # fmt: skip
+    assert "may not use podman" not in run.stderr
+    assert "default_ulimits" in run.stderr and "CONTAINERS_CONF=FILE" in run.stderr
+    assert "docs/containers.md" in run.stderr and "nothing was built" in run.stderr
+
+
+def test_bake_dockerfile_refuses_a_tag_that_exists_and_writes_nothing(tmp_path: Path) -> None:
+    context = tmp_path / "context"
+
+    run = _bake_with_podman(
+        tmp_path, "lmsysorg/sglang:v0.5.4 localhost/mine:1",
+        "--tag", "localhost/mine:1", "--dockerfile", str(context),
+    )  # fmt: skip
+
+    assert run.code == 2, run.stdout + run.stderr
+    assert "image localhost/mine:1 exists already; nothing was written" in run.stderr
+    assert "podman rmi localhost/mine:1" in run.stderr
+    assert not context.exists()
+
+
+@pytest.mark.parametrize(
+    ("words", "limit"),
+    [
+        (RUNC_RLIMIT, "RLIMIT_NOFILE"),
+        ("error setting rlimit type 6: operation not permitted", "RLIMIT_NPROC"),
+        ("crun: setrlimit `RLIMIT_NOFILE`: Operation not permitted: OCI permission denied",
+         "RLIMIT_NOFILE"),
+        ("Error: cannot re-exec process: open /run/containers/storage: permission denied", None),
+    ],
+)  # fmt: skip
+def test_a_refused_rlimit_is_told_from_a_refused_user(words: str, limit: str | None) -> None:
+    from opspatch.hosts.transport.container import refused_rlimit
+
+    assert refused_rlimit(words) == limit
+
+
+def _hard_nofile_can_be_raised() -> bool:
+    raise_it = (
+        "import resource; s, h = resource.getrlimit(resource.RLIMIT_NOFILE); "
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (h + 1, h + 1))"
+    )
+    done = subprocess.run([sys.executable, "-c", raise_it], capture_output=True, check=False)
+    return done.returncode == 0
+
+
+@pytest.mark.slow
+def test_bake_with_real_podman_asked_for_more_files_than_allowed_names_the_limit(
+    tmp_path: Path,
+) -> None:
+    """Real podman and runc, a containers.conf whose nofile is one above this process's hard
+    limit (what podman's defaults are on such machines): the bake says which limit, not that
+    root may not use podman. Then `--dockerfile` onto that existing image's tag is refused."""
+    require_podman()
+    if _hard_nofile_can_be_raised():
+        pytest.skip("this user may raise its hard RLIMIT_NOFILE: podman could set any limit")
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    tag = f"localhost/opspatch-rlimit-test:{tmp_path.name[-24:].lower()}"
+    root = tmp_path / "image"
+    root.mkdir()
+    (root / "marker").write_text("an image with no shell: the run fails before it starts\n")
+    tar = subprocess.run(["tar", "-C", str(root), "-c", "."], capture_output=True, check=True)
+    subprocess.run(["podman", "import", "-", tag], input=tar.stdout, capture_output=True,
+                   check=True)  # fmt: skip
+    conf = tmp_path / "containers.conf"
+    conf.write_text(
+        f'[engine]\nruntime = "runc"\n[containers]\n'
+        f'default_ulimits = ["nofile={hard + 1}:{hard + 1}"]\n'
+    )
+    env = {"CONTAINERS_CONF": str(conf), "OPSPATCH_STATE_DIR": str(tmp_path / "state")}
+    try:
+        run = opspatch("bake", str(EAGLE_PATCH), "--image", tag, "--tag", f"{tag}-baked", env=env)
+        context = tmp_path / "context"
+        onto = opspatch("bake", str(EAGLE_PATCH), "--image", tag, "--tag", tag,
+                        "--dockerfile", str(context), env=env)  # fmt: skip
+    finally:
+        podman("rmi", "--force", tag, check=False)
+
+    assert run.code == 2, run.stdout + run.stderr
+    assert "podman could not set RLIMIT_NOFILE for the container" in run.stderr, run.stderr
+    assert "rlimit type 7" in run.stderr  # runc's own words
+    assert "may not use podman" not in run.stderr
+    assert podman("ps", "-a", "-q", "--filter", "name=opspatch-bake-").stdout == ""
+    assert onto.code == 2, onto.stdout + onto.stderr
+    assert f"image {tag} exists already; nothing was written" in onto.stderr
     assert not context.exists()
 
 

@@ -91,7 +91,7 @@ def print_plan(plan: FleetPlan) -> None:
         ("release", Column.ID),
         ("there", Column.ID),
         ("sync", Column.ID),
-        ("detail", Column.TEXT),
+        ("detail", Column.DETAIL),
     )
     rows = [
         (
@@ -105,7 +105,7 @@ def print_plan(plan: FleetPlan) -> None:
         )
         for r in plan.rows
     ]
-    out.print(table_of(columns, rows))
+    out.print(table_of(columns, rows, key=2))  # a row is a host's patch
     _print_redundant(plan)
 
 

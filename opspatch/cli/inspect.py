@@ -11,6 +11,16 @@ from opspatch.cli.context import AcceptKeysOption, HostsOption, JsonOption, Play
 from opspatch.cli.render import STATE_STYLE, Column, emit_json, one_line, out, table_of
 from opspatch.errors import EXIT_HOST_FAILED, InputError
 
+STATUS_COLUMNS = (
+    ("host", Column.ID),
+    ("patch", Column.ID),
+    ("state", Column.ID),
+    ("file", Column.PATH),
+    ("sha256", Column.ID),
+    ("detail", Column.DETAIL),
+)
+"""The status table's columns: a row per host and patch (the key of a detail printed below)."""
+
 
 def status(
     hosts: HostsOption = None,
@@ -36,14 +46,6 @@ def status(
     if as_json:
         emit_json({"hosts": [h.name for h in selected], "status": [r.to_json() for r in results]})
     else:
-        columns = (
-            ("host", Column.ID),
-            ("patch", Column.ID),
-            ("state", Column.ID),
-            ("file", Column.PATH),
-            ("sha256", Column.ID),
-            ("detail", Column.TEXT),
-        )
         rows = [
             (
                 r.host,
@@ -55,7 +57,7 @@ def status(
             )
             for r in results
         ]
-        out.print(table_of(columns, rows))
+        out.print(table_of(STATUS_COLUMNS, rows, key=2))  # a row is a host's patch
     if any(r.state == "unreachable" for r in results):
         raise typer.Exit(EXIT_HOST_FAILED)
 

@@ -17,7 +17,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -101,10 +101,14 @@ def print_diff(diff: str, console: Console = out) -> None:
 
 
 def short_path(path: str, width: int = 48) -> str:
-    """The end of a long path (the module part is what tells files apart), never shorter than
-    its file name."""
-    width = max(width, len(path.rsplit("/", 1)[-1]) + 2)
-    return path if len(path) <= width else "…" + path[-(width - 1) :]
+    """The end of a long path (the module part is what tells files apart), cut at a `/` (no
+    folder name is cut) and never shorter than its file name."""
+    if len(path) <= width:
+        return path
+    cut = path.find("/", max(0, len(path) - (width - 1)))
+    if cut < 0:  # no `/` in the room: the file name alone
+        cut = path.rfind("/")
+    return "…" + path[cut:] if cut >= 0 else path
 
 
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[^\s/\"',()]+/)+([^\s/\"',()]+)")
@@ -123,8 +127,17 @@ class Column(str, Enum):
     """How a table column gives way when the terminal is narrow."""
 
     ID = "id"  # never cut: run ids, patch ids and host names are what the operator copies
-    PATH = "path"  # cut from the left, keeping the file name
+    PATH = "path"  # cut from the left, keeping the file name; below the row when even that is not
     TEXT = "text"  # wraps
+    DETAIL = "detail"  # wraps at a readable width, else goes below the row, whole
+
+
+DETAIL_MIN_WIDTH = 30
+"""The narrowest a DETAIL column is wrapped at in the table (a sentence, not a word a line);
+with less room it is printed below the table, under its row's key."""
+DETAIL_WIDTH = 60
+"""The width a DETAIL column gets before the room left goes to the paths."""
+_TEXT_RESERVE = 7
 
 
 def _cell_len(cell: str | Text) -> int:
@@ -133,40 +146,142 @@ def _cell_len(cell: str | Text) -> int:
     return max((Text(line).cell_len for line in text.splitlines()), default=0)
 
 
+def _plain(cell: str | Text) -> str:
+    return cell.plain if isinstance(cell, Text) else cell
+
+
+def _cut_path(cell: str | Text, width: int) -> str | Text:
+    """Each line of a path cell cut from the left to `width` (keeping its file name)."""
+    if not isinstance(cell, str):
+        return cell
+    return "\n".join(short_path(line, width) for line in cell.splitlines())
+
+
+def _path_floor(cell: str | Text) -> int:
+    """The narrowest a path cell is shown: its file names whole (`…/name`)."""
+    return max(
+        (min(len(line), len(line.rsplit("/", 1)[-1]) + 2) for line in _plain(cell).splitlines()),
+        default=0,
+    )
+
+
+def _detail_floor(name: str, cells: Sequence[str | Text]) -> int:
+    """The narrowest a DETAIL column is wrapped at in the table: a readable line, at least its
+    longest word, or all of its longest line when that is shorter."""
+    longest = max([0, *(_cell_len(c) for c in cells)])
+    word = max([0, *(len(w) for c in cells for w in _plain(c).split())])
+    return max(len(name), min(longest, max(DETAIL_MIN_WIDTH, word)))
+
+
 def table_of(
     columns: Sequence[tuple[str, Column]],
     rows: Sequence[Sequence[str | Text]],
     *,
     title: str | None = None,
     console: Console | None = None,
-) -> Table:
-    """A table readable at 80 columns: ids whole, paths cut from the left, the rest wrapped."""
+    key: int = 1,
+) -> RenderableType:
+    """A table readable at 80 columns and wider: ids whole, paths cut from the left (never
+    past their file name), text wrapped, and a DETAIL column wrapped at a readable width. What
+    does not fit so (a detail, then a path) is printed below the table, whole, one line per
+    row under its key (the row's first `key` cells), so nothing is ever cut mid-word."""
     width = (console or out).width
-    # The room the paths have: the width less the whole ids, the borders (3 per column and 1)
-    # (no outer edge) and a word of 7 for each text column; never less than a file name.
-    fixed = sum(
-        max([len(name), *(_cell_len(row[index]) for row in rows)])
-        for index, (name, kind) in enumerate(columns)
-        if kind is Column.ID
-    )
+
+    def widest(index: int, name: str) -> int:
+        return max([len(name), *(_cell_len(row[index]) for row in rows)])
+
+    ids = sum(widest(i, name) for i, (name, kind) in enumerate(columns) if kind is Column.ID)
     texts = sum(1 for _, kind in columns if kind is Column.TEXT)
-    paths = sum(1 for _, kind in columns if kind is Column.PATH) or 1
-    path_width = (width - fixed - (3 * len(columns) - 1) - 7 * texts) // paths
-    cells = [
-        [short_path(cell, path_width) if kind is Column.PATH and isinstance(cell, str) else cell
-         for cell, (_, kind) in zip(row, columns, strict=True)]
-        for row in rows
-    ]  # fmt: skip
+    paths = [i for i, (_, kind) in enumerate(columns) if kind is Column.PATH]
+    details = [i for i, (_, kind) in enumerate(columns) if kind is Column.DETAIL]
+    floor = {i: max(len(columns[i][0]), *(_path_floor(r[i]) for r in rows), 0) for i in paths}
+    floor |= {i: _detail_floor(columns[i][0], [r[i] for r in rows]) for i in details}
+
+    below: list[int] = []
+    shown = list(range(len(columns)))
+
+    def room() -> int:  # what is left once everything shown has its floor
+        borders = 3 * len(shown) - 1  # no outer edge
+        return width - ids - _TEXT_RESERVE * texts - borders - sum(floor.get(i, 0) for i in shown)
+
+    for moving in (details, paths):  # the details go below first, then the paths
+        if room() >= 0:
+            break
+        below += moving
+        shown = [i for i in shown if i not in moving]
+    given = {i: floor[i] for i in shown if i in floor}
+    extra = max(0, room())
+    for index, cap in [*((i, DETAIL_WIDTH) for i in details), *((i, None) for i in paths),
+                       *((i, None) for i in details)]:  # fmt: skip
+        if index not in given:
+            continue
+        whole = widest(index, columns[index][0])
+        want = (whole if cap is None else min(cap, whole)) - given[index]
+        step = max(0, min(extra, want))
+        given[index] += step
+        extra -= step
+
     table = Table(title=title, title_justify="left", show_edge=False)
-    for index, (name, kind) in enumerate(columns):
+    for index in shown:
+        name, kind = columns[index]
         if kind is Column.TEXT:
             table.add_column(name)
-            continue
-        longest = max([len(name), *(_cell_len(row[index]) for row in cells)])
-        table.add_column(name, no_wrap=True, min_width=longest)
-    for row in cells:
-        table.add_row(*row)
-    return table
+        elif kind is Column.DETAIL:
+            table.add_column(name, width=given[index], overflow="fold")
+        else:
+            cells = [_cut_path(r[index], given[index]) if kind is Column.PATH else r[index]
+                     for r in rows]  # fmt: skip
+            table.add_column(name, no_wrap=True, min_width=max([len(name), *map(_cell_len, cells)]))
+    for row in rows:
+        table.add_row(
+            *(_cut_path(row[i], given[i]) if columns[i][1] is Column.PATH else row[i]
+              for i in shown)
+        )  # fmt: skip
+    if not below:
+        return table
+    return Group(table, _below(columns, rows, sorted(below), key=key, width=width))
+
+
+def _below(
+    columns: Sequence[tuple[str, Column]],
+    rows: Sequence[Sequence[str | Text]],
+    moved: Sequence[int],
+    *,
+    key: int,
+    width: int,
+) -> Table:
+    """The cells that did not fit the table: per row, its key, then each moved column's name
+    and value (wrapped at the words; a path cut from the left to the room, its file name
+    whole)."""
+    keys = [" ".join(_plain(c) for c in row[:key]) for row in rows]
+    key_width = max([0, *map(len, keys)])
+    name_width = max(len(columns[i][0]) for i in moved)
+    value_width = max(20, width - key_width - name_width - 4)
+    grid = Table.grid(padding=(0, 2, 0, 0))
+    grid.add_column(no_wrap=True, min_width=key_width)
+    grid.add_column(no_wrap=True, min_width=name_width)
+    grid.add_column(overflow="fold", max_width=value_width)
+    for row_key, row in zip(keys, rows, strict=True):
+        first = True
+        for index in moved:
+            name, kind = columns[index]
+            value = _cut_path(row[index], value_width) if kind is Column.PATH else row[index]
+            if not _plain(value).strip():
+                continue
+            grid.add_row(row_key if first else "", name, value)
+            first = False
+    return grid
+
+
+RUN_COLUMNS = (
+    ("host", Column.ID),
+    ("outcome", Column.ID),
+    ("file", Column.PATH),
+    ("sha256", Column.ID),
+    ("steps", Column.DETAIL),
+    ("time", Column.ID),
+)
+"""The run table's columns (`apply`, `sync`, `rollback`, ...): a row per host."""
 
 
 def print_report(report: RunReport) -> None:
@@ -174,14 +289,7 @@ def print_report(report: RunReport) -> None:
     title = f"{report.command} {report.patch or ''}".strip()
     if report.run_id:
         title += f"  (run {report.run_id})"
-    columns = (
-        ("host", Column.ID),
-        ("outcome", Column.ID),
-        ("file", Column.PATH),
-        ("sha256", Column.ID),
-        ("steps", Column.TEXT),
-        ("time", Column.ID),
-    )
+    columns = RUN_COLUMNS
     rows: list[tuple[str | Text, ...]] = []
     for host in report.hosts:
         sha = ""

@@ -17,6 +17,7 @@ from opspatch.cli.context import JsonOption, options
 from opspatch.cli.render import emit_json, err, out
 from opspatch.errors import EXIT_HOST_FAILED, InputError
 from opspatch.sandbox import MAX_HOSTS
+from opspatch.sandbox.dist import STANDIN_FIXED_IN
 
 if TYPE_CHECKING:  # the fleet module is imported by the commands (it pulls the runs in)
     from opspatch.sandbox.dist import InstallShape
@@ -227,8 +228,13 @@ def _print_status(report: StatusReport) -> None:
 @sandbox_app.command()
 def load(
     requests: Annotated[
-        int, typer.Option("--requests", metavar="N", help="Send at most N requests")
-    ] = 1000,
+        int | None,
+        typer.Option(
+            "--requests",
+            metavar="N",
+            help="Send at most N requests (default: no count; --seconds alone ends the load)",
+        ),
+    ] = None,
     seconds: Annotated[
         float, typer.Option("--seconds", metavar="S", help="Stop after S seconds")
     ] = 30.0,
@@ -241,8 +247,9 @@ def load(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Steady generate requests through the router: sent, succeeded, failed (with reasons),
-    latency percentiles, and per worker what it served after its last re-admission."""
+    """Steady generate requests through the router: which limit ended the load, sent,
+    succeeded, failed (with reasons), latency percentiles, and per worker what it served after
+    its last re-admission."""
     from opspatch.sandbox.fleet import SandboxLayout
     from opspatch.sandbox.load import run_load
     from opspatch.sandbox.manifest import load_manifest
@@ -261,7 +268,8 @@ def load(
     latency = ", ".join(f"{k} {v:g} ms" for k, v in report.latency_ms.items()) or "-"
     out.print(
         f"{report.sent} sent in {report.seconds:.1f}s through {report.router}: "
-        f"{report.succeeded} succeeded, {report.failed} failed; latency {latency}",
+        f"{report.succeeded} succeeded, {report.failed} failed; latency {latency}; "
+        f"ended by {report.ended}",
         markup=False,
     )
     for reason, count in sorted(report.failures.items()):
@@ -274,6 +282,57 @@ def load(
         )
         since = "since its re-admission" if worker.registrations > 1 else "since it started"
         out.print(f"  {worker.url}: {served} requests {since}", markup=False)
+
+
+@sandbox_app.command()
+def reinstall(
+    host: Annotated[str, typer.Argument(help="The sandbox host, e.g. sandbox-01", metavar="HOST")],
+    version: Annotated[
+        str | None,
+        typer.Option(
+            "--version",
+            metavar="V",
+            help="Install release V instead (an upgrade or downgrade; from "
+            f"{STANDIN_FIXED_IN} on the release ships the incident's fix). Default: the "
+            "installed release",
+        ),
+    ] = None,
+    restart: Annotated[
+        bool,
+        typer.Option(
+            "--restart", help="Then restart the host's engine onto it and wait until it is ready"
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Reinstall the engine on a sandbox host as pip would (its release's files back, a patch
+    or hand edit in them gone), or upgrade it with --version: what status, drift and sync then
+    meet. The running engine keeps the code it loaded unless --restart."""
+    from opspatch.sandbox.fleet import SandboxLayout
+    from opspatch.sandbox.reinstall import sandbox_reinstall
+
+    report = sandbox_reinstall(SandboxLayout.default(), host, version=version, restart=restart)
+    if as_json:
+        emit_json(report.to_json())
+        return
+    what = (
+        f"upgraded sglang {report.version_before} -> {report.version}"
+        if report.upgrade
+        else f"reinstalled sglang {report.version}"
+    )
+    if report.restarted:
+        engine = f"the engine was restarted onto it (pid {report.pid})"
+    elif report.pid is not None:
+        engine = (
+            f"the running engine (pid {report.pid}) still runs the code it loaded: add --restart "
+            "to restart it"
+        )
+    else:
+        engine = "the engine is not running (`opspatch sandbox up` starts it)"
+    out.print(
+        f"{report.host}: {what} ({report.install}), the release's files as it ships them; {engine}",
+        markup=False,
+    )
 
 
 def _print_down(report: DownReport) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from opspatch.core.host import ContainerRuntime
 from opspatch.errors import InputError
 from opspatch.hosts.transport.base import Command, CommandResult, Transport
-from opspatch.hosts.transport.container import runtime_words
+from opspatch.hosts.transport.container import refused_rlimit, rlimit_hint, runtime_words
 
 LABEL_PATCH = "io.opspatch.patch"
 LABEL_PATCH_SHA256 = "io.opspatch.patch-sha256"
@@ -358,6 +358,13 @@ class ImageRuntime:
             return InputError(
                 f"{what}: {self.runtime} is not installed here ({words}); nothing was built",
                 hint=f"install {self.runtime}, or name another with --runtime",
+            )
+        limit = refused_rlimit(words)
+        if limit is not None:  # reads as a permission error, to root too: name the limit
+            return InputError(
+                f"{what}: {self.runtime} could not set {limit} for the container, higher than "
+                f"this machine allows ({words}); nothing was built",
+                hint=rlimit_hint(self.runtime),
             )
         if _has(words, _PERMISSION_WORDS):
             return InputError(

@@ -115,9 +115,10 @@ def bake_image(
     _check_request(request, tag)
     base = runtime.inspect(request.image)
     earlier_bakes(base.labels)  # a base whose bake record cannot be carried on is refused now
-    if request.context_dir is None and isinstance(runtime.find(tag), ImageIdentity):
+    if isinstance(runtime.find(tag), ImageIdentity):  # a written context's build would retag it
         raise InputError(
-            f"image {tag} exists already; nothing was built",
+            f"image {tag} exists already; nothing was "
+            + ("built" if request.context_dir is None else "written"),
             hint=f"name another with --tag, or remove it (`{request.runtime} rmi {tag}`)",
         )
     scratch = ContainerSettings(request.runtime, f"opspatch-bake-{secrets.token_hex(4)}")

@@ -15,7 +15,7 @@ def _when(epoch: float | None) -> str:
 
 
 def render_host(report: HostReport) -> str:
-    """The readable report of one host (see README, `opspatch diagnose`)."""
+    """The readable report of one host (docs/incident-response.md, `opspatch diagnose`)."""
     lines = [f"== {report.host}: {report.status}"]
     if report.error is not None:
         return "\n".join([*lines, f"  {report.error}"])

@@ -1,10 +1,9 @@
 """What a run reports: every host's outcome with its steps, and the run's exit code.
 
 These values are the contract between the runs and everything that shows them: the CLI prints
-them as a table or as the JSON documented in the README (`RunReport.to_json`), and the ledger
+them as a table or as the JSON documented in docs/cli.md (`RunReport.to_json`), and the ledger
 records each host's outcome. A run raises only for bad input before anything changed; a host
-that fails is an outcome in the report, never an exception (style.md, "partial failure is
-normal").
+that fails is an outcome in the report, never an exception: partial failure is normal.
 """
 
 from __future__ import annotations

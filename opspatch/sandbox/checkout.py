@@ -270,6 +270,61 @@ def make_checkout(host_dir: Path, version: str) -> Path:
     return checkout
 
 
+def release_checkout(host_dir: Path, version: str) -> Path:
+    """Put the host's checkout at release `version`, as `git checkout` of that release would:
+    every file of the release's tree back as it ships (local edits gone), committed as the next
+    commit when `version` differs from what HEAD holds (fixed author and date: every host gets
+    the same commit); returns `<host>/sglang`. A checkout already at `version` and clean is
+    left as it is.
+
+    Raises:
+        InputError: git is not installed.
+        HostError: `<host>/sglang` is not a git checkout, or a git command failed.
+    """
+    checkout = checkout_dir(host_dir)
+    if not (checkout / ".git").is_dir():
+        raise HostError(
+            f"{checkout} is not the host's git checkout",
+            host=host_dir.name,
+            step="sandbox-checkout",
+            hint="opspatch sandbox down --purge, then up --install editable again",
+        )
+    git = require_git()
+    files = checkout_files(version)
+    for relative, data in files.items():
+        target = checkout / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        target.chmod(0o644)
+    host = host_dir.name
+    _git(git, checkout, "add", "--", *files, host=host)
+    changed = subprocess.run(
+        [git, "-C", str(checkout), "diff", "--cached", "--quiet"],
+        env=_git_env(checkout),
+        capture_output=True,
+        timeout=GIT_TIMEOUT,
+        check=False,
+    )
+    if changed.returncode != 0:
+        _git(
+            git,
+            checkout,
+            "-c",
+            f"user.name={GIT_USER_NAME}",
+            "-c",
+            f"user.email={GIT_USER_EMAIL}",
+            "commit",
+            "--quiet",
+            "--no-verify",
+            "--no-gpg-sign",
+            "--message",
+            f"sglang {version}: the opspatch sandbox's stand-in engine\n\n"
+            "The release as `opspatch sandbox reinstall` put it in place.\n",
+            host=host,
+        )
+    return checkout
+
+
 def install_editable(host_dir: Path, site_packages: Path, version: str) -> Path:
     """Install the stand-in into `site_packages` as `pip install -e <host>/sglang/python` does,
     making the checkout first if it is missing; returns the checkout's `sglang` package folder.

@@ -38,7 +38,8 @@ Why things are the way they are:
 
 The code is split by concern: `layout` (paths, names, the start command), `manifest` (the manifest
 and the inventories), `processes` (recognising ours, ports, the command lock), `up`, `status`,
-`down`; this module is the front door and re-exports what callers use.
+`down`, `reinstall` (a reinstall or upgrade of one host, as pip does it), `load`; this module is
+the front door and re-exports what callers use.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 count and time, and what the clients saw.
 
 Each of `concurrency` clients sends one greedy `/generate` after another (a failed one waits a
-little before the next, so a router with no worker is not flooded) until `requests` were sent or
-`seconds` passed. The report says how many were sent, succeeded and failed (grouped by reason:
+little before the next, so a router with no worker is not flooded) until `seconds` passed, or
+`requests` were sent when a count is given (no count: the time alone bounds it). The report says
+which limit ended the load (`ended_by`), how many were sent, succeeded and failed (grouped by reason:
 the HTTP status and the router's error code, or the connection error), latency percentiles of
 the successful ones, and, per worker, how many requests it finished after the router last
 (re-)registered it: a worker is re-admitted under a new id, which a watcher sees on the router's
@@ -19,9 +20,11 @@ import re
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from opspatch.errors import InputError
@@ -33,6 +36,14 @@ WATCH_INTERVAL = 0.2
 """Seconds between two looks at the router's worker list."""
 
 _COUNTER_RE = re.compile(r"^sglang:num_requests_total(?:\{[^}]*\})?\s+([0-9.eE+]+)\s*$", re.M)
+
+
+class EndedBy(str, Enum):
+    """Which limit ended a load: its time, its request count, or the caller (`until`)."""
+
+    SECONDS = "seconds"
+    REQUESTS = "requests"
+    STOPPED = "stopped"
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,18 @@ class LoadReport:
     failures: dict[str, int]
     latency_ms: dict[str, float]
     workers: tuple[WorkerServed, ...] = field(default_factory=tuple)
+    ended_by: EndedBy = EndedBy.SECONDS
+    limit_seconds: float = 0.0
+    limit_requests: int | None = None
+
+    @property
+    def ended(self) -> str:
+        """Which limit ended the load, in words (`--seconds 60`, `--requests 1000`)."""
+        if self.ended_by is EndedBy.REQUESTS:
+            return f"--requests {self.limit_requests} (all sent)"
+        if self.ended_by is EndedBy.STOPPED:
+            return "its caller"
+        return f"--seconds {self.limit_seconds:g}"
 
     @property
     def failed(self) -> int:
@@ -71,6 +94,8 @@ class LoadReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "router": self.router,
+            "ended_by": self.ended_by.value,
+            "limits": {"seconds": self.limit_seconds, "requests": self.limit_requests},
             "seconds": round(self.seconds, 3),
             "sent": self.sent,
             "succeeded": self.succeeded,
@@ -95,7 +120,7 @@ def percentiles(samples: list[float]) -> dict[str, float]:
 
 
 class _Tally:
-    def __init__(self, requests: int) -> None:
+    def __init__(self, requests: int | None) -> None:
         self.lock = threading.Lock()
         self.left = requests
         self.sent = 0
@@ -105,9 +130,10 @@ class _Tally:
 
     def take(self) -> bool:
         with self.lock:
-            if self.left <= 0:
-                return False
-            self.left -= 1
+            if self.left is not None:
+                if self.left <= 0:
+                    return False
+                self.left -= 1
             self.sent += 1
             return True
 
@@ -197,23 +223,46 @@ class _Watcher(threading.Thread):
             self.look()
 
 
+def load_url(url: str) -> str:
+    """`url` as the load sends to it (no trailing slash).
+
+    Raises:
+        InputError: it is not an http:// or https:// URL with a host.
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - a port that is not a number raises ValueError
+    except ValueError:
+        usable = False
+    if not usable:
+        raise InputError(
+            f"--url {url!r} is not a router URL; nothing was sent",
+            hint="give the router as http://HOST:PORT (for the sandbox's own, leave --url out)",
+        )
+    return url.rstrip("/")
+
+
 def run_load(
     router: str,
     *,
-    requests: int,
+    requests: int | None,
     seconds: float,
     concurrency: int = 4,
     max_new_tokens: int = 16,
     admin_key: str | None = None,
     until: threading.Event | None = None,
 ) -> LoadReport:
-    """Send up to `requests` generate requests through `router` for at most `seconds` (or
-    until `until` is set: a caller that ends the load when its own work is done).
+    """Send generate requests through `router` for `seconds`, at most `requests` of them when
+    a count is given (or until `until` is set: a caller that ends the load when its own work is
+    done); the report says which ended it.
 
     Raises:
-        InputError: a bound is not positive, or the router does not answer.
+        InputError: `router` is not an http(s) URL, a bound is not positive, or the router
+            does not answer.
     """
-    if requests < 1 or seconds <= 0 or concurrency < 1:
+    router = load_url(router)
+    if (requests is not None and requests < 1) or seconds <= 0 or concurrency < 1:
         raise InputError("--requests, --seconds and --concurrency must be above 0")
     if _get(router + "/health") is None and _get(router + "/workers", admin_key) is None:
         raise InputError(
@@ -239,6 +288,12 @@ def run_load(
     for client in clients:
         client.join()
     elapsed = time.monotonic() - started
+    if until is not None and until.is_set():
+        ended_by = EndedBy.STOPPED
+    elif tally.left is not None and tally.left <= 0:
+        ended_by = EndedBy.REQUESTS
+    else:
+        ended_by = EndedBy.SECONDS
     stop.set()
     watcher.join(timeout=5)
     watcher.look()
@@ -257,4 +312,7 @@ def run_load(
         dict(tally.failures),
         percentiles(tally.latencies),
         tuple(workers),
+        ended_by,
+        seconds,
+        requests,
     )

@@ -354,7 +354,7 @@ def sandbox_up(
         if manifest.ssh:
             manifest = _bring_up_sshds(layout, manifest, progress)
 
-        controls = _engine_controls(layout, manifest)
+        controls = engine_controls(layout, manifest)
         if image is not None:
             restarts: dict[str, RestartResult] = {}
             failed = _start_containers(layout, manifest, image, running, progress)
@@ -447,7 +447,7 @@ def _bring_up_router(
     return RouterUp(record.url, pid, record.prometheus_port)
 
 
-def _engine_controls(layout: SandboxLayout, manifest: Manifest) -> dict[str, EngineControl]:
+def engine_controls(layout: SandboxLayout, manifest: Manifest) -> dict[str, EngineControl]:
     """Engine control per host, built from the `sandbox` inventory exactly as a rollout builds
     it: its transport (local, into the container for a containerised sandbox), host operations
     under the host's interpreter, its restart strategy."""

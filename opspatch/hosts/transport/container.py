@@ -21,11 +21,12 @@ environment, which the rendered command sets), so they stay out of the argv that
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from opspatch.core.host import ContainerSettings
+from opspatch.core.host import ContainerRuntime, ContainerSettings
 from opspatch.errors import ContainerError
 from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult, Transport
 
@@ -124,6 +125,44 @@ def runtime_words(result: CommandResult) -> str:
     text = (result.stderr or result.stdout).decode("utf-8", errors="replace")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1][:500] if lines else f"exit {result.exit_code}, no output"
+
+
+_RLIMIT_NAMES = (
+    "CPU", "FSIZE", "DATA", "STACK", "CORE", "RSS", "NPROC", "NOFILE", "MEMLOCK", "AS", "LOCKS",
+    "SIGPENDING", "MSGQUEUE", "NICE", "RTPRIO", "RTTIME",
+)  # fmt: skip
+"""Linux's resource limits in their numbering (runc names a limit by its number)."""
+_RLIMIT_TYPE = re.compile(r"rlimit type (\d+)", re.IGNORECASE)
+_RLIMIT_NAME = re.compile(r"\bRLIMIT_([A-Z]+)")
+
+
+def refused_rlimit(words: str) -> str | None:
+    """The resource limit the runtime could not give a container (`RLIMIT_NOFILE`), or None
+    when `words` are not that refusal (pure). A runtime's default ulimits above this machine's
+    hard limits read as a permission error: runc says "error setting rlimit type 7: operation
+    not permitted: OCI permission denied", crun "setrlimit `RLIMIT_NOFILE`: Operation not
+    permitted", to root as to anyone."""
+    if "rlimit" not in words.lower():
+        return None
+    number = _RLIMIT_TYPE.search(words)
+    if number is not None and int(number.group(1)) < len(_RLIMIT_NAMES):
+        return f"RLIMIT_{_RLIMIT_NAMES[int(number.group(1))]}"
+    name = _RLIMIT_NAME.search(words)
+    return f"RLIMIT_{name.group(1)}" if name is not None else "a resource limit"
+
+
+def rlimit_hint(runtime: ContainerRuntime) -> str:
+    """How to give `runtime` container limits this machine allows (docs/containers.md)."""
+    if runtime == "docker":
+        return (
+            'set limits this machine allows: dockerd\'s "default-ulimits" in daemon.json (or '
+            "--ulimit nofile=N:N per container, N at most `ulimit -Hn`); see docs/containers.md"
+        )
+    return (
+        "give podman limits this machine allows: a containers.conf with `[containers] "
+        'default_ulimits = ["nofile=N:N", "nproc=M:M"]` (N at most `ulimit -Hn`, M at most '
+        "`ulimit -Hu`), passed as CONTAINERS_CONF=FILE; see docs/containers.md"
+    )
 
 
 def _has(words: str, needles: tuple[str, ...]) -> bool:
@@ -264,6 +303,14 @@ class ContainerTransport(ClosesOnExit):
                 f"does not exist on the host ({runtime} says: {words})",
                 reason="missing",
                 hint=f"check `{runtime} ps -a` on the host and the inventory's container.name",
+            )
+        limit = refused_rlimit(words)
+        if limit is not None:
+            return self._error(
+                f"cannot be reached: {runtime} could not set {limit} for it, higher than the "
+                f"host allows ({words})",
+                reason="rlimit",
+                hint=f"on the host, {rlimit_hint(runtime)}",
             )
         if _has(words, _PERMISSION_WORDS):
             return self._error(
