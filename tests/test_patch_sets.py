@@ -489,3 +489,41 @@ def test_a_staged_set_is_restarted_into_together(fleet: SandboxFleet) -> None:
     back = fleet.opspatch("rollback", SET_ID, "--hosts", "sandbox", "--yes", "--json")
     assert back.code == 0, back.stdout + back.stderr
     assert {n: _files(fleet, n) for n in fleet.names} == before
+
+
+@pytest.mark.slow
+def test_one_file_of_a_hosts_set_names_the_set_and_a_rollback_without_restart_is_staged_back(
+    fleet: SandboxFleet,
+) -> None:
+    """Issue 31, item 21, on the sandbox: `rollback --run R --file F` with F one file of the
+    set run R applied to a host said "the ledger has no change by run R to F"; it names the set
+    and `rollback --run R --hosts H`. `rollback --restart never` restores every file byte for
+    byte without a restart: `staged-back`, exit 0 (before: there was no such option)."""
+    before = {n: _files(fleet, n) for n in fleet.names}
+    fleet.write_patch(SET_ID, HEADER + TARGET_A + TARGET_B)
+    run = fleet.opspatch("apply", SET_ID, "--hosts", "sandbox", "--yes", "--json")
+    assert run.code == 0, run.stdout + run.stderr
+    run_id = run.json()["run_id"]
+    name = fleet.names[0]
+
+    member = fleet.opspatch(
+        "rollback", "--run", run_id, "--file", str(_scheduler(fleet, name)), "--yes"
+    )
+    assert member.code == 2, member.stdout + member.stderr
+    said = " ".join(member.stderr.split())
+    assert f"one file of the patch set {SET_ID} that run {run_id} changed on {name}" in said, said
+    assert f"opspatch rollback --run {run_id} --hosts {name}" in said, said
+
+    pids = {n: fleet.pid(n) for n in fleet.names}
+    back = fleet.opspatch(
+        "rollback", SET_ID, "--hosts", "sandbox", "--restart", "never", "--yes", "--json"
+    )
+    assert back.code == 0, back.stdout + back.stderr
+    assert back.json()["outcome"] == "ok"
+    for host in back.json()["hosts"]:
+        assert host["outcome"] == "staged-back", host
+        assert host["file"]["set"]["state"] == "all-old", host["file"]
+        steps = [s["step"] for s in host["steps"]]
+        assert not {"restart", "ready", "smoke"} & set(steps), steps
+    assert {n: _files(fleet, n) for n in fleet.names} == before  # byte-identical, both files
+    assert {n: fleet.pid(n) for n in fleet.names} == pids  # no server was restarted
