@@ -249,11 +249,11 @@ def test_a_set_is_planned_applied_and_rolled_back_on_a_local_tree(tmp_path: Path
     assert again.code == 0, again.stdout + again.stderr
     assert [h["outcome"] for h in again.json()["hosts"]] == ["already-applied"], again.stdout
 
-    member = cli("rollback", "--run", run_id, "--file", str(scheduler), "--yes")
+    member = cli("rollback", "--run", run_id, "--file", str(scheduler))  # refused before asking
     assert member.code == 2, member.stdout + member.stderr
     said = " ".join(member.stderr.split())
     assert f"is one file of the patch set {SET_ID} that run {run_id} changed" in said, said
-    assert f"opspatch rollback --run {run_id} --root" in said, said
+    assert f"opspatch rollback --run {run_id} --root {site}`" in said, said
     assert scheduler.read_bytes().endswith(b"_OPSPATCH_SET_B = 2\n")  # nothing restored
 
     back = cli("rollback", SET_ID, "--root", str(site), "--yes", "--json")
@@ -507,8 +507,8 @@ def test_one_file_of_a_hosts_set_names_the_set_and_a_rollback_without_restart_is
     name = fleet.names[0]
 
     member = fleet.opspatch(
-        "rollback", "--run", run_id, "--file", str(_scheduler(fleet, name)), "--yes"
-    )
+        "rollback", "--run", run_id, "--file", str(_scheduler(fleet, name))
+    )  # refused before asking
     assert member.code == 2, member.stdout + member.stderr
     said = " ".join(member.stderr.split())
     assert f"one file of the patch set {SET_ID} that run {run_id} changed on {name}" in said, said

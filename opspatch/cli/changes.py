@@ -257,22 +257,20 @@ def _rollback_local(
     source_run = ledger.get_run(run) if run is not None else None
     loaded = options.load_patch(patch) if patch is not None else None
     what = loaded.spec.id if loaded else f"run {run}"
-    where = f"the files under {root} to their" if root is not None else f"{file} to its"
-    confirm_or_refuse(f"Restore {where} state before {what}?", yes=yes)
     local = rollback_local_tree if root is not None else rollback_local_file
     target = root if root is not None else file
     assert target is not None
-    finish(
-        local(
-            target,
-            patch=loaded,
-            source_run=source_run,
-            python=python,
-            ledger=ledger,
-            state_dir=options.state_dir(),
-        ),
-        as_json,
+    checked = local(  # a refusal (no record, one file of a set) comes before the question
+        target,
+        patch=loaded,
+        source_run=source_run,
+        python=python,
+        ledger=ledger,
+        state_dir=options.state_dir(),
     )
+    where = f"the files under {root} to their" if root is not None else f"{file} to its"
+    confirm_or_refuse(f"Restore {where} state before {what}?", yes=yes)
+    finish(checked.run(ledger), as_json)
 
 
 def hosts_of_run(

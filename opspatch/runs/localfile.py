@@ -14,6 +14,7 @@ target's range.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ from opspatch.runs.restore import rollback_hosts
 
 __all__ = [
     "LocalPlan",
+    "LocalRollback",
     "apply_local_file",
     "local_file_host",
     "not_applicable_error",
@@ -237,6 +239,31 @@ def apply_local_file(
     )
 
 
+@dataclass(frozen=True)
+class LocalRollback:
+    """A rollback of local files, checked and ready to run (`run`): this machine as the one
+    host, the files it may restore, and the patch or run whose changes it undoes."""
+
+    host: Host
+    paths: tuple[str, ...]
+    patch: LoadedPatch | None
+    source_run: RunDetail | None
+
+    def run(self, ledger: Ledger) -> RunReport:
+        """Restore the recorded pre-images where the files are still what opspatch wrote."""
+        return rollback_hosts(
+            ledger=ledger,
+            hosts=[self.host],
+            factory=transport_factory(),
+            playbook=Playbook(),
+            patch=self.patch,
+            source_run=self.source_run,
+            restart_engine=False,
+            unrestarted=Outcome.RESTORED,  # there is no server: the files back are the goal
+            only_paths=self.paths,
+        )
+
+
 def rollback_local_file(
     file: Path,
     *,
@@ -245,9 +272,9 @@ def rollback_local_file(
     python: str,
     ledger: Ledger,
     state_dir: Path,
-) -> RunReport:
-    """Restore the pre-image opspatch recorded for `file` by `patch` (or by the run
-    `source_run`), where the file is still what opspatch wrote.
+) -> LocalRollback:
+    """The rollback of the pre-image opspatch recorded for `file` by `patch` (or by the run
+    `source_run`), checked against the ledger before anything is asked or changed.
 
     Raises:
         InputError: no such file, the ledger has no change by this patch (run) to it, or the
@@ -273,7 +300,7 @@ def rollback_local_file(
             hint=_elsewhere(source_run, path)
             or "rollback restores what opspatch recorded; see `opspatch ledger list`",
         )
-    return _rollback_local(host, [path], patch=patch, source_run=source_run, ledger=ledger)
+    return LocalRollback(host, (path,), patch, source_run)
 
 
 def rollback_local_tree(
@@ -284,10 +311,10 @@ def rollback_local_tree(
     python: str,
     ledger: Ledger,
     state_dir: Path,
-) -> RunReport:
-    """Restore the pre-images opspatch recorded for the files under `root` by `patch` (its
-    targets' modules) or by the run `source_run` (the files it changed under `root`): a set
-    whole or not at all, as on a host.
+) -> LocalRollback:
+    """The rollback of the pre-images opspatch recorded for the files under `root` by `patch`
+    (its targets' modules) or by the run `source_run` (the files it changed under `root`): a set
+    whole or not at all, as on a host. Checked before anything is asked or changed.
 
     Raises:
         InputError: no such folder, a module is not in it, or the ledger has no change by this
@@ -320,28 +347,7 @@ def rollback_local_tree(
             f"the ledger has no change by {by} under {root.resolve()} on this machine",
             hint="rollback restores what opspatch recorded; see `opspatch ledger list`",
         )
-    return _rollback_local(host, paths, patch=patch, source_run=source_run, ledger=ledger)
-
-
-def _rollback_local(
-    host: Host,
-    paths: Sequence[str],
-    *,
-    patch: LoadedPatch | None,
-    source_run: RunDetail | None,
-    ledger: Ledger,
-) -> RunReport:
-    return rollback_hosts(
-        ledger=ledger,
-        hosts=[host],
-        factory=transport_factory(),
-        playbook=Playbook(),
-        patch=patch,
-        source_run=source_run,
-        restart_engine=False,
-        unrestarted=Outcome.RESTORED,  # there is no server: the files back are the goal
-        only_paths=paths,
-    )
+    return LocalRollback(host, tuple(paths), patch, source_run)
 
 
 def _set_of(versions: Sequence[FileVersion], path: str) -> list[str] | None:
@@ -373,14 +379,12 @@ def _refuse_one_file_of_a_set(source_run: RunDetail, path: str, local: str) -> N
 
 
 def _common_root(paths: Sequence[str]) -> str:
-    """The folder a local set's files share (the tree `--root` was given, or one inside it)."""
-    parts = [p.split("/")[:-1] for p in paths]
-    common = []
-    for names in zip(*parts, strict=False):
-        if any(n != names[0] for n in names):
-            break
-        common.append(names[0])
-    return "/".join(common) or "/"
+    """The tree a local set's files were found in (`--root`): the folder they share, above the
+    packages it is inside (a folder with an `__init__.py` is a package, not the tree)."""
+    folder = Path(os.path.commonpath([str(Path(p).parent) for p in paths]))
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        folder = folder.parent
+    return str(folder)
 
 
 def _elsewhere(source_run: RunDetail | None, path: str) -> str | None:
