@@ -16,6 +16,9 @@ server that would crash on the first request is better found down by the rollbac
 first user. So a rollback goes canary first (one host, then the rest): a host whose restored
 file is not served halts the run, as a failed canary halts an apply, since rolling more hosts
 back the same way would take their servers down too.
+Told not to restart (`--restart never`, for a host whose inventory sets no engine restart), a
+rollback restores the files only: no canary, and each host is `staged-back` (exit 0) once its
+files are back.
 
 Both run through the fleet executor (`runs.executor`): hosts in parallel up to the playbook's
 `max_in_flight`; a host that needs attention, or whose restored file is not served, halts the
