@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -220,6 +222,84 @@ def test_apply_file_plans_the_file_once(
         ledger.close()
     assert [h.outcome for h in report.hosts] == ["applied"]
     assert planned == [before] and target.read_bytes() != before
+
+
+def _held_python(folder: Path) -> Path:
+    """An interpreter for `--python` that holds its run at its second exec (after `begin` took
+    the lock, before the swap) until `folder/release` exists, saying so in `folder/held`."""
+    folder.mkdir()
+    wrapper = folder / "python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'd="{folder}"\n'
+        'n=$(cat "$d/execs" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$d/execs"\n'
+        'if [ "$n" -eq 2 ]; then\n'
+        '  touch "$d/held"\n'
+        '  while [ ! -e "$d/release" ]; do sleep 0.05; done\n'
+        "fi\n"
+        f'exec "{shutil.which("python3")}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def test_apply_file_runs_on_two_files_of_one_machine_do_not_hold_each_other_off(
+    site: Path, workspace: Path, tmp_path: Path
+) -> None:
+    """Issue 31, item 18: while one `apply --file` holds its lock (held between its begin and
+    its swap), an apply to another file of the same machine goes ahead; one to the same file is
+    refused naming the holder, changing nothing. Before, the second file's run was refused too
+    ("locked by ... until" 30 minutes later): the lock was the machine's, not the file's."""
+    import subprocess
+    import sys
+    import time
+
+    eagle, scheduler = site / EAGLE, site / "sglang/srt/managers/scheduler.py"
+    eagle_before, scheduler_before = eagle.read_bytes(), scheduler.read_bytes()
+    (workspace / "patches" / "scheduler-mark.toml").write_text(
+        'id = "scheduler-mark"\nsummary = "mark"\nrationale = "test"\n'
+        '[target]\nmodule = "sglang.srt.managers.scheduler"\n'
+        '[[edits]]\nkind = "insert"\nscope = "<module>"\nposition = "end"\n'
+        'code = "SCHEDULER_MARK = 1"\n'
+    )
+    env = {"OPSPATCH_STATE_DIR": str(tmp_path / "state")}
+    hold = tmp_path / "hold"
+    held_python = _held_python(hold)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "opspatch.cli", "apply", "eagle-init-guard", "--file", str(eagle),
+         "--python", str(held_python), "--yes", "--json"],
+        cwd=workspace, env={**os.environ, **env}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300  # only how long the first run may take to get there
+        while not (hold / "held").exists():
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "the first run never reached its swap"
+            time.sleep(0.05)
+
+        other = opspatch("apply", "scheduler-mark", "--file", str(scheduler), "--yes", "--json",
+                         cwd=workspace, env=env)  # fmt: skip
+        assert other.code == 0, other.stdout + other.stderr
+        assert [h["outcome"] for h in other.json()["hosts"]] == ["applied"], other.stdout
+        assert scheduler.read_bytes().endswith(b"SCHEDULER_MARK = 1\n")
+
+        same = opspatch("apply", "eagle-init-guard", "--file", str(eagle), "--yes", "--json",
+                        cwd=workspace, env=env)  # fmt: skip
+        assert same.code == 2, same.stdout + same.stderr
+        assert "locked by" in same.stdout, same.stdout
+        assert eagle.read_bytes() == eagle_before
+    finally:
+        (hold / "release").touch()
+        out, errors = first.communicate(timeout=300)
+    assert first.returncode == 0, out + errors
+    assert [h["outcome"] for h in json.loads(out)["hosts"]] == ["applied"], out
+    assert eagle.read_bytes() != eagle_before
+
+    back = opspatch("rollback", "scheduler-mark", "--file", str(scheduler), "--yes", "--json",
+                    cwd=workspace, env=env)  # fmt: skip
+    assert back.code == 0, back.stdout + back.stderr
+    assert scheduler.read_bytes() == scheduler_before
 
 
 # ---------------------------------------------------------------------------------------------

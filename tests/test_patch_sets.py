@@ -195,6 +195,85 @@ def test_commands_about_one_file_refuse_a_set(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# on a local tree (--root): planned, applied, re-applied and rolled back together
+
+
+def test_a_set_is_planned_applied_and_rolled_back_on_a_local_tree(tmp_path: Path) -> None:
+    """Issue 31, item 20: before, a set could not be applied to local files at all (`apply SET
+    --file F`: "takes a patch with one [target]", nothing else). `--root DIR` finds each
+    target's module under the tree; plan, apply, re-apply and rollback go as for one file, and
+    `rollback --run R --file F` on one file of the set names the set and the way to roll it
+    back (item 21) instead of "the ledger has no change by run R to F"."""
+    from opspatch.sandbox.install import install_standin
+    from tests.clirunner import opspatch
+
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    install_standin(site)
+    workspace = tmp_path / "ws"
+    (workspace / "patches").mkdir(parents=True)
+    (workspace / "patches" / f"{SET_ID}.toml").write_text(HEADER + TARGET_A + TARGET_B)
+    eagle = site / (EAGLE.replace(".", "/") + ".py")
+    scheduler = site / (SCHEDULER.replace(".", "/") + ".py")
+    before = (eagle.read_bytes(), scheduler.read_bytes())
+    env = {"OPSPATCH_STATE_DIR": str(tmp_path / "state")}
+
+    def cli(*args: str) -> Any:
+        return opspatch(*args, cwd=workspace, env=env)
+
+    one_file = cli("apply", SET_ID, "--file", str(eagle), "--yes")
+    assert one_file.code == 2, one_file.stdout + one_file.stderr
+    assert "--root DIR" in one_file.stderr, one_file.stderr
+
+    plan = cli("plan", SET_ID, "--root", str(site), "--json")
+    assert plan.code == 0, plan.stdout + plan.stderr
+    planned = plan.json()
+    assert [(f["module"], f["outcome"]) for f in planned["files"]] == [
+        (EAGLE, "applicable"),
+        (SCHEDULER, "applicable"),
+    ], planned
+    assert planned["version"] == "0.5.23"
+    assert (eagle.read_bytes(), scheduler.read_bytes()) == before
+
+    run = cli("apply", SET_ID, "--root", str(site), "--yes", "--json")
+    assert run.code == 0, run.stdout + run.stderr
+    (host,) = run.json()["hosts"]
+    assert host["outcome"] == "applied", host
+    assert host["file"]["set"]["state"] == "all-new", host["file"]
+    assert [s["step"] for s in host["steps"]] == ["begin", "plan", "backup", "swap", "swap"]
+    assert eagle.read_bytes().endswith(b"_OPSPATCH_SET_A = 1\n")
+    assert scheduler.read_bytes().endswith(b"_OPSPATCH_SET_B = 2\n")
+    run_id = run.json()["run_id"]
+
+    again = cli("apply", SET_ID, "--root", str(site), "--yes", "--json")
+    assert again.code == 0, again.stdout + again.stderr
+    assert [h["outcome"] for h in again.json()["hosts"]] == ["already-applied"], again.stdout
+
+    member = cli("rollback", "--run", run_id, "--file", str(scheduler))  # refused before asking
+    assert member.code == 2, member.stdout + member.stderr
+    said = " ".join(member.stderr.split())
+    assert f"is one file of the patch set {SET_ID} that run {run_id} changed" in said, said
+    assert f"opspatch rollback --run {run_id} --root {site}`" in said, said
+    assert scheduler.read_bytes().endswith(b"_OPSPATCH_SET_B = 2\n")  # nothing restored
+
+    back = cli("rollback", SET_ID, "--root", str(site), "--yes", "--json")
+    assert back.code == 0, back.stdout + back.stderr
+    (host,) = back.json()["hosts"]
+    assert host["outcome"] == "restored", host
+    assert host["file"]["set"]["state"] == "all-old", host["file"]
+    assert (eagle.read_bytes(), scheduler.read_bytes()) == before  # byte-identical
+
+    # by run, too: apply again, roll that run back
+    run = cli("apply", SET_ID, "--root", str(site), "--yes", "--json")
+    assert run.code == 0, run.stdout + run.stderr
+    by_run = cli("rollback", "--run", run.json()["run_id"], "--root", str(site), "--yes", "--json")
+    assert by_run.code == 0, by_run.stdout + by_run.stderr
+    assert [h["outcome"] for h in by_run.json()["hosts"]] == ["restored"], by_run.stdout
+    assert (eagle.read_bytes(), scheduler.read_bytes()) == before
+    assert cli("ledger", "verify").code == 0
+
+
+# ---------------------------------------------------------------------------------------------
 # on the sandbox fleet (local transport): planned, applied, proven, rolled back together
 
 
@@ -410,3 +489,41 @@ def test_a_staged_set_is_restarted_into_together(fleet: SandboxFleet) -> None:
     back = fleet.opspatch("rollback", SET_ID, "--hosts", "sandbox", "--yes", "--json")
     assert back.code == 0, back.stdout + back.stderr
     assert {n: _files(fleet, n) for n in fleet.names} == before
+
+
+@pytest.mark.slow
+def test_one_file_of_a_hosts_set_names_the_set_and_a_rollback_without_restart_is_staged_back(
+    fleet: SandboxFleet,
+) -> None:
+    """Issue 31, item 21, on the sandbox: `rollback --run R --file F` with F one file of the
+    set run R applied to a host said "the ledger has no change by run R to F"; it names the set
+    and `rollback --run R --hosts H`. `rollback --restart never` restores every file byte for
+    byte without a restart: `staged-back`, exit 0 (before: there was no such option)."""
+    before = {n: _files(fleet, n) for n in fleet.names}
+    fleet.write_patch(SET_ID, HEADER + TARGET_A + TARGET_B)
+    run = fleet.opspatch("apply", SET_ID, "--hosts", "sandbox", "--yes", "--json")
+    assert run.code == 0, run.stdout + run.stderr
+    run_id = run.json()["run_id"]
+    name = fleet.names[0]
+
+    member = fleet.opspatch(
+        "rollback", "--run", run_id, "--file", str(_scheduler(fleet, name))
+    )  # refused before asking
+    assert member.code == 2, member.stdout + member.stderr
+    said = " ".join(member.stderr.split())
+    assert f"one file of the patch set {SET_ID} that run {run_id} changed on {name}" in said, said
+    assert f"opspatch rollback --run {run_id} --hosts {name}" in said, said
+
+    pids = {n: fleet.pid(n) for n in fleet.names}
+    back = fleet.opspatch(
+        "rollback", SET_ID, "--hosts", "sandbox", "--restart", "never", "--yes", "--json"
+    )
+    assert back.code == 0, back.stdout + back.stderr
+    assert back.json()["outcome"] == "ok"
+    for host in back.json()["hosts"]:
+        assert host["outcome"] == "staged-back", host
+        assert host["file"]["set"]["state"] == "all-old", host["file"]
+        steps = [s["step"] for s in host["steps"]]
+        assert not {"restart", "ready", "smoke"} & set(steps), steps
+    assert {n: _files(fleet, n) for n in fleet.names} == before  # byte-identical, both files
+    assert {n: fleet.pid(n) for n in fleet.names} == pids  # no server was restarted

@@ -1080,3 +1080,46 @@ def test_a_recover_that_left_a_proven_change_alone_is_not_named_as_its_proof(
         f"as written by run {applied.run_id}, proven by its smoke decode"
     ), said
     assert str(left_alone.run_id) not in said.detail
+
+
+def test_a_rollback_told_not_to_restart_is_staged_back_on_a_host_without_an_engine_restart(
+    fleet: Fleet,
+) -> None:
+    """An inventory that sets no engine restart: apply stages (`--restart never`), and before,
+    rollback always restarted, so it restored every file byte for byte and then ended
+    `needs-attention`, exit 3 (or, told not to restart, `restored` as if proven). Told not to
+    restart, the host is `staged-back`, exit 0, its file the pre-image, no restart sent."""
+    from dataclasses import replace
+
+    from opspatch.core.vocabulary import RestartPolicy
+    from opspatch.runs.restore import rollback_hosts
+
+    fake = fleet.hosts[0]
+    fleet.hosts = [fake]
+    plain = fake.host()
+    host = replace(plain, engine=replace(plain.engine, restart=None))
+    staging = Playbook(restart=RestartPolicy.NEVER)
+    applied = apply_to_hosts(
+        fleet.patch, [host], staging, factory=fleet.factory, ledger=fleet.ledger
+    )
+    assert [h.outcome for h in applied.hosts] == ["staged"], applied
+    assert sha(fake.file.read_bytes()) != PRISTINE
+    fake.requests.clear()
+
+    report = rollback_hosts(
+        ledger=fleet.ledger,
+        hosts=[host],
+        factory=fleet.factory,
+        playbook=staging,
+        patch=fleet.patch,
+        restart_engine=False,
+    )
+    (outcome,) = report.hosts
+    assert outcome.outcome == "staged-back", outcome
+    assert "the server was not restarted" in (outcome.note or ""), outcome
+    assert report.exit_code == 0 and report.outcome == "ok", report
+    assert sha(fake.file.read_bytes()) == PRISTINE
+    assert not {"restart", "wait_ready", "smoke"} & set(fake.requests), fake.requests
+    recorded = fleet.ledger.get_run(report.run_id or "")
+    assert recorded.host(fake.name).outcome == "staged-back"
+    assert recorded.summary.outcome == "ok"

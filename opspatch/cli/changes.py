@@ -25,7 +25,14 @@ from opspatch.cli.context import (
     YesOption,
     options,
 )
-from opspatch.cli.patches import TargetVersionOption, one_target, show_fleet_plan, show_local_plan
+from opspatch.cli.patches import (
+    RootOption,
+    TargetVersionOption,
+    one_target,
+    plan_local,
+    show_fleet_plan,
+    show_local_plan,
+)
 from opspatch.cli.render import LiveProgress, confirm_or_refuse, err, finish, print_diff
 from opspatch.core.vocabulary import RestartPolicy
 from opspatch.errors import InputError, OpspatchError
@@ -39,7 +46,7 @@ PythonOption = Annotated[
     str,
     typer.Option(
         "--python",
-        help="With --file: the interpreter that validates the new text.",
+        help="With --file or --root: the interpreter that validates the new text.",
         metavar="PYTHON",
         # the path differs per machine (and per `python`/`python3`): the reference shows a word
         show_default="the Python opspatch runs on",
@@ -54,9 +61,23 @@ def with_lease_expiry(playbook: Playbook, seconds: float | None) -> Playbook:
     return replace(playbook, team=replace(playbook.team, lease_expiry=seconds))
 
 
+def restart_policy(playbook: Playbook, restart: str | None) -> Playbook:
+    """The playbook with `--restart` over its `restart` (the flag wins).
+
+    Raises:
+        InputError: `restart` is neither `always` nor `never`.
+    """
+    if restart is None:
+        return playbook
+    if restart not in ("always", "never"):
+        raise InputError(f"--restart {restart!r}: expected always or never")
+    return replace(playbook, restart=RestartPolicy(restart))
+
+
 def apply(
     patch: PatchArgument,
     file: FileOption = None,
+    root: RootOption = None,
     hosts: HostsOption = None,
     playbook: PlaybookOption = "default",
     dry_run: Annotated[
@@ -78,25 +99,21 @@ def apply(
     lease_expiry: LeaseExpiryOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Apply a patch: to a local file, or across hosts (lock, swap, restart, smoke, roll back on failure)."""
-    one_target(file, hosts, "apply")
+    """Apply a patch: to a local file or tree, or across hosts (lock, swap, restart, smoke, roll back on failure)."""
+    one_target(file, hosts, "apply", root)
     loaded = options.load_patch(patch)
-    if file is not None:
+    if file is not None or root is not None:
         if dry_run:
-            show_local_plan(loaded, file, target_version, as_json)
+            show_local_plan(loaded, file, target_version, as_json, root)
             return
-        _apply_file(loaded, file, python, target_version, yes, as_json)
+        _apply_local(loaded, file, root, python, target_version, yes, as_json)
     assert hosts is not None
     if dry_run:
         show_fleet_plan(loaded, hosts, playbook, accept_new_host_keys, as_json)
     from opspatch.runs.apply import apply_to_hosts
 
     selected = options.hosts(hosts)
-    playbook_obj = options.load_playbook(playbook)
-    if restart is not None:
-        if restart not in ("always", "never"):
-            raise InputError(f"--restart {restart!r}: expected always or never")
-        playbook_obj = replace(playbook_obj, restart=RestartPolicy(restart))
+    playbook_obj = restart_policy(options.load_playbook(playbook), restart)
     playbook_obj = with_lease_expiry(fleet_governed(playbook_obj), lease_expiry)
     names = [h.name for h in selected]
     staging = " (staged: no restart)" if playbook_obj.restart == RestartPolicy.NEVER else ""
@@ -133,22 +150,26 @@ def fleet_governed(playbook: Playbook) -> Playbook:
     return load_fleet(workspace).governing(playbook)
 
 
-def _apply_file(
+def _apply_local(
     loaded: LoadedPatch,
-    file: Path,
+    file: Path | None,
+    root: Path | None,
     python: str,
     target_version: str | None,
     yes: bool,
     as_json: bool,
 ) -> NoReturn:
     from opspatch.core.edit import Applied
-    from opspatch.runs.localfile import apply_local_file, plan_local_file
+    from opspatch.runs.localfile import apply_local_file
 
-    plan = plan_local_file(loaded, file, target_version)
-    if isinstance(plan.outcome, Applied):
+    plan = plan_local(loaded, file, root, target_version)
+    changes = [o for o in plan.outcomes if isinstance(o, Applied)]
+    if changes:
         if not as_json:
-            print_diff(plan.outcome.diff, err)
-        confirm_or_refuse(f"Apply {loaded.spec.id} to {file}?", yes=yes)
+            for change in changes:
+                print_diff(change.diff, err)
+        where = f"the files under {root}" if root is not None else str(file)
+        confirm_or_refuse(f"Apply {loaded.spec.id} to {where}?", yes=yes)
     report = apply_local_file(
         loaded, plan, python=python, ledger=options.open_ledger(), state_dir=options.state_dir()
     )
@@ -163,8 +184,19 @@ def rollback(
         str | None, typer.Option("--run", help="Undo the changes of this run id", metavar="RUN_ID")
     ] = None,
     file: FileOption = None,
+    root: RootOption = None,
     hosts: HostsOption = None,
     playbook: PlaybookOption = "default",
+    restart: Annotated[
+        str | None,
+        typer.Option(
+            "--restart",
+            help="always: restart, wait, smoke after the restore (default: the playbook's); "
+            "never: restore the files only (hosts are `staged-back`; for a host whose "
+            "inventory sets no engine restart).",
+            metavar="RESTART",
+        ),
+    ] = None,
     yes: YesOption = False,
     python: PythonOption = sys.executable,
     accept_new_host_keys: AcceptKeysOption = False,
@@ -175,36 +207,26 @@ def rollback(
 
     if (patch is None) == (run is None):
         raise InputError("rollback needs exactly one of PATCH or --run RUN_ID")
+    if hosts is None and (file is not None or root is not None):
+        one_target(file, None, "rollback", root)
+        _rollback_local(patch, run, file, root, python, yes, as_json)
     ledger = options.open_ledger()
     source_run = ledger.get_run(run) if run is not None else None
-    if file is not None and hosts is None:
-        from opspatch.runs.localfile import rollback_local_file
-
-        loaded_file = options.load_patch(patch) if patch is not None else None
-        what = loaded_file.spec.id if loaded_file else f"run {run}"
-        confirm_or_refuse(f"Restore {file} to its state before {what}?", yes=yes)
-        finish(
-            rollback_local_file(
-                file,
-                patch=loaded_file,
-                source_run=source_run,
-                python=python,
-                ledger=ledger,
-                state_dir=options.state_dir(),
-            ),
-            as_json,
-        )
     if hosts is None and source_run is not None:
         selected = hosts_of_run(source_run.summary.hosts, source_run.summary.inventories)
     else:
-        one_target(file, hosts, "rollback")
+        one_target(file, hosts, "rollback", root)
         assert hosts is not None
         selected = options.hosts(hosts)
     loaded = options.load_patch(patch) if patch is not None else None
     names = [h.name for h in selected]
     what = loaded.spec.id if loaded else f"run {run}"
-    confirm_or_refuse(f"Roll back {what} on {len(names)} host(s): {', '.join(names)}?", yes=yes)
-    playbook_obj = options.load_playbook(playbook)
+    playbook_obj = restart_policy(options.load_playbook(playbook), restart)
+    restart_engine = playbook_obj.restart != RestartPolicy.NEVER
+    staging = "" if restart_engine else " (files only: no restart)"
+    confirm_or_refuse(
+        f"Roll back {what} on {len(names)} host(s): {', '.join(names)}{staging}?", yes=yes
+    )
     with LiveProgress(names, enabled=not as_json) as progress:
         report = rollback_hosts(
             ledger=ledger,
@@ -214,8 +236,41 @@ def rollback(
             patch=loaded,
             source_run=None if loaded else source_run,
             progress=progress,
+            restart_engine=restart_engine,
         )
     finish(report, as_json)
+
+
+def _rollback_local(
+    patch: str | None,
+    run: str | None,
+    file: Path | None,
+    root: Path | None,
+    python: str,
+    yes: bool,
+    as_json: bool,
+) -> NoReturn:
+    """`rollback --file F` / `--root DIR`: the local file's (tree's) recorded pre-images."""
+    from opspatch.runs.localfile import rollback_local_file, rollback_local_tree
+
+    ledger = options.open_ledger()
+    source_run = ledger.get_run(run) if run is not None else None
+    loaded = options.load_patch(patch) if patch is not None else None
+    what = loaded.spec.id if loaded else f"run {run}"
+    local = rollback_local_tree if root is not None else rollback_local_file
+    target = root if root is not None else file
+    assert target is not None
+    checked = local(  # a refusal (no record, one file of a set) comes before the question
+        target,
+        patch=loaded,
+        source_run=source_run,
+        python=python,
+        ledger=ledger,
+        state_dir=options.state_dir(),
+    )
+    where = f"the files under {root} to their" if root is not None else f"{file} to its"
+    confirm_or_refuse(f"Restore {where} state before {what}?", yes=yes)
+    finish(checked.run(ledger), as_json)
 
 
 def hosts_of_run(

@@ -20,6 +20,7 @@ from opspatch.cli.render import emit_json, err, out, print_diff, print_dry_run, 
 from opspatch.errors import EXIT_BAD_INPUT, InputError, OpspatchError
 
 if TYPE_CHECKING:
+    from opspatch.core.edit import PlanOutcome
     from opspatch.core.spec import LoadedPatch
     from opspatch.runs.localfile import LocalPlan
 
@@ -27,18 +28,30 @@ TargetVersionOption = Annotated[
     str | None,
     typer.Option(
         "--target-version",
-        help="With --file: the file's distribution version, when no dist-info says.",
+        help="With --file or --root: the distribution version, when no dist-info says.",
         metavar="VERSION",
+    ),
+]
+RootOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--root",
+        help="A local tree holding the patch's modules (a set's too): each target is "
+        "<DIR>/<module path>.py, e.g. a site-packages folder.",
+        metavar="DIR",
     ),
 ]
 
 
-def one_target(file: Path | None, hosts: str | None, command: str) -> None:
-    """Exactly one of `--file` and `--hosts`."""
-    if (file is None) == (hosts is None):
+def one_target(
+    file: Path | None, hosts: str | None, command: str, root: Path | None = None
+) -> None:
+    """Exactly one of `--file`, `--root` and `--hosts`."""
+    if sum(x is not None for x in (file, hosts, root)) != 1:
         raise InputError(
-            f"{command} needs exactly one of --file PATH or --hosts TARGET",
-            hint=f"opspatch {command} ... --hosts gpu-fleet   or   opspatch {command} ... --file PATH",
+            f"{command} needs exactly one of --file PATH, --root DIR or --hosts TARGET",
+            hint=f"opspatch {command} ... --hosts gpu-fleet   or   opspatch {command} ... --file "
+            f"PATH   or (a patch set on a local tree)   opspatch {command} ... --root DIR",
         )
 
 
@@ -267,15 +280,31 @@ def check_releases_of(references: list[str], spec: str, offline: bool, as_json: 
 
 
 def plan_json(loaded: LoadedPatch, plan: LocalPlan) -> dict[str, Any]:
-    """What `plan --file --json` prints."""
-    from opspatch.core.edit import AlreadyApplied, Applied
-
-    outcome = plan.outcome
-    doc: dict[str, Any] = {
+    """What `plan --file --json` prints (`--root`: the tree, and one such entry per file)."""
+    if plan.root is None:
+        return {
+            "patch": loaded.spec.id,
+            "patch_file": loaded.path,
+            **_file_plan_json(plan.file, plan.version, plan.outcome),
+        }
+    return {
         "patch": loaded.spec.id,
         "patch_file": loaded.path,
-        "file": str(plan.file),
+        "root": str(plan.root),
         "version": plan.version,
+        "files": [
+            {"module": part.target.module, **_file_plan_json(file, plan.version, outcome)}
+            for part, file, outcome in zip(loaded.parts, plan.files, plan.outcomes, strict=True)
+        ],
+    }
+
+
+def _file_plan_json(file: Path, version: str | None, outcome: PlanOutcome) -> dict[str, Any]:
+    from opspatch.core.edit import AlreadyApplied, Applied
+
+    doc: dict[str, Any] = {
+        "file": str(file),
+        "version": version,
         "outcome": outcome.outcome,
     }
     if isinstance(outcome, Applied):
@@ -301,32 +330,53 @@ def plan_json(loaded: LoadedPatch, plan: LocalPlan) -> dict[str, Any]:
     return doc
 
 
-def show_local_plan(
-    loaded: LoadedPatch, file: Path, target_version: str | None, as_json: bool
-) -> None:
-    """Plan a patch on a local file and show the diff (or why not); exit 2 if it does not fit."""
-    from opspatch.core.edit import AlreadyApplied, NotApplicable
-    from opspatch.runs.localfile import not_applicable_error, plan_local_file
+def plan_local(
+    loaded: LoadedPatch, file: Path | None, root: Path | None, target_version: str | None
+) -> LocalPlan:
+    """The plan on the local file (`--file`) or the local tree (`--root`)."""
+    from opspatch.runs.localfile import plan_local_file, plan_local_tree
 
-    plan = plan_local_file(loaded, file, target_version)
-    outcome = plan.outcome
+    if root is not None:
+        return plan_local_tree(loaded, root, target_version)
+    assert file is not None
+    return plan_local_file(loaded, file, target_version)
+
+
+def show_local_plan(
+    loaded: LoadedPatch,
+    file: Path | None,
+    target_version: str | None,
+    as_json: bool,
+    root: Path | None = None,
+) -> None:
+    """Plan a patch on a local file (or each file of a local tree) and show the diff (or why
+    not); exit 2 if it does not fit."""
+    from opspatch.core.edit import AlreadyApplied, NotApplicable
+    from opspatch.runs.localfile import not_applicable_error
+
+    plan = plan_local(loaded, file, root, target_version)
     if as_json:
         emit_json(plan_json(loaded, plan))
-        if isinstance(outcome, NotApplicable):
+        if any(isinstance(o, NotApplicable) for o in plan.outcomes):
             raise typer.Exit(EXIT_BAD_INPUT)
         return
-    if isinstance(outcome, NotApplicable):
-        raise not_applicable_error(loaded, str(file), outcome)
-    if isinstance(outcome, AlreadyApplied):
-        out.print(f"{file}: already applied: {outcome.reason}")
-        return
-    print_diff(outcome.diff)
-    err.print(
-        f"{loaded.spec.id}: {len(outcome.edits)} edit(s) in {', '.join(outcome.edited_scopes)}; "
-        f"sha256 {outcome.sha256_before[:12]} -> {outcome.sha256_after[:12]}"
-    )
-    for matched in outcome.matched:
-        err.print(f"  {matched}")
+    for index, (path, outcome) in enumerate(zip(plan.files, plan.outcomes, strict=True)):
+        if isinstance(outcome, NotApplicable):
+            raise not_applicable_error(loaded, str(path), outcome, part=index)
+    for path, outcome in zip(plan.files, plan.outcomes, strict=True):
+        if isinstance(outcome, AlreadyApplied):
+            out.print(f"{path}: already applied: {outcome.reason}")
+            continue
+        assert not isinstance(outcome, NotApplicable)
+        print_diff(outcome.diff)
+        err.print(
+            f"{loaded.spec.id}: {len(outcome.edits)} edit(s) in "
+            f"{', '.join(outcome.edited_scopes)}"
+            + (f" of {path}" if plan.root is not None else "")
+            + f"; sha256 {outcome.sha256_before[:12]} -> {outcome.sha256_after[:12]}"
+        )
+        for matched in outcome.matched:
+            err.print(f"  {matched}")
 
 
 def show_fleet_plan(
@@ -364,6 +414,7 @@ def plan(
         ),
     ] = None,
     file: FileOption = None,
+    root: RootOption = None,
     hosts: HostsOption = None,
     fleet: Annotated[
         bool,
@@ -378,9 +429,9 @@ def plan(
 ) -> None:
     """Show the diff a patch would make (per host: facts, file, diff or why not); change nothing."""
     if fleet:
-        if patch is not None or file is not None:
+        if patch is not None or file is not None or root is not None:
             raise InputError(
-                "plan --fleet takes no PATCH or --file: the fleet file says which patches",
+                "plan --fleet takes no PATCH, --file or --root: the fleet file says which patches",
                 hint="opspatch plan --fleet [--hosts TARGET]",
             )
         from opspatch.cli.fleet import show_desired_plan
@@ -389,10 +440,10 @@ def plan(
         return
     if patch is None:
         raise InputError("plan needs PATCH (or --fleet)", hint="opspatch plan PATCH --hosts TARGET")
-    one_target(file, hosts, "plan")
+    one_target(file, hosts, "plan", root)
     loaded = options.load_patch(patch)
-    if file is not None:
-        show_local_plan(loaded, file, target_version, as_json)
+    if file is not None or root is not None:
+        show_local_plan(loaded, file, target_version, as_json, root)
         return
     assert hosts is not None
     show_fleet_plan(loaded, hosts, "default", accept_new_host_keys, as_json)

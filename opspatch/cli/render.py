@@ -44,6 +44,7 @@ OUTCOME_STYLE = {
     "unlocked": "green",
     "baked": "green",
     "staged": "cyan",
+    "staged-back": "cyan",
     "would-apply": "cyan",
     "rolled-back": "yellow",
     "restored-not-serving": "red",

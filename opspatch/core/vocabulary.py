@@ -41,6 +41,11 @@ class Outcome(Word):
     """rollback/recover put the pre-image back, but the server does not serve it: the smoke
     decode after the restore failed (the original code may be what was broken; a crash leaves
     the server down). The run failed on this host (exit 1)."""
+    STAGED_BACK = "staged-back"
+    """rollback put every pre-image back byte for byte and did not restart the server
+    (`--restart never`, or a playbook's `restart = "never"`): the goal of a rollback that is told
+    not to restart, so the run is ok (exit 0); the server runs the code it loaded until it is
+    restarted."""
     FAILED = "failed"
     """Nothing changed on this host (unreachable, lock held, the swap refused)."""
     SKIPPED = "skipped"
@@ -82,6 +87,7 @@ RECORDED_OUTCOMES = frozenset(
         Outcome.ROLLED_BACK,
         Outcome.RESTORED,
         Outcome.RESTORED_NOT_SERVING,
+        Outcome.STAGED_BACK,
         Outcome.FAILED,
         Outcome.SKIPPED,
         Outcome.NEEDS_ATTENTION,

@@ -13,19 +13,27 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from opspatch.core.edit import AlreadyApplied, NotApplicable
+from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, PlanOutcome
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.spec import LoadedPatch
+from opspatch.core.tomlsource import parse_field_path
 from opspatch.core.vocabulary import HaltAction, Outcome, RestartPolicy
-from opspatch.errors import BecomeError, HostKeyError, LeaseHeld, LockHeld, OpspatchError
+from opspatch.errors import (
+    BecomeError,
+    HostKeyError,
+    LeaseHeld,
+    Location,
+    LockHeld,
+    OpspatchError,
+    SpecError,
+)
 from opspatch.ledger.records import LeaseHolder
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.approval import require_approval
 from opspatch.runs.connect import TransportFactory
 from opspatch.runs.fleetrun import FleetRun
 from opspatch.runs.leases import host_identity, lease_held, live_holders, refusal
-from opspatch.runs.localfile import not_applicable_error
 from opspatch.runs.pipeline import ApplyPipeline, Prepared, PreparedFile
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.recorder import NullRecorder, Recorder
@@ -41,6 +49,18 @@ from opspatch.runs.session import (
 # the fleet
 
 
+@dataclass(frozen=True)
+class LocalFiles:
+    """An apply to files of the controller's own disk (`--file`, `--root`; the one host is the
+    controller, `runs.localfile`): the file of each of the patch's targets, in order, their
+    distribution's version where known, and the plans made on them before asking (applied as
+    shown, not planned again). There is no server: a swapped host is `applied`."""
+
+    paths: tuple[str, ...]
+    version: str | None
+    plans: tuple[PlanOutcome, ...] = ()
+
+
 def apply_to_hosts(
     patch: LoadedPatch,
     hosts: Sequence[Host],
@@ -51,10 +71,12 @@ def apply_to_hosts(
     progress: Progress | None = None,
     dry_run: bool = False,
     command: str = "apply",
+    local: LocalFiles | None = None,
 ) -> RunReport:
     """Apply `patch` across `hosts` under `playbook` (a dry run locks and records nothing).
 
-    `command` is the run's name in the ledger: `sync` applies through this same run.
+    `command` is the run's name in the ledger: `sync` applies through this same run. `local`:
+    the one host is the controller and these are its files (nothing is restarted).
 
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
@@ -63,7 +85,7 @@ def apply_to_hosts(
     progress = progress or NoProgress()
     if dry_run:
         return _FleetApply(
-            patch, playbook, hosts, factory, NullRecorder(), progress, True, command
+            patch, playbook, hosts, factory, NullRecorder(), progress, True, command, local
         ).run()
     if ledger is None:
         raise ValueError("an apply that changes hosts is recorded: pass the ledger")
@@ -79,11 +101,34 @@ def apply_to_hosts(
         progress.run_started(
             run.run_id, f"{patch.spec.id} on {len(hosts)} host(s), playbook {playbook.name}"
         )
-        report = _FleetApply(patch, playbook, hosts, factory, run, progress, False, command).run()
+        report = _FleetApply(
+            patch, playbook, hosts, factory, run, progress, False, command, local
+        ).run()
         return run.finish(report)
 
 
 _HOST_KEY_UNKNOWN = "unknown host key"
+
+
+def not_applicable_error(
+    loaded: LoadedPatch, target: str, outcome: NotApplicable, *, part: int = 0
+) -> SpecError:
+    """A NotApplicable outcome as an error naming the patch file, line and field, and the target
+    (`part`: which target of a patch set; its fields are `targets[part]....`)."""
+    reason = f"{target}: {outcome.reason}"
+    if loaded.is_set:
+        reason = f"{loaded.parts[part].target.module} ({reason})"
+    if outcome.candidates:
+        reason += "\n" + "\n".join(f"    {c}" for c in outcome.candidates)
+    if outcome.field:
+        field: Sequence[str | int] = parse_field_path(outcome.field)
+        if loaded.is_set:
+            inside = field[1:] if field[0] == "target" else field
+            field = loaded.target_field(part, *inside)
+        return SpecError(loaded.location(field), reason)
+    if loaded.is_set:
+        return SpecError(loaded.location(loaded.target_field(part)), reason)
+    return SpecError(Location(loaded.path), reason)
 
 
 def misfit_reason(patch: LoadedPatch, item: PreparedFile) -> str:
@@ -111,11 +156,22 @@ class _FleetApply:
     progress: Progress
     dry_run: bool
     command: str = "apply"
+    local: LocalFiles | None = None
 
     def run(self) -> RunReport:
-        self.pipeline = ApplyPipeline(
-            self.patch, self.playbook, restart_engine=self.playbook.restart != RestartPolicy.NEVER
-        )
+        if self.local is not None:  # local files: no server to restart, so swapped is applied
+            self.pipeline = ApplyPipeline(
+                self.patch, self.playbook, restart_engine=False, unrestarted=Outcome.APPLIED
+            )
+            for index, plan in enumerate(self.local.plans):
+                if isinstance(plan, Applied):
+                    self.pipeline.reuse(plan, index)
+        else:
+            self.pipeline = ApplyPipeline(
+                self.patch,
+                self.playbook,
+                restart_engine=self.playbook.restart != RestartPolicy.NEVER,
+            )
         self.host_key_refusals: dict[str, HostKeyError] = {}
         self.become_refusals: dict[str, BecomeError] = {}
         self.lease_refusals: dict[str, tuple[list[LeaseHolder], LeaseHeld]] = {}
@@ -161,6 +217,13 @@ class _FleetApply:
     def _prepare(self, session: HostSession) -> Prepared | HostOutcome:
         """Begin + plan on one host: nothing is changed here."""
         try:
+            if self.local is not None:
+                return self.pipeline.prepare(
+                    session,
+                    lock=not self.dry_run,
+                    paths=self.local.paths,
+                    installed_version=self.local.version,
+                )
             return self.pipeline.prepare(session, lock=not self.dry_run)
         except HostKeyError as exc:
             self.host_key_refusals[session.name] = exc

@@ -1,14 +1,20 @@
-"""Runs on a file of the controller's own disk: `plan`, `apply` and `rollback` with `--file`.
+"""Runs on files of the controller's own disk: `plan`, `apply` and `rollback` with `--file`
+(one file, the one target of a patch) or `--root` (a tree: each target of a patch set is its
+module's file under it, `<root>/a/b/c.py`).
 
-They use the host agent too (local transport, a lock and backups under `<state>/local`), so a
-local file gets the same host-side compile check, atomic write and ledger record as a fleet; only
-the restart is skipped. The file must be the patch's module (its path ends in the module's path)
-and its distribution's version (from the `*.dist-info` beside it, or `--target-version`) inside
-the patch's range.
+They are the fleet run with one host, the controller (local transport): `apply_to_hosts` and
+`rollback_hosts`, the same preflight, lease, executor and ledger records as a fleet, so a local
+file gets the same host-side compile check, atomic write and record; only the restart is skipped
+(there is no server). The lock, the lease and the backups are the file's (the tree's for
+`--root`), in a state folder of its own, so runs on different files of one machine do not refuse
+each other. Each file must be its target's module (its path ends in the module's path) and its
+distribution's version (from the `*.dist-info` beside it, or `--target-version`) inside the
+target's range.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from collections.abc import Sequence
@@ -22,16 +28,25 @@ from opspatch.core.host import EngineSettings, Host
 from opspatch.core.policy import Playbook
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch, Target
-from opspatch.core.tomlsource import parse_field_path
 from opspatch.core.vocabulary import Outcome
-from opspatch.errors import InputError, Location, OpspatchError, SpecError, TargetError
-from opspatch.ledger.store import Ledger, RunDetail
+from opspatch.errors import InputError, TargetError
+from opspatch.ledger.store import FileVersion, Ledger, RunDetail
+from opspatch.runs.apply import LocalFiles, apply_to_hosts, not_applicable_error
 from opspatch.runs.connect import transport_factory
-from opspatch.runs.pipeline import ApplyPipeline
-from opspatch.runs.recorded import recorded_run
-from opspatch.runs.report import FileChange, HostOutcome, RunReport
+from opspatch.runs.report import RunReport
 from opspatch.runs.restore import rollback_hosts
-from opspatch.runs.session import HostSession, NoProgress
+
+__all__ = [
+    "LocalPlan",
+    "LocalRollback",
+    "apply_local_file",
+    "local_file_host",
+    "not_applicable_error",
+    "plan_local_file",
+    "plan_local_tree",
+    "rollback_local_file",
+    "rollback_local_tree",
+]
 
 
 def _normalize(name: str) -> str:
@@ -64,123 +79,189 @@ def distribution_version_for(file: Path, target: Target) -> str | None:
     return None
 
 
-def local_file_host(python: str, state_dir: str) -> Host:
-    """The controller itself as a host, for the `--file` commands: local transport, the given
-    interpreter validates the new text, backups and the lock live in `state_dir`. Its name,
-    `local:<hostname>`, is what the ledger and every outcome call it."""
-    return Host.local(f"local:{socket.gethostname()}", state_dir, EngineSettings(python=python))
-
-
-def not_applicable_error(
-    loaded: LoadedPatch, target: str, outcome: NotApplicable, *, part: int = 0
-) -> SpecError:
-    """A NotApplicable outcome as an error naming the patch file, line and field, and the target
-    (`part`: which target of a patch set; its fields are `targets[part]....`)."""
-    reason = f"{target}: {outcome.reason}"
-    if loaded.is_set:
-        reason = f"{loaded.parts[part].target.module} ({reason})"
-    if outcome.candidates:
-        reason += "\n" + "\n".join(f"    {c}" for c in outcome.candidates)
-    if outcome.field:
-        field: Sequence[str | int] = parse_field_path(outcome.field)
-        if loaded.is_set:
-            inside = field[1:] if field[0] == "target" else field
-            field = loaded.target_field(part, *inside)
-        return SpecError(loaded.location(field), reason)
-    if loaded.is_set:
-        return SpecError(loaded.location(loaded.target_field(part)), reason)
-    return SpecError(Location(loaded.path), reason)
+def local_file_host(python: str, state_dir: Path, key: Path) -> Host:
+    """The controller itself as a host, for the `--file` and `--root` commands: local transport,
+    the given interpreter validates the new text. Its name, `local:<hostname>`, is what the
+    ledger and every outcome call it; its lock and backups (and so its lease, which names the
+    folder) are `key`'s, the file or the tree, in `<state>/local/<name>-<hash>`: two runs on
+    different files of one machine do not hold each other off, two on one file do."""
+    key = key.resolve()
+    folder = f"{key.name or 'root'}-{sha256_hex(str(key).encode())[:16]}"
+    return Host.local(
+        f"local:{socket.gethostname()}",
+        str(state_dir / "local" / folder),
+        EngineSettings(python=python),
+    )
 
 
 @dataclass(frozen=True)
 class LocalPlan:
-    """A patch planned on a local file: the file, its distribution's version (if known) and the
-    plan's outcome."""
+    """A patch planned on local files: one per target (`--file`: the one; `--root`: a set's,
+    found under `root`), their distribution's version (if known) and each plan's outcome."""
 
-    file: Path
+    files: tuple[Path, ...]
     version: str | None
-    outcome: Applied | AlreadyApplied | NotApplicable
+    outcomes: tuple[Applied | AlreadyApplied | NotApplicable, ...]
+    root: Path | None = None
+
+    @property
+    def file(self) -> Path:
+        return self.files[0]
+
+    @property
+    def outcome(self) -> Applied | AlreadyApplied | NotApplicable:
+        return self.outcomes[0]
+
+    @property
+    def key(self) -> Path:
+        """What the run's lock is about: the tree, or the one file."""
+        return self.root if self.root is not None else self.files[0]
+
+
+def _check_target(
+    loaded: LoadedPatch, part: int, file: Path, version: str | None, *, root: Path | None
+) -> None:
+    """Raises TargetError: `file` is not target `part`'s module, or its version is outside."""
+    target = loaded.parts[part].target
+    path = str(file.resolve())
+    field = loaded.target_field(part, "module")
+    mismatch = target.mismatch(path, None)
+    if mismatch is None:
+        field = loaded.target_field(part, "versions")
+        mismatch = version_gate(
+            target, path, owner=None, owner_version=None, installed_version=version
+        )
+    if mismatch:
+        if loaded.is_set:
+            mismatch = f"{target.module}: {mismatch}"
+        what = "the tree holds the modules" if root is not None else "the file is the module"
+        raise TargetError(
+            f"{loaded.location(field)}: {mismatch}",
+            hint=f"check that {what} and release this patch is for"
+            + ("" if version else "; pass --target-version when no dist-info says"),
+        )
 
 
 def plan_local_file(loaded: LoadedPatch, file: Path, target_version: str | None) -> LocalPlan:
     """Check that `file` is the patch's target and plan the patch on its bytes (pure otherwise).
 
     Raises:
-        InputError: there is no such file.
+        InputError: there is no such file, or the patch is a set (`--root` takes a set).
         TargetError: the file is not the patch's module, or its version is outside the range.
     """
-    loaded.only_target("--file")
+    if loaded.is_set:
+        modules = ", ".join(p.target.module for p in loaded.parts)
+        raise InputError(
+            f"{loaded.path}: {loaded.spec.id} is a patch set ({modules}); --file takes a patch "
+            "with one [target]",
+            hint="give the tree that holds the set's modules instead: --root DIR (e.g. the "
+            "site-packages folder, or a checkout's source folder), or --hosts TARGET",
+        )
     if not file.is_file():
         raise InputError(f"{file}: no such file")
     version = target_version or distribution_version_for(file, loaded.spec.target)
-    path = str(file.resolve())
-    field: tuple[str, str] = ("target", "module")
-    mismatch = loaded.spec.target.mismatch(path, None)
-    if mismatch is None:
-        field = ("target", "versions")
-        mismatch = version_gate(
-            loaded.spec.target, path, owner=None, owner_version=None, installed_version=version
+    _check_target(loaded, 0, file, version, root=None)
+    return LocalPlan((file,), version, (apply_patch(file.read_bytes(), loaded.spec),))
+
+
+def tree_files(loaded: LoadedPatch, root: Path) -> tuple[Path, ...]:
+    """Each target's module file under `root` (`a/b/c.py`, else `a/b/c/__init__.py`).
+
+    Raises:
+        InputError: `root` is not a folder, or a target's module is not in it.
+    """
+    if not root.is_dir():
+        raise InputError(
+            f"{root}: no such folder", hint="--root names the tree holding the modules"
         )
-    if mismatch:
-        raise TargetError(
-            f"{loaded.location(field)}: {mismatch}",
-            hint="check that the file is the module and release this patch is for"
-            + ("" if version else "; pass --target-version when no dist-info says"),
-        )
-    return LocalPlan(file, version, apply_patch(file.read_bytes(), loaded.spec))
+    files = []
+    for index, part in enumerate(loaded.parts):
+        relpaths = part.target.module_relpaths()
+        found = next((root / rel for rel in relpaths if (root / rel).is_file()), None)
+        if found is None:
+            raise InputError(
+                f"{loaded.location(loaded.target_field(index, 'module'))}: {part.target.module} "
+                f"is not in {root} (neither {relpaths[0]} nor {relpaths[1]})",
+                hint="--root is the folder the modules' top package is in (site-packages, or "
+                "a checkout's python/ folder)",
+            )
+        files.append(found)
+    return tuple(files)
+
+
+def plan_local_tree(loaded: LoadedPatch, root: Path, target_version: str | None) -> LocalPlan:
+    """Find each target's module under `root`, check it, and plan the target on its bytes.
+
+    The version is `target_version`, else the first dist-info beside the files that names a
+    target's distribution; every target's range is checked against it.
+
+    Raises:
+        InputError: no such folder, or a module is not in it.
+        TargetError: a module's version is outside its target's range.
+    """
+    files = tree_files(loaded, root)
+    version = target_version or next(
+        (
+            found
+            for file, part in zip(files, loaded.parts, strict=True)
+            if (found := distribution_version_for(file, part.target)) is not None
+        ),
+        None,
+    )
+    for index, file in enumerate(files):
+        _check_target(loaded, index, file, version, root=root)
+    outcomes = tuple(
+        apply_patch(file.read_bytes(), part) for file, part in zip(files, loaded.parts, strict=True)
+    )
+    return LocalPlan(files, version, outcomes, root=root)
 
 
 def apply_local_file(
     loaded: LoadedPatch, plan: LocalPlan, *, python: str, ledger: Ledger, state_dir: Path
 ) -> RunReport:
-    """Apply a planned patch to the local file, recorded in the ledger (nothing to restart).
+    """Apply a planned patch to its local file(s), recorded in the ledger (nothing to restart):
+    the fleet apply with the controller as its one host.
 
     Raises:
-        SpecError: the plan says the patch does not fit the file.
+        SpecError: the plan says a target does not fit its file.
     """
-    if isinstance(plan.outcome, NotApplicable):
-        raise not_applicable_error(loaded, str(plan.file), plan.outcome)
-    host = local_file_host(python, str(state_dir / "local"))
-    if isinstance(plan.outcome, AlreadyApplied):
-        sha = sha256_hex(plan.file.read_bytes())
-        already = HostOutcome(
-            host.name,
-            Outcome.ALREADY_APPLIED,
-            file=FileChange(str(plan.file.resolve()), sha, sha),
-            note=plan.outcome.reason,
+    for index, (file, outcome) in enumerate(zip(plan.files, plan.outcomes, strict=True)):
+        if isinstance(outcome, NotApplicable):
+            raise not_applicable_error(loaded, str(file), outcome, part=index)
+    host = local_file_host(python, state_dir, plan.key)
+    return apply_to_hosts(
+        loaded,
+        [host],
+        Playbook(),
+        factory=transport_factory(),
+        ledger=ledger,
+        local=LocalFiles(tuple(str(f.resolve()) for f in plan.files), plan.version, plan.outcomes),
+    )
+
+
+@dataclass(frozen=True)
+class LocalRollback:
+    """A rollback of local files, checked and ready to run (`run`): this machine as the one
+    host, the files it may restore, and the patch or run whose changes it undoes."""
+
+    host: Host
+    paths: tuple[str, ...]
+    patch: LoadedPatch | None
+    source_run: RunDetail | None
+
+    def run(self, ledger: Ledger) -> RunReport:
+        """Restore the recorded pre-images where the files are still what opspatch wrote."""
+        return rollback_hosts(
+            ledger=ledger,
+            hosts=[self.host],
+            factory=transport_factory(),
+            playbook=Playbook(),
+            patch=self.patch,
+            source_run=self.source_run,
+            restart_engine=False,
+            unrestarted=Outcome.RESTORED,  # there is no server: the files back are the goal
+            only_paths=self.paths,
         )
-        return RunReport(None, "apply", loaded.spec.id, hosts=(already,))
-    playbook = Playbook()
-    with recorded_run(ledger, command="apply", patch=loaded, hosts=[host]) as run:
-        pipeline = ApplyPipeline(
-            loaded, playbook, restart_engine=False, unrestarted=Outcome.APPLIED
-        )
-        if isinstance(plan.outcome, Applied):
-            pipeline.reuse(plan.outcome)
-        with HostSession(
-            host,
-            transport_factory(),
-            playbook,
-            recorder=run,
-            progress=NoProgress(),
-        ) as session:
-            try:
-                prepared = pipeline.prepare(
-                    session,
-                    lock=True,
-                    paths=[str(plan.file.resolve())],
-                    installed_version=plan.version,
-                )
-                if prepared.pending:
-                    result = pipeline.apply(session, prepared)
-                else:
-                    result = session.outcome(Outcome.ALREADY_APPLIED)
-            except OpspatchError as exc:
-                result = session.refused(exc)
-            finally:
-                session.lock.release()
-            run.outcome(result)
-        return run.finish(RunReport(run.run_id, "apply", loaded.spec.id, hosts=(result,)))
 
 
 def rollback_local_file(
@@ -191,21 +272,23 @@ def rollback_local_file(
     python: str,
     ledger: Ledger,
     state_dir: Path,
-) -> RunReport:
-    """Restore the pre-image opspatch recorded for `file` by `patch` (or by the run
-    `source_run`), where the file is still what opspatch wrote.
+) -> LocalRollback:
+    """The rollback of the pre-image opspatch recorded for `file` by `patch` (or by the run
+    `source_run`), checked against the ledger before anything is asked or changed.
 
     Raises:
-        InputError: no such file, or the ledger has no change by this patch (run) to it.
+        InputError: no such file, the ledger has no change by this patch (run) to it, or the
+            run changed it as one file of a patch set (a set is rolled back whole: `--root`).
     """
     if patch is not None:
         patch.only_target("rollback --file")
     if not file.is_file():
         raise InputError(f"{file}: no such file")
-    host = local_file_host(python, str(state_dir / "local"))
+    host = local_file_host(python, state_dir, file)
     path = str(file.resolve())
     history = ledger.file_history(host.name, path)
     if source_run is not None:
+        _refuse_one_file_of_a_set(source_run, path, host.name)
         by = f"run {source_run.run_id}"
         recorded = any(v.run_id == source_run.run_id for v in history)
     else:
@@ -214,15 +297,104 @@ def rollback_local_file(
     if not recorded:
         raise InputError(
             f"the ledger has no change by {by} to {path} on this machine",
+            hint=_elsewhere(source_run, path)
+            or "rollback restores what opspatch recorded; see `opspatch ledger list`",
+        )
+    return LocalRollback(host, (path,), patch, source_run)
+
+
+def rollback_local_tree(
+    root: Path,
+    *,
+    patch: LoadedPatch | None = None,
+    source_run: RunDetail | None = None,
+    python: str,
+    ledger: Ledger,
+    state_dir: Path,
+) -> LocalRollback:
+    """The rollback of the pre-images opspatch recorded for the files under `root` by `patch`
+    (its targets' modules) or by the run `source_run` (the files it changed under `root`): a set
+    whole or not at all, as on a host. Checked before anything is asked or changed.
+
+    Raises:
+        InputError: no such folder, a module is not in it, or the ledger has no change by this
+            patch (run) under it.
+    """
+    if not root.is_dir():
+        raise InputError(
+            f"{root}: no such folder", hint="--root names the tree holding the modules"
+        )
+    host = local_file_host(python, state_dir, root)
+    inside = str(root.resolve()) + "/"
+    history = ledger.file_history(host.name)
+    if patch is not None:
+        paths = [str(f.resolve()) for f in tree_files(patch, root)]
+        by = patch.spec.id
+        recorded = any(v.path in paths and v.patch_id == patch.spec.id for v in history)
+    else:
+        assert source_run is not None
+        by = f"run {source_run.run_id}"
+        paths = list(
+            dict.fromkeys(
+                v.path
+                for v in history
+                if v.run_id == source_run.run_id and v.path.startswith(inside)
+            )
+        )
+        recorded = bool(paths)
+    if not recorded:
+        raise InputError(
+            f"the ledger has no change by {by} under {root.resolve()} on this machine",
             hint="rollback restores what opspatch recorded; see `opspatch ledger list`",
         )
-    return rollback_hosts(
-        ledger=ledger,
-        hosts=[host],
-        factory=transport_factory(),
-        playbook=Playbook(),
-        patch=patch,
-        source_run=source_run,
-        restart_engine=False,
-        only_path=path,
+    return LocalRollback(host, tuple(paths), patch, source_run)
+
+
+def _set_of(versions: Sequence[FileVersion], path: str) -> list[str] | None:
+    """The paths of the set `path` is one file of, among one host's `versions` of one run
+    (None: the run changed one file there, or not `path`)."""
+    paths = list(dict.fromkeys(v.path for v in versions if v.action == "patch"))
+    return paths if path in paths and len(paths) > 1 else None
+
+
+def _refuse_one_file_of_a_set(source_run: RunDetail, path: str, local: str) -> None:
+    """Raises InputError when run `source_run` changed `path` as one file of a patch set: a set
+    is rolled back whole (on its hosts, or with `--root` for a local tree)."""
+    for record in source_run.hosts:
+        members = _set_of(record.file_versions, path)
+        if members is None:
+            continue
+        run = source_run.run_id
+        patch = source_run.summary.patch_id or "?"
+        if record.host == local:
+            root = _common_root(members)
+            how = f"`opspatch rollback --run {run} --root {root}`"
+        else:
+            how = f"`opspatch rollback --run {run} --hosts {record.host}`"
+        raise InputError(
+            f"{path} is one file of the patch set {patch} that run {run} changed on "
+            f"{record.host} ({', '.join(members)}); a set is rolled back whole, not one file",
+            hint=f"roll the set back with {how}",
+        )
+
+
+def _common_root(paths: Sequence[str]) -> str:
+    """The tree a local set's files were found in (`--root`): the folder they share, above the
+    packages it is inside (a folder with an `__init__.py` is a package, not the tree)."""
+    folder = Path(os.path.commonpath([str(Path(p).parent) for p in paths]))
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        folder = folder.parent
+    return str(folder)
+
+
+def _elsewhere(source_run: RunDetail | None, path: str) -> str | None:
+    """Where run `source_run` did change `path`, if not through `--file` on this machine."""
+    if source_run is None:
+        return None
+    hosts = [r.host for r in source_run.hosts if any(v.path == path for v in r.file_versions)]
+    if not hosts:
+        return None
+    return (
+        f"run {source_run.run_id} changed {path} on {', '.join(hosts)}: "
+        f"`opspatch rollback --run {source_run.run_id} --hosts {','.join(hosts)}`"
     )

@@ -130,7 +130,14 @@ class HostOutcome(JsonRecord):
 
 
 CHANGED_OUTCOMES = frozenset(
-    {Outcome.APPLIED, Outcome.STAGED, Outcome.RESTORED, Outcome.UNLOCKED, Outcome.ROLLED_BACK}
+    {
+        Outcome.APPLIED,
+        Outcome.STAGED,
+        Outcome.RESTORED,
+        Outcome.STAGED_BACK,
+        Outcome.UNLOCKED,
+        Outcome.ROLLED_BACK,
+    }
 )
 """Host outcomes of a run that changed something on the host (a file, a server, a lock)."""
 

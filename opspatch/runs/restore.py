@@ -16,6 +16,9 @@ server that would crash on the first request is better found down by the rollbac
 first user. So a rollback goes canary first (one host, then the rest): a host whose restored
 file is not served halts the run, as a failed canary halts an apply, since rolling more hosts
 back the same way would take their servers down too.
+Told not to restart (`--restart never`, for a host whose inventory sets no engine restart), a
+rollback restores the files only: no canary, and each host is `staged-back` (exit 0) once its
+files are back.
 
 Both run through the fleet executor (`runs.executor`): hosts in parallel up to the playbook's
 `max_in_flight`; a host that needs attention, or whose restored file is not served, halts the
@@ -195,9 +198,15 @@ def rollback_hosts(
     source_run: RunDetail | None = None,
     progress: Progress | None = None,
     restart_engine: bool = True,
-    only_path: str | None = None,
+    unrestarted: Outcome = Outcome.STAGED_BACK,
+    only_paths: Collection[str] | None = None,
 ) -> RunReport:
     """Restore the pre-images of `patch` (or of the run `source_run`) on `hosts`, recorded.
+
+    `restart_engine=False` restores the files only: a restored host is then `unrestarted`
+    (`staged-back` on a fleet, whose servers still run the code they loaded; `restored` for
+    local files, which have no server). `only_paths`: the files to consider (local files: the
+    one file, or a tree's files), all of the host's otherwise.
 
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
@@ -213,7 +222,14 @@ def rollback_hosts(
         playbook=playbook,
         parent_run=source_run.run_id if source_run else None,
     ) as run:
-        rollback = _Rollback(ledger, patch, source_run, restart_engine, only_path)
+        rollback = _Rollback(
+            ledger,
+            patch,
+            source_run,
+            restart_engine,
+            unrestarted,
+            frozenset(only_paths) if only_paths is not None else None,
+        )
         report = run_restore(
             command="rollback",
             recorder=run,
@@ -237,13 +253,18 @@ class _Rollback:
         patch: LoadedPatch | None,
         source_run: RunDetail | None,
         restart_engine: bool,
-        only_path: str | None,
+        unrestarted: Outcome,
+        only_paths: frozenset[str] | None,
     ) -> None:
         self.ledger = ledger
         self.patch = patch
         self.source_run = source_run
         self.restart_engine = restart_engine
-        self.only_path = only_path
+        self.unrestarted = unrestarted
+        self.only_paths = only_paths
+
+    def _considered(self, path: str) -> bool:
+        return self.only_paths is None or path in self.only_paths
 
     def versions_for(self, host: str) -> list[FileVersion]:
         """The changes to undo on `host`, of one path (the first that has any), newest first:
@@ -259,12 +280,18 @@ class _Rollback:
             found = [
                 v
                 for v in reversed(record.file_versions)
-                if v.action == "patch" and self.only_path in (None, v.path)
+                if v.action == "patch" and self._considered(v.path)
             ]
             return [v for v in found if v.path == found[0].path]
         assert self.patch is not None
-        history = self.ledger.file_history(host, self.only_path)
-        paths = list(dict.fromkeys(v.path for v in history if v.patch_id == self.patch.spec.id))
+        history = self.ledger.file_history(host)
+        paths = list(
+            dict.fromkeys(
+                v.path
+                for v in history
+                if v.patch_id == self.patch.spec.id and self._considered(v.path)
+            )
+        )
         for path in paths:
             found = applied_versions(self.ledger.file_history(host, path), self.patch.spec.id)
             if found:
@@ -290,6 +317,7 @@ class _Rollback:
             ]
         else:
             return {}
+        found = [v for v in found if self._considered(v.path)]
         by_path: dict[str, list[FileVersion]] = {}
         for path in paths_of(found):
             by_path[path] = [v for v in found if v.path == path]
@@ -441,9 +469,16 @@ class _Rollback:
         """After a restore: restart, wait (the restore path's own deadline), smoke-decode. The
         host is `restored` once its file is back and its server ready and decoding; a failed
         smoke makes it `restored-not-serving` (exit 1): the original code may be exactly what
-        was broken, and a server the decode crashed is down."""
+        was broken, and a server the decode crashed is down. Told not to restart, the host is
+        `unrestarted` once its files are back."""
         if not self.restart_engine:
-            return session.outcome(Outcome.RESTORED, file=change, note=note)
+            if self.unrestarted == Outcome.STAGED_BACK:
+                note = _join_notes(
+                    note,
+                    "staged back: the pre-image is in place, the server was not restarted "
+                    "(--restart never) and runs the code it loaded until it is restarted",
+                )
+            return session.outcome(self.unrestarted, file=change, note=note)
         try:
             restart = restart_step(session)
             ready_step(session, restart, timeout=session.playbook.timeouts.restore_ready)
@@ -537,3 +572,7 @@ class _Rollback:
         change = FileChange(live.realpath, restored.sha256_before, restored.sha256_after)
         how = "restored from the host's own backup (the ledger had no record of this change)"
         return self._restart_and_prove(session, change, note=how)
+
+
+def _join_notes(*notes: str | None) -> str | None:
+    return "; ".join(n for n in notes if n) or None

@@ -105,7 +105,7 @@ def _rolled_back(detail: RunDetail) -> list[str]:
                 f"{host.host}: rolled back by this run{step} because: "
                 f"{(host.error or 'no reason recorded').splitlines()[0]}"
             )
-        elif host.outcome in (Outcome.RESTORED, Outcome.RESTORED_NOT_SERVING):
+        elif host.outcome in (Outcome.RESTORED, Outcome.RESTORED_NOT_SERVING, Outcome.STAGED_BACK):
             undid = f"run {s.parent_run}" if s.parent_run else f"patch {s.patch_id or '?'}"
             lines.append(
                 f"{host.host}: restored ({undid}) by `{s.command_line}` ({s.operator})"
