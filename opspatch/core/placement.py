@@ -456,7 +456,9 @@ def place_replace(
         raise EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
     splices: list[Splice] = []
     # one marker per statement, however many of its expressions this and earlier edits change
-    marked = {first_line(found.stmt) for found in expressions if _marked(index, found.stmt, patch)}
+    marked = {
+        first_line(found.stmt) for found in expressions if carries_marker(index, found.stmt, patch)
+    }
     width = file_width(index)
     for found in expressions:
         expr = found.expr
@@ -477,11 +479,13 @@ def place_replace(
     return splices + statement_splices, scopes
 
 
-def _marked(index: LineIndex, stmt: ast.stmt, patch: PatchSpec) -> bool:
-    """Whether the comment block directly above `stmt` holds this patch's marker."""
+def carries_marker(index: LineIndex, stmt: ast.stmt, patch: PatchSpec) -> bool:
+    """Whether the comment block directly above `stmt` holds this patch's marker (not that of
+    a patch whose id merely starts with this one's): the trace an edit leaves at its own place."""
     line = first_line(stmt) - 1
-    while line >= 1 and index.line_text(line).strip().startswith("#"):
-        if index.line_text(line).strip().startswith(patch.marker):
+    while line >= 1 and (text := index.line_text(line).strip()).startswith("#"):
+        rest = text.removeprefix(patch.marker).removeprefix(BLANK_LINE_MARK)
+        if text.startswith(patch.marker) and (not rest or rest.startswith(":")):
             return True
         line -= 1
     return False
@@ -574,7 +578,9 @@ def _replace_statements(
         indent = index.indentation(first_line(stmt))
         # a replace under this patch's marker (an earlier edit's) adds none; a delete needs its
         # own, since the marker is what stands in its place
-        already = isinstance(edit, ReplaceEdit) and bool(code) and _marked(index, stmt, patch)
+        already = (
+            isinstance(edit, ReplaceEdit) and bool(code) and carries_marker(index, stmt, patch)
+        )
         marker = [] if already else marker_lines(patch, edit.comment, indent)
         assert stmt.end_col_offset is not None
         start = index.line_start(first_line(stmt))
