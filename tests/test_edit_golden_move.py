@@ -216,33 +216,6 @@ anchor = { calls = "done" }
     assert "leave the block empty" in outcome.reason
 
 
-def test_a_move_of_a_multi_line_string_that_re_indenting_would_change_is_refused() -> None:
-    before = src(
-        '''
-        def f():
-            if on:
-                text = """
-        kept as written
-        """
-                go()
-            done()
-        '''
-    )
-    patch = make_patch(
-        """
-[[edits]]
-kind = "move"
-scope = "f"
-select = { assigns = "text" }
-position = "before"
-anchor = { calls = "done" }
-"""
-    )
-    outcome = apply_patch(before, patch)
-    assert isinstance(outcome, NotApplicable)
-    assert "cannot be re-indented" in outcome.reason
-
-
 @pytest.mark.parametrize(
     ("extra", "problem"),
     [

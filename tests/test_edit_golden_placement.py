@@ -73,14 +73,6 @@ def test_replace_first_or_last_expression_applies_once_and_only_once(
     assert_golden(STEP, make_patch(_replace_expression(which)), expected)
 
 
-def test_replace_first_expression_recognised_without_its_marker() -> None:
-    patch = make_patch(_replace_expression("first"))
-    outcome = apply_patch(STEP, patch)
-    assert isinstance(outcome, Applied)
-    unmarked = outcome.new_source.replace(b"        # opspatch:t-patch\n", b"")
-    assert isinstance(apply_patch(unmarked, patch), AlreadyApplied)
-
-
 LIMITS = src(
     """
     def clamp(x):

@@ -263,15 +263,34 @@ def test_code_inserted_into_a_tab_indented_block_is_indented_with_tabs() -> None
     assert_golden(before, patch, expected)
 
 
-def test_code_whose_multi_line_string_the_indentation_would_change_is_refused() -> None:
-    """Indenting the string's lines would change the string, so the result would not be the
-    code written and every apply would add one more copy: refused, naming the code field."""
-    before = b"def f():\n    x = 1\n"
-    code = 'y = """\nkept\n"""\n'
-    patch = make_patch(
-        f"[[edits]]\nkind = \"insert\"\nscope = \"f\"\nposition = \"end\"\ncode = '''\n{code}'''\n"
+def test_containing_is_an_expression_matched_as_a_sub_tree_not_as_text() -> None:
+    """docs/formats.md: `containing` selects a test that holds that expression as a node; the
+    same letters in a longer name, in a string, or inside a longer `and` do not count."""
+    before = src(
+        """
+        def f(self, s):
+            if self.chunked is not None and x:
+                a()
+            if self.chunked_req:
+                b()
+            if "self.chunked" in s:
+                c()
+            if p and q and r:
+                d()
+        """
     )
-    outcome = apply_patch(before, patch)
+    patch = make_patch(
+        '[[edits]]\nkind = "replace"\nscope = "f"\n'
+        'select = { test_of = "if", containing = "self.chunked", which = "all" }\ncode = "flag"\n'
+    )
+    expected = before.replace(
+        b"    if self.chunked is not None and x:\n", b"    # opspatch:t-patch\n    if flag:\n"
+    )
+    assert_golden(before, patch, expected)
+    longer_and = make_patch(
+        '[[edits]]\nkind = "replace"\nscope = "f"\n'
+        'select = { test_of = "if", containing = "p and q" }\ncode = "flag"\n'
+    )
+    outcome = apply_patch(before, longer_and)
     assert isinstance(outcome, NotApplicable)
-    assert outcome.field == "edits[0].code"
-    assert "multi-line string" in outcome.reason
+    assert "is not in" in outcome.reason

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from opspatch.core.spec import MODULE_SCOPE, ReplaceSelector, StatementSelector
-from opspatch.core.syntax import parse_python
+from opspatch.core.syntax import dedent_code, parse_python
 
 DefNode = ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
 ScopeNode = ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
@@ -326,10 +326,9 @@ def _stub(node: DefNode) -> ast.stmt:
 
 
 def statement_dumps(code: str) -> list[str]:
-    """Dumps of the statements of a (dedented) snippet."""
-    import textwrap
-
-    return [strip_positions(s) for s in parse_python(textwrap.dedent(code)).body]
+    """Dumps of the statements of a snippet, dedented as it is placed (`dedent_code`: a
+    multi-line string's lines kept as written)."""
+    return [strip_positions(s) for s in parse_python(dedent_code(code).text).body]
 
 
 def _pick(

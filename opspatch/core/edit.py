@@ -5,8 +5,11 @@ fit, and never returns a broken file:
 
 - `Applied(new_source, diff, ...)`: every edit placed, the result validated (parses, compiles,
   postconditions hold, nothing outside the edited scopes changed);
-- `AlreadyApplied(reason)`: every edit is already present, recognised by its syntax tree (so a
-  removed marker comment or a reformatted line does not hide it; a diff edit: its reverse applies);
+- `AlreadyApplied(reason)`: every edit is already present at its own place, recognised by its
+  syntax tree (so a removed marker comment or a reformatted line does not hide it; a diff edit:
+  its reverse applies), and by its marker only where the tree cannot tell the code an edit wrote
+  from the same code already there (a `first` / `last` replace); never by the new code merely
+  appearing somewhere in the scope;
 - `NotApplicable(reason, field, candidates)`: an anchor found nothing or several places, the file
   is partly patched, not decodable, not an accepted pre-image, or the result failed validation.
 
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from opspatch.core.anchors import (
     AnchorProblem,
+    Scope,
     StatementRun,
     find_statement_runs,
     first_line,
@@ -44,6 +48,7 @@ from opspatch.core.placement import (
     EditProblem,
     Splice,
     apply_splices,
+    carries_marker,
     marker_lines,
     place_delete,
     place_insert,
@@ -71,6 +76,7 @@ from opspatch.core.spec import (
     MoveEdit,
     PatchSpec,
     ReplaceEdit,
+    StatementSelector,
     edit_field,
     variant_label,
 )
@@ -188,6 +194,9 @@ class EditState:
     """For `applied`: the edit's selector found the new code where it points. False when it was
     judged applied because the old code is gone (a replace whose selector matches nothing, a
     delete): then another alternative with the same code reads applied as well."""
+    marked: bool = False
+    """For `applied` but not `placed`: the new code stands under this patch's marker, so the
+    patch wrote it there (in one of its variants), not merely found it."""
 
 
 @dataclass(frozen=True)
@@ -211,43 +220,83 @@ class Reverted:
 # detecting
 
 
-def inserted_run(tree: ast.Module, patch: PatchSpec, i: int) -> list[ast.stmt] | None:
-    """The statements insert edit `i` put into `tree`, if they are there.
+def inserted_run(
+    index: LineIndex, tree: ast.Module, patch: PatchSpec, i: int
+) -> list[ast.stmt] | None:
+    """The statements insert edit `i` put into `tree` (the tree of `index.text`), if they are
+    there: at its own place, never merely somewhere in its scope.
 
-    An insert counts only where it is placed: beside its anchor, or (at the start or end) in
-    the scope's own body, not in a nested block; anywhere in that body, since patches stacked
-    later may insert before or after it there. The code of the
-    patch's other inserts may stand in between, since two inserts at one place go side by side.
+    Beside its anchor: the statement the anchor selects (its `which` applied), counted without
+    the inserted code itself and the code of the patch's later inserts, as it was chosen when
+    the edit was placed. At the start (end): first (last) in the scope's own body, or anywhere
+    in that body under this patch's marker (a patch stacked later may have inserted before or
+    after it). The code of the patch's other inserts may stand in between, since two inserts at
+    one place go side by side.
     """
+    return _inserted_runs(index, tree, patch, i).get(i)
+
+
+def _inserted_runs(
+    index: LineIndex, tree: ast.Module, patch: PatchSpec, first: int
+) -> dict[int, list[ast.stmt] | None]:
+    """`inserted_run` of every insert from edit `first` on, the last first: each excludes the
+    statements the later ones put in from its anchor's matches."""
+    runs: dict[int, list[ast.stmt] | None] = {}
+    later: set[int] = set()
+    for j in reversed(range(first, len(patch.edits))):
+        if not isinstance(patch.edits[j], InsertEdit):
+            continue
+        try:
+            runs[j] = _find_inserted(index, tree, patch, j, later)
+        except EditProblem:
+            if j == first:
+                raise
+            runs[j] = None
+        later.update(id(stmt) for stmt in runs[j] or [])
+    return runs
+
+
+def _find_inserted(
+    index: LineIndex, tree: ast.Module, patch: PatchSpec, i: int, later: set[int]
+) -> list[ast.stmt] | None:
     edit = patch.edits[i]
     assert isinstance(edit, InsertEdit)
     scope = scope_of(tree, edit.scope, i)
-    runs = find_statement_runs(scope, statement_dumps(edit.code))
-    anchors = (
-        {id(loc.stmt) for loc in matching_statements(scope, edit.anchor)}
-        if edit.anchor is not None
-        else set()
-    )
     others = _other_inserts(patch, i)
-    for run in runs:
+    for run in find_statement_runs(scope, statement_dumps(edit.code)):
         dumps = [strip_positions(s) for s in run.block]
-        if edit.position in ("after", "start"):
-            end = _skip_back(dumps, run.start, others)  # what stands before it
+        if edit.position in ("start", "end"):
+            if run.block is not scope.node.body:  # a nested block is not the scope's start/end
+                continue
             if edit.position == "start":
-                # in the scope's own body: a later patch may have inserted before it (stacked)
-                if run.block is scope.node.body:
-                    return run.statements
-            elif end >= 1 and id(run.block[end - 1]) in anchors:
+                placed = _skip_back(dumps, run.start, others) == start_index(scope)
+            else:
+                placed = _skip_forward(dumps, run.start + run.length, others) == len(run.block)
+            if placed or carries_marker(index, run.statements[0], patch):
                 return run.statements
+            continue
+        assert edit.anchor is not None
+        anchor = _chosen_anchor(scope, edit.anchor, later | {id(s) for s in run.statements})
+        if anchor is None:
+            continue
+        if edit.position == "after":
+            end = _skip_back(dumps, run.start, others)  # what stands before it
+            placed = end >= 1 and run.block[end - 1] is anchor
         else:
             begin = _skip_forward(dumps, run.start + run.length, others)  # what stands after it
-            if edit.position == "end":
-                # in the scope's own body: a later patch may have appended after it (stacked)
-                if run.block is scope.node.body:
-                    return run.statements
-            elif begin < len(run.block) and id(run.block[begin]) in anchors:
-                return run.statements
+            placed = begin < len(run.block) and run.block[begin] is anchor
+        if placed:
+            return run.statements
     return None
+
+
+def _chosen_anchor(scope: Scope, anchor: StatementSelector, excluded: set[int]) -> ast.stmt | None:
+    """The statement `anchor` selects (its `which` applied) among those not `excluded`; None
+    when it selects none (or several, for `only`)."""
+    found = [loc.stmt for loc in matching_statements(scope, anchor) if id(loc.stmt) not in excluded]
+    if not found or (anchor.which == "only" and len(found) > 1):
+        return None
+    return found[-1] if anchor.which == "last" else found[0]
 
 
 def _other_inserts(patch: PatchSpec, i: int) -> list[list[str]]:
@@ -311,13 +360,17 @@ def _insert_place(edit: InsertEdit | MoveEdit) -> str:
     return f"at the {edit.position} of `{edit.scope}`"
 
 
-def _edit_state(text: str, tree: ast.Module, patch: PatchSpec, i: int) -> EditState:
-    """Is edit `i` present in `text`? Decided by syntax trees, never by marker comments."""
+def _edit_state(index: LineIndex, tree: ast.Module, patch: PatchSpec, i: int) -> EditState:
+    """Is edit `i` present in `index.text`? Decided at the edit's own place, by syntax trees
+    (the node its selector or anchor chooses, or its position) and, where the tree alone cannot
+    tell code the edit wrote from the same code already there, by its marker comment; never by
+    the new code appearing somewhere in the scope."""
     edit = patch.edits[i]
+    text = index.text
     try:
         if isinstance(edit, InsertEdit):
             scope = scope_of(tree, edit.scope, i)
-            if inserted_run(tree, patch, i) is not None:
+            if inserted_run(index, tree, patch, i) is not None:
                 return EditState(
                     i, EditStatus.APPLIED, f"its code is present {_insert_place(edit)}"
                 )
@@ -325,9 +378,10 @@ def _edit_state(text: str, tree: ast.Module, patch: PatchSpec, i: int) -> EditSt
                 select_in(scope, edit.anchor, i, "anchor")  # a missing anchor is a problem now
             return EditState(i, EditStatus.PENDING, f"its code is not {_insert_place(edit)}")
         if isinstance(edit, ReplaceEdit):
-            return _replace_state(tree, edit, i)
+            return _replace_state(index, tree, patch, edit, i)
         if isinstance(edit, DeleteEdit):
-            return _delete_state(tree, edit, i, _inserted_by(tree, patch, range(len(patch.edits))))
+            inserted = _inserted_by(index, tree, patch, range(len(patch.edits)))
+            return _delete_state(tree, edit, i, inserted)
         if isinstance(edit, MoveEdit):
             return _move_state(tree, patch, edit, i)
         assert isinstance(edit, DiffEdit)
@@ -363,58 +417,75 @@ def _inside(inner: Span, outer: Span) -> bool:
     return outer[:2] <= inner[:2] and inner[2:] <= outer[2:]
 
 
-def _replace_state(tree: ast.Module, edit: ReplaceEdit, i: int) -> EditState:
-    """A replace is applied when its new code is present where the selector chose: for `only`,
-    every place the selector still matches lies inside new code (which may contain the old, e.g.
-    `max(x, 1)`); for `first` (`last`), new code comes before (after) every such place."""
+def _replace_state(
+    index: LineIndex, tree: ast.Module, patch: PatchSpec, edit: ReplaceEdit, i: int
+) -> EditState:
+    """A replace is applied when its new code stands at the place the selector chooses:
+
+    - the node the selector selects (its `which` applied: the first, the last, or every match)
+      lies inside new code (which may contain the old, e.g. `max(x, 1)`, or match the selector
+      itself, e.g. a new call of the same function);
+    - else, for `first` (`last`), new code under this patch's marker comes before (after) every
+      match left: the tree alone cannot tell the new code the edit wrote from the same code that
+      stood there before, so new code merely standing earlier (later) in the scope is not it;
+    - nothing the selector matches is left and new code stands in the scope (the old code is
+      gone: there is no place left to apply it; not `placed`, `marked` under the marker).
+    """
     scope = scope_of(tree, edit.scope, i)
     field_name = edit_field(i, "select")
     if edit.select.selects_expressions:
-        new_spans = [span(m.expr) for m in replaced_expressions(scope, edit.select, edit.code)]
-        old_spans = [span(m.expr) for m in selected_expressions(scope, edit.select)]
+        new = [(span(m.expr), m.stmt) for m in replaced_expressions(scope, edit.select, edit.code)]
+        old_spans = sorted(span(m.expr) for m in selected_expressions(scope, edit.select))
     else:
-        new_spans = [_run_span(r) for r in find_statement_runs(scope, statement_dumps(edit.code))]
-        old_spans = [span(loc.stmt) for loc in matching_statements(scope, edit.select)]
-    leftover = sorted(old for old in old_spans if not any(_inside(old, new) for new in new_spans))
-    new_spans.sort()
-    if new_spans and (
-        not leftover
-        or (edit.select.which == "first" and new_spans[0][:2] < leftover[0][:2])
-        or (
-            edit.select.which == "last"
-            and max(s[2:] for s in new_spans) > max(s[2:] for s in leftover)
-        )
-    ):
+        runs = find_statement_runs(scope, statement_dumps(edit.code))
+        new = [(_run_span(r), r.statements[0]) for r in runs]
+        old_spans = sorted(span(loc.stmt) for loc in matching_statements(scope, edit.select))
+    new_spans = [where for where, _ in new]
+    replaced = [any(_inside(old, where) for where in new_spans) for old in old_spans]
+    leftover = [old for old, done in zip(old_spans, replaced, strict=True) if not done]
+    marked = [where for where, stmt in new if carries_marker(index, stmt, patch)]
+    which = edit.select.which
+    if new_spans and not leftover:
         return EditState(
-            i, EditStatus.APPLIED, "the replacement is present", placed=bool(old_spans)
+            i,
+            EditStatus.APPLIED,
+            "the replacement is present" + ("" if old_spans else " (the code to replace is gone)"),
+            placed=bool(old_spans),
+            marked=bool(marked),
         )
-    if leftover:
-        try:  # the selection must still be unambiguous for the edit to be applicable
-            if edit.select.selects_expressions:
-                select_expressions(scope, edit.select)
-            else:
-                select_statements(scope, edit.select)
-        except AnchorProblem as problem:
-            raise EditProblem(problem.message, field_name, problem.candidates) from None
-        return EditState(i, EditStatus.PENDING, "the code to replace is present")
-    try:
+    # here some match is left, or no new code stands anywhere (nothing is replaced or marked)
+    first_done = (
+        which == "first"
+        and bool(leftover)
+        and (replaced[0] or any(where[:2] < leftover[0][:2] for where in marked))
+    )
+    last_done = (
+        which == "last"
+        and bool(leftover)
+        and (replaced[-1] or any(where[2:] > leftover[-1][2:] for where in marked))
+    )
+    if first_done or last_done:
+        return EditState(i, EditStatus.APPLIED, f"the replacement is present at the {which} match")
+    try:  # the selection must be unambiguous for the edit to be applicable
         if edit.select.selects_expressions:
             select_expressions(scope, edit.select)
         else:
             select_statements(scope, edit.select)
     except AnchorProblem as problem:
         raise EditProblem(problem.message, field_name, problem.candidates) from None
-    raise AssertionError("unreachable")  # pragma: no cover
+    return EditState(i, EditStatus.PENDING, "the code to replace is present")
 
 
-def _inserted_by(tree: ast.Module, patch: PatchSpec, indices: Sequence[int]) -> set[int]:
+def _inserted_by(
+    index: LineIndex, tree: ast.Module, patch: PatchSpec, indices: Sequence[int]
+) -> set[int]:
     """Ids of the statements the patch's inserts among `indices` put into `tree` (where present),
     so a delete of the same code (a move: the delete, then the insert) does not count them."""
     found: set[int] = set()
     for j in indices:
         if isinstance(patch.edits[j], InsertEdit):
             try:
-                run = inserted_run(tree, patch, j)
+                run = inserted_run(index, tree, patch, j)
             except EditProblem:
                 continue
             found.update(id(stmt) for stmt in run or [])
@@ -439,11 +510,11 @@ def _delete_state(tree: ast.Module, edit: DeleteEdit, i: int, inserted: set[int]
     return EditState(i, EditStatus.PENDING, "the statement to delete is present")
 
 
-def _refuse_deleting_inserted(tree: ast.Module, patch: PatchSpec, i: int) -> None:
+def _refuse_deleting_inserted(index: LineIndex, tree: ast.Module, patch: PatchSpec, i: int) -> None:
     """A delete placed after an insert of the same code would take the inserted code too."""
     edit = patch.edits[i]
     assert isinstance(edit, DeleteEdit)
-    inserted = _inserted_by(tree, patch, range(i))
+    inserted = _inserted_by(index, tree, patch, range(i))
     scope = scope_of(tree, edit.scope, i)
     if any(id(loc.stmt) in inserted for loc in matching_statements(scope, edit.select)):
         raise EditProblem(
@@ -477,11 +548,13 @@ def _detect_parsed(decoded: SourceText, tree: ast.Module, patch: PatchSpec) -> D
 
 
 def _choose_variants(
-    text: str, tree: ast.Module, patch: PatchSpec
+    index: LineIndex, tree: ast.Module, patch: PatchSpec
 ) -> tuple[PatchSpec, tuple[EditState, ...]]:
     """Each edit's state, for an edit with alternatives that of the variant that fits: the first
-    found applied where its selector points, else the first found applied at all (so a
-    re-application recognises what it wrote), else the first pending; when
+    found applied where its selector points, else the first whose old code is gone and whose
+    new code stands under the patch's marker (so a re-application recognises what it wrote),
+    else the first pending (a variant with code left to change is not skipped because another one's old
+    code is gone and its new code stands somewhere), else the first found applied at all; when
     none fits, one broken state naming what each variant found. Returns the patch with each
     edit replaced by its chosen variant, which is what is placed, detected and undone."""
     edits: list[Edit] = list(patch.edits)
@@ -490,18 +563,19 @@ def _choose_variants(
     for i, edit in enumerate(patch.edits):
         variants: Sequence[Edit] = edit.variants()
         if len(variants) == 1:
-            states.append(_edit_state(text, tree, resolved, i))
+            states.append(_edit_state(index, tree, resolved, i))
             continue
         tried: list[EditState] = []
         for number, variant in enumerate(variants):
             edits[i] = variant
             attempt = patch.model_copy(update={"edits": list(edits)})
-            tried.append(replace(_edit_state(text, tree, attempt, i), variant=number))
+            tried.append(replace(_edit_state(index, tree, attempt, i), variant=number))
         applied = [t for t in tried if t.state == EditStatus.APPLIED]
         chosen = (
             next((t for t in applied if t.placed), None)
-            or next(iter(applied), None)
+            or next((t for t in applied if t.marked), None)
             or next((t for t in tried if t.state == EditStatus.PENDING), None)
+            or next(iter(applied), None)
         )
         if chosen is None:
             chosen = EditState(
@@ -536,7 +610,7 @@ def _detect_resolved(
     decoded: SourceText, tree: ast.Module, patch: PatchSpec
 ) -> tuple[Detection, PatchSpec]:
     """`detect`, and the patch with each edit's fitting variant in its place."""
-    resolved, states = _choose_variants(decoded.text, tree, patch)
+    resolved, states = _choose_variants(LineIndex(decoded.text), tree, patch)
     return _judge(states), resolved
 
 
@@ -657,7 +731,7 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
                 )
                 description = f"replace {edit.select.describe()} in {edit.scope}"
             elif isinstance(edit, DeleteEdit):
-                _refuse_deleting_inserted(current_tree, patch, i)
+                _refuse_deleting_inserted(LineIndex(text), current_tree, patch, i)
                 splices, edit_scopes = place_delete(
                     text, current_tree, edit, patch, decoded.newline, i
                 )
@@ -820,7 +894,7 @@ def unapply(
                 return NotApplicable(patch.id, problem.message, problem.field)
             text = apply_splices(text, splices)
             continue
-        run = inserted_run(tree, patch, i)
+        run = inserted_run(index, tree, patch, i)
         assert run is not None  # detection said applied
         indent = index.indentation(first_line(run[0]))
         end_line = last_line(run[-1])

@@ -42,7 +42,7 @@ from opspatch.core.spec import (
     ReplaceEdit,
     edit_field,
 )
-from opspatch.core.syntax import parse_python
+from opspatch.core.syntax import CodeLines, dedent_code, parse_python, string_lines
 from opspatch.core.unified import (
     LineReplacement,
     ParsedDiff,
@@ -138,15 +138,23 @@ def marker_lines(
     return lines
 
 
-def _render_block(lines: Sequence[str], indent: str, newline: str) -> str:
-    return "".join((indent + line if line.strip() else "") + newline for line in lines)
+def _render_block(
+    lines: Sequence[str], indent: str, newline: str, verbatim: frozenset[int] = frozenset()
+) -> str:
+    """The lines at `indent` (whitespace-only lines empty), but those in `verbatim` (lines that
+    begin inside a multi-line string) as they are: their whitespace is the string's."""
+    return "".join(
+        (line if n in verbatim else indent + line if line.strip() else "") + newline
+        for n, line in enumerate(lines)
+    )
 
 
-def _reads_the_same(lines: Sequence[str], indent: str, dumps: Sequence[str]) -> bool:
+def _reads_the_same(
+    lines: Sequence[str], indent: str, dumps: Sequence[str], verbatim: frozenset[int]
+) -> bool:
     """Whether `lines`, written at `indent` as `_render_block` writes them, are still the
-    statements `dumps` (a multi-line string's lines would take the indentation too)."""
-    written = [indent + line if line.strip() else "" for line in lines]
-    source = "\n".join(written)
+    statements `dumps`."""
+    source = _render_block(lines, indent, "\n", verbatim)
     try:
         tree = parse_python("if 1:\n" + source if indent else source)
     except SyntaxError:
@@ -156,36 +164,47 @@ def _reads_the_same(lines: Sequence[str], indent: str, dumps: Sequence[str]) -> 
     return [strip_positions(stmt) for stmt in body] == list(dumps)
 
 
-def _refuse_reindenting(lines: Sequence[str], indent: str, code: str, field: str) -> None:
-    if not _reads_the_same(lines, indent, statement_dumps(code)):
+def _refuse_reindenting(code: CodeLines, indent: str, dumps: Sequence[str], field: str) -> None:
+    """A guard: the code as written into its block must be the code of the patch. Strings are
+    never re-indented (`dedent_code`), so only code that parses differently once indented (none
+    is known) is refused here."""
+    if not _reads_the_same(code.lines, indent, dumps, code.verbatim):
         raise EditProblem(
-            "the code holds a multi-line string whose lines would take the block's indentation "
-            "(so it would no longer be the code written); write the string with \\n escapes",
+            "the code does not read the same once indented for its block; write it as it "
+            "stands in that block",
             field,
         )
 
 
-def _code_lines(code: str, indent: str = "") -> list[str]:
-    """The snippet's lines, dedented; in a block indented with tabs, its own nested levels
-    (written with spaces) become tabs too, unless that would change it (a multi-line string)."""
-    lines = [line.rstrip() for line in textwrap.dedent(code).strip("\n").splitlines()]
+def _code_lines(code: str, indent: str = "") -> CodeLines:
+    """The snippet's lines, dedented (a multi-line string's lines kept as written); in a block
+    indented with tabs, its own nested levels (written with spaces) become tabs too, unless that
+    would change it."""
+    dedented = dedent_code(code)
+    lines = list(dedented.lines)
     if not indent.startswith("\t"):
-        return lines
-    depths = [len(line) - len(line.lstrip(" ")) for line in lines if line.strip()]
+        return dedented
+    own = [n for n, line in enumerate(lines) if n not in dedented.verbatim and line.strip()]
+    depths = [len(lines[n]) - len(lines[n].lstrip(" ")) for n in own]
     unit = min((d for d in depths if d), default=0)
     if not unit:
-        return lines
-    tabbed = []
-    for line in lines:
-        depth = len(line) - len(line.lstrip(" "))
-        tabbed.append("\t" * (depth // unit) + " " * (depth % unit) + line[depth:])
+        return dedented
+    tabbed = list(lines)
+    for n in own:
+        depth = len(lines[n]) - len(lines[n].lstrip(" "))
+        tabbed[n] = "\t" * (depth // unit) + " " * (depth % unit) + lines[n][depth:]
     try:
         same = strip_positions(parse_python("\n".join(tabbed))) == strip_positions(
             parse_python("\n".join(lines))
         )
     except SyntaxError:
         same = False
-    return tabbed if same else lines
+    return CodeLines(tuple(tabbed), dedented.verbatim) if same else dedented
+
+
+def _shifted(indices: frozenset[int], by: int) -> frozenset[int]:
+    """`indices` of a block's lines, once `by` lines (the marker) go before them."""
+    return frozenset(n + by for n in indices)
 
 
 def _rest_of_line_is_empty(index: LineIndex, lineno: int, col: int) -> bool:
@@ -343,11 +362,11 @@ def place_insert(
     scope = scope_of(tree, edit.scope, i)
     line, indent = _insertion_point(index, scope, edit, i)
     blank_after = needs_blank_line_after(index, scope, line)
-    lines = marker_lines(patch, edit.comment, indent, blank_after=blank_after)
-    code_lines = _code_lines(edit.code, indent)
-    _refuse_reindenting(code_lines, indent, edit.code, edit_field(i, "code"))
-    lines += code_lines + ([""] if blank_after else [])
-    block = _render_block(lines, indent, newline)
+    marker = marker_lines(patch, edit.comment, indent, blank_after=blank_after)
+    code = _code_lines(edit.code, indent)
+    _refuse_reindenting(code, indent, statement_dumps(edit.code), edit_field(i, "code"))
+    lines = [*marker, *code.lines, *([""] if blank_after else [])]
+    block = _render_block(lines, indent, newline, _shifted(code.verbatim, len(marker)))
     return [_insert_splice(index, line, block, newline)], [edit.scope]
 
 
@@ -382,20 +401,30 @@ def place_move(
         )
     own = index.indentation(first)
     lines = [index.line_text(n) for n in range(first, last + 1)]
-    # its own indentation off, whitespace-only lines empty (as _render_block writes them)
+    # its own indentation off, whitespace-only lines empty (as _render_block writes them); the
+    # lines inside a multi-line string stay as they are
+    inside = string_lines(lines)
     body = [
-        (line_[len(own) :] if line_.startswith(own) else line_) if line_.strip() else ""
-        for line_ in lines
+        line_
+        if n in inside
+        else (line_[len(own) :] if line_.startswith(own) else line_)
+        if line_.strip()
+        else ""
+        for n, line_ in enumerate(lines)
     ]
-    if not _reads_the_same(body, indent, [strip_positions(stmt)]):
+    if not _reads_the_same(body, indent, [strip_positions(stmt)], inside):
         raise EditProblem(
-            f"the statement at line {first} cannot be re-indented without changing it (a "
-            "multi-line string inside it)",
+            f"the statement at line {first} does not read the same once indented for its new block",
             field_name,
         )
     blank_after = needs_blank_line_after(index, scope, line)
     block_lines = marker_lines(patch, edit.comment, indent, blank_after=blank_after)
-    block = _render_block(block_lines + body + ([""] if blank_after else []), indent, newline)
+    block = _render_block(
+        block_lines + body + ([""] if blank_after else []),
+        indent,
+        newline,
+        _shifted(inside, len(block_lines)),
+    )
     removal = Splice(index.line_start(first), index.line_end(last), "")
     insertion = _insert_splice(index, line, block, newline)
     return sorted([removal, insertion], key=lambda s_: (s_.start, s_.end)), [edit.scope]
@@ -427,7 +456,9 @@ def place_replace(
         raise EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
     splices: list[Splice] = []
     # one marker per statement, however many of its expressions this and earlier edits change
-    marked = {first_line(found.stmt) for found in expressions if _marked(index, found.stmt, patch)}
+    marked = {
+        first_line(found.stmt) for found in expressions if carries_marker(index, found.stmt, patch)
+    }
     width = file_width(index)
     for found in expressions:
         expr = found.expr
@@ -448,11 +479,13 @@ def place_replace(
     return splices + statement_splices, scopes
 
 
-def _marked(index: LineIndex, stmt: ast.stmt, patch: PatchSpec) -> bool:
-    """Whether the comment block directly above `stmt` holds this patch's marker."""
+def carries_marker(index: LineIndex, stmt: ast.stmt, patch: PatchSpec) -> bool:
+    """Whether the comment block directly above `stmt` holds this patch's marker (not that of
+    a patch whose id merely starts with this one's): the trace an edit leaves at its own place."""
     line = first_line(stmt) - 1
-    while line >= 1 and index.line_text(line).strip().startswith("#"):
-        if index.line_text(line).strip().startswith(patch.marker):
+    while line >= 1 and (text := index.line_text(line).strip()).startswith("#"):
+        rest = text.removeprefix(patch.marker).removeprefix(BLANK_LINE_MARK)
+        if text.startswith(patch.marker) and (not rest or rest.startswith(":")):
             return True
         line -= 1
     return False
@@ -545,15 +578,19 @@ def _replace_statements(
         indent = index.indentation(first_line(stmt))
         # a replace under this patch's marker (an earlier edit's) adds none; a delete needs its
         # own, since the marker is what stands in its place
-        already = isinstance(edit, ReplaceEdit) and bool(code) and _marked(index, stmt, patch)
+        already = (
+            isinstance(edit, ReplaceEdit) and bool(code) and carries_marker(index, stmt, patch)
+        )
         marker = [] if already else marker_lines(patch, edit.comment, indent)
         assert stmt.end_col_offset is not None
         start = index.line_start(first_line(stmt))
         end = index.offset(last_line(stmt), stmt.end_col_offset)
-        lines = _code_lines(code, indent) if code else []
+        lines = _code_lines(code, indent) if code else CodeLines((), frozenset())
         if code:
-            _refuse_reindenting(lines, indent, code, edit_field(i, "code"))
-        rendered = _render_block(marker + lines, indent, newline)
+            _refuse_reindenting(lines, indent, statement_dumps(code), edit_field(i, "code"))
+        rendered = _render_block(
+            [*marker, *lines.lines], indent, newline, _shifted(lines.verbatim, len(marker))
+        )
         rendered = rendered[: -len(newline)]  # the statement's own line ending stays in the file
         splices.append(Splice(start, end, rendered))
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):

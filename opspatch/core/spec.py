@@ -17,7 +17,6 @@ import ast
 import datetime
 import keyword
 import re
-import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
@@ -35,7 +34,7 @@ from pydantic import (
 from pydantic import model_validator as _model_validator
 
 from opspatch.core.fileschema import FileSchema, spec_error_from_validation
-from opspatch.core.syntax import parse_python
+from opspatch.core.syntax import dedent_code, parse_python
 from opspatch.core.tomlsource import TomlDocument, format_field_path
 from opspatch.errors import Location
 
@@ -61,7 +60,7 @@ def _check_qualname(value: str) -> str:
 
 def _parse_statements(code: str, what: str) -> list[ast.stmt]:
     try:
-        return parse_python(textwrap.dedent(code)).body
+        return parse_python(dedent_code(code).text).body
     except SyntaxError as exc:
         where = f" (snippet line {exc.lineno})" if exc.lineno else ""
         raise ValueError(f"{what} does not parse: {exc.msg}{where}") from None

@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import ast
 import gc
+import io
 import threading
+import tokenize
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, overload
 
 MAX_AST_DEPTH = 150
@@ -130,3 +134,78 @@ def _check_depth(tree: ast.AST) -> None:
                             push(item)
         level = below
         depth += 1
+
+
+def string_lines(lines: Sequence[str]) -> frozenset[int]:
+    """The indices of `lines` (Python code, one line each without its newline) that begin inside
+    a string: the second and later lines of a multi-line string. Their text, leading whitespace
+    included, is the string's own, so whoever re-indents the code must keep them as they are.
+
+    Found by `tokenize`, which reads strings exactly as the parser does (triple quotes, a
+    backslash before the newline, f-strings). Code that does not tokenize has none.
+    """
+    inside: set[int] = set()
+    readline = io.StringIO("".join(line + "\n" for line in lines)).readline
+    try:
+        for token in tokenize.generate_tokens(readline):
+            first, last = token.start[0], token.end[0]
+            if first < last:  # only a string (or an f-string's text) spans lines
+                inside.update(range(first, last))  # rows first+1 .. last, 0-based: first .. last-1
+    except (tokenize.TokenError, SyntaxError):
+        return frozenset()
+    return frozenset(n for n in inside if n < len(lines))
+
+
+@dataclass(frozen=True)
+class CodeLines:
+    """A snippet's lines, its common margin off, and which of them begin inside a string."""
+
+    lines: tuple[str, ...]
+    verbatim: frozenset[int]
+    """Indices of `lines` that begin inside a multi-line string: kept byte for byte (never
+    re-indented, stripped or emptied), since their whitespace belongs to the string."""
+
+    @property
+    def text(self) -> str:
+        return "".join(line + "\n" for line in self.lines)
+
+
+def dedent_code(code: str) -> CodeLines:
+    """`code` as `textwrap.dedent` would give it, but never touching a string's contents: the
+    leading and trailing blank lines off, the margin common to the code's own lines (a
+    multi-line string's later lines aside) taken off those lines, which are right-stripped
+    (but where a string goes on past the line's end), and whitespace-only lines emptied; the
+    lines that begin inside a string are kept as written. So a docstring
+    pasted from upstream keeps its exact value however its code is indented here."""
+    lines = code.splitlines()
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    verbatim = string_lines(lines)
+    own = [line for n, line in enumerate(lines) if n not in verbatim and line.strip()]
+    margin = _common_margin(own)
+    out = [
+        line
+        if n in verbatim
+        else (line[len(margin) :] if line.strip() else "")
+        if n + 1 in verbatim  # the line ends inside a string: its trailing blanks are the string's
+        else (line[len(margin) :] if line.strip() else "").rstrip()
+        for n, line in enumerate(lines)
+    ]
+    return CodeLines(tuple(out), verbatim)
+
+
+def _common_margin(lines: Sequence[str]) -> str:
+    """The leading whitespace every one of `lines` starts with (as `textwrap.dedent` finds it)."""
+    margin: str | None = None
+    for line in lines:
+        indent = line[: len(line) - len(line.lstrip(" \t"))]
+        if margin is None:
+            margin = indent
+            continue
+        common = 0
+        while common < min(len(margin), len(indent)) and margin[common] == indent[common]:
+            common += 1
+        margin = margin[:common]
+    return margin or ""
