@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -976,3 +977,100 @@ def test_a_sync_stopped_by_a_failed_run_records_the_next_patchs_hosts_as_not_app
         assert detect(fake.file.read_bytes(), mark.spec).state == "not-applied", fake.name
     assert not any(v.patch_id == "module-mark" for v in fleet.ledger.file_history("h2"))
     assert report.exit_code == first.exit_code
+
+
+def _rolled_back(fleet: Fleet, playbook: Playbook) -> RunReport:
+    """Every host applied, then rolled back under `playbook` with every restored file's smoke
+    decode failing (the pre-image is what was broken)."""
+    from opspatch.runs.restore import rollback_hosts
+
+    assert fleet.apply().exit_code == 0
+    for fake in fleet.hosts:
+        fake.smoke_ok = False
+    return rollback_hosts(
+        ledger=fleet.ledger,
+        hosts=[h.host() for h in fleet.hosts],
+        factory=fleet.factory,
+        playbook=playbook,
+        patch=fleet.patch,
+    )
+
+
+@pytest.mark.parametrize(
+    ("playbook", "expected", "reason"),
+    [
+        # the default: one canary, halt at the first failure
+        (
+            Playbook(),
+            ["restored-not-serving", "skipped", "skipped"],
+            "not served on h1 (its smoke decode failed): canary h1 failed",
+        ),
+        # no canary, one batch, room for every failure: every host is rolled back
+        (
+            Playbook(canary=0, batch=BatchSize(percent=Decimal(100)), max_failures=99),
+            ["restored-not-serving"] * 3,
+            "not served on h1, h2, h3 (its smoke decode failed): 3 hosts failed",
+        ),
+        # a canary is a canary whatever max_failures says
+        (
+            Playbook(canary=1, batch=BatchSize(percent=Decimal(100)), max_failures=99),
+            ["restored-not-serving", "skipped", "skipped"],
+            "canary h1 failed",
+        ),
+        # batches of one, halted at max_failures = 2
+        (
+            Playbook(canary=0, batch=BatchSize(count=1), max_failures=2),
+            ["restored-not-serving", "restored-not-serving", "skipped"],
+            "2 hosts failed (h1, h2); the playbook halts at max_failures = 2",
+        ),
+    ],
+)
+def test_a_rollback_honours_the_playbooks_canary_batches_and_max_failures(
+    fleet: Fleet, playbook: Playbook, expected: list[str], reason: str
+) -> None:
+    """Before, a rollback went one host, then the rest, and halted at the first
+    `restored-not-serving` whatever the playbook said (canary = 0, batch = "all",
+    max_failures = 99 still left h2 and h3 "not started")."""
+    report = _rolled_back(fleet, playbook)
+    assert [str(h.outcome) for h in report.hosts] == expected, report.hosts
+    restored = [h for h in fleet.hosts if sha(h.file.read_bytes()) == PRISTINE]
+    assert len(restored) == expected.count("restored-not-serving")
+    assert report.exit_code == 1
+    if "skipped" in expected:
+        assert report.halted is not None and reason in report.halted, report.halted
+        skipped = next(h for h in report.hosts if h.outcome == "skipped")
+        assert (skipped.error or "").startswith("not started: the run halted"), skipped
+    else:
+        assert report.halted is None
+
+
+def test_a_rollback_reports_a_host_refused_in_its_preflight_whatever_halts_the_run(
+    fleet: Fleet,
+) -> None:
+    """h3's file was changed by hand since the apply: the rollback's preflight reads it and
+    refuses it ("not overwriting it"), and says so, although the canary h1 halts the run before
+    h3's turn. Before, h3 read "not started: the run halted" and the hand edit went unsaid."""
+    assert fleet.apply().exit_code == 0
+    edited = fleet.hosts[2]
+    edited.file.write_bytes(edited.file.read_bytes() + b"# changed by hand\n")
+    hand_edit = sha(edited.file.read_bytes())
+    fleet.hosts[0].smoke_ok = False
+    edited.requests.clear()
+    from opspatch.runs.restore import rollback_hosts
+
+    report = rollback_hosts(
+        ledger=fleet.ledger,
+        hosts=[h.host() for h in fleet.hosts],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=fleet.patch,
+    )
+    h1, h2, h3 = report.hosts
+    assert h1.outcome == "restored-not-serving", h1
+    assert h2.outcome == "skipped" and "not started: the run halted" in (h2.error or ""), h2
+    assert h3.outcome == "skipped", h3
+    assert "not overwriting it" in (h3.error or "") and "changed since" in (h3.error or ""), h3
+    assert sha(edited.file.read_bytes()) == hand_edit
+    assert edited.requests == ["inspect"]  # decided read-only: never locked, never started
+    recorded = fleet.ledger.get_run(report.run_id or "").host("h3")
+    assert recorded.outcome == "skipped" and "not overwriting it" in (recorded.error or "")

@@ -161,6 +161,13 @@ class FleetRun:
             return None
         return done
 
+    def decide(self, outcomes: Mapping[str, HostOutcome]) -> None:
+        """Outcomes a preflight decided without changing anything (a host it refused, or found
+        nothing to do on, with the reason): those hosts are neither leased nor started, and
+        each is reported and recorded with its own outcome whatever happens to the rest of the
+        run (a lease refused elsewhere, a halt, a Ctrl-C)."""
+        self._unleased.update(outcomes)
+
     def execute(
         self,
         per_host: Callable[[HostSession], HostOutcome],
@@ -238,8 +245,8 @@ class FleetRun:
         """Lease the hosts to this run, with a heartbeat until the run ends; None when taken.
 
         `identities` (name -> `leases.host_identity`): what the command's own preflight read
-        (apply) or the ledger recorded (recover --run); every other host's is read here from its
-        facts, changing nothing. A host whose facts cannot be read is not leased and will not be
+        (apply, rollback) or the ledger recorded (recover --run); every other host's is read
+        here from its facts, changing nothing, but for the hosts a preflight decided (`decide`). A host whose facts cannot be read is not leased and will not be
         changed (`failed`, its error). When a live lease of another run (not one of
         `taking_over`, runs known dead) holds one of them, the run is refused before any change:
         every lock given back, every host `skipped` naming the holders (exit 2); a Ctrl-C while
@@ -248,7 +255,7 @@ class FleetRun:
         if self.command not in LEASED_COMMANDS or self.recorder.reported_run_id is None:
             return None  # unlock and dry runs keep no one off the hosts
         known = dict(identities or {})
-        missing = [name for name in self.names if name not in known]
+        missing = [name for name in self.names if name not in known and name not in self._unleased]
         if missing:
             read = self._read_identities(missing)
             if read is None:
@@ -259,7 +266,8 @@ class FleetRun:
             self.release_all()
             reason = f"refused before any change: {refusal(grant.refused)}"
             outcomes = {
-                name: session.outcome(Outcome.SKIPPED, f"not started: {held_by(grant.refused)}")
+                name: self._unleased.get(name)
+                or session.outcome(Outcome.SKIPPED, f"not started: {held_by(grant.refused)}")
                 for name, session in self.sessions.items()
             }
             for outcome in outcomes.values():
@@ -345,10 +353,19 @@ class FleetRun:
             refused=refused,
         )
 
+    def refuse(self, outcomes: Sequence[HostOutcome], *, halted: str) -> RunReport:
+        """The report of a run refused before any change (`halted` says why): every host's
+        outcome recorded, as the command prints it, and every lock taken given back."""
+        self.release_all()
+        for outcome in outcomes:
+            self.record(outcome)
+        return self.report({o.host: o for o in outcomes}, halted=halted, refused=True)
+
     def cancelled_report(self) -> RunReport:
         """The report of a run cancelled in its preflight: every host unchanged, recorded."""
         outcomes = {
-            name: session.outcome(Outcome.SKIPPED, "not started: " + CANCELLED_IN_PREFLIGHT)
+            name: self._unleased.get(name)
+            or session.outcome(Outcome.SKIPPED, "not started: " + CANCELLED_IN_PREFLIGHT)
             for name, session in self.sessions.items()
         }
         for outcome in outcomes.values():
