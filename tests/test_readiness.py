@@ -220,3 +220,20 @@ def test_readiness_without_a_restart_still_waits_for_a_server_that_answers(
     assert op_wait_ready({"url": url, "timeout": 600, "pid": None, "pid_file": str(pid_file)})
     missing = str(tmp_path / "none.pid")
     assert op_wait_ready({"url": url, "timeout": 600, "pid": None, "pid_file": missing})
+
+
+def test_one_part_of_a_long_wait_answers_that_it_still_waits_and_the_last_part_fails() -> None:
+    """The controller waits in parts of 30 s (`hosts.engine.READY_SLICE_SECONDS`) to say what
+    it awaits between them: a part (`slice`) that runs out answers `waiting` with the last
+    answer, and the last part fails naming the whole wait (`total`), not its own length."""
+    with socket.socket() as probe:  # a port nothing listens on: a wrong engine URL
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    part = op_wait_ready({"url": url, "timeout": 0.3, "pid": None, "slice": True, "total": 1200})
+    waiting = part["waiting"]
+    assert waiting["polls"] >= 1 and waiting["seconds"] > 0
+    assert waiting["last"].startswith("/health: "), waiting
+    with pytest.raises(OpFailure) as failed:
+        op_wait_ready({"url": url, "timeout": 0.3, "pid": None, "total": 1200})
+    assert failed.value.code == "not-ready"
+    assert failed.value.message.startswith("not ready after 1200s (/health: "), failed.value

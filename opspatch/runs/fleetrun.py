@@ -373,9 +373,16 @@ class FleetRun:
         return self.report(outcomes, halted=CANCELLED_IN_PREFLIGHT, refused=True)
 
     def _announce(self, in_flight: Sequence[str]) -> None:
+        """What the first Ctrl-C does: no host started after it, and which hosts are still
+        waited for, with what each waits for and until when (a readiness wait can be long)."""
+
+        def host(name: str) -> str:
+            awaiting = self.sessions[name].awaiting if name in self.sessions else None
+            return f"{name} ({awaiting})" if awaiting else name
+
         waiting = (
-            f"waiting for {', '.join(in_flight)} to finish; Ctrl-C again stops waiting "
-            "(`opspatch recover` then finishes them)"
+            f"waiting for {', '.join(host(n) for n in in_flight)} to finish; Ctrl-C again "
+            "stops waiting (`opspatch recover` then finishes them)"
             if in_flight
             else "no host is in flight"
         )
