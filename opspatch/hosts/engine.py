@@ -10,7 +10,8 @@ replies into values:
   the container, after the agent inside noted the log's size), command (stop the process tree of the pid in the pid file:
   TERM, wait, KILL; start the command detached with its log; write the pid file);
 - readiness: poll `/health` every 0.1 s (no backoff: a ready engine is noticed at once) until
-  the playbook's deadline, failing fast when the started process exits;
+  the playbook's deadline, failing fast when the started process exits, in execs of at most
+  `READY_SLICE_SECONDS` (between two, the caller is told what is awaited and until when);
 - smoke decode: greedy `/generate` per prompt, checked for HTTP 200, completion tokens,
   `spec_verify_ct` on speculative hosts, expected text, a pre-patch baseline; plus a scan of the
   server log written since the restart for the playbook's fail patterns.

@@ -13,13 +13,16 @@ the original code may be exactly what was broken (the incident's first decode cr
 unpatched engine, so the rollback's decode leaves it down). The decode is sent all the same
 (docs/architecture.md, "Proving a restore"): it is the only proof of what the host serves, and a
 server that would crash on the first request is better found down by the rollback than by the
-first user. So a rollback goes canary first (one host, then the rest): a host whose restored
-file is not served halts the run, as a failed canary halts an apply, since rolling more hosts
-back the same way would take their servers down too.
+first user. So a rollback runs under the playbook as an apply does (canary first, then its
+batches, `max_failures`; `restored-not-serving` counts as failed): under the default playbook a
+host whose restored file is not served halts the run, as a failed canary halts an apply, since
+rolling more hosts back the same way would take their servers down too; an operator's playbook
+that allows more is honoured. A rollback's preflight reads every host first, so that a host it
+refuses (its file changed since) is reported with its reason whatever halts the run.
 
 Both run through the fleet executor (`runs.executor`): hosts in parallel up to the playbook's
-`max_in_flight`; a host that needs attention, or whose restored file is not served, halts the
-rest.
+`max_in_flight`; for recover and unlock, one batch that a host that needs attention, or whose
+restored file is not served, halts.
 """
 
 from __future__ import annotations
