@@ -220,3 +220,67 @@ def test_readiness_without_a_restart_still_waits_for_a_server_that_answers(
     assert op_wait_ready({"url": url, "timeout": 600, "pid": None, "pid_file": str(pid_file)})
     missing = str(tmp_path / "none.pid")
     assert op_wait_ready({"url": url, "timeout": 600, "pid": None, "pid_file": missing})
+
+
+def test_one_part_of_a_long_wait_answers_that_it_still_waits_and_the_last_part_fails() -> None:
+    """The controller waits in parts of 30 s (`hosts.engine.READY_SLICE_SECONDS`) to say what
+    it awaits between them: a part (`slice`) that runs out answers `waiting` with the last
+    answer, and the last part fails naming the whole wait (`total`), not its own length."""
+    with socket.socket() as probe:  # a port nothing listens on: a wrong engine URL
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    part = op_wait_ready({"url": url, "timeout": 0.3, "pid": None, "slice": True, "total": 1200})
+    waiting = part["waiting"]
+    assert waiting["polls"] >= 1 and waiting["seconds"] > 0
+    assert waiting["last"].startswith("/health: "), waiting
+    with pytest.raises(OpFailure) as failed:
+        op_wait_ready({"url": url, "timeout": 0.3, "pid": None, "total": 1200})
+    assert failed.value.code == "not-ready"
+    assert failed.value.message.startswith("not ready after 1200s (/health: "), failed.value
+
+
+def test_a_wrong_engine_url_is_waited_for_in_parts_that_each_say_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller's side, over real agent execs on this machine: an engine URL nothing
+    answers at is waited for in parts (here of 0.5 s, 30 s in a run), each that ran out told to
+    `on_waiting` with the URL, the last answer and the deadline, and the wait fails at its
+    deadline naming the whole of it. Before, it was one silent exec of the whole deadline."""
+    import sys
+
+    from opspatch.config.inventory import parse_inventory
+    from opspatch.core.policy import Playbook, StepTimeouts
+    from opspatch.errors import EngineError
+    from opspatch.hosts import engine as engine_control
+    from opspatch.hosts.engine import EngineControl, StillWaiting
+    from opspatch.hosts.operations import HostOperations
+    from opspatch.hosts.transport.local import LocalTransport
+
+    with socket.socket() as probe:  # a port nothing listens on: a wrong engine URL
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    inventory = f"""
+[defaults]
+transport = "local"
+state_dir = "{tmp_path}/state"
+[defaults.engine]
+python = "{sys.executable}"
+url = "{url}"
+restart = {{ kind = "command", start = "true", pid_file = "{tmp_path}/server.pid" }}
+[hosts.h1]
+address = "127.0.0.1"
+"""
+    host = parse_inventory(inventory, str(tmp_path / "inv.toml"), name="test").hosts[0]
+    monkeypatch.setattr(engine_control, "READY_SLICE_SECONDS", 0.5)
+    playbook = Playbook(timeouts=StepTimeouts(ready=2.0))
+    seen: list[StillWaiting] = []
+    with LocalTransport(host.name) as transport:
+        control = EngineControl(HostOperations(transport, host), host, playbook)
+        before = time.time()
+        with pytest.raises(EngineError) as failed:
+            control.wait_ready(None, on_waiting=seen.append)
+    assert "not ready after 2s (/health: " in failed.value.message, failed.value
+    assert seen, "no part said it was still waiting"
+    for still in seen:
+        assert still.url == url and still.last.startswith("/health: "), still
+        assert still.timeout == 2.0 and before + 2.0 <= still.gives_up_at <= time.time() + 2.0

@@ -16,7 +16,8 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -1123,3 +1124,232 @@ def test_a_rollback_told_not_to_restart_is_staged_back_on_a_host_without_an_engi
     recorded = fleet.ledger.get_run(report.run_id or "")
     assert recorded.host(fake.name).outcome == "staged-back"
     assert recorded.summary.outcome == "ok"
+
+
+def _rolled_back(fleet: Fleet, playbook: Playbook) -> RunReport:
+    """Every host applied, then rolled back under `playbook` with every restored file's smoke
+    decode failing (the pre-image is what was broken)."""
+    from opspatch.runs.restore import rollback_hosts
+
+    assert fleet.apply().exit_code == 0
+    for fake in fleet.hosts:
+        fake.smoke_ok = False
+    return rollback_hosts(
+        ledger=fleet.ledger,
+        hosts=[h.host() for h in fleet.hosts],
+        factory=fleet.factory,
+        playbook=playbook,
+        patch=fleet.patch,
+    )
+
+
+@pytest.mark.parametrize(
+    ("playbook", "expected", "reason"),
+    [
+        # the default: one canary, halt at the first failure
+        (
+            Playbook(),
+            ["restored-not-serving", "skipped", "skipped"],
+            "not served on h1 (its smoke decode failed): canary h1 failed",
+        ),
+        # no canary, one batch, room for every failure: every host is rolled back
+        (
+            Playbook(canary=0, batch=BatchSize(percent=Decimal(100)), max_failures=99),
+            ["restored-not-serving"] * 3,
+            "not served on h1, h2, h3 (its smoke decode failed): 3 hosts failed",
+        ),
+        # a canary is a canary whatever max_failures says
+        (
+            Playbook(canary=1, batch=BatchSize(percent=Decimal(100)), max_failures=99),
+            ["restored-not-serving", "skipped", "skipped"],
+            "canary h1 failed",
+        ),
+        # batches of one, halted at max_failures = 2
+        (
+            Playbook(canary=0, batch=BatchSize(count=1), max_failures=2),
+            ["restored-not-serving", "restored-not-serving", "skipped"],
+            "2 hosts failed (h1, h2); the playbook halts at max_failures = 2",
+        ),
+    ],
+)
+def test_a_rollback_honours_the_playbooks_canary_batches_and_max_failures(
+    fleet: Fleet, playbook: Playbook, expected: list[str], reason: str
+) -> None:
+    """Before, a rollback went one host, then the rest, and halted at the first
+    `restored-not-serving` whatever the playbook said (canary = 0, batch = "all",
+    max_failures = 99 still left h2 and h3 "not started")."""
+    report = _rolled_back(fleet, playbook)
+    assert [str(h.outcome) for h in report.hosts] == expected, report.hosts
+    restored = [h for h in fleet.hosts if sha(h.file.read_bytes()) == PRISTINE]
+    assert len(restored) == expected.count("restored-not-serving")
+    assert report.exit_code == 1
+    if "skipped" in expected:
+        assert report.halted is not None and reason in report.halted, report.halted
+        skipped = next(h for h in report.hosts if h.outcome == "skipped")
+        assert (skipped.error or "").startswith("not started: the run halted"), skipped
+    else:
+        assert report.halted is None
+
+
+def test_a_rollback_reports_a_host_refused_in_its_preflight_whatever_halts_the_run(
+    fleet: Fleet,
+) -> None:
+    """h3's file was changed by hand since the apply: the rollback's preflight reads it and
+    refuses it ("not overwriting it"), and says so, although the canary h1 halts the run before
+    h3's turn. Before, h3 read "not started: the run halted" and the hand edit went unsaid."""
+    assert fleet.apply().exit_code == 0
+    edited = fleet.hosts[2]
+    edited.file.write_bytes(edited.file.read_bytes() + b"# changed by hand\n")
+    hand_edit = sha(edited.file.read_bytes())
+    fleet.hosts[0].smoke_ok = False
+    edited.requests.clear()
+    from opspatch.runs.restore import rollback_hosts
+
+    report = rollback_hosts(
+        ledger=fleet.ledger,
+        hosts=[h.host() for h in fleet.hosts],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=fleet.patch,
+    )
+    h1, h2, h3 = report.hosts
+    assert h1.outcome == "restored-not-serving", h1
+    assert h2.outcome == "skipped" and "not started: the run halted" in (h2.error or ""), h2
+    assert h3.outcome == "skipped", h3
+    assert "not overwriting it" in (h3.error or "") and "changed since" in (h3.error or ""), h3
+    assert sha(edited.file.read_bytes()) == hand_edit
+    assert edited.requests == ["inspect"]  # decided read-only: never locked, never started
+    recorded = fleet.ledger.get_run(report.run_id or "").host("h3")
+    assert recorded.outcome == "skipped" and "not overwriting it" in (recorded.error or "")
+
+
+class Notices:
+    """A `Progress` that keeps the notices (what the operator must see now)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def run_started(self, run_id: str, summary: str) -> None:
+        return None
+
+    def update(self, host: str, step: str, status: str) -> None:
+        return None
+
+    def notice(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def test_a_long_readiness_wait_says_every_part_what_it_awaits_and_until_when(
+    fleet: Fleet,
+) -> None:
+    """A server that does not answer /health (a wrong engine URL) was waited for in one silent
+    exec of up to `timeouts.ready` (20 minutes). Now the wait is parts of 30 s, and after each
+    one that ran out the operator reads what is awaited, the last answer, the deadline and what
+    a Ctrl-C does; a server ready in the third part is applied as before."""
+    from opspatch.hosts.engine import READY_SLICE_SECONDS
+
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+    parts: list[dict[str, Any]] = []
+
+    def slow_to_answer(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        if op != "wait_ready":
+            return None
+        parts.append(args)
+        if len(parts) < 3:  # what the agent answers when its part ran out
+            return {
+                "waiting": {"seconds": 30.0, "polls": 30, "last": "/health: connection refused"}
+            }
+        return {"seconds": 2.5, "polls": 3}
+
+    host.fault = slow_to_answer
+    notices = Notices()
+    report = apply_to_hosts(
+        fleet.patch,
+        [host.host()],
+        Playbook(canary=0),
+        factory=fleet.factory,
+        ledger=fleet.ledger,
+        progress=notices,
+    )
+    (outcome,) = report.hosts
+    assert outcome.outcome == "applied", outcome
+    ready = next(s for s in outcome.steps if s.step == "ready")
+    assert ready.detail == "/health 200 after 62.5s (63 polls)"
+    assert [(p["slice"], p["timeout"], p["total"]) for p in parts] == [
+        (True, READY_SLICE_SECONDS, 1200.0)
+    ] * 3
+    waiting = [line for line in notices.lines if "still waiting" in line]
+    assert len(waiting) == 2, notices.lines
+    url = host.host().engine.url
+    for line in waiting:
+        assert line.startswith(f"h1: ready: still waiting for {url}/health to answer 200 ")
+        assert "(/health: connection refused)" in line
+        assert "of 1200s, gives up at " in line and " UTC" in line
+        assert "Ctrl-C starts no more hosts and still waits for this one until then" in line
+        assert f"opspatch recover --run {report.run_id}" in line
+
+
+def test_the_last_part_of_a_readiness_wait_ends_at_the_deadline_and_fails_there(
+    fleet: Fleet,
+) -> None:
+    """A deadline within one part is one exec, not a part that would say "waiting": the agent
+    fails it (not-ready, naming the whole wait), and the host is rolled back."""
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+    parts: list[dict[str, Any]] = []
+
+    def never_ready(op: str, args: dict[str, Any]) -> Refusal | None:
+        if op != "wait_ready" or parts:  # the restored server comes up
+            return None
+        parts.append(args)
+        return Refusal("not-ready", f"not ready after {args['total']:.0f}s (/health: refused)")
+
+    host.fault = never_ready
+    playbook = Playbook(canary=0)
+    playbook = Playbook(canary=0, timeouts=replace(playbook.timeouts, ready=20.0))
+    (outcome,) = fleet.apply(playbook).hosts
+    assert outcome.outcome == "rolled-back", outcome
+    assert "not ready after 20s" in (outcome.error or "")
+    (first,) = parts
+    assert first["slice"] is False and first["total"] == 20.0 and 0 < first["timeout"] <= 20.0
+
+
+def test_a_first_ctrl_c_during_a_readiness_wait_says_what_is_still_waited_for_until_when(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first Ctrl-C lets the hosts in flight finish: a host in its readiness wait may hold
+    the run for up to 20 minutes more, so the notice names what it waits for and until when.
+    Before, it said only "waiting for h1 to finish"."""
+    from opspatch.runs import fleetrun
+    from opspatch.runs.executor import Cancellation
+
+    cancellation = Cancellation()
+    monkeypatch.setattr(fleetrun, "Cancellation", lambda: cancellation)
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+    notices = Notices()
+
+    def ctrl_c_while_waiting(op: str, args: dict[str, Any]) -> None:
+        if op == "wait_ready":
+            cancellation.request()  # the operator's first Ctrl-C, as its handler takes it
+            deadline = time.monotonic() + 60  # bounds a broken test only
+            while not any("Ctrl-C" in line for line in notices.lines):
+                assert time.monotonic() < deadline, "no announcement"
+                time.sleep(0.05)
+        return None
+
+    host.fault = ctrl_c_while_waiting
+    report = apply_to_hosts(
+        fleet.patch,
+        [host.host()],
+        Playbook(canary=0),
+        factory=fleet.factory,
+        ledger=fleet.ledger,
+        progress=notices,
+    )
+    (said,) = [line for line in notices.lines if line.startswith("Ctrl-C")]
+    url = host.host().engine.url
+    assert f"waiting for h1 (ready: {url}/health, until " in said, said
+    assert " UTC) to finish" in said
+    assert [str(h.outcome) for h in report.hosts] == ["applied"]  # in flight: finished

@@ -142,6 +142,61 @@ def test_an_apply_on_hosts_another_runs_live_lease_holds_is_refused_before_any_c
     assert fleet.ledger.leases_of([str(again.run_id)]) == []
 
 
+def test_an_apply_refused_in_its_preflight_records_every_host_it_printed(fleet: Fleet) -> None:
+    """h2 is locked by a live run of alice's: the apply is refused in its preflight (exit 2),
+    h2 naming alice's run and the others `skipped`. Before, the ledger's
+    run had none of those hosts: `ledger show` said less than the command had printed."""
+    from opspatch.hosts.transport.scripted import agent_operation
+
+    other = lease_to_another_run(fleet, fleet.hosts[1])
+    held = agent_operation(
+        "lock",
+        {
+            "state_dir": str(fleet.hosts[1].state),
+            "owner": "alice@laptop",
+            "run_id": other,
+            "ttl_seconds": 1800,
+        },
+    )
+    assert isinstance(held, dict)
+    report = fleet.apply()
+    assert report.refused and report.exit_code == EXIT_BAD_INPUT
+    assert f"h2 is leased to run {other}" in (report.halted or ""), report.halted
+    recorded = fleet.ledger.get_run(str(report.run_id))
+    assert recorded.summary.outcome == "refused"
+    for printed in report.hosts:
+        on_record = recorded.host(printed.host)
+        assert (on_record.outcome, on_record.error) == (printed.outcome, printed.error)
+    assert f"run {other}" in (recorded.host("h2").error or ""), recorded.host("h2")
+    assert not (fleet.hosts[0].state / "lock.json").exists()  # the locks taken given back
+
+
+def test_a_rollback_refused_by_another_runs_lease_still_names_a_preflight_refusal(
+    fleet: Fleet,
+) -> None:
+    """A host the rollback's preflight refused (its file changed by hand) keeps that refusal
+    when the run is refused for another host's lease: it is not "not started: leased to..."."""
+    from opspatch.runs.restore import rollback_hosts
+
+    assert fleet.apply().exit_code == 0
+    edited = fleet.hosts[2]
+    edited.file.write_bytes(edited.file.read_bytes() + b"# changed by hand\n")
+    lease_to_another_run(fleet, fleet.hosts[1])
+    report = rollback_hosts(
+        ledger=fleet.ledger,
+        hosts=[h.host() for h in fleet.hosts],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=fleet.patch,
+    )
+    assert report.refused and report.exit_code == EXIT_BAD_INPUT
+    h1, h2, h3 = report.hosts
+    assert "leased to run" in (h1.error or "") and "leased to run" in (h2.error or "")
+    assert h3.outcome == "skipped" and "not overwriting it" in (h3.error or ""), h3
+    recorded = fleet.ledger.get_run(str(report.run_id)).host("h3")
+    assert "not overwriting it" in (recorded.error or "")
+
+
 CHANGING_OPS = {"lock", "begin", "swap", "restore", "restart", "unlock"}
 
 

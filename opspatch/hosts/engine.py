@@ -10,7 +10,8 @@ replies into values:
   the container, after the agent inside noted the log's size), command (stop the process tree of the pid in the pid file:
   TERM, wait, KILL; start the command detached with its log; write the pid file);
 - readiness: poll `/health` every 0.1 s (no backoff: a ready engine is noticed at once) until
-  the playbook's deadline, failing fast when the started process exits;
+  the playbook's deadline, failing fast when the started process exits, in execs of at most
+  `READY_SLICE_SECONDS` (between two, the caller is told what is awaited and until when);
 - smoke decode: greedy `/generate` per prompt, checked for HTTP 200, completion tokens,
   `spec_verify_ct` on speculative hosts, expected text, a pre-patch baseline; plus a scan of the
   server log written since the restart for the playbook's fail patterns.
@@ -25,7 +26,8 @@ and tells a decode that timed out (the server still running) from a crash.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -52,10 +54,40 @@ class RestartResult(JsonRecord):
     detail: str = ""
 
 
+READY_SLICE_SECONDS = 30.0
+"""How long one `wait_ready` exec waits on the host before it answers that it is still waiting:
+a readiness wait (up to the playbook's `ready`, 20 minutes by default) is a series of such
+execs, and between two of them the controller says what it awaits and until when
+(`ReadyWaiting`), so a wrong engine URL is not a silent 20 minutes."""
+
+
 @dataclass(frozen=True)
 class Readiness(JsonRecord):
     seconds: float
     polls: int
+
+
+@dataclass(frozen=True)
+class ReadyWaiting(JsonRecord):
+    """The answer of one part of a readiness wait that ran out before /health answered 200:
+    how long it waited, how many polls, and the last answer (`/health: connection refused`)."""
+
+    seconds: float
+    polls: int
+    last: str
+
+
+@dataclass(frozen=True)
+class StillWaiting:
+    """A readiness wait still going on, as the controller says it between two parts: the URL
+    awaited, the last answer, the seconds waited so far and the whole wait's deadline (seconds,
+    and the wall-clock time it gives up at, epoch seconds)."""
+
+    url: str
+    last: str
+    waited: float
+    timeout: float
+    gives_up_at: float
 
 
 @dataclass(frozen=True)
@@ -233,10 +265,18 @@ class EngineControl:
         *,
         step: str = "ready",
         timeout: float | None = None,
+        on_waiting: Callable[[StillWaiting], None] | None = None,
     ) -> Readiness:
         """Poll the server's /health on the host until it answers 200, within `timeout` seconds
         (default: the playbook's `ready`). Without `restart`, the process the engine's pid file
         names (command strategy) is watched, and none running fails at once.
+
+        The wait is a series of execs of at most `READY_SLICE_SECONDS` each (the last one ends
+        at the deadline and fails there); after each one that ran out, `on_waiting` is told
+        what is awaited and until when. A series, not one exec streaming lines: the agent
+        channel stays one request and one reply line per exec, and a slice costs one exec per
+        30 s of a wait that is slow anyway (40 at most in 20 minutes; none more for an engine
+        ready within 30 s), and each slice is a fenced exec that renews the run's lock.
 
         Raises:
             EngineError: the deadline passed, the started process exited, or (no `restart`) the
@@ -244,16 +284,42 @@ class EngineControl:
                 engine logged, if any).
         """
         timeout = float(self.playbook.timeouts.ready if timeout is None else timeout)
-        args = {
+        args: dict[str, Any] = {
             "url": self.host.engine.url,
-            "timeout": timeout,
             "pid": restart.pid if restart else None,
             "pid_file": getattr(self.host.engine.restart, "pid_file", None),
             "log_file": self.host.engine.log_file,
             "log_offset": restart.log_offset if restart else None,
+            "total": timeout,
         }
-        data = self._call("wait_ready", args, timeout=timeout, step=step)
-        return read_reply(Readiness, data, host=self.host.name, step=step)
+        started = time.monotonic()
+        gives_up_at = time.time() + timeout
+        waited, polls = 0.0, 0
+        while True:
+            remaining = timeout - (time.monotonic() - started)
+            last_part = remaining <= READY_SLICE_SECONDS
+            part = max(remaining, 0.001) if last_part else READY_SLICE_SECONDS
+            data = self._call(
+                "wait_ready",
+                args | {"timeout": part, "slice": not last_part},
+                timeout=part,
+                step=step,
+            )
+            if "waiting" not in data:
+                ready = read_reply(Readiness, data, host=self.host.name, step=step)
+                return Readiness(round(waited + ready.seconds, 3), polls + ready.polls)
+            still = read_reply(ReadyWaiting, data["waiting"], host=self.host.name, step=step)
+            waited, polls = waited + still.seconds, polls + still.polls
+            if on_waiting is not None:
+                on_waiting(
+                    StillWaiting(
+                        self.host.engine.url,
+                        still.last,
+                        time.monotonic() - started,
+                        timeout,
+                        gives_up_at,
+                    )
+                )
 
     def wait_drained(
         self, *, settle: float, poll: float, step: str = "drain", timeout: float | None = None

@@ -191,10 +191,7 @@ class _FleetApply:
                 return fleet.cancelled_report()
             refused = self._refusals(prepared)
             if refused is not None or self.dry_run:
-                report = refused or self._dry_run_report(prepared)
-                if not self.dry_run:
-                    fleet.release_all()
-                return report
+                return refused or self._dry_run_report(prepared)
             leased = fleet.lease(
                 {
                     name: host_identity(self.sessions[name].host, item.inspection.facts)
@@ -296,15 +293,18 @@ class _FleetApply:
             reasons.append(refusal(holders))
         if not reasons:
             return None
-        return RunReport(
-            self.recorder.reported_run_id,
-            self.command,
-            self.patch.spec.id,
-            hosts=tuple(outcomes),
-            halted="refused before any change: " + "; ".join(reasons),
-            dry_run=self.dry_run,
-            refused=True,
-        )
+        halted = "refused before any change: " + "; ".join(reasons)
+        if self.dry_run:  # nothing to record, no lock taken
+            return RunReport(
+                None,
+                self.command,
+                self.patch.spec.id,
+                hosts=tuple(outcomes),
+                halted=halted,
+                dry_run=True,
+                refused=True,
+            )
+        return self.fleet.refuse(outcomes, halted=halted)
 
     def _dry_run_report(self, prepared: Mapping[str, Prepared | HostOutcome]) -> RunReport:
         outcomes = []

@@ -157,6 +157,13 @@ class FleetRun:
             return None
         return done
 
+    def decide(self, outcomes: Mapping[str, HostOutcome]) -> None:
+        """Outcomes a preflight decided without changing anything (a host it refused, or found
+        nothing to do on, with the reason): those hosts are neither leased nor started, and
+        each is reported and recorded with its own outcome whatever happens to the rest of the
+        run (a lease refused elsewhere, a halt, a Ctrl-C)."""
+        self._unleased.update(outcomes)
+
     def execute(
         self,
         per_host: Callable[[HostSession], HostOutcome],
@@ -235,8 +242,8 @@ class FleetRun:
         """Lease the hosts to this run, with a heartbeat until the run ends; None when taken.
 
         `identities` (name -> `leases.host_identity`): what the command's own preflight read
-        (apply) or the ledger recorded (recover --run); every other host's is read here from its
-        facts, changing nothing. A host whose facts cannot be read is not leased and will not be
+        (apply, rollback) or the ledger recorded (recover --run); every other host's is read
+        here from its facts, changing nothing, but for the hosts a preflight decided (`decide`). A host whose facts cannot be read is not leased and will not be
         changed (`failed`, its error). When a live lease of another run (not one of
         `taking_over`, runs known dead) holds one of them, the run is refused before any change:
         every lock given back, every host `skipped` naming the holders (exit 2); a Ctrl-C while
@@ -252,7 +259,7 @@ class FleetRun:
         if self.command not in LEASED_COMMANDS or self.recorder.reported_run_id is None:
             return None  # unlock and dry runs keep no one off the hosts
         known = dict(identities or {})
-        missing = [name for name in self.names if name not in known]
+        missing = [name for name in self.names if name not in known and name not in self._unleased]
         if missing:
             read = self._read_identities(missing)
             if read is None:
@@ -263,7 +270,8 @@ class FleetRun:
             self.release_all()
             reason = f"refused before any change: {refusal(grant.refused)}"
             outcomes = {
-                name: session.outcome(Outcome.SKIPPED, f"not started: {held_by(grant.refused)}")
+                name: self._unleased.get(name)
+                or session.outcome(Outcome.SKIPPED, f"not started: {held_by(grant.refused)}")
                 for name, session in self.sessions.items()
             }
             for outcome in outcomes.values():
@@ -383,10 +391,19 @@ class FleetRun:
             refused=refused,
         )
 
+    def refuse(self, outcomes: Sequence[HostOutcome], *, halted: str) -> RunReport:
+        """The report of a run refused before any change (`halted` says why): every host's
+        outcome recorded, as the command prints it, and every lock taken given back."""
+        self.release_all()
+        for outcome in outcomes:
+            self.record(outcome)
+        return self.report({o.host: o for o in outcomes}, halted=halted, refused=True)
+
     def cancelled_report(self) -> RunReport:
         """The report of a run cancelled in its preflight: every host unchanged, recorded."""
         outcomes = {
-            name: session.outcome(Outcome.SKIPPED, "not started: " + CANCELLED_IN_PREFLIGHT)
+            name: self._unleased.get(name)
+            or session.outcome(Outcome.SKIPPED, "not started: " + CANCELLED_IN_PREFLIGHT)
             for name, session in self.sessions.items()
         }
         for outcome in outcomes.values():
@@ -394,9 +411,16 @@ class FleetRun:
         return self.report(outcomes, halted=CANCELLED_IN_PREFLIGHT, refused=True)
 
     def _announce(self, in_flight: Sequence[str]) -> None:
+        """What the first Ctrl-C does: no host started after it, and which hosts are still
+        waited for, with what each waits for and until when (a readiness wait can be long)."""
+
+        def host(name: str) -> str:
+            awaiting = self.sessions[name].awaiting if name in self.sessions else None
+            return f"{name} ({awaiting})" if awaiting else name
+
         waiting = (
-            f"waiting for {', '.join(in_flight)} to finish; Ctrl-C again stops waiting "
-            "(`opspatch recover` then finishes them)"
+            f"waiting for {', '.join(host(n) for n in in_flight)} to finish; Ctrl-C again "
+            "stops waiting (`opspatch recover` then finishes them)"
             if in_flight
             else "no host is in flight"
         )

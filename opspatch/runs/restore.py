@@ -13,25 +13,29 @@ the original code may be exactly what was broken (the incident's first decode cr
 unpatched engine, so the rollback's decode leaves it down). The decode is sent all the same
 (docs/architecture.md, "Proving a restore"): it is the only proof of what the host serves, and a
 server that would crash on the first request is better found down by the rollback than by the
-first user. So a rollback goes canary first (one host, then the rest): a host whose restored
-file is not served halts the run, as a failed canary halts an apply, since rolling more hosts
-back the same way would take their servers down too.
+first user. So a rollback runs under the playbook as an apply does (canary first, then its
+batches, `max_failures`; `restored-not-serving` counts as failed): under the default playbook a
+host whose restored file is not served halts the run, as a failed canary halts an apply, since
+rolling more hosts back the same way would take their servers down too; an operator's playbook
+that allows more is honoured. A rollback's preflight reads every host first, so that a host it
+refuses (its file changed since) is reported with its reason whatever halts the run.
 Told not to restart (`--restart never`, for a host whose inventory sets no engine restart), a
-rollback restores the files only: no canary, and each host is `staged-back` (exit 0) once its
-files are back.
+rollback restores the files only (in the playbook's batches; no server is restarted), and each
+host is `staged-back` (exit 0) once its files are back.
 
 Both run through the fleet executor (`runs.executor`): hosts in parallel up to the playbook's
-`max_in_flight`; a host that needs attention, or whose restored file is not served, halts the
-rest.
+`max_in_flight`; for recover and unlock, one batch that a host that needs attention, or whose
+restored file is not served, halts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 from opspatch.core.edit import NotApplicable, detect, unapply
 from opspatch.core.host import Host
-from opspatch.core.policy import Batch, Playbook
+from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Outcome, SetState
@@ -47,8 +51,9 @@ from opspatch.ledger.lineage import (
 )
 from opspatch.ledger.store import FileVersion, Ledger, Machine, RunDetail
 from opspatch.runs.connect import TransportFactory
-from opspatch.runs.executor import halt_on_attention, one_batch
+from opspatch.runs.executor import HaltPolicy, halt_on_attention, one_batch
 from opspatch.runs.fleetrun import FleetRun
+from opspatch.runs.leases import host_identity
 from opspatch.runs.patchset import Member, SetOnHost, paths_of, read_live
 from opspatch.runs.recorded import recorded_run
 from opspatch.runs.recorder import Recorder
@@ -123,21 +128,40 @@ def halt_on_attention_or_not_serving(outcomes: Mapping[str, HostOutcome]) -> str
     attention = halt_on_attention(outcomes)
     if attention:
         return attention
-    down = sorted(n for n, o in outcomes.items() if o.outcome == Outcome.RESTORED_NOT_SERVING)
+    down = not_serving(outcomes)
     if down:
-        return (
-            f"the restored file is not served on {', '.join(down)} (its smoke decode failed); "
-            "the other hosts were left as they are"
-        )
+        return f"the restored file is not served on {down} (its smoke decode failed); " + LEFT
     return None
 
 
-def _restore_batches(
-    names: Sequence[str], in_flight: int | None, *, canary_first: bool
-) -> tuple[Batch, ...]:
-    if not canary_first or len(names) < 2:
-        return one_batch(names, in_flight)
-    return (Batch((names[0],), True, 1), *one_batch(names[1:], in_flight))
+LEFT = "the other hosts were left as they are"
+
+
+def not_serving(outcomes: Mapping[str, HostOutcome]) -> str | None:
+    """The hosts whose restored file their server does not serve, as text (None: none)."""
+    down = sorted(n for n, o in outcomes.items() if o.outcome == Outcome.RESTORED_NOT_SERVING)
+    return ", ".join(down) if down else None
+
+
+def halt_under_playbook(playbook: Playbook, canaries: Collection[str]) -> HaltPolicy:
+    """A rollback's halt policy: the playbook's, as for an apply (a host that needs attention,
+    a failed canary, `max_failures` failed hosts; `restored-not-serving` counts as failed), the
+    reason saying which restored files are not served. The default playbook (one canary,
+    `max_failures = 1`) halts at the first host whose restored file is not served; an operator's
+    playbook with more room is honoured."""
+
+    def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
+        reason = playbook.halt_reason(
+            {n: o.outcome for n, o in outcomes.items()}, canaries=canaries
+        )
+        down = not_serving(outcomes)
+        if reason is None or down is None or halt_on_attention(outcomes):
+            return reason
+        return (
+            f"the restored file is not served on {down} (its smoke decode failed): {reason}; {LEFT}"
+        )
+
+    return halt
 
 
 def run_restore(
@@ -150,17 +174,23 @@ def run_restore(
     progress: Progress,
     patch_id: str | None,
     per_host: Callable[[HostSession], HostOutcome],
-    canary_first: bool = False,
+    preflight: Callable[[HostSession], Examined] | None = None,
+    under_playbook: bool = False,
     leases: Mapping[str, str] | None = None,
     taking_over: Collection[str] = (),
 ) -> RunReport:
     """The fleet part of the restore runs (rollback, recover, unlock), halted by a host that
     needs attention or whose restored file its server does not serve.
 
-    `canary_first`: the first host alone, then the rest (a rollback: a restored file its server
-    does not serve halts the run before more servers go down). The hosts are leased to this run
-    first (`FleetRun.lease`; unlock leases nothing); `leases` (host name -> identity): the ones
-    a recover --run takes over from the runs it recovers (expired, or of `taking_over`, runs
+    `preflight` (a rollback): read every host first, changing nothing; a host it decides there
+    (a refusal, nothing to restore, unreadable) is reported and recorded with that outcome
+    whatever halts the run later, and is neither leased nor started (`FleetRun.decide`); the
+    others are leased by the identities it read. `under_playbook` (a rollback): the other
+    hosts go in the playbook's batches, canaries first, halted as an apply is
+    (`halt_under_playbook`); otherwise in one batch, halted at the first host that needs
+    attention or whose restored file is not served. The hosts are leased to this run first
+    (`FleetRun.lease`; unlock leases nothing); `leases` (host name -> identity): the ones a
+    recover --run takes over from the runs it recovers (expired, or of `taking_over`, runs
     this machine saw die)."""
     with FleetRun(
         command=command,
@@ -171,16 +201,35 @@ def run_restore(
         recorder=recorder,
         progress=progress,
     ) as fleet:
-        refused = fleet.lease(leases, taking_over=taking_over)
+        known = dict(leases or {})
+        decided: dict[str, HostOutcome] = {}
+        if preflight is not None:
+            examined = fleet.preflight(preflight)
+            if examined is None:
+                return fleet.cancelled_report()
+            for name, seen in examined.items():
+                if seen.decided is not None:
+                    decided[name] = seen.decided
+                elif seen.inspection is not None:
+                    known[name] = host_identity(fleet.sessions[name].host, seen.inspection.facts)
+            fleet.decide(decided)
+        refused = fleet.lease(known, taking_over=taking_over)
         if refused is not None:
             return refused
-        outcomes, halted = fleet.execute(
-            per_host,
-            batches=_restore_batches(
-                fleet.names, playbook.max_in_flight, canary_first=canary_first
-            ),
-            halt=halt_on_attention_or_not_serving,
-        )
+        names = [name for name in fleet.names if name not in decided]
+        policy: HaltPolicy = halt_on_attention_or_not_serving
+        if under_playbook:
+            plan = plan_rollout(playbook, names)
+            batches = plan.batches
+            policy = halt_under_playbook(playbook, plan.canaries)
+        else:
+            batches = one_batch(names, playbook.max_in_flight)
+
+        def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
+            # what the preflight decided changed nothing: it stops no restore elsewhere
+            return policy({n: o for n, o in outcomes.items() if n not in decided})
+
+        outcomes, halted = fleet.execute(per_host, batches=batches, halt=halt)
         return fleet.report(outcomes, halted=halted)
 
 
@@ -239,9 +288,26 @@ def rollback_hosts(
             progress=progress or NoProgress(),
             patch_id=patch_id,
             per_host=rollback.host,
-            canary_first=restart_engine,
+            preflight=rollback.preflight,
+            under_playbook=True,
         )
         return run.finish(report)
+
+
+@dataclass(frozen=True)
+class Examined:
+    """What a restore run found on one host before changing it: the inspection (None: decided
+    from the ledger alone, or the host could not be read) and either the outcome it decided
+    there (nothing to restore, or a refusal with its reason) or the restore to make."""
+
+    inspection: HostInspection | None
+    decided: HostOutcome | None = None
+    restore: Callable[[], HostOutcome] | None = None
+
+    @classmethod
+    def left(cls, outcome: HostOutcome) -> Examined:
+        """Decided without reading the host."""
+        return cls(None, decided=outcome)
 
 
 class _Rollback:
@@ -323,33 +389,71 @@ class _Rollback:
             by_path[path] = [v for v in found if v.path == path]
         return by_path if len(by_path) > 1 else {}
 
+    def preflight(self, session: HostSession) -> Examined:
+        """What the rollback will do on this host, read before any host is changed (no lock
+        taken): a host it would refuse (its file changed since, patched further) or leave alone
+        is decided here, so that it is reported with its reason whatever halts the run later."""
+        try:
+            return self._examine(session, lock=False)
+        except OpspatchError as exc:
+            return Examined(None, decided=session.refused(exc))
+
     def host(self, session: HostSession) -> HostOutcome:
+        """Lock, read the file again (it may have changed since the preflight), restore, prove."""
+        examined = self._examine(session, lock=True)
+        if examined.restore is None:
+            assert examined.decided is not None
+            return examined.decided
+        return examined.restore()
+
+    def _inspect(
+        self, session: HostSession, module: str | None, path: str | None, *, lock: bool
+    ) -> HostInspection:
+        """The host's file (and facts): `begin` (lock + inspect in one exec) when about to
+        change it, a plain `inspect` in the preflight; the preflight records the facts."""
+        timeouts = session.playbook.timeouts
+        with session.step("begin" if lock else "inspect") as note:
+            if lock:
+                _, inspection = session.ops.begin(
+                    module,
+                    path=path,
+                    run_id=session.lock.taking(),
+                    timeout=timeouts.lock + timeouts.inspect,
+                )
+            else:
+                inspection = session.ops.inspect(module, path=path, timeout=timeouts.inspect)
+            note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
+        if not lock:
+            # what the machine is, so later lookups through another inventory find this run
+            session.recorder.facts(session.name, inspection.facts.to_json())
+        return inspection
+
+    def _examine(self, session: HostSession, *, lock: bool) -> Examined:
         by_path = self.set_versions(session.name)
         if by_path:
-            return self._set_host(session, by_path)
+            return self._examine_set(session, by_path, lock=lock)
         if self.patch is not None and self.patch.is_set:
-            return session.outcome(
-                Outcome.SKIPPED,
-                note=f"the ledger has no change by the patch set {self.patch.spec.id} on this "
-                "host (a set is rolled back from the ledger's record only)",
+            return Examined.left(
+                session.outcome(
+                    Outcome.SKIPPED,
+                    note=f"the ledger has no change by the patch set {self.patch.spec.id} on "
+                    "this host (a set is rolled back from the ledger's record only)",
+                )
             )
         candidates = self.versions_for(session.name)
         if not candidates and self.source_run is not None:
-            return session.outcome(
-                Outcome.SKIPPED,
-                note=f"the ledger has no change by run {self.source_run.run_id} on this host",
+            return Examined.left(
+                session.outcome(
+                    Outcome.SKIPPED,
+                    note=f"the ledger has no change by run {self.source_run.run_id} on this host",
+                )
             )
-        timeouts = session.playbook.timeouts
-        with session.step("begin") as note:
-            _, inspection = session.ops.begin(
-                None if candidates or self.patch is None else self.patch.spec.target.module,
-                path=candidates[0].path if candidates else None,
-                run_id=session.lock.taking(),
-                timeout=timeouts.lock + timeouts.inspect,
-            )
-            note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
-        # what the machine is, so later lookups through another inventory find this run
-        session.recorder.facts(session.name, inspection.facts.to_json())
+        inspection = self._inspect(
+            session,
+            None if candidates or self.patch is None else self.patch.spec.target.module,
+            candidates[0].path if candidates else None,
+            lock=lock,
+        )
         path = candidates[0].path if candidates else inspection.file.realpath
         history = self.ledger.file_history(
             session.name,
@@ -366,50 +470,59 @@ class _Rollback:
         unchanged = FileChange(path, live, live)
         standing = locate(history, candidates, live)
         if isinstance(standing, AtPreImage):
-            return session.outcome(
-                Outcome.SKIPPED, file=unchanged, note="already at the pre-image; nothing to restore"
+            return Examined(
+                inspection,
+                decided=session.outcome(
+                    Outcome.SKIPPED,
+                    file=unchanged,
+                    note="already at the pre-image; nothing to restore",
+                ),
             )
         if isinstance(standing, PatchedFurther):
-            return session.outcome(
-                Outcome.SKIPPED,
-                f"refused: {path} is {live[:12]}: the change of run {standing.version.run_id} was "
-                f"{standing.advice()}",
-                file=unchanged,
+            return Examined(
+                inspection,
+                decided=session.outcome(
+                    Outcome.SKIPPED,
+                    f"refused: {path} is {live[:12]}: the change of run "
+                    f"{standing.version.run_id} was {standing.advice()}",
+                    file=unchanged,
+                ),
             )
         if not isinstance(standing, AtPostImage):
             version = candidates[0]  # ChangedSince: the newest change was overwritten since
-            return session.outcome(
-                Outcome.SKIPPED,
-                f"refused: {path} is {live[:12]}, not the {version.sha256_after[:12]} opspatch "
-                f"wrote in run {version.run_id} (changed since, e.g. sglang reinstalled); not overwriting it",
-                file=unchanged,
+            return Examined(
+                inspection,
+                decided=session.outcome(
+                    Outcome.SKIPPED,
+                    f"refused: {path} is {live[:12]}, not the {version.sha256_after[:12]} "
+                    f"opspatch wrote in run {version.run_id} (changed since, e.g. sglang "
+                    "reinstalled); not overwriting it",
+                    file=unchanged,
+                ),
             )
-        version = standing.version
-        try:
-            change = restore_recorded(session, version)
-        except OpspatchError as exc:
-            return session.outcome(
-                Outcome.NEEDS_ATTENTION, f"restore failed: {describe_error(exc)}"
-            )
-        return self._restart_and_prove(session, change, note=None)
+        found = standing.version
 
-    def _set_host(self, session: HostSession, by_path: dict[str, list[FileVersion]]) -> HostOutcome:
+        def restore() -> HostOutcome:
+            try:
+                change = restore_recorded(session, found)
+            except OpspatchError as exc:
+                return session.outcome(
+                    Outcome.NEEDS_ATTENTION, f"restore failed: {describe_error(exc)}"
+                )
+            return self._restart_and_prove(session, change, note=None)
+
+        return Examined(inspection, restore=restore)
+
+    def _examine_set(
+        self, session: HostSession, by_path: dict[str, list[FileVersion]], *, lock: bool
+    ) -> Examined:
         """Roll a patch set back on one host: every file it changed is restored, or none.
 
         Each file must be at a post-image the set recorded (restored) or at its pre-image (left
         alone: a set a run left partly applied is made whole); a file patched further or
         changed since refuses the whole host, with nothing written."""
         paths = list(by_path)
-        timeouts = session.playbook.timeouts
-        with session.step("begin") as note:
-            _, inspection = session.ops.begin(
-                None,
-                path=paths[0],
-                run_id=session.lock.taking(),
-                timeout=timeouts.lock + timeouts.inspect,
-            )
-            note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
-        session.recorder.facts(session.name, inspection.facts.to_json())
+        inspection = self._inspect(session, None, paths[0], lock=lock)
         machine = Machine.of(inspection.facts.machine_id, inspection.facts.hostname)
         live = read_live(session, paths, {inspection.file.realpath: inspection.file.sha256})
         members: list[Member] = []
@@ -434,34 +547,45 @@ class _Rollback:
                 )
         found = SetOnHost(tuple(members))
         if refusals:
-            return session.outcome(
-                Outcome.SKIPPED,
-                "refused: a patch set is rolled back whole or not at all, and "
-                + "; ".join(refusals)
-                + "; nothing was restored",
-                file=found.change(),
+            return Examined(
+                inspection,
+                decided=session.outcome(
+                    Outcome.SKIPPED,
+                    "refused: a patch set is rolled back whole or not at all, and "
+                    + "; ".join(refusals)
+                    + "; nothing was restored",
+                    file=found.change(),
+                ),
             )
         if not found.new:
-            return session.outcome(
-                Outcome.SKIPPED,
-                file=found.change(),
-                note="every file of the patch set is already at its pre-image; nothing to restore",
+            return Examined(
+                inspection,
+                decided=session.outcome(
+                    Outcome.SKIPPED,
+                    file=found.change(),
+                    note="every file of the patch set is already at its pre-image; nothing to "
+                    "restore",
+                ),
             )
-        try:
-            restored = restore_set(session, found)
-        except OpspatchError as exc:
-            return session.outcome(
-                Outcome.NEEDS_ATTENTION,
-                f"restore of the patch set failed part-way: {describe_error(exc)}; "
-                f"`opspatch recover --hosts {session.name}` makes the set whole",
-                file=found.change(),
+
+        def restore() -> HostOutcome:
+            try:
+                restored = restore_set(session, found)
+            except OpspatchError as exc:
+                return session.outcome(
+                    Outcome.NEEDS_ATTENTION,
+                    f"restore of the patch set failed part-way: {describe_error(exc)}; "
+                    f"`opspatch recover --hosts {session.name}` makes the set whole",
+                    file=found.change(),
+                )
+            partly = (
+                f"the set was partly applied ({found.describe()}); now all-old"
+                if found.state == SetState.PARTLY_APPLIED
+                else None
             )
-        partly = (
-            f"the set was partly applied ({found.describe()}); now all-old"
-            if found.state == SetState.PARTLY_APPLIED
-            else None
-        )
-        return self._restart_and_prove(session, restored, note=partly)
+            return self._restart_and_prove(session, restored, note=partly)
+
+        return Examined(inspection, restore=restore)
 
     def _restart_and_prove(
         self, session: HostSession, change: FileChange, *, note: str | None
@@ -510,7 +634,7 @@ class _Rollback:
 
     def _without_record(
         self, session: HostSession, patch: LoadedPatch, inspection: HostInspection
-    ) -> HostOutcome:
+    ) -> Examined:
         """Roll back a patch the ledger has no record of on this host (the ledger was deleted,
         or the change was made from another controller): only from the host's own backup.
 
@@ -519,25 +643,47 @@ class _Rollback:
         is written back. Anything less is refused: a rollback that did not happen is never
         reported as done.
         """
-        timeouts = session.playbook.timeouts
         live = inspection.file
         unchanged = FileChange(live.realpath, live.sha256, live.sha256)
         if detect(live.content, patch.spec).state != "applied":
-            return session.outcome(
-                Outcome.SKIPPED,
-                file=unchanged,
-                note=f"{patch.spec.id} is not on this host (and the ledger has no record of it)",
+            return Examined(
+                inspection,
+                decided=session.outcome(
+                    Outcome.SKIPPED,
+                    file=unchanged,
+                    note=f"{patch.spec.id} is not on this host (and the ledger has no record of "
+                    "it)",
+                ),
             )
         pre = unapply(live.content, patch.spec)
         if isinstance(pre, NotApplicable):
-            return session.outcome(
-                Outcome.SKIPPED,
-                f"refused: the ledger has no record of {patch.spec.id} on this host and it cannot "
-                f"be taken off the file alone ({pre.reason}); restore the file from your own "
-                "backup or reinstall the package",
-                file=unchanged,
+            return Examined(
+                inspection,
+                decided=session.outcome(
+                    Outcome.SKIPPED,
+                    f"refused: the ledger has no record of {patch.spec.id} on this host and it "
+                    f"cannot be taken off the file alone ({pre.reason}); restore the file from "
+                    "your own backup or reinstall the package",
+                    file=unchanged,
+                ),
             )
         pre_sha256 = sha256_hex(pre.old_source)
+        return Examined(
+            inspection,
+            restore=lambda: self._restore_from_backup(session, patch, inspection, pre_sha256),
+        )
+
+    def _restore_from_backup(
+        self,
+        session: HostSession,
+        patch: LoadedPatch,
+        inspection: HostInspection,
+        pre_sha256: str,
+    ) -> HostOutcome:
+        """The file back at `pre_sha256` from the host's own backup, recorded, then proven."""
+        timeouts = session.playbook.timeouts
+        live = inspection.file
+        unchanged = FileChange(live.realpath, live.sha256, live.sha256)
         try:
             with session.step("restore") as note:
                 restored = session.ops.restore(

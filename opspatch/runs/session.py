@@ -164,6 +164,9 @@ class HostSession:
         self.progress = progress
         self.steps: list[StepResult] = []
         self.lock = HostLock(self)
+        self.awaiting: str | None = None
+        """What the host's pipeline is waiting for now and until when (a readiness wait), for
+        the operator's first Ctrl-C to say what it lets finish; None when not waiting."""
         self._factory = factory
         self._transport: Transport | None = None
         self._ops: HostOperations | None = None

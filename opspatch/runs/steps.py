@@ -7,12 +7,13 @@ own backup or the ledger's copy and records it; the host's lock is the session's
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from opspatch.core.vocabulary import Outcome
 from opspatch.errors import InputError, OpspatchError, RemoteOperationError
-from opspatch.hosts.engine import Readiness, RestartResult, SmokeResult
+from opspatch.hosts.engine import Readiness, RestartResult, SmokeResult, StillWaiting
 from opspatch.hosts.operations import RestoreResult
 from opspatch.runs.report import FileChange, HostOutcome
 from opspatch.runs.rotation import admit_step, drain_step
@@ -130,15 +131,45 @@ def ready_step(
 ) -> Readiness:
     """Wait until the engine is ready, as a recorded step (`HostFailed` when it is not).
 
-    `timeout` overrides the playbook's `ready` deadline (the restore path has its own).
+    `timeout` overrides the playbook's `ready` deadline (the restore path has its own). Every
+    `READY_SLICE_SECONDS` (30 s) the server has not answered, the operator is told what is
+    awaited, the last answer and when the wait gives up (`waiting_line`), and a first Ctrl-C
+    meanwhile says this host is still waited for, until when (`session.awaiting`).
     """
+    seconds = float(session.playbook.timeouts.ready if timeout is None else timeout)
+    until = _clock(time.time() + seconds)
+    session.awaiting = f"{step}: {session.host.engine.url}/health, until {until}"
+
+    def say(still: StillWaiting) -> None:
+        session.progress.notice(
+            waiting_line(session.name, step, still, session.recorder.reported_run_id)
+        )
+
     try:
         with session.step(step) as note:
-            ready = session.engine.wait_ready(restart, step=step, timeout=timeout)
+            ready = session.engine.wait_ready(restart, step=step, timeout=seconds, on_waiting=say)
             note["detail"] = f"/health 200 after {ready.seconds:.1f}s ({ready.polls} polls)"
         return ready
     except OpspatchError as exc:
         raise HostFailed(Outcome.FAILED, f"{step}: {describe_error(exc)}") from exc
+    finally:
+        session.awaiting = None
+
+
+def waiting_line(host: str, step: str, still: StillWaiting, run_id: str | None) -> str:
+    """The line a readiness wait prints every 30 s: what is awaited, the last answer, how long
+    so far, when it gives up, and what a Ctrl-C does to it."""
+    recover = f" (`opspatch recover --run {run_id}` then finishes it)" if run_id else ""
+    return (
+        f"{host}: {step}: still waiting for {still.url}/health to answer 200 ({still.last}); "
+        f"{still.waited:.0f}s of {still.timeout:.0f}s, gives up at {_clock(still.gives_up_at)}. "
+        f"Ctrl-C starts no more hosts and still waits for this one until then; "
+        f"Ctrl-C twice stops waiting{recover}"
+    )
+
+
+def _clock(epoch: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(epoch))
 
 
 class SmokeFailed(HostFailed):

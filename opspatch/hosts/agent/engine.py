@@ -120,9 +120,15 @@ def op_wait_ready(args: Args) -> Result:
     engine's pid file names (command strategy) is watched instead; when it names a process that
     is gone and /health does not answer, it fails after the first poll (`engine-not-running`):
     nothing is starting there, and waiting would only wait out the deadline.
+
+    With `slice` true this exec is one part of a longer wait (the controller says between the
+    parts what it awaits, `hosts.engine.EngineControl.wait_ready`): at its deadline it answers
+    `{"waiting": {"seconds", "polls", "last"}}` instead of failing. `total` is the whole wait's
+    deadline in seconds, said in the not-ready failure (default: `timeout`).
     """
     url = str(args["url"]).rstrip("/")
     timeout = float(args.get("timeout") or 600.0)
+    total = float(args.get("total") or timeout)
     pid = args.get("pid")
     pid_file = args.get("pid_file")
     gone = None  # what the pid file names, when that process is not running
@@ -183,11 +189,14 @@ def op_wait_ready(args: Args) -> Result:
                 evidence,
             )
         if time.monotonic() + READY_POLL_SECONDS > deadline:
+            if args.get("slice"):
+                waited = round(time.monotonic() - started, 3)
+                return {"waiting": {"seconds": waited, "polls": polls, "last": last}}
             said, evidence = failure_evidence(log_since(log_file, offset))
             running = f"; the engine (pid {pid}) is still running" if pid is not None else ""
             raise OpFailure(
                 "not-ready",
-                f"not ready after {timeout:.0f}s ({last}){running}"
+                f"not ready after {total:.0f}s ({last}){running}"
                 + (f"; its log records{said}" if said else ""),
                 evidence,
             )
