@@ -159,9 +159,10 @@ class FleetRun:
 
     def decide(self, outcomes: Mapping[str, HostOutcome]) -> None:
         """Outcomes a preflight decided without changing anything (a host it refused, or found
-        nothing to do on, with the reason): those hosts are neither leased nor started, and
-        each is reported and recorded with its own outcome whatever happens to the rest of the
-        run (a lease refused elsewhere, a halt, a Ctrl-C)."""
+        nothing to do on, with the reason): those hosts are never started, and each is reported
+        and recorded with its own outcome whatever happens to the rest of the run (a halt, a
+        Ctrl-C, a lease refused elsewhere; a host another run holds is reported held instead,
+        since what the preflight read there may be that run's change in flight)."""
         self._unleased.update(outcomes)
 
     def execute(
@@ -243,7 +244,8 @@ class FleetRun:
 
         `identities` (name -> `leases.host_identity`): what the command's own preflight read
         (apply, rollback) or the ledger recorded (recover --run); every other host's is read
-        here from its facts, changing nothing, but for the hosts a preflight decided (`decide`). A host whose facts cannot be read is not leased and will not be
+        here from its facts, changing nothing, but for the hosts a preflight decided (`decide`)
+        without reading them. A host whose facts cannot be read is not leased and will not be
         changed (`failed`, its error). When a live lease of another run (not one of
         `taking_over`, runs known dead) holds one of them, the run is refused before any change:
         every lock given back, every host `skipped` naming the holders (exit 2); a Ctrl-C while
@@ -269,8 +271,9 @@ class FleetRun:
         if grant.refused:  # before the routers: the refusal names the run that holds the hosts
             self.release_all()
             reason = f"refused before any change: {refusal(grant.refused)}"
-            outcomes = {
-                name: self._unleased.get(name)
+            held = {holder.host for holder in grant.refused}
+            outcomes = {  # a held host's preflight reading may be the holder's change in flight
+                name: (None if name in held else self._unleased.get(name))
                 or session.outcome(Outcome.SKIPPED, f"not started: {held_by(grant.refused)}")
                 for name, session in self.sessions.items()
             }

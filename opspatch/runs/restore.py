@@ -184,8 +184,9 @@ def run_restore(
 
     `preflight` (a rollback): read every host first, changing nothing; a host it decides there
     (a refusal, nothing to restore, unreadable) is reported and recorded with that outcome
-    whatever halts the run later, and is neither leased nor started (`FleetRun.decide`); the
-    others are leased by the identities it read. `under_playbook` (a rollback): the other
+    whatever halts the run later, and is never started (`FleetRun.decide`); every host it read
+    is leased by the identity it read (the lease check comes first), and only the others are
+    looked for at their router. `under_playbook` (a rollback): the other
     hosts go in the playbook's batches, canaries first, halted as an apply is
     (`halt_under_playbook`); otherwise in one batch, halted at the first host that needs
     attention or whose restored file is not served. The hosts are leased to this run first
@@ -210,13 +211,13 @@ def run_restore(
             for name, seen in examined.items():
                 if seen.decided is not None:
                     decided[name] = seen.decided
-                elif seen.inspection is not None:
+                if seen.inspection is not None:  # a decided host too: the lease check comes first
                     known[name] = host_identity(fleet.sessions[name].host, seen.inspection.facts)
             fleet.decide(decided)
-        refused = fleet.lease(known, taking_over=taking_over)
+        names = [name for name in fleet.names if name not in decided]
+        refused = fleet.lease(known, taking_over=taking_over, restarting=names)
         if refused is not None:
             return refused
-        names = [name for name in fleet.names if name not in decided]
         policy: HaltPolicy = halt_on_attention_or_not_serving
         if under_playbook:
             plan = plan_rollout(playbook, names)
