@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from opspatch.core.spec import MODULE_SCOPE, ReplaceSelector, StatementSelector
+from opspatch.core.selectors import MODULE_SCOPE, ReplaceSelector, StatementSelector
 from opspatch.core.syntax import dedent_code, parse_python
 
 DefNode = ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef

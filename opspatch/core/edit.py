@@ -18,6 +18,9 @@ cookie, BOM) is kept, because edits are splices into the original text. Each `Ap
 splices, so `reverse(applied)` gives back the pre-image byte for byte; `unapply(source, patch)`
 removes insert and diff edits from a patched file without any record.
 
+Each edit is placed, recognised and undone by its kind (`opspatch.core.kinds`, one module per
+kind behind the `EditKind` protocol); this module drives the edits in order and names no kind.
+
 Pure: bytes in, values out; no disk, no network.
 """
 
@@ -28,66 +31,39 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from opspatch.core.anchors import (
-    AnchorProblem,
-    Scope,
-    StatementRun,
-    find_statement_runs,
-    first_line,
-    last_line,
-    matching_statements,
-    replaced_expressions,
-    select_expressions,
-    select_statements,
-    selected_expressions,
-    span,
-    statement_dumps,
-    strip_positions,
-)
-from opspatch.core.placement import (
-    EditProblem,
-    Splice,
-    apply_splices,
-    carries_marker,
-    marker_lines,
-    place_delete,
-    place_insert,
-    place_move,
-    place_replace,
-    plan_diff,
-    scope_of,
-    select_in,
-    start_index,
-    undo_splices,
-)
+from opspatch.core.kinds.base import EditState
+from opspatch.core.placement import EditProblem, Splice, apply_splices, undo_splices
 from opspatch.core.source import (
     LineIndex,
     SourceDecodeError,
     SourceText,
     sha256_hex,
     split_lines,
-    strip_newline,
 )
-from opspatch.core.spec import (
-    DeleteEdit,
-    DiffEdit,
-    Edit,
-    InsertEdit,
-    MoveEdit,
-    PatchSpec,
-    ReplaceEdit,
-    StatementSelector,
-    edit_field,
-    variant_label,
-)
+from opspatch.core.spec import Edit, PatchSpec, edit_field, variant_label
 from opspatch.core.syntax import parse_python
-from opspatch.core.unified import (
-    HunkFailure,
-    parse_unified_diff,
-    plan_hunks,
-)
 from opspatch.core.validate import validate_result
 from opspatch.core.vocabulary import Detected, EditStatus
+
+__all__ = [
+    "AlreadyApplied",
+    "Applied",
+    "Detection",
+    "EditRecord",
+    "EditState",
+    "NotApplicable",
+    "PlanOutcome",
+    "Reverted",
+    "apply_patch",
+    "detect",
+    "matched_alternatives",
+    "misfits",
+    "plan_summary",
+    "reverse",
+    "unapply",
+    "undone_from_text",
+    "unified_diff",
+]
 
 # ---------------------------------------------------------------------------------------------
 # outcomes
@@ -182,24 +158,6 @@ def plan_summary(outcome: PlanOutcome) -> str:
 
 
 @dataclass(frozen=True)
-class EditState:
-    index: int
-    state: EditStatus
-    reason: str
-    candidates: tuple[str, ...] = ()
-    field: str = ""
-    variant: int = 0
-    """Which variant of the edit this state is of (0: as written; n: `alternatives[n - 1]`)."""
-    placed: bool = True
-    """For `applied`: the edit's selector found the new code where it points. False when it was
-    judged applied because the old code is gone (a replace whose selector matches nothing, a
-    delete): then another alternative with the same code reads applied as well."""
-    marked: bool = False
-    """For `applied` but not `placed`: the new code stands under this patch's marker, so the
-    patch wrote it there (in one of its variants), not merely found it."""
-
-
-@dataclass(frozen=True)
 class Detection:
     """Whether a file carries a patch: `applied`, `not-applied`, `partial` or `unknown`."""
 
@@ -220,307 +178,13 @@ class Reverted:
 # detecting
 
 
-def inserted_run(
-    index: LineIndex, tree: ast.Module, patch: PatchSpec, i: int
-) -> list[ast.stmt] | None:
-    """The statements insert edit `i` put into `tree` (the tree of `index.text`), if they are
-    there: at its own place, never merely somewhere in its scope.
-
-    Beside its anchor: the statement the anchor selects (its `which` applied), counted without
-    the inserted code itself and the code of the patch's later inserts, as it was chosen when
-    the edit was placed. At the start (end): first (last) in the scope's own body, or anywhere
-    in that body under this patch's marker (a patch stacked later may have inserted before or
-    after it). The code of the patch's other inserts may stand in between, since two inserts at
-    one place go side by side.
-    """
-    return _inserted_runs(index, tree, patch, i).get(i)
-
-
-def _inserted_runs(
-    index: LineIndex, tree: ast.Module, patch: PatchSpec, first: int
-) -> dict[int, list[ast.stmt] | None]:
-    """`inserted_run` of every insert from edit `first` on, the last first: each excludes the
-    statements the later ones put in from its anchor's matches."""
-    runs: dict[int, list[ast.stmt] | None] = {}
-    later: set[int] = set()
-    for j in reversed(range(first, len(patch.edits))):
-        if not isinstance(patch.edits[j], InsertEdit):
-            continue
-        try:
-            runs[j] = _find_inserted(index, tree, patch, j, later)
-        except EditProblem:
-            if j == first:
-                raise
-            runs[j] = None
-        later.update(id(stmt) for stmt in runs[j] or [])
-    return runs
-
-
-def _find_inserted(
-    index: LineIndex, tree: ast.Module, patch: PatchSpec, i: int, later: set[int]
-) -> list[ast.stmt] | None:
-    edit = patch.edits[i]
-    assert isinstance(edit, InsertEdit)
-    scope = scope_of(tree, edit.scope, i)
-    others = _other_inserts(patch, i)
-    for run in find_statement_runs(scope, statement_dumps(edit.code)):
-        dumps = [strip_positions(s) for s in run.block]
-        if edit.position in ("start", "end"):
-            if run.block is not scope.node.body:  # a nested block is not the scope's start/end
-                continue
-            if edit.position == "start":
-                placed = _skip_back(dumps, run.start, others) == start_index(scope)
-            else:
-                placed = _skip_forward(dumps, run.start + run.length, others) == len(run.block)
-            if placed or carries_marker(index, run.statements[0], patch):
-                return run.statements
-            continue
-        assert edit.anchor is not None
-        anchor = _chosen_anchor(scope, edit.anchor, later | {id(s) for s in run.statements})
-        if anchor is None:
-            continue
-        if edit.position == "after":
-            end = _skip_back(dumps, run.start, others)  # what stands before it
-            placed = end >= 1 and run.block[end - 1] is anchor
-        else:
-            begin = _skip_forward(dumps, run.start + run.length, others)  # what stands after it
-            placed = begin < len(run.block) and run.block[begin] is anchor
-        if placed:
-            return run.statements
-    return None
-
-
-def _chosen_anchor(scope: Scope, anchor: StatementSelector, excluded: set[int]) -> ast.stmt | None:
-    """The statement `anchor` selects (its `which` applied) among those not `excluded`; None
-    when it selects none (or several, for `only`)."""
-    found = [loc.stmt for loc in matching_statements(scope, anchor) if id(loc.stmt) not in excluded]
-    if not found or (anchor.which == "only" and len(found) > 1):
-        return None
-    return found[-1] if anchor.which == "last" else found[0]
-
-
-def _other_inserts(patch: PatchSpec, i: int) -> list[list[str]]:
-    """The statement dumps of the patch's inserts other than edit `i` (they may stand beside it)."""
-    return [
-        statement_dumps(other.code)
-        for j, other in enumerate(patch.edits)
-        if j != i and isinstance(other, InsertEdit)
-    ]
-
-
-def _skip_back(dumps: list[str], end: int, others: list[list[str]]) -> int:
-    """`end`, moved back over any of `others` that stand just before it."""
-    while skipped := next(
-        (o for o in others if o and end >= len(o) and dumps[end - len(o) : end] == o), None
-    ):
-        end -= len(skipped)
-    return end
-
-
-def _skip_forward(dumps: list[str], begin: int, others: list[list[str]]) -> int:
-    """`begin`, moved on over any of `others` that stand just from it."""
-    while skipped := next((o for o in others if o and dumps[begin : begin + len(o)] == o), None):
-        begin += len(skipped)
-    return begin
-
-
-def _move_state(tree: ast.Module, patch: PatchSpec, edit: MoveEdit, i: int) -> EditState:
-    """A move is applied when its one statement stands where the position says (past the code
-    of the patch's inserts), not merely somewhere in the scope."""
-    scope = scope_of(tree, edit.scope, i)
-    moved = select_in(scope, edit.select, i, "select")
-    anchor = select_in(scope, edit.anchor, i, "anchor") if edit.anchor is not None else None
-    if anchor is not None and anchor.stmt is moved.stmt:
-        raise EditProblem("the anchor is the statement to move", edit_field(i, "anchor"))
-    block = moved.block
-    at = next(k for k, stmt in enumerate(block) if stmt is moved.stmt)
-    dumps = [strip_positions(stmt) for stmt in block]
-    others = _other_inserts(patch, i)
-    if edit.position == "after":
-        before = _skip_back(dumps, at, others)
-        placed = anchor is not None and before >= 1 and block[before - 1] is anchor.stmt
-    elif edit.position == "before":
-        after = _skip_forward(dumps, at + 1, others)
-        placed = anchor is not None and after < len(block) and block[after] is anchor.stmt
-    elif edit.position == "start":
-        placed = block is scope.node.body and _skip_back(dumps, at, others) == start_index(scope)
-    else:
-        placed = block is scope.node.body and _skip_forward(dumps, at + 1, others) == len(block)
-    where = _insert_place(edit)
-    if placed:
-        return EditState(i, EditStatus.APPLIED, f"the statement stands {where}")
-    return EditState(
-        i, EditStatus.PENDING, f"the statement stands at line {first_line(moved.stmt)}, not {where}"
-    )
-
-
-def _insert_place(edit: InsertEdit | MoveEdit) -> str:
-    if edit.anchor is not None:
-        return f"{edit.position} its anchor"
-    return f"at the {edit.position} of `{edit.scope}`"
-
-
 def _edit_state(index: LineIndex, tree: ast.Module, patch: PatchSpec, i: int) -> EditState:
-    """Is edit `i` present in `index.text`? Decided at the edit's own place, by syntax trees
-    (the node its selector or anchor chooses, or its position) and, where the tree alone cannot
-    tell code the edit wrote from the same code already there, by its marker comment; never by
-    the new code appearing somewhere in the scope."""
-    edit = patch.edits[i]
-    text = index.text
+    """Is edit `i` present in `index.text`? Its kind decides (`EditKind.state`), at the edit's
+    own place; a problem (a scope or anchor not found, a diff that fits neither way) is `broken`."""
     try:
-        if isinstance(edit, InsertEdit):
-            scope = scope_of(tree, edit.scope, i)
-            if inserted_run(index, tree, patch, i) is not None:
-                return EditState(
-                    i, EditStatus.APPLIED, f"its code is present {_insert_place(edit)}"
-                )
-            if edit.anchor is not None:
-                select_in(scope, edit.anchor, i, "anchor")  # a missing anchor is a problem now
-            return EditState(i, EditStatus.PENDING, f"its code is not {_insert_place(edit)}")
-        if isinstance(edit, ReplaceEdit):
-            return _replace_state(index, tree, patch, edit, i)
-        if isinstance(edit, DeleteEdit):
-            inserted = _inserted_by(index, tree, patch, range(len(patch.edits)))
-            return _delete_state(tree, edit, i, inserted)
-        if isinstance(edit, MoveEdit):
-            return _move_state(tree, patch, edit, i)
-        assert isinstance(edit, DiffEdit)
-        parsed = parse_unified_diff(edit.diff)
-        plain = [strip_newline(line) for line in split_lines(text)]
-        # As GNU patch does, look for an already-applied diff before fuzzing: with fuzz, an
-        # addition's context may still match after the addition is in place.
-        forward: object = None
-        for fuzz in sorted({0, edit.fuzz}):
-            forward = plan_hunks(plain, parsed, max_offset=edit.max_offset, fuzz=fuzz)
-            if isinstance(forward, list):
-                return EditState(i, EditStatus.PENDING, "the diff applies")
-            backward = plan_hunks(plain, parsed.reversed(), max_offset=edit.max_offset, fuzz=fuzz)
-            if isinstance(backward, list):
-                return EditState(
-                    i, EditStatus.APPLIED, "the diff is already in the file (its reverse applies)"
-                )
-        assert isinstance(forward, HunkFailure)
-        raise EditProblem(forward.message, edit_field(i, "diff"))
+        return patch.edits[i].state(index, tree, patch, i)
     except EditProblem as problem:
         return EditState(i, EditStatus.BROKEN, problem.message, problem.candidates, problem.field)
-
-
-Span = tuple[int, int, int, int]
-
-
-def _run_span(run: StatementRun) -> Span:
-    statements = run.statements
-    return span(statements[0])[:2] + span(statements[-1])[2:]
-
-
-def _inside(inner: Span, outer: Span) -> bool:
-    return outer[:2] <= inner[:2] and inner[2:] <= outer[2:]
-
-
-def _replace_state(
-    index: LineIndex, tree: ast.Module, patch: PatchSpec, edit: ReplaceEdit, i: int
-) -> EditState:
-    """A replace is applied when its new code stands at the place the selector chooses:
-
-    - the node the selector selects (its `which` applied: the first, the last, or every match)
-      lies inside new code (which may contain the old, e.g. `max(x, 1)`, or match the selector
-      itself, e.g. a new call of the same function);
-    - else, for `first` (`last`), new code under this patch's marker comes before (after) every
-      match left: the tree alone cannot tell the new code the edit wrote from the same code that
-      stood there before, so new code merely standing earlier (later) in the scope is not it;
-    - nothing the selector matches is left and new code stands in the scope (the old code is
-      gone: there is no place left to apply it; not `placed`, `marked` under the marker).
-    """
-    scope = scope_of(tree, edit.scope, i)
-    field_name = edit_field(i, "select")
-    if edit.select.selects_expressions:
-        new = [(span(m.expr), m.stmt) for m in replaced_expressions(scope, edit.select, edit.code)]
-        old_spans = sorted(span(m.expr) for m in selected_expressions(scope, edit.select))
-    else:
-        runs = find_statement_runs(scope, statement_dumps(edit.code))
-        new = [(_run_span(r), r.statements[0]) for r in runs]
-        old_spans = sorted(span(loc.stmt) for loc in matching_statements(scope, edit.select))
-    new_spans = [where for where, _ in new]
-    replaced = [any(_inside(old, where) for where in new_spans) for old in old_spans]
-    leftover = [old for old, done in zip(old_spans, replaced, strict=True) if not done]
-    marked = [where for where, stmt in new if carries_marker(index, stmt, patch)]
-    which = edit.select.which
-    if new_spans and not leftover:
-        return EditState(
-            i,
-            EditStatus.APPLIED,
-            "the replacement is present" + ("" if old_spans else " (the code to replace is gone)"),
-            placed=bool(old_spans),
-            marked=bool(marked),
-        )
-    # here some match is left, or no new code stands anywhere (nothing is replaced or marked)
-    first_done = (
-        which == "first"
-        and bool(leftover)
-        and (replaced[0] or any(where[:2] < leftover[0][:2] for where in marked))
-    )
-    last_done = (
-        which == "last"
-        and bool(leftover)
-        and (replaced[-1] or any(where[2:] > leftover[-1][2:] for where in marked))
-    )
-    if first_done or last_done:
-        return EditState(i, EditStatus.APPLIED, f"the replacement is present at the {which} match")
-    try:  # the selection must be unambiguous for the edit to be applicable
-        if edit.select.selects_expressions:
-            select_expressions(scope, edit.select)
-        else:
-            select_statements(scope, edit.select)
-    except AnchorProblem as problem:
-        raise EditProblem(problem.message, field_name, problem.candidates) from None
-    return EditState(i, EditStatus.PENDING, "the code to replace is present")
-
-
-def _inserted_by(
-    index: LineIndex, tree: ast.Module, patch: PatchSpec, indices: Sequence[int]
-) -> set[int]:
-    """Ids of the statements the patch's inserts among `indices` put into `tree` (where present),
-    so a delete of the same code (a move: the delete, then the insert) does not count them."""
-    found: set[int] = set()
-    for j in indices:
-        if isinstance(patch.edits[j], InsertEdit):
-            try:
-                run = inserted_run(index, tree, patch, j)
-            except EditProblem:
-                continue
-            found.update(id(stmt) for stmt in run or [])
-    return found
-
-
-def _delete_state(tree: ast.Module, edit: DeleteEdit, i: int, inserted: set[int]) -> EditState:
-    """A delete is applied when the selector matches nothing left in the scope but the code this
-    patch inserted."""
-    scope = scope_of(tree, edit.scope, i)
-    left = [loc for loc in matching_statements(scope, edit.select) if id(loc.stmt) not in inserted]
-    if not left:
-        return EditState(
-            i, EditStatus.APPLIED, "the statement to delete is not in the scope", placed=False
-        )
-    if edit.select.which == "only" and len(left) > 1:
-        raise EditProblem(
-            f"{edit.select.describe()} matches {len(left)} statements in `{scope.qualname}`",
-            edit_field(i, "select"),
-            [f"line {first_line(loc.stmt)}" for loc in left],
-        )
-    return EditState(i, EditStatus.PENDING, "the statement to delete is present")
-
-
-def _refuse_deleting_inserted(index: LineIndex, tree: ast.Module, patch: PatchSpec, i: int) -> None:
-    """A delete placed after an insert of the same code would take the inserted code too."""
-    edit = patch.edits[i]
-    assert isinstance(edit, DeleteEdit)
-    inserted = _inserted_by(index, tree, patch, range(i))
-    scope = scope_of(tree, edit.scope, i)
-    if any(id(loc.stmt) in inserted for loc in matching_statements(scope, edit.select)):
-        raise EditProblem(
-            "it would delete code this patch inserts; put the delete before the insert",
-            edit_field(i, "select"),
-        )
 
 
 def _decode(source: bytes) -> tuple[SourceText, ast.Module]:
@@ -639,7 +303,7 @@ def misfits(patch: PatchSpec, detection: Detection) -> str:
         if state.state != EditStatus.BROKEN:
             continue
         edit = patch.edits[state.index]
-        where = f" in {edit.scope}" if not isinstance(edit, DiffEdit) else ""
+        where = f" in {edit.scope_name}" if edit.scope_name is not None else ""
         nearest = f"; nearest: {', '.join(state.candidates[:3])}" if state.candidates else ""
         said.append(f"{edit_field(state.index)} ({edit.kind}{where}): {state.reason}{nearest}")
     return "; ".join(said)
@@ -672,6 +336,53 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
     original = patch
     detection, patch = _detect_resolved(decoded, tree, patch)
     matched = matched_alternatives(original, detection.edits)
+    judged = _judged(source, decoded, tree, patch, detection, matched, relpath)
+    if judged is not None:
+        return judged
+    placed = _place_edits(decoded, tree, patch, detection)
+    if isinstance(placed, NotApplicable):
+        return placed
+    text, current_tree, records, scopes = placed
+    try:
+        new_source = decoded.encode(text)
+    except SourceDecodeError as exc:
+        return NotApplicable(patch.id, str(exc))
+    problems = validate_result(
+        old_text=decoded.text,
+        new_text=text,
+        new_source=new_source,
+        patch=patch,
+        edited_scopes=tuple(scopes),
+        filename=relpath,
+        old_tree=tree,
+        new_tree=current_tree,
+    )
+    if problems:
+        return NotApplicable(patch.id, "the result fails validation: " + "; ".join(problems))
+    return Applied(
+        patch_id=patch.id,
+        old_source=source,
+        new_source=new_source,
+        diff=unified_diff(decoded.text, text, relpath),
+        edits=tuple(records),
+        edited_scopes=tuple(scopes),
+        encoding=decoded.encoding,
+        newline=decoded.newline,
+        matched=matched,
+    )
+
+
+def _judged(
+    source: bytes,
+    decoded: SourceText,
+    tree: ast.Module,
+    patch: PatchSpec,
+    detection: Detection,
+    matched: tuple[str, ...],
+    relpath: str,
+) -> PlanOutcome | None:
+    """The plan's outcome when the detection alone decides it (a problem, partly applied,
+    already applied, a pre-image not accepted); None when the edits are to be placed."""
     if detection.state == "unknown":
         broken = next((s for s in detection.edits if s.state == "broken"), None)
         if broken is not None:
@@ -713,44 +424,28 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
             f"the file's sha256 {sha} is not one of the pre-images this patch accepts",
             "target.accept_sha256",
         )
+    return None
 
+
+def _place_edits(
+    decoded: SourceText, tree: ast.Module, patch: PatchSpec, detection: Detection
+) -> tuple[str, ast.Module, list[EditRecord], list[str]] | NotApplicable:
+    """Place every edit in turn, each by its kind (`EditKind.place`) on the text the edits
+    before it left: the new text, its tree, the edit records and the scopes edited."""
     text = decoded.text
     records: list[EditRecord] = []
     scopes: list[str] = []
     current_tree = tree  # the tree of `text`, parsed once per text
     try:
         for i, edit in enumerate(patch.edits):
-            if isinstance(edit, InsertEdit):
-                splices, edit_scopes = place_insert(
-                    text, current_tree, edit, patch, decoded.newline, i
-                )
-                description = f"insert at {edit.position} of {edit.scope}"
-            elif isinstance(edit, ReplaceEdit):
-                splices, edit_scopes = place_replace(
-                    text, current_tree, edit, patch, decoded.newline, i
-                )
-                description = f"replace {edit.select.describe()} in {edit.scope}"
-            elif isinstance(edit, DeleteEdit):
-                _refuse_deleting_inserted(LineIndex(text), current_tree, patch, i)
-                splices, edit_scopes = place_delete(
-                    text, current_tree, edit, patch, decoded.newline, i
-                )
-                description = f"delete {edit.select.describe()} in {edit.scope}"
-            elif isinstance(edit, MoveEdit):
-                splices, edit_scopes = place_move(
-                    text, current_tree, edit, patch, decoded.newline, i
-                )
-                description = f"move {edit.select.describe()} {_insert_place(edit)} in {edit.scope}"
-            else:
-                splices, edit_scopes = plan_diff(text, current_tree, edit, decoded.newline, i)
-                description = "diff"
+            splices, edit_scopes = edit.place(text, current_tree, patch, decoded.newline, i)
             new_text = apply_splices(text, splices)
             records.append(
                 EditRecord(
                     index=i,
                     kind=edit.kind,
                     scope=",".join(edit_scopes),
-                    description=description,
+                    description=edit.description(),
                     splices=tuple(splices),
                     undo=undo_splices(text, splices),
                     variant=detection.edits[i].variant,
@@ -769,39 +464,12 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
                 )
     except EditProblem as problem:
         return NotApplicable(patch.id, problem.message, problem.field, problem.candidates)
-
-    try:
-        new_source = decoded.encode(text)
-    except SourceDecodeError as exc:
-        return NotApplicable(patch.id, str(exc))
-    problems = validate_result(
-        old_text=decoded.text,
-        new_text=text,
-        new_source=new_source,
-        patch=patch,
-        edited_scopes=tuple(scopes),
-        filename=relpath,
-        old_tree=tree,
-        new_tree=current_tree,
-    )
-    if problems:
-        return NotApplicable(patch.id, "the result fails validation: " + "; ".join(problems))
-    return Applied(
-        patch_id=patch.id,
-        old_source=source,
-        new_source=new_source,
-        diff=unified_diff(decoded.text, text, relpath),
-        edits=tuple(records),
-        edited_scopes=tuple(scopes),
-        encoding=decoded.encoding,
-        newline=decoded.newline,
-        matched=matched,
-    )
+    return text, current_tree, records, scopes
 
 
 def _recognised_by(patch: PatchSpec) -> str:
     """How the engine saw the edits in place: a diff by its reverse applying, others by tree."""
-    ways = {"reverse apply" if isinstance(e, DiffEdit) else "syntax tree" for e in patch.edits}
+    ways = {edit.recognised_by for edit in patch.edits}
     return " and ".join(sorted(ways, reverse=True))
 
 
@@ -818,42 +486,10 @@ def reverse(applied: Applied) -> bytes:
     return decoded.encode(text)
 
 
-def _removal_candidates(index: LineIndex, first: int, last: int, newline: str) -> list[str]:
-    """Texts with lines [first, last] removed, also for a block that ended a file without a
-    final newline (its newline went before it)."""
-    text = index.text
-    start, end = index.line_start(first), index.line_end(last)
-    out = [text[:start] + text[end:]]
-    if end == len(text) and start >= len(newline) and text[start - len(newline) : start] == newline:
-        out.append(text[: start - len(newline)])
-    return out
-
-
-def _first_verified(
-    candidates: Sequence[str], patch: PatchSpec, i: int, current: str, newline: str
-) -> str | None:
-    """The candidate pre-image from which edit `i` re-creates exactly `current`.
-
-    Re-applying is the proof: a candidate is accepted only if inserting the edit into it gives
-    back the patched text byte for byte.
-    """
-    edit = patch.edits[i]
-    assert isinstance(edit, InsertEdit)
-    for candidate in candidates:
-        try:
-            tree = parse_python(candidate)
-            splices, _ = place_insert(candidate, tree, edit, patch, newline, i)
-        except (SyntaxError, EditProblem):
-            continue
-        if apply_splices(candidate, splices) == current:
-            return candidate
-    return None
-
-
 def undone_from_text(patch: PatchSpec) -> bool:
     """Whether `unapply` can remove the patch from the patched text alone: only inserts and
     diffs can; a replace, delete or move is undone from its recorded pre-image."""
-    return all(isinstance(edit, InsertEdit | DiffEdit) for edit in patch.edits)
+    return all(edit.undone_from_text for edit in patch.edits)
 
 
 def unapply(
@@ -861,10 +497,12 @@ def unapply(
 ) -> Reverted | NotApplicable:
     """Remove `patch` from a patched file without any record of how it was applied.
 
-    Works for `insert` edits (the inserted block, marker included, is found by its syntax tree
-    and removed line for line) and `diff` edits (the reversed diff is applied), each in the
-    variant (alternative) found in the file. A `replace`, `delete` or `move` edit cannot be undone from the patched text alone: it is undone from the recorded pre-image
-    (the ledger, or the backup beside a local file), so this returns `NotApplicable` for it.
+    Each edit, the last first, is taken out by its kind (`EditKind.undo`) in the variant
+    (alternative) found in the file: an `insert` (the inserted block, marker included, is found
+    by its syntax tree and removed line for line) and a `diff` (the reversed diff is applied). A
+    `replace`, `delete` or `move` edit cannot be undone from the patched text alone: it is undone
+    from the recorded pre-image (the ledger, or the backup beside a local file), so this returns
+    `NotApplicable` for it.
     """
     relpath = relpath or patch.target.module_relpaths()[0]
     try:
@@ -876,58 +514,10 @@ def unapply(
         return NotApplicable(patch.id, f"the patch is not applied here ({detection.reason})")
     text = decoded.text
     for i in reversed(range(len(patch.edits))):
-        edit = patch.edits[i]
         tree = parse_python(text)
-        index = LineIndex(text)
-        if isinstance(edit, ReplaceEdit | DeleteEdit | MoveEdit):
-            return NotApplicable(
-                patch.id,
-                f"a {edit.kind} edit is undone from the recorded pre-image (ledger or backup), "
-                "not from the patched text",
-                edit_field(i),
-            )
-        if isinstance(edit, DiffEdit):
-            parsed = parse_unified_diff(edit.diff).reversed()
-            try:
-                splices, _ = plan_diff(text, tree, edit, decoded.newline, i, diff=parsed)
-            except EditProblem as problem:
-                return NotApplicable(patch.id, problem.message, problem.field)
-            text = apply_splices(text, splices)
-            continue
-        run = inserted_run(index, tree, patch, i)
-        assert run is not None  # detection said applied
-        indent = index.indentation(first_line(run[0]))
-        end_line = last_line(run[-1])
-        for blank_after in (False, True):
-            marker = marker_lines(patch, edit.comment, indent, blank_after=blank_after)
-            start_line = first_line(run[0]) - len(marker)
-            if start_line >= 1 and index.line_text(start_line).strip() == marker[0]:
-                break
-        else:
-            return NotApplicable(
-                patch.id,
-                "the inserted code's marker comment is missing or changed; restore from the recorded "
-                "pre-image",
-                edit_field(i),
-            )
-        if blank_after:  # the block brought the blank line after it: it goes too
-            end_line += 1
-            if end_line > len(index.lines) or index.line_text(end_line).strip():
-                return NotApplicable(
-                    patch.id,
-                    "the blank line the inserted code brought is gone; restore from the recorded "
-                    "pre-image",
-                    edit_field(i),
-                )
-        candidates = _removal_candidates(index, start_line, end_line, decoded.newline)
-        verified = _first_verified(candidates, patch, i, text, decoded.newline)
-        if verified is None:
-            return NotApplicable(
-                patch.id,
-                "the inserted code was changed since it was applied; restore from the recorded "
-                "pre-image",
-                edit_field(i),
-            )
-        text = verified
+        try:
+            text = patch.edits[i].undo(text, tree, patch, decoded.newline, i)
+        except EditProblem as problem:
+            return NotApplicable(patch.id, problem.message, problem.field, problem.candidates)
     old_source = decoded.encode(text)
     return Reverted(old_source=old_source, diff=unified_diff(decoded.text, text, relpath))

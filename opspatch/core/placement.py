@@ -1,10 +1,10 @@
-"""Where an edit goes and what text it becomes: scopes, anchors, insertion points, the marker
-comment, and the splices that carry an edit into the original text (pure).
+"""What the edit kinds share to place themselves: scopes, anchors, insertion points, the marker
+comment, re-indenting, and the splices that carry an edit into the original text (pure).
 
-`opspatch.core.edit` decides *whether* a patch applies and validates the result; this module
-computes *how* each edit is placed. A `Splice` replaces a span of the original text, so every
-byte outside the edited spans is kept as it was; `undo_splices` records the inverse, which is how
-`reverse` rebuilds the pre-image byte for byte.
+`opspatch.core.edit` decides *whether* a patch applies and validates the result; each kind
+(`opspatch.core.kinds`) computes *how* it is placed, with these helpers. A `Splice` replaces a
+span of the original text, so every byte outside the edited spans is kept as it was;
+`undo_splices` records the inverse, which is how `reverse` rebuilds the pre-image byte for byte.
 """
 
 from __future__ import annotations
@@ -13,42 +13,31 @@ import ast
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from opspatch.core.anchors import (
     AnchorProblem,
     Located,
     Scope,
     first_line,
-    iter_definitions,
     last_line,
     resolve_scope,
-    select_expressions,
     select_statement,
-    select_statements,
     statement_dumps,
     strip_positions,
 )
-from opspatch.core.source import (
-    LineIndex,
-    strip_newline,
-)
-from opspatch.core.spec import (
-    MODULE_SCOPE,
-    DeleteEdit,
-    DiffEdit,
-    InsertEdit,
-    MoveEdit,
-    PatchSpec,
-    ReplaceEdit,
-    edit_field,
-)
-from opspatch.core.syntax import CodeLines, dedent_code, parse_python, string_lines
-from opspatch.core.unified import (
-    LineReplacement,
-    ParsedDiff,
-    parse_unified_diff,
-    plan_hunks,
-)
+from opspatch.core.selectors import MODULE_SCOPE, StatementSelector
+from opspatch.core.source import LineIndex
+from opspatch.core.syntax import CodeLines, dedent_code, parse_python
+from opspatch.core.tomlsource import format_field_path
+
+if TYPE_CHECKING:
+    from opspatch.core.spec import PatchSpec
+
+
+def edit_field(index: int, *rest: str | int) -> str:
+    """The field path of an edit, as shown to operators: `edits[1].anchor`."""
+    return format_field_path(("edits", index, *rest))
 
 
 @dataclass(frozen=True)
@@ -110,7 +99,7 @@ COMMENT_WIDTH = 99
 
 BLANK_LINE_MARK = "+blank"
 """Appended to the marker (`# opspatch:<id>+blank: ...`) when the inserted block brought the
-blank line after it, so `unapply` can take exactly that line away again (see `place_insert`)."""
+blank line after it, so `unapply` can take exactly that line away again (see `kinds/insert.py`)."""
 
 
 def marker_lines(
@@ -341,9 +330,20 @@ def _insert_splice(index: LineIndex, line: int, block: str, newline: str) -> Spl
     return Splice(offset, offset, block)
 
 
-def _insertion_point(
-    index: LineIndex, scope: Scope, edit: InsertEdit | MoveEdit, i: int
-) -> tuple[int, str]:
+class Positioned(Protocol):
+    """An edit that goes to a position in its scope (an insert, a move)."""
+
+    @property
+    def scope(self) -> str: ...
+
+    @property
+    def position(self) -> Literal["start", "end", "before", "after"]: ...
+
+    @property
+    def anchor(self) -> StatementSelector | None: ...
+
+
+def _insertion_point(index: LineIndex, scope: Scope, edit: Positioned, i: int) -> tuple[int, str]:
     """(line to insert before, indentation) for an insert's or a move's position."""
     if edit.position == "start":
         return _start_point(index, scope)
@@ -355,81 +355,6 @@ def _insertion_point(
     return point(index, located)
 
 
-def place_insert(
-    text: str, tree: ast.Module, edit: InsertEdit, patch: PatchSpec, newline: str, i: int
-) -> tuple[list[Splice], list[str]]:
-    index = LineIndex(text)
-    scope = scope_of(tree, edit.scope, i)
-    line, indent = _insertion_point(index, scope, edit, i)
-    blank_after = needs_blank_line_after(index, scope, line)
-    marker = marker_lines(patch, edit.comment, indent, blank_after=blank_after)
-    code = _code_lines(edit.code, indent)
-    _refuse_reindenting(code, indent, statement_dumps(edit.code), edit_field(i, "code"))
-    lines = [*marker, *code.lines, *([""] if blank_after else [])]
-    block = _render_block(lines, indent, newline, _shifted(code.verbatim, len(marker)))
-    return [_insert_splice(index, line, block, newline)], [edit.scope]
-
-
-def place_move(
-    text: str, tree: ast.Module, edit: MoveEdit, patch: PatchSpec, newline: str, i: int
-) -> tuple[list[Splice], list[str]]:
-    """The statement's lines go (whole lines: it must stand alone on them) and its text, re-
-    indented for its new block and preceded by the marker, goes in at the insertion point."""
-    index = LineIndex(text)
-    scope = scope_of(tree, edit.scope, i)
-    moved = select_in(scope, edit.select, i, "select")
-    stmt = moved.stmt
-    field_name = edit_field(i, "select")
-    if not _statement_alone(index, stmt):
-        raise EditProblem(
-            f"the statement to move at line {first_line(stmt)} shares its line with other code",
-            field_name,
-        )
-    if len(moved.block) == 1:
-        raise EditProblem(
-            f"the statement at line {first_line(stmt)} is alone in its block; moving it would "
-            "leave the block empty",
-            field_name,
-        )
-    line, indent = _insertion_point(index, scope, edit, i)
-    first, last = first_line(stmt), last_line(stmt)
-    if first < line <= last:
-        raise EditProblem(
-            f"the place to move to (line {line}) is inside the statement to move "
-            f"(lines {first}-{last})",
-            edit_field(i, "anchor" if edit.anchor is not None else "position"),
-        )
-    own = index.indentation(first)
-    lines = [index.line_text(n) for n in range(first, last + 1)]
-    # its own indentation off, whitespace-only lines empty (as _render_block writes them); the
-    # lines inside a multi-line string stay as they are
-    inside = string_lines(lines)
-    body = [
-        line_
-        if n in inside
-        else (line_[len(own) :] if line_.startswith(own) else line_)
-        if line_.strip()
-        else ""
-        for n, line_ in enumerate(lines)
-    ]
-    if not _reads_the_same(body, indent, [strip_positions(stmt)], inside):
-        raise EditProblem(
-            f"the statement at line {first} does not read the same once indented for its new block",
-            field_name,
-        )
-    blank_after = needs_blank_line_after(index, scope, line)
-    block_lines = marker_lines(patch, edit.comment, indent, blank_after=blank_after)
-    block = _render_block(
-        block_lines + body + ([""] if blank_after else []),
-        indent,
-        newline,
-        _shifted(inside, len(block_lines)),
-    )
-    removal = Splice(index.line_start(first), index.line_end(last), "")
-    insertion = _insert_splice(index, line, block, newline)
-    return sorted([removal, insertion], key=lambda s_: (s_.start, s_.end)), [edit.scope]
-
-
 def needs_blank_line_after(index: LineIndex, scope: Scope, line: int) -> bool:
     """Whether a block inserted at class level before `line` must bring a blank line: the line
     starts a method, a nested class or a decorator, which a reviewer expects set apart (a block
@@ -438,45 +363,6 @@ def needs_blank_line_after(index: LineIndex, scope: Scope, line: int) -> bool:
     if not isinstance(scope.node, ast.ClassDef) or line > len(index.lines):
         return False
     return index.line_text(line).lstrip().startswith(("def ", "async def ", "class ", "@"))
-
-
-def place_replace(
-    text: str, tree: ast.Module, edit: ReplaceEdit, patch: PatchSpec, newline: str, i: int
-) -> tuple[list[Splice], list[str]]:
-    index = LineIndex(text)
-    scope = scope_of(tree, edit.scope, i)
-    try:
-        if edit.select.selects_expressions:
-            expressions = select_expressions(scope, edit.select)
-            statements = []
-        else:
-            expressions = []
-            statements = [located.stmt for located in select_statements(scope, edit.select)]
-    except AnchorProblem as problem:
-        raise EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
-    splices: list[Splice] = []
-    # one marker per statement, however many of its expressions this and earlier edits change
-    marked = {
-        first_line(found.stmt) for found in expressions if carries_marker(index, found.stmt, patch)
-    }
-    width = file_width(index)
-    for found in expressions:
-        expr = found.expr
-        assert expr.end_lineno is not None and expr.end_col_offset is not None
-        stmt_line = first_line(found.stmt)
-        if stmt_line not in marked:
-            marked.add(stmt_line)
-            indent = index.indentation(stmt_line)
-            marker = marker_lines(patch, edit.comment, indent)
-            at = index.line_start(stmt_line)
-            splices.append(Splice(at, at, _render_block(marker, indent, newline)))
-        start = index.offset(expr.lineno, expr.col_offset)
-        end = index.offset(expr.end_lineno, expr.end_col_offset)
-        splices.append(Splice(start, end, fit_expression(index, expr, edit.code, width, newline)))
-    statement_splices, scopes = _replace_statements(
-        index, statements, edit, patch, edit.code, newline, i
-    )
-    return splices + statement_splices, scopes
 
 
 def carries_marker(index: LineIndex, stmt: ast.stmt, patch: PatchSpec) -> bool:
@@ -542,23 +428,11 @@ def _same_expression(text: str, tree: ast.expr) -> bool:
         return False
 
 
-def place_delete(
-    text: str, tree: ast.Module, edit: DeleteEdit, patch: PatchSpec, newline: str, i: int
-) -> tuple[list[Splice], list[str]]:
-    """Each selected statement becomes the marker comment (which says why it went)."""
-    index = LineIndex(text)
-    scope = scope_of(tree, edit.scope, i)
-    try:
-        statements = [located.stmt for located in select_statements(scope, edit.select)]
-    except AnchorProblem as problem:
-        raise EditProblem(problem.message, edit_field(i, "select"), problem.candidates) from None
-    return _replace_statements(index, statements, edit, patch, "", newline, i)
-
-
 def _replace_statements(
     index: LineIndex,
     statements: Sequence[ast.stmt],
-    edit: ReplaceEdit | DeleteEdit,
+    scope: str,
+    comment: str | None,
     patch: PatchSpec,
     code: str,
     newline: str,
@@ -567,7 +441,7 @@ def _replace_statements(
     """Splices that put the marker and `code` ("" for a delete) where each statement stood (its trailing comment
     and line ending stay)."""
     splices: list[Splice] = []
-    scopes = [edit.scope]
+    scopes = [scope]
     for stmt in statements:
         if not _statement_alone(index, stmt):
             raise EditProblem(
@@ -578,10 +452,8 @@ def _replace_statements(
         indent = index.indentation(first_line(stmt))
         # a replace under this patch's marker (an earlier edit's) adds none; a delete needs its
         # own, since the marker is what stands in its place
-        already = (
-            isinstance(edit, ReplaceEdit) and bool(code) and carries_marker(index, stmt, patch)
-        )
-        marker = [] if already else marker_lines(patch, edit.comment, indent)
+        already = bool(code) and carries_marker(index, stmt, patch)
+        marker = [] if already else marker_lines(patch, comment, indent)
         assert stmt.end_col_offset is not None
         start = index.line_start(first_line(stmt))
         end = index.offset(last_line(stmt), stmt.end_col_offset)
@@ -594,75 +466,9 @@ def _replace_statements(
         rendered = rendered[: -len(newline)]  # the statement's own line ending stays in the file
         splices.append(Splice(start, end, rendered))
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            prefix = "" if edit.scope == MODULE_SCOPE else edit.scope + "."
+            prefix = "" if scope == MODULE_SCOPE else scope + "."
             scopes.append(prefix + stmt.name)
     return splices, scopes
-
-
-def _enclosing_scope(tree: ast.Module, first: int, last: int) -> str:
-    """The innermost definition containing lines [first, last]; `<module>` when none does."""
-    best = MODULE_SCOPE
-    best_span = None
-    for qualname, node in iter_definitions(tree):
-        start, end = first_line(node), last_line(node)
-        if start <= first and last <= end and (best_span is None or end - start < best_span):
-            best, best_span = qualname, end - start
-    return best
-
-
-def plan_diff(
-    text: str,
-    tree: ast.Module,
-    edit: DiffEdit,
-    newline: str,
-    i: int,
-    diff: ParsedDiff | None = None,
-) -> tuple[list[Splice], list[str]]:
-    index = LineIndex(text)
-    parsed = diff if diff is not None else parse_unified_diff(edit.diff)
-    plain = [strip_newline(line) for line in index.lines]
-    planned = plan_hunks(plain, parsed, max_offset=edit.max_offset, fuzz=edit.fuzz)
-    if not isinstance(planned, list):
-        raise EditProblem(planned.message, edit_field(i, "diff"))
-    splices = []
-    scopes = []
-    for replacement in planned:
-        splices.append(_replacement_splice(index, replacement, newline))
-        changed: list[int] = []  # 0-based old lines removed, or where lines are added
-        cursor = replacement.start
-        for tag, _ in replacement.ops:
-            if tag == "+":
-                changed.append(cursor)
-                continue
-            if tag == "-":
-                changed.append(cursor)
-            cursor += 1
-        lo = min(changed, default=replacement.start) + 1
-        hi = max(changed, default=replacement.end - 1) + 1
-        scopes.append(_enclosing_scope(tree, lo, hi))
-    return splices, scopes
-
-
-def _replacement_splice(index: LineIndex, replacement: LineReplacement, newline: str) -> Splice:
-    out = []
-    cursor = replacement.start
-    for tag, value in replacement.ops:
-        if tag == " ":
-            out.append(index.lines[cursor])
-            cursor += 1
-        elif tag == "-":
-            cursor += 1
-        else:
-            if out and not out[-1].endswith(("\n", "\r")):
-                out[-1] += newline
-            out.append(value + newline)
-    start = index.line_start(replacement.start + 1)
-    end = index.line_end(replacement.end)
-    new = "".join(out)
-    original_tail = index.text[start:end]
-    if new and not original_tail.endswith(("\n", "\r")) and end == len(index.text):
-        new = new[: -len(newline)] if new.endswith(newline) else new
-    return Splice(start, end, new)
 
 
 def scope_of(tree: ast.Module, qualname: str, i: int) -> Scope:

@@ -1,0 +1,320 @@
+"""The `insert` edit kind: code put into a scope at its start, its end, or beside an anchor.
+
+Its model and alternative model, how it is placed, how it is recognised in place (its code at
+its own place: `inserted_run`, which the `move` and `delete` kinds use too, since the code a
+patch inserts may stand beside what they move or look like what they delete) and how it is
+taken out of the patched text again. Pure.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from opspatch.core.anchors import (
+    Scope,
+    find_statement_runs,
+    first_line,
+    last_line,
+    matching_statements,
+    statement_dumps,
+    strip_positions,
+)
+from opspatch.core.kinds.base import (
+    Alternative,
+    EditKind,
+    EditState,
+    _alternatives_field,
+    _check_anchor,
+)
+from opspatch.core.placement import (
+    EditProblem,
+    Positioned,
+    Splice,
+    _code_lines,
+    _insert_splice,
+    _insertion_point,
+    _refuse_reindenting,
+    _render_block,
+    _shifted,
+    apply_splices,
+    carries_marker,
+    edit_field,
+    marker_lines,
+    needs_blank_line_after,
+    scope_of,
+    select_in,
+    start_index,
+)
+from opspatch.core.selectors import StatementSelector, _check_qualname, _parse_statements
+from opspatch.core.source import LineIndex
+from opspatch.core.syntax import parse_python
+from opspatch.core.vocabulary import EditStatus
+
+if TYPE_CHECKING:
+    from opspatch.core.spec import PatchSpec
+
+
+class InsertAlternative(Alternative):
+    scope: str | None = None
+    position: Literal["start", "end", "before", "after"] | None = None
+    anchor: StatementSelector | None = None
+    code: str | None = None
+    comment: str | None = None
+
+
+class InsertEdit(EditKind):
+    """Insert code into a scope.
+
+    Positions: `start` (after the docstring, after `from __future__` imports in a module, and after
+    a leading `super().__init__(...)` call), `end`, or `before` / `after` the statement chosen by
+    `anchor`. A class scope inserts at class level. Inserted code takes the indentation of its
+    block and is preceded by a marker comment naming the patch (`# opspatch:<id>: <comment>`).
+    """
+
+    kind: Literal["insert"]
+    scope: str = Field(description="`Class`, `Class.method`, `function` or `<module>`")
+    position: Literal["start", "end", "before", "after"] = "start"
+    anchor: StatementSelector | None = None
+    code: str = Field(description="Python statements to insert (dedented automatically)")
+    comment: str | None = Field(None, description="Why: rendered after the marker comment")
+    alternatives: list[InsertAlternative] = _alternatives_field()
+
+    _scope = field_validator("scope")(_check_qualname)
+
+    @field_validator("code")
+    @classmethod
+    def _code_parses(cls, value: str) -> str:
+        if not _parse_statements(value, "code"):
+            raise ValueError("code is empty")
+        return value
+
+    def _check_rules(self) -> None:
+        """The anchor matches the position."""
+        _check_anchor(self.position, self.anchor)
+
+    undone_from_text: ClassVar[bool] = True
+
+    def description(self) -> str:
+        return f"insert at {self.position} of {self.scope}"
+
+    def place(
+        self, text: str, tree: ast.Module, patch: PatchSpec, newline: str, i: int
+    ) -> tuple[list[Splice], list[str]]:
+        index = LineIndex(text)
+        scope = scope_of(tree, self.scope, i)
+        line, indent = _insertion_point(index, scope, self, i)
+        blank_after = needs_blank_line_after(index, scope, line)
+        marker = marker_lines(patch, self.comment, indent, blank_after=blank_after)
+        code = _code_lines(self.code, indent)
+        _refuse_reindenting(code, indent, statement_dumps(self.code), edit_field(i, "code"))
+        lines = [*marker, *code.lines, *([""] if blank_after else [])]
+        block = _render_block(lines, indent, newline, _shifted(code.verbatim, len(marker)))
+        return [_insert_splice(index, line, block, newline)], [self.scope]
+
+    def state(self, index: LineIndex, tree: ast.Module, patch: PatchSpec, i: int) -> EditState:
+        """Present when its code stands at its own place (`inserted_run`)."""
+        scope = scope_of(tree, self.scope, i)
+        if inserted_run(index, tree, patch, i) is not None:
+            return EditState(i, EditStatus.APPLIED, f"its code is present {place_words(self)}")
+        if self.anchor is not None:
+            select_in(scope, self.anchor, i, "anchor")  # a missing anchor is a problem now
+        return EditState(i, EditStatus.PENDING, f"its code is not {place_words(self)}")
+
+    def undo(self, text: str, tree: ast.Module, patch: PatchSpec, newline: str, i: int) -> str:
+        """The inserted block, marker included, is found by its syntax tree and removed line
+        for line; re-inserting it into what is left must give back `text` byte for byte."""
+        index = LineIndex(text)
+        run = inserted_run(index, tree, patch, i)
+        assert run is not None  # detection said applied
+        indent = index.indentation(first_line(run[0]))
+        end_line = last_line(run[-1])
+        for blank_after in (False, True):
+            marker = marker_lines(patch, self.comment, indent, blank_after=blank_after)
+            start_line = first_line(run[0]) - len(marker)
+            if start_line >= 1 and index.line_text(start_line).strip() == marker[0]:
+                break
+        else:
+            raise EditProblem(
+                "the inserted code's marker comment is missing or changed; restore from the recorded "
+                "pre-image",
+                edit_field(i),
+            )
+        if blank_after:  # the block brought the blank line after it: it goes too
+            end_line += 1
+            if end_line > len(index.lines) or index.line_text(end_line).strip():
+                raise EditProblem(
+                    "the blank line the inserted code brought is gone; restore from the recorded "
+                    "pre-image",
+                    edit_field(i),
+                )
+        candidates = _removal_candidates(index, start_line, end_line, newline)
+        verified = _first_verified(candidates, patch, i, text, newline)
+        if verified is None:
+            raise EditProblem(
+                "the inserted code was changed since it was applied; restore from the recorded "
+                "pre-image",
+                edit_field(i),
+            )
+        return verified
+
+
+def inserted_run(
+    index: LineIndex, tree: ast.Module, patch: PatchSpec, i: int
+) -> list[ast.stmt] | None:
+    """The statements insert edit `i` put into `tree` (the tree of `index.text`), if they are
+    there: at its own place, never merely somewhere in its scope.
+
+    Beside its anchor: the statement the anchor selects (its `which` applied), counted without
+    the inserted code itself and the code of the patch's later inserts, as it was chosen when
+    the edit was placed. At the start (end): first (last) in the scope's own body, or anywhere
+    in that body under this patch's marker (a patch stacked later may have inserted before or
+    after it). The code of the patch's other inserts may stand in between, since two inserts at
+    one place go side by side.
+    """
+    return _inserted_runs(index, tree, patch, i).get(i)
+
+
+def _inserted_runs(
+    index: LineIndex, tree: ast.Module, patch: PatchSpec, first: int
+) -> dict[int, list[ast.stmt] | None]:
+    """`inserted_run` of every insert from edit `first` on, the last first: each excludes the
+    statements the later ones put in from its anchor's matches."""
+    runs: dict[int, list[ast.stmt] | None] = {}
+    later: set[int] = set()
+    for j in reversed(range(first, len(patch.edits))):
+        if not isinstance(patch.edits[j], InsertEdit):
+            continue
+        try:
+            runs[j] = _find_inserted(index, tree, patch, j, later)
+        except EditProblem:
+            if j == first:
+                raise
+            runs[j] = None
+        later.update(id(stmt) for stmt in runs[j] or [])
+    return runs
+
+
+def _find_inserted(
+    index: LineIndex, tree: ast.Module, patch: PatchSpec, i: int, later: set[int]
+) -> list[ast.stmt] | None:
+    edit = patch.edits[i]
+    assert isinstance(edit, InsertEdit)
+    scope = scope_of(tree, edit.scope, i)
+    others = other_inserts(patch, i)
+    for run in find_statement_runs(scope, statement_dumps(edit.code)):
+        dumps = [strip_positions(s) for s in run.block]
+        if edit.position in ("start", "end"):
+            if run.block is not scope.node.body:  # a nested block is not the scope's start/end
+                continue
+            if edit.position == "start":
+                placed = skip_back(dumps, run.start, others) == start_index(scope)
+            else:
+                placed = skip_forward(dumps, run.start + run.length, others) == len(run.block)
+            if placed or carries_marker(index, run.statements[0], patch):
+                return run.statements
+            continue
+        assert edit.anchor is not None
+        anchor = _chosen_anchor(scope, edit.anchor, later | {id(s) for s in run.statements})
+        if anchor is None:
+            continue
+        if edit.position == "after":
+            end = skip_back(dumps, run.start, others)  # what stands before it
+            placed = end >= 1 and run.block[end - 1] is anchor
+        else:
+            begin = skip_forward(dumps, run.start + run.length, others)  # what stands after it
+            placed = begin < len(run.block) and run.block[begin] is anchor
+        if placed:
+            return run.statements
+    return None
+
+
+def _chosen_anchor(scope: Scope, anchor: StatementSelector, excluded: set[int]) -> ast.stmt | None:
+    """The statement `anchor` selects (its `which` applied) among those not `excluded`; None
+    when it selects none (or several, for `only`)."""
+    found = [loc.stmt for loc in matching_statements(scope, anchor) if id(loc.stmt) not in excluded]
+    if not found or (anchor.which == "only" and len(found) > 1):
+        return None
+    return found[-1] if anchor.which == "last" else found[0]
+
+
+def other_inserts(patch: PatchSpec, i: int) -> list[list[str]]:
+    """The statement dumps of the patch's inserts other than edit `i` (they may stand beside it)."""
+    return [
+        statement_dumps(other.code)
+        for j, other in enumerate(patch.edits)
+        if j != i and isinstance(other, InsertEdit)
+    ]
+
+
+def skip_back(dumps: list[str], end: int, others: list[list[str]]) -> int:
+    """`end`, moved back over any of `others` that stand just before it."""
+    while skipped := next(
+        (o for o in others if o and end >= len(o) and dumps[end - len(o) : end] == o), None
+    ):
+        end -= len(skipped)
+    return end
+
+
+def skip_forward(dumps: list[str], begin: int, others: list[list[str]]) -> int:
+    """`begin`, moved on over any of `others` that stand just from it."""
+    while skipped := next((o for o in others if o and dumps[begin : begin + len(o)] == o), None):
+        begin += len(skipped)
+    return begin
+
+
+def place_words(edit: Positioned) -> str:
+    if edit.anchor is not None:
+        return f"{edit.position} its anchor"
+    return f"at the {edit.position} of `{edit.scope}`"
+
+
+def inserted_by(
+    index: LineIndex, tree: ast.Module, patch: PatchSpec, indices: Sequence[int]
+) -> set[int]:
+    """Ids of the statements the patch's inserts among `indices` put into `tree` (where present),
+    so a delete of the same code (a move: the delete, then the insert) does not count them."""
+    found: set[int] = set()
+    for j in indices:
+        if isinstance(patch.edits[j], InsertEdit):
+            try:
+                run = inserted_run(index, tree, patch, j)
+            except EditProblem:
+                continue
+            found.update(id(stmt) for stmt in run or [])
+    return found
+
+
+def _removal_candidates(index: LineIndex, first: int, last: int, newline: str) -> list[str]:
+    """Texts with lines [first, last] removed, also for a block that ended a file without a
+    final newline (its newline went before it)."""
+    text = index.text
+    start, end = index.line_start(first), index.line_end(last)
+    out = [text[:start] + text[end:]]
+    if end == len(text) and start >= len(newline) and text[start - len(newline) : start] == newline:
+        out.append(text[: start - len(newline)])
+    return out
+
+
+def _first_verified(
+    candidates: Sequence[str], patch: PatchSpec, i: int, current: str, newline: str
+) -> str | None:
+    """The candidate pre-image from which edit `i` re-creates exactly `current`.
+
+    Re-applying is the proof: a candidate is accepted only if inserting the edit into it gives
+    back the patched text byte for byte.
+    """
+    edit = patch.edits[i]
+    assert isinstance(edit, InsertEdit)
+    for candidate in candidates:
+        try:
+            tree = parse_python(candidate)
+            splices, _ = edit.place(candidate, tree, patch, newline, i)
+        except (SyntaxError, EditProblem):
+            continue
+        if apply_splices(candidate, splices) == current:
+            return candidate
+    return None
