@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 from rich.text import Text
 
 from opspatch.cli.render import Column, short_path, table_of
+
+pytestmark = pytest.mark.pure
 
 RUN_ID = "20261201T013050Z-52e288"
 PATH = "/srv/sglang/venv/lib/python3.11/site-packages/sglang/srt/speculative/eagle_worker_v2.py"
