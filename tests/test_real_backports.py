@@ -46,7 +46,8 @@ from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_pat
 from opspatch.core.spec import PatchSpec
 from tests.sglang_wheels import WheelUnavailable, release_file
 
-pytestmark = pytest.mark.pure
+# in this process, but each backport on each real release it names: ~14 s, so not the fast tier
+pytestmark = [pytest.mark.pure, pytest.mark.slow]
 
 BACKPORTS_DIR = Path(__file__).resolve().parent / "data" / "backports"
 

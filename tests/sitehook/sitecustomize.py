@@ -5,10 +5,11 @@ the host agent over the local transport, a sandbox's engine), imports this modul
 While `OPSPATCH_TEST_RESOURCE_LOG` names a file it installs an audit hook that appends one line,
 `<resource> <program>`, for every process started whose command line is a resource's: sshd,
 PostgreSQL's programs, podman, the SGLang router, a program that needs root (sudo, useradd,
-mount, ...), or an engine (`python -m sglang.launch_server`). A program found in the temporary folder
-(a test's stand-in for podman, say) is not the real thing and counts for nothing. The test
-process installs the same hook (`install(every=True)`), where any other process started counts
-as `process`; tests/tiers.py reads the file after each test phase. Without the variable this module does nothing, so it costs one import.
+mount, ...), or an engine (`python -m sglang.launch_server`). A program found in the temporary
+folder (a test's stand-in for podman, say) is not the real thing and counts for nothing. The
+test process installs the same hook (`install(every=True)`), where any other process started
+counts as `process`; tests/tiers.py reads the file after each test phase. Without the variable
+this module does nothing, so it costs one import.
 
 Python 3.8's grammar (the host agent runs on it in some tests), and the standard library only.
 """
