@@ -62,6 +62,7 @@ def test_a_program_found_in_the_temporary_folder_is_a_stub_and_no_resource(tmp_p
 INNER = """
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -134,6 +135,28 @@ def test_unmarked_uses_the_module_engine_started_earlier(module_engine):
 
 def test_without_a_tier_marker():
     pass
+
+
+LEFT = {}
+
+
+@pytest.mark.pure
+def test_leaves_a_thread_behind_that_starts_a_process_later():
+    go, done = threading.Event(), threading.Event()
+
+    def later():
+        go.wait()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        done.set()
+
+    threading.Thread(target=later, daemon=True).start()
+    LEFT.update(go=go, done=done)
+
+
+@pytest.mark.pure
+def test_pure_while_a_thread_an_earlier_test_left_starts_a_process():
+    LEFT["go"].set()
+    assert LEFT["done"].wait(120)
 """
 
 
@@ -161,7 +184,7 @@ def test_a_test_that_starts_a_resource_without_its_marker_fails_naming_it(
         "test_unmarked_uses_the_module_engine_started_earlier": "ERROR",
         "test_without_a_tier_marker": "ERROR",
     }, result.stdout.str()
-    result.assert_outcomes(passed=4, failed=4, errors=2)
+    result.assert_outcomes(passed=6, failed=4, errors=2)
     result.stdout.fnmatch_lines(
         [
             "*test_unmarked_starts_an_engine started what its markers do not say:",

@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +124,8 @@ class _Watch:
     """While it is open, what is started is written to its own file (the variable names it)."""
 
     def __init__(self, state: _State) -> None:
+        # a thread already running (one a test before left behind) starts nothing of this one's
+        self.earlier = {thread.ident for thread in threading.enumerate()} - {threading.get_ident()}
         self.path = state.folder / f"{next(state.numbers)}.log"
         self.outer = os.environ.get(hook.LOG_VARIABLE)
         os.environ[hook.LOG_VARIABLE] = str(self.path)
@@ -140,7 +143,13 @@ class _Watch:
         if self.outer is not None:  # a fixture's starts are the test's too
             with open(self.outer, "a", encoding="utf-8") as outer:
                 outer.write(text)
-        return [(line.partition(" ")[0], line.partition(" ")[2]) for line in text.splitlines()]
+        starts = []
+        for line in text.splitlines():
+            said, _, program = line.partition(" ")
+            resource, _, thread = said.partition("@")
+            if not thread or int(thread) not in self.earlier:
+                starts.append((resource, program))
+        return starts
 
 
 def _markers(item: pytest.Item) -> set[str]:

@@ -8,14 +8,16 @@ PostgreSQL's programs, podman, the SGLang router, a program that needs root (sud
 mount, ...), or an engine (`python -m sglang.launch_server`). A program found in the temporary
 folder (a test's stand-in for podman, say) is not the real thing and counts for nothing. The
 test process installs the same hook (`install(every=True)`), where any other process started
-counts as `process`; tests/tiers.py reads the file after each test phase. Without the variable
-this module does nothing, so it costs one import.
+counts as `process` and each line names the thread (`<resource>@<thread> <program>`);
+tests/tiers.py reads the file after each test phase. Without the variable this module does
+nothing, so it costs one import.
 
 Python 3.8's grammar (the host agent runs on it in some tests), and the standard library only.
 """
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
 
@@ -191,6 +193,8 @@ def _hook(event: str, args: tuple) -> None:
         if pairs:
             if _counted_as is not None:
                 pairs = [(_counted_as, program) for _, program in pairs]
+            if _every:  # which thread: one a test left running is not the next test's
+                pairs = [(f"{resource}@{_thread.get_ident()}", p) for resource, p in pairs]
             _record(pairs)
     except Exception as exc:  # never in the way of what the test runs; said where it is read
         _record([("unreadable", f"{event}: {exc!r}")])
