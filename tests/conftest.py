@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-# Real OpenSSH sshd processes on 127.0.0.2-4 for the transport and remote-operation tests; a
-# throwaway PostgreSQL server (socket only) for the ledger tests on PostgreSQL.
-pytest_plugins = ["tests.sshfleet", "tests.pgkit"]
+# The test tiers' markers and the check that a test starts no resource its markers do not name;
+# real OpenSSH sshd processes on 127.0.0.2-4 for the transport and remote-operation tests; a
+# throwaway PostgreSQL server (socket only) for the ledger tests on PostgreSQL; pytester for the
+# test of the tiers' check (tests/test_tiers.py).
+pytest_plugins = ["tests.tiers", "tests.sshfleet", "tests.pgkit", "pytester"]
 
 
 @pytest.fixture(autouse=True)

@@ -28,12 +28,13 @@ import pytest
 from opspatch.core.ledgerlocation import PostgresLedger
 from opspatch.ledger import Ledger
 from opspatch.ledger.database import migrate
+from tests.tiers import counted_as
 
 OWNER = "ledger"
 WRITER = "opspatch_writer"
 SERVICE_USER = "ledgerpg"
-BACKENDS = ("sqlite", "postgresql")
-"""The params of every backend-neutral ledger fixture."""
+BACKENDS = ("sqlite", pytest.param("postgresql", marks=pytest.mark.postgres))
+"""The params of every backend-neutral ledger fixture (a PostgreSQL one is a `postgres` test)."""
 
 
 def postgres_bin() -> Path | None:
@@ -122,6 +123,13 @@ def _as_service_user(command: list[str]) -> list[str]:
     return ["runuser", "-u", SERVICE_USER, "--", *command] if os.geteuid() == 0 else command
 
 
+def _run(command: list[str], **options: Any) -> subprocess.CompletedProcess[Any]:
+    """`subprocess.run` for the server: as root, its useradd and runuser are part of starting
+    PostgreSQL, not a test of root's (tests/tiers.py)."""
+    with counted_as("postgres"):
+        return subprocess.run(command, **options)
+
+
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
     """One throwaway cluster for the session, stopped (pg_ctl stop) at its end."""
@@ -133,7 +141,7 @@ def postgres() -> Iterator[PostgresServer]:
         try:
             pwd.getpwnam(SERVICE_USER)
         except KeyError:
-            subprocess.run(["useradd", "--system", "--no-create-home", SERVICE_USER], check=True)
+            _run(["useradd", "--system", "--no-create-home", SERVICE_USER], check=True)
     base = Path(tempfile.mkdtemp(prefix="opspatch-pg-"))
     data, sock, log = base / "data", base / "sock", base / "log"
     sock.mkdir()
@@ -141,7 +149,7 @@ def postgres() -> Iterator[PostgresServer]:
         shutil.chown(base, SERVICE_USER)
         shutil.chown(sock, SERVICE_USER)
     base.chmod(0o755)  # the tests connect to the socket inside as root
-    subprocess.run(
+    _run(
         _as_service_user(
             [str(bin_dir / "initdb"), "-D", str(data), "-U", OWNER, "--auth=trust", "-E", "UTF8",
              "--locale=C.UTF-8", "--no-sync"]
@@ -149,7 +157,7 @@ def postgres() -> Iterator[PostgresServer]:
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
     options = f"-k {sock} -c listen_addresses='' -c fsync=off -c max_connections=200"
-    started = subprocess.run(
+    started = _run(
         _as_service_user(
             [str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-o", options, "start"]
         ),
@@ -170,7 +178,7 @@ def postgres() -> Iterator[PostgresServer]:
             conn.execute(f"CREATE ROLE {WRITER} LOGIN")
         yield server
     finally:
-        subprocess.run(
+        _run(
             _as_service_user(
                 [str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]
             ),

@@ -23,6 +23,8 @@ from opspatch.hosts.agent import MODULES
 from opspatch.hosts.operations import AGENT_PACKAGE, HostOperations, agent_modules
 from opspatch.hosts.transport.local import LocalTransport
 
+pytestmark = pytest.mark.process
+
 PYTHON_38_CANDIDATES = (
     "/root/.pyenv/versions/3.8.18/bin/python3.8",
     os.path.expanduser("~/.pyenv/versions/3.8.18/bin/python3.8"),

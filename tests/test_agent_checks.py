@@ -19,6 +19,8 @@ from opspatch.hosts.agent.checks import (
     scan_log,
 )
 
+pytestmark = pytest.mark.pure
+
 
 def reply(text: str | None = " Paris", tokens: int | None = 16, verified: int | None = 3) -> bytes:
     meta: dict[str, Any] = {"completion_tokens": tokens, "spec_verify_ct": verified}

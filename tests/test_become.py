@@ -39,7 +39,7 @@ from tests.becomekit import (
 from tests.clirunner import Run
 from tests.fleetkit import REPO
 
-pytestmark = [pytest.mark.slow, pytest.mark.ssh]
+pytestmark = [pytest.mark.root, pytest.mark.ssh, pytest.mark.engine]
 
 PATCH = "eagle-init-guard"
 

@@ -35,6 +35,8 @@ from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult
 from opspatch.hosts.transport.local import LocalTransport
 from opspatch.hosts.transport.scripted import agent_perform
 
+pytestmark = pytest.mark.scripted
+
 SECRET = "correct horse battery staple"
 
 
@@ -445,6 +447,7 @@ def test_a_read_the_login_user_may_not_do_is_asked_again_raised(tmp_path: Path) 
     assert ops.ran_as == ["ops", "sglang (sudo)"]
 
 
+@pytest.mark.process
 def test_sudo_not_installed_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     host = raised_host(tmp_path, password_env=False)
     empty = tmp_path / "bin"

@@ -10,6 +10,8 @@ import pytest
 from tests.clirunner import opspatch
 from tests.sglang_wheels import WheelUnavailable, seed_release_cache
 
+pytestmark = pytest.mark.process
+
 REPO = Path(__file__).resolve().parent.parent
 GUARD = REPO / "patches" / "eagle-init-guard.toml"
 SET_ID = "eagle-draft-positions-after-forward"

@@ -16,6 +16,8 @@ from opspatch.core.edit import Applied, apply_patch
 from tests.clirunner import Run, opspatch
 from tests.standin import EAGLE_WORKER_MODULE, StandinHost, free_port, make_host
 
+pytestmark = pytest.mark.process
+
 HOTFIX = (
     "        self.speculation_disabled = False\n",
     "        self.speculation_disabled = False\n        self.spec_disable_batch_threshold = 0\n",

@@ -11,6 +11,8 @@ import pytest
 
 from tests.clirunner import opspatch
 
+pytestmark = pytest.mark.process
+
 # One bad input per command group (patches, changes, inspect, incident, respond, ledger,
 # inventory, sandbox) and the option parser's own errors, none of which needs a host.
 CASES = [

@@ -13,6 +13,8 @@ import pytest
 from tests.clirunner import opspatch
 from tests.sglang_wheels import EAGLE_RELPATH, WheelUnavailable, seed_release_cache, sglang_site
 
+pytestmark = pytest.mark.process
+
 REPO = Path(__file__).resolve().parent.parent
 STANDIN_PACKAGE = REPO / "opspatch" / "sandbox" / "engine_src" / "sglang"
 

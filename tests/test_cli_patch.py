@@ -12,6 +12,8 @@ import pytest
 
 from tests.clirunner import opspatch
 
+pytestmark = pytest.mark.process
+
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "opspatch" / "sandbox" / "engine_src"
 EAGLE = "sglang/srt/speculative/eagle_worker_v2.py"

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from opspatch.ledger.store import Ledger
 from tests.clirunner import opspatch
+
+pytestmark = pytest.mark.process
 
 OLD_RELEASE = """\
 class S:

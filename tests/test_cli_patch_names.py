@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.clirunner import opspatch
+
+pytestmark = pytest.mark.process
 
 MODULE = """\
 class S:

@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from opspatch.cli import docgen
+
+pytestmark = pytest.mark.pure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,6 +49,7 @@ def test_reference_covers_every_command() -> None:
         assert f"### `opspatch {command}`" in reference
 
 
+@pytest.mark.process
 def test_check_mode_ignores_the_terminal_width() -> None:
     for columns in ("40", "300"):
         done = subprocess.run(

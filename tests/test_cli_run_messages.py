@@ -13,6 +13,8 @@ import pytest
 from opspatch.sandbox.sshd import SshFleet
 from tests.clirunner import opspatch
 
+pytestmark = pytest.mark.process
+
 REPO = Path(__file__).resolve().parent.parent
 EAGLE = "sglang/srt/speculative/eagle_worker_v2.py"
 

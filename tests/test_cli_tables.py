@@ -16,6 +16,8 @@ from rich.text import Text
 from opspatch.cli.inspect import STATUS_COLUMNS
 from opspatch.cli.render import RUN_COLUMNS, Column, short_path, table_of
 
+pytestmark = pytest.mark.pure
+
 RUN_ID = "20261201T013050Z-52e288"
 PATH = "/srv/sglang/venv/lib/python3.11/site-packages/sglang/srt/speculative/eagle_worker_v2.py"
 

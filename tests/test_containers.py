@@ -57,6 +57,8 @@ from tests.containerkit import CONTAINER_EAGLE, ContainerFleet, podman, require_
 from tests.fleetkit import EAGLE_RELPATH
 from tests.sshfleet import find_sshd
 
+pytestmark = pytest.mark.pure
+
 PODMAN = ContainerSettings(runtime="podman", name="sglang-0")
 EAGLE_PATCH = Path(__file__).resolve().parents[1] / "patches" / "eagle-init-guard.toml"
 PODMAN_DENIED = """#!/bin/sh
@@ -187,6 +189,7 @@ def test_a_bad_container_setting_is_refused_at_its_line(text: str, line: int, wo
     assert f"bad.toml:{line}" in caught.value.render()
 
 
+@pytest.mark.process
 def test_a_runtime_not_installed_on_the_host_is_refused_naming_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -203,6 +206,7 @@ def test_a_runtime_not_installed_on_the_host_is_refused_naming_it(
     assert transport.exec_count == 0  # nothing was run in any container
 
 
+@pytest.mark.process
 def test_apply_preflight_refuses_a_runtime_the_login_user_may_not_use_and_changes_nothing(
     tmp_path: Path,
 ) -> None:
@@ -235,6 +239,7 @@ def test_apply_preflight_refuses_a_runtime_the_login_user_may_not_use_and_change
     assert run.json()["refused"] is True
 
 
+@pytest.mark.process
 def test_sandbox_containers_refuse_the_wheel_shape_before_anything_starts(tmp_path: Path) -> None:
     run = opspatch(
         "sandbox", "up", "--containers", "--install", "wheel",
@@ -373,6 +378,7 @@ def test_bake_default_tag_is_the_image_tag_and_the_patch_id(image: str, tag: str
     assert default_tag(image, "eagle-init-guard") == tag
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("runtime", ["missing", "denied"])
 def test_bake_refuses_a_runtime_missing_or_not_allowed_and_builds_nothing(
     tmp_path: Path, runtime: str
@@ -606,7 +612,9 @@ def _guarded(fleet: ContainerFleet) -> None:
     assert set(_outcomes(run.json()).values()) <= {"applied", "already-applied"}
 
 
-@pytest.mark.slow
+@pytest.mark.podman
+@pytest.mark.ssh
+@pytest.mark.engine
 @pytest.mark.timeout(900)  # the module's fleet: the first run on a machine builds the image
 def test_incident_in_containers_diagnosed_fixed_rolled_back_and_fixed_again_over_ssh(
     fleet: ContainerFleet,
@@ -659,7 +667,9 @@ def test_incident_in_containers_diagnosed_fixed_rolled_back_and_fixed_again_over
     assert all(fleet.generate(n) is not None for n in names)
 
 
-@pytest.mark.slow
+@pytest.mark.podman
+@pytest.mark.ssh
+@pytest.mark.engine
 def test_a_patch_that_breaks_the_engine_at_import_is_rolled_back_inside_the_canary(
     fleet: ContainerFleet,
 ) -> None:
@@ -682,7 +692,9 @@ def test_a_patch_that_breaks_the_engine_at_import_is_rolled_back_inside_the_cana
     assert out is not None and out["meta_info"]["spec_verify_ct"] > 0
 
 
-@pytest.mark.slow
+@pytest.mark.podman
+@pytest.mark.ssh
+@pytest.mark.engine
 def test_runtime_restart_keeps_the_fix_and_a_recreated_container_loses_it(
     fleet: ContainerFleet,
 ) -> None:
@@ -715,7 +727,9 @@ def test_runtime_restart_keeps_the_fix_and_a_recreated_container_loses_it(
     assert _status(fleet)[host]["state"] == "applied"
 
 
-@pytest.mark.slow
+@pytest.mark.podman
+@pytest.mark.ssh
+@pytest.mark.engine
 def test_sync_finds_a_container_recreated_from_its_image_and_puts_the_fix_back_proven(
     fleet: ContainerFleet,
 ) -> None:
@@ -760,7 +774,9 @@ def test_sync_finds_a_container_recreated_from_its_image_and_puts_the_fix_back_p
         fleet_file.unlink()
 
 
-@pytest.mark.slow
+@pytest.mark.podman
+@pytest.mark.ssh
+@pytest.mark.engine
 def test_preflight_refuses_a_missing_or_stopped_container_and_changes_nothing(
     fleet: ContainerFleet,
 ) -> None:
@@ -796,7 +812,9 @@ def test_preflight_refuses_a_missing_or_stopped_container_and_changes_nothing(
     assert {n: fleet.sha(n) for n in fleet.names} == before  # `up` restarted the same layer
 
 
-@pytest.mark.slow
+@pytest.mark.podman
+@pytest.mark.ssh
+@pytest.mark.engine
 def test_the_swap_refuses_a_container_recreated_since_the_run_pinned_it(
     fleet: ContainerFleet,
 ) -> None:
@@ -872,7 +890,9 @@ def baked_tags(fleet: ContainerFleet) -> Iterator[list[str]]:
         podman("rmi", "--force", tag, check=False)
 
 
-@pytest.mark.slow
+@pytest.mark.podman
+@pytest.mark.ssh
+@pytest.mark.engine
 def test_a_baked_image_started_as_a_new_container_serves_the_fix_and_reads_as_baked_in(
     fleet: ContainerFleet, baked_tags: list[str]
 ) -> None:
@@ -934,7 +954,9 @@ def test_a_baked_image_started_as_a_new_container_serves_the_fix_and_reads_as_ba
         _guarded(fleet)
 
 
-@pytest.mark.slow
+@pytest.mark.podman
+@pytest.mark.ssh
+@pytest.mark.engine
 def test_a_patch_baked_onto_a_baked_image_keeps_the_first_bakes_record(
     fleet: ContainerFleet, baked_tags: list[str], tmp_path: Path
 ) -> None:
@@ -985,7 +1007,9 @@ exec "$OPSPATCH_TEST_PODMAN" "$@"
 """
 
 
-@pytest.mark.slow
+@pytest.mark.podman
+@pytest.mark.ssh
+@pytest.mark.engine
 def test_a_bake_whose_built_image_cannot_be_inspected_fails_and_leaves_no_image(
     fleet: ContainerFleet, baked_tags: list[str], tmp_path: Path
 ) -> None:
@@ -1045,7 +1069,9 @@ TWO_MODULES = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
+@pytest.mark.podman
+@pytest.mark.ssh
+@pytest.mark.engine
 def test_bake_dockerfile_context_of_a_patch_set_built_by_hand_gives_the_planned_bytes(
     fleet: ContainerFleet, baked_tags: list[str], tmp_path: Path
 ) -> None:
@@ -1092,7 +1118,9 @@ def test_bake_dockerfile_context_of_a_patch_set_built_by_hand_gives_the_planned_
     (fleet.workspace / "patches" / "two-modules.toml").unlink()  # the module's other tests' view
 
 
-@pytest.mark.slow
+@pytest.mark.podman
+@pytest.mark.ssh
+@pytest.mark.engine
 def test_bake_of_a_patch_that_does_not_fit_or_of_no_image_is_refused_and_builds_nothing(
     fleet: ContainerFleet,
 ) -> None:
@@ -1135,7 +1163,9 @@ exec {podman} "$@"
 """
 
 
-@pytest.mark.slow
+@pytest.mark.podman
+@pytest.mark.ssh
+@pytest.mark.engine
 def test_a_container_killed_mid_swap_is_read_back_through_a_new_exec_before_the_run_says_more(
     fleet: ContainerFleet, tmp_path: Path
 ) -> None:

@@ -16,6 +16,8 @@ from opspatch.core import anchors
 from opspatch.core.anchors import iter_definitions, resolve_scope
 from opspatch.core.source import LineIndex, split_lines
 
+pytestmark = pytest.mark.pure
+
 CODE = """
 class A:
     def f(self):

@@ -25,6 +25,8 @@ from tests.hostile import (
     target_copy,
 )
 
+pytestmark = pytest.mark.process
+
 GUARD = GUARD_PATCH.read_text(encoding="utf-8")
 LAMBDAS = "lambda: " * 3000 + "1"
 PARENS = "(" * 10000 + "1" + ")" * 10000

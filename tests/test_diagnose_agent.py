@@ -35,6 +35,8 @@ from tests.sshfleet import HostMaker, Target
 from tests.standin import EAGLE_WORKER_MODULE, make_host
 from tests.test_agent import host_on, python_38
 
+pytestmark = pytest.mark.process
+
 CRASH_LOG = """\
 [2026-12-01 00:05:09] server_args=ServerArgs(model_path='tiny', port=1)
 [2026-12-01 00:05:09] The server is fired up and ready to roll!

@@ -34,6 +34,8 @@ from opspatch.runs.findings import FleetDiagnosis, HostReport, judge_file, judge
 from opspatch.runs.timeline import build_report, render_markdown
 from tests.ledgerkit import ORIGINAL, PATCHED, begin, full_run, sha
 
+pytestmark = pytest.mark.pure
+
 MODULE = "sglang.srt.speculative.eagle_worker_v2"
 PATH = "/venv/site-packages/sglang/srt/speculative/eagle_worker_v2.py"
 EDITED = ORIGINAL.replace(b"pass", b"self.x = 1  # hotfix")

@@ -22,6 +22,8 @@ from opspatch.core.edit import (
 from tests.editkit import assert_golden
 from tests.patchkit import make_patch, src
 
+pytestmark = pytest.mark.pure
+
 # ---------------------------------------------------------------------------------------------
 # insert: start of a method (docstring, super().__init__ present and absent)
 

@@ -18,6 +18,8 @@ from opspatch.errors import SpecError
 from tests.editkit import assert_golden
 from tests.patchkit import make_patch, src
 
+pytestmark = pytest.mark.pure
+
 # The third operand of the condition was renamed between two releases.
 OLD_RELEASE = src(
     """

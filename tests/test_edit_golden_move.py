@@ -11,6 +11,8 @@ from opspatch.errors import SpecError
 from tests.editkit import assert_golden
 from tests.patchkit import make_patch, src
 
+pytestmark = pytest.mark.pure
+
 LOOP = src(
     """
     def run(batches):

@@ -21,6 +21,8 @@ from opspatch.core.edit import (
 from tests.editkit import assert_golden
 from tests.patchkit import make_patch, src
 
+pytestmark = pytest.mark.pure
+
 # ---------------------------------------------------------------------------------------------
 # replace with which = "first" / "last" (issue 19, bug 1)
 

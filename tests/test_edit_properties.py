@@ -15,12 +15,15 @@ from __future__ import annotations
 import ast
 import difflib
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opspatch.core.anchors import iter_definitions, strip_positions
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, reverse, unapply
 from tests.patchkit import make_patch
+
+pytestmark = pytest.mark.pure
 
 NAMES = st.sampled_from(["a", "b", "count", "value", "total", "flag"])
 

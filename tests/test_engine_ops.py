@@ -30,7 +30,7 @@ from tests.fleetkit import alive, wait_until
 from tests.standin import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")

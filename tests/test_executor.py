@@ -22,6 +22,8 @@ from opspatch.runs.executor import (
 )
 from opspatch.runs.report import HostOutcome
 
+pytestmark = pytest.mark.pure
+
 HOSTS = ("h1", "h2", "h3")
 
 

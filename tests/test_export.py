@@ -28,7 +28,10 @@ STANDIN_EAGLE = REPO / "opspatch/sandbox/engine_src" / EAGLE_RELPATH
 DATE = datetime(2026, 12, 1, 9, 30, tzinfo=timezone(timedelta(hours=1)))
 AUTHOR = "Fleet Ops <ops@example.com>"
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed"),
+]
 
 
 def _git(repo: Path, *args: str, input_text: str | None = None) -> subprocess.CompletedProcess[str]:

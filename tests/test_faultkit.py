@@ -19,6 +19,8 @@ from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.local import LocalTransport
 from tests.faultkit import arm_switch, install_wrapper
 
+pytestmark = pytest.mark.process
+
 
 def wrapped_host(tmp_path: Path) -> Host:
     control = tmp_path / "fault"

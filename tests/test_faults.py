@@ -28,7 +28,7 @@ from opspatch.sandbox.sshd import find_sshd
 from tests.faultkit import INVENTORY, PATCH_ID, FaultFleet, FleetSlot, isolated_home, outcomes_of
 from tests.fleetkit import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.ssh]
+pytestmark = [pytest.mark.engine, pytest.mark.ssh, pytest.mark.root]
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,8 @@ from opspatch.sandbox.install import standin_files
 from tests.clirunner import opspatch
 from tests.fleetkit import EAGLE_RELPATH
 
+pytestmark = pytest.mark.process
+
 REPO = Path(__file__).resolve().parent.parent
 PATCH = load_patch(REPO / "patches" / "eagle-init-guard.toml")
 ENTRY = DesiredPatch(PATCH, ("gpu-01",), ">=0.5.4,<0.5.24", Location("fleet.toml", 2, "x"))

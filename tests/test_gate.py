@@ -7,6 +7,8 @@ import pytest
 from opspatch.core.gate import version_gate
 from opspatch.core.spec import Target
 
+pytestmark = pytest.mark.pure
+
 FILE = "/srv/venv/lib/python3.11/site-packages/vllm/worker/fix_me.py"
 
 

@@ -32,6 +32,8 @@ from tests.hostile import (
     target_copy,
 )
 
+pytestmark = pytest.mark.pure
+
 T = TypeVar("T")
 GUARD = GUARD_PATCH.read_bytes()
 _KEY_LINE = re.compile(rb"^(\s*)([A-Za-z0-9_.\"-]+)(\s*=\s*)(.*)$")
@@ -199,6 +201,7 @@ def _assert_handled(code: int, output: str, patch: Path) -> None:
         assert str(patch) in output or "eagle-init-guard" in output, output
 
 
+@pytest.mark.slow  # in this process, but 150 generated patch files take ~15 s
 @settings(
     max_examples=150,
     deadline=None,
@@ -231,6 +234,7 @@ def test_hostile_patch_files_exit_0_or_2_in_process(
         assert planned.code == 2, planned.output
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("seed", range(5))
 def test_hostile_patch_files_through_the_console_script(tmp_path: Path, seed: int) -> None:
     chooser = RandomChooser(seed)

@@ -25,7 +25,7 @@ from opspatch.hosts.transport.base import Command
 from opspatch.sandbox.sshd import find_sshd
 from tests.fleetkit import EAGLE_RELPATH, SandboxFleet, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.engine, pytest.mark.ssh]
 
 EAGLE = "sglang.srt.speculative.eagle_worker_v2"
 MESSAGE = "'EAGLEWorkerV2' object has no attribute 'spec_disable_batch_threshold'"

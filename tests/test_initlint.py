@@ -22,6 +22,8 @@ from opspatch.core.validate import check_compiles
 from opspatch.errors import InputError
 from tests.sglang_wheels import EAGLE_RELPATH, WheelUnavailable, sglang_site
 
+pytestmark = pytest.mark.pure
+
 REPO = Path(__file__).resolve().parent.parent
 STANDIN_SPECULATIVE = REPO / "opspatch/sandbox/engine_src/sglang/srt/speculative"
 MODULE = "sglang.srt.speculative.eagle_worker_v2"

@@ -23,6 +23,8 @@ from opspatch.config.lookup import Workspace
 from opspatch.core.host import CommandRestart, JumpHost, SupervisorRestart, SystemdRestart
 from opspatch.errors import SelectionError, SpecError
 
+pytestmark = pytest.mark.pure
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "inventories"
 

@@ -23,6 +23,8 @@ from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_
 from opspatch.runs.report import HostOutcome, StepResult
 from tests.test_scripted_transport import scripted_host
 
+pytestmark = pytest.mark.scripted
+
 FACTS: dict[str, Any] = {
     "python_version": "3.10.12",
     "python_executable": "/opt/sglang/venv/bin/python",

@@ -41,6 +41,8 @@ from tests.ledgerkit import (
 )
 from tests.pgkit import BACKENDS, backend_location
 
+pytestmark = pytest.mark.pure
+
 sqlite_only = pytest.mark.parametrize("ledger_path", ["sqlite"], indirect=True)
 """A test of SQLite's file itself (PRAGMAs, its triggers, its VM): PostgreSQL has its own."""
 

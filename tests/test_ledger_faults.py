@@ -26,6 +26,8 @@ from tests.fleetkit import wait_until
 from tests.ledgerkit import ORIGINAL, begin, begin_and_die, sha
 from tests.test_team import Notices
 
+pytestmark = pytest.mark.pure
+
 FULL = "the filesystem that holds it is full"
 READ_ONLY = "the filesystem that holds it is mounted read-only"
 
@@ -77,6 +79,7 @@ def assert_names(error: LedgerError, path: Path, problem: str, remedy: str) -> N
 # full
 
 
+@pytest.mark.root
 def test_a_new_ledger_on_a_full_filesystem_says_it_is_full(tiny_filesystem: Path) -> None:
     fill(tiny_filesystem)
     path = tiny_filesystem / "state" / "ledger.sqlite3"
@@ -85,6 +88,7 @@ def test_a_new_ledger_on_a_full_filesystem_says_it_is_full(tiny_filesystem: Path
     assert_names(caught.value, path, FULL, "free space")
 
 
+@pytest.mark.root
 def test_an_existing_ledger_on_a_full_filesystem_says_it_is_full(tiny_filesystem: Path) -> None:
     # Closed cleanly, the ledger has no -wal/-shm files; opening must create them, and SQLite
     # reports that failure as "disk I/O error" (SQLITE_IOERR_SHMSIZE).
@@ -98,6 +102,7 @@ def test_an_existing_ledger_on_a_full_filesystem_says_it_is_full(tiny_filesystem
     assert_names(caught.value, path, FULL, "free space")
 
 
+@pytest.mark.root
 def test_a_write_that_fills_the_filesystem_says_so_and_loses_nothing(
     tiny_filesystem: Path,
 ) -> None:
@@ -128,6 +133,7 @@ def test_a_write_that_fills_the_filesystem_says_so_and_loses_nothing(
         assert ledger.verify().ok
 
 
+@pytest.mark.root
 def test_the_cli_tells_the_operator_the_filesystem_is_full(tiny_filesystem: Path) -> None:
     fill(tiny_filesystem)
     path = tiny_filesystem / "ledger.sqlite3"
@@ -141,6 +147,7 @@ def test_the_cli_tells_the_operator_the_filesystem_is_full(tiny_filesystem: Path
 # read-only
 
 
+@pytest.mark.root
 def test_an_existing_ledger_on_a_read_only_filesystem_says_so(tiny_filesystem: Path) -> None:
     path = tiny_filesystem / "ledger.sqlite3"
     with Ledger.open(path) as ledger:
@@ -151,6 +158,7 @@ def test_an_existing_ledger_on_a_read_only_filesystem_says_so(tiny_filesystem: P
     assert_names(caught.value, path, READ_ONLY, "remount it read-write")
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("name", ["ledger.sqlite3", "state/ledger.sqlite3"])
 def test_a_new_ledger_on_a_read_only_filesystem_says_so(tiny_filesystem: Path, name: str) -> None:
     remount_read_only(tiny_filesystem)
@@ -160,6 +168,7 @@ def test_a_new_ledger_on_a_read_only_filesystem_says_so(tiny_filesystem: Path, n
     assert_names(caught.value, path, READ_ONLY, "remount it read-write")
 
 
+@pytest.mark.root
 def test_a_read_only_ledger_can_be_read_but_a_write_says_read_only(
     tiny_filesystem: Path,
 ) -> None:

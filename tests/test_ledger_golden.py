@@ -30,6 +30,8 @@ from tests.clirunner import opspatch
 from tests.data.make_ledger_v1 import write
 from tests.pgkit import BACKENDS, PostgresServer
 
+pytestmark = pytest.mark.pure
+
 DATA = Path(__file__).parent / "data"
 GOLDEN: dict[str, Any] = json.loads((DATA / "ledger_v1_cli.json").read_text(encoding="utf-8"))
 ADDED_SUMMARY_KEYS = ["recovered_by", "inventories"]  # new since the golden ledger, after "outcome"
@@ -99,6 +101,7 @@ def test_the_golden_ledger_still_verifies_with_the_same_head(
     same_document(report.to_json(), GOLDEN["ledger_verify"])
 
 
+@pytest.mark.process
 def test_ledger_list_json_prints_what_it_printed(golden_ledger: Path | PostgresLedger) -> None:
     listed = opspatch("ledger", "list", "--json", env={"OPSPATCH_LEDGER": str(golden_ledger)})
     assert listed.code == 0, listed.stderr
@@ -106,6 +109,7 @@ def test_ledger_list_json_prints_what_it_printed(golden_ledger: Path | PostgresL
     same_document({"runs": [without_additions(r) for r in runs]}, GOLDEN["ledger_list"])
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("index", [0, 1])
 def test_ledger_show_json_prints_what_it_printed(
     golden_ledger: Path | PostgresLedger, index: int

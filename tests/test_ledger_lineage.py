@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from opspatch.ledger.lineage import (
     AtPostImage,
     AtPreImage,
@@ -11,6 +13,8 @@ from opspatch.ledger.lineage import (
     locate,
 )
 from opspatch.ledger.records import FileVersion
+
+pytestmark = pytest.mark.pure
 
 X0, XA, XAB, XAC, X2, OTHER = ("0" * 63 + d for d in "012345")
 

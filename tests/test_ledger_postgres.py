@@ -23,6 +23,8 @@ from tests.clirunner import opspatch
 from tests.ledgerkit import begin, full_run, raw
 from tests.pgkit import WRITER, PostgresServer, as_owner, backend_pid
 
+pytestmark = pytest.mark.postgres
+
 psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed")
 PG_SCHEMA_VERSION = pytest.importorskip("opspatch.ledger.postgres").SCHEMA_VERSION
 

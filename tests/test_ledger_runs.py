@@ -23,6 +23,8 @@ from tests.clirunner import opspatch
 from tests.ledgerkit import begin, begin_and_die
 from tests.pgkit import BACKENDS, backend_location
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture(params=BACKENDS)
 def ledger_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path | PostgresLedger:

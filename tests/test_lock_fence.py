@@ -34,6 +34,8 @@ from tests.fleetkit import wait_until
 from tests.pgkit import BACKENDS, PostgresServer, backend_pid
 from tests.test_runs_scripted import PRISTINE, REPO, STANDIN, FakeHost, Fleet, sha
 
+pytestmark = pytest.mark.scripted
+
 GRACE = 0.5  # A's lease expiry, and so how long its lock outlives an exec: short, to wait for
 SLOW_STEP = 3600.0  # the held step's deadline: its lock cannot expire while the test runs
 

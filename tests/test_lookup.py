@@ -11,7 +11,10 @@ from opspatch.config.lookup import Workspace
 from opspatch.errors import InputError, SelectionError
 from tests.clirunner import opspatch
 
+pytestmark = pytest.mark.pure
 
+
+@pytest.mark.process
 def test_an_unknown_patch_is_named_in_the_singular(tmp_path: Path) -> None:
     run = opspatch("apply", "nonexistent-patch", "--file", "x.py", cwd=tmp_path)
     assert run.code == 2
@@ -29,6 +32,7 @@ def test_every_kind_is_named_in_the_singular(tmp_path: Path, kind: str, singular
     assert caught.value.message.startswith(f"no {singular} named 'nothing-like-it'")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("selection", "command"),
     [

@@ -28,6 +28,8 @@ from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.spec import patch_json_schema
 from opspatch.errors import SpecError
 
+pytestmark = pytest.mark.pure
+
 REPO = Path(__file__).resolve().parent.parent
 ENGINE_SRC = REPO / "opspatch/sandbox/engine_src"
 EAGLE = ENGINE_SRC / "sglang/srt/speculative/eagle_worker_v2.py"
@@ -346,7 +348,7 @@ def test_schema_documents_fixes() -> None:
     assert set(schema["$defs"]["Fix"]["required"]) == {"exception", "message"}
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_live_incident_on_the_standin_is_explained(tmp_path: Path) -> None:
     """Reproduce the incident with a real stand-in engine, then analyse the installed file and the
     log it really wrote."""

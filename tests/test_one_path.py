@@ -20,7 +20,7 @@ from opspatch.ledger.store import Ledger
 from opspatch.sandbox.sshd import find_sshd
 from tests.faultkit import INVENTORY, PATCH_ID, FaultFleet, FleetSlot, isolated_home, outcomes_of
 
-pytestmark = [pytest.mark.slow, pytest.mark.ssh]
+pytestmark = [pytest.mark.engine, pytest.mark.ssh]
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,8 @@ from opspatch.sandbox.sshd import find_sshd
 from tests.faultkit import FaultFleet, FleetSlot, isolated_home
 from tests.fleetkit import SandboxFleet
 
+pytestmark = pytest.mark.pure
+
 SET_ID = "two-modules"
 EAGLE = "sglang.srt.speculative.eagle_worker_v2"
 SCHEDULER = "sglang.srt.managers.scheduler"
@@ -305,7 +307,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxFleet]:
             sandbox.close()
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_a_set_whose_second_target_does_not_fit_is_refused_and_nothing_is_written(
     fleet: SandboxFleet,
 ) -> None:
@@ -326,7 +328,7 @@ def test_a_set_whose_second_target_does_not_fit_is_refused_and_nothing_is_writte
     assert not [p for p in _locks(fleet) if p.exists()]
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_a_set_is_applied_proven_and_rolled_back_together(fleet: SandboxFleet) -> None:
     before = {n: _files(fleet, n) for n in fleet.names}
     fleet.write_patch(SET_ID, HEADER + TARGET_A + TARGET_B)
@@ -414,7 +416,7 @@ def _standing(faults: FaultFleet, name: str, pristine: tuple[bytes, bytes]) -> t
     )
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 @pytest.mark.ssh
 def test_controller_killed_between_the_swaps_then_recover_makes_the_set_whole(
     faults: FaultFleet,
@@ -444,7 +446,7 @@ def test_controller_killed_between_the_swaps_then_recover_makes_the_set_whole(
     assert _status(faults.fleet, "faults")[canary]["state"] == "not-applied"
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 @pytest.mark.ssh
 def test_connection_cut_after_the_first_swap_puts_the_set_back(faults: FaultFleet) -> None:
     canary = faults.canary
@@ -463,7 +465,7 @@ def test_connection_cut_after_the_first_swap_puts_the_set_back(faults: FaultFlee
     assert not faults.lock_file(canary).exists()
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_a_staged_set_is_restarted_into_together(fleet: SandboxFleet) -> None:
     before = {n: _files(fleet, n) for n in fleet.names}
     fleet.write_patch(SET_ID, HEADER + TARGET_A + TARGET_B)

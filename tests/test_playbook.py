@@ -20,6 +20,8 @@ from opspatch.core.policy import (
 )
 from opspatch.errors import InputError, SpecError
 
+pytestmark = pytest.mark.pure
+
 REPO_PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 
 

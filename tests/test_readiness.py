@@ -22,6 +22,8 @@ import opspatch.hosts.agent.engine as agent_engine
 from opspatch.hosts.agent.engine import READY_POLL_SECONDS, op_wait_ready
 from opspatch.hosts.agent.protocol import OpFailure
 
+pytestmark = pytest.mark.process
+
 
 class StartingServer(http.server.ThreadingHTTPServer):
     """Answers /health with 503 to its first `starting` requests, then 200."""

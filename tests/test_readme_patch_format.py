@@ -6,9 +6,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from opspatch.core.spec import parse_patch
 from opspatch.core.tomlsource import parse_toml
 from tests.patchkit import HEADER, make_patch
+
+pytestmark = pytest.mark.pure
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.pure, pytest.mark.engine]
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

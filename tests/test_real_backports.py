@@ -46,6 +46,9 @@ from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_pat
 from opspatch.core.spec import PatchSpec
 from tests.sglang_wheels import WheelUnavailable, release_file
 
+# in this process, but each backport on each real release it names: ~14 s, so not the fast tier
+pytestmark = [pytest.mark.pure, pytest.mark.slow]
+
 BACKPORTS_DIR = Path(__file__).resolve().parent / "data" / "backports"
 
 
@@ -235,6 +238,7 @@ def test_the_upstream_release_reads_as_already_applied(backport: Backport) -> No
         assert isinstance(outcome, AlreadyApplied), getattr(outcome, "reason", outcome)
 
 
+@pytest.mark.process
 def test_a_backport_through_apply_and_rollback_on_a_real_release_file(tmp_path: Path) -> None:
     """The console script on the real 0.5.8 scheduler: applied, applied again (already-applied,
     the bytes as they were), rolled back to the release's bytes."""

@@ -12,11 +12,14 @@ import pytest
 from tests.releasecases import cases, record
 from tests.sglang_wheels import WheelUnavailable
 
+pytestmark = pytest.mark.pure
+
 RECORDED = json.loads(
     (Path(__file__).resolve().parent / "data" / "real_release_outcomes.json").read_text("utf-8")
 )
 
 
+@pytest.mark.slow  # in this process, but every edit on every real release takes ~10 s
 def test_the_engine_gives_the_recorded_results_on_every_real_release() -> None:
     try:
         found = list(cases())

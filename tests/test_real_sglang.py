@@ -24,6 +24,8 @@ from opspatch.core.validate import check_compiles
 from opspatch.runs.localfile import distribution_version_for
 from tests.sglang_wheels import EAGLE_RELPATH, WheelUnavailable, sglang_site
 
+pytestmark = pytest.mark.pure
+
 REPO = Path(__file__).resolve().parent.parent
 VERSIONS = ["0.5.4", "0.5.10", "0.5.23"]
 # What the incident's `sed -i "613a <line>"` does to each release (computed by the test below).

@@ -33,6 +33,8 @@ from tests.sglang_wheels import (
     sglang_site,
 )
 
+pytestmark = pytest.mark.pure
+
 REPO = Path(__file__).resolve().parent.parent
 VERSIONS = ["0.5.4", "0.5.10", "0.5.23"]
 

@@ -38,6 +38,8 @@ from opspatch.hosts.operations import BOOTSTRAP, HostOperations, open_transport
 from opspatch.hosts.transport.base import Command
 from opspatch.sandbox.sshd import SshFleet
 
+pytestmark = pytest.mark.process
+
 if TYPE_CHECKING:
     from tests.sshfleet import HostMaker, Target
 
@@ -491,6 +493,7 @@ def tiny_filesystem(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
 
 
+@pytest.mark.root
 def test_a_full_disk_leaves_the_original_and_no_temp_file(
     remote_target: Target, tiny_filesystem: Path
 ) -> None:
@@ -507,6 +510,7 @@ def test_a_full_disk_leaves_the_original_and_no_temp_file(
     assert leftovers(tiny_filesystem, {"mod.py"}) == []
 
 
+@pytest.mark.root
 def test_a_read_only_directory_refuses_the_swap_and_leaves_the_file(
     remote_target: Target, tiny_filesystem: Path
 ) -> None:

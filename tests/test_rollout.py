@@ -17,7 +17,7 @@ from opspatch.ledger.store import Ledger
 from opspatch.sandbox.sshd import find_sshd
 from tests.fleetkit import SandboxFleet, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.engine, pytest.mark.ssh]
 
 ATTRIBUTE_ERROR = (
     "AttributeError: 'EAGLEWorkerV2' object has no attribute 'spec_disable_batch_threshold'"

@@ -17,6 +17,8 @@ from opspatch.hosts.router import RouterWorker
 from opspatch.runs.report import HostOutcome
 from opspatch.runs.rotation import drain_room, halt_on_out_of_rotation
 
+pytestmark = pytest.mark.pure
+
 
 def inventory(text: str) -> str:
     return textwrap.dedent(text)

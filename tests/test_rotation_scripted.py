@@ -36,6 +36,8 @@ from opspatch.runs.rotation import Rotation, rotation_of, taken_out_by
 from opspatch.runs.sync import sync_fleet
 from tests.test_runs_scripted import REPO, STANDIN, FakeHost, sha
 
+pytestmark = pytest.mark.scripted
+
 
 @dataclass
 class RouterState:

@@ -32,7 +32,7 @@ from tests.fleetkit import SandboxFleet, alive, copy_patch, wait_until
 
 pytest.importorskip("sglang_router", reason="sglang-router (the sandbox extra) is not installed")
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.engine, pytest.mark.router, pytest.mark.timeout(300)]
 
 HARMLESS = '''
 id = "{patch_id}"

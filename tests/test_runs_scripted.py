@@ -37,6 +37,8 @@ from opspatch.runs.apply import apply_to_hosts
 from opspatch.runs.recover import recover_hosts, recover_run, run_chain, unlock_hosts
 from opspatch.runs.report import RunReport
 
+pytestmark = pytest.mark.scripted
+
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "opspatch" / "sandbox" / "engine_src" / "sglang" / "srt" / "speculative"
 MODULE = "sglang.srt.speculative.eagle_worker_v2"
@@ -438,6 +440,7 @@ def _left_by_a_dead_run(fleet: Fleet, host: FakeHost) -> str:
     return run_id
 
 
+@pytest.mark.process
 def test_recover_hosts_finishes_what_a_dead_run_left_taking_over_its_lock(fleet: Fleet) -> None:
     host = fleet.hosts[0]
     dead = _left_by_a_dead_run(fleet, host)
@@ -451,6 +454,7 @@ def test_recover_hosts_finishes_what_a_dead_run_left_taking_over_its_lock(fleet:
     assert not (host.state / "lock.json").exists()  # released at the end
 
 
+@pytest.mark.process
 def test_unlock_frees_a_dead_runs_lock_and_refuses_an_unknown_one(fleet: Fleet) -> None:
     host, other = fleet.hosts[0], fleet.hosts[1]
     _left_by_a_dead_run(fleet, host)
@@ -512,6 +516,7 @@ def test_a_staged_apply_is_two_execs_and_leaves_no_lock(fleet: Fleet) -> None:
     assert said.state == "applied", said
 
 
+@pytest.mark.process
 def test_a_change_proven_before_the_kill_whose_engine_died_since_is_restarted_by_recover(
     fleet: Fleet,
 ) -> None:
@@ -621,6 +626,7 @@ def test_an_apply_rolled_back_onto_code_that_does_not_serve_says_so(fleet: Fleet
     assert "the server does not serve the restored file" in (outcome.note or ""), outcome
 
 
+@pytest.mark.process
 def test_a_second_recover_leaves_a_host_it_already_reconciled_alone(fleet: Fleet) -> None:
     """Before, every `recover --hosts` said "finished run R's change" and restarted again."""
     import subprocess
@@ -671,6 +677,7 @@ def test_status_and_recover_say_the_same_about_a_change_nothing_interrupted(
     assert "interrupt" not in (outcome.note or "")
 
 
+@pytest.mark.process
 def test_a_smoke_that_passed_before_a_double_ctrl_c_is_proven_for_status_and_recover(
     fleet: Fleet,
 ) -> None:

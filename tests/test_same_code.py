@@ -15,6 +15,8 @@ from tests.patchkit import src
 from tests.releasecases import EAGLE_RELPATH, release_source
 from tests.sglang_wheels import WheelUnavailable
 
+pytestmark = pytest.mark.pure
+
 
 def reference_skeleton(node: ast.AST) -> str:
     """The skeleton as it was computed before issue 20 (a deep copy, rewritten)."""

@@ -42,7 +42,7 @@ ATTRIBUTE_ERROR = (
 )
 GREEDY_16 = {"max_new_tokens": 16, "temperature": 0}
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.engine
 
 
 # -- helpers ------------------------------------------------------------------------------------

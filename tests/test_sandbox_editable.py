@@ -35,6 +35,8 @@ from opspatch.sandbox.sshd import find_sshd
 from tests.clirunner import opspatch
 from tests.fleetkit import EAGLE_RELPATH, REPO, SandboxFleet, wait_until
 
+pytestmark = pytest.mark.process
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -287,9 +289,11 @@ def _outcomes(doc: dict) -> dict[str, str]:  # type: ignore[type-arg]
     return {h["host"]: h["outcome"] for h in doc["hosts"]}
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 @requires_git
-@pytest.mark.parametrize("over_ssh", [False, True], ids=["local", "ssh"])
+@pytest.mark.parametrize(
+    "over_ssh", [False, pytest.param(True, marks=pytest.mark.ssh)], ids=["local", "ssh"]
+)
 def test_incident_fix_and_rollback_on_an_editable_sandbox_as_git_sees_them(
     tmp_path: Path, over_ssh: bool
 ) -> None:

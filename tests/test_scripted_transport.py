@@ -31,6 +31,8 @@ from opspatch.hosts.transport.scripted import (
     agent_operation,
 )
 
+pytestmark = pytest.mark.scripted
+
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -164,6 +166,7 @@ def test_the_transport_only_speaks_to_the_agent() -> None:
         transport.run(Command(("echo", "hi")), stdin=b"", timeout=1)
 
 
+@pytest.mark.process
 def test_the_real_transports_are_context_managers_that_close(tmp_path: Path) -> None:
     from opspatch.hosts.operations import open_transport
     from opspatch.hosts.transport.base import Command
@@ -221,6 +224,7 @@ def test_a_failed_engine_step_keeps_the_engine_log_tail_and_exception(tmp_path: 
     assert "ImportError: cannot import name 'x'" in caught.value.message
 
 
+@pytest.mark.process
 def test_host_operations_import_no_ssh_library() -> None:
     """Paramiko and fabric load with the first SSH host, not with the hosts layer."""
     import subprocess

@@ -13,6 +13,8 @@ from opspatch.core.spec import InsertEdit, patch_json_schema
 from opspatch.core.tomlsource import format_field_path, locate_lines, parse_field_path
 from opspatch.errors import SpecError
 
+pytestmark = pytest.mark.pure
+
 GOOD = """\
 id = "p"
 summary = "s"

@@ -40,6 +40,8 @@ from tests.standin import (
     running_engine,
 )
 
+pytestmark = pytest.mark.pure
+
 ATTRIBUTE_ERROR = (
     "AttributeError: 'EAGLEWorkerV2' object has no attribute 'spec_disable_batch_threshold'"
 )
@@ -168,6 +170,7 @@ def test_the_controller_cannot_import_the_standin() -> None:
     assert "sglang" not in sys.modules
 
 
+@pytest.mark.process
 def test_host_python_imports_the_hosts_own_copy_and_the_controllers_torch(tmp_path: Path) -> None:
     host = make_host(tmp_path / "host-a")
     probe = (
@@ -189,6 +192,7 @@ def test_host_python_imports_the_hosts_own_copy_and_the_controllers_torch(tmp_pa
     assert facts["light"], "resolving the module must not import torch (packages stay light)"
 
 
+@pytest.mark.process
 def test_making_a_host_twice_keeps_what_was_done_to_it(tmp_path: Path) -> None:
     host = make_host(tmp_path / "host-b")
     patch_file(host.eagle_worker_file, eagle_init_guard())
@@ -202,7 +206,7 @@ def test_making_a_host_twice_keeps_what_was_done_to_it(tmp_path: Path) -> None:
 # -- the incident -------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_incident_healthy_server_crashes_on_its_first_decode(tmp_path: Path) -> None:
     host = make_host(tmp_path / "host")
     with running_engine(host) as engine:
@@ -218,7 +222,7 @@ def test_incident_healthy_server_crashes_on_its_first_decode(tmp_path: Path) -> 
         assert ATTRIBUTE_ERROR in engine.log_text()
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_incident_eagle_init_guard_then_restart_serves_speculative_decodes(
     tmp_path: Path,
 ) -> None:
@@ -234,7 +238,7 @@ def test_incident_eagle_init_guard_then_restart_serves_speculative_decodes(
         assert "Scheduler hit an exception" not in engine.log_text()
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_incident_early_assignment_alone_fixes_eagle(tmp_path: Path) -> None:
     host = make_host(tmp_path / "host")
     patch_file(host.eagle_worker_file, guard_part("early-assignment"))
@@ -242,7 +246,7 @@ def test_incident_early_assignment_alone_fixes_eagle(tmp_path: Path) -> None:
         assert_speculative_decode_works(engine)
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_incident_class_level_default_alone_fixes_eagle(tmp_path: Path) -> None:
     host = make_host(tmp_path / "host")
     patch_file(host.eagle_worker_file, guard_part("class-default"))
@@ -250,7 +254,7 @@ def test_incident_class_level_default_alone_fixes_eagle(tmp_path: Path) -> None:
         assert_speculative_decode_works(engine)
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_standalone_worker_needs_the_class_level_default(tmp_path: Path) -> None:
     host = make_host(tmp_path / "host")
     standalone = ["--speculative-algorithm", "STANDALONE"]
@@ -269,7 +273,7 @@ def test_standalone_worker_needs_the_class_level_default(tmp_path: Path) -> None
         assert_speculative_decode_works(engine)
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_server_without_speculation_decodes_on_an_unpatched_host(tmp_path: Path) -> None:
     host = make_host(tmp_path / "host")
     log_file = tmp_path / "server.log"
@@ -290,7 +294,7 @@ def test_server_without_speculation_decodes_on_an_unpatched_host(tmp_path: Path)
     assert "Shutting down" in log_file.read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_failed_warmup_logs_it_and_exits_nonzero(tmp_path: Path) -> None:
     host = make_host(tmp_path / "host")
     # The warm-up prompt does not fit a 16-token context: /generate answers 400.
@@ -304,7 +308,7 @@ def test_failed_warmup_logs_it_and_exits_nonzero(tmp_path: Path) -> None:
     assert "The server is fired up and ready to roll!" not in log
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_health_answers_503_until_warmup_is_done(tmp_path: Path) -> None:
     host = make_host(tmp_path / "host")
     delayed = {"SGLANG_STANDIN_WARMUP_DELAY_S": "3"}
@@ -338,7 +342,7 @@ def generate(engine: EngineProcess, body: dict[str, Any]) -> Any:
     return reply.json()
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_generate_answers_sglangs_response_shape(api_engine: EngineProcess) -> None:
     out = generate(api_engine, {"text": "Hello", "sampling_params": GREEDY_16})
 
@@ -356,13 +360,13 @@ def test_generate_answers_sglangs_response_shape(api_engine: EngineProcess) -> N
     assert 1 <= meta["spec_accept_length"] <= 4
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_greedy_decoding_is_deterministic(api_engine: EngineProcess) -> None:
     body = {"text": "The quick brown fox", "sampling_params": GREEDY_16}
     assert generate(api_engine, body)["text"] == generate(api_engine, body)["text"]
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_above_the_threshold_decoding_runs_without_speculation_and_gives_the_same_text(
     api_engine: EngineProcess,
 ) -> None:
@@ -376,7 +380,7 @@ def test_above_the_threshold_decoding_runs_without_speculation_and_gives_the_sam
     assert "batch size 3 > threshold 1, decoding without speculation" in api_engine.log_text()
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_sampled_decoding_with_a_seed_is_reproducible(api_engine: EngineProcess) -> None:
     body = {
         "text": "Hello",
@@ -389,7 +393,7 @@ def test_sampled_decoding_with_a_seed_is_reproducible(api_engine: EngineProcess)
     assert generate(api_engine, {"text": "Hello"})["meta_info"]["completion_tokens"] == 128
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_a_stop_string_ends_generation_with_a_stop_reason(api_engine: EngineProcess) -> None:
     full = generate(api_engine, {"text": "Hello", "sampling_params": GREEDY_16})["text"]
     stop = full[3]
@@ -401,7 +405,7 @@ def test_a_stop_string_ends_generation_with_a_stop_reason(api_engine: EngineProc
     assert out["meta_info"]["completion_tokens"] == cut + 1
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_openai_completions_answer_choices_and_usage(api_engine: EngineProcess) -> None:
     reply = api_engine.post(
         "/v1/completions", {"model": "tiny", "prompt": "Hello", "max_tokens": 8, "temperature": 0}
@@ -420,7 +424,7 @@ def test_openai_completions_answer_choices_and_usage(api_engine: EngineProcess) 
     assert body["usage"] == {"prompt_tokens": 6, "completion_tokens": 8, "total_tokens": 14}
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_openai_chat_completions_answer_a_message(api_engine: EngineProcess) -> None:
     reply = api_engine.post(
         "/v1/chat/completions",
@@ -432,7 +436,7 @@ def test_openai_chat_completions_answer_a_message(api_engine: EngineProcess) -> 
     assert reply.json()["usage"]["completion_tokens"] == 5
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_server_info_and_model_info(api_engine: EngineProcess) -> None:
     generate(api_engine, {"text": "Hello", "sampling_params": GREEDY_16})
     info = api_engine.get("/server_info").json()
@@ -464,7 +468,7 @@ BAD_GENERATE_BODIES = {
 }
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 @pytest.mark.parametrize("raw_body", BAD_GENERATE_BODIES.values(), ids=BAD_GENERATE_BODIES.keys())
 def test_a_bad_generate_request_answers_400_with_a_message(
     api_engine: EngineProcess, raw_body: bytes
@@ -476,20 +480,20 @@ def test_a_bad_generate_request_answers_400_with_a_message(
     assert api_engine.popen.poll() is None
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_a_bad_openai_request_answers_400_in_openais_shape(api_engine: EngineProcess) -> None:
     reply = api_engine.post("/v1/completions", {"prompt": "a", "max_tokens": -3})
     assert reply.status == 400
     assert reply.json()["object"] == "error" and reply.json()["code"] == 400
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_unknown_routes_and_methods(api_engine: EngineProcess) -> None:
     assert api_engine.get("/nope").status == 404
     assert api_engine.get("/generate").status == 405
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_the_log_follows_sglangs_format_and_start_up_order(api_engine: EngineProcess) -> None:
     lines = api_engine.log_text().splitlines()
     assert all(LOG_LINE.match(line) for line in lines), [x for x in lines if not LOG_LINE.match(x)]
@@ -593,7 +597,7 @@ def decode_driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DecodeDr
     steps=st.integers(min_value=1, max_value=5),
     algorithm=st.sampled_from(["EAGLE3", "STANDALONE"]),
 )
-@pytest.mark.slow
+@pytest.mark.engine
 def test_greedy_speculative_output_equals_plain_greedy_output(
     decode_driver: DecodeDriver, prompt: list[int], max_new_tokens: int, steps: int, algorithm: str
 ) -> None:
@@ -609,7 +613,7 @@ def test_greedy_speculative_output_equals_plain_greedy_output(
     assert (result["verify_ct"] > 0) == (max_new_tokens > 1)
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_the_draft_is_sometimes_rejected_so_verification_is_really_exercised(
     decode_driver: DecodeDriver,
 ) -> None:
@@ -626,7 +630,7 @@ def test_the_draft_is_sometimes_rejected_so_verification_is_really_exercised(
     assert all(0 < rate < 1 for rate in rates), rates
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_speculative_sampling_keeps_the_target_distribution(decode_driver: DecodeDriver) -> None:
     target = [0.6, 0.3, 0.1, 0.0]
     draft = [0.1, 0.2, 0.3, 0.4]  # far from the target: accepting every draft would show

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process
+
 PROBE = """
 import json, sys
 from opspatch.cli.app import main

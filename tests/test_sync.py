@@ -33,7 +33,7 @@ from opspatch.sandbox.install import (
 from tests.faultkit import isolated_home
 from tests.fleetkit import EAGLE_RELPATH, REPO, SandboxFleet, copy_patch
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.engine
 
 PATCH_ID = "eagle-init-guard"
 FLEET_TOML = f"""\

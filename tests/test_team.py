@@ -36,7 +36,11 @@ from tests.pgkit import BACKENDS, PostgresServer, backend_location, backend_pid
 from tests.test_rotation_scripted import PATCH, FakeRouter, RoutedFleet, book, worker_url
 from tests.test_runs_scripted import PRISTINE, REPO, FakeHost, Fleet
 
-pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen")
+pytestmark = [
+    pytest.mark.scripted,
+    pytest.mark.process,
+    pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen"),
+]
 
 
 @pytest.fixture
@@ -670,6 +674,7 @@ class Notices:
         self.said.append(text)
 
 
+@pytest.mark.postgres
 def test_a_lease_held_across_a_cut_ledger_connection_is_reported_then_taken_over_once_expired(
     postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -721,6 +726,7 @@ def test_a_lease_held_across_a_cut_ledger_connection_is_reported_then_taken_over
             postgres.keep_out(alices_role, out=False)
 
 
+@pytest.mark.postgres
 def test_a_run_keeps_its_lease_across_a_ledger_session_the_server_ended(
     postgres: PostgresServer,
 ) -> None:

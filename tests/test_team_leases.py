@@ -30,7 +30,7 @@ from tests.faultkit import INVENTORY, PATCH_ID, FaultFleet, FleetSlot, isolated_
 from tests.fleetkit import wait_until
 from tests.pgkit import BACKENDS, PostgresServer
 
-pytestmark = [pytest.mark.slow, pytest.mark.ssh]
+pytestmark = [pytest.mark.engine, pytest.mark.ssh]
 
 LEASE_EXPIRY = 3  # seconds: short enough to wait for, long enough for a heartbeat on a busy CI box
 

@@ -21,6 +21,8 @@ from opspatch.hosts.transport.local import LocalTransport
 from opspatch.hosts.transport.ssh import SSHTransport, error_reason, wrap_in_process_group
 from opspatch.sandbox.sshd import SshFleet, generate_keypair
 
+pytestmark = pytest.mark.process
+
 if TYPE_CHECKING:
     from tests.sshfleet import HostMaker, Target
 

@@ -32,6 +32,8 @@ from tests.fleetkit import SandboxFleet
 from tests.patchkit import src
 from tests.sglang_wheels import WheelUnavailable, release_file
 
+pytestmark = pytest.mark.pure
+
 REPO = Path(__file__).resolve().parent.parent
 GUARD = REPO / "patches" / "eagle-init-guard.toml"
 BACKPORTS = REPO / "tests" / "data" / "backports"
@@ -284,6 +286,7 @@ def test_good_provenance_values_load() -> None:
     assert Provenance.of(_patch("")).warning is not None  # no forwarded: not sent upstream
 
 
+@pytest.mark.process
 def test_check_shows_provenance_and_warns_about_a_patch_not_forwarded(tmp_path: Path) -> None:
     run = opspatch("check", "eagle-init-guard", cwd=tmp_path)
     assert run.code == 0, run.stderr  # a warning, not a failure
@@ -342,6 +345,7 @@ def test_export_fills_the_mails_dep3_headers_from_the_provenance() -> None:
 # -- status on the sandbox ---------------------------------------------------------------------
 
 
+@pytest.mark.engine
 def test_status_says_fixed_upstream_on_a_host_upgraded_to_a_release_with_the_fix(
     tmp_path: Path,
 ) -> None:

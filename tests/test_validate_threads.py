@@ -12,6 +12,8 @@ import pytest
 
 from opspatch.core.validate import check_compiles
 
+pytestmark = pytest.mark.pure
+
 
 @pytest.fixture
 def fast_thread_switches() -> Iterator[None]:
