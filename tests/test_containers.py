@@ -441,6 +441,7 @@ def _bake_with_podman(tmp_path: Path, images: str, *args: str) -> Any:
     return opspatch("bake", str(EAGLE_PATCH), "--image", "lmsysorg/sglang:v0.5.4", *args, env=env)
 
 
+@pytest.mark.process
 def test_bake_names_the_rlimit_podman_could_not_set_and_how_to_give_it_one(
     tmp_path: Path,
 ) -> None:
@@ -456,6 +457,7 @@ def test_bake_names_the_rlimit_podman_could_not_set_and_how_to_give_it_one(
     assert "docs/containers.md" in run.stderr and "nothing was built" in run.stderr
 
 
+@pytest.mark.process
 def test_bake_dockerfile_refuses_a_tag_that_exists_and_writes_nothing(tmp_path: Path) -> None:
     context = tmp_path / "context"
 

@@ -15,6 +15,8 @@ from opspatch.core.edit import AlreadyApplied, Applied, apply_patch, detect
 from tests.editkit import assert_golden
 from tests.patchkit import make_patch, src
 
+pytestmark = pytest.mark.pure
+
 M = b"        # opspatch:t-patch\n"
 
 # ---------------------------------------------------------------------------------------------

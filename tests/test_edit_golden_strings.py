@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import ast
 
+import pytest
+
 from opspatch.core.edit import Applied
 from opspatch.core.spec import PatchSpec, parse_patch
 from opspatch.core.tomlsource import parse_toml
 from tests.editkit import assert_golden
 from tests.patchkit import HEADER, make_patch, src
+
+pytestmark = pytest.mark.pure
 
 WORKER = src(
     """

@@ -94,6 +94,7 @@ def test_open_refuses_a_file_that_is_not_a_database(tmp_path: Path) -> None:
     assert caught.value.exit_code == 2  # the ledger given is no ledger: configuration, exit 2
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("where", "url"),
     [

@@ -200,6 +200,7 @@ def test_commands_about_one_file_refuse_a_set(tmp_path: Path) -> None:
 # on a local tree (--root): planned, applied, re-applied and rolled back together
 
 
+@pytest.mark.process
 def test_a_set_is_planned_applied_and_rolled_back_on_a_local_tree(tmp_path: Path) -> None:
     """Issue 31, item 20: before, a set could not be applied to local files at all (`apply SET
     --file F`: "takes a patch with one [target]", nothing else). `--root DIR` finds each

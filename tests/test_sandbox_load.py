@@ -18,6 +18,8 @@ from opspatch.sandbox.load import EndedBy, load_url, run_load
 from tests.clirunner import opspatch
 from tests.standin import EngineProcess, make_host, running_engine
 
+pytestmark = pytest.mark.process
+
 
 @pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:30000", "ftp://h/", "http://h:port"])
 def test_a_url_that_is_not_a_router_url_is_one_message_and_exit_2_also_with_json(
@@ -47,7 +49,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
         yield process
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_seconds_alone_bound_the_load_and_the_report_says_so(engine: EngineProcess) -> None:
     url = f"http://127.0.0.1:{engine.port}"
     run = opspatch("sandbox", "load", "--url", url, "--seconds", "1.5", "--concurrency", "2",
@@ -61,7 +63,7 @@ def test_seconds_alone_bound_the_load_and_the_report_says_so(engine: EngineProce
     assert report["sent"] == report["succeeded"] > 0, report
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_a_request_count_that_ends_the_load_first_is_named(engine: EngineProcess) -> None:
     url = f"http://127.0.0.1:{engine.port}/"
     run = opspatch("sandbox", "load", "--url", url, "--requests", "3", "--seconds", "600")

@@ -21,6 +21,8 @@ from tests.clirunner import opspatch
 from tests.faultkit import isolated_home
 from tests.fleetkit import EAGLE_RELPATH, SandboxFleet, copy_patch
 
+pytestmark = pytest.mark.process
+
 PATCH_ID = "eagle-init-guard"
 HOST = "sandbox-01"
 FLEET_TOML = f'[[patches]]\nid = "{PATCH_ID}"\nhosts = ["sandbox"]\nreleases = ">=0.5.4"\n'
@@ -71,7 +73,7 @@ def _git(fleet: SandboxFleet, *args: str) -> str:
     return done.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 @pytest.mark.timeout(600)
 def test_a_reinstall_takes_the_fix_away_and_an_upgrade_brings_the_release_that_has_it(
     fleet: SandboxFleet,
