@@ -37,32 +37,28 @@ import getpass
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
 
 from opspatch.core.host import Host
+from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.source import sha256_hex
 from opspatch.errors import InputError, RemoteOperationError, TargetError, TransportError
 from opspatch.hosts.agent.protocol import (
     AgentReply,
     AgentRequest,
-    FileReply,
-    InspectReply,
     InspectRequest,
-    LockReply,
     LockRequest,
+    NoArgs,
     OperationCall,
     OperationReply,
     ReadRequest,
     ResolveRequest,
-    RestoreReply,
     RestoreRequest,
     ServerHint,
-    SwapReply,
     SwapRequest,
     UnlockReply,
     UnlockRequest,
-    WhoamiReply,
 )
 from opspatch.hosts.become import (
     LOGIN_OPERATIONS,
@@ -87,17 +83,25 @@ from opspatch.hosts.channel import (
     operation_call,
 )
 from opspatch.hosts.results import (
+    FACTS,
+    INSPECT,
+    LOCK,
+    READ,
+    RESOLVE,
+    RESTORE,
+    SWAP,
+    UNLOCK,
+    WHOAMI,
     HostFacts,
     HostInspection,
     LockHolder,
     LockInfo,
+    Operation,
     RemoteFile,
     ResolvedModule,
     RestoreResult,
-    ServerProcess,
     SwapResult,
     UnlockResult,
-    read_reply,
 )
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.container import ContainerTransport
@@ -122,7 +126,9 @@ __all__ = [  # the result values (`opspatch.hosts.results`) and the channel's na
     "open_transport",
 ]
 
-ReplyT = TypeVar("ReplyT")
+R = TypeVar("R", bound=JsonRecord)
+Req = TypeVar("Req", bound=Mapping[str, Any])
+Rep = TypeVar("Rep", bound=Mapping[str, Any])
 
 
 def default_lock_owner() -> str:
@@ -258,46 +264,64 @@ class HostOperations:
         (user,) = users
         return self.call_batch_as(calls, as_user=user, timeout=timeout, step=step)
 
+    def run(
+        self,
+        operation: Operation[Req, Rep, R],
+        request: Req,
+        *,
+        timeout: float,
+        step: str | None = None,
+    ) -> R:
+        """Run `operation` with its typed `request` (`call`), its reply read as its record.
+
+        Raises:
+            RemoteOperationError: `agent-bad-reply`, the reply is not the record's shape; as
+                `call` otherwise.
+        """
+        step = step or operation.name
+        reply = self.call(operation.name, request, timeout=timeout, step=step)
+        return operation.read(reply, host=self.name, step=step)
+
+    def read_result(
+        self,
+        operation: Operation[Req, Rep, R],
+        reply: OperationReply,
+        *,
+        step: str,
+        request: Req,
+    ) -> R:
+        """One reply of a batch (`call_batch`) as `operation`'s record (`result`, then `read`)."""
+        result = self.result(reply, step=step, args=request)
+        return operation.read(result, host=self.name, step=step)
+
     def then_unlock(
         self,
-        operation: str,
-        args: Mapping[str, object],
+        operation: Operation[Req, Rep, R],
+        request: Req,
         *,
         run_id: str,
         gate: bool,
         timeout: float,
         step: str,
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> tuple[R, bool]:
         """`operation`, then give `run_id`'s lock back, in one exec: how a host's last step
         ends. With `gate`, the lock goes back only if the result says `ok` (a smoke that failed
-        keeps it: the rollback still needs it). Returns the operation's result and whether the
+        keeps it: the rollback still needs it). Returns the operation's record and whether the
         lock was given back (False: the caller gives it back with its own exec).
 
         Raises:
-            As `call` for `operation`; nothing about the unlock (it is best effort here).
+            As `run` for `operation`; nothing about the unlock (it is best effort here: any
+            reply but a `done` that says `released` leaves the lock to the caller).
         """
         unlock = UnlockRequest(state_dir=self.host.state_dir, run_id=run_id, force=False)
         first, then = self.call_batch(
-            [operation_call(operation, args, gate=gate), operation_call("unlock", unlock)],
+            [operation_call(operation.name, request, gate=gate), operation_call("unlock", unlock)],
             timeout=timeout,
             step=step,
         )
-        result = self.result(first, step=step, args=args)
+        record = self.read_result(operation, first, step=step, request=request)
         released = cast(UnlockReply, then.get("result") or {}).get("released")
-        return result, then.get("status") == "done" and bool(released)
-
-    def _typed_call(
-        self,
-        operation: str,
-        request: Mapping[str, object],
-        reply_type: type[ReplyT],
-        *,
-        timeout: float,
-        step: str | None = None,
-    ) -> ReplyT:
-        """`call` with the operation's request and reply shapes from `agent.protocol`: what
-        the agent's operation reads and returns, named once for both ends."""
-        return cast(ReplyT, self.call(operation, request, timeout=timeout, step=step))
+        return record, then.get("status") == "done" and bool(released)
 
     def probe_raised(self, user: str, *, timeout: float, step: str) -> str:
         """Run the agent's `whoami` as `user` through sudo: proves sudo lets this host's login
@@ -307,11 +331,8 @@ class HostOperations:
         Raises:
             BecomeError: as for any raised operation.
         """
-        reply = cast(
-            WhoamiReply,
-            self.call_as("whoami", {}, as_user=user, timeout=timeout, step=step),
-        )
-        return str(reply.get("user") or user)
+        reply = self.call_as("whoami", NoArgs(), as_user=user, timeout=timeout, step=step)
+        return WHOAMI.read(reply, host=self.name, step=step).user or user
 
     # -- the one path to the host's agent: one exec, the fence, refusals ---------------------
 
@@ -590,18 +611,15 @@ class HostOperations:
     def facts(self, *, timeout: float) -> HostFacts:
         """Python, sglang and torch versions (distribution metadata), GPUs and CUDA as the
         driver reports them (NVML or nvidia-smi; nothing imports torch), hostname."""
-        reply = self.call("facts", {}, timeout=timeout)
-        return read_reply(HostFacts, reply, host=self.name, step="facts")
+        return self.run(FACTS, NoArgs(), timeout=timeout)
 
     def resolve(self, module: str, *, timeout: float) -> ResolvedModule:
         """The file the engine's interpreter imports for `module` (nothing is imported)."""
-        reply = self.call("resolve", dict(ResolveRequest(module=module)), timeout=timeout)
-        return read_reply(ResolvedModule, reply, host=self.name, step="resolve")
+        return self.run(RESOLVE, ResolveRequest(module=module), timeout=timeout)
 
     def read(self, path: str, *, timeout: float) -> RemoteFile:
         """The file's exact bytes, sha256, mode, owner, mtime and symlink target."""
-        reply = self._typed_call("read", ReadRequest(path=path), FileReply, timeout=timeout)
-        return self._remote_file(reply, "read")
+        return self.verified(self.run(READ, ReadRequest(path=path), timeout=timeout), "read")
 
     def inspect(
         self,
@@ -617,20 +635,11 @@ class HostOperations:
         if (module is None) == (path is None):
             raise ValueError("inspect needs exactly one of module or path")
         request = InspectRequest(module=module, path=path, server=self._server_hint())
-        reply = self._typed_call("inspect", request, InspectReply, timeout=timeout)
-        return self._inspection(reply, "inspect")
+        return self._verified_inspection(self.run(INSPECT, request, timeout=timeout), "inspect")
 
-    def _inspection(self, reply: InspectReply, step: str) -> HostInspection:
-        """An inspection (`inspect`, or the inspecting half of `begin`), its parts checked."""
-        resolved, server = reply.get("resolved"), reply.get("server")
-        return HostInspection(
-            facts=read_reply(HostFacts, reply["facts"], host=self.name, step=step),
-            module=read_reply(ResolvedModule, resolved, host=self.name, step=step)
-            if resolved
-            else None,
-            file=self._remote_file(reply["file"], step),
-            server=read_reply(ServerProcess, server, host=self.name, step=step) if server else None,
-        )
+    def _verified_inspection(self, inspection: HostInspection, step: str) -> HostInspection:
+        self.verified(inspection.file, step)
+        return inspection
 
     def _server_hint(self) -> ServerHint:
         """Where the agent can find the running engine (its pid file, its URL's port)."""
@@ -639,30 +648,20 @@ class HostOperations:
             url=self.host.engine.url,
         )
 
-    def _remote_file(self, data: FileReply | Mapping[str, Any], step: str) -> RemoteFile:
-        content = base64.b64decode(data["content_b64"])
-        if sha256_hex(content) != data["sha256"]:
+    def verified(self, file: RemoteFile, step: str) -> RemoteFile:
+        """`file` as read, once its bytes are known to be what the host hashed.
+
+        Raises:
+            RemoteOperationError: `read-corrupt`, they are not.
+        """
+        if sha256_hex(file.content) != file.sha256:
             raise RemoteOperationError(
-                f"{data['path']} arrived with a different sha256 than the host computed",
+                f"{file.path} arrived with a different sha256 than the host computed",
                 code="read-corrupt",
                 host=self.name,
                 step=step,
             )
-        return RemoteFile(
-            path=str(data["path"]),
-            realpath=str(data["realpath"]),
-            symlink_target=data.get("symlink_target"),
-            content=content,
-            sha256=str(data["sha256"]),
-            size=int(data["size"]),
-            mode=int(data["mode"]),
-            uid=int(data["uid"]),
-            gid=int(data["gid"]),
-            owner=data.get("owner"),
-            group=data.get("group"),
-            mtime_ns=int(data["mtime_ns"]),
-            nlink=int(data["nlink"]),
-        )
+        return file
 
     # -- swap, restore -------------------------------------------------------------------------
 
@@ -700,25 +699,10 @@ class HostOperations:
         )
         if release_lock and lock_run_id:
             result, released = self.then_unlock(
-                "swap", args, run_id=lock_run_id, gate=False, timeout=timeout, step="swap"
+                SWAP, args, run_id=lock_run_id, gate=False, timeout=timeout, step="swap"
             )
-            reply = cast(SwapReply, result)
-        else:
-            reply, released = self._typed_call("swap", args, SwapReply, timeout=timeout), False
-        return SwapResult(
-            path=str(reply["path"]),
-            realpath=str(reply["realpath"]),
-            sha256_before=str(reply["sha256_before"]),
-            sha256_after=str(reply["sha256_after"]),
-            changed=bool(reply["changed"]),
-            backup_path=reply.get("backup_path"),
-            purged_bytecode=tuple(reply.get("purged_bytecode") or ()),
-            purge_failures=tuple(reply.get("purge_failures") or ()),
-            mode=int(reply["mode"]),
-            uid=int(reply["uid"]),
-            gid=int(reply["gid"]),
-            lock_released=released,
-        )
+            return replace(result, lock_released=released)
+        return self.run(SWAP, args, timeout=timeout)
 
     def restore(
         self,
@@ -749,18 +733,7 @@ class HostOperations:
             force=force,
             state_dir=self.host.state_dir,
         )
-        reply = self._typed_call("restore", args, RestoreReply, timeout=timeout)
-        return RestoreResult(
-            path=str(reply["path"]),
-            realpath=str(reply["realpath"]),
-            sha256_before=str(reply["sha256_before"]),
-            sha256_after=str(reply["sha256_after"]),
-            changed=bool(reply["changed"]),
-            source=reply["source"],
-            kept_copy=reply.get("kept_copy"),
-            purged_bytecode=tuple(reply.get("purged_bytecode") or ()),
-            purge_failures=tuple(reply.get("purge_failures") or ()),
-        )
+        return self.run(RESTORE, args, timeout=timeout)
 
     # -- the host lock -------------------------------------------------------------------------
 
@@ -782,8 +755,7 @@ class HostOperations:
                 `data` and in the message).
         """
         request = self._lock_request(run_id, owner, ttl_seconds, timeout)
-        reply = self._typed_call("lock", request, LockReply, timeout=timeout)
-        return self._lock_info(reply, "lock")
+        return self.run(LOCK, request, timeout=timeout)
 
     def _lock_request(
         self,
@@ -809,16 +781,6 @@ class HostOperations:
             refresh_only=False,
             busy_seconds=busy if ttl_seconds is None else min(busy, ttl_seconds),
             takeover_idle=takeover_idle,
-        )
-
-    def _lock_info(self, reply: LockReply, step: str) -> LockInfo:
-        previous = reply["previous"]
-        return LockInfo(
-            holder=read_reply(LockHolder, reply["holder"], host=self.name, step=step),
-            refreshed=bool(reply["refreshed"]),
-            took_over_from=read_reply(LockHolder, previous, host=self.name, step=step)
-            if previous
-            else None,
         )
 
     def begin(
@@ -865,23 +827,21 @@ class HostOperations:
                 timeout=timeout,
                 step="begin",
             )
-            locked = cast(LockReply, self.result(lock_reply, step="begin", args=lock))
-            inspected = cast(InspectReply, self.result(inspect_reply, step="begin", args=inspect))
-        return self._lock_info(locked, "begin"), self._inspection(inspected, "begin")
+            locked = self.read_result(LOCK, lock_reply, step="begin", request=lock)
+            inspected = self.read_result(INSPECT, inspect_reply, step="begin", request=inspect)
+        return locked, self._verified_inspection(inspected, "begin")
 
     def _begin_raised(
         self, lock: LockRequest, inspect: InspectRequest, *, timeout: float
-    ) -> tuple[LockReply, InspectReply]:
+    ) -> tuple[LockInfo, HostInspection]:
         """`begin` with become: the lock as the become user (the first raised exec, so sudo is
         checked before anything else), a probe of every other user the run raises to (root for
         a systemd restart), then the inspection as the login user. The lock stays held if a
         later part fails; the caller releases it."""
-        locked = self._typed_call("lock", lock, LockReply, timeout=timeout, step="begin")
+        locked = self.run(LOCK, lock, timeout=timeout, step="begin")
         for user in raised_users(self.host)[1:]:
             self.probe_raised(user, timeout=timeout, step="begin")
-        inspected = self._typed_call(
-            "inspect", inspect, InspectReply, timeout=timeout, step="begin"
-        )
+        inspected = self.run(INSPECT, inspect, timeout=timeout, step="begin")
         return locked, inspected
 
     def unlock(self, *, run_id: str, force: bool = False, timeout: float) -> UnlockResult:
@@ -891,12 +851,4 @@ class HostOperations:
             RemoteOperationError: `lock-not-ours`, another run holds it.
         """
         request = UnlockRequest(state_dir=self.host.state_dir, run_id=run_id, force=force)
-        reply = self._typed_call("unlock", request, UnlockReply, timeout=timeout)
-        previous = reply.get("previous")
-        return UnlockResult(
-            released=bool(reply["released"]),
-            reason=str(reply["reason"]),
-            previous=read_reply(LockHolder, previous, host=self.name, step="unlock")
-            if previous
-            else None,
-        )
+        return self.run(UNLOCK, request, timeout=timeout)
