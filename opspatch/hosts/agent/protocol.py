@@ -28,8 +28,8 @@ OpFunction = TypeVar("OpFunction", bound="Callable[[Any], Mapping[str, Any]]")
 
 
 # -- the wire format of the operations the controller calls -------------------------------------
-# One request and one reply shape per operation, imported by the controller's channel
-# (`opspatch.hosts.channel`) so both ends read the same names. `typing.TypedDict` exists on
+# One request and one reply shape per operation, named by the controller's `Operation`
+# descriptors (`opspatch.hosts.results`) so both ends read the same names. `typing.TypedDict` exists on
 # Python 3.8, and these classes cost a host nothing beyond `typing`, which dispatch imports anyway.
 # The field types stay strings here (`from __future__ import annotations`), so 3.8 never
 # evaluates `list[str]`; mypy checks them on the controller.
