@@ -517,12 +517,10 @@ def test_a_run_whose_lock_was_taken_over_changes_nothing_as_any_user(tmp_path: P
     assert ops.read(str(tmp_path / "target.py"), timeout=10).content == b"x = 1\n"
     # a change as the lock's user: the re-assertion leads the same exec and stops it
     with pytest.raises(RemoteOperationError) as swap:
-        ops.channel.call_batch(
-            [operation_call("swap", {})], as_user="sglang", timeout=10, step="swap"
-        )
+        ops.call_batch_as([operation_call("swap", {})], as_user="sglang", timeout=10, step="swap")
     # a change as root: the lock's user re-asserts it in an exec of its own, the restart unsent
     with pytest.raises(RemoteOperationError) as restart:
-        ops.channel.call("restart", {}, as_user="root", timeout=10, step="restart")
+        ops.call_as("restart", {}, as_user="root", timeout=10, step="restart")
     assert swap.value.code == restart.value.code == "lock-lost"
     assert "r1" in restart.value.message and "took it over" in restart.value.message
     assert exec_users(transport) == [None, "sglang", "sglang"]
@@ -547,9 +545,9 @@ def test_a_root_change_re_asserts_the_lock_only_when_it_might_lapse_first(
     ops.lock(run_id="r1", ttl_seconds=70, timeout=10)  # holds for 70 s from now
     transport.execs.clear()
 
-    ops.channel.call("restart", {}, as_user="root", timeout=5, step="restart")
+    ops.call_as("restart", {}, as_user="root", timeout=5, step="restart")
     assert exec_users(transport) == ["root"]  # the lock holds past this deadline: no extra exec
-    ops.channel.call("restart", {}, as_user="root", timeout=600, step="restart")
+    ops.call_as("restart", {}, as_user="root", timeout=600, step="restart")
     assert exec_users(transport) == ["root", "sglang", "root"]  # re-asserted first, as sglang
     lock = json.loads((tmp_path / "state" / "lock.json").read_text())
     assert lock["run_id"] == "r1" and lock["expires_at"] > time.time() + 600

@@ -18,10 +18,15 @@ The rules, kept small on purpose:
 - a field with `metadata=NOT_WRITTEN` (a plain `field()`, so it may stay required) is never
   written (bytes, or what only the controller needs), nor read back;
 - `json_field(encode=f)`: the value is written as `f(value)` (seconds rounded for display);
+- `json_field(decode=f)`: the value is read as `f(value)` (bytes from base64), a `ValueError`
+  or `TypeError` of `f` named as the key's; `json_field(written=False)`: read, never written
+  (what an agent's reply carries that the controller keeps but never prints);
 - nested records become objects, tuples and lists become arrays, `str` enums become their word;
 - reading checks each value against its type hint (`X | None`, `tuple[X, ...]`, `list[X]`,
-  `dict[str, Any]`, enums, nested records, `str`, `int`, `float` (an int is kept as it is, so
-  `1` prints as `1` again), `bool`, `Any`) and raises `ValueError` naming the key on a mismatch.
+  `dict[str, Any]`, enums, `Literal[...]` words, nested records, `str`, `int`, `float` (an int
+  is kept as it is, so `1` prints as `1` again), `bool`, `Any`) and raises `ValueError` naming
+  the key on a mismatch (a nested record's keys by its class's name, an array item's by its
+  place).
 """
 
 from __future__ import annotations
@@ -30,13 +35,24 @@ import dataclasses
 import types
 from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import (
+    Any,
+    ClassVar,
+    Literal,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 _KEY = "opspatch.json.key"
 _INLINE = "opspatch.json.inline"
 _OMIT_NONE = "opspatch.json.omit_none"
 _SKIP = "opspatch.json.skip"
 _ENCODE = "opspatch.json.encode"
+_DECODE = "opspatch.json.decode"
+_UNWRITTEN = "opspatch.json.unwritten"
 
 NOT_WRITTEN: Mapping[str, Any] = {_SKIP: True}
 """`field(metadata=NOT_WRITTEN)`: a field the JSON leaves out (see the module rules)."""
@@ -44,18 +60,20 @@ NOT_WRITTEN: Mapping[str, Any] = {_SKIP: True}
 R = TypeVar("R", bound="JsonRecord")
 
 
-def json_field(
+def json_options(
     *,
     key: str | None = None,
     inline: bool = False,
     omit_none: bool = False,
     encode: Callable[[Any], Any] | None = None,
-    **options: Any,
-) -> Any:
-    """A dataclass `field(**options)` serialised under `key` or merged into its parent
-    (`inline`), left out while None (`omit_none`), or written as `encode(value)` (see the
-    module rules)."""
-    metadata = dict(options.pop("metadata", {}) or {})
+    decode: Callable[[Any], Any] | None = None,
+    written: bool = True,
+) -> Mapping[str, Any]:
+    """The `metadata` of a field serialised under `key` or merged into its parent (`inline`),
+    left out while None (`omit_none`), written as `encode(value)`, read as `decode(value)`, or
+    read and never written (`written=False`) (see the module rules): for `field(metadata=...)`,
+    where a field stays required."""
+    metadata: dict[str, Any] = {}
     if key is not None:
         metadata[_KEY] = key
     if inline:
@@ -64,6 +82,35 @@ def json_field(
         metadata[_OMIT_NONE] = True
     if encode is not None:
         metadata[_ENCODE] = encode
+    if decode is not None:
+        metadata[_DECODE] = decode
+    if not written:
+        metadata[_UNWRITTEN] = True
+    return metadata
+
+
+def json_field(
+    *,
+    key: str | None = None,
+    inline: bool = False,
+    omit_none: bool = False,
+    encode: Callable[[Any], Any] | None = None,
+    decode: Callable[[Any], Any] | None = None,
+    written: bool = True,
+    **options: Any,
+) -> Any:
+    """A dataclass `field(**options)` with `json_options` (see the module rules)."""
+    metadata = dict(options.pop("metadata", {}) or {})
+    metadata.update(
+        json_options(
+            key=key,
+            inline=inline,
+            omit_none=omit_none,
+            encode=encode,
+            decode=decode,
+            written=written,
+        )
+    )
     return dataclasses.field(metadata=metadata, **options)
 
 
@@ -104,7 +151,9 @@ def record_to_json(record: JsonRecord) -> dict[str, Any]:
     document: dict[str, Any] = {}
     for spec in dataclasses.fields(record):
         value = getattr(record, spec.name)
-        if spec.metadata.get(_SKIP) or (value is None and spec.metadata.get(_OMIT_NONE)):
+        if spec.metadata.get(_SKIP) or spec.metadata.get(_UNWRITTEN):
+            continue
+        if value is None and spec.metadata.get(_OMIT_NONE):
             continue
         if spec.metadata.get(_INLINE):
             document.update(record_to_json(value))
@@ -155,8 +204,30 @@ def _decode_record(cls: type[R], data: Any, where: str) -> R:
             if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
                 raise ValueError(f"{where}.{key}: missing")
             continue
+        decode = spec.metadata.get(_DECODE)
+        if decode is not None:
+            try:
+                values[spec.name] = decode(data[key])
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{where}.{key}: {exc}") from None
+            continue
         values[spec.name] = _decode(hints[spec.name], data[key], f"{where}.{key}")
     return cls(**values)
+
+
+def read_keys(cls: type[JsonRecord]) -> frozenset[str]:
+    """The keys a `cls` is read from (its fields' keys, inline records' keys merged; not the
+    derived fields or those never read): what an agent reply read as `cls` must carry."""
+    hints = _hints(cls)
+    keys: set[str] = set()
+    for spec in dataclasses.fields(cls):
+        if not spec.init or spec.metadata.get(_SKIP):
+            continue
+        if spec.metadata.get(_INLINE):
+            keys |= read_keys(hints[spec.name])
+        else:
+            keys.add(spec.metadata.get(_KEY, spec.name))
+    return frozenset(keys)
 
 
 def _decode(hint: Any, value: Any, where: str) -> Any:
@@ -181,6 +252,11 @@ def _decode(hint: Any, value: Any, where: str) -> Any:
             raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
         item_hint = get_args(hint)[1] if get_args(hint) else Any
         return {str(k): _decode(item_hint, v, f"{where}.{k}") for k, v in value.items()}
+    if origin is Literal:
+        if value not in get_args(hint):
+            known = ", ".join(repr(word) for word in get_args(hint))
+            raise ValueError(f"{where}: {value!r} is not one of {known}")
+        return value
     if isinstance(hint, type) and issubclass(hint, Enum):
         try:
             return hint(value)
@@ -188,7 +264,9 @@ def _decode(hint: Any, value: Any, where: str) -> Any:
             known = ", ".join(str(member.value) for member in hint)
             raise ValueError(f"{where}: {value!r} is not one of {known}") from None
     if isinstance(hint, type) and issubclass(hint, JsonRecord):
-        return _decode_record(hint, value, where)
+        # a record in a field is named by its class (`HostFacts.python_version`, as when read
+        # alone); one in an array by its place (`SmokeResult.prompts[0].ok`)
+        return _decode_record(hint, value, where if where.endswith("]") else hint.__name__)
     return _decode_scalar(hint, value, where)
 
 

@@ -9,15 +9,18 @@ edited outside, healthy but crashing) needs the ledger and the other hosts, and 
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord
-from opspatch.hosts.engine import SmokeResult
+from opspatch.core.jsonrecord import JsonRecord, json_options
+from opspatch.errors import RemoteOperationError
+from opspatch.hosts.agent.diagnose import op_diagnose
+from opspatch.hosts.agent.protocol import DiagnoseReply
+from opspatch.hosts.agent.protocol import DiagnoseRequest as DiagnoseArgs
+from opspatch.hosts.engine import SMOKE, SmokeResult
 from opspatch.hosts.operations import HostOperations
-from opspatch.hosts.results import HostFacts, RemoteFile, read_reply
+from opspatch.hosts.results import HostFacts, Operation, RemoteFile, from_base64, read_reply
 from opspatch.hosts.transport.container import ContainerIdentity
 
 
@@ -43,13 +46,13 @@ class DiagnoseRequest:
     traceback_sources: bool = False
     facts: bool = True
 
-    def args(self, ops: HostOperations) -> dict[str, Any]:
+    def args(self, ops: HostOperations) -> DiagnoseArgs:
         """The agent's arguments for this request on the host `ops` works on."""
         engine = ops.host.engine
         restart = engine.restart
         settings = {k: v for k, v in vars(restart).items() if v is not None} if restart else {}
         wants_sources = bool(self.source_modules) or self.traceback_sources
-        return {
+        args = {
             "facts": self.facts,
             "modules": list(self.modules),
             "server": {"url": engine.url, "restart": settings} if self.server else None,
@@ -69,6 +72,11 @@ class DiagnoseRequest:
                 else None
             ),
         }
+        return cast(DiagnoseArgs, args)  # `smoke` is `engine.smoke_args`'s SmokeRequest
+
+
+def _maybe_base64(text: Any) -> bytes | None:
+    return None if text is None else from_base64(text)
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,10 @@ class Checkout(JsonRecord):
     tracked: bool = False
     head_sha256: str | None = None
     # HEAD's bytes of the file, when they differ from the live one
-    head_content: bytes | None = field(default=None, metadata=NOT_WRITTEN)
+    head_content: bytes | None = field(
+        default=None,
+        metadata=json_options(key="head_content_b64", decode=_maybe_base64, written=False),
+    )
     diff: str | None = None  # `git diff HEAD -- file`
     uncommitted: tuple[str, ...] = ()  # `git status --porcelain` of the whole checkout
     uncommitted_count: int = 0
@@ -179,7 +190,7 @@ class TracebackGroup:
 
 
 @dataclass(frozen=True)
-class LogMarker:
+class LogMarker(JsonRecord):
     """Lines of one known kind (scheduler exception, warm-up failure, CUDA OOM, ...)."""
 
     kind: str
@@ -229,6 +240,66 @@ class HostDiagnosis:
         return next(m for m in self.modules if m.module == name)
 
 
+@dataclass(frozen=True)
+class ModuleError(JsonRecord):
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ModuleReply(JsonRecord):
+    """One module of a `diagnose` reply as the agent sends it: the resolved file and where its
+    code comes from, or the `error` that it does not resolve (then nothing else)."""
+
+    module: str
+    error: ModuleError | None = None
+    file: RemoteFile | None = None
+    origin: str | None = None
+    realpath: str | None = None
+    is_symlink: bool | None = None
+    is_package: bool | None = None
+    distribution: str | None = None
+    distribution_version: str | None = None
+    record_sha256: str | None = None
+    installed: dict[str, Any] | None = None
+    distributions: tuple[dict[str, Any], ...] = ()
+    copies: tuple[InstalledCopy, ...] = ()
+    checkout: Checkout | None = None
+    bytecode: tuple[CachedBytecode, ...] = ()
+    server_older_than_file: bool | None = None
+    changed_after_log_start: bool | None = None
+
+
+@dataclass(frozen=True)
+class SourceFile(JsonRecord):
+    path: str
+    text: str
+
+
+@dataclass(frozen=True)
+class SourcesReply(JsonRecord):
+    files: tuple[SourceFile, ...] = ()
+    left_out: tuple[str, ...] = ()
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class DiagnosisReply(JsonRecord):
+    """A `diagnose` reply as the agent sends it, read field by field (`HostDiagnosis` is what
+    it says, judged nowhere yet). The server's and the log's parts are read by `_server` and
+    `_log`; the smoke's by `engine.SMOKE`."""
+
+    facts: HostFacts | None
+    server: dict[str, Any] | None
+    smoke: dict[str, Any] | None
+    log: dict[str, Any] | None
+    modules: tuple[ModuleReply, ...]
+    sources: SourcesReply | None
+
+
+DIAGNOSE = Operation("diagnose", DiagnoseArgs, DiagnoseReply, DiagnosisReply, op_diagnose)
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -241,69 +312,52 @@ def diagnose_host(
         InputError: the host's engine interpreter is not set or cannot run.
         TransportError, CommandTimeout, RemoteOperationError: the host could not be asked.
     """
-    reply = ops.call("diagnose", request.args(ops), timeout=timeout, step="diagnose")
+    reply = ops.run(DIAGNOSE, request.args(ops), timeout=timeout, step="diagnose")
     return _host_diagnosis(ops, reply)
 
 
-def _host_diagnosis(ops: HostOperations, reply: Mapping[str, Any]) -> HostDiagnosis:
-    sources = reply.get("sources") or {}
+def _host_diagnosis(ops: HostOperations, reply: DiagnosisReply) -> HostDiagnosis:
+    sources = reply.sources or SourcesReply()
     return HostDiagnosis(
         host=ops.name,
-        facts=read_reply(HostFacts, reply["facts"], host=ops.name, step="diagnose")
-        if reply.get("facts")
-        else None,
-        server=_server(reply.get("server")),
-        modules=tuple(_module(ops, m) for m in reply.get("modules") or ()),
-        smoke=SmokeResult.from_reply(reply["smoke"], host=ops.name, step="diagnose")
-        if reply.get("smoke")
-        else None,
-        log=_log(reply.get("log")),
-        sources={str(f["path"]): str(f["text"]) for f in sources.get("files") or ()},
-        sources_left_out=tuple(str(p) for p in sources.get("left_out") or ()),
+        facts=reply.facts,
+        server=_server(reply.server),
+        modules=tuple(_module(ops, m) for m in reply.modules),
+        smoke=SMOKE.read(reply.smoke, host=ops.name, step="diagnose") if reply.smoke else None,
+        log=_log(reply.log, ops.name),
+        sources={f.path: f.text for f in sources.files},
+        sources_left_out=sources.left_out,
     )
 
 
-def _module(ops: HostOperations, data: Mapping[str, Any]) -> ModuleDiagnosis:
-    error = data.get("error")
-    if error:
+def _module(ops: HostOperations, data: ModuleReply) -> ModuleDiagnosis:
+    if data.error is not None:
         return ModuleDiagnosis(
-            module=str(data["module"]), error=str(error["message"]), error_code=str(error["code"])
+            module=data.module, error=data.error.message, error_code=data.error.code
         )
-    checkout = data.get("checkout")
+    if data.file is None or data.origin is None:
+        missing = "file" if data.file is None else "origin"
+        raise RemoteOperationError(
+            f"the host agent's reply is not what this opspatch reads: "
+            f"ModuleReply.{missing}: missing (module {data.module})",
+            code="agent-bad-reply",
+            host=ops.name,
+            step="diagnose",
+        )
     return ModuleDiagnosis(
-        module=str(data["module"]),
-        file=ops._remote_file(dict(data["file"]), "diagnose"),  # noqa: SLF001 - one decoder
-        origin=str(data["origin"]),
-        distribution=data.get("distribution"),
-        distribution_version=data.get("distribution_version"),
-        record_sha256=data.get("record_sha256"),
-        installed=data.get("installed"),
-        distributions=tuple(data.get("distributions") or ()),
-        copies=tuple(InstalledCopy(**c) for c in data.get("copies") or ()),
-        checkout=_checkout(checkout) if checkout else None,
-        bytecode=tuple(CachedBytecode(**b) for b in data.get("bytecode") or ()),
-        server_older_than_file=data.get("server_older_than_file"),
-        changed_after_log_start=data.get("changed_after_log_start"),
-    )
-
-
-def _checkout(data: Mapping[str, Any]) -> Checkout:
-    head = data.get("head_content_b64")
-    return Checkout(
-        root=str(data["root"]),
-        relpath=str(data["relpath"]),
-        error=data.get("error"),
-        head=data.get("head"),
-        branch=data.get("branch"),
-        author=data.get("author"),
-        date=data.get("date"),
-        subject=data.get("subject"),
-        tracked=bool(data.get("tracked")),
-        head_sha256=data.get("head_sha256"),
-        head_content=base64.b64decode(head) if head else None,
-        diff=data.get("diff"),
-        uncommitted=tuple(data.get("uncommitted") or ()),
-        uncommitted_count=int(data.get("uncommitted_count") or 0),
+        module=data.module,
+        file=ops.verified(data.file, "diagnose"),
+        origin=data.origin,
+        distribution=data.distribution,
+        distribution_version=data.distribution_version,
+        record_sha256=data.record_sha256,
+        installed=data.installed,
+        distributions=data.distributions,
+        copies=data.copies,
+        checkout=data.checkout,
+        bytecode=data.bytecode,
+        server_older_than_file=data.server_older_than_file,
+        changed_after_log_start=data.changed_after_log_start,
     )
 
 
@@ -325,7 +379,7 @@ def _server(data: Mapping[str, Any] | None) -> ServerState | None:
     )
 
 
-def _log(data: Mapping[str, Any] | None) -> LogWindow | None:
+def _log(data: Mapping[str, Any] | None, host: str) -> LogWindow | None:
     if not data:
         return None
     return LogWindow(
@@ -339,7 +393,9 @@ def _log(data: Mapping[str, Any] | None) -> LogWindow | None:
         text=str(data.get("text") or ""),
         text_cut=bool(data.get("text_cut")),
         tracebacks=tuple(_traceback(t) for t in data.get("tracebacks") or ()),
-        markers=tuple(LogMarker(**m) for m in data.get("markers") or ()),
+        markers=tuple(
+            read_reply(LogMarker, m, host=host, step="diagnose") for m in data.get("markers") or ()
+        ),
     )
 
 

@@ -27,16 +27,28 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opspatch.core.host import ContainerRestart, Host
-from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord
+from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field
 from opspatch.core.policy import Playbook
 from opspatch.errors import ContainerError, EngineError, RemoteOperationError
-from opspatch.hosts.operations import HostOperations
-from opspatch.hosts.results import read_reply
+from opspatch.hosts.agent.engine import op_smoke, op_wait_drained, op_wait_ready
+from opspatch.hosts.agent.protocol import (
+    DrainedReply,
+    ReadyReply,
+    RestartReply,
+    RestartRequest,
+    SmokeReply,
+    SmokeRequest,
+    WaitDrainedRequest,
+    WaitReadyRequest,
+)
+from opspatch.hosts.agent.restarts import op_restart
+from opspatch.hosts.operations import HostOperations, R, Rep, Req
+from opspatch.hosts.results import Operation
 from opspatch.hosts.transport.container import ContainerTransport
 
 # Seconds added to a host-side deadline for the exec itself (interpreter start, transfer).
@@ -75,6 +87,16 @@ class ReadyWaiting(JsonRecord):
     seconds: float
     polls: int
     last: str
+
+
+@dataclass(frozen=True)
+class ReadyAnswer(JsonRecord):
+    """One `wait_ready` exec's reply: ready (`seconds`, `polls`), or, for a part of a longer
+    wait that ran out (`slice`), `waiting` with what it saw."""
+
+    seconds: float = 0.0
+    polls: int = 0
+    waiting: ReadyWaiting | None = json_field(omit_none=True, default=None)
 
 
 @dataclass(frozen=True)
@@ -129,21 +151,15 @@ class SmokeResult(JsonRecord):
     log_tail: str | None = None
     lock_released: bool = field(default=False, metadata=NOT_WRITTEN)
     """The smoke passed and released the run's lock on the host in the same exec."""
+    log_offset: int | None = json_field(default=None, written=False)
+    """Where the log scan began (the reply's; never printed)."""
+    exception: dict[str, Any] | None = json_field(default=None, written=False)
+    """The last exception the log records, on a failure (the reply's; never printed)."""
 
     @property
     def texts(self) -> tuple[str | None, ...]:
         """Each prompt's completion (a baseline for the next smoke)."""
         return tuple(p.text for p in self.prompts)
-
-    @classmethod
-    def from_reply(cls, reply: Mapping[str, Any], *, host: str, step: str) -> SmokeResult:
-        """The agent's `smoke` reply, checked field by field. Written by hand for its one key
-        of the wire (`results`); the rest is read by the codec as `to_json` writes it.
-
-        Raises:
-            RemoteOperationError: `agent-bad-reply` (see `results.read_reply`).
-        """
-        return read_reply(cls, {**reply, "prompts": reply.get("results", [])}, host=host, step=step)
 
     def summary(self) -> str:
         if self.ok:
@@ -155,7 +171,15 @@ class SmokeResult(JsonRecord):
         return "; ".join(self.failures)
 
 
-def restart_args(host: Host) -> dict[str, Any]:
+RESTART = Operation("restart", RestartRequest, RestartReply, RestartResult, op_restart)
+WAIT_READY = Operation("wait_ready", WaitReadyRequest, ReadyReply, ReadyAnswer, op_wait_ready)
+WAIT_DRAINED = Operation("wait_drained", WaitDrainedRequest, DrainedReply, Drained, op_wait_drained)
+SMOKE = Operation(
+    "smoke", SmokeRequest, SmokeReply, SmokeResult, op_smoke, renamed={"results": "prompts"}
+)
+
+
+def restart_args(host: Host, *, timeout: float) -> RestartRequest:
     """The agent's `restart` arguments for a host, from its inventory engine settings."""
     restart = host.engine.restart
     if restart is None:
@@ -166,7 +190,9 @@ def restart_args(host: Host) -> dict[str, Any]:
             hint="set engine.restart = { kind = 'systemd', unit = '...' } (or supervisor/command)",
         )
     settings = {k: v for k, v in vars(restart).items() if v is not None}
-    return {"restart": settings, "log_file": host.engine.log_file, "env": dict(host.engine.env)}
+    return RestartRequest(
+        restart=settings, log_file=host.engine.log_file, env=dict(host.engine.env), timeout=timeout
+    )
 
 
 def smoke_args(
@@ -177,7 +203,7 @@ def smoke_args(
     baseline: Sequence[str | None] | None = None,
     checks: bool = True,
     pid: int | None = None,
-) -> dict[str, Any]:
+) -> SmokeRequest:
     """The agent's `smoke` arguments for a host: the playbook's prompts and checks, the host's
     URL, log and pid file (also sent inside `diagnose --decode`)."""
     smoke = playbook.smoke
@@ -205,18 +231,23 @@ class EngineControl:
         self.host = host
         self.playbook = playbook
 
-    def _call(
-        self, operation: str, args: dict[str, Any], *, timeout: float, step: str
-    ) -> dict[str, Any]:
+    def _run(
+        self, operation: Operation[Req, Rep, R], request: Req, *, timeout: float, step: str
+    ) -> R:
+        """One engine step: its refusals as the engine's errors, its reply read as its record
+        (a reply of the wrong shape stays `agent-bad-reply`)."""
         with self._engine_errors(step):
-            return self.ops.call(operation, args, timeout=timeout + EXEC_MARGIN, step=step)
+            return self.ops.run(operation, request, timeout=timeout + EXEC_MARGIN, step=step)
 
     @contextlib.contextmanager
     def _engine_errors(self, step: str) -> Iterator[None]:
-        """The agent's refusals of an engine step, as the engine's errors."""
+        """The agent's refusals of an engine step, as the engine's errors (a reply of the
+        wrong shape stays `agent-bad-reply`, as for every operation)."""
         try:
             yield
         except RemoteOperationError as exc:
+            if exc.code == "agent-bad-reply":
+                raise
             raise EngineError(
                 exc.detail, host=self.host.name, step=step, data=exc.data, hint=exc.hint
             ) from exc
@@ -229,14 +260,15 @@ class EngineControl:
             TransportError: the host could not be reached in time.
         """
         timeout = float(self.playbook.timeouts.restart)
-        args = restart_args(self.host) | {"timeout": timeout}
-        data = self._call("restart", args, timeout=timeout, step=step)
+        noted = self._run(
+            RESTART, restart_args(self.host, timeout=timeout), timeout=timeout, step=step
+        )
         if isinstance(self.host.engine.restart, ContainerRestart):
-            return self._restart_container(self.host.engine.restart, data, timeout, step)
-        return read_reply(RestartResult, data, host=self.host.name, step=step)
+            return self._restart_container(self.host.engine.restart, noted, timeout, step)
+        return noted
 
     def _restart_container(
-        self, restart: ContainerRestart, noted: dict[str, Any], timeout: float, step: str
+        self, restart: ContainerRestart, noted: RestartResult, timeout: float, step: str
     ) -> RestartResult:
         """The runtime's restart of the engine's container, after the agent noted the log's
         size inside it (`noted`): the same container, its writable layer kept."""
@@ -255,7 +287,7 @@ class EngineControl:
         return RestartResult(
             strategy="container",
             pid=None,
-            log_offset=noted.get("log_offset"),
+            log_offset=noted.log_offset,
             detail=f"{transport.describe()} restarted (id {after.id[:12]}, {after.status})",
         )
 
@@ -284,14 +316,16 @@ class EngineControl:
                 engine logged, if any).
         """
         timeout = float(self.playbook.timeouts.ready if timeout is None else timeout)
-        args: dict[str, Any] = {
-            "url": self.host.engine.url,
-            "pid": restart.pid if restart else None,
-            "pid_file": getattr(self.host.engine.restart, "pid_file", None),
-            "log_file": self.host.engine.log_file,
-            "log_offset": restart.log_offset if restart else None,
-            "total": timeout,
-        }
+        request = WaitReadyRequest(
+            url=self.host.engine.url,
+            timeout=timeout,
+            pid=restart.pid if restart else None,
+            pid_file=getattr(self.host.engine.restart, "pid_file", None),
+            log_file=self.host.engine.log_file,
+            log_offset=restart.log_offset if restart else None,
+            total=timeout,
+            slice=False,
+        )
         started = time.monotonic()
         gives_up_at = time.time() + timeout
         waited, polls = 0.0, 0
@@ -299,16 +333,11 @@ class EngineControl:
             remaining = timeout - (time.monotonic() - started)
             last_part = remaining <= READY_SLICE_SECONDS
             part = max(remaining, 0.001) if last_part else READY_SLICE_SECONDS
-            data = self._call(
-                "wait_ready",
-                args | {"timeout": part, "slice": not last_part},
-                timeout=part,
-                step=step,
-            )
-            if "waiting" not in data:
-                ready = read_reply(Readiness, data, host=self.host.name, step=step)
-                return Readiness(round(waited + ready.seconds, 3), polls + ready.polls)
-            still = read_reply(ReadyWaiting, data["waiting"], host=self.host.name, step=step)
+            request["timeout"], request["slice"] = part, not last_part
+            answer = self._run(WAIT_READY, request, timeout=part, step=step)
+            still = answer.waiting
+            if still is None:
+                return Readiness(round(waited + answer.seconds, 3), polls + answer.polls)
             waited, polls = waited + still.seconds, polls + still.polls
             if on_waiting is not None:
                 on_waiting(
@@ -332,9 +361,10 @@ class EngineControl:
             EngineError: it still had requests at the deadline, or answered no load report.
         """
         timeout = float(self.playbook.timeouts.drain if timeout is None else timeout)
-        args = {"url": self.host.engine.url, "timeout": timeout, "settle": settle, "poll": poll}
-        data = self._call("wait_drained", args, timeout=timeout, step=step)
-        return read_reply(Drained, data, host=self.host.name, step=step)
+        args = WaitDrainedRequest(
+            url=self.host.engine.url, timeout=timeout, settle=settle, poll=poll
+        )
+        return self._run(WAIT_DRAINED, args, timeout=timeout, step=step)
 
     def smoke(
         self,
@@ -366,16 +396,14 @@ class EngineControl:
             pid=pid,
         )
         if release_lock is None:
-            data = self._call("smoke", args, timeout=timeout, step=step)
-            return SmokeResult.from_reply(data, host=self.host.name, step=step)
+            return self._run(SMOKE, args, timeout=timeout, step=step)
         with self._engine_errors(step):
-            data, released = self.ops.then_unlock(
-                "smoke",
+            smoke, released = self.ops.then_unlock(
+                SMOKE,
                 args,
                 run_id=release_lock,
                 gate=True,  # a failed smoke keeps the lock: the rollback still needs it
                 timeout=timeout + EXEC_MARGIN,
                 step=step,
             )
-        smoke = SmokeResult.from_reply(data, host=self.host.name, step=step)
         return replace(smoke, lock_released=released)

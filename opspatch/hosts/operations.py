@@ -35,54 +35,73 @@ from __future__ import annotations
 import base64
 import getpass
 import socket
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
 
 from opspatch.core.host import Host
+from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.source import sha256_hex
-from opspatch.errors import RemoteOperationError
+from opspatch.errors import InputError, RemoteOperationError, TargetError, TransportError
 from opspatch.hosts.agent.protocol import (
-    FileReply,
-    InspectReply,
+    AgentReply,
+    AgentRequest,
     InspectRequest,
-    LockReply,
     LockRequest,
+    NoArgs,
     OperationCall,
     OperationReply,
     ReadRequest,
     ResolveRequest,
-    RestoreReply,
     RestoreRequest,
     ServerHint,
-    SwapReply,
     SwapRequest,
     UnlockReply,
     UnlockRequest,
-    WhoamiReply,
 )
-from opspatch.hosts.become import BecomePasswords, raised_users
+from opspatch.hosts.become import (
+    LOGIN_OPERATIONS,
+    RAISED_OPERATIONS,
+    BecomePasswords,
+    Sudo,
+    not_allowed_to_read,
+    raised_users,
+    run_as,
+)
 from opspatch.hosts.channel import (
     AGENT_PACKAGE,
     BOOTSTRAP,
     DEFAULT_LOCK_GRACE,
     LOCK_HOLD_SECONDS,
-    AgentChannel,
+    REFUSAL_ERRORS,
+    AgentAnswer,
+    AgentEndpoint,
+    BootstrapEndpoint,
     agent_modules,
     lock_times,
     operation_call,
 )
 from opspatch.hosts.results import (
+    FACTS,
+    INSPECT,
+    LOCK,
+    READ,
+    RESOLVE,
+    RESTORE,
+    SWAP,
+    UNLOCK,
+    WHOAMI,
     HostFacts,
     HostInspection,
     LockHolder,
     LockInfo,
+    Operation,
     RemoteFile,
     ResolvedModule,
     RestoreResult,
-    ServerProcess,
     SwapResult,
     UnlockResult,
-    read_reply,
 )
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.container import ContainerTransport
@@ -107,7 +126,9 @@ __all__ = [  # the result values (`opspatch.hosts.results`) and the channel's na
     "open_transport",
 ]
 
-ReplyT = TypeVar("ReplyT")
+R = TypeVar("R", bound=JsonRecord)
+Req = TypeVar("Req", bound=Mapping[str, Any])
+Rep = TypeVar("Rep", bound=Mapping[str, Any])
 
 
 def default_lock_owner() -> str:
@@ -134,6 +155,25 @@ def open_transport(host: Host, *, accept_new_host_keys: bool = False) -> Transpo
     return ContainerTransport(base, host.container)
 
 
+_INTERPRETER_MISSING_STATUS = (126, 127)  # the shell's "not executable" / "not found"
+_LOCK_OPERATIONS = frozenset({"lock", "unlock"})
+
+
+@dataclass(frozen=True)
+class _Fence:
+    """The host lock this run holds on the host: what re-asserts it (a `lock` that only refreshes
+    a lock still this run's), who runs it, and until when (monotonic) it is known to hold."""
+
+    request: LockRequest
+    user: str | None
+    good_until: float
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][-500:] if lines else "no output"
+
+
 # ---------------------------------------------------------------------------------------------
 # The operations
 
@@ -145,6 +185,20 @@ class HostOperations:
     takes its deadline as `timeout=` (seconds; the playbook's `StepTimeouts` in a rollout).
     Later operations (restart, readiness, smoke, log scan) are added to the agent and
     called through `call`, the same single path every method here uses.
+    Every exec goes through `call_batch_as` (`call` and `call_batch` choose the user the
+    inventory says runs an operation; `call_as` is a batch of one that returns the result or
+    raises the refusal); `ran_as` notes who ran each exec.
+
+    While a run holds the host's lock, every exec it sends as the lock's user re-asserts the lock
+    first, in the same exec (`_Fence`): the lock is then busy as long as the exec may run plus the
+    run's grace (its lease expiry), and keeps other runs off for `LOCK_HOLD_SECONDS` after that.
+    So a controller that is alive keeps its lock however long the run takes; a recover of a run
+    whose controller is gone takes a host over once no exec of it can still be running there; and
+    an exec sent after another run took the lock over is refused before it does anything
+    (`lock-lost`). With become, an exec as another user is one process of its own: a read (the
+    login user) is not fenced, since it changes nothing and the run's next change is; a change (a
+    restart as root) is preceded by a re-assertion of its own only when the lock might lapse
+    before its deadline.
     """
 
     def __init__(
@@ -157,15 +211,23 @@ class HostOperations:
     ) -> None:
         self.transport = transport
         self.host = host
-        self.channel = AgentChannel(transport, host, passwords=passwords, lock_grace=lock_grace)
-        self.ran_as: list[str] = self.channel.ran_as
+        self.lock_grace = lock_grace
+        """Seconds past an exec's deadline that the host lock stays busy (`lock_times`)."""
+        self.ran_as: list[str] = []
         """The user each exec ran as (`name`, or `name (sudo)` when raised), oldest first."""
+        self._fence: _Fence | None = None
+        sudo = Sudo(host, passwords or BecomePasswords())
+        self.endpoint: AgentEndpoint = (
+            transport
+            if isinstance(transport, AgentEndpoint)
+            else BootstrapEndpoint(transport, host, sudo)
+        )
 
     @property
     def name(self) -> str:
         return self.host.name
 
-    # -- the one path to the host: the channel ----------------------------------------------
+    # -- the one path to the host ---------------------------------------------------------------
 
     def call(
         self,
@@ -176,11 +238,11 @@ class HostOperations:
         step: str | None = None,
     ) -> dict[str, Any]:
         """Run agent operation `operation` with `args` on the host, as the user the inventory
-        says runs it (`become`); its `result` on success. See `AgentChannel.call`."""
-        return self.channel.call(
+        says runs it (`become`); its `result` on success. See `call_as`."""
+        return self.call_as(
             operation,
             args,
-            as_user=self.channel.default_user(operation),
+            as_user=self.default_user(operation),
             timeout=timeout,
             step=step or operation,
         )
@@ -189,59 +251,77 @@ class HostOperations:
         self, calls: Sequence[OperationCall], *, timeout: float, step: str
     ) -> list[OperationReply]:
         """Run `calls` in order in one exec, as the user the inventory says runs them (one user
-        for the whole batch); a reply per call (`AgentChannel.call_batch`), the first refusal
-        stopping the rest. `channel.result(reply, ...)` reads one.
+        for the whole batch); a reply per call (`call_batch_as`), the first refusal
+        stopping the rest. `result(reply, ...)` reads one.
 
         Raises:
             ValueError: the calls would run as different users (a batch is one process).
-            As `AgentChannel.call_batch` otherwise.
+            As `call_batch_as` otherwise.
         """
-        users = {self.channel.default_user(call["op"]) for call in calls}
+        users = {self.default_user(call["op"]) for call in calls}
         if len(users) != 1:
             raise ValueError(f"a batch runs as one user: {[c['op'] for c in calls]} need {users}")
         (user,) = users
-        return self.channel.call_batch(calls, as_user=user, timeout=timeout, step=step)
+        return self.call_batch_as(calls, as_user=user, timeout=timeout, step=step)
+
+    def run(
+        self,
+        operation: Operation[Req, Rep, R],
+        request: Req,
+        *,
+        timeout: float,
+        step: str | None = None,
+    ) -> R:
+        """Run `operation` with its typed `request` (`call`), its reply read as its record.
+
+        Raises:
+            RemoteOperationError: `agent-bad-reply`, the reply is not the record's shape; as
+                `call` otherwise.
+        """
+        step = step or operation.name
+        reply = self.call(operation.name, request, timeout=timeout, step=step)
+        return operation.read(reply, host=self.name, step=step)
+
+    def read_result(
+        self,
+        operation: Operation[Req, Rep, R],
+        reply: OperationReply,
+        *,
+        step: str,
+        request: Req,
+    ) -> R:
+        """One reply of a batch (`call_batch`) as `operation`'s record (`result`, then `read`)."""
+        result = self.result(reply, step=step, args=request)
+        return operation.read(result, host=self.name, step=step)
 
     def then_unlock(
         self,
-        operation: str,
-        args: Mapping[str, object],
+        operation: Operation[Req, Rep, R],
+        request: Req,
         *,
         run_id: str,
         gate: bool,
         timeout: float,
         step: str,
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> tuple[R, bool]:
         """`operation`, then give `run_id`'s lock back, in one exec: how a host's last step
         ends. With `gate`, the lock goes back only if the result says `ok` (a smoke that failed
-        keeps it: the rollback still needs it). Returns the operation's result and whether the
+        keeps it: the rollback still needs it). Returns the operation's record and whether the
         lock was given back (False: the caller gives it back with its own exec).
 
         Raises:
-            As `call` for `operation`; nothing about the unlock (it is best effort here).
+            As `run` for `operation`; nothing about the unlock (it is best effort here: any
+            reply but a `done` that says `released` leaves the lock to the caller).
         """
         unlock = UnlockRequest(state_dir=self.host.state_dir, run_id=run_id, force=False)
         first, then = self.call_batch(
-            [operation_call(operation, args, gate=gate), operation_call("unlock", unlock)],
+            [operation_call(operation.name, request, gate=gate), operation_call("unlock", unlock)],
             timeout=timeout,
             step=step,
         )
-        result = self.channel.result(first, step=step, args=args)
+        record = self.read_result(operation, first, step=step, request=request)
         released = cast(UnlockReply, then.get("result") or {}).get("released")
-        return result, then.get("status") == "done" and bool(released)
-
-    def _typed_call(
-        self,
-        operation: str,
-        request: Mapping[str, object],
-        reply_type: type[ReplyT],
-        *,
-        timeout: float,
-        step: str | None = None,
-    ) -> ReplyT:
-        """`call` with the operation's request and reply shapes from `agent.protocol`: what
-        the agent's operation reads and returns, named once for both ends."""
-        return cast(ReplyT, self.call(operation, request, timeout=timeout, step=step))
+        return record, then.get("status") == "done" and bool(released)
 
     def probe_raised(self, user: str, *, timeout: float, step: str) -> str:
         """Run the agent's `whoami` as `user` through sudo: proves sudo lets this host's login
@@ -251,29 +331,295 @@ class HostOperations:
         Raises:
             BecomeError: as for any raised operation.
         """
-        reply = cast(
-            WhoamiReply,
-            self.channel.call("whoami", {}, as_user=user, timeout=timeout, step=step),
+        reply = self.call_as("whoami", NoArgs(), as_user=user, timeout=timeout, step=step)
+        return WHOAMI.read(reply, host=self.name, step=step).user or user
+
+    # -- the one path to the host's agent: one exec, the fence, refusals ---------------------
+
+    def default_user(self, operation: str) -> str | None:
+        """Who runs `operation` on this host: the become user for one that changes it (with
+        `become`), else None, the login user."""
+        return run_as(self.host, operation)
+
+    def call_as(
+        self,
+        operation: str,
+        args: Mapping[str, object],
+        *,
+        as_user: str | None,
+        timeout: float,
+        step: str,
+    ) -> dict[str, Any]:
+        """Run agent operation `operation` with `args` as `as_user` (None: the login user);
+        its `result` on success. A read the login user is not allowed is asked again raised.
+
+        Raises:
+            InputError: the inventory names no engine interpreter, or it cannot run on the host.
+            TargetError: a module named in `args` does not resolve on the host.
+            PreimageMismatch, LockHeld, RemoteOperationError: the agent refused (`code` says why).
+            TransportError, CommandTimeout: the host could not be reached or the deadline passed.
+            BecomeError: `as_user` is set and sudo cannot run it.
+        """
+        (reply,) = self.call_batch_as(
+            [operation_call(operation, args)], as_user=as_user, timeout=timeout, step=step
         )
-        return str(reply.get("user") or user)
+        if (
+            reply.get("status") == "refused"
+            and as_user is None
+            and self.host.become.enabled
+            and not_allowed_to_read(operation, reply)
+        ):
+            # the login user may not read what this needs: ask again as the become user
+            user = self.host.become.user
+            return self.call_as(operation, args, as_user=user, timeout=timeout, step=step)
+        return self.result(reply, step=step, args=args)
+
+    def call_batch_as(
+        self,
+        calls: Sequence[OperationCall],
+        *,
+        as_user: str | None,
+        timeout: float,
+        step: str,
+    ) -> list[OperationReply]:
+        """Run `calls` in order in one exec as `as_user` (None: the login user); a reply per
+        call, in order: `done`, `refused` (the first refusal stops the batch), `not-run`. A
+        refusal is a value here; `result` turns one reply into its result or its error.
+
+        Raises:
+            InputError: the inventory names no engine interpreter, or it cannot run on the host.
+            RemoteOperationError: the agent gave no reply (`agent-no-reply`,
+                `agent-unsupported-python`) or not one per call (`agent-bad-reply`).
+            TransportError, CommandTimeout: the host could not be reached or the deadline passed.
+            BecomeError: `as_user` is set and sudo cannot run it.
+            RemoteOperationError: `lock-lost`, this run held the host's lock and no longer does
+                (another run took it over): nothing of `calls` was run.
+        """
+        fence = self._fence
+        if fence is None or not calls or calls[0]["op"] in _LOCK_OPERATIONS:
+            return self._send(calls, as_user=as_user, timeout=timeout, step=step)
+        ttl, busy = lock_times(timeout, self.lock_grace)
+        refresh = operation_call(
+            "lock", {**fence.request, "ttl_seconds": ttl, "busy_seconds": busy}
+        )
+        if as_user == fence.user:  # the same process: re-asserted in the same exec, for free
+            replies = self._send([refresh, *calls], as_user=as_user, timeout=timeout, step=step)
+            self._fenced(replies[0], step)
+            return replies[1:]
+        # Another user's process (become). A read changes nothing, so it is not fenced: this
+        # run's next change is. A change (a restart as root) runs only while the lock holds
+        # to its deadline: the lock's user re-asserts it on its own when it might lapse first.
+        changes = any(call["op"] in RAISED_OPERATIONS for call in calls)
+        if changes and time.monotonic() + timeout > fence.good_until:
+            (reply,) = self._send([refresh], as_user=fence.user, timeout=timeout, step=step)
+            self._fenced(reply, step)
+        return self._send(calls, as_user=as_user, timeout=timeout, step=step)
+
+    def _fenced(self, reply: OperationReply, step: str) -> None:
+        """Raise `lock-lost` when the run's lock was not re-asserted (another run holds it, or
+        it is gone): the rest of the exec did not run."""
+        if reply.get("status") == "done":
+            return
+        # the fence stays: every later exec of this run is refused the same way
+        run_id = self._fence.request["run_id"] if self._fence is not None else "?"
+        said = str(reply.get("message") or reply.get("code") or "refused")
+        raw = reply.get("data")
+        raise RemoteOperationError(
+            f"this run ({run_id}) no longer holds the host's lock ({said}): another run took it "
+            "over (a recover once no command of this run could still be running there, or "
+            "after the lock expired), or it was removed; nothing more is done here",
+            code="lock-lost",
+            host=self.name,
+            step=step,
+            data=raw if isinstance(raw, dict) else {},
+        )
+
+    def _send(
+        self,
+        calls: Sequence[OperationCall],
+        *,
+        as_user: str | None,
+        timeout: float,
+        step: str,
+    ) -> list[OperationReply]:
+        """One exec of `calls` (`call_batch` without the fence), noting what it did to the lock."""
+        sent_at = time.monotonic()
+        replies = self._exchange_batch(calls, as_user=as_user, timeout=timeout, step=step)
+        self._track(calls, replies, as_user, sent_at)
+        return replies
+
+    def _track(
+        self,
+        calls: Sequence[OperationCall],
+        replies: Sequence[OperationReply],
+        as_user: str | None,
+        sent_at: float,
+    ) -> None:
+        """The fence after an exec: set (or extended) by a `lock` done, cleared by an `unlock`
+        that gave the lock back."""
+        for call, reply in zip(calls, replies, strict=False):
+            if reply.get("status") != "done":
+                continue
+            if call["op"] == "lock":
+                args = cast(LockRequest, call["args"])
+                request = LockRequest(
+                    state_dir=args["state_dir"],
+                    owner=args["owner"],
+                    run_id=args["run_id"],
+                    ttl_seconds=args["ttl_seconds"],
+                    takeover_run=None,
+                    refresh_only=True,
+                    busy_seconds=float(args.get("busy_seconds", args["ttl_seconds"])),
+                    takeover_idle=False,
+                )
+                self._fence = _Fence(request, as_user, sent_at + float(args["ttl_seconds"]))
+            elif call["op"] == "unlock":
+                result = reply.get("result")
+                if isinstance(result, dict) and result.get("released"):
+                    self._fence = None
+
+    def _exchange_batch(
+        self,
+        calls: Sequence[OperationCall],
+        *,
+        as_user: str | None,
+        timeout: float,
+        step: str,
+    ) -> list[OperationReply]:
+        python = self.host.engine.python
+        if not python:
+            raise InputError(
+                f"[{self.name}] the inventory sets no engine.python for this host",
+                hint="set engine.python to the interpreter the SGLang server runs with, "
+                "e.g. /opt/sglang/venv/bin/python",
+            )
+        cwd = getattr(self.host.engine.restart, "workdir", None)
+        request = AgentRequest(ops=list(calls), cwd=cwd)
+        answer = self._exchange(request, as_user, timeout, step)
+        reply = answer.reply
+        if reply is None:
+            if answer.exit_code in _INTERPRETER_MISSING_STATUS:
+                if self._may_raise_instead(as_user, calls):
+                    # an interpreter only its owner may run: read as the become user instead
+                    user = self.host.become.user
+                    return self.call_batch_as(calls, as_user=user, timeout=timeout, step=step)
+                raise InputError(
+                    f"[{self.name}] engine.python {python!r} cannot be run on the host "
+                    f"(exit {answer.exit_code}: {_last_line(answer.stderr)})",
+                    hint="set engine.python in the inventory to the interpreter the server "
+                    "runs with",
+                )
+            if "SyntaxError" in answer.stderr:
+                raise RemoteOperationError(
+                    f"{python} could not run the host agent (it needs Python 3.8 or newer): "
+                    f"{_last_line(answer.stderr)}",
+                    code="agent-unsupported-python",
+                    host=self.name,
+                    step=step,
+                )
+            raise RemoteOperationError(
+                f"the host agent gave no reply (exit {answer.exit_code}): "
+                f"{_last_line(answer.stderr)}",
+                code="agent-no-reply",
+                host=self.name,
+                step=step,
+                data={"stderr": answer.stderr[-4000:], "exit_code": answer.exit_code},
+            )
+        self._note_user(reply, as_user)
+        replies = list(reply["replies"])
+        if len(replies) != len(calls):
+            raise RemoteOperationError(
+                f"the host agent answered {len(replies)} of {len(calls)} operations",
+                code="agent-bad-reply",
+                host=self.name,
+                step=step,
+            )
+        return replies
+
+    def result(
+        self, reply: OperationReply, *, step: str, args: Mapping[str, object]
+    ) -> dict[str, Any]:
+        """The result of a `done` reply; a refusal (or an operation not run) raised as its error.
+
+        Raises:
+            TargetError, PreimageMismatch, LockHeld, RemoteOperationError: as `call`.
+        """
+        status = reply.get("status")
+        if status == "done":
+            value = reply.get("result")
+            return value if isinstance(value, dict) else {"value": value}
+        if status == "not-run":
+            raise RemoteOperationError(
+                "the host agent did not run this: an earlier operation of the exec stopped it",
+                code="not-run",
+                host=self.name,
+                step=step,
+            )
+        raise self._refusal(reply, step, args)
+
+    def _may_raise_instead(self, as_user: str | None, calls: Sequence[OperationCall]) -> bool:
+        return (
+            as_user is None
+            and self.host.become.enabled
+            and all(call["op"] in LOGIN_OPERATIONS for call in calls)
+        )
+
+    def _exchange(
+        self, request: AgentRequest, as_user: str | None, timeout: float, step: str
+    ) -> AgentAnswer:
+        """The one exec; transport failures name this host and step."""
+        try:
+            return self.endpoint.answer(request, as_user=as_user, timeout=timeout)
+        except TransportError as exc:
+            if exc.step == step and exc.host == self.name:
+                raise
+            raise type(exc)(exc.detail, host=self.name, step=step, hint=exc.hint) from None
+
+    def _note_user(self, reply: AgentReply, user: str | None) -> None:
+        identity = reply.get("identity")
+        name = identity.get("user") if isinstance(identity, dict) else None
+        if name is None and user is None:
+            return  # an agent that does not say (a scripted host)
+        name = str(name or user)
+        self.ran_as.append(f"{name} (sudo)" if user is not None else name)
+
+    def _refusal(
+        self, reply: OperationReply, step: str, args: Mapping[str, object]
+    ) -> TargetError | RemoteOperationError:
+        code = str(reply.get("code") or "agent-error")
+        message = str(reply.get("message") or "the host agent refused")
+        raw_data = reply.get("data")
+        data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
+        error_type = REFUSAL_ERRORS.get(code, RemoteOperationError)
+        if error_type is TargetError:
+            return TargetError(
+                f"[{self.name}] module {args.get('module')!r} does not resolve under "
+                f"{self.host.engine.python}: {message}",
+                hint="check the patch's target module and the host's engine.python / engine.env",
+            )
+        if data.get("errno") in ("EACCES", "EPERM") and not self.host.become.enabled:
+            # said in the message itself: a host's error line is what the report shows
+            message += (
+                " (the login user may not change this; set become = true and become_user to "
+                "the owner of the file in the inventory)"
+            )
+        assert issubclass(error_type, RemoteOperationError)
+        return error_type(message, code=code, host=self.name, step=step, data=data)
 
     # -- facts, resolve, read, inspect -------------------------------------------------------
 
     def facts(self, *, timeout: float) -> HostFacts:
         """Python, sglang and torch versions (distribution metadata), GPUs and CUDA as the
         driver reports them (NVML or nvidia-smi; nothing imports torch), hostname."""
-        reply = self.call("facts", {}, timeout=timeout)
-        return read_reply(HostFacts, reply, host=self.name, step="facts")
+        return self.run(FACTS, NoArgs(), timeout=timeout)
 
     def resolve(self, module: str, *, timeout: float) -> ResolvedModule:
         """The file the engine's interpreter imports for `module` (nothing is imported)."""
-        reply = self.call("resolve", dict(ResolveRequest(module=module)), timeout=timeout)
-        return read_reply(ResolvedModule, reply, host=self.name, step="resolve")
+        return self.run(RESOLVE, ResolveRequest(module=module), timeout=timeout)
 
     def read(self, path: str, *, timeout: float) -> RemoteFile:
         """The file's exact bytes, sha256, mode, owner, mtime and symlink target."""
-        reply = self._typed_call("read", ReadRequest(path=path), FileReply, timeout=timeout)
-        return self._remote_file(reply, "read")
+        return self.verified(self.run(READ, ReadRequest(path=path), timeout=timeout), "read")
 
     def inspect(
         self,
@@ -289,20 +635,11 @@ class HostOperations:
         if (module is None) == (path is None):
             raise ValueError("inspect needs exactly one of module or path")
         request = InspectRequest(module=module, path=path, server=self._server_hint())
-        reply = self._typed_call("inspect", request, InspectReply, timeout=timeout)
-        return self._inspection(reply, "inspect")
+        return self._verified_inspection(self.run(INSPECT, request, timeout=timeout), "inspect")
 
-    def _inspection(self, reply: InspectReply, step: str) -> HostInspection:
-        """An inspection (`inspect`, or the inspecting half of `begin`), its parts checked."""
-        resolved, server = reply.get("resolved"), reply.get("server")
-        return HostInspection(
-            facts=read_reply(HostFacts, reply["facts"], host=self.name, step=step),
-            module=read_reply(ResolvedModule, resolved, host=self.name, step=step)
-            if resolved
-            else None,
-            file=self._remote_file(reply["file"], step),
-            server=read_reply(ServerProcess, server, host=self.name, step=step) if server else None,
-        )
+    def _verified_inspection(self, inspection: HostInspection, step: str) -> HostInspection:
+        self.verified(inspection.file, step)
+        return inspection
 
     def _server_hint(self) -> ServerHint:
         """Where the agent can find the running engine (its pid file, its URL's port)."""
@@ -311,30 +648,20 @@ class HostOperations:
             url=self.host.engine.url,
         )
 
-    def _remote_file(self, data: FileReply | Mapping[str, Any], step: str) -> RemoteFile:
-        content = base64.b64decode(data["content_b64"])
-        if sha256_hex(content) != data["sha256"]:
+    def verified(self, file: RemoteFile, step: str) -> RemoteFile:
+        """`file` as read, once its bytes are known to be what the host hashed.
+
+        Raises:
+            RemoteOperationError: `read-corrupt`, they are not.
+        """
+        if sha256_hex(file.content) != file.sha256:
             raise RemoteOperationError(
-                f"{data['path']} arrived with a different sha256 than the host computed",
+                f"{file.path} arrived with a different sha256 than the host computed",
                 code="read-corrupt",
                 host=self.name,
                 step=step,
             )
-        return RemoteFile(
-            path=str(data["path"]),
-            realpath=str(data["realpath"]),
-            symlink_target=data.get("symlink_target"),
-            content=content,
-            sha256=str(data["sha256"]),
-            size=int(data["size"]),
-            mode=int(data["mode"]),
-            uid=int(data["uid"]),
-            gid=int(data["gid"]),
-            owner=data.get("owner"),
-            group=data.get("group"),
-            mtime_ns=int(data["mtime_ns"]),
-            nlink=int(data["nlink"]),
-        )
+        return file
 
     # -- swap, restore -------------------------------------------------------------------------
 
@@ -372,25 +699,10 @@ class HostOperations:
         )
         if release_lock and lock_run_id:
             result, released = self.then_unlock(
-                "swap", args, run_id=lock_run_id, gate=False, timeout=timeout, step="swap"
+                SWAP, args, run_id=lock_run_id, gate=False, timeout=timeout, step="swap"
             )
-            reply = cast(SwapReply, result)
-        else:
-            reply, released = self._typed_call("swap", args, SwapReply, timeout=timeout), False
-        return SwapResult(
-            path=str(reply["path"]),
-            realpath=str(reply["realpath"]),
-            sha256_before=str(reply["sha256_before"]),
-            sha256_after=str(reply["sha256_after"]),
-            changed=bool(reply["changed"]),
-            backup_path=reply.get("backup_path"),
-            purged_bytecode=tuple(reply.get("purged_bytecode") or ()),
-            purge_failures=tuple(reply.get("purge_failures") or ()),
-            mode=int(reply["mode"]),
-            uid=int(reply["uid"]),
-            gid=int(reply["gid"]),
-            lock_released=released,
-        )
+            return replace(result, lock_released=released)
+        return self.run(SWAP, args, timeout=timeout)
 
     def restore(
         self,
@@ -421,18 +733,7 @@ class HostOperations:
             force=force,
             state_dir=self.host.state_dir,
         )
-        reply = self._typed_call("restore", args, RestoreReply, timeout=timeout)
-        return RestoreResult(
-            path=str(reply["path"]),
-            realpath=str(reply["realpath"]),
-            sha256_before=str(reply["sha256_before"]),
-            sha256_after=str(reply["sha256_after"]),
-            changed=bool(reply["changed"]),
-            source=reply["source"],
-            kept_copy=reply.get("kept_copy"),
-            purged_bytecode=tuple(reply.get("purged_bytecode") or ()),
-            purge_failures=tuple(reply.get("purge_failures") or ()),
-        )
+        return self.run(RESTORE, args, timeout=timeout)
 
     # -- the host lock -------------------------------------------------------------------------
 
@@ -454,8 +755,7 @@ class HostOperations:
                 `data` and in the message).
         """
         request = self._lock_request(run_id, owner, ttl_seconds, timeout)
-        reply = self._typed_call("lock", request, LockReply, timeout=timeout)
-        return self._lock_info(reply, "lock")
+        return self.run(LOCK, request, timeout=timeout)
 
     def _lock_request(
         self,
@@ -470,8 +770,8 @@ class HostOperations:
         """The lock taken now by an exec that may run `timeout` seconds: it keeps other runs
         off for `ttl_seconds` (by default `channel.LOCK_HOLD_SECONDS`) and is busy while the
         exec may run plus the run's grace (`channel.lock_times`); every later exec of the run
-        re-asserts it (`AgentChannel`)."""
-        ttl, busy = lock_times(timeout, self.channel.lock_grace)
+        re-asserts it (`call_batch_as`, the fence)."""
+        ttl, busy = lock_times(timeout, self.lock_grace)
         return LockRequest(
             state_dir=self.host.state_dir,
             owner=owner or default_lock_owner(),
@@ -481,16 +781,6 @@ class HostOperations:
             refresh_only=False,
             busy_seconds=busy if ttl_seconds is None else min(busy, ttl_seconds),
             takeover_idle=takeover_idle,
-        )
-
-    def _lock_info(self, reply: LockReply, step: str) -> LockInfo:
-        previous = reply["previous"]
-        return LockInfo(
-            holder=read_reply(LockHolder, reply["holder"], host=self.name, step=step),
-            refreshed=bool(reply["refreshed"]),
-            took_over_from=read_reply(LockHolder, previous, host=self.name, step=step)
-            if previous
-            else None,
         )
 
     def begin(
@@ -531,31 +821,27 @@ class HostOperations:
         if self.host.become.enabled:
             locked, inspected = self._begin_raised(lock, inspect, timeout=timeout)
         else:
-            lock_reply, inspect_reply = self.channel.call_batch(
+            lock_reply, inspect_reply = self.call_batch_as(
                 [operation_call("lock", lock), operation_call("inspect", inspect)],
                 as_user=None,
                 timeout=timeout,
                 step="begin",
             )
-            locked = cast(LockReply, self.channel.result(lock_reply, step="begin", args=lock))
-            inspected = cast(
-                InspectReply, self.channel.result(inspect_reply, step="begin", args=inspect)
-            )
-        return self._lock_info(locked, "begin"), self._inspection(inspected, "begin")
+            locked = self.read_result(LOCK, lock_reply, step="begin", request=lock)
+            inspected = self.read_result(INSPECT, inspect_reply, step="begin", request=inspect)
+        return locked, self._verified_inspection(inspected, "begin")
 
     def _begin_raised(
         self, lock: LockRequest, inspect: InspectRequest, *, timeout: float
-    ) -> tuple[LockReply, InspectReply]:
+    ) -> tuple[LockInfo, HostInspection]:
         """`begin` with become: the lock as the become user (the first raised exec, so sudo is
         checked before anything else), a probe of every other user the run raises to (root for
         a systemd restart), then the inspection as the login user. The lock stays held if a
         later part fails; the caller releases it."""
-        locked = self._typed_call("lock", lock, LockReply, timeout=timeout, step="begin")
+        locked = self.run(LOCK, lock, timeout=timeout, step="begin")
         for user in raised_users(self.host)[1:]:
             self.probe_raised(user, timeout=timeout, step="begin")
-        inspected = self._typed_call(
-            "inspect", inspect, InspectReply, timeout=timeout, step="begin"
-        )
+        inspected = self.run(INSPECT, inspect, timeout=timeout, step="begin")
         return locked, inspected
 
     def unlock(self, *, run_id: str, force: bool = False, timeout: float) -> UnlockResult:
@@ -565,12 +851,4 @@ class HostOperations:
             RemoteOperationError: `lock-not-ours`, another run holds it.
         """
         request = UnlockRequest(state_dir=self.host.state_dir, run_id=run_id, force=force)
-        reply = self._typed_call("unlock", request, UnlockReply, timeout=timeout)
-        previous = reply.get("previous")
-        return UnlockResult(
-            released=bool(reply["released"]),
-            reason=str(reply["reason"]),
-            previous=read_reply(LockHolder, previous, host=self.name, step="unlock")
-            if previous
-            else None,
-        )
+        return self.run(UNLOCK, request, timeout=timeout)

@@ -1,21 +1,56 @@
-"""What host operations return: frozen values built from the host agent's replies.
+"""What host operations return: frozen values built from the host agent's replies, and the
+`Operation` descriptor that names, for each agent operation, its request, its reply and the
+record the reply is read as.
 
-`HostOperations` (`opspatch.hosts.operations`) builds them; runs, status and the CLI read them.
-A reply is read through the one codec (`core.jsonrecord`), so it is checked field by field at
-the boundary: `read_reply` turns a reply that does not have the record's shape into the
-`RemoteOperationError` (`agent-bad-reply`) every caller of an agent operation already handles.
+`HostOperations` (`opspatch.hosts.operations`) runs them (`HostOperations.run(OPERATION,
+request)`); runs, status and the CLI read the records. A reply is read through the one codec
+(`core.jsonrecord`), so it is checked field by field at the boundary: `read_reply` turns a reply
+that does not have the record's shape into the `RemoteOperationError` (`agent-bad-reply`) every
+caller of an agent operation already handles. A record's fields are its reply's keys
+(`tests/test_operations.py` checks every descriptor).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import base64
+import binascii
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
-from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, record_from_json
+from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_options, record_from_json
 from opspatch.errors import RemoteOperationError
+from opspatch.hosts.agent.dispatch import op_whoami
+from opspatch.hosts.agent.facts import op_facts, op_inspect, op_resolve
+from opspatch.hosts.agent.files import op_read, op_restore, op_swap
+from opspatch.hosts.agent.locks import op_lock, op_unlock
+from opspatch.hosts.agent.protocol import (
+    FactsReply,
+    FileReply,
+    InspectReply,
+    InspectRequest,
+    LockReply,
+    LockRequest,
+    NoArgs,
+    ReadRequest,
+    ResolveReply,
+    ResolveRequest,
+    RestoreReply,
+    RestoreRequest,
+    SwapReply,
+    SwapRequest,
+    UnlockReply,
+    UnlockRequest,
+    WhoamiReply,
+)
 
 R = TypeVar("R", bound=JsonRecord)
+Req = TypeVar("Req", bound=Mapping[str, Any])
+Rep = TypeVar("Rep", bound=Mapping[str, Any])
+
+OPERATIONS: dict[str, Operation[Any, Any, Any]] = {}
+"""Every agent operation's descriptor by name (each registers itself where its record is
+defined: here, `hosts.engine`, `hosts.diagnosis`)."""
 
 
 def read_reply(cls: type[R], reply: Mapping[str, object], *, host: str, step: str) -> R:
@@ -34,6 +69,46 @@ def read_reply(cls: type[R], reply: Mapping[str, object], *, host: str, step: st
             host=host,
             step=step,
         ) from None
+
+
+@dataclass(frozen=True)
+class Operation(Generic[Req, Rep, R]):
+    """One agent operation, for the controller: its `name`, the `request` and `reply` TypedDicts
+    both ends read (`agent.protocol`), the `record` its reply is read as, and the agent's
+    `function` (`@operation(name)`: mypy checks it takes `request` and returns `reply`). The
+    record's fields are the reply's keys; `renamed` maps a reply key to a record field of
+    another name (smoke's `results` are `prompts`). Only the agent modules travel to a host
+    (`channel.modules_for`); this descriptor never does."""
+
+    name: str
+    request: type[Req]
+    reply: type[Rep]
+    record: type[R]
+    function: Callable[[Req], Rep]
+    renamed: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        OPERATIONS[self.name] = self
+
+    def read(self, reply: Mapping[str, Any], *, host: str, step: str) -> R:
+        """The reply read as the record (`read_reply`).
+
+        Raises:
+            RemoteOperationError: `agent-bad-reply`, naming the field.
+        """
+        if self.renamed:
+            reply = {self.renamed.get(key, key): value for key, value in reply.items()}
+        return read_reply(self.record, reply, host=host, step=step)
+
+
+def from_base64(text: Any) -> bytes:
+    """Bytes a reply carries as base64 (a file's content)."""
+    if not isinstance(text, str):
+        raise ValueError(f"expected base64 text, got {type(text).__name__}")
+    try:
+        return base64.b64decode(text, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"not base64: {exc}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,7 +167,9 @@ class RemoteFile(JsonRecord):
     path: str
     realpath: str
     symlink_target: str | None
-    content: bytes = field(metadata=NOT_WRITTEN)
+    content: bytes = field(
+        metadata=json_options(key="content_b64", decode=from_base64, written=False)
+    )
     sha256: str
     size: int
     mode: int
@@ -121,18 +198,18 @@ class ServerProcess(JsonRecord):
 
 
 @dataclass(frozen=True)
-class HostInspection:
+class HostInspection(JsonRecord):
     """Everything `plan` needs from one host, from one exec (and the running server, when the
     host's engine says where to find it)."""
 
     facts: HostFacts
-    module: ResolvedModule | None
+    module: ResolvedModule | None = field(metadata=json_options(key="resolved"))
     file: RemoteFile
     server: ServerProcess | None = None
 
 
 @dataclass(frozen=True)
-class SwapResult:
+class SwapResult(JsonRecord):
     """A completed swap: the hashes before and after, where the pre-image backup is, and which
     cached bytecode files were removed. `changed` is False when the new bytes equal the old."""
 
@@ -147,11 +224,12 @@ class SwapResult:
     mode: int
     uid: int
     gid: int
-    lock_released: bool = False
+    lock_released: bool = field(default=False, metadata=NOT_WRITTEN)
+    """The swap gave the run's lock back in the same exec (`then_unlock`)."""
 
 
 @dataclass(frozen=True)
-class RestoreResult:
+class RestoreResult(JsonRecord):
     """A completed restore. `source` says where the bytes came from: the host's `backup`, the
     `given` bytes, or `already` (the file was the pre-image; nothing written). `kept_copy` is a
     backup of what the restore overwrote."""
@@ -178,19 +256,40 @@ class LockHolder(JsonRecord):
 
 
 @dataclass(frozen=True)
-class LockInfo:
+class LockInfo(JsonRecord):
     """The lock this run now holds. `took_over_from` is the expired holder it replaced, if any;
     `refreshed` is True when this run already held it (the expiry was extended)."""
 
     holder: LockHolder
     refreshed: bool
-    took_over_from: LockHolder | None
+    took_over_from: LockHolder | None = field(metadata=json_options(key="previous"))
 
 
 @dataclass(frozen=True)
-class UnlockResult:
+class UnlockResult(JsonRecord):
     """`released` is False when there was no lock to release (`reason` = `not-held`)."""
 
     released: bool
     reason: str
     previous: LockHolder | None
+
+
+@dataclass(frozen=True)
+class AgentIdentity(JsonRecord):
+    """Who an exec of the agent ran as (its effective user); a test double may not say."""
+
+    user: str | None = None
+    uid: int | None = None
+
+
+# -- the operations whose records are above -----------------------------------------------------
+
+FACTS = Operation("facts", NoArgs, FactsReply, HostFacts, op_facts)
+RESOLVE = Operation("resolve", ResolveRequest, ResolveReply, ResolvedModule, op_resolve)
+READ = Operation("read", ReadRequest, FileReply, RemoteFile, op_read)
+INSPECT = Operation("inspect", InspectRequest, InspectReply, HostInspection, op_inspect)
+SWAP = Operation("swap", SwapRequest, SwapReply, SwapResult, op_swap)
+RESTORE = Operation("restore", RestoreRequest, RestoreReply, RestoreResult, op_restore)
+LOCK = Operation("lock", LockRequest, LockReply, LockInfo, op_lock)
+UNLOCK = Operation("unlock", UnlockRequest, UnlockReply, UnlockResult, op_unlock)
+WHOAMI = Operation("whoami", NoArgs, WhoamiReply, AgentIdentity, op_whoami)

@@ -24,7 +24,7 @@ import os
 import re
 import subprocess
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from opspatch.hosts.agent.checks import find_tracebacks, group_tracebacks
 from opspatch.hosts.agent.engine import NoAnswer, _http, _port, op_smoke
@@ -48,7 +48,7 @@ from opspatch.hosts.agent.provenance import (
 )
 
 if TYPE_CHECKING:
-    from opspatch.hosts.agent.protocol import Args, Result
+    from opspatch.hosts.agent.protocol import DiagnoseReply, DiagnoseRequest, Result
 
 DEFAULT_MAX_LOG_READ = 32 * 1024 * 1024
 """Bytes of the log read from its end: a log larger than this is read from its tail."""
@@ -456,7 +456,7 @@ def module_facts(module: str, started_at: float | None, log_started_at: float | 
 
 
 @operation("diagnose")
-def op_diagnose(args: Args) -> Result:
+def op_diagnose(args: DiagnoseRequest) -> DiagnoseReply:
     """The facts `opspatch diagnose` reports for one host (see the module docstring).
 
     Args: `modules` (dotted names), `server` (`{"url", "restart", "health_timeout"}` or None),
@@ -477,7 +477,7 @@ def op_diagnose(args: Args) -> Result:
     started_at = server["started_at"] if server else None
     smoke_args = args.get("smoke")
     if smoke_args:
-        result["smoke"] = op_smoke(dict(smoke_args))
+        result["smoke"] = op_smoke(smoke_args)
         if server is not None and server["pid"] is not None:
             server["running_after_decode"] = alive(int(server["pid"]))
     else:
@@ -504,7 +504,7 @@ def op_diagnose(args: Args) -> Result:
     modules = [str(m) for m in args.get("modules") or []]
     result["modules"] = [module_facts(m, started_at, log_started_at) for m in modules]
     result["sources"] = _sources(args.get("sources"), result["modules"], tracebacks)
-    return result
+    return cast("DiagnoseReply", result)
 
 
 def _sources(wanted: Any, modules: list[Result], tracebacks: list[Result]) -> Result | None:

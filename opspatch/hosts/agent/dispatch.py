@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         AgentReply,
         AgentRequest,
         Args,
+        NoArgs,
         OperationCall,
         OperationReply,
         WhoamiReply,
@@ -48,7 +49,7 @@ def identity() -> WhoamiReply:
 
 
 @operation("whoami")
-def op_whoami(args: Args) -> WhoamiReply:
+def op_whoami(args: NoArgs) -> WhoamiReply:
     """Who runs the agent: how the controller proves sudo lets it raise to a user, before any
     change is made (`become`)."""
     return identity()

@@ -25,7 +25,15 @@ from opspatch.hosts.agent.processes import alive, find_server_pid, read_pid_file
 from opspatch.hosts.agent.protocol import OpFailure, operation
 
 if TYPE_CHECKING:
-    from opspatch.hosts.agent.protocol import Args, Result
+    from opspatch.hosts.agent.protocol import (
+        DrainedReply,
+        ReadyReply,
+        Result,
+        SmokeReply,
+        SmokeRequest,
+        WaitDrainedRequest,
+        WaitReadyRequest,
+    )
 
 
 READY_POLL_SECONDS = 0.1
@@ -106,7 +114,7 @@ def explain_no_answer(dropped: NoAnswer, waited: float, server: int | None, log_
 
 
 @operation("wait_ready")
-def op_wait_ready(args: Args) -> Result:
+def op_wait_ready(args: WaitReadyRequest) -> ReadyReply:
     """Wait until `<url>/health` answers 200, until the deadline, noticing it within ~0.1 s.
 
     Every `READY_POLL_SECONDS` the agent looks at the engine's process and at its log. /health
@@ -218,7 +226,7 @@ def summed_loads(raw: bytes) -> tuple[int, int] | None:
 
 
 @operation("wait_drained")
-def op_wait_drained(args: Args) -> Result:
+def op_wait_drained(args: WaitDrainedRequest) -> DrainedReply:
     """Wait until the engine at `url` reports nothing running or waiting (`GET /v1/loads`) for
     `settle` seconds in a row, reading it every `poll` seconds, within `timeout`: a request the
     router sent just before the worker's removal may still be on its way into the queue. Read on
@@ -267,7 +275,7 @@ def op_wait_drained(args: Args) -> Result:
 
 
 @operation("smoke")
-def op_smoke(args: Args) -> Result:
+def op_smoke(args: SmokeRequest) -> SmokeReply:
     """Greedy decodes of the playbook's prompts, checked; then a scan of the log since restart.
 
     Every failed check is reported in the result (not raised): the controller decides.

@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from opspatch.hosts.agent.files import read_file
 from opspatch.hosts.agent.fsutil import dist_version, host_name, python_version
@@ -29,7 +29,17 @@ from opspatch.hosts.agent.processes import (
 from opspatch.hosts.agent.protocol import OpFailure, operation
 
 if TYPE_CHECKING:
-    from opspatch.hosts.agent.protocol import Args, Result
+    from opspatch.hosts.agent.protocol import (
+        FactsReply,
+        InspectReply,
+        InspectRequest,
+        NoArgs,
+        ResolveReply,
+        ResolveRequest,
+        Result,
+        ServerHint,
+        ServerReply,
+    )
 
 
 _GPU_PROBE_SECONDS = 5.0
@@ -239,8 +249,8 @@ def collect_facts() -> Result:
 
 
 @operation("facts")
-def op_facts(args: Args) -> Result:
-    return collect_facts()
+def op_facts(args: NoArgs) -> FactsReply:
+    return cast("FactsReply", collect_facts())
 
 
 def _search_locations(spec: importlib.machinery.ModuleSpec) -> list[str] | None:
@@ -368,12 +378,12 @@ def resolve_module_file(module: str) -> Result:
 
 
 @operation("resolve")
-def op_resolve(args: Args) -> Result:
-    return resolve_module_file(str(args["module"]))
+def op_resolve(args: ResolveRequest) -> ResolveReply:
+    return cast("ResolveReply", resolve_module_file(str(args["module"])))
 
 
 @operation("inspect")
-def op_inspect(args: Args) -> Result:
+def op_inspect(args: InspectRequest) -> InspectReply:
     """facts + resolve + read in one exec: everything `plan` needs from a host."""
     facts = collect_facts()
     resolved = None
@@ -387,15 +397,16 @@ def op_inspect(args: Args) -> Result:
         path = resolved["origin"]
     if not path:
         raise OpFailure("bad-request", "inspect needs a module or a path")
-    return {
+    reply = {
         "facts": facts,
         "resolved": resolved,
         "file": read_file(str(path)),
         "server": running_server(args.get("server")),
     }
+    return cast("InspectReply", reply)
 
 
-def running_server(where: Result | None) -> Result | None:
+def running_server(where: ServerHint | None) -> ServerReply | None:
     """The engine's running process, when the request says where to look (`pid_file`, `url`):
     its pid and when it started (seconds since the epoch). A server that started before its
     file last changed still runs the old code (`status` says `staged`). None: no live process

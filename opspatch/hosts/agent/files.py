@@ -13,7 +13,7 @@ import importlib.util
 import os
 import re
 import stat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from opspatch.hosts.agent.fsutil import (
     b64,
@@ -31,9 +31,10 @@ from opspatch.hosts.agent.protocol import OpFailure, operation, os_failure
 
 if TYPE_CHECKING:
     from opspatch.hosts.agent.protocol import (
-        Args,
         FileReply,
         ReadRequest,
+        RestoreReply,
+        RestoreRequest,
         Result,
         SwapReply,
         SwapRequest,
@@ -239,7 +240,7 @@ def _restore_source(state_dir: str, pre_sha256: str, given: bytes | None) -> tup
 
 
 @operation("restore")
-def op_restore(args: Args) -> Result:
+def op_restore(args: RestoreRequest) -> RestoreReply:
     """Put a file back to its pre-image (from the host's backup, else from the bytes sent).
 
     Refuses (`not-our-file`) when the file is neither the pre-image nor `current_sha256` (the
@@ -275,4 +276,4 @@ def op_restore(args: Args) -> Result:
             result["kept_copy"] = store_backup(state_dir, current)
         write_atomically(realpath, content, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid)
     result["purged_bytecode"], result["purge_failures"] = purge_stale_bytecode(path, realpath)
-    return result
+    return cast("RestoreReply", result)

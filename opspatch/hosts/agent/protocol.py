@@ -3,12 +3,12 @@ request's `args` (a JSON object) and return a JSON object; an expected refusal i
 with a stable, machine-readable `code`.
 
 Adding an operation: in the module of its concern, write `def op_name(args: NameRequest) ->
-NameReply` (its two TypedDicts below, which the controller's `HostOperations` reads too, so mypy
-checks both ends against one shape; `Args` -> `Result` for an operation not yet typed), decorate it
-with `@operation("name")`, raise `OpFailure(code, message, data)` for expected refusals, and
-list that module in `opspatch.hosts.agent.MODULES` (the controller finds which module defines an
-operation from its decorator and sends an exec that module and what it imports). That is the whole
-pattern.
+NameReply` (its two TypedDicts below, which the controller reads too, so mypy checks both ends
+against one shape), decorate it with `@operation("name")`, raise `OpFailure(code, message, data)`
+for expected refusals, and list that module in `opspatch.hosts.agent.MODULES` (the controller
+finds which module defines an operation from its decorator and sends an exec that module and what
+it imports). The controller's side is one `Operation` descriptor (`opspatch.hosts.results`)
+naming the two TypedDicts, the result record and this function. That is the whole pattern.
 """
 
 from __future__ import annotations
@@ -28,11 +28,52 @@ OpFunction = TypeVar("OpFunction", bound="Callable[[Any], Mapping[str, Any]]")
 
 
 # -- the wire format of the operations the controller calls -------------------------------------
-# One request and one reply shape per operation, imported by the controller's channel
-# (`opspatch.hosts.channel`) so both ends read the same names. `typing.TypedDict` exists on
+# One request and one reply shape per operation, named by the controller's `Operation`
+# descriptors (`opspatch.hosts.results`) so both ends read the same names. `typing.TypedDict` exists on
 # Python 3.8, and these classes cost a host nothing beyond `typing`, which dispatch imports anyway.
 # The field types stay strings here (`from __future__ import annotations`), so 3.8 never
 # evaluates `list[str]`; mypy checks them on the controller.
+
+
+class NoArgs(TypedDict):
+    """The request of an operation that takes no arguments (`facts`, `whoami`)."""
+
+
+class FactsReply(TypedDict, total=False):
+    """What a host runs (`results.HostFacts`); a probe that failed leaves its keys out."""
+
+    python_version: str
+    python_executable: str
+    python_implementation: str
+    hostname: str
+    platform: str
+    machine: str
+    sglang_version: str | None
+    torch_version: str | None
+    cuda_available: bool | None
+    cuda_version: str | None
+    cuda_device_count: int | None
+    gpu_names: list[str]
+    notes: list[str]
+    driver_version: str | None
+    gpu_memory_mib: list[int]
+    machine_id: str | None
+
+
+class ResolveReply(TypedDict):
+    module: str
+    origin: str
+    realpath: str
+    is_symlink: bool
+    is_package: bool
+    distribution: str | None
+    distribution_version: str | None
+    record_sha256: str | None
+
+
+class ServerReply(TypedDict):
+    pid: int | None
+    started_at: float | None
 
 
 class ServerHint(TypedDict):
@@ -114,10 +155,10 @@ class InspectRequest(TypedDict):
 
 
 class InspectReply(TypedDict):
-    facts: dict[str, Any]
-    resolved: dict[str, Any] | None
+    facts: FactsReply
+    resolved: ResolveReply | None
     file: FileReply
-    server: dict[str, Any] | None
+    server: ServerReply | None
 
 
 class SwapRequest(TypedDict):
@@ -166,6 +207,106 @@ class RestoreReply(TypedDict):
 class WhoamiReply(TypedDict):
     user: str
     uid: int
+
+
+class RestartRequest(TypedDict):
+    restart: dict[str, Any]  # the inventory's strategy: `kind` and its settings
+    log_file: str | None
+    env: dict[str, str]
+    timeout: float
+
+
+class RestartReply(TypedDict, total=False):
+    strategy: str
+    pid: int | None
+    log_offset: int | None
+    stopped: list[int]
+    detail: str
+
+
+class WaitReadyRequest(TypedDict):
+    url: str | None
+    timeout: float
+    pid: int | None
+    pid_file: str | None
+    log_file: str | None
+    log_offset: int | None
+    total: float  # the whole wait's deadline, said in the failure
+    slice: bool  # one part of a longer wait: answer `waiting` at the deadline, not fail
+
+
+class ReadyWaitingReply(TypedDict):
+    seconds: float
+    polls: int
+    last: str
+
+
+class ReadyReply(TypedDict, total=False):
+    seconds: float  # ready
+    polls: int
+    waiting: ReadyWaitingReply  # a part that ran out
+
+
+class WaitDrainedRequest(TypedDict):
+    url: str | None
+    timeout: float
+    settle: float
+    poll: float
+
+
+class DrainedReply(TypedDict):
+    seconds: float
+    polls: int
+    answered: bool
+
+
+class SmokePrompt(TypedDict):
+    text: str
+    expect: str | None
+
+
+class SmokeRequest(TypedDict):
+    url: str | None
+    prompts: list[SmokePrompt]
+    max_new_tokens: int
+    require_spec_verify: bool
+    baseline: list[str | None] | None
+    log_file: str | None
+    log_offset: int | None
+    fail_patterns: list[str]
+    checks: bool
+    timeout: float
+    pid: int | None
+    pid_file: str | None
+
+
+class SmokeReply(TypedDict):
+    ok: bool
+    results: list[dict[str, Any]]  # a prompt's result: prompt, ok, text, tokens, problem
+    failures: list[str]
+    log_hits: list[str]
+    log_offset: int | None
+    exceptions: list[dict[str, Any]]
+    log_tail: str | None
+    exception: dict[str, Any] | None
+
+
+class DiagnoseRequest(TypedDict):
+    facts: bool
+    modules: list[str]
+    server: dict[str, Any] | None  # url, restart, health_timeout
+    log: dict[str, Any] | None  # file, since_seconds, max_read, max_text
+    smoke: SmokeRequest | None
+    sources: dict[str, Any] | None  # modules, tracebacks, budget, max_files
+
+
+class DiagnoseReply(TypedDict):
+    facts: FactsReply | None
+    server: dict[str, Any] | None
+    smoke: SmokeReply | None
+    log: dict[str, Any] | None
+    modules: list[dict[str, Any]]
+    sources: dict[str, Any] | None
 
 
 # -- one exec: a list of operations -------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from opspatch.hosts.agent.checks import failure_evidence
 from opspatch.hosts.agent.fsutil import file_size, log_since, write_atomically
@@ -24,7 +24,7 @@ from opspatch.hosts.agent.protocol import OpFailure, operation
 if TYPE_CHECKING:
     import subprocess
 
-    from opspatch.hosts.agent.protocol import Args, Result
+    from opspatch.hosts.agent.protocol import RestartReply, RestartRequest, Result
 
 
 def _run_tool(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -86,7 +86,7 @@ def _restart_command(
 
 
 @operation("restart")
-def op_restart(args: Args) -> Result:
+def op_restart(args: RestartRequest) -> RestartReply:
     """Restart the engine with the inventory's strategy; return its pid and the log offset."""
     settings = dict(args.get("restart") or {})
     log_file = args.get("log_file")
@@ -94,7 +94,7 @@ def op_restart(args: Args) -> Result:
     env = {str(k): str(v) for k, v in (args.get("env") or {}).items()}
     kind = settings.get("kind")
     if kind == "command":
-        return _restart_command(settings, env, log_file, timeout)
+        return cast("RestartReply", _restart_command(settings, env, log_file, timeout))
     offset = file_size(log_file)
     if kind == "container":
         # the runtime restarts a container from outside it (the controller runs it next):
