@@ -102,9 +102,7 @@ class ServerArgs:
         if self.dist_init_addr is not None:
             host, _, port = self.dist_init_addr.rpartition(":")
             if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-                raise ValueError(
-                    f"--dist-init-addr must be HOST:PORT, got {self.dist_init_addr!r}"
-                )
+                raise ValueError(f"--dist-init-addr must be HOST:PORT, got {self.dist_init_addr!r}")
         if self.dist_timeout is not None and self.dist_timeout < 1:
             raise ValueError("--dist-timeout must be at least 1 (seconds)")
         if self.watchdog_timeout <= 0:

@@ -25,7 +25,12 @@ logger = logging.getLogger(__name__)
 
 
 class DetokenizerManager:
-    def __init__(self, server_args: ServerArgs, recv_from_scheduler: Connection, send_to_tokenizer: Connection):
+    def __init__(
+        self,
+        server_args: ServerArgs,
+        recv_from_scheduler: Connection,
+        send_to_tokenizer: Connection,
+    ):
         self.tokenizer: CharTokenizer = get_tokenizer(server_args.tokenizer_path or "")
         self.recv_from_scheduler = recv_from_scheduler
         self.send_to_tokenizer = send_to_tokenizer

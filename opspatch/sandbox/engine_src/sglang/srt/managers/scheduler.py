@@ -241,11 +241,13 @@ class Scheduler:
                 continue
             new_reqs.append(req)
         if new_reqs:
-            logger.info(
-                f"Prefill batch. #new-seq: {len(new_reqs)}, "
-                f"#new-token: {sum(len(r.origin_input_ids) for r in new_reqs)}, "
-                f"#running-req: {len(self.running_reqs)}, #queue-req: {len(self.waiting_queue)}"
-            )
+            if self.tp_rank == 0:  # SGLang logs batch statistics on the first rank only
+                logger.info(
+                    f"Prefill batch. #new-seq: {len(new_reqs)}, "
+                    f"#new-token: {sum(len(r.origin_input_ids) for r in new_reqs)}, "
+                    f"#running-req: {len(self.running_reqs)}, "
+                    f"#queue-req: {len(self.waiting_queue)}"
+                )
             return ScheduleBatch(new_reqs, ForwardMode.EXTEND)
         if self.running_reqs:
             return ScheduleBatch(list(self.running_reqs), ForwardMode.DECODE)
@@ -281,7 +283,8 @@ class Scheduler:
         self.running_reqs = [req for req in self.running_reqs if not req.finished()]
         if batch.forward_mode.is_decode():
             self.forward_ct_decode += 1
-            if self.forward_ct_decode % self.server_args.decode_log_interval == 0:
+            interval = self.server_args.decode_log_interval
+            if self.tp_rank == 0 and self.forward_ct_decode % interval == 0:
                 self.log_decode_stats(batch)
 
     def finish_reason(self, req: Req) -> dict[str, Any] | None:

@@ -209,7 +209,9 @@ class TokenizerManager:
         if body.get("stream"):
             raise BadRequestError("stream=true is not supported by the stand-in engine")
         unsupported = [
-            name for name in ROUTER_FORWARDED_FIELDS if name.startswith("return_") and body.get(name)
+            name
+            for name in ROUTER_FORWARDED_FIELDS
+            if name.startswith("return_") and body.get(name)
         ]
         if unsupported:
             raise BadRequestError(
