@@ -16,7 +16,9 @@ Like the server, a scheduler exception ends the process.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -115,6 +117,9 @@ def launch_subprocesses(server_args: ServerArgs) -> EngineProcesses:
     return. On node 0 the result holds the tokenizer manager."""
     multiprocessing.set_start_method("spawn", force=True)
     install_sigquit_handler()
+    # Registered after multiprocessing's own exit handler, so it runs first: an interpreter
+    # that exits normally ends its (daemonic) children, which is no failure.
+    atexit.register(mark_shutting_down)
     dist_init_addr = server_args.dist_init_addr
     if dist_init_addr is None and server_args.tp_size > 1:
         dist_init_addr = f"127.0.0.1:{_free_loopback_port()}"
@@ -146,6 +151,8 @@ def launch_subprocesses(server_args: ServerArgs) -> EngineProcesses:
                 rpc_w if first else None,
             ),
             name=f"scheduler_TP{tp_rank}",
+            # Daemonic: an interpreter that exits (the offline Engine's) ends its children.
+            daemon=True,
         )
         process.start()
         ready_w.close()
@@ -156,6 +163,7 @@ def launch_subprocesses(server_args: ServerArgs) -> EngineProcesses:
             target=_run_detokenizer_process,
             args=(server_args, to_detok_r, to_tok_w),
             name="detokenizer",
+            daemon=True,
         )
         process.start()
         started.processes.append(process)
@@ -194,7 +202,12 @@ class Engine:
             raise ValueError("the offline Engine runs on node 0 (--node-rank 0)")
         if log:
             configure_logger(self.server_args)
-        self.processes = launch_subprocesses(self.server_args)
+            child_args = self.server_args
+        else:
+            # Unconfigured logging in one process shows warnings and errors only; so do the
+            # children of an Engine that was not asked to log.
+            child_args = dataclasses.replace(self.server_args, log_level="warning")
+        self.processes = launch_subprocesses(child_args)
         assert self.processes.tokenizer_manager is not None
         self.tokenizer_manager = self.processes.tokenizer_manager
         self.tokenizer_manager.mark_up()
