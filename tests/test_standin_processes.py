@@ -271,6 +271,7 @@ def test_two_nodes_decode_through_the_head_exactly_as_one(
             "sglang::sch_TP3",
         ]
         assert " TP3] Load weight end" in other.log_text()
+        assert "TP group ready: 4 ranks on 2 node(s) joined" in head.log_text()
 
 
 def test_losing_a_node_ends_the_head_and_a_node_restarted_alone_never_serves(

@@ -184,6 +184,13 @@ def launch_subprocesses(server_args: ServerArgs) -> EngineProcesses:
             raise
         started.scheduler_infos.append(info)
         reader.close()
+    if server_args.tp_size > 1:
+        # Each scheduler reports ready only after every rank of every node has loaded weights.
+        logger.info(
+            f"TP group ready: {server_args.tp_size} ranks on {server_args.nnodes} node(s) "
+            f"joined (dist_init_addr={dist_init_addr}); this node runs ranks "
+            f"{list(server_args.node_tp_ranks())}"
+        )
     threading.Thread(
         target=_watch_children, args=(started.processes,), name="ChildWatch", daemon=True
     ).start()
