@@ -31,6 +31,15 @@ class ServerArgs:
     # Runtime
     device: str = "cpu"
     tp_size: int = 1
+    # Multi-node: the TP ranks spread over `nnodes` nodes, `tp_size // nnodes` scheduler
+    # processes on each; rank 0's node (node rank 0) serves HTTP.
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    # Seconds a torch.distributed collective (and joining the group) waits; None: torch's own.
+    dist_timeout: int | None = None
+    # Seconds one scheduler step may take before the scheduler's watchdog ends the server.
+    watchdog_timeout: float = 300.0
     mem_fraction_static: float | None = None
     max_running_requests: int = 64
     page_size: int = 1
@@ -78,8 +87,26 @@ class ServerArgs:
             self.speculative_num_draft_tokens = self.speculative_num_steps + 1
         if self.spec_disable_batch_threshold < 0:
             raise ValueError("--spec-disable-batch-threshold must be 0 (never) or positive")
-        if self.tp_size != 1:
-            raise ValueError("the stand-in engine runs with --tp-size 1 only")
+        if self.tp_size < 1:
+            raise ValueError("--tp-size must be at least 1")
+        if self.nnodes < 1:
+            raise ValueError("--nnodes must be at least 1")
+        if self.tp_size % self.nnodes:
+            raise ValueError(
+                f"--tp-size {self.tp_size} must be a multiple of --nnodes {self.nnodes}"
+            )
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("--nnodes above 1 needs --dist-init-addr HOST:PORT (node 0's address)")
+        if self.dist_init_addr is not None:
+            host, _, port = self.dist_init_addr.rpartition(":")
+            if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise ValueError(f"--dist-init-addr must be HOST:PORT, got {self.dist_init_addr!r}")
+        if self.dist_timeout is not None and self.dist_timeout < 1:
+            raise ValueError("--dist-timeout must be at least 1 (seconds)")
+        if self.watchdog_timeout <= 0:
+            raise ValueError("--watchdog-timeout must be positive (seconds)")
         if self.device != "cpu":
             raise ValueError("the stand-in engine decodes on the CPU only (--device cpu)")
         if not 1 <= self.port <= 65535:
@@ -96,6 +123,15 @@ class ServerArgs:
             host = f"[{host}]"
         return f"http://{host}:{self.port}"
 
+    @property
+    def tp_size_per_node(self) -> int:
+        return self.tp_size // self.nnodes
+
+    def node_tp_ranks(self) -> range:
+        """The TP ranks whose scheduler processes run on this node."""
+        per_node = self.tp_size_per_node
+        return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
+
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         defaults = ServerArgs.__dataclass_fields__
@@ -110,6 +146,11 @@ class ServerArgs:
         parser.add_argument("--skip-server-warmup", action="store_true")
         parser.add_argument("--device", type=str, default=d["device"])
         parser.add_argument("--tp-size", "--tp", type=int, default=d["tp_size"])
+        parser.add_argument("--nnodes", type=int, default=d["nnodes"])
+        parser.add_argument("--node-rank", type=int, default=d["node_rank"])
+        parser.add_argument("--dist-init-addr", type=str, default=d["dist_init_addr"])
+        parser.add_argument("--dist-timeout", type=int, default=d["dist_timeout"])
+        parser.add_argument("--watchdog-timeout", type=float, default=d["watchdog_timeout"])
         parser.add_argument("--mem-fraction-static", type=float, default=d["mem_fraction_static"])
         parser.add_argument("--max-running-requests", type=int, default=d["max_running_requests"])
         parser.add_argument("--page-size", type=int, default=d["page_size"])

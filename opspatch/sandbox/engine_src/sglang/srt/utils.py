@@ -14,28 +14,31 @@ from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-# SGLang prints `[time TP0] message` for lines written by the scheduler process (tensor-parallel
-# rank 0) and `[time] message` for the HTTP server process. The stand-in is one process, so the
-# prefix follows the module that logs.
-_SCHEDULER_SIDE_LOGGERS = (
-    "sglang.srt.managers.scheduler",
-    "sglang.srt.managers.tp_worker",
-    "sglang.srt.speculative",
-    "sglang.srt.model_executor",
-    "sglang.srt.models",
-)
-
 FATAL_EXIT_CODE = 1
+# Seconds a failing child waits, after SIGQUIT to its parent, for the parent to end the tree.
+_FATAL_GRACE_S = 5.0
+_PR_SET_PDEATHSIG = 1
+
+_shutting_down = threading.Event()
 
 
-class _RankPrefixFilter(logging.Filter):
+class _PrefixFilter(logging.Filter):
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
     def filter(self, record: logging.LogRecord) -> bool:
-        record.prefix = " TP0" if record.name.startswith(_SCHEDULER_SIDE_LOGGERS) else ""
+        record.prefix = self.prefix
         return True
 
 
-def configure_logger(server_args: ServerArgs) -> None:
-    """Log `[YYYY-mm-dd HH:MM:SS] message` lines to stderr, or to `--log-file` when given."""
+def configure_logger(server_args: ServerArgs, prefix: str = "") -> None:
+    """Log `[YYYY-mm-dd HH:MM:SS] message` lines to stderr, or to `--log-file` when given.
+
+    SGLang's scheduler processes log `[time TP<rank>] message` (prefix " TP<rank>"); the main
+    process (HTTP server, tokenizer manager) and the detokenizer log without a prefix. Every
+    process appends to the same file.
+    """
     if server_args.log_file:
         handler: logging.Handler = logging.FileHandler(server_args.log_file, mode="a")
     else:
@@ -43,11 +46,41 @@ def configure_logger(server_args: ServerArgs) -> None:
     handler.setFormatter(
         logging.Formatter("[%(asctime)s%(prefix)s] %(message)s", datefmt="%Y-%m-%d %H:%M:%S")
     )
-    handler.addFilter(_RankPrefixFilter())
+    handler.addFilter(_PrefixFilter(prefix))
     root = logging.getLogger("sglang")
     root.handlers[:] = [handler]
     root.setLevel(server_args.log_level.upper())
     root.propagate = False
+
+
+def set_process_name(name: str) -> None:
+    """Name the process in /proc (`comm`, 15 characters), as SGLang's setproctitle does."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/comm", "w", encoding="utf-8") as handle:
+            handle.write(name[:15])
+
+
+def kill_itself_when_parent_died() -> None:
+    """SIGKILL this process when its parent dies (Linux prctl), so no child outlives a server
+    that was killed outright."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent died before the prctl
+        os._exit(FATAL_EXIT_CODE)
+
+
+def mark_shutting_down() -> None:
+    """A deliberate stop: children that end from now on are not a failure."""
+    _shutting_down.set()
+
+
+def is_shutting_down() -> bool:
+    return _shutting_down.is_set()
 
 
 def flush_log_handlers() -> None:
@@ -63,19 +96,28 @@ def get_exception_traceback() -> str:
 
 
 def kill_process_tree(parent_pid: int, include_parent: bool = True) -> None:
-    """End the server: its child processes (the stand-in starts none) and then itself.
+    """End the server: every child process (schedulers, detokenizer), then itself.
 
     Like SGLang, a fatal scheduler error takes the whole server down rather than leaving an HTTP
     front end that accepts requests nobody will answer.
     """
     logger.error(f"kill_process_tree called (parent pid {parent_pid})")
     flush_log_handlers()
-    if include_parent and parent_pid == os.getpid():
-        os._exit(FATAL_EXIT_CODE)
+    if parent_pid == os.getpid():
+        import multiprocessing
+
+        for child in multiprocessing.active_children():
+            with contextlib.suppress(OSError):
+                os.kill(child.pid or 0, signal.SIGKILL)
+        if include_parent:
+            os._exit(FATAL_EXIT_CODE)
+        return
     os.kill(parent_pid, signal.SIGKILL)
 
 
 def _on_sigquit(signum: int, frame: object) -> None:
+    if is_shutting_down():
+        return
     logger.error(
         "SIGQUIT received. It usually means the scheduler failed; shutting down the server."
     )
@@ -83,20 +125,17 @@ def _on_sigquit(signum: int, frame: object) -> None:
 
 
 def install_sigquit_handler() -> None:
-    """Route SIGQUIT (sent by a failing scheduler) to `kill_process_tree` in the main thread."""
+    """Route SIGQUIT (sent by a failing child process) to `kill_process_tree`."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGQUIT, _on_sigquit)
 
 
-def report_fatal_error_to_parent(grace_seconds: float = 5.0) -> None:
-    """What the scheduler does after a fatal error: SIGQUIT to the server process.
-
-    If the signal is not handled within `grace_seconds` (no handler installed, main thread
-    stuck), the scheduler ends the process itself.
-    """
+def report_fatal_error_to_parent(grace_seconds: float = _FATAL_GRACE_S) -> None:
+    """What a scheduler process does after a fatal error: SIGQUIT to the server's main process,
+    which ends the whole tree (this process included). If that has not happened within
+    `grace_seconds`, the scheduler ends itself."""
     flush_log_handlers()
     with contextlib.suppress(OSError):
-        os.kill(os.getpid(), signal.SIGQUIT)
-    done = threading.Event()
-    done.wait(grace_seconds)
-    kill_process_tree(os.getpid())
+        os.kill(os.getppid(), signal.SIGQUIT)
+    threading.Event().wait(grace_seconds)
+    os._exit(FATAL_EXIT_CODE)

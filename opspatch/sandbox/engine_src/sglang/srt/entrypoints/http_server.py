@@ -6,6 +6,13 @@ one-token generation through the whole stack, and only then logs
 `The server is fired up and ready to roll!` and lets `/health` answer 200. A failed warm-up logs
 `Initialization failed. warmup error: ...` and ends the process.
 
+Processes (see `engine.py`): this main process runs the HTTP server and the tokenizer manager;
+the schedulers (one per TP rank of the node) and the detokenizer are spawned children. The HTTP
+port opens only once every scheduler of every node is ready. On a node other than node 0
+(`--node-rank` above 0) the main process runs this node's schedulers and a dummy health server on
+`--host:--port` whose `/health` answers 200 unconditionally, as SGLang's does: it proves only
+that the process lives.
+
 Test hook (not in SGLang): `SGLANG_STANDIN_WARMUP_DELAY_S=<seconds>` delays the warm-up, so the
 503 answers of `/health`, `/health_generate` and `/ready` before it are observable.
 """
@@ -15,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -30,7 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sglang.srt.entrypoints import openai_api
-from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.entrypoints.engine import EngineProcesses, launch_subprocesses
 from sglang.srt.managers.tokenizer_manager import BadRequestError, TokenizerManager
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils import (
@@ -38,6 +46,7 @@ from sglang.srt.utils import (
     flush_log_handlers,
     install_sigquit_handler,
     kill_process_tree,
+    mark_shutting_down,
 )
 from sglang.version import __version__
 
@@ -57,14 +66,8 @@ class PlainText(str):
 class HttpApp:
     """Routes a method and path to a handler returning (status, JSON body or None)."""
 
-    def __init__(
-        self,
-        server_args: ServerArgs,
-        scheduler: Scheduler,
-        tokenizer_manager: TokenizerManager,
-    ):
+    def __init__(self, server_args: ServerArgs, tokenizer_manager: TokenizerManager):
         self.server_args = server_args
-        self.scheduler = scheduler
         self.tokenizer_manager = tokenizer_manager
         self.created = int(time.time())
         self.routes: dict[tuple[str, str], Callable[[Any], Response]] = {
@@ -120,7 +123,7 @@ class HttpApp:
         return 200, {"status": "ready"}
 
     def model_info(self, body: Any) -> Response:
-        model = self.scheduler.tp_worker.model
+        info = self.tokenizer_manager.scheduler_info
         return 200, {
             "model_path": self.server_args.model_path,
             "tokenizer_path": self.server_args.tokenizer_path,
@@ -131,8 +134,8 @@ class HttpApp:
             "has_image_understanding": False,
             "has_audio_understanding": False,
             "model_type": "tiny_lm",
-            "architectures": [type(model).__name__],
-            "vocab_size": model.config.vocab_size,
+            "architectures": info["architectures"],
+            "vocab_size": info["vocab_size"],
         }
 
     def server_info(self, body: Any) -> Response:
@@ -140,7 +143,7 @@ class HttpApp:
             **dataclasses.asdict(self.server_args),
             "version": __version__,
             "status": self.tokenizer_manager.server_status.value,
-            "internal_states": [self.scheduler.get_internal_state()],
+            "internal_states": [self.tokenizer_manager.get_internal_state()],
         }
 
     def v1_loads(self, body: Any) -> Response:
@@ -150,7 +153,7 @@ class HttpApp:
             "version": __version__,
             "accelerator": None,
             "num_accelerators": 0,
-            "loads": [self.scheduler.get_load()],
+            "loads": [self.tokenizer_manager.get_load()],
         }
 
     def metrics(self, body: Any) -> Response:
@@ -224,7 +227,16 @@ class _RequestHandler(BaseHTTPRequestHandler):
 class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    app: HttpApp
+    app: HttpApp | DummyHealthApp
+
+
+class DummyHealthApp:
+    """What a node other than node 0 serves: `/health` is 200 while the process lives."""
+
+    def handle(self, method: str, path: str, raw_body: bytes) -> Response:
+        if method == "GET" and path in ("/health", "/health_generate"):
+            return 200, None
+        return 404, {"detail": "Not Found"}
 
 
 def _request(url: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, bytes]:
@@ -287,31 +299,68 @@ def _raise_system_exit(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+def _bind(server_args: ServerArgs, processes: EngineProcesses) -> _HttpServer:
+    try:
+        return _HttpServer((server_args.host, server_args.port), _RequestHandler)
+    except OSError as error:
+        logger.error(
+            f"ERROR:    [Errno {error.errno}] error while attempting to bind on address "
+            f"({server_args.host!r}, {server_args.port}): {str(error.strerror).lower()}"
+        )
+        processes.stop()
+        flush_log_handlers()
+        sys.exit(1)
+
+
+def _serve(httpd: _HttpServer, processes: EngineProcesses) -> None:
+    try:
+        httpd.serve_forever(poll_interval=0.5)
+    except SystemExit:
+        logger.info(f"{_UVICORN}Shutting down")
+    finally:
+        httpd.server_close()
+        processes.stop()
+        logger.info(f"{_UVICORN}Finished server process [{os.getpid()}]")
+        flush_log_handlers()
+
+
 def launch_server(server_args: ServerArgs) -> None:
-    """Load the model, serve HTTP until SIGTERM/SIGINT; a fatal scheduler error exits non-zero."""
+    """Start the engine's processes, serve HTTP until SIGTERM/SIGINT; a fatal error in any
+    process ends the whole tree with a non-zero status."""
     configure_logger(server_args)
     install_sigquit_handler()
     signal.signal(signal.SIGTERM, _raise_system_exit)
     signal.signal(signal.SIGINT, _raise_system_exit)
     logger.info(f"server_args={server_args!r}")
 
-    scheduler = Scheduler(server_args)
-    scheduler.start()
-    tokenizer_manager = TokenizerManager(server_args, scheduler)
-    app = HttpApp(server_args, scheduler, tokenizer_manager)
+    try:
+        processes = launch_subprocesses(server_args)
+    except SystemExit:  # stopped while the processes were starting
+        mark_shutting_down()
+        for child in multiprocessing.active_children():
+            child.kill()
+        flush_log_handlers()
+        os._exit(0)
+    if server_args.node_rank != 0:
+        # SGLang's non-head node: schedulers only, and a health endpoint that proves nothing.
+        httpd = _bind(server_args, processes)
+        httpd.app = DummyHealthApp()
+        logger.info(
+            f"Dummy health check server running on http://{server_args.host}:{server_args.port} "
+            f"(node rank {server_args.node_rank}; TP ranks "
+            f"{list(server_args.node_tp_ranks())})"
+        )
+        _serve(httpd, processes)
+        return
+
+    tokenizer_manager = processes.tokenizer_manager
+    assert tokenizer_manager is not None
+    app = HttpApp(server_args, tokenizer_manager)
 
     logger.info(f"{_UVICORN}Started server process [{os.getpid()}]")
     logger.info(f"{_UVICORN}Waiting for application startup.")
     logger.info(f"{_UVICORN}Application startup complete.")
-    try:
-        httpd = _HttpServer((server_args.host, server_args.port), _RequestHandler)
-    except OSError as error:
-        logger.error(
-            f"ERROR:    [Errno {error.errno}] error while attempting to bind on address "
-            f"({server_args.host!r}, {server_args.port}): {str(error.strerror).lower()}"
-        )
-        flush_log_handlers()
-        sys.exit(1)
+    httpd = _bind(server_args, processes)
     httpd.app = app
     logger.info(
         f"{_UVICORN}Uvicorn running on http://{server_args.host}:{server_args.port} "
@@ -320,11 +369,4 @@ def launch_server(server_args: ServerArgs) -> None:
     threading.Thread(
         target=_wait_and_warmup, args=(server_args, tokenizer_manager), name="Warmup", daemon=True
     ).start()
-    try:
-        httpd.serve_forever(poll_interval=0.5)
-    except SystemExit:
-        logger.info(f"{_UVICORN}Shutting down")
-    finally:
-        httpd.server_close()
-        logger.info(f"{_UVICORN}Finished server process [{os.getpid()}]")
-        flush_log_handlers()
+    _serve(httpd, processes)

@@ -41,12 +41,17 @@ class Req:
     spec_proposed_drafts: int = 0
     spec_accepted_drafts: int = 0
     spec_verified_tokens: int = 0
+    # The seed of an unseeded sampled request, drawn once by the tokenizer manager, so that
+    # every TP rank samples the same tokens.
+    seed: int | None = None
     generator: torch.Generator | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         if not self.sampling_params.is_greedy:
             seed = self.sampling_params.sampling_seed
+            if seed is None:
+                seed = self.seed
             self.generator = torch.Generator()
             if seed is None:
                 self.generator.seed()

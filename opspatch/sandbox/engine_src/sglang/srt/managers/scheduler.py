@@ -1,22 +1,45 @@
-"""The scheduler: a loop thread that batches running requests and drives the model worker.
+"""The scheduler: one process per TP rank, a loop that batches requests and drives the model.
+
+Rank 0 (TP0, on node 0) receives requests from the tokenizer manager; at every step it broadcasts
+what it received over the TP group, so every rank admits the same requests at the same step, runs
+the same batch (the model's all-reduce couples the ranks inside each forward) and reaches the same
+tokens. Rank 0 alone sends finished requests to the detokenizer and answers RPCs.
 
 Each iteration admits every waiting request (one prefill batch), or else runs one decode step
 for all running requests together, so concurrent requests really share a batch and the batch
 size that dynamic speculation disable compares against is real.
 
 Like SGLang's, the loop does not handle exceptions per request: any exception in a forward step
-is logged as `Scheduler hit an exception: <traceback>` and takes the whole server down.
+(or a collective that fails because a rank is gone) is logged as
+`Scheduler hit an exception: <traceback>`, and the scheduler sends SIGQUIT to its server's main
+process, which ends the whole process tree. A step that takes longer than `--watchdog-timeout`
+(a collective waiting on a rank that vanished silently) is ended by the watchdog the same way.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
+import os
+import signal
 import threading
 import time
 from collections import deque
+from multiprocessing.connection import Connection
 from typing import Any
 
+from sglang.srt.distributed.parallel_state import (
+    barrier,
+    broadcast_pyobj,
+    init_distributed_environment,
+)
+from sglang.srt.managers.io_struct import (
+    BatchTokenIDOut,
+    FinishedReq,
+    RpcReqInput,
+    RpcReqOutput,
+    ShutdownReq,
+    TokenizedGenerateReqInput,
+)
 from sglang.srt.managers.schedule_batch import (
     ForwardMode,
     GenerationBatchResult,
@@ -26,7 +49,18 @@ from sglang.srt.managers.schedule_batch import (
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.utils import get_exception_traceback, report_fatal_error_to_parent
+from sglang.srt.utils import (
+    configure_logger,
+    flush_log_handlers,
+    get_exception_traceback,
+    kill_itself_when_parent_died,
+    report_fatal_error_to_parent,
+    set_process_name,
+)
+
+# Seconds rank 0 waits for a request while idle before the (empty) step that keeps every rank's
+# loop in step with it.
+IDLE_POLL_S = 0.05
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +78,31 @@ def spec_worker_class(algorithm: SpeculativeAlgorithm) -> type:
 
 
 class Scheduler:
-    def __init__(self, server_args: ServerArgs, nccl_port: int = 0):
+    def __init__(
+        self,
+        server_args: ServerArgs,
+        tp_rank: int = 0,
+        dist_init_addr: str | None = None,
+        recv_from_tokenizer: Connection | None = None,
+        send_to_detokenizer: Connection | None = None,
+        send_to_tokenizer: Connection | None = None,
+        nccl_port: int = 0,
+    ):
         self.server_args = server_args
+        self.tp_rank = tp_rank
+        self.tp_size = server_args.tp_size
+        self.recv_from_tokenizer = recv_from_tokenizer
+        self.send_to_detokenizer = send_to_detokenizer
+        self.send_to_tokenizer = send_to_tokenizer
+        self.tp_group = init_distributed_environment(
+            server_args.tp_size, tp_rank, dist_init_addr, server_args.dist_timeout
+        )
         self.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
-        self.tp_worker = TpModelWorker(server_args, gpu_id=0, tp_rank=0, nccl_port=nccl_port)
+        gpu_id = tp_rank % server_args.tp_size_per_node
+        self.gpu_id = gpu_id
+        self.tp_worker = TpModelWorker(
+            server_args, gpu_id=gpu_id, tp_rank=tp_rank, nccl_port=nccl_port
+        )
         self.tokenizer = self.tp_worker.tokenizer
         if self.spec_algorithm.is_none():
             self.draft_worker = None
@@ -57,14 +112,11 @@ class Scheduler:
             self.model_worker = self.draft_worker
 
         self.max_running_requests = server_args.max_running_requests
-        self._inbox: queue.SimpleQueue[list[Req] | None] = queue.SimpleQueue()
         self.waiting_queue: deque[Req] = deque()
         self.running_reqs: list[Req] = []
-        self._thread: threading.Thread | None = None
-        # Submitted and not finished: what /v1/loads reports as running + waiting (a request
-        # still in the inbox counts as waiting, so a drain never reads 0 while one is queued).
-        self._unfinished = 0
-        self._unfinished_lock = threading.Lock()
+        self._finished_out: list[FinishedReq] = []
+        # When the step in progress began (None between steps): what the watchdog watches.
+        self._step_started: float | None = None
 
         self.forward_ct_decode = 0
         self.num_generated_tokens = 0
@@ -73,11 +125,26 @@ class Scheduler:
         self.last_gen_throughput = 0.0
         self._last_decode_log_time = time.perf_counter()
         self._last_decode_log_tokens = 0
+        # Every rank has loaded its weights before any is reported ready.
+        barrier()
         logger.info(
             f"max_total_num_tokens={self.tp_worker.max_total_num_tokens}, "
             f"max_running_requests={self.max_running_requests}, "
             f"context_len={server_args.context_length}, device=cpu"
         )
+
+    def scheduler_info(self) -> dict[str, Any]:
+        """What the tokenizer manager learns at start (SGLang's `scheduler_info`)."""
+        model = self.tp_worker.model
+        return {
+            "status": "ready",
+            "tp_rank": self.tp_rank,
+            "pid": os.getpid(),
+            "max_total_num_tokens": self.tp_worker.max_total_num_tokens,
+            "max_running_requests": self.max_running_requests,
+            "architectures": [type(model).__name__],
+            "vocab_size": model.config.vocab_size,
+        }
 
     def init_spec_worker(self, nccl_port: int) -> Any:
         worker_class = spec_worker_class(self.spec_algorithm)
@@ -99,50 +166,69 @@ class Scheduler:
 
     # -- the loop ---------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self.event_loop, name="Scheduler", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """End the loop after the current step (used by the offline Engine)."""
-        self._inbox.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def submit(self, reqs: list[Req]) -> None:
-        """Queue requests; requests submitted together are admitted in the same prefill batch."""
-        with self._unfinished_lock:
-            self._unfinished += len(reqs)
-        self._inbox.put(list(reqs))
-
     def event_loop(self) -> None:
-        try:
-            while True:
-                if not self.recv_requests(block=not self.waiting_queue and not self.running_reqs):
-                    return
-                batch = self.get_next_batch_to_run()
-                if batch is None:
-                    continue
+        while True:
+            messages = self.recv_requests()
+            if not self.process_input_requests(messages):
+                self._step_started = None
+                return
+            batch = self.get_next_batch_to_run()
+            if batch is not None:
                 result = self.run_batch(batch)
                 self.process_batch_result(batch, result)
-        except Exception:
-            logger.error(f"Scheduler hit an exception: {get_exception_traceback()}")
-            report_fatal_error_to_parent()
+            self.send_finished()
+            self._step_started = None
 
-    def recv_requests(self, block: bool) -> bool:
-        """Move submitted requests to the waiting queue; False when asked to stop."""
-        try:
-            item = self._inbox.get() if block else self._inbox.get_nowait()
-        except queue.Empty:
-            return True
-        while True:
-            if item is None:
+    def recv_requests(self) -> list[Any]:
+        """What rank 0 received since the last step, the same list on every rank."""
+        messages: list[Any] = []
+        if self.recv_from_tokenizer is not None:
+            idle = not self.waiting_queue and not self.running_reqs
+            if idle:
+                # One rank alone may sleep until a request comes; several keep stepping together.
+                timeout = None if self.tp_size == 1 else IDLE_POLL_S
+            else:
+                timeout = 0.0
+            if self.recv_from_tokenizer.poll(timeout):
+                messages.append(self.recv_from_tokenizer.recv())
+                while self.recv_from_tokenizer.poll(0):
+                    messages.append(self.recv_from_tokenizer.recv())
+        self._step_started = time.monotonic()
+        if self.tp_size > 1:
+            messages = broadcast_pyobj(messages if self.tp_rank == 0 else None, src=0)
+        return messages
+
+    def process_input_requests(self, messages: list[Any]) -> bool:
+        """Admit requests, answer RPCs; False when asked to shut down."""
+        for message in messages:
+            if isinstance(message, ShutdownReq):
                 return False
-            self.waiting_queue.extend(item)
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                return True
+            if isinstance(message, RpcReqInput):
+                self.handle_rpc_request(message)
+                continue
+            self.waiting_queue.extend(self.req_of(item) for item in message)
+        return True
+
+    @staticmethod
+    def req_of(item: TokenizedGenerateReqInput) -> Req:
+        return Req(
+            rid=item.rid,
+            origin_input_text=item.input_text,
+            origin_input_ids=list(item.input_ids),
+            sampling_params=item.sampling_params,
+            seed=item.seed,
+        )
+
+    def handle_rpc_request(self, request: RpcReqInput) -> None:
+        result = getattr(self, request.method)(**request.parameters)
+        barrier()
+        if self.send_to_tokenizer is not None:
+            self.send_to_tokenizer.send(RpcReqOutput(request.rpc_id, result))
+
+    def send_finished(self) -> None:
+        if self._finished_out and self.send_to_detokenizer is not None:
+            self.send_to_detokenizer.send(BatchTokenIDOut(self._finished_out))
+        self._finished_out = []
 
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
         new_reqs: list[Req] = []
@@ -155,11 +241,13 @@ class Scheduler:
                 continue
             new_reqs.append(req)
         if new_reqs:
-            logger.info(
-                f"Prefill batch. #new-seq: {len(new_reqs)}, "
-                f"#new-token: {sum(len(r.origin_input_ids) for r in new_reqs)}, "
-                f"#running-req: {len(self.running_reqs)}, #queue-req: {len(self.waiting_queue)}"
-            )
+            if self.tp_rank == 0:  # SGLang logs batch statistics on the first rank only
+                logger.info(
+                    f"Prefill batch. #new-seq: {len(new_reqs)}, "
+                    f"#new-token: {sum(len(r.origin_input_ids) for r in new_reqs)}, "
+                    f"#running-req: {len(self.running_reqs)}, "
+                    f"#queue-req: {len(self.waiting_queue)}"
+                )
             return ScheduleBatch(new_reqs, ForwardMode.EXTEND)
         if self.running_reqs:
             return ScheduleBatch(list(self.running_reqs), ForwardMode.DECODE)
@@ -195,7 +283,8 @@ class Scheduler:
         self.running_reqs = [req for req in self.running_reqs if not req.finished()]
         if batch.forward_mode.is_decode():
             self.forward_ct_decode += 1
-            if self.forward_ct_decode % self.server_args.decode_log_interval == 0:
+            interval = self.server_args.decode_log_interval
+            if self.tp_rank == 0 and self.forward_ct_decode % interval == 0:
                 self.log_decode_stats(batch)
 
     def finish_reason(self, req: Req) -> dict[str, Any] | None:
@@ -213,9 +302,21 @@ class Scheduler:
     def finish(self, req: Req, reason: dict[str, Any]) -> None:
         req.finished_reason = reason
         req.finished_time = time.perf_counter()
-        with self._unfinished_lock:
-            self._unfinished -= 1
-        req.done.set()
+        params = req.sampling_params
+        self._finished_out.append(
+            FinishedReq(
+                rid=req.rid,
+                output_ids=list(req.output_ids),
+                finished_reason=reason,
+                prompt_tokens=len(req.origin_input_ids),
+                skip_special_tokens=params.skip_special_tokens,
+                no_stop_trim=params.no_stop_trim,
+                spec_verify_ct=req.spec_verify_ct,
+                spec_proposed_drafts=req.spec_proposed_drafts,
+                spec_accepted_drafts=req.spec_accepted_drafts,
+                spec_verified_tokens=req.spec_verified_tokens,
+            )
+        )
 
     def log_decode_stats(self, batch: ScheduleBatch) -> None:
         now = time.perf_counter()
@@ -235,15 +336,13 @@ class Scheduler:
         logger.info(message)
 
     def get_load(self) -> dict[str, Any]:
-        """This rank's core load snapshot, the keys of SGLang 0.5.23's `LoadSnapshot`."""
-        with self._unfinished_lock:
-            unfinished = self._unfinished
-        running = min(len(self.running_reqs), unfinished)
+        """This rank's core load snapshot, the keys of SGLang 0.5.23's `LoadSnapshot` (the
+        tokenizer manager counts requests on their way here as waiting)."""
         return {
             "timestamp": time.time(),
             "dp_rank": 0,
-            "num_running_reqs": running,
-            "num_waiting_reqs": unfinished - running,
+            "num_running_reqs": len(self.running_reqs),
+            "num_waiting_reqs": len(self.waiting_queue),
             "max_total_num_tokens": self.tp_worker.max_total_num_tokens,
             "max_running_requests": self.max_running_requests,
             "gen_throughput": self.last_gen_throughput,
@@ -261,3 +360,59 @@ class Scheduler:
             "#running-req": len(self.running_reqs),
             "#queue-req": len(self.waiting_queue),
         }
+
+    # -- the watchdog -------------------------------------------------------------------------
+
+    def start_watchdog(self) -> None:
+        threading.Thread(target=self.watchdog_thread, name="SchedulerWatchdog", daemon=True).start()
+
+    def watchdog_thread(self) -> None:
+        timeout = self.server_args.watchdog_timeout
+        period = min(1.0, timeout / 4)
+        while True:
+            time.sleep(period)
+            started = self._step_started
+            if started is not None and time.monotonic() - started > timeout:
+                logger.error(
+                    f"Scheduler watchdog timeout (self.watchdog_timeout={timeout:g}, "
+                    f"self.soft=False): a step has run for more than {timeout:g} s"
+                )
+                report_fatal_error_to_parent()
+
+
+def run_scheduler_process(
+    server_args: ServerArgs,
+    tp_rank: int,
+    dist_init_addr: str | None,
+    ready_writer: Connection,
+    recv_from_tokenizer: Connection | None,
+    send_to_detokenizer: Connection | None,
+    send_to_tokenizer: Connection | None,
+) -> None:
+    """The body of one scheduler process (spawned by the engine, one per TP rank of a node)."""
+    kill_itself_when_parent_died()
+    set_process_name(f"sglang::sch_TP{tp_rank}")
+    configure_logger(server_args, prefix=f" TP{tp_rank}")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        scheduler = Scheduler(
+            server_args,
+            tp_rank,
+            dist_init_addr,
+            recv_from_tokenizer,
+            send_to_detokenizer,
+            send_to_tokenizer,
+        )
+        ready_writer.send(scheduler.scheduler_info())
+        scheduler.start_watchdog()
+        scheduler.event_loop()
+    except Exception:
+        logger.error(f"Scheduler hit an exception: {get_exception_traceback()}")
+        report_fatal_error_to_parent()
+    flush_log_handlers()
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # The server is being stopped (its main process, or the whole tree at once).
+    flush_log_handlers()
+    os._exit(0)

@@ -1,22 +1,38 @@
-"""Between HTTP and the scheduler: validate and tokenize requests, wait, detokenize, report.
+"""Between HTTP and the scheduler, in the main process: validate and tokenize requests, send
+them to the scheduler (TP0) over a pipe, wait for the detokenizer's text, report.
 
 Every malformed request raises BadRequestError with a message meant for the client (HTTP 400);
-nothing malformed reaches the scheduler, whose errors are fatal to the server.
+nothing malformed reaches the scheduler, whose errors are fatal to the server. This module
+imports no torch: the main process never loads the model.
 """
 
 from __future__ import annotations
 
 import enum
+import os
+import logging
+import random
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from typing import Any
 
-from sglang.srt.managers.schedule_batch import Req
-from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.managers.io_struct import (
+    BatchStrOut,
+    FinishedReq,
+    RpcReqInput,
+    RpcReqOutput,
+    ShutdownReq,
+    TokenizedGenerateReqInput,
+)
 from sglang.srt.sampling.sampling_params import InvalidSamplingParams, SamplingParams
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.tokenizer.char_tokenizer import get_tokenizer
+from sglang.srt.utils import is_shutting_down, kill_process_tree
+
+logger = logging.getLogger(__name__)
 
 GENERATE_REQUEST_FIELDS = (
     "text",
@@ -39,6 +55,7 @@ ROUTER_FORWARDED_FIELDS = (
     "return_text_in_logprobs",
 )
 HEALTH_CHECK_TIMEOUT_S = 20.0
+RPC_TIMEOUT_S = 20.0
 
 
 class BadRequestError(ValueError):
@@ -61,15 +78,112 @@ class GenerateReqInput:
     is_single: bool
 
 
+@dataclass
+class ReqState:
+    """A request sent to the scheduler, until the detokenizer's answer comes."""
+
+    created_time: float = field(default_factory=time.perf_counter)
+    event: threading.Event = field(default_factory=threading.Event)
+    finished: FinishedReq | None = None
+    text: str = ""
+    finished_time: float | None = None
+
+
 class TokenizerManager:
-    def __init__(self, server_args: ServerArgs, scheduler: Scheduler):
+    def __init__(
+        self,
+        server_args: ServerArgs,
+        send_to_scheduler: Connection,
+        recv_from_detokenizer: Connection,
+        recv_from_scheduler: Connection,
+        scheduler_info: dict[str, Any],
+    ):
         self.server_args = server_args
-        self.scheduler = scheduler
-        self.tokenizer = scheduler.tokenizer
+        self.tokenizer = get_tokenizer(server_args.tokenizer_path or "")
+        self.scheduler_info = scheduler_info
         self.server_status = ServerStatus.Starting
         self._status_lock = threading.Lock()
         # SGLang's `sglang:num_requests_total` (tokenizer metrics): requests finished
         self.num_requests_total = 0
+        self._send_to_scheduler = send_to_scheduler
+        self._send_lock = threading.Lock()
+        self._states: dict[str, ReqState] = {}
+        self._rpcs: dict[str, tuple[threading.Event, list[Any]]] = {}
+        # Sent and not finished: what /v1/loads reports as running + waiting (a request on its
+        # way to the scheduler counts as waiting, so a drain never reads 0 while one is queued).
+        self._unfinished = 0
+        for name, connection, handle in (
+            ("detokenizer", recv_from_detokenizer, self._handle_str_out),
+            ("scheduler", recv_from_scheduler, self._handle_rpc_out),
+        ):
+            threading.Thread(
+                target=self._receive_loop,
+                args=(name, connection, handle),
+                name=f"Recv-{name}",
+                daemon=True,
+            ).start()
+
+    def _receive_loop(self, name: str, connection: Connection, handle: Any) -> None:
+        while True:
+            try:
+                message = connection.recv()
+            except (EOFError, OSError):
+                if not is_shutting_down():
+                    logger.error(f"The {name} process is gone; shutting down the server.")
+                    kill_process_tree(os.getpid())
+                return
+            handle(message)
+
+    def _handle_str_out(self, batch: BatchStrOut) -> None:
+        now = time.perf_counter()
+        with self._status_lock:
+            for finished, text in zip(batch.reqs, batch.texts, strict=True):
+                state = self._states.pop(finished.rid, None)
+                if state is None:
+                    continue
+                self._unfinished -= 1
+                state.finished, state.text, state.finished_time = finished, text, now
+                state.event.set()
+
+    def _handle_rpc_out(self, output: RpcReqOutput) -> None:
+        with self._status_lock:
+            waiter = self._rpcs.pop(output.rpc_id, None)
+        if waiter is not None:
+            waiter[1].append(output.result)
+            waiter[0].set()
+
+    def _send(self, message: Any) -> None:
+        with self._send_lock:
+            self._send_to_scheduler.send(message)
+
+    def rpc(self, method: str, timeout: float = RPC_TIMEOUT_S, **parameters: Any) -> Any:
+        """Call a Scheduler method on TP0 (between two of its steps); None after `timeout`."""
+        rpc_id = uuid.uuid4().hex
+        event, result = threading.Event(), []
+        with self._status_lock:
+            self._rpcs[rpc_id] = (event, result)
+        self._send(RpcReqInput(rpc_id, method, parameters))
+        if not event.wait(timeout):
+            with self._status_lock:
+                self._rpcs.pop(rpc_id, None)
+            return None
+        return result[0]
+
+    def get_load(self) -> dict[str, Any]:
+        snapshot = dict(self.rpc("get_load") or {})
+        with self._status_lock:
+            unfinished = self._unfinished
+        running = min(int(snapshot.get("num_running_reqs", 0)), unfinished)
+        snapshot["num_running_reqs"] = running
+        snapshot["num_waiting_reqs"] = unfinished - running
+        return snapshot
+
+    def get_internal_state(self) -> dict[str, Any]:
+        return dict(self.rpc("get_internal_state") or {})
+
+    def shutdown(self) -> None:
+        """Ask every rank to leave its loop (the offline engine's shutdown)."""
+        self._send(ShutdownReq())
 
     def mark_up(self) -> None:
         with self._status_lock:
@@ -95,7 +209,9 @@ class TokenizerManager:
         if body.get("stream"):
             raise BadRequestError("stream=true is not supported by the stand-in engine")
         unsupported = [
-            name for name in ROUTER_FORWARDED_FIELDS if name.startswith("return_") and body.get(name)
+            name
+            for name in ROUTER_FORWARDED_FIELDS
+            if name.startswith("return_") and body.get(name)
         ]
         if unsupported:
             raise BadRequestError(
@@ -183,10 +299,26 @@ class TokenizerManager:
 
     # -- generation -------------------------------------------------------------------------
 
+    def submit(self, items: list[TokenizedGenerateReqInput]) -> list[ReqState]:
+        """Send requests to the scheduler; requests sent together share one prefill batch."""
+        states = [ReqState() for _ in items]
+        with self._status_lock:
+            for item, state in zip(items, states, strict=True):
+                self._states[item.rid] = state
+            self._unfinished += len(items)
+        self._send(items)
+        return states
+
     def generate(self, request: GenerateReqInput) -> dict[str, Any] | list[dict[str, Any]]:
         """Run the request's prompts as one group of concurrent requests and wait for all."""
-        reqs = [
-            Req(rid=rid, origin_input_text=prompt, origin_input_ids=ids, sampling_params=params)
+        items = [
+            TokenizedGenerateReqInput(
+                rid=rid,
+                input_text=prompt,
+                input_ids=ids,
+                sampling_params=params,
+                seed=None if params.is_greedy else random.getrandbits(63),
+            )
             for prompt, ids, params, rid in zip(
                 request.prompts,
                 request.input_ids,
@@ -195,27 +327,25 @@ class TokenizerManager:
                 strict=False,
             )
         ]
-        self.scheduler.submit(reqs)
-        for req in reqs:
-            req.done.wait()
+        states = self.submit(items)
+        for state in states:
+            state.event.wait()
         with self._status_lock:
-            self.num_requests_total += len(reqs)
-        outputs = [self.output_of(req) for req in reqs]
+            self.num_requests_total += len(items)
+        outputs = [self.output_of(state) for state in states]
         return outputs[0] if request.is_single else outputs
 
-    def output_of(self, req: Req) -> dict[str, Any]:
-        params = req.sampling_params
-        text = self.tokenizer.decode(req.output_ids, skip_special_tokens=params.skip_special_tokens)
-        reason = req.finished_reason or {"type": "abort"}
-        if reason.get("type") == "stop" and not params.no_stop_trim:
-            text = text[: len(text) - len(reason["matched"])]
+    @staticmethod
+    def output_of(state: ReqState) -> dict[str, Any]:
+        req = state.finished
+        assert req is not None
         meta_info: dict[str, Any] = {
             "id": req.rid,
-            "finish_reason": reason,
-            "prompt_tokens": len(req.origin_input_ids),
+            "finish_reason": req.finished_reason,
+            "prompt_tokens": req.prompt_tokens,
             "completion_tokens": len(req.output_ids),
             "cached_tokens": 0,
-            "e2e_latency": (req.finished_time or time.perf_counter()) - req.created_time,
+            "e2e_latency": (state.finished_time or time.perf_counter()) - state.created_time,
         }
         if req.spec_verify_ct > 0:
             meta_info["spec_verify_ct"] = req.spec_verify_ct
@@ -225,16 +355,21 @@ class TokenizerManager:
                 else 0.0
             )
             meta_info["spec_accept_length"] = req.spec_verified_tokens / req.spec_verify_ct
-        return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta_info}
+        return {"text": state.text, "output_ids": list(req.output_ids), "meta_info": meta_info}
 
     def health_generate(self, timeout: float = HEALTH_CHECK_TIMEOUT_S) -> bool:
-        """A real one-token generation (prefill only); True when the scheduler answers in time."""
-        params = SamplingParams(max_new_tokens=1, temperature=0.0)
-        req = Req(
+        """A real one-token generation (prefill only) through every rank; True when the
+        scheduler answers in time."""
+        item = TokenizedGenerateReqInput(
             rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
-            origin_input_text="",
-            origin_input_ids=self.tokenizer.encode("health"),
-            sampling_params=params,
+            input_text="",
+            input_ids=self.tokenizer.encode("health"),
+            sampling_params=SamplingParams(max_new_tokens=1, temperature=0.0),
         )
-        self.scheduler.submit([req])
-        return req.done.wait(timeout)
+        (state,) = self.submit([item])
+        if state.event.wait(timeout):
+            return True
+        with self._status_lock:
+            if self._states.pop(item.rid, None) is not None:
+                self._unfinished -= 1
+        return False

@@ -43,7 +43,9 @@ class TpModelWorker:
         self.tokenizer: CharTokenizer = get_tokenizer(server_args.tokenizer_path or "")
         self.model: TinyCausalLM = log_weight_load(
             server_args.model_path,
-            lambda: load_target_model(server_args.model_path, self.tokenizer),
+            lambda: load_target_model(
+                server_args.model_path, self.tokenizer, tp_rank, server_args.tp_size
+            ),
         )
         self.max_total_num_tokens = server_args.context_length * server_args.max_running_requests
 

@@ -10,6 +10,10 @@ Why it looks the way it does:
   (ties go to the latest), which keeps the integer property that softmax would break.
 - A fixed unigram prior over the output favours spaces and common lowercase letters, so the
   untrained weights still produce legible, if meaningless, text.
+- Tensor parallelism splits the MLP as Megatron does: each TP rank holds a slice of the MLP's
+  units (columns of `w_mlp_in`, rows of `w_out`) and computes a partial output sum; a
+  `torch.distributed` all-reduce adds the partial sums. The sums are integers, exact in any
+  order, so TP=T logits equal TP=1 logits bit for bit.
 - Weights come from a seeded generator derived from the model path: the same path always gives
   the same model on every host. A draft model is the target with a fraction of its output
   weights nudged, so it agrees with the target often but not always.
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_reduce
 from sglang.srt.tokenizer.char_tokenizer import CharTokenizer
 
 # Spaces and lowercase letters by their frequency in English text.
@@ -101,15 +106,22 @@ class TinyCausalLM(torch.nn.Module):
         config: TinyLMConfig,
         weights: dict[str, torch.Tensor],
         output_prior: torch.Tensor,
+        tp_rank: int = 0,
+        tp_size: int = 1,
     ) -> None:
         super().__init__()
         self.config = config
-        for name, tensor in weights.items():
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        # The whole model's weights (a draft is derived from them); the buffers hold this
+        # rank's shard only.
+        self._full_weights = weights
+        for name, tensor in shard_weights(weights, config, tp_rank, tp_size).items():
             self.register_buffer(name, tensor)
         self.register_buffer("output_prior", output_prior)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return {name: buffer for name, buffer in self.named_buffers() if name != "output_prior"}
+        """The whole model's weights (every rank's shard together)."""
+        return self._full_weights
 
     def num_weights(self) -> int:
         return sum(buffer.numel() for buffer in self.buffers())
@@ -138,8 +150,10 @@ class TinyCausalLM(torch.nn.Module):
         running_mean = torch.floor(torch.cumsum(x, dim=0) * 2 / counts)
 
         features = torch.cat([x, previous_1, previous_2, attended, running_mean], dim=1)
+        # This rank's MLP units only; the all-reduce adds every rank's share of the output.
         hidden = torch.relu(features @ self.w_mlp_in + self.b_mlp_in)
-        logits = torch.floor((hidden @ self.w_out) / config.logit_divisor) + self.output_prior
+        partial = tensor_model_parallel_all_reduce(hidden @ self.w_out)
+        logits = torch.floor(partial / config.logit_divisor) + self.output_prior
         logits[:, config.bos_token_id] = _MASKED_LOGIT
         return logits
 
@@ -148,10 +162,31 @@ class TinyCausalLM(torch.nn.Module):
         return logits / self.config.sampling_logit_scale
 
 
-def load_target_model(model_path: str, tokenizer: CharTokenizer) -> TinyCausalLM:
+def shard_weights(
+    weights: dict[str, torch.Tensor], config: TinyLMConfig, tp_rank: int, tp_size: int
+) -> dict[str, torch.Tensor]:
+    """TP rank `tp_rank`'s slice of the MLP (column-parallel in, row-parallel out)."""
+    if tp_size == 1:
+        return dict(weights)
+    if config.mlp_size % tp_size:
+        raise ValueError(
+            f"the tiny model's {config.mlp_size} MLP units do not split over tp_size={tp_size}"
+        )
+    per_rank = config.mlp_size // tp_size
+    units = slice(tp_rank * per_rank, (tp_rank + 1) * per_rank)
+    shard = dict(weights)
+    shard["w_mlp_in"] = weights["w_mlp_in"][:, units].contiguous()
+    shard["b_mlp_in"] = weights["b_mlp_in"][units].contiguous()
+    shard["w_out"] = weights["w_out"][units, :].contiguous()
+    return shard
+
+
+def load_target_model(
+    model_path: str, tokenizer: CharTokenizer, tp_rank: int = 0, tp_size: int = 1
+) -> TinyCausalLM:
     config = TinyLMConfig(vocab_size=tokenizer.vocab_size, bos_token_id=tokenizer.bos_token_id)
     weights = init_weights(config, seed_for_model_path(model_path))
-    return TinyCausalLM(config, weights, unigram_prior(tokenizer))
+    return TinyCausalLM(config, weights, unigram_prior(tokenizer), tp_rank, tp_size)
 
 
 def load_draft_model(
@@ -160,7 +195,9 @@ def load_draft_model(
     weights = perturb_weights(
         target.weights(), seed_for_model_path(draft_model_path), perturb_fraction
     )
-    return TinyCausalLM(target.config, weights, target.output_prior.clone())
+    return TinyCausalLM(
+        target.config, weights, target.output_prior.clone(), target.tp_rank, target.tp_size
+    )
 
 
 EntryClass = TinyCausalLM

@@ -1,0 +1,70 @@
+"""The messages between the stand-in's processes (after SGLang's `managers/io_struct.py`).
+
+tokenizer manager (main process) -> scheduler TP0: lists of `TokenizedGenerateReqInput` (a list
+is admitted in one prefill batch), `RpcReqInput`, or `ShutdownReq`. Scheduler TP0 -> detokenizer:
+`BatchTokenIDOut`; detokenizer -> tokenizer manager: `BatchStrOut`; scheduler TP0 -> tokenizer
+manager: `RpcReqOutput`. Plain dataclasses of plain values (no torch), pickled over pipes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+@dataclass
+class TokenizedGenerateReqInput:
+    rid: str
+    input_text: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    # Drawn by the tokenizer manager for a sampled request without a seed: every rank samples
+    # with the same generator.
+    seed: int | None = None
+
+
+@dataclass
+class RpcReqInput:
+    """A call of a Scheduler method by name, answered by TP0 (`Scheduler.handle_rpc_request`)."""
+
+    rpc_id: str
+    method: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RpcReqOutput:
+    rpc_id: str
+    result: Any
+
+
+@dataclass
+class ShutdownReq:
+    """Every rank leaves its loop at the same step (the offline engine's shutdown)."""
+
+
+@dataclass
+class FinishedReq:
+    rid: str
+    output_ids: list[int]
+    finished_reason: dict[str, Any]
+    prompt_tokens: int
+    skip_special_tokens: bool
+    no_stop_trim: bool
+    spec_verify_ct: int = 0
+    spec_proposed_drafts: int = 0
+    spec_accepted_drafts: int = 0
+    spec_verified_tokens: int = 0
+
+
+@dataclass
+class BatchTokenIDOut:
+    reqs: list[FinishedReq]
+
+
+@dataclass
+class BatchStrOut:
+    reqs: list[FinishedReq]
+    texts: list[str]
