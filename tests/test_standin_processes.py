@@ -31,7 +31,7 @@ from tests.standin import (
     running_engine,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.engine
 
 NO_GRAPHS = ("--disable-cuda-graph",)
 PROMPTS = ("Hello", "The capital city of France is", "abc xyz", "Once upon a time")
