@@ -497,7 +497,7 @@ def _hard_nofile_can_be_raised() -> bool:
     return done.returncode == 0
 
 
-@pytest.mark.slow
+@pytest.mark.podman
 def test_bake_with_real_podman_asked_for_more_files_than_allowed_names_the_limit(
     tmp_path: Path,
 ) -> None:

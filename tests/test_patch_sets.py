@@ -494,7 +494,7 @@ def test_a_staged_set_is_restarted_into_together(fleet: SandboxFleet) -> None:
     assert {n: _files(fleet, n) for n in fleet.names} == before
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_one_file_of_a_hosts_set_names_the_set_and_a_rollback_without_restart_is_staged_back(
     fleet: SandboxFleet,
 ) -> None:

@@ -57,8 +57,11 @@ def rotations(env: dict[str, str], cwd: Path) -> dict[str, tuple[str, str | None
     return {row["host"]: (row["state"], row.get("rotation")) for row in rows}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("router", [False, True], ids=["plain", "behind-a-router"])
+@pytest.mark.parametrize(
+    "router",
+    [False, pytest.param(True, marks=pytest.mark.router)],
+    ids=["plain", "behind-a-router"],
+)
 def test_the_readme_tour_runs_as_written(tmp_path: Path, router: bool) -> None:
     env = {**os.environ, "COLUMNS": "100"}
     applies = 0
