@@ -93,13 +93,15 @@ class PostgresServer:
     def stop(self) -> None:
         """Shut the server down as a restart does (`pg_ctl stop -m fast`: every session ended,
         nothing committed lost), and wait until it is down: from now on nobody reaches it."""
-        subprocess.run([*self._ctl, "-m", "fast", "-w", "stop"], check=True,
-                       capture_output=True, timeout=120)  # fmt: skip
+        with counted_as("postgres"):  # through runuser as the service user, when root
+            subprocess.run([*self._ctl, "-m", "fast", "-w", "stop"], check=True,
+                           capture_output=True, timeout=120)  # fmt: skip
 
     def start(self) -> None:
         """Start the server again after `stop`, and wait until it takes connections."""
-        subprocess.run([*self._ctl, "-w", "-o", self._options, "start"], check=True,
-                       capture_output=True, timeout=120)  # fmt: skip
+        with counted_as("postgres"):
+            subprocess.run([*self._ctl, "-w", "-o", self._options, "start"], check=True,
+                           capture_output=True, timeout=120)  # fmt: skip
 
     def end_session(self, pid: int) -> None:
         """End the server session `pid` as a restart or an operator's `pg_terminate_backend`

@@ -858,6 +858,7 @@ def _steps(run: Any, host: str) -> list[tuple[str, str]]:
     return [(s.step, s.status) for s in record.steps]
 
 
+@pytest.mark.postgres
 def test_a_ledger_restart_during_a_rollout_is_waited_out_and_the_run_goes_on(
     routed: RoutedFleet, postgres: PostgresServer
 ) -> None:
@@ -903,6 +904,7 @@ def test_a_ledger_restart_during_a_rollout_is_waited_out_and_the_run_goes_on(
     assert len(hashes) == len(set(hashes)) == verified.events_checked
 
 
+@pytest.mark.postgres
 def test_a_ledger_gone_past_the_lease_expiry_stops_the_run_where_recover_expects_it(
     routed: RoutedFleet, postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
