@@ -286,12 +286,29 @@ def arm_switch(
     temp.replace(control / "fault.json")
 
 
-def _start_time(pid: int) -> str | None:
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state is [0], ppid [1])."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[19]
+            return handle.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
+
+
+def _start_time(pid: int) -> str | None:
+    fields = _stat_fields(pid)
+    return fields[19] if fields else None
+
+
+def _ancestors(pid: int) -> list[int]:
+    """The live process `pid` and its ancestors up to init."""
+    chain = [pid]
+    while chain[-1] > 1 and len(chain) < 64:
+        fields = _stat_fields(chain[-1])
+        if fields is None:
+            break
+        chain.append(int(fields[1]))
+    return chain
 
 
 @dataclass
@@ -459,15 +476,16 @@ class FaultFleet:
 
     def runs_patch(self, name: str) -> bool:
         """Whether the engine serving `name` now imported the patched code (a marker written by
-        that very process: its pid, or its parent's, and its start time)."""
+        a live process of that engine's tree, checked by its start time: the scheduler process
+        that imports the worker is spawned below the server's main process)."""
         engine = self.fleet.pid(name)
         assert engine is not None, f"{name}: no engine running"
         for marker in self.markers.iterdir():
             writer = int(marker.name)
-            parent, started = marker.read_text().split()
+            _parent, started = marker.read_text().split()
             if _start_time(writer) != started:
                 continue  # not the process that wrote it (gone, or its pid reused)
-            if engine in (writer, int(parent)):
+            if engine in _ancestors(writer):
                 return True
         return False
 
