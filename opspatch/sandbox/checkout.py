@@ -213,6 +213,25 @@ def _git(git: str, repo: Path, *args: str, host: str) -> None:
         )
 
 
+def _commit(git: str, repo: Path, version: str, why: str, *, host: str) -> None:
+    """Commit everything staged as the sandbox's fixed author, `why` in the message's body."""
+    _git(
+        git,
+        repo,
+        "-c",
+        f"user.name={GIT_USER_NAME}",
+        "-c",
+        f"user.email={GIT_USER_EMAIL}",
+        "commit",
+        "--quiet",
+        "--no-verify",
+        "--no-gpg-sign",
+        "--message",
+        f"sglang {version}: the opspatch sandbox's stand-in engine\n\n{why}\n",
+        host=host,
+    )
+
+
 def make_checkout(host_dir: Path, version: str) -> Path:
     """Give the host its git checkout of the engine (kept as it is when it exists: a checkout
     with local changes or commits stays so); returns `<host>/sglang`.
@@ -248,20 +267,11 @@ def make_checkout(host_dir: Path, version: str) -> Path:
         _git(git, staging, "init", "--quiet", "--template=", host=host)
         _git(git, staging, "symbolic-ref", "HEAD", f"refs/heads/{GIT_BRANCH}", host=host)
         _git(git, staging, "add", "--all", host=host)
-        _git(
+        _commit(
             git,
             staging,
-            "-c",
-            f"user.name={GIT_USER_NAME}",
-            "-c",
-            f"user.email={GIT_USER_EMAIL}",
-            "commit",
-            "--quiet",
-            "--no-verify",
-            "--no-gpg-sign",
-            "--message",
-            f"sglang {version}: the opspatch sandbox's stand-in engine\n\n"
-            "Laid out as SGLang's repository (python/sglang/...), installed editable.\n",
+            version,
+            "Laid out as SGLang's repository (python/sglang/...), installed editable.",
             host=host,
         )
         os.replace(staging, checkout)
@@ -306,20 +316,11 @@ def release_checkout(host_dir: Path, version: str) -> Path:
         check=False,
     )
     if changed.returncode != 0:
-        _git(
+        _commit(
             git,
             checkout,
-            "-c",
-            f"user.name={GIT_USER_NAME}",
-            "-c",
-            f"user.email={GIT_USER_EMAIL}",
-            "commit",
-            "--quiet",
-            "--no-verify",
-            "--no-gpg-sign",
-            "--message",
-            f"sglang {version}: the opspatch sandbox's stand-in engine\n\n"
-            "The release as `opspatch sandbox reinstall` put it in place.\n",
+            version,
+            "The release as `opspatch sandbox reinstall` put it in place.",
             host=host,
         )
     return checkout
