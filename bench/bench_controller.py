@@ -41,7 +41,7 @@ from opspatch.core.edit import apply_patch
 from opspatch.core.policy import BatchSize, Playbook
 from opspatch.hosts.transport.scripted import ScriptedTransport
 from opspatch.ledger.store import Ledger
-from opspatch.runs.apply import apply_to_hosts
+from opspatch.runs.commands.apply import apply_to_hosts
 from tests.releasecases import SCHEDULER_RELPATH, release_source, scheduler_patch
 from tests.sglang_wheels import EAGLE_RELPATH, RELEASE_VERSIONS, sglang_site
 from tests.test_runs_scripted import FakeHost
@@ -278,7 +278,7 @@ def ssh_fleet(n: int, scratch: Path) -> dict[str, Any]:
     from opspatch.hosts.operations import open_transport
     from opspatch.hosts.transport import ssh
     from opspatch.ledger import store
-    from opspatch.runs import pipeline
+    from opspatch.runs.fleet import pipeline
     from opspatch.sandbox.sshd import start_ssh_fleet, stop_ssh_fleet
     from tests.sshfleet import inventory_host
 

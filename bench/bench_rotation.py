@@ -30,13 +30,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import opspatch.runs.rotation as rotation
+import opspatch.runs.fleet.rotation as rotation
 from opspatch.config.patches import load_patch
 from opspatch.core.host import Host, RouterSettings
 from opspatch.core.policy import BatchSize, Playbook, RotationSettings
 from opspatch.hosts.transport.scripted import ScriptedTransport
 from opspatch.ledger.store import Ledger
-from opspatch.runs.apply import apply_to_hosts
+from opspatch.runs.commands.apply import apply_to_hosts
 from tests.test_runs_scripted import STANDIN, FakeHost
 
 REPO = Path(__file__).resolve().parent.parent

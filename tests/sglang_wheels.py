@@ -96,7 +96,7 @@ RELEASE_VERSIONS = ("0.5.4", "0.5.10", "0.5.23")
 
 
 def seed_release_cache(root: Path, versions: tuple[str, ...] = RELEASE_VERSIONS) -> Path:
-    """A release cache (`opspatch.runs.releases` layout) holding the test wheels of `versions`
+    """A release cache (`opspatch.runs.commands.check_releases` layout) holding the test wheels of `versions`
     as hard links, so `check --releases` runs offline. Raises WheelUnavailable when offline."""
     import os
     import shutil

@@ -195,7 +195,8 @@ def test_apply_file_plans_the_file_once(
     from opspatch.config.patches import load_patch
     from opspatch.core import edit
     from opspatch.ledger.store import Ledger
-    from opspatch.runs import localfile, pipeline
+    from opspatch.runs.commands import local_files as localfile
+    from opspatch.runs.fleet import pipeline
 
     planned: list[bytes] = []
 

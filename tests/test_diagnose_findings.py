@@ -29,9 +29,9 @@ from opspatch.hosts.diagnosis import (
 )
 from opspatch.hosts.results import RemoteFile
 from opspatch.ledger import Ledger
-from opspatch.runs.diagnosis_text import render_host, render_summary
-from opspatch.runs.findings import FleetDiagnosis, HostReport, judge_file, judge_host
-from opspatch.runs.timeline import build_report, render_markdown
+from opspatch.runs.commands.ledger_report import build_report, render_markdown
+from opspatch.runs.judgments.diagnosis_text import render_host, render_summary
+from opspatch.runs.judgments.findings import FleetDiagnosis, HostReport, judge_file, judge_host
 from tests.ledgerkit import ORIGINAL, PATCHED, begin, full_run, sha
 
 pytestmark = pytest.mark.pure
@@ -158,7 +158,7 @@ def _server(running: bool = True, health: int | None = 200) -> ServerState:
 
 
 def _host(name: str, content: bytes, *, crash: bool, **module_kw: object) -> HostReport:
-    from opspatch.runs.diagnose import analyse_exceptions
+    from opspatch.runs.commands.diagnose import analyse_exceptions
 
     d = HostDiagnosis(
         name,

@@ -13,7 +13,7 @@ import pytest
 
 from opspatch.core.policy import Batch
 from opspatch.core.vocabulary import Outcome
-from opspatch.runs.executor import (
+from opspatch.runs.fleet.executor import (
     CANCELLED,
     Cancellation,
     GaveUpWaiting,

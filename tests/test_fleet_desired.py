@@ -1,5 +1,5 @@
 """The fleet file and the pure decision `plan --fleet`, `sync` and `drift` share: table cases
-over `runs.sync.decide` and `drift_cause` (no processes), and every bad fleet file refused at its
+over `runs.commands.sync.decide` and `drift_cause` (no processes), and every bad fleet file refused at its
 file, line and field with exit 2 (the real console script for that)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from opspatch.config.patches import load_patch
 from opspatch.core.edit import detect
 from opspatch.core.vocabulary import Detected, DriftCause, PatchState, Rotation, SyncAction
 from opspatch.errors import InputError, Location, SpecError
-from opspatch.runs.status import PatchStatus, combine_set, why_unknown
-from opspatch.runs.sync import (
+from opspatch.runs.commands.status import PatchStatus, combine_set, why_unknown
+from opspatch.runs.commands.sync import (
     ACTION_BY_CARRIED,
     ACTION_BY_STATE,
     WrittenBefore,

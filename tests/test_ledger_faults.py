@@ -19,8 +19,8 @@ import pytest
 
 from opspatch.errors import LedgerError
 from opspatch.ledger import Ledger
-from opspatch.runs.leases import Heartbeat
-from opspatch.runs.recorder import LedgerRecorder
+from opspatch.runs.fleet.host_leases import Heartbeat
+from opspatch.runs.fleet.recorder import LedgerRecorder
 from tests.clirunner import opspatch
 from tests.fleetkit import wait_until
 from tests.ledgerkit import ORIGINAL, begin, begin_and_die, sha

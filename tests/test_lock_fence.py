@@ -28,7 +28,7 @@ from opspatch.hosts.transport.scripted import agent_operation
 from opspatch.ledger import store
 from opspatch.ledger.liveness import ControllerProcess
 from opspatch.ledger.store import Ledger
-from opspatch.runs.apply import apply_to_hosts
+from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
 from tests.pgkit import BACKENDS, PostgresServer, backend_pid

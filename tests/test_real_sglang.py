@@ -21,7 +21,7 @@ from opspatch.core.anchors import (
 )
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, reverse, unapply
 from opspatch.core.validate import check_compiles
-from opspatch.runs.localfile import distribution_version_for
+from opspatch.runs.commands.local_files import distribution_version_for
 from tests.sglang_wheels import EAGLE_RELPATH, WheelUnavailable, sglang_site
 
 pytestmark = pytest.mark.pure

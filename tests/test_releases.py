@@ -17,13 +17,13 @@ from opspatch.analysis.proofs import ReleaseProofs, combined_coverage, proof_cov
 from opspatch.config.patches import load_patch
 from opspatch.core.spec import PatchSpec
 from opspatch.errors import InputError
-from opspatch.runs.releasecache import read_proofs, release_cache_dir, release_coverage
-from opspatch.runs.releases import (
+from opspatch.runs.commands.check_releases import (
     check_releases,
     list_releases,
     parse_index_json,
     release_module_source,
 )
+from opspatch.runs.commands.releasecache import read_proofs, release_cache_dir, release_coverage
 from tests.patchkit import make_patch, src
 from tests.sglang_wheels import (
     CACHE,

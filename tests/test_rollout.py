@@ -243,7 +243,7 @@ def test_round_trips_per_host(fleet: SandboxFleet, tmp_path: Path) -> None:
     from opspatch.config.patches import load_patch
     from opspatch.core.policy import Playbook
     from opspatch.hosts.operations import open_transport
-    from opspatch.runs.apply import apply_to_hosts
+    from opspatch.runs.commands.apply import apply_to_hosts
 
     patch = load_patch(Path(__file__).resolve().parent.parent / "patches" / "eagle-init-guard.toml")
     hosts = [fleet.hosts[n] for n in fleet.names]

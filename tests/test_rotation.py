@@ -14,8 +14,8 @@ from opspatch.core.policy import BatchSize, Playbook, RotationSettings
 from opspatch.core.vocabulary import Outcome, Rotation
 from opspatch.errors import RouterRefused, SpecError
 from opspatch.hosts.router import RouterWorker
+from opspatch.runs.fleet.rotation import drain_room, halt_on_out_of_rotation
 from opspatch.runs.report import HostOutcome
-from opspatch.runs.rotation import drain_room, halt_on_out_of_rotation
 
 pytestmark = pytest.mark.pure
 

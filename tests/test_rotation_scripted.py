@@ -28,12 +28,12 @@ from opspatch.hosts.agent.facts import host_name, machine_id
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
 from opspatch.ledger.records import StepRecord
 from opspatch.ledger.store import Ledger
-from opspatch.runs.apply import apply_to_hosts
-from opspatch.runs.recover import recover_hosts
+from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.runs.commands.recover import recover_hosts
+from opspatch.runs.commands.rollback import rollback_hosts
+from opspatch.runs.commands.sync import sync_fleet
+from opspatch.runs.fleet.rotation import Rotation, rotation_of, taken_out_by
 from opspatch.runs.report import RunReport
-from opspatch.runs.restore import rollback_hosts
-from opspatch.runs.rotation import Rotation, rotation_of, taken_out_by
-from opspatch.runs.sync import sync_fleet
 from tests.test_runs_scripted import REPO, STANDIN, FakeHost, sha
 
 pytestmark = pytest.mark.scripted
@@ -336,7 +336,7 @@ def test_a_worker_out_of_rotation_with_its_fix_there_is_for_recover_and_sync_lea
     """h1 carries the proven fix but its router lost it (a crashed run's drain, say): the sync
     goal includes a worker in rotation, so the row is `recover`, sync neither drains, writes
     nor admits it (no router call beyond reading), and the recover it names re-admits it."""
-    from opspatch.runs.sync import plan_fleet
+    from opspatch.runs.commands.sync import plan_fleet
 
     fleet.register("h1", "h2", "h3")
     applied = apply_to_hosts(

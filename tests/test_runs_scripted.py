@@ -33,8 +33,8 @@ from opspatch.hosts.operations import LOCK_HOLD_SECONDS
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
 from opspatch.ledger.store import Ledger
-from opspatch.runs.apply import apply_to_hosts
-from opspatch.runs.recover import recover_hosts, recover_run, run_chain, unlock_hosts
+from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.runs.commands.recover import recover_hosts, recover_run, run_chain, unlock_hosts
 from opspatch.runs.report import RunReport
 
 pytestmark = pytest.mark.scripted
@@ -507,7 +507,7 @@ def test_a_staged_apply_is_two_execs_and_leaves_no_lock(fleet: Fleet) -> None:
     assert not (fleet.hosts[0].state / "lock.json").exists()
     assert sha(fleet.hosts[0].file.read_bytes()) != PRISTINE
     # the scripted engine started before the swap: status reads it staged, as on a real host
-    from opspatch.runs.status import fleet_status
+    from opspatch.runs.commands.status import fleet_status
 
     (said,) = fleet_status([fleet.hosts[0].host()], [fleet.patch], fleet.factory, fleet.ledger)
     assert said.state == "staged" and said.server_running, said
@@ -544,7 +544,7 @@ def test_a_change_proven_before_the_kill_whose_engine_died_since_is_restarted_by
 def _count_plans(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """The files the pipeline planned the patch on, one entry per call of the planner."""
     from opspatch.core.edit import apply_patch
-    from opspatch.runs import pipeline
+    from opspatch.runs.fleet import pipeline
 
     planned: list[bytes] = []
 
@@ -586,7 +586,7 @@ def test_a_rollback_whose_smoke_fails_is_restored_not_serving_with_a_failed_step
 ) -> None:
     """The restored pre-image is what was broken: its smoke decode fails. Before, the step read
     `ok`, the host `restored` with no note, exit 0."""
-    from opspatch.runs.restore import rollback_hosts
+    from opspatch.runs.commands.rollback import rollback_hosts
 
     fleet.hosts = fleet.hosts[:2]
     assert fleet.apply().exit_code == 0
@@ -662,7 +662,7 @@ def test_status_and_recover_say_the_same_about_a_change_nothing_interrupted(
 ) -> None:
     """A finished apply, then `recover --hosts`: before, recover said "smoke-tested before the
     interruption" although nothing was interrupted, in other words than `status`."""
-    from opspatch.runs.status import fleet_status
+    from opspatch.runs.commands.status import fleet_status
 
     host = fleet.hosts[0]
     fleet.hosts = [host]
@@ -683,7 +683,7 @@ def test_a_smoke_that_passed_before_a_double_ctrl_c_is_proven_for_status_and_rec
 ) -> None:
     """The run recorded the smoke as passed and no outcome (a second Ctrl-C): status said "never
     proven" while recover said "smoke-tested before the interruption"."""
-    from opspatch.runs.status import fleet_status
+    from opspatch.runs.commands.status import fleet_status
 
     host = fleet.hosts[0]
     dead = _left_by_a_dead_run(fleet, host)
@@ -701,7 +701,7 @@ def test_hosts_a_finished_run_left_needing_attention_are_what_a_bare_recover_rea
     """The canary's connection lost mid-swap (the file written, the lock held) and the host gone:
     the run finishes with it `needs-attention` and nothing is interrupted. Before, a bare
     `recover` answered "no interrupted run in the ledger" and left it."""
-    from opspatch.runs.recover import hosts_left_needing_attention
+    from opspatch.runs.commands.recover import hosts_left_needing_attention
 
     first = fleet.hosts[0]
 
@@ -733,7 +733,7 @@ def test_status_of_a_partial_file_names_the_patch_to_roll_back(fleet: Fleet) -> 
     """A file with some of a patch's edits (a hand edit stopped half-way): status says
     `partial` and names the rollback of that patch on that host."""
     from opspatch.core.edit import Applied, apply_patch
-    from opspatch.runs.status import fleet_status
+    from opspatch.runs.commands.status import fleet_status
 
     host = fleet.hosts[0]
     spec = fleet.patch.spec
@@ -804,7 +804,7 @@ def test_a_dry_run_records_nothing_even_when_given_the_ledger(fleet: Fleet, tmp_
 
 def test_the_null_recorder_has_no_run_id_to_lock_with() -> None:
     """A run that records nothing must never take a host lock: asking for its id is a bug."""
-    from opspatch.runs.recorder import NullRecorder
+    from opspatch.runs.fleet.recorder import NullRecorder
 
     with pytest.raises(RuntimeError, match="takes no host lock"):
         _ = NullRecorder().run_id
@@ -844,7 +844,7 @@ def test_status_of_a_wiped_fix_on_a_release_the_patch_does_not_cover_is_not_appl
     """A file back at its pre-image (a reinstall wiped the fix) on a release outside the patch's
     own versions: `not-applicable` (what sync reports as needs-port), never `not-applied` (what
     sync would try to apply, and the apply's preflight then refuses the whole run)."""
-    from opspatch.runs.status import fleet_status
+    from opspatch.runs.commands.status import fleet_status
 
     host = fleet.hosts[0]
     fleet.hosts = [host]
@@ -903,7 +903,7 @@ def test_a_sync_leaves_a_host_whose_engine_is_down_to_recover_and_applies_the_re
     """h2 carries the fix, proven, but its engine died since: `sync --check` is not at goal
     there (exit 1, naming `opspatch recover --hosts h2`), sync writes nothing there and records
     it skipped with that reason while h1 and h3 get the patch; the recover it names clears it."""
-    from opspatch.runs.sync import plan_fleet, sync_fleet
+    from opspatch.runs.commands.sync import plan_fleet, sync_fleet
 
     everyone, down = fleet.hosts, fleet.hosts[1]
     fleet.hosts = [down]
@@ -955,7 +955,7 @@ def test_a_sync_stopped_by_a_failed_run_records_the_next_patchs_hosts_as_not_app
     second patch's hosts, which needed `apply`, are recorded `skipped` naming the run that
     stopped it, rather than left out of the ledger; nothing of the second patch is written."""
     from opspatch.core.edit import detect
-    from opspatch.runs.sync import sync_fleet
+    from opspatch.runs.commands.sync import sync_fleet
 
     mark = mark_patch(tmp_path)
     fleet.hosts[0].smoke_ok = False
@@ -1047,7 +1047,7 @@ def test_an_adoption_said_applied_is_no_proof_for_status_or_recover(fleet: Fleet
     `recover` called it "as written by run R, proven by its smoke decode", and recover only
     started the server again, proving nothing. Now nothing is claimed: recover restarts, runs
     the smoke decode, and only then says proven."""
-    from opspatch.runs.status import fleet_status
+    from opspatch.runs.commands.status import fleet_status
 
     host = fleet.hosts[0]
     fleet.hosts = [host]
@@ -1075,7 +1075,7 @@ def test_a_recover_that_left_a_proven_change_alone_is_not_named_as_its_proof(
     """A recover that found the change proven and its server up says `applied` without a smoke.
     Before, `status` then credited the proof to that recover ("proven by run R's smoke decode",
     a decode it never ran); the proof stays the apply's."""
-    from opspatch.runs.status import fleet_status
+    from opspatch.runs.commands.status import fleet_status
 
     host = fleet.hosts[0]
     fleet.hosts = [host]
@@ -1100,7 +1100,7 @@ def test_a_rollback_told_not_to_restart_is_staged_back_on_a_host_without_an_engi
     from dataclasses import replace
 
     from opspatch.core.vocabulary import RestartPolicy
-    from opspatch.runs.restore import rollback_hosts
+    from opspatch.runs.commands.rollback import rollback_hosts
 
     fake = fleet.hosts[0]
     fleet.hosts = [fake]
@@ -1136,7 +1136,7 @@ def test_a_rollback_told_not_to_restart_is_staged_back_on_a_host_without_an_engi
 def _rolled_back(fleet: Fleet, playbook: Playbook) -> RunReport:
     """Every host applied, then rolled back under `playbook` with every restored file's smoke
     decode failing (the pre-image is what was broken)."""
-    from opspatch.runs.restore import rollback_hosts
+    from opspatch.runs.commands.rollback import rollback_hosts
 
     assert fleet.apply().exit_code == 0
     for fake in fleet.hosts:
@@ -1210,7 +1210,7 @@ def test_a_rollback_reports_a_host_refused_in_its_preflight_whatever_halts_the_r
     hand_edit = sha(edited.file.read_bytes())
     fleet.hosts[0].smoke_ok = False
     edited.requests.clear()
-    from opspatch.runs.restore import rollback_hosts
+    from opspatch.runs.commands.rollback import rollback_hosts
 
     report = rollback_hosts(
         ledger=fleet.ledger,
@@ -1328,8 +1328,8 @@ def test_a_first_ctrl_c_during_a_readiness_wait_says_what_is_still_waited_for_un
     """The first Ctrl-C lets the hosts in flight finish: a host in its readiness wait may hold
     the run for up to 20 minutes more, so the notice names what it waits for and until when.
     Before, it said only "waiting for h1 to finish"."""
-    from opspatch.runs import fleetrun
-    from opspatch.runs.executor import Cancellation
+    from opspatch.runs.fleet import fleetrun
+    from opspatch.runs.fleet.executor import Cancellation
 
     cancellation = Cancellation()
     monkeypatch.setattr(fleetrun, "Cancellation", lambda: cancellation)

@@ -25,10 +25,10 @@ from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.errors import EXIT_BAD_INPUT, ApprovalRefused, InputError, LeaseHeld, LedgerError
 from opspatch.hosts.agent.facts import host_name, machine_id
 from opspatch.ledger.store import Ledger, operator_identity
-from opspatch.runs.apply import apply_to_hosts
-from opspatch.runs.approval import approve_patch
-from opspatch.runs.leases import host_identity
-from opspatch.runs.recover import require_recoverable
+from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.runs.commands.recover import require_recoverable
+from opspatch.runs.fleet.host_leases import host_identity
+from opspatch.runs.judgments.approval import approve_patch
 from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
 from tests.ledgerkit import raw
@@ -180,7 +180,7 @@ def test_a_rollback_refused_by_another_runs_lease_still_names_a_preflight_refusa
 ) -> None:
     """A host the rollback's preflight refused (its file changed by hand) keeps that refusal
     when the run is refused for another host's lease: it is not "not started: leased to..."."""
-    from opspatch.runs.restore import rollback_hosts
+    from opspatch.runs.commands.rollback import rollback_hosts
 
     assert fleet.apply().exit_code == 0
     edited = fleet.hosts[2]
@@ -210,9 +210,9 @@ def test_rollback_restart_and_recover_on_hosts_another_runs_live_lease_holds_are
     """Every command that changes hosts takes their leases (`FleetRun.lease`): a live run's
     lease refuses them before any change, naming its run and operator; once given back, the
     rollback leases the hosts itself (read from their facts) and gives them back."""
-    from opspatch.runs.recover import recover_hosts
-    from opspatch.runs.restart import restart_hosts
-    from opspatch.runs.restore import rollback_hosts
+    from opspatch.runs.commands.recover import recover_hosts
+    from opspatch.runs.commands.restart import restart_hosts
+    from opspatch.runs.commands.rollback import rollback_hosts
 
     assert fleet.apply().exit_code == 0
     patched = {h.name: _sha(h.file) for h in fleet.hosts}
@@ -256,7 +256,7 @@ def test_unlock_refuses_the_lock_of_a_run_whose_lease_is_live_unless_forced(
     from opspatch.hosts.transport.scripted import agent_operation
     from opspatch.ledger import store
     from opspatch.ledger.liveness import ControllerProcess
-    from opspatch.runs.recover import unlock_hosts
+    from opspatch.runs.commands.recover import unlock_hosts
 
     elsewhere = ControllerProcess("alices-laptop", 4242, None)
     monkeypatch.setattr(store.ControllerProcess, "current", classmethod(lambda cls: elsewhere))
@@ -423,7 +423,7 @@ def test_a_sync_whose_second_patch_lacks_an_approval_changes_nothing_not_even_th
     applied when the second would be refused after it."""
     from opspatch.config.fleet import DesiredPatch, DesiredState
     from opspatch.errors import Location
-    from opspatch.runs.sync import sync_fleet
+    from opspatch.runs.commands.sync import sync_fleet
     from tests.test_runs_scripted import mark_patch
 
     mark = mark_patch(tmp_path)
@@ -532,7 +532,7 @@ def test_sync_under_a_fleet_file_asking_for_approval_needs_a_second_operators_si
     apply's approval check: refused unsigned before any host is changed, then signed by bob."""
     from opspatch.config.fleet import DesiredPatch, DesiredState
     from opspatch.errors import Location
-    from opspatch.runs.sync import sync_fleet
+    from opspatch.runs.commands.sync import sync_fleet
 
     hosts = [h.host() for h in fleet.hosts]
     desired = DesiredState(
@@ -685,8 +685,8 @@ def test_a_lease_held_across_a_cut_ledger_connection_is_reported_then_taken_over
     its leases were taken over."""
     from opspatch.ledger import store
     from opspatch.ledger.liveness import ControllerProcess
-    from opspatch.runs.leases import Heartbeat
-    from opspatch.runs.recorder import LedgerRecorder
+    from opspatch.runs.fleet.host_leases import Heartbeat
+    from opspatch.runs.fleet.recorder import LedgerRecorder
 
     elsewhere = ControllerProcess("alices-laptop", 4242, None)  # A's run is another machine's
     monkeypatch.setattr(store.ControllerProcess, "current", classmethod(lambda cls: elsewhere))
@@ -733,8 +733,8 @@ def test_a_run_keeps_its_lease_across_a_ledger_session_the_server_ended(
     """The server ends A's session (a restart, `pg_terminate_backend`): A's next heartbeat
     connects again and gets through, so A never stops holding its lease, and says nothing of
     it; B is still refused."""
-    from opspatch.runs.leases import Heartbeat
-    from opspatch.runs.recorder import LedgerRecorder
+    from opspatch.runs.fleet.host_leases import Heartbeat
+    from opspatch.runs.fleet.recorder import LedgerRecorder
 
     location, expiry, notices = postgres.fresh_ledger(), 3.0, Notices([])
     with Ledger.open(location) as alice:
@@ -765,7 +765,7 @@ def test_a_run_keeps_its_lease_across_a_ledger_session_the_server_ended(
 def test_a_run_that_lost_its_leases_starts_no_more_hosts(
     fleet: Fleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from opspatch.runs.leases import Heartbeat
+    from opspatch.runs.fleet.host_leases import Heartbeat
 
     lost = "this run's leases could not be renewed for 61 s (longer than their 60 s expiry): cut"
     monkeypatch.setattr(Heartbeat, "lost", property(lambda self: lost))
@@ -916,7 +916,7 @@ def test_a_ledger_gone_past_the_lease_expiry_stops_the_run_where_recover_expects
     gives the other hosts back unchanged."""
     from opspatch.ledger import store
     from opspatch.ledger.liveness import ControllerProcess
-    from opspatch.runs.recover import recover_run, run_chain
+    from opspatch.runs.commands.recover import recover_run, run_chain
 
     # The run's controller as it will be once it exited: this pid, no longer the process that
     # began the run (its start token differs), so the run reads interrupted, as after exit 3.

@@ -8,7 +8,7 @@ recorded splices, and from the patched text alone where the edit kinds allow it)
 its reason and the anchor's nearest candidates, so the author sees what the release has instead.
 
 `evaluate_release` is the pure judgement of one release; `ReleaseMatrix` collects them with the
-releases that could not be checked (and why). Fetching releases is `opspatch.runs.releases`.
+releases that could not be checked (and why). Fetching releases is `opspatch.runs.commands.check_releases`.
 
 Each release is also judged for the upstream fix (`opspatch.analysis.upstream`): a release whose
 own file already passes the patch's proof of the fix is marked `fixed-upstream`, so the author

@@ -1,4 +1,4 @@
-"""`opspatch bake`: a new image on top of one, with the patch baked in (`opspatch.runs.bake`)."""
+"""`opspatch bake`: a new image on top of one, with the patch baked in (`opspatch.runs.commands.bake`)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def bake(
     as_json: JsonOption = False,
 ) -> None:
     """Bake a patch into a new image: plan and check it on the image's own files, build FROM it."""
-    from opspatch.runs.bake import BakeRequest, bake_image, default_tag
+    from opspatch.runs.commands.bake import BakeRequest, bake_image, default_tag
 
     if runtime not in ("podman", "docker"):
         raise InputError(f"--runtime {runtime!r}: expected podman or docker; nothing was built")

@@ -110,7 +110,7 @@ def apply(
     assert hosts is not None
     if dry_run:
         show_fleet_plan(loaded, hosts, playbook, accept_new_host_keys, as_json)
-    from opspatch.runs.apply import apply_to_hosts
+    from opspatch.runs.commands.apply import apply_to_hosts
 
     selected = options.hosts(hosts)
     playbook_obj = restart_policy(options.load_playbook(playbook), restart)
@@ -160,7 +160,7 @@ def _apply_local(
     as_json: bool,
 ) -> NoReturn:
     from opspatch.core.edit import Applied
-    from opspatch.runs.localfile import apply_local_file
+    from opspatch.runs.commands.local_files import apply_local_file
 
     plan = plan_local(loaded, file, root, target_version)
     changes = [o for o in plan.outcomes if isinstance(o, Applied)]
@@ -203,7 +203,7 @@ def rollback(
     as_json: JsonOption = False,
 ) -> None:
     """Restore the pre-images opspatch recorded (where the file is still what opspatch wrote), restart, smoke."""
-    from opspatch.runs.restore import rollback_hosts
+    from opspatch.runs.commands.rollback import rollback_hosts
 
     if (patch is None) == (run is None):
         raise InputError("rollback needs exactly one of PATCH or --run RUN_ID")
@@ -251,7 +251,7 @@ def _rollback_local(
     as_json: bool,
 ) -> NoReturn:
     """`rollback --file F` / `--root DIR`: the local file's (tree's) recorded pre-images."""
-    from opspatch.runs.localfile import rollback_local_file, rollback_local_tree
+    from opspatch.runs.commands.local_files import rollback_local_file, rollback_local_tree
 
     ledger = options.open_ledger()
     source_run = ledger.get_run(run) if run is not None else None
@@ -309,7 +309,7 @@ def recover(
     """Bring hosts a run left behind to a known state: an interrupted run and the runs it
     descends from (default: the newest interrupted run; with none, the hosts recent runs left
     needing attention), or `--hosts` whatever run touched them."""
-    from opspatch.runs.recover import (
+    from opspatch.runs.commands.recover import (
         hosts_left_needing_attention,
         recover_hosts,
         recover_run,
@@ -405,7 +405,7 @@ def unlock(
     as_json: JsonOption = False,
 ) -> None:
     """Remove host locks left behind by runs that are over (recorded in the ledger)."""
-    from opspatch.runs.recover import unlock_hosts
+    from opspatch.runs.commands.recover import unlock_hosts
 
     if hosts is None:
         raise InputError("unlock needs --hosts TARGET", hint="opspatch unlock --hosts gpu-01")
@@ -435,7 +435,7 @@ def restart(
 ) -> None:
     """Complete staged patches (apply --restart never): restart each host's engine under the
     playbook, wait, smoke-decode, roll back the staged change on failure."""
-    from opspatch.runs.restart import restart_hosts
+    from opspatch.runs.commands.restart import restart_hosts
 
     if hosts is None:
         raise InputError("restart needs --hosts TARGET", hint="opspatch restart --hosts gpu-fleet")

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from opspatch.core.policy import Playbook
     from opspatch.core.spec import LoadedPatch
     from opspatch.ledger.store import Ledger
-    from opspatch.runs.connect import Connector
+    from opspatch.runs.fleet.connect import Connector
 
 
 @dataclass
@@ -73,7 +73,7 @@ class GlobalOptions:
         run (`become`: the inventory's environment variable, else one prompt on the terminal)."""
         from opspatch.cli.render import terminal_password_prompt
         from opspatch.hosts.become import BecomePasswords
-        from opspatch.runs.connect import transport_factory
+        from opspatch.runs.fleet.connect import transport_factory
 
         passwords = BecomePasswords(prompt=terminal_password_prompt())
         return transport_factory(accept_new_host_keys=accept_new_host_keys, passwords=passwords)

@@ -1,6 +1,6 @@
 """`opspatch sync | drift` and `plan --fleet`: the fleet file's desired patches against the hosts.
 
-Each reads the workspace's `fleet.toml` (`config.fleet`, docs/fleet.md), asks `runs.sync` one
+Each reads the workspace's `fleet.toml` (`config.fleet`, docs/fleet.md), asks `runs.commands.sync` one
 question, and prints the answer: a table, or one JSON document with `--json`.
 """
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from opspatch.core.host import Host
     from opspatch.core.spec import LoadedPatch
     from opspatch.ledger.store import Ledger
-    from opspatch.runs.sync import FleetPlan, SyncRow
+    from opspatch.runs.commands.sync import FleetPlan, SyncRow
 
 ACTION_STYLE = {
     SyncAction.NOTHING: "green",
@@ -47,7 +47,7 @@ def _read_fleet(
     """The fleet file, the hosts to cover (`--hosts`, else every host it names) and the
     workspace's other patches (found on a host, they are `extra`)."""
     from opspatch.config.fleet import load_fleet
-    from opspatch.runs.sync import select_hosts
+    from opspatch.runs.commands.sync import select_hosts
 
     workspace = options.workspace_dir()
     desired = load_fleet(workspace)
@@ -72,7 +72,7 @@ def _plan(
     accept_new_host_keys: bool,
     ledger: Ledger | None,
 ) -> FleetPlan:
-    from opspatch.runs.sync import plan_fleet
+    from opspatch.runs.commands.sync import plan_fleet
 
     desired, chosen, others = read
     factory = options.connector(accept_new_host_keys=accept_new_host_keys)
@@ -146,7 +146,7 @@ def sync(
 ) -> None:
     """Bring hosts to the patches fleet.toml wants on them (default: every host it names),
     through the apply pipeline; report what needs a port, is fixed upstream or is extra."""
-    from opspatch.runs.sync import sync_fleet
+    from opspatch.runs.commands.sync import sync_fleet
 
     if check:
         plan = read_plan(hosts, accept_new_host_keys)

@@ -170,7 +170,7 @@ def _file_source(file: Path, module: str | None, *, need_module: bool) -> _Sourc
 
 def _host_sources(hosts: str, module: str, accept_new_host_keys: bool) -> list[_Source]:
     from opspatch.core.policy import StepTimeouts
-    from opspatch.runs.diagnose import read_module_sources
+    from opspatch.runs.commands.diagnose import read_module_sources
 
     found = read_module_sources(
         options.hosts(hosts),
@@ -256,7 +256,7 @@ def export(
             raise InputError(f"{file}: no such file")
         pristine = file.read_bytes()
     else:
-        from opspatch.runs.releases import release_module_source
+        from opspatch.runs.commands.check_releases import release_module_source
 
         assert release is not None
         pristine = release_module_source(
@@ -281,7 +281,7 @@ def _default_author() -> str:
 def release_matrices(loaded: LoadedPatch, spec: str, offline: bool) -> list[ReleaseMatrix]:
     """`check PATCH --releases [SPEC]`: the patch on every release in its range (or SPEC); a
     patch set has one matrix per file (its coverage counts a release where every file passes)."""
-    from opspatch.runs.releases import check_releases
+    from opspatch.runs.commands.check_releases import check_releases
 
     matrices = [check_releases(part, spec=spec or None, offline=offline) for part in loaded.parts]
     if not loaded.is_set:

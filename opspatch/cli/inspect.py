@@ -32,7 +32,7 @@ def status(
     as_json: JsonOption = False,
 ) -> None:
     """What is applied where: applied, not applied, drifted, unreachable (checked live against the ledger)."""
-    from opspatch.runs.status import fleet_status
+    from opspatch.runs.commands.status import fleet_status
 
     if hosts is None:
         raise InputError("status needs --hosts TARGET", hint="opspatch status --hosts gpu-fleet")
@@ -72,7 +72,7 @@ def smoke(
     ] = False,
 ) -> None:
     """Run the playbook's smoke decode (and a scan of the log it writes) on each host; change nothing."""
-    from opspatch.runs.smoke import smoke_hosts
+    from opspatch.runs.commands.smoke import smoke_hosts
 
     if hosts is None:
         raise InputError("smoke needs --hosts TARGET", hint="opspatch smoke --hosts gpu-fleet")

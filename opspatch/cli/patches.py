@@ -22,7 +22,7 @@ from opspatch.errors import EXIT_BAD_INPUT, InputError, OpspatchError
 if TYPE_CHECKING:
     from opspatch.core.edit import PlanOutcome
     from opspatch.core.spec import LoadedPatch
-    from opspatch.runs.localfile import LocalPlan
+    from opspatch.runs.commands.local_files import LocalPlan
 
 TargetVersionOption = Annotated[
     str | None,
@@ -104,7 +104,7 @@ def check(
     version range covers releases that `check --releases` has not proven it on (read from the
     release cache, offline)."""
     from opspatch.analysis.provenance import Provenance
-    from opspatch.runs.releasecache import release_coverage
+    from opspatch.runs.commands.releasecache import release_coverage
 
     workspace = options.workspace_dir()
     references = patches or sorted(workspace.available("patches"))
@@ -203,7 +203,7 @@ def recorded_signers(patch_sha256: str, playbook: str | None) -> list[dict[str, 
     """Who signed this sha256 (`opspatch approve`), from the ledger if there is one (`check`
     never creates a ledger), each verified against the playbook's allowed_signers (`verified`
     None: there is no such file to verify against)."""
-    from opspatch.runs.approval import verifies
+    from opspatch.runs.judgments.approval import verifies
 
     ledger = options.existing_ledger()
     if ledger is None:
@@ -334,7 +334,7 @@ def plan_local(
     loaded: LoadedPatch, file: Path | None, root: Path | None, target_version: str | None
 ) -> LocalPlan:
     """The plan on the local file (`--file`) or the local tree (`--root`)."""
-    from opspatch.runs.localfile import plan_local_file, plan_local_tree
+    from opspatch.runs.commands.local_files import plan_local_file, plan_local_tree
 
     if root is not None:
         return plan_local_tree(loaded, root, target_version)
@@ -352,7 +352,7 @@ def show_local_plan(
     """Plan a patch on a local file (or each file of a local tree) and show the diff (or why
     not); exit 2 if it does not fit."""
     from opspatch.core.edit import AlreadyApplied, NotApplicable
-    from opspatch.runs.localfile import not_applicable_error
+    from opspatch.runs.commands.local_files import not_applicable_error
 
     plan = plan_local(loaded, file, root, target_version)
     if as_json:
@@ -384,7 +384,7 @@ def show_fleet_plan(
 ) -> NoReturn:
     """Inspect and plan on every selected host (no lock, no record) and show each plan."""
     from opspatch.cli.render import LiveProgress
-    from opspatch.runs.apply import apply_to_hosts
+    from opspatch.runs.commands.apply import apply_to_hosts
 
     selected = options.hosts(selection)
     playbook = options.load_playbook(playbook_ref)

@@ -353,7 +353,7 @@ def finish(report: RunReport, as_json: bool) -> NoReturn:
 
 class LiveProgress:
     """A line per host with its current step and elapsed time (rich Live on a terminal, plain
-    lines otherwise), on stderr. Implements `opspatch.runs.session.Progress`."""
+    lines otherwise), on stderr. Implements `opspatch.runs.fleet.session.Progress`."""
 
     def __init__(self, hosts: Sequence[str], *, enabled: bool) -> None:
         self.enabled = enabled

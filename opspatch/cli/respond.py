@@ -3,7 +3,7 @@ runs and why it crashed), `adopt` (a hand edit becomes a patch) and `ledger repo
 postmortem timeline, registered in the `ledger` group).
 
 Each parses, calls one function of `opspatch.runs` (`diagnose`, `adopt`, `timeline`) and prints
-what it returns; the text comes from pure helpers (`runs.diagnosis_text`, `runs.timeline`).
+what it returns; the text comes from pure helpers (`runs.judgments.diagnosis_text`, `runs.commands.ledger_report`).
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ def diagnose(
     """What each host really runs and why it crashed: the imported files (pristine, patched by
     opspatch, edited outside), bytecode, server, /health, the log since its start, the
     exceptions with their analysis and the patches that fix them. Changes nothing."""
-    from opspatch.runs.diagnose import DiagnoseOptions, diagnose_fleet
-    from opspatch.runs.diagnosis_text import render_host, render_summary
+    from opspatch.runs.commands.diagnose import DiagnoseOptions, diagnose_fleet
+    from opspatch.runs.judgments.diagnosis_text import render_host, render_summary
 
     if hosts is None:
         raise InputError(
@@ -158,7 +158,7 @@ def adopt(
 ) -> None:
     """Turn a hand edit on hosts into a diff-kind patch file against the pristine source, and
     record the adoption, so status, rollback and rollout treat it as any other patch."""
-    from opspatch.runs.adopt import Pristine, adopt_edit
+    from opspatch.runs.commands.adopt import Pristine, adopt_edit
 
     if hosts is None or module is None or patch_id is None:
         raise InputError(
@@ -225,7 +225,7 @@ def ledger_report(
     """The postmortem timeline: every run in the window (default: the last 24 hours), who ran
     it from where, each host's steps with times and outcomes, what changed, what was rolled
     back and why."""
-    from opspatch.runs.timeline import build_report, empty_report, render_markdown
+    from opspatch.runs.commands.ledger_report import build_report, empty_report, render_markdown
 
     if run is not None and since is not None:
         raise InputError("ledger report takes a RUN_ID or --since DURATION, not both")

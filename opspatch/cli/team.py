@@ -36,8 +36,8 @@ def approve(
     ledger: the approval a playbook with `[team] require_approval = true` asks of a second
     operator before apply."""
     from opspatch.ledger.store import operator_identity
-    from opspatch.runs.approval import approve_patch
-    from opspatch.runs.recorded import command_line
+    from opspatch.runs.fleet.recorded import command_line
+    from opspatch.runs.judgments.approval import approve_patch
 
     loaded = options.load_patch(patch)
     operator = operator_identity()

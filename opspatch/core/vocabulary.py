@@ -28,7 +28,7 @@ class Outcome(Word):
     APPLIED = "applied"
     """The patch is on the host and the server was restarted and proven by the smoke decode
     (`adopt` alone says it of a hand edit whose running server started after it, with no smoke
-    decode: `runs.proof` claims a proof only where a smoke passed)."""
+    decode: `runs.judgments.proof` claims a proof only where a smoke passed)."""
     ALREADY_APPLIED = "already-applied"
     """The host's file already carried the patch; nothing was changed."""
     STAGED = "staged"

@@ -31,7 +31,7 @@ from opspatch import __version__
 from opspatch.core.ledgerlocation import PostgresLedger
 from opspatch.errors import InputError, LedgerConfigError, LedgerError, LedgerUnreachable
 from opspatch.ledger.database import Rows
-from opspatch.ledger.leases import LEASES_TABLE
+from opspatch.ledger.lease_store import LEASES_TABLE
 from opspatch.ledger.records import MigrateReport
 from opspatch.ledger.schema import APPEND_ONLY_MESSAGE, BUSY_TIMEOUT_SECONDS, EVENT_KINDS
 
@@ -90,7 +90,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX events_by_run ON events(run_id, id)",
         "CREATE INDEX file_versions_by_file ON events(host, path, id) WHERE kind = 'file-version'",
     ),
-    # Run leases: mutable state beside the history (ledger/leases.py), never in its chain.
+    # Run leases: mutable state beside the history (ledger/lease_store.py), never in its chain.
     2: (LEASES_TABLE,),
     # The highest event id ever handed out, kept in a table: a sequence's nextval survives the
     # rollback of a failed write, which would read as a deleted tail forever after.

@@ -15,7 +15,7 @@ import sqlite3
 from pathlib import Path
 
 from opspatch.errors import LedgerConfigError
-from opspatch.ledger.leases import LEASES_TABLE
+from opspatch.ledger.lease_store import LEASES_TABLE
 
 SCHEMA_VERSION = 1
 """In `PRAGMA user_version`; a ledger with a newer one is refused, never rewritten."""

@@ -31,7 +31,7 @@ from opspatch.core.ledgerlocation import LedgerLocation
 from opspatch.core.source import sha256_hex
 from opspatch.core.vocabulary import RECORDED_OUTCOMES, Outcome, RunOutcome, StepStatus
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError, LedgerUnreachable
-from opspatch.ledger import leases
+from opspatch.ledger import lease_store
 from opspatch.ledger.approvals import APPROVE_COMMAND, SIGN_STEP, approvals_of, signed_in
 from opspatch.ledger.chain import (
     GENESIS_HASH,
@@ -117,7 +117,7 @@ LEASE_STEP = "lease"
 """The step that records taking, taking over and giving back a run's lease on a host."""
 
 
-def _holder(lease: leases.Lease, now_ms: int) -> LeaseHolder:
+def _holder(lease: lease_store.Lease, now_ms: int) -> LeaseHolder:
     return LeaseHolder(
         identity=lease.identity,
         host=lease.host,
@@ -217,7 +217,7 @@ class Ledger:
         """This ledger (the same connection and lock) with writes tried again, with backoff,
         while its server is gone (`LedgerUnreachable`: a restart, a network cut), until one gets
         through or the outage has lasted `seconds`: a run's records, patient for its lease
-        expiry (`runs.recorded.recorded_run`). Once an outage outlasted it, every write is
+        expiry (`runs.fleet.recorded.recorded_run`). Once an outage outlasted it, every write is
         tried once until one gets through again. Closing it closes this ledger.
         """
         return replace(self, _patience=WritePatience(seconds), _appended=None)
@@ -782,7 +782,7 @@ class Ledger:
             start = require_open_run(conn, run_id).data
             current = {
                 lease.identity: lease
-                for lease in leases.leases_on(conn, sorted(set(identities.values())))
+                for lease in lease_store.leases_on(conn, sorted(set(identities.values())))
             }
             others = {i: lease for i, lease in current.items() if lease.run_id != run_id}
             refused = tuple(
@@ -793,7 +793,7 @@ class Ledger:
             if refused:
                 return LeaseGrant(refused=refused)
             taken = [
-                leases.Lease(
+                lease_store.Lease(
                     identity=identity,
                     host=host,
                     run_id=run_id,
@@ -805,7 +805,7 @@ class Ledger:
                 )
                 for host, identity in identities.items()
             ]
-            leases.put(conn, taken)
+            lease_store.put(conn, taken)
             taken_over = []
             for lease in taken:
                 before = others.get(lease.identity)
@@ -834,7 +834,7 @@ class Ledger:
         Raises:
             LedgerError: the ledger cannot be written.
         """
-        return self._write(lambda conn: leases.renew(conn, run_id, _now_ms()), patient=False)
+        return self._write(lambda conn: lease_store.renew(conn, run_id, _now_ms()), patient=False)
 
     def give_back_leases(self, run_id: str) -> int:
         """Remove `run_id`'s leases, each recorded as a `lease` step while the run is open (a
@@ -845,7 +845,7 @@ class Ledger:
         """
 
         def write(conn: Database) -> int:
-            held = leases.give_back(conn, run_id)
+            held = lease_store.give_back(conn, run_id)
             if held and not select_events(conn, "run_id = ? AND kind = 'run-finished'", (run_id,)):
                 for lease in held:
                     body = {
@@ -867,7 +867,7 @@ class Ledger:
         """
         now = _now_ms()
         with self._reading() as conn:
-            return [_holder(lease, now) for lease in leases.leases_of(conn, list(run_ids))]
+            return [_holder(lease, now) for lease in lease_store.leases_of(conn, list(run_ids))]
 
     # -- integrity ------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from opspatch.core.spec import LoadedPatch, PatchSpec
 from opspatch.errors import HostError, InputError, OpspatchError
 from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.transport.container import ContainerIdentity
-from opspatch.runs.pipeline import gate_inspection
+from opspatch.runs.fleet.pipeline import gate_inspection
 from opspatch.sandbox import containers as sandbox_containers
 from opspatch.sandbox.dist import InstallShape, installed_shape
 from opspatch.sandbox.install import host_venv_dir, venv_site_packages

@@ -5,7 +5,7 @@ Every host's result is a `HostOutcome` value; `apply_to_hosts` collects them all
 selected host and plans the patch there: a host where the patch does not fit (version gate,
 anchors, module not resolving) or that cannot be reached safely (host key, sudo) refuses the whole
 run with exit 2, so a rollout never starts on a fleet it cannot finish. The per-host template is
-`runs.pipeline.ApplyPipeline`.
+`runs.fleet.pipeline.ApplyPipeline`.
 """
 
 from __future__ import annotations
@@ -30,20 +30,20 @@ from opspatch.errors import (
 )
 from opspatch.ledger.records import LeaseHolder
 from opspatch.ledger.store import Ledger, operator_identity
-from opspatch.runs.approval import require_approval
-from opspatch.runs.connect import TransportFactory
-from opspatch.runs.fleetrun import FleetRun
-from opspatch.runs.leases import host_identity, lease_held, live_holders, refusal
-from opspatch.runs.pipeline import ApplyPipeline, Prepared, PreparedFile
-from opspatch.runs.recorded import recorded_run
-from opspatch.runs.recorder import NullRecorder, Recorder
-from opspatch.runs.report import HostOutcome, RunReport
-from opspatch.runs.session import (
+from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.host_leases import host_identity, lease_held, live_holders, refusal
+from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
+from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.fleet.recorder import NullRecorder, Recorder
+from opspatch.runs.fleet.session import (
     HostSession,
     NoProgress,
     Progress,
     describe_error,
 )
+from opspatch.runs.judgments.approval import require_approval
+from opspatch.runs.report import HostOutcome, RunReport
 
 # ---------------------------------------------------------------------------------------------
 # the fleet
@@ -52,7 +52,7 @@ from opspatch.runs.session import (
 @dataclass(frozen=True)
 class LocalFiles:
     """An apply to files of the controller's own disk (`--file`, `--root`; the one host is the
-    controller, `runs.localfile`): the file of each of the patch's targets, in order, their
+    controller, `runs.commands.local_files`): the file of each of the patch's targets, in order, their
     distribution's version where known, and the plans made on them before asking (applied as
     shown, not planned again). There is no server: a swapped host is `applied`."""
 

@@ -21,8 +21,8 @@ from opspatch.core.host import Host
 from opspatch.errors import LeaseHeld, LedgerError, LockHeld
 from opspatch.hosts.results import HostFacts
 from opspatch.ledger.records import LeaseHolder
-from opspatch.runs.recorder import Recorder
-from opspatch.runs.session import Progress
+from opspatch.runs.fleet.recorder import Recorder
+from opspatch.runs.fleet.session import Progress
 
 HEARTBEATS_PER_EXPIRY = 3
 """Heartbeats sent within one expiry interval: a late one or two do not lose the lease."""

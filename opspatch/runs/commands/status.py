@@ -39,12 +39,12 @@ from opspatch.ledger.lineage import (
     locate,
 )
 from opspatch.ledger.store import FileVersion, Ledger, Machine
-from opspatch.runs.connect import TransportFactory
-from opspatch.runs.executor import map_hosts
-from opspatch.runs.pipeline import gate_inspection
-from opspatch.runs.proof import change_proof, describe
-from opspatch.runs.rotation import rotation_of
-from opspatch.runs.who import RunWho, who_ran
+from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.executor import map_hosts
+from opspatch.runs.fleet.pipeline import gate_inspection
+from opspatch.runs.fleet.rotation import rotation_of
+from opspatch.runs.judgments.proof import change_proof, describe
+from opspatch.runs.judgments.who import RunWho, who_ran
 
 
 @dataclass(frozen=True)
@@ -409,7 +409,7 @@ def describe_baked(baked: BakedLabels, container: ContainerIdentity) -> str:
 
 
 def _written(ledger: Ledger, host: str, path: str, version: FileVersion) -> str:
-    """Where a file that is the bytes a run wrote stands: proven or not (`runs.proof`, the
+    """Where a file that is the bytes a run wrote stands: proven or not (`runs.judgments.proof`, the
     same sentence `recover` says). Plain "applied" for an unproven change would say the fix is
     live while the server may still run the old code."""
     return describe(change_proof(ledger, host, version))

@@ -18,18 +18,18 @@ from opspatch.core.vocabulary import Outcome, SetState
 from opspatch.errors import OpspatchError
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger
-from opspatch.runs.connect import TransportFactory
-from opspatch.runs.fleetrun import FleetRun
-from opspatch.runs.patchset import read_set
-from opspatch.runs.recorded import recorded_run
-from opspatch.runs.report import FileChange, HostOutcome, RunReport
-from opspatch.runs.restore import restore_recorded, restore_set
-from opspatch.runs.session import (
+from opspatch.runs.commands.rollback import restore_recorded, restore_set
+from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.fleet.session import (
     HostSession,
     NoProgress,
     Progress,
 )
-from opspatch.runs.steps import prove_or_undo
+from opspatch.runs.fleet.steps import prove_or_undo
+from opspatch.runs.judgments.patchset import read_set
+from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 
 def restart_hosts(

@@ -15,9 +15,9 @@ from opspatch.core.vocabulary import Outcome
 from opspatch.errors import InputError, OpspatchError, RemoteOperationError
 from opspatch.hosts.engine import Readiness, RestartResult, SmokeResult, StillWaiting
 from opspatch.hosts.operations import RestoreResult
+from opspatch.runs.fleet.rotation import admit_step, drain_step
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.report import FileChange, HostOutcome
-from opspatch.runs.rotation import admit_step, drain_step
-from opspatch.runs.session import HostFailed, HostSession, describe_error
 
 # Refusals the host agent replies with only when it wrote nothing: the effect is known.
 _NO_EFFECT_CODES_EXCLUDED = frozenset({"agent-no-reply", "agent-error"})

@@ -1,6 +1,6 @@
 """The fleet executor: one function per host, over batches, a bounded number at a time.
 
-Every command that changes hosts runs through `run_fleet` (via `runs.fleetrun.FleetRun`): batches
+Every command that changes hosts runs through `run_fleet` (via `runs.fleet.fleetrun.FleetRun`): batches
 in order (canaries first for an apply; one batch for a restore), at most `in_flight` hosts of a
 batch at once on a bounded thread pool (never a thread per host), each host's outcome handed to
 `on_outcome` as soon as it is known (the ledger records it then, so a killed controller loses

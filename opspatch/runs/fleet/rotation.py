@@ -12,7 +12,7 @@ One the ledger never saw drained is a wrong `router.worker_url`. During the run,
 `HostRotation` holds one of its router's permits from its drain until its admit, so no more
 workers than allowed are ever out at once.
 
-The steps (`drain_step`, `admit_step`) are called from `runs/steps.py` only: the drain before
+The steps (`drain_step`, `admit_step`) are called from `runs/fleet/steps.py` only: the drain before
 every engine restart, the admit after a last smoke that passed. A host whose proof failed stays
 out of rotation, and its outcome says so (`Rotation.OUT_OF_ROTATION`).
 """
@@ -32,8 +32,8 @@ from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.errors import OpspatchError, RouterError, RouterRefused
 from opspatch.hosts.router import RouterClient, RouterWorker
 from opspatch.ledger.records import StepRecord
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.report import HostOutcome
-from opspatch.runs.session import HostFailed, HostSession, describe_error
 
 DRAIN_POLL_SECONDS = 0.1
 """Seconds between two reads of a draining worker's `/v1/loads`."""

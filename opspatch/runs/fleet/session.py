@@ -30,12 +30,12 @@ from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.container import ContainerTransport
 from opspatch.ledger.records import ContainerRecord
-from opspatch.runs.connect import TransportFactory, become_passwords
-from opspatch.runs.recorder import DETAIL_LIMIT, Recorder
+from opspatch.runs.fleet.connect import TransportFactory, become_passwords
+from opspatch.runs.fleet.recorder import DETAIL_LIMIT, Recorder
 from opspatch.runs.report import FileChange, HostOutcome, StepResult
 
 if TYPE_CHECKING:
-    from opspatch.runs.rotation import HostRotation
+    from opspatch.runs.fleet.rotation import HostRotation
 
 
 class Progress(Protocol):

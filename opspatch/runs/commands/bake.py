@@ -55,12 +55,12 @@ from opspatch.hosts.transport.container import runtime_words
 from opspatch.hosts.transport.local import LocalTransport
 from opspatch.ledger.records import ContainerRecord
 from opspatch.ledger.store import Ledger
-from opspatch.runs.apply import misfit_reason
-from opspatch.runs.fleetrun import FleetRun
-from opspatch.runs.pipeline import ApplyPipeline, Prepared, PreparedFile
-from opspatch.runs.recorded import recorded_run
+from opspatch.runs.commands.apply import misfit_reason
+from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
+from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
 from opspatch.runs.report import HostOutcome, RunReport
-from opspatch.runs.session import HostSession, NoProgress, Progress, describe_error
 
 SCRATCH_STATE_DIR = "/var/tmp/opspatch"
 """The agent's state (lock, backups) inside the scratch container: gone with it."""

@@ -3,7 +3,7 @@
 Per host, ONE exec of the agent's `diagnose` (`opspatch.hosts.diagnosis`): the files of the
 workspace patches' modules, the server, the log since its last start, and the source the
 analyses need (with `--decode`, the smoke decode in the same exec). Then, on the controller:
-each file judged against its RECORD hash, git HEAD and the ledger (`runs.findings.judge_file`),
+each file judged against its RECORD hash, git HEAD and the ledger (`runs.judgments.findings.judge_file`),
 with reference texts shared across the fleet (a RECORD-verified copy on one host is the pristine
 text of every host of that release); each logged exception matched to the workspace patches that
 declare they fix it (`analysis.fixes`), and a missing attribute explained from its class's source
@@ -32,9 +32,11 @@ from opspatch.hosts.image import BakedLabels
 from opspatch.hosts.operations import HostOperations
 from opspatch.ledger.records import FileVersion
 from opspatch.ledger.store import Ledger
-from opspatch.runs.connect import TransportFactory
-from opspatch.runs.executor import map_hosts
-from opspatch.runs.findings import (
+from opspatch.runs.commands.status import baked_in, container_of, recreated_since
+from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.executor import map_hosts
+from opspatch.runs.fleet.session import describe_error
+from opspatch.runs.judgments.findings import (
     PROBLEM,
     ExceptionReport,
     FileVerdict,
@@ -44,8 +46,6 @@ from opspatch.runs.findings import (
     judge_file,
     judge_host,
 )
-from opspatch.runs.session import describe_error
-from opspatch.runs.status import baked_in, container_of, recreated_since
 
 MAX_HOSTS_AT_ONCE = 16
 

@@ -18,7 +18,7 @@ disk now. It never trusts a run's own account of where it got to.
 - `unlock_hosts(hosts)`: remove a host lock whose run is over, recorded in the ledger; a lock
   whose run is alive (or unknown here and not expired) is refused.
 
-Per host: the live file matches the post-image of a recorded patch → proven (`runs.proof`, as
+Per host: the live file matches the post-image of a recorded patch → proven (`runs.judgments.proof`, as
 `status` says it) and its server started after the write: `applied`, left alone (a second
 recover restarts nothing); proven and its server gone: started again, `applied`; else restart,
 ready, smoke → `applied`, or restore → `rolled-back`; it
@@ -45,15 +45,20 @@ from opspatch.core.vocabulary import Outcome, RunStatus, SetState
 from opspatch.errors import InputError, LockHeld
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
-from opspatch.runs.connect import TransportFactory
-from opspatch.runs.leases import lease_held, refusal
-from opspatch.runs.patchset import paths_of, read_set
-from opspatch.runs.proof import change_proof, describe
-from opspatch.runs.recorded import recorded_run
+from opspatch.runs.commands.rollback import (
+    ensure_running,
+    restore_recorded,
+    restore_set,
+    run_restore,
+)
+from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.host_leases import lease_held, refusal
+from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
+from opspatch.runs.fleet.steps import prove_or_undo, undo
+from opspatch.runs.judgments.patchset import paths_of, read_set
+from opspatch.runs.judgments.proof import change_proof, describe
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
-from opspatch.runs.restore import ensure_running, restore_recorded, restore_set, run_restore
-from opspatch.runs.session import HostSession, NoProgress, Progress
-from opspatch.runs.steps import prove_or_undo, undo
 
 _OVER = (RunStatus.FINISHED, RunStatus.INTERRUPTED, RunStatus.RECOVERED)
 

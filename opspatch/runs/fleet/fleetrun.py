@@ -36,8 +36,8 @@ from opspatch.errors import (
     RouterRefused,
     RunInterrupted,
 )
-from opspatch.runs.connect import TransportFactory
-from opspatch.runs.executor import (
+from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.executor import (
     CANCELLED,
     Cancellation,
     GaveUpWaiting,
@@ -45,17 +45,17 @@ from opspatch.runs.executor import (
     map_cancellable,
     run_fleet,
 )
-from opspatch.runs.leases import Heartbeat, held_by, host_identity, refusal
-from opspatch.runs.recorder import Recorder
-from opspatch.runs.report import HostOutcome, RunReport
-from opspatch.runs.rotation import (
+from opspatch.runs.fleet.host_leases import Heartbeat, held_by, host_identity, refusal
+from opspatch.runs.fleet.recorder import Recorder
+from opspatch.runs.fleet.rotation import (
     ROTATING_COMMANDS,
     ROTATION_STEPS,
     Rotation,
     halt_on_out_of_rotation,
     taken_out_by,
 )
-from opspatch.runs.session import HostFailed, HostSession, Progress, describe_error
+from opspatch.runs.fleet.session import HostFailed, HostSession, Progress, describe_error
+from opspatch.runs.report import HostOutcome, RunReport
 
 T = TypeVar("T")
 

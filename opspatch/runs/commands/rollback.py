@@ -1,5 +1,5 @@
 """Putting hosts back: `rollback` (undo a patch from the ledger), and what `recover`
-(`runs.recover`) shares with it.
+(`runs.commands.recover`) shares with it.
 
 Both restore only what opspatch itself wrote: a host's file is restored to the pre-image the
 ledger holds when the live file still hashes to the post-image opspatch recorded; anything else
@@ -23,7 +23,7 @@ Told not to restart (`--restart never`, for a host whose inventory sets no engin
 rollback restores the files only (in the playbook's batches; no server is restarted), and each
 host is `staged-back` (exit 0) once its files are back.
 
-Both run through the fleet executor (`runs.executor`): hosts in parallel up to the playbook's
+Both run through the fleet executor (`runs.fleet.executor`): hosts in parallel up to the playbook's
 `max_in_flight`; for recover and unlock, one batch that a host that needs attention, or whose
 restored file is not served, halts.
 """
@@ -50,28 +50,28 @@ from opspatch.ledger.lineage import (
     locate,
 )
 from opspatch.ledger.store import FileVersion, Ledger, Machine, RunDetail
-from opspatch.runs.connect import TransportFactory
-from opspatch.runs.executor import HaltPolicy, halt_on_attention, one_batch
-from opspatch.runs.fleetrun import FleetRun
-from opspatch.runs.leases import host_identity
-from opspatch.runs.patchset import Member, SetOnHost, paths_of, read_live
-from opspatch.runs.recorded import recorded_run
-from opspatch.runs.recorder import Recorder
-from opspatch.runs.report import FileChange, HostOutcome, RunReport
-from opspatch.runs.session import (
+from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.executor import HaltPolicy, halt_on_attention, one_batch
+from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.host_leases import host_identity
+from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.fleet.recorder import Recorder
+from opspatch.runs.fleet.session import (
     HostFailed,
     HostSession,
     NoProgress,
     Progress,
     describe_error,
 )
-from opspatch.runs.steps import (
+from opspatch.runs.fleet.steps import (
     readmit,
     ready_step,
     restart_step,
     restore_pre_image,
     smoke_after_restore,
 )
+from opspatch.runs.judgments.patchset import Member, SetOnHost, paths_of, read_live
+from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 
 def restore_recorded(session: HostSession, version: FileVersion) -> FileChange:

@@ -15,7 +15,7 @@ The effects behind the portability matrix (`opspatch.analysis.portability` judge
    `ReleaseProofs`), which plain `check` reads to warn about releases in a patch's range it is
    not proven on.
 
-The cache (`opspatch.runs.releasecache`: where it is, and the proof records) is
+The cache (`opspatch.runs.commands.releasecache`: where it is, and the proof records) is
 `$OPSPATCH_CACHE`, else `$XDG_CACHE_HOME/opspatch/releases`, else `~/.cache/opspatch/releases`;
 never the repository. Layout: `<cache>/<name>/wheels/*.whl`,
 `<cache>/<name>/<version>/<module path>` and `<cache>/<name>/proofs/<patch id>/<module>.json`.
@@ -50,7 +50,7 @@ from opspatch.analysis.portability import (
 from opspatch.analysis.proofs import sort_versions
 from opspatch.core.spec import PatchSpec, Target
 from opspatch.errors import InputError
-from opspatch.runs.releasecache import normalize_name, record_proofs, release_cache_dir
+from opspatch.runs.commands.releasecache import normalize_name, record_proofs, release_cache_dir
 
 DEFAULT_INDEX = "https://pypi.org"
 INDEX_TIMEOUT_S = 20.0

@@ -2,7 +2,7 @@
 
 Every record a run makes on its way (a step, a host's facts, a file version, a host's outcome,
 the run's end) goes through its `Recorder`. A run that changes hosts is begun in the ledger
-(`runs.recorded.recorded_run`) and records through a `LedgerRecorder`; a run that only looks
+(`runs.fleet.recorded.recorded_run`) and records through a `LedgerRecorder`; a run that only looks
 (`apply --dry-run`, `plan`, `smoke`) records through the `NullRecorder`, so no code on the run
 path asks whether there is a ledger or a run id. The ledger's own guarantees (every append in
 one fsync'd transaction, in the order the run makes them) are the `Ledger`'s; a recorder only

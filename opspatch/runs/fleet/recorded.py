@@ -6,7 +6,7 @@ with recorded_run(ledger, command="apply", patch=loaded, hosts=hosts, ...) as ru
     run.finish(report)
 ```
 
-`run` is the run's `LedgerRecorder` (`runs.recorder`): the sessions and the fleet run record
+`run` is the run's `LedgerRecorder` (`runs.fleet.recorder`): the sessions and the fleet run record
 through it.
 
 A run whose body raises `InputError` (bad input found after the run began: nothing was changed)
@@ -29,7 +29,7 @@ from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import RunOutcome
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
 from opspatch.ledger.store import Ledger, operator_identity
-from opspatch.runs.recorder import LedgerRecorder
+from opspatch.runs.fleet.recorder import LedgerRecorder
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:

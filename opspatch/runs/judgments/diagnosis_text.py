@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from opspatch.runs.findings import INFO, FleetDiagnosis, HostReport
+from opspatch.runs.judgments.findings import INFO, FleetDiagnosis, HostReport
 
 
 def _when(epoch: float | None) -> str:

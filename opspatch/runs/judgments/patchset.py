@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from opspatch.core.vocabulary import SetState
 from opspatch.ledger.store import FileVersion
+from opspatch.runs.fleet.session import HostSession
 from opspatch.runs.report import FileChange, SetFile, set_state
-from opspatch.runs.session import HostSession
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.policy import Playbook
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, OpspatchError
 from opspatch.hosts.engine import SmokeResult
-from opspatch.runs.connect import TransportFactory
-from opspatch.runs.executor import map_hosts
-from opspatch.runs.recorder import NullRecorder
-from opspatch.runs.session import HostSession, NoProgress, describe_error
+from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.executor import map_hosts
+from opspatch.runs.fleet.recorder import NullRecorder
+from opspatch.runs.fleet.session import HostSession, NoProgress, describe_error
 
 
 @dataclass(frozen=True)

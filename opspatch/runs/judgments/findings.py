@@ -6,7 +6,7 @@ editable install), `patched-by-opspatch` (a ledger post-image: which patch, whic
 RECORD entry and no checkout to compare with), or `not-installed`. `judge_host` turns one host's
 diagnosis into findings, each with a level: `problem` (the host is not clean), `warning` (worth
 knowing; the host may still be clean), `info`. `FleetDiagnosis.summary` groups hosts with the same
-finding. The effects (reading hosts, the ledger) are `opspatch.runs.diagnose`'s.
+finding. The effects (reading hosts, the ledger) are `opspatch.runs.commands.diagnose`'s.
 """
 
 from __future__ import annotations

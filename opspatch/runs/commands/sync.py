@@ -1,10 +1,10 @@
 """A fleet's desired patches against what is there: `plan --fleet`, `sync`, `sync --check`, `drift`.
 
-What is there is `status`'s answer (`runs.status.fleet_status`: the same inspection, the same
+What is there is `status`'s answer (`runs.commands.status.fleet_status`: the same inspection, the same
 ledger reading); what is desired is the fleet file (`config.fleet`). Between them one pure
 function, `decide`, says per host and patch what `sync` does (`SyncAction`), from one table
 keyed by the status word, and `drift_cause` says why a file is not what the ledger and the fleet
-file expect (`DriftCause`). `sync_fleet` applies through `runs.apply.apply_to_hosts` (the apply
+file expect (`DriftCause`). `sync_fleet` applies through `runs.commands.apply.apply_to_hosts` (the apply
 pipeline and rollout: canary, batches, drain, prove, roll back), one recorded `sync` run per
 patch over the hosts that need it, then reads the fleet again so that what it reports is what is
 there afterwards.
@@ -37,13 +37,13 @@ from opspatch.errors import (
     InputError,
 )
 from opspatch.ledger.store import Ledger, operator_identity
-from opspatch.runs.apply import apply_to_hosts
-from opspatch.runs.approval import require_approval
-from opspatch.runs.connect import TransportFactory
-from opspatch.runs.recorded import recorded_run
+from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.runs.commands.status import PatchStatus, fleet_status
+from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.fleet.session import NoProgress, Progress
+from opspatch.runs.judgments.approval import require_approval
 from opspatch.runs.report import HostOutcome, RunReport
-from opspatch.runs.session import NoProgress, Progress
-from opspatch.runs.status import PatchStatus, fleet_status
 
 # ---------------------------------------------------------------------------------------------
 # desired against actual (pure)
@@ -477,7 +477,7 @@ def _record_left_alone(
 ) -> RunReport:
     """Record that sync did not write to these hosts, and why (a needs-port is never silently
     skipped): a `sync` run whose hosts are `skipped`, each with its reason. Skipped concludes
-    nothing about an earlier change's proof (`runs.proof`)."""
+    nothing about an earlier change's proof (`runs.judgments.proof`)."""
     hosts = [by_name[r.host] for r, _ in left]
     with recorded_run(
         ledger, command="sync", patch=entry.patch, hosts=hosts, playbook=playbook

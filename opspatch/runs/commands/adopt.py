@@ -37,10 +37,10 @@ from opspatch.core.vocabulary import Outcome, StepStatus
 from opspatch.errors import HostError, InputError, LedgerError, TargetError
 from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, ModuleDiagnosis
 from opspatch.ledger.store import Ledger
-from opspatch.runs.connect import TransportFactory
-from opspatch.runs.diagnose import read_hosts
-from opspatch.runs.findings import module_relpath, unified_diff
-from opspatch.runs.recorded import recorded_run
+from opspatch.runs.commands.diagnose import read_hosts
+from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.judgments.findings import module_relpath, unified_diff
 from opspatch.runs.report import FileChange, HostOutcome, RunReport, StepResult
 
 _PATCH_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -64,7 +64,7 @@ class AdoptReport:
     (`applied`: the edit is now that patch and the running server started after it; `staged`:
     the same, but the running server started before the edit, as `status` says, or no server
     runs; `skipped`: the file is pristine there, or is what an opspatch run wrote). Adopt runs
-    no smoke decode: neither word is a proof (`runs.proof`)."""
+    no smoke decode: neither word is a proof (`runs.judgments.proof`)."""
 
     patch_id: str
     patch_path: str
@@ -388,7 +388,7 @@ def _record(
     Adopt runs no smoke decode, so it never says a host serves the patch it did not see serve:
     a host whose server is not running, or started before the edit, is `staged` (`opspatch
     restart` starts it into the patch and proves it); `applied` only where the running server
-    started after the edit. Neither is a proof (`runs.proof`: only a smoke decode proves)."""
+    started after the edit. Neither is a proof (`runs.judgments.proof`: only a smoke decode proves)."""
     recorded_hosts = [h for h in hosts if h.name in edited]
     outcomes: list[HostOutcome] = []
     with recorded_run(ledger, command="adopt", patch=loaded, hosts=recorded_hosts) as run:

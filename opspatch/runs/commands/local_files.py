@@ -31,10 +31,10 @@ from opspatch.core.spec import LoadedPatch, Target
 from opspatch.core.vocabulary import Outcome
 from opspatch.errors import InputError, TargetError
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
-from opspatch.runs.apply import LocalFiles, apply_to_hosts, not_applicable_error
-from opspatch.runs.connect import transport_factory
+from opspatch.runs.commands.apply import LocalFiles, apply_to_hosts, not_applicable_error
+from opspatch.runs.commands.rollback import rollback_hosts
+from opspatch.runs.fleet.connect import transport_factory
 from opspatch.runs.report import RunReport
-from opspatch.runs.restore import rollback_hosts
 
 __all__ = [
     "LocalPlan",

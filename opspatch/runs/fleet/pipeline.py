@@ -1,6 +1,6 @@
 """The per-host pipeline of an apply, written once: preflight (begin + plan) and the change
 (backup, swap, restart, ready, smoke; on a failure past the swap, the restore), as one template
-that every apply (fleet, staged, local file) runs through. `runs.apply` drives it across a fleet.
+that every apply (fleet, staged, local file) runs through. `runs.commands.apply` drives it across a fleet.
 
 Per host (architecture.md), each step with a deadline and a ledger record:
 
@@ -30,18 +30,18 @@ from opspatch.core.vocabulary import Outcome
 from opspatch.errors import OpspatchError, PreimageMismatch
 from opspatch.hosts.engine import SmokeResult
 from opspatch.hosts.operations import HostInspection
-from opspatch.runs.report import FileChange, HostOutcome, SetFile
-from opspatch.runs.session import (
+from opspatch.runs.fleet.session import (
     HostFailed,
     HostSession,
     describe_error,
 )
-from opspatch.runs.steps import (
+from opspatch.runs.fleet.steps import (
     effect_unknown,
     prove,
     restore_pre_image,
     undo,
 )
+from opspatch.runs.report import FileChange, HostOutcome, SetFile
 
 PlanOutcome = Applied | AlreadyApplied | NotApplicable
 
