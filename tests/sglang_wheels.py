@@ -112,3 +112,47 @@ def seed_release_cache(root: Path, versions: tuple[str, ...] = RELEASE_VERSIONS)
         except OSError:
             shutil.copy(wheel, wheels / wheel.name)
     return root
+
+
+# Every release whose wheel a test reads. `.ci/run` fetches them first (`python3 -m
+# tests.sglang_wheels`), so a fresh machine's first test to read one is not the one that starts
+# pip (the tiers' check would rightly fail a pure test for it).
+TEST_RELEASES = (
+    "0.4.7",
+    "0.5.3",
+    "0.5.4",
+    "0.5.4.post1",
+    "0.5.5",
+    "0.5.6",
+    "0.5.7",
+    "0.5.8",
+    "0.5.9",
+    "0.5.10",
+    "0.5.11",
+    "0.5.12",
+    "0.5.13",
+    "0.5.20",
+    "0.5.22",
+    "0.5.23",
+)
+
+
+def prefetch(versions: tuple[str, ...] = TEST_RELEASES) -> list[str]:
+    """Download every wheel of `versions` not yet cached, four at a time; the failures' words
+    (offline: the tests that need them skip with the reason)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def fetch(version: str) -> str | None:
+        try:
+            wheel_of(version)
+        except WheelUnavailable as exc:
+            return str(exc)
+        return None
+
+    with ThreadPoolExecutor(4) as pool:
+        return [failure for failure in pool.map(fetch, versions) if failure]
+
+
+if __name__ == "__main__":
+    for failure in prefetch():
+        print(f"warning: {failure}", file=sys.stderr)

@@ -256,6 +256,7 @@ def test_real_index_lists_releases_with_their_wheels(tmp_path: Path) -> None:
 
 
 @pytest.mark.network
+@pytest.mark.process  # pip fetches the wheel when the persistent cache lacks it
 def test_real_download_of_a_release_without_the_module(guard: PatchSpec) -> None:
     """0.5.3 predates eagle_worker_v2.py: pip fetches the wheel once (into the persistent test
     cache) and the release is reported as lacking the module, outside the patch's range."""
