@@ -248,8 +248,7 @@ class PostgresDatabase:
         return (
             f"append-only triggers are missing or disabled: {', '.join(off)} (the database owner "
             f"did it; run `{remedy_text(CliCommand.LEDGER_MIGRATE)}` as the owner to put them "
-            "back, "
-            "and compare "
+            "back, and compare "
             "the head hash with the one kept elsewhere)",
         )
 

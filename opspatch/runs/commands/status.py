@@ -339,8 +339,8 @@ def combine_set(patch: LoadedPatch, host: str, files: Sequence[PatchStatus]) -> 
         if state == PatchState.PARTIAL:
             detail += (
                 f": `{remedy_text(CliCommand.RECOVER, hosts=host)}` makes it whole (puts the new "
-                "files back), "
-                f"or `{remedy_text(CliCommand.ROLLBACK, patch.spec.id, hosts=host)}`"
+                "files back), or "
+                f"`{remedy_text(CliCommand.ROLLBACK, patch.spec.id, hosts=host)}`"
             )
     running = [f.server_running for f in files if f.server_running is not None]
     return PatchStatus(

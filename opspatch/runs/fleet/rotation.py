@@ -471,8 +471,7 @@ def rotation_of(
                 RotationWord.OUT_OF_ROTATION,
                 f"out of rotation: router {router.url} {why} ({router.worker_url}); "
                 f"`{remedy_text(CliCommand.RECOVER, hosts=host.name)}` re-admits it once its "
-                "server "
-                "is proven",
+                "server is proven",
             )
     return found
 
