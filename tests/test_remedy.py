@@ -10,8 +10,10 @@ import pytest
 import typer.main
 
 from opspatch.cli.app import app
+from opspatch.cli.patches import releases_without_spec
 from opspatch.core.remedy import (
     ARGUMENTS,
+    BARE,
     FLAGS,
     CliCommand,
     CliFlag,
@@ -93,3 +95,27 @@ def test_a_flag_the_command_does_not_take_raises_at_construction() -> None:
         Remedy.of(CliCommand.RECOVER, hostz="a")
     with pytest.raises(ValueError, match="argument"):
         Remedy.of(CliCommand.RECOVER, "r1")
+
+
+@pytest.mark.parametrize("command", list(CliCommand), ids=str)
+def test_flags_given_bare_are_the_ones_the_cli_takes_bare(command: CliCommand) -> None:
+    options = {
+        spelled: param
+        for param in CLI[command.value].params
+        if param.param_type_name == "option"
+        for spelled in param.opts
+    }
+    for flag in FLAGS[command]:
+        # `check --releases` alone: the CLI gives the bare flag an empty value before parsing
+        bare = options[flag.value].is_flag or releases_without_spec([flag.value]) != [flag.value]
+        assert bare == (flag in BARE.get(command, frozenset())), f"opspatch {command} {flag}"
+
+
+def test_a_switch_takes_no_value_and_a_flag_needs_one() -> None:
+    with pytest.raises(ValueError, match="takes no value"):
+        Remedy.of(CliCommand.SANDBOX_DOWN, purge="yes")
+    with pytest.raises(ValueError, match="takes a value"):
+        Remedy.of(CliCommand.RECOVER, hosts=True)
+    assert (
+        remedy_text(CliCommand.CHECK, "fix-1", releases=True) == "opspatch check fix-1 --releases"
+    )

@@ -46,7 +46,6 @@ from opspatch.analysis.classgraph import (
 )
 from opspatch.analysis.guarddefault import GuardDefault, infer_default
 from opspatch.core.anchors import first_line
-from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.errors import InputError
 
 # Class decorators and bases under which a class-level assignment is not an inert default: it
@@ -478,8 +477,7 @@ def write_guard_patch(
         f"attribute '(?:{'|'.join(re.escape(n) for n in names)})'"
     )
     out = [
-        f"# Written by `{remedy_text(CliCommand.LINT_INIT, write_patch=True)}` from {report.path}: "
-        "review before use.",
+        f"# Written by `opspatch lint-init --write-patch` from {report.path}: review before use.",
         f"id = {_toml_string(patch_id)}",
         f"summary = {_toml_string(summary)}",
     ]

@@ -3,11 +3,11 @@
 A hint or note that tells the operator to run `opspatch recover --hosts H` names a command of the
 CLI and its flags. Written by hand, a renamed flag would leave every such hint naming a flag that
 no longer exists, and nothing would notice. So a remedy is built as a value: the command is a
-`CliCommand`, each flag a `CliFlag`, and the flags each command takes (`FLAGS`) and its positional
-arguments (`ARGUMENTS`) are written here once; a remedy naming a flag its command does not take
-raises at construction. tests/test_remedy.py walks the real typer app (`opspatch.cli.app`) and
-checks that every `CliCommand` is a command of it and every flag in `FLAGS` an option of that
-command, so renaming a flag in the CLI fails that test until this table follows.
+`CliCommand`, each flag a `CliFlag`; the flags each command takes (`FLAGS`, those given without a
+value in `BARE`) and its positional arguments (`ARGUMENTS`) are written here once, and a remedy
+that does not fit them raises at construction. tests/test_remedy.py walks the real typer app
+(`opspatch.cli.app`) and checks these tables against it, so renaming a flag in the CLI fails that
+test until the table follows.
 
 `command_line` is the one function that renders a remedy to its text. Hints and notes are
 sentences that carry the command in the middle and are read below the CLI (a host's note folds
@@ -128,6 +128,15 @@ ARGUMENTS: Mapping[CliCommand, tuple[str, ...]] = {
 }
 """The positional arguments of each command, by the names the CLI gives them (none: absent)."""
 
+BARE: Mapping[CliCommand, frozenset[CliFlag]] = {
+    CliCommand.CHECK: frozenset({CliFlag.RELEASES}),
+    CliCommand.SANDBOX_DOWN: frozenset({CliFlag.PURGE}),
+    CliCommand.SANDBOX_REINSTALL: frozenset({CliFlag.RESTART}),
+    CliCommand.SANDBOX_UP: frozenset({CliFlag.SSH, CliFlag.CONTAINERS, CliFlag.ROUTER}),
+}
+"""The flags of `FLAGS` given without a value (a switch; `check --releases` alone is the patch's
+own range); every other flag takes one."""
+
 
 @dataclass(frozen=True)
 class Option:
@@ -143,8 +152,9 @@ class Remedy:
     run id, or a placeholder such as `RUN`) and its options, in the order they are printed.
 
     Raises:
-        ValueError: the command does not take one of the flags, or takes fewer arguments; a
-            remedy is written in opspatch's own code, so this is a bug, found at construction.
+        ValueError: the command does not take one of the flags, a switch is given a value or a
+            flag that takes one none, or the command takes fewer arguments; a remedy is written
+            in opspatch's own code, so this is a bug, found at construction.
     """
 
     command: CliCommand
@@ -153,9 +163,13 @@ class Remedy:
 
     def __post_init__(self) -> None:
         taken = FLAGS[self.command]
+        bare = BARE.get(self.command, frozenset())
         for option in self.options:
             if option.flag not in taken:
                 raise ValueError(f"`{PROGRAM} {self.command}` takes no {option.flag}")
+            if (option.value is None) != (option.flag in bare):
+                needs = "no value" if option.flag in bare else "a value"
+                raise ValueError(f"`{PROGRAM} {self.command} {option.flag}` takes {needs}")
         if len(self.arguments) > len(ARGUMENTS.get(self.command, ())):
             raise ValueError(
                 f"`{PROGRAM} {self.command}` takes {len(ARGUMENTS.get(self.command, ()))} "
