@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opspatch.core.jsonrecord import JsonRecord, json_field
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import NOT_FORWARDED, PatchSetSpec, PatchSpec
 
 
@@ -53,9 +54,10 @@ class Provenance(JsonRecord):
         if not self.not_forwarded:
             return None
         said = "has no `forwarded`" if self.forwarded is None else 'says forwarded = "no"'
+        export = remedy_text(CliCommand.EXPORT, self.patch_id, release="VERSION", format="git")
         return (
             f"not forwarded upstream ({said}): the fix is lost on every reinstall until upstream "
-            f"has it; send it (`opspatch export {self.patch_id} --release VERSION --format git`) and "
+            f"has it; send it (`{export}`) and "
             'set forwarded to the pull request\'s URL, or forwarded = "not-needed: <why>"'
         )
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from opspatch.core.kinds.base import EditState
 from opspatch.core.placement import EditProblem, Splice, apply_splices, undo_splices
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.source import (
     LineIndex,
     SourceDecodeError,
@@ -394,8 +395,8 @@ def _judged(
         return NotApplicable(
             patch.id,
             detection.reason
-            + f"; restore the original file (`opspatch rollback {patch.id}` where opspatch wrote "
-            "it) or finish the change by hand",
+            + f"; restore the original file (`{remedy_text(CliCommand.ROLLBACK, patch.id)}` where "
+            "opspatch wrote it) or finish the change by hand",
         )
     if detection.state == "applied":
         problems = validate_result(

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from opspatch import __version__
 from opspatch.core.ledgerlocation import PostgresLedger
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.errors import InputError, LedgerConfigError, LedgerError, LedgerUnreachable
 from opspatch.ledger.database import Rows
 from opspatch.ledger.lease_store import LEASES_TABLE
@@ -246,7 +247,8 @@ class PostgresDatabase:
             return ()
         return (
             f"append-only triggers are missing or disabled: {', '.join(off)} (the database owner "
-            "did it; run `opspatch ledger migrate` as the owner to put them back, and compare "
+            f"did it; run `{remedy_text(CliCommand.LEDGER_MIGRATE)}` as the owner to put them "
+            "back, and compare "
             "the head hash with the one kept elsewhere)",
         )
 
@@ -312,7 +314,8 @@ class PostgresDatabase:
                 f"lost at COMMIT ({_first_line(exc)}); whether the server committed this "
                 f"{doing} is unknown",
                 hint="opspatch did not write it again, so nothing is recorded twice; "
-                "`opspatch ledger show RUN` tells whether it is there, and the next use of "
+                f"`{remedy_text(CliCommand.LEDGER_SHOW, 'RUN')}` tells whether it is there, "
+                "and the next use of "
                 "the ledger connects again",
                 outcome_unknown=True,
             ) from exc
@@ -398,7 +401,7 @@ class PostgresDatabase:
         if sqlstate == "42501":  # insufficient_privilege
             hint = (
                 "the role opspatch connects as lacks that privilege: have the database owner "
-                "run `opspatch ledger migrate --writer-role ROLE` for it"
+                f"run `{remedy_text(CliCommand.LEDGER_MIGRATE, writer_role='ROLE')}` for it"
             )
         elif sqlstate == "55P03":  # lock_not_available: lock_timeout passed
             hint = (

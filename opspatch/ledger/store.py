@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from opspatch import __version__
 from opspatch.core.ledgerlocation import LedgerLocation
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.vocabulary import RECORDED_OUTCOMES, Outcome, RunOutcome, StepStatus
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError, LedgerUnreachable
@@ -164,7 +165,8 @@ class WritePatience:
             return exc
         lasted = time.monotonic() - (self.since or time.monotonic())
         said = (
-            "; a try lost at COMMIT may have committed: `opspatch ledger show RUN` tells"
+            "; a try lost at COMMIT may have committed: "
+            f"`{remedy_text(CliCommand.LEDGER_SHOW, 'RUN')}` tells"
             if unknown and not exc.outcome_unknown
             else ""
         )
@@ -510,7 +512,7 @@ class Ledger:
         if not matches or not prefix:
             raise InputError(
                 f"no run {run_id_or_prefix!r} in the ledger {self.path}",
-                hint="`opspatch ledger list` shows the runs",
+                hint=f"`{remedy_text(CliCommand.LEDGER_LIST)}` shows the runs",
             )
         raise InputError(
             f"{run_id_or_prefix!r} matches several runs: {', '.join(matches[:5])}",
@@ -547,7 +549,7 @@ class Ledger:
             raise LedgerIntegrityError(
                 f"the stored bytes for sha256 {sha256} were altered (they hash to "
                 f"{sha256_hex(data)})",
-                hint="run `opspatch ledger verify`",
+                hint=f"run `{remedy_text(CliCommand.LEDGER_VERIFY)}`",
             )
         return data
 
@@ -892,7 +894,8 @@ class Ledger:
                 f"the ledger {self.path} is not intact at event {report.first_broken}: "
                 f"{report.reason}",
                 first_broken=report.first_broken,
-                hint="nothing was changed; run `opspatch ledger verify` and find out who edited "
+                hint="nothing was changed; run "
+                f"`{remedy_text(CliCommand.LEDGER_VERIFY)}` and find out who edited "
                 "the ledger before trusting it again",
             )
         return report
@@ -968,7 +971,7 @@ class Ledger:
                 raise LedgerError(
                     f"the ledger {self.path} holds an event this opspatch cannot read: {exc}",
                     hint="was it written by a newer opspatch? upgrade, and run "
-                    "`opspatch ledger verify`",
+                    f"`{remedy_text(CliCommand.LEDGER_VERIFY)}`",
                 ) from exc
 
     def _append(

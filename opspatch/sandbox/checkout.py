@@ -40,6 +40,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.errors import HostError, InputError
 from opspatch.sandbox.dist import (
     DIST_NAME,
@@ -53,6 +54,9 @@ from opspatch.sandbox.dist import (
     standin_files,
     wheel_text,
 )
+
+PURGE = remedy_text(CliCommand.SANDBOX_DOWN, purge=True)
+"""The command that removes the sandbox, for hints."""
 
 CHECKOUT_NAME = "sglang"
 """The checkout's folder in a host's folder, as `git clone` names SGLang's repository."""
@@ -170,7 +174,8 @@ def require_git() -> str:
     if git is None:
         raise InputError(
             "`--install editable` needs git, which is not installed; nothing was changed",
-            hint="apt-get install git (or run `opspatch sandbox up --install wheel`)",
+            hint="apt-get install git (or run "
+            f"`{remedy_text(CliCommand.SANDBOX_UP, install='wheel')}`)",
         )
     return git
 
@@ -251,7 +256,7 @@ def make_checkout(host_dir: Path, version: str) -> Path:
             f"{checkout} is in the way of the host's git checkout (it is not one)",
             host=host_dir.name,
             step="sandbox-checkout",
-            hint="opspatch sandbox down --purge, then up again",
+            hint=f"{PURGE}, then up again",
         )
     git = require_git()
     host_dir.mkdir(parents=True, exist_ok=True)
@@ -297,7 +302,7 @@ def release_checkout(host_dir: Path, version: str) -> Path:
             f"{checkout} is not the host's git checkout",
             host=host_dir.name,
             step="sandbox-checkout",
-            hint="opspatch sandbox down --purge, then up --install editable again",
+            hint=f"{PURGE}, then up --install editable again",
         )
     git = require_git()
     files = checkout_files(version)

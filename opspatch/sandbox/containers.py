@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from opspatch.core.host import ContainerRuntime, ContainerSettings
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.errors import ContainerError, HostError, InputError
 from opspatch.hosts.transport.container import ContainerIdentity, ContainerTransport
 from opspatch.hosts.transport.local import LocalTransport
@@ -44,6 +45,9 @@ from opspatch.sandbox.checkout import editable_files, make_checkout
 from opspatch.sandbox.dist import STANDIN_VERSION
 from opspatch.sandbox.install import TORCH_PTH_NAME, controller_torch_dir
 from opspatch.sandbox.layout import ENGINE_ENV, Progress, SandboxLayout, quiet
+
+UP = remedy_text(CliCommand.SANDBOX_UP)
+"""The command that builds the sandbox, for hints."""
 
 RUNTIME: ContainerRuntime = "podman"
 WORKSPACE = "/sgl-workspace"
@@ -161,7 +165,7 @@ def require_podman() -> str:
     if found is None:
         raise InputError(
             "`--containers` needs podman, which is not installed; nothing was started",
-            hint="apt-get install podman runc (or run `opspatch sandbox up` without --containers)",
+            hint=f"apt-get install podman runc (or run `{UP}` without --containers)",
         )
     return found
 
@@ -226,7 +230,8 @@ def ensure_base_image(env: Mapping[str, str], progress: Progress = quiet) -> str
     if debootstrap is None or os.geteuid() != 0:
         raise InputError(
             f"building the sandbox's base image {tag} needs debootstrap, run as root",
-            hint="apt-get install debootstrap, and run `opspatch sandbox up --containers` as root",
+            hint="apt-get install debootstrap, and run "
+            f"`{remedy_text(CliCommand.SANDBOX_UP, containers=True)}` as root",
         )
     progress(f"building the base image {tag} (debootstrap {DEBIAN_SUITE}, once per machine)")
     with tempfile.TemporaryDirectory(prefix="opspatch-rootfs-", dir="/var/tmp") as scratch:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.errors import InputError
 
 FAILURE_PAUSE = 0.05
@@ -266,7 +267,8 @@ def run_load(
         raise InputError("--requests, --seconds and --concurrency must be above 0")
     if _get(router + "/health") is None and _get(router + "/workers", admin_key) is None:
         raise InputError(
-            f"router {router} does not answer", hint="start it: opspatch sandbox up --router"
+            f"router {router} does not answer",
+            hint=f"start it: {remedy_text(CliCommand.SANDBOX_UP, router=True)}",
         )
     stop = threading.Event()
     watcher = _Watcher(router, admin_key, stop)

@@ -19,6 +19,7 @@ from typing import Any
 
 from opspatch.config.inventory import Inventory, parse_inventory
 from opspatch.core.jsonrecord import JsonRecord
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.errors import InputError
 from opspatch.sandbox import containers
 from opspatch.sandbox.dist import INSTALL_SHAPES, InstallShape
@@ -32,6 +33,9 @@ from opspatch.sandbox.layout import (
     engine_url,
     start_command,
 )
+
+PURGE = remedy_text(CliCommand.SANDBOX_DOWN, purge=True)
+"""The command that removes the sandbox, for hints."""
 
 # ---------------------------------------------------------------------------------------------
 # the manifest
@@ -148,7 +152,7 @@ class Manifest:
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise InputError(
                 f"{path}: not a sandbox manifest ({type(exc).__name__}: {exc})",
-                hint="opspatch sandbox down --purge removes the sandbox so `up` can start afresh",
+                hint=f"{PURGE} removes the sandbox so `up` can start afresh",
             ) from None
 
 
@@ -167,7 +171,7 @@ def load_manifest(layout: SandboxLayout) -> Manifest | None:
     except ValueError as exc:
         raise InputError(
             f"{layout.manifest}: not JSON ({exc})",
-            hint="opspatch sandbox down --purge removes the sandbox so `up` can start afresh",
+            hint=f"{PURGE} removes the sandbox so `up` can start afresh",
         ) from None
     return Manifest.from_json(data, layout.manifest)
 
@@ -267,7 +271,10 @@ def render_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: boo
 
 def _ssh_address_lines(record: HostRecord) -> list[str]:
     if record.ssh is None or record.ssh.port is None:
-        raise InputError(f"{record.name} has no sshd recorded; run `opspatch sandbox up --ssh`")
+        raise InputError(
+            f"{record.name} has no sshd recorded; "
+            f"run `{remedy_text(CliCommand.SANDBOX_UP, ssh=True)}`"
+        )
     return [f"address = {_toml_string(record.ssh.address)}", f"port = {record.ssh.port}"]
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opspatch.core.jsonrecord import JsonRecord
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.errors import HostError, InputError
 from opspatch.sandbox import containers as sandbox_containers
 from opspatch.sandbox.checkout import install_editable, release_checkout
@@ -31,6 +32,12 @@ from opspatch.sandbox.layout import SandboxLayout
 from opspatch.sandbox.manifest import load_manifest
 from opspatch.sandbox.processes import sandbox_lock, server_pid
 from opspatch.sandbox.up import engine_controls
+
+PURGE = remedy_text(CliCommand.SANDBOX_DOWN, purge=True)
+"""The command that removes the sandbox, for hints."""
+
+UP = remedy_text(CliCommand.SANDBOX_UP)
+"""The command that builds the sandbox, for hints."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +69,7 @@ def installed_version(layout: SandboxLayout, host: str) -> str:
         raise InputError(
             f"sandbox host {host} has {len(found)} installed {DIST_NAME} distributions in "
             f"{site_packages}, expected one",
-            hint="opspatch sandbox down --purge, then up again",
+            hint=f"{PURGE}, then up again",
         )
     return found[0].name[len(DIST_NAME) + 1 : -len(".dist-info")]
 
@@ -82,7 +89,8 @@ def sandbox_reinstall(
         manifest = load_manifest(layout)
         if manifest is None:
             raise InputError(
-                f"no sandbox in {layout.root}", hint="create one with `opspatch sandbox up`"
+                f"no sandbox in {layout.root}",
+                hint=f"create one with `{UP}`",
             )
         names = [r.name for r in manifest.hosts]
         if host not in names:
@@ -95,7 +103,7 @@ def sandbox_reinstall(
             raise InputError(
                 f"sandbox host {host} runs in container {container}, whose files come from its "
                 "image: it is not reinstalled, it is recreated; nothing was changed",
-                hint=f"podman rm --force {container}, then `opspatch sandbox up` creates it "
+                hint=f"podman rm --force {container}, then `{UP}` creates it "
                 "again from the image (the fix gone, as a recreated container loses it)",
             )
         before = installed_version(layout, host)

@@ -15,6 +15,7 @@ from opspatch.core.edit import detect
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.policy import StepTimeouts
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch, PatchSpec
 from opspatch.errors import HostError, InputError, OpspatchError
 from opspatch.hosts.operations import HostOperations, open_transport
@@ -27,6 +28,9 @@ from opspatch.sandbox.layout import HEALTH_TIMEOUT, SandboxLayout, engine_url
 from opspatch.sandbox.manifest import HostRecord, SshEndpoint, load_manifest, sandbox_inventory
 from opspatch.sandbox.processes import server_pid, sshd_pid
 from opspatch.sandbox.router import router_pid
+
+UP = remedy_text(CliCommand.SANDBOX_UP)
+"""The command that builds the sandbox, for hints."""
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,7 @@ def _container_status(
     states: list[PatchState] = []
     running = container is not None and container.running
     if container is None:
-        notes.append("no container (run `opspatch sandbox up`)")
+        notes.append(f"no container (run `{UP}`)")
     elif running:
         states, notes = _patch_states(host, patches)
     else:
@@ -231,7 +235,8 @@ def sandbox_status(layout: SandboxLayout, workspace: Workspace) -> StatusReport:
     manifest = load_manifest(layout)
     if manifest is None:
         raise InputError(
-            f"no sandbox in {layout.root}", hint="create one with `opspatch sandbox up`"
+            f"no sandbox in {layout.root}",
+            hint=f"create one with `{UP}`",
         )
     inventory = sandbox_inventory(layout, manifest, over_ssh=False)
     patches, notes = _workspace_patches(workspace)
@@ -251,7 +256,7 @@ def sandbox_status(layout: SandboxLayout, workspace: Workspace) -> StatusReport:
             shape = installed_shape(venv_site_packages(host_venv_dir(layout.host_dir(record.name))))
             states, host_notes = _patch_states(inventory.host(record.name), patches)
         else:
-            host_notes.append("no environment yet (run `opspatch sandbox up`)")
+            host_notes.append(f"no environment yet (run `{UP}`)")
         if shape is not None and shape != manifest.install:
             host_notes.append(
                 f"installed as {shape}, though the sandbox was built with --install "

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.errors import HostError, InputError
 from opspatch.hosts.engine import EngineControl, RestartResult
 from opspatch.hosts.operations import HostOperations, open_transport
@@ -50,6 +51,12 @@ from opspatch.sandbox.processes import (
 )
 from opspatch.sandbox.router import require_router_package, router_pid, start_router
 from opspatch.sandbox.sshd import SshdError, find_sshd, generate_keypair, start_sshd
+
+PURGE = remedy_text(CliCommand.SANDBOX_DOWN, purge=True)
+"""The command that removes the sandbox, for hints."""
+
+UP = remedy_text(CliCommand.SANDBOX_UP)
+"""The command that builds the sandbox, for hints."""
 
 HostUpOutcome = Literal["started", "already-running", "failed"]
 
@@ -156,13 +163,13 @@ def _planned_manifest(
         raise InputError(
             f"the sandbox's hosts are installed as {current.install}; "
             f"`up --install {install}` would not reinstall them",
-            hint=f"run `opspatch sandbox down --purge` first to build it with --install {install}",
+            hint=f"run `{PURGE}` first to build it with --install {install}",
         )
     if current is not None and containers is not None and containers != current.containers:
         built = "in podman containers" if current.containers else "without containers"
         raise InputError(
             f"the sandbox's engines run {built}; `up` would not move them",
-            hint="run `opspatch sandbox down --purge` first to build it the other way",
+            hint=f"run `{PURGE}` first to build it the other way",
         )
     in_containers = bool(containers) if current is None else current.containers
     if in_containers and install == "wheel":
@@ -180,7 +187,7 @@ def _planned_manifest(
     if wanted < len(existing):
         raise InputError(
             f"the sandbox has {len(existing)} hosts; `up --count {wanted}` would not remove any",
-            hint="run `opspatch sandbox down --purge` first to build a smaller sandbox",
+            hint=f"run `{PURGE}` first to build a smaller sandbox",
         )
     ssh_user = (current.ssh_user if current else None) or (getpass.getuser() if want_ssh else None)
     records = list(existing)
@@ -228,8 +235,7 @@ def _refuse_taken_ports(layout: SandboxLayout, manifest: Manifest, running: set[
             raise InputError(
                 f"{record.name}: port {ENGINE_ADDRESS}:{record.port} is in use by another "
                 "process; nothing was started",
-                hint="stop that process, or `opspatch sandbox down --purge` and `up` again "
-                "to choose new ports",
+                hint=f"stop that process, or `{PURGE}` and `up` again to choose new ports",
             )
         ssh = record.ssh
         if (
@@ -241,7 +247,7 @@ def _refuse_taken_ports(layout: SandboxLayout, manifest: Manifest, running: set[
             raise InputError(
                 f"{record.name}: ssh port {ssh.address}:{ssh.port} is in use by another "
                 "process; nothing was started",
-                hint="stop that process, or `opspatch sandbox down --purge` and `up` again",
+                hint=f"stop that process, or `{PURGE}` and `up` again",
             )
 
 
@@ -345,7 +351,7 @@ def sandbox_up(
         if manifest.ssh and find_sshd() is None:
             raise InputError(
                 "`--ssh` needs OpenSSH's sshd, which is not installed",
-                hint="apt-get install openssh-server (or run `opspatch sandbox up` without --ssh)",
+                hint=f"apt-get install openssh-server (or run `{UP}` without --ssh)",
             )
         manifest = _choose_ports(manifest, want_router=router)
         running = {r.name for r in manifest.hosts if _engine_running(layout, manifest, r.name)}

@@ -23,13 +23,17 @@ from opspatch.config.inventory.load import load_inventory
 from opspatch.config.inventory.model import ALL_HOSTS, Inventory
 from opspatch.core.fileschema import did_you_mean
 from opspatch.core.host import Host
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.errors import SelectionError
 
 if TYPE_CHECKING:  # the lookup imports this module to offer Workspace.hosts
     from opspatch.config.lookup import Workspace
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
-SANDBOX_INVENTORIES = {"sandbox": "opspatch sandbox up", "sandbox-ssh": "opspatch sandbox up --ssh"}
+SANDBOX_INVENTORIES = {
+    "sandbox": remedy_text(CliCommand.SANDBOX_UP),
+    "sandbox-ssh": remedy_text(CliCommand.SANDBOX_UP, ssh=True),
+}
 """The inventories `opspatch sandbox up` writes, and the command that writes each."""
 
 
@@ -115,8 +119,9 @@ def _selects_no_host(item: str, inventory: Inventory) -> SelectionError:
         return SelectionError(
             f"{item!r} selects no host: the group has no host in inventory {inventory.name!r} "
             f"({inventory.source})",
-            hint=f"add hosts to the group, or select others (`opspatch inventory show "
-            f"{inventory.name}` lists its hosts and groups)",
+            hint="add hosts to the group, or select others "
+            f"(`{remedy_text(CliCommand.INVENTORY_SHOW, inventory.name)}` lists its hosts and "
+            "groups)",
         )
     return SelectionError(
         f"{item!r} selects no host: inventory {inventory.name!r} ({inventory.source}) lists no "

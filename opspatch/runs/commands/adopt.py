@@ -31,6 +31,7 @@ from typing import Any
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.host import Host
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Outcome, StepStatus
@@ -310,7 +311,7 @@ def adopt_edit(
     if not edited:
         raise InputError(
             f"nothing to adopt: {module} is pristine or written by opspatch on every selected host",
-            hint="`opspatch diagnose --hosts ...` shows which hosts were edited",
+            hint=f"`{remedy_text(CliCommand.DIAGNOSE, hosts='...')}` shows which hosts were edited",
         )
     kinds = {(m.file.sha256 if m.file else "", p.sha256) for m, p in edited.values()}
     if len(kinds) > 1:
@@ -420,14 +421,15 @@ def _record(
             note = f"the hand edit is now patch {loaded.spec.id}"
             if host.name in down:
                 note += (
-                    "; its server is not running, so nothing serves the edit yet: `opspatch "
-                    f"restart --hosts {host.name}` starts it into the patch and proves it (smoke "
+                    "; its server is not running, so nothing serves the edit yet: "
+                    f"`{remedy_text(CliCommand.RESTART, hosts=host.name)}` starts it into "
+                    "the patch and proves it (smoke "
                     "decode)"
                 )
             elif staged:
                 note += (
                     "; the running server started before the edit, so it still runs the old "
-                    f"code: `opspatch restart --hosts {host.name}` completes it"
+                    f"code: `{remedy_text(CliCommand.RESTART, hosts=host.name)}` completes it"
                 )
             else:
                 note += (

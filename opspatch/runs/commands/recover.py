@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Outcome, RunStatus, SetState
 from opspatch.errors import InputError, LockHeld
@@ -100,7 +101,7 @@ def require_recoverable(ledger: Ledger, detail: RunDetail) -> None:
     raise InputError(
         f"run {detail.run_id} is {status}, not interrupted",
         hint="recover --run is for runs whose controller died part-way; "
-        "`opspatch recover --hosts TARGET` reconciles hosts whatever run touched them",
+        f"`{remedy_text(CliCommand.RECOVER, hosts='TARGET')}` reconciles hosts whatever run touched them",
     )
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.vocabulary import Outcome, SetState
 from opspatch.errors import OpspatchError
 from opspatch.hosts.operations import HostInspection
@@ -156,7 +157,7 @@ def _restart_set(
         return session.outcome(
             Outcome.SKIPPED,
             f"refused: run {run_id}'s patch set is not whole ({found.describe()}); "
-            f"`opspatch recover --hosts {session.name}` makes it whole",
+            f"`{remedy_text(CliCommand.RECOVER, hosts=session.name)}` makes it whole",
             file=found.change(),
         )
     server = inspection.server

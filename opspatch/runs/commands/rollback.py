@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from opspatch.core.edit import NotApplicable, detect, unapply
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Outcome, SetState
@@ -576,7 +577,7 @@ class _Rollback:
                 return session.outcome(
                     Outcome.NEEDS_ATTENTION,
                     f"restore of the patch set failed part-way: {describe_error(exc)}; "
-                    f"`opspatch recover --hosts {session.name}` makes the set whole",
+                    f"`{remedy_text(CliCommand.RECOVER, hosts=session.name)}` makes the set whole",
                     file=found.change(),
                 )
             partly = (
@@ -628,10 +629,10 @@ class _Rollback:
         patch_id = self.patch.spec.id if self.patch else None
         if patch_id is None and self.source_run is not None:
             patch_id = self.source_run.summary.patch_id
-        status = f"`opspatch status --hosts {host}` shows whether its server runs"
+        status = f"`{remedy_text(CliCommand.STATUS, hosts=host)}` shows whether its server runs"
         if patch_id is None:
             return status
-        return f"`opspatch apply {patch_id} --hosts {host}` puts the change back; {status}"
+        return f"`{remedy_text(CliCommand.APPLY, patch_id, hosts=host)}` puts the change back; {status}"
 
     def _without_record(
         self, session: HostSession, patch: LoadedPatch, inspection: HostInspection

@@ -23,6 +23,7 @@ from opspatch.core.edit import Detection, detect, misfits
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord, json_field, record_to_json
 from opspatch.core.policy import StepTimeouts
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch, PatchSpec
 from opspatch.core.vocabulary import Detected, PatchState, Rotation
 from opspatch.errors import OpspatchError, TargetError
@@ -87,7 +88,7 @@ def with_server(status: PatchStatus, host: Host, inspection: HostInspection) -> 
     if not running:
         down = (
             f"the server is not running (no live process in its pid file, nothing listening at "
-            f"{host.engine.url}): `opspatch diagnose --hosts {host.name}` says why"
+            f"{host.engine.url}): `{remedy_text(CliCommand.DIAGNOSE, hosts=host.name)}` says why"
         )
         detail = f"{detail}; {down}" if detail else down
     return replace(status, detail=detail, server_running=running)
@@ -295,7 +296,8 @@ def _classify(
     detail = why_unknown(spec, structural) if structural.state == "unknown" else structural.reason
     if structural.state == "partial":
         detail += (
-            f"; `opspatch rollback {patch.spec.id} --hosts {host}` restores the original where "
+            f"; `{remedy_text(CliCommand.ROLLBACK, patch.spec.id, hosts=host)}` restores the "
+            "original where "
             "opspatch wrote it, or finish the change by hand"
         )
     return PatchStatus(**base, state=PatchState(structural.state), detail=detail)
@@ -336,8 +338,9 @@ def combine_set(patch: LoadedPatch, host: str, files: Sequence[PatchStatus]) -> 
         detail = f"the patch set is not whole ({each})"
         if state == PatchState.PARTIAL:
             detail += (
-                f": `opspatch recover --hosts {host}` makes it whole (puts the new files back), "
-                f"or `opspatch rollback {patch.spec.id} --hosts {host}`"
+                f": `{remedy_text(CliCommand.RECOVER, hosts=host)}` makes it whole (puts the new "
+                "files back), or "
+                f"`{remedy_text(CliCommand.ROLLBACK, patch.spec.id, hosts=host)}`"
             )
     running = [f.server_running for f in files if f.server_running is not None]
     return PatchStatus(

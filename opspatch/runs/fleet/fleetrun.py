@@ -26,6 +26,7 @@ from typing import TypeVar
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Batch, Playbook
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.vocabulary import Outcome
 from opspatch.errors import (
     BecomeError,
@@ -423,7 +424,7 @@ class FleetRun:
 
         waiting = (
             f"waiting for {', '.join(host(n) for n in in_flight)} to finish; Ctrl-C again "
-            "stops waiting (`opspatch recover` then finishes them)"
+            f"stops waiting (`{remedy_text(CliCommand.RECOVER)}` then finishes them)"
             if in_flight
             else "no host is in flight"
         )

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, plan_summary
 from opspatch.core.gate import version_gate
 from opspatch.core.policy import Playbook
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch, PatchSpec, Target
 from opspatch.core.vocabulary import Outcome
@@ -331,7 +332,8 @@ class ApplyPipeline:
         if not self.restart_engine:
             staged_note = (
                 "staged: the file is patched; the running server still runs the old code until "
-                "`opspatch restart` restarts, proves and (on failure) rolls it back"
+                f"`{remedy_text(CliCommand.RESTART)}` restarts, proves and (on failure) rolls it "
+                "back"
                 if self.unrestarted == Outcome.STAGED
                 else None
             )

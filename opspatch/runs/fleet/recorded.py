@@ -25,6 +25,7 @@ from contextlib import contextmanager
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, TeamSettings
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import RunOutcome
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
@@ -65,7 +66,8 @@ def recorded_run(
     if not hosts:
         raise InputError(
             f"{command} selects no host: nothing was done and no run recorded",
-            hint="select hosts with --hosts TARGET (`opspatch inventory show INVENTORY` lists "
+            hint="select hosts with --hosts TARGET "
+            f"(`{remedy_text(CliCommand.INVENTORY_SHOW, 'INVENTORY')}` lists "
             "them)",
         )
     ledger.ensure_intact()
@@ -95,7 +97,8 @@ def recorded_run(
         # run stops where it was, and may have left hosts locked or changed. Say what to do.
         if not run.finished and not isinstance(exc, LedgerIntegrityError):
             then = (
-                f"`opspatch recover` then brings the hosts run {run_id} left part-way "
+                f"`{remedy_text(CliCommand.RECOVER)}` then brings the hosts run {run_id} left "
+                "part-way "
                 "(locked, or changed and not yet proven) to a known state"
             )
             exc.hint = f"{exc.hint}; {then}" if exc.hint else then

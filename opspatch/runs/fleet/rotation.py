@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from opspatch.core.host import Host, RouterSettings
 from opspatch.core.policy import Playbook
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.vocabulary import Outcome, StepStatus
 from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.errors import OpspatchError, RouterError, RouterRefused
@@ -121,7 +122,8 @@ class HostRotation:
         why = f" ({self.why_out})" if self.why_out else ""
         return (
             f"out of rotation: router {self.router_url} sends {self.worker_url} nothing{why}; "
-            f"`opspatch recover --hosts {host}` re-admits it once its server is proven"
+            f"`{remedy_text(CliCommand.RECOVER, hosts=host)}` re-admits it once its server is "
+            "proven"
         )
 
 
@@ -198,7 +200,8 @@ class Rotation:
                     "nothing was changed",
                     hint="set router.worker_url to the URL the router registered (URLs compare "
                     "as exact strings); a worker taken out by hand, or by a run another ledger "
-                    f"recorded, is re-admitted by `opspatch recover --hosts {host.name}` once "
+                    f"recorded, is re-admitted by "
+                    f"`{remedy_text(CliCommand.RECOVER, hosts=host.name)}` once "
                     "its server is proven",
                 )
             # recover re-admits workers first-hand out of rotation, which costs no room; a host
@@ -433,7 +436,8 @@ def halt_on_out_of_rotation(outcomes: Mapping[str, HostOutcome]) -> str | None:
     out = sorted(n for n, o in outcomes.items() if o.rotation == RotationWord.OUT_OF_ROTATION)
     if not out:
         return None
-    return f"{', '.join(out)} left out of rotation; `opspatch recover` re-admits proven hosts"
+    recover = remedy_text(CliCommand.RECOVER)
+    return f"{', '.join(out)} left out of rotation; `{recover}` re-admits proven hosts"
 
 
 def rotation_of(
@@ -466,7 +470,8 @@ def rotation_of(
             found[host.name] = (
                 RotationWord.OUT_OF_ROTATION,
                 f"out of rotation: router {router.url} {why} ({router.worker_url}); "
-                f"`opspatch recover --hosts {host.name}` re-admits it once its server is proven",
+                f"`{remedy_text(CliCommand.RECOVER, hosts=host.name)}` re-admits it once its "
+                "server is proven",
             )
     return found
 

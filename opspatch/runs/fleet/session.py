@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
 from opspatch.errors import (
     BecomeError,
@@ -270,19 +271,20 @@ class HostSession:
         holder = str(held.data.get("run_id") or "")
         status = self.recorder.run_status(holder) if holder else None
         if status == RunStatus.INTERRUPTED:
-            return f"; run {holder} was interrupted: `opspatch recover` finishes or undoes it"
+            recover = remedy_text(CliCommand.RECOVER)
+            return f"; run {holder} was interrupted: `{recover}` finishes or undoes it"
         if status == RunStatus.UNKNOWN:  # begun on another controller, which may be alive
             until = held.data.get("busy_until_iso") or held.data.get("expires_at_iso")
             return (
                 f"; run {holder}'s controller may still be at work here (a command it sent may "
                 f"still be running until {until}): nothing was changed here; once then, "
-                f"`opspatch recover --run {holder}` takes the host over"
+                f"`{remedy_text(CliCommand.RECOVER, run=holder)}` takes the host over"
             )
         if status in (RunStatus.FINISHED, RunStatus.RECOVERED):
             return (
                 f"; run {holder} is over ({status}) but its lock outlived it: "
-                f"`opspatch recover --hosts {self.name}` reconciles the host and clears it, "
-                f"or `opspatch unlock --hosts {self.name}`"
+                f"`{remedy_text(CliCommand.RECOVER, hosts=self.name)}` reconciles the host and "
+                f"clears it, or `{remedy_text(CliCommand.UNLOCK, hosts=self.name)}`"
             )
         return ""
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opspatch.core.policy import TeamSettings
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.errors import ApprovalRefused, InputError
 from opspatch.ledger.records import Approval
@@ -192,8 +193,9 @@ def require_approval(
         )
     recorded = ledger.approvals(patch.sha256)
     sign_it = (
-        f"a second operator signs it: `opspatch approve {patch.spec.id} --key KEY "
-        "--principal NAME` (the same ledger)"
+        f"a second operator signs it: "
+        f"`{remedy_text(CliCommand.APPROVE, patch.spec.id, key='KEY', principal='NAME')}` "
+        "(the same ledger)"
     )
     if not recorded:
         raise ApprovalRefused(

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
 from opspatch.errors import InputError
 from opspatch.ledger.records import StepRecord
@@ -139,7 +140,8 @@ def describe(proof: ChangeProof) -> str:
         return f"as written by run {run}, proven by its smoke decode"
     if proof.staged_by is not None:
         return (
-            f"staged by run {proof.staged_by}: `opspatch restart --hosts {host}` restarts, proves "
+            f"staged by run {proof.staged_by}: `{remedy_text(CliCommand.RESTART, hosts=host)}` "
+            "restarts, proves "
             "and (on failure) rolls it back"
         )
     if proof.last_word is None:
@@ -150,5 +152,5 @@ def describe(proof: ChangeProof) -> str:
         why = f"run {proof.last_word[0]} ended {proof.last_word[1]} here"
     return (
         f"written by run {run} but never proven ({why}); the server may still run the "
-        f"old code: `opspatch recover --hosts {host}` finishes or undoes it"
+        f"old code: `{remedy_text(CliCommand.RECOVER, hosts=host)}` finishes or undoes it"
     )
