@@ -24,6 +24,7 @@ from opspatch.core.host import ContainerRuntime
 from opspatch.errors import InputError
 from opspatch.hosts.transport.base import Command, CommandResult, Transport
 from opspatch.hosts.transport.container import refused_rlimit, rlimit_hint, runtime_words
+from opspatch.hosts.transport.local import LocalTransport
 
 LABEL_PATCH = "io.opspatch.patch"
 LABEL_PATCH_SHA256 = "io.opspatch.patch-sha256"
@@ -290,6 +291,16 @@ class ImageRuntime:
     def __init__(self, transport: Transport, runtime: ContainerRuntime) -> None:
         self.transport = transport
         self.runtime = runtime
+
+    @classmethod
+    def on_controller(cls, runtime: ContainerRuntime) -> ImageRuntime:
+        """The runtime of this machine (`opspatch bake` builds where it runs)."""
+        return cls(LocalTransport("controller"), runtime)
+
+    @staticmethod
+    def words(result: CommandResult) -> str:
+        """What the runtime said in `result` (a failed build or removal), in its own words."""
+        return runtime_words(result)
 
     def inspect(self, reference: str) -> ImageIdentity:
         """The image `reference` names.

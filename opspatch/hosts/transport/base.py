@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol, TypeVar, runtime_checkable
 
+from opspatch.hosts.containers import ContainerIdentity
+
 _SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
 
 
@@ -88,11 +90,18 @@ class Transport(Protocol):
     """One host's command channel. Implementations keep one connection per host per run.
 
     `host` is the inventory name used in messages; `exec_count` counts `run` calls, so tests can
-    check the round trips the design promises.
+    check the round trips the design promises. `container` says which container the commands
+    run in (the container transport's pinned identity), None where they run on the host itself:
+    identity belongs to the connection, so nothing above asks which transport it holds.
     """
 
     host: str
     exec_count: int
+
+    @property
+    def container(self) -> ContainerIdentity | None:
+        """The container the commands ran in (None: the host itself, or not pinned yet)."""
+        ...
 
     def run(self, command: Command, *, stdin: bytes = b"", timeout: float) -> CommandResult:
         """Run `command` with `stdin`, wait at most `timeout` seconds, return its result.
@@ -123,7 +132,12 @@ _Self = TypeVar("_Self", bound="ClosesOnExit")
 
 
 class ClosesOnExit:
-    """Mixin making a transport a context manager that calls its `close()` on exit."""
+    """Mixin making a transport a context manager that calls its `close()` on exit; its commands
+    run on the host itself (`container` None) unless the transport says otherwise."""
+
+    @property
+    def container(self) -> ContainerIdentity | None:
+        return None
 
     def close(self) -> None:  # pragma: no cover - every transport defines its own
         raise NotImplementedError

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from opspatch.core.host import ContainerRuntime, ContainerSettings
 from opspatch.errors import ContainerError
+from opspatch.hosts.containers import ContainerIdentity as ContainerIdentity  # its old home
 from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult, Transport
 
 INSPECT_TIMEOUT = 60.0
@@ -41,31 +40,6 @@ _NOT_RUNNING_WORDS = (
 )
 _PERMISSION_WORDS = ("permission denied", "access denied", "operation not permitted")
 _NO_RUNTIME_STATUS = 127
-
-
-@dataclass(frozen=True)
-class ContainerIdentity:
-    """Which container a name stood for when it was inspected: its id, when it was created (the
-    runtime's own text), the image it was created from, whether it was running, and its labels
-    (the image's among them: a baked image's say which patch it carries, `hosts.image`)."""
-
-    runtime: str
-    name: str
-    id: str
-    created: str
-    image: str
-    running: bool
-    status: str
-    labels: Mapping[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "runtime": self.runtime,
-            "name": self.name,
-            "id": self.id,
-            "created": self.created,
-            "image": self.image,
-        }
 
 
 def inspect_command(container: ContainerSettings) -> Command:
@@ -173,19 +147,27 @@ def _has(words: str, needles: tuple[str, ...]) -> bool:
 class ContainerTransport(ClosesOnExit):
     """Runs each command inside one container, through the host's own transport.
 
-    `identity` is the container as first inspected (None until the first command). `exec_count`
+    `identity` is the container as first inspected (None until the first command), which
+    `container` says on the transport's protocol. `exec_count`
     counts the commands run inside the container (an inspect or a restart is not one).
     """
 
     def __init__(self, inner: Transport, container: ContainerSettings) -> None:
         self.inner = inner
-        self.container = container
+        self.settings = container
+        """The inventory's `container = {runtime, name}`: the name this transport pins."""
         self.host = inner.host
         self.exec_count = 0
         self.identity: ContainerIdentity | None = None
 
+    @property
+    def container(self) -> ContainerIdentity | None:
+        """The container this transport's commands run in (`identity`), as the protocol says it
+        (`Transport.container`): None until the first command pinned it."""
+        return self.identity
+
     def describe(self) -> str:
-        return f"container {self.container.name} ({self.container.runtime})"
+        return f"container {self.settings.name} ({self.settings.runtime})"
 
     def pin(self, *, timeout: float = INSPECT_TIMEOUT) -> ContainerIdentity:
         """The container this transport runs in, inspected on first use and kept.
@@ -200,7 +182,7 @@ class ContainerTransport(ClosesOnExit):
                 raise self._error(
                     f"is not running (status {found.status or 'unknown'}, id {found.id[:12]})",
                     reason="not-running",
-                    hint=f"start it (`{self.container.runtime} start {self.container.name}`) "
+                    hint=f"start it (`{self.settings.runtime} start {self.settings.name}`) "
                     "and run this again",
                 )
             self.identity = found
@@ -212,14 +194,14 @@ class ContainerTransport(ClosesOnExit):
         Raises:
             ContainerError: there is none, or the runtime is missing or not allowed.
         """
-        result = self.inner.run(inspect_command(self.container), timeout=timeout)
+        result = self.inner.run(inspect_command(self.settings), timeout=timeout)
         if not result.ok:
             raise self._runtime_refusal(result)
         try:
-            return parse_inspect(self.container, result.stdout)
+            return parse_inspect(self.settings, result.stdout)
         except (ValueError, KeyError) as exc:
             raise self._error(
-                f"could not be read from `{inspect_command(self.container).render()}`: {exc}",
+                f"could not be read from `{inspect_command(self.settings).render()}`: {exc}",
                 reason="runtime-failed",
             ) from None
 
@@ -233,7 +215,7 @@ class ContainerTransport(ClosesOnExit):
         pinned = self.pin()
         self.exec_count += 1
         result = self.inner.run(
-            exec_command(self.container, pinned.id, command), stdin=stdin, timeout=timeout
+            exec_command(self.settings, pinned.id, command), stdin=stdin, timeout=timeout
         )
         if not result.ok:
             words = runtime_words(result)
@@ -250,7 +232,7 @@ class ContainerTransport(ClosesOnExit):
         """
         pinned = self.pin()
         result = self.inner.run(
-            restart_command(self.container, pinned.id, stop_timeout), timeout=timeout
+            restart_command(self.settings, pinned.id, stop_timeout), timeout=timeout
         )
         if not result.ok:
             words = runtime_words(result)
@@ -289,7 +271,7 @@ class ContainerTransport(ClosesOnExit):
 
     def _runtime_refusal(self, result: CommandResult) -> ContainerError:
         words = runtime_words(result)
-        runtime = self.container.runtime
+        runtime = self.settings.runtime
         if result.exit_code == _NO_RUNTIME_STATUS or (
             "not found" in words and runtime in words and "container" not in words.lower()
         ):
@@ -323,7 +305,7 @@ class ContainerTransport(ClosesOnExit):
 
     def _error(self, what: str, *, reason: str, hint: str | None = None) -> ContainerError:
         return ContainerError(
-            f"container {self.container.name} ({self.container.runtime}) {what}",
+            f"container {self.settings.name} ({self.settings.runtime}) {what}",
             host=self.host,
             step="container",
             hint=hint,

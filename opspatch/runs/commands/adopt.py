@@ -31,6 +31,7 @@ from typing import Any
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.host import Host
+from opspatch.core.policy import Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
@@ -40,7 +41,10 @@ from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, ModuleDiagn
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.diagnose import read_hosts
 from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.executor import one_batch
+from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.fleet.session import HostSession, NoProgress
 from opspatch.runs.judgments.findings import module_relpath, unified_diff
 from opspatch.runs.report import FileChange, HostOutcome, RunReport, StepResult
 
@@ -348,7 +352,7 @@ def adopt_edit(
         raise InputError(f"{target} already exists; not overwriting it") from None
     loaded = load_patch(target)
     down = {name for name in edited if not _serving(read[name])}
-    report = _record(ledger, loaded, hosts, edited, untouched, down)
+    report = _record(ledger, loaded, hosts, edited, untouched, down, factory)
     return AdoptReport(patch_id, str(target), module, found.source, diff, report)
 
 
@@ -383,73 +387,96 @@ def _record(
     edited: dict[str, tuple[ModuleDiagnosis, Pristine]],
     untouched: Sequence[tuple[str, str]],
     down: set[str],
+    factory: TransportFactory,
 ) -> RunReport:
-    """The adoption as a recorded run: per edited host a file version pristine -> live.
+    """The adoption as a recorded run through the fleet run (one host at a time, in selection
+    order; it changes no host, so it takes no lock and no lease, and sends nothing): per edited
+    host a file version pristine -> live.
 
     Adopt runs no smoke decode, so it never says a host serves the patch it did not see serve:
     a host whose server is not running, or started before the edit, is `staged` (`opspatch
     restart` starts it into the patch and proves it); `applied` only where the running server
-    started after the edit. Neither is a proof (`runs.judgments.proof`: only a smoke decode proves)."""
+    started after the edit. Neither is a proof (`runs.judgments.proof`: only a smoke decode
+    proves)."""
     recorded_hosts = [h for h in hosts if h.name in edited]
-    outcomes: list[HostOutcome] = []
-    with recorded_run(ledger, command="adopt", patch=loaded, hosts=recorded_hosts) as run:
-        for host in recorded_hosts:
-            m, pristine = edited[host.name]
-            f = m.file
-            assert f is not None
-            detail = (
-                f"{f.realpath} is {f.sha256[:12]}; pristine {pristine.sha256[:12]} from "
-                f"{pristine.source}"
-            )
-            run.step(host.name, "read", StepStatus.OK, 0.0, detail)
-            run.file_version(
-                host.name,
-                path=f.realpath,
-                sha256_before=pristine.sha256,
-                sha256_after=f.sha256,
-                mode=f.mode,
-                owner=f"{f.owner or f.uid}:{f.group or f.gid}",
-                pre_image=pristine.content,
-                post_image=f.content,
-            )
-            said = f"recorded as patch {loaded.spec.id}"
-            run.step(host.name, "adopt", StepStatus.OK, 0.0, said)
-            change = FileChange(f.realpath, pristine.sha256, f.sha256)
-            # What `status` will say: a server started before the edit still runs the old code,
-            # and one that is not running serves nothing (adopt never saw the edit serve).
-            staged = bool(m.server_older_than_file) or host.name in down
-            note = f"the hand edit is now patch {loaded.spec.id}"
-            if host.name in down:
-                note += (
-                    "; its server is not running, so nothing serves the edit yet: "
-                    f"`{remedy_text(CliCommand.RESTART, hosts=host.name)}` starts it into "
-                    "the patch and proves it (smoke "
-                    "decode)"
-                )
-            elif staged:
-                note += (
-                    "; the running server started before the edit, so it still runs the old "
-                    f"code: `{remedy_text(CliCommand.RESTART, hosts=host.name)}` completes it"
-                )
-            else:
-                note += (
-                    "; the running server started after the edit; adopt ran no smoke decode, "
-                    "so nothing is proven"
-                )
-            outcome = HostOutcome(
-                host.name,
-                Outcome.STAGED if staged else Outcome.APPLIED,
-                file=change,
-                steps=(
-                    StepResult("read", StepStatus.OK, 0.0, detail),
-                    StepResult("adopt", StepStatus.OK, 0.0, said),
-                ),
-                note=note,
-            )
-            run.outcome(outcome)
-            outcomes.append(outcome)
-        outcomes += [
+
+    def one(session: HostSession) -> HostOutcome:
+        m, pristine = edited[session.name]
+        return _adopted(session, loaded, m, pristine, down=session.name in down)
+
+    with (
+        recorded_run(ledger, command="adopt", patch=loaded, hosts=recorded_hosts) as run,
+        FleetRun(
+            command="adopt",
+            patch_id=loaded.spec.id,
+            hosts=recorded_hosts,
+            factory=factory,
+            playbook=Playbook(),
+            recorder=run,
+            progress=NoProgress(),
+        ) as fleet,
+    ):
+        found, halted = fleet.execute(one, batches=one_batch(fleet.names, 1), halt=lambda _: None)
+        outcomes = [found[h.name] for h in recorded_hosts] + [
             HostOutcome(name, Outcome.SKIPPED, note=f"{why}: nothing to adopt")
             for name, why in untouched
         ]
-        return run.finish(RunReport(run.run_id, "adopt", loaded.spec.id, hosts=tuple(outcomes)))
+        return run.finish(
+            RunReport(run.run_id, "adopt", loaded.spec.id, hosts=tuple(outcomes), halted=halted)
+        )
+
+
+def _adopted(
+    session: HostSession,
+    loaded: LoadedPatch,
+    m: ModuleDiagnosis,
+    pristine: Pristine,
+    *,
+    down: bool,
+) -> HostOutcome:
+    """One host's adoption recorded: its read, its file version, its outcome (see `_record`)."""
+    f = m.file
+    assert f is not None
+    detail = (
+        f"{f.realpath} is {f.sha256[:12]}; pristine {pristine.sha256[:12]} from {pristine.source}"
+    )
+    said = f"recorded as patch {loaded.spec.id}"
+    session.record("read", StepStatus.OK, 0.0, detail)
+    session.recorder.file_version(
+        session.name,
+        path=f.realpath,
+        sha256_before=pristine.sha256,
+        sha256_after=f.sha256,
+        mode=f.mode,
+        owner=f"{f.owner or f.uid}:{f.group or f.gid}",
+        pre_image=pristine.content,
+        post_image=f.content,
+    )
+    session.record("adopt", StepStatus.OK, 0.0, said)
+    session.steps += [
+        StepResult("read", StepStatus.OK, 0.0, detail),
+        StepResult("adopt", StepStatus.OK, 0.0, said),
+    ]
+    change = FileChange(f.realpath, pristine.sha256, f.sha256)
+    # What `status` will say: a server started before the edit still runs the old code, and one
+    # that is not running serves nothing (adopt never saw the edit serve).
+    staged = bool(m.server_older_than_file) or down
+    note = f"the hand edit is now patch {loaded.spec.id}"
+    name = session.name
+    if down:
+        note += (
+            "; its server is not running, so nothing serves the edit yet: "
+            f"`{remedy_text(CliCommand.RESTART, hosts=name)}` starts it into the patch and "
+            "proves it (smoke decode)"
+        )
+    elif staged:
+        note += (
+            "; the running server started before the edit, so it still runs the old "
+            f"code: `{remedy_text(CliCommand.RESTART, hosts=name)}` completes it"
+        )
+    else:
+        note += (
+            "; the running server started after the edit; adopt ran no smoke decode, "
+            "so nothing is proven"
+        )
+    return session.outcome(Outcome.STAGED if staged else Outcome.APPLIED, file=change, note=note)

@@ -11,7 +11,7 @@ run with exit 2, so a rollout never starts on a fleet it cannot finish. The per-
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, PlanOutcome
 from opspatch.core.host import Host
@@ -357,37 +357,64 @@ class _FleetApply:
 
         outcomes, halted = self.fleet.execute(one, batches=plan.batches, halt=halt)
         if halted and self.playbook.on_halt == HaltAction.ROLLBACK_RUN:
-            self._roll_back_run(prepared, outcomes)
+            halted = self._roll_back_run(prepared, outcomes, halted)
         return self.fleet.report(outcomes, halted=halted)
 
     def _roll_back_run(
         self,
         prepared: Mapping[str, Prepared | HostOutcome],
         outcomes: dict[str, HostOutcome],
-    ) -> None:
-        """`on_halt = "rollback-run"`: restore every host this run applied."""
-        for name, outcome in list(outcomes.items()):
-            item = prepared.get(name)
-            if (
-                outcome.outcome != Outcome.APPLIED
-                or not isinstance(item, Prepared)
-                or not item.pending
-                or outcome.file is None
-            ):
-                continue
-            session = self.sessions[name]
+        halted: str,
+    ) -> str:
+        """`on_halt = "rollback-run"`: restore every host this run applied, as a second run of
+        the fleet engine over the same sessions (`FleetRun.follow_up`): in the playbook's
+        batches, each host's lease checked first, the operator's Ctrl-C stopping it from
+        starting more. A host it does not start (another live run leases it now, a Ctrl-C, the
+        leases lost) keeps its outcome, its note saying it was not rolled back and why. Nothing
+        else halts it: every host it reaches goes back to what served before. Returns the run's
+        halt reason, with why the rollback stopped when it did."""
+        names = [
+            name
+            for name in self.fleet.names
+            if outcomes[name].outcome == Outcome.APPLIED
+            and isinstance(item := prepared.get(name), Prepared)
+            and item.pending
+            and outcomes[name].file is not None
+        ]
+        if not names:
+            return halted
+
+        def one(session: HostSession) -> HostOutcome:
+            item = prepared[session.name]
+            assert isinstance(item, Prepared)
             try:
                 session.lock.take()
-                rolled = self.pipeline.roll_back(
+                return self.pipeline.roll_back(
                     session, item, "the rollout halted (on_halt = rollback-run)"
                 )
             except OpspatchError as exc:
-                rolled = session.outcome(
+                return session.outcome(
                     Outcome.NEEDS_ATTENTION,
                     f"on_halt = rollback-run could not lock the host: {describe_error(exc)}",
-                    file=outcome.file,
+                    file=outcomes[session.name].file,
                 )
-            finally:
-                session.lock.release()
-            outcomes[name] = rolled
-            self.fleet.record(rolled)
+
+        def left(session: HostSession, why: str) -> HostOutcome:
+            kept = outcomes[session.name]
+            said = f"on_halt = rollback-run did not roll it back: {why}"
+            return replace(kept, note=f"{kept.note}; {said}" if kept.note else said)
+
+        with self.fleet.follow_up(names) as rollback:
+            rollback.keep_leases(left)
+            rolled, stopped = rollback.execute(
+                one,
+                batches=plan_rollout(self.playbook, names).batches,
+                halt=lambda _: None,
+                not_started=left,
+            )
+        outcomes.update(rolled)
+        return (
+            f"{halted}; the rollback (on_halt = rollback-run) stopped: {stopped}"
+            if stopped
+            else halted
+        )

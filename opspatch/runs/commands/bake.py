@@ -49,13 +49,10 @@ from opspatch.hosts.image import (
     build_context,
     earlier_bakes,
 )
-from opspatch.hosts.operations import open_transport
-from opspatch.hosts.transport.base import Transport
-from opspatch.hosts.transport.container import runtime_words
-from opspatch.hosts.transport.local import LocalTransport
 from opspatch.ledger.records import ContainerRecord
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import misfit_reason
+from opspatch.runs.fleet.connect import transport_factory
 from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
 from opspatch.runs.fleet.recorded import recorded_run
@@ -99,9 +96,10 @@ def bake_image(
     *,
     ledger: Ledger,
     progress: Progress | None = None,
-    runtime_transport: Transport | None = None,
+    image_runtime: ImageRuntime | None = None,
 ) -> RunReport:
-    """Bake `patch` into a new image on top of `request.image` (see the module's docstring).
+    """Bake `patch` into a new image on top of `request.image` (see the module's docstring),
+    with `image_runtime` (default: `request.runtime` on this machine).
 
     Raises (nothing built, nothing recorded):
         InputError: the runtime is missing or not allowed, the image is not found, the tag
@@ -110,7 +108,7 @@ def bake_image(
         InputError: the patch does not fit the image's file(s), or the image carries it already.
     """
     progress = progress or NoProgress()
-    runtime = ImageRuntime(runtime_transport or LocalTransport("controller"), request.runtime)
+    runtime = image_runtime or ImageRuntime.on_controller(request.runtime)
     tag = request.tag or default_tag(request.image, patch.spec.id)
     _check_request(request, tag)
     base = runtime.inspect(request.image)
@@ -132,7 +130,7 @@ def bake_image(
                 command="bake",
                 patch_id=patch.spec.id,
                 hosts=[host],
-                factory=open_transport,
+                factory=transport_factory(),
                 playbook=playbook,
                 recorder=run,
                 progress=progress,
@@ -278,7 +276,7 @@ class _Bake:
                     if not built.ok:
                         raise HostError(
                             f"the image was not built: {self.request.runtime} build: "
-                            f"{runtime_words(built)}",
+                            f"{self.runtime.words(built)}",
                             host=self.tag,
                             step="build",
                         )
@@ -312,7 +310,7 @@ class _Bake:
             gone = (
                 "the tag was removed again"
                 if removed.ok
-                else f"removing the tag failed ({runtime_words(removed)}): remove it with "
+                else f"removing the tag failed ({self.runtime.words(removed)}): remove it with "
                 f"`{self.request.runtime} rmi {self.tag}`"
             )
             raise HostError(

@@ -32,7 +32,7 @@ from opspatch.hosts.image import BakedLabels
 from opspatch.hosts.operations import HostOperations
 from opspatch.ledger.records import FileVersion
 from opspatch.ledger.store import Ledger
-from opspatch.runs.commands.status import baked_in, container_of, recreated_since
+from opspatch.runs.commands.status import baked_in, recreated_since
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.session import describe_error
@@ -70,7 +70,7 @@ def _read(
     transport = factory(host)
     try:
         found = diagnose_host(HostOperations(transport, host), request, timeout=timeout)
-        return replace(found, container=container_of(transport))
+        return replace(found, container=transport.container)
     except InputError as exc:
         return exc.render()
     except OpspatchError as exc:

@@ -1,7 +1,9 @@
 """`opspatch smoke`: the playbook's smoke decode and log scan on each host, changing nothing.
 
-Hosts are visited in parallel (bounded); each result is a value, an unreachable host included.
-Nothing is locked or recorded: a smoke is a question, not a change.
+Hosts are visited in parallel (bounded) through the fleet run (`FleetRun.visit`: its sessions and
+the executor's Ctrl-C, the first of which stops starting hosts); each result is a value, an
+unreachable host and one never started included. Nothing is locked, leased or recorded: a smoke
+is a question, not a change.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from opspatch.core.policy import Playbook
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, OpspatchError
 from opspatch.hosts.engine import SmokeResult
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.executor import map_hosts
+from opspatch.runs.fleet.executor import CANCELLED
+from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.recorder import NullRecorder
-from opspatch.runs.fleet.session import HostSession, NoProgress, describe_error
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
 
 
 @dataclass(frozen=True)
@@ -56,20 +59,38 @@ class SmokeReport(JsonRecord):
 
 
 def smoke_hosts(
-    hosts: Sequence[Host], playbook: Playbook, *, factory: TransportFactory
+    hosts: Sequence[Host],
+    playbook: Playbook,
+    *,
+    factory: TransportFactory,
+    progress: Progress | None = None,
 ) -> SmokeReport:
-    """Run the smoke decode on every host (at most `max_in_flight` at once)."""
+    """Run the smoke decode on every host (at most `max_in_flight` at once); after the
+    operator's first Ctrl-C no more hosts are started, and each of those says so.
 
-    def one(name: str) -> HostSmoke:
-        host = by_name[name]
-        with HostSession(
-            host, factory, playbook, recorder=NullRecorder(), progress=NoProgress()
-        ) as session:
-            try:
-                return HostSmoke(name, session.engine.smoke(log_offset=None))
-            except OpspatchError as exc:
-                return HostSmoke(name, None, describe_error(exc))
+    Raises:
+        GaveUpWaiting: a second Ctrl-C while hosts were in flight.
+    """
 
-    by_name = {h.name: h for h in hosts}
-    results = map_hosts(one, list(by_name), limit=playbook.max_in_flight or len(hosts) or 1)
-    return SmokeReport(tuple(results[h.name] for h in hosts))
+    def one(session: HostSession) -> HostSmoke:
+        try:
+            return HostSmoke(session.name, session.engine.smoke(log_offset=None))
+        except OpspatchError as exc:
+            return HostSmoke(session.name, None, describe_error(exc))
+
+    with FleetRun(
+        command="smoke",
+        patch_id=None,
+        hosts=hosts,
+        factory=factory,
+        playbook=playbook,
+        recorder=NullRecorder(),
+        progress=progress or NoProgress(),
+    ) as fleet:
+        results = fleet.visit(one, limit=playbook.max_in_flight or len(hosts) or 1)
+    return SmokeReport(
+        tuple(
+            results.get(h.name) or HostSmoke(h.name, None, f"not started: {CANCELLED}")
+            for h in hosts
+        )
+    )

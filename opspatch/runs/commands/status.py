@@ -27,10 +27,9 @@ from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch, PatchSpec
 from opspatch.core.vocabulary import Detected, PatchState, Rotation
 from opspatch.errors import OpspatchError, TargetError
+from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.image import BakedLabels, baked_history
 from opspatch.hosts.operations import HostInspection, HostOperations
-from opspatch.hosts.transport.base import Transport
-from opspatch.hosts.transport.container import ContainerIdentity, ContainerTransport
 from opspatch.ledger.lineage import (
     AtPostImage,
     AtPreImage,
@@ -418,11 +417,6 @@ def _written(ledger: Ledger, host: str, path: str, version: FileVersion) -> str:
     return describe(change_proof(ledger, host, version))
 
 
-def container_of(transport: Transport) -> ContainerIdentity | None:
-    """The container a transport's commands ran in (None: the host itself)."""
-    return transport.identity if isinstance(transport, ContainerTransport) else None
-
-
 def fleet_status(
     hosts: Sequence[Host],
     patches: Sequence[LoadedPatch],
@@ -458,7 +452,7 @@ def fleet_status(
                     continue
                 for patch, index in group:
                     said = classify(
-                        patch, host.name, inspection, ledger, container_of(transport), part=index
+                        patch, host.name, inspection, ledger, transport.container, part=index
                     )
                     found[patch.sha256, index] = with_server(said, host, inspection)
             for patch in patches:

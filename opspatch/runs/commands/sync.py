@@ -41,8 +41,9 @@ from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.commands.status import PatchStatus, fleet_status
 from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.recorded import recorded_run
-from opspatch.runs.fleet.session import NoProgress, Progress
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.judgments.approval import require_approval
 from opspatch.runs.report import HostOutcome, RunReport
 
@@ -447,7 +448,7 @@ def sync_fleet(
             if not r.action.at_goal and (r.action != SyncAction.APPLY or stopped is not None)
         ]
         if left:
-            left_alone.append(_record_left_alone(entry, left, by_name, playbook, ledger))
+            left_alone.append(_record_left_alone(entry, left, by_name, playbook, ledger, factory))
         if not names or stopped is not None:
             continue
         report = apply_to_hosts(
@@ -485,15 +486,31 @@ def _record_left_alone(
     by_name: Mapping[str, Host],
     playbook: Playbook,
     ledger: Ledger,
+    factory: TransportFactory,
 ) -> RunReport:
     """Record that sync did not write to these hosts, and why (a needs-port is never silently
-    skipped): a `sync` run whose hosts are `skipped`, each with its reason. Skipped concludes
-    nothing about an earlier change's proof (`runs.judgments.proof`)."""
+    skipped): a `sync` run whose hosts are `skipped`, each with its reason, decided before the
+    fleet run starts any (`FleetRun.decide`: it starts none, connects to none, leases none).
+    Skipped concludes nothing about an earlier change's proof (`runs.judgments.proof`)."""
     hosts = [by_name[r.host] for r, _ in left]
-    with recorded_run(
-        ledger, command="sync", patch=entry.patch, hosts=hosts, playbook=playbook
-    ) as run:
-        outcomes = tuple(HostOutcome(r.host, Outcome.SKIPPED, why) for r, why in left)
-        for outcome in outcomes:
-            run.outcome(outcome)
-        return run.finish(RunReport(run.run_id, "sync", entry.patch.spec.id, hosts=outcomes))
+    with (
+        recorded_run(
+            ledger, command="sync", patch=entry.patch, hosts=hosts, playbook=playbook
+        ) as run,
+        FleetRun(
+            command="sync",
+            patch_id=entry.patch.spec.id,
+            hosts=hosts,
+            factory=factory,
+            playbook=playbook,
+            recorder=run,
+            progress=NoProgress(),
+        ) as fleet,
+    ):
+        fleet.decide({r.host: HostOutcome(r.host, Outcome.SKIPPED, why) for r, why in left})
+        outcomes, halted = fleet.execute(_never_started, batches=(), halt=lambda _: None)
+        return run.finish(fleet.report(outcomes, halted=halted))
+
+
+def _never_started(session: HostSession) -> HostOutcome:
+    raise AssertionError(f"sync's left-alone run starts no host ({session.name})")

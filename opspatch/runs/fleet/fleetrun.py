@@ -16,6 +16,12 @@ the operator's Ctrl-C into a decision that the report states:
 A command that changes hosts' files or engines (`LEASED_COMMANDS`) holds its hosts' leases while
 it does: `lease()` takes them, reading each host's identity first where the command did not, and
 `execute` refuses to start such a run without them, so no command can forget.
+
+A run may have a second run of the same engine over some of its hosts (`follow_up`: an apply's
+on-halt rollback): the same sessions, recorder and leases, its own batches and its own Ctrl-C,
+and a check that each host's lease is still this run's before it starts any (`keep_leases`).
+A command that only asks (`smoke`) visits its hosts through `visit`: the sessions and the
+executor's Ctrl-C, no lock, no lease, nothing recorded.
 """
 
 from __future__ import annotations
@@ -59,6 +65,9 @@ from opspatch.runs.fleet.session import HostFailed, HostSession, Progress, descr
 from opspatch.runs.report import HostOutcome, RunReport
 
 T = TypeVar("T")
+
+NotStarted = Callable[[HostSession, str], HostOutcome]
+"""The outcome of a host a run did not start, given why (default: `skipped`, "not started: ...")."""
 
 PREFLIGHT_IN_FLIGHT = 16
 """Hosts inspected at once in a preflight (read-only and short: more than a rollout's batch)."""
@@ -105,11 +114,23 @@ class FleetRun:
         self._heartbeat: Heartbeat | None = None
         self._leased = False
         self._unleased: dict[str, HostOutcome] = {}
+        self._identities: dict[str, str] = {}
+        self._first: FleetRun | None = None
         self.sessions: dict[str, HostSession] = {}
 
     def __enter__(self) -> FleetRun:
         """Open a session per host (the routers are looked at once the hosts are leased:
-        `lease`)."""
+        `lease`); a follow-up takes its hosts' sessions from the first run instead."""
+        if self._first is not None:
+            self.sessions = {name: self._first.sessions[name] for name in self.names}
+            self._identities = {
+                name: self._first._identities[name]
+                for name in self.names
+                if name in self._first._identities
+            }
+            self._heartbeat = self._first._heartbeat
+            self._stack.enter_context(self.cancellation.armed())
+            return self
         with ExitStack() as stack:
             for host in self.hosts:
                 self.sessions[host.name] = stack.enter_context(
@@ -126,6 +147,9 @@ class FleetRun:
         return self
 
     def __exit__(self, kind: object, *exc: object) -> None:
+        if self._first is not None:  # the sessions and the leases are the first run's to end
+            self._stack.close()
+            return
         try:
             self._end_leases(
                 abandoned=kind is RunInterrupted or kind is KeyboardInterrupt,
@@ -138,19 +162,66 @@ class FleetRun:
     def cancelled(self) -> bool:
         return self.cancellation.requested
 
+    def follow_up(self, names: Sequence[str]) -> FleetRun:
+        """A second run of this run's engine over `names` (an apply's on-halt rollback), to be
+        entered while this one is open: the same sessions (connections, locks, places behind
+        routers, steps so far), recorder and leases (their heartbeat goes on: this run gives
+        them back when it ends), with a Ctrl-C of its own. Before it starts a host it checks
+        that the host is still this run's (`keep_leases`)."""
+        second = FleetRun(
+            command=self.command,
+            patch_id=self.patch_id,
+            hosts=[self.sessions[name].host for name in names],
+            factory=self._factory,
+            playbook=self.playbook,
+            recorder=self.recorder,
+            progress=self.progress,
+        )
+        second._first = self
+        return second
+
+    def keep_leases(self, held: NotStarted) -> None:
+        """A follow-up's lease check, before any host is started: each host's lease is taken
+        again for this run (kept where it is still this run's, taken back where it lapsed and
+        no one took it); a host another live run leases now (it took this run's lease over) is
+        never started: decided with `held(session, why)`, why naming the holder."""
+        self._leased = True
+        if self.command not in LEASED_COMMANDS or self.recorder.reported_run_id is None:
+            return
+        known = dict(self._identities)
+        while known:
+            grant = self.recorder.take_leases(known, self.playbook.team.lease_expiry, ())
+            if not grant.refused:
+                return
+            for name, identity in list(known.items()):
+                holders = [h for h in grant.refused if h.identity == identity]
+                if holders:
+                    self._unleased[name] = held(self.sessions[name], held_by(holders))
+                    del known[name]
+
+    def visit(self, work: Callable[[HostSession], T], *, limit: int) -> dict[str, T]:
+        """`work` on every host, at most `limit` at once, for a run that changes nothing and
+        takes no lock (`smoke`): the results of the hosts started before the operator's first
+        Ctrl-C, in selection order (the others were never started).
+
+        Raises:
+            GaveUpWaiting: a second Ctrl-C while hosts were in flight.
+        """
+        return map_cancellable(
+            lambda name: work(self.sessions[name]),
+            self.names,
+            limit=limit,
+            cancellation=self.cancellation,
+            on_cancel=self._announce,
+        )
+
     # -- the two phases -------------------------------------------------------------------
 
     def preflight(self, work: Callable[[HostSession], T]) -> dict[str, T] | None:
         """`work` on every host, bounded, before anything is changed; None when the operator
         cancelled: the locks taken are then given back (nothing was changed anywhere)."""
         try:
-            done = map_cancellable(
-                lambda name: work(self.sessions[name]),
-                self.names,
-                limit=PREFLIGHT_IN_FLIGHT,
-                cancellation=self.cancellation,
-                on_cancel=self._announce,
-            )
+            done = self.visit(work, limit=PREFLIGHT_IN_FLIGHT)
         except KeyboardInterrupt as stop:
             raise RunInterrupted(self.recorder.reported_run_id, _in_flight(stop)) from None
         if self.cancelled:
@@ -173,16 +244,20 @@ class FleetRun:
         batches: Sequence[Batch],
         halt: HaltPolicy,
         already: Mapping[str, HostOutcome] | None = None,
+        not_started: NotStarted | None = None,
     ) -> tuple[dict[str, HostOutcome], str | None]:
         """`per_host` on every host of `batches` under `halt`; every outcome recorded as it is
-        decided, hosts never started reported `skipped` (their locks given back). Returns the
-        outcome of every host of the batches and `already`, and why the run halted.
+        decided, hosts never started reported `skipped` (their locks given back; `not_started`
+        says otherwise, given why). Returns the outcome of every host of the batches and
+        `already`, and why the run halted.
 
         Raises:
             RunInterrupted: a second Ctrl-C while hosts were in flight.
         """
-        if self.command in LEASED_COMMANDS and not self._leased:
+        starts = any(batch.hosts for batch in batches)
+        if self.command in LEASED_COMMANDS and starts and not self._leased:
             raise RuntimeError(f"{self.command} changes hosts only under their leases: lease()")
+        skip = not_started or _skipped
         for outcome in (already or {}).values():
             self.record(outcome)
         already = {**self._unleased, **(already or {})}
@@ -194,7 +269,7 @@ class FleetRun:
             try:
                 lost = self._lease_lost()
                 if lost:  # another operator may be changing it now
-                    return session.outcome(Outcome.SKIPPED, f"not started: {lost}")
+                    return skip(session, lost)
                 return per_host(session)
             except (LockHeld, BecomeError, HostKeyError) as exc:  # nothing changed there
                 return session.refused(exc)
@@ -226,9 +301,7 @@ class FleetRun:
         for name in result.not_started:
             self.sessions[name].lock.release()
             why = "the operator cancelled" if result.halted == CANCELLED else "the run halted"
-            outcomes[name] = self.sessions[name].outcome(
-                Outcome.SKIPPED, f"not started: {why} ({result.halted})"
-            )
+            outcomes[name] = skip(self.sessions[name], f"{why} ({result.halted})")
             self.record(outcomes[name])
         return outcomes, result.halted
 
@@ -268,6 +341,7 @@ class FleetRun:
             if read is None:
                 return self.cancelled_report()
             known.update(read)
+        self._identities = known
         grant = self.recorder.take_leases(known, self.playbook.team.lease_expiry, taking_over)
         if grant.refused:  # before the routers: the refusal names the run that holds the hosts
             self.release_all()
@@ -429,6 +503,10 @@ class FleetRun:
             else "no host is in flight"
         )
         self.progress.notice(f"Ctrl-C: no more hosts will be started; {waiting}")
+
+
+def _skipped(session: HostSession, why: str) -> HostOutcome:
+    return session.outcome(Outcome.SKIPPED, f"not started: {why}")
 
 
 def _in_flight(stop: KeyboardInterrupt) -> tuple[str, ...]:

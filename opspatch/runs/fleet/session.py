@@ -29,7 +29,6 @@ from opspatch.errors import (
 from opspatch.hosts.engine import EngineControl, SmokeResult
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.base import Transport
-from opspatch.hosts.transport.container import ContainerTransport
 from opspatch.ledger.records import ContainerRecord
 from opspatch.runs.fleet.connect import TransportFactory, become_passwords
 from opspatch.runs.fleet.recorder import DETAIL_LIMIT, Recorder
@@ -207,10 +206,9 @@ class HostSession:
     def container(self) -> ContainerRecord | None:
         """The container this session's operations ran in (its id and creation time as first
         seen in this run), for the ledger's file versions; None for an engine on the host."""
-        transport = self._transport
-        if not isinstance(transport, ContainerTransport) or transport.identity is None:
+        seen = self._transport.container if self._transport is not None else None
+        if seen is None:
             return None
-        seen = transport.identity
         return ContainerRecord(seen.runtime, seen.name, seen.id, seen.created, seen.image)
 
     @property
