@@ -163,18 +163,20 @@ def read_host(
     inspection: HostInspection | None = None,
     lock: bool = True,
     takeover: Takeover | None = None,
+    paths: Sequence[str] | None = None,
 ) -> HostStanding:
     """Read where `versions` (the recorded changes of one path or of a set's paths) stand on
     the host: `begin` (unless `inspection` is given: begun already), the set's other files in
     one `read-set` step, and `lineage.locate` per file against its candidates: `versions` of
     that path (newest first), or `lineage(path, inspection)` (history and candidates from the
     ledger by the inspected machine). No versions and no `module`: nothing recorded, nothing
-    read. With `ledger`, the proofs of a change whose every file is new.
+    read. With `ledger`, the proofs of a change whose every file is new. `paths`: the order to
+    read the files in (the first is begun), when not the order they were first recorded.
 
     Raises:
         LockHeld, OpspatchError: the host could not be begun, or a file could not be read.
     """
-    paths = paths_of(versions)
+    paths = list(paths) if paths is not None else paths_of(versions)
     if not paths and module is None:
         return HostStanding(Standing.NOTHING_RECORDED, SetOnHost(()))
     if inspection is None:

@@ -150,7 +150,9 @@ ALL_NEW = frozenset(
 
 def members_of(located: Sequence[Located], live: Sequence[str]) -> SetOnHost:
     """The set as `lineage.locate` found each of its files (in order), with their live bytes."""
-    return SetOnHost(tuple(Member(where.version, sha) for where, sha in zip(located, live)))
+    return SetOnHost(
+        tuple(Member(where.version, sha) for where, sha in zip(located, live, strict=True))
+    )
 
 
 def judge(located: Sequence[Located | None], *, server: ServerAge, proven: bool) -> Standing:
