@@ -21,12 +21,12 @@ from opspatch.ledger.lineage import locate
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.fleet.session import HostSession
 from opspatch.runs.judgments.patchset import (
-    ServerAge,
     SetOnHost,
     Standing,
     judge,
     members_of,
     paths_of,
+    server_age,
 )
 from opspatch.runs.judgments.proof import ChangeProof, change_proof
 from opspatch.runs.report import FileChange
@@ -202,14 +202,7 @@ def read_host(
     if len(found) < len(located):
         return HostStanding(Standing.NOTHING_RECORDED, SetOnHost(()), inspection=inspection)
     members = members_of(found, [live[p] for p in paths])
-    server = inspection.server
-    age = (
-        ServerAge.NONE
-        if server is None
-        else ServerAge.OLDER
-        if server.predates(inspection.file)
-        else ServerAge.NEWER
-    )
+    age = server_age(inspection.server, inspection.file)
     proofs: tuple[ChangeProof, ...] = ()
     if ledger is not None and all(m.is_new for m in members.members):
         proofs = tuple(change_proof(ledger, session.name, m.version) for m in members.members)

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from opspatch.core.vocabulary import SetState, Word
+from opspatch.hosts.results import RemoteFile, ServerProcess
 from opspatch.ledger.lineage import AtPostImage, AtPreImage, ChangedSince, PatchedFurther
 from opspatch.ledger.lineage import Standing as Located
 from opspatch.ledger.store import FileVersion
@@ -134,6 +135,13 @@ class ServerAge(Word):
     """It started after the file changed (or its start time is not known)."""
     NONE = "none"
     """No server process runs."""
+
+
+def server_age(server: ServerProcess | None, file: RemoteFile) -> ServerAge:
+    """The running server (None: none found) against `file`'s last change."""
+    if server is None:
+        return ServerAge.NONE
+    return ServerAge.OLDER if server.predates(file) else ServerAge.NEWER
 
 
 ALL_NEW = frozenset(
