@@ -88,17 +88,6 @@ def paths_of(versions: Sequence[FileVersion]) -> list[str]:
     return list(dict.fromkeys(v.path for v in sorted(versions, key=lambda v: v.event_id)))
 
 
-def member_for(versions: Sequence[FileVersion], live_sha256: str) -> Member:
-    """Which of one path's recorded changes (any order) its live bytes are about: the newest
-    whose post-image they are, else the newest whose pre-image they are, else the newest."""
-    newest_first = sorted(versions, key=lambda v: v.event_id, reverse=True)
-    chosen = next(
-        (v for v in newest_first if v.sha256_after == live_sha256),
-        next((v for v in newest_first if v.sha256_before == live_sha256), newest_first[0]),
-    )
-    return Member(chosen, live_sha256)
-
-
 class Standing(Word):
     """Where the change a command is about stands on one host: every file of it (a single file
     is a set of one) read together, with the server that runs it. A closed set: every command
