@@ -131,6 +131,8 @@ def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
 
 def _left_alone(standing: HostStanding, run_id: str) -> str:
     """Why nothing is staged: the files are old, or a server started after the write runs them."""
+    if standing.standing == Standing.NOTHING_RECORDED:
+        return "the ledger holds no change on this host"
     if standing.standing == Standing.ALL_OLD:
         if standing.is_set:
             return f"nothing staged: every file of run {run_id}'s patch set is at its pre-image"
