@@ -48,7 +48,8 @@ def begin(
 ) -> HostInspection:
     """The `begin` step: lock and inspect in one exec (`lock=False`: a plain `inspect`, recorded
     as such, whose facts are recorded so that later lookups through another inventory find the
-    run). `takeover`: a lock held by a run that may be taken over is (recover).
+    run). `takeover` (recover) says whether a held lock may be taken over: by whose run, and
+    whether only once idle.
 
     Raises:
         LockHeld: the lock is held (and `takeover` does not take it).
@@ -82,9 +83,7 @@ def begin(
             )
             idly = " (no command of it still running here)" if idle else ""
             note["detail"] = f"took the lock over from run {holder}{idly}; "
-        note["detail"] = (
-            note.get("detail", "") + f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
-        )
+        note["detail"] += f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
     return inspection
 
 
