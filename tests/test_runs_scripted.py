@@ -34,7 +34,8 @@ from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
-from opspatch.runs.commands.recover import recover_hosts, recover_run, run_chain, unlock_hosts
+from opspatch.runs.commands.recover import recover_hosts, recover_run, run_chain
+from opspatch.runs.commands.unlock import unlock_hosts
 from opspatch.runs.report import RunReport
 
 pytestmark = pytest.mark.scripted

@@ -256,7 +256,7 @@ def test_unlock_refuses_the_lock_of_a_run_whose_lease_is_live_unless_forced(
     from opspatch.hosts.transport.scripted import agent_operation
     from opspatch.ledger import store
     from opspatch.ledger.liveness import ControllerProcess
-    from opspatch.runs.commands.recover import unlock_hosts
+    from opspatch.runs.commands.unlock import unlock_hosts
 
     elsewhere = ControllerProcess("alices-laptop", 4242, None)
     monkeypatch.setattr(store.ControllerProcess, "current", classmethod(lambda cls: elsewhere))

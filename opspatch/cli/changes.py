@@ -405,7 +405,7 @@ def unlock(
     as_json: JsonOption = False,
 ) -> None:
     """Remove host locks left behind by runs that are over (recorded in the ledger)."""
-    from opspatch.runs.commands.recover import unlock_hosts
+    from opspatch.runs.commands.unlock import unlock_hosts
 
     if hosts is None:
         raise InputError("unlock needs --hosts TARGET", hint="opspatch unlock --hosts gpu-01")

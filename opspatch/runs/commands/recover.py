@@ -1,4 +1,4 @@
-"""`recover` and `unlock`: bring hosts that a run left behind to a known state.
+"""`recover`: bring hosts that a run left behind to a known state.
 
 A run's controller can die at any step (killed, the laptop closed, the SSH connection lost), and
 so can the `recover` meant to finish it. Recover therefore works from two things only: what the
@@ -15,10 +15,9 @@ disk now. It never trusts a run's own account of where it got to.
   finished run after a lost connection, or a run that is not in this ledger). Locks are taken
   over only from runs this ledger knows to be over. A bare `recover` with no interrupted run
   reaches the hosts recent runs left `needs-attention` (`hosts_left_needing_attention`).
-- `unlock_hosts(hosts)`: remove a host lock whose run is over, recorded in the ledger; a lock
-  whose run is alive (or unknown here and not expired) is refused.
 
-Per host: the live file matches the post-image of a recorded patch → proven (`runs.judgments.proof`, as
+Per host, a table (`ACTIONS`) over the host's standing (`runs.fleet.standing.read_host`, a single
+file a set of one). The live file matches the post-image of a recorded patch → proven (`runs.judgments.proof`, as
 `status` says it) and its server started after the write: `applied`, left alone (a second
 recover restarts nothing); proven and its server gone: started again, `applied`; else restart,
 ready, smoke → `applied`, or restore → `rolled-back`; it
@@ -36,29 +35,24 @@ the set all-old; all old -> `restored`; a file neither -> `needs-attention`.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Outcome, RunStatus, SetState
+from opspatch.core.vocabulary import Outcome, RunStatus
 from opspatch.errors import InputError, LockHeld
-from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
-from opspatch.runs.commands.rollback import (
-    ensure_running,
-    restore_recorded,
-    restore_set,
-    run_restore,
-)
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.host_leases import lease_held, refusal
+from opspatch.runs.fleet.host_leases import lease_held
 from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.fleet.restore import ensure_running, restore_standing, run_restore
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
+from opspatch.runs.fleet.standing import HostStanding, Takeover, read_host
 from opspatch.runs.fleet.steps import prove_or_undo, undo
-from opspatch.runs.judgments.patchset import paths_of, read_set
-from opspatch.runs.judgments.proof import change_proof, describe
+from opspatch.runs.judgments.patchset import Action, Standing, Table, paths_of
+from opspatch.runs.judgments.proof import describe
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 _OVER = (RunStatus.FINISHED, RunStatus.INTERRUPTED, RunStatus.RECOVERED)
@@ -237,46 +231,19 @@ def _recover(
         return run.finish(report)
 
 
-def begin_taking_over(
-    session: HostSession,
-    ledger: Ledger,
-    scope: _Scope,
-    *,
-    module: str | None = None,
-    path: str | None = None,
-) -> HostInspection:
-    """`begin` (lock + inspect) on a host, taking over a lock held by a run we may take over:
-    at once from one of `scope.takeover` (when None: any run this ledger knows to be over),
-    once idle from one of `scope.takeover_idle`.
+def _takeover(ledger: Ledger, scope: _Scope) -> Takeover:
+    """Whether `begin` may take a held lock over: at once from one of `scope.takeover` (when
+    None: any run this ledger knows to be over), once idle from one of `scope.takeover_idle`;
+    otherwise the `LockHeld` stands (the lock belongs to a run that may still be alive)."""
 
-    Raises:
-        LockHeld: the lock belongs to a run that may still be alive, or to one of
-            `scope.takeover_idle` whose last exec there may still be running.
-    """
-    timeouts = session.playbook.timeouts
-    run_id = session.lock.taking()
-    with session.step("begin") as note:
-        try:
-            _, inspection = session.ops.begin(
-                module, path=path, run_id=run_id, timeout=timeouts.lock + timeouts.inspect
-            )
-        except LockHeld as held:
-            holder = str(held.data.get("run_id") or "")
-            idle = holder in scope.takeover_idle
-            if not holder or not (idle or _may_take_over(ledger, holder, scope.takeover)):
-                raise
-            _, inspection = session.ops.begin(
-                module,
-                path=path,
-                run_id=run_id,
-                takeover_run=holder,
-                takeover_idle=idle,
-                timeout=timeouts.lock + timeouts.inspect,
-            )
-            idly = " (no command of it still running here)" if idle else ""
-            note["detail"] = f"took the lock over from run {holder}{idly}; "
-        note["detail"] += f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
-    return inspection
+    def may(held: LockHeld) -> tuple[str, bool] | None:
+        holder = str(held.data.get("run_id") or "")
+        idle = holder in scope.takeover_idle
+        if not holder or not (idle or _may_take_over(ledger, holder, scope.takeover)):
+            return None
+        return holder, idle
+
+    return may
 
 
 def _may_take_over(ledger: Ledger, holder: str, takeover: Collection[str] | None) -> bool:
@@ -288,8 +255,26 @@ def _may_take_over(ledger: Ledger, holder: str, takeover: Collection[str] | None
         return False  # not a run of this ledger: it may be alive elsewhere
 
 
+ACTIONS: Table = {
+    Standing.NOTHING_RECORDED: Action.ENSURE_RUNNING,
+    Standing.ALL_OLD: Action.ENSURE_RUNNING,
+    # a run stopped between two swaps never proved its new code: the set is put back whole
+    Standing.PARTLY_NEW: Action.RESTORE,
+    Standing.NEW_STALE: Action.PROVE_OR_UNDO,
+    # proven, and no server older than the change runs: make sure one answers, leave it alone
+    Standing.NEW_PROVEN: Action.ENSURE_RUNNING,
+    Standing.NEW_PROVEN_NO_SERVER: Action.ENSURE_RUNNING,
+    Standing.NEW_UNPROVEN: Action.PROVE_OR_UNDO,
+    Standing.NEW_UNPROVEN_NO_SERVER: Action.PROVE_OR_UNDO,
+    Standing.PATCHED_FURTHER: Action.ATTENTION,
+    Standing.CHANGED: Action.ATTENTION,
+}
+"""What recover does about each standing of what a run left on a host. The patch is never
+applied twice: recover only finishes or undoes what a run wrote."""
+
+
 class _RecoverHost:
-    """What a recover does on one host."""
+    """What a recover does on one host: read its standing, act by `ACTIONS`."""
 
     def __init__(self, ledger: Ledger, scope: _Scope, patch: LoadedPatch | None) -> None:
         self.ledger = ledger
@@ -299,213 +284,96 @@ class _RecoverHost:
     def host(self, session: HostSession) -> HostOutcome:
         versions = self.scope.versions.get(session.name, [])
         newest_run = [v for v in versions if v.run_id == versions[-1].run_id] if versions else []
-        if len(paths_of(newest_run)) > 1:
-            return self._recover_set(session, versions, paths_of(newest_run))
-        if versions:
-            inspection = begin_taking_over(session, self.ledger, self.scope, path=versions[-1].path)
-        elif self.patch is not None:
-            inspection = begin_taking_over(
-                session, self.ledger, self.scope, module=self.patch.spec.target.module
-            )
-        else:
+        paths = paths_of(newest_run)
+        standing = read_host(
+            session,
+            [v for v in versions if v.path in paths],
+            ledger=self.ledger,
+            module=self.patch.spec.target.module if self.patch is not None else None,
+            takeover=_takeover(self.ledger, self.scope),
+            paths=paths,
+        )
+        if standing.inspection is None:  # nothing recorded and no patch to look for: not read
             return session.outcome(
                 Outcome.SKIPPED, note=f"{self.scope.what} recorded no change here"
             )
-        live = inspection.file.sha256
-        path = inspection.file.realpath
-        patched = next((v for v in reversed(versions) if v.sha256_after == live), None)
-        if patched is not None:
-            return self._finish_patched(session, patched, inspection)
-        at_pre_image = next((v for v in reversed(versions) if v.sha256_before == live), None)
-        if at_pre_image is not None or not versions:
-            how = ensure_running(session)
-            state = (
-                f"the file is at the pre-image of run {at_pre_image.run_id}"
-                if at_pre_image is not None
-                else f"{self.scope.what} recorded no change here"
+        action = ACTIONS[standing.standing]
+        if action == Action.ENSURE_RUNNING:
+            return self._ensure_running(session, standing)
+        if action == Action.PROVE_OR_UNDO:
+            what = "patch set (all-new)" if standing.is_set else "change"
+            return prove_or_undo(
+                session,
+                change=standing.change(),
+                restore=lambda: restore_standing(session, standing),
+                note=f"finished run {standing.version.run_id}'s {what}: restarted and smoke-tested",
             )
-            return session.outcome(
-                Outcome.RESTORED, file=FileChange(path, live, live), note=f"{state}; server {how}"
+        if action == Action.RESTORE:
+            # Making the set whole is what this recover is for: restored (or not serving).
+            why = (
+                f"the patch set was partly applied ({standing.found.describe()}): its swapped "
+                "files were put back, so the set is whole at its pre-images (all-old)"
             )
-        newest = versions[-1]
+            return undo(
+                session,
+                why,
+                restore=lambda: restore_standing(session, standing),
+                change=standing.change(),
+                outcome=Outcome.RESTORED,
+            )
         return session.outcome(
             Outcome.NEEDS_ATTENTION,
-            f"{path} is {live[:12]}: none of the {len(versions)} version(s) the ledger holds for it "
-            f"(newest: pre-image {newest.sha256_before[:12]}, post-image "
-            f"{newest.sha256_after[:12]} of run {newest.run_id}); someone else changed it",
-            file=FileChange(path, newest.sha256_before, live),
+            self._changed(session, standing),
+            file=self._changed_file(standing),
         )
 
-    def _recover_set(
-        self, session: HostSession, versions: Sequence[FileVersion], paths: Sequence[str]
-    ) -> HostOutcome:
-        """Make a patch set whole on a host: every file new (proven, or proven now), or every
-        file old. A set a run left partly applied (stopped between two files' swaps) is put
-        back to its pre-images, never completed: the run never proved its new code, and a
-        fresh `apply` of an all-old set is an ordinary one."""
-        inspection = begin_taking_over(session, self.ledger, self.scope, path=paths[0])
-        mine = [v for v in versions if v.path in paths]
-        found = read_set(session, mine, {inspection.file.realpath: inspection.file.sha256})
-        state = found.state
-        if state == SetState.CHANGED:
+    def _ensure_running(self, session: HostSession, standing: HostStanding) -> HostOutcome:
+        """Nothing to change on disk (all old, nothing recorded, or proven and no older server
+        runs it): make sure a server answers (it may have gone since: a crash, a reboot) and
+        otherwise leave it alone. Restarting an already reconciled host again would prove
+        nothing new and drop its requests."""
+        how = ensure_running(session)
+        if standing.standing == Standing.NOTHING_RECORDED:
+            note = f"{self.scope.what} recorded no change here; server {how}"
+            return session.outcome(Outcome.RESTORED, file=standing.unchanged(), note=note)
+        if standing.standing == Standing.ALL_OLD:
+            state = (
+                "every file of the patch set is at its pre-image (all-old)"
+                if standing.is_set
+                else f"the file is at the pre-image of run {standing.version.run_id}"
+            )
             return session.outcome(
-                Outcome.NEEDS_ATTENTION,
+                Outcome.RESTORED, file=standing.unchanged(), note=f"{state}; server {how}"
+            )
+        proof = describe(standing.proofs[0])
+        if standing.is_set:
+            note = f"every file of the patch set is new (all-new); {proof}; server {how}"
+            return session.outcome(Outcome.APPLIED, file=standing.change(), note=note)
+        server = standing.inspection.server if standing.inspection else None
+        if how == "already running" and server is not None:
+            pid = f" (pid {server.pid})" if server.pid is not None else ""
+            how = f"already running{pid}, started after the change was written: left alone"
+        return session.outcome(
+            Outcome.APPLIED, file=standing.change(), note=f"{proof}; server {how}"
+        )
+
+    def _changed(self, session: HostSession, standing: HostStanding) -> str:
+        if standing.is_set:
+            return (
                 f"a file of the patch set is none of the versions the ledger holds for it "
-                f"({found.describe()}); someone else changed it: nothing was written",
-                file=found.change(),
+                f"({standing.found.describe()}); someone else changed it: nothing was written"
             )
-        if state == SetState.ALL_OLD:
-            how = ensure_running(session)
-            return session.outcome(
-                Outcome.RESTORED,
-                file=found.change(),
-                note=f"every file of the patch set is at its pre-image (all-old); server {how}",
-            )
-
-        if state == SetState.PARTLY_APPLIED:
-            why = (
-                f"the patch set was partly applied ({found.describe()}): its swapped files "
-                "were put back, so the set is whole at its pre-images (all-old)"
-            )
-            undone = undo(
-                session, why, restore=lambda: restore_set(session, found), change=found.change()
-            )
-            if undone.outcome != Outcome.ROLLED_BACK:
-                return undone
-            # Making the set whole is what this recover is for: restored (or not serving).
-            outcome = Outcome.RESTORED if undone.note is None else Outcome.RESTORED_NOT_SERVING
-            return replace(undone, outcome=outcome, error=undone.note, note=why)
-        proofs = [change_proof(self.ledger, session.name, m.version) for m in found.members]
-        server = inspection.server
-        stale = server is not None and server.predates(inspection.file)
-        if all(p.proven for p in proofs) and not stale:
-            how = ensure_running(session)
-            return session.outcome(
-                Outcome.APPLIED,
-                file=found.change(),
-                note=f"every file of the patch set is new (all-new); {describe(proofs[0])}; "
-                f"server {how}",
-            )
-        return prove_or_undo(
-            session,
-            change=found.change(),
-            restore=lambda: restore_set(session, found),
-            note=f"finished run {found.members[0].version.run_id}'s patch set (all-new): "
-            "restarted and smoke-tested",
+        newest, live = standing.version, standing.live
+        held = self.scope.versions.get(session.name, [])
+        return (
+            f"{newest.path} is {live[:12]}: none of the {len(held)} version(s) the ledger holds "
+            f"for it (newest: pre-image {newest.sha256_before[:12]}, post-image "
+            f"{newest.sha256_after[:12]} of run {newest.run_id}); someone else changed it"
         )
 
-    def _finish_patched(
-        self, session: HostSession, version: FileVersion, inspection: HostInspection
-    ) -> HostOutcome:
-        change = FileChange(version.path, version.sha256_before, version.sha256_after)
-        proof = change_proof(self.ledger, session.name, version)
-        server = inspection.server
-        stale = server is not None and server.predates(inspection.file)
-        if proof.proven and not stale:
-            # Proven, and no server older than the change runs: make sure one answers (it may
-            # have gone since: a crash, a reboot) and otherwise leave it alone. Restarting an
-            # already reconciled host again would prove nothing new and drop its requests.
-            how = ensure_running(session)
-            if how == "already running" and server is not None:
-                pid = f" (pid {server.pid})" if server.pid is not None else ""
-                how = f"already running{pid}, started after the change was written: left alone"
-            return session.outcome(
-                Outcome.APPLIED, file=change, note=f"{describe(proof)}; server {how}"
-            )
-        return prove_or_undo(
-            session,
-            change=change,
-            restore=lambda: restore_recorded(session, version),
-            note=f"finished run {version.run_id}'s change: restarted and smoke-tested",
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# unlock
-
-
-def unlock_hosts(
-    *,
-    ledger: Ledger,
-    hosts: Sequence[Host],
-    factory: TransportFactory,
-    playbook: Playbook,
-    force_unknown: bool = False,
-    progress: Progress | None = None,
-) -> RunReport:
-    """Remove host locks whose run is over, as a recorded `unlock` run.
-
-    A lock whose run this ledger knows to be running is refused (`skipped`, exit 2); so are one
-    whose run holds a live lease (its controller heart-beats, wherever it is) and one whose run
-    this ledger does not know (another controller's), unless `force_unknown` (--force).
-    """
-    with recorded_run(ledger, command="unlock", patch=None, hosts=hosts, playbook=playbook) as run:
-        unlock = _UnlockHost(ledger, force_unknown)
-        report = run_restore(
-            command="unlock",
-            recorder=run,
-            hosts=hosts,
-            factory=factory,
-            playbook=playbook,
-            progress=progress or NoProgress(),
-            patch_id=None,
-            per_host=unlock.host,
-        )
-        return run.finish(report)
-
-
-class _UnlockHost:
-    def __init__(self, ledger: Ledger, force_unknown: bool) -> None:
-        self.ledger = ledger
-        self.force_unknown = force_unknown
-
-    def host(self, session: HostSession) -> HostOutcome:
-        timeout = session.playbook.timeouts.lock
-        run_id = session.lock.taking()
-        with session.step("lock") as note:
-            try:
-                info = session.ops.lock(run_id=run_id, timeout=timeout)
-            except LockHeld as held:
-                holder = str(held.data.get("run_id") or "")
-                held_by = held.detail
-                note["detail"] = f"held by run {holder or '?'} ({held_by})"
-            else:
-                previous = info.took_over_from
-                note["detail"] = (
-                    f"the lock of run {previous.run_id} had expired" if previous else "no lock held"
-                )
-                return session.outcome(Outcome.SKIPPED, note=f"{note['detail']}; nothing to remove")
-        status = self._status_of(holder)
-        if status == RunStatus.RUNNING:
-            return session.outcome(
-                Outcome.SKIPPED,
-                f"refused: the lock belongs to run {holder}, which is still running",
-            )
-        live = [lease for lease in self.ledger.leases_of([holder] if holder else []) if lease.live]
-        if live and not self.force_unknown:  # its controller heart-beats: it may be changing it
-            return session.outcome(
-                Outcome.SKIPPED,
-                f"refused: the lock belongs to run {holder}, whose lease is live: "
-                f"{refusal(live)}; or re-run with --force",
-            )
-        if status is None and not self.force_unknown:
-            return session.outcome(
-                Outcome.SKIPPED,
-                f"refused: the lock belongs to run {holder or '(unnamed)'}, which this ledger does "
-                f"not know ({held_by}); it may be alive on another controller. Ask its owner, "
-                "wait for it to expire, or re-run with --force",
-            )
-        with session.step("unlock") as note:
-            result = session.ops.unlock(run_id=holder, force=not holder, timeout=timeout)
-            note["detail"] = (
-                f"removed the lock of run {holder}" if result.released else result.reason
-            )
-        return session.outcome(Outcome.UNLOCKED, note=f"removed the lock of run {holder}")
-
-    def _status_of(self, run_id: str) -> RunStatus | None:
-        if not run_id:
-            return None
-        try:
-            return RunStatus(self.ledger.get_run(run_id).summary.status)
-        except InputError:
-            return None
+    @staticmethod
+    def _changed_file(standing: HostStanding) -> FileChange:
+        if standing.is_set:
+            return standing.found.change()
+        newest = standing.version
+        return FileChange(newest.path, newest.sha256_before, standing.live)

@@ -6,6 +6,9 @@ and the same proof: restart, wait until ready, smoke decode; a host that fails i
 the pre-image the ledger recorded for the staged change, restarted and reported `rolled-back`.
 A host where nothing is staged (its file is at the pre-image, or the ledger holds no change) is
 left alone; a file that changed since opspatch wrote it is refused, never restarted into.
+
+Per host it is a table (`ACTIONS`) over the host's standing (`runs.fleet.standing.read_host`:
+the newest write's file, or every file of its patch set, a single file being a set of one).
 """
 
 from __future__ import annotations
@@ -15,22 +18,33 @@ from collections.abc import Mapping, Sequence
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Outcome, SetState
+from opspatch.core.vocabulary import Outcome
 from opspatch.errors import OpspatchError
-from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger
-from opspatch.runs.commands.rollback import restore_recorded, restore_set
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.recorded import recorded_run
-from opspatch.runs.fleet.session import (
-    HostSession,
-    NoProgress,
-    Progress,
-)
+from opspatch.runs.fleet.restore import restore_standing
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
+from opspatch.runs.fleet.standing import HostStanding, begin, read_host
 from opspatch.runs.fleet.steps import prove_or_undo
-from opspatch.runs.judgments.patchset import read_set
-from opspatch.runs.report import FileChange, HostOutcome, RunReport
+from opspatch.runs.judgments.patchset import Action, Standing, Table
+from opspatch.runs.report import HostOutcome, RunReport
+
+ACTIONS: Table = {
+    Standing.NOTHING_RECORDED: Action.LEAVE,
+    Standing.ALL_OLD: Action.LEAVE,
+    Standing.PARTLY_NEW: Action.REFUSE,
+    Standing.NEW_STALE: Action.PROVE_OR_UNDO,
+    # a server started after the write already runs it, proven or not: restarting proves nothing
+    Standing.NEW_PROVEN: Action.LEAVE,
+    Standing.NEW_UNPROVEN: Action.LEAVE,
+    Standing.NEW_PROVEN_NO_SERVER: Action.PROVE_OR_UNDO,
+    Standing.NEW_UNPROVEN_NO_SERVER: Action.PROVE_OR_UNDO,
+    Standing.PATCHED_FURTHER: Action.REFUSE,
+    Standing.CHANGED: Action.REFUSE,
+}
+"""What restart does about each standing of the newest write on a host."""
 
 
 def restart_hosts(
@@ -75,102 +89,74 @@ def restart_hosts(
         return run.finish(fleet.report(outcomes, halted=halted))
 
 
-def _staged_version(ledger: Ledger, host: str) -> FileVersion | None:
-    """The newest change opspatch wrote on the host (a staged one is the newest write)."""
-    return next((v for v in ledger.file_history(host) if v.action == "patch"), None)
-
-
-def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
-    version = _staged_version(ledger, session.name)
-    if version is None:
-        return session.outcome(Outcome.SKIPPED, note="the ledger holds no change on this host")
-    timeouts = session.playbook.timeouts
-    try:
-        with session.step("begin") as note:
-            _, inspection = session.ops.begin(
-                path=version.path,
-                run_id=session.lock.taking(),
-                timeout=timeouts.lock + timeouts.inspect,
-            )
-            note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
-    except OpspatchError as exc:  # unreachable, locked: nothing was done there
-        return session.refused(exc)
-    live = inspection.file.sha256
-    staged_set = _staged_set(ledger, session.name, version)
-    if len(staged_set) > 1:
-        return _restart_set(session, staged_set, inspection)
-    unchanged = FileChange(version.path, live, live)
-    if live == version.sha256_before:
-        return session.outcome(
-            Outcome.SKIPPED,
-            file=unchanged,
-            note=f"nothing staged: the file is at the pre-image of run {version.run_id}",
-        )
-    if live != version.sha256_after:
-        return session.outcome(
-            Outcome.SKIPPED,
-            f"refused: {version.path} is {live[:12]}, not the {version.sha256_after[:12]} run "
-            f"{version.run_id} wrote (changed since); not restarting into code opspatch did not "
-            "write",
-            file=unchanged,
-        )
-    server = inspection.server
-    if server is not None and not server.predates(inspection.file):
-        return session.outcome(
-            Outcome.SKIPPED,
-            file=unchanged,
-            note=f"nothing staged: the running server (pid {server.pid}) started after the file "
-            f"changed, so it already runs run {version.run_id}'s change; left alone",
-        )
-    return prove_or_undo(
-        session,
-        change=FileChange(version.path, version.sha256_before, version.sha256_after),
-        restore=lambda: restore_recorded(session, version),
-        note=f"restarted into run {version.run_id}'s change and proven",
-    )
-
-
-def _staged_set(ledger: Ledger, host: str, newest: FileVersion) -> list[FileVersion]:
-    """The changes the newest write's run made on the host, the newest of each path, in the
-    order they were written: several for a patch set, which is restarted into together."""
-    mine = [
-        v for v in ledger.file_history(host) if v.action == "patch" and v.run_id == newest.run_id
-    ]
+def _staged_versions(ledger: Ledger, host: str) -> list[FileVersion]:
+    """The changes the newest write's run made on the host (a staged one is the newest write),
+    the newest of each path, in the order they were written: several for a patch set, which
+    is restarted into together; empty when the ledger holds no change here."""
+    history = [v for v in ledger.file_history(host) if v.action == "patch"]
+    if not history:
+        return []
+    mine = [v for v in history if v.run_id == history[0].run_id]
     by_path = {v.path: v for v in sorted(mine, key=lambda v: v.event_id)}
     return list(by_path.values())
 
 
-def _restart_set(
-    session: HostSession, versions: Sequence[FileVersion], inspection: HostInspection
-) -> HostOutcome:
-    """Restart into a staged patch set: only when every file is the post-image its run wrote
-    (a set not whole is left to `recover`); a failed proof restores every file."""
-    found = read_set(session, versions, {inspection.file.realpath: inspection.file.sha256})
+def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
+    versions = _staged_versions(ledger, session.name)
+    if not versions:
+        return session.outcome(Outcome.SKIPPED, note="the ledger holds no change on this host")
+    try:
+        newest = max(versions, key=lambda v: v.event_id)  # the staged write's own file
+        inspection = begin(session, path=newest.path)
+    except OpspatchError as exc:  # unreachable, locked: nothing was done there
+        return session.refused(exc)
+    standing = read_host(session, versions, inspection=inspection)
+    action = ACTIONS[standing.standing]
     run_id = versions[0].run_id
-    if found.state == SetState.ALL_OLD:
-        return session.outcome(
-            Outcome.SKIPPED,
-            file=found.change(),
-            note=f"nothing staged: every file of run {run_id}'s patch set is at its pre-image",
+    if action == Action.PROVE_OR_UNDO:
+        what = "patch set (all-new)" if standing.is_set else "change"
+        return prove_or_undo(
+            session,
+            change=standing.change(),
+            restore=lambda: restore_standing(session, standing),
+            note=f"restarted into run {run_id}'s {what} and proven",
         )
-    if found.state != SetState.ALL_NEW:
+    if action == Action.LEAVE:
         return session.outcome(
-            Outcome.SKIPPED,
-            f"refused: run {run_id}'s patch set is not whole ({found.describe()}); "
-            f"`{remedy_text(CliCommand.RECOVER, hosts=session.name)}` makes it whole",
-            file=found.change(),
+            Outcome.SKIPPED, file=standing.unchanged(), note=_left_alone(standing, run_id)
         )
-    server = inspection.server
-    if server is not None and not server.predates(inspection.file):
-        return session.outcome(
-            Outcome.SKIPPED,
-            file=found.change(),
-            note=f"nothing staged: the running server (pid {server.pid}) started after the "
-            f"patch set was written, so it already runs run {run_id}'s change; left alone",
+    return session.outcome(
+        Outcome.SKIPPED, _refusal(session, standing, run_id), file=standing.unchanged()
+    )
+
+
+def _left_alone(standing: HostStanding, run_id: str) -> str:
+    """Why nothing is staged: the files are old, or a server started after the write runs them."""
+    if standing.standing == Standing.NOTHING_RECORDED:
+        return "the ledger holds no change on this host"
+    if standing.standing == Standing.ALL_OLD:
+        if standing.is_set:
+            return f"nothing staged: every file of run {run_id}'s patch set is at its pre-image"
+        return f"nothing staged: the file is at the pre-image of run {run_id}"
+    server = standing.inspection.server if standing.inspection else None
+    pid = server.pid if server is not None else None
+    when = "the patch set was written" if standing.is_set else "the file changed"
+    return (
+        f"nothing staged: the running server (pid {pid}) started after {when}, so it already "
+        f"runs run {run_id}'s change; left alone"
+    )
+
+
+def _refusal(session: HostSession, standing: HostStanding, run_id: str) -> str:
+    """Why restart does not restart into what it found: a set not whole, or bytes changed."""
+    if standing.is_set:
+        return (
+            f"refused: run {run_id}'s patch set is not whole ({standing.found.describe()}); "
+            f"`{remedy_text(CliCommand.RECOVER, hosts=session.name)}` makes it whole"
         )
-    return prove_or_undo(
-        session,
-        change=found.change(),
-        restore=lambda: restore_set(session, found),
-        note=f"restarted into run {run_id}'s patch set (all-new) and proven",
+    version, live = standing.version, standing.live
+    return (
+        f"refused: {version.path} is {live[:12]}, not the {version.sha256_after[:12]} run "
+        f"{version.run_id} wrote (changed since); not restarting into code opspatch did not "
+        "write"
     )

@@ -1,7 +1,8 @@
-"""Putting hosts back: `rollback` (undo a patch from the ledger), and what `recover`
-(`runs.commands.recover`) shares with it.
+"""`opspatch rollback`: undo a patch (or a run) from the ledger. The restore run it goes through
+and the restores it shares with `recover` are `runs.fleet.restore`'s.
 
-Both restore only what opspatch itself wrote: a host's file is restored to the pre-image the
+Per host it is a table (`ACTIONS`) over the host's standing (`runs.fleet.standing.read_host`, a
+single file a set of one). A rollback restores only what opspatch itself wrote: a host's file is restored to the pre-image the
 ledger holds when the live file still hashes to the post-image opspatch recorded; anything else
 is refused for that host with the reason, because overwriting a file someone else changed since
 (a reinstalled sglang, a hand edit) would lose their change.
@@ -23,220 +24,49 @@ Told not to restart (`--restart never`, for a host whose inventory sets no engin
 rollback restores the files only (in the playbook's batches; no server is restarted), and each
 host is `staged-back` (exit 0) once its files are back.
 
-Both run through the fleet executor (`runs.fleet.executor`): hosts in parallel up to the playbook's
-`max_in_flight`; for recover and unlock, one batch that a host that needs attention, or whose
-restored file is not served, halts.
+It runs through the fleet executor (`runs.fleet.executor`): hosts in parallel up to the
+playbook's `max_in_flight`, in the playbook's batches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
 
 from opspatch.core.edit import NotApplicable, detect, unapply
 from opspatch.core.host import Host
-from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.policy import Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Outcome, SetState
 from opspatch.errors import OpspatchError, RemoteOperationError
-from opspatch.hosts.engine import RestartResult
 from opspatch.hosts.operations import HostInspection
-from opspatch.ledger.lineage import (
-    AtPostImage,
-    AtPreImage,
-    PatchedFurther,
-    applied_versions,
-    locate,
-)
+from opspatch.ledger.lineage import ChangedSince, PatchedFurther, applied_versions
 from opspatch.ledger.store import FileVersion, Ledger, Machine, RunDetail
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.executor import HaltPolicy, halt_on_attention, one_batch
-from opspatch.runs.fleet.fleetrun import FleetRun
-from opspatch.runs.fleet.host_leases import host_identity
 from opspatch.runs.fleet.recorded import recorded_run
-from opspatch.runs.fleet.recorder import Recorder
-from opspatch.runs.fleet.session import (
-    HostFailed,
-    HostSession,
-    NoProgress,
-    Progress,
-    describe_error,
-)
-from opspatch.runs.fleet.steps import (
-    readmit,
-    ready_step,
-    restart_step,
-    restore_pre_image,
-    smoke_after_restore,
-)
-from opspatch.runs.judgments.patchset import Member, SetOnHost, paths_of, read_live
+from opspatch.runs.fleet.restore import Examined, restore_standing, run_restore
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
+from opspatch.runs.fleet.standing import HostStanding, Lineage, read_host
+from opspatch.runs.fleet.steps import AS_ROLLBACK, undo
+from opspatch.runs.judgments.patchset import Action, Standing, Table, paths_of
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
-
-def restore_recorded(session: HostSession, version: FileVersion) -> FileChange:
-    """Restore `version`'s pre-image (the host's backup, else the ledger's bytes) and record it."""
-    restored = restore_pre_image(
-        session,
-        path=version.path,
-        pre_sha256=version.sha256_before,
-        post_sha256=version.sha256_after,
-        timeout=session.playbook.timeouts.restore,
-        mode=version.mode,
-        owner=version.owner,
-    )
-    return FileChange(version.path, restored.sha256_before, restored.sha256_after)
-
-
-def restore_set(session: HostSession, found: SetOnHost) -> FileChange:
-    """Put every new file of a patch set back at its recorded pre-image, the last swapped
-    first; the set as it then is (all-old).
-
-    Raises:
-        OpspatchError: a restore failed (the files restored before it stay restored).
-    """
-    for member in reversed(found.new):
-        restore_recorded(session, member.version)
-    return found.all_old()
-
-
-def ensure_running(session: HostSession) -> str:
-    """Make sure the server answers /health: wait for it, restart it if it does not come.
-    Behind a router, a worker that a crashed run left drained is re-admitted only once it is
-    ready and its smoke decode passes (`readmit`); otherwise it stays out, and the answer (and
-    the host's outcome) says why."""
-    restart: RestartResult | None = None
-    try:
-        ready_step(session, None, step="ready")
-        how = "already running"
-    except HostFailed:
-        restart = restart_step(session, step="restart")
-        ready_step(
-            session,
-            restart,
-            step="ready-after-restart",
-            timeout=session.playbook.timeouts.restore_ready,
-        )
-        how = "restarted"
-    readmit(session, restart)
-    return how
-
-
-def halt_on_attention_or_not_serving(outcomes: Mapping[str, HostOutcome]) -> str | None:
-    """The restore runs' halt policy: a host that needs attention, or one whose restored file
-    its server does not serve (the same restore elsewhere would take those servers down too)."""
-    attention = halt_on_attention(outcomes)
-    if attention:
-        return attention
-    down = not_serving(outcomes)
-    if down:
-        return f"the restored file is not served on {down} (its smoke decode failed); " + LEFT
-    return None
-
-
-LEFT = "the other hosts were left as they are"
-
-
-def not_serving(outcomes: Mapping[str, HostOutcome]) -> str | None:
-    """The hosts whose restored file their server does not serve, as text (None: none)."""
-    down = sorted(n for n, o in outcomes.items() if o.outcome == Outcome.RESTORED_NOT_SERVING)
-    return ", ".join(down) if down else None
-
-
-def halt_under_playbook(playbook: Playbook, canaries: Collection[str]) -> HaltPolicy:
-    """A rollback's halt policy: the playbook's, as for an apply (a host that needs attention,
-    a failed canary, `max_failures` failed hosts; `restored-not-serving` counts as failed), the
-    reason saying which restored files are not served. The default playbook (one canary,
-    `max_failures = 1`) halts at the first host whose restored file is not served; an operator's
-    playbook with more room is honoured."""
-
-    def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
-        reason = playbook.halt_reason(
-            {n: o.outcome for n, o in outcomes.items()}, canaries=canaries
-        )
-        down = not_serving(outcomes)
-        if reason is None or down is None or halt_on_attention(outcomes):
-            return reason
-        return (
-            f"the restored file is not served on {down} (its smoke decode failed): {reason}; {LEFT}"
-        )
-
-    return halt
-
-
-def run_restore(
-    *,
-    command: str,
-    recorder: Recorder,
-    hosts: Sequence[Host],
-    factory: TransportFactory,
-    playbook: Playbook,
-    progress: Progress,
-    patch_id: str | None,
-    per_host: Callable[[HostSession], HostOutcome],
-    preflight: Callable[[HostSession], Examined] | None = None,
-    under_playbook: bool = False,
-    leases: Mapping[str, str] | None = None,
-    taking_over: Collection[str] = (),
-) -> RunReport:
-    """The fleet part of the restore runs (rollback, recover, unlock), halted by a host that
-    needs attention or whose restored file its server does not serve.
-
-    `preflight` (a rollback): read every host first, changing nothing; a host it decides there
-    (a refusal, nothing to restore, unreadable) is reported and recorded with that outcome
-    whatever halts the run later, and is never started (`FleetRun.decide`); every host it read
-    is leased by the identity it read (the lease check comes first), and only the others are
-    looked for at their router. `under_playbook` (a rollback): the other
-    hosts go in the playbook's batches, canaries first, halted as an apply is
-    (`halt_under_playbook`); otherwise in one batch, halted at the first host that needs
-    attention or whose restored file is not served. The hosts are leased to this run first
-    (`FleetRun.lease`; unlock leases nothing); `leases` (host name -> identity): the ones a
-    recover --run takes over from the runs it recovers (expired, or of `taking_over`, runs
-    this machine saw die)."""
-    with FleetRun(
-        command=command,
-        patch_id=patch_id,
-        hosts=hosts,
-        factory=factory,
-        playbook=playbook,
-        recorder=recorder,
-        progress=progress,
-    ) as fleet:
-        known = dict(leases or {})
-        decided: dict[str, HostOutcome] = {}
-        if preflight is not None:
-            examined = fleet.preflight(preflight)
-            if examined is None:
-                return fleet.cancelled_report()
-            for name, seen in examined.items():
-                if seen.decided is not None:
-                    decided[name] = seen.decided
-                if seen.inspection is not None:  # a decided host too: the lease check comes first
-                    known[name] = host_identity(fleet.sessions[name].host, seen.inspection.facts)
-            fleet.decide(decided)
-        names = [name for name in fleet.names if name not in decided]
-        refused = fleet.lease(known, taking_over=taking_over, restarting=names)
-        if refused is not None:
-            return refused
-        policy: HaltPolicy = halt_on_attention_or_not_serving
-        if under_playbook:
-            plan = plan_rollout(playbook, names)
-            batches = plan.batches
-            policy = halt_under_playbook(playbook, plan.canaries)
-        else:
-            batches = one_batch(names, playbook.max_in_flight)
-
-        def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
-            # what the preflight decided changed nothing: it stops no restore elsewhere
-            return policy({n: o for n, o in outcomes.items() if n not in decided})
-
-        outcomes, halted = fleet.execute(per_host, batches=batches, halt=halt)
-        return fleet.report(outcomes, halted=halted)
-
-
-# ---------------------------------------------------------------------------------------------
-# rollback
+ACTIONS: Table = {
+    # no record of it here: only from the host's own backup, the patch taken off the file alone
+    Standing.NOTHING_RECORDED: Action.RESTORE_FROM_BACKUP,
+    Standing.ALL_OLD: Action.LEAVE,
+    # a set a run left partly applied is made whole: its new files go back
+    Standing.PARTLY_NEW: Action.RESTORE,
+    Standing.NEW_STALE: Action.RESTORE,
+    Standing.NEW_PROVEN: Action.RESTORE,
+    Standing.NEW_PROVEN_NO_SERVER: Action.RESTORE,
+    Standing.NEW_UNPROVEN: Action.RESTORE,
+    Standing.NEW_UNPROVEN_NO_SERVER: Action.RESTORE,
+    Standing.PATCHED_FURTHER: Action.REFUSE,
+    Standing.CHANGED: Action.REFUSE,
+}
+"""What rollback does about each standing of the changes it undoes on a host."""
 
 
 def rollback_hosts(
@@ -294,22 +124,6 @@ def rollback_hosts(
             under_playbook=True,
         )
         return run.finish(report)
-
-
-@dataclass(frozen=True)
-class Examined:
-    """What a restore run found on one host before changing it: the inspection (None: decided
-    from the ledger alone, or the host could not be read) and either the outcome it decided
-    there (nothing to restore, or a refusal with its reason) or the restore to make."""
-
-    inspection: HostInspection | None
-    decided: HostOutcome | None = None
-    restore: Callable[[], HostOutcome] | None = None
-
-    @classmethod
-    def left(cls, outcome: HostOutcome) -> Examined:
-        """Decided without reading the host."""
-        return cls(None, decided=outcome)
 
 
 class _Rollback:
@@ -408,33 +222,13 @@ class _Rollback:
             return examined.decided
         return examined.restore()
 
-    def _inspect(
-        self, session: HostSession, module: str | None, path: str | None, *, lock: bool
-    ) -> HostInspection:
-        """The host's file (and facts): `begin` (lock + inspect in one exec) when about to
-        change it, a plain `inspect` in the preflight; the preflight records the facts."""
-        timeouts = session.playbook.timeouts
-        with session.step("begin" if lock else "inspect") as note:
-            if lock:
-                _, inspection = session.ops.begin(
-                    module,
-                    path=path,
-                    run_id=session.lock.taking(),
-                    timeout=timeouts.lock + timeouts.inspect,
-                )
-            else:
-                inspection = session.ops.inspect(module, path=path, timeout=timeouts.inspect)
-            note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
-        if not lock:
-            # what the machine is, so later lookups through another inventory find this run
-            session.recorder.facts(session.name, inspection.facts.to_json())
-        return inspection
-
     def _examine(self, session: HostSession, *, lock: bool) -> Examined:
+        """Read the host's standing against the changes to undo and look it up in `ACTIONS`:
+        the outcome decided there (nothing to restore, a refusal), or the restore to make."""
         by_path = self.set_versions(session.name)
         if by_path:
-            return self._examine_set(session, by_path, lock=lock)
-        if self.patch is not None and self.patch.is_set:
+            versions = [v for vs in by_path.values() for v in vs]
+        elif self.patch is not None and self.patch.is_set:
             return Examined.left(
                 session.outcome(
                     Outcome.SKIPPED,
@@ -442,188 +236,136 @@ class _Rollback:
                     "this host (a set is rolled back from the ledger's record only)",
                 )
             )
-        candidates = self.versions_for(session.name)
-        if not candidates and self.source_run is not None:
-            return Examined.left(
-                session.outcome(
-                    Outcome.SKIPPED,
-                    note=f"the ledger has no change by run {self.source_run.run_id} on this host",
+        else:
+            versions = self.versions_for(session.name)
+            if not versions and self.source_run is not None:
+                return Examined.left(
+                    session.outcome(
+                        Outcome.SKIPPED,
+                        note=f"the ledger has no change by run {self.source_run.run_id} on this "
+                        "host",
+                    )
                 )
-            )
-        inspection = self._inspect(
+        standing = read_host(
             session,
-            None if candidates or self.patch is None else self.patch.spec.target.module,
-            candidates[0].path if candidates else None,
+            versions,
+            module=None if versions or self.patch is None else self.patch.spec.target.module,
+            lineage=self._lineage(session.name, by_path or None, versions),
             lock=lock,
+            paths=list(by_path) if by_path else None,
         )
-        path = candidates[0].path if candidates else inspection.file.realpath
-        history = self.ledger.file_history(
-            session.name,
-            path,
-            machine=Machine.of(inspection.facts.machine_id, inspection.facts.hostname),
-        )
-        if self.patch is not None and self.source_run is None:
-            # the same machine's changes recorded under another inventory's name count too
-            candidates = applied_versions(history, self.patch.spec.id)
-        if not candidates:
+        inspection = standing.inspection
+        assert inspection is not None  # versions, or a patch's module, were read
+        action = ACTIONS[standing.standing]
+        if action == Action.RESTORE_FROM_BACKUP:
             assert self.patch is not None
             return self._without_record(session, self.patch, inspection)
-        live = inspection.file.sha256
-        unchanged = FileChange(path, live, live)
-        standing = locate(history, candidates, live)
-        if isinstance(standing, AtPreImage):
+        if action == Action.LEAVE:
+            note = (
+                "every file of the patch set is already at its pre-image; nothing to restore"
+                if standing.is_set
+                else "already at the pre-image; nothing to restore"
+            )
+            return Examined(
+                inspection,
+                decided=session.outcome(Outcome.SKIPPED, file=standing.unchanged(), note=note),
+            )
+        if action == Action.REFUSE:
             return Examined(
                 inspection,
                 decided=session.outcome(
-                    Outcome.SKIPPED,
-                    file=unchanged,
-                    note="already at the pre-image; nothing to restore",
+                    Outcome.SKIPPED, _refusal(standing), file=standing.unchanged()
                 ),
             )
-        if isinstance(standing, PatchedFurther):
-            return Examined(
-                inspection,
-                decided=session.outcome(
-                    Outcome.SKIPPED,
-                    f"refused: {path} is {live[:12]}: the change of run "
-                    f"{standing.version.run_id} was {standing.advice()}",
-                    file=unchanged,
-                ),
-            )
-        if not isinstance(standing, AtPostImage):
-            version = candidates[0]  # ChangedSince: the newest change was overwritten since
-            return Examined(
-                inspection,
-                decided=session.outcome(
-                    Outcome.SKIPPED,
-                    f"refused: {path} is {live[:12]}, not the {version.sha256_after[:12]} "
-                    f"opspatch wrote in run {version.run_id} (changed since, e.g. sglang "
-                    "reinstalled); not overwriting it",
-                    file=unchanged,
-                ),
-            )
-        found = standing.version
+        return Examined(inspection, restore=lambda: self._restore(session, standing))
 
-        def restore() -> HostOutcome:
-            try:
-                change = restore_recorded(session, found)
-            except OpspatchError as exc:
-                return session.outcome(
-                    Outcome.NEEDS_ATTENTION, f"restore failed: {describe_error(exc)}"
-                )
-            return self._restart_and_prove(session, change, note=None)
+    def _lineage(
+        self,
+        host: str,
+        by_path: dict[str, list[FileVersion]] | None,
+        versions: Sequence[FileVersion],
+    ) -> Lineage:
+        """Each path's history on the inspected machine (its changes recorded under another
+        inventory's name count too) and the changes to undo there: for a patch (not a run), the
+        ones it made that no run took back since (a set's own record when none)."""
 
-        return Examined(inspection, restore=restore)
+        def lineage(
+            path: str, inspection: HostInspection
+        ) -> tuple[Sequence[FileVersion], Sequence[FileVersion]]:
+            machine = Machine.of(inspection.facts.machine_id, inspection.facts.hostname)
+            history = self.ledger.file_history(host, path, machine=machine)
+            candidates = by_path[path] if by_path else list(versions)
+            if self.patch is not None and self.source_run is None:
+                applied = applied_versions(history, self.patch.spec.id)
+                candidates = (applied or candidates) if by_path else applied
+            return history, candidates
 
-    def _examine_set(
-        self, session: HostSession, by_path: dict[str, list[FileVersion]], *, lock: bool
-    ) -> Examined:
-        """Roll a patch set back on one host: every file it changed is restored, or none.
+        return lineage
 
-        Each file must be at a post-image the set recorded (restored) or at its pre-image (left
-        alone: a set a run left partly applied is made whole); a file patched further or
-        changed since refuses the whole host, with nothing written."""
-        paths = list(by_path)
-        inspection = self._inspect(session, None, paths[0], lock=lock)
-        machine = Machine.of(inspection.facts.machine_id, inspection.facts.hostname)
-        live = read_live(session, paths, {inspection.file.realpath: inspection.file.sha256})
-        members: list[Member] = []
-        refusals: list[str] = []
-        for path in paths:
-            history = self.ledger.file_history(session.name, path, machine=machine)
-            candidates = by_path[path]
-            if self.source_run is None and self.patch is not None:
-                candidates = applied_versions(history, self.patch.spec.id) or candidates
-            standing = locate(history, candidates, live[path])
-            if isinstance(standing, (AtPostImage, AtPreImage)):
-                members.append(Member(standing.version, live[path]))
-            elif isinstance(standing, PatchedFurther):
-                members.append(Member(standing.version, live[path]))
-                refusals.append(f"{path}: {standing.advice()}")
-            else:
-                version = candidates[0]
-                members.append(Member(version, live[path]))
-                refusals.append(
-                    f"{path} is {live[path][:12]}, not the {version.sha256_after[:12]} opspatch "
-                    f"wrote in run {version.run_id} (changed since)"
-                )
-        found = SetOnHost(tuple(members))
-        if refusals:
-            return Examined(
-                inspection,
-                decided=session.outcome(
-                    Outcome.SKIPPED,
-                    "refused: a patch set is rolled back whole or not at all, and "
-                    + "; ".join(refusals)
-                    + "; nothing was restored",
-                    file=found.change(),
-                ),
-            )
-        if not found.new:
-            return Examined(
-                inspection,
-                decided=session.outcome(
-                    Outcome.SKIPPED,
-                    file=found.change(),
-                    note="every file of the patch set is already at its pre-image; nothing to "
-                    "restore",
-                ),
-            )
-
-        def restore() -> HostOutcome:
-            try:
-                restored = restore_set(session, found)
-            except OpspatchError as exc:
-                return session.outcome(
-                    Outcome.NEEDS_ATTENTION,
-                    f"restore of the patch set failed part-way: {describe_error(exc)}; "
-                    f"`{remedy_text(CliCommand.RECOVER, hosts=session.name)}` makes the set whole",
-                    file=found.change(),
-                )
+    def _restore(self, session: HostSession, standing: HostStanding) -> HostOutcome:
+        """Lock held and the host read again: restore what the standing found new, then prove
+        the restore (`undo`, reported `restored`)."""
+        if standing.is_set:
             partly = (
-                f"the set was partly applied ({found.describe()}); now all-old"
-                if found.state == SetState.PARTLY_APPLIED
+                f"the set was partly applied ({standing.found.describe()}); now all-old"
+                if standing.found.state == SetState.PARTLY_APPLIED
                 else None
             )
-            return self._restart_and_prove(session, restored, note=partly)
 
-        return Examined(inspection, restore=restore)
-
-    def _restart_and_prove(
-        self, session: HostSession, change: FileChange, *, note: str | None
-    ) -> HostOutcome:
-        """After a restore: restart, wait (the restore path's own deadline), smoke-decode. The
-        host is `restored` once its file is back and its server ready and decoding; a failed
-        smoke makes it `restored-not-serving` (exit 1): the original code may be exactly what
-        was broken, and a server the decode crashed is down. Told not to restart, the host is
-        `unrestarted` once its files are back."""
-        if not self.restart_engine:
-            if self.unrestarted == Outcome.STAGED_BACK:
-                note = _join_notes(
-                    note,
-                    "staged back: the pre-image is in place, the server was not restarted "
-                    "(--restart never) and runs the code it loaded until it is restarted",
+            def set_failed(error: str) -> str:
+                return (
+                    f"restore of the patch set failed part-way: {error}; "
+                    f"`{remedy_text(CliCommand.RECOVER, hosts=session.name)}` makes the set whole"
                 )
-            return session.outcome(self.unrestarted, file=change, note=note)
-        try:
-            restart = restart_step(session)
-            ready_step(session, restart, timeout=session.playbook.timeouts.restore_ready)
-        except HostFailed as failure:
-            return session.outcome(
-                Outcome.NEEDS_ATTENTION,
-                f"restored, but the server does not come back: {failure.error}",
-                file=change,
+
+            return self._restore_and_prove(
+                session,
+                lambda: restore_standing(session, standing),
+                change=standing.change(),
+                note=partly,
+                restore_failed=set_failed,
             )
-        smoke, not_serving = smoke_after_restore(session, restart, step="smoke")
-        if not_serving is not None:
-            return session.outcome(
-                Outcome.RESTORED_NOT_SERVING,
-                f"{not_serving}; {self._way_back(session.name)}",
-                file=change,
-                smoke=smoke,
-                note=note,
+        return self._restore_and_prove(
+            session,
+            lambda: restore_standing(session, standing),
+            change=None,
+            note=None,
+            restore_failed=lambda error: f"restore failed: {error}",
+        )
+
+    def _restore_and_prove(
+        self,
+        session: HostSession,
+        restore: Callable[[], FileChange],
+        *,
+        change: FileChange | None,
+        note: str | None,
+        restore_failed: Callable[[str], str] | None = None,
+    ) -> HostOutcome:
+        """Restore, then restart, wait (the restore path's own deadline), smoke-decode: the one
+        proof after a restore (`steps.undo`), with a rollback's steps. The host is `restored`
+        once its file is back and its server ready and decoding; a failed smoke makes it
+        `restored-not-serving` (exit 1): the original code may be exactly what was broken, and
+        a server the decode crashed is down. Told not to restart, the host is `unrestarted`
+        once its files are back."""
+        if not self.restart_engine and self.unrestarted == Outcome.STAGED_BACK:
+            note = _join_notes(
+                note,
+                "staged back: the pre-image is in place, the server was not restarted "
+                "(--restart never) and runs the code it loaded until it is restarted",
             )
-        return session.outcome(Outcome.RESTORED, file=change, smoke=smoke, note=note)
+        return undo(
+            session,
+            note,
+            restore=restore,
+            change=change,
+            restart=self.restart_engine,
+            outcome=Outcome.RESTORED if self.restart_engine else self.unrestarted,
+            steps=AS_ROLLBACK,
+            way_back=self._way_back(session.name),
+            restore_failed=restore_failed,
+            restart_failed=lambda error: f"restored, but the server does not come back: {error}",
+        )
 
     def _way_back(self, host: str) -> str:
         patch_id = self.patch.spec.id if self.patch else None
@@ -719,8 +461,38 @@ class _Rollback:
         )
         change = FileChange(live.realpath, restored.sha256_before, restored.sha256_after)
         how = "restored from the host's own backup (the ledger had no record of this change)"
-        return self._restart_and_prove(session, change, note=how)
+        return self._restore_and_prove(session, lambda: change, change=None, note=how)
 
 
 def _join_notes(*notes: str | None) -> str | None:
     return "; ".join(n for n in notes if n) or None
+
+
+def _refusal(standing: HostStanding) -> str:
+    """Why a rollback does not restore what it found: a file patched further by later recorded
+    changes (roll those back first) or changed since (not overwriting someone else's bytes); a
+    patch set is rolled back whole or not at all."""
+    reasons: list[str] = []
+    for where, member in zip(standing.located, standing.found.members, strict=True):
+        path, live = member.path, member.live_sha256
+        if isinstance(where, PatchedFurther):
+            reasons.append(
+                f"{path}: {where.advice()}"
+                if standing.is_set
+                else f"{path} is {live[:12]}: the change of run {where.version.run_id} was "
+                f"{where.advice()}"
+            )
+        elif isinstance(where, ChangedSince):
+            version = where.version
+            tail = ")" if standing.is_set else ", e.g. sglang reinstalled); not overwriting it"
+            reasons.append(
+                f"{path} is {live[:12]}, not the {version.sha256_after[:12]} opspatch wrote in "
+                f"run {version.run_id} (changed since{tail}"
+            )
+    if standing.is_set:
+        return (
+            "refused: a patch set is rolled back whole or not at all, and "
+            + "; ".join(reasons)
+            + "; nothing was restored"
+        )
+    return f"refused: {reasons[0]}"

@@ -43,6 +43,7 @@ from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.pipeline import gate_inspection
 from opspatch.runs.fleet.rotation import rotation_of
+from opspatch.runs.judgments.patchset import ServerAge, Standing, judge, server_age
 from opspatch.runs.judgments.proof import change_proof, describe
 from opspatch.runs.judgments.who import RunWho, who_ran
 
@@ -236,12 +237,16 @@ def _classify(
         "sha256": file.sha256,
     }
     server = inspection.server
-    stale = server is not None and server.predates(file)
+    stale = server_age(server, file) == ServerAge.OLDER
     if isinstance(standing, AtPostImage):
         assert ledger is not None
         written = _written(ledger, host, file.realpath, standing.version)
         base["written_by"] = who_ran(ledger, standing.version.run_id)
-        if stale:
+        # the one judgment of a file's standing (restart, recover, rollback read it too);
+        # status does not read the proof: staged or applied is the server's age alone
+        if judge((standing,), server=server_age(server, file), proven=False) == (
+            Standing.NEW_STALE
+        ):
             assert server is not None
             return PatchStatus(
                 **base,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.vocabulary import Outcome
@@ -264,15 +264,33 @@ def smoke_after_restore(
     )
 
 
-def restart_after_restore(session: HostSession) -> RestartResult:
+@dataclass(frozen=True)
+class RestoreSteps:
+    """The names of the steps that prove a restore (a rollback's are its main steps; an undo
+    after a failed proof names them after the restore)."""
+
+    restart: str
+    ready: str
+    smoke: str
+
+
+AFTER_RESTORE = RestoreSteps("restart-after-restore", "ready-after-restore", "smoke-after-restore")
+"""An undo's steps after a failed proof (and recover's putting a set back)."""
+AS_ROLLBACK = RestoreSteps("restart", "ready", "smoke")
+"""A rollback's steps: the restore is what it is for."""
+
+
+def restart_after_restore(
+    session: HostSession, steps: RestoreSteps = AFTER_RESTORE
+) -> RestartResult:
     """Restart after a restore and wait with the restore path's own deadline (playbook
     `timeouts.restore_ready`): an operator who shortens `ready` to catch a start-up hang must
     not turn every slow but healthy restore into needs-attention."""
-    restart = restart_step(session, step="restart-after-restore")
+    restart = restart_step(session, step=steps.restart)
     ready_step(
         session,
         restart,
-        step="ready-after-restore",
+        step=steps.ready,
         timeout=session.playbook.timeouts.restore_ready,
     )
     return restart
@@ -309,26 +327,57 @@ def prove_or_undo(
 
 def undo(
     session: HostSession,
-    why: str,
+    why: str | None,
     *,
     restore: Callable[[], FileChange],
-    change: FileChange,
+    change: FileChange | None,
     restart: bool = True,
+    outcome: Outcome = Outcome.ROLLED_BACK,
+    steps: RestoreSteps = AFTER_RESTORE,
+    way_back: str | None = None,
+    restore_failed: Callable[[str], str] | None = None,
+    restart_failed: Callable[[str], str] | None = None,
 ) -> HostOutcome:
-    """UNDO a change whose proof failed: `restore` puts the pre-image back (and returns the file
-    as it is then), the engine is restarted with the restore path's deadline, and the smoke after
-    it is reported, never passed as serving when it failed. `rolled-back`; `needs-attention` when
-    the restore or its restart failed (the host's state is then not known)."""
+    """UNDO a change: `restore` puts the pre-image back (and returns the file as it is then),
+    the engine is restarted with the restore path's deadline, and the smoke after it is
+    reported, never passed as serving when it failed. The one proof after a restore.
+
+    `outcome` is what the host is once its file is back:
+    - `rolled-back` (a failed proof undone: apply, restart, recover): `why` is its error, a
+      smoke that failed after the restore its note;
+    - `restored` (the restore is the point: rollback, recover putting a set back): `why` is its
+      note; a smoke that failed makes it `restored-not-serving`, the error saying so and
+      `way_back`; with `restart=False`, `outcome` is reported once the file is back.
+    `needs-attention` when the restore or its restart failed (the host's state is then not
+    known), with `change` (`restore_failed`, `restart_failed`: the error's text from the
+    failure's; by default `why; then the restore failed: ...`)."""
+
+    def failed(text: str) -> str:
+        return f"{why}; then the restore failed: {text}"
+
+    undone = outcome == Outcome.ROLLED_BACK
     try:
         restored = restore()
-        if not restart:
-            return session.outcome(Outcome.ROLLED_BACK, why, file=restored)
-        restarted = restart_after_restore(session)
     except (OpspatchError, HostFailed) as exc:
+        text = (restore_failed or failed)(describe_error(exc))
+        return session.outcome(Outcome.NEEDS_ATTENTION, text, file=change)
+    if not restart:
+        if undone:
+            return session.outcome(outcome, why, file=restored)
+        return session.outcome(outcome, file=restored, note=why)
+    try:
+        restarted = restart_after_restore(session, steps)
+    except (OpspatchError, HostFailed) as exc:
+        text = (restart_failed or failed)(describe_error(exc))
         return session.outcome(
-            Outcome.NEEDS_ATTENTION,
-            f"{why}; then the restore failed: {describe_error(exc)}",
-            file=change,
+            Outcome.NEEDS_ATTENTION, text, file=change if restart_failed is None else restored
         )
-    smoke, not_serving = smoke_after_restore(session, restarted)
-    return session.outcome(Outcome.ROLLED_BACK, why, file=restored, smoke=smoke, note=not_serving)
+    smoke, not_serving = smoke_after_restore(session, restarted, step=steps.smoke)
+    if undone:
+        return session.outcome(outcome, why, file=restored, smoke=smoke, note=not_serving)
+    if not_serving is not None:
+        error = f"{not_serving}; {way_back}" if way_back else not_serving
+        return session.outcome(
+            Outcome.RESTORED_NOT_SERVING, error, file=restored, smoke=smoke, note=why
+        )
+    return session.outcome(outcome, file=restored, smoke=smoke, note=why)

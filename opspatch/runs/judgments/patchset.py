@@ -5,6 +5,11 @@ before the first swap, so the ledger is the set's journal (docs/design.md, "Patc
 whatever a run left behind, the ledger names every file of the set, and each file's bytes say
 whether it is old (its pre-image) or new (its post-image). `recover`, `rollback` and `status`
 read a set here and then act on all of its files or on none.
+
+A single file is a set of one: `standing` judges both, from the facts `runs.fleet.standing`
+reads (each file's `lineage.locate`, the server's age against the write, the ledger's proof)
+to one of a closed set of `Standing` words, and each command that changes hosts is a table from
+those words to what it does (`restart.ACTIONS`, `recover.ACTIONS`, `rollback.ACTIONS`).
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from opspatch.core.vocabulary import SetState
+from opspatch.core.vocabulary import SetState, Word
+from opspatch.hosts.results import RemoteFile, ServerProcess
+from opspatch.ledger.lineage import AtPostImage, AtPreImage, ChangedSince, PatchedFurther
+from opspatch.ledger.lineage import Standing as Located
 from opspatch.ledger.store import FileVersion
-from opspatch.runs.fleet.session import HostSession
 from opspatch.runs.report import FileChange, SetFile, set_state
 
 
@@ -81,54 +88,109 @@ def paths_of(versions: Sequence[FileVersion]) -> list[str]:
     return list(dict.fromkeys(v.path for v in sorted(versions, key=lambda v: v.event_id)))
 
 
-def member_for(versions: Sequence[FileVersion], live_sha256: str) -> Member:
-    """Which of one path's recorded changes (any order) its live bytes are about: the newest
-    whose post-image they are, else the newest whose pre-image they are, else the newest."""
-    newest_first = sorted(versions, key=lambda v: v.event_id, reverse=True)
-    chosen = next(
-        (v for v in newest_first if v.sha256_after == live_sha256),
-        next((v for v in newest_first if v.sha256_before == live_sha256), newest_first[0]),
-    )
-    return Member(chosen, live_sha256)
+class Standing(Word):
+    """Where the change a command is about stands on one host: every file of it (a single file
+    is a set of one) read together, with the server that runs it. A closed set: every command
+    that changes hosts has an action for each (a test fails when one is added without)."""
+
+    NOTHING_RECORDED = "nothing-recorded"
+    """The ledger holds no change of this host's file(s) that the command is about."""
+    ALL_OLD = "all-old"
+    """Every file is at its pre-image (never changed, or restored)."""
+    PARTLY_NEW = "partly-new"
+    """Some files are new and the rest old: a run stopped between two files' swaps."""
+    NEW_STALE = "new-stale"
+    """Every file is new, and the running server started before the write: staged."""
+    NEW_PROVEN = "new-proven"
+    """Every file is new and proven, and the running server started after the write."""
+    NEW_PROVEN_NO_SERVER = "new-proven-no-server"
+    """Every file is new and proven, and no server process runs."""
+    NEW_UNPROVEN = "new-unproven"
+    """Every file is new, the running server started after the write, no passing smoke since."""
+    NEW_UNPROVEN_NO_SERVER = "new-unproven-no-server"
+    """Every file is new, never proven, and no server process runs."""
+    PATCHED_FURTHER = "patched-further"
+    """A file is a recorded change patched further by later recorded changes (none changed)."""
+    CHANGED = "changed"
+    """A file is none of the bytes the ledger holds for it: someone else changed it."""
 
 
-def read_live(
-    session: HostSession, paths: Sequence[str], known: Mapping[str, str]
-) -> dict[str, str]:
-    """The sha256 of each of `paths` on the host, by path: those in `known` as given, the
-    others read in one recorded step (`read-set`).
+class ServerAge(Word):
+    """The running server against the write (the first file's last change)."""
 
-    Raises:
-        OpspatchError: a file could not be read.
-    """
-    live = dict(known)
-    missing = [p for p in paths if p not in live]
-    if missing:
-        with session.step("read-set") as note:
-            for path in missing:
-                live[path] = session.ops.read(
-                    path, timeout=session.playbook.timeouts.inspect
-                ).sha256
-            note["detail"] = "; ".join(f"{p} is {live[p][:12]}" for p in missing)
-    return live
+    OLDER = "older"
+    """It started before the file changed, so it runs older code."""
+    NEWER = "newer"
+    """It started after the file changed (or its start time is not known)."""
+    NONE = "none"
+    """No server process runs."""
 
 
-def read_set(
-    session: HostSession,
-    versions: Sequence[FileVersion],
-    known: Mapping[str, str],
-) -> SetOnHost:
-    """The set `versions` (changes of two or more paths) as its files are on the host now:
-    the paths in `known` (path -> sha256, already read) are not read again; the others are
-    read in one recorded step.
+def server_age(server: ServerProcess | None, file: RemoteFile) -> ServerAge:
+    """The running server (None: none found) against `file`'s last change."""
+    if server is None:
+        return ServerAge.NONE
+    return ServerAge.OLDER if server.predates(file) else ServerAge.NEWER
 
-    Raises:
-        OpspatchError: a file could not be read.
-    """
-    live = read_live(session, paths_of(versions), known)
+
+ALL_NEW = frozenset(
+    {
+        Standing.NEW_STALE,
+        Standing.NEW_PROVEN,
+        Standing.NEW_PROVEN_NO_SERVER,
+        Standing.NEW_UNPROVEN,
+        Standing.NEW_UNPROVEN_NO_SERVER,
+    }
+)
+"""The standings whose every file is the post-image its run wrote."""
+
+
+def members_of(located: Sequence[Located], live: Sequence[str]) -> SetOnHost:
+    """The set as `lineage.locate` found each of its files (in order), with their live bytes."""
     return SetOnHost(
-        tuple(
-            member_for([v for v in versions if v.path == path], live[path])
-            for path in paths_of(versions)
-        )
+        tuple(Member(where.version, sha) for where, sha in zip(located, live, strict=True))
     )
+
+
+def judge(located: Sequence[Located | None], *, server: ServerAge, proven: bool) -> Standing:
+    """The standing of a change from each file's place in its lineage (None: the ledger holds
+    no change of it), the server's age against the write, and whether every file's bytes were
+    proven (read only when all are new). Pure."""
+    if not located or any(where is None for where in located):
+        return Standing.NOTHING_RECORDED
+    if any(isinstance(where, ChangedSince) for where in located):
+        return Standing.CHANGED
+    if any(isinstance(where, PatchedFurther) for where in located):
+        return Standing.PATCHED_FURTHER
+    if all(isinstance(where, AtPreImage) for where in located):
+        return Standing.ALL_OLD
+    if not all(isinstance(where, AtPostImage) for where in located):
+        return Standing.PARTLY_NEW
+    if server == ServerAge.OLDER:
+        return Standing.NEW_STALE
+    if server == ServerAge.NONE:
+        return Standing.NEW_PROVEN_NO_SERVER if proven else Standing.NEW_UNPROVEN_NO_SERVER
+    return Standing.NEW_PROVEN if proven else Standing.NEW_UNPROVEN
+
+
+class Action(Word):
+    """What a command does about a standing: the cells of its table (`ACTIONS`)."""
+
+    LEAVE = "leave"
+    """Nothing to do: the host is reported as it was found (`skipped`, with why)."""
+    REFUSE = "refuse"
+    """Not this command's to change (someone else's bytes, a set not whole): `skipped`."""
+    ATTENTION = "attention"
+    """Not this command's to change, and left for a person: `needs-attention`."""
+    ENSURE_RUNNING = "ensure-running"
+    """Nothing to change on disk: make sure the server answers (restart it if it does not)."""
+    PROVE_OR_UNDO = "prove-or-undo"
+    """Restart into the change and prove it; a failed proof undoes it (`rolled-back`)."""
+    RESTORE = "restore"
+    """Put the pre-images back (the new files of the set), then prove the restore."""
+    RESTORE_FROM_BACKUP = "restore-from-backup"
+    """No record: take the patch off the file alone and restore the host's own backup."""
+
+
+Table = Mapping[Standing, Action]
+"""A command that changes hosts: what it does about each standing (every one has a cell)."""

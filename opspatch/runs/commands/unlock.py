@@ -1,0 +1,109 @@
+"""`opspatch unlock`: remove a host lock whose run is over, recorded in the ledger.
+
+A lock whose run this ledger knows to be running is refused; so are one whose run holds a live
+lease (its controller heart-beats, wherever it is) and one whose run this ledger does not know
+(another controller's, which may be alive), unless forced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from opspatch.core.host import Host
+from opspatch.core.policy import Playbook
+from opspatch.core.vocabulary import Outcome, RunStatus
+from opspatch.errors import InputError, LockHeld
+from opspatch.ledger.store import Ledger
+from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.host_leases import refusal
+from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.fleet.restore import run_restore
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
+from opspatch.runs.report import HostOutcome, RunReport
+
+
+def unlock_hosts(
+    *,
+    ledger: Ledger,
+    hosts: Sequence[Host],
+    factory: TransportFactory,
+    playbook: Playbook,
+    force_unknown: bool = False,
+    progress: Progress | None = None,
+) -> RunReport:
+    """Remove host locks whose run is over, as a recorded `unlock` run.
+
+    A lock whose run this ledger knows to be running is refused (`skipped`, exit 2); so are one
+    whose run holds a live lease (its controller heart-beats, wherever it is) and one whose run
+    this ledger does not know (another controller's), unless `force_unknown` (--force).
+    """
+    with recorded_run(ledger, command="unlock", patch=None, hosts=hosts, playbook=playbook) as run:
+        unlock = _UnlockHost(ledger, force_unknown)
+        report = run_restore(
+            command="unlock",
+            recorder=run,
+            hosts=hosts,
+            factory=factory,
+            playbook=playbook,
+            progress=progress or NoProgress(),
+            patch_id=None,
+            per_host=unlock.host,
+        )
+        return run.finish(report)
+
+
+class _UnlockHost:
+    def __init__(self, ledger: Ledger, force_unknown: bool) -> None:
+        self.ledger = ledger
+        self.force_unknown = force_unknown
+
+    def host(self, session: HostSession) -> HostOutcome:
+        timeout = session.playbook.timeouts.lock
+        run_id = session.lock.taking()
+        with session.step("lock") as note:
+            try:
+                info = session.ops.lock(run_id=run_id, timeout=timeout)
+            except LockHeld as held:
+                holder = str(held.data.get("run_id") or "")
+                held_by = held.detail
+                note["detail"] = f"held by run {holder or '?'} ({held_by})"
+            else:
+                previous = info.took_over_from
+                note["detail"] = (
+                    f"the lock of run {previous.run_id} had expired" if previous else "no lock held"
+                )
+                return session.outcome(Outcome.SKIPPED, note=f"{note['detail']}; nothing to remove")
+        status = self._status_of(holder)
+        if status == RunStatus.RUNNING:
+            return session.outcome(
+                Outcome.SKIPPED,
+                f"refused: the lock belongs to run {holder}, which is still running",
+            )
+        live = [lease for lease in self.ledger.leases_of([holder] if holder else []) if lease.live]
+        if live and not self.force_unknown:  # its controller heart-beats: it may be changing it
+            return session.outcome(
+                Outcome.SKIPPED,
+                f"refused: the lock belongs to run {holder}, whose lease is live: "
+                f"{refusal(live)}; or re-run with --force",
+            )
+        if status is None and not self.force_unknown:
+            return session.outcome(
+                Outcome.SKIPPED,
+                f"refused: the lock belongs to run {holder or '(unnamed)'}, which this ledger does "
+                f"not know ({held_by}); it may be alive on another controller. Ask its owner, "
+                "wait for it to expire, or re-run with --force",
+            )
+        with session.step("unlock") as note:
+            result = session.ops.unlock(run_id=holder, force=not holder, timeout=timeout)
+            note["detail"] = (
+                f"removed the lock of run {holder}" if result.released else result.reason
+            )
+        return session.outcome(Outcome.UNLOCKED, note=f"removed the lock of run {holder}")
+
+    def _status_of(self, run_id: str) -> RunStatus | None:
+        if not run_id:
+            return None
+        try:
+            return RunStatus(self.ledger.get_run(run_id).summary.status)
+        except InputError:
+            return None

@@ -1,0 +1,218 @@
+"""Putting hosts back, the part the restore runs share (`rollback`, `recover`, `unlock`): the
+restore of a recorded change or of a whole patch set, making sure a server answers, and the
+fleet run they go through, halted by a host that needs attention or whose restored file its
+server does not serve (`run_restore`).
+
+Both restore only what opspatch itself wrote: a host's file is restored to the pre-image the
+ledger holds when the live file still hashes to the post-image opspatch recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from opspatch.core.host import Host
+from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.vocabulary import Outcome
+from opspatch.hosts.engine import RestartResult
+from opspatch.hosts.operations import HostInspection
+from opspatch.ledger.store import FileVersion
+from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.executor import HaltPolicy, halt_on_attention, one_batch
+from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.host_leases import host_identity
+from opspatch.runs.fleet.recorder import Recorder
+from opspatch.runs.fleet.session import HostFailed, HostSession, Progress
+from opspatch.runs.fleet.standing import HostStanding
+from opspatch.runs.fleet.steps import readmit, ready_step, restart_step, restore_pre_image
+from opspatch.runs.judgments.patchset import SetOnHost
+from opspatch.runs.report import FileChange, HostOutcome, RunReport
+
+
+@dataclass(frozen=True)
+class Examined:
+    """What a restore run found on one host before changing it: the inspection (None: decided
+    from the ledger alone, or the host could not be read) and either the outcome it decided
+    there (nothing to restore, or a refusal with its reason) or the restore to make."""
+
+    inspection: HostInspection | None
+    decided: HostOutcome | None = None
+    restore: Callable[[], HostOutcome] | None = None
+
+    @classmethod
+    def left(cls, outcome: HostOutcome) -> Examined:
+        """Decided without reading the host."""
+        return cls(None, decided=outcome)
+
+
+def restore_recorded(session: HostSession, version: FileVersion) -> FileChange:
+    """Restore `version`'s pre-image (the host's backup, else the ledger's bytes) and record it."""
+    restored = restore_pre_image(
+        session,
+        path=version.path,
+        pre_sha256=version.sha256_before,
+        post_sha256=version.sha256_after,
+        timeout=session.playbook.timeouts.restore,
+        mode=version.mode,
+        owner=version.owner,
+    )
+    return FileChange(version.path, restored.sha256_before, restored.sha256_after)
+
+
+def restore_set(session: HostSession, found: SetOnHost) -> FileChange:
+    """Put every new file of a patch set back at its recorded pre-image, the last swapped
+    first; the set as it then is (all-old).
+
+    Raises:
+        OpspatchError: a restore failed (the files restored before it stay restored).
+    """
+    for member in reversed(found.new):
+        restore_recorded(session, member.version)
+    return found.all_old()
+
+
+def ensure_running(session: HostSession) -> str:
+    """Make sure the server answers /health: wait for it, restart it if it does not come.
+    Behind a router, a worker that a crashed run left drained is re-admitted only once it is
+    ready and its smoke decode passes (`readmit`); otherwise it stays out, and the answer (and
+    the host's outcome) says why."""
+    restart: RestartResult | None = None
+    try:
+        ready_step(session, None, step="ready")
+        how = "already running"
+    except HostFailed:
+        restart = restart_step(session, step="restart")
+        ready_step(
+            session,
+            restart,
+            step="ready-after-restart",
+            timeout=session.playbook.timeouts.restore_ready,
+        )
+        how = "restarted"
+    readmit(session, restart)
+    return how
+
+
+def halt_on_attention_or_not_serving(outcomes: Mapping[str, HostOutcome]) -> str | None:
+    """The restore runs' halt policy: a host that needs attention, or one whose restored file
+    its server does not serve (the same restore elsewhere would take those servers down too)."""
+    attention = halt_on_attention(outcomes)
+    if attention:
+        return attention
+    down = not_serving(outcomes)
+    if down:
+        return f"the restored file is not served on {down} (its smoke decode failed); " + LEFT
+    return None
+
+
+LEFT = "the other hosts were left as they are"
+
+
+def not_serving(outcomes: Mapping[str, HostOutcome]) -> str | None:
+    """The hosts whose restored file their server does not serve, as text (None: none)."""
+    down = sorted(n for n, o in outcomes.items() if o.outcome == Outcome.RESTORED_NOT_SERVING)
+    return ", ".join(down) if down else None
+
+
+def halt_under_playbook(playbook: Playbook, canaries: Collection[str]) -> HaltPolicy:
+    """A rollback's halt policy: the playbook's, as for an apply (a host that needs attention,
+    a failed canary, `max_failures` failed hosts; `restored-not-serving` counts as failed), the
+    reason saying which restored files are not served. The default playbook (one canary,
+    `max_failures = 1`) halts at the first host whose restored file is not served; an operator's
+    playbook with more room is honoured."""
+
+    def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
+        reason = playbook.halt_reason(
+            {n: o.outcome for n, o in outcomes.items()}, canaries=canaries
+        )
+        down = not_serving(outcomes)
+        if reason is None or down is None or halt_on_attention(outcomes):
+            return reason
+        return (
+            f"the restored file is not served on {down} (its smoke decode failed): {reason}; {LEFT}"
+        )
+
+    return halt
+
+
+def run_restore(
+    *,
+    command: str,
+    recorder: Recorder,
+    hosts: Sequence[Host],
+    factory: TransportFactory,
+    playbook: Playbook,
+    progress: Progress,
+    patch_id: str | None,
+    per_host: Callable[[HostSession], HostOutcome],
+    preflight: Callable[[HostSession], Examined] | None = None,
+    under_playbook: bool = False,
+    leases: Mapping[str, str] | None = None,
+    taking_over: Collection[str] = (),
+) -> RunReport:
+    """The fleet part of the restore runs (rollback, recover, unlock), halted by a host that
+    needs attention or whose restored file its server does not serve.
+
+    `preflight` (a rollback): read every host first, changing nothing; a host it decides there
+    (a refusal, nothing to restore, unreadable) is reported and recorded with that outcome
+    whatever halts the run later, and is never started (`FleetRun.decide`); every host it read
+    is leased by the identity it read (the lease check comes first), and only the others are
+    looked for at their router. `under_playbook` (a rollback): the other
+    hosts go in the playbook's batches, canaries first, halted as an apply is
+    (`halt_under_playbook`); otherwise in one batch, halted at the first host that needs
+    attention or whose restored file is not served. The hosts are leased to this run first
+    (`FleetRun.lease`; unlock leases nothing); `leases` (host name -> identity): the ones a
+    recover --run takes over from the runs it recovers (expired, or of `taking_over`, runs
+    this machine saw die)."""
+    with FleetRun(
+        command=command,
+        patch_id=patch_id,
+        hosts=hosts,
+        factory=factory,
+        playbook=playbook,
+        recorder=recorder,
+        progress=progress,
+    ) as fleet:
+        known = dict(leases or {})
+        decided: dict[str, HostOutcome] = {}
+        if preflight is not None:
+            examined = fleet.preflight(preflight)
+            if examined is None:
+                return fleet.cancelled_report()
+            for name, seen in examined.items():
+                if seen.decided is not None:
+                    decided[name] = seen.decided
+                if seen.inspection is not None:  # a decided host too: the lease check comes first
+                    known[name] = host_identity(fleet.sessions[name].host, seen.inspection.facts)
+            fleet.decide(decided)
+        names = [name for name in fleet.names if name not in decided]
+        refused = fleet.lease(known, taking_over=taking_over, restarting=names)
+        if refused is not None:
+            return refused
+        policy: HaltPolicy = halt_on_attention_or_not_serving
+        if under_playbook:
+            plan = plan_rollout(playbook, names)
+            batches = plan.batches
+            policy = halt_under_playbook(playbook, plan.canaries)
+        else:
+            batches = one_batch(names, playbook.max_in_flight)
+
+        def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
+            # what the preflight decided changed nothing: it stops no restore elsewhere
+            return policy({n: o for n, o in outcomes.items() if n not in decided})
+
+        outcomes, halted = fleet.execute(per_host, batches=batches, halt=halt)
+        return fleet.report(outcomes, halted=halted)
+
+
+def restore_standing(session: HostSession, standing: HostStanding) -> FileChange:
+    """Put back what `read_host` found new: a single file's recorded change (reported as that
+    file), or every new file of a patch set (reported as the set, all-old).
+
+    Raises:
+        OpspatchError: a restore failed (the files restored before it stay restored).
+    """
+    if standing.is_set:
+        return restore_set(session, standing.found)
+    return restore_recorded(session, standing.version)

@@ -1,0 +1,209 @@
+"""One reading of a host's standing: begin, then every file of the change, judged together.
+
+Every command that changes hosts used to derive "where does this host stand?" its own way
+(restart from the newest write, recover by sha256 matching, rollback through `lineage.locate`),
+each with its own `begin` and a second code path for patch sets. `read_host` is the one reading:
+the `begin` step (lock + inspect in one exec; a plain `inspect` in a rollback's preflight), one
+`read-set` step for the set's other files, `lineage.locate` per file (a single file is a set of
+one), the proof from the ledger when every file is new, and `patchset.judge` for the word.
+Commands are tables from that word to what they do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from opspatch.errors import LockHeld
+from opspatch.hosts.operations import HostInspection
+from opspatch.ledger.lineage import Standing as Located
+from opspatch.ledger.lineage import locate
+from opspatch.ledger.store import FileVersion, Ledger
+from opspatch.runs.fleet.session import HostSession
+from opspatch.runs.judgments.patchset import (
+    SetOnHost,
+    Standing,
+    judge,
+    members_of,
+    paths_of,
+    server_age,
+)
+from opspatch.runs.judgments.proof import ChangeProof, change_proof
+from opspatch.runs.report import FileChange
+
+Takeover = Callable[[LockHeld], "tuple[str, bool] | None"]
+"""Whether a held lock may be taken over: (its run, once idle) or None (re-raise)."""
+
+Lineage = Callable[[str, HostInspection], "tuple[Sequence[FileVersion], Sequence[FileVersion]]"]
+"""One path's (history, candidates), both newest first, once the host is inspected."""
+
+
+def begin(
+    session: HostSession,
+    *,
+    module: str | None = None,
+    path: str | None = None,
+    lock: bool = True,
+    takeover: Takeover | None = None,
+) -> HostInspection:
+    """The `begin` step: lock and inspect in one exec (`lock=False`: a plain `inspect`, recorded
+    as such, whose facts are recorded so that later lookups through another inventory find the
+    run). `takeover` (recover) says whether a held lock may be taken over: by whose run, and
+    whether only once idle.
+
+    Raises:
+        LockHeld: the lock is held (and `takeover` does not take it).
+        OpspatchError: the host could not be reached or inspected.
+    """
+    timeouts = session.playbook.timeouts
+    if not lock:
+        with session.step("inspect") as note:
+            inspection = session.ops.inspect(module, path=path, timeout=timeouts.inspect)
+            note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
+        session.recorder.facts(session.name, inspection.facts.to_json())
+        return inspection
+    run_id = session.lock.taking()
+    with session.step("begin") as note:
+        try:
+            _, inspection = session.ops.begin(
+                module, path=path, run_id=run_id, timeout=timeouts.lock + timeouts.inspect
+            )
+        except LockHeld as held:
+            taken = takeover(held) if takeover is not None else None
+            if taken is None:
+                raise
+            holder, idle = taken
+            _, inspection = session.ops.begin(
+                module,
+                path=path,
+                run_id=run_id,
+                takeover_run=holder,
+                takeover_idle=idle,
+                timeout=timeouts.lock + timeouts.inspect,
+            )
+            idly = " (no command of it still running here)" if idle else ""
+            note["detail"] = f"took the lock over from run {holder}{idly}; "
+        note["detail"] += f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
+    return inspection
+
+
+def read_live(
+    session: HostSession, paths: Sequence[str], known: Mapping[str, str]
+) -> dict[str, str]:
+    """The sha256 of each of `paths` on the host, by path: those in `known` as given, the
+    others read in one recorded step (`read-set`).
+
+    Raises:
+        OpspatchError: a file could not be read.
+    """
+    live = dict(known)
+    missing = [p for p in paths if p not in live]
+    if missing:
+        with session.step("read-set") as note:
+            for path in missing:
+                live[path] = session.ops.read(
+                    path, timeout=session.playbook.timeouts.inspect
+                ).sha256
+            note["detail"] = "; ".join(f"{p} is {live[p][:12]}" for p in missing)
+    return live
+
+
+@dataclass(frozen=True)
+class HostStanding:
+    """A host's standing against a change: the word, the files as found (in the order they were
+    recorded; empty when nothing is recorded), where each is in its lineage, the inspection
+    (None: nothing to read, decided from the ledger alone) and the proofs (all new only)."""
+
+    standing: Standing
+    found: SetOnHost
+    located: tuple[Located, ...] = ()
+    inspection: HostInspection | None = None
+    proofs: tuple[ChangeProof, ...] = ()
+
+    @property
+    def is_set(self) -> bool:
+        """A patch set (two or more files), reported with every file of it."""
+        return len(self.found.members) > 1
+
+    @property
+    def version(self) -> FileVersion:
+        """The first file's recorded change (a single file's only one)."""
+        return self.found.members[0].version
+
+    @property
+    def live(self) -> str:
+        """The first file's bytes as found."""
+        assert self.inspection is not None
+        return self.inspection.file.sha256
+
+    def unchanged(self) -> FileChange:
+        """The file(s) as found, reported by a host left as it is."""
+        if self.is_set:
+            return self.found.change()
+        assert self.inspection is not None
+        path = self.found.members[0].path if self.found.members else self.inspection.file.realpath
+        return FileChange(path, self.live, self.live)
+
+    def change(self) -> FileChange:
+        """The recorded change itself (pre-image to post-image), as a proof or undo reports it."""
+        if self.is_set:
+            return self.found.change()
+        version = self.version
+        return FileChange(version.path, version.sha256_before, version.sha256_after)
+
+
+def read_host(
+    session: HostSession,
+    versions: Sequence[FileVersion],
+    *,
+    ledger: Ledger | None = None,
+    module: str | None = None,
+    lineage: Lineage | None = None,
+    inspection: HostInspection | None = None,
+    lock: bool = True,
+    takeover: Takeover | None = None,
+    paths: Sequence[str] | None = None,
+) -> HostStanding:
+    """Read where `versions` (the recorded changes of one path or of a set's paths) stand on
+    the host: `begin` (unless `inspection` is given: begun already), the set's other files in
+    one `read-set` step, and `lineage.locate` per file against its candidates: `versions` of
+    that path (newest first), or `lineage(path, inspection)` (history and candidates from the
+    ledger by the inspected machine). No versions and no `module`: nothing recorded, nothing
+    read. With `ledger`, the proofs of a change whose every file is new. `paths`: the order to
+    read the files in (the first is begun), when not the order they were first recorded.
+
+    Raises:
+        LockHeld, OpspatchError: the host could not be begun, or a file could not be read.
+    """
+    paths = list(paths) if paths is not None else paths_of(versions)
+    if not paths and module is None:
+        return HostStanding(Standing.NOTHING_RECORDED, SetOnHost(()))
+    if inspection is None:
+        inspection = begin(
+            session,
+            module=None if paths else module,
+            path=paths[0] if paths else None,
+            lock=lock,
+            takeover=takeover,
+        )
+    if not paths:
+        paths = [inspection.file.realpath]
+    live = read_live(session, paths, {inspection.file.realpath: inspection.file.sha256})
+    located: list[Located | None] = []
+    for path in paths:
+        if lineage is not None:
+            history, candidates = lineage(path, inspection)
+        else:
+            mine = sorted((v for v in versions if v.path == path), key=lambda v: -v.event_id)
+            history = candidates = mine
+        located.append(locate(history, candidates, live[path]))
+    found = [where for where in located if where is not None]
+    if len(found) < len(located):
+        return HostStanding(Standing.NOTHING_RECORDED, SetOnHost(()), inspection=inspection)
+    members = members_of(found, [live[p] for p in paths])
+    age = server_age(inspection.server, inspection.file)
+    proofs: tuple[ChangeProof, ...] = ()
+    if ledger is not None and all(m.is_new for m in members.members):
+        proofs = tuple(change_proof(ledger, session.name, m.version) for m in members.members)
+    standing = judge(found, server=age, proven=bool(proofs) and all(p.proven for p in proofs))
+    return HostStanding(standing, members, tuple(found), inspection, proofs)
