@@ -12,7 +12,14 @@ from opspatch.config.inventory import parse_inventory
 from opspatch.core.host import CommandRestart, Unit
 from opspatch.errors import InputError
 from opspatch.sandbox.layout import SandboxLayout
-from opspatch.sandbox.manifest import HostRecord, Manifest, UnitRecord, render_inventory
+from opspatch.sandbox.manifest import (
+    HostRecord,
+    Manifest,
+    UnitRecord,
+    render_inventory,
+    save_manifest,
+)
+from opspatch.sandbox.reinstall import sandbox_reinstall
 from opspatch.sandbox.status import HostStatus, unit_statuses
 from opspatch.sandbox.units import UnitShape, partly_running, planned_units
 
@@ -145,3 +152,16 @@ def test_a_unit_serves_only_when_its_head_does() -> None:
     lost = unit_statuses([unit], [node("sandbox-01", None, None), node("sandbox-02", 11, 200)])
     assert not lost[0].head_serves and lost[0].running == ("sandbox-02",)
     assert lost[0].to_json()["dist_init_addr"] == "127.0.0.1:41000"
+
+
+def test_a_units_node_is_not_reinstalled_with_a_restart_of_its_own(tmp_path: Path) -> None:
+    layout = SandboxLayout(tmp_path)
+    save_manifest(layout, manifest_of((UnitRecord("unit-01", ("sandbox-01", "sandbox-02"), 4),)))
+    with pytest.raises(InputError) as caught:
+        sandbox_reinstall(layout, "sandbox-02", restart=True)
+    assert caught.value.message == (
+        "sandbox host sandbox-02 is a node of unit-01 (sandbox-01, sandbox-02): restarted alone "
+        "it could not rejoin its server; nothing was changed"
+    )
+    assert caught.value.hint is not None and "restart the unit as one" in caught.value.hint
+    assert not layout.host_dir("sandbox-02").exists()
