@@ -11,18 +11,20 @@ from opspatch.cli.context import JsonOption, options
 from opspatch.cli.render import emit_json, out
 
 inventory_app = typer.Typer(
-    no_args_is_help=True, help="Inventories: hosts, groups, engine settings."
+    no_args_is_help=True, help="Inventories: hosts, groups, units, engine settings."
 )
 
 
 @inventory_app.command("show")
 def inventory_show(
     target: Annotated[
-        str, typer.Argument(help="Inventory, group, host, comma list or glob", metavar="TARGET")
+        str,
+        typer.Argument(help="Inventory, group, unit, host, comma list or glob", metavar="TARGET"),
     ],
     as_json: JsonOption = False,
 ) -> None:
-    """The resolved hosts of a selection and their settings (merged defaults, groups, host)."""
+    """The resolved hosts of a selection and their settings (merged defaults, groups, host),
+    and the units (multi-node servers) they belong to."""
     from opspatch.config.inventory import inventory_show_json, inventory_show_table
 
     hosts = options.hosts(target)
@@ -36,6 +38,8 @@ def inventory_show(
     for row in shown.rows:
         table.add_row(*row)
     out.print(table)
+    for line in shown.units:
+        out.print(line, markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -22,6 +22,7 @@ from opspatch.sandbox.dist import STANDIN_FIXED_IN
 if TYPE_CHECKING:  # the fleet module is imported by the commands (it pulls the runs in)
     from opspatch.sandbox.dist import InstallShape
     from opspatch.sandbox.fleet import DownReport, HostStatus, StatusReport, UpReport
+    from opspatch.sandbox.units import UnitShape
 
 sandbox_app = typer.Typer(
     name="sandbox",
@@ -50,6 +51,20 @@ def _install_shape(value: str | None) -> InstallShape | None:
         f"--install {value!r}: expected wheel or editable",
         hint="wheel installs each engine like a wheel; editable as a git checkout (pip install -e)",
     )
+
+
+def _unit_shape(units: int | None, nodes: int | None, tp: int | None) -> UnitShape | None:
+    """`--units/--nodes/--tp` checked: --nodes and --tp only with --units."""
+    from opspatch.sandbox.units import DEFAULT_NODES, UnitShape
+
+    if units is None:
+        if nodes is not None or tp is not None:
+            raise InputError(
+                "--nodes and --tp shape the units of `--units U`",
+                hint="e.g. opspatch sandbox up --units 1 --nodes 2 --tp 1",
+            )
+        return None
+    return UnitShape(units, DEFAULT_NODES if nodes is None else nodes, 1 if tp is None else tp)
 
 
 @sandbox_app.command()
@@ -96,6 +111,31 @@ def up(
             "127.0.0.1, written into the inventories as every host's router",
         ),
     ] = False,
+    units: Annotated[
+        int | None,
+        typer.Option(
+            "--units",
+            metavar="U",
+            help="Build U multi-node servers instead of single hosts: each of --nodes hosts, "
+            "started with --nnodes/--node-rank/--dist-init-addr, declared as units in the "
+            "inventories (default: the sandbox's units, else none)",
+        ),
+    ] = None,
+    nodes: Annotated[
+        int | None,
+        typer.Option(
+            "--nodes", metavar="N", help="Nodes (hosts) per unit, with --units (default 2)"
+        ),
+    ] = None,
+    tp: Annotated[
+        int | None,
+        typer.Option(
+            "--tp",
+            metavar="T",
+            help="Scheduler processes (TP ranks) per node, with --units (default 1; the "
+            "engine's --tp-size is T x N)",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Create and start the sandbox hosts, wait until they are ready, write the inventories.
@@ -112,6 +152,7 @@ def up(
         install=_install_shape(install),
         containers=True if containers else None,
         router=router,
+        units=_unit_shape(units, nodes, tp),
         progress=_progress,
     )
     if as_json:
@@ -170,6 +211,12 @@ def _print_up(report: UpReport) -> None:
     for host in report.hosts:
         if host.error:
             out.print(f"{host.host}: {host.error}", markup=False)
+    for unit in report.units:
+        out.print(
+            f"{unit.name}: head {unit.head}, nodes {', '.join(unit.hosts)} "
+            f"(--tp-size {unit.tp_size}, --dist-init-addr port {unit.dist_port})",
+            markup=False,
+        )
     if report.router:
         out.print(f"router: {report.router.url} (pid {report.router.pid})", markup=False)
     if report.inventory:
@@ -196,9 +243,15 @@ def _carried(host: HostStatus) -> str:
     return ", ".join(shown) or "none"
 
 
+def _node_text(unit: str, nodes: tuple[str, ...], host: str) -> str:
+    rank = nodes.index(host)
+    return f"{unit} rank {rank}" + (" (head)" if rank == 0 else "")
+
+
 def _print_status(report: StatusReport) -> None:
     table = Table(title=f"sandbox {report.root} (install: {report.install})", title_justify="left")
-    for column in ("host", "pid", "port", "health", "install", "carries", "ssh"):
+    columns = ("host", "pid", "port", "health", "install", "carries", "ssh")
+    for column in (*columns, "unit") if report.units else columns:
         table.add_column(column)
     for host in report.hosts:
         pid = str(host.pid) if host.pid is not None else "stopped"
@@ -210,8 +263,19 @@ def _print_status(report: StatusReport) -> None:
         if host.ssh is not None and host.ssh.port:
             ssh = f"{host.ssh.address}:{host.ssh.port}" + ("" if host.ssh_running else " (stopped)")
         install = host.install or "-"
-        table.add_row(host.host, pid, str(host.port), _health_text(host), install, patches, ssh)
+        row = [host.host, pid, str(host.port), _health_text(host), install, patches, ssh]
+        if report.units:
+            unit = report.unit_of(host.host)
+            row.append("-" if unit is None else _node_text(unit.name, unit.nodes, host.host))
+        table.add_row(*row)
     out.print(table)
+    for unit in report.units:
+        serves = "serves" if unit.head_serves else "does NOT serve"
+        out.print(
+            f"{unit.name}: head {unit.head} {serves}; nodes {', '.join(unit.nodes)} "
+            f"({len(unit.running)}/{len(unit.nodes)} running)",
+            markup=False,
+        )
     for host in report.hosts:
         if host.checkout:
             inside = f" in container {host.container.name}" if host.container else ""

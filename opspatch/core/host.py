@@ -184,6 +184,40 @@ class JumpHost:
 
 
 @dataclass(frozen=True)
+class Unit:
+    """The hosts that form one multi-node SGLang server (`--nnodes N --node-rank R
+    --dist-init-addr HEAD:PORT`): `hosts` in node-rank order, so `hosts[0]` is the head (node
+    rank 0, the only node that serves the HTTP API; the others serve a dummy `/health`).
+
+    A unit is patched, restarted and proven as one: no node of it is restarted alone (a node
+    restarted alone cannot rejoin its group; docs/inventory.md, "Units")."""
+
+    name: str
+    hosts: tuple[str, ...]
+
+    @property
+    def head(self) -> str:
+        return self.hosts[0]
+
+    @property
+    def nodes(self) -> int:
+        return len(self.hosts)
+
+    def rank_of(self, host: str) -> int:
+        """The node rank of `host` in this unit.
+
+        Raises:
+            ValueError: `host` is not one of the unit's hosts.
+        """
+        return self.hosts.index(host)
+
+    def describe(self, host: str) -> str:
+        """How `host` stands in this unit: `u1 rank 0 (head)`, `u1 rank 1`."""
+        rank = self.rank_of(host)
+        return f"{self.name} rank {rank}" + (" (head)" if rank == 0 else "")
+
+
+@dataclass(frozen=True)
 class Host:
     """One host, with every setting resolved (defaults < groups < host).
 
@@ -210,6 +244,8 @@ class Host:
     container: ContainerSettings | None = None
     """The container the engine runs in (None: on the host itself)."""
     router: RouterSettings | None = None
+    unit: Unit | None = None
+    """The multi-node server this host is one node of (None: the host is a server by itself)."""
 
     @classmethod
     def local(

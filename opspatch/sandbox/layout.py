@@ -140,8 +140,9 @@ def engine_url(port: int) -> str:
     return f"http://{ENGINE_ADDRESS}:{port}"
 
 
-def start_command(python: Path, port: int) -> str:
-    """The engine's start command line, quoted by `Command.render` (the one place that quotes)."""
+def start_command(python: Path, port: int, node_args: tuple[str, ...] = ()) -> str:
+    """The engine's start command line, quoted by `Command.render` (the one place that quotes);
+    `node_args`: a unit node's multi-node arguments (`UnitRecord.node_args`)."""
     argv = (
         str(python),
         "-m",
@@ -152,6 +153,7 @@ def start_command(python: Path, port: int) -> str:
         str(port),
         "--speculative-algorithm",
         SPECULATIVE_ALGORITHM,
+        *node_args,
     )
     return Command(argv).render()
 

@@ -61,6 +61,56 @@ class HostRecord(JsonRecord):
 
 
 @dataclass(frozen=True)
+class UnitRecord:
+    """One multi-node server of the sandbox (`up --units U --nodes N --tp T`): its hosts in
+    node-rank order (the head first), the port of its group's rendezvous on the head
+    (`--dist-init-addr`, 0: not chosen yet) and its scheduler processes per node (`--tp`; the
+    engine's `--tp-size` is `tp * nodes`)."""
+
+    name: str
+    hosts: tuple[str, ...]
+    dist_port: int = 0
+    tp: int = 1
+
+    @property
+    def head(self) -> str:
+        return self.hosts[0]
+
+    @property
+    def tp_size(self) -> int:
+        return self.tp * len(self.hosts)
+
+    def node_args(self, host: str) -> tuple[str, ...]:
+        """The multi-node arguments of `host`'s start command: the same on every node but for
+        `--node-rank`, as SGLang needs."""
+        return (
+            "--tp-size",
+            str(self.tp_size),
+            "--nnodes",
+            str(len(self.hosts)),
+            "--node-rank",
+            str(self.hosts.index(host)),
+            "--dist-init-addr",
+            f"{ENGINE_ADDRESS}:{self.dist_port}",
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "hosts": list(self.hosts),
+            "dist_port": self.dist_port,
+            "tp": self.tp,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> UnitRecord:
+        hosts = tuple(str(h) for h in data["hosts"])
+        if not hosts:
+            raise ValueError(f"unit {data['name']!r} has no host")
+        return cls(str(data["name"]), hosts, int(data["dist_port"]), int(data["tp"]))
+
+
+@dataclass(frozen=True)
 class RouterRecord:
     """The sandbox's router (`up --router`): its HTTP and Prometheus ports on loopback."""
 
@@ -90,10 +140,17 @@ class Manifest:
     editable in the image's checkout."""
     router: RouterRecord | None = None
     """Set by `up --router` and kept by later `up`s, like `--ssh`."""
+    units: tuple[UnitRecord, ...] = ()
+    """Set by `up --units`: the multi-node servers, each host in at most one; kept by later
+    `up`s. A manifest written before units were recorded has none."""
 
     @property
     def ssh(self) -> bool:
         return self.ssh_user is not None
+
+    def unit_of(self, host: str) -> UnitRecord | None:
+        """The unit `host` is a node of, or None (a server by itself)."""
+        return next((u for u in self.units if host in u.hosts), None)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -104,6 +161,7 @@ class Manifest:
             "containers": self.containers,
             "hosts": [record.to_json() for record in self.hosts],
             "router": self.router.to_json() if self.router else None,
+            "units": [unit.to_json() for unit in self.units],
         }
 
     @classmethod
@@ -146,8 +204,14 @@ class Manifest:
             containers = data.get("containers", False)
             if not isinstance(containers, bool):
                 raise ValueError(f"containers must be true or false, not {containers!r}")
+            units = tuple(UnitRecord.from_json(u) for u in data.get("units", []))
             return cls(
-                tuple(hosts), None if user is None else str(user), install, containers, router
+                tuple(hosts),
+                None if user is None else str(user),
+                install,
+                containers,
+                router,
+                units,
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise InputError(
@@ -243,8 +307,12 @@ def render_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: boo
                 lines += _ssh_address_lines(record)
             lines += _container_host_lines(layout, record)
             continue
+        unit = manifest.unit_of(name)
+        start = start_command(
+            layout.python(name), record.port, unit.node_args(name) if unit else ()
+        )
         restart = (
-            f'{{ kind = "command", start = {_toml_string(start_command(layout.python(name), record.port))}, '
+            f'{{ kind = "command", start = {_toml_string(start)}, '
             f"pid_file = {_toml_string(str(layout.pid_file(name)))}, "
             f"workdir = {_toml_string(str(layout.host_dir(name)))}, "
             f"stop_timeout = {int(ENGINE_STOP_TIMEOUT)} }}"
@@ -260,11 +328,17 @@ def render_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: boo
             f"log_file = {_toml_string(str(layout.log_file(name)))}",
             f"restart = {restart}",
         ]
+    for unit in manifest.units:
+        members = ", ".join(_toml_string(h) for h in unit.hosts)
+        lines += ["", f"[units.{unit.name}]", f"hosts = [{members}]  # the head first"]
     if manifest.hosts:
+        # the canary is the first server: one host, or every node of the first unit
+        first = manifest.unit_of(manifest.hosts[0].name)
+        canary = first.hosts if first else (manifest.hosts[0].name,)
         lines += [
             "",
             f"[groups.{CANARY_GROUP}]",
-            f"hosts = [{_toml_string(manifest.hosts[0].name)}]",
+            f"hosts = [{', '.join(_toml_string(h) for h in canary)}]",
         ]
     return "\n".join(lines) + "\n"
 

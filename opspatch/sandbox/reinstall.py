@@ -82,7 +82,8 @@ def sandbox_reinstall(
 
     Raises:
         InputError: no sandbox, no such host, a malformed version, a sandbox of containers
-            (their files come from the image), another sandbox command running.
+            (their files come from the image), `restart` of a unit's node (a node is never
+            restarted alone), another sandbox command running.
         HostError: the install or the restart failed (the restart: the engine did not come up).
     """
     with sandbox_lock(layout):
@@ -97,6 +98,14 @@ def sandbox_reinstall(
             raise InputError(
                 f"the sandbox has no host {host!r}; nothing was changed",
                 hint=f"its hosts: {', '.join(names)}",
+            )
+        unit = manifest.unit_of(host)
+        if restart and unit is not None:
+            raise InputError(
+                f"sandbox host {host} is a node of {unit.name} ({', '.join(unit.hosts)}): "
+                "restarted alone it could not rejoin its server; nothing was changed",
+                hint="reinstall without --restart, then `opspatch sandbox down` and `opspatch "
+                "sandbox up` restart the unit as one",
             )
         if manifest.containers:
             container = sandbox_containers.container_name(layout, host)

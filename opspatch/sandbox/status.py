@@ -1,4 +1,5 @@
-"""`opspatch sandbox status`: each host's engine, health, install shape, patches and sshd."""
+"""`opspatch sandbox status`: each host's engine, health, install shape, patches and sshd, and
+each unit (multi-node server): its head, its nodes, whether the head serves."""
 
 from __future__ import annotations
 
@@ -24,8 +25,14 @@ from opspatch.runs.fleet.pipeline import gate_inspection
 from opspatch.sandbox import containers as sandbox_containers
 from opspatch.sandbox.dist import InstallShape, installed_shape
 from opspatch.sandbox.install import host_venv_dir, venv_site_packages
-from opspatch.sandbox.layout import HEALTH_TIMEOUT, SandboxLayout, engine_url
-from opspatch.sandbox.manifest import HostRecord, SshEndpoint, load_manifest, sandbox_inventory
+from opspatch.sandbox.layout import ENGINE_ADDRESS, HEALTH_TIMEOUT, SandboxLayout, engine_url
+from opspatch.sandbox.manifest import (
+    HostRecord,
+    SshEndpoint,
+    UnitRecord,
+    load_manifest,
+    sandbox_inventory,
+)
 from opspatch.sandbox.processes import server_pid, sshd_pid
 from opspatch.sandbox.router import router_pid
 
@@ -115,6 +122,55 @@ class RouterStatus:
 
 
 @dataclass(frozen=True)
+class UnitStatus:
+    """One multi-node server of the sandbox: its head, its nodes in rank order, which of them
+    run, and whether the head serves (its engine runs and its `/health`, which on the head runs
+    a decode across every rank, answers 200). A non-head node's `/health` is SGLang's dummy one
+    and proves nothing, so it never counts as serving."""
+
+    name: str
+    head: str
+    nodes: tuple[str, ...]
+    running: tuple[str, ...]
+    head_serves: bool
+    dist_init_addr: str
+    tp_size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "head": self.head,
+            "nodes": list(self.nodes),
+            "running": list(self.running),
+            "head_serves": self.head_serves,
+            "dist_init_addr": self.dist_init_addr,
+            "tp_size": self.tp_size,
+        }
+
+
+def unit_statuses(
+    units: Sequence[UnitRecord], hosts: Sequence[HostStatus]
+) -> tuple[UnitStatus, ...]:
+    """Each unit as its nodes' statuses show it (pure)."""
+    by_name = {h.host: h for h in hosts}
+    found = []
+    for unit in units:
+        head = by_name.get(unit.head)
+        found.append(
+            UnitStatus(
+                name=unit.name,
+                head=unit.head,
+                nodes=unit.hosts,
+                running=tuple(h for h in unit.hosts if h in by_name and by_name[h].running),
+                head_serves=head is not None and head.running and head.health == 200,
+                dist_init_addr=f"{ENGINE_ADDRESS}:{unit.dist_port}",
+                tp_size=unit.tp_size,
+            )
+        )
+    return tuple(found)
+
+
+@dataclass(frozen=True)
 class StatusReport:
     """The sandbox's hosts, the inventories written, and the install shape it was built with
     (each host's `install` says what its environment really holds)."""
@@ -126,11 +182,16 @@ class StatusReport:
     install: InstallShape = "wheel"
     containers: bool = False
     router: RouterStatus | None = None
+    units: tuple[UnitStatus, ...] = ()
+
+    def unit_of(self, host: str) -> UnitStatus | None:
+        return next((u for u in self.units if host in u.nodes), None)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "sandbox": str(self.root),
             "router": self.router.to_json() if self.router else None,
+            "units": [u.to_json() for u in self.units],
             "install": self.install,
             "containers": self.containers,
             "inventories": [str(p) for p in self.inventories],
@@ -292,4 +353,5 @@ def sandbox_status(layout: SandboxLayout, workspace: Workspace) -> StatusReport:
         manifest.install,
         manifest.containers,
         router,
+        unit_statuses(manifest.units, statuses),
     )

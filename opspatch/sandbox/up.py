@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.errors import HostError, InputError
+from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.hosts.engine import EngineControl, RestartResult
 from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.transport.container import ContainerIdentity
@@ -21,6 +22,7 @@ from opspatch.sandbox.install import make_host_python
 from opspatch.sandbox.layout import (
     DEFAULT_HOSTS,
     ENGINE_ADDRESS,
+    ENGINE_STOP_TIMEOUT,
     SANDBOX_PLAYBOOK,
     Progress,
     SandboxLayout,
@@ -35,6 +37,7 @@ from opspatch.sandbox.manifest import (
     Manifest,
     RouterRecord,
     SshEndpoint,
+    UnitRecord,
     load_manifest,
     render_inventory,
     sandbox_inventory,
@@ -51,6 +54,7 @@ from opspatch.sandbox.processes import (
 )
 from opspatch.sandbox.router import require_router_package, router_pid, start_router
 from opspatch.sandbox.sshd import SshdError, find_sshd, generate_keypair, start_sshd
+from opspatch.sandbox.units import UnitShape, partly_running, planned_units
 
 PURGE = remedy_text(CliCommand.SANDBOX_DOWN, purge=True)
 """The command that removes the sandbox, for hints."""
@@ -109,6 +113,7 @@ class UpReport:
     install: InstallShape = "wheel"
     containers: bool = False
     router: RouterUp | None = None
+    units: tuple[UnitRecord, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -120,6 +125,7 @@ class UpReport:
             "ok": self.ok,
             "install": self.install,
             "containers": self.containers,
+            "units": [unit.to_json() for unit in self.units],
             "inventory": None if self.inventory is None else str(self.inventory),
             "ssh_inventory": None if self.ssh_inventory is None else str(self.ssh_inventory),
             "hosts": [h.to_json() for h in self.hosts],
@@ -150,15 +156,21 @@ def _planned_manifest(
     want_ssh: bool,
     install: InstallShape | None,
     containers: bool | None = None,
+    units: UnitShape | None = None,
 ) -> tuple[Manifest, set[str]]:
     """The manifest `up` will work to, and the names of hosts it adds (ports not yet chosen: 0).
 
-    `install` None keeps the sandbox's install shape (`wheel` for a new sandbox).
+    `install` None keeps the sandbox's install shape (`wheel` for a new sandbox); `units` None
+    keeps the sandbox's units (none for a new sandbox).
 
     Raises:
-        InputError: a count outside 1..MAX_HOSTS, fewer hosts than the sandbox has, or another
-            install shape than the one the sandbox was built with.
+        InputError: a count outside 1..MAX_HOSTS, fewer hosts than the sandbox has, another
+            install shape or unit shape than the one the sandbox was built with, or units with
+            containers.
     """
+    unit_records = planned_units(current, units, count)
+    if unit_records:
+        count = sum(len(u.hosts) for u in unit_records)
     if current is not None and install is not None and install != current.install:
         raise InputError(
             f"the sandbox's hosts are installed as {current.install}; "
@@ -200,15 +212,22 @@ def _planned_manifest(
             record if record.ssh else replace(record, ssh=SshEndpoint(address=ssh_address(index)))
             for index, record in enumerate(records)
         ]
+    if unit_records and in_containers:
+        raise InputError(
+            "--units does not go with --containers yet (each node would need its own container)",
+            hint="drop --containers, or `opspatch sandbox down --purge` first",
+        )
     # the router, like --ssh, stays on for later `up`s
     router = current.router if current else None
-    return Manifest(tuple(records), ssh_user, shape, in_containers, router), added
+    manifest = Manifest(tuple(records), ssh_user, shape, in_containers, router, unit_records)
+    return manifest, added
 
 
 def _choose_ports(manifest: Manifest, *, want_router: bool = False) -> Manifest:
     """Give hosts without a port (0) a free loopback port, distinct from every recorded one;
     with `want_router` and no router recorded yet, the router's two ports as well."""
     taken = {record.port for record in manifest.hosts if record.port}
+    taken |= {unit.dist_port for unit in manifest.units if unit.dist_port}
     if manifest.router is not None:
         taken |= {manifest.router.port, manifest.router.prometheus_port}
     chosen = []
@@ -217,11 +236,17 @@ def _choose_ports(manifest: Manifest, *, want_router: bool = False) -> Manifest:
             record = replace(record, port=free_port(ENGINE_ADDRESS, taken))
             taken.add(record.port)
         chosen.append(record)
+    units = []
+    for unit in manifest.units:  # each unit's rendezvous, on its head's loopback
+        if not unit.dist_port:
+            unit = replace(unit, dist_port=free_port(ENGINE_ADDRESS, taken))
+            taken.add(unit.dist_port)
+        units.append(unit)
     router = manifest.router
     if want_router and router is None:
         port = free_port(ENGINE_ADDRESS, taken)
         router = RouterRecord(port, free_port(ENGINE_ADDRESS, taken | {port}))
-    return replace(manifest, hosts=tuple(chosen), router=router)
+    return replace(manifest, hosts=tuple(chosen), router=router, units=tuple(units))
 
 
 def _refuse_taken_ports(layout: SandboxLayout, manifest: Manifest, running: set[str]) -> None:
@@ -313,11 +338,15 @@ def sandbox_up(
     install: InstallShape | None = None,
     containers: bool | None = None,
     router: bool = False,
+    units: UnitShape | None = None,
     progress: Progress = quiet,
 ) -> UpReport:
     """Create missing hosts, start stopped engines (and sshds), wait until all are ready, and
     write the sandbox inventories.
 
+    `units` builds multi-node servers instead of single-node hosts (`opspatch.sandbox.units`):
+    every node a host of its own, the inventories declaring the units; kept by later `up`s. A
+    unit some of whose nodes run and others not is stopped and started whole.
     `hosts` None keeps the sandbox's size (3 for a new one); more hosts than it has adds hosts.
     `ssh` also gives every host a private sshd (and stays on for later `up`s). `install` says
     how a new sandbox's engines are installed (`wheel`, the default, or `editable`: a git
@@ -338,7 +367,7 @@ def sandbox_up(
         check_host_count(hosts)
     with sandbox_lock(layout):
         current = load_manifest(layout)
-        manifest, added = _planned_manifest(current, hosts, ssh, install, containers)
+        manifest, added = _planned_manifest(current, hosts, ssh, install, containers, units)
         if manifest.install == "editable":
             require_git()
         image = None
@@ -347,6 +376,11 @@ def sandbox_up(
             podman = sandbox_containers.podman_env(layout)
             image = sandbox_containers.ensure_engine_image(podman, progress)
         if router or manifest.router is not None:
+            if manifest.units:
+                raise InputError(
+                    "--router does not go with --units yet (only each unit's head is a worker)",
+                    hint="drop --router, or `opspatch sandbox down --purge` first",
+                )
             require_router_package()
         if manifest.ssh and find_sshd() is None:
             raise InputError(
@@ -355,6 +389,7 @@ def sandbox_up(
             )
         manifest = _choose_ports(manifest, want_router=router)
         running = {r.name for r in manifest.hosts if _engine_running(layout, manifest, r.name)}
+        running -= _stop_partial_units(layout, manifest, running, progress)
         _refuse_taken_ports(layout, manifest, running)
         save_manifest(layout, manifest)  # ports are kept from here on, whatever happens next
         if manifest.ssh:
@@ -374,24 +409,38 @@ def sandbox_up(
             for r in manifest.hosts
         )
         shape = manifest.install
-        if any(h.outcome == "failed" for h in results):
-            return UpReport(layout.root, results, None, None, shape, manifest.containers)
+        report = UpReport(
+            layout.root, results, None, None, shape, manifest.containers, units=manifest.units
+        )
+        if not report.ok:
+            return report
         router_up = _bring_up_router(layout, manifest, progress)
         write_atomically(layout.inventory, render_inventory(layout, manifest, over_ssh=False))
+        report = replace(report, inventory=layout.inventory, router=router_up)
         if not manifest.ssh:
-            return UpReport(
-                layout.root, results, layout.inventory, None, shape, manifest.containers, router_up
-            )
+            return report
         write_atomically(layout.ssh_inventory, render_inventory(layout, manifest, over_ssh=True))
-        return UpReport(
-            layout.root,
-            results,
-            layout.inventory,
-            layout.ssh_inventory,
-            shape,
-            manifest.containers,
-            router_up,
+        return replace(report, ssh_inventory=layout.ssh_inventory)
+
+
+def _stop_partial_units(
+    layout: SandboxLayout, manifest: Manifest, running: set[str], progress: Progress
+) -> set[str]:
+    """Stop the running nodes of each unit that does not run whole (a node started alone could
+    not join them), so that every node of it starts together; returns the hosts stopped."""
+    stopped: set[str] = set()
+    for unit in partly_running(manifest.units, running):
+        down = [h for h in unit.hosts if h not in running]
+        progress(
+            f"{unit.name}: {', '.join(down)} not running; stopping the others, to start the "
+            "unit as one"
         )
+        for name in unit.hosts:
+            pid = engine_pid(layout, name)
+            if name in running and pid is not None:
+                stop_process_tree(pid, ENGINE_STOP_TIMEOUT)
+                stopped.add(name)
+    return stopped
 
 
 def _engine_running(layout: SandboxLayout, manifest: Manifest, name: str) -> bool:

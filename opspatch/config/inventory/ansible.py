@@ -88,6 +88,8 @@ _OPSPATCH_KEYS: dict[str, tuple[str, ...]] = {
     "opspatch_engine_env": ("engine", "env"),
     "opspatch_engine_restart": ("engine", "restart"),
 }
+UNITS_VARIABLE = "opspatch_units"
+"""`all: vars: opspatch_units: {NAME: {hosts: [...], head: ...}}`: the TOML file's `[units]`."""
 _ANSIBLE_CONNECTIONS = {"ssh": "ssh", "paramiko": "ssh", "smart": "ssh", "local": "local"}
 _GROUP_KEYS = ("hosts", "vars", "children")
 
@@ -259,6 +261,13 @@ def _settings(
     free: dict[str, Any] = {}
     for key, value in level.variables.items():
         where = level.origins[key]
+        if key == UNITS_VARIABLE:
+            raise doc.error(
+                where,
+                f"{UNITS_VARIABLE} can only be set in all.vars",
+                hint="units span groups: declare them once, under all: vars: "
+                f"{UNITS_VARIABLE}: {{NAME: {{hosts: [...]}}}}",
+            )
         if key in _ANSIBLE_SECRETS:
             raise doc.error(
                 where,
@@ -309,6 +318,10 @@ def parse_ansible_inventory(text: str, path: str, name: str) -> Inventory:
     gathered = _Gatherer(doc)
     gathered.walk()
     origins: dict[FieldPath, FieldPath] = {("defaults",): gathered.defaults.where}
+    units = gathered.defaults.variables.pop(UNITS_VARIABLE, None)
+    units_where = gathered.defaults.origins.pop(UNITS_VARIABLE, None)
+    if units_where is not None:
+        origins[("units",)] = units_where
     defaults, found = _settings(gathered.defaults, doc, is_host=False)
     origins.update({("defaults", *k): v for k, v in found.items()})
     hosts: dict[str, Any] = {}
@@ -335,6 +348,8 @@ def parse_ansible_inventory(text: str, path: str, name: str) -> Inventory:
         return schema_path
 
     data = {"defaults": defaults, "hosts": hosts, "groups": groups}
+    if units is not None:
+        data["units"] = units
     written = validate_inventory(data, doc, to_document=to_yaml)
     return build_inventory(written, _MappedDocument(doc, to_yaml), name)
 

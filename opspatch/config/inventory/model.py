@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opspatch.core.fileschema import did_you_mean
-from opspatch.core.host import BecomeMethod, ContainerSettings, Host, RestartStrategy, Transport
+from opspatch.core.host import (
+    BecomeMethod,
+    ContainerSettings,
+    Host,
+    RestartStrategy,
+    Transport,
+    Unit,
+)
 from opspatch.errors import SelectionError
 
 ALL_HOSTS = "all"
@@ -40,12 +47,14 @@ class Group:
 
 @dataclass(frozen=True)
 class Inventory:
-    """A parsed inventory: its hosts in file order and its groups by name."""
+    """A parsed inventory: its hosts in file order, its groups and its units by name."""
 
     name: str
     source: str
     hosts: tuple[Host, ...]
     groups: Mapping[str, Group]
+    units: Mapping[str, Unit] = field(default_factory=dict)
+    """The multi-node servers, each host in at most one (`Host.unit` says which)."""
 
     @property
     def host_names(self) -> tuple[str, ...]:

@@ -34,6 +34,7 @@ from opspatch.config.inventory.schema import (
     SupervisorTable,
     SystemdTable,
 )
+from opspatch.config.inventory.units import build_units
 from opspatch.core.fileschema import FieldPath, SourceDocument, did_you_mean
 from opspatch.core.host import (
     DEFAULT_BECOME_USER,
@@ -271,9 +272,12 @@ def build_inventory(written: InventoryFile, doc: SourceDocument, name: str) -> I
 
     Raises:
         SpecError: an unknown host or group reference, a group cycle, clashing names, an SSH
-            host without an address, a bad address, a relative state_dir, or a bad jump host.
+            host without an address, a bad address, a relative state_dir, a bad jump host, or
+            a bad unit (`units.build_units`).
     """
     _check_groups(written, doc, name)
+    units = build_units(written, doc, name)
+    unit_of = {host: unit for unit in units.values() for host in unit.hosts}
     base_dir = posixpath.dirname(doc.path)
     defaults = layer_from_table(written.defaults, base_dir)
     group_layers = {g: layer_from_table(t, base_dir) for g, t in written.groups.items()}
@@ -289,7 +293,10 @@ def build_inventory(written: InventoryFile, doc: SourceDocument, name: str) -> I
         )
     hosts = _with_router_peers(
         [
-            _host(host_name, written, merged, host_groups[host_name], doc, name)
+            replace(
+                _host(host_name, written, merged, host_groups[host_name], doc, name),
+                unit=unit_of.get(host_name),
+            )
             for host_name in written.hosts
         ]
     )
@@ -302,7 +309,7 @@ def build_inventory(written: InventoryFile, doc: SourceDocument, name: str) -> I
         groups[group_name] = Group(
             group_name, tuple(group.hosts), tuple(group.children), tuple(members)
         )
-    return Inventory(name=name, source=doc.path, hosts=tuple(hosts), groups=groups)
+    return Inventory(name=name, source=doc.path, hosts=tuple(hosts), groups=groups, units=units)
 
 
 def _host(

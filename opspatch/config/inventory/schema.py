@@ -165,6 +165,15 @@ class GroupTable(LayerTable):
     children: list[str] = Field(default_factory=list)
 
 
+class UnitTable(FileSchema):
+    """`[units.NAME]`: the hosts that form one multi-node server. `hosts` in node-rank order
+    unless `head` names another of them (the head is then rank 0, the others follow in the
+    order written). Checked against the hosts in `resolve` (unknown, repeated, in two units)."""
+
+    hosts: list[str] = Field(default_factory=list)
+    head: NonEmpty | None = None
+
+
 class InventoryFile(FileSchema):
     """A whole inventory as written (TOML), or as an Ansible inventory translates to."""
 
@@ -172,6 +181,7 @@ class InventoryFile(FileSchema):
     defaults: LayerTable = Field(default_factory=LayerTable)
     hosts: dict[str, HostTable] = Field(default_factory=dict)
     groups: dict[str, GroupTable] = Field(default_factory=dict)
+    units: dict[str, UnitTable] = Field(default_factory=dict)
 
 
 def validate_inventory(

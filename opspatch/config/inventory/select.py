@@ -2,8 +2,8 @@
 
 A selection is a comma list; each item is one of:
 - `INVENTORY` (a name the workspace finds, or a path to an inventory file): all its hosts;
-- `INVENTORY:PATTERN`: PATTERN (host, group, glob, `all`) within that inventory;
-- `PATTERN`: a host, group or glob looked up in every inventory of the workspace and the state
+- `INVENTORY:PATTERN`: PATTERN (host, group, unit, glob, `all`) within that inventory;
+- `PATTERN`: a host, group, unit or glob looked up in every inventory of the workspace and the state
   directory (not in the bundled examples, so a placeholder example host is only reached by
   naming its inventory); it must match in exactly one inventory.
 
@@ -56,6 +56,8 @@ def _match_in_inventory(inventory: Inventory, item: str) -> tuple[Host, ...] | N
         return (by_name[item],)
     if item in inventory.groups:
         return tuple(by_name[m] for m in inventory.groups[item].members)
+    if item in inventory.units:  # a unit's hosts in node-rank order, the head first
+        return tuple(by_name[m] for m in inventory.units[item].hosts)
     if _GLOB_CHARS.search(item):
         chosen: set[str] = set()
         for host in inventory.hosts:
@@ -64,6 +66,9 @@ def _match_in_inventory(inventory: Inventory, item: str) -> tuple[Host, ...] | N
         for group in inventory.groups.values():
             if fnmatch.fnmatchcase(group.name, item):
                 chosen.update(group.members)
+        for unit in inventory.units.values():
+            if fnmatch.fnmatchcase(unit.name, item):
+                chosen.update(unit.hosts)
         if chosen:
             return tuple(h for h in inventory.hosts if h.name in chosen)
     return None
@@ -87,8 +92,8 @@ def select_hosts(inventory: Inventory, expr: str) -> tuple[Host, ...]:
     """The hosts an expression selects in one inventory, in expression then inventory order.
 
     `expr` is a comma list of: the inventory's name or `all` (every host), a host, a group
-    (every host in it or below it), or a glob (`fnmatch`, case-sensitive) over host and group
-    names. Duplicates are dropped.
+    (every host in it or below it), a unit (its hosts, the head first), or a glob (`fnmatch`,
+    case-sensitive) over host, group and unit names. Duplicates are dropped.
 
     Raises:
         SelectionError: an item names nothing (near names suggested), or the list is malformed.
@@ -97,10 +102,9 @@ def select_hosts(inventory: Inventory, expr: str) -> tuple[Host, ...]:
     for item in _split_expression(expr):
         hosts = _match_in_inventory(inventory, item)
         if hosts is None:
-            names = (*inventory.host_names, *inventory.groups, inventory.name)
-            what = (
-                "matches no host or group" if _GLOB_CHARS.search(item) else "is not a host or group"
-            )
+            names = (*inventory.host_names, *inventory.groups, *inventory.units, inventory.name)
+            kinds = "host, group or unit" if inventory.units else "host or group"
+            what = f"matches no {kinds}" if _GLOB_CHARS.search(item) else f"is not a {kinds}"
             raise SelectionError(
                 f"{item!r} {what} of inventory {inventory.name!r}",
                 hint=did_you_mean(item, names),
@@ -197,7 +201,7 @@ def resolve_hosts(expr: str, workspace: Workspace) -> tuple[Host, ...]:
         if not matches:
             names: list[str] = list(workspace.available("inventories"))
             for inv in loaded.values():
-                names.extend((*inv.host_names, *inv.groups))
+                names.extend((*inv.host_names, *inv.groups, *inv.units))
             raise SelectionError(
                 f"{item!r} is not an inventory, host or group on the search path",
                 hint=_sandbox_hint(item) or did_you_mean(item, names),

@@ -16,6 +16,7 @@ from opspatch.core.host import (
     RestartStrategy,
     SupervisorRestart,
     SystemdRestart,
+    Unit,
 )
 
 INVENTORY_COLUMNS = (
@@ -36,11 +37,13 @@ INVENTORY_COLUMNS = (
 
 @dataclass(frozen=True)
 class InventoryTable:
-    """What `opspatch inventory show` prints: a title, column names and one row per host."""
+    """What `opspatch inventory show` prints: a title, column names, one row per host, and one
+    line per unit the selected hosts belong to (`units`)."""
 
     title: str
     columns: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
+    units: tuple[str, ...] = ()
 
 
 def restart_to_json(restart: RestartStrategy | None) -> dict[str, Any] | None:
@@ -77,6 +80,39 @@ def _json_safe(value: Any) -> Any:
     if value is None or isinstance(value, str | int | float | bool):
         return value
     return str(value)
+
+
+def _units_of(hosts: Sequence[Host]) -> list[Unit]:
+    """The units the hosts belong to, in the order their first host comes."""
+    found: dict[str, Unit] = {}
+    for host in hosts:
+        if host.unit is not None:
+            found.setdefault(host.unit.name, host.unit)
+    return list(found.values())
+
+
+def unit_to_json(unit: Unit, hosts: Sequence[Host] = ()) -> dict[str, Any]:
+    """A unit as JSON-ready data; `selected`: those of its hosts among `hosts`."""
+    chosen = {h.name for h in hosts}
+    return {
+        "name": unit.name,
+        "head": unit.head,
+        "nodes": unit.nodes,
+        "hosts": list(unit.hosts),
+        "selected": [h for h in unit.hosts if h in chosen],
+    }
+
+
+def unit_line(unit: Unit, hosts: Sequence[Host]) -> str:
+    """`unit kimi-a: 2 nodes, head node-a0 (ranks: node-a0, node-a1)`, and which of them the
+    selection leaves out (a command takes a unit whole, never one node of it)."""
+    chosen = {h.name for h in hosts}
+    left_out = [h for h in unit.hosts if h not in chosen]
+    line = (
+        f"unit {unit.name}: {unit.nodes} node{'s' if unit.nodes != 1 else ''}, head {unit.head} "
+        f"(ranks: {', '.join(unit.hosts)})"
+    )
+    return line + (f"; not selected: {', '.join(left_out)}" if left_out else "")
 
 
 def host_to_json(host: Host) -> dict[str, Any]:
@@ -129,15 +165,20 @@ def host_to_json(host: Host) -> dict[str, Any]:
             "worker_url": host.router.worker_url,
             "admin_key_env": host.router.admin_key_env,
         },
+        "unit": None
+        if host.unit is None
+        else {"name": host.unit.name, "rank": host.unit.rank_of(host.name), "head": host.unit.head},
     }
 
 
 def inventory_show_json(hosts: Sequence[Host], *, selection: str = "") -> dict[str, Any]:
-    """The `inventory show --json` document: the selection and every resolved host."""
+    """The `inventory show --json` document: the selection, every resolved host, and the
+    units the selected hosts belong to."""
     return {
         "selection": selection,
         "inventories": sorted({h.inventory for h in hosts}),
         "hosts": [host_to_json(h) for h in hosts],
+        "units": [unit_to_json(u, hosts) for u in _units_of(hosts)],
     }
 
 
@@ -147,8 +188,9 @@ def inventory_show_table(hosts: Sequence[Host], *, selection: str = "") -> Inven
     def text(value: object) -> str:
         return "-" if value is None or value == "" else str(value)
 
-    # the router column only where a host has one: inventories without routers read as before
+    # the router and unit columns only where a host has one: other inventories read as before
     routed = any(h.router is not None for h in hosts)
+    united = any(h.unit is not None for h in hosts)
     rows = tuple(
         (
             h.name,
@@ -164,11 +206,17 @@ def inventory_show_table(hosts: Sequence[Host], *, selection: str = "") -> Inven
             h.become.describe(),
             text(h.container.describe() if h.container else None),
             *((text(h.router.describe() if h.router else None),) if routed else ()),
+            *((text(h.unit.describe(h.name) if h.unit else None),) if united else ()),
         )
         for h in hosts
     )
     title = f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}" + (
         f" selected by {selection!r}" if selection else ""
     )
-    columns = (*INVENTORY_COLUMNS, "router") if routed else INVENTORY_COLUMNS
-    return InventoryTable(title=title, columns=columns, rows=rows)
+    columns = (
+        *INVENTORY_COLUMNS,
+        *(("router",) if routed else ()),
+        *(("unit",) if united else ()),
+    )
+    units = tuple(unit_line(u, hosts) for u in _units_of(hosts))
+    return InventoryTable(title=title, columns=columns, rows=rows, units=units)

@@ -1,0 +1,164 @@
+"""Whether a unit (one multi-node server) is uniform: every node on the same release, holding the
+same pre-image of every target file.
+
+A unit's nodes run one server, so a patch must find them identical before it touches any: a
+node on another release, or whose copy of a target file differs, would leave the server running
+two versions of its code (docs/inventory.md "Units"). This reads the nodes' inspections, already
+made, and says `Uniform`, or `NotUniform` with each odd node and what differs (the value it has
+and the value the others have). Which value is the reference: the one most nodes have; on a tie
+the head's (the node whose copy the server's API runs on).
+
+Not wired into any command yet; `judge_unit` is meant for the preflight of a run over units,
+after every node is locked and inspected and before the first swap.
+
+Pure: values in, a value out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from opspatch.core.host import Unit
+from opspatch.core.vocabulary import Word
+from opspatch.hosts.results import HostInspection
+
+
+class UnitFact(Word):
+    """What can differ between the nodes of a unit."""
+
+    RELEASE = "release"
+    """The installed SGLang release (`sglang` distribution version)."""
+    PRE_IMAGE = "pre-image"
+    """The sha256 of a target file's bytes before the patch (None: the node has no such file)."""
+    UNREAD = "unread"
+    """The node was not inspected: nothing can be said of it, so the unit is not uniform."""
+
+
+@dataclass(frozen=True)
+class NodeReading:
+    """What one node's inspection says that must agree across a unit: its release and the
+    pre-image of each target file, keyed by target (the module, else the path: install paths
+    may differ between nodes while the module is the same)."""
+
+    host: str
+    release: str | None
+    files: Mapping[str, str | None]
+
+    @classmethod
+    def read(cls, host: str, inspections: Mapping[str, HostInspection]) -> NodeReading:
+        """A node's reading from its inspection of each target (`{target: inspection}`): the
+        release from the host's facts (else the target's distribution), each file's sha256.
+        A target that did not resolve on a node (its inspection failed) is given as None by
+        building the reading directly."""
+        release = None
+        files: dict[str, str | None] = {}
+        for target, seen in inspections.items():
+            release = release or seen.facts.sglang_version
+            if release is None and seen.module is not None:
+                release = seen.module.distribution_version
+            files[target] = seen.file.sha256
+        return cls(host, release, files)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One node that differs from the others in one fact: `key` is the target for a pre-image
+    (`fact` says which), `value` the odd node's, `expected` the others' (`agreeing`)."""
+
+    node: str
+    fact: UnitFact
+    key: str
+    value: str | None
+    expected: str | None
+    agreeing: tuple[str, ...]
+
+    def describe(self) -> str:
+        """`sandbox-02: release 0.5.24, the others (sandbox-01) 0.5.23`."""
+        others = ", ".join(self.agreeing)
+        if self.fact is UnitFact.UNREAD:
+            return f"{self.node}: not inspected"
+        what = "release" if self.fact is UnitFact.RELEASE else f"{self.key} pre-image sha256"
+        return (
+            f"{self.node}: {what} {_shown(self.value)}, the others ({others}) "
+            f"{_shown(self.expected)}"
+        )
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """Every node of `unit` runs `release` and holds the same pre-image of every target."""
+
+    unit: str
+    release: str | None
+    files: Mapping[str, str | None]
+
+    def describe(self) -> str:
+        return f"unit {self.unit} is uniform (release {_shown(self.release)})"
+
+
+@dataclass(frozen=True)
+class NotUniform:
+    """The nodes of `unit` differ: each difference names the odd node and the value."""
+
+    unit: str
+    differences: tuple[Difference, ...]
+
+    @property
+    def odd_nodes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(d.node for d in self.differences))
+
+    def describe(self) -> str:
+        """One line per difference, after the unit: what a refusal says."""
+        lines = [f"unit {self.unit} is not uniform:"]
+        lines += [f"  {d.describe()}" for d in self.differences]
+        return "\n".join(lines)
+
+
+UnitJudgment = Uniform | NotUniform
+
+
+def judge_unit(unit: Unit, readings: Mapping[str, NodeReading]) -> UnitJudgment:
+    """Whether `unit`'s nodes agree, from each node's reading (by host name).
+
+    A node with no reading is a difference (`UNREAD`) and is left out of the comparison of the
+    others. Facts are compared in this order: the release, then each target in the order the
+    head's reading (else the first reading) lists them, then targets only other nodes have.
+    """
+    differences: list[Difference] = [
+        Difference(host, UnitFact.UNREAD, "", None, None, ())
+        for host in unit.hosts
+        if host not in readings
+    ]
+    read = [readings[h] for h in unit.hosts if h in readings]
+    if not read:
+        return NotUniform(unit.name, tuple(differences))
+    differences += _odd(read, UnitFact.RELEASE, "release", {r.host: r.release for r in read})
+    targets = list(dict.fromkeys(key for r in read for key in r.files))
+    for target in targets:
+        values = {r.host: r.files.get(target) for r in read}
+        differences += _odd(read, UnitFact.PRE_IMAGE, target, values)
+    if differences:
+        return NotUniform(unit.name, tuple(differences))
+    return Uniform(unit.name, read[0].release, dict(read[0].files))
+
+
+def _odd(
+    read: list[NodeReading], fact: UnitFact, key: str, values: Mapping[str, str | None]
+) -> list[Difference]:
+    """The nodes whose value differs from the reference value (the most common one; on a tie,
+    the first node's in rank order, the head's when it was read)."""
+    counts = Counter(values[r.host] for r in read)
+    top = max(counts.values())
+    expected = next(values[r.host] for r in read if counts[values[r.host]] == top)
+    agreeing = tuple(r.host for r in read if values[r.host] == expected)
+    return [
+        Difference(r.host, fact, key, values[r.host], expected, agreeing)
+        for r in read
+        if values[r.host] != expected
+    ]
+
+
+def _shown(value: str | None) -> str:
+    return "(none)" if value is None else value
