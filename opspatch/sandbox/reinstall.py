@@ -104,8 +104,8 @@ def sandbox_reinstall(
             raise InputError(
                 f"sandbox host {host} is a node of {unit.name} ({', '.join(unit.hosts)}): "
                 "restarted alone it could not rejoin its server; nothing was changed",
-                hint="reinstall without --restart, then `opspatch sandbox down` and `opspatch "
-                "sandbox up` restart the unit as one",
+                hint=f"reinstall without --restart, then `{remedy_text(CliCommand.SANDBOX_DOWN)}` "
+                f"and `{UP}` restart the unit as one",
             )
         if manifest.containers:
             container = sandbox_containers.container_name(layout, host)

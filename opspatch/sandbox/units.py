@@ -18,13 +18,17 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.errors import InputError
 from opspatch.sandbox import MAX_HOSTS
 from opspatch.sandbox.layout import host_name
 from opspatch.sandbox.manifest import Manifest, UnitRecord
 
 DEFAULT_NODES = 2
-UNIT_HINT = "run `opspatch sandbox down --purge` first to build the sandbox with another shape"
+UNIT_HINT = (
+    f"run `{remedy_text(CliCommand.SANDBOX_DOWN, purge=True)}` first to build the sandbox with "
+    "another shape"
+)
 
 
 @dataclass(frozen=True)

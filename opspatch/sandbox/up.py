@@ -215,7 +215,7 @@ def _planned_manifest(
     if unit_records and in_containers:
         raise InputError(
             "--units does not go with --containers yet (each node would need its own container)",
-            hint="drop --containers, or `opspatch sandbox down --purge` first",
+            hint=f"drop --containers, or `{PURGE}` first",
         )
     # the router, like --ssh, stays on for later `up`s
     router = current.router if current else None
@@ -379,7 +379,7 @@ def sandbox_up(
             if manifest.units:
                 raise InputError(
                     "--router does not go with --units yet (only each unit's head is a worker)",
-                    hint="drop --router, or `opspatch sandbox down --purge` first",
+                    hint=f"drop --router, or `{PURGE}` first",
                 )
             require_router_package()
         if manifest.ssh and find_sshd() is None:
