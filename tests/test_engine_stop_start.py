@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from opspatch.config.inventory import parse_inventory
-from opspatch.core.host import Host
+from opspatch.core.host import ContainerSettings, Host
 from opspatch.core.policy import Playbook
 from opspatch.errors import EngineError, RemoteOperationError
 from opspatch.hosts.agent.engine import op_wait_ready
@@ -33,6 +33,8 @@ from opspatch.hosts.agent.protocol import OpFailure
 from opspatch.hosts.become import run_as
 from opspatch.hosts.engine import EngineControl, RestartResult, ServerGroup, StopResult
 from opspatch.hosts.operations import HostOperations
+from opspatch.hosts.transport.base import Command, CommandResult
+from opspatch.hosts.transport.container import ContainerTransport
 from opspatch.hosts.transport.local import LocalTransport
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport
 from tests.standin import free_port
@@ -279,3 +281,58 @@ def test_a_server_that_is_not_that_groups_head_fails_at_once(
         assert "not the head of 2 node(s) with tp_size 4" in caught.value.message
         # not asked: /health alone, as before
         assert ready(url, None)["polls"] == 1
+
+
+# -- pure: a container is stopped and started by its runtime, from outside it ---------------------
+
+
+class FakeRuntime:
+    """The host's transport as a container runtime that only inspects, stops and starts (the
+    commands it ran recorded; the container's state follows them)."""
+
+    host = "gpu-01"
+
+    def __init__(self) -> None:
+        self.argvs: list[tuple[str, ...]] = []
+        self.running = True
+
+    def run(self, command: Command, *, stdin: bytes = b"", timeout: float) -> CommandResult:
+        self.argvs.append(command.argv)
+        verb = command.argv[1]
+        if verb in ("stop", "start"):
+            self.running = verb == "start"
+            return CommandResult(command.render(), 0, b"", b"", 0.1)
+        state = {"Running": self.running, "Status": "running" if self.running else "exited"}
+        doc = [{"Id": "f00d" * 16, "Created": "2026-12-02", "Image": "engine:1", "State": state}]
+        return CommandResult(command.render(), 0, json.dumps(doc).encode(), b"", 0.1)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.pure
+def test_a_container_is_stopped_and_started_by_its_runtime_by_id() -> None:
+    runtime = FakeRuntime()
+    transport = ContainerTransport(runtime, ContainerSettings(runtime="podman", name="sglang-0"))
+    stopped = transport.stop(2.4, timeout=30)
+    assert not stopped.running and stopped.status == "exited"
+    started = transport.start(timeout=30)
+    assert started.running and started.id == "f00d" * 16
+    inspect = ("podman", "container", "inspect", "sglang-0")
+    assert runtime.argvs == [
+        inspect,  # pinned
+        ("podman", "stop", "--time", "2", "f00d" * 16),
+        inspect,
+        ("podman", "start", "f00d" * 16),
+        inspect,
+    ]
+
+
+@pytest.mark.pure
+def test_a_stopped_container_not_pinned_yet_is_started_by_the_id_its_name_stands_for() -> None:
+    runtime = FakeRuntime()
+    runtime.running = False
+    transport = ContainerTransport(runtime, ContainerSettings(runtime="docker", name="sglang-1"))
+    assert transport.start(timeout=30).running
+    assert runtime.argvs[1] == ("docker", "start", "f00d" * 16)
+    assert transport.identity is not None and transport.identity.running
