@@ -336,3 +336,60 @@ def test_a_stopped_container_not_pinned_yet_is_started_by_the_id_its_name_stands
     assert transport.start(timeout=30).running
     assert runtime.argvs[1] == ("docker", "start", "f00d" * 16)
     assert transport.identity is not None and transport.identity.running
+
+
+class LocalRuntime(FakeRuntime):
+    """`FakeRuntime` whose container is this machine: an exec in it runs here (the real agent
+    answers over the local transport)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.local = LocalTransport(self.host)
+
+    def run(self, command: Command, *, stdin: bytes = b"", timeout: float) -> CommandResult:
+        if command.argv[1] != "exec":
+            return super().run(command, stdin=stdin, timeout=timeout)
+        self.argvs.append(command.argv[:2])
+        inside = command.argv[command.argv.index("f00d" * 16) + 1 :]
+        return self.local.run(Command(inside, env=dict(command.env)), stdin=stdin, timeout=timeout)
+
+
+@pytest.mark.process
+def test_a_container_engine_is_stopped_and_started_by_its_runtime_its_log_read_from_the_stop(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "server.log"
+    log.write_bytes(b"the engine's earlier life\n")
+    text = textwrap.dedent(
+        f"""
+        [defaults]
+        transport = "local"
+        state_dir = "{tmp_path}/state"
+        container = {{ runtime = "podman", name = "sglang-0" }}
+        [defaults.engine]
+        python = "{sys.executable}"
+        log_file = "{log}"
+        restart = {{ kind = "container", stop_timeout = 5 }}
+        [hosts.gpu-01]
+        """
+    )
+    host = parse_inventory(text, str(tmp_path / "inv.toml"), name="test").hosts[0]
+    runtime = LocalRuntime()
+    transport = ContainerTransport(runtime, ContainerSettings(runtime="podman", name="sglang-0"))
+    ctl = EngineControl(HostOperations(transport, host), host, Playbook())
+
+    stopped = ctl.stop()
+    assert stopped.strategy == "container" and stopped.log_offset == log.stat().st_size
+    assert "stopped" in stopped.detail and not runtime.running
+    started = ctl.start(stopped=stopped)
+    assert started.log_offset == stopped.log_offset and runtime.running
+    assert "started" in started.detail
+    inspect = ("podman", "container", "inspect", "sglang-0")
+    assert runtime.argvs == [
+        inspect,  # pinned, then the agent noted the log's size inside
+        ("podman", "exec"),
+        ("podman", "stop", "--time", "5", "f00d" * 16),
+        inspect,
+        ("podman", "start", "f00d" * 16),
+        inspect,
+    ]
