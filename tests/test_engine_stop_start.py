@@ -14,6 +14,8 @@ import contextlib
 import http.server
 import json
 import os
+import shutil
+import subprocess
 import sys
 import textwrap
 import threading
@@ -37,6 +39,7 @@ from opspatch.hosts.transport.base import Command, CommandResult
 from opspatch.hosts.transport.container import ContainerTransport
 from opspatch.hosts.transport.local import LocalTransport
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport
+from tests.fleetkit import wait_until
 from tests.standin import free_port
 
 TREE = "sleep 300 & sleep 300 & wait"
@@ -393,3 +396,113 @@ def test_a_container_engine_is_stopped_and_started_by_its_runtime_its_log_read_f
         ("podman", "start", "f00d" * 16),
         inspect,
     ]
+
+
+# -- process: systemd and supervisor run their own stop and start ---------------------------------
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "$@" >> "{work}/systemctl.calls"
+case "$1" in
+  stop) echo inactive > "{work}/state" ;;
+  start) echo active > "{work}/state" ;;
+  is-active) cat "{work}/state"; [ "$(cat "{work}/state")" = active ] ;;
+  show) if [ "$(cat "{work}/state")" = active ]; then echo 4242; else echo 0; fi ;;
+esac
+"""
+"""A `systemctl` that keeps one unit's state in a file and records how it was called."""
+
+
+def service_host(work: Path, restart: str) -> Host:
+    text = textwrap.dedent(
+        f"""
+        [hosts.h1]
+        address = "127.0.0.1"
+        transport = "local"
+        state_dir = "{work}/state-dir"
+        [hosts.h1.engine]
+        python = "{sys.executable}"
+        restart = {restart}
+        """
+    )
+    return parse_inventory(text, str(work / "inv.toml"), name="t").hosts[0]
+
+
+@pytest.mark.process
+def test_systemd_stops_and_starts_the_unit_and_refuses_a_start_while_it_is_active(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "systemctl"
+    fake.write_text(FAKE_SYSTEMCTL.format(work=tmp_path))
+    fake.chmod(0o755)
+    (tmp_path / "state").write_text("active\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    host = service_host(tmp_path, '{ kind = "systemd", unit = "sglang.service" }')
+    with local_control(host) as ctl:
+        with pytest.raises(EngineError) as caught:
+            ctl.start()
+        assert isinstance(caught.value.__cause__, RemoteOperationError)
+        assert caught.value.__cause__.code == "engine-running"
+        stopped = ctl.stop()
+        assert stopped.stopped == (4242,) and stopped.detail == "inactive"
+        started = ctl.start()
+        assert started.pid == 4242 and started.detail == "active"
+    calls = (tmp_path / "systemctl.calls").read_text().splitlines()
+    assert calls == [
+        "is-active sglang.service",  # the refused start
+        "show -p MainPID --value sglang.service",
+        "stop sglang.service",
+        "is-active sglang.service",
+        "is-active sglang.service",
+        "start sglang.service",
+        "is-active sglang.service",
+        "show -p MainPID --value sglang.service",
+    ]
+
+
+@pytest.mark.skipif(
+    shutil.which("supervisord") is None,
+    reason="supervisor is not installed (pip install supervisor)",
+)
+@pytest.mark.process
+def test_supervisor_stops_and_starts_the_program_through_a_real_supervisord(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "supervisord.conf"
+    config.write_text(
+        textwrap.dedent(
+            f"""
+            [unix_http_server]
+            file={tmp_path}/supervisor.sock
+            [supervisord]
+            logfile={tmp_path}/supervisord.log
+            pidfile={tmp_path}/supervisord.pid
+            [rpcinterface:supervisor]
+            supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+            [supervisorctl]
+            serverurl=unix://{tmp_path}/supervisor.sock
+            [program:engine]
+            command=sleep 300
+            autostart=false
+            startsecs=1
+            """
+        )
+    )
+    subprocess.run(["supervisord", "-c", str(config)], check=True)
+    try:
+        assert wait_until(lambda: (tmp_path / "supervisor.sock").exists(), 20)
+        host = service_host(
+            tmp_path, f'{{ kind = "supervisor", program = "engine", config = "{config}" }}'
+        )
+        ctl = EngineControl(HostOperations(LocalTransport(host.name), host), host, Playbook())
+        assert ctl.stop().stopped == ()  # not running yet: nothing to stop
+        started = ctl.start()
+        assert started.pid is not None and alive(started.pid)
+        with pytest.raises(EngineError) as caught:
+            ctl.start()
+        assert isinstance(caught.value.__cause__, RemoteOperationError)
+        assert caught.value.__cause__.code == "engine-running"
+        assert ctl.stop().stopped == (started.pid,) and not alive(started.pid)
+    finally:
+        subprocess.run(["supervisorctl", "-c", str(config), "shutdown"], capture_output=True)
