@@ -39,7 +39,7 @@ def node(standin: StandinHost, rank: int, dist_port: int, name: str) -> Host:
         f"{standin.python} -m sglang.launch_server --port {port} --disable-cuda-graph "
         f"--speculative-algorithm NONE --tp-size {GROUP.tp_size} --nnodes {GROUP.nnodes} "
         f"--node-rank {rank} --dist-init-addr 127.0.0.1:{dist_port} "
-        "--dist-timeout 10 --watchdog-timeout 5"
+        "--dist-timeout 30"
     )
     text = textwrap.dedent(
         f"""
