@@ -5,9 +5,10 @@ or to a service user and restarts need root. With `become = true` in the invento
 
 - **which operations run raised**: the ones that change the host (`RAISED_OPERATIONS`): the lock
   file, swap and restore of the target file (with the backups they keep in the state folder and
-  the bytecode purge), and restarts. They run as `become_user`, except restarts through systemd
-  or supervisor, which manage system services and run as root. Everything else (facts, resolving
-  and reading the file, readiness, the smoke decode and the log it reads) runs as the login user;
+  the bytecode purge), and restarts (and the engine's stop and start alone). They run as
+  `become_user`, except restarts through systemd or supervisor, which manage system services
+  and run as root. Everything else (facts, resolving and reading the file, readiness, the smoke
+  decode and the log it reads) runs as the login user;
   a read the login user is not allowed is asked again, raised (`LOGIN_OPERATIONS`).
 - **how**: still one exec per call (a batch of operations runs as one user):
   `sudo -H -n -u USER -- PYTHON -c BOOTSTRAP`, the agent's request on stdin as always. When sudo says a password is required, the same exec is sent again
@@ -40,7 +41,10 @@ from opspatch.core.host import DEFAULT_BECOME_USER, Host
 from opspatch.errors import BecomeError
 from opspatch.hosts.transport.base import Command, CommandResult
 
-RAISED_OPERATIONS = frozenset({"lock", "unlock", "swap", "restore", "restart"})
+ENGINE_OPERATIONS = frozenset({"restart", "stop", "start"})
+"""Operations that stop or start the engine: raised as the user who restarts it (`restart_user`)."""
+
+RAISED_OPERATIONS = frozenset({"lock", "unlock", "swap", "restore"}) | ENGINE_OPERATIONS
 """Agent operations that change the host: raised when the host's inventory says `become`."""
 
 LOGIN_OPERATIONS = frozenset(
@@ -69,7 +73,7 @@ def run_as(host: Host, operation: str) -> str | None:
     """The user `operation` runs as through sudo on `host`, or None for the login user."""
     if not host.become.enabled or operation not in RAISED_OPERATIONS:
         return None
-    return restart_user(host) if operation == "restart" else host.become.user
+    return restart_user(host) if operation in ENGINE_OPERATIONS else host.become.user
 
 
 def raised_users(host: Host) -> tuple[str, ...]:

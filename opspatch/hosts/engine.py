@@ -5,7 +5,8 @@ Each step is one exec of the host agent (`opspatch.hosts.agent`: `restart`, `wai
 controller side here only builds the arguments from the inventory and the playbook and turns
 replies into values:
 
-- restart strategies: systemd (`systemctl restart UNIT`, then `is-active`), supervisor
+- restart strategies (and `stop` and `start` alone, for a server of several nodes, stopped on
+  every node before any is started): systemd (`systemctl restart UNIT`, then `is-active`), supervisor
   (`supervisorctl restart NAME`), container (`podman/docker restart ID` run on the host, outside
   the container, after the agent inside noted the log's size), command (stop the process tree of the pid in the pid file:
   TERM, wait, KILL; start the command detached with its log; write the pid file);
@@ -38,15 +39,18 @@ from opspatch.errors import ContainerError, EngineError, RemoteOperationError
 from opspatch.hosts.agent.engine import op_smoke, op_wait_drained, op_wait_ready
 from opspatch.hosts.agent.protocol import (
     DrainedReply,
+    GroupCheck,
     ReadyReply,
     RestartReply,
     RestartRequest,
     SmokeReply,
     SmokeRequest,
+    StopReply,
+    StopRequest,
     WaitDrainedRequest,
     WaitReadyRequest,
 )
-from opspatch.hosts.agent.restarts import op_restart
+from opspatch.hosts.agent.restarts import op_restart, op_start, op_stop
 from opspatch.hosts.operations import HostOperations, R, Rep, Req
 from opspatch.hosts.results import Operation
 from opspatch.hosts.transport.container import ContainerTransport
@@ -64,6 +68,29 @@ class RestartResult(JsonRecord):
     log_offset: int | None = None
     stopped: tuple[int, ...] = ()
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class StopResult(JsonRecord):
+    """What a stop did: the processes stopped (none when the engine did not run) and where the
+    engine's log stood before it (a container's start scans its log from there)."""
+
+    strategy: str
+    stopped: tuple[int, ...] = ()
+    log_offset: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ServerGroup:
+    """The group a multi-node server's head holds once every rank joined: `nnodes` nodes and
+    `tp_size` tensor-parallel ranks in all (SGLang's `--nnodes`, `--tp-size`)."""
+
+    nnodes: int
+    tp_size: int
+
+    def check(self) -> GroupCheck:
+        return {"nnodes": self.nnodes, "tp_size": self.tp_size}
 
 
 READY_SLICE_SECONDS = 30.0
@@ -172,6 +199,8 @@ class SmokeResult(JsonRecord):
 
 
 RESTART = Operation("restart", RestartRequest, RestartReply, RestartResult, op_restart)
+STOP = Operation("stop", StopRequest, StopReply, StopResult, op_stop)
+START = Operation("start", RestartRequest, RestartReply, RestartResult, op_start)
 WAIT_READY = Operation("wait_ready", WaitReadyRequest, ReadyReply, ReadyAnswer, op_wait_ready)
 WAIT_DRAINED = Operation("wait_drained", WaitDrainedRequest, DrainedReply, Drained, op_wait_drained)
 SMOKE = Operation(
@@ -267,11 +296,58 @@ class EngineControl:
             return self._restart_container(self.host.engine.restart, noted, timeout, step)
         return noted
 
-    def _restart_container(
-        self, restart: ContainerRestart, noted: RestartResult, timeout: float, step: str
-    ) -> RestartResult:
-        """The runtime's restart of the engine's container, after the agent noted the log's
-        size inside it (`noted`): the same container, its writable layer kept."""
+    def stop(self, *, step: str = "stop") -> StopResult:
+        """Only stop the engine, and wait until it is gone (command: its whole process tree,
+        KILLed after `stop_timeout`; a service: until systemd or supervisor says it stopped; a
+        container: the runtime's stop). An engine that does not run stops nothing. The first
+        half of a restart, for a server of several nodes: every node is stopped before any is
+        started (`start`), never one node restarted alone.
+
+        Raises:
+            EngineError: the strategy failed (a process survived SIGKILL, the unit is still
+                active...).
+            TransportError: the host could not be reached in time.
+        """
+        timeout = float(self.playbook.timeouts.restart)
+        restart = restart_args(self.host, timeout=timeout)
+        request = StopRequest(
+            restart=restart["restart"], log_file=restart["log_file"], timeout=timeout
+        )
+        stopped = self._run(STOP, request, timeout=timeout, step=step)
+        if isinstance(self.host.engine.restart, ContainerRestart):
+            seconds = self.host.engine.restart.stop_timeout
+            with self._container_errors(step) as transport:
+                after = transport.stop(seconds, timeout=timeout + EXEC_MARGIN)
+            detail = f"{transport.describe()} stopped (id {after.id[:12]}, {after.status})"
+            return replace(stopped, detail=detail)
+        return stopped
+
+    def start(self, *, step: str = "start", stopped: StopResult | None = None) -> RestartResult:
+        """Only start the engine (the second half of a restart: after `stop`); refused while it
+        still runs. A container is started by its runtime (nothing runs in a stopped one to
+        note its log first): its log is scanned from where `stopped` (its stop) left it.
+
+        Raises:
+            EngineError: the strategy failed or the engine still runs (`engine-running`).
+            TransportError: the host could not be reached in time.
+        """
+        timeout = float(self.playbook.timeouts.restart)
+        if isinstance(self.host.engine.restart, ContainerRestart):
+            with self._container_errors(step) as transport:
+                after = transport.start(timeout=timeout + EXEC_MARGIN)
+            return RestartResult(
+                strategy="container",
+                pid=None,
+                log_offset=stopped.log_offset if stopped is not None else None,
+                detail=f"{transport.describe()} started (id {after.id[:12]}, {after.status})",
+            )
+        return self._run(
+            START, restart_args(self.host, timeout=timeout), timeout=timeout, step=step
+        )
+
+    @contextlib.contextmanager
+    def _container_errors(self, step: str) -> Iterator[ContainerTransport]:
+        """The host's container transport, and the runtime's refusals as the engine's errors."""
         transport = self.ops.transport
         if not isinstance(transport, ContainerTransport):
             raise EngineError(
@@ -281,9 +357,17 @@ class EngineControl:
                 hint='set container = { runtime = "podman", name = "..." } in the inventory',
             )
         try:
-            after = transport.restart(restart.stop_timeout, timeout=timeout + EXEC_MARGIN)
+            yield transport
         except ContainerError as exc:
             raise EngineError(exc.detail, host=self.host.name, step=step, hint=exc.hint) from exc
+
+    def _restart_container(
+        self, restart: ContainerRestart, noted: RestartResult, timeout: float, step: str
+    ) -> RestartResult:
+        """The runtime's restart of the engine's container, after the agent noted the log's
+        size inside it (`noted`): the same container, its writable layer kept."""
+        with self._container_errors(step) as transport:
+            after = transport.restart(restart.stop_timeout, timeout=timeout + EXEC_MARGIN)
         return RestartResult(
             strategy="container",
             pid=None,
@@ -298,10 +382,14 @@ class EngineControl:
         step: str = "ready",
         timeout: float | None = None,
         on_waiting: Callable[[StillWaiting], None] | None = None,
+        group: ServerGroup | None = None,
     ) -> Readiness:
         """Poll the server's /health on the host until it answers 200, within `timeout` seconds
         (default: the playbook's `ready`). Without `restart`, the process the engine's pid file
-        names (command strategy) is watched, and none running fails at once.
+        names (command strategy) is watched, and none running fails at once. With `group` (a
+        multi-node server's head), ready also needs the head's `/server_info` to say it is
+        node rank 0 of that group, which it answers only once every rank joined; a server of
+        another shape or without `/server_info` (a non-head node) fails (`group-mismatch`).
 
         The wait is a series of execs of at most `READY_SLICE_SECONDS` each (the last one ends
         at the deadline and fails there); after each one that ran out, `on_waiting` is told
@@ -325,6 +413,7 @@ class EngineControl:
             log_offset=restart.log_offset if restart else None,
             total=timeout,
             slice=False,
+            group=group.check() if group is not None else None,
         )
         started = time.monotonic()
         gives_up_at = time.time() + timeout

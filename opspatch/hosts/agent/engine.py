@@ -27,6 +27,7 @@ from opspatch.hosts.agent.protocol import OpFailure, operation
 if TYPE_CHECKING:
     from opspatch.hosts.agent.protocol import (
         DrainedReply,
+        GroupCheck,
         ReadyReply,
         Result,
         SmokeReply,
@@ -129,6 +130,12 @@ def op_wait_ready(args: WaitReadyRequest) -> ReadyReply:
     is gone and /health does not answer, it fails after the first poll (`engine-not-running`):
     nothing is starting there, and waiting would only wait out the deadline.
 
+    With `group` (a multi-node server's head: `nnodes`, `tp_size`), a /health that answers 200
+    is not enough: the head's `/server_info` must say it is node rank 0 of that group
+    (`_group_unproven`). Its HTTP port opens only once every rank of every node joined, so a
+    head that answers so holds the whole group; a non-head node (whose dummy health server has
+    no `/server_info`) or a server of another shape fails at once (`group-mismatch`).
+
     With `slice` true this exec is one part of a longer wait (the controller says between the
     parts what it awaits, `hosts.engine.EngineControl.wait_ready`): at its deadline it answers
     `{"waiting": {"seconds", "polls", "last"}}` instead of failing. `total` is the whole wait's
@@ -148,6 +155,7 @@ def op_wait_ready(args: WaitReadyRequest) -> ReadyReply:
             gone = named
     log_file = args.get("log_file")
     offset = args.get("log_offset")
+    group = args.get("group")
     started = time.monotonic()
     deadline = started + timeout
     polls = 0
@@ -169,8 +177,11 @@ def op_wait_ready(args: WaitReadyRequest) -> ReadyReply:
             try:
                 status, _ = _http("GET", url + "/health", None, timeout=wait)
                 if status == 200:
-                    return {"seconds": round(time.monotonic() - started, 3), "polls": polls}
-                last = f"/health answered {status}"
+                    last = _group_unproven(url, group, wait) if group else ""
+                    if not last:
+                        return {"seconds": round(time.monotonic() - started, 3), "polls": polls}
+                else:
+                    last = f"/health answered {status}"
             except NoAnswer as exc:
                 last = f"/health: {exc}"
             next_poll = time.monotonic() + QUIET_POLL_SECONDS
@@ -209,6 +220,40 @@ def op_wait_ready(args: WaitReadyRequest) -> ReadyReply:
                 evidence,
             )
         time.sleep(READY_POLL_SECONDS)
+
+
+def _group_unproven(url: str, group: GroupCheck, wait: float) -> str:
+    """Why the server at `url` is not yet known to be the head of `group` (its `/server_info`:
+    SGLang's server arguments, `nnodes`, `tp_size`, `node_rank`), or "" when it is. A server of
+    another shape, or one without `/server_info` (a non-head node's dummy health server), is
+    refused (`group-mismatch`); no answer yet is only said."""
+    try:
+        status, raw = _http("GET", url + "/server_info", None, timeout=wait)
+    except NoAnswer as exc:
+        return f"/server_info: {exc}"
+    expected = {"nnodes": int(group["nnodes"]), "tp_size": int(group["tp_size"]), "node_rank": 0}
+    head = f"the head of {expected['nnodes']} node(s) with tp_size {expected['tp_size']}"
+    if status == 404:
+        raise OpFailure(
+            "group-mismatch",
+            f"{url} answers /health but has no /server_info (404): not {head} (a non-head "
+            "node serves only a dummy /health)",
+        )
+    if status != 200:
+        return f"/server_info answered {status}"
+    try:
+        info = json.loads(raw)
+        found = {key: info.get(key) for key in expected}
+    except (ValueError, AttributeError):
+        return f"/server_info answered no JSON object: {raw[:100]!r}"
+    if found != expected:
+        said = ", ".join(f"{key}={value}" for key, value in found.items())
+        raise OpFailure(
+            "group-mismatch",
+            f"{url} serves {said} (its /server_info), not {head}",
+            {"expected": expected, "found": found},
+        )
+    return ""
 
 
 def summed_loads(raw: bytes) -> tuple[int, int] | None:

@@ -224,6 +224,30 @@ class RestartReply(TypedDict, total=False):
     detail: str
 
 
+# `start` takes a `RestartRequest` and answers a `RestartReply` (the second half of a restart).
+
+
+class StopRequest(TypedDict):
+    restart: dict[str, Any]  # the inventory's strategy: `kind` and its settings
+    log_file: str | None
+    timeout: float
+
+
+class StopReply(TypedDict, total=False):
+    strategy: str
+    stopped: list[int]  # the processes stopped (command: the whole tree; a service: its main pid)
+    log_offset: int | None  # where the engine's log stood before the stop
+    detail: str
+
+
+class GroupCheck(TypedDict):
+    """The group a multi-node server's head must hold (its `/server_info`): `nnodes` nodes,
+    `tp_size` tensor-parallel ranks in all."""
+
+    nnodes: int
+    tp_size: int
+
+
 class WaitReadyRequest(TypedDict):
     url: str | None
     timeout: float
@@ -233,6 +257,7 @@ class WaitReadyRequest(TypedDict):
     log_offset: int | None
     total: float  # the whole wait's deadline, said in the failure
     slice: bool  # one part of a longer wait: answer `waiting` at the deadline, not fail
+    group: GroupCheck | None  # a multi-node server's head: ready only holding this group
 
 
 class ReadyWaitingReply(TypedDict):

@@ -1,4 +1,6 @@
-"""Restarting the engine: systemd, supervisor, or a start command (with its pid file and log).
+"""Restarting the engine: systemd, supervisor, or a start command (with its pid file and log);
+and its two halves alone, `stop` (until every process is gone) and `start`, for a server of
+several nodes, stopped on every node before any is started again.
 
 The old server is found and stopped through `processes` (a pid file's process is trusted only if
 it started before the file was written); a start command that dies at once is reported with the
@@ -24,7 +26,13 @@ from opspatch.hosts.agent.protocol import OpFailure, operation
 if TYPE_CHECKING:
     import subprocess
 
-    from opspatch.hosts.agent.protocol import RestartReply, RestartRequest, Result
+    from opspatch.hosts.agent.protocol import (
+        RestartReply,
+        RestartRequest,
+        Result,
+        StopReply,
+        StopRequest,
+    )
 
 
 def _run_tool(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -42,14 +50,26 @@ def _run_tool(argv: list[str], timeout: float) -> subprocess.CompletedProcess[st
         ) from None
 
 
-def _restart_command(
-    settings: dict[str, Any], env: dict[str, str], log_file: str | None, timeout: float
-) -> Result:
-    pid_file = settings["pid_file"]
-    stopped: list[int] = []
+def _running(pid_file: str) -> int | None:
+    """The engine the pid file names, when it runs and is the one the file was written for."""
     old = read_pid_file(pid_file)
     if old is not None and alive(old) and started_before(old, pid_file):
-        stopped = stop_process_tree(old, float(settings.get("stop_timeout") or 30.0))
+        return old
+    return None
+
+
+def _stop_command(settings: dict[str, Any]) -> list[int]:
+    """Stop the process tree of the pid file's engine (TERM, wait `stop_timeout`, KILL what is
+    left, wait until it is gone); the pids stopped (none when nothing runs)."""
+    old = _running(settings["pid_file"])
+    if old is None:
+        return []
+    return stop_process_tree(old, float(settings.get("stop_timeout") or 30.0))
+
+
+def _start_command(settings: dict[str, Any], env: dict[str, str], log_file: str | None) -> Result:
+    """Start the command detached, its output appended to the log; write the pid file."""
+    pid_file = settings["pid_file"]
     log_path = log_file or os.devnull
     if log_file:
         os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
@@ -82,45 +102,148 @@ def _restart_command(
             f"the start command exited at once with status {process.returncode}{said}",
             evidence,
         )
-    return {"strategy": "command", "pid": process.pid, "log_offset": offset, "stopped": stopped}
+    return {"strategy": "command", "pid": process.pid, "log_offset": offset}
+
+
+def _supervisorctl(settings: dict[str, Any]) -> list[str]:
+    return ["supervisorctl"] + (["-c", settings["config"]] if settings.get("config") else [])
+
+
+def _service_pid(settings: dict[str, Any]) -> int | None:
+    """The main pid of a systemd unit or a supervisor program, None when it runs none."""
+    if settings.get("kind") == "systemd":
+        argv = ["systemctl", "show", "-p", "MainPID", "--value", settings["unit"]]
+    else:
+        argv = _supervisorctl(settings) + ["pid", settings["program"]]
+    found = _run_tool(argv, 30).stdout.strip()
+    return int(found) if found.isdigit() and found != "0" else None
+
+
+def _systemd(verb: str, unit: str, timeout: float, offset: int | None) -> Result:
+    """`systemctl restart|start UNIT`, then the unit must be active; its main pid."""
+    done = _run_tool(["systemctl", verb, unit], timeout)
+    if done.returncode != 0:
+        raise OpFailure(f"{verb}-failed", f"systemctl {verb} {unit}: {done.stderr.strip()}")
+    state = _run_tool(["systemctl", "is-active", unit], 30).stdout.strip()
+    if state not in ("active", "activating", "reloading"):
+        raise OpFailure(f"{verb}-failed", f"{unit} is {state or 'unknown'} after {verb}")
+    pid = _service_pid({"kind": "systemd", "unit": unit})
+    return {"strategy": "systemd", "pid": pid, "log_offset": offset, "detail": state}
+
+
+def _supervisor(verb: str, settings: dict[str, Any], timeout: float, offset: int | None) -> Result:
+    """`supervisorctl restart|start PROGRAM`, which must say `started`; its pid."""
+    program = settings["program"]
+    done = _run_tool(_supervisorctl(settings) + [verb, program], timeout)
+    output = (done.stdout + done.stderr).strip()
+    if verb == "start" and "already started" in output:
+        raise OpFailure("engine-running", f"supervisorctl start {program}: {output}")
+    if done.returncode != 0 or "started" not in output:
+        raise OpFailure(f"{verb}-failed", f"supervisorctl {verb} {program}: {output}")
+    pid = _service_pid(settings)
+    return {"strategy": "supervisor", "pid": pid, "log_offset": offset, "detail": output}
+
+
+def _request(args: RestartRequest | StopRequest) -> tuple[dict[str, Any], str | None, float]:
+    """The strategy's settings, the log file and the timeout of a restart, stop or start."""
+    settings = dict(args.get("restart") or {})
+    return settings, args.get("log_file"), float(args.get("timeout") or 180.0)
+
+
+def _env(args: RestartRequest) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (args.get("env") or {}).items()}
 
 
 @operation("restart")
 def op_restart(args: RestartRequest) -> RestartReply:
     """Restart the engine with the inventory's strategy; return its pid and the log offset."""
-    settings = dict(args.get("restart") or {})
-    log_file = args.get("log_file")
-    timeout = float(args.get("timeout") or 180.0)
-    env = {str(k): str(v) for k, v in (args.get("env") or {}).items()}
+    settings, log_file, timeout = _request(args)
     kind = settings.get("kind")
     if kind == "command":
-        return cast("RestartReply", _restart_command(settings, env, log_file, timeout))
+        stopped = _stop_command(settings)
+        started = _start_command(settings, _env(args), log_file)
+        return cast("RestartReply", {**started, "stopped": stopped})
     offset = file_size(log_file)
     if kind == "container":
         # the runtime restarts a container from outside it (the controller runs it next):
         # inside, the agent only says where the log stands, for the smoke's scan since then
         return {"strategy": "container", "pid": None, "log_offset": offset}
     if kind == "systemd":
-        unit = settings["unit"]
-        done = _run_tool(["systemctl", "restart", unit], timeout)
-        if done.returncode != 0:
-            raise OpFailure("restart-failed", f"systemctl restart {unit}: {done.stderr.strip()}")
-        state = _run_tool(["systemctl", "is-active", unit], 30).stdout.strip()
-        if state not in ("active", "activating", "reloading"):
-            raise OpFailure("restart-failed", f"{unit} is {state or 'unknown'} after restart")
-        main_pid = _run_tool(
-            ["systemctl", "show", "-p", "MainPID", "--value", unit], 30
-        ).stdout.strip()
-        pid = int(main_pid) if main_pid.isdigit() and main_pid != "0" else None
-        return {"strategy": "systemd", "pid": pid, "log_offset": offset, "detail": state}
+        return cast("RestartReply", _systemd("restart", settings["unit"], timeout, offset))
     if kind == "supervisor":
-        program = settings["program"]
-        ctl = ["supervisorctl"] + (["-c", settings["config"]] if settings.get("config") else [])
-        done = _run_tool(ctl + ["restart", program], timeout)
-        output = (done.stdout + done.stderr).strip()
-        if done.returncode != 0 or "started" not in output:
-            raise OpFailure("restart-failed", f"supervisorctl restart {program}: {output}")
-        found = _run_tool(ctl + ["pid", program], 30).stdout.strip()
-        pid = int(found) if found.isdigit() and found != "0" else None
-        return {"strategy": "supervisor", "pid": pid, "log_offset": offset, "detail": output}
+        return cast("RestartReply", _supervisor("restart", settings, timeout, offset))
+    raise OpFailure("bad-restart", f"unknown restart strategy {kind!r}")
+
+
+@operation("stop")
+def op_stop(args: StopRequest) -> StopReply:
+    """Only stop the engine, and wait until it is gone: the first half of a restart, for a
+    server of several nodes, which is stopped on every node before any is started again.
+    Stopping an engine that does not run stops nothing (`stopped` empty)."""
+    settings, log_file, timeout = _request(args)
+    kind = settings.get("kind")
+    offset = file_size(log_file)
+    if kind == "command":
+        stopped = _stop_command(settings)
+        left = [pid for pid in stopped if alive(pid)]
+        if left:
+            raise OpFailure(
+                "stop-failed",
+                f"the engine's processes {left} still run after SIGKILL",
+                {"stopped": stopped, "left": left},
+            )
+        return {"strategy": "command", "stopped": stopped, "log_offset": offset}
+    if kind == "container":
+        # the runtime stops a container from outside it (the controller runs it next)
+        return {"strategy": "container", "stopped": [], "log_offset": offset}
+    if kind not in ("systemd", "supervisor"):
+        raise OpFailure("bad-restart", f"unknown restart strategy {kind!r}")
+    main_pid = _service_pid(settings)
+    if kind == "systemd":
+        unit = settings["unit"]
+        done = _run_tool(["systemctl", "stop", unit], timeout)
+        output = done.stderr.strip()
+        state = _run_tool(["systemctl", "is-active", unit], 30).stdout.strip()
+        failed = done.returncode != 0 or state not in ("inactive", "failed")
+        what = f"systemctl stop {unit}: {output or state}"
+    else:
+        done = _run_tool(_supervisorctl(settings) + ["stop", settings["program"]], timeout)
+        state = (done.stdout + done.stderr).strip()
+        failed = "stopped" not in state and "not running" not in state
+        what = f"supervisorctl stop {settings['program']}: {state}"
+    if failed:
+        raise OpFailure("stop-failed", what)
+    stopped = [main_pid] if main_pid is not None else []
+    return {"strategy": kind, "stopped": stopped, "log_offset": offset, "detail": state}
+
+
+@operation("start")
+def op_start(args: RestartRequest) -> RestartReply:
+    """Only start the engine (the second half of a restart); refused while it still runs
+    (`engine-running`: two engines would fight for its port and GPUs)."""
+    settings, log_file, timeout = _request(args)
+    kind = settings.get("kind")
+    offset = file_size(log_file)
+    if kind == "command":
+        running = _running(settings["pid_file"])
+        if running is not None:
+            raise OpFailure(
+                "engine-running",
+                f"the engine still runs (pid {running}, its pid file {settings['pid_file']}): "
+                "stop it first",
+            )
+        return cast("RestartReply", _start_command(settings, _env(args), log_file))
+    if kind == "container":
+        raise OpFailure(
+            "bad-restart",
+            "a stopped container is started by its runtime, from outside it: nothing runs in it",
+        )
+    if kind == "systemd":
+        unit = settings["unit"]
+        state = _run_tool(["systemctl", "is-active", unit], 30).stdout.strip()
+        if state in ("active", "activating", "reloading"):
+            raise OpFailure("engine-running", f"{unit} is {state}: stop it first")
+        return cast("RestartReply", _systemd("start", unit, timeout, offset))
+    if kind == "supervisor":
+        return cast("RestartReply", _supervisor("start", settings, timeout, offset))
     raise OpFailure("bad-restart", f"unknown restart strategy {kind!r}")

@@ -64,6 +64,17 @@ def restart_command(container: ContainerSettings, target: str, stop_timeout: flo
     return Command((container.runtime, "restart", "--time", seconds, target))
 
 
+def stop_command(container: ContainerSettings, target: str, stop_timeout: float) -> Command:
+    """`<runtime> stop --time N <id>`: TERM, then KILL after N seconds; the container kept."""
+    seconds = str(max(0, round(stop_timeout)))
+    return Command((container.runtime, "stop", "--time", seconds, target))
+
+
+def start_command(container: ContainerSettings, target: str) -> Command:
+    """`<runtime> start <id>`: the same container started again, its writable layer kept."""
+    return Command((container.runtime, "start", target))
+
+
 def parse_inspect(container: ContainerSettings, stdout: bytes) -> ContainerIdentity:
     """The identity `container inspect` printed (pure).
 
@@ -231,14 +242,43 @@ class ContainerTransport(ClosesOnExit):
             ContainerError: the runtime refused, or the container is no longer the pinned one.
         """
         pinned = self.pin()
-        result = self.inner.run(
-            restart_command(self.settings, pinned.id, stop_timeout), timeout=timeout
-        )
+        command = restart_command(self.settings, pinned.id, stop_timeout)
+        return self._lifecycle(command, pinned, "restart", timeout)
+
+    def stop(self, stop_timeout: float, *, timeout: float) -> ContainerIdentity:
+        """Stop the pinned container with the runtime (kept, to be started again); the
+        container inspected afterwards.
+
+        Raises:
+            ContainerError: the runtime refused, or the container is no longer the pinned one.
+        """
+        pinned = self.pin()
+        command = stop_command(self.settings, pinned.id, stop_timeout)
+        return self._lifecycle(command, pinned, "stop", timeout)
+
+    def start(self, *, timeout: float) -> ContainerIdentity:
+        """Start the container again: the pinned one (stopped by `stop`), or, when none was
+        pinned yet, the one the name stands for now; the container inspected afterwards.
+
+        Raises:
+            ContainerError: the runtime refused, or the container is no longer the pinned one.
+        """
+        target = self.identity or self.inspect(timeout=INSPECT_TIMEOUT)
+        found = self._lifecycle(start_command(self.settings, target.id), target, "start", timeout)
+        if self.identity is None and found.running:
+            self.identity = found
+        return found
+
+    def _lifecycle(
+        self, command: Command, pinned: ContainerIdentity, verb: str, timeout: float
+    ) -> ContainerIdentity:
+        """The runtime's `verb` of the container run on the host; the container inspected."""
+        result = self.inner.run(command, timeout=timeout)
         if not result.ok:
             words = runtime_words(result)
             if _has(words, _MISSING_WORDS):
                 raise self._gone(pinned, words)
-            raise self._error(f"did not restart: {words}", reason="runtime-failed")
+            raise self._error(f"did not {verb}: {words}", reason="runtime-failed")
         return self.inspect(timeout=INSPECT_TIMEOUT)
 
     def close(self) -> None:

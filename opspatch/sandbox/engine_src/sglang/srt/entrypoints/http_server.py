@@ -139,8 +139,12 @@ class HttpApp:
         }
 
     def server_info(self, body: Any) -> Response:
+        # SGLang 0.5.23 `build_server_info`: the server arguments (`tp_size`, `nnodes`,
+        # `node_rank`, `dist_init_addr`: on the head, answered only once every rank joined) and
+        # `launch_command`, the command line as given.
         return 200, {
             **dataclasses.asdict(self.server_args),
+            "launch_command": " ".join(sys.argv[1:]),
             "version": __version__,
             "status": self.tokenizer_manager.server_status.value,
             "internal_states": [self.tokenizer_manager.get_internal_state()],
