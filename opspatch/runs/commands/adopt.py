@@ -33,7 +33,7 @@ from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.host import Host
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Outcome, StepStatus
+from opspatch.core.vocabulary import Command, Outcome, Step, StepStatus
 from opspatch.errors import HostError, InputError, LedgerError, TargetError
 from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, ModuleDiagnosis
 from opspatch.ledger.store import Ledger
@@ -391,7 +391,7 @@ def _record(
     started after the edit. Neither is a proof (`runs.judgments.proof`: only a smoke decode proves)."""
     recorded_hosts = [h for h in hosts if h.name in edited]
     outcomes: list[HostOutcome] = []
-    with recorded_run(ledger, command="adopt", patch=loaded, hosts=recorded_hosts) as run:
+    with recorded_run(ledger, command=Command.ADOPT, patch=loaded, hosts=recorded_hosts) as run:
         for host in recorded_hosts:
             m, pristine = edited[host.name]
             f = m.file
@@ -400,7 +400,7 @@ def _record(
                 f"{f.realpath} is {f.sha256[:12]}; pristine {pristine.sha256[:12]} from "
                 f"{pristine.source}"
             )
-            run.step(host.name, "read", StepStatus.OK, 0.0, detail)
+            run.step(host.name, Step.READ, StepStatus.OK, 0.0, detail)
             run.file_version(
                 host.name,
                 path=f.realpath,
@@ -412,7 +412,7 @@ def _record(
                 post_image=f.content,
             )
             said = f"recorded as patch {loaded.spec.id}"
-            run.step(host.name, "adopt", StepStatus.OK, 0.0, said)
+            run.step(host.name, Step.ADOPT, StepStatus.OK, 0.0, said)
             change = FileChange(f.realpath, pristine.sha256, f.sha256)
             # What `status` will say: a server started before the edit still runs the old code,
             # and one that is not running serves nothing (adopt never saw the edit serve).
@@ -439,8 +439,8 @@ def _record(
                 Outcome.STAGED if staged else Outcome.APPLIED,
                 file=change,
                 steps=(
-                    StepResult("read", StepStatus.OK, 0.0, detail),
-                    StepResult("adopt", StepStatus.OK, 0.0, said),
+                    StepResult(Step.READ, StepStatus.OK, 0.0, detail),
+                    StepResult(Step.ADOPT, StepStatus.OK, 0.0, said),
                 ),
                 note=note,
             )
@@ -450,4 +450,6 @@ def _record(
             HostOutcome(name, Outcome.SKIPPED, note=f"{why}: nothing to adopt")
             for name, why in untouched
         ]
-        return run.finish(RunReport(run.run_id, "adopt", loaded.spec.id, hosts=tuple(outcomes)))
+        return run.finish(
+            RunReport(run.run_id, Command.ADOPT, loaded.spec.id, hosts=tuple(outcomes))
+        )

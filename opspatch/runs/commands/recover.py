@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Outcome, RunStatus, SetState
+from opspatch.core.vocabulary import Command, Outcome, RunStatus, SetState, Step
 from opspatch.errors import InputError, LockHeld
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
@@ -214,7 +214,7 @@ def _recover(
 ) -> RunReport:
     with recorded_run(
         ledger,
-        command="recover",
+        command=Command.RECOVER,
         patch=patch,
         hosts=hosts,
         playbook=playbook,
@@ -222,7 +222,7 @@ def _recover(
     ) as run:
         recover = _RecoverHost(ledger, scope, patch)
         report = run_restore(
-            command="recover",
+            command=Command.RECOVER,
             recorder=run,
             hosts=hosts,
             factory=factory,
@@ -254,7 +254,7 @@ def begin_taking_over(
     """
     timeouts = session.playbook.timeouts
     run_id = session.lock.taking()
-    with session.step("begin") as note:
+    with session.step(Step.BEGIN) as note:
         try:
             _, inspection = session.ops.begin(
                 module, path=path, run_id=run_id, timeout=timeouts.lock + timeouts.inspect
@@ -438,10 +438,12 @@ def unlock_hosts(
     whose run holds a live lease (its controller heart-beats, wherever it is) and one whose run
     this ledger does not know (another controller's), unless `force_unknown` (--force).
     """
-    with recorded_run(ledger, command="unlock", patch=None, hosts=hosts, playbook=playbook) as run:
+    with recorded_run(
+        ledger, command=Command.UNLOCK, patch=None, hosts=hosts, playbook=playbook
+    ) as run:
         unlock = _UnlockHost(ledger, force_unknown)
         report = run_restore(
-            command="unlock",
+            command=Command.UNLOCK,
             recorder=run,
             hosts=hosts,
             factory=factory,
@@ -461,7 +463,7 @@ class _UnlockHost:
     def host(self, session: HostSession) -> HostOutcome:
         timeout = session.playbook.timeouts.lock
         run_id = session.lock.taking()
-        with session.step("lock") as note:
+        with session.step(Step.LOCK) as note:
             try:
                 info = session.ops.lock(run_id=run_id, timeout=timeout)
             except LockHeld as held:
@@ -494,7 +496,7 @@ class _UnlockHost:
                 f"not know ({held_by}); it may be alive on another controller. Ask its owner, "
                 "wait for it to expire, or re-run with --force",
             )
-        with session.step("unlock") as note:
+        with session.step(Step.UNLOCK) as note:
             result = session.ops.unlock(run_id=holder, force=not holder, timeout=timeout)
             note["detail"] = (
                 f"removed the lock of run {holder}" if result.released else result.reason

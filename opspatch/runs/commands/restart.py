@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
-from opspatch.core.vocabulary import Outcome, SetState
+from opspatch.core.vocabulary import Command, Outcome, SetState, Step
 from opspatch.errors import OpspatchError
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger
@@ -47,9 +47,11 @@ def restart_hosts(
     """
     progress = progress or NoProgress()
     with (
-        recorded_run(ledger, command="restart", patch=None, hosts=hosts, playbook=playbook) as run,
+        recorded_run(
+            ledger, command=Command.RESTART, patch=None, hosts=hosts, playbook=playbook
+        ) as run,
         FleetRun(
-            command="restart",
+            command=Command.RESTART,
             patch_id=None,
             hosts=hosts,
             factory=factory,
@@ -85,7 +87,7 @@ def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
         return session.outcome(Outcome.SKIPPED, note="the ledger holds no change on this host")
     timeouts = session.playbook.timeouts
     try:
-        with session.step("begin") as note:
+        with session.step(Step.BEGIN) as note:
             _, inspection = session.ops.begin(
                 path=version.path,
                 run_id=session.lock.taking(),

@@ -38,7 +38,7 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Outcome, SetState
+from opspatch.core.vocabulary import Command, FileAction, Outcome, SetState, Step
 from opspatch.errors import OpspatchError, RemoteOperationError
 from opspatch.hosts.engine import RestartResult
 from opspatch.hosts.operations import HostInspection
@@ -107,14 +107,14 @@ def ensure_running(session: HostSession) -> str:
     the host's outcome) says why."""
     restart: RestartResult | None = None
     try:
-        ready_step(session, None, step="ready")
+        ready_step(session, None, step=Step.READY)
         how = "already running"
     except HostFailed:
-        restart = restart_step(session, step="restart")
+        restart = restart_step(session, step=Step.RESTART)
         ready_step(
             session,
             restart,
-            step="ready-after-restart",
+            step=Step.READY_AFTER_RESTART,
             timeout=session.playbook.timeouts.restore_ready,
         )
         how = "restarted"
@@ -166,7 +166,7 @@ def halt_under_playbook(playbook: Playbook, canaries: Collection[str]) -> HaltPo
 
 def run_restore(
     *,
-    command: str,
+    command: Command,
     recorder: Recorder,
     hosts: Sequence[Host],
     factory: TransportFactory,
@@ -266,7 +266,7 @@ def rollback_hosts(
     patch_id = patch.spec.id if patch else (source_run.summary.patch_id if source_run else None)
     with recorded_run(
         ledger,
-        command="rollback",
+        command=Command.ROLLBACK,
         patch=patch,
         hosts=hosts,
         playbook=playbook,
@@ -281,7 +281,7 @@ def rollback_hosts(
             frozenset(only_paths) if only_paths is not None else None,
         )
         report = run_restore(
-            command="rollback",
+            command=Command.ROLLBACK,
             recorder=run,
             hosts=hosts,
             factory=factory,
@@ -413,7 +413,7 @@ class _Rollback:
         """The host's file (and facts): `begin` (lock + inspect in one exec) when about to
         change it, a plain `inspect` in the preflight; the preflight records the facts."""
         timeouts = session.playbook.timeouts
-        with session.step("begin" if lock else "inspect") as note:
+        with session.step(Step.BEGIN if lock else Step.INSPECT) as note:
             if lock:
                 _, inspection = session.ops.begin(
                     module,
@@ -613,7 +613,7 @@ class _Rollback:
                 f"restored, but the server does not come back: {failure.error}",
                 file=change,
             )
-        smoke, not_serving = smoke_after_restore(session, restart, step="smoke")
+        smoke, not_serving = smoke_after_restore(session, restart, step=Step.SMOKE)
         if not_serving is not None:
             return session.outcome(
                 Outcome.RESTORED_NOT_SERVING,
@@ -686,7 +686,7 @@ class _Rollback:
         live = inspection.file
         unchanged = FileChange(live.realpath, live.sha256, live.sha256)
         try:
-            with session.step("restore") as note:
+            with session.step(Step.RESTORE) as note:
                 restored = session.ops.restore(
                     live.realpath,
                     pre_sha256=pre_sha256,
@@ -713,7 +713,7 @@ class _Rollback:
             mode=live.mode,
             owner=f"{live.owner or live.uid}:{live.group or live.gid}",
             pre_image=live.content,
-            action="restore",
+            action=FileAction.RESTORE,
             container=session.container,
         )
         change = FileChange(live.realpath, restored.sha256_before, restored.sha256_after)

@@ -22,6 +22,7 @@ from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.policy import Playbook
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import (
+    Command,
     Detected,
     DriftCause,
     Outcome,
@@ -447,7 +448,7 @@ def sync_fleet(
             factory=factory,
             ledger=ledger,
             progress=progress,
-            command="sync",
+            command=Command.SYNC,
         )
         runs.append(report)
         if report.exit_code != EXIT_OK:
@@ -480,9 +481,9 @@ def _record_left_alone(
     nothing about an earlier change's proof (`runs.judgments.proof`)."""
     hosts = [by_name[r.host] for r, _ in left]
     with recorded_run(
-        ledger, command="sync", patch=entry.patch, hosts=hosts, playbook=playbook
+        ledger, command=Command.SYNC, patch=entry.patch, hosts=hosts, playbook=playbook
     ) as run:
         outcomes = tuple(HostOutcome(r.host, Outcome.SKIPPED, why) for r, why in left)
         for outcome in outcomes:
             run.outcome(outcome)
-        return run.finish(RunReport(run.run_id, "sync", entry.patch.spec.id, hosts=outcomes))
+        return run.finish(RunReport(run.run_id, Command.SYNC, entry.patch.spec.id, hosts=outcomes))

@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Batch, Playbook
-from opspatch.core.vocabulary import Outcome
+from opspatch.core.vocabulary import Command, Outcome
 from opspatch.errors import (
     BecomeError,
     HostKeyError,
@@ -62,7 +62,9 @@ T = TypeVar("T")
 PREFLIGHT_IN_FLIGHT = 16
 """Hosts inspected at once in a preflight (read-only and short: more than a rollout's batch)."""
 
-LEASED_COMMANDS = frozenset({"apply", "sync", "rollback", "restart", "recover"})
+LEASED_COMMANDS = frozenset(
+    {Command.APPLY, Command.SYNC, Command.ROLLBACK, Command.RESTART, Command.RECOVER}
+)
 """The commands that change hosts' files or engines. `unlock` changes a lock only: it refuses
 the lock of a run whose lease is live unless --force (`recover.unlock_hosts`); `bake` changes no
 host."""
@@ -82,7 +84,7 @@ class FleetRun:
     def __init__(
         self,
         *,
-        command: str,
+        command: Command,
         patch_id: str | None,
         hosts: Sequence[Host],
         factory: TransportFactory,
@@ -317,7 +319,7 @@ class FleetRun:
         rotation = Rotation.open(
             self.hosts,
             self.playbook,
-            allow_unregistered=self.command == "recover",
+            allow_unregistered=self.command == Command.RECOVER,
             taken_out=taken_out,
             restarting=restarting,
         )

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from opspatch.core.vocabulary import Outcome
+from opspatch.core.vocabulary import Outcome, Step
 from opspatch.errors import InputError, OpspatchError, RemoteOperationError
 from opspatch.hosts.engine import Readiness, RestartResult, SmokeResult, StillWaiting
 from opspatch.hosts.operations import RestoreResult
@@ -57,7 +57,7 @@ def restore_pre_image(
         RemoteOperationError: the restore failed on the host (`not-our-file`, `write-failed`...).
         LedgerIntegrityError, LedgerError: the ledger's copy is missing or not the pre-image.
     """
-    with session.step("restore") as note:
+    with session.step(Step.RESTORE) as note:
         try:
             try:
                 restored = session.ops.restore(
@@ -108,7 +108,7 @@ def restore_pre_image(
     return restored
 
 
-def restart_step(session: HostSession, *, step: str = "restart") -> RestartResult:
+def restart_step(session: HostSession, *, step: Step = Step.RESTART) -> RestartResult:
     """Restart the engine as a recorded step; a failure ends the pipeline (`HostFailed`).
     Behind a router the host is drained first (once per session), so no restart drops a
     request."""
@@ -126,7 +126,7 @@ def ready_step(
     session: HostSession,
     restart: RestartResult | None,
     *,
-    step: str = "ready",
+    step: Step = Step.READY,
     timeout: float | None = None,
 ) -> Readiness:
     """Wait until the engine is ready, as a recorded step (`HostFailed` when it is not).
@@ -156,7 +156,7 @@ def ready_step(
         session.awaiting = None
 
 
-def waiting_line(host: str, step: str, still: StillWaiting, run_id: str | None) -> str:
+def waiting_line(host: str, step: Step, still: StillWaiting, run_id: str | None) -> str:
     """The line a readiness wait prints every 30 s: what is awaited, the last answer, how long
     so far, when it gives up, and what a Ctrl-C does to it."""
     recover = f" (`opspatch recover --run {run_id}` then finishes it)" if run_id else ""
@@ -185,7 +185,7 @@ def smoke_step(
     restart: RestartResult | None,
     *,
     baseline: Sequence[str | None] | None,
-    step: str = "smoke",
+    step: Step = Step.SMOKE,
     must_pass: bool = True,
     last: bool = False,
 ) -> SmokeResult:
@@ -241,7 +241,7 @@ def readmit(session: HostSession, restart: RestartResult | None) -> None:
 
 
 def smoke_after_restore(
-    session: HostSession, restart: RestartResult, *, step: str = "smoke-after-restore"
+    session: HostSession, restart: RestartResult, *, step: Step = Step.SMOKE_AFTER_RESTORE
 ) -> tuple[SmokeResult | None, str | None]:
     """The smoke decode after a restore, as the host's last step: its result (None when it
     could not run) and, unless it passed, why the server does not serve the restored file.
@@ -265,11 +265,11 @@ def restart_after_restore(session: HostSession) -> RestartResult:
     """Restart after a restore and wait with the restore path's own deadline (playbook
     `timeouts.restore_ready`): an operator who shortens `ready` to catch a start-up hang must
     not turn every slow but healthy restore into needs-attention."""
-    restart = restart_step(session, step="restart-after-restore")
+    restart = restart_step(session, step=Step.RESTART_AFTER_RESTORE)
     ready_step(
         session,
         restart,
-        step="ready-after-restore",
+        step=Step.READY_AFTER_RESTORE,
         timeout=session.playbook.timeouts.restore_ready,
     )
     return restart

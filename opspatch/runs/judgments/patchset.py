@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from opspatch.core.vocabulary import SetState
+from opspatch.core.vocabulary import SetState, Step
 from opspatch.ledger.store import FileVersion
 from opspatch.runs.fleet.session import HostSession
 from opspatch.runs.report import FileChange, SetFile, set_state
@@ -104,7 +104,7 @@ def read_live(
     live = dict(known)
     missing = [p for p in paths if p not in live]
     if missing:
-        with session.step("read-set") as note:
+        with session.step(Step.READ_SET) as note:
             for path in missing:
                 live[path] = session.ops.read(
                     path, timeout=session.playbook.timeouts.inspect
