@@ -92,7 +92,7 @@ class FileVersion(JsonRecord):
     """Where the file was written, for an engine in a container (None: on the host)."""
 
 
-def _file_change(value: Any) -> FileChange | None:
+def file_change(value: Any) -> FileChange | None:
     """A host outcome's `file` read back (None: the outcome named no file)."""
     return None if value is None else FileChange.from_json(value)
 
@@ -140,7 +140,7 @@ class HostRecord(JsonRecord):
     host: str
     outcome: Outcome | None
     error: str | None
-    file: FileChange | None = field(metadata=json_options(encode=_as_stored, decode=_file_change))
+    file: FileChange | None = field(metadata=json_options(encode=_as_stored, decode=file_change))
     last_step: StepRecord | None = field(init=False, compare=False, repr=False)
     steps: tuple[StepRecord, ...]
     facts: dict[str, Any] | None

@@ -79,6 +79,7 @@ from opspatch.ledger.records import (
     RunSummary,
     StepRecord,
     VerifyReport,
+    file_change,
     new_run_id,
     require_sha256,
     require_word,
@@ -636,7 +637,7 @@ class Ledger:
 
     def outcomes_since(
         self, hosts: Sequence[str], event_id: int
-    ) -> list[tuple[str, str, dict[str, Any] | None]]:
+    ) -> list[tuple[str, Outcome, FileChange | None]]:
         """`(run_id, outcome, file)` of every host outcome recorded on any of `hosts` (the names
         one machine was recorded under) after the event `event_id` (a file version), oldest
         first: whether any run concluded anything about that change since (`status` tells a
@@ -653,7 +654,10 @@ class Ledger:
                 f"kind = '{EventKind.HOST_OUTCOME}' AND host IN ({marks}) AND id > ? ORDER BY id",
                 (*names, event_id),
             )
-        return [(row.run_id, str(row.data["outcome"]), row.data.get("file")) for row in rows]
+        return [
+            (row.run_id, Outcome(row.data["outcome"]), file_change(row.data.get("file")))
+            for row in rows
+        ]
 
     def last_applied(self, host: str, path: str, patch_id: str) -> FileVersion | None:
         """The newest `patch` change that `patch_id` made to `path` on `host` and that the same

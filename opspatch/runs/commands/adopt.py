@@ -33,7 +33,7 @@ from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.host import Host
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Command, Outcome, Step, StepStatus
+from opspatch.core.vocabulary import Command, FileAction, Outcome, Step, StepStatus
 from opspatch.errors import HostError, InputError, LedgerError, TargetError
 from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, ModuleDiagnosis
 from opspatch.ledger.store import Ledger
@@ -295,7 +295,7 @@ def adopt_edit(
             (
                 v
                 for v in ledger.file_history(host.name, m.file.realpath)
-                if v.action == "patch" and v.sha256_after == m.file.sha256
+                if v.action == FileAction.PATCH and v.sha256_after == m.file.sha256
             ),
             None,
         )

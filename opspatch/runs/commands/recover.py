@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Command, Outcome, RunStatus, SetState, Step
+from opspatch.core.vocabulary import Command, FileAction, Outcome, RunStatus, SetState, Step
 from opspatch.errors import InputError, LockHeld
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
@@ -131,7 +131,7 @@ def recover_run(
             if record.outcome == Outcome.FAILED:  # nothing changed there (the swap was refused)
                 continue
             versions.setdefault(record.host, []).extend(
-                v for v in record.file_versions if v.action == "patch"
+                v for v in record.file_versions if v.action == FileAction.PATCH
             )
     runs = ", ".join(d.run_id for d in chain)
     # A host lock is taken over at once only from a run known to be over; that of a run whose
@@ -192,7 +192,9 @@ def recover_hosts(
 ) -> RunReport:
     """Recover the named hosts from every file version this ledger holds for them."""
     versions = {
-        host.name: [v for v in reversed(ledger.file_history(host.name)) if v.action == "patch"]
+        host.name: [
+            v for v in reversed(ledger.file_history(host.name)) if v.action == FileAction.PATCH
+        ]
         for host in hosts
     }
     scope = _Scope(versions, None, "any recorded run")

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
-from opspatch.core.vocabulary import Command, Outcome, SetState, Step
+from opspatch.core.vocabulary import Command, FileAction, Outcome, SetState, Step
 from opspatch.errors import OpspatchError
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger
@@ -78,7 +78,7 @@ def restart_hosts(
 
 def _staged_version(ledger: Ledger, host: str) -> FileVersion | None:
     """The newest change opspatch wrote on the host (a staged one is the newest write)."""
-    return next((v for v in ledger.file_history(host) if v.action == "patch"), None)
+    return next((v for v in ledger.file_history(host) if v.action == FileAction.PATCH), None)
 
 
 def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
@@ -135,7 +135,9 @@ def _staged_set(ledger: Ledger, host: str, newest: FileVersion) -> list[FileVers
     """The changes the newest write's run made on the host, the newest of each path, in the
     order they were written: several for a patch set, which is restarted into together."""
     mine = [
-        v for v in ledger.file_history(host) if v.action == "patch" and v.run_id == newest.run_id
+        v
+        for v in ledger.file_history(host)
+        if v.action == FileAction.PATCH and v.run_id == newest.run_id
     ]
     by_path = {v.path: v for v in sorted(mine, key=lambda v: v.event_id)}
     return list(by_path.values())

@@ -347,7 +347,7 @@ class _Rollback:
             found = [
                 v
                 for v in reversed(record.file_versions)
-                if v.action == "patch" and self._considered(v.path)
+                if v.action == FileAction.PATCH and self._considered(v.path)
             ]
             return [v for v in found if v.path == found[0].path]
         assert self.patch is not None
@@ -375,12 +375,12 @@ class _Rollback:
                 return {}
             if record.outcome == Outcome.FAILED:
                 return {}
-            found = [v for v in reversed(record.file_versions) if v.action == "patch"]
+            found = [v for v in reversed(record.file_versions) if v.action == FileAction.PATCH]
         elif self.patch is not None and self.patch.is_set:
             found = [
                 v
                 for v in self.ledger.file_history(host)
-                if v.patch_id == self.patch.spec.id and v.action == "patch"
+                if v.patch_id == self.patch.spec.id and v.action == FileAction.PATCH
             ]
         else:
             return {}

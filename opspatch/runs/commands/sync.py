@@ -25,6 +25,7 @@ from opspatch.core.vocabulary import (
     Command,
     Detected,
     DriftCause,
+    FileAction,
     Outcome,
     PatchState,
     Rotation,
@@ -226,7 +227,7 @@ def drift_cause(
         return None
     if status.recreated:
         return DriftCause.RECREATED_CONTAINER
-    if written is None or written.action != "patch":
+    if written is None or written.action != FileAction.PATCH:
         return DriftCause.PATCH_MISSING  # never written here, or rolled back since
     if written.release is not None and status.release not in (None, written.release):
         return DriftCause.UPGRADED
@@ -326,9 +327,9 @@ def _written_before(ledger: Ledger | None, status: PatchStatus) -> WrittenBefore
     history = [
         v
         for v in ledger.file_history(status.host, status.path)
-        if v.patch_id == status.patch or v.action == "restore"
+        if v.patch_id == status.patch or v.action == FileAction.RESTORE
     ]
-    last_patch = next((v for v in history if v.action == "patch"), None)
+    last_patch = next((v for v in history if v.action == FileAction.PATCH), None)
     if last_patch is None:
         return None
     newest = history[0]
