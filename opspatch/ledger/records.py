@@ -134,7 +134,9 @@ class HostRecord(JsonRecord):
 
     `outcome`, `error` and `file` come from the host's latest `host-outcome` event (None when the
     run never recorded one, for example because it was killed first). `file` is printed as the
-    ledger stores it (its keys sorted), as it always was.
+    ledger stores it (its keys sorted), as it always was. `facts` stay the object recorded: a
+    run records a `HostFacts` (`opspatch.core.hostfacts`), but ledgers also hold facts in
+    earlier shapes, which `ledger show` prints as they are (`Ledger.record_facts`).
     """
 
     host: str

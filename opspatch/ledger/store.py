@@ -28,6 +28,8 @@ from typing import Any, TypeVar
 
 from opspatch import __version__
 from opspatch.core.filechange import FileChange
+from opspatch.core.hostfacts import HostFacts
+from opspatch.core.jsonrecord import check_present
 from opspatch.core.ledgerlocation import LedgerLocation
 from opspatch.core.source import sha256_hex
 from opspatch.core.vocabulary import (
@@ -331,14 +333,24 @@ class Ledger:
 
         self._write(write)
 
-    def record_facts(self, run_id: str, host: str, facts: Mapping[str, Any]) -> None:
+    def record_facts(self, run_id: str, host: str, facts: HostFacts | Mapping[str, Any]) -> None:
         """Record what was found on `host` (python, sglang, torch versions, GPUs, ...).
 
+        A run records its `HostFacts`. A plain object (facts in an earlier opspatch's shape,
+        which ledgers hold and `ledger show` prints as they are) is checked key by key: a key
+        `HostFacts` names must hold its type (the machine lookup reads `machine_id` and
+        `hostname`); other keys are kept as they are.
+
         Raises:
+            ValueError: a key of `facts` that `HostFacts` names holds another type.
             TypeError, ValueError: `facts` is not JSON-serialisable.
             LedgerError: the run is unknown or finished, or the ledger cannot be written.
         """
-        body = {"facts": dict(facts)}
+        if isinstance(facts, HostFacts):
+            body = {"facts": facts.to_json()}
+        else:
+            check_present(HostFacts, facts, "facts")
+            body = {"facts": dict(facts)}
         canonical_json(body)  # fail before the transaction, with the caller's own error
 
         def write(conn: Database) -> None:

@@ -426,7 +426,7 @@ class _Rollback:
             note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
         if not lock:
             # what the machine is, so later lookups through another inventory find this run
-            session.recorder.facts(session.name, inspection.facts.to_json())
+            session.recorder.facts(session.name, inspection.facts)
         return inspection
 
     def _examine(self, session: HostSession, *, lock: bool) -> Examined:

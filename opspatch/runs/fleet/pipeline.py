@@ -228,7 +228,7 @@ class ApplyPipeline:
                 + f"; python {facts.python_version}, "
                 f"{parts[0].target.distribution} {facts.sglang_version or '?'}"
             )
-        session.recorder.facts(session.name, facts.to_json())
+        session.recorder.facts(session.name, facts)
         files = []
         with session.step(Step.PLAN) as note:
             for index, (part, inspection) in enumerate(zip(parts, inspections, strict=True)):

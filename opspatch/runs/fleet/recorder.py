@@ -12,8 +12,9 @@ forwards, in the same order.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
+from opspatch.core.hostfacts import HostFacts
 from opspatch.core.vocabulary import FileAction, RunStatus, Step, StepStatus
 from opspatch.errors import OpspatchError
 from opspatch.ledger.records import ContainerRecord, LeaseGrant, LeaseHolder, StepRecord
@@ -40,7 +41,7 @@ class Recorder(Protocol):
     ) -> None:
         """A step's `started` or its end, with timing and what it did (cut to `DETAIL_LIMIT`)."""
 
-    def facts(self, host: str, facts: Mapping[str, Any]) -> None:
+    def facts(self, host: str, facts: HostFacts) -> None:
         """What a host runs (its machine id among it: later lookups by machine find the run)."""
 
     def file_version(
@@ -132,7 +133,7 @@ class LedgerRecorder:
     ) -> None:
         self.ledger.record_step(self._run_id, host, step, status, seconds, detail[:DETAIL_LIMIT])
 
-    def facts(self, host: str, facts: Mapping[str, Any]) -> None:
+    def facts(self, host: str, facts: HostFacts) -> None:
         self.ledger.record_facts(self._run_id, host, facts)
 
     def file_version(
@@ -249,7 +250,7 @@ class NullRecorder:
     ) -> None:
         return None
 
-    def facts(self, host: str, facts: Mapping[str, Any]) -> None:
+    def facts(self, host: str, facts: HostFacts) -> None:
         return None
 
     def file_version(
