@@ -1024,7 +1024,7 @@ class Ledger:
             unsealed = EventRow(
                 id=event_id,
                 run_id=run_id,
-                kind=kind.value,  # the plain word: a database driver may adapt an enum its own way
+                kind=EventKind(kind).value,  # a plain word: a driver may adapt an enum otherwise
                 host=host,
                 path=path,
                 recorded_at=_utc_now(),
