@@ -35,7 +35,6 @@ FILE_ACTIONS = frozenset(FileAction)
 """What a file version records: the patched text swapped in, or earlier bytes put back."""
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_TOKEN_RE = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
 _Word = TypeVar("_Word", bound=Enum)
 
 
@@ -319,12 +318,6 @@ def require_sha256(value: str, what: str) -> None:
     """Raises ValueError unless `value` is 64 lower-case hex digits."""
     if not _SHA256_RE.match(value):
         raise ValueError(f"{what} must be 64 lower-case hex digits, got {value!r}")
-
-
-def require_token(value: str, what: str) -> None:
-    """Raises ValueError unless `value` is a lower-case kebab-case word (`swap`, `rolled-back`)."""
-    if not _TOKEN_RE.match(value):
-        raise ValueError(f"{what} must be a lower-case kebab-case word, got {value!r}")
 
 
 def require_word(
