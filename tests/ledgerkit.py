@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from opspatch.core.filechange import FileChange
 from opspatch.core.ledgerlocation import PostgresLedger
 from opspatch.ledger import Ledger
 from tests.pgkit import PostgresTamper, as_owner
@@ -69,7 +70,7 @@ def full_run(ledger: Ledger) -> str:
         run_id,
         "gpu-01",
         "applied",
-        file={"path": "/srv/eagle_worker_v2.py", "sha256_before": sha(ORIGINAL)},
+        file=FileChange("/srv/eagle_worker_v2.py", sha(ORIGINAL), sha(PATCHED)),
     )
     ledger.record_step(run_id, "gpu-02", "smoke", "failed", 2.5, "Traceback in the log")
     ledger.record_file_version(

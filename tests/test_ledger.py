@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from opspatch.config.paths import default_ledger_location
+from opspatch.core.filechange import FileChange
 from opspatch.core.ledgerlocation import PostgresLedger, ledger_location
 from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
@@ -328,7 +329,7 @@ def _append_from_another_process(path: str, worker: int, events: int, ready: obj
             # Real steps are spaced out; without a pause the writer that holds the lock first
             # re-takes it before SQLite's busy handler wakes the others, and nothing interleaves.
             time.sleep(0.002)
-        ledger.finish_run(run_id, "succeeded")
+        ledger.finish_run(run_id, "ok")
 
 
 def test_processes_appending_at_once_keep_one_intact_chain(ledger_path: Path) -> None:
@@ -354,7 +355,7 @@ def test_processes_appending_at_once_keep_one_intact_chain(ledger_path: Path) ->
     assert report.ok, report
     assert report.events_checked == workers * (events + 2)
     assert sorted(r.operator for r in runs) == [f"operator{w}@controller" for w in range(workers)]
-    assert all(r.status == "finished" and r.outcome == "succeeded" for r in runs)
+    assert all(r.status == "finished" and r.outcome == "ok" for r in runs)
     # The writers really interleaved (otherwise this test proves nothing about forks).
     kinds = [
         r[0] for r in raw(ledger_path).execute("SELECT run_id FROM events ORDER BY id").fetchall()
@@ -374,7 +375,7 @@ def test_threads_sharing_one_ledger_keep_one_intact_chain(ledger: Ledger) -> Non
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(work, hosts))
-    ledger.finish_run(run_id, "succeeded")
+    ledger.finish_run(run_id, "ok")
     assert ledger.verify().ok
     detail = ledger.get_run(run_id)
     assert [h.host for h in detail.hosts] == list(hosts)
@@ -411,7 +412,7 @@ def test_get_run_gives_steps_facts_file_versions_and_outcomes(ledger: Ledger) ->
     assert gpu01.steps[1].detail == "renamed over the target"
     assert gpu01.facts == {"python": "3.11.9", "sglang": "0.5.23", "gpus": []}
     assert gpu01.outcome == "applied" and gpu01.error is None
-    assert gpu01.file == {"path": "/srv/eagle_worker_v2.py", "sha256_before": sha(ORIGINAL)}
+    assert gpu01.file == FileChange("/srv/eagle_worker_v2.py", sha(ORIGINAL), sha(PATCHED))
     (version,) = gpu01.file_versions
     assert (version.mode, version.owner, version.size_before) == (0o644, "root:root", len(ORIGINAL))
     assert ledger.blob(version.pre_image_sha256) == ORIGINAL
@@ -434,7 +435,7 @@ def test_get_run_accepts_a_unique_prefix_and_refuses_unknown_ones(ledger: Ledger
 def test_list_runs_is_newest_first_and_limited(ledger: Ledger) -> None:
     ids = [begin(ledger) for _ in range(5)]
     for run_id in ids:
-        ledger.finish_run(run_id, "succeeded")
+        ledger.finish_run(run_id, "ok")
     assert [r.run_id for r in ledger.list_runs()] == ids[::-1]
     assert [r.run_id for r in ledger.list_runs(limit=2)] == ids[:-3:-1]
 
@@ -462,7 +463,7 @@ def test_last_applied_survives_a_later_rollback_run(ledger: Ledger) -> None:
         pre_image=PATCHED,
         action="restore",
     )
-    ledger.finish_run(rollback, "succeeded")
+    ledger.finish_run(rollback, "ok")
     # The live hash (now ORIGINAL = sha256_before) is what tells status it is not applied.
     applied = ledger.last_applied("gpu-01", "/srv/eagle_worker_v2.py", "eagle-init-guard")
     assert applied is not None and applied.run_id == apply_run
@@ -509,7 +510,7 @@ def test_identical_pre_images_are_stored_once(ledger: Ledger, ledger_path: Path)
 
 def test_a_finished_run_accepts_nothing_more(ledger: Ledger) -> None:
     run_id = begin(ledger)
-    ledger.finish_run(run_id, "succeeded")
+    ledger.finish_run(run_id, "ok")
     with pytest.raises(LedgerError, match="already finished"):
         ledger.record_step(run_id, "gpu-01", "lock", "ok")
     with pytest.raises(LedgerError, match="already finished"):
@@ -786,5 +787,5 @@ def test_checking_a_run_is_open_costs_the_same_however_many_events_it_has(
             ledger.record_step(run_id, "gpu-01", "smoke", "ok", float(step))
         with sqlite3.connect(ledger_path) as conn:
             many = steps_to_check(conn, run_id)
-        ledger.finish_run(run_id, "succeeded")
+        ledger.finish_run(run_id, "ok")
     assert many == few

@@ -52,9 +52,9 @@ def test_a_run_of_a_living_process_is_running_until_finished(ledger: Ledger) -> 
     (summary,) = ledger.list_runs()
     assert summary.status == "running" and summary.outcome is None
     assert summary.controller.pid == os.getpid()
-    ledger.finish_run(run_id, "succeeded")
+    ledger.finish_run(run_id, "ok")
     (summary,) = ledger.list_runs()
-    assert (summary.status, summary.outcome) == ("finished", "succeeded")
+    assert (summary.status, summary.outcome) == ("finished", "ok")
     assert summary.finished_at is not None
 
 

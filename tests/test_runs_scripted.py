@@ -25,6 +25,7 @@ import pytest
 
 from opspatch.config.fleet import DesiredPatch, DesiredState
 from opspatch.config.patches import load_patch
+from opspatch.core.filechange import FileChange
 from opspatch.core.host import CommandRestart, EngineSettings, Host
 from opspatch.core.policy import BatchSize, Playbook
 from opspatch.core.spec import LoadedPatch
@@ -1033,11 +1034,7 @@ def _adopted_applied(fleet: Fleet, host: FakeHost) -> str:
         run_id,
         host.name,
         "applied",
-        file={
-            "path": str(host.file),
-            "sha256_before": planned.sha256_before,
-            "sha256_after": planned.sha256_after,
-        },
+        file=FileChange(str(host.file), planned.sha256_before, planned.sha256_after),
     )
     fleet.ledger.finish_run(run_id, "ok")
     return run_id

@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from opspatch.core.vocabulary import Step, StepStatus
 from opspatch.errors import ConfirmationRequired
 
 if TYPE_CHECKING:
@@ -330,9 +331,9 @@ def print_dry_run(report: RunReport) -> None:
     for host in report.hosts:
         out.print(Text(f"== {host.host}: {host.outcome}", style="bold"))
         for step in host.steps:
-            if step.step == "inspect" and step.detail and step.status == "ok":
+            if step.step == Step.INSPECT and step.detail and step.status == StepStatus.OK:
                 out.print(f"   {step.detail}")
-            if step.step == "plan" and "; " in (step.detail or ""):  # alternatives that fit
+            if step.step == Step.PLAN and "; " in (step.detail or ""):  # alternatives that fit
                 out.print(f"   plan: {step.detail}")
         if host.diff:
             print_diff(host.diff)

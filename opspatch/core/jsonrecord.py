@@ -215,6 +215,23 @@ def _decode_record(cls: type[R], data: Any, where: str) -> R:
     return cls(**values)
 
 
+def check_present(cls: type[JsonRecord], data: Mapping[str, Any], where: str) -> None:
+    """Check the keys of `data` that `cls` reads against their fields' types, as `from_json`
+    would, leaving the others (and any key `cls` requires but `data` lacks) alone: for an object
+    that may be written in an older or partial shape (a host's recorded facts).
+
+    Raises:
+        ValueError: a key `cls` reads holds a value of another type (named as `where.key`).
+    """
+    hints = _hints(cls)
+    for spec in dataclasses.fields(cls):
+        if not spec.init or spec.metadata.get(_SKIP) or spec.metadata.get(_INLINE):
+            continue
+        key = spec.metadata.get(_KEY, spec.name)
+        if key in data and spec.metadata.get(_DECODE) is None:
+            _decode(hints[spec.name], data[key], f"{where}.{key}")
+
+
 def read_keys(cls: type[JsonRecord]) -> frozenset[str]:
     """The keys a `cls` is read from (its fields' keys, inline records' keys merged; not the
     derived fields or those never read): what an agent reply read as `cls` must carry."""

@@ -303,3 +303,89 @@ class Rotation(Word):
     OUT_OF_ROTATION = "out-of-rotation"
     """Drained and not re-admitted: its server did not prove it serves (or the router could not
     be reached); the router sends it nothing until `opspatch recover` re-admits it."""
+
+
+class Command(Word):
+    """The opspatch command a ledger run was begun by (a run's `command`)."""
+
+    APPLY = "apply"
+    ROLLBACK = "rollback"
+    RESTART = "restart"
+    RECOVER = "recover"
+    """Its finished runs recover their (interrupted) parent run (`ledger.events.recovered_by`)."""
+    UNLOCK = "unlock"
+    SYNC = "sync"
+    ADOPT = "adopt"
+    BAKE = "bake"
+    APPROVE = "approve"
+    """Recorded by the ledger itself (`Ledger.record_approval`): one `sign` step per principal."""
+    SMOKE = "smoke"
+    """Runs through the fleet run like the others but records nothing (the null recorder)."""
+
+
+class FileAction(Word):
+    """What a ledger file version records (`FileVersion.action`)."""
+
+    PATCH = "patch"
+    """The patched text was swapped in."""
+    RESTORE = "restore"
+    """Earlier bytes were put back."""
+
+
+class EventKind(Word):
+    """The kinds of event the ledger's `events` table holds (in the order its schema names them:
+    the `CHECK` constraint of both backends is written from this order)."""
+
+    RUN_STARTED = "run-started"
+    STEP = "step"
+    FACTS = "facts"
+    FILE_VERSION = "file-version"
+    HOST_OUTCOME = "host-outcome"
+    RUN_FINISHED = "run-finished"
+
+
+class Step(Word):
+    """The name of one step a host goes through in a run (a ledger step record, a `steps[]` entry
+    of the JSON, the progress line). A word a released opspatch once recorded stays here, so that
+    an old ledger still reads back."""
+
+    BEGIN = "begin"
+    """Lock the host and inspect its file(s) in one exec."""
+    INSPECT = "inspect"
+    """Inspect without taking the lock (a dry run, a rollback's preflight)."""
+    LOCK = "lock"
+    UNLOCK = "unlock"
+    RELEASE = "release"
+    """Give back what is left of the run's lock on the host."""
+    LEASE = "lease"
+    """A lease taken or given back (recorded by the ledger itself)."""
+    PLAN = "plan"
+    BACKUP = "backup"
+    SWAP = "swap"
+    RECONCILE = "reconcile"
+    """Read back a file whose swap did not answer."""
+    READ = "read"
+    READ_SET = "read-set"
+    BASELINE = "baseline"
+    DRAIN = "drain"
+    """Take the host out of its router's rotation before a restart."""
+    ADMIT = "admit"
+    """Put the host back into rotation after a proven restart."""
+    RESTART = "restart"
+    READY = "ready"
+    SMOKE = "smoke"
+    RESTORE = "restore"
+    RESTART_AFTER_RESTORE = "restart-after-restore"
+    READY_AFTER_RESTORE = "ready-after-restore"
+    SMOKE_AFTER_RESTORE = "smoke-after-restore"
+    READY_AFTER_RESTART = "ready-after-restart"
+    CONTEXT = "context"
+    """`bake`: write the image's build context."""
+    BUILD = "build"
+    """`bake`: build the image."""
+    ADOPT = "adopt"
+    """`adopt`: a hand edit recorded as a patch."""
+    APPROVAL = "approval"
+    """An apply's verified approval, as releases before `approved_by` recorded it."""
+    SIGN = "sign"
+    """`approve`: one principal's signature (its host column is the principal)."""

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
+# what a host runs lives in core, since the ledger records it too: re-exported here
+from opspatch.core.hostfacts import HostFacts as HostFacts
 from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_options, record_from_json
 from opspatch.errors import RemoteOperationError
 from opspatch.hosts.agent.dispatch import op_whoami
@@ -109,36 +111,6 @@ def from_base64(text: Any) -> bytes:
         return base64.b64decode(text, validate=True)
     except binascii.Error as exc:
         raise ValueError(f"not base64: {exc}") from None
-
-
-@dataclass(frozen=True, kw_only=True)
-class HostFacts(JsonRecord):
-    """What a host runs. `None` means unknown or not installed; `notes` say why a probe failed.
-
-    Package versions come from distribution metadata; the GPU fields come from the NVIDIA driver
-    (NVML or nvidia-smi), never from torch: `cuda_available` is whether the driver sees a GPU,
-    `cuda_version` the newest CUDA it supports; all are `None` on a host without the driver.
-    """
-
-    python_version: str
-    python_executable: str
-    python_implementation: str
-    hostname: str
-    platform: str
-    machine: str
-    # an agent leaves out what it could not probe: the defaults say unknown
-    sglang_version: str | None = None
-    torch_version: str | None = None
-    cuda_available: bool | None = None
-    cuda_version: str | None = None
-    cuda_device_count: int | None = None
-    gpu_names: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-    driver_version: str | None = None
-    gpu_memory_mib: tuple[int, ...] = ()
-    machine_id: str | None = None
-    """/etc/machine-id: which machine this is, however it was reached (the ledger matches a
-    host's file history by it, with the file's path, across inventories)."""
 
 
 @dataclass(frozen=True)

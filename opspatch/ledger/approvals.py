@@ -12,14 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from opspatch.core.vocabulary import StepStatus
+from opspatch.core.vocabulary import Command, EventKind, Step, StepStatus
 from opspatch.ledger.chain import EventRow, canonical_json
 from opspatch.ledger.database import Database
 from opspatch.ledger.events import finish_events, select_events
 from opspatch.ledger.records import Approval, RunDetail
-
-APPROVE_COMMAND = "approve"
-SIGN_STEP = "sign"
 
 
 def approvals_of(conn: Database, patch_sha256s: Sequence[str]) -> dict[str, list[Approval]]:
@@ -31,10 +28,10 @@ def approvals_of(conn: Database, patch_sha256s: Sequence[str]) -> dict[str, list
         row
         for row in select_events(
             conn,
-            "kind = 'run-started' AND body LIKE ? ORDER BY id",
-            (f'%"command":{canonical_json(APPROVE_COMMAND)}%',),
+            f"kind = '{EventKind.RUN_STARTED}' AND body LIKE ? ORDER BY id",
+            (f'%"command":{canonical_json(Command.APPROVE.value)}%',),
         )
-        if row.data.get("command") == APPROVE_COMMAND and row.data.get("patch_sha256") in wanted
+        if row.data.get("command") == Command.APPROVE and row.data.get("patch_sha256") in wanted
     ]
     if not starts:
         return {}
@@ -43,7 +40,9 @@ def approvals_of(conn: Database, patch_sha256s: Sequence[str]) -> dict[str, list
     marks = ", ".join("?" for _ in by_run)
     found: dict[str, list[Approval]] = {}
     steps = (
-        select_events(conn, f"kind = 'step' AND run_id IN ({marks}) ORDER BY id", sorted(by_run))
+        select_events(
+            conn, f"kind = '{EventKind.STEP}' AND run_id IN ({marks}) ORDER BY id", sorted(by_run)
+        )
         if by_run
         else []
     )
@@ -57,10 +56,10 @@ def approvals_of(conn: Database, patch_sha256s: Sequence[str]) -> dict[str, list
 def signed_in(conn: Database, detail: RunDetail) -> RunDetail:
     """`detail` of an `approve` run told as what it is: its `sign` steps as `approvals` (the
     principal who signed), not as host records (their host column holds the principal)."""
-    if detail.summary.command != APPROVE_COMMAND:
+    if detail.summary.command != Command.APPROVE:
         return detail
     rows = select_events(conn, "run_id = ? ORDER BY id", (detail.run_id,))
-    start = next(row for row in rows if row.kind == "run-started")
+    start = next(row for row in rows if row.kind == EventKind.RUN_STARTED)
     approvals = tuple(_approval(start, row) for row in rows if _signed(row))
     principals = {approval.principal for approval in approvals}
     return replace(
@@ -72,8 +71,8 @@ def signed_in(conn: Database, detail: RunDetail) -> RunDetail:
 
 def _signed(row: EventRow) -> bool:
     return (
-        row.kind == "step"
-        and row.data.get("step") == SIGN_STEP
+        row.kind == EventKind.STEP
+        and row.data.get("step") == Step.SIGN
         and row.data.get("status") == StepStatus.OK
     )
 

@@ -15,15 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from opspatch.core.vocabulary import RunStatus
+from opspatch.core.vocabulary import Command, EventKind, RunStatus
 from opspatch.errors import LedgerError
 from opspatch.ledger.chain import ROW_COLUMNS, EventRow
 from opspatch.ledger.database import Database
 from opspatch.ledger.liveness import ControllerProcess
 from opspatch.ledger.records import FileVersion, HostRecord, RunDetail, RunSummary
-
-RECOVER_COMMAND = "recover"
-"""The command whose finished runs recover their (interrupted) parent run."""
 
 
 def select_events(conn: Database, where: str, params: Sequence[Any] = ()) -> list[EventRow]:
@@ -36,7 +33,7 @@ def select_events(conn: Database, where: str, params: Sequence[Any] = ()) -> lis
 
 def start_event(conn: Database, run_id: str) -> EventRow | None:
     """The `run-started` event of `run_id`, or None if there is no such run."""
-    found = select_events(conn, "run_id = ? AND kind = 'run-started'", (run_id,))
+    found = select_events(conn, f"run_id = ? AND kind = '{EventKind.RUN_STARTED}'", (run_id,))
     return found[0] if found else None
 
 
@@ -48,7 +45,7 @@ def require_open_run(conn: Database, run_id: str) -> EventRow:
     start = start_event(conn, run_id)
     if start is None:
         raise LedgerError(f"run {run_id} is not in the ledger")
-    if select_events(conn, "run_id = ? AND kind = 'run-finished'", (run_id,)):
+    if select_events(conn, f"run_id = ? AND kind = '{EventKind.RUN_FINISHED}'", (run_id,)):
         raise LedgerError(f"run {run_id} is already finished; nothing can be added to it")
     return start
 
@@ -58,7 +55,9 @@ def finish_events(conn: Database, run_ids: Sequence[str]) -> dict[str, EventRow]
     if not run_ids:
         return {}
     marks = ", ".join("?" for _ in run_ids)
-    found = select_events(conn, f"kind = 'run-finished' AND run_id IN ({marks})", run_ids)
+    found = select_events(
+        conn, f"kind = '{EventKind.RUN_FINISHED}' AND run_id IN ({marks})", run_ids
+    )
     return {row.run_id: row for row in found}
 
 
@@ -71,12 +70,12 @@ def recovered_by(conn: Database, parents: Sequence[str]) -> dict[str, str]:
     # The canonical body has no spaces: LIKE is a cheap filter before the bodies are parsed.
     candidates = select_events(
         conn,
-        "kind = 'run-started' AND body LIKE ? ORDER BY id",
-        (f'%"command":"{RECOVER_COMMAND}"%',),
+        f"kind = '{EventKind.RUN_STARTED}' AND body LIKE ? ORDER BY id",
+        (f'%"command":"{Command.RECOVER}"%',),
     )
     children: dict[str, list[str]] = {}  # parent run -> recover runs naming it
     for row in candidates:
-        if row.data["command"] == RECOVER_COMMAND and row.data["parent_run"]:
+        if row.data["command"] == Command.RECOVER and row.data["parent_run"]:
             children.setdefault(row.data["parent_run"], []).append(row.run_id)
     finished = finish_events(conn, [c for runs in children.values() for c in runs])
     found: dict[str, str] = {}
@@ -112,7 +111,7 @@ def run_detail(conn: Database, run_id: str) -> RunDetail:
     Hosts come in the order the run named them, then any other host its events mention.
     """
     events = select_events(conn, "run_id = ? ORDER BY id", (run_id,))
-    start = next(row for row in events if row.kind == "run-started")
+    start = next(row for row in events if row.kind == EventKind.RUN_STARTED)
     (summary,) = run_summaries(conn, [start])
     order = dict.fromkeys([*summary.hosts, *(row.host for row in events if row.host)])
     return RunDetail(
@@ -173,8 +172,8 @@ def _host_record_json(host: str, events: Sequence[EventRow]) -> dict[str, Any]:
     """Everything `events` (one run's) say about `host`, as `HostRecord` JSON: every step, the
     latest facts, every file version, and the latest outcome (a later one supersedes)."""
     mine = [row for row in events if row.host == host]
-    facts = [row.data["facts"] for row in mine if row.kind == "facts"]
-    outcomes = [row.data for row in mine if row.kind == "host-outcome"]
+    facts = [row.data["facts"] for row in mine if row.kind == EventKind.FACTS]
+    outcomes = [row.data for row in mine if row.kind == EventKind.HOST_OUTCOME]
     last_outcome: dict[str, Any] = outcomes[-1] if outcomes else {}
     return {
         "host": host,
@@ -184,8 +183,10 @@ def _host_record_json(host: str, events: Sequence[EventRow]) -> dict[str, Any]:
         "steps": [
             {**row.data, "event_id": row.id, "recorded_at": row.recorded_at}
             for row in mine
-            if row.kind == "step"
+            if row.kind == EventKind.STEP
         ],
         "facts": facts[-1] if facts else None,
-        "file_versions": [_file_version_json(row) for row in mine if row.kind == "file-version"],
+        "file_versions": [
+            _file_version_json(row) for row in mine if row.kind == EventKind.FILE_VERSION
+        ],
     }

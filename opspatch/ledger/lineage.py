@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from opspatch.core.vocabulary import FileAction
 from opspatch.ledger.records import FileVersion
 
 
@@ -59,10 +60,10 @@ def applied_versions(history: Sequence[FileVersion], patch_id: str) -> list[File
     same run did not restore afterwards (a run that rolled itself back), newest first."""
     found = []
     for index, version in enumerate(history):
-        if version.action != "patch" or version.patch_id != patch_id:
+        if version.action != FileAction.PATCH or version.patch_id != patch_id:
             continue
         if not any(
-            later.run_id == version.run_id and later.action == "restore"
+            later.run_id == version.run_id and later.action == FileAction.RESTORE
             for later in history[:index]
         ):
             found.append(version)
@@ -99,7 +100,7 @@ def _patches_on_top(
     first; empty when none does. Restores are not followed: they lead back to bytes a patch
     version started from, which the search reaches by that version's own hash."""
     later = sorted(
-        (v for v in history if v.action == "patch" and v.event_id > base.event_id),
+        (v for v in history if v.action == FileAction.PATCH and v.event_id > base.event_id),
         key=lambda v: v.event_id,
     )
 

@@ -3,8 +3,10 @@
 
 The field order of each class is the key order of its JSON (`opspatch ledger show --json`,
 `ledger list --json`), so reordering fields changes the CLI's output: don't, add at the end.
-States use the shared vocabulary (`opspatch.core.vocabulary`): a step's `StepStatus`, a host's
-`Outcome`, a run's derived `RunStatus`; on disk and in JSON they are the same words as ever.
+Words use the shared vocabulary (`opspatch.core.vocabulary`): a run's `Command` and
+`RunOutcome`, a step's `Step` and `StepStatus`, a file version's `FileAction`, a host's `Outcome`,
+a run's derived `RunStatus`; on disk and in JSON they are the same words as ever. A host's `file`
+is the run report's `FileChange` (`opspatch.core.filechange`), printed as it is stored.
 """
 
 from __future__ import annotations
@@ -16,15 +18,23 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, TypeVar
 
-from opspatch.core.jsonrecord import JsonRecord, json_field
-from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
+from opspatch.core.filechange import FileChange
+from opspatch.core.jsonrecord import JsonRecord, json_field, json_options
+from opspatch.core.vocabulary import (
+    Command,
+    FileAction,
+    Outcome,
+    RunOutcome,
+    RunStatus,
+    Step,
+    StepStatus,
+)
 from opspatch.ledger.liveness import ControllerProcess
 
-FILE_ACTIONS = frozenset({"patch", "restore"})
+FILE_ACTIONS = frozenset(FileAction)
 """What a file version records: the patched text swapped in, or earlier bytes put back."""
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_TOKEN_RE = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
 _Word = TypeVar("_Word", bound=Enum)
 
 
@@ -33,7 +43,7 @@ class StepRecord(JsonRecord):
     """One step a host went through (lock, inspect, swap, restart, ready, smoke, ...)."""
 
     event_id: int
-    step: str
+    step: Step
     status: StepStatus
     seconds: float | None
     detail: str
@@ -68,7 +78,7 @@ class FileVersion(JsonRecord):
     patch_id: str | None
     host: str
     path: str
-    action: str
+    action: FileAction
     sha256_before: str
     sha256_after: str
     mode: int
@@ -79,6 +89,23 @@ class FileVersion(JsonRecord):
     recorded_at: str
     container: ContainerRecord | None = None
     """Where the file was written, for an engine in a container (None: on the host)."""
+
+
+def file_change(value: Any) -> FileChange | None:
+    """A host outcome's `file` read back (None: the outcome named no file)."""
+    return None if value is None else FileChange.from_json(value)
+
+
+def _as_stored(value: Any) -> Any:
+    """`value` as JSON with every object's keys sorted, as the ledger's canonical body holds it
+    and as `ledger show --json` has always printed it."""
+    if isinstance(value, JsonRecord):
+        value = value.to_json()
+    if isinstance(value, dict):
+        return {key: _as_stored(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_as_stored(item) for item in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -105,13 +132,16 @@ class HostRecord(JsonRecord):
     """Everything one run recorded about one host; `last_step` says where it stopped.
 
     `outcome`, `error` and `file` come from the host's latest `host-outcome` event (None when the
-    run never recorded one, for example because it was killed first).
+    run never recorded one, for example because it was killed first). `file` is printed as the
+    ledger stores it (its keys sorted), as it always was. `facts` stay the object recorded: a
+    run records a `HostFacts` (`opspatch.core.hostfacts`), but ledgers also hold facts in
+    earlier shapes, which `ledger show` prints as they are (`Ledger.record_facts`).
     """
 
     host: str
     outcome: Outcome | None
     error: str | None
-    file: dict[str, Any] | None
+    file: FileChange | None = field(metadata=json_options(encode=_as_stored, decode=file_change))
     last_step: StepRecord | None = field(init=False, compare=False, repr=False)
     steps: tuple[StepRecord, ...]
     facts: dict[str, Any] | None
@@ -135,7 +165,7 @@ class RunSummary(JsonRecord):
     """
 
     run_id: str
-    command: str
+    command: Command
     patch_id: str | None
     patch_sha256: str | None
     playbook: str | None
@@ -148,7 +178,7 @@ class RunSummary(JsonRecord):
     started_at: str
     finished_at: str | None
     status: RunStatus
-    outcome: str | None
+    outcome: RunOutcome | None
     recovered_by: str | None = None
     inventories: dict[str, str] | None = None
     approved_by: tuple[str, ...] | None = json_field(default=None, omit_none=True)
@@ -288,12 +318,6 @@ def require_sha256(value: str, what: str) -> None:
     """Raises ValueError unless `value` is 64 lower-case hex digits."""
     if not _SHA256_RE.match(value):
         raise ValueError(f"{what} must be 64 lower-case hex digits, got {value!r}")
-
-
-def require_token(value: str, what: str) -> None:
-    """Raises ValueError unless `value` is a lower-case kebab-case word (`swap`, `rolled-back`)."""
-    if not _TOKEN_RE.match(value):
-        raise ValueError(f"{what} must be a lower-case kebab-case word, got {value!r}")
 
 
 def require_word(

@@ -14,6 +14,7 @@ import contextlib
 import sqlite3
 from pathlib import Path
 
+from opspatch.core.vocabulary import EventKind
 from opspatch.errors import LedgerConfigError
 from opspatch.ledger.lease_store import LEASES_TABLE
 
@@ -26,8 +27,9 @@ BUSY_TIMEOUT_SECONDS = 30.0
 APPEND_ONLY_MESSAGE = "opspatch ledger is append-only"
 """What the triggers say when an UPDATE or DELETE is tried."""
 
-EVENT_KINDS = ("run-started", "step", "facts", "file-version", "host-outcome", "run-finished")
-"""The kinds of event the `events` table accepts (both backends)."""
+EVENT_KINDS = tuple(kind.value for kind in EventKind)
+"""The kinds of event the `events` table accepts (both backends), as plain words in the order
+the schema has always named them (its `CHECK` constraint is written from them)."""
 _HISTORY_TABLES = ("events", "blobs")
 
 _SCHEMA = f"""

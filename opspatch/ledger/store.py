@@ -27,13 +27,25 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from opspatch import __version__
+from opspatch.core.filechange import FileChange
+from opspatch.core.hostfacts import HostFacts
+from opspatch.core.jsonrecord import check_present
 from opspatch.core.ledgerlocation import LedgerLocation
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.source import sha256_hex
-from opspatch.core.vocabulary import RECORDED_OUTCOMES, Outcome, RunOutcome, StepStatus
+from opspatch.core.vocabulary import (
+    RECORDED_OUTCOMES,
+    Command,
+    EventKind,
+    FileAction,
+    Outcome,
+    RunOutcome,
+    Step,
+    StepStatus,
+)
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError, LedgerUnreachable
 from opspatch.ledger import lease_store
-from opspatch.ledger.approvals import APPROVE_COMMAND, SIGN_STEP, approvals_of, signed_in
+from opspatch.ledger.approvals import approvals_of, signed_in
 from opspatch.ledger.chain import (
     GENESIS_HASH,
     ROW_COLUMNS,
@@ -70,9 +82,9 @@ from opspatch.ledger.records import (
     RunSummary,
     StepRecord,
     VerifyReport,
+    file_change,
     new_run_id,
     require_sha256,
-    require_token,
     require_word,
 )
 from opspatch.ledger.schema import (
@@ -112,10 +124,6 @@ def _utc_now() -> str:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-LEASE_STEP = "lease"
-"""The step that records taking, taking over and giving back a run's lease on a host."""
 
 
 def _holder(lease: lease_store.Lease, now_ms: int) -> LeaseHolder:
@@ -240,7 +248,7 @@ class Ledger:
     def begin_run(
         self,
         *,
-        command: str,
+        command: Command,
         patch_id: str | None,
         patch_sha256: str | None,
         operator: str,
@@ -262,16 +270,16 @@ class Ledger:
         the run began (left out of the body when None, so older bodies stay byte-identical).
 
         Raises:
-            ValueError: `command` is not a kebab-case word or `patch_sha256` is not a sha256.
+            ValueError: `command` is not a `Command` or `patch_sha256` is not a sha256.
             LedgerError: the ledger cannot be written.
         """
-        require_token(command, "command")
+        command = require_word(Command, command, "command")
         if patch_sha256 is not None:
             require_sha256(patch_sha256, "patch_sha256")
         if isinstance(hosts, str):
             raise ValueError("hosts must be a sequence of host names, not one string")
         body = {
-            "command": command,
+            "command": command.value,
             "patch_id": patch_id,
             "patch_sha256": patch_sha256,
             "playbook": playbook,
@@ -296,7 +304,7 @@ class Ledger:
                 raise LedgerError("could not pick an unused run id")
             if parent_run is not None and start_event(conn, parent_run) is None:
                 raise LedgerError(f"parent run {parent_run} is not in the ledger")
-            self._append(conn, run_id=run_id, kind="run-started", body=body)
+            self._append(conn, run_id=run_id, kind=EventKind.RUN_STARTED, body=body)
             return run_id
 
         return self._write(write)
@@ -305,7 +313,7 @@ class Ledger:
         self,
         run_id: str,
         host: str,
-        step: str,
+        step: Step,
         status: StepStatus | str,
         seconds: float | None = None,
         detail: str = "",
@@ -314,32 +322,42 @@ class Ledger:
         `failed`, `skipped`).
 
         Raises:
-            ValueError: `step` is not a kebab-case word or `status` not a step status.
+            ValueError: `step` is not a `Step` or `status` not a step status.
             LedgerError: the run is unknown or finished, or the ledger cannot be written.
         """
-        require_token(step, "step")
+        name = require_word(Step, step, "step")
         word = require_word(StepStatus, status, "status")
-        body = {"step": step, "status": word.value, "seconds": seconds, "detail": detail}
+        body = {"step": name.value, "status": word.value, "seconds": seconds, "detail": detail}
 
         def write(conn: Database) -> None:
             require_open_run(conn, run_id)
-            self._append(conn, run_id=run_id, kind="step", host=host, body=body)
+            self._append(conn, run_id=run_id, kind=EventKind.STEP, host=host, body=body)
 
         self._write(write)
 
-    def record_facts(self, run_id: str, host: str, facts: Mapping[str, Any]) -> None:
+    def record_facts(self, run_id: str, host: str, facts: HostFacts | Mapping[str, Any]) -> None:
         """Record what was found on `host` (python, sglang, torch versions, GPUs, ...).
 
+        A run records its `HostFacts`. A plain object (facts in an earlier opspatch's shape,
+        which ledgers hold and `ledger show` prints as they are) is checked key by key: a key
+        `HostFacts` names must hold its type (the machine lookup reads `machine_id` and
+        `hostname`); other keys are kept as they are.
+
         Raises:
+            ValueError: a key of `facts` that `HostFacts` names holds another type.
             TypeError, ValueError: `facts` is not JSON-serialisable.
             LedgerError: the run is unknown or finished, or the ledger cannot be written.
         """
-        body = {"facts": dict(facts)}
+        if isinstance(facts, HostFacts):
+            body = {"facts": facts.to_json()}
+        else:
+            check_present(HostFacts, facts, "facts")
+            body = {"facts": dict(facts)}
         canonical_json(body)  # fail before the transaction, with the caller's own error
 
         def write(conn: Database) -> None:
             require_open_run(conn, run_id)
-            self._append(conn, run_id=run_id, kind="facts", host=host, body=body)
+            self._append(conn, run_id=run_id, kind=EventKind.FACTS, host=host, body=body)
 
         self._write(write)
 
@@ -355,7 +373,7 @@ class Ledger:
         owner: str,
         pre_image: bytes,
         post_image: bytes | None = None,
-        action: str = "patch",
+        action: FileAction = FileAction.PATCH,
         container: ContainerRecord | None = None,
     ) -> FileVersion:
         """Record a change of `path` on `host`, storing the full bytes before it (and after it).
@@ -370,8 +388,7 @@ class Ledger:
             LedgerError: the run is unknown or finished, or the ledger cannot be written.
             LedgerIntegrityError: the blob store already holds different bytes under that hash.
         """
-        if action not in FILE_ACTIONS:
-            raise ValueError(f"action must be one of {sorted(FILE_ACTIONS)}, got {action!r}")
+        action = require_word(FileAction, action, "action")
         require_sha256(sha256_before, "sha256_before")
         require_sha256(sha256_after, "sha256_after")
         if sha256_hex(pre_image) != sha256_before:
@@ -383,7 +400,7 @@ class Ledger:
             start = require_open_run(conn, run_id)
             body = {
                 "patch_id": start.data["patch_id"],
-                "action": action,
+                "action": action.value,
                 "sha256_before": sha256_before,
                 "sha256_after": sha256_after,
                 "mode": int(mode),
@@ -398,7 +415,7 @@ class Ledger:
             return self._append(
                 conn,
                 run_id=run_id,
-                kind="file-version",
+                kind=EventKind.FILE_VERSION,
                 host=host,
                 path=path,
                 body=body,
@@ -414,44 +431,46 @@ class Ledger:
         host: str,
         outcome: Outcome | str,
         error: str | None = None,
-        file: Mapping[str, Any] | None = None,
+        file: FileChange | None = None,
     ) -> None:
         """Record how `host` ended in this run (`applied`, `rolled-back`, `needs-attention`, ...).
 
-        `outcome` is one of the `RECORDED_OUTCOMES` of the vocabulary. `file` is the
-        `{"path", "sha256_before", "sha256_after"}` the JSON output shows. A later outcome for the
-        same host supersedes an earlier one (for example after `recover`).
+        `outcome` is one of the `RECORDED_OUTCOMES` of the vocabulary. `file` is the file the
+        host's run was about, as the JSON output shows it. A later outcome for the same host
+        supersedes an earlier one (for example after `recover`).
 
         Raises:
-            ValueError: `outcome` is not a recorded host outcome; `file` is not JSON-serialisable.
+            ValueError: `outcome` is not a recorded host outcome; `file` is not a `FileChange`.
             LedgerError: the run is unknown or finished, or the ledger cannot be written.
         """
         word = require_word(Outcome, outcome, "outcome", RECORDED_OUTCOMES)
+        if file is not None and not isinstance(file, FileChange):
+            raise ValueError(f"file must be a FileChange, got {type(file).__name__}")
         body = {
             "outcome": word.value,
             "error": error,
-            "file": None if file is None else dict(file),
+            "file": None if file is None else file.to_json(),
         }
         canonical_json(body)
 
         def write(conn: Database) -> None:
             require_open_run(conn, run_id)
-            self._append(conn, run_id=run_id, kind="host-outcome", host=host, body=body)
+            self._append(conn, run_id=run_id, kind=EventKind.HOST_OUTCOME, host=host, body=body)
 
         self._write(write)
 
-    def finish_run(self, run_id: str, outcome: str) -> None:
+    def finish_run(self, run_id: str, outcome: RunOutcome) -> None:
         """Record the end of a run with its overall outcome; nothing can be added to it after.
 
         Raises:
-            ValueError: `outcome` is not a kebab-case word.
+            ValueError: `outcome` is not a `RunOutcome`.
             LedgerError: the run is unknown or already finished, or the ledger cannot be written.
         """
-        require_token(outcome, "outcome")
+        body = {"outcome": require_word(RunOutcome, outcome, "outcome").value}
 
         def write(conn: Database) -> None:
             require_open_run(conn, run_id)
-            self._append(conn, run_id=run_id, kind="run-finished", body={"outcome": outcome})
+            self._append(conn, run_id=run_id, kind=EventKind.RUN_FINISHED, body=body)
 
         self._write(write)
 
@@ -464,7 +483,9 @@ class Ledger:
             LedgerError: the ledger cannot be read.
         """
         with self._reading() as conn:
-            starts = select_events(conn, "kind = 'run-started' ORDER BY id DESC LIMIT ?", (limit,))
+            starts = select_events(
+                conn, f"kind = '{EventKind.RUN_STARTED}' ORDER BY id DESC LIMIT ?", (limit,)
+            )
             return run_summaries(conn, starts)
 
     def run_chain(self, run_id: str) -> list[RunSummary]:
@@ -500,7 +521,7 @@ class Ledger:
             matches = [
                 str(r[0])
                 for r in conn.execute(
-                    "SELECT run_id FROM events WHERE kind = 'run-started' "
+                    f"SELECT run_id FROM events WHERE kind = '{EventKind.RUN_STARTED}' "
                     "AND substr(run_id, 1, ?) = ? ORDER BY id DESC LIMIT 6",
                     (len(prefix), prefix),
                 )
@@ -574,7 +595,7 @@ class Ledger:
         Raises:
             LedgerError: the ledger cannot be read.
         """
-        where = "kind = 'file-version'"
+        where = f"kind = '{EventKind.FILE_VERSION}'"
         params: tuple[Any, ...] = ()
         if path is not None:
             where += " AND path = ?"
@@ -605,7 +626,7 @@ class Ledger:
         # The canonical body has no spaces: LIKE is a cheap filter before the bodies are parsed.
         rows = select_events(
             conn,
-            "kind = 'facts' AND body LIKE ?",
+            f"kind = '{EventKind.FACTS}' AND body LIKE ?",
             (f'%"machine_id":{canonical_json(machine.machine_id)}%',),
         )
         return {
@@ -623,14 +644,14 @@ class Ledger:
         run_ids = sorted({run_id for run_id, _ in runs})
         marks = ", ".join("?" for _ in run_ids)
         rows = select_events(
-            conn, f"kind = 'host-outcome' AND run_id IN ({marks}) ORDER BY id", run_ids
+            conn, f"kind = '{EventKind.HOST_OUTCOME}' AND run_id IN ({marks}) ORDER BY id", run_ids
         )
         last = {(row.run_id, row.host): row.data.get("outcome") for row in rows}
         return {pair for pair in runs if last.get(pair) == Outcome.FAILED}
 
     def outcomes_since(
         self, hosts: Sequence[str], event_id: int
-    ) -> list[tuple[str, str, dict[str, Any] | None]]:
+    ) -> list[tuple[str, Outcome, FileChange | None]]:
         """`(run_id, outcome, file)` of every host outcome recorded on any of `hosts` (the names
         one machine was recorded under) after the event `event_id` (a file version), oldest
         first: whether any run concluded anything about that change since (`status` tells a
@@ -644,10 +665,13 @@ class Ledger:
         with self._reading() as conn:
             rows = select_events(
                 conn,
-                f"kind = 'host-outcome' AND host IN ({marks}) AND id > ? ORDER BY id",
+                f"kind = '{EventKind.HOST_OUTCOME}' AND host IN ({marks}) AND id > ? ORDER BY id",
                 (*names, event_id),
             )
-        return [(row.run_id, str(row.data["outcome"]), row.data.get("file")) for row in rows]
+        return [
+            (row.run_id, Outcome(row.data["outcome"]), file_change(row.data.get("file")))
+            for row in rows
+        ]
 
     def last_applied(self, host: str, path: str, patch_id: str) -> FileVersion | None:
         """The newest `patch` change that `patch_id` made to `path` on `host` and that the same
@@ -663,7 +687,7 @@ class Ledger:
         found = applied_versions(self.file_history(host, path), patch_id)
         return found[0] if found else None
 
-    def host_steps(self, host: str, steps: Collection[str]) -> list[tuple[str, StepRecord]]:
+    def host_steps(self, host: str, steps: Collection[Step]) -> list[tuple[str, StepRecord]]:
         """`(run_id, step)` of every step named in `steps` that any run recorded on `host`,
         newest first, its `started` records included (what a run that died part-way began).
 
@@ -672,7 +696,9 @@ class Ledger:
         """
         wanted = set(steps)
         with self._reading() as conn:
-            rows = select_events(conn, "kind = 'step' AND host = ? ORDER BY id DESC", (host,))
+            rows = select_events(
+                conn, f"kind = '{EventKind.STEP}' AND host = ? ORDER BY id DESC", (host,)
+            )
         return [
             (
                 row.run_id,
@@ -734,15 +760,15 @@ class Ledger:
         if not principal.strip():
             raise ValueError("principal must not be empty")
         run_id = self.begin_run(
-            command=APPROVE_COMMAND,
+            command=Command.APPROVE,
             patch_id=patch_id,
             patch_sha256=patch_sha256,
             operator=operator,
             command_line=command_line,
             hosts=[],
         )
-        self.record_step(run_id, principal, SIGN_STEP, StepStatus.OK, detail=signature)
-        self.finish_run(run_id, str(RunOutcome.OK))
+        self.record_step(run_id, principal, Step.SIGN, StepStatus.OK, detail=signature)
+        self.finish_run(run_id, RunOutcome.OK)
         return run_id
 
     def approvals(self, patch_sha256: str) -> list[Approval]:
@@ -820,8 +846,13 @@ class Ledger:
                         else "its controller is gone"
                     )
                     detail += f", taken over from {taken_over[-1].describe()} ({why})"
-                body = {"step": LEASE_STEP, "status": "ok", "seconds": None, "detail": detail}
-                self._append(conn, run_id=run_id, kind="step", host=lease.host, body=body)
+                body = {
+                    "step": Step.LEASE.value,
+                    "status": StepStatus.OK.value,
+                    "seconds": None,
+                    "detail": detail,
+                }
+                self._append(conn, run_id=run_id, kind=EventKind.STEP, host=lease.host, body=body)
             return LeaseGrant(taken_over=tuple(taken_over))
 
         return self._write(write)
@@ -848,15 +879,19 @@ class Ledger:
 
         def write(conn: Database) -> int:
             held = lease_store.give_back(conn, run_id)
-            if held and not select_events(conn, "run_id = ? AND kind = 'run-finished'", (run_id,)):
+            if held and not select_events(
+                conn, f"run_id = ? AND kind = '{EventKind.RUN_FINISHED}'", (run_id,)
+            ):
                 for lease in held:
                     body = {
-                        "step": LEASE_STEP,
-                        "status": "ok",
+                        "step": Step.LEASE.value,
+                        "status": StepStatus.OK.value,
                         "seconds": None,
                         "detail": f"gave the lease on {lease.identity} back",
                     }
-                    self._append(conn, run_id=run_id, kind="step", host=lease.host, body=body)
+                    self._append(
+                        conn, run_id=run_id, kind=EventKind.STEP, host=lease.host, body=body
+                    )
             return len(held)
 
         return self._write(write)
@@ -979,7 +1014,7 @@ class Ledger:
         conn: Database,
         *,
         run_id: str,
-        kind: str,
+        kind: EventKind,
         body: Mapping[str, Any],
         host: str | None = None,
         path: str | None = None,
@@ -992,7 +1027,7 @@ class Ledger:
             unsealed = EventRow(
                 id=event_id,
                 run_id=run_id,
-                kind=kind,
+                kind=EventKind(kind).value,  # a plain word: a driver may adapt an enum otherwise
                 host=host,
                 path=path,
                 recorded_at=_utc_now(),

@@ -9,15 +9,20 @@ that fails is an outcome in the report, never an exception: partial failure is n
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field, record_to_json
+# the file of a host's outcome lives in core, since the ledger records it too: re-exported here
+from opspatch.core.filechange import FileChange as FileChange
+from opspatch.core.filechange import SetFile as SetFile
+from opspatch.core.filechange import set_state as set_state
+from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.vocabulary import (
     FAILED_OUTCOMES,
+    Command,
     Outcome,
     Rotation,
     RunOutcome,
-    SetState,
+    Step,
     StepStatus,
 )
 from opspatch.errors import EXIT_BAD_INPUT, EXIT_HOST_FAILED, EXIT_NEEDS_ATTENTION, EXIT_OK
@@ -31,81 +36,13 @@ class StepResult(JsonRecord):
     """One step on one host: its name, status, duration, what it did (or why it failed), and who
     it ran as on the host."""
 
-    step: str
+    step: Step
     status: StepStatus
     seconds: float = json_field(encode=lambda seconds: round(seconds, 3))
     detail: str = ""
     ran_as: tuple[str, ...] = ()
     """The users the step's execs ran as (`svc (sudo)` when raised); empty for a step that
     reached no host."""
-
-
-@dataclass(frozen=True)
-class SetFile(JsonRecord):
-    """One file of a patch set on a host: the pre- and post-image its change was planned (or
-    recorded) with, and the bytes it holds when the host's outcome is decided."""
-
-    path: str
-    pre_sha256: str = json_field(key="sha256_pre")
-    post_sha256: str = json_field(key="sha256_post")
-    live_sha256: str | None = json_field(key="sha256_live")
-
-    @property
-    def is_new(self) -> bool:
-        return self.live_sha256 == self.post_sha256
-
-    @property
-    def is_old(self) -> bool:
-        return self.live_sha256 == self.pre_sha256
-
-    @property
-    def standing(self) -> str:
-        """`new`, `old` or `changed`."""
-        return "new" if self.is_new else "old" if self.is_old else "changed"
-
-    def to_json(self) -> dict[str, Any]:
-        return {**record_to_json(self), "standing": self.standing}  # derived, so written here
-
-
-def set_state(files: tuple[SetFile, ...]) -> SetState:
-    """Where a set's files stand together: all new, all old, partly applied, or changed."""
-    if all(f.is_new for f in files):
-        return SetState.ALL_NEW
-    if all(f.is_old for f in files):
-        return SetState.ALL_OLD
-    if all(f.is_new or f.is_old for f in files):
-        return SetState.PARTLY_APPLIED
-    return SetState.CHANGED
-
-
-@dataclass(frozen=True)
-class FileChange(JsonRecord):
-    """The file a host's run was about, with its sha256 before and after (equal: unchanged).
-
-    For a patch set, `set_files` holds every file of the set (this one, the set's first, too):
-    the JSON and the ledger's host outcome then say where the set stands (`set.state`)."""
-
-    path: str
-    sha256_before: str | None
-    sha256_after: str | None
-    set_files: tuple[SetFile, ...] = field(default=(), metadata=NOT_WRITTEN)
-
-    @property
-    def set_state(self) -> SetState | None:
-        return set_state(self.set_files) if self.set_files else None
-
-    def paths(self) -> tuple[str, ...]:
-        """Every file this change is about (one, or a set's)."""
-        return tuple(f.path for f in self.set_files) or (self.path,)
-
-    def to_json(self) -> dict[str, Any]:
-        data = record_to_json(self)
-        if self.set_files:  # reshaped: a set's state beside its files, only for a set
-            data["set"] = {
-                "state": str(self.set_state),
-                "files": [f.to_json() for f in self.set_files],
-            }
-        return data
 
 
 @dataclass(frozen=True)
@@ -154,7 +91,7 @@ class RunReport(JsonRecord):
     """A whole run: every host's outcome, whether the fleet policy halted, and the run's exit."""
 
     run_id: str | None
-    command: str
+    command: Command
     patch: str | None
     _: KW_ONLY
     outcome: RunOutcome = field(init=False)

@@ -20,6 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from opspatch.core.filechange import FileChange
 from opspatch.ledger.store import Ledger
 
 HERE = Path(__file__).resolve().parent
@@ -63,7 +64,7 @@ def write(ledger: Ledger) -> list[str]:
         )
         ledger.record_step(apply_run, host, "swap", "ok", 0.05, "renamed over the target")
     ledger.record_step(apply_run, "gpu-01", "smoke", "ok", 1.5)
-    file_01 = {"path": TARGET, "sha256_before": sha(ORIGINAL), "sha256_after": sha(PATCHED)}
+    file_01 = FileChange(TARGET, sha(ORIGINAL), sha(PATCHED))
     ledger.record_host_outcome(apply_run, "gpu-01", "applied", file=file_01)
     ledger.record_step(
         apply_run, "gpu-02", "smoke", "failed", 2.5, 'Traceback in the log:\n  "quoted"\tline'

@@ -35,7 +35,7 @@ from opspatch.core.policy import Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Outcome, StepStatus
+from opspatch.core.vocabulary import Command, FileAction, Outcome, Step, StepStatus
 from opspatch.errors import HostError, InputError, LedgerError, TargetError
 from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, ModuleDiagnosis
 from opspatch.ledger.store import Ledger
@@ -300,7 +300,7 @@ def adopt_edit(
             (
                 v
                 for v in ledger.file_history(host.name, m.file.realpath)
-                if v.action == "patch" and v.sha256_after == m.file.sha256
+                if v.action == FileAction.PATCH and v.sha256_after == m.file.sha256
             ),
             None,
         )
@@ -405,9 +405,9 @@ def _record(
         return _adopted(session, loaded, m, pristine, down=session.name in down)
 
     with (
-        recorded_run(ledger, command="adopt", patch=loaded, hosts=recorded_hosts) as run,
+        recorded_run(ledger, command=Command.ADOPT, patch=loaded, hosts=recorded_hosts) as run,
         FleetRun(
-            command="adopt",
+            command=Command.ADOPT,
             patch_id=loaded.spec.id,
             hosts=recorded_hosts,
             factory=factory,
@@ -422,7 +422,9 @@ def _record(
             for name, why in untouched
         ]
         return run.finish(
-            RunReport(run.run_id, "adopt", loaded.spec.id, hosts=tuple(outcomes), halted=halted)
+            RunReport(
+                run.run_id, Command.ADOPT, loaded.spec.id, hosts=tuple(outcomes), halted=halted
+            )
         )
 
 
@@ -441,7 +443,7 @@ def _adopted(
         f"{f.realpath} is {f.sha256[:12]}; pristine {pristine.sha256[:12]} from {pristine.source}"
     )
     said = f"recorded as patch {loaded.spec.id}"
-    session.record("read", StepStatus.OK, 0.0, detail)
+    session.record(Step.READ, StepStatus.OK, 0.0, detail)
     session.recorder.file_version(
         session.name,
         path=f.realpath,
@@ -452,10 +454,10 @@ def _adopted(
         pre_image=pristine.content,
         post_image=f.content,
     )
-    session.record("adopt", StepStatus.OK, 0.0, said)
+    session.record(Step.ADOPT, StepStatus.OK, 0.0, said)
     session.steps += [
-        StepResult("read", StepStatus.OK, 0.0, detail),
-        StepResult("adopt", StepStatus.OK, 0.0, said),
+        StepResult(Step.READ, StepStatus.OK, 0.0, detail),
+        StepResult(Step.ADOPT, StepStatus.OK, 0.0, said),
     ]
     change = FileChange(f.realpath, pristine.sha256, f.sha256)
     # What `status` will say: a server started before the edit still runs the old code, and one

@@ -18,7 +18,7 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.tomlsource import parse_field_path
-from opspatch.core.vocabulary import HaltAction, Outcome, RestartPolicy
+from opspatch.core.vocabulary import Command, HaltAction, Outcome, RestartPolicy
 from opspatch.errors import (
     BecomeError,
     HostKeyError,
@@ -70,7 +70,7 @@ def apply_to_hosts(
     ledger: Ledger | None,
     progress: Progress | None = None,
     dry_run: bool = False,
-    command: str = "apply",
+    command: Command = Command.APPLY,
     local: LocalFiles | None = None,
 ) -> RunReport:
     """Apply `patch` across `hosts` under `playbook` (a dry run locks and records nothing).
@@ -155,7 +155,7 @@ class _FleetApply:
     recorder: Recorder
     progress: Progress
     dry_run: bool
-    command: str = "apply"
+    command: Command = Command.APPLY
     local: LocalFiles | None = None
 
     def run(self) -> RunReport:

@@ -38,7 +38,7 @@ from opspatch.core.edit import Applied
 from opspatch.core.host import ContainerRuntime, ContainerSettings, EngineSettings, Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Outcome
+from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import HostError, InputError, OpspatchError
 from opspatch.hosts.image import (
     BakedFile,
@@ -123,11 +123,11 @@ def bake_image(
     try:  # a start that fails half-way can leave the container created: remove it whatever
         runtime.start_scratch(base.id, scratch.name)
         host = _scratch_host(tag, scratch, request.python)
-        with recorded_run(ledger, command="bake", patch=patch, hosts=[host]) as run:
+        with recorded_run(ledger, command=Command.BAKE, patch=patch, hosts=[host]) as run:
             progress.run_started(run.run_id, f"{patch.spec.id} into {tag}, from {request.image}")
             bake = _Bake(patch, request, playbook, tag, base, runtime, run.run_id)
             with FleetRun(
-                command="bake",
+                command=Command.BAKE,
                 patch_id=patch.spec.id,
                 hosts=[host],
                 factory=transport_factory(),
@@ -223,7 +223,7 @@ class _Bake:
         image's context and record its file versions."""
         files = [self._baked(item) for item in prepared.pending]
         try:
-            with session.step("swap") as note:  # compiled by the image's own interpreter
+            with session.step(Step.SWAP) as note:  # compiled by the image's own interpreter
                 for item in prepared.pending:
                     plan = _plan(item)
                     result = session.ops.swap(
@@ -258,7 +258,7 @@ class _Bake:
         context = build_context(base, files, labels, prepared.diff())
         if self.request.context_dir is not None:
             directory = self.request.context_dir
-            with session.step("context") as note:
+            with session.step(Step.CONTEXT) as note:
                 _write_context(directory, context)
                 note["detail"] = f"{len(context)} file(s) in {directory}"
             self._record(session, prepared, image_id="")
@@ -270,7 +270,7 @@ class _Bake:
             )
         with tempfile.TemporaryDirectory(prefix="opspatch-bake-") as scratch_dir:
             try:
-                with session.step("build") as note:
+                with session.step(Step.BUILD) as note:
                     _write_context(Path(scratch_dir), context)
                     built = self.runtime.build(self.tag, scratch_dir)
                     if not built.ok:

@@ -29,7 +29,7 @@ from opspatch.core.policy import Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch, Target
-from opspatch.core.vocabulary import Outcome
+from opspatch.core.vocabulary import FileAction, Outcome
 from opspatch.errors import InputError, TargetError
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.commands.apply import LocalFiles, apply_to_hosts, not_applicable_error
@@ -356,7 +356,7 @@ def rollback_local_tree(
 def _set_of(versions: Sequence[FileVersion], path: str) -> list[str] | None:
     """The paths of the set `path` is one file of, among one host's `versions` of one run
     (None: the run changed one file there, or not `path`)."""
-    paths = list(dict.fromkeys(v.path for v in versions if v.action == "patch"))
+    paths = list(dict.fromkeys(v.path for v in versions if v.action == FileAction.PATCH))
     return paths if path in paths and len(paths) > 1 else None
 
 

@@ -41,7 +41,7 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Outcome, RunStatus
+from opspatch.core.vocabulary import Command, FileAction, Outcome, RunStatus
 from opspatch.errors import InputError, LockHeld
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.fleet.connect import TransportFactory
@@ -126,7 +126,7 @@ def recover_run(
             if record.outcome == Outcome.FAILED:  # nothing changed there (the swap was refused)
                 continue
             versions.setdefault(record.host, []).extend(
-                v for v in record.file_versions if v.action == "patch"
+                v for v in record.file_versions if v.action == FileAction.PATCH
             )
     runs = ", ".join(d.run_id for d in chain)
     # A host lock is taken over at once only from a run known to be over; that of a run whose
@@ -187,7 +187,9 @@ def recover_hosts(
 ) -> RunReport:
     """Recover the named hosts from every file version this ledger holds for them."""
     versions = {
-        host.name: [v for v in reversed(ledger.file_history(host.name)) if v.action == "patch"]
+        host.name: [
+            v for v in reversed(ledger.file_history(host.name)) if v.action == FileAction.PATCH
+        ]
         for host in hosts
     }
     scope = _Scope(versions, None, "any recorded run")
@@ -209,7 +211,7 @@ def _recover(
 ) -> RunReport:
     with recorded_run(
         ledger,
-        command="recover",
+        command=Command.RECOVER,
         patch=patch,
         hosts=hosts,
         playbook=playbook,
@@ -217,7 +219,7 @@ def _recover(
     ) as run:
         recover = _RecoverHost(ledger, scope, patch)
         report = run_restore(
-            command="recover",
+            command=Command.RECOVER,
             recorder=run,
             hosts=hosts,
             factory=factory,

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Outcome
+from opspatch.core.vocabulary import Command, Outcome
 from opspatch.errors import OpspatchError
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.fleet.connect import TransportFactory
@@ -62,9 +62,11 @@ def restart_hosts(
     """
     progress = progress or NoProgress()
     with (
-        recorded_run(ledger, command="restart", patch=None, hosts=hosts, playbook=playbook) as run,
+        recorded_run(
+            ledger, command=Command.RESTART, patch=None, hosts=hosts, playbook=playbook
+        ) as run,
         FleetRun(
-            command="restart",
+            command=Command.RESTART,
             patch_id=None,
             hosts=hosts,
             factory=factory,
@@ -93,7 +95,7 @@ def _staged_versions(ledger: Ledger, host: str) -> list[FileVersion]:
     """The changes the newest write's run made on the host (a staged one is the newest write),
     the newest of each path, in the order they were written: several for a patch set, which
     is restarted into together; empty when the ledger holds no change here."""
-    history = [v for v in ledger.file_history(host) if v.action == "patch"]
+    history = [v for v in ledger.file_history(host) if v.action == FileAction.PATCH]
     if not history:
         return []
     mine = [v for v in history if v.run_id == history[0].run_id]

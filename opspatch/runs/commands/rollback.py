@@ -38,7 +38,7 @@ from opspatch.core.policy import Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Outcome, SetState
+from opspatch.core.vocabulary import Command, FileAction, Outcome, SetState, Step
 from opspatch.errors import OpspatchError, RemoteOperationError
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.lineage import ChangedSince, PatchedFurther, applied_versions
@@ -97,7 +97,7 @@ def rollback_hosts(
     patch_id = patch.spec.id if patch else (source_run.summary.patch_id if source_run else None)
     with recorded_run(
         ledger,
-        command="rollback",
+        command=Command.ROLLBACK,
         patch=patch,
         hosts=hosts,
         playbook=playbook,
@@ -112,7 +112,7 @@ def rollback_hosts(
             frozenset(only_paths) if only_paths is not None else None,
         )
         report = run_restore(
-            command="rollback",
+            command=Command.ROLLBACK,
             recorder=run,
             hosts=hosts,
             factory=factory,
@@ -162,7 +162,7 @@ class _Rollback:
             found = [
                 v
                 for v in reversed(record.file_versions)
-                if v.action == "patch" and self._considered(v.path)
+                if v.action == FileAction.PATCH and self._considered(v.path)
             ]
             return [v for v in found if v.path == found[0].path]
         assert self.patch is not None
@@ -190,12 +190,12 @@ class _Rollback:
                 return {}
             if record.outcome == Outcome.FAILED:
                 return {}
-            found = [v for v in reversed(record.file_versions) if v.action == "patch"]
+            found = [v for v in reversed(record.file_versions) if v.action == FileAction.PATCH]
         elif self.patch is not None and self.patch.is_set:
             found = [
                 v
                 for v in self.ledger.file_history(host)
-                if v.patch_id == self.patch.spec.id and v.action == "patch"
+                if v.patch_id == self.patch.spec.id and v.action == FileAction.PATCH
             ]
         else:
             return {}
@@ -429,7 +429,7 @@ class _Rollback:
         live = inspection.file
         unchanged = FileChange(live.realpath, live.sha256, live.sha256)
         try:
-            with session.step("restore") as note:
+            with session.step(Step.RESTORE) as note:
                 restored = session.ops.restore(
                     live.realpath,
                     pre_sha256=pre_sha256,
@@ -456,7 +456,7 @@ class _Rollback:
             mode=live.mode,
             owner=f"{live.owner or live.uid}:{live.group or live.gid}",
             pre_image=live.content,
-            action="restore",
+            action=FileAction.RESTORE,
             container=session.container,
         )
         change = FileChange(live.realpath, restored.sha256_before, restored.sha256_after)

@@ -15,6 +15,7 @@ from typing import Any
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.policy import Playbook
+from opspatch.core.vocabulary import Command
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, OpspatchError
 from opspatch.hosts.engine import SmokeResult
 from opspatch.runs.fleet.connect import TransportFactory
@@ -79,7 +80,7 @@ def smoke_hosts(
             return HostSmoke(session.name, None, describe_error(exc))
 
     with FleetRun(
-        command="smoke",
+        command=Command.SMOKE,
         patch_id=None,
         hosts=hosts,
         factory=factory,

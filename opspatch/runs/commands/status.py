@@ -25,7 +25,7 @@ from opspatch.core.jsonrecord import JsonRecord, json_field, record_to_json
 from opspatch.core.policy import StepTimeouts
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch, PatchSpec
-from opspatch.core.vocabulary import Detected, PatchState, Rotation
+from opspatch.core.vocabulary import Detected, FileAction, PatchState, Rotation
 from opspatch.errors import OpspatchError, TargetError
 from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.image import BakedLabels, baked_history
@@ -383,7 +383,7 @@ def recreated_since(
     written = history[0] if history else None  # newest first: a later restore says nothing
     if (
         written is None
-        or written.action != "patch"
+        or written.action != FileAction.PATCH
         or (patch_id is not None and written.patch_id != patch_id)
         or written.container is None
         or written.container.id == container.id

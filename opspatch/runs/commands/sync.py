@@ -23,8 +23,10 @@ from opspatch.core.policy import Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import (
+    Command,
     Detected,
     DriftCause,
+    FileAction,
     Outcome,
     PatchState,
     Rotation,
@@ -234,7 +236,7 @@ def drift_cause(
         return None
     if status.recreated:
         return DriftCause.RECREATED_CONTAINER
-    if written is None or written.action != "patch":
+    if written is None or written.action != FileAction.PATCH:
         return DriftCause.PATCH_MISSING  # never written here, or rolled back since
     if written.release is not None and status.release not in (None, written.release):
         return DriftCause.UPGRADED
@@ -336,9 +338,9 @@ def _written_before(ledger: Ledger | None, status: PatchStatus) -> WrittenBefore
     history = [
         v
         for v in ledger.file_history(status.host, status.path)
-        if v.patch_id == status.patch or v.action == "restore"
+        if v.patch_id == status.patch or v.action == FileAction.RESTORE
     ]
-    last_patch = next((v for v in history if v.action == "patch"), None)
+    last_patch = next((v for v in history if v.action == FileAction.PATCH), None)
     if last_patch is None:
         return None
     newest = history[0]
@@ -458,7 +460,7 @@ def sync_fleet(
             factory=factory,
             ledger=ledger,
             progress=progress,
-            command="sync",
+            command=Command.SYNC,
         )
         runs.append(report)
         if report.exit_code != EXIT_OK:
@@ -495,10 +497,10 @@ def _record_left_alone(
     hosts = [by_name[r.host] for r, _ in left]
     with (
         recorded_run(
-            ledger, command="sync", patch=entry.patch, hosts=hosts, playbook=playbook
+            ledger, command=Command.SYNC, patch=entry.patch, hosts=hosts, playbook=playbook
         ) as run,
         FleetRun(
-            command="sync",
+            command=Command.SYNC,
             patch_id=entry.patch.spec.id,
             hosts=hosts,
             factory=factory,

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
-from opspatch.core.vocabulary import Outcome, RunStatus
+from opspatch.core.vocabulary import Command, Outcome, RunStatus, Step
 from opspatch.errors import InputError, LockHeld
 from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
@@ -37,10 +37,12 @@ def unlock_hosts(
     whose run holds a live lease (its controller heart-beats, wherever it is) and one whose run
     this ledger does not know (another controller's), unless `force_unknown` (--force).
     """
-    with recorded_run(ledger, command="unlock", patch=None, hosts=hosts, playbook=playbook) as run:
+    with recorded_run(
+        ledger, command=Command.UNLOCK, patch=None, hosts=hosts, playbook=playbook
+    ) as run:
         unlock = _UnlockHost(ledger, force_unknown)
         report = run_restore(
-            command="unlock",
+            command=Command.UNLOCK,
             recorder=run,
             hosts=hosts,
             factory=factory,
@@ -60,7 +62,7 @@ class _UnlockHost:
     def host(self, session: HostSession) -> HostOutcome:
         timeout = session.playbook.timeouts.lock
         run_id = session.lock.taking()
-        with session.step("lock") as note:
+        with session.step(Step.LOCK) as note:
             try:
                 info = session.ops.lock(run_id=run_id, timeout=timeout)
             except LockHeld as held:
@@ -93,7 +95,7 @@ class _UnlockHost:
                 f"not know ({held_by}); it may be alive on another controller. Ask its owner, "
                 "wait for it to expire, or re-run with --force",
             )
-        with session.step("unlock") as note:
+        with session.step(Step.UNLOCK) as note:
             result = session.ops.unlock(run_id=holder, force=not holder, timeout=timeout)
             note["detail"] = (
                 f"removed the lock of run {holder}" if result.released else result.reason

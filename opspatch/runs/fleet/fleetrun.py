@@ -33,7 +33,7 @@ from typing import TypeVar
 from opspatch.core.host import Host
 from opspatch.core.policy import Batch, Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Outcome
+from opspatch.core.vocabulary import Command, Outcome
 from opspatch.errors import (
     BecomeError,
     HostKeyError,
@@ -72,7 +72,9 @@ NotStarted = Callable[[HostSession, str], HostOutcome]
 PREFLIGHT_IN_FLIGHT = 16
 """Hosts inspected at once in a preflight (read-only and short: more than a rollout's batch)."""
 
-LEASED_COMMANDS = frozenset({"apply", "sync", "rollback", "restart", "recover"})
+LEASED_COMMANDS = frozenset(
+    {Command.APPLY, Command.SYNC, Command.ROLLBACK, Command.RESTART, Command.RECOVER}
+)
 """The commands that change hosts' files or engines. `unlock` changes a lock only: it refuses
 the lock of a run whose lease is live unless --force (`recover.unlock_hosts`); `bake` changes no
 host."""
@@ -92,7 +94,7 @@ class FleetRun:
     def __init__(
         self,
         *,
-        command: str,
+        command: Command,
         patch_id: str | None,
         hosts: Sequence[Host],
         factory: TransportFactory,
@@ -392,7 +394,7 @@ class FleetRun:
         rotation = Rotation.open(
             self.hosts,
             self.playbook,
-            allow_unregistered=self.command == "recover",
+            allow_unregistered=self.command == Command.RECOVER,
             taken_out=taken_out,
             restarting=restarting,
         )

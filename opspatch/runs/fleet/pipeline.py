@@ -27,7 +27,7 @@ from opspatch.core.policy import Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch, PatchSpec, Target
-from opspatch.core.vocabulary import Outcome
+from opspatch.core.vocabulary import Outcome, Step
 from opspatch.errors import OpspatchError, PreimageMismatch
 from opspatch.hosts.engine import SmokeResult
 from opspatch.hosts.operations import HostInspection
@@ -212,7 +212,7 @@ class ApplyPipeline:
             raise ValueError("prepare takes one path per target")
         timeout = self.playbook.timeouts.lock + self.playbook.timeouts.inspect
         inspections: list[HostInspection] = []
-        with session.step("begin" if lock else "inspect") as note:
+        with session.step(Step.BEGIN if lock else Step.INSPECT) as note:
             for index, part in enumerate(parts):
                 module = None if paths is not None else part.target.module
                 path = None if paths is None else paths[index]
@@ -229,9 +229,9 @@ class ApplyPipeline:
                 + f"; python {facts.python_version}, "
                 f"{parts[0].target.distribution} {facts.sglang_version or '?'}"
             )
-        session.recorder.facts(session.name, facts.to_json())
+        session.recorder.facts(session.name, facts)
         files = []
-        with session.step("plan") as note:
+        with session.step(Step.PLAN) as note:
             for index, (part, inspection) in enumerate(zip(parts, inspections, strict=True)):
                 files.append(
                     PreparedFile(
@@ -284,7 +284,7 @@ class ApplyPipeline:
             return self._outcome(session, prepared, refused.outcome, refused.error, old=pending)
         with_path = prepared.is_set
         try:
-            with session.step("backup") as note:
+            with session.step(Step.BACKUP) as note:
                 for item in pending:
                     self._record_backup(session, item)
                 note["detail"] = "; ".join(
@@ -302,7 +302,7 @@ class ApplyPipeline:
             plan = _plan(item)
             last = item is pending[-1]
             try:
-                with session.step("swap") as note:
+                with session.step(Step.SWAP) as note:
                     result = session.ops.swap(
                         item.path,
                         expected_sha256=plan.sha256_before,
@@ -374,8 +374,8 @@ class ApplyPipeline:
             return None, None
         problem = ""
         try:
-            with session.step("baseline") as note:
-                result = session.engine.smoke(log_offset=None, checks=False, step="baseline")
+            with session.step(Step.BASELINE) as note:
+                result = session.engine.smoke(log_offset=None, checks=False, step=Step.BASELINE)
                 complete = all(t is not None for t in result.texts)
                 note["detail"] = "taken" if complete else "incomplete: " + result.summary()
             if complete:
@@ -478,7 +478,7 @@ class ApplyPipeline:
             why = f"{item.path}: {why}"
         plan = _plan(item)
         try:
-            with session.step("reconcile") as note:
+            with session.step(Step.RECONCILE) as note:
                 live = session.ops.read(item.path, timeout=self.playbook.timeouts.inspect)
                 note["detail"] = f"file is {live.sha256[:12]}"
         except OpspatchError as again:

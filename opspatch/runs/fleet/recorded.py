@@ -1,7 +1,7 @@
 """The ledger ceremony of a run, written once: check the chain, begin, finish with the outcome.
 
 ```python
-with recorded_run(ledger, command="apply", patch=loaded, hosts=hosts, ...) as run:
+with recorded_run(ledger, command=Command.APPLY, patch=loaded, hosts=hosts, ...) as run:
     report = ...  # every step and host outcome is recorded through `run` as it happens
     run.finish(report)
 ```
@@ -27,7 +27,7 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, TeamSettings
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import RunOutcome
+from opspatch.core.vocabulary import Command, RunOutcome
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.fleet.recorder import LedgerRecorder
@@ -43,7 +43,7 @@ def command_line(argv: Sequence[str] | None = None) -> str:
 def recorded_run(
     ledger: Ledger,
     *,
-    command: str,
+    command: Command,
     patch: LoadedPatch | None,
     hosts: Sequence[Host],
     playbook: Playbook | None = None,
@@ -89,7 +89,7 @@ def recorded_run(
         yield run
     except InputError:
         if not run.finished:
-            ledger.finish_run(run_id, str(RunOutcome.REFUSED))
+            ledger.finish_run(run_id, RunOutcome.REFUSED)
             run.finished = True
         raise
     except LedgerError as exc:

@@ -12,9 +12,10 @@ forwards, in the same order.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
-from opspatch.core.vocabulary import RunStatus, StepStatus
+from opspatch.core.hostfacts import HostFacts
+from opspatch.core.vocabulary import FileAction, RunStatus, Step, StepStatus
 from opspatch.errors import OpspatchError
 from opspatch.ledger.records import ContainerRecord, LeaseGrant, LeaseHolder, StepRecord
 from opspatch.ledger.store import Ledger
@@ -36,11 +37,11 @@ class Recorder(Protocol):
         """The run id its report names: None for a run nothing recorded (a dry run)."""
 
     def step(
-        self, host: str, step: str, status: StepStatus, seconds: float | None, detail: str
+        self, host: str, step: Step, status: StepStatus, seconds: float | None, detail: str
     ) -> None:
         """A step's `started` or its end, with timing and what it did (cut to `DETAIL_LIMIT`)."""
 
-    def facts(self, host: str, facts: Mapping[str, Any]) -> None:
+    def facts(self, host: str, facts: HostFacts) -> None:
         """What a host runs (its machine id among it: later lookups by machine find the run)."""
 
     def file_version(
@@ -54,7 +55,7 @@ class Recorder(Protocol):
         owner: str,
         pre_image: bytes,
         post_image: bytes | None = None,
-        action: str = "patch",
+        action: FileAction = FileAction.PATCH,
         container: ContainerRecord | None = None,
     ) -> None:
         """A file this run changes, with its full pre-image (before the host is touched)."""
@@ -86,7 +87,7 @@ class Recorder(Protocol):
     def run_status(self, run_id: str) -> RunStatus | None:
         """The status of another run of this ledger; None when it knows no such run."""
 
-    def host_steps(self, host: str, steps: Collection[str]) -> list[tuple[str, StepRecord]]:
+    def host_steps(self, host: str, steps: Collection[Step]) -> list[tuple[str, StepRecord]]:
         """`(run_id, step)` of the steps named in `steps` that any run of this ledger recorded
         on `host`, newest first (`Ledger.host_steps`); none when this run has no ledger.
 
@@ -128,13 +129,11 @@ class LedgerRecorder:
         return self._run_id
 
     def step(
-        self, host: str, step: str, status: StepStatus, seconds: float | None, detail: str
+        self, host: str, step: Step, status: StepStatus, seconds: float | None, detail: str
     ) -> None:
-        self.ledger.record_step(
-            self._run_id, host, step, str(status), seconds, detail[:DETAIL_LIMIT]
-        )
+        self.ledger.record_step(self._run_id, host, step, status, seconds, detail[:DETAIL_LIMIT])
 
-    def facts(self, host: str, facts: Mapping[str, Any]) -> None:
+    def facts(self, host: str, facts: HostFacts) -> None:
         self.ledger.record_facts(self._run_id, host, facts)
 
     def file_version(
@@ -148,7 +147,7 @@ class LedgerRecorder:
         owner: str,
         pre_image: bytes,
         post_image: bytes | None = None,
-        action: str = "patch",
+        action: FileAction = FileAction.PATCH,
         container: ContainerRecord | None = None,
     ) -> None:
         self.ledger.record_file_version(
@@ -184,7 +183,7 @@ class LedgerRecorder:
             mode=mode,
             owner=owner,
             pre_image=self.ledger.blob(sha256_before),
-            action="restore",
+            action=FileAction.RESTORE,
             container=container,
         )
 
@@ -192,9 +191,9 @@ class LedgerRecorder:
         self.ledger.record_host_outcome(
             self._run_id,
             outcome.host,
-            str(outcome.outcome),
+            outcome.outcome,
             outcome.error,
-            outcome.file.to_json() if outcome.file else None,
+            outcome.file,
         )
 
     def stored_image(self, sha256: str) -> bytes | None:
@@ -206,7 +205,7 @@ class LedgerRecorder:
         except OpspatchError:
             return None  # not a run of this ledger: it may be alive on another controller
 
-    def host_steps(self, host: str, steps: Collection[str]) -> list[tuple[str, StepRecord]]:
+    def host_steps(self, host: str, steps: Collection[Step]) -> list[tuple[str, StepRecord]]:
         return self.ledger.host_steps(host, steps)
 
     def take_leases(
@@ -228,7 +227,7 @@ class LedgerRecorder:
     def finish(self, report: RunReport) -> RunReport:
         """Record the run's outcome (the first time only) and return `report`."""
         if not self.finished:
-            self.ledger.finish_run(self._run_id, str(report.outcome))
+            self.ledger.finish_run(self._run_id, report.outcome)
             self.finished = True
         return report
 
@@ -247,11 +246,11 @@ class NullRecorder:
         return None
 
     def step(
-        self, host: str, step: str, status: StepStatus, seconds: float | None, detail: str
+        self, host: str, step: Step, status: StepStatus, seconds: float | None, detail: str
     ) -> None:
         return None
 
-    def facts(self, host: str, facts: Mapping[str, Any]) -> None:
+    def facts(self, host: str, facts: HostFacts) -> None:
         return None
 
     def file_version(
@@ -265,7 +264,7 @@ class NullRecorder:
         owner: str,
         pre_image: bytes,
         post_image: bytes | None = None,
-        action: str = "patch",
+        action: FileAction = FileAction.PATCH,
         container: ContainerRecord | None = None,
     ) -> None:
         return None
@@ -292,7 +291,7 @@ class NullRecorder:
     def run_status(self, run_id: str) -> RunStatus | None:
         return None
 
-    def host_steps(self, host: str, steps: Collection[str]) -> list[tuple[str, StepRecord]]:
+    def host_steps(self, host: str, steps: Collection[Step]) -> list[tuple[str, StepRecord]]:
         return []
 
     def take_leases(

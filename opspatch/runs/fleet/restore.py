@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
-from opspatch.core.vocabulary import Outcome
+from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.hosts.engine import RestartResult
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion
@@ -79,14 +79,14 @@ def ensure_running(session: HostSession) -> str:
     the host's outcome) says why."""
     restart: RestartResult | None = None
     try:
-        ready_step(session, None, step="ready")
+        ready_step(session, None, step=Step.READY)
         how = "already running"
     except HostFailed:
-        restart = restart_step(session, step="restart")
+        restart = restart_step(session, step=Step.RESTART)
         ready_step(
             session,
             restart,
-            step="ready-after-restart",
+            step=Step.READY_AFTER_RESTART,
             timeout=session.playbook.timeouts.restore_ready,
         )
         how = "restarted"
@@ -138,7 +138,7 @@ def halt_under_playbook(playbook: Playbook, canaries: Collection[str]) -> HaltPo
 
 def run_restore(
     *,
-    command: str,
+    command: Command,
     recorder: Recorder,
     hosts: Sequence[Host],
     factory: TransportFactory,

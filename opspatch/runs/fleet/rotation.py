@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from opspatch.core.host import Host, RouterSettings
 from opspatch.core.policy import Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Outcome, StepStatus
+from opspatch.core.vocabulary import Command, Outcome, Step, StepStatus
 from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.errors import OpspatchError, RouterError, RouterRefused
 from opspatch.hosts.router import RouterClient, RouterWorker
@@ -44,12 +44,12 @@ DRAIN_SETTLE_SECONDS = 0.5
 before the removal may still be on its way into the worker's queue."""
 
 ADMIT_POLL_SECONDS = 0.1
-ROTATING_COMMANDS = frozenset({"apply", "sync", "restart", "rollback", "recover"})
+ROTATING_COMMANDS = frozenset(
+    {Command.APPLY, Command.SYNC, Command.RESTART, Command.ROLLBACK, Command.RECOVER}
+)
 """The commands that restart engines, and so drain and admit around the restart."""
 
-DRAIN_STEP = "drain"
-ADMIT_STEP = "admit"
-ROTATION_STEPS = (DRAIN_STEP, ADMIT_STEP)
+ROTATION_STEPS = (Step.DRAIN, Step.ADMIT)
 """The ledger steps that take a worker out of rotation and put it back (`taken_out_by`)."""
 
 
@@ -262,11 +262,11 @@ def taken_out_by(steps: Sequence[tuple[str, StepRecord]], router: RouterSettings
     ended: set[tuple[str, str]] = set()
     for run_id, step in steps:
         if step.status == StepStatus.STARTED:
-            if step.step == DRAIN_STEP and (run_id, DRAIN_STEP) not in ended:
+            if step.step == Step.DRAIN and (run_id, Step.DRAIN) not in ended:
                 return run_id
             continue
         ended.add((run_id, step.step))
-        if step.step == ADMIT_STEP:
+        if step.step == Step.ADMIT:
             if step.status == StepStatus.OK:
                 return None
         elif step.status != StepStatus.OK or step.detail.startswith(
@@ -367,7 +367,7 @@ def drain_step(session: HostSession) -> None:
         return
     timeouts = session.playbook.timeouts
     try:
-        with session.step(DRAIN_STEP) as note:
+        with session.step(Step.DRAIN) as note:
             t = timeouts
             # a worker already out of rotation at the start takes no more room
             waited = (
@@ -416,7 +416,7 @@ def admit_step(session: HostSession) -> None:
         return
     client = rotation.gate.client
     try:
-        with session.step(ADMIT_STEP) as note:
+        with session.step(Step.ADMIT) as note:
             seconds = _register(client, rotation.worker_url, session.playbook.timeouts.admit)
             rotation.admitted = True
             note["detail"] = (

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
+from opspatch.core.vocabulary import Outcome, RunStatus, Step, StepStatus
 from opspatch.errors import (
     BecomeError,
     HostKeyError,
@@ -43,7 +43,7 @@ class Progress(Protocol):
 
     def run_started(self, run_id: str, summary: str) -> None: ...
 
-    def update(self, host: str, step: str, status: str) -> None: ...
+    def update(self, host: str, step: Step, status: str) -> None: ...
 
     def notice(self, text: str) -> None:
         """Something the operator must see now (their Ctrl-C was taken, and what happens next)."""
@@ -55,7 +55,7 @@ class NoProgress:
     def run_started(self, run_id: str, summary: str) -> None:
         return None
 
-    def update(self, host: str, step: str, status: str) -> None:
+    def update(self, host: str, step: Step, status: str) -> None:
         return None
 
     def notice(self, text: str) -> None:
@@ -136,7 +136,7 @@ class HostLock:
             return
         session = self._session
         try:
-            with session.step("release"):
+            with session.step(Step.RELEASE):
                 session.ops.unlock(run_id=self.run_id, timeout=session.playbook.timeouts.lock)
             self._given_back = True
         except OpspatchError:
@@ -287,12 +287,12 @@ class HostSession:
         return ""
 
     def record(
-        self, step: str, status: StepStatus, seconds: float | None = None, detail: str = ""
+        self, step: Step, status: StepStatus, seconds: float | None = None, detail: str = ""
     ) -> None:
         self.recorder.step(self.name, step, status, seconds, detail)
 
     @contextmanager
-    def step(self, name: str) -> Iterator[dict[str, str]]:
+    def step(self, name: Step) -> Iterator[dict[str, str]]:
         """Run one step: progress, a `started` and an `ok`/`failed` ledger record, timing.
 
         The body may set `note["detail"]` to describe what it did. The users the step's execs

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from opspatch.core.vocabulary import Step
 from opspatch.errors import LockHeld
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.lineage import Standing as Located
@@ -57,13 +58,13 @@ def begin(
     """
     timeouts = session.playbook.timeouts
     if not lock:
-        with session.step("inspect") as note:
+        with session.step(Step.INSPECT) as note:
             inspection = session.ops.inspect(module, path=path, timeout=timeouts.inspect)
             note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
-        session.recorder.facts(session.name, inspection.facts.to_json())
+        session.recorder.facts(session.name, inspection.facts)
         return inspection
     run_id = session.lock.taking()
-    with session.step("begin") as note:
+    with session.step(Step.BEGIN) as note:
         try:
             _, inspection = session.ops.begin(
                 module, path=path, run_id=run_id, timeout=timeouts.lock + timeouts.inspect
@@ -99,7 +100,7 @@ def read_live(
     live = dict(known)
     missing = [p for p in paths if p not in live]
     if missing:
-        with session.step("read-set") as note:
+        with session.step(Step.READ_SET) as note:
             for path in missing:
                 live[path] = session.ops.read(
                     path, timeout=session.playbook.timeouts.inspect

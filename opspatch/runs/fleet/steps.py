@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Outcome
+from opspatch.core.vocabulary import Outcome, Step
 from opspatch.errors import InputError, OpspatchError, RemoteOperationError
 from opspatch.hosts.engine import Readiness, RestartResult, SmokeResult, StillWaiting
 from opspatch.hosts.operations import RestoreResult
@@ -58,7 +58,7 @@ def restore_pre_image(
         RemoteOperationError: the restore failed on the host (`not-our-file`, `write-failed`...).
         LedgerIntegrityError, LedgerError: the ledger's copy is missing or not the pre-image.
     """
-    with session.step("restore") as note:
+    with session.step(Step.RESTORE) as note:
         try:
             try:
                 restored = session.ops.restore(
@@ -109,7 +109,7 @@ def restore_pre_image(
     return restored
 
 
-def restart_step(session: HostSession, *, step: str = "restart") -> RestartResult:
+def restart_step(session: HostSession, *, step: Step = Step.RESTART) -> RestartResult:
     """Restart the engine as a recorded step; a failure ends the pipeline (`HostFailed`).
     Behind a router the host is drained first (once per session), so no restart drops a
     request."""
@@ -127,7 +127,7 @@ def ready_step(
     session: HostSession,
     restart: RestartResult | None,
     *,
-    step: str = "ready",
+    step: Step = Step.READY,
     timeout: float | None = None,
 ) -> Readiness:
     """Wait until the engine is ready, as a recorded step (`HostFailed` when it is not).
@@ -157,7 +157,7 @@ def ready_step(
         session.awaiting = None
 
 
-def waiting_line(host: str, step: str, still: StillWaiting, run_id: str | None) -> str:
+def waiting_line(host: str, step: Step, still: StillWaiting, run_id: str | None) -> str:
     """The line a readiness wait prints every 30 s: what is awaited, the last answer, how long
     so far, when it gives up, and what a Ctrl-C does to it."""
     recover = (
@@ -188,7 +188,7 @@ def smoke_step(
     restart: RestartResult | None,
     *,
     baseline: Sequence[str | None] | None,
-    step: str = "smoke",
+    step: Step = Step.SMOKE,
     must_pass: bool = True,
     last: bool = False,
 ) -> SmokeResult:
@@ -244,7 +244,7 @@ def readmit(session: HostSession, restart: RestartResult | None) -> None:
 
 
 def smoke_after_restore(
-    session: HostSession, restart: RestartResult, *, step: str = "smoke-after-restore"
+    session: HostSession, restart: RestartResult, *, step: Step = Step.SMOKE_AFTER_RESTORE
 ) -> tuple[SmokeResult | None, str | None]:
     """The smoke decode after a restore, as the host's last step: its result (None when it
     could not run) and, unless it passed, why the server does not serve the restored file.
@@ -269,14 +269,16 @@ class RestoreSteps:
     """The names of the steps that prove a restore (a rollback's are its main steps; an undo
     after a failed proof names them after the restore)."""
 
-    restart: str
-    ready: str
-    smoke: str
+    restart: Step
+    ready: Step
+    smoke: Step
 
 
-AFTER_RESTORE = RestoreSteps("restart-after-restore", "ready-after-restore", "smoke-after-restore")
+AFTER_RESTORE = RestoreSteps(
+    Step.RESTART_AFTER_RESTORE, Step.READY_AFTER_RESTORE, Step.SMOKE_AFTER_RESTORE
+)
 """An undo's steps after a failed proof (and recover's putting a set back)."""
-AS_ROLLBACK = RestoreSteps("restart", "ready", "smoke")
+AS_ROLLBACK = RestoreSteps(Step.RESTART, Step.READY, Step.SMOKE)
 """A rollback's steps: the restore is what it is for."""
 
 

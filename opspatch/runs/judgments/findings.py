@@ -19,7 +19,7 @@ from typing import Any
 from opspatch.analysis.fixes import FixMatch
 from opspatch.analysis.missingattr import MissingAttributeReport
 from opspatch.core.jsonrecord import JsonRecord, json_field
-from opspatch.core.vocabulary import FileState, FindingLevel
+from opspatch.core.vocabulary import FileAction, FileState, FindingLevel
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK
 from opspatch.hosts.diagnosis import (
     CachedBytecode,
@@ -262,7 +262,9 @@ def judge_file(
             run_id=baked.run_id,
             **common,
         )
-    written = next((v for v in history if v.action == "patch" and v.sha256_after == live), None)
+    written = next(
+        (v for v in history if v.action == FileAction.PATCH and v.sha256_after == live), None
+    )
     if written is not None:
         return FileVerdict(
             m.module,
@@ -287,7 +289,7 @@ def judge_file(
     relpath = module_relpath(m.module, f.realpath)
     latest = history[0] if history else None
     diff, against = None, None
-    if latest is not None and latest.action == "patch" and latest.sha256_after in texts:
+    if latest is not None and latest.action == FileAction.PATCH and latest.sha256_after in texts:
         diff = unified_diff(texts[latest.sha256_after], f.content, relpath)
         against = f"what run {latest.run_id} ({latest.patch_id}) wrote"
     elif m.checkout and m.checkout.diff:
@@ -299,7 +301,7 @@ def judge_file(
         diff = unified_diff(texts[history[-1].sha256_before], f.content, relpath)
         against = f"the pre-image run {history[-1].run_id} recorded"
     detail = f"sha256 {live[:12]} is not {label} ({reference[:12]})"
-    if latest is not None and latest.action == "patch":
+    if latest is not None and latest.action == FileAction.PATCH:
         detail += f"; changed since run {latest.run_id} wrote {latest.sha256_after[:12]}"
     if diff is None:
         detail += "; no pristine text known to diff against (RECORD holds only its hash)"

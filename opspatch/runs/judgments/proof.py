@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from opspatch.core.filechange import FileChange
 from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
+from opspatch.core.vocabulary import Outcome, RunStatus, Step, StepStatus
 from opspatch.errors import InputError
 from opspatch.ledger.records import StepRecord
 from opspatch.ledger.store import FileVersion, Ledger
@@ -46,7 +46,7 @@ class ChangeProof:
     writer: RunStatus | None
     proven_by: str | None
     staged_by: str | None
-    last_word: tuple[str, str] | None
+    last_word: tuple[str, Outcome] | None
 
     @property
     def proven(self) -> bool:
@@ -86,7 +86,7 @@ def change_proof(ledger: Ledger, host: str, version: FileVersion) -> ChangeProof
 
 
 def _smoke_tested(
-    ledger: Ledger, said: list[tuple[str, str]], names: tuple[str, ...], event_id: int
+    ledger: Ledger, said: list[tuple[str, Outcome]], names: tuple[str, ...], event_id: int
 ) -> str | None:
     """The newest run of the trailing `applied` words whose smoke decode passed on the host
     after the change was written (None: none of them ran one)."""
@@ -105,19 +105,17 @@ def _smoke_tested(
 def _smoke_passed(steps: Sequence[StepRecord], event_id: int) -> bool:
     """Whether a smoke decode passed among `steps` after the event `event_id` (the write)."""
     return any(
-        s.step == "smoke" and s.status == StepStatus.OK and s.event_id > event_id for s in steps
+        s.step == Step.SMOKE and s.status == StepStatus.OK and s.event_id > event_id for s in steps
     )
 
 
-def _about(change: dict[str, Any], version: FileVersion) -> bool:
+def _about(change: FileChange, version: FileVersion) -> bool:
     """Whether a host outcome's file is `version`'s bytes: its file, or (a patch set) any file
     of its set as the outcome left it."""
-    if change.get("path") == version.path and change.get("sha256_after") == version.sha256_after:
+    if change.path == version.path and change.sha256_after == version.sha256_after:
         return True
-    members = (change.get("set") or {}).get("files") or ()
     return any(
-        m.get("path") == version.path and m.get("sha256_live") == version.sha256_after
-        for m in members
+        m.path == version.path and m.live_sha256 == version.sha256_after for m in change.set_files
     )
 
 
