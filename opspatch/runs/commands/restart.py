@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Command, Outcome
+from opspatch.core.vocabulary import Command, FileAction, Outcome
 from opspatch.errors import OpspatchError
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.fleet.connect import TransportFactory
