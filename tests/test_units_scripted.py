@@ -311,3 +311,48 @@ def _desired(units: Units, hosts: list[Host]) -> DesiredState:
     by_name = {h.name: h for h in hosts}
     entry = DesiredPatch(units.patch, tuple(by_name), "", Location("fleet.toml", 1, "patches[0]"))
     return DesiredState("fleet.toml", (entry,), by_name)
+
+
+# -- status and drift: a unit whose nodes differ is never `applied` ------------------------------
+
+
+def test_a_unit_with_one_node_reinstalled_is_partial_on_every_node_naming_it(
+    units: Units,
+) -> None:
+    """The unit was staged on both nodes and restarted as one (both `applied`), then h2 was
+    reinstalled: status gives every node `partial`, naming h2; drift blames h2's file only."""
+    from opspatch.runs.commands.status import fleet_status
+    from opspatch.runs.commands.sync import plan_fleet
+
+    pristine = units.fakes["h2"].file.read_bytes()
+    assert units.apply("h1", "h2", playbook=NEVER).exit_code == 0
+    for name in UNIT.hosts:  # the operator restarts the unit as one
+        units.fakes[name].restarted()
+    hosts = units.hosts("h1", "h2", "h3")
+    states = {
+        s.host: str(s.state)
+        for s in fleet_status(hosts, [units.patch], units.factory, units.ledger)
+    }
+    assert states == {"h1": "applied", "h2": "applied", "h3": "not-applied"}
+
+    units.fakes["h2"].file.write_bytes(pristine)  # pip install --force-reinstall on one node
+    said = {s.host: s for s in fleet_status(hosts, [units.patch], units.factory, units.ledger)}
+    assert {h: str(s.state) for h, s in said.items()} == {
+        "h1": "partial",
+        "h2": "partial",
+        "h3": "not-applied",  # a server by itself: its own word
+    }
+    differ = "unit u1's nodes differ (h2 is not-applied; the others (h1) applied)"
+    assert said["h1"].detail.startswith(differ + "; this node is applied")
+    assert said["h2"].detail.startswith(differ + "; this node is not-applied")
+    assert (said["h1"].node_state, said["h2"].node_state) == ("applied", "not-applied")
+
+    plan = plan_fleet(_desired(units, hosts), hosts, [], units.factory, units.ledger)
+    rows = {r.host: r for r in plan.rows}
+    assert {h: str(r.action) for h, r in rows.items()} == {
+        "h1": "by-hand",
+        "h2": "by-hand",
+        "h3": "apply",
+    }
+    assert rows["h1"].cause is None  # its file is what opspatch wrote
+    assert str(rows["h2"].cause) == "reinstalled"

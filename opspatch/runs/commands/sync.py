@@ -229,6 +229,9 @@ def drift_cause(
     that drifted keeps its cause whether or not its server runs: drift is about files."""
     if row.action == SyncAction.EXTRA:
         return DriftCause.PATCH_EXTRA
+    if status.node_state is not None:  # a node of a unit that differs: its own file's drift
+        status = replace(status, state=status.node_state, node_state=None)
+        row = replace(row, action=ACTION_BY_STATE.get(status.state, SyncAction.BY_HAND))
     lacking = row.action in (SyncAction.APPLY, SyncAction.NEEDS_PORT, SyncAction.BY_HAND)
     changed = status.state == PatchState.DRIFTED
     if not (lacking or changed) or row.action == SyncAction.UNREACHABLE:
