@@ -140,8 +140,23 @@ def units_refused(
     )
 
 
-def _unlike(judged: NotUniform) -> str:
-    return f"unit {judged.unit}: " + "; ".join(d.describe() for d in judged.differences)
+def _unlike(unlike: Sequence[NotUniform]) -> str:
+    """Why a run over units whose nodes are not alike is refused, each odd node named."""
+    return (
+        "the nodes of a unit must run the same release and hold the same pre-image of every "
+        "target file (else its server would run two versions of its code): "
+        + "; ".join(
+            f"unit {u.unit}: " + "; ".join(d.describe() for d in u.differences) for u in unlike
+        )
+    )
+
+
+def _odd_node(outcome: HostOutcome, unlike: Sequence[NotUniform]) -> HostOutcome:
+    """A refused host's outcome, saying how it differs from its unit's other nodes."""
+    odd = [d.describe() for u in unlike for d in u.differences if d.node == outcome.host]
+    if not odd or outcome.error:
+        return outcome
+    return replace(outcome, error="its unit's nodes are not alike: " + "; ".join(odd))
 
 
 def not_applicable_error(
@@ -327,18 +342,8 @@ class _FleetApply:
             reasons.append(refusal(holders))
         unlike = self._units_not_alike(prepared)
         if unlike:
-            reasons.append(
-                "the nodes of a unit must run the same release and hold the same pre-image of "
-                "every target file (else its server would run two versions of its code): "
-                + "; ".join(_unlike(u) for u in unlike)
-            )
-            odd = {d.node: d.describe() for u in unlike for d in u.differences}
-            outcomes = [
-                replace(o, error=o.error or f"its unit's nodes are not alike: {odd[o.host]}")
-                if o.host in odd
-                else o
-                for o in outcomes
-            ]
+            reasons.append(_unlike(unlike))
+            outcomes = [_odd_node(o, unlike) for o in outcomes]
         if not reasons:
             return None
         halted = "refused before any change: " + "; ".join(reasons)
