@@ -166,6 +166,12 @@ class LeaseHeld(InputError):
     on them): refused before any change, naming that run's operator, controller and run."""
 
 
+class UnitRefused(InputError):
+    """A command would change or restart part of a multi-node server (a unit, docs/inventory.md
+    "Units") alone, or restart its nodes one by one, or patch nodes that are not alike: refused
+    before any change, naming the unit, its nodes and what works."""
+
+
 class ApprovalRefused(InputError):
     """The playbook asks for a second operator's signature of the patch and none that verifies
     is recorded (none at all, none allowed_signers accepts, or only the author's)."""

@@ -203,3 +203,42 @@ def test_ansible_units_belong_in_all_vars_only() -> None:
     error = refused(text, "/ws/inventories/fleet.yml")
     assert error.location.line == 5
     assert "opspatch_units can only be set in all.vars" in error.message
+
+
+ROUTED = 'router = { url = "http://router:30000" }\n'
+
+
+def test_a_router_on_the_head_of_a_unit_is_kept() -> None:
+    text = (
+        BASE.replace("[hosts.a0]\n", "[hosts.a0]\n" + ROUTED) + '[units.u1]\nhosts = ["a0", "a1"]\n'
+    )
+    inventory = toml(text)
+    assert inventory.host("a0").router is not None
+    assert inventory.host("a1").router is None
+
+
+@pytest.mark.parametrize(
+    ("where", "field", "line"),
+    [
+        ("[hosts.a1]\n", "hosts.a1.router", 5),  # on the node itself
+        ("[defaults]\n", "defaults.router", 2),  # every host inherits it
+    ],
+)
+def test_a_router_on_a_unit_node_that_is_not_its_head_is_refused_where_it_is_written(
+    where: str, field: str, line: int
+) -> None:
+    text = BASE.replace(where, where + ROUTED) + '[units.u1]\nhosts = ["a0", "a1"]\n'
+    error = refused(text)
+    assert str(error.location) == f"/ws/inventories/fleet.toml:{line}: {field}"
+    assert "host 'a1' is node rank 1 of unit 'u1' and has a router" in error.message
+    assert "only a unit's head is a router worker" in error.message
+    assert error.hint is not None and "give the router to the head 'a0' only" in error.hint
+
+
+def test_a_router_from_a_group_is_refused_at_the_group() -> None:
+    text = (
+        BASE + '[groups.g]\nhosts = ["a0", "a1"]\n' + ROUTED + '[units.u1]\nhosts = ["a1", "a0"]\n'
+    )
+    error = refused(text)
+    assert str(error.location) == "/ws/inventories/fleet.toml:8: groups.g.router"
+    assert "host 'a0' is node rank 1 of unit 'u1'" in error.message

@@ -34,7 +34,7 @@ from opspatch.config.inventory.schema import (
     SupervisorTable,
     SystemdTable,
 )
-from opspatch.config.inventory.units import build_units
+from opspatch.config.inventory.units import build_units, check_unit_routers
 from opspatch.core.fileschema import FieldPath, SourceDocument, did_you_mean
 from opspatch.core.host import (
     DEFAULT_BECOME_USER,
@@ -273,7 +273,7 @@ def build_inventory(written: InventoryFile, doc: SourceDocument, name: str) -> I
     Raises:
         SpecError: an unknown host or group reference, a group cycle, clashing names, an SSH
             host without an address, a bad address, a relative state_dir, a bad jump host, or
-            a bad unit (`units.build_units`).
+            a bad unit (`units.build_units`), a router on a unit's node other than its head.
     """
     _check_groups(written, doc, name)
     units = build_units(written, doc, name)
@@ -300,6 +300,7 @@ def build_inventory(written: InventoryFile, doc: SourceDocument, name: str) -> I
             for host_name in written.hosts
         ]
     )
+    check_unit_routers(hosts, written, host_groups, doc)
     order = {h: i for i, h in enumerate(written.hosts)}
     groups: dict[str, Group] = {}
     for group_name, group in written.groups.items():

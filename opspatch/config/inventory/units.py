@@ -5,17 +5,20 @@ its `head` (rank 0; the others follow in the order written). What the schema can
 checked here, each problem a `SpecError` at the line where it is written and with what to do:
 an empty unit, a host the inventory lacks, a host listed twice or in two units, a head not among
 the unit's hosts, a unit name that clashes with a host, a group, `all` or the inventory's name
-(a unit's name selects its hosts, so it must name nothing else).
+(a unit's name selects its hosts, so it must name nothing else); and a router given to a node that
+is not its unit's head (`check_unit_routers`: only the head serves the API a router sends to).
 
 Pure: values in, values out.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from opspatch.config.inventory.model import ALL_HOSTS
 from opspatch.config.inventory.schema import InventoryFile, UnitTable
 from opspatch.core.fileschema import FieldPath, SourceDocument, did_you_mean
-from opspatch.core.host import Unit
+from opspatch.core.host import Host, Unit
 
 UNIT_EXAMPLE = 'e.g. [units.kimi-a] hosts = ["node-a0", "node-a1"] (the first is the head)'
 
@@ -112,3 +115,40 @@ def _rank_order(
             "leave head out (the first host is the head)",
         )
     return (table.head, *(h for h in table.hosts if h != table.head))
+
+
+def check_unit_routers(
+    hosts: Sequence[Host],
+    written: InventoryFile,
+    host_groups: Mapping[str, tuple[str, ...]],
+    doc: SourceDocument,
+) -> None:
+    """Only a unit's head is a router worker: the other nodes serve no API (a dummy `/health`
+    only), so a router that sent them requests, or a drain of one, would be wrong.
+
+    Raises:
+        SpecError: a node other than its unit's head has a router, at the level that set it
+            (the host, else its most specific group that did, else `[defaults]`).
+    """
+    for host in hosts:
+        unit = host.unit
+        if unit is None or host.router is None or host.name == unit.head:
+            continue
+        raise doc.error(
+            _router_written(host.name, written, host_groups[host.name]),
+            f"host {host.name!r} is node rank {unit.rank_of(host.name)} of unit {unit.name!r} "
+            f"and has a router ({host.router.url}): only a unit's head is a router worker (its "
+            "other nodes serve no API)",
+            hint=f"give the router to the head {unit.head!r} only: under [hosts.{unit.head}], "
+            "or in a group that holds only units' heads and single-node hosts",
+        )
+
+
+def _router_written(host: str, written: InventoryFile, groups: tuple[str, ...]) -> FieldPath:
+    """Where the host's router URL is written: the host, its most specific group, defaults."""
+    if written.hosts[host].router.url is not None:
+        return ("hosts", host, "router")
+    for group in reversed(groups):  # outer to inner: the last is the most specific
+        if written.groups[group].router.url is not None:
+            return ("groups", group, "router")
+    return ("defaults", "router")

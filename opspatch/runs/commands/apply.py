@@ -14,8 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, PlanOutcome
-from opspatch.core.host import Host
+from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.tomlsource import parse_field_path
 from opspatch.core.vocabulary import Command, HaltAction, Outcome, RestartPolicy
@@ -27,6 +28,7 @@ from opspatch.errors import (
     LockHeld,
     OpspatchError,
     SpecError,
+    UnitRefused,
 )
 from opspatch.ledger.records import LeaseHolder
 from opspatch.ledger.store import Ledger, operator_identity
@@ -43,6 +45,7 @@ from opspatch.runs.fleet.session import (
     describe_error,
 )
 from opspatch.runs.judgments.approval import require_approval
+from opspatch.runs.judgments.units import NodeReading, NotUniform, judge_unit, unit_refusal
 from opspatch.runs.report import HostOutcome, RunReport
 
 # ---------------------------------------------------------------------------------------------
@@ -81,6 +84,8 @@ def apply_to_hosts(
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
         ApprovalRefused: the playbook requires an approval and the patch has no valid one.
+        UnitRefused: the hosts take part of a unit, or a whole unit under a playbook that
+            restarts (`units_refused`).
     """
     progress = progress or NoProgress()
     if dry_run:
@@ -89,6 +94,8 @@ def apply_to_hosts(
         ).run()
     if ledger is None:
         raise ValueError("an apply that changes hosts is recorded: pass the ledger")
+    if local is None and (refused := units_refused(patch.spec.id, hosts, playbook, command)):
+        raise refused
     approved = require_approval(ledger, patch, playbook.team, operator=operator_identity())
     with recorded_run(
         ledger,
@@ -108,6 +115,48 @@ def apply_to_hosts(
 
 
 _HOST_KEY_UNKNOWN = "unknown host key"
+
+
+def units_refused(
+    patch_id: str, hosts: Sequence[Host], playbook: Playbook, command: str = "apply"
+) -> UnitRefused | None:
+    """Why an apply of `patch_id` over `hosts` is refused for the units among them, or None:
+    it takes part of a unit, or its playbook restarts, which would restart a unit's nodes one
+    by one (`--restart never` stages the files on every node instead)."""
+
+    def staged(unit: Unit) -> str:
+        line = remedy_text(CliCommand.APPLY, patch_id, hosts=unit.name, restart="never")
+        return (
+            f"`{line}` stages the patch on every node of unit {unit.name}; then restart the "
+            "unit as one yourself (every node's engine stopped, then started again)"
+        )
+
+    return unit_refusal(
+        hosts,
+        command=command,
+        restarts=playbook.restart != RestartPolicy.NEVER,
+        whole=lambda unit: remedy_text(CliCommand.APPLY, patch_id, hosts=unit.name),
+        today=staged,
+    )
+
+
+def _unlike(unlike: Sequence[NotUniform]) -> str:
+    """Why a run over units whose nodes are not alike is refused, each odd node named."""
+    return (
+        "the nodes of a unit must run the same release and hold the same pre-image of every "
+        "target file (else its server would run two versions of its code): "
+        + "; ".join(
+            f"unit {u.unit}: " + "; ".join(d.describe() for d in u.differences) for u in unlike
+        )
+    )
+
+
+def _odd_node(outcome: HostOutcome, unlike: Sequence[NotUniform]) -> HostOutcome:
+    """A refused host's outcome, saying how it differs from its unit's other nodes."""
+    odd = [d.describe() for u in unlike for d in u.differences if d.node == outcome.host]
+    if not odd or outcome.error:
+        return outcome
+    return replace(outcome, error="its unit's nodes are not alike: " + "; ".join(odd))
 
 
 def not_applicable_error(
@@ -291,6 +340,10 @@ class _FleetApply:
         if self.lease_refusals:
             holders = [h for held, _ in self.lease_refusals.values() for h in held]
             reasons.append(refusal(holders))
+        unlike = self._units_not_alike(prepared)
+        if unlike:
+            reasons.append(_unlike(unlike))
+            outcomes = [_odd_node(o, unlike) for o in outcomes]
         if not reasons:
             return None
         halted = "refused before any change: " + "; ".join(reasons)
@@ -305,6 +358,25 @@ class _FleetApply:
                 refused=True,
             )
         return self.fleet.refuse(outcomes, halted=halted)
+
+    def _units_not_alike(self, prepared: Mapping[str, Prepared | HostOutcome]) -> list[NotUniform]:
+        """Each whole unit among the hosts whose nodes differ in release or in a target file's
+        pre-image, from the preflight's inspections (a node not inspected differs too). Only
+        whole units reach the preflight (`units_refused`)."""
+        found = []
+        units = {(h.inventory, h.unit.name): h.unit for h in self.hosts if h.unit is not None}
+        for unit in units.values():
+            readings = {
+                node: NodeReading.read(
+                    node, {f.part.target.module: f.inspection for f in item.files}
+                )
+                for node in unit.hosts
+                if isinstance(item := prepared.get(node), Prepared)
+            }
+            judged = judge_unit(unit, readings)
+            if isinstance(judged, NotUniform):
+                found.append(judged)
+        return found
 
     def _dry_run_report(self, prepared: Mapping[str, Prepared | HostOutcome]) -> RunReport:
         outcomes = []

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from opspatch.core.host import Host
+from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch
@@ -53,6 +53,7 @@ from opspatch.runs.fleet.standing import HostStanding, Takeover, read_host
 from opspatch.runs.fleet.steps import prove_or_undo, undo
 from opspatch.runs.judgments.patchset import Action, Standing, Table, paths_of
 from opspatch.runs.judgments.proof import describe
+from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 _OVER = (RunStatus.FINISHED, RunStatus.INTERRUPTED, RunStatus.RECOVERED)
@@ -209,6 +210,30 @@ def _recover(
     leases: Mapping[str, str] | None = None,
     taking_over: Collection[str] = (),
 ) -> RunReport:
+    """Raises (before any host is touched): UnitRefused, a node of a unit among the hosts
+    (recover may restart a node, and a node restarted alone cannot rejoin its unit)."""
+
+    def today(unit: Unit) -> str:
+        restore = (
+            remedy_text(CliCommand.ROLLBACK, run=parent_run, hosts=unit.name, restart="never")
+            if parent_run is not None
+            else remedy_text(
+                CliCommand.ROLLBACK,
+                patch.spec.id if patch else "PATCH",
+                hosts=unit.name,
+                restart="never",
+            )
+        )
+        return (
+            f"`{remedy_text(CliCommand.UNLOCK, hosts=unit.name)}` gives back the locks a run "
+            f"left on unit {unit.name}, and `{restore}` restores the files opspatch wrote on "
+            "every node; then restart the unit as one yourself (every node's engine stopped, "
+            "then started again)"
+        )
+
+    refused = unit_refusal(hosts, command="recover", restarts=True, whole=None, today=today)
+    if refused is not None:
+        raise refused
     with recorded_run(
         ledger,
         command=Command.RECOVER,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from opspatch.core.host import Host
+from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.vocabulary import Command, FileAction, Outcome
@@ -29,6 +29,7 @@ from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.fleet.standing import HostStanding, begin, read_host
 from opspatch.runs.fleet.steps import prove_or_undo
 from opspatch.runs.judgments.patchset import Action, Standing, Table
+from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import HostOutcome, RunReport
 
 ACTIONS: Table = {
@@ -59,8 +60,13 @@ def restart_hosts(
 
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
+        UnitRefused: a node of a unit is among the hosts (its nodes would be restarted one by
+            one; opspatch cannot restart a unit as one yet).
     """
     progress = progress or NoProgress()
+    unit = unit_refusal(hosts, command="restart", restarts=True, whole=None, today=_as_one)
+    if unit is not None:
+        raise unit
     with (
         recorded_run(
             ledger, command=Command.RESTART, patch=None, hosts=hosts, playbook=playbook
@@ -89,6 +95,15 @@ def restart_hosts(
             lambda session: _restart_host(session, ledger), batches=plan.batches, halt=halt
         )
         return run.finish(fleet.report(outcomes, halted=halted))
+
+
+def _as_one(unit: Unit) -> str:
+    """What works today for a unit whose nodes carry a staged change."""
+    return (
+        f"restart unit {unit.name} as one yourself (every node's engine stopped, then started "
+        "again): it then runs what `apply --restart never` staged on every node; "
+        f"`{remedy_text(CliCommand.STATUS, hosts=unit.name)}` shows what each node carries"
+    )
 
 
 def _staged_versions(ledger: Ledger, host: str) -> list[FileVersion]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 
 from opspatch.core.edit import NotApplicable, detect, unapply
-from opspatch.core.host import Host
+from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.source import sha256_hex
@@ -50,6 +50,7 @@ from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.fleet.standing import HostStanding, Lineage, read_host
 from opspatch.runs.fleet.steps import AS_ROLLBACK, undo
 from opspatch.runs.judgments.patchset import Action, Standing, Table, paths_of
+from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 ACTIONS: Table = {
@@ -91,10 +92,32 @@ def rollback_hosts(
 
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
+        UnitRefused: the hosts take part of a unit, or a whole unit with `restart_engine`
+            (its nodes would be restarted one by one; `--restart never` restores the files).
     """
     if (patch is None) == (source_run is None):
         raise ValueError("rollback_hosts takes exactly one of patch or source_run")
     patch_id = patch.spec.id if patch else (source_run.summary.patch_id if source_run else None)
+
+    def again(unit: Unit, **restart: str) -> str:
+        if patch is not None:
+            return remedy_text(CliCommand.ROLLBACK, patch.spec.id, hosts=unit.name, **restart)
+        assert source_run is not None
+        return remedy_text(CliCommand.ROLLBACK, run=source_run.run_id, hosts=unit.name, **restart)
+
+    refused = unit_refusal(
+        hosts,
+        command="rollback",
+        restarts=restart_engine,
+        whole=again,
+        today=lambda unit: (
+            f"`{again(unit, restart='never')}` restores the files on every node of unit "
+            f"{unit.name}; then restart the unit as one yourself (every node's engine stopped, "
+            "then started again)"
+        ),
+    )
+    if refused is not None:
+        raise refused
     with recorded_run(
         ledger,
         command=Command.ROLLBACK,

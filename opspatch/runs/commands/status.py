@@ -72,6 +72,9 @@ class PatchStatus(JsonRecord):
     """True: the engine's container was recreated since this patch was written in it."""
     written_by: RunWho | None = json_field(default=None, omit_none=True)
     """The run that wrote the bytes the file is: its operator, controller, approvers."""
+    node_state: PatchState | None = json_field(default=None, omit_none=True)
+    """The host's own word, when it is a node of a unit whose nodes' words differ: `state` is
+    then `partial` (`unit_agreement`); None otherwise."""
 
     def to_json(self) -> dict[str, Any]:
         data = record_to_json(self)
@@ -470,11 +473,46 @@ def fleet_status(
     by_name = {h.name: h for h in hosts}
     found = map_hosts(lambda name: one(by_name[name]), list(by_name), limit=16)
     rotations = rotation_of(hosts)
-    return [
-        _with_rotation(status, *rotations[status.host]) if status.host in rotations else status
-        for statuses in found.values()
-        for status in statuses
-    ]
+    return unit_agreement(
+        hosts,
+        [
+            _with_rotation(status, *rotations[status.host]) if status.host in rotations else status
+            for statuses in found.values()
+            for status in statuses
+        ],
+    )
+
+
+def unit_agreement(hosts: Sequence[Host], statuses: Sequence[PatchStatus]) -> list[PatchStatus]:
+    """The statuses, each node of a unit whose selected nodes' words for a patch differ made
+    `partial` (its own word kept in `node_state`), the odd nodes named: a unit is one server,
+    so one node restored and another not (or one reinstalled) is never `applied`. The odd node
+    is one whose word differs from the most common one (on a tie the first node's in rank
+    order, the head's when selected). A node not inspected keeps `unreachable`."""
+    unit_of = {h.name: h.unit for h in hosts if h.unit is not None}
+    groups: dict[tuple[str, str], list[PatchStatus]] = {}
+    for status in statuses:
+        unit = unit_of.get(status.host)
+        if unit is not None:
+            groups.setdefault((unit.name, status.patch), []).append(status)
+    marked: dict[tuple[str, str], PatchStatus] = {}
+    for (unit_name, _), group in groups.items():
+        words = [s.state for s in group]
+        if len(set(words)) < 2:
+            continue
+        ranked = sorted(group, key=lambda s: unit_of[s.host].rank_of(s.host))
+        reference = max(words, key=lambda w: (words.count(w), -[s.state for s in ranked].index(w)))
+        agreeing = ", ".join(s.host for s in ranked if s.state == reference)
+        odd = "; ".join(f"{s.host} is {s.state}" for s in ranked if s.state != reference)
+        said = f"unit {unit_name}'s nodes differ ({odd}; the others ({agreeing}) {reference})"
+        for status in group:
+            if status.state == PatchState.UNREACHABLE:
+                continue
+            own = f"; this node is {status.state}" + (f": {status.detail}" if status.detail else "")
+            marked[status.host, status.patch] = replace(
+                status, state=PatchState.PARTIAL, detail=said + own, node_state=status.state
+            )
+    return [marked.get((s.host, s.patch), s) for s in statuses]
 
 
 def _with_rotation(status: PatchStatus, rotation: Rotation | None, why: str) -> PatchStatus:

@@ -40,13 +40,14 @@ from opspatch.errors import (
     InputError,
 )
 from opspatch.ledger.store import Ledger, operator_identity
-from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.runs.commands.apply import apply_to_hosts, units_refused
 from opspatch.runs.commands.status import PatchStatus, fleet_status
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.judgments.approval import require_approval
+from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import HostOutcome, RunReport
 
 # ---------------------------------------------------------------------------------------------
@@ -230,6 +231,9 @@ def drift_cause(
     that drifted keeps its cause whether or not its server runs: drift is about files."""
     if row.action == SyncAction.EXTRA:
         return DriftCause.PATCH_EXTRA
+    if status.node_state is not None:  # a node of a unit that differs: its own file's drift
+        status = replace(status, state=status.node_state, node_state=None)
+        row = replace(row, action=ACTION_BY_STATE.get(status.state, SyncAction.BY_HAND))
     lacking = row.action in (SyncAction.APPLY, SyncAction.NEEDS_PORT, SyncAction.BY_HAND)
     changed = status.state == PatchState.DRIFTED
     if not (lacking or changed) or row.action == SyncAction.UNREACHABLE:
@@ -425,17 +429,37 @@ def sync_fleet(
         LedgerIntegrityError: the ledger's chain is broken (nothing begun).
         ApprovalRefused: the playbook requires approvals and a patch sync would apply has no
             valid one (checked for every patch before any run: nothing changed, nothing recorded).
+        UnitRefused: the hosts take part of a unit, or a patch would be applied to part of a
+            unit or, under a playbook that restarts, to a whole one (checked for every patch
+            before any run, as approvals are).
     """
     progress = progress or NoProgress()
     playbook = desired.governing(playbook)  # the fleet file's [team] approval, if it asks
+    split = unit_refusal(
+        hosts,
+        command="sync",
+        restarts=False,
+        whole=lambda unit: remedy_text(CliCommand.SYNC, hosts=unit.name),
+    )
+    if split is not None:
+        raise split
     before = before or plan_fleet(desired, hosts, others, factory, ledger)
+    by_name = {h.name: h for h in hosts}
+    for entry in desired.entries:  # no run begins when one patch's would be refused
+        names = [
+            r.host
+            for r in before.rows
+            if r.patch == entry.patch.spec.id and r.desired and r.action == SyncAction.APPLY
+        ]
+        refused = units_refused(entry.patch.spec.id, [by_name[n] for n in names], playbook, "sync")
+        if refused is not None:
+            raise refused
     # Every approval first: a refusal of the second patch must not follow a first one applied.
     for entry in desired.entries:
         if any(
             r.patch == entry.patch.spec.id and r.action == SyncAction.APPLY for r in before.rows
         ):
             require_approval(ledger, entry.patch, playbook.team, operator=operator_identity())
-    by_name = {h.name: h for h in hosts}
     runs: list[RunReport] = []
     left_alone: list[RunReport] = []
     stopped: RunReport | None = None

@@ -8,8 +8,10 @@ made, and says `Uniform`, or `NotUniform` with each odd node and what differs (t
 and the value the others have). Which value is the reference: the one most nodes have; on a tie
 the head's (the node whose copy the server's API runs on).
 
-Not wired into any command yet; `judge_unit` is meant for the preflight of a run over units,
-after every node is locked and inspected and before the first swap.
+`judge_unit` runs in apply's preflight, after every node is locked and inspected and before the
+first swap (runs/commands/apply.py). `unit_refusal` says, from the selection alone, whether a
+command that changes files or restarts engines must be refused: it takes part of a unit, or it
+would restart a unit's nodes one by one (opspatch cannot restart a unit as one yet).
 
 Pure: values in, a value out.
 """
@@ -17,11 +19,12 @@ Pure: values in, a value out.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from opspatch.core.host import Unit
+from opspatch.core.host import Host, Unit
 from opspatch.core.vocabulary import Word
+from opspatch.errors import UnitRefused
 from opspatch.hosts.results import HostInspection
 
 
@@ -162,3 +165,105 @@ def _odd(
 
 def _shown(value: str | None) -> str:
     return "(none)" if value is None else value
+
+
+# ---------------------------------------------------------------------------------------------
+# the selection: whole units, never a node alone
+
+
+@dataclass(frozen=True)
+class Selected:
+    """A unit some selected hosts belong to, and which of its nodes they are (rank order)."""
+
+    unit: Unit
+    taken: tuple[str, ...]
+
+    @property
+    def left_out(self) -> tuple[str, ...]:
+        return tuple(h for h in self.unit.hosts if h not in self.taken)
+
+    @property
+    def whole(self) -> bool:
+        return not self.left_out
+
+
+def selected_units(hosts: Sequence[Host]) -> tuple[Selected, ...]:
+    """Each unit the hosts belong to (in its own inventory: two inventories may both name a
+    unit `u1`), with the nodes of it that are among them, in the order its first node comes."""
+    found: dict[tuple[str, str], Unit] = {}
+    taken: dict[tuple[str, str], list[str]] = {}
+    for host in hosts:
+        if host.unit is None:
+            continue
+        key = (host.inventory, host.unit.name)
+        found.setdefault(key, host.unit)
+        taken.setdefault(key, []).append(host.name)
+    return tuple(
+        Selected(unit, tuple(h for h in unit.hosts if h in taken[key]))
+        for key, unit in found.items()
+    )
+
+
+def nodes_of(unit: Unit) -> str:
+    """`sandbox-01 (head), sandbox-02`: the unit's nodes in rank order."""
+    return ", ".join(f"{h} (head)" if h == unit.head else h for h in unit.hosts)
+
+
+NO_NODE_ALONE = (
+    "a unit is one server: a node patched alone runs other code than the rest of it, and a node "
+    "restarted alone cannot rejoin its group"
+)
+NO_UNIT_RESTART = (
+    "opspatch cannot restart a unit as one yet, and a node restarted alone cannot rejoin its "
+    "group: the other nodes hang until the watchdog ends them"
+)
+
+
+def unit_refusal(
+    hosts: Sequence[Host],
+    *,
+    command: str,
+    restarts: bool,
+    whole: Callable[[Unit], str] | None,
+    today: Callable[[Unit], str] | None = None,
+) -> UnitRefused | None:
+    """Why `command` over `hosts` must be refused before anything changes, or None.
+
+    Refused: hosts that take some but not all nodes of a unit (`whole(unit)`: the same command
+    over the whole unit, the remedy; None when that is refused too), or, when the command
+    restarts engines (`restarts`), any whole unit, since its nodes would be restarted one by
+    one (`today(unit)`: what works instead, a sentence with its remedy; needed when the command
+    restarts or `whole` is None)."""
+    chosen = selected_units(hosts)
+    split = [s for s in chosen if not s.whole]
+    if split:
+        what = "; ".join(
+            f"unit {s.unit.name} is {nodes_of(s.unit)}, and the selection leaves out "
+            f"{', '.join(s.left_out)}"
+            for s in split
+        )
+        return UnitRefused(
+            f"{command} would change part of a multi-node server ({what}): {NO_NODE_ALONE}; "
+            "nothing was changed",
+            hint=_remedies(split, whole, today),
+        )
+    if restarts and chosen:
+        assert today is not None, "a command that restarts says what works instead"
+        units = "; ".join(f"unit {s.unit.name} ({nodes_of(s.unit)})" for s in chosen)
+        return UnitRefused(
+            f"{command} would restart the nodes of {units} one by one: {NO_UNIT_RESTART}; "
+            "nothing was changed",
+            hint="; ".join(today(s.unit) for s in chosen),
+        )
+    return None
+
+
+def _remedies(
+    split: Sequence[Selected],
+    whole: Callable[[Unit], str] | None,
+    today: Callable[[Unit], str] | None,
+) -> str:
+    if whole is not None:
+        return "select every node of the unit: " + "; ".join(f"`{whole(s.unit)}`" for s in split)
+    assert today is not None, "a command refused over a whole unit says what works instead"
+    return "; ".join(today(s.unit) for s in split)

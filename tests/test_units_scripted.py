@@ -1,0 +1,358 @@
+"""Units (multi-node servers) on scripted hosts, before opspatch can restart a unit as one: no
+command changes or restarts part of a unit, none restarts a unit's nodes one by one, and
+`apply --restart never` over a unit stages every node once they are alike (same release, same
+pre-image of every target file), else it is refused naming the odd node (issue 33, part 2).
+
+The hosts are `test_runs_scripted`'s: the real host agent on real files, the engine scripted.
+Units `u1` (h1 the head, h2) and a host by itself, h3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opspatch.config.fleet import DesiredPatch, DesiredState
+from opspatch.config.patches import load_patch
+from opspatch.core.host import Host, Unit
+from opspatch.core.policy import BatchSize, Playbook
+from opspatch.core.spec import LoadedPatch
+from opspatch.core.vocabulary import RestartPolicy
+from opspatch.errors import EXIT_BAD_INPUT, Location, UnitRefused
+from opspatch.hosts.transport.base import Transport
+from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport
+from opspatch.ledger.store import Ledger
+from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.runs.commands.recover import recover_hosts
+from opspatch.runs.commands.restart import restart_hosts
+from opspatch.runs.commands.rollback import rollback_hosts
+from opspatch.runs.commands.sync import sync_fleet
+from opspatch.runs.report import RunReport
+from tests.test_runs_scripted import REPO, FakeHost, sha
+
+pytestmark = pytest.mark.scripted
+
+UNIT = Unit("u1", ("h1", "h2"))
+ALWAYS = Playbook(canary=0, batch=BatchSize(count=10), max_failures=1)
+NEVER = replace(ALWAYS, restart=RestartPolicy.NEVER)
+
+
+@dataclass
+class Units:
+    fakes: dict[str, FakeHost]
+    ledger: Ledger
+    patch: LoadedPatch
+
+    def factory(self, host: Host) -> Transport:
+        return ScriptedTransport(self.fakes[host.name].answer, host=host.name)
+
+    def hosts(self, *names: str) -> list[Host]:
+        """The hosts as the inventory gives them: h1 and h2 are the nodes of unit u1."""
+        chosen = []
+        for name in names:
+            host = self.fakes[name].host()
+            chosen.append(replace(host, unit=UNIT) if name in UNIT.hosts else host)
+        return chosen
+
+    def apply(self, *names: str, playbook: Playbook = ALWAYS) -> RunReport:
+        return apply_to_hosts(
+            self.patch, self.hosts(*names), playbook, factory=self.factory, ledger=self.ledger
+        )
+
+    def files(self) -> dict[str, str]:
+        return {name: sha(fake.file.read_bytes()) for name, fake in self.fakes.items()}
+
+    def requests(self) -> dict[str, list[str]]:
+        return {name: list(fake.requests) for name, fake in self.fakes.items()}
+
+
+@pytest.fixture
+def units(tmp_path: Path) -> Iterator[Units]:
+    patch = load_patch(REPO / "patches" / "eagle-init-guard.toml")
+    fakes = {name: FakeHost.installed(name, tmp_path / name) for name in ("h1", "h2", "h3")}
+    ledger = Ledger.open(tmp_path / "ledger.sqlite3")
+    try:
+        yield Units(fakes, ledger, patch)
+    finally:
+        ledger.close()
+
+
+def refused(call: Any, units: Units) -> UnitRefused:
+    """`call()` raises UnitRefused (exit 2) and nothing was begun, changed or recorded."""
+    before = units.files()
+    with pytest.raises(UnitRefused) as caught:
+        call()
+    assert caught.value.exit_code == EXIT_BAD_INPUT
+    assert units.files() == before
+    assert units.requests() == {"h1": [], "h2": [], "h3": []}  # no host was even reached
+    assert units.ledger.list_runs() == []
+    return caught.value
+
+
+# -- part of a unit: refused, whatever the command ----------------------------------------------
+
+
+@pytest.mark.parametrize("playbook", [ALWAYS, NEVER], ids=["restart", "restart-never"])
+def test_an_apply_to_one_node_of_a_unit_is_refused_naming_the_unit(
+    units: Units, playbook: Playbook
+) -> None:
+    error = refused(lambda: units.apply("h2", "h3", playbook=playbook), units)
+    assert "apply would change part of a multi-node server" in error.message
+    assert "unit u1 is h1 (head), h2, and the selection leaves out h1" in error.message
+    assert "a node restarted alone cannot rejoin its group" in error.message
+    assert (
+        error.hint == "select every node of the unit: `opspatch apply eagle-init-guard --hosts u1`"
+    )
+
+
+def test_restart_rollback_and_recover_of_one_node_of_a_unit_are_refused(units: Units) -> None:
+    one = units.hosts("h1")
+    restart = refused(
+        lambda: restart_hosts(
+            ledger=units.ledger, hosts=one, factory=units.factory, playbook=ALWAYS
+        ),
+        units,
+    )
+    assert "restart would change part of a multi-node server" in restart.message
+    assert "leaves out h2" in restart.message
+    assert restart.hint is not None and "restart unit u1 as one yourself" in restart.hint
+
+    rollback = refused(
+        lambda: rollback_hosts(
+            ledger=units.ledger,
+            hosts=one,
+            factory=units.factory,
+            playbook=ALWAYS,
+            patch=units.patch,
+            restart_engine=False,
+        ),
+        units,
+    )
+    assert "leaves out h2" in rollback.message
+    assert rollback.hint == (
+        "select every node of the unit: `opspatch rollback eagle-init-guard --hosts u1`"
+    )
+
+    recover = refused(
+        lambda: recover_hosts(
+            ledger=units.ledger,
+            hosts=one,
+            factory=units.factory,
+            playbook=ALWAYS,
+            patch=units.patch,
+        ),
+        units,
+    )
+    assert "recover would change part of a multi-node server" in recover.message
+    assert recover.hint is not None and "`opspatch unlock --hosts u1`" in recover.hint
+
+
+def test_a_sync_over_part_of_a_unit_is_refused_before_reading_any_host(units: Units) -> None:
+    hosts = units.hosts("h1", "h3")
+    desired = _desired(units, hosts)
+    error = refused(
+        lambda: sync_fleet(desired, hosts, [], NEVER, factory=units.factory, ledger=units.ledger),
+        units,
+    )
+    assert "sync would change part of a multi-node server" in error.message
+    assert error.hint == "select every node of the unit: `opspatch sync --hosts u1`"
+
+
+# -- a whole unit: never restarted one node at a time ---------------------------------------------
+
+
+def test_an_apply_that_would_restart_a_units_nodes_one_by_one_is_refused(units: Units) -> None:
+    error = refused(lambda: units.apply("h1", "h2", "h3"), units)
+    assert "apply would restart the nodes of unit u1 (h1 (head), h2) one by one" in error.message
+    assert "the other nodes hang until the watchdog ends them" in error.message
+    assert error.hint is not None
+    assert error.hint.startswith(
+        "`opspatch apply eagle-init-guard --hosts u1 --restart never` stages the patch on every "
+        "node of unit u1; then restart the unit as one yourself"
+    )
+
+
+def test_restart_rollback_and_recover_of_a_whole_unit_are_refused(units: Units) -> None:
+    unit = units.hosts("h1", "h2")
+    restart = refused(
+        lambda: restart_hosts(
+            ledger=units.ledger, hosts=unit, factory=units.factory, playbook=ALWAYS
+        ),
+        units,
+    )
+    assert "restart would restart the nodes of unit u1" in restart.message
+    rollback = refused(
+        lambda: rollback_hosts(
+            ledger=units.ledger,
+            hosts=unit,
+            factory=units.factory,
+            playbook=ALWAYS,
+            patch=units.patch,
+        ),
+        units,
+    )
+    assert rollback.hint is not None and rollback.hint.startswith(
+        "`opspatch rollback eagle-init-guard --hosts u1 --restart never` restores the files"
+    )
+    recover = refused(
+        lambda: recover_hosts(
+            ledger=units.ledger,
+            hosts=unit,
+            factory=units.factory,
+            playbook=ALWAYS,
+            patch=units.patch,
+        ),
+        units,
+    )
+    assert "recover would restart the nodes of unit u1" in recover.message
+
+
+def test_a_sync_that_would_restart_a_unit_is_refused_before_any_run(units: Units) -> None:
+    hosts = units.hosts("h1", "h2", "h3")
+    with pytest.raises(UnitRefused) as caught:
+        sync_fleet(
+            _desired(units, hosts), hosts, [], ALWAYS, factory=units.factory, ledger=units.ledger
+        )
+    assert "sync would restart the nodes of unit u1" in caught.value.message
+    # the plan read every host; nothing was begun, swapped or recorded, h3 not applied either
+    assert units.requests() == {"h1": ["inspect"], "h2": ["inspect"], "h3": ["inspect"]}
+    assert units.ledger.list_runs() == []
+
+
+# -- apply --restart never: every node staged, once the nodes are alike ---------------------------
+
+
+def test_apply_restart_never_stages_every_node_of_a_uniform_unit(units: Units) -> None:
+    pristine = units.files()
+    report = units.apply("h1", "h2", "h3", playbook=NEVER)
+    assert {h.host: str(h.outcome) for h in report.hosts} == dict.fromkeys(
+        ("h1", "h2", "h3"), "staged"
+    )
+    assert report.exit_code == 0
+    after = units.files()
+    assert after["h1"] == after["h2"] != pristine["h1"]
+    assert all("restart" not in fake.requests for fake in units.fakes.values())
+
+    # and back, files only, on every node
+    back = rollback_hosts(
+        ledger=units.ledger,
+        hosts=units.hosts("h1", "h2"),
+        factory=units.factory,
+        playbook=ALWAYS,
+        patch=units.patch,
+        restart_engine=False,
+    )
+    assert {h.host: str(h.outcome) for h in back.hosts} == {
+        "h1": "staged-back",
+        "h2": "staged-back",
+    }
+    assert units.files()["h1"] == units.files()["h2"] == pristine["h1"]
+    assert all("restart" not in fake.requests for fake in units.fakes.values())
+
+
+def test_a_sync_under_restart_never_stages_every_node_of_a_unit(units: Units) -> None:
+    hosts = units.hosts("h1", "h2")
+    report = sync_fleet(
+        _desired(units, hosts), hosts, [], NEVER, factory=units.factory, ledger=units.ledger
+    )
+    (run,) = report.runs
+    assert {h.host: str(h.outcome) for h in run.hosts} == {"h1": "staged", "h2": "staged"}
+
+
+def test_a_unit_whose_node_holds_another_pre_image_is_refused_naming_it(units: Units) -> None:
+    odd = units.fakes["h2"]
+    odd.file.write_bytes(odd.file.read_bytes() + b"# a hand edit on one node\n")
+    before = units.files()
+    report = units.apply("h1", "h2", "h3", playbook=NEVER)
+    assert report.refused and report.exit_code == EXIT_BAD_INPUT
+    assert report.halted is not None
+    said = (
+        f"unit u1: h2: sglang.srt.speculative.eagle_worker_v2 pre-image sha256 {before['h2']}, "
+        f"the others (h1) {before['h1']}"
+    )
+    assert said in report.halted, report.halted
+    outcomes = {h.host: h for h in report.hosts}
+    assert str(outcomes["h2"].outcome) == "skipped"
+    assert (outcomes["h2"].error or "").startswith("its unit's nodes are not alike: h2: ")
+    assert outcomes["h1"].error is None
+    assert units.files() == before  # nothing swapped, h3 neither
+    assert all("swap" not in fake.requests for fake in units.fakes.values())
+    (run,) = units.ledger.list_runs()  # the refused run, and nothing else
+    assert run.run_id == report.run_id
+    detail = units.ledger.get_run(run.run_id)
+    assert all(not h.file_versions for h in detail.hosts)
+
+
+def test_a_unit_whose_node_runs_another_release_is_refused_naming_it(units: Units) -> None:
+    odd = units.fakes["h2"]
+
+    def newer_release(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        if op != "inspect":
+            return None
+        answer = odd.real(op, args)
+        if isinstance(answer, dict) and answer.get("resolved"):
+            answer["resolved"]["distribution_version"] = "0.5.24"
+            answer.setdefault("facts", {})["sglang_version"] = "0.5.24"
+        return answer
+
+    odd.fault = newer_release
+    report = units.apply("h1", "h2", playbook=NEVER)
+    assert report.refused and report.halted is not None
+    assert "unit u1: h2: release 0.5.24, the others (h1) 0.5.23" in report.halted, report.halted
+    assert all("swap" not in fake.requests for fake in units.fakes.values())
+
+
+def _desired(units: Units, hosts: list[Host]) -> DesiredState:
+    """A fleet file that wants the patch on every one of `hosts`."""
+    by_name = {h.name: h for h in hosts}
+    entry = DesiredPatch(units.patch, tuple(by_name), "", Location("fleet.toml", 1, "patches[0]"))
+    return DesiredState("fleet.toml", (entry,), by_name)
+
+
+# -- status and drift: a unit whose nodes differ is never `applied` ------------------------------
+
+
+def test_a_unit_with_one_node_reinstalled_is_partial_on_every_node_naming_it(
+    units: Units,
+) -> None:
+    """The unit was staged on both nodes and restarted as one (both `applied`), then h2 was
+    reinstalled: status gives every node `partial`, naming h2; drift blames h2's file only."""
+    from opspatch.runs.commands.status import fleet_status
+    from opspatch.runs.commands.sync import plan_fleet
+
+    pristine = units.fakes["h2"].file.read_bytes()
+    assert units.apply("h1", "h2", playbook=NEVER).exit_code == 0
+    for name in UNIT.hosts:  # the operator restarts the unit as one
+        units.fakes[name].restarted()
+    hosts = units.hosts("h1", "h2", "h3")
+    states = {
+        s.host: str(s.state)
+        for s in fleet_status(hosts, [units.patch], units.factory, units.ledger)
+    }
+    assert states == {"h1": "applied", "h2": "applied", "h3": "not-applied"}
+
+    units.fakes["h2"].file.write_bytes(pristine)  # pip install --force-reinstall on one node
+    said = {s.host: s for s in fleet_status(hosts, [units.patch], units.factory, units.ledger)}
+    assert {h: str(s.state) for h, s in said.items()} == {
+        "h1": "partial",
+        "h2": "partial",
+        "h3": "not-applied",  # a server by itself: its own word
+    }
+    differ = "unit u1's nodes differ (h2 is not-applied; the others (h1) applied)"
+    assert said["h1"].detail.startswith(differ + "; this node is applied")
+    assert said["h2"].detail.startswith(differ + "; this node is not-applied")
+    assert (said["h1"].node_state, said["h2"].node_state) == ("applied", "not-applied")
+
+    plan = plan_fleet(_desired(units, hosts), hosts, [], units.factory, units.ledger)
+    rows = {r.host: r for r in plan.rows}
+    assert {h: str(r.action) for h, r in rows.items()} == {
+        "h1": "by-hand",
+        "h2": "by-hand",
+        "h3": "apply",
+    }
+    assert rows["h1"].cause is None  # its file is what opspatch wrote
+    assert str(rows["h2"].cause) == "reinstalled"
