@@ -113,6 +113,8 @@ def test_the_on_halt_rollback_runs_in_the_playbooks_batches_and_a_first_ctrl_c_s
                 if len(restoring) == 1:  # both hosts of the batch are in flight at once
                     wait_for(lambda: len(restoring) >= 2, "the rollback was not two at a time")
                     ctrl_c[-1].request()
+                else:  # the second holds its slot until the Ctrl-C is in, however slow the first
+                    wait_for(lambda: ctrl_c[-1].requested, "no Ctrl-C was requested")
             return None
 
         return fault
