@@ -8,7 +8,8 @@ readers take the same lock shared, so a verify never sees an id handed out but n
 A connection the server ended (a restart, `pg_terminate_backend`) or the network cut is opened
 again by the next transaction, once, before it does anything; a transaction already under way
 when it was lost is never sent twice (`_transaction`): it fails with `LedgerUnreachable`, which a
-run's writes try again after looking whether a try lost at COMMIT landed (`store.Ledger._write`).
+run's writes try again after looking whether a try lost at COMMIT landed (`Ledger._write`,
+`transactions.py`).
 
 Append-only is enforced by the database twice over: the writer role (named to `migrate`) is
 granted only SELECT and INSERT on the history, and BEFORE UPDATE/DELETE/TRUNCATE triggers refuse
@@ -289,8 +290,9 @@ class PostgresDatabase:
         ran: a connection lost in it took the whole transaction with it (the server rolls back
         what it never saw committed), and one lost at COMMIT leaves unknown whether the
         server committed (`LedgerUnreachable.outcome_unknown`), which is said, never guessed by
-        writing the events again: the ledger's own retry (`store.Ledger._write`) first looks,
-        in a new transaction under the chain lock, whether the events it appended are there.
+        writing the events again: the ledger's own retry (`Ledger._write`, `transactions.py`)
+        first looks, in a new transaction under the chain lock, whether the events it appended
+        are there.
         """
         import psycopg
 
