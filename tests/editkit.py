@@ -14,11 +14,12 @@ from opspatch.core.edit import (
     reverse,
     unapply,
 )
+from opspatch.core.kinds import KINDS
 from opspatch.core.spec import PatchSpec
 
-UNDONE_FROM_TEXT = frozenset({"insert", "diff"})
-"""The edit kinds `unapply` removes from the patched text alone; the others are undone from the
-recorded pre-image."""
+UNDONE_FROM_TEXT = frozenset(kind for kind, model in KINDS.items() if model.undone_from_text)
+"""The edit kinds `unapply` removes from the patched text alone (each kind says so); the others
+are undone from the recorded pre-image."""
 
 
 def assert_golden(before: bytes, patch: PatchSpec, expected: bytes) -> Applied:

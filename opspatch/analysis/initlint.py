@@ -439,21 +439,7 @@ def write_guard_patch(
         InputError: no hazard to guard (in `class_name`, if given), or `class_name` (or every class
             with hazards) is one where class-level defaults would not be inert.
     """
-    classes = [
-        c for c in report.classes if c.hazards and (class_name is None or c.name == class_name)
-    ]
-    if not classes:
-        where = f"class {class_name}" if class_name else report.path
-        raise InputError(f"{where}: no partial-initialisation hazard to guard")
-    refused = [c for c in classes if c.guard_refusal]
-    if refused and (class_name is not None or len(refused) == len(classes)):
-        cls = refused[0]
-        raise InputError(
-            f"{report.path}:{cls.line}: class {cls.name}: no guard patch: {cls.guard_refusal}",
-            hint="guard the attribute by assigning it early in __init__ instead",
-        )
-    classes = [c for c in classes if not c.guard_refusal]
-    skipped = tuple(f"{c.name}: {c.guard_refusal}" for c in refused)
+    classes, skipped = _classes_to_guard(report, class_name)
     hazards = [h for c in classes for h in c.hazards]
     names = sorted({h.attribute for h in hazards})
     owners = sorted({h.class_name for h in hazards} | {
@@ -494,20 +480,7 @@ def write_guard_patch(
     ]
     defaults = []
     for cls in classes:
-        code = "".join(f"{h.default.code(h.attribute)}\n" for h in cls.hazards)
-        out += [
-            "",
-            "[[edits]]",
-            'kind = "insert"',
-            f"scope = {_toml_string(cls.name)}",
-            'position = "start"',
-            "comment = "
-            + _toml_string(
-                "defaults for attributes __init__ assigns after calls that can raise "
-                "or that subclasses skip"
-            ),
-            f"code = {_toml_multiline(code)}",
-        ]
+        out += _insert_edit_lines(cls)
         defaults += [(cls.name, h.default.code(h.attribute), h.default.reason) for h in cls.hazards]
     for hazard in hazards:
         out += [
@@ -518,3 +491,48 @@ def write_guard_patch(
             f"name = {_toml_string(hazard.attribute)}",
         ]
     return GuardPatch(patch_id, "\n".join(out) + "\n", tuple(defaults), skipped)
+
+
+def _classes_to_guard(
+    report: InitLintReport, class_name: str | None
+) -> tuple[list[ClassLint], tuple[str, ...]]:
+    """The classes with hazards (in `class_name`, if given) a guard patch gives defaults, and
+    those left out (`name: why`) because class-level defaults would not be inert there.
+
+    Raises:
+        InputError: no hazard to guard, or `class_name` (or every class with hazards) is left
+            out.
+    """
+    classes = [
+        c for c in report.classes if c.hazards and (class_name is None or c.name == class_name)
+    ]
+    if not classes:
+        where = f"class {class_name}" if class_name else report.path
+        raise InputError(f"{where}: no partial-initialisation hazard to guard")
+    refused = [c for c in classes if c.guard_refusal]
+    if refused and (class_name is not None or len(refused) == len(classes)):
+        cls = refused[0]
+        raise InputError(
+            f"{report.path}:{cls.line}: class {cls.name}: no guard patch: {cls.guard_refusal}",
+            hint="guard the attribute by assigning it early in __init__ instead",
+        )
+    skipped = tuple(f"{c.name}: {c.guard_refusal}" for c in refused)
+    return [c for c in classes if not c.guard_refusal], skipped
+
+
+def _insert_edit_lines(cls: ClassLint) -> list[str]:
+    """The guard patch's `insert` edit for one class: its defaults at the start of its body."""
+    code = "".join(f"{h.default.code(h.attribute)}\n" for h in cls.hazards)
+    return [
+        "",
+        "[[edits]]",
+        'kind = "insert"',
+        f"scope = {_toml_string(cls.name)}",
+        'position = "start"',
+        "comment = "
+        + _toml_string(
+            "defaults for attributes __init__ assigns after calls that can raise "
+            "or that subclasses skip"
+        ),
+        f"code = {_toml_multiline(code)}",
+    ]

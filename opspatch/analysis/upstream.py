@@ -46,7 +46,6 @@ from opspatch.core.source import SourceDecodeError, SourceText
 from opspatch.core.spec import (
     AssignedBeforeCalls,
     ClassAttribute,
-    DeleteEdit,
     LoadedPatch,
     PatchSpec,
     Postcondition,
@@ -153,11 +152,9 @@ def _judge(part: PatchSpec, source: bytes) -> tuple[UpstreamState, str]:
             else ""
         )
         return UpstreamState.ANCHOR_GONE, detection.reason + also
-    # A delete reads applied when its statement is gone, which a rewrite does as well: absence
-    # proves nothing alone, so at least one edit must have its own code in the file.
-    in_place = detection.state == Detected.APPLIED and any(
-        not isinstance(edit, DeleteEdit) for edit in part.edits
-    )
+    # A kind that leaves no code of its own (a delete) reads applied when its code is gone,
+    # which a rewrite does as well: at least one edit must have its own code in the file.
+    in_place = detection.state == Detected.APPLIED and any(edit.leaves_code for edit in part.edits)
     if in_place:
         if problems:
             return UpstreamState.NOT_FIXED, (
@@ -188,9 +185,7 @@ def _judge(part: PatchSpec, source: bytes) -> tuple[UpstreamState, str]:
 
 def _proving_conditions(part: PatchSpec) -> list[Postcondition]:
     """The postconditions about a scope the patch edits (or encloses one of them)."""
-    edited = {
-        scope for edit in part.edits if isinstance(scope := getattr(edit, "scope", None), str)
-    }
+    edited = {scope for edit in part.edits if (scope := edit.scope_name) is not None}
 
     def related(scope: str) -> bool:
         return any(

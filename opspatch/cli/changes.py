@@ -7,7 +7,7 @@ Each one parses its options, asks for confirmation (`--yes`, a terminal, or a re
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from opspatch.core.host import Host
     from opspatch.core.policy import Playbook
     from opspatch.core.spec import LoadedPatch
+    from opspatch.ledger.records import RunDetail
+    from opspatch.ledger.store import Ledger
 
 PythonOption = Annotated[
     str,
@@ -310,7 +312,6 @@ def recover(
     descends from (default: the newest interrupted run; with none, the hosts recent runs left
     needing attention), or `--hosts` whatever run touched them."""
     from opspatch.runs.commands.recover import (
-        hosts_left_needing_attention,
         recover_hosts,
         recover_run,
         require_recoverable,
@@ -342,39 +343,14 @@ def recover(
         names = [h.name for h in selected]
         recover_by_host(selected, f"Recover {len(names)} host(s): {', '.join(names)}?")
     if run is None:
-        interrupted = [r for r in ledger.list_runs(limit=200) if r.status == "interrupted"]
-        if not interrupted:
-            left = hosts_left_needing_attention(ledger)
-            if not left:
-                raise InputError(
-                    "no interrupted run in the ledger, and no host that a recent run left "
-                    "needing attention",
-                    hint="`opspatch ledger list` shows the runs; a host whose lock outlived its "
-                    "run: `opspatch recover --hosts TARGET` or `opspatch unlock --hosts TARGET`",
-                )
-            # a finished run can leave hosts behind too (its connection lost mid-swap, the
-            # lock still held): reach them as `recover --hosts` would
-            selected = hosts_of_run(list(left), {h: i for h, i in left.items() if i})
-            names = [h.name for h in selected]
-            recover_by_host(
-                selected,
-                f"No run is interrupted; recover the {len(names)} host(s) recent runs left "
-                f"needing attention ({', '.join(names)})?",
-            )
-        run = interrupted[0].run_id
+        run = _newest_interrupted(ledger, recover_by_host)
     detail = ledger.get_run(run)
     require_recoverable(ledger, detail)
     chain = run_chain(ledger, detail.run_id)
     names = list(dict.fromkeys(h for d in reversed(chain) for h in d.summary.hosts))
     inventories = {h: i for d in reversed(chain) for h, i in (d.summary.inventories or {}).items()}
     selected = hosts_of_run(names, inventories)
-    loaded: LoadedPatch | None = None
-    patch_id = next((d.summary.patch_id for d in chain if d.summary.patch_id), None)
-    if patch_id:
-        try:
-            loaded = options.load_patch(patch_id)
-        except OpspatchError:
-            loaded = None
+    loaded = _patch_of_chain(chain)
     runs = ", ".join(d.run_id for d in chain)
     confirm_or_refuse(f"Recover run {runs} on {len(selected)} host(s)?", yes=yes)
     with LiveProgress([h.name for h in selected], enabled=not as_json) as progress:
@@ -388,6 +364,50 @@ def recover(
             progress=progress,
         )
     finish(report, as_json)
+
+
+def _newest_interrupted(
+    ledger: Ledger, recover_by_host: Callable[[tuple[Host, ...], str], NoReturn]
+) -> str:
+    """The newest interrupted run's id; with none, the hosts recent runs left needing attention
+    go to `recover_by_host` (which does not return).
+
+    Raises:
+        InputError: no interrupted run, and no host left needing attention.
+    """
+    from opspatch.runs.commands.recover import hosts_left_needing_attention
+
+    interrupted = [r for r in ledger.list_runs(limit=200) if r.status == "interrupted"]
+    if interrupted:
+        return interrupted[0].run_id
+    left = hosts_left_needing_attention(ledger)
+    if not left:
+        raise InputError(
+            "no interrupted run in the ledger, and no host that a recent run left "
+            "needing attention",
+            hint="`opspatch ledger list` shows the runs; a host whose lock outlived its "
+            "run: `opspatch recover --hosts TARGET` or `opspatch unlock --hosts TARGET`",
+        )
+    # a finished run can leave hosts behind too (its connection lost mid-swap, the
+    # lock still held): reach them as `recover --hosts` would
+    selected = hosts_of_run(list(left), {h: i for h, i in left.items() if i})
+    names = [h.name for h in selected]
+    recover_by_host(
+        selected,
+        f"No run is interrupted; recover the {len(names)} host(s) recent runs left "
+        f"needing attention ({', '.join(names)})?",
+    )
+
+
+def _patch_of_chain(chain: Sequence[RunDetail]) -> LoadedPatch | None:
+    """The patch the chain's runs applied, when it still loads from the workspace."""
+    patch_id = next((d.summary.patch_id for d in chain if d.summary.patch_id), None)
+    if not patch_id:
+        return None
+    try:
+        return options.load_patch(patch_id)
+    except OpspatchError:
+        return None
 
 
 def unlock(

@@ -87,30 +87,7 @@ def lint_init(
     from opspatch.analysis.initlint import lint_init as analyse
     from opspatch.analysis.initlint import write_guard_patch
 
-    if (file is None) == (hosts is None):
-        raise InputError(
-            "lint-init needs exactly one of --file PATH or --module M --hosts TARGET",
-            hint="opspatch lint-init --module sglang.srt.speculative.eagle_worker_v2 --hosts gpu-fleet",
-        )
-    if write_patch is not None and write_patch.suffix != ".toml":
-        raise InputError(f"{write_patch}: a patch file ends in .toml (its name is its id)")
-    if write_patch is not None and write_patch.exists():
-        raise InputError(
-            f"{write_patch} already exists; not overwriting it", hint="choose another name"
-        )
-    if hosts is not None:
-        if module is None:
-            raise InputError("lint-init --hosts needs --module M (the module to read)")
-        sources = _host_sources(hosts, module, accept_new_host_keys)
-    else:
-        assert file is not None
-        sources = [_file_source(file, module, need_module=write_patch is not None)]
-    if write_patch is not None and len(sources) > 1:
-        listing = "; ".join(f"{', '.join(s.hosts)}: {s.sha256[:12]}" for s in sources)
-        raise InputError(
-            f"the hosts hold different versions of {module}: {listing}",
-            hint="select hosts that run the same file to write one guard patch",
-        )
+    sources = _lint_sources(file, hosts, module, write_patch, accept_new_host_keys)
     documents = []
     reports = []
     for source in sources:
@@ -155,6 +132,47 @@ class _Source:
     sha256: str = ""
     hosts: tuple[str, ...] = ()
     distribution: str | None = None
+
+
+def _lint_sources(
+    file: Path | None,
+    hosts: str | None,
+    module: str | None,
+    write_patch: Path | None,
+    accept_new_host_keys: bool,
+) -> list[_Source]:
+    """The sources lint-init reads: the file here, or the module's file on the hosts (one source
+    per distinct file); refused when the options do not fit together.
+
+    Raises:
+        InputError: not exactly one of --file or --hosts, --hosts without --module, a
+            --write-patch that is not a new .toml, or hosts holding different files for it.
+    """
+    if (file is None) == (hosts is None):
+        raise InputError(
+            "lint-init needs exactly one of --file PATH or --module M --hosts TARGET",
+            hint="opspatch lint-init --module sglang.srt.speculative.eagle_worker_v2 --hosts gpu-fleet",
+        )
+    if write_patch is not None and write_patch.suffix != ".toml":
+        raise InputError(f"{write_patch}: a patch file ends in .toml (its name is its id)")
+    if write_patch is not None and write_patch.exists():
+        raise InputError(
+            f"{write_patch} already exists; not overwriting it", hint="choose another name"
+        )
+    if hosts is not None:
+        if module is None:
+            raise InputError("lint-init --hosts needs --module M (the module to read)")
+        sources = _host_sources(hosts, module, accept_new_host_keys)
+    else:
+        assert file is not None
+        sources = [_file_source(file, module, need_module=write_patch is not None)]
+    if write_patch is not None and len(sources) > 1:
+        listing = "; ".join(f"{', '.join(s.hosts)}: {s.sha256[:12]}" for s in sources)
+        raise InputError(
+            f"the hosts hold different versions of {module}: {listing}",
+            hint="select hosts that run the same file to write one guard patch",
+        )
+    return sources
 
 
 def _file_source(file: Path, module: str | None, *, need_module: bool) -> _Source:

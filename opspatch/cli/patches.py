@@ -20,6 +20,7 @@ from opspatch.cli.render import emit_json, err, out, print_diff, print_dry_run, 
 from opspatch.errors import EXIT_BAD_INPUT, InputError, OpspatchError
 
 if TYPE_CHECKING:
+    from opspatch.analysis.provenance import Provenance
     from opspatch.core.edit import PlanOutcome
     from opspatch.core.spec import LoadedPatch
     from opspatch.runs.commands.local_files import LocalPlan
@@ -104,7 +105,6 @@ def check(
     version range covers releases that `check --releases` has not proven it on (read from the
     release cache, offline)."""
     from opspatch.analysis.provenance import Provenance
-    from opspatch.runs.commands.releasecache import release_coverage
 
     workspace = options.workspace_dir()
     references = patches or sorted(workspace.available("patches"))
@@ -124,58 +124,70 @@ def check(
                 {"patch": reference, "ok": False, "error": exc.message, "hint": exc.hint}
             )
             continue
-        parts = loaded.parts
-        provenance = provenances[loaded.spec.id] = Provenance.of(loaded.spec)
-        results.append(
-            {
-                "patch": loaded.spec.id,
-                "ok": True,
-                "file": loaded.path,
-                "sha256": loaded.sha256,
-                "target": "; ".join(
-                    f"{p.target.module} ({p.target.distribution} {p.target.versions or 'any'})"
-                    for p in parts
-                ),
-                "edits": sum(len(p.edits) for p in parts),
-                "postconditions": sum(len(p.postconditions) for p in parts),
-                "releases": release_coverage(parts).to_json(),
-                "provenance": {**provenance.to_json(), "warning": provenance.warning},
-                "signed_by": recorded_signers(loaded.sha256, playbook),
-            }
-        )
+        provenances[loaded.spec.id] = Provenance.of(loaded.spec)
+        results.append(_checked(loaded, provenances[loaded.spec.id], playbook))
     failed = [r for r in results if not r["ok"]]
     if as_json:
         emit_json({"ok": not failed, "patches": results})
     else:
-        for result in results:
-            if result["ok"]:
-                out.print(
-                    Text.assemble(
-                        ("ok", "green"),
-                        f"    {result['patch']}  {result['file']}  "
-                        f"{result['edits']} edit(s), {result['postconditions']} postcondition(s)  "
-                        f"-> {result['target']}",
-                    )
-                )
-                for signer in result["signed_by"]:
-                    out.print(
-                        f"      signed by {signer['principal']} ({_verdict(signer)}; recorded "
-                        f"by {signer['operator']} at {signer['recorded_at']})",
-                        markup=False,
-                    )
-                for line in provenances[result["patch"]].lines():
-                    out.print(f"      {line}", markup=False, highlight=False)
-                for warning in (result["provenance"]["warning"], result["releases"]["warning"]):
-                    if warning:
-                        err.print(
-                            Text.assemble(("warning", "yellow"), f"  {result['patch']}: {warning}")
-                        )
-            else:  # the message quotes the file, which print_error shows as text, not markup
-                print_error(
-                    result["error"], hint=result["hint"], exit_code=EXIT_BAD_INPUT, as_json=False
-                )
+        _print_checked(results, provenances)
     if failed:
         raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _checked(loaded: LoadedPatch, provenance: Provenance, playbook: str | None) -> dict[str, Any]:
+    """What `check` says of a patch that loads: its file, target, size, releases proven,
+    provenance and recorded signatures."""
+    from opspatch.runs.commands.releasecache import release_coverage
+
+    parts = loaded.parts
+    return {
+        "patch": loaded.spec.id,
+        "ok": True,
+        "file": loaded.path,
+        "sha256": loaded.sha256,
+        "target": "; ".join(
+            f"{p.target.module} ({p.target.distribution} {p.target.versions or 'any'})"
+            for p in parts
+        ),
+        "edits": sum(len(p.edits) for p in parts),
+        "postconditions": sum(len(p.postconditions) for p in parts),
+        "releases": release_coverage(parts).to_json(),
+        "provenance": {**provenance.to_json(), "warning": provenance.warning},
+        "signed_by": recorded_signers(loaded.sha256, playbook),
+    }
+
+
+def _print_checked(results: list[dict[str, Any]], provenances: dict[str, Provenance]) -> None:
+    """`check`'s results as text: each patch's line, signers, provenance and warnings, or its
+    error."""
+    for result in results:
+        if result["ok"]:
+            out.print(
+                Text.assemble(
+                    ("ok", "green"),
+                    f"    {result['patch']}  {result['file']}  "
+                    f"{result['edits']} edit(s), {result['postconditions']} postcondition(s)  "
+                    f"-> {result['target']}",
+                )
+            )
+            for signer in result["signed_by"]:
+                out.print(
+                    f"      signed by {signer['principal']} ({_verdict(signer)}; recorded "
+                    f"by {signer['operator']} at {signer['recorded_at']})",
+                    markup=False,
+                )
+            for line in provenances[result["patch"]].lines():
+                out.print(f"      {line}", markup=False, highlight=False)
+            for warning in (result["provenance"]["warning"], result["releases"]["warning"]):
+                if warning:
+                    err.print(
+                        Text.assemble(("warning", "yellow"), f"  {result['patch']}: {warning}")
+                    )
+        else:  # the message quotes the file, which print_error shows as text, not markup
+            print_error(
+                result["error"], hint=result["hint"], exit_code=EXIT_BAD_INPUT, as_json=False
+            )
 
 
 def _allowed_signers(playbook: str | None) -> str | None:

@@ -115,8 +115,9 @@ class EditKind(FileSchema):
     The protocol a kind implements (each method takes the patch and the edit's index `i`, which
     name the marker and the field of a problem; a problem raises `EditProblem`):
     `place`, `state`, `undo`, `description`; and says, as class variables, how it is recognised
-    in place (`recognised_by`) and whether `undo` can take it out of the text alone
-    (`undone_from_text`)."""
+    in place (`recognised_by`), whether `undo` can take it out of the text alone
+    (`undone_from_text`) and whether, applied, it leaves code of its own in the file
+    (`leaves_code`)."""
 
     if TYPE_CHECKING:
         alternatives: Sequence[Alternative]
@@ -125,6 +126,9 @@ class EditKind(FileSchema):
     """How `AlreadyApplied` says the kind was seen in place."""
     undone_from_text: ClassVar[bool] = False
     """Whether `undo` removes it from the patched text alone (else: from the recorded pre-image)."""
+    leaves_code: ClassVar[bool] = True
+    """Whether, applied, its own code stands in the file; False for a kind read as applied when
+    code is gone (a delete), which a rewrite upstream does as well: absence alone proves nothing."""
 
     def _check_rules(self) -> None:
         """The kind's rules across its fields (a ValueError naming the field); none here."""

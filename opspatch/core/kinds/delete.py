@@ -7,7 +7,7 @@ pre-image. Pure.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import field_validator
 
@@ -55,6 +55,8 @@ class DeleteEdit(EditKind):
     alternatives: list[DeleteAlternative] = _alternatives_field()
 
     _scope = field_validator("scope")(_check_qualname)
+
+    leaves_code: ClassVar[bool] = False
 
     def _check_rules(self) -> None:
         """It selects statements, in a way that can be recognised as applied."""

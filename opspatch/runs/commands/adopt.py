@@ -278,6 +278,7 @@ def adopt_edit(
         HostError: a host could not be read.
         LedgerIntegrityError: the ledger's chain is broken.
     """
+    # Long because: the adoption's steps in the order they may refuse, nothing written before the last check
     if not _PATCH_ID.match(patch_id):
         raise InputError(
             f"--id {patch_id!r} is not a patch id (lower-case letters, digits, '-', '.', '_')"

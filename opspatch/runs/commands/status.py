@@ -188,6 +188,7 @@ def _classify(
     spec: PatchSpec,
     structural: Detection,
 ) -> PatchStatus:
+    # Long because: one table over the file's standing, each case a return in decided order
     file = inspection.file
     gate = gate_inspection(spec.target, inspection)
     history = (

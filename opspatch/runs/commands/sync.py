@@ -98,6 +98,7 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
     a host that could not be inspected is always a row (`unreachable`), desired or not.
 
     Raises nothing: an unknown release or state is `by-hand`, never a guess."""
+    # Long because: one decision table for a host and patch, read top to bottom, each case a return
     host, patch = status.host, status.patch
 
     def row(action: SyncAction, detail: str, command: str | None = None) -> SyncRow:

@@ -163,6 +163,7 @@ class Rotation:
                 `max_unavailable` or leave it no healthy worker (unless the playbook says
                 `fleet_down`).
         """
+        # Long because: its docstring names every refusal; the code is one pass per router (list, refuse, size the gate)
         env = os.environ if environ is None else environ
         behind: dict[str, list[Host]] = {}
         settings: dict[str, RouterSettings] = {}

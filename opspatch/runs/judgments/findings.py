@@ -26,6 +26,7 @@ from opspatch.hosts.diagnosis import (
     Checkout,
     HostDiagnosis,
     InstalledCopy,
+    LogWindow,
     ModuleDiagnosis,
     TracebackGroup,
 )
@@ -286,20 +287,8 @@ def judge_file(
             else "no RECORD entry and no git checkout to compare it with"
         )
         return FileVerdict(m.module, FileState.UNKNOWN, said, **common)
-    relpath = module_relpath(m.module, f.realpath)
     latest = history[0] if history else None
-    diff, against = None, None
-    if latest is not None and latest.action == FileAction.PATCH and latest.sha256_after in texts:
-        diff = unified_diff(texts[latest.sha256_after], f.content, relpath)
-        against = f"what run {latest.run_id} ({latest.patch_id}) wrote"
-    elif m.checkout and m.checkout.diff:
-        diff, against = m.checkout.diff, label
-    elif reference in texts:
-        diff = unified_diff(texts[reference], f.content, relpath)
-        against = f"{label} ({copy_sources.get(reference, 'known copy')})"
-    elif history and history[-1].sha256_before in texts:
-        diff = unified_diff(texts[history[-1].sha256_before], f.content, relpath)
-        against = f"the pre-image run {history[-1].run_id} recorded"
+    diff, against = _edit_diff(m, history, texts, copy_sources, reference, label)
     detail = f"sha256 {live[:12]} is not {label} ({reference[:12]})"
     if latest is not None and latest.action == FileAction.PATCH:
         detail += f"; changed since run {latest.run_id} wrote {latest.sha256_after[:12]}"
@@ -308,6 +297,34 @@ def judge_file(
     return FileVerdict(
         m.module, FileState.EDITED_OUTSIDE, detail, diff=diff, diff_against=against, **common
     )
+
+
+def _edit_diff(
+    m: ModuleDiagnosis,
+    history: Sequence[FileVersion],
+    texts: Mapping[str, bytes],
+    copy_sources: Mapping[str, str],
+    reference: str,
+    label: str | None,
+) -> tuple[str | None, str | None]:
+    """The diff of a file edited outside opspatch, and what it is against: what opspatch last
+    wrote, else the checkout's own diff, else a known pristine copy, else the first recorded
+    pre-image; (None, None) when no text is known."""
+    assert m.file is not None
+    content, relpath = m.file.content, module_relpath(m.module, m.file.realpath)
+    latest = history[0] if history else None
+    if latest is not None and latest.action == FileAction.PATCH and latest.sha256_after in texts:
+        against = f"what run {latest.run_id} ({latest.patch_id}) wrote"
+        return unified_diff(texts[latest.sha256_after], content, relpath), against
+    if m.checkout and m.checkout.diff:
+        return m.checkout.diff, label
+    if reference in texts:
+        against = f"{label} ({copy_sources.get(reference, 'known copy')})"
+        return unified_diff(texts[reference], content, relpath), against
+    if history and history[-1].sha256_before in texts:
+        against = f"the pre-image run {history[-1].run_id} recorded"
+        return unified_diff(texts[history[-1].sha256_before], content, relpath), against
+    return None, None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,6 +476,17 @@ def judge_host(
     for verdict in files:
         found += _file_findings(verdict, running)
     found += _checkout_findings(files)
+    found += _serving_findings(d)
+    if d.log is not None:
+        found += _log_findings(d.log)
+    found += _exception_findings(exceptions)
+    return HostReport(d.host, d, tuple(files), tuple(exceptions), tuple(found))
+
+
+def _serving_findings(d: HostDiagnosis) -> list[Finding]:
+    """What the server and its smoke decode showed: down, unhealthy, or healthy but crashing."""
+    found: list[Finding] = []
+    server = d.server
     decode_failed = d.smoke is not None and not d.smoke.ok
     healthy = server is not None and server.health_status == 200
     if (decode_failed and healthy) or crashed_after_ready(d):
@@ -496,21 +524,31 @@ def judge_host(
                     server.health_error or "",
                 )
             )
-    log = d.log
-    if log is not None:
-        if not log.exists:
-            found.append(Finding("no-log", WARNING, "no server log", log.path))
-        if log.truncated:
-            found.append(Finding("log-truncated", INFO, "log read from its tail only", log.basis))
-        for marker, level, text in (
-            ("scheduler-exception", PROBLEM, "Scheduler hit an exception"),
-            ("warmup-failed", PROBLEM, "warm-up failed"),
-            ("cuda-oom", PROBLEM, "CUDA out of memory"),
-            ("cuda-graph-capture-failed", WARNING, "CUDA graph capture failed"),
-        ):
-            hit = log.marker(marker)
-            if hit is not None:
-                found.append(Finding(marker, level, text, f"{hit.count}x, first: {hit.line}"))
+    return found
+
+
+def _log_findings(log: LogWindow) -> list[Finding]:
+    """What the server log showed: missing, read from its tail, and the markers it holds."""
+    found: list[Finding] = []
+    if not log.exists:
+        found.append(Finding("no-log", WARNING, "no server log", log.path))
+    if log.truncated:
+        found.append(Finding("log-truncated", INFO, "log read from its tail only", log.basis))
+    for marker, level, text in (
+        ("scheduler-exception", PROBLEM, "Scheduler hit an exception"),
+        ("warmup-failed", PROBLEM, "warm-up failed"),
+        ("cuda-oom", PROBLEM, "CUDA out of memory"),
+        ("cuda-graph-capture-failed", WARNING, "CUDA graph capture failed"),
+    ):
+        hit = log.marker(marker)
+        if hit is not None:
+            found.append(Finding(marker, level, text, f"{hit.count}x, first: {hit.line}"))
+    return found
+
+
+def _exception_findings(exceptions: Sequence[ExceptionReport]) -> list[Finding]:
+    """Each exception group the log showed, and each patch that declares it fixes one."""
+    found: list[Finding] = []
     for report in exceptions:
         g = report.group
         found.append(
@@ -531,4 +569,4 @@ def judge_host(
                     fix.summary,
                 )
             )
-    return HostReport(d.host, d, tuple(files), tuple(exceptions), tuple(found))
+    return found

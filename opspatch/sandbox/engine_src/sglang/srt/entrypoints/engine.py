@@ -115,6 +115,7 @@ def launch_subprocesses(server_args: ServerArgs) -> EngineProcesses:
     """Start this node's scheduler processes (and on node 0 the detokenizer), wait until every
     one is ready (which needs every rank of every node to have joined the TP group), then
     return. On node 0 the result holds the tokenizer manager."""
+    # Long because: it mirrors SGLang's own function of this name, kept in its shape
     multiprocessing.set_start_method("spawn", force=True)
     install_sigquit_handler()
     # Registered after multiprocessing's own exit handler, so it runs first: an interpreter

@@ -198,6 +198,7 @@ class TokenizerManager:
     def parse_generate_request(
         self, body: Any, *, default_max_new_tokens: int | None = None
     ) -> GenerateReqInput:
+        # Long because: it mirrors SGLang's own function of this name, kept in its shape
         if not isinstance(body, dict):
             raise BadRequestError("the request body must be a JSON object")
         unknown = sorted(set(body) - set(GENERATE_REQUEST_FIELDS) - set(ROUTER_FORWARDED_FIELDS))
