@@ -143,6 +143,7 @@ def up(
     Safe to run again: running hosts are left alone, stopped ones started, ports kept, the
     install shape kept, and patched files never reinstalled.
     """
+    # Long because: one typer option per flag in the signature; the body is a dozen lines
     from opspatch.sandbox.fleet import SandboxLayout, sandbox_up
 
     report = sandbox_up(

@@ -368,25 +368,7 @@ def sandbox_up(
     with sandbox_lock(layout):
         current = load_manifest(layout)
         manifest, added = _planned_manifest(current, hosts, ssh, install, containers, units)
-        if manifest.install == "editable":
-            require_git()
-        image = None
-        if manifest.containers:
-            sandbox_containers.require_podman()
-            podman = sandbox_containers.podman_env(layout)
-            image = sandbox_containers.ensure_engine_image(podman, progress)
-        if router or manifest.router is not None:
-            if manifest.units:
-                raise InputError(
-                    "--router does not go with --units yet (only each unit's head is a worker)",
-                    hint=f"drop --router, or `{PURGE}` first",
-                )
-            require_router_package()
-        if manifest.ssh and find_sshd() is None:
-            raise InputError(
-                "`--ssh` needs OpenSSH's sshd, which is not installed",
-                hint=f"apt-get install openssh-server (or run `{UP}` without --ssh)",
-            )
+        image = _require_tools(layout, manifest, router, progress)
         manifest = _choose_ports(manifest, want_router=router)
         running = {r.name for r in manifest.hosts if _engine_running(layout, manifest, r.name)}
         running -= _stop_partial_units(layout, manifest, running, progress)
@@ -421,6 +403,37 @@ def sandbox_up(
             return report
         write_atomically(layout.ssh_inventory, render_inventory(layout, manifest, over_ssh=True))
         return replace(report, ssh_inventory=layout.ssh_inventory)
+
+
+def _require_tools(
+    layout: SandboxLayout, manifest: Manifest, router: bool, progress: Progress
+) -> str | None:
+    """What the sandbox's shape needs, checked before anything starts: git for `editable`,
+    podman and the engine image for containers (the image's name), the router package, sshd.
+
+    Raises:
+        InputError: a tool is missing, or --router with units.
+    """
+    if manifest.install == "editable":
+        require_git()
+    image = None
+    if manifest.containers:
+        sandbox_containers.require_podman()
+        podman = sandbox_containers.podman_env(layout)
+        image = sandbox_containers.ensure_engine_image(podman, progress)
+    if router or manifest.router is not None:
+        if manifest.units:
+            raise InputError(
+                "--router does not go with --units yet (only each unit's head is a worker)",
+                hint=f"drop --router, or `{PURGE}` first",
+            )
+        require_router_package()
+    if manifest.ssh and find_sshd() is None:
+        raise InputError(
+            "`--ssh` needs OpenSSH's sshd, which is not installed",
+            hint=f"apt-get install openssh-server (or run `{UP}` without --ssh)",
+        )
+    return image
 
 
 def _stop_partial_units(

@@ -141,6 +141,7 @@ def op_wait_ready(args: WaitReadyRequest) -> ReadyReply:
     `{"waiting": {"seconds", "polls", "last"}}` instead of failing. `total` is the whole wait's
     deadline in seconds, said in the not-ready failure (default: `timeout`).
     """
+    # Long because: one polling loop whose exits (ready, gone, exited, deadline, a slice's end) share its state; the agent runs as one file on Python 3.8
     url = str(args["url"]).rstrip("/")
     timeout = float(args.get("timeout") or 600.0)
     total = float(args.get("total") or timeout)
@@ -325,6 +326,7 @@ def op_smoke(args: SmokeRequest) -> SmokeReply:
 
     Every failed check is reported in the result (not raised): the controller decides.
     """
+    # Long because: the checks run in order against one result, each adding what it found; the agent runs as one file on Python 3.8
     url = str(args["url"]).rstrip("/")
     prompts = args.get("prompts") or []
     max_new_tokens = int(args.get("max_new_tokens") or 16)

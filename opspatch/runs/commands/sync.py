@@ -446,21 +446,7 @@ def sync_fleet(
         raise split
     before = before or plan_fleet(desired, hosts, others, factory, ledger)
     by_name = {h.name: h for h in hosts}
-    for entry in desired.entries:  # no run begins when one patch's would be refused
-        names = [
-            r.host
-            for r in before.rows
-            if r.patch == entry.patch.spec.id and r.desired and r.action == SyncAction.APPLY
-        ]
-        refused = units_refused(entry.patch.spec.id, [by_name[n] for n in names], playbook, "sync")
-        if refused is not None:
-            raise refused
-    # Every approval first: a refusal of the second patch must not follow a first one applied.
-    for entry in desired.entries:
-        if any(
-            r.patch == entry.patch.spec.id and r.action == SyncAction.APPLY for r in before.rows
-        ):
-            require_approval(ledger, entry.patch, playbook.team, operator=operator_identity())
+    _refuse_before_any_run(desired, before, by_name, playbook, ledger)
     runs: list[RunReport] = []
     left_alone: list[RunReport] = []
     stopped: RunReport | None = None
@@ -492,6 +478,37 @@ def sync_fleet(
             stopped = report
     after = plan_fleet(desired, hosts, others, factory, ledger) if runs else before
     return SyncReport(tuple(runs), tuple(left_alone), after)
+
+
+def _refuse_before_any_run(
+    desired: DesiredState,
+    before: FleetPlan,
+    by_name: Mapping[str, Host],
+    playbook: Playbook,
+    ledger: Ledger,
+) -> None:
+    """Every patch's refusals before the first run: a patch that would go on part of a unit (or
+    restart a whole one), and a missing approval. A refusal of the second patch must not follow
+    a first one applied.
+
+    Raises:
+        UnitRefused: see `units_refused`.
+        ApprovalRefused: see `require_approval`.
+    """
+    for entry in desired.entries:
+        names = [
+            r.host
+            for r in before.rows
+            if r.patch == entry.patch.spec.id and r.desired and r.action == SyncAction.APPLY
+        ]
+        refused = units_refused(entry.patch.spec.id, [by_name[n] for n in names], playbook, "sync")
+        if refused is not None:
+            raise refused
+    for entry in desired.entries:
+        if any(
+            r.patch == entry.patch.spec.id and r.action == SyncAction.APPLY for r in before.rows
+        ):
+            require_approval(ledger, entry.patch, playbook.team, operator=operator_identity())
 
 
 def _why_left(row: SyncRow, stopped: RunReport | None) -> str:

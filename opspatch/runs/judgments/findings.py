@@ -263,10 +263,8 @@ def judge_file(
             run_id=baked.run_id,
             **common,
         )
-    written = next(
-        (v for v in history if v.action == FileAction.PATCH and v.sha256_after == live), None
-    )
-    if written is not None:
+    patched = (v for v in history if v.action == FileAction.PATCH and v.sha256_after == live)
+    if (written := next(patched, None)) is not None:
         return FileVerdict(
             m.module,
             FileState.PATCHED_BY_OPSPATCH,
