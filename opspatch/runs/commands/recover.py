@@ -47,10 +47,15 @@ from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.host_leases import lease_held
 from opspatch.runs.fleet.recorded import recorded_run
-from opspatch.runs.fleet.restore import ensure_running, restore_standing, run_restore
+from opspatch.runs.fleet.restore import (
+    ensure_running,
+    prove_standing,
+    restore_standing,
+    run_restore,
+)
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.fleet.standing import HostStanding, Takeover, read_host
-from opspatch.runs.fleet.steps import prove_or_undo, undo
+from opspatch.runs.fleet.steps import undo
 from opspatch.runs.judgments.patchset import Action, Standing, Table, paths_of
 from opspatch.runs.judgments.proof import describe
 from opspatch.runs.judgments.units import unit_refusal
@@ -329,10 +334,9 @@ class _RecoverHost:
             return self._ensure_running(session, standing)
         if action == Action.PROVE_OR_UNDO:
             what = "patch set (all-new)" if standing.is_set else "change"
-            return prove_or_undo(
+            return prove_standing(
                 session,
-                change=standing.change(),
-                restore=lambda: restore_standing(session, standing),
+                standing,
                 note=f"finished run {standing.version.run_id}'s {what}: restarted and smoke-tested",
             )
         if action == Action.RESTORE:

@@ -24,10 +24,9 @@ from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.recorded import recorded_run
-from opspatch.runs.fleet.restore import restore_standing
+from opspatch.runs.fleet.restore import prove_standing
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.fleet.standing import HostStanding, begin, read_host
-from opspatch.runs.fleet.steps import prove_or_undo
 from opspatch.runs.judgments.patchset import Action, Standing, Table
 from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import HostOutcome, RunReport
@@ -132,11 +131,8 @@ def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
     run_id = versions[0].run_id
     if action == Action.PROVE_OR_UNDO:
         what = "patch set (all-new)" if standing.is_set else "change"
-        return prove_or_undo(
-            session,
-            change=standing.change(),
-            restore=lambda: restore_standing(session, standing),
-            note=f"restarted into run {run_id}'s {what} and proven",
+        return prove_standing(
+            session, standing, note=f"restarted into run {run_id}'s {what} and proven"
         )
     if action == Action.LEAVE:
         return session.outcome(

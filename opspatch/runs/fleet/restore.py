@@ -25,7 +25,13 @@ from opspatch.runs.fleet.host_leases import host_identity
 from opspatch.runs.fleet.recorder import Recorder
 from opspatch.runs.fleet.session import HostFailed, HostSession, Progress
 from opspatch.runs.fleet.standing import HostStanding
-from opspatch.runs.fleet.steps import readmit, ready_step, restart_step, restore_pre_image
+from opspatch.runs.fleet.steps import (
+    prove_or_undo,
+    readmit,
+    ready_step,
+    restart_step,
+    restore_pre_image,
+)
 from opspatch.runs.judgments.patchset import SetOnHost
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
@@ -216,3 +222,14 @@ def restore_standing(session: HostSession, standing: HostStanding) -> FileChange
     if standing.is_set:
         return restore_set(session, standing.found)
     return restore_recorded(session, standing.version)
+
+
+def prove_standing(session: HostSession, standing: HostStanding, *, note: str) -> HostOutcome:
+    """The table's prove-or-undo on what `read_host` found all new: restart into it and prove
+    it, or undo it (every new file put back) when the proof fails."""
+    return prove_or_undo(
+        session,
+        change=standing.change(),
+        restore=lambda: restore_standing(session, standing),
+        note=note,
+    )
