@@ -33,6 +33,8 @@ class SandboxFleet:
     ssh: bool = False
     install: str = "wheel"  # or "editable": each host's engine is a git checkout <host>/sglang
     router: bool = False  # `up --router`: a real sglang-router in front of the engines
+    nodes: int = 1  # above 1: `up --units size/nodes --nodes N --tp tp`, multi-node servers
+    tp: int = 1
     hosts: dict[str, Host] = field(default_factory=dict)
 
     @property
@@ -58,7 +60,12 @@ class SandboxFleet:
     def up(self) -> SandboxFleet:
         (self.workspace / "patches").mkdir(parents=True, exist_ok=True)
         (self.workspace / "playbooks").mkdir(parents=True, exist_ok=True)
-        args = ["sandbox", "up", "--count", str(self.size), "--install", self.install]
+        args = ["sandbox", "up", "--install", self.install]
+        if self.nodes > 1:
+            units = str(self.size // self.nodes)
+            args += ["--units", units, "--nodes", str(self.nodes), "--tp", str(self.tp)]
+        else:
+            args += ["--count", str(self.size)]
         args += ["--ssh"] if self.ssh else []
         args += ["--router"] if self.router else []
         run = self.opspatch(*args, timeout=240)

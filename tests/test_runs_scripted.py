@@ -147,6 +147,15 @@ class FakeHost:
         if op == "restart":
             self.restarted()
             return {"strategy": "command", "pid": FAKE_PID, "log_offset": 0, "stopped": []}
+        if op == "stop":  # a unit's node: stopped until its `start`
+            stopped = [FAKE_PID] if self.serving else []
+            self.serving = False
+            return {"strategy": "command", "stopped": stopped, "log_offset": 0}
+        if op == "start":
+            if self.serving:
+                return Refusal("engine-running", f"the engine (pid {FAKE_PID}) still runs")
+            self.restarted()
+            return {"strategy": "command", "pid": FAKE_PID, "log_offset": 0, "stopped": []}
         if op == "wait_ready":
             if not self.serving:
                 return Refusal(

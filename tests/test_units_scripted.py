@@ -148,7 +148,7 @@ def test_restart_rollback_and_recover_of_one_node_of_a_unit_are_refused(units: U
         units,
     )
     assert "recover would change part of a multi-node server" in recover.message
-    assert recover.hint is not None and "`opspatch unlock --hosts u1`" in recover.hint
+    assert recover.hint == "select every node of the unit: `opspatch recover --hosts u1`"
 
 
 def test_a_sync_over_part_of_a_unit_is_refused_before_reading_any_host(units: Units) -> None:
@@ -165,18 +165,108 @@ def test_a_sync_over_part_of_a_unit_is_refused_before_reading_any_host(units: Un
 # -- a whole unit: never restarted one node at a time ---------------------------------------------
 
 
-def test_an_apply_that_would_restart_a_units_nodes_one_by_one_is_refused(units: Units) -> None:
-    error = refused(lambda: units.apply("h1", "h2", "h3"), units)
-    assert "apply would restart the nodes of unit u1 (h1 (head), h2) one by one" in error.message
-    assert "the other nodes hang until the watchdog ends them" in error.message
-    assert error.hint is not None
-    assert error.hint.startswith(
-        "`opspatch apply eagle-init-guard --hosts u1 --restart never` stages the patch on every "
-        "node of unit u1; then restart the unit as one yourself"
+def steps(report: RunReport, host: str) -> list[str]:
+    return [str(s.step) for s in next(h for h in report.hosts if h.host == host).steps]
+
+
+def test_an_apply_over_a_whole_unit_restarts_and_proves_it_as_one(units: Units) -> None:
+    """Every node swapped, then every node stopped before any starts (the head first),
+    readiness and the smoke decode on the head only; a host by itself restarts as ever."""
+    pristine = units.files()
+    report = units.apply("h1", "h2", "h3")
+    assert {h.host: str(h.outcome) for h in report.hosts} == dict.fromkeys(
+        ("h1", "h2", "h3"), "applied"
     )
+    assert report.exit_code == 0
+    after = units.files()
+    assert after["h1"] == after["h2"] == after["h3"] != pristine["h1"]
+    for name in UNIT.hosts:
+        assert "restart" not in units.fakes[name].requests  # never one node alone
+    # both swaps before any stop, both stops before any start, the head's start first
+    order = [(n, op) for n in UNIT.hosts for op in units.fakes[n].requests]
+    assert [op for _, op in order].count("stop") == 2
+    assert steps(report, "h1") == [
+        "begin",
+        "plan",
+        "backup",
+        "swap",
+        "stop",
+        "start",
+        "ready",
+        "smoke",
+    ]
+    assert steps(report, "h2") == ["begin", "plan", "backup", "swap", "stop", "start", "smoke"]
+    assert "smoke" not in units.fakes["h2"].requests  # proven through the head's decode
+    h2 = next(h for h in report.hosts if h.host == "h2")
+    assert h2.note == "u1 rank 1: proven by the decode through the head h1"
+    assert "restart" in units.fakes["h3"].requests
 
 
-def test_restart_rollback_and_recover_of_a_whole_unit_are_refused(units: Units) -> None:
+def test_a_failed_smoke_on_the_head_rolls_back_every_node_and_restarts_the_unit(
+    units: Units,
+) -> None:
+    pristine = units.files()
+    units.fakes["h1"].smoke_ok = False
+    report = units.apply("h1", "h2")
+    assert {h.host: str(h.outcome) for h in report.hosts} == {
+        "h1": "rolled-back",
+        "h2": "rolled-back",
+    }
+    assert report.exit_code == 1
+    assert units.files() == pristine  # every node back, byte for byte
+    for name in UNIT.hosts:  # stopped and started twice: the change, then the restore
+        assert units.fakes[name].requests.count("stop") == 2
+        assert units.fakes[name].requests.count("start") == 2
+        assert "restart" not in units.fakes[name].requests
+    h2 = next(h for h in report.hosts if h.host == "h2")
+    assert (h2.error or "").startswith("h1: smoke failed")
+
+
+def test_a_node_whose_engine_exits_while_the_head_is_awaited_is_named_and_the_unit_restored(
+    units: Units,
+) -> None:
+    pristine = units.files()
+    node = units.fakes["h2"]
+    starts = []
+
+    def exits_after_first_start(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        if op == "start":
+            starts.append(op)
+        if op == "wait_ready" and len(starts) == 1:
+            return Refusal("engine-exited", "the engine (pid 4242) exited before it was ready")
+        return None
+
+    node.fault = exits_after_first_start
+    report = units.apply("h1", "h2")
+    outcomes = {h.host: h for h in report.hosts}
+    assert {h: str(o.outcome) for h, o in outcomes.items()} == {
+        "h1": "rolled-back",
+        "h2": "rolled-back",
+    }
+    assert (outcomes["h1"].error or "").startswith("h2: ready: its engine exited")
+    assert units.files() == pristine
+
+
+def test_a_swap_refused_on_one_node_puts_the_others_back_without_a_restart(
+    units: Units,
+) -> None:
+    pristine = units.files()
+
+    def refuse_swap(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        return Refusal("write-failed", "disk full") if op == "swap" else None
+
+    units.fakes["h2"].fault = refuse_swap
+    report = units.apply("h1", "h2")
+    outcomes = {h.host: h for h in report.hosts}
+    assert {h: str(o.outcome) for h, o in outcomes.items()} == {"h1": "failed", "h2": "failed"}
+    assert outcomes["h1"].note == "put back to the pre-image: the unit's server never ran it"
+    assert "disk full" in (outcomes["h1"].error or "")
+    assert units.files() == pristine
+    for name in UNIT.hosts:
+        assert not {"stop", "start", "restart"} & set(units.fakes[name].requests)
+
+
+def test_restart_and_rollback_of_a_whole_unit_are_refused(units: Units) -> None:
     unit = units.hosts("h1", "h2")
     restart = refused(
         lambda: restart_hosts(
@@ -198,29 +288,62 @@ def test_restart_rollback_and_recover_of_a_whole_unit_are_refused(units: Units) 
     assert rollback.hint is not None and rollback.hint.startswith(
         "`opspatch rollback eagle-init-guard --hosts u1 --restart never` restores the files"
     )
-    recover = refused(
-        lambda: recover_hosts(
-            ledger=units.ledger,
-            hosts=unit,
-            factory=units.factory,
-            playbook=ALWAYS,
-            patch=units.patch,
-        ),
-        units,
+
+
+def recover(units: Units, *names: str) -> RunReport:
+    return recover_hosts(
+        ledger=units.ledger,
+        hosts=units.hosts(*names),
+        factory=units.factory,
+        playbook=ALWAYS,
+        patch=units.patch,
     )
-    assert "recover would restart the nodes of unit u1" in recover.message
 
 
-def test_a_sync_that_would_restart_a_unit_is_refused_before_any_run(units: Units) -> None:
+def test_recover_of_a_unit_whose_nodes_differ_puts_back_the_new_node_and_restarts_as_one(
+    units: Units,
+) -> None:
+    """A run stopped between the two nodes' swaps: h1 new, h2 old. Recover puts h1 back and
+    restarts the unit as one: both `restored`, uniform at the pre-image."""
+    pristine = units.files()
+    h2 = units.fakes["h2"]
+    before = h2.file.read_bytes()
+    assert units.apply("h1", "h2", playbook=NEVER).exit_code == 0
+    h2.file.write_bytes(before)  # as if its swap never came
+    for fake in units.fakes.values():
+        fake.requests.clear()
+    report = recover(units, "h1", "h2")
+    assert {h.host: str(h.outcome) for h in report.hosts} == {"h1": "restored", "h2": "restored"}
+    assert units.files() == pristine
+    for name in UNIT.hosts:
+        assert units.fakes[name].requests.count("stop") == 1
+        assert "restart" not in units.fakes[name].requests
+    note = next(h for h in report.hosts if h.host == "h1").note or ""
+    assert "the nodes of unit u1 differed (new on h1)" in note
+
+
+def test_recover_of_a_staged_unit_proves_it_as_one(units: Units) -> None:
+    assert units.apply("h1", "h2", playbook=NEVER).exit_code == 0
+    staged = units.files()
+    report = recover(units, "h1", "h2")
+    assert {h.host: str(h.outcome) for h in report.hosts} == {"h1": "applied", "h2": "applied"}
+    assert units.files() == staged
+    assert all("restart" not in units.fakes[n].requests for n in UNIT.hosts)
+    again = recover(units, "h1", "h2")  # proven and serving: left alone, nothing restarted
+    assert {h.host: str(h.outcome) for h in again.hosts} == {"h1": "applied", "h2": "applied"}
+    assert all(units.fakes[n].requests.count("stop") == 1 for n in UNIT.hosts)
+
+
+def test_a_sync_applies_a_whole_unit_as_one(units: Units) -> None:
     hosts = units.hosts("h1", "h2", "h3")
-    with pytest.raises(UnitRefused) as caught:
-        sync_fleet(
-            _desired(units, hosts), hosts, [], ALWAYS, factory=units.factory, ledger=units.ledger
-        )
-    assert "sync would restart the nodes of unit u1" in caught.value.message
-    # the plan read every host; nothing was begun, swapped or recorded, h3 not applied either
-    assert units.requests() == {"h1": ["inspect"], "h2": ["inspect"], "h3": ["inspect"]}
-    assert units.ledger.list_runs() == []
+    report = sync_fleet(
+        _desired(units, hosts), hosts, [], ALWAYS, factory=units.factory, ledger=units.ledger
+    )
+    (run,) = report.runs
+    assert {h.host: str(h.outcome) for h in run.hosts} == dict.fromkeys(
+        ("h1", "h2", "h3"), "applied"
+    )
+    assert all("restart" not in units.fakes[n].requests for n in UNIT.hosts)
 
 
 # -- apply --restart never: every node staged, once the nodes are alike ---------------------------

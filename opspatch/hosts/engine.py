@@ -87,7 +87,9 @@ class ServerGroup:
     `tp_size` tensor-parallel ranks in all (SGLang's `--nnodes`, `--tp-size`)."""
 
     nnodes: int
-    tp_size: int
+    tp_size: int | None = None
+    """None: not checked (an inventory's unit names its nodes, not its ranks; the head's port
+    opens only once every rank joined, whatever their number)."""
 
     def check(self) -> GroupCheck:
         return {"nnodes": self.nnodes, "tp_size": self.tp_size}
@@ -98,6 +100,10 @@ READY_SLICE_SECONDS = 30.0
 a readiness wait (up to the playbook's `ready`, 20 minutes by default) is a series of such
 execs, and between two of them the controller says what it awaits and until when
 (`ReadyWaiting`), so a wrong engine URL is not a silent 20 minutes."""
+
+
+LOOK_SECONDS = 1.0
+"""How long `still_running` looks at a node: long enough for one /health poll."""
 
 
 @dataclass(frozen=True)
@@ -383,6 +389,7 @@ class EngineControl:
         timeout: float | None = None,
         on_waiting: Callable[[StillWaiting], None] | None = None,
         group: ServerGroup | None = None,
+        slice_seconds: float = READY_SLICE_SECONDS,
     ) -> Readiness:
         """Poll the server's /health on the host until it answers 200, within `timeout` seconds
         (default: the playbook's `ready`). Without `restart`, the process the engine's pid file
@@ -420,8 +427,8 @@ class EngineControl:
         waited, polls = 0.0, 0
         while True:
             remaining = timeout - (time.monotonic() - started)
-            last_part = remaining <= READY_SLICE_SECONDS
-            part = max(remaining, 0.001) if last_part else READY_SLICE_SECONDS
+            last_part = remaining <= slice_seconds
+            part = max(remaining, 0.001) if last_part else slice_seconds
             request["timeout"], request["slice"] = part, not last_part
             answer = self._run(WAIT_READY, request, timeout=part, step=step)
             still = answer.waiting
@@ -438,6 +445,28 @@ class EngineControl:
                         gives_up_at,
                     )
                 )
+
+    def still_running(self, started: RestartResult, *, step: str = "ready") -> None:
+        """One short look (an exec of about a second) that the engine `started` launched is
+        still running: a unit's other nodes, watched while the head is awaited (their dummy
+        `/health` proves only that). Returns when its process lives (or the strategy names no
+        pid to watch: a service, a container).
+
+        Raises:
+            EngineError: the process exited (`engine-exited`, with its log's evidence).
+        """
+        request = WaitReadyRequest(
+            url=self.host.engine.url,
+            timeout=LOOK_SECONDS,
+            pid=started.pid,
+            pid_file=None,
+            log_file=self.host.engine.log_file,
+            log_offset=started.log_offset,
+            total=LOOK_SECONDS,
+            slice=True,
+            group=None,
+        )
+        self._run(WAIT_READY, request, timeout=LOOK_SECONDS, step=step)
 
     def wait_drained(
         self, *, settle: float, poll: float, step: str = "drain", timeout: float | None = None

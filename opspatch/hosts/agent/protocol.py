@@ -245,7 +245,7 @@ class GroupCheck(TypedDict):
     `tp_size` tensor-parallel ranks in all."""
 
     nnodes: int
-    tp_size: int
+    tp_size: int | None  # None: not checked
 
 
 class WaitReadyRequest(TypedDict):

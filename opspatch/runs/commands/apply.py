@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, PlanOutcome
-from opspatch.core.host import Host, Unit
+from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch
@@ -44,6 +44,8 @@ from opspatch.runs.fleet.session import (
     Progress,
     describe_error,
 )
+from opspatch.runs.fleet.unitapply import UnitApply
+from opspatch.runs.fleet.unitrun import UnitSessions
 from opspatch.runs.judgments.approval import require_approval
 from opspatch.runs.judgments.units import NodeReading, NotUniform, judge_unit, unit_refusal
 from opspatch.runs.report import HostOutcome, RunReport
@@ -121,22 +123,13 @@ def units_refused(
     patch_id: str, hosts: Sequence[Host], playbook: Playbook, command: str = "apply"
 ) -> UnitRefused | None:
     """Why an apply of `patch_id` over `hosts` is refused for the units among them, or None:
-    it takes part of a unit, or its playbook restarts, which would restart a unit's nodes one
-    by one (`--restart never` stages the files on every node instead)."""
-
-    def staged(unit: Unit) -> str:
-        line = remedy_text(CliCommand.APPLY, patch_id, hosts=unit.name, restart="never")
-        return (
-            f"`{line}` stages the patch on every node of unit {unit.name}; then restart the "
-            "unit as one yourself (every node's engine stopped, then started again)"
-        )
-
+    it takes some but not all nodes of a unit (a whole unit is changed and restarted as one:
+    `runs/fleet/unitapply.py`)."""
     return unit_refusal(
         hosts,
         command=command,
-        restarts=playbook.restart != RestartPolicy.NEVER,
+        restarts=False,
         whole=lambda unit: remedy_text(CliCommand.APPLY, patch_id, hosts=unit.name),
-        today=staged,
     )
 
 
@@ -412,7 +405,8 @@ class _FleetApply:
     # -- the rollout ---------------------------------------------------------------------------
 
     def _roll_out(self, prepared: dict[str, Prepared | HostOutcome]) -> RunReport:
-        plan = plan_rollout(self.playbook, self.fleet.names)
+        units = UnitApply(self.pipeline, prepared) if self.pipeline.restart_engine else None
+        plan = plan_rollout(self.playbook, self.fleet.items() if units else self.fleet.names)
         canaries = plan.canaries
 
         def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
@@ -427,7 +421,9 @@ class _FleetApply:
                 return session.outcome(Outcome.ALREADY_APPLIED, file=item.change())
             return self.pipeline.apply(session, item)
 
-        outcomes, halted = self.fleet.execute(one, batches=plan.batches, halt=halt)
+        outcomes, halted = self.fleet.execute(
+            one, batches=plan.batches, halt=halt, per_unit=units.apply if units else None
+        )
         if halted and self.playbook.on_halt == HaltAction.ROLLBACK_RUN:
             halted = self._roll_back_run(prepared, outcomes, halted)
         return self.fleet.report(outcomes, halted=halted)
@@ -476,13 +472,32 @@ class _FleetApply:
             said = f"on_halt = rollback-run did not roll it back: {why}"
             return replace(kept, note=f"{kept.note}; {said}" if kept.note else said)
 
+        units = UnitApply(self.pipeline, prepared)
+
+        def one_unit(nodes: UnitSessions) -> Sequence[HostOutcome]:
+            try:
+                for session in nodes.sessions:
+                    session.lock.take()
+            except OpspatchError as exc:
+                return [
+                    session.outcome(
+                        Outcome.NEEDS_ATTENTION,
+                        f"on_halt = rollback-run could not lock the unit's nodes: "
+                        f"{describe_error(exc)}",
+                        file=outcomes[session.name].file,
+                    )
+                    for session in nodes.sessions
+                ]
+            return units.roll_back(nodes, "the rollout halted (on_halt = rollback-run)")
+
         with self.fleet.follow_up(names) as rollback:
             rollback.keep_leases(left)
             rolled, stopped = rollback.execute(
                 one,
-                batches=plan_rollout(self.playbook, names).batches,
+                batches=plan_rollout(self.playbook, rollback.items()).batches,
                 halt=lambda _: None,
                 not_started=left,
+                per_unit=one_unit,
             )
         outcomes.update(rolled)
         return (

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from opspatch.core.host import Host, Unit
+from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch
@@ -56,6 +56,12 @@ from opspatch.runs.fleet.restore import (
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.fleet.standing import HostStanding, Takeover, read_host
 from opspatch.runs.fleet.steps import undo
+from opspatch.runs.fleet.unitrun import (
+    UnitSessions,
+    prove_or_undo_unit,
+    undo_unit,
+    unit_answers,
+)
 from opspatch.runs.judgments.patchset import Action, Standing, Table, paths_of
 from opspatch.runs.judgments.proof import describe
 from opspatch.runs.judgments.units import unit_refusal
@@ -215,28 +221,15 @@ def _recover(
     leases: Mapping[str, str] | None = None,
     taking_over: Collection[str] = (),
 ) -> RunReport:
-    """Raises (before any host is touched): UnitRefused, a node of a unit among the hosts
-    (recover may restart a node, and a node restarted alone cannot rejoin its unit)."""
+    """Raises (before any host is touched): UnitRefused, some but not all nodes of a unit
+    among the hosts (a unit is recovered as one: `_RecoverHost.unit`)."""
 
-    def today(unit: Unit) -> str:
-        restore = (
-            remedy_text(CliCommand.ROLLBACK, run=parent_run, hosts=unit.name, restart="never")
-            if parent_run is not None
-            else remedy_text(
-                CliCommand.ROLLBACK,
-                patch.spec.id if patch else "PATCH",
-                hosts=unit.name,
-                restart="never",
-            )
-        )
-        return (
-            f"`{remedy_text(CliCommand.UNLOCK, hosts=unit.name)}` gives back the locks a run "
-            f"left on unit {unit.name}, and `{restore}` restores the files opspatch wrote on "
-            "every node; then restart the unit as one yourself (every node's engine stopped, "
-            "then started again)"
-        )
-
-    refused = unit_refusal(hosts, command="recover", restarts=True, whole=None, today=today)
+    refused = unit_refusal(
+        hosts,
+        command="recover",
+        restarts=False,
+        whole=lambda unit: remedy_text(CliCommand.RECOVER, hosts=unit.name),
+    )
     if refused is not None:
         raise refused
     with recorded_run(
@@ -257,6 +250,7 @@ def _recover(
             progress=progress or NoProgress(),
             patch_id=patch.spec.id if patch else None,
             per_host=recover.host,
+            per_unit=recover.unit,
             leases=leases,
             taking_over=taking_over,
         )
@@ -287,6 +281,20 @@ def _may_take_over(ledger: Ledger, holder: str, takeover: Collection[str] | None
         return False  # not a run of this ledger: it may be alive elsewhere
 
 
+_NEW = frozenset(
+    {
+        Standing.NEW_STALE,
+        Standing.NEW_PROVEN,
+        Standing.NEW_PROVEN_NO_SERVER,
+        Standing.NEW_UNPROVEN,
+        Standing.NEW_UNPROVEN_NO_SERVER,
+    }
+)
+"""Standings whose every file holds what the run wrote."""
+_PROVEN = frozenset({Standing.NEW_PROVEN, Standing.NEW_PROVEN_NO_SERVER})
+"""Proven, and no server older than the change runs (none found may be a server the agent
+cannot see: whether the unit serves is asked of its head)."""
+
 ACTIONS: Table = {
     Standing.NOTHING_RECORDED: Action.ENSURE_RUNNING,
     Standing.ALL_OLD: Action.ENSURE_RUNNING,
@@ -313,11 +321,12 @@ class _RecoverHost:
         self.scope = scope
         self.patch = patch
 
-    def host(self, session: HostSession) -> HostOutcome:
+    def read(self, session: HostSession) -> HostStanding:
+        """The host's standing against the newest run's files the scope holds for it."""
         versions = self.scope.versions.get(session.name, [])
         newest_run = [v for v in versions if v.run_id == versions[-1].run_id] if versions else []
         paths = paths_of(newest_run)
-        standing = read_host(
+        return read_host(
             session,
             [v for v in versions if v.path in paths],
             ledger=self.ledger,
@@ -325,10 +334,15 @@ class _RecoverHost:
             takeover=_takeover(self.ledger, self.scope),
             paths=paths,
         )
-        if standing.inspection is None:  # nothing recorded and no patch to look for: not read
-            return session.outcome(
-                Outcome.SKIPPED, note=f"{self.scope.what} recorded no change here"
-            )
+
+    def _not_read(self, session: HostSession) -> HostOutcome:
+        """Nothing recorded and no patch to look for: the host was not read."""
+        return session.outcome(Outcome.SKIPPED, note=f"{self.scope.what} recorded no change here")
+
+    def host(self, session: HostSession) -> HostOutcome:
+        standing = self.read(session)
+        if standing.inspection is None:
+            return self._not_read(session)
         action = ACTIONS[standing.standing]
         if action == Action.ENSURE_RUNNING:
             return self._ensure_running(session, standing)
@@ -357,6 +371,74 @@ class _RecoverHost:
             self._changed(session, standing),
             file=self._changed_file(standing),
         )
+
+    def unit(self, nodes: UnitSessions) -> list[HostOutcome]:
+        """A unit recovered as one (never a node restarted alone): its nodes made uniform.
+        Every node read; a node changed by someone else: every node `needs-attention`, nothing
+        written. Every node new: proven as one (the unit restarted, smoke through the head),
+        left alone when already proven and serving; undone on every node when the proof fails.
+        Every node old: left alone when the unit serves, else restarted as one. Nodes that
+        differ (a run stopped between two nodes' swaps): every new file put back, the unit
+        restarted and proven: `restored`, uniform at the pre-images."""
+        standings = {s.name: self.read(s) for s in nodes.sessions}
+        if all(st.inspection is None for st in standings.values()):
+            return [self._not_read(s) for s in nodes.sessions]
+        odd = [n for n, st in standings.items() if ACTIONS[st.standing] == Action.ATTENTION]
+        if odd:
+            return self._unit_changed(nodes, standings, odd)
+        new = {n for n, st in standings.items() if st.standing in _NEW}
+        changes = {n: st.change() if n in new else st.unchanged() for n, st in standings.items()}
+
+        def restore(session: HostSession) -> FileChange:
+            standing = standings[session.name]
+            return (
+                restore_standing(session, standing)
+                if session.name in new
+                else changes[session.name]
+            )
+
+        if len(new) == len(standings):
+            proven = all(st.standing in _PROVEN for st in standings.values())
+            if proven and unit_answers(nodes):
+                note = (
+                    f"{describe(standings[nodes.head.name].proofs[0])}; the unit serves: left alone"
+                )
+                return [
+                    s.outcome(Outcome.APPLIED, file=changes[s.name], note=note)
+                    for s in nodes.sessions
+                ]
+            note = f"finished the change on every node of unit {nodes.unit.name}: restarted as one and smoke-tested"
+            return prove_or_undo_unit(nodes, changes=changes, restore=restore, note=note)
+        if not new and unit_answers(nodes):
+            note = f"every node of unit {nodes.unit.name} is at the pre-image; the unit serves: left alone"
+            return [
+                s.outcome(Outcome.RESTORED, file=changes[s.name], note=note) for s in nodes.sessions
+            ]
+        why = (
+            f"the nodes of unit {nodes.unit.name} differed (new on {', '.join(sorted(new))}): every "
+            "new file was put back, so the unit is uniform at its pre-images"
+            if new
+            else f"every node of unit {nodes.unit.name} is at the pre-image; the unit was not serving: restarted as one"
+        )
+        return undo_unit(nodes, why, restore=restore, changes=changes, outcome=Outcome.RESTORED)
+
+    def _unit_changed(
+        self, nodes: UnitSessions, standings: Mapping[str, HostStanding], odd: Sequence[str]
+    ) -> list[HostOutcome]:
+        """A node someone else changed: nothing is written on any node of the unit."""
+        outcomes = []
+        for session in nodes.sessions:
+            standing = standings[session.name]
+            if session.name in odd:
+                text, file = self._changed(session, standing), self._changed_file(standing)
+            else:
+                text = (
+                    f"unit {nodes.unit.name}'s node {', '.join(odd)} was changed by someone "
+                    "else: nothing was written on any node of the unit"
+                )
+                file = standing.unchanged()
+            outcomes.append(session.outcome(Outcome.NEEDS_ATTENTION, text, file=file))
+        return outcomes
 
     def _ensure_running(self, session: HostSession, standing: HostStanding) -> HostOutcome:
         """Nothing to change on disk (all old, nothing recorded, or proven and no older server

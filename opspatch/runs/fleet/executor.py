@@ -32,8 +32,10 @@ CANCELLED = "cancelled by the operator (Ctrl-C); hosts already started were fini
 
 T = TypeVar("T")
 
-HostWork = Callable[[str], HostOutcome]
-"""What is done to one host (by name); returns its outcome and never raises for a host failure."""
+HostWork = Callable[[str], "HostOutcome | Sequence[HostOutcome]"]
+"""What is done to one item of a batch (by name): a host, returning its outcome, or a unit (a
+server of several hosts, named by its head), returning every node's outcome. Never raises for a
+host failure."""
 
 HaltPolicy = Callable[[Mapping[str, HostOutcome]], "str | None"]
 """Given every outcome so far, why the run must stop starting hosts (None: go on)."""
@@ -126,7 +128,9 @@ def run_fleet(
     cancellation: Cancellation | None = None,
     on_cancel: Callable[[Sequence[str]], None] = lambda _: None,
 ) -> FleetResult:
-    """Run `work` for every host of `batches` under the halt policy.
+    """Run `work` for every item of `batches` under the halt policy (an item is a host, or a
+    unit named by its head whose work returns every node's outcome; the halt policy is asked
+    after each item, so a unit's nodes count together).
 
     `already` holds outcomes decided before the run (e.g. hosts refused in preflight): they
     count for the halt policy but are not run, recorded or returned again. `on_cancel` is told
@@ -150,13 +154,19 @@ def run_fleet(
 
         for name, future in _bounded(pending, in_flight, work, cancellation, on_cancel):
             try:
-                outcome = future.result()
+                result = future.result()
+                done = (result,) if isinstance(result, HostOutcome) else tuple(result)
             except Exception as exc:  # a bug must not lose the other hosts' outcomes
-                outcome = HostOutcome(
-                    name, Outcome.NEEDS_ATTENTION, f"internal error: {type(exc).__name__}: {exc}"
+                done = (
+                    HostOutcome(
+                        name,
+                        Outcome.NEEDS_ATTENTION,
+                        f"internal error: {type(exc).__name__}: {exc}",
+                    ),
                 )
-            outcomes[name] = decided[name] = outcome
-            on_outcome(outcome)
+            for outcome in done:
+                outcomes[outcome.host] = decided[outcome.host] = outcome
+                on_outcome(outcome)
             halted = halted or halt(decided)
             if halted:
                 not_started.extend(pending)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import ExitStack, suppress
 from typing import TypeVar
 
-from opspatch.core.host import Host
+from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Batch, Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.vocabulary import Command, Outcome
@@ -62,9 +62,13 @@ from opspatch.runs.fleet.rotation import (
     taken_out_by,
 )
 from opspatch.runs.fleet.session import HostFailed, HostSession, Progress, describe_error
+from opspatch.runs.fleet.unitrun import UnitSessions
 from opspatch.runs.report import HostOutcome, RunReport
 
 T = TypeVar("T")
+
+PerUnit = Callable[[UnitSessions], Sequence[HostOutcome]]
+"""What is done to a unit (a server of several hosts) as one: every node's outcome."""
 
 NotStarted = Callable[[HostSession, str], HostOutcome]
 """The outcome of a host a run did not start, given why (default: `skipped`, "not started: ...")."""
@@ -119,6 +123,7 @@ class FleetRun:
         self._identities: dict[str, str] = {}
         self._first: FleetRun | None = None
         self.sessions: dict[str, HostSession] = {}
+        self._unit_of = whole_units(self.hosts)
 
     def __enter__(self) -> FleetRun:
         """Open a session per host (the routers are looked at once the hosts are leased:
@@ -217,6 +222,24 @@ class FleetRun:
             on_cancel=self._announce,
         )
 
+    def items(self, names: Sequence[str] | None = None) -> list[str]:
+        """What a rollout's batches are made of: each host by itself, and each unit whose every
+        node is in this run once, by its head, where its first node comes. Canaries, batch
+        sizes and the halt policy then count servers, and `execute(per_unit=...)` runs a unit's
+        nodes as one."""
+        chosen: list[str] = []
+        for name in self.names if names is None else names:
+            unit = self._unit_of.get(name)
+            item = name if unit is None else unit.head
+            if item not in chosen:
+                chosen.append(item)
+        return chosen
+
+    def members(self, item: str) -> tuple[str, ...]:
+        """The hosts an item stands for: a unit's nodes (head first), or the host itself."""
+        unit = self._unit_of.get(item)
+        return unit.hosts if unit is not None and unit.head == item else (item,)
+
     # -- the two phases -------------------------------------------------------------------
 
     def preflight(self, work: Callable[[HostSession], T]) -> dict[str, T] | None:
@@ -247,11 +270,13 @@ class FleetRun:
         halt: HaltPolicy,
         already: Mapping[str, HostOutcome] | None = None,
         not_started: NotStarted | None = None,
+        per_unit: PerUnit | None = None,
     ) -> tuple[dict[str, HostOutcome], str | None]:
         """`per_host` on every host of `batches` under `halt`; every outcome recorded as it is
         decided, hosts never started reported `skipped` (their locks given back; `not_started`
         says otherwise, given why). Returns the outcome of every host of the batches and
-        `already`, and why the run halted.
+        `already`, and why the run halted. With `per_unit`, the batches are `items()`: a unit's
+        head stands for the unit, whose nodes `per_unit` changes as one.
 
         Raises:
             RunInterrupted: a second Ctrl-C while hosts were in flight.
@@ -266,7 +291,10 @@ class FleetRun:
         for outcome in self._unleased.values():
             self.record(outcome)
 
-        def one(name: str) -> HostOutcome:
+        def one(name: str) -> HostOutcome | Sequence[HostOutcome]:
+            unit = self._unit_of.get(name) if per_unit is not None else None
+            if unit is not None and per_unit is not None:
+                return self._one_unit(unit, per_unit, skip)
             session = self.sessions[name]
             try:
                 lost = self._lease_lost()
@@ -300,12 +328,36 @@ class FleetRun:
         except KeyboardInterrupt as stop:
             raise RunInterrupted(self.recorder.reported_run_id, _in_flight(stop)) from None
         outcomes = {**(already or {}), **result.outcomes}
-        for name in result.not_started:
+        left = [name for item in result.not_started for name in self.members(item)]
+        for name in left if per_unit is not None else result.not_started:
             self.sessions[name].lock.release()
             why = "the operator cancelled" if result.halted == CANCELLED else "the run halted"
             outcomes[name] = skip(self.sessions[name], f"{why} ({result.halted})")
             self.record(outcomes[name])
         return outcomes, result.halted
+
+    def _one_unit(self, unit: Unit, per_unit: PerUnit, skip: NotStarted) -> Sequence[HostOutcome]:
+        """A unit's work, as `one` is a host's: every node's outcome, whatever is raised (the
+        same error on every node: the unit is one server), every node's lock given back."""
+        nodes = UnitSessions(unit, tuple(self.sessions[name] for name in unit.hosts))
+        try:
+            lost = self._lease_lost()
+            if lost:
+                return [skip(session, lost) for session in nodes.sessions]
+            return per_unit(nodes)
+        except (LockHeld, BecomeError, HostKeyError) as exc:
+            return [session.refused(exc) for session in nodes.sessions]
+        except (OpspatchError, HostFailed) as exc:
+            return [
+                session.outcome(Outcome.NEEDS_ATTENTION, describe_error(exc))
+                for session in nodes.sessions
+            ]
+        except Exception as exc:  # a bug must not lose the other hosts' outcomes
+            text = f"internal error: {describe_error(exc)}"
+            return [session.outcome(Outcome.NEEDS_ATTENTION, text) for session in nodes.sessions]
+        finally:
+            for session in nodes.sessions:
+                session.lock.release()
 
     # -- leases ---------------------------------------------------------------------------
 
@@ -513,3 +565,14 @@ def _skipped(session: HostSession, why: str) -> HostOutcome:
 
 def _in_flight(stop: KeyboardInterrupt) -> tuple[str, ...]:
     return stop.in_flight if isinstance(stop, GaveUpWaiting) else ()
+
+
+def whole_units(hosts: Sequence[Host]) -> dict[str, Unit]:
+    """Each host of a unit whose every node is among `hosts`, by name, with its unit (a unit
+    only partly selected is refused before a run begins: `judgments.units.unit_refusal`)."""
+    names = {host.name for host in hosts}
+    return {
+        host.name: host.unit
+        for host in hosts
+        if host.unit is not None and all(node in names for node in host.unit.hosts)
+    }

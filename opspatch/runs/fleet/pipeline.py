@@ -279,9 +279,35 @@ class ApplyPipeline:
         pending = prepared.pending
         assert pending, "apply needs a plan that changes a file"
         try:
-            baseline, baseline_note = self._baseline(session)
+            baseline, baseline_note = self.baseline(session)
         except HostFailed as refused:
-            return self._outcome(session, prepared, refused.outcome, refused.error, old=pending)
+            return self.outcome(session, prepared, refused.outcome, refused.error, old=pending)
+        failed = self.write(session, prepared)
+        if failed is not None:
+            return failed
+        if not self.restart_engine:
+            staged_note = (
+                "staged: the file is patched; the running server still runs the old code until "
+                f"`{remedy_text(CliCommand.RESTART)}` restarts, proves and (on failure) rolls it "
+                "back"
+                if self.unrestarted == Outcome.STAGED
+                else None
+            )
+            return self.outcome(session, prepared, self.unrestarted, None, note=staged_note)
+        try:
+            smoke = prove(session, baseline=baseline)
+        except HostFailed as failure:
+            rolled = self.roll_back(session, prepared, failure.error)
+            return replace(rolled, note=_join(rolled.note, baseline_note))
+        return self.outcome(
+            session, prepared, Outcome.APPLIED, None, smoke=smoke, note=baseline_note
+        )
+
+    def write(self, session: HostSession, prepared: Prepared) -> HostOutcome | None:
+        """Record every pending file's images in the ledger, then swap each: None when all are
+        swapped, else the host's outcome (the set whole and unchanged where the host refused a
+        swap; what it is, read back, where a swap did not answer)."""
+        pending = prepared.pending
         with_path = prepared.is_set
         try:
             with session.step(Step.BACKUP) as note:
@@ -294,9 +320,7 @@ class ApplyPipeline:
                     for item in pending
                 )
         except Exception as exc:
-            return self._outcome(
-                session, prepared, Outcome.FAILED, describe_error(exc), old=pending
-            )
+            return self.outcome(session, prepared, Outcome.FAILED, describe_error(exc), old=pending)
         swapped: list[PreparedFile] = []
         for item in pending:
             plan = _plan(item)
@@ -329,23 +353,7 @@ class ApplyPipeline:
                 # No reply: the swap may or may not have happened. Look before saying anything.
                 return self._reconcile_after_lost_swap(session, prepared, item, swapped, exc)
             swapped.append(item)
-        if not self.restart_engine:
-            staged_note = (
-                "staged: the file is patched; the running server still runs the old code until "
-                f"`{remedy_text(CliCommand.RESTART)}` restarts, proves and (on failure) rolls it "
-                "back"
-                if self.unrestarted == Outcome.STAGED
-                else None
-            )
-            return self._outcome(session, prepared, self.unrestarted, None, note=staged_note)
-        try:
-            smoke = prove(session, baseline=baseline)
-        except HostFailed as failure:
-            rolled = self.roll_back(session, prepared, failure.error)
-            return replace(rolled, note=_join(rolled.note, baseline_note))
-        return self._outcome(
-            session, prepared, Outcome.APPLIED, None, smoke=smoke, note=baseline_note
-        )
+        return None
 
     def _record_backup(self, session: HostSession, item: PreparedFile) -> None:
         plan, remote = _plan(item), item.inspection.file
@@ -361,7 +369,7 @@ class ApplyPipeline:
             container=session.container,
         )
 
-    def _baseline(self, session: HostSession) -> tuple[tuple[str | None, ...] | None, str | None]:
+    def baseline(self, session: HostSession) -> tuple[tuple[str | None, ...] | None, str | None]:
         """Greedy texts from the unpatched server, if the playbook and the patch ask for it,
         and a note when it could not be taken (output preservation then goes unchecked).
 
@@ -406,19 +414,19 @@ class ApplyPipeline:
         files = prepared.pending if swapped is None else tuple(swapped)
 
         def restore() -> FileChange:
-            self._restore_files(session, files)
-            return prepared.change(_live_old(prepared))
+            self.restore_files(session, files)
+            return prepared.change(live_old(prepared))
 
         undone = undo(
             session,
             why,
             restore=restore,
-            change=prepared.change(_live_new(prepared, files)),
+            change=prepared.change(live_new(prepared, files)),
             restart=self.restart_engine,
         )
         return replace(undone, diff=prepared.diff())
 
-    def _restore_files(self, session: HostSession, files: Sequence[PreparedFile]) -> None:
+    def restore_files(self, session: HostSession, files: Sequence[PreparedFile]) -> None:
         """Restore the pre-image of each file, the last swapped first."""
         for item in reversed(files):
             plan = _plan(item)
@@ -443,20 +451,20 @@ class ApplyPipeline:
         if prepared.is_set:
             why = f"{refused.path}: {why}"
         if not swapped:
-            return self._outcome(session, prepared, Outcome.FAILED, why, old=prepared.pending)
+            return self.outcome(session, prepared, Outcome.FAILED, why, old=prepared.pending)
         try:
-            self._restore_files(session, swapped)
+            self.restore_files(session, swapped)
         except (OpspatchError, HostFailed) as exc:
-            return self._outcome(
+            return self.outcome(
                 session,
                 prepared,
                 Outcome.NEEDS_ATTENTION,
                 f"{why}; then putting back the set's files swapped before it failed: "
                 f"{describe_error(exc)}",
-                live=_live_new(prepared, swapped),
+                live=live_new(prepared, swapped),
             )
         back = ", ".join(item.path for item in swapped)
-        return self._outcome(
+        return self.outcome(
             session,
             prepared,
             Outcome.FAILED,
@@ -482,12 +490,12 @@ class ApplyPipeline:
                 live = session.ops.read(item.path, timeout=self.playbook.timeouts.inspect)
                 note["detail"] = f"file is {live.sha256[:12]}"
         except OpspatchError as again:
-            return self._outcome(
+            return self.outcome(
                 session,
                 prepared,
                 Outcome.NEEDS_ATTENTION,
                 f"{why}; the host is unreachable ({describe_error(again)})",
-                live=_live_new(prepared, swapped),
+                live=live_new(prepared, swapped),
             )
         if live.sha256 == plan.sha256_before:
             return self._swap_refused(
@@ -495,15 +503,15 @@ class ApplyPipeline:
             )
         if live.sha256 == plan.sha256_after:
             return self.roll_back(session, prepared, why, swapped=(*swapped, item))
-        return self._outcome(
+        return self.outcome(
             session,
             prepared,
             Outcome.NEEDS_ATTENTION,
             f"{why}; the file is neither the pre- nor the post-image",
-            live={**_live_new(prepared, swapped), item.path: live.sha256},
+            live={**live_new(prepared, swapped), item.path: live.sha256},
         )
 
-    def _outcome(
+    def outcome(
         self,
         session: HostSession,
         prepared: Prepared,
@@ -534,12 +542,12 @@ def _plan(item: PreparedFile) -> Applied:
     return item.plan
 
 
-def _live_old(prepared: Prepared) -> dict[str, str]:
+def live_old(prepared: Prepared) -> dict[str, str]:
     """Every file at its pre-image (after a restore)."""
     return {item.path: _images(item)[0] for item in prepared.files}
 
 
-def _live_new(prepared: Prepared, swapped: Sequence[PreparedFile]) -> dict[str, str]:
+def live_new(prepared: Prepared, swapped: Sequence[PreparedFile]) -> dict[str, str]:
     """The `swapped` files at their post-image, the other pending files still at their pre-image."""
     done = {item.path for item in swapped}
     return {

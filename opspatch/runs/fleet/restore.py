@@ -20,7 +20,7 @@ from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import HaltPolicy, halt_on_attention, one_batch
-from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.fleetrun import FleetRun, PerUnit
 from opspatch.runs.fleet.host_leases import host_identity
 from opspatch.runs.fleet.recorder import Recorder
 from opspatch.runs.fleet.session import HostFailed, HostSession, Progress
@@ -152,6 +152,7 @@ def run_restore(
     progress: Progress,
     patch_id: str | None,
     per_host: Callable[[HostSession], HostOutcome],
+    per_unit: PerUnit | None = None,
     preflight: Callable[[HostSession], Examined] | None = None,
     under_playbook: bool = False,
     leases: Mapping[str, str] | None = None,
@@ -170,7 +171,8 @@ def run_restore(
     attention or whose restored file is not served. The hosts are leased to this run first
     (`FleetRun.lease`; unlock leases nothing); `leases` (host name -> identity): the ones a
     recover --run takes over from the runs it recovers (expired, or of `taking_over`, runs
-    this machine saw die)."""
+    this machine saw die). `per_unit`: a unit's nodes restored as one (the batches count it
+    once, by its head)."""
     with FleetRun(
         command=command,
         patch_id=patch_id,
@@ -197,18 +199,19 @@ def run_restore(
         if refused is not None:
             return refused
         policy: HaltPolicy = halt_on_attention_or_not_serving
+        items = fleet.items(names) if per_unit is not None else names
         if under_playbook:
-            plan = plan_rollout(playbook, names)
+            plan = plan_rollout(playbook, items)
             batches = plan.batches
             policy = halt_under_playbook(playbook, plan.canaries)
         else:
-            batches = one_batch(names, playbook.max_in_flight)
+            batches = one_batch(items, playbook.max_in_flight)
 
         def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
             # what the preflight decided changed nothing: it stops no restore elsewhere
             return policy({n: o for n, o in outcomes.items() if n not in decided})
 
-        outcomes, halted = fleet.execute(per_host, batches=batches, halt=halt)
+        outcomes, halted = fleet.execute(per_host, batches=batches, halt=halt, per_unit=per_unit)
         return fleet.report(outcomes, halted=halted)
 
 

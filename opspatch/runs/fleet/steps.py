@@ -14,7 +14,14 @@ from dataclasses import dataclass, replace
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.vocabulary import Outcome, Step
 from opspatch.errors import InputError, OpspatchError, RemoteOperationError
-from opspatch.hosts.engine import Readiness, RestartResult, SmokeResult, StillWaiting
+from opspatch.hosts.engine import (
+    READY_SLICE_SECONDS,
+    Readiness,
+    RestartResult,
+    ServerGroup,
+    SmokeResult,
+    StillWaiting,
+)
 from opspatch.hosts.operations import RestoreResult
 from opspatch.runs.fleet.rotation import admit_step, drain_step
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
@@ -129,6 +136,9 @@ def ready_step(
     *,
     step: Step = Step.READY,
     timeout: float | None = None,
+    group: ServerGroup | None = None,
+    slice_seconds: float = READY_SLICE_SECONDS,
+    between: Callable[[], None] | None = None,
 ) -> Readiness:
     """Wait until the engine is ready, as a recorded step (`HostFailed` when it is not).
 
@@ -136,19 +146,35 @@ def ready_step(
     `READY_SLICE_SECONDS` (30 s) the server has not answered, the operator is told what is
     awaited, the last answer and when the wait gives up (`waiting_line`), and a first Ctrl-C
     meanwhile says this host is still waited for, until when (`session.awaiting`).
+
+    A unit's head is awaited with its `group` (every rank joined), in parts of `slice_seconds`,
+    and `between` two parts looks at the unit's other nodes (it raises to end the wait).
     """
     seconds = float(session.playbook.timeouts.ready if timeout is None else timeout)
     until = _clock(time.time() + seconds)
     session.awaiting = f"{step}: {session.host.engine.url}/health, until {until}"
 
+    said_at = [0.0]  # a line about every 30 s, however short the parts
+
     def say(still: StillWaiting) -> None:
-        session.progress.notice(
-            waiting_line(session.name, step, still, session.recorder.reported_run_id)
-        )
+        if between is not None:
+            between()
+        if still.waited - said_at[0] >= READY_SLICE_SECONDS or slice_seconds >= READY_SLICE_SECONDS:
+            said_at[0] = still.waited
+            session.progress.notice(
+                waiting_line(session.name, step, still, session.recorder.reported_run_id)
+            )
 
     try:
         with session.step(step) as note:
-            ready = session.engine.wait_ready(restart, step=step, timeout=seconds, on_waiting=say)
+            ready = session.engine.wait_ready(
+                restart,
+                step=step,
+                timeout=seconds,
+                on_waiting=say,
+                group=group,
+                slice_seconds=slice_seconds,
+            )
             note["detail"] = f"/health 200 after {ready.seconds:.1f}s ({ready.polls} polls)"
         return ready
     except OpspatchError as exc:
