@@ -20,7 +20,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from opspatch.core.vocabulary import Step, StepStatus
 from opspatch.hosts.agent.processes import stop_process_tree
+from opspatch.ledger.store import Ledger
 from tests.faultkit import arm_switch, end_leftovers, install_wrapper, isolated_home
 from tests.fleetkit import SandboxFleet, wait_until
 from tests.test_rollout import _test_patch
@@ -33,7 +35,7 @@ HEAD, NODE = "sandbox-01", "sandbox-02"
 PLAYBOOK = """
 name = "unit"
 canary = 0
-max_failures = 0
+max_failures = 1
 [timeouts]
 ready = {ready}
 restore_ready = {ready}
@@ -142,13 +144,20 @@ def test_a_node_killed_during_the_restart_is_named_and_the_unit_restored(
     )
     unit.write_patch("slow-head", slow)
     pre = {n: unit.sha(n) for n in (HEAD, NODE)}
-    before = unit.pid(NODE)
+    last_run = ledger_newest(unit)
     started = time.monotonic()
     proc = unit.spawn(
-        "apply", "slow-head", "--hosts", "sandbox-ssh:unit-01", "--playbook", "slow", "--yes", "--json"
+        "apply",
+        "slow-head",
+        "--hosts",
+        "sandbox-ssh:unit-01",
+        "--playbook",
+        "slow",
+        "--yes",
+        "--json",
     )
-    try:
-        assert wait_until(lambda: unit.pid(NODE) not in (None, before), timeout=240)
+    try:  # once the node's start is recorded done, the head is being awaited
+        assert wait_until(lambda: node_started(unit, last_run), timeout=240)
         victim = unit.pid(NODE)
         assert victim is not None
         stop_process_tree(victim, 5.0)
@@ -165,6 +174,22 @@ def test_a_node_killed_during_the_restart_is_named_and_the_unit_restored(
     assert took < 600  # seen by the look at the node, not at the readiness deadline
     assert {n: unit.sha(n) for n in (HEAD, NODE)} == pre
     assert serving(unit)
+
+
+def node_started(fleet: SandboxFleet, after: str | None) -> bool:
+    """Whether a run newer than `after` recorded the other node's `start` done."""
+    newest = ledger_newest(fleet)
+    if newest == after:
+        return False
+    with Ledger.open(fleet.ledger_path) as ledger:
+        found = ledger.host_steps(NODE, [Step.START])
+    return any(run == newest and step.status == StepStatus.OK for run, step in found)
+
+
+def ledger_newest(fleet: SandboxFleet) -> str | None:
+    with Ledger.open(fleet.ledger_path) as ledger:
+        runs = ledger.list_runs(limit=1)
+    return runs[0].run_id if runs else None
 
 
 def test_recover_after_a_controller_killed_between_the_two_swaps_leaves_the_unit_uniform(
@@ -207,9 +232,34 @@ def test_recover_after_a_controller_killed_between_the_two_swaps_leaves_the_unit
     assert serving(unit)
 
 
+def test_nodes_with_different_pre_images_are_refused_naming_the_odd_node(
+    unit: SandboxFleet,
+) -> None:
+    odd = unit.file(NODE)
+    kept = odd.read_bytes()
+    odd.write_bytes(kept + b"# a hand edit on one node\n")
+    try:
+        before = {n: unit.sha(n) for n in (HEAD, NODE)}
+        pids = {n: unit.pid(n) for n in (HEAD, NODE)}
+        unit.write_patch("harmless", _test_patch("harmless", "_OPSPATCH_TEST_MARK = 1", "harmless"))
+        run = unit.opspatch(
+            "apply", "harmless", "--hosts", "sandbox-ssh:unit-01", "--yes", "--json"
+        )
+        assert run.code == 2, run.stdout + run.stderr
+        doc = run.json()
+        assert (
+            f"unit unit-01: {NODE}: sglang.srt.speculative.eagle_worker_v2 pre-image"
+            in (doc["halted"])
+        )
+        assert {n: unit.sha(n) for n in (HEAD, NODE)} == before  # nothing swapped
+        assert {n: unit.pid(n) for n in (HEAD, NODE)} == pids  # nothing restarted
+    finally:
+        odd.write_bytes(kept)
+
+
 def test_a_restart_of_one_node_is_refused_and_touches_nothing(unit: SandboxFleet) -> None:
     pids = {n: unit.pid(n) for n in (HEAD, NODE)}
-    run = unit.opspatch("restart", "--hosts", NODE, "--yes")
+    run = unit.opspatch("restart", "--hosts", f"sandbox-ssh:{NODE}", "--yes")
     assert run.code == 2, run.stdout + run.stderr
     assert "unit-01" in run.stdout + run.stderr
     assert {n: unit.pid(n) for n in (HEAD, NODE)} == pids

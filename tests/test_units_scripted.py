@@ -1,7 +1,8 @@
-"""Units (multi-node servers) on scripted hosts, before opspatch can restart a unit as one: no
-command changes or restarts part of a unit, none restarts a unit's nodes one by one, and
+"""Units (multi-node servers) on scripted hosts: no command changes or restarts part of a unit;
+apply, sync and recover take a whole unit as one (every node swapped, stopped, started head first,
+proven through the head, restored as one); restart and rollback of a whole unit are refused;
 `apply --restart never` over a unit stages every node once they are alike (same release, same
-pre-image of every target file), else it is refused naming the odd node (issue 33, part 2).
+pre-image of every target file), else it is refused naming the odd node (issue 33).
 
 The hosts are `test_runs_scripted`'s: the real host agent on real files, the engine scripted.
 Units `u1` (h1 the head, h2) and a host by itself, h3.
