@@ -480,3 +480,20 @@ def test_a_unit_with_one_node_reinstalled_is_partial_on_every_node_naming_it(
     }
     assert rows["h1"].cause is None  # its file is what opspatch wrote
     assert str(rows["h2"].cause) == "reinstalled"
+
+
+def test_the_canary_is_a_whole_unit_and_its_failure_halts_the_rest(units: Units) -> None:
+    """canary = 1 counts servers: the canary is unit u1 (both nodes at once), and when its
+    proof fails both nodes are rolled back and h3, the next batch, is never started."""
+    pristine = units.files()
+    units.fakes["h1"].smoke_ok = False
+    book = Playbook(canary=1, batch=BatchSize(count=1), max_failures=5)
+    report = units.apply("h1", "h2", "h3", playbook=book)
+    assert {h.host: str(h.outcome) for h in report.hosts} == {
+        "h1": "rolled-back",
+        "h2": "rolled-back",
+        "h3": "skipped",
+    }
+    assert report.halted is not None and "canary h1" in report.halted
+    assert units.files() == pristine
+    assert "swap" not in units.fakes["h3"].requests  # begun in the preflight, its lock given back
