@@ -232,11 +232,12 @@ def _group_unproven(url: str, group: GroupCheck, wait: float) -> str:
         status, raw = _http("GET", url + "/server_info", None, timeout=wait)
     except NoAnswer as exc:
         return f"/server_info: {exc}"
-    expected = {"nnodes": int(group["nnodes"]), "node_rank": 0}
-    head = f"the head of {expected['nnodes']} node(s)"
     tp_size = group.get("tp_size")
-    if tp_size is not None:
-        expected["tp_size"] = int(tp_size)
+    expected = {"nnodes": int(group["nnodes"]), "tp_size": tp_size, "node_rank": 0}
+    head = f"the head of {expected['nnodes']} node(s)"
+    if tp_size is None:  # not asked: any number of ranks
+        del expected["tp_size"]
+    else:
         head += f" with tp_size {tp_size}"
     if status == 404:
         raise OpFailure(
