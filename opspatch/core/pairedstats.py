@@ -71,7 +71,7 @@ def signed_rank(differences: Sequence[float]) -> SignedRank:
     if n == 0:
         return SignedRank(len(differences), 0, 0.0, 0.0, 1.0, 0.0)
     ranked, ties = ranks([abs(d) for d in nonzero])
-    plus = sum(r for r, d in zip(ranked, nonzero) if d > 0)
+    plus = sum(r for r, d in zip(ranked, nonzero, strict=False) if d > 0)
     total = n * (n + 1) / 2
     mean = total / 2
     variance = n * (n + 1) * (2 * n + 1) / 24 - sum(t**3 - t for t in ties) / 48

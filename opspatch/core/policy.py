@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Literal
 
-from opspatch.core.judgeprompts import DEFAULT_JUDGE_PROMPTS
 from opspatch.core.jsonrecord import JsonRecord, json_field
+from opspatch.core.judgeprompts import DEFAULT_JUDGE_PROMPTS
 from opspatch.core.vocabulary import (
     FAILED_OUTCOMES,
     HaltAction,

@@ -169,7 +169,7 @@ def first_divergence(index: int, base: Decoded, changed: Decoded) -> Divergence 
         ours, theirs = base.output_ids, changed.output_ids
         if ours == theirs:
             return None
-        at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+        at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
         if at is None:  # one stopped earlier: no token to look up on one side
             at = min(len(ours), len(theirs))
             return Divergence(index, at, _token(base, at), _token(changed, at), None)
@@ -182,7 +182,8 @@ def first_divergence(index: int, base: Decoded, changed: Decoded) -> Divergence 
     if text_a == text_b:
         return None
     at = next(
-        (i for i, (a, b) in enumerate(zip(text_a, text_b)) if a != b), min(len(text_a), len(text_b))
+        (i for i, (a, b) in enumerate(zip(text_a, text_b, strict=False)) if a != b),
+        min(len(text_a), len(text_b)),
     )
     return Divergence(index, at, repr(text_a[at : at + 8]), repr(text_b[at : at + 8]), None)
 
@@ -212,8 +213,7 @@ def _tokens(pairs: Sequence[tuple[Decoded, Decoded]], settings: JudgeSettings) -
         figures += f" ({len(outside)} outside the other's top-{settings.top_k}; rule {rule})"
         first = outside[0] if outside else found[0]
         figures += (
-            f"; prompt {first.prompt} at token {first.position}: "
-            f"{first.baseline} -> {first.canary}"
+            f"; prompt {first.prompt} at token {first.position}: {first.baseline} -> {first.canary}"
         )
     if outside or (compared and len(found) / len(compared) > settings.max_diverged):
         verdict = Verdict.FAIL
@@ -290,8 +290,7 @@ def _speculation(
     )
     if baseline.spec_accept_length is not None or canary.spec_accept_length is not None:
         figures += (
-            f"; gauge {_gauge(baseline.spec_accept_length)} -> "
-            f"{_gauge(canary.spec_accept_length)}"
+            f"; gauge {_gauge(baseline.spec_accept_length)} -> {_gauge(canary.spec_accept_length)}"
         )
     return MetricVerdict(Metric.SPECULATION, verdict, figures, test=test)
 
@@ -328,9 +327,7 @@ def _latency(
         alpha=settings.alpha,
         floor=settings.latency_floor_ms / 1000,
     )
-    how = (
-        "a 1-token request" if metric == Metric.TTFT else "(request - first token) / (tokens - 1)"
-    )
+    how = "a 1-token request" if metric == Metric.TTFT else "(request - first token) / (tokens - 1)"
     figures = (
         f"median {median([b for b, _ in measured]) * 1000:.2f} -> "
         f"{median([c for _, c in measured]) * 1000:.2f} ms (per prompt {_percent(ratio)}, "
