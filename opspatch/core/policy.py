@@ -160,7 +160,8 @@ class JudgeSettings(JsonRecord):
     """Where the prompts came from: `built-in` or the file the playbook names."""
     count: int = 24
     """How many prompts of the set are decoded (the first `count`)."""
-    max_new_tokens: int = 32
+    max_new_tokens: int = 64
+    """Enough for a whole number of verify steps to show a few percent of acceptance."""
     top_k: int = 5
     """Top logprobs asked per position: a divergent token within the other side's top-k is a
     near tie (vLLM's rule), not a wrong answer."""
