@@ -145,7 +145,14 @@ def test_a_node_killed_during_the_restart_is_named_and_the_unit_restored(
     before = unit.pid(NODE)
     started = time.monotonic()
     proc = unit.spawn(
-        "apply", "slow-head", "--hosts", "sandbox-ssh:unit-01", "--playbook", "slow", "--yes", "--json"
+        "apply",
+        "slow-head",
+        "--hosts",
+        "sandbox-ssh:unit-01",
+        "--playbook",
+        "slow",
+        "--yes",
+        "--json",
     )
     try:
         assert wait_until(lambda: unit.pid(NODE) not in (None, before), timeout=240)
