@@ -26,6 +26,8 @@ class Decoded(JsonRecord):
     prompt: str
     problem: str | None = None
     """Why the request failed; None when it answered with a completion."""
+    refused: bool = False
+    """No server listened (the connection was refused), rather than one that dropped it."""
     text: str | None = None
     output_ids: tuple[int, ...] | None = None
     top_ids: tuple[tuple[int, ...], ...] | None = json_field(default=None, written=False)
@@ -71,6 +73,16 @@ class Measurement(JsonRecord):
     def answered(self) -> bool:
         """Whether every prompt was answered with a completion."""
         return all(sample.ok for sample in self.samples)
+
+    @property
+    def problem(self) -> str | None:
+        """The first failed request's problem, if any."""
+        return next((s.problem for s in self.samples if s.problem), None)
+
+    @property
+    def no_server(self) -> bool:
+        """Whether no server listened at all (its first request was refused): nothing crashed."""
+        return bool(self.samples) and self.samples[0].refused
 
 
 MEASURE = Operation(

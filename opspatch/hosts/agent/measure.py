@@ -87,6 +87,7 @@ def _unsent(prompt: str, problem: str | None) -> DecodeSample:
     return {
         "prompt": prompt,
         "problem": problem,
+        "refused": False,
         "text": None,
         "output_ids": None,
         "top_ids": None,
@@ -118,6 +119,7 @@ def _sample(
         reply, sample["seconds"] = _decode(url, body, deadline)
     except NoAnswer as exc:
         sample["problem"] = f"no answer: {exc}"
+        sample["refused"] = str(exc).startswith("ConnectionRefusedError")  # engine._http's words
         return sample, True
     except ValueError as exc:
         sample["problem"] = str(exc)

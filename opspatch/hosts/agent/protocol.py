@@ -330,6 +330,7 @@ class DecodeSample(TypedDict):
 
     prompt: str
     problem: str | None  # why the request failed; None when it answered 200 with a completion
+    refused: bool  # the connection was refused: no server listens (not one that dropped it)
     text: str | None
     output_ids: list[int] | None
     top_ids: list[list[int]] | None  # per output position, the ids of SGLang's top logprobs
