@@ -73,7 +73,8 @@ def _decode(url: str, body: dict[str, Any], deadline: float) -> tuple[Any, float
     status, raw = _http("POST", url + "/generate", body, timeout=max(1.0, deadline - started))
     seconds = time.monotonic() - started
     if status != 200:
-        raise ValueError(f"/generate answered {status}: {raw[:200]!r}")
+        failure = Refused400 if status == 400 else ValueError
+        raise failure(f"/generate answered {status}: {raw[:200]!r}")
     try:
         reply = json.loads(raw)
     except ValueError:
@@ -99,8 +100,12 @@ def _unsent(prompt: str, problem: str | None) -> DecodeSample:
     }
 
 
+class Refused400(ValueError):
+    """`/generate` answered 400: the request has something this server does not take."""
+
+
 def _sample(
-    url: str, prompt: str, args: MeasureRequest, deadline: float
+    url: str, prompt: str, args: MeasureRequest, deadline: float, top_k: int
 ) -> tuple[DecodeSample, bool]:
     """One prompt's sample, and whether the server gave no answer at all (it is down)."""
     sample = _unsent(prompt, None)
@@ -113,14 +118,18 @@ def _sample(
             "text": prompt,
             "sampling_params": dict(greedy, max_new_tokens=int(args["max_new_tokens"])),
         }
-        k = int(args.get("top_logprobs") or 0)
-        if k > 0:
-            body.update(return_logprob=True, top_logprobs_num=k, return_text_in_logprobs=True)
+        if top_k > 0:
+            body.update(return_logprob=True, top_logprobs_num=top_k, return_text_in_logprobs=True)
         reply, sample["seconds"] = _decode(url, body, deadline)
     except NoAnswer as exc:
         sample["problem"] = f"no answer: {exc}"
         sample["refused"] = str(exc).startswith("ConnectionRefusedError")  # engine._http's words
         return sample, True
+    except Refused400 as exc:
+        if top_k > 0:
+            raise  # perhaps the logprobs it does not take: the caller asks again without
+        sample["problem"] = str(exc)
+        return sample, False
     except ValueError as exc:
         sample["problem"] = str(exc)
         return sample, False
@@ -142,13 +151,20 @@ def op_measure(args: MeasureRequest) -> MeasureReply:
     """
     url = str(args["url"]).rstrip("/")
     deadline = time.monotonic() + float(args.get("timeout") or 600.0)
+    top_k = int(args.get("top_logprobs") or 0)
     samples = []
     gone = None  # the first "no answer": the server is down, do not wait on it again
     for prompt in args.get("prompts") or []:
         if gone is not None:
             samples.append(_unsent(str(prompt), f"not sent: an earlier request got {gone}"))
             continue
-        sample, down = _sample(url, str(prompt), args, deadline)
+        try:
+            sample, down = _sample(url, str(prompt), args, deadline, top_k)
+        except Refused400:
+            # a server that takes no logprobs (SGLang's own takes them): ask without, from now
+            # on; the judge then compares outputs exactly, and says so
+            top_k = 0
+            sample, down = _sample(url, str(prompt), args, deadline, top_k)
         if down:
             gone = sample["problem"]
         samples.append(sample)
