@@ -35,7 +35,7 @@ def _agent_operations() -> dict[str, Any]:
 
 def test_every_agent_operation_has_one_descriptor_naming_its_function() -> None:
     agent = _agent_operations()
-    assert len(agent) == 16
+    assert len(agent) == 17
     assert set(OPERATIONS) == set(agent)
     for name, descriptor in OPERATIONS.items():
         assert descriptor.name == name

@@ -1,4 +1,4 @@
-"""`opspatch status | smoke`: questions to hosts; nothing is locked, changed or recorded."""
+"""`opspatch status | smoke | judge`: questions to hosts; nothing is locked, changed or recorded."""
 
 from __future__ import annotations
 
@@ -110,6 +110,66 @@ def smoke_line(prompt: str, text: str | None, spec_verify_ct: int | None) -> str
     return f"{prompt!r} -> {answer}{verified}"
 
 
+JUDGE_COLUMNS = (("metric", Column.ID), ("verdict", Column.ID), ("figures", Column.DETAIL))
+VERDICT_STYLE = {"pass": "green", "marginal": "yellow", "fail": "red", "no-baseline": "cyan"}
+
+
+def judge(
+    hosts: HostsOption = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            help="The host to compare with (one host of the inventory); without it, only the "
+            "absolute checks are made and the verdict is no-baseline.",
+            metavar="HOST",
+        ),
+    ] = None,
+    playbook: PlaybookOption = "default",
+    accept_new_host_keys: AcceptKeysOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Judge hosts against a baseline host now: the playbook's judge prompts, compared by tokens, speculation, latency and errors; change nothing."""
+    from opspatch.runs.commands.judge import judge_hosts
+
+    if hosts is None:
+        raise InputError(
+            "judge needs --hosts TARGET", hint="opspatch judge --hosts gpu-2 --baseline gpu-1"
+        )
+    reference = None
+    if baseline is not None:
+        chosen = options.hosts(baseline)
+        if len(chosen) != 1:
+            raise InputError(
+                f"--baseline {baseline} selects {len(chosen)} hosts; the baseline is one host",
+                hint="name one host of the inventory",
+            )
+        reference = chosen[0]
+    report = judge_hosts(
+        options.hosts(hosts),
+        options.load_playbook(playbook),
+        baseline=reference,
+        factory=options.connector(accept_new_host_keys=accept_new_host_keys),
+    )
+    if as_json:
+        emit_json(report.to_json())
+        raise typer.Exit(report.exit_code)
+    for item in report.hosts:
+        if item.judgment is None:
+            out.print(Text(f"{item.host}: not judged: {one_line(item.error or '')}", style="red"))
+            continue
+        verdict = item.judgment.verdict
+        against = item.judgment.baseline or f"no baseline ({item.judgment.why_no_baseline})"
+        out.print(Text(f"{item.host}: {verdict} against {against}", style=VERDICT_STYLE[verdict]))
+        rows = [
+            (m.metric, Text(str(m.verdict), style=VERDICT_STYLE[m.verdict]), m.figures)
+            for m in item.judgment.metrics
+        ]
+        out.print(table_of(JUDGE_COLUMNS, rows))
+    raise typer.Exit(report.exit_code)
+
+
 def register(app: typer.Typer) -> None:
     app.command()(status)
     app.command()(smoke)
+    app.command()(judge)

@@ -63,6 +63,24 @@ allowed_signers = "..."   # the OpenSSH allowed_signers file those signatures ar
 
 [log]                     # regular expressions; a match in the log written since the restart
 fail_patterns = ['Scheduler hit an exception', 'Traceback \\(most recent call last\\)']
+
+[judge]                   # absent: no judge (the smoke alone proves a host). Present: after the
+                          # smoke passes, the judge decodes a prompt set on the changed server
+                          # and on a baseline measured in the same run (the host's own old
+                          # server before the swap), and a `fail` is a failed proof
+prompts = "judge-prompts.txt"  # one prompt a line ('#' lines and blank lines skipped), relative
+                          # to this playbook; absent: the 32 prompts opspatch ships
+count = 24                # the set's first `count` prompts (at least 8)
+max_new_tokens = 64       # greedy; enough for a whole number of verify steps to move
+top_k = 5                 # top logprobs per position: a divergent token within the other side's
+                          # top-k is a near tie (vLLM's rule), outside it a wrong answer
+hosts = "canary"          # "canary": the canaries only; "all": every host the apply changes
+alpha = 0.01              # significance level of the per-prompt comparisons (two-sided)
+accept_drop = 0.03        # a significant median drop in acceptance length beyond 3% fails
+latency_rise = 0.5        # a significant median rise in TTFT or TPOT beyond 50% fails ...
+latency_floor_ms = 1.0    # ... unless it is under 1 ms
+max_diverged = 0.25       # the most prompts (a fraction) whose outputs may diverge within top-k
+timeout = 600             # seconds for the whole set on one server
 ```
 
 `expect` is a Python regular expression searched for (`re.search`) in the generated text, so a
@@ -82,7 +100,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 
@@ -96,9 +114,11 @@ from opspatch.core.fileschema import (
 )
 from opspatch.core.policy import (
     MAX_SMOKE_TOKENS,
+    MIN_JUDGE_PROMPTS,
     MIN_SMOKE_TOKENS,
     TIMEOUT_STEPS,
     BatchSize,
+    JudgeSettings,
     LogSettings,
     Playbook,
     RotationSettings,
@@ -108,7 +128,7 @@ from opspatch.core.policy import (
     TeamSettings,
 )
 from opspatch.core.tomlsource import TomlDocument, parse_toml
-from opspatch.core.vocabulary import HaltAction, RestartPolicy
+from opspatch.core.vocabulary import HaltAction, JudgeHosts, RestartPolicy
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
@@ -268,6 +288,23 @@ class LogTable(FileSchema):
     fail_patterns: list[Regex] | None = None
 
 
+Fraction = Annotated[float, expects("a number", int, float), Field(ge=0, allow_inf_nan=False)]
+
+
+class JudgeTable(FileSchema):
+    prompts: Annotated[str, Field(min_length=1)] | None = None
+    count: Annotated[int, Field(ge=MIN_JUDGE_PROMPTS)] | None = None
+    max_new_tokens: Annotated[int, Field(ge=MIN_SMOKE_TOKENS, le=MAX_SMOKE_TOKENS)] | None = None
+    top_k: Annotated[int, Field(ge=1, le=20)] | None = None
+    hosts: Literal["canary", "all"] | None = None
+    alpha: Annotated[Fraction, Field(gt=0, lt=0.5)] | None = None
+    accept_drop: Annotated[Fraction, Field(gt=0, lt=1)] | None = None
+    latency_rise: Annotated[Fraction, Field(gt=0)] | None = None
+    latency_floor_ms: Fraction | None = None
+    max_diverged: Annotated[Fraction, Field(le=1)] | None = None
+    timeout: Seconds | None = None
+
+
 class PlaybookFile(FileSchema):
     """A playbook file as written (see the module docstring for each key)."""
 
@@ -284,6 +321,7 @@ class PlaybookFile(FileSchema):
     log: LogTable | None = None
     rotation: RotationTable | None = None
     team: TeamTable | None = None
+    judge: JudgeTable | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,6 +387,7 @@ def to_playbook(document: TomlDocument) -> Playbook:
         else LogSettings(tuple(written.log.fail_patterns)),
         rotation=_rotation(written.rotation),
         team=_team(written.team, document),
+        judge=None if written.judge is None else _judge(written.judge, document),
         source=document.path,
     )
 
@@ -437,3 +476,67 @@ def _smoke(written: SmokeTable | None) -> SmokeSettings:
         if written.require_spec_verify is None
         else written.require_spec_verify,
     )
+
+
+def _judge(written: JudgeTable, document: TomlDocument) -> JudgeSettings:
+    """The [judge] table; its prompt file read now (relative to the playbook's own folder), so
+    a missing file or too few prompts is an error at its line before any host is touched."""
+    defaults = JudgeSettings()
+    prompts, source = defaults.prompts, defaults.prompt_source
+    if written.prompts is not None:
+        path = Path(document.path).resolve().parent / written.prompts
+        prompts, source = _prompt_file(path, document), str(path)
+    count = written.count if written.count is not None else min(defaults.count, len(prompts))
+    if count > len(prompts) or count < MIN_JUDGE_PROMPTS:
+        at = ("judge", "count") if written.count is not None else ("judge", "prompts")
+        raise document.error(
+            at,
+            f"the judge decodes {count} prompts but {source} has {len(prompts)}"
+            if count > len(prompts)
+            else f"{source} has {len(prompts)} prompts; the judge needs at least "
+            f"{MIN_JUDGE_PROMPTS} to tell a change from noise",
+            hint=f"add prompts to the file, or set count to at most {len(prompts)}",
+        )
+    chosen = {key: getattr(written, key) for key in JUDGE_NUMBERS}
+    return JudgeSettings(
+        prompts=prompts,
+        prompt_source=source,
+        count=count,
+        hosts=JudgeHosts(written.hosts or defaults.hosts),
+        **{key: _as_default(getattr(defaults, key), value) for key, value in chosen.items()},
+    )
+
+
+JUDGE_NUMBERS = (
+    "max_new_tokens",
+    "top_k",
+    "alpha",
+    "accept_drop",
+    "latency_rise",
+    "latency_floor_ms",
+    "max_diverged",
+    "timeout",
+)
+"""The [judge] keys taken as written, or the default when absent."""
+
+
+def _as_default(default: Any, written: Any) -> Any:
+    """A number as written, of the default's type (`timeout = 600` is 600.0); the default when
+    absent."""
+    if written is None:
+        return default
+    return float(written) if isinstance(default, float) else written
+
+
+def _prompt_file(path: Path, document: TomlDocument) -> tuple[str, ...]:
+    """The prompts of a judge's prompt file: one a line, blank and `#` lines skipped."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise document.error(
+            ("judge", "prompts"),
+            f"cannot read the judge's prompt file {path}: {getattr(exc, 'strerror', None) or exc}",
+            hint="the path is relative to the playbook; one prompt a line",
+        ) from None
+    lines = (line.rstrip("\r\n") for line in text.splitlines())
+    return tuple(line for line in lines if line.strip() and not line.lstrip().startswith("#"))

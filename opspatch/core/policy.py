@@ -16,7 +16,14 @@ from decimal import Decimal
 from typing import Literal
 
 from opspatch.core.jsonrecord import JsonRecord, json_field
-from opspatch.core.vocabulary import FAILED_OUTCOMES, HaltAction, Outcome, RestartPolicy
+from opspatch.core.judgeprompts import DEFAULT_JUDGE_PROMPTS
+from opspatch.core.vocabulary import (
+    FAILED_OUTCOMES,
+    HaltAction,
+    JudgeHosts,
+    Outcome,
+    RestartPolicy,
+)
 
 TIMEOUT_STEPS = (
     "lock",
@@ -137,6 +144,48 @@ class RotationSettings(JsonRecord):
     fleet_down: bool = False
 
 
+MIN_JUDGE_PROMPTS = 8
+"""Fewer pairs cannot reach the judge's significance level (a signed-rank test of 7 pairs that
+all agree has p = 0.016)."""
+
+
+@dataclass(frozen=True)
+class JudgeSettings(JsonRecord):
+    """The judge (a playbook's `[judge]`): after the smoke passes, a prompt set is decoded on the
+    changed server and on a baseline measured in the same run, and compared per metric
+    (`opspatch.runs.judgments.canary`). The thresholds say when a difference fails a host."""
+
+    prompts: tuple[str, ...] = DEFAULT_JUDGE_PROMPTS
+    prompt_source: str = "built-in"
+    """Where the prompts came from: `built-in` or the file the playbook names."""
+    count: int = 24
+    """How many prompts of the set are decoded (the first `count`)."""
+    max_new_tokens: int = 64
+    """Enough for a whole number of verify steps to show a few percent of acceptance."""
+    top_k: int = 5
+    """Top logprobs asked per position: a divergent token within the other side's top-k is a
+    near tie (vLLM's rule), not a wrong answer."""
+    hosts: JudgeHosts = JudgeHosts.CANARY
+    alpha: float = 0.01
+    """Significance level of every distribution comparison (two-sided)."""
+    accept_drop: float = 0.03
+    """A significant drop of the median acceptance length beyond this fraction fails."""
+    latency_rise: float = 0.5
+    """A significant rise of the median time to first token or per output token beyond this
+    fraction fails (0.5: half as slow again)."""
+    latency_floor_ms: float = 1.0
+    """A rise smaller than this many milliseconds is noise, whatever its ratio."""
+    max_diverged: float = 0.25
+    """The fraction of prompts whose outputs may diverge within the top-k before tokens fail."""
+    timeout: float = 600.0
+    """Seconds for the whole prompt set on one server."""
+
+    @property
+    def chosen(self) -> tuple[str, ...]:
+        """The prompts decoded: the set's first `count`."""
+        return self.prompts[: self.count]
+
+
 DEFAULT_LEASE_EXPIRY = 60.0
 """Seconds a run's lease on its hosts outlives its controller's last heartbeat."""
 
@@ -180,6 +229,8 @@ class Playbook(JsonRecord):
     log: LogSettings = LogSettings()
     rotation: RotationSettings = RotationSettings()
     team: TeamSettings = TeamSettings()
+    judge: JudgeSettings | None = json_field(default=None, omit_none=True)
+    """The judge after the smoke; None (no `[judge]`): the smoke alone proves a host."""
     source: str | None = field(default=None, compare=False)
 
     def in_flight(self, batch_size: int) -> int:

@@ -35,6 +35,7 @@ class CliCommand(Word):
     CHECK = "check"
     DIAGNOSE = "diagnose"
     EXPORT = "export"
+    JUDGE = "judge"
     LINT_INIT = "lint-init"
     PLAN = "plan"
     RECOVER = "recover"
@@ -61,6 +62,7 @@ class CliCommand(Word):
 class CliFlag(Word):
     """A long option a remedy may name, spelled as on the command line."""
 
+    BASELINE = "--baseline"
     CONTAINERS = "--containers"
     FORMAT = "--format"
     HOSTS = "--hosts"
@@ -93,6 +95,7 @@ FLAGS: Mapping[CliCommand, frozenset[CliFlag]] = {
     CliCommand.RESTART: frozenset({CliFlag.HOSTS}),
     CliCommand.ROLLBACK: frozenset({CliFlag.HOSTS, CliFlag.RUN, CliFlag.ROOT, CliFlag.RESTART}),
     CliCommand.SMOKE: frozenset({CliFlag.HOSTS}),
+    CliCommand.JUDGE: frozenset({CliFlag.HOSTS, CliFlag.BASELINE}),
     CliCommand.STATUS: frozenset({CliFlag.HOSTS}),
     CliCommand.SYNC: frozenset({CliFlag.HOSTS}),
     CliCommand.UNLOCK: frozenset({CliFlag.HOSTS}),

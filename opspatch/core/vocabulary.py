@@ -321,6 +321,8 @@ class Command(Word):
     """Recorded by the ledger itself (`Ledger.record_approval`): one `sign` step per principal."""
     SMOKE = "smoke"
     """Runs through the fleet run like the others but records nothing (the null recorder)."""
+    JUDGE = "judge"
+    """`opspatch judge`: a question like `smoke`, through the fleet run, recording nothing."""
 
 
 class FileAction(Word):
@@ -374,6 +376,10 @@ class Step(Word):
     RESTART = "restart"
     READY = "ready"
     SMOKE = "smoke"
+    JUDGE_BASELINE = "judge-baseline"
+    """The judge's prompt set decoded on the old server, before the swap: its baseline."""
+    JUDGE = "judge"
+    """The judge's prompt set decoded on the changed server and compared with its baseline."""
     RESTORE = "restore"
     RESTART_AFTER_RESTORE = "restart-after-restore"
     READY_AFTER_RESTORE = "ready-after-restore"
@@ -395,3 +401,52 @@ class Step(Word):
     """An apply's verified approval, as releases before `approved_by` recorded it."""
     SIGN = "sign"
     """`approve`: one principal's signature (its host column is the principal)."""
+
+
+class Verdict(Word):
+    """What the judge says of one metric, or of a host, comparing it with a baseline measured in
+    the same run (`runs/judgments/canary.py`)."""
+
+    PASS = "pass"
+    """No difference the thresholds call one."""
+    MARGINAL = "marginal"
+    """A difference worth saying that does not fail the host (outputs that diverge only where
+    the model was near a tie; a significant change smaller than the threshold)."""
+    FAIL = "fail"
+    """A difference beyond the threshold, or a failed request: a failed proof."""
+    NO_BASELINE = "no-baseline"
+    """Nothing to compare with (no old server answered): only the absolute checks were made,
+    and they passed. Never read as a pass."""
+
+    @property
+    def rank(self) -> int:
+        """How bad: the worst of several verdicts is the one with the highest rank."""
+        return VERDICT_RANK[self]
+
+
+VERDICT_RANK = {Verdict.PASS: 0, Verdict.NO_BASELINE: 1, Verdict.MARGINAL: 2, Verdict.FAIL: 3}
+
+
+class JudgeHosts(Word):
+    """A playbook's `[judge] hosts`: which hosts of an apply the judge proves."""
+
+    CANARY = "canary"
+    """The canaries only (the rest are proven by the smoke, as the canary was judged)."""
+    ALL = "all"
+    """Every host the apply changes."""
+
+
+class Metric(Word):
+    """What the judge compares between a changed server and its baseline."""
+
+    ERRORS = "errors"
+    """Failed requests: any fails the judge."""
+    TOKENS = "tokens"
+    """Greedy outputs: equal, or at the first divergence each side's token in the other's
+    top-k (vLLM's rule for comparing two implementations)."""
+    SPECULATION = "speculation"
+    """Speculative acceptance length per request (completion_tokens / spec_verify_ct)."""
+    TTFT = "ttft"
+    """Time to first token, per request, measured on the host."""
+    TPOT = "tpot"
+    """Time per output token after the first, per request, measured on the host."""

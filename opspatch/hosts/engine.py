@@ -34,7 +34,7 @@ from typing import Any
 
 from opspatch.core.host import ContainerRestart, Host
 from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field
-from opspatch.core.policy import Playbook
+from opspatch.core.policy import JudgeSettings, Playbook
 from opspatch.errors import ContainerError, EngineError, RemoteOperationError
 from opspatch.hosts.agent.engine import op_smoke, op_wait_drained, op_wait_ready
 from opspatch.hosts.agent.protocol import (
@@ -51,6 +51,7 @@ from opspatch.hosts.agent.protocol import (
     WaitReadyRequest,
 )
 from opspatch.hosts.agent.restarts import op_restart, op_start, op_stop
+from opspatch.hosts.measure import MEASURE, Measurement, measure_args
 from opspatch.hosts.operations import HostOperations, R, Rep, Req
 from opspatch.hosts.results import Operation
 from opspatch.hosts.transport.container import ContainerTransport
@@ -483,6 +484,17 @@ class EngineControl:
             url=self.host.engine.url, timeout=timeout, settle=settle, poll=poll
         )
         return self._run(WAIT_DRAINED, args, timeout=timeout, step=step)
+
+    def measure(self, settings: JudgeSettings, *, step: str = "judge") -> Measurement:
+        """Decode the judge's prompts on the host, timed (`opspatch.hosts.measure`). A failed
+        request is a sample with its problem, not an error.
+
+        Raises:
+            EngineError: the agent refused the measurement.
+            TransportError: the host could not be reached in time.
+        """
+        request = measure_args(self.host, settings)
+        return self._run(MEASURE, request, timeout=settings.timeout, step=step)
 
     def smoke(
         self,

@@ -16,6 +16,7 @@ from opspatch.core.filechange import FileChange as FileChange
 from opspatch.core.filechange import SetFile as SetFile
 from opspatch.core.filechange import set_state as set_state
 from opspatch.core.jsonrecord import JsonRecord, json_field
+from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import (
     FAILED_OUTCOMES,
     Command,
@@ -64,6 +65,8 @@ class HostOutcome(JsonRecord):
     smoke: SmokeResult | None = json_field(default=None, omit_none=True)
     rotation: Rotation | None = json_field(default=None, omit_none=True)
     """Behind a router: whether the host takes traffic at the end (None: no router)."""
+    judgment: Judgment | None = json_field(default=None, omit_none=True)
+    """The judge's verdict and figures, on a host the playbook's judge proved."""
 
 
 CHANGED_OUTCOMES = frozenset(

@@ -17,6 +17,7 @@ One concern per module:
 - `processes`: /proc, finding and stopping process trees; `restarts`: the restart strategies;
 - `facts`: facts (driver, metadata), resolve, inspect (with the running server);
 - `engine`: readiness, the drain wait (`/v1/loads`) and the smoke decode;
+- `measure`: the judge's timed greedy decodes of a prompt set (with top-k logprobs);
 - `provenance`: where a module's code comes from (other copies, git checkout, bytecode);
 - `diagnose`: one host's incident facts in one exec (`opspatch diagnose`, `lint-init --hosts`);
 - `dispatch`: `main`, the one reply line.
@@ -37,6 +38,7 @@ MODULES = (
     "restarts",
     "facts",
     "engine",
+    "measure",
     "provenance",
     "diagnose",
     "dispatch",

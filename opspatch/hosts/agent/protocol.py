@@ -316,6 +316,36 @@ class SmokeReply(TypedDict):
     exception: dict[str, Any] | None
 
 
+class MeasureRequest(TypedDict):
+    url: str | None
+    prompts: list[str]
+    max_new_tokens: int
+    top_logprobs: int  # k of SGLang's `top_logprobs_num`; 0 asks for no logprobs
+    first_token: bool  # time a 1-token request of each prompt first (time to first token)
+    timeout: float  # all prompts together
+
+
+class DecodeSample(TypedDict):
+    """One prompt's greedy decode as the judge measures it (`opspatch.hosts.measure`)."""
+
+    prompt: str
+    problem: str | None  # why the request failed; None when it answered 200 with a completion
+    refused: bool  # the connection was refused: no server listens (not one that dropped it)
+    text: str | None
+    output_ids: list[int] | None
+    top_ids: list[list[int]] | None  # per output position, the ids of SGLang's top logprobs
+    token_texts: list[str | None] | None  # per output position, the token's text if told
+    completion_tokens: int | None
+    spec_verify_ct: int | None
+    seconds: float | None  # the whole request, timed on the host
+    first_token_seconds: float | None  # a 1-token request of the same prompt, timed on the host
+
+
+class MeasureReply(TypedDict):
+    samples: list[DecodeSample]
+    spec_accept_length: float | None  # the `sglang:spec_accept_length` gauge of /metrics
+
+
 class DiagnoseRequest(TypedDict):
     facts: bool
     modules: list[str]

@@ -35,6 +35,7 @@ from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.host_leases import host_identity, lease_held, live_holders, refusal
+from opspatch.runs.fleet.judging import JudgePlan
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.recorder import NullRecorder, Recorder
@@ -414,6 +415,9 @@ class _FleetApply:
                 {n: o.outcome for n, o in outcomes.items()}, canaries=canaries
             )
 
+        if self.playbook.judge is not None:
+            self.pipeline.judges = self._judge_plan(prepared, canaries)
+
         def one(session: HostSession) -> HostOutcome:
             item = prepared[session.name]
             assert isinstance(item, Prepared)
@@ -427,6 +431,25 @@ class _FleetApply:
         if halted and self.playbook.on_halt == HaltAction.ROLLBACK_RUN:
             halted = self._roll_back_run(prepared, outcomes, halted)
         return self.fleet.report(outcomes, halted=halted)
+
+    def _judge_plan(
+        self, prepared: Mapping[str, Prepared | HostOutcome], canaries: Sequence[str]
+    ) -> JudgePlan:
+        """The judge of this rollout: the hosts it proves and, for a canary, the hosts of the
+        same release and build (the engine's version and the first file's pre-image) it may
+        take its baseline from. A unit is proven by its smoke alone (not judged yet)."""
+        assert self.playbook.judge is not None
+        changing = {n: p for n, p in prepared.items() if isinstance(p, Prepared) and p.pending}
+        return JudgePlan(
+            self.playbook.judge,
+            canaries=canaries,
+            changing=[n for n in self.fleet.names if n in changing],
+            builds={
+                name: (item.inspection.facts.sglang_version, item.files[0].inspection.file.sha256)
+                for name, item in changing.items()
+            },
+            sessions=self.sessions,
+        )
 
     def _roll_back_run(
         self,

@@ -31,6 +31,7 @@ from opspatch.core.vocabulary import Outcome, Step
 from opspatch.errors import OpspatchError, PreimageMismatch
 from opspatch.hosts.engine import SmokeResult
 from opspatch.hosts.operations import HostInspection
+from opspatch.runs.fleet.judging import JudgePlan
 from opspatch.runs.fleet.session import (
     HostFailed,
     HostSession,
@@ -170,6 +171,8 @@ class ApplyPipeline:
         self.playbook = playbook
         self.restart_engine = restart_engine
         self.unrestarted = unrestarted
+        self.judges: JudgePlan | None = None
+        """The playbook's judge, when it has one: set by the rollout once it knows the canaries."""
         # A plan depends on the patch and the file's bytes alone (the version gate, per host, is
         # not part of it): hosts with one pre-image share one plan and its validation.
         self._plans: dict[tuple[str, int, str], PlanOutcome] = {}
@@ -282,6 +285,9 @@ class ApplyPipeline:
             baseline, baseline_note = self.baseline(session)
         except HostFailed as refused:
             return self.outcome(session, prepared, refused.outcome, refused.error, old=pending)
+        judge = self.judges.for_host(session.name) if self.judges and self.restart_engine else None
+        if judge is not None:
+            judge.take_baseline(session)
         failed = self.write(session, prepared)
         if failed is not None:
             return failed
@@ -295,13 +301,15 @@ class ApplyPipeline:
             )
             return self.outcome(session, prepared, self.unrestarted, None, note=staged_note)
         try:
-            smoke = prove(session, baseline=baseline)
+            smoke = prove(session, baseline=baseline, judge=judge)
         except HostFailed as failure:
             rolled = self.roll_back(session, prepared, failure.error)
-            return replace(rolled, note=_join(rolled.note, baseline_note))
-        return self.outcome(
+            judged = judge.judgment if judge is not None else None
+            return replace(rolled, note=_join(rolled.note, baseline_note), judgment=judged)
+        applied = self.outcome(
             session, prepared, Outcome.APPLIED, None, smoke=smoke, note=baseline_note
         )
+        return replace(applied, judgment=judge.judgment if judge is not None else None)
 
     def write(self, session: HostSession, prepared: Prepared) -> HostOutcome | None:
         """Record every pending file's images in the ledger, then swap each: None when all are

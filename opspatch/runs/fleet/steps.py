@@ -324,17 +324,31 @@ def restart_after_restore(
     return restart
 
 
-def prove(session: HostSession, *, baseline: Sequence[str | None] | None = None) -> SmokeResult:
+def prove(
+    session: HostSession,
+    *,
+    baseline: Sequence[str | None] | None = None,
+    judge: Callable[[HostSession], object] | None = None,
+) -> SmokeResult:
     """PROVE a change: restart, wait until ready, smoke-decode, as the host's last steps (a
     passing smoke gives the lock back). Every command that restarts into a change proves it here,
-    so a step around it (a router's drain and admit) is added once.
+    so a step around it (a router's drain and admit) is added once. With `judge` (the
+    playbook's judge of this host: `runs/fleet/judging.py`), the judge follows the smoke and the
+    host is admitted only after it; the lock stays held for a roll-back until the run gives it
+    back.
 
     Raises:
-        HostFailed: a step failed; the caller undoes the change (`undo`).
+        HostFailed: a step failed, or the judge's verdict is `fail`; the caller undoes the
+            change (`undo`).
     """
     restart = restart_step(session)
     ready_step(session, restart)
-    return smoke_step(session, restart, baseline=baseline, last=True)
+    if judge is None:
+        return smoke_step(session, restart, baseline=baseline, last=True)
+    smoke = smoke_step(session, restart, baseline=baseline)
+    judge(session)
+    admit_step(session)
+    return smoke
 
 
 def prove_or_undo(

@@ -1,0 +1,73 @@
+"""The judge's verdicts as values (pure): per metric, with its figures, and per server.
+
+The judging itself is `opspatch.runs.judgments.canary`; these records live in the core because
+a host's outcome (`runs/report.py`) and the ledger carry them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opspatch.core.jsonrecord import JsonRecord, json_field
+from opspatch.core.pairedstats import SignedRank
+from opspatch.core.vocabulary import Metric, Verdict
+
+
+@dataclass(frozen=True)
+class Divergence(JsonRecord):
+    """Where one prompt's outputs first differ: the position (in tokens, or characters when
+    the server gave no ids), each side's token there, and whether each is in the other's
+    top-k (None: not told, no logprobs)."""
+
+    prompt: int
+    """The prompt's place in the set, from 1."""
+    position: int
+    baseline: str
+    canary: str
+    within_top_k: bool | None
+
+
+@dataclass(frozen=True)
+class MetricVerdict(JsonRecord):
+    """One metric's verdict, with the figures that decided it (in words, and the test)."""
+
+    metric: Metric
+    verdict: Verdict
+    figures: str
+    test: SignedRank | None = json_field(default=None, omit_none=True)
+    divergences: tuple[Divergence, ...] = ()
+
+
+@dataclass(frozen=True)
+class Judgment(JsonRecord):
+    """The judge's verdict on one server: the worst of its metrics' (or `no-baseline`), where
+    the baseline came from (None: there was none, and `why_no_baseline` says why)."""
+
+    verdict: Verdict
+    baseline: str | None
+    metrics: tuple[MetricVerdict, ...]
+    why_no_baseline: str | None = json_field(default=None, omit_none=True)
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict == Verdict.FAIL
+
+    def metric(self, metric: Metric) -> MetricVerdict:
+        return next(m for m in self.metrics if m.metric == metric)
+
+    def summary(self) -> str:
+        """One line: the verdict and, unless it passed, each metric that did not, with its
+        figures (a failed proof's reason names the metric)."""
+        if self.verdict == Verdict.NO_BASELINE:
+            head = f"judge: no baseline ({self.why_no_baseline}); absolute checks passed"
+            failed = [m for m in self.metrics if m.verdict == Verdict.FAIL]
+            if failed:
+                head = f"judge: fail (no baseline: {self.why_no_baseline})"
+            return "; ".join([head, *(f"{m.metric}: {m.figures}" for m in failed)])
+        bad = [m for m in self.metrics if m.verdict in (Verdict.FAIL, Verdict.MARGINAL)]
+        head = f"judge: {self.verdict} against {self.baseline}"
+        return "; ".join([head, *(f"{m.metric} {m.verdict}: {m.figures}" for m in bad)])
+
+    def details(self) -> str:
+        """Every metric's verdict and figures, one after another (a step's detail)."""
+        return "; ".join(f"{m.metric} {m.verdict}: {m.figures}" for m in self.metrics)

@@ -1,0 +1,184 @@
+"""The judge in a run: a host's baseline measured before its swap, its verdict after its smoke.
+
+The playbook's `[judge]` decodes a prompt set on the changed server once the smoke passed and
+compares it with a baseline measured in the same run (`runs/judgments/canary.py`): the host's
+own old server, just before the swap; else, when no server listened there, a host of the same
+release and build that this run has not changed yet (a canary's only: the other hosts are
+changed later). An old server that failed the prompts (crashed on them) is not compared, and no
+other host of its build is asked: it would fail them too. Then the verdict is `no-baseline`.
+
+A `fail` is a failed proof (`JudgeFailed`, a `HostFailed`): the apply rolls the host back as it
+does after a failed smoke. The judge runs before the host is admitted back into rotation, and
+the run's lock stays held until it is given back after the host's last step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection, Hashable, Mapping, Sequence
+
+from opspatch.core.policy import JudgeSettings
+from opspatch.core.verdicts import Judgment
+from opspatch.core.vocabulary import JudgeHosts, Outcome, Step
+from opspatch.errors import OpspatchError
+from opspatch.hosts.measure import Measurement
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
+from opspatch.runs.judgments.canary import judge
+
+OWN_BASELINE = "this host's old server, before the swap"
+
+
+class JudgeFailed(HostFailed):
+    """A judge whose verdict is `fail`: a failed proof, naming the metric(s) and figures."""
+
+    def __init__(self, judgment: Judgment) -> None:
+        super().__init__(Outcome.FAILED, judgment.summary())
+        self.judgment = judgment
+
+
+def measured(session: HostSession, settings: JudgeSettings, step: Step) -> Measurement | str:
+    """The judge's prompts decoded on the session's server, or why the agent could not."""
+    try:
+        return session.engine.measure(settings, step=step)
+    except OpspatchError as exc:
+        return describe_error(exc)
+
+
+def judge_step(
+    session: HostSession,
+    settings: JudgeSettings,
+    baseline: Measurement | None,
+    *,
+    baseline_from: str | None,
+    why_no_baseline: str | None,
+) -> Judgment:
+    """Measure the session's server and judge it, as a recorded step (its detail: the verdict
+    and every metric's figures).
+
+    Raises:
+        JudgeFailed: the verdict is `fail`.
+        HostFailed: the measurement could not be made.
+    """
+    with session.step(Step.JUDGE) as note:
+        canary = measured(session, settings, Step.JUDGE)
+        if isinstance(canary, str):
+            raise HostFailed(Outcome.FAILED, f"{Step.JUDGE}: {canary}")
+        judgment = judge(
+            canary,
+            baseline,
+            settings,
+            baseline_from=baseline_from,
+            why_no_baseline=why_no_baseline,
+        )
+        if judgment.failed:
+            raise JudgeFailed(judgment)
+        note["detail"] = f"{judgment.summary()}; {judgment.details()}"
+    return judgment
+
+
+class HostJudge:
+    """The judge of one host of an apply: `take_baseline` before the swap, `__call__` after
+    the smoke (through `steps.prove`); `judgment` is its verdict once given."""
+
+    def __init__(
+        self, settings: JudgeSettings, peers: Sequence[HostSession], peer_lock: threading.Lock
+    ) -> None:
+        self.settings = settings
+        self.peers = peers
+        self._peer_lock = (
+            peer_lock  # a peer's session is not in flight, but two canaries may ask it
+        )
+        self.baseline: Measurement | None = None
+        self.baseline_from: str | None = None
+        self.why_no_baseline: str | None = None
+        self.judgment: Judgment | None = None
+
+    def take_baseline(self, session: HostSession) -> None:
+        """Measure the old server (a step that says where the baseline came from, or why there
+        is none: never a failure of the host, since the change has not been made yet)."""
+        with session.step(Step.JUDGE_BASELINE) as note:
+            own = measured(session, self.settings, Step.JUDGE_BASELINE)
+            if isinstance(own, Measurement) and any(s.ok for s in own.samples):
+                self.baseline, self.baseline_from = own, OWN_BASELINE
+            elif isinstance(own, Measurement) and not own.no_server:
+                self.why_no_baseline = (
+                    f"the old server failed the judge's prompts ({own.problem}); no other host "
+                    "of its build was asked, it would fail them too"
+                )
+            else:
+                problem = own if isinstance(own, str) else f"no server listens: {own.problem}"
+                self.why_no_baseline = f"this host's old server could not be asked ({problem})"
+                self._from_peer()
+            note["detail"] = (
+                f"from {self.baseline_from}"
+                if self.baseline is not None
+                else f"no baseline: {self.why_no_baseline}"
+            )
+
+    def _from_peer(self) -> None:
+        tried = []
+        for peer in self.peers:
+            with self._peer_lock:
+                answer = measured(peer, self.settings, Step.JUDGE_BASELINE)
+            if isinstance(answer, Measurement) and any(s.ok for s in answer.samples):
+                self.baseline = answer
+                self.baseline_from = f"{peer.name} (same release and build, not yet changed)"
+                return
+            problem = answer if isinstance(answer, str) else answer.problem
+            tried.append(f"{peer.name}: {problem}")
+            if isinstance(answer, Measurement) and not answer.no_server:
+                break  # its old code failed the prompts: the next host of its build would too
+        if tried:
+            self.why_no_baseline = f"{self.why_no_baseline}; nor could {'; '.join(tried)}"
+
+    def __call__(self, session: HostSession) -> Judgment:
+        """Judge the changed server against the baseline (`judge_step`).
+
+        Raises:
+            JudgeFailed: the verdict is `fail` (the caller rolls the host back).
+            HostFailed: the measurement could not be made.
+        """
+        try:
+            self.judgment = judge_step(
+                session,
+                self.settings,
+                self.baseline,
+                baseline_from=self.baseline_from,
+                why_no_baseline=self.why_no_baseline,
+            )
+        except JudgeFailed as failed:
+            self.judgment = failed.judgment
+            raise
+        return self.judgment
+
+
+class JudgePlan:
+    """Which hosts of an apply the judge proves, and the peers a canary may take its baseline
+    from (hosts of its release and build that the run changes after the canaries)."""
+
+    def __init__(
+        self,
+        settings: JudgeSettings,
+        *,
+        canaries: Collection[str],
+        changing: Sequence[str],
+        builds: Mapping[str, Hashable],
+        sessions: Mapping[str, HostSession],
+    ) -> None:
+        self.settings = settings
+        everyone = settings.hosts == JudgeHosts.ALL
+        self.judged = [n for n in changing if everyone or n in canaries]
+        later = [n for n in changing if n not in canaries]
+        self.peers = {
+            name: [sessions[n] for n in later if builds.get(n) == builds.get(name)]
+            if name in canaries
+            else []
+            for name in self.judged
+        }
+        self._peer_lock = threading.Lock()
+
+    def for_host(self, name: str) -> HostJudge | None:
+        """The judge of host `name`, or None when the playbook does not judge it."""
+        if name not in self.judged:
+            return None
+        return HostJudge(self.settings, self.peers[name], self._peer_lock)

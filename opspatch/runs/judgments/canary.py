@@ -1,0 +1,280 @@
+"""The judge: a changed server against a baseline measured in the same run, metric by metric
+(pure: two `Measurement`s in, a `Judgment` out).
+
+Both sides decoded the same prompts greedily (`opspatch.hosts.measure`), so each metric is
+compared prompt by prompt:
+
+- errors: any failed request on the changed server fails;
+- tokens: the greedy outputs are equal, or, at the first position where they diverge, each
+  side's token is in the other's top-k logprobs (vLLM's rule for comparing two
+  implementations: a near tie that numerics may flip). A token outside it fails, and so do more
+  diverged prompts than `max_diverged` allows; a few near ties are marginal. A server that
+  returns no logprobs is compared exactly (any divergence fails), as the figures say;
+- speculation: acceptance length per request (`completion_tokens / spec_verify_ct`);
+- ttft, tpot: time to first token and per output token after it, timed on the host.
+The last three are paired comparisons (`opspatch.core.pairedstats`: the signed-rank test of the
+per-prompt log ratios, the median ratio as the effect): a significant change in the bad
+direction beyond the playbook's threshold fails, a smaller significant one is marginal.
+
+Without a baseline (no old server answered) the verdict is `no-baseline`: the absolute checks
+only (every request answered with tokens), never a pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+
+from opspatch.core.pairedstats import SignedRank, median, signed_rank
+from opspatch.core.policy import JudgeSettings
+from opspatch.core.verdicts import Divergence, Judgment, MetricVerdict
+from opspatch.core.vocabulary import Metric, Verdict
+from opspatch.hosts.measure import Decoded, Measurement
+
+
+def judge(
+    canary: Measurement,
+    baseline: Measurement | None,
+    settings: JudgeSettings,
+    *,
+    baseline_from: str | None,
+    why_no_baseline: str | None = None,
+) -> Judgment:
+    """Judge `canary` against `baseline` (taken from `baseline_from`, said in the verdict).
+    A baseline that answered no prompt is none (`why_no_baseline` is then said)."""
+    if baseline is not None and not any(sample.ok for sample in baseline.samples):
+        first = next((s.problem for s in baseline.samples if s.problem), "no prompts")
+        why_no_baseline = f"{baseline_from} answered no prompt: {first}"
+        baseline = None
+    errors = _errors(canary)
+    if baseline is None:
+        metrics = (errors, *_absolute(canary))
+        worst = Verdict.FAIL if errors.verdict == Verdict.FAIL else Verdict.NO_BASELINE
+        return Judgment(worst, None, metrics, why_no_baseline or "no baseline was measured")
+    pairs = [(b, c) for b, c in zip(baseline.samples, canary.samples, strict=False)]
+    metrics = (
+        errors,
+        _tokens(pairs, settings),
+        _speculation(pairs, baseline, canary, settings),
+        _latency(Metric.TTFT, pairs, lambda s: s.first_token_seconds, settings),
+        _latency(Metric.TPOT, pairs, lambda s: s.time_per_output_token, settings),
+    )
+    worst = max((m.verdict for m in metrics), key=lambda v: v.rank)
+    return Judgment(worst, baseline_from, metrics)
+
+
+def _errors(canary: Measurement) -> MetricVerdict:
+    failed = [(i, s) for i, s in enumerate(canary.samples, 1) if not s.ok]
+    total = len(canary.samples)
+    if not failed:
+        return MetricVerdict(Metric.ERRORS, Verdict.PASS, f"{total} of {total} requests answered")
+    first, sample = failed[0]
+    return MetricVerdict(
+        Metric.ERRORS,
+        Verdict.FAIL,
+        f"{len(failed)} of {total} requests failed; prompt {first}: {sample.problem}",
+    )
+
+
+def _absolute(canary: Measurement) -> tuple[MetricVerdict, ...]:
+    """The figures of a server with nothing to compare with: said, never passed."""
+    answered = [s for s in canary.samples if s.ok]
+    tokens = sum(s.completion_tokens or 0 for s in answered)
+    accept = [a for a in (s.accept_length for s in answered) if a is not None]
+    ttft = [t for t in (s.first_token_seconds for s in answered) if t is not None]
+    tpot = [t for t in (s.time_per_output_token for s in answered) if t is not None]
+    return (
+        MetricVerdict(Metric.TOKENS, Verdict.NO_BASELINE, f"{tokens} tokens, nothing to compare"),
+        MetricVerdict(
+            Metric.SPECULATION,
+            Verdict.NO_BASELINE,
+            f"median accept length {median(accept):.2f}"
+            if accept
+            else "no speculative decoding reported",
+        ),
+        MetricVerdict(Metric.TTFT, Verdict.NO_BASELINE, _median_ms(ttft)),
+        MetricVerdict(Metric.TPOT, Verdict.NO_BASELINE, _median_ms(tpot)),
+    )
+
+
+def _median_ms(values: Sequence[float]) -> str:
+    return f"median {median(values) * 1000:.2f} ms" if values else "not measured"
+
+
+# -- tokens ---------------------------------------------------------------------------------
+
+
+def first_divergence(index: int, base: Decoded, changed: Decoded) -> Divergence | None:
+    """Where two greedy decodes of one prompt first differ (by token id when both sides gave
+    ids, else by character), with vLLM's top-k rule there when both gave top logprobs; None
+    when they are equal."""
+    if base.output_ids is not None and changed.output_ids is not None:
+        ours, theirs = base.output_ids, changed.output_ids
+        if ours == theirs:
+            return None
+        at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
+        if at is None:  # one stopped earlier: no token to look up on one side
+            at = min(len(ours), len(theirs))
+            return Divergence(index, at, _token(base, at), _token(changed, at), None)
+        within = None
+        if _has_top(base, at) and _has_top(changed, at):
+            assert base.top_ids is not None and changed.top_ids is not None
+            within = ours[at] in changed.top_ids[at] and theirs[at] in base.top_ids[at]
+        return Divergence(index, at, _token(base, at), _token(changed, at), within)
+    text_a, text_b = base.text or "", changed.text or ""
+    if text_a == text_b:
+        return None
+    at = next(
+        (i for i, (a, b) in enumerate(zip(text_a, text_b, strict=False)) if a != b),
+        min(len(text_a), len(text_b)),
+    )
+    return Divergence(index, at, repr(text_a[at : at + 8]), repr(text_b[at : at + 8]), None)
+
+
+def _has_top(sample: Decoded, at: int) -> bool:
+    return sample.top_ids is not None and at < len(sample.top_ids) and bool(sample.top_ids[at])
+
+
+def _token(sample: Decoded, at: int) -> str:
+    """A token for the figures: its text when the server told it, and its id."""
+    ids = sample.output_ids or ()
+    if at >= len(ids):
+        return "(end)"
+    texts = sample.token_texts or ()
+    text = texts[at] if at < len(texts) else None
+    return f"{text!r} ({ids[at]})" if text is not None else f"id {ids[at]}"
+
+
+def _tokens(pairs: Sequence[tuple[Decoded, Decoded]], settings: JudgeSettings) -> MetricVerdict:
+    compared = [(i, b, c) for i, (b, c) in enumerate(pairs, 1) if b.ok and c.ok]
+    found = [d for i, b, c in compared if (d := first_divergence(i, b, c)) is not None]
+    outside = [d for d in found if d.within_top_k is not True]
+    exact = any(d.within_top_k is None for d in found)
+    rule = "exact (no logprobs to compare)" if exact else f"top-{settings.top_k}"
+    figures = f"{len(found)} of {len(compared)} prompts diverged"
+    if found:
+        figures += f" ({len(outside)} outside the other's top-{settings.top_k}; rule {rule})"
+        first = outside[0] if outside else found[0]
+        figures += (
+            f"; prompt {first.prompt} at token {first.position}: {first.baseline} -> {first.canary}"
+        )
+    if outside or (compared and len(found) / len(compared) > settings.max_diverged):
+        verdict = Verdict.FAIL
+    elif found:
+        verdict = Verdict.MARGINAL
+    else:
+        verdict = Verdict.PASS
+    return MetricVerdict(Metric.TOKENS, verdict, figures, divergences=tuple(found[:10]))
+
+
+# -- distributions, pair by pair -------------------------------------------------------------
+
+
+def compare_pairs(
+    pairs: Sequence[tuple[float, float]],
+    *,
+    worse_when_higher: bool,
+    threshold: float,
+    alpha: float,
+    floor: float = 0.0,
+) -> tuple[Verdict, SignedRank, float, float]:
+    """The verdict on (baseline, changed) pairs of positive values, the test, the median ratio
+    changed / baseline and the median difference: a significant change in the bad direction
+    (at `alpha`) of at least `threshold` (a fraction) and `floor` (in the values' unit) fails,
+    a smaller significant one is marginal, anything else passes."""
+    usable = [(b, c) for b, c in pairs if b > 0 and c > 0]
+    test = signed_rank([math.log(c / b) for b, c in usable])
+    ratio = median([c / b for b, c in usable]) if usable else 1.0
+    difference = median([c - b for b, c in usable]) if usable else 0.0
+    sign = 1 if worse_when_higher else -1
+    significant = test.p_value < alpha and sign * test.effect > 0
+    bad_change, bad_difference = sign * (ratio - 1), sign * difference
+    if significant and bad_change >= threshold and bad_difference >= floor:
+        return Verdict.FAIL, test, ratio, difference
+    if significant and bad_change > 0:
+        return Verdict.MARGINAL, test, ratio, difference
+    return Verdict.PASS, test, ratio, difference
+
+
+def _speculation(
+    pairs: Sequence[tuple[Decoded, Decoded]],
+    baseline: Measurement,
+    canary: Measurement,
+    settings: JudgeSettings,
+) -> MetricVerdict:
+    both = [(b, c) for b, c in pairs if b.ok and c.ok]
+    accepted = [(b.accept_length, c.accept_length) for b, c in both]
+    measured = [(b, c) for b, c in accepted if b is not None and c is not None]
+    before = sum(1 for b, _ in accepted if b is not None)
+    after = sum(1 for _, c in accepted if c is not None)
+    if not measured:
+        if before and not after:
+            return MetricVerdict(
+                Metric.SPECULATION,
+                Verdict.FAIL,
+                f"speculation stopped: the baseline verified drafts on {before} prompts, "
+                "the changed server on none",
+            )
+        return MetricVerdict(
+            Metric.SPECULATION, Verdict.PASS, "no speculative decoding reported on either side"
+        )
+    verdict, test, ratio, _ = compare_pairs(
+        measured,
+        worse_when_higher=False,
+        threshold=settings.accept_drop,
+        alpha=settings.alpha,
+    )
+    figures = (
+        f"median accept length {median([b for b, _ in measured]):.2f} -> "
+        f"{median([c for _, c in measured]):.2f} (per prompt {_percent(ratio)}, "
+        f"p={test.p_value:.2g}, {len(measured)} prompts)"
+        f"; over the set {_set_accept(b for b, _ in both):.2f} -> "
+        f"{_set_accept(c for _, c in both):.2f}"
+    )
+    if baseline.spec_accept_length is not None or canary.spec_accept_length is not None:
+        figures += (
+            f"; gauge {_gauge(baseline.spec_accept_length)} -> {_gauge(canary.spec_accept_length)}"
+        )
+    return MetricVerdict(Metric.SPECULATION, verdict, figures, test=test)
+
+
+def _set_accept(samples: Iterable[Decoded]) -> float:
+    """Tokens per verify step over the whole set (what the server's gauge averages)."""
+    chosen = [s for s in samples if s.spec_verify_ct]
+    verified = sum(s.spec_verify_ct or 0 for s in chosen)
+    return sum(s.completion_tokens or 0 for s in chosen) / verified if verified else 0.0
+
+
+def _gauge(value: float | None) -> str:
+    return "absent" if value is None else f"{value:.2f}"
+
+
+def _percent(ratio: float) -> str:
+    return f"{(ratio - 1) * 100:+.1f}%"
+
+
+def _latency(
+    metric: Metric,
+    pairs: Sequence[tuple[Decoded, Decoded]],
+    value: Callable[[Decoded], float | None],
+    settings: JudgeSettings,
+) -> MetricVerdict:
+    timed = [(value(b), value(c)) for b, c in pairs if b.ok and c.ok]
+    measured = [(b, c) for b, c in timed if b is not None and c is not None]
+    if not measured:
+        return MetricVerdict(metric, Verdict.PASS, "not measured (no timed pairs)")
+    verdict, test, ratio, difference = compare_pairs(
+        measured,
+        worse_when_higher=True,
+        threshold=settings.latency_rise,
+        alpha=settings.alpha,
+        floor=settings.latency_floor_ms / 1000,
+    )
+    how = "a 1-token request" if metric == Metric.TTFT else "(request - first token) / (tokens - 1)"
+    figures = (
+        f"median {median([b for b, _ in measured]) * 1000:.2f} -> "
+        f"{median([c for _, c in measured]) * 1000:.2f} ms (per prompt {_percent(ratio)}, "
+        f"{difference * 1000:+.2f} ms, p={test.p_value:.2g}, {len(measured)} prompts; "
+        f"timed on the host: {how})"
+    )
+    return MetricVerdict(metric, verdict, figures, test=test)

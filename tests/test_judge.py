@@ -1,0 +1,275 @@
+"""The judge's statistics and verdicts (pure): the signed-rank test against worked values, each
+metric's verdict on made-up measurements, and, over many seeded synthetic runs, the A/A
+false-positive rate (at most 1 in 100) and the power against the changes the judge exists for
+(a 5% drop in acceptance length, a doubled time per output token, one changed token).
+
+The synthetic servers: 24 prompts whose acceptance lengths lie between 1.5 and 4 and whose
+times per token differ by prompt; every run of a server draws its own noise (2% on acceptance
+length, 15% on each time), and `spec_verify_ct` is a whole number of verify steps over 64
+tokens, as a server counts them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+import pytest
+
+from opspatch.core.pairedstats import median, ranks, signed_rank
+from opspatch.core.policy import JudgeSettings
+from opspatch.core.vocabulary import Metric, Verdict
+from opspatch.hosts.measure import Decoded, Measurement
+from opspatch.runs.judgments.canary import compare_pairs, first_divergence, judge
+
+pytestmark = pytest.mark.pure
+
+SETTINGS = JudgeSettings()
+PROMPTS = 24
+TOKENS = 64
+VOCABULARY = 60
+
+
+# -- the signed-rank test ----------------------------------------------------------------------
+
+
+def test_ranks_share_the_mean_rank_of_a_tie_and_count_each_tie() -> None:
+    assert ranks([3.0, 1.0, 2.0, 2.0]) == ([4.0, 1.0, 2.5, 2.5], [1, 2, 1])
+
+
+def test_signed_rank_of_eight_positive_differences_matches_the_worked_normal_approximation() -> (
+    None
+):
+    test = signed_rank([1, 2, 3, 4, 5, 6, 7, 8])
+    # W+ = 36, mean 18, variance 8*9*17/24 = 51, z = (18 - 0.5) / sqrt(51)
+    assert test.statistic == 36
+    assert test.z == pytest.approx(17.5 / math.sqrt(51))
+    assert test.p_value == pytest.approx(math.erfc(17.5 / math.sqrt(51) / math.sqrt(2)))
+    assert test.effect == 1.0
+
+
+def test_signed_rank_leaves_zeros_out_and_says_nothing_of_no_difference() -> None:
+    assert signed_rank([0.0] * 10).p_value == 1.0
+    test = signed_rank([0.0, 0.0, 1.0, -1.0])
+    assert (test.pairs, test.nonzero, test.effect) == (4, 2, 0.0)
+
+
+def test_the_tie_correction_takes_the_ties_out_of_the_variance() -> None:
+    test = signed_rank([1.0] * 6 + [-1.0])
+    # every |d| tied: ranks 4 each, W+ = 24, mean 14, variance 7*8*15/24 - (7**3 - 7)/48 = 28
+    assert test.statistic == 24
+    assert test.z == pytest.approx((24 - 14 - 0.5) / math.sqrt(28))
+
+
+def test_median_of_an_even_count_is_the_mean_of_the_middle_two() -> None:
+    assert median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    with pytest.raises(ValueError):
+        median([])
+
+
+# -- synthetic servers ---------------------------------------------------------------------------
+
+
+def workload(seed: int) -> list[tuple[float, float]]:
+    """Per prompt: its acceptance length and its time per output token (seconds)."""
+    rng = random.Random(seed)
+    return [(rng.uniform(1.5, 4.0), rng.uniform(0.004, 0.012)) for _ in range(PROMPTS)]
+
+
+def server(
+    rng: random.Random,
+    prompts: list[tuple[float, float]],
+    *,
+    accept_scale: float = 1.0,
+    tpot_scale: float = 1.0,
+    changed_token: int | None = None,
+) -> Measurement:
+    """One run of a server over the workload: greedy outputs fixed per prompt (token `i * 7 +
+    position` mod the vocabulary), top-5 ids around each, noisy speculation and times."""
+    samples = []
+    for index, (accept, tpot) in enumerate(prompts):
+        ids = [(index * 7 + position) % VOCABULARY for position in range(TOKENS)]
+        if changed_token is not None and index == 0:
+            ids[changed_token] = (ids[changed_token] + VOCABULARY // 2) % VOCABULARY
+        top = [tuple(sorted({i, (i + 1) % VOCABULARY, (i + 2) % VOCABULARY})) for i in ids]
+        drawn = accept * accept_scale * math.exp(rng.gauss(0, 0.02))
+        first = 0.02 * math.exp(rng.gauss(0, 0.15))
+        per_token = tpot * tpot_scale * math.exp(rng.gauss(0, 0.15))
+        samples.append(
+            Decoded(
+                prompt=f"prompt {index}",
+                text="".join(chr(97 + i % 26) for i in ids),
+                output_ids=tuple(ids),
+                top_ids=tuple(top),
+                completion_tokens=TOKENS,
+                spec_verify_ct=max(1, round(TOKENS / drawn)),
+                seconds=first + per_token * (TOKENS - 1),
+                first_token_seconds=first,
+            )
+        )
+    return Measurement(tuple(samples), spec_accept_length=None)
+
+
+def judged(seed: int, **change: float | int) -> Verdict:
+    prompts = workload(seed)
+    rng = random.Random(seed * 7919 + 1)
+    baseline = server(rng, prompts)
+    canary = server(rng, prompts, **change)  # type: ignore[arg-type]
+    return judge(canary, baseline, SETTINGS, baseline_from="the same host").verdict
+
+
+RUNS = 400
+
+
+def test_a_over_a_fails_at_most_one_run_in_a_hundred() -> None:
+    verdicts = [judged(seed) for seed in range(RUNS)]
+    failed = sum(v == Verdict.FAIL for v in verdicts)
+    assert failed <= RUNS / 100, failed
+    assert sum(v == Verdict.PASS for v in verdicts) >= RUNS * 0.97
+
+
+@pytest.mark.parametrize(
+    ("change", "metric"),
+    [
+        ({"accept_scale": 0.95}, Metric.SPECULATION),
+        ({"tpot_scale": 2.0}, Metric.TPOT),
+    ],
+    ids=["acceptance-down-5pct", "tpot-doubled"],
+)
+def test_the_judge_fails_a_change_in_at_least_95_runs_in_100(
+    change: dict[str, float], metric: Metric
+) -> None:
+    failed = 0
+    for seed in range(200):
+        prompts = workload(seed)
+        rng = random.Random(seed)
+        verdict = judge(
+            server(rng, prompts, **change),
+            server(rng, prompts),
+            SETTINGS,
+            baseline_from="the same host",
+        )
+        failed += verdict.metric(metric).verdict == Verdict.FAIL
+    assert failed >= 190, failed
+
+
+def test_one_changed_token_outside_the_top_k_fails_the_tokens_and_names_where() -> None:
+    prompts = workload(1)
+    rng = random.Random(1)
+    verdict = judge(
+        server(rng, prompts, changed_token=10),
+        server(rng, prompts),
+        SETTINGS,
+        baseline_from="the same host",
+    )
+    tokens = verdict.metric(Metric.TOKENS)
+    assert verdict.verdict == Verdict.FAIL and tokens.verdict == Verdict.FAIL
+    assert tokens.divergences[0].prompt == 1 and tokens.divergences[0].position == 10
+    assert tokens.divergences[0].within_top_k is False
+    assert "1 of 24 prompts diverged (1 outside the other's top-5" in tokens.figures
+    assert "tokens fail" in verdict.summary()
+
+
+# -- one metric at a time ----------------------------------------------------------------------
+
+
+def sample(ids: list[int], top: list[tuple[int, ...]] | None, **fields: object) -> Decoded:
+    return Decoded(
+        prompt="p",
+        output_ids=tuple(ids),
+        top_ids=tuple(top) if top is not None else None,
+        completion_tokens=len(ids),
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_a_divergence_within_each_others_top_k_is_a_near_tie() -> None:
+    base = sample([1, 2, 3], [(1,), (2, 9), (3,)])
+    changed = sample([1, 9, 3], [(1,), (9, 2), (3,)])
+    found = first_divergence(4, base, changed)
+    assert found is not None
+    assert (found.prompt, found.position, found.within_top_k) == (4, 1, True)
+
+
+def test_a_divergence_in_only_one_sides_top_k_is_outside() -> None:
+    base = sample([1, 2, 3], [(1,), (2, 9), (3,)])
+    changed = sample([1, 9, 3], [(1,), (9, 5), (3,)])  # the baseline's 2 is not in its top-k
+    found = first_divergence(1, base, changed)
+    assert found is not None and found.within_top_k is False
+
+
+def test_without_logprobs_outputs_are_compared_exactly_and_the_figures_say_so() -> None:
+    base = Measurement(tuple(sample([1, 2, i], None) for i in range(10)))
+    changed = Measurement((sample([1, 5, 0], None), *base.samples[1:]))
+    tokens = judge(changed, base, SETTINGS, baseline_from="h").metric(Metric.TOKENS)
+    assert tokens.verdict == Verdict.FAIL
+    assert "rule exact (no logprobs to compare)" in tokens.figures
+
+
+def test_a_few_near_ties_are_marginal_and_many_fail() -> None:
+    top = [(1,), (2, 9), (3,)]
+    base = [sample([1, 2, 3], top) for _ in range(8)]
+    near = sample([1, 9, 3], [(1,), (9, 2), (3,)])
+    one = judge(
+        Measurement((near, *base[1:])), Measurement(tuple(base)), SETTINGS, baseline_from="h"
+    )
+    assert one.metric(Metric.TOKENS).verdict == Verdict.MARGINAL
+    many = judge(
+        Measurement((near,) * 3 + tuple(base[3:])),
+        Measurement(tuple(base)),
+        SETTINGS,
+        baseline_from="h",
+    )
+    assert many.metric(Metric.TOKENS).verdict == Verdict.FAIL  # 3 of 8 > max_diverged 0.25
+
+
+def test_any_failed_request_fails_the_judge() -> None:
+    base = Measurement(tuple(sample([1, 2], None) for _ in range(8)))
+    broken = replace(base.samples[3], problem="no answer: ConnectionRefusedError")
+    verdict = judge(
+        Measurement((*base.samples[:3], broken, *base.samples[4:])),
+        base,
+        SETTINGS,
+        baseline_from="h",
+    )
+    assert verdict.verdict == Verdict.FAIL
+    assert verdict.metric(Metric.ERRORS).figures.startswith("1 of 8 requests failed; prompt 4")
+
+
+def test_speculation_that_stopped_fails() -> None:
+    base = Measurement(tuple(sample([1, 2, 3, 4], None, spec_verify_ct=2) for _ in range(8)))
+    plain = Measurement(tuple(sample([1, 2, 3, 4], None) for _ in range(8)))
+    speculation = judge(plain, base, SETTINGS, baseline_from="h").metric(Metric.SPECULATION)
+    assert speculation.verdict == Verdict.FAIL
+    assert "speculation stopped" in speculation.figures
+
+
+def test_no_baseline_is_its_own_word_never_a_pass() -> None:
+    canary = Measurement(tuple(sample([1, 2, 3], None, spec_verify_ct=1) for _ in range(8)))
+    down = Measurement(
+        tuple(replace(s, problem="no answer: connection refused") for s in canary.samples)
+    )
+    for baseline in (None, down):
+        verdict = judge(canary, baseline, SETTINGS, baseline_from="host b")
+        assert verdict.verdict == Verdict.NO_BASELINE and verdict.baseline is None
+        assert {m.verdict for m in verdict.metrics} == {Verdict.PASS, Verdict.NO_BASELINE}
+    assert "host b answered no prompt" in (
+        judge(canary, down, SETTINGS, baseline_from="host b").why_no_baseline or ""
+    )
+    failing = Measurement((replace(canary.samples[0], problem="500"), *canary.samples[1:]))
+    assert judge(failing, None, SETTINGS, baseline_from=None).verdict == Verdict.FAIL
+
+
+def test_a_slower_but_small_rise_is_marginal_and_a_rise_under_the_floor_passes() -> None:
+    base = [(0.010 * (1 + i / 10), 0.0) for i in range(16)]
+    slower = [(b, b * 1.2) for b, _ in base]
+    verdict, _, ratio, _ = compare_pairs(
+        slower, worse_when_higher=True, threshold=0.5, alpha=0.01, floor=0.001
+    )
+    assert verdict == Verdict.MARGINAL and ratio == pytest.approx(1.2)
+    tiny = [(b / 1000, b / 1000 * 3) for b, _ in base]  # three times as slow, microseconds
+    assert (
+        compare_pairs(tiny, worse_when_higher=True, threshold=0.5, alpha=0.01, floor=0.001)[0]
+        == Verdict.MARGINAL
+    )

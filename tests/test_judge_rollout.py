@@ -1,0 +1,201 @@
+"""The judge on the sandbox fleet: real stand-in engines, the console script, a real ledger.
+
+A patch the smoke passes but that quietly hurts what the fleet serves is caught by the judge on
+the canary and rolled back there (a draft that proposes worse: same answers, fewer accepted
+tokens; a changed token; a fixed delay per decode step); the incident's fix is applied with
+`no-baseline` (its old servers crash on the judge's first decode); `opspatch judge` of two hosts
+running the same code is not a fail.
+
+Written against the stand-in engine of this branch (its draft is the target with perturbed
+output weights, `EagleDraftWorker.draft_perturbation`; its greedy choice is
+`sglang.srt.layers.sampler.greedy_token`); it returns no logprobs, so tokens are compared
+exactly, as the figures say.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fleetkit import SandboxFleet
+
+pytestmark = pytest.mark.engine
+
+JUDGED = """
+name = "judged"
+canary = 1
+batch = "all"
+max_failures = 1
+[timeouts]
+restart = 60
+ready = 120
+smoke = 120
+restore = 60
+[judge]
+count = 12
+max_new_tokens = 48
+"""
+
+
+def _module_end(patch_id: str, module: str, code: str) -> str:
+    """A patch inserting `code` at the end of `module` (the stand-in's)."""
+    body = textwrap.dedent(code).strip()
+    return textwrap.dedent(
+        f'''
+        id = "{patch_id}"
+        summary = "judge test: {patch_id}"
+        rationale = "a change the smoke passes and the judge must not"
+        [target]
+        module = "{module}"
+        versions = ">=0.5.4"
+        [[edits]]
+        kind = "insert"
+        scope = "<module>"
+        position = "end"
+        code = \'\'\'
+        {{code}}
+        \'\'\'
+        '''
+    ).replace("{code}", body)
+
+
+WORSE_DRAFT = _module_end(
+    "worse-draft",
+    "sglang.srt.speculative.eagle_worker_v2",
+    "EagleDraftWorker.draft_perturbation = 0.9  # a port that loads the draft head wrong",
+)
+SLOWER = _module_end(
+    "slower",
+    "sglang.srt.speculative.eagle_worker_v2",
+    """
+    import time as _time
+
+    _forward_batch_generation = EAGLEWorkerV2.forward_batch_generation
+
+
+    def _slow_forward(self, batch):
+        _time.sleep(0.05)  # a fixed delay per decode step
+        return _forward_batch_generation(self, batch)
+
+
+    EAGLEWorkerV2.forward_batch_generation = _slow_forward
+    """,
+)
+ONE_TOKEN = textwrap.dedent(
+    """
+    id = "one-token"
+    summary = "judge test: one token of the vocabulary turned into another"
+    rationale = "a change the smoke passes and the judge must not"
+    [target]
+    module = "sglang.srt.layers.sampler"
+    versions = ">=0.5.4"
+    [[edits]]
+    kind = "insert"
+    scope = "greedy_token"
+    position = "start"
+    code = '''
+    if int(torch.argmax(logits_row)) == 70:  # "d"
+        return 90  # "x"
+    '''
+    """
+)
+
+
+@pytest.fixture()
+def fleet(tmp_path: Path) -> Iterator[SandboxFleet]:
+    sandbox = SandboxFleet(tmp_path, 2).up()
+    try:
+        guard = sandbox.opspatch(
+            "apply", "eagle-init-guard", "--hosts", sandbox.inventory, "--yes", "--json"
+        )
+        assert guard.code == 0, guard.stdout + guard.stderr
+        sandbox.write_playbook("judged", JUDGED)
+        yield sandbox
+    finally:
+        sandbox.close()
+
+
+def _host(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(h for h in doc["hosts"] if h["host"] == name)
+
+
+def _metric(judgment: dict[str, Any], metric: str) -> dict[str, Any]:
+    return next(m for m in judgment["metrics"] if m["metric"] == metric)
+
+
+@pytest.mark.parametrize(
+    ("patch_id", "text", "metric"),
+    [
+        ("worse-draft", WORSE_DRAFT, "speculation"),
+        ("one-token", ONE_TOKEN, "tokens"),
+        ("slower", SLOWER, "tpot"),
+    ],
+)
+def test_a_change_the_smoke_passes_is_caught_by_the_judge_and_rolled_back_on_the_canary(
+    fleet: SandboxFleet, patch_id: str, text: str, metric: str
+) -> None:
+    fleet.write_patch(patch_id, text)
+    canary, other = fleet.names
+    pre = {n: fleet.sha(n) for n in fleet.names}
+    run = fleet.opspatch(
+        "apply", patch_id, "--hosts", fleet.inventory, "--playbook", "judged", "--yes", "--json"
+    )
+    assert run.code == 1, run.stdout + run.stderr
+    doc = run.json()
+    host = _host(doc, canary)
+    assert host["outcome"] == "rolled-back", host
+    steps = [(s["step"], s["status"]) for s in host["steps"]]
+    assert ("smoke", "ok") in steps and ("judge", "failed") in steps, steps
+    assert ("judge-baseline", "ok") in steps
+    judgment = host["judgment"]
+    assert judgment["verdict"] == "fail"
+    assert judgment["baseline"] == "this host's old server, before the swap"
+    assert _metric(judgment, metric)["verdict"] == "fail", judgment
+    assert f"{metric} fail" in host["error"]
+    assert _host(doc, other)["outcome"] == "skipped" and doc["halted"]
+    assert {n: fleet.sha(n) for n in fleet.names} == pre
+    # the ledger keeps the verdict and its figures in the judge step's detail
+    report = fleet.opspatch("ledger", "report", doc["run_id"])
+    assert report.code == 0, report.stderr
+    assert f"{metric} fail" in report.stdout
+
+
+def test_the_incident_fix_is_applied_with_no_baseline_when_the_old_servers_crash(
+    tmp_path: Path,
+) -> None:
+    sandbox = SandboxFleet(tmp_path, 1).up()
+    try:
+        sandbox.write_playbook("judged", JUDGED)
+        (name,) = sandbox.names
+        run = sandbox.opspatch(
+            "apply", "eagle-init-guard", "--hosts", name, "--playbook", "judged", "--yes", "--json"
+        )
+        assert run.code == 0, run.stdout + run.stderr
+        host = _host(run.json(), name)
+        assert host["outcome"] == "applied"
+        judgment = host["judgment"]
+        assert judgment["verdict"] == "no-baseline" and judgment["baseline"] is None
+        assert "the old server failed the judge's prompts" in judgment["why_no_baseline"]
+        assert _metric(judgment, "errors")["verdict"] == "pass"
+    finally:
+        sandbox.close()
+
+
+def test_judge_of_two_hosts_running_the_same_code_is_not_a_fail(fleet: SandboxFleet) -> None:
+    first, second = fleet.names
+    run = fleet.opspatch(
+        "judge", "--hosts", second, "--baseline", first, "--playbook", "judged", "--json"
+    )
+    assert run.code == 0, run.stdout + run.stderr
+    (host,) = run.json()["hosts"]
+    judgment = host["judgment"]
+    assert judgment["verdict"] in ("pass", "marginal"), judgment
+    assert _metric(judgment, "tokens")["verdict"] == "pass"
+    assert _metric(judgment, "speculation")["verdict"] == "pass"
+    assert "rule" not in _metric(judgment, "tokens")["figures"]  # no prompt diverged
+    table = fleet.opspatch("judge", "--hosts", second, "--baseline", first, "--playbook", "judged")
+    assert table.code == 0 and f"{second}: " in table.stdout and "speculation" in table.stdout
