@@ -627,3 +627,17 @@ def test_a_unit_with_one_node_reinstalled_is_partial_on_every_node_naming_it(
     }
     assert rows["h1"].cause is None  # its file is what opspatch wrote
     assert str(rows["h2"].cause) == "reinstalled"
+
+
+def test_rollback_restart_never_of_a_unit_with_a_refused_node_restores_no_node(
+    units: Units,
+) -> None:
+    """Files only, and still as one: a node changed by hand keeps every node's file as it is."""
+    assert units.apply("h1", "h2", playbook=NEVER).exit_code == 0
+    odd = units.fakes["h2"]
+    odd.file.write_bytes(odd.file.read_bytes() + b"# a hand edit on one node\n")
+    before = units.files()
+    report = rollback(units, "h1", "h2", restart_engine=False)
+    assert outcomes(report) == {"h1": "skipped", "h2": "skipped"}
+    assert units.files() == before
+    assert "unit u1's node h2 was refused" in (report.hosts[0].error or "")
