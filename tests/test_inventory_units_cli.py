@@ -40,11 +40,12 @@ def test_a_host_in_two_units_is_refused_with_exit_2(tmp_path: Path) -> None:
     assert run.stdout == ""
 
 
-def test_restart_of_one_node_and_apply_over_a_unit_are_refused_with_exit_2(
+def test_a_restart_and_an_apply_of_one_node_of_a_unit_are_refused_with_exit_2(
     tmp_path: Path,
 ) -> None:
     """Through the console script, before any host is reached (the hosts are local and have no
-    engine): the refusal names the unit, its nodes and what works; the ledger records no run."""
+    engine): the refusal names the unit, its nodes and the whole unit's command; the ledger
+    records no run."""
     folder = workspace(tmp_path, FLEET)
     (folder / "patches").mkdir()
     patch = Path(__file__).resolve().parent.parent / "patches" / "eagle-init-guard.toml"
@@ -54,10 +55,10 @@ def test_restart_of_one_node_and_apply_over_a_unit_are_refused_with_exit_2(
     run = opspatch("restart", "--hosts", "b0", "--yes", cwd=folder, env=env)
     assert run.code == 2, (run.stdout, run.stderr)
     assert "unit kimi-b is b1 (head), b0, and the selection leaves out b1" in run.stderr
-    assert "restart unit kimi-b as one yourself" in run.stderr
+    assert "select every node of the unit: `opspatch restart --hosts kimi-b`" in run.stderr
 
-    run = opspatch("apply", "eagle-init-guard", "--hosts", "kimi-a", "--yes", cwd=folder, env=env)
+    run = opspatch("apply", "eagle-init-guard", "--hosts", "a1", "--yes", cwd=folder, env=env)
     assert run.code == 2, (run.stdout, run.stderr)
-    assert "would restart the nodes of unit kimi-a (a0 (head), a1) one by one" in run.stderr
-    assert "opspatch apply eagle-init-guard --hosts kimi-a --restart never" in run.stderr
+    assert "unit kimi-a is a0 (head), a1, and the selection leaves out a0" in run.stderr
+    assert "`opspatch apply eagle-init-guard --hosts kimi-a`" in run.stderr
     assert opspatch("ledger", "list", "--json", cwd=folder, env=env).json() == {"runs": []}

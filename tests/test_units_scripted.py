@@ -1,6 +1,6 @@
-"""Units (multi-node servers) on scripted hosts: no command changes or restarts part of a unit;
-apply, sync and recover take a whole unit as one (every node swapped, stopped, started head first,
-proven through the head, restored as one); restart and rollback of a whole unit are refused;
+"""Units (multi-node servers) on scripted hosts: no command changes or restarts part of a unit,
+none restarts a unit's nodes one by one (apply, restart, rollback and recover take a whole unit
+as one: every node stopped, then started head first, proven through the head), and
 `apply --restart never` over a unit stages every node once they are alike (same release, same
 pre-image of every target file), else it is refused naming the odd node (issue 33).
 
@@ -120,7 +120,7 @@ def test_restart_rollback_and_recover_of_one_node_of_a_unit_are_refused(units: U
     )
     assert "restart would change part of a multi-node server" in restart.message
     assert "leaves out h2" in restart.message
-    assert restart.hint is not None and "restart unit u1 as one yourself" in restart.hint
+    assert restart.hint == "select every node of the unit: `opspatch restart --hosts u1`"
 
     rollback = refused(
         lambda: rollback_hosts(
@@ -267,28 +267,175 @@ def test_a_swap_refused_on_one_node_puts_the_others_back_without_a_restart(
         assert not {"stop", "start", "restart"} & set(units.fakes[name].requests)
 
 
-def test_restart_and_rollback_of_a_whole_unit_are_refused(units: Units) -> None:
-    unit = units.hosts("h1", "h2")
-    restart = refused(
-        lambda: restart_hosts(
-            ledger=units.ledger, hosts=unit, factory=units.factory, playbook=ALWAYS
-        ),
-        units,
+def restart(units: Units, *names: str) -> RunReport:
+    return restart_hosts(
+        ledger=units.ledger, hosts=units.hosts(*names), factory=units.factory, playbook=ALWAYS
     )
-    assert "restart would restart the nodes of unit u1" in restart.message
-    rollback = refused(
-        lambda: rollback_hosts(
-            ledger=units.ledger,
-            hosts=unit,
-            factory=units.factory,
-            playbook=ALWAYS,
-            patch=units.patch,
-        ),
-        units,
+
+
+def rollback(units: Units, *names: str, restart_engine: bool = True) -> RunReport:
+    return rollback_hosts(
+        ledger=units.ledger,
+        hosts=units.hosts(*names),
+        factory=units.factory,
+        playbook=ALWAYS,
+        patch=units.patch,
+        restart_engine=restart_engine,
     )
-    assert rollback.hint is not None and rollback.hint.startswith(
-        "`opspatch rollback eagle-init-guard --hosts u1 --restart never` restores the files"
+
+
+def outcomes(report: RunReport) -> dict[str, str]:
+    return {h.host: str(h.outcome) for h in report.hosts}
+
+
+def clear(units: Units) -> None:
+    for fake in units.fakes.values():
+        fake.requests.clear()
+
+
+def stopped_and_started_once(units: Units) -> bool:
+    """Every node of u1 stopped once and started once, and never restarted alone."""
+    return all(
+        units.fakes[n].requests.count("stop") == 1
+        and units.fakes[n].requests.count("start") == 1
+        and "restart" not in units.fakes[n].requests
+        for n in UNIT.hosts
     )
+
+
+def test_restart_of_a_staged_unit_proves_it_as_one(units: Units) -> None:
+    """`apply --restart never`, then `restart`: every node stopped, then started head first,
+    readiness and the smoke decode on the head, `applied` on every node; a host by itself
+    with nothing staged is left alone."""
+    assert units.apply("h1", "h2", playbook=NEVER).exit_code == 0
+    staged = units.files()
+    clear(units)
+    report = restart(units, "h1", "h2", "h3")
+    assert outcomes(report) == {"h1": "applied", "h2": "applied", "h3": "skipped"}
+    assert report.exit_code == 0
+    assert units.files() == staged
+    assert stopped_and_started_once(units)
+    assert steps(report, "h1") == ["begin", "stop", "start", "ready", "smoke"]
+    assert steps(report, "h2") == ["begin", "stop", "start", "smoke"]
+    assert "smoke" not in units.fakes["h2"].requests  # proven through the head's decode
+    assert "restarted unit u1 as one into run" in (report.hosts[0].note or "")
+
+
+def test_restart_of_a_staged_unit_whose_head_fails_its_smoke_undoes_every_node(
+    units: Units,
+) -> None:
+    pristine = units.files()
+    assert units.apply("h1", "h2", playbook=NEVER).exit_code == 0
+    units.fakes["h1"].smoke_ok = False
+    clear(units)
+    report = restart(units, "h1", "h2")
+    assert outcomes(report) == {"h1": "rolled-back", "h2": "rolled-back"}
+    assert units.files() == pristine
+    for name in UNIT.hosts:  # the proof, then the undo: each as one
+        assert units.fakes[name].requests.count("stop") == 2
+        assert "restart" not in units.fakes[name].requests
+
+
+def test_restart_of_a_unit_whose_nodes_differ_restarts_no_node(units: Units) -> None:
+    """h2's file was put back by hand after the staging: the unit would run two versions of
+    its code, so no node is restarted, and every node needs attention naming the odd one."""
+    before = units.fakes["h2"].file.read_bytes()
+    assert units.apply("h1", "h2", playbook=NEVER).exit_code == 0
+    units.fakes["h2"].file.write_bytes(before)
+    clear(units)
+    report = restart(units, "h1", "h2")
+    assert outcomes(report) == {"h1": "needs-attention", "h2": "needs-attention"}
+    error = report.hosts[0].error or ""
+    assert "the nodes of unit u1 differ: h1 carry the change and h2 do not" in error
+    assert "`opspatch recover --hosts u1` makes it uniform" in error
+    assert all(not {"stop", "start", "restart"} & set(units.fakes[n].requests) for n in UNIT.hosts)
+
+
+def test_rollback_of_an_applied_unit_restores_every_node_and_restarts_it_as_one(
+    units: Units,
+) -> None:
+    pristine = units.files()
+    assert units.apply("h1", "h2").exit_code == 0
+    clear(units)
+    report = rollback(units, "h1", "h2")
+    assert outcomes(report) == {"h1": "restored", "h2": "restored"}
+    assert report.exit_code == 0
+    assert units.files() == pristine  # every node back, byte for byte
+    assert stopped_and_started_once(units)
+    # read in the preflight, then locked and read again; the decode on the head only
+    assert steps(report, "h1") == ["inspect", "begin", "restore", "stop", "start", "ready", "smoke"]
+    assert steps(report, "h2") == ["inspect", "begin", "restore", "stop", "start", "smoke"]
+    assert "rolled back on every node of unit u1" in (report.hosts[1].note or "")
+
+
+def test_rollback_of_a_unit_whose_head_fails_the_decode_is_not_serving_on_every_node(
+    units: Units,
+) -> None:
+    assert units.apply("h1", "h2").exit_code == 0
+    units.fakes["h1"].smoke_ok = False  # the original code is what was broken
+    report = rollback(units, "h1", "h2")
+    assert outcomes(report) == {"h1": "restored-not-serving", "h2": "restored-not-serving"}
+    assert "`opspatch apply eagle-init-guard --hosts u1` puts the change back" in (
+        report.hosts[1].error or ""
+    )
+
+
+def test_a_node_refused_in_rollbacks_preflight_refuses_the_whole_unit(units: Units) -> None:
+    """h2's file was changed by hand since the apply: nothing is restored on any node, and
+    the head says which node stopped it and why."""
+    assert units.apply("h1", "h2").exit_code == 0
+    odd = units.fakes["h2"]
+    odd.file.write_bytes(odd.file.read_bytes() + b"# a hand edit on one node\n")
+    before = units.files()
+    clear(units)
+    report = rollback(units, "h1", "h2")
+    assert outcomes(report) == {"h1": "skipped", "h2": "skipped"}
+    assert units.files() == before
+    head, node = report.hosts
+    assert (node.error or "").startswith("refused: ")
+    assert "(changed since" in (node.error or "")
+    assert (head.error or "").startswith("refused: unit u1's node h2 was refused (h2: refused: ")
+    assert "nothing was changed or restarted on any node of the unit" in (head.error or "")
+    for name in UNIT.hosts:  # read only: neither locked nor restored nor restarted
+        assert {"inspect"} >= set(units.fakes[name].requests) - {"read_set", "facts"}
+
+
+def test_a_node_changed_after_the_preflight_refuses_the_unit_under_its_lock(
+    units: Units,
+) -> None:
+    """The preflight found both nodes to restore; by the time the unit is locked h2 was
+    changed: the unit is refused as one, nothing restored on h1 either."""
+    assert units.apply("h1", "h2").exit_code == 0
+    odd = units.fakes["h2"]
+
+    def edited_after_preflight(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        if op == "lock" and b"hand edit" not in odd.file.read_bytes():  # h1's, before h2's
+            odd.file.write_bytes(odd.file.read_bytes() + b"# a hand edit on one node\n")
+        return None
+
+    units.fakes["h1"].fault = edited_after_preflight
+    applied = units.fakes["h1"].file.read_bytes()
+    clear(units)
+    report = rollback(units, "h1", "h2")
+    assert outcomes(report) == {"h1": "skipped", "h2": "skipped"}
+    assert units.fakes["h1"].file.read_bytes() == applied
+    assert "unit u1's node h2 was refused" in (report.hosts[0].error or "")
+    assert all(not {"stop", "start", "restart"} & set(units.fakes[n].requests) for n in UNIT.hosts)
+
+
+def test_rollback_of_a_unit_restores_a_node_with_nothing_to_restore_with_the_rest(
+    units: Units,
+) -> None:
+    """h2 is already at its pre-image (put back by hand): the unit is still restored and
+    restarted as one, never h1 alone."""
+    pristine = units.files()
+    assert units.apply("h1", "h2").exit_code == 0
+    units.fakes["h2"].file.write_bytes((units.fakes["h3"].file).read_bytes())
+    clear(units)
+    report = rollback(units, "h1", "h2")
+    assert outcomes(report) == {"h1": "restored", "h2": "restored"}
+    assert units.files() == pristine
+    assert stopped_and_started_once(units)
 
 
 def recover(units: Units, *names: str) -> RunReport:
@@ -497,3 +644,17 @@ def test_the_canary_is_a_whole_unit_and_its_failure_halts_the_rest(units: Units)
     assert report.halted is not None and "canary h1" in report.halted
     assert units.files() == pristine
     assert "swap" not in units.fakes["h3"].requests  # begun in the preflight, its lock given back
+
+
+def test_rollback_restart_never_of_a_unit_with_a_refused_node_restores_no_node(
+    units: Units,
+) -> None:
+    """Files only, and still as one: a node changed by hand keeps every node's file as it is."""
+    assert units.apply("h1", "h2", playbook=NEVER).exit_code == 0
+    odd = units.fakes["h2"]
+    odd.file.write_bytes(odd.file.read_bytes() + b"# a hand edit on one node\n")
+    before = units.files()
+    report = rollback(units, "h1", "h2", restart_engine=False)
+    assert outcomes(report) == {"h1": "skipped", "h2": "skipped"}
+    assert units.files() == before
+    assert "unit u1's node h2 was refused" in (report.hosts[0].error or "")

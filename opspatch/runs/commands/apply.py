@@ -129,7 +129,6 @@ def units_refused(
     return unit_refusal(
         hosts,
         command=command,
-        restarts=False,
         whole=lambda unit: remedy_text(CliCommand.APPLY, patch_id, hosts=unit.name),
     )
 

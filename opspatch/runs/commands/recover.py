@@ -62,7 +62,7 @@ from opspatch.runs.fleet.unitrun import (
     undo_unit,
     unit_answers,
 )
-from opspatch.runs.judgments.patchset import Action, Standing, Table, paths_of
+from opspatch.runs.judgments.patchset import ALL_NEW, Action, Standing, Table, paths_of
 from opspatch.runs.judgments.proof import describe
 from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
@@ -227,7 +227,6 @@ def _recover(
     refused = unit_refusal(
         hosts,
         command="recover",
-        restarts=False,
         whole=lambda unit: remedy_text(CliCommand.RECOVER, hosts=unit.name),
     )
     if refused is not None:
@@ -281,16 +280,6 @@ def _may_take_over(ledger: Ledger, holder: str, takeover: Collection[str] | None
         return False  # not a run of this ledger: it may be alive elsewhere
 
 
-_NEW = frozenset(
-    {
-        Standing.NEW_STALE,
-        Standing.NEW_PROVEN,
-        Standing.NEW_PROVEN_NO_SERVER,
-        Standing.NEW_UNPROVEN,
-        Standing.NEW_UNPROVEN_NO_SERVER,
-    }
-)
-"""Standings whose every file holds what the run wrote."""
 _PROVEN = frozenset({Standing.NEW_PROVEN, Standing.NEW_PROVEN_NO_SERVER})
 """Proven, and no server older than the change runs (none found may be a server the agent
 cannot see: whether the unit serves is asked of its head)."""
@@ -386,7 +375,7 @@ class _RecoverHost:
         odd = [n for n, st in standings.items() if ACTIONS[st.standing] == Action.ATTENTION]
         if odd:
             return self._unit_changed(nodes, standings, odd)
-        new = {n for n, st in standings.items() if st.standing in _NEW}
+        new = {n for n, st in standings.items() if st.standing in ALL_NEW}
         changes = {n: st.change() if n in new else st.unchanged() for n, st in standings.items()}
 
         def restore(session: HostSession) -> FileChange:

@@ -9,13 +9,23 @@ left alone; a file that changed since opspatch wrote it is refused, never restar
 
 Per host it is a table (`ACTIONS`) over the host's standing (`runs.fleet.standing.read_host`:
 the newest write's file, or every file of its patch set, a single file being a set of one).
+
+A unit (one server over several hosts) is restarted as one, never a node alone (`_restart_unit`):
+every node read first, then one decision for the unit. Every node's file new and some node's
+server older than it (staged): the unit restarted as one and proven through the head, undone on
+every node when the proof fails. Nothing staged on any node: every node left alone. A node
+restart refuses (its file changed, a set not whole) or that could not be read: no node is
+restarted. Nodes that differ (new on one, old on another): no node is restarted, every node
+`needs-attention` naming the odd nodes, since the unit would run two versions of its code;
+`recover` makes it uniform.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from opspatch.core.host import Host, Unit
+from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.vocabulary import Command, FileAction, Outcome
@@ -24,12 +34,13 @@ from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.recorded import recorded_run
-from opspatch.runs.fleet.restore import prove_standing
+from opspatch.runs.fleet.restore import prove_standing, restore_standing
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.fleet.standing import HostStanding, begin, read_host
-from opspatch.runs.judgments.patchset import Action, Standing, Table
+from opspatch.runs.fleet.unitrun import UnitSessions, prove_or_undo_unit, refuse_unit
+from opspatch.runs.judgments.patchset import ALL_NEW, Action, Standing, Table
 from opspatch.runs.judgments.units import unit_refusal
-from opspatch.runs.report import HostOutcome, RunReport
+from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 ACTIONS: Table = {
     Standing.NOTHING_RECORDED: Action.LEAVE,
@@ -55,15 +66,17 @@ def restart_hosts(
     playbook: Playbook,
     progress: Progress | None = None,
 ) -> RunReport:
-    """Restart, prove and (on failure) roll back every host with a staged change, recorded.
+    """Restart, prove and (on failure) roll back every host with a staged change, recorded; a
+    unit's nodes as one (`_restart_unit`).
 
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
-        UnitRefused: a node of a unit is among the hosts (its nodes would be restarted one by
-            one; opspatch cannot restart a unit as one yet).
+        UnitRefused: the hosts take some but not all nodes of a unit.
     """
     progress = progress or NoProgress()
-    unit = unit_refusal(hosts, command="restart", restarts=True, whole=None, today=_as_one)
+    unit = unit_refusal(
+        hosts, command="restart", whole=lambda u: remedy_text(CliCommand.RESTART, hosts=u.name)
+    )
     if unit is not None:
         raise unit
     with (
@@ -83,7 +96,7 @@ def restart_hosts(
         refused = fleet.lease()
         if refused is not None:
             return run.finish(refused)
-        plan = plan_rollout(playbook, fleet.names)
+        plan = plan_rollout(playbook, fleet.items())
 
         def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
             return playbook.halt_reason(
@@ -91,18 +104,12 @@ def restart_hosts(
             )
 
         outcomes, halted = fleet.execute(
-            lambda session: _restart_host(session, ledger), batches=plan.batches, halt=halt
+            lambda session: _restart_host(session, ledger),
+            batches=plan.batches,
+            halt=halt,
+            per_unit=lambda nodes: _restart_unit(nodes, ledger),
         )
         return run.finish(fleet.report(outcomes, halted=halted))
-
-
-def _as_one(unit: Unit) -> str:
-    """What works today for a unit whose nodes carry a staged change."""
-    return (
-        f"restart unit {unit.name} as one yourself (every node's engine stopped, then started "
-        "again): it then runs what `apply --restart never` staged on every node; "
-        f"`{remedy_text(CliCommand.STATUS, hosts=unit.name)}` shows what each node carries"
-    )
 
 
 def _staged_versions(ledger: Ledger, host: str) -> list[FileVersion]:
@@ -117,29 +124,119 @@ def _staged_versions(ledger: Ledger, host: str) -> list[FileVersion]:
     return list(by_path.values())
 
 
-def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
+@dataclass(frozen=True)
+class _Staged:
+    """What restart found on a host: the newest write's run and where it stands (both None:
+    the ledger holds no change here, nothing was read)."""
+
+    run_id: str | None = None
+    standing: HostStanding | None = None
+
+    @property
+    def action(self) -> Action:
+        return ACTIONS[self.standing.standing] if self.standing is not None else Action.LEAVE
+
+    @property
+    def new(self) -> bool:
+        """Whether every file of the write is its post-image."""
+        return self.standing is not None and self.standing.standing in ALL_NEW
+
+    def left_alone(self, session: HostSession) -> HostOutcome:
+        if self.standing is None or self.run_id is None:
+            return session.outcome(Outcome.SKIPPED, note="the ledger holds no change on this host")
+        return session.outcome(
+            Outcome.SKIPPED,
+            file=self.standing.unchanged(),
+            note=_left_alone(self.standing, self.run_id),
+        )
+
+    def refused(self, session: HostSession) -> HostOutcome:
+        assert self.standing is not None and self.run_id is not None
+        return session.outcome(
+            Outcome.SKIPPED,
+            _refusal(session, self.standing, self.run_id),
+            file=self.standing.unchanged(),
+        )
+
+    def what(self) -> str:
+        what = "patch set (all-new)" if self.standing and self.standing.is_set else "change"
+        return f"run {self.run_id}'s {what}"
+
+
+def _read(session: HostSession, ledger: Ledger) -> _Staged:
+    """Lock and read the host's standing against the newest write's files.
+
+    Raises:
+        OpspatchError: the host could not be begun (unreachable, locked): nothing done there.
+    """
     versions = _staged_versions(ledger, session.name)
     if not versions:
-        return session.outcome(Outcome.SKIPPED, note="the ledger holds no change on this host")
+        return _Staged()
+    newest = max(versions, key=lambda v: v.event_id)  # the staged write's own file
+    inspection = begin(session, path=newest.path)
+    return _Staged(versions[0].run_id, read_host(session, versions, inspection=inspection))
+
+
+def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
     try:
-        newest = max(versions, key=lambda v: v.event_id)  # the staged write's own file
-        inspection = begin(session, path=newest.path)
+        staged = _read(session, ledger)
     except OpspatchError as exc:  # unreachable, locked: nothing was done there
         return session.refused(exc)
-    standing = read_host(session, versions, inspection=inspection)
-    action = ACTIONS[standing.standing]
-    run_id = versions[0].run_id
-    if action == Action.PROVE_OR_UNDO:
-        what = "patch set (all-new)" if standing.is_set else "change"
+    if staged.action == Action.PROVE_OR_UNDO:
+        assert staged.standing is not None
         return prove_standing(
-            session, standing, note=f"restarted into run {run_id}'s {what} and proven"
+            session, staged.standing, note=f"restarted into {staged.what()} and proven"
         )
-    if action == Action.LEAVE:
-        return session.outcome(
-            Outcome.SKIPPED, file=standing.unchanged(), note=_left_alone(standing, run_id)
+    if staged.action == Action.LEAVE:
+        return staged.left_alone(session)
+    return staged.refused(session)
+
+
+def _restart_unit(nodes: UnitSessions, ledger: Ledger) -> list[HostOutcome]:
+    """A unit restarted as one or not at all (never a node alone): every node read (locked),
+    then one decision. A node that could not be read or that restart refuses: no node touched,
+    each other node `skipped` naming it. Nothing staged on any node: each left alone. Every
+    node's files new: the unit restarted and proven as one when some node is staged (its server
+    older than the write), undone on every node when the proof fails; left alone otherwise.
+    Nodes that differ (new on some, old on others): every node `needs-attention`, naming them;
+    restarting would run two versions of the code in one server."""
+    unit = nodes.unit.name
+    staged: dict[str, _Staged] = {}
+    for session in nodes.sessions:
+        try:
+            staged[session.name] = _read(session, ledger)
+        except OpspatchError as exc:
+            return refuse_unit(nodes, {session.name: session.refused(exc)}, "could not be read")
+    files = {n: st.standing.unchanged() if st.standing else None for n, st in staged.items()}
+    odd = {
+        s.name: staged[s.name].refused(s)
+        for s in nodes.sessions
+        if staged[s.name].action == Action.REFUSE
+    }
+    if odd:
+        return refuse_unit(nodes, odd, "was refused", files=files)
+    new = [n for n, st in staged.items() if st.new]
+    if len(new) not in (0, len(staged)):
+        old = [n for n in staged if n not in new]
+        why = (
+            f"the nodes of unit {unit} differ: {', '.join(new)} carry the change and "
+            f"{', '.join(old)} do not; no node was restarted (the unit would run two versions of "
+            f"its code): `{remedy_text(CliCommand.RECOVER, hosts=unit)}` makes it uniform"
         )
-    return session.outcome(
-        Outcome.SKIPPED, _refusal(session, standing, run_id), file=standing.unchanged()
+        return [s.outcome(Outcome.NEEDS_ATTENTION, why, file=files[s.name]) for s in nodes.sessions]
+    if not any(st.action == Action.PROVE_OR_UNDO for st in staged.values()):
+        return [staged[s.name].left_alone(s) for s in nodes.sessions]
+    standings = {n: st.standing for n, st in staged.items() if st.standing is not None}
+
+    def restore(session: HostSession) -> FileChange:
+        return restore_standing(session, standings[session.name])
+
+    return prove_or_undo_unit(
+        nodes,
+        changes={n: st.change() for n, st in standings.items()},
+        restore=restore,
+        note=f"restarted unit {unit} as one into {staged[nodes.head.name].what()} and proven "
+        "through the head",
     )
 
 

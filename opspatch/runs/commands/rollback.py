@@ -49,6 +49,7 @@ from opspatch.runs.fleet.restore import Examined, restore_standing, run_restore
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.fleet.standing import HostStanding, Lineage, read_host
 from opspatch.runs.fleet.steps import AS_ROLLBACK, undo
+from opspatch.runs.fleet.unitrun import UnitSessions, refuse_unit, undo_unit
 from opspatch.runs.judgments.patchset import Action, Standing, Table, paths_of
 from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
@@ -92,30 +93,20 @@ def rollback_hosts(
 
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
-        UnitRefused: the hosts take part of a unit, or a whole unit with `restart_engine`
-            (its nodes would be restarted one by one; `--restart never` restores the files).
+        UnitRefused: the hosts take some but not all nodes of a unit (a whole unit is rolled
+            back as one: `_Rollback.unit`).
     """
     if (patch is None) == (source_run is None):
         raise ValueError("rollback_hosts takes exactly one of patch or source_run")
     patch_id = patch.spec.id if patch else (source_run.summary.patch_id if source_run else None)
 
-    def again(unit: Unit, **restart: str) -> str:
+    def again(unit: Unit) -> str:
         if patch is not None:
-            return remedy_text(CliCommand.ROLLBACK, patch.spec.id, hosts=unit.name, **restart)
+            return remedy_text(CliCommand.ROLLBACK, patch.spec.id, hosts=unit.name)
         assert source_run is not None
-        return remedy_text(CliCommand.ROLLBACK, run=source_run.run_id, hosts=unit.name, **restart)
+        return remedy_text(CliCommand.ROLLBACK, run=source_run.run_id, hosts=unit.name)
 
-    refused = unit_refusal(
-        hosts,
-        command="rollback",
-        restarts=restart_engine,
-        whole=again,
-        today=lambda unit: (
-            f"`{again(unit, restart='never')}` restores the files on every node of unit "
-            f"{unit.name}; then restart the unit as one yourself (every node's engine stopped, "
-            "then started again)"
-        ),
-    )
+    refused = unit_refusal(hosts, command="rollback", whole=again)
     if refused is not None:
         raise refused
     with recorded_run(
@@ -143,6 +134,7 @@ def rollback_hosts(
             progress=progress or NoProgress(),
             patch_id=patch_id,
             per_host=rollback.host,
+            per_unit=rollback.unit,
             preflight=rollback.preflight,
             under_playbook=True,
         )
@@ -245,6 +237,48 @@ class _Rollback:
             return examined.decided
         return examined.restore()
 
+    def unit(self, nodes: UnitSessions) -> list[HostOutcome]:
+        """A unit rolled back as one: every node locked and read again (it may have changed
+        since the preflight); a node refused there or unreadable: nothing restored on any
+        node. Then every node's files put back, the unit restarted as one and proven through
+        the head: `restored` on every node (`restored-not-serving` when the head's decode
+        fails; a node that had nothing to restore is restarted with the rest). Told not to
+        restart, each node's files are put back (`staged-back`), the engines left alone."""
+        examined: dict[str, Examined] = {}
+        for session in nodes.sessions:
+            try:
+                examined[session.name] = self._examine(session, lock=True)
+            except OpspatchError as exc:
+                return refuse_unit(nodes, {session.name: session.refused(exc)}, "could not be read")
+        decided = {n: e.decided for n, e in examined.items() if e.decided is not None}
+        odd = {n: o for n, o in decided.items() if o.error is not None}
+        if odd:
+            files = {n: o.file for n, o in decided.items()}
+            return refuse_unit(nodes, odd, "was refused", files=files)
+        if len(decided) == len(examined) or not self.restart_engine:
+            return [
+                seen.restore() if seen.restore is not None else decided[name]
+                for name, seen in examined.items()
+            ]
+
+        def put_back(session: HostSession) -> FileChange | None:
+            seen = examined[session.name]
+            if seen.put_back is None:  # nothing to restore on this node
+                return decided[session.name].file
+            return seen.put_back()
+
+        unit, head = nodes.unit.name, nodes.head.name
+        return undo_unit(
+            nodes,
+            f"rolled back on every node of unit {unit}, restarted as one; the smoke decode went "
+            f"through the head {head}",
+            restore=put_back,
+            changes={n: e.found or decided[n].file for n, e in examined.items()},
+            outcome=Outcome.RESTORED,
+            steps=AS_ROLLBACK,
+            way_back=self._way_back(unit),
+        )
+
     def _examine(self, session: HostSession, *, lock: bool) -> Examined:
         """Read the host's standing against the changes to undo and look it up in `ACTIONS`:
         the outcome decided there (nothing to restore, a refusal), or the restore to make."""
@@ -300,7 +334,12 @@ class _Rollback:
                     Outcome.SKIPPED, _refusal(standing), file=standing.unchanged()
                 ),
             )
-        return Examined(inspection, restore=lambda: self._restore(session, standing))
+        return Examined(
+            inspection,
+            restore=lambda: self._restore(session, standing),
+            put_back=lambda: restore_standing(session, standing),
+            found=standing.change(),
+        )
 
     def _lineage(
         self,
@@ -438,6 +477,8 @@ class _Rollback:
         return Examined(
             inspection,
             restore=lambda: self._restore_from_backup(session, patch, inspection, pre_sha256),
+            put_back=lambda: self._from_backup(session, inspection, pre_sha256),
+            found=unchanged,
         )
 
     def _restore_from_backup(
@@ -448,18 +489,9 @@ class _Rollback:
         pre_sha256: str,
     ) -> HostOutcome:
         """The file back at `pre_sha256` from the host's own backup, recorded, then proven."""
-        timeouts = session.playbook.timeouts
         live = inspection.file
-        unchanged = FileChange(live.realpath, live.sha256, live.sha256)
         try:
-            with session.step(Step.RESTORE) as note:
-                restored = session.ops.restore(
-                    live.realpath,
-                    pre_sha256=pre_sha256,
-                    current_sha256=live.sha256,
-                    timeout=timeouts.restore,
-                )
-                note["detail"] = f"back to {pre_sha256[:12]} from the host's backup"
+            change = self._from_backup(session, inspection, pre_sha256)
         except RemoteOperationError as exc:
             if exc.code not in ("backup-missing", "backup-hash-mismatch"):
                 raise
@@ -469,8 +501,30 @@ class _Rollback:
                 f"holds no backup of its pre-image {pre_sha256[:12]} ({exc.detail}); nothing was "
                 "changed. Use the ledger that recorded the change (--ledger), or restore the file "
                 "from your own backup",
-                file=unchanged,
+                file=FileChange(live.realpath, live.sha256, live.sha256),
             )
+        how = "restored from the host's own backup (the ledger had no record of this change)"
+        return self._restore_and_prove(session, lambda: change, change=None, note=how)
+
+    @staticmethod
+    def _from_backup(
+        session: HostSession, inspection: HostInspection, pre_sha256: str
+    ) -> FileChange:
+        """The file back at `pre_sha256` from the host's own backup, recorded; the file then.
+
+        Raises:
+            RemoteOperationError: the host holds no such backup (`backup-missing`,
+                `backup-hash-mismatch`: nothing was changed), or the restore failed.
+        """
+        live = inspection.file
+        with session.step(Step.RESTORE) as note:
+            restored = session.ops.restore(
+                live.realpath,
+                pre_sha256=pre_sha256,
+                current_sha256=live.sha256,
+                timeout=session.playbook.timeouts.restore,
+            )
+            note["detail"] = f"back to {pre_sha256[:12]} from the host's backup"
         session.recorder.file_version(
             session.name,
             path=live.realpath,
@@ -482,9 +536,7 @@ class _Rollback:
             action=FileAction.RESTORE,
             container=session.container,
         )
-        change = FileChange(live.realpath, restored.sha256_before, restored.sha256_after)
-        how = "restored from the host's own backup (the ledger had no record of this change)"
-        return self._restore_and_prove(session, lambda: change, change=None, note=how)
+        return FileChange(live.realpath, restored.sha256_before, restored.sha256_after)
 
 
 def _join_notes(*notes: str | None) -> str | None:

@@ -439,7 +439,6 @@ def sync_fleet(
     split = unit_refusal(
         hosts,
         command="sync",
-        restarts=False,
         whole=lambda unit: remedy_text(CliCommand.SYNC, hosts=unit.name),
     )
     if split is not None:

@@ -259,7 +259,14 @@ class FleetRun:
         nothing to do on, with the reason): those hosts are never started, and each is reported
         and recorded with its own outcome whatever happens to the rest of the run (a halt, a
         Ctrl-C, a lease refused elsewhere; a host another run holds is reported held instead,
-        since what the preflight read there may be that run's change in flight)."""
+        since what the preflight read there may be that run's change in flight).
+
+        A unit is decided as one: every node of it or none (its nodes are started together, so
+        a node decided alone would be decided twice)."""
+        for unit in dict.fromkeys(self._unit_of.values()):
+            taken = [name for name in unit.hosts if name in outcomes]
+            if taken and len(taken) != unit.nodes:
+                raise ValueError(f"unit {unit.name} decided on {', '.join(taken)} only")
         self._unleased.update(outcomes)
 
     def execute(

@@ -20,7 +20,7 @@ from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import HaltPolicy, halt_on_attention, one_batch
-from opspatch.runs.fleet.fleetrun import FleetRun, PerUnit
+from opspatch.runs.fleet.fleetrun import FleetRun, PerUnit, whole_units
 from opspatch.runs.fleet.host_leases import host_identity
 from opspatch.runs.fleet.recorder import Recorder
 from opspatch.runs.fleet.session import HostFailed, HostSession, Progress
@@ -32,6 +32,7 @@ from opspatch.runs.fleet.steps import (
     restart_step,
     restore_pre_image,
 )
+from opspatch.runs.fleet.unitrun import UnitSessions, refuse_unit
 from opspatch.runs.judgments.patchset import SetOnHost
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
@@ -40,11 +41,16 @@ from opspatch.runs.report import FileChange, HostOutcome, RunReport
 class Examined:
     """What a restore run found on one host before changing it: the inspection (None: decided
     from the ledger alone, or the host could not be read) and either the outcome it decided
-    there (nothing to restore, or a refusal with its reason) or the restore to make."""
+    there (nothing to restore, or a refusal with its reason) or the restore to make: the whole
+    of it on a host by itself (`restore`: files put back, the server restarted and proven), and
+    for a unit, whose nodes are restarted as one, its files only (`put_back`, and `found`: the
+    file as it is before)."""
 
     inspection: HostInspection | None
     decided: HostOutcome | None = None
     restore: Callable[[], HostOutcome] | None = None
+    put_back: Callable[[], FileChange] | None = None
+    found: FileChange | None = None
 
     @classmethod
     def left(cls, outcome: HostOutcome) -> Examined:
@@ -165,7 +171,8 @@ def run_restore(
     (a refusal, nothing to restore, unreadable) is reported and recorded with that outcome
     whatever halts the run later, and is never started (`FleetRun.decide`); every host it read
     is leased by the identity it read (the lease check comes first), and only the others are
-    looked for at their router. `under_playbook` (a rollback): the other
+    looked for at their router; with `per_unit`, a unit is decided as one (`units_decided`).
+    `under_playbook` (a rollback): the other
     hosts go in the playbook's batches, canaries first, halted as an apply is
     (`halt_under_playbook`); otherwise in one batch, halted at the first host that needs
     attention or whose restored file is not served. The hosts are leased to this run first
@@ -193,6 +200,8 @@ def run_restore(
                     decided[name] = seen.decided
                 if seen.inspection is not None:  # a decided host too: the lease check comes first
                     known[name] = host_identity(fleet.sessions[name].host, seen.inspection.facts)
+            if per_unit is not None:
+                decided = units_decided(fleet, decided)
             fleet.decide(decided)
         names = [name for name in fleet.names if name not in decided]
         refused = fleet.lease(known, taking_over=taking_over, restarting=names)
@@ -213,6 +222,27 @@ def run_restore(
 
         outcomes, halted = fleet.execute(per_host, batches=batches, halt=halt, per_unit=per_unit)
         return fleet.report(outcomes, halted=halted)
+
+
+def units_decided(fleet: FleetRun, decided: Mapping[str, HostOutcome]) -> dict[str, HostOutcome]:
+    """A preflight's decisions made whole for each unit (its nodes are restored and restarted
+    together or not at all, never half-decided): a node it refused (changed since, unreadable,
+    locked) decides every node, each other `skipped` naming it, nothing restored on any; a node
+    with nothing to restore while another has something is left to the unit's run, restarted
+    with the unit."""
+    made = dict(decided)
+    for unit in dict.fromkeys(whole_units(fleet.hosts).values()):
+        mine = [name for name in unit.hosts if name in decided]
+        if not mine or len(mine) == len(unit.hosts):
+            continue
+        refused = {name: decided[name] for name in mine if decided[name].error is not None}
+        if refused:
+            nodes = UnitSessions(unit, tuple(fleet.sessions[name] for name in unit.hosts))
+            made.update((o.host, o) for o in refuse_unit(nodes, refused, "was refused"))
+        else:
+            for name in mine:
+                del made[name]
+    return made
 
 
 def restore_standing(session: HostSession, standing: HostStanding) -> FileChange:

@@ -215,8 +215,9 @@ def restart_unit_after_restore(
     return started
 
 
-NodeRestore = Callable[[HostSession], FileChange]
-"""Put back one node's files; the files as they then are (raises when a restore fails)."""
+NodeRestore = Callable[[HostSession], FileChange | None]
+"""Put back one node's files; the files as they then are (None: nothing to show on a node that
+had nothing to put back); raises when a restore fails."""
 
 
 def undo_unit(
@@ -226,16 +227,20 @@ def undo_unit(
     restore: NodeRestore,
     changes: Mapping[str, FileChange | None],
     outcome: Outcome = Outcome.ROLLED_BACK,
+    steps: RestoreSteps = AFTER_RESTORE,
+    way_back: str | None = None,
 ) -> list[HostOutcome]:
     """UNDO on a unit, as `steps.undo` on a host: every node's files put back (`restore`), the
-    unit restarted as one with the restore path's deadline and proven through the head.
+    unit restarted as one with the restore path's deadline and proven through the head
+    (`steps`: the steps' names, a rollback's own or those after a failed proof).
 
     `outcome` on every node once its files are back: `rolled-back` (a failed proof undone: `why`
     is its error, a smoke that failed after it the note) or `restored` (the restore is the point:
-    `why` its note; a smoke that failed makes it `restored-not-serving`). A restore that failed
-    on a node leaves the unit's nodes differing: nothing is restarted, every node
-    `needs-attention` (`changes`: each node's file as it was before); so does a failed restart."""
-    restored: dict[str, FileChange] = {}
+    `why` its note; a smoke that failed makes it `restored-not-serving`, the error saying so and
+    `way_back`). A restore that failed on a node leaves the unit's nodes differing: nothing is
+    restarted, every node `needs-attention` (`changes`: each node's file as it was before); so
+    does a failed restart."""
+    restored: dict[str, FileChange | None] = {}
     broken: dict[str, str] = {}
     for session in nodes.sessions:
         try:
@@ -250,15 +255,15 @@ def undo_unit(
             for s in nodes.sessions
         ]
     try:
-        started = restart_unit_after_restore(nodes)
+        started = restart_unit_after_restore(nodes, steps)
     except HostFailed as failure:
         error = f"{why}; then the unit's restart after the restore failed: {failure.error}"
         return [
             s.outcome(Outcome.NEEDS_ATTENTION, error, file=restored[s.name]) for s in nodes.sessions
         ]
-    smoke, not_serving = smoke_after_restore(nodes.head, started[nodes.head.name])
+    smoke, not_serving = smoke_after_restore(nodes.head, started[nodes.head.name], step=steps.smoke)
     if smoke is not None and smoke.ok:
-        proven_through_head(nodes, smoke, Step.SMOKE_AFTER_RESTORE)
+        proven_through_head(nodes, smoke, steps.smoke)
 
     def one(session: HostSession) -> HostOutcome:
         shown = smoke if session is nodes.head else None
@@ -269,7 +274,7 @@ def undo_unit(
         if not_serving is not None:
             return session.outcome(
                 Outcome.RESTORED_NOT_SERVING,
-                not_serving,
+                f"{not_serving}; {way_back}" if way_back else not_serving,
                 file=restored[session.name],
                 smoke=shown,
                 note=why,
@@ -312,3 +317,27 @@ def unit_answers(nodes: UnitSessions) -> bool:
     except OpspatchError:
         return False
     return True
+
+
+def refuse_unit(
+    nodes: UnitSessions,
+    odd: Mapping[str, HostOutcome],
+    why: str,
+    *,
+    files: Mapping[str, FileChange | None] | None = None,
+) -> list[HostOutcome]:
+    """Every node's outcome when the nodes of `odd` (each with its own outcome: refused,
+    unreadable) keep the unit from being touched: nothing is changed or restarted on any node,
+    since a node restarted alone cannot rejoin and a node changed alone runs other code. Each
+    other node is `skipped`, naming the odd nodes, `why` and what they said (`files`: each
+    node's file as it was found)."""
+    said = "; ".join(f"{name}: {o.error or o.note or o.outcome}" for name, o in odd.items())
+    text = (
+        f"refused: unit {nodes.unit.name}'s node {', '.join(odd)} {why} ({said}); nothing was "
+        "changed or restarted on any node of the unit"
+    )
+    found = files or {}
+    return [
+        odd.get(s.name) or s.outcome(Outcome.SKIPPED, text, file=found.get(s.name))
+        for s in nodes.sessions
+    ]

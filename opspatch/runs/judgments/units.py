@@ -10,8 +10,8 @@ the head's (the node whose copy the server's API runs on).
 
 `judge_unit` runs in apply's preflight, after every node is locked and inspected and before the
 first swap (runs/commands/apply.py). `unit_refusal` says, from the selection alone, whether a
-command that changes files or restarts engines must be refused: it takes part of a unit, or it
-would restart a unit's nodes one by one (opspatch cannot restart a unit as one yet).
+command that changes files or restarts engines must be refused: it takes some but not all nodes
+of a unit (a whole unit is taken as one: `runs/fleet/unitrun.py`).
 
 Pure: values in, a value out.
 """
@@ -213,57 +213,24 @@ NO_NODE_ALONE = (
     "a unit is one server: a node patched alone runs other code than the rest of it, and a node "
     "restarted alone cannot rejoin its group"
 )
-NO_UNIT_RESTART = (
-    "opspatch cannot restart a unit as one yet, and a node restarted alone cannot rejoin its "
-    "group: the other nodes hang until the watchdog ends them"
-)
 
 
 def unit_refusal(
-    hosts: Sequence[Host],
-    *,
-    command: str,
-    restarts: bool,
-    whole: Callable[[Unit], str] | None,
-    today: Callable[[Unit], str] | None = None,
+    hosts: Sequence[Host], *, command: str, whole: Callable[[Unit], str]
 ) -> UnitRefused | None:
-    """Why `command` over `hosts` must be refused before anything changes, or None.
-
-    Refused: hosts that take some but not all nodes of a unit (`whole(unit)`: the same command
-    over the whole unit, the remedy; None when that is refused too), or, when the command
-    restarts engines (`restarts`), any whole unit, since its nodes would be restarted one by
-    one (`today(unit)`: what works instead, a sentence with its remedy; needed when the command
-    restarts or `whole` is None)."""
-    chosen = selected_units(hosts)
-    split = [s for s in chosen if not s.whole]
-    if split:
-        what = "; ".join(
-            f"unit {s.unit.name} is {nodes_of(s.unit)}, and the selection leaves out "
-            f"{', '.join(s.left_out)}"
-            for s in split
-        )
-        return UnitRefused(
-            f"{command} would change part of a multi-node server ({what}): {NO_NODE_ALONE}; "
-            "nothing was changed",
-            hint=_remedies(split, whole, today),
-        )
-    if restarts and chosen:
-        assert today is not None, "a command that restarts says what works instead"
-        units = "; ".join(f"unit {s.unit.name} ({nodes_of(s.unit)})" for s in chosen)
-        return UnitRefused(
-            f"{command} would restart the nodes of {units} one by one: {NO_UNIT_RESTART}; "
-            "nothing was changed",
-            hint="; ".join(today(s.unit) for s in chosen),
-        )
-    return None
-
-
-def _remedies(
-    split: Sequence[Selected],
-    whole: Callable[[Unit], str] | None,
-    today: Callable[[Unit], str] | None,
-) -> str:
-    if whole is not None:
-        return "select every node of the unit: " + "; ".join(f"`{whole(s.unit)}`" for s in split)
-    assert today is not None, "a command refused over a whole unit says what works instead"
-    return "; ".join(today(s.unit) for s in split)
+    """Why `command` over `hosts` must be refused before anything changes, or None: the hosts
+    take some but not all nodes of a unit (`whole(unit)`: the same command over the whole
+    unit, the remedy). A whole unit is taken as one by every command."""
+    split = [s for s in selected_units(hosts) if not s.whole]
+    if not split:
+        return None
+    what = "; ".join(
+        f"unit {s.unit.name} is {nodes_of(s.unit)}, and the selection leaves out "
+        f"{', '.join(s.left_out)}"
+        for s in split
+    )
+    return UnitRefused(
+        f"{command} would change part of a multi-node server ({what}): {NO_NODE_ALONE}; "
+        "nothing was changed",
+        hint="select every node of the unit: " + "; ".join(f"`{whole(s.unit)}`" for s in split),
+    )
