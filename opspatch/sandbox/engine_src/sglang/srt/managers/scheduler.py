@@ -47,6 +47,7 @@ from sglang.srt.managers.schedule_batch import (
     ScheduleBatch,
 )
 from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils import (
@@ -59,7 +60,7 @@ from sglang.srt.utils import (
 )
 
 # Seconds rank 0 waits for a request while idle before the (empty) step that keeps every rank's
-# loop in step with it.
+# loop in step with it and takes what was made on the rank itself (`local_reqs`).
 IDLE_POLL_S = 0.05
 
 logger = logging.getLogger(__name__)
@@ -179,20 +180,24 @@ class Scheduler:
             self.send_finished()
             self._step_started = None
 
-    def recv_requests(self) -> list[Any]:
-        """What rank 0 received since the last step, the same list on every rank."""
+    def recv_requests(self, local_reqs: list[Any] | None = None) -> list[Any]:
+        """What rank 0 received since the last step, the same list on every rank.
+
+        `local_reqs` are requests the caller decided on this rank (SGLang 0.5.23's
+        `SchedulerRequestReceiver.recv_requests(local_reqs=...)`); on rank 0 they ride the same
+        broadcast as the received ones, after them.
+        """
         messages: list[Any] = []
         if self.recv_from_tokenizer is not None:
             idle = not self.waiting_queue and not self.running_reqs
-            if idle:
-                # One rank alone may sleep until a request comes; several keep stepping together.
-                timeout = None if self.tp_size == 1 else IDLE_POLL_S
-            else:
-                timeout = 0.0
+            # Idle, the loop still turns (as SGLang's does), so a request made on this rank
+            # between steps is taken at the next boundary.
+            timeout = IDLE_POLL_S if idle else 0.0
             if self.recv_from_tokenizer.poll(timeout):
                 messages.append(self.recv_from_tokenizer.recv())
                 while self.recv_from_tokenizer.poll(0):
                     messages.append(self.recv_from_tokenizer.recv())
+            messages.extend(local_reqs or [])
         self._step_started = time.monotonic()
         if self.tp_size > 1:
             messages = broadcast_pyobj(messages if self.tp_rank == 0 else None, src=0)
@@ -204,7 +209,9 @@ class Scheduler:
             if isinstance(message, ShutdownReq):
                 return False
             if isinstance(message, RpcReqInput):
-                self.handle_rpc_request(message)
+                output = self.handle_rpc_request(message)
+                if output is not None and output.rpc_id is not None and self.send_to_tokenizer:
+                    self.send_to_tokenizer.send(output)
                 continue
             self.waiting_queue.extend(self.req_of(item) for item in message)
         return True
@@ -219,11 +226,17 @@ class Scheduler:
             seed=item.seed,
         )
 
-    def handle_rpc_request(self, request: RpcReqInput) -> None:
-        result = getattr(self, request.method)(**request.parameters)
-        barrier()
-        if self.send_to_tokenizer is not None:
-            self.send_to_tokenizer.send(RpcReqOutput(request.rpc_id, result))
+    def handle_rpc_request(self, recv_req: RpcReqInput) -> RpcReqOutput:
+        """Call the named method on this rank, then wait for every rank (each runs the same
+        request at the same step); a failing method is logged and answered, as in SGLang."""
+        result, success, message = None, True, ""
+        try:
+            result = getattr(self, recv_req.method)(**(recv_req.parameters or {}))
+        except Exception as error:
+            success, message = False, str(error)
+            logger.error(f"Failed to call rpc {recv_req.method}: {error}")
+        barrier(group=self.tp_group.cpu_group)
+        return RpcReqOutput(recv_req.rpc_id, result, success, message)
 
     def send_finished(self) -> None:
         if self._finished_out and self.send_to_detokenizer is not None:
@@ -390,6 +403,8 @@ def run_scheduler_process(
     send_to_tokenizer: Connection | None,
 ) -> None:
     """The body of one scheduler process (spawned by the engine, one per TP rank of a node)."""
+    # As SGLang: plugins load first, so their hooks are in place before the Scheduler is built.
+    load_plugins()
     kill_itself_when_parent_died()
     set_process_name(f"sglang::sch_TP{tp_rank}")
     configure_logger(server_args, prefix=f" TP{tp_rank}")
