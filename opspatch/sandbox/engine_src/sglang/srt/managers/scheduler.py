@@ -1,9 +1,12 @@
 """The scheduler: one process per TP rank, a loop that batches requests and drives the model.
 
 Rank 0 (TP0, on node 0) receives requests from the tokenizer manager; at every step it broadcasts
-what it received over the TP group, so every rank admits the same requests at the same step, runs
-the same batch (the model's all-reduce couples the ranks inside each forward) and reaches the same
-tokens. Rank 0 alone sends finished requests to the detokenizer and answers RPCs.
+what it received over the TP group (`scheduler_components/request_receiver.py`), so every rank
+admits the same requests at the same step, runs the same batch (the model's all-reduce couples the
+ranks inside each forward) and reaches the same tokens. An `RpcReqInput` among them calls a
+Scheduler method by name on every rank at that step, then waits at a barrier on the TP group's CPU
+group (`handle_rpc_request`). Rank 0 alone sends finished requests to the detokenizer and answers
+RPCs. `run_scheduler_process` loads SGLang plugins before it builds the Scheduler.
 
 Each iteration admits every waiting request (one prefill batch), or else runs one decode step
 for all running requests together, so concurrent requests really share a batch and the batch
@@ -27,11 +30,7 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
-from sglang.srt.distributed.parallel_state import (
-    barrier,
-    broadcast_pyobj,
-    init_distributed_environment,
-)
+from sglang.srt.distributed.parallel_state import barrier, init_distributed_environment
 from sglang.srt.managers.io_struct import (
     BatchTokenIDOut,
     FinishedReq,
@@ -46,6 +45,7 @@ from sglang.srt.managers.schedule_batch import (
     Req,
     ScheduleBatch,
 )
+from sglang.srt.managers.scheduler_components.request_receiver import SchedulerRequestReceiver
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import ServerArgs
@@ -58,10 +58,6 @@ from sglang.srt.utils import (
     report_fatal_error_to_parent,
     set_process_name,
 )
-
-# Seconds rank 0 waits for a request while idle before the (empty) step that keeps every rank's
-# loop in step with it and takes what was made on the rank itself (`local_reqs`).
-IDLE_POLL_S = 0.05
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +114,12 @@ class Scheduler:
         self._finished_out: list[FinishedReq] = []
         # When the step in progress began (None between steps): what the watchdog watches.
         self._step_started: float | None = None
+        self.request_receiver = SchedulerRequestReceiver(
+            recv_from_tokenizer=recv_from_tokenizer,
+            tp_rank=tp_rank,
+            tp_size=self.tp_size,
+            is_idle=lambda: not self.waiting_queue and not self.running_reqs,
+        )
 
         self.forward_ct_decode = 0
         self.num_generated_tokens = 0
@@ -180,28 +182,10 @@ class Scheduler:
             self.send_finished()
             self._step_started = None
 
-    def recv_requests(self, local_reqs: list[Any] | None = None) -> list[Any]:
-        """What rank 0 received since the last step, the same list on every rank.
-
-        `local_reqs` are requests the caller decided on this rank (SGLang 0.5.23's
-        `SchedulerRequestReceiver.recv_requests(local_reqs=...)`); on rank 0 they ride the same
-        broadcast as the received ones, after them.
-        """
-        messages: list[Any] = []
-        if self.recv_from_tokenizer is not None:
-            idle = not self.waiting_queue and not self.running_reqs
-            # Idle, the loop still turns (as SGLang's does), so a request made on this rank
-            # between steps is taken at the next boundary.
-            timeout = IDLE_POLL_S if idle else 0.0
-            if self.recv_from_tokenizer.poll(timeout):
-                messages.append(self.recv_from_tokenizer.recv())
-                while self.recv_from_tokenizer.poll(0):
-                    messages.append(self.recv_from_tokenizer.recv())
-            messages.extend(local_reqs or [])
+    def recv_requests(self) -> list[Any]:
+        """What the entry rank received since the last step, the same list on every rank."""
         self._step_started = time.monotonic()
-        if self.tp_size > 1:
-            messages = broadcast_pyobj(messages if self.tp_rank == 0 else None, src=0)
-        return messages
+        return self.request_receiver.recv_requests()
 
     def process_input_requests(self, messages: list[Any]) -> bool:
         """Admit requests, answer RPCs; False when asked to shut down."""
