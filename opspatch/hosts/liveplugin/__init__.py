@@ -17,3 +17,5 @@ the standard library only (`from __future__ import annotations` keeps hints as s
 nothing from opspatch outside this package, and each other only relatively (`from . import x`),
 so the package works under either name; never import the engine or torch at module level.
 """
+
+from __future__ import annotations
