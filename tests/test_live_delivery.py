@@ -87,16 +87,20 @@ def list():
 '''
 
 
-@pytest.fixture(scope="module")
-def host(tmp_path_factory: pytest.TempPathFactory) -> StandinHost:
+def host_with_plugin(folder: Path, start: livedist.LiveStart) -> StandinHost:
     """A host whose environment has the stand-in and `opspatch_live` (with the stub runtime)."""
-    made = make_host(tmp_path_factory.mktemp("live-host"))
+    made = make_host(folder)
     sources = {**livedist.plugin_sources(), "opspatch_live/fixes.py": STUB_FIXES.encode()}
-    for relative, data in livedist.live_distribution("0.1.0", sources).items():
+    for relative, data in livedist.live_distribution("0.1.0", sources, start).items():
         target = made.site_packages / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
     return made
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> StandinHost:
+    return host_with_plugin(tmp_path_factory.mktemp("live-host"), "entry-point")
 
 
 @pytest.fixture
@@ -174,6 +178,22 @@ def test_every_process_of_a_tp2_server_loads_the_plugin_and_listens(
         assert "Loaded plugin opspatch_live from group sglang.srt.plugins" in log
         assert f"opspatch live: listening on {sockets['scheduler-tp0.sock']}" in log
     assert not folder.exists()  # the main process removes its folder when it stops
+
+
+def test_the_pth_start_loads_it_in_every_process_without_the_entry_point(
+    tmp_path: Path, live_dir: Path
+) -> None:
+    """What releases without the plugin framework get: the `.pth` line's finder loads the plugin
+    as SGLang's modules are imported (here on the stand-in, which finds no entry point)."""
+    pth_host = host_with_plugin(tmp_path / "pth-host", "pth")
+    env = {socket_paths.LIVE_DIR_ENV: str(live_dir)}
+    with running_engine(pth_host, HEALTHY, env=env, log_name="pth.log") as engine:
+        sockets = wait_for_sockets(live_dir, engine, ALL_SOCKETS)
+        assert "Loaded plugin opspatch_live" not in engine.log_text()
+        path, sha256 = fixed_eagle_worker(pth_host, tmp_path)
+        reply = wire.ask(str(sockets["scheduler-tp0.sock"]), take_request(path, sha256))
+        assert reply["ok"] is True and len(reply["ranks"]) == 2, reply
+        assert engine.post("/generate", DECODE).status == 200
 
 
 def test_a_take_sets_the_attribute_in_every_rank_at_one_boundary_while_the_server_serves(
