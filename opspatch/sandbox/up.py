@@ -420,17 +420,7 @@ def sandbox_up(
             replace(outcomes[r.name], ssh=r.ssh, ssh_outcome=_sshd_outcome(current, r))
             for r in manifest.hosts
         )
-        shape = manifest.install
-        report = UpReport(
-            layout.root,
-            results,
-            None,
-            None,
-            shape,
-            manifest.containers,
-            units=manifest.units,
-            restart_seconds=manifest.restart_seconds,
-        )
+        report = _report(layout, manifest, results)
         if not report.ok:
             return report
         router_up = _bring_up_router(layout, manifest, progress)
@@ -440,6 +430,20 @@ def sandbox_up(
             return report
         write_atomically(layout.ssh_inventory, render_inventory(layout, manifest, over_ssh=True))
         return replace(report, ssh_inventory=layout.ssh_inventory)
+
+
+def _report(layout: SandboxLayout, manifest: Manifest, results: tuple[HostUp, ...]) -> UpReport:
+    """What `up` did, before the router and the inventories (added once every host is ready)."""
+    return UpReport(
+        layout.root,
+        results,
+        None,
+        None,
+        manifest.install,
+        manifest.containers,
+        units=manifest.units,
+        restart_seconds=manifest.restart_seconds,
+    )
 
 
 def _require_tools(
