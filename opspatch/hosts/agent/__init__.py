@@ -19,6 +19,7 @@ One concern per module:
 - `engine`: readiness, the drain wait (`/v1/loads`) and the smoke decode;
 - `provenance`: where a module's code comes from (other copies, git checkout, bytecode);
 - `diagnose`: one host's incident facts in one exec (`opspatch diagnose`, `lint-init --hosts`);
+- `live`: the running engine's live-fix sockets, asked (`apply --live`, `live`, `status`);
 - `dispatch`: `main`, the one reply line.
 
 Rules for every module here, because they run on hosts we do not control: Python 3.8+ and the
@@ -39,6 +40,7 @@ MODULES = (
     "engine",
     "provenance",
     "diagnose",
+    "live",
     "dispatch",
 )
 """The agent's modules in the order a host executes them: each imports only earlier ones, and
