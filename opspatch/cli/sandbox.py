@@ -136,6 +136,16 @@ def up(
             "engine's --tp-size is T x N)",
         ),
     ] = None,
+    restart_seconds: Annotated[
+        float | None,
+        typer.Option(
+            "--restart-seconds",
+            metavar="S",
+            help="Make every engine start (this one and each later restart) take S more seconds, "
+            "as a real model's weight loading and CUDA graph capture do (default: the "
+            "sandbox's, else 0)",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Create and start the sandbox hosts, wait until they are ready, write the inventories.
@@ -154,6 +164,7 @@ def up(
         containers=True if containers else None,
         router=router,
         units=_unit_shape(units, nodes, tp),
+        restart_seconds=restart_seconds,
         progress=_progress,
     )
     if as_json:
@@ -220,6 +231,11 @@ def _print_up(report: UpReport) -> None:
         )
     if report.router:
         out.print(f"router: {report.router.url} (pid {report.router.pid})", markup=False)
+    if report.restart_seconds:
+        out.print(
+            f"each engine start takes {report.restart_seconds:g} s more (--restart-seconds)",
+            markup=False,
+        )
     if report.inventory:
         out.print(f"inventory: {report.inventory} (--hosts sandbox)", markup=False)
     if report.ssh_inventory:

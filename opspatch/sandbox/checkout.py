@@ -41,6 +41,7 @@ import tempfile
 from pathlib import Path
 
 from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.wheelrecord import record_line
 from opspatch.errors import HostError, InputError
 from opspatch.sandbox.dist import (
     DIST_NAME,
@@ -48,7 +49,6 @@ from opspatch.sandbox.dist import (
     check_version,
     dist_info_dir,
     metadata_text,
-    record_line,
     refuse_controller_site_packages,
     replace_installed,
     standin_files,

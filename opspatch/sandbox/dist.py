@@ -7,8 +7,6 @@ the small filesystem helpers at the end.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import re
@@ -42,17 +40,6 @@ INSTALL_SHAPES: tuple[InstallShape, ...] = ("wheel", "editable")
 def engine_source_dir() -> Path:
     """The directory holding the stand-in's `sglang` package (package data of opspatch)."""
     return Path(__file__).resolve().parent / "engine_src"
-
-
-def record_hash(data: bytes) -> str:
-    """A RECORD hash field as pip writes it: `sha256=` + urlsafe base64 without padding."""
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-    return "sha256=" + digest.decode("ascii")
-
-
-def record_line(relative_path: str, data: bytes) -> str:
-    """One RECORD row: `path,sha256=...,size` (paths are relative to site-packages, with /)."""
-    return f"{relative_path},{record_hash(data)},{len(data)}"
 
 
 def dist_info_dir(version: str) -> str:

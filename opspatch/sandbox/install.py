@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from opspatch.core.wheelrecord import record_file, record_hash
 from opspatch.errors import HostError, InputError
 from opspatch.sandbox.checkout import install_editable
 from opspatch.sandbox.dist import (
@@ -35,8 +36,6 @@ from opspatch.sandbox.dist import (
     engine_source_dir,
     installed_entries,
     metadata_text,
-    record_hash,
-    record_line,
     refuse_controller_site_packages,
     replace_installed,
     standin_files,
@@ -72,9 +71,7 @@ def dist_info_files(version: str, package_files: dict[str, bytes]) -> dict[str, 
         f"{dist_info}/WHEEL": wheel_text().encode("ascii"),
         f"{dist_info}/top_level.txt": f"{DIST_NAME}\n".encode("ascii"),
     }
-    rows = [record_line(path, data) for path, data in {**package_files, **meta}.items()]
-    rows.append(f"{dist_info}/RECORD,,")
-    meta[f"{dist_info}/RECORD"] = ("\n".join(rows) + "\n").encode("utf-8")
+    meta[f"{dist_info}/RECORD"] = record_file({**package_files, **meta}, f"{dist_info}/RECORD")
     return meta
 
 

@@ -36,10 +36,37 @@ HEALTH_TIMEOUT = 5.0
 # shown for a host that does not come up is complete.
 ENGINE_ENV: dict[str, str] = {"CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
 
-# The stand-in is ready within seconds; the default playbook's 20 minutes suit real models only.
-SANDBOX_PLAYBOOK = Playbook(
-    name="sandbox", timeouts=StepTimeouts(restart=60.0, ready=120.0, smoke=60.0)
-)
+STANDIN_LOAD_ENV = "SGLANG_STANDIN_LOAD_S"
+"""The stand-in's hook that makes each start's weight load take that many more seconds
+(`up --restart-seconds`; the engine reads it in `tp_worker.py`, not importable from here)."""
+
+MAX_RESTART_SECONDS = 3600.0
+
+
+def sandbox_playbook(restart_seconds: float = 0.0) -> Playbook:
+    """The stand-in is ready within seconds, the default playbook's 20 minutes suit real models
+    only; a sandbox whose starts take `restart_seconds` more waits that much longer for them."""
+    return Playbook(
+        name="sandbox",
+        timeouts=StepTimeouts(restart=60.0, ready=120.0 + restart_seconds, smoke=60.0),
+    )
+
+
+SANDBOX_PLAYBOOK = sandbox_playbook()
+
+
+def check_restart_seconds(seconds: float) -> None:
+    """Refuse a start delay that is negative, not a number, or over an hour.
+
+    Raises:
+        InputError: naming the value and the range.
+    """
+    if not 0.0 <= seconds <= MAX_RESTART_SECONDS:
+        raise InputError(
+            f"--restart-seconds must be between 0 and {MAX_RESTART_SECONDS:g} (got {seconds:g})",
+            hint="it is how much longer each engine's start takes (weights and graph capture)",
+        )
+
 
 Progress = Callable[[str], None]
 

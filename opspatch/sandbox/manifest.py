@@ -29,6 +29,7 @@ from opspatch.sandbox.layout import (
     ENGINE_ENV,
     ENGINE_STOP_TIMEOUT,
     MANIFEST_FORMAT,
+    STANDIN_LOAD_ENV,
     SandboxLayout,
     engine_url,
     start_command,
@@ -143,6 +144,9 @@ class Manifest:
     units: tuple[UnitRecord, ...] = ()
     """Set by `up --units`: the multi-node servers, each host in at most one; kept by later
     `up`s. A manifest written before units were recorded has none."""
+    restart_seconds: float = 0.0
+    """Set by `up --restart-seconds S`, kept by later `up`s: each engine start (and restart)
+    takes S more seconds, written into the inventories' engine environment."""
 
     @property
     def ssh(self) -> bool:
@@ -162,6 +166,7 @@ class Manifest:
             "hosts": [record.to_json() for record in self.hosts],
             "router": self.router.to_json() if self.router else None,
             "units": [unit.to_json() for unit in self.units],
+            "restart_seconds": self.restart_seconds,
         }
 
     @classmethod
@@ -205,6 +210,11 @@ class Manifest:
             if not isinstance(containers, bool):
                 raise ValueError(f"containers must be true or false, not {containers!r}")
             units = tuple(UnitRecord.from_json(u) for u in data.get("units", []))
+            restart_seconds = data.get("restart_seconds", 0.0)
+            if not isinstance(restart_seconds, (int, float)) or restart_seconds < 0:
+                raise ValueError(
+                    f"restart_seconds must be a number of seconds, not {restart_seconds!r}"
+                )
             return cls(
                 tuple(hosts),
                 None if user is None else str(user),
@@ -212,6 +222,7 @@ class Manifest:
                 containers,
                 router,
                 units,
+                float(restart_seconds),
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise InputError(
@@ -297,7 +308,10 @@ def render_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: boo
     if manifest.router is not None:
         # every engine behind the one router, registered under its engine URL (the default)
         lines.append(f"router = {{ url = {_toml_string(manifest.router.url)} }}")
-    env = ", ".join(f"{name} = {_toml_string(value)}" for name, value in ENGINE_ENV.items())
+    engine_env = dict(ENGINE_ENV)
+    if manifest.restart_seconds:
+        engine_env[STANDIN_LOAD_ENV] = f"{manifest.restart_seconds:g}"
+    env = ", ".join(f"{name} = {_toml_string(value)}" for name, value in engine_env.items())
     lines += ["", "[defaults.engine]", "speculative = true", f"env = {{ {env} }}"]
     for record in manifest.hosts:
         name = record.name

@@ -23,13 +23,14 @@ from opspatch.sandbox.layout import (
     DEFAULT_HOSTS,
     ENGINE_ADDRESS,
     ENGINE_STOP_TIMEOUT,
-    SANDBOX_PLAYBOOK,
     Progress,
     SandboxLayout,
     check_host_count,
+    check_restart_seconds,
     engine_url,
     host_name,
     quiet,
+    sandbox_playbook,
     ssh_address,
 )
 from opspatch.sandbox.manifest import (
@@ -114,6 +115,7 @@ class UpReport:
     containers: bool = False
     router: RouterUp | None = None
     units: tuple[UnitRecord, ...] = ()
+    restart_seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -126,6 +128,7 @@ class UpReport:
             "install": self.install,
             "containers": self.containers,
             "units": [unit.to_json() for unit in self.units],
+            "restart_seconds": self.restart_seconds,
             "inventory": None if self.inventory is None else str(self.inventory),
             "ssh_inventory": None if self.ssh_inventory is None else str(self.ssh_inventory),
             "hosts": [h.to_json() for h in self.hosts],
@@ -157,11 +160,13 @@ def _planned_manifest(
     install: InstallShape | None,
     containers: bool | None = None,
     units: UnitShape | None = None,
+    restart_seconds: float | None = None,
 ) -> tuple[Manifest, set[str]]:
     """The manifest `up` will work to, and the names of hosts it adds (ports not yet chosen: 0).
 
     `install` None keeps the sandbox's install shape (`wheel` for a new sandbox); `units` None
-    keeps the sandbox's units (none for a new sandbox).
+    keeps the sandbox's units (none for a new sandbox); `restart_seconds` None keeps the
+    sandbox's start delay (none for a new sandbox).
 
     Raises:
         InputError: a count outside 1..MAX_HOSTS, fewer hosts than the sandbox has, another
@@ -219,8 +224,28 @@ def _planned_manifest(
         )
     # the router, like --ssh, stays on for later `up`s
     router = current.router if current else None
-    manifest = Manifest(tuple(records), ssh_user, shape, in_containers, router, unit_records)
+    delay = _restart_seconds(current, restart_seconds, in_containers)
+    manifest = Manifest(tuple(records), ssh_user, shape, in_containers, router, unit_records, delay)
     return manifest, added
+
+
+def _restart_seconds(current: Manifest | None, wanted: float | None, in_containers: bool) -> float:
+    """The start delay the sandbox will have: `wanted`, else the sandbox's, else none.
+
+    Raises:
+        InputError: a delay out of range, or one with containers (their environment is baked
+            into the image).
+    """
+    if wanted is None:
+        return current.restart_seconds if current else 0.0
+    check_restart_seconds(wanted)
+    if wanted and in_containers:
+        raise InputError(
+            "--restart-seconds does not go with --containers yet (the engine's environment is "
+            "baked into the image)",
+            hint=f"drop --restart-seconds, or `{PURGE}` and build without --containers",
+        )
+    return wanted
 
 
 def _choose_ports(manifest: Manifest, *, want_router: bool = False) -> Manifest:
@@ -339,6 +364,7 @@ def sandbox_up(
     containers: bool | None = None,
     router: bool = False,
     units: UnitShape | None = None,
+    restart_seconds: float | None = None,
     progress: Progress = quiet,
 ) -> UpReport:
     """Create missing hosts, start stopped engines (and sshds), wait until all are ready, and
@@ -353,7 +379,9 @@ def sandbox_up(
     checkout installed editable, `opspatch.sandbox.checkout`); None keeps the sandbox's shape,
     and the other shape on an existing sandbox is refused. `router` also starts a real
     sglang-router in front of the engines (and stays on for later `up`s), written into both
-    inventories as every host's router.
+    inventories as every host's router. `restart_seconds` makes every start of every engine
+    (this one and later restarts) take that many more seconds, as a real model's weight loading
+    and CUDA graph capture do; None keeps the sandbox's (0 for a new one).
     A host whose engine does not come up is reported `failed` with its log's tail; the others are
     still started, and the inventories are written only when every host is ready.
 
@@ -367,7 +395,9 @@ def sandbox_up(
         check_host_count(hosts)
     with sandbox_lock(layout):
         current = load_manifest(layout)
-        manifest, added = _planned_manifest(current, hosts, ssh, install, containers, units)
+        manifest, added = _planned_manifest(
+            current, hosts, ssh, install, containers, units, restart_seconds
+        )
         image = _require_tools(layout, manifest, router, progress)
         manifest = _choose_ports(manifest, want_router=router)
         running = {r.name for r in manifest.hosts if _engine_running(layout, manifest, r.name)}
@@ -390,10 +420,7 @@ def sandbox_up(
             replace(outcomes[r.name], ssh=r.ssh, ssh_outcome=_sshd_outcome(current, r))
             for r in manifest.hosts
         )
-        shape = manifest.install
-        report = UpReport(
-            layout.root, results, None, None, shape, manifest.containers, units=manifest.units
-        )
+        report = _report(layout, manifest, results)
         if not report.ok:
             return report
         router_up = _bring_up_router(layout, manifest, progress)
@@ -403,6 +430,20 @@ def sandbox_up(
             return report
         write_atomically(layout.ssh_inventory, render_inventory(layout, manifest, over_ssh=True))
         return replace(report, ssh_inventory=layout.ssh_inventory)
+
+
+def _report(layout: SandboxLayout, manifest: Manifest, results: tuple[HostUp, ...]) -> UpReport:
+    """What `up` did, before the router and the inventories (added once every host is ready)."""
+    return UpReport(
+        layout.root,
+        results,
+        None,
+        None,
+        manifest.install,
+        manifest.containers,
+        units=manifest.units,
+        restart_seconds=manifest.restart_seconds,
+    )
 
 
 def _require_tools(
@@ -524,7 +565,7 @@ def engine_controls(layout: SandboxLayout, manifest: Manifest) -> dict[str, Engi
     for record in manifest.hosts:
         host = inventory.host(record.name)
         ops = HostOperations(open_transport(host), host)
-        controls[record.name] = EngineControl(ops, host, SANDBOX_PLAYBOOK)
+        controls[record.name] = EngineControl(ops, host, sandbox_playbook(manifest.restart_seconds))
     return controls
 
 

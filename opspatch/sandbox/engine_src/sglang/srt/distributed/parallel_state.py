@@ -25,8 +25,21 @@ _LOOPBACK_HOSTS = ("localhost", "::1")
 
 @dataclass(frozen=True)
 class GroupCoordinator:
+    """A rank's view of its group, with SGLang's names: `rank` (in the world), `ranks` (the
+    group's world ranks), `rank_in_group`, `world_size`, and `cpu_group`, the gloo process group
+    that control messages and barriers use (None for a group of one)."""
+
     rank: int
     world_size: int
+    cpu_group: Any = None
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(range(self.world_size))
+
+    @property
+    def rank_in_group(self) -> int:
+        return self.rank
 
     @property
     def is_first_rank(self) -> bool:
@@ -67,7 +80,11 @@ def init_distributed_environment(
             **kwargs,
         )
         logger.info("Init torch distributed ends.")
-    _TP = GroupCoordinator(rank, world_size)
+        # The TP group is the whole world here, and the world's backend is gloo already: its
+        # default group is the TP group's CPU group as well.
+        _TP = GroupCoordinator(rank, world_size, dist.group.WORLD)
+    else:
+        _TP = GroupCoordinator(rank, world_size)
     return _TP
 
 
@@ -87,6 +104,7 @@ def broadcast_pyobj(obj: Any, src: int = 0) -> Any:
     return holder[0]
 
 
-def barrier() -> None:
+def barrier(group: Any = None) -> None:
+    """Wait until every rank of `group` (default: the TP group) reaches this point."""
     if get_tp_group().world_size > 1:
-        dist.barrier()
+        dist.barrier(group=group)

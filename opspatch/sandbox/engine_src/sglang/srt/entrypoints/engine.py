@@ -31,6 +31,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils import (
     configure_logger,
@@ -117,6 +118,8 @@ def launch_subprocesses(server_args: ServerArgs) -> EngineProcesses:
     return. On node 0 the result holds the tokenizer manager."""
     # Long because: it mirrors SGLang's own function of this name, kept in its shape
     multiprocessing.set_start_method("spawn", force=True)
+    # Defensive, as in SGLang: a caller may have loaded them already (loading is idempotent).
+    load_plugins()
     install_sigquit_handler()
     # Registered after multiprocessing's own exit handler, so it runs first: an interpreter
     # that exits normally ends its (daemonic) children, which is no failure.

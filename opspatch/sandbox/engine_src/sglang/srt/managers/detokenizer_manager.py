@@ -12,6 +12,7 @@ import signal
 from multiprocessing.connection import Connection
 
 from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut, FinishedReq
+from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.tokenizer.char_tokenizer import CharTokenizer, get_tokenizer
 from sglang.srt.utils import (
@@ -57,6 +58,7 @@ def run_detokenizer_process(
 ) -> None:
     kill_itself_when_parent_died()
     set_process_name("sglang::detokenizer")
+    load_plugins()
     configure_logger(server_args)
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
     parent = os.getppid()

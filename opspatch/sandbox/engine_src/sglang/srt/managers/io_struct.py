@@ -8,7 +8,7 @@ manager: `RpcReqOutput`. Plain dataclasses of plain values (no torch), pickled o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -27,17 +27,21 @@ class TokenizedGenerateReqInput:
 
 @dataclass
 class RpcReqInput:
-    """A call of a Scheduler method by name, answered by TP0 (`Scheduler.handle_rpc_request`)."""
+    """A call of a Scheduler method by name on every rank (`Scheduler.handle_rpc_request`), made
+    with keywords as SGLang's (`RpcReqInput(method=..., parameters=...)`); TP0 answers one with an
+    `rpc_id` (the stand-in's tokenizer manager waits on it)."""
 
-    rpc_id: str
     method: str
-    parameters: dict[str, Any] = field(default_factory=dict)
+    parameters: dict[str, Any] | None = None
+    rpc_id: str | None = None
 
 
 @dataclass
 class RpcReqOutput:
-    rpc_id: str
+    rpc_id: str | None
     result: Any
+    success: bool = True
+    message: str = ""
 
 
 @dataclass

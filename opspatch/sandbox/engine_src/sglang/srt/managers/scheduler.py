@@ -1,9 +1,12 @@
 """The scheduler: one process per TP rank, a loop that batches requests and drives the model.
 
 Rank 0 (TP0, on node 0) receives requests from the tokenizer manager; at every step it broadcasts
-what it received over the TP group, so every rank admits the same requests at the same step, runs
-the same batch (the model's all-reduce couples the ranks inside each forward) and reaches the same
-tokens. Rank 0 alone sends finished requests to the detokenizer and answers RPCs.
+what it received over the TP group (`scheduler_components/request_receiver.py`), so every rank
+admits the same requests at the same step, runs the same batch (the model's all-reduce couples the
+ranks inside each forward) and reaches the same tokens. An `RpcReqInput` among them calls a
+Scheduler method by name on every rank at that step, then waits at a barrier on the TP group's CPU
+group (`handle_rpc_request`). Rank 0 alone sends finished requests to the detokenizer and answers
+RPCs. `run_scheduler_process` loads SGLang plugins before it builds the Scheduler.
 
 Each iteration admits every waiting request (one prefill batch), or else runs one decode step
 for all running requests together, so concurrent requests really share a batch and the batch
@@ -27,11 +30,7 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
-from sglang.srt.distributed.parallel_state import (
-    barrier,
-    broadcast_pyobj,
-    init_distributed_environment,
-)
+from sglang.srt.distributed.parallel_state import barrier, init_distributed_environment
 from sglang.srt.managers.io_struct import (
     BatchTokenIDOut,
     FinishedReq,
@@ -46,7 +45,9 @@ from sglang.srt.managers.schedule_batch import (
     Req,
     ScheduleBatch,
 )
+from sglang.srt.managers.scheduler_components.request_receiver import SchedulerRequestReceiver
 from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils import (
@@ -57,10 +58,6 @@ from sglang.srt.utils import (
     report_fatal_error_to_parent,
     set_process_name,
 )
-
-# Seconds rank 0 waits for a request while idle before the (empty) step that keeps every rank's
-# loop in step with it.
-IDLE_POLL_S = 0.05
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +114,12 @@ class Scheduler:
         self._finished_out: list[FinishedReq] = []
         # When the step in progress began (None between steps): what the watchdog watches.
         self._step_started: float | None = None
+        self.request_receiver = SchedulerRequestReceiver(
+            recv_from_tokenizer=recv_from_tokenizer,
+            tp_rank=tp_rank,
+            tp_size=self.tp_size,
+            is_idle=lambda: not self.waiting_queue and not self.running_reqs,
+        )
 
         self.forward_ct_decode = 0
         self.num_generated_tokens = 0
@@ -180,23 +183,9 @@ class Scheduler:
             self._step_started = None
 
     def recv_requests(self) -> list[Any]:
-        """What rank 0 received since the last step, the same list on every rank."""
-        messages: list[Any] = []
-        if self.recv_from_tokenizer is not None:
-            idle = not self.waiting_queue and not self.running_reqs
-            if idle:
-                # One rank alone may sleep until a request comes; several keep stepping together.
-                timeout = None if self.tp_size == 1 else IDLE_POLL_S
-            else:
-                timeout = 0.0
-            if self.recv_from_tokenizer.poll(timeout):
-                messages.append(self.recv_from_tokenizer.recv())
-                while self.recv_from_tokenizer.poll(0):
-                    messages.append(self.recv_from_tokenizer.recv())
+        """What the entry rank received since the last step, the same list on every rank."""
         self._step_started = time.monotonic()
-        if self.tp_size > 1:
-            messages = broadcast_pyobj(messages if self.tp_rank == 0 else None, src=0)
-        return messages
+        return self.request_receiver.recv_requests()
 
     def process_input_requests(self, messages: list[Any]) -> bool:
         """Admit requests, answer RPCs; False when asked to shut down."""
@@ -204,7 +193,9 @@ class Scheduler:
             if isinstance(message, ShutdownReq):
                 return False
             if isinstance(message, RpcReqInput):
-                self.handle_rpc_request(message)
+                output = self.handle_rpc_request(message)
+                if output is not None and output.rpc_id is not None and self.send_to_tokenizer:
+                    self.send_to_tokenizer.send(output)
                 continue
             self.waiting_queue.extend(self.req_of(item) for item in message)
         return True
@@ -219,11 +210,17 @@ class Scheduler:
             seed=item.seed,
         )
 
-    def handle_rpc_request(self, request: RpcReqInput) -> None:
-        result = getattr(self, request.method)(**request.parameters)
-        barrier()
-        if self.send_to_tokenizer is not None:
-            self.send_to_tokenizer.send(RpcReqOutput(request.rpc_id, result))
+    def handle_rpc_request(self, recv_req: RpcReqInput) -> RpcReqOutput:
+        """Call the named method on this rank, then wait for every rank (each runs the same
+        request at the same step); a failing method is logged and answered, as in SGLang."""
+        result, success, message = None, True, ""
+        try:
+            result = getattr(self, recv_req.method)(**(recv_req.parameters or {}))
+        except Exception as error:
+            success, message = False, str(error)
+            logger.error(f"Failed to call rpc {recv_req.method}: {error}")
+        barrier(group=self.tp_group.cpu_group)
+        return RpcReqOutput(recv_req.rpc_id, result, success, message)
 
     def send_finished(self) -> None:
         if self._finished_out and self.send_to_detokenizer is not None:
@@ -390,6 +387,8 @@ def run_scheduler_process(
     send_to_tokenizer: Connection | None,
 ) -> None:
     """The body of one scheduler process (spawned by the engine, one per TP rank of a node)."""
+    # As SGLang: plugins load first, so their hooks are in place before the Scheduler is built.
+    load_plugins()
     kill_itself_when_parent_died()
     set_process_name(f"sglang::sch_TP{tp_rank}")
     configure_logger(server_args, prefix=f" TP{tp_rank}")

@@ -162,7 +162,7 @@ class TokenizerManager:
         event, result = threading.Event(), []
         with self._status_lock:
             self._rpcs[rpc_id] = (event, result)
-        self._send(RpcReqInput(rpc_id, method, parameters))
+        self._send(RpcReqInput(method=method, parameters=parameters, rpc_id=rpc_id))
         if not event.wait(timeout):
             with self._status_lock:
                 self._rpcs.pop(rpc_id, None)

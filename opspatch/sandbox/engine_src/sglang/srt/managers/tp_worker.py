@@ -1,8 +1,14 @@
-"""The target model worker: loads the model and runs prefill and plain (one-token) decode."""
+"""The target model worker: loads the model and runs prefill and plain (one-token) decode.
+
+Sandbox hook (not in SGLang): `SGLANG_STANDIN_LOAD_S=<seconds>` makes each scheduler's weight
+load take that much longer, standing for a real model's weight loading and CUDA graph capture
+(`opspatch sandbox up --restart-seconds S`), so a restart costs what it costs on a real fleet.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -15,6 +21,18 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.tokenizer.char_tokenizer import CharTokenizer, get_tokenizer
 
 logger = logging.getLogger(__name__)
+
+LOAD_SECONDS_ENV = "SGLANG_STANDIN_LOAD_S"
+
+
+def simulated_load_seconds() -> float:
+    """The extra seconds `SGLANG_STANDIN_LOAD_S` asks the weight load to take (0 when unset)."""
+    raw = os.environ.get(LOAD_SECONDS_ENV, "")
+    try:
+        return max(0.0, float(raw)) if raw else 0.0
+    except ValueError:
+        logger.warning(f"ignoring {LOAD_SECONDS_ENV}={raw!r}: not a number")
+        return 0.0
 
 
 def log_weight_load(name: str, load: Callable[[], TinyCausalLM]) -> TinyCausalLM:
@@ -41,12 +59,15 @@ class TpModelWorker:
         # sandbox hosts share a machine.
         torch.set_num_threads(1)
         self.tokenizer: CharTokenizer = get_tokenizer(server_args.tokenizer_path or "")
-        self.model: TinyCausalLM = log_weight_load(
-            server_args.model_path,
-            lambda: load_target_model(
+
+        def load() -> TinyCausalLM:
+            model = load_target_model(
                 server_args.model_path, self.tokenizer, tp_rank, server_args.tp_size
-            ),
-        )
+            )
+            time.sleep(simulated_load_seconds())
+            return model
+
+        self.model: TinyCausalLM = log_weight_load(server_args.model_path, load)
         self.max_total_num_tokens = server_args.context_length * server_args.max_running_requests
 
     def forward_logits(self, token_ids: list[int]) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""Parts of the scheduler, as SGLang splits them (`scheduler_components/`)."""
