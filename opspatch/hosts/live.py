@@ -188,4 +188,3 @@ def missing_definitions(answer: ProcessAnswer, names: Sequence[str]) -> list[str
     """The `names` a process that answered ok does not report as taken."""
     held = took_names(answer)
     return [name for name in names if name not in held]
-

@@ -32,10 +32,10 @@ from opspatch.hosts.agent.facts import collect_facts, resolve_module_file
 from opspatch.hosts.agent.files import read_file
 from opspatch.hosts.agent.fsutil import unb64
 from opspatch.hosts.agent.processes import (
-    process_tree,
     alive,
     listening_pids,
     process_start_epoch,
+    process_tree,
     read_pid_file,
 )
 from opspatch.hosts.agent.protocol import OpFailure, operation
