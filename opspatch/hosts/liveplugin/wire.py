@@ -15,9 +15,9 @@ from typing import Any, BinaryIO
 MAX_LINE_BYTES = 1 << 20
 """The longest request or reply line read (a request lists definitions, never code)."""
 
-ASK_TIMEOUT_S = 120.0
-"""How long `ask` waits for a reply by default: longer than the entry rank waits for a
-scheduling boundary (`boundary.BOUNDARY_TIMEOUT_S`), so a slow boundary is answered, not cut."""
+ASK_TIMEOUT_S = 150.0
+"""How long `ask` waits for a reply by default: longer than the entry rank may wait (twice
+`boundary.BOUNDARY_TIMEOUT_S`: for a boundary, then for every rank), so it is answered, not cut."""
 
 # Refusal codes of the delivery path (`fixes` has its own for what a fix refuses).
 BAD_REQUEST = "bad-request"
