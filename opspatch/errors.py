@@ -14,7 +14,9 @@ OpspatchError                      base; carries a one-line message and optional
 │   │                              unknown worker URL, no capacity to drain)
 │   ├── LeaseHeld                  a live lease of another run holds the hosts (its operator,
 │   │                              controller machine and run named)
-│   └── ApprovalRefused            an apply needing a second operator's signature has no valid one
+│   ├── ApprovalRefused            an apply needing a second operator's signature has no valid one
+│   └── LiveRefused                a live fix cannot be taken on a host (its inventory does not
+│                                  say `live = true`, its engine does not listen for live fixes)
 ├── HostError                      exit 1: one host failed; carries host and step
 │   ├── TransportError             connecting or running a command failed
 │   │   ├── CommandTimeout         a remote command passed its deadline (process group ended)
@@ -175,6 +177,12 @@ class UnitRefused(InputError):
 class ApprovalRefused(InputError):
     """The playbook asks for a second operator's signature of the patch and none that verifies
     is recorded (none at all, none allowed_signers accepts, or only the author's)."""
+
+
+class LiveRefused(InputError):
+    """A live fix cannot be taken (or the plugin installed) on a host: its inventory does not say
+    `live = true`, or its engine does not listen for live fixes (the plugin not installed or not
+    loaded, `SGLANG_PLUGINS` without it). Nothing was changed."""
 
 
 # ---------------------------------------------------------------------------------------------

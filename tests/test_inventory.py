@@ -515,3 +515,28 @@ def test_inventory_show_json_is_serialisable_with_toml_dates() -> None:
         "since": "2024-05-01",
         "at": "07:30:00",
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# live = true: off unless a level says so
+
+
+def test_live_is_off_by_default_and_merges_like_any_scalar() -> None:
+    inventory = toml(
+        '[defaults]\nlive = true\n[groups.g]\nhosts = ["a"]\nlive = false\n'
+        '[hosts.a]\naddress = "a.fleet.example"\n[hosts.b]\naddress = "b.fleet.example"\n'
+        '[hosts.c]\naddress = "c.fleet.example"\nlive = false\n'
+    )
+    assert [(h.name, h.live) for h in inventory.hosts] == [("a", False), ("b", True), ("c", False)]
+    assert toml('[hosts.a]\naddress = "a.fleet.example"\n').host("a").live is False
+
+
+def test_live_that_is_not_a_boolean_is_refused_at_its_line() -> None:
+    error = spec_error('[hosts.a]\naddress = "a.fleet.example"\nlive = "yes"\n')
+    assert (error.location.line, error.location.field) == (3, "hosts.a.live")
+    assert "true or false" in error.message
+
+
+def test_ansible_opspatch_live_is_the_live_key() -> None:
+    text = "all:\n  vars:\n    opspatch_live: true\n  hosts:\n    a:\n"
+    assert parse_inventory(text, "/ws/inventories/f.yml").hosts[0].live is True

@@ -99,10 +99,22 @@ def apply(
     target_version: TargetVersionOption = None,
     accept_new_host_keys: AcceptKeysOption = False,
     lease_expiry: LeaseExpiryOption = None,
+    live: Annotated[
+        bool,
+        typer.Option(
+            "--live",
+            help="Take the fix into the running engines (every process, at one scheduling "
+            "boundary) instead of restarting them; the file is swapped too, for the next "
+            "restart. Needs live = true and `opspatch live enable`; a change whose live form "
+            "is refused is restarted as without --live.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Apply a patch: to a local file or tree, or across hosts (lock, swap, restart, smoke, roll back on failure)."""
     one_target(file, hosts, "apply", root)
+    if live and hosts is None:
+        raise InputError("--live takes a fix into running engines: it needs --hosts TARGET")
     loaded = options.load_patch(patch)
     if file is not None or root is not None:
         if dry_run:
@@ -113,12 +125,14 @@ def apply(
     if dry_run:
         show_fleet_plan(loaded, hosts, playbook, accept_new_host_keys, as_json)
     from opspatch.runs.commands.apply import apply_to_hosts
+    from opspatch.runs.fleet.liveapply import live_former
 
     selected = options.hosts(hosts)
     playbook_obj = restart_policy(options.load_playbook(playbook), restart)
     playbook_obj = with_lease_expiry(fleet_governed(playbook_obj), lease_expiry)
     names = [h.name for h in selected]
     staging = " (staged: no restart)" if playbook_obj.restart == RestartPolicy.NEVER else ""
+    staging = " (live: no restart)" if live else staging
     confirm_or_refuse(
         f"Apply {loaded.spec.id} to {len(names)} host(s): {', '.join(names)} "
         f"(playbook {playbook_obj.name}){staging}?",
@@ -133,6 +147,7 @@ def apply(
             factory=options.connector(accept_new_host_keys=accept_new_host_keys),
             ledger=ledger,
             progress=progress,
+            live=live_former if live else None,
         )
     finish(report, as_json)
 

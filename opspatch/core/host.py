@@ -246,6 +246,9 @@ class Host:
     router: RouterSettings | None = None
     unit: Unit | None = None
     """The multi-node server this host is one node of (None: the host is a server by itself)."""
+    live: bool = False
+    """Whether live fixes may be taken on this host's engine (the inventory's `live = true`):
+    `opspatch live enable` and `apply --live` refuse a host that does not say so."""
 
     @classmethod
     def local(

@@ -385,6 +385,12 @@ class Step(Word):
     READY_AFTER_RESTORE = "ready-after-restore"
     SMOKE_AFTER_RESTORE = "smoke-after-restore"
     READY_AFTER_RESTART = "ready-after-restart"
+    LIVE = "live"
+    """`apply --live`: the fix taken into the running engine's processes (no restart), each
+    process's answer in the detail; `live` and `status` ask what they hold."""
+    LIVE_REVERT = "live-revert"
+    """A live fix undone in the running engine's processes (a process refused or the smoke
+    failed; `rollback` of a live fix)."""
     STOP = "stop"
     """A unit's node: its engine stopped (every node stops before any starts)."""
     START = "start"

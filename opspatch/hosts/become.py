@@ -44,8 +44,10 @@ from opspatch.hosts.transport.base import Command, CommandResult
 ENGINE_OPERATIONS = frozenset({"restart", "stop", "start"})
 """Operations that stop or start the engine: raised as the user who restarts it (`restart_user`)."""
 
-RAISED_OPERATIONS = frozenset({"lock", "unlock", "swap", "restore"}) | ENGINE_OPERATIONS
-"""Agent operations that change the host: raised when the host's inventory says `become`."""
+RAISED_OPERATIONS = frozenset({"lock", "unlock", "swap", "restore", "live"}) | ENGINE_OPERATIONS
+"""Agent operations that change the host: raised when the host's inventory says `become`
+(`live` too: it changes the running engine, and its sockets admit only root and the engine's
+user)."""
 
 LOGIN_OPERATIONS = frozenset(
     {"facts", "resolve", "read", "inspect", "wait_ready", "wait_drained", "smoke"}

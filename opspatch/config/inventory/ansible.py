@@ -81,6 +81,7 @@ _OPSPATCH_KEYS: dict[str, tuple[str, ...]] = {
     "opspatch_jump": ("jump",),
     "opspatch_state_dir": ("state_dir",),
     "opspatch_become_password_env": ("become_password_env",),
+    "opspatch_live": ("live",),
     "opspatch_engine_python": ("engine", "python"),
     "opspatch_engine_url": ("engine", "url"),
     "opspatch_engine_log_file": ("engine", "log_file"),

@@ -112,6 +112,7 @@ class SettingsLayer:
     become_method: BecomeMethod | None = None
     become_password_env: str | None = None
     container: ContainerSettings | None = None
+    live: bool | None = None
     vars: Mapping[str, Any] = field(default_factory=dict)
     engine: EngineLayer = field(default_factory=EngineLayer)
     router: RouterLayer = field(default_factory=RouterLayer)
@@ -130,6 +131,7 @@ _SCALAR_SETTINGS = (
     "become_method",
     "become_password_env",
     "container",
+    "live",
 )
 _SCALAR_ENGINE = ("python", "url", "log_file", "speculative", "restart")
 _SCALAR_ROUTER = ("url", "worker_url", "admin_key_env")

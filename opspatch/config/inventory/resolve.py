@@ -105,6 +105,7 @@ def layer_from_table(table: LayerTable, base_dir: str) -> SettingsLayer:
         container=None
         if table.container is None
         else ContainerSettings(runtime=table.container.runtime, name=table.container.name),
+        live=table.live,
         vars=dict(table.vars),
         engine=EngineLayer(
             python=engine.python,
@@ -373,6 +374,7 @@ def _host(
         ),
         container=settings.container,
         router=router,
+        live=bool(settings.live),
     )
 
 

@@ -151,6 +151,9 @@ class LayerTable(FileSchema):
     become_method: Literal["sudo"] | None = None
     become_password_env: Annotated[str, AfterValidator(_env_name)] | None = None
     container: ContainerTable | None = None
+    live: bool | None = None
+    """Whether live fixes may be taken on this host's engine (`opspatch live enable`, `apply
+    --live`); off unless an inventory level says `live = true`."""
     vars: dict[str, Any] = Field(default_factory=dict)
     engine: EngineTable = Field(default_factory=EngineTable)
     router: RouterTable = Field(default_factory=RouterTable)

@@ -148,6 +148,7 @@ def host_to_json(host: Host) -> dict[str, Any]:
         if host.container is None
         else {"runtime": host.container.runtime, "name": host.container.name},
         "groups": list(host.groups),
+        "live": host.live,
         "vars": _json_safe(dict(host.vars)),
         "engine": {
             "python": host.engine.python,

@@ -20,6 +20,7 @@ One concern per module:
 - `measure`: the judge's timed greedy decodes of a prompt set (with top-k logprobs);
 - `provenance`: where a module's code comes from (other copies, git checkout, bytecode);
 - `diagnose`: one host's incident facts in one exec (`opspatch diagnose`, `lint-init --hosts`);
+- `live`: the running engine's live-fix sockets, asked (`apply --live`, `live`, `status`);
 - `dispatch`: `main`, the one reply line.
 
 Rules for every module here, because they run on hosts we do not control: Python 3.8+ and the
@@ -41,6 +42,7 @@ MODULES = (
     "measure",
     "provenance",
     "diagnose",
+    "live",
     "dispatch",
 )
 """The agent's modules in the order a host executes them: each imports only earlier ones, and

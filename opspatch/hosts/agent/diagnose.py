@@ -32,10 +32,10 @@ from opspatch.hosts.agent.facts import collect_facts, resolve_module_file
 from opspatch.hosts.agent.files import read_file
 from opspatch.hosts.agent.fsutil import unb64
 from opspatch.hosts.agent.processes import (
-    _process_tree,
     alive,
     listening_pids,
     process_start_epoch,
+    process_tree,
     read_pid_file,
 )
 from opspatch.hosts.agent.protocol import OpFailure, operation
@@ -140,7 +140,7 @@ def locate_server(restart: Result, url: str | None) -> tuple[int | None, str]:
     if kind == "command" and restart.get("pid_file"):
         pid = read_pid_file(str(restart["pid_file"]))
         if pid is not None and alive(pid):
-            tree = [p for p in _process_tree(pid) if alive(p)]
+            tree = [p for p in process_tree(pid) if alive(p)]
             engine = next((p for p in tree if "sglang" in " ".join(_cmdline(p))), pid)
             return engine, f"pid file {restart['pid_file']}"
         return pid, f"pid file {restart['pid_file']}"

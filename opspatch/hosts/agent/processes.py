@@ -37,7 +37,7 @@ def alive(pid: int) -> bool:
     return True
 
 
-def _process_tree(root: int) -> list[int]:
+def process_tree(root: int) -> list[int]:
     """`root` and all its descendants, found through parent pids (never by name)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -57,7 +57,7 @@ def stop_process_tree(root: int, timeout: float) -> list[int]:
     """TERM the process tree of `root`, wait up to `timeout`, then KILL what is left."""
     import signal
 
-    tree = [pid for pid in _process_tree(root) if alive(pid)]
+    tree = [pid for pid in process_tree(root) if alive(pid)]
     for pid in tree:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)

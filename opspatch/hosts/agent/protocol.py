@@ -364,6 +364,52 @@ class DiagnoseReply(TypedDict):
     sources: dict[str, Any] | None
 
 
+class LiveDefinition(TypedDict):
+    """One definition a live fix takes: `name` (`Class.attr`, `function`, `Class.method`) and
+    its `kind` (the live form's word: constant, class-attribute, function, method)."""
+
+    name: str
+    kind: str
+
+
+class LiveFixRequest(TypedDict, total=False):
+    """What the engine's plugin takes on its socket (`liveplugin`): `op` take, revert or list;
+    a take names the module, the file and the sha256 it must have, and the definitions (no code
+    travels); a revert names the fix."""
+
+    op: str
+    fix_id: str
+    module: str
+    path: str
+    sha256: str
+    definitions: list[LiveDefinition]
+
+
+class LiveRequest(TypedDict):
+    fix: LiveFixRequest
+    pid: int | None  # the engine's pid, when the controller knows it
+    pid_file: str | None
+    url: str | None  # else whoever listens on its port
+    env: dict[str, str]  # the inventory's engine.env: its socket base if /proc does not say
+    timeout: float  # each socket's answer (an entry rank's take waits for a boundary)
+
+
+class LiveAnswer(TypedDict):
+    """One socket's answer: its name (`scheduler-tp0.sock`), the plugin's reply, or `error`
+    when it could not be asked (nobody listens, no whole reply)."""
+
+    socket: str
+    reply: dict[str, Any] | None
+    error: str | None
+
+
+class LiveReply(TypedDict):
+    server_pid: int | None
+    folder: str | None  # the server's socket folder, when found
+    missing: str | None  # why no process was asked (not running, the plugin not loaded...)
+    answers: list[LiveAnswer]
+
+
 # -- one exec: a list of operations -------------------------------------------------------------
 # An exec carries a list of operations, run in order in one process: how the controller composes
 # "take the lock, then inspect" or "smoke, then give the lock back" without a flag on either.

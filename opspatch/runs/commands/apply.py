@@ -24,6 +24,7 @@ from opspatch.errors import (
     BecomeError,
     HostKeyError,
     LeaseHeld,
+    LiveRefused,
     Location,
     LockHeld,
     OpspatchError,
@@ -36,6 +37,7 @@ from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.host_leases import host_identity, lease_held, live_holders, refusal
 from opspatch.runs.fleet.judging import JudgePlan
+from opspatch.runs.fleet.liveapply import LiveApply, LiveFormer, refuse_unless_live
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.recorder import NullRecorder, Recorder
@@ -78,22 +80,27 @@ def apply_to_hosts(
     dry_run: bool = False,
     command: Command = Command.APPLY,
     local: LocalFiles | None = None,
+    live: LiveFormer | None = None,
 ) -> RunReport:
     """Apply `patch` across `hosts` under `playbook` (a dry run locks and records nothing).
 
     `command` is the run's name in the ledger: `sync` applies through this same run. `local`:
-    the one host is the controller and these are its files (nothing is restarted).
+    the one host is the controller and these are its files (nothing is restarted). `live`: take
+    the change into the running engines instead of restarting them (`apply --live`; the live
+    form of each file from this function), where its live form allows.
 
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
         ApprovalRefused: the playbook requires an approval and the patch has no valid one.
         UnitRefused: the hosts take part of a unit, or a whole unit under a playbook that
             restarts (`units_refused`).
+        LiveRefused: `live` over hosts whose inventory does not say `live = true`, or units.
     """
     progress = progress or NoProgress()
+    taking = None if live is None else _live_apply(patch, hosts, playbook, live)
     if dry_run:
         return _FleetApply(
-            patch, playbook, hosts, factory, NullRecorder(), progress, True, command, local
+            patch, playbook, hosts, factory, NullRecorder(), progress, True, command, local, taking
         ).run()
     if ledger is None:
         raise ValueError("an apply that changes hosts is recorded: pass the ledger")
@@ -112,12 +119,37 @@ def apply_to_hosts(
             run.run_id, f"{patch.spec.id} on {len(hosts)} host(s), playbook {playbook.name}"
         )
         report = _FleetApply(
-            patch, playbook, hosts, factory, run, progress, False, command, local
+            patch, playbook, hosts, factory, run, progress, False, command, local, taking
         ).run()
         return run.finish(report)
 
 
 _HOST_KEY_UNKNOWN = "unknown host key"
+
+
+def _live_apply(
+    patch: LoadedPatch, hosts: Sequence[Host], playbook: Playbook, former: LiveFormer
+) -> LiveApply:
+    """The live strategy of an apply, once its hosts may take live fixes.
+
+    Raises:
+        LiveRefused: a host whose inventory does not say `live = true`, a unit's node (a unit's
+            ranks span hosts: not taken live yet), or a playbook that never restarts.
+    """
+    refuse_unless_live(hosts)
+    in_units = sorted(host.name for host in hosts if host.unit is not None)
+    if in_units:
+        raise LiveRefused(
+            f"{', '.join(in_units)} are nodes of a multi-node server: live fixes are taken on "
+            "servers of one host only",
+            hint="apply without --live: a unit is restarted and proven as one",
+        )
+    if playbook.restart == RestartPolicy.NEVER:
+        raise LiveRefused(
+            "--live takes the fix into the running server, --restart never (or the playbook's "
+            "restart = never) stages it for a later restart: choose one",
+        )
+    return LiveApply(patch.spec.id, former, timeout=float(playbook.timeouts.smoke))
 
 
 def units_refused(
@@ -199,6 +231,7 @@ class _FleetApply:
     dry_run: bool
     command: Command = Command.APPLY
     local: LocalFiles | None = None
+    live: LiveApply | None = None
 
     def run(self) -> RunReport:
         if self.local is not None:  # local files: no server to restart, so swapped is applied
@@ -213,9 +246,11 @@ class _FleetApply:
                 self.patch,
                 self.playbook,
                 restart_engine=self.playbook.restart != RestartPolicy.NEVER,
+                live=self.live,
             )
         self.host_key_refusals: dict[str, HostKeyError] = {}
         self.become_refusals: dict[str, BecomeError] = {}
+        self.live_refusals: dict[str, LiveRefused] = {}
         self.lease_refusals: dict[str, tuple[list[LeaseHolder], LeaseHeld]] = {}
         with FleetRun(
             command=self.command,
@@ -263,7 +298,13 @@ class _FleetApply:
                     paths=self.local.paths,
                     installed_version=self.local.version,
                 )
-            return self.pipeline.prepare(session, lock=not self.dry_run)
+            prepared = self.pipeline.prepare(session, lock=not self.dry_run)
+            if self.live is not None and prepared.pending:
+                self.live.check(session)
+            return prepared
+        except LiveRefused as exc:  # its engine does not listen for live fixes
+            self.live_refusals[session.name] = exc
+            return session.outcome(Outcome.SKIPPED, f"{exc.message} ({exc.hint})")
         except HostKeyError as exc:
             self.host_key_refusals[session.name] = exc
             return session.refused(exc)
@@ -288,7 +329,12 @@ class _FleetApply:
         outcomes: list[HostOutcome] = []
         misfits: list[str] = []
         unreached: list[str] = []
-        refused_for_access = {*self.host_key_refusals, *self.become_refusals, *self.lease_refusals}
+        refused_for_access = {
+            *self.host_key_refusals,
+            *self.become_refusals,
+            *self.lease_refusals,
+            *self.live_refusals,
+        }
         for host in self.hosts:
             session = self.sessions[host.name]
             item = prepared[host.name]
@@ -333,6 +379,9 @@ class _FleetApply:
         if self.lease_refusals:
             holders = [h for held, _ in self.lease_refusals.values() for h in held]
             reasons.append(refusal(holders))
+        if self.live_refusals:
+            names = ", ".join(sorted(self.live_refusals))
+            reasons.append(f"{names} do not listen for live fixes (see each host's error)")
         unlike = self._units_not_alike(prepared)
         if unlike:
             reasons.append(_unlike(unlike))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, plan_summary
 from opspatch.core.gate import version_gate
@@ -152,6 +153,16 @@ def _is_sglang(distribution: str) -> bool:
     return distribution.lower().replace("_", "-") == "sglang"
 
 
+class LiveStrategy(Protocol):
+    """`apply --live` (`runs/fleet/liveapply.py`): after the swap, in place of PROVE, the fix is
+    taken into the running engine; returns the host's outcome, or why it was not taken live
+    (then PROVE runs as always, the reason in the outcome's note)."""
+
+    def apply(
+        self, pipeline: ApplyPipeline, session: HostSession, prepared: Prepared
+    ) -> HostOutcome | str: ...
+
+
 class ApplyPipeline:
     """Apply one patch (a patch set: all its files together) to one host: the template every
     apply runs through."""
@@ -163,16 +174,19 @@ class ApplyPipeline:
         *,
         restart_engine: bool = True,
         unrestarted: Outcome = Outcome.STAGED,
+        live: LiveStrategy | None = None,
     ) -> None:
         """`restart_engine=False` swaps the file only; the host's outcome is then `unrestarted`:
         `staged` on a fleet (its server still runs the old code), `applied` for a local file
-        (there is no server)."""
+        (there is no server). `live`: the swapped files are taken into the running engine
+        instead of a restart (`apply --live`)."""
         self.patch = patch
         self.playbook = playbook
         self.restart_engine = restart_engine
         self.unrestarted = unrestarted
         self.judges: JudgePlan | None = None
         """The playbook's judge, when it has one: set by the rollout once it knows the canaries."""
+        self.live = live
         # A plan depends on the patch and the file's bytes alone (the version gate, per host, is
         # not part of it): hosts with one pre-image share one plan and its validation.
         self._plans: dict[tuple[str, int, str], PlanOutcome] = {}
@@ -300,6 +314,11 @@ class ApplyPipeline:
                 else None
             )
             return self.outcome(session, prepared, self.unrestarted, None, note=staged_note)
+        if self.live is not None:
+            taken = self.live.apply(self, session, prepared)
+            if isinstance(taken, HostOutcome):
+                return taken
+            baseline_note = _join(taken, baseline_note)  # not taken live: restarted as always
         try:
             smoke = prove(session, baseline=baseline, judge=judge)
         except HostFailed as failure:

@@ -1,0 +1,186 @@
+"""Live fixes on the host: find the running engine's sockets (opspatch's SGLang plugin listens on
+one per process) and ask them, one JSON line each way.
+
+Where the sockets are is the plugin's scheme (`opspatch.hosts.liveplugin.socket_paths`, which
+the agent cannot import: only this package travels; `tests/test_live_agent.py` holds the two
+to one answer):
+
+    <base>/<server pid>/main.sock, detokenizer.sock, scheduler-tp<R>.sock
+
+`<base>` is the engine's `OPSPATCH_LIVE_DIR`, else `/run/opspatch-live` for an engine run by
+root, else `/tmp/opspatch-live-<uid>`; the server pid is its main process's, which may be a
+child of the process the pid file names (a wrapper), so every process of the tree is tried.
+
+A take or a revert goes to the entry rank's socket (`scheduler-tp0`: every TP rank applies it
+at one scheduling boundary and the entry rank answers for all) and to the main process and the
+detokenizer (each applies it itself); `list` goes to every socket, each rank answering for
+itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+from opspatch.hosts.agent.processes import alive, find_server_pid, process_tree
+from opspatch.hosts.agent.protocol import operation
+
+if TYPE_CHECKING:
+    from opspatch.hosts.agent.protocol import LiveAnswer, LiveReply, LiveRequest
+
+PLUGIN_NAME = "opspatch_live"
+PLUGINS_ENV = "SGLANG_PLUGINS"
+LIVE_DIR_ENV = "OPSPATCH_LIVE_DIR"
+ROOT_BASE = "/run/opspatch-live"
+USER_BASE = "/tmp/opspatch-live-{uid}"
+ENTRY_SOCKET = "scheduler-tp0.sock"
+MAX_REPLY_BYTES = 1 << 20
+BROADCAST_OPS = ("take", "revert")
+"""Ops a scheduler applies at a boundary on every rank: sent to the entry rank only."""
+
+
+def base_dir(environ: dict[str, str], uid: int) -> str:
+    """The folder of every engine's socket folder, for an engine with this environment and uid."""
+    explicit = environ.get(LIVE_DIR_ENV, "")
+    if explicit:
+        return explicit
+    return ROOT_BASE if uid == 0 else USER_BASE.format(uid=uid)
+
+
+def plugins_filtered_out(environ: dict[str, str]) -> str | None:
+    """Why an engine with this environment does not load opspatch's plugin though it may be
+    installed: `SGLANG_PLUGINS` is set without it. None when nothing filters it out."""
+    raw = environ.get(PLUGINS_ENV, "")
+    names = [name.strip() for name in raw.split(",") if name.strip()]
+    if not names or PLUGIN_NAME in names:
+        return None
+    return (
+        f"{PLUGINS_ENV}={raw} restricts the engine's plugins to {', '.join(names)}, so "
+        f"{PLUGIN_NAME} does not load and live fixes are off; add {PLUGIN_NAME} to "
+        f"{PLUGINS_ENV} in the engine's environment (the restart that follows loads it)"
+    )
+
+
+def process_environ(pid: int) -> dict[str, str] | None:
+    """The environment `pid` started with (/proc), or None where this user may not read it."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    found: dict[str, str] = {}
+    for entry in raw.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep:
+            found[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return found
+
+
+def _process_uid(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def server_folder(pid: int, env: dict[str, str]) -> tuple[str | None, dict[str, str]]:
+    """The socket folder of the server whose process (or wrapper) is `pid`, and the environment
+    its engine runs with (`env`, the inventory's, where /proc cannot be read)."""
+    seen_environ: dict[str, str] | None = None
+    for candidate in process_tree(pid):
+        environ = process_environ(candidate)
+        if seen_environ is None and environ is not None:
+            seen_environ = environ
+        uid = _process_uid(candidate)
+        if uid is None:
+            continue
+        folder = os.path.join(base_dir(environ or env, uid), str(candidate))
+        if os.path.isdir(folder):
+            return folder, environ or env
+    return None, seen_environ if seen_environ is not None else env
+
+
+def socket_order(names: list[str]) -> list[str]:
+    """Socket names in a stable order: main, the detokenizer, then schedulers by rank."""
+
+    def key(name: str) -> tuple[int, int]:
+        match = re.match(r"^scheduler-tp(\d+)\.sock$", name)
+        if match:
+            return 2, int(match.group(1))
+        return (0 if name == "main.sock" else 1), 0
+
+    return sorted(names, key=key)
+
+
+def sockets_to_ask(names: list[str], op: str) -> list[str]:
+    """Which sockets a request goes to: a take or revert to every process but the schedulers
+    after the entry rank (the entry rank applies it on every rank); anything else to all."""
+    ordered = socket_order(names)
+    if op not in BROADCAST_OPS:
+        return ordered
+    return [n for n in ordered if not n.startswith("scheduler-") or n == ENTRY_SOCKET]
+
+
+def ask_socket(path: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One request line to the socket at `path`, its reply line back.
+
+    Raises:
+        OSError: nobody listens there (or this user may not connect).
+        ValueError: the reply is not one JSON object.
+    """
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.settimeout(timeout)
+        connection.connect(path)
+        connection.sendall((json.dumps(request, separators=(",", ":")) + "\n").encode("utf-8"))
+        with connection.makefile("rb") as stream:
+            line = stream.readline(MAX_REPLY_BYTES + 1)
+    if not line.endswith(b"\n"):
+        raise ValueError("the process closed the connection before a whole reply line")
+    document = json.loads(line.decode("utf-8"))
+    if not isinstance(document, dict):
+        raise ValueError("the reply is not one JSON object")
+    return document
+
+
+@operation("live")
+def op_live(args: LiveRequest) -> LiveReply:
+    """Send a live fix's request to the running engine's processes and return what each said.
+
+    Nothing is refused here: an engine that is not running or has no socket answers `missing`
+    (why no process was asked, `SGLANG_PLUGINS` without the plugin named), a socket that cannot
+    be asked its `error`; the controller judges."""
+    url = str(args.get("url") or "")
+    match = re.match(r"^[a-z]+://[^/:]+:(\d+)", url)
+    port = int(match.group(1)) if match else None
+    pid = find_server_pid(args.get("pid"), args.get("pid_file"), port)
+    reply: LiveReply = {"server_pid": pid, "folder": None, "missing": None, "answers": []}
+    if pid is None or not alive(pid):
+        reply["missing"] = "the engine is not running"
+        return reply
+    env = dict(args.get("env") or {})
+    folder, environ = server_folder(pid, env)
+    if folder is None:
+        filtered = plugins_filtered_out(environ)
+        reply["missing"] = filtered or (
+            f"no process of the engine (pid {pid}) listens for live fixes: opspatch's plugin is "
+            "not installed in its environment, or installed since the engine started "
+            "(`opspatch live enable`, then a restart)"
+        )
+        return reply
+    reply["folder"] = folder
+    fix = dict(args["fix"])
+    names = [n for n in os.listdir(folder) if n.endswith(".sock")]
+    if not names:
+        reply["missing"] = f"{folder} holds no socket: the engine's processes are not listening"
+    for name in sockets_to_ask(names, str(fix.get("op"))):
+        answer: LiveAnswer = {"socket": name, "reply": None, "error": None}
+        try:
+            answer["reply"] = ask_socket(os.path.join(folder, name), fix, float(args["timeout"]))
+        except (OSError, ValueError) as error:
+            answer["error"] = f"{type(error).__name__}: {error}"
+        reply["answers"].append(answer)
+    return reply

@@ -1,0 +1,224 @@
+"""`apply --live`: the strategy `ApplyPipeline.apply` runs in place of PROVE once the files are
+swapped (so the next restart keeps the fix): the fix taken into the running engine's processes,
+read back from each, then proven by the smoke decode, with no restart and so no drain.
+
+Per host:
+
+```
+preflight  the engine listens for live fixes (a `list`, one exec) or the run is refused (exit 2)
+swap       as every apply (backup, swap)
+LIVE       the live form of each swapped file (pure: its pre- and post-image) -> `take` (the
+           module, the post-image's sha256, the definitions) to every process; each process's
+           answer judged (`judgments/live.judge_take`) and kept in the step's detail
+smoke      the decode, as the host's last step (it gives the lock back)
+on a refusal or a failure: LIVE_REVERT everywhere, the files restored; the host `rolled-back`
+           (a revert that did not answer everywhere: the restore's restart clears memory)
+```
+
+A file whose live form is refused (a new closure, a restart-only module) goes through today's
+path (restart, ready, smoke): the outcome's note says why it was not taken live.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from opspatch.core.edit import Applied
+from opspatch.core.host import Host
+from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.spec import PatchSpec
+from opspatch.core.vocabulary import Outcome, Step
+from opspatch.errors import LiveRefused, OpspatchError
+from opspatch.hosts.live import LiveDefinitionRecord, LiveFix, ask_engine
+from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile, live_new, live_old
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
+from opspatch.runs.fleet.steps import smoke_step, undo
+from opspatch.runs.judgments.live import judge_revert, judge_take
+from opspatch.runs.report import FileChange, HostOutcome
+
+
+@dataclass(frozen=True)
+class LiveForm:
+    """The definitions of one module a live fix takes (`name`, `kind`), from the live form of
+    its pre- and post-image."""
+
+    definitions: tuple[LiveDefinitionRecord, ...]
+
+
+@dataclass(frozen=True)
+class NotLive:
+    """Why a file's change cannot be taken live (the host then restarts)."""
+
+    reason: str
+
+
+LiveFormer = Callable[[PatchSpec, bytes, bytes], LiveForm | NotLive]
+"""The live form of one target's change: its part of the patch, the pre-image, the post-image."""
+
+
+def live_former(part: PatchSpec, pre: bytes, post: bytes) -> LiveForm | NotLive:
+    """The live form of one target's change, from its pre- and post-image (pure)."""
+    return NotLive("this opspatch does not compute live forms yet")
+
+
+def fix_id(patch_id: str, part: PatchSpec, *, in_set: bool) -> str:
+    """The name a live fix is taken under in the engine: the patch's id (a set's file: with its
+    module, one fix per file)."""
+    return f"{patch_id}:{part.target.module}" if in_set else patch_id
+
+
+def refuse_unless_live(hosts: Sequence[Host]) -> None:
+    """Refuse (exit 2, nothing changed) a live command over hosts whose inventory does not say
+    `live = true`.
+
+    Raises:
+        LiveRefused: naming the hosts.
+    """
+    off = [host.name for host in hosts if not host.live]
+    if off:
+        raise LiveRefused(
+            f"live fixes are off on {', '.join(off)}: the inventory does not say live = true",
+            hint="set live = true for these hosts (defaults, a group or the host) once "
+            "`opspatch live enable` has installed the plugin and the engine was restarted",
+        )
+
+
+class LiveApply:
+    """The live half of an apply: check in preflight, take after the swap, revert on failure."""
+
+    def __init__(self, patch_id: str, former: LiveFormer, *, timeout: float) -> None:
+        self.patch_id = patch_id
+        self.former = former
+        self.timeout = timeout
+
+    def check(self, session: HostSession) -> None:
+        """Preflight: the host's engine answers on its live sockets (nothing is taken).
+
+        Raises:
+            LiveRefused: no process listens (not running, the plugin not loaded, SGLANG_PLUGINS
+                without it).
+        """
+        with session.step(Step.LIVE) as note:
+            reply = ask_engine(session.ops, LiveFix("list"), timeout=self.timeout, step=Step.LIVE)
+            answered = [p for p in reply.processes() if p.ok]
+            if reply.missing is not None or not answered:
+                why = reply.missing or "no process of the engine answered `list`"
+                raise LiveRefused(
+                    f"{session.name}: its engine does not take live fixes: {why}",
+                    hint=f"`{remedy_text(CliCommand.APPLY, self.patch_id, hosts=session.name)}` "
+                    "without --live restarts it instead",
+                )
+            note["detail"] = "listening: " + ", ".join(p.process for p in answered)
+
+    def forms(self, pipeline: ApplyPipeline, prepared: Prepared) -> list[LiveForm] | str:
+        """Each pending file's live form, or why the change cannot be taken live."""
+        found: list[LiveForm] = []
+        for item in prepared.pending:
+            plan = _applied(item)
+            form = self.former(item.part, plan.old_source, plan.new_source)
+            if isinstance(form, NotLive):
+                return f"{item.part.target.module}: {form.reason}"
+            found.append(form)
+        return found
+
+    def apply(
+        self, pipeline: ApplyPipeline, session: HostSession, prepared: Prepared
+    ) -> HostOutcome | str:
+        """Take the swapped files live and prove it: the host's outcome, or why it could not be
+        taken live (the caller then restarts it as any apply does)."""
+        forms = self.forms(pipeline, prepared)
+        if isinstance(forms, str):
+            return f"not taken live ({forms}): restarted instead"
+        taken: list[str] = []
+        for item, form in zip(prepared.pending, forms, strict=True):
+            fix = self._fix(prepared, item, form)
+            try:
+                with session.step(Step.LIVE) as note:
+                    reply = ask_engine(session.ops, fix, timeout=self.timeout, step=Step.LIVE)
+                    verdict = judge_take(reply, [d.name for d in form.definitions])
+                    note["detail"] = f"{fix.fix_id}: {verdict.describe()}"
+                    if verdict.failure is not None:
+                        raise HostFailed(Outcome.FAILED, f"live: {verdict.failure}")
+            except (HostFailed, OpspatchError) as failure:
+                why = failure.error if isinstance(failure, HostFailed) else describe_error(failure)
+                return self.undo(pipeline, session, prepared, [*taken, fix.fix_id], why)
+            taken.append(fix.fix_id)
+        try:
+            smoke = smoke_step(session, None, baseline=None, last=True)
+        except HostFailed as failure:
+            return self.undo(pipeline, session, prepared, taken, failure.error)
+        return pipeline.outcome(
+            session,
+            prepared,
+            Outcome.APPLIED,
+            None,
+            smoke=smoke,
+            note="taken live, no restart: every process of the engine holds the fix (frames "
+            "already running keep the old code); the file carries it for the next restart",
+        )
+
+    def _fix(self, prepared: Prepared, item: PreparedFile, form: LiveForm) -> LiveFix:
+        return LiveFix(
+            "take",
+            fix_id=fix_id(self.patch_id, item.part, in_set=prepared.is_set),
+            module=item.part.target.module,
+            path=item.path,
+            sha256=_applied(item).sha256_after,
+            definitions=form.definitions,
+        )
+
+    def undo(
+        self,
+        pipeline: ApplyPipeline,
+        session: HostSession,
+        prepared: Prepared,
+        fixes: Sequence[str],
+        why: str,
+    ) -> HostOutcome:
+        """Revert `fixes` in every process, then restore the files: `rolled-back`. A revert that
+        did not finish everywhere (a process gone, a crash) is followed by the restore's restart,
+        which clears every process's memory."""
+        reverted = revert_everywhere(session, fixes, timeout=self.timeout)
+
+        def restore() -> FileChange:
+            pipeline.restore_files(session, prepared.pending)
+            return prepared.change(live_old(prepared))
+
+        undone = undo(
+            session,
+            why,
+            restore=restore,
+            change=prepared.change(live_new(prepared, prepared.pending)),
+            restart=not reverted,
+        )
+        return replace(undone, diff=prepared.diff())
+
+
+def revert_everywhere(session: HostSession, fixes: Sequence[str], *, timeout: float) -> bool:
+    """Send a revert of each fix to every process (recorded steps): whether every process
+    answered that it no longer holds it."""
+    every = True
+    for fix in reversed(fixes):
+        try:
+            with session.step(Step.LIVE_REVERT) as note:
+                reply = ask_engine(
+                    session.ops,
+                    LiveFix("revert", fix_id=fix),
+                    timeout=timeout,
+                    step=Step.LIVE_REVERT,
+                )
+                problem = judge_revert(reply)
+                note["detail"] = f"{fix}: " + (
+                    problem or "reverted in " + ", ".join(p.process for p in reply.processes())
+                )
+                if problem is not None:
+                    raise HostFailed(Outcome.FAILED, f"live revert: {problem}")
+        except (HostFailed, OpspatchError):
+            every = False
+    return every
+
+
+def _applied(item: PreparedFile) -> Applied:
+    assert isinstance(item.plan, Applied)  # only pending files (their plan changes them)
+    return item.plan

@@ -1,0 +1,114 @@
+"""What the engine's processes said about a live fix, judged (pure): did every process that has
+the module take every definition, which processes hold which fixes, and whether a fix held in
+memory agrees with the file on disk.
+
+A take's rule (`judge_take`): every process answers; each either took the fix (its `took` names
+every definition asked) or never imported the module (`module-not-loaded`: nothing to fix
+there); at least one took it. Anything else (a refusal, a socket that could not be asked, a
+process that says ok but does not name a definition) fails the take, and the caller reverts it
+everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from opspatch.hosts.live import LiveEngineReply, ProcessAnswer, missing_definitions
+
+
+@dataclass(frozen=True)
+class TakeVerdict:
+    """A take judged: the processes that took it, those without the module, and why it failed
+    (None: it took everywhere it must)."""
+
+    took: tuple[ProcessAnswer, ...]
+    not_loaded: tuple[ProcessAnswer, ...]
+    failure: str | None
+
+    def describe(self) -> str:
+        """The step's detail: who took it, who had nothing to take."""
+        parts = [
+            "took on " + ", ".join(_who(p) for p in self.took) if self.took else "took nowhere"
+        ]
+        if self.not_loaded:
+            parts.append("module not loaded in " + ", ".join(_who(p) for p in self.not_loaded))
+        return "; ".join(parts)
+
+
+def _who(answer: ProcessAnswer) -> str:
+    return f"{answer.process} (pid {answer.pid})" if answer.pid is not None else answer.process
+
+
+def judge_take(reply: LiveEngineReply, names: Sequence[str]) -> TakeVerdict:
+    """Whether a take of the definitions `names` took in every process of the engine that has
+    the module (see the module's docstring)."""
+    if reply.missing is not None:
+        return TakeVerdict((), (), reply.missing)
+    processes = reply.processes()
+    took, not_loaded, problems = [], [], []
+    for answer in processes:
+        if answer.not_loaded:
+            not_loaded.append(answer)
+        elif not answer.ok:
+            problems.append(answer.describe())
+        elif missing := missing_definitions(answer, names):
+            problems.append(f"{_who(answer)}: says ok but does not hold {', '.join(missing)}")
+        else:
+            took.append(answer)
+    if not problems and not took:
+        problems.append("no process of the engine has the module loaded")
+    failure = "; ".join(problems) if problems else None
+    return TakeVerdict(tuple(took), tuple(not_loaded), failure)
+
+
+def judge_revert(reply: LiveEngineReply) -> str | None:
+    """Why a revert did not finish everywhere (None: every process answered ok, or never held
+    the fix)."""
+    if reply.missing is not None:
+        return reply.missing
+    problems = [a.describe() for a in reply.processes() if not a.ok and not a.not_loaded]
+    return "; ".join(problems) or None
+
+
+@dataclass(frozen=True)
+class HeldFix:
+    """A live fix one process holds in memory, from its `list`: the fix, the module and the file
+    hash it was taken from, and the definitions."""
+
+    process: str
+    pid: int | None
+    fix_id: str
+    module: str | None
+    sha256: str | None
+    names: tuple[str, ...]
+
+
+def held_fixes(reply: LiveEngineReply) -> tuple[HeldFix, ...]:
+    """Every live fix each process reports in its `list` (`took` entries grouped by `fix_id`)."""
+    found: list[HeldFix] = []
+    for answer in reply.processes():
+        if not answer.ok:
+            continue
+        by_fix: dict[str, list[dict[str, object]]] = {}
+        for entry in answer.took:
+            by_fix.setdefault(str(entry.get("fix_id") or "?"), []).append(entry)
+        for fix_id, entries in by_fix.items():
+            module = next((str(e["module"]) for e in entries if e.get("module")), None)
+            sha = next((str(e["sha256"]) for e in entries if e.get("sha256")), None)
+            names = tuple(str(e["name"]) for e in entries if "name" in e)
+            found.append(HeldFix(answer.process, answer.pid, fix_id, module, sha, names))
+    return tuple(found)
+
+
+def drift(held: HeldFix, file_sha256: str | None) -> str | None:
+    """Why a fix held in memory disagrees with the file on disk (None: the file is the one it
+    was taken from, or the fix does not say which): a file reinstalled or changed since means
+    the next restart loses the fix."""
+    if held.sha256 is None or file_sha256 is None or held.sha256 == file_sha256:
+        return None
+    return (
+        f"{held.process} holds live fix {held.fix_id} taken from {held.module or 'its module'} "
+        f"sha256 {held.sha256[:12]}, but the file is {file_sha256[:12]} now: the next restart "
+        "loses the fix (reinstalled or changed since)"
+    )

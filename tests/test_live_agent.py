@@ -1,0 +1,60 @@
+"""The agent's `live` operation, pure parts: it computes the plugin's socket paths and its
+`SGLANG_PLUGINS` check by its own copy of the scheme (only the agent package travels to a host),
+which must give the plugin's own answers; and which sockets a request goes to."""
+
+from __future__ import annotations
+
+import pytest
+
+from opspatch.hosts.agent import live as agent_live
+from opspatch.hosts.liveplugin import socket_paths
+
+pytestmark = pytest.mark.pure
+
+
+@pytest.mark.parametrize(
+    ("environ", "uid"),
+    [
+        ({}, 0),
+        ({}, 1000),
+        ({"OPSPATCH_LIVE_DIR": "/srv/live"}, 1000),
+        ({"OPSPATCH_LIVE_DIR": ""}, 0),
+    ],
+)
+def test_the_agent_finds_sockets_where_the_plugin_binds_them(
+    environ: dict[str, str], uid: int
+) -> None:
+    assert agent_live.base_dir(environ, uid) == socket_paths.base_dir(environ, uid)
+    assert agent_live.PLUGIN_NAME == socket_paths.PLUGIN_NAME
+    assert socket_paths.socket_name("scheduler", 0) == agent_live.ENTRY_SOCKET
+
+
+@pytest.mark.parametrize(
+    "value", ["", "opspatch_live", "other,opspatch_live", "other", " other , more "]
+)
+def test_the_agent_says_sglang_plugins_without_the_plugin_as_the_plugin_does(value: str) -> None:
+    environ = {"SGLANG_PLUGINS": value}
+    assert agent_live.plugins_filtered_out(environ) == socket_paths.plugins_filtered_out(environ)
+
+
+def test_a_take_goes_to_the_entry_rank_main_and_detokenizer_and_list_to_every_socket() -> None:
+    names = [
+        "scheduler-tp1.sock",
+        "main.sock",
+        "scheduler-tp10.sock",
+        "scheduler-tp0.sock",
+        "detokenizer.sock",
+    ]
+    assert agent_live.sockets_to_ask(names, "take") == [
+        "main.sock",
+        "detokenizer.sock",
+        "scheduler-tp0.sock",
+    ]
+    assert agent_live.sockets_to_ask(names, "revert") == agent_live.sockets_to_ask(names, "take")
+    assert agent_live.sockets_to_ask(names, "list") == [
+        "main.sock",
+        "detokenizer.sock",
+        "scheduler-tp0.sock",
+        "scheduler-tp1.sock",
+        "scheduler-tp10.sock",
+    ]

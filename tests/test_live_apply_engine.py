@@ -1,0 +1,172 @@
+"""`apply --live` over real processes: the incident's TP=2 stand-in server (CUDA graph capture
+failed, the worker kept half-built: its first decode would crash it), with opspatch's plugin
+installed, gets eagle-init-guard through `apply_to_hosts(live=...)` on the local transport: the
+file is swapped, the fix taken by both scheduler ranks at one boundary through the agent's `live`
+operation, and the smoke decode passes, no pid changed. A rank that fails to apply: every rank
+reverted, the file restored, the host rolled back, still no restart.
+
+The fix runtime is the delivery tests' stand-in (`STUB_FIXES`: class attributes set from the
+file the request names, with its hash checked), plus a rank told to refuse by the engine's
+environment; the live form is given (the class default the patch adds), as `live_form` will
+compute it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from opspatch.config.patches import load_patch
+from opspatch.core.host import EngineSettings, Host
+from opspatch.core.policy import BatchSize, Playbook
+from opspatch.core.spec import PatchSpec
+from opspatch.hosts import livedist
+from opspatch.hosts.live import LiveDefinitionRecord
+from opspatch.hosts.liveplugin import socket_paths
+from opspatch.hosts.operations import open_transport
+from opspatch.ledger.store import Ledger
+from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.runs.fleet.liveapply import LiveForm, NotLive
+from tests.standin import EngineProcess, StandinHost, make_host, running_engine
+from tests.test_live_delivery import ALL_SOCKETS, STUB_FIXES, wait_for_sockets
+from tests.test_standin_processes import tree_of
+
+pytestmark = pytest.mark.engine
+
+REPO = Path(__file__).resolve().parent.parent
+TP2 = ("--tp-size", "2")
+THRESHOLD = "EAGLEWorkerV2.spec_disable_batch_threshold"
+REFUSE_RANK_ENV = "STUB_REFUSE_RANK"
+
+# A rank named by the engine's environment refuses every take (its boundary knows its rank); a
+# revert of a fix this process does not hold has nothing to undo.
+REFUSING_STUB = STUB_FIXES.replace(
+    "def revert(fix_id):\n",
+    "def revert(fix_id):\n    if fix_id not in _taken:\n        return list()\n",
+).replace(
+    "def take(request):\n",
+    "def take(request):\n"
+    "    import os\n"
+    "    from . import boundary\n"
+    f"    if os.environ.get({REFUSE_RANK_ENV!r}) == str(boundary.STATE.rank):\n"
+    '        return _refused("take-failed", "this rank was told to refuse")\n',
+)
+
+
+def former(part: PatchSpec, pre: bytes, post: bytes) -> LiveForm | NotLive:
+    return LiveForm((LiveDefinitionRecord(THRESHOLD, "class-attribute"),))
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> StandinHost:
+    made = make_host(tmp_path_factory.mktemp("live-apply"))
+    sources = {**livedist.plugin_sources(), "opspatch_live/fixes.py": REFUSING_STUB.encode()}
+    for relative, data in livedist.live_distribution("0.1.0", sources).items():
+        target = made.site_packages / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return made
+
+
+@pytest.fixture
+def live_dir() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="ol", dir="/tmp"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def inventory_host(host: StandinHost, engine: EngineProcess, live_dir: Path) -> Host:
+    return Host(
+        **{
+            **vars(
+                Host.local(
+                    "gpu-01",
+                    str(host.host_dir / "state"),
+                    EngineSettings(
+                        python=str(host.python),
+                        url=engine.url,
+                        log_file=str(engine.log_path),
+                        env={socket_paths.LIVE_DIR_ENV: str(live_dir)},
+                    ),
+                )
+            ),
+            "live": True,
+        }
+    )
+
+
+def apply_live(host: StandinHost, engine: EngineProcess, live_dir: Path, ledger: Ledger):  # type: ignore[no-untyped-def]
+    return apply_to_hosts(
+        load_patch(REPO / "patches" / "eagle-init-guard.toml"),
+        [inventory_host(host, engine, live_dir)],
+        Playbook(canary=0, batch=BatchSize(count=1), max_failures=1),
+        factory=open_transport,
+        ledger=ledger,
+        live=former,
+    )
+
+
+def test_the_incidents_tp2_server_is_fixed_live_and_decodes_with_no_pid_changed(
+    host: StandinHost, live_dir: Path, tmp_path: Path
+) -> None:
+    pristine = host.eagle_worker_file.read_bytes()
+    env = {socket_paths.LIVE_DIR_ENV: str(live_dir)}
+    ledger = Ledger.open(tmp_path / "ledger.sqlite3")
+    try:
+        with running_engine(host, TP2, env=env, log_name="incident.log") as engine:
+            assert "CUDA graph capture failed" in engine.log_text()
+            wait_for_sockets(live_dir, engine, ALL_SOCKETS)
+            pids = set(tree_of(engine.pid))
+            report = apply_live(host, engine, live_dir, ledger)
+            (outcome,) = report.hosts
+            assert outcome.outcome == "applied", (outcome, engine.log_text())
+            steps = [str(s.step) for s in outcome.steps]
+            assert "restart" not in steps and steps[-2:] == ["live", "smoke"], steps
+            detail = [s.detail for s in outcome.steps if s.step == "live"][-1]
+            assert "scheduler-tp0" in detail and "scheduler-tp1" in detail, detail
+            assert set(tree_of(engine.pid)) == pids  # no process restarted
+            assert "Scheduler hit an exception" not in engine.log_text()
+            on_disk = host.eagle_worker_file.read_bytes()
+            assert on_disk != pristine  # the next restart keeps the fix through the file
+            assert outcome.file is not None
+            assert outcome.file.sha256_after == hashlib.sha256(on_disk).hexdigest()
+    finally:
+        ledger.close()
+        host.eagle_worker_file.write_bytes(pristine)
+
+
+def test_a_rank_that_fails_to_apply_reverts_every_rank_and_restores_the_file(
+    host: StandinHost, live_dir: Path, tmp_path: Path
+) -> None:
+    pristine = host.eagle_worker_file.read_bytes()
+    env = {socket_paths.LIVE_DIR_ENV: str(live_dir), REFUSE_RANK_ENV: "1"}
+    ledger = Ledger.open(tmp_path / "ledger.sqlite3")
+    try:
+        with running_engine(
+            host, (*TP2, "--disable-cuda-graph"), env=env, log_name="r.log"
+        ) as engine:
+            sockets = wait_for_sockets(live_dir, engine, ALL_SOCKETS)
+            pids = set(tree_of(engine.pid))
+            report = apply_live(host, engine, live_dir, ledger)
+            (outcome,) = report.hosts
+            assert outcome.outcome == "rolled-back", (outcome.error, outcome.steps)
+            assert "this rank was told to refuse" in (outcome.error or ""), outcome.error
+            assert host.eagle_worker_file.read_bytes() == pristine
+            steps = [str(s.step) for s in outcome.steps]
+            assert "live-revert" in steps and "restart-after-restore" not in steps, steps
+            assert set(tree_of(engine.pid)) == pids
+            from opspatch.hosts.liveplugin import wire
+
+            for name in ("scheduler-tp0.sock", "scheduler-tp1.sock"):
+                assert wire.ask(str(sockets[name]), {"op": "list"})["took"] == [], name
+            assert report.exit_code == 1
+    finally:
+        ledger.close()
+        host.eagle_worker_file.write_bytes(pristine)

@@ -1,0 +1,228 @@
+"""`apply --live`, fast: the scripted hosts of test_runs_scripted.py (the real agent on real
+files, a scripted engine) with a scripted live engine behind the `live` operation: a main
+process and a detokenizer that never import the module, and two scheduler ranks that take the
+fix at one boundary (the entry rank answering for both, as the plugin does).
+
+Each test names what the live path must do: take and prove without a restart, revert every
+process and restore the file when one rank refuses or the smoke fails, restart as today when the
+live form is refused, and refuse before any change (exit 2) where live fixes are off or the
+engine does not listen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+
+from opspatch.core.host import Host
+from opspatch.core.policy import BatchSize, Playbook
+from opspatch.core.spec import PatchSpec
+from opspatch.errors import LiveRefused
+from opspatch.hosts.live import LiveDefinitionRecord
+from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.runs.fleet.liveapply import LiveForm, NotLive
+from opspatch.runs.report import RunReport
+from tests.test_runs_scripted import PRISTINE, FakeHost, Fleet, fleet, sha
+
+pytestmark = pytest.mark.scripted
+
+__all__ = ["fleet"]  # the fixture, used by name
+
+THRESHOLD = "EAGLEWorkerV2.spec_disable_batch_threshold"
+FORM = LiveForm((LiveDefinitionRecord(THRESHOLD, "class-attribute"),))
+
+
+def former(part: PatchSpec, pre: bytes, post: bytes) -> LiveForm | NotLive:
+    return FORM
+
+
+def refusing_former(part: PatchSpec, pre: bytes, post: bytes) -> LiveForm | NotLive:
+    return NotLive("EAGLEWorkerV2.__init__: a new free variable (a closure over x)")
+
+
+@dataclass
+class LiveEngine:
+    """The engine's processes as their sockets answer: what each scheduler rank holds, and a
+    rank told to refuse a take."""
+
+    held: dict[int, dict[str, list[str]]] = field(default_factory=lambda: {0: {}, 1: {}})
+    refusing_rank: int | None = None
+    listening: bool = True
+    asked: list[str] = field(default_factory=list)
+
+    def answer(self, args: dict[str, Any]) -> dict[str, Any]:
+        fix = args["fix"]
+        self.asked.append(fix["op"])
+        if not self.listening:
+            return {"server_pid": 4242, "folder": None, "missing": "nobody listens", "answers": []}
+        answers = [self._direct("main", 100, fix), self._direct("detokenizer", 101, fix)]
+        if fix["op"] == "list":
+            answers += [self._socket(rank, self._rank(rank, fix)) for rank in (0, 1)]
+        else:
+            ranks = [self._rank(rank, fix) for rank in (0, 1)]
+            entry = {**ranks[0], "ok": all(r["ok"] for r in ranks), "ranks": ranks}
+            answers.append(self._socket(0, entry))
+        return {"server_pid": 4242, "folder": "/tmp/x/4242", "missing": None, "answers": answers}
+
+    @staticmethod
+    def _socket(rank: int, reply: dict[str, Any]) -> dict[str, Any]:
+        return {"socket": f"scheduler-tp{rank}.sock", "reply": reply, "error": None}
+
+    @staticmethod
+    def _direct(role: str, pid: int, fix: dict[str, Any]) -> dict[str, Any]:
+        process = {"role": role, "rank": None, "pid": pid}
+        if fix["op"] == "take":
+            reply = {
+                "ok": False,
+                "took": [],
+                "refused": {"code": "module-not-loaded", "message": "not imported here"},
+            }
+        else:
+            reply = {"ok": True, "took": []}
+        return {"socket": f"{role}.sock", "reply": {**reply, "process": process}, "error": None}
+
+    def _rank(self, rank: int, fix: dict[str, Any]) -> dict[str, Any]:
+        process = {"role": "scheduler", "rank": rank, "pid": 200 + rank}
+        held = self.held[rank]
+        if fix["op"] == "take":
+            if rank == self.refusing_rank:
+                refused = {"code": "take-failed", "message": "AttributeError: boom"}
+                return {"ok": False, "took": [], "refused": refused, "process": process}
+            names = [d["name"] for d in fix["definitions"]]
+            held[fix["fix_id"]] = names
+            took = [{"fix_id": fix["fix_id"], "name": n} for n in names]
+            return {"ok": True, "took": took, "process": process}
+        if fix["op"] == "revert":
+            held.pop(fix["fix_id"], None)
+        took = [{"fix_id": f, "name": n} for f, names in held.items() for n in names]
+        return {"ok": True, "took": took, "process": process}
+
+
+def live_host(fake: FakeHost, *, live: bool = True) -> Host:
+    return replace(fake.host(), live=live)
+
+
+def apply_live(fleet: Fleet, engine: LiveEngine, chosen: Any = former, **kw: Any) -> RunReport:
+    for fake in fleet.hosts:
+        fake.fault = lambda op, args: engine.answer(args) if op == "live" else None
+    return apply_to_hosts(
+        fleet.patch,
+        [live_host(h, **kw) for h in fleet.hosts],
+        Playbook(canary=0, batch=BatchSize(count=10), max_failures=1),
+        factory=fleet.factory,
+        ledger=fleet.ledger,
+        live=chosen,
+    )
+
+
+def steps(report: RunReport) -> list[str]:
+    (outcome,) = report.hosts
+    return [str(s.step) for s in outcome.steps]
+
+
+def test_a_live_apply_takes_the_fix_in_every_rank_and_proves_it_without_a_restart(
+    fleet: Fleet,
+) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    engine = LiveEngine()
+    report = apply_live(fleet, engine)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "applied", outcome
+    assert report.exit_code == 0
+    assert "restart" not in steps(report) and "drain" not in steps(report)
+    assert steps(report)[-2:] == ["live", "smoke"]
+    assert "taken live, no restart" in (outcome.note or "")
+    assert engine.held == {
+        0: {"eagle-init-guard": [THRESHOLD]},
+        1: {"eagle-init-guard": [THRESHOLD]},
+    }
+    live_step = [s for s in outcome.steps if s.step == "live"][-1]
+    assert "scheduler-tp0 (pid 200), scheduler-tp1 (pid 201)" in live_step.detail
+    assert "module not loaded in main (pid 100), detokenizer (pid 101)" in live_step.detail
+    assert sha(fleet.hosts[0].file.read_bytes()) != PRISTINE  # the next restart keeps the fix
+
+
+def test_a_rank_that_refuses_the_take_reverts_every_rank_and_restores_the_file(
+    fleet: Fleet,
+) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    engine = LiveEngine(refusing_rank=1)
+    engine.held[0] = {}
+    report = apply_live(fleet, engine)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "rolled-back", outcome
+    assert "TP rank 1" in (outcome.error or "") or "take-failed" in (outcome.error or "")
+    assert engine.asked[-1] == "revert"
+    assert engine.held == {0: {}, 1: {}}
+    assert sha(fleet.hosts[0].file.read_bytes()) == PRISTINE
+    assert "restart-after-restore" not in steps(report)  # every process reverted: no restart
+    assert "live-revert" in steps(report) and "restore" in steps(report)
+    assert report.exit_code == 1
+
+
+def test_a_smoke_that_fails_after_the_take_reverts_and_restores(fleet: Fleet) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    fleet.hosts[0].smoke_ok = False
+    engine = LiveEngine()
+    report = apply_live(fleet, engine)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "rolled-back", outcome
+    assert engine.held == {0: {}, 1: {}}
+    assert sha(fleet.hosts[0].file.read_bytes()) == PRISTINE
+
+
+def test_a_change_whose_live_form_is_refused_is_restarted_as_today_saying_why(
+    fleet: Fleet,
+) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    engine = LiveEngine()
+    report = apply_live(fleet, engine, refusing_former)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "applied", outcome
+    assert "restart" in steps(report)
+    assert "not taken live" in (outcome.note or "") and "free variable" in (outcome.note or "")
+    assert "take" not in engine.asked
+
+
+def test_hosts_without_live_true_are_refused_before_anything(fleet: Fleet) -> None:
+    engine = LiveEngine()
+    with pytest.raises(LiveRefused) as caught:
+        apply_live(fleet, engine, live=False)
+    assert caught.value.exit_code == 2
+    assert "live = true" in caught.value.message
+    assert engine.asked == []
+    assert all(sha(h.file.read_bytes()) == PRISTINE for h in fleet.hosts)
+    assert fleet.ledger.list_runs() == []
+
+
+def test_an_engine_that_does_not_listen_refuses_the_run_before_any_change(fleet: Fleet) -> None:
+    engine = LiveEngine(listening=False)
+    report = apply_live(fleet, engine)
+    assert report.exit_code == 2
+    assert "do not listen for live fixes" in (report.halted or "")
+    assert all(sha(h.file.read_bytes()) == PRISTINE for h in fleet.hosts)
+    assert "take" not in engine.asked
+    assert all("nobody listens" in (o.error or "") for o in report.hosts)
+
+
+def test_the_plugin_is_asked_for_the_post_image_the_run_swapped_in(fleet: Fleet) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    seen: list[dict[str, Any]] = []
+    engine = LiveEngine()
+    original = engine.answer
+
+    def recording(args: dict[str, Any]) -> dict[str, Any]:
+        seen.append(args["fix"])
+        return original(args)
+
+    engine.answer = recording  # type: ignore[method-assign]
+    apply_live(fleet, engine)
+    take = next(fix for fix in seen if fix["op"] == "take")
+    on_disk = fleet.hosts[0].file.read_bytes()
+    assert take["sha256"] == hashlib.sha256(on_disk).hexdigest()
+    assert take["path"] == str(fleet.hosts[0].file)
+    assert take["module"] == "sglang.srt.speculative.eagle_worker_v2"
+    assert take["definitions"] == [{"name": THRESHOLD, "kind": "class-attribute"}]
