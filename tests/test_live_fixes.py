@@ -1,0 +1,316 @@
+"""The fix runtime (`liveplugin/fixes.py`) in this process, over temporary modules imported here:
+a take sets module constants and class attributes and swaps functions' and methods' code in the
+running objects (and rebinds `from m import X` elsewhere), a revert puts each back; a file whose
+hash is not the request's, a changed free variable or a definition that cannot be set is refused
+with nothing changed."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from opspatch.hosts.liveplugin import fixes
+
+pytestmark = pytest.mark.pure
+
+ORIGINAL = """
+LIMIT = [1, 2]
+GREETING = "hello"
+
+
+def helper(x):
+    return x + 1
+
+
+class Worker:
+    threshold = 5
+
+    def __init__(self):
+        self.ready = True
+
+    def step(self):
+        return "old step"
+
+    @staticmethod
+    def tool():
+        return "old tool"
+
+    @property
+    def name(self):
+        return "old name"
+"""
+
+
+@pytest.fixture
+def module_from(tmp_path: Path) -> Iterator[Callable[[str, str], ModuleType]]:
+    """Import source as a fresh module under a unique name; removed from sys.modules after."""
+    made: list[str] = []
+
+    def make(name: str, source: str) -> ModuleType:
+        path = tmp_path / f"{name}.py"
+        path.write_text(textwrap.dedent(source))
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        made.append(name)
+        spec.loader.exec_module(module)
+        return module
+
+    yield make
+    for name in made:
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture(autouse=True)
+def nothing_held() -> Iterator[None]:
+    yield
+    for fix_id in [entry["fix_id"] for entry in fixes.list()["took"]]:
+        fixes.revert(fix_id)
+
+
+def post_image(tmp_path: Path, source: str, name: str = "post.py") -> tuple[str, str]:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return str(path), hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def take(
+    module: str, path: str, sha: str, *definitions: tuple[str, str], fix_id: str = "fix-1"
+) -> dict[str, Any]:
+    return fixes.take(
+        {
+            "op": "take",
+            "fix_id": fix_id,
+            "module": module,
+            "path": path,
+            "sha256": sha,
+            "definitions": [{"name": n, "kind": k} for n, k in definitions],
+        }
+    )
+
+
+def changed(*pairs: tuple[str, str]) -> str:
+    text = ORIGINAL
+    for old, new in pairs:
+        assert old in text
+        text = text.replace(old, new)
+    return text
+
+
+def test_a_constant_is_set_and_rebound_where_it_was_imported_by_name_then_reverted(
+    module_from: Callable[[str, str], ModuleType], tmp_path: Path
+) -> None:
+    target = module_from("live_m1", ORIGINAL)
+    user = module_from("live_u1", "from live_m1 import LIMIT, helper\n")
+    old_limit = target.LIMIT
+    path, sha = post_image(tmp_path, changed(("LIMIT = [1, 2]", "LIMIT = [1, 2, 3]")))
+
+    reply = take("live_m1", path, sha, ("LIMIT", "constant"))
+
+    assert reply["ok"] is True, reply
+    assert target.LIMIT == [1, 2, 3] and user.LIMIT is target.LIMIT
+    (entry,) = reply["took"]
+    assert entry == {
+        "fix_id": "fix-1",
+        "module": "live_m1",
+        "sha256": sha,
+        "name": "LIMIT",
+        "kind": "constant",
+        "value": "[1, 2, 3]",
+        "rebound": ["live_u1"],
+    }
+    assert fixes.list()["took"] == [entry]
+    assert fixes.revert("fix-1") == {"ok": True, "took": [], "reverted": ["LIMIT"]}
+    assert target.LIMIT is old_limit and user.LIMIT is old_limit
+    assert fixes.list()["took"] == []
+
+
+def test_a_class_attribute_is_set_on_the_running_class_and_its_instances_see_it(
+    module_from: Callable[[str, str], ModuleType], tmp_path: Path
+) -> None:
+    target = module_from("live_m2", ORIGINAL)
+    half_built = object.__new__(target.Worker)  # __init__ never ran
+    path, sha = post_image(
+        tmp_path, changed(("    threshold = 5\n", "    threshold = 5\n    budget: int = 0\n"))
+    )
+
+    reply = take("live_m2", path, sha, ("Worker.budget", "class-attribute"))
+
+    assert reply["ok"] is True, reply
+    assert half_built.budget == 0
+    assert reply["took"][0]["value"] == "0"
+    fixes.revert("fix-1")
+    assert not hasattr(half_built, "budget")  # it had none: removed, not left behind
+
+
+def test_methods_are_swapped_by_code_so_bound_and_wrapped_references_run_the_new_code(
+    module_from: Callable[[str, str], ModuleType], tmp_path: Path
+) -> None:
+    target = module_from("live_m3", ORIGINAL)
+    worker = target.Worker()
+    bound = worker.step  # bound before the fix
+    old_step_code = target.Worker.step.__code__
+    path, sha = post_image(
+        tmp_path,
+        changed(
+            ('return "old step"', 'return "new step"'),
+            ('return "old tool"', 'return "new tool"'),
+            ('return "old name"', 'return "new name"'),
+        ),
+    )
+
+    reply = take(
+        "live_m3",
+        path,
+        sha,
+        ("Worker.step", "method"),
+        ("Worker.tool", "method"),
+        ("Worker.name", "method"),
+    )
+
+    assert reply["ok"] is True, reply
+    assert (bound(), target.Worker.tool(), worker.name) == ("new step", "new tool", "new name")
+    hashes = {entry["name"]: entry["code_sha256"] for entry in reply["took"]}
+    assert hashes["Worker.step"] == fixes.code_sha256(target.Worker.step.__code__)
+    assert hashes["Worker.step"] != fixes.code_sha256(old_step_code)
+    fixes.revert("fix-1")
+    assert (bound(), target.Worker.tool(), worker.name) == ("old step", "old tool", "old name")
+
+
+def test_a_function_imported_elsewhere_by_name_runs_the_new_code_there_too(
+    module_from: Callable[[str, str], ModuleType], tmp_path: Path
+) -> None:
+    target = module_from("live_m4", ORIGINAL)
+    user = module_from("live_u4", "from live_m4 import helper\n")
+    path, sha = post_image(tmp_path, changed(("return x + 1", "return x + 100")))
+
+    assert take("live_m4", path, sha, ("helper", "function"))["ok"] is True
+    assert user.helper(1) == 101 and user.helper is target.helper  # the same object, new code
+    fixes.revert("fix-1")
+    assert user.helper(1) == 2
+
+
+def test_a_new_function_and_a_new_method_using_super_are_built_on_the_running_module(
+    module_from: Callable[[str, str], ModuleType], tmp_path: Path
+) -> None:
+    target = module_from("live_m5", ORIGINAL)
+    source = (
+        changed(('return "old step"', "return triple(2)"))
+        + "\n\ndef triple(x):\n    return 3 * x\n"
+        + "\n\nclass Sub(Worker):\n    pass\n"
+    )
+    path, sha = post_image(tmp_path, source)
+
+    reply = take("live_m5", path, sha, ("triple", "function"), ("Worker.step", "method"))
+
+    assert reply["ok"] is True, reply
+    assert target.Worker().step() == 6
+    assert target.triple.__globals__ is vars(target)  # the running module's, not the file's copy
+    fixes.revert("fix-1")
+    assert not hasattr(target, "triple") and target.Worker().step() == "old step"
+
+
+def test_a_file_whose_hash_is_not_the_requests_is_refused_and_nothing_changes(
+    module_from: Callable[[str, str], ModuleType], tmp_path: Path
+) -> None:
+    target = module_from("live_m6", ORIGINAL)
+    path, _ = post_image(tmp_path, changed(("threshold = 5", "threshold = 6")))
+
+    reply = take("live_m6", path, "0" * 64, ("Worker.threshold", "class-attribute"))
+
+    assert reply["ok"] is False and reply["refused"]["code"] == "hash-mismatch", reply
+    assert target.Worker.threshold == 5
+    assert fixes.list()["took"] == []
+
+
+def test_a_method_whose_free_variables_changed_is_refused(
+    module_from: Callable[[str, str], ModuleType], tmp_path: Path
+) -> None:
+    target = module_from("live_m7", ORIGINAL)
+    # super() gives the method a free variable (__class__) it did not have
+    path, sha = post_image(
+        tmp_path, changed(('return "old step"', 'return super().__repr__() and "new step"'))
+    )
+
+    reply = take("live_m7", path, sha, ("Worker.step", "method"))
+
+    assert reply["refused"]["code"] == "free-variables", reply
+    assert "__class__" in reply["refused"]["message"]
+    assert target.Worker().step() == "old step"
+
+
+def test_a_fix_is_all_or_nothing_when_one_definition_cannot_be_set(
+    module_from: Callable[[str, str], ModuleType], tmp_path: Path
+) -> None:
+    target = module_from("live_m8", ORIGINAL)
+    path, sha = post_image(
+        tmp_path,
+        changed(("threshold = 5", "threshold = 6"), ('return "old step"', 'return "new step"')),
+    )
+
+    class Frozen(type):
+        def __setattr__(cls, name: str, value: Any) -> None:
+            if name == "step":
+                raise TypeError("frozen")
+            super().__setattr__(name, value)
+
+    # a running class without `step` that refuses to be given one
+    body = {k: v for k, v in vars(target.Worker).items() if k not in ("step", "__dict__")}
+    target.Worker = Frozen("Worker", (), body)
+    refused = take(
+        "live_m8",
+        path,
+        sha,
+        ("Worker.threshold", "class-attribute"),
+        ("Worker.extra", "method"),
+    )
+    assert refused["refused"]["code"] == "no-definition"  # checked before anything is set
+    assert target.Worker.threshold == 5
+
+    source = changed(("threshold = 5", "threshold = 6")) + (
+        "\n\ndef _step(self):\n    return 1\n\n\nWorker.step = _step\n"
+    )
+    path, sha = post_image(tmp_path, source, "post2.py")
+    reply = take(
+        "live_m8",
+        path,
+        sha,
+        ("Worker.threshold", "class-attribute"),
+        ("Worker.step", "method"),
+    )
+    assert reply["refused"]["code"] == "take-failed", reply
+    assert "nothing is left changed" in reply["refused"]["message"]
+    assert target.Worker.threshold == 5 and "step" not in vars(target.Worker)
+    assert fixes.list()["took"] == []
+
+
+def test_a_process_without_the_module_refuses_and_a_revert_of_nothing_is_ok(
+    tmp_path: Path,
+) -> None:
+    path, sha = post_image(tmp_path, ORIGINAL)
+    reply = take("live_never_imported", path, sha, ("helper", "function"))
+    assert reply["refused"]["code"] == "module-not-loaded"
+    assert fixes.revert("never-taken") == {"ok": True, "took": [], "reverted": []}
+
+
+def test_a_retried_take_is_ok_and_a_definition_held_by_another_fix_is_refused(
+    module_from: Callable[[str, str], ModuleType], tmp_path: Path
+) -> None:
+    target = module_from("live_m9", ORIGINAL)
+    path, sha = post_image(tmp_path, changed(("threshold = 5", "threshold = 6")))
+    first = take("live_m9", path, sha, ("Worker.threshold", "class-attribute"))
+    again = take("live_m9", path, sha, ("Worker.threshold", "class-attribute"))
+    assert first == again and first["ok"] is True
+    other = take("live_m9", path, sha, ("Worker.threshold", "class-attribute"), fix_id="fix-2")
+    assert other["refused"]["code"] == "already-held" and "fix-1" in other["refused"]["message"]
+    fixes.revert("fix-1")
+    assert target.Worker.threshold == 5
