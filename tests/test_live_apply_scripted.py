@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 
 from opspatch.core.host import Host
+from opspatch.core.live import LiveForm, NotLive
 from opspatch.core.policy import BatchSize, Playbook
 from opspatch.core.spec import PatchSpec
+from opspatch.core.vocabulary import NotLiveReason
 from opspatch.errors import LiveRefused
-from opspatch.hosts.live import LiveDefinitionRecord
 from opspatch.runs.commands.apply import apply_to_hosts
-from opspatch.runs.fleet.liveapply import LiveForm, NotLive
+from opspatch.runs.fleet.liveapply import live_former
 from opspatch.runs.report import RunReport
 from tests.test_runs_scripted import PRISTINE, FakeHost, Fleet, fleet, sha
 
@@ -32,15 +33,14 @@ pytestmark = pytest.mark.scripted
 __all__ = ["fleet"]  # the fixture, used by name
 
 THRESHOLD = "EAGLEWorkerV2.spec_disable_batch_threshold"
-FORM = LiveForm((LiveDefinitionRecord(THRESHOLD, "class-attribute"),))
-
-
-def former(part: PatchSpec, pre: bytes, post: bytes) -> LiveForm | NotLive:
-    return FORM
+INIT = "EAGLEWorkerV2.__init__"
+former = live_former  # the real live form of the patch's change
 
 
 def refusing_former(part: PatchSpec, pre: bytes, post: bytes) -> LiveForm | NotLive:
-    return NotLive("EAGLEWorkerV2.__init__: a new free variable (a closure over x)")
+    return NotLive(
+        NotLiveReason.FREE_VARIABLES, "EAGLEWorkerV2.__init__: a new free variable (a closure)"
+    )
 
 
 @dataclass
@@ -136,8 +136,8 @@ def test_a_live_apply_takes_the_fix_in_every_rank_and_proves_it_without_a_restar
     assert steps(report)[-2:] == ["live", "smoke"]
     assert "taken live, no restart" in (outcome.note or "")
     assert engine.held == {
-        0: {"eagle-init-guard": [THRESHOLD]},
-        1: {"eagle-init-guard": [THRESHOLD]},
+        0: {"eagle-init-guard": [THRESHOLD, INIT]},
+        1: {"eagle-init-guard": [THRESHOLD, INIT]},
     }
     live_step = [s for s in outcome.steps if s.step == "live"][-1]
     assert "scheduler-tp0 (pid 200), scheduler-tp1 (pid 201)" in live_step.detail
@@ -225,4 +225,7 @@ def test_the_plugin_is_asked_for_the_post_image_the_run_swapped_in(fleet: Fleet)
     assert take["sha256"] == hashlib.sha256(on_disk).hexdigest()
     assert take["path"] == str(fleet.hosts[0].file)
     assert take["module"] == "sglang.srt.speculative.eagle_worker_v2"
-    assert take["definitions"] == [{"name": THRESHOLD, "kind": "class-attribute"}]
+    assert take["definitions"] == [
+        {"name": THRESHOLD, "kind": "class-attribute"},
+        {"name": INIT, "kind": "method"},
+    ]

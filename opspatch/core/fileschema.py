@@ -23,6 +23,7 @@ import difflib
 import re
 import types
 from collections.abc import Callable, Collection, Mapping, Sequence
+from enum import Enum
 from typing import Annotated, Any, Protocol, Union, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Tag, ValidationError
@@ -100,6 +101,20 @@ def expects(what: str, *kinds: type) -> BeforeValidator:
         if not _is(value, kinds):
             raise PydanticCustomError("wrong_type", "must be {what}", {"what": what})
         return value
+
+    return BeforeValidator(check)
+
+
+def word_of(words: type[Enum]) -> BeforeValidator:
+    """Read a string as one of the `words` (a str enum of the vocabulary); any other value gets
+    one message, `must be one of <each word>, got <value>`, as a literal's does."""
+
+    def check(value: Any) -> Any:
+        for word in words:
+            if value == word.value:
+                return word
+        expected = " or ".join(repr(word.value) for word in words)
+        raise PydanticCustomError("literal_error", "must be one of", {"expected": expected})
 
     return BeforeValidator(check)
 

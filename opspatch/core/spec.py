@@ -32,7 +32,7 @@ from pydantic import (
     field_validator,
 )
 
-from opspatch.core.fileschema import FileSchema, spec_error_from_validation
+from opspatch.core.fileschema import FileSchema, spec_error_from_validation, word_of
 from opspatch.core.incident import (
     NOT_FORWARDED,
     NOT_NEEDED_PREFIX,
@@ -59,6 +59,7 @@ from opspatch.core.selectors import (
 )
 from opspatch.core.target import Target
 from opspatch.core.tomlsource import TomlDocument
+from opspatch.core.vocabulary import LivePolicy
 from opspatch.errors import Location
 
 __all__ = [
@@ -174,6 +175,11 @@ class PatchSpec(FileSchema):
     last_update: LastUpdate = Field(
         None, description="DEP-3 Last-Update: the date the patch was last changed (YYYY-MM-DD)"
     )
+    live: Annotated[LivePolicy | None, word_of(LivePolicy)] = Field(
+        None,
+        description="apply --live: 'restart-only' (never taken live) or 'allowed' (live even in "
+        "the model forward or the CUDA graph runner); unset: live where its live form allows",
+    )
 
     _id = field_validator("id")(_check_patch_id)
     _origin = field_validator("origin")(_check_text)
@@ -214,6 +220,7 @@ class PatchSetSpec(FileSchema):
     bug: str | None = None
     forwarded: str | None = None
     last_update: LastUpdate = None
+    live: Annotated[LivePolicy | None, word_of(LivePolicy)] = None
 
     _id = field_validator("id")(_check_patch_id)
     _origin = field_validator("origin")(_check_text)

@@ -456,3 +456,59 @@ class Metric(Word):
     """Time to first token, per request, measured on the host."""
     TPOT = "tpot"
     """Time per output token after the first, per request, measured on the host."""
+
+
+class LivePolicy(Word):
+    """A patch's `live`: whether `apply --live` may take its change into running processes."""
+
+    ALLOWED = "allowed"
+    """Taken live where its live form allows, even in a module that is restart-only by default
+    (the model forward, the CUDA graph runner): the patch's author says no captured graph or
+    compiled code replays it."""
+    RESTART_ONLY = "restart-only"
+    """Never taken live: applied with a restart even under `--live` (code reachable from CUDA
+    graph capture or `torch.compile`, where a captured graph replays the old kernels)."""
+
+
+class LiveKind(Word):
+    """What one definition of a live fix is, so the plugin knows how to take it."""
+
+    CONSTANT = "constant"
+    """A module-level name: set on the module, and rebound where `from m import NAME` bound it."""
+    CLASS_ATTRIBUTE = "class-attribute"
+    """`Class.name` that is not a function: set on the running class."""
+    FUNCTION = "function"
+    """A module-level function: its code swapped in the running function object."""
+    METHOD = "method"
+    """`Class.name` defined by `def`: its code swapped in the running function object."""
+
+
+class NotLiveReason(Word):
+    """Why a change cannot be taken live (`core/live.py:live_form`); the host is restarted."""
+
+    DECLARED_RESTART_ONLY = "declared-restart-only"
+    """The patch says `live = "restart-only"`."""
+    RESTART_ONLY_MODULE = "restart-only-module"
+    """The module is the model forward or the CUDA graph runner (a captured graph replays the old
+    kernels) and the patch does not say `live = "allowed"`."""
+    UNPARSABLE = "unparsable"
+    """The pre- or post-image is not Python this opspatch can compile."""
+    STATEMENT = "statement"
+    """A statement that defines nothing by name changed (an import, an `if`, a call, a
+    docstring-less expression, a name defined twice): running it again is not a fix."""
+    REMOVED = "removed"
+    """A definition is gone from the post-image: a live module would keep it."""
+    NEW_CLASS = "new-class"
+    """A class was added: its methods would live on the file's copy of the module."""
+    DEFAULTS = "defaults"
+    """A function's default values changed: they are objects built at definition time."""
+    DECORATORS = "decorators"
+    """A decorator changed or was added (or a decorated class's attributes changed): its result
+    was built when the module was imported."""
+    FREE_VARIABLES = "free-variables"
+    """A function's free variables changed (a new closure, `super()` where there was none): its
+    code cannot be swapped into the running function."""
+    GENERATOR = "generator"
+    """A generator or coroutine function changed: its live frames keep the old code."""
+    BASES = "bases"
+    """A class's bases or metaclass changed: a running class keeps its own."""

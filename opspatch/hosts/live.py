@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord
+from opspatch.core.live import LiveDefinition
 from opspatch.hosts.agent.live import op_live
 from opspatch.hosts.agent.protocol import LiveFixRequest, LiveReply, LiveRequest
 from opspatch.hosts.operations import HostOperations
@@ -32,12 +33,6 @@ EXEC_MARGIN = 30.0
 
 
 @dataclass(frozen=True)
-class LiveDefinitionRecord(JsonRecord):
-    name: str
-    kind: str
-
-
-@dataclass(frozen=True)
 class LiveFix:
     """One request to the engine's processes. `take`: `module` at `path` must hash to `sha256`
     there, and `definitions` are taken from it; `revert`: the fix `fix_id` is undone; `list`:
@@ -48,7 +43,7 @@ class LiveFix:
     module: str = ""
     path: str = ""
     sha256: str = ""
-    definitions: tuple[LiveDefinitionRecord, ...] = ()
+    definitions: tuple[LiveDefinition, ...] = ()
 
     def request(self) -> LiveFixRequest:
         if self.op == "list":
@@ -61,7 +56,7 @@ class LiveFix:
             "module": self.module,
             "path": self.path,
             "sha256": self.sha256,
-            "definitions": [{"name": d.name, "kind": d.kind} for d in self.definitions],
+            "definitions": [{"name": d.name, "kind": str(d.kind)} for d in self.definitions],
         }
 
 

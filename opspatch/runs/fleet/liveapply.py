@@ -22,44 +22,30 @@ path (restart, ready, smoke): the outcome's note says why it was not taken live.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from opspatch.core.edit import Applied
 from opspatch.core.host import Host
+from opspatch.core.live import LiveForm, NotLive, live_form
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import PatchSpec
 from opspatch.core.vocabulary import Outcome, Step
 from opspatch.errors import LiveRefused, OpspatchError
-from opspatch.hosts.live import LiveDefinitionRecord, LiveFix, ask_engine
+from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile, live_new, live_old
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.fleet.steps import smoke_step, undo
 from opspatch.runs.judgments.live import judge_revert, judge_take
 from opspatch.runs.report import FileChange, HostOutcome
 
-
-@dataclass(frozen=True)
-class LiveForm:
-    """The definitions of one module a live fix takes (`name`, `kind`), from the live form of
-    its pre- and post-image."""
-
-    definitions: tuple[LiveDefinitionRecord, ...]
-
-
-@dataclass(frozen=True)
-class NotLive:
-    """Why a file's change cannot be taken live (the host then restarts)."""
-
-    reason: str
-
-
 LiveFormer = Callable[[PatchSpec, bytes, bytes], LiveForm | NotLive]
 """The live form of one target's change: its part of the patch, the pre-image, the post-image."""
 
 
 def live_former(part: PatchSpec, pre: bytes, post: bytes) -> LiveForm | NotLive:
-    """The live form of one target's change, from its pre- and post-image (pure)."""
-    return NotLive("this opspatch does not compute live forms yet")
+    """The live form of one target's change, from its pre- and post-image and the patch's
+    `live` (pure: `core/live.py`)."""
+    return live_form(part.target.module, pre, post, part.live)
 
 
 def fix_id(patch_id: str, part: PatchSpec, *, in_set: bool) -> str:
@@ -118,7 +104,7 @@ class LiveApply:
             plan = _applied(item)
             form = self.former(item.part, plan.old_source, plan.new_source)
             if isinstance(form, NotLive):
-                return f"{item.part.target.module}: {form.reason}"
+                return f"{item.part.target.module}: {form.reason}: {form.text}"
             found.append(form)
         return found
 
@@ -164,7 +150,7 @@ class LiveApply:
             fix_id=fix_id(self.patch_id, item.part, in_set=prepared.is_set),
             module=item.part.target.module,
             path=item.path,
-            sha256=_applied(item).sha256_after,
+            sha256=form.sha256,
             definitions=form.definitions,
         )
 
