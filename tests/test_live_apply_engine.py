@@ -5,10 +5,9 @@ file is swapped, the fix taken by both scheduler ranks at one boundary through t
 operation, and the smoke decode passes, no pid changed. A rank that fails to apply: every rank
 reverted, the file restored, the host rolled back, still no restart.
 
-The fix runtime is the delivery tests' stand-in (`STUB_FIXES`: class attributes set from the
-file the request names, with its hash checked), plus a rank told to refuse by the engine's
-environment; the live form is given (the class default the patch adds), as `live_form` will
-compute it.
+Both run the real fix runtime (`liveplugin/fixes.py`) and the real live form of the patch
+(`core/live.py`: the class default and `__init__`). A rank that fails is made by a fault written
+into that test's installed runtime: the rank the engine's environment names refuses every take.
 """
 
 from __future__ import annotations
@@ -24,16 +23,14 @@ import pytest
 from opspatch.config.patches import load_patch
 from opspatch.core.host import EngineSettings, Host
 from opspatch.core.policy import BatchSize, Playbook
-from opspatch.core.spec import PatchSpec
 from opspatch.hosts import livedist
-from opspatch.hosts.live import LiveDefinitionRecord
-from opspatch.hosts.liveplugin import socket_paths
+from opspatch.hosts.liveplugin import socket_paths, wire
 from opspatch.hosts.operations import open_transport
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
-from opspatch.runs.fleet.liveapply import LiveForm, NotLive
+from opspatch.runs.fleet.liveapply import live_former
 from tests.standin import EngineProcess, StandinHost, make_host, running_engine
-from tests.test_live_delivery import ALL_SOCKETS, STUB_FIXES, wait_for_sockets
+from tests.test_live_delivery import ALL_SOCKETS, wait_for_sockets
 from tests.test_standin_processes import tree_of
 
 pytestmark = pytest.mark.engine
@@ -41,32 +38,31 @@ pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parent.parent
 TP2 = ("--tp-size", "2")
 THRESHOLD = "EAGLEWorkerV2.spec_disable_batch_threshold"
-REFUSE_RANK_ENV = "STUB_REFUSE_RANK"
-
-# A rank named by the engine's environment refuses every take (its boundary knows its rank); a
-# revert of a fix this process does not hold has nothing to undo.
-REFUSING_STUB = STUB_FIXES.replace(
-    "def revert(fix_id):\n",
-    "def revert(fix_id):\n    if fix_id not in _taken:\n        return list()\n",
-).replace(
-    "def take(request):\n",
-    "def take(request):\n"
-    "    import os\n"
-    "    from . import boundary\n"
-    f"    if os.environ.get({REFUSE_RANK_ENV!r}) == str(boundary.STATE.rank):\n"
-    '        return _refused("take-failed", "this rank was told to refuse")\n',
-)
+DEFINITIONS = [(THRESHOLD, "class-attribute"), ("EAGLEWorkerV2.__init__", "method")]
+REFUSE_RANK_ENV = "OPSPATCH_TEST_REFUSE_RANK"
+INSTALLED_RUNTIME = "opspatch_live/fixes.py"
+TAKE = "def take(request: dict[str, Any]) -> dict[str, Any]:\n"
 
 
-def former(part: PatchSpec, pre: bytes, post: bytes) -> LiveForm | NotLive:
-    return LiveForm((LiveDefinitionRecord(THRESHOLD, "class-attribute"),))
+def refusing_runtime() -> bytes:
+    """The real runtime with a fault: the rank named by the engine's environment refuses every
+    take (its boundary knows its rank)."""
+    real = livedist.plugin_sources()[INSTALLED_RUNTIME].decode()
+    assert TAKE in real
+    return real.replace(
+        TAKE,
+        TAKE + "    import os\n"
+        "    from . import boundary\n"
+        f"    if os.environ.get({REFUSE_RANK_ENV!r}) == str(boundary.STATE.rank):\n"
+        '        return _refused(TAKE_FAILED, "this rank was told to refuse")\n',
+        1,
+    ).encode()
 
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> StandinHost:
     made = make_host(tmp_path_factory.mktemp("live-apply"))
-    sources = {**livedist.plugin_sources(), "opspatch_live/fixes.py": REFUSING_STUB.encode()}
-    for relative, data in livedist.live_distribution("0.1.0", sources).items():
+    for relative, data in livedist.live_distribution("0.1.0", livedist.plugin_sources()).items():
         target = made.site_packages / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
@@ -109,7 +105,7 @@ def apply_live(host: StandinHost, engine: EngineProcess, live_dir: Path, ledger:
         Playbook(canary=0, batch=BatchSize(count=1), max_failures=1),
         factory=open_transport,
         ledger=ledger,
-        live=former,
+        live=live_former,
     )
 
 
@@ -122,7 +118,7 @@ def test_the_incidents_tp2_server_is_fixed_live_and_decodes_with_no_pid_changed(
     try:
         with running_engine(host, TP2, env=env, log_name="incident.log") as engine:
             assert "CUDA graph capture failed" in engine.log_text()
-            wait_for_sockets(live_dir, engine, ALL_SOCKETS)
+            sockets = wait_for_sockets(live_dir, engine, ALL_SOCKETS)
             pids = set(tree_of(engine.pid))
             report = apply_live(host, engine, live_dir, ledger)
             (outcome,) = report.hosts
@@ -133,6 +129,10 @@ def test_the_incidents_tp2_server_is_fixed_live_and_decodes_with_no_pid_changed(
             assert "scheduler-tp0" in detail and "scheduler-tp1" in detail, detail
             assert set(tree_of(engine.pid)) == pids  # no process restarted
             assert "Scheduler hit an exception" not in engine.log_text()
+            for name in ("scheduler-tp0.sock", "scheduler-tp1.sock"):
+                held = wire.ask(str(sockets[name]), {"op": "list"})["took"]
+                assert [(e["name"], e["kind"]) for e in held] == DEFINITIONS, name
+                assert held[0]["value"] == "0" and held[1]["code_sha256"], held
             on_disk = host.eagle_worker_file.read_bytes()
             assert on_disk != pristine  # the next restart keeps the fix through the file
             assert outcome.file is not None
@@ -147,6 +147,9 @@ def test_a_rank_that_fails_to_apply_reverts_every_rank_and_restores_the_file(
 ) -> None:
     pristine = host.eagle_worker_file.read_bytes()
     env = {socket_paths.LIVE_DIR_ENV: str(live_dir), REFUSE_RANK_ENV: "1"}
+    runtime = host.site_packages / INSTALLED_RUNTIME
+    real = runtime.read_bytes()
+    runtime.write_bytes(refusing_runtime())
     ledger = Ledger.open(tmp_path / "ledger.sqlite3")
     try:
         with running_engine(
@@ -162,11 +165,10 @@ def test_a_rank_that_fails_to_apply_reverts_every_rank_and_restores_the_file(
             steps = [str(s.step) for s in outcome.steps]
             assert "live-revert" in steps and "restart-after-restore" not in steps, steps
             assert set(tree_of(engine.pid)) == pids
-            from opspatch.hosts.liveplugin import wire
-
             for name in ("scheduler-tp0.sock", "scheduler-tp1.sock"):
                 assert wire.ask(str(sockets[name]), {"op": "list"})["took"] == [], name
             assert report.exit_code == 1
     finally:
         ledger.close()
         host.eagle_worker_file.write_bytes(pristine)
+        runtime.write_bytes(real)

@@ -4,8 +4,8 @@ framework in every process of a TP=2 server, each process listens on its own soc
 sent to the entry rank's socket is applied by both scheduler ranks at one scheduling boundary
 while the server keeps answering, no process restarted.
 
-The fix runtime here is a stand-in of `fixes` written into the installed package (`STUB_FIXES`):
-it sets the named class attributes to their values in the file the request names.
+The fix runtime is the real one (`liveplugin/fixes.py`): the class default is taken from the
+file the request names, its hash checked, and read back by `list` in every rank.
 """
 
 from __future__ import annotations
@@ -37,61 +37,13 @@ EAGLE_MODULE = "sglang.srt.speculative.eagle_worker_v2"
 THRESHOLD = "EAGLEWorkerV2.spec_disable_batch_threshold"
 DECODE = {"text": "Hello", "sampling_params": {"max_new_tokens": 12, "temperature": 0}}
 
-STUB_FIXES = '''"""A stand-in fix runtime for the delivery tests."""
-
-from __future__ import annotations
-
-import hashlib
-import sys
-
-_taken = {}
-
-
-def _refused(code, message):
-    return {"ok": False, "took": [], "refused": {"code": code, "message": message}}
-
-
-def take(request):
-    module = sys.modules.get(request["module"])
-    if module is None:
-        return _refused("module-not-loaded", request["module"] + " is not loaded here")
-    with open(request["path"], "rb") as handle:
-        data = handle.read()
-    if hashlib.sha256(data).hexdigest() != request["sha256"]:
-        return _refused("hash-mismatch", request["path"] + " is not the file the request names")
-    namespace = {"__name__": request["module"]}
-    exec(compile(data, request["path"], "exec"), namespace)
-    for definition in request["definitions"]:
-        owner, name = definition["name"].split(".")
-        setattr(getattr(module, owner), name, getattr(namespace[owner], name))
-    _taken[request["fix_id"]] = (request["module"], request["definitions"])
-    return list()
-
-
-def revert(fix_id):
-    module_name, definitions = _taken.pop(fix_id)
-    for definition in definitions:
-        owner, name = definition["name"].split(".")
-        delattr(getattr(sys.modules[module_name], owner), name)
-    return list()
-
-
-def list():
-    took = []
-    for fix_id, (module_name, definitions) in _taken.items():
-        for definition in definitions:
-            owner, name = definition["name"].split(".")
-            live = getattr(sys.modules[module_name], owner).__dict__.get(name, "<missing>")
-            took.append({"fix_id": fix_id, "name": definition["name"], "value": repr(live)})
-    return {"ok": True, "took": took}
-'''
-
 
 def host_with_plugin(folder: Path, start: livedist.LiveStart) -> StandinHost:
-    """A host whose environment has the stand-in and `opspatch_live` (with the stub runtime)."""
+    """A host whose environment has the stand-in and `opspatch_live`."""
     made = make_host(folder)
-    sources = {**livedist.plugin_sources(), "opspatch_live/fixes.py": STUB_FIXES.encode()}
-    for relative, data in livedist.live_distribution("0.1.0", sources, start).items():
+    for relative, data in livedist.live_distribution(
+        "0.1.0", livedist.plugin_sources(), start
+    ).items():
         target = made.site_packages / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
@@ -210,6 +162,10 @@ def test_a_take_sets_the_attribute_in_every_rank_at_one_boundary_while_the_serve
         refused = wire.ask(str(sockets["scheduler-tp1.sock"]), take_request(path, sha256))
         assert refused["refused"]["code"] == "not-entry-rank"
 
+        mismatch = wire.ask(str(sockets["scheduler-tp0.sock"]), take_request(path, "0" * 64))
+        assert mismatch["refused"]["code"] == "hash-mismatch", mismatch
+        assert all(r["refused"]["code"] == "hash-mismatch" for r in mismatch["ranks"])
+
         reply = wire.ask(str(sockets["scheduler-tp0.sock"]), take_request(path, sha256))
         assert reply["ok"] is True, reply
         ranks = reply["ranks"]
@@ -219,7 +175,14 @@ def test_a_take_sets_the_attribute_in_every_rank_at_one_boundary_while_the_serve
         for name in ("scheduler-tp0.sock", "scheduler-tp1.sock"):
             listed = wire.ask(str(sockets[name]), {"op": "list"})
             assert listed["took"] == [
-                {"fix_id": "eagle-init-guard", "name": THRESHOLD, "value": "0"}
+                {
+                    "fix_id": "eagle-init-guard",
+                    "module": EAGLE_MODULE,
+                    "sha256": sha256,
+                    "name": THRESHOLD,
+                    "kind": "class-attribute",
+                    "value": "0",
+                }
             ], name
         assert wire.ask(str(sockets["main.sock"]), {"op": "list"})["took"] == []
 
