@@ -29,12 +29,11 @@ import torch
 
 from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_reduce
 from sglang.srt.models.corpus import DOCUMENTS
+from sglang.srt.models.ngram import LOGIT_SCALE, build_ngram_logits, longest_context_row
 from sglang.srt.tokenizer.char_tokenizer import CharTokenizer
 
 TARGET_ORDER = 12
 DRAFT_ORDER = 4
-# Logits are ln p on this scale, rounded down: integers, so sums are exact in any order.
-LOGIT_SCALE = 64.0
 _MASKED_LOGIT = -1.0e15
 # A hidden-state entry for a position before the text (no token there).
 _NO_POSITION = -1.0
@@ -84,12 +83,7 @@ class NgramTable:
         self.shard = full[:, self.column_start : self.column_end].contiguous()
 
     def row_of(self, context: list[int]) -> int:
-        """The table row of the longest suffix of `context` (at most order - 1 tokens) seen."""
-        for length in range(min(self.order - 1, len(context)), 0, -1):
-            row = self.rows.get(bytes(context[len(context) - length :]))
-            if row is not None:
-                return row
-        return self.rows[b""]
+        return longest_context_row(self.rows, context, self.order)
 
     def logits(self, rows: list[int]) -> torch.Tensor:
         """The full logits of `rows`: this rank's columns, added up over the TP group."""
@@ -99,49 +93,6 @@ class NgramTable:
 
     def num_weights(self) -> int:
         return self.shard.numel()
-
-
-def build_ngram_logits(
-    token_lists: list[list[int]], vocab_size: int, order: int
-) -> tuple[dict[bytes, int], torch.Tensor]:
-    """Witten-Bell interpolated log-probabilities, `floor(LOGIT_SCALE * ln p)`, for every
-    context of 0 .. order-1 tokens in `token_lists`; returns (context bytes -> row, table).
-
-    p(v | c) = (count(c, v) + types(c) * p(v | c without its first token)) / (count(c) + types(c)),
-    where types(c) is the number of distinct tokens seen after c; the empty context is add-one
-    smoothed, so no token has probability 0.
-    """
-    sequences = [bytes(tokens) for tokens in token_lists]
-    rows: dict[bytes, int] = {}
-    row_ids: list[int] = []
-    next_ids: list[int] = []
-    for length in range(order):
-        for sequence in sequences:
-            for index in range(length, len(sequence)):
-                context = sequence[index - length : index]
-                row = rows.get(context)
-                if row is None:
-                    row = rows[context] = len(rows)
-                row_ids.append(row)
-                next_ids.append(sequence[index])
-    counts = torch.zeros(len(rows), vocab_size, dtype=torch.float64)
-    counts.index_put_(
-        (torch.tensor(row_ids), torch.tensor(next_ids)),
-        torch.ones(len(row_ids), dtype=torch.float64),
-        accumulate=True,
-    )
-    contexts = list(rows)  # by length: every context's parent has a lower row
-    parents = torch.tensor([rows[context[1:]] if context else 0 for context in contexts])
-    lengths = torch.tensor([len(context) for context in contexts])
-    probs = torch.empty_like(counts)
-    probs[0] = (counts[0] + 1.0) / (counts[0].sum() + vocab_size)
-    for length in range(1, order):
-        selected = (lengths == length).nonzero().squeeze(1)
-        seen = counts[selected]
-        total = seen.sum(dim=1, keepdim=True)
-        types = (seen > 0).sum(dim=1, keepdim=True).to(torch.float64)
-        probs[selected] = (seen + types * probs[parents[selected]]) / (total + types)
-    return rows, torch.floor(LOGIT_SCALE * torch.log(probs))
 
 
 def corpus_token_lists(tokenizer: CharTokenizer, documents: tuple[str, ...]) -> list[list[int]]:
