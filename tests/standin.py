@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import importlib.util
 import json
 import os
 import signal
@@ -19,8 +20,10 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from opspatch.sandbox.dist import engine_source_dir
 from opspatch.sandbox.install import host_venv_dir, make_host_python, venv_site_packages
 
 READY_LINE = "The server is fired up and ready to roll!"
@@ -46,6 +49,17 @@ class StandinHost:
 def make_host(host_dir: Path) -> StandinHost:
     python = make_host_python(host_dir)
     return StandinHost(host_dir, python, venv_site_packages(host_venv_dir(host_dir)))
+
+
+def standin_module(relative: str) -> ModuleType:
+    """A module of the stand-in that imports no other part of it (`models/corpus.py`), loaded
+    by its path under a private name: the controller never imports the stand-in's `sglang`."""
+    path = engine_source_dir() / "sglang" / "srt" / relative
+    spec = importlib.util.spec_from_file_location(f"_standin_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:

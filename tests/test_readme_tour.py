@@ -27,11 +27,19 @@ def tour_commands() -> list[str]:
     return [line for line in block.splitlines() if line.strip()]
 
 
+def readme_smoke_lines() -> list[str]:
+    """The decodes the README shows a passing `smoke` print (the block after `and the smoke`)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("and the `smoke` after it", 1)[1].split("```", 2)[1]
+    return [line.strip() for line in block.splitlines() if " -> " in line]
+
+
 def test_the_tour_block_is_found_and_names_its_failing_steps() -> None:
     commands = tour_commands()
     assert commands[0].startswith("export OPSPATCH_STATE_DIR=")
     assert any("exit 1" in line for line in commands)
     assert commands[-1].startswith("opspatch sandbox down")
+    assert len(readme_smoke_lines()) == 2
 
 
 def test_the_tour_puts_the_fix_back_after_its_rollback_and_says_it_runs_behind_a_router() -> None:
@@ -91,6 +99,9 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path, router: bool) -> None:
             for said in crashed:
                 assert "AttributeError" in said and len(said) <= 200, said
                 assert "/site-packages/" not in said, said  # the path cut to its file name
+        if words[1] == "smoke" and expected == 0:  # the decodes the README shows
+            for said in readme_smoke_lines():
+                assert said in done.stdout, done.stdout
         if words[1] == "apply":  # the lines the README shows of it
             applies += 1
             said = done.stdout + done.stderr

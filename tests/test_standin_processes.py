@@ -84,6 +84,23 @@ def decode_all(engine_url: str, params: dict[str, Any]) -> list[list[int]]:
     return outputs
 
 
+def logprobs_all(engine_url: str) -> list[dict[str, Any]]:
+    """Greedy logprobs and top logprobs for PROMPTS (computed from the all-reduced logits)."""
+    outputs = []
+    for prompt in PROMPTS:
+        body = {
+            "text": prompt,
+            "sampling_params": GREEDY,
+            "return_logprob": True,
+            "top_logprobs_num": 3,
+        }
+        reply = http_request("POST", engine_url + "/generate", body)
+        assert reply.status == 200, reply.body
+        meta = reply.json()["meta_info"]
+        outputs.append({key: meta[key] for key in ("output_token_logprobs", "output_top_logprobs")})
+    return outputs
+
+
 def port_open(port: int) -> bool:
     try:
         http_request("GET", f"http://127.0.0.1:{port}/health", timeout=5)
@@ -114,13 +131,14 @@ def node_hosts(tmp_path_factory: pytest.TempPathFactory) -> tuple[StandinHost, S
 
 
 @pytest.fixture(scope="module")
-def tp1_outputs(host: StandinHost) -> dict[str, list[list[int]]]:
+def tp1_outputs(host: StandinHost) -> dict[str, Any]:
     """What a TP=1 server decodes for PROMPTS: greedy with and without speculation, seeded
-    sampling with speculation."""
+    sampling with speculation, greedy logprobs."""
     with running_engine(host, NO_GRAPHS, log_name="tp1.log") as engine:
-        outputs = {
+        outputs: dict[str, Any] = {
             "greedy": decode_all(engine.url, GREEDY),
             "sampled": decode_all(engine.url, SAMPLED),
+            "logprobs": logprobs_all(engine.url),
         }
     with running_engine(
         host, (*NO_GRAPHS, "--speculative-algorithm", "NONE"), log_name="tp1-plain.log"
@@ -130,7 +148,7 @@ def tp1_outputs(host: StandinHost) -> dict[str, list[list[int]]]:
 
 
 def test_tp2_decodes_exactly_what_tp1_decodes(
-    host: StandinHost, tp1_outputs: dict[str, list[list[int]]]
+    host: StandinHost, tp1_outputs: dict[str, Any]
 ) -> None:
     assert tp1_outputs["greedy"] == tp1_outputs["plain"]  # greedy speculation is lossless
     with running_engine(host, (*NO_GRAPHS, "--tp-size", "2"), log_name="tp2.log") as engine:
@@ -138,13 +156,14 @@ def test_tp2_decodes_exactly_what_tp1_decodes(
         assert reply.json()["meta_info"]["spec_verify_ct"] > 0  # really speculative
         assert decode_all(engine.url, GREEDY) == tp1_outputs["greedy"]
         assert decode_all(engine.url, SAMPLED) == tp1_outputs["sampled"]
+        assert logprobs_all(engine.url) == tp1_outputs["logprobs"]
         log = engine.log_text()
     assert "[" in log and " TP1] Load weight end" in log and " TP0] Load weight end" in log
     assert "Init torch distributed begin. backend=gloo, world_size=2" in log
 
 
 def test_tp2_without_speculation_decodes_what_tp1_does(
-    host: StandinHost, tp1_outputs: dict[str, list[list[int]]]
+    host: StandinHost, tp1_outputs: dict[str, Any]
 ) -> None:
     args = (*NO_GRAPHS, "--tp-size", "2", "--speculative-algorithm", "NONE")
     with running_engine(host, args, log_name="tp2-plain.log") as engine:

@@ -161,15 +161,28 @@ class HttpApp:
         }
 
     def metrics(self, body: Any) -> Response:
-        # A subset of SGLang's Prometheus metrics (`--enable-metrics`): requests finished since
-        # the server started. Answered as text, like the real exporter.
+        # A subset of SGLang's Prometheus metrics (`--enable-metrics`), answered as text like the
+        # real exporter: requests finished since the server started, and the speculative
+        # gauges of the last decode log interval. The gauges are TP0's (every rank runs the
+        # same batches, so the other ranks' figures are the same).
         model = self.server_args.served_model_name
-        text = (
-            "# TYPE sglang:num_requests_total counter\n"
+        spec = self.tokenizer_manager.get_spec_metrics()
+        rank_labels = f'model_name="{model}",engine_type="unified",tp_rank="0",pp_rank="0"'
+        lines = [
+            "# TYPE sglang:num_requests_total counter",
             f'sglang:num_requests_total{{model_name="{model}"}} '
-            f"{self.tokenizer_manager.num_requests_total}\n"
-        )
-        return 200, PlainText(text)
+            f"{self.tokenizer_manager.num_requests_total}",
+        ]
+        for name, help_text in (
+            ("spec_accept_length", "The average acceptance length of speculative decoding."),
+            ("spec_accept_rate", "The average acceptance rate of speculative decoding."),
+        ):
+            lines += [
+                f"# HELP sglang:{name} {help_text}",
+                f"# TYPE sglang:{name} gauge",
+                f"sglang:{name}{{{rank_labels}}} {float(spec.get(name, 0.0))}",
+            ]
+        return 200, PlainText("\n".join(lines) + "\n")
 
     def v1_models(self, body: Any) -> Response:
         return 200, openai_api.models(self.server_args, self.created)

@@ -40,3 +40,15 @@ def sample_token(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 def uniform(generator: torch.Generator | None) -> float:
     return float(torch.rand((), generator=generator, dtype=torch.float64))
+
+
+def token_logprobs(
+    scaled_logits_row: torch.Tensor, token: int, top_logprobs_num: int
+) -> tuple[float, list[float], list[int]]:
+    """The logprob of `token` and the `top_logprobs_num` best (logprob, id) under the model's own
+    distribution (temperature 1, no top-k/top-p/min-p filtering), as SGLang reports them."""
+    logprobs = torch.log_softmax(scaled_logits_row, dim=-1)
+    if top_logprobs_num <= 0:
+        return float(logprobs[token]), [], []
+    top = torch.topk(logprobs, min(top_logprobs_num, logprobs.shape[0]))
+    return float(logprobs[token]), top.values.tolist(), top.indices.tolist()

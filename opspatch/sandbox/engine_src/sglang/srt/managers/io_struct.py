@@ -23,6 +23,8 @@ class TokenizedGenerateReqInput:
     # Drawn by the tokenizer manager for a sampled request without a seed: every rank samples
     # with the same generator.
     seed: int | None = None
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
 
 
 @dataclass
@@ -61,6 +63,12 @@ class FinishedReq:
     spec_proposed_drafts: int = 0
     spec_accepted_drafts: int = 0
     spec_verified_tokens: int = 0
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    # One per output token: its logprob; with top_logprobs_num, the best (logprob, id) pairs.
+    output_token_logprobs_val: list[float] = field(default_factory=list)
+    output_top_logprobs_val: list[list[float]] = field(default_factory=list)
+    output_top_logprobs_idx: list[list[int]] = field(default_factory=list)
 
 
 @dataclass

@@ -46,6 +46,14 @@ class Req:
     seed: int | None = None
     generator: torch.Generator | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    # Where the EAGLE draft starts next step (speculative/spec_info.py `EagleDraftInput`).
+    spec_info: Any = None
+    # Logprobs asked for (SGLang's `return_logprob`, `top_logprobs_num`) and gathered so far.
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    output_token_logprobs_val: list[float] = field(default_factory=list)
+    output_top_logprobs_val: list[list[float]] = field(default_factory=list)
+    output_top_logprobs_idx: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.sampling_params.is_greedy:
@@ -84,6 +92,11 @@ class GenerationBatchResult:
     """New tokens for each request of a batch (same order), and what verification did."""
 
     next_token_ids: list[list[int]]
+    # Per request, the target's logits row of each new token (what logprobs are computed from).
+    next_token_logits: list[torch.Tensor] | None = None
+    # A step of the target alone: per request, its hidden state at the last input position
+    # (where an EAGLE draft starts).
+    hidden_states: list[torch.Tensor] | None = None
     # Set for a speculative decode step: drafts proposed and accepted per request.
     proposed_drafts: list[int] | None = None
     accepted_drafts: list[int] | None = None

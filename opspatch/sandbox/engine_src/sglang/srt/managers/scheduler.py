@@ -27,10 +27,12 @@ import signal
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
 from sglang.srt.distributed.parallel_state import barrier, init_distributed_environment
+from sglang.srt.layers.sampler import token_logprobs
 from sglang.srt.managers.io_struct import (
     BatchTokenIDOut,
     FinishedReq,
@@ -60,6 +62,16 @@ from sglang.srt.utils import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SpecDecodeCounts:
+    """Speculative decoding since the last decode log."""
+
+    verify_ct: int = 0
+    verified_tokens: int = 0
+    proposed_drafts: int = 0
+    accepted_drafts: int = 0
 
 
 def spec_worker_class(algorithm: SpeculativeAlgorithm) -> type:
@@ -125,6 +137,10 @@ class Scheduler:
         self.num_generated_tokens = 0
         self.spec_num_verify = 0
         self.spec_num_verified_tokens = 0
+        # Since the last decode log; SGLang's gauges hold the last interval's figures.
+        self.spec_interval = SpecDecodeCounts()
+        self.spec_accept_length = 0.0
+        self.spec_accept_rate = 0.0
         self.last_gen_throughput = 0.0
         self._last_decode_log_time = time.perf_counter()
         self._last_decode_log_tokens = 0
@@ -208,6 +224,8 @@ class Scheduler:
             origin_input_ids=list(item.input_ids),
             sampling_params=item.sampling_params,
             seed=item.seed,
+            return_logprob=item.return_logprob,
+            top_logprobs_num=item.top_logprobs_num,
         )
 
     def handle_rpc_request(self, recv_req: RpcReqInput) -> RpcReqOutput:
@@ -262,19 +280,28 @@ class Scheduler:
                 req.spec_proposed_drafts += result.proposed_drafts[index]
                 req.spec_accepted_drafts += result.accepted_drafts[index]
                 self.spec_num_verify += 1
-            kept = 0
-            for token in tokens:
+                self.spec_interval.verify_ct += 1
+                self.spec_interval.proposed_drafts += result.proposed_drafts[index]
+                self.spec_interval.accepted_drafts += result.accepted_drafts[index]
+            kept, reason = 0, None
+            for position, token in enumerate(tokens):
                 req.output_ids.append(token)
                 kept += 1
+                if req.return_logprob:
+                    assert result.next_token_logits is not None
+                    self.record_logprobs(req, result.next_token_logits[index][position], token)
                 reason = self.finish_reason(req)
                 if reason is not None:
-                    self.finish(req, reason)
                     break
             self.num_generated_tokens += kept
             if result.speculative:
                 # Tokens cut off by a stop string do not count as accepted.
                 req.spec_verified_tokens += kept
                 self.spec_num_verified_tokens += kept
+                self.spec_interval.verified_tokens += kept
+            if reason is not None:
+                # After the counts: the finished request carries this step's tokens too.
+                self.finish(req, reason)
             if batch.forward_mode.is_extend() and not req.finished():
                 self.running_reqs.append(req)
         self.running_reqs = [req for req in self.running_reqs if not req.finished()]
@@ -283,6 +310,15 @@ class Scheduler:
             interval = self.server_args.decode_log_interval
             if self.tp_rank == 0 and self.forward_ct_decode % interval == 0:
                 self.log_decode_stats(batch)
+
+    def record_logprobs(self, req: Req, logits_row: Any, token: int) -> None:
+        logprob, top_values, top_ids = token_logprobs(
+            self.tp_worker.model.sampling_logits(logits_row), token, req.top_logprobs_num
+        )
+        req.output_token_logprobs_val.append(logprob)
+        if req.top_logprobs_num > 0:
+            req.output_top_logprobs_val.append(top_values)
+            req.output_top_logprobs_idx.append(top_ids)
 
     def finish_reason(self, req: Req) -> dict[str, Any] | None:
         params = req.sampling_params
@@ -312,6 +348,11 @@ class Scheduler:
                 spec_proposed_drafts=req.spec_proposed_drafts,
                 spec_accepted_drafts=req.spec_accepted_drafts,
                 spec_verified_tokens=req.spec_verified_tokens,
+                return_logprob=req.return_logprob,
+                top_logprobs_num=req.top_logprobs_num,
+                output_token_logprobs_val=req.output_token_logprobs_val,
+                output_top_logprobs_val=req.output_top_logprobs_val,
+                output_top_logprobs_idx=req.output_top_logprobs_idx,
             )
         )
 
@@ -324,8 +365,14 @@ class Scheduler:
             f"Decode batch. #running-req: {batch.batch_size()}, "
             f"#token: {sum(len(r.all_ids) for r in batch.reqs)}, "
         )
-        if self.spec_num_verify:
-            message += f"accept len: {self.spec_num_verified_tokens / self.spec_num_verify:.2f}, "
+        counts = self.spec_interval
+        if counts.verify_ct:
+            self.spec_accept_length = counts.verified_tokens / counts.verify_ct
+            self.spec_accept_rate = (
+                counts.accepted_drafts / counts.proposed_drafts if counts.proposed_drafts else 0.0
+            )
+            self.spec_interval = SpecDecodeCounts()
+            message += f"accept len: {self.spec_accept_length:.2f}, "
         message += (
             f"gen throughput (token/s): {self.last_gen_throughput:.2f}, "
             f"#queue-req: {len(self.waiting_queue)}"
@@ -343,6 +390,14 @@ class Scheduler:
             "max_total_num_tokens": self.tp_worker.max_total_num_tokens,
             "max_running_requests": self.max_running_requests,
             "gen_throughput": self.last_gen_throughput,
+        }
+
+    def get_spec_metrics(self) -> dict[str, float]:
+        """The gauges `sglang:spec_accept_length` and `sglang:spec_accept_rate`: the figures of
+        the last decode log interval (`--decode-log-interval` decode steps), 0 before one."""
+        return {
+            "spec_accept_length": self.spec_accept_length,
+            "spec_accept_rate": self.spec_accept_rate,
         }
 
     def get_internal_state(self) -> dict[str, Any]:

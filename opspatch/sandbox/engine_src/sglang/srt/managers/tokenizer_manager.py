@@ -41,6 +41,9 @@ GENERATE_REQUEST_FIELDS = (
     "rid",
     "stream",
     "return_logprob",
+    "top_logprobs_num",
+    "logprob_start_len",
+    "return_text_in_logprobs",
 )
 # Fields of SGLang's GenerateReqInput that sglang-router 0.3.2 sends with every /generate it
 # forwards; the stand-in accepts them and honours none (a true return_* is refused below).
@@ -52,7 +55,6 @@ ROUTER_FORWARDED_FIELDS = (
     "return_bytes",
     "return_entropy",
     "return_hidden_states",
-    "return_text_in_logprobs",
 )
 HEALTH_CHECK_TIMEOUT_S = 20.0
 RPC_TIMEOUT_S = 20.0
@@ -67,6 +69,16 @@ class ServerStatus(enum.Enum):
     Up = "Up"
 
 
+@dataclass(frozen=True)
+class LogprobRequest:
+    """SGLang's `return_logprob`, `top_logprobs_num` and `return_text_in_logprobs` (one value
+    for every prompt of the request)."""
+
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+
+
 @dataclass
 class GenerateReqInput:
     """One /generate call after validation: one or several prompts."""
@@ -76,6 +88,7 @@ class GenerateReqInput:
     sampling_params: list[SamplingParams]
     rids: list[str]
     is_single: bool
+    logprobs: LogprobRequest = field(default_factory=LogprobRequest)
 
 
 @dataclass
@@ -178,6 +191,9 @@ class TokenizerManager:
         snapshot["num_waiting_reqs"] = unfinished - running
         return snapshot
 
+    def get_spec_metrics(self) -> dict[str, float]:
+        return dict(self.rpc("get_spec_metrics") or {})
+
     def get_internal_state(self) -> dict[str, Any]:
         return dict(self.rpc("get_internal_state") or {})
 
@@ -218,8 +234,7 @@ class TokenizerManager:
             raise BadRequestError(
                 f"{', '.join(unsupported)}=true is not supported by the stand-in engine"
             )
-        if body.get("return_logprob"):
-            raise BadRequestError("return_logprob=true is not supported by the stand-in engine")
+        logprobs = self.parse_logprob_request(body)
 
         text, input_ids = body.get("text"), body.get("input_ids")
         if (text is None) == (input_ids is None):
@@ -295,7 +310,37 @@ class TokenizerManager:
                     f"the completion to fit within the limit."
                 )
         return GenerateReqInput(
-            prompts, [list(ids) for ids in token_lists], params, rids, is_single
+            prompts, [list(ids) for ids in token_lists], params, rids, is_single, logprobs
+        )
+
+    def parse_logprob_request(self, body: dict[str, Any]) -> LogprobRequest:
+        """The logprob fields of a /generate body; the stand-in gives output logprobs only."""
+        flags = {}
+        for name in ("return_logprob", "return_text_in_logprobs"):
+            value = body.get(name)
+            if value is not None and not isinstance(value, bool):
+                raise BadRequestError(f"{name} must be true or false (one value for all prompts)")
+            flags[name] = bool(value)
+        top = body.get("top_logprobs_num")
+        if top is None:
+            top = 0
+        if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+            raise BadRequestError("top_logprobs_num must be a non-negative integer")
+        if top > self.tokenizer.vocab_size:
+            raise BadRequestError(
+                f"top_logprobs_num must be at most the vocabulary size, "
+                f"{self.tokenizer.vocab_size}, got {top}"
+            )
+        start = body.get("logprob_start_len")
+        if start is not None and start != -1:
+            raise BadRequestError(
+                "logprob_start_len must be -1: the stand-in engine returns the logprobs of "
+                "output tokens only"
+            )
+        return LogprobRequest(
+            return_logprob=flags["return_logprob"],
+            top_logprobs_num=top if flags["return_logprob"] else 0,
+            return_text_in_logprobs=flags["return_text_in_logprobs"],
         )
 
     # -- generation -------------------------------------------------------------------------
@@ -319,6 +364,8 @@ class TokenizerManager:
                 input_ids=ids,
                 sampling_params=params,
                 seed=None if params.is_greedy else random.getrandbits(63),
+                return_logprob=request.logprobs.return_logprob,
+                top_logprobs_num=request.logprobs.top_logprobs_num,
             )
             for prompt, ids, params, rid in zip(
                 request.prompts,
@@ -333,11 +380,10 @@ class TokenizerManager:
             state.event.wait()
         with self._status_lock:
             self.num_requests_total += len(items)
-        outputs = [self.output_of(state) for state in states]
+        outputs = [self.output_of(state, request.logprobs) for state in states]
         return outputs[0] if request.is_single else outputs
 
-    @staticmethod
-    def output_of(state: ReqState) -> dict[str, Any]:
+    def output_of(self, state: ReqState, logprobs: LogprobRequest) -> dict[str, Any]:
         req = state.finished
         assert req is not None
         meta_info: dict[str, Any] = {
@@ -349,14 +395,45 @@ class TokenizerManager:
             "e2e_latency": (state.finished_time or time.perf_counter()) - state.created_time,
         }
         if req.spec_verify_ct > 0:
+            # SGLang's definitions: drafts accepted of every draft slot verified, and output
+            # tokens (the prefill's first one included) per verify step.
+            draft_slots = req.spec_verify_ct * (self.server_args.speculative_num_draft_tokens - 1)
             meta_info["spec_verify_ct"] = req.spec_verify_ct
             meta_info["spec_accept_rate"] = (
-                req.spec_accepted_drafts / req.spec_proposed_drafts
-                if req.spec_proposed_drafts
-                else 0.0
+                req.spec_accepted_drafts / draft_slots if draft_slots else 0.0
             )
-            meta_info["spec_accept_length"] = req.spec_verified_tokens / req.spec_verify_ct
+            meta_info["spec_accept_length"] = len(req.output_ids) / req.spec_verify_ct
+            meta_info["spec_accepted_drafts"] = req.spec_accepted_drafts
+            meta_info["spec_proposed_drafts"] = draft_slots
+        if req.return_logprob:
+            meta_info.update(self.logprob_meta_info(req, logprobs.return_text_in_logprobs))
         return {"text": state.text, "output_ids": list(req.output_ids), "meta_info": meta_info}
+
+    def logprob_meta_info(self, req: FinishedReq, with_text: bool) -> dict[str, Any]:
+        """SGLang's shapes: `[logprob, token_id, token_text]` per output token (the text only
+        with `return_text_in_logprobs`, else null), and per output position a list of them for
+        the top logprobs."""
+
+        def entry(logprob: float, token_id: int) -> list[Any]:
+            text = self.tokenizer.decode([token_id]) if with_text else None
+            return [logprob, token_id, text]
+
+        meta_info: dict[str, Any] = {
+            "output_token_logprobs": [
+                entry(logprob, token_id)
+                for logprob, token_id in zip(
+                    req.output_token_logprobs_val, req.output_ids, strict=True
+                )
+            ]
+        }
+        if req.top_logprobs_num > 0:
+            meta_info["output_top_logprobs"] = [
+                [entry(logprob, token_id) for logprob, token_id in zip(values, ids, strict=True)]
+                for values, ids in zip(
+                    req.output_top_logprobs_val, req.output_top_logprobs_idx, strict=True
+                )
+            ]
+        return meta_info
 
     def health_generate(self, timeout: float = HEALTH_CHECK_TIMEOUT_S) -> bool:
         """A real one-token generation (prefill only) through every rank; True when the

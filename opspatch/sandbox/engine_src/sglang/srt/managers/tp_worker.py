@@ -11,12 +11,18 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
 from sglang.srt.layers.sampler import greedy_token, sample_token, token_distribution
 from sglang.srt.managers.schedule_batch import GenerationBatchResult, Req, ScheduleBatch
-from sglang.srt.models.tiny_lm import TinyCausalLM, load_target_model
+from sglang.srt.models.tiny_lm import (
+    LogitsProcessorOutput,
+    TinyEagleDraft,
+    TinyNgramLM,
+    load_target_model,
+)
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.tokenizer.char_tokenizer import CharTokenizer, get_tokenizer
 
@@ -35,7 +41,10 @@ def simulated_load_seconds() -> float:
         return 0.0
 
 
-def log_weight_load(name: str, load: Callable[[], TinyCausalLM]) -> TinyCausalLM:
+ModelT = TypeVar("ModelT", TinyNgramLM, TinyEagleDraft)
+
+
+def log_weight_load(name: str, load: Callable[[], ModelT]) -> ModelT:
     """Build a model between SGLang's `Load weight begin/end` log lines."""
     logger.info(f"Load weight begin. model={name}, device=cpu")
     started = time.perf_counter()
@@ -60,19 +69,20 @@ class TpModelWorker:
         torch.set_num_threads(1)
         self.tokenizer: CharTokenizer = get_tokenizer(server_args.tokenizer_path or "")
 
-        def load() -> TinyCausalLM:
+        def load() -> TinyNgramLM:
             model = load_target_model(
                 server_args.model_path, self.tokenizer, tp_rank, server_args.tp_size
             )
             time.sleep(simulated_load_seconds())
             return model
 
-        self.model: TinyCausalLM = log_weight_load(server_args.model_path, load)
+        self.model: TinyNgramLM = log_weight_load(server_args.model_path, load)
         self.max_total_num_tokens = server_args.context_length * server_args.max_running_requests
 
-    def forward_logits(self, token_ids: list[int]) -> torch.Tensor:
-        """Next-token logits at every position of `token_ids`."""
-        return self.model(torch.tensor(token_ids, dtype=torch.long))
+    def forward(self, token_ids: list[int], first_position: int) -> LogitsProcessorOutput:
+        """Logits and hidden states at positions `first_position` .. the last of `token_ids`."""
+        positions = torch.arange(first_position, len(token_ids))
+        return self.model(torch.tensor(token_ids, dtype=torch.long), positions)
 
     def next_token(self, req: Req, logits_row: torch.Tensor) -> int:
         if req.sampling_params.is_greedy:
@@ -81,9 +91,16 @@ class TpModelWorker:
         return sample_token(probs, req.generator)
 
     def forward_batch_generation(self, batch: ScheduleBatch) -> GenerationBatchResult:
-        """Prefill or plain decode: exactly one new token for each request of the batch."""
-        next_token_ids = []
+        """Prefill or plain decode: exactly one new token for each request of the batch, with
+        the target's logits and its hidden state at the last position."""
+        next_token_ids, logits_rows, hidden_states = [], [], []
         for req in batch.reqs:
-            logits = self.forward_logits(req.all_ids)
-            next_token_ids.append([self.next_token(req, logits[-1])])
-        return GenerationBatchResult(next_token_ids=next_token_ids)
+            output = self.forward(req.all_ids, len(req.all_ids) - 1)
+            next_token_ids.append([self.next_token(req, output.next_token_logits[-1])])
+            logits_rows.append(output.next_token_logits)
+            hidden_states.append(output.hidden_states[-1])
+        return GenerationBatchResult(
+            next_token_ids=next_token_ids,
+            next_token_logits=logits_rows,
+            hidden_states=hidden_states,
+        )

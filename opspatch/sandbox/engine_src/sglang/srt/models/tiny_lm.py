@@ -1,203 +1,232 @@
-"""TinyCausalLM: a one-layer causal transformer small enough to decode on any CPU.
+"""The stand-in's models: character n-gram language models counted at start from `corpus.py`.
 
-Why it looks the way it does:
-- Every weight is a small integer and every activation that feeds a sum is an integer held in
-  float64, so each matrix product is exact whatever order the CPU kernel adds in. The logits of a
-  position are therefore bit-identical whether the model runs on the prefix alone (plain decode)
-  or on the prefix plus draft tokens (speculative verify): greedy speculative decoding is exactly
-  lossless, not merely almost always.
-- Attention is "hard": each position reads the value of the single best-scoring earlier position
-  (ties go to the latest), which keeps the integer property that softmax would break.
-- A fixed unigram prior over the output favours spaces and common lowercase letters, so the
-  untrained weights still produce legible, if meaningless, text.
-- Tensor parallelism splits the MLP as Megatron does: each TP rank holds a slice of the MLP's
-  units (columns of `w_mlp_in`, rows of `w_out`) and computes a partial output sum; a
-  `torch.distributed` all-reduce adds the partial sums. The sums are integers, exact in any
-  order, so TP=T logits equal TP=1 logits bit for bit.
-- Weights come from a seeded generator derived from the model path: the same path always gives
-  the same model on every host. A draft model is the target with a fraction of its output
-  weights nudged, so it agrees with the target often but not always.
+Why they look the way they do:
+- The target is an interpolated (Witten-Bell) character n-gram model of order 12: greedy decoding
+  continues a prompt with the words and sentences of the corpus ("The capital of France is" ->
+  " Paris. ..."), so a newcomer reads the output as language, and a changed token shows.
+- Its logits are integers (`floor(LOGIT_SCALE * ln p)`) held in float64, looked up per position
+  from a table built once, deterministically, from the corpus: the logits of a position are
+  bit-identical whether the model runs on the prefix alone (plain decode) or on the prefix plus
+  draft tokens (speculative verify), so greedy speculative decoding is exactly lossless.
+- Tensor parallelism splits the table by vocabulary, as Megatron's vocab-parallel output layer
+  does: each TP rank holds the columns of its slice of the vocabulary, writes them into an
+  otherwise zero logits tensor, and a `torch.distributed` all-reduce adds the ranks' tensors.
+  Each element has one non-zero term, so TP=T logits equal TP=1 logits bit for bit.
+- The draft is EAGLE-shaped: a weaker model (order 4) that does not read the text itself but the
+  target's hidden state (the last tokens the target saw, with their positions) plus the token
+  just chosen, and returns its own hidden state for the next draft step. Its attention is
+  causal by position: a hidden-state entry counts only if its position lies in the window just
+  before the input's position. Wrong positions or a hidden state from the wrong row therefore
+  make the drafts worse (acceptance drops) while verification keeps every answer exact, which is
+  how ported EAGLE fixes fail quietly on real servers.
 """
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import torch
 
 from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_reduce
+from sglang.srt.models.corpus import DOCUMENTS
+from sglang.srt.models.ngram import LOGIT_SCALE, build_ngram_logits, longest_context_row
 from sglang.srt.tokenizer.char_tokenizer import CharTokenizer
 
-# Spaces and lowercase letters by their frequency in English text.
-_LETTERS_BY_FREQUENCY = "etaoinshrdlcumwfgypbvkjxqz"
+TARGET_ORDER = 12
+DRAFT_ORDER = 4
 _MASKED_LOGIT = -1.0e15
+# A hidden-state entry for a position before the text (no token there).
+_NO_POSITION = -1.0
 
 
 @dataclass(frozen=True)
 class TinyLMConfig:
     vocab_size: int
-    hidden_size: int = 24
-    attention_size: int = 8
-    mlp_size: int = 96
-    # A position "phase" embedding (position // stride % period) keeps greedy text from
-    # settling into a one-character loop.
-    phase_period: int = 8
-    phase_stride: int = 3
-    # Scales the network's contribution against the unigram prior (integer floor division).
-    logit_divisor: float = 32.0
-    # Sampling divides logits by this before the temperature, so temperature 1.0 is not greedy.
-    sampling_logit_scale: float = 4.0
+    # The model reads the last `order - 1` tokens.
+    order: int = TARGET_ORDER
+    # Tokens (with their positions) in a hidden state: what the EAGLE draft reads of the target.
+    hidden_window: int = DRAFT_ORDER - 2
     bos_token_id: int = 0
 
-
-def seed_for_model_path(model_path: str) -> int:
-    return zlib.crc32(model_path.encode("utf-8"))
-
-
-def init_weights(config: TinyLMConfig, seed: int) -> dict[str, torch.Tensor]:
-    """Small integer weights from a seeded generator (stored as float64 for exact matmuls)."""
-    generator = torch.Generator().manual_seed(seed)
-
-    def integers(low: int, high: int, *shape: int) -> torch.Tensor:
-        return torch.randint(low, high + 1, shape, generator=generator).to(torch.float64)
-
-    d, a, m, v = config.hidden_size, config.attention_size, config.mlp_size, config.vocab_size
-    return {
-        "embed": integers(-3, 3, v, d),
-        "phase_embed": integers(-2, 2, config.phase_period, d),
-        "w_query": integers(-1, 1, d, a),
-        "w_key": integers(-1, 1, d, a),
-        "w_value": integers(-1, 1, d, d),
-        "w_mlp_in": integers(-1, 1, 5 * d, m),
-        "b_mlp_in": integers(-4, 4, m),
-        "w_out": integers(-2, 2, m, v),
-    }
+    @property
+    def hidden_size(self) -> int:
+        return 2 * self.hidden_window
 
 
-def perturb_weights(
-    weights: dict[str, torch.Tensor], seed: int, fraction: float
-) -> dict[str, torch.Tensor]:
-    """A copy of `weights` with about `fraction` of the output weights nudged by -2..2."""
-    generator = torch.Generator().manual_seed(seed)
-    perturbed = {name: tensor.clone() for name, tensor in weights.items()}
-    out = perturbed["w_out"]
-    chosen = (torch.rand(out.shape, generator=generator) < fraction).to(torch.float64)
-    noise = torch.randint(-2, 3, out.shape, generator=generator).to(torch.float64)
-    perturbed["w_out"] = out + chosen * noise
-    return perturbed
+@dataclass
+class LogitsProcessorOutput:
+    """One row per computed position (SGLang's name for a forward's output)."""
+
+    next_token_logits: torch.Tensor  # (positions, vocab): integer-valued float64
+    hidden_states: torch.Tensor  # (positions, hidden_size): token ids, then their positions
 
 
-def unigram_prior(tokenizer: CharTokenizer) -> torch.Tensor:
-    prior = torch.full((tokenizer.vocab_size,), -30.0, dtype=torch.float64)
-    prior[tokenizer.id_of(" ")] = 14.0
-    for rank, letter in enumerate(_LETTERS_BY_FREQUENCY):
-        prior[tokenizer.id_of(letter)] = 10.0 - 1.2 * rank
-    for punctuation in ".,":
-        prior[tokenizer.id_of(punctuation)] = -8.0
-    return prior
-
-
-class TinyCausalLM(torch.nn.Module):
-    """Token ids in, next-token logits for every position out (integer-valued float64)."""
+class NgramTable:
+    """Interpolated n-gram log-probabilities of every context seen in the documents, this TP
+    rank's vocabulary columns only."""
 
     def __init__(
         self,
-        config: TinyLMConfig,
-        weights: dict[str, torch.Tensor],
-        output_prior: torch.Tensor,
+        token_lists: list[list[int]],
+        vocab_size: int,
+        order: int,
+        masked_token_id: int,
         tp_rank: int = 0,
         tp_size: int = 1,
     ) -> None:
-        super().__init__()
-        self.config = config
-        self.tp_rank, self.tp_size = tp_rank, tp_size
-        # The whole model's weights (a draft is derived from them); the buffers hold this
-        # rank's shard only.
-        self._full_weights = weights
-        for name, tensor in shard_weights(weights, config, tp_rank, tp_size).items():
-            self.register_buffer(name, tensor)
-        self.register_buffer("output_prior", output_prior)
+        self.order, self.vocab_size = order, vocab_size
+        self.rows, full = build_ngram_logits(token_lists, vocab_size, order)
+        full[:, masked_token_id] = _MASKED_LOGIT
+        bounds = [len(part) for part in torch.arange(vocab_size).tensor_split(tp_size)]
+        self.column_start = sum(bounds[:tp_rank])
+        self.column_end = self.column_start + bounds[tp_rank]
+        self.shard = full[:, self.column_start : self.column_end].contiguous()
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        """The whole model's weights (every rank's shard together)."""
-        return self._full_weights
+    def row_of(self, context: list[int]) -> int:
+        return longest_context_row(self.rows, context, self.order)
+
+    def logits(self, rows: list[int]) -> torch.Tensor:
+        """The full logits of `rows`: this rank's columns, added up over the TP group."""
+        logits = torch.zeros(len(rows), self.vocab_size, dtype=torch.float64)
+        logits[:, self.column_start : self.column_end] = self.shard[torch.tensor(rows)]
+        return tensor_model_parallel_all_reduce(logits)
 
     def num_weights(self) -> int:
-        return sum(buffer.numel() for buffer in self.buffers())
+        return self.shard.numel()
+
+
+def corpus_token_lists(tokenizer: CharTokenizer, documents: tuple[str, ...]) -> list[list[int]]:
+    """Each document as the model sees a prompt: BOS, then its characters."""
+    return [tokenizer.encode(document) for document in documents]
+
+
+class TinyNgramLM(torch.nn.Module):
+    """The target: token ids in, next-token logits and hidden states at the asked positions out."""
+
+    def __init__(
+        self, config: TinyLMConfig, table: NgramTable, tp_rank: int = 0, tp_size: int = 1
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.table = table
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+
+    def num_weights(self) -> int:
+        return self.table.num_weights()
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        config = self.config
-        length = int(input_ids.shape[0])
-        positions = torch.arange(length)
-        phase = (positions // config.phase_stride) % config.phase_period
-        x = self.embed[input_ids] + self.phase_embed[phase]
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> LogitsProcessorOutput:
+        """Row i: the prediction after `input_ids[: positions[i] + 1]`, and the hidden state
+        there (earlier tokens are read as from a KV cache: the result does not depend on them
+        being recomputed)."""
+        tokens = input_ids.tolist()
+        wanted = positions.tolist()
+        rows = [self.table.row_of(tokens[: position + 1]) for position in wanted]
+        return LogitsProcessorOutput(
+            next_token_logits=self.table.logits(rows),
+            hidden_states=torch.stack([self.hidden_state(tokens, position) for position in wanted]),
+        )
 
-        zero = torch.zeros(2, x.shape[1], dtype=x.dtype)
-        previous_1 = torch.cat([zero[:1], x[:-1]])[:length]
-        previous_2 = torch.cat([zero, x[:-2]])[:length]
-
-        # Hard causal attention: each position reads the best-scoring position j <= i.
-        scores = (x @ self.w_query) @ (x @ self.w_key).T
-        causal = torch.ones(length, length, dtype=torch.bool).tril()
-        scores = scores.masked_fill(~causal, float("-inf"))
-        # argmax returns the first maximum; flipping makes ties go to the latest position.
-        chosen = (length - 1) - torch.argmax(torch.flip(scores, dims=[1]), dim=1)
-        attended = (x @ self.w_value)[chosen]
-
-        counts = (positions + 1).to(x.dtype).unsqueeze(1)
-        running_mean = torch.floor(torch.cumsum(x, dim=0) * 2 / counts)
-
-        features = torch.cat([x, previous_1, previous_2, attended, running_mean], dim=1)
-        # This rank's MLP units only; the all-reduce adds every rank's share of the output.
-        hidden = torch.relu(features @ self.w_mlp_in + self.b_mlp_in)
-        partial = tensor_model_parallel_all_reduce(hidden @ self.w_out)
-        logits = torch.floor(partial / config.logit_divisor) + self.output_prior
-        logits[:, config.bos_token_id] = _MASKED_LOGIT
-        return logits
+    def hidden_state(self, tokens: list[int], position: int) -> torch.Tensor:
+        """The last `hidden_window` tokens through `position`, then their positions."""
+        window = self.config.hidden_window
+        ids, places = [], []
+        for place in range(position - window + 1, position + 1):
+            ids.append(float(tokens[place]) if place >= 0 else float(self.config.bos_token_id))
+            places.append(float(place) if place >= 0 else _NO_POSITION)
+        return torch.tensor(ids + places, dtype=torch.float64)
 
     def sampling_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Logits on the scale temperature sampling uses (greedy uses `forward`'s directly)."""
-        return logits / self.config.sampling_logit_scale
+        """Logits on the scale temperature sampling and logprobs use: ln p."""
+        return logits / LOGIT_SCALE
 
 
-def shard_weights(
-    weights: dict[str, torch.Tensor], config: TinyLMConfig, tp_rank: int, tp_size: int
-) -> dict[str, torch.Tensor]:
-    """TP rank `tp_rank`'s slice of the MLP (column-parallel in, row-parallel out)."""
-    if tp_size == 1:
-        return dict(weights)
-    if config.mlp_size % tp_size:
-        raise ValueError(
-            f"the tiny model's {config.mlp_size} MLP units do not split over tp_size={tp_size}"
+class TinyEagleDraft(torch.nn.Module):
+    """The draft head: (token, position, the hidden state before it) in, the next token's logits
+    and its own hidden state out. Its `config.order` may be below the target's hidden window + 2
+    (a weaker draft reads fewer of the tokens the hidden state holds)."""
+
+    def __init__(self, config: TinyLMConfig, table: NgramTable) -> None:
+        super().__init__()
+        self.config = config
+        self.table = table
+
+    def num_weights(self) -> int:
+        return self.table.num_weights()
+
+    @torch.inference_mode()
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor
+    ) -> LogitsProcessorOutput:
+        window = self.config.hidden_window
+        rows, new_hidden = [], []
+        for token, position, hidden in zip(
+            input_ids.tolist(), positions.tolist(), hidden_states.tolist(), strict=True
+        ):
+            ids, places = hidden[:window], hidden[window:]
+            # Causal attention by position: only entries in the window just before the input.
+            context = [
+                (int(place), int(ident))
+                for ident, place in zip(ids, places, strict=True)
+                if place != _NO_POSITION and position - window <= place < position
+            ]
+            context = sorted([*context, (position, token)])
+            rows.append(
+                self.table.row_of([ident for _, ident in context[-(self.config.order - 1) :]])
+            )
+            kept = context[-window:]
+            padding = window - len(kept)
+            new_hidden.append(
+                [float(self.config.bos_token_id)] * padding
+                + [float(ident) for _, ident in kept]
+                + [_NO_POSITION] * padding
+                + [float(place) for place, _ in kept]
+            )
+        return LogitsProcessorOutput(
+            next_token_logits=self.table.logits(rows),
+            hidden_states=torch.tensor(new_hidden, dtype=torch.float64),
         )
-    per_rank = config.mlp_size // tp_size
-    units = slice(tp_rank * per_rank, (tp_rank + 1) * per_rank)
-    shard = dict(weights)
-    shard["w_mlp_in"] = weights["w_mlp_in"][:, units].contiguous()
-    shard["b_mlp_in"] = weights["b_mlp_in"][units].contiguous()
-    shard["w_out"] = weights["w_out"][units, :].contiguous()
-    return shard
+
+    def sampling_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits / LOGIT_SCALE
 
 
 def load_target_model(
     model_path: str, tokenizer: CharTokenizer, tp_rank: int = 0, tp_size: int = 1
-) -> TinyCausalLM:
+) -> TinyNgramLM:
+    """Every model path gives the same model: the stand-in has one corpus."""
     config = TinyLMConfig(vocab_size=tokenizer.vocab_size, bos_token_id=tokenizer.bos_token_id)
-    weights = init_weights(config, seed_for_model_path(model_path))
-    return TinyCausalLM(config, weights, unigram_prior(tokenizer), tp_rank, tp_size)
-
-
-def load_draft_model(
-    target: TinyCausalLM, draft_model_path: str, perturb_fraction: float
-) -> TinyCausalLM:
-    weights = perturb_weights(
-        target.weights(), seed_for_model_path(draft_model_path), perturb_fraction
+    table = NgramTable(
+        corpus_token_lists(tokenizer, DOCUMENTS),
+        config.vocab_size,
+        config.order,
+        config.bos_token_id,
+        tp_rank,
+        tp_size,
     )
-    return TinyCausalLM(
-        target.config, weights, target.output_prior.clone(), target.tp_rank, target.tp_size
+    return TinyNgramLM(config, table, tp_rank, tp_size)
+
+
+def load_draft_model(target: TinyNgramLM, tokenizer: CharTokenizer, order: int) -> TinyEagleDraft:
+    """A draft of `order` over the same corpus, reading the target's hidden states."""
+    window = target.config.hidden_window
+    if not 2 <= order <= window + 2:
+        raise ValueError(f"a draft reads 1 to {window + 1} tokens: order 2..{window + 2}")
+    config = TinyLMConfig(
+        vocab_size=target.config.vocab_size,
+        order=order,
+        hidden_window=window,
+        bos_token_id=target.config.bos_token_id,
     )
+    table = NgramTable(
+        corpus_token_lists(tokenizer, DOCUMENTS),
+        config.vocab_size,
+        order,
+        config.bos_token_id,
+        target.tp_rank,
+        target.tp_size,
+    )
+    return TinyEagleDraft(config, table)
 
 
-EntryClass = TinyCausalLM
+EntryClass = TinyNgramLM

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 class StandaloneDraftWorker(EagleDraftWorker):
     # An independent small model agrees with the target less often than an EAGLE head.
-    draft_perturbation = 0.25
+    draft_order = 3
 
 
 class StandaloneWorkerV2(EAGLEWorkerV2):
