@@ -6,10 +6,9 @@ tokens; a changed token; a fixed delay per decode step); the incident's fix is a
 `no-baseline` (its old servers crash on the judge's first decode); `opspatch judge` of two hosts
 running the same code is not a fail.
 
-Written against the stand-in engine of this branch (its draft is the target with perturbed
-output weights, `EagleDraftWorker.draft_perturbation`; its greedy choice is
-`sglang.srt.layers.sampler.greedy_token`); it returns no logprobs, so tokens are compared
-exactly, as the figures say.
+Written against the stand-in engine: its draft reads the target's hidden state and positions
+(`EagleDraftWorker.draft_forward`: a position off by one proposes worse, the answers stay the
+same); its greedy choice is `sglang.srt.layers.sampler.greedy_token`.
 """
 
 from __future__ import annotations
@@ -66,7 +65,17 @@ def _module_end(patch_id: str, module: str, code: str) -> str:
 WORSE_DRAFT = _module_end(
     "worse-draft",
     "sglang.srt.speculative.eagle_worker_v2",
-    "EagleDraftWorker.draft_perturbation = 0.9  # a port that loads the draft head wrong",
+    """
+    _draft_forward = EagleDraftWorker.draft_forward
+
+
+    def _one_position_ahead(self, forward_batch, req, num_drafts):
+        forward_batch.positions.add_(1)  # a port that feeds the draft the wrong position
+        return _draft_forward(self, forward_batch, req, num_drafts)
+
+
+    EagleDraftWorker.draft_forward = _one_position_ahead
+    """,
 )
 SLOWER = _module_end(
     "slower",

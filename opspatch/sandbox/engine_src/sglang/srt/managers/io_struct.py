@@ -8,7 +8,7 @@ manager: `RpcReqOutput`. Plain dataclasses of plain values (no torch), pickled o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sglang.srt.sampling.sampling_params import SamplingParams
