@@ -80,3 +80,24 @@ def test_a_host_without_live_true_is_asked_nothing_more(fleet: Fleet) -> None:
     row = status(fleet, live=False)
     assert row.live is None and "live" not in row.to_json()
     assert len(engine.asked) == asked
+
+
+def test_diagnose_names_a_live_fix_in_memory(fleet: Fleet) -> None:
+    from opspatch.runs.commands.diagnose import DiagnoseOptions, diagnose_fleet
+
+    fleet.hosts = fleet.hosts[:1]
+    engine = LiveEngine()
+    apply_live(fleet, engine)
+    hosts = [replace(h.host(), live=True) for h in fleet.hosts]
+    diagnosis = diagnose_fleet(hosts, [fleet.patch], fleet.factory, fleet.ledger, DiagnoseOptions())
+    (report,) = diagnosis.hosts
+    (finding,) = [f for f in report.findings if f.kind == "live-fix"]
+    assert "eagle-init-guard" in finding.detail
+    assert "scheduler-tp0, scheduler-tp1" in finding.detail
+    asked = len(engine.asked)
+    off = [replace(h.host(), live=False) for h in fleet.hosts]
+    (report,) = diagnose_fleet(
+        off, [fleet.patch], fleet.factory, fleet.ledger, DiagnoseOptions()
+    ).hosts
+    assert not [f for f in report.findings if f.kind.startswith("live-fix")]
+    assert len(engine.asked) == asked  # live off: not asked

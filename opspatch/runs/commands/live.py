@@ -38,13 +38,12 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step
-from opspatch.errors import RemoteOperationError
+from opspatch.errors import LiveRefused, RemoteOperationError
 from opspatch.hosts.livedist import LIVE_DIST_NAME, live_distribution, plugin_sources
 from opspatch.hosts.liveinstall import InstalledLive, LiveSite, install, read_site, remove
 from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun
-from opspatch.runs.fleet.liveapply import refuse_unless_live
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
@@ -66,7 +65,13 @@ def enable_live(
     Raises:
         LiveRefused: a host's inventory does not say `live = true` (nothing changed).
     """
-    refuse_unless_live(hosts)
+    off = [host.name for host in hosts if not host.live]
+    if off:  # apply --live's refusal says to enable first; here the order is the other way
+        raise LiveRefused(
+            f"live fixes are off on {', '.join(off)}: the inventory does not say live = true",
+            hint="set live = true for these hosts (defaults, a group or the host), then "
+            f"`{remedy_text(CliCommand.LIVE_ENABLE, hosts=','.join(off))}` again",
+        )
     return _run(Command.LIVE_ENABLE, ledger, hosts, factory, playbook, progress, _enable)
 
 
