@@ -13,7 +13,7 @@ import pytest
 
 from opspatch.core.jsonrecord import read_keys
 from opspatch.errors import RemoteOperationError
-from opspatch.hosts import diagnosis, engine, live
+from opspatch.hosts import diagnosis, engine, live, liveinstall
 from opspatch.hosts.agent import protocol
 from opspatch.hosts.channel import agent_modules
 from opspatch.hosts.diagnosis import DiagnoseRequest, diagnose_host
@@ -24,7 +24,7 @@ from tests.test_scripted_transport import scripted_host
 
 pytestmark = pytest.mark.scripted
 
-assert engine.SMOKE and diagnosis.DIAGNOSE and live.LIVE  # their descriptors register
+assert engine.SMOKE and diagnosis.DIAGNOSE and live.LIVE and liveinstall.LIVE_SITE  # registered
 
 
 def _agent_operations() -> dict[str, Any]:
@@ -35,7 +35,7 @@ def _agent_operations() -> dict[str, Any]:
 
 def test_every_agent_operation_has_one_descriptor_naming_its_function() -> None:
     agent = _agent_operations()
-    assert len(agent) == 18  # 16, and measure (the judge) and live
+    assert len(agent) == 21  # 16, measure (the judge), live, and live enable's three
     assert set(OPERATIONS) == set(agent)
     for name, descriptor in OPERATIONS.items():
         assert descriptor.name == name

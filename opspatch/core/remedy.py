@@ -53,6 +53,8 @@ class CliCommand(Word):
     LEDGER_REPORT = "ledger report"
     LEDGER_SHOW = "ledger show"
     LEDGER_VERIFY = "ledger verify"
+    LIVE_DISABLE = "live disable"
+    LIVE_ENABLE = "live enable"
     SANDBOX_DOWN = "sandbox down"
     SANDBOX_REINSTALL = "sandbox reinstall"
     SANDBOX_STATUS = "sandbox status"
@@ -107,6 +109,8 @@ FLAGS: Mapping[CliCommand, frozenset[CliFlag]] = {
     CliCommand.LEDGER_REPORT: frozenset(),
     CliCommand.LEDGER_SHOW: frozenset(),
     CliCommand.LEDGER_VERIFY: frozenset(),
+    CliCommand.LIVE_DISABLE: frozenset({CliFlag.HOSTS}),
+    CliCommand.LIVE_ENABLE: frozenset({CliFlag.HOSTS}),
     CliCommand.SANDBOX_DOWN: frozenset({CliFlag.PURGE}),
     CliCommand.SANDBOX_REINSTALL: frozenset({CliFlag.VERSION, CliFlag.RESTART}),
     CliCommand.SANDBOX_STATUS: frozenset(),

@@ -323,6 +323,11 @@ class Command(Word):
     """Runs through the fleet run like the others but records nothing (the null recorder)."""
     JUDGE = "judge"
     """`opspatch judge`: a question like `smoke`, through the fleet run, recording nothing."""
+    LIVE_ENABLE = "live-enable"
+    """`opspatch live enable`: the live plugin's distribution written into the engine's
+    environment."""
+    LIVE_DISABLE = "live-disable"
+    """`opspatch live disable`: the files `live enable` wrote removed again."""
 
 
 class FileAction(Word):
@@ -391,6 +396,11 @@ class Step(Word):
     LIVE_REVERT = "live-revert"
     """A live fix undone in the running engine's processes (a process refused or the smoke
     failed; `rollback` of a live fix)."""
+    LIVE_ENABLE = "live-enable"
+    """`live enable`: the plugin's files written into the engine's site-packages (the detail
+    names the folder, the start and the RECORD's sha256)."""
+    LIVE_DISABLE = "live-disable"
+    """`live disable`: the files `live enable` wrote (its RECORD's) removed."""
     STOP = "stop"
     """A unit's node: its engine stopped (every node stops before any starts)."""
     START = "start"

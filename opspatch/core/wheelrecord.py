@@ -24,3 +24,28 @@ def record_file(files: Mapping[str, bytes], record_path: str) -> bytes:
     rows = [record_line(path, data) for path, data in files.items()]
     rows.append(f"{record_path},,")
     return ("\n".join(rows) + "\n").encode("utf-8")
+
+
+def record_sha256s(text: str) -> dict[str, str | None]:
+    """A RECORD read back: each listed path with its sha256 as hex (None: listed without a
+    hash, as the RECORD itself is).
+
+    Raises:
+        ValueError: a row that is not `path,hash,size`, or a hash that is not sha256.
+    """
+    found: dict[str, str | None] = {}
+    for number, row in enumerate(text.splitlines(), start=1):
+        if not row.strip():
+            continue
+        path, _, rest = row.partition(",")
+        hashed, _, _size = rest.partition(",")
+        if not path or "," not in rest:
+            raise ValueError(f"RECORD line {number}: expected path,hash,size: {row!r}")
+        if not hashed:
+            found[path] = None
+            continue
+        algorithm, _, value = hashed.partition("=")
+        if algorithm != "sha256" or not value:
+            raise ValueError(f"RECORD line {number}: not a sha256 hash: {hashed!r}")
+        found[path] = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
+    return found

@@ -44,13 +44,16 @@ from opspatch.hosts.transport.base import Command, CommandResult
 ENGINE_OPERATIONS = frozenset({"restart", "stop", "start"})
 """Operations that stop or start the engine: raised as the user who restarts it (`restart_user`)."""
 
-RAISED_OPERATIONS = frozenset({"lock", "unlock", "swap", "restore", "live"}) | ENGINE_OPERATIONS
+RAISED_OPERATIONS = (
+    frozenset({"lock", "unlock", "swap", "restore", "live", "install_files", "remove_files"})
+    | ENGINE_OPERATIONS
+)
 """Agent operations that change the host: raised when the host's inventory says `become`
 (`live` too: it changes the running engine, and its sockets admit only root and the engine's
-user)."""
+user; `install_files` and `remove_files`: the live plugin in the engine's site-packages)."""
 
 LOGIN_OPERATIONS = frozenset(
-    {"facts", "resolve", "read", "inspect", "wait_ready", "wait_drained", "smoke"}
+    {"facts", "resolve", "read", "inspect", "wait_ready", "wait_drained", "smoke", "live_site"}
 )
 """Read-only operations: run as the login user, and asked again raised only when the login user
 is not allowed to read what they need (a file or log readable by its owner alone)."""

@@ -19,6 +19,7 @@ from opspatch.hosts.agent.diagnose import op_diagnose
 from opspatch.hosts.agent.protocol import DiagnoseReply
 from opspatch.hosts.agent.protocol import DiagnoseRequest as DiagnoseArgs
 from opspatch.hosts.engine import SMOKE, SmokeResult
+from opspatch.hosts.live import LiveEngineReply
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.results import HostFacts, Operation, RemoteFile, from_base64, read_reply
 from opspatch.hosts.transport.container import ContainerIdentity
@@ -235,6 +236,9 @@ class HostDiagnosis:
     sources_left_out: tuple[str, ...] = ()
     container: ContainerIdentity | None = None
     """The container the engine runs in, as this diagnosis found it (None: on the host)."""
+    live: LiveEngineReply | None = None
+    """What each engine process answered to `list` (its live fixes in memory): a host with
+    `live = true` only (None: not asked, or not answered)."""
 
     def module(self, name: str) -> ModuleDiagnosis:
         return next(m for m in self.modules if m.module == name)

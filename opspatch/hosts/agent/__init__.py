@@ -21,6 +21,7 @@ One concern per module:
 - `provenance`: where a module's code comes from (other copies, git checkout, bytecode);
 - `diagnose`: one host's incident facts in one exec (`opspatch diagnose`, `lint-init --hosts`);
 - `live`: the running engine's live-fix sockets, asked (`apply --live`, `live`, `status`);
+- `liveinstall`: the live plugin's files written into and removed from the engine's environment;
 - `dispatch`: `main`, the one reply line.
 
 Rules for every module here, because they run on hosts we do not control: Python 3.8+ and the
@@ -43,6 +44,7 @@ MODULES = (
     "provenance",
     "diagnose",
     "live",
+    "liveinstall",
     "dispatch",
 )
 """The agent's modules in the order a host executes them: each imports only earlier ones, and

@@ -410,6 +410,52 @@ class LiveReply(TypedDict):
     answers: list[LiveAnswer]
 
 
+class LiveSiteRequest(TypedDict):
+    pid_file: str | None  # where the running engine is, for its SGLANG_PLUGINS
+    url: str | None
+    env: dict[str, str]  # the inventory's engine.env, where /proc cannot be read
+
+
+class LiveInstalled(TypedDict):
+    dist_info: str  # opspatch_live-<version>.dist-info
+    record: str | None  # its RECORD's text (None: unreadable)
+
+
+class LiveSiteReply(TypedDict):
+    purelib: str  # the engine interpreter's site-packages
+    sglang_dir: str | None
+    plugin_framework: bool  # sglang/srt/plugins/__init__.py is there
+    installed: list[LiveInstalled]
+    filtered: str | None  # SGLANG_PLUGINS keeps the plugin out: why, and where it was read
+
+
+class InstallFilesRequest(TypedDict):
+    root: str
+    files: dict[str, str]  # relative path -> base64
+    state_dir: str
+    lock_run_id: str | None
+
+
+class InstallFilesReply(TypedDict):
+    root: str
+    written: list[str]
+    already: list[str]  # there already with these bytes
+
+
+class RemoveFilesRequest(TypedDict):
+    root: str
+    files: dict[str, str]  # relative path -> the sha256 it was written with
+    state_dir: str
+    lock_run_id: str | None
+
+
+class RemoveFilesReply(TypedDict):
+    root: str
+    removed: list[str]
+    absent: list[str]
+    purged_bytecode: list[str]
+
+
 # -- one exec: a list of operations -------------------------------------------------------------
 # An exec carries a list of operations, run in order in one process: how the controller composes
 # "take the lock, then inspect" or "smoke, then give the lock back" without a flag on either.

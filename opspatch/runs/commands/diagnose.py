@@ -29,6 +29,7 @@ from opspatch.errors import HostError, InputError, LedgerError, OpspatchError, T
 from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, ModuleDiagnosis, diagnose_host
 from opspatch.hosts.engine import EXEC_MARGIN, smoke_args
 from opspatch.hosts.image import BakedLabels
+from opspatch.hosts.live import LiveEngineReply, LiveFix, ask_engine
 from opspatch.hosts.operations import HostOperations
 from opspatch.ledger.records import FileVersion
 from opspatch.ledger.store import Ledger
@@ -37,7 +38,9 @@ from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.session import describe_error
 from opspatch.runs.judgments.findings import (
+    INFO,
     PROBLEM,
+    WARNING,
     ExceptionReport,
     FileVerdict,
     Finding,
@@ -46,6 +49,7 @@ from opspatch.runs.judgments.findings import (
     judge_file,
     judge_host,
 )
+from opspatch.runs.judgments.live import HeldFix, drift, held_fixes
 
 MAX_HOSTS_AT_ONCE = 16
 
@@ -69,14 +73,54 @@ def _read(
 ) -> HostDiagnosis | str:
     transport = factory(host)
     try:
-        found = diagnose_host(HostOperations(transport, host), request, timeout=timeout)
-        return replace(found, container=transport.container)
+        ops = HostOperations(transport, host)
+        found = diagnose_host(ops, request, timeout=timeout)
+        return replace(found, container=transport.container, live=_live_list(ops))
     except InputError as exc:
         return exc.render()
     except OpspatchError as exc:
         return describe_error(exc)
     finally:
         transport.close()
+
+
+def _live_list(ops: HostOperations) -> LiveEngineReply | None:
+    """The engine's live fixes in memory, on a host with `live = true` (one exec more there
+    only); None elsewhere, or when the engine cannot be asked (the diagnosis stands without)."""
+    if not ops.host.live:
+        return None
+    try:
+        return ask_engine(ops, LiveFix("list"), timeout=StepTimeouts().smoke, step="live")
+    except OpspatchError:
+        return None
+
+
+def _with_live(report: HostReport, d: HostDiagnosis) -> HostReport:
+    """The report naming each live fix an engine process holds in memory (a warning when the
+    file on disk is no longer the one it was taken from: the next restart loses it)."""
+    if d.live is None:
+        return report
+    on_disk = {m.module: m.file.sha256 for m in d.modules if m.file is not None}
+    by_fix: dict[str, list[HeldFix]] = {}
+    for held in held_fixes(d.live):
+        by_fix.setdefault(held.fix_id, []).append(held)
+    found: list[Finding] = []
+    for fix_id, holders in by_fix.items():
+        who = ", ".join(h.process for h in holders)
+        drifted = [s for h in holders if (s := drift(h, on_disk.get(h.module or "")))]
+        detail = f"{fix_id} ({', '.join(holders[0].names)}) held by {who}"
+        if drifted:
+            found.append(
+                Finding(
+                    "live-fix-drift",
+                    WARNING,
+                    "a live fix in memory disagrees with the file",
+                    drifted[0],
+                )
+            )
+        else:
+            found.append(Finding("live-fix", INFO, "a live fix is held in memory", detail))
+    return replace(report, findings=(*report.findings, *found)) if found else report
 
 
 def read_hosts(
@@ -253,7 +297,7 @@ def diagnose_fleet(
             f for f in files if f.state != FileState.NOT_INSTALLED or f.module in options.modules
         ]
         report = judge_host(d, files, analyse_exceptions(d, specs))
-        reports.append(_with_recreated(report, d, histories))
+        reports.append(_with_live(_with_recreated(report, d, histories), d))
     return FleetDiagnosis(tuple(reports), modules)
 
 

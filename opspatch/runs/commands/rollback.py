@@ -40,16 +40,19 @@ from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Command, FileAction, Outcome, SetState, Step
 from opspatch.errors import OpspatchError, RemoteOperationError
+from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.lineage import ChangedSince, PatchedFurther, applied_versions
 from opspatch.ledger.store import FileVersion, Ledger, Machine, RunDetail
 from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.liveapply import revert_everywhere
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import Examined, restore_standing, run_restore
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
 from opspatch.runs.fleet.standing import HostStanding, Lineage, read_host
 from opspatch.runs.fleet.steps import AS_ROLLBACK, undo
 from opspatch.runs.fleet.unitrun import UnitSessions, refuse_unit, undo_unit
+from opspatch.runs.judgments.live import held_fixes
 from opspatch.runs.judgments.patchset import Action, Standing, Table, paths_of
 from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
@@ -416,9 +419,10 @@ class _Rollback:
                 "staged back: the pre-image is in place, the server was not restarted "
                 "(--restart never) and runs the code it loaded until it is restarted",
             )
+        live_note = self._revert_live(session)
         return undo(
             session,
-            note,
+            _join_notes(note, live_note),
             restore=restore,
             change=change,
             restart=self.restart_engine,
@@ -429,10 +433,49 @@ class _Rollback:
             restart_failed=lambda error: f"restored, but the server does not come back: {error}",
         )
 
-    def _way_back(self, host: str) -> str:
+    def _patch_id(self) -> str | None:
         patch_id = self.patch.spec.id if self.patch else None
         if patch_id is None and self.source_run is not None:
             patch_id = self.source_run.summary.patch_id
+        return patch_id
+
+    def _revert_live(self, session: HostSession) -> str | None:
+        """On a live host, the patch's live fixes the engine holds in memory reverted in every
+        process before the file is restored: a restart would clear them anyway, but with
+        `--restart never` the revert is what takes the fix's code out of the running engine.
+        Returns what the note says (None: the engine holds none of the patch's fixes)."""
+        patch_id = self._patch_id()
+        if not session.host.live or patch_id is None:
+            return None
+        timeout = float(session.playbook.timeouts.smoke)
+        try:
+            with session.step(Step.LIVE) as note:
+                reply = ask_engine(session.ops, LiveFix("list"), timeout=timeout, step=Step.LIVE)
+                fixes = sorted(
+                    {
+                        held.fix_id
+                        for held in held_fixes(reply)
+                        if held.fix_id == patch_id or held.fix_id.startswith(f"{patch_id}:")
+                    }
+                )
+                note["detail"] = reply.missing or (
+                    "in memory: " + ", ".join(fixes) if fixes else f"no live fix of {patch_id}"
+                )
+        except OpspatchError as error:  # the restore must still happen: say what is unknown
+            return f"the engine's live fixes could not be listed ({describe_error(error)})"
+        if not fixes:
+            return None
+        if revert_everywhere(session, fixes, timeout=timeout):
+            return f"live fix {', '.join(fixes)} reverted in every process of the engine"
+        if self.restart_engine:
+            return f"live fix {', '.join(fixes)} not reverted everywhere; the restart clears it"
+        return (
+            f"live fix {', '.join(fixes)} not reverted in every process: the engine holds it in "
+            "memory until it restarts"
+        )
+
+    def _way_back(self, host: str) -> str:
+        patch_id = self._patch_id()
         status = f"`{remedy_text(CliCommand.STATUS, hosts=host)}` shows whether its server runs"
         if patch_id is None:
             return status

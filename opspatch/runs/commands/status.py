@@ -29,6 +29,7 @@ from opspatch.core.vocabulary import Detected, FileAction, PatchState, Rotation
 from opspatch.errors import OpspatchError, TargetError
 from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.image import BakedLabels, baked_history
+from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostInspection, HostOperations
 from opspatch.ledger.lineage import (
     AtPostImage,
@@ -43,9 +44,22 @@ from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.pipeline import gate_inspection
 from opspatch.runs.fleet.rotation import rotation_of
+from opspatch.runs.judgments.live import drift, held_fixes
 from opspatch.runs.judgments.patchset import ServerAge, Standing, judge, server_age
 from opspatch.runs.judgments.proof import change_proof, describe
 from opspatch.runs.judgments.who import RunWho, who_ran
+
+
+@dataclass(frozen=True)
+class LiveInMemory(JsonRecord):
+    """One live fix one engine process holds (its `list`), and whether the file on disk is the
+    one it was taken from (`drift`: why not; the next restart then loses the fix)."""
+
+    process: str
+    pid: int | None
+    fix_id: str
+    definitions: tuple[str, ...]
+    drift: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,9 @@ class PatchStatus(JsonRecord):
     node_state: PatchState | None = json_field(default=None, omit_none=True)
     """The host's own word, when it is a node of a unit whose nodes' words differ: `state` is
     then `partial` (`unit_agreement`); None otherwise."""
+    live: tuple[LiveInMemory, ...] | None = json_field(default=None, omit_none=True)
+    """On a host with `live = true`: the patch's live fixes each engine process holds in memory
+    (None: live fixes are off there, or the engine holds none of this patch's)."""
 
     def to_json(self) -> dict[str, Any]:
         data = record_to_json(self)
@@ -467,6 +484,8 @@ def fleet_status(
             for patch in patches:
                 files = [found[patch.sha256, i] for i in range(len(patch.parts))]
                 results.append(combine_set(patch, host.name, files) if patch.is_set else files[0])
+            if host.live:  # one exec more, only where live fixes are on
+                results = with_live_fixes(ops, patches, results)
         finally:
             transport.close()
         return results
@@ -482,6 +501,60 @@ def fleet_status(
             for status in statuses
         ],
     )
+
+
+def with_live_fixes(
+    ops: HostOperations, patches: Sequence[LoadedPatch], statuses: list[PatchStatus]
+) -> list[PatchStatus]:
+    """Each patch's status with the live fixes of it the host's engine holds in memory (one
+    `list` to every process) and, for each, whether the file agrees: a fix taken from bytes
+    the file no longer has is drift (the next restart loses it). A `staged` file whose fix the
+    engine holds live, taken from these very bytes, is `applied`: the server runs it. An engine
+    that cannot be asked says so in the detail."""
+    try:
+        reply = ask_engine(ops, LiveFix("list"), timeout=StepTimeouts().smoke, step="live")
+    except OpspatchError as exc:
+        return [
+            replace(s, detail=_joined(s.detail, f"live fixes could not be listed: {exc.message}"))
+            for s in statuses
+        ]
+    held = held_fixes(reply)
+    shown: list[PatchStatus] = []
+    for patch, status in zip(patches, statuses, strict=True):
+        mine = [
+            h for h in held if h.fix_id == patch.spec.id or h.fix_id.startswith(patch.spec.id + ":")
+        ]
+        if not mine:
+            shown.append(status)
+            continue
+        files = status.files or (status,)
+        by_module = {
+            part.target.module: f.sha256 for part, f in zip(patch.parts, files, strict=True)
+        }
+        memory = tuple(
+            LiveInMemory(
+                h.process,
+                h.pid,
+                h.fix_id,
+                h.names,
+                drift(h, by_module.get(h.module or "", status.sha256)),
+            )
+            for h in mine
+        )
+        drifted = [m.drift for m in memory if m.drift]
+        holders = ", ".join(sorted({m.process for m in memory}))
+        said = f"live fix in memory in {holders}" + (f"; {drifted[0]}" if drifted else "")
+        if status.state == PatchState.STAGED and not drifted:
+            # the server started before the file, but holds the file's fix live: it runs it
+            written = status.detail.split("; the running server", 1)[0]
+            status = replace(status, state=PatchState.APPLIED, detail=written)
+            said = f"taken live, no restart: {said}"
+        shown.append(replace(status, live=memory, detail=_joined(status.detail, said)))
+    return shown
+
+
+def _joined(detail: str, more: str) -> str:
+    return f"{detail}; {more}" if detail else more
 
 
 def unit_agreement(hosts: Sequence[Host], statuses: Sequence[PatchStatus]) -> list[PatchStatus]:

@@ -77,7 +77,15 @@ PREFLIGHT_IN_FLIGHT = 16
 """Hosts inspected at once in a preflight (read-only and short: more than a rollout's batch)."""
 
 LEASED_COMMANDS = frozenset(
-    {Command.APPLY, Command.SYNC, Command.ROLLBACK, Command.RESTART, Command.RECOVER}
+    {
+        Command.APPLY,
+        Command.SYNC,
+        Command.ROLLBACK,
+        Command.RESTART,
+        Command.RECOVER,
+        Command.LIVE_ENABLE,
+        Command.LIVE_DISABLE,
+    }
 )
 """The commands that change hosts' files or engines. `unlock` changes a lock only: it refuses
 the lock of a run whose lease is live unless --force (`recover.unlock_hosts`); `bake` changes no

@@ -1,0 +1,149 @@
+"""The live plugin's installation, as the controller asks for it: where the engine's environment
+installs distributions and what is there (`LIVE_SITE`), the distribution's files written there
+(`INSTALL_FILES`) and removed again (`REMOVE_FILES`), each one agent exec
+(`hosts/agent/liveinstall.py`).
+
+What an installation is, is its RECORD: every file the install wrote with its sha256 (the
+manifest pip uninstalls by), written by `live enable` as part of the distribution
+(`livedist.live_distribution`); `InstalledLive.files` reads it back for `live disable`.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from opspatch.core.host import Host
+from opspatch.core.jsonrecord import JsonRecord
+from opspatch.core.wheelrecord import record_sha256s
+from opspatch.hosts.agent.liveinstall import op_install_files, op_live_site, op_remove_files
+from opspatch.hosts.agent.protocol import (
+    InstallFilesReply,
+    InstallFilesRequest,
+    LiveSiteReply,
+    LiveSiteRequest,
+    RemoveFilesReply,
+    RemoveFilesRequest,
+)
+from opspatch.hosts.livedist import LiveStart
+from opspatch.hosts.operations import HostOperations
+from opspatch.hosts.results import Operation
+
+
+@dataclass(frozen=True)
+class InstalledLive(JsonRecord):
+    """One `opspatch_live` installation found in site-packages: its dist-info folder and the
+    text of its RECORD (None: unreadable)."""
+
+    dist_info: str
+    record: str | None
+
+    def files(self) -> dict[str, str | None]:
+        """Every file the RECORD lists (relative to site-packages) with its sha256 hex (None:
+        the RECORD itself).
+
+        Raises:
+            ValueError: no RECORD, or one that is not a RECORD.
+        """
+        if self.record is None:
+            raise ValueError(f"{self.dist_info}/RECORD cannot be read")
+        return record_sha256s(self.record)
+
+
+@dataclass(frozen=True)
+class LiveSite(JsonRecord):
+    """The engine's environment as `live enable` sees it."""
+
+    purelib: str
+    sglang_dir: str | None
+    plugin_framework: bool
+    installed: tuple[InstalledLive, ...]
+    filtered: str | None
+
+    @property
+    def start(self) -> LiveStart:
+        """How the plugin starts there: SGLang's entry point where it has the plugin framework,
+        else the `.pth` line."""
+        return "entry-point" if self.plugin_framework else "pth"
+
+
+@dataclass(frozen=True)
+class InstallResult(JsonRecord):
+    root: str
+    written: tuple[str, ...]
+    already: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RemoveResult(JsonRecord):
+    root: str
+    removed: tuple[str, ...]
+    absent: tuple[str, ...]
+    purged_bytecode: tuple[str, ...]
+
+
+LIVE_SITE = Operation("live_site", LiveSiteRequest, LiveSiteReply, LiveSite, op_live_site)
+INSTALL_FILES = Operation(
+    "install_files", InstallFilesRequest, InstallFilesReply, InstallResult, op_install_files
+)
+REMOVE_FILES = Operation(
+    "remove_files", RemoveFilesRequest, RemoveFilesReply, RemoveResult, op_remove_files
+)
+
+
+def read_site(ops: HostOperations, *, timeout: float, step: str) -> LiveSite:
+    """The engine's environment on the host (one exec, changing nothing)."""
+    host: Host = ops.host
+    request: LiveSiteRequest = {
+        "pid_file": getattr(host.engine.restart, "pid_file", None),
+        "url": host.engine.url,
+        "env": dict(host.engine.env),
+    }
+    return ops.run(LIVE_SITE, request, timeout=timeout, step=step)
+
+
+def install(
+    ops: HostOperations,
+    root: str,
+    files: Mapping[str, bytes],
+    *,
+    lock_run_id: str | None,
+    timeout: float,
+    step: str,
+) -> InstallResult:
+    """Write `files` under `root` (none when one is there with other bytes).
+
+    Raises:
+        RemoteOperationError: `file-exists` (naming it), `write-failed`, `lock-lost`.
+    """
+    request: InstallFilesRequest = {
+        "root": root,
+        "files": {path: base64.b64encode(data).decode("ascii") for path, data in files.items()},
+        "state_dir": ops.host.state_dir,
+        "lock_run_id": lock_run_id,
+    }
+    return ops.run(INSTALL_FILES, request, timeout=timeout, step=step)
+
+
+def remove(
+    ops: HostOperations,
+    root: str,
+    files: Mapping[str, str],
+    *,
+    lock_run_id: str | None,
+    timeout: float,
+    step: str,
+) -> RemoveResult:
+    """Remove `files` (path -> sha256) under `root` (none when one holds other bytes).
+
+    Raises:
+        RemoteOperationError: `file-changed` (naming it), `remove-failed`, `lock-lost`.
+    """
+    request: RemoveFilesRequest = {
+        "root": root,
+        "files": dict(files),
+        "state_dir": ops.host.state_dir,
+        "lock_run_id": lock_run_id,
+    }
+    return ops.run(REMOVE_FILES, request, timeout=timeout, step=step)

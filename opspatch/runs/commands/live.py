@@ -1,0 +1,257 @@
+"""`opspatch live enable` / `live disable`: opspatch's live plugin (`opspatch_live`) written into
+the engine's environment, and removed again, as recorded runs of the fleet run (locks, leases,
+the ledger); no engine is restarted, so no host is drained.
+
+Per host, enable:
+
+```
+lock        the host's lock (every later exec of the run is fenced by it)
+inspect     `live_site`: the engine interpreter's site-packages, whether its SGLang has the
+            plugin framework (sglang/srt/plugins/__init__.py), what is installed, SGLANG_PLUGINS
+live-enable the distribution (`livedist`: the entry point, or the `.pth` start without the
+            framework) written there, every file new or already those bytes, else refused
+```
+
+and the host is `staged`: the plugin loads when the engine next restarts. A host where the same
+distribution is already installed is `already-applied` ("already enabled"); one with another
+`opspatch_live` installed is refused (disable first).
+
+Disable removes exactly what the installation's RECORD lists (with the RECORD itself), each file
+only if it still holds the bytes the RECORD names: one file changed refuses the host by name with
+nothing removed (exit 2). The host is `staged-back`: the running engine keeps the plugin loaded
+until it restarts.
+
+What the ledger records (docs/live.md, "What enable records"): the new files have no pre-image,
+so no file version; the host's outcome names the RECORD (`file`: before None on enable, after
+None on disable, the RECORD's sha256 on the other side) and the step's detail the folder, the
+start and the file count. The RECORD is the manifest, as for pip: its sha256 pins every file's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from collections.abc import Callable, Mapping, Sequence
+
+from opspatch import __version__
+from opspatch.core.host import Host
+from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.vocabulary import Command, Outcome, Step
+from opspatch.errors import LiveRefused, RemoteOperationError
+from opspatch.hosts.livedist import LIVE_DIST_NAME, live_distribution, plugin_sources
+from opspatch.hosts.liveinstall import InstalledLive, LiveSite, install, read_site, remove
+from opspatch.ledger.store import Ledger
+from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
+from opspatch.runs.report import FileChange, HostOutcome, RunReport
+
+REFUSALS = frozenset({"file-exists", "file-changed"})
+"""What the host refuses before writing or removing anything: the host is refused (exit 2)."""
+
+
+def enable_live(
+    *,
+    ledger: Ledger,
+    hosts: Sequence[Host],
+    factory: TransportFactory,
+    playbook: Playbook,
+    progress: Progress | None = None,
+) -> RunReport:
+    """Install the live plugin in every host's engine environment, recorded.
+
+    Raises:
+        LiveRefused: a host's inventory does not say `live = true` (nothing changed).
+    """
+    off = [host.name for host in hosts if not host.live]
+    if off:  # apply --live's refusal says to enable first; here the order is the other way
+        raise LiveRefused(
+            f"live fixes are off on {', '.join(off)}: the inventory does not say live = true",
+            hint="set live = true for these hosts (defaults, a group or the host), then "
+            f"`{remedy_text(CliCommand.LIVE_ENABLE, hosts=','.join(off))}` again",
+        )
+    return _run(Command.LIVE_ENABLE, ledger, hosts, factory, playbook, progress, _enable)
+
+
+def disable_live(
+    *,
+    ledger: Ledger,
+    hosts: Sequence[Host],
+    factory: TransportFactory,
+    playbook: Playbook,
+    progress: Progress | None = None,
+) -> RunReport:
+    """Remove what `enable_live` installed from every host, recorded."""
+    return _run(Command.LIVE_DISABLE, ledger, hosts, factory, playbook, progress, _disable)
+
+
+def _run(
+    command: Command,
+    ledger: Ledger,
+    hosts: Sequence[Host],
+    factory: TransportFactory,
+    playbook: Playbook,
+    progress: Progress | None,
+    per_host: Callable[[HostSession], HostOutcome],
+) -> RunReport:
+    with (
+        recorded_run(ledger, command=command, patch=None, hosts=hosts, playbook=playbook) as run,
+        FleetRun(
+            command=command,
+            patch_id=None,
+            hosts=hosts,
+            factory=factory,
+            playbook=playbook,
+            recorder=run,
+            progress=progress or NoProgress(),
+        ) as fleet,
+    ):
+        refused = fleet.lease(restarting=())  # nothing restarts: no drain, no router room
+        if refused is not None:
+            return run.finish(refused)
+        plan = plan_rollout(playbook, fleet.names)
+
+        def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
+            return playbook.halt_reason(
+                {n: o.outcome for n, o in outcomes.items()}, canaries=plan.canaries
+            )
+
+        outcomes, halted = fleet.execute(per_host, batches=plan.batches, halt=halt)
+        return run.finish(fleet.report(outcomes, halted=halted))
+
+
+def _site(session: HostSession) -> LiveSite:
+    """The host locked, then its engine environment read."""
+    timeouts = session.playbook.timeouts
+    with session.step(Step.LOCK) as note:
+        session.ops.lock(run_id=session.lock.taking(), timeout=timeouts.lock)
+        note["detail"] = "taken"
+    with session.step(Step.INSPECT) as note:
+        site = read_site(session.ops, timeout=timeouts.inspect, step=Step.INSPECT)
+        start = "entry point" if site.plugin_framework else ".pth start (no plugin framework)"
+        found = ", ".join(i.dist_info for i in site.installed) or "nothing installed"
+        note["detail"] = f"{site.purelib}: {start}; {found}"
+    return site
+
+
+def _record_change(site: LiveSite, dist_info: str, record: bytes, *, enabled: bool) -> FileChange:
+    path = posixpath.join(site.purelib, dist_info, "RECORD")
+    digest = hashlib.sha256(record).hexdigest()
+    return FileChange(path, None if enabled else digest, digest if enabled else None)
+
+
+def _enable(session: HostSession) -> HostOutcome:
+    site = _site(session)
+    files = live_distribution(__version__, plugin_sources(), site.start)
+    dist_info = f"{LIVE_DIST_NAME}-{__version__}.dist-info"
+    record = files[f"{dist_info}/RECORD"]
+    others = [i.dist_info for i in site.installed if i.dist_info != dist_info]
+    if others:
+        disable = remedy_text(CliCommand.LIVE_DISABLE, hosts=session.name)
+        return session.outcome(
+            Outcome.SKIPPED,
+            f"refused: {', '.join(others)} is installed in {site.purelib}; `{disable}` first",
+        )
+    try:
+        with session.step(Step.LIVE_ENABLE) as note:
+            result = install(
+                session.ops,
+                site.purelib,
+                files,
+                lock_run_id=session.lock.run_id,
+                timeout=session.playbook.timeouts.swap,
+                step=Step.LIVE_ENABLE,
+            )
+            note["detail"] = (
+                f"wrote {len(result.written)} file(s) of {dist_info} ({site.start} start) into "
+                f"{site.purelib}, {len(result.already)} already there; RECORD sha256 "
+                f"{hashlib.sha256(record).hexdigest()}"
+            )
+    except RemoteOperationError as error:
+        if error.code in REFUSALS:
+            return session.outcome(Outcome.SKIPPED, f"refused: {error.message}")
+        raise
+    warning = f"; but {site.filtered}" if site.filtered else ""
+    change = _record_change(site, dist_info, record, enabled=True)
+    if not result.written:
+        return session.outcome(
+            Outcome.ALREADY_APPLIED,
+            file=change,
+            note=f"already enabled: {dist_info} is installed in {site.purelib}{warning}",
+        )
+    return session.outcome(
+        Outcome.STAGED,
+        file=change,
+        note=f"enabled ({site.start} start), staged: the plugin loads when the engine next "
+        f"restarts (the operator's restart, or `opspatch restart` with a change staged){warning}",
+    )
+
+
+def _disable(session: HostSession) -> HostOutcome:
+    site = _site(session)
+    if not site.installed:
+        return session.outcome(
+            Outcome.SKIPPED, note=f"nothing to remove: {LIVE_DIST_NAME} is not installed"
+        )
+    changes: list[FileChange] = []
+    for found in site.installed:
+        try:
+            wanted = _manifest(found)
+        except ValueError as error:
+            return session.outcome(Outcome.SKIPPED, f"refused: {found.dist_info}: {error}")
+        try:
+            with session.step(Step.LIVE_DISABLE) as note:
+                result = remove(
+                    session.ops,
+                    site.purelib,
+                    wanted,
+                    lock_run_id=session.lock.run_id,
+                    timeout=session.playbook.timeouts.swap,
+                    step=Step.LIVE_DISABLE,
+                )
+                note["detail"] = (
+                    f"removed {len(result.removed)} file(s) of {found.dist_info} from "
+                    f"{site.purelib} ({len(result.absent)} already gone)"
+                )
+        except RemoteOperationError as error:
+            if error.code in REFUSALS:
+                return session.outcome(Outcome.SKIPPED, f"refused: {error.message}")
+            raise
+        assert found.record is not None
+        changes.append(
+            _record_change(site, found.dist_info, found.record.encode("utf-8"), enabled=False)
+        )
+    return session.outcome(
+        Outcome.STAGED_BACK,
+        file=changes[0],
+        note="disabled: the plugin's files are removed; a running engine keeps it loaded (and "
+        "any live fix in memory) until it restarts",
+    )
+
+
+def _manifest(found: InstalledLive) -> dict[str, str]:
+    """Every file the installation's RECORD lists with the sha256 it must still have (the
+    RECORD itself: the bytes read).
+
+    Raises:
+        ValueError: no RECORD, or one that is not a RECORD, or one that lists a file outside
+            the distribution (not ours to remove).
+    """
+    listed = found.files()
+    assert found.record is not None
+    own = f"{found.dist_info}/RECORD"
+    wanted: dict[str, str] = {}
+    for path, digest in listed.items():
+        if path == own:
+            wanted[path] = hashlib.sha256(found.record.encode("utf-8")).hexdigest()
+        elif digest is None:
+            raise ValueError(f"RECORD lists {path} without a hash")
+        else:
+            wanted[path] = digest
+    ours = (f"{LIVE_DIST_NAME}/", f"{found.dist_info}/", f"{LIVE_DIST_NAME}.pth")
+    outside = [p for p in wanted if not p.startswith(ours)]
+    if outside:
+        raise ValueError(f"RECORD lists files that are not the plugin's: {', '.join(outside)}")
+    return wanted

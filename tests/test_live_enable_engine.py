@@ -1,0 +1,84 @@
+"""`live enable` / `live disable` on a real stand-in host (its own interpreter, SGLang's plugin
+framework in its `sglang`): enable writes the plugin's distribution into that interpreter's
+site-packages through the agent on the local transport, the engine started after it (the
+restart enable stages) loads it in every process and each socket answers `list`; disable then
+removes every file enable wrote, the bytecode the engine compiled with them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from opspatch import __version__
+from opspatch.core.host import EngineSettings, Host
+from opspatch.core.policy import BatchSize, Playbook
+from opspatch.hosts.liveplugin import socket_paths, wire
+from opspatch.hosts.operations import open_transport
+from opspatch.ledger.store import Ledger
+from opspatch.runs.commands.live import disable_live, enable_live
+from tests.standin import StandinHost, make_host, running_engine
+from tests.test_live_delivery import wait_for_sockets
+
+pytestmark = pytest.mark.engine
+
+PLAYBOOK = Playbook(canary=0, batch=BatchSize(count=1), max_failures=1)
+TP1_SOCKETS = {"main.sock", "detokenizer.sock", "scheduler-tp0.sock"}
+
+
+@pytest.fixture
+def live_dir() -> Iterator[Path]:
+    """The engine's socket base (`OPSPATCH_LIVE_DIR`), short: a socket path has 107 bytes."""
+    folder = Path(tempfile.mkdtemp(prefix="ol", dir="/tmp"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def inventory_host(host: StandinHost, live_dir: Path) -> Host:
+    local = Host.local(
+        "gpu-01",
+        str(host.host_dir / "state"),
+        EngineSettings(python=str(host.python), env={socket_paths.LIVE_DIR_ENV: str(live_dir)}),
+    )
+    return replace(local, live=True)
+
+
+def test_enable_then_a_restart_loads_the_plugin_and_disable_removes_its_files(
+    tmp_path: Path, live_dir: Path
+) -> None:
+    host = make_host(tmp_path / "host")
+    site = host.site_packages
+    before = {p for p in site.rglob("*") if p.is_file()}
+    inventory = inventory_host(host, live_dir)
+    with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
+        report = enable_live(
+            ledger=ledger, hosts=[inventory], factory=open_transport, playbook=PLAYBOOK
+        )
+        (outcome,) = report.hosts
+        assert outcome.outcome == "staged", (outcome.error, outcome.steps)
+        dist_info = site / f"opspatch_live-{__version__}.dist-info"
+        assert (dist_info / "entry_points.txt").exists()  # the stand-in has the framework
+        assert not (site / "opspatch_live.pth").exists()
+
+        env = {socket_paths.LIVE_DIR_ENV: str(live_dir)}
+        with running_engine(host, ("--disable-cuda-graph",), env=env) as engine:
+            sockets = wait_for_sockets(live_dir, engine, TP1_SOCKETS)
+            for name in sorted(TP1_SOCKETS):
+                reply = wire.ask(str(sockets[name]), {"op": "list"})
+                assert isinstance(reply.get("process"), dict), (name, reply)
+
+        report = disable_live(
+            ledger=ledger, hosts=[inventory], factory=open_transport, playbook=PLAYBOOK
+        )
+        (outcome,) = report.hosts
+        assert outcome.outcome == "staged-back", (outcome.error, outcome.steps)
+        after = {p for p in site.rglob("*") if p.is_file()}
+        assert after == before, sorted(str(p) for p in after ^ before)
+        assert not (site / "opspatch_live").exists() and not dist_info.exists()

@@ -1,0 +1,207 @@
+"""`live enable` / `live disable`, fast: the scripted hosts of test_runs_scripted.py, whose
+`live_site` answers a temporary site-packages (the engine's environment) while `install_files`
+and `remove_files` run the real agent on it.
+
+Each test names what the commands must do: write the distribution (entry point with SGLang's
+plugin framework, `.pth` start without), staged until the next restart, recorded; answer a second
+enable `already enabled`; refuse without `live = true`, over a file that is not ours, or (disable)
+over a file changed since, each naming it with nothing changed; say when SGLANG_PLUGINS keeps the
+plugin out; disable remove exactly what enable wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opspatch import __version__
+from opspatch.core.policy import BatchSize, Playbook
+from opspatch.errors import LiveRefused
+from opspatch.hosts.livedist import live_distribution, plugin_sources
+from opspatch.runs.commands.live import disable_live, enable_live
+from opspatch.runs.report import RunReport
+from tests.test_runs_scripted import Fleet, fleet
+
+pytestmark = pytest.mark.scripted
+
+__all__ = ["fleet"]  # the fixture, used by name
+
+PLAYBOOK = Playbook(canary=0, batch=BatchSize(count=10), max_failures=1)
+DIST_INFO = f"opspatch_live-{__version__}.dist-info"
+
+
+def site_of(fleet: Fleet) -> Path:
+    return fleet.hosts[0].root / "engine-site"
+
+
+def scripted_site(
+    fleet: Fleet, *, framework: bool = True, filtered: str | None = None
+) -> list[str]:
+    """Every host's `live_site` answers its own temporary site-packages; returns the ops asked."""
+    asked: list[str] = []
+    for fake in fleet.hosts:
+        site = fake.root / "engine-site"
+        site.mkdir(exist_ok=True)
+        (site / "other_package.py").write_text("x = 1\n")  # not ours: never touched
+
+        def answer(op: str, args: dict[str, Any], site: Path = site) -> dict[str, Any] | None:
+            asked.append(op)
+            if op != "live_site":
+                return None
+            installed = [
+                {"dist_info": d.name, "record": (d / "RECORD").read_text()}
+                for d in sorted(site.glob("opspatch_live-*.dist-info"))
+            ]
+            return {
+                "purelib": str(site),
+                "sglang_dir": str(site / "sglang"),
+                "plugin_framework": framework,
+                "installed": installed,
+                "filtered": filtered,
+            }
+
+        fake.fault = answer
+    return asked
+
+
+def run(fleet: Fleet, command: Any, *, live: bool = True) -> RunReport:
+    hosts = [replace(h.host(), live=live) for h in fleet.hosts]
+    return command(ledger=fleet.ledger, hosts=hosts, factory=fleet.factory, playbook=PLAYBOOK)
+
+
+def files_under(site: Path) -> set[str]:
+    return {str(p.relative_to(site)) for p in site.rglob("*") if p.is_file()}
+
+
+def test_enable_writes_the_entry_point_distribution_staged_until_a_restart_and_recorded(
+    fleet: Fleet,
+) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    scripted_site(fleet)
+    report = run(fleet, enable_live)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "staged", outcome
+    assert "next restarts" in (outcome.note or "")
+    assert report.exit_code == 0
+    site = site_of(fleet)
+    expected = live_distribution(__version__, plugin_sources(), "entry-point")
+    for relative, data in expected.items():
+        assert (site / relative).read_bytes() == data, relative
+    assert (site / DIST_INFO / "entry_points.txt").exists()
+    assert not (site / "opspatch_live.pth").exists()
+    record = expected[f"{DIST_INFO}/RECORD"]
+    assert outcome.file is not None
+    assert outcome.file.path == f"{site}/{DIST_INFO}/RECORD"
+    assert outcome.file.sha256_before is None  # new files: no pre-image
+    assert outcome.file.sha256_after == hashlib.sha256(record).hexdigest()
+    (listed,) = fleet.ledger.list_runs()
+    assert listed.command == "live-enable"
+    enable_step = [s for s in outcome.steps if s.step == "live-enable"][-1]
+    assert f"RECORD sha256 {hashlib.sha256(record).hexdigest()}" in enable_step.detail
+    assert not any(s.step in ("restart", "drain") for s in outcome.steps)
+
+
+def test_a_second_enable_answers_already_enabled_and_writes_nothing(fleet: Fleet) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    scripted_site(fleet)
+    run(fleet, enable_live)
+    before = {p: (site_of(fleet) / p).stat().st_mtime_ns for p in files_under(site_of(fleet))}
+    report = run(fleet, enable_live)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "already-applied", outcome
+    assert (outcome.note or "").startswith("already enabled")
+    assert report.exit_code == 0
+    after = {p: (site_of(fleet) / p).stat().st_mtime_ns for p in files_under(site_of(fleet))}
+    assert after == before
+
+
+def test_without_the_plugin_framework_the_pth_start_is_written(fleet: Fleet) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    scripted_site(fleet, framework=False)
+    (outcome,) = run(fleet, enable_live).hosts
+    assert outcome.outcome == "staged", outcome
+    site = site_of(fleet)
+    assert (site / "opspatch_live.pth").read_text().startswith("import opspatch_live.plugin")
+    assert not (site / DIST_INFO / "entry_points.txt").exists()
+    assert "pth start" in (outcome.note or "")
+
+
+def test_enable_is_refused_without_live_true_before_any_host_is_asked(fleet: Fleet) -> None:
+    asked = scripted_site(fleet)
+    with pytest.raises(LiveRefused) as caught:
+        run(fleet, enable_live, live=False)
+    assert caught.value.exit_code == 2
+    assert "live = true" in caught.value.message
+    assert asked == []
+    assert fleet.ledger.list_runs() == []
+    assert files_under(site_of(fleet)) == {"other_package.py"}
+
+
+def test_sglang_plugins_without_the_plugin_is_said_not_ignored(fleet: Fleet) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    why = "SGLANG_PLUGINS=other restricts the engine's plugins to other, so opspatch_live ..."
+    scripted_site(fleet, filtered=why)
+    (outcome,) = run(fleet, enable_live).hosts
+    assert outcome.outcome == "staged", outcome
+    assert "SGLANG_PLUGINS=other" in (outcome.note or "")
+
+
+def test_enable_refuses_a_file_already_there_with_other_bytes_naming_it(fleet: Fleet) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    scripted_site(fleet)
+    foreign = site_of(fleet) / "opspatch_live" / "wire.py"
+    foreign.parent.mkdir()
+    foreign.write_text("# someone else's\n")
+    report = run(fleet, enable_live)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "skipped", outcome
+    assert str(foreign) in (outcome.error or "")
+    assert report.exit_code == 2
+    assert files_under(site_of(fleet)) == {"other_package.py", "opspatch_live/wire.py"}
+
+
+def test_disable_removes_exactly_what_enable_wrote(fleet: Fleet) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    scripted_site(fleet)
+    run(fleet, enable_live)
+    cache = site_of(fleet) / "opspatch_live" / "__pycache__"
+    cache.mkdir()
+    (cache / "wire.cpython-311.pyc").write_bytes(b"bytecode the engine wrote")
+    report = run(fleet, disable_live)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "staged-back", outcome
+    assert report.exit_code == 0
+    assert files_under(site_of(fleet)) == {"other_package.py"}
+    assert not (site_of(fleet) / "opspatch_live").exists()
+    assert outcome.file is not None and outcome.file.sha256_after is None
+    assert [r.command for r in fleet.ledger.list_runs()] == ["live-disable", "live-enable"]
+
+
+def test_disable_refuses_a_file_changed_since_naming_it_and_removes_nothing(
+    fleet: Fleet,
+) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    scripted_site(fleet)
+    run(fleet, enable_live)
+    installed = files_under(site_of(fleet))
+    changed = site_of(fleet) / "opspatch_live" / "plugin.py"
+    changed.write_text(changed.read_text() + "# edited on the host\n")
+    report = run(fleet, disable_live)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "skipped", outcome
+    assert str(changed) in (outcome.error or "") and "changed since" in (outcome.error or "")
+    assert report.exit_code == 2
+    assert files_under(site_of(fleet)) == installed
+
+
+def test_disable_where_nothing_is_installed_says_so(fleet: Fleet) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    scripted_site(fleet)
+    report = run(fleet, disable_live)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "skipped" and "not installed" in (outcome.note or ""), outcome
+    assert report.exit_code == 0

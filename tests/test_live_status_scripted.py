@@ -1,0 +1,103 @@
+"""`status` on live hosts, fast: the scripted hosts and live engine of
+test_live_apply_scripted.py. A host with `live = true` is asked `list` once: each patch's row
+names the processes holding its live fix, and a fix taken from bytes the file no longer has is
+drift; a host without it is asked nothing more than before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from opspatch.runs.commands.status import fleet_status
+from tests.test_live_apply_scripted import LiveEngine, apply_live
+from tests.test_runs_scripted import Fleet, fleet, sha
+
+pytestmark = pytest.mark.scripted
+
+__all__ = ["fleet"]  # the fixture, used by name
+
+MODULE = "sglang.srt.speculative.eagle_worker_v2"
+
+
+def with_hashes(fleet: Fleet, engine: LiveEngine, taken_sha: str) -> None:
+    """The engine's `list` entries name the module and the file hash each fix was taken from,
+    as the fix runtime's do."""
+
+    def answer(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        if op != "live":
+            return None
+        reply = engine.answer(args)
+        for socket in reply["answers"]:
+            for entry in (socket["reply"] or {}).get("took", []):
+                entry.update(module=MODULE, sha256=taken_sha)
+        return reply
+
+    for fake in fleet.hosts:
+        fake.fault = answer
+
+
+def status(fleet: Fleet, *, live: bool = True) -> Any:
+    hosts = [replace(h.host(), live=live) for h in fleet.hosts]
+    (row,) = fleet_status(hosts, [fleet.patch], fleet.factory, fleet.ledger)
+    return row
+
+
+def test_status_names_the_processes_holding_a_live_fix_and_the_file_agrees(fleet: Fleet) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    engine = LiveEngine()
+    apply_live(fleet, engine)
+    with_hashes(fleet, engine, sha(fleet.hosts[0].file.read_bytes()))
+    row = status(fleet)
+    assert row.state == "applied", row
+    assert row.live is not None
+    assert {m.process for m in row.live} == {"scheduler-tp0", "scheduler-tp1"}
+    assert all(m.fix_id == "eagle-init-guard" and m.drift is None for m in row.live)
+    assert "live fix in memory in scheduler-tp0, scheduler-tp1" in row.detail
+    assert "still runs the old code" not in row.detail  # the server started before the
+    # file, but holds its fix live: applied, not staged
+    assert row.to_json()["live"][0]["definitions"] == ["EAGLEWorkerV2.spec_disable_batch_threshold"]
+
+
+def test_a_fix_in_memory_whose_file_changed_since_is_drift(fleet: Fleet) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    engine = LiveEngine()
+    apply_live(fleet, engine)
+    with_hashes(fleet, engine, "ab" * 32)  # taken from other bytes than the file's now
+    row = status(fleet)
+    assert row.live is not None and all(m.drift for m in row.live)
+    assert row.state == "staged"  # what the server holds is not the file's fix
+    assert "the next restart loses the fix" in row.detail
+
+
+def test_a_host_without_live_true_is_asked_nothing_more(fleet: Fleet) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    engine = LiveEngine()
+    apply_live(fleet, engine)
+    asked = len(engine.asked)
+    row = status(fleet, live=False)
+    assert row.live is None and "live" not in row.to_json()
+    assert len(engine.asked) == asked
+
+
+def test_diagnose_names_a_live_fix_in_memory(fleet: Fleet) -> None:
+    from opspatch.runs.commands.diagnose import DiagnoseOptions, diagnose_fleet
+
+    fleet.hosts = fleet.hosts[:1]
+    engine = LiveEngine()
+    apply_live(fleet, engine)
+    hosts = [replace(h.host(), live=True) for h in fleet.hosts]
+    diagnosis = diagnose_fleet(hosts, [fleet.patch], fleet.factory, fleet.ledger, DiagnoseOptions())
+    (report,) = diagnosis.hosts
+    (finding,) = [f for f in report.findings if f.kind == "live-fix"]
+    assert "eagle-init-guard" in finding.detail
+    assert "scheduler-tp0, scheduler-tp1" in finding.detail
+    asked = len(engine.asked)
+    off = [replace(h.host(), live=False) for h in fleet.hosts]
+    (report,) = diagnose_fleet(
+        off, [fleet.patch], fleet.factory, fleet.ledger, DiagnoseOptions()
+    ).hosts
+    assert not [f for f in report.findings if f.kind.startswith("live-fix")]
+    assert len(engine.asked) == asked  # live off: not asked
