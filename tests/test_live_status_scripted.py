@@ -58,7 +58,10 @@ def test_status_names_the_processes_holding_a_live_fix_and_the_file_agrees(fleet
     assert "live fix in memory in scheduler-tp0, scheduler-tp1" in row.detail
     assert "still runs the old code" not in row.detail  # the server started before the
     # file, but holds its fix live: applied, not staged
-    assert row.to_json()["live"][0]["definitions"] == ["EAGLEWorkerV2.spec_disable_batch_threshold"]
+    assert row.to_json()["live"][0]["definitions"] == [  # the live form of eagle-init-guard
+        "EAGLEWorkerV2.spec_disable_batch_threshold",
+        "EAGLEWorkerV2.__init__",
+    ]
 
 
 def test_a_fix_in_memory_whose_file_changed_since_is_drift(fleet: Fleet) -> None:
