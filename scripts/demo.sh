@@ -50,6 +50,11 @@ opspatch apply eagle-init-guard --hosts sandbox --yes || exit 1
 step "decodes work, through speculative decoding" "opspatch smoke --hosts sandbox"
 opspatch smoke --hosts sandbox || exit 1
 
+step "the canary judge: tokens, speculation and latency against a baseline (here the same code)" \
+     "opspatch judge --hosts sandbox-02 --baseline sandbox-01"
+opspatch judge --hosts sandbox-02 --baseline sandbox-01
+echo "(exit $?: 0 unless a metric failed)"
+
 step "what is applied where, checked live against the ledger" \
      "opspatch status --hosts sandbox --patch eagle-init-guard"
 opspatch status --hosts sandbox --patch eagle-init-guard || exit 1
