@@ -10,6 +10,7 @@ file the request names, its hash checked, and read back by `list` in every rank.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -83,13 +84,19 @@ def wait_for_sockets(live_dir: Path, engine: EngineProcess, names: set[str]) -> 
         time.sleep(0.05)
 
 
-def fixed_eagle_worker(host: StandinHost, folder: Path) -> tuple[str, str]:
-    """The installed `eagle_worker_v2.py` as a fixed release ships it (a class default of the
-    threshold), written beside it; its path and sha256."""
-    fixed = upstream_fixed(host.eagle_worker_file.read_bytes())
-    path = folder / "eagle_worker_v2.py"
-    path.write_bytes(fixed)
-    return str(path), hashlib.sha256(fixed).hexdigest()
+@contextlib.contextmanager
+def fixed_eagle_worker(host: StandinHost) -> Iterator[tuple[str, str]]:
+    """The installed `eagle_worker_v2.py` swapped for a fixed release's (a class default of the
+    threshold), as a run swaps the post-image in after the engine imported it: the fix runtime
+    takes only from the file the module was loaded from. Its path and sha256; put back after."""
+    installed = host.eagle_worker_file
+    original = installed.read_bytes()
+    fixed = upstream_fixed(original)
+    installed.write_bytes(fixed)
+    try:
+        yield str(installed), hashlib.sha256(fixed).hexdigest()
+    finally:
+        installed.write_bytes(original)
 
 
 def take_request(path: str, sha256: str) -> dict[str, Any]:
@@ -142,31 +149,31 @@ def test_the_pth_start_loads_it_in_every_process_without_the_entry_point(
     with running_engine(pth_host, HEALTHY, env=env, log_name="pth.log") as engine:
         sockets = wait_for_sockets(live_dir, engine, ALL_SOCKETS)
         assert "Loaded plugin opspatch_live" not in engine.log_text()
-        path, sha256 = fixed_eagle_worker(pth_host, tmp_path)
-        reply = wire.ask(str(sockets["scheduler-tp0.sock"]), take_request(path, sha256))
+        with fixed_eagle_worker(pth_host) as (path, sha256):
+            reply = wire.ask(str(sockets["scheduler-tp0.sock"]), take_request(path, sha256))
         assert reply["ok"] is True and len(reply["ranks"]) == 2, reply
         assert engine.post("/generate", DECODE).status == 200
 
 
 def test_a_take_sets_the_attribute_in_every_rank_at_one_boundary_while_the_server_serves(
-    host: StandinHost, live_dir: Path, tmp_path: Path
+    host: StandinHost, live_dir: Path
 ) -> None:
     env = {socket_paths.LIVE_DIR_ENV: str(live_dir)}
-    path, sha256 = fixed_eagle_worker(host, tmp_path)
     with running_engine(host, HEALTHY, env=env, log_name="take.log") as engine:
         sockets = wait_for_sockets(live_dir, engine, ALL_SOCKETS)
         pids = set(tree_of(engine.pid))
         before = engine.post("/generate", DECODE)
         assert before.status == 200
 
-        refused = wire.ask(str(sockets["scheduler-tp1.sock"]), take_request(path, sha256))
-        assert refused["refused"]["code"] == "not-entry-rank"
+        with fixed_eagle_worker(host) as (path, sha256):
+            refused = wire.ask(str(sockets["scheduler-tp1.sock"]), take_request(path, sha256))
+            assert refused["refused"]["code"] == "not-entry-rank"
 
-        mismatch = wire.ask(str(sockets["scheduler-tp0.sock"]), take_request(path, "0" * 64))
-        assert mismatch["refused"]["code"] == "hash-mismatch", mismatch
-        assert all(r["refused"]["code"] == "hash-mismatch" for r in mismatch["ranks"])
+            mismatch = wire.ask(str(sockets["scheduler-tp0.sock"]), take_request(path, "0" * 64))
+            assert mismatch["refused"]["code"] == "hash-mismatch", mismatch
+            assert all(r["refused"]["code"] == "hash-mismatch" for r in mismatch["ranks"])
 
-        reply = wire.ask(str(sockets["scheduler-tp0.sock"]), take_request(path, sha256))
+            reply = wire.ask(str(sockets["scheduler-tp0.sock"]), take_request(path, sha256))
         assert reply["ok"] is True, reply
         ranks = reply["ranks"]
         assert [rank["process"]["rank"] for rank in ranks] == [0, 1]
@@ -192,17 +199,17 @@ def test_a_take_sets_the_attribute_in_every_rank_at_one_boundary_while_the_serve
 
 
 def test_the_incidents_server_decodes_once_the_fix_is_taken_live(
-    host: StandinHost, live_dir: Path, tmp_path: Path
+    host: StandinHost, live_dir: Path
 ) -> None:
     """CUDA graph capture fails, the worker is kept half-built: the first decode would crash the
     server. The class default taken live in both ranks lets it decode, no pid changed."""
     env = {socket_paths.LIVE_DIR_ENV: str(live_dir)}
-    path, sha256 = fixed_eagle_worker(host, tmp_path)
     with running_engine(host, TP2, env=env, log_name="incident.log") as engine:
         assert "CUDA graph capture failed" in engine.log_text()
         sockets = wait_for_sockets(live_dir, engine, ALL_SOCKETS)
         pids = set(tree_of(engine.pid))
-        reply = wire.ask(str(sockets["scheduler-tp0.sock"]), take_request(path, sha256))
+        with fixed_eagle_worker(host) as (path, sha256):
+            reply = wire.ask(str(sockets["scheduler-tp0.sock"]), take_request(path, sha256))
         assert reply["ok"] is True, reply
         decoded = engine.post("/generate", DECODE)
         assert decoded.status == 200 and decoded.json()["meta_info"]["completion_tokens"] == 12

@@ -77,8 +77,10 @@ def nothing_held() -> Iterator[None]:
         fixes.revert(fix_id)
 
 
-def post_image(tmp_path: Path, source: str, name: str = "post.py") -> tuple[str, str]:
-    path = tmp_path / name
+def post_image(where: ModuleType | Path, source: str) -> tuple[str, str]:
+    """Write `source` over the module's own file (as a run swaps the post-image in), or at a
+    path; the path and its sha256."""
+    path = Path(str(where.__file__)) if isinstance(where, ModuleType) else where
     path.write_text(textwrap.dedent(source))
     return str(path), hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -112,7 +114,7 @@ def test_a_constant_is_set_and_rebound_where_it_was_imported_by_name_then_revert
     target = module_from("live_m1", ORIGINAL)
     user = module_from("live_u1", "from live_m1 import LIMIT, helper\n")
     old_limit = target.LIMIT
-    path, sha = post_image(tmp_path, changed(("LIMIT = [1, 2]", "LIMIT = [1, 2, 3]")))
+    path, sha = post_image(target, changed(("LIMIT = [1, 2]", "LIMIT = [1, 2, 3]")))
 
     reply = take("live_m1", path, sha, ("LIMIT", "constant"))
 
@@ -140,7 +142,7 @@ def test_a_class_attribute_is_set_on_the_running_class_and_its_instances_see_it(
     target = module_from("live_m2", ORIGINAL)
     half_built = object.__new__(target.Worker)  # __init__ never ran
     path, sha = post_image(
-        tmp_path, changed(("    threshold = 5\n", "    threshold = 5\n    budget: int = 0\n"))
+        target, changed(("    threshold = 5\n", "    threshold = 5\n    budget: int = 0\n"))
     )
 
     reply = take("live_m2", path, sha, ("Worker.budget", "class-attribute"))
@@ -160,7 +162,7 @@ def test_methods_are_swapped_by_code_so_bound_and_wrapped_references_run_the_new
     bound = worker.step  # bound before the fix
     old_step_code = target.Worker.step.__code__
     path, sha = post_image(
-        tmp_path,
+        target,
         changed(
             ('return "old step"', 'return "new step"'),
             ('return "old tool"', 'return "new tool"'),
@@ -191,7 +193,7 @@ def test_a_function_imported_elsewhere_by_name_runs_the_new_code_there_too(
 ) -> None:
     target = module_from("live_m4", ORIGINAL)
     user = module_from("live_u4", "from live_m4 import helper\n")
-    path, sha = post_image(tmp_path, changed(("return x + 1", "return x + 100")))
+    path, sha = post_image(target, changed(("return x + 1", "return x + 100")))
 
     assert take("live_m4", path, sha, ("helper", "function"))["ok"] is True
     assert user.helper(1) == 101 and user.helper is target.helper  # the same object, new code
@@ -208,7 +210,7 @@ def test_a_new_function_and_a_new_method_using_super_are_built_on_the_running_mo
         + "\n\ndef triple(x):\n    return 3 * x\n"
         + "\n\nclass Sub(Worker):\n    pass\n"
     )
-    path, sha = post_image(tmp_path, source)
+    path, sha = post_image(target, source)
 
     reply = take("live_m5", path, sha, ("triple", "function"), ("Worker.step", "method"))
 
@@ -223,7 +225,7 @@ def test_a_file_whose_hash_is_not_the_requests_is_refused_and_nothing_changes(
     module_from: Callable[[str, str], ModuleType], tmp_path: Path
 ) -> None:
     target = module_from("live_m6", ORIGINAL)
-    path, _ = post_image(tmp_path, changed(("threshold = 5", "threshold = 6")))
+    path, _ = post_image(target, changed(("threshold = 5", "threshold = 6")))
 
     reply = take("live_m6", path, "0" * 64, ("Worker.threshold", "class-attribute"))
 
@@ -238,7 +240,7 @@ def test_a_method_whose_free_variables_changed_is_refused(
     target = module_from("live_m7", ORIGINAL)
     # super() gives the method a free variable (__class__) it did not have
     path, sha = post_image(
-        tmp_path, changed(('return "old step"', 'return super().__repr__() and "new step"'))
+        target, changed(('return "old step"', 'return super().__repr__() and "new step"'))
     )
 
     reply = take("live_m7", path, sha, ("Worker.step", "method"))
@@ -253,7 +255,7 @@ def test_a_fix_is_all_or_nothing_when_one_definition_cannot_be_set(
 ) -> None:
     target = module_from("live_m8", ORIGINAL)
     path, sha = post_image(
-        tmp_path,
+        target,
         changed(("threshold = 5", "threshold = 6"), ('return "old step"', 'return "new step"')),
     )
 
@@ -279,7 +281,7 @@ def test_a_fix_is_all_or_nothing_when_one_definition_cannot_be_set(
     source = changed(("threshold = 5", "threshold = 6")) + (
         "\n\ndef _step(self):\n    return 1\n\n\nWorker.step = _step\n"
     )
-    path, sha = post_image(tmp_path, source, "post2.py")
+    path, sha = post_image(target, source)
     reply = take(
         "live_m8",
         path,
@@ -296,7 +298,7 @@ def test_a_fix_is_all_or_nothing_when_one_definition_cannot_be_set(
 def test_a_process_without_the_module_refuses_and_a_revert_of_nothing_is_ok(
     tmp_path: Path,
 ) -> None:
-    path, sha = post_image(tmp_path, ORIGINAL)
+    path, sha = post_image(tmp_path / "live_never_imported.py", ORIGINAL)
     reply = take("live_never_imported", path, sha, ("helper", "function"))
     assert reply["refused"]["code"] == "module-not-loaded"
     assert fixes.revert("never-taken") == {"ok": True, "took": [], "reverted": []}
@@ -306,7 +308,7 @@ def test_a_retried_take_is_ok_and_a_definition_held_by_another_fix_is_refused(
     module_from: Callable[[str, str], ModuleType], tmp_path: Path
 ) -> None:
     target = module_from("live_m9", ORIGINAL)
-    path, sha = post_image(tmp_path, changed(("threshold = 5", "threshold = 6")))
+    path, sha = post_image(target, changed(("threshold = 5", "threshold = 6")))
     first = take("live_m9", path, sha, ("Worker.threshold", "class-attribute"))
     again = take("live_m9", path, sha, ("Worker.threshold", "class-attribute"))
     assert first == again and first["ok"] is True
@@ -314,3 +316,91 @@ def test_a_retried_take_is_ok_and_a_definition_held_by_another_fix_is_refused(
     assert other["refused"]["code"] == "already-held" and "fix-1" in other["refused"]["message"]
     fixes.revert("fix-1")
     assert target.Worker.threshold == 5
+
+
+def test_a_take_never_runs_the_modules_top_level_again(
+    module_from: Callable[[str, str], ModuleType], tmp_path: Path
+) -> None:
+    registry = module_from("live_reg10", "CALLS = []\n")
+    top_level = 'import live_reg10\nlive_reg10.CALLS.append("loaded")\n'
+    target = module_from("live_m10", top_level + ORIGINAL)
+    assert registry.CALLS == ["loaded"]
+    path, sha = post_image(
+        target,
+        top_level
+        + changed(("LIMIT = [1, 2]", "LIMIT = [1, 2, 3]"), ('return "old step"', "return LIMIT"))
+        + "\n\ndef triple(x, by=len(LIMIT)):\n    return by * x\n",
+    )
+
+    reply = take(
+        "live_m10",
+        path,
+        sha,
+        ("LIMIT", "constant"),
+        ("Worker.step", "method"),
+        ("triple", "function"),
+    )
+
+    assert reply["ok"] is True, reply
+    assert registry.CALLS == ["loaded"]  # the append at the top level did not run again
+    assert target.Worker().step() == [1, 2, 3] and target.triple(1) == 3
+    assert target.triple.__globals__ is vars(target)
+
+
+def test_a_constant_equal_by_identity_elsewhere_is_rebound_only_where_imported_by_name(
+    module_from: Callable[[str, str], ModuleType], tmp_path: Path
+) -> None:
+    target = module_from("live_m11", "COUNT = 7\n" + ORIGINAL)
+    own = module_from("live_u11", 'COUNT = 7\nGREETING = "hello"\n')
+    importer = module_from("live_v11", "from live_m11 import COUNT\n")
+    assert own.COUNT is target.COUNT and own.GREETING is target.GREETING  # cached, interned
+    path, sha = post_image(
+        target, "COUNT = 8\n" + changed(('GREETING = "hello"', 'GREETING = "hi"'))
+    )
+
+    reply = take("live_m11", path, sha, ("COUNT", "constant"), ("GREETING", "constant"))
+
+    assert reply["ok"] is True, reply
+    assert (target.COUNT, importer.COUNT, own.COUNT) == (8, 8, 7)
+    assert (target.GREETING, own.GREETING) == ("hi", "hello")
+    assert [entry["rebound"] for entry in reply["took"]] == [["live_v11"], []]
+    fixes.revert("fix-1")
+    assert (target.COUNT, importer.COUNT, own.COUNT) == (7, 7, 7)
+
+
+def test_a_file_other_than_the_one_the_module_was_loaded_from_is_refused(
+    module_from: Callable[[str, str], ModuleType], tmp_path: Path
+) -> None:
+    target = module_from("live_m12", ORIGINAL)
+    path, sha = post_image(tmp_path / "elsewhere.py", changed(("threshold = 5", "threshold = 6")))
+
+    reply = take("live_m12", path, sha, ("Worker.threshold", "class-attribute"))
+
+    assert reply["refused"]["code"] == "path-mismatch", reply
+    assert str(target.__file__) in reply["refused"]["message"]
+    assert target.Worker.threshold == 5 and fixes.list()["took"] == []
+
+
+def test_a_revert_is_refused_when_a_definition_changed_since_the_fix_set_it(
+    module_from: Callable[[str, str], ModuleType], tmp_path: Path
+) -> None:
+    target = module_from("live_m13", ORIGINAL)
+    old_limit = target.LIMIT
+    path, sha = post_image(
+        target,
+        changed(("LIMIT = [1, 2]", "LIMIT = [1, 2, 3]"), ('return "old step"', 'return "new"')),
+    )
+    assert take("live_m13", path, sha, ("LIMIT", "constant"), ("Worker.step", "method"))["ok"]
+    taken = target.LIMIT
+    target.LIMIT = ["set by the engine since"]
+
+    refused = fixes.revert("fix-1")
+
+    assert refused["refused"]["code"] == "changed-since", refused
+    assert "LIMIT" in refused["refused"]["message"]
+    assert target.LIMIT == ["set by the engine since"]
+    assert target.Worker().step() == "new"  # nothing reverted: the fix is still held whole
+    assert [entry["name"] for entry in fixes.list()["took"]] == ["LIMIT", "Worker.step"]
+    target.LIMIT = taken
+    assert fixes.revert("fix-1")["ok"] is True
+    assert target.LIMIT is old_limit and target.Worker().step() == "old step"

@@ -1,28 +1,33 @@
 """What a live fix does in one process: `take` it from the file on disk, `revert` it, `list` what
 this process holds. Called by `answers.apply_here` (a scheduler's at its boundary).
 
-A take names a module, the file and the sha256 it must have, and the definitions to take (no
-code travels). The file is read, its hash checked, compiled and run in a fresh namespace beside
-the running module (named as it, never put in `sys.modules`); then each definition is taken into
-the running module's own objects:
-- `constant` (`NAME`): the module's attribute set; other modules that bound the old object with
-  `from m import NAME` (the same name, the very same object) are rebound too;
-- `class-attribute` (`Class.name`): set on the running class;
+A take names a module, the file it was loaded from, the sha256 that file must have and the
+definitions to take (no code travels). The file is read, its hash checked and compiled; the
+module's top level never runs again (no import, registration or other side effect repeats).
+Each definition is taken from that compiled code into the running module's own objects:
+- `constant` (`NAME`), `class-attribute` (`Class.name`): its assignment's expression alone is
+  evaluated on the running module's globals (a class attribute's in its class's namespace too)
+  and the value set; a constant is also set in every other module whose source says
+  `from m import NAME` and that holds the old object under that name;
 - `function` (`name`), `method` (`Class.name`): the running function's `__code__` swapped for the
-  new one (staticmethod, classmethod, property and `functools.wraps` wrappers are looked through),
+  file's (staticmethod, classmethod, property and `functools.wraps` wrappers are looked through),
   so every reference bound earlier runs the new code; refused when the free variables differ (a
-  new closure, `super()` where there was none). A new one is built on the running module's
-  globals.
+  new closure, `super()` where there was none). A new one is built from the file's code on the
+  running module's globals, its defaults evaluated there (its `def` alone, undecorated).
 All or nothing: everything is checked before anything is set, and a failure while setting
-undoes what was set. What each definition held before is kept for `revert`. Frames already
-running keep the code they started with.
+undoes what was set. What each definition held before is kept for `revert`, which refuses
+(`changed-since`) when a definition no longer holds what the fix set. Frames already running
+keep the code they started with.
 """
 
 from __future__ import annotations
 
+import ast
 import builtins
 import hashlib
+import importlib.util
 import marshal
+import os
 import sys
 import threading
 import types
@@ -38,27 +43,29 @@ KINDS = (CONSTANT, CLASS_ATTRIBUTE, FUNCTION, METHOD)
 # Refusal codes of the fix runtime (the delivery path's are in `wire`).
 BAD_REQUEST = "bad-request"
 NOT_LOADED = "module-not-loaded"
+PATH_MISMATCH = "path-mismatch"
 UNREADABLE = "unreadable"
 HASH_MISMATCH = "hash-mismatch"
 BAD_SOURCE = "bad-source"
 NO_DEFINITION = "no-definition"
 NOT_A_FUNCTION = "not-a-function"
 FREE_VARIABLES = "free-variables"
+EVALUATION_FAILED = "evaluation-failed"
 ALREADY_HELD = "already-held"
 TAKE_FAILED = "take-failed"
+CHANGED_SINCE = "changed-since"
 REVERT_FAILED = "revert-failed"
 
 VALUE_REPR_CHARS = 200
 """How much of a value's repr a readback carries."""
 
 _MISSING = object()
-_PLAIN_VALUES = (type(None), bool)
-"""Values never rebound in other modules: every module's `None` or `False` is the same object,
-so identity cannot tell an import of the constant from a module's own value."""
+_ACCESSORS = ("setter", "deleter")
+"""`@name.setter` and `@name.deleter` defs add to a property; its getter is the definition."""
 
 
 class Refused(Exception):
-    """A take this process refuses, before anything was set; `code` is a refusal code."""
+    """A take or revert this process refuses, nothing changed; `code` is a refusal code."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -76,7 +83,8 @@ def code_sha256(code: types.CodeType) -> str:
 
 
 class _Change:
-    """One definition of a fix: how to set it, how to undo it, and what to read back."""
+    """One definition of a fix: how to set it, how to undo it, whether the running object still
+    holds what it set, and what to read back."""
 
     def __init__(
         self,
@@ -84,13 +92,18 @@ class _Change:
         kind: str,
         apply: Callable[[], None],
         undo: Callable[[], None],
+        in_place: Callable[[], bool],
         readback: Callable[[], dict[str, Any]],
+        value: Any = _MISSING,
     ) -> None:
         self.name = name
         self.kind = kind
         self.apply = apply
         self.undo = undo
+        self.in_place = in_place
         self.readback = readback
+        self.value = value
+        """The object it sets (a value, a new function); none for a code swap."""
 
 
 class _Fix:
@@ -152,11 +165,20 @@ def take(request: dict[str, Any]) -> dict[str, Any]:
 
 def revert(fix_id: Any) -> dict[str, Any]:
     """Put back what fix `fix_id` changed in this process. A fix this process does not hold has
-    nothing to undo: ok."""
+    nothing to undo: ok. Refused, nothing reverted, when a definition no longer holds what the
+    fix set (the engine or other code changed it since: putting the old back would undo that)."""
     with _lock:
-        fix = _held.pop(str(fix_id), None)
+        fix = _held.get(str(fix_id))
         if fix is None:
             return {"ok": True, "took": [], "reverted": []}
+        moved = [change.name for change in fix.changes if not change.in_place()]
+        if moved:
+            return _refused(
+                CHANGED_SINCE,
+                f"{fix.module}: {', '.join(moved)} changed since fix {fix.fix_id} set it; nothing "
+                "was reverted and the fix is still held (a restart puts back the file's code)",
+            )
+        del _held[fix.fix_id]
         problems = []
         for change in reversed(fix.changes):
             try:
@@ -181,6 +203,15 @@ def list() -> dict[str, Any]:  # the operation's name on the wire
 # -- a take, checked before anything is set --------------------------------------------------------
 
 
+class _File:
+    """The file a take reads, checked by its hash: its path, syntax tree and compiled code."""
+
+    def __init__(self, path: str, tree: ast.Module, code: types.CodeType) -> None:
+        self.path = path
+        self.tree = tree
+        self.code = code
+
+
 def _prepare(request: dict[str, Any]) -> _Fix | None:
     """The fix `request` names, every definition resolved and checked; None when this very fix
     is held already.
@@ -199,23 +230,19 @@ def _prepare(request: dict[str, Any]) -> _Fix | None:
     module = sys.modules.get(module_name)
     if module is None:
         raise Refused(NOT_LOADED, f"{module_name} is not loaded in this process: nothing to fix")
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError as error:
-        raise Refused(UNREADABLE, f"cannot read {path}: {error}") from None
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != sha256:
+    loaded = getattr(module, "__file__", None)
+    if loaded and os.path.realpath(loaded) != os.path.realpath(path):
         raise Refused(
-            HASH_MISMATCH,
-            f"{path} has sha256 {actual[:12]}, not {sha256[:12]} as the request says: it is not "
-            "the file this fix was made from; nothing taken",
+            PATH_MISMATCH,
+            f"{module_name} is loaded here from {loaded}, not from {path}: the fix is not for "
+            "this process's copy of the module; nothing taken",
         )
-    namespace = _run_beside(module, module_name, path, data)
+    file = _compiled(path, sha256)
     holders = {
         c.name: f.fix_id for f in _held.values() if f.module == module_name for c in f.changes
     }
-    changes = []
+    changes: builtins.list[_Change] = []
+    taken: dict[str, Any] = {}
     for definition in definitions:
         name, kind = definition["name"], definition["kind"]
         if name in holders:
@@ -223,7 +250,10 @@ def _prepare(request: dict[str, Any]) -> _Fix | None:
                 ALREADY_HELD,
                 f"{module_name}.{name} is held by live fix {holders[name]}; revert it first",
             )
-        changes.append(_change(module, namespace, name, kind))
+        change = _change(module, file, name, kind, taken)
+        if change.value is not _MISSING:
+            taken[name] = change.value
+        changes.append(change)
     return _Fix(fix_id, module_name, sha256, changes)
 
 
@@ -241,82 +271,175 @@ def _read_request(request: dict[str, Any]) -> tuple[str, str, str, str, Any]:
         if (
             not isinstance(definition, dict)
             or not isinstance(definition.get("name"), str)
+            or not all(part.isidentifier() for part in definition["name"].split("."))
             or definition.get("kind") not in KINDS
         ):
             raise Refused(
                 BAD_REQUEST,
-                f"a definition is {{name, kind}} with kind one of {', '.join(KINDS)}: "
-                f"not {definition!r}",
+                f"a definition is {{name, kind}} with a dotted name and kind one of "
+                f"{', '.join(KINDS)}: not {definition!r}",
             )
     return fields["fix_id"], fields["module"], fields["path"], fields["sha256"], definitions
 
 
-def _run_beside(module: Any, module_name: str, path: str, data: bytes) -> dict[str, Any]:
-    """The file's code run in a fresh namespace named as the module (not in `sys.modules`)."""
+def _compiled(path: str, sha256: str) -> _File:
+    """The file at `path`, compiled (never run), when its sha256 is `sha256`."""
     try:
-        code = compile(data, path, "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as error:
-        raise Refused(BAD_SOURCE, f"{path} does not compile here: {error}") from None
-    namespace: dict[str, Any] = {
-        "__name__": module_name,
-        "__file__": path,
-        "__package__": getattr(module, "__package__", None),
-        "__builtins__": builtins,
-    }
-    try:
-        exec(code, namespace)
-    except Exception as error:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as error:
+        raise Refused(UNREADABLE, f"cannot read {path}: {error}") from None
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != sha256:
         raise Refused(
-            BAD_SOURCE, f"running {path} beside the module failed: {type(error).__name__}: {error}"
-        ) from None
-    return namespace
-
-
-def _walk(root: Any, dotted: str, where: str) -> Any:
-    """The object at `dotted` (`Class`, `Outer.Inner`) from a module or namespace."""
-    found = root
-    for part in dotted.split("."):
-        found = (
-            found.get(part, _MISSING) if isinstance(found, dict) else getattr(found, part, _MISSING)
+            HASH_MISMATCH,
+            f"{path} has sha256 {actual[:12]}, not {sha256[:12]} as the request says: it is not "
+            "the file this fix was made from; nothing taken",
         )
-        if found is _MISSING:
-            raise Refused(NO_DEFINITION, f"{where} has no {dotted}")
-    return found
+    try:
+        tree = ast.parse(importlib.util.decode_source(data), path)
+        code = compile(tree, path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, UnicodeDecodeError) as error:
+        raise Refused(BAD_SOURCE, f"{path} does not compile here: {error}") from None
+    return _File(path, tree, code)
 
 
-def _change(module: Any, namespace: dict[str, Any], name: str, kind: str) -> _Change:
+# -- one definition, from the compiled file into the running module ----------------------------
+
+
+def _bound_name(statement: ast.stmt) -> str | None:
+    """The name a top-level or class-body statement defines, if it defines one by name."""
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        accessor = any(
+            isinstance(d, ast.Attribute)
+            and d.attr in _ACCESSORS
+            and isinstance(d.value, ast.Name)
+            and d.value.id == statement.name
+            for d in statement.decorator_list
+        )
+        return None if accessor else statement.name
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+        target = statement.targets[0]
+        return target.id if isinstance(target, ast.Name) else None
+    if isinstance(statement, ast.AnnAssign) and statement.value is not None:
+        return statement.target.id if isinstance(statement.target, ast.Name) else None
+    return None
+
+
+def _nodes(file: _File, name: str) -> builtins.list[ast.stmt]:
+    """The statements that define `name` in the file: its classes', then its own; one each."""
+    parts = name.split(".")
+    body: builtins.list[ast.stmt] = file.tree.body
+    chain: builtins.list[ast.stmt] = []
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[: depth + 1])
+        matches = [s for s in body if _bound_name(s) == part]
+        if not matches:
+            raise Refused(NO_DEFINITION, f"{file.path} defines no {where} (for {name})")
+        if len(matches) > 1:
+            raise Refused(
+                NO_DEFINITION,
+                f"{file.path} defines {where} {len(matches)} times: which one {name} means is "
+                "not clear; restart instead",
+            )
+        chain.append(matches[0])
+        if depth < len(parts) - 1:
+            if not isinstance(matches[0], ast.ClassDef):
+                raise Refused(NO_DEFINITION, f"{where} is not a class in {file.path}")
+            body = matches[0].body
+    return chain
+
+
+def _code_at(file: _File, chain: builtins.list[ast.stmt], name: str) -> types.CodeType:
+    """The code object the file's compiled code holds for the def at the end of `chain`."""
+    code = file.code
+    for node in chain:
+        assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        matches = [
+            c
+            for c in code.co_consts
+            if isinstance(c, types.CodeType)
+            and c.co_name == node.name
+            and c.co_firstlineno == first
+        ]
+        if len(matches) != 1:
+            raise Refused(NO_DEFINITION, f"{file.path}: no compiled code found for {name}")
+        code = matches[0]
+    return code
+
+
+def _change(module: Any, file: _File, name: str, kind: str, taken: dict[str, Any]) -> _Change:
     owner_path, _, attribute = name.rpartition(".")
-    where = f"{module.__name__} (running)"
-    fresh_where = f"{module.__name__} (from the file)"
     if kind in (CONSTANT, FUNCTION):
         if owner_path:
             raise Refused(BAD_REQUEST, f"a {kind} is a module-level name: not {name}")
-        live_owner: Any = module
-        fresh: Any = namespace.get(attribute, _MISSING)
+        owner: Any = module
     else:
         if not owner_path:
             raise Refused(BAD_REQUEST, f"a {kind} is named Class.name: not {name}")
-        live_owner = _walk(module, owner_path, where)
-        fresh_owner = _walk(namespace, owner_path, fresh_where)
-        if not isinstance(live_owner, type) or not isinstance(fresh_owner, type):
-            raise Refused(NO_DEFINITION, f"{owner_path} is not a class in {module.__name__}")
-        fresh = fresh_owner.__dict__.get(attribute, _MISSING)
-    if fresh is _MISSING:
-        raise Refused(NO_DEFINITION, f"{fresh_where} has no {name}")
-    old = vars(live_owner).get(attribute, _MISSING)
-    if kind == CONSTANT:
-        return _constant(module, name, old, fresh)
-    if kind == CLASS_ATTRIBUTE:
-        return _attribute(live_owner, name, attribute, old, fresh)
+        owner = module
+        for part in owner_path.split("."):
+            owner = getattr(owner, part, _MISSING)
+        if not isinstance(owner, type):
+            raise Refused(NO_DEFINITION, f"{owner_path} is not a class in the running {module}")
+    chain = _nodes(file, name)
+    node = chain[-1]
+    old = vars(owner).get(attribute, _MISSING)
+    if kind in (CONSTANT, CLASS_ATTRIBUTE):
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            raise Refused(NO_DEFINITION, f"{name} is not an assignment in {file.path}")
+        scope = _scope(taken, owner_path, owner)
+        fresh = _evaluated(module, scope, node.value, file.path, name)
+        if kind == CONSTANT:
+            return _constant(module, name, old, fresh)
+        return _attribute(owner, name, attribute, old, fresh)
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise Refused(NOT_A_FUNCTION, f"{name} is not a def in {file.path}: no code to take")
+    code = _code_at(file, chain, name)
     if old is _MISSING:
-        return _new_function(module, live_owner, name, kind, fresh)
-    return _swap_code(name, kind, old, fresh)
+        return _new_function(module, owner, name, kind, node, code, file, taken)
+    return _swap_code(name, kind, old, code)
+
+
+def _scope(taken: dict[str, Any], owner_path: str, owner: Any) -> dict[str, Any]:
+    """The names an expression of the fix sees before the running module's globals: what the
+    fix's earlier definitions set (they come in the file's order), and for a class body a copy
+    of the running class's namespace (and the fix's earlier attributes of that class)."""
+    scope = {name: value for name, value in taken.items() if "." not in name}
+    if owner_path:
+        scope.update(vars(owner))
+        for name, value in taken.items():
+            holder, _, attribute = name.rpartition(".")
+            if holder == owner_path:
+                scope[attribute] = value
+    return scope
+
+
+def _evaluated(
+    module: Any, scope: dict[str, Any], expression: ast.expr, path: str, name: str
+) -> Any:
+    """An assignment's expression alone, evaluated on the running module's globals (`scope`
+    first: see `_scope`)."""
+    try:
+        code = compile(ast.Expression(body=expression), path, "eval", dont_inherit=True)
+        return eval(code, vars(module), scope)
+    except Exception as error:
+        raise Refused(
+            EVALUATION_FAILED,
+            f"{name}: its expression failed on the running module ({type(error).__name__}: "
+            f"{error}); nothing taken",
+        ) from None
 
 
 def _setter(owner: Any, attribute: str, value: Any) -> Callable[[], None]:
     if value is _MISSING:
         return lambda: delattr(owner, attribute)
     return lambda: setattr(owner, attribute, value)
+
+
+def _holds(owner: Any, attribute: str, value: Any) -> Callable[[], bool]:
+    return lambda: vars(owner).get(attribute, _MISSING) is value
 
 
 def _value_readback(owner: Any, attribute: str) -> Callable[[], dict[str, Any]]:
@@ -333,21 +456,18 @@ def _attribute(owner: type, name: str, attribute: str, old: Any, fresh: Any) -> 
         CLASS_ATTRIBUTE,
         _setter(owner, attribute, fresh),
         _setter(owner, attribute, old),
+        _holds(owner, attribute, fresh),
         _value_readback(owner, attribute),
+        fresh,
     )
 
 
 def _constant(module: Any, name: str, old: Any, fresh: Any) -> _Change:
-    """A module constant; the modules that imported the old object by name are rebound with it
-    (and back on revert, where they still hold the new one)."""
-    rebound: builtins.list[Any] = []
+    """A module constant; the modules that imported the old object with `from m import NAME`
+    are rebound with it (and back on revert, where they still hold the new one)."""
+    rebound = _imported_elsewhere(module, name, old)
 
     def apply() -> None:
-        if old is not _MISSING and not isinstance(old, _PLAIN_VALUES):
-            for other in tuple(sys.modules.values()):
-                space = getattr(other, "__dict__", None)
-                if other is not module and space is not None and space.get(name, _MISSING) is old:
-                    rebound.append(other)
         setattr(module, name, fresh)
         for other in rebound:
             setattr(other, name, fresh)
@@ -365,7 +485,47 @@ def _constant(module: Any, name: str, old: Any, fresh: Any) -> _Change:
         found["rebound"] = sorted(other.__name__ for other in rebound)
         return found
 
-    return _Change(name, CONSTANT, apply, undo, readback)
+    return _Change(name, CONSTANT, apply, undo, _holds(module, name, fresh), readback, fresh)
+
+
+def _imported_elsewhere(module: Any, name: str, old: Any) -> builtins.list[Any]:
+    """The other loaded modules holding `old` as `name` because their source says
+    `from <module> import <name>`: the same object alone could be a small int or a string
+    interned by chance."""
+    if old is _MISSING:
+        return []
+    found = []
+    for other in tuple(sys.modules.values()):
+        space = getattr(other, "__dict__", None)
+        if other is module or not isinstance(space, dict) or space.get(name, _MISSING) is not old:
+            continue
+        if _imports_from(other, module.__name__, name):
+            found.append(other)
+    return found
+
+
+def _imports_from(other: Any, module: str, name: str) -> bool:
+    path = getattr(other, "__file__", None)
+    if not isinstance(path, str) or not path.endswith(".py"):
+        return False
+    try:
+        with open(path, "rb") as handle:
+            tree = ast.parse(importlib.util.decode_source(handle.read()), path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return False
+    package = getattr(other, "__package__", None) or ""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        try:
+            source = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+        except (ImportError, ValueError):
+            continue
+        if source == module and any(
+            alias.name == name and alias.asname in (None, name) for alias in node.names
+        ):
+            return True
+    return False
 
 
 def _innermost(found: Any) -> Any:
@@ -386,16 +546,15 @@ def _innermost(found: Any) -> Any:
     return None
 
 
-def _swap_code(name: str, kind: str, old: Any, fresh: Any) -> _Change:
+def _swap_code(name: str, kind: str, old: Any, after: types.CodeType) -> _Change:
     live = _innermost(old)
-    new = _innermost(fresh)
-    if live is None or new is None:
+    if live is None:
         raise Refused(
             NOT_A_FUNCTION,
             f"{name} is not a function here (or wraps none that can be found): its code cannot "
             "be swapped",
         )
-    before, after = live.__code__, new.__code__
+    before = live.__code__
     if before.co_freevars != after.co_freevars:
         raise Refused(
             FREE_VARIABLES,
@@ -409,18 +568,33 @@ def _swap_code(name: str, kind: str, old: Any, fresh: Any) -> _Change:
     def undo() -> None:
         live.__code__ = before
 
-    return _Change(name, kind, apply, undo, lambda: {"code_sha256": code_sha256(live.__code__)})
+    return _Change(
+        name,
+        kind,
+        apply,
+        undo,
+        lambda: live.__code__ is after,
+        lambda: {"code_sha256": code_sha256(live.__code__)},
+    )
 
 
-def _new_function(module: Any, owner: Any, name: str, kind: str, fresh: Any) -> _Change:
+def _new_function(
+    module: Any,
+    owner: Any,
+    name: str,
+    kind: str,
+    node: ast.FunctionDef | ast.AsyncFunctionDef,
+    code: types.CodeType,
+    file: _File,
+    taken: dict[str, Any],
+) -> _Change:
     """A function or method the running module lacks: built from the file's code on the running
     module's globals (`super()`'s cell: the running class)."""
-    if not isinstance(fresh, types.FunctionType):
+    if node.decorator_list:
         raise Refused(
             NOT_A_FUNCTION,
             f"{name} is new and decorated: a decorator's result is not taken live; restart instead",
         )
-    code = fresh.__code__
     cells = []
     for free in code.co_freevars:
         if free != "__class__" or kind != METHOD:
@@ -428,19 +602,48 @@ def _new_function(module: Any, owner: Any, name: str, kind: str, fresh: Any) -> 
                 FREE_VARIABLES, f"{name} is new and closes over {free!r}: restart instead"
             )
         cells.append(types.CellType(owner))
+    owner_path = name.rpartition(".")[0]
+    template = _evaluated_def(module, _scope(taken, owner_path, owner), node, file, name)
     built = types.FunctionType(
-        code, vars(module), fresh.__name__, fresh.__defaults__, tuple(cells) or None
+        code, vars(module), code.co_name, template.__defaults__, tuple(cells) or None
     )
-    built.__kwdefaults__ = fresh.__kwdefaults__
-    built.__qualname__ = fresh.__qualname__
-    built.__doc__ = fresh.__doc__
-    built.__annotations__ = fresh.__annotations__
-    built.__dict__.update(fresh.__dict__)
+    built.__kwdefaults__ = template.__kwdefaults__
+    built.__qualname__ = name
+    built.__doc__ = template.__doc__
+    built.__annotations__ = template.__annotations__
     attribute = name.rpartition(".")[2]
     return _Change(
         name,
         kind,
         _setter(owner, attribute, built),
         _setter(owner, attribute, _MISSING),
+        _holds(owner, attribute, built),
         lambda: {"code_sha256": code_sha256(built.__code__)},
+        built,
     )
+
+
+def _evaluated_def(
+    module: Any,
+    scope: dict[str, Any],
+    node: ast.FunctionDef | ast.AsyncFunctionDef,
+    file: _File,
+    name: str,
+) -> Any:
+    """The def alone (its defaults and annotations: the file's `from __future__` imports kept)
+    run on the running module's globals, `scope` first (`_scope`); nothing is bound in the
+    module or the class."""
+    futures = [
+        s for s in file.tree.body if isinstance(s, ast.ImportFrom) and s.module == "__future__"
+    ]
+    alone = ast.Module(body=[*futures, node], type_ignores=[])
+    scope = dict(scope)
+    try:
+        exec(compile(alone, file.path, "exec", dont_inherit=True), vars(module), scope)
+    except Exception as error:
+        raise Refused(
+            EVALUATION_FAILED,
+            f"{name}: its defaults failed on the running module ({type(error).__name__}: "
+            f"{error}); nothing taken",
+        ) from None
+    return scope[node.name]
