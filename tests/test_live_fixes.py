@@ -1,8 +1,9 @@
 """The fix runtime (`liveplugin/fixes.py`) in this process, over temporary modules imported here:
 a take sets module constants and class attributes and swaps functions' and methods' code in the
-running objects (and rebinds `from m import X` elsewhere), a revert puts each back; a file whose
-hash is not the request's, a changed free variable or a definition that cannot be set is refused
-with nothing changed."""
+running objects (and rebinds `from m import X` elsewhere, only there), never running the file's
+top level again; a revert puts each back, or refuses when a definition changed since. A file
+whose hash is not the request's, one the module was not loaded from, a changed free variable or
+a definition that cannot be set is refused with nothing changed."""
 
 from __future__ import annotations
 
@@ -343,6 +344,7 @@ def test_a_take_never_runs_the_modules_top_level_again(
 
     assert reply["ok"] is True, reply
     assert registry.CALLS == ["loaded"]  # the append at the top level did not run again
+    # the new function's default saw the fix's own LIMIT, set before it in the file
     assert target.Worker().step() == [1, 2, 3] and target.triple(1) == 3
     assert target.triple.__globals__ is vars(target)
 
@@ -404,3 +406,41 @@ def test_a_revert_is_refused_when_a_definition_changed_since_the_fix_set_it(
     target.LIMIT = taken
     assert fixes.revert("fix-1")["ok"] is True
     assert target.LIMIT is old_limit and target.Worker().step() == "old step"
+
+
+def test_a_property_with_a_setter_and_a_wrapped_function_are_found_in_the_compiled_file(
+    module_from: Callable[[str, str], ModuleType], tmp_path: Path
+) -> None:
+    source = """
+        import functools
+
+        def logged(f):
+            @functools.wraps(f)
+            def wrapper(*args):
+                return f(*args)
+            return wrapper
+
+        class Gauge:
+            @property
+            def level(self):
+                return "old level"
+
+            @level.setter
+            def level(self, value):
+                pass
+
+        @logged
+        def add(a, b=2):
+            return a + b
+        """
+    target = module_from("live_m14", source)
+    path, sha = post_image(
+        target, source.replace('"old level"', '"new level"').replace("a + b", "a * b")
+    )
+
+    reply = take("live_m14", path, sha, ("Gauge.level", "method"), ("add", "function"))
+
+    assert reply["ok"] is True, reply
+    assert (target.Gauge().level, target.add(3)) == ("new level", 6)
+    fixes.revert("fix-1")
+    assert (target.Gauge().level, target.add(3)) == ("old level", 5)
