@@ -390,7 +390,7 @@ class EngineControl:
         timeout: float | None = None,
         on_waiting: Callable[[StillWaiting], None] | None = None,
         group: ServerGroup | None = None,
-        slice_seconds: float = READY_SLICE_SECONDS,
+        slice_seconds: float | None = None,
     ) -> Readiness:
         """Poll the server's /health on the host until it answers 200, within `timeout` seconds
         (default: the playbook's `ready`). Without `restart`, the process the engine's pid file
@@ -412,6 +412,7 @@ class EngineControl:
                 engine logged, if any).
         """
         timeout = float(self.playbook.timeouts.ready if timeout is None else timeout)
+        slice_seconds = READY_SLICE_SECONDS if slice_seconds is None else slice_seconds
         request = WaitReadyRequest(
             url=self.host.engine.url,
             timeout=timeout,

@@ -137,7 +137,7 @@ def ready_step(
     step: Step = Step.READY,
     timeout: float | None = None,
     group: ServerGroup | None = None,
-    slice_seconds: float = READY_SLICE_SECONDS,
+    slice_seconds: float | None = None,
     between: Callable[[], None] | None = None,
 ) -> Readiness:
     """Wait until the engine is ready, as a recorded step (`HostFailed` when it is not).
@@ -159,7 +159,7 @@ def ready_step(
     def say(still: StillWaiting) -> None:
         if between is not None:
             between()
-        if still.waited - said_at[0] >= READY_SLICE_SECONDS or slice_seconds >= READY_SLICE_SECONDS:
+        if slice_seconds is None or still.waited - said_at[0] >= READY_SLICE_SECONDS:
             said_at[0] = still.waited
             session.progress.notice(
                 waiting_line(session.name, step, still, session.recorder.reported_run_id)
