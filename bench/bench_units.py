@@ -26,6 +26,7 @@ alternate within a repetition, playbooks too. Results: `bench/results/units-<UTC
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import hashlib
 import http.client
@@ -33,6 +34,7 @@ import json
 import os
 import platform
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -117,6 +119,14 @@ class Layout:
             if not heads or name in heads
         }
 
+    def server_of(self) -> dict[str, str]:
+        """Each host's server: a unit's nodes belong to its head, a single host to itself."""
+        manifest = json.loads((self.state / "sandbox" / "sandbox.json").read_text())
+        owner = {h["name"]: h["name"] for h in manifest["hosts"]}
+        for unit in manifest.get("units") or []:
+            owner.update({node: unit["hosts"][0] for node in unit["hosts"]})
+        return owner
+
     def target_files(self) -> list[Path]:
         files = sorted(
             (self.state / "sandbox" / "hosts").glob(f"*/venv/lib/python*/site-packages/{TARGET}")
@@ -181,6 +191,36 @@ def _decodes(url: str) -> bool:
         conn.close()
 
 
+def waves(ledger: Path, run_id: str, server_of: dict[str, str]) -> dict[str, int]:
+    """How the run restarted the servers, from the ledger's step events: a server is out from
+    its first `stop` (any node of a unit) or `restart` until its `smoke` ended (a unit's head);
+    `waves` counts the stretches with some server out, `most_at_once` the most out together."""
+    with contextlib.closing(sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)) as db:
+        rows = db.execute(
+            "SELECT host, recorded_at, body FROM events WHERE run_id = ? AND kind = 'step'"
+            " ORDER BY id",
+            (run_id,),
+        ).fetchall()
+    spans: dict[str, list[float]] = {}
+    for host, at, body in rows:
+        step = json.loads(body)
+        when = dt.datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
+        span = spans.setdefault(server_of[host], [])
+        out = step["step"] in ("stop", "restart") and step["status"] == "started" and not span
+        back = step["step"] == "smoke" and step["status"] != "started" and host == server_of[host]
+        if out or back:
+            span.append(when)
+    edges = sorted(
+        (t, d) for a, b in (s for s in spans.values() if len(s) == 2) for t, d in ((a, 1), (b, -1))
+    )
+    count = most = stretches = 0
+    for _, change in edges:
+        stretches += count == 0 and change == 1
+        count += change
+        most = max(most, count)
+    return {"waves": stretches, "most_at_once": most}
+
+
 def measure(layout: Layout, playbook: str, log_dir: Path, label: str) -> dict[str, Any]:
     """One timed apply (after an untimed reset), with what it did per server."""
     layout.reset()
@@ -227,6 +267,11 @@ def measure(layout: Layout, playbook: str, log_dir: Path, label: str) -> dict[st
         "restart_s": restart,
         "smoke_s": smoke,
         "outcomes": outcomes,
+        **(
+            waves(layout.state / "ledger.sqlite3", doc["run_id"], layout.server_of())
+            if doc.get("run_id")
+            else {}
+        ),
     }
 
 
