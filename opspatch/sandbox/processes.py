@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import random
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,15 +114,27 @@ def port_taken(address: str, port: int) -> bool:
     return False
 
 
+LISTEN_PORTS = (20000, 32000)
+"""Where the sandbox's listeners' ports are chosen: below the kernel's ephemeral range (Linux:
+32768-60999 by default), so that no client socket or gloo's own listeners, which draw from that
+range, can take a port between the moment it is chosen and the moment its server binds it (a
+unit's rendezvous port recorded in the manifest is bound again at every restart)."""
+
+
 def free_port(address: str, avoid: set[int]) -> int:
-    """A TCP port nothing listens on at `address` now, not in `avoid`."""
-    for _ in range(50):
+    """A TCP port in `LISTEN_PORTS` nothing listens on at `address` now, not in `avoid`."""
+    low, high = LISTEN_PORTS
+    for _ in range(200):
+        port = random.randrange(low, high)
+        if port in avoid:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind((address, 0))
-            port = int(probe.getsockname()[1])
-        if port not in avoid:
-            return port
-    raise InputError(f"no free TCP port found on {address}")
+            try:
+                probe.bind((address, port))
+            except OSError:
+                continue
+        return port
+    raise InputError(f"no free TCP port found on {address} in {low}-{high}")
 
 
 # ---------------------------------------------------------------------------------------------
