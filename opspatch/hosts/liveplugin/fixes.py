@@ -79,8 +79,12 @@ def _refused(code: str, message: str) -> dict[str, Any]:
 
 
 def code_sha256(code: types.CodeType) -> str:
-    """A function's code as a hash (marshal: the same interpreter takes and reads back)."""
-    return hashlib.sha256(marshal.dumps(code)).hexdigest()
+    """A function's code as a hash (marshal: the same interpreter takes and reads back).
+
+    Marshal format 2, which writes no back-references: from format 3 an object is flagged for
+    reference by its refcount, so the same code hashed at the take and at a later `list` could
+    differ (seen on the stand-in's unit)."""
+    return hashlib.sha256(marshal.dumps(code, 2)).hexdigest()
 
 
 class _Change:

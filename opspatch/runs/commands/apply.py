@@ -95,7 +95,7 @@ def apply_to_hosts(
         ApprovalRefused: the playbook requires an approval and the patch has no valid one.
         UnitRefused: the hosts take part of a unit, or a whole unit under a playbook that
             restarts (`units_refused`).
-        LiveRefused: `live` over hosts whose inventory does not say `live = true`, or units.
+        LiveRefused: `live` over hosts whose inventory does not say `live = true`.
     """
     progress = progress or NoProgress()
     taking = None if live is None else _live_apply(patch, hosts, playbook, live)

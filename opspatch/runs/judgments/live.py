@@ -129,6 +129,16 @@ def _readback(entries: Sequence[Mapping[str, Any]], fix_id: str) -> tuple[tuple[
     )
 
 
+def _said(readback: tuple[tuple[str, ...], ...]) -> str:
+    """Definitions read back, for a message: `A.x = 0, A.f code 1c5a8e25f929`."""
+    if not readback:
+        return "nothing"
+    return ", ".join(
+        f"{name} = {value}" if value != "None" else f"{name} code {code[:12]}"
+        for name, _, _, value, code in readback
+    )
+
+
 @dataclass(frozen=True)
 class HeldVerdict:
     """One node's `list` after a take through the head: the processes that hold the fix as they
@@ -163,10 +173,14 @@ def judge_held(
         if not answer.ok:
             problems.append(answer.describe())
         elif answer.process in took:
-            if _readback(answer.took, fix_id) == _readback(took[answer.process], fix_id):
+            now, then = _readback(answer.took, fix_id), _readback(took[answer.process], fix_id)
+            if now == then:
                 holding.append(answer)
             else:
-                problems.append(f"{_who(answer)}: does not hold {fix_id} as it took it")
+                problems.append(
+                    f"{_who(answer)}: does not hold {fix_id} as it took it (reads back "
+                    f"{_said(now)}; took {_said(then)})"
+                )
         elif answer.process.startswith("scheduler-") and answer.process not in not_loaded:
             problems.append(f"{_who(answer)}: the take through the head did not reach it")
     failure = "; ".join(problems) if problems else None
