@@ -71,9 +71,7 @@ def unit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxFleet]:
         say_live(fleet)
         enabled = fleet.opspatch("live", "enable", "--hosts", UNIT, "--yes", "--json")
         assert enabled.code == 0, enabled.stdout + enabled.stderr
-        (site_packages(fleet, NODE) / "opspatch_live" / "fixes.py").write_bytes(
-            refusing_runtime()
-        )
+        (site_packages(fleet, NODE) / "opspatch_live" / "fixes.py").write_bytes(refusing_runtime())
         down = fleet.opspatch("sandbox", "down", timeout=120)
         assert down.code == 0, down.stdout + down.stderr
         fleet.up()
