@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from opspatch.hosts import livedist
+from opspatch.hosts.agent.live import base_dir
 from opspatch.hosts.liveplugin import wire
 from tests.fleetkit import SandboxFleet
 from tests.test_rollout import _test_patch
@@ -84,7 +85,7 @@ def sockets(fleet: SandboxFleet, name: str) -> dict[str, Path]:
     pid = fleet.pid(name)
     assert pid is not None, name
     tree = {str(p) for p in tree_of(pid)}
-    base = Path(f"/tmp/opspatch-live-{os.getuid()}")
+    base = Path(base_dir({}, os.getuid()))  # the engine's environment names none
     (folder,) = [f for f in base.iterdir() if f.name in tree]
     return {p.name.removesuffix(".sock"): p for p in folder.glob("*.sock")}
 
