@@ -13,26 +13,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.faultkit import end_leftovers, isolated_home
 from tests.fleetkit import SandboxFleet
-from tests.test_sandbox import require_sshd
+from tests.unitkit import HEAD, NODE, two_node_unit
 
 pytestmark = [pytest.mark.engine, pytest.mark.ssh]
 
-HEAD, NODE = "sandbox-01", "sandbox-02"
 UNIT = "sandbox-ssh:unit-01"
 
 
 @pytest.fixture(scope="module")
 def unit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxFleet]:
-    require_sshd()
-    with isolated_home(tmp_path_factory.mktemp("unit-home")):
-        fleet = SandboxFleet(tmp_path_factory.mktemp("unit"), 2, ssh=True, nodes=2, tp=2).up()
-        try:
-            yield fleet
-        finally:
-            fleet.close()
-            end_leftovers(fleet.root)
+    with two_node_unit(tmp_path_factory) as fleet:
+        yield fleet
 
 
 def outcomes(doc: dict) -> dict[str, str]:  # type: ignore[type-arg]

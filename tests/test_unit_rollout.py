@@ -23,14 +23,13 @@ import pytest
 from opspatch.core.vocabulary import Step, StepStatus
 from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.ledger.store import Ledger
-from tests.faultkit import arm_switch, end_leftovers, install_wrapper, isolated_home
+from tests.faultkit import arm_switch, install_wrapper
 from tests.fleetkit import SandboxFleet, wait_until
 from tests.test_rollout import _test_patch
-from tests.test_sandbox import require_sshd
+from tests.unitkit import HEAD, NODE, two_node_unit
 
 pytestmark = [pytest.mark.engine, pytest.mark.ssh]
 
-HEAD, NODE = "sandbox-01", "sandbox-02"
 
 PLAYBOOK = """
 name = "unit"
@@ -45,14 +44,8 @@ restart = 120
 
 @pytest.fixture(scope="module")
 def unit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxFleet]:
-    require_sshd()
-    with isolated_home(tmp_path_factory.mktemp("unit-home")):
-        fleet = SandboxFleet(tmp_path_factory.mktemp("unit"), 2, ssh=True, nodes=2, tp=2).up()
-        try:
-            yield fleet
-        finally:
-            fleet.close()
-            end_leftovers(fleet.root)
+    with two_node_unit(tmp_path_factory) as fleet:
+        yield fleet
 
 
 def outcomes(doc: dict) -> dict[str, str]:  # type: ignore[type-arg]

@@ -396,6 +396,9 @@ class Step(Word):
     LIVE_REVERT = "live-revert"
     """A live fix undone in the running engine's processes (a process refused or the smoke
     failed; `rollback` of a live fix)."""
+    LIVE_READBACK = "live-readback"
+    """A unit's node: what each of its engine's processes holds, read back (`list`) after a
+    live fix was taken or reverted through the head."""
     LIVE_ENABLE = "live-enable"
     """`live enable`: the plugin's files written into the engine's site-packages (the detail
     names the folder, the start and the RECORD's sha256)."""

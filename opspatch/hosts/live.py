@@ -44,13 +44,16 @@ class LiveFix:
     path: str = ""
     sha256: str = ""
     definitions: tuple[LiveDefinition, ...] = ()
+    paths: tuple[str, ...] = ()
+    """A unit's take: the file on the other nodes (each swapped to `sha256`); the entry rank's
+    broadcast reaches every node's ranks, each taking its own copy."""
 
     def request(self) -> LiveFixRequest:
         if self.op == "list":
             return {"op": "list"}
         if self.op == "revert":
             return {"op": "revert", "fix_id": self.fix_id}
-        return {
+        request: LiveFixRequest = {
             "op": "take",
             "fix_id": self.fix_id,
             "module": self.module,
@@ -58,6 +61,9 @@ class LiveFix:
             "sha256": self.sha256,
             "definitions": [{"name": d.name, "kind": str(d.kind)} for d in self.definitions],
         }
+        if self.paths:
+            request["paths"] = list(self.paths)
+        return request
 
 
 @dataclass(frozen=True)

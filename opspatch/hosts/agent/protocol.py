@@ -381,6 +381,7 @@ class LiveFixRequest(TypedDict, total=False):
     fix_id: str
     module: str
     path: str
+    paths: list[str]  # a unit's: the file on every node, a rank takes its own copy's
     sha256: str
     definitions: list[LiveDefinition]
 

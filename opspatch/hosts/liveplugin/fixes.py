@@ -2,7 +2,8 @@
 this process holds. Called by `answers.apply_here` (a scheduler's at its boundary).
 
 A take names a module, the file it was loaded from, the sha256 that file must have and the
-definitions to take (no code travels). The file is read, its hash checked and compiled; the
+definitions to take (no code travels); a server over several hosts' take names every node's copy
+of the file (`paths`), each process taking the one its module was loaded from. The file is read, its hash checked and compiled; the
 module's top level never runs again (no import, registration or other side effect repeats).
 Each definition is taken from that compiled code into the running module's own objects:
 - `constant` (`NAME`), `class-attribute` (`Class.name`): its assignment's expression alone is
@@ -78,8 +79,12 @@ def _refused(code: str, message: str) -> dict[str, Any]:
 
 
 def code_sha256(code: types.CodeType) -> str:
-    """A function's code as a hash (marshal: the same interpreter takes and reads back)."""
-    return hashlib.sha256(marshal.dumps(code)).hexdigest()
+    """A function's code as a hash (marshal: the same interpreter takes and reads back).
+
+    Marshal format 2, which writes no back-references: from format 3 an object is flagged for
+    reference by its refcount, so the same code hashed at the take and at a later `list` could
+    differ (seen on the stand-in's unit)."""
+    return hashlib.sha256(marshal.dumps(code, 2)).hexdigest()
 
 
 class _Change:
@@ -230,13 +235,7 @@ def _prepare(request: dict[str, Any]) -> _Fix | None:
     module = sys.modules.get(module_name)
     if module is None:
         raise Refused(NOT_LOADED, f"{module_name} is not loaded in this process: nothing to fix")
-    loaded = getattr(module, "__file__", None)
-    if loaded and os.path.realpath(loaded) != os.path.realpath(path):
-        raise Refused(
-            PATH_MISMATCH,
-            f"{module_name} is loaded here from {loaded}, not from {path}: the fix is not for "
-            "this process's copy of the module; nothing taken",
-        )
+    path = _own_copy(module_name, getattr(module, "__file__", None), path, request.get("paths"))
     file = _compiled(path, sha256)
     holders = {
         c.name: f.fix_id for f in _held.values() if f.module == module_name for c in f.changes
@@ -255,6 +254,30 @@ def _prepare(request: dict[str, Any]) -> _Fix | None:
             taken[name] = change.value
         changes.append(change)
     return _Fix(fix_id, module_name, sha256, changes)
+
+
+def _own_copy(module_name: str, loaded: str | None, path: str, paths: Any) -> str:
+    """Which of the request's files is this process's copy of the module: `path`, or one of
+    `paths` (a server over several hosts: the file on every node, each swapped to the same
+    sha256; a rank takes the one its module was loaded from).
+
+    Raises:
+        Refused: `path-mismatch`, the module was loaded from none of them.
+    """
+    if not loaded:
+        return path
+    others = (
+        [p for p in paths if isinstance(p, str) and p] if isinstance(paths, builtins.list) else []
+    )
+    for candidate in (path, *others):
+        if os.path.realpath(loaded) == os.path.realpath(candidate):
+            return candidate
+    named = " or ".join((path, *others))
+    raise Refused(
+        PATH_MISMATCH,
+        f"{module_name} is loaded here from {loaded}, not from {named}: the fix is not for "
+        "this process's copy of the module; nothing taken",
+    )
 
 
 def _read_request(request: dict[str, Any]) -> tuple[str, str, str, str, Any]:

@@ -48,6 +48,7 @@ from opspatch.runs.fleet.session import (
     describe_error,
 )
 from opspatch.runs.fleet.unitapply import UnitApply
+from opspatch.runs.fleet.unitlive import UnitLive
 from opspatch.runs.fleet.unitrun import UnitSessions
 from opspatch.runs.judgments.approval import require_approval
 from opspatch.runs.judgments.units import NodeReading, NotUniform, judge_unit, unit_refusal
@@ -94,7 +95,7 @@ def apply_to_hosts(
         ApprovalRefused: the playbook requires an approval and the patch has no valid one.
         UnitRefused: the hosts take part of a unit, or a whole unit under a playbook that
             restarts (`units_refused`).
-        LiveRefused: `live` over hosts whose inventory does not say `live = true`, or units.
+        LiveRefused: `live` over hosts whose inventory does not say `live = true`.
     """
     progress = progress or NoProgress()
     taking = None if live is None else _live_apply(patch, hosts, playbook, live)
@@ -133,17 +134,10 @@ def _live_apply(
     """The live strategy of an apply, once its hosts may take live fixes.
 
     Raises:
-        LiveRefused: a host whose inventory does not say `live = true`, a unit's node (a unit's
-            ranks span hosts: not taken live yet), or a playbook that never restarts.
+        LiveRefused: a host whose inventory does not say `live = true`, or a playbook that never
+            restarts.
     """
     refuse_unless_live(hosts)
-    in_units = sorted(host.name for host in hosts if host.unit is not None)
-    if in_units:
-        raise LiveRefused(
-            f"{', '.join(in_units)} are nodes of a multi-node server: live fixes are taken on "
-            "servers of one host only",
-            hint="apply without --live: a unit is restarted and proven as one",
-        )
     if playbook.restart == RestartPolicy.NEVER:
         raise LiveRefused(
             "--live takes the fix into the running server, --restart never (or the playbook's "
@@ -454,7 +448,10 @@ class _FleetApply:
     # -- the rollout ---------------------------------------------------------------------------
 
     def _roll_out(self, prepared: dict[str, Prepared | HostOutcome]) -> RunReport:
-        units = UnitApply(self.pipeline, prepared) if self.pipeline.restart_engine else None
+        live = UnitLive(self.live) if self.live is not None else None
+        units = (
+            UnitApply(self.pipeline, prepared, live=live) if self.pipeline.restart_engine else None
+        )
         plan = plan_rollout(self.playbook, self.fleet.items() if units else self.fleet.names)
         canaries = plan.canaries
 

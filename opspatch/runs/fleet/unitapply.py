@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from opspatch.core.vocabulary import Outcome
 from opspatch.errors import OpspatchError
@@ -28,13 +29,25 @@ from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.fleet.unitrun import NodeFailed, UnitSessions, prove_unit, undo_unit
 from opspatch.runs.report import FileChange, HostOutcome
 
+if TYPE_CHECKING:
+    from opspatch.runs.fleet.unitlive import UnitLive
+
 
 class UnitApply:
     """`ApplyPipeline`'s change, for the nodes of one unit at once."""
 
-    def __init__(self, pipeline: ApplyPipeline, prepared: Mapping[str, Prepared | object]):
+    def __init__(
+        self,
+        pipeline: ApplyPipeline,
+        prepared: Mapping[str, Prepared | object],
+        *,
+        live: UnitLive | None = None,
+    ):
+        """`live`: the swapped files are taken into the running unit through its head instead
+        of a restart (`apply --live`: `unitlive.UnitLive`)."""
         self.pipeline = pipeline
         self.prepared = prepared
+        self.live = live
 
     def _of(self, session: HostSession) -> Prepared:
         item = self.prepared[session.name]
@@ -60,6 +73,11 @@ class UnitApply:
             if failed is not None:
                 return self._write_failed(nodes, written, failed)
             written.append(session)
+        if self.live is not None:
+            taken = self.live.take(nodes, self)
+            if not isinstance(taken, str):
+                return taken
+            baseline_note = _join(taken, baseline_note)  # not taken live: restarted as always
         try:
             smoke = prove_unit(nodes, baseline=baseline)
         except NodeFailed as failure:
@@ -143,10 +161,11 @@ class UnitApply:
         return outcomes
 
     def roll_back(
-        self, nodes: UnitSessions, why: str, *, note: str | None = None
+        self, nodes: UnitSessions, why: str, *, note: str | None = None, restart: bool = True
     ) -> list[HostOutcome]:
         """UNDO on a unit (`unitrun.undo_unit`): every node's files put back, the unit
-        restarted as one and proven through the head; `rolled-back` on every node."""
+        restarted as one and proven through the head; `rolled-back` on every node.
+        `restart=False`: a live fix reverted in every process, the files are the undo."""
 
         def restore(session: HostSession) -> FileChange:
             prepared = self._of(session)
@@ -157,7 +176,7 @@ class UnitApply:
             s.name: self._of(s).change(live_new(self._of(s), self._of(s).pending))
             for s in nodes.sessions
         }
-        undone = undo_unit(nodes, why, restore=restore, changes=changes)
+        undone = undo_unit(nodes, why, restore=restore, changes=changes, restart=restart)
         return [
             replace(o, diff=self._of(s).diff(), note=_join(o.note, note))
             for s, o in zip(nodes.sessions, undone, strict=True)

@@ -229,6 +229,7 @@ def undo_unit(
     outcome: Outcome = Outcome.ROLLED_BACK,
     steps: RestoreSteps = AFTER_RESTORE,
     way_back: str | None = None,
+    restart: bool = True,
 ) -> list[HostOutcome]:
     """UNDO on a unit, as `steps.undo` on a host: every node's files put back (`restore`), the
     unit restarted as one with the restore path's deadline and proven through the head
@@ -239,7 +240,8 @@ def undo_unit(
     `why` its note; a smoke that failed makes it `restored-not-serving`, the error saying so and
     `way_back`). A restore that failed on a node leaves the unit's nodes differing: nothing is
     restarted, every node `needs-attention` (`changes`: each node's file as it was before); so
-    does a failed restart."""
+    does a failed restart. `restart=False` (a live fix reverted in every process of the unit):
+    the files put back are the undo, `outcome` once they are."""
     restored: dict[str, FileChange | None] = {}
     broken: dict[str, str] = {}
     for session in nodes.sessions:
@@ -254,6 +256,10 @@ def undo_unit(
             s.outcome(Outcome.NEEDS_ATTENTION, error, file=restored.get(s.name, changes[s.name]))
             for s in nodes.sessions
         ]
+    if not restart:
+        if outcome == Outcome.ROLLED_BACK:
+            return [s.outcome(outcome, why, file=restored[s.name]) for s in nodes.sessions]
+        return [s.outcome(outcome, file=restored[s.name], note=why) for s in nodes.sessions]
     try:
         started = restart_unit_after_restore(nodes, steps)
     except HostFailed as failure:

@@ -11,8 +11,9 @@ everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from opspatch.hosts.live import LiveEngineReply, ProcessAnswer, missing_definitions
 
@@ -40,9 +41,12 @@ def _who(answer: ProcessAnswer) -> str:
     return f"{answer.process} (pid {answer.pid})" if answer.pid is not None else answer.process
 
 
-def judge_take(reply: LiveEngineReply, names: Sequence[str]) -> TakeVerdict:
+def judge_take(
+    reply: LiveEngineReply, names: Sequence[str], *, required: bool = True
+) -> TakeVerdict:
     """Whether a take of the definitions `names` took in every process of the engine that has
-    the module (see the module's docstring)."""
+    the module (see the module's docstring). `required=False`: no process here need take it (a
+    unit's other node, whose ranks take it through the head's entry rank)."""
     if reply.missing is not None:
         return TakeVerdict((), (), reply.missing)
     processes = reply.processes()
@@ -56,7 +60,7 @@ def judge_take(reply: LiveEngineReply, names: Sequence[str]) -> TakeVerdict:
             problems.append(f"{_who(answer)}: says ok but does not hold {', '.join(missing)}")
         else:
             took.append(answer)
-    if not problems and not took:
+    if required and not problems and not took:
         problems.append("no process of the engine has the module loaded")
     failure = "; ".join(problems) if problems else None
     return TakeVerdict(tuple(took), tuple(not_loaded), failure)
@@ -112,3 +116,85 @@ def drift(held: HeldFix, file_sha256: str | None) -> str | None:
         f"sha256 {held.sha256[:12]}, but the file is {file_sha256[:12]} now: the next restart "
         "loses the fix (reinstalled or changed since)"
     )
+
+
+def _readback(entries: Sequence[Mapping[str, Any]], fix_id: str) -> tuple[tuple[str, ...], ...]:
+    """A process's entries of one fix, as compared: each definition, its file hash, and what it
+    reads back as (a value's repr, a code hash)."""
+    keys = ("name", "kind", "sha256", "value", "code_sha256")
+    return tuple(
+        sorted(
+            tuple(str(e.get(k)) for k in keys) for e in entries if str(e.get("fix_id")) == fix_id
+        )
+    )
+
+
+def _said(readback: tuple[tuple[str, ...], ...]) -> str:
+    """Definitions read back, for a message: `A.x = 0, A.f code 1c5a8e25f929`."""
+    if not readback:
+        return "nothing"
+    return ", ".join(
+        f"{name} = {value}" if value != "None" else f"{name} code {code[:12]}"
+        for name, _, _, value, code in readback
+    )
+
+
+@dataclass(frozen=True)
+class HeldVerdict:
+    """One node's `list` after a take through the head: the processes that hold the fix as they
+    took it, the scheduler ranks the node runs, and why it is not held as taken (None: it is)."""
+
+    holding: tuple[ProcessAnswer, ...]
+    ranks: tuple[str, ...]
+    failure: str | None
+
+    def describe(self) -> str:
+        return "holds it: " + (", ".join(_who(p) for p in self.holding) or "no process")
+
+
+def judge_held(
+    listing: LiveEngineReply,
+    fix_id: str,
+    *,
+    took: Mapping[str, Sequence[Mapping[str, Any]]],
+    not_loaded: Collection[str],
+) -> HeldVerdict:
+    """Whether one node's processes hold fix `fix_id` as they took it: each process of `took`
+    (by name: its entries as its take reported them) this node lists must read back the same
+    definitions, file hash, value or code hash; a scheduler rank the take reached neither way
+    (`took`, `not_loaded`) is a rank the head's broadcast did not reach. A process of `took` this
+    node does not list is another node's (the caller checks that every one is listed once)."""
+    if listing.missing is not None:
+        return HeldVerdict((), (), listing.missing)
+    holding, ranks, problems = [], [], []
+    for answer in listing.processes():
+        if answer.process.startswith("scheduler-"):
+            ranks.append(answer.process)
+        if not answer.ok:
+            problems.append(answer.describe())
+        elif answer.process in took:
+            now, then = _readback(answer.took, fix_id), _readback(took[answer.process], fix_id)
+            if now == then:
+                holding.append(answer)
+            else:
+                problems.append(
+                    f"{_who(answer)}: does not hold {fix_id} as it took it (reads back "
+                    f"{_said(now)}; took {_said(then)})"
+                )
+        elif answer.process.startswith("scheduler-") and answer.process not in not_loaded:
+            problems.append(f"{_who(answer)}: the take through the head did not reach it")
+    failure = "; ".join(problems) if problems else None
+    return HeldVerdict(tuple(holding), tuple(ranks), failure)
+
+
+def judge_gone(listing: LiveEngineReply, fixes: Collection[str]) -> str | None:
+    """Why a node's processes still hold one of `fixes` after a revert (None: none holds any)."""
+    if listing.missing is not None:
+        return listing.missing
+    problems = [a.describe() for a in listing.processes() if not a.ok]
+    problems += [
+        f"{_who(a)}: still holds {', '.join(sorted(held))}"
+        for a in listing.processes()
+        if (held := {str(e.get("fix_id")) for e in a.took} & set(fixes))
+    ]
+    return "; ".join(problems) or None

@@ -1,0 +1,218 @@
+"""`apply --live` over a unit, fast: test_units_scripted's unit u1 (h1 the head, h2; the real
+agent on real files, each node its own copy of the file) with a scripted live engine of two
+nodes behind the `live` operation: TP ranks 0 and 1 on h1, 2 and 3 on h2, the entry rank (TP0)
+answering a take or revert for all four as the plugin does; each node's main process (and the
+head's detokenizer) never imports the module.
+
+Each test names a decision of the unit's live path: take through the head and read back from
+both nodes with no restart; a rank on h2 that refuses, a rank whose readback disagrees, or a
+failed smoke reverted on every rank with both nodes' files restored; a revert that does not
+finish everywhere followed by the unit's restart as one; a node whose engine does not listen
+refusing the run before any change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+
+from opspatch.core.host import Host
+from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.runs.fleet.liveapply import live_former
+from opspatch.runs.report import RunReport
+from tests.test_runs_scripted import PRISTINE, sha
+from tests.test_units_scripted import ALWAYS, Units, units
+
+pytestmark = pytest.mark.scripted
+
+__all__ = ["units"]  # the fixture, used by name
+
+NODE_RANKS = {"h1": (0, 1), "h2": (2, 3)}
+FIX = "eagle-init-guard"
+
+
+@dataclass
+class UnitEngine:
+    """The unit's processes as their sockets answer: what each rank holds (by fix), each
+    node's copy of the file (a rank takes only its own), and the faults a test sets."""
+
+    paths: dict[str, str]
+    held: dict[int, dict[str, list[dict[str, Any]]]] = field(
+        default_factory=lambda: {rank: {} for rank in range(4)}
+    )
+    refusing_rank: int | None = None
+    refusing_revert: int | None = None
+    forgetting_rank: int | None = None
+    """A rank that answers its take ok but whose `list` then shows nothing (a fix lost)."""
+    deaf: set[str] = field(default_factory=set)
+    asked: list[tuple[str, str]] = field(default_factory=list)
+
+    def answer(self, node: str, args: dict[str, Any]) -> dict[str, Any]:
+        fix = args["fix"]
+        self.asked.append((node, fix["op"]))
+        if node in self.deaf:
+            return {"server_pid": 7, "folder": None, "missing": "nobody listens", "answers": []}
+        answers = [self._direct(node, "main", fix)]
+        if node == "h1":
+            answers.append(self._direct(node, "detokenizer", fix))
+        if fix["op"] == "list":
+            answers += [self._socket(r, self._rank(r, fix)) for r in NODE_RANKS[node]]
+        elif node == "h1":  # the entry rank answers for every rank of every node
+            ranks = [self._rank(r, fix) for r in range(4)]
+            entry = {**ranks[0], "ok": all(r["ok"] for r in ranks), "ranks": ranks}
+            answers.append(self._socket(0, entry))
+        return {"server_pid": 7, "folder": "/tmp/x/7", "missing": None, "answers": answers}
+
+    @staticmethod
+    def _socket(rank: int, reply: dict[str, Any]) -> dict[str, Any]:
+        return {"socket": f"scheduler-tp{rank}.sock", "reply": reply, "error": None}
+
+    @staticmethod
+    def _direct(node: str, role: str, fix: dict[str, Any]) -> dict[str, Any]:
+        process = {"role": role, "rank": None, "pid": 100 if node == "h1" else 110}
+        reply: dict[str, Any] = {"ok": True, "took": []}
+        if fix["op"] == "take":
+            refused = {"code": "module-not-loaded", "message": "not imported here"}
+            reply = {"ok": False, "took": [], "refused": refused}
+        return {"socket": f"{role}.sock", "reply": {**reply, "process": process}, "error": None}
+
+    def _rank(self, rank: int, fix: dict[str, Any]) -> dict[str, Any]:
+        process = {"role": "scheduler", "rank": rank, "pid": 200 + rank}
+        held = self.held[rank]
+        node = next(n for n, ranks in NODE_RANKS.items() if rank in ranks)
+        if fix["op"] == "take":
+            refused = None
+            if rank == self.refusing_rank:
+                refused = {"code": "take-failed", "message": "AttributeError: boom"}
+            elif self.paths[node] not in (fix["path"], *fix.get("paths", ())):
+                refused = {"code": "path-mismatch", "message": "loaded from another file"}
+            if refused is not None:
+                return {"ok": False, "took": [], "refused": refused, "process": process}
+            entries = [
+                {"fix_id": fix["fix_id"], "sha256": fix["sha256"], "name": d["name"],
+                 "kind": d["kind"], "code_sha256": f"code-{rank}"}
+                for d in fix["definitions"]
+            ]  # fmt: skip
+            held[fix["fix_id"]] = [] if rank == self.forgetting_rank else entries
+            return {"ok": True, "took": entries, "process": process}
+        if fix["op"] == "revert":
+            if rank == self.refusing_revert:
+                refused = {"code": "changed-since", "message": "changed since"}
+                return {"ok": False, "took": [], "refused": refused, "process": process}
+            held.pop(fix["fix_id"], None)
+        took = [entry for entries in held.values() for entry in entries]
+        return {"ok": True, "took": took, "process": process}
+
+    def holding(self) -> dict[int, set[str]]:
+        return {rank: {f for f, e in fixes.items() if e} for rank, fixes in self.held.items()}
+
+
+def live_unit(units: Units, **faults: Any) -> UnitEngine:
+    engine = UnitEngine({n: str(units.fakes[n].file) for n in ("h1", "h2")}, **faults)
+    for name in ("h1", "h2"):
+        units.fakes[name].fault = lambda op, args, node=name: (
+            engine.answer(node, args) if op == "live" else None
+        )
+    return engine
+
+
+def apply_live(units: Units) -> RunReport:
+    hosts: list[Host] = [replace(h, live=True) for h in units.hosts("h1", "h2")]
+    return apply_to_hosts(
+        units.patch, hosts, ALWAYS, factory=units.factory, ledger=units.ledger, live=live_former
+    )
+
+
+def by_host(report: RunReport) -> dict[str, Any]:
+    return {o.host: o for o in report.hosts}
+
+
+def steps(report: RunReport) -> dict[str, list[str]]:
+    return {o.host: [str(s.step) for s in o.steps] for o in report.hosts}
+
+
+def files(units: Units) -> dict[str, str]:
+    return {n: sha(units.fakes[n].file.read_bytes()) for n in ("h1", "h2")}
+
+
+def test_a_live_fix_is_taken_through_the_head_and_read_back_on_every_node(units: Units) -> None:
+    engine = live_unit(units)
+    report = apply_live(units)
+    assert {o.host: o.outcome for o in report.hosts} == {"h1": "applied", "h2": "applied"}
+    assert report.exit_code == 0
+    assert engine.holding() == {rank: {FIX} for rank in range(4)}  # h2's ranks: their own file
+    takes = [node for node, op in engine.asked if op == "take"]
+    assert takes == ["h1", "h2"]  # the head's entry rank, then h2's main process
+    done = steps(report)
+    for node in ("h1", "h2"):
+        assert not {"stop", "start", "restart", "drain"} & set(done[node]), done[node]
+        assert done[node][-3:] == ["live", "live-readback", "smoke"], done[node]
+    outcome = by_host(report)
+    head_take = [s.detail for s in outcome["h1"].steps if s.step == "live"][-1]
+    assert "scheduler-tp0 (pid 200)" in head_take and "scheduler-tp3 (pid 203)" in head_take
+    readback = [s.detail for s in outcome["h2"].steps if s.step == "live-readback"][-1]
+    assert readback == f"{FIX}: holds it: scheduler-tp2 (pid 202), scheduler-tp3 (pid 203)"
+    assert outcome["h1"].smoke is not None and outcome["h2"].smoke is None
+    assert "taken live through the head's entry rank (h1)" in (outcome["h2"].note or "")
+    assert files(units)["h1"] == files(units)["h2"] != PRISTINE
+
+
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        ({"refusing_rank": 3}, "scheduler-tp3 (pid 203): take-failed"),
+        ({"forgetting_rank": 2}, "live-readback: h2: scheduler-tp2 (pid 202): does not hold"),
+    ],
+    ids=["a-rank-on-h2-refuses", "a-rank-on-h2-does-not-hold-it"],
+)
+def test_a_rank_on_the_other_node_that_fails_reverts_every_rank_and_restores_both_nodes(
+    units: Units, fault: dict[str, int], said: str
+) -> None:
+    engine = live_unit(units, **fault)
+    report = apply_live(units)
+    outcome = by_host(report)
+    assert {o.host: o.outcome for o in report.hosts} == {"h1": "rolled-back", "h2": "rolled-back"}
+    assert report.exit_code == 1
+    assert outcome["h1"].error == outcome["h2"].error  # one cause, said the same on both
+    assert said in (outcome["h1"].error or ""), outcome["h1"].error
+    assert engine.holding() == {rank: set() for rank in range(4)}
+    assert files(units) == {"h1": PRISTINE, "h2": PRISTINE}
+    done = steps(report)
+    for node in ("h1", "h2"):
+        assert not {"stop", "start"} & set(done[node]), done[node]  # no restart
+        assert done[node][-3:] == ["live-revert", "live-readback", "restore"], done[node]
+
+
+def test_a_smoke_that_fails_after_the_take_reverts_every_rank_on_both_nodes(
+    units: Units,
+) -> None:
+    units.fakes["h1"].smoke_ok = False
+    engine = live_unit(units)
+    report = apply_live(units)
+    assert {o.host: o.outcome for o in report.hosts} == {"h1": "rolled-back", "h2": "rolled-back"}
+    assert engine.holding() == {rank: set() for rank in range(4)}
+    assert files(units) == {"h1": PRISTINE, "h2": PRISTINE}
+
+
+def test_a_revert_that_does_not_finish_everywhere_restarts_the_unit_as_one(units: Units) -> None:
+    engine = live_unit(units, refusing_rank=3, refusing_revert=2)
+    report = apply_live(units)
+    assert {o.host: o.outcome for o in report.hosts} == {"h1": "rolled-back", "h2": "rolled-back"}
+    assert engine.holding()[2] == {FIX}  # its memory is cleared by the restart that follows
+    done = steps(report)
+    for node in ("h1", "h2"):
+        assert "stop-after-restore" in done[node] and "start-after-restore" in done[node]
+    assert files(units) == {"h1": PRISTINE, "h2": PRISTINE}
+
+
+def test_a_node_whose_engine_does_not_listen_refuses_the_run_before_any_change(
+    units: Units,
+) -> None:
+    engine = live_unit(units, deaf={"h2"})
+    report = apply_live(units)
+    assert report.exit_code == 2
+    assert "h2 do not listen for live fixes" in (report.halted or "")
+    assert [op for _, op in engine.asked] == ["list", "list"]  # the preflight's, nothing taken
+    assert files(units) == {"h1": PRISTINE, "h2": PRISTINE}
