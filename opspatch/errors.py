@@ -185,6 +185,12 @@ class LiveRefused(InputError):
     loaded, `SGLANG_PLUGINS` without it). Nothing was changed."""
 
 
+class NotTakenLive(LiveRefused):
+    """`apply --live` of a change whose live form is refused (`core/live.py`: a new closure, a
+    restart-only module, changed defaults or decorators): the run is refused in preflight, since
+    one who asked for no restart must not get one; apply without --live restarts."""
+
+
 # ---------------------------------------------------------------------------------------------
 # exit 1: a host failed
 

@@ -4,14 +4,15 @@ process and a detokenizer that never import the module, and two scheduler ranks 
 fix at one boundary (the entry rank answering for both, as the plugin does).
 
 Each test names what the live path must do: take and prove without a restart, revert every
-process and restore the file when one rank refuses or the smoke fails, restart as today when the
-live form is refused, and refuse before any change (exit 2) where live fixes are off or the
-engine does not listen.
+process and restore the file when one rank refuses or the smoke fails, and refuse before any
+change (exit 2) where live fixes are off, the engine does not listen, or the change's live form
+is refused (never restarted instead: the operator asked for no restart).
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -174,17 +175,69 @@ def test_a_smoke_that_fails_after_the_take_reverts_and_restores(fleet: Fleet) ->
     assert sha(fleet.hosts[0].file.read_bytes()) == PRISTINE
 
 
-def test_a_change_whose_live_form_is_refused_is_restarted_as_today_saying_why(
+def test_a_change_whose_live_form_is_refused_refuses_the_run_before_any_change(
     fleet: Fleet,
 ) -> None:
-    fleet.hosts = fleet.hosts[:1]
     engine = LiveEngine()
     report = apply_live(fleet, engine, refusing_former)
-    (outcome,) = report.hosts
-    assert outcome.outcome == "applied", outcome
-    assert "restart" in steps(report)
-    assert "not taken live" in (outcome.note or "") and "free variable" in (outcome.note or "")
-    assert "take" not in engine.asked
+    assert report.refused and report.exit_code == 2
+    names = [h.name for h in fleet.hosts]
+    assert f"the change cannot be taken live on {', '.join(names)}" in (report.halted or "")
+    assert "apply without --live to apply it with a restart" in (report.halted or "")
+    for outcome in report.hosts:
+        error = outcome.error or ""
+        assert outcome.outcome == "skipped", outcome
+        said = (
+            f"{outcome.host}: sglang.srt.speculative.eagle_worker_v2 cannot be taken live: "
+            "free-variables: EAGLEWorkerV2.__init__: a new free variable (a closure)"
+        )
+        assert said in error, error
+        assert f"apply eagle-init-guard --hosts {outcome.host}" in error, error
+        assert [(str(s.step), str(s.status)) for s in outcome.steps][-1] == ("live", "failed")
+    assert engine.asked == []  # decided from the images alone: the engine is not even asked
+    assert all(sha(h.file.read_bytes()) == PRISTINE for h in fleet.hosts)
+    recorded = fleet.ledger.get_run(report.run_id or "")
+    assert recorded.summary.outcome == "refused", recorded.summary
+    assert {h.host: h.outcome for h in recorded.hosts} == dict.fromkeys(names, "skipped")
+
+
+def test_one_host_whose_change_has_no_live_form_refuses_the_whole_fleet(fleet: Fleet) -> None:
+    """The live form is found per host (from its own pre-image): one host that cannot take the
+    change live refuses every host, none is swapped, and the others' engines are only asked
+    whether they listen."""
+    calls: list[None] = []
+    lock = threading.Lock()
+
+    def one_refused(part: PatchSpec, pre: bytes, post: bytes) -> LiveForm | NotLive:
+        with lock:
+            calls.append(None)
+            first = len(calls) == 1
+        return refusing_former(part, pre, post) if first else former(part, pre, post)
+
+    engine = LiveEngine()
+    report = apply_live(fleet, engine, one_refused)
+    assert report.exit_code == 2
+    (refused,) = [o for o in report.hosts if "cannot be taken live" in (o.error or "")]
+    assert f"the change cannot be taken live on {refused.host} " in (report.halted or "")
+    assert set(engine.asked) == {"list"}
+    assert all(sha(h.file.read_bytes()) == PRISTINE for h in fleet.hosts)
+
+
+def test_a_dry_run_says_the_refusal_too(fleet: Fleet) -> None:
+    engine = LiveEngine()
+    for fake in fleet.hosts:
+        fake.fault = lambda op, args: engine.answer(args) if op == "live" else None
+    report = apply_to_hosts(
+        fleet.patch,
+        [live_host(h) for h in fleet.hosts],
+        Playbook(canary=0, batch=BatchSize(count=10), max_failures=1),
+        factory=fleet.factory,
+        ledger=None,
+        dry_run=True,
+        live=refusing_former,
+    )
+    assert report.refused and report.exit_code == 2
+    assert "cannot be taken live" in (report.halted or "")
 
 
 def test_hosts_without_live_true_are_refused_before_anything(fleet: Fleet) -> None:

@@ -8,7 +8,7 @@ Each test names a decision of the unit's live path: take through the head and re
 both nodes with no restart; a rank on h2 that refuses, a rank whose readback disagrees, or a
 failed smoke reverted on every rank with both nodes' files restored; a revert that does not
 finish everywhere followed by the unit's restart as one; a node whose engine does not listen
-refusing the run before any change.
+refusing the run before any change, as a change whose live form is refused does.
 """
 
 from __future__ import annotations
@@ -19,8 +19,11 @@ from typing import Any
 import pytest
 
 from opspatch.core.host import Host
+from opspatch.core.live import LiveForm, NotLive
+from opspatch.core.spec import PatchSpec
+from opspatch.core.vocabulary import NotLiveReason
 from opspatch.runs.commands.apply import apply_to_hosts
-from opspatch.runs.fleet.liveapply import live_former
+from opspatch.runs.fleet.liveapply import LiveFormer, live_former
 from opspatch.runs.report import RunReport
 from tests.test_runs_scripted import PRISTINE, sha
 from tests.test_units_scripted import ALWAYS, Units, units
@@ -118,10 +121,10 @@ def live_unit(units: Units, **faults: Any) -> UnitEngine:
     return engine
 
 
-def apply_live(units: Units) -> RunReport:
+def apply_live(units: Units, former: LiveFormer = live_former) -> RunReport:
     hosts: list[Host] = [replace(h, live=True) for h in units.hosts("h1", "h2")]
     return apply_to_hosts(
-        units.patch, hosts, ALWAYS, factory=units.factory, ledger=units.ledger, live=live_former
+        units.patch, hosts, ALWAYS, factory=units.factory, ledger=units.ledger, live=former
     )
 
 
@@ -215,4 +218,18 @@ def test_a_node_whose_engine_does_not_listen_refuses_the_run_before_any_change(
     assert report.exit_code == 2
     assert "h2 do not listen for live fixes" in (report.halted or "")
     assert [op for _, op in engine.asked] == ["list", "list"]  # the preflight's, nothing taken
+    assert files(units) == {"h1": PRISTINE, "h2": PRISTINE}
+
+
+def test_a_unit_whose_change_has_no_live_form_is_refused_before_any_change(units: Units) -> None:
+    engine = live_unit(units)
+
+    def restart_only(part: PatchSpec, pre: bytes, post: bytes) -> LiveForm | NotLive:
+        return NotLive(NotLiveReason.DECLARED_RESTART_ONLY, 'the patch says live = "restart-only"')
+
+    report = apply_live(units, restart_only)
+    assert report.exit_code == 2
+    assert "the change cannot be taken live on h1, h2" in (report.halted or "")
+    assert all("declared-restart-only" in (o.error or "") for o in report.hosts)
+    assert engine.asked == []  # not even asked whether it listens
     assert files(units) == {"h1": PRISTINE, "h2": PRISTINE}

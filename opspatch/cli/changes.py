@@ -106,7 +106,8 @@ def apply(
             help="Take the fix into the running engines (every process, at one scheduling "
             "boundary) instead of restarting them; the file is swapped too, for the next "
             "restart. Needs live = true and `opspatch live enable`; a change whose live form "
-            "is refused is restarted as without --live.",
+            "is refused refuses the run before any change (exit 2): apply without --live "
+            "restarts.",
         ),
     ] = False,
     as_json: JsonOption = False,

@@ -1,5 +1,6 @@
 """The live form of a patched file (pure): which definitions of the module a running process must
-take so that it runs what the post-image says, or why it cannot (`NotLive`: the host restarts).
+take so that it runs what the post-image says, or why it cannot (`NotLive`: `apply --live`
+is refused before any change).
 
 The pre- and post-image are compared by syntax tree, definition by definition: each top-level
 function, class and assignment by name, and inside each class each method and class attribute

@@ -497,7 +497,8 @@ class LiveKind(Word):
 
 
 class NotLiveReason(Word):
-    """Why a change cannot be taken live (`core/live.py:live_form`); the host is restarted."""
+    """Why a change cannot be taken live (`core/live.py:live_form`): `apply --live` is refused
+    before any change (apply without --live restarts)."""
 
     DECLARED_RESTART_ONLY = "declared-restart-only"
     """The patch says `live = "restart-only"`."""

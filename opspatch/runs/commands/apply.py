@@ -27,6 +27,7 @@ from opspatch.errors import (
     LiveRefused,
     Location,
     LockHeld,
+    NotTakenLive,
     OpspatchError,
     SpecError,
     UnitRefused,
@@ -245,6 +246,7 @@ class _FleetApply:
         self.host_key_refusals: dict[str, HostKeyError] = {}
         self.become_refusals: dict[str, BecomeError] = {}
         self.live_refusals: dict[str, LiveRefused] = {}
+        self.not_live_refusals: dict[str, NotTakenLive] = {}
         self.lease_refusals: dict[str, tuple[list[LeaseHolder], LeaseHeld]] = {}
         with FleetRun(
             command=self.command,
@@ -294,8 +296,11 @@ class _FleetApply:
                 )
             prepared = self.pipeline.prepare(session, lock=not self.dry_run)
             if self.live is not None and prepared.pending:
-                self.live.check(session)
+                self.live.check(session, prepared)
             return prepared
+        except NotTakenLive as exc:  # the change has no live form: --live would restart it
+            self.not_live_refusals[session.name] = exc
+            return session.outcome(Outcome.SKIPPED, f"{exc.message} ({exc.hint})")
         except LiveRefused as exc:  # its engine does not listen for live fixes
             self.live_refusals[session.name] = exc
             return session.outcome(Outcome.SKIPPED, f"{exc.message} ({exc.hint})")
@@ -328,6 +333,7 @@ class _FleetApply:
             *self.become_refusals,
             *self.lease_refusals,
             *self.live_refusals,
+            *self.not_live_refusals,
         }
         for host in self.hosts:
             session = self.sessions[host.name]
@@ -376,6 +382,12 @@ class _FleetApply:
         if self.live_refusals:
             names = ", ".join(sorted(self.live_refusals))
             reasons.append(f"{names} do not listen for live fixes (see each host's error)")
+        if self.not_live_refusals:
+            names = ", ".join(sorted(self.not_live_refusals))
+            reasons.append(
+                f"the change cannot be taken live on {names} (see each host's error); apply "
+                "without --live to apply it with a restart"
+            )
         unlike = self._units_not_alike(prepared)
         if unlike:
             reasons.append(_unlike(unlike))

@@ -5,18 +5,21 @@ read back from each, then proven by the smoke decode, with no restart and so no 
 Per host:
 
 ```
-preflight  the engine listens for live fixes (a `list`, one exec) or the run is refused (exit 2)
+preflight  each pending file's live form (pure: its pre- and post-image, known once the host is
+           planned), else the run is refused (exit 2); the engine listens for live fixes (a
+           `list`, one exec), else the run is refused (exit 2)
 swap       as every apply (backup, swap)
-LIVE       the live form of each swapped file (pure: its pre- and post-image) -> `take` (the
-           module, the post-image's sha256, the definitions) to every process; each process's
-           answer judged (`judgments/live.judge_take`) and kept in the step's detail
+LIVE       the forms found in preflight -> `take` (the module, the post-image's sha256, the
+           definitions) to every process; each process's answer judged
+           (`judgments/live.judge_take`) and kept in the step's detail
 smoke      the decode, as the host's last step (it gives the lock back)
 on a refusal or a failure: LIVE_REVERT everywhere, the files restored; the host `rolled-back`
            (a revert that did not answer everywhere: the restore's restart clears memory)
 ```
 
-A file whose live form is refused (a new closure, a restart-only module) goes through today's
-path (restart, ready, smoke): the outcome's note says why it was not taken live.
+A file whose live form is refused (a new closure, a restart-only module) refuses the whole run
+before any change: an operator who asked for --live must not get a restart by surprise; apply
+without --live applies it with a restart.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from opspatch.core.live import LiveForm, NotLive, live_form
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import PatchSpec
 from opspatch.core.vocabulary import Outcome, Step
-from opspatch.errors import LiveRefused, OpspatchError
-from opspatch.hosts.live import LiveFix, ask_engine
+from opspatch.errors import LiveRefused, NotTakenLive, OpspatchError
+from opspatch.hosts.live import LiveFix, ProcessAnswer, ask_engine
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile, live_new, live_old
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.fleet.steps import smoke_step, undo
@@ -77,47 +80,65 @@ class LiveApply:
         self.patch_id = patch_id
         self.former = former
         self.timeout = timeout
+        self._forms: dict[str, tuple[LiveForm, ...]] = {}
+        """Each checked host's live forms, one per pending file (preflight's threads each
+        set their own host's)."""
 
-    def check(self, session: HostSession) -> None:
-        """Preflight: the host's engine answers on its live sockets (nothing is taken).
+    def check(self, session: HostSession, prepared: Prepared) -> None:
+        """Preflight: every pending file's change has a live form (kept for the take), and the
+        host's engine answers on its live sockets (nothing is taken).
 
         Raises:
+            NotTakenLive: a file's live form is refused (its module, the reason and why).
             LiveRefused: no process listens (not running, the plugin not loaded, SGLANG_PLUGINS
                 without it).
         """
         with session.step(Step.LIVE) as note:
+            forms = self._live_forms(session, prepared)
             reply = ask_engine(session.ops, LiveFix("list"), timeout=self.timeout, step=Step.LIVE)
             answered = [p for p in reply.processes() if p.ok]
             if reply.missing is not None or not answered:
-                why = reply.missing or "no process of the engine answered `list`"
+                why = reply.missing or _no_answer(reply.processes())
                 raise LiveRefused(
                     f"{session.name}: its engine does not take live fixes: {why}",
                     hint=f"`{remedy_text(CliCommand.APPLY, self.patch_id, hosts=session.name)}` "
                     "without --live restarts it instead",
                 )
-            note["detail"] = "listening: " + ", ".join(p.process for p in answered)
+            self._forms[session.name] = forms
+            takes = ", ".join(d.name for form in forms for d in form.definitions)
+            note["detail"] = f"takes {takes}; listening: " + ", ".join(p.process for p in answered)
 
-    def forms(self, pipeline: ApplyPipeline, prepared: Prepared) -> list[LiveForm] | str:
-        """Each pending file's live form, or why the change cannot be taken live."""
-        found: list[LiveForm] = []
+    def _live_forms(self, session: HostSession, prepared: Prepared) -> tuple[LiveForm, ...]:
+        """Each pending file's live form (pure).
+
+        Raises:
+            NotTakenLive: the first file whose live form is refused.
+        """
+        found = []
         for item in prepared.pending:
             plan = _applied(item)
             form = self.former(item.part, plan.old_source, plan.new_source)
             if isinstance(form, NotLive):
-                return f"{item.part.target.module}: {form.reason}: {form.text}"
+                raise NotTakenLive(
+                    f"{session.name}: {item.part.target.module} cannot be taken live: "
+                    f"{form.reason}: {form.text}",
+                    hint="apply without --live to apply it with a restart: "
+                    f"`{remedy_text(CliCommand.APPLY, self.patch_id, hosts=session.name)}`",
+                )
             found.append(form)
-        return found
+        return tuple(found)
+
+    def forms(self, session: HostSession) -> tuple[LiveForm, ...]:
+        """The live forms `check` found on this host, one per pending file."""
+        return self._forms[session.name]
 
     def apply(
         self, pipeline: ApplyPipeline, session: HostSession, prepared: Prepared
-    ) -> HostOutcome | str:
-        """Take the swapped files live and prove it: the host's outcome, or why it could not be
-        taken live (the caller then restarts it as any apply does)."""
-        forms = self.forms(pipeline, prepared)
-        if isinstance(forms, str):
-            return f"not taken live ({forms}): restarted instead"
+    ) -> HostOutcome:
+        """Take the swapped files live and prove it: the host's outcome (`applied`, or
+        `rolled-back` with every process reverted and the files restored)."""
         taken: list[str] = []
-        for item, form in zip(prepared.pending, forms, strict=True):
+        for item, form in zip(prepared.pending, self.forms(session), strict=True):
             fix = self._fix(prepared, item, form)
             try:
                 with session.step(Step.LIVE) as note:
@@ -203,6 +224,14 @@ def revert_everywhere(session: HostSession, fixes: Sequence[str], *, timeout: fl
         except (HostFailed, OpspatchError):
             every = False
     return every
+
+
+def _no_answer(processes: Sequence[ProcessAnswer]) -> str:
+    """Why no process answered `list`: what the first one said (a peer refused for its uid, a
+    socket nobody listens on)."""
+    if not processes:
+        return "no process of the engine answered `list`"
+    return f"no process of the engine answered `list` ({processes[0].describe()})"
 
 
 def _applied(item: PreparedFile) -> Applied:

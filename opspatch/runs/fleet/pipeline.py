@@ -155,12 +155,12 @@ def _is_sglang(distribution: str) -> bool:
 
 class LiveStrategy(Protocol):
     """`apply --live` (`runs/fleet/liveapply.py`): after the swap, in place of PROVE, the fix is
-    taken into the running engine; returns the host's outcome, or why it was not taken live
-    (then PROVE runs as always, the reason in the outcome's note)."""
+    taken into the running engine (its live form was found in preflight); returns the host's
+    outcome."""
 
     def apply(
         self, pipeline: ApplyPipeline, session: HostSession, prepared: Prepared
-    ) -> HostOutcome | str: ...
+    ) -> HostOutcome: ...
 
 
 class ApplyPipeline:
@@ -315,10 +315,7 @@ class ApplyPipeline:
             )
             return self.outcome(session, prepared, self.unrestarted, None, note=staged_note)
         if self.live is not None:
-            taken = self.live.apply(self, session, prepared)
-            if isinstance(taken, HostOutcome):
-                return taken
-            baseline_note = _join(taken, baseline_note)  # not taken live: restarted as always
+            return self.live.apply(self, session, prepared)
         try:
             smoke = prove(session, baseline=baseline, judge=judge)
         except HostFailed as failure:

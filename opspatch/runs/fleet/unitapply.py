@@ -74,10 +74,7 @@ class UnitApply:
                 return self._write_failed(nodes, written, failed)
             written.append(session)
         if self.live is not None:
-            taken = self.live.take(nodes, self)
-            if not isinstance(taken, str):
-                return taken
-            baseline_note = _join(taken, baseline_note)  # not taken live: restarted as always
+            return self.live.take(nodes, self)
         try:
             smoke = prove_unit(nodes, baseline=baseline)
         except NodeFailed as failure:

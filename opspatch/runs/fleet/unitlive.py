@@ -52,13 +52,11 @@ class UnitLive:
     def __init__(self, live: LiveApply) -> None:
         self.live = live
 
-    def take(self, nodes: UnitSessions, units: UnitApply) -> list[HostOutcome] | str:
-        """Take the swapped files live on the unit and prove it: every node's outcome, or why
-        it cannot be taken live (the caller then restarts the unit as one)."""
+    def take(self, nodes: UnitSessions, units: UnitApply) -> list[HostOutcome]:
+        """Take the swapped files live on the unit and prove it: every node's outcome (the live
+        forms are the head's, found in preflight: the nodes are alike)."""
         head = _prepared(units, nodes.head)
-        forms = self.live.forms(units.pipeline, head)  # once per file: the nodes are alike
-        if isinstance(forms, str):
-            return f"not taken live ({forms}): restarted instead"
+        forms = self.live.forms(nodes.head)
         taken: list[str] = []
         for item, form in zip(head.pending, forms, strict=True):
             fix = self._fix(nodes, units, item, form)
