@@ -1,0 +1,257 @@
+"""`opspatch apply --live` at the command line, on the incident's TP=2 stand-in server (CUDA graph
+capture failed, the worker kept half-built: its first decode would crash it), opspatch's plugin
+loaded in every process, the host in an inventory with `live = true` and a `command` restart
+(started by that command, as opspatch starts it).
+
+The refusals first, each exit 2 and nothing changed (the file's bytes, every pid of the engine,
+one clear message): a change whose free variables change (a new `super()`) and a change of a
+restart-only module (the CUDA graph runner) are refused in preflight from their live form, never
+restarted instead. They share the module's engine honestly: each leaves it as it found it.
+
+Then the issue's "a restart later keeps the fix through the file": eagle-init-guard taken live,
+the engine restarted the operator's way (the inventory's restart command, not a rollback): a new
+pid, the first decode passes, and `status` says applied with no live fix in memory and no drift.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opspatch.config.inventory import load_inventory
+from opspatch.core.policy import Playbook
+from opspatch.hosts import livedist
+from opspatch.hosts.engine import EngineControl
+from opspatch.hosts.liveplugin import socket_paths
+from opspatch.hosts.operations import HostOperations, open_transport
+from opspatch.hosts.transport.base import Command
+from opspatch.sandbox.layout import ENGINE_ENV
+from tests.clirunner import Run, opspatch
+from tests.fleetkit import alive
+from tests.standin import StandinHost, free_port, http_request, make_host
+from tests.test_standin_processes import tree_of
+
+pytestmark = pytest.mark.engine
+
+HOST = "live:gpu-01"
+CUDA_GRAPH_RUNNER = "sglang.srt.model_executor.cuda_graph_runner"
+DECODE = {"text": "Hello", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+PLAYBOOK = Playbook(canary=0)
+
+
+def edit_patch(patch_id: str, module: str, scope: str, code: str) -> str:
+    """A one-edit patch: `code` inserted at the start of `scope` in `module`."""
+    return f'''
+id = "{patch_id}"
+summary = "A test change of {scope}"
+preserves_output = true
+rationale = "made by the test to be refused live"
+
+[target]
+module = "{module}"
+distribution = "sglang"
+versions = ">=0.5.4"
+min_python = "3.10"
+
+[[edits]]
+kind = "insert"
+scope = "{scope}"
+position = "start"
+code = """
+{code}
+"""
+'''
+
+
+@dataclass
+class LiveHost:
+    """The stand-in host, its inventory entry in a workspace, and the controller's state."""
+
+    standin: StandinHost
+    root: Path
+    live_dir: Path
+    port: int
+
+    @property
+    def workspace(self) -> Path:
+        return self.root / "workspace"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.standin.host_dir / "server.pid"
+
+    def opspatch(self, *args: str) -> Run:
+        return opspatch(
+            *args, cwd=self.workspace, env={"OPSPATCH_STATE_DIR": str(self.root / "state")}
+        )
+
+    def engine(self) -> EngineControl:
+        host = load_inventory(self.workspace / "inventories" / "live.toml").host("gpu-01")
+        return EngineControl(HostOperations(open_transport(host), host), host, PLAYBOOK)
+
+    def restart(self) -> None:
+        """The engine restarted by the inventory's restart command, as opspatch restarts it."""
+        control = self.engine()
+        control.wait_ready(control.restart(step="start"), timeout=300)
+
+    def pid(self) -> int:
+        pid = int(self.pid_file.read_text().strip())
+        assert alive(pid), pid
+        return pid
+
+    def pids(self) -> set[int]:
+        return set(tree_of(self.pid()))
+
+    def log(self) -> str:
+        return (self.standin.host_dir / "server.log").read_text(errors="replace")
+
+    def decode(self) -> int:
+        return http_request("POST", f"http://127.0.0.1:{self.port}/generate", DECODE).status
+
+    def inventory(self) -> str:
+        python = self.standin.python
+        start = Command(
+            (str(python), "-m", "sglang.launch_server", "--port", str(self.port), "--tp-size", "2")
+        ).render()
+        env = {**ENGINE_ENV, "HOME": str(self.standin.host_dir)}
+        env[socket_paths.LIVE_DIR_ENV] = str(self.live_dir)
+        return "\n".join(
+            [
+                "[hosts.gpu-01]",
+                'transport = "local"',
+                "live = true",
+                f"state_dir = {json.dumps(str(self.standin.host_dir / 'state'))}",
+                "[hosts.gpu-01.engine]",
+                f"python = {json.dumps(str(python))}",
+                f'url = "http://127.0.0.1:{self.port}"',
+                f"log_file = {json.dumps(str(self.standin.host_dir / 'server.log'))}",
+                "env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + " }",
+                f'restart = {{ kind = "command", start = {json.dumps(start)}, '
+                f"pid_file = {json.dumps(str(self.pid_file))}, "
+                f"workdir = {json.dumps(str(self.standin.host_dir))}, stop_timeout = 10 }}",
+                "",
+            ]
+        )
+
+
+@pytest.fixture(scope="module")
+def live_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveHost]:
+    root = tmp_path_factory.mktemp("live-cli")
+    standin = make_host(root / "host")
+    for relative, data in livedist.live_distribution("0.1.0", livedist.plugin_sources()).items():
+        target = standin.site_packages / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    live_dir = Path(tempfile.mkdtemp(prefix="ol", dir="/tmp"))  # a socket path has 107 bytes
+    made = LiveHost(standin, root, live_dir, free_port())
+    (made.workspace / "inventories").mkdir(parents=True)
+    (made.workspace / "patches").mkdir()
+    (made.workspace / "inventories" / "live.toml").write_text(made.inventory())
+    try:
+        made.restart()
+        yield made
+    finally:
+        made.engine().stop()
+        shutil.rmtree(live_dir, ignore_errors=True)
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def refused_live(live_host: LiveHost, patch_id: str, text: str, module: str) -> dict[str, Any]:
+    """`apply --live` of the patch `text`: exit 2, the module's file and every pid unchanged;
+    the host's outcome."""
+    (live_host.workspace / "patches" / f"{patch_id}.toml").write_text(text)
+    target = live_host.standin.module_file(module)
+    before, pids = sha(target), live_host.pids()
+    run = live_host.opspatch("apply", patch_id, "--hosts", HOST, "--live", "--yes", "--json")
+    assert run.code == 2, run.stdout + run.stderr
+    assert sha(target) == before
+    assert live_host.pids() == pids  # nothing restarted, nothing started
+    doc = run.json()
+    assert "cannot be taken live on gpu-01" in doc["halted"], doc["halted"]
+    assert "apply without --live to apply it with a restart" in doc["halted"]
+    (outcome,) = doc["hosts"]
+    assert outcome["outcome"] == "skipped", outcome
+    assert not {"backup", "swap", "restart"} & {s["step"] for s in outcome["steps"]}
+    return outcome
+
+
+def test_a_change_whose_free_variables_change_is_refused_live_and_nothing_changes(
+    live_host: LiveHost,
+) -> None:
+    text = edit_patch(
+        "eagle-super-test",
+        "sglang.srt.speculative.eagle_worker_v2",
+        "EAGLEWorkerV2.should_disable_speculation",
+        "_ = super()  # a closure over __class__ where there was none",
+    )
+    outcome = refused_live(
+        live_host, "eagle-super-test", text, "sglang.srt.speculative.eagle_worker_v2"
+    )
+    assert outcome["error"].startswith(
+        "gpu-01: sglang.srt.speculative.eagle_worker_v2 cannot be taken live: free-variables: "
+        "EAGLEWorkerV2.should_disable_speculation's free variables change from () to "
+        "('__class__',)"
+    ), outcome["error"]
+    assert "apply eagle-super-test --hosts gpu-01" in outcome["error"]
+
+
+def test_a_change_of_a_restart_only_module_is_refused_live_and_nothing_changes(
+    live_host: LiveHost,
+) -> None:
+    text = edit_patch(
+        "graph-runner-test",
+        CUDA_GRAPH_RUNNER,
+        "CudaGraphRunner.captured_batch_sizes",
+        "_ = 0",
+    )
+    outcome = refused_live(live_host, "graph-runner-test", text, CUDA_GRAPH_RUNNER)
+    assert outcome["error"].startswith(
+        f"gpu-01: {CUDA_GRAPH_RUNNER} cannot be taken live: restart-only-module: "
+        f"{CUDA_GRAPH_RUNNER} is restart-only"
+    ), outcome["error"]
+
+
+def test_a_restart_later_keeps_the_live_fix_through_the_file(live_host: LiveHost) -> None:
+    """Last in the module: it changes the shared engine (the fix taken, then a restart)."""
+    shutil.copy(
+        Path(__file__).resolve().parent.parent / "patches" / "eagle-init-guard.toml",
+        live_host.workspace / "patches",
+    )
+    failed = live_host.log().count("CUDA graph capture failed")
+    assert failed >= 1  # the incident's half-built worker
+    pid = live_host.pid()
+    run = live_host.opspatch(
+        "apply", "eagle-init-guard", "--hosts", HOST, "--live", "--yes", "--json"
+    )
+    assert run.code == 0, run.stdout + run.stderr
+    assert live_host.pid() == pid
+    held = status_row(live_host)
+    assert held["state"] == "applied" and held["live"], held  # in memory, and in the file
+    live_host.restart()  # the operator's restart: the inventory's command, not a rollback
+    assert live_host.pid() != pid
+    assert live_host.log().count("CUDA graph capture failed") > failed  # half-built again
+    assert live_host.decode() == 200  # the first decode of the new engine: the file's fix
+    row = status_row(live_host)
+    assert row["state"] == "applied", row
+    assert "live" not in row, row  # no live fix in memory: the new processes run the file
+    assert "drift" not in json.dumps(row), row
+    assert "could not be listed" not in row["detail"], row  # its engine was asked
+
+
+def status_row(live_host: LiveHost) -> dict[str, Any]:
+    """eagle-init-guard's row of `status --json` on the host."""
+    status = live_host.opspatch("status", "--hosts", HOST, "--patch", "eagle-init-guard", "--json")
+    assert status.code == 0, status.stdout + status.stderr
+    (row,) = status.json()["status"]
+    return row  # type: ignore[no-any-return]
