@@ -282,3 +282,30 @@ def test_the_plugin_is_asked_for_the_post_image_the_run_swapped_in(fleet: Fleet)
         {"name": THRESHOLD, "kind": "class-attribute"},
         {"name": INIT, "kind": "method"},
     ]
+
+
+def test_an_agent_whose_uid_the_engine_refuses_refuses_the_run_before_any_change(
+    fleet: Fleet,
+) -> None:
+    """The reply the agent gives when run as a user that is neither root nor the engine's
+    (tests/test_live_cli_engine.py proves it on a real engine): each socket refuses the peer."""
+    fleet.hosts = fleet.hosts[:1]
+    refusal = {"code": "peer-not-allowed", "message": "uid 65534 may not use this socket"}
+    answers = [
+        {"socket": name, "reply": {"ok": False, "refused": refusal}, "error": None}
+        for name in ("main.sock", "detokenizer.sock", "scheduler-tp0.sock")
+    ]
+    reply = {"server_pid": 4242, "folder": "/tmp/x/4242", "missing": None, "answers": answers}
+    fleet.hosts[0].fault = lambda op, args: reply if op == "live" else None
+    report = apply_to_hosts(
+        fleet.patch,
+        [live_host(fleet.hosts[0])],
+        Playbook(canary=0, batch=BatchSize(count=10), max_failures=1),
+        factory=fleet.factory,
+        ledger=fleet.ledger,
+        live=former,
+    )
+    assert report.exit_code == 2
+    (outcome,) = report.hosts
+    assert "peer-not-allowed: uid 65534 may not use this socket" in (outcome.error or "")
+    assert sha(fleet.hosts[0].file.read_bytes()) == PRISTINE

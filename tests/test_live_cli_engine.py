@@ -6,7 +6,13 @@ loaded in every process, the host in an inventory with `live = true` and a `comm
 The refusals first, each exit 2 and nothing changed (the file's bytes, every pid of the engine,
 one clear message): a change whose free variables change (a new `super()`) and a change of a
 restart-only module (the CUDA graph runner) are refused in preflight from their live form, never
-restarted instead. They share the module's engine honestly: each leaves it as it found it.
+restarted instead. Below the CLI, at the agent's `live` operation: an agent run as `nobody`
+(neither root nor the engine's user) kept out by the sockets' folder and, the folder opened by
+mistake, refused by every socket for its uid (the CLI refuses on that reply, exit 2:
+test_live_apply_scripted.py; a fleet whose agent runs as such a user needs another user's
+engine, which the test fleets do not build cheaply); and a take naming a sha256 the file does
+not have, refused by every rank, nothing held after. They share the module's engine honestly:
+each leaves it as it found it.
 
 Then the issue's "a restart later keeps the fix through the file": eagle-init-guard taken live,
 the engine restarted the operator's way (the inventory's restart command, not a rollback): a new
@@ -17,7 +23,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,10 +35,14 @@ from typing import Any
 import pytest
 
 from opspatch.config.inventory import load_inventory
+from opspatch.core.live import LiveDefinition
 from opspatch.core.policy import Playbook
+from opspatch.core.vocabulary import LiveKind
 from opspatch.hosts import livedist
+from opspatch.hosts.agent import live as agent_live
 from opspatch.hosts.engine import EngineControl
-from opspatch.hosts.liveplugin import socket_paths
+from opspatch.hosts.live import LiveEngineReply, LiveFix, ask_engine
+from opspatch.hosts.liveplugin import socket_paths, wire
 from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.transport.base import Command
 from opspatch.sandbox.layout import ENGINE_ENV
@@ -42,6 +54,7 @@ from tests.test_standin_processes import tree_of
 pytestmark = pytest.mark.engine
 
 HOST = "live:gpu-01"
+THRESHOLD = "EAGLEWorkerV2.spec_disable_batch_threshold"
 CUDA_GRAPH_RUNNER = "sglang.srt.model_executor.cuda_graph_runner"
 DECODE = {"text": "Hello", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
 PLAYBOOK = Playbook(canary=0)
@@ -220,6 +233,114 @@ def test_a_change_of_a_restart_only_module_is_refused_live_and_nothing_changes(
         f"gpu-01: {CUDA_GRAPH_RUNNER} cannot be taken live: restart-only-module: "
         f"{CUDA_GRAPH_RUNNER} is restart-only"
     ), outcome["error"]
+
+
+AGENT_AS_OTHER_USER = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from opspatch.hosts.agent.live import op_live
+print(json.dumps(op_live(json.loads(sys.argv[2]))))
+"""
+
+
+def agent_live_as_nobody(live_host: LiveHost, folder: Path) -> LiveEngineReply:
+    """The agent's `live` operation (a `list`) run as `nobody`, neither root nor the engine's
+    user, from a copy of the agent package (only it travels to a host) with the system's
+    interpreter (nobody cannot enter root's home, where this one may live)."""
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("no system python3 for the agent run as nobody")
+    agent = folder / "opspatch" / "hosts" / "agent"
+    shutil.copytree(
+        Path(agent_live.__file__).parent, agent, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    for package in (folder / "opspatch", folder / "opspatch" / "hosts"):
+        (package / "__init__.py").write_text("")
+    for path in (folder, *folder.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    request = {
+        "fix": {"op": "list"},
+        "pid": live_host.pid(),
+        "pid_file": None,
+        "url": "",
+        "env": {socket_paths.LIVE_DIR_ENV: str(live_host.live_dir)},
+        "timeout": 30,
+    }
+    done = subprocess.run(
+        [python, "-c", AGENT_AS_OTHER_USER, str(folder), json.dumps(request)],
+        user="nobody",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return LiveEngineReply.from_json(json.loads(done.stdout))
+
+
+@pytest.mark.root
+def test_an_agent_of_another_uid_is_refused_by_the_folder_and_by_every_socket(
+    live_host: LiveHost,
+) -> None:
+    """The proof at the agent's operation (a host's agent run as a user that is neither root
+    nor the engine's is what the refusal needs; the CLI's preflight refuses the run on the
+    reply it gives, `test_live_apply_scripted`). The sockets' folder keeps it out; opened to
+    everyone by mistake, each process's socket refuses it for its uid (SO_PEERCRED)."""
+    if os.geteuid() != 0:
+        pytest.skip("running the agent as another user needs root")
+    folder = Path(tempfile.mkdtemp(prefix="opspatch-agent-", dir="/tmp"))
+    (server,) = [d for d in live_host.live_dir.iterdir() if d.is_dir()]  # the server's main pid
+    sockets = sorted(server.glob("*.sock"))
+    modes = {path: path.stat().st_mode & 0o777 for path in (live_host.live_dir, server, *sockets)}
+    try:
+        kept_out = agent_live_as_nobody(live_host, folder / "closed")
+        assert kept_out.answers == () and kept_out.missing is not None
+        assert f"may not enter {live_host.live_dir}" in kept_out.missing, kept_out.missing
+        assert "only root and the engine's user (uid 0)" in kept_out.missing
+        for path in modes:  # opened to everyone by mistake: the peer's uid still decides
+            path.chmod(0o666 if path in sockets else 0o755)
+        refused = agent_live_as_nobody(live_host, folder / "open")
+        processes = refused.processes()
+        assert {p.process for p in processes} == {
+            "main",
+            "detokenizer",
+            "scheduler-tp0",
+            "scheduler-tp1",
+        }, processes
+        for process in processes:
+            assert not process.ok and process.code == "peer-not-allowed", process
+            assert "only root and the engine's user" in (process.message or "")
+    finally:
+        for path, mode in modes.items():
+            path.chmod(mode)
+        shutil.rmtree(folder, ignore_errors=True)
+    assert wire.ask(str(sockets[0]), {"op": "list"})["ok"] is True  # root still is
+
+
+def test_a_take_whose_sha256_is_not_the_files_is_refused_and_nothing_is_held(
+    live_host: LiveHost,
+) -> None:
+    """Through the agent's `live` operation, as a run sends it: the file on disk is not the
+    bytes the request names, so every process refuses and none holds anything after."""
+    module = "sglang.srt.speculative.eagle_worker_v2"
+    path = live_host.standin.module_file(module)
+    control = live_host.engine()
+    wrong = LiveFix(
+        "take",
+        fix_id="eagle-init-guard",
+        module=module,
+        path=str(path),
+        sha256=hashlib.sha256(path.read_bytes() + b"# not on disk").hexdigest(),
+        definitions=(LiveDefinition(THRESHOLD, LiveKind.CLASS_ATTRIBUTE),),
+    )
+    reply = ask_engine(control.ops, wrong, timeout=30)
+    ranks = [p for p in reply.processes() if p.process.startswith("scheduler-")]
+    assert [p.process for p in ranks] == ["scheduler-tp0", "scheduler-tp1"], reply
+    assert all(p.code == "hash-mismatch" and not p.ok for p in ranks), ranks
+    others = [p for p in reply.processes() if p not in ranks]
+    assert all(not p.ok for p in others), others  # never imported it: nothing taken there
+    listed = ask_engine(control.ops, LiveFix("list"), timeout=30).processes()
+    assert len(listed) == 4 and all(p.ok and p.took == () for p in listed), listed
 
 
 def test_a_restart_later_keeps_the_live_fix_through_the_file(live_host: LiveHost) -> None:

@@ -19,6 +19,7 @@ itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -102,6 +103,16 @@ def server_folder(pid: int, env: dict[str, str]) -> tuple[str | None, dict[str, 
     return None, seen_environ if seen_environ is not None else env
 
 
+def _not_allowed_in(folder: str, pid: int) -> str:
+    """Why this agent cannot reach the engine's sockets: its user may not enter their folder
+    (only root and the engine's user may, as only they may use a socket)."""
+    return (
+        f"this user (uid {os.geteuid()}) may not enter {folder}: only root and the engine's "
+        f"user (uid {_process_uid(pid)}) may ask its processes; run the agent as one of them "
+        "(the inventory's become and become_user)"
+    )
+
+
 def socket_order(names: list[str]) -> list[str]:
     """Socket names in a stable order: main, the detokenizer, then schedulers by rank."""
 
@@ -135,7 +146,9 @@ def ask_socket(path: str, request: dict[str, Any], timeout: float) -> dict[str, 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(timeout)
         connection.connect(path)
-        connection.sendall((json.dumps(request, separators=(",", ":")) + "\n").encode("utf-8"))
+        # a process refusing this peer's uid answers and closes before it reads: read its answer
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            connection.sendall((json.dumps(request, separators=(",", ":")) + "\n").encode())
         with connection.makefile("rb") as stream:
             line = stream.readline(MAX_REPLY_BYTES + 1)
     if not line.endswith(b"\n"):
@@ -164,16 +177,23 @@ def op_live(args: LiveRequest) -> LiveReply:
     env = dict(args.get("env") or {})
     folder, environ = server_folder(pid, env)
     if folder is None:
+        base = base_dir(environ, _process_uid(pid) or 0)
         filtered = plugins_filtered_out(environ)
         reply["missing"] = filtered or (
-            f"no process of the engine (pid {pid}) listens for live fixes: opspatch's plugin is "
-            "not installed in its environment, or installed since the engine started "
+            _not_allowed_in(base, pid)
+            if os.path.isdir(base) and not os.access(base, os.X_OK)
+            else f"no process of the engine (pid {pid}) listens for live fixes: opspatch's "
+            "plugin is not installed in its environment, or installed since the engine started "
             "(`opspatch live enable`, then a restart)"
         )
         return reply
     reply["folder"] = folder
     fix = dict(args["fix"])
-    names = [n for n in os.listdir(folder) if n.endswith(".sock")]
+    try:
+        names = [n for n in os.listdir(folder) if n.endswith(".sock")]
+    except PermissionError:
+        reply["missing"] = _not_allowed_in(folder, pid)
+        return reply
     if not names:
         reply["missing"] = f"{folder} holds no socket: the engine's processes are not listening"
     for name in sockets_to_ask(names, str(fix.get("op"))):

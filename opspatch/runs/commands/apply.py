@@ -379,15 +379,7 @@ class _FleetApply:
         if self.lease_refusals:
             holders = [h for held, _ in self.lease_refusals.values() for h in held]
             reasons.append(refusal(holders))
-        if self.live_refusals:
-            names = ", ".join(sorted(self.live_refusals))
-            reasons.append(f"{names} do not listen for live fixes (see each host's error)")
-        if self.not_live_refusals:
-            names = ", ".join(sorted(self.not_live_refusals))
-            reasons.append(
-                f"the change cannot be taken live on {names} (see each host's error); apply "
-                "without --live to apply it with a restart"
-            )
+        reasons.extend(self._live_reasons())
         unlike = self._units_not_alike(prepared)
         if unlike:
             reasons.append(_unlike(unlike))
@@ -406,6 +398,21 @@ class _FleetApply:
                 refused=True,
             )
         return self.fleet.refuse(outcomes, halted=halted)
+
+    def _live_reasons(self) -> list[str]:
+        """Why `apply --live` cannot run: engines that do not listen, changes with no live
+        form."""
+        reasons = []
+        if self.live_refusals:
+            names = ", ".join(sorted(self.live_refusals))
+            reasons.append(f"{names} do not listen for live fixes (see each host's error)")
+        if self.not_live_refusals:
+            names = ", ".join(sorted(self.not_live_refusals))
+            reasons.append(
+                f"the change cannot be taken live on {names} (see each host's error); apply "
+                "without --live to apply it with a restart"
+            )
+        return reasons
 
     def _units_not_alike(self, prepared: Mapping[str, Prepared | HostOutcome]) -> list[NotUniform]:
         """Each whole unit among the hosts whose nodes differ in release or in a target file's
