@@ -457,6 +457,16 @@ class RemoveFilesReply(TypedDict):
     purged_bytecode: list[str]
 
 
+class FileHashesRequest(TypedDict):
+    root: str
+    paths: list[str]  # relative to root
+
+
+class FileHashesReply(TypedDict):
+    root: str
+    sha256: dict[str, str | None]  # relative path -> its sha256 (None: absent)
+
+
 # -- one exec: a list of operations -------------------------------------------------------------
 # An exec carries a list of operations, run in order in one process: how the controller composes
 # "take the lock, then inspect" or "smoke, then give the lock back" without a flag on either.

@@ -38,18 +38,28 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step
-from opspatch.errors import LiveRefused, RemoteOperationError
+from opspatch.errors import LiveRefused, OpspatchError, RemoteOperationError
 from opspatch.hosts.livedist import LIVE_DIST_NAME, live_distribution, plugin_sources
-from opspatch.hosts.liveinstall import InstalledLive, LiveSite, install, read_site, remove
+from opspatch.hosts.liveinstall import (
+    InstalledLive,
+    InstallResult,
+    LiveSite,
+    install,
+    read_hashes,
+    read_site,
+    remove,
+)
 from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.recorded import recorded_run
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 REFUSALS = frozenset({"file-exists", "file-changed"})
 """What the host refuses before writing or removing anything: the host is refused (exit 2)."""
+NOTHING_RAN = frozenset({"lock-lost", "lock-held"})
+"""The fence stopped the exec before any of it ran (another run took the lock): `failed`."""
 
 
 def enable_live(
@@ -122,18 +132,46 @@ def _run(
         return run.finish(fleet.report(outcomes, halted=halted))
 
 
-def _site(session: HostSession) -> LiveSite:
-    """The host locked, then its engine environment read."""
+def _site(session: HostSession) -> LiveSite | HostOutcome:
+    """The host locked, then its engine environment read; or, when either fails, the host's
+    outcome: nothing was written there yet (`failed`, or `skipped` for a host refused)."""
     timeouts = session.playbook.timeouts
-    with session.step(Step.LOCK) as note:
-        session.ops.lock(run_id=session.lock.taking(), timeout=timeouts.lock)
-        note["detail"] = "taken"
-    with session.step(Step.INSPECT) as note:
-        site = read_site(session.ops, timeout=timeouts.inspect, step=Step.INSPECT)
-        start = "entry point" if site.plugin_framework else ".pth start (no plugin framework)"
-        found = ", ".join(i.dist_info for i in site.installed) or "nothing installed"
-        note["detail"] = f"{site.purelib}: {start}; {found}"
+    try:
+        with session.step(Step.LOCK) as note:
+            session.ops.lock(run_id=session.lock.taking(), timeout=timeouts.lock)
+            note["detail"] = "taken"
+        with session.step(Step.INSPECT) as note:
+            site = read_site(session.ops, timeout=timeouts.inspect, step=Step.INSPECT)
+            start = "entry point" if site.plugin_framework else ".pth start (no plugin framework)"
+            found = ", ".join(i.dist_info for i in site.installed) or "nothing installed"
+            note["detail"] = f"{site.purelib}: {start}; {found}"
+    except OpspatchError as error:
+        return session.refused(error)
     return site
+
+
+def _read_back(
+    session: HostSession, root: str, paths: Sequence[str], why: str
+) -> dict[str, str | None] | HostOutcome:
+    """What a write whose effect is unknown (no reply, or a failure part-way) left: each file's
+    sha256 read back (None: absent), or `needs-attention` when even that cannot be read."""
+    try:
+        with session.step(Step.RECONCILE) as note:
+            found = read_hashes(
+                session.ops,
+                root,
+                paths,
+                timeout=session.playbook.timeouts.inspect,
+                step=Step.RECONCILE,
+            )
+            present = sum(1 for digest in found.values() if digest is not None)
+            note["detail"] = f"{present} of {len(paths)} file(s) there"
+    except OpspatchError as again:
+        return session.outcome(
+            Outcome.NEEDS_ATTENTION,
+            f"{why}; the files could not be read back ({describe_error(again)})",
+        )
+    return found
 
 
 def _record_change(site: LiveSite, dist_info: str, record: bytes, *, enabled: bool) -> FileChange:
@@ -144,6 +182,8 @@ def _record_change(site: LiveSite, dist_info: str, record: bytes, *, enabled: bo
 
 def _enable(session: HostSession) -> HostOutcome:
     site = _site(session)
+    if isinstance(site, HostOutcome):
+        return site
     files = live_distribution(__version__, plugin_sources(), site.start)
     dist_info = f"{LIVE_DIST_NAME}-{__version__}.dist-info"
     record = files[f"{dist_info}/RECORD"]
@@ -169,10 +209,26 @@ def _enable(session: HostSession) -> HostOutcome:
                 f"{site.purelib}, {len(result.already)} already there; RECORD sha256 "
                 f"{hashlib.sha256(record).hexdigest()}"
             )
-    except RemoteOperationError as error:
-        if error.code in REFUSALS:
-            return session.outcome(Outcome.SKIPPED, f"refused: {error.message}")
-        raise
+    except OpspatchError as error:
+        written = _unsure(session, error)
+        if written is not None:
+            return written
+        wanted = {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}
+        why = f"the install did not finish: {describe_error(error)}"
+        found = _read_back(session, site.purelib, list(wanted), why)
+        if isinstance(found, HostOutcome):
+            return found
+        ours = [path for path, digest in wanted.items() if found.get(path) == digest]
+        if not ours:
+            return session.outcome(Outcome.FAILED, f"{why}; read back: none of its files is there")
+        if len(ours) < len(wanted):
+            return session.outcome(
+                Outcome.NEEDS_ATTENTION,
+                f"{why}; read back: {len(ours)} of its {len(wanted)} files are there "
+                f"(`{remedy_text(CliCommand.LIVE_ENABLE, hosts=session.name)}` again finishes it, "
+                f"`{remedy_text(CliCommand.LIVE_DISABLE, hosts=session.name)}` removes them)",
+            )
+        result = InstallResult(site.purelib, tuple(ours), ())
     warning = f"; but {site.filtered}" if site.filtered else ""
     change = _record_change(site, dist_info, record, enabled=True)
     if not result.written:
@@ -191,16 +247,20 @@ def _enable(session: HostSession) -> HostOutcome:
 
 def _disable(session: HostSession) -> HostOutcome:
     site = _site(session)
+    if isinstance(site, HostOutcome):
+        return site
     if not site.installed:
         return session.outcome(
             Outcome.SKIPPED, note=f"nothing to remove: {LIVE_DIST_NAME} is not installed"
         )
-    changes: list[FileChange] = []
+    manifests: list[tuple[InstalledLive, dict[str, str]]] = []
     for found in site.installed:
         try:
-            wanted = _manifest(found)
+            manifests.append((found, _manifest(found)))
         except ValueError as error:
             return session.outcome(Outcome.SKIPPED, f"refused: {found.dist_info}: {error}")
+    changes: list[FileChange] = []
+    for found, wanted in manifests:
         try:
             with session.step(Step.LIVE_DISABLE) as note:
                 result = remove(
@@ -215,10 +275,31 @@ def _disable(session: HostSession) -> HostOutcome:
                     f"removed {len(result.removed)} file(s) of {found.dist_info} from "
                     f"{site.purelib} ({len(result.absent)} already gone)"
                 )
-        except RemoteOperationError as error:
-            if error.code in REFUSALS:
-                return session.outcome(Outcome.SKIPPED, f"refused: {error.message}")
-            raise
+        except OpspatchError as error:
+            unchanged = _unsure(session, error)
+            if unchanged is None:
+                why = f"the removal did not finish: {describe_error(error)}"
+                read = _read_back(session, site.purelib, list(wanted), why)
+                if isinstance(read, HostOutcome):
+                    return read
+                left = [path for path, digest in wanted.items() if read.get(path) == digest]
+                if left and (len(left) < len(wanted) or changes):
+                    return session.outcome(
+                        Outcome.NEEDS_ATTENTION,
+                        f"{why}; read back: {len(left)} of {found.dist_info}'s "
+                        f"{len(wanted)} files are still there (`"
+                        f"{remedy_text(CliCommand.LIVE_DISABLE, hosts=session.name)}` again "
+                        "removes them)",
+                    )
+                if left:
+                    return session.outcome(Outcome.FAILED, f"{why}; read back: nothing was removed")
+            elif changes:  # an earlier installation is gone already: not the bytes of before
+                return session.outcome(
+                    Outcome.NEEDS_ATTENTION,
+                    f"{unchanged.error}; {len(changes)} other installation(s) removed before it",
+                )
+            else:
+                return unchanged
         assert found.record is not None
         changes.append(
             _record_change(site, found.dist_info, found.record.encode("utf-8"), enabled=False)
@@ -229,6 +310,17 @@ def _disable(session: HostSession) -> HostOutcome:
         note="disabled: the plugin's files are removed; a running engine keeps it loaded (and "
         "any live fix in memory) until it restarts",
     )
+
+
+def _unsure(session: HostSession, error: OpspatchError) -> HostOutcome | None:
+    """The outcome of a write the host refused before it changed anything (a file not ours, a
+    lock taken over: `skipped` / `failed`); None when its effect is unknown (no reply, a failure
+    part-way), to be read back."""
+    if isinstance(error, RemoteOperationError) and error.code in REFUSALS:
+        return session.outcome(Outcome.SKIPPED, f"refused: {error.message}")
+    if isinstance(error, RemoteOperationError) and error.code in NOTHING_RAN:
+        return session.outcome(Outcome.FAILED, describe_error(error))
+    return None
 
 
 def _manifest(found: InstalledLive) -> dict[str, str]:
