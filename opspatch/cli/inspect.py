@@ -154,6 +154,8 @@ def judge(
     if as_json:
         emit_json(report.to_json())
         raise typer.Exit(report.exit_code)
+    if report.baseline_error is not None:
+        out.print(Text(f"baseline {one_line(report.baseline_error)}", style="red"))
     for item in report.hosts:
         if item.judgment is None:
             out.print(Text(f"{item.host}: not judged: {one_line(item.error or '')}", style="red"))
