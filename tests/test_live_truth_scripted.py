@@ -121,7 +121,7 @@ def test_an_install_lost_before_it_wrote_is_read_back_and_failed(fleet: Fleet) -
     report = run(fleet, enable_live)
     (outcome,) = report.hosts
     assert outcome.outcome == "failed", outcome
-    assert "none of its files is there" in (outcome.error or "")
+    assert "nothing was changed" in (outcome.error or "")
     assert report.exit_code == 1
     assert files_under(site_of(fleet)) == UNTOUCHED
 
@@ -160,6 +160,23 @@ def test_a_removal_lost_before_it_removed_is_failed_with_every_file_kept(fleet: 
     report = run(fleet, disable_live)
     (outcome,) = report.hosts
     assert outcome.outcome == "failed", outcome
-    assert "nothing was removed" in (outcome.error or "")
+    assert "nothing was changed" in (outcome.error or "")
     assert report.exit_code == 1
     assert files_under(site_of(fleet)) == installed
+
+
+def test_an_install_cut_part_way_needs_attention_saying_how_far_it_got(fleet: Fleet) -> None:
+    one_host(fleet)
+
+    def half_then_cut(args: dict[str, Any]) -> None:
+        files = sorted(args["files"].items())
+        agent_operation("install_files", {**args, "files": dict(files[: len(files) // 2])})
+        cut(args)
+
+    on(fleet, "install_files", half_then_cut)
+    report = run(fleet, enable_live)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "needs-attention", outcome
+    assert "read back: 7 of its 15 files are there" in (outcome.error or ""), outcome.error
+    assert "`opspatch live enable --hosts h1` again finishes it" in (outcome.error or "")
+    assert report.exit_code == 3

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from opspatch import __version__
 from opspatch.core.host import Host
@@ -42,7 +43,6 @@ from opspatch.errors import LiveRefused, OpspatchError, RemoteOperationError
 from opspatch.hosts.livedist import LIVE_DIST_NAME, live_distribution, plugin_sources
 from opspatch.hosts.liveinstall import (
     InstalledLive,
-    InstallResult,
     LiveSite,
     install,
     read_hashes,
@@ -150,28 +150,69 @@ def _site(session: HostSession) -> LiveSite | HostOutcome:
     return site
 
 
-def _read_back(
-    session: HostSession, root: str, paths: Sequence[str], why: str
-) -> dict[str, str | None] | HostOutcome:
-    """What a write whose effect is unknown (no reply, or a failure part-way) left: each file's
-    sha256 read back (None: absent), or `needs-attention` when even that cannot be read."""
+@dataclass(frozen=True)
+class _FileChange:
+    """One exec that changes the plugin's files on a host, either way: enable's install, or
+    disable's removal of one installation. `wanted`: every file's sha256 as the plugin wrote
+    it; `present`: whether the change ends with them there (install) or gone (removal)."""
+
+    step: Step
+    what: str
+    wanted: dict[str, str]
+    present: bool
+    send: Callable[[], tuple[str, bool]]
+    """Sends the exec; returns the step's detail and whether it changed a file."""
+
+
+def _change(
+    session: HostSession, root: str, change: _FileChange, *, done_before: int = 0
+) -> bool | HostOutcome:
+    """Make `change` as a recorded step: whether a file changed (True when not known: read
+    back), or the host's outcome: a refusal before anything changed (`skipped`, `failed`), or,
+    when its effect is unknown (no reply, a failure part-way), what the files read back say:
+    made after all (True), not at all (`failed`, unless `done_before` other changes were made
+    on the host), part-way or not readable (`needs-attention`)."""
+    try:
+        with session.step(change.step) as note:
+            note["detail"], changed = change.send()
+        return changed
+    except OpspatchError as error:
+        refused = _refused(session, error)
+        if refused is not None and not done_before:
+            return refused
+        if refused is not None:  # an earlier installation is gone already: not as it was
+            return session.outcome(
+                Outcome.NEEDS_ATTENTION,
+                f"{refused.error}; {done_before} other installation(s) removed before it",
+            )
+        why = f"{change.what} did not finish: {describe_error(error)}"
     try:
         with session.step(Step.RECONCILE) as note:
             found = read_hashes(
                 session.ops,
                 root,
-                paths,
+                list(change.wanted),
                 timeout=session.playbook.timeouts.inspect,
                 step=Step.RECONCILE,
             )
-            present = sum(1 for digest in found.values() if digest is not None)
-            note["detail"] = f"{present} of {len(paths)} file(s) there"
+            there = [p for p, digest in change.wanted.items() if found.get(p) == digest]
+            note["detail"] = f"{len(there)} of its {len(change.wanted)} file(s) there"
     except OpspatchError as again:
         return session.outcome(
             Outcome.NEEDS_ATTENTION,
             f"{why}; the files could not be read back ({describe_error(again)})",
         )
-    return found
+    done = len(there) if change.present else len(change.wanted) - len(there)
+    if done == len(change.wanted):
+        return True
+    if done == 0 and not done_before:
+        return session.outcome(Outcome.FAILED, f"{why}; read back: nothing was changed")
+    finish = CliCommand.LIVE_ENABLE if change.present else CliCommand.LIVE_DISABLE
+    return session.outcome(
+        Outcome.NEEDS_ATTENTION,
+        f"{why}; read back: {len(there)} of its {len(change.wanted)} files are there "
+        f"(`{remedy_text(finish, hosts=session.name)}` again finishes it)",
+    )
 
 
 def _record_change(site: LiveSite, dist_info: str, record: bytes, *, enabled: bool) -> FileChange:
@@ -194,44 +235,30 @@ def _enable(session: HostSession) -> HostOutcome:
             Outcome.SKIPPED,
             f"refused: {', '.join(others)} is installed in {site.purelib}; `{disable}` first",
         )
-    try:
-        with session.step(Step.LIVE_ENABLE) as note:
-            result = install(
-                session.ops,
-                site.purelib,
-                files,
-                lock_run_id=session.lock.run_id,
-                timeout=session.playbook.timeouts.swap,
-                step=Step.LIVE_ENABLE,
-            )
-            note["detail"] = (
-                f"wrote {len(result.written)} file(s) of {dist_info} ({site.start} start) into "
-                f"{site.purelib}, {len(result.already)} already there; RECORD sha256 "
-                f"{hashlib.sha256(record).hexdigest()}"
-            )
-    except OpspatchError as error:
-        written = _unsure(session, error)
-        if written is not None:
-            return written
-        wanted = {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}
-        why = f"the install did not finish: {describe_error(error)}"
-        found = _read_back(session, site.purelib, list(wanted), why)
-        if isinstance(found, HostOutcome):
-            return found
-        ours = [path for path, digest in wanted.items() if found.get(path) == digest]
-        if not ours:
-            return session.outcome(Outcome.FAILED, f"{why}; read back: none of its files is there")
-        if len(ours) < len(wanted):
-            return session.outcome(
-                Outcome.NEEDS_ATTENTION,
-                f"{why}; read back: {len(ours)} of its {len(wanted)} files are there "
-                f"(`{remedy_text(CliCommand.LIVE_ENABLE, hosts=session.name)}` again finishes it, "
-                f"`{remedy_text(CliCommand.LIVE_DISABLE, hosts=session.name)}` removes them)",
-            )
-        result = InstallResult(site.purelib, tuple(ours), ())
+
+    def send() -> tuple[str, bool]:
+        result = install(
+            session.ops,
+            site.purelib,
+            files,
+            lock_run_id=session.lock.run_id,
+            timeout=session.playbook.timeouts.swap,
+            step=Step.LIVE_ENABLE,
+        )
+        return (
+            f"wrote {len(result.written)} file(s) of {dist_info} ({site.start} start) into "
+            f"{site.purelib}, {len(result.already)} already there; RECORD sha256 "
+            f"{hashlib.sha256(record).hexdigest()}"
+        ), bool(result.written)
+
+    wanted = {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}
+    install_them = _FileChange(Step.LIVE_ENABLE, "the install", wanted, True, send)
+    written = _change(session, site.purelib, install_them)
+    if isinstance(written, HostOutcome):
+        return written
     warning = f"; but {site.filtered}" if site.filtered else ""
     change = _record_change(site, dist_info, record, enabled=True)
-    if not result.written:
+    if not written:
         return session.outcome(
             Outcome.ALREADY_APPLIED,
             file=change,
@@ -261,45 +288,25 @@ def _disable(session: HostSession) -> HostOutcome:
             return session.outcome(Outcome.SKIPPED, f"refused: {found.dist_info}: {error}")
     changes: list[FileChange] = []
     for found, wanted in manifests:
-        try:
-            with session.step(Step.LIVE_DISABLE) as note:
-                result = remove(
-                    session.ops,
-                    site.purelib,
-                    wanted,
-                    lock_run_id=session.lock.run_id,
-                    timeout=session.playbook.timeouts.swap,
-                    step=Step.LIVE_DISABLE,
-                )
-                note["detail"] = (
-                    f"removed {len(result.removed)} file(s) of {found.dist_info} from "
-                    f"{site.purelib} ({len(result.absent)} already gone)"
-                )
-        except OpspatchError as error:
-            unchanged = _unsure(session, error)
-            if unchanged is None:
-                why = f"the removal did not finish: {describe_error(error)}"
-                read = _read_back(session, site.purelib, list(wanted), why)
-                if isinstance(read, HostOutcome):
-                    return read
-                left = [path for path, digest in wanted.items() if read.get(path) == digest]
-                if left and (len(left) < len(wanted) or changes):
-                    return session.outcome(
-                        Outcome.NEEDS_ATTENTION,
-                        f"{why}; read back: {len(left)} of {found.dist_info}'s "
-                        f"{len(wanted)} files are still there (`"
-                        f"{remedy_text(CliCommand.LIVE_DISABLE, hosts=session.name)}` again "
-                        "removes them)",
-                    )
-                if left:
-                    return session.outcome(Outcome.FAILED, f"{why}; read back: nothing was removed")
-            elif changes:  # an earlier installation is gone already: not the bytes of before
-                return session.outcome(
-                    Outcome.NEEDS_ATTENTION,
-                    f"{unchanged.error}; {len(changes)} other installation(s) removed before it",
-                )
-            else:
-                return unchanged
+
+        def send(found: InstalledLive = found, wanted: dict[str, str] = wanted) -> tuple[str, bool]:
+            result = remove(
+                session.ops,
+                site.purelib,
+                wanted,
+                lock_run_id=session.lock.run_id,
+                timeout=session.playbook.timeouts.swap,
+                step=Step.LIVE_DISABLE,
+            )
+            return (
+                f"removed {len(result.removed)} file(s) of {found.dist_info} from "
+                f"{site.purelib} ({len(result.absent)} already gone)"
+            ), True
+
+        removal = _FileChange(Step.LIVE_DISABLE, "the removal", wanted, False, send)
+        removed = _change(session, site.purelib, removal, done_before=len(changes))
+        if isinstance(removed, HostOutcome):
+            return removed
         assert found.record is not None
         changes.append(
             _record_change(site, found.dist_info, found.record.encode("utf-8"), enabled=False)
@@ -312,10 +319,10 @@ def _disable(session: HostSession) -> HostOutcome:
     )
 
 
-def _unsure(session: HostSession, error: OpspatchError) -> HostOutcome | None:
-    """The outcome of a write the host refused before it changed anything (a file not ours, a
-    lock taken over: `skipped` / `failed`); None when its effect is unknown (no reply, a failure
-    part-way), to be read back."""
+def _refused(session: HostSession, error: OpspatchError) -> HostOutcome | None:
+    """The outcome of a change the host refused before it changed anything (a file not ours,
+    a lock taken over: `skipped` / `failed`); None when its effect is unknown (no reply, a
+    failure part-way), to be read back."""
     if isinstance(error, RemoteOperationError) and error.code in REFUSALS:
         return session.outcome(Outcome.SKIPPED, f"refused: {error.message}")
     if isinstance(error, RemoteOperationError) and error.code in NOTHING_RAN:
