@@ -175,3 +175,29 @@ def test_diagnose_says_the_live_fixes_could_not_be_listed_and_is_not_clean(fleet
     assert "the connection broke" in finding.detail
     assert report.status != "clean"  # was clean, exit 0, with no look at the engine's memory
     assert diagnosis.exit_code == 1
+
+
+def test_an_engine_of_another_user_is_unread_in_status_and_diagnose(fleet: Fleet) -> None:
+    from opspatch.runs.commands.diagnose import DiagnoseOptions, diagnose_fleet
+
+    fleet.hosts = fleet.hosts[:1]
+    engine = LiveEngine()
+    apply_live(fleet, engine)
+    why = (
+        "the engine (pid 4242) runs as uid 1001 and this agent as uid 1000: ... could not be asked"
+    )
+
+    def answer(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        if op != "live":
+            return None
+        return {"server_pid": 4242, "folder": None, "missing": why, "answers": [], "unread": True}
+
+    fleet.hosts[0].fault = answer
+    row = status(fleet)
+    assert row.live_unread is not None and "uid 1001" in row.live_unread, row
+    assert row.state == "unknown" and exit_code([row]) == 1
+    hosts = [replace(h.host(), live=True) for h in fleet.hosts]
+    diagnosis = diagnose_fleet(hosts, [fleet.patch], fleet.factory, fleet.ledger, DiagnoseOptions())
+    (report,) = diagnosis.hosts
+    assert [f for f in report.findings if f.kind == "live-fixes-unread"], report.findings
+    assert diagnosis.exit_code == 1

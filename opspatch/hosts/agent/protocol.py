@@ -409,6 +409,7 @@ class LiveReply(TypedDict):
     folder: str | None  # the server's socket folder, when found
     missing: str | None  # why no process was asked (not running, the plugin not loaded...)
     answers: list[LiveAnswer]
+    unread: bool  # missing because this agent's user may not ask (not: nothing listens)
 
 
 class LiveSiteRequest(TypedDict):

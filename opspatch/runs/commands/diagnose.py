@@ -109,6 +109,8 @@ def _with_live(report: HostReport, d: HostDiagnosis) -> HostReport:
     not answering): a clean report must not stand on a look that was not made."""
     found: list[Finding] = []
     silent = [p.describe() for p in d.live.processes() if not p.ok] if d.live else []
+    if d.live is not None and d.live.unread:
+        silent.append(d.live.missing or "its processes could not be asked")
     unread = d.live_error or "; ".join(silent)
     if unread:
         found.append(

@@ -525,6 +525,8 @@ def with_live_fixes(
     else:
         silent = [p.describe() for p in reply.processes() if not p.ok]
         unread = f"live fixes could not be listed in {'; '.join(silent)}" if silent else None
+        if reply.unread:
+            unread = f"live fixes could not be listed: {reply.missing}"
         held = held_fixes(reply)
     shown: list[PatchStatus] = []
     for patch, status in zip(patches, statuses, strict=True):
