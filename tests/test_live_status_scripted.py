@@ -201,3 +201,12 @@ def test_an_engine_of_another_user_is_unread_in_status_and_diagnose(fleet: Fleet
     (report,) = diagnosis.hosts
     assert [f for f in report.findings if f.kind == "live-fixes-unread"], report.findings
     assert diagnosis.exit_code == 1
+
+
+def test_an_unreachable_live_host_is_not_asked_again_for_its_live_fixes(fleet: Fleet) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    fleet.hosts[0].gone = True
+    row = status(fleet)
+    assert row.state == "unreachable" and exit_code([row]) == 1
+    assert "live" not in fleet.hosts[0].requests  # one connection timeout, not two
+    assert row.live_unread is None  # unreachable says it: not a second, redundant reason

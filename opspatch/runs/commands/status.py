@@ -489,7 +489,8 @@ def fleet_status(
             for patch in patches:
                 files = [found[patch.sha256, i] for i in range(len(patch.parts))]
                 results.append(combine_set(patch, host.name, files) if patch.is_set else files[0])
-            if host.live:  # one exec more, only where live fixes are on
+            reached = any(r.state != PatchState.UNREACHABLE for r in results)
+            if host.live and reached:  # one exec more, only where live fixes are on
                 results = with_live_fixes(ops, patches, results)
         finally:
             transport.close()
