@@ -567,8 +567,9 @@ def with_live_fixes(
 
 
 def _unread(status: PatchStatus, unread: str) -> PatchStatus:
-    """A status whose engine's live fixes could not be listed: a `staged` file (the server
-    started before it) is `unknown`, since the server may hold its fix live; the rest say why."""
+    """A status whose engine's live fixes could not be listed, saying so. A `staged` file (the
+    server started before it) stays `staged` (a restart makes it certain: sync's word for it),
+    but no longer says the server runs the old code: it may hold the fix live."""
     if status.state != PatchState.STAGED:
         return replace(status, detail=_joined(status.detail, unread))
     written = status.detail.split("; the running server", 1)[0]
@@ -576,7 +577,7 @@ def _unread(status: PatchStatus, unread: str) -> PatchStatus:
         "the running server started before the file changed: it runs the old code unless it "
         f"holds the fix live, and {unread}"
     )
-    return replace(status, state=PatchState.UNKNOWN, detail=_joined(written, said))
+    return replace(status, detail=_joined(written, said))
 
 
 def exit_code(statuses: Sequence[PatchStatus]) -> int:
