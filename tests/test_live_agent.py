@@ -4,6 +4,9 @@ which must give the plugin's own answers; and which sockets a request goes to.""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from opspatch.hosts.agent import live as agent_live
@@ -58,3 +61,28 @@ def test_a_take_goes_to_the_entry_rank_main_and_detokenizer_and_list_to_every_so
         "scheduler-tp1.sock",
         "scheduler-tp10.sock",
     ]
+
+
+def test_another_users_engine_is_said_unread_never_not_listening(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent that is neither root nor the engine's user cannot see its socket folder (0700)
+    nor connect (the plugin admits root and its own uid): its folder would look absent, so the
+    agent says it could not ask instead of "the plugin is not installed"."""
+    pid_file = tmp_path / "engine.pid"
+    pid_file.write_text(f"{os.getpid()}\n")  # this test's process stands for the engine
+    monkeypatch.setattr(agent_live.os, "geteuid", lambda: os.getuid() + 4242)
+    reply = agent_live.op_live(
+        {
+            "fix": {"op": "list"},
+            "pid": None,
+            "pid_file": str(pid_file),
+            "url": None,
+            "env": {},
+            "timeout": 1.0,
+        }
+    )
+    assert reply["unread"] is True
+    assert reply["missing"] is not None and "could not be asked" in reply["missing"]
+    assert "not installed" not in reply["missing"]
+    assert reply["answers"] == []

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from opspatch.runs.commands.status import fleet_status
+from opspatch.errors import TransportError
+from opspatch.runs.commands.status import exit_code, fleet_status
 from tests.test_live_apply_scripted import LiveEngine, apply_live
 from tests.test_runs_scripted import Fleet, fleet, sha
 
@@ -104,3 +105,109 @@ def test_diagnose_names_a_live_fix_in_memory(fleet: Fleet) -> None:
     ).hosts
     assert not [f for f in report.findings if f.kind.startswith("live-fix")]
     assert len(engine.asked) == asked  # live off: not asked
+
+
+def exec_lost(fleet: Fleet) -> None:
+    """The host's `live` exec gets no reply: what the engine holds is not known."""
+
+    def answer(op: str, args: dict[str, Any]) -> None:
+        if op == "live":
+            raise TransportError("the connection broke", host="h1", step="exec")
+
+    for fake in fleet.hosts:
+        fake.fault = answer
+
+
+def test_status_never_says_a_live_fix_absent_when_the_engine_could_not_be_asked(
+    fleet: Fleet,
+) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    engine = LiveEngine()
+    apply_live(fleet, engine)  # the fix is live in memory; the server started before the file
+    exec_lost(fleet)
+    row = status(fleet)
+    assert row.live is None and row.live_unread is not None
+    assert "live fixes could not be listed" in row.live_unread
+    assert row.to_json()["live_unread"] == row.live_unread  # was absent: "holds none"
+    assert row.state == "staged", row  # a restart makes it certain (sync: restart)
+    assert "unless it holds the fix live" in row.detail  # was "it still runs the old code"
+    assert "still runs the old code" not in row.detail
+    assert exit_code([row]) == 1  # was 0: the look was not made
+
+
+def test_a_process_that_could_not_be_asked_keeps_staged_from_becoming_applied(
+    fleet: Fleet,
+) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    engine = LiveEngine()
+    apply_live(fleet, engine)
+    taken = sha(fleet.hosts[0].file.read_bytes())
+
+    def answer(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        if op != "live":
+            return None
+        reply = engine.answer(args)
+        for socket in reply["answers"]:
+            for entry in (socket["reply"] or {}).get("took", []):
+                entry.update(module=MODULE, sha256=taken)
+            if socket["socket"] == "scheduler-tp1.sock":  # the login user may not connect
+                socket.update(reply=None, error="PermissionError: [Errno 13] Permission denied")
+        return reply
+
+    fleet.hosts[0].fault = answer
+    row = status(fleet)
+    assert row.live is not None and {m.process for m in row.live} == {"scheduler-tp0"}
+    assert "scheduler-tp1" in (row.live_unread or "")
+    assert row.state == "staged", row  # was applied: tp1 may run the old code
+    assert exit_code([row]) == 1
+
+
+def test_diagnose_says_the_live_fixes_could_not_be_listed_and_is_not_clean(fleet: Fleet) -> None:
+    from opspatch.runs.commands.diagnose import DiagnoseOptions, diagnose_fleet
+
+    fleet.hosts = fleet.hosts[:1]
+    engine = LiveEngine()
+    apply_live(fleet, engine)
+    exec_lost(fleet)
+    hosts = [replace(h.host(), live=True) for h in fleet.hosts]
+    diagnosis = diagnose_fleet(hosts, [fleet.patch], fleet.factory, fleet.ledger, DiagnoseOptions())
+    (report,) = diagnosis.hosts
+    (finding,) = [f for f in report.findings if f.kind == "live-fixes-unread"]
+    assert "the connection broke" in finding.detail
+    assert report.status != "clean"  # was clean, exit 0, with no look at the engine's memory
+    assert diagnosis.exit_code == 1
+
+
+def test_an_engine_of_another_user_is_unread_in_status_and_diagnose(fleet: Fleet) -> None:
+    from opspatch.runs.commands.diagnose import DiagnoseOptions, diagnose_fleet
+
+    fleet.hosts = fleet.hosts[:1]
+    engine = LiveEngine()
+    apply_live(fleet, engine)
+    why = (
+        "the engine (pid 4242) runs as uid 1001 and this agent as uid 1000: ... could not be asked"
+    )
+
+    def answer(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        if op != "live":
+            return None
+        return {"server_pid": 4242, "folder": None, "missing": why, "answers": [], "unread": True}
+
+    fleet.hosts[0].fault = answer
+    row = status(fleet)
+    assert row.live_unread is not None and "uid 1001" in row.live_unread, row
+    assert row.state == "staged" and exit_code([row]) == 1
+    hosts = [replace(h.host(), live=True) for h in fleet.hosts]
+    diagnosis = diagnose_fleet(hosts, [fleet.patch], fleet.factory, fleet.ledger, DiagnoseOptions())
+    (report,) = diagnosis.hosts
+    assert [f for f in report.findings if f.kind == "live-fixes-unread"], report.findings
+    assert diagnosis.exit_code == 1
+
+
+def test_an_unreachable_live_host_is_not_asked_again_for_its_live_fixes(fleet: Fleet) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    fleet.hosts[0].gone = True
+    row = status(fleet)
+    assert row.state == "unreachable" and exit_code([row]) == 1
+    assert "live" not in fleet.hosts[0].requests  # one connection timeout, not two
+    assert row.live_unread is None  # unreachable says it: not a second, redundant reason

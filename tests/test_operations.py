@@ -35,7 +35,7 @@ def _agent_operations() -> dict[str, Any]:
 
 def test_every_agent_operation_has_one_descriptor_naming_its_function() -> None:
     agent = _agent_operations()
-    assert len(agent) == 21  # 16, measure (the judge), live, and live enable's three
+    assert len(agent) == 22  # 16, measure (the judge), live, live enable's three, file_hashes
     assert set(OPERATIONS) == set(agent)
     for name, descriptor in OPERATIONS.items():
         assert descriptor.name == name

@@ -9,7 +9,7 @@ from rich.text import Text
 
 from opspatch.cli.context import AcceptKeysOption, HostsOption, JsonOption, PlaybookOption, options
 from opspatch.cli.render import STATE_STYLE, Column, emit_json, one_line, out, table_of
-from opspatch.errors import EXIT_HOST_FAILED, InputError
+from opspatch.errors import InputError
 
 STATUS_COLUMNS = (
     ("host", Column.ID),
@@ -32,7 +32,7 @@ def status(
     as_json: JsonOption = False,
 ) -> None:
     """What is applied where: applied, not applied, drifted, unreachable (checked live against the ledger)."""
-    from opspatch.runs.commands.status import fleet_status
+    from opspatch.runs.commands.status import exit_code, fleet_status
 
     if hosts is None:
         raise InputError("status needs --hosts TARGET", hint="opspatch status --hosts gpu-fleet")
@@ -58,8 +58,7 @@ def status(
             for r in results
         ]
         out.print(table_of(STATUS_COLUMNS, rows, key=2))  # a row is a host's patch
-    if any(r.state == "unreachable" for r in results):
-        raise typer.Exit(EXIT_HOST_FAILED)
+    raise typer.Exit(exit_code(results))
 
 
 def smoke(
@@ -154,6 +153,8 @@ def judge(
     if as_json:
         emit_json(report.to_json())
         raise typer.Exit(report.exit_code)
+    if report.baseline_error is not None:
+        out.print(Text(f"baseline {one_line(report.baseline_error)}", style="red"))
     for item in report.hosts:
         if item.judgment is None:
             out.print(Text(f"{item.host}: not judged: {one_line(item.error or '')}", style="red"))

@@ -53,7 +53,17 @@ RAISED_OPERATIONS = (
 user; `install_files` and `remove_files`: the live plugin in the engine's site-packages)."""
 
 LOGIN_OPERATIONS = frozenset(
-    {"facts", "resolve", "read", "inspect", "wait_ready", "wait_drained", "smoke", "live_site"}
+    {
+        "facts",
+        "resolve",
+        "read",
+        "inspect",
+        "wait_ready",
+        "wait_drained",
+        "smoke",
+        "live_site",
+        "file_hashes",
+    }
 )
 """Read-only operations: run as the login user, and asked again raised only when the login user
 is not allowed to read what they need (a file or log readable by its owner alone)."""

@@ -239,6 +239,9 @@ class HostDiagnosis:
     live: LiveEngineReply | None = None
     """What each engine process answered to `list` (its live fixes in memory): a host with
     `live = true` only (None: not asked, or not answered)."""
+    live_error: str | None = None
+    """Why the engine could not be asked `list` on a host with `live = true` (None: asked, or
+    not a live host)."""
 
     def module(self, name: str) -> ModuleDiagnosis:
         return next(m for m in self.modules if m.module == name)

@@ -76,12 +76,15 @@ class LiveSocketAnswer(JsonRecord):
 @dataclass(frozen=True)
 class LiveEngineReply(JsonRecord):
     """The agent's answer: the engine's main pid, its socket folder, why no process was asked
-    (`missing`), and each socket's answer."""
+    (`missing`, `unread` when it could not be), and each socket's answer."""
 
     server_pid: int | None
     folder: str | None
     missing: str | None
     answers: tuple[LiveSocketAnswer, ...] = ()
+    unread: bool = False
+    """`missing` because this agent's user may not ask the engine (another user's engine),
+    not because nothing listens: what it holds is not known."""
 
     def processes(self) -> tuple[ProcessAnswer, ...]:
         """One answer per engine process: the entry rank's reply split into every rank's."""

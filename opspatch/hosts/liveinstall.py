@@ -11,14 +11,21 @@ manifest pip uninstalls by), written by `live enable` as part of the distributio
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.wheelrecord import record_sha256s
-from opspatch.hosts.agent.liveinstall import op_install_files, op_live_site, op_remove_files
+from opspatch.hosts.agent.liveinstall import (
+    op_file_hashes,
+    op_install_files,
+    op_live_site,
+    op_remove_files,
+)
 from opspatch.hosts.agent.protocol import (
+    FileHashesReply,
+    FileHashesRequest,
     InstallFilesReply,
     InstallFilesRequest,
     LiveSiteReply,
@@ -83,12 +90,21 @@ class RemoveResult(JsonRecord):
     purged_bytecode: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class FileHashes(JsonRecord):
+    root: str
+    sha256: dict[str, str | None]
+
+
 LIVE_SITE = Operation("live_site", LiveSiteRequest, LiveSiteReply, LiveSite, op_live_site)
 INSTALL_FILES = Operation(
     "install_files", InstallFilesRequest, InstallFilesReply, InstallResult, op_install_files
 )
 REMOVE_FILES = Operation(
     "remove_files", RemoveFilesRequest, RemoveFilesReply, RemoveResult, op_remove_files
+)
+FILE_HASHES = Operation(
+    "file_hashes", FileHashesRequest, FileHashesReply, FileHashes, op_file_hashes
 )
 
 
@@ -147,3 +163,12 @@ def remove(
         "lock_run_id": lock_run_id,
     }
     return ops.run(REMOVE_FILES, request, timeout=timeout, step=step)
+
+
+def read_hashes(
+    ops: HostOperations, root: str, paths: Sequence[str], *, timeout: float, step: str
+) -> dict[str, str | None]:
+    """Each of `paths` under `root` read back (one exec, changing nothing): its sha256, None
+    when absent. What an `install` or a `remove` whose reply was lost left there."""
+    request: FileHashesRequest = {"root": root, "paths": list(paths)}
+    return ops.run(FILE_HASHES, request, timeout=timeout, step=step).sha256

@@ -164,15 +164,32 @@ def op_live(args: LiveRequest) -> LiveReply:
     """Send a live fix's request to the running engine's processes and return what each said.
 
     Nothing is refused here: an engine that is not running or has no socket answers `missing`
-    (why no process was asked, `SGLANG_PLUGINS` without the plugin named), a socket that cannot
-    be asked its `error`; the controller judges."""
+    (why no process was asked, `SGLANG_PLUGINS` without the plugin named), with `unread` when
+    it is this agent's user that may not ask (another user's engine: its socket folder would
+    look absent), a socket that cannot be asked its `error`; the controller judges."""
     url = str(args.get("url") or "")
     match = re.match(r"^[a-z]+://[^/:]+:(\d+)", url)
     port = int(match.group(1)) if match else None
     pid = find_server_pid(args.get("pid"), args.get("pid_file"), port)
-    reply: LiveReply = {"server_pid": pid, "folder": None, "missing": None, "answers": []}
+    reply: LiveReply = {
+        "server_pid": pid,
+        "folder": None,
+        "missing": None,
+        "answers": [],
+        "unread": False,
+    }
     if pid is None or not alive(pid):
         reply["missing"] = "the engine is not running"
+        return reply
+    me = os.geteuid()
+    uids = {uid for p in process_tree(pid) if (uid := _process_uid(p)) is not None}
+    if me != 0 and uids and me not in uids:  # its folder and sockets are closed to this user
+        reply["missing"] = (
+            f"the engine (pid {pid}) runs as uid {', '.join(map(str, sorted(uids)))} and this "
+            f"agent as uid {me}: its live sockets admit only root and the engine's user, so "
+            "what it holds could not be asked (`become` in the inventory raises the agent)"
+        )
+        reply["unread"] = True
         return reply
     env = dict(args.get("env") or {})
     folder, environ = server_folder(pid, env)

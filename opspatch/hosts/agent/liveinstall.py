@@ -11,6 +11,8 @@ or already those bytes (a file with other bytes is refused by name), each writte
 `remove_files` removes files that still hold the bytes they were written with: nothing is
 removed unless every file that is there still hashes as given (a changed file is refused by
 name); their bytecode goes with them and folders they leave empty are removed.
+`file_hashes` reads files back (changing nothing): what an install or a removal whose reply was
+lost left there.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from opspatch.hosts.agent.protocol import OpFailure, operation, os_failure
 
 if TYPE_CHECKING:
     from opspatch.hosts.agent.protocol import (
+        FileHashesReply,
+        FileHashesRequest,
         InstallFilesReply,
         InstallFilesRequest,
         LiveInstalled,
@@ -177,6 +181,21 @@ def op_remove_files(args: RemoveFilesRequest) -> RemoveFilesReply:
             purged.extend(purge_stale_bytecode(path)[0])
     _remove_empty_folders(root, [path for _, path in present] + purged)
     return {"root": root, "removed": removed, "absent": absent, "purged_bytecode": purged}
+
+
+@operation("file_hashes")
+def op_file_hashes(args: FileHashesRequest) -> FileHashesReply:
+    """Each of `paths` under `root`: its sha256, None when nothing is there (a folder or a link
+    in its place reads as a hash no file has, so it matches nothing)."""
+    root = str(args["root"])
+    found: dict[str, str | None] = {}
+    for relative in args["paths"]:
+        path = _inside(root, relative)
+        if not os.path.lexists(path):
+            found[relative] = None
+        else:
+            found[relative] = sha256_hex(read_bytes(path)) if os.path.isfile(path) else "not a file"
+    return {"root": root, "sha256": found}
 
 
 def _remove_empty_folders(root: str, paths: list[str]) -> None:

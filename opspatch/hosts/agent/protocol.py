@@ -409,6 +409,7 @@ class LiveReply(TypedDict):
     folder: str | None  # the server's socket folder, when found
     missing: str | None  # why no process was asked (not running, the plugin not loaded...)
     answers: list[LiveAnswer]
+    unread: bool  # missing because this agent's user may not ask (not: nothing listens)
 
 
 class LiveSiteRequest(TypedDict):
@@ -455,6 +456,16 @@ class RemoveFilesReply(TypedDict):
     removed: list[str]
     absent: list[str]
     purged_bytecode: list[str]
+
+
+class FileHashesRequest(TypedDict):
+    root: str
+    paths: list[str]  # relative to root
+
+
+class FileHashesReply(TypedDict):
+    root: str
+    sha256: dict[str, str | None]  # relative path -> its sha256 (None: absent)
 
 
 # -- one exec: a list of operations -------------------------------------------------------------

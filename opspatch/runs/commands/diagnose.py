@@ -75,7 +75,13 @@ def _read(
     try:
         ops = HostOperations(transport, host)
         found = diagnose_host(ops, request, timeout=timeout)
-        return replace(found, container=transport.container, live=_live_list(ops))
+        live = _live_list(ops)
+        return replace(
+            found,
+            container=transport.container,
+            live=live if not isinstance(live, str) else None,
+            live_error=live if isinstance(live, str) else None,
+        )
     except InputError as exc:
         return exc.render()
     except OpspatchError as exc:
@@ -84,27 +90,40 @@ def _read(
         transport.close()
 
 
-def _live_list(ops: HostOperations) -> LiveEngineReply | None:
+def _live_list(ops: HostOperations) -> LiveEngineReply | str | None:
     """The engine's live fixes in memory, on a host with `live = true` (one exec more there
-    only); None elsewhere, or when the engine cannot be asked (the diagnosis stands without)."""
+    only); None elsewhere; why not when the engine cannot be asked (the diagnosis stands
+    without, saying so)."""
     if not ops.host.live:
         return None
     try:
         return ask_engine(ops, LiveFix("list"), timeout=StepTimeouts().smoke, step="live")
-    except OpspatchError:
-        return None
+    except OpspatchError as exc:
+        return describe_error(exc)
 
 
 def _with_live(report: HostReport, d: HostDiagnosis) -> HostReport:
     """The report naming each live fix an engine process holds in memory (a warning when the
-    file on disk is no longer the one it was taken from: the next restart loses it)."""
+    file on disk is no longer the one it was taken from: the next restart loses it), and a
+    problem when what the engine holds could not be listed (its processes not asked, or some
+    not answering): a clean report must not stand on a look that was not made."""
+    found: list[Finding] = []
+    silent = [p.describe() for p in d.live.processes() if not p.ok] if d.live else []
+    if d.live is not None and d.live.unread:
+        silent.append(d.live.missing or "its processes could not be asked")
+    unread = d.live_error or "; ".join(silent)
+    if unread:
+        found.append(
+            Finding(
+                "live-fixes-unread", PROBLEM, "the engine's live fixes could not be listed", unread
+            )
+        )
     if d.live is None:
-        return report
+        return replace(report, findings=(*report.findings, *found)) if found else report
     on_disk = {m.module: m.file.sha256 for m in d.modules if m.file is not None}
     by_fix: dict[str, list[HeldFix]] = {}
     for held in held_fixes(d.live):
         by_fix.setdefault(held.fix_id, []).append(held)
-    found: list[Finding] = []
     for fix_id, holders in by_fix.items():
         who = ", ".join(h.process for h in holders)
         drifted = [s for h in holders if (s := drift(h, on_disk.get(h.module or "")))]

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.policy import JudgeSettings, Playbook
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import Command, Step
-from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK
+from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, InputError
 from opspatch.hosts.measure import Measurement
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import CANCELLED
@@ -43,14 +44,20 @@ class HostJudgment(JsonRecord):
 
 @dataclass(frozen=True)
 class JudgeReport(JsonRecord):
-    """Every target's verdict against `baseline` (a host name; None: no baseline host given)."""
+    """Every target's verdict against `baseline` (a host name; None: no baseline host given),
+    and why the baseline asked for could not be measured (`baseline_error`)."""
 
     baseline: str | None
     hosts: tuple[HostJudgment, ...]
+    baseline_error: str | None = json_field(default=None, omit_none=True)
 
     @property
     def exit_code(self) -> int:
-        return EXIT_HOST_FAILED if any(h.failed for h in self.hosts) else EXIT_OK
+        """1 when a target failed or was not measured, or the baseline asked for was not (its
+        targets were then judged by the absolute checks alone, not the comparison asked for);
+        else 0."""
+        failed = self.baseline_error is not None or any(h.failed for h in self.hosts)
+        return EXIT_HOST_FAILED if failed else EXIT_OK
 
 
 def judge_hosts(
@@ -65,10 +72,19 @@ def judge_hosts(
     with the playbook's `[judge]` settings (the defaults when it has none).
 
     Raises:
+        InputError: no target is left once the baseline is taken out of them (nothing asked).
         GaveUpWaiting: a second Ctrl-C while a host was measured.
     """
     settings = playbook.judge or JudgeSettings()
     chosen = [h for h in targets if baseline is None or h.name != baseline.name]
+    if not chosen:  # a report of no verdict would exit 0 having judged nothing
+        assert baseline is not None  # a selection is never empty
+        raise InputError(
+            f"--hosts selects only the baseline {baseline.name}: there is no host to judge "
+            "against it",
+            hint=f"`{remedy_text(CliCommand.JUDGE, hosts='TARGET', baseline=baseline.name)}` "
+            "with the hosts to judge",
+        )
     hosts = ([baseline] if baseline is not None else []) + chosen
     answers: dict[str, Measurement | str] = {}
 
@@ -87,13 +103,13 @@ def judge_hosts(
     ) as fleet:
         fleet.visit(one, limit=1)  # in order, baseline first, each server alone
     reference = answers.get(baseline.name) if baseline is not None else None
-    why = None
+    why = baseline_error = None
     if baseline is None:
         why = "no baseline host given (--baseline)"
     elif isinstance(reference, str):
-        why = f"{baseline.name} could not be measured: {reference}"
+        why = baseline_error = f"{baseline.name} could not be measured: {reference}"
     elif reference is None:
-        why = f"{baseline.name} was not measured: {CANCELLED}"
+        why = baseline_error = f"{baseline.name} was not measured: {CANCELLED}"
     base = reference if isinstance(reference, Measurement) else None
     results = []
     for host in chosen:
@@ -110,4 +126,6 @@ def judge_hosts(
             why_no_baseline=why,
         )
         results.append(HostJudgment(host.name, verdict))
-    return JudgeReport(baseline.name if baseline is not None else None, tuple(results))
+    return JudgeReport(
+        baseline.name if baseline is not None else None, tuple(results), baseline_error
+    )

@@ -32,24 +32,34 @@ from __future__ import annotations
 import hashlib
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from opspatch import __version__
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step
-from opspatch.errors import LiveRefused, RemoteOperationError
+from opspatch.errors import LiveRefused, OpspatchError, RemoteOperationError
 from opspatch.hosts.livedist import LIVE_DIST_NAME, live_distribution, plugin_sources
-from opspatch.hosts.liveinstall import InstalledLive, LiveSite, install, read_site, remove
+from opspatch.hosts.liveinstall import (
+    InstalledLive,
+    LiveSite,
+    install,
+    read_hashes,
+    read_site,
+    remove,
+)
 from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.recorded import recorded_run
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 REFUSALS = frozenset({"file-exists", "file-changed"})
 """What the host refuses before writing or removing anything: the host is refused (exit 2)."""
+NOTHING_RAN = frozenset({"lock-lost", "lock-held"})
+"""The fence stopped the exec before any of it ran (another run took the lock): `failed`."""
 
 
 def enable_live(
@@ -122,18 +132,87 @@ def _run(
         return run.finish(fleet.report(outcomes, halted=halted))
 
 
-def _site(session: HostSession) -> LiveSite:
-    """The host locked, then its engine environment read."""
+def _site(session: HostSession) -> LiveSite | HostOutcome:
+    """The host locked, then its engine environment read; or, when either fails, the host's
+    outcome: nothing was written there yet (`failed`, or `skipped` for a host refused)."""
     timeouts = session.playbook.timeouts
-    with session.step(Step.LOCK) as note:
-        session.ops.lock(run_id=session.lock.taking(), timeout=timeouts.lock)
-        note["detail"] = "taken"
-    with session.step(Step.INSPECT) as note:
-        site = read_site(session.ops, timeout=timeouts.inspect, step=Step.INSPECT)
-        start = "entry point" if site.plugin_framework else ".pth start (no plugin framework)"
-        found = ", ".join(i.dist_info for i in site.installed) or "nothing installed"
-        note["detail"] = f"{site.purelib}: {start}; {found}"
+    try:
+        with session.step(Step.LOCK) as note:
+            session.ops.lock(run_id=session.lock.taking(), timeout=timeouts.lock)
+            note["detail"] = "taken"
+        with session.step(Step.INSPECT) as note:
+            site = read_site(session.ops, timeout=timeouts.inspect, step=Step.INSPECT)
+            start = "entry point" if site.plugin_framework else ".pth start (no plugin framework)"
+            found = ", ".join(i.dist_info for i in site.installed) or "nothing installed"
+            note["detail"] = f"{site.purelib}: {start}; {found}"
+    except OpspatchError as error:
+        return session.refused(error)
     return site
+
+
+@dataclass(frozen=True)
+class _FileChange:
+    """One exec that changes the plugin's files on a host, either way: enable's install, or
+    disable's removal of one installation. `wanted`: every file's sha256 as the plugin wrote
+    it; `present`: whether the change ends with them there (install) or gone (removal)."""
+
+    step: Step
+    what: str
+    wanted: dict[str, str]
+    present: bool
+    send: Callable[[], tuple[str, bool]]
+    """Sends the exec; returns the step's detail and whether it changed a file."""
+
+
+def _change(
+    session: HostSession, root: str, change: _FileChange, *, done_before: int = 0
+) -> bool | HostOutcome:
+    """Make `change` as a recorded step: whether a file changed (True when not known: read
+    back), or the host's outcome: a refusal before anything changed (`skipped`, `failed`), or,
+    when its effect is unknown (no reply, a failure part-way), what the files read back say:
+    made after all (True), not at all (`failed`, unless `done_before` other changes were made
+    on the host), part-way or not readable (`needs-attention`)."""
+    try:
+        with session.step(change.step) as note:
+            note["detail"], changed = change.send()
+        return changed
+    except OpspatchError as error:
+        refused = _refused(session, error)
+        if refused is not None and not done_before:
+            return refused
+        if refused is not None:  # an earlier installation is gone already: not as it was
+            return session.outcome(
+                Outcome.NEEDS_ATTENTION,
+                f"{refused.error}; {done_before} other installation(s) removed before it",
+            )
+        why = f"{change.what} did not finish: {describe_error(error)}"
+    try:
+        with session.step(Step.RECONCILE) as note:
+            found = read_hashes(
+                session.ops,
+                root,
+                list(change.wanted),
+                timeout=session.playbook.timeouts.inspect,
+                step=Step.RECONCILE,
+            )
+            there = [p for p, digest in change.wanted.items() if found.get(p) == digest]
+            note["detail"] = f"{len(there)} of its {len(change.wanted)} file(s) there"
+    except OpspatchError as again:
+        return session.outcome(
+            Outcome.NEEDS_ATTENTION,
+            f"{why}; the files could not be read back ({describe_error(again)})",
+        )
+    done = len(there) if change.present else len(change.wanted) - len(there)
+    if done == len(change.wanted):
+        return True
+    if done == 0 and not done_before:
+        return session.outcome(Outcome.FAILED, f"{why}; read back: nothing was changed")
+    finish = CliCommand.LIVE_ENABLE if change.present else CliCommand.LIVE_DISABLE
+    return session.outcome(
+        Outcome.NEEDS_ATTENTION,
+        f"{why}; read back: {len(there)} of its {len(change.wanted)} files are there "
+        f"(`{remedy_text(finish, hosts=session.name)}` again finishes it)",
+    )
 
 
 def _record_change(site: LiveSite, dist_info: str, record: bytes, *, enabled: bool) -> FileChange:
@@ -144,6 +223,8 @@ def _record_change(site: LiveSite, dist_info: str, record: bytes, *, enabled: bo
 
 def _enable(session: HostSession) -> HostOutcome:
     site = _site(session)
+    if isinstance(site, HostOutcome):
+        return site
     files = live_distribution(__version__, plugin_sources(), site.start)
     dist_info = f"{LIVE_DIST_NAME}-{__version__}.dist-info"
     record = files[f"{dist_info}/RECORD"]
@@ -154,28 +235,30 @@ def _enable(session: HostSession) -> HostOutcome:
             Outcome.SKIPPED,
             f"refused: {', '.join(others)} is installed in {site.purelib}; `{disable}` first",
         )
-    try:
-        with session.step(Step.LIVE_ENABLE) as note:
-            result = install(
-                session.ops,
-                site.purelib,
-                files,
-                lock_run_id=session.lock.run_id,
-                timeout=session.playbook.timeouts.swap,
-                step=Step.LIVE_ENABLE,
-            )
-            note["detail"] = (
-                f"wrote {len(result.written)} file(s) of {dist_info} ({site.start} start) into "
-                f"{site.purelib}, {len(result.already)} already there; RECORD sha256 "
-                f"{hashlib.sha256(record).hexdigest()}"
-            )
-    except RemoteOperationError as error:
-        if error.code in REFUSALS:
-            return session.outcome(Outcome.SKIPPED, f"refused: {error.message}")
-        raise
+
+    def send() -> tuple[str, bool]:
+        result = install(
+            session.ops,
+            site.purelib,
+            files,
+            lock_run_id=session.lock.run_id,
+            timeout=session.playbook.timeouts.swap,
+            step=Step.LIVE_ENABLE,
+        )
+        return (
+            f"wrote {len(result.written)} file(s) of {dist_info} ({site.start} start) into "
+            f"{site.purelib}, {len(result.already)} already there; RECORD sha256 "
+            f"{hashlib.sha256(record).hexdigest()}"
+        ), bool(result.written)
+
+    wanted = {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}
+    install_them = _FileChange(Step.LIVE_ENABLE, "the install", wanted, True, send)
+    written = _change(session, site.purelib, install_them)
+    if isinstance(written, HostOutcome):
+        return written
     warning = f"; but {site.filtered}" if site.filtered else ""
     change = _record_change(site, dist_info, record, enabled=True)
-    if not result.written:
+    if not written:
         return session.outcome(
             Outcome.ALREADY_APPLIED,
             file=change,
@@ -191,34 +274,39 @@ def _enable(session: HostSession) -> HostOutcome:
 
 def _disable(session: HostSession) -> HostOutcome:
     site = _site(session)
+    if isinstance(site, HostOutcome):
+        return site
     if not site.installed:
         return session.outcome(
             Outcome.SKIPPED, note=f"nothing to remove: {LIVE_DIST_NAME} is not installed"
         )
-    changes: list[FileChange] = []
+    manifests: list[tuple[InstalledLive, dict[str, str]]] = []
     for found in site.installed:
         try:
-            wanted = _manifest(found)
+            manifests.append((found, _manifest(found)))
         except ValueError as error:
             return session.outcome(Outcome.SKIPPED, f"refused: {found.dist_info}: {error}")
-        try:
-            with session.step(Step.LIVE_DISABLE) as note:
-                result = remove(
-                    session.ops,
-                    site.purelib,
-                    wanted,
-                    lock_run_id=session.lock.run_id,
-                    timeout=session.playbook.timeouts.swap,
-                    step=Step.LIVE_DISABLE,
-                )
-                note["detail"] = (
-                    f"removed {len(result.removed)} file(s) of {found.dist_info} from "
-                    f"{site.purelib} ({len(result.absent)} already gone)"
-                )
-        except RemoteOperationError as error:
-            if error.code in REFUSALS:
-                return session.outcome(Outcome.SKIPPED, f"refused: {error.message}")
-            raise
+    changes: list[FileChange] = []
+    for found, wanted in manifests:
+
+        def send(found: InstalledLive = found, wanted: dict[str, str] = wanted) -> tuple[str, bool]:
+            result = remove(
+                session.ops,
+                site.purelib,
+                wanted,
+                lock_run_id=session.lock.run_id,
+                timeout=session.playbook.timeouts.swap,
+                step=Step.LIVE_DISABLE,
+            )
+            return (
+                f"removed {len(result.removed)} file(s) of {found.dist_info} from "
+                f"{site.purelib} ({len(result.absent)} already gone)"
+            ), True
+
+        removal = _FileChange(Step.LIVE_DISABLE, "the removal", wanted, False, send)
+        removed = _change(session, site.purelib, removal, done_before=len(changes))
+        if isinstance(removed, HostOutcome):
+            return removed
         assert found.record is not None
         changes.append(
             _record_change(site, found.dist_info, found.record.encode("utf-8"), enabled=False)
@@ -229,6 +317,17 @@ def _disable(session: HostSession) -> HostOutcome:
         note="disabled: the plugin's files are removed; a running engine keeps it loaded (and "
         "any live fix in memory) until it restarts",
     )
+
+
+def _refused(session: HostSession, error: OpspatchError) -> HostOutcome | None:
+    """The outcome of a change the host refused before it changed anything (a file not ours,
+    a lock taken over: `skipped` / `failed`); None when its effect is unknown (no reply, a
+    failure part-way), to be read back."""
+    if isinstance(error, RemoteOperationError) and error.code in REFUSALS:
+        return session.outcome(Outcome.SKIPPED, f"refused: {error.message}")
+    if isinstance(error, RemoteOperationError) and error.code in NOTHING_RAN:
+        return session.outcome(Outcome.FAILED, describe_error(error))
+    return None
 
 
 def _manifest(found: InstalledLive) -> dict[str, str]:

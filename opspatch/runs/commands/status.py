@@ -26,7 +26,7 @@ from opspatch.core.policy import StepTimeouts
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch, PatchSpec
 from opspatch.core.vocabulary import Detected, FileAction, PatchState, Rotation
-from opspatch.errors import OpspatchError, TargetError
+from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, OpspatchError, TargetError
 from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.image import BakedLabels, baked_history
 from opspatch.hosts.live import LiveFix, ask_engine
@@ -44,7 +44,7 @@ from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.pipeline import gate_inspection
 from opspatch.runs.fleet.rotation import rotation_of
-from opspatch.runs.judgments.live import drift, held_fixes
+from opspatch.runs.judgments.live import HeldFix, drift, held_fixes
 from opspatch.runs.judgments.patchset import ServerAge, Standing, judge, server_age
 from opspatch.runs.judgments.proof import change_proof, describe
 from opspatch.runs.judgments.who import RunWho, who_ran
@@ -91,7 +91,12 @@ class PatchStatus(JsonRecord):
     then `partial` (`unit_agreement`); None otherwise."""
     live: tuple[LiveInMemory, ...] | None = json_field(default=None, omit_none=True)
     """On a host with `live = true`: the patch's live fixes each engine process holds in memory
-    (None: live fixes are off there, or the engine holds none of this patch's)."""
+    (None: live fixes are off there, or no process that answered holds one of this patch's)."""
+    live_unread: str | None = json_field(default=None, omit_none=True)
+    """On a host with `live = true`: why what the engine holds in memory is not known (its
+    processes could not be asked, or some did not answer); None when every process answered
+    (or live fixes are off there). `live` then says only what the processes that answered
+    hold."""
 
     def to_json(self) -> dict[str, Any]:
         data = record_to_json(self)
@@ -484,7 +489,8 @@ def fleet_status(
             for patch in patches:
                 files = [found[patch.sha256, i] for i in range(len(patch.parts))]
                 results.append(combine_set(patch, host.name, files) if patch.is_set else files[0])
-            if host.live:  # one exec more, only where live fixes are on
+            reached = any(r.state != PatchState.UNREACHABLE for r in results)
+            if host.live and reached:  # one exec more, only where live fixes are on
                 results = with_live_fixes(ops, patches, results)
         finally:
             transport.close()
@@ -508,24 +514,29 @@ def with_live_fixes(
 ) -> list[PatchStatus]:
     """Each patch's status with the live fixes of it the host's engine holds in memory (one
     `list` to every process) and, for each, whether the file agrees: a fix taken from bytes
-    the file no longer has is drift (the next restart loses it). A `staged` file whose fix the
-    engine holds live, taken from these very bytes, is `applied`: the server runs it. An engine
-    that cannot be asked says so in the detail."""
+    the file no longer has is drift (the next restart loses it). A `staged` file whose fix every
+    process of the engine holds live, taken from these very bytes, is `applied`: the server runs
+    it. An engine that cannot be asked, or a process that does not answer, is `live_unread`:
+    what it holds is not known, so nothing is said absent and no `staged` is made `applied`."""
     try:
         reply = ask_engine(ops, LiveFix("list"), timeout=StepTimeouts().smoke, step="live")
     except OpspatchError as exc:
-        return [
-            replace(s, detail=_joined(s.detail, f"live fixes could not be listed: {exc.message}"))
-            for s in statuses
-        ]
-    held = held_fixes(reply)
+        unread: str | None = f"live fixes could not be listed: {exc.message}"
+        held: tuple[HeldFix, ...] = ()
+    else:
+        silent = [p.describe() for p in reply.processes() if not p.ok]
+        unread = f"live fixes could not be listed in {'; '.join(silent)}" if silent else None
+        if reply.unread:
+            unread = f"live fixes could not be listed: {reply.missing}"
+        held = held_fixes(reply)
     shown: list[PatchStatus] = []
     for patch, status in zip(patches, statuses, strict=True):
+        status = replace(status, live_unread=unread)
         mine = [
             h for h in held if h.fix_id == patch.spec.id or h.fix_id.startswith(patch.spec.id + ":")
         ]
         if not mine:
-            shown.append(status)
+            shown.append(_unread(status, unread) if unread else status)
             continue
         files = status.files or (status,)
         by_module = {
@@ -544,13 +555,36 @@ def with_live_fixes(
         drifted = [m.drift for m in memory if m.drift]
         holders = ", ".join(sorted({m.process for m in memory}))
         said = f"live fix in memory in {holders}" + (f"; {drifted[0]}" if drifted else "")
-        if status.state == PatchState.STAGED and not drifted:
+        if unread:  # the processes that did not answer may run the old code
+            status = _unread(status, unread)
+        elif status.state == PatchState.STAGED and not drifted:
             # the server started before the file, but holds the file's fix live: it runs it
             written = status.detail.split("; the running server", 1)[0]
             status = replace(status, state=PatchState.APPLIED, detail=written)
             said = f"taken live, no restart: {said}"
         shown.append(replace(status, live=memory, detail=_joined(status.detail, said)))
     return shown
+
+
+def _unread(status: PatchStatus, unread: str) -> PatchStatus:
+    """A status whose engine's live fixes could not be listed, saying so. A `staged` file (the
+    server started before it) stays `staged` (a restart makes it certain: sync's word for it),
+    but no longer says the server runs the old code: it may hold the fix live."""
+    if status.state != PatchState.STAGED:
+        return replace(status, detail=_joined(status.detail, unread))
+    written = status.detail.split("; the running server", 1)[0]
+    said = (
+        "the running server started before the file changed: it runs the old code unless it "
+        f"holds the fix live, and {unread}"
+    )
+    return replace(status, detail=_joined(written, said))
+
+
+def exit_code(statuses: Sequence[PatchStatus]) -> int:
+    """`status`'s exit: 1 when a host could not be looked at (unreachable), or the live fixes
+    of an engine that takes them could not be listed; else 0."""
+    unlooked = any(s.state == PatchState.UNREACHABLE or s.live_unread for s in statuses)
+    return EXIT_HOST_FAILED if unlooked else EXIT_OK
 
 
 def _joined(detail: str, more: str) -> str:
