@@ -6,7 +6,8 @@ Each test names a decision of the unit's judge: measured on the head only, its o
 baseline; a pass recorded on every node; a `fail` undoes the change on every node (files
 restored, the unit restarted as one) and halts the run naming the metric; an old server that
 cannot answer gives `no-baseline`, never a pass; a host of the unit's build is never a unit's
-baseline, nor a unit's node a host's.
+baseline, nor a unit's node a host's. `opspatch judge` judges a unit by its head and refuses a
+node that is not the head.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import pytest
 from opspatch.core.host import Unit
 from opspatch.core.policy import JudgeSettings
 from opspatch.core.vocabulary import Step
+from opspatch.errors import EXIT_BAD_INPUT, UnitRefused
+from opspatch.runs.commands.judge import judge_hosts
+from opspatch.runs.commands.judge import servers as judge_servers
 from opspatch.runs.fleet.judging import JudgePlan
 from opspatch.runs.fleet.session import HostSession
 from opspatch.runs.report import HostOutcome, RunReport
@@ -197,3 +201,33 @@ def test_a_unit_is_judged_only_by_its_head_and_never_a_baseline_for_a_host() -> 
     assert plan.judged == ["h1", "h3", "h4"]  # h2 serves no prompts: its unit's head is judged
     assert plan.peers["h1"] == []  # a unit's baseline is its own old server only
     assert plan.peers["h3"] == [sessions["h4"]]  # a host's peers: hosts by themselves
+
+
+# -- `opspatch judge --hosts UNIT` --------------------------------------------------------------
+
+
+def test_judge_of_a_unit_measures_its_head_once_against_a_host(units: Units) -> None:
+    servers = judged_unit(units)
+    report = judge_hosts(
+        units.hosts("h1", "h2"),
+        JUDGED,
+        baseline=units.hosts("h3")[0],
+        factory=units.factory,
+    )
+    assert [(h.host, h.unit) for h in report.hosts] == [("h1", "u1")]
+    assert report.hosts[0].to_json()["unit"] == "u1"
+    assert servers.asked == ["h3", "h1"]  # the baseline first; h2 serves no prompts
+    assert report.exit_code == 0
+
+
+def test_judge_of_a_node_that_is_not_its_units_head_is_refused_naming_the_head(
+    units: Units,
+) -> None:
+    servers = judged_unit(units)
+    with pytest.raises(UnitRefused) as refused:
+        judge_hosts(units.hosts("h2"), JUDGED, baseline=None, factory=units.factory)
+    assert refused.value.exit_code == EXIT_BAD_INPUT
+    assert refused.value.message.startswith("judge: h2 is u1 rank 1, whose head is h1: ")
+    assert refused.value.hint == "judge the unit: `opspatch judge --hosts u1`"
+    assert servers.asked == [] and units.requests() == {"h1": [], "h2": [], "h3": []}
+    assert judge_servers(units.hosts("h1", "h2", "h3")) == units.hosts("h1", "h3")
