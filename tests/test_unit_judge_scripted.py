@@ -19,7 +19,7 @@ import pytest
 
 from opspatch.core.host import Unit
 from opspatch.core.policy import JudgeSettings
-from opspatch.core.vocabulary import Step
+from opspatch.core.vocabulary import JudgeHosts, Step
 from opspatch.errors import EXIT_BAD_INPUT, UnitRefused
 from opspatch.runs.commands.judge import judge_hosts
 from opspatch.runs.commands.judge import servers as judge_servers
@@ -191,7 +191,7 @@ def test_a_unit_is_judged_only_by_its_head_and_never_a_baseline_for_a_host() -> 
     sessions: dict[str, HostSession] = {n: object() for n in ("h1", "h2", "h3", "h4")}  # type: ignore[misc]
     build = {n: "0.5.23/abc" for n in sessions}
     plan = JudgePlan(
-        replace(JudgeSettings(), hosts="all"),  # type: ignore[arg-type]
+        JudgeSettings(hosts=JudgeHosts.ALL),
         canaries=["h3", "h1"],
         changing=["h1", "h2", "h3", "h4"],
         builds=build,
