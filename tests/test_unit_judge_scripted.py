@@ -13,7 +13,7 @@ node that is not the head.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -188,7 +188,8 @@ def test_a_unit_whose_old_server_cannot_answer_is_judged_without_a_baseline(
 
 def test_a_unit_is_judged_only_by_its_head_and_never_a_baseline_for_a_host() -> None:
     unit = Unit("u1", ("h1", "h2"))
-    sessions: dict[str, HostSession] = {n: object() for n in ("h1", "h2", "h3", "h4")}  # type: ignore[misc]
+    names = ("h1", "h2", "h3", "h4")
+    sessions = cast(dict[str, HostSession], {n: object() for n in names})  # identities only
     build = {n: "0.5.23/abc" for n in sessions}
     plan = JudgePlan(
         JudgeSettings(hosts=JudgeHosts.ALL),

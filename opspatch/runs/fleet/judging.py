@@ -12,9 +12,9 @@ does after a failed smoke. The judge runs before the host is admitted back into 
 the run's lock stays held until it is given back after the host's last step.
 
 A unit (one server over several hosts) is judged by its head, the one node that serves HTTP and
-whose decodes run on every rank (`judge_through_head`): its baseline is its own old server only, since
-another server of its build is a different shape (a host alone, or a unit of other nodes), and
-each other node records the head's verdict as its own `judge` step, as it records the smoke.
+whose decodes run on every rank (`judge_through_head`). Its baseline is its own old server only:
+another server of its build is a different shape (a host alone, or a unit of other nodes). Each
+other node records the head's verdict as its own `judge` step, as it records the smoke.
 """
 
 from __future__ import annotations
