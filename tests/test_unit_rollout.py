@@ -4,7 +4,8 @@ through the console script, locally and over sshd: the incident reproduced on th
 fixed; a patch that crashes one rank at start rolled back on every node, the unit serving
 again; a node's engine killed during the restart named and the unit restored without waiting
 for the readiness deadline; a controller killed between the two nodes' swaps, then `recover`
-leaving the unit uniform; a restart of one node refused.
+leaving the unit uniform; a restart of one node refused; a patch that changes one token of
+what the unit says (the smoke passes it) judged `fail` on the head and rolled back on every node.
 
 One fleet for the module: each test leaves the unit serving eagle-init-guard (the guard is what
 the first test applies), so the next starts from there.
@@ -25,6 +26,7 @@ from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.ledger.store import Ledger
 from tests.faultkit import arm_switch, install_wrapper
 from tests.fleetkit import SandboxFleet, wait_until
+from tests.test_judge_rollout import ONE_TOKEN
 from tests.test_rollout import _test_patch
 from tests.unitkit import HEAD, NODE, two_node_unit
 
@@ -256,3 +258,39 @@ def test_a_restart_of_one_node_is_refused_and_touches_nothing(unit: SandboxFleet
     assert run.code == 2, run.stdout + run.stderr
     assert "unit-01" in run.stdout + run.stderr
     assert {n: unit.pid(n) for n in (HEAD, NODE)} == pids
+
+
+def test_a_patch_that_changes_one_token_on_the_unit_is_judged_fail_and_rolled_back(
+    unit: SandboxFleet,
+) -> None:
+    """The canary judge on the unit's head: its old server measured before the swap, the
+    changed one after the smoke (which passes it); `tokens fail` undoes it on both nodes."""
+    judged = PLAYBOOK.format(ready=240).replace("canary = 0", "canary = 1")
+    unit.write_playbook("unit", judged + "[judge]\ncount = 8\nmax_new_tokens = 32\n")
+    unit.write_patch("one-token", ONE_TOKEN)
+
+    def sampler(node: str) -> bytes:
+        return (unit.file(node).parents[1] / "layers" / "sampler.py").read_bytes()
+
+    pre = {n: sampler(n) for n in (HEAD, NODE)}
+    run = unit.opspatch(
+        "apply", "one-token", "--hosts", "sandbox:unit-01", "--playbook", "unit", "--yes",
+        "--json", timeout=600,
+    )  # fmt: skip
+    assert run.code == 1, run.stdout + run.stderr
+    doc = run.json()
+    assert outcomes(doc) == {HEAD: "rolled-back", NODE: "rolled-back"}
+    hosts = {h["host"]: h for h in doc["hosts"]}
+    assert hosts[HEAD]["judgment"]["verdict"] == "fail"
+    assert "judgment" not in hosts[NODE]
+    steps = {n: {s["step"]: s for s in h["steps"]} for n, h in hosts.items()}
+    assert steps[HEAD]["smoke"]["status"] == "ok" and steps[HEAD]["judge"]["status"] == "failed"
+    assert steps[NODE]["judge"]["status"] == "failed"
+    assert steps[NODE]["judge"]["detail"].startswith(f"judged through the head ({HEAD}, ")
+    for node in (HEAD, NODE):
+        assert "tokens fail" in hosts[node]["error"], hosts[node]["error"]
+    assert {n: sampler(n) for n in (HEAD, NODE)} == pre  # byte for byte, on every node
+    report = unit.opspatch("ledger", "report", doc["run_id"])
+    assert report.code == 0, report.stderr
+    assert report.stdout.count("tokens fail") >= 2  # the head's judge step and the node's
+    assert serving(unit)

@@ -119,8 +119,8 @@ def judge(
         str | None,
         typer.Option(
             "--baseline",
-            help="The host to compare with (one host of the inventory); without it, only the "
-            "absolute checks are made and the verdict is no-baseline.",
+            help="The host to compare with (one host of the inventory, or a unit: its head); "
+            "without it, only the absolute checks are made and the verdict is no-baseline.",
             metavar="HOST",
         ),
     ] = None,
@@ -129,7 +129,7 @@ def judge(
     as_json: JsonOption = False,
 ) -> None:
     """Judge hosts against a baseline host now: the playbook's judge prompts, compared by tokens, speculation, latency and errors; change nothing."""
-    from opspatch.runs.commands.judge import judge_hosts
+    from opspatch.runs.commands.judge import judge_hosts, servers
 
     if hosts is None:
         raise InputError(
@@ -137,11 +137,11 @@ def judge(
         )
     reference = None
     if baseline is not None:
-        chosen = options.hosts(baseline)
+        chosen = servers(options.hosts(baseline))  # a unit: its head
         if len(chosen) != 1:
             raise InputError(
-                f"--baseline {baseline} selects {len(chosen)} hosts; the baseline is one host",
-                hint="name one host of the inventory",
+                f"--baseline {baseline} selects {len(chosen)} servers; the baseline is one",
+                hint="name one host of the inventory, or one unit",
             )
         reference = chosen[0]
     report = judge_hosts(
@@ -161,7 +161,8 @@ def judge(
             continue
         verdict = item.judgment.verdict
         against = item.judgment.baseline or f"no baseline ({item.judgment.why_no_baseline})"
-        out.print(Text(f"{item.host}: {verdict} against {against}", style=VERDICT_STYLE[verdict]))
+        server = f"{item.host} (unit {item.unit}'s head)" if item.unit else item.host
+        out.print(Text(f"{server}: {verdict} against {against}", style=VERDICT_STYLE[verdict]))
         rows = [
             (m.metric, Text(str(m.verdict), style=VERDICT_STYLE[m.verdict]), m.figures)
             for m in item.judgment.metrics

@@ -501,7 +501,8 @@ class _FleetApply:
     ) -> JudgePlan:
         """The judge of this rollout: the hosts it proves and, for a canary, the hosts of the
         same release and build (the engine's version and the first file's pre-image) it may
-        take its baseline from. A unit is proven by its smoke alone (not judged yet)."""
+        take its baseline from. A unit is judged by its head, the canary unit's or (`hosts =
+        "all"`) every unit's (`judging.judge_through_head`)."""
         assert self.playbook.judge is not None
         changing = {n: p for n, p in prepared.items() if isinstance(p, Prepared) and p.pending}
         return JudgePlan(
@@ -513,6 +514,7 @@ class _FleetApply:
                 for name, item in changing.items()
             },
             sessions=self.sessions,
+            units={h.name: h.unit for h in self.hosts if h.unit is not None},
         )
 
     def _roll_back_run(

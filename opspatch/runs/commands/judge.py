@@ -5,6 +5,12 @@ A question, like `smoke`: through the fleet run (`FleetRun.visit`, its sessions 
 nothing locked, leased, changed or recorded. The servers are measured one at a time, the
 baseline first, so that no measurement shares the machine's time with another one. Without a
 baseline host every verdict is `no-baseline` (the absolute checks only).
+
+A unit (one server over several hosts) is judged by its head, the one node that serves the
+prompts (its decodes run on every rank): a selection that takes the head judges the unit once
+(`servers`). A node that is not the head, selected without it, is refused rather than resolved
+to the head: it is no server by itself, and a verdict printed under a host the operator did not
+name would hide that the operator asked about something else.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from opspatch.core.policy import JudgeSettings, Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import Command, Step
-from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, InputError
+from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, InputError, UnitRefused
 from opspatch.hosts.measure import Measurement
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import CANCELLED
@@ -36,6 +42,8 @@ class HostJudgment(JsonRecord):
     host: str
     judgment: Judgment | None
     error: str | None = json_field(default=None, omit_none=True)
+    unit: str | None = json_field(default=None, omit_none=True)
+    """The unit `host` is the head of: the verdict is the unit's."""
 
     @property
     def failed(self) -> bool:
@@ -60,6 +68,31 @@ class JudgeReport(JsonRecord):
         return EXIT_HOST_FAILED if failed else EXIT_OK
 
 
+def servers(hosts: Sequence[Host]) -> list[Host]:
+    """The servers a selection names, each once, by the host that serves its prompts: a host by
+    itself, a unit by its head (its other nodes serve only a dummy `/health`).
+
+    Raises:
+        UnitRefused: a node of a unit that is not its head is selected without the head.
+    """
+    names = {host.name for host in hosts}
+    stray = [h for h in hosts if h.unit is not None and h.unit.head not in names]
+    if stray:
+        said = "; ".join(
+            f"{h.name} is {h.unit.describe(h.name)}, whose head is {h.unit.head}"
+            for h in stray
+            if h.unit is not None
+        )
+        units = sorted({h.unit.name for h in stray if h.unit is not None})
+        raise UnitRefused(
+            f"judge: {said}: a node that is not its unit's head serves no prompts (only a dummy "
+            "/health); the unit is judged by its head",
+            hint="judge the unit: "
+            + "; ".join(f"`{remedy_text(CliCommand.JUDGE, hosts=name)}`" for name in units),
+        )
+    return [h for h in hosts if h.unit is None or h.unit.head == h.name]
+
+
 def judge_hosts(
     targets: Sequence[Host],
     playbook: Playbook,
@@ -69,14 +102,16 @@ def judge_hosts(
     progress: Progress | None = None,
 ) -> JudgeReport:
     """Measure `baseline` (if any), then each target, one at a time, and judge each target
-    with the playbook's `[judge]` settings (the defaults when it has none).
+    with the playbook's `[judge]` settings (the defaults when it has none); a unit's nodes by
+    its head (`servers`).
 
     Raises:
+        UnitRefused: a target is a unit's node without its head.
         InputError: no target is left once the baseline is taken out of them (nothing asked).
         GaveUpWaiting: a second Ctrl-C while a host was measured.
     """
     settings = playbook.judge or JudgeSettings()
-    chosen = [h for h in targets if baseline is None or h.name != baseline.name]
+    chosen = [h for h in servers(targets) if baseline is None or h.name != baseline.name]
     if not chosen:  # a report of no verdict would exit 0 having judged nothing
         assert baseline is not None  # a selection is never empty
         raise InputError(
@@ -116,7 +151,7 @@ def judge_hosts(
         answer = answers.get(host.name)
         if not isinstance(answer, Measurement):
             error = answer if answer is not None else f"not measured: {CANCELLED}"
-            results.append(HostJudgment(host.name, None, error))
+            results.append(HostJudgment(host.name, None, error, unit=_unit_name(host)))
             continue
         verdict = judge(
             answer,
@@ -125,7 +160,11 @@ def judge_hosts(
             baseline_from=baseline.name if baseline is not None else None,
             why_no_baseline=why,
         )
-        results.append(HostJudgment(host.name, verdict))
+        results.append(HostJudgment(host.name, verdict, unit=_unit_name(host)))
     return JudgeReport(
         baseline.name if baseline is not None else None, tuple(results), baseline_error
     )
+
+
+def _unit_name(host: Host) -> str | None:
+    return host.unit.name if host.unit is not None else None

@@ -10,6 +10,11 @@ other host of its build is asked: it would fail them too. Then the verdict is `n
 A `fail` is a failed proof (`JudgeFailed`, a `HostFailed`): the apply rolls the host back as it
 does after a failed smoke. The judge runs before the host is admitted back into rotation, and
 the run's lock stays held until it is given back after the host's last step.
+
+A unit (one server over several hosts) is judged by its head, the one node that serves HTTP and
+whose decodes run on every rank (`judge_through_head`). Its baseline is its own old server only:
+another server of its build is a different shape (a host alone, or a unit of other nodes). Each
+other node records the head's verdict as its own `judge` step, as it records the smoke.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection, Hashable, Mapping, Sequence
 
+from opspatch.core.host import Unit
 from opspatch.core.policy import JudgeSettings
 from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import JudgeHosts, Outcome, Step
 from opspatch.errors import OpspatchError
 from opspatch.hosts.measure import Measurement
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
+from opspatch.runs.fleet.unitrun import NodeFailed, UnitSessions
 from opspatch.runs.judgments.canary import judge
 
 OWN_BASELINE = "this host's old server, before the swap"
@@ -152,9 +159,43 @@ class HostJudge:
         return self.judgment
 
 
+def judge_through_head(nodes: UnitSessions, judge: HostJudge) -> Judgment:
+    """Judge a unit by its head (`HostJudge.__call__` on the head: its `judge` step); each other
+    node records a `judge` step naming the head's verdict, passed or failed, so that every
+    node's steps say what proved or failed it.
+
+    Raises:
+        NodeFailed: the verdict is `fail`, or the head could not be measured (naming the head);
+            the caller undoes the change on every node.
+    """
+    head = nodes.head
+    try:
+        judgment = judge(head)
+    except HostFailed as failure:
+        for session in nodes.others:
+            _through_head(nodes, session, failure.error, failed=True)
+        raise NodeFailed(head.name, failure.error) from failure
+    for session in nodes.others:
+        _through_head(nodes, session, judgment.summary(), failed=False)
+    return judgment
+
+
+def _through_head(nodes: UnitSessions, session: HostSession, said: str, *, failed: bool) -> None:
+    detail = f"judged through the head ({nodes.head.name}, {nodes.where(session)}): {said}"
+    try:
+        with session.step(Step.JUDGE) as note:
+            if failed:  # recorded failed: in the node's steps, its progress and the ledger
+                raise HostFailed(Outcome.FAILED, detail)
+            note["detail"] = detail
+    except HostFailed:
+        pass
+
+
 class JudgePlan:
     """Which hosts of an apply the judge proves, and the peers a canary may take its baseline
-    from (hosts of its release and build that the run changes after the canaries)."""
+    from (hosts of its release and build that the run changes after the canaries). A unit is
+    judged by its head, against its own old server only; no node of a unit is another host's
+    peer (a node that is not the head serves no prompts)."""
 
     def __init__(
         self,
@@ -164,14 +205,19 @@ class JudgePlan:
         changing: Sequence[str],
         builds: Mapping[str, Hashable],
         sessions: Mapping[str, HostSession],
+        units: Mapping[str, Unit] | None = None,
     ) -> None:
+        """`canaries`: the rollout's canary items (a unit by its head); `units`: each unit
+        node's unit."""
         self.settings = settings
+        units = units or {}
         everyone = settings.hosts == JudgeHosts.ALL
-        self.judged = [n for n in changing if everyone or n in canaries]
-        later = [n for n in changing if n not in canaries]
+        servers = [n for n in changing if n not in units or units[n].head == n]
+        self.judged = [n for n in servers if everyone or n in canaries]
+        alone_later = [n for n in changing if n not in canaries and n not in units]
         self.peers = {
-            name: [sessions[n] for n in later if builds.get(n) == builds.get(name)]
-            if name in canaries
+            name: [sessions[n] for n in alone_later if builds.get(n) == builds.get(name)]
+            if name in canaries and name not in units
             else []
             for name in self.judged
         }

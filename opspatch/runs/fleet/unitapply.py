@@ -3,27 +3,31 @@ restarted and proven as one, and on any failure every node restored and the unit
 one (docs/inventory.md, "Units").
 
 ```
-baseline (head) -> per node, head first: backup + swap
+baseline (head; the judge's too, when the playbook's `[judge]` judges this unit)
+-> per node, head first: backup + swap
   a swap refused or lost on a node: the nodes swapped before it put back (no restart: the
   server never ran them); every node `failed`, naming the node
 -> restart the unit (every node stopped, started head first) -> ready (head, group; the other
    nodes watched) -> smoke (head; recorded on every node as the decode that proved it)
+   [-> judge (head, against its old server; recorded on every node): a `fail` fails the proof]
 on a failure: restore every node -> restart the unit -> ready -> smoke (the truth about what
   runs): every node `rolled-back`, naming the node that failed; `needs-attention` when a
   restore or the unit's restart after it failed
 ```
 
-A node's outcome carries its own file and steps; the head's carries the smoke decode.
+A node's outcome carries its own file and steps; the head's carries the smoke decode and the
+judge's verdict.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from opspatch.core.vocabulary import Outcome
 from opspatch.errors import OpspatchError
+from opspatch.runs.fleet.judging import HostJudge, judge_through_head
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, live_new, live_old
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.fleet.unitrun import NodeFailed, UnitSessions, prove_unit, undo_unit
@@ -67,6 +71,9 @@ class UnitApply:
             baseline, baseline_note = pipeline.baseline(head)
         except HostFailed as refused:
             return self._unchanged(nodes, refused.error)
+        judge = pipeline.judges.for_host(head.name) if pipeline.judges else None
+        if judge is not None:
+            judge.take_baseline(head)
         written: list[HostSession] = []
         for session in changing:
             failed = pipeline.write(session, self._of(session))
@@ -76,10 +83,11 @@ class UnitApply:
         if self.live is not None:
             return self.live.take(nodes, self)
         try:
-            smoke = prove_unit(nodes, baseline=baseline)
+            smoke = prove_unit(nodes, baseline=baseline, judge=_judged_by(judge))
         except NodeFailed as failure:
-            return self.roll_back(nodes, failure.error, note=baseline_note)
-        return [
+            undone = self.roll_back(nodes, failure.error, note=baseline_note)
+            return _with_judgment(nodes, undone, judge)
+        applied = [
             pipeline.outcome(
                 session,
                 self._of(session),
@@ -90,6 +98,7 @@ class UnitApply:
             )
             for session in nodes.sessions
         ]
+        return _with_judgment(nodes, applied, judge)
 
     @staticmethod
     def _proven_note(nodes: UnitSessions, session: HostSession) -> str | None:
@@ -182,3 +191,21 @@ class UnitApply:
 
 def _join(*notes: str | None) -> str | None:
     return "; ".join(n for n in notes if n) or None
+
+
+def _judged_by(judge: HostJudge | None) -> Callable[[UnitSessions], object] | None:
+    """The unit's judge as `prove_unit` calls it, after the smoke (None: not judged)."""
+    if judge is None:
+        return None
+    return lambda nodes: judge_through_head(nodes, judge)
+
+
+def _with_judgment(
+    nodes: UnitSessions, outcomes: list[HostOutcome], judge: HostJudge | None
+) -> list[HostOutcome]:
+    """The head's outcome carries the judge's verdict (its JSON `judgment`), once given."""
+    if judge is None or judge.judgment is None:
+        return outcomes
+    return [
+        replace(o, judgment=judge.judgment) if o.host == nodes.head.name else o for o in outcomes
+    ]

@@ -24,7 +24,7 @@ from opspatch.core.host import Unit
 from opspatch.core.vocabulary import Outcome, Step, StepStatus
 from opspatch.errors import OpspatchError
 from opspatch.hosts.engine import RestartResult, ServerGroup, SmokeResult, StopResult
-from opspatch.runs.fleet.rotation import drain_step
+from opspatch.runs.fleet.rotation import admit_step, drain_step
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.fleet.steps import (
     AFTER_RESTORE,
@@ -177,21 +177,33 @@ def ready_unit(
     look()  # a last look: the group joined, and no node left it since
 
 
-def prove_unit(nodes: UnitSessions, *, baseline: Sequence[str | None] | None = None) -> SmokeResult:
+def prove_unit(
+    nodes: UnitSessions,
+    *,
+    baseline: Sequence[str | None] | None = None,
+    judge: Callable[[UnitSessions], object] | None = None,
+) -> SmokeResult:
     """PROVE a unit's change: restart it as one, wait for the head with its group, smoke-decode
     through the head as its last step (the head's lock given back and the head admitted when it
-    passes); each other node records the decode that proved it.
+    passes); each other node records the decode that proved it. With `judge` (the playbook's
+    judge of this unit: `judging.judge_through_head`), the judge follows the smoke and the head
+    is admitted only after it, as `steps.prove` does for a host.
 
     Raises:
-        NodeFailed: a step failed on a node (the caller undoes the change on every node).
+        NodeFailed: a step failed on a node, or the judge's verdict is `fail` (the caller undoes
+            the change on every node).
     """
     started = restart_unit(nodes)
     ready_unit(nodes, started)
+    head = nodes.head
     try:
-        smoke = smoke_step(nodes.head, started[nodes.head.name], baseline=baseline, last=True)
+        smoke = smoke_step(head, started[head.name], baseline=baseline, last=judge is None)
     except HostFailed as failure:
-        raise NodeFailed(nodes.head.name, failure.error) from failure
+        raise NodeFailed(head.name, failure.error) from failure
     proven_through_head(nodes, smoke)
+    if judge is not None:
+        judge(nodes)
+        admit_step(head)
     return smoke
 
 
