@@ -2,9 +2,10 @@
 and on each target, and each target judged against it (`runs/judgments/canary.py`).
 
 A question, like `smoke`: through the fleet run (`FleetRun.visit`, its sessions and Ctrl-C),
-nothing locked, leased, changed or recorded. The servers are measured one at a time, the
-baseline first, so that no measurement shares the machine's time with another one. Without a
-baseline host every verdict is `no-baseline` (the absolute checks only).
+nothing locked, leased, changed or recorded. The baseline and every target are measured at the
+same time, so that whatever load comes and goes meanwhile meets both sides of each comparison
+alike (docs/judge.md: why at once rather than one after the other). Without a baseline host
+every verdict is `no-baseline` (the absolute checks only).
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def judge_hosts(
     factory: TransportFactory,
     progress: Progress | None = None,
 ) -> JudgeReport:
-    """Measure `baseline` (if any), then each target, one at a time, and judge each target
-    with the playbook's `[judge]` settings (the defaults when it has none).
+    """Measure `baseline` (if any) and every target at once, and judge each target with the
+    playbook's `[judge]` settings (the defaults when it has none).
 
     Raises:
         GaveUpWaiting: a second Ctrl-C while a host was measured.
@@ -85,7 +86,7 @@ def judge_hosts(
         recorder=NullRecorder(),
         progress=progress or NoProgress(),
     ) as fleet:
-        fleet.visit(one, limit=1)  # in order, baseline first, each server alone
+        fleet.visit(one, limit=len(hosts))  # all at once: one window of time for every side
     reference = answers.get(baseline.name) if baseline is not None else None
     why = None
     if baseline is None:
@@ -108,6 +109,7 @@ def judge_hosts(
             settings,
             baseline_from=baseline.name if baseline is not None else None,
             why_no_baseline=why,
+            together=True,
         )
         results.append(HostJudgment(host.name, verdict))
     return JudgeReport(baseline.name if baseline is not None else None, tuple(results))

@@ -7,6 +7,11 @@ release and build that this run has not changed yet (a canary's only: the other 
 changed later). An old server that failed the prompts (crashed on them) is not compared, and no
 other host of its build is asked: it would fail them too. Then the verdict is `no-baseline`.
 
+A peer is measured again after the smoke, at the same time as the canary, and that measurement
+is the baseline: load that comes and goes meets both sides alike. The host's own old server can
+only be measured before the swap; its latency verdicts allow for a busier host
+(`runs/judgments/canary.py`; docs/judge.md says why).
+
 A `fail` is a failed proof (`JudgeFailed`, a `HostFailed`): the apply rolls the host back as it
 does after a failed smoke. The judge runs before the host is admitted back into rotation, and
 the run's lock stays held until it is given back after the host's last step.
@@ -44,6 +49,26 @@ def measured(session: HostSession, settings: JudgeSettings, step: Step) -> Measu
         return describe_error(exc)
 
 
+def measured_beside(
+    session: HostSession, peer: HostSession, settings: JudgeSettings, peer_lock: threading.Lock
+) -> tuple[Measurement | str, Measurement | str]:
+    """The session's server and the peer's measured at the same time (the peer's in a thread
+    of its own, holding `peer_lock`): the session's answer, then the peer's."""
+    answers: list[Measurement | str] = []
+
+    def peer_side() -> None:
+        with peer_lock:
+            answers.append(measured(peer, settings, Step.JUDGE_BASELINE))
+
+    beside = threading.Thread(target=peer_side, name=f"judge-baseline-{peer.name}", daemon=True)
+    beside.start()
+    try:
+        own = measured(session, settings, Step.JUDGE)
+    finally:
+        beside.join()
+    return own, answers[0] if answers else f"{peer.name} was not measured"
+
+
 def judge_step(
     session: HostSession,
     settings: JudgeSettings,
@@ -51,16 +76,28 @@ def judge_step(
     *,
     baseline_from: str | None,
     why_no_baseline: str | None,
+    beside: tuple[HostSession, threading.Lock] | None = None,
 ) -> Judgment:
     """Measure the session's server and judge it, as a recorded step (its detail: the verdict
-    and every metric's figures).
+    and every metric's figures). With `beside` (the peer `baseline` came from, and the lock
+    that keeps two canaries from asking it at once), the peer is measured again at the same
+    time and that measurement is the baseline; if it answers no prompt, `baseline` stays.
 
     Raises:
         JudgeFailed: the verdict is `fail`.
         HostFailed: the measurement could not be made.
     """
     with session.step(Step.JUDGE) as note:
-        canary = measured(session, settings, Step.JUDGE)
+        together = False
+        if beside is None:
+            canary = measured(session, settings, Step.JUDGE)
+        else:
+            canary, again = measured_beside(session, beside[0], settings, beside[1])
+            if isinstance(again, Measurement) and any(s.ok for s in again.samples):
+                baseline, together = again, True
+            else:
+                problem = again if isinstance(again, str) else again.problem
+                baseline_from = f"{baseline_from}, measured before the swap ({problem} beside it)"
         if isinstance(canary, str):
             raise HostFailed(Outcome.FAILED, f"{Step.JUDGE}: {canary}")
         judgment = judge(
@@ -69,6 +106,7 @@ def judge_step(
             settings,
             baseline_from=baseline_from,
             why_no_baseline=why_no_baseline,
+            together=together,
         )
         if judgment.failed:
             raise JudgeFailed(judgment)
@@ -90,6 +128,8 @@ class HostJudge:
         )
         self.baseline: Measurement | None = None
         self.baseline_from: str | None = None
+        self.peer: HostSession | None = None
+        """The peer the baseline came from: measured again beside the changed server."""
         self.why_no_baseline: str | None = None
         self.judgment: Judgment | None = None
 
@@ -121,7 +161,7 @@ class HostJudge:
             with self._peer_lock:
                 answer = measured(peer, self.settings, Step.JUDGE_BASELINE)
             if isinstance(answer, Measurement) and any(s.ok for s in answer.samples):
-                self.baseline = answer
+                self.baseline, self.peer = answer, peer
                 self.baseline_from = f"{peer.name} (same release and build, not yet changed)"
                 return
             problem = answer if isinstance(answer, str) else answer.problem
@@ -145,6 +185,7 @@ class HostJudge:
                 self.baseline,
                 baseline_from=self.baseline_from,
                 why_no_baseline=self.why_no_baseline,
+                beside=(self.peer, self._peer_lock) if self.peer is not None else None,
             )
         except JudgeFailed as failed:
             self.judgment = failed.judgment
