@@ -5,15 +5,15 @@ same code on both sides) and its power against the three changes it exists for.
 
 One sandbox of two stand-in engines (`sandbox up --count 2`, the incident's fix applied so that
 they decode). The judge runs in this process through the code `opspatch judge` runs
-(`judge_hosts`: each host's agent over the local transport, both servers measured at the same
-time), with the playbook settings below (`JUDGE`: the floor under which a latency rise is noise
+(`judge_hosts`: each host's agent over the local transport, the two servers measured in turns,
+a latency fail confirmed by a second measurement), with the playbook settings below (`JUDGE`: the floor under which a latency rise is noise
 set to 0, so the statistics alone decide; the stand-in's time per token is a tenth of a
 millisecond, under the default floor of 1 ms). Then:
 
-1. A/A, together: `--repeats` judgments of sandbox-02 against sandbox-01, same code.
+1. A/A, in turns: `--repeats` judgments of sandbox-02 against sandbox-01, same code.
 2. A/A, apart: `--repeats` judgments of sandbox-01 against itself measured just before, one
    measurement after the other, as an apply's own-baseline judge measures (the agent's
-   measurement run in this process).
+   measurement run in this process; a latency fail confirmed as `judging.judge_step` does).
 3. Power: each patch of `PATCHES` applied to sandbox-02 (no judge in that apply), then
    `--power-repeats` judgments against sandbox-01; then rolled back.
 
@@ -46,7 +46,8 @@ from opspatch.hosts.agent.measure import op_measure
 from opspatch.hosts.measure import Measurement, measure_args
 from opspatch.runs.commands.judge import judge_hosts
 from opspatch.runs.fleet.connect import transport_factory
-from opspatch.runs.judgments.canary import judge
+from opspatch.runs.fleet.judging import CONFIRM_AFTER_SECONDS
+from opspatch.runs.judgments.canary import confirm, judge, unconfirmed
 
 REPO = Path(__file__).resolve().parent.parent
 PATCHES = {
@@ -86,8 +87,8 @@ class Sandbox:
         return first, second
 
 
-def together(baseline: Host, canary: Host) -> Judgment:
-    """`opspatch judge --hosts CANARY --baseline BASELINE`, in this process."""
+def in_turns(baseline: Host, canary: Host) -> Judgment:
+    """`opspatch judge --hosts CANARY --baseline BASELINE` (both measured in turns), here."""
     report = judge_hosts([canary], Playbook(judge=JUDGE), baseline=baseline, factory=_factory)
     (host,) = report.hosts
     assert host.judgment is not None, host.error
@@ -96,9 +97,16 @@ def together(baseline: Host, canary: Host) -> Judgment:
 
 def apart(host: Host) -> Judgment:
     """The host judged against itself measured just before: an apply's own baseline."""
-    before = Measurement.from_json(op_measure(measure_args(host, JUDGE)))
-    after = Measurement.from_json(op_measure(measure_args(host, JUDGE)))
-    return judge(after, before, JUDGE, baseline_from="itself, just before")
+    before, after = (_measured(host) for _ in range(2))
+    judgment = judge(after, before, JUDGE, baseline_from="itself, just before")
+    if unconfirmed(judgment):  # as `judging.judge_step` does: measured again to confirm
+        time.sleep(CONFIRM_AFTER_SECONDS)
+        judgment = confirm(judgment, judge(_measured(host), before, JUDGE, baseline_from="x"))
+    return judgment
+
+
+def _measured(host: Host) -> Measurement:
+    return Measurement.from_json(op_measure(measure_args(host, JUDGE)))
 
 
 _factory = transport_factory()
@@ -158,8 +166,8 @@ def main() -> None:
     busy = busy_loops(args.busy)
     try:
         baseline, canary = sandbox.up()
-        print(f"1. A/A together, {args.repeats} judgments", flush=True)
-        result["aa_together"] = tally(lambda: together(baseline, canary), args.repeats)
+        print(f"1. A/A in turns, {args.repeats} judgments", flush=True)
+        result["aa_in_turns"] = tally(lambda: in_turns(baseline, canary), args.repeats)
         print(f"2. A/A apart, {args.repeats} judgments", flush=True)
         result["aa_apart"] = tally(lambda: apart(baseline), args.repeats)
         power = {}
@@ -167,7 +175,7 @@ def main() -> None:
             print(f"3. {patch}: {args.power_repeats} judgments", flush=True)
             sandbox.cli("apply", patch, "--hosts", canary.name, "--yes")
             power[patch] = {"metric": metric} | tally(
-                lambda: together(baseline, canary), args.power_repeats
+                lambda: in_turns(baseline, canary), args.power_repeats
             )
             sandbox.cli("rollback", patch, "--hosts", canary.name, "--yes")
         result["power"] = power

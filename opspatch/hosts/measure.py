@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord, json_field
-from opspatch.core.pairedstats import median
 from opspatch.core.policy import JudgeSettings
 from opspatch.hosts.agent.measure import op_measure
 from opspatch.hosts.agent.protocol import MeasureReply, MeasureRequest
@@ -38,8 +37,6 @@ class Decoded(JsonRecord):
     spec_verify_ct: int | None = None
     seconds: float | None = json_field(default=None, encode=_ms)
     first_token_seconds: float | None = json_field(default=None, encode=_ms)
-    probe_seconds: float | None = json_field(default=None, encode=_ms)
-    """A fixed CPU work timed on the host right after this prompt (how busy the host was)."""
 
     @property
     def ok(self) -> bool:
@@ -81,13 +78,6 @@ class Measurement(JsonRecord):
     def problem(self) -> str | None:
         """The first failed request's problem, if any."""
         return next((s.problem for s in self.samples if s.problem), None)
-
-    @property
-    def probe_seconds(self) -> float | None:
-        """The median of the samples' CPU probes (None when none was timed): how long the
-        host took for a fixed piece of work while this server was measured."""
-        probes = [s.probe_seconds for s in self.samples if s.probe_seconds is not None]
-        return median(probes) if probes else None
 
     @property
     def no_server(self) -> bool:

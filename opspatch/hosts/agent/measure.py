@@ -5,10 +5,8 @@ to first token: prefill, one step, the answer), then for `max_new_tokens` with
 `return_logprob` and `top_logprobs_num` (its output ids, the top-k ids at every position, and
 `meta_info`'s `completion_tokens` and `spec_verify_ct`). A 1-token request rather than a stream:
 it works on any server that answers `/generate`, streaming or not, and measures the same
-thing. After each prompt a fixed piece of CPU work is timed (`probe_seconds`): how busy the host was
-then, so that a judge comparing two measurements made at different times on one host can tell a
-slower server from a busier machine. Then `/metrics` is read once for the
-`sglang:spec_accept_length` gauge. Nothing is judged here: the controller compares (`opspatch.runs.judgments.canary`).
+thing. Then `/metrics` is read once for the `sglang:spec_accept_length` gauge. Nothing is
+judged here: the controller compares (`opspatch.runs.judgments.canary`).
 
 A server that leaves a field out (no logprobs, no `spec_verify_ct`, no `/metrics`) gives None
 for it; the judge says what it could not compare.
@@ -99,21 +97,7 @@ def _unsent(prompt: str, problem: str | None) -> DecodeSample:
         "spec_verify_ct": None,
         "seconds": None,
         "first_token_seconds": None,
-        "probe_seconds": None,
     }
-
-
-PROBE_ROUNDS = 20000
-"""The fixed CPU work timed after each prompt: about a millisecond on an idle core."""
-
-
-def probe_seconds() -> float:
-    """Seconds a fixed piece of pure-Python work takes now: it grows with the host's load."""
-    started = time.perf_counter()
-    total = 0
-    for number in range(PROBE_ROUNDS):
-        total += number * number
-    return time.perf_counter() - started
 
 
 class Refused400(ValueError):
@@ -183,8 +167,6 @@ def op_measure(args: MeasureRequest) -> MeasureReply:
             sample, down = _sample(url, str(prompt), args, deadline, top_k)
         if down:
             gone = sample["problem"]
-        else:
-            sample["probe_seconds"] = probe_seconds()
         samples.append(sample)
     gauge = None
     if gone is None:

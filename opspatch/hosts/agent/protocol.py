@@ -339,7 +339,6 @@ class DecodeSample(TypedDict):
     spec_verify_ct: int | None
     seconds: float | None  # the whole request, timed on the host
     first_token_seconds: float | None  # a 1-token request of the same prompt, timed on the host
-    probe_seconds: float | None  # a fixed CPU work timed right after: how busy the host was
 
 
 class MeasureReply(TypedDict):

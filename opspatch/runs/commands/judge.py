@@ -2,14 +2,17 @@
 and on each target, and each target judged against it (`runs/judgments/canary.py`).
 
 A question, like `smoke`: through the fleet run (`FleetRun.visit`, its sessions and Ctrl-C),
-nothing locked, leased, changed or recorded. The baseline and every target are measured at the
-same time, so that whatever load comes and goes meanwhile meets both sides of each comparison
-alike (docs/judge.md: why at once rather than one after the other). Without a baseline host
-every verdict is `no-baseline` (the absolute checks only).
+nothing locked, leased, changed or recorded. Each target is measured in turns with the baseline
+(`judging.measured_in_turns`: a few prompts on one, then on the other, one server at a time), the
+targets one after another, so that whatever load comes and goes meets both sides of each
+comparison alike (docs/judge.md says why in turns rather than at once); a latency fail is
+measured again and stands only if confirmed (`canary.confirm`). Without a baseline host
+each target is measured alone and every verdict is `no-baseline` (the absolute checks only).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,10 +26,10 @@ from opspatch.hosts.measure import Measurement
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import CANCELLED
 from opspatch.runs.fleet.fleetrun import FleetRun
-from opspatch.runs.fleet.judging import measured
+from opspatch.runs.fleet.judging import CONFIRM_AFTER_SECONDS, measured, measured_in_turns
 from opspatch.runs.fleet.recorder import NullRecorder
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
-from opspatch.runs.judgments.canary import judge
+from opspatch.runs.judgments.canary import confirm, judge, unconfirmed
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,9 @@ def judge_hosts(
     factory: TransportFactory,
     progress: Progress | None = None,
 ) -> JudgeReport:
-    """Measure `baseline` (if any) and every target at once, and judge each target with the
-    playbook's `[judge]` settings (the defaults when it has none).
+    """Measure each target in turns with `baseline` (if any; else alone), one target after
+    another, and judge each with the playbook's `[judge]` settings (the defaults when it has
+    none).
 
     Raises:
         GaveUpWaiting: a second Ctrl-C while a host was measured.
@@ -71,11 +75,6 @@ def judge_hosts(
     settings = playbook.judge or JudgeSettings()
     chosen = [h for h in targets if baseline is None or h.name != baseline.name]
     hosts = ([baseline] if baseline is not None else []) + chosen
-    answers: dict[str, Measurement | str] = {}
-
-    def one(session: HostSession) -> Measurement | str:
-        answers[session.name] = measured(session, settings, Step.JUDGE)
-        return answers[session.name]
 
     with FleetRun(
         command=Command.JUDGE,
@@ -86,30 +85,57 @@ def judge_hosts(
         recorder=NullRecorder(),
         progress=progress or NoProgress(),
     ) as fleet:
-        fleet.visit(one, limit=len(hosts))  # all at once: one window of time for every side
-    reference = answers.get(baseline.name) if baseline is not None else None
-    why = None
-    if baseline is None:
-        why = "no baseline host given (--baseline)"
-    elif isinstance(reference, str):
-        why = f"{baseline.name} could not be measured: {reference}"
-    elif reference is None:
-        why = f"{baseline.name} was not measured: {CANCELLED}"
-    base = reference if isinstance(reference, Measurement) else None
-    results = []
-    for host in chosen:
-        answer = answers.get(host.name)
-        if not isinstance(answer, Measurement):
-            error = answer if answer is not None else f"not measured: {CANCELLED}"
-            results.append(HostJudgment(host.name, None, error))
-            continue
-        verdict = judge(
-            answer,
-            base,
-            settings,
-            baseline_from=baseline.name if baseline is not None else None,
-            why_no_baseline=why,
-            together=True,
-        )
-        results.append(HostJudgment(host.name, verdict))
+        reference = fleet.sessions[baseline.name] if baseline is not None else None
+
+        def one(session: HostSession) -> HostJudgment | None:
+            if reference is None:
+                return _judged(
+                    session.name, settings, None, measured(session, settings, Step.JUDGE)
+                )
+            if session is reference:
+                return None  # measured in turns with each target
+            base, answer = measured_in_turns(reference, session, settings)
+            first = _judged(session.name, settings, (reference.name, base), answer)
+            if first.judgment is None or not unconfirmed(first.judgment):
+                return first
+            time.sleep(CONFIRM_AFTER_SECONDS)
+            base, answer = measured_in_turns(reference, session, settings)  # to confirm
+            second = _judged(session.name, settings, (reference.name, base), answer)
+            if second.judgment is None:
+                return first  # not measured again: the fail stands
+            return HostJudgment(session.name, confirm(first.judgment, second.judgment))
+
+        done = fleet.visit(one, limit=1)  # a target at a time: no two servers measured at once
+    results = [
+        done.get(host.name) or HostJudgment(host.name, None, f"not measured: {CANCELLED}")
+        for host in chosen
+    ]
     return JudgeReport(baseline.name if baseline is not None else None, tuple(results))
+
+
+def _judged(
+    name: str,
+    settings: JudgeSettings,
+    baseline: tuple[str, Measurement | str] | None,
+    answer: Measurement | str,
+) -> HostJudgment:
+    """One target's verdict from its answers and the baseline's, measured in turns with them
+    (`baseline`: the baseline host's name and answers; None: no baseline host given)."""
+    if isinstance(answer, str):
+        return HostJudgment(name, None, answer)
+    if baseline is None:
+        why: str | None = "no baseline host given (--baseline)"
+    elif isinstance(baseline[1], str):
+        why = f"{baseline[0]} could not be measured: {baseline[1]}"
+    else:
+        why = None
+    reference = baseline[1] if baseline is not None and not isinstance(baseline[1], str) else None
+    verdict = judge(
+        answer,
+        reference,
+        settings,
+        baseline_from=baseline[0] if baseline is not None else None,
+        why_no_baseline=why,
+        in_turns=True,
+    )
+    return HostJudgment(name, verdict)

@@ -16,12 +16,13 @@ The last three are paired comparisons (`opspatch.core.pairedstats`: the signed-r
 per-prompt log ratios, the median ratio as the effect): a significant change in the bad
 direction beyond the playbook's threshold fails, a smaller significant one is marginal.
 
-Two servers measured at different times (the host's own old server, before its swap) may have
-met different load; interleaving them is impossible there. Each measurement times a fixed CPU
-work after every prompt (`probe_seconds`), and a latency rise that fails only because the host
-was busier during the canary's measurement (the rise divided by the probe's slowdown is under
-the threshold) is marginal, with the probe's figures; measured at the same time (`together`),
-both sides met the same load and the rule is plain (docs/judge.md).
+A latency fail is a candidate (`unconfirmed`): it stands only if a second measurement, judged
+the same way, fails that metric too (`confirm`); else it is marginal, with both figures. Latency
+is the one noisy metric, and its noise comes in episodes (a busy neighbour, a stalled core)
+that make a whole measurement's pairs lean one way, which the paired test takes for a change;
+an episode rarely comes back for the second measurement, a slower server always does. Two
+servers measured one after the other (the host's own old server, before its swap) are said to
+be in the latency figures (docs/judge.md).
 
 Without a baseline (no old server answered) the verdict is `no-baseline`: the absolute checks
 only (every request answered with tokens), never a pass.
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 
 from opspatch.core.pairedstats import SignedRank, median, signed_rank
 from opspatch.core.policy import JudgeSettings
@@ -47,12 +48,11 @@ def judge(
     *,
     baseline_from: str | None,
     why_no_baseline: str | None = None,
-    together: bool = False,
+    in_turns: bool = False,
 ) -> Judgment:
-    """Judge `canary` against `baseline` (taken from `baseline_from`, said in the verdict),
-    both measured at the same time when `together`, else one after the other (the latency
-    verdicts then allow for a busier host). A baseline that answered no prompt is none
-    (`why_no_baseline` is then said)."""
+    """Judge `canary` against `baseline` (taken from `baseline_from`, said in the verdict).
+    `in_turns`: the two were measured in turns (else one after the other: said in the
+    latency figures). A baseline that answered no prompt is none (`why_no_baseline` is then said)."""
     if baseline is not None and not any(sample.ok for sample in baseline.samples):
         first = next((s.problem for s in baseline.samples if s.problem), "no prompts")
         why_no_baseline = f"{baseline_from} answered no prompt: {first}"
@@ -63,13 +63,12 @@ def judge(
         worst = Verdict.FAIL if errors.verdict == Verdict.FAIL else Verdict.NO_BASELINE
         return Judgment(worst, None, metrics, why_no_baseline or "no baseline was measured")
     pairs = [(b, c) for b, c in zip(baseline.samples, canary.samples, strict=False)]
-    load = None if together else HostLoad.of(baseline, canary)
     metrics = (
         errors,
         _tokens(pairs, settings),
         _speculation(pairs, baseline, canary, settings),
-        _latency(Metric.TTFT, pairs, lambda s: s.first_token_seconds, settings, load),
-        _latency(Metric.TPOT, pairs, lambda s: s.time_per_output_token, settings, load),
+        _latency(Metric.TTFT, pairs, lambda s: s.first_token_seconds, settings, in_turns),
+        _latency(Metric.TPOT, pairs, lambda s: s.time_per_output_token, settings, in_turns),
     )
     worst = max((m.verdict for m in metrics), key=lambda v: v.rank)
     return Judgment(worst, baseline_from, metrics)
@@ -265,37 +264,12 @@ def _percent(ratio: float) -> str:
     return f"{(ratio - 1) * 100:+.1f}%"
 
 
-@dataclass(frozen=True)
-class HostLoad:
-    """How busy the host was during each of two measurements made one after the other: the
-    median seconds of the fixed CPU work timed after each prompt."""
-
-    baseline: float
-    canary: float
-
-    @classmethod
-    def of(cls, baseline: Measurement, canary: Measurement) -> HostLoad | None:
-        before, after = baseline.probe_seconds, canary.probe_seconds
-        return cls(before, after) if before and after else None
-
-    @property
-    def slowdown(self) -> float:
-        """How many times as long the fixed work took during the canary's measurement."""
-        return self.canary / self.baseline
-
-    def __str__(self) -> str:
-        return (
-            f"measured one after the other; a fixed CPU work took {self.baseline * 1000:.2f} -> "
-            f"{self.canary * 1000:.2f} ms"
-        )
-
-
 def _latency(
     metric: Metric,
     pairs: Sequence[tuple[Decoded, Decoded]],
     value: Callable[[Decoded], float | None],
     settings: JudgeSettings,
-    load: HostLoad | None,
+    in_turns: bool,
 ) -> MetricVerdict:
     timed = [(value(b), value(c)) for b, c in pairs if b.ok and c.ok]
     measured = [(b, c) for b, c in timed if b is not None and c is not None]
@@ -315,13 +289,41 @@ def _latency(
         f"{difference * 1000:+.2f} ms, p={test.p_value:.2g}, {len(measured)} prompts; "
         f"timed on the host: {how})"
     )
-    if load is not None:
-        figures += f"; {load}"
-        # A rise the busier host explains is not blamed on the change: said, not failed.
-        if verdict == Verdict.FAIL and ratio / load.slowdown < 1 + settings.latency_rise:
-            verdict = Verdict.MARGINAL
-            figures += (
-                f"; not a fail: the host was {load.slowdown:.2f}x as slow at it during the "
-                "canary's measurement"
-            )
+    if not in_turns:
+        figures += f"; {APART}"
     return MetricVerdict(metric, verdict, figures, test=test)
+
+
+APART = "measured one after the other"
+"""Said in the latency figures of a comparison whose two sides were not measured in turns."""
+LATENCY = (Metric.TTFT, Metric.TPOT)
+
+
+def unconfirmed(judgment: Judgment) -> tuple[Metric, ...]:
+    """The latency metrics `judgment` fails: candidates that a second measurement must confirm
+    (`confirm`)."""
+    return tuple(m.metric for m in judgment.metrics if m.metric in LATENCY and m.failed)
+
+
+def confirm(first: Judgment, second: Judgment) -> Judgment:
+    """`first`, with each latency fail of `unconfirmed(first)` kept where `second` (measured
+    again the same way: the changed server, and the baseline too where it still serves) fails
+    that metric too, else made marginal. Both figures are said."""
+    candidates = unconfirmed(first)
+    metrics = []
+    for metric in first.metrics:
+        if metric.metric not in candidates:
+            metrics.append(metric)
+            continue
+        again = second.metric(metric.metric)
+        if again.failed:
+            figures = f"{metric.figures}; confirmed by a second measurement: {again.figures}"
+            metrics.append(replace(metric, figures=figures))
+        else:
+            figures = (
+                f"{metric.figures}; not confirmed by a second measurement ({again.verdict}): "
+                f"{again.figures}"
+            )
+            metrics.append(replace(metric, verdict=Verdict.MARGINAL, figures=figures))
+    worst = max((m.verdict for m in metrics), key=lambda v: v.rank)
+    return replace(first, verdict=worst, metrics=tuple(metrics))
