@@ -6,7 +6,8 @@ same code on both sides) and its power against the three changes it exists for.
 One sandbox of two stand-in engines (`sandbox up --count 2`, the incident's fix applied so that
 they decode). The judge runs in this process through the code `opspatch judge` runs
 (`judge_hosts`: each host's agent over the local transport, the two servers measured in turns,
-a latency fail confirmed by a second measurement), with the playbook settings below (`JUDGE`: the floor under which a latency rise is noise
+a latency fail confirmed by a second measurement), with the playbook settings below (`JUDGE`:
+24 prompts of 64 tokens, the judge's defaults, and the floor under which a latency rise is noise
 set to 0, so the statistics alone decide; the stand-in's time per token is a tenth of a
 millisecond, under the default floor of 1 ms). Then:
 

@@ -8,9 +8,9 @@ changed later). An old server that failed the prompts (crashed on them) is not c
 other host of its build is asked: it would fail them too. Then the verdict is `no-baseline`.
 
 A peer is measured again after the smoke, in turns with the canary (`measured_in_turns`), and
-that measurement is the baseline: load that comes and goes meets both sides alike. The host's own old server can
-only be measured before the swap. Either way a latency fail stands only if a second
-measurement confirms it (`canary.confirm`; docs/judge.md says why).
+that measurement is the baseline: load that comes and goes meets both sides alike. The host's
+own old server can only be measured before the swap. Either way a latency fail stands only if
+a second measurement confirms it (`canary.confirm`; docs/judge.md says why).
 
 A `fail` is a failed proof (`JudgeFailed`, a `HostFailed`): the apply rolls the host back as it
 does after a failed smoke. The judge runs before the host is admitted back into rotation, and

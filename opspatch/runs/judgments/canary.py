@@ -20,9 +20,9 @@ A latency fail is a candidate (`unconfirmed`): it stands only if a second measur
 the same way, fails that metric too (`confirm`); else it is marginal, with both figures. Latency
 is the one noisy metric, and its noise comes in episodes (a busy neighbour, a stalled core)
 that make a whole measurement's pairs lean one way, which the paired test takes for a change;
-an episode rarely comes back for the second measurement, a slower server always does. Two
-servers measured one after the other (the host's own old server, before its swap) are said to
-be in the latency figures (docs/judge.md).
+an episode rarely comes back for the second measurement, a slower server always does. The
+latency figures say when the two sides were measured one after the other rather than in turns
+(the host's own old server, before its swap: docs/judge.md).
 
 Without a baseline (no old server answered) the verdict is `no-baseline`: the absolute checks
 only (every request answered with tokens), never a pass.
@@ -52,7 +52,8 @@ def judge(
 ) -> Judgment:
     """Judge `canary` against `baseline` (taken from `baseline_from`, said in the verdict).
     `in_turns`: the two were measured in turns (else one after the other: said in the
-    latency figures). A baseline that answered no prompt is none (`why_no_baseline` is then said)."""
+    latency figures). A baseline that answered no prompt is none (`why_no_baseline` is then
+    said)."""
     if baseline is not None and not any(sample.ok for sample in baseline.samples):
         first = next((s.problem for s in baseline.samples if s.problem), "no prompts")
         why_no_baseline = f"{baseline_from} answered no prompt: {first}"
