@@ -9,7 +9,7 @@ second measurement as the judge does; the counts are printed (`pytest -s`) and n
 failure. The latency floor is 0, so the statistics alone decide: the
 stand-in's time per token is a tenth of a millisecond, under the default floor of 1 ms. Then each
 change the judge exists for (bench/patches/: about 5% less acceptance with the same answers, a
-doubled time per token, one changed token) fails on its metric in every one of a few judgments;
+doubled time per token, one changed token) fails on its metric in repeated judgments;
 bench/judge_aa.py measures both rates over more repetitions (docs/benchmarks.md). Nothing here
 depends on the machine's speed: a busier machine slows both sides of a comparison alike; run
 beside two busy loops on two cores, the A/A counts were 0 and 0 fails (docs/judge.md).
@@ -27,7 +27,7 @@ import pytest
 from opspatch.core.host import Host
 from opspatch.core.policy import JudgeSettings, Playbook
 from opspatch.core.verdicts import Judgment
-from opspatch.core.vocabulary import Verdict
+from opspatch.core.vocabulary import Metric, Verdict
 from opspatch.hosts.agent.measure import op_measure
 from opspatch.hosts.measure import Measurement, measure_args
 from opspatch.runs.commands.judge import judge_hosts
@@ -111,24 +111,27 @@ def test_a_over_a_on_the_sandbox_fails_at_most_one_judgment_in_a_hundred(
 
 
 @pytest.mark.parametrize(
-    ("patch", "metric"),
+    ("patch", "metric", "at_least"),
     [
-        ("judge-shorter-drafts", "speculation"),
-        ("judge-double-step", "tpot"),
-        ("judge-one-token", "tokens"),
+        ("judge-shorter-drafts", "speculation", 3),
+        ("judge-double-step", "tpot", 2),
+        ("judge-one-token", "tokens", 3),
     ],
 )
-def test_each_change_the_judge_exists_for_fails_its_metric_in_every_judgment(
-    fleet: SandboxFleet, patch: str, metric: str
+def test_each_change_the_judge_exists_for_fails_its_metric_in_repeated_judgments(
+    fleet: SandboxFleet, patch: str, metric: str, at_least: int
 ) -> None:
+    """Of 3 judgments: every one for the exact metrics (tokens and acceptance are the same on
+    every run), at least 2 for time per token, whose power is a rate (bench/judge_aa.py: 49 and
+    50 of 50 fails, on a machine busy and idle), so that one run in 50 does not fail CI."""
     first, second = fleet.names
     applied = fleet.opspatch("apply", patch, "--hosts", second, "--yes")
     assert applied.code == 0, applied.stdout + applied.stderr
     try:
-        for _ in range(3):
-            judgment = in_turns(fleet.hosts[first], fleet.hosts[second], POWER)
-            failed = [m.metric.value for m in judgment.metrics if m.verdict == Verdict.FAIL]
-            assert metric in failed, judgment.details()
+        judgments = [in_turns(fleet.hosts[first], fleet.hosts[second], POWER) for _ in range(3)]
     finally:
         back = fleet.opspatch("rollback", patch, "--hosts", second, "--yes")
         assert back.code == 0, back.stdout + back.stderr
+    failed = [j for j in judgments if j.metric(Metric(metric)).failed]
+    print(f"{patch}: {metric} failed in {len(failed)} of {len(judgments)} judgments")
+    assert len(failed) >= at_least, [j.details() for j in judgments]
