@@ -21,7 +21,13 @@ from opspatch.core.pairedstats import median, ranks, signed_rank
 from opspatch.core.policy import JudgeSettings
 from opspatch.core.vocabulary import Metric, Verdict
 from opspatch.hosts.measure import Decoded, Measurement
-from opspatch.runs.judgments.canary import compare_pairs, first_divergence, judge
+from opspatch.runs.judgments.canary import (
+    compare_pairs,
+    confirm,
+    first_divergence,
+    judge,
+    unconfirmed,
+)
 
 pytestmark = pytest.mark.pure
 
@@ -273,3 +279,40 @@ def test_a_slower_but_small_rise_is_marginal_and_a_rise_under_the_floor_passes()
         compare_pairs(tiny, worse_when_higher=True, threshold=0.5, alpha=0.01, floor=0.001)[0]
         == Verdict.MARGINAL
     )
+
+
+def test_measured_apart_a_latency_fail_a_second_measurement_does_not_repeat_is_marginal() -> None:
+    prompts = workload(3)
+    rng = random.Random(3)
+    baseline = server(rng, prompts)
+    slow = server(rng, prompts, tpot_scale=2.0)  # a load came between the two measurements
+    first = judge(slow, baseline, SETTINGS, baseline_from="itself")
+    assert unconfirmed(first) == (Metric.TPOT,)
+    assert "measured one after the other" in first.metric(Metric.TPOT).figures
+    second = judge(server(rng, prompts), baseline, SETTINGS, baseline_from="itself")
+    confirmed = confirm(first, second)
+    tpot = confirmed.metric(Metric.TPOT)
+    assert (confirmed.verdict, tpot.verdict) == (Verdict.MARGINAL, Verdict.MARGINAL)
+    assert "not confirmed by a second measurement (pass)" in tpot.figures
+    assert confirmed.metric(Metric.SPECULATION) == first.metric(Metric.SPECULATION)
+
+
+def test_measured_apart_a_latency_fail_the_second_measurement_repeats_stands() -> None:
+    prompts = workload(4)
+    rng = random.Random(4)
+    baseline = server(rng, prompts)
+    first = judge(server(rng, prompts, tpot_scale=2.0), baseline, SETTINGS, baseline_from="x")
+    second = judge(server(rng, prompts, tpot_scale=2.0), baseline, SETTINGS, baseline_from="x")
+    confirmed = confirm(first, second)
+    assert confirmed.verdict == Verdict.FAIL
+    assert "confirmed by a second measurement: median" in confirmed.metric(Metric.TPOT).figures
+
+
+def test_measured_in_turns_a_latency_fail_needs_no_confirmation_and_says_no_order() -> None:
+    prompts = workload(5)
+    rng = random.Random(5)
+    baseline = server(rng, prompts)
+    slow = server(rng, prompts, tpot_scale=2.0)
+    judgment = judge(slow, baseline, SETTINGS, baseline_from="a peer", in_turns=True)
+    assert judgment.metric(Metric.TPOT).verdict == Verdict.FAIL
+    assert "one after the other" not in judgment.metric(Metric.TPOT).figures

@@ -4,7 +4,8 @@ A patch the smoke passes but that quietly hurts what the fleet serves is caught 
 the canary and rolled back there (a draft that proposes worse: same answers, fewer accepted
 tokens; a changed token; a fixed delay per decode step); the incident's fix is applied with
 `no-baseline` (its old servers crash on the judge's first decode); `opspatch judge` of two hosts
-running the same code is not a fail.
+running the same code is not a fail; a canary whose server was down is judged against a peer of
+its build, measured again in turns with it after the smoke.
 
 Written against the stand-in engine: its draft reads the target's hidden state and positions
 (`EagleDraftWorker.draft_forward`: a position off by one proposes worse, the answers stay the
@@ -13,6 +14,8 @@ same); its greedy choice is `sglang.srt.layers.sampler.greedy_token`.
 
 from __future__ import annotations
 
+import os
+import signal
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.fleetkit import SandboxFleet
+from tests.fleetkit import SandboxFleet, wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -208,3 +211,35 @@ def test_judge_of_two_hosts_running_the_same_code_is_not_a_fail(fleet: SandboxFl
     assert "rule" not in _metric(judgment, "tokens")["figures"]  # no prompt diverged
     table = fleet.opspatch("judge", "--hosts", second, "--baseline", first, "--playbook", "judged")
     assert table.code == 0 and f"{second}: " in table.stdout and "speculation" in table.stdout
+
+
+HARMLESS = _module_end(
+    "harmless",
+    "sglang.srt.speculative.eagle_worker_v2",
+    """
+    JUDGE_TEST_HARMLESS = True  # changes nothing the server does
+    """,
+)
+
+
+def test_a_canary_without_a_server_is_judged_against_a_peer_measured_in_turns_with_it(
+    fleet: SandboxFleet,
+) -> None:
+    canary, peer = fleet.names
+    pid = fleet.pid(canary)
+    assert pid is not None
+    os.killpg(pid, signal.SIGKILL)  # the engine's shell and the server under it
+    assert wait_until(lambda: fleet.generate(canary) is None, timeout=60)
+    fleet.write_patch("harmless", HARMLESS)
+    run = fleet.opspatch(
+        "apply", "harmless", "--hosts", fleet.inventory, "--playbook", "judged", "--yes", "--json"
+    )
+    assert run.code == 0, run.stdout + run.stderr
+    host = _host(run.json(), canary)
+    assert host["outcome"] == "applied", host
+    judgment = host["judgment"]
+    assert judgment["baseline"] == f"{peer} (same release and build, not yet changed)", judgment
+    assert judgment["verdict"] in ("pass", "marginal"), judgment
+    for metric in ("ttft", "tpot"):  # measured in turns, not one after the other
+        assert "one after the other" not in _metric(judgment, metric)["figures"]
+    assert _host(run.json(), peer)["outcome"] == "applied"

@@ -68,6 +68,7 @@ fail_patterns = ['Scheduler hit an exception', 'Traceback \\(most recent call la
                           # smoke passes, the judge decodes a prompt set on the changed server
                           # and on a baseline measured in the same run (the host's own old
                           # server before the swap), and a `fail` is a failed proof
+                          # (docs/judge.md: the order of measuring, a latency fail confirmed)
 prompts = "judge-prompts.txt"  # one prompt a line ('#' lines and blank lines skipped), relative
                           # to this playbook; absent: the 32 prompts opspatch ships
 count = 24                # the set's first `count` prompts (at least 8)

@@ -37,6 +37,10 @@ class MetricVerdict(JsonRecord):
     test: SignedRank | None = json_field(default=None, omit_none=True)
     divergences: tuple[Divergence, ...] = ()
 
+    @property
+    def failed(self) -> bool:
+        return self.verdict == Verdict.FAIL
+
 
 @dataclass(frozen=True)
 class Judgment(JsonRecord):

@@ -2,9 +2,13 @@
 and on each target, and each target judged against it (`runs/judgments/canary.py`).
 
 A question, like `smoke`: through the fleet run (`FleetRun.visit`, its sessions and Ctrl-C),
-nothing locked, leased, changed or recorded. The servers are measured one at a time, the
-baseline first, so that no measurement shares the machine's time with another one. Without a
-baseline host every verdict is `no-baseline` (the absolute checks only).
+nothing locked, leased, changed or recorded. Each target is measured in turns with the baseline
+(`judging.measured_in_turns`: a few prompts on one, then on the other, one server at a time), the
+targets one after another, so that whatever load comes and goes meets both sides of each
+comparison alike (docs/judge.md says why in turns rather than at once); a latency fail is
+measured again and stands only if confirmed (`canary.confirm`). Without a baseline host
+each target is measured alone and every verdict is `no-baseline` (the absolute checks only); a
+baseline asked for that could not be measured makes the run exit 1 (`baseline_error`).
 
 A unit (one server over several hosts) is judged by its head, the one node that serves the
 prompts (its decodes run on every rank): a selection that takes the head judges the unit once
@@ -15,8 +19,9 @@ name would hide that the operator asked about something else.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord, json_field
@@ -29,10 +34,10 @@ from opspatch.hosts.measure import Measurement
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import CANCELLED
 from opspatch.runs.fleet.fleetrun import FleetRun
-from opspatch.runs.fleet.judging import measured
+from opspatch.runs.fleet.judging import CONFIRM_AFTER_SECONDS, measured, measured_in_turns
 from opspatch.runs.fleet.recorder import NullRecorder
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
-from opspatch.runs.judgments.canary import judge
+from opspatch.runs.judgments.canary import confirm, judge, unconfirmed
 
 
 @dataclass(frozen=True)
@@ -101,9 +106,9 @@ def judge_hosts(
     factory: TransportFactory,
     progress: Progress | None = None,
 ) -> JudgeReport:
-    """Measure `baseline` (if any), then each target, one at a time, and judge each target
-    with the playbook's `[judge]` settings (the defaults when it has none); a unit's nodes by
-    its head (`servers`).
+    """Measure each target in turns with `baseline` (if any; else alone), one target after
+    another, and judge each with the playbook's `[judge]` settings (the defaults when it has
+    none); a unit's nodes by its head (`servers`).
 
     Raises:
         UnitRefused: a target is a unit's node without its head.
@@ -121,11 +126,6 @@ def judge_hosts(
             "with the hosts to judge",
         )
     hosts = ([baseline] if baseline is not None else []) + chosen
-    answers: dict[str, Measurement | str] = {}
-
-    def one(session: HostSession) -> Measurement | str:
-        answers[session.name] = measured(session, settings, Step.JUDGE)
-        return answers[session.name]
 
     with FleetRun(
         command=Command.JUDGE,
@@ -136,31 +136,40 @@ def judge_hosts(
         recorder=NullRecorder(),
         progress=progress or NoProgress(),
     ) as fleet:
-        fleet.visit(one, limit=1)  # in order, baseline first, each server alone
-    reference = answers.get(baseline.name) if baseline is not None else None
-    why = baseline_error = None
-    if baseline is None:
-        why = "no baseline host given (--baseline)"
-    elif isinstance(reference, str):
-        why = baseline_error = f"{baseline.name} could not be measured: {reference}"
-    elif reference is None:
-        why = baseline_error = f"{baseline.name} was not measured: {CANCELLED}"
-    base = reference if isinstance(reference, Measurement) else None
-    results = []
-    for host in chosen:
-        answer = answers.get(host.name)
-        if not isinstance(answer, Measurement):
-            error = answer if answer is not None else f"not measured: {CANCELLED}"
-            results.append(HostJudgment(host.name, None, error, unit=_unit_name(host)))
-            continue
-        verdict = judge(
-            answer,
-            base,
-            settings,
-            baseline_from=baseline.name if baseline is not None else None,
-            why_no_baseline=why,
-        )
-        results.append(HostJudgment(host.name, verdict, unit=_unit_name(host)))
+        reference = fleet.sessions[baseline.name] if baseline is not None else None
+        unmeasured: list[str] = []  # why the baseline could not be measured, per attempt
+
+        def judged(
+            session: HostSession, base: Measurement | str, answer: Measurement | str
+        ) -> HostJudgment:
+            assert reference is not None
+            if isinstance(base, str):
+                unmeasured.append(f"{reference.name} could not be measured: {base}")
+            return _judged(session, settings, (reference.name, base), answer)
+
+        def one(session: HostSession) -> HostJudgment | None:
+            if reference is None:
+                return _judged(session, settings, None, measured(session, settings, Step.JUDGE))
+            if session is reference:
+                return None  # measured in turns with each target
+            first = judged(session, *measured_in_turns(reference, session, settings))
+            if first.judgment is None or not unconfirmed(first.judgment):
+                return first
+            time.sleep(CONFIRM_AFTER_SECONDS)
+            second = judged(session, *measured_in_turns(reference, session, settings))
+            if second.judgment is None:
+                return first  # not measured again: the fail stands
+            return replace(first, judgment=confirm(first.judgment, second.judgment))
+
+        done = fleet.visit(one, limit=1)  # a target at a time: no two servers measured at once
+    results = [
+        done.get(host.name)
+        or HostJudgment(host.name, None, f"not measured: {CANCELLED}", unit=_unit_name(host))
+        for host in chosen
+    ]
+    baseline_error = unmeasured[0] if unmeasured else None
+    if baseline is not None and not done:
+        baseline_error = f"{baseline.name} was not measured: {CANCELLED}"
     return JudgeReport(
         baseline.name if baseline is not None else None, tuple(results), baseline_error
     )
@@ -168,3 +177,32 @@ def judge_hosts(
 
 def _unit_name(host: Host) -> str | None:
     return host.unit.name if host.unit is not None else None
+
+
+def _judged(
+    session: HostSession,
+    settings: JudgeSettings,
+    baseline: tuple[str, Measurement | str] | None,
+    answer: Measurement | str,
+) -> HostJudgment:
+    """One target's verdict from its answers and the baseline's, measured in turns with them
+    (`baseline`: the baseline host's name and answers; None: no baseline host given)."""
+    unit = _unit_name(session.host)
+    if isinstance(answer, str):
+        return HostJudgment(session.name, None, answer, unit=unit)
+    if baseline is None:
+        why: str | None = "no baseline host given (--baseline)"
+    elif isinstance(baseline[1], str):
+        why = f"{baseline[0]} could not be measured: {baseline[1]}"
+    else:
+        why = None
+    reference = baseline[1] if baseline is not None and not isinstance(baseline[1], str) else None
+    verdict = judge(
+        answer,
+        reference,
+        settings,
+        baseline_from=baseline[0] if baseline is not None else None,
+        why_no_baseline=why,
+        in_turns=True,
+    )
+    return HostJudgment(session.name, verdict, unit=unit)

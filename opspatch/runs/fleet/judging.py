@@ -7,6 +7,11 @@ release and build that this run has not changed yet (a canary's only: the other 
 changed later). An old server that failed the prompts (crashed on them) is not compared, and no
 other host of its build is asked: it would fail them too. Then the verdict is `no-baseline`.
 
+A peer is measured again after the smoke, in turns with the canary (`measured_in_turns`), and
+that measurement is the baseline: load that comes and goes meets both sides alike. The host's
+own old server can only be measured before the swap. Either way a latency fail stands only if
+a second measurement confirms it (`canary.confirm`; docs/judge.md says why).
+
 A `fail` is a failed proof (`JudgeFailed`, a `HostFailed`): the apply rolls the host back as it
 does after a failed smoke. The judge runs before the host is admitted back into rotation, and
 the run's lock stays held until it is given back after the host's last step.
@@ -20,7 +25,9 @@ other node records the head's verdict as its own `judge` step, as it records the
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Collection, Hashable, Mapping, Sequence
+from dataclasses import replace
 
 from opspatch.core.host import Unit
 from opspatch.core.policy import JudgeSettings
@@ -30,7 +37,7 @@ from opspatch.errors import OpspatchError
 from opspatch.hosts.measure import Measurement
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.fleet.unitrun import NodeFailed, UnitSessions
-from opspatch.runs.judgments.canary import judge
+from opspatch.runs.judgments.canary import confirm, judge, unconfirmed
 
 OWN_BASELINE = "this host's old server, before the swap"
 
@@ -51,6 +58,46 @@ def measured(session: HostSession, settings: JudgeSettings, step: Step) -> Measu
         return describe_error(exc)
 
 
+CONFIRM_AFTER_SECONDS = 2.0
+"""The pause before a latency fail is measured again (`judge_step`): an episode of load that
+lay over the first measurement has passed by then, a slower server has not."""
+
+PROMPTS_PER_TURN = 6
+"""Prompts one side decodes before the other takes its turn (`measured_in_turns`): small
+enough that a prompt's two decodes are seconds apart, large enough to keep an agent exec per
+turn cheap beside the decodes."""
+
+
+def measured_in_turns(
+    baseline: HostSession, canary: HostSession, settings: JudgeSettings
+) -> tuple[Measurement | str, Measurement | str]:
+    """The judge's prompts decoded on both servers in turns, one server at a time: a few
+    prompts on one, the same on the other, the next few in the opposite order (ABBA), so that
+    load which comes and goes meets both sides of every pair alike and neither server waits
+    on the other. Each side's answers, or why it could not be measured (the other side is
+    then measured on alone)."""
+    prompts = settings.chosen
+    parts: dict[str, list[Measurement] | str] = {baseline.name: [], canary.name: []}
+    for turn, start in enumerate(range(0, len(prompts), PROMPTS_PER_TURN)):
+        chunk = prompts[start : start + PROMPTS_PER_TURN]
+        these = replace(settings, prompts=chunk, count=len(chunk))
+        for session in (baseline, canary) if turn % 2 == 0 else (canary, baseline):
+            done = parts[session.name]
+            if isinstance(done, list):
+                answer = measured(session, these, Step.JUDGE)
+                parts[session.name] = answer if isinstance(answer, str) else [*done, answer]
+    return _joined(parts[baseline.name]), _joined(parts[canary.name])
+
+
+def _joined(parts: list[Measurement] | str) -> Measurement | str:
+    """One server's turns as one measurement (the gauge as its last turn read it)."""
+    if isinstance(parts, str):
+        return parts
+    gauges = [m.spec_accept_length for m in parts if m.spec_accept_length is not None]
+    samples = tuple(sample for part in parts for sample in part.samples)
+    return Measurement(samples, gauges[-1] if gauges else None)
+
+
 def judge_step(
     session: HostSession,
     settings: JudgeSettings,
@@ -58,25 +105,49 @@ def judge_step(
     *,
     baseline_from: str | None,
     why_no_baseline: str | None,
+    beside: tuple[HostSession, threading.Lock] | None = None,
 ) -> Judgment:
     """Measure the session's server and judge it, as a recorded step (its detail: the verdict
-    and every metric's figures).
+    and every metric's figures); a latency fail is measured and judged a second time, and
+    stands only if that fails it too (`canary.confirm`). With `beside` (the peer `baseline`
+    came from, and the lock that keeps two canaries from asking it at once), the peer is
+    measured again in turns with the session (`measured_in_turns`) and that measurement is
+    the baseline; if it answers no prompt, `baseline` (measured before the swap) stays.
 
     Raises:
         JudgeFailed: the verdict is `fail`.
         HostFailed: the measurement could not be made.
     """
-    with session.step(Step.JUDGE) as note:
-        canary = measured(session, settings, Step.JUDGE)
+
+    def measured_and_judged() -> Judgment:
+        base, base_from, in_turns = baseline, baseline_from, False
+        if beside is None:
+            canary = measured(session, settings, Step.JUDGE)
+        else:
+            peer, peer_lock = beside
+            with peer_lock:
+                again, canary = measured_in_turns(peer, session, settings)
+            if isinstance(again, Measurement) and any(s.ok for s in again.samples):
+                base, in_turns = again, True
+            else:
+                problem = again if isinstance(again, str) else again.problem
+                base_from = f"{baseline_from}, measured before the swap (then: {problem})"
         if isinstance(canary, str):
             raise HostFailed(Outcome.FAILED, f"{Step.JUDGE}: {canary}")
-        judgment = judge(
+        return judge(
             canary,
-            baseline,
+            base,
             settings,
-            baseline_from=baseline_from,
+            baseline_from=base_from,
             why_no_baseline=why_no_baseline,
+            in_turns=in_turns,
         )
+
+    with session.step(Step.JUDGE) as note:
+        judgment = measured_and_judged()
+        if unconfirmed(judgment):
+            time.sleep(CONFIRM_AFTER_SECONDS)
+            judgment = confirm(judgment, measured_and_judged())
         if judgment.failed:
             raise JudgeFailed(judgment)
         note["detail"] = f"{judgment.summary()}; {judgment.details()}"
@@ -97,6 +168,8 @@ class HostJudge:
         )
         self.baseline: Measurement | None = None
         self.baseline_from: str | None = None
+        self.peer: HostSession | None = None
+        """The peer the baseline came from: measured again in turns with the changed server."""
         self.why_no_baseline: str | None = None
         self.judgment: Judgment | None = None
 
@@ -128,7 +201,7 @@ class HostJudge:
             with self._peer_lock:
                 answer = measured(peer, self.settings, Step.JUDGE_BASELINE)
             if isinstance(answer, Measurement) and any(s.ok for s in answer.samples):
-                self.baseline = answer
+                self.baseline, self.peer = answer, peer
                 self.baseline_from = f"{peer.name} (same release and build, not yet changed)"
                 return
             problem = answer if isinstance(answer, str) else answer.problem
@@ -152,6 +225,7 @@ class HostJudge:
                 self.baseline,
                 baseline_from=self.baseline_from,
                 why_no_baseline=self.why_no_baseline,
+                beside=(self.peer, self._peer_lock) if self.peer is not None else None,
             )
         except JudgeFailed as failed:
             self.judgment = failed.judgment

@@ -16,6 +16,14 @@ The last three are paired comparisons (`opspatch.core.pairedstats`: the signed-r
 per-prompt log ratios, the median ratio as the effect): a significant change in the bad
 direction beyond the playbook's threshold fails, a smaller significant one is marginal.
 
+A latency fail is a candidate (`unconfirmed`): it stands only if a second measurement, judged
+the same way, fails that metric too (`confirm`); else it is marginal, with both figures. Latency
+is the one noisy metric, and its noise comes in episodes (a busy neighbour, a stalled core)
+that make a whole measurement's pairs lean one way, which the paired test takes for a change;
+an episode rarely comes back for the second measurement, a slower server always does. The
+latency figures say when the two sides were measured one after the other rather than in turns
+(the host's own old server, before its swap: docs/judge.md).
+
 Without a baseline (no old server answered) the verdict is `no-baseline`: the absolute checks
 only (every request answered with tokens), never a pass.
 """
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 from opspatch.core.pairedstats import SignedRank, median, signed_rank
 from opspatch.core.policy import JudgeSettings
@@ -39,9 +48,12 @@ def judge(
     *,
     baseline_from: str | None,
     why_no_baseline: str | None = None,
+    in_turns: bool = False,
 ) -> Judgment:
     """Judge `canary` against `baseline` (taken from `baseline_from`, said in the verdict).
-    A baseline that answered no prompt is none (`why_no_baseline` is then said)."""
+    `in_turns`: the two were measured in turns (else one after the other: said in the
+    latency figures). A baseline that answered no prompt is none (`why_no_baseline` is then
+    said)."""
     if baseline is not None and not any(sample.ok for sample in baseline.samples):
         first = next((s.problem for s in baseline.samples if s.problem), "no prompts")
         why_no_baseline = f"{baseline_from} answered no prompt: {first}"
@@ -56,8 +68,8 @@ def judge(
         errors,
         _tokens(pairs, settings),
         _speculation(pairs, baseline, canary, settings),
-        _latency(Metric.TTFT, pairs, lambda s: s.first_token_seconds, settings),
-        _latency(Metric.TPOT, pairs, lambda s: s.time_per_output_token, settings),
+        _latency(Metric.TTFT, pairs, lambda s: s.first_token_seconds, settings, in_turns),
+        _latency(Metric.TPOT, pairs, lambda s: s.time_per_output_token, settings, in_turns),
     )
     worst = max((m.verdict for m in metrics), key=lambda v: v.rank)
     return Judgment(worst, baseline_from, metrics)
@@ -258,6 +270,7 @@ def _latency(
     pairs: Sequence[tuple[Decoded, Decoded]],
     value: Callable[[Decoded], float | None],
     settings: JudgeSettings,
+    in_turns: bool,
 ) -> MetricVerdict:
     timed = [(value(b), value(c)) for b, c in pairs if b.ok and c.ok]
     measured = [(b, c) for b, c in timed if b is not None and c is not None]
@@ -277,4 +290,41 @@ def _latency(
         f"{difference * 1000:+.2f} ms, p={test.p_value:.2g}, {len(measured)} prompts; "
         f"timed on the host: {how})"
     )
+    if not in_turns:
+        figures += f"; {APART}"
     return MetricVerdict(metric, verdict, figures, test=test)
+
+
+APART = "measured one after the other"
+"""Said in the latency figures of a comparison whose two sides were not measured in turns."""
+LATENCY = (Metric.TTFT, Metric.TPOT)
+
+
+def unconfirmed(judgment: Judgment) -> tuple[Metric, ...]:
+    """The latency metrics `judgment` fails: candidates that a second measurement must confirm
+    (`confirm`)."""
+    return tuple(m.metric for m in judgment.metrics if m.metric in LATENCY and m.failed)
+
+
+def confirm(first: Judgment, second: Judgment) -> Judgment:
+    """`first`, with each latency fail of `unconfirmed(first)` kept where `second` (measured
+    again the same way: the changed server, and the baseline too where it still serves) fails
+    that metric too, else made marginal. Both figures are said."""
+    candidates = unconfirmed(first)
+    metrics = []
+    for metric in first.metrics:
+        if metric.metric not in candidates:
+            metrics.append(metric)
+            continue
+        again = second.metric(metric.metric)
+        if again.failed:
+            figures = f"{metric.figures}; confirmed by a second measurement: {again.figures}"
+            metrics.append(replace(metric, figures=figures))
+        else:
+            figures = (
+                f"{metric.figures}; not confirmed by a second measurement ({again.verdict}): "
+                f"{again.figures}"
+            )
+            metrics.append(replace(metric, verdict=Verdict.MARGINAL, figures=figures))
+    worst = max((m.verdict for m in metrics), key=lambda v: v.rank)
+    return replace(first, verdict=worst, metrics=tuple(metrics))
