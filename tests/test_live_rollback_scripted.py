@@ -68,3 +68,18 @@ def test_a_host_without_live_true_is_never_asked(fleet: Fleet) -> None:
     assert outcome.outcome == "staged-back", outcome
     assert len(engine.asked) == asked
     assert "live" not in steps(report)
+
+
+def test_an_engine_whose_live_fixes_could_not_be_listed_is_said_not_taken_as_none(
+    fleet: Fleet,
+) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    engine = LiveEngine()
+    apply_live(fleet, engine)
+    engine.listening = False  # the fix may still be in memory: nobody could be asked
+    report = rollback(fleet, restart=False)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "staged-back", outcome
+    assert "live fixes could not be listed (nobody listens)" in (outcome.note or ""), outcome
+    (live,) = [s for s in outcome.steps if s.step == "live"]
+    assert "no live fix" not in live.detail and "nobody listens" in live.detail

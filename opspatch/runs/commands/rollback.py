@@ -52,7 +52,7 @@ from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, descr
 from opspatch.runs.fleet.standing import HostStanding, Lineage, read_host
 from opspatch.runs.fleet.steps import AS_ROLLBACK, undo
 from opspatch.runs.fleet.unitrun import UnitSessions, refuse_unit, undo_unit
-from opspatch.runs.judgments.live import held_fixes
+from opspatch.runs.judgments.live import held_fixes, unanswered
 from opspatch.runs.judgments.patchset import Action, Standing, Table, paths_of
 from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
@@ -458,13 +458,19 @@ class _Rollback:
                         if held.fix_id == patch_id or held.fix_id.startswith(f"{patch_id}:")
                     }
                 )
+                heard = "in memory: " + ", ".join(fixes) if fixes else f"no live fix of {patch_id}"
+                unheard = unanswered(reply)  # a process not heard from may hold the fix
                 note["detail"] = reply.missing or (
-                    "in memory: " + ", ".join(fixes) if fixes else f"no live fix of {patch_id}"
+                    heard if unheard is None else f"{heard} where asked; not listed: {unheard}"
                 )
         except OpspatchError as error:  # the restore must still happen: say what is unknown
             return f"the engine's live fixes could not be listed ({describe_error(error)})"
         if not fixes:
-            return None
+            return (
+                None
+                if unheard is None
+                else f"the engine's live fixes could not be listed ({unheard})"
+            )
         if revert_everywhere(session, fixes, timeout=timeout):
             return f"live fix {', '.join(fixes)} reverted in every process of the engine"
         if self.restart_engine:
