@@ -35,7 +35,9 @@ from opspatch.core.spec import PatchSpec
 from opspatch.core.vocabulary import Outcome, Step
 from opspatch.errors import LiveRefused, NotTakenLive, OpspatchError
 from opspatch.hosts.live import LiveFix, ProcessAnswer, ask_engine
+from opspatch.runs.fleet.judging import HostJudge
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile, live_new, live_old
+from opspatch.runs.fleet.rotation import admit_step
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.fleet.steps import smoke_step, undo
 from opspatch.runs.judgments.live import judge_revert, judge_take
@@ -133,10 +135,15 @@ class LiveApply:
         return self._forms[session.name]
 
     def apply(
-        self, pipeline: ApplyPipeline, session: HostSession, prepared: Prepared
+        self,
+        pipeline: ApplyPipeline,
+        session: HostSession,
+        prepared: Prepared,
+        judge: HostJudge | None = None,
     ) -> HostOutcome:
         """Take the swapped files live and prove it: the host's outcome (`applied`, or
-        `rolled-back` with every process reverted and the files restored)."""
+        `rolled-back` with every process reverted and the files restored). With `judge` (the
+        playbook's judge of this host) the judge follows the smoke, as after a restart."""
         taken: list[str] = []
         for item, form in zip(prepared.pending, self.forms(session), strict=True):
             fix = self._fix(prepared, item, form)
@@ -152,7 +159,10 @@ class LiveApply:
                 return self.undo(pipeline, session, prepared, [*taken, fix.fix_id], why)
             taken.append(fix.fix_id)
         try:
-            smoke = smoke_step(session, None, baseline=None, last=True)
+            smoke = smoke_step(session, None, baseline=None, last=judge is None)
+            if judge is not None:  # a fail is a failed proof: reverted like a failed smoke
+                judge(session)
+                admit_step(session)
         except HostFailed as failure:
             return self.undo(pipeline, session, prepared, taken, failure.error)
         return pipeline.outcome(

@@ -32,7 +32,7 @@ from opspatch.core.vocabulary import Outcome, Step
 from opspatch.errors import OpspatchError, PreimageMismatch
 from opspatch.hosts.engine import SmokeResult
 from opspatch.hosts.operations import HostInspection
-from opspatch.runs.fleet.judging import JudgePlan
+from opspatch.runs.fleet.judging import HostJudge, JudgePlan
 from opspatch.runs.fleet.session import (
     HostFailed,
     HostSession,
@@ -159,7 +159,11 @@ class LiveStrategy(Protocol):
     outcome."""
 
     def apply(
-        self, pipeline: ApplyPipeline, session: HostSession, prepared: Prepared
+        self,
+        pipeline: ApplyPipeline,
+        session: HostSession,
+        prepared: Prepared,
+        judge: HostJudge | None,
     ) -> HostOutcome: ...
 
 
@@ -315,7 +319,8 @@ class ApplyPipeline:
             )
             return self.outcome(session, prepared, self.unrestarted, None, note=staged_note)
         if self.live is not None:
-            return self.live.apply(self, session, prepared)
+            taken = self.live.apply(self, session, prepared, judge)
+            return replace(taken, judgment=judge.judgment if judge is not None else None)
         try:
             smoke = prove(session, baseline=baseline, judge=judge)
         except HostFailed as failure:

@@ -81,7 +81,7 @@ class UnitApply:
                 return self._write_failed(nodes, written, failed)
             written.append(session)
         if self.live is not None:
-            return self.live.take(nodes, self)
+            return _with_judgment(nodes, self.live.take(nodes, self, judge), judge)
         try:
             smoke = prove_unit(nodes, baseline=baseline, judge=_judged_by(judge))
         except NodeFailed as failure:

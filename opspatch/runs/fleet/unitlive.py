@@ -31,8 +31,10 @@ from opspatch.core.live import LiveForm
 from opspatch.core.vocabulary import Outcome, Step
 from opspatch.errors import OpspatchError
 from opspatch.hosts.live import LiveFix, ask_engine
+from opspatch.runs.fleet.judging import HostJudge, judge_through_head
 from opspatch.runs.fleet.liveapply import LiveApply, fix_id, revert_everywhere
 from opspatch.runs.fleet.pipeline import Prepared, PreparedFile
+from opspatch.runs.fleet.rotation import admit_step
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.fleet.steps import smoke_step
 from opspatch.runs.fleet.unitrun import UnitSessions, proven_through_head
@@ -52,9 +54,12 @@ class UnitLive:
     def __init__(self, live: LiveApply) -> None:
         self.live = live
 
-    def take(self, nodes: UnitSessions, units: UnitApply) -> list[HostOutcome]:
+    def take(
+        self, nodes: UnitSessions, units: UnitApply, judge: HostJudge | None = None
+    ) -> list[HostOutcome]:
         """Take the swapped files live on the unit and prove it: every node's outcome (the live
-        forms are the head's, found in preflight: the nodes are alike)."""
+        forms are the head's, found in preflight: the nodes are alike). With `judge` (the
+        playbook's judge of this unit) the judge follows the smoke, as after a restart."""
         head = _prepared(units, nodes.head)
         forms = self.live.forms(nodes.head)
         taken: list[str] = []
@@ -67,10 +72,13 @@ class UnitLive:
                 return self.undo(nodes, units, [*taken, fix.fix_id], why)
             taken.append(fix.fix_id)
         try:
-            smoke = smoke_step(nodes.head, None, baseline=None, last=True)
+            smoke = smoke_step(nodes.head, None, baseline=None, last=judge is None)
+            proven_through_head(nodes, smoke)
+            if judge is not None:  # a fail is a failed proof: reverted like a failed smoke
+                judge_through_head(nodes, judge)
+                admit_step(nodes.head)
         except HostFailed as failure:
             return self.undo(nodes, units, taken, failure.error)
-        proven_through_head(nodes, smoke)
         return [
             units.pipeline.outcome(
                 session,
