@@ -238,8 +238,9 @@ def test_a_change_of_a_restart_only_module_is_refused_live_and_nothing_changes(
 AGENT_AS_OTHER_USER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from opspatch.hosts.agent.live import op_live
-print(json.dumps(op_live(json.loads(sys.argv[2]))))
+import opspatch.hosts.agent.live as live
+assert live.__file__.startswith(sys.argv[1]), live.__file__  # the copy, nothing else
+print(json.dumps(live.op_live(json.loads(sys.argv[2]))))
 """
 
 
@@ -258,6 +259,8 @@ def agent_live_as_nobody(live_host: LiveHost, folder: Path) -> LiveEngineReply:
         (package / "__init__.py").write_text("")
     for path in (folder, *folder.rglob("*")):
         path.chmod(0o755 if path.is_dir() else 0o644)
+    closed = [p for p in folder.parents if not p.stat().st_mode & 0o001]
+    assert not closed, f"nobody cannot reach the agent's copy: {closed[0]} is not searchable"
     request = {
         "fix": {"op": "list"},
         "pid": live_host.pid(),
@@ -267,7 +270,8 @@ def agent_live_as_nobody(live_host: LiveHost, folder: Path) -> LiveEngineReply:
         "timeout": 30,
     }
     done = subprocess.run(
-        [python, "-c", AGENT_AS_OTHER_USER, str(folder), json.dumps(request)],
+        # -I -S: the copy alone, never an opspatch the environment or site-packages offer
+        [python, "-I", "-S", "-c", AGENT_AS_OTHER_USER, str(folder), json.dumps(request)],
         user="nobody",
         capture_output=True,
         text=True,
@@ -289,6 +293,7 @@ def test_an_agent_of_another_uid_is_refused_by_the_folder_and_by_every_socket(
     if os.geteuid() != 0:
         pytest.skip("running the agent as another user needs root")
     folder = Path(tempfile.mkdtemp(prefix="opspatch-agent-", dir="/tmp"))
+    folder.chmod(0o755)  # mkdtemp's 0700 would keep nobody out of the copies below it
     (server,) = [d for d in live_host.live_dir.iterdir() if d.is_dir()]  # the server's main pid
     sockets = sorted(server.glob("*.sock"))
     modes = {path: path.stat().st_mode & 0o777 for path in (live_host.live_dir, server, *sockets)}

@@ -101,7 +101,7 @@ HostsOption = Annotated[
     typer.Option(
         "--hosts",
         "-H",
-        help="Inventory, group, host, comma list or glob (e.g. gpu-fleet).",
+        help="Inventory, group, unit, host, comma list or glob (e.g. gpu-fleet).",
         metavar="TARGET",
     ),
 ]

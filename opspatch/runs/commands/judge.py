@@ -29,7 +29,7 @@ from opspatch.core.policy import JudgeSettings, Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import Command, Step
-from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, InputError, UnitRefused
+from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, InputError
 from opspatch.hosts.measure import Measurement
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import CANCELLED
@@ -38,6 +38,7 @@ from opspatch.runs.fleet.judging import CONFIRM_AFTER_SECONDS, measured, measure
 from opspatch.runs.fleet.recorder import NullRecorder
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.judgments.canary import confirm, judge, unconfirmed
+from opspatch.runs.judgments.units import serving_heads
 
 
 @dataclass(frozen=True)
@@ -74,28 +75,14 @@ class JudgeReport(JsonRecord):
 
 
 def servers(hosts: Sequence[Host]) -> list[Host]:
-    """The servers a selection names, each once, by the host that serves its prompts: a host by
-    itself, a unit by its head (its other nodes serve only a dummy `/health`).
+    """The servers a selection names, each once: a unit by its head (`serving_heads`).
 
     Raises:
         UnitRefused: a node of a unit that is not its head is selected without the head.
     """
-    names = {host.name for host in hosts}
-    stray = [h for h in hosts if h.unit is not None and h.unit.head not in names]
-    if stray:
-        said = "; ".join(
-            f"{h.name} is {h.unit.describe(h.name)}, whose head is {h.unit.head}"
-            for h in stray
-            if h.unit is not None
-        )
-        units = sorted({h.unit.name for h in stray if h.unit is not None})
-        raise UnitRefused(
-            f"judge: {said}: a node that is not its unit's head serves no prompts (only a dummy "
-            "/health); the unit is judged by its head",
-            hint="judge the unit: "
-            + "; ".join(f"`{remedy_text(CliCommand.JUDGE, hosts=name)}`" for name in units),
-        )
-    return [h for h in hosts if h.unit is None or h.unit.head == h.name]
+    return serving_heads(
+        hosts, command="judge", whole=lambda unit: remedy_text(CliCommand.JUDGE, hosts=unit.name)
+    )
 
 
 def judge_hosts(
