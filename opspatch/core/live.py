@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from types import CodeType
 
 from opspatch.core.jsonrecord import JsonRecord
+from opspatch.core.liveinit import construction_only
 from opspatch.core.vocabulary import LiveKind, LivePolicy, NotLiveReason
 
 RESTART_ONLY_PATHS = ("model_executor/", "models/", "cuda_graph_runner")
@@ -50,11 +51,15 @@ class LiveDefinition(JsonRecord):
 @dataclass(frozen=True)
 class LiveForm:
     """What a running process takes for one patched file: the module, the post-image's sha256
-    (the file the plugin compiles them from) and the definitions, in the post-image's order."""
+    (the file the plugin compiles them from) and the definitions, in the post-image's order.
+    `objects`: the changed methods that run only while an object is built (`construction_only`),
+    whose change reaches only objects built after the take: the preflight asks each process
+    how many objects of their class it already holds."""
 
     module: str
     sha256: str
     definitions: tuple[LiveDefinition, ...]
+    objects: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,12 @@ def live_form(
         definitions = tuple(_compare(before, after, before.tree.body, after.tree.body, ""))
     except _Refusal as refusal:
         return refusal.not_live
-    return LiveForm(module, hashlib.sha256(post).hexdigest(), definitions)
+    objects = tuple(
+        d.name
+        for d in definitions
+        if d.kind == LiveKind.METHOD and construction_only(before.tree, after.tree, d.name)
+    )
+    return LiveForm(module, hashlib.sha256(post).hexdigest(), definitions, objects)
 
 
 class _Image:
