@@ -21,6 +21,7 @@ pid, the first decode passes, and `status` says applied with no live fix in memo
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -235,6 +236,99 @@ def test_a_change_of_a_restart_only_module_is_refused_live_and_nothing_changes(
     ), outcome["error"]
 
 
+def diff_patch(live_host: LiveHost, patch_id: str, module: str, old: str, new: str) -> str:
+    """A one-hunk `diff` patch of the stand-in's file of `module`: `old` replaced by `new`."""
+    path = live_host.standin.module_file(module)
+    text = path.read_text()
+    assert text.count(old) == 1, old
+    relative = module.replace(".", "/") + ".py"
+    diff = "".join(
+        difflib.unified_diff(
+            text.splitlines(keepends=True),
+            text.replace(old, new).splitlines(keepends=True),
+            f"a/{relative}",
+            f"b/{relative}",
+        )
+    )
+    header = edit_patch(patch_id, module, "", "").split("[[edits]]")[0]
+    return header + f"[[edits]]\nkind = \"diff\"\ndiff = '''\n{diff}'''\n"
+
+
+def engine_refusal(live_host: LiveHost, patch_id: str, text: str, module: str) -> str:
+    """`apply --live` refused by what the engine's processes answer to the preflight's check
+    (exit 2, nothing changed: `refused_live`); the host's error."""
+    error = str(refused_live(live_host, patch_id, text, module)["error"])
+    assert error.startswith(f"gpu-01: {module} cannot be taken live: "), error
+    return error
+
+
+def test_a_changed_init_of_the_scheduler_the_server_built_is_refused_live(
+    live_host: LiveHost,
+) -> None:
+    """Issue 42, 1: the Scheduler is built once, at start; a change of its `__init__` would
+    never reach it (before: taken and reported applied, the running object unchanged)."""
+    text = edit_patch(
+        "scheduler-init-test",
+        "sglang.srt.managers.scheduler",
+        "Scheduler.__init__",
+        "self.limit_from_the_fix = 1",
+    )
+    error = engine_refusal(
+        live_host, "scheduler-init-test", text, "sglang.srt.managers.scheduler"
+    )
+    assert "built-objects: Scheduler.__init__ runs only while a Scheduler is built, and 1 " in error
+    assert "(in scheduler-tp0 (pid " in error and "scheduler-tp1 (pid " in error, error
+
+
+def test_a_constant_a_dataclass_field_read_at_import_is_refused_live(
+    live_host: LiveHost,
+) -> None:
+    """Issue 42, 2: `max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS` in SamplingParams copied the
+    old value when the module was imported (before: the constant taken everywhere, requests
+    still built with 128)."""
+    module = "sglang.srt.sampling.sampling_params"
+    text = diff_patch(
+        live_host,
+        "max-new-tokens-test",
+        module,
+        "DEFAULT_MAX_NEW_TOKENS = 128",
+        "DEFAULT_MAX_NEW_TOKENS = 64",
+    )
+    error = engine_refusal(live_host, "max-new-tokens-test", text, module)
+    assert (
+        f"captured-at-import: DEFAULT_MAX_NEW_TOKENS is read while {module} is imported "
+        "(line 37, class SamplingParams's body)" in error
+    ), error
+    assert "the defaults of SamplingParams.from_request" in error, error
+
+
+def test_a_change_of_the_scheduler_loop_whose_frame_never_returns_is_refused_live(
+    live_host: LiveHost,
+) -> None:
+    """Issue 42, 3: `Scheduler.event_loop` runs in one frame for the server's life (before:
+    its code swapped on every rank and reported applied; the new code never ran)."""
+    text = edit_patch(
+        "event-loop-test", "sglang.srt.managers.scheduler", "Scheduler.event_loop", "_ = 0"
+    )
+    error = engine_refusal(live_host, "event-loop-test", text, "sglang.srt.managers.scheduler")
+    assert (
+        "never-returns: Scheduler.event_loop runs in a frame that stayed on thread MainThread's "
+        "stack across two scheduling boundaries" in error
+    ), error
+    assert "scheduler-tp0 (pid " in error and "scheduler-tp1 (pid " in error, error
+
+
+def test_a_module_no_process_imported_is_refused_live_before_any_swap(
+    live_host: LiveHost,
+) -> None:
+    """Issue 42, 4: the standalone worker is imported only for STANDALONE speculation (before:
+    swapped, every process answered module-not-loaded, rolled back, exit 1)."""
+    module = "sglang.srt.speculative.standalone_worker_v2"
+    text = edit_patch("standalone-test", module, "StandaloneWorkerV2.__init__", "_ = 0")
+    error = engine_refusal(live_host, "standalone-test", text, module)
+    assert f"not-imported: no process of the engine has imported {module} (main" in error, error
+
+
 AGENT_AS_OTHER_USER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
@@ -352,6 +446,13 @@ def test_a_restart_later_keeps_the_live_fix_through_the_file(live_host: LiveHost
     assert live_host.pid() == pid
     held = status_row(live_host)
     assert held["state"] == "applied" and held["live"], held  # in memory, and in the file
+    module = "sglang.srt.speculative.eagle_worker_v2"  # issue 42, 4: another fix of what this
+    again = edit_patch("eagle-again-test", module, "EAGLEWorkerV2.__init__", "_ = 0")  # holds
+    error = engine_refusal(live_host, "eagle-again-test", again, module)  # before: swapped,
+    assert (  # refused at the take, rolled back (exit 1)
+        f"already-held: {module}.EAGLEWorkerV2.__init__ is held by live fix eagle-init-guard"
+        in error
+    ), error
     live_host.restart()  # the operator's restart: the inventory's command, not a rollback
     assert live_host.pid() != pid
     assert live_host.log().count("CUDA graph capture failed") > failed  # half-built again

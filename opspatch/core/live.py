@@ -8,8 +8,9 @@ function, class and assignment by name, and inside each class each method and cl
 `class-attribute`; a changed or added `def` a `function` or `method`, whose code the plugin swaps
 into the running function. Refused, with the reason (`NotLiveReason`): a changed statement that
 defines nothing by name (an import, an `if`, a call), a removed definition, a new class, changed
-defaults or decorators, changed free variables (the code of both images is compiled here, never
-run), a generator or coroutine changed, changed class bases; the model forward and the CUDA graph
+defaults or decorators, changed free variables of a function itself (`super()` gained; a closure
+nested in it is its code, taken; both images are compiled here, never run), a generator or
+coroutine changed, changed class bases; the model forward and the CUDA graph
 runner are restart-only unless the patch says `live = "allowed"`; `live = "restart-only"` is never
 taken live. Comments, and docstrings of the module and its classes, do not count.
 """
@@ -303,7 +304,8 @@ def _check_function(
         raise _Refusal(
             NotLiveReason.FREE_VARIABLES,
             f"{dotted}'s free variables change from {old_code.co_freevars} to "
-            f"{new_code.co_freevars} (a new closure or super()): its code cannot be swapped",
+            f"{new_code.co_freevars} (super() gained or lost, or a name of an enclosing function "
+            "newly read): its code cannot be swapped into the running function",
         )
 
 

@@ -12,8 +12,8 @@ Each definition is taken from that compiled code into the running module's own o
   `from m import NAME` and that holds the old object under that name;
 - `function` (`name`), `method` (`Class.name`): the running function's `__code__` swapped for the
   file's (staticmethod, classmethod, property and `functools.wraps` wrappers are looked through),
-  so every reference bound earlier runs the new code; refused when the free variables differ (a
-  new closure, `super()` where there was none). A new one is built from the file's code on the
+  so every reference bound earlier runs the new code; refused when its own free variables differ
+  (`super()` where there was none; a closure nested inside it is part of its code, and taken). A new one is built from the file's code on the
   running module's globals, its defaults evaluated there (its `def` alone, undecorated).
 All or nothing: everything is checked before anything is set, and a failure while setting
 undoes what was set. What each definition held before is kept for `revert`, which refuses
@@ -594,7 +594,7 @@ def _swap_code(name: str, kind: str, old: Any, after: types.CodeType) -> _Change
         raise Refused(
             FREE_VARIABLES,
             f"{name}: free variables {before.co_freevars} running, {after.co_freevars} in the "
-            "file (a new closure or super()): its code cannot be swapped; restart instead",
+            "file (super() gained or lost): its code cannot be swapped; restart instead",
         )
 
     def apply() -> None:
