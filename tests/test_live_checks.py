@@ -193,7 +193,10 @@ def test_a_value_read_at_import_is_found_here_and_where_it_was_imported_by_name(
         ("check_cap_user", "LIMIT", 5, "the defaults of use"),
     ]  # not read_each_call's body, nor the default_factory's lambda: they read it each call
     again = check("check_cap", ("LIMIT", "constant"), ("TWICE", "constant"))
-    assert [c["line"] for c in again["captured"] if c["module"] == "check_cap"] == [8, 19]  # TWICE is evaluated again
+    assert [c["line"] for c in again["captured"] if c["module"] == "check_cap"] == [
+        8,
+        19,
+    ]  # TWICE is evaluated again
 
 
 def test_import_time_reads_inside_if_blocks_decorators_and_class_lines_count() -> None:

@@ -21,6 +21,7 @@ pid, the first decode passes, and `status` says applied with no live fix in memo
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import json
@@ -93,6 +94,8 @@ class LiveHost:
     root: Path
     live_dir: Path
     port: int
+    args: tuple[str, ...] = ()
+    """More arguments of the engine's start (`--disable-cuda-graph`: a healthy server)."""
 
     @property
     def workspace(self) -> Path:
@@ -133,7 +136,16 @@ class LiveHost:
     def inventory(self) -> str:
         python = self.standin.python
         start = Command(
-            (str(python), "-m", "sglang.launch_server", "--port", str(self.port), "--tp-size", "2")
+            (
+                str(python),
+                "-m",
+                "sglang.launch_server",
+                "--port",
+                str(self.port),
+                "--tp-size",
+                "2",
+                *self.args,
+            )
         ).render()
         env = {**ENGINE_ENV, "HOME": str(self.standin.host_dir)}
         env[socket_paths.LIVE_DIR_ENV] = str(self.live_dir)
@@ -156,16 +168,22 @@ class LiveHost:
         )
 
 
-@pytest.fixture(scope="module")
-def live_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveHost]:
-    root = tmp_path_factory.mktemp("live-cli")
+@contextlib.contextmanager
+def running_live_host(
+    root: Path, *, plugin: bool = True, args: tuple[str, ...] = ()
+) -> Iterator[LiveHost]:
+    """The stand-in host in a workspace's inventory, its engine started the inventory's way
+    (with `args`; `plugin`: opspatch's plugin installed first), stopped at the end."""
     standin = make_host(root / "host")
-    for relative, data in livedist.live_distribution("0.1.0", livedist.plugin_sources()).items():
-        target = standin.site_packages / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+    if plugin:
+        for relative, data in livedist.live_distribution(
+            "0.1.0", livedist.plugin_sources()
+        ).items():
+            target = standin.site_packages / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
     live_dir = Path(tempfile.mkdtemp(prefix="ol", dir="/tmp"))  # a socket path has 107 bytes
-    made = LiveHost(standin, root, live_dir, free_port())
+    made = LiveHost(standin, root, live_dir, free_port(), args)
     (made.workspace / "inventories").mkdir(parents=True)
     (made.workspace / "patches").mkdir()
     (made.workspace / "inventories" / "live.toml").write_text(made.inventory())
@@ -175,6 +193,12 @@ def live_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveHost]:
     finally:
         made.engine().stop()
         shutil.rmtree(live_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def live_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveHost]:
+    with running_live_host(tmp_path_factory.mktemp("live-cli")) as made:
+        yield made
 
 
 def sha(path: Path) -> str:
@@ -273,9 +297,7 @@ def test_a_changed_init_of_the_scheduler_the_server_built_is_refused_live(
         "Scheduler.__init__",
         "self.limit_from_the_fix = 1",
     )
-    error = engine_refusal(
-        live_host, "scheduler-init-test", text, "sglang.srt.managers.scheduler"
-    )
+    error = engine_refusal(live_host, "scheduler-init-test", text, "sglang.srt.managers.scheduler")
     assert "built-objects: Scheduler.__init__ runs only while a Scheduler is built, and 1 " in error
     assert "(in scheduler-tp0 (pid " in error and "scheduler-tp1 (pid " in error, error
 

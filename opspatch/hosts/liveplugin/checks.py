@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import types
-from typing import Any, Dict, List
+from typing import Any
 
 from . import boundary, fixes, importtime, wire
 
@@ -38,15 +38,15 @@ BOUNDARY_WAIT_S = 30.0
 boundary came through either."""
 
 
-def check(request: Dict[str, Any]) -> Dict[str, Any]:
+def check(request: dict[str, Any]) -> dict[str, Any]:
     """Every fix of `request["fixes"]` checked here (see the module's docstring)."""
     asked = request.get("fixes")
     if not isinstance(asked, list) or not all(isinstance(fix, dict) for fix in asked):
         return wire.refusal(wire.BAD_REQUEST, "a check needs `fixes`: a list of fixes")
     checked = [_one(fix) for fix in asked]
     watched = {}
-    for fix, found in zip(asked, checked):
-        if found["loaded"]:
+    for index, fix in enumerate(asked):  # no zip(strict=): the plugin runs on Python 3.8
+        if checked[index]["loaded"]:
             watched.update(_running_codes(sys.modules[fix["module"]], fix))
     frames = _lasting_frames(watched)
     for found in checked:
@@ -54,9 +54,9 @@ def check(request: Dict[str, Any]) -> Dict[str, Any]:
     return {"ok": True, "took": [], "checks": checked}
 
 
-def _one(fix: Dict[str, Any]) -> Dict[str, Any]:
+def _one(fix: dict[str, Any]) -> dict[str, Any]:
     module_name = str(fix.get("module") or "")
-    found: Dict[str, Any] = {"fix_id": fix.get("fix_id"), "module": module_name}
+    found: dict[str, Any] = {"fix_id": fix.get("fix_id"), "module": module_name}
     module = sys.modules.get(module_name)
     found["loaded"] = module is not None
     if module is None:
@@ -89,7 +89,7 @@ def _source_tree(module: Any) -> ast.Module | None:
         return None
 
 
-def _captured(module: Any, values: set[str]) -> List[Dict[str, Any]]:
+def _captured(module: Any, values: set[str]) -> list[dict[str, Any]]:
     """Import-time reads of the changed values, here and where `from m import NAME` copied one."""
     if not values:
         return []
@@ -107,7 +107,7 @@ def _captured(module: Any, values: set[str]) -> List[Dict[str, Any]]:
     return found
 
 
-def _objects(module: Any, name: str) -> Dict[str, Any]:
+def _objects(module: Any, name: str) -> dict[str, Any]:
     """How many objects of the class of construction method `name` (`Class.__init__`) live here."""
     owner: Any = module
     class_path = name.rpartition(".")[0]
@@ -119,7 +119,7 @@ def _objects(module: Any, name: str) -> Dict[str, Any]:
     return {"name": name, "class": class_path, "count": count}
 
 
-def _running_codes(module: Any, fix: Dict[str, Any]) -> Dict[types.CodeType, Dict[str, str]]:
+def _running_codes(module: Any, fix: dict[str, Any]) -> dict[types.CodeType, dict[str, str]]:
     """The running code of each changed function or method the module already has."""
     codes = {}
     for definition in fix.get("definitions") or []:
@@ -138,7 +138,7 @@ def _running_codes(module: Any, fix: Dict[str, Any]) -> Dict[types.CodeType, Dic
     return codes
 
 
-def _stack(frame: Any) -> List[Any]:
+def _stack(frame: Any) -> list[Any]:
     found = []
     while frame is not None:
         found.append(frame)
@@ -146,7 +146,7 @@ def _stack(frame: Any) -> List[Any]:
     return found
 
 
-def _lasting_frames(codes: Dict[types.CodeType, Dict[str, str]]) -> List[Dict[str, Any]]:
+def _lasting_frames(codes: dict[types.CodeType, dict[str, str]]) -> list[dict[str, Any]]:
     """The frames of `codes` on another thread's stack now that are still there, the same
     frames, once the process has moved on (`_wait`)."""
     if not codes:

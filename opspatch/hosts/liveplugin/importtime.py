@@ -16,27 +16,29 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
-from typing import Any, Dict, List, Set
-
-Use = Dict[str, Any]
-"""`{"name": dotted, "line": n, "where": "the defaults of f"}`."""
+from typing import Any
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def import_time_uses(tree: ast.Module, names: Set[str], retaken: Set[str]) -> List[Use]:
+def import_time_uses(tree: ast.Module, names: set[str], retaken: set[str]) -> list[dict[str, Any]]:
     """Every import-time read of one of `names` in `tree`, outside the values of `retaken`
-    (definitions the fix evaluates again), in source order."""
+    (definitions the fix evaluates again), in source order: `{"name": dotted, "line": n,
+    "where": "the defaults of f"}`."""
     return sorted(_body(tree.body, "", names, retaken), key=lambda use: use["line"])
 
 
-def _body(body: List[ast.stmt], prefix: str, names: Set[str], retaken: Set[str]) -> Iterator[Use]:
+def _body(
+    body: list[ast.stmt], prefix: str, names: set[str], retaken: set[str]
+) -> Iterator[dict[str, Any]]:
     where_body = f"class {prefix.rstrip('.')}'s body" if prefix else "the module's top level"
     for statement in body:
         if isinstance(statement, _FUNCTIONS):
             qualname = prefix + statement.name
             args = statement.args
-            yield from _reads(statement.decorator_list, prefix, names, f"the decorators of {qualname}")
+            yield from _reads(
+                statement.decorator_list, prefix, names, f"the decorators of {qualname}"
+            )
             yield from _reads(
                 [*args.defaults, *[d for d in args.kw_defaults if d is not None]],
                 prefix,
@@ -72,7 +74,7 @@ def _body(body: List[ast.stmt], prefix: str, names: Set[str], retaken: Set[str])
 _BLOCKS = ("body", "orelse", "finalbody")
 
 
-def _assigned(statement: ast.stmt, prefix: str) -> Set[str]:
+def _assigned(statement: ast.stmt, prefix: str) -> set[str]:
     """The dotted names a plain assignment binds in this body."""
     if isinstance(statement, ast.Assign):
         targets = statement.targets
@@ -83,16 +85,18 @@ def _assigned(statement: ast.stmt, prefix: str) -> Set[str]:
     return {prefix + t.id for t in targets if isinstance(t, ast.Name)}
 
 
-def _reads(nodes: List[Any], prefix: str, names: Set[str], where: str) -> Iterator[Use]:
+def _reads(nodes: list[Any], prefix: str, names: set[str], where: str) -> Iterator[dict[str, Any]]:
     """Reads of `names` in expressions evaluated here (lambda bodies left out: they run later)."""
     for node in nodes:
         for found in _walk(node):
             dotted = _dotted(found)
             if dotted is None:
                 continue
-            for candidate in (dotted, prefix + dotted) if isinstance(found, ast.Name) else (dotted,):
+            for candidate in (
+                (dotted, prefix + dotted) if isinstance(found, ast.Name) else (dotted,)
+            ):
                 if candidate in names:
-                    yield {"name": candidate, "line": found.lineno, "where": where}
+                    yield {"name": candidate, "line": getattr(found, "lineno", 0), "where": where}
                     break
 
 
@@ -100,7 +104,7 @@ def _walk(node: ast.AST) -> Iterator[ast.AST]:
     yield node
     if isinstance(node, ast.Lambda):
         args = node.args
-        children: List[ast.AST] = [*args.defaults, *[d for d in args.kw_defaults if d]]
+        children: list[ast.AST] = [*args.defaults, *[d for d in args.kw_defaults if d]]
     else:
         children = list(ast.iter_child_nodes(node))
     for child in children:

@@ -114,9 +114,7 @@ class LiveApply:
                 session.ops, LiveFix.check(takes), timeout=self.timeout, step=Step.LIVE
             )
             unit = session.host.unit
-            verdict = judge_check(
-                reply, takes, required=unit is None or unit.head == session.name
-            )
+            verdict = judge_check(reply, takes, required=unit is None or unit.head == session.name)
             if verdict.unanswered is not None:
                 raise LiveRefused(
                     f"{session.name}: its engine does not take live fixes: {verdict.unanswered}",
@@ -128,9 +126,8 @@ class LiveApply:
                 raise self._not_live(session, modules, verdict.refusal)
             self._forms[session.name] = forms
             said = ", ".join(d.name for form in forms for d in form.definitions)
-            note["detail"] = (
-                f"takes {said}; checked in effect in every process: "
-                + ", ".join(p.process for p in verdict.answered)
+            note["detail"] = f"takes {said}; checked in effect in every process: " + ", ".join(
+                p.process for p in verdict.answered
             )
 
     def _not_live(self, session: HostSession, module: str, refusal: NotLive) -> NotTakenLive:
