@@ -475,6 +475,7 @@ def test_a_restart_later_keeps_the_live_fix_through_the_file(live_host: LiveHost
         f"already-held: {module}.EAGLEWorkerV2.__init__ is held by live fix eagle-init-guard"
         in error
     ), error
+    diagnose_after_the_live_fix(live_host)
     live_host.restart()  # the operator's restart: the inventory's command, not a rollback
     assert live_host.pid() != pid
     assert live_host.log().count("CUDA graph capture failed") > failed  # half-built again
@@ -492,3 +493,34 @@ def status_row(live_host: LiveHost) -> dict[str, Any]:
     assert status.code == 0, status.stdout + status.stderr
     (row,) = status.json()["status"]
     return row  # type: ignore[no-any-return]
+
+
+def diagnose_after_the_live_fix(live_host: LiveHost) -> None:
+    """Issue 42, 6: the server started before the file changed but runs its change live, which
+    `diagnose` says (naming the fix and the processes) as `status` says applied, where it said
+    "it still runs the old code" (exit 1). With the patch given by path (no workspace patch
+    names the module) the fix's file is still read and its drift said."""
+    module = "sglang.srt.speculative.eagle_worker_v2"
+    run = live_host.opspatch("diagnose", "--hosts", HOST, "--json")
+    findings = {f["kind"]: f for f in run.json()["hosts"][0]["findings"]}
+    assert "server-runs-old-code" not in findings, findings
+    assert run.code == 0, findings  # was 1: a problem the server does not have
+    assert findings["live-fix"]["text"] == (
+        f"the server started before {module} last changed and runs it live as eagle-init-guard "
+        "in scheduler-tp0, scheduler-tp1"
+    ), findings["live-fix"]
+    text = live_host.opspatch("diagnose", "--hosts", HOST).stdout
+    assert "runs it live as eagle-init-guard in scheduler-tp0, scheduler-tp1" in text, text
+    patch = live_host.workspace / "patches" / "eagle-init-guard.toml"
+    elsewhere = live_host.root / "eagle-init-guard.toml"
+    target = live_host.standin.module_file(module)
+    taken = target.read_bytes()
+    patch.rename(elsewhere)  # applied by its path: no workspace patch names the module
+    target.write_bytes(taken + b"# changed since the fix was taken\n")
+    try:
+        run = live_host.opspatch("diagnose", "--hosts", HOST, "--json")
+        kinds = [f["kind"] for f in run.json()["hosts"][0]["findings"]]
+        assert "live-fix-drift" in kinds, kinds
+    finally:
+        target.write_bytes(taken)
+        elsewhere.rename(patch)
