@@ -9,6 +9,7 @@ fix holds is named; a module never imported says so. Nothing is changed by any o
 from __future__ import annotations
 
 import ast
+import gc
 import textwrap
 import threading
 import time
@@ -133,8 +134,57 @@ def test_the_objects_a_changed_init_already_built_are_counted_with_subclasses(
         objects=["Worker.__init__", "Unused.__init__"],
     )
     assert found["objects"] == [
-        {"name": "Worker.__init__", "class": "Worker", "count": len(kept)},
-        {"name": "Unused.__init__", "class": "Unused", "count": 0},
+        {"name": "Worker.__init__", "class": "Worker", "count": len(kept), "complete": True},
+        {"name": "Unused.__init__", "class": "Unused", "count": 0, "complete": True},
+    ]
+
+
+def test_objects_hidden_by_a_frozen_collector_are_found_from_the_running_frames(
+    module_from: Callable[[str, str], ModuleType],
+) -> None:
+    """SGLang's scheduler calls `gc.freeze()` once started, after which `gc.get_objects()` no
+    longer lists the Scheduler it built (seen on real 0.5.23: counted 0); the thread that runs
+    it holds it in its frames (the loop's `self`), two references deep here."""
+    built = module_from(
+        "check_frozen",
+        """
+        import threading
+
+
+        class Scheduler:
+            def __init__(self):
+                self.worker = Worker()
+
+
+        class Worker:
+            def __init__(self):
+                self.limit = 4
+
+
+        def serve(built, stop):
+            scheduler = Scheduler()
+            built.set()
+            stop.wait()
+        """,
+    )
+    ready, stop = threading.Event(), threading.Event()
+    thread = threading.Thread(target=built.serve, args=(ready, stop))
+    thread.start()
+    ready.wait()
+    gc.freeze()
+    try:
+        found = check(
+            "check_frozen",
+            ("Worker.__init__", "method"),
+            objects=["Worker.__init__", "Scheduler.__init__"],
+        )
+    finally:
+        gc.unfreeze()
+        stop.set()
+        thread.join()
+    assert [(o["class"], o["count"], o["complete"]) for o in found["objects"]] == [
+        ("Worker", 1, True),
+        ("Scheduler", 1, True),
     ]
 
 

@@ -9,8 +9,12 @@ socket's thread, no boundary needed). Per fix of the request:
   and in each module holding its old object by `from m import NAME` (`importtime`): a default
   argument, a decorator, a class body, another constant keep the old object;
 - `objects`: for each construction method the request names (an `__init__` whose change reaches
-  only objects built later), how many objects of its class are alive here (the garbage
-  collector's tracked objects, by type): those keep the state their old `__init__` gave them;
+  only objects built later), how many objects of its class are alive here: the garbage
+  collector's tracked objects, and (SGLang freezes the collector once started: `gc.freeze()`
+  hides every object built until then from `gc.get_objects()`) the objects reachable from the
+  running threads' frames within `REACH_DEPTH` references (the loop's `self`, its workers);
+  those keep the state their old `__init__` gave them. `complete` is false when the search
+  stopped at `REACH_LIMIT` objects;
 - `frames`: each changed function or method whose running code is on another thread's stack and
   still there, in the same frame, after two scheduling boundaries (a scheduler), or after
   `FRAME_WAIT_S` (a process without boundaries): a frame that does not return (an event loop),
@@ -23,6 +27,7 @@ from __future__ import annotations
 import ast
 import gc
 import importlib.util
+import inspect
 import sys
 import threading
 import time
@@ -33,6 +38,10 @@ from . import boundary, fixes, importtime, wire
 
 FRAME_WAIT_S = 0.5
 """How long a process without scheduling boundaries (main, detokenizer) watches a frame."""
+REACH_DEPTH = 8
+"""References followed from a frame's locals (`self` -> its `__dict__` -> a worker -> ...)."""
+REACH_LIMIT = 2_000_000
+"""Objects looked at from the frames at most."""
 BOUNDARY_WAIT_S = 30.0
 """How long a scheduler waits for its two boundaries; a frame still there after it is one no
 boundary came through either."""
@@ -114,9 +123,61 @@ def _objects(module: Any, name: str) -> dict[str, Any]:
     for part in class_path.split("."):
         owner = getattr(owner, part, None)
     if not isinstance(owner, type):
-        return {"name": name, "class": class_path, "count": 0}
-    count = sum(1 for obj in gc.get_objects() if owner in type(obj).__mro__)
-    return {"name": name, "class": class_path, "count": count}
+        return {"name": name, "class": class_path, "count": 0, "complete": True}
+    found = {id(obj) for obj in gc.get_objects() if owner in type(obj).__mro__}
+    reached, complete = _reachable(owner)
+    return {
+        "name": name,
+        "class": class_path,
+        "count": len(found | reached),
+        "complete": complete,
+    }
+
+
+_LEAVES = (type, types.ModuleType, types.FunctionType, types.CodeType, types.FrameType)
+_ATOMS = (str, bytes, int, float, complex, bool, type(None))
+
+
+def _reachable(owner: type) -> tuple[set[int], bool]:
+    """The ids of `owner`'s objects reachable from other threads' frames (their locals, then
+    what those refer to, `REACH_DEPTH` deep; modules' globals, classes and functions are not
+    followed), and whether the search finished under `REACH_LIMIT`."""
+    me = threading.get_ident()
+    frames = [f for i, top in sys._current_frames().items() if i != me for f in _stack(top)]
+    skip = {id(vars(m)) for m in tuple(sys.modules.values()) if hasattr(m, "__dict__")}
+    layer = [value for frame in frames for value in _locals(frame)]
+    found: set[int] = set()
+    seen = set(skip)
+    for _ in range(REACH_DEPTH):
+        following = []
+        for obj in layer:
+            if id(obj) in seen or isinstance(obj, _ATOMS):
+                continue
+            seen.add(id(obj))
+            if len(seen) > REACH_LIMIT:
+                return found, False
+            if owner in type(obj).__mro__:
+                found.add(id(obj))
+            if not isinstance(obj, _LEAVES):
+                following.extend(gc.get_referents(obj))
+        layer = following
+    return found, True
+
+
+def _locals(frame: Any) -> list[Any]:
+    """A function frame's local values (a module's or class body's namespace is not read).
+
+    A running frame's `gc.get_referents` does not list its locals (3.11+), so they are read
+    through `f_locals`, which before 3.13 leaves a snapshot of them on the frame, keeping them
+    alive as long as it runs (the loop's: for ever): emptied at once, as nothing reads it but
+    a trace function, which fills it again first."""
+    if not frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+        return []
+    space = frame.f_locals
+    values = list(space.values())
+    if type(space) is dict and sys.version_info < (3, 13):
+        space.clear()
+    return values
 
 
 def _running_codes(module: Any, fix: dict[str, Any]) -> dict[types.CodeType, dict[str, str]]:

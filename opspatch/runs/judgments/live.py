@@ -316,13 +316,23 @@ def _check_sentences(take: LiveFix, entry: dict[str, Any]) -> list[tuple[NotLive
             )
         )
     for built in _dicts(entry.get("objects")):
-        if isinstance(built.get("count"), int) and built["count"] > 0:
+        count = built.get("count")
+        if isinstance(count, int) and count > 0:
             said.append(
                 (
                     NotLiveReason.BUILT_OBJECTS,
                     f"{built.get('name')} runs only while a {built.get('class')} is built, and "
-                    f"{built['count']} {built.get('class')} object(s) already are: they keep the "
-                    "state the old code gave them",
+                    f"{count} {built.get('class')} object(s) already are: they keep the state "
+                    "the old code gave them",
+                )
+            )
+        elif built.get("complete") is False:
+            said.append(
+                (
+                    NotLiveReason.BUILT_OBJECTS,
+                    f"{built.get('name')} runs only while a {built.get('class')} is built, and "
+                    f"the {built.get('class')} objects already built could not all be counted "
+                    "(the search stopped at its limit): not shown to be none",
                 )
             )
     for frame in _dicts(entry.get("frames")):
