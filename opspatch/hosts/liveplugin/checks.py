@@ -10,9 +10,10 @@ socket's thread, no boundary needed). Per fix of the request:
   argument, a decorator, a class body, another constant keep the old object;
 - `objects`: for each construction method the request names (an `__init__` whose change reaches
   only objects built later), how many objects of its class are alive here: the garbage
-  collector's tracked objects, and (SGLang freezes the collector once started: `gc.freeze()`
-  hides every object built until then from `gc.get_objects()`) the objects reachable from the
-  running threads' frames within `REACH_DEPTH` references (the loop's `self`, its workers);
+  collector's tracked objects, and, when the collector is frozen (SGLang freezes it once
+  started: `gc.freeze()` hides every object built until then from `gc.get_objects()`), the
+  objects reachable from the running threads' frames within `REACH_DEPTH` references (the
+  loop's `self`, its workers);
   those keep the state their old `__init__` gave them. `complete` is false when the search
   stopped at `REACH_LIMIT` objects;
 - `frames`: each changed function or method whose running code is on another thread's stack and
@@ -125,7 +126,7 @@ def _objects(module: Any, name: str) -> dict[str, Any]:
     if not isinstance(owner, type):
         return {"name": name, "class": class_path, "count": 0, "complete": True}
     found = {id(obj) for obj in gc.get_objects() if owner in type(obj).__mro__}
-    reached, complete = _reachable(owner)
+    reached, complete = _reachable(owner) if gc.get_freeze_count() else (set(), True)
     return {
         "name": name,
         "class": class_path,
@@ -170,8 +171,10 @@ def _locals(frame: Any) -> list[Any]:
     A running frame's `gc.get_referents` does not list its locals (3.11+), so they are read
     through `f_locals`, which before 3.13 leaves a snapshot of them on the frame, keeping them
     alive as long as it runs (the loop's: for ever): emptied at once, as nothing reads it but
-    a trace function, which fills it again first."""
-    if not frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+    a trace function, which fills it again first, and `locals()`/`vars()`, whose callers are
+    left unread (the dict they hold is that snapshot)."""
+    code = frame.f_code
+    if not code.co_flags & inspect.CO_OPTIMIZED or {"locals", "vars"} & set(code.co_names):
         return []
     space = frame.f_locals
     values = list(space.values())
