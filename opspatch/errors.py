@@ -186,9 +186,11 @@ class LiveRefused(InputError):
 
 
 class NotTakenLive(LiveRefused):
-    """`apply --live` of a change whose live form is refused (`core/live.py`: a new closure, a
-    restart-only module, changed defaults or decorators): the run is refused in preflight, since
-    one who asked for no restart must not get one; apply without --live restarts."""
+    """`apply --live` of a change whose live form is refused (`core/live.py`: changed free
+    variables, a restart-only module, changed defaults or decorators) or whose take the engine's
+    `check` says would not be in effect (objects already built, a value read at import, a frame
+    that never returns): the run is refused in preflight, since one who asked for no restart
+    must not get one, nor an "applied" the server does not run; apply without --live restarts."""
 
 
 # ---------------------------------------------------------------------------------------------

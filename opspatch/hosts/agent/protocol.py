@@ -373,9 +373,9 @@ class LiveDefinition(TypedDict):
 
 
 class LiveFixRequest(TypedDict, total=False):
-    """What the engine's plugin takes on its socket (`liveplugin`): `op` take, revert or list;
-    a take names the module, the file and the sha256 it must have, and the definitions (no code
-    travels); a revert names the fix."""
+    """What the engine's plugin takes on its socket (`liveplugin`): `op` take, revert, list or
+    check; a take names the module, the file and the sha256 it must have, and the definitions
+    (no code travels); a revert names the fix; a check the takes it asks about (`fixes`)."""
 
     op: str
     fix_id: str
@@ -384,6 +384,8 @@ class LiveFixRequest(TypedDict, total=False):
     paths: list[str]  # a unit's: the file on every node, a rank takes its own copy's
     sha256: str
     definitions: list[LiveDefinition]
+    objects: list[str]  # a checked take's construction methods (their classes' objects counted)
+    fixes: list[LiveFixRequest]  # a check's takes
 
 
 class LiveRequest(TypedDict):
