@@ -373,7 +373,8 @@ def test_ledger_filesystem_full_or_read_only(kills: FaultFleet, tmp_path: Path) 
     with small_filesystem(tmp_path / "fs") as folder:
         ledger = folder / "ledger.sqlite3"
         with_ledger = ("--ledger", str(ledger))
-        assert kills.cli(*with_ledger, "ledger", "verify").code == 0  # a new, empty ledger
+        made = kills.cli(*with_ledger, "ledger", "migrate")  # a new, empty ledger, made explicitly
+        assert made.code == 0, made.stdout + made.stderr
         apply = (*with_ledger, "apply", PATCH_ID, "--hosts", INVENTORY, "--yes")
 
         filler = fill(folder)
