@@ -20,8 +20,9 @@ pytestmark = pytest.mark.scripted
 __all__ = ["fleet"]  # the fixture, used by name
 
 
-def answer_measure(fleet: Fleet) -> list[str]:
-    """Every host's server decodes each prompt alike (a pass against each other)."""
+def answer_measure(fleet: Fleet, *, silent: str | None = None) -> list[str]:
+    """Every host's server decodes each prompt alike (a pass against each other); the engine of
+    host `silent` answers no request (its host does)."""
     asked: list[str] = []
     for fake in fleet.hosts:
 
@@ -29,6 +30,12 @@ def answer_measure(fleet: Fleet) -> list[str]:
             if op != "measure":
                 return None
             asked.append(name)
+            if name == silent:
+                unanswered = [
+                    {**SILENT, "prompt": prompt, "problem": "no answer: ConnectionRefusedError"}
+                    for prompt in args["prompts"]
+                ]
+                return {"samples": unanswered, "spec_accept_length": None}
             samples = [
                 {
                     "prompt": prompt,
@@ -49,6 +56,19 @@ def answer_measure(fleet: Fleet) -> list[str]:
 
         fake.fault = measure
     return asked
+
+
+SILENT = {
+    "refused": True,
+    "text": None,
+    "output_ids": None,
+    "top_ids": None,
+    "token_texts": None,
+    "completion_tokens": None,
+    "spec_verify_ct": None,
+    "seconds": None,
+    "first_token_seconds": None,
+}
 
 
 def judged(fleet: Fleet, targets: list[str], baseline: str | None) -> JudgeReport:
@@ -79,6 +99,18 @@ def test_a_baseline_that_cannot_be_measured_never_exits_0(fleet: Fleet) -> None:
     assert report.exit_code == 1  # was 0: the comparison asked for was never made
     assert "h1 could not be measured" in (report.baseline_error or "")
     assert report.to_json()["baseline_error"] == report.baseline_error
+
+
+def test_a_baseline_whose_engine_does_not_answer_exits_1_as_a_lost_host_does(
+    fleet: Fleet,
+) -> None:
+    answer_measure(fleet, silent="h1")  # h1's agent answers, its engine does not
+    report = judged(fleet, ["h2"], "h1")
+    (host,) = report.hosts
+    assert host.judgment is not None and host.judgment.verdict == "no-baseline"
+    assert report.exit_code == 1  # was 0: the comparison asked for was never made
+    assert "h1 could not be measured" in (report.baseline_error or "")
+    assert "ConnectionRefusedError" in (report.baseline_error or "")
 
 
 def test_a_target_that_cannot_be_measured_exits_1(fleet: Fleet) -> None:
