@@ -185,13 +185,18 @@ def test_one_changed_token_outside_the_top_k_fails_the_tokens_and_names_where() 
 def sample(ids: list[int], top: list[dict[int, float]] | None, **fields: object) -> Decoded:
     """A decode of `ids`; `top`: per position, the top logprobs by token id (the chosen token's
     among them)."""
+    rated = {}
+    if top is not None:
+        rated = {
+            "top_ids": tuple(tuple(position) for position in top),
+            "top_logprobs": tuple(tuple(position.values()) for position in top),
+            "token_logprobs": tuple(position[i] for i, position in zip(ids, top, strict=True)),
+        }
     return Decoded(
         prompt="p",
         output_ids=tuple(ids),
-        top_ids=tuple(tuple(rated) for rated in top) if top is not None else None,
-        top_logprobs=tuple(tuple(rated.values()) for rated in top) if top is not None else None,
-        token_logprobs=tuple(rated[i] for i, rated in zip(ids, top)) if top is not None else None,
         completion_tokens=len(ids),
+        **rated,  # type: ignore[arg-type]
         **fields,  # type: ignore[arg-type]
     )
 
@@ -319,6 +324,38 @@ def test_no_baseline_is_its_own_word_never_a_pass() -> None:
     )
     failing = Measurement((replace(canary.samples[0], problem="500"), *canary.samples[1:]))
     assert judge(failing, None, SETTINGS, baseline_from=None).verdict == Verdict.FAIL
+
+
+def test_a_first_token_read_after_the_server_finished_times_no_decode() -> None:
+    read_late = Decoded(
+        "p", completion_tokens=64, seconds=0.0502, first_token_seconds=0.050, server_seconds=0.04
+    )
+    assert read_late.first_token_seconds == 0.050  # still what the client waited for it
+    assert read_late.time_per_output_token is None  # the last came right behind: no decode
+    in_time = replace(read_late, seconds=0.1, first_token_seconds=0.01, server_seconds=0.095)
+    assert in_time.time_per_output_token == pytest.approx(0.09 / 63)
+
+
+def test_a_baseline_read_late_is_no_reason_to_fail_the_time_per_token() -> None:
+    """A host too busy to read the baseline's streams as they came (each last token right
+    behind its first: a time per token near 0) against a canary read in time."""
+    prompts = workload(6)
+    rng = random.Random(6)
+    canary = server(rng, prompts)
+    base = server(rng, prompts)
+    late = Measurement(
+        tuple(
+            replace(
+                s,
+                first_token_seconds=(s.seconds or 0) + 0.001,
+                seconds=(s.seconds or 0) + 0.0011,
+                server_seconds=s.seconds,
+            )
+            for s in base.samples
+        )
+    )
+    tpot = judge(canary, late, SETTINGS, baseline_from="itself").metric(Metric.TPOT)
+    assert tpot.verdict == Verdict.PASS and "not measured" in tpot.figures
 
 
 def test_a_slower_but_small_rise_is_marginal_and_a_rise_under_the_floor_passes() -> None:

@@ -38,12 +38,16 @@ class Script:
     """How the scripted server answers, and what it was asked."""
 
     incremental: bool = False
+    interval: int | None = 0
+    """The `stream_interval` it goes by: 0, the request's; None, 1 (it takes none)."""
     one_token_delay: float = 0.6
     """A request for one token waits this long (the slow 1-token request of issue 42)."""
     error_after: int | None = None
     """Stream this many tokens, then an error event."""
     cut_after: int | None = None
     """Stream this many tokens, then close the connection without [DONE]."""
+    e2e_latency: float | None = None
+    """What the finished reply's `meta_info.e2e_latency` says; None: the time it really took."""
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -59,7 +63,9 @@ class ScriptedEngine(ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}"
 
 
-def reply_so_far(prompt: str, count: int, finished: bool) -> dict[str, Any]:
+def reply_so_far(
+    prompt: str, count: int, finished: bool, e2e_latency: float = 0.1
+) -> dict[str, Any]:
     """SGLang's reply after `count` tokens: ids 10.., text 'a'.., logprobs with text."""
     ids = [10 + (len(prompt) + i) % 50 for i in range(count)]
     chosen = [[-0.01 * (i + 1), token, chr(97 + token % 26)] for i, token in enumerate(ids)]
@@ -74,7 +80,7 @@ def reply_so_far(prompt: str, count: int, finished: bool) -> dict[str, Any]:
         "output_top_logprobs": tops,
     }
     if finished:
-        meta.update(spec_verify_ct=3, e2e_latency=0.1)
+        meta.update(spec_verify_ct=3, e2e_latency=e2e_latency)
     return {"text": "".join(e[2] for e in chosen), "output_ids": ids, "meta_info": meta}
 
 
@@ -103,7 +109,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for event in self._events(body["text"], wanted):
+        asked = body["sampling_params"].get("stream_interval") or 1
+        interval = asked if script.interval == 0 else script.interval or 1
+        for event in self._events(body["text"], wanted, interval):
             if event is None:  # the connection dropped mid-stream
                 self.wfile.write(b"5\r\ndata:")
                 self.close_connection = True
@@ -111,24 +119,32 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
         self.wfile.write(b"0\r\n\r\n")
 
-    def _events(self, prompt: str, wanted: int) -> Iterator[bytes | None]:
+    def _events(self, prompt: str, wanted: int, interval: int) -> Iterator[bytes | None]:
+        """The first token at once, then once `interval` tokens are unsent, and the last (SGLang
+        0.5.23's `OutputStreamer`), each event the reply so far (or its new part)."""
         script = self.server.script
+        started = time.monotonic()
         time.sleep(PREFILL)
+        sent = 0
         for count in range(1, wanted + 1):
             if count > 1:
                 time.sleep(STEP)
+            if sent and count - sent < interval and count < wanted:
+                continue
             if script.error_after is not None and count > script.error_after:
                 yield b'data: {"error": {"message": "the scheduler stopped"}}\n\n'
                 break
             if script.cut_after is not None and count > script.cut_after:
                 yield None
                 return
-            whole = reply_so_far(prompt, count, count == wanted)
+            took = time.monotonic() - started if script.e2e_latency is None else script.e2e_latency
+            whole = reply_so_far(prompt, count, count == wanted, took)
             if script.incremental:
-                whole["text"] = whole["text"][count - 1 :]
-                whole["output_ids"] = whole["output_ids"][count - 1 :]
+                whole["text"] = whole["text"][sent:]
+                whole["output_ids"] = whole["output_ids"][sent:]
                 for key in ("output_token_logprobs", "output_top_logprobs"):
-                    whole["meta_info"][key] = whole["meta_info"][key][count - 1 :]
+                    whole["meta_info"][key] = whole["meta_info"][key][sent:]
+            sent = count
             yield b"data: " + json.dumps(whole).encode() + b"\n\n"
         yield b"data: [DONE]\n\n"
 
@@ -169,11 +185,16 @@ def measured(url: str, *, warmup: int = 0, top: int = 2) -> Measurement:
 
 
 def test_both_latencies_come_from_one_streamed_request_per_prompt(engine: ScriptedEngine) -> None:
+    # the server's own clock says it finished late: the first token always reached the host
+    # before, so what is asserted is the arithmetic, whatever this machine's load
+    engine.script.e2e_latency = 60.0
     measurement = measured(engine.url)
     bodies = engine.script.bodies
     assert len(bodies) == len(PROMPTS)  # was 2 per prompt: a 1-token request first
     assert all(b["stream"] is True for b in bodies), bodies
     assert {b["sampling_params"]["max_new_tokens"] for b in bodies} == {TOKENS}
+    # two events: the first token and the finished reply, no work between them per step
+    assert {b["sampling_params"]["stream_interval"] for b in bodies} == {TOKENS}
     for sample in measurement.samples:
         assert sample.ok, sample.problem
         assert sample.first_token_seconds is not None and sample.first_token_seconds >= PREFILL
@@ -182,9 +203,13 @@ def test_both_latencies_come_from_one_streamed_request_per_prompt(engine: Script
         assert tpot is not None and tpot >= STEP, tpot
 
 
+@pytest.mark.parametrize("interval", [None, 3])
 def test_the_reply_read_from_the_stream_is_the_whole_reply_with_its_logprobs(
-    engine: ScriptedEngine,
+    engine: ScriptedEngine, interval: int | None
 ) -> None:
+    """Whether the server sends an event per step (it takes no `stream_interval`: None) or
+    every few tokens, the whole reply so far (its default) or only the new part."""
+    engine.script.interval = interval
     whole = reply_so_far(PROMPTS[0], TOKENS, True)
     for incremental in (False, True):
         engine.script.incremental = incremental
@@ -200,6 +225,7 @@ def test_the_reply_read_from_the_stream_is_the_whole_reply_with_its_logprobs(
         assert sample.top_ids[1] == (whole["output_ids"][1], (whole["output_ids"][1] + 1) % 60)
         assert sample.top_logprobs[1] == (-0.02, -3.0)
         assert (sample.completion_tokens, sample.spec_verify_ct) == (TOKENS, 3)
+        assert sample.server_seconds is not None and sample.server_seconds >= PREFILL
 
 
 def test_warmup_requests_are_sent_first_and_not_measured(engine: ScriptedEngine) -> None:

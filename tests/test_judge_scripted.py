@@ -51,6 +51,7 @@ def answer_measure(fleet: Fleet, *, silent: str | None = None) -> list[str]:
                     "spec_verify_ct": 2,
                     "seconds": 0.5,
                     "first_token_seconds": 0.05,
+                    "server_seconds": 0.45,
                 }
                 for prompt in args["prompts"]
             ]
@@ -72,6 +73,7 @@ SILENT = {
     "spec_verify_ct": None,
     "seconds": None,
     "first_token_seconds": None,
+    "server_seconds": None,
 }
 
 

@@ -49,7 +49,7 @@ def sample(index: int, *, changed: bool = False, problem: str | None = None) -> 
             "prompt": f"prompt {index}", "problem": problem, "refused": "refused" in problem,
             "text": None, "output_ids": None, "top_ids": None, "top_logprobs": None,
             "token_logprobs": None, "token_texts": None, "completion_tokens": None, "spec_verify_ct": None, "seconds": None,
-            "first_token_seconds": None,
+            "first_token_seconds": None, "server_seconds": None,
         }  # fmt: skip
     return {
         "prompt": f"prompt {index}", "problem": None, "refused": False, "text": "x" * TOKENS,
@@ -57,6 +57,7 @@ def sample(index: int, *, changed: bool = False, problem: str | None = None) -> 
         "top_logprobs": [[-0.1, -2.5, -3.0] for _ in ids], "token_logprobs": [-0.1] * TOKENS,
         "token_texts": None, "completion_tokens": TOKENS, "spec_verify_ct": 12,
         "seconds": 0.2 + index / 100, "first_token_seconds": 0.02,
+        "server_seconds": 0.19 + index / 100,
     }  # fmt: skip
 
 

@@ -44,6 +44,8 @@ class Decoded(JsonRecord):
     """From sending the request to its last token's arrival."""
     first_token_seconds: float | None = json_field(default=None, encode=_ms)
     """From sending the request to its first token's arrival (the same streamed request)."""
+    server_seconds: float | None = json_field(default=None, encode=_ms)
+    """The server's own time for the request, receipt to finish (`meta_info.e2e_latency`)."""
 
     @property
     def ok(self) -> bool:
@@ -61,8 +63,13 @@ class Decoded(JsonRecord):
     def time_per_output_token(self) -> float | None:
         """Seconds per output token after the first, from one streamed request: from the first
         token's arrival to the last's, over the tokens after the first (SGLang's bench_serving
-        reckons it so); None when either was not measured."""
+        reckons it so); None when either was not measured, or when the first token reached the
+        host only once the server had finished (by its own clock): the last then waited behind
+        it, and what was timed is the host's reading, not the decode (a host too busy to read
+        the stream as it came, which would make the server look faster than it is)."""
         if self.seconds is None or self.first_token_seconds is None:
+            return None
+        if self.server_seconds is not None and self.first_token_seconds >= self.server_seconds:
             return None
         if not self.completion_tokens or self.completion_tokens < 2:
             return None

@@ -3,10 +3,12 @@
 Each prompt is one streamed `/generate` (`"stream": true`, as SGLang's `bench_serving` asks):
 SGLang answers server-sent events, `data: {...}` lines each holding the reply so far (its text,
 `output_ids` and `meta_info`: `completion_tokens`, the logprobs asked for with
-`return_logprob` and `top_logprobs_num`, `spec_verify_ct` on the last), then `data: [DONE]`.
+`return_logprob` and `top_logprobs_num`, `spec_verify_ct` on the last), then `data: [DONE]`;
+the request's `stream_interval` keeps them to the first token and the finished reply (`_body`).
 The time to first token is when the first chunk with a token arrives; the time per output
-token is the time from it to the last token's chunk, over the tokens after the first: both
-from the same request, so no second request's noise enters either. A few unmeasured requests
+token is the time from it to the last token's chunk, over the tokens after the first (as
+`bench_serving` reckons it): both from the same request, so no second request's noise enters
+either. A few unmeasured requests
 warm the server first (a freshly restarted server's first requests are slower, whatever its
 code). Then `/metrics` is read once for the `sglang:spec_accept_length` gauge. Nothing is
 judged here: the controller compares (`opspatch.runs.judgments.canary`).
@@ -19,6 +21,7 @@ what it could not compare.
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -94,14 +97,20 @@ def read_gauge(text: str, name: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def merged(whole: dict[str, Any] | None, chunk: dict[str, Any]) -> dict[str, Any]:
-    """The reply so far with one more streamed chunk: SGLang sends the whole reply so far in
-    each (its default), or only the new part (`--incremental-streaming-output`): a chunk with
-    as many ids as its `completion_tokens` is whole."""
-    meta = chunk.get("meta_info") or {}
+def is_whole(chunk: dict[str, Any]) -> bool:
+    """Whether a streamed chunk holds the whole reply so far (SGLang's default) rather than only
+    its new part (`--incremental-streaming-output`): as many ids as its `completion_tokens`."""
     ids = chunk.get("output_ids")
-    if whole is None or not isinstance(ids, list) or len(ids) == meta.get("completion_tokens"):
+    counted = (chunk.get("meta_info") or {}).get("completion_tokens")
+    return not isinstance(ids, list) or len(ids) == counted
+
+
+def merged(whole: dict[str, Any] | None, chunk: dict[str, Any]) -> dict[str, Any]:
+    """The reply so far with one more streamed chunk (the chunk itself when it `is_whole`)."""
+    if whole is None or is_whole(chunk):
         return chunk
+    meta = chunk.get("meta_info") or {}
+    ids = chunk.get("output_ids") or []
     before = whole.get("meta_info") or {}
     joined = dict(meta)
     for key in LOGPROB_KEYS:
@@ -114,13 +123,34 @@ def merged(whole: dict[str, Any] | None, chunk: dict[str, Any]) -> dict[str, Any
     }
 
 
-def _token_count(reply: dict[str, Any]) -> int:
-    """The tokens a reply so far holds (`completion_tokens`, else its ids)."""
-    counted = _int_or_none((reply.get("meta_info") or {}).get("completion_tokens"))
-    if counted is not None:
-        return counted
-    ids = reply.get("output_ids")
+_COUNT = re.compile(rb'"completion_tokens":\s*(\d+)')
+"""A chunk's token count, found without parsing it (the key's quotes are escaped in any text)."""
+
+
+def _token_count(data: bytes) -> int:
+    """The tokens a streamed chunk says the reply holds so far: its `completion_tokens`, read
+    cheaply so that nothing slow runs between two chunks' arrivals (else its ids counted)."""
+    found = _COUNT.search(data)
+    if found is not None:
+        return int(found.group(1))
+    chunk = _json_object(data)
+    if "error" in chunk:
+        raise ValueError(f"/generate streamed an error: {str(chunk['error'])[:200]}")
+    ids = chunk.get("output_ids")
     return len(ids) if isinstance(ids, list) else 0
+
+
+def _whole(chunks: list[bytes]) -> dict[str, Any]:
+    """The reply a stream's chunks make, parsed once it has ended: the last chunk when each is
+    the reply so far (SGLang's default), else every chunk joined (`merged`)."""
+    last = _json_object(chunks[-1])
+    if is_whole(last):
+        return last
+    whole = None
+    for data in chunks:
+        whole = merged(whole, _json_object(data))
+    assert whole is not None
+    return whole
 
 
 class Refused400(ValueError):
@@ -148,7 +178,7 @@ def _streamed(
     )
     request.add_header("Content-Type", "application/json")
     started = time.monotonic()
-    whole: dict[str, Any] | None = None
+    chunks: list[bytes] = []  # parsed after the stream ends: nothing slow between two arrivals
     first = last = None
     try:
         with urllib.request.urlopen(request, timeout=max(1.0, deadline - started)) as response:  # noqa: S310 - loopback URL from the inventory
@@ -163,12 +193,9 @@ def _streamed(
                 data = data[len(b"data:") :].strip()
                 if data == STREAM_END:
                     break
-                chunk = _json_object(data)
-                if "error" in chunk and "meta_info" not in chunk:
-                    raise ValueError(f"/generate streamed an error: {str(chunk['error'])[:200]}")
-                before = _token_count(whole) if whole is not None else 0
-                whole = merged(whole, chunk)
-                if _token_count(whole) > before:
+                before = _token_count(chunks[-1]) if chunks else 0
+                chunks.append(data)
+                if _token_count(data) > before:
                     first = now if first is None else first
                     last = now
             else:
@@ -179,9 +206,9 @@ def _streamed(
         reason = getattr(exc, "reason", exc)
         timed_out = isinstance(reason, socket.timeout)  # TimeoutError from Python 3.10 on
         raise NoAnswer(f"{type(reason).__name__}: {reason}", timed_out) from None
-    if whole is None or last is None:
+    if not chunks or last is None:
         raise ValueError("/generate streamed no token")
-    return whole, first, last
+    return _whole(chunks), first, last
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
@@ -209,13 +236,19 @@ def _unsent(prompt: str, problem: str | None, refused: bool = False) -> DecodeSa
         "spec_verify_ct": None,
         "seconds": None,
         "first_token_seconds": None,
+        "server_seconds": None,
     }
 
 
 def _body(prompt: str, args: MeasureRequest, top_k: int) -> dict[str, Any]:
+    """A greedy streamed decode whose stream carries two events, the first token and the whole
+    reply: SGLang's per-request `stream_interval` (the first token goes out at once, then once
+    that many tokens are unsent, and at the finish). An event per step would put its work (the
+    reply so far serialized, sent, parsed) between the two times measured."""
+    tokens = int(args["max_new_tokens"])
     body: dict[str, Any] = {
         "text": prompt,
-        "sampling_params": {"temperature": 0, "max_new_tokens": int(args["max_new_tokens"])},
+        "sampling_params": {"temperature": 0, "max_new_tokens": tokens, "stream_interval": tokens},
     }
     if top_k > 0:
         body.update(return_logprob=True, top_logprobs_num=top_k, return_text_in_logprobs=True)
@@ -248,6 +281,7 @@ def _sample(
     sample.update(read_tokens(reply))  # type: ignore[typeddict-item]
     sample["completion_tokens"] = _int_or_none(meta.get("completion_tokens"))
     sample["spec_verify_ct"] = _int_or_none(meta.get("spec_verify_ct"))
+    sample["server_seconds"] = _float_or_none(meta.get("e2e_latency"))
     if not sample["completion_tokens"]:
         sample["problem"] = "the server answered 200 with no completion tokens"
     return sample, False

@@ -341,6 +341,7 @@ class DecodeSample(TypedDict):
     spec_verify_ct: int | None
     seconds: float | None  # from the send to the last token's arrival, timed on the host
     first_token_seconds: float | None  # from the send to the first token's (the same stream)
+    server_seconds: float | None  # meta_info's e2e_latency: the server's own, receipt to finish
 
 
 class MeasureReply(TypedDict):

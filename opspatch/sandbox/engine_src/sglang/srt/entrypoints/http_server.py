@@ -226,6 +226,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "uvicorn"
     sys_version = ""
+    # TCP_NODELAY, as uvicorn's asyncio transports set it: a streamed event is sent as it comes,
+    # not held back (Nagle) until the client acknowledges the one before
+    disable_nagle_algorithm = True
     server: _HttpServer
 
     def do_GET(self) -> None:
@@ -254,7 +257,6 @@ class _RequestHandler(BaseHTTPRequestHandler):
         host, port = self.client_address[:2]
         phrase = HTTPStatus(status).phrase
         logger.info(f'{_UVICORN}{host}:{port} - "{method} {self.path} HTTP/1.1" {status} {phrase}')
-
 
     def _send(self, status: int, payload: Any) -> bool:
         """One whole body; False when the client has gone."""

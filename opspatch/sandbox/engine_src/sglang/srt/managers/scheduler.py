@@ -303,7 +303,8 @@ class Scheduler:
             if reason is not None:
                 # After the counts: the finished request carries this step's tokens too.
                 self.finish(req, reason)
-            elif req.stream and kept:
+            elif self.streams_now(req):
+                req.send_token_offset = len(req.output_ids)
                 self._finished_out.append(self.output_so_far(req))
             if batch.forward_mode.is_extend() and not req.finished():
                 self.running_reqs.append(req)
@@ -334,6 +335,15 @@ class Scheduler:
                 if tail.endswith(stop):
                     return {"type": "stop", "matched": stop}
         return None
+
+    @staticmethod
+    def streams_now(req: Req) -> bool:
+        """Whether an unfinished request's output goes out now: a streamed request's first
+        token at once, then once at least its `stream_interval` tokens are unsent (SGLang's
+        `OutputStreamer.accept`; a finished request's always goes out)."""
+        unsent = len(req.output_ids) - req.send_token_offset
+        interval = req.sampling_params.stream_interval or 1
+        return req.stream and unsent > 0 and (req.send_token_offset == 0 or unsent >= interval)
 
     def finish(self, req: Req, reason: dict[str, Any]) -> None:
         req.finished_reason = reason

@@ -109,6 +109,10 @@ class ReqState:
     steps: queue.SimpleQueue[tuple[FinishedReq, str, float]] = field(
         default_factory=queue.SimpleQueue
     )
+    # Logprob entries detokenized so far (SGLang's `ReqState.output_token_logprobs` and
+    # `output_top_logprobs`): a streamed request's next output adds only its new positions.
+    token_entries: list[list[Any]] = field(default_factory=list)
+    top_entries: list[list[list[Any]]] = field(default_factory=list)
 
 
 class TokenizerManager:
@@ -414,10 +418,10 @@ class TokenizerManager:
             assert state.finished is not None
             outputs.append(
                 self.output_of(
+                    state,
                     state.finished,
                     state.text,
                     state.finished_time or time.perf_counter(),
-                    state.created_time,
                     request.logprobs,
                 )
             )
@@ -429,7 +433,7 @@ class TokenizerManager:
         (state,) = self.submit(self.tokenized(request))
         while True:
             output, text, at = state.steps.get()
-            yield self.output_of(output, text, at, state.created_time, request.logprobs)
+            yield self.output_of(state, output, text, at, request.logprobs)
             if output.finished_reason is not None:
                 break
         with self._status_lock:
@@ -437,10 +441,10 @@ class TokenizerManager:
 
     def output_of(
         self,
+        state: ReqState,
         req: FinishedReq,
         text: str,
         at: float,
-        created_time: float,
         logprobs: LogprobRequest,
     ) -> dict[str, Any]:
         """SGLang's reply: text, ids and meta_info so far; speculation's figures and the
@@ -454,7 +458,7 @@ class TokenizerManager:
             "cached_tokens": 0,
         }
         if finished:
-            meta_info["e2e_latency"] = at - created_time
+            meta_info["e2e_latency"] = at - state.created_time
         if finished and req.spec_verify_ct > 0:
             # SGLang's definitions: drafts accepted of every draft slot verified, and output
             # tokens (the prefill's first one included) per verify step.
@@ -467,33 +471,39 @@ class TokenizerManager:
             meta_info["spec_accepted_drafts"] = req.spec_accepted_drafts
             meta_info["spec_proposed_drafts"] = draft_slots
         if req.return_logprob:
-            meta_info.update(self.logprob_meta_info(req, logprobs.return_text_in_logprobs))
+            meta_info.update(self.logprob_meta_info(state, req, logprobs.return_text_in_logprobs))
         return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta_info}
 
-    def logprob_meta_info(self, req: FinishedReq, with_text: bool) -> dict[str, Any]:
+    def logprob_meta_info(
+        self, state: ReqState, req: FinishedReq, with_text: bool
+    ) -> dict[str, Any]:
         """SGLang's shapes: `[logprob, token_id, token_text]` per output token (the text only
         with `return_text_in_logprobs`, else null), and per output position a list of them for
-        the top logprobs."""
+        the top logprobs; each position detokenized once (`state`'s entries so far)."""
 
         def entry(logprob: float, token_id: int) -> list[Any]:
             text = self.tokenizer.decode([token_id]) if with_text else None
             return [logprob, token_id, text]
 
-        meta_info: dict[str, Any] = {
-            "output_token_logprobs": [
-                entry(logprob, token_id)
-                for logprob, token_id in zip(
-                    req.output_token_logprobs_val, req.output_ids, strict=True
-                )
-            ]
-        }
+        done = len(state.token_entries)
+        state.token_entries.extend(
+            entry(logprob, token_id)
+            for logprob, token_id in zip(
+                req.output_token_logprobs_val[done:], req.output_ids[done:], strict=True
+            )
+        )
+        meta_info: dict[str, Any] = {"output_token_logprobs": state.token_entries}
         if req.top_logprobs_num > 0:
-            meta_info["output_top_logprobs"] = [
+            done = len(state.top_entries)
+            state.top_entries.extend(
                 [entry(logprob, token_id) for logprob, token_id in zip(values, ids, strict=True)]
                 for values, ids in zip(
-                    req.output_top_logprobs_val, req.output_top_logprobs_idx, strict=True
+                    req.output_top_logprobs_val[done:],
+                    req.output_top_logprobs_idx[done:],
+                    strict=True,
                 )
-            ]
+            )
+            meta_info["output_top_logprobs"] = state.top_entries
         return meta_info
 
     def health_generate(self, timeout: float = HEALTH_CHECK_TIMEOUT_S) -> bool:
