@@ -20,9 +20,12 @@ pytestmark = pytest.mark.scripted
 __all__ = ["fleet"]  # the fixture, used by name
 
 
-def answer_measure(fleet: Fleet, *, silent: str | None = None) -> list[str]:
+def answer_measure(
+    fleet: Fleet, *, silent: str | None = None, warmups: list[tuple[str, int]] | None = None
+) -> list[str]:
     """Every host's server decodes each prompt alike (a pass against each other); the engine of
-    host `silent` answers no request (its host does)."""
+    host `silent` answers no request (its host does). `warmups`: each measure's host and the
+    warm-up requests it was asked for."""
     asked: list[str] = []
     for fake in fleet.hosts:
 
@@ -30,6 +33,8 @@ def answer_measure(fleet: Fleet, *, silent: str | None = None) -> list[str]:
             if op != "measure":
                 return None
             asked.append(name)
+            if warmups is not None:
+                warmups.append((name, args["warmup"]))
             if name == silent:
                 unanswered = [
                     {**SILENT, "prompt": prompt, "problem": "no answer: ConnectionRefusedError"}
@@ -94,6 +99,22 @@ def test_alike_servers_pass_against_the_baseline_and_exit_0(fleet: Fleet) -> Non
     assert host.judgment is not None and host.judgment.verdict == "pass", host
     assert report.exit_code == 0
     assert "baseline_error" not in report.to_json()
+
+
+def test_each_server_is_warmed_in_its_first_turn_only(fleet: Fleet) -> None:
+    warmups: list[tuple[str, int]] = []
+    answer_measure(fleet, warmups=warmups)
+    judged(fleet, ["h2"], "h1")
+    # 24 prompts in turns of 6, ABBA: each server warmed once, before its first prompts
+    first_turn = [("h1", 3), ("h2", 3)]
+    assert warmups == first_turn + [
+        ("h2", 0),
+        ("h1", 0),
+        ("h1", 0),
+        ("h2", 0),
+        ("h2", 0),
+        ("h1", 0),
+    ]
 
 
 def test_a_baseline_that_cannot_be_measured_never_exits_0(fleet: Fleet) -> None:
