@@ -13,9 +13,10 @@ port opens only once every scheduler of every node is ready. On a node other tha
 `--host:--port` whose `/health` answers 200 unconditionally, as SGLang's does: it proves only
 that the process lives.
 
-`/generate` with `"stream": true` answers as SGLang's does: server-sent events (chunked), one
-`data: {...}` per step that gave the request tokens, each the whole reply so far (text, output
-ids, meta_info), then `data: [DONE]`; an error while streaming is one `data: {"error": ...}`
+`/generate` with `"stream": true` answers as SGLang's does: server-sent events (chunked), each
+`data: {...}` the whole reply so far (text, output ids, meta_info), sent with the first token and
+then once `stream_interval` tokens (a sampling parameter; 1: every step) are unsent, the last
+with the finish, then `data: [DONE]`; an error while streaming is one `data: {"error": ...}`
 before it.
 
 Test hook (not in SGLang): `SGLANG_STANDIN_WARMUP_DELAY_S=<seconds>` delays the warm-up, so the
