@@ -42,7 +42,7 @@ from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.diagnose import read_hosts
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import one_batch
-from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import HostSession, NoProgress
 from opspatch.runs.judgments.findings import module_relpath, unified_diff
@@ -417,7 +417,9 @@ def _record(
             progress=NoProgress(),
         ) as fleet,
     ):
-        found, halted = fleet.execute(one, batches=one_batch(fleet.names, 1), halt=lambda _: None)
+        found, halted = fleet.execute(
+            per_node(one), batches=one_batch(fleet.items(), 1), halt=lambda _: None
+        )
         outcomes = [found[h.name] for h in recorded_hosts] + [
             HostOutcome(name, Outcome.SKIPPED, note=f"{why}: nothing to adopt")
             for name, why in untouched

@@ -53,7 +53,7 @@ from opspatch.hosts.liveinstall import (
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import (
     HostFailed,
@@ -132,14 +132,14 @@ def _run(
         refused = fleet.lease(restarting=())  # nothing restarts: no drain, no router room
         if refused is not None:
             return run.finish(refused)
-        plan = plan_rollout(playbook, fleet.names)
+        plan = plan_rollout(playbook, fleet.items())
 
         def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
             return playbook.halt_reason(
                 {n: o.outcome for n, o in outcomes.items()}, canaries=plan.canaries
             )
 
-        outcomes, halted = fleet.execute(per_host, batches=plan.batches, halt=halt)
+        outcomes, halted = fleet.execute(per_node(per_host), batches=plan.batches, halt=halt)
         return run.finish(fleet.report(outcomes, halted=halted))
 
 

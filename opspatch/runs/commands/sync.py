@@ -43,7 +43,7 @@ from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.commands.apply import apply_to_hosts, units_refused
 from opspatch.runs.commands.status import PatchStatus, fleet_status
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.judgments.approval import require_approval
@@ -553,7 +553,7 @@ def _record_left_alone(
         ) as fleet,
     ):
         fleet.decide({r.host: HostOutcome(r.host, Outcome.SKIPPED, why) for r, why in left})
-        outcomes, halted = fleet.execute(_never_started, batches=(), halt=lambda _: None)
+        outcomes, halted = fleet.execute(per_node(_never_started), batches=(), halt=lambda _: None)
         return run.finish(fleet.report(outcomes, halted=halted))
 
 
