@@ -32,7 +32,7 @@ from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Command, FileAction, Outcome, Step, StepStatus
@@ -316,7 +316,7 @@ def adopt_edit(
     if not edited:
         raise InputError(
             f"nothing to adopt: {module} is pristine or written by opspatch on every selected host",
-            hint=f"`{remedy_text(CliCommand.DIAGNOSE, hosts='...')}` shows which hosts were edited",
+            hint=f"`{remedy_text(Command.DIAGNOSE, hosts='...')}` shows which hosts were edited",
         )
     kinds = {(m.file.sha256 if m.file else "", p.sha256) for m, p in edited.values()}
     if len(kinds) > 1:
@@ -471,13 +471,13 @@ def _adopted(
     if down:
         note += (
             "; its server is not running, so nothing serves the edit yet: "
-            f"`{remedy_text(CliCommand.RESTART, hosts=name)}` starts it into the patch and "
+            f"`{remedy_text(Command.RESTART, hosts=name)}` starts it into the patch and "
             "proves it (smoke decode)"
         )
     elif staged:
         note += (
             "; the running server started before the edit, so it still runs the old "
-            f"code: `{remedy_text(CliCommand.RESTART, hosts=name)}` completes it"
+            f"code: `{remedy_text(Command.RESTART, hosts=name)}` completes it"
         )
     else:
         note += (

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, PlanOutcome
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.tomlsource import parse_field_path
 from opspatch.core.vocabulary import Command, HaltAction, Outcome, RestartPolicy
@@ -163,7 +163,7 @@ def units_refused(
         hosts,
         command=f"an apply of {patch}" if planned else command,
         whole=lambda unit: remedy_text(
-            CliCommand.PLAN if planned else CliCommand.APPLY, patch, hosts=unit.name
+            Command.PLAN if planned else Command.APPLY, patch, hosts=unit.name
         ),
     )
 

@@ -16,20 +16,17 @@ disk now. It never trusts a run's own account of where it got to.
   over only from runs this ledger knows to be over. A bare `recover` with no interrupted run
   reaches the hosts recent runs left `needs-attention` (`hosts_left_needing_attention`).
 
-Per host, a table (`ACTIONS`) over the host's standing (`runs.fleet.standing.read_host`, a single
-file a set of one). The live file matches the post-image of a recorded patch → proven (`runs.judgments.proof`, as
-`status` says it) and its server started after the write: `applied`, left alone (a second
-recover restarts nothing); proven and its server gone: started again, `applied`; else restart,
-ready, smoke → `applied`, or restore → `rolled-back`; it
-matches a recorded pre-image → make sure the server answers → `restored`; no run recorded a
-change here → make sure the server answers → `restored`; anything else → `needs-attention`
-(someone else changed it). The patch is never applied twice: recover only finishes or undoes
-what a run wrote.
-
-A patch set (the newest run recorded several files on the host) is made whole: all new ->
-finished as above (proven, or proven now; a failed proof restores every file); partly applied
-(a run stopped between two swaps) -> its new files restored, restarted and smoked: `restored`,
-the set all-old; all old -> `restored`; a file neither -> `needs-attention`.
+Per node, the decision table (`runs.judgments.decisions`, goal: the ledger's last intent) over
+its standing (`runs.fleet.standing.read_host`, a single file a set of one), then one action for
+the group (a unit's nodes, a host by itself a group of one): every file new and proven, its
+server started after the write: `applied`, left alone (a second recover restarts nothing);
+proven but not serving: started again; new and not proven: restart, ready, smoke -> `applied`,
+or restore -> `rolled-back` (an interrupted `apply --live` finished live instead, never by a
+restart the operator did not ask for); every file old or nothing recorded: made sure it serves,
+`restored`; files or nodes that differ (a run stopped between two swaps): every new file put
+back, restarted and smoked, `restored`, all-old; a file someone else changed: `needs-attention`
+on every node, nothing written. The patch is never applied twice: recover only finishes or
+undoes what a run wrote.
 """
 
 from __future__ import annotations
@@ -39,9 +36,17 @@ from dataclasses import dataclass
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Command, FileAction, Outcome, RunStatus, Step, StepStatus
+from opspatch.core.vocabulary import (
+    Action,
+    Command,
+    FileAction,
+    Outcome,
+    RunStatus,
+    Step,
+    StepStatus,
+)
 from opspatch.errors import HostError, InputError, LockHeld
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
@@ -59,8 +64,9 @@ from opspatch.runs.fleet.session import (
     describe_error,
 )
 from opspatch.runs.fleet.standing import HostStanding, Takeover, read_host
+from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
-from opspatch.runs.judgments.patchset import ALL_NEW, Action, Standing, Table, paths_of
+from opspatch.runs.judgments.patchset import ALL_NEW, Standing, paths_of
 from opspatch.runs.judgments.proof import describe
 from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
@@ -105,7 +111,7 @@ def require_recoverable(ledger: Ledger, detail: RunDetail) -> None:
     raise InputError(
         f"run {detail.run_id} is {status}, not interrupted",
         hint="recover --run is for runs whose controller died part-way; "
-        f"`{remedy_text(CliCommand.RECOVER, hosts='TARGET')}` reconciles hosts whatever run touched them",
+        f"`{remedy_text(Command.RECOVER, hosts='TARGET')}` reconciles hosts whatever run touched them",
     )
 
 
@@ -220,12 +226,12 @@ def _recover(
     taking_over: Collection[str] = (),
 ) -> RunReport:
     """Raises (before any host is touched): UnitRefused, some but not all nodes of a unit
-    among the hosts (a unit is recovered as one: `_RecoverHost.unit`)."""
+    among the hosts (a unit is recovered as one: `_RecoverHost.group`)."""
 
     refused = unit_refusal(
         hosts,
         command="recover",
-        whole=lambda unit: remedy_text(CliCommand.RECOVER, hosts=unit.name),
+        whole=lambda unit: remedy_text(Command.RECOVER, hosts=unit.name),
     )
     if refused is not None:
         raise refused
@@ -281,26 +287,8 @@ _PROVEN = frozenset({Standing.NEW_PROVEN, Standing.NEW_PROVEN_NO_SERVER})
 """Proven, and no server older than the change runs (none found may be a server the agent
 cannot see: whether the unit serves is asked of its head)."""
 
-ACTIONS: Table = {
-    Standing.NOTHING_RECORDED: Action.ENSURE_RUNNING,
-    Standing.ALL_OLD: Action.ENSURE_RUNNING,
-    # a run stopped between two swaps never proved its new code: the set is put back whole
-    Standing.PARTLY_NEW: Action.RESTORE,
-    Standing.NEW_STALE: Action.PROVE_OR_UNDO,
-    # proven, and no server older than the change runs: make sure one answers, leave it alone
-    Standing.NEW_PROVEN: Action.ENSURE_RUNNING,
-    Standing.NEW_PROVEN_NO_SERVER: Action.ENSURE_RUNNING,
-    Standing.NEW_UNPROVEN: Action.PROVE_OR_UNDO,
-    Standing.NEW_UNPROVEN_NO_SERVER: Action.PROVE_OR_UNDO,
-    Standing.PATCHED_FURTHER: Action.ATTENTION,
-    Standing.CHANGED: Action.ATTENTION,
-}
-"""What recover does about each standing of what a run left on a host. The patch is never
-applied twice: recover only finishes or undoes what a run wrote."""
-
-
 class _RecoverHost:
-    """What a recover does on one host: read its standing, act by `ACTIONS`."""
+    """What a recover does on one host: read its standing, act by the decision table."""
 
     def __init__(self, ledger: Ledger, scope: _Scope, patch: LoadedPatch | None) -> None:
         self.ledger = ledger
@@ -359,7 +347,7 @@ class _RecoverHost:
         standings = {s.name: self.read(s) for s in nodes.sessions}
         if all(st.inspection is None for st in standings.values()):
             return self._not_read(nodes)
-        odd = [n for n, st in standings.items() if ACTIONS[st.standing] == Action.ATTENTION]
+        odd = [n for n, st in standings.items() if decide(Command.RECOVER, st.standing) == Action.ATTENTION]
         if odd:
             return self._changed_group(nodes, standings, odd)
         new = {n for n, st in standings.items() if st.standing in ALL_NEW}
@@ -563,7 +551,7 @@ class _RecoverHost:
         why = (
             f"run {run_id} was interrupted before its live fix was taken in every process "
             f"({listed}): the fix was taken out and the files put back, as a failed live apply "
-            f"is; `{remedy_text(CliCommand.APPLY, patch_id, hosts=nodes.name)}` with --live "
+            f"is; `{remedy_text(Command.APPLY, patch_id, hosts=nodes.name)}` with --live "
             "takes it again"
         )
         return self._undo_live(nodes, standings, fixes, why, Outcome.RESTORED, restart=unheard)

@@ -7,13 +7,14 @@ the pre-image the ledger recorded for the staged change, restarted and reported 
 A host where nothing is staged (its file is at the pre-image, or the ledger holds no change) is
 left alone; a file that changed since opspatch wrote it is refused, never restarted into.
 
-Per host it is a table (`ACTIONS`) over the host's standing (`runs.fleet.standing.read_host`:
-the newest write's file, or every file of its patch set, a single file being a set of one).
+Per host it is the decision table (`runs.judgments.decisions`, goal: proven where staged) over
+the host's standing (`runs.fleet.standing.read_host`: the newest write's file, or every file of
+its patch set, a single file being a set of one).
 
 A group (a unit's nodes, a host by itself a group of one) is restarted as one, never a node
-alone (`_restart`): every node read first, then one decision for the group. Every node's file new and some node's
-server older than it (staged): the unit restarted as one and proven through the head, undone on
-every node when the proof fails. Nothing staged on any node: every node left alone. A node
+alone (`_restart`): every node read first, then one decision for the group. Every node's file
+new and some node's server older than it (staged): the group restarted as one and proven
+through the head, undone on every node when the proof fails. Nothing staged on any node: every node left alone. A node
 restart refuses (its file changed, a set not whole) or that could not be read: no node is
 restarted. Nodes that differ (new on one, old on another): no node is restarted, every node
 `needs-attention` naming the odd nodes, since the unit would run two versions of its code;
@@ -27,8 +28,8 @@ from dataclasses import dataclass, replace
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
-from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Command, FileAction, Outcome
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Action, Command, FileAction, Outcome
 from opspatch.errors import OpspatchError
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.commands.live import StagedPlugin, staged_plugin
@@ -39,24 +40,10 @@ from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import restore_standing
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.fleet.standing import HostStanding, begin, read_host
-from opspatch.runs.judgments.patchset import ALL_NEW, Action, Standing, Table
+from opspatch.runs.judgments.decisions import decide
+from opspatch.runs.judgments.patchset import ALL_NEW, Standing
 from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import HostOutcome, RunReport
-
-ACTIONS: Table = {
-    Standing.NOTHING_RECORDED: Action.LEAVE,
-    Standing.ALL_OLD: Action.LEAVE,
-    Standing.PARTLY_NEW: Action.REFUSE,
-    Standing.NEW_STALE: Action.PROVE_OR_UNDO,
-    # a server started after the write already runs it, proven or not: restarting proves nothing
-    Standing.NEW_PROVEN: Action.LEAVE,
-    Standing.NEW_UNPROVEN: Action.LEAVE,
-    Standing.NEW_PROVEN_NO_SERVER: Action.PROVE_OR_UNDO,
-    Standing.NEW_UNPROVEN_NO_SERVER: Action.PROVE_OR_UNDO,
-    Standing.PATCHED_FURTHER: Action.REFUSE,
-    Standing.CHANGED: Action.REFUSE,
-}
-"""What restart does about each standing of the newest write on a host."""
 
 
 def restart_hosts(
@@ -76,7 +63,7 @@ def restart_hosts(
     """
     progress = progress or NoProgress()
     unit = unit_refusal(
-        hosts, command="restart", whole=lambda u: remedy_text(CliCommand.RESTART, hosts=u.name)
+        hosts, command="restart", whole=lambda u: remedy_text(Command.RESTART, hosts=u.name)
     )
     if unit is not None:
         raise unit
@@ -132,7 +119,7 @@ class _Staged:
 
     @property
     def action(self) -> Action:
-        return ACTIONS[self.standing.standing] if self.standing is not None else Action.LEAVE
+        return decide(Command.RESTART, self.standing.standing) if self.standing is not None else Action.LEAVE
 
     @property
     def new(self) -> bool:
@@ -204,7 +191,7 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
         why = (
             f"the nodes of unit {nodes.name} differ: {', '.join(new)} carry the change and "
             f"{', '.join(old)} do not; no node was restarted (the unit would run two versions of "
-            f"its code): `{remedy_text(CliCommand.RECOVER, hosts=nodes.name)}` makes it uniform"
+            f"its code): `{remedy_text(Command.RECOVER, hosts=nodes.name)}` makes it uniform"
         )
         return [s.outcome(Outcome.NEEDS_ATTENTION, why, file=files[s.name]) for s in nodes.sessions]
     if not any(st.action == Action.PROVE_OR_UNDO for st in staged.values()):
@@ -254,7 +241,7 @@ def _restart_plugin(
         outcomes = [staged[s.name].left_alone(s) for s in nodes.sessions]
         if not ready:
             return outcomes
-        enable = remedy_text(CliCommand.LIVE_ENABLE, hosts=nodes.name)
+        enable = remedy_text(Command.LIVE_ENABLE, hosts=nodes.name)
         return [
             replace(o, note=f"{o.note}; the live plugin is staged on {', '.join(ready)} only "
                     f"(`{enable}` stages it on every node, then restart)")
@@ -298,7 +285,7 @@ def _refusal(session: HostSession, standing: HostStanding, run_id: str) -> str:
     if standing.is_set:
         return (
             f"refused: run {run_id}'s patch set is not whole ({standing.found.describe()}); "
-            f"`{remedy_text(CliCommand.RECOVER, hosts=session.name)}` makes it whole"
+            f"`{remedy_text(Command.RECOVER, hosts=session.name)}` makes it whole"
         )
     version, live = standing.version, standing.live
     return (

@@ -1,9 +1,10 @@
 """`opspatch rollback`: undo a patch (or a run) from the ledger. The restore run it goes through
 and the restores it shares with `recover` are `runs.fleet.restore`'s.
 
-Per host it is a table (`ACTIONS`) over the host's standing (`runs.fleet.standing.read_host`, a
-single file a set of one). A rollback restores only what opspatch itself wrote: a host's file is restored to the pre-image the
-ledger holds when the live file still hashes to the post-image opspatch recorded; anything else
+Per host it is the decision table (`runs.judgments.decisions`, goal: all old) over the host's
+standing (`runs.fleet.standing.read_host`, a single file a set of one); a unit is rolled back as
+one group. A rollback restores only what opspatch itself wrote: a host's file is restored to the
+pre-image the ledger holds when the live file still hashes to the post-image it recorded; anything else
 is refused for that host with the reason, because overwriting a file someone else changed since
 (a reinstalled sglang, a hand edit) would lose their change.
 
@@ -35,10 +36,10 @@ from collections.abc import Collection, Mapping, Sequence
 from opspatch.core.edit import NotApplicable, detect, unapply
 from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Command, FileAction, Outcome, SetState, Step
+from opspatch.core.vocabulary import Action, Command, FileAction, Outcome, SetState, Step
 from opspatch.errors import OpspatchError, RemoteOperationError
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostInspection
@@ -52,26 +53,11 @@ from opspatch.runs.fleet.restore import Examined, restore_standing, run_restore
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
 from opspatch.runs.fleet.standing import HostStanding, Lineage, read_host
 from opspatch.runs.fleet.steps import AS_ROLLBACK
+from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
-from opspatch.runs.judgments.patchset import Action, Standing, Table, paths_of
+from opspatch.runs.judgments.patchset import paths_of
 from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
-
-ACTIONS: Table = {
-    # no record of it here: only from the host's own backup, the patch taken off the file alone
-    Standing.NOTHING_RECORDED: Action.RESTORE_FROM_BACKUP,
-    Standing.ALL_OLD: Action.LEAVE,
-    # a set a run left partly applied is made whole: its new files go back
-    Standing.PARTLY_NEW: Action.RESTORE,
-    Standing.NEW_STALE: Action.RESTORE,
-    Standing.NEW_PROVEN: Action.RESTORE,
-    Standing.NEW_PROVEN_NO_SERVER: Action.RESTORE,
-    Standing.NEW_UNPROVEN: Action.RESTORE,
-    Standing.NEW_UNPROVEN_NO_SERVER: Action.RESTORE,
-    Standing.PATCHED_FURTHER: Action.REFUSE,
-    Standing.CHANGED: Action.REFUSE,
-}
-"""What rollback does about each standing of the changes it undoes on a host."""
 
 
 def rollback_hosts(
@@ -97,7 +83,7 @@ def rollback_hosts(
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
         UnitRefused: the hosts take some but not all nodes of a unit (a whole unit is rolled
-            back as one: `_Rollback.unit`).
+            back as one: `_Rollback.group`).
     """
     if (patch is None) == (source_run is None):
         raise ValueError("rollback_hosts takes exactly one of patch or source_run")
@@ -105,9 +91,9 @@ def rollback_hosts(
 
     def again(unit: Unit) -> str:
         if patch is not None:
-            return remedy_text(CliCommand.ROLLBACK, patch.reference, hosts=unit.name)
+            return remedy_text(Command.ROLLBACK, patch.reference, hosts=unit.name)
         assert source_run is not None
-        return remedy_text(CliCommand.ROLLBACK, run=source_run.run_id, hosts=unit.name)
+        return remedy_text(Command.ROLLBACK, run=source_run.run_id, hosts=unit.name)
 
     refused = unit_refusal(hosts, command="rollback", whole=again)
     if refused is not None:
@@ -323,7 +309,7 @@ class _Rollback:
             return [missing.outcome]
 
     def _examine(self, session: HostSession, *, lock: bool) -> Examined:
-        """Read the host's standing against the changes to undo and look it up in `ACTIONS`:
+        """Read the host's standing against the changes to undo and look it up in the decision table:
         the outcome decided there (nothing to restore, a refusal), or the restore to make."""
         by_path = self.set_versions(session.name)
         if by_path:
@@ -356,7 +342,7 @@ class _Rollback:
         )
         inspection = standing.inspection
         assert inspection is not None  # versions, or a patch's module, were read
-        action = ACTIONS[standing.standing]
+        action = decide(Command.ROLLBACK, standing.standing)
         if action == Action.RESTORE_FROM_BACKUP:
             assert self.patch is not None
             return self._without_record(session, self.patch, inspection)
@@ -378,7 +364,9 @@ class _Rollback:
                 ),
             )
         partly = standing.is_set and standing.found.state == SetState.PARTLY_APPLIED
-        failed = f"`{remedy_text(CliCommand.RECOVER, hosts=target_of(session.host))}` makes the set whole"
+        failed = (
+            f"`{remedy_text(Command.RECOVER, hosts=target_of(session.host))}` makes the set whole"
+        )
         return Examined(
             inspection,
             put_back=lambda: restore_standing(session, standing),
@@ -465,10 +453,12 @@ class _Rollback:
 
     def _way_back(self, host: str) -> str:
         patch_id = self.patch.reference if self.patch is not None else self._patch_id()
-        status = f"`{remedy_text(CliCommand.STATUS, hosts=host)}` shows whether its server runs"
+        status = f"`{remedy_text(Command.STATUS, hosts=host)}` shows whether its server runs"
         if patch_id is None:
             return status
-        return f"`{remedy_text(CliCommand.APPLY, patch_id, hosts=host)}` puts the change back; {status}"
+        return (
+            f"`{remedy_text(Command.APPLY, patch_id, hosts=host)}` puts the change back; {status}"
+        )
 
     def _without_record(
         self, session: HostSession, patch: LoadedPatch, inspection: HostInspection

@@ -2,7 +2,7 @@
 
 Every command that changes hosts (apply, restart, rollback, recover, unlock) is a strategy of
 this run: it says what to check on every host first (apply: begin + plan) and what to do to one
-host (`per_host`); `FleetRun` opens one `HostSession` per host (one connection each, closed at
+node group (`per_group`: a unit's nodes as one, a host by itself a group of one); `FleetRun` opens one `HostSession` per host (one connection each, closed at
 the end), runs the work under the batches and halt policy it is given, records every outcome as
 soon as it is decided, reports the hosts it never started (their locks given back), and turns
 the operator's Ctrl-C into a decision that the report states:
@@ -13,9 +13,10 @@ the operator's Ctrl-C into a decision that the report states:
 - a second Ctrl-C stops waiting: `RunInterrupted` names the run and the hosts left in flight,
   and `opspatch recover --run R` finishes or undoes them.
 
-A command that changes hosts' files or engines (`LEASED_COMMANDS`) holds its hosts' leases while
-it does: `lease()` takes them, reading each host's identity first where the command did not, and
-`execute` refuses to start such a run without them, so no command can forget.
+A command whose actions change hosts' files or engines (their traits: `decisions.traits_of`)
+holds its hosts' leases while it does: `lease()` takes them, reading each host's identity first
+where the command did not, and `execute` refuses to start such a run without them, so no command
+can forget.
 
 A run may have a second run of the same engine over some of its hosts (`follow_up`: an apply's
 on-halt rollback): the same sessions, recorder and leases, its own batches and its own Ctrl-C,
@@ -34,7 +35,7 @@ from typing import TypeVar
 
 from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Batch, Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome
 from opspatch.errors import (
     BecomeError,
@@ -58,13 +59,13 @@ from opspatch.runs.fleet.group import Nodes
 from opspatch.runs.fleet.host_leases import Heartbeat, held_by, host_identity, refusal
 from opspatch.runs.fleet.recorder import Recorder
 from opspatch.runs.fleet.rotation import (
-    ROTATING_COMMANDS,
     ROTATION_STEPS,
     Rotation,
     halt_on_out_of_rotation,
     taken_out_by,
 )
 from opspatch.runs.fleet.session import HostFailed, HostSession, Progress, describe_error
+from opspatch.runs.judgments.decisions import traits_of
 from opspatch.runs.report import HostOutcome, RunReport
 
 T = TypeVar("T")
@@ -77,21 +78,6 @@ NotStarted = Callable[[HostSession, str], HostOutcome]
 
 PREFLIGHT_IN_FLIGHT = 16
 """Hosts inspected at once in a preflight (read-only and short: more than a rollout's batch)."""
-
-LEASED_COMMANDS = frozenset(
-    {
-        Command.APPLY,
-        Command.SYNC,
-        Command.ROLLBACK,
-        Command.RESTART,
-        Command.RECOVER,
-        Command.LIVE_ENABLE,
-        Command.LIVE_DISABLE,
-    }
-)
-"""The commands that change hosts' files or engines. `unlock` changes a lock only: it refuses
-the lock of a run whose lease is live unless --force (`recover.unlock_hosts`); `bake` changes no
-host."""
 
 CANCELLED_IN_PREFLIGHT = (
     "cancelled by the operator (Ctrl-C) during the preflight: nothing was changed on any host "
@@ -118,6 +104,8 @@ class FleetRun:
         cancellation: Cancellation | None = None,
     ) -> None:
         self.command = command
+        self.traits = traits_of(command)
+        """What the command's actions need: leases, routers looked at, workers re-admitted."""
         self.patch_id = patch_id
         self.hosts = tuple(hosts)
         self.names = [h.name for h in hosts]
@@ -203,7 +191,7 @@ class FleetRun:
         no one took it); a host another live run leases now (it took this run's lease over) is
         never started: decided with `held(session, why)`, why naming the holder."""
         self._leased = True
-        if self.command not in LEASED_COMMANDS or self.recorder.reported_run_id is None:
+        if not self.traits.leases or self.recorder.reported_run_id is None:
             return
         known = dict(self._identities)
         while known:
@@ -301,7 +289,7 @@ class FleetRun:
             RunInterrupted: a second Ctrl-C while hosts were in flight.
         """
         starts = any(batch.hosts for batch in batches)
-        if self.command in LEASED_COMMANDS and starts and not self._leased:
+        if self.traits.leases and starts and not self._leased:
             raise RuntimeError(f"{self.command} changes hosts only under their leases: lease()")
         skip = not_started or _skipped
         for outcome in (already or {}).values():
@@ -372,7 +360,7 @@ class FleetRun:
                 out, or has no room to drain (nothing was changed).
         """
         self._leased = True
-        if self.command not in LEASED_COMMANDS or self.recorder.reported_run_id is None:
+        if not self.traits.leases or self.recorder.reported_run_id is None:
             return None  # unlock and dry runs keep no one off the hosts
         known = dict(identities or {})
         missing = [name for name in self.names if name not in known and name not in self._unleased]
@@ -421,7 +409,7 @@ class FleetRun:
             RouterRefused: a router cannot be used, does not know a worker opspatch did not take
                 out, or has no room to drain.
         """
-        if self.command not in ROTATING_COMMANDS:
+        if not self.traits.restarts:  # no drain, no admit: its routers are not its business
             return
 
         def taken_out(host: Host) -> str | None:
@@ -432,7 +420,7 @@ class FleetRun:
         rotation = Rotation.open(
             self.hosts,
             self.playbook,
-            allow_unregistered=self.command == Command.RECOVER,
+            allow_unregistered=self.traits.readmits,
             taken_out=taken_out,
             restarting=restarting,
         )
@@ -538,7 +526,7 @@ class FleetRun:
 
         waiting = (
             f"waiting for {', '.join(host(n) for n in in_flight)} to finish; Ctrl-C again "
-            f"stops waiting (`{remedy_text(CliCommand.RECOVER)}` then finishes them)"
+            f"stops waiting (`{remedy_text(Command.RECOVER)}` then finishes them)"
             if in_flight
             else "no host is in flight"
         )

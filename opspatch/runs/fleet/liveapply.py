@@ -1,24 +1,23 @@
-"""`apply --live`: the strategy `ApplyPipeline.apply` runs in place of PROVE once the files are
+"""`apply --live`: what `ApplyPipeline.apply` runs in place of PROVE once a group's files are
 swapped (so the next restart keeps the fix): the fix taken into the running engine's processes,
-read back from each, then proven by the smoke decode, with no restart and so no drain.
-
-Per host:
+then proven by the smoke decode through the head, with no restart and so no drain.
 
 ```
-preflight  each pending file's live form (pure: its pre- and post-image, known once the host is
-           planned), else the run is refused (exit 2); then the engine's `check` of each take
-           (one exec, every process answers; `judgments/live.judge_check`): not every process
-           answers -> refused (exit 2); a take that would not be in effect (the module never
-           imported, a definition another fix holds, a value read at import, objects built by
-           a changed `__init__`, a changed function in a frame that never returns) -> refused
-           (exit 2), the reason word and the processes named
-swap       as every apply (backup, swap)
-LIVE       the forms found in preflight -> `take` (the module, the post-image's sha256, the
-           definitions) to every process; each process's answer judged
-           (`judgments/live.judge_take`) and kept in the step's detail
-smoke      the decode, as the host's last step (it gives the lock back)
-on a refusal or a failure: LIVE_REVERT everywhere, the files restored; the host `rolled-back`
-           (a revert that did not answer everywhere: the restore's restart clears memory)
+preflight  per host: each pending file's live form (pure: its pre- and post-image), else the
+           run is refused (exit 2); then the engine's `check` of each take (one exec, every
+           process answers; `judgments/live.judge_check`): not every process answers, or a take
+           that would not be in effect (the module never imported, a definition another fix
+           holds, a value read at import, objects built by a changed `__init__`, a changed
+           function in a frame that never returns) -> refused (exit 2), the reason named
+swap       as every apply (backup, swap), on every node
+LIVE       the head's forms -> `take` to every process; in a group of several through the
+           head's entry rank (its broadcast reaches every TP rank of every node, each taking its
+           own node's copy: `LiveFix.paths`), then each other node's own processes, then
+           `live-readback` on every node; each answer judged (`judgments/live`)
+smoke      the decode through the head, as its last step (it gives the lock back)
+on a refusal or a failure: LIVE_REVERT everywhere (read back on every node of several), the
+           files restored: `rolled-back` (a revert that did not answer everywhere: the group
+           restarted after the restore, which clears every process's memory)
 ```
 
 A file whose live form is refused (changed free variables, a restart-only module), or whose take
@@ -35,9 +34,9 @@ from typing import Any
 from opspatch.core.edit import Applied
 from opspatch.core.host import Host
 from opspatch.core.live import LiveForm, NotLive, live_form
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import PatchSpec
-from opspatch.core.vocabulary import Outcome, Step
+from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import LiveRefused, NotTakenLive, OpspatchError
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.runs.fleet.group import Nodes, proven, target_of
@@ -126,7 +125,7 @@ class LiveApply:
             if verdict.unanswered is not None:
                 raise LiveRefused(
                     f"{session.name}: its engine does not take live fixes: {verdict.unanswered}",
-                    hint=f"`{remedy_text(CliCommand.APPLY, self.patch_id, hosts=target_of(session.host))}` "
+                    hint=f"`{remedy_text(Command.APPLY, self.patch_id, hosts=target_of(session.host))}` "
                     "without --live restarts it instead",
                 )
             if verdict.refusal is not None:
@@ -142,7 +141,7 @@ class LiveApply:
         return NotTakenLive(
             f"{session.name}: {module} cannot be taken live: {refusal.reason}: {refusal.text}",
             hint="apply without --live to apply it with a restart: "
-            f"`{remedy_text(CliCommand.APPLY, self.patch_id, hosts=target_of(session.host))}`",
+            f"`{remedy_text(Command.APPLY, self.patch_id, hosts=target_of(session.host))}`",
         )
 
     def _live_forms(self, session: HostSession, prepared: Prepared) -> tuple[LiveForm, ...]:

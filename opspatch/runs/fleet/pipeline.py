@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, plan_summary
 from opspatch.core.gate import version_gate
 from opspatch.core.policy import Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch, PatchSpec, Target
-from opspatch.core.vocabulary import Outcome, Step
+from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import OpspatchError, PreimageMismatch
 from opspatch.hosts.engine import SmokeResult
 from opspatch.hosts.operations import HostInspection
@@ -305,7 +305,7 @@ class ApplyPipeline:
         if not self.restart_engine:
             note = (
                 "staged: the file is patched; the running server still runs the old code until "
-                f"`{remedy_text(CliCommand.RESTART)}` restarts, proves and (on failure) rolls it "
+                f"`{remedy_text(Command.RESTART)}` restarts, proves and (on failure) rolls it "
                 "back"
                 if self.unrestarted == Outcome.STAGED
                 else None

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Outcome, RunStatus, Step, StepStatus
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command, Outcome, RunStatus, Step, StepStatus
 from opspatch.errors import (
     BecomeError,
     HostKeyError,
@@ -141,7 +141,7 @@ class HostLock:
                 session.ops.unlock(run_id=self.run_id, timeout=session.playbook.timeouts.lock)
             self._given_back = True
         except OpspatchError as exc:
-            unlock = remedy_text(CliCommand.UNLOCK, hosts=session.name)
+            unlock = remedy_text(Command.UNLOCK, hosts=session.name)
             return (
                 f"this run's lock could not be given back ({describe_error(exc)}): it keeps "
                 f"other runs off until it expires; `{unlock}` removes it once this run is over"
@@ -275,14 +275,14 @@ class HostSession:
         holder = str(held.data.get("run_id") or "")
         status = self.recorder.run_status(holder) if holder else None
         if status == RunStatus.INTERRUPTED:
-            recover = remedy_text(CliCommand.RECOVER)
+            recover = remedy_text(Command.RECOVER)
             return f"; run {holder} was interrupted: `{recover}` finishes or undoes it"
         if status == RunStatus.UNKNOWN:  # begun on another controller, which may be alive
             until = held.data.get("busy_until_iso") or held.data.get("expires_at_iso")
             return (
                 f"; run {holder}'s controller may still be at work here (a command it sent may "
                 f"still be running until {until}): nothing was changed here; once then, "
-                f"`{remedy_text(CliCommand.RECOVER, run=holder)}` takes the host over"
+                f"`{remedy_text(Command.RECOVER, run=holder)}` takes the host over"
             )
         if status in (RunStatus.FINISHED, RunStatus.RECOVERED):
             unit = self.host.unit  # a unit is recovered whole: a node alone is refused
@@ -293,8 +293,8 @@ class HostSession:
             )
             return (
                 f"; run {holder} is over ({status}) but its lock outlived it: "
-                f"`{remedy_text(CliCommand.RECOVER, hosts=unit.name if unit else self.name)}` "
-                f"reconciles {reconciled}, or `{remedy_text(CliCommand.UNLOCK, hosts=self.name)}`"
+                f"`{remedy_text(Command.RECOVER, hosts=unit.name if unit else self.name)}` "
+                f"reconciles {reconciled}, or `{remedy_text(Command.UNLOCK, hosts=self.name)}`"
             )
         return ""
 

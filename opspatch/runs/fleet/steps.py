@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Outcome, Step
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import InputError, OpspatchError, RemoteOperationError
 from opspatch.hosts.engine import (
     READY_SLICE_SECONDS,
@@ -185,9 +185,7 @@ def ready_step(
 def waiting_line(host: str, step: Step, still: StillWaiting, run_id: str | None) -> str:
     """The line a readiness wait prints every 30 s: what is awaited, the last answer, how long
     so far, when it gives up, and what a Ctrl-C does to it."""
-    recover = (
-        f" (`{remedy_text(CliCommand.RECOVER, run=run_id)}` then finishes it)" if run_id else ""
-    )
+    recover = f" (`{remedy_text(Command.RECOVER, run=run_id)}` then finishes it)" if run_id else ""
     return (
         f"{host}: {step}: still waiting for {still.url}/health to answer 200 ({still.last}); "
         f"{still.waited:.0f}s of {still.timeout:.0f}s, gives up at {_clock(still.gives_up_at)}. "
