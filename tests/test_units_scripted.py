@@ -23,9 +23,9 @@ from opspatch.core.host import Host, Unit
 from opspatch.core.policy import BatchSize, Playbook
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import RestartPolicy
-from opspatch.errors import EXIT_BAD_INPUT, Location, UnitRefused
+from opspatch.errors import EXIT_BAD_INPUT, Location, TransportError, UnitRefused
 from opspatch.hosts.transport.base import Transport
-from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport
+from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.commands.recover import recover_hosts
@@ -265,6 +265,34 @@ def test_a_swap_refused_on_one_node_puts_the_others_back_without_a_restart(
     assert units.files() == pristine
     for name in UNIT.hosts:
         assert not {"stop", "start", "restart"} & set(units.fakes[name].requests)
+
+
+def test_a_node_whose_swap_reply_was_lost_after_the_write_rolls_back_the_unit_as_one(
+    units: Units,
+) -> None:
+    """h2's swap wrote the file and its reply was lost: read back, the file is new, so the unit
+    is undone as after a failed proof, restarted as one. Before, h2 was rolled back by a host's
+    own copy of the undo: restarted alone, which a node of a unit can never rejoin."""
+    pristine = units.files()
+
+    def lose_the_reply(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        if op == "swap":
+            agent_operation(op, args)  # the file is written...
+            raise TransportError("the connection broke", host="h2", step="exec")
+        return None
+
+    units.fakes["h2"].fault = lose_the_reply
+    report = units.apply("h1", "h2")
+    outcomes = {h.host: h for h in report.hosts}
+    assert {h: str(o.outcome) for h, o in outcomes.items()} == {
+        "h1": "rolled-back",
+        "h2": "rolled-back",
+    }
+    assert "the swap did not answer" in (outcomes["h1"].error or "")
+    assert units.files() == pristine
+    for name in UNIT.hosts:  # put back, then the unit restarted once, as one
+        assert "restart" not in units.fakes[name].requests, units.fakes[name].requests
+        assert units.fakes[name].requests.count("stop") == 1
 
 
 def restart(units: Units, *names: str) -> RunReport:
