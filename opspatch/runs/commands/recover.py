@@ -287,6 +287,7 @@ _PROVEN = frozenset({Standing.NEW_PROVEN, Standing.NEW_PROVEN_NO_SERVER})
 """Proven, and no server older than the change runs (none found may be a server the agent
 cannot see: whether the unit serves is asked of its head)."""
 
+
 class _RecoverHost:
     """What a recover does on one host: read its standing, act by the decision table."""
 
@@ -347,7 +348,11 @@ class _RecoverHost:
         standings = {s.name: self.read(s) for s in nodes.sessions}
         if all(st.inspection is None for st in standings.values()):
             return self._not_read(nodes)
-        odd = [n for n, st in standings.items() if decide(Command.RECOVER, st.standing) == Action.ATTENTION]
+        odd = [
+            n
+            for n, st in standings.items()
+            if decide(Command.RECOVER, st.standing) == Action.ATTENTION
+        ]
         if odd:
             return self._changed_group(nodes, standings, odd)
         new = {n for n, st in standings.items() if st.standing in ALL_NEW}

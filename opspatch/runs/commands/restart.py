@@ -38,7 +38,7 @@ from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.group import Nodes, failing_as, prove_or_undo, refuse
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import restore_standing
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, target_of
 from opspatch.runs.fleet.standing import HostStanding, begin, read_host
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing
@@ -119,7 +119,11 @@ class _Staged:
 
     @property
     def action(self) -> Action:
-        return decide(Command.RESTART, self.standing.standing) if self.standing is not None else Action.LEAVE
+        return (
+            decide(Command.RESTART, self.standing.standing)
+            if self.standing is not None
+            else Action.LEAVE
+        )
 
     @property
     def new(self) -> bool:
@@ -285,7 +289,7 @@ def _refusal(session: HostSession, standing: HostStanding, run_id: str) -> str:
     if standing.is_set:
         return (
             f"refused: run {run_id}'s patch set is not whole ({standing.found.describe()}); "
-            f"`{remedy_text(Command.RECOVER, hosts=session.name)}` makes it whole"
+            f"`{remedy_text(Command.RECOVER, hosts=target_of(session.host))}` makes it whole"
         )
     version, live = standing.version, standing.live
     return (

@@ -46,11 +46,11 @@ from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.lineage import ChangedSince, PatchedFurther, applied_versions
 from opspatch.ledger.store import FileVersion, Ledger, Machine, RunDetail
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.group import Nodes, refuse, target_of, undo
+from opspatch.runs.fleet.group import Nodes, refuse, undo
 from opspatch.runs.fleet.liveapply import revert_everywhere
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import Examined, restore_standing, run_restore
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error, target_of
 from opspatch.runs.fleet.standing import HostStanding, Lineage, read_host
 from opspatch.runs.fleet.steps import AS_ROLLBACK
 from opspatch.runs.judgments.decisions import decide

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from opspatch.core.host import Host, Unit
+from opspatch.core.host import Unit
 from opspatch.core.vocabulary import Outcome, Step, StepStatus
 from opspatch.errors import OpspatchError
 from opspatch.hosts.engine import RestartResult, ServerGroup, SmokeResult, StopResult
@@ -75,12 +75,6 @@ class Nodes:
         unit = self.unit
         assert unit is not None
         return unit.describe(session.name)
-
-
-def target_of(host: Host) -> str:
-    """What a command names to reach `host`'s group (`--hosts`): its unit, or the host itself
-    (a node of a unit alone is refused)."""
-    return host.unit.name if host.unit is not None else host.name
 
 
 class NodeFailed(HostFailed):

@@ -39,10 +39,10 @@ from opspatch.core.spec import PatchSpec
 from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import LiveRefused, NotTakenLive, OpspatchError
 from opspatch.hosts.live import LiveFix, ask_engine
-from opspatch.runs.fleet.group import Nodes, proven, target_of
+from opspatch.runs.fleet.group import Nodes, proven
 from opspatch.runs.fleet.judging import HostJudge, judged_through_head
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
-from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error, target_of
 from opspatch.runs.judgments.live import (
     judge_check,
     judge_gone,

@@ -33,7 +33,7 @@ from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.errors import OpspatchError, RouterError, RouterRefused
 from opspatch.hosts.router import RouterClient, RouterWorker
 from opspatch.ledger.records import StepRecord
-from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error, target_of
 from opspatch.runs.report import HostOutcome
 
 DRAIN_POLL_SECONDS = 0.1
@@ -197,7 +197,7 @@ class Rotation:
                     hint="set router.worker_url to the URL the router registered (URLs compare "
                     "as exact strings); a worker taken out by hand, or by a run another ledger "
                     f"recorded, is re-admitted by "
-                    f"`{remedy_text(Command.RECOVER, hosts=host.name)}` once "
+                    f"`{remedy_text(Command.RECOVER, hosts=target_of(host))}` once "
                     "its server is proven",
                 )
             # recover re-admits workers first-hand out of rotation, which costs no room; a host
@@ -466,7 +466,7 @@ def rotation_of(
             found[host.name] = (
                 RotationWord.OUT_OF_ROTATION,
                 f"out of rotation: router {router.url} {why} ({router.worker_url}); "
-                f"`{remedy_text(Command.RECOVER, hosts=host.name)}` re-admits it once its "
+                f"`{remedy_text(Command.RECOVER, hosts=target_of(host))}` re-admits it once its "
                 "server is proven",
             )
     return found

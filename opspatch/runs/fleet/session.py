@@ -71,6 +71,12 @@ class HostFailed(Exception):
         self.error = error
 
 
+def target_of(host: Host) -> str:
+    """What a command names to reach `host`'s group (`--hosts`): its unit, or the host itself
+    (a node of a unit alone is refused)."""
+    return host.unit.name if host.unit is not None else host.name
+
+
 def describe_error(exc: BaseException) -> str:
     """One line (plus the engine's log lines when the host sent them) saying why a step failed."""
     if isinstance(exc, HostFailed):
@@ -239,7 +245,7 @@ class HostSession:
         it takes traffic (a host left out of rotation says so in its note, never silently)."""
         rotation = self.rotation
         if rotation is not None and rotation.out:
-            out = rotation.out_note(self.name)
+            out = rotation.out_note(target_of(self.host))
             note = f"{note}; {out}" if note else out
         return HostOutcome(
             self.name,
@@ -293,7 +299,7 @@ class HostSession:
             )
             return (
                 f"; run {holder} is over ({status}) but its lock outlived it: "
-                f"`{remedy_text(Command.RECOVER, hosts=unit.name if unit else self.name)}` "
+                f"`{remedy_text(Command.RECOVER, hosts=target_of(self.host))}` "
                 f"reconciles {reconciled}, or `{remedy_text(Command.UNLOCK, hosts=self.name)}`"
             )
         return ""
