@@ -674,6 +674,21 @@ def test_the_canary_is_a_whole_unit_and_its_failure_halts_the_rest(units: Units)
     assert "swap" not in units.fakes["h3"].requests  # begun in the preflight, its lock given back
 
 
+def test_max_failures_counts_a_failed_unit_once(units: Units) -> None:
+    """max_failures = 2 counts servers, as canaries and batches do: unit u1 rolled back is one
+    failure, so h3, the next batch, is still applied. Before, its two nodes were two failures
+    and halted the run."""
+    units.fakes["h1"].smoke_ok = False
+    book = Playbook(canary=0, batch=BatchSize(count=1), max_failures=2)
+    report = units.apply("h1", "h2", "h3", playbook=book)
+    assert {h.host: str(h.outcome) for h in report.hosts} == {
+        "h1": "rolled-back",
+        "h2": "rolled-back",
+        "h3": "applied",
+    }
+    assert report.halted is None
+
+
 def test_rollback_restart_never_of_a_unit_with_a_refused_node_restores_no_node(
     units: Units,
 ) -> None:

@@ -36,7 +36,8 @@ from typing import TypeVar
 from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Batch, Playbook
 from opspatch.core.remedy import remedy_text
-from opspatch.core.vocabulary import Command, Outcome
+from opspatch.core.vocabulary import FAILED_OUTCOMES, Command, Outcome
+from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.errors import (
     BecomeError,
     HostKeyError,
@@ -237,6 +238,18 @@ class FleetRun:
         unit = self._unit_of.get(item)
         return unit.hosts if unit is not None and unit.head == item else (item,)
 
+    def counted(self, outcomes: Mapping[str, HostOutcome]) -> dict[str, HostOutcome]:
+        """The outcomes as a halt policy counts them, one per group (`max_failures` counts
+        servers, as canaries and batches do): a unit's is the one of its nodes that says most
+        (needs attention, then failed, then out of rotation), under its head's name."""
+        counted: dict[str, HostOutcome] = {}
+        for name, outcome in outcomes.items():
+            unit = self._unit_of.get(name)
+            item = name if unit is None else unit.head
+            if item not in counted or _weight(outcome) > _weight(counted[item]):
+                counted[item] = outcome
+        return counted
+
     def group(self, item: str) -> Nodes:
         """The sessions of the group `item` names (`items`), head first."""
         head, *others = (self.sessions[name] for name in self.members(item))
@@ -311,7 +324,8 @@ class FleetRun:
             ]
 
         def halt_or_out_of_rotation(outcomes: Mapping[str, HostOutcome]) -> str | None:
-            return halt(outcomes) or halt_on_out_of_rotation(outcomes) or self._lease_lost()
+            counted = self.counted(outcomes)
+            return halt(counted) or halt_on_out_of_rotation(counted) or self._lease_lost()
 
         try:
             result = run_fleet(
@@ -581,6 +595,14 @@ def _one(
     per_host: Callable[[HostSession], HostOutcome], session: HostSession
 ) -> Sequence[HostOutcome]:
     return (per_host(session),)
+
+
+def _weight(outcome: HostOutcome) -> tuple[bool, bool, bool]:
+    return (
+        outcome.outcome == Outcome.NEEDS_ATTENTION,
+        outcome.outcome in FAILED_OUTCOMES,
+        outcome.rotation == RotationWord.OUT_OF_ROTATION,
+    )
 
 
 def _skipped(session: HostSession, why: str) -> HostOutcome:
