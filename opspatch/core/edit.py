@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from opspatch.core.kinds.base import EditState
 from opspatch.core.placement import EditProblem, Splice, apply_splices, undo_splices
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.source import (
     LineIndex,
     SourceDecodeError,
@@ -44,7 +44,7 @@ from opspatch.core.source import (
 from opspatch.core.spec import Edit, PatchSpec, edit_field, variant_label
 from opspatch.core.syntax import parse_python
 from opspatch.core.validate import validate_result
-from opspatch.core.vocabulary import Detected, EditStatus
+from opspatch.core.vocabulary import Command, Detected, EditStatus
 
 __all__ = [
     "AlreadyApplied",
@@ -395,7 +395,7 @@ def _judged(
         return NotApplicable(
             patch.id,
             detection.reason
-            + f"; restore the original file (`{remedy_text(CliCommand.ROLLBACK, patch.id)}` where "
+            + f"; restore the original file (`{remedy_text(Command.ROLLBACK, patch.id)}` where "
             "opspatch wrote it) or finish the change by hand",
         )
     if detection.state == "applied":

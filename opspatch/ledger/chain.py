@@ -17,8 +17,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
+from opspatch.core.vocabulary import Command
 from opspatch.errors import LedgerIntegrityError
 from opspatch.ledger.database import Database
 from opspatch.ledger.records import VerifyReport
@@ -155,7 +156,7 @@ def store_blob(conn: Database, sha256: str, data: bytes) -> None:
     elif sha256_hex(bytes(existing[0])) != sha256:
         raise LedgerIntegrityError(
             f"the ledger already holds altered bytes under sha256 {sha256}",
-            hint=f"run `{remedy_text(CliCommand.LEDGER_VERIFY)}`",
+            hint=f"run `{remedy_text(Command.LEDGER_VERIFY)}`",
         )
 
 

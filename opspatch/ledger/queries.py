@@ -13,9 +13,9 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from opspatch.core.filechange import FileChange
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
-from opspatch.core.vocabulary import EventKind, Outcome, Step
+from opspatch.core.vocabulary import Command, EventKind, Outcome, Step
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
 from opspatch.ledger.approvals import approvals_of, signed_in
 from opspatch.ledger.chain import EventRow, canonical_json
@@ -103,7 +103,7 @@ class Queries(Transactions):
         if not matches or not prefix:
             raise InputError(
                 f"no run {run_id_or_prefix!r} in the ledger {self.path}",
-                hint=f"`{remedy_text(CliCommand.LEDGER_LIST)}` shows the runs",
+                hint=f"`{remedy_text(Command.LEDGER_LIST)}` shows the runs",
             )
         raise InputError(
             f"{run_id_or_prefix!r} matches several runs: {', '.join(matches[:5])}",
@@ -140,7 +140,7 @@ class Queries(Transactions):
             raise LedgerIntegrityError(
                 f"the stored bytes for sha256 {sha256} were altered (they hash to "
                 f"{sha256_hex(data)})",
-                hint=f"run `{remedy_text(CliCommand.LEDGER_VERIFY)}`",
+                hint=f"run `{remedy_text(Command.LEDGER_VERIFY)}`",
             )
         return data
 

@@ -53,7 +53,7 @@ from opspatch.ledger.records import ContainerRecord
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import misfit_reason
 from opspatch.runs.fleet.connect import transport_factory
-from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
@@ -144,7 +144,7 @@ def bake_image(
                     return run.finish(fleet.report({host.name: item}, halted=None, refused=True))
                 bake.refuse_misfits(item, fleet)
                 outcomes, halted = fleet.execute(
-                    lambda session: bake.host(session, item),
+                    per_node(lambda session: bake.host(session, item)),
                     batches=plan_rollout(playbook, [host.name]).batches,
                     halt=lambda _: None,
                 )

@@ -23,9 +23,9 @@ from opspatch.core.edit import Detection, detect, misfits
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord, json_field, record_to_json
 from opspatch.core.policy import StepTimeouts
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch, PatchSpec
-from opspatch.core.vocabulary import Detected, FileAction, PatchState, Rotation
+from opspatch.core.vocabulary import Command, Detected, FileAction, PatchState, Rotation
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, OpspatchError, TargetError
 from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.image import BakedLabels, baked_history
@@ -113,7 +113,7 @@ def with_server(status: PatchStatus, host: Host, inspection: HostInspection) -> 
     if not running:
         down = (
             f"the server is not running (no live process in its pid file, nothing listening at "
-            f"{host.engine.url}): `{remedy_text(CliCommand.DIAGNOSE, hosts=host.name)}` says why"
+            f"{host.engine.url}): `{remedy_text(Command.DIAGNOSE, hosts=host.name)}` says why"
         )
         detail = f"{detail}; {down}" if detail else down
     return replace(status, detail=detail, server_running=running)
@@ -326,7 +326,7 @@ def _classify(
     detail = why_unknown(spec, structural) if structural.state == "unknown" else structural.reason
     if structural.state == "partial":
         detail += (
-            f"; `{remedy_text(CliCommand.ROLLBACK, patch.reference, hosts=host)}` restores the "
+            f"; `{remedy_text(Command.ROLLBACK, patch.reference, hosts=host)}` restores the "
             "original where "
             "opspatch wrote it, or finish the change by hand"
         )
@@ -368,9 +368,9 @@ def combine_set(patch: LoadedPatch, host: str, files: Sequence[PatchStatus]) -> 
         detail = f"the patch set is not whole ({each})"
         if state == PatchState.PARTIAL:
             detail += (
-                f": `{remedy_text(CliCommand.RECOVER, hosts=host)}` makes it whole (puts the new "
+                f": `{remedy_text(Command.RECOVER, hosts=host)}` makes it whole (puts the new "
                 "files back), or "
-                f"`{remedy_text(CliCommand.ROLLBACK, patch.reference, hosts=host)}`"
+                f"`{remedy_text(Command.ROLLBACK, patch.reference, hosts=host)}`"
             )
     running = [f.server_running for f in files if f.server_running is not None]
     return PatchStatus(

@@ -20,7 +20,7 @@ from opspatch.config.fleet import DesiredPatch, DesiredState
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.policy import Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import (
     Command,
@@ -43,7 +43,7 @@ from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.commands.apply import apply_to_hosts, units_refused
 from opspatch.runs.commands.status import PatchStatus, fleet_status
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.judgments.approval import require_approval
@@ -117,9 +117,7 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
     if status.state == PatchState.UNREACHABLE:
         # whether desired or not: a host not inspected is unknown, never "as desired" or
         # "no drift" (a row dropped here made `plan --fleet --hosts H` and `drift` pass on it)
-        return row(
-            SyncAction.UNREACHABLE, status.detail, remedy_text(CliCommand.DIAGNOSE, hosts=host)
-        )
+        return row(SyncAction.UNREACHABLE, status.detail, remedy_text(Command.DIAGNOSE, hosts=host))
     if entry is None:
         present = status.state in (PatchState.APPLIED, PatchState.STAGED) or (
             status.state == PatchState.DRIFTED and carried == Detected.APPLIED
@@ -129,7 +127,7 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
         return row(
             SyncAction.EXTRA,
             "on the host, but the fleet file does not want it there; sync leaves it",
-            remedy_text(CliCommand.ROLLBACK, patch, hosts=host),
+            remedy_text(Command.ROLLBACK, patch, hosts=host),
         )
     if entry.releases:
         if status.release is None:
@@ -137,14 +135,12 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
                 SyncAction.BY_HAND,
                 f"cannot tell which release the host runs, so not whether {entry.releases} "
                 f"({entry.location}) covers it",
-                remedy_text(CliCommand.DIAGNOSE, hosts=host),
+                remedy_text(Command.DIAGNOSE, hosts=host),
             )
         try:
             covered = entry.covers(status.release)
         except InputError as exc:
-            return row(
-                SyncAction.BY_HAND, exc.message, remedy_text(CliCommand.DIAGNOSE, hosts=host)
-            )
+            return row(SyncAction.BY_HAND, exc.message, remedy_text(Command.DIAGNOSE, hosts=host))
         if not covered:
             return row(
                 SyncAction.OUTSIDE_RANGE,
@@ -162,11 +158,11 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
             return row(
                 SyncAction.RECOVER,
                 f"the fix is there, but {unserved}: "
-                f"`{remedy_text(CliCommand.RECOVER, hosts=host)}` "
+                f"`{remedy_text(Command.RECOVER, hosts=host)}` "
                 "starts "
                 f"the server and re-admits it once its smoke decode passes; sync writes nothing "
                 f"there{said}",
-                remedy_text(CliCommand.RECOVER, hosts=host),
+                remedy_text(Command.RECOVER, hosts=host),
             )
         # upstream's fix, or a file the ledger does not explain: recover leaves those alone
         whose = "the release's own" if action == SyncAction.FIXED_UPSTREAM else "not opspatch's"
@@ -174,15 +170,15 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
             SyncAction.RECOVER,
             f"the fix is there ({whose} file), but {unserved}: start the server by its own "
             f"means (recover finishes only what opspatch wrote); "
-            f"`{remedy_text(CliCommand.DIAGNOSE, hosts=host)}` says what it finds there; "
+            f"`{remedy_text(Command.DIAGNOSE, hosts=host)}` says what it finds there; "
             f"sync writes nothing there{said}",
-            remedy_text(CliCommand.DIAGNOSE, hosts=host),
+            remedy_text(Command.DIAGNOSE, hosts=host),
         )
     command = {
-        SyncAction.APPLY: remedy_text(CliCommand.SYNC, hosts=host),
-        SyncAction.RESTART: remedy_text(CliCommand.RESTART, hosts=host),
-        SyncAction.NEEDS_PORT: remedy_text(CliCommand.PLAN, patch, hosts=host),
-        SyncAction.BY_HAND: remedy_text(CliCommand.DIAGNOSE, hosts=host),
+        SyncAction.APPLY: remedy_text(Command.SYNC, hosts=host),
+        SyncAction.RESTART: remedy_text(Command.RESTART, hosts=host),
+        SyncAction.NEEDS_PORT: remedy_text(Command.PLAN, patch, hosts=host),
+        SyncAction.BY_HAND: remedy_text(Command.DIAGNOSE, hosts=host),
     }.get(action)
     if action == SyncAction.NEEDS_PORT:
         detail = (
@@ -329,9 +325,7 @@ def plan_fleet(
                 continue
             cause = drift_cause(row, status, _written_before(ledger, status))
             # a file that drifted with the fix still in it has no sync command: diagnose says how
-            fix = row.command or (
-                remedy_text(CliCommand.DIAGNOSE, hosts=host.name) if cause else None
-            )
+            fix = row.command or (remedy_text(Command.DIAGNOSE, hosts=host.name) if cause else None)
             rows.append(replace(row, cause=cause, command=fix))
     return FleetPlan(desired.path, tuple(h.name for h in hosts), tuple(rows))
 
@@ -439,7 +433,7 @@ def sync_fleet(
     split = unit_refusal(
         hosts,
         command="sync",
-        whole=lambda unit: remedy_text(CliCommand.SYNC, hosts=unit.name),
+        whole=lambda unit: remedy_text(Command.SYNC, hosts=unit.name),
     )
     if split is not None:
         raise split
@@ -519,7 +513,7 @@ def _why_left(row: SyncRow, stopped: RunReport | None) -> str:
         return (
             f"not applied: sync stopped after run {stopped.run_id} ({stopped.patch}) did not "
             f"reach its goal (exit {stopped.exit_code}); "
-            f"`{remedy_text(CliCommand.SYNC, hosts=row.host)}` "
+            f"`{remedy_text(Command.SYNC, hosts=row.host)}` "
             "once that is settled"
         )
     return f"{row.action}: {row.detail}"
@@ -553,7 +547,7 @@ def _record_left_alone(
         ) as fleet,
     ):
         fleet.decide({r.host: HostOutcome(r.host, Outcome.SKIPPED, why) for r, why in left})
-        outcomes, halted = fleet.execute(_never_started, batches=(), halt=lambda _: None)
+        outcomes, halted = fleet.execute(per_node(_never_started), batches=(), halt=lambda _: None)
         return run.finish(fleet.report(outcomes, halted=halted))
 
 

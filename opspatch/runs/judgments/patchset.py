@@ -8,8 +8,8 @@ read a set here and then act on all of its files or on none.
 
 A single file is a set of one: `standing` judges both, from the facts `runs.fleet.standing`
 reads (each file's `lineage.locate`, the server's age against the write, the ledger's proof)
-to one of a closed set of `Standing` words, and each command that changes hosts is a table from
-those words to what it does (`restart.ACTIONS`, `recover.ACTIONS`, `rollback.ACTIONS`).
+to one of a closed set of `Standing` words; what each command does about them is one table
+(`runs.judgments.decisions`).
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def paths_of(versions: Sequence[FileVersion]) -> list[str]:
 
 class Standing(Word):
     """Where the change a command is about stands on one host: every file of it (a single file
-    is a set of one) read together, with the server that runs it. A closed set: every command
-    that changes hosts has an action for each (a test fails when one is added without)."""
+    is a set of one) read together, with the server that runs it. A closed set: every goal of
+    the decision table has an action for each (a test fails when one is added without)."""
 
     NOTHING_RECORDED = "nothing-recorded"
     """The ledger holds no change of this host's file(s) that the command is about."""
@@ -171,26 +171,3 @@ def judge(located: Sequence[Located | None], *, server: ServerAge, proven: bool)
     if server == ServerAge.NONE:
         return Standing.NEW_PROVEN_NO_SERVER if proven else Standing.NEW_UNPROVEN_NO_SERVER
     return Standing.NEW_PROVEN if proven else Standing.NEW_UNPROVEN
-
-
-class Action(Word):
-    """What a command does about a standing: the cells of its table (`ACTIONS`)."""
-
-    LEAVE = "leave"
-    """Nothing to do: the host is reported as it was found (`skipped`, with why)."""
-    REFUSE = "refuse"
-    """Not this command's to change (someone else's bytes, a set not whole): `skipped`."""
-    ATTENTION = "attention"
-    """Not this command's to change, and left for a person: `needs-attention`."""
-    ENSURE_RUNNING = "ensure-running"
-    """Nothing to change on disk: make sure the server answers (restart it if it does not)."""
-    PROVE_OR_UNDO = "prove-or-undo"
-    """Restart into the change and prove it; a failed proof undoes it (`rolled-back`)."""
-    RESTORE = "restore"
-    """Put the pre-images back (the new files of the set), then prove the restore."""
-    RESTORE_FROM_BACKUP = "restore-from-backup"
-    """No record: take the patch off the file alone and restore the host's own backup."""
-
-
-Table = Mapping[Standing, Action]
-"""A command that changes hosts: what it does about each standing (every one has a cell)."""
