@@ -27,6 +27,7 @@ from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.policy import BatchSize, Playbook
 from opspatch.errors import LedgerLost
 from opspatch.hosts.transport.scripted import Refusal, agent_operation
+from opspatch.ledger import NewFileVersion
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.commands.recover import recover_run, run_chain
@@ -248,13 +249,15 @@ def _left_by_a_dead_live_apply(fleet: Fleet, host: FakeHost, *, taken: bool) -> 
     ledger.record_file_version(
         dead,
         host.name,
-        path=str(host.file),
-        sha256_before=planned.sha256_before,
-        sha256_after=planned.sha256_after,
-        mode=0o644,
-        owner="root:root",
-        pre_image=planned.old_source,
-        post_image=planned.new_source,
+        NewFileVersion(
+            path=str(host.file),
+            sha256_before=planned.sha256_before,
+            sha256_after=planned.sha256_after,
+            mode=0o644,
+            owner="root:root",
+            pre_image=planned.old_source,
+            post_image=planned.new_source,
+        ),
     )
     ledger.record_step(dead, host.name, "swap", "ok", 0.1)
     ledger.record_step(dead, host.name, "live", "started")

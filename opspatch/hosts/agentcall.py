@@ -24,12 +24,10 @@ from opspatch.hosts.agent.protocol import (
     OperationReply,
 )
 from opspatch.hosts.become import (
-    LOGIN_OPERATIONS,
-    RAISED_OPERATIONS,
     BecomePasswords,
+    RunsAs,
     Sudo,
     not_allowed_to_read,
-    run_as,
 )
 from opspatch.hosts.channel import (
     DEFAULT_LOCK_GRACE,
@@ -40,6 +38,7 @@ from opspatch.hosts.channel import (
     lock_times,
     operation_call,
 )
+from opspatch.hosts.results import descriptor, run_as
 from opspatch.hosts.transport.base import Transport
 
 _INTERPRETER_MISSING_STATUS = (126, 127)  # the shell's "not executable" / "not found"
@@ -146,8 +145,8 @@ class AgentCaller:
     # -- the one path to the host's agent: one exec, the fence, refusals ---------------------
 
     def default_user(self, operation: str) -> str | None:
-        """Who runs `operation` on this host: the become user for one that changes it (with
-        `become`), else None, the login user."""
+        """Who runs `operation` on this host (with `become`, as its descriptor's `runs_as`
+        says), or None, the login user."""
         return run_as(self.host, operation)
 
     def call_as(
@@ -176,7 +175,7 @@ class AgentCaller:
             reply.get("status") == "refused"
             and as_user is None
             and self.host.become.enabled
-            and not_allowed_to_read(operation, reply)
+            and not_allowed_to_read(descriptor(operation).runs_as, reply)
         ):
             # the login user may not read what this needs: ask again as the become user
             user = self.host.become.user
@@ -218,7 +217,9 @@ class AgentCaller:
         # Another user's process (become). A read changes nothing, so it is not fenced: this
         # run's next change is. A change (a restart as root) runs only while the lock holds
         # to its deadline: the lock's user re-asserts it on its own when it might lapse first.
-        changes = any(call["op"] in RAISED_OPERATIONS for call in calls)
+        changes = any(
+            descriptor(call["op"]).runs_as in (RunsAs.CHANGE, RunsAs.RESTART) for call in calls
+        )
         if changes and time.monotonic() + timeout > fence.good_until:
             (reply,) = self._send([refresh], as_user=fence.user, timeout=timeout, step=step)
             self._fenced(reply, step)
@@ -370,7 +371,7 @@ class AgentCaller:
         return (
             as_user is None
             and self.host.become.enabled
-            and all(call["op"] in LOGIN_OPERATIONS for call in calls)
+            and all(descriptor(call["op"]).runs_as is RunsAs.READ for call in calls)
         )
 
     def _exchange(

@@ -57,9 +57,7 @@ from opspatch.hosts.agent.protocol import (
     UnlockRequest,
 )
 from opspatch.hosts.agentcall import AgentCaller
-from opspatch.hosts.become import (
-    raised_users,
-)
+from opspatch.hosts.become import raised_users
 from opspatch.hosts.channel import (
     AGENT_PACKAGE,
     BOOTSTRAP,

@@ -38,6 +38,8 @@ from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Command, FileAction, Outcome, Step, StepStatus
 from opspatch.errors import HostError, InputError, LedgerError, TargetError
 from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, ModuleDiagnosis
+from opspatch.hosts.results import file_owner
+from opspatch.ledger.records import NewFileVersion
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.diagnose import read_hosts
 from opspatch.runs.fleet.connect import TransportFactory
@@ -449,13 +451,15 @@ def _adopted(
     session.record(Step.READ, StepStatus.OK, 0.0, detail)
     session.recorder.file_version(
         session.name,
-        path=f.realpath,
-        sha256_before=pristine.sha256,
-        sha256_after=f.sha256,
-        mode=f.mode,
-        owner=f"{f.owner or f.uid}:{f.group or f.gid}",
-        pre_image=pristine.content,
-        post_image=f.content,
+        NewFileVersion(
+            f.realpath,
+            pristine.sha256,
+            f.sha256,
+            f.mode,
+            file_owner(f),
+            pre_image=pristine.content,
+            post_image=f.content,
+        ),
     )
     session.record(Step.ADOPT, StepStatus.OK, 0.0, said)
     session.steps += [

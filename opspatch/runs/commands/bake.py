@@ -49,7 +49,8 @@ from opspatch.hosts.image import (
     build_context,
     earlier_bakes,
 )
-from opspatch.ledger.records import ContainerRecord
+from opspatch.hosts.results import file_owner
+from opspatch.ledger.records import ContainerRecord, NewFileVersion
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import misfit_reason
 from opspatch.runs.fleet.connect import transport_factory
@@ -341,14 +342,16 @@ class _Bake:
             plan, seen = _plan(item), item.inspection.file
             session.recorder.file_version(
                 session.name,
-                path=item.path,
-                sha256_before=plan.sha256_before,
-                sha256_after=plan.sha256_after,
-                mode=seen.mode,
-                owner=f"{seen.owner or seen.uid}:{seen.group or seen.gid}",
-                pre_image=plan.old_source,
-                post_image=plan.new_source,
-                container=image,
+                NewFileVersion(
+                    item.path,
+                    plan.sha256_before,
+                    plan.sha256_after,
+                    seen.mode,
+                    file_owner(seen),
+                    pre_image=plan.old_source,
+                    post_image=plan.new_source,
+                    container=image,
+                ),
             )
 
 

@@ -43,7 +43,9 @@ from opspatch.core.vocabulary import Action, Command, FileAction, Outcome, SetSt
 from opspatch.errors import OpspatchError, RemoteOperationError
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostInspection
+from opspatch.hosts.results import file_owner
 from opspatch.ledger.lineage import ChangedSince, PatchedFurther, applied_versions
+from opspatch.ledger.records import NewFileVersion
 from opspatch.ledger.store import FileVersion, Ledger, Machine, RunDetail
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.group import Nodes, refuse, undo
@@ -541,14 +543,16 @@ class _Rollback:
             note["detail"] = f"back to {pre_sha256[:12]} from the host's backup"
         session.recorder.file_version(
             session.name,
-            path=live.realpath,
-            sha256_before=live.sha256,
-            sha256_after=pre_sha256,
-            mode=live.mode,
-            owner=f"{live.owner or live.uid}:{live.group or live.gid}",
-            pre_image=live.content,
-            action=FileAction.RESTORE,
-            container=session.container,
+            NewFileVersion(
+                live.realpath,
+                live.sha256,
+                pre_sha256,
+                live.mode,
+                file_owner(live),
+                pre_image=live.content,
+                action=FileAction.RESTORE,
+                container=session.container,
+            ),
         )
         return FileChange(live.realpath, restored.sha256_before, restored.sha256_after)
 

@@ -31,6 +31,8 @@ from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import OpspatchError, PreimageMismatch
 from opspatch.hosts.engine import SmokeResult
 from opspatch.hosts.operations import HostInspection
+from opspatch.hosts.results import file_owner
+from opspatch.ledger.records import NewFileVersion
 from opspatch.runs.fleet.group import Nodes, prove, undo
 from opspatch.runs.fleet.judging import JudgePlan, judged_through_head, with_judgment
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
@@ -455,14 +457,16 @@ class ApplyPipeline:
         plan, remote = _plan(item), item.inspection.file
         session.recorder.file_version(
             session.name,
-            path=remote.realpath,
-            sha256_before=plan.sha256_before,
-            sha256_after=plan.sha256_after,
-            mode=remote.mode,
-            owner=f"{remote.owner or remote.uid}:{remote.group or remote.gid}",
-            pre_image=plan.old_source,
-            post_image=plan.new_source,
-            container=session.container,
+            NewFileVersion(
+                remote.realpath,
+                plan.sha256_before,
+                plan.sha256_after,
+                remote.mode,
+                file_owner(remote),
+                pre_image=plan.old_source,
+                post_image=plan.new_source,
+                container=session.container,
+            ),
         )
 
     def baseline(self, session: HostSession) -> tuple[tuple[str | None, ...] | None, str | None]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from opspatch.core.remedy import remedy_text
-from opspatch.core.vocabulary import Command, Outcome, Step
+from opspatch.core.vocabulary import Command, FileAction, Outcome, Step
 from opspatch.errors import InputError, OpspatchError, RemoteOperationError
 from opspatch.hosts.engine import (
     READY_SLICE_SECONDS,
@@ -23,6 +23,7 @@ from opspatch.hosts.engine import (
     StillWaiting,
 )
 from opspatch.hosts.operations import RestoreResult
+from opspatch.ledger.records import NewFileVersion
 from opspatch.runs.fleet.rotation import admit_step, drain_step
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 
@@ -103,14 +104,18 @@ def restore_pre_image(
         else:
             note["detail"] = f"back to {restored.sha256_after[:12]} from {restored.source}"
     if restored.changed:
-        session.recorder.restored(
+        session.recorder.file_version(
             session.name,
-            path=path,
-            sha256_before=restored.sha256_before,
-            sha256_after=restored.sha256_after,
-            mode=mode,
-            owner=owner,
-            container=session.container,
+            NewFileVersion(
+                path,
+                restored.sha256_before,
+                restored.sha256_after,
+                mode,
+                owner,
+                pre_image=None,  # what it overwrote: the post-image the ledger holds
+                action=FileAction.RESTORE,
+                container=session.container,
+            ),
         )
     return restored
 
