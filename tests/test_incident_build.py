@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -252,3 +253,40 @@ def test_diagnose_names_the_cause_from_the_real_source_and_log(
     assert f"line {set_up} `self.init_plain_decode_cuda_graphs()`" in report.likely_cause
     assert "was swallowed by a caller and the half-built object was used" in report.likely_cause
     assert any("StandaloneWorkerV2" in s for s in report.skipping_subclasses)
+
+
+# -- the same with opspatch's own commands, on an unpacked release ------------------------------
+
+
+@pytest.mark.process
+def test_opspatch_builds_the_incident_and_fixes_it_on_a_release_tree(tmp_path: Path) -> None:
+    from tests.clirunner import opspatch
+
+    root = tmp_path / "site"
+    for relpath in (EAGLE, SCHEDULER, f"sglang-{VERSION}.dist-info/METADATA"):
+        (root / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (root / relpath).write_bytes(_release(relpath))
+    build = str(BASE_PATCH_DIR / f"{INCIDENT_BUILD}.toml")
+    eagle = root / EAGLE
+
+    checked = opspatch("check", build)
+    assert checked.code == 0, checked.stdout + checked.stderr
+    applied = opspatch("apply", build, "--root", str(root), "--yes", "--json")
+    assert applied.code == 0, applied.stdout + applied.stderr
+    assert applied.json()["outcome"] == "ok"
+    assert "self.init_plain_decode_cuda_graphs()" in eagle.read_text()
+
+    linted = opspatch("lint-init", "--file", str(eagle), "--class", "EAGLEWorkerV2", "--json")
+    assert linted.code == 1, linted.stderr
+    assert "spec_disable_batch_threshold" in _hazards(linted.json())
+
+    fixed = opspatch("apply", "eagle-init-guard", "--root", str(root), "--yes", "--json")
+    assert fixed.code == 0, fixed.stdout + fixed.stderr
+    again = opspatch("plan", "eagle-init-guard", "--file", str(eagle))
+    assert again.code == 0 and "already applied" in again.stdout + again.stderr, again
+    relinted = opspatch("lint-init", "--file", str(eagle), "--class", "EAGLEWorkerV2", "--json")
+    assert "spec_disable_batch_threshold" not in _hazards(relinted.json())
+
+
+def _hazards(report: dict[str, Any]) -> set[str]:
+    return {h["attribute"] for c in report["classes"] for h in c["hazards"]}
