@@ -199,7 +199,9 @@ def test_lint_init_finds_the_incident_bug_and_not_once_fixed(
     guard: LoadedPatch, incident: dict[str, Applied], speculative_package: dict[str, str]
 ) -> None:
     text = incident[EAGLE].new_source.decode()
-    report = lint_init(text, f"/site/{EAGLE}", class_name="EAGLEWorkerV2", related=speculative_package)
+    report = lint_init(
+        text, f"/site/{EAGLE}", class_name="EAGLEWorkerV2", related=speculative_package
+    )
     (hazard,) = [h for h in report.hazards if h.attribute == "spec_disable_batch_threshold"]
     assert "late" in hazard.kinds
     risky = [s.text for s in hazard.risky_before]
