@@ -60,8 +60,9 @@ START_TIME_SLACK = 2.0
 """Seconds a process start time read from /proc may be early (the boot time it is counted from
 is a whole second): a file changed within this of the start is not called newer than the
 server."""
-START_MARKER = "server_args=ServerArgs("
-"""SGLang's first log line of a start: the log since the last start begins at the last one."""
+START_MARKER = r"\bserver_args=(?:ServerArgs\(|\{)"
+"""SGLang's first log line of a start: the log since the last start begins at the last one.
+`server_args=ServerArgs(...)` up to 0.5.13, `server_args={...}` (a dict) from 0.5.20."""
 
 LOG_MARKERS = (
     ("scheduler-exception", r"Scheduler hit an exception"),
@@ -240,7 +241,7 @@ def log_window(
         )
         basis = f"since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(cutoff))}"
     else:
-        marks = [i for i, line in enumerate(lines) if START_MARKER in line]
+        marks = [i for i, line in enumerate(lines) if re.search(START_MARKER, line)]
         if marks:
             begin, basis = marks[-1], "since the server's last start"
         elif started_at is not None:
