@@ -184,6 +184,32 @@ def test_ready_then_a_crash_is_healthy_but_crashing_with_the_exception_and_its_c
     assert "exception AttributeError: 'EAGLEWorkerV2' object" in text
 
 
+def test_a_traceback_the_log_did_not_stamp_says_so_not_none() -> None:
+    # real SGLang 0.5.23 with --skip-server-warmup: `logger.exception` puts the traceback of a
+    # failed POST /freeze_gc on lines of its own, after its message; no time can be read for it
+    group = TracebackGroup(
+        "requests.exceptions.ConnectionError", "Max retries exceeded with url: /freeze_gc",
+        1, None, None, 4, 'File "adapters.py", line 729, in send', "adapters.py", 729, None,
+    )  # fmt: skip
+    d = HostDiagnosis(
+        "gpu-01",
+        None,
+        _server(),
+        (module(ORIGINAL),),
+        None,
+        LogWindow("/log", True, 100, "since the server's last start", tracebacks=(group,)),
+    )
+    from opspatch.runs.commands.diagnose import analyse_exceptions
+
+    files = [judge_file(m, [], {sha(ORIGINAL): ORIGINAL}, {}) for m in d.modules]
+    report = judge_host(d, files, analyse_exceptions(d, []))
+    (finding,) = [f for f in report.findings if f.kind == "exception"]
+    assert finding.detail.startswith("1x, time not logged, at ")
+    text = render_host(report)
+    assert "        1x, time not logged\n" in text
+    assert "None" not in text
+
+
 def test_stale_bytecode_old_code_and_other_copies_are_findings() -> None:
     copies = (
         InstalledCopy("/venv/sglang", "sys.path", "/venv", True, True),

@@ -189,6 +189,14 @@ class TracebackGroup:
     def exception(self) -> str:
         return f"{self.type}: {self.message}" if self.message is not None else str(self.type)
 
+    @property
+    def when(self) -> str:
+        """Its times as the log stamps them; a traceback printed on lines of its own (the
+        interpreter's, or after a `logger.exception` message) carries none."""
+        if self.first_time is None and self.last_time is None:
+            return "time not logged"
+        return f"first {self.first_time}, last {self.last_time}"
+
 
 @dataclass(frozen=True)
 class LogMarker(JsonRecord):

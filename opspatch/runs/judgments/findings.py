@@ -554,8 +554,7 @@ def _exception_findings(exceptions: Sequence[ExceptionReport]) -> list[Finding]:
                 "exception",
                 PROBLEM,
                 g.exception,
-                f"{g.count}x, first {g.first_time}, last {g.last_time}"
-                + (f", at {g.frame}" if g.frame else ""),
+                f"{g.count}x, {g.when}" + (f", at {g.frame}" if g.frame else ""),
             )
         )
         for fix in report.fixes:

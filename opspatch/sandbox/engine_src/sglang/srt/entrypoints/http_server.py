@@ -348,7 +348,8 @@ def launch_server(server_args: ServerArgs) -> None:
     install_sigquit_handler()
     signal.signal(signal.SIGTERM, _raise_system_exit)
     signal.signal(signal.SIGINT, _raise_system_exit)
-    logger.info(f"server_args={server_args!r}")
+    # as SGLang 0.5.20 and later: a dict (older releases wrote `server_args=ServerArgs(...)`)
+    logger.info(f"server_args={dataclasses.asdict(server_args)}")
 
     try:
         processes = launch_subprocesses(server_args)

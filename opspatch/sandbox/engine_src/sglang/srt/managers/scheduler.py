@@ -446,7 +446,8 @@ def run_scheduler_process(
     load_plugins()
     kill_itself_when_parent_died()
     set_process_name(f"sglang::sch_TP{tp_rank}")
-    configure_logger(server_args, prefix=f" TP{tp_rank}")
+    # as SGLang: the rank is named only where there are several
+    configure_logger(server_args, prefix=f" TP{tp_rank}" if server_args.tp_size > 1 else "")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         scheduler = Scheduler(
