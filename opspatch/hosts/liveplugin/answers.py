@@ -13,8 +13,13 @@ from typing import Any
 from . import wire
 
 OPS = ("take", "revert", "list", "check", "ping")
-"""`ping` is the delivery path's own: who answers here; `check` the preflight's (`checks`); the
-others are the fix runtime's."""
+"""`ping` is the delivery path's own: who answers here and how the plugin started; `check` the
+preflight's (`checks`); the others are the fix runtime's."""
+
+START_ENTRY_POINT, START_PTH = "entry-point", "pth"
+started_by = START_ENTRY_POINT
+"""How the plugin started in this process: SGLang's `load_plugins()` called the entry point of
+group `sglang.srt.plugins`, or the `.pth` line's finder called it (`plugin`, which sets it)."""
 
 
 def describe(role: str, rank: int | None) -> dict[str, Any]:
@@ -38,7 +43,7 @@ def apply_here(request: dict[str, Any]) -> dict[str, Any]:
         return refused
     op = request["op"]
     if op == "ping":
-        return {"ok": True, "took": []}
+        return {"ok": True, "took": [], "start": started_by}
     try:
         if op == "check":
             return _as_document(importlib.import_module(".checks", __package__).check(request))
