@@ -1,6 +1,7 @@
 """Real SGLang 0.5.23 on this machine's CPU, made and started by opspatch's real-engine parts:
 the shared environment, a host's own layer, the CPU kernel layer, the platform plugin and the
-models, one TP=1 EAGLE-3 server shared by the module (tests/realkit.py).
+models, one TP=2 EAGLE-3 server (two scheduler ranks over gloo) shared by the module
+(tests/realkit.py). The sandbox's own path, a two-node server, is tests/test_sandbox_real.py.
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from opspatch.sandbox.processes import is_running
+from opspatch.sandbox.processes import is_running, proc_text
 from opspatch.sandbox.real.launch import EAGLE_DRAFT_TOKENS
 from opspatch.sandbox.real.server import RealServer
 from tests.realkit import RealEngine, real_engine, start_server, transformers_greedy
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1800)]  # a real start: minutes
 
 CORPUS_PROMPTS = [
     "The capital of France is",
@@ -49,7 +50,7 @@ def engine() -> RealEngine:
 
 @pytest.fixture(scope="module")
 def server(engine: RealEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
-    started = start_server(engine, tmp_path_factory.mktemp("real-tp1"))
+    started = start_server(engine, tmp_path_factory.mktemp("real-tp2"), tp=2)
     yield started
     started.stop()
 
@@ -80,12 +81,13 @@ def test_the_platform_plugin_ran_in_every_process_and_kept_intel_amx(server: Rea
     loaded = {
         line.split()[2].rstrip(":") for line in log.splitlines() if "[opspatch_sandbox_cpu]" in line
     }
-    assert len(loaded) >= 3, loaded  # the main process, the scheduler and the detokenizer
+    assert len(loaded) >= 4, loaded  # the main process, both schedulers, the detokenizer
     assert "fallback to torch_native" not in log
 
 
 def test_stop_ends_every_process_of_the_server(server: RealServer) -> None:
     pids = server.pids()
-    assert len(pids) >= 3, pids
+    schedulers = [p for p in pids if "sglang::scheduler" in (proc_text(p, "cmdline") or "")]
+    assert len(schedulers) == 2, pids
     server.stop()
     assert [pid for pid in pids if is_running(pid)] == []

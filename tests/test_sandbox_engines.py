@@ -5,6 +5,7 @@ in the sandbox is refused with the reason; the sandbox's base patches are none y
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,6 @@ def test_a_new_sandbox_runs_the_standin_and_keeps_what_it_was_built_with() -> No
     [
         (None, UpRequest(engine=REAL, install="editable"), "--install editable does not go"),
         (None, UpRequest(engine=REAL, containers=True), "--containers does not go with --engine"),
-        (None, UpRequest(engine=REAL, units=UnitShape(1)), "--units does not go with --engine"),
         ("standin", UpRequest(engine=REAL), "the sandbox runs standin; `up --engine sglang=="),
         ("real", UpRequest(engine=STANDIN), "the sandbox runs sglang==0.5.23; `up --engine"),
         ("real", UpRequest(tp=3), "the sandbox's servers run 1 TP rank(s); `up --tp 3`"),
@@ -91,6 +91,20 @@ def test_the_inventory_starts_real_sglang_with_its_model_flags_and_environment()
     assert env["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1
     assert host.live is True
     assert "real SGLang 0.5.23" in render_inventory(LAYOUT, manifest, over_ssh=False)
+
+
+def test_a_real_units_nodes_bind_their_ranks_to_cores_of_their_own() -> None:
+    planned, _ = planned_manifest(None, UpRequest(engine=REAL, units=UnitShape(1, 2, tp=1)))
+    manifest = Manifest(planned.hosts, engine=REAL, real=PARTS, units=planned.units)
+    inventory = _inventory(manifest)
+    cores = sorted(os.sched_getaffinity(0))
+    for index, name in enumerate(("sandbox-01", "sandbox-02")):
+        bind = inventory.host(name).engine.env["SGLANG_CPU_OMP_THREADS_BIND"]
+        assert bind == str(cores[index % len(cores)])  # node 1 on the next core
+    for name, rank in (("sandbox-01", "0"), ("sandbox-02", "1")):
+        start = inventory.host(name).engine.restart.start  # type: ignore[union-attr]
+        assert "--model-path /cache/m/target" in start and f"--node-rank {rank}" in start
+        assert "--tp-size 2 --nnodes 2" in start and start.count("--tp-size") == 1
 
 
 def test_the_standin_gets_tp_and_live_too_and_is_otherwise_as_before() -> None:

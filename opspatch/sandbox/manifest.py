@@ -36,7 +36,7 @@ from opspatch.sandbox.layout import (
     engine_url,
     start_command,
 )
-from opspatch.sandbox.real.launch import cpu_env, server_args
+from opspatch.sandbox.real.launch import CPU_ENV, OMP_BIND_ENV, cpu_env, server_args
 from opspatch.sandbox.real.release import STANDIN, EngineChoice
 
 PURGE = remedy_text(CliCommand.SANDBOX_DOWN, purge=True)
@@ -198,7 +198,13 @@ class Manifest:
             env[STANDIN_LOAD_ENV] = f"{self.restart_seconds:g}"
         if self.engine.real:
             unit = None if host is None else self.unit_of(host)
-            env.update(cpu_env(unit.tp if unit is not None else self.tp))
+            if unit is None or host is None:
+                env.update(cpu_env(self.tp))
+            else:  # a node's ranks on cores of their own, node after node
+                cores = sorted(os.sched_getaffinity(0))
+                first = unit.hosts.index(host) * unit.tp
+                mine = [cores[(first + rank) % len(cores)] for rank in range(unit.tp)]
+                env.update({**CPU_ENV, OMP_BIND_ENV: "|".join(map(str, mine))})
         return env
 
     def unit_of(self, host: str) -> UnitRecord | None:
