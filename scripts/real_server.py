@@ -4,14 +4,16 @@ parts end to end, without a sandbox.
     PYTHONPATH=. python3 scripts/real_server.py [--tp 2] [--no-eagle] [--keep]
 
 Builds (or finds cached) the shared environment of sglang 0.5.23 and the models, makes a host
-environment in a temporary folder, starts the server, waits for /health_generate, sends three
-greedy requests and prints each reply's text and meta_info, then stops it (unless --keep).
+environment in a temporary folder, starts the server, waits for /health_generate, sends ten
+greedy requests (32 tokens) and prints each reply's text and meta_info, then the median accept
+length, and stops it (unless --keep).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -24,7 +26,18 @@ from opspatch.sandbox.real.models import ensure_models
 from opspatch.sandbox.real.release import DEFAULT_REAL_RELEASE
 from opspatch.sandbox.real.server import RealServer
 
-PROMPTS = ("The capital of France is", "Once upon a time", "Speculative decoding makes")
+PROMPTS = (
+    "The capital of France is",
+    "Once upon a time",
+    "Speculative decoding makes",
+    "The quick brown fox",
+    "Water boils at",
+    "A good engineer reads",
+    "In the morning the market",
+    "The train leaves the station",
+    "Hello, my name is",
+    "The weather today",
+)
 
 
 def show(event: BuildEvent) -> None:
@@ -55,13 +68,14 @@ def main() -> int:
     )
     try:
         print(f"ready after {server.wait_ready():.1f}s at {server.url} (pids {server.pids()})")
+        lengths = []
         for prompt in PROMPTS:
-            reply = server.generate(prompt, 24)
-            print(
-                json.dumps(
-                    {"prompt": prompt, "text": reply["text"], "meta_info": reply["meta_info"]}
-                )
-            )
+            reply = server.generate(prompt, 32)
+            meta = reply["meta_info"]
+            lengths.append(meta.get("spec_accept_length"))
+            print(json.dumps({"prompt": prompt, "text": reply["text"], "meta_info": meta}))
+        if not args.no_eagle:
+            print(f"accept lengths {lengths}, median {statistics.median(lengths):.2f}")
     finally:
         if not args.keep:
             print(f"stopped pids {server.stop()}; log {server.log}")
