@@ -41,7 +41,9 @@ from opspatch.sandbox.real.launch import cpu_env, server_args
 from tests.clirunner import Run, opspatch
 from tests.realkit import real_engine
 
-pytestmark = pytest.mark.sglang
+# a real start is 1-3 minutes here, a crash holds its decode ~65 s: the default 300 s per
+# test is too short on a loaded machine for the start, the apply's restart and two smokes
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1500)]
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = "real-01"
