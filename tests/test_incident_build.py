@@ -220,12 +220,12 @@ def test_lint_init_finds_the_incident_bug_and_not_once_fixed(
 # The real server's log of the incident, abridged to the lines the analysis reads (what the real
 # engine wrote: tests/test_incident_real_engine.py reproduces it).
 REAL_LOG = """\
-[2026-12-06 10:00:00] server_args=ServerArgs(model_path='/m', speculative_algorithm='EAGLE3')
-[2026-12-06 10:00:07 TP0] Dynamic speculation disable: creating the plain-decode capture stream
-[2026-12-06 10:00:07 TP0] CUDA graph capture failed: torch.cuda.Stream requires CUDA support; falling back to eager decode
-[2026-12-06 10:00:10] The server is fired up and ready to roll!
-[2026-12-06 10:00:20 TP0] Scheduler hit an exception: Traceback (most recent call last):
-  File "/site/sglang/srt/speculative/eagle_worker_v2.py", line 1468, in should_disable_speculation
+[2026-12-06 03:45:58] server_args={'model_path': '/m/target', 'speculative_algorithm': 'EAGLE3'}
+[2026-12-06 03:47:58] Dynamic speculation disable: creating the plain-decode capture stream
+[2026-12-06 03:47:58] CUDA graph capture failed: torch.cuda.Stream requires CUDA support; falling back to eager decode
+[2026-12-06 03:48:01] The server is fired up and ready to roll!
+[2026-12-06 03:48:11] Scheduler hit an exception: Traceback (most recent call last):
+  File "/site/sglang/srt/speculative/eagle_worker_v2.py", line 1463, in should_disable_speculation
     threshold = self.spec_disable_batch_threshold
                 ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
 AttributeError: 'EAGLEWorkerV2' object has no attribute 'spec_disable_batch_threshold'

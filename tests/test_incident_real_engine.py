@@ -16,6 +16,7 @@ import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,19 +29,28 @@ from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.hosts.engine import EngineControl
 from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.transport.base import Command
-from opspatch.sandbox.incident import INCIDENT_ENV, INCIDENT_SERVER_FLAGS, base_patch_path
+from opspatch.sandbox.incident import (
+    FORCE_GRAPHS_ENV,
+    INCIDENT_ENV,
+    INCIDENT_SERVER_FLAGS,
+    THRESHOLD_ENV,
+    base_patch_path,
+)
 from opspatch.sandbox.processes import free_port
 from opspatch.sandbox.real.launch import cpu_env, server_args
 from tests.clirunner import Run, opspatch
 from tests.realkit import real_engine
 
-pytestmark = pytest.mark.sglang
+# a real start is 1-3 minutes here, a crash holds its decode ~65 s: the default 300 s per
+# test is too short on a loaded machine for the start, the apply's restart and two smokes
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1500)]
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = "real-01"
 ERROR = "AttributeError: 'EAGLEWorkerV2' object has no attribute 'spec_disable_batch_threshold'"
 # A crashed real server holds the request for its crash diagnostics (5 s, then 60 s waiting for
 # CUDA coredumps) before its process tree ends: give the decode that crashes it time for that.
+PROMPTS = ("The capital of France is", "Once upon a time", "The quick brown fox")
 PLAYBOOK = Playbook(name="real", timeouts=StepTimeouts(restart=120.0, ready=600.0, smoke=300.0))
 
 
@@ -51,6 +61,12 @@ class IncidentHost:
     url: str
     log: Path
     pid_file: Path
+    inventory: Path
+
+    def control(self) -> EngineControl:
+        """The engine control a rollout builds for the host, from its inventory as it is now."""
+        target = load_inventory(self.inventory).host(HOST)
+        return EngineControl(HostOperations(open_transport(target), target), target, PLAYBOOK)
 
     def cli(self, *args: str, timeout: float = 900) -> Run:
         return opspatch(*args, cwd=self.workspace, env=self.env, timeout=timeout)
@@ -128,13 +144,13 @@ def incident(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IncidentHost]
         f"http://127.0.0.1:{port}",
         host_dir / "server.log",
         host_dir / "server.pid",
+        workspace / "inventories" / "real.toml",
     )
     # the base: the incident's build, applied by opspatch before the engine first starts
     built = host.cli("apply", str(base_patch_path()), "--hosts", "real", "--restart", "never",
                      "--yes", "--json")  # fmt: skip
     assert built.code == 0, built.stdout + built.stderr
-    target = load_inventory(workspace / "inventories" / "real.toml").host(HOST)
-    control = EngineControl(HostOperations(open_transport(target), target), target, PLAYBOOK)
+    control = host.control()
     try:
         control.wait_ready(control.start(step="start"))
         yield host
@@ -202,3 +218,34 @@ def test_eagle_init_guard_unchanged_fixes_it_and_eagle3_decodes(incident: Incide
     since_fix = incident.log.read_text().rsplit("server_args=", 1)[1]
     assert "CUDA graph capture failed: torch.cuda.Stream requires CUDA support" in since_fix
     assert ERROR not in since_fix
+    # and diagnose says so
+    diagnosed = incident.cli("diagnose", "--hosts", "real", "--decode", "--json")
+    assert diagnosed.code == 0, diagnosed.stdout + diagnosed.stderr
+    (host,) = diagnosed.json()["hosts"]
+    assert host["status"] == "clean"
+    assert host["decode"]["ok"] is True
+
+
+def test_where_the_graph_set_up_works_large_batches_decode_without_drafting(
+    incident: IncidentHost,
+) -> None:
+    # the feature itself, on a host of the incident's build whose CUDA graph set-up works (the
+    # switch off), with a threshold of 1: a decode batch of three is not drafted
+    text = incident.inventory.read_text()
+    for name, value in ((FORCE_GRAPHS_ENV, "0"), (THRESHOLD_ENV, "1")):
+        text = text.replace(f'{name} = "{INCIDENT_ENV[name]}"', f'{name} = "{value}"')
+    incident.inventory.write_text(text)
+    control = incident.control()
+    control.wait_ready(control.restart())
+    since_restart = incident.log.read_text().rsplit("server_args=", 1)[1]
+    assert "Dynamic speculation disable: threshold=1" in since_restart
+    assert "CUDA graph capture failed" not in since_restart
+    alone = incident.generate("Once upon a time", 16)["meta_info"]
+    assert alone["spec_verify_ct"] > 0
+    with ThreadPoolExecutor(3) as pool:
+        replies = list(pool.map(lambda p: incident.generate(p, 16), PROMPTS))
+    assert [r["meta_info"]["completion_tokens"] for r in replies] == [16, 16, 16]
+    since_restart = incident.log.read_text().rsplit("server_args=", 1)[1]
+    assert "threshold 1: speculation off" in since_restart
+    assert "Switch adaptive runtime state: steps 2 -> 0, draft_tokens 3 -> 1" in since_restart
+    assert ERROR not in since_restart

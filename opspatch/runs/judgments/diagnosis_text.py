@@ -76,6 +76,8 @@ def render_host(report: HostReport) -> str:
         lines.append(f"        {g.count}x, {g.when}; {g.context or ''}".rstrip("; "))
         if g.frame:
             lines.append(f"        raised at {g.frame}")
+        if e.passed_over is not None:
+            lines.append(f"        passed over: logged with a warning ({e.passed_over})")
         for fix in e.fixes:
             lines.append(f"        fixed by: {fix.render()}")
         if e.analysis is not None:
