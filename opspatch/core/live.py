@@ -26,6 +26,7 @@ from types import CodeType
 
 from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.liveinit import construction_only
+from opspatch.core.syntax import parse_python
 from opspatch.core.vocabulary import LiveKind, LivePolicy, NotLiveReason
 
 RESTART_ONLY_PATHS = ("model_executor/", "models/", "cuda_graph_runner")
@@ -114,8 +115,10 @@ class _Image:
 
     def __init__(self, module: str, data: bytes, which: str) -> None:
         try:
-            self.tree = ast.parse(data)
-            code = compile(self.tree, f"<{module} {which}>", "exec", dont_inherit=True)
+            # parse_python serialises the parse, and the code is compiled from the bytes rather
+            # than the tree: CPython 3.11 races converting trees in parallel preflight threads
+            self.tree = parse_python(data)
+            code = compile(data, f"<{module} {which}>", "exec", dont_inherit=True)
         except (SyntaxError, ValueError) as error:
             raise _Refusal(
                 NotLiveReason.UNPARSABLE, f"the {which} does not compile here: {error}"

@@ -8,7 +8,8 @@ targets one after another, so that whatever load comes and goes meets both sides
 comparison alike (docs/judge.md says why in turns rather than at once); a latency fail is
 measured again and stands only if confirmed (`canary.confirm`). Without a baseline host
 each target is measured alone and every verdict is `no-baseline` (the absolute checks only); a
-baseline asked for that could not be measured makes the run exit 1 (`baseline_error`).
+baseline asked for that could not be measured (its host lost, or its engine answering no prompt)
+makes the run exit 1 (`baseline_error`).
 
 A unit (one server over several hosts) is judged by its head, the one node that serves the
 prompts (its decodes run on every rank): a selection that takes the head judges the unit once
@@ -132,6 +133,8 @@ def judge_hosts(
             assert reference is not None
             if isinstance(base, str):
                 unmeasured.append(f"{reference.name} could not be measured: {base}")
+            elif not any(sample.ok for sample in base.samples):  # its host answered, its engine not
+                unmeasured.append(f"{reference.name} could not be measured: {base.problem}")
             return _judged(session, settings, (reference.name, base), answer)
 
         def one(session: HostSession) -> HostJudgment | None:
