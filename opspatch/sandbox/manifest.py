@@ -23,6 +23,7 @@ from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.errors import InputError
 from opspatch.sandbox import containers
 from opspatch.sandbox.dist import INSTALL_SHAPES, InstallShape
+from opspatch.sandbox.incident import INCIDENT_ENV, INCIDENT_SERVER_FLAGS, is_incident_release
 from opspatch.sandbox.layout import (
     CANARY_GROUP,
     ENGINE_ADDRESS,
@@ -189,7 +190,10 @@ class Manifest:
         tp = () if unit is not None or self.tp == 1 else ("--tp-size", str(self.tp))
         if self.real is None:
             return STANDIN_ARGS + tp
-        return server_args(Path(self.real.target), Path(self.real.draft), 1) + tp
+        args = server_args(Path(self.real.target), Path(self.real.draft), 1) + tp
+        if is_incident_release(self.engine.version):
+            args += INCIDENT_SERVER_FLAGS
+        return args
 
     def engine_env(self, host: str | None = None) -> dict[str, str]:
         """The engine's environment (every host's the same but a real unit node's ranks)."""
@@ -205,6 +209,8 @@ class Manifest:
                 first = unit.hosts.index(host) * unit.tp
                 mine = [cores[(first + rank) % len(cores)] for rank in range(unit.tp)]
                 env.update({**CPU_ENV, OMP_BIND_ENV: "|".join(map(str, mine))})
+            if is_incident_release(self.engine.version):
+                env.update(INCIDENT_ENV)
         return env
 
     def unit_of(self, host: str) -> UnitRecord | None:
