@@ -1,21 +1,23 @@
 """`opspatch sandbox up --engine sglang`: a sandbox of real SGLang 0.5.23 on the CPU, one
 EAGLE-3 server of two nodes (`--units 1 --nodes 2`: `--tp-size 2 --nnodes 2 --node-rank R
 --dist-init-addr`, a scheduler per node over gloo), live and slowed by `--restart-seconds`,
-driven as an operator drives it: status, apply with its restart (every node's real process tree
-stopped and started as one, checked by pid), rollback, reinstall, down. One server for the
-module: each real start costs a minute or two here. (A single server's `--tp 2` is the same
-`--tp-size 2` on one node: tests/test_real_engine.py runs it.)
+driven as an operator drives it: status, the incident's build on every node (the sandbox's base
+patch, recorded in the ledger), `apply eagle-init-guard` with its restart (every node's real
+process tree stopped and started as one, checked by pid, the smoke decoding through EAGLE-3),
+rollback, reinstall (the wheel's files and the base again), down. One server for the module:
+each real start costs a minute or two here. Nothing decodes before the fix: the incident's first
+decode crashes the server (tests/test_incident_real_engine.py walks that on a TP=2 server).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from opspatch.core.wheelrecord import record_sha256s
+from opspatch.sandbox.incident import INCIDENT_BUILD
 from opspatch.sandbox.processes import is_running, proc_text
 from tests.fleetkit import SandboxFleet
 from tests.realkit import real_engine
@@ -65,7 +67,17 @@ def _schedulers(pids: list[int]) -> int:
     return sum("sglang::scheduler" in (proc_text(pid, "cmdline") or "") for pid in pids)
 
 
-def test_the_sandbox_records_the_engine_and_live_and_the_unit_serves(fleet: SandboxFleet) -> None:
+def _base_runs(fleet: SandboxFleet, host: str) -> int:
+    """The ledger's runs of the sandbox's base patch on `host`."""
+    listed = fleet.opspatch("ledger", "list", "--json")
+    assert listed.code == 0, listed.stderr
+    runs = listed.json()["runs"]
+    return sum(r["patch_id"] == INCIDENT_BUILD and host in r["hosts"] for r in runs)
+
+
+def test_the_sandbox_records_the_engine_and_live_and_every_node_runs_the_incidents_build(
+    fleet: SandboxFleet,
+) -> None:
     status = fleet.opspatch("sandbox", "status", "--json")
     assert status.code == 0, status.stderr
     report = status.json()
@@ -76,8 +88,11 @@ def test_the_sandbox_records_the_engine_and_live_and_the_unit_serves(fleet: Sand
     for host, pids in _trees(fleet).items():
         assert _schedulers(pids) == 1, host  # one rank per node
         assert f"SGLANG_STANDIN_LOAD_S={DELAY}: waiting" in fleet.log(host)  # --restart-seconds
-    reply = fleet.generate("sandbox-01", 16)
-    assert reply is not None and reply["meta_info"]["spec_verify_ct"] > 0
+        assert "self.init_plain_decode_cuda_graphs()" in fleet.file(host).read_text()
+        assert _base_runs(fleet, host) == 1
+    assert "CUDA graph capture failed: torch.cuda.Stream requires CUDA support" in fleet.log(
+        NODES[0]
+    )
 
 
 def test_apply_restarts_every_nodes_real_tree_and_rollback_stages_the_file_back(
@@ -92,6 +107,8 @@ def test_apply_restarts_every_nodes_real_tree_and_rollback_stages_the_file_back(
     outcomes = {h["host"]: h for h in applied.json()["hosts"]}
     assert {h: o["outcome"] for h, o in outcomes.items()} == dict.fromkeys(NODES, "applied")
     assert outcomes["sandbox-01"]["smoke"]["ok"]  # the decode through the head proves both
+    reply = fleet.generate("sandbox-01", 16)
+    assert reply is not None and reply["meta_info"]["spec_verify_ct"] > 0
     old = [pid for pids in before.values() for pid in pids]
     assert [pid for pid in old if is_running(pid)] == []  # no scheduler or detokenizer left
     after = _trees(fleet)
@@ -105,14 +122,17 @@ def test_apply_restarts_every_nodes_real_tree_and_rollback_stages_the_file_back(
     assert _trees(fleet) == after  # nothing restarted
 
 
-def test_reinstall_puts_the_wheels_file_back(fleet: SandboxFleet) -> None:
+def test_reinstall_puts_the_wheels_file_back_with_the_base(fleet: SandboxFleet) -> None:
     path = fleet.file("sandbox-02")
     (record,) = path.parents[3].glob("sglang-0.5.23.dist-info/RECORD")
     shipped = record_sha256s(record.read_text())["sglang/srt/speculative/eagle_worker_v2.py"]
+    built = fleet.sha("sandbox-02")  # the incident's build
+    assert built != shipped
     path.write_bytes(path.read_bytes() + b"\n# a hand edit\n")
     done = fleet.opspatch("sandbox", "reinstall", "sandbox-02", timeout=600)
     assert done.code == 0, done.stdout + done.stderr
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == shipped
+    assert fleet.sha("sandbox-02") == built  # the wheel's file, then the base applied again
+    assert _base_runs(fleet, "sandbox-02") == 2
     other = fleet.opspatch("sandbox", "reinstall", "sandbox-02", "--version", "0.5.22")
     assert other.code == 2 and "installs no other release" in other.stderr
 

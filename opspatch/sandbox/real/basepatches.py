@@ -10,6 +10,8 @@ was already there is left as it is.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from opspatch.config import paths
 from opspatch.core.policy import Playbook
 from opspatch.core.spec import LoadedPatch
@@ -48,7 +50,9 @@ def apply_base_patches(
     """
     if not patches:
         return
-    target = sandbox_inventory(layout, manifest, over_ssh=False).host(host)
+    # built per node, the node's engine not running, as pip installs the wheel on each node (a
+    # reinstall rebuilds one): not an apply to part of a running multi-node server
+    target = replace(sandbox_inventory(layout, manifest, over_ssh=False).host(host), unit=None)
     with Ledger.open(paths.default_ledger_location()) as ledger:
         for patch in patches:
             progress(f"{host}: applying the sandbox's base patch {patch.spec.id}")
