@@ -1,5 +1,5 @@
-"""The canary judge on the sandbox (issue 35): its false-positive rate over repeated A/A runs (the
-same code on both sides) and its power against the three changes it exists for.
+"""The canary judge on the sandbox (issues 35, 42): its false-positive rate over repeated A/A runs
+(the same code on both sides) and its power against the changes it exists for.
 
     PYTHONPATH=$PWD python -m bench.judge_aa [--repeats 300] [--power-repeats 50] [--busy 2]
 
@@ -56,6 +56,8 @@ PATCHES = {
     "judge-shorter-drafts": "speculation",
     "judge-double-step": "tpot",
     "judge-one-token": "tokens",
+    "judge-context-window": "tokens",
+    "judge-text-space": "tokens",
 }
 JUDGE = JudgeSettings(count=24, max_new_tokens=64, latency_floor_ms=0.0)
 

@@ -33,6 +33,9 @@ OpspatchError                      base; carries a one-line message and optional
 │   ├── LedgerIntegrityError       the hash chain is broken (first broken link named)
 │   ├── LedgerUnreachable          its server went away part-way (a restart, a network cut): a
 │   │                              run's write is tried again within its lease expiry
+│   ├── LedgerLost                 the ledger was deleted, moved or replaced while in use (a file
+│   │                              unlinked or swapped, a database recreated or restored): the
+│   │                              run stops before its next change
 │   └── LedgerConfigError          exit 2: the ledger cannot be used as given, found when it is
 │                                  opened or migrated, before anything changed (its server
 │                                  unreachable or refusing, no or another schema, a file that
@@ -188,9 +191,11 @@ class LiveRefused(InputError):
 
 
 class NotTakenLive(LiveRefused):
-    """`apply --live` of a change whose live form is refused (`core/live.py`: a new closure, a
-    restart-only module, changed defaults or decorators): the run is refused in preflight, since
-    one who asked for no restart must not get one; apply without --live restarts."""
+    """`apply --live` of a change whose live form is refused (`core/live.py`: changed free
+    variables, a restart-only module, changed defaults or decorators) or whose take the engine's
+    `check` says would not be in effect (objects already built, a value read at import, a frame
+    that never returns): the run is refused in preflight, since one who asked for no restart
+    must not get one, nor an "applied" the server does not run; apply without --live restarts."""
 
 
 class IndexUnreachable(InputError):
@@ -327,6 +332,19 @@ class LedgerUnreachable(LedgerError):
     ) -> None:
         super().__init__(message, hint=hint)
         self.outcome_unknown = outcome_unknown
+
+
+class LedgerLost(LedgerError):
+    """The ledger this process writes to is no longer the one at its location: its file was
+    deleted, moved or replaced by another (a SQLite connection keeps writing to the unlinked
+    inode, where no later command would find it), or a PostgreSQL database no longer holds the
+    events this connection wrote (recreated, restored from an older copy). Writing on would
+    record the run where nobody reads it, so the run stops; `rescued` names the copy of the
+    history this process still held (SQLite), when one was saved."""
+
+    def __init__(self, message: str, *, hint: str | None = None, rescued: str | None = None):
+        super().__init__(message, hint=hint)
+        self.rescued = rescued
 
 
 class LedgerConfigError(LedgerError):

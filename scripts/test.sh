@@ -5,6 +5,21 @@
 # Other arguments go to pytest. The tiers: docs/development.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The tools this runs come with the dev extra (the demo installs only the sandbox's): installed
+# into the first python3 on PATH when one is missing, as scripts/demo.sh installs opspatch.
+if ! python3 -c 'import sys, importlib.util as u; sys.exit(any(u.find_spec(m) is None for m in
+        ("opspatch", "torch", "pytest", "pytest_timeout", "hypothesis", "mypy", "ruff",
+         "importlinter", "psycopg", "supervisor")))' 2>/dev/null; then
+    echo "installing the test tools into $(command -v python3): python3 -m pip install torch==2.13.0 -e '.[sandbox,dev]'" >&2
+    python3 -m pip install --quiet --disable-pip-version-check torch==2.13.0 -e '.[sandbox,dev]'
+fi
+
+# The SGLang wheels the tests read as data, fetched here and not by the tests (a fast-tier test
+# that started pip would break its tier); already cached: nothing is fetched. Offline, the tests
+# that read them skip, naming this step (tests/sglang_wheels.py).
+python3 -m tests.sglang_wheels
+
 if [ "${1:-}" = "--fast" ]; then
     shift
     python3 -m ruff check opspatch tests bench

@@ -1,10 +1,13 @@
 """Real SGLang source files as test data (never imported).
 
-`pip download --no-deps sglang==V` into a cache outside the repository (default
-`~/.cache/opspatch-tests`, or `$OPSPATCH_TEST_CACHE`), then the wheel's `sglang/srt/speculative/`
-folder and its dist-info are unpacked (`sglang_site`), or any one file is read from the wheel
-(`release_file`). When PyPI cannot be reached the caller skips with the reason, so an offline run
-says why those tests did not run.
+The wheels are fetched by an explicit step, `python3 -m tests.sglang_wheels` (`pip download
+--no-deps sglang==V` for every release of `TEST_RELEASES` not yet cached, into a cache outside
+the repository: `~/.cache/opspatch-tests`, or `$OPSPATCH_TEST_CACHE`), which `scripts/test.sh`
+runs before pytest. A test only reads the cache: the wheel's `sglang/srt/speculative/` folder and
+its dist-info unpacked (`sglang_site`), or any one file read from the wheel (`release_file`).
+A wheel not in the cache (not fetched, or PyPI unreachable when it was) makes the caller skip
+with the reason, and no test starts pip: a fast-tier test that did would start a process its
+tier does not allow, on every fresh machine.
 """
 
 from __future__ import annotations
@@ -25,16 +28,32 @@ class WheelUnavailable(Exception):
 
 
 def wheel_of(version: str) -> Path:
-    """The cached wheel of SGLang `version`, downloaded once.
+    """The cached wheel of SGLang `version` (nothing is downloaded here: `fetch_wheel`).
+
+    Raises:
+        WheelUnavailable: the wheel is not in the cache, with the step that fetches it.
+    """
+    found = sorted((CACHE / "wheels").glob(f"sglang-{version}-*.whl"))
+    if not found:
+        raise WheelUnavailable(
+            f"sglang {version} is not in the test cache {CACHE / 'wheels'}: "
+            "`python3 -m tests.sglang_wheels` fetches the wheels the tests read"
+        )
+    return found[0]
+
+
+def fetch_wheel(version: str) -> Path:
+    """The wheel of SGLang `version`, downloaded into the cache unless it is there.
 
     Raises:
         WheelUnavailable: the wheel could not be downloaded (offline), with pip's last words.
     """
+    try:
+        return wheel_of(version)
+    except WheelUnavailable:
+        pass
     wheels = CACHE / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
-    if found:
-        return found[0]
     result = subprocess.run(
         [
             sys.executable,
@@ -80,7 +99,7 @@ def release_file(version: str, relpath: str) -> bytes:
     wheel, read from the cached wheel (nothing is extracted).
 
     Raises:
-        WheelUnavailable: offline and not cached.
+        WheelUnavailable: not in the cache (`python3 -m tests.sglang_wheels` fetches it).
         KeyError: the release does not ship `relpath`.
     """
     with zipfile.ZipFile(wheel_of(version)) as wheel:
@@ -91,7 +110,7 @@ def sglang_site(version: str) -> Path:
     """A folder holding `sglang/srt/speculative/...` and `sglang-<version>.dist-info/`.
 
     Raises:
-        WheelUnavailable: the wheel could not be downloaded (offline), with pip's last words.
+        WheelUnavailable: the wheel is not in the cache, with the step that fetches it.
     """
     site = CACHE / "sites" / version
     if (site / EAGLE_RELPATH).is_file():
@@ -114,7 +133,8 @@ RELEASE_VERSIONS = ("0.5.4", "0.5.10", "0.5.23")
 
 def seed_release_cache(root: Path, versions: tuple[str, ...] = RELEASE_VERSIONS) -> Path:
     """A release cache (`opspatch.runs.commands.check_releases` layout) holding the test wheels of `versions`
-    as hard links, so `check --releases` runs offline. Raises WheelUnavailable when offline."""
+    as hard links, so `check --releases` runs offline. Raises WheelUnavailable when one is not
+    in the test cache."""
     import os
     import shutil
 
@@ -131,9 +151,9 @@ def seed_release_cache(root: Path, versions: tuple[str, ...] = RELEASE_VERSIONS)
     return root
 
 
-# Every release whose wheel a test reads. `.ci/run` fetches them first (`python3 -m
-# tests.sglang_wheels`), so a fresh machine's first test to read one is not the one that starts
-# pip (the tiers' check would rightly fail a pure test for it).
+# Every release whose wheel a test reads, fetched by `python3 -m tests.sglang_wheels` (which
+# `scripts/test.sh` runs first): a test never starts pip (the tiers' check would rightly fail a
+# pure test for it), it skips naming that step.
 TEST_RELEASES = (
     "0.4.7",
     "0.5.3",
@@ -161,7 +181,7 @@ def prefetch(versions: tuple[str, ...] = TEST_RELEASES) -> list[str]:
 
     def fetch(version: str) -> str | None:
         try:
-            wheel_of(version)
+            fetch_wheel(version)
         except WheelUnavailable as exc:
             return str(exc)
         return None

@@ -206,7 +206,8 @@ def test_bad_input_to_ledger_report_is_one_message(workspace: Workspace) -> None
     unknown = workspace.run("ledger", "report", "abc123")
     assert unknown.code == 2 and "no run 'abc123' in the ledger" in unknown.stderr
     assert not workspace.state.exists()
-    assert workspace.run("ledger", "list").code == 0  # creates the file: the same empty answer
+    assert workspace.run("ledger", "list").code == 0  # no ledger there, and none made by a read
+    assert not workspace.state.exists()
     again = workspace.run("ledger", "report", "--json")
     assert again.code == 0 and again.json()["runs"] == []
     for args, said in (

@@ -172,6 +172,29 @@ def test_apply_file_then_rollback_is_byte_identical_and_recorded(
     assert opspatch("ledger", "verify", env=env).code == 0
 
 
+def test_a_ledger_is_created_only_by_a_command_that_records_and_that_says_so(
+    site: Path, tmp_path: Path
+) -> None:
+    """Its first use creates the ledger, saying where; a ledger deleted between two commands is
+    never replaced by an empty one without a word."""
+    target = site / EAGLE
+    ledger = tmp_path / "state" / "ledger.sqlite3"
+    env = {"OPSPATCH_LEDGER": str(ledger)}
+    created = f"there was no ledger at {ledger}: created a new, empty one (its first use)"
+    first = opspatch("apply", "eagle-init-guard", "--file", str(target), "--yes", env=env)
+    assert first.code == 0, first.stdout + first.stderr
+    assert created in first.stderr and ledger.exists()
+    back = opspatch("rollback", "eagle-init-guard", "--file", str(target), "--yes", env=env)
+    assert back.code == 0, back.stdout + back.stderr
+    assert "created a new" not in back.stderr
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{ledger}{suffix}").unlink(missing_ok=True)
+    again = opspatch("apply", "eagle-init-guard", "--file", str(target), "--yes", env=env)
+    assert again.code == 0, again.stdout + again.stderr
+    assert created in again.stderr
+    assert "If a ledger was expected there, it was moved or deleted" in again.stderr
+
+
 def test_rollback_file_without_a_record_is_refused(site: Path, tmp_path: Path) -> None:
     target = site / EAGLE
     before = target.read_bytes()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from opspatch.ledger import Ledger
 from opspatch.sandbox.sshd import SshFleet
 from tests.clirunner import opspatch
 
@@ -88,9 +89,24 @@ engine = {{ python = "/usr/bin/python3" }}
 
 def test_ledger_list_on_an_empty_ledger_says_so_and_where(tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.sqlite3"
+    Ledger.open(ledger).close()
     run = opspatch("--ledger", str(ledger), "ledger", "list", cwd=tmp_path)
     assert run.code == 0, run.stderr
     assert run.stdout.strip() == f"no runs yet in the ledger {ledger}"
+
+
+def test_reading_a_ledger_that_is_not_there_says_so_and_creates_none(tmp_path: Path) -> None:
+    """Before, `ledger list`, `show` and `verify` created a new, empty ledger where there was
+    none (`verify` then said `ok`), whether it was never made or had been deleted."""
+    ledger = tmp_path / "state" / "ledger.sqlite3"
+    listed = opspatch("--ledger", str(ledger), "ledger", "list", cwd=tmp_path)
+    assert listed.code == 0, listed.stderr
+    assert listed.stdout.strip() == f"there is no ledger at {ledger}: nothing was recorded there"
+    for reading in (("ledger", "verify"), ("ledger", "show", "20261206T000000Z-abcdef")):
+        run = opspatch("--ledger", str(ledger), *reading, cwd=tmp_path)
+        assert run.code == 2, run.stdout + run.stderr
+        assert f"there is no ledger at {ledger}: nothing was recorded there" in run.stderr
+    assert not ledger.parent.exists()
 
 
 def test_a_local_file_is_one_host_name_whether_applied_or_already_applied(

@@ -3,8 +3,9 @@
 The real console script drives the sandbox fleet (`opspatch sandbox up --ssh`); faults are made
 from outside opspatch: the controller SIGKILLed while the canary's request for a step is held by
 its engine interpreter (a wrapper named in a test inventory, `tests/faultkit.py`), the host's
-sshd killed before a step's reply goes back, the ledger deleted or its filesystem full or
-read-only, a hand edit landing between preflight and swap. After each, the invariant is read
+sshd killed before a step's reply goes back, the ledger deleted (between runs or during one),
+made immutable (`chattr +i`) or its filesystem full or read-only, a hand edit landing between
+preflight and swap. After each, the invariant is read
 from the files and processes themselves (`FaultFleet.check_invariant`), never taken from
 opspatch's own report: every host is byte-identical to its pre-image or to the patched text, its
 engine alive, running the code on disk and decoding as before; no temp file, no lock left; the
@@ -16,8 +17,10 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -370,7 +373,8 @@ def test_ledger_filesystem_full_or_read_only(kills: FaultFleet, tmp_path: Path) 
     with small_filesystem(tmp_path / "fs") as folder:
         ledger = folder / "ledger.sqlite3"
         with_ledger = ("--ledger", str(ledger))
-        assert kills.cli(*with_ledger, "ledger", "verify").code == 0  # a new, empty ledger
+        made = kills.cli(*with_ledger, "ledger", "migrate")  # a new, empty ledger, made explicitly
+        assert made.code == 0, made.stdout + made.stderr
         apply = (*with_ledger, "apply", PATCH_ID, "--hosts", INVENTORY, "--yes")
 
         filler = fill(folder)
@@ -409,6 +413,72 @@ def test_ledger_filesystem_full_or_read_only(kills: FaultFleet, tmp_path: Path) 
         assert refused.code == 3 and "read-only" in refused.stderr, refused.stderr
         assert {n: kills.state(n) for n in kills.names} == states
         assert {n: kills.fleet.pid(n) for n in kills.names} == pids
+        kills.reset(ledger=ledger)
+
+
+@contextmanager
+def chattr_folder() -> Iterator[Path]:
+    """A folder on a filesystem that keeps `chattr` attributes (not tmpfs), its attributes
+    taken off again at the end whatever happened."""
+    folder = Path(tempfile.mkdtemp(prefix="opspatch-chattr-", dir="/var/tmp"))
+    tried = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
+    subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+    if tried.returncode != 0:
+        shutil.rmtree(folder, ignore_errors=True)
+        pytest.skip(f"chattr +i is not possible here: {tried.stderr.strip() or 'no chattr'}")
+    try:
+        yield folder
+    finally:
+        for entry in [folder, *folder.iterdir()]:
+            subprocess.run(["chattr", "-i", "-a", str(entry)], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("fault", ["deleted", "immutable"])
+def test_ledger_deleted_or_made_immutable_while_the_canary_swaps(
+    kills: FaultFleet, fault: str
+) -> None:
+    """Issue 42, items 12 and 13: the ledger deleted, or made immutable (`chattr +i` on the
+    file, its -wal and -shm and its folder), while the canary's swap is on its way. Before: a
+    deleted ledger took the run to `ok (exit 0)` with its record in a file nobody could open,
+    and an immutable one killed the controller with a bus error, the canary swapped and
+    restarted with no smoke. Now the run stops before the canary's next step, saying why, and
+    `recover` finishes it from the ledger where its records are."""
+    canary = kills.canary
+    pids = {n: kills.fleet.pid(n) for n in kills.names}
+    with chattr_folder() as folder:
+        ledger = folder / "ledger.sqlite3"
+        frozen = [str(ledger), f"{ledger}-wal", f"{ledger}-shm", str(folder)]
+        kills.arm("swap", at="before", then="run")
+        controller = kills.spawn(
+            "--ledger", str(ledger), "apply", PATCH_ID, "--hosts", INVENTORY, "--yes"
+        )
+        kills.reached()
+        if fault == "deleted":
+            ledger.unlink()
+        else:
+            subprocess.run(["chattr", "+i", *frozen], check=True)
+        kills.release()
+        out, err = FaultFleet.finish(controller)
+        subprocess.run(["chattr", "-i", *frozen], capture_output=True)
+        assert controller.returncode == 3, (controller.returncode, out + err)
+        if fault == "deleted":
+            assert f"the ledger {ledger} was deleted or moved away" in err, err
+            assert f"put back at {ledger}" in err, err
+        else:
+            assert "are immutable or append-only (chattr +i / +a)" in err, err
+        assert "`opspatch recover" in err, err
+        # the canary was swapped and nothing after it: not restarted, still the old code
+        assert kills.state(canary) == "patched"
+        assert kills.fleet.pid(canary) == pids[canary] and not kills.runs_patch(canary)
+        assert {n: kills.state(n) for n in kills.others} == dict.fromkeys(kills.others, "pre-image")
+        assert {n: kills.fleet.pid(n) for n in kills.others} == {n: pids[n] for n in kills.others}
+
+        recovered = kills.cli("--ledger", str(ledger), "recover", "--yes", "--json")
+        assert recovered.code == 0, recovered.stdout + recovered.stderr
+        outcomes = outcomes_of(recovered)
+        assert outcomes[canary] == "applied", recovered.stdout
+        kills.check_invariant(outcomes, ledger=ledger)
         kills.reset(ledger=ledger)
 
 

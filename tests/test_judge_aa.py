@@ -9,7 +9,9 @@ second measurement as the judge does; the counts are printed (`pytest -s`) and n
 failure. The latency floor is 0, so the statistics alone decide: the
 stand-in's time per token is a tenth of a millisecond, under the default floor of 1 ms. Then each
 change the judge exists for (bench/patches/: about 5% less acceptance with the same answers, a
-doubled time per token, one changed token) fails on its metric in repeated judgments;
+doubled time per token, one changed token, a context window off by one that changes 4 of 24
+answers to tokens within the old side's top 5 but no near tie, the same ids with an answer's
+leading space dropped) fails on its metric in repeated judgments;
 bench/judge_aa.py measures both rates over more repetitions (docs/benchmarks.md). Nothing here
 depends on the machine's speed: a busier machine slows both sides of a comparison alike; run
 beside two busy loops on two cores, the A/A counts were 0 and 0 fails (docs/judge.md).
@@ -116,6 +118,8 @@ def test_a_over_a_on_the_sandbox_fails_at_most_one_judgment_in_a_hundred(
         ("judge-shorter-drafts", "speculation", 3, 3),
         ("judge-double-step", "tpot", 5, 1),
         ("judge-one-token", "tokens", 3, 3),
+        ("judge-context-window", "tokens", 2, 2),  # was marginal: within the top 5
+        ("judge-text-space", "tokens", 2, 2),  # was a pass: the ids alike
     ],
 )
 def test_each_change_the_judge_exists_for_fails_its_metric_in_repeated_judgments(

@@ -55,6 +55,9 @@ def test_every_key_is_taken_and_the_prompt_file_is_read_relative_to_the_playbook
         latency_rise = 1
         latency_floor_ms = 2
         max_diverged = 0
+        tie_margin = 0.25
+        max_untied = 2
+        warmup = 0
         timeout = 60
         """,
     )
@@ -67,6 +70,8 @@ def test_every_key_is_taken_and_the_prompt_file_is_read_relative_to_the_playbook
     assert (judge.alpha, judge.accept_drop, judge.latency_rise) == (0.05, 0.1, 1.0)
     assert (judge.latency_floor_ms, judge.max_diverged, judge.timeout) == (2.0, 0.0, 60.0)
     assert isinstance(judge.timeout, float)
+    assert (judge.tie_margin, judge.max_untied, judge.warmup) == (0.25, 2, 0)
+    assert isinstance(judge.tie_margin, float)
 
 
 @pytest.mark.parametrize(
@@ -79,6 +84,11 @@ def test_every_key_is_taken_and_the_prompt_file_is_read_relative_to_the_playbook
         ("top_k = 0", 3, "judge.top_k", "must be at least 1"),
         ("max_new_tokens = 2", 3, "judge.max_new_tokens", "must be at least 8"),
         ("latency_floor_ms = -1", 3, "judge.latency_floor_ms", "must be at least 0"),
+        ("tie_margin = -0.5", 3, "judge.tie_margin", "must be at least 0"),
+        ('tie_margin = "0.5"', 3, "judge.tie_margin", "must be a number"),
+        ("max_untied = -1", 3, "judge.max_untied", "must be at least 0"),
+        ("max_untied = 0.5", 3, "judge.max_untied", "must be a whole number"),
+        ("warmup = 100", 3, "judge.warmup", "must be at most 64"),
         ("samples = 3", 3, "judge.samples", "unknown key"),
     ],
 )

@@ -5,19 +5,30 @@ The filesystems are real: a tiny tmpfs (root ignores file permissions, a full or
 filesystem does not), filled with a file or remounted read-only, unmounted afterwards. A damaged
 file is a real one with a page overwritten, as a bad sector leaves it: what SQLite says of it
 reaches the caller as the ledger's error, never as sqlite3's.
+
+A ledger deleted, moved or replaced under a writer (issue 42, item 12) stops it, its history
+saved from the connection that still holds it; one made immutable (`chattr +i`, item 13, on a
+folder of the real disk: tmpfs keeps no such attribute) is an error with a message, never the
+bus error SQLite dies of when it writes the mapped `-shm` of an immutable file.
 """
 
 from __future__ import annotations
 
 import errno
+import os
+import shutil
+import signal
 import sqlite3
 import subprocess
+import sys
+import tempfile
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from opspatch.errors import LedgerError
+from opspatch.errors import LedgerError, LedgerLost
 from opspatch.ledger import Ledger
 from opspatch.runs.fleet.host_leases import Heartbeat
 from opspatch.runs.fleet.recorder import LedgerRecorder
@@ -135,8 +146,10 @@ def test_a_write_that_fills_the_filesystem_says_so_and_loses_nothing(
 
 @pytest.mark.root
 def test_the_cli_tells_the_operator_the_filesystem_is_full(tiny_filesystem: Path) -> None:
-    fill(tiny_filesystem)
     path = tiny_filesystem / "ledger.sqlite3"
+    with Ledger.open(path) as ledger:  # a read never creates one: it must be there
+        begin(ledger)
+    fill(tiny_filesystem)
     listed = opspatch("ledger", "list", env={"OPSPATCH_LEDGER": str(path)})
     assert listed.code == 3
     assert FULL in listed.stderr and str(path) in listed.stderr
@@ -239,3 +252,144 @@ def test_a_lease_write_on_a_damaged_ledger_is_the_ledgers_error_and_the_heartbea
     assert "the ledger did not take this run's lease heartbeat" in notices.said[0]
     assert "database disk image is malformed" in notices.said[0]
     assert "leases could not be renewed" in str(heartbeat.lost)
+
+
+# ---------------------------------------------------------------------------------------------
+# deleted, moved or replaced under a writer
+
+
+@pytest.mark.parametrize("gone", [("",), ("", "-wal", "-shm")], ids=["file", "file-wal-shm"])
+def test_a_ledger_deleted_under_a_writer_refuses_the_write_and_is_put_back(
+    tmp_path: Path, gone: tuple[str, ...]
+) -> None:
+    """Before, the connection went on writing into the deleted file: every record of the run
+    lost with it, and the next command created a new, empty ledger without a word."""
+    path = tmp_path / "state" / "ledger.sqlite3"
+    ledger = Ledger.open(path)
+    assert ledger.created
+    run_id = begin(ledger, hosts=("gpu-01",))
+    ledger.record_step(run_id, "gpu-01", "lock", "ok", 0.01)
+    for suffix in gone:
+        Path(f"{path}{suffix}").unlink()
+    with pytest.raises(LedgerLost) as caught:
+        ledger.record_step(run_id, "gpu-01", "swap", "started")
+    assert caught.value.exit_code == 3
+    assert f"the ledger {path} was deleted or moved away while this process wrote" in str(
+        caught.value
+    )
+    assert caught.value.rescued == str(path)
+    with pytest.raises(LedgerLost):  # and so is every later use of it
+        ledger.list_runs()
+    ledger.close()
+    assert sorted(p.name for p in path.parent.iterdir()) == ["ledger.sqlite3"]
+    with Ledger.open(path) as back:
+        assert not back.created and back.verify().ok
+        assert [s.step for s in back.get_run(run_id).host("gpu-01").steps] == ["lock"]
+
+
+def test_a_ledger_replaced_under_a_writer_is_left_alone_and_the_history_saved_beside_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    ledger = Ledger.open(path)
+    run_id = begin(ledger, hosts=("gpu-01",))
+    with Ledger.open(tmp_path / "other.sqlite3") as other:
+        theirs = begin(other, hosts=("gpu-09",))
+    os.replace(tmp_path / "other.sqlite3", path)
+    with pytest.raises(LedgerLost) as caught:
+        ledger.record_step(run_id, "gpu-01", "lock", "ok", 0.01)
+    ledger.close()
+    assert "was replaced by another file" in caught.value.message
+    saved = Path(caught.value.rescued or "")
+    assert saved.parent == tmp_path and saved.name.startswith("ledger.sqlite3.rescued-")
+    with Ledger.open(path) as now:  # the replacement, untouched
+        assert [r.run_id for r in now.list_runs()] == [theirs] and now.verify().ok
+    with Ledger.open(saved) as kept:
+        assert [r.run_id for r in kept.list_runs()] == [run_id] and kept.verify().ok
+
+
+@pytest.mark.process
+def test_a_write_ahead_log_without_its_ledger_is_never_taken_for_a_new_one(tmp_path: Path) -> None:
+    """The ledger deleted while a controller had it open (killed since): a new ledger at the
+    path would take the old log's pages for its own."""
+    path = tmp_path / "ledger.sqlite3"
+    run_id = begin_and_die(path)
+    assert Path(f"{path}-wal").exists()
+    path.unlink()
+    with pytest.raises(LedgerLost) as caught:
+        Ledger.open(path)
+    assert f"its write-ahead log {path}-wal is there" in caught.value.message
+    assert not path.exists()
+    assert run_id
+
+
+# ---------------------------------------------------------------------------------------------
+# immutable (chattr +i)
+
+
+@pytest.fixture
+def real_disk_folder() -> Iterator[Path]:
+    """A folder on a filesystem that keeps `chattr` attributes (not tmpfs), its attributes
+    taken off again at the end whatever happened."""
+    folder = Path(tempfile.mkdtemp(prefix="opspatch-chattr-", dir="/var/tmp"))
+    probe = folder / "probe"
+    probe.write_text("")
+    tried = subprocess.run(["chattr", "+i", str(probe)], capture_output=True, text=True)
+    subprocess.run(["chattr", "-i", str(probe)], capture_output=True)
+    if tried.returncode != 0:
+        shutil.rmtree(folder, ignore_errors=True)
+        pytest.skip(f"chattr +i is not possible here: {tried.stderr.strip() or 'no chattr'}")
+    probe.unlink()
+    try:
+        yield folder
+    finally:
+        for entry in [folder, *folder.iterdir()]:
+            subprocess.run(["chattr", "-i", "-a", str(entry)], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+IMMUTABLE_WRITER = textwrap.dedent(
+    """
+    import subprocess, sys
+    from pathlib import Path
+    from opspatch.errors import LedgerError
+    from opspatch.ledger import Ledger
+    path = Path(sys.argv[1])
+    ledger = Ledger.open(path)
+    run_id = ledger.begin_run(command="apply", patch_id="p", patch_sha256="ab" * 32,
+                              operator="ops@controller", command_line="opspatch apply p",
+                              hosts=["gpu-01"])
+    frozen = [str(path), f"{path}-wal", f"{path}-shm", str(path.parent)]
+    subprocess.run(["chattr", "+i", *frozen], check=True)
+    for doing, call in (("write", lambda: ledger.record_step(run_id, "gpu-01", "swap", "started")),
+                        ("read", ledger.list_runs)):
+        try:
+            call()
+        except LedgerError as exc:
+            print(doing, type(exc).__name__, exc.render(), flush=True)
+        else:
+            print(doing, "no error", flush=True)
+    """
+)
+
+
+@pytest.mark.root
+def test_an_immutable_ledger_is_an_error_with_a_message_not_a_bus_error(
+    real_disk_folder: Path,
+) -> None:
+    """`chattr +i` on the ledger, its -wal and -shm and its folder while a run writes: before,
+    the controller died of SIGBUS, with no message, part-way through a host."""
+    path = real_disk_folder / "ledger.sqlite3"
+    done = subprocess.run(
+        [sys.executable, "-c", IMMUTABLE_WRITER, str(path)], capture_output=True, text=True
+    )
+    assert done.returncode != -signal.SIGBUS, "the writer died of a bus error"
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = done.stdout
+    assert f"write LedgerError cannot write the ledger {path}: {path}, {path}-wal, " in said
+    assert "are immutable or append-only (chattr +i / +a)" in said
+    assert f"`chattr -i -a {path} {path}-wal {path}-shm` lets opspatch write it again" in said
+    assert "read LedgerError cannot read the ledger" in said
+    listed = opspatch("ledger", "list", env={"OPSPATCH_LEDGER": str(path)})
+    assert listed.code == 3 and "immutable" in listed.stderr, listed.stdout + listed.stderr
+    assert "Traceback" not in listed.stderr

@@ -8,20 +8,23 @@ test_ledger_runs.py (parametrised)."""
 from __future__ import annotations
 
 import multiprocessing
+import re
 import sqlite3
 import threading
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
 from opspatch.core.ledgerlocation import PostgresLedger, ledger_location
-from opspatch.errors import InputError, LedgerError
+from opspatch.errors import InputError, LedgerError, LedgerLost
 from opspatch.ledger import Ledger
+from opspatch.ledger.database import migrate
 from tests.clirunner import opspatch
 from tests.ledgerkit import begin, full_run, raw
-from tests.pgkit import WRITER, PostgresServer, as_owner, backend_pid
+from tests.pgkit import OWNER, WRITER, PostgresServer, as_owner, backend_pid
 
 pytestmark = pytest.mark.postgres
 
@@ -528,3 +531,45 @@ def test_a_write_that_fails_after_taking_its_id_leaves_no_gap(location: Postgres
         ledger.record_step(run_id, "gpu-01", "lock", "ok", 0.1, "locked")
         report = ledger.verify()
         assert report.ok, report
+
+
+# ---------------------------------------------------------------------------------------------
+# the ledger made again under a writer (issue 42, item 12)
+
+
+@pytest.mark.parametrize("again", ["empty", "older-copy"])
+def test_a_ledger_made_again_under_a_writer_stops_it_instead_of_taking_its_writes(
+    location: PostgresLedger, postgres: PostgresServer, again: str
+) -> None:
+    """The ledger's schema renamed away and another put under its name while a run writes: a
+    new, empty one, or an older copy of the history (as a restore from a backup leaves it).
+    Before, the run's next writes went there, its earlier records out of sight."""
+    schema = re.search(r"search_path=(\w+)", unquote(location.url)).group(1)  # type: ignore[union-attr]
+    with Ledger.open(location) as ledger:
+        run_id = begin(ledger, hosts=("gpu-01",))
+        if again == "older-copy":  # the history as it was once the run began
+            with postgres.admin() as conn:
+                conn.execute(f"CREATE SCHEMA {schema}_older")
+            migrate(PostgresLedger(postgres.url(OWNER, f"{schema}_older")), WRITER)
+            with Ledger.open(PostgresLedger(postgres.url(WRITER, f"{schema}_older"))) as older:
+                ledger.copy_to(older)
+        ledger.record_step(run_id, "gpu-01", "lock", "ok", 0.1)
+        with postgres.admin() as conn:
+            conn.execute(f"ALTER SCHEMA {schema} RENAME TO {schema}_before")
+            if again == "older-copy":
+                conn.execute(f"ALTER SCHEMA {schema}_older RENAME TO {schema}")
+            else:
+                conn.execute(f"CREATE SCHEMA {schema}")
+        if again == "empty":
+            migrate(PostgresLedger(postgres.url(OWNER, schema)), WRITER)
+        with pytest.raises(LedgerLost) as caught:
+            ledger.record_step(run_id, "gpu-01", "swap", "started")
+    assert caught.value.exit_code == 3
+    assert "recreated, replaced or restored while this process used it" in caught.value.message
+    said = "another history" if again == "empty" else "an older copy of it (its events end at 1"
+    assert said in caught.value.message
+    with Ledger.open(location) as now:  # nothing of the run was written there since
+        runs = now.list_runs()
+        assert [len(now.get_run(r.run_id).hosts[0].steps) for r in runs] == (
+            [] if again == "empty" else [0]
+        )

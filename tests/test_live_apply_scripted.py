@@ -44,15 +44,46 @@ def refusing_former(part: PatchSpec, pre: bytes, post: bytes) -> LiveForm | NotL
     )
 
 
+def checked(
+    fix: dict[str, Any],
+    *,
+    loaded: bool,
+    held: dict[str, list[str]] | None = None,
+    found: dict[str, list[dict[str, Any]]] | None = None,
+) -> list[dict[str, Any]]:
+    """A process's answer to the preflight's `check` of `fix`'s takes, as the plugin gives it:
+    the module `loaded` or not, the definitions other fixes hold (`held`: fix -> names), and
+    what the test makes it find (`found`: captured, objects, frames)."""
+    answers = []
+    for take in fix["fixes"]:
+        entry: dict[str, Any] = {"fix_id": take["fix_id"], "module": take["module"]}
+        entry["loaded"] = loaded
+        if loaded:
+            names = {d["name"] for d in take["definitions"]}
+            entry["held"] = [
+                {"name": n, "fix_id": other}
+                for other, held_names in (held or {}).items()
+                if other != take["fix_id"]
+                for n in held_names
+                if n in names
+            ]
+            entry.update({"captured": [], "objects": [], "frames": [], **(found or {})})
+        answers.append(entry)
+    return answers
+
+
 @dataclass
 class LiveEngine:
-    """The engine's processes as their sockets answer: what each scheduler rank holds, and a
-    rank told to refuse a take."""
+    """The engine's processes as their sockets answer: what each scheduler rank holds, a rank
+    told to refuse a take, and what every rank's `check` finds (`found`)."""
 
     held: dict[int, dict[str, list[str]]] = field(default_factory=lambda: {0: {}, 1: {}})
     refusing_rank: int | None = None
     listening: bool = True
     asked: list[str] = field(default_factory=list)
+    found: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    loaded: bool = True
+    """Whether the ranks imported the module (main and the detokenizer never do)."""
 
     def answer(self, args: dict[str, Any]) -> dict[str, Any]:
         fix = args["fix"]
@@ -60,7 +91,7 @@ class LiveEngine:
         if not self.listening:
             return {"server_pid": 4242, "folder": None, "missing": "nobody listens", "answers": []}
         answers = [self._direct("main", 100, fix), self._direct("detokenizer", 101, fix)]
-        if fix["op"] == "list":
+        if fix["op"] in ("list", "check"):
             answers += [self._socket(rank, self._rank(rank, fix)) for rank in (0, 1)]
         else:
             ranks = [self._rank(rank, fix) for rank in (0, 1)]
@@ -81,6 +112,8 @@ class LiveEngine:
                 "took": [],
                 "refused": {"code": "module-not-loaded", "message": "not imported here"},
             }
+        elif fix["op"] == "check":
+            reply = {"ok": True, "took": [], "checks": checked(fix, loaded=False)}
         else:
             reply = {"ok": True, "took": []}
         return {"socket": f"{role}.sock", "reply": {**reply, "process": process}, "error": None}
@@ -88,6 +121,9 @@ class LiveEngine:
     def _rank(self, rank: int, fix: dict[str, Any]) -> dict[str, Any]:
         process = {"role": "scheduler", "rank": rank, "pid": 200 + rank}
         held = self.held[rank]
+        if fix["op"] == "check":
+            answer = checked(fix, loaded=self.loaded, held=held, found=self.found)
+            return {"ok": True, "took": [], "checks": answer, "process": process}
         if fix["op"] == "take":
             if rank == self.refusing_rank:
                 refused = {"code": "take-failed", "message": "AttributeError: boom"}
@@ -219,8 +255,61 @@ def test_one_host_whose_change_has_no_live_form_refuses_the_whole_fleet(fleet: F
     assert report.exit_code == 2
     (refused,) = [o for o in report.hosts if "cannot be taken live" in (o.error or "")]
     assert f"the change cannot be taken live on {refused.host} " in (report.halted or "")
-    assert set(engine.asked) == {"list"}
+    assert set(engine.asked) == {"check"}
     assert all(sha(h.file.read_bytes()) == PRISTINE for h in fleet.hosts)
+
+
+FRAME = {"name": INIT, "module": "m", "thread": "MainThread", "across": "two scheduling boundaries"}
+
+
+@pytest.mark.parametrize(
+    ("engine", "reason", "said"),
+    [
+        (LiveEngine(loaded=False), "not-imported", "no process of the engine has imported"),
+        (
+            LiveEngine(held={0: {"other-fix": [INIT]}, 1: {"other-fix": [INIT]}}),
+            "already-held",
+            f"{INIT} is held by live fix other-fix",
+        ),
+        (
+            LiveEngine(found={"captured": [{"name": THRESHOLD, "module": "m", "line": 7,
+                                            "where": "the defaults of f"}]}),
+            "captured-at-import",
+            f"{THRESHOLD} is read while m is imported (line 7, the defaults of f)",
+        ),
+        (
+            LiveEngine(found={"objects": [{"name": INIT, "class": "EAGLEWorkerV2", "count": 1}]}),
+            "built-objects",
+            "1 EAGLEWorkerV2 object(s) already are",
+        ),
+        (
+            LiveEngine(found={"frames": [FRAME]}),
+            "never-returns",
+            "across two scheduling boundaries: that frame keeps the old code",
+        ),
+    ],
+    ids=["never-imported", "held-by-another-fix", "read-at-import", "built", "never-returns"],
+)  # fmt: skip
+def test_a_take_the_engine_says_would_not_be_in_effect_is_refused_before_any_swap(
+    fleet: Fleet, engine: LiveEngine, reason: str, said: str
+) -> None:
+    """The preflight's `check`: each process's answer judged; a take that would not be in
+    effect refuses the run (exit 2), nothing swapped, nothing taken, the reason word, the
+    sentence and the processes named. Before, each was swapped and then taken and reported
+    applied, or refused at the take and rolled back (exit 1)."""
+    fleet.hosts = fleet.hosts[:1]
+    report = apply_live(fleet, engine)
+    (outcome,) = report.hosts
+    assert report.exit_code == 2, outcome
+    assert outcome.outcome == "skipped"
+    error = outcome.error or ""
+    assert f"cannot be taken live: {reason}: " in error and said in error, error
+    assert "apply without --live to apply it with a restart" in error
+    if reason != "not-imported":
+        assert "(in scheduler-tp0 (pid 200), scheduler-tp1 (pid 201))" in error, error
+    assert engine.asked == ["check"]
+    assert sha(fleet.hosts[0].file.read_bytes()) == PRISTINE
+    assert not {"backup", "swap"} & set(steps(report))
 
 
 def test_a_dry_run_says_the_refusal_too(fleet: Fleet) -> None:

@@ -21,6 +21,8 @@ pid, the first decode passes, and `status` says applied with no live fix in memo
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import hashlib
 import json
 import os
@@ -92,6 +94,8 @@ class LiveHost:
     root: Path
     live_dir: Path
     port: int
+    args: tuple[str, ...] = ()
+    """More arguments of the engine's start (`--disable-cuda-graph`: a healthy server)."""
 
     @property
     def workspace(self) -> Path:
@@ -132,7 +136,16 @@ class LiveHost:
     def inventory(self) -> str:
         python = self.standin.python
         start = Command(
-            (str(python), "-m", "sglang.launch_server", "--port", str(self.port), "--tp-size", "2")
+            (
+                str(python),
+                "-m",
+                "sglang.launch_server",
+                "--port",
+                str(self.port),
+                "--tp-size",
+                "2",
+                *self.args,
+            )
         ).render()
         env = {**ENGINE_ENV, "HOME": str(self.standin.host_dir)}
         env[socket_paths.LIVE_DIR_ENV] = str(self.live_dir)
@@ -155,16 +168,22 @@ class LiveHost:
         )
 
 
-@pytest.fixture(scope="module")
-def live_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveHost]:
-    root = tmp_path_factory.mktemp("live-cli")
+@contextlib.contextmanager
+def running_live_host(
+    root: Path, *, plugin: bool = True, args: tuple[str, ...] = ()
+) -> Iterator[LiveHost]:
+    """The stand-in host in a workspace's inventory, its engine started the inventory's way
+    (with `args`; `plugin`: opspatch's plugin installed first), stopped at the end."""
     standin = make_host(root / "host")
-    for relative, data in livedist.live_distribution("0.1.0", livedist.plugin_sources()).items():
-        target = standin.site_packages / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+    if plugin:
+        for relative, data in livedist.live_distribution(
+            "0.1.0", livedist.plugin_sources()
+        ).items():
+            target = standin.site_packages / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
     live_dir = Path(tempfile.mkdtemp(prefix="ol", dir="/tmp"))  # a socket path has 107 bytes
-    made = LiveHost(standin, root, live_dir, free_port())
+    made = LiveHost(standin, root, live_dir, free_port(), args)
     (made.workspace / "inventories").mkdir(parents=True)
     (made.workspace / "patches").mkdir()
     (made.workspace / "inventories" / "live.toml").write_text(made.inventory())
@@ -174,6 +193,12 @@ def live_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveHost]:
     finally:
         made.engine().stop()
         shutil.rmtree(live_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def live_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveHost]:
+    with running_live_host(tmp_path_factory.mktemp("live-cli")) as made:
+        yield made
 
 
 def sha(path: Path) -> str:
@@ -235,11 +260,103 @@ def test_a_change_of_a_restart_only_module_is_refused_live_and_nothing_changes(
     ), outcome["error"]
 
 
+def diff_patch(live_host: LiveHost, patch_id: str, module: str, old: str, new: str) -> str:
+    """A one-hunk `diff` patch of the stand-in's file of `module`: `old` replaced by `new`."""
+    path = live_host.standin.module_file(module)
+    text = path.read_text()
+    assert text.count(old) == 1, old
+    relative = module.replace(".", "/") + ".py"
+    diff = "".join(
+        difflib.unified_diff(
+            text.splitlines(keepends=True),
+            text.replace(old, new).splitlines(keepends=True),
+            f"a/{relative}",
+            f"b/{relative}",
+        )
+    )
+    header = edit_patch(patch_id, module, "", "").split("[[edits]]")[0]
+    return header + f"[[edits]]\nkind = \"diff\"\ndiff = '''\n{diff}'''\n"
+
+
+def engine_refusal(live_host: LiveHost, patch_id: str, text: str, module: str) -> str:
+    """`apply --live` refused by what the engine's processes answer to the preflight's check
+    (exit 2, nothing changed: `refused_live`); the host's error."""
+    error = str(refused_live(live_host, patch_id, text, module)["error"])
+    assert error.startswith(f"gpu-01: {module} cannot be taken live: "), error
+    return error
+
+
+def test_a_changed_init_of_the_scheduler_the_server_built_is_refused_live(
+    live_host: LiveHost,
+) -> None:
+    """Issue 42, 1: the Scheduler is built once, at start; a change of its `__init__` would
+    never reach it (before: taken and reported applied, the running object unchanged)."""
+    text = edit_patch(
+        "scheduler-init-test",
+        "sglang.srt.managers.scheduler",
+        "Scheduler.__init__",
+        "self.limit_from_the_fix = 1",
+    )
+    error = engine_refusal(live_host, "scheduler-init-test", text, "sglang.srt.managers.scheduler")
+    assert "built-objects: Scheduler.__init__ runs only while a Scheduler is built, and 1 " in error
+    assert "(in scheduler-tp0 (pid " in error and "scheduler-tp1 (pid " in error, error
+
+
+def test_a_constant_a_dataclass_field_read_at_import_is_refused_live(
+    live_host: LiveHost,
+) -> None:
+    """Issue 42, 2: `max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS` in SamplingParams copied the
+    old value when the module was imported (before: the constant taken everywhere, requests
+    still built with 128)."""
+    module = "sglang.srt.sampling.sampling_params"
+    text = diff_patch(
+        live_host,
+        "max-new-tokens-test",
+        module,
+        "DEFAULT_MAX_NEW_TOKENS = 128",
+        "DEFAULT_MAX_NEW_TOKENS = 64",
+    )
+    error = engine_refusal(live_host, "max-new-tokens-test", text, module)
+    assert (
+        f"captured-at-import: DEFAULT_MAX_NEW_TOKENS is read while {module} is imported "
+        "(line 37, class SamplingParams's body)" in error
+    ), error
+    assert "the defaults of SamplingParams.from_request" in error, error
+
+
+def test_a_change_of_the_scheduler_loop_whose_frame_never_returns_is_refused_live(
+    live_host: LiveHost,
+) -> None:
+    """Issue 42, 3: `Scheduler.event_loop` runs in one frame for the server's life (before:
+    its code swapped on every rank and reported applied; the new code never ran)."""
+    text = edit_patch(
+        "event-loop-test", "sglang.srt.managers.scheduler", "Scheduler.event_loop", "_ = 0"
+    )
+    error = engine_refusal(live_host, "event-loop-test", text, "sglang.srt.managers.scheduler")
+    assert (
+        "never-returns: Scheduler.event_loop runs in a frame that stayed on thread MainThread's "
+        "stack across two scheduling boundaries" in error
+    ), error
+    assert "scheduler-tp0 (pid " in error and "scheduler-tp1 (pid " in error, error
+
+
+def test_a_module_no_process_imported_is_refused_live_before_any_swap(
+    live_host: LiveHost,
+) -> None:
+    """Issue 42, 4: the standalone worker is imported only for STANDALONE speculation (before:
+    swapped, every process answered module-not-loaded, rolled back, exit 1)."""
+    module = "sglang.srt.speculative.standalone_worker_v2"
+    text = edit_patch("standalone-test", module, "StandaloneWorkerV2.__init__", "_ = 0")
+    error = engine_refusal(live_host, "standalone-test", text, module)
+    assert f"not-imported: no process of the engine has imported {module} (main" in error, error
+
+
 AGENT_AS_OTHER_USER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from opspatch.hosts.agent.live import op_live
-print(json.dumps(op_live(json.loads(sys.argv[2]))))
+import opspatch.hosts.agent.live as live
+assert live.__file__.startswith(sys.argv[1]), live.__file__  # the copy, nothing else
+print(json.dumps(live.op_live(json.loads(sys.argv[2]))))
 """
 
 
@@ -258,6 +375,8 @@ def agent_live_as_nobody(live_host: LiveHost, folder: Path) -> LiveEngineReply:
         (package / "__init__.py").write_text("")
     for path in (folder, *folder.rglob("*")):
         path.chmod(0o755 if path.is_dir() else 0o644)
+    closed = [p for p in folder.parents if not p.stat().st_mode & 0o001]
+    assert not closed, f"nobody cannot reach the agent's copy: {closed[0]} is not searchable"
     request = {
         "fix": {"op": "list"},
         "pid": live_host.pid(),
@@ -267,7 +386,8 @@ def agent_live_as_nobody(live_host: LiveHost, folder: Path) -> LiveEngineReply:
         "timeout": 30,
     }
     done = subprocess.run(
-        [python, "-c", AGENT_AS_OTHER_USER, str(folder), json.dumps(request)],
+        # -I -S: the copy alone, never an opspatch the environment or site-packages offer
+        [python, "-I", "-S", "-c", AGENT_AS_OTHER_USER, str(folder), json.dumps(request)],
         user="nobody",
         capture_output=True,
         text=True,
@@ -289,6 +409,7 @@ def test_an_agent_of_another_uid_is_refused_by_the_folder_and_by_every_socket(
     if os.geteuid() != 0:
         pytest.skip("running the agent as another user needs root")
     folder = Path(tempfile.mkdtemp(prefix="opspatch-agent-", dir="/tmp"))
+    folder.chmod(0o755)  # mkdtemp's 0700 would keep nobody out of the copies below it
     (server,) = [d for d in live_host.live_dir.iterdir() if d.is_dir()]  # the server's main pid
     sockets = sorted(server.glob("*.sock"))
     modes = {path: path.stat().st_mode & 0o777 for path in (live_host.live_dir, server, *sockets)}
@@ -352,6 +473,14 @@ def test_a_restart_later_keeps_the_live_fix_through_the_file(live_host: LiveHost
     assert live_host.pid() == pid
     held = status_row(live_host)
     assert held["state"] == "applied" and held["live"], held  # in memory, and in the file
+    module = "sglang.srt.speculative.eagle_worker_v2"  # issue 42, 4: another fix of what this
+    again = edit_patch("eagle-again-test", module, "EAGLEWorkerV2.__init__", "_ = 0")  # holds
+    error = engine_refusal(live_host, "eagle-again-test", again, module)  # before: swapped,
+    assert (  # refused at the take, rolled back (exit 1)
+        f"already-held: {module}.EAGLEWorkerV2.__init__ is held by live fix eagle-init-guard"
+        in error
+    ), error
+    diagnose_after_the_live_fix(live_host)
     live_host.restart()  # the operator's restart: the inventory's command, not a rollback
     assert live_host.pid() != pid
     assert live_host.log().count("CUDA graph capture failed") > failed  # half-built again
@@ -369,3 +498,34 @@ def status_row(live_host: LiveHost) -> dict[str, Any]:
     assert status.code == 0, status.stdout + status.stderr
     (row,) = status.json()["status"]
     return row  # type: ignore[no-any-return]
+
+
+def diagnose_after_the_live_fix(live_host: LiveHost) -> None:
+    """Issue 42, 6: the server started before the file changed but runs its change live, which
+    `diagnose` says (naming the fix and the processes) as `status` says applied, where it said
+    "it still runs the old code" (exit 1). With the patch given by path (no workspace patch
+    names the module) the fix's file is still read and its drift said."""
+    module = "sglang.srt.speculative.eagle_worker_v2"
+    run = live_host.opspatch("diagnose", "--hosts", HOST, "--json")
+    findings = {f["kind"]: f for f in run.json()["hosts"][0]["findings"]}
+    assert "server-runs-old-code" not in findings, findings
+    assert run.code == 0, findings  # was 1: a problem the server does not have
+    assert findings["live-fix"]["text"] == (
+        f"the server started before {module} last changed and runs it live as eagle-init-guard "
+        "in scheduler-tp0, scheduler-tp1"
+    ), findings["live-fix"]
+    text = live_host.opspatch("diagnose", "--hosts", HOST).stdout
+    assert "runs it live as eagle-init-guard in scheduler-tp0, scheduler-tp1" in text, text
+    patch = live_host.workspace / "patches" / "eagle-init-guard.toml"
+    elsewhere = live_host.root / "eagle-init-guard.toml"
+    target = live_host.standin.module_file(module)
+    taken = target.read_bytes()
+    patch.rename(elsewhere)  # applied by its path: no workspace patch names the module
+    target.write_bytes(taken + b"# changed since the fix was taken\n")
+    try:
+        run = live_host.opspatch("diagnose", "--hosts", HOST, "--json")
+        kinds = [f["kind"] for f in run.json()["hosts"][0]["findings"]]
+        assert "live-fix-drift" in kinds, kinds
+    finally:
+        target.write_bytes(taken)
+        elsewhere.rename(patch)

@@ -18,11 +18,13 @@ import pytest
 from opspatch import __version__
 from opspatch.core.host import EngineSettings, Host
 from opspatch.core.policy import BatchSize, Playbook
+from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.liveplugin import socket_paths, wire
 from opspatch.hosts.operations import open_transport
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.live import disable_live, enable_live
 from tests.standin import StandinHost, make_host, running_engine
+from tests.test_live_cli_engine import HOST, running_live_host
 from tests.test_live_delivery import wait_for_sockets
 
 pytestmark = pytest.mark.engine
@@ -82,3 +84,30 @@ def test_enable_then_a_restart_loads_the_plugin_and_disable_removes_its_files(
         after = {p for p in site.rglob("*") if p.is_file()}
         assert after == before, sorted(str(p) for p in after ^ before)
         assert not (site / "opspatch_live").exists() and not dist_info.exists()
+
+
+def test_live_enable_then_opspatch_restart_loads_the_plugin_in_every_process(
+    tmp_path: Path,
+) -> None:
+    """Issue 42, 5: the CLI's way, on a TP=2 engine the inventory's command restarts: `live
+    enable` stages the plugin, `opspatch restart` restarts into it and proves it (the smoke,
+    then every process answering on its live socket). Before, restart left the host alone and
+    the operator had to restart the engine outside opspatch."""
+    with running_live_host(tmp_path, plugin=False, args=("--disable-cuda-graph",)) as host:
+        pid = host.pid()
+        enabled = host.opspatch("live", "enable", "--hosts", HOST, "--yes", "--json")
+        assert enabled.code == 0, enabled.stdout + enabled.stderr
+        assert [o["outcome"] for o in enabled.json()["hosts"]] == ["staged"]
+        assert host.pid() == pid  # enable restarts nothing
+        run = host.opspatch("restart", "--hosts", HOST, "--yes", "--json")
+        assert run.code == 0, run.stdout + run.stderr
+        (outcome,) = run.json()["hosts"]
+        assert outcome["outcome"] == "applied", outcome
+        assert "into the live plugin" in outcome["note"], outcome
+        assert host.pid() != pid
+        listed = ask_engine(host.engine().ops, LiveFix("list"), timeout=30).processes()
+        assert sorted(p.process for p in listed if p.ok) == [
+            "detokenizer", "main", "scheduler-tp0", "scheduler-tp1"
+        ], listed  # fmt: skip
+        again = host.opspatch("restart", "--hosts", HOST, "--yes", "--json")
+        assert again.code == 0 and again.json()["hosts"][0]["outcome"] == "skipped", again.stdout

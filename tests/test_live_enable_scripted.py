@@ -12,6 +12,7 @@ plugin out; disable remove exactly what enable wrote.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,13 +23,16 @@ from opspatch import __version__
 from opspatch.core.policy import BatchSize, Playbook
 from opspatch.errors import LiveRefused
 from opspatch.hosts.livedist import live_distribution, plugin_sources
+from opspatch.hosts.transport.scripted import agent_operation
 from opspatch.runs.commands.live import disable_live, enable_live
+from opspatch.runs.commands.restart import restart_hosts
 from opspatch.runs.report import RunReport
-from tests.test_runs_scripted import Fleet, fleet
+from tests.test_runs_scripted import FAKE_PID, FakeHost, Fleet, fleet
+from tests.test_units_scripted import Units, units
 
 pytestmark = pytest.mark.scripted
 
-__all__ = ["fleet"]  # the fixture, used by name
+__all__ = ["fleet", "units"]  # the fixtures, used by name
 
 PLAYBOOK = Playbook(canary=0, batch=BatchSize(count=10), max_failures=1)
 DIST_INFO = f"opspatch_live-{__version__}.dist-info"
@@ -205,3 +209,110 @@ def test_disable_where_nothing_is_installed_says_so(fleet: Fleet) -> None:
     (outcome,) = report.hosts
     assert outcome.outcome == "skipped" and "not installed" in (outcome.note or ""), outcome
     assert report.exit_code == 0
+
+
+def engine_after_enable(fleet: Fleet, *, listening: bool = True) -> list[str]:
+    """Each host's engine as `restart` meets it after an enable: its server (started an hour
+    ago, before the install) found beside the RECORD, and after a restart every process
+    answering `list` on its live socket (`listening`); returns the ops asked."""
+    asked = scripted_site(fleet)
+    for fake in fleet.hosts:
+        site_answer = fake.fault
+        assert site_answer is not None
+
+        def answer(
+            op: str, args: dict[str, Any], fake: FakeHost = fake, site_answer: Any = site_answer
+        ) -> dict[str, Any] | None:
+            if op == "live":
+                process = {"role": "main", "rank": None, "pid": 100}
+                reply = {"ok": True, "took": [], "process": process}
+                said = {"socket": "main.sock", "reply": reply, "error": None}
+                loaded = (
+                    listening and fake.started_at is not None and fake.started_at > time.time() - 60
+                )
+                return {
+                    "server_pid": 100,
+                    "folder": "/tmp/x/100" if loaded else None,
+                    "missing": None if loaded else "no process listens for live fixes",
+                    "answers": [said] if loaded else [],
+                }
+            if op == "inspect" and str(args.get("path") or "").endswith("/RECORD"):
+                found = agent_operation(op, args)
+                assert isinstance(found, dict)
+                found["server"] = {"pid": FAKE_PID, "started_at": fake.started_at}
+                return found
+            return site_answer(op, args)  # type: ignore[no-any-return]
+
+        fake.fault = answer
+    return asked
+
+
+def restart(fleet: Fleet) -> RunReport:
+    hosts = [replace(h.host(), live=True) for h in fleet.hosts]
+    return restart_hosts(ledger=fleet.ledger, hosts=hosts, factory=fleet.factory, playbook=PLAYBOOK)
+
+
+def test_restart_finishes_an_enable_restarting_into_the_plugin_and_proving_it_listens(
+    fleet: Fleet,
+) -> None:
+    """Issue 42, 5: a staged plugin is a staged change. Before, `restart` left the host alone
+    ("the ledger holds no change on this host") and `live enable` had no way to finish."""
+    fleet.hosts = fleet.hosts[:1]
+    engine_after_enable(fleet)
+    (enabled,) = run(fleet, enable_live).hosts
+    assert enabled.outcome == "staged", enabled
+    report = restart(fleet)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "applied", outcome
+    assert report.exit_code == 0
+    steps = [str(s.step) for s in outcome.steps]
+    assert steps[-4:] == ["restart", "ready", "smoke", "live"], steps
+    assert outcome.note == (
+        f"restarted into the live plugin {DIST_INFO} (`live enable`) and proven: every process "
+        "listens"
+    )
+    assert outcome.file == enabled.file  # the RECORD, as enable recorded it
+    (again,) = restart(fleet).hosts  # the engine now started after it: nothing staged
+    assert again.outcome == "skipped" and "restart" not in [s.step for s in again.steps], again
+
+
+def test_a_restart_into_the_plugin_whose_proof_fails_removes_it_and_restarts_without(
+    fleet: Fleet,
+) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    engine_after_enable(fleet, listening=False)
+    run(fleet, enable_live)
+    site = site_of(fleet)
+    report = restart(fleet)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "rolled-back", outcome
+    assert "the live plugin is not loaded after the restart" in (outcome.error or "")
+    assert report.exit_code == 1
+    steps = [str(s.step) for s in outcome.steps]
+    assert "live-disable" in steps and steps.index("live-disable") < steps.index(
+        "restart-after-restore"
+    ), steps
+    assert files_under(site) == {"other_package.py"}  # every file of the plugin removed
+    assert outcome.file is not None and outcome.file.sha256_after is None
+
+
+def test_a_unit_with_the_plugin_staged_on_every_node_is_restarted_as_one_into_it(
+    units: Units,
+) -> None:
+    """A unit's nodes, each enabled: one restart of the unit, proven through the head, then
+    every node's processes answering on their sockets; each node `applied`."""
+    nodes = Fleet([units.fakes["h1"], units.fakes["h2"]], units.ledger, units.patch)
+    engine_after_enable(nodes)
+    hosts = [replace(h, live=True) for h in units.hosts("h1", "h2")]
+    enabled = enable_live(
+        ledger=units.ledger, hosts=hosts, factory=nodes.factory, playbook=PLAYBOOK
+    )
+    assert [o.outcome for o in enabled.hosts] == ["staged", "staged"]
+    report = restart_hosts(
+        ledger=units.ledger, hosts=hosts, factory=nodes.factory, playbook=PLAYBOOK
+    )
+    assert {o.host: o.outcome for o in report.hosts} == {"h1": "applied", "h2": "applied"}
+    for outcome in report.hosts:
+        steps = [str(s.step) for s in outcome.steps]
+        assert "start" in steps and steps.count("live") == 1, (outcome.host, steps)
+        assert "restarted unit u1 as one into the live plugin" in (outcome.note or "")

@@ -225,3 +225,74 @@ def test_a_patchs_live_field_takes_two_words_and_refuses_others_in_one_message(
         load_patch(path)
     assert "eagle-init-guard.toml:" in str(raised.value)
     assert "live: must be one of 'allowed', 'restart-only', got 'sometimes'" in str(raised.value)
+
+
+BUILT = src(
+    """
+    class Scheduler:
+        budget: int = 0
+
+        def __init__(self, args):
+            self.limit = args.limit
+            self.pool = self.init_pool(args)
+
+        def init_pool(self, args):
+            return [None] * args.size
+
+        def shared(self):
+            return self.limit
+
+        def event_loop(self):
+            while True:
+                self.shared()
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "objects"),
+    [
+        ("self.limit = args.limit", "self.limit = args.limit // 2", ("Scheduler.__init__",)),
+        ("[None] * args.size", "[None] * (args.size + 1)", ("Scheduler.init_pool",)),
+        ("return self.limit", "return self.limit + 1", ()),
+        (  # eagle-init-guard's shape: an early assignment of the class's own literal default
+            "self.limit = args.limit\n",
+            "self.budget = 0\n        self.limit = args.limit\n",
+            (),
+        ),
+        (  # a default the class does not have: the objects already built lack it
+            "self.limit = args.limit\n",
+            "self.spare = 0\n        self.limit = args.limit\n",
+            ("Scheduler.__init__",),
+        ),
+        (  # after another assignment of it: an object built by the old code keeps that one
+            "self.pool = self.init_pool(args)\n",
+            "self.pool = self.init_pool(args)\n        self.limit = 0\n",
+            ("Scheduler.__init__",),
+        ),
+    ],
+    ids=["init", "helper-only-init-calls", "method", "guard-default", "no-default", "late"],
+)
+def test_a_method_that_runs_only_while_an_object_is_built_is_named_for_the_objects_check(
+    old: str, new: str, objects: tuple[str, ...]
+) -> None:
+    after = BUILT.decode().replace(old, new, 1)
+    found = live_form(MODULE, BUILT, after.encode())
+    assert isinstance(found, LiveForm), found
+    assert found.objects == objects, found
+
+
+def test_a_new_nested_closure_is_taken_and_only_the_functions_own_free_variables_refuse() -> None:
+    """docs/live.md: what `free-variables` refuses is the swapped function's own free
+    variables changing (`super()` gained); a closure nested in it is part of its new code."""
+    nested = post(
+        (
+            'return "step"',
+            "ready = self.ready\n\n        def said():\n            return ready\n\n"
+            "        return said()",
+        ),
+    )
+    assert form(nested).definitions == (LiveDefinition("Worker.step", LiveKind.METHOD),)
+    gained = refusal(post(('return "step"', "return super().step()")))
+    assert gained.reason == NotLiveReason.FREE_VARIABLES
+    assert "super()" in gained.text and "closure" not in gained.text, gained.text

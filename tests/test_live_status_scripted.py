@@ -96,8 +96,10 @@ def test_diagnose_names_a_live_fix_in_memory(fleet: Fleet) -> None:
     diagnosis = diagnose_fleet(hosts, [fleet.patch], fleet.factory, fleet.ledger, DiagnoseOptions())
     (report,) = diagnosis.hosts
     (finding,) = [f for f in report.findings if f.kind == "live-fix"]
-    assert "eagle-init-guard" in finding.detail
-    assert "scheduler-tp0, scheduler-tp1" in finding.detail
+    assert finding.text == (  # issue 42, 6: the text names the fix and the processes
+        "live fix eagle-init-guard is held in memory by scheduler-tp0, scheduler-tp1"
+    )
+    assert "held by scheduler-tp0 (pid 200), scheduler-tp1 (pid 201)" in finding.detail
     asked = len(engine.asked)
     off = [replace(h.host(), live=False) for h in fleet.hosts]
     (report,) = diagnose_fleet(

@@ -177,6 +177,6 @@ def test_an_install_cut_part_way_needs_attention_saying_how_far_it_got(fleet: Fl
     report = run(fleet, enable_live)
     (outcome,) = report.hosts
     assert outcome.outcome == "needs-attention", outcome
-    assert "read back: 7 of its 15 files are there" in (outcome.error or ""), outcome.error
+    assert "read back: 8 of its 17 files are there" in (outcome.error or ""), outcome.error
     assert "`opspatch live enable --hosts h1` again finishes it" in (outcome.error or "")
     assert report.exit_code == 3

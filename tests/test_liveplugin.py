@@ -239,7 +239,7 @@ def test_a_request_is_applied_here_by_the_fix_runtime_and_a_failure_is_a_refusal
     unknown = answers.apply_here({"op": "exec"})
     assert (
         unknown["refused"]["code"] == "bad-request"
-        and "take, revert, list, ping" in (unknown["refused"]["message"])
+        and "take, revert, list, check, ping" in (unknown["refused"]["message"])
     )
 
     def broken(request: dict[str, Any]) -> dict[str, Any]:

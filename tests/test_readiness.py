@@ -286,3 +286,44 @@ address = "127.0.0.1"
     for still in seen:
         assert still.url == url and still.last.startswith("/health: "), still
         assert still.timeout == 2.0 and before + 2.0 <= still.gives_up_at <= time.time() + 2.0
+
+
+def test_a_smoke_of_a_server_found_dead_names_the_exception_its_log_recorded_before(
+    tmp_path: Path,
+) -> None:
+    """Issue 42, item 17: the server crashed on an earlier decode and is gone; the smoke's own
+    stretch of the log is empty, so it said "exited while decoding; its log records no
+    exception" while the log held the AttributeError `diagnose` finds. Now it reads the log
+    since the server's last start, and does not claim the server died during this decode."""
+    from opspatch.hosts.agent.engine import op_smoke
+
+    gone = exited_pid()
+    pid_file = tmp_path / "server.pid"
+    pid_file.write_text(f"{gone}\n")
+    log = tmp_path / "server.log"
+    log.write_text(
+        "[2026-12-01 01:00:00] server_args=ServerArgs(model_path='old')\n"
+        "[2026-12-01 01:00:01] an earlier start\n"
+        "[2026-12-01 02:00:00] server_args=ServerArgs(model_path='m')\n"
+        "[2026-12-01 02:00:05] The server is fired up and ready to roll!\n" + CRASH_LOG
+    )
+    with socket.socket() as closed:  # a port nothing listens on: the server is gone
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    reply = op_smoke(
+        {
+            "url": f"http://127.0.0.1:{port}",
+            "prompts": [{"text": "The capital of France is"}],
+            "timeout": 10,
+            "log_file": str(log),
+            "log_offset": None,  # `opspatch smoke`: from the log's end
+            "pid_file": str(pid_file),
+        }
+    )
+    assert not reply["ok"]
+    (said,) = reply["failures"]
+    assert said == (
+        f"prompt 1: the server (pid {gone}) is not running: it crashed before this decode: "
+        f"AttributeError: no attribute 'spec_disable_batch_threshold' {WHERE} (its log since "
+        "its last start)"
+    ), said

@@ -25,6 +25,8 @@ from opspatch.config.lookup import Workspace
 from opspatch.core.edit import Applied, apply_patch, detect
 from opspatch.core.spec import PatchSpec
 from opspatch.errors import InputError
+from opspatch.hosts.agent.measure import op_measure
+from opspatch.hosts.measure import Measurement
 from opspatch.sandbox.install import (
     engine_source_dir,
     install_standin,
@@ -358,6 +360,73 @@ def test_generate_answers_sglangs_response_shape(api_engine: EngineProcess) -> N
     assert meta["spec_verify_ct"] > 0
     assert 0 <= meta["spec_accept_rate"] <= 1
     assert 1 <= meta["spec_accept_length"] <= 4
+
+
+@pytest.mark.engine
+def test_a_streamed_generate_answers_sglangs_events_each_the_reply_so_far(
+    api_engine: EngineProcess,
+) -> None:
+    body = {
+        "text": "The capital of France is",
+        "sampling_params": {"max_new_tokens": 24, "temperature": 0},
+        "return_logprob": True,
+        "top_logprobs_num": 3,
+        "return_text_in_logprobs": True,
+    }
+    whole = generate(api_engine, body)
+    reply = api_engine.post("/generate", {**body, "stream": True})
+    assert reply.status == 200
+    events = reply.body.decode().split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""] and all(e.startswith("data: ") for e in events[:-1])
+    chunks = [json.loads(event[len("data: ") :]) for event in events[:-2]]
+    assert len(chunks) > 1  # one per step that gave tokens (several tokens a verify step)
+    counts = [chunk["meta_info"]["completion_tokens"] for chunk in chunks]
+    assert counts == sorted(set(counts)) and counts[-1] == 24
+    for chunk in chunks[:-1]:  # each the reply so far, not finished, no speculation figures yet
+        meta = chunk["meta_info"]
+        assert meta["finish_reason"] is None and "spec_verify_ct" not in meta
+        assert chunk["output_ids"] == whole["output_ids"][: meta["completion_tokens"]]
+        assert whole["text"].startswith(chunk["text"])
+        assert len(meta["output_top_logprobs"]) == meta["completion_tokens"]
+    last = chunks[-1]
+    assert (last["text"], last["output_ids"]) == (whole["text"], whole["output_ids"])
+    same = {"id", "e2e_latency"}  # a request's own
+    assert {k: v for k, v in last["meta_info"].items() if k not in same} == {
+        k: v for k, v in whole["meta_info"].items() if k not in same
+    }
+    # SGLang's per-request stream_interval: the first token at once, then every 10 unsent
+    # tokens or more (a verify step gives several), and the finish
+    sparse = {**body, "sampling_params": {**body["sampling_params"], "stream_interval": 10}}
+    events = api_engine.post("/generate", {**sparse, "stream": True}).body.decode().split("\n\n")
+    counts = [json.loads(e[len("data: ") :])["meta_info"]["completion_tokens"] for e in events[:-2]]
+    assert counts[0] == 1 and counts[-1] == 24 and len(counts) <= 4
+    assert all(b - a >= 10 for a, b in zip(counts, counts[1:-1], strict=False)), counts
+
+
+@pytest.mark.engine
+def test_the_judges_measurement_reads_the_streamed_reply_whole(api_engine: EngineProcess) -> None:
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    request = {
+        "url": api_engine.url,
+        "prompts": prompts,
+        "max_new_tokens": 32,
+        "top_logprobs": 5,
+        "warmup": 1,
+        "timeout": 60.0,
+    }
+    measured = Measurement.from_json(op_measure(request))  # type: ignore[arg-type]
+    for prompt, sample in zip(prompts, measured.samples, strict=True):
+        greedy = {"max_new_tokens": 32, "temperature": 0}
+        whole = generate(api_engine, {"text": prompt, "sampling_params": greedy})
+        assert sample.ok and (sample.text, sample.output_ids) == (
+            whole["text"],
+            tuple(whole["output_ids"]),
+        )
+        assert sample.first_token_seconds is not None and sample.seconds is not None
+        assert 0 < sample.first_token_seconds <= sample.seconds
+        assert sample.top_ids is not None and sample.top_logprobs is not None
+        assert sample.token_logprobs is not None and len(sample.token_logprobs) == 32
+        assert sample.spec_verify_ct == whole["meta_info"]["spec_verify_ct"]
 
 
 @pytest.mark.engine

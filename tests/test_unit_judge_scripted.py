@@ -39,7 +39,7 @@ TOKENS = 32
 
 
 def sample(index: int, *, changed: bool = False, problem: str | None = None) -> dict[str, Any]:
-    """One prompt's decode (the agent's `DecodeSample`): fixed greedy ids with a top-3 around
+    """One prompt's decode (the agent's `DecodeSample`): fixed greedy ids with a top-3 after
     each; `changed`: the first prompt's 5th token turned into one outside either top-k."""
     ids = [(index * 7 + position) % 60 for position in range(TOKENS)]
     if changed and index == 0:
@@ -47,15 +47,17 @@ def sample(index: int, *, changed: bool = False, problem: str | None = None) -> 
     if problem is not None:
         return {
             "prompt": f"prompt {index}", "problem": problem, "refused": "refused" in problem,
-            "text": None, "output_ids": None, "top_ids": None, "token_texts": None,
-            "completion_tokens": None, "spec_verify_ct": None, "seconds": None,
-            "first_token_seconds": None,
+            "text": None, "output_ids": None, "top_ids": None, "top_logprobs": None,
+            "token_logprobs": None, "token_texts": None, "completion_tokens": None, "spec_verify_ct": None, "seconds": None,
+            "first_token_seconds": None, "server_seconds": None,
         }  # fmt: skip
     return {
         "prompt": f"prompt {index}", "problem": None, "refused": False, "text": "x" * TOKENS,
         "output_ids": ids, "top_ids": [[i, (i + 1) % 60, (i + 2) % 60] for i in ids],
+        "top_logprobs": [[-0.1, -2.5, -3.0] for _ in ids], "token_logprobs": [-0.1] * TOKENS,
         "token_texts": None, "completion_tokens": TOKENS, "spec_verify_ct": 12,
         "seconds": 0.2 + index / 100, "first_token_seconds": 0.02,
+        "server_seconds": 0.19 + index / 100,
     }  # fmt: skip
 
 

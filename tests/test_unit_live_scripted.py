@@ -25,6 +25,7 @@ from opspatch.core.vocabulary import NotLiveReason
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.fleet.liveapply import LiveFormer, live_former
 from opspatch.runs.report import RunReport
+from tests.test_live_apply_scripted import checked
 from tests.test_runs_scripted import PRISTINE, sha
 from tests.test_units_scripted import ALWAYS, Units, units
 
@@ -60,7 +61,7 @@ class UnitEngine:
         answers = [self._direct(node, "main", fix)]
         if node == "h1":
             answers.append(self._direct(node, "detokenizer", fix))
-        if fix["op"] == "list":
+        if fix["op"] in ("list", "check"):
             answers += [self._socket(r, self._rank(r, fix)) for r in NODE_RANKS[node]]
         elif node == "h1":  # the entry rank answers for every rank of every node
             ranks = [self._rank(r, fix) for r in range(4)]
@@ -76,6 +77,8 @@ class UnitEngine:
     def _direct(node: str, role: str, fix: dict[str, Any]) -> dict[str, Any]:
         process = {"role": role, "rank": None, "pid": 100 if node == "h1" else 110}
         reply: dict[str, Any] = {"ok": True, "took": []}
+        if fix["op"] == "check":
+            reply["checks"] = checked(fix, loaded=False)
         if fix["op"] == "take":
             refused = {"code": "module-not-loaded", "message": "not imported here"}
             reply = {"ok": False, "took": [], "refused": refused}
@@ -85,6 +88,10 @@ class UnitEngine:
         process = {"role": "scheduler", "rank": rank, "pid": 200 + rank}
         held = self.held[rank]
         node = next(n for n, ranks in NODE_RANKS.items() if rank in ranks)
+        if fix["op"] == "check":
+            mine = {f: [e["name"] for e in entries] for f, entries in held.items()}
+            answer = checked(fix, loaded=True, held=mine)
+            return {"ok": True, "took": [], "checks": answer, "process": process}
         if fix["op"] == "take":
             refused = None
             if rank == self.refusing_rank:
@@ -217,7 +224,7 @@ def test_a_node_whose_engine_does_not_listen_refuses_the_run_before_any_change(
     report = apply_live(units)
     assert report.exit_code == 2
     assert "h2 do not listen for live fixes" in (report.halted or "")
-    assert [op for _, op in engine.asked] == ["list", "list"]  # the preflight's, nothing taken
+    assert [op for _, op in engine.asked] == ["check", "check"]  # the preflight's, nothing taken
     assert files(units) == {"h1": PRISTINE, "h2": PRISTINE}
 
 

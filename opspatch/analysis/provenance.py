@@ -10,9 +10,9 @@ Pure and light (no edit engine), so plain `check` stays quick.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from opspatch.core.jsonrecord import JsonRecord, json_field
+from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import NOT_FORWARDED, PatchSetSpec, PatchSpec
 
@@ -29,12 +29,15 @@ class Provenance(JsonRecord):
     upstream_pr: str | None
     upstream_commit: str | None
     fixed_in: str | None
+    reference: str | None = field(default=None, metadata=NOT_WRITTEN)
+    """How a hint names the patch in a command (`LoadedPatch.reference`; None: its id)."""
 
     @classmethod
-    def of(cls, patch: PatchSpec | PatchSetSpec) -> Provenance:
+    def of(cls, patch: PatchSpec | PatchSetSpec, reference: str | None = None) -> Provenance:
         upstream = patch.upstream
         return cls(
             patch_id=patch.id,
+            reference=reference,
             origin=patch.origin,
             bug=patch.bug,
             forwarded=patch.forwarded,
@@ -54,7 +57,9 @@ class Provenance(JsonRecord):
         if not self.not_forwarded:
             return None
         said = "has no `forwarded`" if self.forwarded is None else 'says forwarded = "no"'
-        export = remedy_text(CliCommand.EXPORT, self.patch_id, release="VERSION", format="git")
+        export = remedy_text(
+            CliCommand.EXPORT, self.reference or self.patch_id, release="VERSION", format="git"
+        )
         return (
             f"not forwarded upstream ({said}): the fix is lost on every reinstall until upstream "
             f"has it; send it (`{export}`) and "

@@ -228,8 +228,9 @@ def rollback(
     if hosts is None and (file is not None or root is not None):
         one_target(file, None, "rollback", root)
         _rollback_local(patch, run, file, root, python, yes, as_json)
-    ledger = options.open_ledger()
-    source_run = ledger.get_run(run) if run is not None else None
+    # the run to undo is in a ledger that is there; for a patch, one is made once it is asked
+    ledger = options.reading_ledger() if run is not None else None
+    source_run = ledger.get_run(run) if ledger is not None and run is not None else None
     if hosts is None and source_run is not None:
         selected = hosts_of_run(source_run.summary.hosts, source_run.summary.inventories)
     else:
@@ -247,7 +248,7 @@ def rollback(
     )
     with LiveProgress(names, enabled=not as_json) as progress:
         report = rollback_hosts(
-            ledger=ledger,
+            ledger=ledger if ledger is not None else options.open_ledger(),
             hosts=selected,
             factory=options.connector(accept_new_host_keys=accept_new_host_keys),
             playbook=playbook_obj,
@@ -334,7 +335,6 @@ def recover(
         run_chain,
     )
 
-    ledger = options.open_ledger()
     factory = options.connector(accept_new_host_keys=accept_new_host_keys)
     playbook_obj = with_lease_expiry(options.load_playbook(playbook), lease_expiry)
 
@@ -343,7 +343,7 @@ def recover(
         confirm_or_refuse(question, yes=yes)
         with LiveProgress([h.name for h in selected], enabled=not as_json) as progress:
             report = recover_hosts(
-                ledger=ledger,
+                ledger=options.open_ledger(),
                 hosts=selected,
                 factory=factory,
                 playbook=playbook_obj,
@@ -358,6 +358,7 @@ def recover(
         selected = options.hosts(hosts)
         names = [h.name for h in selected]
         recover_by_host(selected, f"Recover {len(names)} host(s): {', '.join(names)}?")
+    ledger = options.reading_ledger()  # the run to recover is recorded in a ledger that is there
     if run is None:
         run = _newest_interrupted(ledger, recover_by_host)
     detail = ledger.get_run(run)
@@ -469,8 +470,9 @@ def restart(
     accept_new_host_keys: AcceptKeysOption = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Complete staged patches (apply --restart never): restart each host's engine under the
-    playbook, wait, smoke-decode, roll back the staged change on failure."""
+    """Complete staged patches (apply --restart never) and a staged live plugin (live enable):
+    restart each host's engine under the playbook, wait, smoke-decode, roll back the staged
+    change on failure."""
     from opspatch.runs.commands.restart import restart_hosts
 
     if hosts is None:

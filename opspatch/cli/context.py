@@ -14,6 +14,7 @@ import typer
 from opspatch.config import paths
 from opspatch.config.lookup import Workspace
 from opspatch.core.ledgerlocation import LedgerLocation, ledger_location
+from opspatch.errors import InputError
 
 if TYPE_CHECKING:
     from opspatch.core.host import Host
@@ -44,17 +45,48 @@ class GlobalOptions:
         return paths.default_ledger_location()
 
     def open_ledger(self) -> Ledger:
+        """The ledger a command records in. A file that is not there is created (its first
+        use), and that is said on stderr: a ledger deleted or moved since the last command is
+        never replaced by an empty one without a word."""
+        from opspatch.cli.render import err
         from opspatch.ledger.store import Ledger
 
-        return Ledger.open(self.ledger_location())
+        ledger = Ledger.open(self.ledger_location())
+        if ledger.created:
+            err.print(
+                f"opspatch: there was no ledger at {ledger.path}: created a new, empty one "
+                "(its first use). If a ledger was expected there, it was moved or deleted: "
+                "its history is not in this one."
+            )
+        return ledger
 
     def existing_ledger(self) -> Ledger | None:
         """The ledger, or None while it is a file nothing has written yet (a read-only command
         must not create one); a database is always opened."""
         location = self.ledger_location()
-        if isinstance(location, Path) and not location.exists():
+        # a -wal without its ledger is a deleted ledger, which `open_ledger` names
+        if (
+            isinstance(location, Path)
+            and not location.exists()
+            and not Path(f"{location}-wal").exists()
+        ):
             return None
         return self.open_ledger()
+
+    def reading_ledger(self) -> Ledger:
+        """The ledger a command only reads; never created.
+
+        Raises:
+            InputError: there is no ledger file at its location.
+        """
+        ledger = self.existing_ledger()
+        if ledger is None:
+            raise InputError(
+                f"there is no ledger at {self.ledger_location()}: nothing was recorded there",
+                hint="give --ledger (or OPSPATCH_LEDGER) where the ledger is; a command that "
+                "changes hosts creates one where there is none",
+            )
+        return ledger
 
     def load_patch(self, reference: str) -> LoadedPatch:
         return self.workspace_dir().load_patch(reference)
@@ -101,7 +133,7 @@ HostsOption = Annotated[
     typer.Option(
         "--hosts",
         "-H",
-        help="Inventory, group, host, comma list or glob (e.g. gpu-fleet).",
+        help="Inventory, group, unit, host, comma list or glob (e.g. gpu-fleet).",
         metavar="TARGET",
     ),
 ]

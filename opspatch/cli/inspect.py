@@ -94,7 +94,8 @@ def smoke(
                 summary = one_line(item.failures[0] if item.failures else "failed") + (
                     f" (+{more} more: --verbose)" if more > 0 else ""
                 )
-            out.print(Text(f"{item.host}: {summary}", style=style))
+            server = f"{item.host} (unit {item.unit}'s head)" if item.unit else item.host
+            out.print(Text(f"{server}: {summary}", style=style))
             for prompt in item.result.prompts if item.result else ():
                 out.print(
                     Text(f"   {smoke_line(prompt.prompt, prompt.text, prompt.spec_verify_ct)}")

@@ -28,9 +28,13 @@ def ledger_list(
 ) -> None:
     """The newest runs: command, patch, operator, controller, status (finished, running,
     interrupted, recovered), who approved the patch."""
-    runs = options.open_ledger().list_runs(limit=limit)
+    ledger = options.existing_ledger()
+    runs = ledger.list_runs(limit=limit) if ledger is not None else []
     if as_json:
         emit_json({"runs": [r.to_json() for r in runs]})
+        return
+    if ledger is None:
+        out.print(f"there is no ledger at {options.ledger_location()}: nothing was recorded there")
         return
     if not runs:
         out.print(f"no runs yet in the ledger {options.ledger_location()}")
@@ -77,7 +81,7 @@ def ledger_show(
     as_json: JsonOption = False,
 ) -> None:
     """One run: every host's steps with timings, facts, file versions and outcome."""
-    detail = options.open_ledger().get_run(run)
+    detail = options.reading_ledger().get_run(run)
     if as_json:
         emit_json(detail.to_json())
         return
@@ -123,7 +127,7 @@ def ledger_verify(as_json: JsonOption = False) -> None:
 
     Keep the head hash somewhere else (a ticket, a commit): no rewrite of the history up to it
     can reproduce it."""
-    report = options.open_ledger().verify()
+    report = options.reading_ledger().verify()
     data = report.to_json()
     if as_json:
         emit_json(data)

@@ -124,7 +124,7 @@ def check(
                 {"patch": reference, "ok": False, "error": exc.message, "hint": exc.hint}
             )
             continue
-        provenances[loaded.spec.id] = Provenance.of(loaded.spec)
+        provenances[loaded.spec.id] = Provenance.of(loaded.spec, loaded.reference)
         results.append(_checked(loaded, provenances[loaded.spec.id], playbook))
     failed = [r for r in results if not r["ok"]]
     if as_json:
@@ -152,7 +152,7 @@ def _checked(loaded: LoadedPatch, provenance: Provenance, playbook: str | None) 
         ),
         "edits": sum(len(p.edits) for p in parts),
         "postconditions": sum(len(p.postconditions) for p in parts),
-        "releases": release_coverage(parts).to_json(),
+        "releases": release_coverage(parts, reference=loaded.reference).to_json(),
         "provenance": {**provenance.to_json(), "warning": provenance.warning},
         "signed_by": recorded_signers(loaded.sha256, playbook),
     }

@@ -37,4 +37,11 @@ def load_patch(path: Path, *, named_by_id: bool = True) -> LoadedPatch:
             hint=f"rename the file to {spec.id}.toml or change the id",
         )
     digest = sha256_hex(document.text.encode("utf-8"))
-    return LoadedPatch(spec=spec, path=str(path), sha256=digest, document=document, members=parts)
+    return LoadedPatch(
+        spec=spec,
+        path=str(path),
+        sha256=digest,
+        document=document,
+        members=parts,
+        given_path=None if named_by_id else str(path),
+    )

@@ -75,14 +75,20 @@ prompts = "judge-prompts.txt"  # one prompt a line ('#' lines and blank lines sk
                           # to this playbook; absent: the 32 prompts opspatch ships
 count = 24                # the set's first `count` prompts (at least 8)
 max_new_tokens = 64       # greedy; enough for a whole number of verify steps to move
-top_k = 5                 # top logprobs per position: a divergent token within the other side's
-                          # top-k is a near tie (vLLM's rule), outside it a wrong answer
+top_k = 5                 # top logprobs asked per position: a side rates the other's token only
+                          # when it is within its top-k
 hosts = "canary"          # "canary": the canaries only; "all": every host the apply changes
 alpha = 0.01              # significance level of the per-prompt comparisons (two-sided)
 accept_drop = 0.03        # a significant median drop in acceptance length beyond 3% fails
 latency_rise = 0.5        # a significant median rise in TTFT or TPOT beyond 50% fails ...
 latency_floor_ms = 1.0    # ... unless it is under 1 ms
-max_diverged = 0.25       # the most prompts (a fraction) whose outputs may diverge within top-k
+max_diverged = 0.25       # the most prompts (a fraction) whose outputs may diverge, near ties
+                          # included
+tie_margin = 0.5          # nats: where outputs first differ, the two tokens are a near tie when
+                          # each side rates the other's within its top-k and this margin of its own
+max_untied = 0            # prompts that may diverge beyond a near tie (or differ in text with the
+                          # same token ids) before tokens fail
+warmup = 3                # unmeasured requests each server decodes before it is measured
 timeout = 600             # seconds for the whole set on one server
 ```
 
@@ -116,6 +122,7 @@ from opspatch.core.fileschema import (
     spec_error_from_validation,
 )
 from opspatch.core.policy import (
+    MAX_JUDGE_WARMUP,
     MAX_SMOKE_TOKENS,
     MIN_JUDGE_PROMPTS,
     MIN_SMOKE_TOKENS,
@@ -306,6 +313,9 @@ class JudgeTable(FileSchema):
     latency_rise: Annotated[Fraction, Field(gt=0)] | None = None
     latency_floor_ms: Fraction | None = None
     max_diverged: Annotated[Fraction, Field(le=1)] | None = None
+    tie_margin: Fraction | None = None
+    max_untied: Annotated[int, Field(ge=0)] | None = None
+    warmup: Annotated[int, Field(ge=0, le=MAX_JUDGE_WARMUP)] | None = None
     timeout: Seconds | None = None
 
 
@@ -531,6 +541,9 @@ JUDGE_NUMBERS = (
     "latency_rise",
     "latency_floor_ms",
     "max_diverged",
+    "tie_margin",
+    "max_untied",
+    "warmup",
     "timeout",
 )
 """The [judge] keys taken as written, or the default when absent."""

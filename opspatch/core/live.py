@@ -8,8 +8,9 @@ function, class and assignment by name, and inside each class each method and cl
 `class-attribute`; a changed or added `def` a `function` or `method`, whose code the plugin swaps
 into the running function. Refused, with the reason (`NotLiveReason`): a changed statement that
 defines nothing by name (an import, an `if`, a call), a removed definition, a new class, changed
-defaults or decorators, changed free variables (the code of both images is compiled here, never
-run), a generator or coroutine changed, changed class bases; the model forward and the CUDA graph
+defaults or decorators, changed free variables of a function itself (`super()` gained; a closure
+nested in it is its code, taken; both images are compiled here, never run), a generator or
+coroutine changed, changed class bases; the model forward and the CUDA graph
 runner are restart-only unless the patch says `live = "allowed"`; `live = "restart-only"` is never
 taken live. Comments, and docstrings of the module and its classes, do not count.
 """
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from types import CodeType
 
 from opspatch.core.jsonrecord import JsonRecord
+from opspatch.core.liveinit import construction_only
+from opspatch.core.syntax import parse_python
 from opspatch.core.vocabulary import LiveKind, LivePolicy, NotLiveReason
 
 RESTART_ONLY_PATHS = ("model_executor/", "models/", "cuda_graph_runner")
@@ -50,11 +53,15 @@ class LiveDefinition(JsonRecord):
 @dataclass(frozen=True)
 class LiveForm:
     """What a running process takes for one patched file: the module, the post-image's sha256
-    (the file the plugin compiles them from) and the definitions, in the post-image's order."""
+    (the file the plugin compiles them from) and the definitions, in the post-image's order.
+    `objects`: the changed methods that run only while an object is built (`construction_only`),
+    whose change reaches only objects built after the take: the preflight asks each process
+    how many objects of their class it already holds."""
 
     module: str
     sha256: str
     definitions: tuple[LiveDefinition, ...]
+    objects: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,12 @@ def live_form(
         definitions = tuple(_compare(before, after, before.tree.body, after.tree.body, ""))
     except _Refusal as refusal:
         return refusal.not_live
-    return LiveForm(module, hashlib.sha256(post).hexdigest(), definitions)
+    objects = tuple(
+        d.name
+        for d in definitions
+        if d.kind == LiveKind.METHOD and construction_only(before.tree, after.tree, d.name)
+    )
+    return LiveForm(module, hashlib.sha256(post).hexdigest(), definitions, objects)
 
 
 class _Image:
@@ -103,8 +115,10 @@ class _Image:
 
     def __init__(self, module: str, data: bytes, which: str) -> None:
         try:
-            self.tree = ast.parse(data)
-            code = compile(self.tree, f"<{module} {which}>", "exec", dont_inherit=True)
+            # parse_python serialises the parse, and the code is compiled from the bytes rather
+            # than the tree: CPython 3.11 races converting trees in parallel preflight threads
+            self.tree = parse_python(data)
+            code = compile(data, f"<{module} {which}>", "exec", dont_inherit=True)
         except (SyntaxError, ValueError) as error:
             raise _Refusal(
                 NotLiveReason.UNPARSABLE, f"the {which} does not compile here: {error}"
@@ -293,7 +307,8 @@ def _check_function(
         raise _Refusal(
             NotLiveReason.FREE_VARIABLES,
             f"{dotted}'s free variables change from {old_code.co_freevars} to "
-            f"{new_code.co_freevars} (a new closure or super()): its code cannot be swapped",
+            f"{new_code.co_freevars} (super() gained or lost, or a name of an enclosing function "
+            "newly read): its code cannot be swapped into the running function",
         )
 
 

@@ -154,6 +154,8 @@ class RotationSettings(JsonRecord):
 MIN_JUDGE_PROMPTS = 8
 """Fewer pairs cannot reach the judge's significance level (a signed-rank test of 7 pairs that
 all agree has p = 0.016)."""
+MAX_JUDGE_WARMUP = 64
+"""More unmeasured requests than this before a measurement is a typo, not a warm-up."""
 
 
 @dataclass(frozen=True)
@@ -170,8 +172,8 @@ class JudgeSettings(JsonRecord):
     max_new_tokens: int = 64
     """Enough for a whole number of verify steps to show a few percent of acceptance."""
     top_k: int = 5
-    """Top logprobs asked per position: a divergent token within the other side's top-k is a
-    near tie (vLLM's rule), not a wrong answer."""
+    """Top logprobs asked per position: a divergent token's log-probability on the other side is
+    known only when it is within that side's top-k."""
     hosts: JudgeHosts = JudgeHosts.CANARY
     alpha: float = 0.01
     """Significance level of every distribution comparison (two-sided)."""
@@ -183,7 +185,18 @@ class JudgeSettings(JsonRecord):
     latency_floor_ms: float = 1.0
     """A rise smaller than this many milliseconds is noise, whatever its ratio."""
     max_diverged: float = 0.25
-    """The fraction of prompts whose outputs may diverge within the top-k before tokens fail."""
+    """The fraction of prompts whose outputs may diverge, near ties included, before tokens
+    fail."""
+    tie_margin: float = 0.5
+    """Nats: where two greedy outputs first differ, a near tie (numerics, not a change) is a pair
+    of tokens that each side rates within this margin of each other (vLLM's check with a
+    margin); a wider gap, or a token outside a side's top-k, diverges beyond a tie."""
+    max_untied: int = 0
+    """Prompts that may diverge beyond a near tie (or differ in text with the same token ids)
+    before tokens fail."""
+    warmup: int = 3
+    """Unmeasured requests each server decodes before it is measured: a freshly restarted
+    server's first requests are slower, on any code."""
     timeout: float = 600.0
     """Seconds for the whole prompt set on one server."""
 

@@ -261,6 +261,14 @@ class LoadedPatch(BaseModel):
     document: TomlDocument
     members: tuple[PatchSpec, ...] = ()
     """Every target's part of a patch set; empty for a single-target patch."""
+    given_path: str | None = None
+    """The path the operator named the patch by (None: found by its id in the workspace)."""
+
+    @property
+    def reference(self) -> str:
+        """How a hint names this patch in a command: its id, or the path it was given by (the
+        workspace may not find it by its id, and a hint naming the id would then fail)."""
+        return self.given_path or self.spec.id
 
     @property
     def parts(self) -> tuple[PatchSpec, ...]:

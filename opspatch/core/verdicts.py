@@ -15,16 +15,21 @@ from opspatch.core.vocabulary import Metric, Verdict
 
 @dataclass(frozen=True)
 class Divergence(JsonRecord):
-    """Where one prompt's outputs first differ: the position (in tokens, or characters when
-    the server gave no ids), each side's token there, and whether each is in the other's
-    top-k (None: not told, no logprobs)."""
+    """Where one prompt's outputs first differ: the position (in tokens, or in characters when
+    the ids are alike or not told), each side's token or text there, and whether it is a near
+    tie (None: no logprobs to tell)."""
 
     prompt: int
     """The prompt's place in the set, from 1."""
     position: int
     baseline: str
     canary: str
-    within_top_k: bool | None
+    tie: bool | None
+    gap: float | None = json_field(default=None, omit_none=True)
+    """Nats: the wider of the two sides' gaps between its own token and the other's, by its
+    own logprobs; None when a side did not rate the other's token (outside its top-k)."""
+    text_only: bool = False
+    """The token ids are the same; the text the client receives is not."""
 
 
 @dataclass(frozen=True)

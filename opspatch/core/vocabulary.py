@@ -497,7 +497,8 @@ class LiveKind(Word):
 
 
 class NotLiveReason(Word):
-    """Why a change cannot be taken live (`core/live.py:live_form`): `apply --live` is refused
+    """Why a change cannot be taken live (`core/live.py:live_form`, and the engine's own answer
+    to the preflight's `check`: `runs/judgments/live.py:judge_check`): `apply --live` is refused
     before any change (apply without --live restarts)."""
 
     DECLARED_RESTART_ONLY = "declared-restart-only"
@@ -520,9 +521,23 @@ class NotLiveReason(Word):
     """A decorator changed or was added (or a decorated class's attributes changed): its result
     was built when the module was imported."""
     FREE_VARIABLES = "free-variables"
-    """A function's free variables changed (a new closure, `super()` where there was none): its
-    code cannot be swapped into the running function."""
+    """A function's own free variables changed (`super()` where there was none, a name of an
+    enclosing function newly read): its code cannot be swapped into the running function. A
+    new closure nested inside it changes none of them and is taken."""
     GENERATOR = "generator"
     """A generator or coroutine function changed: its live frames keep the old code."""
     BASES = "bases"
     """A class's bases or metaclass changed: a running class keeps its own."""
+    NOT_IMPORTED = "not-imported"
+    """No process of the engine imported the module: there is nothing running to take it."""
+    ALREADY_HELD = "already-held"
+    """A changed definition is held by another live fix in the engine: the take would refuse."""
+    CAPTURED_AT_IMPORT = "captured-at-import"
+    """A changed constant or class attribute was read while a module was imported (a default
+    argument, a dataclass field, another constant): what was built then keeps the old value."""
+    BUILT_OBJECTS = "built-objects"
+    """A changed method runs only while an object is built (`__init__`), and the engine already
+    built objects of its class: they keep the state the old code gave them."""
+    NEVER_RETURNS = "never-returns"
+    """A changed function runs in a frame that does not return (the scheduler's loop): that frame
+    keeps the old code, so the new code would never run."""

@@ -23,7 +23,7 @@ from opspatch.hosts.agent.protocol import LiveFixRequest, LiveReply, LiveRequest
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.results import Operation
 
-LiveOp = Literal["take", "revert", "list"]
+LiveOp = Literal["take", "revert", "list", "check"]
 
 NOT_LOADED = "module-not-loaded"
 """The fix runtime's refusal of a take in a process that never imported the module: nothing
@@ -36,7 +36,8 @@ EXEC_MARGIN = 30.0
 class LiveFix:
     """One request to the engine's processes. `take`: `module` at `path` must hash to `sha256`
     there, and `definitions` are taken from it; `revert`: the fix `fix_id` is undone; `list`:
-    what each process holds."""
+    what each process holds; `check` (the preflight): whether each take of `fixes` would be in
+    effect in each process (`liveplugin/checks.py`), nothing changed."""
 
     op: LiveOp
     fix_id: str = ""
@@ -47,10 +48,22 @@ class LiveFix:
     paths: tuple[str, ...] = ()
     """A unit's take: the file on the other nodes (each swapped to `sha256`); the entry rank's
     broadcast reaches every node's ranks, each taking its own copy."""
+    objects: tuple[str, ...] = ()
+    """A checked take's construction methods (`LiveForm.objects`): each process counts the
+    objects of their classes it already built."""
+    fixes: tuple[LiveFix, ...] = ()
+    """A check's takes, as they would be sent."""
+
+    @classmethod
+    def check(cls, takes: Sequence[LiveFix]) -> LiveFix:
+        """The preflight's question about `takes`."""
+        return cls("check", fixes=tuple(takes))
 
     def request(self) -> LiveFixRequest:
         if self.op == "list":
             return {"op": "list"}
+        if self.op == "check":
+            return {"op": "check", "fixes": [fix.request() for fix in self.fixes]}
         if self.op == "revert":
             return {"op": "revert", "fix_id": self.fix_id}
         request: LiveFixRequest = {
@@ -63,6 +76,8 @@ class LiveFix:
         }
         if self.paths:
             request["paths"] = list(self.paths)
+        if self.objects:
+            request["objects"] = list(self.objects)
         return request
 
 
@@ -115,6 +130,8 @@ class ProcessAnswer(JsonRecord):
     took: tuple[dict[str, Any], ...] = ()
     code: str | None = None
     message: str | None = None
+    checks: tuple[dict[str, Any], ...] = ()
+    """A `check`'s answer: one entry per fix asked (`liveplugin/checks.py`)."""
 
     @classmethod
     def of(cls, reply: dict[str, Any], socket: str) -> ProcessAnswer:
@@ -128,7 +145,7 @@ class ProcessAnswer(JsonRecord):
         pid = described.get("pid")
         refused = reply.get("refused") if isinstance(reply.get("refused"), dict) else {}
         assert isinstance(refused, dict)
-        took = reply.get("took")
+        took, checks = reply.get("took"), reply.get("checks")
         return cls(
             process=name,
             pid=pid if isinstance(pid, int) else None,
@@ -136,6 +153,9 @@ class ProcessAnswer(JsonRecord):
             took=tuple(t for t in took if isinstance(t, dict)) if isinstance(took, list) else (),
             code=str(refused["code"]) if refused.get("code") else None,
             message=str(refused["message"]) if refused.get("message") else None,
+            checks=tuple(c for c in checks if isinstance(c, dict))
+            if isinstance(checks, list)
+            else (),
         )
 
     @property

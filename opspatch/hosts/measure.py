@@ -1,7 +1,8 @@
 """The judge's measurement of one server, as the controller reads it: the agent's `measure`
 (`opspatch.hosts.agent.measure`, run on the host, where the engine URL answers) decodes the
-playbook's judge prompts greedily, timed, with top-k logprobs; its reply is read here as a
-`Measurement`, a value the judge compares (`opspatch.runs.judgments.canary`)."""
+playbook's judge prompts greedily, each in one streamed request timed token by token, with top-k
+logprobs; its reply is read here as a `Measurement`, a value the judge compares
+(`opspatch.runs.judgments.canary`)."""
 
 from __future__ import annotations
 
@@ -32,11 +33,19 @@ class Decoded(JsonRecord):
     output_ids: tuple[int, ...] | None = None
     top_ids: tuple[tuple[int, ...], ...] | None = json_field(default=None, written=False)
     """Per output position, the ids of the top-k logprobs (kept, never printed: bulky)."""
+    top_logprobs: tuple[tuple[float, ...], ...] | None = json_field(default=None, written=False)
+    """Per output position, the logprobs of `top_ids`, in their order."""
+    token_logprobs: tuple[float, ...] | None = json_field(default=None, written=False)
+    """Per output position, the logprob of the token chosen."""
     token_texts: tuple[str | None, ...] | None = json_field(default=None, written=False)
     completion_tokens: int | None = None
     spec_verify_ct: int | None = None
     seconds: float | None = json_field(default=None, encode=_ms)
+    """From sending the request to its last token's arrival."""
     first_token_seconds: float | None = json_field(default=None, encode=_ms)
+    """From sending the request to its first token's arrival (the same streamed request)."""
+    server_seconds: float | None = json_field(default=None, encode=_ms)
+    """The server's own time for the request, receipt to finish (`meta_info.e2e_latency`)."""
 
     @property
     def ok(self) -> bool:
@@ -52,9 +61,15 @@ class Decoded(JsonRecord):
 
     @property
     def time_per_output_token(self) -> float | None:
-        """Seconds per output token after the first: the request's time less the time to
-        first token, over the tokens after the first; None when either was not measured."""
+        """Seconds per output token after the first, from one streamed request: from the first
+        token's arrival to the last's, over the tokens after the first (SGLang's bench_serving
+        reckons it so); None when either was not measured, or when the first token reached the
+        host only once the server had finished (by its own clock): the last then waited behind
+        it, and what was timed is the host's reading, not the decode (a host too busy to read
+        the stream as it came, which would make the server look faster than it is)."""
         if self.seconds is None or self.first_token_seconds is None:
+            return None
+        if self.server_seconds is not None and self.first_token_seconds >= self.server_seconds:
             return None
         if not self.completion_tokens or self.completion_tokens < 2:
             return None
@@ -102,6 +117,6 @@ def measure_args(host: Host, settings: JudgeSettings) -> MeasureRequest:
         "prompts": list(settings.chosen),
         "max_new_tokens": settings.max_new_tokens,
         "top_logprobs": settings.top_k,
-        "first_token": True,
+        "warmup": settings.warmup,
         "timeout": settings.timeout,
     }

@@ -362,18 +362,28 @@ class HostOperations(AgentCaller):
         run_id: str,
         owner: str | None = None,
         ttl_seconds: float | None = None,
+        takeover_run: str | None = None,
+        takeover_idle: bool = False,
         timeout: float,
     ) -> LockInfo:
         """Take the host's lock (`<state_dir>/lock.json`) for `run_id`, or refresh it.
 
         An expired lock is taken over (the previous holder is returned); taking it again with
-        the same run id extends the expiry.
+        the same run id extends the expiry. `takeover_run` (recover): the lock that run still
+        holds is taken over, as `begin` does.
 
         Raises:
             LockHeld: another run holds it and it has not expired (owner, run id, expiry in
                 `data` and in the message).
         """
-        request = self._lock_request(run_id, owner, ttl_seconds, timeout)
+        request = self._lock_request(
+            run_id,
+            owner,
+            ttl_seconds,
+            timeout,
+            takeover_run=takeover_run,
+            takeover_idle=takeover_idle,
+        )
         return self.run(LOCK, request, timeout=timeout)
 
     def _lock_request(

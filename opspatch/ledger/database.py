@@ -38,6 +38,11 @@ class Database(Protocol):
         ...
 
     @property
+    def created(self) -> bool:
+        """Whether opening it created it (a SQLite file that was not there; never a database)."""
+        ...
+
+    @property
     def errors(self) -> tuple[type[BaseException], ...]:
         """The driver's exception classes, which `failure()` turns into a `LedgerError`."""
         ...
@@ -51,6 +56,8 @@ class Database(Protocol):
         with: committed when the block ends, rolled back when it raises.
 
         Raises:
+            LedgerLost: the ledger at its location is no longer the one opened (a file
+                deleted or replaced, a database recreated or restored).
             LedgerError: the transaction cannot be begun or committed, or a statement in it
                 fails (the driver's error, as `failure()` tells it).
         """

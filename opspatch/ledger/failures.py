@@ -7,14 +7,22 @@ database file` (SQLITE_CANTOPEN) when the `-wal`/`-shm` files beside the ledger 
 Those last two say nothing useful, so when SQLite's code is not conclusive the filesystem itself
 is asked (`statvfs`: mounted read-only? no space left? is the file writable?) and the message
 names what is true, the path, and what to do.
+
+A ledger file made immutable (`chattr +i`) is named too, and is found before SQLite touches it
+(`immutable_files`, asked before every transaction and before a close): the `-shm` file is mapped into memory
+(WAL's shared index), and since Linux 5.3 a write to a mapping of an immutable file is answered
+with SIGBUS (`ext4_page_mkwrite`, commit 02b016ca7f99), which kills the process with no message.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import sqlite3
+import struct
 from pathlib import Path
+from typing import Any
 
 from opspatch.errors import LedgerError
 
@@ -29,6 +37,12 @@ _NEARLY_FULL_BYTES = 1 << 20
 
 _MOVE_IT = "or point --ledger / OPSPATCH_LEDGER at a ledger on another filesystem"
 
+_UNWRITABLE_FLAGS = 0x10 | 0x20
+"""STATX_ATTR_IMMUTABLE (`chattr +i`) and STATX_ATTR_APPEND (`chattr +a`): no write in place."""
+
+COMPANIONS = ("", "-wal", "-shm")
+"""The ledger file and the two files SQLite keeps beside it in WAL mode."""
+
 
 def filesystem_failure(path: Path, exc: BaseException, doing: str) -> LedgerError | None:
     """A `LedgerError` naming a full or read-only filesystem (or file) when that is why `exc`
@@ -42,6 +56,9 @@ def filesystem_failure(path: Path, exc: BaseException, doing: str) -> LedgerErro
     inconclusive = code in (_SQLITE_IOERR, _SQLITE_CANTOPEN)
     if not (inconclusive or code == _SQLITE_READONLY or os_errno == errno.EROFS):
         return None
+    frozen = immutable_files(path, folder=True)
+    if frozen:
+        return immutable_failure(path, frozen, doing, said)
     if _mounted_read_only(where):
         return LedgerError(
             f"cannot {doing} the ledger {path}: the filesystem that holds it is mounted "
@@ -58,6 +75,60 @@ def filesystem_failure(path: Path, exc: BaseException, doing: str) -> LedgerErro
             f"them writable (chmod/chown), {_MOVE_IT}",
         )
     return None
+
+
+def immutable_files(path: Path, *, folder: bool = False) -> list[Path]:
+    """The ledger's files (and with `folder`, its directory) that are immutable or append-only
+    (`chattr +i` / `+a`): SQLite cannot write them in place, and writing the mapped `-shm` of
+    one kills the process (SIGBUS). A file that is not there, or a filesystem without these
+    attributes, is none."""
+    found = [Path(f"{path}{suffix}") for suffix in COMPANIONS]
+    if folder:
+        found.append(path.parent)
+    return [candidate for candidate in found if _flags(candidate) & _UNWRITABLE_FLAGS]
+
+
+def immutable_failure(path: Path, frozen: list[Path], doing: str, said: str = "") -> LedgerError:
+    """The error that names the ledger's immutable files and how to write them again."""
+    names = " ".join(str(p) for p in frozen)
+    why = f" ({said})" if said else ""
+    return LedgerError(
+        f"cannot {doing} the ledger {path}: {', '.join(str(p) for p in frozen)} "
+        f"{'is' if len(frozen) == 1 else 'are'} immutable or append-only (chattr +i / +a){why}",
+        hint=f"as root, `chattr -i -a {names}` lets opspatch write it again, {_MOVE_IT}",
+    )
+
+
+def _flags(path: Path) -> int:
+    """`path`'s `STATX_ATTR_*` attributes (0 when it is not there, or when the attributes
+    cannot be read). Read with statx(2), by path: never by opening the file, since closing any
+    descriptor of the ledger would drop SQLite's POSIX locks on it (fcntl locks are the
+    process's, per file) and let another process corrupt it."""
+    if _statx is None:
+        return 0
+    buffer = ctypes.create_string_buffer(_STATX_SIZE)
+    if _statx(_AT_FDCWD, os.fsencode(path), _AT_SYMLINK_NOFOLLOW, 0, buffer) != 0:
+        return 0
+    attributes = struct.unpack_from("=Q", buffer, 8)[0]  # stx_attributes
+    supported = struct.unpack_from("=Q", buffer, 56)[0]  # stx_attributes_mask
+    return int(attributes & supported)
+
+
+def _libc_statx() -> Any:
+    """glibc's `statx` (2.28 and later), or None: os.stat does not return the attributes."""
+    try:
+        found = ctypes.CDLL(None, use_errno=True).statx
+    except (AttributeError, OSError):
+        return None
+    found.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p)
+    found.restype = ctypes.c_int
+    return found
+
+
+_statx = _libc_statx()
+_STATX_SIZE = 256
+_AT_FDCWD = -100
+_AT_SYMLINK_NOFOLLOW = 0x100
 
 
 def _full(path: Path, where: Path, doing: str, said: str) -> LedgerError:

@@ -31,7 +31,13 @@ from typing import TYPE_CHECKING, Any
 from opspatch import __version__
 from opspatch.core.ledgerlocation import PostgresLedger
 from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.errors import InputError, LedgerConfigError, LedgerError, LedgerUnreachable
+from opspatch.errors import (
+    InputError,
+    LedgerConfigError,
+    LedgerError,
+    LedgerLost,
+    LedgerUnreachable,
+)
 from opspatch.ledger.database import Rows
 from opspatch.ledger.lease_store import LEASES_TABLE
 from opspatch.ledger.records import MigrateReport
@@ -171,6 +177,15 @@ class PostgresDatabase:
     location: PostgresLedger
     _conn: psycopg.Connection[Any] = field(repr=False)
     errors: tuple[type[BaseException], ...] = ()
+    created: bool = False
+    """Never: a database is created by its owner (`ledger migrate`), not by opening it."""
+    _first: str | None = field(default=None, repr=False)
+    """The hash of the ledger's first event, once there is one: the history's own name."""
+    _tip: int = field(default=0, repr=False)
+    """The highest event id known committed here (when opened, then by this connection): the
+    tip only grows, so a ledger whose tip is lower is an older copy of it."""
+    _taking: int = field(default=0, repr=False)
+    """The id the write transaction under way took, counted once it commits."""
 
     @classmethod
     def connect(cls, location: PostgresLedger) -> PostgresDatabase:
@@ -225,6 +240,11 @@ class PostgresDatabase:
                 hint="have the database owner run `opspatch --ledger URL ledger migrate "
                 "--writer-role ROLE` first",
             )
+        try:
+            database._first, database._tip = database._identity()
+        except database.errors as exc:
+            database.close()
+            raise database.unusable(exc) from exc
         return database
 
     def append_only_warnings(self) -> tuple[str, ...]:
@@ -264,9 +284,45 @@ class PostgresDatabase:
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
-        """A transaction that takes the chain head's advisory lock before anything else."""
+        """A transaction that takes the chain head's advisory lock before anything else, in the
+        ledger this connection opened (`_still_the_ledger`)."""
         with self._transaction("SELECT pg_advisory_xact_lock(?)", "write"):
+            self._still_the_ledger()
             yield
+
+    def _identity(self) -> tuple[str | None, int]:
+        """The hash of the first event (None: none yet) and the chain tip, as stored now."""
+        first = self.execute("SELECT hash FROM events ORDER BY id LIMIT 1").fetchone()
+        return (str(first[0]) if first else None), self.highest_event_id()
+
+    def _still_the_ledger(self) -> None:
+        """Inside `writing()`: this must be the history this connection opened, its first
+        event the same and its tip no lower than this connection knows it. A schema made again
+        under the same name, a database recreated or restored from an older copy (found by a
+        connection opened again, or by a `search_path` that now resolves elsewhere) would take
+        the run's writes where nobody reads them. (A tail deleted behind opspatch's back is
+        not this: the tip stays, and `verify` names the gap.)
+
+        Raises:
+            LedgerLost: another history, or an older copy of this one.
+        """
+        first, tip = self._identity()
+        if self._first is None:
+            self._first = first
+        if first == self._first and tip >= self._tip:
+            return
+        what = (
+            "another history (its first event is not this ledger's)"
+            if first != self._first
+            else f"an older copy of it (its events end at {tip}; this process knows {self._tip})"
+        )
+        raise LedgerLost(
+            f"the ledger {self.location} now holds {what}: the database or its schema was "
+            "recreated, replaced or restored while this process used it; nothing more is "
+            "written to it",
+            hint="what this process recorded before is in the ledger it wrote to: find it "
+            "(a renamed schema, the database as it was before the restore)",
+        )
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
@@ -297,6 +353,7 @@ class PostgresDatabase:
         import psycopg
 
         self._begin(lock, doing)
+        self._taking = 0
         try:
             yield
         except psycopg.Error as exc:
@@ -307,6 +364,7 @@ class PostgresDatabase:
             raise
         try:
             self._conn.execute("COMMIT")
+            self._tip = max(self._tip, self._taking)
         except psycopg.Error as exc:
             self._roll_back()
             if not self._lost(exc):
@@ -392,6 +450,7 @@ class PostgresDatabase:
         # off rolls its id back with it, so a gap means events were really removed.
         taken = max(last_id, self.highest_event_id()) + 1
         self.execute("UPDATE chain_tip SET last_id = ?", (taken,))
+        self._taking = taken
         return taken
 
     def highest_event_id(self) -> int:

@@ -106,6 +106,13 @@ class Ledger(RunWrites, Queries, Leasing):
         database, warnings = open_database(path)
         return cls(path=database.location, _db=database, _warnings=warnings)
 
+    @property
+    def created(self) -> bool:
+        """Whether opening it created it: there was no ledger file at its path. Opening
+        creates one for the library's callers; the CLI says so whenever it does
+        (`cli/context.py:GlobalOptions.open_ledger`), and its read-only commands never do."""
+        return self._db.created
+
     def retrying(self, seconds: float) -> Ledger:
         """This ledger (the same connection and lock) with writes tried again, with backoff,
         while its server is gone (`LedgerUnreachable`: a restart, a network cut), until one gets

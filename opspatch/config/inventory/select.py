@@ -5,7 +5,9 @@ A selection is a comma list; each item is one of:
 - `INVENTORY:PATTERN`: PATTERN (host, group, unit, glob, `all`) within that inventory;
 - `PATTERN`: a host, group, unit or glob looked up in every inventory of the workspace and the state
   directory (not in the bundled examples, so a placeholder example host is only reached by
-  naming its inventory); it must match in exactly one inventory.
+  naming its inventory); it must match in exactly one inventory. An inventory that cannot be
+  read is left out of that search (so one malformed file blocks no command on the others) and
+  named when nothing matched.
 
 Inventories are found by the one lookup, `Workspace` (`opspatch.config.lookup`). Unknown names
 are refused with the nearest ones suggested (`SelectionError`, exit 2).
@@ -24,7 +26,7 @@ from opspatch.config.inventory.model import ALL_HOSTS, Inventory
 from opspatch.core.fileschema import did_you_mean
 from opspatch.core.host import Host
 from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.errors import SelectionError
+from opspatch.errors import SelectionError, SpecError
 
 if TYPE_CHECKING:  # the lookup imports this module to offer Workspace.hosts
     from opspatch.config.lookup import Workspace
@@ -183,8 +185,13 @@ def resolve_hosts(expr: str, workspace: Workspace) -> tuple[Host, ...]:
             continue
         matches: list[tuple[Inventory, tuple[Host, ...]]] = []
         empty: list[Inventory] = []  # where the item names a group with no host in it
+        unreadable: list[SpecError] = []  # malformed: searched by no command until fixed
         for path in workspace.available("inventories", bundled=False).values():
-            candidate = load(path)
+            try:
+                candidate = load(path)
+            except SpecError as exc:
+                unreadable.append(exc)
+                continue
             hosts = _match_in_inventory(candidate, item)
             if hosts:
                 matches.append((candidate, hosts))
@@ -202,6 +209,12 @@ def resolve_hosts(expr: str, workspace: Workspace) -> tuple[Host, ...]:
             names: list[str] = list(workspace.available("inventories"))
             for inv in loaded.values():
                 names.extend((*inv.host_names, *inv.groups, *inv.units))
+            if unreadable:  # the name may be in one of them: say which, and why
+                raise SelectionError(
+                    f"{item!r} is not an inventory, host, group or unit of any inventory that "
+                    f"could be read; not searched: {'; '.join(str(e) for e in unreadable)}",
+                    hint=unreadable[0].hint or "fix that inventory, or name the one to search",
+                )
             raise SelectionError(
                 f"{item!r} is not an inventory, host or group on the search path",
                 hint=_sandbox_hint(item) or did_you_mean(item, names),

@@ -15,6 +15,7 @@ from opspatch.core.kinds.base import Alternative, EditKind, EditState, _alternat
 from opspatch.core.placement import EditProblem, Splice, apply_splices, edit_field
 from opspatch.core.selectors import MODULE_SCOPE
 from opspatch.core.source import LineIndex, split_lines, strip_newline
+from opspatch.core.syntax import parse_python
 from opspatch.core.unified import (
     HunkFailure,
     LineReplacement,
@@ -74,23 +75,8 @@ class DiffEdit(EditKind):
         planned = plan_hunks(plain, parsed, max_offset=self.max_offset, fuzz=self.fuzz)
         if not isinstance(planned, list):
             raise EditProblem(planned.message, edit_field(i, "diff"))
-        splices = []
-        scopes = []
-        for replacement in planned:
-            splices.append(_replacement_splice(index, replacement, newline))
-            changed: list[int] = []  # 0-based old lines removed, or where lines are added
-            cursor = replacement.start
-            for tag, _ in replacement.ops:
-                if tag == "+":
-                    changed.append(cursor)
-                    continue
-                if tag == "-":
-                    changed.append(cursor)
-                cursor += 1
-            lo = min(changed, default=replacement.start) + 1
-            hi = max(changed, default=replacement.end - 1) + 1
-            scopes.append(_enclosing_scope(tree, lo, hi))
-        return splices, scopes
+        splices = [_replacement_splice(index, r, newline) for r in planned]
+        return splices, _changed_scopes(planned, tree, apply_splices(text, splices))
 
     def state(self, index: LineIndex, tree: ast.Module, patch: PatchSpec, i: int) -> EditState:
         """Pending when the diff applies; applied when its reverse does."""
@@ -116,6 +102,67 @@ class DiffEdit(EditKind):
         parsed = parse_unified_diff(self.diff).reversed()
         splices, _ = self.plan(text, tree, newline, i, diff=parsed)
         return apply_splices(text, splices)
+
+
+def _changed_scopes(
+    planned: list[LineReplacement], old_tree: ast.Module, new_text: str
+) -> list[str]:
+    """The scope each change of the hunks makes (a run of removed and added lines): where its
+    removed lines were in the old tree and where its added lines are in the new one, the scope
+    holding both. Added lines sit between two old lines that may belong to different
+    definitions (a line added at the end of a method lies before the blank line after it), so
+    only the new tree says which one they went into; a definition a change adds counts as a
+    change of the scope that holds it."""
+    try:
+        new_tree: ast.Module | None = parse_python(new_text)
+    except SyntaxError:  # the validation that follows says so; scope by the old lines alone
+        new_tree = None
+    known = {qualname for qualname, _ in iter_definitions(old_tree)}
+
+    def scope_of(removed: list[int], added: list[int], before: int) -> str:
+        found = []
+        if removed:
+            found.append(_enclosing_scope(old_tree, removed[0], removed[-1]))
+        if added and new_tree is not None:
+            scope = _enclosing_scope(new_tree, added[0], added[-1])
+            while scope != MODULE_SCOPE and scope not in known:  # a definition it adds
+                scope = scope.rpartition(".")[0] or MODULE_SCOPE
+            found.append(scope)
+        elif added:  # no new tree: the scope of the old line the additions go before
+            found.append(_enclosing_scope(old_tree, before, before))
+        return _common_scope(found)
+
+    scopes = []
+    shift = 0  # a new line's number minus the old line's, past the changes before it
+    for replacement in sorted(planned, key=lambda r: r.start):
+        old_line = replacement.start + 1  # 1-based, the next old line
+        removed: list[int] = []
+        added: list[int] = []
+        for tag, _ in (*replacement.ops, (" ", "")):  # a context line ends a change
+            if tag == "+":
+                added.append(old_line + shift)
+                shift += 1
+            elif tag == "-":
+                removed.append(old_line)
+                old_line += 1
+                shift -= 1
+            else:
+                if removed or added:
+                    scopes.append(scope_of(removed, added, old_line))
+                    removed, added = [], []
+                old_line += 1
+    return scopes
+
+
+def _common_scope(scopes: list[str]) -> str:
+    """The innermost scope holding every one of `scopes` (`W.a`, `W.b` -> `W`)."""
+    parts = [s.split(".") if s != MODULE_SCOPE else [] for s in scopes]
+    common = []
+    for names in zip(*parts, strict=False):
+        if len(set(names)) != 1:
+            break
+        common.append(names[0])
+    return ".".join(common) or MODULE_SCOPE
 
 
 def _enclosing_scope(tree: ast.Module, first: int, last: int) -> str:

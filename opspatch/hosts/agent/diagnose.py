@@ -30,7 +30,7 @@ from opspatch.hosts.agent.checks import find_tracebacks, group_tracebacks
 from opspatch.hosts.agent.engine import NoAnswer, _http, _port, op_smoke
 from opspatch.hosts.agent.facts import collect_facts, resolve_module_file
 from opspatch.hosts.agent.files import read_file
-from opspatch.hosts.agent.fsutil import unb64
+from opspatch.hosts.agent.fsutil import LOG_STAMP, log_window, unb64
 from opspatch.hosts.agent.processes import (
     alive,
     listening_pids,
@@ -60,10 +60,6 @@ START_TIME_SLACK = 2.0
 """Seconds a process start time read from /proc may be early (the boot time it is counted from
 is a whole second): a file changed within this of the start is not called newer than the
 server."""
-START_MARKER = r"\bserver_args=(?:ServerArgs\(|\{)"
-"""SGLang's first log line of a start: the log since the last start begins at the last one.
-`server_args=ServerArgs(...)` up to 0.5.13, `server_args={...}` (a dict) from 0.5.20."""
-
 LOG_MARKERS = (
     ("scheduler-exception", r"Scheduler hit an exception"),
     ("warmup-failed", r"Initialization failed\. warmup error|warm ?up (?:failed|error)"),
@@ -73,8 +69,6 @@ LOG_MARKERS = (
     ("ready", r"The server is fired up and ready to roll!"),
 )
 """Log lines that name a known failure (or the end of a start-up), by kind."""
-
-_STAMP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,75 +191,6 @@ def server_state(restart: Result, url: str | None, health_timeout: float) -> Res
 # the log
 
 
-def _stamp_epoch(line: str) -> float | None:
-    match = _STAMP.match(line)
-    if match is None:
-        return None
-    try:
-        return time.mktime(time.strptime(match.group(1), "%Y-%m-%d %H:%M:%S"))
-    except (ValueError, OverflowError):
-        return None
-
-
-def log_window(
-    path: str, since_seconds: float | None, started_at: float | None, max_read: int
-) -> Result:
-    """The log since the server's last start (the last `server_args=` line; else the first line
-    stamped at or after the process start) or since `since_seconds` ago, read from the file's
-    last `max_read` bytes."""
-    try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            start = max(0, size - max_read)
-            handle.seek(start)
-            raw = handle.read()
-    except FileNotFoundError:
-        return {
-            "path": path,
-            "exists": False,
-            "size": 0,
-            "text": "",
-            "basis": "no log file",
-            "started_at": None,
-        }
-    except OSError as exc:
-        raise OpFailure("log-unreadable", f"cannot read the log {path}: {exc.strerror}") from None
-    if start > 0:
-        raw = raw[raw.find(b"\n") + 1 :] if b"\n" in raw else b""
-    lines = raw.decode("utf-8", "replace").splitlines(keepends=True)
-    begin, basis = 0, "the whole log (no start line found)"
-    if since_seconds is not None:
-        cutoff = time.time() - since_seconds
-        begin = next(
-            (i for i, line in enumerate(lines) if (_stamp_epoch(line) or 0) >= cutoff), len(lines)
-        )
-        basis = f"since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(cutoff))}"
-    else:
-        marks = [i for i, line in enumerate(lines) if re.search(START_MARKER, line)]
-        if marks:
-            begin, basis = marks[-1], "since the server's last start"
-        elif started_at is not None:
-            begin = next(
-                (i for i, line in enumerate(lines) if (_stamp_epoch(line) or 0) >= started_at - 1),
-                0,
-            )
-            basis = "since the server process started"
-    if start > 0 and begin == 0:
-        basis += f"; only the last {max_read} bytes were read"
-    from_start = since_seconds is None and begin < len(lines) and basis.startswith("since")
-    return {
-        "path": path,
-        "exists": True,
-        "size": size,
-        "read_from": start,
-        "truncated": start > 0,
-        "first_line": begin + 1,
-        "basis": basis,
-        "started_at": _stamp_epoch(lines[begin]) if from_start else None,
-        "text": "".join(lines[begin:]),
-    }
-
-
 def log_markers(text: str) -> list[Result]:
     """Each `LOG_MARKERS` kind found: count, first and last time, the first line."""
     found: list[Result] = []
@@ -277,7 +202,7 @@ def log_markers(text: str) -> list[Result]:
             continue
         stamps = []
         for _, line in hits:
-            stamp = _STAMP.match(line)
+            stamp = LOG_STAMP.match(line)
             if stamp is not None:
                 stamps.append(stamp.group(1))
         found.append(

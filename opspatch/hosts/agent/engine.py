@@ -20,7 +20,7 @@ from opspatch.hosts.agent.checks import (
     judge_reply,
     scan_log,
 )
-from opspatch.hosts.agent.fsutil import file_size, log_since
+from opspatch.hosts.agent.fsutil import file_size, log_since, log_window
 from opspatch.hosts.agent.processes import alive, find_server_pid, read_pid_file
 from opspatch.hosts.agent.protocol import OpFailure, operation
 
@@ -42,6 +42,9 @@ READY_POLL_SECONDS = 0.1
 
 QUIET_POLL_SECONDS = 1.0
 """Longest wait between two /health polls while the engine's log is silent."""
+
+EARLIER_LOG_READ = 4 * 1024 * 1024
+"""Bytes read from a log's end for the exception of a server found dead by a decode."""
 
 
 class NoAnswer(Exception):
@@ -89,16 +92,27 @@ def _seconds(value: float) -> str:
     return f"{round(value, 1):g}s"
 
 
-def explain_no_answer(dropped: NoAnswer, waited: float, server: int | None, log_text: str) -> str:
+def explain_no_answer(
+    dropped: NoAnswer, waited: float, server: int | None, log_text: str, earlier: str = ""
+) -> str:
     """Why a /generate got no answer, told apart: the server crashed (its log records an
-    exception since the restart: shown with where it was raised), it did not answer in time
-    while still running (with the exception its log records, if any: a scheduler that died
-    under a living HTTP server), or it exited or dropped the connection without logging why."""
+    exception since the restart: shown with where it was raised), it was found dead, having
+    crashed before this decode (`earlier`, its log since its last start, records the exception
+    `log_text` does not), it did not answer in time while still running (with the exception its
+    log records, if any: a scheduler that died under a living HTTP server), or it exited or
+    dropped the connection without logging why."""
     found = find_tracebacks(log_text)
     running = server is not None and alive(server)
     where = f"the server (pid {server})" if server is not None else "the server"
     if found and not (dropped.timed_out and running):
         return f"the server crashed: {describe_exception(found[-1])}"
+    before = [] if running else find_tracebacks(earlier)
+    if before:
+        gone = f"{where} is not running" if server is not None else "no server process was found"
+        return (
+            f"{gone}: it crashed before this decode: {describe_exception(before[-1])} (its log "
+            "since its last start)"
+        )
     if dropped.timed_out:
         head = f"did not answer within {_seconds(waited)}"
         if running:
@@ -367,10 +381,13 @@ def op_smoke(args: SmokeRequest) -> SmokeReply:
         except NoAnswer as exc:
             server = find_server_pid(args.get("pid"), args.get("pid_file"), _port(url))
             log_text = log_since(log_file, offset)
+            earlier = ""
             if not find_tracebacks(log_text) and not (server is not None and alive(server)):
                 time.sleep(0.3)  # a dying server may still be writing its traceback
                 log_text = log_since(log_file, offset)
-            result["problem"] = explain_no_answer(exc, waited, server, log_text)
+                if log_file and not find_tracebacks(log_text):  # found dead: since when, why
+                    earlier = log_window(str(log_file), None, None, EARLIER_LOG_READ)["text"]
+            result["problem"] = explain_no_answer(exc, waited, server, log_text, earlier)
         else:
             expected = baseline[index] if baseline is not None and index < len(baseline) else None
             result.update(

@@ -11,12 +11,16 @@ import contextlib
 import errno
 import importlib
 import os
+import re
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opspatch.hosts.agent.protocol import OpFailure, os_failure
+
+if TYPE_CHECKING:
+    from opspatch.hosts.agent.protocol import Result
 
 try:  # POSIX hosts only; the agent is never run elsewhere, but importing it must not fail
     import grp
@@ -215,3 +219,80 @@ def log_since(path: str | None, offset: int | None, limit: int = 4_000_000) -> s
             return handle.read().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return ""
+
+
+START_MARKER = r"\bserver_args=(?:ServerArgs\(|\{)"
+"""SGLang's first log line of a start: the log since the last start begins at the last one.
+`server_args=ServerArgs(...)` up to 0.5.13, `server_args={...}` (a dict) from 0.5.20."""
+
+LOG_STAMP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})")
+"""The time SGLang stamps a log line with (`[2026-12-01 01:30:50 TP0] ...`)."""
+
+
+def stamp_epoch(line: str) -> float | None:
+    match = LOG_STAMP.match(line)
+    if match is None:
+        return None
+    try:
+        return time.mktime(time.strptime(match.group(1), "%Y-%m-%d %H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+def log_window(
+    path: str, since_seconds: float | None, started_at: float | None, max_read: int
+) -> Result:
+    """The log since the server's last start (the last `server_args=` line; else the first line
+    stamped at or after the process start) or since `since_seconds` ago, read from the file's
+    last `max_read` bytes."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            start = max(0, size - max_read)
+            handle.seek(start)
+            raw = handle.read()
+    except FileNotFoundError:
+        return {
+            "path": path,
+            "exists": False,
+            "size": 0,
+            "text": "",
+            "basis": "no log file",
+            "started_at": None,
+        }
+    except OSError as exc:
+        raise OpFailure("log-unreadable", f"cannot read the log {path}: {exc.strerror}") from None
+    if start > 0:
+        raw = raw[raw.find(b"\n") + 1 :] if b"\n" in raw else b""
+    lines = raw.decode("utf-8", "replace").splitlines(keepends=True)
+    begin, basis = 0, "the whole log (no start line found)"
+    if since_seconds is not None:
+        cutoff = time.time() - since_seconds
+        begin = next(
+            (i for i, line in enumerate(lines) if (stamp_epoch(line) or 0) >= cutoff), len(lines)
+        )
+        basis = f"since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(cutoff))}"
+    else:
+        marks = [i for i, line in enumerate(lines) if re.search(START_MARKER, line)]
+        if marks:
+            begin, basis = marks[-1], "since the server's last start"
+        elif started_at is not None:
+            begin = next(
+                (i for i, line in enumerate(lines) if (stamp_epoch(line) or 0) >= started_at - 1),
+                0,
+            )
+            basis = "since the server process started"
+    if start > 0 and begin == 0:
+        basis += f"; only the last {max_read} bytes were read"
+    from_start = since_seconds is None and begin < len(lines) and basis.startswith("since")
+    return {
+        "path": path,
+        "exists": True,
+        "size": size,
+        "read_from": start,
+        "truncated": start > 0,
+        "first_line": begin + 1,
+        "basis": basis,
+        "started_at": stamp_epoch(lines[begin]) if from_start else None,
+        "text": "".join(lines[begin:]),
+    }

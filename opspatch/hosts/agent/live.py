@@ -13,8 +13,8 @@ child of the process the pid file names (a wrapper), so every process of the tre
 
 A take or a revert goes to the entry rank's socket (`scheduler-tp0`: every TP rank applies it
 at one scheduling boundary and the entry rank answers for all) and to the main process and the
-detokenizer (each applies it itself); `list` goes to every socket, each rank answering for
-itself.
+detokenizer (each applies it itself); `list` and `check` go to every socket, each rank
+answering for itself.
 """
 
 from __future__ import annotations

@@ -1,20 +1,27 @@
 """The judge's measurement: greedy decodes of a prompt set, timed on the host itself.
 
-Each prompt is sent twice to SGLang's `/generate`: first for one token (its latency is the time
-to first token: prefill, one step, the answer), then for `max_new_tokens` with
-`return_logprob` and `top_logprobs_num` (its output ids, the top-k ids at every position, and
-`meta_info`'s `completion_tokens` and `spec_verify_ct`). A 1-token request rather than a stream:
-it works on any server that answers `/generate`, streaming or not, and measures the same
-thing. Then `/metrics` is read once for the `sglang:spec_accept_length` gauge. Nothing is
+Each prompt is one streamed `/generate` (`"stream": true`, as SGLang's `bench_serving` asks):
+SGLang answers server-sent events, `data: {...}` lines each holding the reply so far (its text,
+`output_ids` and `meta_info`: `completion_tokens`, the logprobs asked for with
+`return_logprob` and `top_logprobs_num`, `spec_verify_ct` on the last), then `data: [DONE]`;
+the request's `stream_interval` keeps them to the first token and the finished reply (`_body`).
+The time to first token is when the first chunk with a token arrives; the time per output
+token is the time from it to the last token's chunk, over the tokens after the first (as
+`bench_serving` reckons it): both from the same request, so no second request's noise enters
+either. A few unmeasured requests
+warm the server first (a freshly restarted server's first requests are slower, whatever its
+code). Then `/metrics` is read once for the `sglang:spec_accept_length` gauge. Nothing is
 judged here: the controller compares (`opspatch.runs.judgments.canary`).
 
 A server that leaves a field out (no logprobs, no `spec_verify_ct`, no `/metrics`) gives None
-for it; the judge says what it could not compare.
+for it, and one that answers a streamed request whole gives no first-token time; the judge says
+what it could not compare.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -25,33 +32,57 @@ if TYPE_CHECKING:
     from opspatch.hosts.agent.protocol import DecodeSample, MeasureReply, MeasureRequest
 
 ACCEPT_GAUGE = "sglang:spec_accept_length"
+STREAM_END = b"[DONE]"
+LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs")
+"""The `meta_info` lists with one entry per output token (sliced per chunk when the server runs
+with `--incremental-streaming-output`)."""
 
 
 def _int_or_none(value: Any) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def read_tokens(reply: Any) -> tuple[list[int] | None, list[list[int]] | None, list[Any] | None]:
-    """The output ids, the top-k ids per position and each token's text, from a `/generate`
-    reply (`output_ids`, else the ids of `meta_info.output_token_logprobs`; SGLang writes a
-    logprob entry as `[logprob, token_id, text]`), each None when the reply does not carry it."""
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def read_tokens(reply: Any) -> dict[str, Any]:
+    """From a `/generate` reply: `output_ids` (else the ids of `meta_info.output_token_logprobs`;
+    SGLang writes a logprob entry as `[logprob, token_id, text]`), each token's logprob and text,
+    and per position the top logprobs' ids and values; each None when the reply does not carry
+    it."""
     meta = reply.get("meta_info") or {}
     chosen = meta.get("output_token_logprobs")
+    entries = (
+        [e for e in chosen if isinstance(e, list) and len(e) > 1]
+        if isinstance(chosen, list)
+        else None
+    )
     ids = reply.get("output_ids")
-    if not isinstance(ids, list) and isinstance(chosen, list):
-        ids = [entry[1] for entry in chosen if isinstance(entry, list) and len(entry) > 1]
-    output_ids = [int(i) for i in ids] if isinstance(ids, list) else None
+    if not isinstance(ids, list) and entries is not None:
+        ids = [entry[1] for entry in entries]
     tops = meta.get("output_top_logprobs")
-    top_ids = None
+    top_ids = top_values = None
     if isinstance(tops, list):
-        top_ids = [
-            [int(entry[1]) for entry in (position or []) if isinstance(entry, list)]
-            for position in tops
-        ]
-    texts = None
-    if isinstance(chosen, list) and all(isinstance(e, list) and len(e) > 2 for e in chosen):
-        texts = [entry[2] if isinstance(entry[2], str) else None for entry in chosen]
-    return output_ids, top_ids, texts
+        rows = [[e for e in (position or []) if isinstance(e, list)] for position in tops]
+        top_ids = [[int(entry[1]) for entry in row] for row in rows]
+        top_values = [[_float_or_none(entry[0]) for entry in row] for row in rows]
+        if any(value is None for row in top_values for value in row):
+            top_values = None
+    texts = logprobs = None
+    if entries is not None and isinstance(chosen, list) and len(entries) == len(chosen):
+        logprobs = [_float_or_none(entry[0]) for entry in entries]
+        if None in logprobs:
+            logprobs = None
+        if all(len(entry) > 2 for entry in entries):
+            texts = [entry[2] if isinstance(entry[2], str) else None for entry in entries]
+    return {
+        "output_ids": [int(i) for i in ids] if isinstance(ids, list) else None,
+        "top_ids": top_ids,
+        "top_logprobs": top_values,
+        "token_logprobs": logprobs,
+        "token_texts": texts,
+    }
 
 
 def read_gauge(text: str, name: str) -> float | None:
@@ -66,42 +97,162 @@ def read_gauge(text: str, name: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _decode(url: str, body: dict[str, Any], deadline: float) -> tuple[Any, float]:
-    """One timed `/generate`: its JSON reply and the seconds it took; a failure raises
-    `NoAnswer` or `ValueError` with what went wrong."""
+def is_whole(chunk: dict[str, Any]) -> bool:
+    """Whether a streamed chunk holds the whole reply so far (SGLang's default) rather than only
+    its new part (`--incremental-streaming-output`): as many ids as its `completion_tokens`."""
+    ids = chunk.get("output_ids")
+    counted = (chunk.get("meta_info") or {}).get("completion_tokens")
+    return not isinstance(ids, list) or len(ids) == counted
+
+
+def merged(whole: dict[str, Any] | None, chunk: dict[str, Any]) -> dict[str, Any]:
+    """The reply so far with one more streamed chunk (the chunk itself when it `is_whole`)."""
+    if whole is None or is_whole(chunk):
+        return chunk
+    meta = chunk.get("meta_info") or {}
+    ids = chunk.get("output_ids") or []
+    before = whole.get("meta_info") or {}
+    joined = dict(meta)
+    for key in LOGPROB_KEYS:
+        if isinstance(meta.get(key), list):
+            joined[key] = list(before.get(key) or []) + meta[key]
+    return {
+        "text": (whole.get("text") or "") + (chunk.get("text") or ""),
+        "output_ids": list(whole.get("output_ids") or []) + ids,
+        "meta_info": joined,
+    }
+
+
+_COUNT = re.compile(rb'"completion_tokens":\s*(\d+)')
+"""A chunk's token count, found without parsing it (the key's quotes are escaped in any text)."""
+
+
+def _token_count(data: bytes) -> int:
+    """The tokens a streamed chunk says the reply holds so far: its `completion_tokens`, read
+    cheaply so that nothing slow runs between two chunks' arrivals (else its ids counted)."""
+    found = _COUNT.search(data)
+    if found is not None:
+        return int(found.group(1))
+    chunk = _json_object(data)
+    if "error" in chunk:
+        raise ValueError(f"/generate streamed an error: {str(chunk['error'])[:200]}")
+    ids = chunk.get("output_ids")
+    return len(ids) if isinstance(ids, list) else 0
+
+
+def _whole(chunks: list[bytes]) -> dict[str, Any]:
+    """The reply a stream's chunks make, parsed once it has ended: the last chunk when each is
+    the reply so far (SGLang's default), else every chunk joined (`merged`)."""
+    last = _json_object(chunks[-1])
+    if is_whole(last):
+        return last
+    whole = None
+    for data in chunks:
+        whole = merged(whole, _json_object(data))
+    assert whole is not None
+    return whole
+
+
+class Refused400(ValueError):
+    """`/generate` answered 400: the request has something this server does not take."""
+
+
+def _failed(status: int, raw: bytes) -> ValueError:
+    failure = Refused400 if status == 400 else ValueError
+    return failure(f"/generate answered {status}: {raw[:200]!r}")
+
+
+def _streamed(
+    url: str, body: dict[str, Any], deadline: float
+) -> tuple[dict[str, Any], float | None, float]:
+    """One streamed `/generate`: the whole reply, and the seconds to its first token (None when
+    the server answered the stream whole) and to its last. A failure raises `NoAnswer` (no
+    server, or the stream broke off) or `ValueError` (`Refused400`) with what went wrong."""
+    import http.client
+    import socket
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url + "/generate", data=json.dumps(dict(body, stream=True)).encode("utf-8"), method="POST"
+    )
+    request.add_header("Content-Type", "application/json")
     started = time.monotonic()
-    status, raw = _http("POST", url + "/generate", body, timeout=max(1.0, deadline - started))
-    seconds = time.monotonic() - started
-    if status != 200:
-        failure = Refused400 if status == 400 else ValueError
-        raise failure(f"/generate answered {status}: {raw[:200]!r}")
+    chunks: list[bytes] = []  # parsed after the stream ends: nothing slow between two arrivals
+    first = last = None
+    try:
+        with urllib.request.urlopen(request, timeout=max(1.0, deadline - started)) as response:  # noqa: S310 - loopback URL from the inventory
+            if response.headers.get_content_type() != "text/event-stream":
+                reply = _json_object(response.read())
+                return reply, None, time.monotonic() - started
+            for line in response:
+                now = time.monotonic() - started
+                data = line.strip()
+                if not data.startswith(b"data:"):
+                    continue  # the blank line between events, or a comment
+                data = data[len(b"data:") :].strip()
+                if data == STREAM_END:
+                    break
+                before = _token_count(chunks[-1]) if chunks else 0
+                chunks.append(data)
+                if _token_count(data) > before:
+                    first = now if first is None else first
+                    last = now
+            else:
+                raise NoAnswer("the stream ended before its last event (data: [DONE])")
+    except urllib.error.HTTPError as exc:
+        raise _failed(int(exc.code), exc.read()) from None
+    except (urllib.error.URLError, http.client.HTTPException, ConnectionError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        timed_out = isinstance(reason, socket.timeout)  # TimeoutError from Python 3.10 on
+        raise NoAnswer(f"{type(reason).__name__}: {reason}", timed_out) from None
+    if not chunks or last is None:
+        raise ValueError("/generate streamed no token")
+    return _whole(chunks), first, last
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
     try:
         reply = json.loads(raw)
     except ValueError:
         raise ValueError(f"/generate answered no JSON: {raw[:200]!r}") from None
     if not isinstance(reply, dict):
         raise ValueError(f"/generate answered {type(reply).__name__}, not an object")
-    return reply, seconds
+    return reply
 
 
-def _unsent(prompt: str, problem: str | None) -> DecodeSample:
+def _unsent(prompt: str, problem: str | None, refused: bool = False) -> DecodeSample:
     return {
         "prompt": prompt,
         "problem": problem,
-        "refused": False,
+        "refused": refused,
         "text": None,
         "output_ids": None,
         "top_ids": None,
+        "top_logprobs": None,
+        "token_logprobs": None,
         "token_texts": None,
         "completion_tokens": None,
         "spec_verify_ct": None,
         "seconds": None,
         "first_token_seconds": None,
+        "server_seconds": None,
     }
 
 
-class Refused400(ValueError):
-    """`/generate` answered 400: the request has something this server does not take."""
+def _body(prompt: str, args: MeasureRequest, top_k: int) -> dict[str, Any]:
+    """A greedy streamed decode whose stream carries two events, the first token and the whole
+    reply: SGLang's per-request `stream_interval` (the first token goes out at once, then once
+    that many tokens are unsent, and at the finish). An event per step would put its work (the
+    reply so far serialized, sent, parsed) between the two times measured."""
+    tokens = int(args["max_new_tokens"])
+    body: dict[str, Any] = {
+        "text": prompt,
+        "sampling_params": {"temperature": 0, "max_new_tokens": tokens, "stream_interval": tokens},
+    }
+    if top_k > 0:
+        body.update(return_logprob=True, top_logprobs_num=top_k, return_text_in_logprobs=True)
+    return body
 
 
 def _sample(
@@ -109,21 +260,13 @@ def _sample(
 ) -> tuple[DecodeSample, bool]:
     """One prompt's sample, and whether the server gave no answer at all (it is down)."""
     sample = _unsent(prompt, None)
-    greedy = {"temperature": 0}
     try:
-        if args.get("first_token"):
-            once = {"text": prompt, "sampling_params": dict(greedy, max_new_tokens=1)}
-            _, sample["first_token_seconds"] = _decode(url, once, deadline)
-        body: dict[str, Any] = {
-            "text": prompt,
-            "sampling_params": dict(greedy, max_new_tokens=int(args["max_new_tokens"])),
-        }
-        if top_k > 0:
-            body.update(return_logprob=True, top_logprobs_num=top_k, return_text_in_logprobs=True)
-        reply, sample["seconds"] = _decode(url, body, deadline)
+        reply, sample["first_token_seconds"], sample["seconds"] = _streamed(
+            url, _body(prompt, args, top_k), deadline
+        )
     except NoAnswer as exc:
         sample["problem"] = f"no answer: {exc}"
-        sample["refused"] = str(exc).startswith("ConnectionRefusedError")  # engine._http's words
+        sample["refused"] = str(exc).startswith("ConnectionRefusedError")  # as engine._http's
         return sample, True
     except Refused400 as exc:
         if top_k > 0:
@@ -135,9 +278,10 @@ def _sample(
         return sample, False
     meta = reply.get("meta_info") or {}
     sample["text"] = reply.get("text") if isinstance(reply.get("text"), str) else None
-    sample["output_ids"], sample["top_ids"], sample["token_texts"] = read_tokens(reply)
+    sample.update(read_tokens(reply))  # type: ignore[typeddict-item]
     sample["completion_tokens"] = _int_or_none(meta.get("completion_tokens"))
     sample["spec_verify_ct"] = _int_or_none(meta.get("spec_verify_ct"))
+    sample["server_seconds"] = _float_or_none(meta.get("e2e_latency"))
     if not sample["completion_tokens"]:
         sample["problem"] = "the server answered 200 with no completion tokens"
     return sample, False
@@ -145,29 +289,36 @@ def _sample(
 
 @operation("measure")
 def op_measure(args: MeasureRequest) -> MeasureReply:
-    """Decode every prompt greedily, one at a time, timed; then read the accept-length gauge.
-    A failed request is a sample with its `problem` (the judge fails on it), not a refusal; a
-    server that stops answering fails the prompts after it at once instead of waiting each out.
-    """
+    """Warm the server with `warmup` unmeasured decodes, then decode every prompt greedily, one
+    at a time, timed; then read the accept-length gauge. A failed request is a sample with its
+    `problem` (the judge fails on it), not a refusal; a server that stops answering fails the
+    prompts after it at once instead of waiting each out."""
     url = str(args["url"]).rstrip("/")
     deadline = time.monotonic() + float(args.get("timeout") or 600.0)
     top_k = int(args.get("top_logprobs") or 0)
+    prompts = [str(prompt) for prompt in args.get("prompts") or []]
+    warmup = (
+        [prompts[i % len(prompts)] for i in range(int(args.get("warmup") or 0))] if prompts else []
+    )
+    gone: DecodeSample | None = None  # the first "no answer": the server is down, do not wait
     samples = []
-    gone = None  # the first "no answer": the server is down, do not wait on it again
-    for prompt in args.get("prompts") or []:
+    for measured, prompt in [(False, p) for p in warmup] + [(True, p) for p in prompts]:
         if gone is not None:
-            samples.append(_unsent(str(prompt), f"not sent: an earlier request got {gone}"))
+            if measured:
+                said = f"not sent: an earlier request got {gone['problem']}"
+                samples.append(_unsent(prompt, said, gone["refused"]))
             continue
         try:
-            sample, down = _sample(url, str(prompt), args, deadline, top_k)
+            sample, down = _sample(url, prompt, args, deadline, top_k)
         except Refused400:
             # a server that takes no logprobs (SGLang's own takes them): ask without, from now
             # on; the judge then compares outputs exactly, and says so
             top_k = 0
-            sample, down = _sample(url, str(prompt), args, deadline, top_k)
+            sample, down = _sample(url, prompt, args, deadline, top_k)
         if down:
-            gone = sample["problem"]
-        samples.append(sample)
+            gone = sample
+        if measured:
+            samples.append(sample)
     gauge = None
     if gone is None:
         try:

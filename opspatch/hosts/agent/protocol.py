@@ -322,7 +322,7 @@ class MeasureRequest(TypedDict):
     prompts: list[str]
     max_new_tokens: int
     top_logprobs: int  # k of SGLang's `top_logprobs_num`; 0 asks for no logprobs
-    first_token: bool  # time a 1-token request of each prompt first (time to first token)
+    warmup: int  # unmeasured decodes before the measured ones (of the prompts, in turn)
     timeout: float  # all prompts together
 
 
@@ -335,11 +335,14 @@ class DecodeSample(TypedDict):
     text: str | None
     output_ids: list[int] | None
     top_ids: list[list[int]] | None  # per output position, the ids of SGLang's top logprobs
+    top_logprobs: list[list[float]] | None  # per output position, their logprobs, in that order
+    token_logprobs: list[float] | None  # per output position, the chosen token's logprob
     token_texts: list[str | None] | None  # per output position, the token's text if told
     completion_tokens: int | None
     spec_verify_ct: int | None
-    seconds: float | None  # the whole request, timed on the host
-    first_token_seconds: float | None  # a 1-token request of the same prompt, timed on the host
+    seconds: float | None  # from the send to the last token's arrival, timed on the host
+    first_token_seconds: float | None  # from the send to the first token's (the same stream)
+    server_seconds: float | None  # meta_info's e2e_latency: the server's own, receipt to finish
 
 
 class MeasureReply(TypedDict):
@@ -374,9 +377,9 @@ class LiveDefinition(TypedDict):
 
 
 class LiveFixRequest(TypedDict, total=False):
-    """What the engine's plugin takes on its socket (`liveplugin`): `op` take, revert or list;
-    a take names the module, the file and the sha256 it must have, and the definitions (no code
-    travels); a revert names the fix."""
+    """What the engine's plugin takes on its socket (`liveplugin`): `op` take, revert, list or
+    check; a take names the module, the file and the sha256 it must have, and the definitions
+    (no code travels); a revert names the fix; a check the takes it asks about (`fixes`)."""
 
     op: str
     fix_id: str
@@ -385,6 +388,8 @@ class LiveFixRequest(TypedDict, total=False):
     paths: list[str]  # a unit's: the file on every node, a rank takes its own copy's
     sha256: str
     definitions: list[LiveDefinition]
+    objects: list[str]  # a checked take's construction methods (their classes' objects counted)
+    fixes: list[LiveFixRequest]  # a check's takes
 
 
 class LiveRequest(TypedDict):

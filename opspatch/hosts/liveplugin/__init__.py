@@ -10,7 +10,9 @@ One concern per module:
 - `boundary`: the scheduler's side: a take or revert queued on the entry rank, injected at the
   next scheduling boundary as an `RpcReqInput`, applied by every rank, then the barrier;
 - `plugin`: `load()`, the entry point SGLang calls in every process (and the `.pth` start);
-- `fixes`: what a live fix does in one process (`take`, `revert`, `list`).
+- `fixes`: what a live fix does in one process (`take`, `revert`, `list`);
+- `checks`: the preflight's `check`, whether a take would be in effect here (nothing changed);
+- `importtime`: where a module's source reads a name while it is imported (pure).
 
 Rules for every module here, because they run inside engines we do not control: Python 3.8+ and
 the standard library only (`from __future__ import annotations` keeps hints as strings); import

@@ -12,8 +12,9 @@ from typing import Any
 
 from . import wire
 
-OPS = ("take", "revert", "list", "ping")
-"""`ping` is the delivery path's own: who answers here; the others are the fix runtime's."""
+OPS = ("take", "revert", "list", "check", "ping")
+"""`ping` is the delivery path's own: who answers here; `check` the preflight's (`checks`); the
+others are the fix runtime's."""
 
 
 def describe(role: str, rank: int | None) -> dict[str, Any]:
@@ -39,6 +40,8 @@ def apply_here(request: dict[str, Any]) -> dict[str, Any]:
     if op == "ping":
         return {"ok": True, "took": []}
     try:
+        if op == "check":
+            return _as_document(importlib.import_module(".checks", __package__).check(request))
         fixes = importlib.import_module(".fixes", __package__)
         if op == "take":
             reply = fixes.take(request)

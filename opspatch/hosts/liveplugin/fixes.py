@@ -12,8 +12,8 @@ Each definition is taken from that compiled code into the running module's own o
   `from m import NAME` and that holds the old object under that name;
 - `function` (`name`), `method` (`Class.name`): the running function's `__code__` swapped for the
   file's (staticmethod, classmethod, property and `functools.wraps` wrappers are looked through),
-  so every reference bound earlier runs the new code; refused when the free variables differ (a
-  new closure, `super()` where there was none). A new one is built from the file's code on the
+  so every reference bound earlier runs the new code; refused when its own free variables differ
+  (`super()` where there was none; a closure nested inside it is part of its code, and taken). A new one is built from the file's code on the
   running module's globals, its defaults evaluated there (its `def` alone, undecorated).
 All or nothing: everything is checked before anything is set, and a failure while setting
 undoes what was set. What each definition held before is kept for `revert`, which refuses
@@ -203,6 +203,18 @@ def list() -> dict[str, Any]:  # the operation's name on the wire
         for fix in _held.values():
             took.extend(fix.entries())
         return {"ok": True, "took": took}
+
+
+def holders(module_name: str) -> dict[str, tuple[str, str]]:
+    """Each definition of `module_name` a held fix set here: its fix id and the sha256 of the
+    file it was taken from (`check` reads them before a take)."""
+    with _lock:
+        return {
+            c.name: (f.fix_id, f.sha256)
+            for f in _held.values()
+            if f.module == module_name
+            for c in f.changes
+        }
 
 
 # -- a take, checked before anything is set --------------------------------------------------------
@@ -488,7 +500,7 @@ def _attribute(owner: type, name: str, attribute: str, old: Any, fresh: Any) -> 
 def _constant(module: Any, name: str, old: Any, fresh: Any) -> _Change:
     """A module constant; the modules that imported the old object with `from m import NAME`
     are rebound with it (and back on revert, where they still hold the new one)."""
-    rebound = _imported_elsewhere(module, name, old)
+    rebound = imported_elsewhere(module, name, old)
 
     def apply() -> None:
         setattr(module, name, fresh)
@@ -511,7 +523,7 @@ def _constant(module: Any, name: str, old: Any, fresh: Any) -> _Change:
     return _Change(name, CONSTANT, apply, undo, _holds(module, name, fresh), readback, fresh)
 
 
-def _imported_elsewhere(module: Any, name: str, old: Any) -> builtins.list[Any]:
+def imported_elsewhere(module: Any, name: str, old: Any) -> builtins.list[Any]:
     """The other loaded modules holding `old` as `name` because their source says
     `from <module> import <name>`: the same object alone could be a small int or a string
     interned by chance."""
@@ -551,7 +563,7 @@ def _imports_from(other: Any, module: str, name: str) -> bool:
     return False
 
 
-def _innermost(found: Any) -> Any:
+def innermost(found: Any) -> Any:
     """The plain function behind a method's wrappers: staticmethod, classmethod, property's
     getter and `functools.wraps` wrappers (`__wrapped__`), or None where there is none."""
     if isinstance(found, (staticmethod, classmethod)):
@@ -570,7 +582,7 @@ def _innermost(found: Any) -> Any:
 
 
 def _swap_code(name: str, kind: str, old: Any, after: types.CodeType) -> _Change:
-    live = _innermost(old)
+    live = innermost(old)
     if live is None:
         raise Refused(
             NOT_A_FUNCTION,
@@ -582,7 +594,7 @@ def _swap_code(name: str, kind: str, old: Any, after: types.CodeType) -> _Change
         raise Refused(
             FREE_VARIABLES,
             f"{name}: free variables {before.co_freevars} running, {after.co_freevars} in the "
-            "file (a new closure or super()): its code cannot be swapped; restart instead",
+            "file (super() gained or lost): its code cannot be swapped; restart instead",
         )
 
     def apply() -> None:

@@ -94,20 +94,22 @@ def apply_to_hosts(
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
         ApprovalRefused: the playbook requires an approval and the patch has no valid one.
-        UnitRefused: the hosts take part of a unit, or a whole unit under a playbook that
-            restarts (`units_refused`).
+        UnitRefused: the hosts take part of a unit (a dry run too), or a whole unit under a
+            playbook that restarts (`units_refused`).
         LiveRefused: `live` over hosts whose inventory does not say `live = true`.
     """
     progress = progress or NoProgress()
     taking = None if live is None else _live_apply(patch, hosts, playbook, live)
+    if local is None and (
+        refused := units_refused(patch.reference, hosts, playbook, command, planned=dry_run)
+    ):
+        raise refused
     if dry_run:
         return _FleetApply(
             patch, playbook, hosts, factory, NullRecorder(), progress, True, command, local, taking
         ).run()
     if ledger is None:
         raise ValueError("an apply that changes hosts is recorded: pass the ledger")
-    if local is None and (refused := units_refused(patch.spec.id, hosts, playbook, command)):
-        raise refused
     approved = require_approval(ledger, patch, playbook.team, operator=operator_identity())
     with recorded_run(
         ledger,
@@ -148,15 +150,23 @@ def _live_apply(
 
 
 def units_refused(
-    patch_id: str, hosts: Sequence[Host], playbook: Playbook, command: str = "apply"
+    patch: str,
+    hosts: Sequence[Host],
+    playbook: Playbook,
+    command: str = "apply",
+    *,
+    planned: bool = False,
 ) -> UnitRefused | None:
-    """Why an apply of `patch_id` over `hosts` is refused for the units among them, or None:
-    it takes some but not all nodes of a unit (a whole unit is changed and restarted as one:
-    `runs/fleet/unitapply.py`)."""
+    """Why an apply of `patch` (as a command names it: `LoadedPatch.reference`) over `hosts` is
+    refused for the units among them, or None: it takes some but not all nodes of a unit (a
+    whole unit is changed and restarted as one: `runs/fleet/unitapply.py`). `planned`: a `plan`
+    of it, refused as its apply would be (its diff would show a change no apply makes)."""
     return unit_refusal(
         hosts,
-        command=command,
-        whole=lambda unit: remedy_text(CliCommand.APPLY, patch_id, hosts=unit.name),
+        command=f"an apply of {patch}" if planned else command,
+        whole=lambda unit: remedy_text(
+            CliCommand.PLAN if planned else CliCommand.APPLY, patch, hosts=unit.name
+        ),
     )
 
 

@@ -74,8 +74,12 @@ def _read(
     transport = factory(host)
     try:
         ops = HostOperations(transport, host)
-        found = diagnose_host(ops, request, timeout=timeout)
         live = _live_list(ops)
+        if isinstance(live, LiveEngineReply):  # a fix's module is judged too (its drift)
+            held = [h.module for h in held_fixes(live) if h.module]
+            more = tuple(m for m in dict.fromkeys(held) if m not in request.modules)
+            request = replace(request, modules=(*request.modules, *more))
+        found = diagnose_host(ops, request, timeout=timeout)
         return replace(
             found,
             container=transport.container,
@@ -103,10 +107,13 @@ def _live_list(ops: HostOperations) -> LiveEngineReply | str | None:
 
 
 def _with_live(report: HostReport, d: HostDiagnosis) -> HostReport:
-    """The report naming each live fix an engine process holds in memory (a warning when the
-    file on disk is no longer the one it was taken from: the next restart loses it), and a
-    problem when what the engine holds could not be listed (its processes not asked, or some
-    not answering): a clean report must not stand on a look that was not made."""
+    """The report naming each live fix an engine process holds in memory, with its definitions
+    and processes (a warning when the file on disk is no longer the one it was taken from: the
+    next restart loses it), and a problem when what the engine holds could not be listed (its
+    processes not asked, or some not answering): a clean report must not stand on a look that
+    was not made. A server that started before a module last changed but holds, in every
+    process that answered, a live fix taken from these very bytes runs that change (`status`
+    says `applied`): its `server-runs-old-code` gives way to the fix's finding."""
     found: list[Finding] = []
     silent = [p.describe() for p in d.live.processes() if not p.ok] if d.live else []
     if d.live is not None and d.live.unread:
@@ -120,26 +127,54 @@ def _with_live(report: HostReport, d: HostDiagnosis) -> HostReport:
         )
     if d.live is None:
         return replace(report, findings=(*report.findings, *found)) if found else report
-    on_disk = {m.module: m.file.sha256 for m in d.modules if m.file is not None}
+    files = {m.module: m.file for m in d.modules if m.file is not None}
+    stale = {m.module for m in d.modules if m.server_older_than_file}
     by_fix: dict[str, list[HeldFix]] = {}
     for held in held_fixes(d.live):
         by_fix.setdefault(held.fix_id, []).append(held)
+    running_live: set[str] = set()
+    """The files whose change the server runs live (their `server-runs-old-code` goes)."""
     for fix_id, holders in by_fix.items():
+        module = holders[0].module or "its module"
+        file = files.get(module)
+        on_disk = file.sha256 if file is not None else None
+        drifted = [s for h in holders if (s := drift(h, on_disk))]
         who = ", ".join(h.process for h in holders)
-        drifted = [s for h in holders if (s := drift(h, on_disk.get(h.module or "")))]
-        detail = f"{fix_id} ({', '.join(holders[0].names)}) held by {who}"
+        detail = (
+            f"{fix_id} ({', '.join(holders[0].names)}) taken from {module} sha256 "
+            f"{(holders[0].sha256 or '?')[:12]}, held by "
+            + ", ".join(f"{h.process} (pid {h.pid})" if h.pid else h.process for h in holders)
+        )
         if drifted:
             found.append(
                 Finding(
                     "live-fix-drift",
                     WARNING,
-                    "a live fix in memory disagrees with the file",
-                    drifted[0],
+                    f"live fix {fix_id} in memory disagrees with the file",
+                    "; ".join(drifted),
+                )
+            )
+        elif not unread and file is not None and module in stale:
+            running_live.add(file.realpath)
+            found.append(
+                Finding(
+                    "live-fix",
+                    INFO,
+                    f"the server started before {module} last changed and runs it live as "
+                    f"{fix_id} in {who}",
+                    f"{detail}: the file's very bytes; the file carries it for the next restart",
                 )
             )
         else:
-            found.append(Finding("live-fix", INFO, "a live fix is held in memory", detail))
-    return replace(report, findings=(*report.findings, *found)) if found else report
+            found.append(
+                Finding("live-fix", INFO, f"live fix {fix_id} is held in memory by {who}", detail)
+            )
+    kept = tuple(  # its detail is the file's path
+        f
+        for f in report.findings
+        if not (f.kind == "server-runs-old-code" and f.detail in running_live)
+    )
+    return replace(report, findings=(*kept, *found))
 
 
 def read_hosts(

@@ -8,7 +8,8 @@ targets one after another, so that whatever load comes and goes meets both sides
 comparison alike (docs/judge.md says why in turns rather than at once); a latency fail is
 measured again and stands only if confirmed (`canary.confirm`). Without a baseline host
 each target is measured alone and every verdict is `no-baseline` (the absolute checks only); a
-baseline asked for that could not be measured makes the run exit 1 (`baseline_error`).
+baseline asked for that could not be measured (its host lost, or its engine answering no prompt)
+makes the run exit 1 (`baseline_error`).
 
 A unit (one server over several hosts) is judged by its head, the one node that serves the
 prompts (its decodes run on every rank): a selection that takes the head judges the unit once
@@ -29,7 +30,7 @@ from opspatch.core.policy import JudgeSettings, Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import Command, Step
-from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, InputError, UnitRefused
+from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, InputError
 from opspatch.hosts.measure import Measurement
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import CANCELLED
@@ -38,6 +39,7 @@ from opspatch.runs.fleet.judging import CONFIRM_AFTER_SECONDS, measured, measure
 from opspatch.runs.fleet.recorder import NullRecorder
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.judgments.canary import confirm, judge, unconfirmed
+from opspatch.runs.judgments.units import serving_heads
 
 
 @dataclass(frozen=True)
@@ -74,28 +76,14 @@ class JudgeReport(JsonRecord):
 
 
 def servers(hosts: Sequence[Host]) -> list[Host]:
-    """The servers a selection names, each once, by the host that serves its prompts: a host by
-    itself, a unit by its head (its other nodes serve only a dummy `/health`).
+    """The servers a selection names, each once: a unit by its head (`serving_heads`).
 
     Raises:
         UnitRefused: a node of a unit that is not its head is selected without the head.
     """
-    names = {host.name for host in hosts}
-    stray = [h for h in hosts if h.unit is not None and h.unit.head not in names]
-    if stray:
-        said = "; ".join(
-            f"{h.name} is {h.unit.describe(h.name)}, whose head is {h.unit.head}"
-            for h in stray
-            if h.unit is not None
-        )
-        units = sorted({h.unit.name for h in stray if h.unit is not None})
-        raise UnitRefused(
-            f"judge: {said}: a node that is not its unit's head serves no prompts (only a dummy "
-            "/health); the unit is judged by its head",
-            hint="judge the unit: "
-            + "; ".join(f"`{remedy_text(CliCommand.JUDGE, hosts=name)}`" for name in units),
-        )
-    return [h for h in hosts if h.unit is None or h.unit.head == h.name]
+    return serving_heads(
+        hosts, command="judge", whole=lambda unit: remedy_text(CliCommand.JUDGE, hosts=unit.name)
+    )
 
 
 def judge_hosts(
@@ -145,6 +133,8 @@ def judge_hosts(
             assert reference is not None
             if isinstance(base, str):
                 unmeasured.append(f"{reference.name} could not be measured: {base}")
+            elif not any(sample.ok for sample in base.samples):  # its host answered, its engine not
+                unmeasured.append(f"{reference.name} could not be measured: {base.problem}")
             return _judged(session, settings, (reference.name, base), answer)
 
         def one(session: HostSession) -> HostJudgment | None:

@@ -40,6 +40,7 @@ from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import LiveRefused, OpspatchError, RemoteOperationError
+from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.livedist import LIVE_DIST_NAME, live_distribution, plugin_sources
 from opspatch.hosts.liveinstall import (
     InstalledLive,
@@ -49,11 +50,21 @@ from opspatch.hosts.liveinstall import (
     read_site,
     remove,
 )
+from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.recorded import recorded_run
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
+from opspatch.runs.fleet.session import (
+    HostFailed,
+    HostSession,
+    NoProgress,
+    Progress,
+    describe_error,
+)
+from opspatch.runs.fleet.standing import begin
+from opspatch.runs.judgments.live import unanswered
+from opspatch.runs.judgments.patchset import ServerAge, server_age
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 REFUSALS = frozenset({"file-exists", "file-changed"})
@@ -268,7 +279,7 @@ def _enable(session: HostSession) -> HostOutcome:
         Outcome.STAGED,
         file=change,
         note=f"enabled ({site.start} start), staged: the plugin loads when the engine next "
-        f"restarts (the operator's restart, or `opspatch restart` with a change staged){warning}",
+        f"restarts (`opspatch restart` restarts into it, or the operator's restart){warning}",
     )
 
 
@@ -354,3 +365,100 @@ def _manifest(found: InstalledLive) -> dict[str, str]:
     if outside:
         raise ValueError(f"RECORD lists files that are not the plugin's: {', '.join(outside)}")
     return wanted
+
+
+# -- a staged plugin, which `restart` finishes ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StagedPlugin:
+    """An `opspatch_live` installation opspatch wrote (`live enable`, recorded in the ledger)
+    on a host whose running engine started before it, so does not load it: a staged change that
+    `restart` restarts into, proves (the smoke, then every process answering on its live
+    socket), and undoes by removing it when the proof fails."""
+
+    site: LiveSite
+    found: InstalledLive
+    record: str
+    """The installation's RECORD, as `live enable` recorded it."""
+    inspection: HostInspection
+    """The RECORD's file, read with the lock taken, and the server that runs."""
+
+    def change(self) -> FileChange:
+        return FileChange(self.record, None, self.inspection.file.sha256)
+
+    def what(self) -> str:
+        return f"the live plugin {self.found.dist_info} (`live enable`)"
+
+    def listens(self, session: HostSession) -> None:
+        """The proof after the smoke: every process of the restarted engine answers `list` on
+        its live socket (the plugin loaded).
+
+        Raises:
+            HostFailed: a process did not answer, or none listens.
+        """
+        with session.step(Step.LIVE) as note:
+            timeout = session.playbook.timeouts.smoke
+            reply = ask_engine(session.ops, LiveFix("list"), timeout=timeout, step=Step.LIVE)
+            problem = unanswered(reply) or (
+                None if reply.processes() else "no process of the engine answered"
+            )
+            if problem is not None:
+                raise HostFailed(
+                    Outcome.FAILED, f"the live plugin is not loaded after the restart: {problem}"
+                )
+            note["detail"] = "listening: " + ", ".join(p.process for p in reply.processes())
+
+    def remove(self, session: HostSession) -> FileChange:
+        """The undo: every file the RECORD lists removed (a recorded `live-disable` step).
+
+        Raises:
+            OpspatchError: the removal failed or was refused (a file changed since).
+        """
+        with session.step(Step.LIVE_DISABLE) as note:
+            result = remove(
+                session.ops,
+                self.site.purelib,
+                _manifest(self.found),
+                lock_run_id=session.lock.run_id,
+                timeout=session.playbook.timeouts.swap,
+                step=Step.LIVE_DISABLE,
+            )
+            note["detail"] = f"removed {len(result.removed)} file(s) of {self.found.dist_info}"
+        return FileChange(self.record, self.inspection.file.sha256, None)
+
+
+def staged_plugin(session: HostSession, ledger: Ledger, *, locked: bool) -> StagedPlugin | None:
+    """The plugin staged on a host with `live = true` (`StagedPlugin`), read with the lock (taken
+    here unless `locked`); None when the host has none: live fixes off there, no `opspatch_live`
+    installed, one opspatch did not record writing, `SGLANG_PLUGINS` filtering it out (a restart
+    would not load it), no server running, or a server started after it (it loads it already).
+
+    Raises:
+        OpspatchError: the host could not be read or locked.
+    """
+    if not session.host.live:
+        return None
+    timeouts = session.playbook.timeouts
+    with session.step(Step.INSPECT) as note:
+        site = read_site(session.ops, timeout=timeouts.inspect, step=Step.INSPECT)
+        note["detail"] = f"{site.purelib}: " + (
+            ", ".join(i.dist_info for i in site.installed) or "no live plugin installed"
+        )
+    if len(site.installed) != 1 or site.filtered:
+        return None
+    (found,) = site.installed
+    path = posixpath.join(site.purelib, found.dist_info, "RECORD")
+    if locked:
+        with session.step(Step.INSPECT) as note:
+            inspection = session.ops.inspect(path=path, timeout=timeouts.inspect)
+            note["detail"] = f"{path} is {inspection.file.sha256[:12]}"
+    else:
+        inspection = begin(session, path=path)
+    if server_age(inspection.server, inspection.file) != ServerAge.OLDER:
+        return None
+    wrote = any(
+        file is not None and file.path == path and file.sha256_after == inspection.file.sha256
+        for _, _, file in ledger.outcomes_since([session.name], 0)
+    )
+    return StagedPlugin(site, found, path, inspection) if wrote else None

@@ -41,11 +41,13 @@ from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Command, FileAction, Outcome, RunStatus
-from opspatch.errors import InputError, LockHeld
+from opspatch.core.vocabulary import Command, FileAction, Outcome, RunStatus, Step, StepStatus
+from opspatch.errors import HostError, InputError, LockHeld
+from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.host_leases import lease_held
+from opspatch.runs.fleet.liveapply import revert_everywhere
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import (
     ensure_running,
@@ -53,15 +55,22 @@ from opspatch.runs.fleet.restore import (
     restore_standing,
     run_restore,
 )
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
+from opspatch.runs.fleet.session import (
+    HostFailed,
+    HostSession,
+    NoProgress,
+    Progress,
+    describe_error,
+)
 from opspatch.runs.fleet.standing import HostStanding, Takeover, read_host
-from opspatch.runs.fleet.steps import undo
+from opspatch.runs.fleet.steps import smoke_step, undo
 from opspatch.runs.fleet.unitrun import (
     UnitSessions,
     prove_or_undo_unit,
     undo_unit,
     unit_answers,
 )
+from opspatch.runs.judgments.live import held_fixes, unanswered
 from opspatch.runs.judgments.patchset import ALL_NEW, Action, Standing, Table, paths_of
 from opspatch.runs.judgments.proof import describe
 from opspatch.runs.judgments.units import unit_refusal
@@ -324,9 +333,40 @@ class _RecoverHost:
             paths=paths,
         )
 
+    def _locked(self, session: HostSession) -> str:
+        """This recover's lock on a host it has no file to read on (nothing recorded, no patch
+        to look for), a recovered run's lock taken over: that run's lock is never left behind.
+        Returns what the step says.
+
+        Raises:
+            LockHeld: the lock is held by a run this recover may not take it from.
+        """
+        run_id = session.lock.taking()
+        timeout = session.playbook.timeouts.lock
+        with session.step(Step.LOCK) as note:
+            try:
+                session.ops.lock(run_id=run_id, timeout=timeout)
+                note["detail"] = "no lock of another run held"
+            except LockHeld as held:
+                taken = _takeover(self.ledger, self.scope)(held)
+                if taken is None:
+                    raise
+                holder, idle = taken
+                session.ops.lock(
+                    run_id=run_id, takeover_run=holder, takeover_idle=idle, timeout=timeout
+                )
+                idly = " (no command of it still running here)" if idle else ""
+                note["detail"] = f"took the lock over from run {holder}{idly}"
+        return note["detail"]
+
     def _not_read(self, session: HostSession) -> HostOutcome:
-        """Nothing recorded and no patch to look for: the host was not read."""
-        return session.outcome(Outcome.SKIPPED, note=f"{self.scope.what} recorded no change here")
+        """Nothing recorded and no patch to look for: no file to read, nothing to put back.
+        The host's lock is taken (a recovered run's taken over, so none of it is left) and its
+        server made sure of, as for a host whose file was read and found untouched."""
+        locked = self._locked(session)
+        how = ensure_running(session)
+        note = f"{self.scope.what} recorded no change here; {locked}; server {how}"
+        return session.outcome(Outcome.RESTORED, note=note)
 
     def host(self, session: HostSession) -> HostOutcome:
         standing = self.read(session)
@@ -336,6 +376,9 @@ class _RecoverHost:
         if action == Action.ENSURE_RUNNING:
             return self._ensure_running(session, standing)
         if action == Action.PROVE_OR_UNDO:
+            takes = self._live_takes(session, standing)
+            if takes is not None:  # `apply --live`: its server holds the fix, or part of it
+                return self._finish_live(session, standing, taken=takes)
             what = "patch set (all-new)" if standing.is_set else "change"
             return prove_standing(
                 session,
@@ -361,6 +404,101 @@ class _RecoverHost:
             file=self._changed_file(standing),
         )
 
+    def _live_takes(self, session: HostSession, standing: HostStanding) -> bool | None:
+        """For a change an `apply --live` wrote (its host's `live` check before the swap) and
+        whose server still runs from before it (`new-stale`: the process it was taken into):
+        whether that run took every file live (each `live` take after its swaps `ok`); None for
+        any other change, which a restart proves."""
+        if standing.standing != Standing.NEW_STALE:
+            return None
+        try:
+            steps = self.ledger.get_run(standing.version.run_id).host(session.name).steps
+        except KeyError:
+            return None
+        swaps = [index for index, step in enumerate(steps) if step.step == Step.SWAP]
+        if not swaps or not any(step.step == Step.LIVE for step in steps[: swaps[0]]):
+            return None
+        takes = [
+            step.status
+            for step in steps[swaps[-1] + 1 :]
+            if step.step == Step.LIVE and step.status != StepStatus.STARTED
+        ]
+        return len(takes) >= len(standing.found.new) and all(t == StepStatus.OK for t in takes)
+
+    def _finish_live(
+        self, session: HostSession, standing: HostStanding, *, taken: bool
+    ) -> HostOutcome:
+        """Finish an interrupted `apply --live` as the live path would, never by a restart the
+        operator did not ask for: every process holding the fix (taken from the new bytes, as
+        its `list` says) is proven by the smoke decode, `applied`; a failed smoke, a take that
+        did not finish or a process not heard from: the fix reverted in every process and the
+        files put back (restarted only when a revert did not answer), `rolled-back` after a
+        failed proof, else `restored`."""
+        run_id, patch_id = standing.version.run_id, standing.version.patch_id or ""
+        posts = {member.version.sha256_after for member in standing.found.new}
+        timeout = float(session.playbook.timeouts.smoke)
+        fixes: list[str] = []
+        try:
+            with session.step(Step.LIVE) as listed:
+                reply = ask_engine(session.ops, LiveFix("list"), timeout=timeout, step=Step.LIVE)
+                held = [
+                    h
+                    for h in held_fixes(reply)
+                    if h.fix_id == patch_id or h.fix_id.startswith(f"{patch_id}:")
+                ]
+                fixes = sorted({h.fix_id for h in held})
+                unheard = reply.missing or unanswered(reply)
+                whole = taken and unheard is None and {h.sha256 for h in held} == posts
+                listed["detail"] = f"in memory: {', '.join(fixes) or 'no live fix of ' + patch_id}"
+                if unheard:
+                    listed["detail"] += f"; not heard from: {unheard}"
+        except HostError as exc:  # what the engine holds is not known: a restart clears it
+            whole, unheard = False, describe_error(exc)
+            listed["detail"] = f"its live fixes could not be listed ({unheard})"
+        if whole:
+            try:
+                smoke = smoke_step(session, None, baseline=None, last=True)
+            except HostFailed as failure:
+                return self._undo_live(session, standing, fixes, failure.error, Outcome.ROLLED_BACK)
+            note = (
+                f"finished run {run_id}'s live fix: every process of the engine holds it and "
+                "the smoke decode proves it, no restart; the file carries it for the next one"
+            )
+            return session.outcome(Outcome.APPLIED, file=standing.change(), smoke=smoke, note=note)
+        why = (
+            f"run {run_id} was interrupted before its live fix was taken in every process "
+            f"({listed['detail']}): the fix was taken out and the files put back, as a failed "
+            f"live apply is; `{remedy_text(CliCommand.APPLY, patch_id, hosts=session.name)}` "
+            "with --live takes it again"
+        )
+        return self._undo_live(
+            session, standing, fixes, why, Outcome.RESTORED, restart=unheard is not None
+        )
+
+    @staticmethod
+    def _undo_live(
+        session: HostSession,
+        standing: HostStanding,
+        fixes: Sequence[str],
+        why: str,
+        outcome: Outcome,
+        *,
+        restart: bool = False,
+    ) -> HostOutcome:
+        """The live path's undo: `fixes` reverted in every process, then the files restored;
+        the server restarted (clearing its memory) when a revert did not answer everywhere,
+        or with `restart` (a process not heard from may hold the fix)."""
+        timeout = float(session.playbook.timeouts.smoke)
+        reverted = revert_everywhere(session, fixes, timeout=timeout) if fixes else True
+        return undo(
+            session,
+            why,
+            restore=lambda: restore_standing(session, standing),
+            change=standing.change(),
+            restart=restart or not reverted,
+            outcome=outcome,
+        )
+
     def unit(self, nodes: UnitSessions) -> list[HostOutcome]:
         """A unit recovered as one (never a node restarted alone): its nodes made uniform.
         Every node read; a node changed by someone else: every node `needs-attention`, nothing
@@ -371,7 +509,7 @@ class _RecoverHost:
         restarted and proven: `restored`, uniform at the pre-images."""
         standings = {s.name: self.read(s) for s in nodes.sessions}
         if all(st.inspection is None for st in standings.values()):
-            return [self._not_read(s) for s in nodes.sessions]
+            return self._unit_not_read(nodes)
         odd = [n for n, st in standings.items() if ACTIONS[st.standing] == Action.ATTENTION]
         if odd:
             return self._unit_changed(nodes, standings, odd)
@@ -410,6 +548,22 @@ class _RecoverHost:
             else f"every node of unit {nodes.unit.name} is at the pre-image; the unit was not serving: restarted as one"
         )
         return undo_unit(nodes, why, restore=restore, changes=changes, outcome=Outcome.RESTORED)
+
+    def _unit_not_read(self, nodes: UnitSessions) -> list[HostOutcome]:
+        """`_not_read` for a unit: every node's lock taken, the unit left alone when it
+        serves, else restarted as one and proven through its head."""
+        said = "; ".join(f"{s.name}: {self._locked(s)}" for s in nodes.sessions)
+        why = f"{self.scope.what} recorded no change here ({said})"
+        if unit_answers(nodes):
+            note = f"{why}; the unit serves: left alone"
+            return [s.outcome(Outcome.RESTORED, note=note) for s in nodes.sessions]
+        return undo_unit(
+            nodes,
+            f"{why}; the unit was not serving: restarted as one",
+            restore=lambda session: None,
+            changes=dict.fromkeys(s.name for s in nodes.sessions),
+            outcome=Outcome.RESTORED,
+        )
 
     def _unit_changed(
         self, nodes: UnitSessions, standings: Mapping[str, HostStanding], odd: Sequence[str]

@@ -14,6 +14,7 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -83,9 +84,13 @@ def record_proofs(patch: PatchSpec, matrix: ReleaseMatrix, cache: Path) -> str |
     return None
 
 
-def release_coverage(parts: Sequence[PatchSpec], cache: Path | None = None) -> ProofCoverage:
+def release_coverage(
+    parts: Sequence[PatchSpec], cache: Path | None = None, reference: str | None = None
+) -> ProofCoverage:
     """Which releases in a patch's range `check --releases` has proven it on, from the records
     in the release cache (no network, nothing fetched). `parts`: the patch's single-file parts
-    (one for a `[target]` patch), each proven on its own file."""
+    (one for a `[target]` patch), each proven on its own file; `reference`: how its warning's
+    command names the patch (`LoadedPatch.reference`; default its id)."""
     cache = cache or release_cache_dir()
-    return combined_coverage([proof_coverage(p, read_proofs(p, cache)) for p in parts])
+    coverage = combined_coverage([proof_coverage(p, read_proofs(p, cache)) for p in parts])
+    return replace(coverage, patch_id=reference) if reference else coverage

@@ -23,7 +23,7 @@ restarted. Nodes that differ (new on one, old on another): no node is restarted,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
@@ -31,13 +31,20 @@ from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.vocabulary import Command, FileAction, Outcome
 from opspatch.errors import OpspatchError
 from opspatch.ledger.store import FileVersion, Ledger
+from opspatch.runs.commands.live import StagedPlugin, staged_plugin
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import prove_standing, restore_standing
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
+from opspatch.runs.fleet.session import HostFailed, HostSession, NoProgress, Progress
 from opspatch.runs.fleet.standing import HostStanding, begin, read_host
-from opspatch.runs.fleet.unitrun import UnitSessions, prove_or_undo_unit, refuse_unit
+from opspatch.runs.fleet.steps import prove_or_undo
+from opspatch.runs.fleet.unitrun import (
+    NodeFailed,
+    UnitSessions,
+    prove_or_undo_unit,
+    refuse_unit,
+)
 from opspatch.runs.judgments.patchset import ALL_NEW, Action, Standing, Table
 from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
@@ -180,6 +187,7 @@ def _read(session: HostSession, ledger: Ledger) -> _Staged:
 def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
     try:
         staged = _read(session, ledger)
+        plugin = _plugin(session, ledger, staged)
     except OpspatchError as exc:  # unreachable, locked: nothing was done there
         return session.refused(exc)
     if staged.action == Action.PROVE_OR_UNDO:
@@ -187,9 +195,29 @@ def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
         return prove_standing(
             session, staged.standing, note=f"restarted into {staged.what()} and proven"
         )
+    if plugin is not None:
+        return prove_or_undo(
+            session,
+            change=plugin.change(),
+            restore=lambda: plugin.remove(session),
+            judge=plugin.listens,
+            note=f"restarted into {plugin.what()} and proven: every process listens",
+        )
     if staged.action == Action.LEAVE:
         return staged.left_alone(session)
     return staged.refused(session)
+
+
+def _plugin(session: HostSession, ledger: Ledger, staged: _Staged) -> StagedPlugin | None:
+    """The live plugin staged on a host where no file change is (`live enable` loads it at the
+    next restart: a staged change too); read only where the file's standing leaves the host.
+
+    Raises:
+        OpspatchError: the host could not be read or locked.
+    """
+    if staged.action != Action.LEAVE:
+        return None
+    return staged_plugin(session, ledger, locked=staged.standing is not None)
 
 
 def _restart_unit(nodes: UnitSessions, ledger: Ledger) -> list[HostOutcome]:
@@ -225,7 +253,7 @@ def _restart_unit(nodes: UnitSessions, ledger: Ledger) -> list[HostOutcome]:
         )
         return [s.outcome(Outcome.NEEDS_ATTENTION, why, file=files[s.name]) for s in nodes.sessions]
     if not any(st.action == Action.PROVE_OR_UNDO for st in staged.values()):
-        return [staged[s.name].left_alone(s) for s in nodes.sessions]
+        return _restart_unit_plugin(nodes, ledger, staged)
     standings = {n: st.standing for n, st in staged.items() if st.standing is not None}
 
     def restore(session: HostSession) -> FileChange:
@@ -237,6 +265,51 @@ def _restart_unit(nodes: UnitSessions, ledger: Ledger) -> list[HostOutcome]:
         restore=restore,
         note=f"restarted unit {unit} as one into {staged[nodes.head.name].what()} and proven "
         "through the head",
+    )
+
+
+def _restart_unit_plugin(
+    nodes: UnitSessions, ledger: Ledger, staged: Mapping[str, _Staged]
+) -> list[HostOutcome]:
+    """A unit whose files stage nothing: restarted as one into the live plugin when it is staged
+    on every node (`live enable` of the unit), proven through the head and on every node's
+    sockets, the plugin removed everywhere when the proof fails; left alone otherwise (a plugin
+    staged on some nodes only: each such node says so)."""
+    plugins: dict[str, StagedPlugin | None] = {}
+    for session in nodes.sessions:
+        try:
+            plugins[session.name] = _plugin(session, ledger, staged[session.name])
+        except OpspatchError as exc:
+            return refuse_unit(nodes, {session.name: session.refused(exc)}, "could not be read")
+    ready = {name: plugin for name, plugin in plugins.items() if plugin is not None}
+    if not ready or len(ready) < len(plugins):
+        left = [staged[s.name].left_alone(s) for s in nodes.sessions]
+        if not ready:
+            return left
+        enable = remedy_text(CliCommand.LIVE_ENABLE, hosts=nodes.unit.name)
+        return [
+            replace(o, note=f"{o.note}; the live plugin is staged on {', '.join(ready)} only "
+                    f"(`{enable}` stages it on every node, then restart)")
+            for o in left
+        ]  # fmt: skip
+
+    def restore(session: HostSession) -> FileChange:
+        return ready[session.name].remove(session)
+
+    def listening(nodes: UnitSessions) -> None:
+        for session in nodes.sessions:
+            try:
+                ready[session.name].listens(session)
+            except HostFailed as failure:
+                raise NodeFailed(session.name, failure.error) from failure
+
+    return prove_or_undo_unit(
+        nodes,
+        changes={name: plugin.change() for name, plugin in ready.items()},
+        restore=restore,
+        note=f"restarted unit {nodes.unit.name} as one into "
+        f"{ready[nodes.head.name].what()} and proven: every node's processes listen",
+        judge=listening,
     )
 
 

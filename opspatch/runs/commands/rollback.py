@@ -105,7 +105,7 @@ def rollback_hosts(
 
     def again(unit: Unit) -> str:
         if patch is not None:
-            return remedy_text(CliCommand.ROLLBACK, patch.spec.id, hosts=unit.name)
+            return remedy_text(CliCommand.ROLLBACK, patch.reference, hosts=unit.name)
         assert source_run is not None
         return remedy_text(CliCommand.ROLLBACK, run=source_run.run_id, hosts=unit.name)
 
@@ -481,7 +481,7 @@ class _Rollback:
         )
 
     def _way_back(self, host: str) -> str:
-        patch_id = self._patch_id()
+        patch_id = self.patch.reference if self.patch is not None else self._patch_id()
         status = f"`{remedy_text(CliCommand.STATUS, hosts=host)}` shows whether its server runs"
         if patch_id is None:
             return status

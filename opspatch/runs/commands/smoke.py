@@ -4,6 +4,11 @@ Hosts are visited in parallel (bounded) through the fleet run (`FleetRun.visit`:
 the executor's Ctrl-C, the first of which stops starting hosts); each result is a value, an
 unreachable host and one never started included. Nothing is locked, leased or recorded: a smoke
 is a question, not a change.
+
+A unit (one server over several hosts) is smoke-tested through its head, the one node that
+serves `/generate` (its decode runs on every rank; the others serve a dummy `/health` that 404s
+a decode): a selection that takes the head tests the unit once, and a node that is not the head,
+selected without it, is refused (`serving_heads`), as `judge` refuses it.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.policy import Playbook
+from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.vocabulary import Command
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, OpspatchError
 from opspatch.hosts.engine import SmokeResult
@@ -23,6 +29,7 @@ from opspatch.runs.fleet.executor import CANCELLED
 from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.recorder import NullRecorder
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
+from opspatch.runs.judgments.units import serving_heads
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,8 @@ class HostSmoke(JsonRecord):
     host: str
     result: SmokeResult | None
     error: str | None = None
+    unit: str | None = None
+    """The unit `host` is the head of: the result is the unit's."""
 
     @property
     def ok(self) -> bool:
@@ -45,9 +54,10 @@ class HostSmoke(JsonRecord):
         return self.result.failures
 
     def to_json(self) -> dict[str, Any]:
+        unit = {"unit": self.unit} if self.unit is not None else {}
         if self.result is None:
-            return {"host": self.host, "ok": False, "failures": list(self.failures)}
-        return {"host": self.host, "ok": self.ok, **self.result.to_json()}
+            return {"host": self.host, **unit, "ok": False, "failures": list(self.failures)}
+        return {"host": self.host, **unit, "ok": self.ok, **self.result.to_json()}
 
 
 @dataclass(frozen=True)
@@ -66,18 +76,25 @@ def smoke_hosts(
     factory: TransportFactory,
     progress: Progress | None = None,
 ) -> SmokeReport:
-    """Run the smoke decode on every host (at most `max_in_flight` at once); after the
-    operator's first Ctrl-C no more hosts are started, and each of those says so.
+    """Run the smoke decode on every server (at most `max_in_flight` at once; a unit on its
+    head); after the operator's first Ctrl-C no more hosts are started, and each of those says
+    so.
 
     Raises:
+        UnitRefused: a node of a unit that is not its head is selected without the head.
         GaveUpWaiting: a second Ctrl-C while hosts were in flight.
     """
+    hosts = serving_heads(
+        hosts, command="smoke", whole=lambda unit: remedy_text(CliCommand.SMOKE, hosts=unit.name)
+    )
+    units = {h.name: h.unit.name for h in hosts if h.unit is not None}
 
     def one(session: HostSession) -> HostSmoke:
+        unit = units.get(session.name)
         try:
-            return HostSmoke(session.name, session.engine.smoke(log_offset=None))
+            return HostSmoke(session.name, session.engine.smoke(log_offset=None), unit=unit)
         except OpspatchError as exc:
-            return HostSmoke(session.name, None, describe_error(exc))
+            return HostSmoke(session.name, None, describe_error(exc), unit=unit)
 
     with FleetRun(
         command=Command.SMOKE,
@@ -91,7 +108,8 @@ def smoke_hosts(
         results = fleet.visit(one, limit=playbook.max_in_flight or len(hosts) or 1)
     return SmokeReport(
         tuple(
-            results.get(h.name) or HostSmoke(h.name, None, f"not started: {CANCELLED}")
+            results.get(h.name)
+            or HostSmoke(h.name, None, f"not started: {CANCELLED}", unit=units.get(h.name))
             for h in hosts
         )
     )

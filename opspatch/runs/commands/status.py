@@ -326,7 +326,7 @@ def _classify(
     detail = why_unknown(spec, structural) if structural.state == "unknown" else structural.reason
     if structural.state == "partial":
         detail += (
-            f"; `{remedy_text(CliCommand.ROLLBACK, patch.spec.id, hosts=host)}` restores the "
+            f"; `{remedy_text(CliCommand.ROLLBACK, patch.reference, hosts=host)}` restores the "
             "original where "
             "opspatch wrote it, or finish the change by hand"
         )
@@ -370,7 +370,7 @@ def combine_set(patch: LoadedPatch, host: str, files: Sequence[PatchStatus]) -> 
             detail += (
                 f": `{remedy_text(CliCommand.RECOVER, hosts=host)}` makes it whole (puts the new "
                 "files back), or "
-                f"`{remedy_text(CliCommand.ROLLBACK, patch.spec.id, hosts=host)}`"
+                f"`{remedy_text(CliCommand.ROLLBACK, patch.reference, hosts=host)}`"
             )
     running = [f.server_running for f in files if f.server_running is not None]
     return PatchStatus(

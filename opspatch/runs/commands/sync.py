@@ -500,7 +500,9 @@ def _refuse_before_any_run(
             for r in before.rows
             if r.patch == entry.patch.spec.id and r.desired and r.action == SyncAction.APPLY
         ]
-        refused = units_refused(entry.patch.spec.id, [by_name[n] for n in names], playbook, "sync")
+        refused = units_refused(
+            entry.patch.reference, [by_name[n] for n in names], playbook, "sync"
+        )
         if refused is not None:
             raise refused
     for entry in desired.entries:

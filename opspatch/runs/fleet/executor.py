@@ -10,6 +10,8 @@ hosts. Hosts that were not started are returned by name, for the caller to repor
 Cancellation is a flag (`Cancellation`), not an exception: the operator's first Ctrl-C sets it,
 the executor stops starting hosts and lets the running ones finish their pipeline (each ends
 applied or restored; abandoning a host between its swap and its smoke would leave it unproven).
+The run is halted by it only when it kept a host from starting: a Ctrl-C while the last hosts
+were in flight changes nothing, and the run ends as they did.
 A second Ctrl-C raises `KeyboardInterrupt` in the waiting thread; the executor then stops waiting
 (the pool's threads are not joined) and lets it propagate.
 """
@@ -146,7 +148,7 @@ def run_fleet(
     not_started: list[str] = []
     for batch in batches:
         pending = [name for name in batch.hosts if name not in decided]
-        if halted or cancellation.requested:
+        if halted or (cancellation.requested and pending):
             halted = halted or CANCELLED
             not_started.extend(pending)
             continue
@@ -171,7 +173,7 @@ def run_fleet(
             if halted:
                 not_started.extend(pending)
                 pending.clear()
-        if cancellation.requested:
+        if cancellation.requested and pending:  # hosts it kept from starting (none: no halt)
             halted = halted or CANCELLED
             not_started.extend(pending)
             pending.clear()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import ExitStack, suppress
+from dataclasses import replace
 from typing import TypeVar
 
 from opspatch.core.host import Host, Unit
@@ -312,20 +313,20 @@ class FleetRun:
                 return self._one_unit(unit, per_unit, skip)
             session = self.sessions[name]
             try:
-                lost = self._lease_lost()
-                if lost:  # another operator may be changing it now
-                    return skip(session, lost)
-                return per_host(session)
+                lost = self._lease_lost()  # another operator may be changing it now
+                outcome = skip(session, lost) if lost else per_host(session)
             except (LockHeld, BecomeError, HostKeyError) as exc:  # nothing changed there
-                return session.refused(exc)
+                outcome = session.refused(exc)
             except (OpspatchError, HostFailed) as exc:
-                return session.outcome(Outcome.NEEDS_ATTENTION, describe_error(exc))
+                outcome = session.outcome(Outcome.NEEDS_ATTENTION, describe_error(exc))
             except Exception as exc:  # a bug must not lose the other hosts' outcomes
-                return session.outcome(
+                outcome = session.outcome(
                     Outcome.NEEDS_ATTENTION, f"internal error: {describe_error(exc)}"
                 )
-            finally:
+            except BaseException:
                 session.lock.release()
+                raise
+            return lock_left(outcome, session.lock.release())
 
         def halt_or_out_of_rotation(outcomes: Mapping[str, HostOutcome]) -> str | None:
             return halt(outcomes) or halt_on_out_of_rotation(outcomes) or self._lease_lost()
@@ -358,21 +359,26 @@ class FleetRun:
         try:
             lost = self._lease_lost()
             if lost:
-                return [skip(session, lost) for session in nodes.sessions]
-            return per_unit(nodes)
+                outcomes = [skip(session, lost) for session in nodes.sessions]
+            else:
+                outcomes = list(per_unit(nodes))
         except (LockHeld, BecomeError, HostKeyError) as exc:
-            return [session.refused(exc) for session in nodes.sessions]
+            outcomes = [session.refused(exc) for session in nodes.sessions]
         except (OpspatchError, HostFailed) as exc:
-            return [
+            outcomes = [
                 session.outcome(Outcome.NEEDS_ATTENTION, describe_error(exc))
                 for session in nodes.sessions
             ]
         except Exception as exc:  # a bug must not lose the other hosts' outcomes
             text = f"internal error: {describe_error(exc)}"
-            return [session.outcome(Outcome.NEEDS_ATTENTION, text) for session in nodes.sessions]
-        finally:
+            outcomes = [
+                session.outcome(Outcome.NEEDS_ATTENTION, text) for session in nodes.sessions
+            ]
+        except BaseException:
             for session in nodes.sessions:
                 session.lock.release()
+            raise
+        return [lock_left(o, self.sessions[o.host].lock.release()) for o in outcomes]
 
     # -- leases ---------------------------------------------------------------------------
 
@@ -572,6 +578,14 @@ class FleetRun:
             else "no host is in flight"
         )
         self.progress.notice(f"Ctrl-C: no more hosts will be started; {waiting}")
+
+
+def lock_left(outcome: HostOutcome, left: str | None) -> HostOutcome:
+    """`outcome`, its note saying so when the run's lock on the host could not be given back
+    (`HostLock.release`): the next command there would be refused without a word why."""
+    if left is None:
+        return outcome
+    return replace(outcome, note=f"{outcome.note}; {left}" if outcome.note else left)
 
 
 def _skipped(session: HostSession, why: str) -> HostOutcome:

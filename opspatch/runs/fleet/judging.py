@@ -74,13 +74,15 @@ def measured_in_turns(
     """The judge's prompts decoded on both servers in turns, one server at a time: a few
     prompts on one, the same on the other, the next few in the opposite order (ABBA), so that
     load which comes and goes meets both sides of every pair alike and neither server waits
-    on the other. Each side's answers, or why it could not be measured (the other side is
-    then measured on alone)."""
+    on the other. Each server is warmed in its first turn only (`JudgeSettings.warmup`). Each
+    side's answers, or why it could not be measured (the other side is then measured on
+    alone)."""
     prompts = settings.chosen
     parts: dict[str, list[Measurement] | str] = {baseline.name: [], canary.name: []}
     for turn, start in enumerate(range(0, len(prompts), PROMPTS_PER_TURN)):
         chunk = prompts[start : start + PROMPTS_PER_TURN]
-        these = replace(settings, prompts=chunk, count=len(chunk))
+        warmup = settings.warmup if turn == 0 else 0
+        these = replace(settings, prompts=chunk, count=len(chunk), warmup=warmup)
         for session in (baseline, canary) if turn % 2 == 0 else (canary, baseline):
             done = parts[session.name]
             if isinstance(done, list):

@@ -6,8 +6,12 @@ Per host:
 
 ```
 preflight  each pending file's live form (pure: its pre- and post-image, known once the host is
-           planned), else the run is refused (exit 2); the engine listens for live fixes (a
-           `list`, one exec), else the run is refused (exit 2)
+           planned), else the run is refused (exit 2); then the engine's `check` of each take
+           (one exec, every process answers; `judgments/live.judge_check`): not every process
+           answers -> refused (exit 2); a take that would not be in effect (the module never
+           imported, a definition another fix holds, a value read at import, objects built by
+           a changed `__init__`, a changed function in a frame that never returns) -> refused
+           (exit 2), the reason word and the processes named
 swap       as every apply (backup, swap)
 LIVE       the forms found in preflight -> `take` (the module, the post-image's sha256, the
            definitions) to every process; each process's answer judged
@@ -17,8 +21,9 @@ on a refusal or a failure: LIVE_REVERT everywhere, the files restored; the host 
            (a revert that did not answer everywhere: the restore's restart clears memory)
 ```
 
-A file whose live form is refused (a new closure, a restart-only module) refuses the whole run
-before any change: an operator who asked for --live must not get a restart by surprise; apply
+A file whose live form is refused (changed free variables, a restart-only module), or whose take
+would not be in effect, refuses the whole run before any change: an operator who asked for
+--live must not get a restart by surprise, nor an "applied" the server does not run; apply
 without --live applies it with a restart.
 """
 
@@ -34,13 +39,13 @@ from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import PatchSpec
 from opspatch.core.vocabulary import Outcome, Step
 from opspatch.errors import LiveRefused, NotTakenLive, OpspatchError
-from opspatch.hosts.live import LiveFix, ProcessAnswer, ask_engine
+from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.runs.fleet.judging import HostJudge
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile, live_new, live_old
 from opspatch.runs.fleet.rotation import admit_step
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.fleet.steps import smoke_step, undo
-from opspatch.runs.judgments.live import judge_revert, judge_take
+from opspatch.runs.judgments.live import judge_check, judge_revert, judge_take
 from opspatch.runs.report import FileChange, HostOutcome
 
 LiveFormer = Callable[[PatchSpec, bytes, bytes], LiveForm | NotLive]
@@ -88,27 +93,49 @@ class LiveApply:
 
     def check(self, session: HostSession, prepared: Prepared) -> None:
         """Preflight: every pending file's change has a live form (kept for the take), and the
-        host's engine answers on its live sockets (nothing is taken).
+        host's engine answers the `check` of those takes, each in effect in every process
+        (`judge_check`: the module imported, no definition held by another fix, nothing read
+        at import, no object already built by a changed `__init__`, no changed function in a
+        frame that does not return). Nothing is taken.
 
         Raises:
-            NotTakenLive: a file's live form is refused (its module, the reason and why).
-            LiveRefused: no process listens (not running, the plugin not loaded, SGLANG_PLUGINS
-                without it).
+            NotTakenLive: a file's live form is refused, or a take would not be in effect (its
+                module, the reason and why).
+            LiveRefused: not every process answers (not running, the plugin not loaded,
+                SGLANG_PLUGINS without it, a plugin that predates `check`).
         """
         with session.step(Step.LIVE) as note:
             forms = self._live_forms(session, prepared)
-            reply = ask_engine(session.ops, LiveFix("list"), timeout=self.timeout, step=Step.LIVE)
-            answered = [p for p in reply.processes() if p.ok]
-            if reply.missing is not None or not answered:
-                why = reply.missing or _no_answer(reply.processes())
+            takes = [
+                self._fix(prepared, item, form)
+                for item, form in zip(prepared.pending, forms, strict=True)
+            ]
+            reply = ask_engine(
+                session.ops, LiveFix.check(takes), timeout=self.timeout, step=Step.LIVE
+            )
+            unit = session.host.unit
+            verdict = judge_check(reply, takes, required=unit is None or unit.head == session.name)
+            if verdict.unanswered is not None:
                 raise LiveRefused(
-                    f"{session.name}: its engine does not take live fixes: {why}",
+                    f"{session.name}: its engine does not take live fixes: {verdict.unanswered}",
                     hint=f"`{remedy_text(CliCommand.APPLY, self.patch_id, hosts=session.name)}` "
                     "without --live restarts it instead",
                 )
+            if verdict.refusal is not None:
+                modules = ", ".join(dict.fromkeys(take.module for take in takes))
+                raise self._not_live(session, modules, verdict.refusal)
             self._forms[session.name] = forms
-            takes = ", ".join(d.name for form in forms for d in form.definitions)
-            note["detail"] = f"takes {takes}; listening: " + ", ".join(p.process for p in answered)
+            said = ", ".join(d.name for form in forms for d in form.definitions)
+            note["detail"] = f"takes {said}; checked in effect in every process: " + ", ".join(
+                p.process for p in verdict.answered
+            )
+
+    def _not_live(self, session: HostSession, module: str, refusal: NotLive) -> NotTakenLive:
+        return NotTakenLive(
+            f"{session.name}: {module} cannot be taken live: {refusal.reason}: {refusal.text}",
+            hint="apply without --live to apply it with a restart: "
+            f"`{remedy_text(CliCommand.APPLY, self.patch_id, hosts=session.name)}`",
+        )
 
     def _live_forms(self, session: HostSession, prepared: Prepared) -> tuple[LiveForm, ...]:
         """Each pending file's live form (pure).
@@ -121,12 +148,7 @@ class LiveApply:
             plan = _applied(item)
             form = self.former(item.part, plan.old_source, plan.new_source)
             if isinstance(form, NotLive):
-                raise NotTakenLive(
-                    f"{session.name}: {item.part.target.module} cannot be taken live: "
-                    f"{form.reason}: {form.text}",
-                    hint="apply without --live to apply it with a restart: "
-                    f"`{remedy_text(CliCommand.APPLY, self.patch_id, hosts=session.name)}`",
-                )
+                raise self._not_live(session, item.part.target.module, form)
             found.append(form)
         return tuple(found)
 
@@ -183,6 +205,7 @@ class LiveApply:
             path=item.path,
             sha256=form.sha256,
             definitions=form.definitions,
+            objects=form.objects,
         )
 
     def undo(
@@ -234,14 +257,6 @@ def revert_everywhere(session: HostSession, fixes: Sequence[str], *, timeout: fl
         except (HostFailed, OpspatchError):
             every = False
     return every
-
-
-def _no_answer(processes: Sequence[ProcessAnswer]) -> str:
-    """Why no process answered `list`: what the first one said (a peer refused for its uid, a
-    socket nobody listens on)."""
-    if not processes:
-        return "no process of the engine answered `list`"
-    return f"no process of the engine answered `list` ({processes[0].describe()})"
 
 
 def _applied(item: PreparedFile) -> Applied:

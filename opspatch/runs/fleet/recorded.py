@@ -11,9 +11,10 @@ through it.
 
 A run whose body raises `InputError` (bad input found after the run began: nothing was changed)
 is finished as `refused`. Anything else that escapes (the operator's second Ctrl-C, a bug, a
-ledger that can no longer be written) leaves the run unfinished on purpose: the ledger then shows
-it `interrupted` once this process is gone, and `opspatch recover` brings its hosts to a known
-state (a ledger error's hint says so).
+ledger that can no longer be written, or was deleted or replaced under the run) leaves the run
+unfinished on purpose: the ledger then shows it `interrupted` once this process is gone, and
+`opspatch recover` brings its hosts to a known state (a ledger error's hint says so, and with
+which ledger).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from opspatch.core.policy import Playbook, TeamSettings
 from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Command, RunOutcome
-from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
+from opspatch.errors import InputError, LedgerError, LedgerIntegrityError, LedgerLost
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.fleet.recorder import LedgerRecorder
 
@@ -93,13 +94,24 @@ def recorded_run(
             run.finished = True
         raise
     except LedgerError as exc:
-        # The ledger became unwritable part-way (its filesystem filled up, went read-only): the
-        # run stops where it was, and may have left hosts locked or changed. Say what to do.
+        # The ledger became unwritable part-way (its filesystem filled up, went read-only), or
+        # was deleted or replaced: the run stopped before its next change, and may have left
+        # hosts locked or changed. Say what to do, and with which ledger.
         if not run.finished and not isinstance(exc, LedgerIntegrityError):
-            then = (
-                f"`{remedy_text(CliCommand.RECOVER)}` then brings the hosts run {run_id} left "
-                "part-way "
-                "(locked, or changed and not yet proven) to a known state"
-            )
+            then = _then_recover(run_id, exc, ledger)
             exc.hint = f"{exc.hint}; {then}" if exc.hint else then
         raise
+
+
+def _then_recover(run_id: str, exc: LedgerError, ledger: Ledger) -> str:
+    """What brings the hosts a run stopped by `exc` left part-way to a known state."""
+    part_way = f"the hosts run {run_id} left part-way (locked, or changed and not yet proven)"
+    if not isinstance(exc, LedgerLost):
+        return f"`{remedy_text(CliCommand.RECOVER)}` then brings {part_way} to a known state"
+    recover = remedy_text(CliCommand.RECOVER, run=run_id)
+    if exc.rescued is None:  # the run's records are where nobody can read them now
+        by_host = remedy_text(CliCommand.RECOVER, hosts="TARGET")
+        return f"`{by_host}` reconciles {part_way} from what is on them"
+    if exc.rescued != str(ledger.path):
+        return f"with --ledger {exc.rescued}, `{recover}` brings {part_way} to a known state"
+    return f"`{recover}` brings {part_way} to a known state"

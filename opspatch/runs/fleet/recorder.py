@@ -7,19 +7,25 @@ the run's end) goes through its `Recorder`. A run that changes hosts is begun in
 path asks whether there is a ledger or a run id. The ledger's own guarantees (every append in
 one fsync'd transaction, in the order the run makes them) are the `Ledger`'s; a recorder only
 forwards, in the same order.
+
+A record that cannot be written stops the run: every step records its start before it does
+anything, so once one record failed (`LedgerRecorder.fault`), every later record raises the same
+error and no host is changed again by a run whose ledger no longer follows it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from opspatch.core.hostfacts import HostFacts
 from opspatch.core.vocabulary import FileAction, RunStatus, Step, StepStatus
-from opspatch.errors import OpspatchError
+from opspatch.errors import LedgerError, OpspatchError
 from opspatch.ledger.records import ContainerRecord, LeaseGrant, LeaseHolder, StepRecord
 from opspatch.ledger.store import Ledger
 from opspatch.runs.report import HostOutcome, RunReport
+
+T = TypeVar("T")
 
 DETAIL_LIMIT = 2000
 """Characters of a step's detail kept in the ledger (a log tail can be long)."""
@@ -113,12 +119,28 @@ class Recorder(Protocol):
 
 
 class LedgerRecorder:
-    """The records of one run begun in `ledger` as `run_id`; `finish(report)` ends it (once)."""
+    """The records of one run begun in `ledger` as `run_id`; `finish(report)` ends it (once).
+    The first record that fails is kept (`fault`) and raised again by every later one."""
 
     def __init__(self, ledger: Ledger, run_id: str) -> None:
         self.ledger = ledger
         self._run_id = run_id
         self.finished = False
+        self.fault: LedgerError | None = None
+
+    def _record(self, write: Callable[[], T]) -> T:
+        """One record of the run. Raises the run's fault, once there is one.
+
+        Raises:
+            LedgerError: this record, or an earlier one, could not be written.
+        """
+        if self.fault is not None:
+            raise self.fault.with_traceback(None)
+        try:
+            return write()
+        except LedgerError as exc:
+            self.fault = exc
+            raise
 
     @property
     def run_id(self) -> str:
@@ -131,10 +153,14 @@ class LedgerRecorder:
     def step(
         self, host: str, step: Step, status: StepStatus, seconds: float | None, detail: str
     ) -> None:
-        self.ledger.record_step(self._run_id, host, step, status, seconds, detail[:DETAIL_LIMIT])
+        self._record(
+            lambda: self.ledger.record_step(
+                self._run_id, host, step, status, seconds, detail[:DETAIL_LIMIT]
+            )
+        )
 
     def facts(self, host: str, facts: HostFacts) -> None:
-        self.ledger.record_facts(self._run_id, host, facts)
+        self._record(lambda: self.ledger.record_facts(self._run_id, host, facts))
 
     def file_version(
         self,
@@ -150,18 +176,20 @@ class LedgerRecorder:
         action: FileAction = FileAction.PATCH,
         container: ContainerRecord | None = None,
     ) -> None:
-        self.ledger.record_file_version(
-            self._run_id,
-            host,
-            path=path,
-            sha256_before=sha256_before,
-            sha256_after=sha256_after,
-            mode=mode,
-            owner=owner,
-            pre_image=pre_image,
-            post_image=post_image,
-            action=action,
-            container=container,
+        self._record(
+            lambda: self.ledger.record_file_version(
+                self._run_id,
+                host,
+                path=path,
+                sha256_before=sha256_before,
+                sha256_after=sha256_after,
+                mode=mode,
+                owner=owner,
+                pre_image=pre_image,
+                post_image=post_image,
+                action=action,
+                container=container,
+            )
         )
 
     def restored(
@@ -188,12 +216,10 @@ class LedgerRecorder:
         )
 
     def outcome(self, outcome: HostOutcome) -> None:
-        self.ledger.record_host_outcome(
-            self._run_id,
-            outcome.host,
-            outcome.outcome,
-            outcome.error,
-            outcome.file,
+        self._record(
+            lambda: self.ledger.record_host_outcome(
+                self._run_id, outcome.host, outcome.outcome, outcome.error, outcome.file
+            )
         )
 
     def stored_image(self, sha256: str) -> bytes | None:
@@ -211,15 +237,18 @@ class LedgerRecorder:
     def take_leases(
         self, identities: Mapping[str, str], expires_after: float, taking_over: Collection[str]
     ) -> LeaseGrant:
-        return self.ledger.take_leases(
-            self._run_id, identities, expires_after=expires_after, taking_over=taking_over
+        return self._record(
+            lambda: self.ledger.take_leases(
+                self._run_id, identities, expires_after=expires_after, taking_over=taking_over
+            )
         )
 
     def renew_leases(self) -> int:
+        # Not a record: the heartbeat tries again and says when the ledger is gone for long.
         return self.ledger.renew_leases(self._run_id)
 
     def give_back_leases(self) -> None:
-        self.ledger.give_back_leases(self._run_id)
+        self._record(lambda: self.ledger.give_back_leases(self._run_id))
 
     def leases_of(self, run_ids: Sequence[str]) -> list[LeaseHolder]:
         return self.ledger.leases_of(run_ids)
@@ -227,7 +256,7 @@ class LedgerRecorder:
     def finish(self, report: RunReport) -> RunReport:
         """Record the run's outcome (the first time only) and return `report`."""
         if not self.finished:
-            self.ledger.finish_run(self._run_id, report.outcome)
+            self._record(lambda: self.ledger.finish_run(self._run_id, report.outcome))
             self.finished = True
         return report
 

@@ -129,18 +129,24 @@ class HostLock:
         session = self._session
         session.ops.lock(run_id=self.taking(), timeout=session.playbook.timeouts.lock)
 
-    def release(self) -> None:
+    def release(self) -> str | None:
         """Give the lock back if this run may still hold it (best effort: it expires on its
-        own, and the host's outcome is already decided)."""
+        own, and the host's outcome is already decided). Returns, when it may still be held,
+        a sentence saying so and how to remove it (for the host's note); else None."""
         if not self.may_be_held:
-            return
+            return None
         session = self._session
         try:
             with session.step(Step.RELEASE):
                 session.ops.unlock(run_id=self.run_id, timeout=session.playbook.timeouts.lock)
             self._given_back = True
-        except OpspatchError:
-            pass
+        except OpspatchError as exc:
+            unlock = remedy_text(CliCommand.UNLOCK, hosts=session.name)
+            return (
+                f"this run's lock could not be given back ({describe_error(exc)}): it keeps "
+                f"other runs off until it expires; `{unlock}` removes it once this run is over"
+            )
+        return None
 
 
 class HostSession:
@@ -279,10 +285,16 @@ class HostSession:
                 f"`{remedy_text(CliCommand.RECOVER, run=holder)}` takes the host over"
             )
         if status in (RunStatus.FINISHED, RunStatus.RECOVERED):
+            unit = self.host.unit  # a unit is recovered whole: a node alone is refused
+            reconciled = (
+                f"unit {unit.name} and clears the lock"
+                if unit is not None
+                else "the host and clears it"
+            )
             return (
                 f"; run {holder} is over ({status}) but its lock outlived it: "
-                f"`{remedy_text(CliCommand.RECOVER, hosts=self.name)}` reconciles the host and "
-                f"clears it, or `{remedy_text(CliCommand.UNLOCK, hosts=self.name)}`"
+                f"`{remedy_text(CliCommand.RECOVER, hosts=unit.name if unit else self.name)}` "
+                f"reconciles {reconciled}, or `{remedy_text(CliCommand.UNLOCK, hosts=self.name)}`"
             )
         return ""
 

@@ -357,11 +357,13 @@ def prove_or_undo(
     change: FileChange,
     restore: Callable[[], FileChange],
     note: str,
+    judge: Callable[[HostSession], object] | None = None,
 ) -> HostOutcome:
     """PROVE a change already on the host: `applied` (with `note`) when it passes, else UNDO it
-    with `restore`. How `restart` and `recover` finish a change a run wrote but never proved."""
+    with `restore`. How `restart` and `recover` finish a change a run wrote but never proved.
+    `judge`: a further proof after the smoke (`prove`)."""
     try:
-        smoke = prove(session)
+        smoke = prove(session, judge=judge)
     except HostFailed as failure:
         return undo(session, failure.error, restore=restore, change=change)
     return session.outcome(Outcome.APPLIED, file=change, smoke=smoke, note=note)

@@ -308,11 +308,13 @@ def prove_or_undo_unit(
     changes: Mapping[str, FileChange],
     restore: NodeRestore,
     note: str,
+    judge: Callable[[UnitSessions], object] | None = None,
 ) -> list[HostOutcome]:
     """PROVE a change already on every node (restart the unit, ready, smoke through the head):
-    `applied` everywhere, or UNDO it on every node when the proof fails."""
+    `applied` everywhere, or UNDO it on every node when the proof fails. `judge`: a further
+    proof after the smoke (`prove_unit`)."""
     try:
-        smoke = prove_unit(nodes)
+        smoke = prove_unit(nodes, judge=judge)
     except HostFailed as failure:
         return undo_unit(nodes, failure.error, restore=restore, changes=changes)
     return [

@@ -194,7 +194,7 @@ def require_approval(
     recorded = ledger.approvals(patch.sha256)
     sign_it = (
         f"a second operator signs it: "
-        f"`{remedy_text(CliCommand.APPROVE, patch.spec.id, key='KEY', principal='NAME')}` "
+        f"`{remedy_text(CliCommand.APPROVE, patch.reference, key='KEY', principal='NAME')}` "
         "(the same ledger)"
     )
     if not recorded:

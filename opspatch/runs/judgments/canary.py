@@ -5,13 +5,16 @@ Both sides decoded the same prompts greedily (`opspatch.hosts.measure`), so each
 compared prompt by prompt:
 
 - errors: any failed request on the changed server fails;
-- tokens: the greedy outputs are equal, or, at the first position where they diverge, each
-  side's token is in the other's top-k logprobs (vLLM's rule for comparing two
-  implementations: a near tie that numerics may flip). A token outside it fails, and so do more
-  diverged prompts than `max_diverged` allows; a few near ties are marginal. A server that
-  returns no logprobs is compared exactly (any divergence fails), as the figures say;
+- tokens: the greedy outputs are equal, ids and text, or, at the first position where they
+  diverge, the two tokens are a near tie: each side rates the other's token within its top-k
+  and within `tie_margin` nats of its own (vLLM's `check_logprobs_close`, with a margin: a
+  flip that numerics may cause). More prompts diverging beyond a tie (or in text alone, the
+  ids alike) than `max_untied` fail, and so do more diverged prompts than `max_diverged`
+  allows; a few near ties are marginal. A server that returns no logprobs is compared exactly
+  (any divergence fails), as the figures say;
 - speculation: acceptance length per request (`completion_tokens / spec_verify_ct`);
-- ttft, tpot: time to first token and per output token after it, timed on the host.
+- ttft, tpot: time to first token and per output token after it, timed on the host from one
+  streamed request per prompt.
 The last three are paired comparisons (`opspatch.core.pairedstats`: the signed-rank test of the
 per-prompt log ratios, the median ratio as the effect): a significant change in the bad
 direction beyond the playbook's threshold fails, a smaller significant one is marginal.
@@ -116,35 +119,69 @@ def _median_ms(values: Sequence[float]) -> str:
 # -- tokens ---------------------------------------------------------------------------------
 
 
-def first_divergence(index: int, base: Decoded, changed: Decoded) -> Divergence | None:
-    """Where two greedy decodes of one prompt first differ (by token id when both sides gave
-    ids, else by character), with vLLM's top-k rule there when both gave top logprobs; None
-    when they are equal."""
+def first_divergence(
+    index: int, base: Decoded, changed: Decoded, margin: float
+) -> Divergence | None:
+    """Where two greedy decodes of one prompt first differ: by token id when both sides gave
+    ids (a near tie when each side rates the other's token within `margin` nats of its own:
+    `_near_tie`), then by the text the client receives (the same ids detokenized differently is
+    never a tie); by text alone when a side gave no ids. None when they are equal."""
     if base.output_ids is not None and changed.output_ids is not None:
         ours, theirs = base.output_ids, changed.output_ids
-        if ours == theirs:
-            return None
         at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
-        if at is None:  # one stopped earlier: no token to look up on one side
+        if at is None and len(ours) != len(theirs):  # one stopped earlier: no pair of tokens
             at = min(len(ours), len(theirs))
-            return Divergence(index, at, _token(base, at), _token(changed, at), None)
-        within = None
-        if _has_top(base, at) and _has_top(changed, at):
-            assert base.top_ids is not None and changed.top_ids is not None
-            within = ours[at] in changed.top_ids[at] and theirs[at] in base.top_ids[at]
-        return Divergence(index, at, _token(base, at), _token(changed, at), within)
+            return Divergence(index, at, _token(base, at), _token(changed, at), tie=False)
+        if at is not None:
+            tie, gap = _near_tie(base, changed, at, margin)
+            return Divergence(index, at, _token(base, at), _token(changed, at), tie=tie, gap=gap)
+        if base.text is None or changed.text is None or base.text == changed.text:
+            return None
+        return _text_divergence(index, base.text, changed.text, text_only=True)
     text_a, text_b = base.text or "", changed.text or ""
     if text_a == text_b:
         return None
+    return _text_divergence(index, text_a, text_b, text_only=False)
+
+
+def _text_divergence(index: int, text_a: str, text_b: str, *, text_only: bool) -> Divergence:
     at = next(
         (i for i, (a, b) in enumerate(zip(text_a, text_b, strict=False)) if a != b),
         min(len(text_a), len(text_b)),
     )
-    return Divergence(index, at, repr(text_a[at : at + 8]), repr(text_b[at : at + 8]), None)
+    shown = (repr(text_a[at : at + 8]), repr(text_b[at : at + 8]))
+    return Divergence(index, at, *shown, tie=False if text_only else None, text_only=text_only)
 
 
-def _has_top(sample: Decoded, at: int) -> bool:
-    return sample.top_ids is not None and at < len(sample.top_ids) and bool(sample.top_ids[at])
+def _near_tie(
+    base: Decoded, changed: Decoded, at: int, margin: float
+) -> tuple[bool | None, float | None]:
+    """Whether the two tokens at `at` are a near tie, and the gap: the wider of the two sides'
+    gaps, in nats, between its own token and the other side's, each by its own logprobs
+    (vLLM's `check_logprobs_close` asks each side's token to be in the other's top logprobs;
+    the gap asks how far below its own choice it lies there). Not a tie, with no gap, when a
+    side did not rate the other's token (outside its top-k); (None, None) when a side gave no
+    logprobs there: nothing to tell a tie by."""
+    ours, theirs = _rated(base, at), _rated(changed, at)
+    if ours is None or theirs is None:
+        return None, None
+    own, other = (base.output_ids or ())[at], (changed.output_ids or ())[at]
+    if not {own, other} <= ours.keys() or not {own, other} <= theirs.keys():
+        return False, None
+    gap = max(ours[own] - ours[other], theirs[other] - theirs[own])
+    return gap <= margin, gap
+
+
+def _rated(sample: Decoded, at: int) -> dict[int, float] | None:
+    """The logprobs `sample` gave at position `at` by token id: its top-k and its own token."""
+    tops, values = sample.top_ids, sample.top_logprobs
+    if tops is None or values is None or at >= len(tops) or at >= len(values) or not tops[at]:
+        return None
+    rated = dict(zip(tops[at], values[at], strict=False))
+    chosen = sample.token_logprobs
+    if chosen is not None and at < len(chosen) and sample.output_ids is not None:
+        rated.setdefault(sample.output_ids[at], chosen[at])
+    return rated
 
 
 def _token(sample: Decoded, at: int) -> str:
@@ -158,25 +195,45 @@ def _token(sample: Decoded, at: int) -> str:
 
 
 def _tokens(pairs: Sequence[tuple[Decoded, Decoded]], settings: JudgeSettings) -> MetricVerdict:
+    """Prompts that diverge beyond a near tie (or in text alone) fail past `max_untied`; any
+    divergence, near ties included, fails past the `max_diverged` fraction; fewer near ties are
+    marginal."""
     compared = [(i, b, c) for i, (b, c) in enumerate(pairs, 1) if b.ok and c.ok]
-    found = [d for i, b, c in compared if (d := first_divergence(i, b, c)) is not None]
-    outside = [d for d in found if d.within_top_k is not True]
-    exact = any(d.within_top_k is None for d in found)
-    rule = "exact (no logprobs to compare)" if exact else f"top-{settings.top_k}"
+    found = [d for i, b, c in compared if (d := first_divergence(i, b, c, settings.tie_margin))]
+    untied = [d for d in found if d.tie is not True]
+    rule = f"a near tie within {settings.tie_margin:g} nats, top-{settings.top_k}"
+    if any(d.tie is None for d in found):
+        rule = "exact (no logprobs to compare)"
     figures = f"{len(found)} of {len(compared)} prompts diverged"
     if found:
-        figures += f" ({len(outside)} outside the other's top-{settings.top_k}; rule {rule})"
-        first = outside[0] if outside else found[0]
-        figures += (
-            f"; prompt {first.prompt} at token {first.position}: {first.baseline} -> {first.canary}"
-        )
-    if outside or (compared and len(found) / len(compared) > settings.max_diverged):
+        figures += f" ({len(untied)} beyond a near tie, {settings.max_untied} allowed; rule {rule})"
+        first = untied[0] if untied else found[0]
+        figures += f"; {_said(first)}"
+    if len(untied) > settings.max_untied or (
+        compared and len(found) / len(compared) > settings.max_diverged
+    ):
         verdict = Verdict.FAIL
     elif found:
         verdict = Verdict.MARGINAL
     else:
         verdict = Verdict.PASS
     return MetricVerdict(Metric.TOKENS, verdict, figures, divergences=tuple(found[:10]))
+
+
+def _said(divergence: Divergence) -> str:
+    """One divergence for the figures: where, what each side gave, and how far apart."""
+    where = "character" if divergence.text_only else "token"
+    said = (
+        f"prompt {divergence.prompt} at {where} {divergence.position}: "
+        f"{divergence.baseline} -> {divergence.canary}"
+    )
+    if divergence.text_only:
+        return f"{said} (the same token ids, another text)"
+    if divergence.gap is not None:
+        return f"{said} ({divergence.gap:.2f} nats apart)"
+    if divergence.tie is False:
+        return f"{said} (outside a side's top-k, or one ended)"
+    return said
 
 
 # -- distributions, pair by pair -------------------------------------------------------------
@@ -283,7 +340,11 @@ def _latency(
         alpha=settings.alpha,
         floor=settings.latency_floor_ms / 1000,
     )
-    how = "a 1-token request" if metric == Metric.TTFT else "(request - first token) / (tokens - 1)"
+    how = (
+        "first token of a streamed request"
+        if metric == Metric.TTFT
+        else "(last token - first token) / (tokens - 1), the same request"
+    )
     figures = (
         f"median {median([b for b, _ in measured]) * 1000:.2f} -> "
         f"{median([c for _, c in measured]) * 1000:.2f} ms (per prompt {_percent(ratio)}, "

@@ -15,7 +15,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opspatch.hosts.live import LiveEngineReply, ProcessAnswer, missing_definitions
+from opspatch.core.live import NotLive
+from opspatch.core.vocabulary import NotLiveReason
+from opspatch.hosts.live import LiveEngineReply, LiveFix, ProcessAnswer, missing_definitions
 
 
 @dataclass(frozen=True)
@@ -205,3 +207,145 @@ def judge_gone(listing: LiveEngineReply, fixes: Collection[str]) -> str | None:
         if (held := {str(e.get("fix_id")) for e in a.took} & set(fixes))
     ]
     return "; ".join(problems) or None
+
+
+@dataclass(frozen=True)
+class CheckVerdict:
+    """The preflight's `check` judged: the processes that answered, why not every one did
+    (`unanswered`: the engine does not take live fixes as asked), and why a take would not be
+    in effect (`refusal`: the first reason word, every problem's sentence)."""
+
+    answered: tuple[ProcessAnswer, ...]
+    unanswered: str | None = None
+    refusal: NotLive | None = None
+
+
+def judge_check(
+    reply: LiveEngineReply, takes: Sequence[LiveFix], *, required: bool = True
+) -> CheckVerdict:
+    """Whether each take of `takes` would be in effect in every process of the engine, from
+    each process's answer to `check` (`liveplugin/checks.py`): some process has the module
+    (unless not `required`: a unit's other node), no definition is held by another fix, no
+    changed value was read at import, no construction method's class has objects built, no
+    changed function runs in a frame that does not return. Every process must answer."""
+    if reply.missing is not None:
+        return CheckVerdict((), reply.missing)
+    processes = reply.processes()
+    answered = tuple(p for p in processes if p.ok)
+    if not answered:
+        return CheckVerdict((), _no_answer_to_check(processes))
+    silent = [p.describe() for p in processes if not p.ok]
+    if silent:
+        return CheckVerdict(answered, "not every process answered the check: " + "; ".join(silent))
+    problems: list[NotLive] = []
+    for take in takes:
+        problems += _take_problems(answered, take, required=required)
+    if not problems:
+        return CheckVerdict(answered)
+    text = "; ".join(problem.text for problem in problems)
+    return CheckVerdict(answered, refusal=NotLive(problems[0].reason, text))
+
+
+def _no_answer_to_check(processes: Sequence[ProcessAnswer]) -> str:
+    if not processes:
+        return "no process of the engine answered"
+    first = processes[0]
+    if first.code == "bad-request" and "check" in (first.message or ""):
+        return (
+            "its engine's live plugin predates the preflight's `check` (installed by an older "
+            "opspatch): `opspatch live disable`, `live enable` and a restart update it"
+        )
+    return f"no process of the engine answered ({first.describe()})"
+
+
+def _entries(answered: Sequence[ProcessAnswer], take: LiveFix) -> list[tuple[str, dict[str, Any]]]:
+    """Each process's check of `take`, with who answered."""
+    return [
+        (_who(p), entry)
+        for p in answered
+        for entry in p.checks
+        if entry.get("fix_id") == take.fix_id and entry.get("module") == take.module
+    ]
+
+
+def _take_problems(
+    answered: Sequence[ProcessAnswer], take: LiveFix, *, required: bool
+) -> list[NotLive]:
+    """Why `take` would not be in effect, each problem once (the processes named)."""
+    checked = _entries(answered, take)
+    loaded = [(who, entry) for who, entry in checked if entry.get("loaded")]
+    if not loaded:
+        if not required:
+            return []
+        asked = ", ".join(_who(p) for p in answered)
+        return [
+            NotLive(
+                NotLiveReason.NOT_IMPORTED,
+                f"no process of the engine has imported {take.module} ({asked}): nothing "
+                "running can take it (the file alone carries the change to the next import)",
+            )
+        ]
+    found: dict[tuple[NotLiveReason, str], list[str]] = {}
+    for who, entry in loaded:
+        for reason, sentence in _check_sentences(take, entry):
+            found.setdefault((reason, sentence), []).append(who)
+    return [
+        NotLive(reason, f"{sentence} (in {', '.join(where)})")
+        for (reason, sentence), where in found.items()
+    ]
+
+
+def _check_sentences(take: LiveFix, entry: dict[str, Any]) -> list[tuple[NotLiveReason, str]]:
+    """One process's check of `take`, as (reason, sentence) pairs that read the same on every
+    process that says them."""
+    said: list[tuple[NotLiveReason, str]] = []
+    for held in _dicts(entry.get("held")):
+        said.append(
+            (
+                NotLiveReason.ALREADY_HELD,
+                f"{take.module}.{held.get('name')} is held by live fix {held.get('fix_id')}: a "
+                "take would refuse it",
+            )
+        )
+    for use in _dicts(entry.get("captured")):
+        said.append(
+            (
+                NotLiveReason.CAPTURED_AT_IMPORT,
+                f"{use.get('name')} is read while {use.get('module')} is imported (line "
+                f"{use.get('line')}, {use.get('where')}): what was built then keeps the old value",
+            )
+        )
+    for built in _dicts(entry.get("objects")):
+        count = built.get("count")
+        if isinstance(count, int) and count > 0:
+            said.append(
+                (
+                    NotLiveReason.BUILT_OBJECTS,
+                    f"{built.get('name')} runs only while a {built.get('class')} is built, and "
+                    f"{count} {built.get('class')} object(s) already are: they keep the state "
+                    "the old code gave them",
+                )
+            )
+        elif built.get("complete") is False:
+            said.append(
+                (
+                    NotLiveReason.BUILT_OBJECTS,
+                    f"{built.get('name')} runs only while a {built.get('class')} is built, and "
+                    f"the {built.get('class')} objects already built could not all be counted "
+                    "(the search stopped at its limit): not shown to be none",
+                )
+            )
+    for frame in _dicts(entry.get("frames")):
+        said.append(
+            (
+                NotLiveReason.NEVER_RETURNS,
+                f"{frame.get('name')} runs in a frame that stayed on thread "
+                f"{frame.get('thread')}'s stack across {frame.get('across')}: that frame keeps "
+                "the old code, so the new code would never run there",
+            )
+        )
+    return said
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []

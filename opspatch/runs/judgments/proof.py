@@ -20,10 +20,21 @@ from opspatch.ledger.records import StepRecord
 from opspatch.ledger.store import FileVersion, Ledger
 
 _CONCLUDES_NOTHING = frozenset(
-    {Outcome.SKIPPED, Outcome.UNLOCKED, Outcome.ALREADY_APPLIED, Outcome.WOULD_APPLY}
+    {
+        Outcome.SKIPPED,
+        Outcome.UNLOCKED,
+        Outcome.ALREADY_APPLIED,
+        Outcome.WOULD_APPLY,
+        Outcome.STAGED_BACK,
+    }
 )
-"""Host outcomes that say nothing about whether a change is proven (nothing was done, or the
-patch was found already there and not restarted)."""
+"""Host outcomes that say nothing about whether a change is proven (nothing was done, the patch
+was found already there and not restarted, or a later patch's rollback put these bytes back
+without a restart: whether the server runs them is its age's to say, as for any staged file)."""
+
+_SMOKE_TESTED = frozenset({Outcome.APPLIED, Outcome.RESTORED})
+"""Host outcomes of runs that may have smoke-tested the bytes: an apply's, and a later patch's
+rollback that restored them, restarted and decoded (`restored` is said only after its smoke)."""
 
 
 @dataclass(frozen=True)
@@ -31,8 +42,8 @@ class ChangeProof:
     """What the ledger says about `version`'s bytes on `host` (the live file is those bytes).
 
     `proven_by`: the run whose smoke decode passed on them (the last run that concluded
-    anything about them said `applied`, and it or an `applied` run just before it smoke-tested
-    them there; or the writing run's own smoke passed and it recorded no outcome since);
+    anything about them said `applied` or `restored`, and it or such a run just before it
+    smoke-tested them there; or the writing run's own smoke passed and it recorded no outcome since);
     `staged_by`: the last word was `staged`; `last_word`: the last run and outcome that
     concluded anything about them; `writer`: the writing run's status.
 
@@ -71,7 +82,7 @@ def change_proof(ledger: Ledger, host: str, version: FileVersion) -> ChangeProof
     status = RunStatus(writer.summary.status) if writer is not None else None
     proven_by = staged_by = None
     names = (host, version.host)
-    if said and said[-1][1] == Outcome.APPLIED:
+    if said and said[-1][1] in _SMOKE_TESTED:
         proven_by = _smoke_tested(ledger, said, names, version.event_id)
     elif said and said[-1][1] == Outcome.STAGED:
         staged_by = said[-1][0]
@@ -88,10 +99,10 @@ def change_proof(ledger: Ledger, host: str, version: FileVersion) -> ChangeProof
 def _smoke_tested(
     ledger: Ledger, said: list[tuple[str, Outcome]], names: tuple[str, ...], event_id: int
 ) -> str | None:
-    """The newest run of the trailing `applied` words whose smoke decode passed on the host
-    after the change was written (None: none of them ran one)."""
+    """The newest run of the trailing `applied` (or `restored`) words whose smoke decode passed
+    on the host after the change was written (None: none of them ran one)."""
     for run_id, outcome in reversed(said):
-        if outcome != Outcome.APPLIED:
+        if outcome not in _SMOKE_TESTED:
             return None
         try:
             run = ledger.get_run(run_id)

@@ -204,6 +204,35 @@ def selected_units(hosts: Sequence[Host]) -> tuple[Selected, ...]:
     )
 
 
+def serving_heads(
+    hosts: Sequence[Host], *, command: str, whole: Callable[[Unit], str]
+) -> list[Host]:
+    """The servers a selection names, each once, by the host that answers requests: a host by
+    itself, a unit by its head (its other nodes serve only a dummy `/health`, which 404s a
+    decode). For the questions asked of a server (`smoke`, `judge`); `whole(unit)` is the same
+    command over the unit, the remedy.
+
+    Raises:
+        UnitRefused: a node of a unit that is not its head is selected without the head (it is
+            no server by itself; an answer under a name the operator did not give would hide
+            the mistake).
+    """
+    names = {host.name for host in hosts}
+    stray = [(h, h.unit) for h in hosts if h.unit is not None and h.unit.head not in names]
+    if stray:
+        said = "; ".join(
+            f"{h.name} is {unit.describe(h.name)}, whose head is {unit.head}" for h, unit in stray
+        )
+        units = {unit.name: unit for _, unit in stray}
+        raise UnitRefused(
+            f"{command}: {said}: a node that is not its unit's head serves no prompts (only a "
+            "dummy /health); the unit answers through its head",
+            hint=f"{command} the unit: "
+            + "; ".join(f"`{whole(unit)}`" for _, unit in sorted(units.items())),
+        )
+    return [h for h in hosts if h.unit is None or h.unit.head == h.name]
+
+
 def nodes_of(unit: Unit) -> str:
     """`sandbox-01 (head), sandbox-02`: the unit's nodes in rank order."""
     return ", ".join(f"{h} (head)" if h == unit.head else h for h in unit.hosts)

@@ -13,6 +13,12 @@ port opens only once every scheduler of every node is ready. On a node other tha
 `--host:--port` whose `/health` answers 200 unconditionally, as SGLang's does: it proves only
 that the process lives.
 
+`/generate` with `"stream": true` answers as SGLang's does: server-sent events (chunked), each
+`data: {...}` the whole reply so far (text, output ids, meta_info), sent with the first token and
+then once `stream_interval` tokens (a sampling parameter; 1: every step) are unsent, the last
+with the finish, then `data: [DONE]`; an error while streaming is one `data: {"error": ...}`
+before it.
+
 Test hook (not in SGLang): `SGLANG_STANDIN_WARMUP_DELAY_S=<seconds>` delays the warm-up, so the
 503 answers of `/health`, `/health_generate` and `/ready` before it are observable.
 """
@@ -30,7 +36,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -61,6 +67,23 @@ Response = tuple[int, Any]  # status, JSON body (None: empty body; PlainText: te
 
 class PlainText(str):
     """A body sent as `text/plain` rather than JSON (the Prometheus exposition format)."""
+
+
+class EventStream:
+    """A body sent as server-sent events, chunked: each reply as `data: <json>`, then
+    `data: [DONE]` (SGLang's `StreamingResponse` of `/generate`)."""
+
+    def __init__(self, replies: Iterator[dict[str, Any]]):
+        self.replies = replies
+
+    def events(self) -> Iterator[bytes]:
+        try:
+            for reply in self.replies:
+                yield b"data: " + json.dumps(reply).encode("utf-8") + b"\n\n"
+        except BadRequestError as error:
+            failed = {"error": {"message": str(error), "type": "invalid_request_error"}}
+            yield b"data: " + json.dumps(failed).encode("utf-8") + b"\n\n"
+        yield b"data: [DONE]\n\n"
 
 
 class HttpApp:
@@ -189,6 +212,8 @@ class HttpApp:
 
     def generate(self, body: Any) -> Response:
         request = self.tokenizer_manager.parse_generate_request(body)
+        if request.stream:
+            return 200, EventStream(self.tokenizer_manager.generate_stream(request))
         return 200, self.tokenizer_manager.generate(request)
 
     def v1_completions(self, body: Any) -> Response:
@@ -202,6 +227,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "uvicorn"
     sys_version = ""
+    # TCP_NODELAY, as uvicorn's asyncio transports set it: a streamed event is sent as it comes,
+    # not held back (Nagle) until the client acknowledges the one before
+    disable_nagle_algorithm = True
     server: _HttpServer
 
     def do_GET(self) -> None:
@@ -222,6 +250,17 @@ class _RequestHandler(BaseHTTPRequestHandler):
         except Exception as error:  # a bug in a route, not in the scheduler: answer 500
             logger.exception(f"Exception in route {method} {path}")
             status, payload = 500, {"error": {"message": f"internal error: {error}"}}
+        if isinstance(payload, EventStream):
+            if not self._stream(status, payload):
+                return
+        elif not self._send(status, payload):
+            return
+        host, port = self.client_address[:2]
+        phrase = HTTPStatus(status).phrase
+        logger.info(f'{_UVICORN}{host}:{port} - "{method} {self.path} HTTP/1.1" {status} {phrase}')
+
+    def _send(self, status: int, payload: Any) -> bool:
+        """One whole body; False when the client has gone."""
         if isinstance(payload, PlainText):
             data, kind = payload.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8"
         else:
@@ -235,10 +274,23 @@ class _RequestHandler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):
-            return
-        host, port = self.client_address[:2]
-        phrase = HTTPStatus(status).phrase
-        logger.info(f'{_UVICORN}{host}:{port} - "{method} {self.path} HTTP/1.1" {status} {phrase}')
+            return False
+        return True
+
+    def _stream(self, status: int, stream: EventStream) -> bool:
+        """Events as they come, each its own HTTP chunk; False when the client has gone."""
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for event in stream.events():
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            return False
+        return True
 
 
 class _HttpServer(ThreadingHTTPServer):

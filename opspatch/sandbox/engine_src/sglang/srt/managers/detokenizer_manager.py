@@ -1,4 +1,5 @@
-"""The detokenizer process: token ids of finished requests in, text out.
+"""The detokenizer process: token ids of finished requests (and of a streamed one's steps) in,
+text out.
 
 It imports no torch (its start costs an interpreter, not a torch import): the tokenizer is the
 stand-in's character tokenizer. Stop strings are trimmed here, as SGLang's detokenizer does.
@@ -38,8 +39,9 @@ class DetokenizerManager:
 
     def text_of(self, req: FinishedReq) -> str:
         text = self.tokenizer.decode(req.output_ids, skip_special_tokens=req.skip_special_tokens)
-        if req.finished_reason.get("type") == "stop" and not req.no_stop_trim:
-            text = text[: len(text) - len(req.finished_reason["matched"])]
+        reason = req.finished_reason or {}
+        if reason.get("type") == "stop" and not req.no_stop_trim:
+            text = text[: len(text) - len(reason["matched"])]
         return text
 
     def event_loop(self) -> None:

@@ -3,7 +3,9 @@
 tokenizer manager (main process) -> scheduler TP0: lists of `TokenizedGenerateReqInput` (a list
 is admitted in one prefill batch), `RpcReqInput`, or `ShutdownReq`. Scheduler TP0 -> detokenizer:
 `BatchTokenIDOut`; detokenizer -> tokenizer manager: `BatchStrOut`; scheduler TP0 -> tokenizer
-manager: `RpcReqOutput`. Plain dataclasses of plain values (no torch), pickled over pipes.
+manager: `RpcReqOutput`. Plain dataclasses of plain values (no torch), pickled over pipes. A
+streamed request's output goes the same way after every step that gave it tokens, unfinished
+(`finished_reason` None), as SGLang's scheduler streams at its default `stream_interval` of 1.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class TokenizedGenerateReqInput:
     seed: int | None = None
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    stream: bool = False
 
 
 @dataclass
@@ -53,9 +56,11 @@ class ShutdownReq:
 
 @dataclass
 class FinishedReq:
+    """A request's output so far: finished, or (`finished_reason` None) a streamed one's step."""
+
     rid: str
     output_ids: list[int]
-    finished_reason: dict[str, Any]
+    finished_reason: dict[str, Any] | None
     prompt_tokens: int
     skip_special_tokens: bool
     no_stop_trim: bool

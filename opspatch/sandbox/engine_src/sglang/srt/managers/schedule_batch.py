@@ -54,6 +54,10 @@ class Req:
     output_token_logprobs_val: list[float] = field(default_factory=list)
     output_top_logprobs_val: list[list[float]] = field(default_factory=list)
     output_top_logprobs_idx: list[list[int]] = field(default_factory=list)
+    # SGLang's `stream`: the output so far is sent as its tokens come (`stream_interval`), and
+    # how many of them were sent.
+    stream: bool = False
+    send_token_offset: int = 0
 
     def __post_init__(self) -> None:
         if not self.sampling_params.is_greedy:

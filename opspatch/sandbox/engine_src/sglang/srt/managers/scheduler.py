@@ -226,6 +226,7 @@ class Scheduler:
             seed=item.seed,
             return_logprob=item.return_logprob,
             top_logprobs_num=item.top_logprobs_num,
+            stream=item.stream,
         )
 
     def handle_rpc_request(self, recv_req: RpcReqInput) -> RpcReqOutput:
@@ -302,6 +303,9 @@ class Scheduler:
             if reason is not None:
                 # After the counts: the finished request carries this step's tokens too.
                 self.finish(req, reason)
+            elif self.streams_now(req):
+                req.send_token_offset = len(req.output_ids)
+                self._finished_out.append(self.output_so_far(req))
             if batch.forward_mode.is_extend() and not req.finished():
                 self.running_reqs.append(req)
         self.running_reqs = [req for req in self.running_reqs if not req.finished()]
@@ -332,28 +336,41 @@ class Scheduler:
                     return {"type": "stop", "matched": stop}
         return None
 
+    @staticmethod
+    def streams_now(req: Req) -> bool:
+        """Whether an unfinished request's output goes out now: a streamed request's first
+        token at once, then once at least its `stream_interval` tokens are unsent (SGLang's
+        `OutputStreamer.accept`; a finished request's always goes out)."""
+        unsent = len(req.output_ids) - req.send_token_offset
+        interval = req.sampling_params.stream_interval or 1
+        return req.stream and unsent > 0 and (req.send_token_offset == 0 or unsent >= interval)
+
     def finish(self, req: Req, reason: dict[str, Any]) -> None:
         req.finished_reason = reason
         req.finished_time = time.perf_counter()
+        self._finished_out.append(self.output_so_far(req))
+
+    @staticmethod
+    def output_so_far(req: Req) -> FinishedReq:
+        """What the detokenizer gets of `req`: finished, or a streamed request's step (copies:
+        the request goes on growing its lists)."""
         params = req.sampling_params
-        self._finished_out.append(
-            FinishedReq(
-                rid=req.rid,
-                output_ids=list(req.output_ids),
-                finished_reason=reason,
-                prompt_tokens=len(req.origin_input_ids),
-                skip_special_tokens=params.skip_special_tokens,
-                no_stop_trim=params.no_stop_trim,
-                spec_verify_ct=req.spec_verify_ct,
-                spec_proposed_drafts=req.spec_proposed_drafts,
-                spec_accepted_drafts=req.spec_accepted_drafts,
-                spec_verified_tokens=req.spec_verified_tokens,
-                return_logprob=req.return_logprob,
-                top_logprobs_num=req.top_logprobs_num,
-                output_token_logprobs_val=req.output_token_logprobs_val,
-                output_top_logprobs_val=req.output_top_logprobs_val,
-                output_top_logprobs_idx=req.output_top_logprobs_idx,
-            )
+        return FinishedReq(
+            rid=req.rid,
+            output_ids=list(req.output_ids),
+            finished_reason=req.finished_reason,
+            prompt_tokens=len(req.origin_input_ids),
+            skip_special_tokens=params.skip_special_tokens,
+            no_stop_trim=params.no_stop_trim,
+            spec_verify_ct=req.spec_verify_ct,
+            spec_proposed_drafts=req.spec_proposed_drafts,
+            spec_accepted_drafts=req.spec_accepted_drafts,
+            spec_verified_tokens=req.spec_verified_tokens,
+            return_logprob=req.return_logprob,
+            top_logprobs_num=req.top_logprobs_num,
+            output_token_logprobs_val=list(req.output_token_logprobs_val),
+            output_top_logprobs_val=list(req.output_top_logprobs_val),
+            output_top_logprobs_idx=list(req.output_top_logprobs_idx),
         )
 
     def log_decode_stats(self, batch: ScheduleBatch) -> None:

@@ -1,5 +1,7 @@
 """Between HTTP and the scheduler, in the main process: validate and tokenize requests, send
-them to the scheduler (TP0) over a pipe, wait for the detokenizer's text, report.
+them to the scheduler (TP0) over a pipe, wait for the detokenizer's text, report. A streamed
+request (`"stream": true`) is reported after every step that gave it tokens, each time the whole
+output so far (SGLang's default, without `--incremental-streaming-output`).
 
 Every malformed request raises BadRequestError with a message meant for the client (HTTP 400);
 nothing malformed reaches the scheduler, whose errors are fatal to the server. This module
@@ -11,10 +13,12 @@ from __future__ import annotations
 import enum
 import os
 import logging
+import queue
 import random
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -89,6 +93,7 @@ class GenerateReqInput:
     rids: list[str]
     is_single: bool
     logprobs: LogprobRequest = field(default_factory=LogprobRequest)
+    stream: bool = False
 
 
 @dataclass
@@ -100,6 +105,14 @@ class ReqState:
     finished: FinishedReq | None = None
     text: str = ""
     finished_time: float | None = None
+    # A streamed request's outputs so far, with their text and arrival time, the last finished.
+    steps: queue.SimpleQueue[tuple[FinishedReq, str, float]] = field(
+        default_factory=queue.SimpleQueue
+    )
+    # Logprob entries detokenized so far (SGLang's `ReqState.output_token_logprobs` and
+    # `output_top_logprobs`): a streamed request's next output adds only its new positions.
+    token_entries: list[list[Any]] = field(default_factory=list)
+    top_entries: list[list[list[Any]]] = field(default_factory=list)
 
 
 class TokenizerManager:
@@ -150,12 +163,18 @@ class TokenizerManager:
     def _handle_str_out(self, batch: BatchStrOut) -> None:
         now = time.perf_counter()
         with self._status_lock:
-            for finished, text in zip(batch.reqs, batch.texts, strict=True):
-                state = self._states.pop(finished.rid, None)
+            for output, text in zip(batch.reqs, batch.texts, strict=True):
+                if output.finished_reason is None:  # a streamed request's step
+                    streamed = self._states.get(output.rid)
+                    if streamed is not None:
+                        streamed.steps.put((output, text, now))
+                    continue
+                state = self._states.pop(output.rid, None)
                 if state is None:
                     continue
                 self._unfinished -= 1
-                state.finished, state.text, state.finished_time = finished, text, now
+                state.finished, state.text, state.finished_time = output, text, now
+                state.steps.put((output, text, now))
                 state.event.set()
 
     def _handle_rpc_out(self, output: RpcReqOutput) -> None:
@@ -223,8 +242,9 @@ class TokenizerManager:
                 f"unknown field(s) {', '.join(map(repr, unknown))}; "
                 f"known: {', '.join(GENERATE_REQUEST_FIELDS)}"
             )
-        if body.get("stream"):
-            raise BadRequestError("stream=true is not supported by the stand-in engine")
+        stream = body.get("stream")
+        if stream is not None and not isinstance(stream, bool):
+            raise BadRequestError("stream must be true or false")
         unsupported = [
             name
             for name in ROUTER_FORWARDED_FIELDS
@@ -309,8 +329,16 @@ class TokenizerManager:
                     f"completion. Please reduce the number of tokens in the input messages or "
                     f"the completion to fit within the limit."
                 )
+        if stream and not is_single:
+            raise BadRequestError("stream=true takes one prompt in the stand-in engine")
         return GenerateReqInput(
-            prompts, [list(ids) for ids in token_lists], params, rids, is_single, logprobs
+            prompts,
+            [list(ids) for ids in token_lists],
+            params,
+            rids,
+            is_single,
+            logprobs,
+            stream=bool(stream),
         )
 
     def parse_logprob_request(self, body: dict[str, Any]) -> LogprobRequest:
@@ -355,9 +383,9 @@ class TokenizerManager:
         self._send(items)
         return states
 
-    def generate(self, request: GenerateReqInput) -> dict[str, Any] | list[dict[str, Any]]:
-        """Run the request's prompts as one group of concurrent requests and wait for all."""
-        items = [
+    @staticmethod
+    def tokenized(request: GenerateReqInput) -> list[TokenizedGenerateReqInput]:
+        return [
             TokenizedGenerateReqInput(
                 rid=rid,
                 input_text=prompt,
@@ -366,6 +394,7 @@ class TokenizerManager:
                 seed=None if params.is_greedy else random.getrandbits(63),
                 return_logprob=request.logprobs.return_logprob,
                 top_logprobs_num=request.logprobs.top_logprobs_num,
+                stream=request.stream,
             )
             for prompt, ids, params, rid in zip(
                 request.prompts,
@@ -375,26 +404,62 @@ class TokenizerManager:
                 strict=False,
             )
         ]
+
+    def generate(self, request: GenerateReqInput) -> dict[str, Any] | list[dict[str, Any]]:
+        """Run the request's prompts as one group of concurrent requests and wait for all."""
+        items = self.tokenized(request)
         states = self.submit(items)
         for state in states:
             state.event.wait()
         with self._status_lock:
             self.num_requests_total += len(items)
-        outputs = [self.output_of(state, request.logprobs) for state in states]
+        outputs = []
+        for state in states:
+            assert state.finished is not None
+            outputs.append(
+                self.output_of(
+                    state,
+                    state.finished,
+                    state.text,
+                    state.finished_time or time.perf_counter(),
+                    request.logprobs,
+                )
+            )
         return outputs[0] if request.is_single else outputs
 
-    def output_of(self, state: ReqState, logprobs: LogprobRequest) -> dict[str, Any]:
-        req = state.finished
-        assert req is not None
+    def generate_stream(self, request: GenerateReqInput) -> Iterator[dict[str, Any]]:
+        """A streamed request's output so far after every step that gave it tokens, the last
+        finished (one prompt)."""
+        (state,) = self.submit(self.tokenized(request))
+        while True:
+            output, text, at = state.steps.get()
+            yield self.output_of(state, output, text, at, request.logprobs)
+            if output.finished_reason is not None:
+                break
+        with self._status_lock:
+            self.num_requests_total += 1
+
+    def output_of(
+        self,
+        state: ReqState,
+        req: FinishedReq,
+        text: str,
+        at: float,
+        logprobs: LogprobRequest,
+    ) -> dict[str, Any]:
+        """SGLang's reply: text, ids and meta_info so far; speculation's figures and the
+        latency only once finished, as SGLang reports them."""
+        finished = req.finished_reason is not None
         meta_info: dict[str, Any] = {
             "id": req.rid,
             "finish_reason": req.finished_reason,
             "prompt_tokens": req.prompt_tokens,
             "completion_tokens": len(req.output_ids),
             "cached_tokens": 0,
-            "e2e_latency": (state.finished_time or time.perf_counter()) - state.created_time,
         }
-        if req.spec_verify_ct > 0:
+        if finished:
+            meta_info["e2e_latency"] = at - state.created_time
+        if finished and req.spec_verify_ct > 0:
             # SGLang's definitions: drafts accepted of every draft slot verified, and output
             # tokens (the prefill's first one included) per verify step.
             draft_slots = req.spec_verify_ct * (self.server_args.speculative_num_draft_tokens - 1)
@@ -406,33 +471,39 @@ class TokenizerManager:
             meta_info["spec_accepted_drafts"] = req.spec_accepted_drafts
             meta_info["spec_proposed_drafts"] = draft_slots
         if req.return_logprob:
-            meta_info.update(self.logprob_meta_info(req, logprobs.return_text_in_logprobs))
-        return {"text": state.text, "output_ids": list(req.output_ids), "meta_info": meta_info}
+            meta_info.update(self.logprob_meta_info(state, req, logprobs.return_text_in_logprobs))
+        return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta_info}
 
-    def logprob_meta_info(self, req: FinishedReq, with_text: bool) -> dict[str, Any]:
+    def logprob_meta_info(
+        self, state: ReqState, req: FinishedReq, with_text: bool
+    ) -> dict[str, Any]:
         """SGLang's shapes: `[logprob, token_id, token_text]` per output token (the text only
         with `return_text_in_logprobs`, else null), and per output position a list of them for
-        the top logprobs."""
+        the top logprobs; each position detokenized once (`state`'s entries so far)."""
 
         def entry(logprob: float, token_id: int) -> list[Any]:
             text = self.tokenizer.decode([token_id]) if with_text else None
             return [logprob, token_id, text]
 
-        meta_info: dict[str, Any] = {
-            "output_token_logprobs": [
-                entry(logprob, token_id)
-                for logprob, token_id in zip(
-                    req.output_token_logprobs_val, req.output_ids, strict=True
-                )
-            ]
-        }
+        done = len(state.token_entries)
+        state.token_entries.extend(
+            entry(logprob, token_id)
+            for logprob, token_id in zip(
+                req.output_token_logprobs_val[done:], req.output_ids[done:], strict=True
+            )
+        )
+        meta_info: dict[str, Any] = {"output_token_logprobs": state.token_entries}
         if req.top_logprobs_num > 0:
-            meta_info["output_top_logprobs"] = [
+            done = len(state.top_entries)
+            state.top_entries.extend(
                 [entry(logprob, token_id) for logprob, token_id in zip(values, ids, strict=True)]
                 for values, ids in zip(
-                    req.output_top_logprobs_val, req.output_top_logprobs_idx, strict=True
+                    req.output_top_logprobs_val[done:],
+                    req.output_top_logprobs_idx[done:],
+                    strict=True,
                 )
-            ]
+            )
+            meta_info["output_top_logprobs"] = state.top_entries
         return meta_info
 
     def health_generate(self, timeout: float = HEALTH_CHECK_TIMEOUT_S) -> bool:

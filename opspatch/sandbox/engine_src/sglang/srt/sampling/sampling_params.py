@@ -25,6 +25,7 @@ KNOWN_SAMPLING_PARAMS = (
     "sampling_seed",
     "seed",
     "n",
+    "stream_interval",
 )
 
 
@@ -44,6 +45,10 @@ class SamplingParams:
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     sampling_seed: int | None = None
+    # A streamed request's output goes out with its first token, then once at least this many
+    # tokens are unsent, and when it finishes (SGLang 0.5.23's `OutputStreamer`); None: the
+    # server's `stream_interval`, 1.
+    stream_interval: int | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -95,6 +100,12 @@ class SamplingParams:
                 setattr(params, flag, values[flag])
         if values.get("sampling_seed") is not None:
             params.sampling_seed = _integer(values, "sampling_seed")
+        if values.get("stream_interval") is not None:
+            params.stream_interval = _integer(values, "stream_interval")
+            if params.stream_interval < 1:
+                raise InvalidSamplingParams(
+                    f"stream_interval must be at least 1, got {params.stream_interval}."
+                )
         params.verify()
         return params
 

@@ -1,0 +1,339 @@
+"""Faults and truth on the older paths (issue 42, items 12, 14, 15), fast: the scripted hosts of
+test_runs_scripted.py (the real host agent on real files, a scripted engine) and a real SQLite
+ledger.
+
+- a ledger deleted under a run stops it before the host's next change, with the run's records
+  back where `recover` looks for them;
+- `recover --run R` leaves none of R's host locks, even where R recorded nothing and its patch
+  is not at hand, and says so when a lock could not be given back; the lock's hint on a node
+  of a unit names the unit;
+- a Ctrl-C that kept no host from starting does not turn a run whose every host was applied
+  into `failed`;
+- `recover` of an interrupted `apply --live` finishes it as the live path does (the smoke the
+  live path needs, no restart), or takes the fix out and puts the file back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+import pytest
+
+from opspatch.core.edit import Applied, apply_patch
+from opspatch.core.policy import BatchSize, Playbook
+from opspatch.errors import LedgerLost
+from opspatch.hosts.transport.scripted import Refusal, agent_operation
+from opspatch.ledger.store import Ledger
+from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.runs.commands.recover import recover_run, run_chain
+from opspatch.runs.fleet.session import NoProgress
+from opspatch.runs.report import RunReport
+from tests.ledgerkit import begin_and_die
+from tests.test_live_apply_scripted import LiveEngine, live_host
+from tests.test_runs_scripted import FAKE_PID, PRISTINE, FakeHost, Fault, Fleet, fleet, sha
+from tests.test_units_scripted import UNIT, Units, units
+
+pytestmark = pytest.mark.scripted
+
+__all__ = ["fleet", "units"]  # the fixtures, used by name
+
+ALL_AT_ONCE = Playbook(canary=0, batch=BatchSize(count=10), max_failures=1)
+
+
+def locked_by(fake: FakeHost, run_id: str) -> None:
+    """`fake`'s lock held by run `run_id` (as a run killed after its `begin` leaves it)."""
+    locked = agent_operation(
+        "lock",
+        {"state_dir": str(fake.state), "owner": "ops@gone", "run_id": run_id, "ttl_seconds": 1800},
+    )
+    assert isinstance(locked, dict), locked
+
+
+def lock_of(fake: FakeHost) -> bool:
+    return (fake.state / "lock.json").exists()
+
+
+# -- item 12: a ledger deleted under a run -------------------------------------------------------
+
+
+def test_a_ledger_deleted_during_the_canarys_swap_stops_the_run_before_its_next_change(
+    fleet: Fleet,
+) -> None:
+    """Before, the run went on into a file nobody could open again and ended `ok (exit 0)`."""
+    canary, *others = fleet.hosts
+    path = fleet.ledger.path
+    assert isinstance(path, os.PathLike)
+
+    def delete_the_ledger(op: str, args: dict[str, Any]) -> None:
+        if op == "swap":
+            os.unlink(path)  # the ledger alone: its -wal and -shm stay
+        return None
+
+    canary.fault = delete_the_ledger
+    with pytest.raises(LedgerLost) as caught:
+        fleet.apply(Playbook())
+    lost = caught.value
+    assert lost.exit_code == 3
+    assert f"the ledger {path} was deleted or moved away while this process wrote" in lost.message
+    assert f"put back at {path}" in lost.message
+    # the canary was swapped and left there: nothing after the swap reached it
+    assert canary.requests[canary.requests.index("swap") + 1 :] == []
+    assert sha(canary.file.read_bytes()) != PRISTINE
+    for other in others:  # begun (locked) in the preflight, never changed
+        assert "swap" not in other.requests and "restart" not in other.requests
+        assert sha(other.file.read_bytes()) == PRISTINE
+    # the ledger is back at its path, holding the run up to the swap: what `recover` reads
+    with Ledger.open(path) as back:
+        assert not back.created and back.verify().ok
+        (run,) = back.list_runs()
+        record = back.get_run(run.run_id).host(canary.name)
+        assert [(s.step, s.status) for s in record.steps][-1] == ("swap", "started")
+        assert len(record.file_versions) == 1
+    assert f"`opspatch recover --run {run.run_id}` brings the hosts" in (lost.hint or "")
+
+
+# -- item 14: recover leaves no lock of the run it recovers ---------------------------------------
+
+
+@pytest.mark.process
+def test_recover_run_without_its_patch_at_hand_removes_every_lock_of_the_run(
+    fleet: Fleet,
+) -> None:
+    """A run killed after its preflight locked every host and recorded no change; its patch is
+    not in the workspace. Before, recover said "recorded no change here", exit 0, and left every
+    lock, refusing the next command for 30 minutes."""
+    dead = begin_and_die(fleet.ledger.path, hosts=[h.name for h in fleet.hosts])
+    for fake in fleet.hosts:
+        locked_by(fake, dead)
+    report = recover_run(
+        ledger=fleet.ledger,
+        chain=run_chain(fleet.ledger, dead),
+        hosts=[h.host() for h in fleet.hosts],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=None,
+    )
+    assert fleet.outcomes(report) == dict.fromkeys(["h1", "h2", "h3"], "restored"), report
+    for outcome in report.hosts:
+        assert f"took the lock over from run {dead}" in (outcome.note or ""), outcome
+        assert "recorded no change here" in (outcome.note or "")
+    assert not any(lock_of(fake) for fake in fleet.hosts)
+    assert report.exit_code == 0
+    assert fleet.ledger.get_run(dead).summary.status == "recovered"
+    again = fleet.apply()  # the next command is not refused by a lock
+    assert report.exit_code == 0 and fleet.outcomes(again) == dict.fromkeys(
+        ["h1", "h2", "h3"], "applied"
+    )
+
+
+@pytest.mark.process
+def test_a_lock_recover_could_not_give_back_is_named_with_how_to_remove_it(fleet: Fleet) -> None:
+    dead = begin_and_die(fleet.ledger.path, hosts=["h1"])
+    host = fleet.hosts[0]
+    locked_by(host, dead)
+
+    def refuse_the_unlock(op: str, args: dict[str, Any]) -> Refusal | None:
+        return Refusal("io-error", "the state folder went read-only") if op == "unlock" else None
+
+    host.fault = refuse_the_unlock
+    report = recover_run(
+        ledger=fleet.ledger,
+        chain=run_chain(fleet.ledger, dead),
+        hosts=[host.host()],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=None,
+    )
+    (outcome,) = report.hosts
+    assert "this run's lock could not be given back" in (outcome.note or ""), outcome
+    assert "`opspatch unlock --hosts h1` removes it once this run is over" in (outcome.note or "")
+    assert lock_of(host)
+
+
+def test_a_unit_node_locked_by_a_finished_run_is_told_to_recover_the_unit(units: Units) -> None:
+    """Before, the hint named `recover --hosts h2`, which refuses a node of a unit."""
+    finished = units.ledger.begin_run(
+        command="apply",
+        patch_id="eagle-init-guard",
+        patch_sha256="0" * 64,
+        operator="ops@elsewhere",
+        command_line="opspatch apply eagle-init-guard --hosts u1",
+        hosts=["h1", "h2"],
+    )
+    units.ledger.finish_run(finished, "ok")
+    locked_by(units.fakes["h2"], finished)
+    report = units.apply("h1", "h2")
+    said = {h.host: h for h in report.hosts}["h2"]
+    assert said.outcome == "failed" and report.exit_code == 2, said
+    assert f"run {finished} is over (finished) but its lock outlived it" in (said.error or "")
+    assert (
+        f"`opspatch recover --hosts {UNIT.name}` reconciles unit {UNIT.name} and clears the lock"
+        in (said.error or "")
+    ), said.error
+    assert "`opspatch unlock --hosts h2`" in (said.error or "")
+
+
+# -- item 15: a Ctrl-C that kept no host from starting ---------------------------------------------
+
+
+def test_a_ctrl_c_while_every_host_was_in_flight_leaves_the_run_ok(fleet: Fleet) -> None:
+    """Every host was started when the operator pressed Ctrl-C once, and every one finished
+    `applied`: before, `outcome: failed (exit 1)`; exit 1 says a host failed."""
+    notices: list[str] = []
+    taken = threading.Event()
+
+    class Said(NoProgress):
+        def notice(self, text: str) -> None:
+            notices.append(text)
+            taken.set()
+
+    once = threading.Lock()
+
+    def ctrl_c_at_the_first_smoke(op: str, args: dict[str, Any]) -> None:
+        if op == "smoke" and once.acquire(blocking=False):  # one Ctrl-C, by the first smoke
+            os.kill(os.getpid(), signal.SIGINT)  # the main thread's handler sets the flag
+            taken.wait(timeout=5)  # this host finishes only once the Ctrl-C was taken
+        return None
+
+    for fake in fleet.hosts:
+        fake.fault = ctrl_c_at_the_first_smoke
+    report = apply_to_hosts(
+        fleet.patch,
+        [h.host() for h in fleet.hosts],
+        ALL_AT_ONCE,
+        factory=fleet.factory,
+        ledger=fleet.ledger,
+        progress=Said(),
+    )
+    assert notices and notices[0].startswith("Ctrl-C: no more hosts will be started"), notices
+    assert fleet.outcomes(report) == dict.fromkeys(["h1", "h2", "h3"], "applied"), report
+    assert report.halted is None
+    assert (report.exit_code, report.outcome) == (0, "ok")
+    (run,) = fleet.ledger.list_runs()
+    assert run.outcome == "ok"
+
+
+# -- item 15: recover after an interrupted `apply --live` ------------------------------------------
+
+
+class HoldingEngine(LiveEngine):
+    """The scripted live engine whose `list` names the file hash each fix was taken from, as the
+    plugin's entries do (`sha256`)."""
+
+    def __init__(self, sha256: str) -> None:
+        super().__init__()
+        self.sha256 = sha256
+
+    def _rank(self, rank: int, fix: dict[str, Any]) -> dict[str, Any]:
+        reply = super()._rank(rank, fix)
+        reply["took"] = [{**entry, "sha256": self.sha256} for entry in reply["took"]]
+        return reply
+
+
+def _left_by_a_dead_live_apply(fleet: Fleet, host: FakeHost, *, taken: bool) -> tuple[str, str]:
+    """What a controller killed during `apply --live` leaves: its run interrupted, the host's
+    `live` check, backup and swap recorded, the file patched (its server, started an hour ago,
+    never restarted), its lock; with `taken` the take recorded `ok`, else only `started`.
+    Returns the run id and the post-image's sha256."""
+    dead = begin_and_die(fleet.ledger.path, hosts=[host.name])
+    planned = apply_patch(host.file.read_bytes(), fleet.patch.spec)
+    assert isinstance(planned, Applied)
+    ledger = fleet.ledger
+    ledger.record_step(dead, host.name, "live", "ok", 0.1, "takes ...; listening: ...")
+    ledger.record_file_version(
+        dead,
+        host.name,
+        path=str(host.file),
+        sha256_before=planned.sha256_before,
+        sha256_after=planned.sha256_after,
+        mode=0o644,
+        owner="root:root",
+        pre_image=planned.old_source,
+        post_image=planned.new_source,
+    )
+    ledger.record_step(dead, host.name, "swap", "ok", 0.1)
+    ledger.record_step(dead, host.name, "live", "started")
+    if taken:
+        ledger.record_step(dead, host.name, "live", "ok", 0.1, "eagle-init-guard: taken")
+    locked_by(host, dead)
+    host.file.write_bytes(planned.new_source)
+    return dead, planned.sha256_after
+
+
+def with_server(fake: FakeHost, engine: LiveEngine) -> Fault:
+    """`fake` answering `live` through `engine`, and its inspections (by path, as recover
+    reads) finding its running server, as the real agent finds it from the pid file."""
+
+    def answer(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        if op == "live":
+            return engine.answer(args)
+        if op != "inspect":
+            return None
+        found = agent_operation(op, args)
+        if isinstance(found, dict) and found.get("server") is None and fake.serving:
+            found["server"] = {"pid": FAKE_PID, "started_at": fake.started_at}
+        return found
+
+    return answer
+
+
+def recover_live(fleet: Fleet, dead: str, engine: LiveEngine) -> RunReport:
+    for fake in fleet.hosts:
+        fake.fault = with_server(fake, engine)
+    return recover_run(
+        ledger=fleet.ledger,
+        chain=run_chain(fleet.ledger, dead),
+        hosts=[live_host(h) for h in fleet.hosts],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=fleet.patch,
+    )
+
+
+@pytest.mark.process
+def test_recover_finishes_an_interrupted_live_apply_with_the_smoke_not_a_restart(
+    fleet: Fleet,
+) -> None:
+    """The take was done in every process, the controller killed before the smoke. Before,
+    recover restarted the engine (the change was `new-stale`), which the operator of a live
+    apply did not ask for."""
+    fleet.hosts = fleet.hosts[:1]
+    (host,) = fleet.hosts
+    dead, post = _left_by_a_dead_live_apply(fleet, host, taken=True)
+    engine = HoldingEngine(post)
+    for rank in (0, 1):
+        engine.held[rank]["eagle-init-guard"] = ["EAGLEWorkerV2.spec_disable_batch_threshold"]
+    host.requests.clear()
+    report = recover_live(fleet, dead, engine)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "applied", outcome
+    assert f"finished run {dead}'s live fix" in (outcome.note or "")
+    assert "restart" not in host.requests and "stop" not in host.requests, host.requests
+    assert "smoke" in host.requests
+    assert [str(s.step) for s in outcome.steps][-2:] == ["live", "smoke"]
+    assert sha(host.file.read_bytes()) == post
+    assert not lock_of(host)
+    assert report.exit_code == 0
+
+
+@pytest.mark.process
+def test_recover_of_a_live_apply_killed_during_its_take_reverts_and_restores_without_a_restart(
+    fleet: Fleet,
+) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    (host,) = fleet.hosts
+    dead, post = _left_by_a_dead_live_apply(fleet, host, taken=False)
+    engine = HoldingEngine(post)
+    engine.held[0]["eagle-init-guard"] = ["EAGLEWorkerV2.spec_disable_batch_threshold"]  # one rank
+    host.requests.clear()
+    report = recover_live(fleet, dead, engine)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "restored", outcome
+    assert f"run {dead} was interrupted before its live fix was taken" in (outcome.note or "")
+    assert "revert" in engine.asked and engine.held == {0: {}, 1: {}}
+    assert "restart" not in host.requests, host.requests
+    assert sha(host.file.read_bytes()) == PRISTINE
+    assert report.exit_code == 0
