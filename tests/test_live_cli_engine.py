@@ -42,6 +42,7 @@ from opspatch.core.policy import Playbook
 from opspatch.core.vocabulary import LiveKind
 from opspatch.hosts import livedist
 from opspatch.hosts.agent import live as agent_live
+from opspatch.sandbox.dist import engine_source_dir
 from opspatch.hosts.engine import EngineControl
 from opspatch.hosts.live import LiveEngineReply, LiveFix, ask_engine
 from opspatch.hosts.liveplugin import socket_paths, wire
@@ -278,6 +279,12 @@ def diff_patch(live_host: LiveHost, patch_id: str, module: str, old: str, new: s
     return header + f"[[edits]]\nkind = \"diff\"\ndiff = '''\n{diff}'''\n"
 
 
+def stand_in_line(module: str, text: str) -> int:
+    """The 1-based line of `text` in the stand-in's source of `module` (the stand-in moves)."""
+    source = (engine_source_dir() / (module.replace(".", "/") + ".py")).read_text().splitlines()
+    return next(number for number, line in enumerate(source, 1) if text in line)
+
+
 def engine_refusal(live_host: LiveHost, patch_id: str, text: str, module: str) -> str:
     """`apply --live` refused by what the engine's processes answer to the preflight's check
     (exit 2, nothing changed: `refused_live`); the host's error."""
@@ -317,9 +324,10 @@ def test_a_constant_a_dataclass_field_read_at_import_is_refused_live(
         "DEFAULT_MAX_NEW_TOKENS = 64",
     )
     error = engine_refusal(live_host, "max-new-tokens-test", text, module)
+    field_line = stand_in_line(module, "max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS")
     assert (
         f"captured-at-import: DEFAULT_MAX_NEW_TOKENS is read while {module} is imported "
-        "(line 37, class SamplingParams's body)" in error
+        f"(line {field_line}, class SamplingParams's body)" in error
     ), error
     assert "the defaults of SamplingParams.from_request" in error, error
 
