@@ -1,13 +1,16 @@
 """`opspatch rehearse`: bad input is one message and exit 2, with nothing started (no folder of
 the rehearsal made, no server, no state): a release the sandbox does not run, a patch for
 another distribution or for a module the release lacks, a release outside the patch's range, a
-patch that does not fit the released file, an index that cannot be reached for the wheel.
+patch that does not fit the released file, an index that cannot be reached for the wheel. A
+patch the release already carries is exit 0, with nothing started either.
 
 The release's wheel is read from the real engine's cache (tests/realkit.py; `.ci/run` fills it),
 fetched here where missing."""
 
 from __future__ import annotations
 
+import difflib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -40,7 +43,7 @@ def cached_wheel() -> Path:
         pytest.skip(f"the release's wheel is not cached and cannot be fetched: {exc.message}")
 
 
-def _rehearse(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Run:
+def _rehearse(tmp_path: Path, *args: str, env: dict[str, str] | None = None, code: int = 2) -> Run:
     scratch = tmp_path / "tmp"
     scratch.mkdir(exist_ok=True)
     run = opspatch(
@@ -54,10 +57,10 @@ def _rehearse(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> 
             **(env or {}),
         },
     )
-    assert run.code == 2, run.stdout + run.stderr
+    assert run.code == code, run.stdout + run.stderr
     assert list(scratch.iterdir()) == [], "a rehearsal folder was made"
     assert not (tmp_path / "state").exists(), "state was written"
-    assert run.stderr.count("error: ") == 1, run.stderr
+    assert run.stderr.count("error: ") == (1 if code == 2 else 0), run.stderr
     return run
 
 
@@ -115,3 +118,38 @@ def test_an_index_that_cannot_be_reached_for_an_uncached_release_is_one_message(
     }
     run = _rehearse(tmp_path, "good", env=unreachable)
     assert "cannot reach the package index http://127.0.0.1:9/simple" in run.stderr
+
+
+def test_a_patch_the_release_already_carries_is_passed_with_nothing_started(
+    tmp_path: Path, cached_wheel: Path
+) -> None:
+    relpath = EAGLE.replace(".", "/") + ".py"
+    with zipfile.ZipFile(cached_wheel) as archive:
+        released = archive.read(relpath).decode()
+    line = "            finalize_tree_path=True,\n"
+    assert released.count(line) == 1
+    diff = "".join(
+        difflib.unified_diff(
+            released.replace(line, "").splitlines(keepends=True),
+            released.splitlines(keepends=True),
+            f"a/{relpath}",
+            f"b/{relpath}",
+        )
+    )
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches" / "carried.toml").write_text(
+        'id = "carried"\nsummary = "a test patch"\nrationale = "a test"\n'
+        f'[target]\nmodule = "{EAGLE}"\n'
+        f"[[edits]]\nkind = \"diff\"\ndiff = '''\n{diff}'''\n"
+    )
+    run = _rehearse(tmp_path, "carried", "--json", code=0)
+    report = run.json()
+    assert (report["outcome"], report["failed_stage"]) == ("ok", None)
+    assert report["stages"] == [
+        {
+            "stage": "install",
+            "status": "passed",
+            "detail": "the release already carries the change: nothing to rehearse",
+            "seconds": None,
+        }
+    ]

@@ -4,6 +4,7 @@ removed, with or without a sandbox in it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from opspatch.hosts.agent.processes import alive
 from opspatch.sandbox.layout import SandboxLayout
-from opspatch.sandbox.rehearse import tear_down
+from opspatch.sandbox.rehearse import ENGINE_TEMP_ROOM, engines_temp_in, tear_down
 
 pytestmark = pytest.mark.process
 
@@ -52,3 +53,16 @@ def test_an_empty_rehearsal_folder_is_removed_with_nothing_to_stop(tmp_path: Pat
     (root / "tmp").mkdir(parents=True)
     teardown = tear_down(SandboxLayout(root / "state"), root)
     assert (teardown.stopped, teardown.removed, teardown.problem) == ((), True, None)
+
+
+def test_the_engines_temporary_files_go_to_the_folder_only_where_a_socket_path_fits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TMPDIR", "/operator/tmp")
+    short = tmp_path / "t"
+    with engines_temp_in(short):
+        assert os.environ["TMPDIR"] == str(short) and short.is_dir()
+    assert os.environ["TMPDIR"] == "/operator/tmp"
+    long = tmp_path / ("x" * ENGINE_TEMP_ROOM)
+    with engines_temp_in(long):
+        assert os.environ["TMPDIR"] == "/operator/tmp" and not long.exists()

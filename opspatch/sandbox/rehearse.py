@@ -201,7 +201,9 @@ class _Rehearsal:
 
 
 def _release_stage(rehearsal: _Rehearsal) -> tuple[StageResult, Path]:
-    """The release's environment (cached) and the rehearsal's host with it."""
+    """The release's environment (cached) and the rehearsal's host with it: made here, before
+    `sandbox up`, so `up` finds its `sglang` installed and applies no base patch (the incident's
+    build): the rehearsal runs the release as pip installs it."""
     started = time.monotonic()
     rehearsal.progress(f"real SGLang {rehearsal.engine.version}: its environment and models")
     record = prepare_real_engine(rehearsal.engine, rehearsal.build_progress)
@@ -255,7 +257,7 @@ def rehearse(
     exit_code: int = EXIT_BAD_INPUT
     host: HostOutcome | None = None
     try:
-        with _engines_temp_in(root / "tmp"):
+        with engines_temp_in(root / "tmp"):
             exit_code, host = _run(rehearsal)
     except (KeyboardInterrupt, RunInterrupted):
         interrupted = True
@@ -326,11 +328,20 @@ def _run(rehearsal: _Rehearsal) -> tuple[int, HostOutcome | None]:
 # the teardown
 
 
+ENGINE_TEMP_ROOM = 94
+"""The longest `TMPDIR` a real server can use: it binds ZeroMQ IPC sockets at
+`$TMPDIR/tmpXXXXXXXX`, and a socket's path holds 107 characters at most."""
+
+
 @contextlib.contextmanager
-def _engines_temp_in(folder: Path) -> Iterator[None]:
+def engines_temp_in(folder: Path) -> Iterator[None]:
     """`TMPDIR` in the rehearsal's folder for the processes started meanwhile (they inherit this
     environment): a real server leaves its IPC sockets, Prometheus files and inductor cache in
-    `$TMPDIR` at each start, and the teardown removes the folder."""
+    `$TMPDIR` at each start, and the teardown removes the folder. Where that path is too long
+    for a socket, `$TMPDIR` is left as it is (and so are the servers' files in it)."""
+    if len(str(folder)) > ENGINE_TEMP_ROOM:
+        yield
+        return
     folder.mkdir(parents=True, exist_ok=True)
     previous = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = str(folder)
