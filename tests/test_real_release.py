@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from opspatch.core.wheelrecord import record_sha256s
 from opspatch.errors import InputError
 from opspatch.sandbox.real.build import engine_cache_dir
 from opspatch.sandbox.real.launch import cpu_env, server_args
@@ -129,3 +130,16 @@ def test_launch_flags_and_environment() -> None:
     assert cpu_env(1, [0, 1]) == {"SGLANG_USE_CPU_ENGINE": "1", "TRITON_INTERPRET": "1"}
     assert cpu_env(2, [0, 1])["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1"
     assert cpu_env(3, [4, 6])["SGLANG_CPU_OMP_THREADS_BIND"] == "4|6|4"
+
+
+def test_the_real_releases_record_is_read_with_its_quoted_paths() -> None:
+    """Real 0.5.23's RECORD quotes paths with commas in them (CSV); each reads as its path."""
+    try:
+        text = release_file("0.5.23", "sglang-0.5.23.dist-info/RECORD").decode()
+    except WheelUnavailable as exc:
+        pytest.skip(str(exc))
+    found = record_sha256s(text)
+    quoted = "sglang/kernels/ops/communication/configs/sp_collective/world=16,H=7168,device_name=NVIDIA_GB200.json"
+    assert found[quoted] is not None
+    assert len(found) == len(text.splitlines())
+    assert found["sglang/srt/speculative/eagle_worker_v2.py"] is not None

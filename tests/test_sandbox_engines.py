@@ -1,16 +1,19 @@
 """`sandbox up --engine standin|sglang`, `--tp` for single servers and `--live`, planned (pure):
 the manifest records the engine, TP and live and keeps them; the inventories start real SGLang
 with its model, CPU flags and environment, or the stand-in as before; what real SGLang cannot do
-in the sandbox is refused with the reason; the sandbox's base patches are none yet."""
+in the sandbox is refused with the reason; a real host of 0.5.23 is an incident host (the
+incident's build as its base patch, the build's switch and flags in its start)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from opspatch.config.inventory import parse_inventory
 from opspatch.errors import InputError
+from opspatch.sandbox.incident import INCIDENT_BUILD, INCIDENT_ENV, INCIDENT_SERVER_FLAGS
 from opspatch.sandbox.layout import REAL_ENGINE_STOP_TIMEOUT, SandboxLayout, sandbox_playbook
 from opspatch.sandbox.manifest import Manifest, RealEngineRecord, render_inventory
 from opspatch.sandbox.plan import UpRequest, planned_manifest
@@ -51,7 +54,6 @@ def test_a_new_sandbox_runs_the_standin_and_keeps_what_it_was_built_with() -> No
     [
         (None, UpRequest(engine=REAL, install="editable"), "--install editable does not go"),
         (None, UpRequest(engine=REAL, containers=True), "--containers does not go with --engine"),
-        (None, UpRequest(engine=REAL, units=UnitShape(1)), "--units does not go with --engine"),
         ("standin", UpRequest(engine=REAL), "the sandbox runs standin; `up --engine sglang=="),
         ("real", UpRequest(engine=STANDIN), "the sandbox runs sglang==0.5.23; `up --engine"),
         ("real", UpRequest(tp=3), "the sandbox's servers run 1 TP rank(s); `up --tp 3`"),
@@ -84,13 +86,27 @@ def test_the_inventory_starts_real_sglang_with_its_model_flags_and_environment()
     )
     assert "--attention-backend intel_amx" in start and "--sleep-on-idle" in start
     assert "--speculative-draft-model-path /cache/m/draft" in start
-    assert start.endswith("--tp-size 2")
+    assert start.endswith("--tp-size 2 --skip-server-warmup")  # the incident host's flag
     assert host.engine.restart.stop_timeout == REAL_ENGINE_STOP_TIMEOUT  # type: ignore[union-attr]
     env = host.engine.env
     assert env["SGLANG_USE_CPU_ENGINE"] == "1" and env["TRITON_INTERPRET"] == "1"
     assert env["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1
     assert host.live is True
     assert "real SGLang 0.5.23" in render_inventory(LAYOUT, manifest, over_ssh=False)
+
+
+def test_a_real_units_nodes_bind_their_ranks_to_cores_of_their_own() -> None:
+    planned, _ = planned_manifest(None, UpRequest(engine=REAL, units=UnitShape(1, 2, tp=1)))
+    manifest = Manifest(planned.hosts, engine=REAL, real=PARTS, units=planned.units)
+    inventory = _inventory(manifest)
+    cores = sorted(os.sched_getaffinity(0))
+    for index, name in enumerate(("sandbox-01", "sandbox-02")):
+        bind = inventory.host(name).engine.env["SGLANG_CPU_OMP_THREADS_BIND"]
+        assert bind == str(cores[index % len(cores)])  # node 1 on the next core
+    for name, rank in (("sandbox-01", "0"), ("sandbox-02", "1")):
+        start = inventory.host(name).engine.restart.start  # type: ignore[union-attr]
+        assert "--model-path /cache/m/target" in start and f"--node-rank {rank}" in start
+        assert "--tp-size 2 --nnodes 2" in start and start.count("--tp-size") == 1
 
 
 def test_the_standin_gets_tp_and_live_too_and_is_otherwise_as_before() -> None:
@@ -112,5 +128,16 @@ def test_real_sglang_is_given_minutes_to_start() -> None:
     )
 
 
-def test_the_sandboxs_base_patches_are_none_yet() -> None:
-    assert base_patches_for(REAL) == ()
+def test_a_real_host_of_the_incidents_release_is_an_incident_host() -> None:
+    assert [patch.spec.id for patch in base_patches_for(REAL)] == [INCIDENT_BUILD]
+    assert base_patches_for(STANDIN) == ()  # the stand-in carries the incident in its own code
+    planned, _ = planned_manifest(None, UpRequest(engine=REAL, units=UnitShape(1, 2, tp=1)))
+    manifest = Manifest(planned.hosts, engine=REAL, real=PARTS, units=planned.units)
+    inventory = _inventory(manifest)
+    for name in ("sandbox-01", "sandbox-02"):
+        engine = inventory.host(name).engine
+        assert INCIDENT_ENV.items() <= engine.env.items()
+        start = engine.restart.start  # type: ignore[union-attr]
+        assert start.count(" ".join(INCIDENT_SERVER_FLAGS)) == 1
+    standin = _inventory(Manifest(planned_manifest(None, UpRequest(count=1))[0].hosts))
+    assert not INCIDENT_ENV.keys() & standin.host("sandbox-01").engine.env.keys()

@@ -1,4 +1,5 @@
-"""`opspatch sandbox up|status|down`: the local fleet of stand-in engines, from the command line.
+"""`opspatch sandbox up|status|down|prepare|...`: the local fleet of engines (the stand-in or real
+SGLang on the CPU), from the command line.
 
 Thin on purpose: every decision is in `opspatch.sandbox.fleet`; this module parses options,
 prints results on stdout (a table, or one JSON document with `--json`) and progress on stderr.

@@ -57,7 +57,13 @@ def load_base_patch(patch_id: str = INCIDENT_BUILD) -> LoadedPatch:
     return load_patch(base_patch_path(patch_id))
 
 
-def base_patches_for(version: str) -> tuple[LoadedPatch, ...]:
+def is_incident_release(version: str | None) -> bool:
+    """Whether a real-engine host of SGLang `version` runs the incident's build (None: the
+    stand-in, which carries the incident in its own code)."""
+    return version in INCIDENT_RELEASES
+
+
+def base_patches_for(version: str | None) -> tuple[LoadedPatch, ...]:
     """The base patches a real-engine host of SGLang `version` is built with: the incident's
     build where it is made for that release, else none."""
-    return (load_base_patch(),) if version in INCIDENT_RELEASES else ()
+    return (load_base_patch(),) if is_incident_release(version) else ()

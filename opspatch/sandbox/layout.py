@@ -39,8 +39,9 @@ HEALTH_TIMEOUT = 5.0
 ENGINE_ENV: dict[str, str] = {"CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
 
 STANDIN_LOAD_ENV = "SGLANG_STANDIN_LOAD_S"
-"""The stand-in's hook that makes each start's weight load take that many more seconds
-(`up --restart-seconds`; the engine reads it in `tp_worker.py`, not importable from here)."""
+"""The hook that makes each engine start take that many more seconds (`up --restart-seconds`):
+the stand-in reads it in its weight load (`tp_worker.py`), a real engine in opspatch's platform
+plugin, in its main process (`real/engine_files/opspatch_sandbox_cpu`)."""
 
 MAX_RESTART_SECONDS = 3600.0
 

@@ -23,6 +23,7 @@ from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.errors import InputError
 from opspatch.sandbox import containers
 from opspatch.sandbox.dist import INSTALL_SHAPES, InstallShape
+from opspatch.sandbox.incident import INCIDENT_ENV, INCIDENT_SERVER_FLAGS, is_incident_release
 from opspatch.sandbox.layout import (
     CANARY_GROUP,
     ENGINE_ADDRESS,
@@ -36,7 +37,7 @@ from opspatch.sandbox.layout import (
     engine_url,
     start_command,
 )
-from opspatch.sandbox.real.launch import cpu_env, server_args
+from opspatch.sandbox.real.launch import CPU_ENV, OMP_BIND_ENV, cpu_env, server_args
 from opspatch.sandbox.real.release import STANDIN, EngineChoice
 
 PURGE = remedy_text(CliCommand.SANDBOX_DOWN, purge=True)
@@ -189,7 +190,10 @@ class Manifest:
         tp = () if unit is not None or self.tp == 1 else ("--tp-size", str(self.tp))
         if self.real is None:
             return STANDIN_ARGS + tp
-        return server_args(Path(self.real.target), Path(self.real.draft), 1) + tp
+        args = server_args(Path(self.real.target), Path(self.real.draft), 1) + tp
+        if is_incident_release(self.engine.version):
+            args += INCIDENT_SERVER_FLAGS
+        return args
 
     def engine_env(self, host: str | None = None) -> dict[str, str]:
         """The engine's environment (every host's the same but a real unit node's ranks)."""
@@ -198,7 +202,15 @@ class Manifest:
             env[STANDIN_LOAD_ENV] = f"{self.restart_seconds:g}"
         if self.engine.real:
             unit = None if host is None else self.unit_of(host)
-            env.update(cpu_env(unit.tp if unit is not None else self.tp))
+            if unit is None or host is None:
+                env.update(cpu_env(self.tp))
+            else:  # a node's ranks on cores of their own, node after node
+                cores = sorted(os.sched_getaffinity(0))
+                first = unit.hosts.index(host) * unit.tp
+                mine = [cores[(first + rank) % len(cores)] for rank in range(unit.tp)]
+                env.update({**CPU_ENV, OMP_BIND_ENV: "|".join(map(str, mine))})
+            if is_incident_release(self.engine.version):
+                env.update(INCIDENT_ENV)
         return env
 
     def unit_of(self, host: str) -> UnitRecord | None:

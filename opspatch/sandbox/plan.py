@@ -165,12 +165,6 @@ def _engine(
             "copy); an editable checkout needs SGLang's git repository, which the sandbox does "
             "not fetch",
         ),
-        (
-            bool(units),
-            "--units",
-            "real SGLang's multi-node start (--nnodes, --node-rank, --dist-init-addr over gloo) "
-            "is not proven on the CPU yet",
-        ),
     )
     for refused, option, why in reasons:
         if refused:

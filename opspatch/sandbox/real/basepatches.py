@@ -2,12 +2,15 @@
 first starts, beyond the release as pip installs it (the incident's build, say).
 
 Applied by opspatch's own apply (`apply_to_hosts`, restart `never`: the engine is not running
-yet) to each host whose `sglang` was just installed, so the ledger records each as a run of
-playbook `sandbox-base` on that host, and `status`, `diagnose` and `rollback` see the host's
-files as patched by it. A host whose `sglang` was already there is left as it is.
+yet) to each host whose `sglang` was just installed (by `up`, or put back by `sandbox
+reinstall`), so the ledger records each as a run of playbook `sandbox-base` on that host, and
+`status`, `diagnose` and `rollback` see the host's files as patched by it. A host whose `sglang`
+was already there is left as it is.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from opspatch.config import paths
 from opspatch.core.policy import Playbook
@@ -17,6 +20,7 @@ from opspatch.errors import HostError
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.fleet.connect import transport_factory
+from opspatch.sandbox import incident
 from opspatch.sandbox.layout import Progress, SandboxLayout
 from opspatch.sandbox.manifest import Manifest, sandbox_inventory
 from opspatch.sandbox.real.release import EngineChoice
@@ -26,9 +30,10 @@ BASE_PLAYBOOK = Playbook(name="sandbox-base", restart=RestartPolicy.NEVER)
 
 
 def base_patches_for(engine: EngineChoice) -> tuple[LoadedPatch, ...]:
-    """The base patches of a real-engine host running `engine`: none yet (the incident's build
-    of issue 41 joins here)."""
-    return ()
+    """The base patches of a real-engine host running `engine`: the incident's build where it
+    is made for the release (`opspatch.sandbox.incident`), so the sandbox's real hosts run the
+    release the incident happened on, as the stand-in's do."""
+    return incident.base_patches_for(engine.version)
 
 
 def apply_base_patches(
@@ -45,7 +50,9 @@ def apply_base_patches(
     """
     if not patches:
         return
-    target = sandbox_inventory(layout, manifest, over_ssh=False).host(host)
+    # built per node, the node's engine not running, as pip installs the wheel on each node (a
+    # reinstall rebuilds one): not an apply to part of a running multi-node server
+    target = replace(sandbox_inventory(layout, manifest, over_ssh=False).host(host), unit=None)
     with Ledger.open(paths.default_ledger_location()) as ledger:
         for patch in patches:
             progress(f"{host}: applying the sandbox's base patch {patch.spec.id}")
