@@ -143,6 +143,9 @@ def test_a_patch_the_release_already_carries_is_passed_with_nothing_started(
         f'[target]\nmodule = "{EAGLE}"\n'
         f"[[edits]]\nkind = \"diff\"\ndiff = '''\n{diff}'''\n"
     )
+    table = _rehearse(tmp_path, "carried", code=0).stdout
+    assert "rehearsal of carried on real sglang==0.5.23 (this CPU): ok" in table, table
+    assert "the release already carries the change" in table, table
     run = _rehearse(tmp_path, "carried", "--json", code=0)
     report = run.json()
     assert (report["outcome"], report["failed_stage"]) == ("ok", None)

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
+from rich.text import Text
 
 from opspatch.cli.context import JsonOption, PatchArgument, options
-from opspatch.cli.render import emit_json, err, out
+from opspatch.cli.render import Column, emit_json, err, out, table_of
 from opspatch.cli.sandbox import build_display
 from opspatch.sandbox.real.release import DEFAULT_REAL_RELEASE, REAL_RELEASES
 
@@ -61,16 +61,26 @@ def rehearse(
         raise typer.Exit(report.exit_code)
 
 
+STAGE_COLUMNS = (
+    ("stage", Column.ID),
+    ("status", Column.ID),
+    ("seconds", Column.ID),
+    ("detail", Column.DETAIL),
+)
+
+
 def _print(report: RehearsalReport) -> None:
     title = f"rehearsal of {report.patch} on real {report.release} (this CPU): {report.outcome}"
-    table = Table(title=title, title_justify="left")
-    for column in ("stage", "status", "seconds", "detail"):
-        table.add_column(column)
-    for stage in report.stages:
-        seconds = "-" if stage.seconds is None else f"{stage.seconds:.0f}"
-        style = "red" if stage.status == "failed" else ""
-        table.add_row(str(stage.stage), str(stage.status), seconds, stage.detail, style=style)
-    out.print(table)
+    rows = [
+        (
+            str(stage.stage),
+            Text(str(stage.status), style="red" if stage.status == "failed" else ""),
+            "-" if stage.seconds is None else f"{stage.seconds:.0f}",
+            stage.detail,
+        )
+        for stage in report.stages
+    ]
+    out.print(table_of(STAGE_COLUMNS, rows, title=title))
     host = report.host
     if host is not None and host.error:
         out.print(f"the apply: {host.outcome}: {host.error}", markup=False)

@@ -212,7 +212,7 @@ def _release_stage(rehearsal: _Rehearsal) -> tuple[StageResult, Path]:
     assert rehearsal.engine.version is not None
     base = BaseEnv(Path(record.base), rehearsal.engine.version, key="")
     python = make_real_host_python(host_dir, base, Path(record.wheel))
-    detail = f"sglang {rehearsal.engine.version} installed on a host of its own ({host_dir})"
+    detail = f"sglang {rehearsal.engine.version} installed on a host of its own"
     seconds = time.monotonic() - started
     return StageResult(Stage.RELEASE, StageStatus.PASSED, detail, seconds), python
 
