@@ -1,7 +1,7 @@
 """`opspatch rehearse PATCH`: a hot fix tried on the real release, on this CPU, before a fleet.
 
 Built from the parts that already run real SGLang here, in a folder of its own that is removed at
-the end (docs/sandbox.md, "Rehearsal", says why one host and why no ledger of the operator's):
+the end (docs/rehearse.md says why one host and why no ledger of the operator's):
 
 1. the input checked with nothing started (`release_files`): the release is one the sandbox
    runs, the patch is for its distribution, each target module is in the release's wheel, the
@@ -75,7 +75,7 @@ from opspatch.sandbox.rehearsal import (
 from opspatch.sandbox.up import sandbox_up
 
 HOST = host_name(0)
-"""The rehearsal's one host: its old server is the judge's baseline (docs/sandbox.md)."""
+"""The rehearsal's one host: its old server is the judge's baseline (docs/rehearse.md)."""
 
 REHEARSAL_JUDGE = JudgeSettings(
     count=8, max_new_tokens=16, warmup=1, latency_rise=9.0, timeout=1800.0
