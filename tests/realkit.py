@@ -4,8 +4,8 @@ The engine cache (`OPSPATCH_ENGINE_CACHE`, else `~/.cache/opspatch-tests/engines
 at import, before the isolated-HOME fixture runs, so it survives runs; `.ci/run` builds it first
 (`opspatch sandbox prepare --engine sglang`), so the tier only starts servers. Where it is not
 built, the first test to need it builds it (minutes); where the package index cannot be reached
-for that, the test skips with the reason. Servers cost 20-60 s and 2-3 GB each: tests share
-them through module-scoped fixtures, at most two at a time.
+for that, the test skips with the reason. Servers cost minutes and 2-3 GB each: the tier has two
+(tests/test_incident_real_engine.py, tests/test_sandbox_real.py), each shared by its module.
 """
 
 from __future__ import annotations
@@ -60,7 +60,11 @@ def real_engine() -> RealEngine:
         wheel = ensure_wheel(ENGINE_CACHE, DEFAULT_REAL_RELEASE, lambda _: None)
         models = ensure_models(ENGINE_CACHE, base, _quiet)
     except IndexUnreachable as exc:
-        pytest.skip(f"real SGLang's environment cannot be built: {exc.message}")
+        pytest.skip(
+            f"real SGLang's environment is not in {ENGINE_CACHE} and cannot be built there "
+            f"(`OPSPATCH_ENGINE_CACHE={ENGINE_CACHE} opspatch sandbox prepare --engine sglang`): "
+            f"{exc.message}"
+        )
     return RealEngine(ENGINE_CACHE, base, wheel, models)
 
 
