@@ -82,7 +82,7 @@ def _engine(value: str | None) -> EngineChoice | None:
 
 
 @contextmanager
-def _build_display() -> Iterator[BuildProgress]:
+def build_display() -> Iterator[BuildProgress]:
     """How a real engine's build shows its minutes: a spinner with the step and the latest line
     on a terminal; on a pipe or file, a line per step (and the models' training lines)."""
     if not err.is_terminal:
@@ -215,7 +215,7 @@ def up(
     from opspatch.sandbox.fleet import SandboxLayout, sandbox_up
 
     shape = _unit_shape(units, nodes, tp)
-    with _build_display() as build_progress:
+    with build_display() as build_progress:
         report = sandbox_up(
             SandboxLayout.default(),
             hosts=count,
@@ -259,7 +259,7 @@ def prepare(
     choice = _engine(engine)
     if choice is None or not choice.real:
         raise InputError("the stand-in needs no preparing", hint="--engine sglang")
-    with _build_display() as build_progress:
+    with build_display() as build_progress:
         record = prepare_real_engine(choice, build_progress)
     if as_json:
         emit_json({"engine": choice.label, **record.to_json()})

@@ -7,7 +7,8 @@ environment in one of two shapes: like a wheel (`dist.py` holds what both share)
 checkout installed editable (`checkout.py`, as on the incident's host). `sshd.py` starts private
 OpenSSH servers for the hosts, and `fleet.py` is the front door of `up`, `status` and `down`
 (`layout`, `manifest`, `plan`, `processes`, `up`, `status`, `down`), which also write the
-inventories.
+inventories. `rehearse.py` runs `opspatch rehearse` on a throwaway real-engine sandbox
+(`rehearsal.py`: its stages, pure).
 
 May import: `opspatch.runs`, `opspatch.hosts`, `opspatch.config`, `opspatch.core` and
 `opspatch.errors`; not the CLI (the `opspatch sandbox` commands live in `opspatch.cli.sandbox`).

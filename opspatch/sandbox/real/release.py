@@ -113,12 +113,26 @@ def parse_engine(text: str) -> EngineChoice:
             f"{DEFAULT_REAL_RELEASE} on the CPU",
         )
     version = version.strip() or DEFAULT_REAL_RELEASE
+    return real_release(
+        version,
+        given_as=f"--engine sglang=={version}",
+        instead=f"--engine sglang (= {DEFAULT_REAL_RELEASE}), or --engine standin",
+    )
+
+
+def real_release(version: str, *, given_as: str, instead: str) -> EngineChoice:
+    """Real SGLang `version`, where the sandbox runs it (`sandbox up --engine`, `rehearse
+    --release`: one rule, one message). `given_as`: the option as typed; `instead`: what to use.
+
+    Raises:
+        InputError: a release not in `REAL_RELEASES`, named with the ones it runs.
+    """
     if version not in REAL_RELEASES:
         raise InputError(
-            f"--engine sglang=={version}: the sandbox runs real SGLang {', '.join(REAL_RELEASES)} "
+            f"{given_as}: the sandbox runs real SGLang {', '.join(REAL_RELEASES)} "
             f"only, not {version} (each release needs its own pinned environment and a CPU "
             "kernel layer proven on it)",
-            hint=f"use --engine sglang (= {DEFAULT_REAL_RELEASE}), or --engine standin",
+            hint=f"use {instead}",
         )
     return EngineChoice("sglang", version)
 
