@@ -59,6 +59,7 @@ FLAGS: Mapping[Command, frozenset[CliFlag]] = {
     Command.EXPORT: frozenset({CliFlag.RELEASE, CliFlag.FORMAT}),
     Command.LINT_INIT: frozenset({CliFlag.HOSTS, CliFlag.WRITE_PATCH}),
     Command.PLAN: frozenset({CliFlag.HOSTS, CliFlag.ROOT}),
+    Command.REHEARSE: frozenset(),
     Command.RECOVER: frozenset({CliFlag.HOSTS, CliFlag.RUN}),
     Command.RESTART: frozenset({CliFlag.HOSTS}),
     Command.ROLLBACK: frozenset({CliFlag.HOSTS, CliFlag.RUN, CliFlag.ROOT, CliFlag.RESTART}),
@@ -80,6 +81,7 @@ FLAGS: Mapping[Command, frozenset[CliFlag]] = {
     Command.LIVE_ENABLE: frozenset({CliFlag.HOSTS}),
     Command.SANDBOX_DOWN: frozenset({CliFlag.PURGE}),
     Command.SANDBOX_LOAD: frozenset(),
+    Command.SANDBOX_PREPARE: frozenset(),
     Command.SANDBOX_REINSTALL: frozenset({CliFlag.VERSION, CliFlag.RESTART}),
     Command.SANDBOX_STATUS: frozenset(),
     Command.SANDBOX_UP: frozenset(
@@ -95,6 +97,7 @@ ARGUMENTS: Mapping[Command, tuple[str, ...]] = {
     Command.CHECK: ("patches",),
     Command.EXPORT: ("patch",),
     Command.PLAN: ("patch",),
+    Command.REHEARSE: ("patch",),
     Command.ROLLBACK: ("patch",),
     Command.INVENTORY_SHOW: ("target",),
     Command.LEDGER_REPORT: ("run",),
