@@ -152,7 +152,7 @@ class _Unchanged:
 
     def __init__(self, old_text: str | None, new_text: str | None) -> None:
         self.texts = (
-            (LineIndex(old_text), LineIndex(new_text))
+            (LineIndex.of(old_text), LineIndex.of(new_text))
             if old_text is not None and new_text is not None
             else None
         )
