@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import bisect
 import copy
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -77,15 +78,13 @@ class WholeReparse:
 
 @dataclass
 class _Place:
-    """Where a definition of the current tree stands now (its first and last line); whether
-    its node says exactly what a parse of the whole text would (`fresh`), or was parsed before
-    an edit moved or changed it; whether its lines have all been checked for depth where they
-    stand (`checked`: not when lines were put into it without parsing them)."""
+    """Where a definition of the current tree stands now (its first and last line), and
+    whether its node says exactly what a parse of the whole text would (`fresh`), or was parsed
+    before an edit moved or changed it."""
 
     first: int
     end: int
     fresh: bool = True
-    checked: bool = True
 
 
 class ScopedReparse:
@@ -111,15 +110,19 @@ class ScopedReparse:
             Unsure: the scope is not one definition, or does not parse on its own.
         """
         if _is_whole(scope):
-            self.final_tree()
+            if not self.whole_fresh:  # every line was checked for depth when it came in
+                try:
+                    self._whole(self._parse(self.text, checked=True))
+                except SyntaxError:
+                    raise Unsure("the text does not parse") from None
             return self.tree
         assert scope is not None
         node = self._resolve(scope)
         place = self.places[id(node)]
         if not place.fresh:
+            # every line of the text was checked for depth where it stands when it came in
             path = _path(self.tree, scope)
-            depth = None if place.checked else len(path)
-            new = self._parse_region(scope, node, self.index, place.first, place.end, depth)
+            new = self._parse_region(scope, node, self.index, place.first, place.end, None)
             self._swap(path, scope, new)
         return self.tree
 
@@ -144,7 +147,8 @@ class ScopedReparse:
             self._changed(scope, splices, text)
 
     def final_tree(self) -> ast.Module:
-        """The tree of the whole text the last edit left (parsed once, here).
+        """The tree of the whole text the last edit left (parsed once, here, and checked for
+        depth whole, as the reference checks it).
 
         Raises:
             Unsure: it does not parse (the reference says after which edit).
@@ -168,15 +172,16 @@ class ScopedReparse:
             id(node): _Place(first_line(node), _end(node)) for _, node in iter_definitions(tree)
         }
 
-    def _parse(self, text: str) -> ast.Module:
-        """`text` parsed whole, made the current text.
+    def _parse(self, text: str, *, checked: bool = False) -> ast.Module:
+        """`text` parsed whole, made the current text; its depth checked unless every line of
+        it was (`checked`).
 
         Raises:
             SyntaxError: it does not parse, and every change before this one did.
             Unsure: it does not parse, and lines put in before may be why.
         """
         try:
-            tree = parse_python(text)
+            tree = parse_python(text, max_depth=None if checked else MAX_AST_DEPTH)
         except SyntaxError:
             if self.pending:
                 raise Unsure("the text does not parse, after lines not parsed yet") from None
@@ -223,6 +228,7 @@ class ScopedReparse:
             or (text[offset - 1 : offset] == "\r" and new.startswith("\n"))
             or (new.endswith("\r") and text[offset : offset + 1] == "\n")
             or any(_defines(row) for row in split_lines(new))
+            or not _shallow_enough(new)
         ):
             return None
         own = None if _is_whole(scope) else self._resolve(scope)  # type: ignore[arg-type]
@@ -239,18 +245,16 @@ class ScopedReparse:
 
     def _put_lines(self, scope: str | None, line: int, text: str) -> None:
         """Lines put before `line` (giving `text`), not parsed yet: what holds them is no longer
-        fresh (nor checked), and whatever stands after them moved."""
+        fresh, and whatever stands after them moved."""
         index = self.index.spliced(text, line, line - 1).remember()
         grown = len(index.lines) - len(self.index.lines)
         holders = set() if _is_whole(scope) else _holders_of(scope)  # type: ignore[arg-type]
         for qualname, node in iter_definitions(self.tree):
             place = self.places[id(node)]
             if qualname in holders:
-                self.places[id(node)] = _Place(place.first, place.end + grown, False, False)
+                self.places[id(node)] = _Place(place.first, place.end + grown, False)
             elif place.first >= line:
-                self.places[id(node)] = _Place(
-                    place.first + grown, place.end + grown, False, place.checked
-                )
+                self.places[id(node)] = _Place(place.first + grown, place.end + grown, False)
         self.text, self.index = text, index
         self.whole_fresh = False
         self.pending = True
@@ -335,9 +339,9 @@ class ScopedReparse:
                 holder = copies[id(node)]
                 assert isinstance(holder, DefNode)
                 node = holder
-                place = _Place(place.first, place.end + grown, False, place.checked)
+                place = _Place(place.first, place.end + grown, False)
             elif place.first > after and grown:
-                place = _Place(place.first + grown, place.end + grown, False, place.checked)
+                place = _Place(place.first + grown, place.end + grown, False)
             ordered.append((qualname, node))
             places[id(node)] = place
         remember_definitions(twin, ordered)
@@ -354,6 +358,20 @@ def _defines(line: str) -> bool:
     """Whether a line may start a definition or a decorator (so its lines are parsed at once:
     the scopes a file defines are known); a line that merely starts so is taken for one."""
     return line.lstrip(" \t\f").startswith(("def", "class", "async", "@"))
+
+
+def _shallow_enough(lines: str) -> bool:
+    """Whether statements put into a file as `lines` (at the indentation of their block) cannot
+    sit deeper there than the whole file's parse allows: parsed on their own, with what a block
+    at that indentation can add (each step of indentation at most a compound statement and a
+    handler). What is not known to be so is parsed with its scope at once."""
+    indent = next((row for row in split_lines(lines) if row.strip()), "")
+    indent = indent[: len(indent) - len(indent.lstrip(" \t\f"))]
+    try:
+        parse_python(textwrap.dedent(lines), max_depth=MAX_AST_DEPTH - 2 * len(indent))
+    except SyntaxError:
+        return False
+    return True
 
 
 def _holders_of(scope: str) -> set[str]:
