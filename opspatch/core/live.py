@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from types import CodeType
 
 from opspatch.core.jsonrecord import JsonRecord
+from opspatch.core.syntax import compile_tree, parse_python
 from opspatch.core.vocabulary import LiveKind, LivePolicy, NotLiveReason
 
 RESTART_ONLY_PATHS = ("model_executor/", "models/", "cuda_graph_runner")
@@ -103,8 +104,9 @@ class _Image:
 
     def __init__(self, module: str, data: bytes, which: str) -> None:
         try:
-            self.tree = ast.parse(data)
-            code = compile(self.tree, f"<{module} {which}>", "exec", dont_inherit=True)
+            # parse_python's lock: a plan may parse in another thread (gh-106905)
+            self.tree = parse_python(data, max_depth=None)
+            code = compile_tree(self.tree, f"<{module} {which}>")
         except (SyntaxError, ValueError) as error:
             raise _Refusal(
                 NotLiveReason.UNPARSABLE, f"the {which} does not compile here: {error}"

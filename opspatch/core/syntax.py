@@ -20,6 +20,7 @@ import threading
 import tokenize
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from types import CodeType
 from typing import Literal, overload
 
 MAX_AST_DEPTH = 150
@@ -81,6 +82,17 @@ def parse_python(
         tree = _parse_without_collection(source, filename, mode, feature_version, max_depth)
     assert isinstance(tree, ast.Module | ast.Expression)
     return tree
+
+
+def compile_tree(tree: ast.Module, filename: str) -> CodeType:
+    """`compile` of a syntax tree, under `_PARSE` too: turning the tree back into the parser's
+    own shares that recursion depth with parsing (gh-106905).
+
+    Raises:
+        SyntaxError, ValueError: the tree does not compile.
+    """
+    with _PARSE:
+        return compile(tree, filename, "exec", dont_inherit=True)
 
 
 def _parse_without_collection(
