@@ -18,6 +18,7 @@ import gc
 import io
 import threading
 import tokenize
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import CodeType
@@ -120,6 +121,21 @@ def _parse_without_collection(
         if max_depth is not None:
             _check_depth(tree, max_depth)
         return tree
+
+
+_WARNING_FILTERS = threading.Lock()
+"""`warnings.catch_warnings` saves and restores the process-wide filter list; two threads doing
+it at once (the preflight plans hosts in parallel) can restore each other's state and leave
+warnings ignored for good. Every use holds this lock (`warnings_ignored`)."""
+
+
+@contextlib.contextmanager
+def warnings_ignored() -> Iterator[None]:
+    """Warnings ignored for a stretch of work that compiles code not ours (its SyntaxWarnings are
+    upstream's), the filters restored after it; one such stretch at a time in this process."""
+    with _WARNING_FILTERS, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 @contextlib.contextmanager
