@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from opspatch.core.anchors import (
     AnchorProblem,
     DefNode,
+    child_blocks,
     definitions_in,
     first_line,
     iter_definitions,
@@ -324,7 +325,11 @@ class ScopedReparse:
         after, grown = moved
         parent_name = scope.rpartition(".")[0]
         prefix = parent_name + "." if parent_name else ""
-        gone = {id(node) for _, node in definitions_in([old], prefix)}
+        gone = {
+            id(node)
+            for qualname, node in iter_definitions(self.tree)
+            if node is old or qualname.startswith(f"{scope}.")
+        }
         came = definitions_in([new], prefix)
         ordered: list[tuple[str, DefNode]] = []
         places: dict[int, _Place] = {}
@@ -409,13 +414,12 @@ def _below(holder: ast.AST, target: ast.AST) -> list[ast.AST] | None:
     """The nodes from a child of `holder` down to `target`, at `holder`'s own level (not into
     other definitions); None when it is not there."""
     for name in _HOLDERS:
-        for child in getattr(holder, name, None) or []:
+        for child in getattr(holder, name, None) or ():
             if child is target:
                 return [child]
-            if isinstance(child, ast.stmt | ast.excepthandler | ast.match_case) and not isinstance(
-                child, DefNode
-            ):
-                found = _below(child, target)
-                if found is not None:
-                    return [child, *found]
+            if isinstance(child, ast.stmt) and not child_blocks(child):
+                continue  # holds no statements (a definition's are its own scope's)
+            found = _below(child, target)
+            if found is not None:
+                return [child, *found]
     return None

@@ -299,6 +299,10 @@ def _chosen_anchor(
     return found[-1] if anchor.which == "last" else found[0]
 
 
+_CODE: list[tuple[PatchSpec, InsertedCode]] = []
+_CODE_LOCK = threading.Lock()
+
+
 @dataclass(frozen=True)
 class InsertedCode:
     """The statement dumps of a patch's inserts, by their first and by their last statement:
@@ -310,6 +314,17 @@ class InsertedCode:
 
     @classmethod
     def of(cls, patch: PatchSpec) -> InsertedCode:
+        """The patch's, made once for the patch last asked about (a plan asks per scope)."""
+        with _CODE_LOCK:
+            if _CODE and _CODE[0][0] is patch:
+                return _CODE[0][1]
+        code = cls._made(patch)
+        with _CODE_LOCK:
+            _CODE[:] = [(patch, code)]
+        return code
+
+    @classmethod
+    def _made(cls, patch: PatchSpec) -> InsertedCode:
         by_first: dict[str, list[tuple[int, list[str]]]] = {}
         by_last: dict[str, list[tuple[int, list[str]]]] = {}
         for j, edit in enumerate(patch.edits):
