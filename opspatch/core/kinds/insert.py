@@ -228,7 +228,7 @@ def _find_scope_runs(
         try:
             run = _find_inserted(index, tree, patch, j, later, code, seen)
         except EditProblem as problem:
-            runs[j] = problem
+            runs[j] = problem.with_traceback(None)  # kept: its frames would hold this dict
             continue
         runs[j] = run
         later.update(id(stmt) for stmt in run or [])
