@@ -36,7 +36,7 @@ from opspatch.hosts.channel import (
     REFUSAL_ERRORS,
     AgentAnswer,
     AgentEndpoint,
-    BootstrapEndpoint,
+    agent_endpoint,
     lock_times,
     operation_call,
 )
@@ -96,11 +96,7 @@ class AgentCaller:
         """The user each exec ran as (`name`, or `name (sudo)` when raised), oldest first."""
         self._fence: _Fence | None = None
         sudo = Sudo(host, passwords or BecomePasswords())
-        self.endpoint: AgentEndpoint = (
-            transport
-            if isinstance(transport, AgentEndpoint)
-            else BootstrapEndpoint(transport, host, sudo)
-        )
+        self.endpoint: AgentEndpoint = agent_endpoint(transport, host, sudo)
 
     @property
     def name(self) -> str:

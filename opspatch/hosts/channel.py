@@ -8,8 +8,10 @@ sends with: who answers is an `AgentEndpoint`; for the SSH and local transports,
 `BootstrapEndpoint`, the one real path, which builds `<python> -c BOOTSTRAP` with the request on
 stdin (`encode_request`, carrying only the agent modules its operations need: `modules_for`),
 sends it as the login user or, through `Sudo`, as a raised one, and reads the reply line
-(`parse_reply`); a test double that answers typed requests itself (`transport.scripted`) is its
-own endpoint. The lock's re-assertion on every exec of a run that holds it (the fence) and
+(`parse_reply`); where the host's interpreter is the controller's own (a local file),
+`OwnProcessEndpoint` answers in this process what a new interpreter would answer the same way;
+a test double that answers typed requests itself (`transport.scripted`) is its own endpoint
+(`agent_endpoint` chooses). The lock's re-assertion on every exec of a run that holds it (the fence) and
 `lock_times` are described in `HostOperations.call_batch_as`.
 """
 
@@ -19,6 +21,9 @@ import ast
 import base64
 import functools
 import json
+import os
+import shutil
+import sys
 import threading
 import zlib
 from collections.abc import Mapping
@@ -27,7 +32,7 @@ from importlib import resources
 from typing import Any, Protocol, cast, runtime_checkable
 
 from opspatch.core.host import Host
-from opspatch.core.syntax import parse_python
+from opspatch.core.syntax import parse_python, warnings_ignored
 from opspatch.errors import (
     LockHeld,
     PreimageMismatch,
@@ -276,6 +281,69 @@ class AgentEndpoint(Protocol):
     def answer(
         self, request: AgentRequest, *, as_user: str | None, timeout: float
     ) -> AgentAnswer: ...
+
+
+def agent_endpoint(transport: Transport, host: Host, sudo: Sudo) -> AgentEndpoint:
+    """Who answers this host's agent requests: a transport that answers typed requests itself
+    (a test double); else the bootstrap over the transport, and where the host's interpreter is
+    the controller's own, the controller's own process first (`OwnProcessEndpoint`)."""
+    if isinstance(transport, AgentEndpoint):
+        return transport
+    bootstrap = BootstrapEndpoint(transport, host, sudo)
+    engine = host.engine
+    if (
+        transport.on_controller
+        and engine.python is not None
+        and is_this_interpreter(engine.python)
+        and not engine.env
+    ):
+        return OwnProcessEndpoint(bootstrap)
+    return bootstrap
+
+
+def is_this_interpreter(python: str) -> bool:
+    """Whether `python` (a path, or a name found on PATH) is the file this process runs: the
+    same path, not merely the same binary (a venv's python links to its base's, and imports
+    other packages)."""
+    found = python if os.sep in python else shutil.which(python)
+    return found is not None and os.path.abspath(found) == os.path.abspath(sys.executable)
+
+
+class OwnProcessEndpoint:
+    """The agent's operations run in the controller's own process: the host is this machine,
+    its interpreter this very one, as this user, so a new interpreter would run the same
+    functions on the same files. What cannot be answered here goes to the bootstrap (a new
+    interpreter, as before): a request as another user (sudo), one in the engine's folder, and
+    one with an operation whose descriptor does not allow it here (`Operation.in_process`: a
+    restart, a wait, a module found on the import path, which is not the engine's here).
+
+    The lock, the fence, the compile check, the backup and the atomic write are the agent's
+    own, unchanged; arguments and replies are copied as JSON, as they travel to a host."""
+
+    def __init__(self, bootstrap: BootstrapEndpoint) -> None:
+        self.bootstrap = bootstrap
+
+    def answer(self, request: AgentRequest, *, as_user: str | None, timeout: float) -> AgentAnswer:
+        """One exec, here when it may be (see the class).
+
+        Raises:
+            As `BootstrapEndpoint.answer`, for a request sent there.
+        """
+        from opspatch.hosts.agent.dispatch import identity, perform, run_batch
+        from opspatch.hosts.results import OPERATIONS
+
+        calls = request["ops"]
+        here = as_user is None and not request.get("cwd")
+        for call in calls:
+            described = OPERATIONS.get(call["op"])
+            here = here and described is not None and described.in_process(call["args"])
+        if not here:
+            return self.bootstrap.answer(request, as_user=as_user, timeout=timeout)
+        copied = json.loads(json.dumps(calls))  # what a host would decode: nothing shared
+        with warnings_ignored():  # an agent's stderr is read only when it gives no reply
+            replies = run_batch(copied, perform)
+        reply = {"replies": replies, "identity": identity()}
+        return AgentAnswer(reply=cast(AgentReply, json.loads(json.dumps(reply, sort_keys=True))))
 
 
 class BootstrapEndpoint:

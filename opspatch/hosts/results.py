@@ -88,6 +88,11 @@ class Operation(Generic[Req, Rep, R]):
     record: type[R]
     function: Callable[[Req], Rep]
     renamed: Mapping[str, str] = field(default_factory=dict)
+    in_process: Callable[[Mapping[str, Any]], bool] = field(default=lambda args: False)
+    """Whether a call (these arguments) may run in the controller's own process where the host's
+    interpreter is the controller's (`channel.OwnProcessEndpoint`): work on files of a bounded
+    size, nothing started, waited for or imported from the engine's import path. False unless
+    the descriptor says."""
 
     def __post_init__(self) -> None:
         OPERATIONS[self.name] = self
@@ -256,12 +261,29 @@ class AgentIdentity(JsonRecord):
 
 # -- the operations whose records are above -----------------------------------------------------
 
-FACTS = Operation("facts", NoArgs, FactsReply, HostFacts, op_facts)
+
+def _always(args: Mapping[str, Any]) -> bool:
+    return True
+
+
+def _by_path(args: Mapping[str, Any]) -> bool:
+    # a module is found on the import path, and the controller's own is not the engine's (it
+    # starts with the folder the controller was started from, and whatever it added since)
+    return not args.get("module")
+
+
+FACTS = Operation("facts", NoArgs, FactsReply, HostFacts, op_facts, in_process=_always)
 RESOLVE = Operation("resolve", ResolveRequest, ResolveReply, ResolvedModule, op_resolve)
-READ = Operation("read", ReadRequest, FileReply, RemoteFile, op_read)
-INSPECT = Operation("inspect", InspectRequest, InspectReply, HostInspection, op_inspect)
-SWAP = Operation("swap", SwapRequest, SwapReply, SwapResult, op_swap)
-RESTORE = Operation("restore", RestoreRequest, RestoreReply, RestoreResult, op_restore)
-LOCK = Operation("lock", LockRequest, LockReply, LockInfo, op_lock)
-UNLOCK = Operation("unlock", UnlockRequest, UnlockReply, UnlockResult, op_unlock)
-WHOAMI = Operation("whoami", NoArgs, WhoamiReply, AgentIdentity, op_whoami)
+READ = Operation("read", ReadRequest, FileReply, RemoteFile, op_read, in_process=_always)
+INSPECT = Operation(
+    "inspect", InspectRequest, InspectReply, HostInspection, op_inspect, in_process=_by_path
+)
+SWAP = Operation("swap", SwapRequest, SwapReply, SwapResult, op_swap, in_process=_always)
+RESTORE = Operation(
+    "restore", RestoreRequest, RestoreReply, RestoreResult, op_restore, in_process=_always
+)
+LOCK = Operation("lock", LockRequest, LockReply, LockInfo, op_lock, in_process=_always)
+UNLOCK = Operation(
+    "unlock", UnlockRequest, UnlockReply, UnlockResult, op_unlock, in_process=_always
+)
+WHOAMI = Operation("whoami", NoArgs, WhoamiReply, AgentIdentity, op_whoami, in_process=_always)

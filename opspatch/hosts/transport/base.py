@@ -103,6 +103,13 @@ class Transport(Protocol):
         """The container the commands ran in (None: the host itself, or not pinned yet)."""
         ...
 
+    @property
+    def on_controller(self) -> bool:
+        """Whether the commands run on the controller itself, as the controller's own user (the
+        local transport), so an agent request may be answered in the controller's own process
+        (`channel.agent_endpoint`)."""
+        ...
+
     def run(self, command: Command, *, stdin: bytes = b"", timeout: float) -> CommandResult:
         """Run `command` with `stdin`, wait at most `timeout` seconds, return its result.
 
@@ -133,11 +140,16 @@ _Self = TypeVar("_Self", bound="ClosesOnExit")
 
 class ClosesOnExit:
     """Mixin making a transport a context manager that calls its `close()` on exit; its commands
-    run on the host itself (`container` None) unless the transport says otherwise."""
+    run on the host itself (`container` None), not on the controller (`on_controller` False),
+    unless the transport says otherwise."""
 
     @property
     def container(self) -> ContainerIdentity | None:
         return None
+
+    @property
+    def on_controller(self) -> bool:
+        return False
 
     def close(self) -> None:  # pragma: no cover - every transport defines its own
         raise NotImplementedError

@@ -80,6 +80,11 @@ class LocalTransport(ClosesOnExit):
         self._kill_grace = kill_grace_seconds
         self._max_output = max_output_bytes
 
+    @property
+    def on_controller(self) -> bool:
+        """This machine is the controller, and the commands run as this process's user."""
+        return True
+
     def run(self, command: Command, *, stdin: bytes = b"", timeout: float) -> CommandResult:
         """Run `command` with `stdin`, draining stdout and stderr, within `timeout` seconds.
 
