@@ -4,10 +4,11 @@
 (`call_batch_as`: a list of `OperationCall` run in order by the agent in one exec, stopping at
 the first refusal, a reply per operation) and turns refusals into the error tree through
 `REFUSAL_ERRORS` here, the one table from the agent's codes to errors. This module holds what it
-sends with: who answers is an `AgentEndpoint`; for the SSH and local transports,
-`BootstrapEndpoint`, the one real path, which builds `<python> -c BOOTSTRAP` with the request on
-stdin (`encode_request`, carrying only the agent modules its operations need: `modules_for`),
-sends it as the login user or, through `Sudo`, as a raised one, and reads the reply line
+sends with: who answers is an `AgentEndpoint` (`opspatch.hosts.resident.open_endpoint` picks
+it): the resident agent (`RESIDENT`, `opspatch.hosts.resident`), or per request
+`BootstrapEndpoint`, which builds `<python> -c BOOTSTRAP` with the request on stdin
+(`encode_request`, carrying only the agent modules its operations need: `modules_for`), sends
+it as the login user or, through `Sudo`, as a raised one, and reads the reply line
 (`parse_reply`); a test double that answers typed requests itself (`transport.scripted`) is its
 own endpoint. The lock's re-assertion on every exec of a run that holds it (the fence) and
 `lock_times` are described in `HostOperations.call_batch_as`.
@@ -300,8 +301,9 @@ class AgentAnswer:
 
 @runtime_checkable
 class AgentEndpoint(Protocol):
-    """Who answers an agent request (one exec): `BootstrapEndpoint` over a real transport, or a
-    test double that answers the typed request itself (`transport.scripted.ScriptedTransport`)."""
+    """Who answers an agent request (one exec): `ResidentEndpoint` or `BootstrapEndpoint` over
+    a real transport, or a test double that answers the typed request itself
+    (`transport.scripted.ScriptedTransport`)."""
 
     def answer(
         self, request: AgentRequest, *, as_user: str | None, timeout: float
@@ -309,7 +311,7 @@ class AgentEndpoint(Protocol):
 
 
 class BootstrapEndpoint:
-    """The real path: the request as bytes to `<engine python> -c BOOTSTRAP` over the host's
+    """The per-exec path: the request as bytes to `<engine python> -c BOOTSTRAP` over the host's
     transport, through sudo when raised, and the reply line read back."""
 
     def __init__(self, transport: Transport, host: Host, sudo: Sudo) -> None:
