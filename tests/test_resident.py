@@ -25,15 +25,20 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from opspatch.core.host import ContainerSettings, EngineSettings, Host
+from opspatch.core.policy import Playbook
+from opspatch.core.vocabulary import Step
 from opspatch.errors import CommandTimeout, RemoteOperationError, TransportError
 from opspatch.hosts.channel import AGENT_PACKAGE, RESIDENT, BootstrapEndpoint, agent_modules
 from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.resident import ResidentEndpoint
 from opspatch.hosts.transport.base import Transport
+from opspatch.runs.fleet.connect import transport_factory
+from opspatch.runs.fleet.recorder import NullRecorder
+from opspatch.runs.fleet.session import HostSession
 from tests.fleetkit import alive, wait_until
 
 if TYPE_CHECKING:
-    from opspatch.core.host import Host
     from opspatch.sandbox.sshd import SshFleet
     from tests.sshfleet import HostMaker
 
@@ -343,3 +348,57 @@ def test_a_fork_that_ends_without_its_reply_ends_the_agent_with_its_status() -> 
     )
     assert done.returncode == 7
     assert [json.loads(line) for line in done.stdout.splitlines()] == [{"taken": 1}]
+
+
+def test_an_engine_in_a_container_keeps_one_exec_per_request(tmp_path: Path) -> None:
+    """A container restart would end an agent living inside it; its transport keeps no process
+    running (and its own `start` starts the container, not a command)."""
+    host = Host.local(
+        "boxed",
+        str(tmp_path),
+        EngineSettings(python="/usr/bin/python3"),
+        container=ContainerSettings(runtime="podman", name="sglang-0"),
+    )
+    with open_transport(host) as transport:
+        assert HostOperations(transport, host).endpoint.__class__ is BootstrapEndpoint
+
+
+class Notices:
+    """A run's progress that keeps the notices it was told (the CLI prints them)."""
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+
+    def run_started(self, run_id: str, summary: str) -> None:
+        return None
+
+    def update(self, host: str, step: Step, status: str) -> None:
+        return None
+
+    def notice(self, text: str) -> None:
+        self.said.append(text)
+
+
+def test_a_restart_is_said_in_the_step_that_met_it_and_as_a_progress_notice(
+    make_inventory_host: HostMaker, tmp_path: Path
+) -> None:
+    mark = uuid.uuid4().hex
+    host = make_inventory_host("local", state_dir=tmp_path / "s", env={MARK: mark})
+    progress = Notices()
+    session = HostSession(
+        host, transport_factory(), Playbook(), recorder=NullRecorder(), progress=progress
+    )
+    with session:
+        with session.step(Step.INSPECT):
+            session.ops.facts(timeout=60)
+        (agent,), _ = agents(mark)
+        os.kill(agent, signal.SIGKILL)
+        assert wait_until(lambda: not alive(agent), 30)
+        with session.step(Step.INSPECT) as note:
+            session.ops.facts(timeout=60)
+            note["detail"] = "read"
+    said = f"the host agent had ended (it exited with status {128 + signal.SIGKILL}"
+    first, second = (step.detail for step in session.steps)
+    assert first == "" and second.startswith(f"read; {said}"), second
+    assert second.endswith("; started again")
+    assert progress.said == [f"{host.name}: {second.removeprefix('read; ')}"]

@@ -2,7 +2,7 @@
 
 `open_endpoint` chooses who answers a host's agent requests, from its connection: a transport
 that answers typed requests itself (a test double) is its own endpoint; a host whose inventory
-says `agent = "resident"` (the default) and whose transport keeps a command running (`Starts`:
+says `agent = "resident"` (the default) and whose transport keeps a command running (`StartsProcesses`:
 SSH and local) gets a `ResidentEndpoint`; any other (`agent = "per-exec"`, an engine in a
 container) the per-exec `BootstrapEndpoint`. Nothing above the endpoint asks which.
 """
@@ -27,14 +27,20 @@ from opspatch.hosts.channel import (
     encode_request,
     request_modules,
 )
-from opspatch.hosts.transport.base import Command, CommandResult, Process, Starts, Transport
+from opspatch.hosts.transport.base import (
+    Command,
+    CommandResult,
+    Process,
+    StartsProcesses,
+    Transport,
+)
 
 
 def open_endpoint(transport: Transport, host: Host, sudo: Sudo) -> AgentEndpoint:
     """Who answers `host`'s agent requests over `transport` (see the module docstring)."""
     if isinstance(transport, AgentEndpoint):
         return transport
-    if host.agent == "resident" and isinstance(transport, Starts):
+    if host.agent == "resident" and isinstance(transport, StartsProcesses):
         return ResidentEndpoint(transport, host, sudo)
     return BootstrapEndpoint(transport, host, sudo)
 
@@ -67,7 +73,7 @@ class ResidentEndpoint:
     caller's reconcile reads the host back.
     """
 
-    def __init__(self, transport: Starts, host: Host, sudo: Sudo) -> None:
+    def __init__(self, transport: StartsProcesses, host: Host, sudo: Sudo) -> None:
         self.transport = transport
         self.host = host
         self._sudo = sudo
@@ -181,7 +187,7 @@ class ResidentEndpoint:
 
         def launch(command: Command, data: bytes) -> CommandResult:
             began = time.monotonic()
-            agent = _Agent(self.transport.start(command), seq=1)
+            agent = _Agent(self.transport.start_process(command), seq=1)
             answered = self._exchange(agent, data, request, as_user, deadline, timeout)
             if answered is None:  # it ended before it took the request: sudo, or no interpreter
                 exit_code = agent.process.exit_status(deadline=time.monotonic() + 5.0)

@@ -13,7 +13,7 @@ way over SSH and locally.
 A transport is a context manager: `with open_transport(host) as transport:` closes its
 connection on the way out, whatever happened inside.
 
-A transport that can keep a command running (SSH and local: `Starts`) also gives a `Process`:
+A transport that can keep a command running (SSH and local: `StartsProcesses`) also gives a `Process`:
 a command written to and read from line by line for as long as it runs, which is how the host
 agent stays resident for a run (`opspatch.hosts.resident`). Closing the transport ends them.
 """
@@ -133,7 +133,7 @@ class Transport(Protocol):
 
 
 class Process(Protocol):
-    """A command that keeps running on the host (`Starts.start`): its stdin written and its
+    """A command that keeps running on the host (`StartsProcesses.start_process`): its stdin written and its
     stdout read line by line, its stderr kept, in its own process group as every command is."""
 
     @property
@@ -179,10 +179,10 @@ class Process(Protocol):
 
 
 @runtime_checkable
-class Starts(Protocol):
+class StartsProcesses(Protocol):
     """A transport that can keep a command running for a run (SSH, local)."""
 
-    def start(self, command: Command) -> Process:
+    def start_process(self, command: Command) -> Process:
         """`command` started, in its own process group, its stdin left open.
 
         Raises:

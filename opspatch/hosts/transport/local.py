@@ -4,7 +4,7 @@ Used for inventory hosts with `transport = "local"` (the sandbox fleet, or a con
 itself a GPU host). The command is `Command.render()` run by `/bin/sh -c`, so quoting is exactly
 what a remote shell sees. Each command runs in a new session (its own process group): on a
 deadline the whole group is ended (TERM, a short grace, then KILL), not just the shell, so a
-hung child cannot outlive the run. A command kept running (`start`: the resident host agent) is
+hung child cannot outlive the run. A command kept running (`start_process`: the resident host agent) is
 a `LocalProcess`, ended when the transport closes.
 """
 
@@ -128,7 +128,7 @@ class LocalTransport(ClosesOnExit):
             seconds=time.monotonic() - started,
         )
 
-    def start(self, command: Command) -> Process:
+    def start_process(self, command: Command) -> Process:
         """`command` kept running through `/bin/sh -c`, in its own process group, its stdin
         open (`LocalProcess`); ended when this transport closes.
 
@@ -140,14 +140,14 @@ class LocalTransport(ClosesOnExit):
         return process
 
     def close(self) -> None:
-        """End the commands kept running (`start`); safe to call twice."""
+        """End the commands kept running (`start_process`); safe to call twice."""
         processes, self._processes = self._processes, []
         for process in processes:
             process.close()
 
 
 class LocalProcess:
-    """A command kept running on this machine (`LocalTransport.start`): lines in and out."""
+    """A command kept running on this machine (`LocalTransport.start_process`): lines in and out."""
 
     def __init__(self, owner: LocalTransport, command: Command) -> None:
         self._owner = owner

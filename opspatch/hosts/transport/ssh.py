@@ -20,7 +20,7 @@ Remote process groups: every command runs as
 leads a new process group whose id it reports first on stderr (that line is removed from the
 result). On a deadline a second, short exec sends TERM and then KILL to that group.
 
-A command kept running (`start`, the resident host agent) is an `SSHProcess`: one session of the
+A command kept running (`start_process`, the resident host agent) is an `SSHProcess`: one session of the
 same connection, its stdin left open, written to and read from line by line.
 """
 
@@ -352,7 +352,7 @@ class SSHTransport(ClosesOnExit):
                 hint="opspatch runs every command in its own process group so a deadline can end it",
             )
 
-    def start(self, command: Command) -> Process:
+    def start_process(self, command: Command) -> Process:
         """`command` kept running in a session of this host's connection (`SSHProcess`), in its
         own process group, its stdin open; the connection is opened (or reopened) first.
 
@@ -399,7 +399,7 @@ class SSHTransport(ClosesOnExit):
 
 
 class SSHProcess:
-    """A command kept running in one session of a host's connection (`SSHTransport.start`)."""
+    """A command kept running in one session of a host's connection (`SSHTransport.start_process`)."""
 
     def __init__(
         self, owner: SSHTransport, transport: paramiko.Transport, channel: paramiko.Channel
