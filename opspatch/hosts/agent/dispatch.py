@@ -25,11 +25,12 @@ reply line cannot be corrupted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, NoReturn
 
 # The operations' modules are not imported here: the controller sends an exec only the modules
 # its operation needs (`opspatch.hosts.channel.modules_for`), each registering its operations.
@@ -178,9 +179,9 @@ def serve(request: SentRequest, load: Callable[[SentRequest], object]) -> int:
     """The resident agent (`RESIDENT`): answer `request`, then each request line that follows
     on stdin (`load` registers the agent modules a line carries) until stdin ends.
 
-    Each request is taken (a `Receipt` line) and run by a fork, which returns from here with its
-    exit status and ends as an exec's interpreter would (its exit handlers run); its reply is
-    passed on once it ended, so a reply still means the request's process is gone. A fork that
+    Each request is taken (a `Receipt` line) and run by a fork, which ends as an exec's
+    interpreter would (its exit handlers run: `_answer_in_fork`); its reply is passed on once it
+    ended, so a reply still means the request's process is gone. A fork that
     ends without a reply ends this agent with its exit status, as an exec that gave none would.
     """
     reply_to = _reply_stream()
@@ -193,8 +194,7 @@ def serve(request: SentRequest, load: Callable[[SentRequest], object]) -> int:
         if pid == 0:  # the request's own process: nothing it runs reads the request stream
             os.close(read_end)
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-            apply_env(request)
-            return answer(request, os.fdopen(write_end, "w"))
+            _answer_in_fork(request, os.fdopen(write_end, "w"))
         os.close(write_end)
         with os.fdopen(read_end, "r") as replies:
             reply = replies.read()
@@ -208,6 +208,29 @@ def serve(request: SentRequest, load: Callable[[SentRequest], object]) -> int:
             return 0  # the controller closed the channel: the run is over
         request = json.loads(line)
         load(request)
+
+
+def _answer_in_fork(request: SentRequest, reply_to: IO[str]) -> NoReturn:
+    """Answer `request` and end the fork as an exec's interpreter ends (its exit handlers run,
+    its output flushed, an exception printed and exit 1), without the interpreter's teardown,
+    which walks every object the fork shares with the agent (15 ms a request, copying pages)."""
+    code = 1
+    try:
+        apply_env(request)
+        code = answer(request, reply_to)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _exit_code(status: int) -> int:
