@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from opspatch.config.inventory import parse_inventory
 from opspatch.core.host import ContainerSettings, EngineSettings, Host
 from opspatch.core.policy import Playbook
 from opspatch.core.vocabulary import Step
 from opspatch.errors import CommandTimeout, RemoteOperationError, TransportError
+from opspatch.hosts.become import BecomePasswords
 from opspatch.hosts.channel import AGENT_PACKAGE, RESIDENT, BootstrapEndpoint, agent_modules
 from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.resident import ResidentEndpoint
@@ -402,3 +404,74 @@ def test_a_restart_is_said_in_the_step_that_met_it_and_as_a_progress_notice(
     assert first == "" and second.startswith(f"read; {said}"), second
     assert second.endswith("; started again")
     assert progress.said == [f"{host.name}: {second.removeprefix('read; ')}"]
+
+
+# ---------------------------------------------------------------------------------------------
+# A raised user is a process of its own: one resident agent per (host, user)
+
+FAKE_SUDO = """#!/bin/sh
+# sudo's stand-in: [-H] [-n | -S -k -p PROMPT] -u USER -- PROGRAM...; a password when the file
+# `password` beside it says one is needed, read as sudo reads it (one line); each start logged
+# with the pid the program then runs as
+mode=n
+while [ "$1" != "--" ]; do
+  case "$1" in
+    -S) mode=S ;;
+    -p) shift ;;
+    -u) shift; user=$1 ;;
+  esac
+  shift
+done
+shift
+here=$(dirname "$0")
+if [ -f "$here/password" ]; then
+  if [ "$mode" = n ]; then echo "sudo: a password is required" >&2; exit 1; fi
+  printf '%s' "[opspatch] sudo password: " >&2
+  IFS= read -r got || exit 1
+  if [ "$got" != "$(cat "$here/password")" ]; then echo "sudo: 1 incorrect password attempt" >&2; exit 1; fi
+fi
+echo "$user $$" >> "$here/started"
+exec "$@"
+"""
+
+
+def fake_sudo(folder: Path, password: str | None) -> Path:
+    folder.mkdir()
+    (folder / "sudo").write_text(FAKE_SUDO)
+    (folder / "sudo").chmod(0o755)
+    if password is not None:
+        (folder / "password").write_text(password)
+    return folder
+
+
+@pytest.mark.parametrize("password", [None, "s3cret"])
+def test_each_raised_user_gets_one_agent_for_the_run_through_one_sudo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, password: str | None
+) -> None:
+    """The lock's user and root (a systemd restart's) are two agents, each started by sudo
+    once, whatever number of raised requests follow; a password is sent once per agent."""
+    bin_folder = fake_sudo(tmp_path / "bin", password)
+    monkeypatch.setenv("PATH", f"{bin_folder}:{os.environ['PATH']}")
+    mark = uuid.uuid4().hex
+    host = parse_inventory(
+        '[hosts.gpu-01]\ntransport = "local"\nbecome = true\nbecome_user = "sglang"\n'
+        'become_password_env = "PW"\n'
+        f"state_dir = {json.dumps(str(tmp_path / 'state'))}\n"
+        f"engine = {{ python = {json.dumps(sys.executable)}, env = {{ {MARK} = {json.dumps(mark)} }}, "
+        'restart = { kind = "systemd", unit = "sglang.service" } }\n',
+        str(tmp_path / "fleet.toml"),
+    ).host("gpu-01")
+    passwords = BecomePasswords(environ={"PW": password or "unused"})
+    with open_transport(host) as transport:
+        ops = HostOperations(transport, host, passwords=passwords)
+        for run in ("r1", "r2", "r3"):
+            ops.lock(run_id=run, timeout=60)
+            ops.unlock(run_id=run, timeout=60)
+        ops.probe_raised("root", timeout=60, step="begin")
+        ops.probe_raised("root", timeout=60, step="begin")
+        ops.facts(timeout=60)  # the login user's own agent
+        started = [line.split() for line in (bin_folder / "started").read_text().splitlines()]
+        assert [user for user, _ in started] == ["sglang", "root"]
+        assert all(alive(int(pid)) and _is_agent(int(pid)) for _, pid in started)
+        assert len(agents(mark)[0]) == 1  # the login user's: started with the engine's env
+    assert ops.ran_as.count("root (sudo)") == 8 and ops.notices == []
