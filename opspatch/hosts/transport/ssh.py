@@ -506,24 +506,20 @@ class SSHProcess:
 
     def end(self) -> str:
         self._drain()
-        self._release(wait=False)
+        self.close()
         if self.lost:
             return "the connection to it was lost; it may still run"
         return self._owner._end_remote_group(self._pgid)
 
     def close(self) -> None:
-        """End its input, and give it the kill grace to exit before the channel goes (so its
-        session reaps it, as it reaps an exec); safe to call twice."""
-        self._release(wait=True)
-
-    def _release(self, *, wait: bool) -> None:
+        """End its input (an agent then exits) and release the channel at once: waiting for
+        its exit here would cost each host a round trip at the end of a run, one host after
+        the other; safe to call twice."""
         if self._released:
             return
         self._released = True
         with contextlib.suppress(Exception):
             self._channel.shutdown_write()
-            if wait and not self.lost:
-                self._channel.status_event.wait(self._owner._kill_grace)
         with contextlib.suppress(Exception):
             self._channel.close()
         with contextlib.suppress(ValueError):
