@@ -42,12 +42,12 @@ from opspatch.core.policy import Playbook
 from opspatch.core.vocabulary import LiveKind
 from opspatch.hosts import livedist
 from opspatch.hosts.agent import live as agent_live
-from opspatch.sandbox.dist import engine_source_dir
 from opspatch.hosts.engine import EngineControl
 from opspatch.hosts.live import LiveEngineReply, LiveFix, ask_engine
 from opspatch.hosts.liveplugin import socket_paths, wire
 from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.transport.base import Command
+from opspatch.sandbox.dist import engine_source_dir
 from opspatch.sandbox.layout import ENGINE_ENV
 from tests.clirunner import Run, opspatch
 from tests.fleetkit import alive

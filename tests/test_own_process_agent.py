@@ -14,23 +14,23 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from opspatch.config.patches import load_patch
-from opspatch.core.host import EngineSettings, Host
+from opspatch.core.host import AgentMode, EngineSettings, Host
 from opspatch.hosts.agent.protocol import AgentRequest, OperationCall
 from opspatch.hosts.become import BecomePasswords, Sudo
 from opspatch.hosts.channel import (
     AgentAnswer,
     BootstrapEndpoint,
     OwnProcessEndpoint,
-    agent_endpoint,
     is_this_interpreter,
 )
+from opspatch.hosts.resident import ResidentEndpoint, open_endpoint
 from opspatch.hosts.transport.local import LocalTransport
 from opspatch.hosts.transport.scripted import ScriptedTransport
 from opspatch.ledger.store import Ledger
@@ -203,24 +203,40 @@ def _host(python: str | None, env: dict[str, str] | None = None) -> Host:
     return Host.local("local:test", "/tmp/state", EngineSettings(python=python, env=env or {}))
 
 
-ENDPOINTS = [  # (transport, engine python, engine env) -> who answers
-    ("local", sys.executable, {}, OwnProcessEndpoint),
-    ("local", os.path.basename(sys.executable) + "-not-this", {}, BootstrapEndpoint),
-    ("local", "/opt/engine/venv/bin/python", {}, BootstrapEndpoint),
-    ("local", sys.executable, {"CUDA_VISIBLE_DEVICES": "0"}, BootstrapEndpoint),  # its env
-    ("scripted", sys.executable, {}, ScriptedTransport),  # a test double answers itself
+ENDPOINTS = [  # (transport, engine python, engine env, agent) -> who answers, and its fallback
+    ("local", sys.executable, {}, "resident", OwnProcessEndpoint, ResidentEndpoint),
+    ("local", sys.executable, {}, "per-exec", OwnProcessEndpoint, BootstrapEndpoint),
+    (
+        "local",
+        os.path.basename(sys.executable) + "-not-this",
+        {},
+        "resident",
+        ResidentEndpoint,
+        None,
+    ),
+    ("local", "/opt/engine/venv/bin/python", {}, "per-exec", BootstrapEndpoint, None),
+    ("local", sys.executable, {"CUDA_VISIBLE_DEVICES": "0"}, "resident", ResidentEndpoint, None),
+    ("scripted", sys.executable, {}, "resident", ScriptedTransport, None),  # answers itself
 ]
 
 
-@pytest.mark.parametrize(("transport", "python", "env", "answers"), ENDPOINTS)
+@pytest.mark.parametrize(("transport", "python", "env", "agent", "answers", "then"), ENDPOINTS)
 def test_who_answers_a_hosts_agent_requests(
-    transport: str, python: str, env: dict[str, str], answers: type
+    transport: str,
+    python: str,
+    env: dict[str, str],
+    agent: AgentMode,
+    answers: type,
+    then: type | None,
 ) -> None:
-    host = _host(python, env)
+    host = replace(_host(python, env), agent=agent)
     opened = (
         LocalTransport(host.name)
         if transport == "local"
         else ScriptedTransport(lambda op, args: {}, host=host.name)
     )
-    endpoint = agent_endpoint(opened, host, Sudo(host, BecomePasswords()))
+    endpoint = open_endpoint(opened, host, Sudo(host, BecomePasswords()))
     assert type(endpoint) is answers
+    if then is not None:
+        assert isinstance(endpoint, OwnProcessEndpoint)
+        assert type(endpoint.fallback) is then
