@@ -41,11 +41,12 @@ IMPORTS = (
 )
 
 
-def _child(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall and CPU (ms) of one process and its children."""
+def _child(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
+    """Wall and CPU (ms) of one process and its children, started in `cwd`: never the
+    checkout, which `-m` and `-c` put ahead of PYTHONPATH (a "before" would run this one)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    done = subprocess.run(argv, env=env, capture_output=True, cwd=REPO)
+    done = subprocess.run(argv, env=env, capture_output=True, cwd=cwd)
     wall = (time.perf_counter() - started) * 1000
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert done.returncode == 0, (argv, done.stderr[-2000:])
@@ -54,7 +55,7 @@ def _child(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 def _apply(folder: Path) -> list[str]:
     return [
-        sys.executable, "-m", "opspatch.cli", "apply", "eagle-init-guard",
+        sys.executable, "-m", "opspatch.cli", "apply", str(REPO / "patches" / "eagle-init-guard.toml"),
         "--file", str(folder / "site" / EAGLE), "--target-version", "0.5.23", "--yes",
     ]  # fmt: skip
 
@@ -98,7 +99,7 @@ def main() -> None:
                     (folder / "site" / EAGLE).write_bytes(source)
                     env = environment(old if name.endswith("_before") else None)
                     env["OPSPATCH_STATE_DIR"] = str(folder / "state")
-                    sample = _child(argv_of(folder), env)
+                    sample = _child(argv_of(folder), env, folder)
                 if run:
                     measured.setdefault(name, []).append(sample)
     floor = statistics.median(cpu for _, cpu in measured["py_compile"])
