@@ -80,10 +80,13 @@ def main(rounds: int) -> None:
     with tempfile.TemporaryDirectory() as folder:
         target = Path(folder) / "worker.py"
         target.write_text("A = 1\n" * 200)
+        # a host's interpreter by another path: this very one would answer in this process
+        python = Path(folder) / "python"
+        python.symlink_to(sys.executable)
         host = Host.local(
             "bench",
             str(Path(folder) / "state"),
-            EngineSettings(python=sys.executable),
+            EngineSettings(python=str(python)),
             inventory="bench",
         )
         ways: tuple[AgentMode, ...] = ("per-exec", "resident")

@@ -88,6 +88,7 @@ def main() -> None:
     from tests.sglang_wheels import release_file
 
     source = release_file("0.5.23", EAGLE)
+    load_before = os.getloadavg()
     compileall.compile_dir(REPO / "opspatch", quiet=1)
     measured: dict[str, list[tuple[float, float]]] = {}
     with unpacked(args.before) as old:
@@ -116,7 +117,7 @@ def main() -> None:
     result = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, shared with other work",
         "python": platform.python_version(),
-        "load_before": os.getloadavg(),
+        "load_before": load_before,
         "before_revision": args.before,
         "runs": args.runs,
         "rows": rows,
