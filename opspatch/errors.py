@@ -15,8 +15,10 @@ OpspatchError                      base; carries a one-line message and optional
 │   ├── LeaseHeld                  a live lease of another run holds the hosts (its operator,
 │   │                              controller machine and run named)
 │   ├── ApprovalRefused            an apply needing a second operator's signature has no valid one
-│   └── LiveRefused                a live fix cannot be taken on a host (its inventory does not
-│                                  say `live = true`, its engine does not listen for live fixes)
+│   ├── LiveRefused                a live fix cannot be taken on a host (its inventory does not
+│   │                              say `live = true`, its engine does not listen for live fixes)
+│   └── IndexUnreachable           the package index cannot be reached to build a real engine's
+│                                  environment (the index named; what is cached is kept)
 ├── HostError                      exit 1: one host failed; carries host and step
 │   ├── TransportError             connecting or running a command failed
 │   │   ├── CommandTimeout         a remote command passed its deadline (process group ended)
@@ -194,6 +196,11 @@ class NotTakenLive(LiveRefused):
     `check` says would not be in effect (objects already built, a value read at import, a frame
     that never returns): the run is refused in preflight, since one who asked for no restart
     must not get one, nor an "applied" the server does not run; apply without --live restarts."""
+
+
+class IndexUnreachable(InputError):
+    """The package index cannot be reached, and a real engine's environment needs something not
+    yet cached (`opspatch.sandbox.real.build`). Tests of the real engine skip on it, with it."""
 
 
 # ---------------------------------------------------------------------------------------------

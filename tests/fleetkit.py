@@ -34,7 +34,9 @@ class SandboxFleet:
     install: str = "wheel"  # or "editable": each host's engine is a git checkout <host>/sglang
     router: bool = False  # `up --router`: a real sglang-router in front of the engines
     nodes: int = 1  # above 1: `up --units size/nodes --nodes N --tp tp`, multi-node servers
-    tp: int = 1
+    tp: int = 1  # with nodes 1: `up --tp tp`, each single server's TP ranks
+    engine: str = "standin"  # `up --engine`; real SGLang's cache is tests/realkit.py's
+    extra: tuple[str, ...] = ()  # more `up` options (`--live`, `--restart-seconds S`, ...)
     hosts: dict[str, Host] = field(default_factory=dict)
 
     @property
@@ -51,7 +53,11 @@ class SandboxFleet:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"OPSPATCH_STATE_DIR": str(self.state)}
+        if self.engine == "standin":
+            return {"OPSPATCH_STATE_DIR": str(self.state)}
+        from tests.realkit import ENGINE_CACHE
+
+        return {"OPSPATCH_STATE_DIR": str(self.state), "OPSPATCH_ENGINE_CACHE": str(ENGINE_CACHE)}
 
     @property
     def inventory(self) -> str:
@@ -65,10 +71,11 @@ class SandboxFleet:
             units = str(self.size // self.nodes)
             args += ["--units", units, "--nodes", str(self.nodes), "--tp", str(self.tp)]
         else:
-            args += ["--count", str(self.size)]
+            args += ["--count", str(self.size)] + (["--tp", str(self.tp)] if self.tp > 1 else [])
         args += ["--ssh"] if self.ssh else []
         args += ["--router"] if self.router else []
-        run = self.opspatch(*args, timeout=240)
+        args += ["--engine", self.engine] if self.engine != "standin" else []
+        run = self.opspatch(*args, *self.extra, timeout=240 if self.engine == "standin" else 1500)
         assert run.code == 0, run.stdout + run.stderr
         inventory = load_inventory(self.state / "inventories" / f"{self.inventory}.toml")
         self.hosts = {h.name: h for h in inventory.hosts}

@@ -77,6 +77,23 @@ def fetch_wheel(version: str) -> Path:
     return found[0]
 
 
+def cached_release_file(version: str, relpath: str) -> bytes:
+    """`release_file` that never downloads: for fast-tier tests, which must not reach PyPI
+    (`.ci/run` fills the cache first with `python3 -m tests.sglang_wheels`).
+
+    Raises:
+        WheelUnavailable: the wheel is not in the cache (saying how to fill it).
+        KeyError: the release does not ship `relpath`.
+    """
+    found = sorted((CACHE / "wheels").glob(f"sglang-{version}-*.whl"))
+    if not found:
+        raise WheelUnavailable(
+            f"sglang {version} is not in {CACHE / 'wheels'}: run `python3 -m tests.sglang_wheels`"
+        )
+    with zipfile.ZipFile(found[0]) as wheel:
+        return wheel.read(relpath)
+
+
 def release_file(version: str, relpath: str) -> bytes:
     """The bytes of `relpath` (e.g. `sglang/srt/managers/scheduler.py`) in SGLang `version`'s
     wheel, read from the cached wheel (nothing is extracted).

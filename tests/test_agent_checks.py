@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from opspatch.core.policy import DEFAULT_FAIL_PATTERNS
+from opspatch.core.policy import DEFAULT_FAIL_PATTERNS, DEFAULT_IGNORE_PATTERNS
 from opspatch.hosts.agent.checks import (
     describe_exception,
     find_tracebacks,
@@ -106,6 +106,51 @@ def test_log_scan_finds_every_failing_line_in_order() -> None:
     assert hits[0]["line"].startswith("[2026-11-30 02:50:20 TP0] Scheduler hit an exception")
     assert scan_log("[2026-11-30] all quiet\n", DEFAULT_FAIL_PATTERNS) == []
     assert scan_log(log, ()) == []
+
+
+# What real SGLang 0.5.23 started with --skip-server-warmup logged (abridged: the first of its
+# three chained tracebacks) when its /freeze_gc lost the race with its HTTP server; it served on.
+FREEZE_GC_WARNING = textwrap.dedent(
+    """\
+    [2026-12-06 03:14:55] INFO:     Uvicorn running on http://127.0.0.1:22880 (Press CTRL+C to quit)
+    [2026-12-06 03:14:55] post-warmup freeze_gc failed
+    Traceback (most recent call last):
+      File "/site/urllib3/connection.py", line 239, in _new_conn
+        sock = connection.create_connection(
+               ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+    ConnectionRefusedError: [Errno 111] Connection refused
+
+    The above exception was the direct cause of the following exception:
+
+    Traceback (most recent call last):
+      File "/site/requests/adapters.py", line 729, in send
+        raise ConnectionError(e, request=request)
+    requests.exceptions.ConnectionError: Max retries exceeded with url: /freeze_gc
+    [2026-12-06 03:14:55] The server is fired up and ready to roll!
+    """
+)
+
+
+def test_a_warning_the_engine_lives_on_is_passed_over_with_its_traceback() -> None:
+    crash = textwrap.dedent(
+        """\
+        [2026-12-06 03:18:11] Scheduler hit an exception: Traceback (most recent call last):
+          File "eagle_worker_v2.py", line 1463, in should_disable_speculation
+        AttributeError: 'EAGLEWorkerV2' object has no attribute 'spec_disable_batch_threshold'
+        Traceback (most recent call last):
+          File "/site/sglang/launch_server.py", line 9, in <module>
+        RuntimeError: a start-up error the interpreter printed
+        """
+    )
+    # every traceback line fails the scan without the ignore patterns ...
+    assert [h["line_number"] for h in scan_log(FREEZE_GC_WARNING, DEFAULT_FAIL_PATTERNS)] == [3, 11]
+    # ... and none of the warning's with them; a crash after it still fails, and so does a
+    # traceback that follows a line the patterns do not name
+    hits = scan_log(FREEZE_GC_WARNING + crash, DEFAULT_FAIL_PATTERNS, DEFAULT_IGNORE_PATTERNS)
+    assert [(h["line_number"], h["pattern"]) for h in hits] == [
+        (16, "Scheduler hit an exception"),
+        (19, r"Traceback \(most recent call last\)"),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -95,6 +95,27 @@ def test_the_window_starts_at_the_last_start_and_groups_its_tracebacks(tmp_path:
     assert "warmup-failed" not in kinds
 
 
+def test_the_window_starts_at_the_last_start_of_a_real_0_5_23_server(tmp_path: Path) -> None:
+    # From 0.5.20 SGLang logs its arguments as a dict (what the real 0.5.23 wrote, abridged),
+    # and warnings without a stamp come before it
+    log = tmp_path / "server.log"
+    log.write_text(
+        "/site/sglang/launch_server.py:71: UserWarning: 'python -m sglang.launch_server' is "
+        "still supported, but 'sglang serve' is the recommended entrypoint.\n"
+        "[2026-12-06 03:15:00] server_args={'model_path': '/m/target', 'port': 1}\n"
+        "[2026-12-06 03:16:00] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/site/a.py", line 1, in f\n'
+        "AttributeError: 'W' object has no attribute 'y'\n"
+        "/site/sglang/launch_server.py:71: UserWarning: 'python -m sglang.launch_server' ...\n"
+        "[2026-12-06 03:20:55] server_args={'model_path': '/m/target', 'port': 1}\n"
+        "[2026-12-06 03:21:36] The server is fired up and ready to roll!\n"
+    )
+    window = log_window(str(log), None, None, 1 << 20)
+    assert window["basis"] == "since the server's last start"
+    assert window["first_line"] == 7
+    assert "'W' object" not in window["text"]
+
+
 def test_since_takes_the_lines_stamped_after_the_cutoff(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     now = time.time()

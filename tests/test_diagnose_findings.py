@@ -15,6 +15,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from opspatch.cli.respond import parse_duration
+from opspatch.core.policy import DEFAULT_IGNORE_PATTERNS
 from opspatch.errors import InputError
 from opspatch.hosts.diagnosis import (
     CachedBytecode,
@@ -182,6 +183,44 @@ def test_ready_then_a_crash_is_healthy_but_crashing_with_the_exception_and_its_c
     text = render_host(report)
     assert text.startswith("== gpu-01: healthy-but-crashing\n")
     assert "exception AttributeError: 'EAGLEWorkerV2' object" in text
+
+
+def test_a_warning_logged_with_its_traceback_is_passed_over_as_the_smoke_passes_it() -> None:
+    # real SGLang 0.5.23 with --skip-server-warmup: `logger.warning(..., exc_info=True)` puts
+    # the traceback of a failed POST /freeze_gc on lines of its own, after its message; no time
+    # can be read for it, and the server lives on
+    from opspatch.runs.commands.diagnose import analyse_exceptions
+
+    text = (
+        "[2026-12-06 03:14:55] post-warmup freeze_gc failed\n"
+        "Traceback (most recent call last):\n"
+        '  File "adapters.py", line 729, in send\n'
+        "requests.exceptions.ConnectionError: Max retries exceeded with url: /freeze_gc\n"
+        "[2026-12-06 03:14:55] The server is fired up and ready to roll!\n"
+    )
+    group = TracebackGroup(
+        "requests.exceptions.ConnectionError", "Max retries exceeded with url: /freeze_gc",
+        1, None, None, 2, 'File "adapters.py", line 729, in send', "adapters.py", 729, None,
+    )  # fmt: skip
+    log = LogWindow(
+        "/log", True, 100, "since the server's last start", text=text, tracebacks=(group,),
+        markers=(LogMarker("ready", 1, "t", "t", 5, "ready to roll!"),),
+    )  # fmt: skip
+    d = HostDiagnosis("gpu-01", None, _server(), (module(ORIGINAL),), None, log)
+    files = [judge_file(m, [], {sha(ORIGINAL): ORIGINAL}, {}) for m in d.modules]
+
+    flagged = judge_host(d, files, analyse_exceptions(d, []))
+    (finding,) = [f for f in flagged.findings if f.kind == "exception"]
+    assert (finding.level, flagged.status) == ("problem", "attention")
+    assert finding.detail.startswith("1x, time not logged, at ")
+    assert "        1x, time not logged\n" in render_host(flagged)
+    assert "None" not in render_host(flagged)
+
+    passed = judge_host(d, files, analyse_exceptions(d, [], DEFAULT_IGNORE_PATTERNS))
+    (finding,) = [f for f in passed.findings if f.kind == "exception"]
+    assert finding.level == "info" and passed.status == "clean"
+    said = render_host(passed)
+    assert "passed over: logged with a warning (post-warmup freeze_gc failed)" in said
 
 
 def test_stale_bytecode_old_code_and_other_copies_are_findings() -> None:

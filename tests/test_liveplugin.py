@@ -25,7 +25,7 @@ import pytest
 
 from opspatch.core.wheelrecord import record_hash
 from opspatch.hosts import livedist
-from opspatch.hosts.liveplugin import answers, boundary, hooks, listener, socket_paths, wire
+from opspatch.hosts.liveplugin import answers, boundary, hooks, listener, plugin, socket_paths, wire
 
 pytestmark = pytest.mark.pure
 
@@ -200,6 +200,42 @@ def test_a_socket_left_by_a_gone_process_is_replaced_and_a_live_one_is_not(
             listener.Listener(path, lambda request: {}).start()
 
 
+def _socket_file(path: Path) -> None:
+    left = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    left.bind(str(path))
+    left.close()
+
+
+def test_the_folders_of_servers_that_are_gone_are_removed_and_no_other(short_dir: Path) -> None:
+    """Real SGLang 0.5.23 stopped by a signal kills its own main process (no exit handler runs),
+    leaving its socket folder: the next server's main removes those of pids no process has."""
+    no_process = int(Path("/proc/sys/kernel/pid_max").read_text())  # pids stay below it
+    gone, running, mine = (
+        short_dir / str(no_process),
+        short_dir / str(os.getppid()),
+        short_dir / "7",
+    )
+    for folder in (gone, running, mine):
+        folder.mkdir(mode=0o700)
+        _socket_file(folder / "main.sock")
+    _socket_file(gone / "scheduler-tp1.sock")
+    other = (
+        short_dir / str(no_process - 1) if not Path(f"/proc/{no_process - 1}").exists() else None
+    )
+    if other is not None:  # a gone pid's folder that holds more than sockets is not ours to clear
+        other.mkdir(mode=0o700)
+        (other / "notes.txt").write_text("kept")
+    (short_dir / "not-a-pid").mkdir()
+
+    removed = listener.remove_dead_servers(str(short_dir), keep=7)
+
+    assert removed == [str(gone)] and not gone.exists()
+    assert (running / "main.sock").exists() and (mine / "main.sock").exists()
+    assert other is None or (other / "notes.txt").exists()
+    assert (short_dir / "not-a-pid").is_dir()
+    assert listener.remove_dead_servers(str(short_dir / "absent"), keep=7) == []
+
+
 # -- what a process answers ------------------------------------------------------------------------
 
 
@@ -227,6 +263,19 @@ def fixes(monkeypatch: pytest.MonkeyPatch) -> StubFixes:
     stub = StubFixes()
     monkeypatch.setitem(sys.modules, "opspatch.hosts.liveplugin.fixes", stub)
     return stub
+
+
+def test_ping_says_whether_the_entry_point_or_the_pth_line_started_the_plugin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On real SGLang `load_plugins()` runs before any log is set up, so no log line says which
+    start loaded the plugin: each process's `ping` does."""
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(answers, "started_by", answers.START_ENTRY_POINT)
+    pong = answers.apply_here({"op": "ping"})
+    assert pong == {"ok": True, "took": [], "start": "entry-point", "gc_frozen": 0}
+    plugin.start_at_interpreter_start()
+    assert answers.apply_here({"op": "ping"})["start"] == "pth"
 
 
 def test_a_request_is_applied_here_by_the_fix_runtime_and_a_failure_is_a_refusal(

@@ -12,6 +12,7 @@ from opspatch.config.lookup import Workspace
 from opspatch.config.playbook import load_playbook, parse_playbook
 from opspatch.core.policy import (
     DEFAULT_FAIL_PATTERNS,
+    DEFAULT_IGNORE_PATTERNS,
     BatchSize,
     Playbook,
     SmokePrompt,
@@ -54,6 +55,7 @@ def test_default_playbook_is_one_canary_then_quarters_halting_on_the_first_failu
     assert book.smoke.max_new_tokens >= 8
     assert book.smoke.require_spec_verify is True
     assert book.log.fail_patterns == DEFAULT_FAIL_PATTERNS
+    assert book.log.ignore_patterns == DEFAULT_IGNORE_PATTERNS
     assert book.source == str(REPO_PLAYBOOKS / "default.toml")
 
 
@@ -204,6 +206,7 @@ def test_an_empty_playbook_takes_every_default() -> None:
         ('\n[smoke]\nprompts = [{ txt = "hi" }]\n', 3, "smoke.prompts[0].txt", "unknown key"),
         ("\n\n[log]\nfail_patterns = ['Traceback (']\n", 4, "log.fail_patterns[0]", "regular"),
         ("\n[log]\nfail_patterns = 'Traceback'\n", 3, "log.fail_patterns", "must be a list"),
+        ("\n[log]\nignore_patterns = ['gc (']\n", 3, "log.ignore_patterns[0]", "regular"),
         ("canary = 1\nbatch = = 2\n", 2, "", "malformed TOML"),
     ],
 )

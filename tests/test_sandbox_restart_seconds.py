@@ -17,7 +17,7 @@ from opspatch.config.inventory import parse_inventory
 from opspatch.errors import InputError
 from opspatch.sandbox.layout import STANDIN_LOAD_ENV, SandboxLayout, sandbox_playbook
 from opspatch.sandbox.manifest import HostRecord, Manifest, render_inventory
-from opspatch.sandbox.up import _planned_manifest
+from opspatch.sandbox.plan import UpRequest, planned_manifest
 from tests.standin import make_host, running_engine
 
 LAYOUT = SandboxLayout(Path("/state"))
@@ -36,12 +36,12 @@ def test_every_engines_environment_carries_the_delay_and_a_sandbox_without_one_n
 
 @pytest.mark.pure
 def test_the_manifest_keeps_the_delay_for_later_ups_and_up_waits_for_it() -> None:
-    slow, _ = _planned_manifest(None, 2, False, None, restart_seconds=60.0)
+    slow, _ = planned_manifest(None, UpRequest(count=2, restart_seconds=60.0))
     assert slow.restart_seconds == 60.0
     assert Manifest.from_json(slow.to_json(), Path("/m")) == slow
-    kept, _ = _planned_manifest(slow, None, False, None)
+    kept, _ = planned_manifest(slow, UpRequest())
     assert kept.restart_seconds == 60.0
-    changed, _ = _planned_manifest(slow, None, False, None, restart_seconds=0.0)
+    changed, _ = planned_manifest(slow, UpRequest(restart_seconds=0.0))
     assert changed.restart_seconds == 0.0
     older = SANDBOX.to_json()
     del older["restart_seconds"]  # a manifest written before the delay was recorded
@@ -62,7 +62,7 @@ def test_a_bad_delay_or_one_with_containers_is_refused(
     seconds: float, containers: bool | None, said: str
 ) -> None:
     with pytest.raises(InputError) as caught:
-        _planned_manifest(None, 1, False, None, containers, restart_seconds=seconds)
+        planned_manifest(None, UpRequest(1, containers=containers, restart_seconds=seconds))
     assert said in caught.value.message
 
 

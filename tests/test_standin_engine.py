@@ -568,7 +568,7 @@ def test_the_log_follows_sglangs_format_and_start_up_order(api_engine: EnginePro
     assert all(LOG_LINE.match(line) for line in lines), [x for x in lines if not LOG_LINE.match(x)]
     text = "\n".join(lines)
     order = [
-        "] server_args=ServerArgs(",
+        "] server_args={",
         "Load weight begin",
         "Load weight end",
         "Dynamic speculation disable: threshold=1",

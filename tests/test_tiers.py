@@ -48,6 +48,17 @@ def test_a_command_line_is_a_resource_by_its_program_or_module(
     assert [resource for resource, _ in hook.classify(argv)] == resources
 
 
+def test_a_real_sglang_server_is_told_from_the_stand_in_by_its_environment() -> None:
+    engine = ["/v/bin/python", "-m", "sglang.launch_server", "--port", "1"]
+    real = {"SGLANG_USE_CPU_ENGINE": "1", "PATH": "/usr/bin"}
+
+    assert [r for r, _ in hook.classify(engine, real)] == ["sglang"]
+    assert [r for r, _ in hook.classify(engine, {b"SGLANG_USE_CPU_ENGINE": b"1"})] == ["sglang"]
+    assert [r for r, _ in hook.classify(engine, {"PATH": "/usr/bin"})] == ["engine"]
+    script = "cd /x && SGLANG_USE_CPU_ENGINE=1 exec /v/bin/python -m sglang.launch_server"
+    assert [r for r, _ in hook.classify(["/bin/sh", "-c", script], {})] == ["sglang"]
+
+
 def test_a_program_found_in_the_temporary_folder_is_a_stub_and_no_resource(tmp_path: Path) -> None:
     stub = tmp_path / "bin" / "podman"
     stub.parent.mkdir()

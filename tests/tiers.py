@@ -44,6 +44,8 @@ RESOURCES = {
     "router": "starts the real SGLang router (sglang-router)",
     "root": "needs root and changes the machine: sudo, system users, /etc/sudoers.d, mounts",
     "engine": "starts engine servers (stand-in SGLang processes, a sandbox fleet)",
+    "sglang": "starts real SGLang servers on the CPU (`--engine sglang`; skipped with a reason "
+    "when the package index cannot be reached to build their environment)",
 }
 """What a test starts, each with its marker; a resource's marker stands for `process` too."""
 OTHER_MARKERS = {

@@ -413,9 +413,13 @@ def _likely_cause(
         and progress.next_unseen is not None
         and progress.stopped_after_line < line
         and progress.suspects
-        and all(s.line < line for s in progress.suspects)
+        # at the line itself: the assignment's own value is a call (`get_int_env_var(...)`)
+        and all(s.line <= line for s in progress.suspects)
     ):
-        suspects = ", ".join(f"line {s.line} `{s.text}`" for s in progress.suspects)
+        suspects = ", ".join(
+            f"line {s.line} `{s.text}`" + (" (its own value)" if s.line == line else "")
+            for s in progress.suspects
+        )
         return (
             f"{progress.summary()}, before assigning {attribute} at line {line}: an exception "
             f"raised by {suspects} was swallowed by a caller and the half-built object was used"

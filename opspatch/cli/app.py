@@ -6,7 +6,7 @@ errors go to stderr. Exit codes (architecture.md): 0 every host reached the goal
 (and was restored); 2 bad input, configuration or usage (nothing was changed); 3 needs attention.
 `errors.exit_code_for` decides for errors, `RunReport.exit_code` for runs. The commands live in
 one module per group (`patches`, `changes`, `fleet`, `inspect`, `incident`, `respond`, `ledger`,
-`inventory`, `sandbox`), each thin: parse, confirm, call one function, print.
+`inventory`, `sandbox`, `rehearse`), each thin: parse, confirm, call one function, print.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from opspatch.cli import (
     ledger,
     live,
     patches,
+    rehearse,
     respond,
     sandbox,
     team,
@@ -116,6 +117,7 @@ GROUPS = (
     respond,
     inventory,
     sandbox,
+    rehearse,
     team,
 )
 """The command groups, one module each, in the order `--help` lists their commands."""

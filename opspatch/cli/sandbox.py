@@ -1,4 +1,5 @@
-"""`opspatch sandbox up|status|down`: the local fleet of stand-in engines, from the command line.
+"""`opspatch sandbox up|status|down|prepare|...`: the local fleet of engines (the stand-in or real
+SGLang on the CPU), from the command line.
 
 Thin on purpose: every decision is in `opspatch.sandbox.fleet`; this module parses options,
 prints results on stdout (a table, or one JSON document with `--json`) and progress on stderr.
@@ -8,9 +9,12 @@ Errors are raised as opspatch errors and turned into one message and an exit cod
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from opspatch.cli.context import JsonOption, options
@@ -22,6 +26,8 @@ from opspatch.sandbox.dist import STANDIN_FIXED_IN
 if TYPE_CHECKING:  # the fleet module is imported by the commands (it pulls the runs in)
     from opspatch.sandbox.dist import InstallShape
     from opspatch.sandbox.fleet import DownReport, HostStatus, StatusReport, UpReport
+    from opspatch.sandbox.real.build import BuildEvent, BuildProgress
+    from opspatch.sandbox.real.release import EngineChoice
     from opspatch.sandbox.units import UnitShape
 
 sandbox_app = typer.Typer(
@@ -29,8 +35,8 @@ sandbox_app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
     help=(
-        "A local fleet of stand-in SGLang engines (no GPU, no remote host): "
-        "`up`, then `opspatch apply eagle-init-guard --hosts sandbox`."
+        "A local fleet of SGLang engines (no GPU, no remote host), the stand-in or real SGLang "
+        "on the CPU: `up`, then `opspatch apply eagle-init-guard --hosts sandbox`."
     ),
 )
 
@@ -54,17 +60,51 @@ def _install_shape(value: str | None) -> InstallShape | None:
 
 
 def _unit_shape(units: int | None, nodes: int | None, tp: int | None) -> UnitShape | None:
-    """`--units/--nodes/--tp` checked: --nodes and --tp only with --units."""
+    """`--units/--nodes/--tp` checked: --nodes only with --units (`--tp` alone shapes single
+    servers)."""
     from opspatch.sandbox.units import DEFAULT_NODES, UnitShape
 
     if units is None:
-        if nodes is not None or tp is not None:
+        if nodes is not None:
             raise InputError(
-                "--nodes and --tp shape the units of `--units U`",
+                "--nodes shapes the units of `--units U`",
                 hint="e.g. opspatch sandbox up --units 1 --nodes 2 --tp 1",
             )
         return None
     return UnitShape(units, DEFAULT_NODES if nodes is None else nodes, 1 if tp is None else tp)
+
+
+def _engine(value: str | None) -> EngineChoice | None:
+    """`--engine` checked (one clear message, exit 2, for an engine or release it cannot run)."""
+    from opspatch.sandbox.real.release import parse_engine
+
+    return None if value is None else parse_engine(value)
+
+
+@contextmanager
+def build_display() -> Iterator[BuildProgress]:
+    """How a real engine's build shows its minutes: a spinner with the step and the latest line
+    on a terminal; on a pipe or file, a line per step (and the models' training lines)."""
+    if not err.is_terminal:
+        said: set[tuple[int, str]] = set()
+
+        def lines(event: BuildEvent) -> None:
+            if (event.step, event.title) not in said or event.title == "models":
+                said.add((event.step, event.title))
+                where = f"[{event.step}/{event.steps} {event.title}]"
+                err.print(f"{where} {event.detail}".rstrip(), markup=False)
+
+        yield lines
+        return
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=False) as display:
+        task = display.add_task("real SGLang's environment", total=None)
+
+        def spinner(event: BuildEvent) -> None:
+            detail = event.detail if len(event.detail) < 90 else event.detail[:87] + "..."
+            display.update(task, description=f"[{event.step}/{event.steps} {event.title}] {detail}")
+
+        yield spinner
 
 
 @sandbox_app.command()
@@ -132,8 +172,26 @@ def up(
         typer.Option(
             "--tp",
             metavar="T",
-            help="Scheduler processes (TP ranks) per node, with --units (default 1; the "
-            "engine's --tp-size is T x N)",
+            help="Scheduler processes (TP ranks) of each server, or per node with --units (the "
+            "engine's --tp-size is T x N); default: the sandbox's, else 1",
+        ),
+    ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            metavar="standin|sglang|sglang==V",
+            help="The engine: the stand-in (fast, nothing to download) or real SGLang on the "
+            "CPU (sglang = 0.5.23; its ~3 GB environment and models are built once and cached). "
+            "Default: the sandbox's, else standin",
+        ),
+    ] = None,
+    live: Annotated[
+        bool | None,
+        typer.Option(
+            "--live/--no-live",
+            help="Write `live = true` into the inventories (live fixes may be taken on the "
+            "engines); default: the sandbox's, else off",
         ),
     ] = None,
     restart_seconds: Annotated[
@@ -156,23 +214,58 @@ def up(
     # Long because: one typer option per flag in the signature; the body is a dozen lines
     from opspatch.sandbox.fleet import SandboxLayout, sandbox_up
 
-    report = sandbox_up(
-        SandboxLayout.default(),
-        hosts=count,
-        ssh=ssh,
-        install=_install_shape(install),
-        containers=True if containers else None,
-        router=router,
-        units=_unit_shape(units, nodes, tp),
-        restart_seconds=restart_seconds,
-        progress=_progress,
-    )
+    shape = _unit_shape(units, nodes, tp)
+    with build_display() as build_progress:
+        report = sandbox_up(
+            SandboxLayout.default(),
+            hosts=count,
+            ssh=ssh,
+            install=_install_shape(install),
+            containers=True if containers else None,
+            router=router,
+            units=shape,
+            restart_seconds=restart_seconds,
+            engine=_engine(engine),
+            tp=None if shape is not None else tp,
+            live=live,
+            progress=_progress,
+            build_progress=build_progress,
+        )
     if as_json:
         emit_json(report.to_json())
     else:
         _print_up(report)
     if not report.ok:
         raise typer.Exit(EXIT_HOST_FAILED)
+
+
+@sandbox_app.command()
+def prepare(
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            metavar="sglang|sglang==V",
+            help="The real engine to build (default: sglang, 0.5.23)",
+        ),
+    ] = "sglang",
+    as_json: JsonOption = False,
+) -> None:
+    """Build a real engine's shared environment and models into the engine cache and start
+    nothing (what `up --engine sglang` does first; CI runs it before the real-engine tests).
+    The cache: OPSPATCH_ENGINE_CACHE, else ~/.cache/opspatch/engines."""
+    from opspatch.sandbox.real.prepare import prepare_real_engine
+
+    choice = _engine(engine)
+    if choice is None or not choice.real:
+        raise InputError("the stand-in needs no preparing", hint="--engine sglang")
+    with build_display() as build_progress:
+        record = prepare_real_engine(choice, build_progress)
+    if as_json:
+        emit_json({"engine": choice.label, **record.to_json()})
+        return
+    out.print(f"{choice.label}: environment {record.base}", markup=False)
+    out.print(f"  models: {record.target}, {record.draft}", markup=False)
 
 
 @sandbox_app.command()
@@ -211,8 +304,16 @@ def down(
 # printing
 
 
+def _title(root: object, engine: EngineChoice, install: str, tp: int, live: bool) -> str:
+    words = [f"engine: {engine.label}", f"install: {install}"]
+    words += [f"tp: {tp}"] if tp > 1 else []
+    words += ["live"] if live else []
+    return f"sandbox {root} ({', '.join(words)})"
+
+
 def _print_up(report: UpReport) -> None:
-    table = Table(title=f"sandbox {report.root} (install: {report.install})", title_justify="left")
+    title = _title(report.root, report.engine, report.install, report.tp, report.live)
+    table = Table(title=title, title_justify="left")
     for column in ("host", "outcome", "pid", "url", "ssh"):
         table.add_column(column)
     for host in report.hosts:
@@ -266,7 +367,8 @@ def _node_text(unit: str, nodes: tuple[str, ...], host: str) -> str:
 
 
 def _print_status(report: StatusReport) -> None:
-    table = Table(title=f"sandbox {report.root} (install: {report.install})", title_justify="left")
+    title = _title(report.root, report.engine, report.install, report.tp, report.live)
+    table = Table(title=title, title_justify="left")
     columns = ("host", "pid", "port", "health", "install", "carries", "ssh")
     for column in (*columns, "unit") if report.units else columns:
         table.add_column(column)

@@ -63,6 +63,8 @@ allowed_signers = "..."   # the OpenSSH allowed_signers file those signatures ar
 
 [log]                     # regular expressions; a match in the log written since the restart
 fail_patterns = ['Scheduler hit an exception', 'Traceback \\(most recent call last\\)']
+ignore_patterns = ['post-warmup freeze_gc failed']  # no failure: a matching line and the
+                          # traceback logged right after it (a warning the engine lives on)
 
 [judge]                   # absent: no judge (the smoke alone proves a host). Present: after the
                           # smoke passes, the judge decodes a prompt set on the changed server
@@ -294,6 +296,7 @@ class TeamTable(FileSchema):
 
 class LogTable(FileSchema):
     fail_patterns: list[Regex] | None = None
+    ignore_patterns: list[Regex] | None = None
 
 
 Fraction = Annotated[float, expects("a number", int, float), Field(ge=0, allow_inf_nan=False)]
@@ -393,9 +396,7 @@ def to_playbook(document: TomlDocument) -> Playbook:
         restart=RestartPolicy(written.restart or defaults.restart),
         timeouts=_timeouts(written.timeouts),
         smoke=_smoke(written.smoke),
-        log=LogSettings()
-        if written.log is None or written.log.fail_patterns is None
-        else LogSettings(tuple(written.log.fail_patterns)),
+        log=_log(written.log),
         rotation=_rotation(written.rotation),
         team=_team(written.team, document),
         judge=None if written.judge is None else _judge(written.judge, document),
@@ -464,6 +465,20 @@ def _timeouts(written: TimeoutsTable | None) -> StepTimeouts:
     chosen = {step: getattr(written, step) for step in TIMEOUT_STEPS}
     return StepTimeouts(
         **{step: getattr(defaults, step) if v is None else float(v) for step, v in chosen.items()}
+    )
+
+
+def _log(written: LogTable | None) -> LogSettings:
+    defaults = LogSettings()
+    if written is None:
+        return defaults
+    return LogSettings(
+        fail_patterns=defaults.fail_patterns
+        if written.fail_patterns is None
+        else tuple(written.fail_patterns),
+        ignore_patterns=defaults.ignore_patterns
+        if written.ignore_patterns is None
+        else tuple(written.ignore_patterns),
     )
 
 

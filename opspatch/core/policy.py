@@ -38,6 +38,10 @@ TIMEOUT_STEPS = (
     "admit",
 )
 DEFAULT_FAIL_PATTERNS = (r"Scheduler hit an exception", r"Traceback \(most recent call last\)")
+DEFAULT_IGNORE_PATTERNS = (r"post-warmup freeze_gc failed",)
+"""Log lines that are no failure, with the traceback logged right after each. Real SGLang 0.5.23
+started with `--skip-server-warmup` posts `/freeze_gc` before its HTTP server listens and, when
+it loses that race, logs this warning with a traceback; it then serves normally."""
 DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):")
 MIN_SMOKE_TOKENS = 8  # fewer tokens can end at prefill and never run speculative verify
 MAX_SMOKE_TOKENS = 4096
@@ -126,9 +130,12 @@ class SmokeSettings(JsonRecord):
 @dataclass(frozen=True)
 class LogSettings(JsonRecord):
     """Regular expressions that fail a host when they match the log written since the restart
-    (scanned on the host by `opspatch.hosts.agent.checks.scan_log`)."""
+    (scanned on the host by `opspatch.hosts.agent.checks.scan_log`), and those that pass a line
+    over, with the traceback logged right after it (a warning the engine logs with its
+    traceback and lives on)."""
 
     fail_patterns: tuple[str, ...] = DEFAULT_FAIL_PATTERNS
+    ignore_patterns: tuple[str, ...] = DEFAULT_IGNORE_PATTERNS
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ sha256 (urlsafe base64, no padding) and size, the RECORD itself last with neithe
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
 from collections.abc import Mapping
 
@@ -28,19 +29,23 @@ def record_file(files: Mapping[str, bytes], record_path: str) -> bytes:
 
 def record_sha256s(text: str) -> dict[str, str | None]:
     """A RECORD read back: each listed path with its sha256 as hex (None: listed without a
-    hash, as the RECORD itself is).
+    hash, as the RECORD itself is). RECORD is CSV: a path with a comma in it is quoted (real
+    SGLang 0.5.23 ships `"...world=16,H=7168,device_name=NVIDIA_GB200.json"`).
 
     Raises:
         ValueError: a row that is not `path,hash,size`, or a hash that is not sha256.
     """
     found: dict[str, str | None] = {}
-    for number, row in enumerate(text.splitlines(), start=1):
-        if not row.strip():
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
             continue
-        path, _, rest = row.partition(",")
-        hashed, _, _size = rest.partition(",")
-        if not path or "," not in rest:
-            raise ValueError(f"RECORD line {number}: expected path,hash,size: {row!r}")
+        try:
+            (row,) = csv.reader([line])
+        except (csv.Error, ValueError):
+            row = []
+        if len(row) != 3 or not row[0]:
+            raise ValueError(f"RECORD line {number}: expected path,hash,size: {line!r}")
+        path, hashed, _size = row
         if not hashed:
             found[path] = None
             continue

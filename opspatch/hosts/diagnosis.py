@@ -9,12 +9,14 @@ edited outside, healthy but crashing) needs the ledger and the other hosts, and 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from opspatch.core.jsonrecord import JsonRecord, json_options
 from opspatch.errors import RemoteOperationError
+from opspatch.hosts.agent.checks import find_tracebacks
 from opspatch.hosts.agent.diagnose import op_diagnose
 from opspatch.hosts.agent.protocol import DiagnoseReply
 from opspatch.hosts.agent.protocol import DiagnoseRequest as DiagnoseArgs
@@ -189,6 +191,14 @@ class TracebackGroup:
     def exception(self) -> str:
         return f"{self.type}: {self.message}" if self.message is not None else str(self.type)
 
+    @property
+    def when(self) -> str:
+        """Its times as the log stamps them; a traceback printed on lines of its own (the
+        interpreter's, or after a `logger.exception` message) carries none."""
+        if self.first_time is None and self.last_time is None:
+            return "time not logged"
+        return f"first {self.first_time}, last {self.last_time}"
+
 
 @dataclass(frozen=True)
 class LogMarker(JsonRecord):
@@ -220,6 +230,24 @@ class LogWindow:
 
     def marker(self, kind: str) -> LogMarker | None:
         return next((m for m in self.markers if m.kind == kind), None)
+
+    def passed_over(self, group: TracebackGroup, ignore: Sequence[str]) -> str | None:
+        """The first of `ignore` (a playbook's `ignore_patterns`) that the line before every
+        traceback of `group` matches: a warning logged with its traceback, which the smoke's log
+        scan passes over too (`checks.scan_log`); None when one is logged otherwise."""
+        lines = self.text.splitlines()
+        found = [
+            t
+            for t in find_tracebacks(self.text)
+            if (t["type"], t["message"]) == (group.type, group.message)
+        ]
+        for pattern in ignore:
+            if found and all(
+                t["line_number"] >= 2 and re.search(pattern, lines[t["line_number"] - 2])
+                for t in found
+            ):
+                return pattern
+        return None
 
 
 @dataclass(frozen=True)

@@ -252,6 +252,7 @@ def smoke_args(
         "log_file": host.engine.log_file if checks else None,
         "log_offset": log_offset,
         "fail_patterns": list(playbook.log.fail_patterns) if checks else [],
+        "ignore_patterns": list(playbook.log.ignore_patterns) if checks else [],
         "checks": checks,
         "timeout": float(playbook.timeouts.smoke),
         "pid": pid,

@@ -12,7 +12,7 @@ from opspatch.core.jsonrecord import JsonRecord
 from opspatch.errors import InputError
 from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.sandbox import containers as sandbox_containers
-from opspatch.sandbox.layout import ENGINE_STOP_TIMEOUT, Progress, SandboxLayout, quiet
+from opspatch.sandbox.layout import Progress, SandboxLayout, quiet
 from opspatch.sandbox.manifest import HostRecord, Manifest, load_manifest
 from opspatch.sandbox.processes import engine_pid, sandbox_lock, sshd_pid
 from opspatch.sandbox.router import router_dir, stop_router
@@ -92,7 +92,7 @@ def sandbox_down(
                 progress(f"{name}: stopping the engine (pid {pid})")
                 # The host agent's own stop logic, the one `restart` uses: TERM the tree, wait,
                 # KILL what is left.
-                stopped = tuple(stop_process_tree(pid, ENGINE_STOP_TIMEOUT))
+                stopped = tuple(stop_process_tree(pid, manifest.stop_timeout))
             sshd_stopped = _stop_host_sshd(layout, records.get(name), progress)
             results.append(HostDown(name, stopped, sshd_stopped, done.get(name)))
         router = stop_router(layout)

@@ -50,6 +50,7 @@ __all__ = [
     "controller_torch_dir",
     "dist_info_files",
     "engine_source_dir",
+    "ensure_venv",
     "host_venv_dir",
     "install_standin",
     "make_host_python",
@@ -130,31 +131,43 @@ def make_host_python(
     made.
     """
     torch_parent = controller_torch_dir()
-    venv_dir = host_venv_dir(host_dir)
-    python = venv_dir / "bin" / "python"
-    if not python.exists():
-        host_dir.mkdir(parents=True, exist_ok=True)
-        completed = subprocess.run(
-            [sys.executable, "-m", "venv", "--without-pip", str(venv_dir)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if completed.returncode != 0:
-            raise HostError(
-                f"could not create a virtual environment in {venv_dir}: "
-                f"{(completed.stderr or completed.stdout).strip()}",
-                host=host_dir.name,
-                step="sandbox-venv",
-            )
-    site_packages = venv_site_packages(venv_dir)
+    python = ensure_venv(host_dir)
+    site_packages = venv_site_packages(python.parent.parent)
     (site_packages / TORCH_PTH_NAME).write_text(f"{torch_parent}\n", encoding="utf-8")
     if not any(installed_entries(site_packages)):
         if install == "editable":
             install_editable(host_dir, site_packages, version)
         else:
             install_standin(site_packages, version)
+    return python
+
+
+def ensure_venv(host_dir: Path) -> Path:
+    """`<host>/venv` (`python -m venv --without-pip`, well under a second) unless it exists;
+    its `bin/python`.
+
+    Raises:
+        HostError: the virtual environment cannot be made.
+    """
+    venv_dir = host_venv_dir(host_dir)
+    python = venv_dir / "bin" / "python"
+    if python.exists():
+        return python
+    host_dir.mkdir(parents=True, exist_ok=True)
+    completed = subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if completed.returncode != 0:
+        raise HostError(
+            f"could not create a virtual environment in {venv_dir}: "
+            f"{(completed.stderr or completed.stdout).strip()}",
+            host=host_dir.name,
+            step="sandbox-venv",
+        )
     return python
 
 

@@ -29,6 +29,8 @@ SANDBOX_SSH_INVENTORY = "sandbox-ssh"
 CANARY_GROUP = "canary"
 MANIFEST_FORMAT = 1
 ENGINE_STOP_TIMEOUT = 10.0
+REAL_ENGINE_STOP_TIMEOUT = 30.0
+"""Real SGLang drains before it exits (a few seconds here); then its process group is killed."""
 HEALTH_TIMEOUT = 5.0
 
 # CUDA is hidden explicitly so the incident reproduces on any machine: CUDA graph capture must
@@ -37,19 +39,22 @@ HEALTH_TIMEOUT = 5.0
 ENGINE_ENV: dict[str, str] = {"CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
 
 STANDIN_LOAD_ENV = "SGLANG_STANDIN_LOAD_S"
-"""The stand-in's hook that makes each start's weight load take that many more seconds
-(`up --restart-seconds`; the engine reads it in `tp_worker.py`, not importable from here)."""
+"""The hook that makes each engine start take that many more seconds (`up --restart-seconds`):
+the stand-in reads it in its weight load (`tp_worker.py`), a real engine in opspatch's platform
+plugin, in its main process (`real/engine_files/opspatch_sandbox_cpu`)."""
 
 MAX_RESTART_SECONDS = 3600.0
 
 
-def sandbox_playbook(restart_seconds: float = 0.0) -> Playbook:
+def sandbox_playbook(restart_seconds: float = 0.0, real: bool = False) -> Playbook:
     """The stand-in is ready within seconds, the default playbook's 20 minutes suit real models
-    only; a sandbox whose starts take `restart_seconds` more waits that much longer for them."""
-    return Playbook(
-        name="sandbox",
-        timeouts=StepTimeouts(restart=60.0, ready=120.0 + restart_seconds, smoke=60.0),
-    )
+    only; real SGLang on this CPU is ready in one to three minutes (more while several start
+    side by side); a sandbox whose starts take `restart_seconds` more waits that much longer."""
+    if real:
+        timeouts = StepTimeouts(restart=120.0, ready=900.0 + restart_seconds, smoke=300.0)
+    else:
+        timeouts = StepTimeouts(restart=60.0, ready=120.0 + restart_seconds, smoke=60.0)
+    return Playbook(name="sandbox", timeouts=timeouts)
 
 
 SANDBOX_PLAYBOOK = sandbox_playbook()
@@ -167,9 +172,19 @@ def engine_url(port: int) -> str:
     return f"http://{ENGINE_ADDRESS}:{port}"
 
 
-def start_command(python: Path, port: int, node_args: tuple[str, ...] = ()) -> str:
+STANDIN_ARGS = ("--speculative-algorithm", SPECULATIVE_ALGORITHM)
+"""The stand-in's engine arguments (a real engine's: `opspatch.sandbox.real.launch`)."""
+
+
+def start_command(
+    python: Path,
+    port: int,
+    node_args: tuple[str, ...] = (),
+    engine_args: tuple[str, ...] = STANDIN_ARGS,
+) -> str:
     """The engine's start command line, quoted by `Command.render` (the one place that quotes);
-    `node_args`: a unit node's multi-node arguments (`UnitRecord.node_args`)."""
+    `engine_args`: the engine's own (model, flags, `--tp-size`); `node_args`: a unit node's
+    multi-node arguments (`UnitRecord.node_args`)."""
     argv = (
         str(python),
         "-m",
@@ -178,8 +193,7 @@ def start_command(python: Path, port: int, node_args: tuple[str, ...] = ()) -> s
         ENGINE_ADDRESS,
         "--port",
         str(port),
-        "--speculative-algorithm",
-        SPECULATIVE_ALGORITHM,
+        *engine_args,
         *node_args,
     )
     return Command(argv).render()

@@ -23,17 +23,22 @@ from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.errors import InputError
 from opspatch.sandbox import containers
 from opspatch.sandbox.dist import INSTALL_SHAPES, InstallShape
+from opspatch.sandbox.incident import INCIDENT_ENV, INCIDENT_SERVER_FLAGS, is_incident_release
 from opspatch.sandbox.layout import (
     CANARY_GROUP,
     ENGINE_ADDRESS,
     ENGINE_ENV,
     ENGINE_STOP_TIMEOUT,
     MANIFEST_FORMAT,
+    REAL_ENGINE_STOP_TIMEOUT,
+    STANDIN_ARGS,
     STANDIN_LOAD_ENV,
     SandboxLayout,
     engine_url,
     start_command,
 )
+from opspatch.sandbox.real.launch import CPU_ENV, OMP_BIND_ENV, cpu_env, server_args
+from opspatch.sandbox.real.release import STANDIN, EngineChoice
 
 PURGE = remedy_text(CliCommand.SANDBOX_DOWN, purge=True)
 """The command that removes the sandbox, for hints."""
@@ -112,6 +117,18 @@ class UnitRecord:
 
 
 @dataclass(frozen=True)
+class RealEngineRecord(JsonRecord):
+    """Where a real-engine sandbox's shared parts are (`opspatch.sandbox.real`): the shared
+    environment, the release's wheel, the two models. Recorded by the `up` that built them, so
+    the inventories (rendered from the manifest alone) can name them."""
+
+    base: str
+    wheel: str
+    target: str
+    draft: str
+
+
+@dataclass(frozen=True)
 class RouterRecord:
     """The sandbox's router (`up --router`): its HTTP and Prometheus ports on loopback."""
 
@@ -147,10 +164,54 @@ class Manifest:
     restart_seconds: float = 0.0
     """Set by `up --restart-seconds S`, kept by later `up`s: each engine start (and restart)
     takes S more seconds, written into the inventories' engine environment."""
+    engine: EngineChoice = STANDIN
+    """Set by the first `up` (`--engine`); a manifest written before engines were recorded runs
+    the stand-in."""
+    real: RealEngineRecord | None = None
+    """Where a real engine's shared parts are (None for the stand-in)."""
+    tp: int = 1
+    """Scheduler processes (TP ranks) of each single-node server (`up --tp T`); a unit's are
+    its own (`UnitRecord.tp`)."""
+    live: bool = False
+    """`up --live`: the inventories say `live = true` (live fixes may be taken); kept by later
+    `up`s until `--no-live`."""
 
     @property
     def ssh(self) -> bool:
         return self.ssh_user is not None
+
+    @property
+    def stop_timeout(self) -> float:
+        return REAL_ENGINE_STOP_TIMEOUT if self.engine.real else ENGINE_STOP_TIMEOUT
+
+    def engine_args(self, host: str) -> tuple[str, ...]:
+        """The engine's arguments of `host`'s start command (before a unit node's own)."""
+        unit = self.unit_of(host)
+        tp = () if unit is not None or self.tp == 1 else ("--tp-size", str(self.tp))
+        if self.real is None:
+            return STANDIN_ARGS + tp
+        args = server_args(Path(self.real.target), Path(self.real.draft), 1) + tp
+        if is_incident_release(self.engine.version):
+            args += INCIDENT_SERVER_FLAGS
+        return args
+
+    def engine_env(self, host: str | None = None) -> dict[str, str]:
+        """The engine's environment (every host's the same but a real unit node's ranks)."""
+        env = dict(ENGINE_ENV)
+        if self.restart_seconds:
+            env[STANDIN_LOAD_ENV] = f"{self.restart_seconds:g}"
+        if self.engine.real:
+            unit = None if host is None else self.unit_of(host)
+            if unit is None or host is None:
+                env.update(cpu_env(self.tp))
+            else:  # a node's ranks on cores of their own, node after node
+                cores = sorted(os.sched_getaffinity(0))
+                first = unit.hosts.index(host) * unit.tp
+                mine = [cores[(first + rank) % len(cores)] for rank in range(unit.tp)]
+                env.update({**CPU_ENV, OMP_BIND_ENV: "|".join(map(str, mine))})
+            if is_incident_release(self.engine.version):
+                env.update(INCIDENT_ENV)
+        return env
 
     def unit_of(self, host: str) -> UnitRecord | None:
         """The unit `host` is a node of, or None (a server by itself)."""
@@ -167,6 +228,10 @@ class Manifest:
             "router": self.router.to_json() if self.router else None,
             "units": [unit.to_json() for unit in self.units],
             "restart_seconds": self.restart_seconds,
+            "engine": self.engine.to_json(),
+            "real": None if self.real is None else self.real.to_json(),
+            "tp": self.tp,
+            "live": self.live,
         }
 
     @classmethod
@@ -215,6 +280,10 @@ class Manifest:
                 raise ValueError(
                     f"restart_seconds must be a number of seconds, not {restart_seconds!r}"
                 )
+            real = data.get("real")
+            tp, live = data.get("tp", 1), data.get("live", False)
+            if not isinstance(tp, int) or tp < 1 or not isinstance(live, bool):
+                raise ValueError(f"tp must be a count and live true or false: {tp!r}, {live!r}")
             return cls(
                 tuple(hosts),
                 None if user is None else str(user),
@@ -223,6 +292,10 @@ class Manifest:
                 router,
                 units,
                 float(restart_seconds),
+                EngineChoice.from_json(data.get("engine")),
+                None if real is None else RealEngineRecord.from_json(real),
+                tp,
+                live,
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise InputError(
@@ -287,15 +360,20 @@ def render_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: boo
     host lock is shared whichever way a host is reached); only how they are reached differs.
     """
     kind = "SSH to a private sshd per host" if over_ssh else "local transport"
+    engines = (
+        f"real SGLang {manifest.engine.version}" if manifest.engine.real else "stand-in SGLang"
+    )
     lines = [
         "# Written by `opspatch sandbox up`; rewritten by every `up` (edits here are lost).",
-        f"# {len(manifest.hosts)} stand-in SGLang engine(s), each in its own "
+        f"# {len(manifest.hosts)} {engines} engine(s), each in its own "
         + ("podman container" if manifest.containers else "folder of the sandbox")
         + f" (install: {manifest.install}).",
-        f"description = {_toml_string(f'opspatch sandbox: local stand-in SGLang hosts ({kind})')}",
+        f"description = {_toml_string(f'opspatch sandbox: local {engines} hosts ({kind})')}",
         "",
         "[defaults]",
     ]
+    if manifest.live:
+        lines.append("live = true")
     if over_ssh:
         lines += [
             'transport = "ssh"',
@@ -308,11 +386,7 @@ def render_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: boo
     if manifest.router is not None:
         # every engine behind the one router, registered under its engine URL (the default)
         lines.append(f"router = {{ url = {_toml_string(manifest.router.url)} }}")
-    engine_env = dict(ENGINE_ENV)
-    if manifest.restart_seconds:
-        engine_env[STANDIN_LOAD_ENV] = f"{manifest.restart_seconds:g}"
-    env = ", ".join(f"{name} = {_toml_string(value)}" for name, value in engine_env.items())
-    lines += ["", "[defaults.engine]", "speculative = true", f"env = {{ {env} }}"]
+    lines += ["", "[defaults.engine]", "speculative = true", _env_line(manifest.engine_env())]
     for record in manifest.hosts:
         name = record.name
         if manifest.containers:
@@ -321,27 +395,10 @@ def render_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: boo
                 lines += _ssh_address_lines(record)
             lines += _container_host_lines(layout, record)
             continue
-        unit = manifest.unit_of(name)
-        start = start_command(
-            layout.python(name), record.port, unit.node_args(name) if unit else ()
-        )
-        restart = (
-            f'{{ kind = "command", start = {_toml_string(start)}, '
-            f"pid_file = {_toml_string(str(layout.pid_file(name)))}, "
-            f"workdir = {_toml_string(str(layout.host_dir(name)))}, "
-            f"stop_timeout = {int(ENGINE_STOP_TIMEOUT)} }}"
-        )
         lines += ["", f"[hosts.{name}]"]
         if over_ssh:
             lines += _ssh_address_lines(record)
-        lines += [
-            f"state_dir = {_toml_string(str(layout.host_state_dir(name)))}",
-            f"[hosts.{name}.engine]",
-            f"python = {_toml_string(str(layout.python(name)))}",
-            f"url = {_toml_string(engine_url(record.port))}",
-            f"log_file = {_toml_string(str(layout.log_file(name)))}",
-            f"restart = {restart}",
-        ]
+        lines += _host_engine_lines(layout, manifest, record)
     for unit in manifest.units:
         members = ", ".join(_toml_string(h) for h in unit.hosts)
         lines += ["", f"[units.{unit.name}]", f"hosts = [{members}]  # the head first"]
@@ -355,6 +412,40 @@ def render_inventory(layout: SandboxLayout, manifest: Manifest, *, over_ssh: boo
             f"hosts = [{', '.join(_toml_string(h) for h in canary)}]",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _host_engine_lines(layout: SandboxLayout, manifest: Manifest, record: HostRecord) -> list[str]:
+    """A host of the sandbox's folders: its state folder and engine, started by a command."""
+    name = record.name
+    unit = manifest.unit_of(name)
+    start = start_command(
+        layout.python(name),
+        record.port,
+        unit.node_args(name) if unit else (),
+        manifest.engine_args(name),
+    )
+    restart = (
+        f'{{ kind = "command", start = {_toml_string(start)}, '
+        f"pid_file = {_toml_string(str(layout.pid_file(name)))}, "
+        f"workdir = {_toml_string(str(layout.host_dir(name)))}, "
+        f"stop_timeout = {int(manifest.stop_timeout)} }}"
+    )
+    lines = [
+        f"state_dir = {_toml_string(str(layout.host_state_dir(name)))}",
+        f"[hosts.{name}.engine]",
+        f"python = {_toml_string(str(layout.python(name)))}",
+        f"url = {_toml_string(engine_url(record.port))}",
+        f"log_file = {_toml_string(str(layout.log_file(name)))}",
+        f"restart = {restart}",
+    ]
+    if manifest.engine_env(name) != manifest.engine_env():  # a real unit node's own ranks
+        lines.append(_env_line(manifest.engine_env(name)))
+    return lines
+
+
+def _env_line(env: dict[str, str]) -> str:
+    pairs = ", ".join(f"{name} = {_toml_string(value)}" for name, value in env.items())
+    return f"env = {{ {pairs} }}"
 
 
 def _ssh_address_lines(record: HostRecord) -> list[str]:

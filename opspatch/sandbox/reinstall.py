@@ -8,6 +8,9 @@ installed one makes it an upgrade (or a downgrade: the stand-in's version is its
 and from `STANDIN_FIXED_IN` on its file ships the incident's fix). In each install shape:
 
 - `wheel`: the package and its dist-info replaced in site-packages (`install.install_standin`);
+- real SGLang (`--engine sglang`): the package and its dist-info removed and installed again
+  from the release's cached wheel by pip, with the sandbox's base patches, as `up` built it
+  (no other release: the sandbox runs one);
 - `editable`: the git checkout put at the release (`checkout.release_checkout`: its files as
   the release has them, a commit when the release differs from HEAD, as `git checkout` of a
   release tag would leave it) and installed editable again (`checkout.install_editable`).
@@ -26,11 +29,12 @@ from opspatch.core.remedy import CliCommand, remedy_text
 from opspatch.errors import HostError, InputError
 from opspatch.sandbox import containers as sandbox_containers
 from opspatch.sandbox.checkout import install_editable, release_checkout
-from opspatch.sandbox.dist import DIST_NAME, InstallShape, check_version
+from opspatch.sandbox.dist import DIST_NAME, InstallShape, check_version, installed_entries, remove
 from opspatch.sandbox.install import host_venv_dir, install_standin, venv_site_packages
-from opspatch.sandbox.layout import SandboxLayout
-from opspatch.sandbox.manifest import load_manifest
+from opspatch.sandbox.layout import SandboxLayout, quiet
+from opspatch.sandbox.manifest import Manifest, load_manifest
 from opspatch.sandbox.processes import sandbox_lock, server_pid
+from opspatch.sandbox.real.prepare import make_real_host
 from opspatch.sandbox.up import engine_controls
 
 PURGE = remedy_text(CliCommand.SANDBOX_DOWN, purge=True)
@@ -120,7 +124,9 @@ def sandbox_reinstall(
         check_version(target)
         host_dir = layout.host_dir(host)
         site_packages = venv_site_packages(host_venv_dir(host_dir))
-        if manifest.install == "editable":
+        if manifest.engine.real:
+            _reinstall_real(layout, manifest, host, before, target)
+        elif manifest.install == "editable":
             release_checkout(host_dir, target)
             install_editable(host_dir, site_packages, target)
         else:
@@ -145,3 +151,24 @@ def sandbox_reinstall(
             restarted=restart,
             pid=server_pid(layout, host),
         )
+
+
+def _reinstall_real(
+    layout: SandboxLayout, manifest: Manifest, host: str, before: str, target: str
+) -> None:
+    """Real SGLang's files put back from its wheel, with the sandbox's base patches.
+
+    Raises:
+        InputError: another release than the installed one (the sandbox runs one).
+    """
+    if target != before:
+        raise InputError(
+            f"sandbox host {host} runs real SGLang {before}; the sandbox installs no other "
+            f"release ({target}); nothing was changed",
+            hint="reinstall without --version (the release's files as pip installs them, "
+            "with the sandbox's base patches)",
+        )
+    site_packages = venv_site_packages(host_venv_dir(layout.host_dir(host)))
+    for entry in installed_entries(site_packages):
+        remove(entry)
+    make_real_host(layout, manifest, host, quiet)

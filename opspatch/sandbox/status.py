@@ -34,6 +34,7 @@ from opspatch.sandbox.manifest import (
     sandbox_inventory,
 )
 from opspatch.sandbox.processes import server_pid, sshd_pid
+from opspatch.sandbox.real.release import STANDIN, EngineChoice
 from opspatch.sandbox.router import router_pid
 
 UP = remedy_text(CliCommand.SANDBOX_UP)
@@ -183,6 +184,9 @@ class StatusReport:
     containers: bool = False
     router: RouterStatus | None = None
     units: tuple[UnitStatus, ...] = ()
+    engine: EngineChoice = STANDIN
+    tp: int = 1
+    live: bool = False
 
     def unit_of(self, host: str) -> UnitStatus | None:
         return next((u for u in self.units if host in u.nodes), None)
@@ -190,6 +194,9 @@ class StatusReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "sandbox": str(self.root),
+            "engine": self.engine.label,
+            "tp": self.tp,
+            "live": self.live,
             "router": self.router.to_json() if self.router else None,
             "units": [u.to_json() for u in self.units],
             "install": self.install,
@@ -354,4 +361,7 @@ def sandbox_status(layout: SandboxLayout, workspace: Workspace) -> StatusReport:
         manifest.containers,
         router,
         unit_statuses(manifest.units, statuses),
+        manifest.engine,
+        manifest.tp,
+        manifest.live,
     )

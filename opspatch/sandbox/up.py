@@ -4,7 +4,6 @@ engine is ready, write the inventories. Idempotent: see `opspatch.sandbox.fleet`
 from __future__ import annotations
 
 import contextlib
-import getpass
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -20,18 +19,13 @@ from opspatch.sandbox.checkout import require_git
 from opspatch.sandbox.dist import InstallShape
 from opspatch.sandbox.install import make_host_python
 from opspatch.sandbox.layout import (
-    DEFAULT_HOSTS,
     ENGINE_ADDRESS,
-    ENGINE_STOP_TIMEOUT,
     Progress,
     SandboxLayout,
     check_host_count,
-    check_restart_seconds,
     engine_url,
-    host_name,
     quiet,
     sandbox_playbook,
-    ssh_address,
 )
 from opspatch.sandbox.manifest import (
     HostRecord,
@@ -45,6 +39,7 @@ from opspatch.sandbox.manifest import (
     save_manifest,
     write_atomically,
 )
+from opspatch.sandbox.plan import UpRequest, planned_manifest
 from opspatch.sandbox.processes import (
     engine_pid,
     free_port,
@@ -53,9 +48,12 @@ from opspatch.sandbox.processes import (
     server_pid,
     sshd_pid,
 )
+from opspatch.sandbox.real.build import BuildProgress, no_progress
+from opspatch.sandbox.real.prepare import make_real_host, prepare_real_engine
+from opspatch.sandbox.real.release import STANDIN, EngineChoice
 from opspatch.sandbox.router import require_router_package, router_pid, start_router
 from opspatch.sandbox.sshd import SshdError, find_sshd, generate_keypair, start_sshd
-from opspatch.sandbox.units import UnitShape, partly_running, planned_units
+from opspatch.sandbox.units import UnitShape, partly_running
 
 PURGE = remedy_text(CliCommand.SANDBOX_DOWN, purge=True)
 """The command that removes the sandbox, for hints."""
@@ -116,6 +114,9 @@ class UpReport:
     router: RouterUp | None = None
     units: tuple[UnitRecord, ...] = ()
     restart_seconds: float = 0.0
+    engine: EngineChoice = STANDIN
+    tp: int = 1
+    live: bool = False
 
     @property
     def ok(self) -> bool:
@@ -125,6 +126,9 @@ class UpReport:
         return {
             "sandbox": str(self.root),
             "ok": self.ok,
+            "engine": self.engine.label,
+            "tp": self.tp,
+            "live": self.live,
             "install": self.install,
             "containers": self.containers,
             "units": [unit.to_json() for unit in self.units],
@@ -151,101 +155,6 @@ class RouterUp:
 
     def to_json(self) -> dict[str, Any]:
         return {"url": self.url, "pid": self.pid, "prometheus_port": self.prometheus_port}
-
-
-def _planned_manifest(
-    current: Manifest | None,
-    count: int | None,
-    want_ssh: bool,
-    install: InstallShape | None,
-    containers: bool | None = None,
-    units: UnitShape | None = None,
-    restart_seconds: float | None = None,
-) -> tuple[Manifest, set[str]]:
-    """The manifest `up` will work to, and the names of hosts it adds (ports not yet chosen: 0).
-
-    `install` None keeps the sandbox's install shape (`wheel` for a new sandbox); `units` None
-    keeps the sandbox's units (none for a new sandbox); `restart_seconds` None keeps the
-    sandbox's start delay (none for a new sandbox).
-
-    Raises:
-        InputError: a count outside 1..MAX_HOSTS, fewer hosts than the sandbox has, another
-            install shape or unit shape than the one the sandbox was built with, or units with
-            containers.
-    """
-    unit_records = planned_units(current, units, count)
-    if unit_records:
-        count = sum(len(u.hosts) for u in unit_records)
-    if current is not None and install is not None and install != current.install:
-        raise InputError(
-            f"the sandbox's hosts are installed as {current.install}; "
-            f"`up --install {install}` would not reinstall them",
-            hint=f"run `{PURGE}` first to build it with --install {install}",
-        )
-    if current is not None and containers is not None and containers != current.containers:
-        built = "in podman containers" if current.containers else "without containers"
-        raise InputError(
-            f"the sandbox's engines run {built}; `up` would not move them",
-            hint=f"run `{PURGE}` first to build it the other way",
-        )
-    in_containers = bool(containers) if current is None else current.containers
-    if in_containers and install == "wheel":
-        raise InputError(
-            "`--containers` installs each engine editable in the image's checkout, as the "
-            "upstream image does; `--install wheel` does not go with it",
-            hint="drop --install (or use --install editable)",
-        )
-    shape: InstallShape = install or (
-        current.install if current else ("editable" if in_containers else "wheel")
-    )
-    existing = current.hosts if current else ()
-    wanted = count if count is not None else (len(existing) or DEFAULT_HOSTS)
-    check_host_count(wanted)
-    if wanted < len(existing):
-        raise InputError(
-            f"the sandbox has {len(existing)} hosts; `up --count {wanted}` would not remove any",
-            hint=f"run `{PURGE}` first to build a smaller sandbox",
-        )
-    ssh_user = (current.ssh_user if current else None) or (getpass.getuser() if want_ssh else None)
-    records = list(existing)
-    added = set()
-    for index in range(len(existing), wanted):
-        records.append(HostRecord(name=host_name(index), port=0))
-        added.add(host_name(index))
-    if ssh_user is not None:
-        records = [
-            record if record.ssh else replace(record, ssh=SshEndpoint(address=ssh_address(index)))
-            for index, record in enumerate(records)
-        ]
-    if unit_records and in_containers:
-        raise InputError(
-            "--units does not go with --containers yet (each node would need its own container)",
-            hint=f"drop --containers, or `{PURGE}` first",
-        )
-    # the router, like --ssh, stays on for later `up`s
-    router = current.router if current else None
-    delay = _restart_seconds(current, restart_seconds, in_containers)
-    manifest = Manifest(tuple(records), ssh_user, shape, in_containers, router, unit_records, delay)
-    return manifest, added
-
-
-def _restart_seconds(current: Manifest | None, wanted: float | None, in_containers: bool) -> float:
-    """The start delay the sandbox will have: `wanted`, else the sandbox's, else none.
-
-    Raises:
-        InputError: a delay out of range, or one with containers (their environment is baked
-            into the image).
-    """
-    if wanted is None:
-        return current.restart_seconds if current else 0.0
-    check_restart_seconds(wanted)
-    if wanted and in_containers:
-        raise InputError(
-            "--restart-seconds does not go with --containers yet (the engine's environment is "
-            "baked into the image)",
-            hint=f"drop --restart-seconds, or `{PURGE}` and build without --containers",
-        )
-    return wanted
 
 
 def _choose_ports(manifest: Manifest, *, want_router: bool = False) -> Manifest:
@@ -365,40 +274,44 @@ def sandbox_up(
     router: bool = False,
     units: UnitShape | None = None,
     restart_seconds: float | None = None,
+    engine: EngineChoice | None = None,
+    tp: int | None = None,
+    live: bool | None = None,
     progress: Progress = quiet,
+    build_progress: BuildProgress = no_progress,
 ) -> UpReport:
     """Create missing hosts, start stopped engines (and sshds), wait until all are ready, and
     write the sandbox inventories.
 
-    `units` builds multi-node servers instead of single-node hosts (`opspatch.sandbox.units`):
-    every node a host of its own, the inventories declaring the units; kept by later `up`s. A
-    unit some of whose nodes run and others not is stopped and started whole.
-    `hosts` None keeps the sandbox's size (3 for a new one); more hosts than it has adds hosts.
-    `ssh` also gives every host a private sshd (and stays on for later `up`s). `install` says
-    how a new sandbox's engines are installed (`wheel`, the default, or `editable`: a git
-    checkout installed editable, `opspatch.sandbox.checkout`); None keeps the sandbox's shape,
-    and the other shape on an existing sandbox is refused. `router` also starts a real
-    sglang-router in front of the engines (and stays on for later `up`s), written into both
-    inventories as every host's router. `restart_seconds` makes every start of every engine
-    (this one and later restarts) take that many more seconds, as a real model's weight loading
-    and CUDA graph capture do; None keeps the sandbox's (0 for a new one).
-    A host whose engine does not come up is reported `failed` with its log's tail; the others are
-    still started, and the inventories are written only when every host is ready.
+    What each option asks for, and which the sandbox keeps or refuses on a later `up`:
+    `opspatch.sandbox.plan`. `hosts`: how many (3 for a new sandbox); `units`: multi-node
+    servers (`opspatch.sandbox.units`; a unit some of whose nodes run is restarted whole);
+    `ssh`: a private sshd per host; `install`: `wheel` or `editable` (a git checkout,
+    `opspatch.sandbox.checkout`); `router`: a real sglang-router in front, every host's router
+    in the inventories; `restart_seconds`: every start takes that much longer; `engine`: the
+    stand-in or real SGLang (`opspatch.sandbox.real`: its environment and models built first
+    where not cached, shown by `build_progress`); `tp`: TP ranks of each single server; `live`:
+    `live = true` in the inventories. A host whose engine does not come up is reported `failed`
+    with its log's tail; the others are still started, and the inventories are written only
+    when every host is ready.
 
     Raises:
-        InputError: a bad host count, fewer hosts than the sandbox has, another install shape
-            than the sandbox's, a recorded port or address held by another process, sshd (or,
-            for `editable`, git) not installed, another sandbox command running.
+        InputError: a bad host count, fewer hosts than the sandbox has, another shape than the
+            sandbox's, a recorded port or address held by another process, sshd (or, for
+            `editable`, git) not installed, another sandbox command running; a real engine's
+            build failing (`IndexUnreachable` when the package index does not answer).
         HostError: a private sshd did not start (the ones started are recorded for `down`).
     """
     if hosts is not None:
         check_host_count(hosts)
     with sandbox_lock(layout):
         current = load_manifest(layout)
-        manifest, added = _planned_manifest(
-            current, hosts, ssh, install, containers, units, restart_seconds
+        asked = UpRequest(
+            hosts, ssh, install, containers, units, restart_seconds, engine, tp, live, router
         )
+        manifest, added = planned_manifest(current, asked)
         image = _require_tools(layout, manifest, router, progress)
+        manifest = _with_real_engine(manifest, progress, build_progress)
         manifest = _choose_ports(manifest, want_router=router)
         running = {r.name for r in manifest.hosts if _engine_running(layout, manifest, r.name)}
         running -= _stop_partial_units(layout, manifest, running, progress)
@@ -443,6 +356,9 @@ def _report(layout: SandboxLayout, manifest: Manifest, results: tuple[HostUp, ..
         manifest.containers,
         units=manifest.units,
         restart_seconds=manifest.restart_seconds,
+        engine=manifest.engine,
+        tp=manifest.tp,
+        live=manifest.live,
     )
 
 
@@ -477,6 +393,16 @@ def _require_tools(
     return image
 
 
+def _with_real_engine(
+    manifest: Manifest, progress: Progress, build_progress: BuildProgress
+) -> Manifest:
+    """A real engine's manifest with its shared parts built or found (`prepare_real_engine`)."""
+    if not manifest.engine.real:
+        return manifest
+    progress(f"real SGLang {manifest.engine.version}: its environment and models")
+    return replace(manifest, real=prepare_real_engine(manifest.engine, build_progress))
+
+
 def _stop_partial_units(
     layout: SandboxLayout, manifest: Manifest, running: set[str], progress: Progress
 ) -> set[str]:
@@ -492,7 +418,7 @@ def _stop_partial_units(
         for name in unit.hosts:
             pid = engine_pid(layout, name)
             if name in running and pid is not None:
-                stop_process_tree(pid, ENGINE_STOP_TIMEOUT)
+                stop_process_tree(pid, manifest.stop_timeout)
                 stopped.add(name)
     return stopped
 
@@ -565,7 +491,8 @@ def engine_controls(layout: SandboxLayout, manifest: Manifest) -> dict[str, Engi
     for record in manifest.hosts:
         host = inventory.host(record.name)
         ops = HostOperations(open_transport(host), host)
-        controls[record.name] = EngineControl(ops, host, sandbox_playbook(manifest.restart_seconds))
+        playbook = sandbox_playbook(manifest.restart_seconds, real=manifest.engine.real)
+        controls[record.name] = EngineControl(ops, host, playbook)
     return controls
 
 
@@ -588,11 +515,16 @@ def _start_engines(
             continue
         verb = "creating" if record.name in added else "preparing"
         shape = "an editable git checkout" if manifest.install == "editable" else "a wheel"
+        if manifest.engine.real:
+            shape = f"real SGLang {manifest.engine.version}'s wheel"
         progress(
             f"{record.name}: {verb} its environment ({shape}) in {layout.host_dir(record.name)}"
         )
         try:
-            make_host_python(layout.host_dir(record.name), install=manifest.install)
+            if manifest.engine.real:
+                make_real_host(layout, manifest, record.name, progress)
+            else:
+                make_host_python(layout.host_dir(record.name), install=manifest.install)
             layout.host_state_dir(record.name).mkdir(parents=True, exist_ok=True)
             progress(f"{record.name}: starting the engine on {engine_url(record.port)}")
             _drop_stale_pid_file(layout, record.name)

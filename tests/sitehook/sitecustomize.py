@@ -5,12 +5,13 @@ the host agent over the local transport, a sandbox's engine), imports this modul
 While `OPSPATCH_TEST_RESOURCE_LOG` names a file it installs an audit hook that appends one line,
 `<resource> <program>`, for every process started whose command line is a resource's: sshd,
 PostgreSQL's programs, podman, the SGLang router, a program that needs root (sudo, useradd,
-mount, ...), or an engine (`python -m sglang.launch_server`). A program found in the temporary
-folder (a test's stand-in for podman, say) is not the real thing and counts for nothing. The
-test process installs the same hook (`install(every=True)`), where any other process started
-counts as `process` and each line names the thread (`<resource>@<thread> <program>`);
-tests/tiers.py reads the file after each test phase. Without the variable this module does
-nothing, so it costs one import.
+mount, ...), or an engine (`python -m sglang.launch_server`: `sglang` for a real SGLang
+server, whose environment sets `SGLANG_USE_CPU_ENGINE`, else `engine`, the stand-in). A program
+found in the temporary folder (a test's stand-in for podman, say) is not the real thing and
+counts for nothing. The test process installs the same hook (`install(every=True)`), where any
+other process started counts as `process` and each line names the thread
+(`<resource>@<thread> <program>`); tests/tiers.py reads the file after each test phase. Without
+the variable this module does nothing, so it costs one import.
 
 Python 3.8's grammar (the host agent runs on it in some tests), and the standard library only.
 """
@@ -115,10 +116,26 @@ def classify(argv: list, env: object = None) -> list:
     return found
 
 
-def _classify(words: list, env: object, found: list, depth: int) -> None:
+REAL_ENGINE_VARIABLE = "SGLANG_USE_CPU_ENGINE"
+"""Set in the environment of every real SGLang server the tests start (`opspatch.sandbox.real`):
+such a `python -m sglang.launch_server` counts as `sglang`, the stand-in's as `engine`."""
+
+
+def _real_engine(env: object, assigned: list) -> bool:
+    if any(word.split("=", 1)[0] == REAL_ENGINE_VARIABLE for word in assigned):
+        return True
+    if not isinstance(env, dict):
+        return bool(os.environ.get(REAL_ENGINE_VARIABLE))
+    value = env.get(REAL_ENGINE_VARIABLE, env.get(REAL_ENGINE_VARIABLE.encode()))
+    return bool(value)
+
+
+def _classify(words: list, env: object, found: list, depth: int, assigned: tuple = ()) -> None:
     if depth > 8:
         return
+    assigned = list(assigned)
     while words and "=" in words[0] and words[0].split("=", 1)[0].isidentifier():
+        assigned.append(words[0])
         words = words[1:]  # VAR=value before the program
     if not words:
         return
@@ -128,8 +145,9 @@ def _classify(words: list, env: object, found: list, depth: int) -> None:
         if name == "command" and rest and rest[0] in ("-v", "-V"):
             return  # looks the program up, runs nothing
         while rest and (rest[0].startswith("-") or "=" in rest[0]):
+            assigned += [rest[0]] if "=" in rest[0] else []
             rest = rest[1:]
-        _classify(rest, env, found, depth + 1)
+        _classify(rest, env, found, depth + 1, tuple(assigned))
         return
     if name in SHELLS and "-c" in rest[:-1]:
         script = rest[rest.index("-c") + 1]
@@ -147,7 +165,10 @@ def _classify(words: list, env: object, found: list, depth: int) -> None:
                 return  # the code and its arguments follow, no module
             if word == "-m":
                 if rest[index + 1] in MODULES:
-                    found.append((MODULES[rest[index + 1]], " ".join(words)[:200]))
+                    resource = MODULES[rest[index + 1]]
+                    if resource == "engine" and _real_engine(env, assigned):
+                        resource = "sglang"
+                    found.append((resource, " ".join(words)[:200]))
                 return
 
 

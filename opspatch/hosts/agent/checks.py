@@ -67,12 +67,25 @@ def judge_reply(
     return judged
 
 
-def scan_log(text: str, patterns: Sequence[str]) -> list[Result]:
+def scan_log(text: str, patterns: Sequence[str], ignore: Sequence[str] = ()) -> list[Result]:
     """Every line of `text` that matches one of the fail `patterns` (regular expressions), in
-    order: `{"line_number": 1-based, "line": stripped (300 chars at most), "pattern": ...}`."""
+    order: `{"line_number": 1-based, "line": stripped (300 chars at most), "pattern": ...}`.
+    A line that matches one of `ignore` is passed over, and so is the traceback logged right
+    after it (a warning logged with `exc_info`: its traceback starts on the next line)."""
     compiled = [(pattern, re.compile(pattern)) for pattern in patterns]
+    lines = text.splitlines()
+    skipped: set[int] = set()
+    if ignore:
+        passed = [re.compile(pattern) for pattern in ignore]
+        skipped = {n for n, line in enumerate(lines, 1) if any(r.search(line) for r in passed)}
+        for found in find_tracebacks(text):
+            if found["line_number"] - 1 in skipped:
+                end = found["exception_line_number"] or found["frame_line_number"] or 0
+                skipped.update(range(found["line_number"], max(end, found["line_number"]) + 1))
     hits: list[Result] = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
+        if number in skipped:
+            continue
         for pattern, regex in compiled:
             if regex.search(line):
                 hits.append({"line_number": number, "line": line.strip()[:300], "pattern": pattern})

@@ -409,7 +409,9 @@ def op_smoke(args: SmokeRequest) -> SmokeReply:
     evidence: Result = {"log_tail": None, "exception": None}
     if checks and log_file:
         log_text = log_since(log_file, offset)
-        hits = scan_log(log_text, args.get("fail_patterns") or [])
+        hits = scan_log(
+            log_text, args.get("fail_patterns") or [], args.get("ignore_patterns") or []
+        )
         log_hits = [hit["line"] for hit in hits]
         found = find_tracebacks(log_text)
         exceptions = group_tracebacks(found)

@@ -221,8 +221,9 @@ def log_since(path: str | None, offset: int | None, limit: int = 4_000_000) -> s
         return ""
 
 
-START_MARKER = "server_args=ServerArgs("
-"""SGLang's first log line of a start: the log since the last start begins at the last one."""
+START_MARKER = r"\bserver_args=(?:ServerArgs\(|\{)"
+"""SGLang's first log line of a start: the log since the last start begins at the last one.
+`server_args=ServerArgs(...)` up to 0.5.13, `server_args={...}` (a dict) from 0.5.20."""
 
 LOG_STAMP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})")
 """The time SGLang stamps a log line with (`[2026-12-01 01:30:50 TP0] ...`)."""
@@ -272,7 +273,7 @@ def log_window(
         )
         basis = f"since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(cutoff))}"
     else:
-        marks = [i for i, line in enumerate(lines) if START_MARKER in line]
+        marks = [i for i, line in enumerate(lines) if re.search(START_MARKER, line)]
         if marks:
             begin, basis = marks[-1], "since the server's last start"
         elif started_at is not None:

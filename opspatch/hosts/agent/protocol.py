@@ -299,6 +299,7 @@ class SmokeRequest(TypedDict):
     log_file: str | None
     log_offset: int | None
     fail_patterns: list[str]
+    ignore_patterns: list[str]
     checks: bool
     timeout: float
     pid: int | None

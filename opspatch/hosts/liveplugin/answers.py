@@ -6,6 +6,7 @@ listen) even where the fix runtime itself cannot be imported, which then answers
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 from typing import Any
@@ -13,8 +14,14 @@ from typing import Any
 from . import wire
 
 OPS = ("take", "revert", "list", "check", "ping")
-"""`ping` is the delivery path's own: who answers here; `check` the preflight's (`checks`); the
-others are the fix runtime's."""
+"""`ping` is the delivery path's own: who answers here, how the plugin started, and whether the
+collector is frozen (SGLang freezes it after its warm-up: objects built before are then found
+from the threads' frames, `checks`); `check` the preflight's; the others are the fix runtime's."""
+
+START_ENTRY_POINT, START_PTH = "entry-point", "pth"
+started_by = START_ENTRY_POINT
+"""How the plugin started in this process: SGLang's `load_plugins()` called the entry point of
+group `sglang.srt.plugins`, or the `.pth` line's finder called it (`plugin`, which sets it)."""
 
 
 def describe(role: str, rank: int | None) -> dict[str, Any]:
@@ -38,7 +45,7 @@ def apply_here(request: dict[str, Any]) -> dict[str, Any]:
         return refused
     op = request["op"]
     if op == "ping":
-        return {"ok": True, "took": []}
+        return {"ok": True, "took": [], "start": started_by, "gc_frozen": gc.get_freeze_count()}
     try:
         if op == "check":
             return _as_document(importlib.import_module(".checks", __package__).check(request))

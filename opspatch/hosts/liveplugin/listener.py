@@ -88,6 +88,46 @@ def prepare_socket_path(
     return path
 
 
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process: there
+        return False
+    return False
+
+
+def remove_dead_servers(base: str, keep: int) -> list[str]:
+    """Remove the socket folders under `base` of servers whose main process is gone: real SGLang
+    stopped by a signal ends its main process with its own SIGKILL (`kill_process_tree`), so no
+    exit handler removes its folder. Only this user's folders named by a pid that runs no
+    process, holding nothing but sockets, and never `keep`'s; the folders removed."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.isdigit() or int(name) == keep or not _gone(int(name)):
+            continue
+        folder = os.path.join(base, name)
+        try:
+            info = os.lstat(folder)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+                continue
+            entries = [os.path.join(folder, entry) for entry in os.listdir(folder)]
+            if not all(stat.S_ISSOCK(os.lstat(entry).st_mode) for entry in entries):
+                continue
+            for entry in entries:
+                os.unlink(entry)
+            os.rmdir(folder)
+        except OSError:
+            continue
+        removed.append(folder)
+    return removed
+
+
 def _remove_stale(path: str) -> None:
     """Remove a socket left at `path` by a process that is gone (the pid was reused).
 

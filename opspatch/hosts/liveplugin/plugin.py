@@ -85,6 +85,10 @@ def start_listener(role: str, rank: int | None = None) -> None:
         _listeners[name] = live
     if role == socket_paths.ROLE_MAIN:
         atexit.register(_remove_server_folder, os.path.dirname(path))
+        for folder in listener.remove_dead_servers(
+            os.path.dirname(os.path.dirname(path)), server_pid()
+        ):
+            logger.info(f"opspatch live: removed {folder}, left by a server that is gone")
     else:
         atexit.register(live.close)
     logger.info(f"opspatch live: listening on {path} ({role}, pid {os.getpid()})")
@@ -118,7 +122,9 @@ def _scheduler_answer(role: str, rank: int | None) -> listener.Answer:
 
 def _remove_server_folder(folder: str) -> None:
     """At the main process's exit: its folder and the sockets left in it (children that were
-    killed leave theirs)."""
+    killed leave theirs). A main process that is killed, as real SGLang stopped by a signal
+    kills itself, runs no exit handler: the next server's main removes its folder
+    (`listener.remove_dead_servers`)."""
     for path in glob.glob(os.path.join(folder, "*.sock")):
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -161,5 +167,6 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 def start_at_interpreter_start() -> None:
     """What the `.pth` line runs in every interpreter of the engine's environment: nothing but
     a finder that waits for SGLang's modules (a process that never imports them is untouched)."""
+    answers.started_by = answers.START_PTH
     if not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, _AfterImport())

@@ -241,9 +241,12 @@ def _ledger_texts(ledger: Ledger | None, wanted: set[str], texts: dict[str, byte
             continue  # not stored, or altered (then `ledger verify` says so): not a reference
 
 
-def analyse_exceptions(d: HostDiagnosis, specs: Sequence[PatchSpec]) -> tuple[ExceptionReport, ...]:
+def analyse_exceptions(
+    d: HostDiagnosis, specs: Sequence[PatchSpec], ignore: Sequence[str] = ()
+) -> tuple[ExceptionReport, ...]:
     """Each logged exception with the patches that fix it; a missing attribute explained from
-    its class's source as the host has it."""
+    its class's source as the host has it; one logged only with a warning that `ignore` (the
+    playbook's `ignore_patterns`) names is passed over, as the smoke passes it over."""
     reports = []
     for group in d.log.tracebacks if d.log else ():
         fixes: tuple[FixMatch, ...] = ()
@@ -284,7 +287,8 @@ def analyse_exceptions(d: HostDiagnosis, specs: Sequence[PatchSpec]) -> tuple[Ex
                 note = (note + "; " if note else "") + (
                     f"{len(d.sources_left_out)} related file(s) not read (size bound)"
                 )
-        reports.append(ExceptionReport(group, tuple(fixes), analysis, note))
+        passed = d.log.passed_over(group, ignore) if d.log else None
+        reports.append(ExceptionReport(group, tuple(fixes), analysis, note, passed))
     return tuple(reports)
 
 
@@ -350,7 +354,8 @@ def diagnose_fleet(
         files = [
             f for f in files if f.state != FileState.NOT_INSTALLED or f.module in options.modules
         ]
-        report = judge_host(d, files, analyse_exceptions(d, specs))
+        ignore = options.playbook.log.ignore_patterns
+        report = judge_host(d, files, analyse_exceptions(d, specs, ignore))
         reports.append(_with_live(_with_recreated(report, d, histories), d))
     return FleetDiagnosis(tuple(reports), modules)
 

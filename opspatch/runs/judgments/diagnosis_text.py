@@ -73,13 +73,11 @@ def render_host(report: HostReport) -> str:
     for e in report.exceptions:
         g = e.group
         lines.append(f"exception {g.exception}")
-        lines.append(
-            f"        {g.count}x, first {g.first_time}, last {g.last_time}; {g.context or ''}".rstrip(
-                "; "
-            )
-        )
+        lines.append(f"        {g.count}x, {g.when}; {g.context or ''}".rstrip("; "))
         if g.frame:
             lines.append(f"        raised at {g.frame}")
+        if e.passed_over is not None:
+            lines.append(f"        passed over: logged with a warning ({e.passed_over})")
         for fix in e.fixes:
             lines.append(f"        fixed by: {fix.render()}")
         if e.analysis is not None:

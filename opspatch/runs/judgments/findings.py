@@ -78,6 +78,9 @@ class ExceptionReport:
     fixes: tuple[FixMatch, ...] = ()
     analysis: MissingAttributeReport | None = None
     note: str | None = None
+    passed_over: str | None = None
+    """The playbook's `ignore_patterns` entry every one of its tracebacks was logged with (a
+    warning the engine lived on): then it is no problem."""
 
     def to_json(self) -> dict[str, Any]:
         g = self.group
@@ -92,6 +95,7 @@ class ExceptionReport:
             "fixed_by": [f.to_json() for f in self.fixes],
             "missing_attribute": self.analysis.to_json() if self.analysis else None,
             "note": self.note,
+            "passed_over": self.passed_over,
         }
 
 
@@ -549,14 +553,11 @@ def _exception_findings(exceptions: Sequence[ExceptionReport]) -> list[Finding]:
     found: list[Finding] = []
     for report in exceptions:
         g = report.group
+        detail = f"{g.count}x, {g.when}" + (f", at {g.frame}" if g.frame else "")
+        if report.passed_over is not None:
+            detail += f"; logged with a warning the playbook passes over ({report.passed_over})"
         found.append(
-            Finding(
-                "exception",
-                PROBLEM,
-                g.exception,
-                f"{g.count}x, first {g.first_time}, last {g.last_time}"
-                + (f", at {g.frame}" if g.frame else ""),
-            )
+            Finding("exception", INFO if report.passed_over else PROBLEM, g.exception, detail)
         )
         for fix in report.fixes:
             found.append(

@@ -53,6 +53,15 @@ def configure_logger(server_args: ServerArgs, prefix: str = "") -> None:
     root.propagate = False
 
 
+def freeze_gc(context: str) -> None:
+    """`gc.freeze()` in this process, as SGLang's `freeze_gc` (logged at debug level there too)."""
+    import gc
+
+    before = gc.get_count()
+    gc.freeze()
+    logger.debug(f"Freezing GC in {context} process. counts: {before}->{gc.get_count()}")
+
+
 def set_process_name(name: str) -> None:
     """Name the process in /proc (`comm`, 15 characters), as SGLang's setproctitle does."""
     with contextlib.suppress(OSError):

@@ -12,12 +12,13 @@ import os
 import signal
 from multiprocessing.connection import Connection
 
-from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut, FinishedReq
+from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut, FinishedReq, FreezeGCReq
 from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.tokenizer.char_tokenizer import CharTokenizer, get_tokenizer
 from sglang.srt.utils import (
     configure_logger,
+    freeze_gc,
     get_exception_traceback,
     kill_itself_when_parent_died,
     set_process_name,
@@ -50,6 +51,9 @@ class DetokenizerManager:
                 batch = self.recv_from_scheduler.recv()
             except EOFError:  # the scheduler is gone: the server is going down
                 return
+            if isinstance(batch, FreezeGCReq):
+                freeze_gc("Detokenizer Manager")
+                continue
             assert isinstance(batch, BatchTokenIDOut), batch
             texts = [self.text_of(req) for req in batch.reqs]
             self.send_to_tokenizer.send(BatchStrOut(batch.reqs, texts))

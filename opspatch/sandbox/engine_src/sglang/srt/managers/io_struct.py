@@ -50,6 +50,15 @@ class RpcReqOutput:
 
 
 @dataclass
+class FreezeGCReq:
+    """Freeze the collector (`gc.freeze()`) in every scheduler rank and the detokenizer, sent
+    once the server is warm, as SGLang's `/freeze_gc` after its warm-up does: every object built
+    until then is hidden from `gc.get_objects()` for the rest of the server's life."""
+
+    gc_threshold: list[int] | None = None
+
+
+@dataclass
 class ShutdownReq:
     """Every rank leaves its loop at the same step (the offline engine's shutdown)."""
 

@@ -36,6 +36,7 @@ from sglang.srt.layers.sampler import token_logprobs
 from sglang.srt.managers.io_struct import (
     BatchTokenIDOut,
     FinishedReq,
+    FreezeGCReq,
     RpcReqInput,
     RpcReqOutput,
     ShutdownReq,
@@ -55,6 +56,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils import (
     configure_logger,
     flush_log_handlers,
+    freeze_gc,
     get_exception_traceback,
     kill_itself_when_parent_died,
     report_fatal_error_to_parent,
@@ -208,6 +210,9 @@ class Scheduler:
         for message in messages:
             if isinstance(message, ShutdownReq):
                 return False
+            if isinstance(message, FreezeGCReq):
+                self.handle_freeze_gc(message)
+                continue
             if isinstance(message, RpcReqInput):
                 output = self.handle_rpc_request(message)
                 if output is not None and output.rpc_id is not None and self.send_to_tokenizer:
@@ -240,6 +245,12 @@ class Scheduler:
             logger.error(f"Failed to call rpc {recv_req.method}: {error}")
         barrier(group=self.tp_group.cpu_group)
         return RpcReqOutput(recv_req.rpc_id, result, success, message)
+
+    def handle_freeze_gc(self, recv_req: FreezeGCReq) -> None:
+        """Freeze this rank's collector and pass the request on to the detokenizer (TP0)."""
+        freeze_gc("Scheduler")
+        if self.send_to_detokenizer is not None:
+            self.send_to_detokenizer.send(recv_req)
 
     def send_finished(self) -> None:
         if self._finished_out and self.send_to_detokenizer is not None:
@@ -463,7 +474,8 @@ def run_scheduler_process(
     load_plugins()
     kill_itself_when_parent_died()
     set_process_name(f"sglang::sch_TP{tp_rank}")
-    configure_logger(server_args, prefix=f" TP{tp_rank}")
+    # as SGLang: the rank is named only where there are several
+    configure_logger(server_args, prefix=f" TP{tp_rank}" if server_args.tp_size > 1 else "")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         scheduler = Scheduler(

@@ -26,6 +26,7 @@ from typing import Any
 from sglang.srt.managers.io_struct import (
     BatchStrOut,
     FinishedReq,
+    FreezeGCReq,
     RpcReqInput,
     RpcReqOutput,
     ShutdownReq,
@@ -34,7 +35,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.sampling.sampling_params import InvalidSamplingParams, SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.tokenizer.char_tokenizer import get_tokenizer
-from sglang.srt.utils import is_shutting_down, kill_process_tree
+from sglang.srt.utils import freeze_gc, is_shutting_down, kill_process_tree
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +216,11 @@ class TokenizerManager:
 
     def get_internal_state(self) -> dict[str, Any]:
         return dict(self.rpc("get_internal_state") or {})
+
+    def freeze_gc(self) -> None:
+        """Freeze the collector in the schedulers (which pass it to the detokenizer), then here."""
+        self._send(FreezeGCReq())
+        freeze_gc("Tokenizer Manager")
 
     def shutdown(self) -> None:
         """Ask every rank to leave its loop (the offline engine's shutdown)."""
