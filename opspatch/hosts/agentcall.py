@@ -34,10 +34,10 @@ from opspatch.hosts.channel import (
     REFUSAL_ERRORS,
     AgentAnswer,
     AgentEndpoint,
-    BootstrapEndpoint,
     lock_times,
     operation_call,
 )
+from opspatch.hosts.resident import open_endpoint
 from opspatch.hosts.results import descriptor, run_as
 from opspatch.hosts.transport.base import Transport
 
@@ -93,13 +93,11 @@ class AgentCaller:
         """Seconds past an exec's deadline that the host lock stays busy (`lock_times`)."""
         self.ran_as: list[str] = []
         """The user each exec ran as (`name`, or `name (sudo)` when raised), oldest first."""
+        self.notices: list[str] = []
+        """What the channel said on the way (the host agent started again), oldest first."""
         self._fence: _Fence | None = None
         sudo = Sudo(host, passwords or BecomePasswords())
-        self.endpoint: AgentEndpoint = (
-            transport
-            if isinstance(transport, AgentEndpoint)
-            else BootstrapEndpoint(transport, host, sudo)
-        )
+        self.endpoint: AgentEndpoint = open_endpoint(transport, host, sudo)
 
     @property
     def name(self) -> str:
@@ -379,11 +377,14 @@ class AgentCaller:
     ) -> AgentAnswer:
         """The one exec; transport failures name this host and step."""
         try:
-            return self.endpoint.answer(request, as_user=as_user, timeout=timeout)
+            answer = self.endpoint.answer(request, as_user=as_user, timeout=timeout)
         except TransportError as exc:
             if exc.step == step and exc.host == self.name:
                 raise
             raise type(exc)(exc.detail, host=self.name, step=step, hint=exc.hint) from None
+        if answer.notice:
+            self.notices.append(answer.notice)
+        return answer
 
     def _note_user(self, reply: AgentReply, user: str | None) -> None:
         identity = reply.get("identity")

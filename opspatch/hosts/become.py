@@ -10,8 +10,9 @@ or to a service user and restarts need root. With `become = true` in the invento
   or supervisor, which manage system services and run as root. Everything else (facts,
   resolving and reading the file, readiness, the smoke decode and the log it reads) runs as the
   login user; a read the login user is not allowed is asked again, raised (`RunsAs.READ`).
-- **how**: still one exec per call (a batch of operations runs as one user):
-  `sudo -H -n -u USER -- PYTHON -c BOOTSTRAP`, the agent's request on stdin as always. When sudo says a password is required, the same exec is sent again
+- **how**: a batch of operations runs as one user: `sudo -H -n -u USER -- PYTHON -c
+  BOOTSTRAP` per request, or once per user and run for the resident agent (`-c RESIDENT`: a
+  raised user is another process, so one agent per host and user), the request on stdin. When sudo says a password is required, the same exec is sent again
   as `sudo -H -S -k -p PROMPT -u USER -- PYTHON -c BOOTSTRAP` with the password as the first line
   of stdin, ahead of the request (sudo reads exactly that line; `-k` makes it read it every time,
   never trusting a cached credential). What was learned is kept per user for the rest of the run,

@@ -122,6 +122,11 @@ class Operation(Generic[Req, Rep, R]):
     _: KW_ONLY
     runs_as: RunsAs
     renamed: Mapping[str, str] = field(default_factory=dict)
+    in_process: Callable[[Mapping[str, Any]], bool] = field(default=lambda args: False)
+    """Whether a call (these arguments) may run in the controller's own process where the host's
+    interpreter is the controller's (`channel.OwnProcessEndpoint`): work on files of a bounded
+    size, nothing started, waited for or imported from the engine's import path. False unless
+    the descriptor says."""
 
     def __post_init__(self) -> None:
         OPERATIONS[self.name] = self
@@ -295,20 +300,65 @@ class AgentIdentity(JsonRecord):
 
 # -- the operations whose records are above -----------------------------------------------------
 
-FACTS = Operation("facts", NoArgs, FactsReply, HostFacts, op_facts, runs_as=RunsAs.READ)
+
+def _always(args: Mapping[str, Any]) -> bool:
+    return True
+
+
+def _by_path(args: Mapping[str, Any]) -> bool:
+    # a module is found on the import path, and the controller's own is not the engine's (it
+    # starts with the folder the controller was started from, and whatever it added since)
+    return not args.get("module")
+
+
+FACTS = Operation(
+    "facts", NoArgs, FactsReply, HostFacts, op_facts, runs_as=RunsAs.READ, in_process=_always
+)
 RESOLVE = Operation(
     "resolve", ResolveRequest, ResolveReply, ResolvedModule, op_resolve, runs_as=RunsAs.READ
 )
-READ = Operation("read", ReadRequest, FileReply, RemoteFile, op_read, runs_as=RunsAs.READ)
+READ = Operation(
+    "read", ReadRequest, FileReply, RemoteFile, op_read, runs_as=RunsAs.READ, in_process=_always
+)
 INSPECT = Operation(
-    "inspect", InspectRequest, InspectReply, HostInspection, op_inspect, runs_as=RunsAs.READ
+    "inspect",
+    InspectRequest,
+    InspectReply,
+    HostInspection,
+    op_inspect,
+    runs_as=RunsAs.READ,
+    in_process=_by_path,
 )
-SWAP = Operation("swap", SwapRequest, SwapReply, SwapResult, op_swap, runs_as=RunsAs.CHANGE)
+SWAP = Operation(
+    "swap", SwapRequest, SwapReply, SwapResult, op_swap, runs_as=RunsAs.CHANGE, in_process=_always
+)
 RESTORE = Operation(
-    "restore", RestoreRequest, RestoreReply, RestoreResult, op_restore, runs_as=RunsAs.CHANGE
+    "restore",
+    RestoreRequest,
+    RestoreReply,
+    RestoreResult,
+    op_restore,
+    runs_as=RunsAs.CHANGE,
+    in_process=_always,
 )
-LOCK = Operation("lock", LockRequest, LockReply, LockInfo, op_lock, runs_as=RunsAs.CHANGE)
+LOCK = Operation(
+    "lock", LockRequest, LockReply, LockInfo, op_lock, runs_as=RunsAs.CHANGE, in_process=_always
+)
 UNLOCK = Operation(
-    "unlock", UnlockRequest, UnlockReply, UnlockResult, op_unlock, runs_as=RunsAs.CHANGE
+    "unlock",
+    UnlockRequest,
+    UnlockReply,
+    UnlockResult,
+    op_unlock,
+    runs_as=RunsAs.CHANGE,
+    in_process=_always,
 )
-WHOAMI = Operation("whoami", NoArgs, WhoamiReply, AgentIdentity, op_whoami, runs_as=RunsAs.LOGIN)
+WHOAMI = Operation(
+    "whoami",
+    NoArgs,
+    WhoamiReply,
+    AgentIdentity,
+    op_whoami,
+    runs_as=RunsAs.LOGIN,
+    in_process=_always,
+)

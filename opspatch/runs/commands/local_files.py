@@ -19,7 +19,6 @@ import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from email.parser import HeaderParser
 from pathlib import Path
 
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch
@@ -72,6 +71,8 @@ def distribution_version_for(file: Path, target: Target) -> str | None:
             continue
         metadata = info / "METADATA"
         if metadata.is_file():
+            from email.parser import HeaderParser  # only here: a file of an installed distribution
+
             headers = HeaderParser().parsestr(
                 metadata.read_text(encoding="utf-8", errors="replace")
             )

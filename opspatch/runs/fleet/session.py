@@ -315,28 +315,39 @@ class HostSession:
 
         The body may set `note["detail"]` to describe what it did. The users the step's execs
         ran as (as the host agent reported them; `name (sudo)` when raised) are kept with it and
-        said at the end of its ledger detail: `[ran as svc (sudo), ops]`.
+        said at the end of its ledger detail: `[ran as svc (sudo), ops]`; what the channel said
+        meanwhile (a host agent started again) is said there too, and as a progress notice.
         """
         note: dict[str, str] = {"detail": ""}
         self.progress.update(self.name, name, "running")
         self.record(name, StepStatus.STARTED)
         started = time.monotonic()
         execs_before = len(self._ops.ran_as) if self._ops is not None else 0
+        notices_before = len(self._ops.notices) if self._ops is not None else 0
         try:
             yield note
         except BaseException as exc:
             seconds = time.monotonic() - started
             ran_as = self._ran_as_since(execs_before)
-            detail = describe_error(exc)
+            detail = self._with_notices(describe_error(exc), notices_before)
             self.steps.append(StepResult(name, StepStatus.FAILED, seconds, detail, ran_as))
             self.record(name, StepStatus.FAILED, seconds, with_users(detail, ran_as))
             self.progress.update(self.name, name, "failed")
             raise
         seconds = time.monotonic() - started
         ran_as = self._ran_as_since(execs_before)
-        self.steps.append(StepResult(name, StepStatus.OK, seconds, note["detail"], ran_as))
-        self.record(name, StepStatus.OK, seconds, with_users(note["detail"], ran_as))
+        detail = self._with_notices(note["detail"], notices_before)
+        self.steps.append(StepResult(name, StepStatus.OK, seconds, detail, ran_as))
+        self.record(name, StepStatus.OK, seconds, with_users(detail, ran_as))
         self.progress.update(self.name, name, "ok")
+
+    def _with_notices(self, detail: str, count: int) -> str:
+        """`detail` and what the channel said since its first `count` notices, each also said
+        now as a progress notice."""
+        said = self._ops.notices[count:] if self._ops is not None else []
+        for notice in said:
+            self.progress.notice(f"{self.name}: {notice}")
+        return "; ".join([detail, *said] if detail else said)
 
     def _ran_as_since(self, count: int) -> tuple[str, ...]:
         """The distinct users of the execs made since the first `count`, in order."""
