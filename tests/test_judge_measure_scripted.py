@@ -199,8 +199,10 @@ def test_both_latencies_come_from_one_streamed_request_per_prompt(engine: Script
         assert sample.ok, sample.problem
         assert sample.first_token_seconds is not None and sample.first_token_seconds >= PREFILL
         tpot = sample.time_per_output_token
-        # was about 0: the slow 1-token request (0.6 s) taken as the whole request's first token
-        assert tpot is not None and tpot >= STEP, tpot
+        # was about 0: the slow 1-token request (0.6 s) taken as the whole request's first token;
+        # half a step of slack: a first event read late on a loaded host shortens the span
+        # (0.01487 s against a 0.015 s step, once at load 6)
+        assert tpot is not None and tpot >= STEP / 2, tpot
 
 
 @pytest.mark.parametrize("interval", [None, 3])
