@@ -29,4 +29,5 @@ fi
 python3 -m ruff check opspatch tests bench
 python3 -m mypy
 lint-imports --no-cache  # the layering contract in .importlinter
-python3 -m pytest -q "$@"
+# the slowest tests named at the end, so that CI's log shows where its minutes went
+python3 -m pytest -q --durations=25 "$@"

@@ -4,8 +4,10 @@ The engine cache (`OPSPATCH_ENGINE_CACHE`, else `~/.cache/opspatch-tests/engines
 at import, before the isolated-HOME fixture runs, so it survives runs; `.ci/run` builds it first
 (`opspatch sandbox prepare --engine sglang`), so the tier only starts servers. Where it is not
 built, the first test to need it builds it (minutes); where the package index cannot be reached
-for that, the test skips with the reason. Servers cost minutes and 2-3 GB each: the tier has two
-(tests/test_incident_real_engine.py, tests/test_sandbox_real.py), each shared by its module.
+for that, the test skips with the reason. Servers cost minutes and 2-3 GB each: each module of the
+tier shares its servers among its tests (tests/test_incident_real_engine.py, one TP=2 server;
+tests/test_sandbox_real.py, a two-node unit; tests/test_judge_real_engine.py, two TP=1 servers;
+tests/test_rehearse_real_engine.py, the rehearsal's own).
 """
 
 from __future__ import annotations

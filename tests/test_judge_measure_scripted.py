@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from opspatch.hosts.agent.measure import op_measure
+from opspatch.hosts.agent.measure import op_measure, read_accept_gauge
 from opspatch.hosts.measure import Measurement
 from tests.standin import free_port
 
@@ -199,8 +199,10 @@ def test_both_latencies_come_from_one_streamed_request_per_prompt(engine: Script
         assert sample.ok, sample.problem
         assert sample.first_token_seconds is not None and sample.first_token_seconds >= PREFILL
         tpot = sample.time_per_output_token
-        # was about 0: the slow 1-token request (0.6 s) taken as the whole request's first token
-        assert tpot is not None and tpot >= STEP, tpot
+        # was about 0: the slow 1-token request (0.6 s) taken as the whole request's first token;
+        # half a step of slack: a first event read late on a loaded host shortens the span
+        # (0.01487 s against a 0.015 s step, once at load 6)
+        assert tpot is not None and tpot >= STEP / 2, tpot
 
 
 @pytest.mark.parametrize("interval", [None, 3])
@@ -261,3 +263,20 @@ def test_no_server_during_warmup_is_said_on_every_prompt_as_refused() -> None:
     assert measurement.no_server and not measurement.answered
     assert "ConnectionRefusedError" in (measurement.problem or "")
     assert len(measurement.samples) == len(PROMPTS)
+
+
+REAL_METRICS = """# HELP sglang:spec_accept_length The average acceptance length of speculative decoding.
+# TYPE sglang:spec_accept_length gauge
+sglang:spec_accept_length{engine_type="unified",model_name="m",tp_rank="0"} %s
+sglang:spec_accept_length{engine_type="unified",model_name="m",tp_rank="1"} %s
+sglang:spec_accept_rate{engine_type="unified",model_name="m",tp_rank="0"} 0.5
+"""
+"""Real SGLang 0.5.23's `/metrics` (`--enable-metrics`): one sample per TP rank, labelled."""
+
+
+@pytest.mark.pure
+def test_the_accept_gauge_is_the_ranks_mean_and_none_before_sglang_first_sets_it() -> None:
+    assert read_accept_gauge(REAL_METRICS % ("2.0", "3.0")) == 2.5
+    # a server that has not yet decoded `--decode-log-interval` steps reads 0: not reported
+    assert read_accept_gauge(REAL_METRICS % ("0.0", "0.0")) is None
+    assert read_accept_gauge("# no speculative gauges\n") is None

@@ -97,10 +97,13 @@ def test_acceptance_is_realistic_and_varies_by_prompt(speculative: EngineProcess
         assert meta["spec_accept_length"] == pytest.approx(length)
         assert 1.5 <= length <= 4, (prompt, meta)
         # some drafts rejected, some accepted: speculation really runs
-        assert 0 < meta["spec_accepted_drafts"] < meta["spec_proposed_drafts"], (prompt, meta)
-        assert meta["spec_accept_rate"] == pytest.approx(
-            meta["spec_accepted_drafts"] / meta["spec_proposed_drafts"]
-        )
+        correct, proposed = meta["spec_num_correct_drafts"], meta["spec_num_proposed_drafts"]
+        assert 0 < correct < proposed, (prompt, meta)
+        assert meta["spec_accept_rate"] == pytest.approx(correct / proposed)
+        # real SGLang's names and histogram: per verify step, how many drafts were correct
+        histogram = meta["spec_correct_drafts_histogram"]
+        assert sum(histogram) == meta["spec_verify_ct"], (prompt, meta)
+        assert sum(n * steps for n, steps in enumerate(histogram)) == correct, (prompt, meta)
         lengths.append(length)
     assert len(set(lengths)) >= 3, lengths
 

@@ -97,6 +97,15 @@ def read_gauge(text: str, name: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def read_accept_gauge(text: str) -> float | None:
+    """The `sglang:spec_accept_length` gauge, None where the server has not set it yet: SGLang
+    sets it to the acceptance of its last `--decode-log-interval` (40) decode steps, and it reads
+    0 before the first of them (a freshly started server), which is no acceptance of any
+    decode."""
+    value = read_gauge(text, ACCEPT_GAUGE)
+    return value if value else None
+
+
 def is_whole(chunk: dict[str, Any]) -> bool:
     """Whether a streamed chunk holds the whole reply so far (SGLang's default) rather than only
     its new part (`--incremental-streaming-output`): as many ids as its `completion_tokens`."""
@@ -324,7 +333,7 @@ def op_measure(args: MeasureRequest) -> MeasureReply:
         try:
             status, raw = _http("GET", url + "/metrics", None, timeout=10.0)
             if status == 200:
-                gauge = read_gauge(raw.decode("utf-8", "replace"), ACCEPT_GAUGE)
+                gauge = read_accept_gauge(raw.decode("utf-8", "replace"))
         except NoAnswer:
             gauge = None
     return {"samples": samples, "spec_accept_length": gauge}

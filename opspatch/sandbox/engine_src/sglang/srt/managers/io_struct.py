@@ -75,8 +75,9 @@ class FinishedReq:
     no_stop_trim: bool
     spec_verify_ct: int = 0
     spec_proposed_drafts: int = 0
-    spec_accepted_drafts: int = 0
+    spec_num_correct_drafts: int = 0
     spec_verified_tokens: int = 0
+    spec_correct_drafts_histogram: list[int] = field(default_factory=list)
     return_logprob: bool = False
     top_logprobs_num: int = 0
     # One per output token: its logprob; with top_logprobs_num, the best (logprob, id) pairs.

@@ -39,8 +39,11 @@ class Req:
     # Speculative decoding counters reported in meta_info.
     spec_verify_ct: int = 0
     spec_proposed_drafts: int = 0
-    spec_accepted_drafts: int = 0
+    spec_num_correct_drafts: int = 0
     spec_verified_tokens: int = 0
+    # Per verify step, how many drafts were correct: index n counts the steps with n (grown as
+    # needed, as SGLang's `update_spec_correct_drafts_histogram` does).
+    spec_correct_drafts_histogram: list[int] = field(default_factory=list)
     # The seed of an unseeded sampled request, drawn once by the tokenizer manager, so that
     # every TP rank samples the same tokens.
     seed: int | None = None

@@ -290,7 +290,10 @@ class Scheduler:
                 assert result.proposed_drafts is not None and result.accepted_drafts is not None
                 req.spec_verify_ct += 1
                 req.spec_proposed_drafts += result.proposed_drafts[index]
-                req.spec_accepted_drafts += result.accepted_drafts[index]
+                req.spec_num_correct_drafts += result.accepted_drafts[index]
+                correct, histogram = result.accepted_drafts[index], req.spec_correct_drafts_histogram
+                histogram.extend([0] * (correct + 1 - len(histogram)))
+                histogram[correct] += 1
                 self.spec_num_verify += 1
                 self.spec_interval.verify_ct += 1
                 self.spec_interval.proposed_drafts += result.proposed_drafts[index]
@@ -375,8 +378,9 @@ class Scheduler:
             no_stop_trim=params.no_stop_trim,
             spec_verify_ct=req.spec_verify_ct,
             spec_proposed_drafts=req.spec_proposed_drafts,
-            spec_accepted_drafts=req.spec_accepted_drafts,
+            spec_num_correct_drafts=req.spec_num_correct_drafts,
             spec_verified_tokens=req.spec_verified_tokens,
+            spec_correct_drafts_histogram=list(req.spec_correct_drafts_histogram),
             return_logprob=req.return_logprob,
             top_logprobs_num=req.top_logprobs_num,
             output_token_logprobs_val=list(req.output_token_logprobs_val),

@@ -471,11 +471,12 @@ class TokenizerManager:
             draft_slots = req.spec_verify_ct * (self.server_args.speculative_num_draft_tokens - 1)
             meta_info["spec_verify_ct"] = req.spec_verify_ct
             meta_info["spec_accept_rate"] = (
-                req.spec_accepted_drafts / draft_slots if draft_slots else 0.0
+                req.spec_num_correct_drafts / draft_slots if draft_slots else 0.0
             )
             meta_info["spec_accept_length"] = len(req.output_ids) / req.spec_verify_ct
-            meta_info["spec_accepted_drafts"] = req.spec_accepted_drafts
-            meta_info["spec_proposed_drafts"] = draft_slots
+            meta_info["spec_num_correct_drafts"] = req.spec_num_correct_drafts
+            meta_info["spec_num_proposed_drafts"] = draft_slots
+            meta_info["spec_correct_drafts_histogram"] = list(req.spec_correct_drafts_histogram)
         if req.return_logprob:
             meta_info.update(self.logprob_meta_info(state, req, logprobs.return_text_in_logprobs))
         return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta_info}
