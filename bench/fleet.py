@@ -391,7 +391,7 @@ class Fleet:
         log_file.write_bytes(b"")
         with open(log_file, "ab") as log:
             process = subprocess.Popen(
-                ["/usr/sbin/sshd", "-D", "-e", "-f", str(config)],
+                [*SUBREAPER, "/usr/sbin/sshd", "-D", "-e", "-f", str(config)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -419,7 +419,9 @@ class Fleet:
         reaped: its listener, the sessions and the commands they ran (the agent's execs), from
         /proc/PID/stat (utime + stime + cutime + cstime). The difference over a run is what the
         tool cost that host, whatever else the machine runs. A session still exiting is waited
-        for first (up to 3 s), so its share is not missed."""
+        for first (up to 3 s), so its share is not missed; so is a command its session left
+        running (a resident agent still ending when its connection closed): the listener is
+        its subreaper (`SUBREAPER`), so it is reparented to it and reaped there."""
         listeners = {s.pid for s in self.sshds[:count]}
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline and any(_parent(p) in listeners for p in _pids()):
@@ -572,6 +574,16 @@ class Fleet:
                 if os.readlink(f"/proc/{pid}/cwd") in folders:
                     found.append(pid)
         return found
+
+
+SUBREAPER = (
+    "/usr/bin/python3",
+    "-c",
+    "import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+)
+"""How a benchmark sshd is started: as a child subreaper (PR_SET_CHILD_SUBREAPER, kept across
+exec), so what a session leaves running ends below it and its CPU is counted there."""
 
 
 def _free_port(address: str) -> int:

@@ -23,12 +23,14 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_VENV = Path.home() / ".cache" / "opspatch-bench" / "venv"
 TOOL_LABELS = {
     "opspatch": "opspatch apply (incident playbook)",
+    "opspatch-per-exec": "opspatch apply, one agent interpreter per request",
     "ansible": "Ansible playbook",
     "pyinfra": "pyinfra deploy",
     "sed": "ssh + sed loop (incident)",
 }
 TOOL_COLOURS = {
     "opspatch": "tab:blue",
+    "opspatch-per-exec": "tab:cyan",
     "ansible": "tab:red",
     "pyinfra": "tab:green",
     "sed": "tab:gray",
@@ -350,7 +352,7 @@ def failures_section(doc: dict[str, Any]) -> list[str]:
 
 def render(doc: dict[str, Any], summary: Summary, plots: list[Path], doc_path: Path) -> str:
     settings = doc["settings"]
-    tools = [t for t in ("opspatch", "ansible", "pyinfra", "sed") if t in settings["tools"]]
+    tools = [t for t in TOOL_LABELS if t in settings["tools"]]
     preliminary = settings["runs"] < 3 or max(settings["hosts"]) < 16
     lines = [
         "# Benchmarks: a rollout with opspatch, Ansible, pyinfra and the raw sed loop",

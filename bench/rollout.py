@@ -337,7 +337,9 @@ class Bench:
             relay.set_rtt(rtt)
             for run in range(args.runs):
                 tools = [
-                    t for t in args.tools if phase == "full" or t != "opspatch" or restart_never
+                    t
+                    for t in args.tools
+                    if phase == "full" or not t.startswith("opspatch") or restart_never
                 ]
                 order = tools[run % len(tools) :] + tools[: run % len(tools)]
                 for tool in order:
@@ -404,8 +406,8 @@ class Bench:
         hosts = self.fleet.hosts[:count]
         for tool in self.args.tools:
             self.fleet.restore_pristine(hosts)
-            if tool == "opspatch" and not restart_never:
-                command = workloads.opspatch_plan_command(count)
+            if tool.startswith("opspatch") and not restart_never:
+                command = workloads.opspatch_plan_command(count, tool)
             else:
                 command = workloads.command(tool, count, "patch")
             log(f"warm-up: {tool}")
@@ -481,7 +483,7 @@ class Bench:
             "per_host": per_host,
             "argv": list(result.argv),
         }
-        if tool == "opspatch":
+        if tool.startswith("opspatch"):
             record["opspatch"] = opspatch_steps(result.stdout)
         if not ok:
             record["stdout_tail"] = tail(result.stdout)

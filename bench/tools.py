@@ -1,7 +1,10 @@
 """The four ways of doing the same job, as commands the harness runs and measures.
 
 a. `opspatch`: `opspatch apply eagle-init-guard --hosts bench-N --playbook incident --yes`
-   (the patch phase adds `--restart never`, when opspatch has that option);
+   (the patch phase adds `--restart never`, when opspatch has that option), its host agent
+   resident (one process per host for the run, the default); `opspatch-per-exec`: the same
+   with the inventory's `agent = "per-exec"` (a fresh interpreter per request: issue 44's
+   before);
 b. `ansible`: `ansible-playbook bench/ansible/eagle-init-guard.yml` with forks = N, pipelining
    and SSH ControlPersist (ansible.cfg written by the harness);
 c. `pyinfra`: `pyinfra inventory_N.py bench/pyinfra/eagle_init_guard.py --parallel N -y`;
@@ -29,7 +32,8 @@ from pathlib import Path
 
 from fleet import BenchHost
 
-TOOLS = ("opspatch", "ansible", "pyinfra", "sed")
+TOOLS = ("opspatch", "opspatch-per-exec", "ansible", "pyinfra", "sed")
+PER_EXEC = "opspatch-per-exec"
 PROMPTS = ("The capital of France is", "def fibonacci(n):")
 SED_SCRIPT = (
     r"/^class EAGLEWorkerV2(/a\    spec_disable_batch_threshold: int = 0",
@@ -125,15 +129,20 @@ class Workloads:
 
     # a. opspatch ---------------------------------------------------------------------------------
 
-    def opspatch_inventory_name(self, count: int) -> str:
-        return f"bench-{count}"
+    def opspatch_inventory_name(self, count: int, tool: str = "opspatch") -> str:
+        return f"bench-{count}" + ("-per-exec" if tool == PER_EXEC else "")
 
     def _write_opspatch_inventory(self, endpoints: Sequence[Endpoint]) -> None:
+        for tool in ("opspatch", PER_EXEC):
+            self._write_opspatch_inventory_for(endpoints, tool)
+
+    def _write_opspatch_inventory_for(self, endpoints: Sequence[Endpoint], tool: str) -> None:
         lines = [
             "# Written by bench/rollout.py: the benchmark's hosts, reached through its relays.",
             'description = "opspatch benchmark hosts"',
             "",
             "[defaults]",
+            f'agent = "{"per-exec" if tool == PER_EXEC else "resident"}"',
             'transport = "ssh"',
             'user = "root"',
             f"identity_file = {_toml(str(self.user_key))}",
@@ -164,7 +173,7 @@ class Workloads:
                 f"log_file = {_toml(str(host.log_file))}",
                 f"restart = {_toml(restart)}",
             ]
-        name = self.opspatch_inventory_name(len(endpoints))
+        name = self.opspatch_inventory_name(len(endpoints), tool)
         path = self.controller_state / "inventories" / f"{name}.toml"
         path.write_text("\n".join(lines) + "\n")
 
@@ -179,13 +188,13 @@ class Workloads:
         )
         return re.search(r"--restart[\s=\[]", done.stdout) is not None
 
-    def opspatch_command(self, count: int, phase: str) -> Command:
+    def opspatch_command(self, count: int, phase: str, tool: str = "opspatch") -> Command:
         argv = [
             *self.opspatch,
             "apply",
             "eagle-init-guard",
             "--hosts",
-            self.opspatch_inventory_name(count),
+            self.opspatch_inventory_name(count, tool),
             "--playbook",
             "incident",
             "--yes",
@@ -195,7 +204,7 @@ class Workloads:
             argv += ["--restart", "never"]
         return Command(tuple(argv), self.env())
 
-    def opspatch_plan_command(self, count: int) -> Command:
+    def opspatch_plan_command(self, count: int, tool: str = "opspatch") -> Command:
         """`opspatch plan --hosts`: the warm-up for opspatch while it cannot skip the restart
         (the same imports and SSH connections as an apply, changing nothing)."""
         argv = [
@@ -203,7 +212,7 @@ class Workloads:
             "plan",
             "eagle-init-guard",
             "--hosts",
-            self.opspatch_inventory_name(count),
+            self.opspatch_inventory_name(count, tool),
         ]
         return Command(tuple(argv), self.env())
 
@@ -388,8 +397,8 @@ class Workloads:
     # -----------------------------------------------------------------------------------------------
 
     def command(self, tool: str, count: int, phase: str) -> Command:
-        if tool == "opspatch":
-            return self.opspatch_command(count, phase)
+        if tool in ("opspatch", PER_EXEC):
+            return self.opspatch_command(count, phase, tool)
         if tool == "ansible":
             return self.ansible_command(count, phase)
         if tool == "pyinfra":

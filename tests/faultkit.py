@@ -7,9 +7,9 @@
   output unchanged and, when the engine imports it, writes a marker file naming the process.
   The markers tell, from outside, which code the running engine really runs;
 - the inventory `faults` is the sandbox's `sandbox-ssh` with the canary's engine interpreter
-  replaced by a wrapper (`WRAPPER`) with a fault switch: every host operation runs as
-  `<engine python> -c BOOTSTRAP` with its request on stdin, so the wrapper sees which operation
-  it is and can hold it (the test then kills the controller at exactly that step), or run it and
+  replaced by a wrapper (`WRAPPER`) with a fault switch: every host operation reaches it as a
+  request (a resident agent's line, or `<engine python> -c BOOTSTRAP`'s stdin per exec), so the
+  wrapper sees which operation it is and can hold it (the test then kills the controller at exactly that step), or run it and
   then kill the SSH connection or the whole sshd before the reply goes back. Nothing in opspatch
   knows about it: it is an interpreter path in an inventory, as an operator could write one.
 
@@ -39,7 +39,7 @@ import pytest
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
 from opspatch.errors import OpspatchError
-from opspatch.hosts.channel import BOOTSTRAP
+from opspatch.hosts.channel import BOOTSTRAP, RESIDENT
 from opspatch.ledger.store import Ledger
 from tests.clirunner import Run, opspatch
 from tests.fleetkit import SandboxFleet, alive, wait_until
@@ -68,11 +68,16 @@ would: the rest not run), then
   after it run and the reply goes back, or cuts ("cut": "connection" kills the sshd session
   serving this request; "sshd" kills the sshd listener too), so nothing after it runs and the
   reply never goes back.
+Started as the resident agent (`-c RESIDENT`), it speaks that agent's protocol (a receipt line,
+then the reply) and runs each request as one exec of the real interpreter, in a fork of its own
+(the process a held request names): a request that ends without a reply ends it, as it ends the
+real resident agent.
 """
-import json, os, signal, subprocess, sys, time
+import base64, json, os, signal, subprocess, sys, time, zlib
 
 REAL = {real!r}
 CONTROL = {control!r}
+ARGV = sys.argv[1:]
 
 
 def write_json(name, value):
@@ -147,7 +152,7 @@ def run(head, request, calls):
     """`calls` of the request as one exec of the real interpreter: (its replies or None, the
     process as it ended)."""
     line = json.dumps(dict(request, ops=calls)).encode("utf-8")
-    done = subprocess.run([REAL] + sys.argv[1:], input=head + line + b"\\n", capture_output=True)
+    done = subprocess.run([REAL] + ARGV, input=head + line + b"\\n", capture_output=True)
     for out in reversed(done.stdout.splitlines()):
         if out.strip():
             try:
@@ -167,8 +172,7 @@ def stopped(calls, reply):
     return False
 
 
-def main():
-    data = sys.stdin.buffer.read()
+def main(data):
     head, _, last = data.rstrip(b"\\n").rpartition(b"\\n")
     head = head + b"\\n" if head else b""
     try:
@@ -179,7 +183,7 @@ def main():
         request, calls, ops = None, [], []
     claimed = claim(ops) if request is not None else None
     if claimed is None:
-        sys.exit(subprocess.run([REAL] + sys.argv[1:], input=data).returncode)
+        sys.exit(subprocess.run([REAL] + ARGV, input=data).returncode)
     index, fault = claimed
     op = ops[index]
     upto = index if fault["at"] == "before" else index + 1
@@ -225,7 +229,42 @@ def reply_with(replies, identity):
     sys.exit(0)
 
 
-main()
+def serve():
+    """The resident agent's protocol, each request one exec of the real interpreter (with the
+    agent modules received so far), in a fork."""
+    global ARGV
+    ARGV = ["-c", {bootstrap!r}]
+    modules = []
+    while True:
+        line = sys.stdin.buffer.readline()
+        if not line:
+            sys.exit(0)
+        request = json.loads(line)
+        packed = request.pop("agent", None)
+        if packed:  # in the order received, `dispatch` (whose `main` the bootstrap calls) last
+            modules += json.loads(zlib.decompress(base64.b64decode(packed)))
+            modules.sort(key=lambda pair: pair[0].endswith(".dispatch"))
+        sys.stdout.buffer.write(json.dumps({{"taken": request.get("seq", 0)}}).encode() + b"\\n")
+        sys.stdout.flush()
+        request["agent"] = base64.b64encode(zlib.compress(json.dumps(modules).encode())).decode()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                main(json.dumps(request).encode() + b"\\n")
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            sys.stdout.flush()
+            os._exit(code)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if code != 0:
+            sys.exit(code)
+
+
+if sys.argv[1:] == ["-c", {resident!r}]:
+    serve()
+else:
+    main(sys.stdin.buffer.read())
 '''
 
 FAULT_PATCH = '''
@@ -260,7 +299,15 @@ _opspatch_fault_marker()
 def install_wrapper(control: Path, real: str) -> Path:
     """`control/python`: the interpreter `real` with the fault switch kept in `control`."""
     wrapper = control / "python"
-    wrapper.write_text(WRAPPER.format(python=sys.executable, real=real, control=str(control)))
+    wrapper.write_text(
+        WRAPPER.format(
+            python=sys.executable,
+            real=real,
+            control=str(control),
+            bootstrap=BOOTSTRAP,
+            resident=RESIDENT,
+        )
+    )
     wrapper.chmod(0o755)
     return wrapper
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from opspatch.core.filechange import FileChange
 from opspatch.core.ledgerlocation import PostgresLedger
-from opspatch.ledger import Ledger
+from opspatch.ledger import Ledger, NewFileVersion
 from tests.pgkit import PostgresTamper, as_owner
 
 PATCH_SHA = "ab" * 32
@@ -47,13 +47,15 @@ def record_patch(
     ledger.record_file_version(
         run_id,
         host,
-        path=path,
-        sha256_before=sha(ORIGINAL),
-        sha256_after=sha(PATCHED),
-        mode=0o644,
-        owner="root:root",
-        pre_image=ORIGINAL,
-        post_image=PATCHED,
+        NewFileVersion(
+            path=path,
+            sha256_before=sha(ORIGINAL),
+            sha256_after=sha(PATCHED),
+            mode=0o644,
+            owner="root:root",
+            pre_image=ORIGINAL,
+            post_image=PATCHED,
+        ),
     )
 
 
@@ -76,13 +78,15 @@ def full_run(ledger: Ledger) -> str:
     ledger.record_file_version(
         run_id,
         "gpu-02",
-        path="/srv/eagle_worker_v2.py",
-        sha256_before=sha(PATCHED),
-        sha256_after=sha(ORIGINAL),
-        mode=0o644,
-        owner="root:root",
-        pre_image=PATCHED,
-        action="restore",
+        NewFileVersion(
+            path="/srv/eagle_worker_v2.py",
+            sha256_before=sha(PATCHED),
+            sha256_after=sha(ORIGINAL),
+            mode=0o644,
+            owner="root:root",
+            pre_image=PATCHED,
+            action="restore",
+        ),
     )
     ledger.record_host_outcome(run_id, "gpu-02", "rolled-back", error="smoke failed")
     ledger.finish_run(run_id, "failed")

@@ -6,9 +6,11 @@ Tests that need them are skipped, with the reason shown, when OpenSSH's sshd is 
 
 Fixtures:
 - `ssh_fleet`: the running fleet (`opspatch.sandbox.sshd.SshFleet`).
-- `remote_target`: parametrised over the two transports (`local`, `ssh`): a resolved inventory
-  `Host` whose engine interpreter is this Python, its transport, and `HostOperations` on it.
-  Every host-side operation test takes it, so each runs over both transports.
+- `remote_target`: parametrised over the two transports (`local`, `ssh`), with the resident host
+  agent (the default), and over SSH with one interpreter per request (`ssh-per-exec`, the
+  inventory's `agent = "per-exec"`): a resolved inventory `Host` whose engine interpreter is
+  this Python, its transport, and `HostOperations` on it. Every host-side operation test takes
+  it, so each runs over both transports and both ways of running the agent.
 - `make_inventory_host`: `inventory_host(...)`, which builds a local or SSH host through the real
   inventory parser (a fixture, so test modules need not import this plugin module).
 """
@@ -62,11 +64,14 @@ def inventory_host(
     env: Mapping[str, str] | None = None,
     known_hosts: Path | None = None,
     jump_index: int | None = None,
+    agent: str | None = None,
 ) -> Host:
     """A host of kind `local` or `ssh` (server `index` of the fleet), parsed from TOML text."""
     name = name or f"{kind}-{index + 1}"
     lines = [f"[hosts.{_toml(name)}]", f"transport = {_toml(kind)}"]
     lines.append(f"state_dir = {_toml(str(state_dir))}")
+    if agent is not None:
+        lines.append(f"agent = {_toml(agent)}")
 
     def connection(server_index: int) -> list[str]:
         assert fleet is not None, "ssh hosts need the ssh_fleet fixture"
@@ -119,11 +124,17 @@ def make_inventory_host() -> HostMaker:
     return inventory_host
 
 
-@pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.ssh)])
+@pytest.fixture(
+    params=[
+        "local",
+        pytest.param("ssh", marks=pytest.mark.ssh),
+        pytest.param("ssh-per-exec", marks=pytest.mark.ssh),
+    ]
+)
 def remote_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
-    kind: str = request.param
+    kind, _, agent = str(request.param).partition("-")
     fleet: SshFleet | None = request.getfixturevalue("ssh_fleet") if kind == "ssh" else None
-    host = inventory_host(kind, fleet=fleet, state_dir=tmp_path / "host-state")
+    host = inventory_host(kind, fleet=fleet, state_dir=tmp_path / "host-state", agent=agent or None)
     transport = open_transport(host)
     try:
         yield Target(kind, host, transport, HostOperations(transport, host), fleet)

@@ -83,6 +83,14 @@ def host_on(python: str, state_dir: Path) -> Host:
     return Host.local("py38", str(state_dir), EngineSettings(python=python), inventory="test")
 
 
+def agent_python(folder: Path) -> str:
+    """This interpreter by another path, so the agent runs in a process of its own as on a host
+    (a local host whose interpreter is this very file is answered in the test's own process)."""
+    link = folder / "python"
+    link.symlink_to(sys.executable)
+    return str(link)
+
+
 @pytest.mark.skipif(python_38() is None, reason="no Python 3.8 interpreter here (pyenv 3.8.18)")
 def test_the_agent_runs_under_python_38(tmp_path: Path) -> None:
     python = python_38()
@@ -143,7 +151,7 @@ def test_each_operation_travels_with_only_the_modules_it_needs(tmp_path: Path) -
     target = tmp_path / "worker.py"
     target.write_bytes(b"A = 1\n")
     with LocalTransport("local") as transport:
-        ops = HostOperations(transport, host_on(sys.executable, tmp_path / "state"))
+        ops = HostOperations(transport, host_on(agent_python(tmp_path), tmp_path / "state"))
         _, inspection = ops.begin(path=str(target), run_id="r1", timeout=60)
         ops.swap(
             str(target),
@@ -191,7 +199,7 @@ def test_a_batch_stops_at_its_first_refusal_and_runs_nothing_after_it(tmp_path: 
         }
 
     with LocalTransport("local") as transport:
-        ops = HostOperations(transport, host_on(sys.executable, state))
+        ops = HostOperations(transport, host_on(agent_python(tmp_path), state))
         lock = {"state_dir": str(state), "owner": "t@ctl", "run_id": "r1", "ttl_seconds": 60.0}
         replies = ops.call_batch(
             [
@@ -248,7 +256,7 @@ def test_begin_is_one_exec_that_takes_the_lock_then_inspects(tmp_path: Path) -> 
     target.write_bytes(b"A = 1\n")
     state = tmp_path / "state"
     with LocalTransport("local") as transport:
-        ops = HostOperations(transport, host_on(sys.executable, state))
+        ops = HostOperations(transport, host_on(agent_python(tmp_path), state))
         lock, inspection = ops.begin(path=str(target), run_id="r1", timeout=60)
         assert transport.exec_count == 1
         assert lock.holder.run_id == "r1" and (state / "lock.json").exists()

@@ -26,11 +26,11 @@ from opspatch.hosts.become import (
     SUDO_PROMPT,
     BecomePasswords,
     raised_users,
-    run_as,
     sudo_refusal,
 )
 from opspatch.hosts.channel import decode_request, operation_call
 from opspatch.hosts.operations import BOOTSTRAP, HostOperations
+from opspatch.hosts.results import run_as
 from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult
 from opspatch.hosts.transport.local import LocalTransport
 from opspatch.hosts.transport.scripted import agent_perform

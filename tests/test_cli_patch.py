@@ -251,19 +251,24 @@ def test_apply_file_plans_the_file_once(
 
 
 def _held_python(folder: Path) -> Path:
-    """An interpreter for `--python` that holds its run at its second exec (after `begin` took
-    the lock, before the swap) until `folder/release` exists, saying so in `folder/held`."""
+    """An interpreter for `--python` that holds its run at the agent's second request (after
+    `begin` took the lock, before the swap) until `folder/release` exists, saying so in
+    `folder/held`. It counts the request lines its stdin passes on, across processes, so it
+    holds the same request whether each request is a process of its own or a line to one
+    resident agent."""
     folder.mkdir()
     wrapper = folder / "python"
     wrapper.write_text(
         "#!/bin/sh\n"
         f'd="{folder}"\n'
-        'n=$(cat "$d/execs" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$d/execs"\n'
-        'if [ "$n" -eq 2 ]; then\n'
-        '  touch "$d/held"\n'
-        '  while [ ! -e "$d/release" ]; do sleep 0.05; done\n'
-        "fi\n"
-        f'exec "{shutil.which("python3")}" "$@"\n'
+        'while IFS= read -r line || [ -n "$line" ]; do\n'
+        '  n=$(cat "$d/lines" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$d/lines"\n'
+        '  if [ "$n" -eq 2 ]; then\n'
+        '    touch "$d/held"\n'
+        '    while [ ! -e "$d/release" ]; do sleep 0.05; done\n'
+        "  fi\n"
+        "  printf '%s\\n' \"$line\"\n"
+        f'done | "{shutil.which("python3")}" "$@"\n'
     )
     wrapper.chmod(0o755)
     return wrapper

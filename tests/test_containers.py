@@ -49,7 +49,8 @@ from opspatch.hosts.transport.container import (
 )
 from opspatch.hosts.transport.local import LocalTransport
 from opspatch.runs.commands.bake import default_tag
-from opspatch.runs.commands.status import baked_in, describe_baked
+from opspatch.runs.commands.status import describe_baked
+from opspatch.runs.judgments.patchset import baked_in
 from opspatch.sandbox.checkout import checkout_files
 from opspatch.sandbox.dist import STANDIN_VERSION
 from tests.clirunner import opspatch

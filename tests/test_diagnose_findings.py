@@ -29,7 +29,7 @@ from opspatch.hosts.diagnosis import (
     TracebackGroup,
 )
 from opspatch.hosts.results import RemoteFile
-from opspatch.ledger import Ledger
+from opspatch.ledger import Ledger, NewFileVersion
 from opspatch.runs.commands.ledger_report import build_report, render_markdown
 from opspatch.runs.judgments.diagnosis_text import render_host, render_summary
 from opspatch.runs.judgments.findings import FleetDiagnosis, HostReport, judge_file, judge_host
@@ -309,11 +309,10 @@ def test_the_timeline_names_every_step_change_and_rollback_as_tables(tmp_path: P
         undo = begin(ledger, hosts=("gpu-01",), command="rollback", parent_run=applied,
                      command_line="opspatch rollback --run " + applied)  # fmt: skip
         ledger.record_step(undo, "gpu-01", "restore", "ok", 0.1, "back to the pre-image")
-        ledger.record_file_version(
-            undo, "gpu-01", path="/srv/eagle_worker_v2.py", sha256_before=sha(PATCHED),
-            sha256_after=sha(ORIGINAL), mode=0o644, owner="root:root", pre_image=PATCHED,
-            action="restore",
-        )  # fmt: skip
+        ledger.record_file_version(undo, "gpu-01", NewFileVersion(
+            "/srv/eagle_worker_v2.py", sha(PATCHED), sha(ORIGINAL), 0o644, "root:root",
+            pre_image=PATCHED, action="restore",
+        ))  # fmt: skip
         ledger.record_host_outcome(undo, "gpu-01", "restored")
         ledger.finish_run(undo, "ok")
         unrelated = begin(ledger, hosts=("gpu-09",), patch_id="other-fix")

@@ -84,4 +84,3 @@ def test_a_method_added_between_two_is_a_change_of_the_class() -> None:
         b"        self.ready = True\n\n    def d(self):\n        return 4\n",
     )
     assert golden(after).edited_scopes == ("W",)
-

@@ -32,9 +32,9 @@ from opspatch.errors import EngineError, RemoteOperationError
 from opspatch.hosts.agent.engine import op_wait_ready
 from opspatch.hosts.agent.processes import alive, read_pid_file, stop_process_tree
 from opspatch.hosts.agent.protocol import OpFailure
-from opspatch.hosts.become import run_as
 from opspatch.hosts.engine import EngineControl, RestartResult, ServerGroup, StopResult
 from opspatch.hosts.operations import HostOperations
+from opspatch.hosts.results import run_as
 from opspatch.hosts.transport.base import Command, CommandResult
 from opspatch.hosts.transport.container import ContainerTransport
 from opspatch.hosts.transport.local import LocalTransport

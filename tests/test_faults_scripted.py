@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.policy import BatchSize, Playbook
 from opspatch.errors import LedgerLost
 from opspatch.hosts.transport.scripted import Refusal, agent_operation
+from opspatch.ledger import NewFileVersion
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.commands.recover import recover_run, run_chain
@@ -34,6 +36,7 @@ from opspatch.runs.report import RunReport
 from tests.ledgerkit import begin_and_die
 from tests.test_live_apply_scripted import LiveEngine, live_host
 from tests.test_runs_scripted import FAKE_PID, PRISTINE, FakeHost, Fault, Fleet, fleet, sha
+from tests.test_unit_live_scripted import live_unit
 from tests.test_units_scripted import UNIT, Units, units
 
 pytestmark = pytest.mark.scripted
@@ -246,13 +249,15 @@ def _left_by_a_dead_live_apply(fleet: Fleet, host: FakeHost, *, taken: bool) -> 
     ledger.record_file_version(
         dead,
         host.name,
-        path=str(host.file),
-        sha256_before=planned.sha256_before,
-        sha256_after=planned.sha256_after,
-        mode=0o644,
-        owner="root:root",
-        pre_image=planned.old_source,
-        post_image=planned.new_source,
+        NewFileVersion(
+            path=str(host.file),
+            sha256_before=planned.sha256_before,
+            sha256_after=planned.sha256_after,
+            mode=0o644,
+            owner="root:root",
+            pre_image=planned.old_source,
+            post_image=planned.new_source,
+        ),
     )
     ledger.record_step(dead, host.name, "swap", "ok", 0.1)
     ledger.record_step(dead, host.name, "live", "started")
@@ -337,3 +342,76 @@ def test_recover_of_a_live_apply_killed_during_its_take_reverts_and_restores_wit
     assert "restart" not in host.requests, host.requests
     assert sha(host.file.read_bytes()) == PRISTINE
     assert report.exit_code == 0
+
+
+@pytest.mark.process
+def test_recover_finishes_an_interrupted_live_apply_on_a_unit_through_its_head_not_a_restart(
+    units: Units,
+) -> None:
+    """The take was done on every rank of both nodes, the controller killed before the smoke.
+    Before, a unit was recovered by its own copy of the code, which knew no live path: both
+    nodes were stopped and started again (issue 43: a group of one and a unit are one path)."""
+    engine = live_unit(units)
+    dead = begin_and_die(units.ledger.path, hosts=list(UNIT.hosts))
+    posts = {}
+    for name in UNIT.hosts:
+        fake = units.fakes[name]
+        planned = apply_patch(fake.file.read_bytes(), units.patch.spec)
+        assert isinstance(planned, Applied)
+        units.ledger.record_step(dead, name, "live", "ok", 0.1, "takes ...")
+        units.ledger.record_file_version(
+            dead,
+            name,
+            path=str(fake.file),
+            sha256_before=planned.sha256_before,
+            sha256_after=planned.sha256_after,
+            mode=0o644,
+            owner="root:root",
+            pre_image=planned.old_source,
+            post_image=planned.new_source,
+        )
+        units.ledger.record_step(dead, name, "swap", "ok", 0.1)
+        units.ledger.record_step(dead, name, "live", "ok", 0.1, "eagle-init-guard: taken")
+        locked_by(fake, dead)
+        fake.file.write_bytes(planned.new_source)
+        posts[name] = planned.sha256_after
+    for rank in range(4):  # every rank took it, from the bytes its node's file now holds
+        engine.held[rank]["eagle-init-guard"] = [
+            {"fix_id": "eagle-init-guard", "sha256": posts["h1"], "name": "f", "kind": "function"}
+        ]
+    for name in UNIT.hosts:
+        fake, answer = units.fakes[name], units.fakes[name].fault
+        assert answer is not None
+        fake.fault = serving_with(fake, answer)
+        fake.requests.clear()
+    report = recover_run(
+        ledger=units.ledger,
+        chain=run_chain(units.ledger, dead),
+        hosts=[replace(h, live=True) for h in units.hosts(*UNIT.hosts)],
+        factory=units.factory,
+        playbook=Playbook(),
+        patch=units.patch,
+    )
+    outcomes = {o.host: o for o in report.hosts}
+    assert {h: str(o.outcome) for h, o in outcomes.items()} == dict.fromkeys(UNIT.hosts, "applied")
+    assert f"finished run {dead}'s live fix" in (outcomes["h2"].note or "")
+    for name in UNIT.hosts:
+        requests = units.fakes[name].requests
+        assert not {"restart", "stop", "start"} & set(requests), (name, requests)
+        assert not lock_of(units.fakes[name])
+    assert "smoke" in units.fakes["h1"].requests and "smoke" not in units.fakes["h2"].requests
+    assert report.exit_code == 0
+
+
+def serving_with(fake: FakeHost, answer: Fault) -> Fault:
+    """`answer`, and `fake`'s inspections finding its running server (started before the write)."""
+
+    def served(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        if op != "inspect":
+            return answer(op, args)
+        found = agent_operation(op, args)
+        if isinstance(found, dict) and found.get("server") is None and fake.serving:
+            found["server"] = {"pid": FAKE_PID, "started_at": fake.started_at}
+        return found
+
+    return served

@@ -17,13 +17,8 @@ from opspatch.core.edit import detect
 from opspatch.core.vocabulary import Detected, DriftCause, PatchState, Rotation, SyncAction
 from opspatch.errors import InputError, Location, SpecError
 from opspatch.runs.commands.status import PatchStatus, combine_set, why_unknown
-from opspatch.runs.commands.sync import (
-    ACTION_BY_CARRIED,
-    ACTION_BY_STATE,
-    WrittenBefore,
-    decide,
-    drift_cause,
-)
+from opspatch.runs.commands.sync import WrittenBefore, decide, drift_cause
+from opspatch.runs.judgments.views import SYNC, Coverage
 from opspatch.sandbox.dist import STANDIN_VERSION
 from opspatch.sandbox.install import standin_files
 from tests.clirunner import opspatch
@@ -174,14 +169,24 @@ def test_a_host_that_does_not_serve_is_decided_by_its_file_when_the_fix_is_not_s
 
 
 def test_the_table_says_an_action_for_every_status_word() -> None:
-    # drifted alone is decided by what the file carries; a word added to PatchState must be
-    # given its action here, not fall through to by-hand
-    assert {str(s) for s in PatchState} - {str(k) for k in ACTION_BY_STATE} == {"drifted"}
-    assert {str(d) for d in Detected} == {str(k) for k in ACTION_BY_CARRIED}
+    # drifted alone is decided by what the file carries; a word added to PatchState or Detected
+    # must be given its action here, not fall through to by-hand
+    for state in PatchState:
+        for carried in (*Detected, None):
+            assert SYNC(state, carried, True, Coverage.ALL, True) is not None, (state, carried)
+    by_carried = {c: SYNC(PatchState.DRIFTED, c, True, Coverage.ALL, True) for c in Detected}
+    assert by_carried == {
+        Detected.APPLIED: SyncAction.NOTHING,
+        Detected.NOT_APPLIED: SyncAction.APPLY,
+        Detected.PARTIAL: SyncAction.BY_HAND,
+        Detected.UNKNOWN: SyncAction.NEEDS_PORT,
+    }
 
 
 def test_a_fixed_upstream_status_is_left_alone_and_called_redundant() -> None:
-    assert ACTION_BY_STATE[PatchState.FIXED_UPSTREAM] == SyncAction.FIXED_UPSTREAM
+    assert SYNC(PatchState.FIXED_UPSTREAM, None, True, Coverage.ALL, True) == (
+        SyncAction.FIXED_UPSTREAM
+    )
     assert SyncAction.FIXED_UPSTREAM.at_goal and not SyncAction.APPLY.at_goal
 
 

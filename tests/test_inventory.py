@@ -540,3 +540,27 @@ def test_live_that_is_not_a_boolean_is_refused_at_its_line() -> None:
 def test_ansible_opspatch_live_is_the_live_key() -> None:
     text = "all:\n  vars:\n    opspatch_live: true\n  hosts:\n    a:\n"
     assert parse_inventory(text, "/ws/inventories/f.yml").hosts[0].live is True
+
+
+# ---------------------------------------------------------------------------------------------
+# agent = "resident" | "per-exec": how the host agent runs (issue 44)
+
+
+def test_the_agent_is_resident_by_default_and_per_exec_where_a_level_says_so() -> None:
+    inventory = toml(
+        '[groups.g]\nhosts = ["a"]\nagent = "per-exec"\n'
+        '[hosts.a]\naddress = "a.fleet.example"\n[hosts.b]\naddress = "b.fleet.example"\n'
+    )
+    assert [(h.name, h.agent) for h in inventory.hosts] == [("a", "per-exec"), ("b", "resident")]
+    assert inventory_show_json(inventory.hosts)["hosts"][0]["agent"] == "per-exec"
+
+
+def test_an_agent_mode_that_is_not_one_is_refused_at_its_line() -> None:
+    error = spec_error('[hosts.a]\naddress = "a.fleet.example"\nagent = "forked"\n')
+    assert (error.location.line, error.location.field) == (3, "hosts.a.agent")
+    assert "'resident'" in error.message and "'per-exec'" in error.message, error.message
+
+
+def test_ansible_opspatch_agent_is_the_agent_key() -> None:
+    text = "all:\n  vars:\n    opspatch_agent: per-exec\n  hosts:\n    a:\n"
+    assert parse_inventory(text, "/ws/inventories/f.yml").hosts[0].agent == "per-exec"

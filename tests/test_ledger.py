@@ -23,9 +23,9 @@ import pytest
 from opspatch.config.paths import default_ledger_location
 from opspatch.core.filechange import FileChange
 from opspatch.core.ledgerlocation import PostgresLedger, ledger_location
-from opspatch.core.vocabulary import Outcome, RunStatus, StepStatus
+from opspatch.core.vocabulary import FileAction, Outcome, RunStatus, StepStatus
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
-from opspatch.ledger import Ledger, RunDetail, new_run_id, operator_identity
+from opspatch.ledger import Ledger, NewFileVersion, RunDetail, new_run_id, operator_identity
 from opspatch.ledger.chain import GENESIS_HASH, ROW_COLUMNS, EventRow, event_hash
 from opspatch.ledger.records import Machine
 from tests.clirunner import opspatch
@@ -455,19 +455,43 @@ def test_last_applied_survives_a_later_rollback_run(ledger: Ledger) -> None:
     ledger.record_file_version(
         rollback,
         "gpu-01",
-        path="/srv/eagle_worker_v2.py",
-        sha256_before=sha(PATCHED),
-        sha256_after=sha(ORIGINAL),
-        mode=0o644,
-        owner="root:root",
-        pre_image=PATCHED,
-        action="restore",
+        NewFileVersion(
+            path="/srv/eagle_worker_v2.py",
+            sha256_before=sha(PATCHED),
+            sha256_after=sha(ORIGINAL),
+            mode=0o644,
+            owner="root:root",
+            pre_image=PATCHED,
+            action="restore",
+        ),
     )
     ledger.finish_run(rollback, "ok")
     # The live hash (now ORIGINAL = sha256_before) is what tells status it is not applied.
     applied = ledger.last_applied("gpu-01", "/srv/eagle_worker_v2.py", "eagle-init-guard")
     assert applied is not None and applied.run_id == apply_run
     assert ledger.get_run(rollback).summary.parent_run == apply_run
+
+
+def test_a_restore_without_bytes_records_the_ledgers_own_post_image(ledger: Ledger) -> None:
+    """A restore overwrites the post-image of the change it undoes, bytes the ledger holds: the
+    run passes none (`pre_image` None) and the version records those as its pre-image."""
+    apply_run = full_run(ledger)
+    rollback = begin(ledger, hosts=("gpu-01",), command="rollback", parent_run=apply_run)
+    restore = NewFileVersion(
+        "/srv/eagle_worker_v2.py",
+        sha(PATCHED),
+        sha(ORIGINAL),
+        0o644,
+        "root:root",
+        pre_image=None,
+        action=FileAction.RESTORE,
+    )
+    version = ledger.record_file_version(rollback, "gpu-01", restore)
+    assert (version.action, version.pre_image_sha256) == (FileAction.RESTORE, sha(PATCHED))
+    assert version.size_before == len(PATCHED) and ledger.blob(sha(PATCHED)) == PATCHED
+    never_stored = replace(restore, sha256_before=sha(b"never stored"))
+    with pytest.raises(LedgerError, match="no stored bytes"):
+        ledger.record_file_version(rollback, "gpu-01", never_stored)
 
 
 def test_a_swap_that_was_refused_is_not_a_change_opspatch_made(ledger: Ledger) -> None:
@@ -530,12 +554,14 @@ def test_a_pre_image_that_does_not_match_its_hash_is_refused(ledger: Ledger) -> 
         ledger.record_file_version(
             run_id,
             "gpu-01",
-            path="/srv/x.py",
-            sha256_before=sha(PATCHED),
-            sha256_after=sha(PATCHED),
-            mode=0o644,
-            owner="root:root",
-            pre_image=ORIGINAL,
+            NewFileVersion(
+                path="/srv/x.py",
+                sha256_before=sha(PATCHED),
+                sha256_after=sha(PATCHED),
+                mode=0o644,
+                owner="root:root",
+                pre_image=ORIGINAL,
+            ),
         )
     assert ledger.get_run(run_id).host("gpu-01").file_versions == ()
 

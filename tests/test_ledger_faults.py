@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from opspatch.errors import LedgerError, LedgerLost
-from opspatch.ledger import Ledger
+from opspatch.ledger import Ledger, NewFileVersion
 from opspatch.runs.fleet.host_leases import Heartbeat
 from opspatch.runs.fleet.recorder import LedgerRecorder
 from tests.clirunner import opspatch
@@ -127,12 +127,14 @@ def test_a_write_that_fills_the_filesystem_says_so_and_loses_nothing(
             ledger.record_file_version(
                 run_id,
                 "gpu-01",
-                path="/srv/eagle_worker_v2.py",
-                sha256_before=sha(big),
-                sha256_after=sha(ORIGINAL),
-                mode=0o644,
-                owner="root:root",
-                pre_image=big,
+                NewFileVersion(
+                    path="/srv/eagle_worker_v2.py",
+                    sha256_before=sha(big),
+                    sha256_after=sha(ORIGINAL),
+                    mode=0o644,
+                    owner="root:root",
+                    pre_image=big,
+                ),
             )
         assert_names(caught.value, path, FULL, "free space")
         assert caught.value.message.startswith(f"cannot write the ledger {path}")

@@ -28,7 +28,7 @@ from opspatch.core.vocabulary import (
     Step,
     StepStatus,
 )
-from opspatch.ledger import Ledger
+from opspatch.ledger import Ledger, NewFileVersion
 from opspatch.ledger.chain import ROW_COLUMNS, EventRow
 from tests.ledgerkit import begin
 from tests.test_runs_scripted import Fleet, fleet  # noqa: F401 (the fixture, used by name)
@@ -185,13 +185,15 @@ def test_a_word_outside_its_vocabulary_is_refused_naming_the_field(
             ledger.record_file_version(
                 run_id,
                 "gpu-01",
-                path="/srv/x.py",
-                sha256_before=sha(b"old"),
-                sha256_after=sha(b"new"),
-                mode=0o644,
-                owner="root:root",
-                pre_image=b"old",
-                action="undo",  # type: ignore[arg-type]
+                NewFileVersion(
+                    path="/srv/x.py",
+                    sha256_before=sha(b"old"),
+                    sha256_after=sha(b"new"),
+                    mode=0o644,
+                    owner="root:root",
+                    pre_image=b"old",
+                    action="undo",
+                ),  # type: ignore[arg-type]
             )
     assert ledger.verify().events_checked == 1
 

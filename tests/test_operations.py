@@ -1,24 +1,30 @@
 """The agent operations as the controller knows them: one `Operation` descriptor each (its
-request and reply TypedDicts, the record its reply is read as, the agent's function), and every
-reply read through `read_reply`, so a reply without a field is `agent-bad-reply` naming it."""
+request and reply TypedDicts, the record its reply is read as, the agent's function, who runs
+it), and every reply read through `read_reply`, so a reply without a field is `agent-bad-reply`
+naming it."""
 
 from __future__ import annotations
 
 import importlib
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from opspatch.config.inventory import parse_inventory
 from opspatch.core.jsonrecord import read_keys
 from opspatch.errors import RemoteOperationError
 from opspatch.hosts import diagnosis, engine, live, liveinstall
 from opspatch.hosts.agent import protocol
-from opspatch.hosts.channel import agent_modules
+from opspatch.hosts.agent.protocol import AgentRequest, OperationReply
+from opspatch.hosts.agentcall import AgentCaller
+from opspatch.hosts.become import RunsAs
+from opspatch.hosts.channel import AgentAnswer, agent_modules
 from opspatch.hosts.diagnosis import DiagnoseRequest, diagnose_host
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.results import OPERATIONS, Operation
+from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
 from tests.test_scripted_transport import scripted_host
 
@@ -40,6 +46,77 @@ def test_every_agent_operation_has_one_descriptor_naming_its_function() -> None:
     for name, descriptor in OPERATIONS.items():
         assert descriptor.name == name
         assert descriptor.function is agent[name], name
+
+
+RUNS_AS = {
+    "facts": RunsAs.READ,
+    "resolve": RunsAs.READ,
+    "read": RunsAs.READ,
+    "inspect": RunsAs.READ,
+    "wait_ready": RunsAs.READ,
+    "wait_drained": RunsAs.READ,
+    "smoke": RunsAs.READ,
+    "live_site": RunsAs.READ,
+    "file_hashes": RunsAs.READ,
+    "lock": RunsAs.CHANGE,
+    "unlock": RunsAs.CHANGE,
+    "swap": RunsAs.CHANGE,
+    "restore": RunsAs.CHANGE,
+    "live": RunsAs.CHANGE,
+    "install_files": RunsAs.CHANGE,
+    "remove_files": RunsAs.CHANGE,
+    "restart": RunsAs.RESTART,
+    "stop": RunsAs.RESTART,
+    "start": RunsAs.RESTART,
+    "whoami": RunsAs.LOGIN,
+    "measure": RunsAs.LOGIN,
+    "diagnose": RunsAs.LOGIN,
+}
+"""Who runs each operation with `become`: every operation is decided here, once, as a row."""
+
+
+class Refuses:
+    """An endpoint that refuses every exec, and keeps who each ran as: the login user as a file
+    only its owner may read would (`permission-denied`), a raised one as `denied-<user>`."""
+
+    def __init__(self) -> None:
+        self.users: list[str | None] = []
+
+    def answer(self, request: AgentRequest, *, as_user: str | None, timeout: float) -> AgentAnswer:
+        self.users.append(as_user)
+        code = "permission-denied" if as_user is None else f"denied-{as_user}"
+        reply: OperationReply = {"status": "refused", "code": code, "message": "no", "data": {}}
+        return AgentAnswer({"replies": [reply] * len(request["ops"]), "identity": None})
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_each_operation_runs_as_its_descriptor_says_on_a_host_with_become(name: str) -> None:
+    """`runs_as` is the one fact the caller reads: a change is sent raised, a restart as root
+    (systemd), a read as the login user and again raised when it may not read, and a login
+    operation never raised."""
+    assert set(RUNS_AS) == set(OPERATIONS)  # a new operation is decided in RUNS_AS
+    descriptor: Operation[Any, Any, Any] = OPERATIONS[name]
+    assert descriptor.runs_as is RUNS_AS[name]
+    inventory = parse_inventory(
+        '[hosts.gpu-01]\naddress = "a"\nbecome = true\nbecome_user = "sglang"\n'
+        'engine = { python = "/usr/bin/python3", '
+        'restart = { kind = "systemd", unit = "sglang.service" } }\n',
+        "inventory.toml",
+    )
+    endpoint = Refuses()
+    caller = AgentCaller(cast(Transport, endpoint), inventory.host("gpu-01"))
+    with pytest.raises(RemoteOperationError) as caught:
+        caller.call(name, {}, timeout=5)
+    sent_as = {
+        RunsAs.LOGIN: [None],
+        RunsAs.READ: [None, "sglang"],  # asked again raised
+        RunsAs.CHANGE: ["sglang"],
+        RunsAs.RESTART: ["root"],
+    }[descriptor.runs_as]
+    assert endpoint.users == sent_as
+    assert caught.value.code == (
+        "permission-denied" if sent_as == [None] else f"denied-{sent_as[-1]}"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(OPERATIONS))

@@ -19,7 +19,7 @@ import pytest
 
 from opspatch.config.fleet import DesiredPatch, DesiredState
 from opspatch.config.patches import load_patch
-from opspatch.core.host import Host, RouterSettings
+from opspatch.core.host import Host, RouterSettings, Unit
 from opspatch.core.policy import BatchSize, Playbook, RotationSettings, StepTimeouts
 from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.core.vocabulary import StepStatus
@@ -292,6 +292,16 @@ def test_recover_readmits_a_drained_worker_only_after_its_smoke_decode_passes(
     done = [s for s, status in steps_of(outcome) if status == "ok"]
     assert done[-2:] == ["smoke", "admit"], done
     assert rotation_of(hosts)["h1"][0] == RotationWord.IN_ROTATION
+
+
+def test_the_way_back_into_rotation_of_a_units_head_names_the_unit(fleet: RoutedFleet) -> None:
+    """A unit is reached as one (`--hosts NODE` of a unit is refused), so status's sentence for
+    its head out of rotation names the unit as recover's target. Before, it named the head: a
+    command that is refused."""
+    (head,) = fleet.hosts("h1")
+    said = rotation_of([replace(head, unit=Unit("u1", ("h1", "h2")))])["h1"]
+    assert said[0] == RotationWord.OUT_OF_ROTATION
+    assert "`opspatch recover --hosts u1`" in said[1], said
 
 
 def test_a_sync_of_a_host_whose_fix_was_wiped_drains_it_and_readmits_it_after_its_proof(

@@ -33,6 +33,7 @@ from opspatch.errors import Location, TransportError
 from opspatch.hosts.operations import LOCK_HOLD_SECONDS
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
+from opspatch.ledger import NewFileVersion
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.commands.recover import recover_hosts, recover_run, run_chain
@@ -434,13 +435,15 @@ def _left_by_a_dead_run(fleet: Fleet, host: FakeHost) -> str:
     fleet.ledger.record_file_version(
         run_id,
         host.name,
-        path=str(host.file),
-        sha256_before=planned.sha256_before,
-        sha256_after=planned.sha256_after,
-        mode=0o644,
-        owner="root:root",
-        pre_image=planned.old_source,
-        post_image=planned.new_source,
+        NewFileVersion(
+            path=str(host.file),
+            sha256_before=planned.sha256_before,
+            sha256_after=planned.sha256_after,
+            mode=0o644,
+            owner="root:root",
+            pre_image=planned.old_source,
+            post_image=planned.new_source,
+        ),
     )
     locked = agent_operation(
         "lock",
@@ -1030,13 +1033,15 @@ def _adopted_applied(fleet: Fleet, host: FakeHost) -> str:
     fleet.ledger.record_file_version(
         run_id,
         host.name,
-        path=str(host.file),
-        sha256_before=planned.sha256_before,
-        sha256_after=planned.sha256_after,
-        mode=0o644,
-        owner="root:root",
-        pre_image=planned.old_source,
-        post_image=planned.new_source,
+        NewFileVersion(
+            path=str(host.file),
+            sha256_before=planned.sha256_before,
+            sha256_after=planned.sha256_after,
+            mode=0o644,
+            owner="root:root",
+            pre_image=planned.old_source,
+            post_image=planned.new_source,
+        ),
     )
     fleet.ledger.record_step(run_id, host.name, "adopt", "ok", 0.0, "recorded as a patch")
     fleet.ledger.record_host_outcome(

@@ -5,11 +5,16 @@ the GPU). Checked in a fresh interpreter per command, as the console script runs
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import typer
+import typer.core
+
+from opspatch.cli import app
 
 pytestmark = pytest.mark.process
 
@@ -39,3 +44,51 @@ def test_quick_commands_import_neither_ssh_libraries_nor_torch(
     assert done.returncode == 0, done.stderr
     loaded = json.loads(done.stderr.rsplit("LOADED ", 1)[1])
     assert loaded == [], f"`opspatch {' '.join(args)}` imported {loaded}"
+
+
+def test_apply_file_imports_neither_ssh_libraries_nor_torch(tmp_path: Path) -> None:
+    """`apply --file` reaches no host over SSH: it loads none of the SSH libraries."""
+    patch = tmp_path / "patches" / "guard-value.toml"
+    patch.parent.mkdir()
+    patch.write_text(
+        'id = "guard-value"\nsummary = "s"\nrationale = "r"\n[target]\nmodule = "pkg.mod"\n'
+        '[[edits]]\nkind = "insert"\nscope = "f"\nposition = "start"\ncode = "x = 0"\n',
+        encoding="utf-8",
+    )
+    target = tmp_path / "pkg" / "mod.py"
+    target.parent.mkdir()
+    target.write_text("def f():\n    return 1\n", encoding="utf-8")
+    args = ["apply", "guard-value", "--file", str(target), "--target-version", "1", "--yes"]
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *args],
+        cwd=tmp_path,
+        env={**os.environ, "OPSPATCH_STATE_DIR": str(tmp_path / "state")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "x = 0" in target.read_text(encoding="utf-8")
+    loaded = json.loads(done.stderr.rsplit("LOADED ", 1)[1])
+    assert loaded == [], f"`opspatch apply --file` imported {loaded}"
+
+
+@pytest.mark.pure
+def test_a_command_runs_with_its_own_group_only() -> None:
+    """The app a command runs with holds the root and that command's group (typer reads every
+    command's options it holds before parsing); help and unknown words get every group."""
+    every = set().union(*(app.group_commands(group) for group in app.GROUPS))
+    for group in app.GROUPS:
+        for word in app.group_commands(group):
+            for args in ([word, "--help"], ["-w", "somewhere", word], ["--ledger=x", word]):
+                built = typer.main.get_command(app.app_for(args))
+                assert isinstance(built, typer.core.TyperGroup)
+                assert set(built.commands) == app.group_commands(group), args
+    full = typer.main.get_command(app.app_for(["--help"]))
+    assert isinstance(full, typer.core.TyperGroup) and set(full.commands) == every
+    assert app.app_for(["no-such-command"]) is app.app
+    root = typer.main.get_command(app.app)
+    assert {
+        name for param in root.params if not getattr(param, "is_flag", False)
+        for name in param.opts
+    } == set(app.ROOT_OPTIONS_WITH_VALUES)  # fmt: skip

@@ -224,6 +224,8 @@ def test_a_node_whose_engine_does_not_listen_refuses_the_run_before_any_change(
     report = apply_live(units)
     assert report.exit_code == 2
     assert "h2 do not listen for live fixes" in (report.halted or "")
+    # the way out names the unit, the target a command takes (a node alone is refused)
+    assert "`opspatch apply eagle-init-guard --hosts u1`" in (by_host(report)["h2"].error or "")
     assert [op for _, op in engine.asked] == ["check", "check"]  # the preflight's, nothing taken
     assert files(units) == {"h1": PRISTINE, "h2": PRISTINE}
 

@@ -23,9 +23,9 @@ from opspatch.core.host import Host, Unit
 from opspatch.core.policy import BatchSize, Playbook
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import RestartPolicy
-from opspatch.errors import EXIT_BAD_INPUT, Location, UnitRefused
+from opspatch.errors import EXIT_BAD_INPUT, Location, TransportError, UnitRefused
 from opspatch.hosts.transport.base import Transport
-from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport
+from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.commands.recover import recover_hosts
@@ -265,6 +265,34 @@ def test_a_swap_refused_on_one_node_puts_the_others_back_without_a_restart(
     assert units.files() == pristine
     for name in UNIT.hosts:
         assert not {"stop", "start", "restart"} & set(units.fakes[name].requests)
+
+
+def test_a_node_whose_swap_reply_was_lost_after_the_write_rolls_back_the_unit_as_one(
+    units: Units,
+) -> None:
+    """h2's swap wrote the file and its reply was lost: read back, the file is new, so the unit
+    is undone as after a failed proof, restarted as one. Before, h2 was rolled back by a host's
+    own copy of the undo: restarted alone, which a node of a unit can never rejoin."""
+    pristine = units.files()
+
+    def lose_the_reply(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        if op == "swap":
+            agent_operation(op, args)  # the file is written...
+            raise TransportError("the connection broke", host="h2", step="exec")
+        return None
+
+    units.fakes["h2"].fault = lose_the_reply
+    report = units.apply("h1", "h2")
+    outcomes = {h.host: h for h in report.hosts}
+    assert {h: str(o.outcome) for h, o in outcomes.items()} == {
+        "h1": "rolled-back",
+        "h2": "rolled-back",
+    }
+    assert "the swap did not answer" in (outcomes["h1"].error or "")
+    assert units.files() == pristine
+    for name in UNIT.hosts:  # put back, then the unit restarted once, as one
+        assert "restart" not in units.fakes[name].requests, units.fakes[name].requests
+        assert units.fakes[name].requests.count("stop") == 1
 
 
 def restart(units: Units, *names: str) -> RunReport:
@@ -644,6 +672,21 @@ def test_the_canary_is_a_whole_unit_and_its_failure_halts_the_rest(units: Units)
     assert report.halted is not None and "canary h1" in report.halted
     assert units.files() == pristine
     assert "swap" not in units.fakes["h3"].requests  # begun in the preflight, its lock given back
+
+
+def test_max_failures_counts_a_failed_unit_once(units: Units) -> None:
+    """max_failures = 2 counts servers, as canaries and batches do: unit u1 rolled back is one
+    failure, so h3, the next batch, is still applied. Before, its two nodes were two failures
+    and halted the run."""
+    units.fakes["h1"].smoke_ok = False
+    book = Playbook(canary=0, batch=BatchSize(count=1), max_failures=2)
+    report = units.apply("h1", "h2", "h3", playbook=book)
+    assert {h.host: str(h.outcome) for h in report.hosts} == {
+        "h1": "rolled-back",
+        "h2": "rolled-back",
+        "h3": "applied",
+    }
+    assert report.halted is None
 
 
 def test_rollback_restart_never_of_a_unit_with_a_refused_node_restores_no_node(

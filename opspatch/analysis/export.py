@@ -31,9 +31,10 @@ from email.utils import format_datetime, formataddr, parseaddr
 from opspatch.analysis.provenance import Provenance
 from opspatch.core.edit import AlreadyApplied, Applied, apply_patch
 from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.source import SourceText, split_lines
 from opspatch.core.spec import PatchSpec
+from opspatch.core.vocabulary import Command
 from opspatch.errors import InputError, TargetError
 
 ZERO_COMMIT = "0" * 40
@@ -123,7 +124,7 @@ def export_diff(patch: PatchSpec, pristine: bytes, *, prefix: str = "") -> Expor
         raise TargetError(
             f"{patch.id} does not apply to this file: {outcome.render()}",
             hint="export against a release the patch supports "
-            f"({remedy_text(CliCommand.CHECK, releases=True)})",
+            f"({remedy_text(Command.CHECK, releases=True)})",
         )
     old = SourceText.decode(pristine)
     new = SourceText.decode(outcome.new_source)

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import PatchSpec
+from opspatch.core.vocabulary import Command
 
 if TYPE_CHECKING:
     from opspatch.analysis.portability import ReleaseMatrix
@@ -142,7 +143,7 @@ class ProofCoverage:
     @property
     def warning(self) -> str | None:
         """One sentence for the author, or None when every release in range is proven."""
-        run = f"run `{remedy_text(CliCommand.CHECK, self.patch_id, releases=True)}`"
+        run = f"run `{remedy_text(Command.CHECK, self.patch_id, releases=True)}`"
         covers = f"versions {self.versions!r}" if self.versions else "its range (any version)"
         if not self.recorded or not (self.proven or self.unproven):
             return f"{covers} is not proven on any release: {run}"

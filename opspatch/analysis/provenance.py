@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import NOT_FORWARDED, PatchSetSpec, PatchSpec
+from opspatch.core.vocabulary import Command
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +59,7 @@ class Provenance(JsonRecord):
             return None
         said = "has no `forwarded`" if self.forwarded is None else 'says forwarded = "no"'
         export = remedy_text(
-            CliCommand.EXPORT, self.reference or self.patch_id, release="VERSION", format="git"
+            Command.EXPORT, self.reference or self.patch_id, release="VERSION", format="git"
         )
         return (
             f"not forwarded upstream ({said}): the fix is lost on every reinstall until upstream "

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Annotated, NoReturn
 
 import typer
@@ -48,18 +50,23 @@ def _argument_type_not_shown(self: object, ctx: object) -> None:
 # to stop it; the argument's name already says what its value is.
 setattr(typer.core.TyperArgument, "display_type_rich", _argument_type_not_shown)  # noqa: B010
 
-app = typer.Typer(
-    name="opspatch",
-    no_args_is_help=True,
-    add_completion=False,
-    rich_markup_mode=None,
-    help=(
-        "Safe, structural hot fixes for live SGLang inference fleets: typed patch files anchored on "
-        "code structure, validated, applied atomically with byte-exact backups, smoke-tested, rolled "
-        "back on failure, recorded in a ledger."
-    ),
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+
+def _root() -> typer.Typer:
+    """The root command, with no command group registered yet."""
+    root = typer.Typer(
+        name="opspatch",
+        no_args_is_help=True,
+        add_completion=False,
+        rich_markup_mode=None,
+        help=(
+            "Safe, structural hot fixes for live SGLang inference fleets: typed patch files "
+            "anchored on code structure, validated, applied atomically with byte-exact backups, "
+            "smoke-tested, rolled back on failure, recorded in a ledger."
+        ),
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    root.callback()(_global)
+    return root
 
 
 def _print_version(value: bool) -> None:
@@ -68,7 +75,6 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
 def _global(
     workspace: Annotated[
         Path | None,
@@ -99,7 +105,7 @@ def _global(
     options.ledger = ledger_file
 
 
-for group in (
+GROUPS = (
     patches,
     changes,
     bake,
@@ -113,8 +119,53 @@ for group in (
     sandbox,
     rehearse,
     team,
-):
+)
+"""The command groups, one module each, in the order `--help` lists their commands."""
+
+ROOT_OPTIONS_WITH_VALUES = ("--workspace", "-w", "--ledger")
+"""The root command's options that take a value (`_global`): what stands before the command."""
+
+app = _root()
+for group in GROUPS:
     group.register(app)
+
+
+def app_for(args: Sequence[str]) -> typer.Typer:
+    """The app to run `args` with: the root and only the group of the command they name (typer
+    builds every command it holds, its options read from their signatures, before parsing any:
+    a tenth of a quick command's time), or every group when they name none (help, a typo)."""
+    word = command_word(args)
+    chosen = [group for group in GROUPS if word in group_commands(group)]
+    if not chosen:
+        return app
+    one = _root()
+    for group in chosen:
+        group.register(one)
+    return one
+
+
+def command_word(args: Sequence[str]) -> str | None:
+    """The command `args` name: the first that is neither an option nor a root option's value."""
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ROOT_OPTIONS_WITH_VALUES:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def group_commands(group: ModuleType) -> frozenset[str]:
+    """The top-level command words a group module registers (its commands and sub-groups)."""
+    probe = typer.Typer()
+    group.register(probe)
+    return frozenset(
+        [command.name or typer.main.get_command_name(command.callback.__name__)  # type: ignore[union-attr]
+         for command in probe.registered_commands]
+        + [info.name or "" for info in probe.registered_groups]
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -124,7 +175,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     try:
         # Without standalone mode, an Exit raised by a command comes back as its exit code.
-        returned = app(args=args, prog_name="opspatch", standalone_mode=False)
+        returned = app_for(args)(args=args, prog_name="opspatch", standalone_mode=False)
         code = returned if isinstance(returned, int) else EXIT_OK
     except typer.Exit as exc:
         code = exc.exit_code

@@ -35,9 +35,10 @@ from opspatch.config.lookup import Workspace
 from opspatch.core.fileschema import FileSchema, expects, problem, spec_error_from_validation
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.tomlsource import TomlDocument
+from opspatch.core.vocabulary import Command
 from opspatch.errors import InputError, Location, SelectionError
 
 FLEET_FILE = "fleet.toml"
@@ -216,7 +217,7 @@ def _resolve(workspace: Workspace, document: TomlDocument, written: _FleetFile) 
             try:
                 selected = workspace.hosts(selection)
             except SelectionError as exc:  # an inventory that is itself wrong says its own line
-                show = remedy_text(CliCommand.INVENTORY_SHOW, "INVENTORY")
+                show = remedy_text(Command.INVENTORY_SHOW, "INVENTORY")
                 hint = exc.hint or f"`{show}` lists its hosts and groups"
                 raise document.error((*where, "hosts", number), exc.message, hint=hint) from None
             for host in selected:

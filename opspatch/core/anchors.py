@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from opspatch.core.selectors import MODULE_SCOPE, ReplaceSelector, StatementSelector
 from opspatch.core.syntax import dedent_code, parse_python
@@ -99,14 +101,14 @@ def scope_blocks(node: ScopeNode) -> Iterator[list[ast.stmt]]:
 
 def iter_statements(node: ScopeNode) -> Iterator[Located]:
     """Every statement of a scope in source order, descending into if/for/with/try blocks."""
+    return _walk_statements(node.body)
 
-    def walk(block: list[ast.stmt]) -> Iterator[Located]:
-        for stmt in block:
-            yield Located(stmt, block)
-            for inner in child_blocks(stmt):
-                yield from walk(inner)
 
-    yield from walk(node.body)
+def _walk_statements(block: list[ast.stmt]) -> Iterator[Located]:
+    for stmt in block:
+        yield Located(stmt, block)
+        for inner in child_blocks(stmt):
+            yield from _walk_statements(inner)
 
 
 @dataclass(frozen=True)
@@ -128,19 +130,35 @@ def _definitions_of(tree: ast.Module) -> _Definitions:
         known = _DEFINITIONS.get(tree)
     if known is not None:
         return known
+    return remember_definitions(tree, definitions_in(tree.body, ""))
+
+
+def definitions_in(block: list[ast.stmt], prefix: str) -> list[tuple[str, DefNode]]:
+    """Every class and function defined in `block` (nested ones too), qualnames under `prefix`,
+    in source order."""
     ordered: list[tuple[str, DefNode]] = []
+    _walk_definitions(block, prefix, ordered)
+    return ordered
 
-    def walk(block: list[ast.stmt], prefix: str) -> None:
-        for stmt in block:
-            if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                qualname = f"{prefix}{stmt.name}"
-                ordered.append((qualname, stmt))
-                walk(stmt.body, qualname + ".")
-            else:
-                for inner in child_blocks(stmt):
-                    walk(inner, prefix)
 
-    walk(tree.body, "")
+def _walk_definitions(
+    block: list[ast.stmt], prefix: str, ordered: list[tuple[str, DefNode]]
+) -> None:
+    # a function of its own, not a closure: a closure that calls itself is a reference cycle,
+    # which would keep every tree it saw alive until the cyclic collector ran
+    for stmt in block:
+        if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            qualname = f"{prefix}{stmt.name}"
+            ordered.append((qualname, stmt))
+            _walk_definitions(stmt.body, qualname + ".", ordered)
+        else:
+            for inner in child_blocks(stmt):
+                _walk_definitions(inner, prefix, ordered)
+
+
+def remember_definitions(tree: ast.Module, ordered: Sequence[tuple[str, DefNode]]) -> _Definitions:
+    """Keep `ordered` (what `definitions_in(tree.body, "")` gives) as the tree's definitions: a
+    tree built from another's parts (`core/regions.py`) knows them without walking the file."""
     by_name: dict[str, list[DefNode]] = {}
     for qualname, node in ordered:
         by_name.setdefault(qualname, []).append(node)
@@ -258,8 +276,44 @@ def statement_assigns(stmt: ast.stmt) -> list[str]:
 
 
 def strip_positions(node: ast.AST) -> str:
-    """A dump of `node` without positions: equal dumps mean the same code."""
-    return ast.dump(node, annotate_fields=True, include_attributes=False)
+    """A dump of `node` without positions: equal dumps mean the same code. A statement's dump
+    is kept while its tree lives (trees are never changed): recognising many edits compares the
+    same statements again and again."""
+    if not isinstance(node, ast.stmt):
+        return ast.dump(node, annotate_fields=True, include_attributes=False)
+    with _DUMPS_LOCK:
+        known = _DUMPS.get(node)
+    if known is None:
+        known = ast.dump(node, annotate_fields=True, include_attributes=False)
+        with _DUMPS_LOCK:
+            _DUMPS[node] = known
+    return known
+
+
+_DUMPS: weakref.WeakKeyDictionary[ast.stmt, str] = weakref.WeakKeyDictionary()
+_DUMPS_LOCK = threading.Lock()
+
+
+class BlockDumps(Sequence[str]):
+    """The dumps of a block's statements, each made when first read: what stands beside a place
+    is a few statements of a block whose others (a class's methods) are long to dump."""
+
+    def __init__(self, block: list[ast.stmt]) -> None:
+        self.block = block
+
+    def __len__(self) -> int:
+        return len(self.block)
+
+    @overload
+    def __getitem__(self, at: int) -> str: ...
+
+    @overload
+    def __getitem__(self, at: slice) -> list[str]: ...
+
+    def __getitem__(self, at: int | slice) -> str | list[str]:
+        if isinstance(at, slice):
+            return [strip_positions(stmt) for stmt in self.block[at]]
+        return strip_positions(self.block[at])
 
 
 def dump_matches(node: ast.AST, dump: str) -> bool:
@@ -328,7 +382,14 @@ def _stub(node: DefNode) -> ast.stmt:
 def statement_dumps(code: str) -> list[str]:
     """Dumps of the statements of a snippet, dedented as it is placed (`dedent_code`: a
     multi-line string's lines kept as written)."""
-    return [strip_positions(s) for s in parse_python(dedent_code(code).text).body]
+    return list(_snippet_dumps(code))
+
+
+@functools.lru_cache(maxsize=4096)
+def _snippet_dumps(code: str) -> tuple[str, ...]:
+    # every edit's code is dumped again for every other edit that may stand beside it
+    tree = parse_python(dedent_code(code).text)
+    return tuple(ast.dump(s, annotate_fields=True, include_attributes=False) for s in tree.body)
 
 
 def _pick(

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field, replace
 
 from opspatch.core.kinds.base import EditState
 from opspatch.core.placement import EditProblem, Splice, apply_splices, undo_splices
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.regions import ScopedReparse, Unsure, WholeReparse
+from opspatch.core.remedy import remedy_text
 from opspatch.core.source import (
     LineIndex,
     SourceDecodeError,
@@ -42,9 +43,9 @@ from opspatch.core.source import (
     split_lines,
 )
 from opspatch.core.spec import Edit, PatchSpec, edit_field, variant_label
-from opspatch.core.syntax import parse_python
+from opspatch.core.syntax import collection_paused, parse_python
 from opspatch.core.validate import validate_result
-from opspatch.core.vocabulary import Detected, EditStatus
+from opspatch.core.vocabulary import Command, Detected, EditStatus
 
 __all__ = [
     "AlreadyApplied",
@@ -275,7 +276,7 @@ def _detect_resolved(
     decoded: SourceText, tree: ast.Module, patch: PatchSpec
 ) -> tuple[Detection, PatchSpec]:
     """`detect`, and the patch with each edit's fitting variant in its place."""
-    resolved, states = _choose_variants(LineIndex(decoded.text), tree, patch)
+    resolved, states = _choose_variants(LineIndex.of(decoded.text), tree, patch)
     return _judge(states), resolved
 
 
@@ -329,7 +330,11 @@ def apply_patch(source: bytes, patch: PatchSpec, *, relpath: str | None = None) 
     `relpath` labels the diff (default: the module's path, e.g.
     `sglang/srt/speculative/eagle_worker_v2.py`).
     """
-    relpath = relpath or patch.target.module_relpaths()[0]
+    with collection_paused():  # a plan makes many trees and no cycles
+        return _apply_patch(source, patch, relpath or patch.target.module_relpaths()[0])
+
+
+def _apply_patch(source: bytes, patch: PatchSpec, relpath: str) -> PlanOutcome:
     try:
         decoded, tree = _decode(source)
     except SourceDecodeError as exc:
@@ -395,7 +400,7 @@ def _judged(
         return NotApplicable(
             patch.id,
             detection.reason
-            + f"; restore the original file (`{remedy_text(CliCommand.ROLLBACK, patch.id)}` where "
+            + f"; restore the original file (`{remedy_text(Command.ROLLBACK, patch.id)}` where "
             "opspatch wrote it) or finish the change by hand",
         )
     if detection.state == "applied":
@@ -428,19 +433,41 @@ def _judged(
     return None
 
 
+PLACERS: tuple[type[ScopedReparse | WholeReparse], ...] = (ScopedReparse, WholeReparse)
+"""How the edits are placed, tried in turn: parsing again only the scope each edit changed
+(`core/regions.py`), and where that is unsure, the whole file after every edit (the reference)."""
+
+
 def _place_edits(
     decoded: SourceText, tree: ast.Module, patch: PatchSpec, detection: Detection
 ) -> tuple[str, ast.Module, list[EditRecord], list[str]] | NotApplicable:
     """Place every edit in turn, each by its kind (`EditKind.place`) on the text the edits
     before it left: the new text, its tree, the edit records and the scopes edited."""
-    text = decoded.text
+    for placer in PLACERS[:-1]:
+        try:
+            return _place_with(placer(decoded.text, tree), decoded.newline, patch, detection)
+        except Unsure:
+            continue
+    return _place_with(PLACERS[-1](decoded.text, tree), decoded.newline, patch, detection)
+
+
+def _place_with(
+    edited: ScopedReparse | WholeReparse, newline: str, patch: PatchSpec, detection: Detection
+) -> tuple[str, ast.Module, list[EditRecord], list[str]] | NotApplicable:
     records: list[EditRecord] = []
     scopes: list[str] = []
-    current_tree = tree  # the tree of `text`, parsed once per text
     try:
         for i, edit in enumerate(patch.edits):
-            splices, edit_scopes = edit.place(text, current_tree, patch, decoded.newline, i)
-            new_text = apply_splices(text, splices)
+            text = edited.text
+            try:
+                splices, edit_scopes = edit.place(
+                    text, edited.tree_for(edit.scope_name), patch, newline, i
+                )
+            except EditProblem:
+                if edited.whole_fresh:
+                    raise
+                # the problem is said as the whole file's tree shows it (the lines of others)
+                splices, edit_scopes = edit.place(text, edited.tree_for(None), patch, newline, i)
             records.append(
                 EditRecord(
                     index=i,
@@ -453,9 +480,8 @@ def _place_edits(
                 )
             )
             scopes.extend(s for s in edit_scopes if s not in scopes)
-            text = new_text
             try:
-                current_tree = parse_python(text)
+                edited.apply(edit.scope_name, splices)
             except SyntaxError as exc:
                 where = f" (line {exc.lineno})" if exc.lineno else ""
                 return NotApplicable(
@@ -465,7 +491,7 @@ def _place_edits(
                 )
     except EditProblem as problem:
         return NotApplicable(patch.id, problem.message, problem.field, problem.candidates)
-    return text, current_tree, records, scopes
+    return edited.text, edited.final_tree(), records, scopes
 
 
 def _recognised_by(patch: PatchSpec) -> str:

@@ -20,6 +20,12 @@ DEFAULT_BECOME_USER = "root"
 Transport = Literal["ssh", "local"]
 DEFAULT_TRANSPORT: Transport = "ssh"
 
+AgentMode = Literal["resident", "per-exec"]
+"""How the host agent runs (the inventory's `agent`): one process per host and user for a run,
+fed every request over the same connection (`resident`), or a fresh interpreter per request
+(`per-exec`, for hosts where a long-lived process is not wanted)."""
+DEFAULT_AGENT: AgentMode = "resident"
+
 
 @dataclass(frozen=True)
 class SystemdRestart:
@@ -249,6 +255,8 @@ class Host:
     live: bool = False
     """Whether live fixes may be taken on this host's engine (the inventory's `live = true`):
     `opspatch live enable` and `apply --live` refuse a host that does not say so."""
+    agent: AgentMode = DEFAULT_AGENT
+    """How the host agent runs there (`AgentMode`)."""
 
     @classmethod
     def local(

@@ -3,7 +3,7 @@
 A hint or note that tells the operator to run `opspatch recover --hosts H` names a command of the
 CLI and its flags. Written by hand, a renamed flag would leave every such hint naming a flag that
 no longer exists, and nothing would notice. So a remedy is built as a value: the command is a
-`CliCommand`, each flag a `CliFlag`; the flags each command takes (`FLAGS`, those given without a
+`Command`, each flag a `CliFlag`; the flags each command takes (`FLAGS`, those given without a
 value in `BARE`) and its positional arguments (`ARGUMENTS`) are written here once, and a remedy
 that does not fit them raises at construction. tests/test_remedy.py walks the real typer app
 (`opspatch.cli.app`) and checks these tables against it, so renaming a flag in the CLI fails that
@@ -20,45 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from opspatch.core.vocabulary import Word
+from opspatch.core.vocabulary import Command, Word
 
 PROGRAM = "opspatch"
 """The console script every remedy starts with."""
-
-
-class CliCommand(Word):
-    """A command of the `opspatch` CLI, spelled as typed after `opspatch` (groups included)."""
-
-    APPLY = "apply"
-    APPROVE = "approve"
-    BAKE = "bake"
-    CHECK = "check"
-    DIAGNOSE = "diagnose"
-    EXPORT = "export"
-    JUDGE = "judge"
-    LINT_INIT = "lint-init"
-    PLAN = "plan"
-    RECOVER = "recover"
-    RESTART = "restart"
-    ROLLBACK = "rollback"
-    SMOKE = "smoke"
-    STATUS = "status"
-    SYNC = "sync"
-    UNLOCK = "unlock"
-    ADOPT = "adopt"
-    INVENTORY_SHOW = "inventory show"
-    LEDGER_COPY = "ledger copy"
-    LEDGER_LIST = "ledger list"
-    LEDGER_MIGRATE = "ledger migrate"
-    LEDGER_REPORT = "ledger report"
-    LEDGER_SHOW = "ledger show"
-    LEDGER_VERIFY = "ledger verify"
-    LIVE_DISABLE = "live disable"
-    LIVE_ENABLE = "live enable"
-    SANDBOX_DOWN = "sandbox down"
-    SANDBOX_REINSTALL = "sandbox reinstall"
-    SANDBOX_STATUS = "sandbox status"
-    SANDBOX_UP = "sandbox up"
 
 
 class CliFlag(Word):
@@ -84,62 +49,68 @@ class CliFlag(Word):
     WRITER_ROLE = "--writer-role"
 
 
-FLAGS: Mapping[CliCommand, frozenset[CliFlag]] = {
-    CliCommand.APPLY: frozenset({CliFlag.HOSTS, CliFlag.ROOT, CliFlag.RESTART}),
-    CliCommand.APPROVE: frozenset({CliFlag.KEY, CliFlag.PRINCIPAL}),
-    CliCommand.BAKE: frozenset(),
-    CliCommand.CHECK: frozenset({CliFlag.RELEASES}),
-    CliCommand.DIAGNOSE: frozenset({CliFlag.HOSTS}),
-    CliCommand.EXPORT: frozenset({CliFlag.RELEASE, CliFlag.FORMAT}),
-    CliCommand.LINT_INIT: frozenset({CliFlag.HOSTS, CliFlag.WRITE_PATCH}),
-    CliCommand.PLAN: frozenset({CliFlag.HOSTS, CliFlag.ROOT}),
-    CliCommand.RECOVER: frozenset({CliFlag.HOSTS, CliFlag.RUN}),
-    CliCommand.RESTART: frozenset({CliFlag.HOSTS}),
-    CliCommand.ROLLBACK: frozenset({CliFlag.HOSTS, CliFlag.RUN, CliFlag.ROOT, CliFlag.RESTART}),
-    CliCommand.SMOKE: frozenset({CliFlag.HOSTS}),
-    CliCommand.JUDGE: frozenset({CliFlag.HOSTS, CliFlag.BASELINE}),
-    CliCommand.STATUS: frozenset({CliFlag.HOSTS}),
-    CliCommand.SYNC: frozenset({CliFlag.HOSTS}),
-    CliCommand.UNLOCK: frozenset({CliFlag.HOSTS}),
-    CliCommand.ADOPT: frozenset({CliFlag.HOSTS}),
-    CliCommand.INVENTORY_SHOW: frozenset(),
-    CliCommand.LEDGER_COPY: frozenset(),
-    CliCommand.LEDGER_LIST: frozenset(),
-    CliCommand.LEDGER_MIGRATE: frozenset({CliFlag.WRITER_ROLE}),
-    CliCommand.LEDGER_REPORT: frozenset(),
-    CliCommand.LEDGER_SHOW: frozenset(),
-    CliCommand.LEDGER_VERIFY: frozenset(),
-    CliCommand.LIVE_DISABLE: frozenset({CliFlag.HOSTS}),
-    CliCommand.LIVE_ENABLE: frozenset({CliFlag.HOSTS}),
-    CliCommand.SANDBOX_DOWN: frozenset({CliFlag.PURGE}),
-    CliCommand.SANDBOX_REINSTALL: frozenset({CliFlag.VERSION, CliFlag.RESTART}),
-    CliCommand.SANDBOX_STATUS: frozenset(),
-    CliCommand.SANDBOX_UP: frozenset(
+FLAGS: Mapping[Command, frozenset[CliFlag]] = {
+    Command.APPLY: frozenset({CliFlag.HOSTS, CliFlag.ROOT, CliFlag.RESTART}),
+    Command.APPROVE: frozenset({CliFlag.KEY, CliFlag.PRINCIPAL}),
+    Command.BAKE: frozenset(),
+    Command.CHECK: frozenset({CliFlag.RELEASES}),
+    Command.DIAGNOSE: frozenset({CliFlag.HOSTS}),
+    Command.DRIFT: frozenset(),
+    Command.EXPORT: frozenset({CliFlag.RELEASE, CliFlag.FORMAT}),
+    Command.LINT_INIT: frozenset({CliFlag.HOSTS, CliFlag.WRITE_PATCH}),
+    Command.PLAN: frozenset({CliFlag.HOSTS, CliFlag.ROOT}),
+    Command.REHEARSE: frozenset(),
+    Command.RECOVER: frozenset({CliFlag.HOSTS, CliFlag.RUN}),
+    Command.RESTART: frozenset({CliFlag.HOSTS}),
+    Command.ROLLBACK: frozenset({CliFlag.HOSTS, CliFlag.RUN, CliFlag.ROOT, CliFlag.RESTART}),
+    Command.SMOKE: frozenset({CliFlag.HOSTS}),
+    Command.JUDGE: frozenset({CliFlag.HOSTS, CliFlag.BASELINE}),
+    Command.SCHEMA: frozenset(),
+    Command.STATUS: frozenset({CliFlag.HOSTS}),
+    Command.SYNC: frozenset({CliFlag.HOSTS}),
+    Command.UNLOCK: frozenset({CliFlag.HOSTS}),
+    Command.ADOPT: frozenset({CliFlag.HOSTS}),
+    Command.INVENTORY_SHOW: frozenset(),
+    Command.LEDGER_COPY: frozenset(),
+    Command.LEDGER_LIST: frozenset(),
+    Command.LEDGER_MIGRATE: frozenset({CliFlag.WRITER_ROLE}),
+    Command.LEDGER_REPORT: frozenset(),
+    Command.LEDGER_SHOW: frozenset(),
+    Command.LEDGER_VERIFY: frozenset(),
+    Command.LIVE_DISABLE: frozenset({CliFlag.HOSTS}),
+    Command.LIVE_ENABLE: frozenset({CliFlag.HOSTS}),
+    Command.SANDBOX_DOWN: frozenset({CliFlag.PURGE}),
+    Command.SANDBOX_LOAD: frozenset(),
+    Command.SANDBOX_PREPARE: frozenset(),
+    Command.SANDBOX_REINSTALL: frozenset({CliFlag.VERSION, CliFlag.RESTART}),
+    Command.SANDBOX_STATUS: frozenset(),
+    Command.SANDBOX_UP: frozenset(
         {CliFlag.SSH, CliFlag.INSTALL, CliFlag.CONTAINERS, CliFlag.ROUTER}
     ),
 }
 """The flags a remedy may give each command (a subset of the command's options)."""
 
-ARGUMENTS: Mapping[CliCommand, tuple[str, ...]] = {
-    CliCommand.APPLY: ("patch",),
-    CliCommand.APPROVE: ("patch",),
-    CliCommand.BAKE: ("patch",),
-    CliCommand.CHECK: ("patches",),
-    CliCommand.EXPORT: ("patch",),
-    CliCommand.PLAN: ("patch",),
-    CliCommand.ROLLBACK: ("patch",),
-    CliCommand.INVENTORY_SHOW: ("target",),
-    CliCommand.LEDGER_REPORT: ("run",),
-    CliCommand.LEDGER_SHOW: ("run",),
-    CliCommand.SANDBOX_REINSTALL: ("host",),
+ARGUMENTS: Mapping[Command, tuple[str, ...]] = {
+    Command.APPLY: ("patch",),
+    Command.APPROVE: ("patch",),
+    Command.BAKE: ("patch",),
+    Command.CHECK: ("patches",),
+    Command.EXPORT: ("patch",),
+    Command.PLAN: ("patch",),
+    Command.REHEARSE: ("patch",),
+    Command.ROLLBACK: ("patch",),
+    Command.INVENTORY_SHOW: ("target",),
+    Command.LEDGER_REPORT: ("run",),
+    Command.LEDGER_SHOW: ("run",),
+    Command.SANDBOX_REINSTALL: ("host",),
 }
 """The positional arguments of each command, by the names the CLI gives them (none: absent)."""
 
-BARE: Mapping[CliCommand, frozenset[CliFlag]] = {
-    CliCommand.CHECK: frozenset({CliFlag.RELEASES}),
-    CliCommand.SANDBOX_DOWN: frozenset({CliFlag.PURGE}),
-    CliCommand.SANDBOX_REINSTALL: frozenset({CliFlag.RESTART}),
-    CliCommand.SANDBOX_UP: frozenset({CliFlag.SSH, CliFlag.CONTAINERS, CliFlag.ROUTER}),
+BARE: Mapping[Command, frozenset[CliFlag]] = {
+    Command.CHECK: frozenset({CliFlag.RELEASES}),
+    Command.SANDBOX_DOWN: frozenset({CliFlag.PURGE}),
+    Command.SANDBOX_REINSTALL: frozenset({CliFlag.RESTART}),
+    Command.SANDBOX_UP: frozenset({CliFlag.SSH, CliFlag.CONTAINERS, CliFlag.ROUTER}),
 }
 """The flags of `FLAGS` given without a value (a switch; `check --releases` alone is the patch's
 own range); every other flag takes one."""
@@ -164,7 +135,7 @@ class Remedy:
             in opspatch's own code, so this is a bug, found at construction.
     """
 
-    command: CliCommand
+    command: Command
     arguments: tuple[str, ...] = ()
     options: tuple[Option, ...] = ()
 
@@ -173,19 +144,19 @@ class Remedy:
         bare = BARE.get(self.command, frozenset())
         for option in self.options:
             if option.flag not in taken:
-                raise ValueError(f"`{PROGRAM} {self.command}` takes no {option.flag}")
+                raise ValueError(f"`{PROGRAM} {self.command.cli}` takes no {option.flag}")
             if (option.value is None) != (option.flag in bare):
                 needs = "no value" if option.flag in bare else "a value"
-                raise ValueError(f"`{PROGRAM} {self.command} {option.flag}` takes {needs}")
+                raise ValueError(f"`{PROGRAM} {self.command.cli} {option.flag}` takes {needs}")
         if len(self.arguments) > len(ARGUMENTS.get(self.command, ())):
             raise ValueError(
-                f"`{PROGRAM} {self.command}` takes {len(ARGUMENTS.get(self.command, ()))} "
+                f"`{PROGRAM} {self.command.cli}` takes {len(ARGUMENTS.get(self.command, ()))} "
                 f"argument(s), not {len(self.arguments)}"
             )
 
     @classmethod
-    def of(cls, command: CliCommand, *arguments: str, **options: str | bool) -> Remedy:
-        """A remedy from keyword flags: `Remedy.of(CliCommand.RECOVER, hosts=host)`; a keyword
+    def of(cls, command: Command, *arguments: str, **options: str | bool) -> Remedy:
+        """A remedy from keyword flags: `Remedy.of(Command.RECOVER, hosts=host)`; a keyword
         is the flag's name (`writer_role` is `--writer-role`), True a switch.
 
         Raises:
@@ -204,7 +175,7 @@ class Remedy:
 
 def command_line(remedy: Remedy) -> str:
     """The one rendering of a remedy: `opspatch recover --hosts H` (options in their order)."""
-    words = [PROGRAM, remedy.command.value, *remedy.arguments]
+    words = [PROGRAM, remedy.command.cli, *remedy.arguments]
     for option in remedy.options:
         words.append(option.flag.value)
         if option.value is not None:
@@ -212,6 +183,6 @@ def command_line(remedy: Remedy) -> str:
     return " ".join(words)
 
 
-def remedy_text(command: CliCommand, *arguments: str, **options: str | bool) -> str:
+def remedy_text(command: Command, *arguments: str, **options: str | bool) -> str:
     """`command_line(Remedy.of(...))`: the text of a remedy built where a sentence names it."""
     return command_line(Remedy.of(command, *arguments, **options))

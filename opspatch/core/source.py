@@ -15,6 +15,7 @@ import hashlib
 import io
 import itertools
 import re
+import threading
 import tokenize
 from dataclasses import dataclass
 
@@ -111,11 +112,38 @@ def strip_newline(line: str) -> str:
 class LineIndex:
     """Converts `ast` positions (1-based line, UTF-8 byte column) to offsets into the text."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, lines: list[str] | None = None) -> None:
         self.text = text
-        self.lines = split_lines(text)
+        self.lines = split_lines(text) if lines is None else lines
         # the last start is one past the last line: insertion at the end
         self.starts: list[int] = [0, *itertools.accumulate(map(len, self.lines))]
+
+    @classmethod
+    def of(cls, text: str) -> LineIndex:
+        """The index of `text`, made once for the same string: placing an edit and then the
+        next on the text it leaves index the same texts (`remember`)."""
+        with _RECENT_LOCK:
+            known = _RECENT.get(id(text))
+        if known is not None and known.text is text:
+            return known
+        return cls(text).remember()
+
+    def remember(self) -> LineIndex:
+        """Keep this index for `LineIndex.of(self.text)`, among the last few."""
+        with _RECENT_LOCK:
+            _RECENT[id(self.text)] = self
+            while len(_RECENT) > 16:
+                del _RECENT[next(iter(_RECENT))]
+        return self
+
+    def spliced(self, text: str, first: int, end: int) -> LineIndex:
+        """The index of `text`, which is this index's text with lines `first` to `end` (and no
+        other) changed: the lines around them are taken over, not split again."""
+        low = self.starts[first - 1]
+        high = len(text) - (len(self.text) - self.starts[end])
+        return LineIndex(
+            text, [*self.lines[: first - 1], *split_lines(text[low:high]), *self.lines[end:]]
+        )
 
     def line_start(self, lineno: int) -> int:
         """Offset of the first character of line `lineno` (lineno = count+1 means end of text)."""
@@ -137,6 +165,10 @@ class LineIndex:
     def indentation(self, lineno: int) -> str:
         line = self.line_text(lineno)
         return line[: len(line) - len(line.lstrip(" \t\f"))]
+
+
+_RECENT: dict[int, LineIndex] = {}
+_RECENT_LOCK = threading.Lock()
 
 
 def sha256_hex(data: bytes) -> str:

@@ -13,11 +13,13 @@ Pure: text in, syntax tree out.
 from __future__ import annotations
 
 import ast
+import contextlib
 import gc
 import io
 import threading
 import tokenize
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, overload
 
@@ -46,6 +48,7 @@ def parse_python(
     *,
     mode: Literal["exec"] = "exec",
     feature_version: tuple[int, int] | None = None,
+    max_depth: int | None = MAX_AST_DEPTH,
 ) -> ast.Module: ...
 
 
@@ -56,6 +59,7 @@ def parse_python(
     *,
     mode: Literal["eval"],
     feature_version: tuple[int, int] | None = None,
+    max_depth: int | None = MAX_AST_DEPTH,
 ) -> ast.Expression: ...
 
 
@@ -65,14 +69,17 @@ def parse_python(
     *,
     mode: Literal["exec", "eval"] = "exec",
     feature_version: tuple[int, int] | None = None,
+    max_depth: int | None = MAX_AST_DEPTH,
 ) -> ast.Module | ast.Expression:
-    """`ast.parse`, refusing code nested deeper than `MAX_AST_DEPTH`.
+    """`ast.parse`, refusing code nested deeper than `max_depth` (`MAX_AST_DEPTH`; less for a
+    part of a file parsed on its own, which sits deeper in the whole file's tree; None: code
+    already checked, parsed again only for its positions).
 
     Raises:
         SyntaxError: the code does not parse; `NestingTooDeep` when it is nested too deeply.
     """
     with _PARSE:
-        tree = _parse_without_collection(source, filename, mode, feature_version)
+        tree = _parse_without_collection(source, filename, mode, feature_version, max_depth)
     assert isinstance(tree, ast.Module | ast.Expression)
     return tree
 
@@ -82,6 +89,7 @@ def _parse_without_collection(
     filename: str,
     mode: Literal["exec", "eval"],
     feature_version: tuple[int, int] | None,
+    max_depth: int | None,
 ) -> ast.AST:
     """`ast.parse` and the depth check with the cyclic garbage collector paused: a syntax tree
     has no cycles, but its tens of thousands of new nodes (and the check's level lists) trigger
@@ -91,29 +99,53 @@ def _parse_without_collection(
     Raises:
         NestingTooDeep: as `parse_python`.
     """
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with collection_paused():
         try:
             tree = ast.parse(source, filename, mode, feature_version=feature_version)
         except (RecursionError, MemoryError):
             raise NestingTooDeep(
                 "nested too deeply for Python's parser (a very long or very deep expression)"
             ) from None
-        _check_depth(tree)
+        if max_depth is not None:
+            _check_depth(tree, max_depth)
         return tree
+
+
+_WARNING_FILTERS = threading.Lock()
+"""`warnings.catch_warnings` saves and restores the process-wide filter list; two threads doing
+it at once (the preflight plans hosts in parallel) can restore each other's state and leave
+warnings ignored for good. Every use holds this lock (`warnings_ignored`)."""
+
+
+@contextlib.contextmanager
+def warnings_ignored() -> Iterator[None]:
+    """Warnings ignored for a stretch of work that compiles code not ours (its SyntaxWarnings are
+    upstream's), the filters restored after it; one such stretch at a time in this process."""
+    with _WARNING_FILTERS, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+@contextlib.contextmanager
+def collection_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused (if it ran) for a stretch of work that makes many
+    objects and no cycles: syntax trees, and a plan that parses and compares them."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if collecting:
             gc.enable()
 
 
-def _check_depth(tree: ast.AST) -> None:
+def _check_depth(tree: ast.AST, max_depth: int) -> None:
     # Level by level, `ast.iter_child_nodes` inlined: this walk visits every node of every parse.
     AST, listtype = ast.AST, list
     level: list[ast.AST] = [tree]
     depth = 1
     while level:
-        if depth > MAX_AST_DEPTH:
+        if depth > max_depth:
             error = NestingTooDeep(
                 f"nested more than {MAX_AST_DEPTH} levels deep (a very long or very deep "
                 "expression); opspatch does not analyse code this deep"

@@ -15,9 +15,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from unidiff import PatchSet  # type: ignore[attr-defined]
-from unidiff.errors import UnidiffParseError
-
 
 @dataclass(frozen=True)
 class Hunk:
@@ -140,6 +137,10 @@ def parse_unified_diff(text: str) -> ParsedDiff:
             or more than one file.
     """
     text = normalize_hunks(text)
+    # here, not with the module: only a patch with a diff needs it (its patterns compile at import)
+    from unidiff import PatchSet  # type: ignore[attr-defined]
+    from unidiff.errors import UnidiffParseError
+
     try:
         patch_set = PatchSet(text)
     except UnidiffParseError as exc:

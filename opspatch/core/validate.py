@@ -16,8 +16,6 @@ Pure: texts in, problems out.
 from __future__ import annotations
 
 import ast
-import threading
-import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -39,12 +37,7 @@ from opspatch.core.spec import (
     ClassAttribute,
     PatchSpec,
 )
-from opspatch.core.syntax import parse_python
-
-_WARNING_FILTERS = threading.Lock()
-"""`warnings.catch_warnings` saves and restores the process-wide filter list; two threads doing
-it at once (the preflight plans hosts in parallel) can restore each other's state and leave
-warnings ignored for good. Every use here holds this lock."""
+from opspatch.core.syntax import parse_python, warnings_ignored
 
 
 def check_compiles(
@@ -52,11 +45,10 @@ def check_compiles(
 ) -> list[str]:
     """Problems compiling `new_source` (and parsing it for an older Python, if named).
 
-    Thread-safe: the warning filters are changed under `_WARNING_FILTERS`.
+    Thread-safe: the warning filters are changed under `warnings_ignored`'s lock.
     """
     problems = []
-    with _WARNING_FILTERS, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # SyntaxWarnings of upstream code are not ours to judge
+    with warnings_ignored():  # SyntaxWarnings of upstream code are not ours to judge
         try:
             compile(new_source, filename, "exec", dont_inherit=True)
         except SyntaxError as exc:
@@ -152,7 +144,7 @@ class _Unchanged:
 
     def __init__(self, old_text: str | None, new_text: str | None) -> None:
         self.texts = (
-            (LineIndex(old_text), LineIndex(new_text))
+            (LineIndex.of(old_text), LineIndex.of(new_text))
             if old_text is not None and new_text is not None
             else None
         )

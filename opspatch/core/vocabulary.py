@@ -9,6 +9,7 @@ found by searching for the enum.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from enum import Enum
 
 
@@ -305,29 +306,148 @@ class Rotation(Word):
     be reached); the router sends it nothing until `opspatch recover` re-admits it."""
 
 
-class Command(Word):
-    """The opspatch command a ledger run was begun by (a run's `command`)."""
+class Goal(Word):
+    """What a command that changes hosts wants of the change it is about, on each host: its row
+    of the decision table (`runs.judgments.decisions`)."""
 
-    APPLY = "apply"
-    ROLLBACK = "rollback"
-    RESTART = "restart"
-    RECOVER = "recover"
+    NEW_AND_PROVEN = "new-and-proven"
+    """apply, and sync for each desired patch: the change on the host, its server proven."""
+    ALL_OLD = "all-old"
+    """rollback: every file the change wrote back at its pre-image."""
+    PROVEN_WHERE_STAGED = "proven-where-staged"
+    """restart: a server restarted into what is staged for it (a file, the live plugin), proven."""
+    LAST_INTENT = "last-intent"
+    """recover: the ledger's last intent for the host, finished or undone; never applied twice."""
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What an action does to a host, beyond its own steps: the facts a run needs before it
+    starts (whether to lease the hosts, to look at their routers, to raise)."""
+
+    leases: bool = False
+    """Changes the host's files or engine: only under the run's lease of the host."""
+    restarts: bool = False
+    """Restarts the engine: drained from its router first, admitted after its proof."""
+    raised: bool = False
+    """Writes the engine's files or restarts it: as the host's raised user, where it has one."""
+    readmits: bool = False
+    """Puts back into rotation a worker it finds out of it, one its router does not list too."""
+
+
+_CHANGES = Traits(leases=True, restarts=True, raised=True)
+
+
+class Action(Word):
+    """What a command does to one host (a cell of the decision table, or a command's own), with
+    the traits it carries."""
+
+    traits: Traits
+
+    def __new__(cls, word: str, traits: Traits = Traits()) -> Action:
+        member = str.__new__(cls, word)
+        member._value_ = word
+        member.traits = traits
+        return member
+
+    LEAVE = "leave"
+    """Nothing to do: the host is reported as it was found (`skipped`, with why)."""
+    REFUSE = "refuse"
+    """Not this command's to change (someone else's bytes, a set not whole): `skipped`."""
+    ATTENTION = "attention"
+    """Not this command's to change, and left for a person: `needs-attention`."""
+    ENSURE_RUNNING = "ensure-running", replace(_CHANGES, readmits=True)
+    """Nothing to change on disk: make sure the server answers (restart it if it does not)."""
+    PROVE_OR_UNDO = "prove-or-undo", _CHANGES
+    """Restart into the change and prove it; a failed proof undoes it (`rolled-back`)."""
+    RESTORE = "restore", _CHANGES
+    """Put the pre-images back (the new files of the set), then prove the restore."""
+    RESTORE_FROM_BACKUP = "restore-from-backup", _CHANGES
+    """No record: take the patch off the file alone and restore the host's own backup."""
+    APPLY = "apply", _CHANGES
+    """Swap the patched files in, restart and prove them; a failed proof undoes them."""
+    STAGE = "stage", Traits(leases=True, raised=True)
+    """Swap the patched files in and restart nothing (`--restart never`): `staged`."""
+    TAKE_LIVE = "take-live", Traits(leases=True, raised=True)
+    """Swap the patched files in and take them into the running engine (`--live`)."""
+    INSTALL_PLUGIN = "install-plugin", Traits(leases=True, raised=True)
+    """Write the live plugin into the engine's environment (loaded at its next restart)."""
+    REMOVE_PLUGIN = "remove-plugin", Traits(leases=True, raised=True)
+    """Remove what `install-plugin` wrote (the running engine keeps it until it restarts)."""
+    UNLOCK = "unlock", Traits(raised=True)
+    """Remove a host lock whose run is over (the lock only: no lease)."""
+
+
+class Command(Word):
+    """Every command of opspatch, once: the word a ledger run records (its value), its spelling
+    on the command line (`cli`), and, for one that changes hosts, its goal (the decision table
+    gives the actions it takes for it) and the actions it takes by itself. What the run needs to
+    know of it (leases, routers) follows from its actions' traits
+    (`runs.judgments.decisions.traits_of`)."""
+
+    cli: str
+    goal: Goal | None
+    actions: tuple[Action, ...]
+
+    def __new__(
+        cls,
+        word: str,
+        cli: str | None = None,
+        goal: Goal | None = None,
+        actions: tuple[Action, ...] = (),
+    ) -> Command:
+        member = str.__new__(cls, word)
+        member._value_ = word
+        member.cli = cli or word
+        member.goal = goal
+        member.actions = actions
+        return member
+
+    APPLY = "apply", None, Goal.NEW_AND_PROVEN, (Action.APPLY, Action.STAGE, Action.TAKE_LIVE)
+    ROLLBACK = "rollback", None, Goal.ALL_OLD
+    RESTART = "restart", None, Goal.PROVEN_WHERE_STAGED
+    RECOVER = "recover", None, Goal.LAST_INTENT
     """Its finished runs recover their (interrupted) parent run (`ledger.events.recovered_by`)."""
-    UNLOCK = "unlock"
-    SYNC = "sync"
+    UNLOCK = "unlock", None, None, (Action.UNLOCK,)
+    SYNC = "sync", None, Goal.NEW_AND_PROVEN, (Action.APPLY, Action.STAGE)
+    """One goal per desired patch: each applied through apply's run, recorded as `sync`."""
     ADOPT = "adopt"
+    """Records a hand edit as a file version: nothing sent, no lock, no lease."""
     BAKE = "bake"
+    """Builds the patch into a new image from a scratch container: no host of the fleet."""
     APPROVE = "approve"
     """Recorded by the ledger itself (`Ledger.record_approval`): one `sign` step per principal."""
     SMOKE = "smoke"
     """Runs through the fleet run like the others but records nothing (the null recorder)."""
     JUDGE = "judge"
     """`opspatch judge`: a question like `smoke`, through the fleet run, recording nothing."""
-    LIVE_ENABLE = "live-enable"
-    """`opspatch live enable`: the live plugin's distribution written into the engine's
-    environment."""
-    LIVE_DISABLE = "live-disable"
-    """`opspatch live disable`: the files `live enable` wrote removed again."""
+    LIVE_ENABLE = "live-enable", "live enable", None, (Action.INSTALL_PLUGIN,)
+    """The live plugin's distribution written into the engine's environment."""
+    LIVE_DISABLE = "live-disable", "live disable", None, (Action.REMOVE_PLUGIN,)
+    """The files `live enable` wrote removed again."""
+    CHECK = "check"
+    DIAGNOSE = "diagnose"
+    DRIFT = "drift"
+    EXPORT = "export"
+    LINT_INIT = "lint-init"
+    PLAN = "plan"
+    REHEARSE = "rehearse"
+    """Tries a patch on a throwaway engine of its release: no host of the fleet, nothing recorded."""
+    SCHEMA = "schema"
+    STATUS = "status"
+    INVENTORY_SHOW = "inventory-show", "inventory show"
+    LEDGER_COPY = "ledger-copy", "ledger copy"
+    LEDGER_LIST = "ledger-list", "ledger list"
+    LEDGER_MIGRATE = "ledger-migrate", "ledger migrate"
+    LEDGER_REPORT = "ledger-report", "ledger report"
+    LEDGER_SHOW = "ledger-show", "ledger show"
+    LEDGER_VERIFY = "ledger-verify", "ledger verify"
+    SANDBOX_DOWN = "sandbox-down", "sandbox down"
+    SANDBOX_LOAD = "sandbox-load", "sandbox load"
+    SANDBOX_PREPARE = "sandbox-prepare", "sandbox prepare"
+    SANDBOX_REINSTALL = "sandbox-reinstall", "sandbox reinstall"
+    SANDBOX_STATUS = "sandbox-status", "sandbox status"
+    SANDBOX_UP = "sandbox-up", "sandbox up"
 
 
 class FileAction(Word):

@@ -24,22 +24,21 @@ from opspatch.hosts.agent.protocol import (
     OperationReply,
 )
 from opspatch.hosts.become import (
-    LOGIN_OPERATIONS,
-    RAISED_OPERATIONS,
     BecomePasswords,
+    RunsAs,
     Sudo,
     not_allowed_to_read,
-    run_as,
 )
 from opspatch.hosts.channel import (
     DEFAULT_LOCK_GRACE,
     REFUSAL_ERRORS,
     AgentAnswer,
     AgentEndpoint,
-    BootstrapEndpoint,
     lock_times,
     operation_call,
 )
+from opspatch.hosts.resident import open_endpoint
+from opspatch.hosts.results import descriptor, run_as
 from opspatch.hosts.transport.base import Transport
 
 _INTERPRETER_MISSING_STATUS = (126, 127)  # the shell's "not executable" / "not found"
@@ -94,13 +93,11 @@ class AgentCaller:
         """Seconds past an exec's deadline that the host lock stays busy (`lock_times`)."""
         self.ran_as: list[str] = []
         """The user each exec ran as (`name`, or `name (sudo)` when raised), oldest first."""
+        self.notices: list[str] = []
+        """What the channel said on the way (the host agent started again), oldest first."""
         self._fence: _Fence | None = None
         sudo = Sudo(host, passwords or BecomePasswords())
-        self.endpoint: AgentEndpoint = (
-            transport
-            if isinstance(transport, AgentEndpoint)
-            else BootstrapEndpoint(transport, host, sudo)
-        )
+        self.endpoint: AgentEndpoint = open_endpoint(transport, host, sudo)
 
     @property
     def name(self) -> str:
@@ -146,8 +143,8 @@ class AgentCaller:
     # -- the one path to the host's agent: one exec, the fence, refusals ---------------------
 
     def default_user(self, operation: str) -> str | None:
-        """Who runs `operation` on this host: the become user for one that changes it (with
-        `become`), else None, the login user."""
+        """Who runs `operation` on this host (with `become`, as its descriptor's `runs_as`
+        says), or None, the login user."""
         return run_as(self.host, operation)
 
     def call_as(
@@ -176,7 +173,7 @@ class AgentCaller:
             reply.get("status") == "refused"
             and as_user is None
             and self.host.become.enabled
-            and not_allowed_to_read(operation, reply)
+            and not_allowed_to_read(descriptor(operation).runs_as, reply)
         ):
             # the login user may not read what this needs: ask again as the become user
             user = self.host.become.user
@@ -218,7 +215,9 @@ class AgentCaller:
         # Another user's process (become). A read changes nothing, so it is not fenced: this
         # run's next change is. A change (a restart as root) runs only while the lock holds
         # to its deadline: the lock's user re-asserts it on its own when it might lapse first.
-        changes = any(call["op"] in RAISED_OPERATIONS for call in calls)
+        changes = any(
+            descriptor(call["op"]).runs_as in (RunsAs.CHANGE, RunsAs.RESTART) for call in calls
+        )
         if changes and time.monotonic() + timeout > fence.good_until:
             (reply,) = self._send([refresh], as_user=fence.user, timeout=timeout, step=step)
             self._fenced(reply, step)
@@ -370,7 +369,7 @@ class AgentCaller:
         return (
             as_user is None
             and self.host.become.enabled
-            and all(call["op"] in LOGIN_OPERATIONS for call in calls)
+            and all(descriptor(call["op"]).runs_as is RunsAs.READ for call in calls)
         )
 
     def _exchange(
@@ -378,11 +377,14 @@ class AgentCaller:
     ) -> AgentAnswer:
         """The one exec; transport failures name this host and step."""
         try:
-            return self.endpoint.answer(request, as_user=as_user, timeout=timeout)
+            answer = self.endpoint.answer(request, as_user=as_user, timeout=timeout)
         except TransportError as exc:
             if exc.step == step and exc.host == self.name:
                 raise
             raise type(exc)(exc.detail, host=self.name, step=step, hint=exc.hint) from None
+        if answer.notice:
+            self.notices.append(answer.notice)
+        return answer
 
     def _note_user(self, reply: AgentReply, user: str | None) -> None:
         identity = reply.get("identity")

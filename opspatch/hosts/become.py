@@ -3,15 +3,16 @@
 On a real fleet the operator logs in as an ordinary user while the engine's files belong to root
 or to a service user and restarts need root. With `become = true` in the inventory:
 
-- **which operations run raised**: the ones that change the host (`RAISED_OPERATIONS`): the lock
-  file, swap and restore of the target file (with the backups they keep in the state folder and
-  the bytecode purge), and restarts (and the engine's stop and start alone). They run as
-  `become_user`, except restarts through systemd or supervisor, which manage system services
-  and run as root. Everything else (facts, resolving and reading the file, readiness, the smoke
-  decode and the log it reads) runs as the login user;
-  a read the login user is not allowed is asked again, raised (`LOGIN_OPERATIONS`).
-- **how**: still one exec per call (a batch of operations runs as one user):
-  `sudo -H -n -u USER -- PYTHON -c BOOTSTRAP`, the agent's request on stdin as always. When sudo says a password is required, the same exec is sent again
+- **which operations run raised**: each operation's descriptor says (`RunsAs`): the ones that
+  change the host (the lock file, swap and restore of the target file with the backups they
+  keep in the state folder and the bytecode purge, live fixes, the live plugin's files) run as
+  `become_user`; restarts (and the engine's stop and start alone) too, except through systemd
+  or supervisor, which manage system services and run as root. Everything else (facts,
+  resolving and reading the file, readiness, the smoke decode and the log it reads) runs as the
+  login user; a read the login user is not allowed is asked again, raised (`RunsAs.READ`).
+- **how**: a batch of operations runs as one user: `sudo -H -n -u USER -- PYTHON -c
+  BOOTSTRAP` per request, or once per user and run for the resident agent (`-c RESIDENT`: a
+  raised user is another process, so one agent per host and user), the request on stdin. When sudo says a password is required, the same exec is sent again
   as `sudo -H -S -k -p PROMPT -u USER -- PYTHON -c BOOTSTRAP` with the password as the first line
   of stdin, ahead of the request (sudo reads exactly that line; `-k` makes it read it every time,
   never trusting a cached credential). What was learned is kept per user for the rest of the run,
@@ -35,38 +36,30 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any
 
 from opspatch.core.host import DEFAULT_BECOME_USER, Host
 from opspatch.errors import BecomeError
 from opspatch.hosts.transport.base import Command, CommandResult
 
-ENGINE_OPERATIONS = frozenset({"restart", "stop", "start"})
-"""Operations that stop or start the engine: raised as the user who restarts it (`restart_user`)."""
 
-RAISED_OPERATIONS = (
-    frozenset({"lock", "unlock", "swap", "restore", "live", "install_files", "remove_files"})
-    | ENGINE_OPERATIONS
-)
-"""Agent operations that change the host: raised when the host's inventory says `become`
-(`live` too: it changes the running engine, and its sockets admit only root and the engine's
-user; `install_files` and `remove_files`: the live plugin in the engine's site-packages)."""
+class RunsAs(Enum):
+    """Who runs an agent operation on a host whose inventory says `become` (a fact of each
+    operation's descriptor, `results.Operation.runs_as`; without `become`, the login user runs
+    every one)."""
 
-LOGIN_OPERATIONS = frozenset(
-    {
-        "facts",
-        "resolve",
-        "read",
-        "inspect",
-        "wait_ready",
-        "wait_drained",
-        "smoke",
-        "live_site",
-        "file_hashes",
-    }
-)
-"""Read-only operations: run as the login user, and asked again raised only when the login user
-is not allowed to read what they need (a file or log readable by its owner alone)."""
+    LOGIN = "login"
+    """The login user, never raised (whoami names its user itself; measure asks over HTTP)."""
+    READ = "read"
+    """Read-only: the login user, asked again as the become user when the login user may not
+    read what it needs (a file or log readable by its owner alone)."""
+    CHANGE = "change"
+    """It changes the host (the lock, the file, the live plugin, the running engine's fixes):
+    the become user."""
+    RESTART = "restart"
+    """It stops or starts the engine: the user who restarts it (`restart_user`)."""
+
 
 ROOT_RESTART_KINDS = frozenset({"systemd", "supervisor"})
 """Restart strategies that manage a system service: raised as root, whatever `become_user`."""
@@ -84,11 +77,12 @@ def restart_user(host: Host) -> str:
     return host.become.user
 
 
-def run_as(host: Host, operation: str) -> str | None:
-    """The user `operation` runs as through sudo on `host`, or None for the login user."""
-    if not host.become.enabled or operation not in RAISED_OPERATIONS:
+def raised_user(host: Host, runs_as: RunsAs) -> str | None:
+    """The user an operation that `runs_as` runs as through sudo on `host`, or None for the
+    login user."""
+    if not host.become.enabled or runs_as in (RunsAs.LOGIN, RunsAs.READ):
         return None
-    return restart_user(host) if operation in ENGINE_OPERATIONS else host.become.user
+    return restart_user(host) if runs_as is RunsAs.RESTART else host.become.user
 
 
 def raised_users(host: Host) -> tuple[str, ...]:
@@ -109,10 +103,10 @@ def sudo_command(user: str, program: Sequence[str], *, with_password: bool) -> C
     return Command(("sudo", "-H", *flags, "-u", user, "--", *program))
 
 
-def not_allowed_to_read(operation: str, reply: Mapping[str, Any]) -> bool:
+def not_allowed_to_read(runs_as: RunsAs, reply: Mapping[str, Any]) -> bool:
     """Whether the agent's refusal says the login user may not read what a read-only operation
     needs (a file or log only its owner may read): worth asking again as the become user."""
-    if operation not in LOGIN_OPERATIONS:
+    if runs_as is not RunsAs.READ:
         return False
     code = str(reply.get("code") or "")
     message = str(reply.get("message") or "")

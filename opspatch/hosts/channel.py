@@ -4,11 +4,14 @@
 (`call_batch_as`: a list of `OperationCall` run in order by the agent in one exec, stopping at
 the first refusal, a reply per operation) and turns refusals into the error tree through
 `REFUSAL_ERRORS` here, the one table from the agent's codes to errors. This module holds what it
-sends with: who answers is an `AgentEndpoint`; for the SSH and local transports,
-`BootstrapEndpoint`, the one real path, which builds `<python> -c BOOTSTRAP` with the request on
-stdin (`encode_request`, carrying only the agent modules its operations need: `modules_for`),
-sends it as the login user or, through `Sudo`, as a raised one, and reads the reply line
-(`parse_reply`); a test double that answers typed requests itself (`transport.scripted`) is its
+sends with: who answers is an `AgentEndpoint` (`opspatch.hosts.resident.open_endpoint` picks
+it): the resident agent (`RESIDENT`, `opspatch.hosts.resident`), or per request
+`BootstrapEndpoint`, which builds `<python> -c BOOTSTRAP` with the request on stdin
+(`encode_request`, carrying only the agent modules its operations need: `modules_for`), sends
+it as the login user or, through `Sudo`, as a raised one, and reads the reply line
+(`parse_reply`); where the host's interpreter is the controller's own (a local file),
+`OwnProcessEndpoint` answers in this process what a new interpreter would answer the same way,
+before either; a test double that answers typed requests itself (`transport.scripted`) is its
 own endpoint. The lock's re-assertion on every exec of a run that holds it (the fence) and
 `lock_times` are described in `HostOperations.call_batch_as`.
 """
@@ -19,15 +22,18 @@ import ast
 import base64
 import functools
 import json
+import os
+import shutil
+import sys
 import threading
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from opspatch.core.host import Host
-from opspatch.core.syntax import parse_python
+from opspatch.core.syntax import parse_python, warnings_ignored
 from opspatch.errors import (
     LockHeld,
     PreimageMismatch,
@@ -38,35 +44,47 @@ from opspatch.hosts.agent.protocol import (
     AgentReply,
     AgentRequest,
     OperationCall,
+    SentRequest,
 )
 from opspatch.hosts.become import (
     Sudo,
 )
 from opspatch.hosts.transport.base import Command, Transport
 
-BOOTSTRAP = (  # short names: the whole program travels on every command line
+_LOAD = (  # short names: the whole program travels on every command line
     "import base64, json, os, sys, types, zlib\n"
-    "r = json.loads(sys.stdin.buffer.read().splitlines()[-1])\n"
-    "os.environ.update(r.pop('env', None) or {})\n"
-    "sys.pycache_prefix = os.environ.get('PYTHONPYCACHEPREFIX', sys.pycache_prefix)\n"
-    "for name, src in json.loads(zlib.decompress(base64.b64decode(r.pop('agent')))):\n"
-    "    p = name.split('.')\n"
-    "    for i in range(1, len(p)):\n"
-    "        sys.modules.setdefault('.'.join(p[:i]), types.ModuleType('.'.join(p[:i])))"
+    "def load(r):\n"
+    "    m = None\n"
+    "    for name, src in json.loads(zlib.decompress(base64.b64decode("
+    "r.pop('agent', 'eJyLjgUAARUAuQ==')))):\n"
+    "        p = name.split('.')\n"
+    "        for i in range(1, len(p)):\n"
+    "            sys.modules.setdefault('.'.join(p[:i]), types.ModuleType('.'.join(p[:i])))"
     ".__path__ = []\n"
-    "    m = sys.modules[name] = types.ModuleType(name)\n"
-    "    exec(compile(src, '<opspatch-agent>/' + name, 'exec'), m.__dict__)\n"
-    "sys.exit(m.main(r))\n"
+    "        m = sys.modules[name] = types.ModuleType(name)\n"
+    "        exec(compile(src, '<opspatch-agent>/' + name, 'exec'), m.__dict__)\n"
+    "    return m\n"
 )
-"""The `-c` program: small and stable, so the command line never changes between operations.
+"""How both programs below register the agent modules a request carries (`agent`: `[name,
+source]` pairs in dependency order, as zlib-compressed JSON in base64, a third of the bytes; none:
+an empty list): each in `sys.modules` under its real dotted name, its parents as empty stub
+packages (whose empty `__path__` means nothing under these names is ever imported from the
+host's disk), executed; the last one registered is returned (`dispatch`, on a first request)."""
 
-The request is stdin's last line (a line ahead of it is never the agent's business: it is sudo's
-password, read by sudo itself). Its `env` (sent when the agent runs through sudo, which resets
-the environment) is applied first, so a start command and the bytecode cache folder see the
-engine's environment. It registers each agent module sent in the request (`[name, source]` pairs
-in dependency order, as zlib-compressed JSON in base64: a third of the bytes), in `sys.modules` under its real dotted name, its parents as empty stub packages (whose empty
-`__path__` means nothing under these names is ever imported from the host's disk), executes it,
-and calls the last module's `main(request)`."""
+BOOTSTRAP = _LOAD + (
+    "r = json.loads(sys.stdin.buffer.read().splitlines()[-1])\nsys.exit(load(r).main(r))\n"
+)
+"""The per-exec `-c` program: small and stable, so the command line never changes between
+operations. The request is stdin's last line (a line ahead of it is never the agent's business:
+it is sudo's password, read by sudo itself); `dispatch.main` applies its `env` (sent when the
+agent runs through sudo, which resets the environment) and answers it."""
+
+RESIDENT = _LOAD + (
+    "r = json.loads(sys.stdin.buffer.readline())\nsys.exit(load(r).serve(r, load))\n"
+)
+"""The resident agent's `-c` program (`opspatch.hosts.resident`): the first request line
+registers the agent, `dispatch.serve` answers it and every line after it, each in a fork, until
+stdin ends (sudo has read its password line, if any, before the interpreter starts)."""
 
 AGENT_PACKAGE = "opspatch.hosts.agent"
 
@@ -190,17 +208,17 @@ each scanned and packed the agent for their first `begin` (13 ms of controller C
 N = 32). Packing holds this lock, so the others wait for the one that computes it."""
 
 
-def _packed_agent(operations: tuple[str, ...]) -> str:
-    """The `agent` field of a request for `operations`: the union of their modules, compressed
-    (made once per set of operations)."""
+def _packed_agent(modules: tuple[str, ...]) -> str:
+    """The `agent` field of a request that needs `modules` (in `agent_modules` order),
+    compressed (made once per set of modules)."""
     with _PACKING:
-        return _pack_agent(operations)
+        return _pack_agent(modules)
 
 
 @functools.cache
-def _pack_agent(operations: tuple[str, ...]) -> str:
+def _pack_agent(modules: tuple[str, ...]) -> str:
     sources = dict(agent_modules())
-    pairs = [[name, sources[name]] for name in modules_for(*operations)]
+    pairs = [[name, sources[name]] for name in modules]
     return base64.b64encode(zlib.compress(json.dumps(pairs).encode("utf-8"), 6)).decode("ascii")
 
 
@@ -212,14 +230,29 @@ def operation_call(
     return OperationCall(op=operation, args=dict(args), gate=gate)
 
 
-def encode_request(request: AgentRequest, *, env: dict[str, str] | None) -> bytes:
-    """The request line the bootstrap reads: the agent's source (the modules its operations
-    need), the operations and the engine's folder, and (through sudo, which resets it) the
-    engine's environment."""
-    operations = tuple(call["op"] for call in request["ops"])
-    line: dict[str, Any] = {"agent": _packed_agent(operations), **request}
+def request_modules(request: AgentRequest) -> tuple[str, ...]:
+    """The agent modules `request`'s operations need (`modules_for`)."""
+    return modules_for(*(call["op"] for call in request["ops"]))
+
+
+def encode_request(
+    request: AgentRequest,
+    *,
+    env: dict[str, str] | None,
+    loaded: frozenset[str] = frozenset(),
+    seq: int | None = None,
+) -> bytes:
+    """The request line the agent reads: the agent's source (the modules its operations need
+    that it has not `loaded` yet), the operations and the engine's folder, (through sudo, which
+    resets it) the engine's environment, and a resident agent's request number `seq`."""
+    line = SentRequest(ops=request["ops"], cwd=request["cwd"])
+    modules = tuple(name for name in request_modules(request) if name not in loaded)
+    if modules:
+        line["agent"] = _packed_agent(modules)
     if env is not None:
         line["env"] = env
+    if seq is not None:
+        line["seq"] = seq
     return json.dumps(line).encode("utf-8")
 
 
@@ -260,26 +293,75 @@ def parse_reply(stdout: bytes) -> AgentReply | None:
 
 @dataclass(frozen=True)
 class AgentAnswer:
-    """What one exec of the agent gave back: its reply line (None: it printed none), and the
-    command's exit status and stderr, which say why when there is none."""
+    """What one request to the agent gave back: its reply line (None: it printed none), and
+    the agent's exit status and stderr, which say why when there is none."""
 
     reply: AgentReply | None
     exit_code: int = 0
     stderr: str = ""
+    notice: str = ""
+    """What the channel did on the way that the run should say (the host agent started again
+    after it had ended); empty for nothing."""
 
 
 @runtime_checkable
 class AgentEndpoint(Protocol):
-    """Who answers an agent request (one exec): `BootstrapEndpoint` over a real transport, or a
-    test double that answers the typed request itself (`transport.scripted.ScriptedTransport`)."""
+    """Who answers an agent request (one exec): `ResidentEndpoint` or `BootstrapEndpoint` over
+    a real transport, or a test double that answers the typed request itself
+    (`transport.scripted.ScriptedTransport`)."""
 
     def answer(
         self, request: AgentRequest, *, as_user: str | None, timeout: float
     ) -> AgentAnswer: ...
 
 
+def is_this_interpreter(python: str) -> bool:
+    """Whether `python` (a path, or a name found on PATH) is the file this process runs: the
+    same path, not merely the same binary (a venv's python links to its base's, and imports
+    other packages)."""
+    found = python if os.sep in python else shutil.which(python)
+    return found is not None and os.path.abspath(found) == os.path.abspath(sys.executable)
+
+
+class OwnProcessEndpoint:
+    """The agent's operations run in the controller's own process: the host is this machine,
+    its interpreter this very one, as this user, so a new interpreter would run the same
+    functions on the same files. What cannot be answered here goes to `fallback` (the resident
+    agent or a new interpreter): a request as another user (sudo), one in the engine's folder, and
+    one with an operation whose descriptor does not allow it here (`Operation.in_process`: a
+    restart, a wait, a module found on the import path, which is not the engine's here).
+
+    The lock, the fence, the compile check, the backup and the atomic write are the agent's
+    own, unchanged; arguments and replies are copied as JSON, as they travel to a host."""
+
+    def __init__(self, fallback: AgentEndpoint) -> None:
+        self.fallback = fallback
+
+    def answer(self, request: AgentRequest, *, as_user: str | None, timeout: float) -> AgentAnswer:
+        """One exec, here when it may be (see the class).
+
+        Raises:
+            As the fallback's `answer`, for a request sent there.
+        """
+        from opspatch.hosts.agent.dispatch import identity, perform, run_batch
+        from opspatch.hosts.results import OPERATIONS
+
+        calls = request["ops"]
+        here = as_user is None and not request.get("cwd")
+        for call in calls:
+            described = OPERATIONS.get(call["op"])
+            here = here and described is not None and described.in_process(call["args"])
+        if not here:
+            return self.fallback.answer(request, as_user=as_user, timeout=timeout)
+        copied = json.loads(json.dumps(calls))  # what a host would decode: nothing shared
+        with warnings_ignored():  # an agent's stderr is read only when it gives no reply
+            replies = run_batch(copied, perform)
+        reply = {"replies": replies, "identity": identity()}
+        return AgentAnswer(reply=cast(AgentReply, json.loads(json.dumps(reply, sort_keys=True))))
+
+
 class BootstrapEndpoint:
-    """The real path: the request as bytes to `<engine python> -c BOOTSTRAP` over the host's
+    """The per-exec path: the request as bytes to `<engine python> -c BOOTSTRAP` over the host's
     transport, through sudo when raised, and the reply line read back."""
 
     def __init__(self, transport: Transport, host: Host, sudo: Sudo) -> None:

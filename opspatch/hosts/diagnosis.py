@@ -20,6 +20,7 @@ from opspatch.hosts.agent.checks import find_tracebacks
 from opspatch.hosts.agent.diagnose import op_diagnose
 from opspatch.hosts.agent.protocol import DiagnoseReply
 from opspatch.hosts.agent.protocol import DiagnoseRequest as DiagnoseArgs
+from opspatch.hosts.become import RunsAs
 from opspatch.hosts.engine import SMOKE, SmokeResult
 from opspatch.hosts.live import LiveEngineReply
 from opspatch.hosts.operations import HostOperations
@@ -332,7 +333,9 @@ class DiagnosisReply(JsonRecord):
     sources: SourcesReply | None
 
 
-DIAGNOSE = Operation("diagnose", DiagnoseArgs, DiagnoseReply, DiagnosisReply, op_diagnose)
+DIAGNOSE = Operation(
+    "diagnose", DiagnoseArgs, DiagnoseReply, DiagnosisReply, op_diagnose, runs_as=RunsAs.LOGIN
+)
 
 
 # ---------------------------------------------------------------------------------------------

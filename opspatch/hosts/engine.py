@@ -51,6 +51,7 @@ from opspatch.hosts.agent.protocol import (
     WaitReadyRequest,
 )
 from opspatch.hosts.agent.restarts import op_restart, op_start, op_stop
+from opspatch.hosts.become import RunsAs
 from opspatch.hosts.measure import MEASURE, Measurement, measure_args
 from opspatch.hosts.operations import HostOperations, R, Rep, Req
 from opspatch.hosts.results import Operation
@@ -205,13 +206,32 @@ class SmokeResult(JsonRecord):
         return "; ".join(self.failures)
 
 
-RESTART = Operation("restart", RestartRequest, RestartReply, RestartResult, op_restart)
-STOP = Operation("stop", StopRequest, StopReply, StopResult, op_stop)
-START = Operation("start", RestartRequest, RestartReply, RestartResult, op_start)
-WAIT_READY = Operation("wait_ready", WaitReadyRequest, ReadyReply, ReadyAnswer, op_wait_ready)
-WAIT_DRAINED = Operation("wait_drained", WaitDrainedRequest, DrainedReply, Drained, op_wait_drained)
+RESTART = Operation(
+    "restart", RestartRequest, RestartReply, RestartResult, op_restart, runs_as=RunsAs.RESTART
+)
+STOP = Operation("stop", StopRequest, StopReply, StopResult, op_stop, runs_as=RunsAs.RESTART)
+START = Operation(
+    "start", RestartRequest, RestartReply, RestartResult, op_start, runs_as=RunsAs.RESTART
+)
+WAIT_READY = Operation(
+    "wait_ready", WaitReadyRequest, ReadyReply, ReadyAnswer, op_wait_ready, runs_as=RunsAs.READ
+)
+WAIT_DRAINED = Operation(
+    "wait_drained",
+    WaitDrainedRequest,
+    DrainedReply,
+    Drained,
+    op_wait_drained,
+    runs_as=RunsAs.READ,
+)
 SMOKE = Operation(
-    "smoke", SmokeRequest, SmokeReply, SmokeResult, op_smoke, renamed={"results": "prompts"}
+    "smoke",
+    SmokeRequest,
+    SmokeReply,
+    SmokeResult,
+    op_smoke,
+    runs_as=RunsAs.READ,
+    renamed={"results": "prompts"},
 )
 
 

@@ -20,6 +20,7 @@ from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.live import LiveDefinition
 from opspatch.hosts.agent.live import op_live
 from opspatch.hosts.agent.protocol import LiveFixRequest, LiveReply, LiveRequest
+from opspatch.hosts.become import RunsAs
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.results import Operation
 
@@ -174,7 +175,7 @@ def _socket_process(socket: str) -> str:
     return socket.removesuffix(".sock")
 
 
-LIVE = Operation("live", LiveRequest, LiveReply, LiveEngineReply, op_live)
+LIVE = Operation("live", LiveRequest, LiveReply, LiveEngineReply, op_live, runs_as=RunsAs.CHANGE)
 
 
 def live_request(host: Host, fix: LiveFix, *, timeout: float) -> LiveRequest:

@@ -33,6 +33,7 @@ from opspatch.hosts.agent.protocol import (
     RemoveFilesReply,
     RemoveFilesRequest,
 )
+from opspatch.hosts.become import RunsAs
 from opspatch.hosts.livedist import LiveStart
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.results import Operation
@@ -96,15 +97,32 @@ class FileHashes(JsonRecord):
     sha256: dict[str, str | None]
 
 
-LIVE_SITE = Operation("live_site", LiveSiteRequest, LiveSiteReply, LiveSite, op_live_site)
+LIVE_SITE = Operation(
+    "live_site", LiveSiteRequest, LiveSiteReply, LiveSite, op_live_site, runs_as=RunsAs.READ
+)
 INSTALL_FILES = Operation(
-    "install_files", InstallFilesRequest, InstallFilesReply, InstallResult, op_install_files
+    "install_files",
+    InstallFilesRequest,
+    InstallFilesReply,
+    InstallResult,
+    op_install_files,
+    runs_as=RunsAs.CHANGE,
 )
 REMOVE_FILES = Operation(
-    "remove_files", RemoveFilesRequest, RemoveFilesReply, RemoveResult, op_remove_files
+    "remove_files",
+    RemoveFilesRequest,
+    RemoveFilesReply,
+    RemoveResult,
+    op_remove_files,
+    runs_as=RunsAs.CHANGE,
 )
 FILE_HASHES = Operation(
-    "file_hashes", FileHashesRequest, FileHashesReply, FileHashes, op_file_hashes
+    "file_hashes",
+    FileHashesRequest,
+    FileHashesReply,
+    FileHashes,
+    op_file_hashes,
+    runs_as=RunsAs.READ,
 )
 
 

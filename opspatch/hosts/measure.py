@@ -13,6 +13,7 @@ from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.policy import JudgeSettings
 from opspatch.hosts.agent.measure import op_measure
 from opspatch.hosts.agent.protocol import MeasureReply, MeasureRequest
+from opspatch.hosts.become import RunsAs
 from opspatch.hosts.results import Operation
 
 
@@ -106,6 +107,7 @@ MEASURE = Operation(
     MeasureReply,
     Measurement,
     op_measure,
+    runs_as=RunsAs.LOGIN,
 )
 
 

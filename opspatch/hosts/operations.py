@@ -1,10 +1,12 @@
 """Host-side operations, controller side: one exec per call, typed results, typed errors.
 
-Each call is ONE command on the host: the engine's own interpreter running a tiny bootstrap
-(`<python> -c BOOTSTRAP`, `opspatch.hosts.channel`) that reads a JSON request on stdin, executes
-the host agent's source (the modules of `opspatch/hosts/agent` its operations need, sent with
-every request, so nothing is installed on hosts), runs the request's operations in order and
-prints one JSON reply line, a reply per operation. Running under the engine's interpreter and environment
+Each call is ONE request to the host agent: the engine's own interpreter running a tiny bootstrap
+(`<python> -c RESIDENT`, one process per host and user for a run, fed a request per line; or
+`-c BOOTSTRAP` per request: `opspatch.hosts.channel`, `opspatch.hosts.resident`) that reads a
+JSON request on stdin, executes the host agent's source (the modules of `opspatch/hosts/agent`
+its operations need, sent with the request that first needs them, so nothing is installed on
+hosts), runs the request's operations in order and prints one JSON reply line, a reply per
+operation. Running under the engine's interpreter and environment
 is the point: `resolve` then finds the file the server really imports, `facts` reports the
 versions it really runs, and `swap` compiles the new text with the Python that will run it.
 
@@ -57,9 +59,7 @@ from opspatch.hosts.agent.protocol import (
     UnlockRequest,
 )
 from opspatch.hosts.agentcall import AgentCaller
-from opspatch.hosts.become import (
-    raised_users,
-)
+from opspatch.hosts.become import raised_users
 from opspatch.hosts.channel import (
     AGENT_PACKAGE,
     BOOTSTRAP,

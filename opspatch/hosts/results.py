@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 # what a host runs lives in core, since the ledger records it too: re-exported here
+from opspatch.core.host import Host
 from opspatch.core.hostfacts import HostFacts as HostFacts
 from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_options, record_from_json
 from opspatch.errors import RemoteOperationError
@@ -45,6 +47,7 @@ from opspatch.hosts.agent.protocol import (
     UnlockRequest,
     WhoamiReply,
 )
+from opspatch.hosts.become import RunsAs, raised_user
 
 R = TypeVar("R", bound=JsonRecord)
 Req = TypeVar("Req", bound=Mapping[str, Any])
@@ -52,7 +55,35 @@ Rep = TypeVar("Rep", bound=Mapping[str, Any])
 
 OPERATIONS: dict[str, Operation[Any, Any, Any]] = {}
 """Every agent operation's descriptor by name (each registers itself where its record is
-defined: here, `hosts.engine`, `hosts.diagnosis`)."""
+defined: here and in `_DESCRIBED_IN`)."""
+
+_DESCRIBED_IN = (
+    "opspatch.hosts.engine",
+    "opspatch.hosts.measure",
+    "opspatch.hosts.diagnosis",
+    "opspatch.hosts.live",
+    "opspatch.hosts.liveinstall",
+)
+"""The modules that define the other descriptors (they import this one, so they are imported
+when a name is first looked up: `descriptor`)."""
+
+
+def descriptor(name: str) -> Operation[Any, Any, Any]:
+    """The descriptor of the agent operation `name`.
+
+    Raises:
+        KeyError: no agent operation has that name.
+    """
+    if name not in OPERATIONS:
+        for module in _DESCRIBED_IN:
+            importlib.import_module(module)
+    return OPERATIONS[name]
+
+
+def run_as(host: Host, operation: str) -> str | None:
+    """The user `operation` runs as through sudo on `host` (its descriptor's `runs_as`), or
+    None for the login user."""
+    return raised_user(host, descriptor(operation).runs_as)
 
 
 def read_reply(cls: type[R], reply: Mapping[str, object], *, host: str, step: str) -> R:
@@ -76,18 +107,26 @@ def read_reply(cls: type[R], reply: Mapping[str, object], *, host: str, step: st
 @dataclass(frozen=True)
 class Operation(Generic[Req, Rep, R]):
     """One agent operation, for the controller: its `name`, the `request` and `reply` TypedDicts
-    both ends read (`agent.protocol`), the `record` its reply is read as, and the agent's
-    `function` (`@operation(name)`: mypy checks it takes `request` and returns `reply`). The
-    record's fields are the reply's keys; `renamed` maps a reply key to a record field of
-    another name (smoke's `results` are `prompts`). Only the agent modules travel to a host
-    (`channel.modules_for`); this descriptor never does."""
+    both ends read (`agent.protocol`), the `record` its reply is read as, the agent's
+    `function` (`@operation(name)`: mypy checks it takes `request` and returns `reply`), and who
+    runs it on a host with `become` (`runs_as`). The record's fields are the reply's keys;
+    `renamed` maps a reply key to a record field of another name (smoke's `results` are
+    `prompts`). Only the agent modules travel to a host (`channel.modules_for`); this
+    descriptor never does."""
 
     name: str
     request: type[Req]
     reply: type[Rep]
     record: type[R]
     function: Callable[[Req], Rep]
+    _: KW_ONLY
+    runs_as: RunsAs
     renamed: Mapping[str, str] = field(default_factory=dict)
+    in_process: Callable[[Mapping[str, Any]], bool] = field(default=lambda args: False)
+    """Whether a call (these arguments) may run in the controller's own process where the host's
+    interpreter is the controller's (`channel.OwnProcessEndpoint`): work on files of a bounded
+    size, nothing started, waited for or imported from the engine's import path. False unless
+    the descriptor says."""
 
     def __post_init__(self) -> None:
         OPERATIONS[self.name] = self
@@ -151,6 +190,11 @@ class RemoteFile(JsonRecord):
     group: str | None
     mtime_ns: int
     nlink: int
+
+
+def file_owner(file: RemoteFile) -> str:
+    """`owner:group` of `file` as the ledger records it (names, else ids)."""
+    return f"{file.owner or file.uid}:{file.group or file.gid}"
 
 
 @dataclass(frozen=True)
@@ -256,12 +300,65 @@ class AgentIdentity(JsonRecord):
 
 # -- the operations whose records are above -----------------------------------------------------
 
-FACTS = Operation("facts", NoArgs, FactsReply, HostFacts, op_facts)
-RESOLVE = Operation("resolve", ResolveRequest, ResolveReply, ResolvedModule, op_resolve)
-READ = Operation("read", ReadRequest, FileReply, RemoteFile, op_read)
-INSPECT = Operation("inspect", InspectRequest, InspectReply, HostInspection, op_inspect)
-SWAP = Operation("swap", SwapRequest, SwapReply, SwapResult, op_swap)
-RESTORE = Operation("restore", RestoreRequest, RestoreReply, RestoreResult, op_restore)
-LOCK = Operation("lock", LockRequest, LockReply, LockInfo, op_lock)
-UNLOCK = Operation("unlock", UnlockRequest, UnlockReply, UnlockResult, op_unlock)
-WHOAMI = Operation("whoami", NoArgs, WhoamiReply, AgentIdentity, op_whoami)
+
+def _always(args: Mapping[str, Any]) -> bool:
+    return True
+
+
+def _by_path(args: Mapping[str, Any]) -> bool:
+    # a module is found on the import path, and the controller's own is not the engine's (it
+    # starts with the folder the controller was started from, and whatever it added since)
+    return not args.get("module")
+
+
+FACTS = Operation(
+    "facts", NoArgs, FactsReply, HostFacts, op_facts, runs_as=RunsAs.READ, in_process=_always
+)
+RESOLVE = Operation(
+    "resolve", ResolveRequest, ResolveReply, ResolvedModule, op_resolve, runs_as=RunsAs.READ
+)
+READ = Operation(
+    "read", ReadRequest, FileReply, RemoteFile, op_read, runs_as=RunsAs.READ, in_process=_always
+)
+INSPECT = Operation(
+    "inspect",
+    InspectRequest,
+    InspectReply,
+    HostInspection,
+    op_inspect,
+    runs_as=RunsAs.READ,
+    in_process=_by_path,
+)
+SWAP = Operation(
+    "swap", SwapRequest, SwapReply, SwapResult, op_swap, runs_as=RunsAs.CHANGE, in_process=_always
+)
+RESTORE = Operation(
+    "restore",
+    RestoreRequest,
+    RestoreReply,
+    RestoreResult,
+    op_restore,
+    runs_as=RunsAs.CHANGE,
+    in_process=_always,
+)
+LOCK = Operation(
+    "lock", LockRequest, LockReply, LockInfo, op_lock, runs_as=RunsAs.CHANGE, in_process=_always
+)
+UNLOCK = Operation(
+    "unlock",
+    UnlockRequest,
+    UnlockReply,
+    UnlockResult,
+    op_unlock,
+    runs_as=RunsAs.CHANGE,
+    in_process=_always,
+)
+WHOAMI = Operation(
+    "whoami",
+    NoArgs,
+    WhoamiReply,
+    AgentIdentity,
+    op_whoami,
+    runs_as=RunsAs.LOGIN,
+    in_process=_always,
+)

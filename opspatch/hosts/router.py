@@ -15,10 +15,7 @@ says how the sandbox runs one (`sandbox up --router`).
 
 from __future__ import annotations
 
-import http.client
 import json
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +88,12 @@ class RouterClient:
         *,
         missing_ok: bool = False,
     ) -> Any:
+        # here, not with the module: every run that may rotate imports it, and http.client
+        # brings ssl, a tenth of `apply --file`'s imports, for the runs that reach a router
+        import http.client
+        import urllib.error
+        import urllib.request
+
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.url + path, data=data, method=method)
         request.add_header("Content-Type", "application/json")

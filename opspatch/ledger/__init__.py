@@ -22,6 +22,7 @@ from opspatch.ledger.liveness import ControllerProcess, operator_identity
 from opspatch.ledger.records import (
     FileVersion,
     HostRecord,
+    NewFileVersion,
     RunDetail,
     RunSummary,
     StepRecord,
@@ -35,6 +36,7 @@ __all__ = [
     "FileVersion",
     "HostRecord",
     "Ledger",
+    "NewFileVersion",
     "RunDetail",
     "RunSummary",
     "StepRecord",

@@ -17,9 +17,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
-from opspatch.errors import LedgerIntegrityError
+from opspatch.core.vocabulary import Command
+from opspatch.errors import LedgerError, LedgerIntegrityError
 from opspatch.ledger.database import Database
 from opspatch.ledger.records import VerifyReport
 
@@ -155,8 +156,27 @@ def store_blob(conn: Database, sha256: str, data: bytes) -> None:
     elif sha256_hex(bytes(existing[0])) != sha256:
         raise LedgerIntegrityError(
             f"the ledger already holds altered bytes under sha256 {sha256}",
-            hint=f"run `{remedy_text(CliCommand.LEDGER_VERIFY)}`",
+            hint=f"run `{remedy_text(Command.LEDGER_VERIFY)}`",
         )
+
+
+def stored_blob(conn: Database, sha256: str) -> bytes:
+    """The bytes stored under `sha256`, re-hashed before they are returned.
+
+    Raises:
+        LedgerError: no blob has that hash.
+        LedgerIntegrityError: the stored bytes no longer hash to `sha256`.
+    """
+    found = conn.execute("SELECT data FROM blobs WHERE sha256 = ?", (sha256,)).fetchone()
+    if found is None:
+        raise LedgerError(f"the ledger has no stored bytes with sha256 {sha256}")
+    data = bytes(found[0])
+    if sha256_hex(data) != sha256:
+        raise LedgerIntegrityError(
+            f"the stored bytes for sha256 {sha256} were altered (they hash to {sha256_hex(data)})",
+            hint=f"run `{remedy_text(Command.LEDGER_VERIFY)}`",
+        )
+    return data
 
 
 def verify_chain(conn: Database, warnings: tuple[str, ...]) -> VerifyReport:

@@ -10,7 +10,8 @@ Both sides are verified after, to the same head hash.
 
 from __future__ import annotations
 
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command
 from opspatch.errors import InputError, LedgerIntegrityError
 from opspatch.ledger.chain import ROW_COLUMNS, EventRow, store_blob, verify_chain
 from opspatch.ledger.database import Database
@@ -71,7 +72,7 @@ def copy_history(source: Database, target: Database) -> CopyReport:
             f"the copy in {target.location} does not verify to the source's head "
             f"{checked.head_hash}: {after.reason or after.head_hash}",
             first_broken=after.first_broken,
-            hint=f"run `{remedy_text(CliCommand.LEDGER_VERIFY)}` on both",
+            hint=f"run `{remedy_text(Command.LEDGER_VERIFY)}` on both",
         )
     return CopyReport(
         source=str(source.location),

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from opspatch import __version__
 from opspatch.core.ledgerlocation import PostgresLedger
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command
 from opspatch.errors import (
     InputError,
     LedgerConfigError,
@@ -268,7 +269,7 @@ class PostgresDatabase:
             return ()
         return (
             f"append-only triggers are missing or disabled: {', '.join(off)} (the database owner "
-            f"did it; run `{remedy_text(CliCommand.LEDGER_MIGRATE)}` as the owner to put them "
+            f"did it; run `{remedy_text(Command.LEDGER_MIGRATE)}` as the owner to put them "
             "back, and compare "
             "the head hash with the one kept elsewhere)",
         )
@@ -374,7 +375,7 @@ class PostgresDatabase:
                 f"lost at COMMIT ({_first_line(exc)}); whether the server committed this "
                 f"{doing} is unknown",
                 hint="opspatch did not write it again, so nothing is recorded twice; "
-                f"`{remedy_text(CliCommand.LEDGER_SHOW, 'RUN')}` tells whether it is there, "
+                f"`{remedy_text(Command.LEDGER_SHOW, 'RUN')}` tells whether it is there, "
                 "and the next use of "
                 "the ledger connects again",
                 outcome_unknown=True,
@@ -462,7 +463,7 @@ class PostgresDatabase:
         if sqlstate == "42501":  # insufficient_privilege
             hint = (
                 "the role opspatch connects as lacks that privilege: have the database owner "
-                f"run `{remedy_text(CliCommand.LEDGER_MIGRATE, writer_role='ROLE')}` for it"
+                f"run `{remedy_text(Command.LEDGER_MIGRATE, writer_role='ROLE')}` for it"
             )
         elif sqlstate == "55P03":  # lock_not_available: lock_timeout passed
             hint = (

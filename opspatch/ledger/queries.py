@@ -13,12 +13,11 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from opspatch.core.filechange import FileChange
-from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.source import sha256_hex
-from opspatch.core.vocabulary import EventKind, Outcome, Step
-from opspatch.errors import InputError, LedgerError, LedgerIntegrityError
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command, EventKind, Outcome, Step
+from opspatch.errors import InputError
 from opspatch.ledger.approvals import approvals_of, signed_in
-from opspatch.ledger.chain import EventRow, canonical_json
+from opspatch.ledger.chain import EventRow, canonical_json, stored_blob
 from opspatch.ledger.database import Database
 from opspatch.ledger.events import (
     file_version,
@@ -103,7 +102,7 @@ class Queries(Transactions):
         if not matches or not prefix:
             raise InputError(
                 f"no run {run_id_or_prefix!r} in the ledger {self.path}",
-                hint=f"`{remedy_text(CliCommand.LEDGER_LIST)}` shows the runs",
+                hint=f"`{remedy_text(Command.LEDGER_LIST)}` shows the runs",
             )
         raise InputError(
             f"{run_id_or_prefix!r} matches several runs: {', '.join(matches[:5])}",
@@ -132,17 +131,7 @@ class Queries(Transactions):
             LedgerIntegrityError: the stored bytes no longer hash to `sha256`.
         """
         with self._reading() as conn:
-            found = conn.execute("SELECT data FROM blobs WHERE sha256 = ?", (sha256,)).fetchone()
-        if found is None:
-            raise LedgerError(f"the ledger has no stored bytes with sha256 {sha256}")
-        data = bytes(found[0])
-        if sha256_hex(data) != sha256:
-            raise LedgerIntegrityError(
-                f"the stored bytes for sha256 {sha256} were altered (they hash to "
-                f"{sha256_hex(data)})",
-                hint=f"run `{remedy_text(CliCommand.LEDGER_VERIFY)}`",
-            )
-        return data
+            return stored_blob(conn, sha256)
 
     def file_history(
         self, host: str, path: str | None = None, *, machine: Machine | None = None

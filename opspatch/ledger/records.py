@@ -91,6 +91,26 @@ class FileVersion(JsonRecord):
     """Where the file was written, for an engine in a container (None: on the host)."""
 
 
+@dataclass(frozen=True)
+class NewFileVersion:
+    """A change of one file that a run records before it makes it (`record_file_version`):
+    where, the hashes before and after, the mode and owner kept, and the full bytes before (and
+    after, when the run has them). `pre_image` None: the bytes the ledger already holds under
+    `sha256_before` (a restore overwrites the post-image of the change it undoes)."""
+
+    path: str
+    sha256_before: str
+    sha256_after: str
+    mode: int
+    owner: str
+    """`owner:group` (names, else ids) as the host reported them."""
+    pre_image: bytes | None
+    post_image: bytes | None = None
+    action: FileAction = FileAction.PATCH
+    container: ContainerRecord | None = None
+    """The container the file is in, for an engine in one."""
+
+
 def file_change(value: Any) -> FileChange | None:
     """A host outcome's `file` read back (None: the outcome named no file)."""
     return None if value is None else FileChange.from_json(value)

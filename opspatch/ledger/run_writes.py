@@ -27,13 +27,13 @@ from opspatch.core.vocabulary import (
     StepStatus,
 )
 from opspatch.errors import LedgerError
-from opspatch.ledger.chain import EventRow, canonical_json, store_blob
+from opspatch.ledger.chain import EventRow, canonical_json, store_blob, stored_blob
 from opspatch.ledger.database import Database
 from opspatch.ledger.events import file_version, require_open_run, start_event
 from opspatch.ledger.liveness import ControllerProcess
 from opspatch.ledger.records import (
-    ContainerRecord,
     FileVersion,
+    NewFileVersion,
     new_run_id,
     require_sha256,
     require_word,
@@ -163,50 +163,41 @@ class RunWrites(Transactions):
 
         self._write(write)
 
-    def record_file_version(
-        self,
-        run_id: str,
-        host: str,
-        *,
-        path: str,
-        sha256_before: str,
-        sha256_after: str,
-        mode: int,
-        owner: str,
-        pre_image: bytes,
-        post_image: bytes | None = None,
-        action: FileAction = FileAction.PATCH,
-        container: ContainerRecord | None = None,
-    ) -> FileVersion:
-        """Record a change of `path` on `host`, storing the full bytes before it (and after it).
+    def record_file_version(self, run_id: str, host: str, version: NewFileVersion) -> FileVersion:
+        """Record a change of a file on `host`, storing the full bytes before it (and after it).
 
         Record it before the swap (backup step), so that a controller killed mid-swap still has
-        the pre-image. `action` is `patch` or `restore`. `container` is the container the file
-        is in (its id and creation time), for an engine in one. Returns what was recorded.
+        the pre-image. Returns what was recorded.
 
         Raises:
             ValueError: a hash is malformed, the bytes do not hash to the hashes given, or
                 `action` is unknown.
-            LedgerError: the run is unknown or finished, or the ledger cannot be written.
+            LedgerError: the run is unknown or finished, the ledger cannot be written, or (no
+                `pre_image`) it holds no bytes under `sha256_before`.
             LedgerIntegrityError: the blob store already holds different bytes under that hash.
         """
-        action = require_word(FileAction, action, "action")
+        action = require_word(FileAction, version.action, "action")
+        sha256_before, sha256_after = version.sha256_before, version.sha256_after
         require_sha256(sha256_before, "sha256_before")
         require_sha256(sha256_after, "sha256_after")
-        if sha256_hex(pre_image) != sha256_before:
+        post_image, container = version.post_image, version.container
+        if version.pre_image is not None and sha256_hex(version.pre_image) != sha256_before:
             raise ValueError("pre_image does not hash to sha256_before")
         if post_image is not None and sha256_hex(post_image) != sha256_after:
             raise ValueError("post_image does not hash to sha256_after")
 
         def write(conn: Database) -> EventRow:
             start = require_open_run(conn, run_id)
+            pre_image = version.pre_image
+            if pre_image is None:  # what a restore overwrote: the ledger's own bytes
+                pre_image = stored_blob(conn, sha256_before)
             body = {
                 "patch_id": start.data["patch_id"],
                 "action": action.value,
                 "sha256_before": sha256_before,
                 "sha256_after": sha256_after,
-                "mode": int(mode),
-                "owner": owner,
+                "mode": int(version.mode),
+                "owner": version.owner,
                 "size_before": len(pre_image),
             }
             if container is not None:
@@ -219,7 +210,7 @@ class RunWrites(Transactions):
                 run_id=run_id,
                 kind=EventKind.FILE_VERSION,
                 host=host,
-                path=path,
+                path=version.path,
                 body=body,
                 pre_image=sha256_before,
                 post_image=sha256_after if post_image is not None else None,

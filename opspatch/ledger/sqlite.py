@@ -26,7 +26,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command
 from opspatch.errors import LedgerConfigError, LedgerError, LedgerLost
 from opspatch.ledger.failures import (
     COMPANIONS,
@@ -222,7 +223,7 @@ class SqliteDatabase:
                 return LedgerLost(
                     f"{lost}; its history (this run's records up to here with it) was put "
                     f"back at {path} from the copy this process still held",
-                    hint=f"`{remedy_text(CliCommand.LEDGER_VERIFY)}` checks it",
+                    hint=f"`{remedy_text(Command.LEDGER_VERIFY)}` checks it",
                     rescued=str(path),
                 )
         return LedgerLost(

@@ -29,7 +29,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from opspatch.core.ledgerlocation import LedgerLocation
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command
 from opspatch.errors import InputError, LedgerIntegrityError
 from opspatch.ledger.chain import GENESIS_HASH, canonical_json, event_hash, verify_chain
 from opspatch.ledger.copy import copy_history
@@ -157,7 +158,7 @@ class Ledger(RunWrites, Queries, Leasing):
                 f"{report.reason}",
                 first_broken=report.first_broken,
                 hint="nothing was changed; run "
-                f"`{remedy_text(CliCommand.LEDGER_VERIFY)}` and find out who edited "
+                f"`{remedy_text(Command.LEDGER_VERIFY)}` and find out who edited "
                 "the ledger before trusting it again",
             )
         return report

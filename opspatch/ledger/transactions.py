@@ -23,8 +23,8 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from opspatch.core.ledgerlocation import LedgerLocation
-from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import EventKind
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command, EventKind
 from opspatch.errors import LedgerError, LedgerUnreachable
 from opspatch.ledger.chain import ROW_COLUMNS, EventRow, canonical_json, next_link
 from opspatch.ledger.database import Database
@@ -72,7 +72,7 @@ class WritePatience:
         lasted = time.monotonic() - (self.since or time.monotonic())
         said = (
             "; a try lost at COMMIT may have committed: "
-            f"`{remedy_text(CliCommand.LEDGER_SHOW, 'RUN')}` tells"
+            f"`{remedy_text(Command.LEDGER_SHOW, 'RUN')}` tells"
             if unknown and not exc.outcome_unknown
             else ""
         )
@@ -169,7 +169,7 @@ class Transactions:
                 raise LedgerError(
                     f"the ledger {self.path} holds an event this opspatch cannot read: {exc}",
                     hint="was it written by a newer opspatch? upgrade, and run "
-                    f"`{remedy_text(CliCommand.LEDGER_VERIFY)}`",
+                    f"`{remedy_text(Command.LEDGER_VERIFY)}`",
                 ) from exc
 
     def _append(

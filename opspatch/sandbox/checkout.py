@@ -40,7 +40,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command
 from opspatch.core.wheelrecord import record_line
 from opspatch.errors import HostError, InputError
 from opspatch.sandbox.dist import (
@@ -55,7 +56,7 @@ from opspatch.sandbox.dist import (
     wheel_text,
 )
 
-PURGE = remedy_text(CliCommand.SANDBOX_DOWN, purge=True)
+PURGE = remedy_text(Command.SANDBOX_DOWN, purge=True)
 """The command that removes the sandbox, for hints."""
 
 CHECKOUT_NAME = "sglang"
@@ -175,7 +176,7 @@ def require_git() -> str:
         raise InputError(
             "`--install editable` needs git, which is not installed; nothing was changed",
             hint="apt-get install git (or run "
-            f"`{remedy_text(CliCommand.SANDBOX_UP, install='wheel')}`)",
+            f"`{remedy_text(Command.SANDBOX_UP, install='wheel')}`)",
         )
     return git
 

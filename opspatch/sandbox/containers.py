@@ -37,7 +37,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from opspatch.core.host import ContainerRuntime, ContainerSettings
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command
 from opspatch.errors import ContainerError, HostError, InputError
 from opspatch.hosts.transport.container import ContainerIdentity, ContainerTransport
 from opspatch.hosts.transport.local import LocalTransport
@@ -46,7 +47,7 @@ from opspatch.sandbox.dist import STANDIN_VERSION
 from opspatch.sandbox.install import TORCH_PTH_NAME, controller_torch_dir
 from opspatch.sandbox.layout import ENGINE_ENV, Progress, SandboxLayout, quiet
 
-UP = remedy_text(CliCommand.SANDBOX_UP)
+UP = remedy_text(Command.SANDBOX_UP)
 """The command that builds the sandbox, for hints."""
 
 RUNTIME: ContainerRuntime = "podman"
@@ -231,7 +232,7 @@ def ensure_base_image(env: Mapping[str, str], progress: Progress = quiet) -> str
         raise InputError(
             f"building the sandbox's base image {tag} needs debootstrap, run as root",
             hint="apt-get install debootstrap, and run "
-            f"`{remedy_text(CliCommand.SANDBOX_UP, containers=True)}` as root",
+            f"`{remedy_text(Command.SANDBOX_UP, containers=True)}` as root",
         )
     progress(f"building the base image {tag} (debootstrap {DEBIAN_SUITE}, once per machine)")
     with tempfile.TemporaryDirectory(prefix="opspatch-rootfs-", dir="/var/tmp") as scratch:

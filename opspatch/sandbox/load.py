@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command
 from opspatch.errors import InputError
 
 FAILURE_PAUSE = 0.05
@@ -268,7 +269,7 @@ def run_load(
     if _get(router + "/health") is None and _get(router + "/workers", admin_key) is None:
         raise InputError(
             f"router {router} does not answer",
-            hint=f"start it: {remedy_text(CliCommand.SANDBOX_UP, router=True)}",
+            hint=f"start it: {remedy_text(Command.SANDBOX_UP, router=True)}",
         )
     stop = threading.Event()
     watcher = _Watcher(router, admin_key, stop)

@@ -19,7 +19,8 @@ from typing import Any
 
 from opspatch.config.inventory import Inventory, parse_inventory
 from opspatch.core.jsonrecord import JsonRecord
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command
 from opspatch.errors import InputError
 from opspatch.sandbox import containers
 from opspatch.sandbox.dist import INSTALL_SHAPES, InstallShape
@@ -40,7 +41,7 @@ from opspatch.sandbox.layout import (
 from opspatch.sandbox.real.launch import CPU_ENV, OMP_BIND_ENV, cpu_env, server_args
 from opspatch.sandbox.real.release import STANDIN, EngineChoice
 
-PURGE = remedy_text(CliCommand.SANDBOX_DOWN, purge=True)
+PURGE = remedy_text(Command.SANDBOX_DOWN, purge=True)
 """The command that removes the sandbox, for hints."""
 
 # ---------------------------------------------------------------------------------------------
@@ -451,8 +452,7 @@ def _env_line(env: dict[str, str]) -> str:
 def _ssh_address_lines(record: HostRecord) -> list[str]:
     if record.ssh is None or record.ssh.port is None:
         raise InputError(
-            f"{record.name} has no sshd recorded; "
-            f"run `{remedy_text(CliCommand.SANDBOX_UP, ssh=True)}`"
+            f"{record.name} has no sshd recorded; run `{remedy_text(Command.SANDBOX_UP, ssh=True)}`"
         )
     return [f"address = {_toml_string(record.ssh.address)}", f"port = {record.ssh.port}"]
 

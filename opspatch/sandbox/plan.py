@@ -12,7 +12,8 @@ from __future__ import annotations
 import getpass
 from dataclasses import dataclass, replace
 
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command
 from opspatch.errors import InputError
 from opspatch.sandbox.dist import InstallShape
 from opspatch.sandbox.layout import (
@@ -26,7 +27,7 @@ from opspatch.sandbox.manifest import HostRecord, Manifest, SshEndpoint, UnitRec
 from opspatch.sandbox.real.release import STANDIN, EngineChoice
 from opspatch.sandbox.units import UnitShape, planned_units
 
-PURGE = remedy_text(CliCommand.SANDBOX_DOWN, purge=True)
+PURGE = remedy_text(Command.SANDBOX_DOWN, purge=True)
 """The command that removes the sandbox, for hints."""
 
 

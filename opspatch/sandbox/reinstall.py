@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opspatch.core.jsonrecord import JsonRecord
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command
 from opspatch.errors import HostError, InputError
 from opspatch.sandbox import containers as sandbox_containers
 from opspatch.sandbox.checkout import install_editable, release_checkout
@@ -37,10 +38,10 @@ from opspatch.sandbox.processes import sandbox_lock, server_pid
 from opspatch.sandbox.real.prepare import make_real_host
 from opspatch.sandbox.up import engine_controls
 
-PURGE = remedy_text(CliCommand.SANDBOX_DOWN, purge=True)
+PURGE = remedy_text(Command.SANDBOX_DOWN, purge=True)
 """The command that removes the sandbox, for hints."""
 
-UP = remedy_text(CliCommand.SANDBOX_UP)
+UP = remedy_text(Command.SANDBOX_UP)
 """The command that builds the sandbox, for hints."""
 
 
@@ -108,7 +109,7 @@ def sandbox_reinstall(
             raise InputError(
                 f"sandbox host {host} is a node of {unit.name} ({', '.join(unit.hosts)}): "
                 "restarted alone it could not rejoin its server; nothing was changed",
-                hint=f"reinstall without --restart, then `{remedy_text(CliCommand.SANDBOX_DOWN)}` "
+                hint=f"reinstall without --restart, then `{remedy_text(Command.SANDBOX_DOWN)}` "
                 f"and `{UP}` restart the unit as one",
             )
         if manifest.containers:

@@ -16,8 +16,9 @@ from opspatch.core.edit import detect
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.policy import StepTimeouts
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch, PatchSpec
+from opspatch.core.vocabulary import Command
 from opspatch.errors import HostError, InputError, OpspatchError
 from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.transport.container import ContainerIdentity
@@ -37,7 +38,7 @@ from opspatch.sandbox.processes import server_pid, sshd_pid
 from opspatch.sandbox.real.release import STANDIN, EngineChoice
 from opspatch.sandbox.router import router_pid
 
-UP = remedy_text(CliCommand.SANDBOX_UP)
+UP = remedy_text(Command.SANDBOX_UP)
 """The command that builds the sandbox, for hints."""
 
 

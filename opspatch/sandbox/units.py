@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command
 from opspatch.errors import InputError
 from opspatch.sandbox import MAX_HOSTS
 from opspatch.sandbox.layout import host_name
@@ -26,7 +27,7 @@ from opspatch.sandbox.manifest import Manifest, UnitRecord
 
 DEFAULT_NODES = 2
 UNIT_HINT = (
-    f"run `{remedy_text(CliCommand.SANDBOX_DOWN, purge=True)}` first to build the sandbox with "
+    f"run `{remedy_text(Command.SANDBOX_DOWN, purge=True)}` first to build the sandbox with "
     "another shape"
 )
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command
 from opspatch.errors import HostError, InputError
 from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.hosts.engine import EngineControl, RestartResult
@@ -55,10 +56,10 @@ from opspatch.sandbox.router import require_router_package, router_pid, start_ro
 from opspatch.sandbox.sshd import SshdError, find_sshd, generate_keypair, start_sshd
 from opspatch.sandbox.units import UnitShape, partly_running
 
-PURGE = remedy_text(CliCommand.SANDBOX_DOWN, purge=True)
+PURGE = remedy_text(Command.SANDBOX_DOWN, purge=True)
 """The command that removes the sandbox, for hints."""
 
-UP = remedy_text(CliCommand.SANDBOX_UP)
+UP = remedy_text(Command.SANDBOX_UP)
 """The command that builds the sandbox, for hints."""
 
 HostUpOutcome = Literal["started", "already-running", "failed"]

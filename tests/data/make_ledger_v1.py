@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from opspatch.core.filechange import FileChange
+from opspatch.ledger import NewFileVersion
 from opspatch.ledger.store import Ledger
 
 HERE = Path(__file__).resolve().parent
@@ -54,13 +55,15 @@ def write(ledger: Ledger) -> list[str]:
         ledger.record_file_version(
             apply_run,
             host,
-            path=TARGET,
-            sha256_before=sha(ORIGINAL),
-            sha256_after=sha(PATCHED),
-            mode=0o644,
-            owner="root:root",
-            pre_image=ORIGINAL,
-            post_image=PATCHED,
+            NewFileVersion(
+                path=TARGET,
+                sha256_before=sha(ORIGINAL),
+                sha256_after=sha(PATCHED),
+                mode=0o644,
+                owner="root:root",
+                pre_image=ORIGINAL,
+                post_image=PATCHED,
+            ),
         )
         ledger.record_step(apply_run, host, "swap", "ok", 0.05, "renamed over the target")
     ledger.record_step(apply_run, "gpu-01", "smoke", "ok", 1.5)
@@ -72,13 +75,15 @@ def write(ledger: Ledger) -> list[str]:
     ledger.record_file_version(
         apply_run,
         "gpu-02",
-        path=TARGET,
-        sha256_before=sha(PATCHED),
-        sha256_after=sha(ORIGINAL),
-        mode=0o644,
-        owner="root:root",
-        pre_image=PATCHED,
-        action="restore",
+        NewFileVersion(
+            path=TARGET,
+            sha256_before=sha(PATCHED),
+            sha256_after=sha(ORIGINAL),
+            mode=0o644,
+            owner="root:root",
+            pre_image=PATCHED,
+            action="restore",
+        ),
     )
     ledger.record_host_outcome(apply_run, "gpu-02", "rolled-back", error="smoke failed")
     ledger.finish_run(apply_run, "failed")
@@ -96,14 +101,16 @@ def write(ledger: Ledger) -> list[str]:
     ledger.record_file_version(
         rollback,
         "gpu-01",
-        path=TARGET,
-        sha256_before=sha(PATCHED),
-        sha256_after=sha(ORIGINAL),
-        mode=0o644,
-        owner="root:root",
-        pre_image=PATCHED,
-        post_image=ORIGINAL,
-        action="restore",
+        NewFileVersion(
+            path=TARGET,
+            sha256_before=sha(PATCHED),
+            sha256_after=sha(ORIGINAL),
+            mode=0o644,
+            owner="root:root",
+            pre_image=PATCHED,
+            post_image=ORIGINAL,
+            action="restore",
+        ),
     )
     ledger.record_host_outcome(rollback, "gpu-01", "restored", file=file_01)
     ledger.finish_run(rollback, "ok")

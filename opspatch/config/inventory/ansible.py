@@ -82,6 +82,7 @@ _OPSPATCH_KEYS: dict[str, tuple[str, ...]] = {
     "opspatch_state_dir": ("state_dir",),
     "opspatch_become_password_env": ("become_password_env",),
     "opspatch_live": ("live",),
+    "opspatch_agent": ("agent",),
     "opspatch_engine_python": ("engine", "python"),
     "opspatch_engine_url": ("engine", "url"),
     "opspatch_engine_log_file": ("engine", "log_file"),

@@ -21,6 +21,7 @@ from typing import Any
 
 from opspatch.core.fileschema import did_you_mean
 from opspatch.core.host import (
+    AgentMode,
     BecomeMethod,
     ContainerSettings,
     Host,
@@ -113,6 +114,7 @@ class SettingsLayer:
     become_password_env: str | None = None
     container: ContainerSettings | None = None
     live: bool | None = None
+    agent: AgentMode | None = None
     vars: Mapping[str, Any] = field(default_factory=dict)
     engine: EngineLayer = field(default_factory=EngineLayer)
     router: RouterLayer = field(default_factory=RouterLayer)
@@ -132,6 +134,7 @@ _SCALAR_SETTINGS = (
     "become_password_env",
     "container",
     "live",
+    "agent",
 )
 _SCALAR_ENGINE = ("python", "url", "log_file", "speculative", "restart")
 _SCALAR_ROUTER = ("url", "worker_url", "admin_key_env")

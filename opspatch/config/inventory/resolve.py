@@ -37,6 +37,7 @@ from opspatch.config.inventory.schema import (
 from opspatch.config.inventory.units import build_units, check_unit_routers
 from opspatch.core.fileschema import FieldPath, SourceDocument, did_you_mean
 from opspatch.core.host import (
+    DEFAULT_AGENT,
     DEFAULT_BECOME_USER,
     DEFAULT_ENGINE_URL,
     DEFAULT_STATE_DIR,
@@ -106,6 +107,7 @@ def layer_from_table(table: LayerTable, base_dir: str) -> SettingsLayer:
         if table.container is None
         else ContainerSettings(runtime=table.container.runtime, name=table.container.name),
         live=table.live,
+        agent=table.agent,
         vars=dict(table.vars),
         engine=EngineLayer(
             python=engine.python,
@@ -375,6 +377,7 @@ def _host(
         container=settings.container,
         router=router,
         live=bool(settings.live),
+        agent=settings.agent or DEFAULT_AGENT,
     )
 
 

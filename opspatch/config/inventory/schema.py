@@ -154,6 +154,9 @@ class LayerTable(FileSchema):
     live: bool | None = None
     """Whether live fixes may be taken on this host's engine (`opspatch live enable`, `apply
     --live`); off unless an inventory level says `live = true`."""
+    agent: Literal["resident", "per-exec"] | None = None
+    """How the host agent runs: one process per host and user for the run (`resident`, the
+    default) or a fresh interpreter per request (`per-exec`)."""
     vars: dict[str, Any] = Field(default_factory=dict)
     engine: EngineTable = Field(default_factory=EngineTable)
     router: RouterTable = Field(default_factory=RouterTable)

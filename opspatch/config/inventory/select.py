@@ -25,7 +25,8 @@ from opspatch.config.inventory.load import load_inventory
 from opspatch.config.inventory.model import ALL_HOSTS, Inventory
 from opspatch.core.fileschema import did_you_mean
 from opspatch.core.host import Host
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command
 from opspatch.errors import SelectionError, SpecError
 
 if TYPE_CHECKING:  # the lookup imports this module to offer Workspace.hosts
@@ -33,8 +34,8 @@ if TYPE_CHECKING:  # the lookup imports this module to offer Workspace.hosts
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 SANDBOX_INVENTORIES = {
-    "sandbox": remedy_text(CliCommand.SANDBOX_UP),
-    "sandbox-ssh": remedy_text(CliCommand.SANDBOX_UP, ssh=True),
+    "sandbox": remedy_text(Command.SANDBOX_UP),
+    "sandbox-ssh": remedy_text(Command.SANDBOX_UP, ssh=True),
 }
 """The inventories `opspatch sandbox up` writes, and the command that writes each."""
 
@@ -126,7 +127,7 @@ def _selects_no_host(item: str, inventory: Inventory) -> SelectionError:
             f"{item!r} selects no host: the group has no host in inventory {inventory.name!r} "
             f"({inventory.source})",
             hint="add hosts to the group, or select others "
-            f"(`{remedy_text(CliCommand.INVENTORY_SHOW, inventory.name)}` lists its hosts and "
+            f"(`{remedy_text(Command.INVENTORY_SHOW, inventory.name)}` lists its hosts and "
             "groups)",
         )
     return SelectionError(

@@ -149,6 +149,7 @@ def host_to_json(host: Host) -> dict[str, Any]:
         else {"runtime": host.container.runtime, "name": host.container.name},
         "groups": list(host.groups),
         "live": host.live,
+        "agent": host.agent,
         "vars": _json_safe(dict(host.vars)),
         "engine": {
             "python": host.engine.python,

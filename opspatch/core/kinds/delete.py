@@ -78,7 +78,7 @@ class DeleteEdit(EditKind):
         self, text: str, tree: ast.Module, patch: PatchSpec, newline: str, i: int
     ) -> tuple[list[Splice], list[str]]:
         """Each selected statement becomes the marker comment (which says why it went)."""
-        index = LineIndex(text)
+        index = LineIndex.of(text)
         _refuse_deleting_inserted(self, index, tree, patch, i)
         scope = scope_of(tree, self.scope, i)
         try:
@@ -94,7 +94,7 @@ class DeleteEdit(EditKind):
     def state(self, index: LineIndex, tree: ast.Module, patch: PatchSpec, i: int) -> EditState:
         """A delete is applied when the selector matches nothing left in the scope but the code
         this patch inserted."""
-        inserted = inserted_by(index, tree, patch, range(len(patch.edits)))
+        inserted = inserted_by(index, tree, patch, range(len(patch.edits)), self.scope)
         scope = scope_of(tree, self.scope, i)
         left = [
             loc for loc in matching_statements(scope, self.select) if id(loc.stmt) not in inserted
@@ -116,7 +116,7 @@ def _refuse_deleting_inserted(
     edit: DeleteEdit, index: LineIndex, tree: ast.Module, patch: PatchSpec, i: int
 ) -> None:
     """A delete placed after an insert of the same code would take the inserted code too."""
-    inserted = inserted_by(index, tree, patch, range(i))
+    inserted = inserted_by(index, tree, patch, range(i), edit.scope)
     scope = scope_of(tree, edit.scope, i)
     if any(id(loc.stmt) in inserted for loc in matching_statements(scope, edit.select)):
         raise EditProblem(

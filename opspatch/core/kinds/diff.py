@@ -69,7 +69,7 @@ class DiffEdit(EditKind):
         self, text: str, tree: ast.Module, newline: str, i: int, diff: ParsedDiff | None = None
     ) -> tuple[list[Splice], list[str]]:
         """The splices of `diff` (default: the edit's own), and the scopes its hunks change."""
-        index = LineIndex(text)
+        index = LineIndex.of(text)
         parsed = diff if diff is not None else parse_unified_diff(self.diff)
         plain = [strip_newline(line) for line in index.lines]
         planned = plan_hunks(plain, parsed, max_offset=self.max_offset, fuzz=self.fuzz)

@@ -9,19 +9,22 @@ taken out of the patched text again. Pure.
 from __future__ import annotations
 
 import ast
+import threading
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
 from opspatch.core.anchors import (
+    BlockDumps,
     Scope,
     find_statement_runs,
     first_line,
     last_line,
     matching_statements,
     statement_dumps,
-    strip_positions,
 )
 from opspatch.core.kinds.base import (
     Alternative,
@@ -104,7 +107,7 @@ class InsertEdit(EditKind):
     def place(
         self, text: str, tree: ast.Module, patch: PatchSpec, newline: str, i: int
     ) -> tuple[list[Splice], list[str]]:
-        index = LineIndex(text)
+        index = LineIndex.of(text)
         scope = scope_of(tree, self.scope, i)
         line, indent = _insertion_point(index, scope, self, i)
         blank_after = needs_blank_line_after(index, scope, line)
@@ -127,7 +130,7 @@ class InsertEdit(EditKind):
     def undo(self, text: str, tree: ast.Module, patch: PatchSpec, newline: str, i: int) -> str:
         """The inserted block, marker included, is found by its syntax tree and removed line
         for line; re-inserting it into what is left must give back `text` byte for byte."""
-        index = LineIndex(text)
+        index = LineIndex.of(text)
         run = inserted_run(index, tree, patch, i)
         assert run is not None  # detection said applied
         indent = index.indentation(first_line(run[0]))
@@ -175,95 +178,194 @@ def inserted_run(
     after it). The code of the patch's other inserts may stand in between, since two inserts at
     one place go side by side.
     """
-    return _inserted_runs(index, tree, patch, i).get(i)
+    edit = patch.edits[i]
+    assert isinstance(edit, InsertEdit)
+    found = _scope_runs(index, tree, patch, edit.scope)[i]
+    if isinstance(found, EditProblem):
+        raise EditProblem(found.message, found.field, found.candidates)
+    return found
 
 
-def _inserted_runs(
-    index: LineIndex, tree: ast.Module, patch: PatchSpec, first: int
-) -> dict[int, list[ast.stmt] | None]:
-    """`inserted_run` of every insert from edit `first` on, the last first: each excludes the
-    statements the later ones put in from its anchor's matches."""
-    runs: dict[int, list[ast.stmt] | None] = {}
+_Found = list[ast.stmt] | EditProblem | None
+
+_RUNS: weakref.WeakKeyDictionary[
+    ast.Module, dict[tuple[int, str], tuple[PatchSpec, str, dict[int, _Found]]]
+] = weakref.WeakKeyDictionary()
+_RUNS_LOCK = threading.Lock()
+"""Each tree's inserted runs, per patch and scope, found once: detecting a patch asks for every
+insert's run, and each run depends on the runs of the later inserts in its scope. Trees are never
+changed; the preflight plans hosts in parallel, hence the lock."""
+
+
+def _scope_runs(
+    index: LineIndex, tree: ast.Module, patch: PatchSpec, scope: str
+) -> dict[int, _Found]:
+    """`inserted_run` (or the problem finding it) of every insert of the patch into `scope`."""
+    key = (id(patch), scope)
+    with _RUNS_LOCK:
+        known = _RUNS.get(tree, {}).get(key)
+    if known is not None and known[0] is patch and known[1] is index.text:
+        return known[2]
+    found = _find_scope_runs(index, tree, patch, scope)
+    with _RUNS_LOCK:
+        _RUNS.setdefault(tree, {})[key] = (patch, index.text, found)
+    return found
+
+
+def _find_scope_runs(
+    index: LineIndex, tree: ast.Module, patch: PatchSpec, scope: str
+) -> dict[int, _Found]:
+    """The last insert first: each excludes the statements the later ones put in from its
+    anchor's matches. Only inserts into the same scope can stand among its statements."""
+    code = InsertedCode.of(patch)
+    seen = _Seen()
+    runs: dict[int, _Found] = {}
     later: set[int] = set()
-    for j in reversed(range(first, len(patch.edits))):
-        if not isinstance(patch.edits[j], InsertEdit):
+    for j in reversed(range(len(patch.edits))):
+        edit = patch.edits[j]
+        if not isinstance(edit, InsertEdit) or edit.scope != scope:
             continue
         try:
-            runs[j] = _find_inserted(index, tree, patch, j, later)
-        except EditProblem:
-            if j == first:
-                raise
-            runs[j] = None
-        later.update(id(stmt) for stmt in runs[j] or [])
+            run = _find_inserted(index, tree, patch, j, later, code, seen)
+        except EditProblem as problem:
+            runs[j] = problem.with_traceback(None)  # kept: its frames would hold this dict
+            continue
+        runs[j] = run
+        later.update(id(stmt) for stmt in run or [])
     return runs
 
 
+class _Seen:
+    """What finding the runs of one scope looks up again and again: each anchor's matches."""
+
+    def __init__(self) -> None:
+        self.matches: dict[tuple[int, StatementSelector], list[ast.stmt]] = {}
+
+    def matching(self, scope: Scope, anchor: StatementSelector) -> list[ast.stmt]:
+        key = (id(scope.node), anchor)
+        if key not in self.matches:
+            self.matches[key] = [loc.stmt for loc in matching_statements(scope, anchor)]
+        return self.matches[key]
+
+
 def _find_inserted(
-    index: LineIndex, tree: ast.Module, patch: PatchSpec, i: int, later: set[int]
+    index: LineIndex,
+    tree: ast.Module,
+    patch: PatchSpec,
+    i: int,
+    later: set[int],
+    code: InsertedCode,
+    seen: _Seen,
 ) -> list[ast.stmt] | None:
     edit = patch.edits[i]
     assert isinstance(edit, InsertEdit)
     scope = scope_of(tree, edit.scope, i)
-    others = other_inserts(patch, i)
     for run in find_statement_runs(scope, statement_dumps(edit.code)):
-        dumps = [strip_positions(s) for s in run.block]
+        dumps = BlockDumps(run.block)
         if edit.position in ("start", "end"):
             if run.block is not scope.node.body:  # a nested block is not the scope's start/end
                 continue
             if edit.position == "start":
-                placed = skip_back(dumps, run.start, others) == start_index(scope)
+                placed = code.skip_back(dumps, run.start, i) == start_index(scope)
             else:
-                placed = skip_forward(dumps, run.start + run.length, others) == len(run.block)
+                placed = code.skip_forward(dumps, run.start + run.length, i) == len(run.block)
             if placed or carries_marker(index, run.statements[0], patch):
                 return run.statements
             continue
         assert edit.anchor is not None
-        anchor = _chosen_anchor(scope, edit.anchor, later | {id(s) for s in run.statements})
+        own = {id(s) for s in run.statements}
+        anchor = _chosen_anchor(seen.matching(scope, edit.anchor), edit.anchor, later, own)
         if anchor is None:
             continue
         if edit.position == "after":
-            end = skip_back(dumps, run.start, others)  # what stands before it
+            end = code.skip_back(dumps, run.start, i)  # what stands before it
             placed = end >= 1 and run.block[end - 1] is anchor
         else:
-            begin = skip_forward(dumps, run.start + run.length, others)  # what stands after it
+            begin = code.skip_forward(dumps, run.start + run.length, i)  # what stands after it
             placed = begin < len(run.block) and run.block[begin] is anchor
         if placed:
             return run.statements
     return None
 
 
-def _chosen_anchor(scope: Scope, anchor: StatementSelector, excluded: set[int]) -> ast.stmt | None:
-    """The statement `anchor` selects (its `which` applied) among those not `excluded`; None
-    when it selects none (or several, for `only`)."""
-    found = [loc.stmt for loc in matching_statements(scope, anchor) if id(loc.stmt) not in excluded]
+def _chosen_anchor(
+    matches: list[ast.stmt], anchor: StatementSelector, later: set[int], own: set[int]
+) -> ast.stmt | None:
+    """The statement `anchor` selects (its `which` applied) among its `matches` but the code of
+    later inserts and the run itself; None when it selects none (or several, for `only`)."""
+    found = [stmt for stmt in matches if id(stmt) not in later and id(stmt) not in own]
     if not found or (anchor.which == "only" and len(found) > 1):
         return None
     return found[-1] if anchor.which == "last" else found[0]
 
 
-def other_inserts(patch: PatchSpec, i: int) -> list[list[str]]:
-    """The statement dumps of the patch's inserts other than edit `i` (they may stand beside it)."""
-    return [
-        statement_dumps(other.code)
-        for j, other in enumerate(patch.edits)
-        if j != i and isinstance(other, InsertEdit)
-    ]
+_CODE: list[tuple[PatchSpec, InsertedCode]] = []
+_CODE_LOCK = threading.Lock()
 
 
-def skip_back(dumps: list[str], end: int, others: list[list[str]]) -> int:
-    """`end`, moved back over any of `others` that stand just before it."""
-    while skipped := next(
-        (o for o in others if o and end >= len(o) and dumps[end - len(o) : end] == o), None
-    ):
-        end -= len(skipped)
-    return end
+@dataclass(frozen=True)
+class InsertedCode:
+    """The statement dumps of a patch's inserts, by their first and by their last statement:
+    which insert's code stands just before or after a place (two inserts at one place go side
+    by side), found without trying every insert of a large patch."""
 
+    by_first: dict[str, list[tuple[int, list[str]]]]
+    by_last: dict[str, list[tuple[int, list[str]]]]
 
-def skip_forward(dumps: list[str], begin: int, others: list[list[str]]) -> int:
-    """`begin`, moved on over any of `others` that stand just from it."""
-    while skipped := next((o for o in others if o and dumps[begin : begin + len(o)] == o), None):
-        begin += len(skipped)
-    return begin
+    @classmethod
+    def of(cls, patch: PatchSpec) -> InsertedCode:
+        """The patch's, made once for the patch last asked about (a plan asks per scope)."""
+        with _CODE_LOCK:
+            if _CODE and _CODE[0][0] is patch:
+                return _CODE[0][1]
+        code = cls._made(patch)
+        with _CODE_LOCK:
+            _CODE[:] = [(patch, code)]
+        return code
+
+    @classmethod
+    def _made(cls, patch: PatchSpec) -> InsertedCode:
+        by_first: dict[str, list[tuple[int, list[str]]]] = {}
+        by_last: dict[str, list[tuple[int, list[str]]]] = {}
+        for j, edit in enumerate(patch.edits):
+            if isinstance(edit, InsertEdit) and (dumps := statement_dumps(edit.code)):
+                by_first.setdefault(dumps[0], []).append((j, dumps))
+                by_last.setdefault(dumps[-1], []).append((j, dumps))
+        return cls(by_first, by_last)
+
+    def skip_back(self, dumps: Sequence[str], end: int, besides: int) -> int:
+        """`end`, moved back over the code of any insert but edit `besides` that stands just
+        before it (the first such insert of the patch each time)."""
+        while end >= 1:
+            skipped = next(
+                (
+                    o
+                    for j, o in self.by_last.get(dumps[end - 1], ())
+                    if j != besides and end >= len(o) and dumps[end - len(o) : end] == o
+                ),
+                None,
+            )
+            if skipped is None:
+                break
+            end -= len(skipped)
+        return end
+
+    def skip_forward(self, dumps: Sequence[str], begin: int, besides: int) -> int:
+        """`begin`, moved on over the code of any insert but edit `besides` that stands just
+        from it."""
+        while begin < len(dumps):
+            skipped = next(
+                (
+                    o
+                    for j, o in self.by_first.get(dumps[begin], ())
+                    if j != besides and dumps[begin : begin + len(o)] == o
+                ),
+                None,
+            )
+            if skipped is None:
+                break
+            begin += len(skipped)
+        return begin
 
 
 def place_words(edit: Positioned) -> str:
@@ -273,13 +375,15 @@ def place_words(edit: Positioned) -> str:
 
 
 def inserted_by(
-    index: LineIndex, tree: ast.Module, patch: PatchSpec, indices: Sequence[int]
+    index: LineIndex, tree: ast.Module, patch: PatchSpec, indices: Sequence[int], scope: str
 ) -> set[int]:
-    """Ids of the statements the patch's inserts among `indices` put into `tree` (where present),
-    so a delete of the same code (a move: the delete, then the insert) does not count them."""
+    """Ids of the statements the patch's inserts among `indices` put into `scope` of `tree`
+    (where present), so a delete of the same code (a move: the delete, then the insert) does not
+    count them. Only an insert into `scope` itself puts statements among its own."""
     found: set[int] = set()
     for j in indices:
-        if isinstance(patch.edits[j], InsertEdit):
+        edit = patch.edits[j]
+        if isinstance(edit, InsertEdit) and edit.scope == scope:
             try:
                 run = inserted_run(index, tree, patch, j)
             except EditProblem:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import field_validator
 
-from opspatch.core.anchors import first_line, last_line, strip_positions
+from opspatch.core.anchors import BlockDumps, first_line, last_line, strip_positions
 from opspatch.core.kinds.base import (
     Alternative,
     EditKind,
@@ -19,7 +19,7 @@ from opspatch.core.kinds.base import (
     _alternatives_field,
     _check_anchor,
 )
-from opspatch.core.kinds.insert import other_inserts, place_words, skip_back, skip_forward
+from opspatch.core.kinds.insert import InsertedCode, place_words
 from opspatch.core.placement import (
     EditProblem,
     Splice,
@@ -94,7 +94,7 @@ class MoveEdit(EditKind):
     ) -> tuple[list[Splice], list[str]]:
         """The statement's lines go (whole lines: it must stand alone on them) and its text, re-
         indented for its new block and preceded by the marker, goes in at the insertion point."""
-        index = LineIndex(text)
+        index = LineIndex.of(text)
         scope = scope_of(tree, self.scope, i)
         moved = select_in(scope, self.select, i, "select")
         stmt = moved.stmt
@@ -158,18 +158,18 @@ class MoveEdit(EditKind):
             raise EditProblem("the anchor is the statement to move", edit_field(i, "anchor"))
         block = moved.block
         at = next(k for k, stmt in enumerate(block) if stmt is moved.stmt)
-        dumps = [strip_positions(stmt) for stmt in block]
-        others = other_inserts(patch, i)
+        dumps = BlockDumps(block)
+        code = InsertedCode.of(patch)
         if self.position == "after":
-            before = skip_back(dumps, at, others)
+            before = code.skip_back(dumps, at, i)
             placed = anchor is not None and before >= 1 and block[before - 1] is anchor.stmt
         elif self.position == "before":
-            after = skip_forward(dumps, at + 1, others)
+            after = code.skip_forward(dumps, at + 1, i)
             placed = anchor is not None and after < len(block) and block[after] is anchor.stmt
         elif self.position == "start":
-            placed = block is scope.node.body and skip_back(dumps, at, others) == start_index(scope)
+            placed = block is scope.node.body and code.skip_back(dumps, at, i) == start_index(scope)
         else:
-            placed = block is scope.node.body and skip_forward(dumps, at + 1, others) == len(block)
+            placed = block is scope.node.body and code.skip_forward(dumps, at + 1, i) == len(block)
         where = place_words(self)
         if placed:
             return EditState(i, EditStatus.APPLIED, f"the statement stands {where}")

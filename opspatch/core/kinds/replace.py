@@ -87,7 +87,7 @@ class ReplaceEdit(EditKind):
     def place(
         self, text: str, tree: ast.Module, patch: PatchSpec, newline: str, i: int
     ) -> tuple[list[Splice], list[str]]:
-        index = LineIndex(text)
+        index = LineIndex.of(text)
         scope = scope_of(tree, self.scope, i)
         try:
             if self.select.selects_expressions:

@@ -1,12 +1,14 @@
 """The opspatch host agent: the code that runs ON a host, under the engine's own interpreter.
 
-The controller never installs anything on a host. For each operation it runs ONE command,
-`<engine python> -c BOOTSTRAP` (see `opspatch.hosts.channel`), and sends on stdin one JSON
-request carrying the source of the modules of `MODULES` its operation needs (in that order,
-compressed: `channel.modules_for`), the operation's name and its arguments (bytes as base64). The bootstrap registers each module in `sys.modules`
-under its real dotted name (this package and its parents as empty stub packages, so nothing is
-ever imported from the host's disk under these names), executes it, and calls the last one's
-`main(request)` (`dispatch`). So the modules import each other with ordinary absolute imports
+The controller never installs anything on a host. It runs `<engine python> -c RESIDENT` once
+per host and user for a run (or `-c BOOTSTRAP` once per request, with `agent = "per-exec"`; see
+`opspatch.hosts.channel`), and sends on stdin a JSON request per line carrying the source of the
+modules of `MODULES` its operations need that the process does not have yet (in that order,
+compressed: `channel.modules_for`), the operations' names and their arguments (bytes as base64).
+The bootstrap registers each module in `sys.modules` under its real dotted name (this package
+and its parents as empty stub packages, so nothing is ever imported from the host's disk under
+these names), executes it, and calls the last one's `serve(request, load)` (or
+`main(request)`), in `dispatch`. So the modules import each other with ordinary absolute imports
 that work the same here, in tests and mypy, and on a host.
 
 One concern per module:

@@ -508,6 +508,24 @@ class AgentRequest(TypedDict):
     cwd: str | None
 
 
+class SentRequest(AgentRequest, total=False):
+    """A request as it travels: what the bootstrap and the resident agent take off it before
+    `dispatch` runs it. `agent`: the agent modules this process lacks (zlib-compressed JSON of
+    `[name, source]` pairs, base64); `env`: the engine's environment (sent when raised: sudo
+    resets it); `seq`: a resident agent's request number, said back in its `Receipt`."""
+
+    agent: str
+    env: dict[str, str]
+    seq: int
+
+
+class Receipt(TypedDict):
+    """A resident agent's line ahead of each reply: it has request `taken` and nothing of it
+    ran before this line. No receipt, and the agent's end, means the request never started."""
+
+    taken: int
+
+
 class AgentReply(TypedDict):
     """The one reply line `dispatch.main` prints: a reply per operation, in the request's
     order, and who ran them (the effective user: the login user, or the one sudo raised to)."""

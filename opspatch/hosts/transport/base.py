@@ -12,6 +12,10 @@ way over SSH and locally.
 
 A transport is a context manager: `with open_transport(host) as transport:` closes its
 connection on the way out, whatever happened inside.
+
+A transport that can keep a command running (SSH and local: `StartsProcesses`) also gives a `Process`:
+a command written to and read from line by line for as long as it runs, which is how the host
+agent stays resident for a run (`opspatch.hosts.resident`). Closing the transport ends them.
 """
 
 from __future__ import annotations
@@ -103,6 +107,13 @@ class Transport(Protocol):
         """The container the commands ran in (None: the host itself, or not pinned yet)."""
         ...
 
+    @property
+    def on_controller(self) -> bool:
+        """Whether the commands run on the controller itself, as the controller's own user (the
+        local transport), so an agent request may be answered in the controller's own process
+        (`resident.open_endpoint`)."""
+        ...
+
     def run(self, command: Command, *, stdin: bytes = b"", timeout: float) -> CommandResult:
         """Run `command` with `stdin`, wait at most `timeout` seconds, return its result.
 
@@ -128,16 +139,80 @@ class Transport(Protocol):
     ) -> None: ...
 
 
+class Process(Protocol):
+    """A command that keeps running on the host (`StartsProcesses.start_process`): its stdin written and its
+    stdout read line by line, its stderr kept, in its own process group as every command is."""
+
+    @property
+    def ended(self) -> bool:
+        """Whether it can take no more input: its stdout ended or its channel is gone."""
+        ...
+
+    @property
+    def lost(self) -> bool:
+        """Whether the connection to it went: if it still runs, and what it did, is unknown."""
+        ...
+
+    def send(self, data: bytes, *, deadline: float) -> bool:
+        """Write `data` to its stdin, draining its outputs meanwhile (one request: counted in
+        the transport's `exec_count`). False if the deadline (monotonic) passed first; a
+        process that ended meanwhile takes the rest as lost, for `read_line` to tell.
+
+        Raises:
+            TransportError: the connection broke.
+        """
+        ...
+
+    def read_line(self, *, deadline: float) -> bytes | None:
+        """Its next stdout line; `b""` once its stdout ended; None if the deadline passed."""
+        ...
+
+    def exit_status(self, *, deadline: float) -> int | None:
+        """Its exit status once its stdout ended (waiting for it until `deadline`); None when it
+        cannot be known (the connection went)."""
+        ...
+
+    def take_stderr(self) -> bytes:
+        """What it wrote to stderr since the last call."""
+        ...
+
+    def end(self) -> str:
+        """End its process group (TERM, then KILL) and release it; says what happened."""
+        ...
+
+    def close(self) -> None:
+        """Close its stdin (it ends at end of input) and release it; safe to call twice."""
+        ...
+
+
+@runtime_checkable
+class StartsProcesses(Protocol):
+    """A transport that can keep a command running for a run (SSH, local)."""
+
+    def start_process(self, command: Command) -> Process:
+        """`command` started, in its own process group, its stdin left open.
+
+        Raises:
+            TransportError: the host cannot be reached, or the command cannot be started.
+        """
+        ...
+
+
 _Self = TypeVar("_Self", bound="ClosesOnExit")
 
 
 class ClosesOnExit:
     """Mixin making a transport a context manager that calls its `close()` on exit; its commands
-    run on the host itself (`container` None) unless the transport says otherwise."""
+    run on the host itself (`container` None), not on the controller (`on_controller` False),
+    unless the transport says otherwise."""
 
     @property
     def container(self) -> ContainerIdentity | None:
         return None
+
+    @property
+    def on_controller(self) -> bool:
+        return False
 
     def close(self) -> None:  # pragma: no cover - every transport defines its own
         raise NotImplementedError

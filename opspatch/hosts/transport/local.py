@@ -4,7 +4,8 @@ Used for inventory hosts with `transport = "local"` (the sandbox fleet, or a con
 itself a GPU host). The command is `Command.render()` run by `/bin/sh -c`, so quoting is exactly
 what a remote shell sees. Each command runs in a new session (its own process group): on a
 deadline the whole group is ended (TERM, a short grace, then KILL), not just the shell, so a
-hung child cannot outlive the run.
+hung child cannot outlive the run. A command kept running (`start_process`: the resident host agent) is
+a `LocalProcess`, ended when the transport closes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import subprocess
 import time
 
 from opspatch.errors import CommandTimeout, TransportError
-from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult
+from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult, Process
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024 * 1024
 """Output kept per stream; a command that floods past this is still drained, the rest dropped."""
@@ -79,6 +80,12 @@ class LocalTransport(ClosesOnExit):
         self.exec_count = 0
         self._kill_grace = kill_grace_seconds
         self._max_output = max_output_bytes
+        self._processes: list[LocalProcess] = []
+
+    @property
+    def on_controller(self) -> bool:
+        """This machine is the controller, and the commands run as this process's user."""
+        return True
 
     def run(self, command: Command, *, stdin: bytes = b"", timeout: float) -> CommandResult:
         """Run `command` with `stdin`, draining stdout and stderr, within `timeout` seconds.
@@ -126,8 +133,164 @@ class LocalTransport(ClosesOnExit):
             seconds=time.monotonic() - started,
         )
 
+    def start_process(self, command: Command) -> Process:
+        """`command` kept running through `/bin/sh -c`, in its own process group, its stdin
+        open (`LocalProcess`); ended when this transport closes.
+
+        Raises:
+            TransportError: `/bin/sh` could not be started.
+        """
+        process = LocalProcess(self, command)
+        self._processes.append(process)
+        return process
+
     def close(self) -> None:
-        """Nothing to release (each command is its own process); safe to call twice."""
+        """End the commands kept running (`start_process`); safe to call twice."""
+        processes, self._processes = self._processes, []
+        for process in processes:
+            process.close()
+
+
+class LocalProcess:
+    """A command kept running on this machine (`LocalTransport.start_process`): lines in and out."""
+
+    def __init__(self, owner: LocalTransport, command: Command) -> None:
+        self._owner = owner
+        try:
+            self._process = subprocess.Popen(
+                ["/bin/sh", "-c", command.render()],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise TransportError(
+                f"cannot start /bin/sh: {exc.strerror}", host=owner.host, step="exec"
+            ) from None
+        assert self._process.stdin and self._process.stdout and self._process.stderr
+        self._stdin = self._process.stdin.fileno()
+        self._stdout = self._process.stdout.fileno()
+        self._stderr = self._process.stderr.fileno()
+        for fd in (self._stdin, self._stdout, self._stderr):
+            os.set_blocking(fd, False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._stdout, selectors.EVENT_READ)
+        self._selector.register(self._stderr, selectors.EVENT_READ)
+        self._out = bytearray()
+        self._err = bytearray()
+        self._eof = False
+        self._released = False
+
+    @property
+    def ended(self) -> bool:
+        return self._eof or self._released or self._process.poll() is not None
+
+    @property
+    def lost(self) -> bool:
+        return False  # nothing between this process and the controller can break
+
+    def _wait(self, seconds: float, *, writing: bool = False) -> bool:
+        """Take the output that comes within `seconds`; whether stdin has room (`writing`)."""
+        if writing:
+            self._selector.register(self._stdin, selectors.EVENT_WRITE)
+        try:
+            ready = self._selector.select(seconds) if self._selector.get_map() else []
+        finally:
+            if writing:
+                self._selector.unregister(self._stdin)
+        room = False
+        for key, _ in ready:
+            if key.fd == self._stdin:
+                room = True
+                continue
+            data = os.read(key.fd, _CHUNK)
+            if key.fd == self._stdout:
+                self._out += data
+            elif len(self._err) < self._owner._max_output:
+                self._err += data[: self._owner._max_output - len(self._err)]
+            if not data:
+                self._selector.unregister(key.fd)
+                self._eof = self._eof or key.fd == self._stdout
+        return room
+
+    def send(self, data: bytes, *, deadline: float) -> bool:
+        self._owner.exec_count += 1
+        view = memoryview(data)
+        offset = 0
+        while offset < len(view) and not self.ended:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if self._wait(min(remaining, 0.5), writing=True):
+                try:
+                    offset += os.write(self._stdin, view[offset : offset + _CHUNK])
+                except BlockingIOError:
+                    continue
+                except BrokenPipeError:
+                    break  # it ended: `read_line` tells whether it took anything
+        return True
+
+    def read_line(self, *, deadline: float) -> bytes | None:
+        while True:
+            end = self._out.find(b"\n")
+            if end >= 0:
+                line = bytes(self._out[: end + 1])
+                del self._out[: end + 1]
+                return line
+            if self._eof or self._released:
+                rest = bytes(self._out)
+                self._out.clear()
+                return rest
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            self._wait(min(remaining, 0.5))
+
+    def exit_status(self, *, deadline: float) -> int | None:
+        try:
+            code = self._process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return None
+        return exit_status(code)
+
+    def take_stderr(self) -> bytes:
+        while not self._released and self._selector.get_map():
+            before = len(self._out) + len(self._err)
+            self._wait(0)
+            if len(self._out) + len(self._err) == before:
+                break
+        taken = bytes(self._err)
+        self._err.clear()
+        return taken
+
+    def end(self) -> str:
+        _end_process_group(self._process, self._owner._kill_grace)
+        self._release()
+        return "its process group was ended"
+
+    def close(self) -> None:
+        if self._released:
+            return
+        with contextlib.suppress(OSError):
+            self._process.stdin.close()  # type: ignore[union-attr]
+        try:
+            self._process.wait(timeout=self._owner._kill_grace)
+        except subprocess.TimeoutExpired:  # still answering a request nobody waits for
+            _end_process_group(self._process, self._owner._kill_grace)
+        self._release()
+
+    def _release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self._selector.close()
+        for stream in (self._process.stdin, self._process.stdout, self._process.stderr):
+            if stream is not None and not stream.closed:
+                stream.close()
+        with contextlib.suppress(ValueError):
+            self._owner._processes.remove(self)
 
 
 def _pump(

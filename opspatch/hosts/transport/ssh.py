@@ -19,6 +19,9 @@ Remote process groups: every command runs as
 `setsid -w /bin/sh -c '<report pgid on stderr>; exec /bin/sh -c "$1"' opspatch <command>`, so it
 leads a new process group whose id it reports first on stderr (that line is removed from the
 result). On a deadline a second, short exec sends TERM and then KILL to that group.
+
+A command kept running (`start_process`, the resident host agent) is an `SSHProcess`: one session of the
+same connection, its stdin left open, written to and read from line by line.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from fabric import Config, Connection
 
 from opspatch.core.host import Host, JumpHost
 from opspatch.errors import CommandTimeout, HostKeyError, TransportError
-from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult
+from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult, Process
 from opspatch.hosts.transport.local import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer
 
 ACCEPT_NEW_HOST_KEYS_FLAG = "--accept-new-host-keys"
@@ -145,6 +148,7 @@ class SSHTransport(ClosesOnExit):
         self._kill_grace = kill_grace_seconds
         self._max_output = max_output_bytes
         self._connection: Connection | None = None
+        self._processes: list[SSHProcess] = []
 
     # -- connecting -----------------------------------------------------------------------
 
@@ -330,13 +334,7 @@ class SSHTransport(ClosesOnExit):
             channel.close()
         err = stderr.value()
         match = _PGID_LINE.search(err)
-        if match is None and exit_code == 127 and b"setsid" in err:
-            raise TransportError(
-                "`setsid` (util-linux) is not installed on the host",
-                host=self.host,
-                step="exec",
-                hint="opspatch runs every command in its own process group so a deadline can end it",
-            )
+        self._check_setsid(exit_code, err, match)
         return CommandResult(
             command=command.masked(),
             exit_code=exit_code,
@@ -344,6 +342,35 @@ class SSHTransport(ClosesOnExit):
             stderr=err[: match.start()] + err[match.end() :] if match else err,
             seconds=time.monotonic() - started,
         )
+
+    def _check_setsid(self, exit_code: int, stderr: bytes, pgid_line: object) -> None:
+        if pgid_line is None and exit_code == 127 and b"setsid" in stderr:
+            raise TransportError(
+                "`setsid` (util-linux) is not installed on the host",
+                host=self.host,
+                step="exec",
+                hint="opspatch runs every command in its own process group so a deadline can end it",
+            )
+
+    def start_process(self, command: Command) -> Process:
+        """`command` kept running in a session of this host's connection (`SSHProcess`), in its
+        own process group, its stdin open; the connection is opened (or reopened) first.
+
+        Raises:
+            HostKeyError: the host's key is unknown (and not accepted) or changed.
+            TransportError: the host cannot be reached, or the session cannot be started.
+        """
+        transport = self._transport()
+        try:
+            channel = transport.open_session(timeout=self._connect_timeout)
+            channel.exec_command(wrap_in_process_group(command))
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise TransportError(
+                f"cannot start a command: {error_reason(exc)}", host=self.host, step="exec"
+            ) from None
+        process = SSHProcess(self, transport, channel)
+        self._processes.append(process)
+        return process
 
     def _end_remote_group(self, pgid: int | None) -> str:
         """End the timed-out command's process group; says what happened, for the message."""
@@ -361,10 +388,142 @@ class SSHTransport(ClosesOnExit):
         return f"its process group {pgid} was ended"
 
     def close(self) -> None:
-        """Close the connection (and the jump host's); safe to call twice."""
+        """Close the commands kept running and the connection (and the jump host's); safe to
+        call twice."""
+        processes, self._processes = self._processes, []
+        for process in processes:
+            process.close()
         connection, self._connection = self._connection, None
         if connection is not None:
             _close_quietly(connection)
+
+
+class SSHProcess:
+    """A command kept running in one session of a host's connection (`SSHTransport.start_process`)."""
+
+    def __init__(
+        self, owner: SSHTransport, transport: paramiko.Transport, channel: paramiko.Channel
+    ) -> None:
+        self._owner = owner
+        self._transport = transport
+        self._channel = channel
+        self._out = bytearray()
+        self._err = bytearray()
+        self._pgid: int | None = None
+        self._released = False
+
+    @property
+    def ended(self) -> bool:
+        channel = self._channel
+        return self._released or bool(channel.closed or channel.eof_received) or self.lost
+
+    @property
+    def lost(self) -> bool:
+        return not self._transport.is_active()
+
+    def _drain(self) -> bool:
+        """Take the output that arrived; whether there was any."""
+        took = False
+        while self._channel.recv_ready():
+            self._out += self._channel.recv(_CHUNK)
+            took = True
+        while self._channel.recv_stderr_ready():
+            data = self._channel.recv_stderr(_CHUNK)
+            if len(self._err) < self._owner._max_output:
+                self._err += data[: self._owner._max_output - len(self._err)]
+            took = True
+        if self._pgid is None:
+            match = _PGID_LINE.search(self._err)
+            if match is not None:
+                self._pgid = int(match.group(1))
+                del self._err[match.start() : match.end()]
+        return took
+
+    def _broken(self, exc: BaseException) -> TransportError:
+        return TransportError(
+            f"the connection broke while the host agent ran: {error_reason(exc)}",
+            host=self._owner.host,
+            step="exec",
+        )
+
+    def send(self, data: bytes, *, deadline: float) -> bool:
+        self._owner.exec_count += 1
+        offset = 0
+        wake = self._channel.fileno()
+        while offset < len(data) and not self.ended:
+            self._drain()
+            if self._channel.send_ready():
+                try:
+                    offset += self._channel.send(data[offset : offset + _CHUNK])
+                except (OSError, EOFError) as exc:
+                    if self.lost:
+                        raise self._broken(exc) from None
+                    break  # it ended: `read_line` tells whether it took anything
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            select.select([wake], [], [], min(remaining, 0.05))
+        return True
+
+    def read_line(self, *, deadline: float) -> bytes | None:
+        wake = self._channel.fileno()
+        while True:
+            self._drain()
+            end = self._out.find(b"\n")
+            if end >= 0:
+                line = bytes(self._out[: end + 1])
+                del self._out[: end + 1]
+                return line
+            if self.ended and not self._channel.recv_ready():
+                rest = bytes(self._out)
+                self._out.clear()
+                return rest
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            select.select([wake], [], [], min(remaining, 0.2))
+
+    def exit_status(self, *, deadline: float) -> int | None:
+        channel = self._channel
+        while not channel.exit_status_ready() and not self.lost and not self._released:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            channel.status_event.wait(min(remaining, 0.2))
+        if not channel.exit_status_ready():
+            return None
+        code = channel.recv_exit_status()
+        self._drain()
+        self._owner._check_setsid(code, bytes(self._err), self._pgid)
+        return code if code >= 0 else None
+
+    def take_stderr(self) -> bytes:
+        self._drain()
+        taken = bytes(self._err)
+        self._err.clear()
+        return taken
+
+    def end(self) -> str:
+        self._drain()
+        self.close()
+        if self.lost:
+            return "the connection to it was lost; it may still run"
+        return self._owner._end_remote_group(self._pgid)
+
+    def close(self) -> None:
+        """End its input (an agent then exits) and release the channel at once: waiting for
+        its exit here would cost each host a round trip at the end of a run, one host after
+        the other; safe to call twice."""
+        if self._released:
+            return
+        self._released = True
+        with contextlib.suppress(Exception):
+            self._channel.shutdown_write()
+        with contextlib.suppress(Exception):
+            self._channel.close()
+        with contextlib.suppress(ValueError):
+            self._owner._processes.remove(self)
 
 
 def error_reason(exc: BaseException) -> str:

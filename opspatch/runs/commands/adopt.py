@@ -32,17 +32,19 @@ from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Command, FileAction, Outcome, Step, StepStatus
 from opspatch.errors import HostError, InputError, LedgerError, TargetError
 from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, ModuleDiagnosis
+from opspatch.hosts.results import file_owner
+from opspatch.ledger.records import NewFileVersion
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.diagnose import read_hosts
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import one_batch
-from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import HostSession, NoProgress
 from opspatch.runs.judgments.findings import module_relpath, unified_diff
@@ -316,7 +318,7 @@ def adopt_edit(
     if not edited:
         raise InputError(
             f"nothing to adopt: {module} is pristine or written by opspatch on every selected host",
-            hint=f"`{remedy_text(CliCommand.DIAGNOSE, hosts='...')}` shows which hosts were edited",
+            hint=f"`{remedy_text(Command.DIAGNOSE, hosts='...')}` shows which hosts were edited",
         )
     kinds = {(m.file.sha256 if m.file else "", p.sha256) for m, p in edited.values()}
     if len(kinds) > 1:
@@ -417,7 +419,9 @@ def _record(
             progress=NoProgress(),
         ) as fleet,
     ):
-        found, halted = fleet.execute(one, batches=one_batch(fleet.names, 1), halt=lambda _: None)
+        found, halted = fleet.execute(
+            per_node(one), batches=one_batch(fleet.items(), 1), halt=lambda _: None
+        )
         outcomes = [found[h.name] for h in recorded_hosts] + [
             HostOutcome(name, Outcome.SKIPPED, note=f"{why}: nothing to adopt")
             for name, why in untouched
@@ -447,13 +451,15 @@ def _adopted(
     session.record(Step.READ, StepStatus.OK, 0.0, detail)
     session.recorder.file_version(
         session.name,
-        path=f.realpath,
-        sha256_before=pristine.sha256,
-        sha256_after=f.sha256,
-        mode=f.mode,
-        owner=f"{f.owner or f.uid}:{f.group or f.gid}",
-        pre_image=pristine.content,
-        post_image=f.content,
+        NewFileVersion(
+            f.realpath,
+            pristine.sha256,
+            f.sha256,
+            f.mode,
+            file_owner(f),
+            pre_image=pristine.content,
+            post_image=f.content,
+        ),
     )
     session.record(Step.ADOPT, StepStatus.OK, 0.0, said)
     session.steps += [
@@ -469,13 +475,13 @@ def _adopted(
     if down:
         note += (
             "; its server is not running, so nothing serves the edit yet: "
-            f"`{remedy_text(CliCommand.RESTART, hosts=name)}` starts it into the patch and "
+            f"`{remedy_text(Command.RESTART, hosts=name)}` starts it into the patch and "
             "proves it (smoke decode)"
         )
     elif staged:
         note += (
             "; the running server started before the edit, so it still runs the old "
-            f"code: `{remedy_text(CliCommand.RESTART, hosts=name)}` completes it"
+            f"code: `{remedy_text(Command.RESTART, hosts=name)}` completes it"
         )
     else:
         note += (

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, PlanOutcome
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.tomlsource import parse_field_path
 from opspatch.core.vocabulary import Command, HaltAction, Outcome, RestartPolicy
@@ -36,6 +36,7 @@ from opspatch.ledger.records import LeaseHolder
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.group import Nodes
 from opspatch.runs.fleet.host_leases import host_identity, lease_held, live_holders, refusal
 from opspatch.runs.fleet.judging import JudgePlan
 from opspatch.runs.fleet.liveapply import LiveApply, LiveFormer, refuse_unless_live
@@ -48,9 +49,6 @@ from opspatch.runs.fleet.session import (
     Progress,
     describe_error,
 )
-from opspatch.runs.fleet.unitapply import UnitApply
-from opspatch.runs.fleet.unitlive import UnitLive
-from opspatch.runs.fleet.unitrun import UnitSessions
 from opspatch.runs.judgments.approval import require_approval
 from opspatch.runs.judgments.units import NodeReading, NotUniform, judge_unit, unit_refusal
 from opspatch.runs.report import HostOutcome, RunReport
@@ -159,13 +157,13 @@ def units_refused(
 ) -> UnitRefused | None:
     """Why an apply of `patch` (as a command names it: `LoadedPatch.reference`) over `hosts` is
     refused for the units among them, or None: it takes some but not all nodes of a unit (a
-    whole unit is changed and restarted as one: `runs/fleet/unitapply.py`). `planned`: a `plan`
+    whole unit is changed and restarted as one: `runs/fleet/group.py`). `planned`: a `plan`
     of it, refused as its apply would be (its diff would show a change no apply makes)."""
     return unit_refusal(
         hosts,
         command=f"an apply of {patch}" if planned else command,
         whole=lambda unit: remedy_text(
-            CliCommand.PLAN if planned else CliCommand.APPLY, patch, hosts=unit.name
+            Command.PLAN if planned else Command.APPLY, patch, hosts=unit.name
         ),
     )
 
@@ -477,11 +475,7 @@ class _FleetApply:
     # -- the rollout ---------------------------------------------------------------------------
 
     def _roll_out(self, prepared: dict[str, Prepared | HostOutcome]) -> RunReport:
-        live = UnitLive(self.live) if self.live is not None else None
-        units = (
-            UnitApply(self.pipeline, prepared, live=live) if self.pipeline.restart_engine else None
-        )
-        plan = plan_rollout(self.playbook, self.fleet.items() if units else self.fleet.names)
+        plan = plan_rollout(self.playbook, self.fleet.items())
         canaries = plan.canaries
 
         def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
@@ -491,19 +485,12 @@ class _FleetApply:
 
         if self.playbook.judge is not None:
             self.pipeline.judges = self._judge_plan(prepared, canaries)
-
-        def one(session: HostSession) -> HostOutcome:
-            item = prepared[session.name]
-            assert isinstance(item, Prepared)
-            if not item.pending:
-                return session.outcome(Outcome.ALREADY_APPLIED, file=item.change())
-            return self.pipeline.apply(session, item)
-
+        ready = {n: p for n, p in prepared.items() if isinstance(p, Prepared)}
         outcomes, halted = self.fleet.execute(
-            one, batches=plan.batches, halt=halt, per_unit=units.apply if units else None
+            lambda nodes: self.pipeline.apply(nodes, ready), batches=plan.batches, halt=halt
         )
         if halted and self.playbook.on_halt == HaltAction.ROLLBACK_RUN:
-            halted = self._roll_back_run(prepared, outcomes, halted)
+            halted = self._roll_back_run(ready, outcomes, halted)
         return self.fleet.report(outcomes, halted=halted)
 
     def _judge_plan(
@@ -529,7 +516,7 @@ class _FleetApply:
 
     def _roll_back_run(
         self,
-        prepared: Mapping[str, Prepared | HostOutcome],
+        prepared: Mapping[str, Prepared],
         outcomes: dict[str, HostOutcome],
         halted: str,
     ) -> str:
@@ -544,50 +531,35 @@ class _FleetApply:
             name
             for name in self.fleet.names
             if outcomes[name].outcome == Outcome.APPLIED
-            and isinstance(item := prepared.get(name), Prepared)
-            and item.pending
+            and name in prepared
+            and prepared[name].pending
             and outcomes[name].file is not None
         ]
         if not names:
             return halted
 
-        def one(session: HostSession) -> HostOutcome:
-            item = prepared[session.name]
-            assert isinstance(item, Prepared)
+        def one(nodes: Nodes) -> Sequence[HostOutcome]:
             try:
-                session.lock.take()
-                return self.pipeline.roll_back(
-                    session, item, "the rollout halted (on_halt = rollback-run)"
-                )
+                for session in nodes.sessions:
+                    session.lock.take()
             except OpspatchError as exc:
-                return session.outcome(
-                    Outcome.NEEDS_ATTENTION,
-                    f"on_halt = rollback-run could not lock the host: {describe_error(exc)}",
-                    file=outcomes[session.name].file,
-                )
+                what = "the host" if nodes.alone else "the unit's nodes"
+                return [
+                    session.outcome(
+                        Outcome.NEEDS_ATTENTION,
+                        f"on_halt = rollback-run could not lock {what}: {describe_error(exc)}",
+                        file=outcomes[session.name].file,
+                    )
+                    for session in nodes.sessions
+                ]
+            return self.pipeline.roll_back(
+                nodes, prepared, "the rollout halted (on_halt = rollback-run)"
+            )
 
         def left(session: HostSession, why: str) -> HostOutcome:
             kept = outcomes[session.name]
             said = f"on_halt = rollback-run did not roll it back: {why}"
             return replace(kept, note=f"{kept.note}; {said}" if kept.note else said)
-
-        units = UnitApply(self.pipeline, prepared)
-
-        def one_unit(nodes: UnitSessions) -> Sequence[HostOutcome]:
-            try:
-                for session in nodes.sessions:
-                    session.lock.take()
-            except OpspatchError as exc:
-                return [
-                    session.outcome(
-                        Outcome.NEEDS_ATTENTION,
-                        f"on_halt = rollback-run could not lock the unit's nodes: "
-                        f"{describe_error(exc)}",
-                        file=outcomes[session.name].file,
-                    )
-                    for session in nodes.sessions
-                ]
-            return units.roll_back(nodes, "the rollout halted (on_halt = rollback-run)")
 
         with self.fleet.follow_up(names) as rollback:
             rollback.keep_leases(left)
@@ -596,7 +568,6 @@ class _FleetApply:
                 batches=plan_rollout(self.playbook, rollback.items()).batches,
                 halt=lambda _: None,
                 not_started=left,
-                per_unit=one_unit,
             )
         outcomes.update(rolled)
         return (

@@ -49,11 +49,12 @@ from opspatch.hosts.image import (
     build_context,
     earlier_bakes,
 )
-from opspatch.ledger.records import ContainerRecord
+from opspatch.hosts.results import file_owner
+from opspatch.ledger.records import ContainerRecord, NewFileVersion
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import misfit_reason
 from opspatch.runs.fleet.connect import transport_factory
-from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
@@ -144,7 +145,7 @@ def bake_image(
                     return run.finish(fleet.report({host.name: item}, halted=None, refused=True))
                 bake.refuse_misfits(item, fleet)
                 outcomes, halted = fleet.execute(
-                    lambda session: bake.host(session, item),
+                    per_node(lambda session: bake.host(session, item)),
                     batches=plan_rollout(playbook, [host.name]).batches,
                     halt=lambda _: None,
                 )
@@ -341,14 +342,16 @@ class _Bake:
             plan, seen = _plan(item), item.inspection.file
             session.recorder.file_version(
                 session.name,
-                path=item.path,
-                sha256_before=plan.sha256_before,
-                sha256_after=plan.sha256_after,
-                mode=seen.mode,
-                owner=f"{seen.owner or seen.uid}:{seen.group or seen.gid}",
-                pre_image=plan.old_source,
-                post_image=plan.new_source,
-                container=image,
+                NewFileVersion(
+                    item.path,
+                    plan.sha256_before,
+                    plan.sha256_after,
+                    seen.mode,
+                    file_owner(seen),
+                    pre_image=plan.old_source,
+                    post_image=plan.new_source,
+                    container=image,
+                ),
             )
 
 

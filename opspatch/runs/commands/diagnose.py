@@ -33,7 +33,6 @@ from opspatch.hosts.live import LiveEngineReply, LiveFix, ask_engine
 from opspatch.hosts.operations import HostOperations
 from opspatch.ledger.records import FileVersion
 from opspatch.ledger.store import Ledger
-from opspatch.runs.commands.status import baked_in, recreated_since
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.session import describe_error
@@ -50,6 +49,7 @@ from opspatch.runs.judgments.findings import (
     judge_host,
 )
 from opspatch.runs.judgments.live import HeldFix, drift, held_fixes
+from opspatch.runs.judgments.patchset import baked_in, recreated_since
 
 MAX_HOSTS_AT_ONCE = 16
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.policy import JudgeSettings, Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import Command, Step
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, InputError
@@ -82,7 +82,7 @@ def servers(hosts: Sequence[Host]) -> list[Host]:
         UnitRefused: a node of a unit that is not its head is selected without the head.
     """
     return serving_heads(
-        hosts, command="judge", whole=lambda unit: remedy_text(CliCommand.JUDGE, hosts=unit.name)
+        hosts, command="judge", whole=lambda unit: remedy_text(Command.JUDGE, hosts=unit.name)
     )
 
 
@@ -110,7 +110,7 @@ def judge_hosts(
         raise InputError(
             f"--hosts selects only the baseline {baseline.name}: there is no host to judge "
             "against it",
-            hint=f"`{remedy_text(CliCommand.JUDGE, hosts='TARGET', baseline=baseline.name)}` "
+            hint=f"`{remedy_text(Command.JUDGE, hosts='TARGET', baseline=baseline.name)}` "
             "with the hosts to judge",
         )
     hosts = ([baseline] if baseline is not None else []) + chosen

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from opspatch.core.jsonrecord import JsonRecord, json_field
-from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Outcome
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command, Outcome
 from opspatch.errors import LedgerError
 from opspatch.ledger.chain import GENESIS_HASH
 from opspatch.ledger.records import FileVersion, RunDetail, RunSummary
@@ -241,7 +241,7 @@ def _short(stamp: str | None) -> str:
 def render_markdown(report: LedgerReport) -> str:
     """The timeline as Markdown: a table of runs, then per run its steps (a table), its changes
     (a table and the diffs) and what it rolled back."""
-    verify = remedy_text(CliCommand.LEDGER_VERIFY)
+    verify = remedy_text(Command.LEDGER_VERIFY)
     chain = "intact" if report.chain_ok else f"BROKEN (run `{verify}`)"
     lines = [
         "# opspatch ledger report",

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from opspatch import __version__
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import LiveRefused, OpspatchError, RemoteOperationError
 from opspatch.hosts.live import LiveFix, ask_engine
@@ -53,7 +53,7 @@ from opspatch.hosts.liveinstall import (
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import (
     HostFailed,
@@ -91,7 +91,7 @@ def enable_live(
         raise LiveRefused(
             f"live fixes are off on {', '.join(off)}: the inventory does not say live = true",
             hint="set live = true for these hosts (defaults, a group or the host), then "
-            f"`{remedy_text(CliCommand.LIVE_ENABLE, hosts=','.join(off))}` again",
+            f"`{remedy_text(Command.LIVE_ENABLE, hosts=','.join(off))}` again",
         )
     return _run(Command.LIVE_ENABLE, ledger, hosts, factory, playbook, progress, _enable)
 
@@ -132,14 +132,14 @@ def _run(
         refused = fleet.lease(restarting=())  # nothing restarts: no drain, no router room
         if refused is not None:
             return run.finish(refused)
-        plan = plan_rollout(playbook, fleet.names)
+        plan = plan_rollout(playbook, fleet.items())
 
         def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
             return playbook.halt_reason(
                 {n: o.outcome for n, o in outcomes.items()}, canaries=plan.canaries
             )
 
-        outcomes, halted = fleet.execute(per_host, batches=plan.batches, halt=halt)
+        outcomes, halted = fleet.execute(per_node(per_host), batches=plan.batches, halt=halt)
         return run.finish(fleet.report(outcomes, halted=halted))
 
 
@@ -218,7 +218,7 @@ def _change(
         return True
     if done == 0 and not done_before:
         return session.outcome(Outcome.FAILED, f"{why}; read back: nothing was changed")
-    finish = CliCommand.LIVE_ENABLE if change.present else CliCommand.LIVE_DISABLE
+    finish = Command.LIVE_ENABLE if change.present else Command.LIVE_DISABLE
     return session.outcome(
         Outcome.NEEDS_ATTENTION,
         f"{why}; read back: {len(there)} of its {len(change.wanted)} files are there "
@@ -241,7 +241,7 @@ def _enable(session: HostSession) -> HostOutcome:
     record = files[f"{dist_info}/RECORD"]
     others = [i.dist_info for i in site.installed if i.dist_info != dist_info]
     if others:
-        disable = remedy_text(CliCommand.LIVE_DISABLE, hosts=session.name)
+        disable = remedy_text(Command.LIVE_DISABLE, hosts=session.name)
         return session.outcome(
             Outcome.SKIPPED,
             f"refused: {', '.join(others)} is installed in {site.purelib}; `{disable}` first",

@@ -19,17 +19,16 @@ import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from email.parser import HeaderParser
 from pathlib import Path
 
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch
 from opspatch.core.gate import version_gate
 from opspatch.core.host import EngineSettings, Host
 from opspatch.core.policy import Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch, Target
-from opspatch.core.vocabulary import FileAction, Outcome
+from opspatch.core.vocabulary import Command, FileAction, Outcome
 from opspatch.errors import InputError, TargetError
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.commands.apply import LocalFiles, apply_to_hosts, not_applicable_error
@@ -72,6 +71,8 @@ def distribution_version_for(file: Path, target: Target) -> str | None:
             continue
         metadata = info / "METADATA"
         if metadata.is_file():
+            from email.parser import HeaderParser  # only here: a file of an installed distribution
+
             headers = HeaderParser().parsestr(
                 metadata.read_text(encoding="utf-8", errors="replace")
             )
@@ -300,7 +301,7 @@ def rollback_local_file(
             f"the ledger has no change by {by} to {path} on this machine",
             hint=_elsewhere(source_run, path)
             or "rollback restores what opspatch recorded; "
-            f"see `{remedy_text(CliCommand.LEDGER_LIST)}`",
+            f"see `{remedy_text(Command.LEDGER_LIST)}`",
         )
     return LocalRollback(host, (path,), patch, source_run)
 
@@ -348,7 +349,7 @@ def rollback_local_tree(
         raise InputError(
             f"the ledger has no change by {by} under {root.resolve()} on this machine",
             hint="rollback restores what opspatch recorded; "
-            f"see `{remedy_text(CliCommand.LEDGER_LIST)}`",
+            f"see `{remedy_text(Command.LEDGER_LIST)}`",
         )
     return LocalRollback(host, tuple(paths), patch, source_run)
 
@@ -371,9 +372,9 @@ def _refuse_one_file_of_a_set(source_run: RunDetail, path: str, local: str) -> N
         patch = source_run.summary.patch_id or "?"
         if record.host == local:
             root = _common_root(members)
-            how = f"`{remedy_text(CliCommand.ROLLBACK, run=run, root=str(root))}`"
+            how = f"`{remedy_text(Command.ROLLBACK, run=run, root=str(root))}`"
         else:
-            how = f"`{remedy_text(CliCommand.ROLLBACK, run=run, hosts=record.host)}`"
+            how = f"`{remedy_text(Command.ROLLBACK, run=run, hosts=record.host)}`"
         raise InputError(
             f"{path} is one file of the patch set {patch} that run {run} changed on "
             f"{record.host} ({', '.join(members)}); a set is rolled back whole, not one file",
@@ -399,5 +400,5 @@ def _elsewhere(source_run: RunDetail | None, path: str) -> str | None:
         return None
     return (
         f"run {source_run.run_id} changed {path} on {', '.join(hosts)}: "
-        f"`{remedy_text(CliCommand.ROLLBACK, run=source_run.run_id, hosts=','.join(hosts))}`"
+        f"`{remedy_text(Command.ROLLBACK, run=source_run.run_id, hosts=','.join(hosts))}`"
     )

@@ -16,20 +16,17 @@ disk now. It never trusts a run's own account of where it got to.
   over only from runs this ledger knows to be over. A bare `recover` with no interrupted run
   reaches the hosts recent runs left `needs-attention` (`hosts_left_needing_attention`).
 
-Per host, a table (`ACTIONS`) over the host's standing (`runs.fleet.standing.read_host`, a single
-file a set of one). The live file matches the post-image of a recorded patch → proven (`runs.judgments.proof`, as
-`status` says it) and its server started after the write: `applied`, left alone (a second
-recover restarts nothing); proven and its server gone: started again, `applied`; else restart,
-ready, smoke → `applied`, or restore → `rolled-back`; it
-matches a recorded pre-image → make sure the server answers → `restored`; no run recorded a
-change here → make sure the server answers → `restored`; anything else → `needs-attention`
-(someone else changed it). The patch is never applied twice: recover only finishes or undoes
-what a run wrote.
-
-A patch set (the newest run recorded several files on the host) is made whole: all new ->
-finished as above (proven, or proven now; a failed proof restores every file); partly applied
-(a run stopped between two swaps) -> its new files restored, restarted and smoked: `restored`,
-the set all-old; all old -> `restored`; a file neither -> `needs-attention`.
+Per node, the decision table (`runs.judgments.decisions`, goal: the ledger's last intent) over
+its standing (`runs.fleet.standing.read_host`, a single file a set of one), then one action for
+the group (a unit's nodes, a host by itself a group of one): every file new and proven, its
+server started after the write: `applied`, left alone (a second recover restarts nothing);
+proven but not serving: started again; new and not proven: restart, ready, smoke -> `applied`,
+or restore -> `rolled-back` (an interrupted `apply --live` finished live instead, never by a
+restart the operator did not ask for); every file old or nothing recorded: made sure it serves,
+`restored`; files or nodes that differ (a run stopped between two swaps): every new file put
+back, restarted and smoked, `restored`, all-old; a file someone else changed: `needs-attention`
+on every node, nothing written. The patch is never applied twice: recover only finishes or
+undoes what a run wrote.
 """
 
 from __future__ import annotations
@@ -39,22 +36,26 @@ from dataclasses import dataclass
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Command, FileAction, Outcome, RunStatus, Step, StepStatus
+from opspatch.core.vocabulary import (
+    Action,
+    Command,
+    FileAction,
+    Outcome,
+    RunStatus,
+    Step,
+    StepStatus,
+)
 from opspatch.errors import HostError, InputError, LockHeld
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.group import Nodes, answers, prove_or_undo, proven, undo
 from opspatch.runs.fleet.host_leases import lease_held
 from opspatch.runs.fleet.liveapply import revert_everywhere
 from opspatch.runs.fleet.recorded import recorded_run
-from opspatch.runs.fleet.restore import (
-    ensure_running,
-    prove_standing,
-    restore_standing,
-    run_restore,
-)
+from opspatch.runs.fleet.restore import ensure_running, restore_standing, run_restore
 from opspatch.runs.fleet.session import (
     HostFailed,
     HostSession,
@@ -63,15 +64,9 @@ from opspatch.runs.fleet.session import (
     describe_error,
 )
 from opspatch.runs.fleet.standing import HostStanding, Takeover, read_host
-from opspatch.runs.fleet.steps import smoke_step, undo
-from opspatch.runs.fleet.unitrun import (
-    UnitSessions,
-    prove_or_undo_unit,
-    undo_unit,
-    unit_answers,
-)
+from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
-from opspatch.runs.judgments.patchset import ALL_NEW, Action, Standing, Table, paths_of
+from opspatch.runs.judgments.patchset import ALL_NEW, Standing, paths_of
 from opspatch.runs.judgments.proof import describe
 from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
@@ -116,7 +111,7 @@ def require_recoverable(ledger: Ledger, detail: RunDetail) -> None:
     raise InputError(
         f"run {detail.run_id} is {status}, not interrupted",
         hint="recover --run is for runs whose controller died part-way; "
-        f"`{remedy_text(CliCommand.RECOVER, hosts='TARGET')}` reconciles hosts whatever run touched them",
+        f"`{remedy_text(Command.RECOVER, hosts='TARGET')}` reconciles hosts whatever run touched them",
     )
 
 
@@ -231,12 +226,12 @@ def _recover(
     taking_over: Collection[str] = (),
 ) -> RunReport:
     """Raises (before any host is touched): UnitRefused, some but not all nodes of a unit
-    among the hosts (a unit is recovered as one: `_RecoverHost.unit`)."""
+    among the hosts (a unit is recovered as one: `_RecoverHost.group`)."""
 
     refused = unit_refusal(
         hosts,
         command="recover",
-        whole=lambda unit: remedy_text(CliCommand.RECOVER, hosts=unit.name),
+        whole=lambda unit: remedy_text(Command.RECOVER, hosts=unit.name),
     )
     if refused is not None:
         raise refused
@@ -257,8 +252,7 @@ def _recover(
             playbook=playbook,
             progress=progress or NoProgress(),
             patch_id=patch.spec.id if patch else None,
-            per_host=recover.host,
-            per_unit=recover.unit,
+            per_group=recover.group,
             leases=leases,
             taking_over=taking_over,
         )
@@ -293,26 +287,9 @@ _PROVEN = frozenset({Standing.NEW_PROVEN, Standing.NEW_PROVEN_NO_SERVER})
 """Proven, and no server older than the change runs (none found may be a server the agent
 cannot see: whether the unit serves is asked of its head)."""
 
-ACTIONS: Table = {
-    Standing.NOTHING_RECORDED: Action.ENSURE_RUNNING,
-    Standing.ALL_OLD: Action.ENSURE_RUNNING,
-    # a run stopped between two swaps never proved its new code: the set is put back whole
-    Standing.PARTLY_NEW: Action.RESTORE,
-    Standing.NEW_STALE: Action.PROVE_OR_UNDO,
-    # proven, and no server older than the change runs: make sure one answers, leave it alone
-    Standing.NEW_PROVEN: Action.ENSURE_RUNNING,
-    Standing.NEW_PROVEN_NO_SERVER: Action.ENSURE_RUNNING,
-    Standing.NEW_UNPROVEN: Action.PROVE_OR_UNDO,
-    Standing.NEW_UNPROVEN_NO_SERVER: Action.PROVE_OR_UNDO,
-    Standing.PATCHED_FURTHER: Action.ATTENTION,
-    Standing.CHANGED: Action.ATTENTION,
-}
-"""What recover does about each standing of what a run left on a host. The patch is never
-applied twice: recover only finishes or undoes what a run wrote."""
-
 
 class _RecoverHost:
-    """What a recover does on one host: read its standing, act by `ACTIONS`."""
+    """What a recover does on one host: read its standing, act by the decision table."""
 
     def __init__(self, ledger: Ledger, scope: _Scope, patch: LoadedPatch | None) -> None:
         self.ledger = ledger
@@ -359,85 +336,239 @@ class _RecoverHost:
                 note["detail"] = f"took the lock over from run {holder}{idly}"
         return note["detail"]
 
-    def _not_read(self, session: HostSession) -> HostOutcome:
-        """Nothing recorded and no patch to look for: no file to read, nothing to put back.
-        The host's lock is taken (a recovered run's taken over, so none of it is left) and its
-        server made sure of, as for a host whose file was read and found untouched."""
-        locked = self._locked(session)
-        how = ensure_running(session)
-        note = f"{self.scope.what} recorded no change here; {locked}; server {how}"
-        return session.outcome(Outcome.RESTORED, note=note)
+    def group(self, nodes: Nodes) -> list[HostOutcome]:
+        """A group recovered as one (never a node restarted alone): its nodes made uniform.
+        Every node read; a node changed by someone else: every node `needs-attention`, nothing
+        written. Every node new: proven as one (the group restarted, the smoke through the
+        head), or finished live where an `apply --live` wrote it; left alone when already
+        proven and serving; undone on every node when the proof fails. Every node old (or
+        nothing recorded): left alone when it serves, else restarted. Nodes or files that
+        differ (a run stopped between two swaps): every new file put back, the group restarted
+        and proven: `restored`, uniform at the pre-images."""
+        standings = {s.name: self.read(s) for s in nodes.sessions}
+        if all(st.inspection is None for st in standings.values()):
+            return self._not_read(nodes)
+        odd = [
+            n
+            for n, st in standings.items()
+            if decide(Command.RECOVER, st.standing) == Action.ATTENTION
+        ]
+        if odd:
+            return self._changed_group(nodes, standings, odd)
+        new = {n for n, st in standings.items() if st.standing in ALL_NEW}
+        changes = {n: st.change() if n in new else st.unchanged() for n, st in standings.items()}
 
-    def host(self, session: HostSession) -> HostOutcome:
-        standing = self.read(session)
-        if standing.inspection is None:
-            return self._not_read(session)
-        action = ACTIONS[standing.standing]
-        if action == Action.ENSURE_RUNNING:
-            return self._ensure_running(session, standing)
-        if action == Action.PROVE_OR_UNDO:
-            takes = self._live_takes(session, standing)
-            if takes is not None:  # `apply --live`: its server holds the fix, or part of it
-                return self._finish_live(session, standing, taken=takes)
-            what = "patch set (all-new)" if standing.is_set else "change"
-            return prove_standing(
-                session,
-                standing,
-                note=f"finished run {standing.version.run_id}'s {what}: restarted and smoke-tested",
+        def restore(session: HostSession) -> FileChange:
+            standing = standings[session.name]
+            return (
+                restore_standing(session, standing)
+                if session.name in new or standing.standing == Standing.PARTLY_NEW
+                else changes[session.name]
             )
-        if action == Action.RESTORE:
-            # Making the set whole is what this recover is for: restored (or not serving).
+
+        if new and len(new) == len(standings):
+            if all(st.standing in _PROVEN for st in standings.values()):
+                return self._serving(nodes, standings)
+            takes = self._live_takes(nodes, standings)
+            if takes is not None:  # `apply --live`: its server holds the fix, or part of it
+                return self._finish_live(nodes, standings, taken=takes)
+            head = standings[nodes.head.name]
+            if nodes.alone:
+                what = "patch set (all-new)" if head.is_set else "change"
+                note = f"finished run {head.version.run_id}'s {what}: restarted and smoke-tested"
+            else:
+                note = (
+                    f"finished the change on every node of unit {nodes.name}: restarted as one "
+                    "and smoke-tested"
+                )
+            return prove_or_undo(nodes, changes=changes, restore=restore, note=note)
+        if not new and not any(st.standing == Standing.PARTLY_NEW for st in standings.values()):
+            return self._serving(nodes, standings)
+        head = standings[nodes.head.name]
+        if nodes.alone:  # making the set whole is what this recover is for: restored
             why = (
-                f"the patch set was partly applied ({standing.found.describe()}): its swapped "
+                f"the patch set was partly applied ({head.found.describe()}): its swapped "
                 "files were put back, so the set is whole at its pre-images (all-old)"
             )
-            return undo(
-                session,
-                why,
-                restore=lambda: restore_standing(session, standing),
-                change=standing.change(),
-                outcome=Outcome.RESTORED,
+        else:
+            why = (
+                f"the nodes of unit {nodes.name} differed (new on {', '.join(sorted(new))}): "
+                "every new file was put back, so the unit is uniform at its pre-images"
             )
-        return session.outcome(
-            Outcome.NEEDS_ATTENTION,
-            self._changed(session, standing),
-            file=self._changed_file(standing),
+        return undo(nodes, why, restore=restore, changes=changes, outcome=Outcome.RESTORED)
+
+    def _serving(self, nodes: Nodes, standings: Mapping[str, HostStanding]) -> list[HostOutcome]:
+        """Nothing to change on disk (every file old, nothing recorded, or proven with no older
+        server running it): make sure the group serves (it may have gone since: a crash, a
+        reboot) and otherwise leave it alone. Restarting a group already reconciled would
+        prove nothing new and drop its requests."""
+        if nodes.alone:
+            session = nodes.head
+            return [self._ensure_running(session, standings[session.name])]
+        new = all(st.standing in ALL_NEW for st in standings.values())
+        changes = {n: st.change() if new else st.unchanged() for n, st in standings.items()}
+        if new:
+            proof = describe(standings[nodes.head.name].proofs[0])
+            if answers(nodes):
+                note = f"{proof}; the unit serves: left alone"
+                return [
+                    s.outcome(Outcome.APPLIED, file=changes[s.name], note=note)
+                    for s in nodes.sessions
+                ]
+            note = (
+                f"finished the change on every node of unit {nodes.name}: restarted as one and "
+                "smoke-tested"
+            )
+            return prove_or_undo(
+                nodes,
+                changes=changes,
+                restore=lambda s: restore_standing(s, standings[s.name]),
+                note=note,
+            )
+        if answers(nodes):
+            note = (
+                f"every node of unit {nodes.name} is at the pre-image; the unit serves: left alone"
+            )
+            return [
+                s.outcome(Outcome.RESTORED, file=changes[s.name], note=note) for s in nodes.sessions
+            ]
+        why = (
+            f"every node of unit {nodes.name} is at the pre-image; the unit was not serving: "
+            "restarted as one"
+        )
+        return undo(
+            nodes,
+            why,
+            restore=lambda s: changes[s.name],
+            changes=changes,
+            outcome=Outcome.RESTORED,
         )
 
-    def _live_takes(self, session: HostSession, standing: HostStanding) -> bool | None:
-        """For a change an `apply --live` wrote (its host's `live` check before the swap) and
+    def _not_read(self, nodes: Nodes) -> list[HostOutcome]:
+        """Nothing recorded and no patch to look for: no file to read, nothing to put back.
+        Every node's lock is taken (a recovered run's taken over, so none of it is left) and
+        the group's server made sure of, as for a group whose files were read and found
+        untouched: left alone when it serves, else restarted."""
+        locked = {s.name: self._locked(s) for s in nodes.sessions}
+        if nodes.alone:
+            session = nodes.head
+            how = ensure_running(session)
+            note = (
+                f"{self.scope.what} recorded no change here; {locked[session.name]}; server {how}"
+            )
+            return [session.outcome(Outcome.RESTORED, note=note)]
+        said = "; ".join(f"{name}: {text}" for name, text in locked.items())
+        why = f"{self.scope.what} recorded no change here ({said})"
+        if answers(nodes):
+            note = f"{why}; the unit serves: left alone"
+            return [s.outcome(Outcome.RESTORED, note=note) for s in nodes.sessions]
+        return undo(
+            nodes,
+            f"{why}; the unit was not serving: restarted as one",
+            restore=lambda session: None,
+            changes=dict.fromkeys(s.name for s in nodes.sessions),
+            outcome=Outcome.RESTORED,
+        )
+
+    def _changed_group(
+        self, nodes: Nodes, standings: Mapping[str, HostStanding], odd: Sequence[str]
+    ) -> list[HostOutcome]:
+        """A node someone else changed: nothing is written on any node of the group."""
+        outcomes = []
+        for session in nodes.sessions:
+            standing = standings[session.name]
+            if session.name in odd:
+                text, file = self._changed(session, standing), self._changed_file(standing)
+            else:
+                text = (
+                    f"unit {nodes.name}'s node {', '.join(odd)} was changed by someone "
+                    "else: nothing was written on any node of the unit"
+                )
+                file = standing.unchanged()
+            outcomes.append(session.outcome(Outcome.NEEDS_ATTENTION, text, file=file))
+        return outcomes
+
+    def _live_takes(self, nodes: Nodes, standings: Mapping[str, HostStanding]) -> bool | None:
+        """For a change an `apply --live` wrote (each node's `live` check before its swap) and
         whose server still runs from before it (`new-stale`: the process it was taken into):
-        whether that run took every file live (each `live` take after its swaps `ok`); None for
-        any other change, which a restart proves."""
-        if standing.standing != Standing.NEW_STALE:
-            return None
-        try:
-            steps = self.ledger.get_run(standing.version.run_id).host(session.name).steps
-        except KeyError:
-            return None
-        swaps = [index for index, step in enumerate(steps) if step.step == Step.SWAP]
-        if not swaps or not any(step.step == Step.LIVE for step in steps[: swaps[0]]):
-            return None
-        takes = [
-            step.status
-            for step in steps[swaps[-1] + 1 :]
-            if step.step == Step.LIVE and step.status != StepStatus.STARTED
-        ]
-        return len(takes) >= len(standing.found.new) and all(t == StepStatus.OK for t in takes)
+        whether that run took every file live on every node (each `live` take after its swaps
+        `ok`); None for any other change, which a restart proves."""
+        taken = True
+        for session in nodes.sessions:
+            standing = standings[session.name]
+            if standing.standing != Standing.NEW_STALE:
+                return None
+            try:
+                steps = self.ledger.get_run(standing.version.run_id).host(session.name).steps
+            except KeyError:
+                return None
+            swaps = [index for index, step in enumerate(steps) if step.step == Step.SWAP]
+            if not swaps or not any(step.step == Step.LIVE for step in steps[: swaps[0]]):
+                return None
+            takes = [
+                step.status
+                for step in steps[swaps[-1] + 1 :]
+                if step.step == Step.LIVE and step.status != StepStatus.STARTED
+            ]
+            taken = taken and len(takes) >= len(standing.found.new)
+            taken = taken and all(t == StepStatus.OK for t in takes)
+        return taken
 
     def _finish_live(
-        self, session: HostSession, standing: HostStanding, *, taken: bool
-    ) -> HostOutcome:
+        self, nodes: Nodes, standings: Mapping[str, HostStanding], *, taken: bool
+    ) -> list[HostOutcome]:
         """Finish an interrupted `apply --live` as the live path would, never by a restart the
-        operator did not ask for: every process holding the fix (taken from the new bytes, as
-        its `list` says) is proven by the smoke decode, `applied`; a failed smoke, a take that
-        did not finish or a process not heard from: the fix reverted in every process and the
-        files put back (restarted only when a revert did not answer), `rolled-back` after a
-        failed proof, else `restored`."""
-        run_id, patch_id = standing.version.run_id, standing.version.patch_id or ""
+        operator did not ask for: every process of every node holding the fix (taken from the
+        new bytes, as its `list` says) is proven by the smoke decode through the head,
+        `applied`; a failed smoke, a take that did not finish or a process not heard from: the
+        fix reverted in every process and the files put back (restarted only when a revert did
+        not answer), `rolled-back` after a failed proof, else `restored`."""
+        head = standings[nodes.head.name]
+        run_id, patch_id = head.version.run_id, head.version.patch_id or ""
+        fixes: set[str] = set()
+        whole, unheard = taken, False
+        said: list[str] = []
+        for session in nodes.sessions:
+            held, heard, holds, detail = self._held(session, standings[session.name], patch_id)
+            fixes |= held
+            whole, unheard = whole and heard and holds, unheard or not heard
+            said.append(detail if nodes.alone else f"{session.name}: {detail}")
+        listed = "; ".join(said)
+        changes = {n: st.change() for n, st in standings.items()}
+        if whole:
+            try:
+                smoke = proven(nodes, None)
+            except HostFailed as failure:
+                return self._undo_live(nodes, standings, fixes, failure.error, Outcome.ROLLED_BACK)
+            note = (
+                f"finished run {run_id}'s live fix: every process of the engine holds it and "
+                "the smoke decode proves it, no restart; the file carries it for the next one"
+            )
+            return [
+                s.outcome(
+                    Outcome.APPLIED,
+                    file=changes[s.name],
+                    smoke=smoke if s is nodes.head else None,
+                    note=note,
+                )
+                for s in nodes.sessions
+            ]
+        why = (
+            f"run {run_id} was interrupted before its live fix was taken in every process "
+            f"({listed}): the fix was taken out and the files put back, as a failed live apply "
+            f"is; `{remedy_text(Command.APPLY, patch_id, hosts=nodes.name)}` with --live "
+            "takes it again"
+        )
+        return self._undo_live(nodes, standings, fixes, why, Outcome.RESTORED, restart=unheard)
+
+    @staticmethod
+    def _held(
+        session: HostSession, standing: HostStanding, patch_id: str
+    ) -> tuple[set[str], bool, bool, str]:
+        """The patch's live fixes a node's processes hold (a recorded `live` step), whether
+        every process answered, whether they hold the new bytes, and what was found."""
         posts = {member.version.sha256_after for member in standing.found.new}
         timeout = float(session.playbook.timeouts.smoke)
-        fixes: list[str] = []
         try:
             with session.step(Step.LIVE) as listed:
                 reply = ask_engine(session.ops, LiveFix("list"), timeout=timeout, step=Step.LIVE)
@@ -446,142 +577,49 @@ class _RecoverHost:
                     for h in held_fixes(reply)
                     if h.fix_id == patch_id or h.fix_id.startswith(f"{patch_id}:")
                 ]
-                fixes = sorted({h.fix_id for h in held})
+                fixes = {h.fix_id for h in held}
                 unheard = reply.missing or unanswered(reply)
-                whole = taken and unheard is None and {h.sha256 for h in held} == posts
-                listed["detail"] = f"in memory: {', '.join(fixes) or 'no live fix of ' + patch_id}"
+                listed["detail"] = (
+                    f"in memory: {', '.join(sorted(fixes)) or 'no live fix of ' + patch_id}"
+                )
                 if unheard:
                     listed["detail"] += f"; not heard from: {unheard}"
         except HostError as exc:  # what the engine holds is not known: a restart clears it
-            whole, unheard = False, describe_error(exc)
-            listed["detail"] = f"its live fixes could not be listed ({unheard})"
-        if whole:
-            try:
-                smoke = smoke_step(session, None, baseline=None, last=True)
-            except HostFailed as failure:
-                return self._undo_live(session, standing, fixes, failure.error, Outcome.ROLLED_BACK)
-            note = (
-                f"finished run {run_id}'s live fix: every process of the engine holds it and "
-                "the smoke decode proves it, no restart; the file carries it for the next one"
+            return (
+                set(),
+                False,
+                False,
+                f"its live fixes could not be listed ({describe_error(exc)})",
             )
-            return session.outcome(Outcome.APPLIED, file=standing.change(), smoke=smoke, note=note)
-        why = (
-            f"run {run_id} was interrupted before its live fix was taken in every process "
-            f"({listed['detail']}): the fix was taken out and the files put back, as a failed "
-            f"live apply is; `{remedy_text(CliCommand.APPLY, patch_id, hosts=session.name)}` "
-            "with --live takes it again"
-        )
-        return self._undo_live(
-            session, standing, fixes, why, Outcome.RESTORED, restart=unheard is not None
-        )
+        holds = {h.sha256 for h in held} == posts
+        return fixes, unheard is None, holds, listed["detail"]
 
     @staticmethod
     def _undo_live(
-        session: HostSession,
-        standing: HostStanding,
-        fixes: Sequence[str],
+        nodes: Nodes,
+        standings: Mapping[str, HostStanding],
+        fixes: Collection[str],
         why: str,
         outcome: Outcome,
         *,
         restart: bool = False,
-    ) -> HostOutcome:
-        """The live path's undo: `fixes` reverted in every process, then the files restored;
-        the server restarted (clearing its memory) when a revert did not answer everywhere,
-        or with `restart` (a process not heard from may hold the fix)."""
-        timeout = float(session.playbook.timeouts.smoke)
-        reverted = revert_everywhere(session, fixes, timeout=timeout) if fixes else True
+    ) -> list[HostOutcome]:
+        """The live path's undo: `fixes` reverted in every process of every node, then the
+        files restored; the group restarted (clearing its memory) when a revert did not answer
+        everywhere, or with `restart` (a process not heard from may hold the fix)."""
+        reverted = True
+        for session in nodes.sessions:
+            if fixes:
+                timeout = float(session.playbook.timeouts.smoke)
+                reverted = revert_everywhere(session, sorted(fixes), timeout=timeout) and reverted
         return undo(
-            session,
+            nodes,
             why,
-            restore=lambda: restore_standing(session, standing),
-            change=standing.change(),
+            restore=lambda s: restore_standing(s, standings[s.name]),
+            changes={n: st.change() for n, st in standings.items()},
             restart=restart or not reverted,
             outcome=outcome,
         )
-
-    def unit(self, nodes: UnitSessions) -> list[HostOutcome]:
-        """A unit recovered as one (never a node restarted alone): its nodes made uniform.
-        Every node read; a node changed by someone else: every node `needs-attention`, nothing
-        written. Every node new: proven as one (the unit restarted, smoke through the head),
-        left alone when already proven and serving; undone on every node when the proof fails.
-        Every node old: left alone when the unit serves, else restarted as one. Nodes that
-        differ (a run stopped between two nodes' swaps): every new file put back, the unit
-        restarted and proven: `restored`, uniform at the pre-images."""
-        standings = {s.name: self.read(s) for s in nodes.sessions}
-        if all(st.inspection is None for st in standings.values()):
-            return self._unit_not_read(nodes)
-        odd = [n for n, st in standings.items() if ACTIONS[st.standing] == Action.ATTENTION]
-        if odd:
-            return self._unit_changed(nodes, standings, odd)
-        new = {n for n, st in standings.items() if st.standing in ALL_NEW}
-        changes = {n: st.change() if n in new else st.unchanged() for n, st in standings.items()}
-
-        def restore(session: HostSession) -> FileChange:
-            standing = standings[session.name]
-            return (
-                restore_standing(session, standing)
-                if session.name in new
-                else changes[session.name]
-            )
-
-        if len(new) == len(standings):
-            proven = all(st.standing in _PROVEN for st in standings.values())
-            if proven and unit_answers(nodes):
-                note = (
-                    f"{describe(standings[nodes.head.name].proofs[0])}; the unit serves: left alone"
-                )
-                return [
-                    s.outcome(Outcome.APPLIED, file=changes[s.name], note=note)
-                    for s in nodes.sessions
-                ]
-            note = f"finished the change on every node of unit {nodes.unit.name}: restarted as one and smoke-tested"
-            return prove_or_undo_unit(nodes, changes=changes, restore=restore, note=note)
-        if not new and unit_answers(nodes):
-            note = f"every node of unit {nodes.unit.name} is at the pre-image; the unit serves: left alone"
-            return [
-                s.outcome(Outcome.RESTORED, file=changes[s.name], note=note) for s in nodes.sessions
-            ]
-        why = (
-            f"the nodes of unit {nodes.unit.name} differed (new on {', '.join(sorted(new))}): every "
-            "new file was put back, so the unit is uniform at its pre-images"
-            if new
-            else f"every node of unit {nodes.unit.name} is at the pre-image; the unit was not serving: restarted as one"
-        )
-        return undo_unit(nodes, why, restore=restore, changes=changes, outcome=Outcome.RESTORED)
-
-    def _unit_not_read(self, nodes: UnitSessions) -> list[HostOutcome]:
-        """`_not_read` for a unit: every node's lock taken, the unit left alone when it
-        serves, else restarted as one and proven through its head."""
-        said = "; ".join(f"{s.name}: {self._locked(s)}" for s in nodes.sessions)
-        why = f"{self.scope.what} recorded no change here ({said})"
-        if unit_answers(nodes):
-            note = f"{why}; the unit serves: left alone"
-            return [s.outcome(Outcome.RESTORED, note=note) for s in nodes.sessions]
-        return undo_unit(
-            nodes,
-            f"{why}; the unit was not serving: restarted as one",
-            restore=lambda session: None,
-            changes=dict.fromkeys(s.name for s in nodes.sessions),
-            outcome=Outcome.RESTORED,
-        )
-
-    def _unit_changed(
-        self, nodes: UnitSessions, standings: Mapping[str, HostStanding], odd: Sequence[str]
-    ) -> list[HostOutcome]:
-        """A node someone else changed: nothing is written on any node of the unit."""
-        outcomes = []
-        for session in nodes.sessions:
-            standing = standings[session.name]
-            if session.name in odd:
-                text, file = self._changed(session, standing), self._changed_file(standing)
-            else:
-                text = (
-                    f"unit {nodes.unit.name}'s node {', '.join(odd)} was changed by someone "
-                    "else: nothing was written on any node of the unit"
-                )
-                file = standing.unchanged()
-            outcomes.append(session.outcome(Outcome.NEEDS_ATTENTION, text, file=file))
-        return outcomes
 
     def _ensure_running(self, session: HostSession, standing: HostStanding) -> HostOutcome:
         """Nothing to change on disk (all old, nothing recorded, or proven and no older server

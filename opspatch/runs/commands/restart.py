@@ -7,13 +7,14 @@ the pre-image the ledger recorded for the staged change, restarted and reported 
 A host where nothing is staged (its file is at the pre-image, or the ledger holds no change) is
 left alone; a file that changed since opspatch wrote it is refused, never restarted into.
 
-Per host it is a table (`ACTIONS`) over the host's standing (`runs.fleet.standing.read_host`:
-the newest write's file, or every file of its patch set, a single file being a set of one).
+Per host it is the decision table (`runs.judgments.decisions`, goal: proven where staged) over
+the host's standing (`runs.fleet.standing.read_host`: the newest write's file, or every file of
+its patch set, a single file being a set of one).
 
-A unit (one server over several hosts) is restarted as one, never a node alone (`_restart_unit`):
-every node read first, then one decision for the unit. Every node's file new and some node's
-server older than it (staged): the unit restarted as one and proven through the head, undone on
-every node when the proof fails. Nothing staged on any node: every node left alone. A node
+A group (a unit's nodes, a host by itself a group of one) is restarted as one, never a node
+alone (`_restart`): every node read first, then one decision for the group. Every node's file
+new and some node's server older than it (staged): the group restarted as one and proven
+through the head, undone on every node when the proof fails. Nothing staged on any node: every node left alone. A node
 restart refuses (its file changed, a set not whole) or that could not be read: no node is
 restarted. Nodes that differ (new on one, old on another): no node is restarted, every node
 `needs-attention` naming the odd nodes, since the unit would run two versions of its code;
@@ -27,42 +28,22 @@ from dataclasses import dataclass, replace
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
-from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Command, FileAction, Outcome
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Action, Command, FileAction, Outcome
 from opspatch.errors import OpspatchError
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.commands.live import StagedPlugin, staged_plugin
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.group import Nodes, failing_as, prove_or_undo, refuse
 from opspatch.runs.fleet.recorded import recorded_run
-from opspatch.runs.fleet.restore import prove_standing, restore_standing
-from opspatch.runs.fleet.session import HostFailed, HostSession, NoProgress, Progress
+from opspatch.runs.fleet.restore import restore_standing
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, target_of
 from opspatch.runs.fleet.standing import HostStanding, begin, read_host
-from opspatch.runs.fleet.steps import prove_or_undo
-from opspatch.runs.fleet.unitrun import (
-    NodeFailed,
-    UnitSessions,
-    prove_or_undo_unit,
-    refuse_unit,
-)
-from opspatch.runs.judgments.patchset import ALL_NEW, Action, Standing, Table
+from opspatch.runs.judgments.decisions import decide
+from opspatch.runs.judgments.patchset import ALL_NEW, Standing
 from opspatch.runs.judgments.units import unit_refusal
-from opspatch.runs.report import FileChange, HostOutcome, RunReport
-
-ACTIONS: Table = {
-    Standing.NOTHING_RECORDED: Action.LEAVE,
-    Standing.ALL_OLD: Action.LEAVE,
-    Standing.PARTLY_NEW: Action.REFUSE,
-    Standing.NEW_STALE: Action.PROVE_OR_UNDO,
-    # a server started after the write already runs it, proven or not: restarting proves nothing
-    Standing.NEW_PROVEN: Action.LEAVE,
-    Standing.NEW_UNPROVEN: Action.LEAVE,
-    Standing.NEW_PROVEN_NO_SERVER: Action.PROVE_OR_UNDO,
-    Standing.NEW_UNPROVEN_NO_SERVER: Action.PROVE_OR_UNDO,
-    Standing.PATCHED_FURTHER: Action.REFUSE,
-    Standing.CHANGED: Action.REFUSE,
-}
-"""What restart does about each standing of the newest write on a host."""
+from opspatch.runs.report import HostOutcome, RunReport
 
 
 def restart_hosts(
@@ -74,7 +55,7 @@ def restart_hosts(
     progress: Progress | None = None,
 ) -> RunReport:
     """Restart, prove and (on failure) roll back every host with a staged change, recorded; a
-    unit's nodes as one (`_restart_unit`).
+    unit's nodes as one (`_restart`).
 
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
@@ -82,7 +63,7 @@ def restart_hosts(
     """
     progress = progress or NoProgress()
     unit = unit_refusal(
-        hosts, command="restart", whole=lambda u: remedy_text(CliCommand.RESTART, hosts=u.name)
+        hosts, command="restart", whole=lambda u: remedy_text(Command.RESTART, hosts=u.name)
     )
     if unit is not None:
         raise unit
@@ -111,10 +92,7 @@ def restart_hosts(
             )
 
         outcomes, halted = fleet.execute(
-            lambda session: _restart_host(session, ledger),
-            batches=plan.batches,
-            halt=halt,
-            per_unit=lambda nodes: _restart_unit(nodes, ledger),
+            lambda nodes: _restart(nodes, ledger), batches=plan.batches, halt=halt
         )
         return run.finish(fleet.report(outcomes, halted=halted))
 
@@ -141,7 +119,11 @@ class _Staged:
 
     @property
     def action(self) -> Action:
-        return ACTIONS[self.standing.standing] if self.standing is not None else Action.LEAVE
+        return (
+            decide(Command.RESTART, self.standing.standing)
+            if self.standing is not None
+            else Action.LEAVE
+        )
 
     @property
     def new(self) -> bool:
@@ -184,28 +166,47 @@ def _read(session: HostSession, ledger: Ledger) -> _Staged:
     return _Staged(versions[0].run_id, read_host(session, versions, inspection=inspection))
 
 
-def _restart_host(session: HostSession, ledger: Ledger) -> HostOutcome:
-    try:
-        staged = _read(session, ledger)
-        plugin = _plugin(session, ledger, staged)
-    except OpspatchError as exc:  # unreachable, locked: nothing was done there
-        return session.refused(exc)
-    if staged.action == Action.PROVE_OR_UNDO:
-        assert staged.standing is not None
-        return prove_standing(
-            session, staged.standing, note=f"restarted into {staged.what()} and proven"
+def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
+    """A group restarted as one or not at all (never a node alone): every node read (locked),
+    then one decision. A node that could not be read or that restart refuses: no node touched,
+    each other node `skipped` naming it. Every node's files new: the group restarted and proven
+    as one when some node is staged (its server older than the write), undone on every node
+    when the proof fails; left alone otherwise, unless the live plugin is staged there
+    (`_restart_plugin`). Nodes that differ (new on some, old on others): every node
+    `needs-attention`, naming them; restarting would run two versions of the code in one
+    server."""
+    staged: dict[str, _Staged] = {}
+    for session in nodes.sessions:
+        try:
+            staged[session.name] = _read(session, ledger)
+        except OpspatchError as exc:  # unreachable, locked: nothing was done there
+            return refuse(nodes, {session.name: session.refused(exc)}, "could not be read")
+    files = {n: st.standing.unchanged() if st.standing else None for n, st in staged.items()}
+    odd = {
+        s.name: staged[s.name].refused(s)
+        for s in nodes.sessions
+        if staged[s.name].action == Action.REFUSE
+    }
+    if odd:
+        return refuse(nodes, odd, "was refused", files=files)
+    new = [n for n, st in staged.items() if st.new]
+    if len(new) not in (0, len(staged)):
+        old = [n for n in staged if n not in new]
+        why = (
+            f"the nodes of unit {nodes.name} differ: {', '.join(new)} carry the change and "
+            f"{', '.join(old)} do not; no node was restarted (the unit would run two versions of "
+            f"its code): `{remedy_text(Command.RECOVER, hosts=nodes.name)}` makes it uniform"
         )
-    if plugin is not None:
-        return prove_or_undo(
-            session,
-            change=plugin.change(),
-            restore=lambda: plugin.remove(session),
-            judge=plugin.listens,
-            note=f"restarted into {plugin.what()} and proven: every process listens",
-        )
-    if staged.action == Action.LEAVE:
-        return staged.left_alone(session)
-    return staged.refused(session)
+        return [s.outcome(Outcome.NEEDS_ATTENTION, why, file=files[s.name]) for s in nodes.sessions]
+    if not any(st.action == Action.PROVE_OR_UNDO for st in staged.values()):
+        return _restart_plugin(nodes, ledger, staged)
+    standings = {n: st.standing for n, st in staged.items() if st.standing is not None}
+    return prove_or_undo(
+        nodes,
+        changes={n: st.change() for n, st in standings.items()},
+        restore=lambda session: restore_standing(session, standings[session.name]),
+        note=_restarted_into(nodes, staged[nodes.head.name].what(), "proven"),
+    )
 
 
 def _plugin(session: HostSession, ledger: Ledger, staged: _Staged) -> StagedPlugin | None:
@@ -220,95 +221,48 @@ def _plugin(session: HostSession, ledger: Ledger, staged: _Staged) -> StagedPlug
     return staged_plugin(session, ledger, locked=staged.standing is not None)
 
 
-def _restart_unit(nodes: UnitSessions, ledger: Ledger) -> list[HostOutcome]:
-    """A unit restarted as one or not at all (never a node alone): every node read (locked),
-    then one decision. A node that could not be read or that restart refuses: no node touched,
-    each other node `skipped` naming it. Nothing staged on any node: each left alone. Every
-    node's files new: the unit restarted and proven as one when some node is staged (its server
-    older than the write), undone on every node when the proof fails; left alone otherwise.
-    Nodes that differ (new on some, old on others): every node `needs-attention`, naming them;
-    restarting would run two versions of the code in one server."""
-    unit = nodes.unit.name
-    staged: dict[str, _Staged] = {}
-    for session in nodes.sessions:
-        try:
-            staged[session.name] = _read(session, ledger)
-        except OpspatchError as exc:
-            return refuse_unit(nodes, {session.name: session.refused(exc)}, "could not be read")
-    files = {n: st.standing.unchanged() if st.standing else None for n, st in staged.items()}
-    odd = {
-        s.name: staged[s.name].refused(s)
-        for s in nodes.sessions
-        if staged[s.name].action == Action.REFUSE
-    }
-    if odd:
-        return refuse_unit(nodes, odd, "was refused", files=files)
-    new = [n for n, st in staged.items() if st.new]
-    if len(new) not in (0, len(staged)):
-        old = [n for n in staged if n not in new]
-        why = (
-            f"the nodes of unit {unit} differ: {', '.join(new)} carry the change and "
-            f"{', '.join(old)} do not; no node was restarted (the unit would run two versions of "
-            f"its code): `{remedy_text(CliCommand.RECOVER, hosts=unit)}` makes it uniform"
-        )
-        return [s.outcome(Outcome.NEEDS_ATTENTION, why, file=files[s.name]) for s in nodes.sessions]
-    if not any(st.action == Action.PROVE_OR_UNDO for st in staged.values()):
-        return _restart_unit_plugin(nodes, ledger, staged)
-    standings = {n: st.standing for n, st in staged.items() if st.standing is not None}
-
-    def restore(session: HostSession) -> FileChange:
-        return restore_standing(session, standings[session.name])
-
-    return prove_or_undo_unit(
-        nodes,
-        changes={n: st.change() for n, st in standings.items()},
-        restore=restore,
-        note=f"restarted unit {unit} as one into {staged[nodes.head.name].what()} and proven "
-        "through the head",
-    )
+def _restarted_into(nodes: Nodes, what: str, proven: str) -> str:
+    if nodes.alone:
+        return f"restarted into {what} and {proven}"
+    return f"restarted unit {nodes.name} as one into {what} and {proven}"
 
 
-def _restart_unit_plugin(
-    nodes: UnitSessions, ledger: Ledger, staged: Mapping[str, _Staged]
+def _restart_plugin(
+    nodes: Nodes, ledger: Ledger, staged: Mapping[str, _Staged]
 ) -> list[HostOutcome]:
-    """A unit whose files stage nothing: restarted as one into the live plugin when it is staged
-    on every node (`live enable` of the unit), proven through the head and on every node's
-    sockets, the plugin removed everywhere when the proof fails; left alone otherwise (a plugin
-    staged on some nodes only: each such node says so)."""
+    """A group whose files stage nothing: restarted as one into the live plugin when it is
+    staged on every node (`live enable`), proven through the head and on every node's sockets,
+    the plugin removed everywhere when the proof fails; left alone otherwise (a plugin staged
+    on some nodes only: each such node says so)."""
     plugins: dict[str, StagedPlugin | None] = {}
     for session in nodes.sessions:
         try:
             plugins[session.name] = _plugin(session, ledger, staged[session.name])
         except OpspatchError as exc:
-            return refuse_unit(nodes, {session.name: session.refused(exc)}, "could not be read")
+            return refuse(nodes, {session.name: session.refused(exc)}, "could not be read")
     ready = {name: plugin for name, plugin in plugins.items() if plugin is not None}
     if not ready or len(ready) < len(plugins):
-        left = [staged[s.name].left_alone(s) for s in nodes.sessions]
+        outcomes = [staged[s.name].left_alone(s) for s in nodes.sessions]
         if not ready:
-            return left
-        enable = remedy_text(CliCommand.LIVE_ENABLE, hosts=nodes.unit.name)
+            return outcomes
+        enable = remedy_text(Command.LIVE_ENABLE, hosts=nodes.name)
         return [
             replace(o, note=f"{o.note}; the live plugin is staged on {', '.join(ready)} only "
                     f"(`{enable}` stages it on every node, then restart)")
-            for o in left
+            for o in outcomes
         ]  # fmt: skip
 
-    def restore(session: HostSession) -> FileChange:
-        return ready[session.name].remove(session)
-
-    def listening(nodes: UnitSessions) -> None:
+    def listening(nodes: Nodes) -> None:
         for session in nodes.sessions:
-            try:
+            with failing_as(nodes, session):
                 ready[session.name].listens(session)
-            except HostFailed as failure:
-                raise NodeFailed(session.name, failure.error) from failure
 
-    return prove_or_undo_unit(
+    every = "every process listens" if nodes.alone else "every node's processes listen"
+    return prove_or_undo(
         nodes,
         changes={name: plugin.change() for name, plugin in ready.items()},
-        restore=restore,
-        note=f"restarted unit {nodes.unit.name} as one into "
-        f"{ready[nodes.head.name].what()} and proven: every node's processes listen",
+        restore=lambda session: ready[session.name].remove(session),
+        note=_restarted_into(nodes, ready[nodes.head.name].what(), f"proven: {every}"),
         judge=listening,
     )
 
@@ -335,7 +289,7 @@ def _refusal(session: HostSession, standing: HostStanding, run_id: str) -> str:
     if standing.is_set:
         return (
             f"refused: run {run_id}'s patch set is not whole ({standing.found.describe()}); "
-            f"`{remedy_text(CliCommand.RECOVER, hosts=session.name)}` makes it whole"
+            f"`{remedy_text(Command.RECOVER, hosts=target_of(session.host))}` makes it whole"
         )
     version, live = standing.version, standing.live
     return (

@@ -1,9 +1,10 @@
 """`opspatch rollback`: undo a patch (or a run) from the ledger. The restore run it goes through
 and the restores it shares with `recover` are `runs.fleet.restore`'s.
 
-Per host it is a table (`ACTIONS`) over the host's standing (`runs.fleet.standing.read_host`, a
-single file a set of one). A rollback restores only what opspatch itself wrote: a host's file is restored to the pre-image the
-ledger holds when the live file still hashes to the post-image opspatch recorded; anything else
+Per host it is the decision table (`runs.judgments.decisions`, goal: all old) over the host's
+standing (`runs.fleet.standing.read_host`, a single file a set of one); a unit is rolled back as
+one group. A rollback restores only what opspatch itself wrote: a host's file is restored to the
+pre-image the ledger holds when the live file still hashes to the post-image it recorded; anything else
 is refused for that host with the reason, because overwriting a file someone else changed since
 (a reinstalled sglang, a hand edit) would lose their change.
 
@@ -30,48 +31,35 @@ playbook's `max_in_flight`, in the playbook's batches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from opspatch.core.edit import NotApplicable, detect, unapply
 from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Command, FileAction, Outcome, SetState, Step
+from opspatch.core.vocabulary import Action, Command, FileAction, Outcome, SetState, Step
 from opspatch.errors import OpspatchError, RemoteOperationError
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostInspection
+from opspatch.hosts.results import file_owner
 from opspatch.ledger.lineage import ChangedSince, PatchedFurther, applied_versions
+from opspatch.ledger.records import NewFileVersion
 from opspatch.ledger.store import FileVersion, Ledger, Machine, RunDetail
 from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.group import Nodes, refuse, undo
 from opspatch.runs.fleet.liveapply import revert_everywhere
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import Examined, restore_standing, run_restore
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error, target_of
 from opspatch.runs.fleet.standing import HostStanding, Lineage, read_host
-from opspatch.runs.fleet.steps import AS_ROLLBACK, undo
-from opspatch.runs.fleet.unitrun import UnitSessions, refuse_unit, undo_unit
+from opspatch.runs.fleet.steps import AS_ROLLBACK
+from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
-from opspatch.runs.judgments.patchset import Action, Standing, Table, paths_of
+from opspatch.runs.judgments.patchset import paths_of
 from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
-
-ACTIONS: Table = {
-    # no record of it here: only from the host's own backup, the patch taken off the file alone
-    Standing.NOTHING_RECORDED: Action.RESTORE_FROM_BACKUP,
-    Standing.ALL_OLD: Action.LEAVE,
-    # a set a run left partly applied is made whole: its new files go back
-    Standing.PARTLY_NEW: Action.RESTORE,
-    Standing.NEW_STALE: Action.RESTORE,
-    Standing.NEW_PROVEN: Action.RESTORE,
-    Standing.NEW_PROVEN_NO_SERVER: Action.RESTORE,
-    Standing.NEW_UNPROVEN: Action.RESTORE,
-    Standing.NEW_UNPROVEN_NO_SERVER: Action.RESTORE,
-    Standing.PATCHED_FURTHER: Action.REFUSE,
-    Standing.CHANGED: Action.REFUSE,
-}
-"""What rollback does about each standing of the changes it undoes on a host."""
 
 
 def rollback_hosts(
@@ -97,7 +85,7 @@ def rollback_hosts(
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
         UnitRefused: the hosts take some but not all nodes of a unit (a whole unit is rolled
-            back as one: `_Rollback.unit`).
+            back as one: `_Rollback.group`).
     """
     if (patch is None) == (source_run is None):
         raise ValueError("rollback_hosts takes exactly one of patch or source_run")
@@ -105,9 +93,9 @@ def rollback_hosts(
 
     def again(unit: Unit) -> str:
         if patch is not None:
-            return remedy_text(CliCommand.ROLLBACK, patch.reference, hosts=unit.name)
+            return remedy_text(Command.ROLLBACK, patch.reference, hosts=unit.name)
         assert source_run is not None
-        return remedy_text(CliCommand.ROLLBACK, run=source_run.run_id, hosts=unit.name)
+        return remedy_text(Command.ROLLBACK, run=source_run.run_id, hosts=unit.name)
 
     refused = unit_refusal(hosts, command="rollback", whole=again)
     if refused is not None:
@@ -136,8 +124,7 @@ def rollback_hosts(
             playbook=playbook,
             progress=progress or NoProgress(),
             patch_id=patch_id,
-            per_host=rollback.host,
-            per_unit=rollback.unit,
+            per_group=rollback.group,
             preflight=rollback.preflight,
             under_playbook=True,
         )
@@ -232,18 +219,10 @@ class _Rollback:
         except OpspatchError as exc:
             return Examined(None, decided=session.refused(exc))
 
-    def host(self, session: HostSession) -> HostOutcome:
-        """Lock, read the file again (it may have changed since the preflight), restore, prove."""
-        examined = self._examine(session, lock=True)
-        if examined.restore is None:
-            assert examined.decided is not None
-            return examined.decided
-        return examined.restore()
-
-    def unit(self, nodes: UnitSessions) -> list[HostOutcome]:
-        """A unit rolled back as one: every node locked and read again (it may have changed
+    def group(self, nodes: Nodes) -> list[HostOutcome]:
+        """A group rolled back as one: every node locked and read again (it may have changed
         since the preflight); a node refused there or unreadable: nothing restored on any
-        node. Then every node's files put back, the unit restarted as one and proven through
+        node. Then every node's files put back, the group restarted once and proven through
         the head: `restored` on every node (`restored-not-serving` when the head's decode
         fails; a node that had nothing to restore is restarted with the rest). Told not to
         restart, each node's files are put back (`staged-back`), the engines left alone."""
@@ -252,38 +231,87 @@ class _Rollback:
             try:
                 examined[session.name] = self._examine(session, lock=True)
             except OpspatchError as exc:
-                return refuse_unit(nodes, {session.name: session.refused(exc)}, "could not be read")
+                if nodes.alone:
+                    raise
+                return refuse(nodes, {session.name: session.refused(exc)}, "could not be read")
         decided = {n: e.decided for n, e in examined.items() if e.decided is not None}
         odd = {n: o for n, o in decided.items() if o.error is not None}
         if odd:
-            files = {n: o.file for n, o in decided.items()}
-            return refuse_unit(nodes, odd, "was refused", files=files)
-        if len(decided) == len(examined) or not self.restart_engine:
+            return refuse(nodes, odd, "was refused", files={n: o.file for n, o in decided.items()})
+        if len(decided) == len(examined):
+            return [decided[s.name] for s in nodes.sessions]
+        if not self.restart_engine and not nodes.alone:  # no group restart: each by itself
             return [
-                seen.restore() if seen.restore is not None else decided[name]
-                for name, seen in examined.items()
+                o
+                for s in nodes.sessions
+                for o in (
+                    [decided[s.name]]
+                    if s.name in decided
+                    else self._put_back(Nodes(s), examined, decided)
+                )
             ]
+        return self._put_back(nodes, examined, decided)
 
-        def put_back(session: HostSession) -> FileChange | None:
-            seen = examined[session.name]
-            if seen.put_back is None:  # nothing to restore on this node
-                return decided[session.name].file
-            return seen.put_back()
+    def _put_back(
+        self, nodes: Nodes, examined: Mapping[str, Examined], decided: Mapping[str, HostOutcome]
+    ) -> list[HostOutcome]:
+        """Restore, then restart, wait (the restore path's own deadline), smoke-decode: the one
+        proof after a restore (`group.undo`), with a rollback's steps. A node is `restored`
+        once its files are back and its group's server ready and decoding; a failed smoke makes
+        it `restored-not-serving` (exit 1): the original code may be exactly what was broken,
+        and a server the decode crashed is down. Told not to restart, a node is `unrestarted`
+        once its files are back."""
+        head = nodes.head
+        if nodes.alone:
+            seen = examined[head.name]
+            staged_back = not self.restart_engine and self.unrestarted == Outcome.STAGED_BACK
+            why = _join_notes(
+                seen.note,
+                "staged back: the pre-image is in place, the server was not restarted "
+                "(--restart never) and runs the code it loaded until it is restarted"
+                if staged_back
+                else None,
+                self._revert_live(head),
+            )
+        else:
+            why = (
+                f"rolled back on every node of unit {nodes.name}, restarted as one; the smoke "
+                f"decode went through the head {head.name}"
+            )
 
-        unit, head = nodes.unit.name, nodes.head.name
-        return undo_unit(
-            nodes,
-            f"rolled back on every node of unit {unit}, restarted as one; the smoke decode went "
-            f"through the head {head}",
-            restore=put_back,
-            changes={n: e.found or decided[n].file for n, e in examined.items()},
-            outcome=Outcome.RESTORED,
-            steps=AS_ROLLBACK,
-            way_back=self._way_back(unit),
-        )
+        def restore(session: HostSession) -> FileChange | None:
+            put_back = examined[session.name].put_back
+            if put_back is None:  # nothing to restore on this node
+                left: FileChange | None = decided[session.name].file
+                return left
+            try:
+                back: FileChange = put_back()
+                return back
+            except _NoBackup as missing:  # nothing was changed: refused, on a host by itself
+                if nodes.alone:
+                    raise
+                raise missing.error from None
+
+        try:
+            return undo(
+                nodes,
+                why,
+                restore=restore,
+                changes={n: e.found or decided[n].file for n, e in examined.items()},
+                restart=self.restart_engine,
+                outcome=Outcome.RESTORED if self.restart_engine else self.unrestarted,
+                steps=AS_ROLLBACK,
+                way_back=self._way_back(nodes.name),
+                restore_failed=examined[head.name].restore_failed,
+                restart_failed=lambda error: (
+                    f"restored, but the server does not come back: {error}"
+                ),
+            )
+        except _NoBackup as missing:
+            return [missing.outcome]
 
     def _examine(self, session: HostSession, *, lock: bool) -> Examined:
-        """Read the host's standing against the changes to undo and look it up in `ACTIONS`:
+        """Read the host's standing against the changes to undo and look it up in the decision table:
         the outcome decided there (nothing to restore, a refusal), or the restore to make."""
         by_path = self.set_versions(session.name)
         if by_path:
@@ -316,7 +344,7 @@ class _Rollback:
         )
         inspection = standing.inspection
         assert inspection is not None  # versions, or a patch's module, were read
-        action = ACTIONS[standing.standing]
+        action = decide(Command.ROLLBACK, standing.standing)
         if action == Action.RESTORE_FROM_BACKUP:
             assert self.patch is not None
             return self._without_record(session, self.patch, inspection)
@@ -337,11 +365,22 @@ class _Rollback:
                     Outcome.SKIPPED, _refusal(standing), file=standing.unchanged()
                 ),
             )
+        partly = standing.is_set and standing.found.state == SetState.PARTLY_APPLIED
+        failed = (
+            f"`{remedy_text(Command.RECOVER, hosts=target_of(session.host))}` makes the set whole"
+        )
         return Examined(
             inspection,
-            restore=lambda: self._restore(session, standing),
             put_back=lambda: restore_standing(session, standing),
             found=standing.change(),
+            note=f"the set was partly applied ({standing.found.describe()}); now all-old"
+            if partly
+            else None,
+            restore_failed=(
+                lambda error: f"restore of the patch set failed part-way: {error}; {failed}"
+            )
+            if standing.is_set
+            else (lambda error: f"restore failed: {error}"),
         )
 
     def _lineage(
@@ -366,72 +405,6 @@ class _Rollback:
             return history, candidates
 
         return lineage
-
-    def _restore(self, session: HostSession, standing: HostStanding) -> HostOutcome:
-        """Lock held and the host read again: restore what the standing found new, then prove
-        the restore (`undo`, reported `restored`)."""
-        if standing.is_set:
-            partly = (
-                f"the set was partly applied ({standing.found.describe()}); now all-old"
-                if standing.found.state == SetState.PARTLY_APPLIED
-                else None
-            )
-
-            def set_failed(error: str) -> str:
-                return (
-                    f"restore of the patch set failed part-way: {error}; "
-                    f"`{remedy_text(CliCommand.RECOVER, hosts=session.name)}` makes the set whole"
-                )
-
-            return self._restore_and_prove(
-                session,
-                lambda: restore_standing(session, standing),
-                change=standing.change(),
-                note=partly,
-                restore_failed=set_failed,
-            )
-        return self._restore_and_prove(
-            session,
-            lambda: restore_standing(session, standing),
-            change=None,
-            note=None,
-            restore_failed=lambda error: f"restore failed: {error}",
-        )
-
-    def _restore_and_prove(
-        self,
-        session: HostSession,
-        restore: Callable[[], FileChange],
-        *,
-        change: FileChange | None,
-        note: str | None,
-        restore_failed: Callable[[str], str] | None = None,
-    ) -> HostOutcome:
-        """Restore, then restart, wait (the restore path's own deadline), smoke-decode: the one
-        proof after a restore (`steps.undo`), with a rollback's steps. The host is `restored`
-        once its file is back and its server ready and decoding; a failed smoke makes it
-        `restored-not-serving` (exit 1): the original code may be exactly what was broken, and
-        a server the decode crashed is down. Told not to restart, the host is `unrestarted`
-        once its files are back."""
-        if not self.restart_engine and self.unrestarted == Outcome.STAGED_BACK:
-            note = _join_notes(
-                note,
-                "staged back: the pre-image is in place, the server was not restarted "
-                "(--restart never) and runs the code it loaded until it is restarted",
-            )
-        live_note = self._revert_live(session)
-        return undo(
-            session,
-            _join_notes(note, live_note),
-            restore=restore,
-            change=change,
-            restart=self.restart_engine,
-            outcome=Outcome.RESTORED if self.restart_engine else self.unrestarted,
-            steps=AS_ROLLBACK,
-            way_back=self._way_back(session.name),
-            restore_failed=restore_failed,
-            restart_failed=lambda error: f"restored, but the server does not come back: {error}",
-        )
 
     def _patch_id(self) -> str | None:
         patch_id = self.patch.spec.id if self.patch else None
@@ -482,10 +455,12 @@ class _Rollback:
 
     def _way_back(self, host: str) -> str:
         patch_id = self.patch.reference if self.patch is not None else self._patch_id()
-        status = f"`{remedy_text(CliCommand.STATUS, hosts=host)}` shows whether its server runs"
+        status = f"`{remedy_text(Command.STATUS, hosts=host)}` shows whether its server runs"
         if patch_id is None:
             return status
-        return f"`{remedy_text(CliCommand.APPLY, patch_id, hosts=host)}` puts the change back; {status}"
+        return (
+            f"`{remedy_text(Command.APPLY, patch_id, hosts=host)}` puts the change back; {status}"
+        )
 
     def _without_record(
         self, session: HostSession, patch: LoadedPatch, inspection: HostInspection
@@ -523,37 +498,29 @@ class _Rollback:
                 ),
             )
         pre_sha256 = sha256_hex(pre.old_source)
+
+        def put_back() -> FileChange:
+            try:
+                return self._from_backup(session, inspection, pre_sha256)
+            except RemoteOperationError as exc:
+                if exc.code not in ("backup-missing", "backup-hash-mismatch"):
+                    raise
+                refused = session.outcome(
+                    Outcome.SKIPPED,
+                    f"refused: the ledger has no record of {patch.spec.id} on this host and the "
+                    f"host holds no backup of its pre-image {pre_sha256[:12]} ({exc.detail}); "
+                    "nothing was changed. Use the ledger that recorded the change (--ledger), or "
+                    "restore the file from your own backup",
+                    file=unchanged,
+                )
+                raise _NoBackup(refused, exc) from exc
+
         return Examined(
             inspection,
-            restore=lambda: self._restore_from_backup(session, patch, inspection, pre_sha256),
-            put_back=lambda: self._from_backup(session, inspection, pre_sha256),
+            put_back=put_back,
             found=unchanged,
+            note="restored from the host's own backup (the ledger had no record of this change)",
         )
-
-    def _restore_from_backup(
-        self,
-        session: HostSession,
-        patch: LoadedPatch,
-        inspection: HostInspection,
-        pre_sha256: str,
-    ) -> HostOutcome:
-        """The file back at `pre_sha256` from the host's own backup, recorded, then proven."""
-        live = inspection.file
-        try:
-            change = self._from_backup(session, inspection, pre_sha256)
-        except RemoteOperationError as exc:
-            if exc.code not in ("backup-missing", "backup-hash-mismatch"):
-                raise
-            return session.outcome(
-                Outcome.SKIPPED,
-                f"refused: the ledger has no record of {patch.spec.id} on this host and the host "
-                f"holds no backup of its pre-image {pre_sha256[:12]} ({exc.detail}); nothing was "
-                "changed. Use the ledger that recorded the change (--ledger), or restore the file "
-                "from your own backup",
-                file=FileChange(live.realpath, live.sha256, live.sha256),
-            )
-        how = "restored from the host's own backup (the ledger had no record of this change)"
-        return self._restore_and_prove(session, lambda: change, change=None, note=how)
 
     @staticmethod
     def _from_backup(
@@ -576,16 +543,28 @@ class _Rollback:
             note["detail"] = f"back to {pre_sha256[:12]} from the host's backup"
         session.recorder.file_version(
             session.name,
-            path=live.realpath,
-            sha256_before=live.sha256,
-            sha256_after=pre_sha256,
-            mode=live.mode,
-            owner=f"{live.owner or live.uid}:{live.group or live.gid}",
-            pre_image=live.content,
-            action=FileAction.RESTORE,
-            container=session.container,
+            NewFileVersion(
+                live.realpath,
+                live.sha256,
+                pre_sha256,
+                live.mode,
+                file_owner(live),
+                pre_image=live.content,
+                action=FileAction.RESTORE,
+                container=session.container,
+            ),
         )
         return FileChange(live.realpath, restored.sha256_before, restored.sha256_after)
+
+
+class _NoBackup(Exception):
+    """A restore from the host's own backup that found none: nothing was changed (`outcome`:
+    the host refused; `error`: the host's answer)."""
+
+    def __init__(self, outcome: HostOutcome, error: RemoteOperationError) -> None:
+        super().__init__(error.message)
+        self.outcome = outcome
+        self.error = error
 
 
 def _join_notes(*notes: str | None) -> str | None:

@@ -20,7 +20,7 @@ from typing import Any
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.policy import Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, OpspatchError
 from opspatch.hosts.engine import SmokeResult
@@ -85,7 +85,7 @@ def smoke_hosts(
         GaveUpWaiting: a second Ctrl-C while hosts were in flight.
     """
     hosts = serving_heads(
-        hosts, command="smoke", whole=lambda unit: remedy_text(CliCommand.SMOKE, hosts=unit.name)
+        hosts, command="smoke", whole=lambda unit: remedy_text(Command.SMOKE, hosts=unit.name)
     )
     units = {h.name: h.unit.name for h in hosts if h.unit is not None}
 

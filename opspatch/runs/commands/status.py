@@ -18,35 +18,35 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from opspatch.analysis.upstream import UpstreamVerdict, part_verdict
-from opspatch.core.edit import Detection, detect, misfits
+from opspatch.core.edit import Detection, misfits
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord, json_field, record_to_json
 from opspatch.core.policy import StepTimeouts
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch, PatchSpec
-from opspatch.core.vocabulary import Detected, FileAction, PatchState, Rotation
+from opspatch.core.vocabulary import Command, Detected, PatchState, Rotation
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, OpspatchError, TargetError
 from opspatch.hosts.containers import ContainerIdentity
-from opspatch.hosts.image import BakedLabels, baked_history
+from opspatch.hosts.image import BakedLabels
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostInspection, HostOperations
-from opspatch.ledger.lineage import (
-    AtPostImage,
-    AtPreImage,
-    ChangedSince,
-    PatchedFurther,
-    applied_versions,
-    locate,
-)
-from opspatch.ledger.store import FileVersion, Ledger, Machine
+from opspatch.ledger.lineage import AtPostImage, PatchedFurther, applied_versions
+from opspatch.ledger.store import Ledger, Machine
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.pipeline import gate_inspection
 from opspatch.runs.fleet.rotation import rotation_of
 from opspatch.runs.judgments.live import HeldFix, drift, held_fixes
-from opspatch.runs.judgments.patchset import ServerAge, Standing, judge, server_age
+from opspatch.runs.judgments.patchset import (
+    FileStanding,
+    Place,
+    baked_in,
+    read_file,
+    recreated_since,
+    server_age,
+)
 from opspatch.runs.judgments.proof import change_proof, describe
+from opspatch.runs.judgments.views import status_word
 from opspatch.runs.judgments.who import RunWho, who_ran
 
 
@@ -113,7 +113,7 @@ def with_server(status: PatchStatus, host: Host, inspection: HostInspection) -> 
     if not running:
         down = (
             f"the server is not running (no live process in its pid file, nothing listening at "
-            f"{host.engine.url}): `{remedy_text(CliCommand.DIAGNOSE, hosts=host.name)}` says why"
+            f"{host.engine.url}): `{remedy_text(Command.DIAGNOSE, hosts=host.name)}` says why"
         )
         detail = f"{detail}; {down}" if detail else down
     return replace(status, detail=detail, server_running=running)
@@ -128,91 +128,15 @@ def classify(
     *,
     part: int = 0,
 ) -> PatchStatus:
-    """The state of one patch (`part`: one target of a patch set) in one live file (pure
-    apart from reading the ledger).
+    """The state of one patch (`part`: one target of a patch set) in one live file: the file
+    read against the ledger and the patch (`patchset.read_file`), its word from the table
+    (`views.STATUS`), the sentence here.
 
     `container` is the container the file was read in, for an engine in one: a container other
     than the one the patch was written in (recreated from its image) is said to be so. A file
     that is its release's pristine file and already has the fix is `fixed-upstream`, whatever the
     ledger says opspatch once wrote there (an upgrade replaced it)."""
-    upstream = upstream_on_pristine(patch.parts[part], inspection)
-    if upstream is not None and upstream.fixed:
-        file = inspection.file
-        detail = f"{_release_of(inspection)} ships the fix ({upstream.reason}): the patch is not needed here"
-        if upstream.disagreement:
-            detail += f"; {upstream.disagreement}"
-        return PatchStatus(
-            host,
-            patch.spec.id,
-            PatchState.FIXED_UPSTREAM,
-            file.realpath,
-            file.sha256,
-            detail,
-            release=module_release(inspection),
-            carried=detect(file.content, patch.parts[part]).state,
-        )
-    said = _classify_file(patch, host, inspection, ledger, container, part=part)
-    if upstream is not None and upstream.disagreement:
-        detail = f"{said.detail}; {upstream.disagreement}" if said.detail else upstream.disagreement
-        said = replace(said, detail=detail)
-    return said
-
-
-def upstream_on_pristine(spec: PatchSpec, inspection: HostInspection) -> UpstreamVerdict | None:
-    """The upstream verdict of one patch part on the host's file when that file is the pristine
-    file of its installed release (its sha256 is the one pip's RECORD holds); None otherwise:
-    a file someone changed, or one without a RECORD (a source checkout), says nothing about
-    what the release ships."""
-    module = inspection.module
-    if module is None or module.record_sha256 != inspection.file.sha256:
-        return None
-    return part_verdict(spec, inspection.file.content, module.distribution_version)
-
-
-def _release_of(inspection: HostInspection) -> str:
-    module = inspection.module
-    if module is None or module.distribution is None:
-        return "the installed release"
-    return f"{module.distribution} {module.distribution_version or '(version unknown)'}"
-
-
-def _classify_file(
-    patch: LoadedPatch,
-    host: str,
-    inspection: HostInspection,
-    ledger: Ledger | None,
-    container: ContainerIdentity | None,
-    *,
-    part: int,
-) -> PatchStatus:
-    """`classify` for a file that is not fixed upstream: the ledger and the patch decide."""
-    spec = patch.parts[part]
-    structural = detect(inspection.file.content, spec)
-    said = _classify(patch, host, inspection, ledger, container, spec=spec, structural=structural)
-    return replace(said, release=module_release(inspection), carried=structural.state)
-
-
-def module_release(inspection: HostInspection) -> str | None:
-    """The version of the distribution that provides the file, else the engine's own."""
-    module = inspection.module
-    if module is not None and module.distribution_version:
-        return module.distribution_version
-    return inspection.facts.sglang_version
-
-
-def _classify(
-    patch: LoadedPatch,
-    host: str,
-    inspection: HostInspection,
-    ledger: Ledger | None,
-    container: ContainerIdentity | None,
-    *,
-    spec: PatchSpec,
-    structural: Detection,
-) -> PatchStatus:
-    # Long because: one table over the file's standing, each case a return in decided order
-    file = inspection.file
-    gate = gate_inspection(spec.target, inspection)
+    spec, file, module = patch.parts[part], inspection.file, inspection.module
     history = (
         ledger.file_history(
             host,
@@ -222,115 +146,142 @@ def _classify(
         if ledger
         else []
     )
-    standing = locate(history, applied_versions(history, patch.spec.id), file.sha256)
-    baked = baked_in(container, file.realpath, file.sha256)
-    if baked is not None and baked.patch_id == patch.spec.id and container is not None:
-        return PatchStatus(
-            host=host,
-            patch=patch.spec.id,
-            state=PatchState.APPLIED,
-            path=file.realpath,
-            sha256=file.sha256,
-            detail=describe_baked(baked, container),
+    standing = read_file(
+        file.realpath,
+        file.sha256,
+        history,
+        applied_versions(history, patch.spec.id),
+        change=patch.spec.id,
+        content=file.content,
+        part=spec,
+        gate=gate_inspection(spec.target, inspection),
+        pristine=module.record_sha256 if module is not None else None,
+        release=module.distribution_version if module is not None else None,
+        baked=baked_in(container, file.realpath, file.sha256),
+        recreated=recreated_since(history, patch.spec.id, container),
+        server=server_age(inspection.server, file),
+    )
+    state = status_word(standing)
+    said = PatchStatus(
+        host,
+        patch.spec.id,
+        state,
+        file.realpath,
+        file.sha256,
+        _said(standing, state, patch, part, host, inspection, container),
+        release=module_release(inspection),
+        carried=standing.carried.state if standing.carried is not None else None,
+        recreated=True if standing.place == Place.RECREATED else None,
+    )
+    if standing.place == Place.NEW:
+        assert ledger is not None and isinstance(standing.located, AtPostImage)
+        version = standing.located.version
+        said = replace(
+            said,
+            detail=_new(describe(change_proof(ledger, host, version)), state, inspection),
+            written_by=who_ran(ledger, version.run_id),
         )
+    disagreement = standing.upstream.disagreement if standing.upstream is not None else None
+    if disagreement:
+        return replace(said, detail=_joined(said.detail, disagreement))
+    return said
 
-    def lacking(status: PatchStatus) -> PatchStatus:
-        # the patch is not in the file and its own versions do not cover the host: it cannot
-        # be put back there (needs-port), whatever wiped it
-        if gate is None or structural.state == "applied":
-            return status
-        return replace(status, state=PatchState.NOT_APPLICABLE, detail=f"{gate}; {status.detail}")
 
-    recreated = recreated_since(history, patch.spec.id, container)
-    if recreated is not None and not isinstance(standing, AtPostImage | PatchedFurther):
-        return lacking(
-            PatchStatus(
-                host=host,
-                patch=patch.spec.id,
-                state=PatchState(structural.state)
-                if structural.state != "applied"
-                else PatchState.APPLIED,
-                path=file.realpath,
-                sha256=file.sha256,
-                detail=recreated,
-                recreated=True,
+def _said(
+    standing: FileStanding,
+    state: PatchState,
+    patch: LoadedPatch,
+    part: int,
+    host: str,
+    inspection: HostInspection,
+    container: ContainerIdentity | None,
+) -> str:
+    """Why a file has its word (a new file's is `_new`, once its proof is read)."""
+    located, carried = standing.located, standing.carried
+    assert carried is not None
+    match standing.place:
+        case Place.FIXED_UPSTREAM:
+            assert standing.upstream is not None
+            return (
+                f"{_release_of(inspection)} ships the fix ({standing.upstream.reason}): the patch "
+                "is not needed here"
             )
-        )
-    base: dict[str, Any] = {
-        "host": host,
-        "patch": patch.spec.id,
-        "path": file.realpath,
-        "sha256": file.sha256,
-    }
-    server = inspection.server
-    stale = server_age(server, file) == ServerAge.OLDER
-    if isinstance(standing, AtPostImage):
-        assert ledger is not None
-        written = _written(ledger, host, file.realpath, standing.version)
-        base["written_by"] = who_ran(ledger, standing.version.run_id)
-        # the one judgment of a file's standing (restart, recover, rollback read it too);
-        # status does not read the proof: staged or applied is the server's age alone
-        if judge((standing,), server=server_age(server, file), proven=False) == (
-            Standing.NEW_STALE
-        ):
-            assert server is not None
-            return PatchStatus(
-                **base,
-                state=PatchState.STAGED,
-                detail=f"{written}; the running server (pid {server.pid}) started before "
-                "the file changed, so it still runs the old code",
+        case Place.BAKED:
+            assert standing.baked is not None and container is not None
+            return describe_baked(standing.baked, container)
+        case Place.NEW:
+            return ""
+        case Place.PATCHED_FURTHER:
+            assert isinstance(located, PatchedFurther)
+            return f"written by run {located.version.run_id}, {located.advice()}"
+        case Place.RECREATED:
+            said = standing.recreated or ""
+        case Place.OLD:
+            assert located is not None
+            said = f"back at the pre-image of run {located.version.run_id}"
+        case Place.CHANGED:
+            assert located is not None
+            version = located.version
+            said = (
+                f"changed since run {version.run_id} wrote {version.sha256_after[:12]}; "
+                f"the patch is {carried.state} here"
             )
-        return PatchStatus(**base, state=PatchState.APPLIED, detail=written)
-    if isinstance(standing, PatchedFurther):
-        # Not drifted: opspatch made every change since, and rolling them back in order works.
-        state = (
-            PatchState(structural.state)
-            if structural.state != "applied"
-            else (PatchState.STAGED if stale else PatchState.APPLIED)
-        )
-        return PatchStatus(
-            **base,
-            state=state,
-            detail=f"written by run {standing.version.run_id}, {standing.advice()}",
-        )
-    if isinstance(standing, AtPreImage):
-        return lacking(
-            PatchStatus(
-                **base,
-                state=PatchState.NOT_APPLIED,
-                detail=f"back at the pre-image of run {standing.version.run_id}",
-            )
-        )
-    if isinstance(standing, ChangedSince):
-        version = standing.version
-        return lacking(
-            PatchStatus(
-                **base,
-                state=PatchState.DRIFTED,
-                detail=f"changed since run {version.run_id} wrote {version.sha256_after[:12]}; "
-                f"the patch is {structural.state} here"
-                + (f": {why_unknown(spec, structural)}" if structural.state == "unknown" else ""),
-            )
-        )
-    if structural.state == "applied":
-        return PatchStatus(
-            **base,
-            state=PatchState.STAGED if stale else PatchState.APPLIED,
-            detail="present, but not written by opspatch (no ledger record)"
-            + ("; the running server started before it" if stale else ""),
-        )
-    if gate is not None:
-        return PatchStatus(**base, state=PatchState.NOT_APPLICABLE, detail=gate)
-    if structural.state == "not-applied":
-        return PatchStatus(**base, state=PatchState.NOT_APPLIED, detail="")
-    detail = why_unknown(spec, structural) if structural.state == "unknown" else structural.reason
-    if structural.state == "partial":
-        detail += (
-            f"; `{remedy_text(CliCommand.ROLLBACK, patch.reference, hosts=host)}` restores the "
-            "original where "
-            "opspatch wrote it, or finish the change by hand"
-        )
-    return PatchStatus(**base, state=PatchState(structural.state), detail=detail)
+            if carried.state == Detected.UNKNOWN:
+                said += f": {why_unknown(patch.parts[part], carried)}"
+        case Place.UNRECORDED:
+            return _unrecorded(standing, state, patch, part, host)
+    if state == PatchState.NOT_APPLICABLE:  # the fix is gone and cannot be put back here
+        return f"{standing.gate}; {said}"
+    return said
+
+
+def _new(written: str, state: PatchState, inspection: HostInspection) -> str:
+    """The bytes a run wrote: proven or not (`runs.judgments.proof`, the same sentence `recover`
+    says). Plain "applied" for an unproven change would say the fix is live while the server may
+    still run the old code."""
+    if state != PatchState.STAGED:
+        return written
+    assert inspection.server is not None
+    return (
+        f"{written}; the running server (pid {inspection.server.pid}) started before the file "
+        "changed, so it still runs the old code"
+    )
+
+
+def _unrecorded(
+    standing: FileStanding, state: PatchState, patch: LoadedPatch, part: int, host: str
+) -> str:
+    """A file the ledger holds no change of: what it carries of the patch."""
+    carried = standing.carried
+    assert carried is not None
+    if carried.state == Detected.APPLIED:
+        stale = "; the running server started before it" if state == PatchState.STAGED else ""
+        return f"present, but not written by opspatch (no ledger record){stale}"
+    if state == PatchState.NOT_APPLICABLE:
+        return standing.gate or ""
+    if carried.state == Detected.NOT_APPLIED:
+        return ""
+    if carried.state == Detected.UNKNOWN:
+        return why_unknown(patch.parts[part], carried)
+    return (
+        f"{carried.reason}; `{remedy_text(Command.ROLLBACK, patch.reference, hosts=host)}` "
+        "restores the original where opspatch wrote it, or finish the change by hand"
+    )
+
+
+def _release_of(inspection: HostInspection) -> str:
+    module = inspection.module
+    if module is None or module.distribution is None:
+        return "the installed release"
+    return f"{module.distribution} {module.distribution_version or '(version unknown)'}"
+
+
+def module_release(inspection: HostInspection) -> str | None:
+    """The version of the distribution that provides the file, else the engine's own."""
+    module = inspection.module
+    if module is not None and module.distribution_version:
+        return module.distribution_version
+    return inspection.facts.sglang_version
 
 
 def why_unknown(spec: PatchSpec, structural: Detection) -> str:
@@ -368,9 +319,9 @@ def combine_set(patch: LoadedPatch, host: str, files: Sequence[PatchStatus]) -> 
         detail = f"the patch set is not whole ({each})"
         if state == PatchState.PARTIAL:
             detail += (
-                f": `{remedy_text(CliCommand.RECOVER, hosts=host)}` makes it whole (puts the new "
+                f": `{remedy_text(Command.RECOVER, hosts=host)}` makes it whole (puts the new "
                 "files back), or "
-                f"`{remedy_text(CliCommand.ROLLBACK, patch.reference, hosts=host)}`"
+                f"`{remedy_text(Command.ROLLBACK, patch.reference, hosts=host)}`"
             )
     running = [f.server_running for f in files if f.server_running is not None]
     return PatchStatus(
@@ -398,54 +349,11 @@ def _carried_by_set(carried: Sequence[Detected | None]) -> Detected | None:
     return kinds.pop() if len(kinds) == 1 else Detected.PARTIAL
 
 
-def recreated_since(
-    history: Sequence[FileVersion], patch_id: str | None, container: ContainerIdentity | None
-) -> str | None:
-    """What to say when the container the file was last patched in (by `patch_id`; None: by
-    any patch) is not this one: it was recreated from its image, and the fix went with the old
-    one's writable layer. None when it is the same container, or no container was recorded."""
-    if container is None:
-        return None
-    written = history[0] if history else None  # newest first: a later restore says nothing
-    if (
-        written is None
-        or written.action != FileAction.PATCH
-        or (patch_id is not None and written.patch_id != patch_id)
-        or written.container is None
-        or written.container.id == container.id
-    ):
-        return None
-    return (
-        f"the container was recreated since run {written.run_id} patched it (created at "
-        f"{written.container.created}; now {container.id[:12]}, created at {container.created}): "
-        "the fix is no longer there"
-    )
-
-
-def baked_in(container: ContainerIdentity | None, path: str, sha256: str) -> BakedLabels | None:
-    """The bake a container's image carries for `path` (the newest that wrote it: an image
-    baked onto a baked one carries both), when the file is the bytes it baked there (`opspatch
-    bake`'s labels, which the runtime copies into each container); None otherwise. Such a file
-    came with the image: no recreate of the container loses it."""
-    history = baked_history(container.labels) if container is not None else ()
-    wrote = next((bake for bake in history if bake.post_image_of(path) is not None), None)
-    if wrote is None or wrote.post_image_of(path) != sha256:
-        return None
-    return wrote
-
-
 def describe_baked(baked: BakedLabels, container: ContainerIdentity) -> str:
     return (
         f"the fix came baked in: image {container.image} was built with {baked.patch_id} by "
         f"run {baked.run_id} (FROM {baked.base}), and the file is the bytes it baked"
     )
-
-
-def _written(ledger: Ledger, host: str, path: str, version: FileVersion) -> str:
-    """Where a file that is the bytes a run wrote stands: proven or not (`runs.judgments.proof`, the
-    same sentence `recover` says). Plain "applied" for an unproven change would say the fix is
-    live while the server may still run the old code."""
-    return describe(change_proof(ledger, host, version))
 
 
 def fleet_status(

@@ -1,10 +1,10 @@
 """A fleet's desired patches against what is there: `plan --fleet`, `sync`, `sync --check`, `drift`.
 
 What is there is `status`'s answer (`runs.commands.status.fleet_status`: the same inspection, the same
-ledger reading); what is desired is the fleet file (`config.fleet`). Between them one pure
-function, `decide`, says per host and patch what `sync` does (`SyncAction`), from one table
-keyed by the status word, and `drift_cause` says why a file is not what the ledger and the fleet
-file expect (`DriftCause`). `sync_fleet` applies through `runs.commands.apply.apply_to_hosts` (the apply
+ledger reading); what is desired is the fleet file (`config.fleet`). Between them `decide` looks
+up per host and patch what `sync` does (`SyncAction`, the table `runs.judgments.views.SYNC`)
+and `drift_cause` why a file is not what the ledger and the fleet file expect (`DriftCause`,
+`views.DRIFT`). `sync_fleet` applies through `runs.commands.apply.apply_to_hosts` (the apply
 pipeline and rollout: canary, batches, drain, prove, roll back), one recorded `sync` run per
 patch over the hosts that need it, then reads the fleet again so that what it reports is what is
 there afterwards.
@@ -20,11 +20,10 @@ from opspatch.config.fleet import DesiredPatch, DesiredState
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.policy import Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import (
     Command,
-    Detected,
     DriftCause,
     FileAction,
     Outcome,
@@ -43,35 +42,16 @@ from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.commands.apply import apply_to_hosts, units_refused
 from opspatch.runs.commands.status import PatchStatus, fleet_status
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.fleetrun import FleetRun
+from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.judgments.approval import require_approval
 from opspatch.runs.judgments.units import unit_refusal
+from opspatch.runs.judgments.views import DRIFT, SYNC, Coverage, Written
 from opspatch.runs.report import HostOutcome, RunReport
 
 # ---------------------------------------------------------------------------------------------
 # desired against actual (pure)
-
-ACTION_BY_STATE: Mapping[PatchState, SyncAction] = {
-    PatchState.APPLIED: SyncAction.NOTHING,
-    PatchState.STAGED: SyncAction.RESTART,
-    PatchState.NOT_APPLIED: SyncAction.APPLY,
-    PatchState.NOT_APPLICABLE: SyncAction.NEEDS_PORT,
-    PatchState.PARTIAL: SyncAction.BY_HAND,
-    PatchState.UNKNOWN: SyncAction.NEEDS_PORT,
-    PatchState.UNREACHABLE: SyncAction.UNREACHABLE,
-    PatchState.FIXED_UPSTREAM: SyncAction.FIXED_UPSTREAM,
-}
-"""What sync does about a desired patch, by what `status` says of it: the one table. A
-`drifted` file (the ledger no longer explains it) is decided by what it carries instead."""
-
-ACTION_BY_CARRIED: Mapping[Detected, SyncAction] = {
-    Detected.APPLIED: SyncAction.NOTHING,
-    Detected.NOT_APPLIED: SyncAction.APPLY,
-    Detected.PARTIAL: SyncAction.BY_HAND,
-    Detected.UNKNOWN: SyncAction.NEEDS_PORT,
-}
 
 
 @dataclass(frozen=True)
@@ -93,111 +73,117 @@ class SyncRow(JsonRecord):
 
 
 def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
-    """What sync does about `status` (one host, one patch): `entry` is the fleet file's entry
-    when the patch is desired there. None: a patch not desired and not there (nothing to say);
-    a host that could not be inspected is always a row (`unreachable`), desired or not.
+    """What sync does about `status` (one host, one patch; `views.SYNC`): `entry` is the fleet
+    file's entry when the patch is desired there. None: a patch not desired and not there
+    (nothing to say); a host that could not be inspected is always a row (`unreachable`),
+    desired or not.
 
     Raises nothing: an unknown release or state is `by-hand`, never a guess."""
-    # Long because: one decision table for a host and patch, read top to bottom, each case a return
-    host, patch = status.host, status.patch
+    coverage, unreadable = _coverage(entry, status.release)
+    unserved = not_serving(status)
+    action = SYNC(status.state, status.carried, entry is not None, coverage, not unserved)
+    if action is None:
+        return None
+    why = unreadable if coverage == Coverage.UNREADABLE else unserved
+    detail, command = _said(action, status, entry, coverage, why)
+    return SyncRow(
+        status.host,
+        status.patch,
+        entry is not None,
+        status.release,
+        status.state,
+        action,
+        detail,
+        command,
+    )
 
-    def row(action: SyncAction, detail: str, command: str | None = None) -> SyncRow:
-        return SyncRow(
-            host,
-            patch,
-            entry is not None,
-            status.release,
-            status.state,
-            action,
-            detail,
-            command,
-        )
 
-    carried = status.carried
-    if status.state == PatchState.UNREACHABLE:
-        # whether desired or not: a host not inspected is unknown, never "as desired" or
-        # "no drift" (a row dropped here made `plan --fleet --hosts H` and `drift` pass on it)
-        return row(
-            SyncAction.UNREACHABLE, status.detail, remedy_text(CliCommand.DIAGNOSE, hosts=host)
-        )
-    if entry is None:
-        present = status.state in (PatchState.APPLIED, PatchState.STAGED) or (
-            status.state == PatchState.DRIFTED and carried == Detected.APPLIED
-        )
-        if not present:
-            return None
-        return row(
-            SyncAction.EXTRA,
-            "on the host, but the fleet file does not want it there; sync leaves it",
-            remedy_text(CliCommand.ROLLBACK, patch, hosts=host),
-        )
-    if entry.releases:
-        if status.release is None:
-            return row(
-                SyncAction.BY_HAND,
+def _coverage(entry: DesiredPatch | None, release: str | None) -> tuple[Coverage, str]:
+    """Whether `entry`'s releases cover `release`, and why not when that cannot be told."""
+    if entry is None or not entry.releases:
+        return Coverage.ALL, ""
+    if release is None:
+        return Coverage.UNKNOWN, ""
+    try:
+        return (Coverage.COVERED if entry.covers(release) else Coverage.OUTSIDE), ""
+    except InputError as exc:
+        return Coverage.UNREADABLE, exc.message
+
+
+def _said(
+    action: SyncAction,
+    status: PatchStatus,
+    entry: DesiredPatch | None,
+    coverage: Coverage,
+    why: str,
+) -> tuple[str, str | None]:
+    """A row's detail and command (`why`: why the release cannot be checked against the range,
+    or why the host does not serve)."""
+    host, patch, detail = status.host, status.patch, status.detail
+    diagnose = remedy_text(Command.DIAGNOSE, hosts=host)
+    match action:
+        case SyncAction.UNREACHABLE:
+            return detail, diagnose
+        case SyncAction.EXTRA:
+            return (
+                "on the host, but the fleet file does not want it there; sync leaves it",
+                remedy_text(Command.ROLLBACK, patch, hosts=host),
+            )
+        case SyncAction.OUTSIDE_RANGE:
+            assert entry is not None
+            return f"release {status.release} is outside {entry.releases} ({entry.location})", None
+        case SyncAction.BY_HAND if coverage == Coverage.UNREADABLE:
+            return why, diagnose
+        case SyncAction.BY_HAND if coverage == Coverage.UNKNOWN:
+            assert entry is not None
+            return (
                 f"cannot tell which release the host runs, so not whether {entry.releases} "
                 f"({entry.location}) covers it",
-                remedy_text(CliCommand.DIAGNOSE, hosts=host),
+                diagnose,
             )
-        try:
-            covered = entry.covers(status.release)
-        except InputError as exc:
-            return row(
-                SyncAction.BY_HAND, exc.message, remedy_text(CliCommand.DIAGNOSE, hosts=host)
+        case SyncAction.RECOVER if status.state == PatchState.APPLIED:
+            # opspatch's own write: recover finishes it
+            recover = remedy_text(Command.RECOVER, hosts=host)
+            return (
+                f"the fix is there, but {why}: `{recover}` starts the server and re-admits it "
+                f"once its smoke decode passes; sync writes nothing there{_in_brackets(detail)}",
+                recover,
             )
-        if not covered:
-            return row(
-                SyncAction.OUTSIDE_RANGE,
-                f"release {status.release} is outside {entry.releases} ({entry.location})",
+        case SyncAction.RECOVER:
+            # upstream's fix, or a file the ledger does not explain: recover leaves those alone
+            whose = (
+                "the release's own"
+                if status.state == PatchState.FIXED_UPSTREAM
+                else "not opspatch's"
             )
-    if status.state == PatchState.DRIFTED and carried is not None:
-        action = ACTION_BY_CARRIED[carried]
-    else:
-        action = ACTION_BY_STATE.get(status.state, SyncAction.BY_HAND)
-    detail = status.detail
-    unserved = not_serving(status) if action in _FIX_THERE else ""
-    if unserved:  # the goal is a fix that is served, not only one on disk
-        said = f" ({detail})" if detail else ""
-        if status.state == PatchState.APPLIED:  # opspatch's own write: recover finishes it
-            return row(
-                SyncAction.RECOVER,
-                f"the fix is there, but {unserved}: "
-                f"`{remedy_text(CliCommand.RECOVER, hosts=host)}` "
-                "starts "
-                f"the server and re-admits it once its smoke decode passes; sync writes nothing "
-                f"there{said}",
-                remedy_text(CliCommand.RECOVER, hosts=host),
+            return (
+                f"the fix is there ({whose} file), but {why}: start the server by its own "
+                f"means (recover finishes only what opspatch wrote); `{diagnose}` says what it "
+                f"finds there; sync writes nothing there{_in_brackets(detail)}",
+                diagnose,
             )
-        # upstream's fix, or a file the ledger does not explain: recover leaves those alone
-        whose = "the release's own" if action == SyncAction.FIXED_UPSTREAM else "not opspatch's"
-        return row(
-            SyncAction.RECOVER,
-            f"the fix is there ({whose} file), but {unserved}: start the server by its own "
-            f"means (recover finishes only what opspatch wrote); "
-            f"`{remedy_text(CliCommand.DIAGNOSE, hosts=host)}` says what it finds there; "
-            f"sync writes nothing there{said}",
-            remedy_text(CliCommand.DIAGNOSE, hosts=host),
-        )
-    command = {
-        SyncAction.APPLY: remedy_text(CliCommand.SYNC, hosts=host),
-        SyncAction.RESTART: remedy_text(CliCommand.RESTART, hosts=host),
-        SyncAction.NEEDS_PORT: remedy_text(CliCommand.PLAN, patch, hosts=host),
-        SyncAction.BY_HAND: remedy_text(CliCommand.DIAGNOSE, hosts=host),
-    }.get(action)
-    if action == SyncAction.NEEDS_PORT:
-        detail = (
-            f"the patch no longer fits release {status.release or '(unknown)'}: {detail}; "
-            "port it (alternatives, docs/formats.md); nothing is written there"
-        )
-    elif action == SyncAction.APPLY and not detail:
-        detail = "not on the host; sync applies it"
-    elif action == SyncAction.FIXED_UPSTREAM:
-        detail = f"redundant here: {detail}" if detail else "redundant here"
-    return row(action, detail, command)
+        case SyncAction.APPLY:
+            return detail or "not on the host; sync applies it", remedy_text(
+                Command.SYNC, hosts=host
+            )
+        case SyncAction.RESTART:
+            return detail, remedy_text(Command.RESTART, hosts=host)
+        case SyncAction.NEEDS_PORT:
+            return (
+                f"the patch no longer fits release {status.release or '(unknown)'}: {detail}; "
+                "port it (alternatives, docs/formats.md); nothing is written there",
+                remedy_text(Command.PLAN, patch, hosts=host),
+            )
+        case SyncAction.BY_HAND:
+            return detail, diagnose
+        case SyncAction.FIXED_UPSTREAM:
+            return (f"redundant here: {detail}" if detail else "redundant here"), None
+        case SyncAction.NOTHING:
+            return detail, None
 
 
-_FIX_THERE = frozenset({SyncAction.NOTHING, SyncAction.FIXED_UPSTREAM})
-"""Actions that find the fix on disk: at goal only while the host also serves it."""
+def _in_brackets(detail: str) -> str:
+    return f" ({detail})" if detail else ""
 
 
 def not_serving(status: PatchStatus) -> str:
@@ -227,27 +213,30 @@ def drift_cause(
     row: SyncRow, status: PatchStatus, written: WrittenBefore | None
 ) -> DriftCause | None:
     """Why the host's file is not what the ledger and the fleet file expect, or None when it is
-    (or the difference is not in the file: a staged change, a release the entry is not for, a
-    server that is down or a worker out of rotation: `recover`, whose file is right). A file
-    that drifted keeps its cause whether or not its server runs: drift is about files."""
-    if row.action == SyncAction.EXTRA:
-        return DriftCause.PATCH_EXTRA
-    if status.node_state is not None:  # a node of a unit that differs: its own file's drift
+    (`views.DRIFT`). A file that drifted keeps its cause whether or not its server runs: drift
+    is about files."""
+    action = row.action
+    if status.node_state is not None and action != SyncAction.EXTRA:
+        # a node of a unit that differs: its own file's drift
         status = replace(status, state=status.node_state, node_state=None)
-        row = replace(row, action=ACTION_BY_STATE.get(status.state, SyncAction.BY_HAND))
-    lacking = row.action in (SyncAction.APPLY, SyncAction.NEEDS_PORT, SyncAction.BY_HAND)
-    changed = status.state == PatchState.DRIFTED
-    if not (lacking or changed) or row.action == SyncAction.UNREACHABLE:
-        return None
-    if status.recreated:
-        return DriftCause.RECREATED_CONTAINER
-    if written is None or written.action != FileAction.PATCH:
-        return DriftCause.PATCH_MISSING  # never written here, or rolled back since
-    if written.release is not None and status.release not in (None, written.release):
-        return DriftCause.UPGRADED
-    if status.sha256 == written.sha256_before:
-        return DriftCause.REINSTALLED
-    return DriftCause.HAND_EDIT
+        action = SYNC(status.state, None, True, Coverage.ALL, True) or SyncAction.BY_HAND
+    if written is None:
+        last = Written.NEVER
+    else:
+        last = Written.PATCHED if written.action == FileAction.PATCH else Written.RESTORED
+    upgraded = (
+        written is not None
+        and written.release is not None
+        and status.release not in (None, written.release)
+    )
+    return DRIFT(
+        action,
+        status.state == PatchState.DRIFTED,
+        bool(status.recreated),
+        last,
+        upgraded,
+        written is not None and status.sha256 == written.sha256_before,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,9 +318,7 @@ def plan_fleet(
                 continue
             cause = drift_cause(row, status, _written_before(ledger, status))
             # a file that drifted with the fix still in it has no sync command: diagnose says how
-            fix = row.command or (
-                remedy_text(CliCommand.DIAGNOSE, hosts=host.name) if cause else None
-            )
+            fix = row.command or (remedy_text(Command.DIAGNOSE, hosts=host.name) if cause else None)
             rows.append(replace(row, cause=cause, command=fix))
     return FleetPlan(desired.path, tuple(h.name for h in hosts), tuple(rows))
 
@@ -439,7 +426,7 @@ def sync_fleet(
     split = unit_refusal(
         hosts,
         command="sync",
-        whole=lambda unit: remedy_text(CliCommand.SYNC, hosts=unit.name),
+        whole=lambda unit: remedy_text(Command.SYNC, hosts=unit.name),
     )
     if split is not None:
         raise split
@@ -519,7 +506,7 @@ def _why_left(row: SyncRow, stopped: RunReport | None) -> str:
         return (
             f"not applied: sync stopped after run {stopped.run_id} ({stopped.patch}) did not "
             f"reach its goal (exit {stopped.exit_code}); "
-            f"`{remedy_text(CliCommand.SYNC, hosts=row.host)}` "
+            f"`{remedy_text(Command.SYNC, hosts=row.host)}` "
             "once that is settled"
         )
     return f"{row.action}: {row.detail}"
@@ -553,7 +540,7 @@ def _record_left_alone(
         ) as fleet,
     ):
         fleet.decide({r.host: HostOutcome(r.host, Outcome.SKIPPED, why) for r, why in left})
-        outcomes, halted = fleet.execute(_never_started, batches=(), halt=lambda _: None)
+        outcomes, halted = fleet.execute(per_node(_never_started), batches=(), halt=lambda _: None)
         return run.finish(fleet.report(outcomes, halted=halted))
 
 

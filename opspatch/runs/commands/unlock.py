@@ -15,6 +15,7 @@ from opspatch.core.vocabulary import Command, Outcome, RunStatus, Step
 from opspatch.errors import InputError, LockHeld
 from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.fleetrun import per_node
 from opspatch.runs.fleet.host_leases import refusal
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import run_restore
@@ -49,7 +50,7 @@ def unlock_hosts(
             playbook=playbook,
             progress=progress or NoProgress(),
             patch_id=None,
-            per_host=unlock.host,
+            per_group=per_node(unlock.host),
         )
         return run.finish(report)
 

@@ -2,7 +2,7 @@
 
 Every command that changes hosts (apply, restart, rollback, recover, unlock) is a strategy of
 this run: it says what to check on every host first (apply: begin + plan) and what to do to one
-host (`per_host`); `FleetRun` opens one `HostSession` per host (one connection each, closed at
+node group (`per_group`: a unit's nodes as one, a host by itself a group of one); `FleetRun` opens one `HostSession` per host (one connection each, closed at
 the end), runs the work under the batches and halt policy it is given, records every outcome as
 soon as it is decided, reports the hosts it never started (their locks given back), and turns
 the operator's Ctrl-C into a decision that the report states:
@@ -13,9 +13,10 @@ the operator's Ctrl-C into a decision that the report states:
 - a second Ctrl-C stops waiting: `RunInterrupted` names the run and the hosts left in flight,
   and `opspatch recover --run R` finishes or undoes them.
 
-A command that changes hosts' files or engines (`LEASED_COMMANDS`) holds its hosts' leases while
-it does: `lease()` takes them, reading each host's identity first where the command did not, and
-`execute` refuses to start such a run without them, so no command can forget.
+A command whose actions change hosts' files or engines (their traits: `decisions.traits_of`)
+holds its hosts' leases while it does: `lease()` takes them, reading each host's identity first
+where the command did not, and `execute` refuses to start such a run without them, so no command
+can forget.
 
 A run may have a second run of the same engine over some of its hosts (`follow_up`: an apply's
 on-halt rollback): the same sessions, recorder and leases, its own batches and its own Ctrl-C,
@@ -29,12 +30,14 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import ExitStack, suppress
 from dataclasses import replace
+from functools import partial
 from typing import TypeVar
 
 from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Batch, Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Command, Outcome
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import FAILED_OUTCOMES, Command, Outcome
+from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.errors import (
     BecomeError,
     HostKeyError,
@@ -53,44 +56,29 @@ from opspatch.runs.fleet.executor import (
     map_cancellable,
     run_fleet,
 )
+from opspatch.runs.fleet.group import Nodes
 from opspatch.runs.fleet.host_leases import Heartbeat, held_by, host_identity, refusal
 from opspatch.runs.fleet.recorder import Recorder
 from opspatch.runs.fleet.rotation import (
-    ROTATING_COMMANDS,
     ROTATION_STEPS,
     Rotation,
     halt_on_out_of_rotation,
     taken_out_by,
 )
 from opspatch.runs.fleet.session import HostFailed, HostSession, Progress, describe_error
-from opspatch.runs.fleet.unitrun import UnitSessions
+from opspatch.runs.judgments.decisions import traits_of
 from opspatch.runs.report import HostOutcome, RunReport
 
 T = TypeVar("T")
 
-PerUnit = Callable[[UnitSessions], Sequence[HostOutcome]]
-"""What is done to a unit (a server of several hosts) as one: every node's outcome."""
+PerGroup = Callable[[Nodes], Sequence[HostOutcome]]
+"""What is done to a node group (a unit's nodes as one, a host by itself): every node's outcome."""
 
 NotStarted = Callable[[HostSession, str], HostOutcome]
 """The outcome of a host a run did not start, given why (default: `skipped`, "not started: ...")."""
 
 PREFLIGHT_IN_FLIGHT = 16
 """Hosts inspected at once in a preflight (read-only and short: more than a rollout's batch)."""
-
-LEASED_COMMANDS = frozenset(
-    {
-        Command.APPLY,
-        Command.SYNC,
-        Command.ROLLBACK,
-        Command.RESTART,
-        Command.RECOVER,
-        Command.LIVE_ENABLE,
-        Command.LIVE_DISABLE,
-    }
-)
-"""The commands that change hosts' files or engines. `unlock` changes a lock only: it refuses
-the lock of a run whose lease is live unless --force (`recover.unlock_hosts`); `bake` changes no
-host."""
 
 CANCELLED_IN_PREFLIGHT = (
     "cancelled by the operator (Ctrl-C) during the preflight: nothing was changed on any host "
@@ -117,6 +105,8 @@ class FleetRun:
         cancellation: Cancellation | None = None,
     ) -> None:
         self.command = command
+        self.traits = traits_of(command)
+        """What the command's actions need: leases, routers looked at, workers re-admitted."""
         self.patch_id = patch_id
         self.hosts = tuple(hosts)
         self.names = [h.name for h in hosts]
@@ -202,7 +192,7 @@ class FleetRun:
         no one took it); a host another live run leases now (it took this run's lease over) is
         never started: decided with `held(session, why)`, why naming the holder."""
         self._leased = True
-        if self.command not in LEASED_COMMANDS or self.recorder.reported_run_id is None:
+        if not self.traits.leases or self.recorder.reported_run_id is None:
             return
         known = dict(self._identities)
         while known:
@@ -232,10 +222,9 @@ class FleetRun:
         )
 
     def items(self, names: Sequence[str] | None = None) -> list[str]:
-        """What a rollout's batches are made of: each host by itself, and each unit whose every
-        node is in this run once, by its head, where its first node comes. Canaries, batch
-        sizes and the halt policy then count servers, and `execute(per_unit=...)` runs a unit's
-        nodes as one."""
+        """What a rollout's batches are made of: node groups, each named by its head (a host by
+        itself, and each unit whose every node is in this run once, where its first node
+        comes). Canaries, batch sizes and the halt policy then count servers."""
         chosen: list[str] = []
         for name in self.names if names is None else names:
             unit = self._unit_of.get(name)
@@ -248,6 +237,23 @@ class FleetRun:
         """The hosts an item stands for: a unit's nodes (head first), or the host itself."""
         unit = self._unit_of.get(item)
         return unit.hosts if unit is not None and unit.head == item else (item,)
+
+    def counted(self, outcomes: Mapping[str, HostOutcome]) -> dict[str, HostOutcome]:
+        """The outcomes as a halt policy counts them, one per group (`max_failures` counts
+        servers, as canaries and batches do): a unit's is the one of its nodes that says most
+        (needs attention, then failed, then out of rotation), under its head's name."""
+        counted: dict[str, HostOutcome] = {}
+        for name, outcome in outcomes.items():
+            unit = self._unit_of.get(name)
+            item = name if unit is None else unit.head
+            if item not in counted or _weight(outcome) > _weight(counted[item]):
+                counted[item] = outcome
+        return counted
+
+    def group(self, item: str) -> Nodes:
+        """The sessions of the group `item` names (`items`), head first."""
+        head, *others = (self.sessions[name] for name in self.members(item))
+        return Nodes(head, tuple(others))
 
     # -- the two phases -------------------------------------------------------------------
 
@@ -280,25 +286,23 @@ class FleetRun:
 
     def execute(
         self,
-        per_host: Callable[[HostSession], HostOutcome],
+        per_group: PerGroup,
         *,
         batches: Sequence[Batch],
         halt: HaltPolicy,
         already: Mapping[str, HostOutcome] | None = None,
         not_started: NotStarted | None = None,
-        per_unit: PerUnit | None = None,
     ) -> tuple[dict[str, HostOutcome], str | None]:
-        """`per_host` on every host of `batches` under `halt`; every outcome recorded as it is
-        decided, hosts never started reported `skipped` (their locks given back; `not_started`
-        says otherwise, given why). Returns the outcome of every host of the batches and
-        `already`, and why the run halted. With `per_unit`, the batches are `items()`: a unit's
-        head stands for the unit, whose nodes `per_unit` changes as one.
+        """`per_group` on every group of `batches` (made of `items()`) under `halt`; every
+        outcome recorded as it is decided, hosts never started reported `skipped` (their locks
+        given back; `not_started` says otherwise, given why). Returns the outcome of every host
+        of the batches and `already`, and why the run halted.
 
         Raises:
             RunInterrupted: a second Ctrl-C while hosts were in flight.
         """
         starts = any(batch.hosts for batch in batches)
-        if self.command in LEASED_COMMANDS and starts and not self._leased:
+        if self.traits.leases and starts and not self._leased:
             raise RuntimeError(f"{self.command} changes hosts only under their leases: lease()")
         skip = not_started or _skipped
         for outcome in (already or {}).values():
@@ -307,29 +311,21 @@ class FleetRun:
         for outcome in self._unleased.values():
             self.record(outcome)
 
-        def one(name: str) -> HostOutcome | Sequence[HostOutcome]:
-            unit = self._unit_of.get(name) if per_unit is not None else None
-            if unit is not None and per_unit is not None:
-                return self._one_unit(unit, per_unit, skip)
-            session = self.sessions[name]
-            try:
-                lost = self._lease_lost()  # another operator may be changing it now
-                outcome = skip(session, lost) if lost else per_host(session)
-            except (LockHeld, BecomeError, HostKeyError) as exc:  # nothing changed there
-                outcome = session.refused(exc)
-            except (OpspatchError, HostFailed) as exc:
-                outcome = session.outcome(Outcome.NEEDS_ATTENTION, describe_error(exc))
-            except Exception as exc:  # a bug must not lose the other hosts' outcomes
-                outcome = session.outcome(
-                    Outcome.NEEDS_ATTENTION, f"internal error: {describe_error(exc)}"
-                )
-            except BaseException:
-                session.lock.release()
-                raise
-            return lock_left(outcome, session.lock.release())
+        def one(item: str) -> Sequence[HostOutcome]:
+            nodes = self.group(item)
+            lost = self._lease_lost()  # another operator may be changing it now
+            if lost:
+                work: PerGroup = per_node(lambda session: skip(session, lost))
+            else:
+                work = per_group
+            return [
+                lock_left(o, self.sessions[o.host].lock.release())
+                for o in guarded(nodes.sessions, lambda: work(nodes))
+            ]
 
         def halt_or_out_of_rotation(outcomes: Mapping[str, HostOutcome]) -> str | None:
-            return halt(outcomes) or halt_on_out_of_rotation(outcomes) or self._lease_lost()
+            counted = self.counted(outcomes)
+            return halt(counted) or halt_on_out_of_rotation(counted) or self._lease_lost()
 
         try:
             result = run_fleet(
@@ -344,41 +340,12 @@ class FleetRun:
         except KeyboardInterrupt as stop:
             raise RunInterrupted(self.recorder.reported_run_id, _in_flight(stop)) from None
         outcomes = {**(already or {}), **result.outcomes}
-        left = [name for item in result.not_started for name in self.members(item)]
-        for name in left if per_unit is not None else result.not_started:
+        for name in (name for item in result.not_started for name in self.members(item)):
             self.sessions[name].lock.release()
             why = "the operator cancelled" if result.halted == CANCELLED else "the run halted"
             outcomes[name] = skip(self.sessions[name], f"{why} ({result.halted})")
             self.record(outcomes[name])
         return outcomes, result.halted
-
-    def _one_unit(self, unit: Unit, per_unit: PerUnit, skip: NotStarted) -> Sequence[HostOutcome]:
-        """A unit's work, as `one` is a host's: every node's outcome, whatever is raised (the
-        same error on every node: the unit is one server), every node's lock given back."""
-        nodes = UnitSessions(unit, tuple(self.sessions[name] for name in unit.hosts))
-        try:
-            lost = self._lease_lost()
-            if lost:
-                outcomes = [skip(session, lost) for session in nodes.sessions]
-            else:
-                outcomes = list(per_unit(nodes))
-        except (LockHeld, BecomeError, HostKeyError) as exc:
-            outcomes = [session.refused(exc) for session in nodes.sessions]
-        except (OpspatchError, HostFailed) as exc:
-            outcomes = [
-                session.outcome(Outcome.NEEDS_ATTENTION, describe_error(exc))
-                for session in nodes.sessions
-            ]
-        except Exception as exc:  # a bug must not lose the other hosts' outcomes
-            text = f"internal error: {describe_error(exc)}"
-            outcomes = [
-                session.outcome(Outcome.NEEDS_ATTENTION, text) for session in nodes.sessions
-            ]
-        except BaseException:
-            for session in nodes.sessions:
-                session.lock.release()
-            raise
-        return [lock_left(o, self.sessions[o.host].lock.release()) for o in outcomes]
 
     # -- leases ---------------------------------------------------------------------------
 
@@ -407,7 +374,7 @@ class FleetRun:
                 out, or has no room to drain (nothing was changed).
         """
         self._leased = True
-        if self.command not in LEASED_COMMANDS or self.recorder.reported_run_id is None:
+        if not self.traits.leases or self.recorder.reported_run_id is None:
             return None  # unlock and dry runs keep no one off the hosts
         known = dict(identities or {})
         missing = [name for name in self.names if name not in known and name not in self._unleased]
@@ -456,7 +423,7 @@ class FleetRun:
             RouterRefused: a router cannot be used, does not know a worker opspatch did not take
                 out, or has no room to drain.
         """
-        if self.command not in ROTATING_COMMANDS:
+        if not self.traits.restarts:  # no drain, no admit: its routers are not its business
             return
 
         def taken_out(host: Host) -> str | None:
@@ -467,7 +434,7 @@ class FleetRun:
         rotation = Rotation.open(
             self.hosts,
             self.playbook,
-            allow_unregistered=self.command == Command.RECOVER,
+            allow_unregistered=self.traits.readmits,
             taken_out=taken_out,
             restarting=restarting,
         )
@@ -573,7 +540,7 @@ class FleetRun:
 
         waiting = (
             f"waiting for {', '.join(host(n) for n in in_flight)} to finish; Ctrl-C again "
-            f"stops waiting (`{remedy_text(CliCommand.RECOVER)}` then finishes them)"
+            f"stops waiting (`{remedy_text(Command.RECOVER)}` then finishes them)"
             if in_flight
             else "no host is in flight"
         )
@@ -586,6 +553,56 @@ def lock_left(outcome: HostOutcome, left: str | None) -> HostOutcome:
     if left is None:
         return outcome
     return replace(outcome, note=f"{outcome.note}; {left}" if outcome.note else left)
+
+
+def guarded(
+    sessions: Sequence[HostSession], work: Callable[[], Sequence[HostOutcome]]
+) -> Sequence[HostOutcome]:
+    """`work`'s outcomes, or, when it raises, the same outcome for every one of `sessions` (a
+    group is one server): refused where nothing changed there, else needs-attention; a bug is
+    said so and never loses the other hosts' outcomes. Every lock is given back on the way out
+    of a Ctrl-C."""
+    try:
+        return work()
+    except (LockHeld, BecomeError, HostKeyError) as exc:  # nothing changed there
+        return [session.refused(exc) for session in sessions]
+    except (OpspatchError, HostFailed) as exc:
+        return [s.outcome(Outcome.NEEDS_ATTENTION, describe_error(exc)) for s in sessions]
+    except Exception as exc:  # a bug must not lose the other hosts' outcomes
+        text = f"internal error: {describe_error(exc)}"
+        return [s.outcome(Outcome.NEEDS_ATTENTION, text) for s in sessions]
+    except BaseException:
+        for session in sessions:
+            session.lock.release()
+        raise
+
+
+def per_node(per_host: Callable[[HostSession], HostOutcome]) -> PerGroup:
+    """A group's work for a command that restarts no engine: `per_host` on each node by
+    itself, in rank order, each node's failure its own."""
+
+    def each(nodes: Nodes) -> list[HostOutcome]:
+        return [
+            outcome
+            for session in nodes.sessions
+            for outcome in guarded((session,), partial(_one, per_host, session))
+        ]
+
+    return each
+
+
+def _one(
+    per_host: Callable[[HostSession], HostOutcome], session: HostSession
+) -> Sequence[HostOutcome]:
+    return (per_host(session),)
+
+
+def _weight(outcome: HostOutcome) -> tuple[bool, bool, bool]:
+    return (
+        outcome.outcome == Outcome.NEEDS_ATTENTION,
+        outcome.outcome in FAILED_OUTCOMES,
+        outcome.rotation == RotationWord.OUT_OF_ROTATION,
+    )
 
 
 def _skipped(session: HostSession, why: str) -> HostOutcome:

@@ -18,7 +18,8 @@ import time
 from collections.abc import Sequence
 
 from opspatch.core.host import Host
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command
 from opspatch.errors import LeaseHeld, LedgerError, LockHeld
 from opspatch.hosts.results import HostFacts
 from opspatch.ledger.records import LeaseHolder
@@ -35,9 +36,9 @@ def lease_held(holders: Sequence[LeaseHolder], *, what: str) -> LeaseHeld:
     return LeaseHeld(
         f"{what}: {held_by(holders)}",
         hint="nothing was changed; wait until that run finishes "
-        f"(`{remedy_text(CliCommand.LEDGER_SHOW, first.run_id)}`), or ask {first.operator}; "
+        f"(`{remedy_text(Command.LEDGER_SHOW, first.run_id)}`), or ask {first.operator}; "
         "if its controller is gone, "
-        f"`{remedy_text(CliCommand.RECOVER, run=first.run_id)}` takes it over once its lease "
+        f"`{remedy_text(Command.RECOVER, run=first.run_id)}` takes it over once its lease "
         "expired "
         f"({first.expires_after_seconds:g} s after its last heartbeat)",
     )
@@ -70,7 +71,7 @@ def refusal(holders: Sequence[LeaseHolder]) -> str:
     return (
         f"{held_by(holders)}; wait until that run finishes or ask {first.operator} (its lease "
         f"expires {first.expires_after_seconds:g} s after its last heartbeat; then "
-        f"`{remedy_text(CliCommand.RECOVER, run=first.run_id)}` may take it over)"
+        f"`{remedy_text(Command.RECOVER, run=first.run_id)}` may take it over)"
     )
 
 

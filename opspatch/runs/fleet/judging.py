@@ -35,9 +35,10 @@ from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import JudgeHosts, Outcome, Step
 from opspatch.errors import OpspatchError
 from opspatch.hosts.measure import Measurement
+from opspatch.runs.fleet.group import GroupJudge, Nodes, failing_as
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
-from opspatch.runs.fleet.unitrun import NodeFailed, UnitSessions
 from opspatch.runs.judgments.canary import confirm, judge, unconfirmed
+from opspatch.runs.report import HostOutcome
 
 OWN_BASELINE = "this host's old server, before the swap"
 
@@ -158,7 +159,7 @@ def judge_step(
 
 class HostJudge:
     """The judge of one host of an apply: `take_baseline` before the swap, `__call__` after
-    the smoke (through `steps.prove`); `judgment` is its verdict once given."""
+    the smoke (through `group.proven`); `judgment` is its verdict once given."""
 
     def __init__(
         self, settings: JudgeSettings, peers: Sequence[HostSession], peer_lock: threading.Lock
@@ -235,28 +236,29 @@ class HostJudge:
         return self.judgment
 
 
-def judge_through_head(nodes: UnitSessions, judge: HostJudge) -> Judgment:
-    """Judge a unit by its head (`HostJudge.__call__` on the head: its `judge` step); each other
+def judge_through_head(nodes: Nodes, judge: HostJudge) -> Judgment:
+    """Judge a group by its head (`HostJudge.__call__` on the head: its `judge` step); each other
     node records a `judge` step naming the head's verdict, passed or failed, so that every
     node's steps say what proved or failed it.
 
     Raises:
-        NodeFailed: the verdict is `fail`, or the head could not be measured (naming the head);
-            the caller undoes the change on every node.
+        HostFailed: the verdict is `fail`, or the head could not be measured (in a group of
+            several `NodeFailed`, naming the head); the caller undoes the change on every node.
     """
     head = nodes.head
-    try:
-        judgment = judge(head)
-    except HostFailed as failure:
-        for session in nodes.others:
-            _through_head(nodes, session, failure.error, failed=True)
-        raise NodeFailed(head.name, failure.error) from failure
+    with failing_as(nodes, head):
+        try:
+            judgment = judge(head)
+        except HostFailed as failure:
+            for session in nodes.others:
+                _through_head(nodes, session, failure.error, failed=True)
+            raise
     for session in nodes.others:
         _through_head(nodes, session, judgment.summary(), failed=False)
     return judgment
 
 
-def _through_head(nodes: UnitSessions, session: HostSession, said: str, *, failed: bool) -> None:
+def _through_head(nodes: Nodes, session: HostSession, said: str, *, failed: bool) -> None:
     detail = f"judged through the head ({nodes.head.name}, {nodes.where(session)}): {said}"
     try:
         with session.step(Step.JUDGE) as note:
@@ -265,6 +267,24 @@ def _through_head(nodes: UnitSessions, session: HostSession, said: str, *, faile
             note["detail"] = detail
     except HostFailed:
         pass
+
+
+def judged_through_head(judge: HostJudge | None) -> GroupJudge | None:
+    """The playbook's judge as a group's proof calls it, after the smoke (None: not judged)."""
+    if judge is None:
+        return None
+    return lambda nodes: judge_through_head(nodes, judge)
+
+
+def with_judgment(
+    nodes: Nodes, outcomes: list[HostOutcome], judge: HostJudge | None
+) -> list[HostOutcome]:
+    """The head's outcome carries the judge's verdict (its JSON `judgment`), once given."""
+    if judge is None or judge.judgment is None:
+        return outcomes
+    return [
+        replace(o, judgment=judge.judgment) if o.host == nodes.head.name else o for o in outcomes
+    ]
 
 
 class JudgePlan:

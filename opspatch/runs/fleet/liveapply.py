@@ -1,24 +1,23 @@
-"""`apply --live`: the strategy `ApplyPipeline.apply` runs in place of PROVE once the files are
+"""`apply --live`: what `ApplyPipeline.apply` runs in place of PROVE once a group's files are
 swapped (so the next restart keeps the fix): the fix taken into the running engine's processes,
-read back from each, then proven by the smoke decode, with no restart and so no drain.
-
-Per host:
+then proven by the smoke decode through the head, with no restart and so no drain.
 
 ```
-preflight  each pending file's live form (pure: its pre- and post-image, known once the host is
-           planned), else the run is refused (exit 2); then the engine's `check` of each take
-           (one exec, every process answers; `judgments/live.judge_check`): not every process
-           answers -> refused (exit 2); a take that would not be in effect (the module never
-           imported, a definition another fix holds, a value read at import, objects built by
-           a changed `__init__`, a changed function in a frame that never returns) -> refused
-           (exit 2), the reason word and the processes named
-swap       as every apply (backup, swap)
-LIVE       the forms found in preflight -> `take` (the module, the post-image's sha256, the
-           definitions) to every process; each process's answer judged
-           (`judgments/live.judge_take`) and kept in the step's detail
-smoke      the decode, as the host's last step (it gives the lock back)
-on a refusal or a failure: LIVE_REVERT everywhere, the files restored; the host `rolled-back`
-           (a revert that did not answer everywhere: the restore's restart clears memory)
+preflight  per host: each pending file's live form (pure: its pre- and post-image), else the
+           run is refused (exit 2); then the engine's `check` of each take (one exec, every
+           process answers; `judgments/live.judge_check`): not every process answers, or a take
+           that would not be in effect (the module never imported, a definition another fix
+           holds, a value read at import, objects built by a changed `__init__`, a changed
+           function in a frame that never returns) -> refused (exit 2), the reason named
+swap       as every apply (backup, swap), on every node
+LIVE       the head's forms -> `take` to every process; in a group of several through the
+           head's entry rank (its broadcast reaches every TP rank of every node, each taking its
+           own node's copy: `LiveFix.paths`), then each other node's own processes, then
+           `live-readback` on every node; each answer judged (`judgments/live`)
+smoke      the decode through the head, as its last step (it gives the lock back)
+on a refusal or a failure: LIVE_REVERT everywhere (read back on every node of several), the
+           files restored: `rolled-back` (a revert that did not answer everywhere: the group
+           restarted after the restore, which clears every process's memory)
 ```
 
 A file whose live form is refused (changed free variables, a restart-only module), or whose take
@@ -29,24 +28,32 @@ without --live applies it with a restart.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from opspatch.core.edit import Applied
 from opspatch.core.host import Host
 from opspatch.core.live import LiveForm, NotLive, live_form
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import PatchSpec
-from opspatch.core.vocabulary import Outcome, Step
+from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import LiveRefused, NotTakenLive, OpspatchError
 from opspatch.hosts.live import LiveFix, ask_engine
-from opspatch.runs.fleet.judging import HostJudge
-from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile, live_new, live_old
-from opspatch.runs.fleet.rotation import admit_step
-from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
-from opspatch.runs.fleet.steps import smoke_step, undo
-from opspatch.runs.judgments.live import judge_check, judge_revert, judge_take
-from opspatch.runs.report import FileChange, HostOutcome
+from opspatch.runs.fleet.group import Nodes, proven
+from opspatch.runs.fleet.judging import HostJudge, judged_through_head
+from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error, target_of
+from opspatch.runs.judgments.live import (
+    judge_check,
+    judge_gone,
+    judge_held,
+    judge_revert,
+    judge_take,
+)
+from opspatch.runs.report import HostOutcome
+
+Took = Mapping[str, Sequence[Mapping[str, Any]]]
+"""What each process reported taking, by process name (`scheduler-tp2`, `main`)."""
 
 LiveFormer = Callable[[PatchSpec, bytes, bytes], LiveForm | NotLive]
 """The live form of one target's change: its part of the patch, the pre-image, the post-image."""
@@ -107,7 +114,7 @@ class LiveApply:
         with session.step(Step.LIVE) as note:
             forms = self._live_forms(session, prepared)
             takes = [
-                self._fix(prepared, item, form)
+                self._fix(prepared.is_set, item, form)
                 for item, form in zip(prepared.pending, forms, strict=True)
             ]
             reply = ask_engine(
@@ -118,7 +125,7 @@ class LiveApply:
             if verdict.unanswered is not None:
                 raise LiveRefused(
                     f"{session.name}: its engine does not take live fixes: {verdict.unanswered}",
-                    hint=f"`{remedy_text(CliCommand.APPLY, self.patch_id, hosts=session.name)}` "
+                    hint=f"`{remedy_text(Command.APPLY, self.patch_id, hosts=target_of(session.host))}` "
                     "without --live restarts it instead",
                 )
             if verdict.refusal is not None:
@@ -134,7 +141,7 @@ class LiveApply:
         return NotTakenLive(
             f"{session.name}: {module} cannot be taken live: {refusal.reason}: {refusal.text}",
             hint="apply without --live to apply it with a restart: "
-            f"`{remedy_text(CliCommand.APPLY, self.patch_id, hosts=session.name)}`",
+            f"`{remedy_text(Command.APPLY, self.patch_id, hosts=target_of(session.host))}`",
         )
 
     def _live_forms(self, session: HostSession, prepared: Prepared) -> tuple[LiveForm, ...]:
@@ -156,83 +163,165 @@ class LiveApply:
         """The live forms `check` found on this host, one per pending file."""
         return self._forms[session.name]
 
-    def apply(
+    def take(
         self,
         pipeline: ApplyPipeline,
-        session: HostSession,
-        prepared: Prepared,
+        nodes: Nodes,
+        prepared: Mapping[str, Prepared],
         judge: HostJudge | None = None,
-    ) -> HostOutcome:
-        """Take the swapped files live and prove it: the host's outcome (`applied`, or
-        `rolled-back` with every process reverted and the files restored). With `judge` (the
-        playbook's judge of this host) the judge follows the smoke, as after a restart."""
+    ) -> list[HostOutcome]:
+        """Take the swapped files live and prove it: every node's outcome (`applied`, or
+        `rolled-back` with every process reverted and the files restored). The live forms are
+        the head's, found in preflight (a group's nodes are alike). With `judge` (the
+        playbook's judge of this group) the judge follows the smoke, as after a restart."""
+        head = prepared[nodes.head.name]
         taken: list[str] = []
-        for item, form in zip(prepared.pending, self.forms(session), strict=True):
-            fix = self._fix(prepared, item, form)
+        for item, form in zip(head.pending, self.forms(nodes.head), strict=True):
+            others = (prepared[s.name].files[item.index].path for s in nodes.others)
+            fix = self._fix(head.is_set, item, form, paths=others)
             try:
-                with session.step(Step.LIVE) as note:
-                    reply = ask_engine(session.ops, fix, timeout=self.timeout, step=Step.LIVE)
-                    verdict = judge_take(reply, [d.name for d in form.definitions])
-                    note["detail"] = f"{fix.fix_id}: {verdict.describe()}"
-                    if verdict.failure is not None:
-                        raise HostFailed(Outcome.FAILED, f"live: {verdict.failure}")
+                self._take(nodes, fix, [d.name for d in form.definitions])
             except (HostFailed, OpspatchError) as failure:
                 why = failure.error if isinstance(failure, HostFailed) else describe_error(failure)
-                return self.undo(pipeline, session, prepared, [*taken, fix.fix_id], why)
+                return self.undo(pipeline, nodes, prepared, [*taken, fix.fix_id], why)
             taken.append(fix.fix_id)
-        try:
-            smoke = smoke_step(session, None, baseline=None, last=judge is None)
-            if judge is not None:  # a fail is a failed proof: reverted like a failed smoke
-                judge(session)
-                admit_step(session)
+        try:  # a judge's fail is a failed proof: reverted like a failed smoke
+            smoke = proven(nodes, None, judge=judged_through_head(judge))
         except HostFailed as failure:
-            return self.undo(pipeline, session, prepared, taken, failure.error)
-        return pipeline.outcome(
-            session,
-            prepared,
-            Outcome.APPLIED,
-            None,
-            smoke=smoke,
-            note="taken live, no restart: every process of the engine holds the fix (frames "
-            "already running keep the old code); the file carries it for the next restart",
-        )
+            return self.undo(pipeline, nodes, prepared, taken, failure.error)
+        return [
+            pipeline.outcome(
+                session,
+                prepared[session.name],
+                Outcome.APPLIED,
+                None,
+                smoke=smoke if session is nodes.head else None,
+                note=_taken_note(nodes, session),
+            )
+            for session in nodes.sessions
+        ]
 
-    def _fix(self, prepared: Prepared, item: PreparedFile, form: LiveForm) -> LiveFix:
+    def _fix(
+        self, in_set: bool, item: PreparedFile, form: LiveForm, *, paths: Iterable[str] = ()
+    ) -> LiveFix:
+        """A take of one file's fix; `paths`: the file on a group's other nodes (each node's
+        ranks take their own copy, swapped to the same sha256)."""
         return LiveFix(
             "take",
-            fix_id=fix_id(self.patch_id, item.part, in_set=prepared.is_set),
+            fix_id=fix_id(self.patch_id, item.part, in_set=in_set),
             module=item.part.target.module,
             path=item.path,
             sha256=form.sha256,
             definitions=form.definitions,
             objects=form.objects,
+            paths=tuple(dict.fromkeys(p for p in paths if p != item.path)),
         )
+
+    def _ask(self, session: HostSession, fix: LiveFix, step: Step) -> Any:
+        return ask_engine(session.ops, fix, timeout=self.timeout, step=step)
+
+    def _take(self, nodes: Nodes, fix: LiveFix, names: Sequence[str]) -> None:
+        """Take `fix` through the head (in a group of several, through its entry rank, whose
+        broadcast reaches every rank of every node; then on each other node's own processes,
+        and read back from every node).
+
+        Raises:
+            HostFailed: a process refused or did not answer, or does not hold it as it took it.
+        """
+        head = nodes.head
+        through, who = ("", "") if nodes.alone else ("through the entry rank: ", f"{head.name}: ")
+        with head.step(Step.LIVE) as note:
+            verdict = judge_take(self._ask(head, fix, Step.LIVE), names)
+            note["detail"] = f"{fix.fix_id}: {through}{verdict.describe()}"
+            if verdict.failure is not None:
+                raise HostFailed(Outcome.FAILED, f"live: {who}{verdict.failure}")
+        if nodes.alone:
+            return
+        ranks = {p.process: p.took for p in verdict.took if p.process.startswith("scheduler-")}
+        took: dict[str, Took] = {head.name: {p.process: p.took for p in verdict.took}}
+        not_loaded = {p.process for p in verdict.not_loaded}
+        for session in nodes.others:
+            with session.step(Step.LIVE) as note:
+                own = judge_take(self._ask(session, fix, Step.LIVE), names, required=False)
+                note["detail"] = (
+                    f"{fix.fix_id}: its ranks took it through the head's entry rank "
+                    f"({head.name}); {own.describe()}"
+                )
+                if own.failure is not None:
+                    raise HostFailed(Outcome.FAILED, f"live: {session.name}: {own.failure}")
+            took[session.name] = {**ranks, **{p.process: p.took for p in own.took}}
+            not_loaded |= {p.process for p in own.not_loaded if p.process.startswith("sched")}
+        listed: set[str] = set()
+        for session in nodes.sessions:
+            with session.step(Step.LIVE_READBACK) as note:
+                listing = self._ask(session, LiveFix("list"), Step.LIVE_READBACK)
+                held = judge_held(
+                    listing, fix.fix_id, took=took[session.name], not_loaded=not_loaded
+                )
+                note["detail"] = f"{fix.fix_id}: {held.describe()}"
+                if held.failure is not None:
+                    raise HostFailed(
+                        Outcome.FAILED, f"live-readback: {session.name}: {held.failure}"
+                    )
+            listed.update(held.ranks)
+        unlisted = sorted(set(ranks) - listed)
+        if unlisted:
+            raise HostFailed(
+                Outcome.FAILED,
+                f"live-readback: {', '.join(unlisted)} took the fix, but no node of the unit "
+                "lists it",
+            )
 
     def undo(
         self,
         pipeline: ApplyPipeline,
-        session: HostSession,
-        prepared: Prepared,
+        nodes: Nodes,
+        prepared: Mapping[str, Prepared],
         fixes: Sequence[str],
         why: str,
-    ) -> HostOutcome:
-        """Revert `fixes` in every process, then restore the files: `rolled-back`. A revert that
-        did not finish everywhere (a process gone, a crash) is followed by the restore's restart,
-        which clears every process's memory."""
-        reverted = revert_everywhere(session, fixes, timeout=self.timeout)
+    ) -> list[HostOutcome]:
+        """Revert `fixes` in every process (through the head: every rank of every node; then
+        each other node's own processes, each read back: none holds them), then put every
+        node's files back: `rolled-back`. A revert or readback that did not answer everywhere
+        (a process gone, a crash) is followed by the restore's restart, which clears every
+        process's memory."""
+        reverted = True
+        for session in nodes.sessions:  # the head first: its entry rank reverts every rank
+            reverted = revert_everywhere(session, fixes, timeout=self.timeout) and reverted
+        if fixes and reverted and not nodes.alone:
+            for session in nodes.sessions:
+                reverted = self._gone(session, fixes) and reverted
+        return pipeline.roll_back(nodes, prepared, why, restart=not reverted)
 
-        def restore() -> FileChange:
-            pipeline.restore_files(session, prepared.pending)
-            return prepared.change(live_old(prepared))
+    def _gone(self, session: HostSession, fixes: Sequence[str]) -> bool:
+        """Whether `session`'s processes hold none of `fixes` (a recorded readback)."""
+        try:
+            with session.step(Step.LIVE_READBACK) as note:
+                listing = self._ask(session, LiveFix("list"), Step.LIVE_READBACK)
+                problem = judge_gone(listing, fixes)
+                note["detail"] = problem or (
+                    f"no process holds {', '.join(fixes)}: "
+                    + ", ".join(p.process for p in listing.processes())
+                )
+                if problem is not None:
+                    raise HostFailed(Outcome.FAILED, f"live-readback: {problem}")
+        except (HostFailed, OpspatchError):
+            return False
+        return True
 
-        undone = undo(
-            session,
-            why,
-            restore=restore,
-            change=prepared.change(live_new(prepared, prepared.pending)),
-            restart=not reverted,
+
+def _taken_note(nodes: Nodes, session: HostSession) -> str:
+    if nodes.alone:
+        return (
+            "taken live, no restart: every process of the engine holds the fix (frames already "
+            "running keep the old code); the file carries it for the next restart"
         )
-        return replace(undone, diff=prepared.diff())
+    where = "" if session is nodes.head else f"{nodes.where(session)}: "
+    return (
+        f"{where}taken live through the head's entry rank ({nodes.head.name}), no restart: "
+        "every process of every node holds the fix, read back on each (frames already running "
+        "keep the old code); the file carries it for the next restart"
+    )
 
 
 def revert_everywhere(session: HostSession, fixes: Sequence[str], *, timeout: float) -> bool:

@@ -1,50 +1,46 @@
-"""The per-host pipeline of an apply, written once: preflight (begin + plan) and the change
-(backup, swap, restart, ready, smoke; on a failure past the swap, the restore), as one template
-that every apply (fleet, staged, local file) runs through. `runs.commands.apply` drives it across a fleet.
-
-Per host (architecture.md), each step with a deadline and a ledger record:
+"""The pipeline of an apply, written once: preflight (begin + plan, per host) and the change
+over a node group (a host by itself a group of one), the template every apply (fleet, unit,
+staged, live, local file) runs through; `runs.commands.apply` drives it across a fleet.
 
 ```
-begin (lock + facts + resolve + read, one exec) -> plan (pure) -> [baseline decode]
-  -> backup (the full pre-image into the ledger) -> swap (host: check pre-image, compile with
-     the host's Python, backup copy, atomic rename, bytecode purge)
-  -> restart -> ready -> smoke (decode + log scan; gives the lock back when it passes)
-on a failure after the swap:  restore -> restart -> ready -> smoke (a failed one is a failed
-  step, and the note says the server does not serve the restored file)
-  restored and ready: `rolled-back`;  restore or its restart failed: `needs-attention` (halts)
+per host: begin (lock + facts + resolve + read, one exec) -> plan (pure)
+per group: [baseline decode, head] -> per node, head first: backup (the pre-image into the
+  ledger) -> swap (check pre-image, compile with the host's Python, backup copy, atomic rename,
+  bytecode purge); a swap refused on a node: the nodes swapped before it put back (no restart)
+  -> restart (the group as one) -> ready (head) -> smoke (head; recorded on every node)
+on a failure after the swap: restore every node -> restart -> ready -> smoke (a failed one is a
+  failed step, the note says the server does not serve the restored file): `rolled-back`;
+  a restore or its restart failed: `needs-attention` (halts)
 ```
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, plan_summary
 from opspatch.core.gate import version_gate
 from opspatch.core.policy import Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch, PatchSpec, Target
-from opspatch.core.vocabulary import Outcome, Step
+from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import OpspatchError, PreimageMismatch
 from opspatch.hosts.engine import SmokeResult
 from opspatch.hosts.operations import HostInspection
-from opspatch.runs.fleet.judging import HostJudge, JudgePlan
-from opspatch.runs.fleet.session import (
-    HostFailed,
-    HostSession,
-    describe_error,
-)
-from opspatch.runs.fleet.steps import (
-    effect_unknown,
-    prove,
-    restore_pre_image,
-    undo,
-)
+from opspatch.hosts.results import file_owner
+from opspatch.ledger.records import NewFileVersion
+from opspatch.runs.fleet.group import Nodes, prove, undo
+from opspatch.runs.fleet.judging import JudgePlan, judged_through_head, with_judgment
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
+from opspatch.runs.fleet.steps import effect_unknown, restore_pre_image
 from opspatch.runs.report import FileChange, HostOutcome, SetFile
+
+if TYPE_CHECKING:
+    from opspatch.runs.fleet.liveapply import LiveApply
 
 PlanOutcome = Applied | AlreadyApplied | NotApplicable
 
@@ -153,20 +149,6 @@ def _is_sglang(distribution: str) -> bool:
     return distribution.lower().replace("_", "-") == "sglang"
 
 
-class LiveStrategy(Protocol):
-    """`apply --live` (`runs/fleet/liveapply.py`): after the swap, in place of PROVE, the fix is
-    taken into the running engine (its live form was found in preflight); returns the host's
-    outcome."""
-
-    def apply(
-        self,
-        pipeline: ApplyPipeline,
-        session: HostSession,
-        prepared: Prepared,
-        judge: HostJudge | None,
-    ) -> HostOutcome: ...
-
-
 class ApplyPipeline:
     """Apply one patch (a patch set: all its files together) to one host: the template every
     apply runs through."""
@@ -178,7 +160,7 @@ class ApplyPipeline:
         *,
         restart_engine: bool = True,
         unrestarted: Outcome = Outcome.STAGED,
-        live: LiveStrategy | None = None,
+        live: LiveApply | None = None,
     ) -> None:
         """`restart_engine=False` swaps the file only; the host's outcome is then `unrestarted`:
         `staged` on a fleet (its server still runs the old code), `applied` for a local file
@@ -290,52 +272,139 @@ class ApplyPipeline:
 
     # -- the change ------------------------------------------------------------------------
 
-    def apply(self, session: HostSession, prepared: Prepared) -> HostOutcome:
-        """Swap every pending file, restart once, prove once; on failure restore them all.
-        Returns the host's outcome (never raises for a host-level failure).
+    def apply(self, nodes: Nodes, prepared: Mapping[str, Prepared]) -> list[HostOutcome]:
+        """Swap every pending file on every node, restart the group once, prove it once; on
+        failure restore them all and restart it once more. Every node's outcome (never raises
+        for a host-level failure); the head's carries the smoke and the judge's verdict.
 
         A set's files are recorded in the ledger (pre- and post-images) before the first swap,
         so a controller killed between two swaps leaves the ledger naming every file of the set:
         `recover` puts the swapped ones back (docs/design.md, "Patch sets")."""
-        pending = prepared.pending
-        assert pending, "apply needs a plan that changes a file"
+        head = nodes.head
+        changing = [s for s in nodes.sessions if prepared[s.name].pending]
+        if not changing:
+            return [
+                s.outcome(Outcome.ALREADY_APPLIED, file=prepared[s.name].change())
+                for s in nodes.sessions
+            ]
         try:
-            baseline, baseline_note = self.baseline(session)
+            baseline, baseline_note = self.baseline(head)
         except HostFailed as refused:
-            return self.outcome(session, prepared, refused.outcome, refused.error, old=pending)
-        judge = self.judges.for_host(session.name) if self.judges and self.restart_engine else None
+            return self._unchanged(nodes, prepared, refused)
+        judge = self.judges.for_host(head.name) if self.judges and self.restart_engine else None
         if judge is not None:
-            judge.take_baseline(session)
-        failed = self.write(session, prepared)
-        if failed is not None:
-            return failed
+            judge.take_baseline(head)
+        written: list[HostSession] = []
+        for session in changing:
+            failed = self.write(session, prepared[session.name])
+            if isinstance(failed, SwapLost):  # the file is new: undone as after a failed proof
+                swapped = {s.name: prepared[s.name].pending for s in written}
+                swapped[session.name] = failed.swapped
+                return self.roll_back(nodes, prepared, failed.why, swapped=swapped)
+            if failed is not None:
+                return self._write_failed(nodes, prepared, written, failed)
+            written.append(session)
         if not self.restart_engine:
-            staged_note = (
+            note = (
                 "staged: the file is patched; the running server still runs the old code until "
-                f"`{remedy_text(CliCommand.RESTART)}` restarts, proves and (on failure) rolls it "
+                f"`{remedy_text(Command.RESTART)}` restarts, proves and (on failure) rolls it "
                 "back"
                 if self.unrestarted == Outcome.STAGED
                 else None
             )
-            return self.outcome(session, prepared, self.unrestarted, None, note=staged_note)
+            return [
+                self.outcome(s, prepared[s.name], self.unrestarted, None, note=note)
+                for s in nodes.sessions
+            ]
         if self.live is not None:
-            taken = self.live.apply(self, session, prepared, judge)
-            return replace(taken, judgment=judge.judgment if judge is not None else None)
+            return with_judgment(nodes, self.live.take(self, nodes, prepared, judge), judge)
         try:
-            smoke = prove(session, baseline=baseline, judge=judge)
+            smoke = prove(nodes, baseline=baseline, judge=judged_through_head(judge))
         except HostFailed as failure:
-            rolled = self.roll_back(session, prepared, failure.error)
-            judged = judge.judgment if judge is not None else None
-            return replace(rolled, note=_join(rolled.note, baseline_note), judgment=judged)
-        applied = self.outcome(
-            session, prepared, Outcome.APPLIED, None, smoke=smoke, note=baseline_note
-        )
-        return replace(applied, judgment=judge.judgment if judge is not None else None)
+            undone = self.roll_back(nodes, prepared, failure.error, note=baseline_note)
+            return with_judgment(nodes, undone, judge)
+        applied = [
+            self.outcome(
+                session,
+                prepared[session.name],
+                Outcome.APPLIED,
+                None,
+                smoke=smoke if session is head else None,
+                note=_join(baseline_note, _proven_note(nodes, session)),
+            )
+            for session in nodes.sessions
+        ]
+        return with_judgment(nodes, applied, judge)
 
-    def write(self, session: HostSession, prepared: Prepared) -> HostOutcome | None:
+    def _unchanged(
+        self, nodes: Nodes, prepared: Mapping[str, Prepared], refused: HostFailed
+    ) -> list[HostOutcome]:
+        """Every node unchanged (the head's required baseline failed): the head `failed` with
+        why, each other node naming the head."""
+        head, why = nodes.head.name, refused.error
+        return [
+            self.outcome(
+                session,
+                prepared[session.name],
+                refused.outcome if session is nodes.head else Outcome.FAILED,
+                why if session is nodes.head else f"not changed: the head {head}: {why}",
+                old=prepared[session.name].pending,
+            )
+            for session in nodes.sessions
+        ]
+
+    def _write_failed(
+        self,
+        nodes: Nodes,
+        prepared: Mapping[str, Prepared],
+        written: Sequence[HostSession],
+        failed: HostOutcome,
+    ) -> list[HostOutcome]:
+        """A node's swap failed (its outcome `failed` says how it stands): the nodes swapped
+        before it are put back, files only (the server never ran them)."""
+        why = f"{failed.host}: {failed.error}"
+        outcomes: list[HostOutcome] = []
+        for session in nodes.sessions:
+            mine = prepared[session.name]
+            if session.name == failed.host:
+                outcomes.append(failed)
+                continue
+            if session not in written:
+                outcomes.append(
+                    self.outcome(
+                        session, mine, Outcome.FAILED, f"not changed: {why}", old=mine.pending
+                    )
+                )
+                continue
+            try:
+                self.restore_files(session, mine.pending)
+            except (OpspatchError, HostFailed) as exc:
+                outcomes.append(
+                    self.outcome(
+                        session,
+                        mine,
+                        Outcome.NEEDS_ATTENTION,
+                        f"{why}; then putting this node's files back failed: {describe_error(exc)}",
+                    )
+                )
+                continue
+            outcomes.append(
+                self.outcome(
+                    session,
+                    mine,
+                    Outcome.FAILED,
+                    why,
+                    old=mine.pending,
+                    note="put back to the pre-image: the unit's server never ran it",
+                )
+            )
+        return outcomes
+
+    def write(self, session: HostSession, prepared: Prepared) -> HostOutcome | SwapLost | None:
         """Record every pending file's images in the ledger, then swap each: None when all are
         swapped, else the host's outcome (the set whole and unchanged where the host refused a
-        swap; what it is, read back, where a swap did not answer)."""
+        swap; what it is, read back, where a swap did not answer), or `SwapLost` when a swap
+        that did not answer is found written (the group is then rolled back)."""
         pending = prepared.pending
         with_path = prepared.is_set
         try:
@@ -388,14 +457,16 @@ class ApplyPipeline:
         plan, remote = _plan(item), item.inspection.file
         session.recorder.file_version(
             session.name,
-            path=remote.realpath,
-            sha256_before=plan.sha256_before,
-            sha256_after=plan.sha256_after,
-            mode=remote.mode,
-            owner=f"{remote.owner or remote.uid}:{remote.group or remote.gid}",
-            pre_image=plan.old_source,
-            post_image=plan.new_source,
-            container=session.container,
+            NewFileVersion(
+                remote.realpath,
+                plan.sha256_before,
+                plan.sha256_after,
+                remote.mode,
+                file_owner(remote),
+                pre_image=plan.old_source,
+                post_image=plan.new_source,
+                container=session.container,
+            ),
         )
 
     def baseline(self, session: HostSession) -> tuple[tuple[str | None, ...] | None, str | None]:
@@ -432,28 +503,42 @@ class ApplyPipeline:
 
     def roll_back(
         self,
-        session: HostSession,
-        prepared: Prepared,
+        nodes: Nodes,
+        prepared: Mapping[str, Prepared],
         why: str,
         *,
-        swapped: Sequence[PreparedFile] | None = None,
-    ) -> HostOutcome:
-        """Put the pre-images back after a failure past the swap (every pending file, or the
-        `swapped` ones), then restart once and prove."""
-        files = prepared.pending if swapped is None else tuple(swapped)
+        swapped: Mapping[str, Sequence[PreparedFile]] | None = None,
+        note: str | None = None,
+        restart: bool | None = None,
+    ) -> list[HostOutcome]:
+        """UNDO after a failure past the swap (`group.undo`): every node's pending files (or
+        its `swapped` ones) put back, the group restarted once and proven (`restart`: default
+        the pipeline's; False for a live fix reverted in every process, the files the undo)."""
 
-        def restore() -> FileChange:
-            self.restore_files(session, files)
-            return prepared.change(live_old(prepared))
+        def files(session: HostSession) -> Sequence[PreparedFile]:
+            return (
+                prepared[session.name].pending if swapped is None else swapped.get(session.name, ())
+            )
+
+        def restore(session: HostSession) -> FileChange:
+            mine = prepared[session.name]
+            self.restore_files(session, files(session))
+            return mine.change(live_old(mine))
 
         undone = undo(
-            session,
+            nodes,
             why,
             restore=restore,
-            change=prepared.change(live_new(prepared, files)),
-            restart=self.restart_engine,
+            changes={
+                s.name: prepared[s.name].change(live_new(prepared[s.name], files(s)))
+                for s in nodes.sessions
+            },
+            restart=self.restart_engine if restart is None else restart,
         )
-        return replace(undone, diff=prepared.diff())
+        return [
+            replace(o, diff=prepared[s.name].diff(), note=_join(o.note, note))
+            for s, o in zip(nodes.sessions, undone, strict=True)
+        ]
 
     def restore_files(self, session: HostSession, files: Sequence[PreparedFile]) -> None:
         """Restore the pre-image of each file, the last swapped first."""
@@ -509,7 +594,7 @@ class ApplyPipeline:
         item: PreparedFile,
         swapped: Sequence[PreparedFile],
         exc: Exception,
-    ) -> HostOutcome:
+    ) -> HostOutcome | SwapLost:
         why = f"the swap did not answer: {describe_error(exc)}"
         if prepared.is_set:
             why = f"{item.path}: {why}"
@@ -531,7 +616,7 @@ class ApplyPipeline:
                 session, prepared, item, swapped, f"{why}; the file is unchanged"
             )
         if live.sha256 == plan.sha256_after:
-            return self.roll_back(session, prepared, why, swapped=(*swapped, item))
+            return SwapLost(why, (*swapped, item))
         return self.outcome(
             session,
             prepared,
@@ -587,3 +672,18 @@ def live_new(prepared: Prepared, swapped: Sequence[PreparedFile]) -> dict[str, s
 
 def _join(*notes: str | None) -> str | None:
     return "; ".join(n for n in notes if n) or None
+
+
+@dataclass(frozen=True)
+class SwapLost:
+    """A swap that did not answer, found written when read back: the host's `swapped` files
+    (that one included) are new, and the group is rolled back as after a failed proof."""
+
+    why: str
+    swapped: tuple[PreparedFile, ...]
+
+
+def _proven_note(nodes: Nodes, session: HostSession) -> str | None:
+    if session is nodes.head:
+        return None
+    return f"{nodes.where(session)}: proven by the decode through the head {nodes.head.name}"

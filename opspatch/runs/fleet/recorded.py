@@ -26,7 +26,7 @@ from contextlib import contextmanager
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, TeamSettings
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Command, RunOutcome
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError, LedgerLost
@@ -68,7 +68,7 @@ def recorded_run(
         raise InputError(
             f"{command} selects no host: nothing was done and no run recorded",
             hint="select hosts with --hosts TARGET "
-            f"(`{remedy_text(CliCommand.INVENTORY_SHOW, 'INVENTORY')}` lists "
+            f"(`{remedy_text(Command.INVENTORY_SHOW, 'INVENTORY')}` lists "
             "them)",
         )
     ledger.ensure_intact()
@@ -107,10 +107,10 @@ def _then_recover(run_id: str, exc: LedgerError, ledger: Ledger) -> str:
     """What brings the hosts a run stopped by `exc` left part-way to a known state."""
     part_way = f"the hosts run {run_id} left part-way (locked, or changed and not yet proven)"
     if not isinstance(exc, LedgerLost):
-        return f"`{remedy_text(CliCommand.RECOVER)}` then brings {part_way} to a known state"
-    recover = remedy_text(CliCommand.RECOVER, run=run_id)
+        return f"`{remedy_text(Command.RECOVER)}` then brings {part_way} to a known state"
+    recover = remedy_text(Command.RECOVER, run=run_id)
     if exc.rescued is None:  # the run's records are where nobody can read them now
-        by_host = remedy_text(CliCommand.RECOVER, hosts="TARGET")
+        by_host = remedy_text(Command.RECOVER, hosts="TARGET")
         return f"`{by_host}` reconciles {part_way} from what is on them"
     if exc.rescued != str(ledger.path):
         return f"with --ledger {exc.rescued}, `{recover}` brings {part_way} to a known state"

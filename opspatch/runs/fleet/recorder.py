@@ -19,9 +19,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from opspatch.core.hostfacts import HostFacts
-from opspatch.core.vocabulary import FileAction, RunStatus, Step, StepStatus
+from opspatch.core.vocabulary import RunStatus, Step, StepStatus
 from opspatch.errors import LedgerError, OpspatchError
-from opspatch.ledger.records import ContainerRecord, LeaseGrant, LeaseHolder, StepRecord
+from opspatch.ledger.records import LeaseGrant, LeaseHolder, NewFileVersion, StepRecord
 from opspatch.ledger.store import Ledger
 from opspatch.runs.report import HostOutcome, RunReport
 
@@ -50,35 +50,9 @@ class Recorder(Protocol):
     def facts(self, host: str, facts: HostFacts) -> None:
         """What a host runs (its machine id among it: later lookups by machine find the run)."""
 
-    def file_version(
-        self,
-        host: str,
-        *,
-        path: str,
-        sha256_before: str,
-        sha256_after: str,
-        mode: int,
-        owner: str,
-        pre_image: bytes,
-        post_image: bytes | None = None,
-        action: FileAction = FileAction.PATCH,
-        container: ContainerRecord | None = None,
-    ) -> None:
-        """A file this run changes, with its full pre-image (before the host is touched)."""
-
-    def restored(
-        self,
-        host: str,
-        *,
-        path: str,
-        sha256_before: str,
-        sha256_after: str,
-        mode: int,
-        owner: str,
-        container: ContainerRecord | None = None,
-    ) -> None:
-        """A restore this run made: a file version whose overwritten bytes are the ledger's
-        own post-image of the change undone (`sha256_before`)."""
+    def file_version(self, host: str, version: NewFileVersion) -> None:
+        """A file this run changes, with its full pre-image (before the host is touched); a
+        restore's pre-image is the ledger's own (`NewFileVersion.pre_image` None)."""
 
     def outcome(self, outcome: HostOutcome) -> None:
         """A host's outcome, as soon as it is decided (a later one supersedes it)."""
@@ -162,58 +136,8 @@ class LedgerRecorder:
     def facts(self, host: str, facts: HostFacts) -> None:
         self._record(lambda: self.ledger.record_facts(self._run_id, host, facts))
 
-    def file_version(
-        self,
-        host: str,
-        *,
-        path: str,
-        sha256_before: str,
-        sha256_after: str,
-        mode: int,
-        owner: str,
-        pre_image: bytes,
-        post_image: bytes | None = None,
-        action: FileAction = FileAction.PATCH,
-        container: ContainerRecord | None = None,
-    ) -> None:
-        self._record(
-            lambda: self.ledger.record_file_version(
-                self._run_id,
-                host,
-                path=path,
-                sha256_before=sha256_before,
-                sha256_after=sha256_after,
-                mode=mode,
-                owner=owner,
-                pre_image=pre_image,
-                post_image=post_image,
-                action=action,
-                container=container,
-            )
-        )
-
-    def restored(
-        self,
-        host: str,
-        *,
-        path: str,
-        sha256_before: str,
-        sha256_after: str,
-        mode: int,
-        owner: str,
-        container: ContainerRecord | None = None,
-    ) -> None:
-        self.file_version(
-            host,
-            path=path,
-            sha256_before=sha256_before,
-            sha256_after=sha256_after,
-            mode=mode,
-            owner=owner,
-            pre_image=self.ledger.blob(sha256_before),
-            action=FileAction.RESTORE,
-            container=container,
-        )
+    def file_version(self, host: str, version: NewFileVersion) -> None:
+        self._record(lambda: self.ledger.record_file_version(self._run_id, host, version))
 
     def outcome(self, outcome: HostOutcome) -> None:
         self._record(
@@ -282,33 +206,7 @@ class NullRecorder:
     def facts(self, host: str, facts: HostFacts) -> None:
         return None
 
-    def file_version(
-        self,
-        host: str,
-        *,
-        path: str,
-        sha256_before: str,
-        sha256_after: str,
-        mode: int,
-        owner: str,
-        pre_image: bytes,
-        post_image: bytes | None = None,
-        action: FileAction = FileAction.PATCH,
-        container: ContainerRecord | None = None,
-    ) -> None:
-        return None
-
-    def restored(
-        self,
-        host: str,
-        *,
-        path: str,
-        sha256_before: str,
-        sha256_after: str,
-        mode: int,
-        owner: str,
-        container: ContainerRecord | None = None,
-    ) -> None:
+    def file_version(self, host: str, version: NewFileVersion) -> None:
         return None
 
     def outcome(self, outcome: HostOutcome) -> None:

@@ -20,19 +20,13 @@ from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import HaltPolicy, halt_on_attention, one_batch
-from opspatch.runs.fleet.fleetrun import FleetRun, PerUnit, whole_units
+from opspatch.runs.fleet.fleetrun import FleetRun, PerGroup, whole_units
+from opspatch.runs.fleet.group import refuse
 from opspatch.runs.fleet.host_leases import host_identity
 from opspatch.runs.fleet.recorder import Recorder
 from opspatch.runs.fleet.session import HostFailed, HostSession, Progress
 from opspatch.runs.fleet.standing import HostStanding
-from opspatch.runs.fleet.steps import (
-    prove_or_undo,
-    readmit,
-    ready_step,
-    restart_step,
-    restore_pre_image,
-)
-from opspatch.runs.fleet.unitrun import UnitSessions, refuse_unit
+from opspatch.runs.fleet.steps import readmit, ready_step, restart_step, restore_pre_image
 from opspatch.runs.judgments.patchset import SetOnHost
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
@@ -41,16 +35,17 @@ from opspatch.runs.report import FileChange, HostOutcome, RunReport
 class Examined:
     """What a restore run found on one host before changing it: the inspection (None: decided
     from the ledger alone, or the host could not be read) and either the outcome it decided
-    there (nothing to restore, or a refusal with its reason) or the restore to make: the whole
-    of it on a host by itself (`restore`: files put back, the server restarted and proven), and
-    for a unit, whose nodes are restarted as one, its files only (`put_back`, and `found`: the
-    file as it is before)."""
+    there (nothing to restore, or a refusal with its reason) or the restore to make: its files
+    put back (`put_back`; `found`: the files as they are before), what the outcome then says
+    (`note`) and how a failed restore is said (`restore_failed`); its group then restarted and
+    proven as one."""
 
     inspection: HostInspection | None
     decided: HostOutcome | None = None
-    restore: Callable[[], HostOutcome] | None = None
     put_back: Callable[[], FileChange] | None = None
     found: FileChange | None = None
+    note: str | None = None
+    restore_failed: Callable[[str], str] | None = None
 
     @classmethod
     def left(cls, outcome: HostOutcome) -> Examined:
@@ -157,8 +152,7 @@ def run_restore(
     playbook: Playbook,
     progress: Progress,
     patch_id: str | None,
-    per_host: Callable[[HostSession], HostOutcome],
-    per_unit: PerUnit | None = None,
+    per_group: PerGroup,
     preflight: Callable[[HostSession], Examined] | None = None,
     under_playbook: bool = False,
     leases: Mapping[str, str] | None = None,
@@ -171,15 +165,14 @@ def run_restore(
     (a refusal, nothing to restore, unreadable) is reported and recorded with that outcome
     whatever halts the run later, and is never started (`FleetRun.decide`); every host it read
     is leased by the identity it read (the lease check comes first), and only the others are
-    looked for at their router; with `per_unit`, a unit is decided as one (`units_decided`).
+    looked for at their router; a unit is decided as one (`units_decided`).
     `under_playbook` (a rollback): the other
     hosts go in the playbook's batches, canaries first, halted as an apply is
     (`halt_under_playbook`); otherwise in one batch, halted at the first host that needs
     attention or whose restored file is not served. The hosts are leased to this run first
     (`FleetRun.lease`; unlock leases nothing); `leases` (host name -> identity): the ones a
     recover --run takes over from the runs it recovers (expired, or of `taking_over`, runs
-    this machine saw die). `per_unit`: a unit's nodes restored as one (the batches count it
-    once, by its head)."""
+    this machine saw die). The batches count groups (`FleetRun.items`)."""
     with FleetRun(
         command=command,
         patch_id=patch_id,
@@ -200,15 +193,14 @@ def run_restore(
                     decided[name] = seen.decided
                 if seen.inspection is not None:  # a decided host too: the lease check comes first
                     known[name] = host_identity(fleet.sessions[name].host, seen.inspection.facts)
-            if per_unit is not None:
-                decided = units_decided(fleet, decided)
+            decided = units_decided(fleet, decided)
             fleet.decide(decided)
         names = [name for name in fleet.names if name not in decided]
         refused = fleet.lease(known, taking_over=taking_over, restarting=names)
         if refused is not None:
             return refused
         policy: HaltPolicy = halt_on_attention_or_not_serving
-        items = fleet.items(names) if per_unit is not None else names
+        items = fleet.items(names)
         if under_playbook:
             plan = plan_rollout(playbook, items)
             batches = plan.batches
@@ -220,7 +212,7 @@ def run_restore(
             # what the preflight decided changed nothing: it stops no restore elsewhere
             return policy({n: o for n, o in outcomes.items() if n not in decided})
 
-        outcomes, halted = fleet.execute(per_host, batches=batches, halt=halt, per_unit=per_unit)
+        outcomes, halted = fleet.execute(per_group, batches=batches, halt=halt)
         return fleet.report(outcomes, halted=halted)
 
 
@@ -237,8 +229,8 @@ def units_decided(fleet: FleetRun, decided: Mapping[str, HostOutcome]) -> dict[s
             continue
         refused = {name: decided[name] for name in mine if decided[name].error is not None}
         if refused:
-            nodes = UnitSessions(unit, tuple(fleet.sessions[name] for name in unit.hosts))
-            made.update((o.host, o) for o in refuse_unit(nodes, refused, "was refused"))
+            nodes = fleet.group(unit.head)
+            made.update((o.host, o) for o in refuse(nodes, refused, "was refused"))
         else:
             for name in mine:
                 del made[name]
@@ -255,14 +247,3 @@ def restore_standing(session: HostSession, standing: HostStanding) -> FileChange
     if standing.is_set:
         return restore_set(session, standing.found)
     return restore_recorded(session, standing.version)
-
-
-def prove_standing(session: HostSession, standing: HostStanding, *, note: str) -> HostOutcome:
-    """The table's prove-or-undo on what `read_host` found all new: restart into it and prove
-    it, or undo it (every new file put back) when the proof fails."""
-    return prove_or_undo(
-        session,
-        change=standing.change(),
-        restore=lambda: restore_standing(session, standing),
-        note=note,
-    )

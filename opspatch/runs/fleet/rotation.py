@@ -12,8 +12,8 @@ One the ledger never saw drained is a wrong `router.worker_url`. During the run,
 `HostRotation` holds one of its router's permits from its drain until its admit, so no more
 workers than allowed are ever out at once.
 
-The steps (`drain_step`, `admit_step`) are called from `runs/fleet/steps.py` only: the drain before
-every engine restart, the admit after a last smoke that passed. A host whose proof failed stays
+The steps (`drain_step`, `admit_step`) are called from `runs/fleet/steps.py` and `group.py`
+only: the drain before every engine restart, the admit after a last smoke that passed. A host whose proof failed stays
 out of rotation, and its outcome says so (`Rotation.OUT_OF_ROTATION`).
 """
 
@@ -27,13 +27,13 @@ from dataclasses import dataclass
 
 from opspatch.core.host import Host, RouterSettings
 from opspatch.core.policy import Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step, StepStatus
 from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.errors import OpspatchError, RouterError, RouterRefused
 from opspatch.hosts.router import RouterClient, RouterWorker
 from opspatch.ledger.records import StepRecord
-from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error, target_of
 from opspatch.runs.report import HostOutcome
 
 DRAIN_POLL_SECONDS = 0.1
@@ -44,11 +44,6 @@ DRAIN_SETTLE_SECONDS = 0.5
 before the removal may still be on its way into the worker's queue."""
 
 ADMIT_POLL_SECONDS = 0.1
-ROTATING_COMMANDS = frozenset(
-    {Command.APPLY, Command.SYNC, Command.RESTART, Command.ROLLBACK, Command.RECOVER}
-)
-"""The commands that restart engines, and so drain and admit around the restart."""
-
 ROTATION_STEPS = (Step.DRAIN, Step.ADMIT)
 """The ledger steps that take a worker out of rotation and put it back (`taken_out_by`)."""
 
@@ -122,7 +117,7 @@ class HostRotation:
         why = f" ({self.why_out})" if self.why_out else ""
         return (
             f"out of rotation: router {self.router_url} sends {self.worker_url} nothing{why}; "
-            f"`{remedy_text(CliCommand.RECOVER, hosts=host)}` re-admits it once its server is "
+            f"`{remedy_text(Command.RECOVER, hosts=host)}` re-admits it once its server is "
             "proven"
         )
 
@@ -202,7 +197,7 @@ class Rotation:
                     hint="set router.worker_url to the URL the router registered (URLs compare "
                     "as exact strings); a worker taken out by hand, or by a run another ledger "
                     f"recorded, is re-admitted by "
-                    f"`{remedy_text(CliCommand.RECOVER, hosts=host.name)}` once "
+                    f"`{remedy_text(Command.RECOVER, hosts=target_of(host))}` once "
                     "its server is proven",
                 )
             # recover re-admits workers first-hand out of rotation, which costs no room; a host
@@ -437,7 +432,7 @@ def halt_on_out_of_rotation(outcomes: Mapping[str, HostOutcome]) -> str | None:
     out = sorted(n for n, o in outcomes.items() if o.rotation == RotationWord.OUT_OF_ROTATION)
     if not out:
         return None
-    recover = remedy_text(CliCommand.RECOVER)
+    recover = remedy_text(Command.RECOVER)
     return f"{', '.join(out)} left out of rotation; `{recover}` re-admits proven hosts"
 
 
@@ -471,7 +466,7 @@ def rotation_of(
             found[host.name] = (
                 RotationWord.OUT_OF_ROTATION,
                 f"out of rotation: router {router.url} {why} ({router.worker_url}); "
-                f"`{remedy_text(CliCommand.RECOVER, hosts=host.name)}` re-admits it once its "
+                f"`{remedy_text(Command.RECOVER, hosts=target_of(host))}` re-admits it once its "
                 "server is proven",
             )
     return found

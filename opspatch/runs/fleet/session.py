@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
-from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Outcome, RunStatus, Step, StepStatus
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command, Outcome, RunStatus, Step, StepStatus
 from opspatch.errors import (
     BecomeError,
     HostKeyError,
@@ -69,6 +69,12 @@ class HostFailed(Exception):
         super().__init__(error)
         self.outcome = outcome
         self.error = error
+
+
+def target_of(host: Host) -> str:
+    """What a command names to reach `host`'s group (`--hosts`): its unit, or the host itself
+    (a node of a unit alone is refused)."""
+    return host.unit.name if host.unit is not None else host.name
 
 
 def describe_error(exc: BaseException) -> str:
@@ -141,7 +147,7 @@ class HostLock:
                 session.ops.unlock(run_id=self.run_id, timeout=session.playbook.timeouts.lock)
             self._given_back = True
         except OpspatchError as exc:
-            unlock = remedy_text(CliCommand.UNLOCK, hosts=session.name)
+            unlock = remedy_text(Command.UNLOCK, hosts=session.name)
             return (
                 f"this run's lock could not be given back ({describe_error(exc)}): it keeps "
                 f"other runs off until it expires; `{unlock}` removes it once this run is over"
@@ -239,7 +245,7 @@ class HostSession:
         it takes traffic (a host left out of rotation says so in its note, never silently)."""
         rotation = self.rotation
         if rotation is not None and rotation.out:
-            out = rotation.out_note(self.name)
+            out = rotation.out_note(target_of(self.host))
             note = f"{note}; {out}" if note else out
         return HostOutcome(
             self.name,
@@ -275,14 +281,14 @@ class HostSession:
         holder = str(held.data.get("run_id") or "")
         status = self.recorder.run_status(holder) if holder else None
         if status == RunStatus.INTERRUPTED:
-            recover = remedy_text(CliCommand.RECOVER)
+            recover = remedy_text(Command.RECOVER)
             return f"; run {holder} was interrupted: `{recover}` finishes or undoes it"
         if status == RunStatus.UNKNOWN:  # begun on another controller, which may be alive
             until = held.data.get("busy_until_iso") or held.data.get("expires_at_iso")
             return (
                 f"; run {holder}'s controller may still be at work here (a command it sent may "
                 f"still be running until {until}): nothing was changed here; once then, "
-                f"`{remedy_text(CliCommand.RECOVER, run=holder)}` takes the host over"
+                f"`{remedy_text(Command.RECOVER, run=holder)}` takes the host over"
             )
         if status in (RunStatus.FINISHED, RunStatus.RECOVERED):
             unit = self.host.unit  # a unit is recovered whole: a node alone is refused
@@ -293,8 +299,8 @@ class HostSession:
             )
             return (
                 f"; run {holder} is over ({status}) but its lock outlived it: "
-                f"`{remedy_text(CliCommand.RECOVER, hosts=unit.name if unit else self.name)}` "
-                f"reconciles {reconciled}, or `{remedy_text(CliCommand.UNLOCK, hosts=self.name)}`"
+                f"`{remedy_text(Command.RECOVER, hosts=target_of(self.host))}` "
+                f"reconciles {reconciled}, or `{remedy_text(Command.UNLOCK, hosts=self.name)}`"
             )
         return ""
 
@@ -309,28 +315,39 @@ class HostSession:
 
         The body may set `note["detail"]` to describe what it did. The users the step's execs
         ran as (as the host agent reported them; `name (sudo)` when raised) are kept with it and
-        said at the end of its ledger detail: `[ran as svc (sudo), ops]`.
+        said at the end of its ledger detail: `[ran as svc (sudo), ops]`; what the channel said
+        meanwhile (a host agent started again) is said there too, and as a progress notice.
         """
         note: dict[str, str] = {"detail": ""}
         self.progress.update(self.name, name, "running")
         self.record(name, StepStatus.STARTED)
         started = time.monotonic()
         execs_before = len(self._ops.ran_as) if self._ops is not None else 0
+        notices_before = len(self._ops.notices) if self._ops is not None else 0
         try:
             yield note
         except BaseException as exc:
             seconds = time.monotonic() - started
             ran_as = self._ran_as_since(execs_before)
-            detail = describe_error(exc)
+            detail = self._with_notices(describe_error(exc), notices_before)
             self.steps.append(StepResult(name, StepStatus.FAILED, seconds, detail, ran_as))
             self.record(name, StepStatus.FAILED, seconds, with_users(detail, ran_as))
             self.progress.update(self.name, name, "failed")
             raise
         seconds = time.monotonic() - started
         ran_as = self._ran_as_since(execs_before)
-        self.steps.append(StepResult(name, StepStatus.OK, seconds, note["detail"], ran_as))
-        self.record(name, StepStatus.OK, seconds, with_users(note["detail"], ran_as))
+        detail = self._with_notices(note["detail"], notices_before)
+        self.steps.append(StepResult(name, StepStatus.OK, seconds, detail, ran_as))
+        self.record(name, StepStatus.OK, seconds, with_users(detail, ran_as))
         self.progress.update(self.name, name, "ok")
+
+    def _with_notices(self, detail: str, count: int) -> str:
+        """`detail` and what the channel said since its first `count` notices, each also said
+        now as a progress notice."""
+        said = self._ops.notices[count:] if self._ops is not None else []
+        for notice in said:
+            self.progress.notice(f"{self.name}: {notice}")
+        return "; ".join([detail, *said] if detail else said)
 
     def _ran_as_since(self, count: int) -> tuple[str, ...]:
         """The distinct users of the execs made since the first `count`, in order."""

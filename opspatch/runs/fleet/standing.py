@@ -1,12 +1,10 @@
-"""One reading of a host's standing: begin, then every file of the change, judged together.
+"""Reading a host's standing: begin, then every file of the change, judged together.
 
-Every command that changes hosts used to derive "where does this host stand?" its own way
-(restart from the newest write, recover by sha256 matching, rollback through `lineage.locate`),
-each with its own `begin` and a second code path for patch sets. `read_host` is the one reading:
-the `begin` step (lock + inspect in one exec; a plain `inspect` in a rollback's preflight), one
-`read-set` step for the set's other files, `lineage.locate` per file (a single file is a set of
-one), the proof from the ledger when every file is new, and `patchset.judge` for the word.
-Commands are tables from that word to what they do.
+`read_host` is the reading every command that changes hosts starts from: the `begin` step (lock
+and inspect in one exec; a plain `inspect` in a rollback's preflight), one `read-set` step for a
+set's other files, each file placed by `patchset.read_file` (a single file is a set of one), the
+proof from the ledger when every file is new, and `patchset.judge` for the word the commands
+decide from.
 """
 
 from __future__ import annotations
@@ -18,15 +16,17 @@ from opspatch.core.vocabulary import Step
 from opspatch.errors import LockHeld
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.lineage import Standing as Located
-from opspatch.ledger.lineage import locate
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.fleet.session import HostSession
 from opspatch.runs.judgments.patchset import (
+    FileStanding,
+    Place,
     SetOnHost,
     Standing,
     judge,
     members_of,
     paths_of,
+    read_file,
     server_age,
 )
 from opspatch.runs.judgments.proof import ChangeProof, change_proof
@@ -112,14 +112,19 @@ def read_live(
 @dataclass(frozen=True)
 class HostStanding:
     """A host's standing against a change: the word, the files as found (in the order they were
-    recorded; empty when nothing is recorded), where each is in its lineage, the inspection
-    (None: nothing to read, decided from the ledger alone) and the proofs (all new only)."""
+    recorded; empty when nothing is recorded), each file as read, the inspection (None: nothing
+    to read, decided from the ledger alone) and the proofs (all new only)."""
 
     standing: Standing
     found: SetOnHost
-    located: tuple[Located, ...] = ()
+    files: tuple[FileStanding, ...] = ()
     inspection: HostInspection | None = None
     proofs: tuple[ChangeProof, ...] = ()
+
+    @property
+    def located(self) -> tuple[Located, ...]:
+        """Where each file is in its lineage (empty when nothing is recorded)."""
+        return tuple(f.located for f in self.files if f.located is not None)
 
     @property
     def is_set(self) -> bool:
@@ -167,7 +172,7 @@ def read_host(
 ) -> HostStanding:
     """Read where `versions` (the recorded changes of one path or of a set's paths) stand on
     the host: `begin` (unless `inspection` is given: begun already), the set's other files in
-    one `read-set` step, and `lineage.locate` per file against its candidates: `versions` of
+    one `read-set` step, and each file placed (`patchset.read_file`) against its candidates: `versions` of
     that path (newest first), or `lineage(path, inspection)` (history and candidates from the
     ledger by the inspected machine). No versions and no `module`: nothing recorded, nothing
     read. With `ledger`, the proofs of a change whose every file is new. `paths`: the order to
@@ -190,21 +195,21 @@ def read_host(
     if not paths:
         paths = [inspection.file.realpath]
     live = read_live(session, paths, {inspection.file.realpath: inspection.file.sha256})
-    located: list[Located | None] = []
+    age = server_age(inspection.server, inspection.file)
+    files: list[FileStanding] = []
     for path in paths:
         if lineage is not None:
             history, candidates = lineage(path, inspection)
         else:
             mine = sorted((v for v in versions if v.path == path), key=lambda v: -v.event_id)
             history = candidates = mine
-        located.append(locate(history, candidates, live[path]))
-    found = [where for where in located if where is not None]
-    if len(found) < len(located):
+        files.append(read_file(path, live[path], history, candidates, server=age))
+    if any(f.place == Place.UNRECORDED for f in files):
         return HostStanding(Standing.NOTHING_RECORDED, SetOnHost(()), inspection=inspection)
-    members = members_of(found, [live[p] for p in paths])
-    age = server_age(inspection.server, inspection.file)
+    located = [f.located for f in files if f.located is not None]
+    members = members_of(located, [f.sha256 for f in files])
     proofs: tuple[ChangeProof, ...] = ()
     if ledger is not None and all(m.is_new for m in members.members):
         proofs = tuple(change_proof(ledger, session.name, m.version) for m in members.members)
-    standing = judge(found, server=age, proven=bool(proofs) and all(p.proven for p in proofs))
-    return HostStanding(standing, members, tuple(found), inspection, proofs)
+    standing = judge(located, server=age, proven=bool(proofs) and all(p.proven for p in proofs))
+    return HostStanding(standing, members, tuple(files), inspection, proofs)

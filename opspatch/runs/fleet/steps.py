@@ -1,4 +1,4 @@
-"""The steps apply, rollback and recover share, each a recorded step of a `HostSession`.
+"""The steps of one host that every run shares, each a recorded step of a `HostSession`.
 
 `restart_step`, `ready_step` and `smoke_step` turn an engine failure into `HostFailed` (which
 ends a host's pipeline with a reason); `restore_pre_image` puts a pre-image back from the host's
@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Outcome, Step
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command, FileAction, Outcome, Step
 from opspatch.errors import InputError, OpspatchError, RemoteOperationError
 from opspatch.hosts.engine import (
     READY_SLICE_SECONDS,
@@ -23,9 +23,9 @@ from opspatch.hosts.engine import (
     StillWaiting,
 )
 from opspatch.hosts.operations import RestoreResult
+from opspatch.ledger.records import NewFileVersion
 from opspatch.runs.fleet.rotation import admit_step, drain_step
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
-from opspatch.runs.report import FileChange, HostOutcome
 
 # Refusals the host agent replies with only when it wrote nothing: the effect is known.
 _NO_EFFECT_CODES_EXCLUDED = frozenset({"agent-no-reply", "agent-error"})
@@ -104,14 +104,18 @@ def restore_pre_image(
         else:
             note["detail"] = f"back to {restored.sha256_after[:12]} from {restored.source}"
     if restored.changed:
-        session.recorder.restored(
+        session.recorder.file_version(
             session.name,
-            path=path,
-            sha256_before=restored.sha256_before,
-            sha256_after=restored.sha256_after,
-            mode=mode,
-            owner=owner,
-            container=session.container,
+            NewFileVersion(
+                path,
+                restored.sha256_before,
+                restored.sha256_after,
+                mode,
+                owner,
+                pre_image=None,  # what it overwrote: the post-image the ledger holds
+                action=FileAction.RESTORE,
+                container=session.container,
+            ),
         )
     return restored
 
@@ -186,9 +190,7 @@ def ready_step(
 def waiting_line(host: str, step: Step, still: StillWaiting, run_id: str | None) -> str:
     """The line a readiness wait prints every 30 s: what is awaited, the last answer, how long
     so far, when it gives up, and what a Ctrl-C does to it."""
-    recover = (
-        f" (`{remedy_text(CliCommand.RECOVER, run=run_id)}` then finishes it)" if run_id else ""
-    )
+    recover = f" (`{remedy_text(Command.RECOVER, run=run_id)}` then finishes it)" if run_id else ""
     return (
         f"{host}: {step}: still waiting for {still.url}/health to answer 200 ({still.last}); "
         f"{still.waited:.0f}s of {still.timeout:.0f}s, gives up at {_clock(still.gives_up_at)}. "
@@ -306,122 +308,3 @@ AFTER_RESTORE = RestoreSteps(
 """An undo's steps after a failed proof (and recover's putting a set back)."""
 AS_ROLLBACK = RestoreSteps(Step.RESTART, Step.READY, Step.SMOKE)
 """A rollback's steps: the restore is what it is for."""
-
-
-def restart_after_restore(
-    session: HostSession, steps: RestoreSteps = AFTER_RESTORE
-) -> RestartResult:
-    """Restart after a restore and wait with the restore path's own deadline (playbook
-    `timeouts.restore_ready`): an operator who shortens `ready` to catch a start-up hang must
-    not turn every slow but healthy restore into needs-attention."""
-    restart = restart_step(session, step=steps.restart)
-    ready_step(
-        session,
-        restart,
-        step=steps.ready,
-        timeout=session.playbook.timeouts.restore_ready,
-    )
-    return restart
-
-
-def prove(
-    session: HostSession,
-    *,
-    baseline: Sequence[str | None] | None = None,
-    judge: Callable[[HostSession], object] | None = None,
-) -> SmokeResult:
-    """PROVE a change: restart, wait until ready, smoke-decode, as the host's last steps (a
-    passing smoke gives the lock back). Every command that restarts into a change proves it here,
-    so a step around it (a router's drain and admit) is added once. With `judge` (the
-    playbook's judge of this host: `runs/fleet/judging.py`), the judge follows the smoke and the
-    host is admitted only after it; the lock stays held for a roll-back until the run gives it
-    back.
-
-    Raises:
-        HostFailed: a step failed, or the judge's verdict is `fail`; the caller undoes the
-            change (`undo`).
-    """
-    restart = restart_step(session)
-    ready_step(session, restart)
-    if judge is None:
-        return smoke_step(session, restart, baseline=baseline, last=True)
-    smoke = smoke_step(session, restart, baseline=baseline)
-    judge(session)
-    admit_step(session)
-    return smoke
-
-
-def prove_or_undo(
-    session: HostSession,
-    *,
-    change: FileChange,
-    restore: Callable[[], FileChange],
-    note: str,
-    judge: Callable[[HostSession], object] | None = None,
-) -> HostOutcome:
-    """PROVE a change already on the host: `applied` (with `note`) when it passes, else UNDO it
-    with `restore`. How `restart` and `recover` finish a change a run wrote but never proved.
-    `judge`: a further proof after the smoke (`prove`)."""
-    try:
-        smoke = prove(session, judge=judge)
-    except HostFailed as failure:
-        return undo(session, failure.error, restore=restore, change=change)
-    return session.outcome(Outcome.APPLIED, file=change, smoke=smoke, note=note)
-
-
-def undo(
-    session: HostSession,
-    why: str | None,
-    *,
-    restore: Callable[[], FileChange],
-    change: FileChange | None,
-    restart: bool = True,
-    outcome: Outcome = Outcome.ROLLED_BACK,
-    steps: RestoreSteps = AFTER_RESTORE,
-    way_back: str | None = None,
-    restore_failed: Callable[[str], str] | None = None,
-    restart_failed: Callable[[str], str] | None = None,
-) -> HostOutcome:
-    """UNDO a change: `restore` puts the pre-image back (and returns the file as it is then),
-    the engine is restarted with the restore path's deadline, and the smoke after it is
-    reported, never passed as serving when it failed. The one proof after a restore.
-
-    `outcome` is what the host is once its file is back:
-    - `rolled-back` (a failed proof undone: apply, restart, recover): `why` is its error, a
-      smoke that failed after the restore its note;
-    - `restored` (the restore is the point: rollback, recover putting a set back): `why` is its
-      note; a smoke that failed makes it `restored-not-serving`, the error saying so and
-      `way_back`; with `restart=False`, `outcome` is reported once the file is back.
-    `needs-attention` when the restore or its restart failed (the host's state is then not
-    known), with `change` (`restore_failed`, `restart_failed`: the error's text from the
-    failure's; by default `why; then the restore failed: ...`)."""
-
-    def failed(text: str) -> str:
-        return f"{why}; then the restore failed: {text}"
-
-    undone = outcome == Outcome.ROLLED_BACK
-    try:
-        restored = restore()
-    except (OpspatchError, HostFailed) as exc:
-        text = (restore_failed or failed)(describe_error(exc))
-        return session.outcome(Outcome.NEEDS_ATTENTION, text, file=change)
-    if not restart:
-        if undone:
-            return session.outcome(outcome, why, file=restored)
-        return session.outcome(outcome, file=restored, note=why)
-    try:
-        restarted = restart_after_restore(session, steps)
-    except (OpspatchError, HostFailed) as exc:
-        text = (restart_failed or failed)(describe_error(exc))
-        return session.outcome(
-            Outcome.NEEDS_ATTENTION, text, file=change if restart_failed is None else restored
-        )
-    smoke, not_serving = smoke_after_restore(session, restarted, step=steps.smoke)
-    if undone:
-        return session.outcome(outcome, why, file=restored, smoke=smoke, note=not_serving)
-    if not_serving is not None:
-        error = f"{not_serving}; {way_back}" if way_back else not_serving
-        return session.outcome(
-            Outcome.RESTORED_NOT_SERVING, error, file=restored, smoke=smoke, note=why
-        )
-    return session.outcome(outcome, file=restored, smoke=smoke, note=why)

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opspatch.core.policy import TeamSettings
-from opspatch.core.remedy import CliCommand, remedy_text
+from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch
+from opspatch.core.vocabulary import Command
 from opspatch.errors import ApprovalRefused, InputError
 from opspatch.ledger.records import Approval
 from opspatch.ledger.store import Ledger
@@ -194,7 +195,7 @@ def require_approval(
     recorded = ledger.approvals(patch.sha256)
     sign_it = (
         f"a second operator signs it: "
-        f"`{remedy_text(CliCommand.APPROVE, patch.reference, key='KEY', principal='NAME')}` "
+        f"`{remedy_text(Command.APPROVE, patch.reference, key='KEY', principal='NAME')}` "
         "(the same ledger)"
     )
     if not recorded:

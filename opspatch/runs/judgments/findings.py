@@ -31,7 +31,11 @@ from opspatch.hosts.diagnosis import (
     TracebackGroup,
 )
 from opspatch.hosts.image import BakedLabels
+from opspatch.hosts.results import RemoteFile
+from opspatch.ledger.lineage import AtPostImage
 from opspatch.ledger.records import FileVersion
+from opspatch.runs.judgments.patchset import Place, read_file
+from opspatch.runs.judgments.views import file_state
 
 PROBLEM, WARNING, INFO = FindingLevel.PROBLEM, FindingLevel.WARNING, FindingLevel.INFO
 MAX_DIFF_LINES = 400
@@ -240,10 +244,66 @@ def judge_file(
         )
         return FileVerdict(m.module, state, m.error or "not read")
     f = m.file
-    live = f.sha256
-    common: dict[str, Any] = {
+    live, common = f.sha256, _what_else(m, f)
+    reference, label = _reference(m)
+    standing = read_file(
+        f.realpath,
+        live,
+        history,
+        [v for v in history if v.action == FileAction.PATCH],
+        pristine=reference,
+        baked=baked,
+    )
+    state = file_state(standing)
+    if baked is not None and standing.place == Place.BAKED:  # an earlier container's write is moot
+        return FileVerdict(
+            m.module,
+            state,
+            f"baked into the container's image by run {baked.run_id} (patch {baked.patch_id}, "
+            f"FROM {baked.base})",
+            patch_id=baked.patch_id,
+            run_id=baked.run_id,
+            **common,
+        )
+    if standing.place == Place.NEW:
+        assert isinstance(standing.located, AtPostImage)
+        written = standing.located.version
+        return FileVerdict(
+            m.module,
+            state,
+            f"written by run {written.run_id} (patch {written.patch_id})",
+            patch_id=written.patch_id,
+            run_id=written.run_id,
+            **common,
+        )
+    if state == FileState.PRISTINE:
+        restored = next((v for v in history if v.sha256_after == live), None)
+        again = f"; put back by run {restored.run_id}" if restored else ""
+        return FileVerdict(m.module, state, f"matches {label}{again}", **common)
+    if state == FileState.UNKNOWN:
+        first = history[-1] if history else None
+        said = (
+            f"equals the bytes run {first.run_id} found before its change"
+            if first is not None and first.sha256_before == live
+            else "no RECORD entry and no git checkout to compare it with"
+        )
+        return FileVerdict(m.module, state, said, **common)
+    assert reference is not None
+    diff, against = _edit_diff(m, history, texts, copy_sources, reference, label)
+    detail = f"sha256 {live[:12]} is not {label} ({reference[:12]})"
+    latest = history[0] if history else None
+    if latest is not None and latest.action == FileAction.PATCH:
+        detail += f"; changed since run {latest.run_id} wrote {latest.sha256_after[:12]}"
+    if diff is None:
+        detail += "; no pristine text known to diff against (RECORD holds only its hash)"
+    return FileVerdict(m.module, state, detail, diff=diff, diff_against=against, **common)
+
+
+def _what_else(m: ModuleDiagnosis, f: RemoteFile) -> dict[str, Any]:
+    """A resolved file's verdict's other fields: what else bears on the code the server runs."""
+    return {
         "path": f.realpath,
-        "sha256": live,
+        "sha256": f.sha256,
         "install": install_shape(m),
         "checkout": m.checkout,
         "copies": m.copies,
@@ -251,54 +311,16 @@ def judge_file(
         "server_older_than_file": m.server_older_than_file,
         "changed_after_log_start": m.changed_after_log_start,
     }
-    reference, label = None, None
+
+
+def _reference(m: ModuleDiagnosis) -> tuple[str | None, str | None]:
+    """The sha256 the file's installation says it has (pip's RECORD, else its checkout's git
+    HEAD), and what that is; (None, None) when neither is known."""
     if m.record_sha256:
-        reference = m.record_sha256
-        label = f"the RECORD of {m.distribution} {m.distribution_version}"
-    elif m.checkout and m.checkout.head_sha256 and m.checkout.head:
-        reference, label = m.checkout.head_sha256, f"git HEAD {m.checkout.head[:12]}"
-    if baked is not None:  # the image carries it: a write in an earlier container is moot
-        return FileVerdict(
-            m.module,
-            FileState.PATCHED_BY_OPSPATCH,
-            f"baked into the container's image by run {baked.run_id} (patch {baked.patch_id}, "
-            f"FROM {baked.base})",
-            patch_id=baked.patch_id,
-            run_id=baked.run_id,
-            **common,
-        )
-    patched = (v for v in history if v.action == FileAction.PATCH and v.sha256_after == live)
-    if (written := next(patched, None)) is not None:
-        return FileVerdict(
-            m.module,
-            FileState.PATCHED_BY_OPSPATCH,
-            f"written by run {written.run_id} (patch {written.patch_id})",
-            patch_id=written.patch_id,
-            run_id=written.run_id,
-            **common,
-        )
-    if reference is not None and reference == live:
-        restored = next((v for v in history if v.sha256_after == live), None)
-        again = f"; put back by run {restored.run_id}" if restored else ""
-        return FileVerdict(m.module, FileState.PRISTINE, f"matches {label}{again}", **common)
-    if reference is None:
-        first = history[-1] if history else None
-        said = (
-            f"equals the bytes run {first.run_id} found before its change"
-            if first is not None and first.sha256_before == live
-            else "no RECORD entry and no git checkout to compare it with"
-        )
-        return FileVerdict(m.module, FileState.UNKNOWN, said, **common)
-    latest = history[0] if history else None
-    diff, against = _edit_diff(m, history, texts, copy_sources, reference, label)
-    detail = f"sha256 {live[:12]} is not {label} ({reference[:12]})"
-    if latest is not None and latest.action == FileAction.PATCH:
-        detail += f"; changed since run {latest.run_id} wrote {latest.sha256_after[:12]}"
-    if diff is None:
-        detail += "; no pristine text known to diff against (RECORD holds only its hash)"
-    return FileVerdict(
-        m.module, FileState.EDITED_OUTSIDE, detail, diff=diff, diff_against=against, **common
-    )
+        return m.record_sha256, f"the RECORD of {m.distribution} {m.distribution_version}"
+    if m.checkout and m.checkout.head_sha256 and m.checkout.head:
+        return m.checkout.head_sha256, f"git HEAD {m.checkout.head[:12]}"
+    return None, None
 
 
 def _edit_diff(

@@ -1,15 +1,16 @@
-"""A patch set on one host: which recorded change each of its files is at, read together.
+"""Where a change stands on one host: each file placed once, a patch set's files read together.
 
-A set's files change as one. `apply` records every file's pre- and post-image in the ledger
-before the first swap, so the ledger is the set's journal (docs/design.md, "Patch sets"):
-whatever a run left behind, the ledger names every file of the set, and each file's bytes say
-whether it is old (its pre-image) or new (its post-image). `recover`, `rollback` and `status`
-read a set here and then act on all of its files or on none.
+`read_file` places one file against a change from the facts read about it (its bytes, the
+ledger's lineage of it, what it carries of the patch, its release's pristine hash, the image
+that baked it, the container it runs in): a `FileStanding` with one `Place`. Every view of a
+host's state reads that place: `status`'s words, `diagnose`'s file states (tables in
+`runs.judgments.views`) and the `Standing` of a whole change (`judge`), which the commands that
+change hosts decide from.
 
-A single file is a set of one: `standing` judges both, from the facts `runs.fleet.standing`
-reads (each file's `lineage.locate`, the server's age against the write, the ledger's proof)
-to one of a closed set of `Standing` words, and each command that changes hosts is a table from
-those words to what it does (`restart.ACTIONS`, `recover.ACTIONS`, `rollback.ACTIONS`).
+A patch set's files change as one. `apply` records every file's pre- and post-image in the
+ledger before the first swap, so the ledger is the set's journal (docs/design.md, "Patch
+sets"); a single file is a set of one. What each command does about a `Standing` is one table
+(`runs.judgments.decisions`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from opspatch.core.vocabulary import SetState, Word
+from opspatch.analysis.upstream import UpstreamVerdict, part_verdict
+from opspatch.core.edit import Detection, detect
+from opspatch.core.spec import PatchSpec
+from opspatch.core.vocabulary import FileAction, SetState, Word
+from opspatch.hosts.containers import ContainerIdentity
+from opspatch.hosts.image import BakedLabels, baked_history
 from opspatch.hosts.results import RemoteFile, ServerProcess
-from opspatch.ledger.lineage import AtPostImage, AtPreImage, ChangedSince, PatchedFurther
+from opspatch.ledger.lineage import AtPostImage, AtPreImage, ChangedSince, PatchedFurther, locate
 from opspatch.ledger.lineage import Standing as Located
 from opspatch.ledger.store import FileVersion
 from opspatch.runs.report import FileChange, SetFile, set_state
@@ -90,8 +96,8 @@ def paths_of(versions: Sequence[FileVersion]) -> list[str]:
 
 class Standing(Word):
     """Where the change a command is about stands on one host: every file of it (a single file
-    is a set of one) read together, with the server that runs it. A closed set: every command
-    that changes hosts has an action for each (a test fails when one is added without)."""
+    is a set of one) read together, with the server that runs it. A closed set: every goal of
+    the decision table has an action for each (a test fails when one is added without)."""
 
     NOTHING_RECORDED = "nothing-recorded"
     """The ledger holds no change of this host's file(s) that the command is about."""
@@ -156,41 +162,186 @@ def judge(located: Sequence[Located | None], *, server: ServerAge, proven: bool)
     """The standing of a change from each file's place in its lineage (None: the ledger holds
     no change of it), the server's age against the write, and whether every file's bytes were
     proven (read only when all are new). Pure."""
-    if not located or any(where is None for where in located):
+    places = {place_of(where) for where in located}
+    if not places or Place.UNRECORDED in places:
         return Standing.NOTHING_RECORDED
-    if any(isinstance(where, ChangedSince) for where in located):
+    if Place.CHANGED in places:
         return Standing.CHANGED
-    if any(isinstance(where, PatchedFurther) for where in located):
+    if Place.PATCHED_FURTHER in places:
         return Standing.PATCHED_FURTHER
-    if all(isinstance(where, AtPreImage) for where in located):
+    if places == {Place.OLD}:
         return Standing.ALL_OLD
-    if not all(isinstance(where, AtPostImage) for where in located):
+    if places != {Place.NEW}:
         return Standing.PARTLY_NEW
-    if server == ServerAge.OLDER:
-        return Standing.NEW_STALE
-    if server == ServerAge.NONE:
-        return Standing.NEW_PROVEN_NO_SERVER if proven else Standing.NEW_UNPROVEN_NO_SERVER
-    return Standing.NEW_PROVEN if proven else Standing.NEW_UNPROVEN
+    return _ALL_NEW[server, proven]
 
 
-class Action(Word):
-    """What a command does about a standing: the cells of its table (`ACTIONS`)."""
-
-    LEAVE = "leave"
-    """Nothing to do: the host is reported as it was found (`skipped`, with why)."""
-    REFUSE = "refuse"
-    """Not this command's to change (someone else's bytes, a set not whole): `skipped`."""
-    ATTENTION = "attention"
-    """Not this command's to change, and left for a person: `needs-attention`."""
-    ENSURE_RUNNING = "ensure-running"
-    """Nothing to change on disk: make sure the server answers (restart it if it does not)."""
-    PROVE_OR_UNDO = "prove-or-undo"
-    """Restart into the change and prove it; a failed proof undoes it (`rolled-back`)."""
-    RESTORE = "restore"
-    """Put the pre-images back (the new files of the set), then prove the restore."""
-    RESTORE_FROM_BACKUP = "restore-from-backup"
-    """No record: take the patch off the file alone and restore the host's own backup."""
+_ALL_NEW: Mapping[tuple[ServerAge, bool], Standing] = {
+    (ServerAge.OLDER, True): Standing.NEW_STALE,
+    (ServerAge.OLDER, False): Standing.NEW_STALE,
+    (ServerAge.NEWER, True): Standing.NEW_PROVEN,
+    (ServerAge.NEWER, False): Standing.NEW_UNPROVEN,
+    (ServerAge.NONE, True): Standing.NEW_PROVEN_NO_SERVER,
+    (ServerAge.NONE, False): Standing.NEW_UNPROVEN_NO_SERVER,
+}
+"""A change whose every file is new, by the server's age and whether it was proven."""
 
 
-Table = Mapping[Standing, Action]
-"""A command that changes hosts: what it does about each standing (every one has a cell)."""
+class Place(Word):
+    """Where one file stands against a change: the first of these that holds, in this order."""
+
+    FIXED_UPSTREAM = "fixed-upstream"
+    """Its release's pristine file, which already carries the fix (`analysis.upstream`)."""
+    BAKED = "baked"
+    """The bytes the container's image was baked with (`opspatch bake`)."""
+    NEW = "new"
+    """The post-image a recorded change wrote."""
+    PATCHED_FURTHER = "patched-further"
+    """A recorded change's post-image, patched further by later recorded changes."""
+    RECREATED = "recreated"
+    """Not that: the change was written in a container since recreated from its image."""
+    OLD = "old"
+    """A recorded change's pre-image: the change is not (or no longer) there."""
+    CHANGED = "changed"
+    """None of the bytes the ledger holds for it: someone else changed it since."""
+    UNRECORDED = "unrecorded"
+    """The ledger holds no change of it."""
+
+
+def place_of(
+    located: Located | None,
+    *,
+    fixed_upstream: bool = False,
+    baked: bool = False,
+    recreated: bool = False,
+) -> Place:
+    """The one classification of a file (see `Place`): its place in its lineage, unless its
+    release ships the fix, its image baked it, or its container lost the change. Pure."""
+    if fixed_upstream:
+        return Place.FIXED_UPSTREAM
+    if baked:
+        return Place.BAKED
+    if isinstance(located, AtPostImage):
+        return Place.NEW
+    if isinstance(located, PatchedFurther):
+        return Place.PATCHED_FURTHER
+    if recreated:
+        return Place.RECREATED
+    if isinstance(located, AtPreImage):
+        return Place.OLD
+    if isinstance(located, ChangedSince):
+        return Place.CHANGED
+    return Place.UNRECORDED
+
+
+class Reference(Word):
+    """A file against the bytes its installation says it has: pip's RECORD hash, else its git
+    checkout's HEAD."""
+
+    MATCHES = "matches"
+    DIFFERS = "differs"
+    NONE = "none"
+    """No RECORD entry and no checkout to compare it with."""
+
+
+@dataclass(frozen=True)
+class FileStanding:
+    """One file against a change: the facts read about it and the one place they give it."""
+
+    place: Place
+    path: str
+    sha256: str
+    located: Located | None = None
+    """Where its bytes are among the change's recorded versions (None: it has none)."""
+    carried: Detection | None = None
+    """What it carries of the patch, structurally (None: no patch was asked about)."""
+    gate: str | None = None
+    """Why the patch's own versions do not cover the host (None: they do, or no patch)."""
+    upstream: UpstreamVerdict | None = None
+    """The patch judged on the file, when it is its release's pristine file."""
+    reference: Reference = Reference.NONE
+    baked: BakedLabels | None = None
+    """The bake of the container's image whose bytes the file is (any patch's)."""
+    recreated: str | None = None
+    """Why the change went with the container it was written in (None: it did not)."""
+    server: ServerAge | None = None
+    """The running server against the file's last change (None: not read)."""
+
+
+def read_file(
+    path: str,
+    sha256: str,
+    history: Sequence[FileVersion],
+    candidates: Sequence[FileVersion],
+    *,
+    change: str | None = None,
+    content: bytes | None = None,
+    part: PatchSpec | None = None,
+    gate: str | None = None,
+    pristine: str | None = None,
+    release: str | None = None,
+    baked: BakedLabels | None = None,
+    recreated: str | None = None,
+    server: ServerAge | None = None,
+) -> FileStanding:
+    """Place one file (`sha256` at `path`) against a change (`change`: its patch id; None: any
+    recorded patch) from the facts read: the path's `history` and the versions the change may
+    be at (`candidates`), both newest first; the patch `part` asked about, with the file's
+    `content`; the sha256 its installation says it has (`pristine`) and that `release`; the
+    image's bake; a recreated container; the server's age. Pure."""
+    located = locate(history, candidates, sha256)
+    carried = upstream = None
+    if part is not None and content is not None:
+        carried = detect(content, part)
+        if pristine == sha256:
+            upstream = part_verdict(part, content, release)
+    reference = (
+        Reference.NONE
+        if pristine is None
+        else (Reference.MATCHES if pristine == sha256 else Reference.DIFFERS)
+    )
+    place = place_of(
+        located,
+        fixed_upstream=upstream is not None and upstream.fixed,
+        baked=baked is not None and change in (None, baked.patch_id),
+        recreated=recreated is not None,
+    )
+    return FileStanding(
+        place, path, sha256, located, carried, gate, upstream, reference, baked, recreated, server
+    )
+
+
+def baked_in(container: ContainerIdentity | None, path: str, sha256: str) -> BakedLabels | None:
+    """The bake a container's image carries for `path` (the newest that wrote it: an image
+    baked onto a baked one carries both), when the file is the bytes it baked there (`opspatch
+    bake`'s labels, which the runtime copies into each container); None otherwise. Such a file
+    came with the image: no recreate of the container loses it."""
+    history = baked_history(container.labels) if container is not None else ()
+    wrote = next((bake for bake in history if bake.post_image_of(path) is not None), None)
+    if wrote is None or wrote.post_image_of(path) != sha256:
+        return None
+    return wrote
+
+
+def recreated_since(
+    history: Sequence[FileVersion], patch_id: str | None, container: ContainerIdentity | None
+) -> str | None:
+    """What to say when the container the file was last patched in (by `patch_id`; None: by
+    any patch) is not this one: it was recreated from its image, and the fix went with the old
+    one's writable layer. None when it is the same container, or no container was recorded."""
+    if container is None:
+        return None
+    written = history[0] if history else None  # newest first: a later restore says nothing
+    if (
+        written is None
+        or written.action != FileAction.PATCH
+        or (patch_id is not None and written.patch_id != patch_id)
+        or written.container is None
+        or written.container.id == container.id
+    ):
+        return None
+    return (
+        f"the container was recreated since run {written.run_id} patched it (created at "
+        f"{written.container.created}; now {container.id[:12]}, created at {container.created}): "
+        "the fix is no longer there"
+    )

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opspatch.core.filechange import FileChange
-from opspatch.core.remedy import CliCommand, remedy_text
-from opspatch.core.vocabulary import Outcome, RunStatus, Step, StepStatus
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command, Outcome, RunStatus, Step, StepStatus
 from opspatch.errors import InputError
 from opspatch.ledger.records import StepRecord
 from opspatch.ledger.store import FileVersion, Ledger
@@ -149,7 +149,7 @@ def describe(proof: ChangeProof) -> str:
         return f"as written by run {run}, proven by its smoke decode"
     if proof.staged_by is not None:
         return (
-            f"staged by run {proof.staged_by}: `{remedy_text(CliCommand.RESTART, hosts=host)}` "
+            f"staged by run {proof.staged_by}: `{remedy_text(Command.RESTART, hosts=host)}` "
             "restarts, proves "
             "and (on failure) rolls it back"
         )
@@ -161,5 +161,5 @@ def describe(proof: ChangeProof) -> str:
         why = f"run {proof.last_word[0]} ended {proof.last_word[1]} here"
     return (
         f"written by run {run} but never proven ({why}); the server may still run the "
-        f"old code: `{remedy_text(CliCommand.RECOVER, hosts=host)}` finishes or undoes it"
+        f"old code: `{remedy_text(Command.RECOVER, hosts=host)}` finishes or undoes it"
     )

@@ -11,7 +11,7 @@ the head's (the node whose copy the server's API runs on).
 `judge_unit` runs in apply's preflight, after every node is locked and inspected and before the
 first swap (runs/commands/apply.py). `unit_refusal` says, from the selection alone, whether a
 command that changes files or restarts engines must be refused: it takes some but not all nodes
-of a unit (a whole unit is taken as one: `runs/fleet/unitrun.py`).
+of a unit (a whole unit is taken as one: `runs/fleet/group.py`).
 
 Pure: values in, a value out.
 """

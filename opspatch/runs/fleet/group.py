@@ -1,0 +1,428 @@
+"""A node group, the one target of a run: one server's hosts, `Nodes(head, others)`; a host by
+itself is a group of one. Restart, ready, prove, undo, prove-or-undo and refuse, written once.
+
+SGLang's multi-node server is one group: a node restarted alone can never rejoin it, and a
+non-head node serves only a dummy `/health` (docs/inventory.md, "Units"). So a group of several
+is restarted as one: the head drained (the only router worker), every node stopped (in
+parallel), then started head first; readiness awaited on the head with its group checked
+(`/server_info`: node rank 0 of `nnodes`), the other nodes looked at every `UNIT_LOOK_SECONDS`
+meanwhile (a node whose engine exited fails the group at once, naming it); the smoke decode sent
+to the head, and each other node records the decode that proved it. A group of one restarts in
+one exec and is awaited alone. A step that fails on a node of a group of several names the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from opspatch.core.host import Unit
+from opspatch.core.vocabulary import Outcome, Step, StepStatus
+from opspatch.errors import OpspatchError
+from opspatch.hosts.engine import RestartResult, ServerGroup, SmokeResult, StopResult
+from opspatch.runs.fleet.rotation import admit_step, drain_step
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
+from opspatch.runs.fleet.steps import (
+    AFTER_RESTORE,
+    RestoreSteps,
+    ready_step,
+    restart_step,
+    smoke_after_restore,
+    smoke_step,
+)
+from opspatch.runs.report import FileChange, HostOutcome
+
+UNIT_LOOK_SECONDS = 10.0
+"""How often the other nodes are looked at while the head is awaited: a node that dies during
+the restart is seen within this (plus one exec), not at the readiness deadline."""
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """One server's sessions in this run, in node-rank order: the head (which serves requests)
+    and the others (a host by itself has none)."""
+
+    head: HostSession
+    others: tuple[HostSession, ...] = ()
+
+    @property
+    def sessions(self) -> tuple[HostSession, ...]:
+        return (self.head, *self.others)
+
+    @property
+    def alone(self) -> bool:
+        return not self.others
+
+    @property
+    def unit(self) -> Unit | None:
+        return None if self.alone else self.head.host.unit
+
+    @property
+    def name(self) -> str:
+        """What names the group as a target: the unit, or the host."""
+        unit = self.unit
+        return unit.name if unit is not None else self.head.name
+
+    @property
+    def group(self) -> ServerGroup | None:
+        """The group the head holds once every rank joined (None: a host by itself)."""
+        return None if self.alone else ServerGroup(nnodes=len(self.sessions))
+
+    def where(self, session: HostSession) -> str:
+        """`unit-01 rank 1`: how a node stands in its unit, for its notes."""
+        unit = self.unit
+        assert unit is not None
+        return unit.describe(session.name)
+
+
+class NodeFailed(HostFailed):
+    """A step failed on one node of a group of several: the group's proof fails, naming it."""
+
+    def __init__(self, node: str, error: str) -> None:
+        super().__init__(Outcome.FAILED, f"{node}: {error}")
+        self.node = node
+
+
+@contextmanager
+def failing_as(nodes: Nodes, session: HostSession) -> Iterator[None]:
+    """A step's failure on `session` as the group's failure: naming the node in a group of
+    several (a host by itself raises its own)."""
+    try:
+        yield
+    except NodeFailed:
+        raise
+    except HostFailed as failure:
+        if nodes.alone:
+            raise
+        raise NodeFailed(session.name, failure.error) from failure
+
+
+GroupJudge = Callable[[Nodes], object]
+"""A further proof of the group after its smoke (the playbook's judge through the head, a staged
+plugin listening on every node); raises `HostFailed` when it fails."""
+
+NodeRestore = Callable[[HostSession], FileChange | None]
+"""Put back one node's files; the files as they then are (None: nothing to show on a node that
+had nothing to put back); raises when a restore fails."""
+
+_STOP_START = {
+    Step.RESTART: (Step.STOP, Step.START),
+    Step.RESTART_AFTER_RESTORE: (Step.STOP_AFTER_RESTORE, Step.START_AFTER_RESTORE),
+}
+
+
+def restart(nodes: Nodes, step: Step = Step.RESTART) -> dict[str, RestartResult]:
+    """Restart the group's engines, each node's start by name: a host by itself in one exec;
+    several: every node stopped, then started head first (drained first behind a router).
+
+    Raises:
+        HostFailed: a stop, start or restart failed (`NodeFailed` naming the node; nodes started
+            before it keep running: the caller restores and restarts the group as one).
+    """
+    if nodes.alone:
+        return {nodes.head.name: restart_step(nodes.head, step=step)}
+    stop, start = _STOP_START[step]
+    with failing_as(nodes, nodes.head):
+        drain_step(nodes.head)  # only the head is a router worker
+    stopped = _on_every_node(nodes, lambda session: _stop(session, stop))
+    return {
+        session.name: _start(session, start, stopped[session.name]) for session in nodes.sessions
+    }
+
+
+def _stop(session: HostSession, step: Step) -> StopResult:
+    try:
+        with session.step(step) as note:
+            result = session.engine.stop(step=step)
+            pids = ", ".join(str(p) for p in result.stopped) or "none running"
+            note["detail"] = f"{result.strategy}: stopped {pids}"
+        return result
+    except OpspatchError as exc:
+        raise NodeFailed(session.name, f"{step}: {describe_error(exc)}") from exc
+
+
+def _start(session: HostSession, step: Step, stopped: StopResult) -> RestartResult:
+    try:
+        with session.step(step) as note:
+            result = session.engine.start(step=step, stopped=stopped)
+            note["detail"] = f"{result.strategy}: pid {result.pid}"
+        return result
+    except OpspatchError as exc:
+        raise NodeFailed(session.name, f"{step}: {describe_error(exc)}") from exc
+
+
+def _on_every_node(
+    nodes: Nodes, work: Callable[[HostSession], StopResult]
+) -> dict[str, StopResult]:
+    """`work` on every node at once (a stop waits for its process tree to end: in parallel the
+    group is down for the slowest node's stop, not their sum); the first failure, in rank
+    order, is raised once every node answered."""
+    with ThreadPoolExecutor(max_workers=len(nodes.sessions), thread_name_prefix="node") as pool:
+        futures = {s.name: pool.submit(work, s) for s in nodes.sessions}
+        done: dict[str, StopResult] = {}
+        failure: BaseException | None = None
+        for name, future in futures.items():
+            try:
+                done[name] = future.result()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, after every node
+                failure = failure or exc
+    if failure is not None:
+        raise failure
+    return done
+
+
+def ready(
+    nodes: Nodes,
+    started: Mapping[str, RestartResult],
+    *,
+    step: Step = Step.READY,
+    timeout: float | None = None,
+) -> None:
+    """Wait until the head is ready (holding the whole group, for several); between looks at
+    the head (every `UNIT_LOOK_SECONDS`), each other node's engine must still run.
+
+    Raises:
+        HostFailed: the head was not ready in time, or (`NodeFailed`) a node's engine exited.
+    """
+
+    def look() -> None:
+        for session in nodes.others:
+            try:
+                session.engine.still_running(started[session.name], step=step)
+            except OpspatchError as exc:
+                detail = describe_error(exc)
+                session.record(step, StepStatus.FAILED, detail=detail)
+                raise NodeFailed(
+                    session.name,
+                    f"{step}: its engine exited while the head was awaited: {detail}",
+                ) from exc
+
+    head = nodes.head
+    with failing_as(nodes, head):
+        ready_step(
+            head,
+            started[head.name],
+            step=step,
+            timeout=timeout,
+            group=nodes.group,
+            slice_seconds=None if nodes.alone else UNIT_LOOK_SECONDS,
+            between=None if nodes.alone else look,
+        )
+    look()  # a last look: the group joined, and no node left it since
+
+
+def prove(
+    nodes: Nodes,
+    *,
+    baseline: Sequence[str | None] | None = None,
+    judge: GroupJudge | None = None,
+) -> SmokeResult:
+    """PROVE a change: restart the group, wait until ready, then `proven`. Every command that
+    restarts into a change proves it here, so a step around it (a router's drain and admit) is
+    added once.
+
+    Raises:
+        HostFailed: a step failed, or the judge's verdict is `fail`; the caller undoes the
+            change (`undo`).
+    """
+    started = restart(nodes)
+    ready(nodes, started)
+    return proven(nodes, started[nodes.head.name], baseline=baseline, judge=judge)
+
+
+def proven(
+    nodes: Nodes,
+    restarted: RestartResult | None,
+    *,
+    baseline: Sequence[str | None] | None = None,
+    judge: GroupJudge | None = None,
+) -> SmokeResult:
+    """The smoke decode through the head as its last step (a passing smoke gives the lock back
+    and admits the head), each other node recording the decode that proved it. With `judge`,
+    the judge follows the smoke and the head is admitted only after it; the lock stays held for
+    a roll-back until the run gives it back.
+
+    Raises:
+        HostFailed: the smoke or the judge failed.
+    """
+    head = nodes.head
+    with failing_as(nodes, head):
+        smoke = smoke_step(head, restarted, baseline=baseline, last=judge is None)
+    proven_through_head(nodes, smoke)
+    if judge is not None:
+        judge(nodes)
+        admit_step(head)
+    return smoke
+
+
+def proven_through_head(nodes: Nodes, smoke: SmokeResult, step: Step = Step.SMOKE) -> None:
+    """Record on every other node the head's decode that passed: it ran on their ranks too."""
+    for session in nodes.others:
+        with session.step(step) as note:
+            note["detail"] = (
+                f"proven by the head's decode ({nodes.head.name}, {nodes.where(session)}): "
+                + smoke.summary()
+            )
+
+
+def restart_after_restore(
+    nodes: Nodes, steps: RestoreSteps = AFTER_RESTORE
+) -> dict[str, RestartResult]:
+    """Restart after a restore and wait with the restore path's own deadline (playbook
+    `timeouts.restore_ready`): an operator who shortens `ready` to catch a start-up hang must
+    not turn every slow but healthy restore into needs-attention."""
+    started = restart(nodes, steps.restart)
+    ready(nodes, started, step=steps.ready, timeout=nodes.head.playbook.timeouts.restore_ready)
+    return started
+
+
+def undo(
+    nodes: Nodes,
+    why: str | None,
+    *,
+    restore: NodeRestore,
+    changes: Mapping[str, FileChange | None],
+    restart: bool = True,
+    outcome: Outcome = Outcome.ROLLED_BACK,
+    steps: RestoreSteps = AFTER_RESTORE,
+    way_back: str | None = None,
+    restore_failed: Callable[[str], str] | None = None,
+    restart_failed: Callable[[str], str] | None = None,
+) -> list[HostOutcome]:
+    """UNDO a change: every node's files put back (`restore`), the group restarted with the
+    restore path's deadline and the smoke after it reported, never passed as serving when it
+    failed. The one proof after a restore; every node's outcome.
+
+    `outcome` on every node once its files are back:
+    - `rolled-back` (a failed proof undone: apply, restart, recover): `why` is its error, a
+      smoke that failed after the restore its note;
+    - `restored` (the restore is the point: rollback, recover putting a set back): `why` is its
+      note; a smoke that failed makes it `restored-not-serving`, the error saying so and
+      `way_back`; with `restart=False` (or a live fix reverted in every process), `outcome` is
+      reported once the files are back.
+    `needs-attention` when a restore or the restart failed (the state is then not known); a
+    restore that failed on one node of several leaves the nodes differing and nothing is
+    restarted (`changes`: each node's files as they were before; `restore_failed`,
+    `restart_failed`: a host's error from the failure's text; by default `why; then the restore
+    failed: ...`)."""
+    # Long because: a restore, a restart and a smoke, each failing its own way on one node or several
+    restored: dict[str, FileChange | None] = {}
+    broken: dict[str, str] = {}
+    for session in nodes.sessions:
+        try:
+            restored[session.name] = restore(session)
+        except (OpspatchError, HostFailed) as exc:
+            broken[session.name] = describe_error(exc)
+    if broken:
+        if nodes.alone:
+            error = (restore_failed or _then(why, "the restore"))(broken[nodes.head.name])
+        else:
+            said = "; ".join(f"{name}: {text}" for name, text in broken.items())
+            error = (
+                f"{why}; then the restore failed ({said}): the unit's nodes may differ, and it "
+                "was not restarted"
+            )
+        return [
+            s.outcome(Outcome.NEEDS_ATTENTION, error, file=restored.get(s.name, changes[s.name]))
+            for s in nodes.sessions
+        ]
+    undone = outcome == Outcome.ROLLED_BACK
+    if not restart:
+        if undone:
+            return [s.outcome(outcome, why, file=restored[s.name]) for s in nodes.sessions]
+        return [s.outcome(outcome, file=restored[s.name], note=why) for s in nodes.sessions]
+    try:
+        started = restart_after_restore(nodes, steps)
+    except (OpspatchError, HostFailed) as exc:
+        if nodes.alone:
+            error = (restart_failed or _then(why, "the restore"))(describe_error(exc))
+        else:
+            error = _then(why, "the unit's restart after the restore")(describe_error(exc))
+        return [
+            s.outcome(Outcome.NEEDS_ATTENTION, error, file=restored[s.name]) for s in nodes.sessions
+        ]
+    head = nodes.head
+    smoke, not_serving = smoke_after_restore(head, started[head.name], step=steps.smoke)
+    if smoke is not None and smoke.ok:
+        proven_through_head(nodes, smoke, steps.smoke)
+
+    def one(session: HostSession) -> HostOutcome:
+        shown = smoke if session is head else None
+        file = restored[session.name]
+        if undone:
+            return session.outcome(outcome, why, file=file, smoke=shown, note=not_serving)
+        if not_serving is not None:
+            error = f"{not_serving}; {way_back}" if way_back else not_serving
+            return session.outcome(
+                Outcome.RESTORED_NOT_SERVING, error, file=file, smoke=shown, note=why
+            )
+        return session.outcome(outcome, file=file, smoke=shown, note=why)
+
+    return [one(session) for session in nodes.sessions]
+
+
+def _then(why: str | None, what: str) -> Callable[[str], str]:
+    return lambda text: f"{why}; then {what} failed: {text}"
+
+
+def prove_or_undo(
+    nodes: Nodes,
+    *,
+    changes: Mapping[str, FileChange],
+    restore: NodeRestore,
+    note: str,
+    judge: GroupJudge | None = None,
+) -> list[HostOutcome]:
+    """PROVE a change already on every node: `applied` everywhere (with `note`) when it passes,
+    else UNDO it on every node. How `restart` and `recover` finish a change a run wrote but
+    never proved. `judge`: a further proof after the smoke (`proven`)."""
+    try:
+        smoke = prove(nodes, judge=judge)
+    except HostFailed as failure:
+        return undo(nodes, failure.error, restore=restore, changes=changes)
+    return [
+        s.outcome(
+            Outcome.APPLIED,
+            file=changes[s.name],
+            smoke=smoke if s is nodes.head else None,
+            note=note,
+        )
+        for s in nodes.sessions
+    ]
+
+
+def answers(nodes: Nodes) -> bool:
+    """Whether the group serves now: its head ready holding the whole group (one short look)."""
+    try:
+        nodes.head.engine.wait_ready(
+            None, timeout=UNIT_LOOK_SECONDS, group=nodes.group, step=Step.READY
+        )
+    except OpspatchError:
+        return False
+    return True
+
+
+def refuse(
+    nodes: Nodes,
+    odd: Mapping[str, HostOutcome],
+    why: str,
+    *,
+    files: Mapping[str, FileChange | None] | None = None,
+) -> list[HostOutcome]:
+    """Every node's outcome when the nodes of `odd` (each with its own outcome: refused,
+    unreadable) keep the group from being touched: nothing is changed or restarted on any node,
+    since a node restarted alone cannot rejoin and a node changed alone runs other code. Each
+    other node is `skipped`, naming the odd nodes, `why` and what they said (`files`: each
+    node's file as it was found)."""
+    said = "; ".join(f"{name}: {o.error or o.note or o.outcome}" for name, o in odd.items())
+    text = (
+        f"refused: unit {nodes.name}'s node {', '.join(odd)} {why} ({said}); nothing was "
+        "changed or restarted on any node of the unit"
+    )
+    found = files or {}
+    return [
+        odd.get(s.name) or s.outcome(Outcome.SKIPPED, text, file=found.get(s.name))
+        for s in nodes.sessions
+    ]

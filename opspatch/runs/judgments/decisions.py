@@ -1,0 +1,89 @@
+"""One decision table: what a command does to a host, given its goal and the host's standing.
+
+A command that changes hosts is a goal (`Command.goal`): rollback wants every file old, restart
+a server proven where something is staged, recover the ledger's last intent. Where a host
+stands (`Standing`, read once: `runs.fleet.standing.read_host`) and the goal say what to do, an
+`Action`, which carries its own traits (whether it takes a lease, restarts and so drains and
+admits, needs a raised user, re-admits a worker it finds out of rotation). A command's facts are
+its actions' (`traits_of`): no list of commands kept apart from them. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from opspatch.core.vocabulary import Action, Command, Goal, Traits
+from opspatch.runs.judgments.patchset import Standing
+
+DECISIONS: Mapping[tuple[Goal, Standing], Action] = {
+    # -- rollback: every file back at its pre-image -------------------------------------------
+    # no record of it here: only from the host's own backup, the patch taken off the file alone
+    (Goal.ALL_OLD, Standing.NOTHING_RECORDED): Action.RESTORE_FROM_BACKUP,
+    (Goal.ALL_OLD, Standing.ALL_OLD): Action.LEAVE,
+    # a set a run left partly applied is made whole: its new files go back
+    (Goal.ALL_OLD, Standing.PARTLY_NEW): Action.RESTORE,
+    (Goal.ALL_OLD, Standing.NEW_STALE): Action.RESTORE,
+    (Goal.ALL_OLD, Standing.NEW_PROVEN): Action.RESTORE,
+    (Goal.ALL_OLD, Standing.NEW_PROVEN_NO_SERVER): Action.RESTORE,
+    (Goal.ALL_OLD, Standing.NEW_UNPROVEN): Action.RESTORE,
+    (Goal.ALL_OLD, Standing.NEW_UNPROVEN_NO_SERVER): Action.RESTORE,
+    (Goal.ALL_OLD, Standing.PATCHED_FURTHER): Action.REFUSE,
+    (Goal.ALL_OLD, Standing.CHANGED): Action.REFUSE,
+    # -- restart: proven where something is staged --------------------------------------------
+    (Goal.PROVEN_WHERE_STAGED, Standing.NOTHING_RECORDED): Action.LEAVE,
+    (Goal.PROVEN_WHERE_STAGED, Standing.ALL_OLD): Action.LEAVE,
+    (Goal.PROVEN_WHERE_STAGED, Standing.PARTLY_NEW): Action.REFUSE,
+    (Goal.PROVEN_WHERE_STAGED, Standing.NEW_STALE): Action.PROVE_OR_UNDO,
+    # a server started after the write already runs it, proven or not: restarting proves nothing
+    (Goal.PROVEN_WHERE_STAGED, Standing.NEW_PROVEN): Action.LEAVE,
+    (Goal.PROVEN_WHERE_STAGED, Standing.NEW_UNPROVEN): Action.LEAVE,
+    (Goal.PROVEN_WHERE_STAGED, Standing.NEW_PROVEN_NO_SERVER): Action.PROVE_OR_UNDO,
+    (Goal.PROVEN_WHERE_STAGED, Standing.NEW_UNPROVEN_NO_SERVER): Action.PROVE_OR_UNDO,
+    (Goal.PROVEN_WHERE_STAGED, Standing.PATCHED_FURTHER): Action.REFUSE,
+    (Goal.PROVEN_WHERE_STAGED, Standing.CHANGED): Action.REFUSE,
+    # -- recover: the ledger's last intent, finished or undone, never applied twice -----------
+    (Goal.LAST_INTENT, Standing.NOTHING_RECORDED): Action.ENSURE_RUNNING,
+    (Goal.LAST_INTENT, Standing.ALL_OLD): Action.ENSURE_RUNNING,
+    # a run stopped between two swaps never proved its new code: the set is put back whole
+    (Goal.LAST_INTENT, Standing.PARTLY_NEW): Action.RESTORE,
+    (Goal.LAST_INTENT, Standing.NEW_STALE): Action.PROVE_OR_UNDO,
+    # proven, and no server older than the change runs: make sure one answers, leave it alone
+    (Goal.LAST_INTENT, Standing.NEW_PROVEN): Action.ENSURE_RUNNING,
+    (Goal.LAST_INTENT, Standing.NEW_PROVEN_NO_SERVER): Action.ENSURE_RUNNING,
+    (Goal.LAST_INTENT, Standing.NEW_UNPROVEN): Action.PROVE_OR_UNDO,
+    (Goal.LAST_INTENT, Standing.NEW_UNPROVEN_NO_SERVER): Action.PROVE_OR_UNDO,
+    (Goal.LAST_INTENT, Standing.PATCHED_FURTHER): Action.ATTENTION,
+    (Goal.LAST_INTENT, Standing.CHANGED): Action.ATTENTION,
+}
+"""Every goal decided by a host's standing, with an action for every standing. apply (and sync
+for each desired patch) decide by their plan instead: a file it changes is swapped and proven
+(`Action.APPLY`, `STAGE` or `TAKE_LIVE`, as the playbook and --live say), one that carries the
+change already is left alone."""
+
+DECIDED = frozenset(goal for goal, _ in DECISIONS)
+"""The goals the table decides."""
+
+
+def decide(command: Command, standing: Standing) -> Action:
+    """What `command` does about a host standing `standing`: its goal's cell."""
+    assert command.goal in DECIDED, f"{command} is not decided by a host's standing"
+    return DECISIONS[command.goal, standing]
+
+
+def actions_of(command: Command) -> frozenset[Action]:
+    """Every action `command` may take on a host: its own, and its goal's cells."""
+    decided = {action for (goal, _), action in DECISIONS.items() if goal is command.goal}
+    return frozenset({*command.actions, *decided})
+
+
+def traits_of(command: Command) -> Traits:
+    """What a run of `command` must be ready for, from the actions it may take: a lease of its
+    hosts, their routers (a restart drains and admits), a raised user, re-admitting workers its
+    routers do not list."""
+    traits = [action.traits for action in actions_of(command)]
+    return Traits(
+        leases=any(t.leases for t in traits),
+        restarts=any(t.restarts for t in traits),
+        raised=any(t.raised for t in traits),
+        readmits=any(t.readmits for t in traits),
+    )
