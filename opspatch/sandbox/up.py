@@ -28,6 +28,7 @@ from opspatch.sandbox.layout import (
     quiet,
     sandbox_playbook,
 )
+from opspatch.sandbox.liveplugin import enable_live_before_start
 from opspatch.sandbox.manifest import (
     HostRecord,
     Manifest,
@@ -295,7 +296,8 @@ def sandbox_up(
     stand-in or real SGLang (`opspatch.sandbox.real`: its environment and models built first
     where not cached, shown by `build_progress`; `prepared`: those parts, already prepared by
     the caller, a rehearsal); `tp`: TP ranks of each single server; `live`:
-    `live = true` in the inventories. A host whose engine does not come up is reported `failed`
+    `live = true` in the inventories, and the live plugin installed before an engine starts
+    (`opspatch.sandbox.liveplugin`). A host whose engine does not come up is reported `failed`
     with its log's tail; the others are still started, and the inventories are written only
     when every host is ready.
 
@@ -536,6 +538,7 @@ def _start_engines(
             else:
                 make_host_python(layout.host_dir(record.name), install=manifest.install)
             layout.host_state_dir(record.name).mkdir(parents=True, exist_ok=True)
+            enable_live_before_start(layout, manifest, record.name, progress)
             progress(f"{record.name}: starting the engine on {engine_url(record.port)}")
             _drop_stale_pid_file(layout, record.name)
             restarts[record.name] = controls[record.name].restart(step="start")
