@@ -315,6 +315,9 @@ def test_down_keeps_everything_and_up_restarts_on_the_same_port_with_the_patched
         down = sandbox.run("down", "--json")
         assert down.code == 0, down.stderr
         assert down.json()["hosts"][0]["stopped"][0] == wrapper
+        # named by the pid `up` and `status` show, the engine's own (before, the wrapper's)
+        assert down.json()["hosts"][0]["pid"] == first["pid"]
+        assert f"sandbox-01: stopping the engine (pid {first['pid']})" in down.stderr
         assert down.json()["removed"] == []
         assert not running(first["pid"])
         assert sandbox.layout.host_dir("sandbox-01").is_dir()
