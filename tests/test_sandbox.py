@@ -332,9 +332,14 @@ def test_down_keeps_everything_and_up_restarts_on_the_same_port_with_the_patched
         assert target.read_bytes() == outcome.new_source  # never reinstalled
         assert http_request("GET", again["url"] + "/health").status == 200
 
+        table = sandbox.run("down")
+        assert table.code == 0, table.stderr
+        assert f"sandbox-01: engine (pid {again['pid']}) stopped, its process tree: pids " in (
+            table.stdout
+        )
+        assert not running(again["pid"])
         purge = sandbox.run("down", "--purge", "--json")
         assert purge.code == 0, purge.stderr
-        assert not running(again["pid"])
         assert not sandbox.layout.root.exists()
         assert not (sandbox.state_dir / "inventories" / "sandbox.toml").exists()
         assert str(sandbox.layout.hosts_dir) in purge.json()["removed"]
