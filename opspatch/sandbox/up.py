@@ -294,12 +294,10 @@ def sandbox_up(
     `opspatch.sandbox.checkout`); `router`: a real sglang-router in front, every host's router
     in the inventories; `restart_seconds`: every start takes that much longer; `engine`: the
     stand-in or real SGLang (`opspatch.sandbox.real`: its environment and models built first
-    where not cached, shown by `build_progress`; `prepared`: those parts, already prepared by
-    the caller, a rehearsal); `tp`: TP ranks of each single server; `live`:
-    `live = true` in the inventories, and the live plugin installed before an engine starts
-    (`opspatch.sandbox.liveplugin`). A host whose engine does not come up is reported `failed`
-    with its log's tail; the others are still started, and the inventories are written only
-    when every host is ready.
+    where not cached, shown by `build_progress`, or as a rehearsal `prepared` them); `tp`: TP
+    ranks of each single server; `live`: `live = true` in the inventories, the plugin installed
+    before an engine starts (`sandbox.liveplugin`). A host that does not come up is `failed`
+    (its log's tail); the others still start; the inventories are written once all are ready.
 
     Raises:
         InputError: a bad host count, fewer hosts than the sandbox has, another shape than the
