@@ -1,11 +1,6 @@
-"""`up --live`: opspatch's live plugin installed on a host before its engine starts.
-
-The plugin loads only at an engine's start (docs/live.md), so a host that got it after its
-first start would have to start twice; on real SGLang each start costs a minute, and a restart
-into it would be the incident build's first decode. `up` therefore installs it with opspatch's
-own `live enable` (recorded in the ledger, as the base patches are) on each host it is about to
-start whose environment lacks it.
-"""
+"""`up --live`: opspatch's live plugin installed (`live enable`, recorded) on a host before its
+engine starts, since the plugin loads only at a start: no second start (a minute each on real
+SGLang, and a restart into it would be the incident build's first decode)."""
 
 from __future__ import annotations
 
