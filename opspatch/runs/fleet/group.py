@@ -414,15 +414,16 @@ def refuse(
     """Every node's outcome when the nodes of `odd` (each with its own outcome: refused,
     unreadable) keep the group from being touched: nothing is changed or restarted on any node,
     since a node restarted alone cannot rejoin and a node changed alone runs other code. Each
-    other node is `skipped`, naming the odd nodes, `why` and what they said (`files`: each
-    node's file as it was found)."""
+    other node is `skipped`, naming the odd nodes, `why` and what they said, with the first odd
+    node's reason code (`files`: each node's file as it was found)."""
     said = "; ".join(f"{name}: {o.error or o.note or o.outcome}" for name, o in odd.items())
     text = (
         f"refused: unit {nodes.name}'s node {', '.join(odd)} {why} ({said}); nothing was "
         "changed or restarted on any node of the unit"
     )
     found = files or {}
+    reason = next((o.reason for o in odd.values() if o.reason is not None), None)
     return [
-        odd.get(s.name) or s.outcome(Outcome.SKIPPED, text, file=found.get(s.name))
+        odd.get(s.name) or s.outcome(Outcome.SKIPPED, text, file=found.get(s.name), reason=reason)
         for s in nodes.sessions
     ]
