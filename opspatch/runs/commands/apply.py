@@ -84,9 +84,12 @@ class Refusal:
 
 def refused_because(refusals: Sequence[Refusal]) -> list[str]:
     """Why a run is refused, a clause for each kind of refusal among the hosts' (in the order
-    an operator fixes them: the patch, reaching the hosts, other runs, a live take)."""
+    an operator fixes them: the patch, reaching the hosts, other runs, a live take); a refusal
+    of no kind below is said by its hosts' names."""
+    said: set[Reason] = set()
 
     def names(*reasons: Reason) -> list[str]:
+        said.update(reasons)
         return [r.host for r in refusals if r.reason in reasons]
 
     clauses = []
@@ -102,23 +105,26 @@ def refused_because(refusals: Sequence[Refusal]) -> list[str]:
             f"{', '.join(sorted(keys))} could not be reached safely (SSH host key "
             + (
                 "unknown; check its fingerprint, then re-run with --accept-new-host-keys)"
-                if names(Reason.HOST_KEY_UNKNOWN)
+                if any(r.reason == Reason.HOST_KEY_UNKNOWN for r in refusals)
                 else "changed; it is never accepted by a flag)"
             )
         )
     if become := names(Reason.BECOME_REFUSED):
-        names_ = ", ".join(sorted(become))
-        clauses.append(f"privileges cannot be raised on {names_} (sudo; see each host's error)")
-    if names(Reason.LEASE_HELD):
-        clauses.append(refusal([h for r in refusals for h in r.holders]))
+        hosts = ", ".join(sorted(become))
+        clauses.append(f"privileges cannot be raised on {hosts} (sudo; see each host's error)")
+    if holders := [h for r in refusals for h in r.holders]:
+        said.add(Reason.LEASE_HELD)
+        clauses.append(refusal(holders))
     if not_listening := names(Reason.NOT_LISTENING):
-        names_ = ", ".join(sorted(not_listening))
-        clauses.append(f"{names_} do not listen for live fixes (see each host's error)")
+        hosts = ", ".join(sorted(not_listening))
+        clauses.append(f"{hosts} do not listen for live fixes (see each host's error)")
     if not_live := names(Reason.NOT_TAKEN_LIVE):
         clauses.append(
             f"the change cannot be taken live on {', '.join(sorted(not_live))} (see each "
             "host's error); apply without --live to apply it with a restart"
         )
+    if other := [r.host for r in refusals if r.reason not in said]:
+        clauses.append(f"{', '.join(other)} refused (see each host's error)")
     return clauses
 
 
@@ -387,12 +393,10 @@ class _FleetApply:
                 others.append(
                     self.sessions[host.name].outcome(Outcome.SKIPPED, reason=Reason.NOT_STARTED)
                 )
-        reasons = refused_because(refusals)
         unlike = self._units_not_alike(prepared)
-        if unlike:
-            reasons.append(_unlike(unlike))
-        if not reasons:
+        if not refusals and not unlike:
             return None
+        reasons = refused_because(refusals) + ([_unlike(unlike)] if unlike else [])
         decided = {o.host: o for o in [*(r.outcome for r in refusals), *others]}
         outcomes = [_odd_node(decided[host.name], unlike) for host in self.hosts]
         halted = "refused before any change: " + "; ".join(reasons)
