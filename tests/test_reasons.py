@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from opspatch.core.reasons import Reason
-from opspatch.core.vocabulary import Outcome
+from opspatch.core.vocabulary import Outcome, SyncAction
 from opspatch.errors import (
     AnchorError,
     BecomeError,
@@ -26,6 +26,7 @@ from opspatch.errors import (
 from opspatch.ledger import Ledger
 from opspatch.ledger.records import LeaseHolder
 from opspatch.runs.commands.apply import Refusal, refused_because
+from opspatch.runs.commands.sync import _LEFT_BECAUSE
 from opspatch.runs.fleet.session import refusal_reason
 from opspatch.runs.report import HostOutcome
 from tests.ledgerkit import begin
@@ -160,3 +161,8 @@ def test_every_refusal_is_said() -> None:
     for reason in Reason:
         clauses = refused_because([_refusal("h1", reason)])
         assert clauses, reason
+
+
+def test_every_host_sync_leaves_alone_has_a_code() -> None:
+    """sync records a `skipped` host for every action not at goal: each with its code."""
+    assert set(_LEFT_BECAUSE) == {a for a in SyncAction if not a.at_goal}
