@@ -165,7 +165,7 @@ def test_an_apply_refused_in_its_preflight_records_every_host_it_printed(fleet: 
     assert isinstance(held, dict)
     report = fleet.apply()
     assert report.refused and report.exit_code == EXIT_BAD_INPUT
-    assert f"h2 is leased to run {other}" in (report.halted or ""), report.halted
+    assert {h.host: h.reason for h in report.hosts}["h2"] == "lease-held", report.hosts
     recorded = fleet.ledger.get_run(str(report.run_id))
     assert recorded.summary.outcome == "refused"
     for printed in report.hosts:
