@@ -166,3 +166,9 @@ def test_every_refusal_is_said() -> None:
 def test_every_host_sync_leaves_alone_has_a_code() -> None:
     """sync records a `skipped` host for every action not at goal: each with its code."""
     assert set(_LEFT_BECAUSE) == {a for a in SyncAction if not a.at_goal}
+
+
+def test_every_reason_is_listed_in_the_cli_reference() -> None:
+    """docs/cli.md lists the codes a script may read in `--json`: none missing."""
+    listed = set(re.findall(r"`([a-z-]+)`", (PACKAGE.parent / "docs" / "cli.md").read_text()))
+    assert {r.value for r in Reason} <= listed, {r.value for r in Reason} - listed
