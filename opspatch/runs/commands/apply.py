@@ -81,6 +81,13 @@ class Refusal:
     def host(self) -> str:
         return self.outcome.host
 
+    @classmethod
+    def of(
+        cls, session: HostSession, exc: OpspatchError, holders: Sequence[LeaseHolder] = ()
+    ) -> Refusal:
+        """The refusal of a host whose preflight raised `exc` (`HostSession.refused`)."""
+        return cls(refusal_reason(exc), session.refused(exc), tuple(holders))
+
 
 def refused_because(refusals: Sequence[Refusal]) -> list[str]:
     """Why a run is refused, a clause for each kind of refusal among the hosts' (in the order
@@ -368,11 +375,12 @@ class _FleetApply:
         except LockHeld as exc:  # held by a run with a live lease: name its operator, machine
             holders = live_holders(self.recorder, exc)
             if not holders:
-                return Refusal(Reason.LOCK_HELD, session.refused(exc))
-            held = lease_held(holders, what=f"{session.name} is locked")
-            return Refusal(Reason.LEASE_HELD, session.refused(held), tuple(holders))
+                return Refusal.of(session, exc)
+            return Refusal.of(
+                session, lease_held(holders, what=f"{session.name} is locked"), holders
+            )
         except OpspatchError as exc:  # a host key, sudo, the patch or the host itself
-            return Refusal(refusal_reason(exc), session.refused(exc))
+            return Refusal.of(session, exc)
 
     def _refusals(self, prepared: Mapping[str, Prepared | Refusal]) -> RunReport | None:
         """A run where the patch does not fit some host, or some host cannot be reached safely
