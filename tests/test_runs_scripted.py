@@ -633,8 +633,10 @@ def test_an_apply_rolled_back_onto_code_that_does_not_serve_says_so(fleet: Fleet
     host = fleet.hosts[0]
     fleet.hosts = [host]
     host.smoke_ok = False
-    (outcome,) = fleet.apply().hosts
-    assert outcome.outcome == "rolled-back"
+    report = fleet.apply()
+    (outcome,) = report.hosts
+    assert (outcome.outcome, outcome.reason) == ("rolled-back", "smoke-failed")
+    assert fleet.ledger.get_run(report.run_id or "").host("h1").reason == "smoke-failed"
     after = next(s for s in outcome.steps if s.step == "smoke-after-restore")
     assert after.status == "failed"
     assert "the server does not serve the restored file" in (outcome.note or ""), outcome
@@ -1328,7 +1330,7 @@ def test_the_last_part_of_a_readiness_wait_ends_at_the_deadline_and_fails_there(
     playbook = Playbook(canary=0)
     playbook = Playbook(canary=0, timeouts=replace(playbook.timeouts, ready=20.0))
     (outcome,) = fleet.apply(playbook).hosts
-    assert outcome.outcome == "rolled-back", outcome
+    assert (outcome.outcome, outcome.reason) == ("rolled-back", "step-failed"), outcome
     assert "not ready after 20s" in (outcome.error or "")
     (first,) = parts
     assert first["slice"] is False and first["total"] == 20.0 and 0 < first["timeout"] <= 20.0

@@ -220,7 +220,7 @@ def test_a_failed_smoke_on_the_head_rolls_back_every_node_and_restarts_the_unit(
         assert units.fakes[name].requests.count("start") == 2
         assert "restart" not in units.fakes[name].requests
     h2 = next(h for h in report.hosts if h.host == "h2")
-    assert (h2.error or "").startswith("h1: smoke failed")
+    assert h2.reason == "smoke-failed" and (h2.error or "").startswith("h1: "), h2
 
 
 def test_a_node_whose_engine_exits_while_the_head_is_awaited_is_named_and_the_unit_restored(
@@ -244,7 +244,8 @@ def test_a_node_whose_engine_exits_while_the_head_is_awaited_is_named_and_the_un
         "h1": "rolled-back",
         "h2": "rolled-back",
     }
-    assert (outcomes["h1"].error or "").startswith("h2: ready: its engine exited")
+    assert outcomes["h1"].reason == "step-failed", outcomes["h1"]
+    assert (outcomes["h1"].error or "").startswith("h2: ready: ")
     assert units.files() == pristine
 
 

@@ -67,12 +67,14 @@ class NoProgress:
 
 
 class HostFailed(Exception):
-    """Ends a host's pipeline with an outcome; carries the reason, with the step in it."""
+    """Ends a host's pipeline with an outcome; carries the reason, with the step in it, and its
+    code."""
 
-    def __init__(self, outcome: Outcome, error: str) -> None:
+    def __init__(self, outcome: Outcome, error: str, reason: Reason = Reason.STEP_FAILED) -> None:
         super().__init__(error)
         self.outcome = outcome
         self.error = error
+        self.reason = reason
 
 
 def target_of(host: Host) -> str:
