@@ -780,6 +780,7 @@ def test_a_patch_that_does_not_fit_a_host_names_its_file_line_and_field(
     report = fleet.apply()
     assert report.refused and report.exit_code == 2
     for host in report.hosts:
+        assert host.reason == "not-applicable", host
         assert f"{path}:{line}" in (host.error or ""), host.error
         assert "__inti__" in (host.error or "")
 
