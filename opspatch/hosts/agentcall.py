@@ -1,11 +1,4 @@
-"""One exec to a host's agent, controller side: the path every host operation takes.
-
-`AgentCaller` sends a batch of operation calls to the host agent in one exec (through the
-host's `AgentEndpoint`), as the user the inventory says runs them (`become`), keeps the run's
-host lock re-asserted in the same exec while the run holds it (the fence), notes who ran each
-exec, and turns refusals into the error tree. `HostOperations` (`opspatch.hosts.operations`)
-builds the typed operations on it.
-"""
+"""One exec to a host's agent, controller side: the path every host operation takes."""
 
 from __future__ import annotations
 

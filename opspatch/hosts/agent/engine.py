@@ -1,9 +1,5 @@
 """The running engine: readiness, the drain wait and the smoke decode, checked on the host
-itself (SGLang servers usually listen on the host's loopback only).
-
-The checks that decide (a /generate reply, a log scan) are pure functions in
-`opspatch.hosts.agent.checks`, shared with the tests.
-"""
+itself (SGLang servers usually listen on the host's loopback only)."""
 
 from __future__ import annotations
 
