@@ -1,8 +1,4 @@
-"""A character tokenizer: one token per printable ASCII character, plus BOS and newline.
-
-A small readable vocabulary keeps the model tiny and the output legible. Characters outside the
-vocabulary encode as `?` (the stand-in has no byte fallback).
-"""
+"""A character tokenizer: one token per printable ASCII character, plus BOS and newline."""
 
 from __future__ import annotations
 
