@@ -23,6 +23,9 @@ MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 80
 REASON = "# Long because:"
 MAX_DOCSTRING_WORDS = 60
+NOT_OURS = ("sandbox/engine_src/", "sandbox/real/engine_files/")
+"""The stand-in SGLang and the real sandbox's engine files: an engine's sources (their
+docstrings and line numbers are the engine's), not opspatch's prose."""
 
 EXEMPT_MODULES: dict[str, str] = {}
 """Modules allowed over the limit, by path from the repository root."""
@@ -141,6 +144,8 @@ def long_docstrings(package: Path) -> list[str]:
     counting what stands in a ``` fence (a drawing)."""
     found = []
     for path in sorted(package.rglob("*.py")):
+        if any(part in path.as_posix() for part in NOT_OURS):
+            continue
         docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
         prose = docstring.split("```")[::2]
         words = sum(len(part.split()) for part in prose)

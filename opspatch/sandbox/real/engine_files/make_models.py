@@ -1,4 +1,14 @@
-"""Make the real-engine sandbox's models: a tiny Llama target and its EAGLE-3 draft."""
+"""Make the real-engine sandbox's models: a tiny Llama target and its EAGLE-3 draft.
+
+Run by opspatch with the engine environment's interpreter (it has torch, transformers and
+tokenizers): `python make_models.py CORPUS_PY OUT_DIR`. Writes `OUT_DIR/target` (a Llama in
+`save_pretrained` form, with a byte-level BPE tokenizer trained here) and `OUT_DIR/draft` (a
+`LlamaForCausalLMEagle3` checkpoint in the names SGLang's `llama_eagle3.py` loads), and
+`OUT_DIR/report.json` (steps, losses, seconds). Seeded and counted in steps, not seconds, so a
+build repeats. Both are trained on the stand-in's corpus (`DOCUMENTS` of CORPUS_PY): the target
+until it continues the project's text, then the draft on the target's hidden states, with a
+second, self-fed step (EAGLE-3's training-time test) so that its two-token chains are accepted.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Server arguments: one dataclass, its command-line flags, and their validation."""
+"""Server arguments: one dataclass, its command-line flags, and their validation.
+
+Flag names follow SGLang (`--model-path`, `--speculative-algorithm`, ...); the subset is what the
+stand-in uses, plus a few common deployment flags that are accepted and recorded so that real
+start commands keep working (`--mem-fraction-static`, `--trust-remote-code`).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,15 @@
 """The sandbox engine's platform plugin: SGLang loads it through entry-point group
 `sglang.srt.plugins` (name `opspatch_sandbox_cpu`) in the main process, each scheduler and the
-detokenizer, before any of them reads the platform."""
+detokenizer, before any of them reads the platform.
+
+It says this CPU has AMX, through SGLang's own `override_platform`, so that `--attention-backend
+intel_amx` is kept: on a CPU without AMX SGLang rewrites it to `torch_native`, which EAGLE
+refuses. The kernels that backend calls are opspatch's CPU layer (`sgl_kernel`), which needs no
+AMX. One line on stderr per process says it ran (SGLang's logging is not set up yet when the
+main process loads plugins). With `SGLANG_STANDIN_LOAD_S` set (`sandbox up --restart-seconds`),
+the main process waits that long first, so every start takes that much longer, as a large
+model's load would. Copied into sandbox engines only; opspatch never imports it.
+"""
 
 from __future__ import annotations
 

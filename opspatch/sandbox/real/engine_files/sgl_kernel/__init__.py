@@ -1,4 +1,15 @@
-"""opspatch's CPU kernel layer, installed under the name `sgl_kernel` into sandbox engines only."""
+"""opspatch's CPU kernel layer, installed under the name `sgl_kernel` into sandbox engines only.
+
+SGLang on the CPU imports its kernels from `sgl_kernel` (sgl-kernel's CPU build, not on PyPI).
+This package provides, in plain torch, the ops the sandbox's tiny Llama and its EAGLE-3 draft
+reach: the KV cache's bookkeeping, EAGLE's tree and verification, and the two attention ops of
+the `intel_amx` backend (on `torch.ops.sgl_kernel`, where SGLang looks them up). Anything else
+raises `OpNotProvided` naming the op. `convert_weight_packed` is absent on purpose: without it
+SGLang takes its layers' `forward_native` paths.
+
+Opspatch never imports this package itself: it ships as package data and is copied into a
+sandbox host's environment (`opspatch.sandbox.realengine`).
+"""
 
 from __future__ import annotations
 

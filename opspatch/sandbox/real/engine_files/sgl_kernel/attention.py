@@ -1,4 +1,9 @@
-"""The two attention ops of SGLang's `intel_amx` backend, in plain torch."""
+"""The two attention ops of SGLang's `intel_amx` backend, in plain torch.
+
+Both read the paged KV cache the way the engine lays it out: `req_to_token[req, i]` is the
+cache row of a request's i-th token; `k_buffer[row]` is `[kv_heads, head_dim]`. Slow (one
+request at a time) and exact (float32 softmax); the models of the sandbox are tiny.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,11 @@
-"""The tensor-parallel group: one torch.distributed process group over gloo, on the CPU."""
+"""The tensor-parallel group: one torch.distributed process group over gloo, on the CPU.
+
+Every scheduler process (one per TP rank, on whichever node) joins it at start; joining waits
+until every rank of every node has joined (at most `--dist-timeout` seconds). Rank 0 hosts the
+rendezvous store at `--dist-init-addr`. Nothing rejoins: a rank that leaves breaks the group, and
+the next collective of every other rank fails (or, where the loss is silent, waits out the
+timeout), as with SGLang's NCCL groups.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,18 @@
-"""The engine's processes, as SGLang's `engine.py` starts them, and the offline Engine."""
+"""The engine's processes, as SGLang's `engine.py` starts them, and the offline Engine.
+
+`multiprocessing.set_start_method("spawn", force=True)`; the main process runs the tokenizer
+manager (and, under `launch_server`, the HTTP server); each TP rank of this node is its own
+scheduler process; node 0 also runs a detokenizer process. Children are spawned (a fresh
+interpreter each, `site` and all), die with the main process (PR_SET_PDEATHSIG), and a child that
+ends unexpectedly ends the main process and so the whole tree.
+
+This module imports no torch: the main process never loads the model; only the scheduler
+processes import torch (the detokenizer does not).
+
+`Engine(**server_args).generate(prompt, sampling_params)` returns what `/generate` would. Used to
+drive the decoding path directly (for example to compare speculative and plain greedy output).
+Like the server, a scheduler exception ends the process.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,27 @@
-"""The HTTP server: SGLang's API subset on the standard library's ThreadingHTTPServer."""
+"""The HTTP server: SGLang's API subset on the standard library's ThreadingHTTPServer.
+
+Start-up follows SGLang's order and log lines: `server_args=...`, weight loading, the HTTP server
+(`Uvicorn running on ...`), then a warm-up thread that waits for the server to answer, runs a
+one-token generation through the whole stack, and only then logs
+`The server is fired up and ready to roll!` and lets `/health` answer 200. A failed warm-up logs
+`Initialization failed. warmup error: ...` and ends the process.
+
+Processes (see `engine.py`): this main process runs the HTTP server and the tokenizer manager;
+the schedulers (one per TP rank of the node) and the detokenizer are spawned children. The HTTP
+port opens only once every scheduler of every node is ready. On a node other than node 0
+(`--node-rank` above 0) the main process runs this node's schedulers and a dummy health server on
+`--host:--port` whose `/health` answers 200 unconditionally, as SGLang's does: it proves only
+that the process lives.
+
+`/generate` with `"stream": true` answers as SGLang's does: server-sent events (chunked), each
+`data: {...}` the whole reply so far (text, output ids, meta_info), sent with the first token and
+then once `stream_interval` tokens (a sampling parameter; 1: every step) are unsent, the last
+with the finish, then `data: [DONE]`; an error while streaming is one `data: {"error": ...}`
+before it.
+
+Test hook (not in SGLang): `SGLANG_STANDIN_WARMUP_DELAY_S=<seconds>` delays the warm-up, so the
+503 answers of `/health`, `/health_generate` and `/ready` before it are observable.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""OpenAI-shaped endpoints (`/v1/completions`, `/v1/chat/completions`, `/v1/models`)."""
+"""OpenAI-shaped endpoints (`/v1/completions`, `/v1/chat/completions`, `/v1/models`).
+
+Requests are translated into the native generate request, so validation and decoding are the same
+code as `/generate`; responses follow the OpenAI shapes (`choices`, `usage`). Unknown request
+fields are ignored, as OpenAI-compatible servers commonly do.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Choosing tokens from logits: greedy argmax, or sampling with temperature, top-k, top-p, min-p."""
+"""Choosing tokens from logits: greedy argmax, or sampling with temperature, top-k, top-p, min-p.
+
+`token_distribution` is shared by plain decoding, the draft model and speculative verification,
+so all three see the same filtered distribution for a given request.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """The detokenizer process: token ids of finished requests (and of a streamed one's steps) in,
-text out."""
+text out.
+
+It imports no torch (its start costs an interpreter, not a torch import): the tokenizer is the
+stand-in's character tokenizer. Stop strings are trimmed here, as SGLang's detokenizer does.
+"""
 
 from __future__ import annotations
 

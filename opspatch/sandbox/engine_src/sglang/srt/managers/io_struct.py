@@ -1,4 +1,12 @@
-"""The messages between the stand-in's processes (after SGLang's `managers/io_struct.py`)."""
+"""The messages between the stand-in's processes (after SGLang's `managers/io_struct.py`).
+
+tokenizer manager (main process) -> scheduler TP0: lists of `TokenizedGenerateReqInput` (a list
+is admitted in one prefill batch), `RpcReqInput`, or `ShutdownReq`. Scheduler TP0 -> detokenizer:
+`BatchTokenIDOut`; detokenizer -> tokenizer manager: `BatchStrOut`; scheduler TP0 -> tokenizer
+manager: `RpcReqOutput`. Plain dataclasses of plain values (no torch), pickled over pipes. A
+streamed request's output goes the same way after every step that gave it tokens, unfinished
+(`finished_reason` None), as SGLang's scheduler streams at its default `stream_interval` of 1.
+"""
 
 from __future__ import annotations
 

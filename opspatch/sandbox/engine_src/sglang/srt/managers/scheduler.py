@@ -1,4 +1,23 @@
-"""The scheduler: one process per TP rank, a loop that batches requests and drives the model."""
+"""The scheduler: one process per TP rank, a loop that batches requests and drives the model.
+
+Rank 0 (TP0, on node 0) receives requests from the tokenizer manager; at every step it broadcasts
+what it received over the TP group (`scheduler_components/request_receiver.py`), so every rank
+admits the same requests at the same step, runs the same batch (the model's all-reduce couples the
+ranks inside each forward) and reaches the same tokens. An `RpcReqInput` among them calls a
+Scheduler method by name on every rank at that step, then waits at a barrier on the TP group's CPU
+group (`handle_rpc_request`). Rank 0 alone sends finished requests to the detokenizer and answers
+RPCs. `run_scheduler_process` loads SGLang plugins before it builds the Scheduler.
+
+Each iteration admits every waiting request (one prefill batch), or else runs one decode step
+for all running requests together, so concurrent requests really share a batch and the batch
+size that dynamic speculation disable compares against is real.
+
+Like SGLang's, the loop does not handle exceptions per request: any exception in a forward step
+(or a collective that fails because a rank is gone) is logged as
+`Scheduler hit an exception: <traceback>`, and the scheduler sends SIGQUIT to its server's main
+process, which ends the whole process tree. A step that takes longer than `--watchdog-timeout`
+(a collective waiting on a rank that vanished silently) is ended by the watchdog the same way.
+"""
 
 from __future__ import annotations
 

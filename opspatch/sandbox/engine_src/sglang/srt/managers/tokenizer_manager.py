@@ -1,7 +1,12 @@
 """Between HTTP and the scheduler, in the main process: validate and tokenize requests, send
 them to the scheduler (TP0) over a pipe, wait for the detokenizer's text, report. A streamed
 request (`"stream": true`) is reported after every step that gave it tokens, each time the whole
-output so far (SGLang's default, without `--incremental-streaming-output`)."""
+output so far (SGLang's default, without `--incremental-streaming-output`).
+
+Every malformed request raises BadRequestError with a message meant for the client (HTTP 400);
+nothing malformed reaches the scheduler, whose errors are fatal to the server. This module
+imports no torch: the main process never loads the model.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""The target model worker: loads the model and runs prefill and plain (one-token) decode."""
+"""The target model worker: loads the model and runs prefill and plain (one-token) decode.
+
+Sandbox hook (not in SGLang): `SGLANG_STANDIN_LOAD_S=<seconds>` makes each scheduler's weight
+load take that much longer, standing for a real model's weight loading and CUDA graph capture
+(`opspatch sandbox up --restart-seconds S`), so a restart costs what it costs on a real fleet.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""CUDA graph capture for the decode step."""
+"""CUDA graph capture for the decode step.
+
+The capture is real: it asks torch for a CUDA stream and records a graph on it. On a host without
+CUDA (or with CUDA hidden by `CUDA_VISIBLE_DEVICES=`) torch raises, as SGLang's capture would on
+hardware it cannot use; that failure is what the incident hinges on. The stand-in decodes on the
+CPU either way: a captured graph is kept only to show that capture worked.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,11 @@
-"""The text the stand-in's language models are counted from, written for this project."""
+"""The text the stand-in's language models are counted from, written for this project.
+
+A few kilobytes of plain English (and a little Python) in separate documents: the target and the
+draft model are character n-gram models built from it at start, so greedy decoding continues a
+prompt with words and sentences a reader recognises. Changing this text changes every greedy
+output of the stand-in (tests compare outputs with each other, never with fixed strings, except
+for the opening of a few well-known prompts).
+"""
 
 from __future__ import annotations
 

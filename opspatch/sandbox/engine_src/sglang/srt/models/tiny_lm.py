@@ -1,4 +1,25 @@
-"""The stand-in's models: character n-gram language models counted at start from `corpus.py`."""
+"""The stand-in's models: character n-gram language models counted at start from `corpus.py`.
+
+Why they look the way they do:
+- The target is an interpolated (Witten-Bell) character n-gram model of order 12: greedy decoding
+  continues a prompt with the words and sentences of the corpus ("The capital of France is" ->
+  " Paris. ..."), so a newcomer reads the output as language, and a changed token shows.
+- Its logits are integers (`floor(LOGIT_SCALE * ln p)`) held in float64, looked up per position
+  from a table built once, deterministically, from the corpus: the logits of a position are
+  bit-identical whether the model runs on the prefix alone (plain decode) or on the prefix plus
+  draft tokens (speculative verify), so greedy speculative decoding is exactly lossless.
+- Tensor parallelism splits the table by vocabulary, as Megatron's vocab-parallel output layer
+  does: each TP rank holds the columns of its slice of the vocabulary, writes them into an
+  otherwise zero logits tensor, and a `torch.distributed` all-reduce adds the ranks' tensors.
+  Each element has one non-zero term, so TP=T logits equal TP=1 logits bit for bit.
+- The draft is EAGLE-shaped: a weaker model (order 4) that does not read the text itself but the
+  target's hidden state (the last tokens the target saw, with their positions) plus the token
+  just chosen, and returns its own hidden state for the next draft step. Its attention is
+  causal by position: a hidden-state entry counts only if its position lies in the window just
+  before the input's position. Wrong positions or a hidden state from the wrong row therefore
+  make the drafts worse (acceptance drops) while verification keeps every answer exact, which is
+  how ported EAGLE fixes fail quietly on real servers.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,13 @@
 """SGLang's plugin framework (0.5.15 and later): general plugins are the entry points of group
-`sglang.srt.plugins` of every installed distribution, each a function called with no argument."""
+`sglang.srt.plugins` of every installed distribution, each a function called with no argument.
+
+`load_plugins()` is called early in every process of the server, as SGLang calls it: the main
+process (`launch_subprocesses`), each scheduler process (`run_scheduler_process`, before it builds
+the Scheduler) and the detokenizer. `SGLANG_PLUGINS`, a comma-separated list of entry point names,
+restricts which load. A plugin's side effects (hooks registered with `hook_registry.HookRegistry`,
+classes patched) are the point; after every plugin ran, the registered hooks are applied once.
+A plugin that fails to load or to run is logged and skipped: it never stops the server.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,11 @@
 """Hooks that plugins register on SGLang's functions, methods and classes (SGLang's
-`sglang/srt/plugins/hook_registry.py`, in the stand-in's words)."""
+`sglang/srt/plugins/hook_registry.py`, in the stand-in's words).
+
+A hook names its target by dotted path (`sglang.srt.managers.scheduler.Scheduler.recv_requests`)
+and says how it wraps it: `before` (may return new `(args, kwargs)`), `after` (may return a new
+result), `around` (`hook(original, *args, **kwargs)`) or `replace` (a function, or a class for a
+class target). `load_plugins()` applies every registered hook once, after all plugins ran.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Sampling parameters of one request, built from the request JSON and validated."""
+"""Sampling parameters of one request, built from the request JSON and validated.
+
+Validation messages follow SGLang's wording where SGLang has one; an unknown parameter is an
+error (SGLang rejects it too), so a typo never silently falls back to a default.
+"""
 
 from __future__ import annotations
 

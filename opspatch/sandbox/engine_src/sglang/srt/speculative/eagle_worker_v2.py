@@ -1,5 +1,19 @@
 """EAGLE speculative decoding, "spec v2": the draft model proposes a chain of tokens, the target
-verifies the whole chain in one forward pass."""
+verifies the whole chain in one forward pass.
+
+This file carries the incident's local feature, "dynamic speculation disable", as the incident's
+build had it: `EAGLEWorkerV2.__init__` assigns `spec_disable_batch_threshold` only after
+`init_cuda_graphs()`, so when capture raises (any host without usable CUDA) and the scheduler
+keeps the half-built worker, the first decode step fails with AttributeError.
+
+The draft path has EAGLE's shape. After every target step the worker keeps, per request, the
+target's last token and its hidden state at the position before it (`req.spec_info`, set in
+`forward_target_only` and `draft_and_verify`); `EagleDraftWorker.draft_forward` runs the draft
+head from there, one step per draft token, advancing `forward_batch.positions` after each step's
+forward. The draft head attends by position, so a hidden state taken from the wrong row or a
+position off by one makes the drafts worse (acceptance drops) while verification keeps every
+answer exactly the target's.
+"""
 
 from __future__ import annotations
 

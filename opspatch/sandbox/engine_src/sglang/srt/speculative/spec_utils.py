@@ -1,4 +1,13 @@
-"""Verifying a chain of draft tokens against the target model (EAGLE with topk=1)."""
+"""Verifying a chain of draft tokens against the target model (EAGLE with topk=1).
+
+Greedy: accept drafts while each equals the target's argmax at its position, then append the
+target's own token at the first disagreement (or after the last draft). The output is exactly
+the target's greedy output, only computed in fewer target passes.
+
+Sampled: standard speculative sampling. Draft token x with draft probability q(x) is accepted with
+probability min(1, p(x) / q(x)); on rejection the replacement is drawn from the normalised
+positive part of p - q. The result is distributed as sampling from the target alone.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""STANDALONE speculative decoding: a separate, weaker draft model instead of an EAGLE head."""
+"""STANDALONE speculative decoding: a separate, weaker draft model instead of an EAGLE head.
+
+As upstream's does, `StandaloneWorkerV2.__init__` does not call `EAGLEWorkerV2.__init__`: it
+calls `BaseSpecWorker.__init__` and repeats the argument block. An attribute assigned only in
+`EAGLEWorkerV2.__init__` (such as `spec_disable_batch_threshold`) is therefore never set on it;
+a class-level default on `EAGLEWorkerV2` is inherited.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""A character tokenizer: one token per printable ASCII character, plus BOS and newline."""
+"""A character tokenizer: one token per printable ASCII character, plus BOS and newline.
+
+A small readable vocabulary keeps the model tiny and the output legible. Characters outside the
+vocabulary encode as `?` (the stand-in has no byte fallback).
+"""
 
 from __future__ import annotations
 

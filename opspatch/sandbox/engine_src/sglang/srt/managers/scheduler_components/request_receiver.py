@@ -1,5 +1,12 @@
 """How a scheduler receives its requests at a scheduling boundary (SGLang 0.5.13 and later keep
-this in `SchedulerRequestReceiver`; the stand-in keeps its shape and names)."""
+this in `SchedulerRequestReceiver`; the stand-in keeps its shape and names).
+
+The entry rank (TP0 on node 0, the one rank with a pipe from the tokenizer manager) pulls what
+arrived (`_pull_raw_reqs`), and the list rides one broadcast over the TP group
+(`_broadcast_reqs_across_ranks`), so every rank admits the same requests and runs the same RPCs
+at the same step. `local_reqs` are requests the caller decided on the entry rank; they ride the
+same broadcast, after the pulled ones. Other ranks pull nothing (None) and take the broadcast.
+"""
 
 from __future__ import annotations
 
