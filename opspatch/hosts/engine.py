@@ -390,18 +390,10 @@ class EngineControl:
         slice_seconds: float | None = None,
     ) -> Readiness:
         """Poll the server's /health on the host until it answers 200, within `timeout` seconds
-        (default: the playbook's `ready`). Without `restart`, the process the engine's pid file
-        names (command strategy) is watched, and none running fails at once. With `group` (a
-        multi-node server's head), ready also needs the head's `/server_info` to say it is
-        node rank 0 of that group, which it answers only once every rank joined; a server of
-        another shape or without `/server_info` (a non-head node) fails (`group-mismatch`).
-
-        The wait is a series of execs of at most `READY_SLICE_SECONDS` each (the last one ends
-        at the deadline and fails there); after each one that ran out, `on_waiting` is told
-        what is awaited and until when. A series, not one exec streaming lines: the agent
-        channel stays one request and one reply line per exec, and a slice costs one exec per
-        30 s of a wait that is slow anyway (40 at most in 20 minutes; none more for an engine
-        ready within 30 s), and each slice is a fenced exec that renews the run's lock.
+        (default: the playbook's `ready`); with `group`, the head's `/server_info` too (the
+        agent's `op_wait_ready` says how). The wait is a series of fenced execs of at most
+        `READY_SLICE_SECONDS` (each renews the run's lock); after each that ran out, `on_waiting`
+        is told what is awaited and until when (why: docs/runs.md, "A long readiness wait").
 
         Raises:
             EngineError: the deadline passed, the started process exited, or (no `restart`) the
