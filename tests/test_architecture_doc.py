@@ -85,6 +85,13 @@ def _members(value: Any) -> list[Any]:
     return list(value)
 
 
+def _word(member: object) -> str | None:
+    """A command by its word, an operation by its name (a descriptor or the name itself)."""
+    if isinstance(member, Operation):
+        return member.name
+    return str(member) if isinstance(member, str) else None
+
+
 def _registries(covers: Any) -> set[str]:
     """`path:NAME` of every module-level collection, in the package or its tests' tables, whose
     keys or members include every one of `covers`' words (a registry a new one must join)."""
@@ -96,9 +103,9 @@ def _registries(covers: Any) -> set[str]:
             members = _members(value)
             if id(value) in found or not members or any(value is own for own in SELF_FILLED):
                 continue
-            if words <= {str(member) for member in members if isinstance(member, str)}:
+            if words <= {_word(member) for member in members}:
                 found[id(value)] = f"{path}:{name}"
-    for test in sorted((ROOT / "tests").glob("test_*.py")):
+    for test in sorted((ROOT / "tests").glob("*.py")):
         for node in ast.parse(test.read_text(encoding="utf-8")).body:
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict):
                 keys = {key.value for key in node.value.keys if isinstance(key, ast.Constant)}
