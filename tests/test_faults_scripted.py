@@ -171,7 +171,7 @@ def test_a_unit_node_locked_by_a_finished_run_is_told_to_recover_the_unit(units:
     report = units.apply("h1", "h2")
     said = {h.host: h for h in report.hosts}["h2"]
     assert said.outcome == "failed" and report.exit_code == 2, said
-    assert f"run {finished} is over (finished) but its lock outlived it" in (said.error or "")
+    assert said.reason == "lock-held", said
     assert (
         f"`opspatch recover --hosts {UNIT.name}` reconciles unit {UNIT.name} and clears the lock"
         in (said.error or "")
