@@ -33,7 +33,7 @@ from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.fleet import fleetrun
 from opspatch.runs.fleet.executor import Cancellation
 from opspatch.runs.report import RunReport
-from tests.test_runs_scripted import (
+from tests.scriptedkit import (
     PRISTINE,
     REPO,
     FakeHost,

@@ -13,7 +13,7 @@ import pytest
 from opspatch.core.policy import Playbook
 from opspatch.errors import InputError
 from opspatch.runs.commands.judge import JudgeReport, judge_hosts
-from tests.test_runs_scripted import Fleet, fleet
+from tests.scriptedkit import Fleet, fleet
 
 pytestmark = pytest.mark.scripted
 

@@ -27,7 +27,7 @@ from opspatch.errors import LiveRefused
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.fleet.liveapply import live_former
 from opspatch.runs.report import RunReport
-from tests.test_runs_scripted import PRISTINE, FakeHost, Fleet, fleet, sha
+from tests.scriptedkit import PRISTINE, FakeHost, Fleet, fleet, sha
 
 pytestmark = pytest.mark.scripted
 

@@ -15,8 +15,8 @@ from opspatch.core.policy import BatchSize, JudgeSettings, Playbook
 from opspatch.core.vocabulary import JudgeHosts, Step
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.report import RunReport
+from tests.scriptedkit import PRISTINE, Fleet, fleet, sha
 from tests.test_live_apply_scripted import LiveEngine, former, live_host
-from tests.test_runs_scripted import PRISTINE, Fleet, fleet, sha
 from tests.test_unit_judge_scripted import JUDGED as UNIT_JUDGED
 from tests.test_unit_judge_scripted import PROMPTS, judged_unit, sample
 from tests.test_unit_judge_scripted import files as unit_files

@@ -13,8 +13,8 @@ import pytest
 from opspatch.core.policy import Playbook
 from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.report import RunReport
+from tests.scriptedkit import PRISTINE, Fleet, fleet, sha
 from tests.test_live_apply_scripted import LiveEngine, apply_live, steps
-from tests.test_runs_scripted import PRISTINE, Fleet, fleet, sha
 
 pytestmark = pytest.mark.scripted
 

@@ -32,7 +32,7 @@ from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
 from tests.pgkit import BACKENDS, PostgresServer, backend_pid
-from tests.test_runs_scripted import PRISTINE, REPO, STANDIN, FakeHost, Fleet, sha
+from tests.scriptedkit import PRISTINE, REPO, STANDIN, FakeHost, Fleet, sha
 
 pytestmark = pytest.mark.scripted
 

@@ -34,7 +34,7 @@ from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.commands.sync import sync_fleet
 from opspatch.runs.fleet.rotation import Rotation, rotation_of, taken_out_by
 from opspatch.runs.report import RunReport
-from tests.test_runs_scripted import REPO, STANDIN, FakeHost, sha
+from tests.scriptedkit import REPO, STANDIN, FakeHost, sha
 
 pytestmark = pytest.mark.scripted
 

@@ -33,8 +33,8 @@ from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
 from tests.ledgerkit import raw
 from tests.pgkit import BACKENDS, PostgresServer, backend_location, backend_pid
+from tests.scriptedkit import PRISTINE, REPO, FakeHost, Fleet
 from tests.test_rotation_scripted import PATCH, FakeRouter, RoutedFleet, book, worker_url
-from tests.test_runs_scripted import PRISTINE, REPO, FakeHost, Fleet
 
 pytestmark = [
     pytest.mark.scripted,
@@ -292,7 +292,7 @@ def _sha(path: Path) -> str:
 
 def test_host_identity_is_the_machine_and_the_lock_folder() -> None:
     from opspatch.hosts.results import HostFacts
-    from tests.test_runs_scripted import FakeHost
+    from tests.scriptedkit import FakeHost
 
     facts = HostFacts.from_json(
         {
@@ -424,7 +424,7 @@ def test_a_sync_whose_second_patch_lacks_an_approval_changes_nothing_not_even_th
     from opspatch.config.fleet import DesiredPatch, DesiredState
     from opspatch.errors import Location
     from opspatch.runs.commands.sync import sync_fleet
-    from tests.test_runs_scripted import mark_patch
+    from tests.scriptedkit import mark_patch
 
     mark = mark_patch(tmp_path)
     sign(fleet, signers, "bob", "bob")  # the first patch, eagle-init-guard, is approved

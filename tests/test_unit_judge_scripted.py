@@ -26,7 +26,7 @@ from opspatch.runs.commands.judge import servers as judge_servers
 from opspatch.runs.fleet.judging import JudgePlan
 from opspatch.runs.fleet.session import HostSession
 from opspatch.runs.report import HostOutcome, RunReport
-from tests.test_runs_scripted import PRISTINE, sha
+from tests.scriptedkit import PRISTINE, sha
 from tests.test_units_scripted import ALWAYS, Units, units
 
 pytestmark = pytest.mark.scripted

@@ -33,7 +33,7 @@ from opspatch.runs.commands.restart import restart_hosts
 from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.commands.sync import sync_fleet
 from opspatch.runs.report import RunReport
-from tests.test_runs_scripted import REPO, FakeHost, sha
+from tests.scriptedkit import REPO, FakeHost, sha
 
 pytestmark = pytest.mark.scripted
 
