@@ -8,10 +8,15 @@ smoke) and the faults under test are scripted (as httpx's MockTransport answers 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +24,19 @@ import pytest
 
 from opspatch.config.fleet import DesiredPatch, DesiredState
 from opspatch.config.patches import load_patch
-from opspatch.core.host import CommandRestart, EngineSettings, Host
-from opspatch.core.policy import BatchSize, Playbook
+from opspatch.core.host import CommandRestart, EngineSettings, Host, RouterSettings, Unit
+from opspatch.core.policy import BatchSize, JudgeSettings, Playbook, RotationSettings, StepTimeouts
 from opspatch.core.spec import LoadedPatch
-from opspatch.errors import Location, TransportError
+from opspatch.errors import (
+    Location,
+    TransportError,
+)
 from opspatch.hosts.transport.base import Transport
-from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
+from opspatch.hosts.transport.scripted import (
+    Refusal,
+    ScriptedTransport,
+    agent_operation,
+)
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.commands.recover import recover_hosts, recover_run, run_chain
@@ -273,3 +285,256 @@ class Notices:
 
     def notice(self, text: str) -> None:
         self.lines.append(text)
+
+
+UNIT = Unit("u1", ("h1", "h2"))
+
+ALWAYS = Playbook(canary=0, batch=BatchSize(count=10), max_failures=1)
+
+
+@dataclass
+class Units:
+    fakes: dict[str, FakeHost]
+    ledger: Ledger
+    patch: LoadedPatch
+
+    def factory(self, host: Host) -> Transport:
+        return ScriptedTransport(self.fakes[host.name].answer, host=host.name)
+
+    def hosts(self, *names: str) -> list[Host]:
+        """The hosts as the inventory gives them: h1 and h2 are the nodes of unit u1."""
+        chosen = []
+        for name in names:
+            host = self.fakes[name].host()
+            chosen.append(replace(host, unit=UNIT) if name in UNIT.hosts else host)
+        return chosen
+
+    def apply(self, *names: str, playbook: Playbook = ALWAYS) -> RunReport:
+        return apply_to_hosts(
+            self.patch, self.hosts(*names), playbook, factory=self.factory, ledger=self.ledger
+        )
+
+    def files(self) -> dict[str, str]:
+        return {name: sha(fake.file.read_bytes()) for name, fake in self.fakes.items()}
+
+    def requests(self) -> dict[str, list[str]]:
+        return {name: list(fake.requests) for name, fake in self.fakes.items()}
+
+
+@pytest.fixture
+def units(tmp_path: Path) -> Iterator[Units]:
+    patch = load_patch(REPO / "patches" / "eagle-init-guard.toml")
+    fakes = {name: FakeHost.installed(name, tmp_path / name) for name in ("h1", "h2", "h3")}
+    ledger = Ledger.open(tmp_path / "ledger.sqlite3")
+    try:
+        yield Units(fakes, ledger, patch)
+    finally:
+        ledger.close()
+
+
+@dataclass
+class RouterState:
+    """What the fake router holds: registered workers by URL (id, healthy), whether a worker
+    it is asked to add turns healthy, and every control-plane call in order."""
+
+    workers: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    adds_turn_healthy: bool = True
+    down: bool = False  # every call answered 503, as a dying router's port might
+    calls: list[str] = field(default_factory=list)
+    next_id: int = 0
+
+
+class FakeRouter(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.state = RouterState()
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeRouter
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+    def _send(self, status: int, body: Any) -> None:
+        if self.server.state.down:
+            status, body = 503, {"error": "the router is gone"}
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        state = self.server.state
+        with self.server.lock:
+            state.calls.append(f"GET {self.path}")
+            listed = [{"id": i, "url": u, "is_healthy": ok} for u, (i, ok) in state.workers.items()]
+        if self.path == "/workers":
+            self._send(200, {"workers": listed, "total": len(listed)})
+        else:
+            self._send(200, {"job_status": {"status": "processing"}})
+
+    def do_POST(self) -> None:
+        state = self.server.state
+        url = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["url"]
+        with self.server.lock:
+            state.calls.append(f"POST /workers {url}")
+            state.next_id += 1
+            worker_id = f"id-{state.next_id}"
+            state.workers[url] = (worker_id, state.adds_turn_healthy)
+        self._send(202, {"worker_id": worker_id})
+
+    def do_DELETE(self) -> None:
+        state = self.server.state
+        with self.server.lock:
+            state.calls.append(f"DELETE {self.path}")
+            gone = [u for u, (i, _) in state.workers.items() if self.path.endswith(i)]
+            for url in gone:
+                del state.workers[url]
+        self._send(202, {"status": "accepted"})
+
+
+def worker_url(name: str) -> str:
+    """The worker as the router knows it: not the engine URL the host itself uses."""
+    return f"http://{name}.internal:30000"
+
+
+@dataclass
+class RoutedFleet:
+    router: FakeRouter
+    fakes: dict[str, FakeHost]
+    ledger: Ledger
+    drain_reads: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    router_dies_at_restart: bool = False
+
+    def hosts(self, *names: str) -> list[Host]:
+        peers = tuple(worker_url(n) for n in self.fakes)
+        return [
+            replace(
+                self.fakes[n].host(),
+                router=RouterSettings(url=self.router.url, worker_url=worker_url(n), peers=peers),
+            )
+            for n in names or self.fakes
+        ]
+
+    def factory(self, host: Host) -> ScriptedTransport:
+        fake = self.fakes[host.name]
+
+        def answer(op: str, args: dict[str, Any]) -> Any:
+            if op == "wait_drained":  # read on the host; the engine is idle
+                self.drain_reads.append((host.name, args))
+                return {"seconds": 0.5, "polls": 6, "answered": True}
+            if op == "restart" and self.router_dies_at_restart:
+                self.router.state.down = True
+            return fake.answer(op, args)
+
+        return ScriptedTransport(answer, host=host.name)
+
+    def recover(self, *names: str) -> RunReport:
+        """`recover --hosts NAMES` of the routed patch, under the routed playbook."""
+        return recover_hosts(
+            ledger=self.ledger,
+            hosts=self.hosts(*names),
+            factory=self.factory,
+            playbook=book(),
+            patch=PATCH,
+        )
+
+    def register(self, *names: str, healthy: bool = True) -> None:
+        for name in names:
+            self.router.state.workers[worker_url(name)] = (f"start-{name}", healthy)
+
+
+PATCH = load_patch(REPO / "patches" / "eagle-init-guard.toml")
+
+ONE = BatchSize(count=1)
+
+
+def book(
+    max_unavailable: BatchSize = ONE, *, fleet_down: bool = False, admit: float = 5
+) -> Playbook:
+    return Playbook(
+        canary=1,
+        batch=BatchSize(percent=Decimal(100)),
+        max_failures=1,
+        timeouts=replace(StepTimeouts(), admit=admit),
+        rotation=RotationSettings(max_unavailable, fleet_down),
+    )
+
+
+JUDGED = replace(ALWAYS, canary=1, judge=JudgeSettings(count=8))
+
+PROMPTS = 8
+
+TOKENS = 32
+
+
+def sample(index: int, *, changed: bool = False, problem: str | None = None) -> dict[str, Any]:
+    """One prompt's decode (the agent's `DecodeSample`): fixed greedy ids with a top-3 after
+    each; `changed`: the first prompt's 5th token turned into one outside either top-k."""
+    ids = [(index * 7 + position) % 60 for position in range(TOKENS)]
+    if changed and index == 0:
+        ids[4] = (ids[4] + 30) % 60
+    if problem is not None:
+        return {
+            "prompt": f"prompt {index}", "problem": problem, "refused": "refused" in problem,
+            "text": None, "output_ids": None, "top_ids": None, "top_logprobs": None,
+            "token_logprobs": None, "token_texts": None, "completion_tokens": None, "spec_verify_ct": None, "seconds": None,
+            "first_token_seconds": None, "server_seconds": None,
+        }  # fmt: skip
+    return {
+        "prompt": f"prompt {index}", "problem": None, "refused": False, "text": "x" * TOKENS,
+        "output_ids": ids, "top_ids": [[i, (i + 1) % 60, (i + 2) % 60] for i in ids],
+        "top_logprobs": [[-0.1, -2.5, -3.0] for _ in ids], "token_logprobs": [-0.1] * TOKENS,
+        "token_texts": None, "completion_tokens": TOKENS, "spec_verify_ct": 12,
+        "seconds": 0.2 + index / 100, "first_token_seconds": 0.02,
+        "server_seconds": 0.19 + index / 100,
+    }  # fmt: skip
+
+
+@dataclass
+class Servers:
+    """What the head's `measure` answers: `old` before the swap, `new` after it."""
+
+    units: Units
+    old: list[dict[str, Any]]
+    new: list[dict[str, Any]]
+    asked: list[str] = field(default_factory=list)
+
+    def answer(self, node: str, op: str) -> dict[str, Any] | None:
+        if op != "measure":
+            return None
+        self.asked.append(node)
+        patched = sha(self.units.fakes[node].file.read_bytes()) != PRISTINE
+        return {"samples": self.new if patched else self.old, "spec_accept_length": None}
+
+
+def judged_unit(units: Units, *, old: str | None = None, changed: bool = False) -> Servers:
+    """Every node's `measure` scripted; `old`: the old server's problem on every prompt."""
+    servers = Servers(
+        units,
+        old=[sample(i, problem=old) for i in range(PROMPTS)],
+        new=[sample(i, changed=changed) for i in range(PROMPTS)],
+    )
+    for name in ("h1", "h2", "h3"):
+        units.fakes[name].fault = lambda op, args, node=name: servers.answer(node, op)
+    return servers
+
+
+def files(units: Units) -> dict[str, str]:
+    return {n: sha(units.fakes[n].file.read_bytes()) for n in ("h1", "h2")}
+
+
+def scripted_host(state_dir: Path, name: str = "h1") -> Host:
+    """A host the scripted transport answers for (no transport of its own is opened)."""
+    return Host.local(name, str(state_dir), EngineSettings(python=sys.executable), inventory="test")

@@ -34,10 +34,20 @@ from opspatch.runs.commands.recover import recover_run, run_chain
 from opspatch.runs.fleet.session import NoProgress
 from opspatch.runs.report import RunReport
 from tests.ledgerkit import begin_and_die
-from tests.scriptedkit import FAKE_PID, PRISTINE, FakeHost, Fault, Fleet, fleet, sha
+from tests.scriptedkit import (
+    FAKE_PID,
+    PRISTINE,
+    UNIT,
+    FakeHost,
+    Fault,
+    Fleet,
+    Units,
+    fleet,
+    sha,
+    units,
+)
 from tests.test_live_apply_scripted import LiveEngine, live_host
 from tests.test_unit_live_scripted import live_unit
-from tests.test_units_scripted import UNIT, Units, units
 
 pytestmark = pytest.mark.scripted
 

@@ -27,8 +27,7 @@ from opspatch.hosts.transport.scripted import agent_operation
 from opspatch.runs.commands.live import disable_live, enable_live
 from opspatch.runs.commands.restart import restart_hosts
 from opspatch.runs.report import RunReport
-from tests.scriptedkit import FAKE_PID, FakeHost, Fleet, fleet
-from tests.test_units_scripted import Units, units
+from tests.scriptedkit import FAKE_PID, FakeHost, Fleet, Units, fleet, units
 
 pytestmark = pytest.mark.scripted
 

@@ -15,13 +15,21 @@ from opspatch.core.policy import BatchSize, JudgeSettings, Playbook
 from opspatch.core.vocabulary import JudgeHosts, Step
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.report import RunReport
-from tests.scriptedkit import PRISTINE, Fleet, fleet, sha
+from tests.scriptedkit import JUDGED as UNIT_JUDGED
+from tests.scriptedkit import (
+    PRISTINE,
+    PROMPTS,
+    Fleet,
+    Units,
+    fleet,
+    judged_unit,
+    sample,
+    sha,
+    units,
+)
+from tests.scriptedkit import files as unit_files
 from tests.test_live_apply_scripted import LiveEngine, former, live_host
-from tests.test_unit_judge_scripted import JUDGED as UNIT_JUDGED
-from tests.test_unit_judge_scripted import PROMPTS, judged_unit, sample
-from tests.test_unit_judge_scripted import files as unit_files
 from tests.test_unit_live_scripted import live_unit
-from tests.test_units_scripted import Units, units
 
 pytestmark = pytest.mark.scripted
 

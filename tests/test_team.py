@@ -33,8 +33,17 @@ from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
 from tests.ledgerkit import raw
 from tests.pgkit import BACKENDS, PostgresServer, backend_location, backend_pid
-from tests.scriptedkit import PRISTINE, REPO, FakeHost, Fleet
-from tests.test_rotation_scripted import PATCH, FakeRouter, RoutedFleet, book, worker_url
+from tests.scriptedkit import (
+    PATCH,
+    PRISTINE,
+    REPO,
+    FakeHost,
+    FakeRouter,
+    Fleet,
+    RoutedFleet,
+    book,
+    worker_url,
+)
 
 pytestmark = [
     pytest.mark.scripted,

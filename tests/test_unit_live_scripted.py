@@ -25,9 +25,8 @@ from opspatch.core.vocabulary import NotLiveReason
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.fleet.liveapply import LiveFormer, live_former
 from opspatch.runs.report import RunReport
-from tests.scriptedkit import PRISTINE, sha
+from tests.scriptedkit import ALWAYS, PRISTINE, Units, sha, units
 from tests.test_live_apply_scripted import checked
-from tests.test_units_scripted import ALWAYS, Units, units
 
 pytestmark = pytest.mark.scripted
 

@@ -20,7 +20,7 @@ from opspatch.errors import EXIT_BAD_INPUT, UnitRefused
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.commands.releasecache import release_coverage
 from opspatch.runs.commands.smoke import smoke_hosts
-from tests.test_units_scripted import ALWAYS, REPO, Units, units
+from tests.scriptedkit import ALWAYS, REPO, Units, units
 
 pytestmark = pytest.mark.scripted
 
