@@ -34,6 +34,7 @@ from opspatch.runs.commands.recover import recover_run, run_chain
 from opspatch.runs.fleet.session import NoProgress
 from opspatch.runs.report import RunReport
 from tests.ledgerkit import begin_and_die
+from tests.livekit import LiveEngine, live_host, live_unit
 from tests.scriptedkit import (
     FAKE_PID,
     PRISTINE,
@@ -46,8 +47,6 @@ from tests.scriptedkit import (
     sha,
     units,
 )
-from tests.test_live_apply_scripted import LiveEngine, live_host
-from tests.test_unit_live_scripted import live_unit
 
 pytestmark = pytest.mark.scripted
 

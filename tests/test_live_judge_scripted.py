@@ -15,6 +15,7 @@ from opspatch.core.policy import BatchSize, JudgeSettings, Playbook
 from opspatch.core.vocabulary import JudgeHosts, Step
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.report import RunReport
+from tests.livekit import LiveEngine, former, live_host, live_unit
 from tests.scriptedkit import JUDGED as UNIT_JUDGED
 from tests.scriptedkit import (
     PRISTINE,
@@ -28,8 +29,6 @@ from tests.scriptedkit import (
     units,
 )
 from tests.scriptedkit import files as unit_files
-from tests.test_live_apply_scripted import LiveEngine, former, live_host
-from tests.test_unit_live_scripted import live_unit
 
 pytestmark = pytest.mark.scripted
 

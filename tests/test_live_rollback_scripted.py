@@ -13,8 +13,8 @@ import pytest
 from opspatch.core.policy import Playbook
 from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.report import RunReport
+from tests.livekit import LiveEngine, apply_live, steps
 from tests.scriptedkit import PRISTINE, Fleet, fleet, sha
-from tests.test_live_apply_scripted import LiveEngine, apply_live, steps
 
 pytestmark = pytest.mark.scripted
 

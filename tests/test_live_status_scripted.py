@@ -13,8 +13,8 @@ import pytest
 
 from opspatch.errors import TransportError
 from opspatch.runs.commands.status import exit_code, fleet_status
+from tests.livekit import LiveEngine, apply_live
 from tests.scriptedkit import Fleet, fleet, sha
-from tests.test_live_apply_scripted import LiveEngine, apply_live
 
 pytestmark = pytest.mark.scripted
 

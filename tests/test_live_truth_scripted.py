@@ -18,8 +18,8 @@ from opspatch.errors import TransportError
 from opspatch.hosts.transport.scripted import Refusal, agent_operation
 from opspatch.runs.commands.live import disable_live, enable_live
 from opspatch.runs.report import RunReport
+from tests.livekit import files_under, run, scripted_site, site_of
 from tests.scriptedkit import Fleet, fleet
-from tests.test_live_enable_scripted import files_under, run, scripted_site, site_of
 
 pytestmark = pytest.mark.scripted
 
