@@ -27,16 +27,9 @@ from opspatch.config.patches import load_patch
 from opspatch.core.host import CommandRestart, EngineSettings, Host, RouterSettings, Unit
 from opspatch.core.policy import BatchSize, JudgeSettings, Playbook, RotationSettings, StepTimeouts
 from opspatch.core.spec import LoadedPatch
-from opspatch.errors import (
-    Location,
-    TransportError,
-)
+from opspatch.errors import Location, TransportError
 from opspatch.hosts.transport.base import Transport
-from opspatch.hosts.transport.scripted import (
-    Refusal,
-    ScriptedTransport,
-    agent_operation,
-)
+from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.commands.recover import recover_hosts, recover_run, run_chain

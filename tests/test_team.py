@@ -31,7 +31,7 @@ from opspatch.runs.fleet.host_leases import host_identity
 from opspatch.runs.judgments.approval import approve_patch
 from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
-from tests.ledgerkit import raw
+from tests.ledgerkit import Notices, raw
 from tests.pgkit import BACKENDS, PostgresServer, backend_location, backend_pid
 from tests.scriptedkit import (
     PATCH,
@@ -507,7 +507,7 @@ def test_a_fleet_file_asks_for_approval_with_its_signers_file_relative_to_itself
     from opspatch.config.fleet import load_fleet
     from opspatch.config.lookup import Workspace
     from opspatch.errors import SpecError
-    from tests.test_fleet_desired import INVENTORY
+    from tests.fleetkit import INVENTORY
 
     (tmp_path / "patches").mkdir()
     (tmp_path / "inventories").mkdir()
@@ -667,22 +667,6 @@ def test_check_verifies_signatures_against_the_fleet_files_signers_as_apply_does
 # -- a lease held across a cut connection ------------------------------------------------------
 
 
-@dataclass
-class Notices:
-    """A Progress that keeps what the run says to its operator."""
-
-    said: list[str]
-
-    def run_started(self, run_id: str, summary: str) -> None:
-        return None
-
-    def update(self, host: str, step: str, status: str) -> None:
-        return None
-
-    def notice(self, text: str) -> None:
-        self.said.append(text)
-
-
 @pytest.mark.postgres
 def test_a_lease_held_across_a_cut_ledger_connection_is_reported_then_taken_over_once_expired(
     postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
@@ -792,7 +776,7 @@ def test_a_plain_apply_in_a_workspace_whose_fleet_file_asks_for_approval_is_refu
     refused before any host is touched (exit 2, no ledger run); without the [team] table, the
     same apply is not refused for approval."""
     from tests.clirunner import opspatch
-    from tests.test_fleet_desired import INVENTORY
+    from tests.fleetkit import INVENTORY
 
     (tmp_path / "patches").mkdir()
     (tmp_path / "inventories").mkdir()
