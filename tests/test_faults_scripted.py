@@ -1,5 +1,5 @@
 """Faults and truth on the older paths (issue 42, items 12, 14, 15), fast: the scripted hosts of
-test_runs_scripted.py (the real host agent on real files, a scripted engine) and a real SQLite
+tests/scriptedkit.py (the real host agent on real files, a scripted engine) and a real SQLite
 ledger.
 
 - a ledger deleted under a run stops it before the host's next change, with the run's records

@@ -1,4 +1,4 @@
-"""`opspatch judge`, fast: the scripted hosts of test_runs_scripted.py, each server answering the
+"""`opspatch judge`, fast: the scripted hosts of tests/scriptedkit.py, each server answering the
 judge's `measure` with the same decodes, so that what is under test is what the report claims
 when a host could not be measured: never exit 0 (the baseline asked for included), and a
 selection with nothing to judge is refused before any host is asked.

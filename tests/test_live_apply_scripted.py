@@ -1,4 +1,4 @@
-"""`apply --live`, fast: the scripted hosts of test_runs_scripted.py (the real agent on real
+"""`apply --live`, fast: the scripted hosts of tests/scriptedkit.py (the real agent on real
 files, a scripted engine) with a scripted live engine behind the `live` operation: a main
 process and a detokenizer that never import the module, and two scheduler ranks that take the
 fix at one boundary (the entry rank answering for both, as the plugin does).

@@ -1,4 +1,4 @@
-"""`live enable` / `live disable`, fast: the scripted hosts of test_runs_scripted.py, whose
+"""`live enable` / `live disable`, fast: the scripted hosts of tests/scriptedkit.py, whose
 `live_site` answers a temporary site-packages (the engine's environment) while `install_files`
 and `remove_files` run the real agent on it.
 

@@ -1,7 +1,7 @@
 """`apply --live` under a playbook's `[judge]`: the judge follows the smoke after the take, as
 it follows the smoke after a restart, and a `fail` is a failed proof (every process reverted,
-the file restored, `rolled-back`). Scripted hosts (test_live_apply_scripted.py's live engine,
-test_unit_judge_scripted.py's `measure` answers: the old server's before the swap, the new one's
+the file restored, `rolled-back`). Scripted hosts (tests/livekit.py's live engine,
+tests/scriptedkit.py's `measure` answers: the old server's before the swap, the new one's
 after it)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`rollback` of a patch applied live, fast: the scripted hosts and scripted live engine of
-test_live_apply_scripted.py. The rollback sends `revert` of the patch's live fix to every process
+tests/livekit.py. The rollback sends `revert` of the patch's live fix to every process
 before it restores the file, so `--restart never` takes the code out of the running engine too;
 a host without `live = true` is never asked.
 """

@@ -1,5 +1,5 @@
 """`status` on live hosts, fast: the scripted hosts and live engine of
-test_live_apply_scripted.py. A host with `live = true` is asked `list` once: each patch's row
+tests/livekit.py. A host with `live = true` is asked `list` once: each patch's row
 names the processes holding its live fix, and a fix taken from bytes the file no longer has is
 drift; a host without it is asked nothing more than before.
 """

@@ -1,5 +1,5 @@
 """`live enable` / `live disable` say no more than they checked, fast: the scripted hosts of
-test_live_enable_scripted.py, with the faults the outside trial looked for.
+tests/livekit.py, with the faults the outside trial looked for.
 
 A host that cannot be locked or read is `failed` with nothing written (not `needs-attention`:
 its bytes are the ones it had); an install or a removal whose reply is lost is read back before

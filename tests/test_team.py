@@ -1,5 +1,5 @@
 """Several operators on one ledger, fast: run leases in the ledger, and approvals signed with real
-OpenSSH keys (`ssh-keygen -Y sign/verify`), over the scripted fleet of test_runs_scripted.py
+OpenSSH keys (`ssh-keygen -Y sign/verify`), over the scripted fleet of tests/scriptedkit.py
 (real host agent on real files, real SQLite). The real-process cases (two controllers, a
 SIGKILL, a takeover) are in test_team_leases.py.
 """
@@ -54,7 +54,7 @@ pytestmark = [
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
-    """test_runs_scripted's fleet: three scripted hosts with real files and state folders."""
+    """tests/scriptedkit.py's fleet: three scripted hosts with real files and state folders."""
     from opspatch.config.patches import load_patch
 
     hosts = [FakeHost.installed(f"h{index + 1}", tmp_path / f"h{index + 1}") for index in range(3)]
@@ -817,7 +817,7 @@ OUTAGE = 6.0  # seconds the PostgreSQL server is down: a restart, as an operator
 
 @pytest.fixture
 def routed(postgres: PostgresServer, tmp_path: Path) -> Iterator[RoutedFleet]:
-    """Three scripted hosts behind test_rotation_scripted's router, every one registered, and a
+    """Three scripted hosts behind tests/scriptedkit.py's router, every one registered, and a
     fresh PostgreSQL ledger on the session's server (started again if a test left it down)."""
     router = FakeRouter()
     threading.Thread(target=router.serve_forever, daemon=True).start()

@@ -1,4 +1,4 @@
-"""The playbook's judge over a unit, fast: test_units_scripted's unit u1 (h1 the head, h2; the
+"""The playbook's judge over a unit, fast: tests/scriptedkit.py's unit u1 (h1 the head, h2; the
 real agent on real files) and h3, a host by itself, with a scripted `measure` on the head: its
 old server's answers while h1's file is the pristine one, the changed server's once it is not.
 

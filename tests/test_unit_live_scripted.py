@@ -1,4 +1,4 @@
-"""`apply --live` over a unit, fast: test_units_scripted's unit u1 (h1 the head, h2; the real
+"""`apply --live` over a unit, fast: tests/scriptedkit.py's unit u1 (h1 the head, h2; the real
 agent on real files, each node its own copy of the file) with a scripted live engine of two
 nodes behind the `live` operation: TP ranks 0 and 1 on h1, 2 and 3 on h2, the entry rank (TP0)
 answering a take or revert for all four as the plugin does; each node's main process (and the

@@ -4,7 +4,7 @@ as one: every node stopped, then started head first, proven through the head), a
 `apply --restart never` over a unit stages every node once they are alike (same release, same
 pre-image of every target file), else it is refused naming the odd node (issue 33).
 
-The hosts are `test_runs_scripted`'s: the real host agent on real files, the engine scripted.
+The hosts are `tests/scriptedkit.py`'s: the real host agent on real files, the engine scripted.
 Units `u1` (h1 the head, h2) and a host by itself, h3.
 """
 
