@@ -1,7 +1,8 @@
 """The golden-pair check every edit-engine test shares: apply gives the expected bytes, applying
 again is already-applied with the bytes unchanged, the record reverses to the exact pre-image
 (the unpatched file plans as not applied), and `unapply` (no record) gives the pre-image back
-where the edit kinds allow it and refuses where they do not."""
+where the edit kinds allow it and refuses where they do not. Also the cases, and the generated
+modules (a hypothesis strategy), that more than one edit test reads."""
 
 from __future__ import annotations
 

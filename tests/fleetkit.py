@@ -2,6 +2,8 @@
 
 Each `SandboxFleet` has its own state directory (ledger, sandbox hosts, inventories) and its own
 workspace folder, so tests never share hosts; `close()` runs `opspatch sandbox down --purge`.
+`Sandbox` drives one bare sandbox the same way; the patch-set and inventory texts are those
+more than one fleet test reads.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Helpers for the ledger tests: a scripted two-host run, a run whose controller is SIGKILLed, and
-a raw connection that goes behind opspatch's back (SQLite, or PostgreSQL as the tables' owner)."""
+a raw connection that goes behind opspatch's back (SQLite, or PostgreSQL as the tables' owner),
+and `Notices`, a progress that keeps what a run tells its operator."""
 
 from __future__ import annotations
 
