@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.editkit import assert_golden
+from tests.patchkit import make_patch, src
+
 pytestmark = pytest.mark.pure
 
 REPO = Path(__file__).resolve().parent.parent
@@ -74,3 +77,13 @@ def test_every_form_of_importing_a_test_module_is_named(
     (tmp_path / "tests" / "onekit.py").write_text("from tests.twokit import test_like_helper\n")
     (tmp_path / "bench" / "bench_one.py").write_text("from tests.onekit import helper\n")
     assert imports_of_test_modules(tmp_path) == [f"tests/test_one.py:2: imports {module}"]
+
+
+def test_a_kits_failing_assert_shows_what_it_compared() -> None:
+    """conftest.py has pytest rewrite the kits' asserts as it rewrites a test module's, so a
+    helper moved into a kit explains its failure as it did before: the values, not only the
+    message."""
+    patch = make_patch('[[edits]]\nkind = "insert"\nscope = "f"\ncode = "x = 1"\n')
+    with pytest.raises(AssertionError) as failed:
+        assert_golden(src("def f():\n    pass\n"), patch, b"not what the edit gives\n")
+    assert "assert b'def f():" in str(failed.value), str(failed.value)
