@@ -1,5 +1,5 @@
 """Faults and truth on the older paths (issue 42, items 12, 14, 15), fast: the scripted hosts of
-test_runs_scripted.py (the real host agent on real files, a scripted engine) and a real SQLite
+tests/scriptedkit.py (the real host agent on real files, a scripted engine) and a real SQLite
 ledger.
 
 - a ledger deleted under a run stops it before the host's next change, with the run's records
@@ -34,10 +34,19 @@ from opspatch.runs.commands.recover import recover_run, run_chain
 from opspatch.runs.fleet.session import NoProgress
 from opspatch.runs.report import RunReport
 from tests.ledgerkit import begin_and_die
-from tests.test_live_apply_scripted import LiveEngine, live_host
-from tests.test_runs_scripted import FAKE_PID, PRISTINE, FakeHost, Fault, Fleet, fleet, sha
-from tests.test_unit_live_scripted import live_unit
-from tests.test_units_scripted import UNIT, Units, units
+from tests.livekit import LiveEngine, live_host, live_unit
+from tests.scriptedkit import (
+    FAKE_PID,
+    PRISTINE,
+    UNIT,
+    FakeHost,
+    Fault,
+    Fleet,
+    Units,
+    fleet,
+    sha,
+    units,
+)
 
 pytestmark = pytest.mark.scripted
 

@@ -4,82 +4,35 @@ as one: every node stopped, then started head first, proven through the head), a
 `apply --restart never` over a unit stages every node once they are alike (same release, same
 pre-image of every target file), else it is refused naming the odd node (issue 33).
 
-The hosts are `test_runs_scripted`'s: the real host agent on real files, the engine scripted.
+The hosts are `tests/scriptedkit.py`'s: the real host agent on real files, the engine scripted.
 Units `u1` (h1 the head, h2) and a host by itself, h3.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from opspatch.config.fleet import DesiredPatch, DesiredState
-from opspatch.config.patches import load_patch
-from opspatch.core.host import Host, Unit
+from opspatch.core.host import Host
 from opspatch.core.policy import BatchSize, Playbook
-from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import RestartPolicy
 from opspatch.errors import EXIT_BAD_INPUT, Location, TransportError, UnitRefused
-from opspatch.hosts.transport.base import Transport
-from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
-from opspatch.ledger.store import Ledger
-from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.hosts.transport.scripted import Refusal, agent_operation
 from opspatch.runs.commands.recover import recover_hosts
 from opspatch.runs.commands.restart import restart_hosts
 from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.commands.sync import sync_fleet
 from opspatch.runs.report import RunReport
-from tests.test_runs_scripted import REPO, FakeHost, sha
+from tests.scriptedkit import ALWAYS, UNIT, Units, units
+
+__all__ = ["units"]  # the fixtures, used by name
 
 pytestmark = pytest.mark.scripted
 
-UNIT = Unit("u1", ("h1", "h2"))
-ALWAYS = Playbook(canary=0, batch=BatchSize(count=10), max_failures=1)
 NEVER = replace(ALWAYS, restart=RestartPolicy.NEVER)
-
-
-@dataclass
-class Units:
-    fakes: dict[str, FakeHost]
-    ledger: Ledger
-    patch: LoadedPatch
-
-    def factory(self, host: Host) -> Transport:
-        return ScriptedTransport(self.fakes[host.name].answer, host=host.name)
-
-    def hosts(self, *names: str) -> list[Host]:
-        """The hosts as the inventory gives them: h1 and h2 are the nodes of unit u1."""
-        chosen = []
-        for name in names:
-            host = self.fakes[name].host()
-            chosen.append(replace(host, unit=UNIT) if name in UNIT.hosts else host)
-        return chosen
-
-    def apply(self, *names: str, playbook: Playbook = ALWAYS) -> RunReport:
-        return apply_to_hosts(
-            self.patch, self.hosts(*names), playbook, factory=self.factory, ledger=self.ledger
-        )
-
-    def files(self) -> dict[str, str]:
-        return {name: sha(fake.file.read_bytes()) for name, fake in self.fakes.items()}
-
-    def requests(self) -> dict[str, list[str]]:
-        return {name: list(fake.requests) for name, fake in self.fakes.items()}
-
-
-@pytest.fixture
-def units(tmp_path: Path) -> Iterator[Units]:
-    patch = load_patch(REPO / "patches" / "eagle-init-guard.toml")
-    fakes = {name: FakeHost.installed(name, tmp_path / name) for name in ("h1", "h2", "h3")}
-    ledger = Ledger.open(tmp_path / "ledger.sqlite3")
-    try:
-        yield Units(fakes, ledger, patch)
-    finally:
-        ledger.close()
 
 
 def refused(call: Any, units: Units) -> UnitRefused:
