@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from opspatch.ledger.store import Ledger
 from opspatch.ledger.records import NewFileVersion
+from opspatch.ledger.store import Ledger
 
 STEPS = ("lock", "inspect", "swap", "restart", "ready", "smoke")
 
