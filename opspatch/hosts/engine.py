@@ -101,7 +101,7 @@ READY_SLICE_SECONDS = 30.0
 """How long one `wait_ready` exec waits on the host before it answers that it is still waiting:
 a readiness wait (up to the playbook's `ready`, 20 minutes by default) is a series of such
 execs, and between two of them the controller says what it awaits and until when
-(`ReadyWaiting`), so a wrong engine URL is not a silent 20 minutes."""
+(`StillWaiting`), so a wrong engine URL is not a silent 20 minutes."""
 
 
 LOOK_SECONDS = 1.0
@@ -112,26 +112,6 @@ LOOK_SECONDS = 1.0
 class Readiness(JsonRecord):
     seconds: float
     polls: int
-
-
-@dataclass(frozen=True)
-class ReadyWaiting(JsonRecord):
-    """The answer of one part of a readiness wait that ran out before /health answered 200:
-    how long it waited, how many polls, and the last answer (`/health: connection refused`)."""
-
-    seconds: float
-    polls: int
-    last: str
-
-
-@dataclass(frozen=True)
-class ReadyAnswer(JsonRecord):
-    """One `wait_ready` exec's reply: ready (`seconds`, `polls`), or, for a part of a longer
-    wait that ran out (`slice`), `waiting` with what it saw."""
-
-    seconds: float = 0.0
-    polls: int = 0
-    waiting: ReadyWaiting | None = json_field(omit_none=True, default=None)
 
 
 @dataclass(frozen=True)
@@ -147,19 +127,13 @@ class StillWaiting:
     gives_up_at: float
 
 
-@dataclass(frozen=True)
-class Drained(JsonRecord):
-    """A drained engine: how long until it read idle, in how many reads of `/v1/loads`, and
-    whether it answered at all (a server that does not answer runs nothing)."""
-
-    seconds: float
-    polls: int
-    answered: bool
-
-    def describe(self) -> str:
-        if not self.answered:
-            return "its server does not answer: nothing runs there"
-        return f"idle after {self.seconds:.1f}s ({self.polls} reads of /v1/loads on the host)"
+def describe_drained(drained: DrainedReply) -> str:
+    """A drained engine in words: how long until it read idle, in how many reads of
+    `/v1/loads`, or that it did not answer at all (a server that does not answer runs nothing)."""
+    if not drained["answered"]:
+        return "its server does not answer: nothing runs there"
+    seconds, polls = drained["seconds"], drained["polls"]
+    return f"idle after {seconds:.1f}s ({polls} reads of /v1/loads on the host)"
 
 
 @dataclass(frozen=True)
@@ -214,13 +188,13 @@ START = Operation(
     "start", RestartRequest, RestartReply, RestartResult, op_start, runs_as=RunsAs.RESTART
 )
 WAIT_READY = Operation(
-    "wait_ready", WaitReadyRequest, ReadyReply, ReadyAnswer, op_wait_ready, runs_as=RunsAs.READ
+    "wait_ready", WaitReadyRequest, ReadyReply, ReadyReply, op_wait_ready, runs_as=RunsAs.READ
 )
 WAIT_DRAINED = Operation(
     "wait_drained",
     WaitDrainedRequest,
     DrainedReply,
-    Drained,
+    DrainedReply,
     op_wait_drained,
     runs_as=RunsAs.READ,
 )
@@ -454,15 +428,16 @@ class EngineControl:
             part = max(remaining, 0.001) if last_part else slice_seconds
             request["timeout"], request["slice"] = part, not last_part
             answer = self._run(WAIT_READY, request, timeout=part, step=step)
-            still = answer.waiting
+            still = answer.get("waiting")
             if still is None:
-                return Readiness(round(waited + answer.seconds, 3), polls + answer.polls)
-            waited, polls = waited + still.seconds, polls + still.polls
+                seconds = waited + answer.get("seconds", 0.0)
+                return Readiness(round(seconds, 3), polls + answer.get("polls", 0))
+            waited, polls = waited + still["seconds"], polls + still["polls"]
             if on_waiting is not None:
                 on_waiting(
                     StillWaiting(
                         self.host.engine.url,
-                        still.last,
+                        still["last"],
                         time.monotonic() - started,
                         timeout,
                         gives_up_at,
@@ -493,7 +468,7 @@ class EngineControl:
 
     def wait_drained(
         self, *, settle: float, poll: float, step: str = "drain", timeout: float | None = None
-    ) -> Drained:
+    ) -> DrainedReply:
         """Wait on the host until the engine reports nothing running or waiting for `settle`
         seconds (its `GET /v1/loads`, read every `poll` seconds), within `timeout` (default: the
         playbook's `drain`).

@@ -64,7 +64,7 @@ def restore_recorded(session: HostSession, version: FileVersion) -> FileChange:
         mode=version.mode,
         owner=version.owner,
     )
-    return FileChange(version.path, restored.sha256_before, restored.sha256_after)
+    return FileChange(version.path, restored["sha256_before"], restored["sha256_after"])
 
 
 def restore_set(session: HostSession, found: SetOnHost) -> FileChange:

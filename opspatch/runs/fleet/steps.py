@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, FileAction, Outcome, Step
@@ -22,7 +22,7 @@ from opspatch.hosts.engine import (
     SmokeResult,
     StillWaiting,
 )
-from opspatch.hosts.operations import RestoreResult
+from opspatch.hosts.operations import RestoreReply
 from opspatch.ledger.records import NewFileVersion
 from opspatch.runs.fleet.rotation import admit_step, drain_step
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
@@ -53,7 +53,7 @@ def restore_pre_image(
     timeout: float,
     mode: int = 0,
     owner: str = "",
-) -> RestoreResult:
+) -> RestoreReply:
     """Put the pre-image back: from the host's own backup, else from the ledger's copy.
 
     The host's backup is tried first (no bytes cross the network); when it is missing or does
@@ -92,24 +92,24 @@ def restore_pre_image(
             again = session.ops.restore(
                 path, pre_sha256=pre_sha256, current_sha256=post_sha256, timeout=timeout
             )
-            restored = replace(again, sha256_before=post_sha256, changed=True)
+            restored = {**again, "sha256_before": post_sha256, "changed": True}
             note["detail"] = (
                 f"the first restore did not answer ({describe_error(exc)}); asked again: "
                 + (
                     "it had worked"
-                    if again.source == "already"
-                    else f"restored from {again.source}"
+                    if again["source"] == "already"
+                    else f"restored from {again['source']}"
                 )
             )
         else:
-            note["detail"] = f"back to {restored.sha256_after[:12]} from {restored.source}"
-    if restored.changed:
+            note["detail"] = f"back to {restored['sha256_after'][:12]} from {restored['source']}"
+    if restored["changed"]:
         session.recorder.file_version(
             session.name,
             NewFileVersion(
                 path,
-                restored.sha256_before,
-                restored.sha256_after,
+                restored["sha256_before"],
+                restored["sha256_after"],
                 mode,
                 owner,
                 pre_image=None,  # what it overwrote: the post-image the ledger holds
