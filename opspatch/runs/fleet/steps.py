@@ -17,7 +17,7 @@ from opspatch.errors import InputError, OpspatchError, RemoteOperationError
 from opspatch.hosts.engine import (
     READY_SLICE_SECONDS,
     Readiness,
-    RestartResult,
+    RestartReply,
     ServerGroup,
     SmokeResult,
     StillWaiting,
@@ -120,7 +120,7 @@ def restore_pre_image(
     return restored
 
 
-def restart_step(session: HostSession, *, step: Step = Step.RESTART) -> RestartResult:
+def restart_step(session: HostSession, *, step: Step = Step.RESTART) -> RestartReply:
     """Restart the engine as a recorded step; a failure ends the pipeline (`HostFailed`).
     Behind a router the host is drained first (once per session), so no restart drops a
     request."""
@@ -128,7 +128,7 @@ def restart_step(session: HostSession, *, step: Step = Step.RESTART) -> RestartR
     try:
         with session.step(step) as note:
             result = session.engine.restart(step=step)
-            note["detail"] = f"{result.strategy}: pid {result.pid}"
+            note["detail"] = f"{result['strategy']}: pid {result.get('pid')}"
         return result
     except OpspatchError as exc:
         raise HostFailed(Outcome.FAILED, f"{step}: {describe_error(exc)}") from exc
@@ -136,7 +136,7 @@ def restart_step(session: HostSession, *, step: Step = Step.RESTART) -> RestartR
 
 def ready_step(
     session: HostSession,
-    restart: RestartResult | None,
+    restart: RestartReply | None,
     *,
     step: Step = Step.READY,
     timeout: float | None = None,
@@ -213,7 +213,7 @@ class SmokeFailed(HostFailed):
 
 def smoke_step(
     session: HostSession,
-    restart: RestartResult | None,
+    restart: RestartReply | None,
     *,
     baseline: Sequence[str | None] | None,
     step: Step = Step.SMOKE,
@@ -229,9 +229,9 @@ def smoke_step(
     try:
         with session.step(step) as note:
             result = session.engine.smoke(
-                log_offset=restart.log_offset if restart else None,
+                log_offset=restart.get("log_offset") if restart else None,
                 baseline=baseline,
-                pid=restart.pid if restart else None,
+                pid=restart.get("pid") if restart else None,
                 step=step,
                 # the smoke runs as the login user: with become the lock is a raised user's,
                 # so it is released by its own (raised) exec
@@ -254,7 +254,7 @@ def smoke_step(
         raise HostFailed(Outcome.FAILED, f"{step}: {describe_error(exc)}") from exc
 
 
-def readmit(session: HostSession, restart: RestartResult | None) -> None:
+def readmit(session: HostSession, restart: RestartReply | None) -> None:
     """Put a host that is out of rotation (a crashed run left it drained) back once its
     answering server passes the same proof as every change: the smoke decode, as the host's
     last step, which admits it when it passes (`smoke_step`). Otherwise it stays out, and its
@@ -272,7 +272,7 @@ def readmit(session: HostSession, restart: RestartResult | None) -> None:
 
 
 def smoke_after_restore(
-    session: HostSession, restart: RestartResult, *, step: Step = Step.SMOKE_AFTER_RESTORE
+    session: HostSession, restart: RestartReply, *, step: Step = Step.SMOKE_AFTER_RESTORE
 ) -> tuple[SmokeResult | None, str | None]:
     """The smoke decode after a restore, as the host's last step: its result (None when it
     could not run) and, unless it passed, why the server does not serve the restored file.
