@@ -218,8 +218,7 @@ def test_a_change_whose_live_form_is_refused_refuses_the_run_before_any_change(
     report = apply_live(fleet, engine, refusing_former)
     assert report.refused and report.exit_code == 2
     names = [h.name for h in fleet.hosts]
-    assert f"the change cannot be taken live on {', '.join(names)}" in (report.halted or "")
-    assert "apply without --live to apply it with a restart" in (report.halted or "")
+    assert {o.host: o.reason for o in report.hosts} == dict.fromkeys(names, "not-taken-live")
     for outcome in report.hosts:
         error = outcome.error or ""
         assert outcome.outcome == "skipped", outcome
@@ -235,6 +234,7 @@ def test_a_change_whose_live_form_is_refused_refuses_the_run_before_any_change(
     recorded = fleet.ledger.get_run(report.run_id or "")
     assert recorded.summary.outcome == "refused", recorded.summary
     assert {h.host: h.outcome for h in recorded.hosts} == dict.fromkeys(names, "skipped")
+    assert {h.host: h.reason for h in recorded.hosts} == dict.fromkeys(names, "not-taken-live")
 
 
 def test_one_host_whose_change_has_no_live_form_refuses_the_whole_fleet(fleet: Fleet) -> None:
@@ -253,8 +253,8 @@ def test_one_host_whose_change_has_no_live_form_refuses_the_whole_fleet(fleet: F
     engine = LiveEngine()
     report = apply_live(fleet, engine, one_refused)
     assert report.exit_code == 2
-    (refused,) = [o for o in report.hosts if "cannot be taken live" in (o.error or "")]
-    assert f"the change cannot be taken live on {refused.host} " in (report.halted or "")
+    (refused,) = [o for o in report.hosts if o.reason == "not-taken-live"]
+    assert {o.reason for o in report.hosts if o is not refused} == {"not-started"}
     assert set(engine.asked) == {"check"}
     assert all(sha(h.file.read_bytes()) == PRISTINE for h in fleet.hosts)
 
@@ -326,7 +326,7 @@ def test_a_dry_run_says_the_refusal_too(fleet: Fleet) -> None:
         live=refusing_former,
     )
     assert report.refused and report.exit_code == 2
-    assert "cannot be taken live" in (report.halted or "")
+    assert {o.reason for o in report.hosts} == {"not-taken-live"}
 
 
 def test_hosts_without_live_true_are_refused_before_anything(fleet: Fleet) -> None:
@@ -344,7 +344,7 @@ def test_an_engine_that_does_not_listen_refuses_the_run_before_any_change(fleet:
     engine = LiveEngine(listening=False)
     report = apply_live(fleet, engine)
     assert report.exit_code == 2
-    assert "do not listen for live fixes" in (report.halted or "")
+    assert {o.reason for o in report.hosts} == {"not-listening"}
     assert all(sha(h.file.read_bytes()) == PRISTINE for h in fleet.hosts)
     assert "take" not in engine.asked
     assert all("nobody listens" in (o.error or "") for o in report.hosts)

@@ -79,7 +79,7 @@ def test_a_live_take_the_judge_fails_is_reverted_everywhere_and_the_file_restore
     engine = LiveEngine()
     report = apply_judged(fleet, engine, changed=True)
     (outcome,) = report.hosts
-    assert outcome.outcome == "rolled-back", outcome
+    assert (outcome.outcome, outcome.reason) == ("rolled-back", "judge-failed"), outcome
     assert "tokens" in (outcome.error or ""), outcome.error
     assert outcome.judgment is not None and outcome.judgment.failed
     assert engine.held == {0: {}, 1: {}}

@@ -369,9 +369,7 @@ def test_a_worker_out_of_rotation_with_its_fix_there_is_for_recover_and_sync_lea
     (left,) = report.left_alone
     (skipped,) = left.hosts
     assert (skipped.host, str(skipped.outcome)) == ("h1", "skipped")
-    assert "its router does not list its worker healthy (out of rotation)" in (
-        skipped.error or ""
-    ), skipped
+    assert skipped.reason == "not-serving", skipped
     assert "`opspatch recover --hosts h1`" in (skipped.error or "")
     assert [c for c in fleet.router.state.calls if not c.startswith("GET")] == []
     assert [(r.host, str(r.action)) for r in report.after.differing] == [("h1", "recover")]
@@ -709,7 +707,7 @@ def test_hosts_another_live_run_holds_are_refused_by_its_lease_before_their_rout
             patch=PATCH,
         )
     assert report.refused and report.exit_code == EXIT_BAD_INPUT, report
-    assert f"h1 is leased to run {alice} of alice@laptop (controller " in (report.halted or "")
+    assert [h.reason for h in report.hosts] == ["lease-held"], report.hosts
     assert "router" not in (report.halted or "")
     assert sha(fleet.fakes["h1"].file.read_bytes()) == before
     assert not (fleet.fakes["h1"].state / "lock.json").exists()

@@ -633,8 +633,10 @@ def test_an_apply_rolled_back_onto_code_that_does_not_serve_says_so(fleet: Fleet
     host = fleet.hosts[0]
     fleet.hosts = [host]
     host.smoke_ok = False
-    (outcome,) = fleet.apply().hosts
-    assert outcome.outcome == "rolled-back"
+    report = fleet.apply()
+    (outcome,) = report.hosts
+    assert (outcome.outcome, outcome.reason) == ("rolled-back", "smoke-failed")
+    assert fleet.ledger.get_run(report.run_id or "").host("h1").reason == "smoke-failed"
     after = next(s for s in outcome.steps if s.step == "smoke-after-restore")
     assert after.status == "failed"
     assert "the server does not serve the restored file" in (outcome.note or ""), outcome
@@ -778,6 +780,7 @@ def test_a_patch_that_does_not_fit_a_host_names_its_file_line_and_field(
     report = fleet.apply()
     assert report.refused and report.exit_code == 2
     for host in report.hosts:
+        assert host.reason == "not-applicable", host
         assert f"{path}:{line}" in (host.error or ""), host.error
         assert "__inti__" in (host.error or "")
 
@@ -949,8 +952,8 @@ def test_a_sync_leaves_a_host_whose_engine_is_down_to_recover_and_applies_the_re
     (left,) = report.left_alone
     (skipped,) = left.hosts
     assert (skipped.host, str(skipped.outcome)) == ("h2", "skipped")
-    assert (skipped.error or "").startswith("recover: the fix is there, but its server is not")
-    assert (fleet.ledger.get_run(str(left.run_id)).host("h2").error or "") == skipped.error
+    assert skipped.reason == "not-serving"
+    assert fleet.ledger.get_run(str(left.run_id)).host("h2").reason == "not-serving"
     assert down.requests == ["inspect"]  # the plan after the sync; nothing begun, swapped
     assert sha(down.file.read_bytes()) == written
     assert not down.serving  # nor restarted
@@ -993,7 +996,7 @@ def test_a_sync_stopped_by_a_failed_run_records_the_next_patchs_hosts_as_not_app
         assert f"`opspatch sync --hosts {host.host}`" in (host.error or "")
     recorded = fleet.ledger.get_run(str(left.run_id))
     assert recorded.summary.command == "sync" and recorded.summary.patch_id == "module-mark"
-    assert all((recorded.host(n).error or "").startswith(why) for n in ("h1", "h2", "h3"))
+    assert {recorded.host(n).reason for n in ("h1", "h2", "h3")} == {"not-started"}
     for fake in fleet.hosts:
         assert detect(fake.file.read_bytes(), mark.spec).state == "not-applied", fake.name
     assert not any(v.patch_id == "module-mark" for v in fleet.ledger.file_history("h2"))
@@ -1205,7 +1208,7 @@ def test_a_rollback_honours_the_playbooks_canary_batches_and_max_failures(
     if "skipped" in expected:
         assert report.halted is not None and reason in report.halted, report.halted
         skipped = next(h for h in report.hosts if h.outcome == "skipped")
-        assert (skipped.error or "").startswith("not started: the run halted"), skipped
+        assert skipped.reason == "not-started", skipped
     else:
         assert report.halted is None
 
@@ -1233,13 +1236,13 @@ def test_a_rollback_reports_a_host_refused_in_its_preflight_whatever_halts_the_r
     )
     h1, h2, h3 = report.hosts
     assert h1.outcome == "restored-not-serving", h1
-    assert h2.outcome == "skipped" and "not started: the run halted" in (h2.error or ""), h2
+    assert h2.outcome == "skipped" and h2.reason == "not-started", h2
     assert h3.outcome == "skipped", h3
-    assert "not overwriting it" in (h3.error or "") and "changed since" in (h3.error or ""), h3
+    assert h3.reason == "changed-since", h3
     assert sha(edited.file.read_bytes()) == hand_edit
     assert edited.requests == ["inspect"]  # decided read-only: never locked, never started
     recorded = fleet.ledger.get_run(report.run_id or "").host("h3")
-    assert recorded.outcome == "skipped" and "not overwriting it" in (recorded.error or "")
+    assert recorded.outcome == "skipped" and recorded.reason == "changed-since"
 
 
 class Notices:
@@ -1328,7 +1331,7 @@ def test_the_last_part_of_a_readiness_wait_ends_at_the_deadline_and_fails_there(
     playbook = Playbook(canary=0)
     playbook = Playbook(canary=0, timeouts=replace(playbook.timeouts, ready=20.0))
     (outcome,) = fleet.apply(playbook).hosts
-    assert outcome.outcome == "rolled-back", outcome
+    assert (outcome.outcome, outcome.reason) == ("rolled-back", "step-failed"), outcome
     assert "not ready after 20s" in (outcome.error or "")
     (first,) = parts
     assert first["slice"] is False and first["total"] == 20.0 and 0 < first["timeout"] <= 20.0

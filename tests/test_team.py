@@ -165,12 +165,13 @@ def test_an_apply_refused_in_its_preflight_records_every_host_it_printed(fleet: 
     assert isinstance(held, dict)
     report = fleet.apply()
     assert report.refused and report.exit_code == EXIT_BAD_INPUT
-    assert f"h2 is leased to run {other}" in (report.halted or ""), report.halted
+    assert {h.host: h.reason for h in report.hosts}["h2"] == "lease-held", report.hosts
     recorded = fleet.ledger.get_run(str(report.run_id))
     assert recorded.summary.outcome == "refused"
     for printed in report.hosts:
         on_record = recorded.host(printed.host)
         assert (on_record.outcome, on_record.error) == (printed.outcome, printed.error)
+        assert on_record.reason == printed.reason
     assert f"run {other}" in (recorded.host("h2").error or ""), recorded.host("h2")
     assert not (fleet.hosts[0].state / "lock.json").exists()  # the locks taken given back
 
@@ -195,10 +196,10 @@ def test_a_rollback_refused_by_another_runs_lease_still_names_a_preflight_refusa
     )
     assert report.refused and report.exit_code == EXIT_BAD_INPUT
     h1, h2, h3 = report.hosts
-    assert "leased to run" in (h1.error or "") and "leased to run" in (h2.error or "")
-    assert h3.outcome == "skipped" and "not overwriting it" in (h3.error or ""), h3
+    assert (h1.reason, h2.reason) == ("lease-held", "lease-held")
+    assert h3.outcome == "skipped" and h3.reason == "changed-since", h3
     recorded = fleet.ledger.get_run(str(report.run_id)).host("h3")
-    assert "not overwriting it" in (recorded.error or "")
+    assert recorded.reason == "changed-since"
 
 
 CHANGING_OPS = {"lock", "begin", "swap", "restore", "restart", "unlock"}

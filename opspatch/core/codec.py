@@ -1,9 +1,7 @@
-"""An agent reply read as its wire type (a TypedDict of `hosts/agent/protocol.py`, which both
-ends import) through a pydantic `TypeAdapter`, every value checked against its type.
-
-Two rules are told to pydantic here once for every reply: a scalar is read strictly (`"yes"`
-is no bool, `"2"` no int), and a number stays as it was written (an int in a float field stays
-an int). pydantic is imported on the first read, never by importing this module.
+"""An agent reply read as its wire type (a TypedDict of `hosts/agent/protocol.py`, imported by
+both ends) through a pydantic `TypeAdapter`. Scalars are read strictly (`"2"` is no int) and a
+number stays as written (an int in a float field stays an int). pydantic is imported on the
+first read, not with this module.
 """
 
 from __future__ import annotations

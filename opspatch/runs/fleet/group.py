@@ -1,15 +1,5 @@
 """A node group, the one target of a run: one server's hosts, `Nodes(head, others)`; a host by
-itself is a group of one. Restart, ready, prove, undo, prove-or-undo and refuse, written once.
-
-SGLang's multi-node server is one group: a node restarted alone can never rejoin it, and a
-non-head node serves only a dummy `/health` (docs/inventory.md, "Units"). So a group of several
-is restarted as one: the head drained (the only router worker), every node stopped (in
-parallel), then started head first; readiness awaited on the head with its group checked
-(`/server_info`: node rank 0 of `nnodes`), the other nodes looked at every `UNIT_LOOK_SECONDS`
-meanwhile (a node whose engine exited fails the group at once, naming it); the smoke decode sent
-to the head, and each other node records the decode that proved it. A group of one restarts in
-one exec and is awaited alone. A step that fails on a node of a group of several names the node.
-"""
+itself is a group of one. Restart, ready, prove, undo, prove-or-undo and refuse, written once."""
 
 from __future__ import annotations
 
@@ -19,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from opspatch.core.host import Unit
+from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import Outcome, Step, StepStatus
 from opspatch.errors import OpspatchError
 from opspatch.hosts.engine import RestartReply, ServerGroup, SmokeResult, StopReply
@@ -80,8 +71,8 @@ class Nodes:
 class NodeFailed(HostFailed):
     """A step failed on one node of a group of several: the group's proof fails, naming it."""
 
-    def __init__(self, node: str, error: str) -> None:
-        super().__init__(Outcome.FAILED, f"{node}: {error}")
+    def __init__(self, node: str, error: str, reason: Reason = Reason.STEP_FAILED) -> None:
+        super().__init__(Outcome.FAILED, f"{node}: {error}", reason)
         self.node = node
 
 
@@ -96,7 +87,7 @@ def failing_as(nodes: Nodes, session: HostSession) -> Iterator[None]:
     except HostFailed as failure:
         if nodes.alone:
             raise
-        raise NodeFailed(session.name, failure.error) from failure
+        raise NodeFailed(session.name, failure.error, failure.reason) from failure
 
 
 GroupJudge = Callable[[Nodes], object]
@@ -288,6 +279,7 @@ def undo(
     way_back: str | None = None,
     restore_failed: Callable[[str], str] | None = None,
     restart_failed: Callable[[str], str] | None = None,
+    reason: Reason | None = None,
 ) -> list[HostOutcome]:
     """UNDO a change: every node's files put back (`restore`), the group restarted with the
     restore path's deadline and the smoke after it reported, never passed as serving when it
@@ -300,6 +292,7 @@ def undo(
       note; a smoke that failed makes it `restored-not-serving`, the error saying so and
       `way_back`; with `restart=False` (or a live fix reverted in every process), `outcome` is
       reported once the files are back.
+    `reason`: the code of `why` on a `rolled-back` node.
     `needs-attention` when a restore or the restart failed (the state is then not known); a
     restore that failed on one node of several leaves the nodes differing and nothing is
     restarted (`changes`: each node's files as they were before; `restore_failed`,
@@ -329,7 +322,10 @@ def undo(
     undone = outcome == Outcome.ROLLED_BACK
     if not restart:
         if undone:
-            return [s.outcome(outcome, why, file=restored[s.name]) for s in nodes.sessions]
+            return [
+                s.outcome(outcome, why, file=restored[s.name], reason=reason)
+                for s in nodes.sessions
+            ]
         return [s.outcome(outcome, file=restored[s.name], note=why) for s in nodes.sessions]
     try:
         started = restart_after_restore(nodes, steps)
@@ -350,7 +346,9 @@ def undo(
         shown = smoke if session is head else None
         file = restored[session.name]
         if undone:
-            return session.outcome(outcome, why, file=file, smoke=shown, note=not_serving)
+            return session.outcome(
+                outcome, why, file=file, smoke=shown, note=not_serving, reason=reason
+            )
         if not_serving is not None:
             error = f"{not_serving}; {way_back}" if way_back else not_serving
             return session.outcome(
@@ -379,7 +377,7 @@ def prove_or_undo(
     try:
         smoke = prove(nodes, judge=judge)
     except HostFailed as failure:
-        return undo(nodes, failure.error, restore=restore, changes=changes)
+        return undo(nodes, failure.error, restore=restore, changes=changes, reason=failure.reason)
     return [
         s.outcome(
             Outcome.APPLIED,
@@ -412,15 +410,16 @@ def refuse(
     """Every node's outcome when the nodes of `odd` (each with its own outcome: refused,
     unreadable) keep the group from being touched: nothing is changed or restarted on any node,
     since a node restarted alone cannot rejoin and a node changed alone runs other code. Each
-    other node is `skipped`, naming the odd nodes, `why` and what they said (`files`: each
-    node's file as it was found)."""
+    other node is `skipped`, naming the odd nodes, `why` and what they said, with the first odd
+    node's reason code (`files`: each node's file as it was found)."""
     said = "; ".join(f"{name}: {o.error or o.note or o.outcome}" for name, o in odd.items())
     text = (
         f"refused: unit {nodes.name}'s node {', '.join(odd)} {why} ({said}); nothing was "
         "changed or restarted on any node of the unit"
     )
     found = files or {}
+    reason = next((o.reason for o in odd.values() if o.reason is not None), None)
     return [
-        odd.get(s.name) or s.outcome(Outcome.SKIPPED, text, file=found.get(s.name))
+        odd.get(s.name) or s.outcome(Outcome.SKIPPED, text, file=found.get(s.name), reason=reason)
         for s in nodes.sessions
     ]

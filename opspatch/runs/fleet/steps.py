@@ -1,9 +1,4 @@
-"""The steps of one host that every run shares, each a recorded step of a `HostSession`.
-
-`restart_step`, `ready_step` and `smoke_step` turn an engine failure into `HostFailed` (which
-ends a host's pipeline with a reason); `restore_pre_image` puts a pre-image back from the host's
-own backup or the ledger's copy and records it; the host's lock is the session's own (`session.lock`).
-"""
+"""The steps of one host that every run shares, each a recorded step of a `HostSession`."""
 
 from __future__ import annotations
 
@@ -11,6 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, FileAction, Outcome, Step
 from opspatch.errors import InputError, OpspatchError, RemoteOperationError
@@ -207,7 +203,7 @@ class SmokeFailed(HostFailed):
     """A smoke decode that ran and failed a check; carries its result for the report."""
 
     def __init__(self, result: SmokeResult) -> None:
-        super().__init__(Outcome.FAILED, f"smoke failed: {result.summary()}")
+        super().__init__(Outcome.FAILED, f"smoke failed: {result.summary()}", Reason.SMOKE_FAILED)
         self.result = result
 
 
