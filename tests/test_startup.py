@@ -73,7 +73,7 @@ def test_apply_file_imports_neither_ssh_libraries_nor_torch(tmp_path: Path) -> N
     assert "x = 0" in target.read_text(encoding="utf-8")
     loaded = json.loads(done.stderr.rsplit("LOADED ", 1)[1].splitlines()[0])
     assert loaded == [], f"`opspatch apply --file` imported {loaded}"
-    groups = set(json.loads(done.stderr.rsplit("GROUPS ", 1)[1])) & set(app.GROUP_COMMANDS)
+    groups = set(json.loads(done.stderr.rsplit("GROUPS ", 1)[1])) & set(app.GROUPS)
     assert groups == {"changes", "patches"}, f"`apply --file` imported the groups {groups}"
 
 
@@ -81,8 +81,8 @@ def test_apply_file_imports_neither_ssh_libraries_nor_torch(tmp_path: Path) -> N
 def test_a_command_runs_with_its_own_group_only() -> None:
     """The app a command runs with holds the root and that command's group (typer reads every
     command's options it holds before parsing); help and unknown words get every group."""
-    every = set().union(*app.GROUP_COMMANDS.values())
-    for name, words in app.GROUP_COMMANDS.items():
+    every = set().union(*app.GROUPS.values())
+    for name, words in app.GROUPS.items():
         assert app.group_commands(app.group_module(name)) == words, name
         for word in words:
             for args in ([word, "--help"], ["-w", "somewhere", word], ["--ledger=x", word]):

@@ -92,7 +92,7 @@ def _global(
     options.ledger = ledger_file
 
 
-GROUP_COMMANDS: dict[str, frozenset[str]] = {
+GROUPS: dict[str, frozenset[str]] = {
     "patches": frozenset({"check", "plan", "schema"}),
     "changes": frozenset({"apply", "recover", "restart", "rollback", "unlock"}),
     "bake": frozenset({"bake"}),
@@ -115,7 +115,7 @@ ROOT_OPTIONS_WITH_VALUES = ("--workspace", "-w", "--ledger")
 
 
 def group_module(name: str) -> ModuleType:
-    """The module of command group `name` (a key of `GROUP_COMMANDS`), imported on first use."""
+    """The module of command group `name` (a key of `GROUPS`), imported on first use."""
     return importlib.import_module(f"opspatch.cli.{name}")
 
 
@@ -123,7 +123,7 @@ def group_module(name: str) -> ModuleType:
 def full_app() -> typer.Typer:
     """The root with every command group: help, an unknown word, the docs and the tests."""
     every = _root()
-    for name in GROUP_COMMANDS:
+    for name in GROUPS:
         group_module(name).register(every)
     return every
 
@@ -139,7 +139,7 @@ def app_for(args: Sequence[str]) -> typer.Typer:
     builds every command it holds, its options read from their signatures, before parsing any:
     a tenth of a quick command's time), or every group when they name none (help, a typo)."""
     word = command_word(args)
-    chosen = [name for name, words in GROUP_COMMANDS.items() if word in words]
+    chosen = [name for name, words in GROUPS.items() if word in words]
     if not chosen:
         return full_app()
     one = _root()
