@@ -1,31 +1,6 @@
 """`opspatch live enable` / `live disable`: opspatch's live plugin (`opspatch_live`) written into
 the engine's environment, and removed again, as recorded runs of the fleet run (locks, leases,
-the ledger); no engine is restarted, so no host is drained.
-
-Per host, enable:
-
-```
-lock        the host's lock (every later exec of the run is fenced by it)
-inspect     `live_site`: the engine interpreter's site-packages, whether its SGLang has the
-            plugin framework (sglang/srt/plugins/__init__.py), what is installed, SGLANG_PLUGINS
-live-enable the distribution (`livedist`: the entry point, or the `.pth` start without the
-            framework) written there, every file new or already those bytes, else refused
-```
-
-and the host is `staged`: the plugin loads when the engine next restarts. A host where the same
-distribution is already installed is `already-applied` ("already enabled"); one with another
-`opspatch_live` installed is refused (disable first).
-
-Disable removes exactly what the installation's RECORD lists (with the RECORD itself), each file
-only if it still holds the bytes the RECORD names: one file changed refuses the host by name with
-nothing removed (exit 2). The host is `staged-back`: the running engine keeps the plugin loaded
-until it restarts.
-
-What the ledger records (docs/live.md, "What enable records"): the new files have no pre-image,
-so no file version; the host's outcome names the RECORD (`file`: before None on enable, after
-None on disable, the RECORD's sha256 on the other side) and the step's detail the folder, the
-start and the file count. The RECORD is the manifest, as for pip: its sha256 pins every file's.
-"""
+the ledger); no engine is restarted, so no host is drained."""
 
 from __future__ import annotations
 
@@ -257,10 +232,10 @@ def _enable(session: HostSession) -> HostOutcome:
             step=Step.LIVE_ENABLE,
         )
         return (
-            f"wrote {len(result.written)} file(s) of {dist_info} ({site.start} start) into "
-            f"{site.purelib}, {len(result.already)} already there; RECORD sha256 "
+            f"wrote {len(result['written'])} file(s) of {dist_info} ({site.start} start) into "
+            f"{site.purelib}, {len(result['already'])} already there; RECORD sha256 "
             f"{hashlib.sha256(record).hexdigest()}"
-        ), bool(result.written)
+        ), bool(result["written"])
 
     wanted = {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}
     install_them = _FileChange(Step.LIVE_ENABLE, "the install", wanted, True, send)
@@ -310,8 +285,8 @@ def _disable(session: HostSession) -> HostOutcome:
                 step=Step.LIVE_DISABLE,
             )
             return (
-                f"removed {len(result.removed)} file(s) of {found.dist_info} from "
-                f"{site.purelib} ({len(result.absent)} already gone)"
+                f"removed {len(result['removed'])} file(s) of {found.dist_info} from "
+                f"{site.purelib} ({len(result['absent'])} already gone)"
             ), True
 
         removal = _FileChange(Step.LIVE_DISABLE, "the removal", wanted, False, send)
@@ -424,7 +399,7 @@ class StagedPlugin:
                 timeout=session.playbook.timeouts.swap,
                 step=Step.LIVE_DISABLE,
             )
-            note["detail"] = f"removed {len(result.removed)} file(s) of {self.found.dist_info}"
+            note["detail"] = f"removed {len(result['removed'])} file(s) of {self.found.dist_info}"
         return FileChange(self.record, self.inspection.file.sha256, None)
 
 

@@ -1,14 +1,4 @@
-"""A fleet's desired patches against what is there: `plan --fleet`, `sync`, `sync --check`, `drift`.
-
-What is there is `status`'s answer (`runs.commands.status.fleet_status`: the same inspection, the same
-ledger reading); what is desired is the fleet file (`config.fleet`). Between them `decide` looks
-up per host and patch what `sync` does (`SyncAction`, the table `runs.judgments.views.SYNC`)
-and `drift_cause` why a file is not what the ledger and the fleet file expect (`DriftCause`,
-`views.DRIFT`). `sync_fleet` applies through `runs.commands.apply.apply_to_hosts` (the apply
-pipeline and rollout: canary, batches, drain, prove, roll back), one recorded `sync` run per
-patch over the hosts that need it, then reads the fleet again so that what it reports is what is
-there afterwards.
-"""
+"""A fleet's desired patches against what is there: `plan --fleet`, `sync [--check]`, `drift`."""
 
 from __future__ import annotations
 
@@ -20,6 +10,7 @@ from opspatch.config.fleet import DesiredPatch, DesiredState
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.policy import Playbook
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import (
@@ -499,6 +490,18 @@ def _refuse_before_any_run(
             require_approval(ledger, entry.patch, playbook.team, operator=operator_identity())
 
 
+_LEFT_BECAUSE = {
+    SyncAction.APPLY: Reason.NOT_STARTED,  # only when an earlier run stopped the sync
+    SyncAction.RESTART: Reason.NOT_RESTARTED,
+    SyncAction.RECOVER: Reason.NOT_SERVING,
+    SyncAction.NEEDS_PORT: Reason.NOT_APPLICABLE,
+    SyncAction.BY_HAND: Reason.BY_HAND,
+    SyncAction.UNREACHABLE: Reason.HOST_ERROR,
+    SyncAction.EXTRA: Reason.EXTRA,
+}
+"""The code of a host sync left alone, by what sync would do there (every action not at goal)."""
+
+
 def _why_left(row: SyncRow, stopped: RunReport | None) -> str:
     """Why sync did not write to `row`'s host: its action and reason, or, for a host it would
     have applied to, the run that stopped the sync first."""
@@ -539,7 +542,12 @@ def _record_left_alone(
             progress=NoProgress(),
         ) as fleet,
     ):
-        fleet.decide({r.host: HostOutcome(r.host, Outcome.SKIPPED, why) for r, why in left})
+        fleet.decide(
+            {
+                r.host: HostOutcome(r.host, Outcome.SKIPPED, why, reason=_LEFT_BECAUSE[r.action])
+                for r, why in left
+            }
+        )
         outcomes, halted = fleet.execute(per_node(_never_started), batches=(), halt=lambda _: None)
         return run.finish(fleet.report(outcomes, halted=halted))
 
