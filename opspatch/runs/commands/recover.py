@@ -408,7 +408,7 @@ class _RecoverHost:
         new = all(st.standing in ALL_NEW for st in standings.values())
         changes = {n: st.change() if new else st.unchanged() for n, st in standings.items()}
         if new:
-            proof = describe(standings[nodes.head.name].proofs[0])
+            proof = describe(standings[nodes.head.name].proofs[0], nodes.head.host)
             if answers(nodes):
                 note = f"{proof}; the unit serves: left alone"
                 return [
@@ -639,7 +639,7 @@ class _RecoverHost:
             return session.outcome(
                 Outcome.RESTORED, file=standing.unchanged(), note=f"{state}; server {how}"
             )
-        proof = describe(standing.proofs[0])
+        proof = describe(standing.proofs[0], session.host)
         if standing.is_set:
             note = f"every file of the patch set is new (all-new); {proof}; server {how}"
             return session.outcome(Outcome.APPLIED, file=standing.change(), note=note)

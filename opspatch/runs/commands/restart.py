@@ -38,11 +38,11 @@ from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.group import Nodes, failing_as, prove_or_undo, refuse
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import restore_standing
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, target_of
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.fleet.standing import HostStanding, begin, read_host
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing
-from opspatch.runs.judgments.units import unit_refusal
+from opspatch.runs.judgments.units import recover_remedy, unit_refusal
 from opspatch.runs.report import HostOutcome, RunReport
 
 
@@ -195,7 +195,7 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
         why = (
             f"the nodes of unit {nodes.name} differ: {', '.join(new)} carry the change and "
             f"{', '.join(old)} do not; no node was restarted (the unit would run two versions of "
-            f"its code): `{remedy_text(Command.RECOVER, hosts=nodes.name)}` makes it uniform"
+            f"its code): `{recover_remedy(nodes.head.host)}` makes it uniform"
         )
         return [s.outcome(Outcome.NEEDS_ATTENTION, why, file=files[s.name]) for s in nodes.sessions]
     if not any(st.action == Action.PROVE_OR_UNDO for st in staged.values()):
@@ -289,7 +289,7 @@ def _refusal(session: HostSession, standing: HostStanding, run_id: str) -> str:
     if standing.is_set:
         return (
             f"refused: run {run_id}'s patch set is not whole ({standing.found.describe()}); "
-            f"`{remedy_text(Command.RECOVER, hosts=target_of(session.host))}` makes it whole"
+            f"`{recover_remedy(session.host)}` makes it whole"
         )
     version, live = standing.version, standing.live
     return (

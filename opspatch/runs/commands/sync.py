@@ -46,7 +46,7 @@ from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.judgments.approval import require_approval
-from opspatch.runs.judgments.units import unit_refusal
+from opspatch.runs.judgments.units import recover_remedy, target_of, unit_refusal
 from opspatch.runs.judgments.views import DRIFT, SYNC, Coverage, Written
 from opspatch.runs.report import HostOutcome, RunReport
 
@@ -72,11 +72,11 @@ class SyncRow(JsonRecord):
     """Why the file is not what the ledger and the fleet file expect (None: it is)."""
 
 
-def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
-    """What sync does about `status` (one host, one patch; `views.SYNC`): `entry` is the fleet
+def decide(entry: DesiredPatch | None, status: PatchStatus, host: Host) -> SyncRow | None:
+    """What sync does about `status` (`host`, one patch; `views.SYNC`): `entry` is the fleet
     file's entry when the patch is desired there. None: a patch not desired and not there
     (nothing to say); a host that could not be inspected is always a row (`unreachable`),
-    desired or not.
+    desired or not. A command that changes a node of a unit names the unit (`target_of`).
 
     Raises nothing: an unknown release or state is `by-hand`, never a guess."""
     coverage, unreadable = _coverage(entry, status.release)
@@ -85,7 +85,7 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
     if action is None:
         return None
     why = unreadable if coverage == Coverage.UNREADABLE else unserved
-    detail, command = _said(action, status, entry, coverage, why)
+    detail, command = _said(action, status, host, entry, coverage, why)
     return SyncRow(
         status.host,
         status.patch,
@@ -113,21 +113,22 @@ def _coverage(entry: DesiredPatch | None, release: str | None) -> tuple[Coverage
 def _said(
     action: SyncAction,
     status: PatchStatus,
+    host: Host,
     entry: DesiredPatch | None,
     coverage: Coverage,
     why: str,
 ) -> tuple[str, str | None]:
     """A row's detail and command (`why`: why the release cannot be checked against the range,
     or why the host does not serve)."""
-    host, patch, detail = status.host, status.patch, status.detail
-    diagnose = remedy_text(Command.DIAGNOSE, hosts=host)
+    patch, detail, target = status.patch, status.detail, target_of(host)
+    diagnose = remedy_text(Command.DIAGNOSE, hosts=host.name)
     match action:
         case SyncAction.UNREACHABLE:
             return detail, diagnose
         case SyncAction.EXTRA:
             return (
                 "on the host, but the fleet file does not want it there; sync leaves it",
-                remedy_text(Command.ROLLBACK, patch, hosts=host),
+                remedy_text(Command.ROLLBACK, patch, hosts=target),
             )
         case SyncAction.OUTSIDE_RANGE:
             assert entry is not None
@@ -143,7 +144,7 @@ def _said(
             )
         case SyncAction.RECOVER if status.state == PatchState.APPLIED:
             # opspatch's own write: recover finishes it
-            recover = remedy_text(Command.RECOVER, hosts=host)
+            recover = recover_remedy(host)
             return (
                 f"the fix is there, but {why}: `{recover}` starts the server and re-admits it "
                 f"once its smoke decode passes; sync writes nothing there{_in_brackets(detail)}",
@@ -164,15 +165,15 @@ def _said(
             )
         case SyncAction.APPLY:
             return detail or "not on the host; sync applies it", remedy_text(
-                Command.SYNC, hosts=host
+                Command.SYNC, hosts=target
             )
         case SyncAction.RESTART:
-            return detail, remedy_text(Command.RESTART, hosts=host)
+            return detail, remedy_text(Command.RESTART, hosts=target)
         case SyncAction.NEEDS_PORT:
             return (
                 f"the patch no longer fits release {status.release or '(unknown)'}: {detail}; "
                 "port it (alternatives, docs/formats.md); nothing is written there",
-                remedy_text(Command.PLAN, patch, hosts=host),
+                remedy_text(Command.PLAN, patch, hosts=target),
             )
         case SyncAction.BY_HAND:
             return detail, diagnose
@@ -313,7 +314,7 @@ def plan_fleet(
             status = by_key.get((host.name, patch.spec.id))
             if status is None:
                 continue
-            row = decide(wanted.get(patch.spec.id), status)
+            row = decide(wanted.get(patch.spec.id), status, host)
             if row is None:
                 continue
             cause = drift_cause(row, status, _written_before(ledger, status))

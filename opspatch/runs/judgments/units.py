@@ -11,7 +11,8 @@ the head's (the node whose copy the server's API runs on).
 `judge_unit` runs in apply's preflight, after every node is locked and inspected and before the
 first swap (runs/commands/apply.py). `unit_refusal` says, from the selection alone, whether a
 command that changes files or restarts engines must be refused: it takes some but not all nodes
-of a unit (a whole unit is taken as one: `runs/fleet/group.py`).
+of a unit (a whole unit is taken as one: `runs/fleet/group.py`), and `target_of` what a hint
+names to reach a host's group (`recover_remedy`: the one rendering of the recover hint).
 
 Pure: values in, a value out.
 """
@@ -23,7 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from opspatch.core.host import Host, Unit
-from opspatch.core.vocabulary import Word
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command, Word
 from opspatch.errors import UnitRefused
 from opspatch.hosts.results import HostInspection
 
@@ -231,6 +233,18 @@ def serving_heads(
             + "; ".join(f"`{whole(unit)}`" for _, unit in sorted(units.items())),
         )
     return [h for h in hosts if h.unit is None or h.unit.head == h.name]
+
+
+def target_of(host: Host) -> str:
+    """What a command names to reach `host`'s group (`--hosts`): its unit, or the host itself
+    (a node of a unit alone is refused by every command that changes it)."""
+    return host.unit.name if host.unit is not None else host.name
+
+
+def recover_remedy(host: Host) -> str:
+    """`opspatch recover --hosts T` for `host`'s group, T its unit for a node of one: recover
+    takes a unit whole, so a hint naming the node would name a refused command."""
+    return remedy_text(Command.RECOVER, hosts=target_of(host))
 
 
 def nodes_of(unit: Unit) -> str:
