@@ -249,6 +249,44 @@ def test_a_value_read_at_import_is_found_here_and_where_it_was_imported_by_name(
     ]  # TWICE is evaluated again
 
 
+def test_a_value_read_at_import_through_the_module_object_elsewhere_is_found(
+    module_from: Callable[[str, str], ModuleType],
+) -> None:
+    """`import m` (or `import m as alias`) then `m.NAME` at another module's import copies the
+    value as `from m import NAME` does: found the same way, under that module, a read in a
+    function body not. Before, only the module's own import-time reads and `from m import NAME`
+    copies were seen: the fix was taken and said applied while `use`'s default kept the old."""
+    module_from("check_cap", CAPTURING)
+    module_from(
+        "check_cap_attr_user",
+        """
+        import check_cap
+        import check_cap as cap
+
+        DEFAULT = check_cap.LIMIT * 2
+
+
+        def use(limit=cap.LIMIT, doubled=cap.Worker.threshold):
+            return limit
+
+
+        def each_call():
+            return check_cap.LIMIT, cap.Worker.threshold
+        """,
+    )
+    found = check("check_cap", ("LIMIT", "constant"), ("Worker.threshold", "class-attribute"))
+    elsewhere = [
+        (c["name"], c["line"], c["where"])
+        for c in found["captured"]
+        if c["module"] == "check_cap_attr_user"
+    ]
+    assert elsewhere == [
+        ("LIMIT", 5, "the module's top level"),
+        ("LIMIT", 8, "the defaults of use"),
+        ("Worker.threshold", 8, "the defaults of use"),
+    ], found["captured"]
+
+
 def test_import_time_reads_inside_if_blocks_decorators_and_class_lines_count() -> None:
     tree = ast.parse(
         textwrap.dedent(
