@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
@@ -68,7 +69,7 @@ from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing, paths_of
 from opspatch.runs.judgments.proof import describe
-from opspatch.runs.judgments.units import unit_refusal
+from opspatch.runs.judgments.units import recover_remedy, unit_refusal
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 _OVER = (RunStatus.FINISHED, RunStatus.INTERRUPTED, RunStatus.RECOVERED)
@@ -255,8 +256,22 @@ def _recover(
             per_group=recover.group,
             leases=leases,
             taking_over=taking_over,
+            not_started=None if parent_run is None else partial(_never_reached, scope),
         )
         return run.finish(report)
+
+
+def _never_reached(scope: _Scope, session: HostSession, why: str) -> HostOutcome:
+    """A host of the recovered runs that a halt kept this recover from starting: nothing of
+    theirs was reconciled there, and the lock they took there was neither taken over nor
+    given back (the next command would be refused by it without a word why)."""
+    unlock = remedy_text(Command.UNLOCK, hosts=session.name)
+    return session.outcome(
+        Outcome.SKIPPED,
+        f"not started: {why}; nothing of {scope.what} was reconciled here, and its lock, if it "
+        f"took one here, is still held: `{recover_remedy(session.host)}` reconciles the host "
+        f"and takes the lock over, or `{unlock}` removes it",
+    )
 
 
 def _takeover(ledger: Ledger, scope: _Scope) -> Takeover:
