@@ -146,7 +146,10 @@ def _holding(module: Any) -> list[tuple[Any, list[str]]]:
             continue
         paths = []
         for alias, value in tuple(space.items()):
-            held = getattr(value, "__name__", None) if isinstance(value, types.ModuleType) else None
+            # type(), not isinstance(): that reads `__class__`, which some objects warn on
+            held = (
+                vars(value).get("__name__") if issubclass(type(value), types.ModuleType) else None
+            )
             if held == name:
                 paths.append(alias)
             elif isinstance(held, str) and name.startswith(held + "."):
