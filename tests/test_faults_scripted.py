@@ -362,13 +362,15 @@ def test_recover_finishes_an_interrupted_live_apply_on_a_unit_through_its_head_n
         units.ledger.record_file_version(
             dead,
             name,
-            path=str(fake.file),
-            sha256_before=planned.sha256_before,
-            sha256_after=planned.sha256_after,
-            mode=0o644,
-            owner="root:root",
-            pre_image=planned.old_source,
-            post_image=planned.new_source,
+            NewFileVersion(
+                path=str(fake.file),
+                sha256_before=planned.sha256_before,
+                sha256_after=planned.sha256_after,
+                mode=0o644,
+                owner="root:root",
+                pre_image=planned.old_source,
+                post_image=planned.new_source,
+            ),
         )
         units.ledger.record_step(dead, name, "swap", "ok", 0.1)
         units.ledger.record_step(dead, name, "live", "ok", 0.1, "eagle-init-guard: taken")
