@@ -1,8 +1,4 @@
-"""`opspatch apply | rollback | recover`: the commands that change hosts.
-
-Each one parses its options, asks for confirmation (`--yes`, a terminal, or a refusal with exit
-2), calls one function of `opspatch.runs` that returns a `RunReport`, and prints it.
-"""
+"""`opspatch apply | rollback | recover`: the commands that change hosts."""
 
 from __future__ import annotations
 

@@ -1,28 +1,4 @@
-"""The engine on a host: restart it, wait until it is ready, prove it decodes.
-
-Each step is one exec of the host agent (`opspatch.hosts.agent`: `restart`, `wait_ready`,
-`wait_drained`, `smoke`), run ON the host because SGLang servers usually listen on the host's loopback only. The
-controller side here only builds the arguments from the inventory and the playbook and turns
-replies into values:
-
-- restart strategies (and `stop` and `start` alone, for a server of several nodes, stopped on
-  every node before any is started): systemd (`systemctl restart UNIT`, then `is-active`), supervisor
-  (`supervisorctl restart NAME`), container (`podman/docker restart ID` run on the host, outside
-  the container, after the agent inside noted the log's size), command (stop the process tree of the pid in the pid file:
-  TERM, wait, KILL; start the command detached with its log; write the pid file);
-- readiness: poll `/health` every 0.1 s (no backoff: a ready engine is noticed at once) until
-  the playbook's deadline, failing fast when the started process exits, in execs of at most
-  `READY_SLICE_SECONDS` (between two, the caller is told what is awaited and until when);
-- smoke decode: greedy `/generate` per prompt, checked for HTTP 200, completion tokens,
-  `spec_verify_ct` on speculative hosts, expected text, a pre-patch baseline; plus a scan of the
-  server log written since the restart for the playbook's fail patterns.
-
-When a step fails, the engine's own words come with it: an `EngineError` (restart, readiness)
-carries `data["log_tail"]` (its last relevant log lines, bounded) and `data["exception"]` (the
-traceback in its log: type, message, final frame), and its message names that exception and
-where it was raised; a failed smoke says the same in its failures, `exceptions` and `log_tail`,
-and tells a decode that timed out (the server still running) from a crash.
-"""
+"""The engine on a host: restart it, wait until it is ready, prove it decodes."""
 
 from __future__ import annotations
 
@@ -414,18 +390,10 @@ class EngineControl:
         slice_seconds: float | None = None,
     ) -> Readiness:
         """Poll the server's /health on the host until it answers 200, within `timeout` seconds
-        (default: the playbook's `ready`). Without `restart`, the process the engine's pid file
-        names (command strategy) is watched, and none running fails at once. With `group` (a
-        multi-node server's head), ready also needs the head's `/server_info` to say it is
-        node rank 0 of that group, which it answers only once every rank joined; a server of
-        another shape or without `/server_info` (a non-head node) fails (`group-mismatch`).
-
-        The wait is a series of execs of at most `READY_SLICE_SECONDS` each (the last one ends
-        at the deadline and fails there); after each one that ran out, `on_waiting` is told
-        what is awaited and until when. A series, not one exec streaming lines: the agent
-        channel stays one request and one reply line per exec, and a slice costs one exec per
-        30 s of a wait that is slow anyway (40 at most in 20 minutes; none more for an engine
-        ready within 30 s), and each slice is a fenced exec that renews the run's lock.
+        (default: the playbook's `ready`); with `group`, the head's `/server_info` too (the
+        agent's `op_wait_ready` says how). The wait is a series of fenced execs of at most
+        `READY_SLICE_SECONDS` (each renews the run's lock); after each that ran out, `on_waiting`
+        is told what is awaited and until when (why: docs/runs.md, "A long readiness wait").
 
         Raises:
             EngineError: the deadline passed, the started process exited, or (no `restart`) the

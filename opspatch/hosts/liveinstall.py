@@ -1,12 +1,7 @@
 """The live plugin's installation, as the controller asks for it: where the engine's environment
 installs distributions and what is there (`LIVE_SITE`), the distribution's files written there
 (`INSTALL_FILES`) and removed again (`REMOVE_FILES`), each one agent exec
-(`hosts/agent/liveinstall.py`).
-
-What an installation is, is its RECORD: every file the install wrote with its sha256 (the
-manifest pip uninstalls by), written by `live enable` as part of the distribution
-(`livedist.live_distribution`); `InstalledLive.files` reads it back for `live disable`.
-"""
+(`hosts/agent/liveinstall.py`)."""
 
 from __future__ import annotations
 

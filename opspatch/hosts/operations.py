@@ -1,36 +1,4 @@
-"""Host-side operations, controller side: one exec per call, typed results, typed errors.
-
-Each call is ONE request to the host agent: the engine's own interpreter running a tiny bootstrap
-(`<python> -c RESIDENT`, one process per host and user for a run, fed a request per line; or
-`-c BOOTSTRAP` per request: `opspatch.hosts.channel`, `opspatch.hosts.resident`) that reads a
-JSON request on stdin, executes the host agent's source (the modules of `opspatch/hosts/agent`
-its operations need, sent with the request that first needs them, so nothing is installed on
-hosts), runs the request's operations in order and prints one JSON reply line, a reply per
-operation. Running under the engine's interpreter and environment
-is the point: `resolve` then finds the file the server really imports, `facts` reports the
-versions it really runs, and `swap` compiles the new text with the Python that will run it.
-
-`HostOperations` turns replies into frozen dataclasses and refusals into the error tree:
-`PreimageMismatch`, `LockHeld`, `RemoteOperationError` (with its stable `code`), `TargetError`
-for a module that does not resolve, `InputError` for an interpreter that is missing on the host.
-Every call takes its deadline from the caller (`timeout=`, seconds for the whole exec): the
-rollout passes the playbook's `StepTimeouts` (`opspatch.core.policy`), the one timeout table, so
-an operator's `[timeouts]` reach every path. Transport failures arrive as `TransportError` /
-`CommandTimeout` with the host and the operation named as the step.
-
-Round trips: `inspect` (what `plan` needs: facts + resolve + read) is 1 exec; read-then-swap is
-2; `lock` and `unlock` are 1 each. Compositions are one exec too, a batch the agent runs in
-order and stops at the first refusal: `begin` is `lock` then `inspect`; a swap or a smoke that is
-a host's last step is followed by `unlock` in the same exec (`then_unlock`; after a smoke, only
-if it passed).
-
-With `become` in the host's inventory (`opspatch.hosts.become`), the operations that change the
-host run through sudo as the become user, still one exec each (a batch runs as one user); `begin`
-is then two (the lock raised, the inspection as the login user), plus one probe per other user a
-run raises to. The
-first raised exec of a host whose sudo needs a password is sent twice (once to learn that).
-`ran_as` lists the user every exec ran as, as the agent reported it, for the step records.
-"""
+"""Host-side operations, controller side: one exec per call, typed results, typed errors."""
 
 from __future__ import annotations
 

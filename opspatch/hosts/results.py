@@ -1,14 +1,6 @@
 """What host operations return: frozen values built from the host agent's replies, and the
 `Operation` descriptor that names, for each agent operation, its request, its reply and the
-record the reply is read as.
-
-`HostOperations` (`opspatch.hosts.operations`) runs them (`HostOperations.run(OPERATION,
-request)`); runs, status and the CLI read the records. A reply is read through the one codec
-(`core.jsonrecord`), so it is checked field by field at the boundary: `read_reply` turns a reply
-that does not have the record's shape into the `RemoteOperationError` (`agent-bad-reply`) every
-caller of an agent operation already handles. A record's fields are its reply's keys
-(`tests/test_operations.py` checks every descriptor).
-"""
+record the reply is read as."""
 
 from __future__ import annotations
 

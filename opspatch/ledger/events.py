@@ -1,14 +1,4 @@
-"""Reading events back: one run's rows turned into the records of `records.py`.
-
-Every record is built by the one generic codec: a row's body plus its columns make the record's
-JSON document, which `Record.from_json` reads (and checks) field by field. Run statuses are
-derived here, never stored: `finished` (a finish event), `running` / `interrupted` / `unknown`
-(whether the controller process that began the run lives, `liveness.py`), and `recovered` (an
-interrupted run that a later `recover` run, naming it as its `parent_run`, finished; a recover
-that was itself killed recovers nothing).
-
-All functions take the connection explicitly; the caller holds the ledger's lock.
-"""
+"""Reading events back: one run's rows turned into the records of `records.py`."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
 """What the ledger's queries return: frozen dataclasses, serialised by one mechanism
-(`opspatch.core.jsonrecord`).
-
-The field order of each class is the key order of its JSON (`opspatch ledger show --json`,
-`ledger list --json`), so reordering fields changes the CLI's output: don't, add at the end.
-Words use the shared vocabulary (`opspatch.core.vocabulary`): a run's `Command` and
-`RunOutcome`, a step's `Step` and `StepStatus`, a file version's `FileAction`, a host's `Outcome`,
-a run's derived `RunStatus`; on disk and in JSON they are the same words as ever. A host's `file`
-is the run report's `FileChange` (`opspatch.core.filechange`), printed as it is stored.
-"""
+(`opspatch.core.jsonrecord`)."""
 
 from __future__ import annotations
 

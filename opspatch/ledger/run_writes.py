@@ -1,10 +1,5 @@
 """Recording a run: its start, each host's steps, facts, file versions (with their bytes) and
-outcome, its end; and an `approve` run, which is one `sign` step.
-
-`RunWrites` is the part of `Ledger` (`store.py`) that writes the run lifecycle, a mixin over
-`Transactions` (`transactions.py`: why mixins). Each write checks its words and values before
-the transaction (`records.py`), then appends one event chained to the last, inside `_write`.
-"""
+outcome, its end; and an `approve` run, which is one `sign` step."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""What a run reports: every host's outcome with its steps, and the run's exit code.
-
-These values are the contract between the runs and everything that shows them: the CLI prints
-them as a table or as the JSON documented in docs/cli.md (`RunReport.to_json`), and the ledger
-records each host's outcome. A run raises only for bad input before anything changed; a host
-that fails is an outcome in the report, never an exception: partial failure is normal.
-"""
+"""What a run reports: every host's outcome with its steps, and the run's exit code."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
 """The agent's contract with the controller: operations are registered by name, take the
 request's `args` (a JSON object) and return a JSON object; an expected refusal is an `OpFailure`
-with a stable, machine-readable `code`.
-
-Adding an operation: in the module of its concern, write `def op_name(args: NameRequest) ->
-NameReply` (its two TypedDicts below, which the controller reads too, so mypy checks both ends
-against one shape), decorate it with `@operation("name")`, raise `OpFailure(code, message, data)`
-for expected refusals, and list that module in `opspatch.hosts.agent.MODULES` (the controller
-finds which module defines an operation from its decorator and sends an exec that module and what
-it imports). The controller's side is one `Operation` descriptor (`opspatch.hosts.results`)
-naming the two TypedDicts, the result record and this function. That is the whole pattern.
-"""
+with a stable, machine-readable `code`."""
 
 from __future__ import annotations
 

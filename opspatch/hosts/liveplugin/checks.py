@@ -1,29 +1,5 @@
 """What one process says before a live fix is taken (`check`): whether the fix would be in effect
-here, read from the running objects and the module's source; nothing is changed.
-
-Asked in the preflight of `apply --live`, on every process's socket (a scheduler answers on its
-socket's thread, no boundary needed). Per fix of the request:
-- `loaded`: the module is imported here (a process without it has nothing to take);
-- `held`: definitions another live fix holds here (a take would refuse `already-held`);
-- `captured`: import-time reads of a changed constant or class attribute, in the module's source,
-  in each module holding its old object by `from m import NAME`, and in each holding the module
-  itself (`import m`, `import m as alias`, `import pkg.m`, `from pkg import m`) that reads
-  `m.NAME` (`importtime`): a default argument, a decorator, a class body, another constant keep
-  the old object;
-- `objects`: for each construction method the request names (an `__init__` whose change reaches
-  only objects built later), how many objects of its class are alive here: the garbage
-  collector's tracked objects, and, when the collector is frozen (SGLang freezes it once
-  started: `gc.freeze()` hides every object built until then from `gc.get_objects()`), the
-  objects reachable from the running threads' frames within `REACH_DEPTH` references (the
-  loop's `self`, its workers);
-  those keep the state their old `__init__` gave them. `complete` is false when the search
-  stopped at `REACH_LIMIT` objects;
-- `frames`: each changed function or method whose running code is on another thread's stack and
-  still there, in the same frame, after two scheduling boundaries (a scheduler), or after
-  `FRAME_WAIT_S` (a process without boundaries): a frame that does not return (an event loop),
-  which keeps the old code whatever is swapped. Only a function seen on a stack at the first look
-  is waited for, so a check that finds none answers at once.
-"""
+here, read from the running objects and the module's source; nothing is changed."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""Apply across a fleet: preflight every selected host, refuse or roll out under the playbook.
-
-Every host's result is a `HostOutcome` value; `apply_to_hosts` collects them all into a
-`RunReport`, whose exit code the CLI uses. Before any host is changed, a preflight inspects every
-selected host and plans the patch there: a host where the patch does not fit (version gate,
-anchors, module not resolving) or that cannot be reached safely (host key, sudo) refuses the whole
-run with exit 2, so a rollout never starts on a fleet it cannot finish. The per-host template is
-`runs.fleet.pipeline.ApplyPipeline`.
-"""
+"""Apply across a fleet: preflight every selected host, refuse or roll out under the playbook."""
 
 from __future__ import annotations
 

@@ -1,31 +1,6 @@
 """`opspatch live enable` / `live disable`: opspatch's live plugin (`opspatch_live`) written into
 the engine's environment, and removed again, as recorded runs of the fleet run (locks, leases,
-the ledger); no engine is restarted, so no host is drained.
-
-Per host, enable:
-
-```
-lock        the host's lock (every later exec of the run is fenced by it)
-inspect     `live_site`: the engine interpreter's site-packages, whether its SGLang has the
-            plugin framework (sglang/srt/plugins/__init__.py), what is installed, SGLANG_PLUGINS
-live-enable the distribution (`livedist`: the entry point, or the `.pth` start without the
-            framework) written there, every file new or already those bytes, else refused
-```
-
-and the host is `staged`: the plugin loads when the engine next restarts. A host where the same
-distribution is already installed is `already-applied` ("already enabled"); one with another
-`opspatch_live` installed is refused (disable first).
-
-Disable removes exactly what the installation's RECORD lists (with the RECORD itself), each file
-only if it still holds the bytes the RECORD names: one file changed refuses the host by name with
-nothing removed (exit 2). The host is `staged-back`: the running engine keeps the plugin loaded
-until it restarts.
-
-What the ledger records (docs/live.md, "What enable records"): the new files have no pre-image,
-so no file version; the host's outcome names the RECORD (`file`: before None on enable, after
-None on disable, the RECORD's sha256 on the other side) and the step's detail the folder, the
-start and the file count. The RECORD is the manifest, as for pip: its sha256 pins every file's.
-"""
+the ledger); no engine is restarted, so no host is drained."""
 
 from __future__ import annotations
 

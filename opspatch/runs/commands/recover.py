@@ -1,33 +1,4 @@
-"""`recover`: bring hosts that a run left behind to a known state.
-
-A run's controller can die at any step (killed, the laptop closed, the SSH connection lost), and
-so can the `recover` meant to finish it. Recover therefore works from two things only: what the
-ledger holds for each host (every file version any run recorded there) and what is on the host's
-disk now. It never trusts a run's own account of where it got to.
-
-- `recover_run(chain)`: the interrupted run and every run it descends from through `parent_run`
-  (a recover of a recover recovers the original run too). Hosts: every host of the chain. Locks
-  held by a run of the chain that is over (interrupted: its controller is seen dead) are taken
-  over at once; the lock of a run begun elsewhere whose lease expired once it is idle, no exec
-  of that run still running on the host (its controller re-asserts the lock with every exec
-  while it lives, busy to that exec's deadline: `hosts.channel`).
-- `recover_hosts(hosts)`: the hosts named, whatever run touched them last (for a lock left by a
-  finished run after a lost connection, or a run that is not in this ledger). Locks are taken
-  over only from runs this ledger knows to be over. A bare `recover` with no interrupted run
-  reaches the hosts recent runs left `needs-attention` (`hosts_left_needing_attention`).
-
-Per node, the decision table (`runs.judgments.decisions`, goal: the ledger's last intent) over
-its standing (`runs.fleet.standing.read_host`, a single file a set of one), then one action for
-the group (a unit's nodes, a host by itself a group of one): every file new and proven, its
-server started after the write: `applied`, left alone (a second recover restarts nothing);
-proven but not serving: started again; new and not proven: restart, ready, smoke -> `applied`,
-or restore -> `rolled-back` (an interrupted `apply --live` finished live instead, never by a
-restart the operator did not ask for); every file old or nothing recorded: made sure it serves,
-`restored`; files or nodes that differ (a run stopped between two swaps): every new file put
-back, restarted and smoked, `restored`, all-old; a file someone else changed: `needs-attention`
-on every node, nothing written. The patch is never applied twice: recover only finishes or
-undoes what a run wrote.
-"""
+"""`recover`: bring hosts that a run left behind to a known state."""
 
 from __future__ import annotations
 

@@ -1,25 +1,4 @@
-"""`opspatch restart`: complete a staged patch (`apply --restart never`) host by host.
-
-A staged host carries the patched file but its server still runs the old code. Restarting it is
-the risky half of an apply, so it runs under the same playbook policy (canary, batches, halting)
-and the same proof: restart, wait until ready, smoke decode; a host that fails is rolled back to
-the pre-image the ledger recorded for the staged change, restarted and reported `rolled-back`.
-A host where nothing is staged (its file is at the pre-image, or the ledger holds no change) is
-left alone; a file that changed since opspatch wrote it is refused, never restarted into.
-
-Per host it is the decision table (`runs.judgments.decisions`, goal: proven where staged) over
-the host's standing (`runs.fleet.standing.read_host`: the newest write's file, or every file of
-its patch set, a single file being a set of one).
-
-A group (a unit's nodes, a host by itself a group of one) is restarted as one, never a node
-alone (`_restart`): every node read first, then one decision for the group. Every node's file
-new and some node's server older than it (staged): the group restarted as one and proven
-through the head, undone on every node when the proof fails. Nothing staged on any node: every node left alone. A node
-restart refuses (its file changed, a set not whole) or that could not be read: no node is
-restarted. Nodes that differ (new on one, old on another): no node is restarted, every node
-`needs-attention` naming the odd nodes, since the unit would run two versions of its code;
-`recover` makes it uniform.
-"""
+"""`opspatch restart`: complete a staged patch (`apply --restart never`) host by host."""
 
 from __future__ import annotations
 

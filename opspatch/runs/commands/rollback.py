@@ -1,33 +1,5 @@
 """`opspatch rollback`: undo a patch (or a run) from the ledger. The restore run it goes through
-and the restores it shares with `recover` are `runs.fleet.restore`'s.
-
-Per host it is the decision table (`runs.judgments.decisions`, goal: all old) over the host's
-standing (`runs.fleet.standing.read_host`, a single file a set of one); a unit is rolled back as
-one group. A rollback restores only what opspatch itself wrote: a host's file is restored to the
-pre-image the ledger holds when the live file still hashes to the post-image it recorded; anything else
-is refused for that host with the reason, because overwriting a file someone else changed since
-(a reinstalled sglang, a hand edit) would lose their change.
-
-A rollback restores, restarts, waits until ready and runs the smoke decode. A host whose file is
-back byte-identically and whose server is ready and decodes is `restored` (exit 0); when the
-smoke fails it is `restored-not-serving` (exit 1), with the smoke's failures and the way back:
-the original code may be exactly what was broken (the incident's first decode crashes the
-unpatched engine, so the rollback's decode leaves it down). The decode is sent all the same
-(docs/architecture.md, "Proving a restore"): it is the only proof of what the host serves, and a
-server that would crash on the first request is better found down by the rollback than by the
-first user. So a rollback runs under the playbook as an apply does (canary first, then its
-batches, `max_failures`; `restored-not-serving` counts as failed): under the default playbook a
-host whose restored file is not served halts the run, as a failed canary halts an apply, since
-rolling more hosts back the same way would take their servers down too; an operator's playbook
-that allows more is honoured. A rollback's preflight reads every host first, so that a host it
-refuses (its file changed since) is reported with its reason whatever halts the run.
-Told not to restart (`--restart never`, for a host whose inventory sets no engine restart), a
-rollback restores the files only (in the playbook's batches; no server is restarted), and each
-host is `staged-back` (exit 0) once its files are back.
-
-It runs through the fleet executor (`runs.fleet.executor`): hosts in parallel up to the
-playbook's `max_in_flight`, in the playbook's batches.
-"""
+and the restores it shares with `recover` are `runs.fleet.restore`'s."""
 
 from __future__ import annotations
 

@@ -1,16 +1,4 @@
-"""What is applied where: each host's live file checked against the ledger and the patch.
-
-Per host and patch: `applied` (the file is the bytes opspatch wrote, or carries the patch
-structurally), `staged` (so, but the running server started before the file changed: it still
-runs the old code), `not-applied`, `drifted` (the file changed since opspatch wrote it, e.g. sglang was
-reinstalled: no post-image the ledger recorded leads to what is there; a patch that later recorded
-patches were stacked on is not drifted, its detail names them), `not-applicable` (the module does not
-resolve on the host, or its version is outside the patch's range), `fixed-upstream` (the patch is
-not there, and not needed: the file is its release's pristine file, as pip's RECORD says, and it
-already passes the patch's proof of the fix, `analysis/upstream.py`), or `unreachable`; and whether
-the host's server is running (a file that is right on disk serves nothing while it is down). One
-exec per host and target module; nothing is locked or changed.
-"""
+"""What is applied where: each host's live file checked against the ledger and the patch."""
 
 from __future__ import annotations
 

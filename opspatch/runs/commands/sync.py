@@ -1,14 +1,4 @@
-"""A fleet's desired patches against what is there: `plan --fleet`, `sync`, `sync --check`, `drift`.
-
-What is there is `status`'s answer (`runs.commands.status.fleet_status`: the same inspection, the same
-ledger reading); what is desired is the fleet file (`config.fleet`). Between them `decide` looks
-up per host and patch what `sync` does (`SyncAction`, the table `runs.judgments.views.SYNC`)
-and `drift_cause` why a file is not what the ledger and the fleet file expect (`DriftCause`,
-`views.DRIFT`). `sync_fleet` applies through `runs.commands.apply.apply_to_hosts` (the apply
-pipeline and rollout: canary, batches, drain, prove, roll back), one recorded `sync` run per
-patch over the hosts that need it, then reads the fleet again so that what it reports is what is
-there afterwards.
-"""
+"""A fleet's desired patches against what is there: `plan --fleet`, `sync [--check]`, `drift`."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""`opspatch unlock`: remove a host lock whose run is over, recorded in the ledger.
-
-A lock whose run this ledger knows to be running is refused; so are one whose run holds a live
-lease (its controller heart-beats, wherever it is) and one whose run this ledger does not know
-(another controller's, which may be alive), unless forced.
-"""
+"""`opspatch unlock`: remove a host lock whose run is over, recorded in the ledger."""
 
 from __future__ import annotations
 

@@ -1,29 +1,4 @@
-"""One fleet run, written once: the sessions, the preflight, the executor, the records, Ctrl-C.
-
-Every command that changes hosts (apply, restart, rollback, recover, unlock) is a strategy of
-this run: it says what to check on every host first (apply: begin + plan) and what to do to one
-node group (`per_group`: a unit's nodes as one, a host by itself a group of one); `FleetRun` opens one `HostSession` per host (one connection each, closed at
-the end), runs the work under the batches and halt policy it is given, records every outcome as
-soon as it is decided, reports the hosts it never started (their locks given back), and turns
-the operator's Ctrl-C into a decision that the report states:
-
-- the first Ctrl-C stops starting hosts; hosts in flight finish their pipeline (each ends
-  applied or restored). During the preflight nothing has been changed anywhere: every lock taken
-  is given back and the run is refused (exit 2).
-- a second Ctrl-C stops waiting: `RunInterrupted` names the run and the hosts left in flight,
-  and `opspatch recover --run R` finishes or undoes them.
-
-A command whose actions change hosts' files or engines (their traits: `decisions.traits_of`)
-holds its hosts' leases while it does: `lease()` takes them, reading each host's identity first
-where the command did not, and `execute` refuses to start such a run without them, so no command
-can forget.
-
-A run may have a second run of the same engine over some of its hosts (`follow_up`: an apply's
-on-halt rollback): the same sessions, recorder and leases, its own batches and its own Ctrl-C,
-and a check that each host's lease is still this run's before it starts any (`keep_leases`).
-A command that only asks (`smoke`) visits its hosts through `visit`: the sessions and the
-executor's Ctrl-C, no lock, no lease, nothing recorded.
-"""
+"""One fleet run, written once: the sessions, the preflight, the executor, the records, Ctrl-C."""
 
 from __future__ import annotations
 

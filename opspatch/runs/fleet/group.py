@@ -1,15 +1,5 @@
 """A node group, the one target of a run: one server's hosts, `Nodes(head, others)`; a host by
-itself is a group of one. Restart, ready, prove, undo, prove-or-undo and refuse, written once.
-
-SGLang's multi-node server is one group: a node restarted alone can never rejoin it, and a
-non-head node serves only a dummy `/health` (docs/inventory.md, "Units"). So a group of several
-is restarted as one: the head drained (the only router worker), every node stopped (in
-parallel), then started head first; readiness awaited on the head with its group checked
-(`/server_info`: node rank 0 of `nnodes`), the other nodes looked at every `UNIT_LOOK_SECONDS`
-meanwhile (a node whose engine exited fails the group at once, naming it); the smoke decode sent
-to the head, and each other node records the decode that proved it. A group of one restarts in
-one exec and is awaited alone. A step that fails on a node of a group of several names the node.
-"""
+itself is a group of one. Restart, ready, prove, undo, prove-or-undo and refuse, written once."""
 
 from __future__ import annotations
 

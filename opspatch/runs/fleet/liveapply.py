@@ -1,30 +1,6 @@
 """`apply --live`: what `ApplyPipeline.apply` runs in place of PROVE once a group's files are
 swapped (so the next restart keeps the fix): the fix taken into the running engine's processes,
-then proven by the smoke decode through the head, with no restart and so no drain.
-
-```
-preflight  per host: each pending file's live form (pure: its pre- and post-image), else the
-           run is refused (exit 2); then the engine's `check` of each take (one exec, every
-           process answers; `judgments/live.judge_check`): not every process answers, or a take
-           that would not be in effect (the module never imported, a definition another fix
-           holds, a value read at import, objects built by a changed `__init__`, a changed
-           function in a frame that never returns) -> refused (exit 2), the reason named
-swap       as every apply (backup, swap), on every node
-LIVE       the head's forms -> `take` to every process; in a group of several through the
-           head's entry rank (its broadcast reaches every TP rank of every node, each taking its
-           own node's copy: `LiveFix.paths`), then each other node's own processes, then
-           `live-readback` on every node; each answer judged (`judgments/live`)
-smoke      the decode through the head, as its last step (it gives the lock back)
-on a refusal or a failure: LIVE_REVERT everywhere (read back on every node of several), the
-           files restored: `rolled-back` (a revert that did not answer everywhere: the group
-           restarted after the restore, which clears every process's memory)
-```
-
-A file whose live form is refused (changed free variables, a restart-only module), or whose take
-would not be in effect, refuses the whole run before any change: an operator who asked for
---live must not get a restart by surprise, nor an "applied" the server does not run; apply
-without --live applies it with a restart.
-"""
+then proven by the smoke decode through the head, with no restart and so no drain."""
 
 from __future__ import annotations
 

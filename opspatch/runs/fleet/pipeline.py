@@ -1,18 +1,6 @@
 """The pipeline of an apply, written once: preflight (begin + plan, per host) and the change
 over a node group (a host by itself a group of one), the template every apply (fleet, unit,
-staged, live, local file) runs through; `runs.commands.apply` drives it across a fleet.
-
-```
-per host: begin (lock + facts + resolve + read, one exec) -> plan (pure)
-per group: [baseline decode, head] -> per node, head first: backup (the pre-image into the
-  ledger) -> swap (check pre-image, compile with the host's Python, backup copy, atomic rename,
-  bytecode purge); a swap refused on a node: the nodes swapped before it put back (no restart)
-  -> restart (the group as one) -> ready (head) -> smoke (head; recorded on every node)
-on a failure after the swap: restore every node -> restart -> ready -> smoke (a failed one is a
-  failed step, the note says the server does not serve the restored file): `rolled-back`;
-  a restore or its restart failed: `needs-attention` (halts)
-```
-"""
+staged, live, local file) runs through; `runs.commands.apply` drives it across a fleet."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Putting hosts back, the part the restore runs share (`rollback`, `recover`, `unlock`): the
 restore of a recorded change or of a whole patch set, making sure a server answers, and the
 fleet run they go through, halted by a host that needs attention or whose restored file its
-server does not serve (`run_restore`).
-
-Both restore only what opspatch itself wrote: a host's file is restored to the pre-image the
-ledger holds when the live file still hashes to the post-image opspatch recorded.
-"""
+server does not serve (`run_restore`)."""
 
 from __future__ import annotations
 

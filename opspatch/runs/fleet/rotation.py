@@ -1,21 +1,5 @@
 """Drain and admit: a host behind a router leaves rotation before its engine restarts and comes
-back only once its server is proven (docs/architecture.md, "Drain and admit").
-
-`Rotation.open` looks at every router in front of a run's hosts before anything changes (once
-the run holds its hosts' leases: a host another live run holds is refused by its holder first):
-each must answer its admin call, know every worker URL, and have room under the playbook's
-`max_unavailable` with at least one healthy worker left (unless `fleet_down`); otherwise the run
-is refused (exit 2). A worker the router does not list is let through where opspatch itself took
-it out: the ledger's newest drain of that URL has no admit after it (`taken_out_by`), or the run
-is a recover; it is already out, so the run drains nothing there and admits it after its proof.
-One the ledger never saw drained is a wrong `router.worker_url`. During the run, each host's
-`HostRotation` holds one of its router's permits from its drain until its admit, so no more
-workers than allowed are ever out at once.
-
-The steps (`drain_step`, `admit_step`) are called from `runs/fleet/steps.py` and `group.py`
-only: the drain before every engine restart, the admit after a last smoke that passed. A host whose proof failed stays
-out of rotation, and its outcome says so (`Rotation.OUT_OF_ROTATION`).
-"""
+back only once its server is proven (docs/runs.md, "Drain and admit")."""
 
 from __future__ import annotations
 
@@ -376,7 +360,7 @@ def drain_step(session: HostSession) -> None:
             for worker in removed:
                 client.remove(worker.id)
             _wait_unlisted(client, rotation.worker_url, timeouts.admit)
-            # on the host, at the engine URL its readiness and smoke use (docs/architecture.md)
+            # on the host, at the engine URL its readiness and smoke use (docs/runs.md)
             idle = session.engine.wait_drained(
                 settle=DRAIN_SETTLE_SECONDS, poll=DRAIN_POLL_SECONDS
             ).describe()

@@ -1,11 +1,4 @@
-"""One host within one run: its transport, operations and engine control, and the step recorder.
-
-Everything a run does on a host goes through a `HostSession`: one transport opened on first use
-and reused for every step (one SSH connection per host per run), closed when the session ends
-(it is a context manager). `session.step(name)` wraps each step: live progress, a `started` and
-an `ok`/`failed` record with timing (through the run's `Recorder`: the ledger, or nowhere in a
-dry run), and the `StepResult` the report shows.
-"""
+"""One host within one run: its transport, operations and engine control, and the step recorder."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The steps of one host that every run shares, each a recorded step of a `HostSession`.
-
-`restart_step`, `ready_step` and `smoke_step` turn an engine failure into `HostFailed` (which
-ends a host's pipeline with a reason); `restore_pre_image` puts a pre-image back from the host's
-own backup or the ledger's copy and records it; the host's lock is the session's own (`session.lock`).
-"""
+"""The steps of one host that every run shares, each a recorded step of a `HostSession`."""
 
 from __future__ import annotations
 

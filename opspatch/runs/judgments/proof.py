@@ -1,11 +1,5 @@
 """Whether bytes a run wrote on a host were proven, from the ledger's facts alone, and the one
-sentence that says so.
-
-`status` and `recover` both need it and used to derive it twice (status from the host outcomes
-since the write, recover from the writing run's smoke step), so after a double Ctrl-C one said
-"never proven" and the other "smoke-tested before the interruption". Both now read
-`change_proof` and say `describe`.
-"""
+sentence that says so."""
 
 from __future__ import annotations
 

@@ -1,21 +1,5 @@
 """Whether a unit (one multi-node server) is uniform: every node on the same release, holding the
-same pre-image of every target file.
-
-A unit's nodes run one server, so a patch must find them identical before it touches any: a
-node on another release, or whose copy of a target file differs, would leave the server running
-two versions of its code (docs/inventory.md "Units"). This reads the nodes' inspections, already
-made, and says `Uniform`, or `NotUniform` with each odd node and what differs (the value it has
-and the value the others have). Which value is the reference: the one most nodes have; on a tie
-the head's (the node whose copy the server's API runs on).
-
-`judge_unit` runs in apply's preflight, after every node is locked and inspected and before the
-first swap (runs/commands/apply.py). `unit_refusal` says, from the selection alone, whether a
-command that changes files or restarts engines must be refused: it takes some but not all nodes
-of a unit (a whole unit is taken as one: `runs/fleet/group.py`), and `target_of` what a hint
-names to reach a host's group (`recover_remedy`: the one rendering of the recover hint).
-
-Pure: values in, a value out.
-"""
+same pre-image of every target file."""
 
 from __future__ import annotations
 
