@@ -767,3 +767,33 @@ def test_sync_names_the_unit_in_a_unit_nodes_commands(units: Units) -> None:
     for row in rows.values():
         assert row.command == "opspatch recover --hosts u1", row
         assert "`opspatch recover --hosts u1`" in row.detail, row.detail
+
+
+def test_a_sync_stopped_before_a_units_patch_names_the_sync_of_the_unit(
+    units: Units, tmp_path: Path
+) -> None:
+    """The first desired patch fails on h3 and stops the sync: the unit's nodes, left with the
+    second patch unapplied, each name the sync over the unit. Before, `sync --hosts NODE`,
+    which is refused."""
+    from opspatch.runs.commands.sync import sync_fleet
+    from tests.test_runs_scripted import mark_patch
+
+    mark = mark_patch(tmp_path)
+    hosts = units.hosts("h3", "h1", "h2")
+    by_name = {h.name: h for h in hosts}
+    first = DesiredPatch(units.patch, ("h3",), "", Location("fleet.toml", 1, "patches[0]"))
+    second = DesiredPatch(mark, ("h1", "h2"), "", Location("fleet.toml", 4, "patches[1]"))
+    units.fakes["h3"].smoke_ok = False
+    report = sync_fleet(
+        DesiredState("fleet.toml", (first, second), by_name),
+        hosts,
+        [],
+        ALWAYS,
+        factory=units.factory,
+        ledger=units.ledger,
+    )
+    (left,) = report.left_alone
+    assert {h.host for h in left.hosts} == {"h1", "h2"}, left
+    for host in left.hosts:
+        assert (host.error or "").startswith("not applied: sync stopped after run"), host
+        assert "`opspatch sync --hosts u1`" in (host.error or ""), host.error

@@ -433,7 +433,7 @@ def sync_fleet(
         # after a run that did not reach its goal, the hosts to apply are left alone too, and
         # recorded so: a later patch's hosts never go unapplied without the ledger saying why
         left = [
-            (r, _why_left(r, stopped))
+            (r, _why_left(r, by_name[r.host], stopped))
             for r in rows
             if not r.action.at_goal and (r.action != SyncAction.APPLY or stopped is not None)
         ]
@@ -490,14 +490,14 @@ def _refuse_before_any_run(
             require_approval(ledger, entry.patch, playbook.team, operator=operator_identity())
 
 
-def _why_left(row: SyncRow, stopped: RunReport | None) -> str:
+def _why_left(row: SyncRow, host: Host, stopped: RunReport | None) -> str:
     """Why sync did not write to `row`'s host: its action and reason, or, for a host it would
-    have applied to, the run that stopped the sync first."""
+    have applied to, the run that stopped the sync first (the sync named over its group)."""
     if row.action == SyncAction.APPLY and stopped is not None:
         return (
             f"not applied: sync stopped after run {stopped.run_id} ({stopped.patch}) did not "
             f"reach its goal (exit {stopped.exit_code}); "
-            f"`{remedy_text(Command.SYNC, hosts=row.host)}` "
+            f"`{remedy_text(Command.SYNC, hosts=target_of(host))}` "
             "once that is settled"
         )
     return f"{row.action}: {row.detail}"
