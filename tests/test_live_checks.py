@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import gc
+import sys
 import textwrap
 import threading
 import time
@@ -285,6 +286,21 @@ def test_a_value_read_at_import_through_the_module_object_elsewhere_is_found(
         ("LIMIT", 8, "the defaults of use"),
         ("Worker.threshold", 8, "the defaults of use"),
     ], found["captured"]
+
+
+def test_a_module_held_through_its_package_is_reached_by_its_dotted_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`import pkg.m` binds `pkg`: the module is read there as `pkg.m.NAME`; `from pkg import
+    m` binds the module itself, read as `m.NAME`."""
+    package, module = ModuleType("check_pkgx"), ModuleType("check_pkgx.sub")
+    plain, aliased = ModuleType("check_plain_user"), ModuleType("check_from_user")
+    plain.check_pkgx = package  # type: ignore[attr-defined]
+    aliased.sub = module  # type: ignore[attr-defined]
+    for each in (package, module, plain, aliased):
+        monkeypatch.setitem(sys.modules, each.__name__, each)
+    found = {other.__name__: paths for other, paths in checks._holding(module)}
+    assert found == {"check_plain_user": ["check_pkgx.sub"], "check_from_user": ["sub"]}
 
 
 def test_import_time_reads_inside_if_blocks_decorators_and_class_lines_count() -> None:
