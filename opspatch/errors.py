@@ -137,12 +137,21 @@ class SelectionError(InputError):
 
 
 class HostKeyError(InputError):
-    """An SSH host key is unknown or changed; nothing was run on the host."""
+    """An SSH host key is unknown or `changed`; nothing was run on the host."""
 
-    def __init__(self, message: str, *, host: str, fingerprint: str, hint: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        host: str,
+        fingerprint: str,
+        changed: bool = False,
+        hint: str | None = None,
+    ):
         super().__init__(message, hint=hint)
         self.host = host
         self.fingerprint = fingerprint
+        self.changed = changed
 
 
 class BecomeError(InputError):

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -22,14 +20,9 @@ from opspatch.errors import PreimageMismatch
 from opspatch.hosts.agent import MODULES
 from opspatch.hosts.operations import AGENT_PACKAGE, HostOperations, agent_modules
 from opspatch.hosts.transport.local import LocalTransport
+from tests.enginekit import host_on, python_38
 
 pytestmark = pytest.mark.process
-
-PYTHON_38_CANDIDATES = (
-    "/root/.pyenv/versions/3.8.18/bin/python3.8",
-    os.path.expanduser("~/.pyenv/versions/3.8.18/bin/python3.8"),
-    shutil.which("python3.8"),
-)
 
 
 def sha(data: bytes) -> str:
@@ -71,16 +64,6 @@ def test_every_module_travels_in_dependency_order_and_parses_as_python_38() -> N
 def test_each_module_holds_one_concern_of_a_readable_size() -> None:
     for name, source in agent_modules():
         assert len(source.splitlines()) < 600, name
-
-
-def python_38() -> str | None:
-    """A real Python 3.8 (a pyenv shim is not one: it needs its own configuration)."""
-    found = (p for p in PYTHON_38_CANDIDATES if p and "/shims/" not in p)
-    return next((p for p in found if os.access(p, os.X_OK)), None)
-
-
-def host_on(python: str, state_dir: Path) -> Host:
-    return Host.local("py38", str(state_dir), EngineSettings(python=python), inventory="test")
 
 
 def agent_python(folder: Path) -> str:

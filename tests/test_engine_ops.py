@@ -19,13 +19,11 @@ from opspatch.config.inventory import parse_inventory
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.host import Host
-from opspatch.core.policy import Playbook, SmokePrompt, SmokeSettings, StepTimeouts
+from opspatch.core.policy import SmokePrompt, SmokeSettings, StepTimeouts
 from opspatch.errors import EngineError
-from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.hosts.engine import EngineControl
-from opspatch.hosts.operations import HostOperations
-from opspatch.hosts.transport.local import LocalTransport
 from opspatch.sandbox.install import make_host_python
+from tests.enginekit import _stop, command_host, control
 from tests.fleetkit import alive, wait_until
 from tests.standin import free_port
 
@@ -47,44 +45,6 @@ def host_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert isinstance(outcome, Applied)
     target.write_bytes(outcome.new_source)
     return python
-
-
-def command_host(python: Path, work: Path, *, extra: str = "", algorithm: str = "EAGLE3") -> Host:
-    port = free_port()
-    start = f"{python} -m sglang.launch_server --port {port} --speculative-algorithm {algorithm} {extra}"
-    text = textwrap.dedent(
-        f"""
-        [defaults]
-        transport = "local"
-        state_dir = "{work}/state"
-        [defaults.engine]
-        python = "{python}"
-        url = "http://127.0.0.1:{port}"
-        log_file = "{work}/server.log"
-        speculative = {"true" if algorithm != "NONE" else "false"}
-        env = {{ CUDA_VISIBLE_DEVICES = "" }}
-        restart = {{ kind = "command", start = "{start}", pid_file = "{work}/server.pid", workdir = "{work}", stop_timeout = 5 }}
-        [hosts.h1]
-        address = "127.0.0.1"
-        """
-    )
-    return parse_inventory(text, str(work / "inv.toml"), name="test").hosts[0]
-
-
-def control(host: Host, **playbook: object) -> EngineControl:
-    return EngineControl(
-        HostOperations(LocalTransport(host.name), host), host, Playbook(**playbook)
-    )  # type: ignore[arg-type]
-
-
-def _stop(host: Host) -> None:
-    """End the engine's whole process tree (the pid file names the shell that started it)."""
-    restart = host.engine.restart
-    pid_file = Path(getattr(restart, "pid_file", ""))
-    if pid_file.exists():
-        pid = int(pid_file.read_text())
-        if alive(pid):
-            stop_process_tree(pid, timeout=5)
 
 
 @pytest.fixture()

@@ -1,5 +1,5 @@
 """Faults and truth on the older paths (issue 42, items 12, 14, 15), fast: the scripted hosts of
-test_runs_scripted.py (the real host agent on real files, a scripted engine) and a real SQLite
+tests/scriptedkit.py (the real host agent on real files, a scripted engine) and a real SQLite
 ledger.
 
 - a ledger deleted under a run stops it before the host's next change, with the run's records
@@ -34,10 +34,19 @@ from opspatch.runs.commands.recover import recover_hosts, recover_run, run_chain
 from opspatch.runs.fleet.session import NoProgress
 from opspatch.runs.report import RunReport
 from tests.ledgerkit import begin_and_die
-from tests.test_live_apply_scripted import LiveEngine, live_host
-from tests.test_runs_scripted import FAKE_PID, PRISTINE, FakeHost, Fault, Fleet, fleet, sha
-from tests.test_unit_live_scripted import live_unit
-from tests.test_units_scripted import UNIT, Units, units
+from tests.livekit import LiveEngine, live_host, live_unit
+from tests.scriptedkit import (
+    FAKE_PID,
+    PRISTINE,
+    UNIT,
+    FakeHost,
+    Fault,
+    Fleet,
+    Units,
+    fleet,
+    sha,
+    units,
+)
 
 pytestmark = pytest.mark.scripted
 
@@ -171,7 +180,7 @@ def test_a_unit_node_locked_by_a_finished_run_is_told_to_recover_the_unit(units:
     report = units.apply("h1", "h2")
     said = {h.host: h for h in report.hosts}["h2"]
     assert said.outcome == "failed" and report.exit_code == 2, said
-    assert f"run {finished} is over (finished) but its lock outlived it" in (said.error or "")
+    assert said.reason == "lock-held", said
     assert (
         f"`opspatch recover --hosts {UNIT.name}` reconciles unit {UNIT.name} and clears the lock"
         in (said.error or "")

@@ -23,7 +23,7 @@ from opspatch.runs.judgments.views import SYNC, Coverage
 from opspatch.sandbox.dist import STANDIN_VERSION
 from opspatch.sandbox.install import standin_files
 from tests.clirunner import opspatch
-from tests.fleetkit import EAGLE_RELPATH
+from tests.fleetkit import EAGLE_RELPATH, INVENTORY
 
 pytestmark = pytest.mark.process
 
@@ -296,19 +296,6 @@ def test_covers_reads_the_range_as_pep_440() -> None:
 
 # -- the file ----------------------------------------------------------------------------------
 
-INVENTORY = """\
-[defaults]
-transport = "local"
-[defaults.engine]
-python = "/usr/bin/python3"
-url = "http://127.0.0.1:30000"
-restart = { kind = "command", start = "/bin/true", pid_file = "/tmp/x.pid" }
-[hosts.gpu-01]
-[hosts.gpu-02]
-[groups.canary]
-hosts = ["gpu-01"]
-"""
-
 
 @pytest.fixture
 def workspace(tmp_path: Path) -> Workspace:
@@ -394,7 +381,7 @@ def test_every_fleet_command_refuses_a_bad_fleet_file_with_exit_2(
 
 
 def test_a_patch_set_carries_what_its_files_carry_together(tmp_path: Path) -> None:
-    from tests.test_patch_sets import HEADER, SET_ID, TARGET_A, TARGET_B
+    from tests.fleetkit import HEADER, SET_ID, TARGET_A, TARGET_B
 
     path = tmp_path / f"{SET_ID}.toml"
     path.write_text(HEADER + TARGET_A + TARGET_B)

@@ -22,7 +22,7 @@ import pytest
 
 from opspatch.hosts.liveplugin import boundary, checks, importtime
 from opspatch.hosts.liveplugin import fixes as runtime
-from tests.test_live_fixes import module_from, nothing_held, post_image, take
+from tests.livekit import module_from, nothing_held, post_image, take
 
 pytestmark = pytest.mark.pure
 

@@ -23,9 +23,8 @@ from opspatch.hosts.liveplugin import socket_paths, wire
 from opspatch.hosts.operations import open_transport
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.live import disable_live, enable_live
+from tests.enginekit import HOST, running_live_host, wait_for_sockets
 from tests.standin import StandinHost, make_host, running_engine
-from tests.test_live_cli_engine import HOST, running_live_host
-from tests.test_live_delivery import wait_for_sockets
 
 pytestmark = pytest.mark.engine
 

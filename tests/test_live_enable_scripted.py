@@ -1,4 +1,4 @@
-"""`live enable` / `live disable`, fast: the scripted hosts of test_runs_scripted.py, whose
+"""`live enable` / `live disable`, fast: the scripted hosts of tests/scriptedkit.py, whose
 `live_site` answers a temporary site-packages (the engine's environment) while `install_files`
 and `remove_files` run the real agent on it.
 
@@ -14,71 +14,25 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from opspatch import __version__
-from opspatch.core.policy import BatchSize, Playbook
 from opspatch.errors import LiveRefused
 from opspatch.hosts.livedist import live_distribution, plugin_sources
 from opspatch.hosts.transport.scripted import agent_operation
 from opspatch.runs.commands.live import disable_live, enable_live
 from opspatch.runs.commands.restart import restart_hosts
 from opspatch.runs.report import RunReport
-from tests.test_runs_scripted import FAKE_PID, FakeHost, Fleet, fleet
-from tests.test_units_scripted import Units, units
+from tests.livekit import PLAYBOOK, files_under, run, scripted_site, site_of
+from tests.scriptedkit import FAKE_PID, FakeHost, Fleet, Units, fleet, units
 
 pytestmark = pytest.mark.scripted
 
 __all__ = ["fleet", "units"]  # the fixtures, used by name
 
-PLAYBOOK = Playbook(canary=0, batch=BatchSize(count=10), max_failures=1)
 DIST_INFO = f"opspatch_live-{__version__}.dist-info"
-
-
-def site_of(fleet: Fleet) -> Path:
-    return fleet.hosts[0].root / "engine-site"
-
-
-def scripted_site(
-    fleet: Fleet, *, framework: bool = True, filtered: str | None = None
-) -> list[str]:
-    """Every host's `live_site` answers its own temporary site-packages; returns the ops asked."""
-    asked: list[str] = []
-    for fake in fleet.hosts:
-        site = fake.root / "engine-site"
-        site.mkdir(exist_ok=True)
-        (site / "other_package.py").write_text("x = 1\n")  # not ours: never touched
-
-        def answer(op: str, args: dict[str, Any], site: Path = site) -> dict[str, Any] | None:
-            asked.append(op)
-            if op != "live_site":
-                return None
-            installed = [
-                {"dist_info": d.name, "record": (d / "RECORD").read_text()}
-                for d in sorted(site.glob("opspatch_live-*.dist-info"))
-            ]
-            return {
-                "purelib": str(site),
-                "sglang_dir": str(site / "sglang"),
-                "plugin_framework": framework,
-                "installed": installed,
-                "filtered": filtered,
-            }
-
-        fake.fault = answer
-    return asked
-
-
-def run(fleet: Fleet, command: Any, *, live: bool = True) -> RunReport:
-    hosts = [replace(h.host(), live=live) for h in fleet.hosts]
-    return command(ledger=fleet.ledger, hosts=hosts, factory=fleet.factory, playbook=PLAYBOOK)
-
-
-def files_under(site: Path) -> set[str]:
-    return {str(p.relative_to(site)) for p in site.rglob("*") if p.is_file()}
 
 
 def test_enable_writes_the_entry_point_distribution_staged_until_a_restart_and_recorded(

@@ -26,7 +26,7 @@ from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.results import OPERATIONS, Operation
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
-from tests.test_scripted_transport import scripted_host
+from tests.scriptedkit import scripted_host
 
 pytestmark = pytest.mark.scripted
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from opspatch.core.host import EngineSettings, Host
 from opspatch.errors import (
     CommandTimeout,
     InputError,
@@ -30,17 +29,13 @@ from opspatch.hosts.transport.scripted import (
     ScriptedTransport,
     agent_operation,
 )
+from tests.scriptedkit import scripted_host
 
 pytestmark = pytest.mark.scripted
 
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def scripted_host(state_dir: Path, name: str = "h1") -> Host:
-    """A host the scripted transport answers for (no transport of its own is opened)."""
-    return Host.local(name, str(state_dir), EngineSettings(python=sys.executable), inventory="test")
 
 
 FACTS: dict[str, Any] = {

@@ -169,6 +169,7 @@ def _host_record_json(host: str, events: Sequence[EventRow]) -> dict[str, Any]:
         "host": host,
         "outcome": last_outcome.get("outcome"),
         "error": last_outcome.get("error"),
+        "reason": last_outcome.get("reason"),
         "file": last_outcome.get("file"),
         "steps": [
             {**row.data, "event_id": row.id, "recorded_at": row.recorded_at}

@@ -10,6 +10,7 @@ from opspatch.core.filechange import FileChange as FileChange
 from opspatch.core.filechange import SetFile as SetFile
 from opspatch.core.filechange import set_state as set_state
 from opspatch.core.jsonrecord import JsonRecord, json_field
+from opspatch.core.reasons import Reason
 from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import (
     FAILED_OUTCOMES,
@@ -44,14 +45,16 @@ class StepResult(JsonRecord):
 class HostOutcome(JsonRecord):
     """One host's result: what happened, why, the file's hashes, and every step with timing.
 
-    `error` says why a host did not reach the goal; `note` says something the operator should
-    know although the host did (the smoke after a restore failed, a baseline could not be taken).
+    `error` says why a host did not reach the goal, `reason` the same as a code; `note` says
+    something the operator should know although the host did (the smoke after a restore failed,
+    a baseline could not be taken).
     """
 
     host: str
     outcome: Outcome
     error: str | None = None
     _: KW_ONLY
+    reason: Reason | None = json_field(default=None, omit_none=True)
     note: str | None = None
     file: FileChange | None = None
     steps: tuple[StepResult, ...] = ()

@@ -210,6 +210,7 @@ class SSHTransport(ClosesOnExit):
                 f"offered {exc.key.get_name()} {host_key_fingerprint(exc.key)}; refusing to connect",
                 host=self.host,
                 fingerprint=host_key_fingerprint(exc.key),
+                changed=True,
                 hint=(
                     "this can be a man-in-the-middle attack; it is never accepted by a flag. "
                     "If the host was really reinstalled, remove the old key with "

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Action, Command, FileAction, Outcome
 from opspatch.errors import OpspatchError
@@ -125,6 +126,7 @@ class _Staged:
             Outcome.SKIPPED,
             _refusal(session, self.standing, self.run_id),
             file=self.standing.unchanged(),
+            reason=Reason.SET_NOT_WHOLE if self.standing.is_set else Reason.CHANGED_SINCE,
         )
 
     def what(self) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 from opspatch.core.edit import NotApplicable, detect, unapply
 from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Playbook
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
@@ -334,7 +335,10 @@ class _Rollback:
             return Examined(
                 inspection,
                 decided=session.outcome(
-                    Outcome.SKIPPED, _refusal(standing), file=standing.unchanged()
+                    Outcome.SKIPPED,
+                    _refusal(standing),
+                    file=standing.unchanged(),
+                    reason=_refusal_reason(standing),
                 ),
             )
         partly = standing.is_set and standing.found.state == SetState.PARTLY_APPLIED
@@ -465,6 +469,7 @@ class _Rollback:
                     f"cannot be taken off the file alone ({pre.reason}); restore the file from "
                     "your own backup or reinstall the package",
                     file=unchanged,
+                    reason=Reason.NO_RECORD,
                 ),
             )
         pre_sha256 = sha256_hex(pre.old_source)
@@ -482,6 +487,7 @@ class _Rollback:
                     "nothing was changed. Use the ledger that recorded the change (--ledger), or "
                     "restore the file from your own backup",
                     file=unchanged,
+                    reason=Reason.NO_RECORD,
                 )
                 raise _NoBackup(refused, exc) from exc
 
@@ -539,6 +545,12 @@ class _NoBackup(Exception):
 
 def _join_notes(*notes: str | None) -> str | None:
     return "; ".join(n for n in notes if n) or None
+
+
+def _refusal_reason(standing: HostStanding) -> Reason:
+    """The code of `_refusal`: later changes on top, else bytes changed since."""
+    further = any(isinstance(where, PatchedFurther) for where in standing.located)
+    return Reason.PATCHED_FURTHER if further else Reason.CHANGED_SINCE
 
 
 def _refusal(standing: HostStanding) -> str:

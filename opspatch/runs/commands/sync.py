@@ -10,6 +10,7 @@ from opspatch.config.fleet import DesiredPatch, DesiredState
 from opspatch.core.host import Host
 from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.policy import Playbook
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import (
@@ -490,6 +491,18 @@ def _refuse_before_any_run(
             require_approval(ledger, entry.patch, playbook.team, operator=operator_identity())
 
 
+_LEFT_BECAUSE = {
+    SyncAction.APPLY: Reason.NOT_STARTED,  # only when an earlier run stopped the sync
+    SyncAction.RESTART: Reason.NOT_RESTARTED,
+    SyncAction.RECOVER: Reason.NOT_SERVING,
+    SyncAction.NEEDS_PORT: Reason.NOT_APPLICABLE,
+    SyncAction.BY_HAND: Reason.BY_HAND,
+    SyncAction.UNREACHABLE: Reason.HOST_ERROR,
+    SyncAction.EXTRA: Reason.EXTRA,
+}
+"""The code of a host sync left alone, by what sync would do there (every action not at goal)."""
+
+
 def _why_left(row: SyncRow, host: Host, stopped: RunReport | None) -> str:
     """Why sync did not write to `row`'s host: its action and reason, or, for a host it would
     have applied to, the run that stopped the sync first (the sync named over its group)."""
@@ -530,7 +543,12 @@ def _record_left_alone(
             progress=NoProgress(),
         ) as fleet,
     ):
-        fleet.decide({r.host: HostOutcome(r.host, Outcome.SKIPPED, why) for r, why in left})
+        fleet.decide(
+            {
+                r.host: HostOutcome(r.host, Outcome.SKIPPED, why, reason=_LEFT_BECAUSE[r.action])
+                for r, why in left
+            }
+        )
         outcomes, halted = fleet.execute(per_node(_never_started), batches=(), halt=lambda _: None)
         return run.finish(fleet.report(outcomes, halted=halted))
 

@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Batch, Playbook
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import FAILED_OUTCOMES, Command, Outcome
 from opspatch.core.vocabulary import Rotation as RotationWord
@@ -366,7 +367,11 @@ class FleetRun:
             held = {holder.host for holder in grant.refused}
             outcomes = {  # a held host's preflight reading may be the holder's change in flight
                 name: (None if name in held else self._unleased.get(name))
-                or session.outcome(Outcome.SKIPPED, f"not started: {held_by(grant.refused)}")
+                or session.outcome(
+                    Outcome.SKIPPED,
+                    f"not started: {held_by(grant.refused)}",
+                    reason=Reason.LEASE_HELD,
+                )
                 for name, session in self.sessions.items()
             }
             for outcome in outcomes.values():
@@ -498,7 +503,11 @@ class FleetRun:
         """The report of a run cancelled in its preflight: every host unchanged, recorded."""
         outcomes = {
             name: self._unleased.get(name)
-            or session.outcome(Outcome.SKIPPED, "not started: " + CANCELLED_IN_PREFLIGHT)
+            or session.outcome(
+                Outcome.SKIPPED,
+                "not started: " + CANCELLED_IN_PREFLIGHT,
+                reason=Reason.NOT_STARTED,
+            )
             for name, session in self.sessions.items()
         }
         for outcome in outcomes.values():
@@ -581,7 +590,7 @@ def _weight(outcome: HostOutcome) -> tuple[bool, bool, bool]:
 
 
 def _skipped(session: HostSession, why: str) -> HostOutcome:
-    return session.outcome(Outcome.SKIPPED, f"not started: {why}")
+    return session.outcome(Outcome.SKIPPED, f"not started: {why}", reason=Reason.NOT_STARTED)
 
 
 def _in_flight(stop: KeyboardInterrupt) -> tuple[str, ...]:

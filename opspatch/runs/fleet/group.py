@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from opspatch.core.host import Unit
+from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import Outcome, Step, StepStatus
 from opspatch.errors import OpspatchError
 from opspatch.hosts.engine import RestartResult, ServerGroup, SmokeResult, StopResult
@@ -70,8 +71,8 @@ class Nodes:
 class NodeFailed(HostFailed):
     """A step failed on one node of a group of several: the group's proof fails, naming it."""
 
-    def __init__(self, node: str, error: str) -> None:
-        super().__init__(Outcome.FAILED, f"{node}: {error}")
+    def __init__(self, node: str, error: str, reason: Reason = Reason.STEP_FAILED) -> None:
+        super().__init__(Outcome.FAILED, f"{node}: {error}", reason)
         self.node = node
 
 
@@ -86,7 +87,7 @@ def failing_as(nodes: Nodes, session: HostSession) -> Iterator[None]:
     except HostFailed as failure:
         if nodes.alone:
             raise
-        raise NodeFailed(session.name, failure.error) from failure
+        raise NodeFailed(session.name, failure.error, failure.reason) from failure
 
 
 GroupJudge = Callable[[Nodes], object]
@@ -280,6 +281,7 @@ def undo(
     way_back: str | None = None,
     restore_failed: Callable[[str], str] | None = None,
     restart_failed: Callable[[str], str] | None = None,
+    reason: Reason | None = None,
 ) -> list[HostOutcome]:
     """UNDO a change: every node's files put back (`restore`), the group restarted with the
     restore path's deadline and the smoke after it reported, never passed as serving when it
@@ -292,6 +294,7 @@ def undo(
       note; a smoke that failed makes it `restored-not-serving`, the error saying so and
       `way_back`; with `restart=False` (or a live fix reverted in every process), `outcome` is
       reported once the files are back.
+    `reason`: the code of `why` on a `rolled-back` node.
     `needs-attention` when a restore or the restart failed (the state is then not known); a
     restore that failed on one node of several leaves the nodes differing and nothing is
     restarted (`changes`: each node's files as they were before; `restore_failed`,
@@ -321,7 +324,10 @@ def undo(
     undone = outcome == Outcome.ROLLED_BACK
     if not restart:
         if undone:
-            return [s.outcome(outcome, why, file=restored[s.name]) for s in nodes.sessions]
+            return [
+                s.outcome(outcome, why, file=restored[s.name], reason=reason)
+                for s in nodes.sessions
+            ]
         return [s.outcome(outcome, file=restored[s.name], note=why) for s in nodes.sessions]
     try:
         started = restart_after_restore(nodes, steps)
@@ -342,7 +348,9 @@ def undo(
         shown = smoke if session is head else None
         file = restored[session.name]
         if undone:
-            return session.outcome(outcome, why, file=file, smoke=shown, note=not_serving)
+            return session.outcome(
+                outcome, why, file=file, smoke=shown, note=not_serving, reason=reason
+            )
         if not_serving is not None:
             error = f"{not_serving}; {way_back}" if way_back else not_serving
             return session.outcome(
@@ -371,7 +379,7 @@ def prove_or_undo(
     try:
         smoke = prove(nodes, judge=judge)
     except HostFailed as failure:
-        return undo(nodes, failure.error, restore=restore, changes=changes)
+        return undo(nodes, failure.error, restore=restore, changes=changes, reason=failure.reason)
     return [
         s.outcome(
             Outcome.APPLIED,
@@ -404,15 +412,16 @@ def refuse(
     """Every node's outcome when the nodes of `odd` (each with its own outcome: refused,
     unreadable) keep the group from being touched: nothing is changed or restarted on any node,
     since a node restarted alone cannot rejoin and a node changed alone runs other code. Each
-    other node is `skipped`, naming the odd nodes, `why` and what they said (`files`: each
-    node's file as it was found)."""
+    other node is `skipped`, naming the odd nodes, `why` and what they said, with the first odd
+    node's reason code (`files`: each node's file as it was found)."""
     said = "; ".join(f"{name}: {o.error or o.note or o.outcome}" for name, o in odd.items())
     text = (
         f"refused: unit {nodes.name}'s node {', '.join(odd)} {why} ({said}); nothing was "
         "changed or restarted on any node of the unit"
     )
     found = files or {}
+    reason = next((o.reason for o in odd.values() if o.reason is not None), None)
     return [
-        odd.get(s.name) or s.outcome(Outcome.SKIPPED, text, file=found.get(s.name))
+        odd.get(s.name) or s.outcome(Outcome.SKIPPED, text, file=found.get(s.name), reason=reason)
         for s in nodes.sessions
     ]

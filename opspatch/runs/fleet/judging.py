@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from opspatch.core.host import Unit
 from opspatch.core.policy import JudgeSettings
+from opspatch.core.reasons import Reason
 from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import JudgeHosts, Outcome, Step
 from opspatch.errors import OpspatchError
@@ -25,7 +26,7 @@ class JudgeFailed(HostFailed):
     """A judge whose verdict is `fail`: a failed proof, naming the metric(s) and figures."""
 
     def __init__(self, judgment: Judgment) -> None:
-        super().__init__(Outcome.FAILED, judgment.summary())
+        super().__init__(Outcome.FAILED, judgment.summary(), Reason.JUDGE_FAILED)
         self.judgment = judgment
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from opspatch.core.edit import Applied
 from opspatch.core.host import Host
 from opspatch.core.live import LiveForm, NotLive, live_form
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import PatchSpec
 from opspatch.core.vocabulary import Command, Outcome, Step
@@ -159,13 +160,17 @@ class LiveApply:
             try:
                 self._take(nodes, fix, [d.name for d in form.definitions])
             except (HostFailed, OpspatchError) as failure:
-                why = failure.error if isinstance(failure, HostFailed) else describe_error(failure)
-                return self.undo(pipeline, nodes, prepared, [*taken, fix.fix_id], why)
+                if isinstance(failure, HostFailed):
+                    why, reason = failure.error, failure.reason
+                else:
+                    why, reason = describe_error(failure), Reason.STEP_FAILED
+                fixes = [*taken, fix.fix_id]
+                return self.undo(pipeline, nodes, prepared, fixes, why, reason)
             taken.append(fix.fix_id)
         try:  # a judge's fail is a failed proof: reverted like a failed smoke
             smoke = proven(nodes, None, judge=judged_through_head(judge))
         except HostFailed as failure:
-            return self.undo(pipeline, nodes, prepared, taken, failure.error)
+            return self.undo(pipeline, nodes, prepared, taken, failure.error, failure.reason)
         return [
             pipeline.outcome(
                 session,
@@ -256,6 +261,7 @@ class LiveApply:
         prepared: Mapping[str, Prepared],
         fixes: Sequence[str],
         why: str,
+        reason: Reason,
     ) -> list[HostOutcome]:
         """Revert `fixes` in every process (through the head: every rank of every node; then
         each other node's own processes, each read back: none holds them), then put every
@@ -268,7 +274,7 @@ class LiveApply:
         if fixes and reverted and not nodes.alone:
             for session in nodes.sessions:
                 reverted = self._gone(session, fixes) and reverted
-        return pipeline.roll_back(nodes, prepared, why, restart=not reverted)
+        return pipeline.roll_back(nodes, prepared, why, restart=not reverted, reason=reason)
 
     def _gone(self, session: HostSession, fixes: Sequence[str]) -> bool:
         """Whether `session`'s processes hold none of `fixes` (a recorded readback)."""

@@ -129,7 +129,12 @@ class LedgerRecorder:
     def outcome(self, outcome: HostOutcome) -> None:
         self._record(
             lambda: self.ledger.record_host_outcome(
-                self._run_id, outcome.host, outcome.outcome, outcome.error, outcome.file
+                self._run_id,
+                outcome.host,
+                outcome.outcome,
+                outcome.error,
+                outcome.file,
+                reason=outcome.reason,
             )
         )
 

@@ -9,13 +9,17 @@ from typing import TYPE_CHECKING, Protocol
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome, RunStatus, Step, StepStatus
 from opspatch.errors import (
     BecomeError,
     HostKeyError,
     InputError,
+    LeaseHeld,
+    LiveRefused,
     LockHeld,
+    NotTakenLive,
     OpspatchError,
     TargetError,
 )
@@ -57,12 +61,14 @@ class NoProgress:
 
 
 class HostFailed(Exception):
-    """Ends a host's pipeline with an outcome; carries the reason, with the step in it."""
+    """Ends a host's pipeline with an outcome; carries the reason, with the step in it, and its
+    code."""
 
-    def __init__(self, outcome: Outcome, error: str) -> None:
+    def __init__(self, outcome: Outcome, error: str, reason: Reason = Reason.STEP_FAILED) -> None:
         super().__init__(error)
         self.outcome = outcome
         self.error = error
+        self.reason = reason
 
 
 def describe_error(exc: BaseException) -> str:
@@ -75,6 +81,26 @@ def describe_error(exc: BaseException) -> str:
         tail = data.get("log_tail") if isinstance(data, dict) else None
         return f"{detail}\n{tail}" if tail else str(detail)
     return f"{type(exc).__name__}: {exc}"
+
+
+def refusal_reason(exc: OpspatchError) -> Reason:
+    """The code of a refusal raised before anything changed on a host: the one place an error's
+    type becomes a `Reason`."""
+    if isinstance(exc, LeaseHeld):
+        return Reason.LEASE_HELD
+    if isinstance(exc, LockHeld):
+        return Reason.LOCK_HELD
+    if isinstance(exc, HostKeyError):
+        return Reason.HOST_KEY_CHANGED if exc.changed else Reason.HOST_KEY_UNKNOWN
+    if isinstance(exc, BecomeError):
+        return Reason.BECOME_REFUSED
+    if isinstance(exc, NotTakenLive):
+        return Reason.NOT_TAKEN_LIVE
+    if isinstance(exc, LiveRefused):
+        return Reason.NOT_LISTENING
+    if isinstance(exc, InputError):
+        return Reason.NOT_APPLICABLE
+    return Reason.HOST_ERROR
 
 
 class HostLock:
@@ -228,6 +254,7 @@ class HostSession:
         diff: str | None = None,
         smoke: SmokeResult | None = None,
         note: str | None = None,
+        reason: Reason | None = None,
     ) -> HostOutcome:
         """A `HostOutcome` of this host carrying every step so far, and behind a router whether
         it takes traffic (a host left out of rotation says so in its note, never silently)."""
@@ -239,6 +266,7 @@ class HostSession:
             self.name,
             outcome,
             error,
+            reason=reason,
             note=note,
             file=file,
             steps=tuple(self.steps),
@@ -252,15 +280,17 @@ class HostSession:
         is held (`failed`, naming who holds it), its host key is unknown or changed (`skipped`:
         nothing was run there, with the fingerprint and what to do), the patch or inventory
         does not fit (`skipped`, with the reason), or the host could not be reached or refused
-        (`failed`)."""
+        (`failed`); its `reason` is `refusal_reason(exc)`."""
+        reason = refusal_reason(exc)
         if isinstance(exc, LockHeld):
-            return self.outcome(Outcome.FAILED, f"refused: {exc.detail}{self._way_out(exc)}")
+            text = f"refused: {exc.detail}{self._way_out(exc)}"
+            return self.outcome(Outcome.FAILED, text, reason=reason)
         if isinstance(exc, (HostKeyError, BecomeError)):
             text = exc.message if not exc.hint else f"{exc.message} ({exc.hint})"
-            return self.outcome(Outcome.SKIPPED, text)
+            return self.outcome(Outcome.SKIPPED, text, reason=reason)
         if isinstance(exc, (InputError, TargetError)):
-            return self.outcome(Outcome.SKIPPED, exc.message)
-        return self.outcome(Outcome.FAILED, describe_error(exc))
+            return self.outcome(Outcome.SKIPPED, exc.message, reason=reason)
+        return self.outcome(Outcome.FAILED, describe_error(exc), reason=reason)
 
     def _way_out(self, held: LockHeld) -> str:
         """What to do about a lock whose run this ledger knows to be over: a run whose lock

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, FileAction, Outcome, Step
 from opspatch.errors import InputError, OpspatchError, RemoteOperationError
@@ -202,7 +203,7 @@ class SmokeFailed(HostFailed):
     """A smoke decode that ran and failed a check; carries its result for the report."""
 
     def __init__(self, result: SmokeResult) -> None:
-        super().__init__(Outcome.FAILED, f"smoke failed: {result.summary()}")
+        super().__init__(Outcome.FAILED, f"smoke failed: {result.summary()}", Reason.SMOKE_FAILED)
         self.result = result
 
 
