@@ -493,7 +493,8 @@ def _staged_disable(
         note["detail"] = (
             "still listening after the disable: " + ", ".join(listening)
             if listening
-            else "no process listens: the disable is in effect"
+            else f"no process holds the plugin ({reply.missing or 'none listens'}): the "
+            "disable is in effect"
         )
     return StagedDisable(disabled, listening) if listening else None
 
