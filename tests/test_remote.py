@@ -468,7 +468,7 @@ def test_crlf_and_non_utf8_bytes_round_trip_exactly(remote_target: Target, tmp_p
         str(path), pre_sha256=sha(original), current_sha256=sha(patched), timeout=60
     )
     assert path.read_bytes() == original
-    assert restored.source == "backup"
+    assert restored["source"] == "backup"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -542,7 +542,7 @@ def test_restore_gives_identical_bytes_from_the_backup_or_from_given_bytes(
         str(module_file), pre_sha256=sha(original), current_sha256=swapped.sha256_after, timeout=60
     )
     assert module_file.read_bytes() == original
-    assert (first.source, first.changed) == ("backup", True)
+    assert (first["source"], first["changed"]) == ("backup", True)
 
     remote_target.ops.swap(
         str(module_file), expected_sha256=sha(original), new_content=b"B = 2\n", timeout=60
@@ -553,10 +553,10 @@ def test_restore_gives_identical_bytes_from_the_backup_or_from_given_bytes(
         str(module_file), pre_sha256=sha(original), content=original, timeout=60
     )
     assert module_file.read_bytes() == original
-    assert second.source == "given"
+    assert second["source"] == "given"
 
     again = remote_target.ops.restore(str(module_file), pre_sha256=sha(original), timeout=60)
-    assert (again.source, again.changed) == ("already", False)
+    assert (again["source"], again["changed"]) == ("already", False)
 
 
 def test_restore_refuses_wrong_bytes_and_files_someone_else_changed(
@@ -595,7 +595,7 @@ def test_restore_refuses_wrong_bytes_and_files_someone_else_changed(
         force=True,
         timeout=60,
     )
-    assert forced.kept_copy is not None and Path(forced.kept_copy).read_bytes() == b"C = 3\n"
+    assert forced["kept_copy"] is not None and Path(forced["kept_copy"]).read_bytes() == b"C = 3\n"
     assert module_file.read_bytes() == original
 
 
@@ -606,8 +606,8 @@ def test_restore_refuses_wrong_bytes_and_files_someone_else_changed(
 def test_lock_contention_names_the_holder_and_unlock_is_owner_only(remote_target: Target) -> None:
     first = remote_target.ops.lock(run_id="run-1", owner="alice@ctl", ttl_seconds=600, timeout=30)
     assert remote_target.transport.exec_count == 1
-    assert (first.holder.owner, first.holder.run_id) == ("alice@ctl", "run-1")
-    assert first.took_over_from is None and not first.refreshed
+    assert (first["holder"].get("owner"), first["holder"].get("run_id")) == ("alice@ctl", "run-1")
+    assert first["previous"] is None and not first["refreshed"]
     with pytest.raises(LockHeld) as caught:
         remote_target.ops.lock(run_id="run-2", owner="bob@ctl", ttl_seconds=600, timeout=30)
     assert caught.value.data["owner"] == "alice@ctl"
@@ -617,13 +617,13 @@ def test_lock_contention_names_the_holder_and_unlock_is_owner_only(remote_target
         remote_target.ops.unlock(run_id="run-2", timeout=30)
     assert not_ours.value.code == "lock-not-ours"
     again = remote_target.ops.lock(run_id="run-1", owner="alice@ctl", ttl_seconds=600, timeout=30)
-    assert again.refreshed
+    assert again["refreshed"]
     count = remote_target.transport.exec_count
     released = remote_target.ops.unlock(run_id="run-1", timeout=30)
     assert remote_target.transport.exec_count == count + 1
-    assert released.released and released.previous is not None
+    assert released["released"] and released["previous"] is not None
     assert not (Path(remote_target.host.state_dir) / "lock.json").exists()
-    assert remote_target.ops.unlock(run_id="run-1", timeout=30).reason == "not-held"
+    assert remote_target.ops.unlock(run_id="run-1", timeout=30)["reason"] == "not-held"
 
 
 def test_an_expired_lock_is_taken_over_and_the_previous_holder_reported(
@@ -632,9 +632,9 @@ def test_an_expired_lock_is_taken_over_and_the_previous_holder_reported(
     remote_target.ops.lock(run_id="crashed-run", owner="alice@ctl", ttl_seconds=0.2, timeout=30)
     time.sleep(0.4)
     taken = remote_target.ops.lock(run_id="run-2", owner="bob@ctl", ttl_seconds=600, timeout=30)
-    assert taken.took_over_from is not None
-    assert taken.took_over_from.run_id == "crashed-run"
-    assert taken.holder.run_id == "run-2"
+    assert taken["previous"] is not None
+    assert taken["previous"].get("run_id") == "crashed-run"
+    assert taken["holder"].get("run_id") == "run-2"
 
 
 def test_swap_with_a_lock_run_id_refuses_when_the_lock_is_not_ours(

@@ -315,7 +315,7 @@ def test_incident_on_a_sandbox_host_is_fixed_by_eagle_init_guard_and_a_restart(
         control = EngineControl(ops, host, Playbook())
         restart = control.restart()
         control.wait_ready(restart)
-        sandbox.seen_pids.add(int(restart.pid or 0))
+        sandbox.seen_pids.add(int(restart["pid"] or 0))
         for _ in range(2):
             reply = http_request(
                 "POST", url + "/generate", {"text": "Hello", "sampling_params": GREEDY_16}
@@ -324,7 +324,7 @@ def test_incident_on_a_sandbox_host_is_fixed_by_eagle_init_guard_and_a_restart(
             meta = reply.json()["meta_info"]
             assert meta["completion_tokens"] == 16
             assert meta["spec_verify_ct"] > 0
-        smoke = control.smoke(log_offset=restart.log_offset)
+        smoke = control.smoke(log_offset=restart["log_offset"])
         assert smoke.ok, smoke.failures
 
         carried = {p["patch"]: p["state"] for p in sandbox.status()["hosts"][0]["patches"]}

@@ -197,13 +197,13 @@ def test_a_command_restart_replaces_every_process_of_the_tree(
     try:
         first = ctl.restart()
         ctl.wait_ready(first)
-        assert first.pid is not None
-        old_tree = tree_of(first.pid)
+        assert first["pid"] is not None
+        old_tree = tree_of(first["pid"])
         assert len(old_tree) >= 5  # the shell, main, two schedulers, the detokenizer
         second = ctl.restart()
         assert not [pid for pid in old_tree if alive(pid)]
         ctl.wait_ready(second)
-        assert ctl.smoke(log_offset=second.log_offset, pid=second.pid).ok
+        assert ctl.smoke(log_offset=second["log_offset"], pid=second["pid"]).ok
     finally:
         _stop(unit_host)
 

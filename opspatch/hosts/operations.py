@@ -10,16 +10,17 @@ from dataclasses import replace
 from typing import Any, TypeVar, cast
 
 from opspatch.core.host import Host
-from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.source import sha256_hex
 from opspatch.errors import RemoteOperationError
 from opspatch.hosts.agent.protocol import (
     InspectRequest,
+    LockReply,
     LockRequest,
     NoArgs,
     OperationReply,
     ReadRequest,
     ResolveRequest,
+    RestoreReply,
     RestoreRequest,
     ServerHint,
     SwapRequest,
@@ -48,14 +49,10 @@ from opspatch.hosts.results import (
     WHOAMI,
     HostFacts,
     HostInspection,
-    LockHolder,
-    LockInfo,
     Operation,
     RemoteFile,
     ResolvedModule,
-    RestoreResult,
     SwapResult,
-    UnlockResult,
 )
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.container import ContainerTransport
@@ -68,19 +65,16 @@ __all__ = [  # the result values (`opspatch.hosts.results`) and the channel's na
     "HostInspection",
     "HostOperations",
     "LOCK_HOLD_SECONDS",
-    "LockHolder",
-    "LockInfo",
     "RemoteFile",
     "ResolvedModule",
-    "RestoreResult",
+    "RestoreReply",
     "SwapResult",
-    "UnlockResult",
     "agent_modules",
     "default_lock_owner",
     "open_transport",
 ]
 
-R = TypeVar("R", bound=JsonRecord)
+R = TypeVar("R")
 Req = TypeVar("Req", bound=Mapping[str, Any])
 Rep = TypeVar("Rep", bound=Mapping[str, Any])
 
@@ -191,7 +185,7 @@ class HostOperations(AgentCaller):
             BecomeError: as for any raised operation.
         """
         reply = self.call_as("whoami", NoArgs(), as_user=user, timeout=timeout, step=step)
-        return WHOAMI.read(reply, host=self.name, step=step).user or user
+        return WHOAMI.read(reply, host=self.name, step=step)["user"]
 
     # -- facts, resolve, read, inspect -------------------------------------------------------
 
@@ -300,7 +294,7 @@ class HostOperations(AgentCaller):
         current_sha256: str | None = None,
         force: bool = False,
         timeout: float,
-    ) -> RestoreResult:
+    ) -> RestoreReply:
         """Put `path` back to the pre-image `pre_sha256`, atomically, and purge its bytecode.
 
         The bytes come from the host's backup when present and intact, else from `content`
@@ -333,7 +327,7 @@ class HostOperations(AgentCaller):
         takeover_run: str | None = None,
         takeover_idle: bool = False,
         timeout: float,
-    ) -> LockInfo:
+    ) -> LockReply:
         """Take the host's lock (`<state_dir>/lock.json`) for `run_id`, or refresh it.
 
         An expired lock is taken over (the previous holder is returned); taking it again with
@@ -391,7 +385,7 @@ class HostOperations(AgentCaller):
         takeover_run: str | None = None,
         takeover_idle: bool = False,
         timeout: float,
-    ) -> tuple[LockInfo, HostInspection]:
+    ) -> tuple[LockReply, HostInspection]:
         """lock, then inspect, in one exec: how a rollout starts on a host.
 
         `takeover_run` lets `recover` take the lock still held by the run it recovers: at once
@@ -430,7 +424,7 @@ class HostOperations(AgentCaller):
 
     def _begin_raised(
         self, lock: LockRequest, inspect: InspectRequest, *, timeout: float
-    ) -> tuple[LockInfo, HostInspection]:
+    ) -> tuple[LockReply, HostInspection]:
         """`begin` with become: the lock as the become user (the first raised exec, so sudo is
         checked before anything else), a probe of every other user the run raises to (root for
         a systemd restart), then the inspection as the login user. The lock stays held if a
@@ -441,7 +435,7 @@ class HostOperations(AgentCaller):
         inspected = self.run(INSPECT, inspect, timeout=timeout, step="begin")
         return locked, inspected
 
-    def unlock(self, *, run_id: str, force: bool = False, timeout: float) -> UnlockResult:
+    def unlock(self, *, run_id: str, force: bool = False, timeout: float) -> UnlockReply:
         """Release the host's lock held by `run_id` (`force` releases anyone's).
 
         Raises:

@@ -207,10 +207,15 @@ class RestartRequest(TypedDict):
     timeout: float
 
 
-class RestartReply(TypedDict, total=False):
-    strategy: str
-    pid: int | None
-    log_offset: int | None
+class Strategy(TypedDict):
+    strategy: str  # the restart kind that ran (command, systemd, supervisor, container)
+
+
+class RestartReply(Strategy, total=False):
+    """What a restart or a start did; a key left out is unknown (None) or none (`stopped`)."""
+
+    pid: int | None  # the new engine's, if known
+    log_offset: int | None  # where the engine's log stood when it started
     stopped: list[int]
     detail: str
 
@@ -224,8 +229,7 @@ class StopRequest(TypedDict):
     timeout: float
 
 
-class StopReply(TypedDict, total=False):
-    strategy: str
+class StopReply(Strategy, total=False):
     stopped: list[int]  # the processes stopped (command: the whole tree; a service: its main pid)
     log_offset: int | None  # where the engine's log stood before the stop
     detail: str

@@ -232,10 +232,10 @@ def _enable(session: HostSession) -> HostOutcome:
             step=Step.LIVE_ENABLE,
         )
         return (
-            f"wrote {len(result.written)} file(s) of {dist_info} ({site.start} start) into "
-            f"{site.purelib}, {len(result.already)} already there; RECORD sha256 "
+            f"wrote {len(result['written'])} file(s) of {dist_info} ({site.start} start) into "
+            f"{site.purelib}, {len(result['already'])} already there; RECORD sha256 "
             f"{hashlib.sha256(record).hexdigest()}"
-        ), bool(result.written)
+        ), bool(result["written"])
 
     wanted = {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}
     install_them = _FileChange(Step.LIVE_ENABLE, "the install", wanted, True, send)
@@ -285,8 +285,8 @@ def _disable(session: HostSession) -> HostOutcome:
                 step=Step.LIVE_DISABLE,
             )
             return (
-                f"removed {len(result.removed)} file(s) of {found.dist_info} from "
-                f"{site.purelib} ({len(result.absent)} already gone)"
+                f"removed {len(result['removed'])} file(s) of {found.dist_info} from "
+                f"{site.purelib} ({len(result['absent'])} already gone)"
             ), True
 
         removal = _FileChange(Step.LIVE_DISABLE, "the removal", wanted, False, send)
@@ -400,7 +400,7 @@ class StagedPlugin:
                 timeout=session.playbook.timeouts.swap,
                 step=Step.LIVE_DISABLE,
             )
-            note["detail"] = f"removed {len(result.removed)} file(s) of {self.found.dist_info}"
+            note["detail"] = f"removed {len(result['removed'])} file(s) of {self.found.dist_info}"
         return FileChange(self.record, self.inspection.file.sha256, None)
 
 

@@ -530,7 +530,7 @@ class _Rollback:
                 container=session.container,
             ),
         )
-        return FileChange(live.realpath, restored.sha256_before, restored.sha256_after)
+        return FileChange(live.realpath, restored["sha256_before"], restored["sha256_after"])
 
 
 class _NoBackup(Exception):

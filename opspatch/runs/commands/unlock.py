@@ -66,9 +66,11 @@ class _UnlockHost:
                 held_by = held.detail
                 note["detail"] = f"held by run {holder or '?'} ({held_by})"
             else:
-                previous = info.took_over_from
+                previous = info["previous"]
                 note["detail"] = (
-                    f"the lock of run {previous.run_id} had expired" if previous else "no lock held"
+                    f"the lock of run {previous.get('run_id')} had expired"
+                    if previous
+                    else "no lock held"
                 )
                 return session.outcome(Outcome.SKIPPED, note=f"{note['detail']}; nothing to remove")
         status = self._status_of(holder)
@@ -94,7 +96,7 @@ class _UnlockHost:
         with session.step(Step.UNLOCK) as note:
             result = session.ops.unlock(run_id=holder, force=not holder, timeout=timeout)
             note["detail"] = (
-                f"removed the lock of run {holder}" if result.released else result.reason
+                f"removed the lock of run {holder}" if result["released"] else result["reason"]
             )
         return session.outcome(Outcome.UNLOCKED, note=f"removed the lock of run {holder}")
 

@@ -12,7 +12,7 @@ from opspatch.core.host import Unit
 from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import Outcome, Step, StepStatus
 from opspatch.errors import OpspatchError
-from opspatch.hosts.engine import RestartResult, ServerGroup, SmokeResult, StopResult
+from opspatch.hosts.engine import RestartReply, ServerGroup, SmokeResult, StopReply
 from opspatch.runs.fleet.rotation import admit_step, drain_step
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.fleet.steps import (
@@ -104,7 +104,7 @@ _STOP_START = {
 }
 
 
-def restart(nodes: Nodes, step: Step = Step.RESTART) -> dict[str, RestartResult]:
+def restart(nodes: Nodes, step: Step = Step.RESTART) -> dict[str, RestartReply]:
     """Restart the group's engines, each node's start by name: a host by itself in one exec;
     several: every node stopped, then started head first (drained first behind a router).
 
@@ -123,36 +123,34 @@ def restart(nodes: Nodes, step: Step = Step.RESTART) -> dict[str, RestartResult]
     }
 
 
-def _stop(session: HostSession, step: Step) -> StopResult:
+def _stop(session: HostSession, step: Step) -> StopReply:
     try:
         with session.step(step) as note:
             result = session.engine.stop(step=step)
-            pids = ", ".join(str(p) for p in result.stopped) or "none running"
-            note["detail"] = f"{result.strategy}: stopped {pids}"
+            pids = ", ".join(str(p) for p in result.get("stopped", [])) or "none running"
+            note["detail"] = f"{result['strategy']}: stopped {pids}"
         return result
     except OpspatchError as exc:
         raise NodeFailed(session.name, f"{step}: {describe_error(exc)}") from exc
 
 
-def _start(session: HostSession, step: Step, stopped: StopResult) -> RestartResult:
+def _start(session: HostSession, step: Step, stopped: StopReply) -> RestartReply:
     try:
         with session.step(step) as note:
             result = session.engine.start(step=step, stopped=stopped)
-            note["detail"] = f"{result.strategy}: pid {result.pid}"
+            note["detail"] = f"{result['strategy']}: pid {result.get('pid')}"
         return result
     except OpspatchError as exc:
         raise NodeFailed(session.name, f"{step}: {describe_error(exc)}") from exc
 
 
-def _on_every_node(
-    nodes: Nodes, work: Callable[[HostSession], StopResult]
-) -> dict[str, StopResult]:
+def _on_every_node(nodes: Nodes, work: Callable[[HostSession], StopReply]) -> dict[str, StopReply]:
     """`work` on every node at once (a stop waits for its process tree to end: in parallel the
     group is down for the slowest node's stop, not their sum); the first failure, in rank
     order, is raised once every node answered."""
     with ThreadPoolExecutor(max_workers=len(nodes.sessions), thread_name_prefix="node") as pool:
         futures = {s.name: pool.submit(work, s) for s in nodes.sessions}
-        done: dict[str, StopResult] = {}
+        done: dict[str, StopReply] = {}
         failure: BaseException | None = None
         for name, future in futures.items():
             try:
@@ -166,7 +164,7 @@ def _on_every_node(
 
 def ready(
     nodes: Nodes,
-    started: Mapping[str, RestartResult],
+    started: Mapping[str, RestartReply],
     *,
     step: Step = Step.READY,
     timeout: float | None = None,
@@ -225,7 +223,7 @@ def prove(
 
 def proven(
     nodes: Nodes,
-    restarted: RestartResult | None,
+    restarted: RestartReply | None,
     *,
     baseline: Sequence[str | None] | None = None,
     judge: GroupJudge | None = None,
@@ -260,7 +258,7 @@ def proven_through_head(nodes: Nodes, smoke: SmokeResult, step: Step = Step.SMOK
 
 def restart_after_restore(
     nodes: Nodes, steps: RestoreSteps = AFTER_RESTORE
-) -> dict[str, RestartResult]:
+) -> dict[str, RestartReply]:
     """Restart after a restore and wait with the restore path's own deadline (playbook
     `timeouts.restore_ready`): an operator who shortens `ready` to catch a start-up hang must
     not turn every slow but healthy restore into needs-attention."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.vocabulary import Command, Outcome, Step
-from opspatch.hosts.engine import RestartResult
+from opspatch.hosts.engine import RestartReply
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion
 from opspatch.runs.fleet.connect import TransportFactory
@@ -60,7 +60,7 @@ def restore_recorded(session: HostSession, version: FileVersion) -> FileChange:
         mode=version.mode,
         owner=version.owner,
     )
-    return FileChange(version.path, restored.sha256_before, restored.sha256_after)
+    return FileChange(version.path, restored["sha256_before"], restored["sha256_after"])
 
 
 def restore_set(session: HostSession, found: SetOnHost) -> FileChange:
@@ -80,7 +80,7 @@ def ensure_running(session: HostSession) -> str:
     Behind a router, a worker that a crashed run left drained is re-admitted only once it is
     ready and its smoke decode passes (`readmit`); otherwise it stays out, and the answer (and
     the host's outcome) says why."""
-    restart: RestartResult | None = None
+    restart: RestartReply | None = None
     try:
         ready_step(session, None, step=Step.READY)
         how = "already running"
