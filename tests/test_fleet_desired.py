@@ -411,7 +411,7 @@ def test_a_patch_set_partial_on_a_node_of_a_unit_names_the_unit_in_its_remedies(
 ) -> None:
     """A set half swapped on a node: recover and rollback take a unit whole (a node alone is
     refused), so both remedies name the unit. Before, both named the node."""
-    from tests.test_patch_sets import HEADER, SET_ID, TARGET_A, TARGET_B
+    from tests.fleetkit import HEADER, SET_ID, TARGET_A, TARGET_B
 
     path = tmp_path / f"{SET_ID}.toml"
     path.write_text(HEADER + TARGET_A + TARGET_B)
