@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
@@ -39,7 +40,7 @@ from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing, paths_of
 from opspatch.runs.judgments.proof import describe
-from opspatch.runs.judgments.units import unit_refusal
+from opspatch.runs.judgments.units import recover_remedy, unit_refusal
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 _OVER = (RunStatus.FINISHED, RunStatus.INTERRUPTED, RunStatus.RECOVERED)
@@ -226,8 +227,22 @@ def _recover(
             per_group=recover.group,
             leases=leases,
             taking_over=taking_over,
+            not_started=None if parent_run is None else partial(_never_reached, scope),
         )
         return run.finish(report)
+
+
+def _never_reached(scope: _Scope, session: HostSession, why: str) -> HostOutcome:
+    """A host of the recovered runs that a halt kept this recover from starting: nothing of
+    theirs was reconciled there, and the lock they took there was neither taken over nor
+    given back (the next command would be refused by it without a word why)."""
+    unlock = remedy_text(Command.UNLOCK, hosts=session.name)
+    return session.outcome(
+        Outcome.SKIPPED,
+        f"not started: {why}; nothing of {scope.what} was reconciled here, and its lock, if it "
+        f"took one here, is still held: `{recover_remedy(session.host)}` reconciles the host "
+        f"and takes the lock over, or `{unlock}` removes it",
+    )
 
 
 def _takeover(ledger: Ledger, scope: _Scope) -> Takeover:
@@ -379,7 +394,7 @@ class _RecoverHost:
         new = all(st.standing in ALL_NEW for st in standings.values())
         changes = {n: st.change() if new else st.unchanged() for n, st in standings.items()}
         if new:
-            proof = describe(standings[nodes.head.name].proofs[0])
+            proof = describe(standings[nodes.head.name].proofs[0], nodes.head.host)
             if answers(nodes):
                 note = f"{proof}; the unit serves: left alone"
                 return [
@@ -610,7 +625,7 @@ class _RecoverHost:
             return session.outcome(
                 Outcome.RESTORED, file=standing.unchanged(), note=f"{state}; server {how}"
             )
-        proof = describe(standing.proofs[0])
+        proof = describe(standing.proofs[0], session.host)
         if standing.is_set:
             note = f"every file of the patch set is new (all-new); {proof}; server {how}"
             return session.outcome(Outcome.APPLIED, file=standing.change(), note=note)

@@ -25,13 +25,13 @@ from opspatch.runs.fleet.group import Nodes, refuse, undo
 from opspatch.runs.fleet.liveapply import revert_everywhere
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import Examined, restore_standing, run_restore
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error, target_of
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
 from opspatch.runs.fleet.standing import HostStanding, Lineage, read_host
 from opspatch.runs.fleet.steps import AS_ROLLBACK
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
 from opspatch.runs.judgments.patchset import paths_of
-from opspatch.runs.judgments.units import unit_refusal
+from opspatch.runs.judgments.units import recover_remedy, unit_refusal
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 
@@ -342,9 +342,7 @@ class _Rollback:
                 ),
             )
         partly = standing.is_set and standing.found.state == SetState.PARTLY_APPLIED
-        failed = (
-            f"`{remedy_text(Command.RECOVER, hosts=target_of(session.host))}` makes the set whole"
-        )
+        failed = f"`{recover_remedy(session.host)}` makes the set whole"
         return Examined(
             inspection,
             put_back=lambda: restore_standing(session, standing),

@@ -8,7 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from opspatch.core.host import Host, Unit
-from opspatch.core.vocabulary import Word
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command, Word
 from opspatch.errors import UnitRefused
 from opspatch.hosts.results import HostInspection
 
@@ -216,6 +217,18 @@ def serving_heads(
             + "; ".join(f"`{whole(unit)}`" for _, unit in sorted(units.items())),
         )
     return [h for h in hosts if h.unit is None or h.unit.head == h.name]
+
+
+def target_of(host: Host) -> str:
+    """What a command names to reach `host`'s group (`--hosts`): its unit, or the host itself
+    (a node of a unit alone is refused by every command that changes it)."""
+    return host.unit.name if host.unit is not None else host.name
+
+
+def recover_remedy(host: Host) -> str:
+    """`opspatch recover --hosts T` for `host`'s group, T its unit for a node of one: recover
+    takes a unit whole, so a hint naming the node would name a refused command."""
+    return remedy_text(Command.RECOVER, hosts=target_of(host))
 
 
 def nodes_of(unit: Unit) -> str:
