@@ -39,7 +39,7 @@ from opspatch.core.policy import Playbook
 from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Action, Command, FileAction, Outcome, SetState, Step
+from opspatch.core.vocabulary import Action, Command, FileAction, Outcome, Step
 from opspatch.errors import OpspatchError, RemoteOperationError
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostInspection
@@ -57,7 +57,7 @@ from opspatch.runs.fleet.standing import HostStanding, Lineage, read_host
 from opspatch.runs.fleet.steps import AS_ROLLBACK
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
-from opspatch.runs.judgments.patchset import paths_of
+from opspatch.runs.judgments.patchset import Standing, paths_of
 from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
@@ -365,7 +365,7 @@ class _Rollback:
                     Outcome.SKIPPED, _refusal(standing), file=standing.unchanged()
                 ),
             )
-        partly = standing.is_set and standing.found.state == SetState.PARTLY_APPLIED
+        partly = standing.is_set and standing.standing == Standing.PARTLY_NEW
         failed = (
             f"`{remedy_text(Command.RECOVER, hosts=target_of(session.host))}` makes the set whole"
         )
