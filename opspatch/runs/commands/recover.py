@@ -63,7 +63,7 @@ from opspatch.runs.fleet.session import (
     Progress,
     describe_error,
 )
-from opspatch.runs.fleet.standing import HostStanding, Takeover, read_host
+from opspatch.runs.fleet.standing import HostStanding, Takeover, read_host, taking_lock
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing, paths_of
@@ -318,22 +318,16 @@ class _RecoverHost:
         Raises:
             LockHeld: the lock is held by a run this recover may not take it from.
         """
-        run_id = session.lock.taking()
         timeout = session.playbook.timeouts.lock
         with session.step(Step.LOCK) as note:
-            try:
-                session.ops.lock(run_id=run_id, timeout=timeout)
-                note["detail"] = "no lock of another run held"
-            except LockHeld as held:
-                taken = _takeover(self.ledger, self.scope)(held)
-                if taken is None:
-                    raise
-                holder, idle = taken
-                session.ops.lock(
+            _, took = taking_lock(
+                session,
+                _takeover(self.ledger, self.scope),
+                lambda run_id, holder, idle: session.ops.lock(
                     run_id=run_id, takeover_run=holder, takeover_idle=idle, timeout=timeout
-                )
-                idly = " (no command of it still running here)" if idle else ""
-                note["detail"] = f"took the lock over from run {holder}{idly}"
+                ),
+            )
+            note["detail"] = took.removesuffix("; ") or "no lock of another run held"
         return note["detail"]
 
     def group(self, nodes: Nodes) -> list[HostOutcome]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from opspatch.core.vocabulary import Step
 from opspatch.errors import LockHeld
@@ -63,29 +64,47 @@ def begin(
             note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
         session.recorder.facts(session.name, inspection.facts)
         return inspection
-    run_id = session.lock.taking()
     with session.step(Step.BEGIN) as note:
-        try:
-            _, inspection = session.ops.begin(
-                module, path=path, run_id=run_id, timeout=timeouts.lock + timeouts.inspect
-            )
-        except LockHeld as held:
-            taken = takeover(held) if takeover is not None else None
-            if taken is None:
-                raise
-            holder, idle = taken
-            _, inspection = session.ops.begin(
+        inspection, note["detail"] = taking_lock(
+            session,
+            takeover,
+            lambda run_id, holder, idle: session.ops.begin(
                 module,
                 path=path,
                 run_id=run_id,
                 takeover_run=holder,
                 takeover_idle=idle,
                 timeout=timeouts.lock + timeouts.inspect,
-            )
-            idly = " (no command of it still running here)" if idle else ""
-            note["detail"] = f"took the lock over from run {holder}{idly}; "
+            )[1],
+        )
         note["detail"] += f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
     return inspection
+
+
+T = TypeVar("T")
+
+
+def taking_lock(
+    session: HostSession,
+    takeover: Takeover | None,
+    take: Callable[[str, str | None, bool], T],
+) -> tuple[T, str]:
+    """`take(run_id, takeover_run, takeover_idle)` the host's lock for this run, and again
+    taking it over when it is held and `takeover` allows; with what the step says of it.
+
+    Raises:
+        LockHeld: the lock is held (and `takeover` does not take it).
+    """
+    run_id = session.lock.taking()
+    try:
+        return take(run_id, None, False), ""
+    except LockHeld as held:
+        taken = takeover(held) if takeover is not None else None
+        if taken is None:
+            raise
+        holder, idle = taken
+        idly = " (no command of it still running here)" if idle else ""
+        return take(run_id, holder, idle), f"took the lock over from run {holder}{idly}; "
 
 
 def read_live(
