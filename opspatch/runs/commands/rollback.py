@@ -44,7 +44,7 @@ from opspatch.errors import OpspatchError, RemoteOperationError
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostInspection
 from opspatch.hosts.results import file_owner
-from opspatch.ledger.lineage import ChangedSince, PatchedFurther, applied_versions
+from opspatch.ledger.lineage import PatchedFurther, applied_versions
 from opspatch.ledger.records import NewFileVersion
 from opspatch.ledger.store import FileVersion, Ledger, Machine, RunDetail
 from opspatch.runs.fleet.connect import TransportFactory
@@ -57,7 +57,7 @@ from opspatch.runs.fleet.standing import HostStanding, Lineage, read_host
 from opspatch.runs.fleet.steps import AS_ROLLBACK
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
-from opspatch.runs.judgments.patchset import Standing, paths_of
+from opspatch.runs.judgments.patchset import Place, Standing, paths_of
 from opspatch.runs.judgments.units import unit_refusal
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
@@ -576,16 +576,18 @@ def _refusal(standing: HostStanding) -> str:
     changes (roll those back first) or changed since (not overwriting someone else's bytes); a
     patch set is rolled back whole or not at all."""
     reasons: list[str] = []
-    for where, member in zip(standing.located, standing.found.members, strict=True):
-        path, live = member.path, member.live_sha256
-        if isinstance(where, PatchedFurther):
+    for file in standing.files:
+        path, live, where = file.path, file.sha256, file.located
+        if file.place == Place.PATCHED_FURTHER:
+            assert isinstance(where, PatchedFurther)
             reasons.append(
                 f"{path}: {where.advice()}"
                 if standing.is_set
                 else f"{path} is {live[:12]}: the change of run {where.version.run_id} was "
                 f"{where.advice()}"
             )
-        elif isinstance(where, ChangedSince):
+        elif file.place == Place.CHANGED:
+            assert where is not None
             version = where.version
             tail = ")" if standing.is_set else ", e.g. sglang reinstalled); not overwriting it"
             reasons.append(

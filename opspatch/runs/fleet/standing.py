@@ -16,7 +16,6 @@ from typing import TypeVar
 from opspatch.core.vocabulary import Step
 from opspatch.errors import LockHeld
 from opspatch.hosts.operations import HostInspection
-from opspatch.ledger.lineage import Standing as Located
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.fleet.session import HostSession
 from opspatch.runs.judgments.patchset import (
@@ -139,11 +138,6 @@ class HostStanding:
     files: tuple[FileStanding, ...] = ()
     inspection: HostInspection | None = None
     proofs: tuple[ChangeProof, ...] = ()
-
-    @property
-    def located(self) -> tuple[Located, ...]:
-        """Where each file is in its lineage (empty when nothing is recorded)."""
-        return tuple(f.located for f in self.files if f.located is not None)
 
     @property
     def is_set(self) -> bool:
