@@ -30,7 +30,7 @@ from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.image import BakedLabels
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostInspection, HostOperations
-from opspatch.ledger.lineage import AtPostImage, PatchedFurther, applied_versions
+from opspatch.ledger.lineage import PatchedFurther, applied_versions
 from opspatch.ledger.store import Ledger, Machine
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
@@ -174,7 +174,7 @@ def classify(
         recreated=True if standing.place == Place.RECREATED else None,
     )
     if standing.place == Place.NEW:
-        assert ledger is not None and isinstance(standing.located, AtPostImage)
+        assert ledger is not None and standing.located is not None
         version = standing.located.version
         said = replace(
             said,
