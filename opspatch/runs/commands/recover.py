@@ -63,7 +63,14 @@ from opspatch.runs.fleet.session import (
     Progress,
     describe_error,
 )
-from opspatch.runs.fleet.standing import HostStanding, Takeover, read_host, taking_lock
+from opspatch.runs.fleet.standing import (
+    Change,
+    HostStanding,
+    Takeover,
+    Unread,
+    read,
+    taking_lock,
+)
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing, paths_of
@@ -296,17 +303,14 @@ class _RecoverHost:
         self.scope = scope
         self.patch = patch
 
-    def read(self, session: HostSession) -> HostStanding:
-        """The host's standing against the newest run's files the scope holds for it."""
+    def change(self, session: HostSession) -> Change:
+        """The newest run's files the scope holds for the host."""
         versions = self.scope.versions.get(session.name, [])
         newest_run = [v for v in versions if v.run_id == versions[-1].run_id] if versions else []
         paths = paths_of(newest_run)
-        return read_host(
-            session,
+        return Change(
             [v for v in versions if v.path in paths],
-            ledger=self.ledger,
             module=self.patch.spec.target.module if self.patch is not None else None,
-            takeover=_takeover(self.ledger, self.scope),
             paths=paths,
         )
 
@@ -339,7 +343,11 @@ class _RecoverHost:
         nothing recorded): left alone when it serves, else restarted. Nodes or files that
         differ (a run stopped between two swaps): every new file put back, the group restarted
         and proven: `restored`, uniform at the pre-images."""
-        standings = {s.name: self.read(s) for s in nodes.sessions}
+        try:
+            takeover = _takeover(self.ledger, self.scope)
+            standings = read(nodes, self.change, ledger=self.ledger, takeover=takeover)
+        except Unread as unread:  # as any host's failure: `fleetrun.guarded` says it
+            raise unread.error from None
         if all(st.inspection is None for st in standings.values()):
             return self._not_read(nodes)
         odd = [

@@ -39,7 +39,7 @@ from opspatch.runs.fleet.group import Nodes, failing_as, prove_or_undo, refuse
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import restore_standing
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, target_of
-from opspatch.runs.fleet.standing import HostStanding, begin, read_host
+from opspatch.runs.fleet.standing import Change, HostStanding, Unread, read
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing
 from opspatch.runs.judgments.units import unit_refusal
@@ -152,18 +152,11 @@ class _Staged:
         return f"run {self.run_id}'s {what}"
 
 
-def _read(session: HostSession, ledger: Ledger) -> _Staged:
-    """Lock and read the host's standing against the newest write's files.
-
-    Raises:
-        OpspatchError: the host could not be begun (unreachable, locked): nothing done there.
-    """
-    versions = _staged_versions(ledger, session.name)
+def _change(versions: Sequence[FileVersion]) -> Change:
+    """The newest write's files, begun at the staged write's own file."""
     if not versions:
-        return _Staged()
-    newest = max(versions, key=lambda v: v.event_id)  # the staged write's own file
-    inspection = begin(session, path=newest.path)
-    return _Staged(versions[0].run_id, read_host(session, versions, inspection=inspection))
+        return Change()
+    return Change(versions, begin_at=max(versions, key=lambda v: v.event_id).path)
 
 
 def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
@@ -175,12 +168,15 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
     (`_restart_plugin`). Nodes that differ (new on some, old on others): every node
     `needs-attention`, naming them; restarting would run two versions of the code in one
     server."""
-    staged: dict[str, _Staged] = {}
-    for session in nodes.sessions:
-        try:
-            staged[session.name] = _read(session, ledger)
-        except OpspatchError as exc:  # unreachable, locked: nothing was done there
-            return refuse(nodes, {session.name: session.refused(exc)}, "could not be read")
+    versions = {s.name: _staged_versions(ledger, s.name) for s in nodes.sessions}
+    try:
+        standings = read(nodes, lambda session: _change(versions[session.name]))
+    except Unread as unread:  # unreachable, locked: nothing was done there
+        refused = unread.session.refused(unread.error)
+        return refuse(nodes, {unread.session.name: refused}, "could not be read")
+    staged = {
+        n: _Staged(v[0].run_id, standings[n]) if v else _Staged() for n, v in versions.items()
+    }
     files = {n: st.standing.unchanged() if st.standing else None for n, st in staged.items()}
     odd = {
         s.name: staged[s.name].refused(s)

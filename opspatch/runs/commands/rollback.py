@@ -53,7 +53,7 @@ from opspatch.runs.fleet.liveapply import revert_everywhere
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import Examined, restore_standing, run_restore
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error, target_of
-from opspatch.runs.fleet.standing import HostStanding, Lineage, read_host
+from opspatch.runs.fleet.standing import Change, HostStanding, Lineage, read_host
 from opspatch.runs.fleet.steps import AS_ROLLBACK
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
@@ -334,14 +334,13 @@ class _Rollback:
                         "host",
                     )
                 )
-        standing = read_host(
-            session,
+        change = Change(
             versions,
             module=None if versions or self.patch is None else self.patch.spec.target.module,
             lineage=self._lineage(session.name, by_path or None, versions),
-            lock=lock,
             paths=list(by_path) if by_path else None,
         )
+        standing = read_host(session, change, lock=lock)
         inspection = standing.inspection
         assert inspection is not None  # versions, or a patch's module, were read
         action = decide(Command.ROLLBACK, standing.standing)
