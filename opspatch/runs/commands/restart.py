@@ -27,18 +27,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from opspatch.core.host import Host
-from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.policy import Playbook
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Action, Command, FileAction, Outcome
 from opspatch.errors import OpspatchError
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.commands.live import StagedPlugin, staged_plugin
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.group import Nodes, failing_as, prove_or_undo, refuse
-from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.fleet.recorded import run_in_batches
 from opspatch.runs.fleet.restore import restore_standing
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, target_of
+from opspatch.runs.fleet.session import HostSession, Progress, target_of
 from opspatch.runs.fleet.standing import Change, HostStanding, Unread, read
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing
@@ -61,40 +60,20 @@ def restart_hosts(
         LedgerIntegrityError: the ledger's chain is broken.
         UnitRefused: the hosts take some but not all nodes of a unit.
     """
-    progress = progress or NoProgress()
     unit = unit_refusal(
         hosts, command="restart", whole=lambda u: remedy_text(Command.RESTART, hosts=u.name)
     )
     if unit is not None:
         raise unit
-    with (
-        recorded_run(
-            ledger, command=Command.RESTART, patch=None, hosts=hosts, playbook=playbook
-        ) as run,
-        FleetRun(
-            command=Command.RESTART,
-            patch_id=None,
-            hosts=hosts,
-            factory=factory,
-            playbook=playbook,
-            recorder=run,
-            progress=progress,
-        ) as fleet,
-    ):
-        refused = fleet.lease()
-        if refused is not None:
-            return run.finish(refused)
-        plan = plan_rollout(playbook, fleet.items())
-
-        def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
-            return playbook.halt_reason(
-                {n: o.outcome for n, o in outcomes.items()}, canaries=plan.canaries
-            )
-
-        outcomes, halted = fleet.execute(
-            lambda nodes: _restart(nodes, ledger), batches=plan.batches, halt=halt
-        )
-        return run.finish(fleet.report(outcomes, halted=halted))
+    return run_in_batches(
+        Command.RESTART,
+        lambda nodes: _restart(nodes, ledger),
+        ledger=ledger,
+        hosts=hosts,
+        factory=factory,
+        playbook=playbook,
+        progress=progress,
+    )
 
 
 def _staged_versions(ledger: Ledger, host: str) -> list[FileVersion]:
