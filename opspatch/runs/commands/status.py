@@ -377,16 +377,15 @@ def fleet_status(
             for module, group in modules.items():
                 try:
                     inspection = ops.inspect(module, timeout=StepTimeouts().inspect)
-                except TargetError as exc:
-                    for p, index in group:
-                        found[p.sha256, index] = PatchStatus(
-                            host.name, p.spec.id, PatchState.NOT_APPLICABLE, None, None, exc.message
-                        )
-                    continue
                 except OpspatchError as exc:
+                    unread = (
+                        PatchState.NOT_APPLICABLE
+                        if isinstance(exc, TargetError)
+                        else PatchState.UNREACHABLE
+                    )
                     for p, index in group:
                         found[p.sha256, index] = PatchStatus(
-                            host.name, p.spec.id, PatchState.UNREACHABLE, None, None, exc.message
+                            host.name, p.spec.id, unread, None, None, exc.message
                         )
                     continue
                 for patch, index in group:
