@@ -427,24 +427,7 @@ class _RecoverHost:
                 restore=lambda s: restore_standing(s, standings[s.name]),
                 note=note,
             )
-        if answers(nodes):
-            note = (
-                f"every node of unit {nodes.name} is at the pre-image; the unit serves: left alone"
-            )
-            return [
-                s.outcome(Outcome.RESTORED, file=changes[s.name], note=note) for s in nodes.sessions
-            ]
-        why = (
-            f"every node of unit {nodes.name} is at the pre-image; the unit was not serving: "
-            "restarted as one"
-        )
-        return undo(
-            nodes,
-            why,
-            restore=lambda s: changes[s.name],
-            changes=changes,
-            outcome=Outcome.RESTORED,
-        )
+        return _at_rest(nodes, f"every node of unit {nodes.name} is at the pre-image", changes)
 
     def _not_read(self, nodes: Nodes) -> list[HostOutcome]:
         """Nothing recorded and no patch to look for: no file to read, nothing to put back.
@@ -461,16 +444,7 @@ class _RecoverHost:
             return [session.outcome(Outcome.RESTORED, note=note)]
         said = "; ".join(f"{name}: {text}" for name, text in locked.items())
         why = f"{self.scope.what} recorded no change here ({said})"
-        if answers(nodes):
-            note = f"{why}; the unit serves: left alone"
-            return [s.outcome(Outcome.RESTORED, note=note) for s in nodes.sessions]
-        return undo(
-            nodes,
-            f"{why}; the unit was not serving: restarted as one",
-            restore=lambda session: None,
-            changes=dict.fromkeys(s.name for s in nodes.sessions),
-            outcome=Outcome.RESTORED,
-        )
+        return _at_rest(nodes, why, dict.fromkeys(s.name for s in nodes.sessions))
 
     def _changed_group(
         self, nodes: Nodes, standings: Mapping[str, HostStanding], odd: Sequence[str]
@@ -673,3 +647,20 @@ class _RecoverHost:
             return standing.found.change()
         newest = standing.version
         return FileChange(newest.path, newest.sha256_before, standing.live)
+
+
+def _at_rest(nodes: Nodes, why: str, changes: Mapping[str, FileChange | None]) -> list[HostOutcome]:
+    """A group with nothing to put back: `restored`, left alone when it serves, else restarted
+    as one."""
+    if answers(nodes):
+        note = f"{why}; the unit serves: left alone"
+        return [
+            s.outcome(Outcome.RESTORED, file=changes[s.name], note=note) for s in nodes.sessions
+        ]
+    return undo(
+        nodes,
+        f"{why}; the unit was not serving: restarted as one",
+        restore=lambda s: changes[s.name],
+        changes=changes,
+        outcome=Outcome.RESTORED,
+    )
