@@ -75,7 +75,7 @@ from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing, paths_of
 from opspatch.runs.judgments.proof import describe
-from opspatch.runs.judgments.units import unit_refusal
+from opspatch.runs.judgments.units import require_whole_units
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 _OVER = (RunStatus.FINISHED, RunStatus.INTERRUPTED, RunStatus.RECOVERED)
@@ -235,13 +235,7 @@ def _recover(
     """Raises (before any host is touched): UnitRefused, some but not all nodes of a unit
     among the hosts (a unit is recovered as one: `_RecoverHost.group`)."""
 
-    refused = unit_refusal(
-        hosts,
-        command="recover",
-        whole=lambda unit: remedy_text(Command.RECOVER, hosts=unit.name),
-    )
-    if refused is not None:
-        raise refused
+    require_whole_units(hosts, Command.RECOVER)
     with recorded_run(
         ledger,
         command=Command.RECOVER,

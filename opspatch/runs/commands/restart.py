@@ -41,7 +41,7 @@ from opspatch.runs.fleet.session import HostSession, Progress, target_of
 from opspatch.runs.fleet.standing import Change, HostStanding, Unread, read
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing
-from opspatch.runs.judgments.units import unit_refusal
+from opspatch.runs.judgments.units import require_whole_units
 from opspatch.runs.report import HostOutcome, RunReport
 
 
@@ -60,11 +60,7 @@ def restart_hosts(
         LedgerIntegrityError: the ledger's chain is broken.
         UnitRefused: the hosts take some but not all nodes of a unit.
     """
-    unit = unit_refusal(
-        hosts, command="restart", whole=lambda u: remedy_text(Command.RESTART, hosts=u.name)
-    )
-    if unit is not None:
-        raise unit
+    require_whole_units(hosts, Command.RESTART)
     return run_in_batches(
         Command.RESTART,
         lambda nodes: _restart(nodes, ledger),

@@ -58,7 +58,7 @@ from opspatch.runs.fleet.steps import AS_ROLLBACK
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
 from opspatch.runs.judgments.patchset import Place, Standing, paths_of
-from opspatch.runs.judgments.units import unit_refusal
+from opspatch.runs.judgments.units import require_whole_units
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 
@@ -97,9 +97,7 @@ def rollback_hosts(
         assert source_run is not None
         return remedy_text(Command.ROLLBACK, run=source_run.run_id, hosts=unit.name)
 
-    refused = unit_refusal(hosts, command="rollback", whole=again)
-    if refused is not None:
-        raise refused
+    require_whole_units(hosts, Command.ROLLBACK, whole=again)
     with recorded_run(
         ledger,
         command=Command.ROLLBACK,

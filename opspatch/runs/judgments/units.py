@@ -23,7 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from opspatch.core.host import Host, Unit
-from opspatch.core.vocabulary import Word
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command, Word
 from opspatch.errors import UnitRefused
 from opspatch.hosts.results import HostInspection
 
@@ -263,3 +264,21 @@ def unit_refusal(
         "nothing was changed",
         hint="select every node of the unit: " + "; ".join(f"`{whole(s.unit)}`" for s in split),
     )
+
+
+def require_whole_units(
+    hosts: Sequence[Host], command: Command, whole: Callable[[Unit], str] | None = None
+) -> None:
+    """Refuse `command` over `hosts` before anything is begun when they take some but not all
+    nodes of a unit (`unit_refusal`; `whole`: the remedy, by default `command` over the unit).
+
+    Raises:
+        UnitRefused: so.
+    """
+    refused = unit_refusal(
+        hosts,
+        command=str(command),
+        whole=whole or (lambda unit: remedy_text(command, hosts=unit.name)),
+    )
+    if refused is not None:
+        raise refused
