@@ -156,17 +156,7 @@ class _Rollback:
         every change the patch made there (a patch applied twice is undone one run at a time),
         or the run's own."""
         if self.source_run is not None:
-            try:
-                record = self.source_run.host(host)
-            except KeyError:
-                return []
-            if record.outcome == Outcome.FAILED:  # nothing changed there (the swap was refused)
-                return []
-            found = [
-                v
-                for v in reversed(record.file_versions)
-                if v.action == FileAction.PATCH and self._considered(v.path)
-            ]
+            found = self._run_versions(host)
             return [v for v in found if v.path == found[0].path]
         assert self.patch is not None
         history = self.ledger.file_history(host)
@@ -183,17 +173,26 @@ class _Rollback:
                 return found
         return []
 
+    def _run_versions(self, host: str) -> list[FileVersion]:
+        """The run's changes on `host` this rollback considers, newest first."""
+        assert self.source_run is not None
+        try:
+            record = self.source_run.host(host)
+        except KeyError:
+            return []
+        if record.outcome == Outcome.FAILED:  # nothing changed there (the swap was refused)
+            return []
+        return [
+            v
+            for v in reversed(record.file_versions)
+            if v.action == FileAction.PATCH and self._considered(v.path)
+        ]
+
     def set_versions(self, host: str) -> dict[str, list[FileVersion]]:
         """A patch set's changes to undo on `host`, by path (two or more paths; else empty):
         the run's own, or every change the set's patch made to each of its files."""
         if self.source_run is not None:
-            try:
-                record = self.source_run.host(host)
-            except KeyError:
-                return {}
-            if record.outcome == Outcome.FAILED:
-                return {}
-            found = [v for v in reversed(record.file_versions) if v.action == FileAction.PATCH]
+            found = self._run_versions(host)
         elif self.patch is not None and self.patch.is_set:
             found = [
                 v
