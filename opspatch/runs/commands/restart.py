@@ -86,27 +86,23 @@ def _staged_versions(ledger: Ledger, host: str) -> list[FileVersion]:
 
 @dataclass(frozen=True)
 class _Staged:
-    """What restart found on a host: the newest write's run and where it stands (both None:
-    the ledger holds no change here, nothing was read)."""
+    """What restart found on a host: the newest write's run (None: the ledger holds no change
+    here, nothing was read) and where it stands."""
 
-    run_id: str | None = None
-    standing: HostStanding | None = None
+    run_id: str | None
+    standing: HostStanding
 
     @property
     def action(self) -> Action:
-        return (
-            decide(Command.RESTART, self.standing.standing)
-            if self.standing is not None
-            else Action.LEAVE
-        )
+        return decide(Command.RESTART, self.standing.standing)
 
     @property
     def new(self) -> bool:
         """Whether every file of the write is its post-image."""
-        return self.standing is not None and self.standing.standing in ALL_NEW
+        return self.standing.standing in ALL_NEW
 
     def left_alone(self, session: HostSession) -> HostOutcome:
-        if self.standing is None or self.run_id is None:
+        if self.run_id is None:
             return session.outcome(Outcome.SKIPPED, note="the ledger holds no change on this host")
         return session.outcome(
             Outcome.SKIPPED,
@@ -115,7 +111,7 @@ class _Staged:
         )
 
     def refused(self, session: HostSession) -> HostOutcome:
-        assert self.standing is not None and self.run_id is not None
+        assert self.run_id is not None
         return session.outcome(
             Outcome.SKIPPED,
             _refusal(session, self.standing, self.run_id),
@@ -123,7 +119,7 @@ class _Staged:
         )
 
     def what(self) -> str:
-        what = "patch set (all-new)" if self.standing and self.standing.is_set else "change"
+        what = "patch set (all-new)" if self.standing.is_set else "change"
         return f"run {self.run_id}'s {what}"
 
 
@@ -149,10 +145,8 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
     except Unread as unread:  # unreachable, locked: nothing was done there
         refused = unread.session.refused(unread.error)
         return refuse(nodes, {unread.session.name: refused}, "could not be read")
-    staged = {
-        n: _Staged(v[0].run_id, standings[n]) if v else _Staged() for n, v in versions.items()
-    }
-    files = {n: st.standing.unchanged() if st.standing else None for n, st in staged.items()}
+    staged = {n: _Staged(v[0].run_id if v else None, standings[n]) for n, v in versions.items()}
+    files = {n: st.standing.unchanged() if st.run_id else None for n, st in staged.items()}
     odd = {
         s.name: staged[s.name].refused(s)
         for s in nodes.sessions
@@ -171,7 +165,6 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
         return [s.outcome(Outcome.NEEDS_ATTENTION, why, file=files[s.name]) for s in nodes.sessions]
     if not any(st.action == Action.PROVE_OR_UNDO for st in staged.values()):
         return _restart_plugin(nodes, ledger, staged)
-    standings = {n: st.standing for n, st in staged.items() if st.standing is not None}
     return prove_or_undo(
         nodes,
         changes={n: st.change() for n, st in standings.items()},
@@ -189,7 +182,7 @@ def _plugin(session: HostSession, ledger: Ledger, staged: _Staged) -> StagedPlug
     """
     if staged.action != Action.LEAVE:
         return None
-    return staged_plugin(session, ledger, locked=staged.standing is not None)
+    return staged_plugin(session, ledger, locked=staged.run_id is not None)
 
 
 def _restarted_into(nodes: Nodes, what: str, proven: str) -> str:

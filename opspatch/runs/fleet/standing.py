@@ -89,12 +89,8 @@ def taking_lock(
     takeover: Takeover | None,
     take: Callable[[str, str | None, bool], T],
 ) -> tuple[T, str]:
-    """`take(run_id, takeover_run, takeover_idle)` the host's lock for this run, and again
-    taking it over when it is held and `takeover` allows; with what the step says of it.
-
-    Raises:
-        LockHeld: the lock is held (and `takeover` does not take it).
-    """
+    """`take(run_id, takeover_run, takeover_idle)` the lock, again taking a held one over when
+    `takeover` allows (else `LockHeld` stands); with what the step says of it."""
     run_id = session.lock.taking()
     try:
         return take(run_id, None, False), ""
@@ -253,12 +249,8 @@ def read(
     lock: bool = True,
     takeover: Takeover | None = None,
 ) -> dict[str, HostStanding]:
-    """Where a change stands on every node of a group (a host by itself: a group of one), in
-    rank order: the one reading the commands that change hosts decide from.
-
-    Raises:
-        Unread: a node could not be begun or read.
-    """
+    """Where a change stands on every node of a group, in rank order: what the commands that
+    change hosts decide from. Raises `Unread` for the first node that could not be read."""
     standings: dict[str, HostStanding] = {}
     for session in nodes.sessions:
         try:

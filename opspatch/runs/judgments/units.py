@@ -269,12 +269,8 @@ def unit_refusal(
 def require_whole_units(
     hosts: Sequence[Host], command: Command, whole: Callable[[Unit], str] | None = None
 ) -> None:
-    """Refuse `command` over `hosts` before anything is begun when they take some but not all
-    nodes of a unit (`unit_refusal`; `whole`: the remedy, by default `command` over the unit).
-
-    Raises:
-        UnitRefused: so.
-    """
+    """Raise `unit_refusal`'s `UnitRefused`, if any (`whole`: the remedy; by default `command`
+    over the whole unit)."""
     refused = unit_refusal(
         hosts,
         command=str(command),
