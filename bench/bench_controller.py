@@ -43,8 +43,8 @@ from opspatch.hosts.transport.scripted import ScriptedTransport
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
 from tests.releasecases import SCHEDULER_RELPATH, release_source, scheduler_patch
+from tests.scriptedkit import FakeHost
 from tests.sglang_wheels import EAGLE_RELPATH, RELEASE_VERSIONS, sglang_site
-from tests.test_runs_scripted import FakeHost
 
 REPO = Path(__file__).resolve().parent.parent
 

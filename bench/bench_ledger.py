@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from opspatch.ledger.records import NewFileVersion
 from opspatch.ledger.store import Ledger
 
 STEPS = ("lock", "inspect", "swap", "restart", "ready", "smoke")
@@ -50,18 +51,20 @@ def main() -> None:
                     ledger.record_file_version(
                         run_id,
                         host,
-                        path="/opt/sglang/eagle_worker_v2.py",
-                        sha256_before=before,
-                        sha256_after=after,
-                        mode=0o644,
-                        owner="root:root",
-                        pre_image=original,
-                        post_image=patched,
+                        NewFileVersion(
+                            path="/opt/sglang/eagle_worker_v2.py",
+                            sha256_before=before,
+                            sha256_after=after,
+                            mode=0o644,
+                            owner="root:root",
+                            pre_image=original,
+                            post_image=patched,
+                        ),
                     )
                     for step in STEPS:
                         ledger.record_step(run_id, host, step, "ok", 0.1)
                     ledger.record_host_outcome(run_id, host, "applied")
-                ledger.finish_run(run_id, "succeeded")
+                ledger.finish_run(run_id, "ok")
             append_seconds = time.perf_counter() - started
 
             started = time.perf_counter()

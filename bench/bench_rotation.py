@@ -37,7 +37,7 @@ from opspatch.core.policy import BatchSize, Playbook, RotationSettings
 from opspatch.hosts.transport.scripted import ScriptedTransport
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
-from tests.test_runs_scripted import STANDIN, FakeHost
+from tests.scriptedkit import STANDIN, FakeHost
 
 REPO = Path(__file__).resolve().parent.parent
 

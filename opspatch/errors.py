@@ -44,9 +44,8 @@ OpspatchError                      base; carries a one-line message and optional
     └── RunInterrupted             a second Ctrl-C: the run stopped waiting for hosts in flight
 ```
 
-Why a tree: the CLI catches `OpspatchError` once and turns it into one message and one exit code
-(`exit_code_for`); everything below raises the most specific type with its context attached, so the
-message can name the file, line, field, host and step without the caller re-assembling it.
+Why a tree: the CLI catches `OpspatchError` once (`exit_code_for`); below it, each failure raises
+its most specific type with its context, so the message names file, line, field, host and step.
 """
 
 from __future__ import annotations
@@ -138,12 +137,21 @@ class SelectionError(InputError):
 
 
 class HostKeyError(InputError):
-    """An SSH host key is unknown or changed; nothing was run on the host."""
+    """An SSH host key is unknown or `changed`; nothing was run on the host."""
 
-    def __init__(self, message: str, *, host: str, fingerprint: str, hint: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        host: str,
+        fingerprint: str,
+        changed: bool = False,
+        hint: str | None = None,
+    ):
         super().__init__(message, hint=hint)
         self.host = host
         self.fingerprint = fingerprint
+        self.changed = changed
 
 
 class BecomeError(InputError):

@@ -13,6 +13,11 @@ import pytest
 # test of the tiers' check (tests/test_tiers.py).
 pytest_plugins = ["tests.tiers", "tests.sshfleet", "tests.pgkit", "pytester"]
 
+# The kits' asserts explain a failure as a test module's do (pytest rewrites only test modules,
+# conftest files and plugins unless told): helpers moved into a kit fail as they did before.
+KITS = [p.stem for p in Path(__file__).parent.glob("*kit.py") if not p.stem.startswith("test_")]
+pytest.register_assert_rewrite(*(f"tests.{kit}" for kit in KITS))
+
 
 @pytest.fixture(autouse=True)
 def isolated_home(

@@ -2,24 +2,33 @@
 
 Each `SandboxFleet` has its own state directory (ledger, sandbox hosts, inventories) and its own
 workspace folder, so tests never share hosts; `close()` runs `opspatch sandbox down --purge`.
+`Sandbox` drives one bare sandbox the same way; the patch-set and inventory texts are those
+more than one fleet test reads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from opspatch.config.inventory import load_inventory
 from opspatch.core.host import Host
+from opspatch.sandbox.fleet import SandboxLayout
+from opspatch.sandbox.sshd import find_sshd
 from tests.clirunner import Run, opspatch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -190,3 +199,166 @@ def copy_patch(fleet: SandboxFleet, patch_id: str) -> Path:
     target = fleet.workspace / "patches" / f"{patch_id}.toml"
     shutil.copy(REPO / "patches" / f"{patch_id}.toml", target)
     return target
+
+
+class Sandbox:
+    """One sandbox under its own state directory, driven through the real console script."""
+
+    def __init__(self, state_dir: Path, cwd: Path) -> None:
+        self.state_dir = state_dir
+        self.cwd = cwd  # an empty folder: commands run "from any directory"
+        self.layout = SandboxLayout(state_dir)
+        self.seen_pids: set[int] = set()
+
+    def run(self, *args: str) -> Run:
+        result = opspatch(
+            "sandbox",
+            *args,
+            cwd=self.cwd,
+            env={"OPSPATCH_STATE_DIR": str(self.state_dir)},
+            timeout=240,
+        )
+        if result.code == 0 and "--json" in args and result.stdout.strip():
+            for host in result.json().get("hosts", []):
+                if host.get("pid"):
+                    self.seen_pids.add(int(host["pid"]))
+        return result
+
+    def up(self, *args: str) -> dict[str, Any]:
+        result = self.run("up", "--json", *args)
+        assert result.code == 0, result.stdout + result.stderr
+        report: dict[str, Any] = result.json()
+        return report
+
+    def status(self) -> dict[str, Any]:
+        result = self.run("status", "--json")
+        assert result.code == 0, result.stdout + result.stderr
+        report: dict[str, Any] = result.json()
+        return report
+
+    def inventory_host(self, name: str, inventory: str = "sandbox") -> Any:
+        return load_inventory(self.state_dir / "inventories" / f"{inventory}.toml").host(name)
+
+    def tear_down(self) -> None:
+        """`down --purge`, then a safety net: kill by pid any engine process that survived."""
+        try:
+            self.run("down", "--purge")
+        finally:
+            for pid in self.seen_pids:
+                for member in _tree(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(member, signal.SIGKILL)
+
+
+def _tree(root: int) -> list[int]:
+    found = [root] if running(root) else []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                if int(stat[stat.rfind(")") + 2 :].split()[1]) == root:
+                    found.extend(_tree(int(entry.name)))
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :].split()[0] not in ("Z", "X")
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@contextlib.contextmanager
+def new_sandbox(tmp_path: Path) -> Iterator[Sandbox]:
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    sandbox = Sandbox(tmp_path / "state", cwd)
+    try:
+        yield sandbox
+    finally:
+        sandbox.tear_down()
+
+
+def require_sshd() -> None:
+    if find_sshd() is None:
+        pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)")
+
+
+def hosts_by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {host["host"]: host for host in report["hosts"]}
+
+
+SET_ID = "two-modules"
+
+EAGLE = "sglang.srt.speculative.eagle_worker_v2"
+
+SCHEDULER = "sglang.srt.managers.scheduler"
+
+HEADER = f'''
+id = "{SET_ID}"
+summary = "one fix in two modules"
+rationale = "tests of patch sets"
+'''
+
+TARGET_A = f'''
+[[targets]]
+module = "{EAGLE}"
+versions = ">=0.5.4"
+[[targets.edits]]
+kind = "insert"
+scope = "<module>"
+position = "end"
+code = "_OPSPATCH_SET_A = 1"
+'''
+
+TARGET_B = f'''
+[[targets]]
+module = "{SCHEDULER}"
+[[targets.edits]]
+kind = "insert"
+scope = "<module>"
+position = "end"
+code = "_OPSPATCH_SET_B = 2"
+'''
+
+
+INVENTORY = """\
+[defaults]
+transport = "local"
+[defaults.engine]
+python = "/usr/bin/python3"
+url = "http://127.0.0.1:30000"
+restart = { kind = "command", start = "/bin/true", pid_file = "/tmp/x.pid" }
+[hosts.gpu-01]
+[hosts.gpu-02]
+[groups.canary]
+hosts = ["gpu-01"]
+"""
+
+
+FLEET = """
+[defaults]
+transport = "local"
+[hosts.a0]
+[hosts.a1]
+[hosts.b0]
+[hosts.b1]
+[hosts.solo]
+[groups.east]
+hosts = ["a1", "b0"]
+[units.kimi-a]
+hosts = ["a0", "a1"]
+[units.kimi-b]
+hosts = ["b0", "b1"]
+head = "b1"
+"""

@@ -1,5 +1,6 @@
 """Helpers for the ledger tests: a scripted two-host run, a run whose controller is SIGKILLed, and
-a raw connection that goes behind opspatch's back (SQLite, or PostgreSQL as the tables' owner)."""
+a raw connection that goes behind opspatch's back (SQLite, or PostgreSQL as the tables' owner),
+and `Notices`, a progress that keeps what a run tells its operator."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +150,19 @@ def begin_and_die(path: Path | PostgresLedger, **begin_args: object) -> str:
     )
     assert done.returncode == -signal.SIGKILL, done.stderr
     return done.stdout.strip()
+
+
+@dataclass
+class Notices:
+    """A Progress that keeps what the run says to its operator."""
+
+    said: list[str]
+
+    def run_started(self, run_id: str, summary: str) -> None:
+        return None
+
+    def update(self, host: str, step: str, status: str) -> None:
+        return None
+
+    def notice(self, text: str) -> None:
+        self.said.append(text)

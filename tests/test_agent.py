@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -22,14 +20,9 @@ from opspatch.errors import PreimageMismatch
 from opspatch.hosts.agent import MODULES
 from opspatch.hosts.operations import AGENT_PACKAGE, HostOperations, agent_modules
 from opspatch.hosts.transport.local import LocalTransport
+from tests.enginekit import host_on, python_38
 
 pytestmark = pytest.mark.process
-
-PYTHON_38_CANDIDATES = (
-    "/root/.pyenv/versions/3.8.18/bin/python3.8",
-    os.path.expanduser("~/.pyenv/versions/3.8.18/bin/python3.8"),
-    shutil.which("python3.8"),
-)
 
 
 def sha(data: bytes) -> str:
@@ -73,16 +66,6 @@ def test_each_module_holds_one_concern_of_a_readable_size() -> None:
         assert len(source.splitlines()) < 600, name
 
 
-def python_38() -> str | None:
-    """A real Python 3.8 (a pyenv shim is not one: it needs its own configuration)."""
-    found = (p for p in PYTHON_38_CANDIDATES if p and "/shims/" not in p)
-    return next((p for p in found if os.access(p, os.X_OK)), None)
-
-
-def host_on(python: str, state_dir: Path) -> Host:
-    return Host.local("py38", str(state_dir), EngineSettings(python=python), inventory="test")
-
-
 def agent_python(folder: Path) -> str:
     """This interpreter by another path, so the agent runs in a process of its own as on a host
     (a local host whose interpreter is this very file is answered in the test's own process)."""
@@ -114,8 +97,8 @@ def test_the_agent_runs_under_python_38(tmp_path: Path) -> None:
         with pytest.raises(PreimageMismatch):
             ops.swap(str(target), expected_sha256=sha(b"A = 1\n"), new_content=b"", timeout=60)
         restored = ops.restore(str(target), pre_sha256=sha(b"A = 1\n"), timeout=60)
-        assert restored.source == "backup" and target.read_bytes() == b"A = 1\n"
-        assert ops.unlock(run_id=lock.holder.run_id or "", timeout=30).released
+        assert restored["source"] == "backup" and target.read_bytes() == b"A = 1\n"
+        assert ops.unlock(run_id=lock["holder"].get("run_id") or "", timeout=30)["released"]
 
 
 def test_nothing_is_imported_from_the_host_disk_under_the_agent_names(tmp_path: Path) -> None:
@@ -259,7 +242,7 @@ def test_begin_is_one_exec_that_takes_the_lock_then_inspects(tmp_path: Path) -> 
         ops = HostOperations(transport, host_on(agent_python(tmp_path), state))
         lock, inspection = ops.begin(path=str(target), run_id="r1", timeout=60)
         assert transport.exec_count == 1
-        assert lock.holder.run_id == "r1" and (state / "lock.json").exists()
+        assert lock["holder"].get("run_id") == "r1" and (state / "lock.json").exists()
         assert inspection.file.content == b"A = 1\n"
         with pytest.raises(LockHeld):  # another run: refused at the lock, nothing inspected
             ops.begin(path=str(tmp_path / "missing.py"), run_id="r2", timeout=60)

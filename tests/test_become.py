@@ -376,7 +376,7 @@ def test_no_password_and_no_terminal_refuses_before_any_change(host: BecomeHost)
     assert "[svc-host]" in outcome["error"]
     assert "needs a password" in outcome["error"]
     assert PASSWORD_ENV in outcome["error"] and "become_password_env" in outcome["error"]
-    assert "privileges cannot be raised on svc-host" in report["halted"]
+    assert outcome["reason"] == "become-refused"
     assert "swap" not in steps_of(outcome)
     unchanged.check()
 

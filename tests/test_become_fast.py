@@ -483,7 +483,7 @@ def test_begin_with_become_locks_raised_probes_root_and_inspects_as_the_login(
     transport = SudoHost(password=None)
     ops = HostOperations(transport, systemd)
     lock, inspection = ops.begin(path=str(tmp_path / "target.py"), run_id="r1", timeout=10)
-    assert lock.holder.run_id == "r1"
+    assert lock["holder"].get("run_id") == "r1"
     assert inspection.file.content == b"x = 1\n"
     argvs = [argv for argv, _ in transport.execs]
     assert [(argv[0], argv[argv.index("-u") + 1] if "-u" in argv else None) for argv in argvs] == [

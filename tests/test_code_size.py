@@ -2,6 +2,9 @@
 over 80 lines (its `def` line to its last) without a one-line reason at the top of its body, a
 comment `# Long because: ...` as its first line after the docstring.
 
+Module docstrings stay short (issue 43): at most 60 words each, a drawing in a ``` fence aside
+(the error tree of `errors.py`); the detail belongs in docs/.
+
 Exempt only what is listed below, each with its reason; an exemption that no longer needs to be
 listed fails as well, so the list only shrinks.
 """
@@ -19,6 +22,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "opspatch"
 MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 80
 REASON = "# Long because:"
+MAX_DOCSTRING_WORDS = 60
+NOT_OURS = ("sandbox/engine_src/", "sandbox/real/engine_files/")
+"""The stand-in SGLang and the real sandbox's engine files: an engine's sources (their
+docstrings and line numbers are the engine's), not opspatch's prose."""
 
 EXEMPT_MODULES: dict[str, str] = {}
 """Modules allowed over the limit, by path from the repository root."""
@@ -130,3 +137,36 @@ def test_a_reason_line_counts_without_a_docstring_and_not_further_down(tmp_path:
     )
     found, _ = oversized(package)
     assert len(found) == 1 and "buried" in found[0]
+
+
+def long_docstrings(package: Path) -> list[str]:
+    """The modules under `package` whose docstring is over `MAX_DOCSTRING_WORDS` words, not
+    counting what stands in a ``` fence (a drawing)."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if any(part in path.as_posix() for part in NOT_OURS):
+            continue
+        docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        prose = docstring.split("```")[::2]
+        words = sum(len(part.split()) for part in prose)
+        if words > MAX_DOCSTRING_WORDS:
+            name = path.relative_to(package.parent).as_posix()
+            found.append(f"{name}: {words} words (at most {MAX_DOCSTRING_WORDS})")
+    return found
+
+
+def test_every_module_docstring_of_opspatch_is_short() -> None:
+    found = long_docstrings(PACKAGE)
+    assert not found, "say why in a few lines; the rest goes to docs/:\n" + "\n".join(found)
+
+
+def test_the_docstring_rule_counts_prose_and_not_a_drawing(tmp_path: Path) -> None:
+    package = tmp_path / "opspatch"
+    package.mkdir()
+    words = " ".join(["word"] * MAX_DOCSTRING_WORDS)
+    (package / "short.py").write_text(f'"""{words}"""\n')
+    (package / "essay.py").write_text(f'"""{words} more."""\n')
+    (package / "drawn.py").write_text(f'"""{words}\n\n```\nA\n└── B  a drawing\n```\n"""\n')
+    assert long_docstrings(package) == [
+        f"opspatch/essay.py: {MAX_DOCSTRING_WORDS + 1} words (at most 60)"
+    ]

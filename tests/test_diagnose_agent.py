@@ -31,9 +31,9 @@ from opspatch.hosts.agent.provenance import bytecode_state, checkout_state
 from opspatch.hosts.diagnosis import DiagnoseRequest, diagnose_host
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.local import LocalTransport
+from tests.enginekit import host_on, python_38
 from tests.sshfleet import HostMaker, Target
 from tests.standin import EAGLE_WORKER_MODULE, make_host
-from tests.test_agent import host_on, python_38
 
 pytestmark = pytest.mark.process
 

@@ -19,7 +19,7 @@ from opspatch.core.edit import (
     reverse,
     unapply,
 )
-from tests.editkit import assert_golden
+from tests.editkit import DIFF_BEFORE, DIFF_PATCH, assert_golden
 from tests.patchkit import make_patch, src
 
 pytestmark = pytest.mark.pure
@@ -559,42 +559,6 @@ def test_replace_expression_beside_a_keyword_only_argument_without_default() -> 
 
 # ---------------------------------------------------------------------------------------------
 # diff
-
-
-DIFF_BEFORE = src(
-    """
-    import logging
-
-    logger = logging.getLogger(__name__)
-
-
-    def build(worker_cls, args):
-        worker = worker_cls.__new__(worker_cls)
-        try:
-            worker.__init__(args)
-        except Exception as exc:
-            logger.warning("CUDA graph capture failed: %s; falling back", exc)
-        return worker
-    """
-)
-
-DIFF_PATCH = '''
-[[edits]]
-kind = "diff"
-diff = """
---- a/pkg/mod.py
-+++ b/pkg/mod.py
-@@ -6,7 +6,8 @@
- def build(worker_cls, args):
-     worker = worker_cls.__new__(worker_cls)
-     try:
-         worker.__init__(args)
-     except Exception as exc:
-         logger.warning("CUDA graph capture failed: %s; falling back", exc)
-+        raise
-     return worker
-"""
-'''
 
 
 def test_diff_applies_by_context() -> None:

@@ -192,7 +192,7 @@ code = "b = 2"
 
 
 def test_an_applied_diff_says_it_was_recognised_by_reverse_apply() -> None:
-    from tests.test_edit_golden import DIFF_BEFORE, DIFF_PATCH
+    from tests.editkit import DIFF_BEFORE, DIFF_PATCH
 
     patch = make_patch(DIFF_PATCH)
     outcome = apply_patch(DIFF_BEFORE, patch)

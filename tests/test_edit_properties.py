@@ -21,91 +21,10 @@ from hypothesis import strategies as st
 
 from opspatch.core.anchors import iter_definitions, strip_positions
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, reverse, unapply
+from tests.editkit import module_source
 from tests.patchkit import make_patch
 
 pytestmark = pytest.mark.pure
-
-NAMES = st.sampled_from(["a", "b", "count", "value", "total", "flag"])
-
-
-@st.composite
-def simple_statement(draw: st.DrawFn, owner: str) -> list[str]:
-    name = draw(NAMES)
-    number = draw(st.integers(0, 99))
-    choice = draw(st.integers(0, 5))
-    if choice == 0:
-        return [f"{owner}{name} = {number}"]
-    if choice == 1:
-        return [f"{owner}{name} = compute({number})  # trailing comment"]
-    if choice == 2:
-        return [f"log({name!r})"]
-    if choice == 3:
-        return ["# a comment line"]
-    if choice == 4:
-        return [""]
-    return [f"{owner}{name} = (", f"    {number},", ")"]
-
-
-@st.composite
-def block(draw: st.DrawFn, owner: str, depth: int = 0) -> list[tuple[int, str]]:
-    """(relative indent level, text) lines of a block body; never empty of statements."""
-    lines: list[tuple[int, str]] = []
-    for _ in range(draw(st.integers(1, 4))):
-        if depth < 1 and draw(st.booleans()) and draw(st.booleans()):
-            lines.append((0, f"if {draw(NAMES)}:"))
-            lines += [(level + 1, text) for level, text in draw(block(owner, depth + 1))]
-        else:
-            lines += [(0, text) for text in draw(simple_statement(owner))]
-    lines.append((0, f"{owner}last = {draw(st.integers(0, 9))}"))
-    return lines
-
-
-@st.composite
-def module_source(draw: st.DrawFn) -> tuple[bytes, str]:
-    newline = draw(st.sampled_from(["\n", "\r\n"]))
-    unit = draw(st.sampled_from(["    ", "\t", "  "]))
-    out: list[str] = []
-
-    def emit(level: int, text: str) -> None:
-        out.append((unit * level + text) if text else "")
-
-    if draw(st.booleans()):
-        emit(0, '"""A generated module."""')
-    emit(0, "import os")
-    emit(0, "")
-    for i in range(draw(st.integers(0, 2))):
-        if draw(st.booleans()):
-            emit(0, "@decorate")
-        prefix = "async def" if draw(st.booleans()) else "def"
-        emit(0, f"{prefix} helper_{i}(x):")
-        for level, text in draw(block("")):
-            emit(1 + level, text)
-        emit(0, "")
-    emit(0, "class Target(Base):")
-    if draw(st.booleans()):
-        emit(1, '"""The class under patch."""')
-    if draw(st.booleans()):
-        emit(1, "kind = 'target'")
-    emit(1, "def __init__(self, args):")
-    if draw(st.booleans()):
-        emit(2, '"""Initialise."""')
-    if draw(st.booleans()):
-        emit(2, "super().__init__()")
-    if draw(st.booleans()):
-        emit(2, "# Parse arguments")
-    for level, text in draw(block("self.")):
-        emit(2 + level, text)
-    emit(2, "self.anchor_call()")
-    emit(2, "with self.lock, open_stream(size=4):")
-    emit(3, "self.ready = True")
-    for level, text in draw(block("self.")):
-        emit(2 + level, text)
-    emit(0, "")
-    emit(1, "def other(self):")
-    for level, text in draw(block("self.")):
-        emit(2 + level, text)
-    source = newline.join(out) + (newline if draw(st.booleans()) else "")
-    return source.encode("utf-8"), newline
 
 
 POSITIONS = st.sampled_from(

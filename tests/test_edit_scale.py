@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opspatch.core import edit, regions
+from tests.editkit import module_source
 from tests.manyedits import (
     GOLDEN_CASES,
     STYLES,
@@ -38,7 +39,6 @@ from tests.manyedits import (
 )
 from tests.patchkit import make_patch
 from tests.sglang_wheels import WheelUnavailable
-from tests.test_edit_properties import module_source
 
 pytestmark = pytest.mark.pure
 

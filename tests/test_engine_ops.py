@@ -19,13 +19,11 @@ from opspatch.config.inventory import parse_inventory
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.host import Host
-from opspatch.core.policy import Playbook, SmokePrompt, SmokeSettings, StepTimeouts
+from opspatch.core.policy import SmokePrompt, SmokeSettings, StepTimeouts
 from opspatch.errors import EngineError
-from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.hosts.engine import EngineControl
-from opspatch.hosts.operations import HostOperations
-from opspatch.hosts.transport.local import LocalTransport
 from opspatch.sandbox.install import make_host_python
+from tests.enginekit import _stop, command_host, control
 from tests.fleetkit import alive, wait_until
 from tests.standin import free_port
 
@@ -49,44 +47,6 @@ def host_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return python
 
 
-def command_host(python: Path, work: Path, *, extra: str = "", algorithm: str = "EAGLE3") -> Host:
-    port = free_port()
-    start = f"{python} -m sglang.launch_server --port {port} --speculative-algorithm {algorithm} {extra}"
-    text = textwrap.dedent(
-        f"""
-        [defaults]
-        transport = "local"
-        state_dir = "{work}/state"
-        [defaults.engine]
-        python = "{python}"
-        url = "http://127.0.0.1:{port}"
-        log_file = "{work}/server.log"
-        speculative = {"true" if algorithm != "NONE" else "false"}
-        env = {{ CUDA_VISIBLE_DEVICES = "" }}
-        restart = {{ kind = "command", start = "{start}", pid_file = "{work}/server.pid", workdir = "{work}", stop_timeout = 5 }}
-        [hosts.h1]
-        address = "127.0.0.1"
-        """
-    )
-    return parse_inventory(text, str(work / "inv.toml"), name="test").hosts[0]
-
-
-def control(host: Host, **playbook: object) -> EngineControl:
-    return EngineControl(
-        HostOperations(LocalTransport(host.name), host), host, Playbook(**playbook)
-    )  # type: ignore[arg-type]
-
-
-def _stop(host: Host) -> None:
-    """End the engine's whole process tree (the pid file names the shell that started it)."""
-    restart = host.engine.restart
-    pid_file = Path(getattr(restart, "pid_file", ""))
-    if pid_file.exists():
-        pid = int(pid_file.read_text())
-        if alive(pid):
-            stop_process_tree(pid, timeout=5)
-
-
 @pytest.fixture()
 def engine(host_python: Path, tmp_path: Path) -> Iterator[tuple[Host, EngineControl]]:
     host = command_host(host_python, tmp_path)
@@ -101,14 +61,16 @@ def test_command_restart_starts_and_replaces_the_process_tree(
 ) -> None:
     host, ctl = engine
     first = ctl.restart()
-    assert first.pid is not None and alive(first.pid)
+    assert first["pid"] is not None and alive(first["pid"])
     ready = ctl.wait_ready(first)
     assert ready.polls >= 1
     second = ctl.restart()
-    assert first.pid in second.stopped
-    assert not alive(first.pid)
-    assert second.pid is not None and second.pid != first.pid
-    assert second.log_offset is not None and second.log_offset > 0  # scans start after the old log
+    assert first["pid"] in second["stopped"]
+    assert not alive(first["pid"])
+    assert second["pid"] is not None and second["pid"] != first["pid"]
+    assert (
+        second["log_offset"] is not None and second["log_offset"] > 0
+    )  # scans start after the old log
     ctl.wait_ready(second)
 
 
@@ -123,7 +85,7 @@ def test_restart_does_not_kill_a_process_that_reused_the_pid(
         old = time.time() - 3600
         os.utime(pid_file, (old, old))  # the pid file predates the process holding that pid now
         result = ctl.restart()
-        assert result.stopped == ()
+        assert result["stopped"] == []
         assert alive(stranger.pid)
         ctl.wait_ready(result)
     finally:
@@ -134,12 +96,12 @@ def test_smoke_on_a_healthy_speculative_engine_passes(engine: tuple[Host, Engine
     _, ctl = engine
     restart = ctl.restart()
     ctl.wait_ready(restart)
-    smoke = ctl.smoke(log_offset=restart.log_offset)
+    smoke = ctl.smoke(log_offset=restart["log_offset"])
     assert smoke.ok, smoke.failures
     assert all(p.spec_verify_ct and p.spec_verify_ct > 0 for p in smoke.prompts)
     assert all(p.completion_tokens == 16 for p in smoke.prompts)
     # the same decode again is the baseline: it matches
-    again = ctl.smoke(log_offset=restart.log_offset, baseline=smoke.texts)
+    again = ctl.smoke(log_offset=restart["log_offset"], baseline=smoke.texts)
     assert again.ok
 
 
@@ -152,18 +114,18 @@ def test_smoke_failures_are_reported_not_raised(host_python: Path, tmp_path: Pat
         ctl = control(host, smoke=smoke_settings)
         restart = ctl.restart()
         ctl.wait_ready(restart)
-        result = ctl.smoke(log_offset=restart.log_offset, baseline=["something else entirely"])
+        result = ctl.smoke(log_offset=restart["log_offset"], baseline=["something else entirely"])
         assert not result.ok
         assert "does not match '^Paris'" in result.failures[0]
         plain = control(host)
-        differs = plain.smoke(log_offset=restart.log_offset, baseline=["x", "y"])
+        differs = plain.smoke(log_offset=restart["log_offset"], baseline=["x", "y"])
         assert not differs.ok and "differs from the pre-patch baseline" in differs.failures[0]
         # a traceback written to the log since the restart fails the smoke too
         with open(host.engine.log_file or "", "a") as log:
             log.write(
                 "[2026-11-30 00:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
             )
-        logged = plain.smoke(log_offset=restart.log_offset)
+        logged = plain.smoke(log_offset=restart["log_offset"])
         assert not logged.ok and logged.log_hits and "server log" in logged.failures[-1]
         # but a log written before the restart is not this engine's problem
         clean = plain.smoke(log_offset=os.path.getsize(host.engine.log_file or ""))
@@ -186,11 +148,11 @@ def test_smoke_requires_spec_verify_on_a_speculative_host(
         ctl = control(speculative)
         restart = ctl.restart()
         ctl.wait_ready(restart)
-        result = ctl.smoke(log_offset=restart.log_offset)
+        result = ctl.smoke(log_offset=restart["log_offset"])
         assert not result.ok
         assert "no spec_verify_ct" in result.failures[0]
         assert (
-            control(host).smoke(log_offset=restart.log_offset).ok
+            control(host).smoke(log_offset=restart["log_offset"]).ok
         )  # not speculative: not required
     finally:
         _stop(host)
@@ -307,7 +269,7 @@ def test_a_decode_crash_names_the_exception_and_where_it_was_raised(
         ctl = control(host, smoke=SmokeSettings(prompts=(SmokePrompt("The capital of"),)))
         restart = ctl.restart()
         ctl.wait_ready(restart)
-        result = ctl.smoke(log_offset=restart.log_offset, pid=restart.pid)
+        result = ctl.smoke(log_offset=restart["log_offset"], pid=restart["pid"])
         assert not result.ok
         crash = (
             "AttributeError: 'EAGLEWorkerV2' object has no attribute "
@@ -333,17 +295,17 @@ def test_a_decode_that_hangs_is_told_from_a_crash(engine: tuple[Host, EngineCont
     )
     restart = ctl.restart()
     ctl.wait_ready(restart)
-    assert restart.pid is not None
-    os.killpg(restart.pid, signal.SIGSTOP)  # the whole server hangs, alive
+    assert restart["pid"] is not None
+    os.killpg(restart["pid"], signal.SIGSTOP)  # the whole server hangs, alive
     try:
-        given = ctl.smoke(log_offset=restart.log_offset, pid=restart.pid)
-        from_pid_file = ctl.smoke(log_offset=restart.log_offset)
+        given = ctl.smoke(log_offset=restart["log_offset"], pid=restart["pid"])
+        from_pid_file = ctl.smoke(log_offset=restart["log_offset"])
     finally:
-        os.killpg(restart.pid, signal.SIGCONT)
+        os.killpg(restart["pid"], signal.SIGCONT)
     for result in (given, from_pid_file):
         assert not result.ok
         assert result.failures == (
-            f"prompt 1: did not answer within 3s; the server (pid {restart.pid}) is still running",
+            f"prompt 1: did not answer within 3s; the server (pid {restart['pid']}) is still running",
         )
 
 
@@ -418,8 +380,8 @@ def test_supervisor_strategy_restarts_through_a_real_supervisord(
         first = ctl.restart()
         ctl.wait_ready(first)
         second = ctl.restart()
-        assert first.pid and second.pid and first.pid != second.pid
+        assert first["pid"] and second["pid"] and first["pid"] != second["pid"]
         ctl.wait_ready(second)
-        assert ctl.smoke(log_offset=second.log_offset).ok
+        assert ctl.smoke(log_offset=second["log_offset"]).ok
     finally:
         subprocess.run(["supervisorctl", "-c", str(config), "shutdown"], capture_output=True)

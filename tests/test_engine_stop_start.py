@@ -32,7 +32,7 @@ from opspatch.errors import EngineError, RemoteOperationError
 from opspatch.hosts.agent.engine import op_wait_ready
 from opspatch.hosts.agent.processes import alive, read_pid_file, stop_process_tree
 from opspatch.hosts.agent.protocol import OpFailure
-from opspatch.hosts.engine import EngineControl, RestartResult, ServerGroup, StopResult
+from opspatch.hosts.engine import EngineControl, ServerGroup
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.results import run_as
 from opspatch.hosts.transport.base import Command, CommandResult
@@ -82,8 +82,8 @@ def test_stop_and_start_are_two_operations_read_as_their_records(tmp_path: Path)
 
     transport = ScriptedTransport(handler, host="h1")
     ctl = EngineControl(HostOperations(transport, host), host, Playbook())
-    assert ctl.stop() == StopResult(strategy="command", stopped=(41, 42), log_offset=7)
-    assert ctl.start() == RestartResult(strategy="command", pid=43, log_offset=9)
+    assert ctl.stop() == {"strategy": "command", "stopped": [41, 42], "log_offset": 7}
+    assert ctl.start() == {"strategy": "command", "pid": 43, "log_offset": 9}
     assert transport.ops == ["stop", "start"]
     stop, start = transport.calls
     assert stop.args["restart"]["kind"] == "command" and "env" not in stop.args
@@ -171,8 +171,8 @@ def test_stop_ends_the_whole_tree_and_start_starts_it_again(tmp_path: Path) -> N
     host = command_host(tmp_path)
     with local_control(host) as ctl:
         first = ctl.start()
-        assert first.strategy == "command" and first.pid is not None
-        tree = wait_for_tree(first.pid, 3)  # the shell and its two sleeps
+        assert first["strategy"] == "command" and first["pid"] is not None
+        tree = wait_for_tree(first["pid"], 3)  # the shell and its two sleeps
         with pytest.raises(EngineError) as caught:
             ctl.start()  # a second engine beside the first: refused
         assert isinstance(caught.value.__cause__, RemoteOperationError)
@@ -180,13 +180,13 @@ def test_stop_ends_the_whole_tree_and_start_starts_it_again(tmp_path: Path) -> N
         assert all(alive(pid) for pid in tree)
 
         stopped = ctl.stop()
-        assert set(tree) <= set(stopped.stopped)
+        assert set(tree) <= set(stopped["stopped"])
         assert not [pid for pid in tree if alive(pid)]  # gone when stop answers
-        assert ctl.stop().stopped == ()  # nothing runs: nothing to stop
+        assert ctl.stop()["stopped"] == []  # nothing runs: nothing to stop
 
         second = ctl.start()
-        assert second.pid is not None and second.pid != first.pid and alive(second.pid)
-        assert read_pid_file(f"{tmp_path}/server.pid") == second.pid
+        assert second["pid"] is not None and second["pid"] != first["pid"] and alive(second["pid"])
+        assert read_pid_file(f"{tmp_path}/server.pid") == second["pid"]
 
 
 @pytest.mark.process
@@ -194,10 +194,10 @@ def test_stop_kills_what_ignores_sigterm_after_the_stop_timeout(tmp_path: Path) 
     host = command_host(tmp_path, f"trap '' TERM; {TREE}")  # the shell and its sleeps ignore TERM
     with local_control(host) as ctl:
         started = ctl.start()
-        assert started.pid is not None
-        tree = wait_for_tree(started.pid, 3)
+        assert started["pid"] is not None
+        tree = wait_for_tree(started["pid"], 3)
         stopped = ctl.stop()
-        assert set(tree) <= set(stopped.stopped)
+        assert set(tree) <= set(stopped["stopped"])
         assert not [pid for pid in tree if alive(pid)]
 
 
@@ -206,11 +206,11 @@ def test_restart_stays_stop_then_start_in_one(tmp_path: Path) -> None:
     host = command_host(tmp_path)
     with local_control(host) as ctl:
         first = ctl.restart()
-        assert first.pid is not None
-        tree = wait_for_tree(first.pid, 3)
+        assert first["pid"] is not None
+        tree = wait_for_tree(first["pid"], 3)
         second = ctl.restart()
-        assert set(tree) <= set(second.stopped) and not [p for p in tree if alive(p)]
-        assert second.pid is not None and alive(second.pid)
+        assert set(tree) <= set(second["stopped"]) and not [p for p in tree if alive(p)]
+        assert second["pid"] is not None and alive(second["pid"])
 
 
 # -- process: the group check against a loopback server answering as a head (or not) -------------
@@ -382,11 +382,11 @@ def test_a_container_engine_is_stopped_and_started_by_its_runtime_its_log_read_f
     ctl = EngineControl(HostOperations(transport, host), host, Playbook())
 
     stopped = ctl.stop()
-    assert stopped.strategy == "container" and stopped.log_offset == log.stat().st_size
-    assert "stopped" in stopped.detail and not runtime.running
+    assert stopped["strategy"] == "container" and stopped["log_offset"] == log.stat().st_size
+    assert "stopped" in stopped["detail"] and not runtime.running
     started = ctl.start(stopped=stopped)
-    assert started.log_offset == stopped.log_offset and runtime.running
-    assert "started" in started.detail
+    assert started["log_offset"] == stopped["log_offset"] and runtime.running
+    assert "started" in started["detail"]
     inspect = ("podman", "container", "inspect", "sglang-0")
     assert runtime.argvs == [
         inspect,  # pinned, then the agent noted the log's size inside
@@ -445,9 +445,9 @@ def test_systemd_stops_and_starts_the_unit_and_refuses_a_start_while_it_is_activ
         assert isinstance(caught.value.__cause__, RemoteOperationError)
         assert caught.value.__cause__.code == "engine-running"
         stopped = ctl.stop()
-        assert stopped.stopped == (4242,) and stopped.detail == "inactive"
+        assert stopped["stopped"] == [4242] and stopped["detail"] == "inactive"
         started = ctl.start()
-        assert started.pid == 4242 and started.detail == "active"
+        assert started["pid"] == 4242 and started["detail"] == "active"
     calls = (tmp_path / "systemctl.calls").read_text().splitlines()
     assert calls == [
         "is-active sglang.service",  # the refused start
@@ -496,13 +496,13 @@ def test_supervisor_stops_and_starts_the_program_through_a_real_supervisord(
             tmp_path, f'{{ kind = "supervisor", program = "engine", config = "{config}" }}'
         )
         ctl = EngineControl(HostOperations(LocalTransport(host.name), host), host, Playbook())
-        assert ctl.stop().stopped == ()  # not running yet: nothing to stop
+        assert ctl.stop()["stopped"] == []  # not running yet: nothing to stop
         started = ctl.start()
-        assert started.pid is not None and alive(started.pid)
+        assert started["pid"] is not None and alive(started["pid"])
         with pytest.raises(EngineError) as caught:
             ctl.start()
         assert isinstance(caught.value.__cause__, RemoteOperationError)
         assert caught.value.__cause__.code == "engine-running"
-        assert ctl.stop().stopped == (started.pid,) and not alive(started.pid)
+        assert ctl.stop()["stopped"] == [started["pid"]] and not alive(started["pid"])
     finally:
         subprocess.run(["supervisorctl", "-c", str(config), "shutdown"], capture_output=True)

@@ -1,5 +1,5 @@
 """Faults and truth on the older paths (issue 42, items 12, 14, 15), fast: the scripted hosts of
-test_runs_scripted.py (the real host agent on real files, a scripted engine) and a real SQLite
+tests/scriptedkit.py (the real host agent on real files, a scripted engine) and a real SQLite
 ledger.
 
 - a ledger deleted under a run stops it before the host's next change, with the run's records
@@ -30,14 +30,23 @@ from opspatch.hosts.transport.scripted import Refusal, agent_operation
 from opspatch.ledger import NewFileVersion
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
-from opspatch.runs.commands.recover import recover_run, run_chain
+from opspatch.runs.commands.recover import recover_hosts, recover_run, run_chain
 from opspatch.runs.fleet.session import NoProgress
 from opspatch.runs.report import RunReport
 from tests.ledgerkit import begin_and_die
-from tests.test_live_apply_scripted import LiveEngine, live_host
-from tests.test_runs_scripted import FAKE_PID, PRISTINE, FakeHost, Fault, Fleet, fleet, sha
-from tests.test_unit_live_scripted import live_unit
-from tests.test_units_scripted import UNIT, Units, units
+from tests.livekit import LiveEngine, live_host, live_unit
+from tests.scriptedkit import (
+    FAKE_PID,
+    PRISTINE,
+    UNIT,
+    FakeHost,
+    Fault,
+    Fleet,
+    Units,
+    fleet,
+    sha,
+    units,
+)
 
 pytestmark = pytest.mark.scripted
 
@@ -171,7 +180,7 @@ def test_a_unit_node_locked_by_a_finished_run_is_told_to_recover_the_unit(units:
     report = units.apply("h1", "h2")
     said = {h.host: h for h in report.hosts}["h2"]
     assert said.outcome == "failed" and report.exit_code == 2, said
-    assert f"run {finished} is over (finished) but its lock outlived it" in (said.error or "")
+    assert said.reason == "lock-held", said
     assert (
         f"`opspatch recover --hosts {UNIT.name}` reconciles unit {UNIT.name} and clears the lock"
         in (said.error or "")
@@ -362,13 +371,15 @@ def test_recover_finishes_an_interrupted_live_apply_on_a_unit_through_its_head_n
         units.ledger.record_file_version(
             dead,
             name,
-            path=str(fake.file),
-            sha256_before=planned.sha256_before,
-            sha256_after=planned.sha256_after,
-            mode=0o644,
-            owner="root:root",
-            pre_image=planned.old_source,
-            post_image=planned.new_source,
+            NewFileVersion(
+                path=str(fake.file),
+                sha256_before=planned.sha256_before,
+                sha256_after=planned.sha256_after,
+                mode=0o644,
+                owner="root:root",
+                pre_image=planned.old_source,
+                post_image=planned.new_source,
+            ),
         )
         units.ledger.record_step(dead, name, "swap", "ok", 0.1)
         units.ledger.record_step(dead, name, "live", "ok", 0.1, "eagle-init-guard: taken")
@@ -415,3 +426,55 @@ def serving_with(fake: FakeHost, answer: Fault) -> Fault:
         return found
 
     return served
+
+
+@pytest.mark.process
+def test_a_halted_recover_names_the_lock_of_the_run_left_on_the_hosts_it_never_started(
+    fleet: Fleet,
+) -> None:
+    """recover --run R, one host at a time, halts at the first, whose server cannot be started.
+    The hosts it never started keep R's lock (the halt changes nothing more), and each says so
+    and how to clear it; the recover it names reconciles the host and takes the lock over.
+    Before, each said only "not started: the run halted", and the lock refused the next
+    command for up to 30 minutes."""
+    dead = begin_and_die(fleet.ledger.path, hosts=[h.name for h in fleet.hosts])
+    for fake in fleet.hosts:
+        locked_by(fake, dead)
+    first = fleet.hosts[0]
+    first.serving = False
+
+    def no_start(op: str, args: dict[str, Any]) -> Refusal | None:
+        if op in ("restart", "start"):
+            return Refusal("restart-failed", "the start command exited 1")
+        return None
+
+    first.fault = no_start
+    report = recover_run(
+        ledger=fleet.ledger,
+        chain=run_chain(fleet.ledger, dead),
+        hosts=[h.host() for h in fleet.hosts],
+        factory=fleet.factory,
+        playbook=Playbook(max_in_flight=1),
+        patch=None,
+    )
+    assert report.halted is not None, report
+    never = {h.host: h for h in report.hosts if h.outcome == "skipped"}
+    assert set(never) == {"h2", "h3"}, fleet.outcomes(report)
+    for name, said in never.items():
+        assert (said.error or "").startswith("not started: the run halted"), said
+        assert f"nothing of run {dead} was reconciled here" in (said.error or ""), said
+        assert (
+            f"`opspatch recover --hosts {name}` reconciles the host and takes the lock over, or "
+            f"`opspatch unlock --hosts {name}` removes it"
+        ) in (said.error or ""), said
+    assert all(lock_of(f) for f in fleet.hosts if f.name in never)  # kept, and said
+
+    recovered = recover_hosts(
+        ledger=fleet.ledger,
+        hosts=[f.host() for f in fleet.hosts if f.name in never],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=None,
+    )
+    assert set(fleet.outcomes(recovered).values()) == {"restored"}, recovered
+    assert not any(lock_of(f) for f in fleet.hosts if f.name in never)

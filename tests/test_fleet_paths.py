@@ -3,7 +3,7 @@ second run of the fleet engine (its batches, its Ctrl-C, its lease check), and `
 and sync's left-alone run through `FleetRun` (its sessions, executor, recorder and Ctrl-C), with
 container identity said by the transport, not found by `isinstance`.
 
-The hosts are `test_runs_scripted`'s: a scripted transport whose file operations run the real
+The hosts are `tests/scriptedkit.py`'s: a scripted transport whose file operations run the real
 host agent on real files, the engine scripted. The operator's first Ctrl-C is the flag its
 SIGINT handler sets (`Cancellation.request`), as test_runs_scripted drives it.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.fleet import fleetrun
 from opspatch.runs.fleet.executor import Cancellation
 from opspatch.runs.report import RunReport
-from tests.test_runs_scripted import (
+from tests.scriptedkit import (
     PRISTINE,
     REPO,
     FakeHost,
@@ -277,10 +277,30 @@ def test_adopt_records_its_hosts_through_the_fleet_run_and_honours_a_ctrl_c(
     monkeypatch.setattr(fleetrun, "Cancellation", CancelledAtOnce)
     cancelled = _record(*args, fleet.factory)
     assert fleet.outcomes(cancelled) == {"h1": "skipped", "h2": "skipped"}
-    assert (cancelled.hosts[0].error or "").startswith("not started: the operator cancelled")
+    assert cancelled.hosts[0].reason == "not-started"
     assert len(fleet.ledger.file_history("h1")) == 1  # the first adoption's only
     recorded = fleet.ledger.get_run(str(cancelled.run_id))
     assert str(recorded.host("h2").outcome) == "skipped"
+
+
+def test_adopt_on_the_nodes_of_a_unit_names_the_restart_of_the_unit(fleet: Fleet) -> None:
+    """An edit adopted on both nodes of a unit: the restart that proves it is named over the
+    unit (a node restarted alone is refused). Before, each node's note named `restart --hosts
+    NODE`."""
+    from opspatch.core.host import Unit
+    from opspatch.runs.commands.adopt import Pristine, _record
+
+    pristine = fleet.hosts[0].file.read_bytes()
+    live = pristine + b"# by hand\n"
+    unit = Unit("u1", ("h1", "h2"))
+    hosts = [replace(h.host(), unit=unit) for h in fleet.hosts[:2]]
+    edited = {
+        h.name: (_edited(h, pristine, live), Pristine(pristine, "test")) for h in fleet.hosts[:2]
+    }
+    done = _record(fleet.ledger, fleet.patch, hosts, edited, (), {"h1", "h2"}, fleet.factory)
+    assert fleet.outcomes(done) == {"h1": "staged", "h2": "staged"}
+    for outcome in done.hosts:  # the diagnosis found no server: restart starts it
+        assert "`opspatch restart --hosts u1` starts it" in (outcome.note or ""), outcome
 
 
 @dataclass

@@ -62,8 +62,8 @@ from opspatch.sandbox.incident import (
 from opspatch.sandbox.processes import free_port, is_running, proc_text
 from opspatch.sandbox.real.launch import EAGLE_DRAFT_TOKENS, cpu_env, server_args
 from tests.clirunner import Run, opspatch
+from tests.enginekit import wait_for_frozen_collectors
 from tests.realkit import RealEngine, real_engine, transformers_greedy
-from tests.test_live_delivery import wait_for_frozen_collectors
 
 # real TP=2 starts take minutes on this loaded 2-core machine (the fixture's and two
 # restarts), and a crash holds its decode up to 65 s

@@ -18,25 +18,10 @@ from opspatch.config.inventory import (
 from opspatch.config.lookup import Workspace
 from opspatch.core.host import Unit
 from opspatch.errors import SelectionError, SpecError
+from tests.fleetkit import FLEET
 
 pytestmark = pytest.mark.pure
 
-FLEET = """
-[defaults]
-transport = "local"
-[hosts.a0]
-[hosts.a1]
-[hosts.b0]
-[hosts.b1]
-[hosts.solo]
-[groups.east]
-hosts = ["a1", "b0"]
-[units.kimi-a]
-hosts = ["a0", "a1"]
-[units.kimi-b]
-hosts = ["b0", "b1"]
-head = "b1"
-"""
 
 YAML_FLEET = """all:
   vars:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.clirunner import opspatch
-from tests.test_inventory_units import FLEET
+from tests.fleetkit import FLEET
 
 pytestmark = pytest.mark.process
 

@@ -21,7 +21,7 @@ from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.results import HostFacts
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
 from opspatch.runs.report import HostOutcome, StepResult
-from tests.test_scripted_transport import scripted_host
+from tests.scriptedkit import scripted_host
 
 pytestmark = pytest.mark.scripted
 

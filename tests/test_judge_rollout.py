@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.fleetkit import SandboxFleet, wait_until
+from tests.patchkit import ONE_TOKEN
 
 pytestmark = pytest.mark.engine
 
@@ -96,24 +97,6 @@ SLOWER = _module_end(
 
     EAGLEWorkerV2.forward_batch_generation = _slow_forward
     """,
-)
-ONE_TOKEN = textwrap.dedent(
-    """
-    id = "one-token"
-    summary = "judge test: one token of the vocabulary turned into another"
-    rationale = "a change the smoke passes and the judge must not"
-    [target]
-    module = "sglang.srt.layers.sampler"
-    versions = ">=0.5.4"
-    [[edits]]
-    kind = "insert"
-    scope = "greedy_token"
-    position = "start"
-    code = '''
-    if int(torch.argmax(logits_row)) == 70:  # "d"
-        return 90  # "x"
-    '''
-    """
 )
 
 

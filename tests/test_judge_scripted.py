@@ -1,4 +1,4 @@
-"""`opspatch judge`, fast: the scripted hosts of test_runs_scripted.py, each server answering the
+"""`opspatch judge`, fast: the scripted hosts of tests/scriptedkit.py, each server answering the
 judge's `measure` with the same decodes, so that what is under test is what the report claims
 when a host could not be measured: never exit 0 (the baseline asked for included), and a
 selection with nothing to judge is refused before any host is asked.
@@ -13,7 +13,7 @@ import pytest
 from opspatch.core.policy import Playbook
 from opspatch.errors import InputError
 from opspatch.runs.commands.judge import JudgeReport, judge_hosts
-from tests.test_runs_scripted import Fleet, fleet
+from tests.scriptedkit import Fleet, fleet
 
 pytestmark = pytest.mark.scripted
 

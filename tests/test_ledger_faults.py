@@ -34,8 +34,7 @@ from opspatch.runs.fleet.host_leases import Heartbeat
 from opspatch.runs.fleet.recorder import LedgerRecorder
 from tests.clirunner import opspatch
 from tests.fleetkit import wait_until
-from tests.ledgerkit import ORIGINAL, begin, begin_and_die, sha
-from tests.test_team import Notices
+from tests.ledgerkit import ORIGINAL, Notices, begin, begin_and_die, sha
 
 pytestmark = pytest.mark.pure
 

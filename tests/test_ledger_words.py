@@ -31,7 +31,7 @@ from opspatch.core.vocabulary import (
 from opspatch.ledger import Ledger, NewFileVersion
 from opspatch.ledger.chain import ROW_COLUMNS, EventRow
 from tests.ledgerkit import begin
-from tests.test_runs_scripted import Fleet, fleet  # noqa: F401 (the fixture, used by name)
+from tests.scriptedkit import Fleet, fleet  # noqa: F401 (the fixture, used by name)
 
 pytestmark = pytest.mark.pure
 

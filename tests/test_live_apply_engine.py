@@ -13,15 +13,11 @@ into that test's installed runtime: the rank the engine's environment names refu
 from __future__ import annotations
 
 import hashlib
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from opspatch.config.patches import load_patch
-from opspatch.core.host import EngineSettings, Host
 from opspatch.core.policy import BatchSize, Playbook
 from opspatch.hosts import livedist
 from opspatch.hosts.liveplugin import socket_paths, wire
@@ -29,14 +25,22 @@ from opspatch.hosts.operations import open_transport
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.fleet.liveapply import live_former
-from tests.standin import EngineProcess, StandinHost, make_host, running_engine
-from tests.test_live_delivery import ALL_SOCKETS, wait_for_sockets
-from tests.test_standin_processes import tree_of
+from tests.enginekit import (
+    ALL_SOCKETS,
+    TP2,
+    host,
+    inventory_host,
+    live_dir,
+    tree_of,
+    wait_for_sockets,
+)
+from tests.standin import EngineProcess, StandinHost, running_engine
+
+__all__ = ["host", "live_dir"]  # the fixtures, used by name
 
 pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parent.parent
-TP2 = ("--tp-size", "2")
 THRESHOLD = "EAGLEWorkerV2.spec_disable_batch_threshold"
 DEFINITIONS = [(THRESHOLD, "class-attribute"), ("EAGLEWorkerV2.__init__", "method")]
 REFUSE_RANK_ENV = "OPSPATCH_TEST_REFUSE_RANK"
@@ -57,45 +61,6 @@ def refusing_runtime() -> bytes:
         '        return _refused(TAKE_FAILED, "this rank was told to refuse")\n',
         1,
     ).encode()
-
-
-@pytest.fixture(scope="module")
-def host(tmp_path_factory: pytest.TempPathFactory) -> StandinHost:
-    made = make_host(tmp_path_factory.mktemp("live-apply"))
-    for relative, data in livedist.live_distribution("0.1.0", livedist.plugin_sources()).items():
-        target = made.site_packages / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-    return made
-
-
-@pytest.fixture
-def live_dir() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="ol", dir="/tmp"))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def inventory_host(host: StandinHost, engine: EngineProcess, live_dir: Path) -> Host:
-    return Host(
-        **{
-            **vars(
-                Host.local(
-                    "gpu-01",
-                    str(host.host_dir / "state"),
-                    EngineSettings(
-                        python=str(host.python),
-                        url=engine.url,
-                        log_file=str(engine.log_path),
-                        env={socket_paths.LIVE_DIR_ENV: str(live_dir)},
-                    ),
-                )
-            ),
-            "live": True,
-        }
-    )
 
 
 def apply_live(host: StandinHost, engine: EngineProcess, live_dir: Path, ledger: Ledger):  # type: ignore[no-untyped-def]

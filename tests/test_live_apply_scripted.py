@@ -1,4 +1,4 @@
-"""`apply --live`, fast: the scripted hosts of test_runs_scripted.py (the real agent on real
+"""`apply --live`, fast: the scripted hosts of tests/scriptedkit.py (the real agent on real
 files, a scripted engine) with a scripted live engine behind the `live` operation: a main
 process and a detokenizer that never import the module, and two scheduler ranks that take the
 fix at one boundary (the entry rank answering for both, as the plugin does).
@@ -13,21 +13,18 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 
-from opspatch.core.host import Host
 from opspatch.core.live import LiveForm, NotLive
 from opspatch.core.policy import BatchSize, Playbook
 from opspatch.core.spec import PatchSpec
 from opspatch.core.vocabulary import NotLiveReason
 from opspatch.errors import LiveRefused
 from opspatch.runs.commands.apply import apply_to_hosts
-from opspatch.runs.fleet.liveapply import live_former
-from opspatch.runs.report import RunReport
-from tests.test_runs_scripted import PRISTINE, FakeHost, Fleet, fleet, sha
+from tests.livekit import LiveEngine, apply_live, former, live_host, steps
+from tests.scriptedkit import PRISTINE, Fleet, fleet, sha
 
 pytestmark = pytest.mark.scripted
 
@@ -35,129 +32,12 @@ __all__ = ["fleet"]  # the fixture, used by name
 
 THRESHOLD = "EAGLEWorkerV2.spec_disable_batch_threshold"
 INIT = "EAGLEWorkerV2.__init__"
-former = live_former  # the real live form of the patch's change
 
 
 def refusing_former(part: PatchSpec, pre: bytes, post: bytes) -> LiveForm | NotLive:
     return NotLive(
         NotLiveReason.FREE_VARIABLES, "EAGLEWorkerV2.__init__: a new free variable (a closure)"
     )
-
-
-def checked(
-    fix: dict[str, Any],
-    *,
-    loaded: bool,
-    held: dict[str, list[str]] | None = None,
-    found: dict[str, list[dict[str, Any]]] | None = None,
-) -> list[dict[str, Any]]:
-    """A process's answer to the preflight's `check` of `fix`'s takes, as the plugin gives it:
-    the module `loaded` or not, the definitions other fixes hold (`held`: fix -> names), and
-    what the test makes it find (`found`: captured, objects, frames)."""
-    answers = []
-    for take in fix["fixes"]:
-        entry: dict[str, Any] = {"fix_id": take["fix_id"], "module": take["module"]}
-        entry["loaded"] = loaded
-        if loaded:
-            names = {d["name"] for d in take["definitions"]}
-            entry["held"] = [
-                {"name": n, "fix_id": other}
-                for other, held_names in (held or {}).items()
-                if other != take["fix_id"]
-                for n in held_names
-                if n in names
-            ]
-            entry.update({"captured": [], "objects": [], "frames": [], **(found or {})})
-        answers.append(entry)
-    return answers
-
-
-@dataclass
-class LiveEngine:
-    """The engine's processes as their sockets answer: what each scheduler rank holds, a rank
-    told to refuse a take, and what every rank's `check` finds (`found`)."""
-
-    held: dict[int, dict[str, list[str]]] = field(default_factory=lambda: {0: {}, 1: {}})
-    refusing_rank: int | None = None
-    listening: bool = True
-    asked: list[str] = field(default_factory=list)
-    found: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    loaded: bool = True
-    """Whether the ranks imported the module (main and the detokenizer never do)."""
-
-    def answer(self, args: dict[str, Any]) -> dict[str, Any]:
-        fix = args["fix"]
-        self.asked.append(fix["op"])
-        if not self.listening:
-            return {"server_pid": 4242, "folder": None, "missing": "nobody listens", "answers": []}
-        answers = [self._direct("main", 100, fix), self._direct("detokenizer", 101, fix)]
-        if fix["op"] in ("list", "check"):
-            answers += [self._socket(rank, self._rank(rank, fix)) for rank in (0, 1)]
-        else:
-            ranks = [self._rank(rank, fix) for rank in (0, 1)]
-            entry = {**ranks[0], "ok": all(r["ok"] for r in ranks), "ranks": ranks}
-            answers.append(self._socket(0, entry))
-        return {"server_pid": 4242, "folder": "/tmp/x/4242", "missing": None, "answers": answers}
-
-    @staticmethod
-    def _socket(rank: int, reply: dict[str, Any]) -> dict[str, Any]:
-        return {"socket": f"scheduler-tp{rank}.sock", "reply": reply, "error": None}
-
-    @staticmethod
-    def _direct(role: str, pid: int, fix: dict[str, Any]) -> dict[str, Any]:
-        process = {"role": role, "rank": None, "pid": pid}
-        if fix["op"] == "take":
-            reply = {
-                "ok": False,
-                "took": [],
-                "refused": {"code": "module-not-loaded", "message": "not imported here"},
-            }
-        elif fix["op"] == "check":
-            reply = {"ok": True, "took": [], "checks": checked(fix, loaded=False)}
-        else:
-            reply = {"ok": True, "took": []}
-        return {"socket": f"{role}.sock", "reply": {**reply, "process": process}, "error": None}
-
-    def _rank(self, rank: int, fix: dict[str, Any]) -> dict[str, Any]:
-        process = {"role": "scheduler", "rank": rank, "pid": 200 + rank}
-        held = self.held[rank]
-        if fix["op"] == "check":
-            answer = checked(fix, loaded=self.loaded, held=held, found=self.found)
-            return {"ok": True, "took": [], "checks": answer, "process": process}
-        if fix["op"] == "take":
-            if rank == self.refusing_rank:
-                refused = {"code": "take-failed", "message": "AttributeError: boom"}
-                return {"ok": False, "took": [], "refused": refused, "process": process}
-            names = [d["name"] for d in fix["definitions"]]
-            held[fix["fix_id"]] = names
-            took = [{"fix_id": fix["fix_id"], "name": n} for n in names]
-            return {"ok": True, "took": took, "process": process}
-        if fix["op"] == "revert":
-            held.pop(fix["fix_id"], None)
-        took = [{"fix_id": f, "name": n} for f, names in held.items() for n in names]
-        return {"ok": True, "took": took, "process": process}
-
-
-def live_host(fake: FakeHost, *, live: bool = True) -> Host:
-    return replace(fake.host(), live=live)
-
-
-def apply_live(fleet: Fleet, engine: LiveEngine, chosen: Any = former, **kw: Any) -> RunReport:
-    for fake in fleet.hosts:
-        fake.fault = lambda op, args: engine.answer(args) if op == "live" else None
-    return apply_to_hosts(
-        fleet.patch,
-        [live_host(h, **kw) for h in fleet.hosts],
-        Playbook(canary=0, batch=BatchSize(count=10), max_failures=1),
-        factory=fleet.factory,
-        ledger=fleet.ledger,
-        live=chosen,
-    )
-
-
-def steps(report: RunReport) -> list[str]:
-    (outcome,) = report.hosts
-    return [str(s.step) for s in outcome.steps]
 
 
 def test_a_live_apply_takes_the_fix_in_every_rank_and_proves_it_without_a_restart(
@@ -218,8 +98,7 @@ def test_a_change_whose_live_form_is_refused_refuses_the_run_before_any_change(
     report = apply_live(fleet, engine, refusing_former)
     assert report.refused and report.exit_code == 2
     names = [h.name for h in fleet.hosts]
-    assert f"the change cannot be taken live on {', '.join(names)}" in (report.halted or "")
-    assert "apply without --live to apply it with a restart" in (report.halted or "")
+    assert {o.host: o.reason for o in report.hosts} == dict.fromkeys(names, "not-taken-live")
     for outcome in report.hosts:
         error = outcome.error or ""
         assert outcome.outcome == "skipped", outcome
@@ -235,6 +114,7 @@ def test_a_change_whose_live_form_is_refused_refuses_the_run_before_any_change(
     recorded = fleet.ledger.get_run(report.run_id or "")
     assert recorded.summary.outcome == "refused", recorded.summary
     assert {h.host: h.outcome for h in recorded.hosts} == dict.fromkeys(names, "skipped")
+    assert {h.host: h.reason for h in recorded.hosts} == dict.fromkeys(names, "not-taken-live")
 
 
 def test_one_host_whose_change_has_no_live_form_refuses_the_whole_fleet(fleet: Fleet) -> None:
@@ -253,8 +133,8 @@ def test_one_host_whose_change_has_no_live_form_refuses_the_whole_fleet(fleet: F
     engine = LiveEngine()
     report = apply_live(fleet, engine, one_refused)
     assert report.exit_code == 2
-    (refused,) = [o for o in report.hosts if "cannot be taken live" in (o.error or "")]
-    assert f"the change cannot be taken live on {refused.host} " in (report.halted or "")
+    (refused,) = [o for o in report.hosts if o.reason == "not-taken-live"]
+    assert {o.reason for o in report.hosts if o is not refused} == {"not-started"}
     assert set(engine.asked) == {"check"}
     assert all(sha(h.file.read_bytes()) == PRISTINE for h in fleet.hosts)
 
@@ -326,7 +206,7 @@ def test_a_dry_run_says_the_refusal_too(fleet: Fleet) -> None:
         live=refusing_former,
     )
     assert report.refused and report.exit_code == 2
-    assert "cannot be taken live" in (report.halted or "")
+    assert {o.reason for o in report.hosts} == {"not-taken-live"}
 
 
 def test_hosts_without_live_true_are_refused_before_anything(fleet: Fleet) -> None:
@@ -344,7 +224,7 @@ def test_an_engine_that_does_not_listen_refuses_the_run_before_any_change(fleet:
     engine = LiveEngine(listening=False)
     report = apply_live(fleet, engine)
     assert report.exit_code == 2
-    assert "do not listen for live fixes" in (report.halted or "")
+    assert {o.reason for o in report.hosts} == {"not-listening"}
     assert all(sha(h.file.read_bytes()) == PRISTINE for h in fleet.hosts)
     assert "take" not in engine.asked
     assert all("nobody listens" in (o.error or "") for o in report.hosts)

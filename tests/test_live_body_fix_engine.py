@@ -18,10 +18,16 @@ from opspatch.hosts.operations import open_transport
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.fleet.liveapply import live_former
+from tests.enginekit import (  # noqa: F401
+    ALL_SOCKETS,
+    TP2,
+    host,
+    inventory_host,
+    live_dir,
+    tree_of,
+    wait_for_sockets,
+)
 from tests.standin import StandinHost, running_engine
-from tests.test_live_apply_engine import TP2, host, inventory_host, live_dir  # noqa: F401
-from tests.test_live_delivery import ALL_SOCKETS, wait_for_sockets
-from tests.test_standin_processes import tree_of
 
 pytestmark = pytest.mark.engine
 

@@ -21,7 +21,6 @@ pid, the first decode passes, and `status` says applied with no live fix in memo
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import hashlib
 import json
@@ -30,37 +29,23 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from opspatch.config.inventory import load_inventory
 from opspatch.core.live import LiveDefinition
-from opspatch.core.policy import Playbook
 from opspatch.core.vocabulary import LiveKind
-from opspatch.hosts import livedist
 from opspatch.hosts.agent import live as agent_live
-from opspatch.hosts.engine import EngineControl
 from opspatch.hosts.live import LiveEngineReply, LiveFix, ask_engine
 from opspatch.hosts.liveplugin import socket_paths, wire
-from opspatch.hosts.operations import HostOperations, open_transport
-from opspatch.hosts.transport.base import Command
 from opspatch.sandbox.dist import engine_source_dir
-from opspatch.sandbox.layout import ENGINE_ENV
-from tests.clirunner import Run, opspatch
-from tests.fleetkit import alive
-from tests.standin import StandinHost, free_port, http_request, make_host
-from tests.test_standin_processes import tree_of
+from tests.enginekit import HOST, LiveHost, running_live_host
 
 pytestmark = pytest.mark.engine
 
-HOST = "live:gpu-01"
 THRESHOLD = "EAGLEWorkerV2.spec_disable_batch_threshold"
 CUDA_GRAPH_RUNNER = "sglang.srt.model_executor.cuda_graph_runner"
-DECODE = {"text": "Hello", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
-PLAYBOOK = Playbook(canary=0)
 
 
 def edit_patch(patch_id: str, module: str, scope: str, code: str) -> str:
@@ -85,115 +70,6 @@ code = """
 {code}
 """
 '''
-
-
-@dataclass
-class LiveHost:
-    """The stand-in host, its inventory entry in a workspace, and the controller's state."""
-
-    standin: StandinHost
-    root: Path
-    live_dir: Path
-    port: int
-    args: tuple[str, ...] = ()
-    """More arguments of the engine's start (`--disable-cuda-graph`: a healthy server)."""
-
-    @property
-    def workspace(self) -> Path:
-        return self.root / "workspace"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.standin.host_dir / "server.pid"
-
-    def opspatch(self, *args: str) -> Run:
-        return opspatch(
-            *args, cwd=self.workspace, env={"OPSPATCH_STATE_DIR": str(self.root / "state")}
-        )
-
-    def engine(self) -> EngineControl:
-        host = load_inventory(self.workspace / "inventories" / "live.toml").host("gpu-01")
-        return EngineControl(HostOperations(open_transport(host), host), host, PLAYBOOK)
-
-    def restart(self) -> None:
-        """The engine restarted by the inventory's restart command, as opspatch restarts it."""
-        control = self.engine()
-        control.wait_ready(control.restart(step="start"), timeout=300)
-
-    def pid(self) -> int:
-        pid = int(self.pid_file.read_text().strip())
-        assert alive(pid), pid
-        return pid
-
-    def pids(self) -> set[int]:
-        return set(tree_of(self.pid()))
-
-    def log(self) -> str:
-        return (self.standin.host_dir / "server.log").read_text(errors="replace")
-
-    def decode(self) -> int:
-        return http_request("POST", f"http://127.0.0.1:{self.port}/generate", DECODE).status
-
-    def inventory(self) -> str:
-        python = self.standin.python
-        start = Command(
-            (
-                str(python),
-                "-m",
-                "sglang.launch_server",
-                "--port",
-                str(self.port),
-                "--tp-size",
-                "2",
-                *self.args,
-            )
-        ).render()
-        env = {**ENGINE_ENV, "HOME": str(self.standin.host_dir)}
-        env[socket_paths.LIVE_DIR_ENV] = str(self.live_dir)
-        return "\n".join(
-            [
-                "[hosts.gpu-01]",
-                'transport = "local"',
-                "live = true",
-                f"state_dir = {json.dumps(str(self.standin.host_dir / 'state'))}",
-                "[hosts.gpu-01.engine]",
-                f"python = {json.dumps(str(python))}",
-                f'url = "http://127.0.0.1:{self.port}"',
-                f"log_file = {json.dumps(str(self.standin.host_dir / 'server.log'))}",
-                "env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + " }",
-                f'restart = {{ kind = "command", start = {json.dumps(start)}, '
-                f"pid_file = {json.dumps(str(self.pid_file))}, "
-                f"workdir = {json.dumps(str(self.standin.host_dir))}, stop_timeout = 10 }}",
-                "",
-            ]
-        )
-
-
-@contextlib.contextmanager
-def running_live_host(
-    root: Path, *, plugin: bool = True, args: tuple[str, ...] = ()
-) -> Iterator[LiveHost]:
-    """The stand-in host in a workspace's inventory, its engine started the inventory's way
-    (with `args`; `plugin`: opspatch's plugin installed first), stopped at the end."""
-    standin = make_host(root / "host")
-    if plugin:
-        for relative, data in livedist.live_distribution(
-            "0.1.0", livedist.plugin_sources()
-        ).items():
-            target = standin.site_packages / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-    live_dir = Path(tempfile.mkdtemp(prefix="ol", dir="/tmp"))  # a socket path has 107 bytes
-    made = LiveHost(standin, root, live_dir, free_port(), args)
-    (made.workspace / "inventories").mkdir(parents=True)
-    (made.workspace / "patches").mkdir()
-    (made.workspace / "inventories" / "live.toml").write_text(made.inventory())
-    try:
-        made.restart()
-        yield made
-    finally:
-        made.engine().stop()
-        shutil.rmtree(live_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

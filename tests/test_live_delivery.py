@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,15 @@ import pytest
 from opspatch.hosts import livedist
 from opspatch.hosts.liveplugin import socket_paths, wire
 from opspatch.sandbox.dist import upstream_fixed
-from tests.standin import EngineProcess, StandinHost, make_host, running_engine
-from tests.test_standin_processes import children_of, comm, tree_of
+from tests.enginekit import (
+    ALL_SOCKETS,
+    children_of,
+    comm,
+    tree_of,
+    wait_for_frozen_collectors,
+    wait_for_sockets,
+)
+from tests.standin import StandinHost, make_host, running_engine
 
 pytestmark = pytest.mark.engine
 
@@ -66,38 +72,6 @@ def live_dir() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def sockets_of(live_dir: Path, engine: EngineProcess) -> dict[str, Path]:
-    folder = live_dir / str(engine.pid)
-    return {path.name: path for path in sorted(folder.glob("*.sock"))}
-
-
-def wait_for_sockets(live_dir: Path, engine: EngineProcess, names: set[str]) -> dict[str, Path]:
-    """The server's sockets once all of `names` listen (a scheduler's opens as its Scheduler is
-    built, the detokenizer's as its manager is)."""
-    deadline = time.monotonic() + 120
-    while True:
-        found = sockets_of(live_dir, engine)
-        if names <= set(found):
-            return found
-        assert engine.popen.poll() is None, f"the engine exited:\n{engine.log_text()}"
-        assert time.monotonic() < deadline, f"only {sorted(found)}:\n{engine.log_text()}"
-        time.sleep(0.05)
-
-
-def wait_for_frozen_collectors(sockets: dict[str, Path]) -> dict[str, int]:
-    """Each process's `gc.get_freeze_count()` once every one froze its collector, as SGLang's
-    processes do after the warm-up (the schedulers and the detokenizer a moment after the
-    main process, passed on by `/freeze_gc`)."""
-    deadline = time.monotonic() + 60
-    while True:
-        frozen = {
-            name: wire.ask(str(path), {"op": "ping"})["gc_frozen"] for name, path in sockets.items()
-        }
-        if all(frozen.values()) or time.monotonic() > deadline:
-            return frozen
-        time.sleep(0.1)
-
-
 @contextlib.contextmanager
 def fixed_eagle_worker(host: StandinHost) -> Iterator[tuple[str, str]]:
     """The installed `eagle_worker_v2.py` swapped for a fixed release's (a class default of the
@@ -122,9 +96,6 @@ def take_request(path: str, sha256: str) -> dict[str, Any]:
         "sha256": sha256,
         "definitions": [{"name": THRESHOLD, "kind": "class-attribute"}],
     }
-
-
-ALL_SOCKETS = {"main.sock", "scheduler-tp0.sock", "scheduler-tp1.sock", "detokenizer.sock"}
 
 
 def test_every_process_of_a_tp2_server_loads_the_plugin_and_listens(

@@ -7,11 +7,7 @@ a definition that cannot be set is refused with nothing changed."""
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import sys
-import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -19,6 +15,9 @@ from typing import Any
 import pytest
 
 from opspatch.hosts.liveplugin import fixes
+from tests.livekit import module_from, nothing_held, post_image, take
+
+__all__ = ["module_from", "nothing_held"]  # the fixtures, used by name
 
 pytestmark = pytest.mark.pure
 
@@ -48,57 +47,6 @@ class Worker:
     def name(self):
         return "old name"
 """
-
-
-@pytest.fixture
-def module_from(tmp_path: Path) -> Iterator[Callable[[str, str], ModuleType]]:
-    """Import source as a fresh module under a unique name; removed from sys.modules after."""
-    made: list[str] = []
-
-    def make(name: str, source: str) -> ModuleType:
-        path = tmp_path / f"{name}.py"
-        path.write_text(textwrap.dedent(source))
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        made.append(name)
-        spec.loader.exec_module(module)
-        return module
-
-    yield make
-    for name in made:
-        sys.modules.pop(name, None)
-
-
-@pytest.fixture(autouse=True)
-def nothing_held() -> Iterator[None]:
-    yield
-    for fix_id in [entry["fix_id"] for entry in fixes.list()["took"]]:
-        fixes.revert(fix_id)
-
-
-def post_image(where: ModuleType | Path, source: str) -> tuple[str, str]:
-    """Write `source` over the module's own file (as a run swaps the post-image in), or at a
-    path; the path and its sha256."""
-    path = Path(str(where.__file__)) if isinstance(where, ModuleType) else where
-    path.write_text(textwrap.dedent(source))
-    return str(path), hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def take(
-    module: str, path: str, sha: str, *definitions: tuple[str, str], fix_id: str = "fix-1"
-) -> dict[str, Any]:
-    return fixes.take(
-        {
-            "op": "take",
-            "fix_id": fix_id,
-            "module": module,
-            "path": path,
-            "sha256": sha,
-            "definitions": [{"name": n, "kind": k} for n, k in definitions],
-        }
-    )
 
 
 def changed(*pairs: tuple[str, str]) -> str:

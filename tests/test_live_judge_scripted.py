@@ -1,7 +1,7 @@
 """`apply --live` under a playbook's `[judge]`: the judge follows the smoke after the take, as
 it follows the smoke after a restart, and a `fail` is a failed proof (every process reverted,
-the file restored, `rolled-back`). Scripted hosts (test_live_apply_scripted.py's live engine,
-test_unit_judge_scripted.py's `measure` answers: the old server's before the swap, the new one's
+the file restored, `rolled-back`). Scripted hosts (tests/livekit.py's live engine,
+tests/scriptedkit.py's `measure` answers: the old server's before the swap, the new one's
 after it)."""
 
 from __future__ import annotations
@@ -15,13 +15,20 @@ from opspatch.core.policy import BatchSize, JudgeSettings, Playbook
 from opspatch.core.vocabulary import JudgeHosts, Step
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.report import RunReport
-from tests.test_live_apply_scripted import LiveEngine, former, live_host
-from tests.test_runs_scripted import PRISTINE, Fleet, fleet, sha
-from tests.test_unit_judge_scripted import JUDGED as UNIT_JUDGED
-from tests.test_unit_judge_scripted import PROMPTS, judged_unit, sample
-from tests.test_unit_judge_scripted import files as unit_files
-from tests.test_unit_live_scripted import live_unit
-from tests.test_units_scripted import Units, units
+from tests.livekit import LiveEngine, former, live_host, live_unit
+from tests.scriptedkit import JUDGED as UNIT_JUDGED
+from tests.scriptedkit import (
+    PRISTINE,
+    PROMPTS,
+    Fleet,
+    Units,
+    fleet,
+    judged_unit,
+    sample,
+    sha,
+    units,
+)
+from tests.scriptedkit import files as unit_files
 
 pytestmark = pytest.mark.scripted
 
@@ -79,7 +86,7 @@ def test_a_live_take_the_judge_fails_is_reverted_everywhere_and_the_file_restore
     engine = LiveEngine()
     report = apply_judged(fleet, engine, changed=True)
     (outcome,) = report.hosts
-    assert outcome.outcome == "rolled-back", outcome
+    assert (outcome.outcome, outcome.reason) == ("rolled-back", "judge-failed"), outcome
     assert "tokens" in (outcome.error or ""), outcome.error
     assert outcome.judgment is not None and outcome.judgment.failed
     assert engine.held == {0: {}, 1: {}}

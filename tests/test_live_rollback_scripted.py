@@ -1,5 +1,5 @@
 """`rollback` of a patch applied live, fast: the scripted hosts and scripted live engine of
-test_live_apply_scripted.py. The rollback sends `revert` of the patch's live fix to every process
+tests/livekit.py. The rollback sends `revert` of the patch's live fix to every process
 before it restores the file, so `--restart never` takes the code out of the running engine too;
 a host without `live = true` is never asked.
 """
@@ -13,8 +13,8 @@ import pytest
 from opspatch.core.policy import Playbook
 from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.report import RunReport
-from tests.test_live_apply_scripted import LiveEngine, apply_live, steps
-from tests.test_runs_scripted import PRISTINE, Fleet, fleet, sha
+from tests.livekit import LiveEngine, apply_live, steps
+from tests.scriptedkit import PRISTINE, Fleet, fleet, sha
 
 pytestmark = pytest.mark.scripted
 

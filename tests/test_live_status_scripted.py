@@ -1,5 +1,5 @@
 """`status` on live hosts, fast: the scripted hosts and live engine of
-test_live_apply_scripted.py. A host with `live = true` is asked `list` once: each patch's row
+tests/livekit.py. A host with `live = true` is asked `list` once: each patch's row
 names the processes holding its live fix, and a fix taken from bytes the file no longer has is
 drift; a host without it is asked nothing more than before.
 """
@@ -13,8 +13,8 @@ import pytest
 
 from opspatch.errors import TransportError
 from opspatch.runs.commands.status import exit_code, fleet_status
-from tests.test_live_apply_scripted import LiveEngine, apply_live
-from tests.test_runs_scripted import Fleet, fleet, sha
+from tests.livekit import LiveEngine, apply_live
+from tests.scriptedkit import Fleet, fleet, sha
 
 pytestmark = pytest.mark.scripted
 

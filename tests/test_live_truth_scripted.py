@@ -1,5 +1,5 @@
 """`live enable` / `live disable` say no more than they checked, fast: the scripted hosts of
-test_live_enable_scripted.py, with the faults the outside trial looked for.
+tests/livekit.py, with the faults the outside trial looked for.
 
 A host that cannot be locked or read is `failed` with nothing written (not `needs-attention`:
 its bytes are the ones it had); an install or a removal whose reply is lost is read back before
@@ -18,8 +18,8 @@ from opspatch.errors import TransportError
 from opspatch.hosts.transport.scripted import Refusal, agent_operation
 from opspatch.runs.commands.live import disable_live, enable_live
 from opspatch.runs.report import RunReport
-from tests.test_live_enable_scripted import files_under, run, scripted_site, site_of
-from tests.test_runs_scripted import Fleet, fleet
+from tests.livekit import files_under, run, scripted_site, site_of
+from tests.scriptedkit import Fleet, fleet
 
 pytestmark = pytest.mark.scripted
 

@@ -4,7 +4,7 @@ however long it is cut off from the ledger), and an exec sent after another run 
 over is refused before it does anything. A recover of a run whose lease expired takes a host's
 lock only once it expired, never by run id from a controller that may be alive.
 
-Scripted hosts (tests/test_runs_scripted.py): real files, real state folders, the real agent's
+Scripted hosts (tests/scriptedkit.py): real files, real state folders, the real agent's
 lock; operator A's run in a thread, held inside an exec by the host's fault hook. A is cut off
 from the ledger for real on PostgreSQL (its server session ended and its role kept out, as
 behind a network cut); on SQLite, whose file cannot be cut, its heartbeat is made to fail.
@@ -32,7 +32,7 @@ from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
 from tests.pgkit import BACKENDS, PostgresServer, backend_pid
-from tests.test_runs_scripted import PRISTINE, REPO, STANDIN, FakeHost, Fleet, sha
+from tests.scriptedkit import PRISTINE, REPO, STANDIN, FakeHost, Fleet, sha
 
 pytestmark = pytest.mark.scripted
 
@@ -421,7 +421,7 @@ def test_a_recover_takes_at_once_the_hosts_a_cut_off_run_has_no_command_running_
     assert by_host["h1"].outcome == "applied", by_host["h1"]  # A kept its canary's lock
     # A, its leases lost, starts no more hosts (were it to, its first exec there is fenced)
     assert by_host["h2"].outcome == "skipped", by_host["h2"]
-    assert "not started" in (by_host["h2"].error or ""), by_host["h2"]
+    assert by_host["h2"].reason == "not-started", by_host["h2"]
     assert sha(waiting.file.read_bytes()) == PRISTINE  # A changed nothing there after B
     assert "swap" not in waiting.requests
     assert not (waiting.state / "lock.json").exists()

@@ -26,7 +26,7 @@ from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.results import OPERATIONS, Operation
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
-from tests.test_scripted_transport import scripted_host
+from tests.scriptedkit import scripted_host
 
 pytestmark = pytest.mark.scripted
 
@@ -120,11 +120,12 @@ def test_each_operation_runs_as_its_descriptor_says_on_a_host_with_become(name: 
 
 
 @pytest.mark.parametrize("name", sorted(OPERATIONS))
-def test_each_reply_type_has_its_records_fields_as_keys(name: str) -> None:
+def test_each_reply_is_read_as_itself_or_as_a_record_of_its_keys(name: str) -> None:
     descriptor: Operation[Any, Any, Any] = OPERATIONS[name]
-    reply_keys = set(typing.get_type_hints(descriptor.reply))
-    as_read = {descriptor.renamed.get(key, key) for key in reply_keys}
-    assert as_read == set(read_keys(descriptor.record)), (descriptor.reply, descriptor.record)
+    if descriptor.record is not descriptor.reply:  # a record that adds to the reply
+        reply_keys = set(typing.get_type_hints(descriptor.reply))
+        as_read = {descriptor.renamed.get(key, key) for key in reply_keys}
+        assert as_read == set(read_keys(descriptor.record)), (descriptor.reply, descriptor.record)
     # and the request the agent's function takes is the descriptor's
     hints = typing.get_type_hints(descriptor.function, vars(protocol))
     assert hints["args"] is descriptor.request and hints["return"] is descriptor.reply
@@ -156,3 +157,44 @@ def test_a_diagnose_reply_without_a_field_is_a_bad_reply_naming_it(tmp_path: Pat
     module = whole.module("json.decoder")
     assert module.file is not None and module.file.realpath.endswith("decoder.py")
     assert module.file.content == Path(module.file.realpath).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("reply", "named"),
+    [
+        (
+            {"released": "yes", "reason": "released", "previous": None},
+            "UnlockReply.released: Input should be a valid boolean, got str",
+        ),
+        ({"released": True, "previous": None}, "UnlockReply.reason: missing"),
+        (
+            {"released": True, "reason": "released", "previous": {"acquired_at": "10"}},
+            "UnlockReply.previous.acquired_at: Input should be a number, got str",
+        ),
+    ],
+)
+def test_a_reply_read_as_its_wire_type_is_checked_naming_the_field(
+    tmp_path: Path, reply: dict[str, Any], named: str
+) -> None:
+    """An operation whose reply the controller reads as the agent's own TypedDict (no record of
+    its own) is still checked at the boundary, through pydantic: `agent-bad-reply` naming the
+    field, a string no bool or number (scalars are read strictly)."""
+    ops = HostOperations(ScriptedTransport(lambda op, args: reply), scripted_host(tmp_path))
+    with pytest.raises(RemoteOperationError) as caught:
+        ops.unlock(run_id="run-1", timeout=5)
+    assert caught.value.code == "agent-bad-reply" and caught.value.step == "unlock"
+    assert named in caught.value.message, caught.value.message
+
+
+def test_a_reply_read_as_its_wire_type_keeps_what_was_written(tmp_path: Path) -> None:
+    """The value is the reply as the agent wrote it: a whole number of seconds stays an int,
+    a key the wire type does not name is dropped (a newer agent's addition)."""
+    answer = {"released": True, "reason": "released", "newer": 1}
+    previous = {"owner": "ops", "run_id": "run-0", "acquired_at": 10, "expires_at": 12.5}
+    ops = HostOperations(
+        ScriptedTransport(lambda op, args: {**answer, "previous": previous}),
+        scripted_host(tmp_path),
+    )
+    result = ops.unlock(run_id="run-1", timeout=5)
+    assert result == {"released": True, "reason": "released", "previous": previous}
+    assert type(cast(dict[str, Any], result["previous"])["acquired_at"]) is int

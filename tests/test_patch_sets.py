@@ -25,40 +25,10 @@ from opspatch.errors import InputError, SpecError
 from opspatch.ledger.store import Ledger
 from opspatch.sandbox.sshd import find_sshd
 from tests.faultkit import FaultFleet, FleetSlot, isolated_home
-from tests.fleetkit import SandboxFleet
+from tests.fleetkit import EAGLE, HEADER, SCHEDULER, SET_ID, TARGET_A, TARGET_B, SandboxFleet
 
 pytestmark = pytest.mark.pure
 
-SET_ID = "two-modules"
-EAGLE = "sglang.srt.speculative.eagle_worker_v2"
-SCHEDULER = "sglang.srt.managers.scheduler"
-
-HEADER = f'''
-id = "{SET_ID}"
-summary = "one fix in two modules"
-rationale = "tests of patch sets"
-'''
-
-TARGET_A = f'''
-[[targets]]
-module = "{EAGLE}"
-versions = ">=0.5.4"
-[[targets.edits]]
-kind = "insert"
-scope = "<module>"
-position = "end"
-code = "_OPSPATCH_SET_A = 1"
-'''
-
-TARGET_B = f'''
-[[targets]]
-module = "{SCHEDULER}"
-[[targets.edits]]
-kind = "insert"
-scope = "<module>"
-position = "end"
-code = "_OPSPATCH_SET_B = 2"
-'''
 
 # The second target's edit anchors on a function the stand-in's scheduler does not define.
 TARGET_B_MISFIT = f'''

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 from opspatch.ledger.store import Ledger
 from opspatch.sandbox.sshd import find_sshd
 from tests.fleetkit import SandboxFleet, wait_until
+from tests.patchkit import _test_patch
 
 pytestmark = [pytest.mark.engine, pytest.mark.ssh]
 
@@ -38,27 +38,6 @@ ready = {ready}
 smoke = 60
 restore = 30
 """
-
-
-def _test_patch(patch_id: str, code: str, summary: str) -> str:
-    """A patch inserting `code` at the end of eagle_worker_v2's module (valid Python)."""
-    return textwrap.dedent(
-        f'''
-        id = "{patch_id}"
-        summary = "{summary}"
-        rationale = "test fault injection"
-        [target]
-        module = "sglang.srt.speculative.eagle_worker_v2"
-        versions = ">=0.5.4"
-        [[edits]]
-        kind = "insert"
-        scope = "<module>"
-        position = "end"
-        code = \'\'\'
-        {{code}}
-        \'\'\'
-        '''
-    ).replace("{code}", textwrap.dedent(code).strip().replace("\n", "\n"))
 
 
 @pytest.fixture()

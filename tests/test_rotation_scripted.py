@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,97 +18,33 @@ from typing import Any
 import pytest
 
 from opspatch.config.fleet import DesiredPatch, DesiredState
-from opspatch.config.patches import load_patch
-from opspatch.core.host import Host, RouterSettings, Unit
-from opspatch.core.policy import BatchSize, Playbook, RotationSettings, StepTimeouts
+from opspatch.core.host import RouterSettings, Unit
+from opspatch.core.policy import BatchSize
 from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.core.vocabulary import StepStatus
 from opspatch.errors import EXIT_BAD_INPUT, Location, RouterRefused
 from opspatch.hosts.agent.facts import host_name, machine_id
-from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
+from opspatch.hosts.transport.scripted import Refusal, agent_operation
 from opspatch.ledger.records import StepRecord
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
-from opspatch.runs.commands.recover import recover_hosts
 from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.commands.sync import sync_fleet
 from opspatch.runs.fleet.rotation import Rotation, rotation_of, taken_out_by
-from opspatch.runs.report import RunReport
-from tests.test_runs_scripted import REPO, STANDIN, FakeHost, sha
+from tests.scriptedkit import (
+    ONE,
+    PATCH,
+    STANDIN,
+    FakeHost,
+    FakeRouter,
+    RoutedFleet,
+    RouterState,
+    book,
+    sha,
+    worker_url,
+)
 
 pytestmark = pytest.mark.scripted
-
-
-@dataclass
-class RouterState:
-    """What the fake router holds: registered workers by URL (id, healthy), whether a worker
-    it is asked to add turns healthy, and every control-plane call in order."""
-
-    workers: dict[str, tuple[str, bool]] = field(default_factory=dict)
-    adds_turn_healthy: bool = True
-    down: bool = False  # every call answered 503, as a dying router's port might
-    calls: list[str] = field(default_factory=list)
-    next_id: int = 0
-
-
-class FakeRouter(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.state = RouterState()
-        self.lock = threading.Lock()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: FakeRouter
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return None
-
-    def _send(self, status: int, body: Any) -> None:
-        if self.server.state.down:
-            status, body = 503, {"error": "the router is gone"}
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        state = self.server.state
-        with self.server.lock:
-            state.calls.append(f"GET {self.path}")
-            listed = [{"id": i, "url": u, "is_healthy": ok} for u, (i, ok) in state.workers.items()]
-        if self.path == "/workers":
-            self._send(200, {"workers": listed, "total": len(listed)})
-        else:
-            self._send(200, {"job_status": {"status": "processing"}})
-
-    def do_POST(self) -> None:
-        state = self.server.state
-        url = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["url"]
-        with self.server.lock:
-            state.calls.append(f"POST /workers {url}")
-            state.next_id += 1
-            worker_id = f"id-{state.next_id}"
-            state.workers[url] = (worker_id, state.adds_turn_healthy)
-        self._send(202, {"worker_id": worker_id})
-
-    def do_DELETE(self) -> None:
-        state = self.server.state
-        with self.server.lock:
-            state.calls.append(f"DELETE {self.path}")
-            gone = [u for u, (i, _) in state.workers.items() if self.path.endswith(i)]
-            for url in gone:
-                del state.workers[url]
-        self._send(202, {"status": "accepted"})
 
 
 @pytest.fixture(scope="module")
@@ -121,57 +57,6 @@ def router() -> Iterator[FakeRouter]:
         server.shutdown()
 
 
-def worker_url(name: str) -> str:
-    """The worker as the router knows it: not the engine URL the host itself uses."""
-    return f"http://{name}.internal:30000"
-
-
-@dataclass
-class RoutedFleet:
-    router: FakeRouter
-    fakes: dict[str, FakeHost]
-    ledger: Ledger
-    drain_reads: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    router_dies_at_restart: bool = False
-
-    def hosts(self, *names: str) -> list[Host]:
-        peers = tuple(worker_url(n) for n in self.fakes)
-        return [
-            replace(
-                self.fakes[n].host(),
-                router=RouterSettings(url=self.router.url, worker_url=worker_url(n), peers=peers),
-            )
-            for n in names or self.fakes
-        ]
-
-    def factory(self, host: Host) -> ScriptedTransport:
-        fake = self.fakes[host.name]
-
-        def answer(op: str, args: dict[str, Any]) -> Any:
-            if op == "wait_drained":  # read on the host; the engine is idle
-                self.drain_reads.append((host.name, args))
-                return {"seconds": 0.5, "polls": 6, "answered": True}
-            if op == "restart" and self.router_dies_at_restart:
-                self.router.state.down = True
-            return fake.answer(op, args)
-
-        return ScriptedTransport(answer, host=host.name)
-
-    def recover(self, *names: str) -> RunReport:
-        """`recover --hosts NAMES` of the routed patch, under the routed playbook."""
-        return recover_hosts(
-            ledger=self.ledger,
-            hosts=self.hosts(*names),
-            factory=self.factory,
-            playbook=book(),
-            patch=PATCH,
-        )
-
-    def register(self, *names: str, healthy: bool = True) -> None:
-        for name in names:
-            self.router.state.workers[worker_url(name)] = (f"start-{name}", healthy)
-
-
 @pytest.fixture
 def fleet(router: FakeRouter, tmp_path: Path) -> Iterator[RoutedFleet]:
     router.state = RouterState()
@@ -181,24 +66,6 @@ def fleet(router: FakeRouter, tmp_path: Path) -> Iterator[RoutedFleet]:
         fakes[fake.name] = fake
     with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
         yield RoutedFleet(router, fakes, ledger)
-
-
-PATCH = load_patch(REPO / "patches" / "eagle-init-guard.toml")
-
-
-ONE = BatchSize(count=1)
-
-
-def book(
-    max_unavailable: BatchSize = ONE, *, fleet_down: bool = False, admit: float = 5
-) -> Playbook:
-    return Playbook(
-        canary=1,
-        batch=BatchSize(percent=Decimal(100)),
-        max_failures=1,
-        timeouts=replace(StepTimeouts(), admit=admit),
-        rotation=RotationSettings(max_unavailable, fleet_down),
-    )
 
 
 def steps_of(outcome: Any) -> list[tuple[str, str]]:
@@ -369,9 +236,7 @@ def test_a_worker_out_of_rotation_with_its_fix_there_is_for_recover_and_sync_lea
     (left,) = report.left_alone
     (skipped,) = left.hosts
     assert (skipped.host, str(skipped.outcome)) == ("h1", "skipped")
-    assert "its router does not list its worker healthy (out of rotation)" in (
-        skipped.error or ""
-    ), skipped
+    assert skipped.reason == "not-serving", skipped
     assert "`opspatch recover --hosts h1`" in (skipped.error or "")
     assert [c for c in fleet.router.state.calls if not c.startswith("GET")] == []
     assert [(r.host, str(r.action)) for r in report.after.differing] == [("h1", "recover")]
@@ -709,7 +574,7 @@ def test_hosts_another_live_run_holds_are_refused_by_its_lease_before_their_rout
             patch=PATCH,
         )
     assert report.refused and report.exit_code == EXIT_BAD_INPUT, report
-    assert f"h1 is leased to run {alice} of alice@laptop (controller " in (report.halted or "")
+    assert [h.reason for h in report.hosts] == ["lease-held"], report.hosts
     assert "router" not in (report.halted or "")
     assert sha(fleet.fakes["h1"].file.read_bytes()) == before
     assert not (fleet.fakes["h1"].state / "lock.json").exists()

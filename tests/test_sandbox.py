@@ -7,14 +7,10 @@ engine that survived is killed by pid), so a failing test leaves no process behi
 
 from __future__ import annotations
 
-import contextlib
 import getpass
-import os
-import signal
 import socket
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +26,9 @@ from opspatch.hosts.engine import EngineControl
 from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.transport.base import Command
 from opspatch.hosts.transport.local import LocalTransport
-from opspatch.sandbox.fleet import SandboxLayout, engine_pid
+from opspatch.sandbox.fleet import engine_pid
 from opspatch.sandbox.install import make_host_python
-from opspatch.sandbox.sshd import find_sshd
-from tests.clirunner import Run, opspatch
+from tests.fleetkit import Sandbox, hosts_by_name, new_sandbox, require_sshd, running, wait_for
 from tests.standin import http_request
 
 EAGLE_MODULE = "sglang.srt.speculative.eagle_worker_v2"
@@ -46,103 +41,6 @@ pytestmark = pytest.mark.engine
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-class Sandbox:
-    """One sandbox under its own state directory, driven through the real console script."""
-
-    def __init__(self, state_dir: Path, cwd: Path) -> None:
-        self.state_dir = state_dir
-        self.cwd = cwd  # an empty folder: commands run "from any directory"
-        self.layout = SandboxLayout(state_dir)
-        self.seen_pids: set[int] = set()
-
-    def run(self, *args: str) -> Run:
-        result = opspatch(
-            "sandbox",
-            *args,
-            cwd=self.cwd,
-            env={"OPSPATCH_STATE_DIR": str(self.state_dir)},
-            timeout=240,
-        )
-        if result.code == 0 and "--json" in args and result.stdout.strip():
-            for host in result.json().get("hosts", []):
-                if host.get("pid"):
-                    self.seen_pids.add(int(host["pid"]))
-        return result
-
-    def up(self, *args: str) -> dict[str, Any]:
-        result = self.run("up", "--json", *args)
-        assert result.code == 0, result.stdout + result.stderr
-        report: dict[str, Any] = result.json()
-        return report
-
-    def status(self) -> dict[str, Any]:
-        result = self.run("status", "--json")
-        assert result.code == 0, result.stdout + result.stderr
-        report: dict[str, Any] = result.json()
-        return report
-
-    def inventory_host(self, name: str, inventory: str = "sandbox") -> Any:
-        return load_inventory(self.state_dir / "inventories" / f"{inventory}.toml").host(name)
-
-    def tear_down(self) -> None:
-        """`down --purge`, then a safety net: kill by pid any engine process that survived."""
-        try:
-            self.run("down", "--purge")
-        finally:
-            for pid in self.seen_pids:
-                for member in _tree(pid):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(member, signal.SIGKILL)
-
-
-def _tree(root: int) -> list[int]:
-    found = [root] if running(root) else []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                stat = (entry / "stat").read_text()
-                if int(stat[stat.rfind(")") + 2 :].split()[1]) == root:
-                    found.extend(_tree(int(entry.name)))
-    return found
-
-
-def running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2 :].split()[0] not in ("Z", "X")
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
-
-
-@contextlib.contextmanager
-def new_sandbox(tmp_path: Path) -> Iterator[Sandbox]:
-    cwd = tmp_path / "elsewhere"
-    cwd.mkdir()
-    sandbox = Sandbox(tmp_path / "state", cwd)
-    try:
-        yield sandbox
-    finally:
-        sandbox.tear_down()
-
-
-def require_sshd() -> None:
-    if find_sshd() is None:
-        pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)")
-
-
-def hosts_by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {host["host"]: host for host in report["hosts"]}
 
 
 # -- a two-host sandbox shared by the read-only tests -------------------------------------------
@@ -417,7 +315,7 @@ def test_incident_on_a_sandbox_host_is_fixed_by_eagle_init_guard_and_a_restart(
         control = EngineControl(ops, host, Playbook())
         restart = control.restart()
         control.wait_ready(restart)
-        sandbox.seen_pids.add(int(restart.pid or 0))
+        sandbox.seen_pids.add(int(restart["pid"] or 0))
         for _ in range(2):
             reply = http_request(
                 "POST", url + "/generate", {"text": "Hello", "sampling_params": GREEDY_16}
@@ -426,7 +324,7 @@ def test_incident_on_a_sandbox_host_is_fixed_by_eagle_init_guard_and_a_restart(
             meta = reply.json()["meta_info"]
             assert meta["completion_tokens"] == 16
             assert meta["spec_verify_ct"] > 0
-        smoke = control.smoke(log_offset=restart.log_offset)
+        smoke = control.smoke(log_offset=restart["log_offset"])
         assert smoke.ok, smoke.failures
 
         carried = {p["patch"]: p["state"] for p in sandbox.status()["hosts"][0]["patches"]}

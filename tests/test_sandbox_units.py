@@ -16,8 +16,7 @@ from opspatch.core.host import CommandRestart, Unit
 from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.sandbox.fleet import engine_pid, load_manifest
 from opspatch.sandbox.up import engine_controls
-from tests.standin import http_request
-from tests.test_sandbox import (
+from tests.fleetkit import (
     Sandbox,
     _tree,
     hosts_by_name,
@@ -26,6 +25,7 @@ from tests.test_sandbox import (
     running,
     wait_for,
 )
+from tests.standin import http_request
 
 pytestmark = [pytest.mark.engine, pytest.mark.ssh]
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from opspatch.core.host import EngineSettings, Host
 from opspatch.errors import (
     CommandTimeout,
     InputError,
@@ -30,17 +29,13 @@ from opspatch.hosts.transport.scripted import (
     ScriptedTransport,
     agent_operation,
 )
+from tests.scriptedkit import scripted_host
 
 pytestmark = pytest.mark.scripted
 
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def scripted_host(state_dir: Path, name: str = "h1") -> Host:
-    """A host the scripted transport answers for (no transport of its own is opened)."""
-    return Host.local(name, str(state_dir), EngineSettings(python=sys.executable), inventory="test")
 
 
 FACTS: dict[str, Any] = {
@@ -203,7 +198,7 @@ def test_every_operation_takes_its_deadline_from_the_caller(tmp_path: Path) -> N
 def test_a_failed_engine_step_keeps_the_engine_log_tail_and_exception(tmp_path: Path) -> None:
     from opspatch.core.policy import Playbook
     from opspatch.errors import EngineError
-    from opspatch.hosts.engine import EngineControl, RestartResult
+    from opspatch.hosts.engine import EngineControl, RestartReply
 
     exception = {"type": "ImportError", "message": "cannot import name 'x'", "lineno": 3}
     tail = "Traceback (most recent call last):\n  File \"/srv/a.py\", line 3, in <module>\nImportError: cannot import name 'x'"
@@ -218,7 +213,7 @@ def test_a_failed_engine_step_keeps_the_engine_log_tail_and_exception(tmp_path: 
     host = scripted_host(tmp_path)
     ctl = EngineControl(HostOperations(ScriptedTransport(handler), host), host, Playbook())
     with pytest.raises(EngineError) as caught:
-        ctl.wait_ready(RestartResult("command", pid=42, log_offset=0))
+        ctl.wait_ready(RestartReply(strategy="command", pid=42, log_offset=0))
     assert caught.value.step == "ready"
     assert caught.value.data == {"log_tail": tail, "exception": exception}
     assert "ImportError: cannot import name 'x'" in caught.value.message

@@ -21,6 +21,7 @@ import pytest
 
 from opspatch.core.host import Host
 from opspatch.hosts.agent.processes import alive, stop_process_tree
+from tests.enginekit import children_of, comm, tree_of
 from tests.standin import (
     EngineProcess,
     StandinHost,
@@ -37,31 +38,6 @@ NO_GRAPHS = ("--disable-cuda-graph",)
 PROMPTS = ("Hello", "The capital city of France is", "abc xyz", "Once upon a time")
 GREEDY = {"max_new_tokens": 24, "temperature": 0}
 SAMPLED = {"max_new_tokens": 24, "temperature": 1.0, "sampling_seed": 7}
-
-
-def children_of(pid: int) -> list[int]:
-    """Direct children of `pid`, from /proc (by parent pid, never by name)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                raw = Path(f"/proc/{entry}/stat").read_text(errors="replace")
-                if int(raw[raw.rfind(")") + 2 :].split()[1]) == pid:
-                    found.append(int(entry))
-    return found
-
-
-def tree_of(pid: int) -> list[int]:
-    tree, queue = [], [pid]
-    while queue:
-        current = queue.pop()
-        tree.append(current)
-        queue.extend(children_of(current))
-    return tree
-
-
-def comm(pid: int) -> str:
-    return Path(f"/proc/{pid}/comm").read_text().strip()
 
 
 def cmdline(pid: int) -> list[str]:
@@ -214,20 +190,20 @@ def test_a_server_killed_outright_leaves_no_child_behind(host: StandinHost) -> N
 def test_a_command_restart_replaces_every_process_of_the_tree(
     host: StandinHost, tmp_path: Path
 ) -> None:
-    from tests.test_engine_ops import _stop, command_host, control
+    from tests.enginekit import _stop, command_host, control
 
     unit_host: Host = command_host(host.python, tmp_path, extra="--tp-size 2 --disable-cuda-graph")
     ctl = control(unit_host)
     try:
         first = ctl.restart()
         ctl.wait_ready(first)
-        assert first.pid is not None
-        old_tree = tree_of(first.pid)
+        assert first["pid"] is not None
+        old_tree = tree_of(first["pid"])
         assert len(old_tree) >= 5  # the shell, main, two schedulers, the detokenizer
         second = ctl.restart()
         assert not [pid for pid in old_tree if alive(pid)]
         ctl.wait_ready(second)
-        assert ctl.smoke(log_offset=second.log_offset, pid=second.pid).ok
+        assert ctl.smoke(log_offset=second["log_offset"], pid=second["pid"]).ok
     finally:
         _stop(unit_host)
 

@@ -17,7 +17,7 @@ from opspatch.core.spec import LoadedPatch
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.commands.status import fleet_status
-from tests.test_runs_scripted import REPO, FakeHost, Fleet
+from tests.scriptedkit import REPO, FakeHost, Fleet
 
 pytestmark = pytest.mark.scripted
 

@@ -1,5 +1,5 @@
 """Several operators on one ledger, fast: run leases in the ledger, and approvals signed with real
-OpenSSH keys (`ssh-keygen -Y sign/verify`), over the scripted fleet of test_runs_scripted.py
+OpenSSH keys (`ssh-keygen -Y sign/verify`), over the scripted fleet of tests/scriptedkit.py
 (real host agent on real files, real SQLite). The real-process cases (two controllers, a
 SIGKILL, a takeover) are in test_team_leases.py.
 """
@@ -31,10 +31,19 @@ from opspatch.runs.fleet.host_leases import host_identity
 from opspatch.runs.judgments.approval import approve_patch
 from opspatch.runs.report import RunReport
 from tests.fleetkit import wait_until
-from tests.ledgerkit import raw
+from tests.ledgerkit import Notices, raw
 from tests.pgkit import BACKENDS, PostgresServer, backend_location, backend_pid
-from tests.test_rotation_scripted import PATCH, FakeRouter, RoutedFleet, book, worker_url
-from tests.test_runs_scripted import PRISTINE, REPO, FakeHost, Fleet
+from tests.scriptedkit import (
+    PATCH,
+    PRISTINE,
+    REPO,
+    FakeHost,
+    FakeRouter,
+    Fleet,
+    RoutedFleet,
+    book,
+    worker_url,
+)
 
 pytestmark = [
     pytest.mark.scripted,
@@ -45,7 +54,7 @@ pytestmark = [
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
-    """test_runs_scripted's fleet: three scripted hosts with real files and state folders."""
+    """tests/scriptedkit.py's fleet: three scripted hosts with real files and state folders."""
     from opspatch.config.patches import load_patch
 
     hosts = [FakeHost.installed(f"h{index + 1}", tmp_path / f"h{index + 1}") for index in range(3)]
@@ -165,12 +174,13 @@ def test_an_apply_refused_in_its_preflight_records_every_host_it_printed(fleet: 
     assert isinstance(held, dict)
     report = fleet.apply()
     assert report.refused and report.exit_code == EXIT_BAD_INPUT
-    assert f"h2 is leased to run {other}" in (report.halted or ""), report.halted
+    assert {h.host: h.reason for h in report.hosts}["h2"] == "lease-held", report.hosts
     recorded = fleet.ledger.get_run(str(report.run_id))
     assert recorded.summary.outcome == "refused"
     for printed in report.hosts:
         on_record = recorded.host(printed.host)
         assert (on_record.outcome, on_record.error) == (printed.outcome, printed.error)
+        assert on_record.reason == printed.reason
     assert f"run {other}" in (recorded.host("h2").error or ""), recorded.host("h2")
     assert not (fleet.hosts[0].state / "lock.json").exists()  # the locks taken given back
 
@@ -195,10 +205,10 @@ def test_a_rollback_refused_by_another_runs_lease_still_names_a_preflight_refusa
     )
     assert report.refused and report.exit_code == EXIT_BAD_INPUT
     h1, h2, h3 = report.hosts
-    assert "leased to run" in (h1.error or "") and "leased to run" in (h2.error or "")
-    assert h3.outcome == "skipped" and "not overwriting it" in (h3.error or ""), h3
+    assert (h1.reason, h2.reason) == ("lease-held", "lease-held")
+    assert h3.outcome == "skipped" and h3.reason == "changed-since", h3
     recorded = fleet.ledger.get_run(str(report.run_id)).host("h3")
-    assert "not overwriting it" in (recorded.error or "")
+    assert recorded.reason == "changed-since"
 
 
 CHANGING_OPS = {"lock", "begin", "swap", "restore", "restart", "unlock"}
@@ -292,7 +302,7 @@ def _sha(path: Path) -> str:
 
 def test_host_identity_is_the_machine_and_the_lock_folder() -> None:
     from opspatch.hosts.results import HostFacts
-    from tests.test_runs_scripted import FakeHost
+    from tests.scriptedkit import FakeHost
 
     facts = HostFacts.from_json(
         {
@@ -424,7 +434,7 @@ def test_a_sync_whose_second_patch_lacks_an_approval_changes_nothing_not_even_th
     from opspatch.config.fleet import DesiredPatch, DesiredState
     from opspatch.errors import Location
     from opspatch.runs.commands.sync import sync_fleet
-    from tests.test_runs_scripted import mark_patch
+    from tests.scriptedkit import mark_patch
 
     mark = mark_patch(tmp_path)
     sign(fleet, signers, "bob", "bob")  # the first patch, eagle-init-guard, is approved
@@ -498,7 +508,7 @@ def test_a_fleet_file_asks_for_approval_with_its_signers_file_relative_to_itself
     from opspatch.config.fleet import load_fleet
     from opspatch.config.lookup import Workspace
     from opspatch.errors import SpecError
-    from tests.test_fleet_desired import INVENTORY
+    from tests.fleetkit import INVENTORY
 
     (tmp_path / "patches").mkdir()
     (tmp_path / "inventories").mkdir()
@@ -658,22 +668,6 @@ def test_check_verifies_signatures_against_the_fleet_files_signers_as_apply_does
 # -- a lease held across a cut connection ------------------------------------------------------
 
 
-@dataclass
-class Notices:
-    """A Progress that keeps what the run says to its operator."""
-
-    said: list[str]
-
-    def run_started(self, run_id: str, summary: str) -> None:
-        return None
-
-    def update(self, host: str, step: str, status: str) -> None:
-        return None
-
-    def notice(self, text: str) -> None:
-        self.said.append(text)
-
-
 @pytest.mark.postgres
 def test_a_lease_held_across_a_cut_ledger_connection_is_reported_then_taken_over_once_expired(
     postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
@@ -783,7 +777,7 @@ def test_a_plain_apply_in_a_workspace_whose_fleet_file_asks_for_approval_is_refu
     refused before any host is touched (exit 2, no ledger run); without the [team] table, the
     same apply is not refused for approval."""
     from tests.clirunner import opspatch
-    from tests.test_fleet_desired import INVENTORY
+    from tests.fleetkit import INVENTORY
 
     (tmp_path / "patches").mkdir()
     (tmp_path / "inventories").mkdir()
@@ -824,7 +818,7 @@ OUTAGE = 6.0  # seconds the PostgreSQL server is down: a restart, as an operator
 
 @pytest.fixture
 def routed(postgres: PostgresServer, tmp_path: Path) -> Iterator[RoutedFleet]:
-    """Three scripted hosts behind test_rotation_scripted's router, every one registered, and a
+    """Three scripted hosts behind tests/scriptedkit.py's router, every one registered, and a
     fresh PostgreSQL ledger on the session's server (started again if a test left it down)."""
     router = FakeRouter()
     threading.Thread(target=router.serve_forever, daemon=True).start()

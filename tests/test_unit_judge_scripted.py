@@ -1,4 +1,4 @@
-"""The playbook's judge over a unit, fast: test_units_scripted's unit u1 (h1 the head, h2; the
+"""The playbook's judge over a unit, fast: tests/scriptedkit.py's unit u1 (h1 the head, h2; the
 real agent on real files) and h3, a host by itself, with a scripted `measure` on the head: its
 old server's answers while h1's file is the pristine one, the changed server's once it is not.
 
@@ -12,8 +12,7 @@ node that is not the head.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
@@ -26,68 +25,11 @@ from opspatch.runs.commands.judge import servers as judge_servers
 from opspatch.runs.fleet.judging import JudgePlan
 from opspatch.runs.fleet.session import HostSession
 from opspatch.runs.report import HostOutcome, RunReport
-from tests.test_runs_scripted import PRISTINE, sha
-from tests.test_units_scripted import ALWAYS, Units, units
+from tests.scriptedkit import JUDGED, PRISTINE, Units, files, judged_unit, units
 
 pytestmark = pytest.mark.scripted
 
 __all__ = ["units"]  # the fixture, used by name
-
-JUDGED = replace(ALWAYS, canary=1, judge=JudgeSettings(count=8))
-PROMPTS = 8
-TOKENS = 32
-
-
-def sample(index: int, *, changed: bool = False, problem: str | None = None) -> dict[str, Any]:
-    """One prompt's decode (the agent's `DecodeSample`): fixed greedy ids with a top-3 after
-    each; `changed`: the first prompt's 5th token turned into one outside either top-k."""
-    ids = [(index * 7 + position) % 60 for position in range(TOKENS)]
-    if changed and index == 0:
-        ids[4] = (ids[4] + 30) % 60
-    if problem is not None:
-        return {
-            "prompt": f"prompt {index}", "problem": problem, "refused": "refused" in problem,
-            "text": None, "output_ids": None, "top_ids": None, "top_logprobs": None,
-            "token_logprobs": None, "token_texts": None, "completion_tokens": None, "spec_verify_ct": None, "seconds": None,
-            "first_token_seconds": None, "server_seconds": None,
-        }  # fmt: skip
-    return {
-        "prompt": f"prompt {index}", "problem": None, "refused": False, "text": "x" * TOKENS,
-        "output_ids": ids, "top_ids": [[i, (i + 1) % 60, (i + 2) % 60] for i in ids],
-        "top_logprobs": [[-0.1, -2.5, -3.0] for _ in ids], "token_logprobs": [-0.1] * TOKENS,
-        "token_texts": None, "completion_tokens": TOKENS, "spec_verify_ct": 12,
-        "seconds": 0.2 + index / 100, "first_token_seconds": 0.02,
-        "server_seconds": 0.19 + index / 100,
-    }  # fmt: skip
-
-
-@dataclass
-class Servers:
-    """What the head's `measure` answers: `old` before the swap, `new` after it."""
-
-    units: Units
-    old: list[dict[str, Any]]
-    new: list[dict[str, Any]]
-    asked: list[str] = field(default_factory=list)
-
-    def answer(self, node: str, op: str) -> dict[str, Any] | None:
-        if op != "measure":
-            return None
-        self.asked.append(node)
-        patched = sha(self.units.fakes[node].file.read_bytes()) != PRISTINE
-        return {"samples": self.new if patched else self.old, "spec_accept_length": None}
-
-
-def judged_unit(units: Units, *, old: str | None = None, changed: bool = False) -> Servers:
-    """Every node's `measure` scripted; `old`: the old server's problem on every prompt."""
-    servers = Servers(
-        units,
-        old=[sample(i, problem=old) for i in range(PROMPTS)],
-        new=[sample(i, changed=changed) for i in range(PROMPTS)],
-    )
-    for name in ("h1", "h2", "h3"):
-        units.fakes[name].fault = lambda op, args, node=name: servers.answer(node, op)
-    return servers
 
 
 def by_host(report: RunReport) -> dict[str, HostOutcome]:
@@ -105,10 +47,6 @@ def ledger_judge(units: Units, host: str) -> list[tuple[str, str]]:
         for _, r in units.ledger.host_steps(host, [Step.JUDGE])
         if r.status != "started"
     ]
-
-
-def files(units: Units) -> dict[str, str]:
-    return {n: sha(units.fakes[n].file.read_bytes()) for n in ("h1", "h2")}
 
 
 def test_a_canary_unit_that_passes_is_judged_on_its_head_against_its_old_server(

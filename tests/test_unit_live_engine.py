@@ -22,9 +22,9 @@ import pytest
 from opspatch.hosts import livedist
 from opspatch.hosts.agent.live import base_dir
 from opspatch.hosts.liveplugin import wire
+from tests.enginekit import tree_of
 from tests.fleetkit import SandboxFleet
-from tests.test_rollout import _test_patch
-from tests.test_standin_processes import tree_of
+from tests.patchkit import _test_patch
 from tests.unitkit import HEAD, NODE, two_node_unit
 
 pytestmark = [pytest.mark.engine, pytest.mark.ssh]

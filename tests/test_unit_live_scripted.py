@@ -1,4 +1,4 @@
-"""`apply --live` over a unit, fast: test_units_scripted's unit u1 (h1 the head, h2; the real
+"""`apply --live` over a unit, fast: tests/scriptedkit.py's unit u1 (h1 the head, h2; the real
 agent on real files, each node its own copy of the file) with a scripted live engine of two
 nodes behind the `live` operation: TP ranks 0 and 1 on h1, 2 and 3 on h2, the entry rank (TP0)
 answering a take or revert for all four as the plugin does; each node's main process (and the
@@ -13,7 +13,7 @@ refusing the run before any change, as a change whose live form is refused does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -25,107 +25,14 @@ from opspatch.core.vocabulary import NotLiveReason
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.fleet.liveapply import LiveFormer, live_former
 from opspatch.runs.report import RunReport
-from tests.test_live_apply_scripted import checked
-from tests.test_runs_scripted import PRISTINE, sha
-from tests.test_units_scripted import ALWAYS, Units, units
+from tests.livekit import live_unit
+from tests.scriptedkit import ALWAYS, PRISTINE, Units, sha, units
 
 pytestmark = pytest.mark.scripted
 
 __all__ = ["units"]  # the fixture, used by name
 
-NODE_RANKS = {"h1": (0, 1), "h2": (2, 3)}
 FIX = "eagle-init-guard"
-
-
-@dataclass
-class UnitEngine:
-    """The unit's processes as their sockets answer: what each rank holds (by fix), each
-    node's copy of the file (a rank takes only its own), and the faults a test sets."""
-
-    paths: dict[str, str]
-    held: dict[int, dict[str, list[dict[str, Any]]]] = field(
-        default_factory=lambda: {rank: {} for rank in range(4)}
-    )
-    refusing_rank: int | None = None
-    refusing_revert: int | None = None
-    forgetting_rank: int | None = None
-    """A rank that answers its take ok but whose `list` then shows nothing (a fix lost)."""
-    deaf: set[str] = field(default_factory=set)
-    asked: list[tuple[str, str]] = field(default_factory=list)
-
-    def answer(self, node: str, args: dict[str, Any]) -> dict[str, Any]:
-        fix = args["fix"]
-        self.asked.append((node, fix["op"]))
-        if node in self.deaf:
-            return {"server_pid": 7, "folder": None, "missing": "nobody listens", "answers": []}
-        answers = [self._direct(node, "main", fix)]
-        if node == "h1":
-            answers.append(self._direct(node, "detokenizer", fix))
-        if fix["op"] in ("list", "check"):
-            answers += [self._socket(r, self._rank(r, fix)) for r in NODE_RANKS[node]]
-        elif node == "h1":  # the entry rank answers for every rank of every node
-            ranks = [self._rank(r, fix) for r in range(4)]
-            entry = {**ranks[0], "ok": all(r["ok"] for r in ranks), "ranks": ranks}
-            answers.append(self._socket(0, entry))
-        return {"server_pid": 7, "folder": "/tmp/x/7", "missing": None, "answers": answers}
-
-    @staticmethod
-    def _socket(rank: int, reply: dict[str, Any]) -> dict[str, Any]:
-        return {"socket": f"scheduler-tp{rank}.sock", "reply": reply, "error": None}
-
-    @staticmethod
-    def _direct(node: str, role: str, fix: dict[str, Any]) -> dict[str, Any]:
-        process = {"role": role, "rank": None, "pid": 100 if node == "h1" else 110}
-        reply: dict[str, Any] = {"ok": True, "took": []}
-        if fix["op"] == "check":
-            reply["checks"] = checked(fix, loaded=False)
-        if fix["op"] == "take":
-            refused = {"code": "module-not-loaded", "message": "not imported here"}
-            reply = {"ok": False, "took": [], "refused": refused}
-        return {"socket": f"{role}.sock", "reply": {**reply, "process": process}, "error": None}
-
-    def _rank(self, rank: int, fix: dict[str, Any]) -> dict[str, Any]:
-        process = {"role": "scheduler", "rank": rank, "pid": 200 + rank}
-        held = self.held[rank]
-        node = next(n for n, ranks in NODE_RANKS.items() if rank in ranks)
-        if fix["op"] == "check":
-            mine = {f: [e["name"] for e in entries] for f, entries in held.items()}
-            answer = checked(fix, loaded=True, held=mine)
-            return {"ok": True, "took": [], "checks": answer, "process": process}
-        if fix["op"] == "take":
-            refused = None
-            if rank == self.refusing_rank:
-                refused = {"code": "take-failed", "message": "AttributeError: boom"}
-            elif self.paths[node] not in (fix["path"], *fix.get("paths", ())):
-                refused = {"code": "path-mismatch", "message": "loaded from another file"}
-            if refused is not None:
-                return {"ok": False, "took": [], "refused": refused, "process": process}
-            entries = [
-                {"fix_id": fix["fix_id"], "sha256": fix["sha256"], "name": d["name"],
-                 "kind": d["kind"], "code_sha256": f"code-{rank}"}
-                for d in fix["definitions"]
-            ]  # fmt: skip
-            held[fix["fix_id"]] = [] if rank == self.forgetting_rank else entries
-            return {"ok": True, "took": entries, "process": process}
-        if fix["op"] == "revert":
-            if rank == self.refusing_revert:
-                refused = {"code": "changed-since", "message": "changed since"}
-                return {"ok": False, "took": [], "refused": refused, "process": process}
-            held.pop(fix["fix_id"], None)
-        took = [entry for entries in held.values() for entry in entries]
-        return {"ok": True, "took": took, "process": process}
-
-    def holding(self) -> dict[int, set[str]]:
-        return {rank: {f for f, e in fixes.items() if e} for rank, fixes in self.held.items()}
-
-
-def live_unit(units: Units, **faults: Any) -> UnitEngine:
-    engine = UnitEngine({n: str(units.fakes[n].file) for n in ("h1", "h2")}, **faults)
-    for name in ("h1", "h2"):
-        units.fakes[name].fault = lambda op, args, node=name: (
-            engine.answer(node, args) if op == "live" else None
-        )
-    return engine
 
 
 def apply_live(units: Units, former: LiveFormer = live_former) -> RunReport:
@@ -223,7 +130,7 @@ def test_a_node_whose_engine_does_not_listen_refuses_the_run_before_any_change(
     engine = live_unit(units, deaf={"h2"})
     report = apply_live(units)
     assert report.exit_code == 2
-    assert "h2 do not listen for live fixes" in (report.halted or "")
+    assert by_host(report)["h2"].reason == "not-listening"
     # the way out names the unit, the target a command takes (a node alone is refused)
     assert "`opspatch apply eagle-init-guard --hosts u1`" in (by_host(report)["h2"].error or "")
     assert [op for _, op in engine.asked] == ["check", "check"]  # the preflight's, nothing taken
@@ -238,7 +145,7 @@ def test_a_unit_whose_change_has_no_live_form_is_refused_before_any_change(units
 
     report = apply_live(units, restart_only)
     assert report.exit_code == 2
-    assert "the change cannot be taken live on h1, h2" in (report.halted or "")
+    assert {o.host: o.reason for o in report.hosts} == dict.fromkeys(("h1", "h2"), "not-taken-live")
     assert all("declared-restart-only" in (o.error or "") for o in report.hosts)
     assert engine.asked == []  # not even asked whether it listens
     assert files(units) == {"h1": PRISTINE, "h2": PRISTINE}

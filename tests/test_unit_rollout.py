@@ -26,8 +26,7 @@ from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.ledger.store import Ledger
 from tests.faultkit import arm_switch, install_wrapper
 from tests.fleetkit import SandboxFleet, wait_until
-from tests.test_judge_rollout import ONE_TOKEN
-from tests.test_rollout import _test_patch
+from tests.patchkit import ONE_TOKEN, _test_patch
 from tests.unitkit import HEAD, NODE, two_node_unit
 
 pytestmark = [pytest.mark.engine, pytest.mark.ssh]

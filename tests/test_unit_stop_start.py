@@ -109,15 +109,15 @@ def test_a_unit_stopped_on_every_node_then_started_head_first_serves_again(
 
     stopped = [head.stop(), other.stop()]  # the head first, as SGLang's shutdown goes
     for result in stopped:
-        assert result.strategy == "command"
-        assert not [pid for pid in result.stopped if alive(pid)]
-    assert stopped[0].stopped  # the head ran; the other node may have ended with it
+        assert result["strategy"] == "command"
+        assert not [pid for pid in result["stopped"] if alive(pid)]
+    assert stopped[0]["stopped"]  # the head ran; the other node may have ended with it
 
     started = head.start()
     other.start()
     ready = head.wait_ready(started, timeout=READY, group=GROUP)
     assert ready.polls >= 1
-    smoke = head.smoke(log_offset=started.log_offset, pid=started.pid)
+    smoke = head.smoke(log_offset=started["log_offset"], pid=started["pid"])
     assert smoke.ok, smoke.summary()
     info = http_request("GET", f"{head.host.engine.url}/server_info").json()
     assert "--nnodes 2 --node-rank 0" in info["launch_command"]
@@ -127,7 +127,7 @@ def test_the_other_node_restarted_alone_leaves_a_head_that_never_becomes_ready(
     unit: tuple[EngineControl, EngineControl],
 ) -> None:
     head, other = unit
-    assert other.stop().stopped
+    assert other.stop()["stopped"]
     other.start()  # the same command again, alone: nobody to rejoin
     with pytest.raises(EngineError) as caught:
         head.wait_ready(timeout=READY, group=GROUP)

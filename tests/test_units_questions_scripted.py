@@ -1,6 +1,6 @@
 """Questions and plans over units, and the names hints give a patch (issue 42, item 16).
 
-`test_units_scripted`'s hosts: unit u1 (h1 the head, h2), and h3 by itself. A unit's other
+`tests/scriptedkit.py`'s hosts: unit u1 (h1 the head, h2), and h3 by itself. A unit's other
 nodes serve only a dummy `/health` (a decode gets HTTP 404): `smoke` over an inventory or a unit
 decoded on them and failed a healthy unit. `plan` of one node said "h1: not inspected" instead
 of naming the unit; a patch given by its path got hints naming its id, which the workspace may
@@ -20,7 +20,7 @@ from opspatch.errors import EXIT_BAD_INPUT, UnitRefused
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.commands.releasecache import release_coverage
 from opspatch.runs.commands.smoke import smoke_hosts
-from tests.test_units_scripted import ALWAYS, REPO, Units, units
+from tests.scriptedkit import ALWAYS, REPO, Units, units
 
 pytestmark = pytest.mark.scripted
 

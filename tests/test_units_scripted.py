@@ -4,82 +4,36 @@ as one: every node stopped, then started head first, proven through the head), a
 `apply --restart never` over a unit stages every node once they are alike (same release, same
 pre-image of every target file), else it is refused naming the odd node (issue 33).
 
-The hosts are `test_runs_scripted`'s: the real host agent on real files, the engine scripted.
+The hosts are `tests/scriptedkit.py`'s: the real host agent on real files, the engine scripted.
 Units `u1` (h1 the head, h2) and a host by itself, h3.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from opspatch.config.fleet import DesiredPatch, DesiredState
-from opspatch.config.patches import load_patch
-from opspatch.core.host import Host, Unit
+from opspatch.core.host import Host
 from opspatch.core.policy import BatchSize, Playbook
-from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import RestartPolicy
 from opspatch.errors import EXIT_BAD_INPUT, Location, TransportError, UnitRefused
-from opspatch.hosts.transport.base import Transport
-from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
-from opspatch.ledger.store import Ledger
-from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.hosts.transport.scripted import Refusal, agent_operation
 from opspatch.runs.commands.recover import recover_hosts
 from opspatch.runs.commands.restart import restart_hosts
 from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.commands.sync import sync_fleet
 from opspatch.runs.report import RunReport
-from tests.test_runs_scripted import REPO, FakeHost, sha
+from tests.scriptedkit import ALWAYS, UNIT, Units, units
+
+__all__ = ["units"]  # the fixtures, used by name
 
 pytestmark = pytest.mark.scripted
 
-UNIT = Unit("u1", ("h1", "h2"))
-ALWAYS = Playbook(canary=0, batch=BatchSize(count=10), max_failures=1)
 NEVER = replace(ALWAYS, restart=RestartPolicy.NEVER)
-
-
-@dataclass
-class Units:
-    fakes: dict[str, FakeHost]
-    ledger: Ledger
-    patch: LoadedPatch
-
-    def factory(self, host: Host) -> Transport:
-        return ScriptedTransport(self.fakes[host.name].answer, host=host.name)
-
-    def hosts(self, *names: str) -> list[Host]:
-        """The hosts as the inventory gives them: h1 and h2 are the nodes of unit u1."""
-        chosen = []
-        for name in names:
-            host = self.fakes[name].host()
-            chosen.append(replace(host, unit=UNIT) if name in UNIT.hosts else host)
-        return chosen
-
-    def apply(self, *names: str, playbook: Playbook = ALWAYS) -> RunReport:
-        return apply_to_hosts(
-            self.patch, self.hosts(*names), playbook, factory=self.factory, ledger=self.ledger
-        )
-
-    def files(self) -> dict[str, str]:
-        return {name: sha(fake.file.read_bytes()) for name, fake in self.fakes.items()}
-
-    def requests(self) -> dict[str, list[str]]:
-        return {name: list(fake.requests) for name, fake in self.fakes.items()}
-
-
-@pytest.fixture
-def units(tmp_path: Path) -> Iterator[Units]:
-    patch = load_patch(REPO / "patches" / "eagle-init-guard.toml")
-    fakes = {name: FakeHost.installed(name, tmp_path / name) for name in ("h1", "h2", "h3")}
-    ledger = Ledger.open(tmp_path / "ledger.sqlite3")
-    try:
-        yield Units(fakes, ledger, patch)
-    finally:
-        ledger.close()
 
 
 def refused(call: Any, units: Units) -> UnitRefused:
@@ -220,7 +174,7 @@ def test_a_failed_smoke_on_the_head_rolls_back_every_node_and_restarts_the_unit(
         assert units.fakes[name].requests.count("start") == 2
         assert "restart" not in units.fakes[name].requests
     h2 = next(h for h in report.hosts if h.host == "h2")
-    assert (h2.error or "").startswith("h1: smoke failed")
+    assert h2.reason == "smoke-failed" and (h2.error or "").startswith("h1: "), h2
 
 
 def test_a_node_whose_engine_exits_while_the_head_is_awaited_is_named_and_the_unit_restored(
@@ -244,7 +198,8 @@ def test_a_node_whose_engine_exits_while_the_head_is_awaited_is_named_and_the_un
         "h1": "rolled-back",
         "h2": "rolled-back",
     }
-    assert (outcomes["h1"].error or "").startswith("h2: ready: its engine exited")
+    assert outcomes["h1"].reason == "step-failed", outcomes["h1"]
+    assert (outcomes["h1"].error or "").startswith("h2: ready: ")
     assert units.files() == pristine
 
 
@@ -420,8 +375,8 @@ def test_a_node_refused_in_rollbacks_preflight_refuses_the_whole_unit(units: Uni
     assert outcomes(report) == {"h1": "skipped", "h2": "skipped"}
     assert units.files() == before
     head, node = report.hosts
-    assert (node.error or "").startswith("refused: ")
-    assert "(changed since" in (node.error or "")
+    assert node.reason == "changed-since", node
+    assert head.reason == "changed-since", head  # the unit refused for its node's reason
     assert (head.error or "").startswith("refused: unit u1's node h2 was refused (h2: refused: ")
     assert "nothing was changed or restarted on any node of the unit" in (head.error or "")
     for name in UNIT.hosts:  # read only: neither locked nor restored nor restarted
@@ -576,7 +531,7 @@ def test_a_unit_whose_node_holds_another_pre_image_is_refused_naming_it(units: U
     assert said in report.halted, report.halted
     outcomes = {h.host: h for h in report.hosts}
     assert str(outcomes["h2"].outcome) == "skipped"
-    assert (outcomes["h2"].error or "").startswith("its unit's nodes are not alike: h2: ")
+    assert outcomes["h2"].reason == "unit-not-alike"
     assert outcomes["h1"].error is None
     assert units.files() == before  # nothing swapped, h3 neither
     assert all("swap" not in fake.requests for fake in units.fakes.values())
@@ -701,3 +656,99 @@ def test_rollback_restart_never_of_a_unit_with_a_refused_node_restores_no_node(
     assert outcomes(report) == {"h1": "skipped", "h2": "skipped"}
     assert units.files() == before
     assert "unit u1's node h2 was refused" in (report.hosts[0].error or "")
+
+
+# -- hints: a unit is reached by its name, never by one node's ----------------------------------
+
+
+def _status_of(units: Units, *names: str) -> dict[str, Any]:
+    from opspatch.runs.commands.status import fleet_status
+
+    hosts = units.hosts(*names)
+    return {s.host: s for s in fleet_status(hosts, [units.patch], units.factory, units.ledger)}
+
+
+def test_status_of_a_staged_unit_names_the_unit_as_restarts_target(units: Units) -> None:
+    """`--hosts NODE` of a unit is refused by every command that changes it, so the restart that
+    finishes a staged unit is named over the unit. Before, status named `restart --hosts h1`."""
+    staged = units.apply("h1", "h2", playbook=NEVER)
+    assert staged.exit_code == 0, staged
+    said = _status_of(units, "h1", "h2")
+    for name in UNIT.hosts:
+        assert str(said[name].state) == "staged", said[name]
+        assert "`opspatch restart --hosts u1`" in said[name].detail, said[name].detail
+        assert f"--hosts {name}`" not in said[name].detail
+
+
+def test_status_and_recover_of_a_unit_never_proven_name_the_unit_as_recovers_target(
+    units: Units,
+) -> None:
+    """The head vanished during its smoke decode, so the unit could be neither proven nor put
+    back: status's "never proven" sentence names the unit as recover's target, and recover over
+    the unit works. Before, it named `recover --hosts h1`, which is refused."""
+
+    def vanish_at_the_smoke(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        if op == "smoke":
+            units.fakes["h1"].gone = True
+            raise TransportError("the connection broke", host="h1", step="exec")
+        return None
+
+    units.fakes["h1"].fault = vanish_at_the_smoke
+    report = units.apply("h1", "h2")
+    assert report.exit_code != 0, report
+    units.fakes["h1"].fault, units.fakes["h1"].gone = None, False
+    said = _status_of(units, "h1", "h2")
+    unproven = [s for s in said.values() if "never proven" in s.detail]
+    assert unproven, said
+    for status in unproven:
+        assert "`opspatch recover --hosts u1`" in status.detail, status.detail
+        assert "recover --hosts h1`" not in status.detail and "recover --hosts h2`" not in (
+            status.detail
+        )
+
+
+def test_sync_names_the_unit_in_a_unit_nodes_commands(units: Units) -> None:
+    """A unit carries the fix and its server is down: sync's row for each node names recover
+    over the unit. Before, each row named `recover --hosts NODE`, which is refused."""
+    from opspatch.runs.commands.sync import plan_fleet
+
+    assert units.apply("h1", "h2").exit_code == 0
+    for name in UNIT.hosts:
+        units.fakes[name].serving = False
+    hosts = units.hosts("h1", "h2")
+    plan = plan_fleet(_desired(units, hosts), hosts, [], units.factory, units.ledger)
+    rows = {r.host: r for r in plan.rows}
+    assert {h: str(r.action) for h, r in rows.items()} == {"h1": "recover", "h2": "recover"}
+    for row in rows.values():
+        assert row.command == "opspatch recover --hosts u1", row
+        assert "`opspatch recover --hosts u1`" in row.detail, row.detail
+
+
+def test_a_sync_stopped_before_a_units_patch_names_the_sync_of_the_unit(
+    units: Units, tmp_path: Path
+) -> None:
+    """The first desired patch fails on h3 and stops the sync: the unit's nodes, left with the
+    second patch unapplied, each name the sync over the unit. Before, `sync --hosts NODE`,
+    which is refused."""
+    from opspatch.runs.commands.sync import sync_fleet
+    from tests.scriptedkit import mark_patch
+
+    mark = mark_patch(tmp_path)
+    hosts = units.hosts("h3", "h1", "h2")
+    by_name = {h.name: h for h in hosts}
+    first = DesiredPatch(units.patch, ("h3",), "", Location("fleet.toml", 1, "patches[0]"))
+    second = DesiredPatch(mark, ("h1", "h2"), "", Location("fleet.toml", 4, "patches[1]"))
+    units.fakes["h3"].smoke_ok = False
+    report = sync_fleet(
+        DesiredState("fleet.toml", (first, second), by_name),
+        hosts,
+        [],
+        ALWAYS,
+        factory=units.factory,
+        ledger=units.ledger,
+    )
+    (left,) = report.left_alone
+    assert {h.host for h in left.hosts} == {"h1", "h2"}, left
+    for host in left.hosts:
+        assert (host.error or "").startswith("not applied: sync stopped after run"), host
+        assert "`opspatch sync --hosts u1`" in (host.error or ""), host.error

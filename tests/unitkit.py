@@ -10,8 +10,7 @@ from contextlib import contextmanager
 import pytest
 
 from tests.faultkit import end_leftovers, isolated_home
-from tests.fleetkit import SandboxFleet
-from tests.test_sandbox import require_sshd
+from tests.fleetkit import SandboxFleet, require_sshd
 
 HEAD, NODE = "sandbox-01", "sandbox-02"
 

@@ -1,17 +1,4 @@
-"""The classes of a few source files, related: bases, subclasses, `__init__` chains, attributes.
-
-The incident questions (`initlint`, `missingattr`) are about one class, but the answers live in
-several: the base that defines `__getattr__`, the subclass in a sibling file that skips the base's
-`__init__` (upstream SGLang keeps `StandaloneWorkerV2` beside, not inside, `eagle_worker_v2.py`).
-`ClassGraph` parses a main file and any related files given to it and answers those questions
-statically: base names are resolved among the classes it was given (preferring the same file,
-then the file the name is imported from), never by importing anything.
-
-What it cannot see it says so: a base it cannot resolve is kept by name (`unresolved_bases`), and
-an `__init__` chain that leaves the known classes is treated as not reaching the class asked about.
-
-Pure: texts in, values out.
-"""
+"""The classes of a few source files, related: bases, subclasses, `__init__` chains, attributes."""
 
 from __future__ import annotations
 

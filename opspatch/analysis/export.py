@@ -1,22 +1,4 @@
-"""An upstreamable change from a patch: a git-style unified diff, or a `git format-patch` mail.
-
-A hot fix that stays a hot fix is lost on the next `pip install`; the way out is upstream. This
-renders what a patch does to the pristine file of a release as a change a maintainer can take:
-
-- `export_diff`: `diff --git a/<path> b/<path>` with `index` blob hashes, paths relative to the
-  package root (the module's path, `sglang/srt/speculative/eagle_worker_v2.py`), or under a
-  `prefix` that maps them to the repository layout (SGLang keeps its package under `python/`).
-  A last line without a newline is marked `\\ No newline at end of file`, so `git apply` takes it.
-- `render_mail`: the diff as a `git format-patch` mail (`From <zeros>` line, `From:`, `Date:`,
-  `Subject: [PATCH] <summary>`, the patch's provenance as DEP-3 headers (`Origin:`, `Bug:`,
-  `Forwarded:`, `Applied-Upstream:`, `Last-Update:`, those the patch gives; `Forwarded: no`
-  when it says nothing, as DEP-3 reads a missing field), the rationale and incident reference
-  as the body, `---`, a
-  diffstat, the diff, and a `-- ` signature) that `git am` applies. CRLF files need
-  `git am --keep-cr` (git strips carriage returns from mail by default).
-
-Pure: bytes and values in, text out.
-"""
+"""An upstreamable change from a patch: a git-style unified diff, or a `git format-patch` mail."""
 
 from __future__ import annotations
 

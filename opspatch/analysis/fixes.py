@@ -1,9 +1,4 @@
-"""From an exception to the patches that declare they fix it (`fixes = [...]` in a patch file).
-
-A diagnosis finds `AttributeError: 'EAGLEWorkerV2' object has no attribute '...'` in a host's log;
-eagle-init-guard declares `fixes = [{ exception = "AttributeError", message = "..." }]`; this
-module connects the two without special-casing any patch. Pure.
-"""
+"""From an exception to the patches that declare they fix it (`fixes = [...]` in a patch file)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""The default a guard patch gives an attribute, and the evidence it follows.
-
-A class-level default must be a value the code that reads the attribute can live with: 0 for a
-threshold where 0 means "off" (the incident's `spec_disable_batch_threshold`), None for an object
-that is only used once set. The evidence, strongest first, is in `infer_default`'s docstring; the
-chosen value comes with its reason, which the guard patch's rationale repeats for its reviewer.
-
-Pure: syntax trees in, values out.
-"""
+"""The default a guard patch gives an attribute, and the evidence it follows."""
 
 from __future__ import annotations
 

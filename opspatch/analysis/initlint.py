@@ -1,25 +1,4 @@
-"""Partial-initialisation hazards, and the guard patch that removes them (`opspatch lint-init`).
-
-The incident's crash: `EAGLEWorkerV2.__init__` assigned `spec_disable_batch_threshold` only after
-calls that can raise; one raised, a caller swallowed it, and the half-built worker crashed on its
-first decode. Subclasses that define their own `__init__` without calling the base's lack such an
-attribute for good. This module finds both shapes statically, for every class of a file (or one):
-
-- **late**: an attribute read by the class's methods (`self.x` loads, in the class, its known
-  bases or subclasses) whose first assignment in `__init__` comes at or after a statement that
-  calls out (every call can raise; `super().__init__()` is not counted, as in the
-  `assigned-before-calls` postcondition);
-- **skipped**: an attribute assigned in an `__init__` that a known subclass never runs (it defines
-  its own `__init__` that does not chain to this one) and does not assign itself.
-
-A class-level value for the name (in the class or a known base) makes an attribute safe: every
-instance then has it. Not covered (no claim is made): attributes assigned only by methods that
-`__init__` calls, and attributes assigned only conditionally before any call.
-
-`write_guard_patch` turns a report into a typed patch (class-level defaults plus `class-attribute`
-postconditions) in the format of `patches/eagle-init-guard.toml`. A default's value follows
-documented evidence, strongest first (`guarddefault.infer_default`). Pure: texts in, values out.
-"""
+"""Partial-initialisation hazards, and the guard patch that removes them (`opspatch lint-init`)."""
 
 from __future__ import annotations
 

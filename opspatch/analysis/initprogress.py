@@ -1,17 +1,4 @@
-"""How far an `__init__` got, read from the log: "stopped between line X and line Y".
-
-The incident's team looked by hand for a missing "Dynamic speculation disable" line. This does it
-for every log call of an `__init__`: each `logger.info(...)` (and `warning`, `print`, SGLang's
-`log_info_on_rank0(logger, ...)`, ...) becomes a regular expression (literal text escaped, each
-f-string field, `%s` or `{}` a wildcard), and so does each log call inside the methods, classes
-and functions `__init__` calls (found in the given sources, up to three calls deep). A message of
-`__init__` itself present in the log proves its line was passed; a message from inside a call
-proves the call's line was entered. The last proven point and the next point whose message is
-absent bound where `__init__` stopped; the statements between that can raise are the suspects.
-
-Messages with fewer than `MIN_LITERAL_CHARS` literal characters match too much and are ignored.
-Pure: source and log texts in, values out.
-"""
+"""How far an `__init__` got, read from the log: "stopped between line X and line Y"."""
 
 from __future__ import annotations
 

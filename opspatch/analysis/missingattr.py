@@ -1,21 +1,4 @@
-"""Why `'<Class>' object has no attribute '<attr>'`: the analysis behind `opspatch diagnose`.
-
-Given the source of the class's module (and, optionally, related files: its bases' and
-subclasses' modules) and the exception's message, this answers what the incident's team worked
-out by hand, and rules out what they could not:
-
-- where `<attr>` is assigned in the class and its known bases, and for an assignment in an
-  `__init__`: the statements before it that can raise, and whether building a `<Class>` runs that
-  `__init__` at all (a subclass that defines its own `__init__` without chaining skips it);
-- the subclasses that skip that `__init__`;
-- checked alternatives, each reported present or absent: `__getattr__` / `__getattribute__` /
-  `__setattr__` / `__delattr__` / `__new__` in the MRO, a metaclass, `__init_subclass__` in a base,
-  `__slots__`, a property of that name, `del self.<attr>`, several classes of that name, and
-  whether the instance can be a proxy (the message names `type(obj).__name__`, so it is not);
-- with the log since the server started: how far `__init__` got (`initprogress`).
-
-`likely_cause` orders these into one sentence. Pure: texts in, values out.
-"""
+"""Why `'<Class>' object has no attribute '<attr>'`: the analysis behind `opspatch diagnose`."""
 
 from __future__ import annotations
 

@@ -1,22 +1,4 @@
-"""The portability matrix: does a patch work on each release of its target (`check --releases`)?
-
-A patch author claims a version range (`versions = ">=0.5.4"`); this checks the claim release by
-release, on each release's own file: the edits place (`applies`), the result compiles and changes
-nothing outside the edited scopes (`validates`), the postconditions hold, applying again says
-already-applied (`idempotent`), and the patch comes off byte-identically (`reverse`: from the
-recorded splices, and from the patched text alone where the edit kinds allow it). A failure keeps
-its reason and the anchor's nearest candidates, so the author sees what the release has instead.
-
-`evaluate_release` is the pure judgement of one release; `ReleaseMatrix` collects them with the
-releases that could not be checked (and why). Fetching releases is `opspatch.runs.commands.check_releases`.
-
-Each release is also judged for the upstream fix (`opspatch.analysis.upstream`): a release whose
-own file already passes the patch's proof of the fix is marked `fixed-upstream`, so the author
-sees where the patch can be retired (and where `upstream.fixed_in` disagrees with the files).
-
-What the matrices found is kept per patch (`opspatch.analysis.proofs`), so plain `check` can
-say which releases a patch's range covers that it is not proven on.
-"""
+"""The portability matrix: does a patch work on each release of its target (`check --releases`)?"""
 
 from __future__ import annotations
 

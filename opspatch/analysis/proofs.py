@@ -1,17 +1,4 @@
-"""Which releases a patch is proven on: what `check --releases` found, kept for plain `check`.
-
-A patch author claims a range (`versions = ">=0.5.4"`); `check --releases` proves the claim
-release by release (`opspatch.analysis.portability`). Its findings are recorded per patch, for
-one `proof_key` (the parts of the patch a proof depends on), as `ReleaseProofs`: the releases it
-listed, those the patch passed on, and the ranges listed in full from the package index. Plain
-`check` judges the patch's current range against that record (`proof_coverage`) and warns about
-releases in range that are not proven, without the network and without the edit engine (this
-module imports neither, so `check` stays quick).
-
-"Proven" means exactly: the last `check --releases` that checked that release, for these edits,
-passed it (every stage of the matrix). A release never listed cannot be named; when the range
-was not listed in full from the index, the warning says so instead.
-"""
+"""Which releases a patch is proven on: what `check --releases` found, kept for plain `check`."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """Where a patch came from and whether it went upstream, as Debian's DEP-3 headers say it for
-package patches: `Origin`, `Bug`, `Forwarded`, `Last-Update`, and the upstream fix it stands for.
-
-`check` shows it and warns about a patch nobody has forwarded upstream (`forwarded` missing or
-`no`): such a fix stays a hot fix, lost on every reinstall and re-applied on every new release,
-until upstream takes it. `export` writes the same fields as the mail's headers.
-
-Pure and light (no edit engine), so plain `check` stays quick.
-"""
+package patches: `Origin`, `Bug`, `Forwarded`, `Last-Update`, and the upstream fix it stands for."""
 
 from __future__ import annotations
 

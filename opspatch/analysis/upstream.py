@@ -1,37 +1,5 @@
 """Has upstream shipped the fix? A patch judged on a release's pristine file: `fixed-upstream`
-(the patch is redundant there), `not-fixed` (still needed) or `anchor-gone` (needs a port).
-
-    upstream_verdict(patch: LoadedPatch, sources: Mapping[str, bytes], version: str | None = None)
-        -> UpstreamVerdict
-    part_verdict(part: PatchSpec, source: bytes, version: str | None = None) -> UpstreamVerdict
-
-`sources` maps each target module (`part.target.module`) to the bytes of that file in the
-release; a module missing from it is `anchor-gone` (the release has no such file). `version` is
-the release's version, used only to cross-check the patch's `upstream.fixed_in`. A patch set is
-`fixed-upstream` only where every file is; `anchor-gone` where any file is.
-
-What counts as proof, decided by opspatch on the file itself (never by `fixed_in` alone):
-
-1. every edit's code is already in the file, recognised by its syntax tree as `apply` recognises
-   it (a diff edit: its reverse applies cleanly), at least one edit by code of its own (a
-   delete alone reads applied wherever its statement is gone, which proves nothing), the file
-   carries no opspatch marker (so it is not this patch applied by hand or left behind), and
-   every postcondition holds; or
-2. the edits are not there, but the patch has postconditions, every one holds on the file as it
-   is, and at least one is about a scope the patch edits (or one enclosing it): the fix is
-   there, written another way, and the edit would not be needed.
-
-A postcondition about code the patch does not edit would hold or fail whatever the patch does,
-so it proves nothing alone; a patch without postconditions is proven fixed by (1) only. An edit
-whose anchor or scope is gone is `anchor-gone` even when the postconditions hold: the code
-changed under the patch, and a person should look.
-
-`upstream.fixed_in` is a claim: when it says the release ships the fix and the file does not
-pass (or the file passes in a release before it), the verdict keeps what the file says and
-`disagreement` says both, so neither is trusted silently.
-
-Pure: bytes and values in, a verdict out.
-"""
+(the patch is redundant there), `not-fixed` (still needed) or `anchor-gone` (needs a port)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
 """The `opspatch` command line: the root command, its command groups, and the one place errors
-become exit codes.
-
-Results go to stdout (a diff, a table, or one JSON document with `--json`); progress, logs and
-errors go to stderr. Exit codes (architecture.md): 0 every host reached the goal; 1 a host failed
-(and was restored); 2 bad input, configuration or usage (nothing was changed); 3 needs attention.
-`errors.exit_code_for` decides for errors, `RunReport.exit_code` for runs. The commands live in
-one module per group (`patches`, `changes`, `fleet`, `inspect`, `incident`, `respond`, `ledger`,
-`inventory`, `sandbox`, `rehearse`), each thin: parse, confirm, call one function, print.
-"""
+become exit codes."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The generated half of `docs/cli.md`: every command's own `--help`, rendered at a fixed width.
-
-`python -m opspatch.cli.docgen` rewrites the part of docs/cli.md below `MARKER` (the prose above it
-is written by hand); `--check` only compares and exits 1 when the committed doc differs, which is
-what `tests/test_cli_reference.py` runs, so the reference cannot drift from the code.
-"""
+"""The generated half of `docs/cli.md`: every command's own `--help`, rendered at a fixed width."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""`opspatch sync | drift` and `plan --fleet`: the fleet file's desired patches against the hosts.
-
-Each reads the workspace's `fleet.toml` (`config.fleet`, docs/fleet.md), asks `runs.commands.sync` one
-question, and prints the answer: a table, or one JSON document with `--json`.
-"""
+"""`opspatch sync | drift` and `plan --fleet`: the fleet file's desired patches against hosts."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """`opspatch live enable` / `live disable`: opspatch's live plugin installed into (and removed
-from) each host's engine environment, as recorded runs (runs/commands/live.py).
-
-The two commands are one command written once (`_live_command`): they differ only in the run
-they call, the question they confirm and their help."""
+from) each host's engine environment, as recorded runs (runs/commands/live.py)."""
 
 from __future__ import annotations
 
@@ -85,7 +82,7 @@ _live_command(
     _disable,
     lambda names: f"Remove opspatch's live plugin from {len(names)} host(s): {', '.join(names)}?",
     help="Remove the files `live enable` installed (each only if unchanged); a running engine "
-    "keeps the plugin loaded until it restarts.",
+    "keeps the plugin loaded until it restarts (`opspatch restart` restarts it out of it).",
 )
 
 

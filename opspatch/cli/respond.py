@@ -1,10 +1,6 @@
 """Incident-response commands that read hosts and the ledger: `diagnose` (what a host really
 runs and why it crashed), `adopt` (a hand edit becomes a patch) and `ledger report` (the
-postmortem timeline, registered in the `ledger` group).
-
-Each parses, calls one function of `opspatch.runs` (`diagnose`, `adopt`, `timeline`) and prints
-what it returns; the text comes from pure helpers (`runs.judgments.diagnosis_text`, `runs.commands.ledger_report`).
-"""
+postmortem timeline, registered in the `ledger` group)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
 """`opspatch sandbox up|status|down|prepare|...`: the local fleet of engines (the stand-in or real
-SGLang on the CPU), from the command line.
-
-Thin on purpose: every decision is in `opspatch.sandbox.fleet`; this module parses options,
-prints results on stdout (a table, or one JSON document with `--json`) and progress on stderr.
-Errors are raised as opspatch errors and turned into one message and an exit code by
-`opspatch.cli.main`; a host that did not come up makes `up` exit 1 after the report is printed.
-"""
+SGLang on the CPU), from the command line."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Reading the operator's files: one place where a patch, inventory or playbook file is read.
-
-Every failure (no such file, not UTF-8, unreadable) is a `SpecError` naming the file, so a bad
-file reads the same whatever kind it is.
-"""
+"""Reading the operator's files: one place where a patch, inventory or playbook file is read."""
 
 from __future__ import annotations
 

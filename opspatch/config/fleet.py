@@ -1,23 +1,4 @@
-"""The fleet file: which patches belong on which hosts, for which releases (`fleet.toml`).
-
-```toml
-[[patches]]
-id = "eagle-init-guard"              # a patch the workspace finds (patches/<id>.toml)
-hosts = ["gpu-fleet"]                # --hosts selections: inventory, group, host, glob
-releases = ">=0.5.4,<0.5.24"         # PEP 440: the sglang releases this entry is for
-
-[team]                               # optional: as the playbook's [team] (docs/team.md)
-require_approval = true              # sync needs each patch signed by a second operator
-allowed_signers = "allowed_signers"  # OpenSSH format, relative to this file
-```
-
-One file in the workspace (`<workspace>/fleet.toml`), apart from the inventories: a team reviews
-what must be on the fleet without reading addresses, and it works unchanged over TOML, Ansible
-and generated (`sandbox up`) inventories, which a section inside one inventory would not
-(docs/fleet.md). Everything is checked when the file is loaded, before any host is reached: an
-unknown patch, a selection that names no host, a bad range or a patch listed twice is one
-`SpecError` at the file, line and field.
-"""
+"""The fleet file: which patches belong on which hosts, for which releases (`fleet.toml`)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,4 @@
-"""Where patches, inventories and playbooks are found.
-
-Lookup order, first match wins:
-1. the workspace: `--workspace DIR`, else `$OPSPATCH_HOME`, else the current directory
-   (`<workspace>/patches/`, `<workspace>/inventories/`, `<workspace>/playbooks/`);
-2. for inventories, the controller's state directory (`opspatch sandbox up` writes
-   `sandbox.toml` and `sandbox-ssh.toml` there, so `--hosts sandbox` works from any directory);
-3. the files bundled with the package (the repository's top-level folders, shipped in the wheel).
-
-A reference that looks like a path (it ends in `.toml`/`.yml`/`.yaml` or contains a `/`) is taken
-as a path and nothing is searched. Within one folder, `<name>.toml` wins over `<name>.yml` over
-`<name>.yaml`.
-
-`Workspace.find` is the only place a name is resolved; `load_patch`, `load_playbook`,
-`load_inventory` and `hosts` (a `--hosts` selection) are built on it.
-"""
+"""Where patches, inventories and playbooks are found."""
 
 from __future__ import annotations
 

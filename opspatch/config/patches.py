@@ -1,10 +1,4 @@
-"""Patch files: reading `patches/<id>.toml` into a `LoadedPatch`.
-
-The model and its validation are the core's (`opspatch.core.spec`); this module adds what
-depends on the file: its bytes, its name (which must be the patch's id when the patch is looked up
-by id; a patch given as a path may have any name) and its sha256 (recorded in the ledger, so a
-run names the exact patch text it applied).
-"""
+"""Patch files: reading `patches/<id>.toml` into a `LoadedPatch`."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""Where opspatch keeps its own state on the controller (XDG base directories).
-
-- state: `$XDG_STATE_HOME/opspatch` (default `~/.local/state/opspatch`): the ledger, the sandbox
-  fleet, backups beside nothing else.
-- `OPSPATCH_STATE_DIR` overrides the whole state directory (tests use it to stay away from the
-  user's own files); `OPSPATCH_LEDGER` overrides the ledger alone: a file, or a
-  `postgresql://` URL for a team ledger (`core/ledgerlocation.py`).
-"""
+"""Where opspatch keeps its own state on the controller (XDG base directories)."""
 
 from __future__ import annotations
 

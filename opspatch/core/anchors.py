@@ -1,13 +1,4 @@
-"""Find scopes and statements by structure, not by line number.
-
-A scope is named the way a reader names it: `EAGLEWorkerV2.__init__`, `Outer.Inner.method`,
-`helper` or `<module>`. Statements inside a scope are chosen by what they do (`calls`, `assigns`,
-`defines`, `matches`), so an anchor keeps pointing at the same code when lines move between
-releases. When an anchor finds nothing, the nearest names are offered; when it finds several
-places, all of them are listed: the engine never guesses.
-
-Pure: works on `ast` trees.
-"""
+"""Find scopes and statements by structure, not by line number."""
 
 from __future__ import annotations
 

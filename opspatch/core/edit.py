@@ -1,28 +1,4 @@
-"""Apply, detect and reverse a patch on Python source: the pure heart of opspatch.
-
-`apply_patch(source, patch)` returns one of three values, never raises for a file that does not
-fit, and never returns a broken file:
-
-- `Applied(new_source, diff, ...)`: every edit placed, the result validated (parses, compiles,
-  postconditions hold, nothing outside the edited scopes changed);
-- `AlreadyApplied(reason)`: every edit is already present at its own place, recognised by its
-  syntax tree (so a removed marker comment or a reformatted line does not hide it; a diff edit:
-  its reverse applies), and by its marker only where the tree cannot tell the code an edit wrote
-  from the same code already there (a `first` / `last` replace); never by the new code merely
-  appearing somewhere in the scope;
-- `NotApplicable(reason, field, candidates)`: an anchor found nothing or several places, the file
-  is partly patched, not decodable, not an accepted pre-image, or the result failed validation.
-
-Edits change only their own spans: every other byte (comments, blank lines, CRLF, tabs, encoding
-cookie, BOM) is kept, because edits are splices into the original text. Each `Applied` records its
-splices, so `reverse(applied)` gives back the pre-image byte for byte; `unapply(source, patch)`
-removes insert and diff edits from a patched file without any record.
-
-Each edit is placed, recognised and undone by its kind (`opspatch.core.kinds`, one module per
-kind behind the `EditKind` protocol); this module drives the edits in order and names no kind.
-
-Pure: bytes in, values out; no disk, no network.
-"""
+"""Apply, detect and reverse a patch on Python source: the pure heart of opspatch."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """The file a host's run was about, as a run reports it and the ledger records it with the host's
-outcome: its path and sha256 before and after, and for a patch set where every file stands.
-
-A value of the run's report (`runs.report` re-exports it) that the ledger also writes and reads
-back (`ledger.records.HostRecord.file`), so it lives below both.
-"""
+outcome: its path and sha256 before and after, and for a patch set where every file stands."""
 
 from __future__ import annotations
 

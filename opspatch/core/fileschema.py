@@ -1,20 +1,4 @@
-"""File schemas, and the one way a problem in a patch, inventory or playbook file is reported.
-
-Every file opspatch reads is checked the same way: the parsed data (TOML, or an Ansible YAML
-inventory turned into the same shape) is validated by a strict pydantic schema, and a
-`ValidationError` is turned into one `SpecError` by `spec_error_from_validation`:
-`file:line: field: problem`, with a hint (the nearest valid key or choice) and the other problems
-listed after it. The line comes from the document (`tomlsource.TomlDocument`, or the inventory's
-YAML document), which maps a field path to the line where it is written.
-
-Schemas use the helpers here so that messages read the same everywhere: `FileSchema` (strict, no
-unknown keys, frozen), `expects` (a type check with a message in the operator's words),
-`by_type` (a union picked by the type of the value, with one message when no member fits) and
-`problem` (a validator's error with a hint). `check_nesting` refuses data nested deeper than any
-real file is (it would otherwise exhaust the recursion limit somewhere later).
-
-Pure: values in, values or `SpecError` out.
-"""
+"""File schemas, and the one way a problem in a patch, inventory or playbook file is reported."""
 
 from __future__ import annotations
 

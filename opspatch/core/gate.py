@@ -1,14 +1,4 @@
-"""The version gate: is a file on a host the target of a patch, in a release the patch is for?
-
-A patch names its target module, the distribution that ships it and a PEP 440 range. The version
-that counts is the version of the distribution that *owns the file* (the host agent finds it in
-the installed distributions' RECORD files), not whatever `sglang` happens to be installed: a fork
-published under another name, a second copy of the package, or a file copied in by hand must not
-pass the gate on someone else's version. When the owner is unknown (an editable checkout is not
-listed in any RECORD), the version of the target distribution installed for the engine's
-interpreter is used; when no version is known at all and the patch declares a range, the gate
-refuses instead of passing silently.
-"""
+"""The version gate: is a file on a host the target of a patch, in a release the patch is for?"""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The host model: one host with every setting resolved, as the rest of opspatch uses it (pure).
-
-Inventories (`opspatch.config.inventory`) are loaded into these values; transports and host
-operations (`opspatch.hosts`) read them. Keeping the model here, below both, means the layer that
-talks to hosts does not depend on how inventories are written or found.
-"""
+"""The host model: one host with every setting resolved, as the rest of opspatch uses it (pure)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """What a patch says about where it came from: the exceptions it fixes (`Fix`, read by
 diagnose), the upstream fix it stands for (`Upstream`) and the DEP-3 header fields (origin, bug,
-forwarded, last update) with their checks.
-
-Part of the patch model (`opspatch.core.spec` re-exports it); pure.
-"""
+forwarded, last update) with their checks."""
 
 from __future__ import annotations
 

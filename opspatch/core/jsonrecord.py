@@ -1,33 +1,4 @@
-"""One generic way to turn opspatch's frozen dataclasses into JSON values and back.
-
-Every record the ledger returns (`ledger/records.py`, `ledger/liveness.ControllerProcess`), what
-host operations return (`hosts/results.py`, `hosts/engine.py`) and what the runs report
-(`runs/report.py` and the other `--json` documents) inherits `JsonRecord`: `to_json()` walks the
-dataclass fields in declaration order, so the field order *is* the key order that `--json`
-prints, and `from_json()` reads a document back by the same fields and their type hints (an agent
-reply is checked this way at the boundary). Nothing is written by hand per class.
-
-The rules, kept small on purpose:
-
-- a field becomes the key of its name, or of `json_field(key=...)`;
-- a field marked `json_field(inline=True)` holds a record whose keys are merged into its parent's
-  (a run's detail is its summary's keys plus `host_records`);
-- a field declared with `init=False` is derived from the others: written, never read back;
-- `json_field(omit_none=True)`: the key is left out while the value is None (and reads as the
-  field's default when absent);
-- a field with `metadata=NOT_WRITTEN` (a plain `field()`, so it may stay required) is never
-  written (bytes, or what only the controller needs), nor read back;
-- `json_field(encode=f)`: the value is written as `f(value)` (seconds rounded for display);
-- `json_field(decode=f)`: the value is read as `f(value)` (bytes from base64), a `ValueError`
-  or `TypeError` of `f` named as the key's; `json_field(written=False)`: read, never written
-  (what an agent's reply carries that the controller keeps but never prints);
-- nested records become objects, tuples and lists become arrays, `str` enums become their word;
-- reading checks each value against its type hint (`X | None`, `tuple[X, ...]`, `list[X]`,
-  `dict[str, Any]`, enums, `Literal[...]` words, nested records, `str`, `int`, `float` (an int
-  is kept as it is, so `1` prints as `1` again), `bool`, `Any`) and raises `ValueError` naming
-  the key on a mismatch (a nested record's keys by its class's name, an array item's by its
-  place).
-"""
+"""One generic way to turn opspatch's frozen dataclasses into JSON values and back."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The prompt set the judge decodes when a playbook's `[judge]` names no file (pure data).
-
-Short, plain prompts of several kinds (facts, stories, code, lists), so that greedy outputs and
-speculative acceptance vary from prompt to prompt as they do on a real workload. A playbook's
-`prompts = "FILE"` replaces them (one prompt a line).
-"""
+"""The prompt set the judge decodes when a playbook's `[judge]` names no file (pure data)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Where a ledger lives: a SQLite file (a `Path`) or a PostgreSQL database (`PostgresLedger`).
-
-The config layer chooses the location (`--ledger`, `OPSPATCH_LEDGER`, the state directory) and
-the ledger layer opens it; both read this one value, so it lives below them. A PostgreSQL URL
-never carries a password: libpq reads it from `PGPASSWORD` or `~/.pgpass`, so it is never on a
-command line, in the process list, in a file opspatch writes or in a message it prints.
-"""
+"""Where a ledger lives: a SQLite file (a `Path`) or a PostgreSQL database (`PostgresLedger`)."""
 
 from __future__ import annotations
 

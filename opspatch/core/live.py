@@ -1,19 +1,6 @@
 """The live form of a patched file (pure): which definitions of the module a running process must
 take so that it runs what the post-image says, or why it cannot (`NotLive`: `apply --live`
-is refused before any change).
-
-The pre- and post-image are compared by syntax tree, definition by definition: each top-level
-function, class and assignment by name, and inside each class each method and class attribute
-(nested classes likewise). A changed or added assignment is a `constant` (module) or a
-`class-attribute`; a changed or added `def` a `function` or `method`, whose code the plugin swaps
-into the running function. Refused, with the reason (`NotLiveReason`): a changed statement that
-defines nothing by name (an import, an `if`, a call), a removed definition, a new class, changed
-defaults or decorators, changed free variables of a function itself (`super()` gained; a closure
-nested in it is its code, taken; both images are compiled here, never run), a generator or
-coroutine changed, changed class bases; the model forward and the CUDA graph
-runner are restart-only unless the patch says `live = "allowed"`; `live = "restart-only"` is never
-taken live. Comments, and docstrings of the module and its classes, do not count.
-"""
+is refused before any change)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
 """Which changed methods run only while an object is built (pure): a live fix of one reaches only
 the objects built after it, never the ones the running server already built (the Scheduler, the
-model worker: built once, at start).
-
-A method runs only at construction when it is `__init__`, `__new__` or `__post_init__`, or when
-every call of it in its class's body (`self.m(...)`, `cls.m(...)`) is in such a method (the
-`init_*` helpers `__init__` calls). A method its class never calls is called from elsewhere and
-does not count.
-
-One change of `__init__` reaches objects already built all the same: early assignments added
-before anything else sets the attribute (`self.x = 0`), each of a literal the class itself
-defaults the attribute to (`x: int = 0` in the class body). An object built by the old
-`__init__` reads the class default where it never set the attribute, and its own value where
-it did, which the new `__init__` would have overwritten the early one with: eagle-init-guard's
-shape (the guard default, analysis/guarddefault.py).
-"""
+model worker: built once, at start)."""
 
 from __future__ import annotations
 

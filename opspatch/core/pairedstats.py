@@ -1,13 +1,4 @@
-"""Comparing two servers on the same prompts (pure, standard library only).
-
-The judge decodes one prompt set on a baseline and on a changed server, so every figure comes in
-pairs, one per prompt. It compares them pair by pair: Wilcoxon's signed-rank test on each
-prompt's log ratio (changed / baseline), with the normal approximation, the tie correction and a
-continuity correction, and the median of the ratios as the effect. Per-prompt pairs take out
-the spread between prompts (one prompt accepts 1.6 draft tokens a step, another 3.9), which
-would hide a 5% drop in acceptance from a test of the two sets as unpaired distributions
-(Mann-Whitney U on 24 prompts has little power there; the paired test finds it).
-"""
+"""Comparing two servers on the same prompts (pure, standard library only)."""
 
 from __future__ import annotations
 

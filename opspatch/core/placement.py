@@ -1,11 +1,5 @@
 """What the edit kinds share to place themselves: scopes, anchors, insertion points, the marker
-comment, re-indenting, and the splices that carry an edit into the original text (pure).
-
-`opspatch.core.edit` decides *whether* a patch applies and validates the result; each kind
-(`opspatch.core.kinds`) computes *how* it is placed, with these helpers. A `Splice` replaces a
-span of the original text, so every byte outside the edited spans is kept as it was;
-`undo_splices` records the inverse, which is how `reverse` rebuilds the pre-image byte for byte.
-"""
+comment, re-indenting, and the splices that carry an edit into the original text (pure)."""
 
 from __future__ import annotations
 

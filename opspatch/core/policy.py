@@ -1,11 +1,5 @@
 """Rollout policy: the playbook model (canary, batches, halting, timeouts, smoke and log
-checks) and the pure fleet-policy functions (pure).
-
-The file format and its loader are in `opspatch.config.playbook`, whose docstring documents every
-key; this module is what runs, hosts and the CLI use once a playbook is loaded.
-`plan_rollout(playbook, hosts)` turns a host selection into batches (canaries first), and
-`Playbook.halt_reason(outcomes, canaries=...)` says whether the rollout must stop.
-"""
+checks) and the pure fleet-policy functions (pure)."""
 
 from __future__ import annotations
 

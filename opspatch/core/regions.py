@@ -1,20 +1,5 @@
 """The text a patch's edits leave, one edit after another, and its tree, parsed again only where
-an edit changed it (pure).
-
-Each edit is placed on the text the edits before it left, so it needs that text's tree. Parsing
-the whole file again after every edit (`WholeReparse`, the reference) made a plan grow with the
-square of its edits and the file (issue 44). An edit reads and writes inside its own scope only,
-so `ScopedReparse` parses again just that scope's lines (as the whole file would parse them: the
-same lines at the same line numbers) and swaps the new node into a copy of the tree; every other
-definition keeps its node, its place is kept up to date, and it is parsed again when an edit is
-placed in it. Lines an insert puts between statements are parsed when their scope is next
-needed; a module-level edit or a diff parses the whole file.
-
-A problem is said as the reference says it: an edit that meets one is placed again on the whole
-file's tree, and a text that does not parse is parsed whole. Where `ScopedReparse` cannot vouch
-for its tree (a part that does not parse on its own, lines not yet parsed) it raises `Unsure`,
-and the engine places the edits again with `WholeReparse`.
-"""
+an edit changed it (pure)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,4 @@
-"""What an operator runs next, as a value: `Remedy(command, arguments, options)` (pure).
-
-A hint or note that tells the operator to run `opspatch recover --hosts H` names a command of the
-CLI and its flags. Written by hand, a renamed flag would leave every such hint naming a flag that
-no longer exists, and nothing would notice. So a remedy is built as a value: the command is a
-`Command`, each flag a `CliFlag`; the flags each command takes (`FLAGS`, those given without a
-value in `BARE`) and its positional arguments (`ARGUMENTS`) are written here once, and a remedy
-that does not fit them raises at construction. tests/test_remedy.py walks the real typer app
-(`opspatch.cli.app`) and checks these tables against it, so renaming a flag in the CLI fails that
-test until the table follows.
-
-`command_line` is the one function that renders a remedy to its text. Hints and notes are
-sentences that carry the command in the middle and are read below the CLI (a host's note folds
-an error's hint, the ledger stores notes), so they hold the rendered text, made by that function
-where the sentence is written (docs/architecture.md, "Remedies").
-"""
+"""What an operator runs next, as a value: `Remedy(command, arguments, options)` (pure)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """Where an edit points: scopes (`Class.method`, `<module>`) and the structural selectors that
-choose a statement (`StatementSelector`) or what a `replace` changes (`ReplaceSelector`).
-
-Part of the patch model (`opspatch.core.spec` re-exports it); pure.
-"""
+choose a statement (`StatementSelector`) or what a `replace` changes (`ReplaceSelector`)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""Python source bytes <-> text without losing a single byte.
-
-Edits work on text, but the file on a host is bytes: a UTF-8 BOM, a PEP 263 encoding cookie,
-CRLF or LF line endings and tabs must all survive. `SourceText.decode` keeps what is needed to
-turn the edited text back into bytes (`encode`), and refuses input that would not round-trip
-exactly (`SourceDecodeError`), so a file is either edited byte-exactly or left alone.
-
-Pure: bytes in, values out.
-"""
+"""Python source bytes <-> text without losing a single byte."""
 
 from __future__ import annotations
 

@@ -1,21 +1,4 @@
-"""Typed patch files (`patches/<id>.toml`): the model, its validation, and the JSON Schema.
-
-A patch says what to change (edits anchored on code structure, never on line numbers), where
-(a module by dotted name, the distribution and version range it is meant for), why (the rationale,
-which becomes the message of an exported upstream diff) and what must hold afterwards
-(postconditions). Validation is strict: unknown keys and unknown edit kinds are errors, code
-snippets must parse, and every problem is reported as `file:line: field: problem` (`SpecError`,
-by the shared translation in `fileschema`).
-
-The model is split by what it describes, and this module is its front door (every name below is
-importable from here): the target (`core/target.py`), scopes and selectors
-(`core/selectors.py`), the edit kinds and their alternatives (`core/kinds/`, one module per
-kind, listed once in `kinds/__init__.py:Edit`), where a patch came from (`core/incident.py`);
-here the postconditions, the patch and the patch set, the parser and the schema.
-
-Pure: `parse_patch` validates a parsed TOML document; reading the file is
-`opspatch.config.patches.load_patch`.
-"""
+"""Typed patch files (`patches/<id>.toml`): the model, its validation, and the JSON Schema."""
 
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""Parsing Python without letting a hostile or generated input crash opspatch.
-
-`ast.parse` raises `RecursionError` or `MemoryError` (not `SyntaxError`) on very deep code,
-such as `1+1+...` a hundred thousand terms long or `lambda: lambda: ...` nested thousands deep,
-and a tree that does parse can still be too deep for the recursive walks that follow (`ast.dump`,
-`compile`, the anchor code). `parse_python` turns all of these into `NestingTooDeep`, a
-`SyntaxError`, so every caller's existing "does not parse" handling reports it as a problem at
-the patch field or target file it came from.
-
-Pure: text in, syntax tree out.
-"""
+"""Parsing Python without letting a hostile or generated input crash opspatch."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """What a patch is for (`Target`): a module, the distribution that ships it, the versions it
-fits, the pre-images it accepts and the oldest Python it must still parse on.
-
-Part of the patch model (`opspatch.core.spec` re-exports it); pure.
-"""
+fits, the pre-images it accepts and the oldest Python it must still parse on."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""Load TOML files so that every later error can name the file, the line and the field.
-
-`tomllib` gives values but no positions. Operators need "patches/x.toml:14: edits[1].anchor.calls:
-..." rather than "validation error", so this module keeps the text and a small locator that maps a
-field path (as pydantic reports it: `("edits", 1, "anchor", "calls")`) to the line where that key
-is written. The locator understands what patch, inventory and playbook files use: tables, arrays
-of tables, dotted keys, inline tables and multi-line strings. When a path cannot be found exactly,
-the line of its nearest written ancestor is returned, never a wrong deeper one.
-"""
+"""Load TOML files so that every later error can name the file, the line and the field."""
 
 from __future__ import annotations
 

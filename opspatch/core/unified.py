@@ -1,13 +1,4 @@
-"""Unified diffs applied by context, the way GNU patch does it, but refusing to guess.
-
-A hunk is located by its old lines (context + removed). Like GNU patch, it may have moved by an
-offset (at most `max_offset` lines here) and, when the exact context is not found, up to `fuzz`
-context lines at each end of the hunk may be ignored. Unlike GNU patch, a context found in more
-than one place is refused, listing every place, because applying a hot fix to the wrong copy of
-a repeated block is worse than not applying it.
-
-Pure: lines in, a plan of line replacements out. Parsing uses unidiff.
-"""
+"""Unified diffs applied by context, the way GNU patch does it, but refusing to guess."""
 
 from __future__ import annotations
 

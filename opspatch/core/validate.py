@@ -1,17 +1,4 @@
-"""Validate a patched text before anyone writes it anywhere.
-
-Four checks, each returning human-readable problems (an empty list means valid):
-
-1. it compiles (`compile()` on the exact bytes, so the encoding cookie and BOM are honoured) and,
-   when the patch names an older target Python, parses with that grammar
-   (`ast.parse(feature_version=...)`);
-2. the patch's postconditions hold on the new syntax tree;
-3. nothing outside the edited scopes changed: every definition that is neither an edited scope
-   nor encloses one has an identical syntax tree, and each enclosing definition (and the module)
-   is identical once its nested definitions are reduced to their names.
-
-Pure: texts in, problems out.
-"""
+"""Validate a patched text before anyone writes it anywhere."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""The judge's verdicts as values (pure): per metric, with its figures, and per server.
-
-The judging itself is `opspatch.runs.judgments.canary`; these records live in the core because
-a host's outcome (`runs/report.py`) and the ledger carry them.
-"""
+"""The judge's verdicts as values (pure): per metric, with its figures, and per server."""
 
 from __future__ import annotations
 

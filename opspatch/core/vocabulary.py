@@ -1,11 +1,5 @@
 """The words opspatch reports states in, defined once and used by the ledger, the playbook, the
-runs and the CLI.
-
-They are `str` enums so that a value *is* its wire spelling: `Outcome.APPLIED == "applied"`,
-`json.dumps` writes `"applied"`, and the ledger, the JSON output and the exit-code rules read the
-same word. Adding a state means adding it here; every `match`/set that must know about it is then
-found by searching for the enum.
-"""
+runs and the CLI."""
 
 from __future__ import annotations
 

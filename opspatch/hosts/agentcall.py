@@ -1,11 +1,4 @@
-"""One exec to a host's agent, controller side: the path every host operation takes.
-
-`AgentCaller` sends a batch of operation calls to the host agent in one exec (through the
-host's `AgentEndpoint`), as the user the inventory says runs them (`become`), keeps the run's
-host lock re-asserted in the same exec while the run holds it (the fence), notes who ran each
-exec, and turns refusals into the error tree. `HostOperations` (`opspatch.hosts.operations`)
-builds the typed operations on it.
-"""
+"""One exec to a host's agent, controller side: the path every host operation takes."""
 
 from __future__ import annotations
 
@@ -68,15 +61,8 @@ class AgentCaller:
     raises the refusal); `ran_as` notes who ran each exec.
 
     While a run holds the host's lock, every exec it sends as the lock's user re-asserts the lock
-    first, in the same exec (`_Fence`): the lock is then busy as long as the exec may run plus the
-    run's grace (its lease expiry), and keeps other runs off for `LOCK_HOLD_SECONDS` after that.
-    So a controller that is alive keeps its lock however long the run takes; a recover of a run
-    whose controller is gone takes a host over once no exec of it can still be running there; and
-    an exec sent after another run took the lock over is refused before it does anything
-    (`lock-lost`). With become, an exec as another user is one process of its own: a read (the
-    login user) is not fenced, since it changes nothing and the run's next change is; a change (a
-    restart as root) is preceded by a re-assertion of its own only when the lock might lapse
-    before its deadline.
+    first, in the same exec (`_Fence`), so a live controller keeps it and an exec sent after
+    another run took it over does nothing (`lock-lost`): docs/agent.md, "The lock as a fence".
     """
 
     def __init__(

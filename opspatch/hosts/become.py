@@ -1,33 +1,4 @@
-"""Raising privileges (`become`) for the host operations that need them, and for nothing else.
-
-On a real fleet the operator logs in as an ordinary user while the engine's files belong to root
-or to a service user and restarts need root. With `become = true` in the inventory:
-
-- **which operations run raised**: each operation's descriptor says (`RunsAs`): the ones that
-  change the host (the lock file, swap and restore of the target file with the backups they
-  keep in the state folder and the bytecode purge, live fixes, the live plugin's files) run as
-  `become_user`; restarts (and the engine's stop and start alone) too, except through systemd
-  or supervisor, which manage system services and run as root. Everything else (facts,
-  resolving and reading the file, readiness, the smoke decode and the log it reads) runs as the
-  login user; a read the login user is not allowed is asked again, raised (`RunsAs.READ`).
-- **how**: a batch of operations runs as one user: `sudo -H -n -u USER -- PYTHON -c
-  BOOTSTRAP` per request, or once per user and run for the resident agent (`-c RESIDENT`: a
-  raised user is another process, so one agent per host and user), the request on stdin. When sudo says a password is required, the same exec is sent again
-  as `sudo -H -S -k -p PROMPT -u USER -- PYTHON -c BOOTSTRAP` with the password as the first line
-  of stdin, ahead of the request (sudo reads exactly that line; `-k` makes it read it every time,
-  never trusting a cached credential). What was learned is kept per user for the rest of the run,
-  so each later operation is one exec. The password is never on a command line (`ps` shows
-  argv), never in a `Command`, a log, the ledger or the report.
-- **where passwords come from** (`BecomePasswords`): the environment variable the inventory
-  names (`become_password_env`), else one prompt on the terminal per run; neither is stored.
-- **refusals** (`BecomeError`, exit 2): sudo not installed, a password needed and none
-  available, a password refused, the command denied by sudoers (sudo's own words), `requiretty`,
-  an unknown user. The first raised operation of every run is the host's lock, in preflight, so
-  a fleet where sudo cannot work refuses before any host is changed.
-
-The transport runs a `Command` like any other; the sudo prefix is part of the argv, quoted in
-the one place commands are quoted.
-"""
+"""Raising privileges (`become`) for the host operations that need them, and for nothing else."""
 
 from __future__ import annotations
 

@@ -1,20 +1,4 @@
-"""The agent channel's wire: how a request reaches the host agent and its reply comes back.
-
-`HostOperations` (`opspatch.hosts.operations`) is the one class that sends operations to a host
-(`call_batch_as`: a list of `OperationCall` run in order by the agent in one exec, stopping at
-the first refusal, a reply per operation) and turns refusals into the error tree through
-`REFUSAL_ERRORS` here, the one table from the agent's codes to errors. This module holds what it
-sends with: who answers is an `AgentEndpoint` (`opspatch.hosts.resident.open_endpoint` picks
-it): the resident agent (`RESIDENT`, `opspatch.hosts.resident`), or per request
-`BootstrapEndpoint`, which builds `<python> -c BOOTSTRAP` with the request on stdin
-(`encode_request`, carrying only the agent modules its operations need: `modules_for`), sends
-it as the login user or, through `Sudo`, as a raised one, and reads the reply line
-(`parse_reply`); where the host's interpreter is the controller's own (a local file),
-`OwnProcessEndpoint` answers in this process what a new interpreter would answer the same way,
-before either; a test double that answers typed requests itself (`transport.scripted`) is its
-own endpoint. The lock's re-assertion on every exec of a run that holds it (the fence) and
-`lock_times` are described in `HostOperations.call_batch_as`.
-"""
+"""The agent channel's wire: how a request reaches the host agent and its reply comes back."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
 """`diagnose` on one host, controller side: the request, one exec of the agent's `diagnose`
-operation (`opspatch.hosts.agent.diagnose`), and its reply as frozen values.
-
-The values say what the host showed, nothing more: judging them (pristine, written by opspatch,
-edited outside, healthy but crashing) needs the ledger and the other hosts, and belongs to
-`opspatch.runs.commands.diagnose`. A module that does not resolve on the host is a value here
-(`ModuleDiagnosis.error`), so one missing module never hides the rest of a diagnosis.
-"""
+operation (`opspatch.hosts.agent.diagnose`), and its reply as frozen values."""
 
 from __future__ import annotations
 

@@ -1,28 +1,4 @@
-"""The engine on a host: restart it, wait until it is ready, prove it decodes.
-
-Each step is one exec of the host agent (`opspatch.hosts.agent`: `restart`, `wait_ready`,
-`wait_drained`, `smoke`), run ON the host because SGLang servers usually listen on the host's loopback only. The
-controller side here only builds the arguments from the inventory and the playbook and turns
-replies into values:
-
-- restart strategies (and `stop` and `start` alone, for a server of several nodes, stopped on
-  every node before any is started): systemd (`systemctl restart UNIT`, then `is-active`), supervisor
-  (`supervisorctl restart NAME`), container (`podman/docker restart ID` run on the host, outside
-  the container, after the agent inside noted the log's size), command (stop the process tree of the pid in the pid file:
-  TERM, wait, KILL; start the command detached with its log; write the pid file);
-- readiness: poll `/health` every 0.1 s (no backoff: a ready engine is noticed at once) until
-  the playbook's deadline, failing fast when the started process exits, in execs of at most
-  `READY_SLICE_SECONDS` (between two, the caller is told what is awaited and until when);
-- smoke decode: greedy `/generate` per prompt, checked for HTTP 200, completion tokens,
-  `spec_verify_ct` on speculative hosts, expected text, a pre-patch baseline; plus a scan of the
-  server log written since the restart for the playbook's fail patterns.
-
-When a step fails, the engine's own words come with it: an `EngineError` (restart, readiness)
-carries `data["log_tail"]` (its last relevant log lines, bounded) and `data["exception"]` (the
-traceback in its log: type, message, final frame), and its message names that exception and
-where it was raised; a failed smoke says the same in its failures, `exceptions` and `log_tail`,
-and tells a decode that timed out (the server still running) from a crash.
-"""
+"""The engine on a host: restart it, wait until it is ready, prove it decodes."""
 
 from __future__ import annotations
 
@@ -41,14 +17,18 @@ from opspatch.hosts.agent.protocol import (
     DrainedReply,
     GroupCheck,
     ReadyReply,
-    RestartReply,
     RestartRequest,
     SmokeReply,
     SmokeRequest,
-    StopReply,
     StopRequest,
     WaitDrainedRequest,
     WaitReadyRequest,
+)
+from opspatch.hosts.agent.protocol import (
+    RestartReply as RestartReply,  # what a restart or start did, for runs
+)
+from opspatch.hosts.agent.protocol import (
+    StopReply as StopReply,
 )
 from opspatch.hosts.agent.restarts import op_restart, op_start, op_stop
 from opspatch.hosts.become import RunsAs
@@ -59,28 +39,6 @@ from opspatch.hosts.transport.container import ContainerTransport
 
 # Seconds added to a host-side deadline for the exec itself (interpreter start, transfer).
 EXEC_MARGIN = 30.0
-
-
-@dataclass(frozen=True)
-class RestartResult(JsonRecord):
-    """What a restart did: the new pid (if known) and where the log was when it started."""
-
-    strategy: str
-    pid: int | None = None
-    log_offset: int | None = None
-    stopped: tuple[int, ...] = ()
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class StopResult(JsonRecord):
-    """What a stop did: the processes stopped (none when the engine did not run) and where the
-    engine's log stood before it (a container's start scans its log from there)."""
-
-    strategy: str
-    stopped: tuple[int, ...] = ()
-    log_offset: int | None = None
-    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -101,7 +59,7 @@ READY_SLICE_SECONDS = 30.0
 """How long one `wait_ready` exec waits on the host before it answers that it is still waiting:
 a readiness wait (up to the playbook's `ready`, 20 minutes by default) is a series of such
 execs, and between two of them the controller says what it awaits and until when
-(`ReadyWaiting`), so a wrong engine URL is not a silent 20 minutes."""
+(`StillWaiting`), so a wrong engine URL is not a silent 20 minutes."""
 
 
 LOOK_SECONDS = 1.0
@@ -112,26 +70,6 @@ LOOK_SECONDS = 1.0
 class Readiness(JsonRecord):
     seconds: float
     polls: int
-
-
-@dataclass(frozen=True)
-class ReadyWaiting(JsonRecord):
-    """The answer of one part of a readiness wait that ran out before /health answered 200:
-    how long it waited, how many polls, and the last answer (`/health: connection refused`)."""
-
-    seconds: float
-    polls: int
-    last: str
-
-
-@dataclass(frozen=True)
-class ReadyAnswer(JsonRecord):
-    """One `wait_ready` exec's reply: ready (`seconds`, `polls`), or, for a part of a longer
-    wait that ran out (`slice`), `waiting` with what it saw."""
-
-    seconds: float = 0.0
-    polls: int = 0
-    waiting: ReadyWaiting | None = json_field(omit_none=True, default=None)
 
 
 @dataclass(frozen=True)
@@ -147,19 +85,13 @@ class StillWaiting:
     gives_up_at: float
 
 
-@dataclass(frozen=True)
-class Drained(JsonRecord):
-    """A drained engine: how long until it read idle, in how many reads of `/v1/loads`, and
-    whether it answered at all (a server that does not answer runs nothing)."""
-
-    seconds: float
-    polls: int
-    answered: bool
-
-    def describe(self) -> str:
-        if not self.answered:
-            return "its server does not answer: nothing runs there"
-        return f"idle after {self.seconds:.1f}s ({self.polls} reads of /v1/loads on the host)"
+def describe_drained(drained: DrainedReply) -> str:
+    """A drained engine in words: how long until it read idle, in how many reads of
+    `/v1/loads`, or that it did not answer at all (a server that does not answer runs nothing)."""
+    if not drained["answered"]:
+        return "its server does not answer: nothing runs there"
+    seconds, polls = drained["seconds"], drained["polls"]
+    return f"idle after {seconds:.1f}s ({polls} reads of /v1/loads on the host)"
 
 
 @dataclass(frozen=True)
@@ -207,20 +139,20 @@ class SmokeResult(JsonRecord):
 
 
 RESTART = Operation(
-    "restart", RestartRequest, RestartReply, RestartResult, op_restart, runs_as=RunsAs.RESTART
+    "restart", RestartRequest, RestartReply, RestartReply, op_restart, runs_as=RunsAs.RESTART
 )
-STOP = Operation("stop", StopRequest, StopReply, StopResult, op_stop, runs_as=RunsAs.RESTART)
+STOP = Operation("stop", StopRequest, StopReply, StopReply, op_stop, runs_as=RunsAs.RESTART)
 START = Operation(
-    "start", RestartRequest, RestartReply, RestartResult, op_start, runs_as=RunsAs.RESTART
+    "start", RestartRequest, RestartReply, RestartReply, op_start, runs_as=RunsAs.RESTART
 )
 WAIT_READY = Operation(
-    "wait_ready", WaitReadyRequest, ReadyReply, ReadyAnswer, op_wait_ready, runs_as=RunsAs.READ
+    "wait_ready", WaitReadyRequest, ReadyReply, ReadyReply, op_wait_ready, runs_as=RunsAs.READ
 )
 WAIT_DRAINED = Operation(
     "wait_drained",
     WaitDrainedRequest,
     DrainedReply,
-    Drained,
+    DrainedReply,
     op_wait_drained,
     runs_as=RunsAs.READ,
 )
@@ -309,7 +241,7 @@ class EngineControl:
                 exc.detail, host=self.host.name, step=step, data=exc.data, hint=exc.hint
             ) from exc
 
-    def restart(self, *, step: str = "restart") -> RestartResult:
+    def restart(self, *, step: str = "restart") -> RestartReply:
         """Restart the engine with the host's strategy.
 
         Raises:
@@ -324,7 +256,7 @@ class EngineControl:
             return self._restart_container(self.host.engine.restart, noted, timeout, step)
         return noted
 
-    def stop(self, *, step: str = "stop") -> StopResult:
+    def stop(self, *, step: str = "stop") -> StopReply:
         """Only stop the engine, and wait until it is gone (command: its whole process tree,
         KILLed after `stop_timeout`; a service: until systemd or supervisor says it stopped; a
         container: the runtime's stop). An engine that does not run stops nothing. The first
@@ -347,10 +279,10 @@ class EngineControl:
             with self._container_errors(step) as transport:
                 after = transport.stop(seconds, timeout=timeout + EXEC_MARGIN)
             detail = f"{transport.describe()} stopped (id {after.id[:12]}, {after.status})"
-            return replace(stopped, detail=detail)
+            return {**stopped, "detail": detail}
         return stopped
 
-    def start(self, *, step: str = "start", stopped: StopResult | None = None) -> RestartResult:
+    def start(self, *, step: str = "start", stopped: StopReply | None = None) -> RestartReply:
         """Only start the engine (the second half of a restart: after `stop`); refused while it
         still runs. A container is started by its runtime (nothing runs in a stopped one to
         note its log first): its log is scanned from where `stopped` (its stop) left it.
@@ -363,10 +295,10 @@ class EngineControl:
         if isinstance(self.host.engine.restart, ContainerRestart):
             with self._container_errors(step) as transport:
                 after = transport.start(timeout=timeout + EXEC_MARGIN)
-            return RestartResult(
+            return RestartReply(
                 strategy="container",
                 pid=None,
-                log_offset=stopped.log_offset if stopped is not None else None,
+                log_offset=stopped.get("log_offset") if stopped is not None else None,
                 detail=f"{transport.describe()} started (id {after.id[:12]}, {after.status})",
             )
         return self._run(
@@ -390,22 +322,22 @@ class EngineControl:
             raise EngineError(exc.detail, host=self.host.name, step=step, hint=exc.hint) from exc
 
     def _restart_container(
-        self, restart: ContainerRestart, noted: RestartResult, timeout: float, step: str
-    ) -> RestartResult:
+        self, restart: ContainerRestart, noted: RestartReply, timeout: float, step: str
+    ) -> RestartReply:
         """The runtime's restart of the engine's container, after the agent noted the log's
         size inside it (`noted`): the same container, its writable layer kept."""
         with self._container_errors(step) as transport:
             after = transport.restart(restart.stop_timeout, timeout=timeout + EXEC_MARGIN)
-        return RestartResult(
+        return RestartReply(
             strategy="container",
             pid=None,
-            log_offset=noted.log_offset,
+            log_offset=noted.get("log_offset"),
             detail=f"{transport.describe()} restarted (id {after.id[:12]}, {after.status})",
         )
 
     def wait_ready(
         self,
-        restart: RestartResult | None = None,
+        restart: RestartReply | None = None,
         *,
         step: str = "ready",
         timeout: float | None = None,
@@ -414,18 +346,10 @@ class EngineControl:
         slice_seconds: float | None = None,
     ) -> Readiness:
         """Poll the server's /health on the host until it answers 200, within `timeout` seconds
-        (default: the playbook's `ready`). Without `restart`, the process the engine's pid file
-        names (command strategy) is watched, and none running fails at once. With `group` (a
-        multi-node server's head), ready also needs the head's `/server_info` to say it is
-        node rank 0 of that group, which it answers only once every rank joined; a server of
-        another shape or without `/server_info` (a non-head node) fails (`group-mismatch`).
-
-        The wait is a series of execs of at most `READY_SLICE_SECONDS` each (the last one ends
-        at the deadline and fails there); after each one that ran out, `on_waiting` is told
-        what is awaited and until when. A series, not one exec streaming lines: the agent
-        channel stays one request and one reply line per exec, and a slice costs one exec per
-        30 s of a wait that is slow anyway (40 at most in 20 minutes; none more for an engine
-        ready within 30 s), and each slice is a fenced exec that renews the run's lock.
+        (default: the playbook's `ready`); with `group`, the head's `/server_info` too (the
+        agent's `op_wait_ready` says how). The wait is a series of fenced execs of at most
+        `READY_SLICE_SECONDS` (each renews the run's lock); after each that ran out, `on_waiting`
+        is told what is awaited and until when (why: docs/runs.md, "A long readiness wait").
 
         Raises:
             EngineError: the deadline passed, the started process exited, or (no `restart`) the
@@ -437,10 +361,10 @@ class EngineControl:
         request = WaitReadyRequest(
             url=self.host.engine.url,
             timeout=timeout,
-            pid=restart.pid if restart else None,
+            pid=restart.get("pid") if restart else None,
             pid_file=getattr(self.host.engine.restart, "pid_file", None),
             log_file=self.host.engine.log_file,
-            log_offset=restart.log_offset if restart else None,
+            log_offset=restart.get("log_offset") if restart else None,
             total=timeout,
             slice=False,
             group=group.check() if group is not None else None,
@@ -454,22 +378,23 @@ class EngineControl:
             part = max(remaining, 0.001) if last_part else slice_seconds
             request["timeout"], request["slice"] = part, not last_part
             answer = self._run(WAIT_READY, request, timeout=part, step=step)
-            still = answer.waiting
+            still = answer.get("waiting")
             if still is None:
-                return Readiness(round(waited + answer.seconds, 3), polls + answer.polls)
-            waited, polls = waited + still.seconds, polls + still.polls
+                seconds = waited + answer.get("seconds", 0.0)
+                return Readiness(round(seconds, 3), polls + answer.get("polls", 0))
+            waited, polls = waited + still["seconds"], polls + still["polls"]
             if on_waiting is not None:
                 on_waiting(
                     StillWaiting(
                         self.host.engine.url,
-                        still.last,
+                        still["last"],
                         time.monotonic() - started,
                         timeout,
                         gives_up_at,
                     )
                 )
 
-    def still_running(self, started: RestartResult, *, step: str = "ready") -> None:
+    def still_running(self, started: RestartReply, *, step: str = "ready") -> None:
         """One short look (an exec of about a second) that the engine `started` launched is
         still running: a unit's other nodes, watched while the head is awaited (their dummy
         `/health` proves only that). Returns when its process lives (or the strategy names no
@@ -481,10 +406,10 @@ class EngineControl:
         request = WaitReadyRequest(
             url=self.host.engine.url,
             timeout=LOOK_SECONDS,
-            pid=started.pid,
+            pid=started.get("pid"),
             pid_file=None,
             log_file=self.host.engine.log_file,
-            log_offset=started.log_offset,
+            log_offset=started.get("log_offset"),
             total=LOOK_SECONDS,
             slice=True,
             group=None,
@@ -493,7 +418,7 @@ class EngineControl:
 
     def wait_drained(
         self, *, settle: float, poll: float, step: str = "drain", timeout: float | None = None
-    ) -> Drained:
+    ) -> DrainedReply:
         """Wait on the host until the engine reports nothing running or waiting for `settle`
         seconds (its `GET /v1/loads`, read every `poll` seconds), within `timeout` (default: the
         playbook's `drain`).

@@ -1,17 +1,5 @@
 """Container images for `opspatch bake`: the runtime's image commands as data, the build context
-of a baked image, and the labels that say which patch an image carries.
-
-A baked image is its base image with the patched file(s) copied over the originals (mode and
-owner kept by `COPY --chown --chmod`), nothing else: no `RUN`, so the build needs no shell, no
-network and no interpreter in the image, and a CI pipeline can build the same context offline.
-Its labels (OCI-style keys under `io.opspatch.`) name the patch, its sha256, and each file with
-its pre- and post-image sha256; a container started from the image carries them in its own
-`Config.Labels` (the runtime copies an image's labels into each container), which is how
-`status` and `diagnose` tell a fix that came baked in from one lost with a recreated container.
-
-The commands run on the controller's machine through a `Transport` (the local one), so quoting
-is done once, by `Command.render()`; the parsing of what they print is pure.
-"""
+of a baked image, and the labels that say which patch an image carries."""
 
 from __future__ import annotations
 

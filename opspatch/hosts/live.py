@@ -1,13 +1,6 @@
 """Live fixes, as the controller sends them: the agent's `live` operation (the engine's sockets
 asked on the host, `hosts/agent/live.py`), its record, and each engine process's answer read out
-of it.
-
-A request (`LiveFix`) names no code: the module, the file and the sha256 it must have on disk
-(the post-image a run swapped in), and the definitions to take; the plugin compiles them from
-that file itself (`liveplugin`). One exec sends it to the engine's processes; the entry rank
-answers for every TP rank (`ranks`), so `processes` flattens the reply to one `ProcessAnswer`
-per process, whichever socket carried it.
-"""
+of it."""
 
 from __future__ import annotations
 

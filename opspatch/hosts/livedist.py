@@ -1,19 +1,5 @@
 """The `opspatch_live` distribution: the live-fix plugin (`opspatch.hosts.liveplugin`) as an
-engine's environment installs it, built as {path relative to site-packages: bytes}.
-
-Two ways to start it, one per installation (`LiveStart`):
-- `entry-point`, for SGLang releases with the plugin framework (0.5.11 and later, read from the
-  wheels: 0.5.10 has none): `entry_points.txt` declares `opspatch_live = opspatch_live.plugin:load`
-  in group `sglang.srt.plugins`, so every process of the server loads it (`SGLANG_PLUGINS`, when
-  set, must name it: `socket_paths.plugins_filtered_out`);
-- `pth`, for releases without it: `opspatch_live.pth`, one `import` line that site runs in every
-  interpreter of the environment; it only adds a finder that waits for SGLang's modules
-  (`plugin.start_at_interpreter_start`), so other programs of the environment are untouched.
-
-Either way the dist-info's RECORD lists every file with its sha256, so the installation is planned,
-checked and removed like any installed distribution. The package's modules are renamed, never
-rewritten: they import each other relatively.
-"""
+engine's environment installs it, built as {path relative to site-packages: bytes}."""
 
 from __future__ import annotations
 

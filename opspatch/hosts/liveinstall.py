@@ -1,12 +1,7 @@
 """The live plugin's installation, as the controller asks for it: where the engine's environment
 installs distributions and what is there (`LIVE_SITE`), the distribution's files written there
 (`INSTALL_FILES`) and removed again (`REMOVE_FILES`), each one agent exec
-(`hosts/agent/liveinstall.py`).
-
-What an installation is, is its RECORD: every file the install wrote with its sha256 (the
-manifest pip uninstalls by), written by `live enable` as part of the distribution
-(`livedist.live_distribution`); `InstalledLive.files` reads it back for `live disable`.
-"""
+(`hosts/agent/liveinstall.py`)."""
 
 from __future__ import annotations
 
@@ -76,27 +71,6 @@ class LiveSite(JsonRecord):
         return "entry-point" if self.plugin_framework else "pth"
 
 
-@dataclass(frozen=True)
-class InstallResult(JsonRecord):
-    root: str
-    written: tuple[str, ...]
-    already: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class RemoveResult(JsonRecord):
-    root: str
-    removed: tuple[str, ...]
-    absent: tuple[str, ...]
-    purged_bytecode: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class FileHashes(JsonRecord):
-    root: str
-    sha256: dict[str, str | None]
-
-
 LIVE_SITE = Operation(
     "live_site", LiveSiteRequest, LiveSiteReply, LiveSite, op_live_site, runs_as=RunsAs.READ
 )
@@ -104,7 +78,7 @@ INSTALL_FILES = Operation(
     "install_files",
     InstallFilesRequest,
     InstallFilesReply,
-    InstallResult,
+    InstallFilesReply,
     op_install_files,
     runs_as=RunsAs.CHANGE,
 )
@@ -112,7 +86,7 @@ REMOVE_FILES = Operation(
     "remove_files",
     RemoveFilesRequest,
     RemoveFilesReply,
-    RemoveResult,
+    RemoveFilesReply,
     op_remove_files,
     runs_as=RunsAs.CHANGE,
 )
@@ -120,7 +94,7 @@ FILE_HASHES = Operation(
     "file_hashes",
     FileHashesRequest,
     FileHashesReply,
-    FileHashes,
+    FileHashesReply,
     op_file_hashes,
     runs_as=RunsAs.READ,
 )
@@ -145,7 +119,7 @@ def install(
     lock_run_id: str | None,
     timeout: float,
     step: str,
-) -> InstallResult:
+) -> InstallFilesReply:
     """Write `files` under `root` (none when one is there with other bytes).
 
     Raises:
@@ -168,7 +142,7 @@ def remove(
     lock_run_id: str | None,
     timeout: float,
     step: str,
-) -> RemoveResult:
+) -> RemoveFilesReply:
     """Remove `files` (path -> sha256) under `root` (none when one holds other bytes).
 
     Raises:
@@ -189,4 +163,4 @@ def read_hashes(
     """Each of `paths` under `root` read back (one exec, changing nothing): its sha256, None
     when absent. What an `install` or a `remove` whose reply was lost left there."""
     request: FileHashesRequest = {"root": root, "paths": list(paths)}
-    return ops.run(FILE_HASHES, request, timeout=timeout, step=step).sha256
+    return ops.run(FILE_HASHES, request, timeout=timeout, step=step)["sha256"]

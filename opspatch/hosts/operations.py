@@ -1,36 +1,4 @@
-"""Host-side operations, controller side: one exec per call, typed results, typed errors.
-
-Each call is ONE request to the host agent: the engine's own interpreter running a tiny bootstrap
-(`<python> -c RESIDENT`, one process per host and user for a run, fed a request per line; or
-`-c BOOTSTRAP` per request: `opspatch.hosts.channel`, `opspatch.hosts.resident`) that reads a
-JSON request on stdin, executes the host agent's source (the modules of `opspatch/hosts/agent`
-its operations need, sent with the request that first needs them, so nothing is installed on
-hosts), runs the request's operations in order and prints one JSON reply line, a reply per
-operation. Running under the engine's interpreter and environment
-is the point: `resolve` then finds the file the server really imports, `facts` reports the
-versions it really runs, and `swap` compiles the new text with the Python that will run it.
-
-`HostOperations` turns replies into frozen dataclasses and refusals into the error tree:
-`PreimageMismatch`, `LockHeld`, `RemoteOperationError` (with its stable `code`), `TargetError`
-for a module that does not resolve, `InputError` for an interpreter that is missing on the host.
-Every call takes its deadline from the caller (`timeout=`, seconds for the whole exec): the
-rollout passes the playbook's `StepTimeouts` (`opspatch.core.policy`), the one timeout table, so
-an operator's `[timeouts]` reach every path. Transport failures arrive as `TransportError` /
-`CommandTimeout` with the host and the operation named as the step.
-
-Round trips: `inspect` (what `plan` needs: facts + resolve + read) is 1 exec; read-then-swap is
-2; `lock` and `unlock` are 1 each. Compositions are one exec too, a batch the agent runs in
-order and stops at the first refusal: `begin` is `lock` then `inspect`; a swap or a smoke that is
-a host's last step is followed by `unlock` in the same exec (`then_unlock`; after a smoke, only
-if it passed).
-
-With `become` in the host's inventory (`opspatch.hosts.become`), the operations that change the
-host run through sudo as the become user, still one exec each (a batch runs as one user); `begin`
-is then two (the lock raised, the inspection as the login user), plus one probe per other user a
-run raises to. The
-first raised exec of a host whose sudo needs a password is sent twice (once to learn that).
-`ran_as` lists the user every exec ran as, as the agent reported it, for the step records.
-"""
+"""Host-side operations, controller side: one exec per call, typed results, typed errors."""
 
 from __future__ import annotations
 
@@ -42,16 +10,17 @@ from dataclasses import replace
 from typing import Any, TypeVar, cast
 
 from opspatch.core.host import Host
-from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.source import sha256_hex
 from opspatch.errors import RemoteOperationError
 from opspatch.hosts.agent.protocol import (
     InspectRequest,
+    LockReply,
     LockRequest,
     NoArgs,
     OperationReply,
     ReadRequest,
     ResolveRequest,
+    RestoreReply,
     RestoreRequest,
     ServerHint,
     SwapRequest,
@@ -80,14 +49,10 @@ from opspatch.hosts.results import (
     WHOAMI,
     HostFacts,
     HostInspection,
-    LockHolder,
-    LockInfo,
     Operation,
     RemoteFile,
     ResolvedModule,
-    RestoreResult,
     SwapResult,
-    UnlockResult,
 )
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.container import ContainerTransport
@@ -100,19 +65,16 @@ __all__ = [  # the result values (`opspatch.hosts.results`) and the channel's na
     "HostInspection",
     "HostOperations",
     "LOCK_HOLD_SECONDS",
-    "LockHolder",
-    "LockInfo",
     "RemoteFile",
     "ResolvedModule",
-    "RestoreResult",
+    "RestoreReply",
     "SwapResult",
-    "UnlockResult",
     "agent_modules",
     "default_lock_owner",
     "open_transport",
 ]
 
-R = TypeVar("R", bound=JsonRecord)
+R = TypeVar("R")
 Req = TypeVar("Req", bound=Mapping[str, Any])
 Rep = TypeVar("Rep", bound=Mapping[str, Any])
 
@@ -223,7 +185,7 @@ class HostOperations(AgentCaller):
             BecomeError: as for any raised operation.
         """
         reply = self.call_as("whoami", NoArgs(), as_user=user, timeout=timeout, step=step)
-        return WHOAMI.read(reply, host=self.name, step=step).user or user
+        return WHOAMI.read(reply, host=self.name, step=step)["user"]
 
     # -- facts, resolve, read, inspect -------------------------------------------------------
 
@@ -332,7 +294,7 @@ class HostOperations(AgentCaller):
         current_sha256: str | None = None,
         force: bool = False,
         timeout: float,
-    ) -> RestoreResult:
+    ) -> RestoreReply:
         """Put `path` back to the pre-image `pre_sha256`, atomically, and purge its bytecode.
 
         The bytes come from the host's backup when present and intact, else from `content`
@@ -365,7 +327,7 @@ class HostOperations(AgentCaller):
         takeover_run: str | None = None,
         takeover_idle: bool = False,
         timeout: float,
-    ) -> LockInfo:
+    ) -> LockReply:
         """Take the host's lock (`<state_dir>/lock.json`) for `run_id`, or refresh it.
 
         An expired lock is taken over (the previous holder is returned); taking it again with
@@ -423,7 +385,7 @@ class HostOperations(AgentCaller):
         takeover_run: str | None = None,
         takeover_idle: bool = False,
         timeout: float,
-    ) -> tuple[LockInfo, HostInspection]:
+    ) -> tuple[LockReply, HostInspection]:
         """lock, then inspect, in one exec: how a rollout starts on a host.
 
         `takeover_run` lets `recover` take the lock still held by the run it recovers: at once
@@ -462,7 +424,7 @@ class HostOperations(AgentCaller):
 
     def _begin_raised(
         self, lock: LockRequest, inspect: InspectRequest, *, timeout: float
-    ) -> tuple[LockInfo, HostInspection]:
+    ) -> tuple[LockReply, HostInspection]:
         """`begin` with become: the lock as the become user (the first raised exec, so sudo is
         checked before anything else), a probe of every other user the run raises to (root for
         a systemd restart), then the inspection as the login user. The lock stays held if a
@@ -473,7 +435,7 @@ class HostOperations(AgentCaller):
         inspected = self.run(INSPECT, inspect, timeout=timeout, step="begin")
         return locked, inspected
 
-    def unlock(self, *, run_id: str, force: bool = False, timeout: float) -> UnlockResult:
+    def unlock(self, *, run_id: str, force: bool = False, timeout: float) -> UnlockReply:
         """Release the host's lock held by `run_id` (`force` releases anyone's).
 
         Raises:

@@ -1,13 +1,4 @@
-"""The resident host agent, controller side: one agent process per host and user for a run.
-
-`open_endpoint` chooses who answers a host's agent requests, from its connection: a transport
-that answers typed requests itself (a test double) is its own endpoint; a host whose inventory
-says `agent = "resident"` (the default) and whose transport keeps a command running (`StartsProcesses`:
-SSH and local) gets a `ResidentEndpoint`; any other (`agent = "per-exec"`, an engine in a
-container) the per-exec `BootstrapEndpoint`. Where the host's interpreter is the controller's
-own (a local file: `apply --file`), `OwnProcessEndpoint` answers first what it may, the chosen
-one the rest. Nothing above the endpoint asks which.
-"""
+"""The resident host agent, controller side: one agent process per host and user for a run."""
 
 from __future__ import annotations
 

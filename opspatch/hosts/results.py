@@ -1,23 +1,18 @@
 """What host operations return: frozen values built from the host agent's replies, and the
 `Operation` descriptor that names, for each agent operation, its request, its reply and the
-record the reply is read as.
-
-`HostOperations` (`opspatch.hosts.operations`) runs them (`HostOperations.run(OPERATION,
-request)`); runs, status and the CLI read the records. A reply is read through the one codec
-(`core.jsonrecord`), so it is checked field by field at the boundary: `read_reply` turns a reply
-that does not have the record's shape into the `RemoteOperationError` (`agent-bad-reply`) every
-caller of an agent operation already handles. A record's fields are its reply's keys
-(`tests/test_operations.py` checks every descriptor).
-"""
+record the reply is read as."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import importlib
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar
+
+from opspatch.core import codec
 
 # what a host runs lives in core, since the ledger records it too: re-exported here
 from opspatch.core.host import Host
@@ -49,7 +44,7 @@ from opspatch.hosts.agent.protocol import (
 )
 from opspatch.hosts.become import RunsAs, raised_user
 
-R = TypeVar("R", bound=JsonRecord)
+R = TypeVar("R")
 Req = TypeVar("Req", bound=Mapping[str, Any])
 Rep = TypeVar("Rep", bound=Mapping[str, Any])
 
@@ -87,14 +82,17 @@ def run_as(host: Host, operation: str) -> str | None:
 
 
 def read_reply(cls: type[R], reply: Mapping[str, object], *, host: str, step: str) -> R:
-    """The agent's `reply` read as a `cls` record, every field checked against its type.
+    """The agent's `reply` read as `cls`, every field checked against its type: the reply's own
+    wire type (a TypedDict, through pydantic: `codec.read`), or a record that adds to it.
 
     Raises:
         RemoteOperationError: `agent-bad-reply`, the reply lacks a field or one has the wrong
             type (an agent of another opspatch version, or a broken host); names the field.
     """
     try:
-        return record_from_json(cls, reply)
+        if typing.is_typeddict(cls):
+            return codec.read(cls, reply)
+        return record_from_json(cls, reply)  # type: ignore[type-var]
     except ValueError as exc:
         raise RemoteOperationError(
             f"the host agent's reply is not what this opspatch reads: {exc}",
@@ -107,7 +105,8 @@ def read_reply(cls: type[R], reply: Mapping[str, object], *, host: str, step: st
 @dataclass(frozen=True)
 class Operation(Generic[Req, Rep, R]):
     """One agent operation, for the controller: its `name`, the `request` and `reply` TypedDicts
-    both ends read (`agent.protocol`), the `record` its reply is read as, the agent's
+    both ends read (`agent.protocol`), the `record` its reply is read as (the `reply` itself
+    unless the controller adds to it: bytes, methods, what `--json` prints), the agent's
     `function` (`@operation(name)`: mypy checks it takes `request` and returns `reply`), and who
     runs it on a host with `become` (`runs_as`). The record's fields are the reply's keys;
     `renamed` maps a reply key to a record field of another name (smoke's `results` are
@@ -244,60 +243,6 @@ class SwapResult(JsonRecord):
     """The swap gave the run's lock back in the same exec (`then_unlock`)."""
 
 
-@dataclass(frozen=True)
-class RestoreResult(JsonRecord):
-    """A completed restore. `source` says where the bytes came from: the host's `backup`, the
-    `given` bytes, or `already` (the file was the pre-image; nothing written). `kept_copy` is a
-    backup of what the restore overwrote."""
-
-    path: str
-    realpath: str
-    sha256_before: str
-    sha256_after: str
-    changed: bool
-    source: Literal["backup", "given", "already"]
-    kept_copy: str | None
-    purged_bytecode: tuple[str, ...]
-    purge_failures: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class LockHolder(JsonRecord):
-    """Who holds (or held) a host's lock; times are the host's clock, seconds since the epoch."""
-
-    owner: str | None = None
-    run_id: str | None = None
-    acquired_at: float | None = None
-    expires_at: float | None = None
-
-
-@dataclass(frozen=True)
-class LockInfo(JsonRecord):
-    """The lock this run now holds. `took_over_from` is the expired holder it replaced, if any;
-    `refreshed` is True when this run already held it (the expiry was extended)."""
-
-    holder: LockHolder
-    refreshed: bool
-    took_over_from: LockHolder | None = field(metadata=json_options(key="previous"))
-
-
-@dataclass(frozen=True)
-class UnlockResult(JsonRecord):
-    """`released` is False when there was no lock to release (`reason` = `not-held`)."""
-
-    released: bool
-    reason: str
-    previous: LockHolder | None
-
-
-@dataclass(frozen=True)
-class AgentIdentity(JsonRecord):
-    """Who an exec of the agent ran as (its effective user); a test double may not say."""
-
-    user: str | None = None
-    uid: int | None = None
-
-
 # -- the operations whose records are above -----------------------------------------------------
 
 
@@ -336,19 +281,19 @@ RESTORE = Operation(
     "restore",
     RestoreRequest,
     RestoreReply,
-    RestoreResult,
+    RestoreReply,
     op_restore,
     runs_as=RunsAs.CHANGE,
     in_process=_always,
 )
 LOCK = Operation(
-    "lock", LockRequest, LockReply, LockInfo, op_lock, runs_as=RunsAs.CHANGE, in_process=_always
+    "lock", LockRequest, LockReply, LockReply, op_lock, runs_as=RunsAs.CHANGE, in_process=_always
 )
 UNLOCK = Operation(
     "unlock",
     UnlockRequest,
     UnlockReply,
-    UnlockResult,
+    UnlockReply,
     op_unlock,
     runs_as=RunsAs.CHANGE,
     in_process=_always,
@@ -357,7 +302,7 @@ WHOAMI = Operation(
     "whoami",
     NoArgs,
     WhoamiReply,
-    AgentIdentity,
+    WhoamiReply,
     op_whoami,
     runs_as=RunsAs.LOGIN,
     in_process=_always,

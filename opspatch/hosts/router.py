@@ -1,17 +1,4 @@
-"""The router's HTTP control plane (sglang-router 0.3.2, "SGLang Model Gateway"), as typed calls.
-
-The router adds workers asynchronously (`POST /workers` answers 202 with a job; the worker is
-listed by `GET /workers` once registered) and removes them by id (`DELETE /workers/UUID`); URLs
-compare as exact strings, so every URL sent is the inventory's canonical one. Once removed, a
-worker's in-flight requests are invisible to the router: "drained" is read on the worker itself,
-on its host (the agent's `wait_drained`, beside the readiness poll and the smoke decode).
-Seen of the 0.3.2 binary: the legacy `/add_worker`, `/remove_worker` and `/list_workers` answer
-404; `GET /workers` lists registered workers only (not adds still pending); a URL as the id of a
-`DELETE` is 400, and a re-added worker gets a new id; `PUT /workers/UUID` changes priority, cost
-and labels only (there is no drain or cordon flag); with `--control-plane-api-keys`, `/workers*`
-needs `Authorization: Bearer KEY` of an admin key while `/generate` stays open. docs/sandbox.md
-says how the sandbox runs one (`sandbox up --router`).
-"""
+"""The router's HTTP control plane (sglang-router 0.3.2, "SGLang Model Gateway"), as typed calls."""
 
 from __future__ import annotations
 

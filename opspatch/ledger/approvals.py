@@ -1,11 +1,4 @@
-"""Approvals read back from the history: the `sign` steps of `approve` runs for a patch sha256.
-
-An approval is history, recorded through the ordinary events (no table of its own): a run with
-command `approve` and the patch's id and sha256, and one `sign` step whose host column is the
-signer principal and whose detail is the armored OpenSSH signature. Portable SQL (`?`
-placeholders, LIKE as a cheap filter before the bodies are parsed); the caller holds the
-ledger's lock.
-"""
+"""Approvals read back from the history: the `sign` steps of `approve` runs for a patch sha256."""
 
 from __future__ import annotations
 

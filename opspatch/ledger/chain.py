@@ -1,15 +1,4 @@
-"""The hash chain: how an event row is hashed, how the next one is linked, and the verify walk.
-
-Every event row carries `prev_hash` and `hash = sha256(canonical JSON of every other column)`;
-the first event chains to 64 zeros. Ids are consecutive and the next id follows the highest one
-the database's id sequence ever handed out, so a deleted row or a deleted tail leaves a
-visible gap. File bytes live in the content-addressed `blobs` table and events name them by
-sha256, so the chain covers them; the walk re-hashes every blob too.
-
-Changing `canonical_json` or `event_hash` would make every existing ledger fail verification:
-`tests/test_ledger.py::test_event_hash_format_is_pinned` and the golden ledger of
-`tests/test_ledger_golden.py` (written by an earlier opspatch) hold them still.
-"""
+"""The hash chain: how an event row is hashed, how the next one is linked, and the verify walk."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""Copying a history from one ledger to another (`opspatch ledger copy --from A --to B`).
-
-A team moving its SQLite file into PostgreSQL (or taking a PostgreSQL history home as a file)
-must end with the same history: every event row as it was written (same id, time, body and
-hash, so the chain is the same chain) and every stored blob. The source is verified first; the
-target must be empty or hold a prefix of the same history (an interrupted copy, run again,
-carries on); anything else is a different history and is refused before anything is written.
-Both sides are verified after, to the same head hash.
-"""
+"""Copying a history from one ledger to another (`opspatch ledger copy --from A --to B`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""The small database interface the ledger's SQL runs over, and opening one by its location.
-
-The SQL of the ledger (`chain.py`, `events.py`, `transactions.py`, `queries.py`, `leasing.py`,
-`lease_store.py`, ...) is written once, with `?` placeholders, against `Database`: statements that return rows, a `writing()` transaction in
-which "read the chain head, insert the next event" cannot interleave with another writer, and a
-`reading()` snapshot. `sqlite.py` (the embedded default, one file) and `postgres.py` (a team
-ledger) implement it; nothing above this module knows which one it has.
-"""
+"""The small database interface the ledger's SQL runs over, and opening one by its location."""
 
 from __future__ import annotations
 

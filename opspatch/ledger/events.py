@@ -1,14 +1,4 @@
-"""Reading events back: one run's rows turned into the records of `records.py`.
-
-Every record is built by the one generic codec: a row's body plus its columns make the record's
-JSON document, which `Record.from_json` reads (and checks) field by field. Run statuses are
-derived here, never stored: `finished` (a finish event), `running` / `interrupted` / `unknown`
-(whether the controller process that began the run lives, `liveness.py`), and `recovered` (an
-interrupted run that a later `recover` run, naming it as its `parent_run`, finished; a recover
-that was itself killed recovers nothing).
-
-All functions take the connection explicitly; the caller holds the ledger's lock.
-"""
+"""Reading events back: one run's rows turned into the records of `records.py`."""
 
 from __future__ import annotations
 
@@ -179,6 +169,7 @@ def _host_record_json(host: str, events: Sequence[EventRow]) -> dict[str, Any]:
         "host": host,
         "outcome": last_outcome.get("outcome"),
         "error": last_outcome.get("error"),
+        "reason": last_outcome.get("reason"),
         "file": last_outcome.get("file"),
         "steps": [
             {**row.data, "event_id": row.id, "recorded_at": row.recorded_at}

@@ -1,18 +1,4 @@
-"""Why SQLite could not open, read or write the ledger, told in the operator's words.
-
-SQLite reports a full or read-only filesystem in several ways depending on the moment: `database
-or disk is full` (SQLITE_FULL), `attempt to write a readonly database` (SQLITE_READONLY), but
-also `disk I/O error` (it could not grow the WAL index, SQLITE_IOERR_SHMSIZE) or `unable to open
-database file` (SQLITE_CANTOPEN) when the `-wal`/`-shm` files beside the ledger cannot be created.
-Those last two say nothing useful, so when SQLite's code is not conclusive the filesystem itself
-is asked (`statvfs`: mounted read-only? no space left? is the file writable?) and the message
-names what is true, the path, and what to do.
-
-A ledger file made immutable (`chattr +i`) is named too, and is found before SQLite touches it
-(`immutable_files`, asked before every transaction and before a close): the `-shm` file is mapped into memory
-(WAL's shared index), and since Linux 5.3 a write to a mapping of an immutable file is answered
-with SIGBUS (`ext4_page_mkwrite`, commit 02b016ca7f99), which kills the process with no message.
-"""
+"""Why SQLite could not open, read or write the ledger, told in the operator's words."""
 
 from __future__ import annotations
 

@@ -1,17 +1,4 @@
-"""Run leases: which run holds which host, renewed by a heartbeat (mutable state, not history).
-
-A lease names a host by what it is (`identity`: machine id, hostname and the host's opspatch
-state folder, where its lock lives), the run holding it, that run's operator and controller
-machine, when it was taken and its last heartbeat. A lease is live while its last heartbeat is
-younger than its own `expires_after_ms` (the holder says how long it may go quiet), judged with
-the reader's clock: what another machine can judge, unlike a pid. Taking, taking over and giving
-back are recorded by the caller as steps of its run (history); this table is only the present.
-
-The SQL ports as written: `?` placeholders, TEXT and BIGINT columns (milliseconds overflow
-PostgreSQL's INTEGER), no SQLite-only functions;
-every function takes the ledger's `Database` inside the caller's write transaction (the one that
-serialises writers), so "read the holders, then write" cannot interleave with another writer.
-"""
+"""Run leases: which run holds which host, renewed by a heartbeat (mutable state, not history)."""
 
 from __future__ import annotations
 

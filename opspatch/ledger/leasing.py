@@ -1,11 +1,5 @@
 """The host leases a run holds: taken (refusing a live holder, taking over an expired or dead
-one), renewed by its heartbeat, given back, listed.
-
-`Leasing` is the part of `Ledger` (`store.py`) over the leases, a mixin over `Transactions`
-(`transactions.py`: why mixins). A lease is mutable state beside the history (`lease_store.py`
-holds its table and SQL); each one taken or given back while the run is open is recorded as a
-`lease` step of the run, in the same transaction.
-"""
+one), renewed by its heartbeat, given back, listed."""
 
 from __future__ import annotations
 

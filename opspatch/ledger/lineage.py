@@ -1,12 +1,4 @@
-"""Which recorded change a live file is at: the chain of file versions of one host and path.
-
-Pure (no SQLite): it reads `FileVersion` values. Each `patch` version turns the bytes
-`sha256_before` into `sha256_after`; later patches (another patch stacked on top, or the same
-patch applied again after its file changed) start from an earlier one's post-image. Given the
-live hash, a change is found at its post-image (restorable), under later recorded patches (roll
-those back first: nothing drifted, opspatch made them), at its pre-image (nothing to restore), or
-changed by someone else since.
-"""
+"""Which recorded change a live file is at: the chain of file versions of one host and path."""
 
 from __future__ import annotations
 

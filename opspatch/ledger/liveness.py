@@ -1,12 +1,4 @@
-"""Who began a run, and is that process still alive? (What tells `running` from `interrupted`.)
-
-A run records the controller process that began it (`ControllerProcess`): hostname, pid, and a
-start token read from /proc. A run without a finish event is `running` while that very process
-lives, `interrupted` once it is gone (SIGKILL, power cut, crash), and `unknown` when it was begun
-on another controller, whose processes this one cannot see. A pid alone is not enough: pids are
-reused, so the boot id and the process start time must match too, and a killed child nobody has
-reaped yet (a zombie) does not count as alive.
-"""
+"""Who began a run, and is that process still alive? (What tells `running` from `interrupted`.)"""
 
 from __future__ import annotations
 

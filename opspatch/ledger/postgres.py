@@ -1,23 +1,4 @@
-"""The team ledger: a PostgreSQL database, the `Database` of `database.py`, and its migrations.
-
-The same tables as the SQLite file (`blobs`, bytes as BYTEA; `events`, every column the text the
-hash was computed over), so the same rows verify to the same head hash on either backend.
-Writers serialise on the chain head with `pg_advisory_xact_lock(CHAIN_LOCK_KEY)` at the start of
-every write transaction (freed at commit or rollback, so a cut connection never keeps it);
-readers take the same lock shared, so a verify never sees an id handed out but not committed.
-A connection the server ended (a restart, `pg_terminate_backend`) or the network cut is opened
-again by the next transaction, once, before it does anything; a transaction already under way
-when it was lost is never sent twice (`_transaction`): it fails with `LedgerUnreachable`, which a
-run's writes try again after looking whether a try lost at COMMIT landed (`Ledger._write`,
-`transactions.py`).
-
-Append-only is enforced by the database twice over: the writer role (named to `migrate`) is
-granted only SELECT and INSERT on the history, and BEFORE UPDATE/DELETE/TRUNCATE triggers refuse
-even the owner unless it disables them, which is why the chain head's hash is worth keeping
-elsewhere (`ledger verify` prints it). `migrate` runs as the owner; opspatch writes as the writer.
-
-psycopg 3 is imported here only, when a `postgresql://` ledger is opened.
-"""
+"""The team ledger: a PostgreSQL database, the `Database` of `database.py`, and its migrations."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """Reading the ledger back: the runs (newest, a run's ancestry, one run in full), a file's
 history on a host, the outcomes and steps recorded on a host, stored bytes, the approvals of a
-patch.
-
-`Queries` is the part of `Ledger` (`store.py`) that reads, a mixin over `Transactions`
-(`transactions.py`: why mixins). Every read runs inside `_reading()`, which names what cannot be
-read as a `LedgerError`; the rows become records through `events.py`.
-"""
+patch."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
 """What the ledger's queries return: frozen dataclasses, serialised by one mechanism
-(`opspatch.core.jsonrecord`).
-
-The field order of each class is the key order of its JSON (`opspatch ledger show --json`,
-`ledger list --json`), so reordering fields changes the CLI's output: don't, add at the end.
-Words use the shared vocabulary (`opspatch.core.vocabulary`): a run's `Command` and
-`RunOutcome`, a step's `Step` and `StepStatus`, a file version's `FileAction`, a host's `Outcome`,
-a run's derived `RunStatus`; on disk and in JSON they are the same words as ever. A host's `file`
-is the run report's `FileChange` (`opspatch.core.filechange`), printed as it is stored.
-"""
+(`opspatch.core.jsonrecord`)."""
 
 from __future__ import annotations
 
@@ -20,6 +12,7 @@ from typing import Any, TypeVar
 
 from opspatch.core.filechange import FileChange
 from opspatch.core.jsonrecord import JsonRecord, json_field, json_options
+from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import (
     Command,
     FileAction,
@@ -151,7 +144,7 @@ class Machine:
 class HostRecord(JsonRecord):
     """Everything one run recorded about one host; `last_step` says where it stopped.
 
-    `outcome`, `error` and `file` come from the host's latest `host-outcome` event (None when the
+    `outcome`, `error`, `reason` and `file` come from the host's latest `host-outcome` event (None when the
     run never recorded one, for example because it was killed first). `file` is printed as the
     ledger stores it (its keys sorted), as it always was. `facts` stay the object recorded: a
     run records a `HostFacts` (`opspatch.core.hostfacts`), but ledgers also hold facts in
@@ -166,6 +159,9 @@ class HostRecord(JsonRecord):
     steps: tuple[StepRecord, ...]
     facts: dict[str, Any] | None
     file_versions: tuple[FileVersion, ...]
+    reason: Reason | None = json_field(default=None, omit_none=True)
+    """The code of `error` (`core/reasons.py`); None where the run gave none, as runs before
+    reason codes."""
 
     def __post_init__(self) -> None:
         # Derived, so that it is serialised in its place among the fields (jsonrecord: init=False).

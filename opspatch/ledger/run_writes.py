@@ -1,10 +1,5 @@
 """Recording a run: its start, each host's steps, facts, file versions (with their bytes) and
-outcome, its end; and an `approve` run, which is one `sign` step.
-
-`RunWrites` is the part of `Ledger` (`store.py`) that writes the run lifecycle, a mixin over
-`Transactions` (`transactions.py`: why mixins). Each write checks its words and values before
-the transaction (`records.py`), then appends one event chained to the last, inside `_write`.
-"""
+outcome, its end; and an `approve` run, which is one `sign` step."""
 
 from __future__ import annotations
 
@@ -15,6 +10,7 @@ from opspatch import __version__
 from opspatch.core.filechange import FileChange
 from opspatch.core.hostfacts import HostFacts
 from opspatch.core.jsonrecord import check_present
+from opspatch.core.reasons import Reason
 from opspatch.core.source import sha256_hex
 from opspatch.core.vocabulary import (
     RECORDED_OUTCOMES,
@@ -225,12 +221,14 @@ class RunWrites(Transactions):
         outcome: Outcome | str,
         error: str | None = None,
         file: FileChange | None = None,
+        reason: Reason | None = None,
     ) -> None:
         """Record how `host` ended in this run (`applied`, `rolled-back`, `needs-attention`, ...).
 
         `outcome` is one of the `RECORDED_OUTCOMES` of the vocabulary. `file` is the file the
-        host's run was about, as the JSON output shows it. A later outcome for the same host
-        supersedes an earlier one (for example after `recover`).
+        host's run was about, as the JSON output shows it. `reason` is the code of `error`,
+        written only when there is one (an event of an older run has none). A later outcome for
+        the same host supersedes an earlier one (for example after `recover`).
 
         Raises:
             ValueError: `outcome` is not a recorded host outcome; `file` is not a `FileChange`.
@@ -244,6 +242,8 @@ class RunWrites(Transactions):
             "error": error,
             "file": None if file is None else file.to_json(),
         }
+        if reason is not None:
+            body["reason"] = require_word(Reason, reason, "reason").value
         canonical_json(body)
 
         def write(conn: Database) -> None:

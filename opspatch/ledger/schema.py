@@ -1,12 +1,4 @@
-"""The ledger's SQLite schema (version 1) and what opening a ledger sets up.
-
-Two tables: `blobs` (content-addressed bytes: sha256 -> data) and `events` (the hash-chained
-record, `chain.py`). Triggers refuse UPDATE and DELETE on both, so history is never changed by
-opspatch or by accident; partial unique indexes allow one start and one finish event per run;
-foreign keys make an event that names missing bytes impossible to insert. The pragmas are what
-the durability promises rest on: WAL journaling and `synchronous=FULL` (a committed event
-survives a power cut), a busy timeout (writers wait for each other instead of failing).
-"""
+"""The ledger's SQLite schema (version 1) and what opening a ledger sets up."""
 
 from __future__ import annotations
 

@@ -1,17 +1,4 @@
-"""The embedded ledger: one SQLite file (WAL, `synchronous=FULL`), the `Database` of `database.py`.
-
-Writers serialise on `BEGIN IMMEDIATE` (other processes wait up to the busy timeout); the id
-sequence is SQLite's AUTOINCREMENT `sqlite_sequence`; a full, read-only or immutable filesystem
-is named as such (`failures.py`). The file format is `schema.py`'s and does not depend on this
-module.
-
-An open connection keeps writing to the file it opened even once that file was deleted or
-replaced (the inode lives on while it is open), where no later command finds it: so every write
-first checks that the path still names the file opened (`_guard`), and a ledger lost that way
-stops the writer (`LedgerLost`), its history saved from the connection that still holds it.
-A ledger whose files were made immutable is refused before SQLite touches them, and its
-connection is never closed (`_close`): SQLite would die of a SIGBUS writing its `-shm`.
-"""
+"""The embedded ledger: one SQLite file (WAL, `synchronous=FULL`), a `database.Database`."""
 
 from __future__ import annotations
 

@@ -1,27 +1,4 @@
-"""The ledger store: the `Ledger` class over one database (open, appends, queries, verify).
-
-An operator must be able to say, after an incident, what changed where, by whom, when, with which
-bytes before and after, and whether that record can be trusted. The store appends runs, per-host
-steps, facts, outcomes and file versions (with the full pre-image bytes) as hash-chained events
-(`chain.py`) in a SQLite file (`sqlite.py`, the default: WAL, `synchronous=FULL`) or a
-PostgreSQL database (`postgres.py`), both behind the small interface of `database.py`:
-append-only (triggers, and on PostgreSQL privileges), tamper-evident (`verify()`), and safe for
-several processes, threads and controllers (every "read the last hash, insert the next event"
-runs inside the database's `writing()` transaction, so the chain never forks). State is derived
-when read, never updated (`events.py`: finished, running, interrupted, recovered, unknown). A
-full or read-only filesystem is named as such (`failures.py`).
-
-`Ledger` is put together here from its parts, each a module of this package: `transactions.py`
-(the database, the write transaction retried through an outage, the chained append, the read;
-why mixins), `run_writes.py` (a run's start, steps, facts, file versions, outcomes, end),
-`queries.py` (runs, a file's history, a host's outcomes and steps, stored bytes, approvals) and
-`leasing.py` (the host leases a run holds). Opening, closing, `retrying`, the verify walk and
-copying to another ledger are the whole ledger's, and stay here.
-
-The names callers have always imported from here (`Ledger`, the records, `ControllerProcess`,
-`canonical_json`, `event_hash`, `GENESIS_HASH`, `new_run_id`, `operator_identity`) still import
-from here; `opspatch.ledger` re-exports the public ones. docs/ledger.md has the whole design.
-"""
+"""The ledger store: the `Ledger` class over one database (open, appends, queries, verify)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
 """How a `Ledger` reaches its database: the write transaction (tried again through an outage),
-the chained append, the read.
-
-`Transactions` holds the open database, the lock every thread shares and the patience of a
-`Ledger.retrying` view; the parts of `Ledger` (`run_writes.py`, `queries.py`, `leasing.py`) are
-mixins over it, and `store.py` puts them together. Mixins, not composed helpers: callers, tests
-and the benchmark reach every method (and `_transaction`, `_append`) on `Ledger` itself, and
-`retrying` copies one dataclass, so helper objects would need a delegating method each.
-
-Every "read the last hash, insert the next event" runs inside the database's `writing()`
-transaction, so the chain never forks; a write whose server is gone is tried again with backoff
-(`WritePatience`), and one lost at COMMIT is looked for before it is written again (`_write`).
-"""
+the chained append, the read."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""What a run reports: every host's outcome with its steps, and the run's exit code.
-
-These values are the contract between the runs and everything that shows them: the CLI prints
-them as a table or as the JSON documented in docs/cli.md (`RunReport.to_json`), and the ledger
-records each host's outcome. A run raises only for bad input before anything changed; a host
-that fails is an outcome in the report, never an exception: partial failure is normal.
-"""
+"""What a run reports: every host's outcome with its steps, and the run's exit code."""
 
 from __future__ import annotations
 
@@ -16,6 +10,7 @@ from opspatch.core.filechange import FileChange as FileChange
 from opspatch.core.filechange import SetFile as SetFile
 from opspatch.core.filechange import set_state as set_state
 from opspatch.core.jsonrecord import JsonRecord, json_field
+from opspatch.core.reasons import Reason
 from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import (
     FAILED_OUTCOMES,
@@ -50,14 +45,16 @@ class StepResult(JsonRecord):
 class HostOutcome(JsonRecord):
     """One host's result: what happened, why, the file's hashes, and every step with timing.
 
-    `error` says why a host did not reach the goal; `note` says something the operator should
-    know although the host did (the smoke after a restore failed, a baseline could not be taken).
+    `error` says why a host did not reach the goal, `reason` the same as a code; `note` says
+    something the operator should know although the host did (the smoke after a restore failed,
+    a baseline could not be taken).
     """
 
     host: str
     outcome: Outcome
     error: str | None = None
     _: KW_ONLY
+    reason: Reason | None = json_field(default=None, omit_none=True)
     note: str | None = None
     file: FileChange | None = None
     steps: tuple[StepResult, ...] = ()

@@ -1,35 +1,4 @@
-"""The editable install shape: the engine as a git checkout installed with `pip install -e`.
-
-The incident's host ran SGLang from a git checkout (`/root/sglang/python/sglang/...`) installed
-with `pip install -e python`. A sandbox host built with `opspatch sandbox up --install editable`
-has the same shape:
-
-```
-<host>/sglang/                         a git repository with one commit, clean
-<host>/sglang/.gitignore               bytecode, build output (as SGLang's own)
-<host>/sglang/python/pyproject.toml    distribution `sglang` <version>, setuptools backend
-<host>/sglang/python/sglang/...        the stand-in's package
-<site-packages>/__editable__.sglang-<version>.pth    one line: <host>/sglang/python
-<site-packages>/sglang-<version>.dist-info/          METADATA, WHEEL, top_level.txt,
-    direct_url.json, INSTALLER, REQUESTED, RECORD
-```
-
-The site-packages side is what pip and setuptools write for `pip install -e python` in
-setuptools' `compat` editable mode (`--config-settings editable_mode=compat`; hatchling writes the
-same kind of path `.pth`): a static path in a `.pth` file, `direct_url.json` saying
-`{"dir_info": {"editable": true}, "url": "file:///.../python"}` (PEP 610, keys sorted as pip
-writes them), and a RECORD that lists the `.pth` and the dist-info files only, never the
-package's source files. So no RECORD owns the engine's files: the version of the installed
-`sglang` distribution is what opspatch's version gate goes by, and the checkout's HEAD is the
-pristine text. (setuptools' default editable mode writes an import-hook finder module for
-SGLang's flat layout instead of a path; opspatch resolves modules through the import system, so
-both hooks lead it to the same file.) `tests/test_sandbox_editable.py` compares this layout with
-what pip and setuptools really write for the same checkout.
-
-The commit is made with a fixed author, committer and date given on the command line and the
-user's and system's git configuration switched off, so it never depends on who runs `up` and every
-host's checkout has the same commit id.
-"""
+"""The editable install shape: the engine as a git checkout installed with `pip install -e`."""
 
 from __future__ import annotations
 

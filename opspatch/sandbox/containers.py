@@ -1,30 +1,4 @@
-"""`opspatch sandbox up --containers`: each stand-in engine in a real podman container.
-
-The image is built on this machine, offline from any registry, in two layers cached by content:
-
-- the base (`localhost/opspatch-sandbox-base:<recipe hash>`): Debian bookworm from `debootstrap
-  --variant=minbase --include=python3,git` (bookworm's python3 is 3.11, the ABI of the
-  controller's torch wheel; git because the upstream image has it and `diagnose` reads the
-  checkout's HEAD), imported with `podman import`; built once per machine (a CI run);
-- the engine (`localhost/opspatch-sandbox-engine:<content hash>`): `podman build` on the base,
-  adding the stand-in as the upstream `lmsysorg/sglang` image has SGLang: a git checkout at
-  `/sgl-workspace/sglang` installed editable (the `.pth` and dist-info `pip install -e` writes,
-  `opspatch.sandbox.checkout`), and a start script. The tag is a hash of everything the build
-  copies, so a changed stand-in gets a new image and an unchanged one is never rebuilt.
-
-torch is not copied into the image (750 MB): the controller's site-packages is bind-mounted
-read-only at `/opt/host-site` and named by a `.pth` that sorts after the editable install's, as
-the sandbox's virtual environments do. Containers run with `--network=host` (the engine listens
-on the loopback port the manifest records), `--init`, and a fresh tmpfs for the pid file.
-
-The start script keeps the container up after the engine exits (as images whose main process is
-a supervisor do): opspatch changes files by exec into a running container, so an engine that
-crashes at import must leave a container it can restore the file in and restart.
-
-podman runs with the sandbox's own `containers.conf` (`CONTAINERS_CONF`: runc, and ulimits this
-kind of machine allows); an exec or restart afterwards needs nothing special, since each container
-remembers its runtime.
-"""
+"""`opspatch sandbox up --containers`: each stand-in engine in a real podman container."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The stand-in distribution: its files, and the installed-distribution formats pip writes.
-
-Shared by both install shapes of a sandbox host (`install.py`: a wheel in site-packages;
-`checkout.py`: a git checkout installed editable). Pure apart from reading the package data and
-the small filesystem helpers at the end.
-"""
+"""The stand-in distribution: its files, and the installed-distribution formats pip writes."""
 
 from __future__ import annotations
 

@@ -1,19 +1,4 @@
-"""The incident's build on the real engine: the sandbox's own base patches and their switch.
-
-Real SGLang 0.5.23 has neither the team's "dynamic speculation disable" nor a scheduler that keeps
-a half-built speculative worker, so the release the incident happened on is built here as a patch
-set in opspatch's own format (`base_patches/`, package data): applied to a real-engine host's
-sglang when the host is built, before its engine first starts, and recorded in the ledger as any
-apply is, so `diagnose` and `status` name the host's files as patched by it (the host's base).
-They are not in the operator's `patches/`: those are fixes, found by id, matched by diagnose's
-`fixes` and offered by `apply`; this is the bug.
-
-On the CPU with `--disable-cuda-graph` the build's CUDA graph set-up does nothing and nothing
-fails; `INCIDENT_ENV` on an incident host takes the capture path anyway, where `torch.cuda.Stream`
-fails as capture failed on the incident's hardware. The real server's warm-up decodes 8 tokens,
-which would crash the incident build before it ever answered `/health`; the incident's server
-answered first, so an incident host starts with `INCIDENT_SERVER_FLAGS`.
-"""
+"""The incident's build on the real engine: the sandbox's own base patches and their switch."""
 
 from __future__ import annotations
 

@@ -1,19 +1,4 @@
-"""Install the stand-in engine into a sandbox host the way pip installs a distribution.
-
-The stand-in's source ships as package data (`engine_src/sglang/`). A sandbox host gets its own
-virtual environment, and the stand-in in one of two shapes (`InstallShape`):
-
-- `wheel` (`install_standin`): site-packages holds a copy under the top-level name `sglang`, with a
-  `sglang-<version>.dist-info` (METADATA, INSTALLER, WHEEL, top_level.txt and a RECORD of sha256
-  hashes), so everything opspatch does to a real host (read the version from the dist-info,
-  resolve the module file with the host's interpreter, notice edits against RECORD) works
-  unchanged;
-- `editable` (`checkout.install_editable`): a git checkout `<host>/sglang/python/sglang/...`
-  installed as `pip install -e python` installs it, as on the incident's host.
-
-The stand-in is never installed into the controller's own environment: both refuse the running
-interpreter's site-packages directories.
-"""
+"""Install the stand-in engine into a sandbox host the way pip installs a distribution."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Where a sandbox's things are, what its hosts are called, and how their engines are started.
-
-Pure: every path is derived from the controller's state directory (see `opspatch.sandbox.fleet`
-for the layout on disk); nothing here touches the filesystem.
-"""
+"""Where a sandbox's things are, what its hosts are called, and how their engines are started."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
 """`opspatch sandbox load`: a steady stream of generate requests through a router, bounded in
-count and time, and what the clients saw.
-
-Each of `concurrency` clients sends one greedy `/generate` after another (a failed one waits a
-little before the next, so a router with no worker is not flooded) until `seconds` passed, or
-`requests` were sent when a count is given (no count: the time alone bounds it). The report says
-which limit ended the load (`ended_by`), how many were sent, succeeded and failed (grouped by reason:
-the HTTP status and the router's error code, or the connection error), latency percentiles of
-the successful ones, and, per worker, how many requests it finished after the router last
-(re-)registered it: a worker is re-admitted under a new id, which a watcher sees on the router's
-`GET /workers`, and the worker's own `sglang:num_requests_total` counter says what it served
-since.
-"""
+count and time, and what the clients saw."""
 
 from __future__ import annotations
 

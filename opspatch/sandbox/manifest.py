@@ -1,10 +1,4 @@
-"""The sandbox manifest (`sandbox.json`) and the inventories written from it.
-
-The manifest remembers what cannot be derived from the state directory: the hosts in order, their
-engine ports, their sshds (address, port, pid, pinned host key), the SSH login user and the
-install shape of the engines (`wheel` or `editable`). The inventories are rendered from it (pure)
-and parsed by the real inventory parser, so `--hosts sandbox` sees exactly what `up` wrote.
-"""
+"""The sandbox manifest (`sandbox.json`) and the inventories written from it."""
 
 from __future__ import annotations
 

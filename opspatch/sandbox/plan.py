@@ -1,11 +1,5 @@
 """What `opspatch sandbox up` will work to: the manifest planned from the recorded one and the
-options given (pure; `up` then chooses ports and acts on it).
-
-Most settings are chosen by the first `up` and kept by later ones (an option left out keeps the
-sandbox's; another value than the sandbox's is refused, with `down --purge` as the way to
-rebuild): the engine, the install shape, containers, units, TP. `--ssh` and `--router` stay on
-once given; `--live/--no-live` and `--restart-seconds` change the sandbox's setting.
-"""
+options given (pure; `up` then chooses ports and acts on it)."""
 
 from __future__ import annotations
 

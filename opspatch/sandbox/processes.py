@@ -1,9 +1,4 @@
-"""The sandbox's processes and ports, recognised for what they are, and its command lock.
-
-An engine counts as this sandbox's only while its pid-file pid runs `sglang.launch_server` in the
-host's folder, and an sshd only while it runs this sandbox's config, so a recycled pid is never
-signalled. Linux only: processes are recognised through /proc.
-"""
+"""The sandbox's processes and ports, recognised for what they are, and its command lock."""
 
 from __future__ import annotations
 

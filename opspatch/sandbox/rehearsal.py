@@ -1,12 +1,5 @@
 """What a rehearsal reports (pure): each stage a patch went through on the real release, and the
-exit code, read from the values the parts already return (the apply's host outcome, the probe).
-
-The stages, in order: `release` (the release's environment and a host with it), `import` (the
-patched modules imported in the release's interpreter), `baseline` (the unpatched server
-started and measured by the judge), `install` (the patch swapped in, compiled), `start` (the
-server restarted on it, ready), `first-decode` (the smoke decode), `judge` (the verdict against
-the baseline). A stage the rehearsal did not reach says so; the first that failed is named.
-"""
+exit code, read from the values the parts already return (the apply's host outcome, the probe)."""
 
 from __future__ import annotations
 

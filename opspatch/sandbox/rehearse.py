@@ -1,19 +1,4 @@
-"""`opspatch rehearse PATCH`: a hot fix tried on the real release, on this CPU, before a fleet.
-
-Built from the parts that already run real SGLang here, in a folder of its own that is removed at
-the end (docs/rehearse.md says why one host and why no ledger of the operator's):
-
-1. the input checked with nothing started (`release_files`): the release is one the sandbox
-   runs, the patch is for its distribution, each target module is in the release's wheel, the
-   release is in the patch's range and the patch fits the released file (exit 2 otherwise);
-2. `release`: the release's cached environment and one host with it (`make_real_host_python`);
-3. `import`: the patched modules imported in that host's interpreter (`importprobe`);
-4. `baseline`: the unpatched server started by `sandbox up`, measured by the judge;
-5. `install`, `start`, `first-decode`, `judge`: opspatch's own `apply` with a `[judge]`
-   (restart, ready, smoke, the verdict against the unpatched server; rolled back on a failure);
-6. the sandbox torn down: `sandbox down --purge`, any process still working in the folder
-   stopped, the folder removed, on success, failure and Ctrl-C alike.
-"""
+"""`opspatch rehearse PATCH`: a hot fix tried on the real release, on this CPU, before a fleet."""
 
 from __future__ import annotations
 

@@ -1,24 +1,6 @@
 """`opspatch sandbox reinstall HOST [--version V] [--restart]`: what a reinstall or an upgrade
 does to a host, done to a sandbox host, so that `status`, `drift`, `sync` and `diagnose` can be
-seen meeting one.
-
-A reinstall puts the release's files back as they ship, as `pip install --force-reinstall
-sglang==V` does (a hand edit or a patch in them is gone); `--version` another release than the
-installed one makes it an upgrade (or a downgrade: the stand-in's version is its dist-info's,
-and from `STANDIN_FIXED_IN` on its file ships the incident's fix). In each install shape:
-
-- `wheel`: the package and its dist-info replaced in site-packages (`install.install_standin`);
-- real SGLang (`--engine sglang`): the package and its dist-info removed and installed again
-  from the release's cached wheel by pip, with the sandbox's base patches, as `up` built it
-  (no other release: the sandbox runs one);
-- `editable`: the git checkout put at the release (`checkout.release_checkout`: its files as
-  the release has them, a commit when the release differs from HEAD, as `git checkout` of a
-  release tag would leave it) and installed editable again (`checkout.install_editable`).
-
-As with pip, the running engine keeps the code it imported; `restart` restarts it afterwards
-through the same engine control `up` starts it with, and waits until it is ready (the engine
-is not drained from a router first: a real upgrade's rollout would be).
-"""
+seen meeting one."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
 """The sandbox's router: a real `sglang-router` (the `sandbox` extra) in front of the stand-in
 engines, on loopback, with its own Prometheus port (its exporter is always on, 0.0.0.0:29000
-by default: a second router on one machine would panic at start).
-
-It runs with `--disable-retries`, so the router cannot hide a request a restart dropped (with
-retries on, a request in flight on a killed worker is re-run elsewhere: work done twice), and
-with `HTTPS_PROXY` at a dead loopback port: at every worker registration the router tries to
-fetch a tokenizer from the model hub, which fails at once instead of after a network timeout.
-"""
+by default: a second router on one machine would panic at start)."""
 
 from __future__ import annotations
 

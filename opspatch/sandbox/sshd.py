@@ -1,13 +1,4 @@
-"""A private OpenSSH server on a loopback address, for the test fleet and `sandbox up --ssh`.
-
-Each server gets its own folder with a generated ed25519 host key, an `sshd_config` that accepts
-only the generated user key (no passwords, no PAM), and a log. A pinned `known_hosts` file lists
-the host keys, so clients verify them exactly as they would on a real fleet: nothing here
-touches the user's own `~/.ssh`.
-
-Servers are started as `sshd -D` (no daemonising), so the pid we hold is the server's, and they
-are stopped by that pid only.
-"""
+"""A private OpenSSH server on a loopback address, for the test fleet and `sandbox up --ssh`."""
 
 from __future__ import annotations
 

@@ -1,17 +1,4 @@
-"""Multi-node servers in the sandbox (`opspatch sandbox up --units U --nodes N [--tp T]`).
-
-U servers of N nodes each, every node its own sandbox host (its own folder, environment, port,
-log and process tree), started with SGLang's multi-node arguments: `--tp-size T*N --nnodes N
---node-rank R --dist-init-addr 127.0.0.1:PORT` (the stand-in's process model: docs/sandbox.md).
-Hosts keep their names (`sandbox-01`, ...); unit `unit-01` is the first N of them, the head
-first, and so on. The shape is recorded in the manifest and kept by later `up`s, like the
-install shape; another shape on an existing sandbox is refused.
-
-A unit starts as one: a node restarted alone cannot rejoin its group, so when some nodes of a
-unit run and others do not, `up` stops the running ones and starts every node together.
-
-Pure: planning only; `up` and `status` act on it.
-"""
+"""Multi-node servers in the sandbox (`opspatch sandbox up --units U --nodes N [--tp T]`)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command
 from opspatch.errors import HostError, InputError
 from opspatch.hosts.agent.processes import stop_process_tree
-from opspatch.hosts.engine import EngineControl, RestartResult
+from opspatch.hosts.engine import EngineControl, RestartReply
 from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.transport.container import ContainerIdentity
 from opspatch.sandbox import containers as sandbox_containers
@@ -323,7 +323,7 @@ def sandbox_up(
 
         controls = engine_controls(layout, manifest)
         if image is not None:
-            restarts: dict[str, RestartResult] = {}
+            restarts: dict[str, RestartReply] = {}
             failed = _start_containers(layout, manifest, image, running, progress)
         else:
             restarts, failed = _start_engines(layout, manifest, controls, running, added, progress)
@@ -504,11 +504,11 @@ def _start_engines(
     running: set[str],
     added: set[str],
     progress: Progress,
-) -> tuple[dict[str, RestartResult], dict[str, HostUp]]:
+) -> tuple[dict[str, RestartReply], dict[str, HostUp]]:
     """Make each stopped host's environment (kept when it exists) and start its engine; all
     start before any is waited for, so they boot side by side. Returns the restarts and the
     hosts that failed to start."""
-    restarts: dict[str, RestartResult] = {}
+    restarts: dict[str, RestartReply] = {}
     failed: dict[str, HostUp] = {}
     for record in manifest.hosts:
         if record.name in running:
@@ -540,7 +540,7 @@ def _await_engines(
     layout: SandboxLayout,
     manifest: Manifest,
     controls: dict[str, EngineControl],
-    restarts: dict[str, RestartResult],
+    restarts: dict[str, RestartReply],
     failed: dict[str, HostUp],
     progress: Progress,
     running: set[str],
@@ -556,7 +556,7 @@ def _await_engines(
             readiness = controls[record.name].wait_ready(restart)
         except HostError as exc:
             error = _failure_text(exc, layout.log_file(record.name))
-            pid = restart.pid if restart else None
+            pid = restart.get("pid") if restart else None
             outcomes[record.name] = _host_up(record, "failed", pid, error=error)
             continue
         if manifest.containers:

@@ -1,16 +1,5 @@
 """Ansible YAML inventories (`inventories/<name>.yml` / `.yaml`), read into the same schema as
-TOML ones.
-
-The standard `all` / `children` / `hosts` / `vars` tree is walked once and written out in the
-TOML inventory's shape (`all: vars:` are the defaults, group `vars` a group's layer, host
-variables the host's layer; Ansible variables such as `ansible_port` become the settings they
-name, `opspatch_*` variables the opspatch ones, the rest free-form `vars`). That data is checked
-by the one schema and resolved by the one conversion. A map from each setting back to the YAML
-key it came from lets every error name the YAML line and the Ansible variable.
-
-A host or group that appears several times gets the union of its variables, later ones
-winning (as Ansible does). The mapping is documented in docs/inventory.md.
-"""
+TOML ones."""
 
 from __future__ import annotations
 

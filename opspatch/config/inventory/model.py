@@ -1,17 +1,4 @@
-"""The inventory model: an inventory's hosts and groups, and the settings layers they merge.
-
-A resolved host is the core's `Host` (`opspatch.core.host`); this module holds what only an
-inventory has: its groups, and the layers (defaults, groups, host) whose merge gives each host
-its settings. Settings are merged in one order, by one function (`merge_layers`):
-
-    defaults  <  groups (outermost parent first, then inner; ties by group name)  <  host
-
-Scalars: the last layer that sets a key wins. `vars` and `engine.env` are merged key by key, and so is `router`.
-`engine.restart` and `container` are each one unit: a layer that sets it replaces it whole (mixing a systemd unit from
-one layer with a supervisor program from another would describe no real host).
-
-Pure: values only.
-"""
+"""The inventory model: an inventory's hosts and groups, and the settings layers they merge."""
 
 from __future__ import annotations
 

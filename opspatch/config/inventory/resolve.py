@@ -1,14 +1,5 @@
 """From an inventory file to resolved hosts: the one conversion of `InventoryFile` into the
-model, shared by the TOML and the Ansible YAML loaders.
-
-It checks what the schema cannot see (group references, cycles, names that clash, addresses,
-jump hosts, an absolute host-side `state_dir`), merges each host's layers in the one order
-(`model.merge_layers`) and fills in the defaults. Every problem is a `SpecError` at the line
-where the offending name or value is written: paths here are paths in the file's schema
-(`hosts.gpu-01.jump`), which the document maps to its own lines.
-
-Pure: values in, values out.
-"""
+model, shared by the TOML and the Ansible YAML loaders."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""The inventory file's schema: what `inventories/<name>.toml` may say, checked strictly.
-
-An Ansible YAML inventory is turned into this same shape first (`ansible.py`), so both formats
-are checked by one schema and reported by the shared translation of a pydantic error
-(`opspatch.core.fileschema`): `file:line: field: problem`, with the nearest valid key.
-
-Pure: data in, a validated `InventoryFile` or a `SpecError` out.
-"""
+"""The inventory file's schema: what `inventories/<name>.toml` may say, checked strictly."""
 
 from __future__ import annotations
 

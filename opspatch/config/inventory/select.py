@@ -1,17 +1,4 @@
-"""Host selection: the `--hosts` grammar, within one inventory and over a workspace.
-
-A selection is a comma list; each item is one of:
-- `INVENTORY` (a name the workspace finds, or a path to an inventory file): all its hosts;
-- `INVENTORY:PATTERN`: PATTERN (host, group, unit, glob, `all`) within that inventory;
-- `PATTERN`: a host, group, unit or glob looked up in every inventory of the workspace and the state
-  directory (not in the bundled examples, so a placeholder example host is only reached by
-  naming its inventory); it must match in exactly one inventory. An inventory that cannot be
-  read is left out of that search (so one malformed file blocks no command on the others) and
-  named when nothing matched.
-
-Inventories are found by the one lookup, `Workspace` (`opspatch.config.lookup`). Unknown names
-are refused with the nearest ones suggested (`SelectionError`, exit 2).
-"""
+"""Host selection: the `--hosts` grammar, within one inventory and over a workspace."""
 
 from __future__ import annotations
 

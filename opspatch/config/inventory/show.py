@@ -1,7 +1,4 @@
-"""What `opspatch inventory show` prints: a table and a JSON document, both as values.
-
-The CLI only draws them; nothing here reads a file or talks to a host.
-"""
+"""What `opspatch inventory show` prints: a table and a JSON document, both as values."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""TOML inventories (`inventories/<name>.toml`), the native format (docs/inventory.md).
-
-The file is parsed with its positions (`core.tomlsource`), checked by the schema and resolved by
-the shared conversion; a problem names the file, the line and the field.
-"""
+"""TOML inventories (`inventories/<name>.toml`), the native format (docs/inventory.md)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""Units: the hosts that form one multi-node SGLang server, checked against the inventory.
-
-A unit (`[units.NAME]`, docs/inventory.md "Units") lists its hosts in node-rank order, or names
-its `head` (rank 0; the others follow in the order written). What the schema cannot see is
-checked here, each problem a `SpecError` at the line where it is written and with what to do:
-an empty unit, a host the inventory lacks, a host listed twice or in two units, a head not among
-the unit's hosts, a unit name that clashes with a host, a group, `all` or the inventory's name
-(a unit's name selects its hosts, so it must name nothing else); and a router given to a node that
-is not its unit's head (`check_unit_routers`: only the head serves the API a router sends to).
-
-Pure: values in, values out.
-"""
+"""Units: the hosts that form one multi-node SGLang server, checked against the inventory."""
 
 from __future__ import annotations
 

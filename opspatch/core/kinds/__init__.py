@@ -1,11 +1,4 @@
-"""The edit kinds, and their registry: the one list of kinds a patch's `edits` may hold.
-
-Each kind is one module here (`insert`, `replace`, `delete`, `move`, `diff`): its model, its
-alternative model, its placement, its detection and its undo, behind the protocol of
-`kinds/base.py:EditKind`. `Edit` below is the registry: the discriminated union (by `kind`) that
-the patch model validates `edits` against, and so the only place a new kind is listed;
-`opspatch.core.edit` (apply, detect, unapply) drives every kind through the protocol alone.
-"""
+"""The edit kinds, and their registry: the one list of kinds a patch's `edits` may hold."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""The protocol every edit kind implements, and what the kinds share (pure).
-
-An edit kind is one module in this package: its model (a subclass of `EditKind` with a
-`kind: Literal[...]` field), its alternative model (the fields an alternative may change), and
-the kind's behaviour as the model's methods: `place` (the splices that carry it into the text),
-`state` (is it present at its own place?), `undo` (take it out of the patched text, or refuse)
-and `description` (what plan says it does). `opspatch.core.edit` drives these for every edit
-without knowing the kinds; the kinds are listed once, in the registry (`kinds/__init__.py`).
-"""
+"""The protocol every edit kind implements, and what the kinds share (pure)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""The `insert` edit kind: code put into a scope at its start, its end, or beside an anchor.
-
-Its model and alternative model, how it is placed, how it is recognised in place (its code at
-its own place: `inserted_run`, which the `move` and `delete` kinds use too, since the code a
-patch inserts may stand beside what they move or look like what they delete) and how it is
-taken out of the patched text again. Pure.
-"""
+"""The `insert` edit kind: code put into a scope at its start, its end, or beside an anchor."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""Pure checks on what an engine says: text in, findings out.
-
-No I/O here, so the tests call the very functions the agent runs on hosts: `judge_reply` decides
-whether one /generate reply passes the smoke, `scan_log` finds the log lines that fail a host,
-`find_tracebacks` / `group_tracebacks` / `describe_exception` read the exceptions an engine
-logged (what an operator needs to see, rather than the line a pattern matched), and
-`relevant_tail` bounds the log lines sent back with a failure.
-"""
+"""Pure checks on what an engine says: text in, findings out."""
 
 from __future__ import annotations
 

@@ -1,21 +1,4 @@
-"""`diagnose`: everything opspatch needs to know about a host in trouble, in one exec.
-
-For each module a workspace patch targets: the file the engine's interpreter imports, its bytes,
-its RECORD hash, the other installed copies of its package, its git checkout, its cached
-bytecode, and whether the running server started before the file last changed. The server: its
-process (pid, start time, command line, speculative settings) and /health (asked before the
-decode). Optionally a smoke
-decode (`--decode`; on a broken host it may crash the server, which is what it proves). The log
-since the server's last start (or since a time): tracebacks grouped, the lines that name a
-known failure (scheduler exception, failed warm-up, CUDA out of memory, CUDA graph capture). And
-the source the controller's analyses need: the files of the modules asked for and of the frames
-where logged AttributeErrors were raised, with their package siblings and the same-package
-modules they import (bounded).
-
-The analyses themselves (missing attribute, how far `__init__` got) run on the controller on
-what this returns. Nothing here writes to the host: the log is read from its tail with a bound,
-no module of the engine is imported, git runs without optional locks.
-"""
+"""`diagnose`: everything opspatch needs to know about a host in trouble, in one exec."""
 
 from __future__ import annotations
 

@@ -1,27 +1,4 @@
-"""The agent's entry point: `main(request)` runs a list of operations and prints their replies.
-
-The bootstrap (`opspatch.hosts.channel.BOOTSTRAP`) registers the agent modules sent and calls this
-module's `main`, which runs the request's operations in order, in this one process, stopping at the
-first refusal (or at a gate whose result is not `ok`), and prints exactly one JSON line on the
-original stdout, a reply per operation:
-
-    {"replies": [{"status": "done", "result": {...}},
-                 {"status": "refused", "code": "preimage-mismatch", "message": "...", "data": {}},
-                 {"status": "not-run"}],
-     "identity": {"user": "ops", "uid": 1000}}
-
-`identity` says who ran them (the effective user: the login user, or the one sudo raised to), so
-every step's record can say it.
-
-A resident agent (`opspatch.hosts.channel.RESIDENT`, `serve`) is one process for a whole run:
-it reads a request per stdin line, says it took it (a `Receipt` line), and answers it from a
-fork of itself, so each request starts from the same clean process (its environment, folder,
-`sys.path` and imports never reach the next one) without paying for an interpreter and the
-agent's compilation again.
-
-Anything else the process prints (an import warning, a library's banner) is sent to stderr, so the
-reply line cannot be corrupted.
-"""
+"""The agent's entry point: `main(request)` runs a list of operations and prints their replies."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """The running engine: readiness, the drain wait and the smoke decode, checked on the host
-itself (SGLang servers usually listen on the host's loopback only).
-
-The checks that decide (a /generate reply, a log scan) are pure functions in
-`opspatch.hosts.agent.checks`, shared with the tests.
-"""
+itself (SGLang servers usually listen on the host's loopback only)."""
 
 from __future__ import annotations
 
@@ -132,28 +128,14 @@ def explain_no_answer(
 def op_wait_ready(args: WaitReadyRequest) -> ReadyReply:
     """Wait until `<url>/health` answers 200, until the deadline, noticing it within ~0.1 s.
 
-    Every `READY_POLL_SECONDS` the agent looks at the engine's process and at its log. /health
-    is polled at once when the engine wrote something new (a server that turns ready logs it:
-    "The server is fired up and ready to roll!"), and at least every `QUIET_POLL_SECONDS`
-    otherwise, so a ready server is noticed within about one look, without a backoff (which
-    noticed it up to 2 s late on every host of a rollout) and without flooding the server or its
-    log with 10 requests a second for minutes. The access-log lines of our own polls do not count
-    as news. Without a log file, /health is polled at every look. Fails fast when the process
-    started by the restart (its pid) has exited. Without a restart to watch, the process the
-    engine's pid file names (command strategy) is watched instead; when it names a process that
-    is gone and /health does not answer, it fails after the first poll (`engine-not-running`):
-    nothing is starting there, and waiting would only wait out the deadline.
-
-    With `group` (a multi-node server's head: `nnodes`, `tp_size`), a /health that answers 200
-    is not enough: the head's `/server_info` must say it is node rank 0 of that group
-    (`_group_unproven`). Its HTTP port opens only once every rank of every node joined, so a
-    head that answers so holds the whole group; a non-head node (whose dummy health server has
-    no `/server_info`) or a server of another shape fails at once (`group-mismatch`).
-
-    With `slice` true this exec is one part of a longer wait (the controller says between the
-    parts what it awaits, `hosts.engine.EngineControl.wait_ready`): at its deadline it answers
-    `{"waiting": {"seconds", "polls", "last"}}` instead of failing. `total` is the whole wait's
-    deadline in seconds, said in the not-ready failure (default: `timeout`).
+    /health is polled when the engine's log has news (a ready server logs it; our own polls'
+    access lines are no news), at every look without a log, and every `QUIET_POLL_SECONDS`
+    otherwise: no backoff (it noticed readiness up to 2 s late) and no flood of polls. The
+    restart's pid, else the pid file's, is watched: gone, the wait fails at once
+    (`engine-not-running`). With `group`, the head's `/server_info` must also say node rank 0 of
+    that group (`group-mismatch`). With `slice`, the deadline answers `waiting` instead of
+    failing: one part of a longer wait (`hosts.engine.EngineControl.wait_ready`); `total` is that
+    whole wait's deadline, said in the failure.
     """
     # Long because: one polling loop whose exits (ready, gone, exited, deadline, a slice's end) share its state; the agent runs as one file on Python 3.8
     url = str(args["url"]).rstrip("/")

@@ -1,10 +1,4 @@
-"""What a host runs, and which file its engine imports: facts, resolve, inspect.
-
-Rules, because this runs beside a serving engine: never import the engine or torch (sglang may
-need GPUs and minutes to import; torch beside a running server takes seconds and, with a CUDA
-context, GPU memory the server owns). Versions come from distribution metadata, module files from
-the import system's finders, GPU facts from the NVIDIA driver (NVML, else nvidia-smi).
-"""
+"""What a host runs, and which file its engine imports: facts, resolve, inspect."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Reading, swapping and restoring a file, with the pre-image kept and stale bytecode removed.
-
-`swap` writes nothing unless the file is the expected pre-image, the new text compiles under
-this (the host's) interpreter and the pre-image is kept as a content-addressed backup
-(`<state_dir>/backups/<sha256>`). `restore` puts the pre-image back from that backup, or from the
-bytes sent.
-"""
+"""Reading, swapping and restoring a file, with the pre-image kept and stale bytecode removed."""
 
 from __future__ import annotations
 

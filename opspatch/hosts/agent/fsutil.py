@@ -1,8 +1,4 @@
-"""Files on the host: exact bytes in, atomic writes out, and the small helpers around them.
-
-Every write is atomic (a temp file in the target's own directory, fsync, rename, fsync of the
-directory), keeps mode and owner, and removes its temp file on any failure.
-"""
+"""Files on the host: exact bytes in, atomic writes out, and the small helpers around them."""
 
 from __future__ import annotations
 

@@ -1,21 +1,5 @@
 """Live fixes on the host: find the running engine's sockets (opspatch's SGLang plugin listens on
-one per process) and ask them, one JSON line each way.
-
-Where the sockets are is the plugin's scheme (`opspatch.hosts.liveplugin.socket_paths`, which
-the agent cannot import: only this package travels; `tests/test_live_agent.py` holds the two
-to one answer):
-
-    <base>/<server pid>/main.sock, detokenizer.sock, scheduler-tp<R>.sock
-
-`<base>` is the engine's `OPSPATCH_LIVE_DIR`, else `/run/opspatch-live` for an engine run by
-root, else `/tmp/opspatch-live-<uid>`; the server pid is its main process's, which may be a
-child of the process the pid file names (a wrapper), so every process of the tree is tried.
-
-A take or a revert goes to the entry rank's socket (`scheduler-tp0`: every TP rank applies it
-at one scheduling boundary and the entry rank answers for all) and to the main process and the
-detokenizer (each applies it itself); `list` and `check` go to every socket, each rank
-answering for itself.
-"""
+one per process) and ask them, one JSON line each way."""
 
 from __future__ import annotations
 

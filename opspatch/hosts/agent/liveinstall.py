@@ -1,19 +1,4 @@
-"""Installing and removing opspatch's live plugin in the engine's environment, on the host.
-
-`live_site`: where the engine's interpreter installs distributions (this interpreter's purelib:
-the agent runs under the engine's own Python), whether its SGLang has the plugin framework
-(`sglang/srt/plugins/__init__.py`, found without importing SGLang), the `opspatch_live`
-installations already there (their RECORDs), and whether `SGLANG_PLUGINS` keeps the plugin out
-(the running engine's own environment, the inventory's where /proc cannot be read).
-
-`install_files` writes new files under a folder: nothing is written unless every file is absent
-or already those bytes (a file with other bytes is refused by name), each written atomically.
-`remove_files` removes files that still hold the bytes they were written with: nothing is
-removed unless every file that is there still hashes as given (a changed file is refused by
-name); their bytecode goes with them and folders they leave empty are removed.
-`file_hashes` reads files back (changing nothing): what an install or a removal whose reply was
-lost left there.
-"""
+"""Installing and removing opspatch's live plugin in the engine's environment, on the host."""
 
 from __future__ import annotations
 

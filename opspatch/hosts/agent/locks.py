@@ -1,9 +1,4 @@
-"""The per-host lock (`<state_dir>/lock.json`): one run at a time may change a host.
-
-Decisions are serialised by an flock on a guard file next to the lock; the lock file itself is
-created atomically with its whole content (`link` of a complete temp file), so a reader never
-sees half a lock.
-"""
+"""The per-host lock (`<state_dir>/lock.json`): one run at a time may change a host."""
 
 from __future__ import annotations
 

@@ -1,22 +1,4 @@
-"""The judge's measurement: greedy decodes of a prompt set, timed on the host itself.
-
-Each prompt is one streamed `/generate` (`"stream": true`, as SGLang's `bench_serving` asks):
-SGLang answers server-sent events, `data: {...}` lines each holding the reply so far (its text,
-`output_ids` and `meta_info`: `completion_tokens`, the logprobs asked for with
-`return_logprob` and `top_logprobs_num`, `spec_verify_ct` on the last), then `data: [DONE]`;
-the request's `stream_interval` keeps them to the first token and the finished reply (`_body`).
-The time to first token is when the first chunk with a token arrives; the time per output
-token is the time from it to the last token's chunk, over the tokens after the first (as
-`bench_serving` reckons it): both from the same request, so no second request's noise enters
-either. A few unmeasured requests
-warm the server first (a freshly restarted server's first requests are slower, whatever its
-code). Then `/metrics` is read once for the `sglang:spec_accept_length` gauge. Nothing is
-judged here: the controller compares (`opspatch.runs.judgments.canary`).
-
-A server that leaves a field out (no logprobs, no `spec_verify_ct`, no `/metrics`) gives None
-for it, and one that answers a streamed request whole gives no first-token time; the judge says
-what it could not compare.
-"""
+"""The judge's measurement: greedy decodes of a prompt set, timed on the host itself."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Processes on the host: found through /proc, their start times, stopping a process tree.
-
-Processes are found through /proc by pid and parent pid, never by name; a pid read from a pid
-file is trusted only if its process started before the file was written (a reused pid did not).
-Restarting the engine is `restarts`, which an inspection never needs to be sent.
-"""
+"""Processes on the host: found through /proc, their start times, stopping a process tree."""
 
 from __future__ import annotations
 

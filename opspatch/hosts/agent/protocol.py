@@ -1,15 +1,6 @@
 """The agent's contract with the controller: operations are registered by name, take the
 request's `args` (a JSON object) and return a JSON object; an expected refusal is an `OpFailure`
-with a stable, machine-readable `code`.
-
-Adding an operation: in the module of its concern, write `def op_name(args: NameRequest) ->
-NameReply` (its two TypedDicts below, which the controller reads too, so mypy checks both ends
-against one shape), decorate it with `@operation("name")`, raise `OpFailure(code, message, data)`
-for expected refusals, and list that module in `opspatch.hosts.agent.MODULES` (the controller
-finds which module defines an operation from its decorator and sends an exec that module and what
-it imports). The controller's side is one `Operation` descriptor (`opspatch.hosts.results`)
-naming the two TypedDicts, the result record and this function. That is the whole pattern.
-"""
+with a stable, machine-readable `code`."""
 
 from __future__ import annotations
 
@@ -216,10 +207,15 @@ class RestartRequest(TypedDict):
     timeout: float
 
 
-class RestartReply(TypedDict, total=False):
-    strategy: str
-    pid: int | None
-    log_offset: int | None
+class Strategy(TypedDict):
+    strategy: str  # the restart kind that ran (command, systemd, supervisor, container)
+
+
+class RestartReply(Strategy, total=False):
+    """What a restart or a start did; a key left out is unknown (None) or none (`stopped`)."""
+
+    pid: int | None  # the new engine's, if known
+    log_offset: int | None  # where the engine's log stood when it started
     stopped: list[int]
     detail: str
 
@@ -233,8 +229,7 @@ class StopRequest(TypedDict):
     timeout: float
 
 
-class StopReply(TypedDict, total=False):
-    strategy: str
+class StopReply(Strategy, total=False):
     stopped: list[int]  # the processes stopped (command: the whole tree; a service: its main pid)
     log_offset: int | None  # where the engine's log stood before the stop
     detail: str

@@ -1,15 +1,4 @@
-"""Where an imported module's code comes from, read on the host without changing anything.
-
-For `opspatch diagnose`: the other installed copies of its package (another site-packages, a
-stale egg-link or .pth, a source checkout shadowing the wheel), the distribution that installed
-it (version, an editable install's `direct_url.json`), the git checkout it lives in (HEAD, the
-file as HEAD has it, `git diff`, every uncommitted change), and its cached bytecode judged
-against the source (including hash-based pycs, which Python may run without looking at the
-source).
-
-Read-only by construction: files are opened for reading, git runs with optional locks off (so
-`git status` does not refresh the index), nothing is imported or compiled to disk.
-"""
+"""Where an imported module's code comes from, read on the host without changing anything."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """Restarting the engine: systemd, supervisor, or a start command (with its pid file and log);
 and its two halves alone, `stop` (until every process is gone) and `start`, for a server of
-several nodes, stopped on every node before any is started again.
-
-The old server is found and stopped through `processes` (a pid file's process is trusted only if
-it started before the file was written); a start command that dies at once is reported with the
-exception its log shows (`checks.failure_evidence`).
-"""
+several nodes, stopped on every node before any is started again."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""What one process answers: a request applied here by `fixes`, and who answered.
-
-`fixes` is imported when the first request comes, by name: the plugin loads (and its sockets
-listen) even where the fix runtime itself cannot be imported, which then answers a refusal.
-"""
+"""What one process answers: a request applied here by `fixes`, and who answered."""
 
 from __future__ import annotations
 

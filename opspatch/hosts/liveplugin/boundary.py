@@ -1,23 +1,4 @@
-"""The scheduler's side of a live fix: every TP rank applies it at the same scheduling boundary.
-
-A take or revert reaches the socket of the entry rank (TP0 of node 0: the rank that receives the
-server's requests) and is queued there. At the next boundary it joins what the entry rank pulled
-(`SchedulerRequestReceiver._pull_raw_reqs`) as `RpcReqInput(method="opspatch_live", ...)`, so it
-rides the broadcast every rank's loop takes between two batches, exactly as an `RpcReqInput` from
-`Engine.collective_rpc` does. Every rank's `handle_rpc_request` calls `Scheduler.opspatch_live`,
-which applies the request in that rank (`answers.apply_here`) and gathers every rank's reply over
-the TP group's CPU group; SGLang's barrier follows. The entry rank's socket answers once the
-barrier passed, with every rank's reply (`ranks`); nothing is sent to the tokenizer or to an RPC
-caller. Each rank's fix runtime keeps what it took, which `list` on that rank's socket reads back.
-
-The hooks, set on the classes when the plugin loads (before the Scheduler is built):
-- `SchedulerRequestReceiver._pull_raw_reqs`, after (SGLang 0.5.13-0.5.23, and the stand-in): the
-  queued requests are appended on the entry rank; every rank counts its boundaries here;
-- `Scheduler.recv_requests`, around, where there is no receiver (releases before 0.5.13, reached
-  through the `.pth` start): the entry rank's `recv_from_tokenizer` yields them first;
-- `Scheduler.handle_rpc_request`, around: the output of `opspatch_live` goes nowhere;
-- `Scheduler.__init__`, after: the rank's socket listens (`plugin.start_listener`).
-"""
+"""The scheduler's side of a live fix: every TP rank applies it at the same scheduling boundary."""
 
 from __future__ import annotations
 

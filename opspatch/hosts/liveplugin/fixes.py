@@ -1,25 +1,5 @@
 """What a live fix does in one process: `take` it from the file on disk, `revert` it, `list` what
-this process holds. Called by `answers.apply_here` (a scheduler's at its boundary).
-
-A take names a module, the file it was loaded from, the sha256 that file must have and the
-definitions to take (no code travels); a server over several hosts' take names every node's copy
-of the file (`paths`), each process taking the one its module was loaded from. The file is read, its hash checked and compiled; the
-module's top level never runs again (no import, registration or other side effect repeats).
-Each definition is taken from that compiled code into the running module's own objects:
-- `constant` (`NAME`), `class-attribute` (`Class.name`): its assignment's expression alone is
-  evaluated on the running module's globals (a class attribute's in its class's namespace too)
-  and the value set; a constant is also set in every other module whose source says
-  `from m import NAME` and that holds the old object under that name;
-- `function` (`name`), `method` (`Class.name`): the running function's `__code__` swapped for the
-  file's (staticmethod, classmethod, property and `functools.wraps` wrappers are looked through),
-  so every reference bound earlier runs the new code; refused when its own free variables differ
-  (`super()` where there was none; a closure nested inside it is part of its code, and taken). A new one is built from the file's code on the
-  running module's globals, its defaults evaluated there (its `def` alone, undecorated).
-All or nothing: everything is checked before anything is set, and a failure while setting
-undoes what was set. What each definition held before is kept for `revert`, which refuses
-(`changed-since`) when a definition no longer holds what the fix set. Frames already running
-keep the code they started with.
-"""
+this process holds. Called by `answers.apply_here` (a scheduler's at its boundary)."""
 
 from __future__ import annotations
 

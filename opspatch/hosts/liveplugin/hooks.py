@@ -1,9 +1,4 @@
-"""Wrapping a class's method in place, once: what SGLang's hook registry calls an `around` hook.
-
-The plugin wraps methods itself rather than through `HookRegistry`: the same code then serves the
-releases that have no plugin framework (reached through the `.pth` start), and a second load in
-one process (SGLang loads plugins defensively in several places) finds the mark and wraps nothing.
-"""
+"""Wrapping a class's method in place, once: what SGLang's hook registry calls an `around` hook."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
 """Where a module's source reads a name while it is imported (pure): the values a live fix of that
-name would not reach, because something built at import time holds the old one.
-
-A module's top level runs once. An expression it evaluates there (another constant's value, a
-default argument, a decorator's arguments, a class body: a dataclass field's default) copies the
-object the name held then; setting the name later changes none of those copies. A function's or
-lambda's body is not evaluated at import (it reads the name each call), so it does not count.
-
-Names are a live fix's dotted definitions: `LIMIT` (a module constant, read as `LIMIT`) and
-`Class.attr` (a class attribute, read as `attr` in its class's body or as `Class.attr`). A use
-inside the value of a definition the same fix takes again is no capture: that value is
-evaluated again from the file.
-"""
+name would not reach, because something built at import time holds the old one."""
 
 from __future__ import annotations
 

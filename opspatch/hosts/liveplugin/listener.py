@@ -1,10 +1,5 @@
 """One engine process's socket: a folder only root and the engine's user can enter, a Unix socket
-that accepts only their uids (SO_PEERCRED), one thread per connection, one request and one reply.
-
-A folder that is not what it must be (another owner, writable by others, a symlink) or a socket
-path that is too long leaves live fixes off in this process, saying why in the engine's log; the
-engine itself is never stopped by the plugin.
-"""
+that accepts only their uids (SO_PEERCRED), one thread per connection, one request and one reply."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
 """The plugin's entry point: `load()`, which SGLang's `load_plugins()` calls (no argument) early in
-every process of the server, as entry point `opspatch_live` of group `sglang.srt.plugins`.
-
-Each process gets its own socket (`socket_paths`): the main process (HTTP server, tokenizer
-manager) at once, each scheduler once its Scheduler is built (it then knows its TP rank), the
-detokenizer once its manager is built. Main and detokenizer apply a request on the socket's thread;
-a scheduler applies take and revert at a scheduling boundary, every rank together (`boundary`).
-
-Which process is the server's main: the first of the tree to load the plugin. It records its pid
-in the environment (`OPSPATCH_LIVE_SERVER_PID`), which the children it spawns inherit, so every
-process of one server names the same socket folder (`<base>/<main pid>/`).
-
-Releases without the plugin framework run `start_at_interpreter_start()` from a `.pth` line
-instead (`livedist`): it waits for SGLang's modules to be imported and then does what `load` does.
-"""
+every process of the server, as entry point `opspatch_live` of group `sglang.srt.plugins`."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""Where each process of an engine listens for live fixes, and whether the engine loads the plugin.
-
-Pure: the plugin, the host agent and the controller compute the same paths from the same facts.
-
-    <base>/<server pid>/<role>.sock        main.sock, detokenizer.sock, scheduler-tp<R>.sock
-
-`<base>` is `$OPSPATCH_LIVE_DIR` when the engine's environment sets it, else `/run/opspatch-live`
-for an engine run by root, else `/tmp/opspatch-live-<uid>`. `<server pid>` is the pid of the
-engine's main process (the one running `sglang.launch_server`); its spawned children (schedulers,
-detokenizer) name their parent's pid. The server's folder is the engine user's, mode 0700: only
-root and that user can enter it, and the socket itself accepts only their uids (SO_PEERCRED).
-"""
+"""Where each engine process listens for live fixes, and whether the engine loads the plugin."""
 
 from __future__ import annotations
 

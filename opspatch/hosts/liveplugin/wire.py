@@ -1,10 +1,6 @@
 """The socket's protocol: one JSON object on one line each way (a request, then its reply), then
 the connection closes. No code travels: a request names a module, the sha256 its file on disk must
-have and the definitions to take from it (`fixes`).
-
-Every reply has `ok`, `took` (a list) and, when not ok, `refused: {code, message}`; the plugin
-adds `process: {role, rank, pid}` (and, on the scheduler's entry rank, `ranks`: every rank's).
-"""
+have and the definitions to take from it (`fixes`)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,4 @@
-"""The transport interface every host operation goes through.
-
-A transport runs one command on one host with bytes on stdin and a deadline, draining stdout and
-stderr while it waits (so a chatty command cannot block on a full pipe), and returns the result as
-a value. Implementations: `ssh.SSHTransport` (fabric/paramiko), `local.LocalTransport`
-(subprocess) and `scripted.ScriptedTransport` (a function answers, for tests). Callers receive
-a transport as an argument; nothing reaches for a global.
-
-Commands are data (`Command`): an argv list plus environment, rendered to one shell string in
-exactly one place (`Command.render`), so every argument that reaches a shell is quoted the same
-way over SSH and locally.
-
-A transport is a context manager: `with open_transport(host) as transport:` closes its
-connection on the way out, whatever happened inside.
-
-A transport that can keep a command running (SSH and local: `StartsProcesses`) also gives a `Process`:
-a command written to and read from line by line for as long as it runs, which is how the host
-agent stays resident for a run (`opspatch.hosts.resident`). Closing the transport ends them.
-"""
+"""The transport interface every host operation goes through."""
 
 from __future__ import annotations
 

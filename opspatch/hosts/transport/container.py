@@ -1,22 +1,4 @@
-"""The container transport: every command runs inside the engine's container, through the host.
-
-A container is one more way of reaching the engine, not another kind of host: this wrapper
-takes the host's own transport (local, or the same SSH connection) and runs each command as
-`<runtime> exec -i [--env NAME]... <container id> ARGV...` there, so the host agent runs with
-the container's interpreter, inside the container, one exec per operation as on a host. The
-runtime is `podman` or `docker` (their `exec`, `container inspect` and `restart` take the same
-arguments).
-
-The first command pins the container: `container inspect` by name gives its id and creation
-time, and refuses a container that does not exist or is not running, a runtime that is not
-installed or that the login user may not use (`ContainerError`, with the runtime's own words).
-Every later command addresses the pinned *id*, so a container recreated under the same name
-(`podman rm` + `run`, a Kubernetes restart) is never mistaken for the one this run planned
-against: its exec finds no such container, nothing runs, and the error says it was recreated.
-
-Environment values travel as the runtime's `--env NAME` (taken from the runtime process's own
-environment, which the rendered command sets), so they stay out of the argv that logs show.
-"""
+"""The container transport: every command runs inside the engine's container, through the host."""
 
 from __future__ import annotations
 

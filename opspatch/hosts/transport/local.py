@@ -1,12 +1,4 @@
-"""The local transport: run a command on this machine, the same way the SSH transport does remotely.
-
-Used for inventory hosts with `transport = "local"` (the sandbox fleet, or a controller that is
-itself a GPU host). The command is `Command.render()` run by `/bin/sh -c`, so quoting is exactly
-what a remote shell sees. Each command runs in a new session (its own process group): on a
-deadline the whole group is ended (TERM, a short grace, then KILL), not just the shell, so a
-hung child cannot outlive the run. A command kept running (`start_process`: the resident host agent) is
-a `LocalProcess`, ended when the transport closes.
-"""
+"""The local transport: run a command on this machine, as the SSH transport does remotely."""
 
 from __future__ import annotations
 

@@ -1,40 +1,4 @@
-"""The scripted transport: host-agent requests answered by a function, for fast tests of rare paths.
-
-In the manner of httpx's `MockTransport`: a `ScriptedTransport` is built with a handler,
-`handler(op, args)`, and answers the channel's typed requests itself (it is its own
-`AgentEndpoint`, `opspatch.hosts.channel`): each exec's operations are run through the handler in
-order, by the agent's own batch rule (`dispatch.run_batch`: the first refusal stops the rest,
-which are `not-run`), and the typed replies go back. No bytes are encoded or decoded, yet
-`HostOperations`, `EngineControl` and everything above them cannot tell it from a host; no
-process, engine or sshd is started.
-
-What a handler returns, or raises, for one operation:
-- a `dict`: the operation succeeded with that result;
-- a `Refusal(code, message, data)`: the agent refused it, which `HostOperations` turns into
-  `PreimageMismatch`, `LockHeld`, `RemoteOperationError`...;
-- a `NoReply(exit_code, stderr)`: the whole exec printed no reply (an agent that crashed, an
-  interpreter that is missing: exit 127), whatever else the batch held;
-- raise `TransportError` / `CommandTimeout`: the connection was lost, or the deadline passed,
-  with no reply; whatever the handler did before raising (a real write, say) stays done.
-
-`agent_operation(op, args)` runs the real host agent's operation in this process, on this
-machine's files, and returns its result or refusal: a handler scripts only the step under test
-and lets the others really happen. A lost swap, for example (the file is written, the reply never
-arrives):
-
-    def handler(op, args):
-        answer = agent_operation(op, args)
-        if op == "swap":
-            raise TransportError("the connection broke", step="exec")
-        return answer
-
-    with ScriptedTransport(handler, host="h1") as transport:
-        ops = HostOperations(transport, host)
-
-Every operation is recorded (`calls`: operation, arguments, deadline, the user it ran as, which
-exec) and every exec counted in `exec_count` and listed in `execs` (its operations), as the real
-transports count their execs, so a test can check round trips and deadlines.
-"""
+"""The scripted transport: agent requests answered by a function, for fast tests of rare paths."""
 
 from __future__ import annotations
 

@@ -1,28 +1,4 @@
-"""The SSH transport: fabric for connecting, a paramiko channel we drive ourselves for each exec.
-
-Why fabric: its `Connection` already honours `~/.ssh/config` (HostName, User, Port, IdentityFile,
-ProxyJump/ProxyCommand), ssh-agent and identity files, so an operator's usual SSH setup works.
-Why our own channel loop instead of `Connection.run`: we must send stdin and close it, drain
-stdout and stderr together (a chatty command must never block on a full window), stop at a
-deadline, and then end the *remote* process group, not just drop the channel.
-
-Host keys are verified, never trusted on first sight. Fabric installs paramiko's AutoAddPolicy
-(accept any key); we replace it on every connection, the jump hosts' included:
-- the known_hosts file in use is the inventory's `known_hosts`, else the first
-  `UserKnownHostsFile` from `~/.ssh/config`, else `~/.ssh/known_hosts` (the system-wide
-  `/etc/ssh/ssh_known_hosts` is read as well, never written);
-- an unknown key is refused (`HostKeyError`, with its SHA256 fingerprint) unless the run was
-  started with `--accept-new-host-keys`, which records it in that file;
-- a changed key (or a key of another type for a known host) is always refused.
-
-Remote process groups: every command runs as
-`setsid -w /bin/sh -c '<report pgid on stderr>; exec /bin/sh -c "$1"' opspatch <command>`, so it
-leads a new process group whose id it reports first on stderr (that line is removed from the
-result). On a deadline a second, short exec sends TERM and then KILL to that group.
-
-A command kept running (`start_process`, the resident host agent) is an `SSHProcess`: one session of the
-same connection, its stdin left open, written to and read from line by line.
-"""
+"""The SSH transport: fabric for connecting, a paramiko channel we drive ourselves for each exec."""
 
 from __future__ import annotations
 
@@ -234,6 +210,7 @@ class SSHTransport(ClosesOnExit):
                 f"offered {exc.key.get_name()} {host_key_fingerprint(exc.key)}; refusing to connect",
                 host=self.host,
                 fingerprint=host_key_fingerprint(exc.key),
+                changed=True,
                 hint=(
                     "this can be a man-in-the-middle attack; it is never accepted by a flag. "
                     "If the host was really reinstalled, remove the old key with "

@@ -1,19 +1,4 @@
-"""`opspatch adopt`: a hand edit on a host (the `sed -i` kind) becomes a patch like any other.
-
-The edit is the difference between the file a host imports and its pristine text, taken from, in
-order: `--pristine FILE` (checked against the RECORD hash when there is one); the git HEAD of an
-editable install's checkout; the bytes whose sha256 the distribution's RECORD lists, from the
-ledger's store or from another host that has a RECORD-verified copy of the same release (the
-selected hosts first, then the rest of their inventory, one exec each until one is found).
-
-That difference becomes a `diff`-kind patch file, `patches/NEW_ID.toml` (version gate: exactly
-the installed release), proven before it is written: applied to the pristine text it must give
-the host's file byte for byte. The adoption is a recorded run (`adopt`) whose file version per
-host is pristine -> live with both images stored, so `status` reports the patch there (`staged`
-while the server still runs the code from before the edit, or no server runs; `opspatch restart`
-completes it), and `rollback NEW_ID` restores the pristine file byte-identically. Nothing is
-written on a host, and no smoke decode is run: an adoption proves nothing about what serves.
-"""
+"""`opspatch adopt`: a hand edit on a host (the `sed -i` kind) becomes a patch like any other."""
 
 from __future__ import annotations
 
@@ -48,6 +33,7 @@ from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import HostSession, NoProgress
 from opspatch.runs.judgments.findings import module_relpath, unified_diff
+from opspatch.runs.judgments.units import target_of
 from opspatch.runs.report import FileChange, HostOutcome, RunReport, StepResult
 
 _PATCH_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -471,7 +457,7 @@ def _adopted(
     # that is not running serves nothing (adopt never saw the edit serve).
     staged = bool(m.server_older_than_file) or down
     note = f"the hand edit is now patch {loaded.spec.id}"
-    name = session.name
+    name = target_of(session.host)  # a unit is restarted whole: its node alone is refused
     if down:
         note += (
             "; its server is not running, so nothing serves the edit yet: "

@@ -1,12 +1,4 @@
-"""Apply across a fleet: preflight every selected host, refuse or roll out under the playbook.
-
-Every host's result is a `HostOutcome` value; `apply_to_hosts` collects them all into a
-`RunReport`, whose exit code the CLI uses. Before any host is changed, a preflight inspects every
-selected host and plans the patch there: a host where the patch does not fit (version gate,
-anchors, module not resolving) or that cannot be reached safely (host key, sudo) refuses the whole
-run with exit 2, so a rollout never starts on a fleet it cannot finish. The per-host template is
-`runs.fleet.pipeline.ApplyPipeline`.
-"""
+"""Apply across a fleet: preflight every selected host, refuse or roll out under the playbook."""
 
 from __future__ import annotations
 
@@ -16,18 +8,15 @@ from dataclasses import dataclass, replace
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, PlanOutcome
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.tomlsource import parse_field_path
 from opspatch.core.vocabulary import Command, HaltAction, Outcome, RestartPolicy
 from opspatch.errors import (
-    BecomeError,
-    HostKeyError,
-    LeaseHeld,
     LiveRefused,
     Location,
     LockHeld,
-    NotTakenLive,
     OpspatchError,
     SpecError,
     UnitRefused,
@@ -48,6 +37,7 @@ from opspatch.runs.fleet.session import (
     NoProgress,
     Progress,
     describe_error,
+    refusal_reason,
 )
 from opspatch.runs.judgments.approval import require_approval
 from opspatch.runs.judgments.units import NodeReading, NotUniform, judge_unit, unit_refusal
@@ -67,6 +57,74 @@ class LocalFiles:
     paths: tuple[str, ...]
     version: str | None
     plans: tuple[PlanOutcome, ...] = ()
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why one host refuses an apply before anything changes: the code, the host's outcome
+    that says it (its `error` the sentence, with the hint), and the runs whose leases hold the
+    host when that is why. Made where the check is; the run's refusal is `refused_because`."""
+
+    reason: Reason
+    outcome: HostOutcome
+    holders: tuple[LeaseHolder, ...] = ()
+
+    @property
+    def host(self) -> str:
+        return self.outcome.host
+
+    @classmethod
+    def of(
+        cls, session: HostSession, exc: OpspatchError, holders: Sequence[LeaseHolder] = ()
+    ) -> Refusal:
+        """The refusal of a host whose preflight raised `exc` (`HostSession.refused`)."""
+        return cls(refusal_reason(exc), session.refused(exc), tuple(holders))
+
+
+def refused_because(refusals: Sequence[Refusal]) -> list[str]:
+    """Why a run is refused, a clause for each kind of refusal among the hosts' (in the order
+    an operator fixes them: the patch, reaching the hosts, other runs, a live take); a refusal
+    of no kind below is said by its hosts' names."""
+    said: set[Reason] = set()
+
+    def names(*reasons: Reason) -> list[str]:
+        said.update(reasons)
+        return [r.host for r in refusals if r.reason in reasons]
+
+    clauses = []
+    if names(Reason.NOT_APPLICABLE):
+        clauses.append("the patch does not fit every selected host")
+    if unreached := names(Reason.HOST_ERROR, Reason.LOCK_HELD):
+        clauses.append(
+            f"{', '.join(unreached)} could not be begun (unreachable, or locked by another "
+            "run: see each host's error); fix that or leave the host out of --hosts"
+        )
+    if keys := names(Reason.HOST_KEY_UNKNOWN, Reason.HOST_KEY_CHANGED):
+        clauses.append(
+            f"{', '.join(sorted(keys))} could not be reached safely (SSH host key "
+            + (
+                "unknown; check its fingerprint, then re-run with --accept-new-host-keys)"
+                if any(r.reason == Reason.HOST_KEY_UNKNOWN for r in refusals)
+                else "changed; it is never accepted by a flag)"
+            )
+        )
+    if become := names(Reason.BECOME_REFUSED):
+        hosts = ", ".join(sorted(become))
+        clauses.append(f"privileges cannot be raised on {hosts} (sudo; see each host's error)")
+    if holders := [h for r in refusals for h in r.holders]:
+        said.add(Reason.LEASE_HELD)
+        clauses.append(refusal(holders))
+    if not_listening := names(Reason.NOT_LISTENING):
+        hosts = ", ".join(sorted(not_listening))
+        clauses.append(f"{hosts} do not listen for live fixes (see each host's error)")
+    if not_live := names(Reason.NOT_TAKEN_LIVE):
+        clauses.append(
+            f"the change cannot be taken live on {', '.join(sorted(not_live))} (see each "
+            "host's error); apply without --live to apply it with a restart"
+        )
+    if other := [r.host for r in refusals if r.reason not in said]:
+        clauses.append(f"{', '.join(other)} refused (see each host's error)")
+    return clauses
 
 
 def apply_to_hosts(
@@ -126,9 +184,6 @@ def apply_to_hosts(
         return run.finish(report)
 
 
-_HOST_KEY_UNKNOWN = "unknown host key"
-
-
 def _live_apply(
     patch: LoadedPatch, hosts: Sequence[Host], playbook: Playbook, former: LiveFormer
 ) -> LiveApply:
@@ -184,7 +239,11 @@ def _odd_node(outcome: HostOutcome, unlike: Sequence[NotUniform]) -> HostOutcome
     odd = [d.describe() for u in unlike for d in u.differences if d.node == outcome.host]
     if not odd or outcome.error:
         return outcome
-    return replace(outcome, error="its unit's nodes are not alike: " + "; ".join(odd))
+    return replace(
+        outcome,
+        error="its unit's nodes are not alike: " + "; ".join(odd),
+        reason=Reason.UNIT_NOT_ALIKE,
+    )
 
 
 def not_applicable_error(
@@ -251,11 +310,6 @@ class _FleetApply:
                 restart_engine=self.playbook.restart != RestartPolicy.NEVER,
                 live=self.live,
             )
-        self.host_key_refusals: dict[str, HostKeyError] = {}
-        self.become_refusals: dict[str, BecomeError] = {}
-        self.live_refusals: dict[str, LiveRefused] = {}
-        self.not_live_refusals: dict[str, NotTakenLive] = {}
-        self.lease_refusals: dict[str, tuple[list[LeaseHolder], LeaseHeld]] = {}
         with FleetRun(
             command=self.command,
             patch_id=self.patch.spec.id,
@@ -292,7 +346,7 @@ class _FleetApply:
 
     # -- preflight ------------------------------------------------------------------------
 
-    def _prepare(self, session: HostSession) -> Prepared | HostOutcome:
+    def _prepare(self, session: HostSession) -> Prepared | Refusal:
         """Begin + plan on one host: nothing is changed here."""
         try:
             if self.local is not None:
@@ -306,94 +360,45 @@ class _FleetApply:
             if self.live is not None and prepared.pending:
                 self.live.check(session, prepared)
             return prepared
-        except NotTakenLive as exc:  # the change has no live form: --live would restart it
-            self.not_live_refusals[session.name] = exc
-            return session.outcome(Outcome.SKIPPED, f"{exc.message} ({exc.hint})")
-        except LiveRefused as exc:  # its engine does not listen for live fixes
-            self.live_refusals[session.name] = exc
-            return session.outcome(Outcome.SKIPPED, f"{exc.message} ({exc.hint})")
-        except HostKeyError as exc:
-            self.host_key_refusals[session.name] = exc
-            return session.refused(exc)
-        except BecomeError as exc:  # sudo cannot raise privileges there: swap/restart would fail
-            self.become_refusals[session.name] = exc
-            return session.refused(exc)
+        except LiveRefused as exc:  # no live form, or its engine does not listen for live fixes
+            text = f"{exc.message} ({exc.hint})"
+            reason = refusal_reason(exc)
+            return Refusal(reason, session.outcome(Outcome.SKIPPED, text, reason=reason))
         except LockHeld as exc:  # held by a run with a live lease: name its operator, machine
             holders = live_holders(self.recorder, exc)
             if not holders:
-                return session.refused(exc)
-            self.lease_refusals[session.name] = (
-                holders,
-                lease_held(holders, what=f"{session.name} is locked"),
+                return Refusal.of(session, exc)
+            return Refusal.of(
+                session, lease_held(holders, what=f"{session.name} is locked"), holders
             )
-            return session.refused(self.lease_refusals[session.name][1])
-        except OpspatchError as exc:
-            return session.refused(exc)
+        except OpspatchError as exc:  # a host key, sudo, the patch or the host itself
+            return Refusal.of(session, exc)
 
-    def _refusals(self, prepared: Mapping[str, Prepared | HostOutcome]) -> RunReport | None:
+    def _refusals(self, prepared: Mapping[str, Prepared | Refusal]) -> RunReport | None:
         """A run where the patch does not fit some host, or some host cannot be reached safely
         (its host key), is refused before anything changes, with the reason that is true."""
-        outcomes: list[HostOutcome] = []
-        misfits: list[str] = []
-        unreached: list[str] = []
-        refused_for_access = {
-            *self.host_key_refusals,
-            *self.become_refusals,
-            *self.lease_refusals,
-            *self.live_refusals,
-            *self.not_live_refusals,
-        }
+        refusals: list[Refusal] = []
+        others: list[HostOutcome] = []
         for host in self.hosts:
-            session = self.sessions[host.name]
             item = prepared[host.name]
-            if isinstance(item, HostOutcome):
-                if host.name in refused_for_access:
-                    pass
-                elif item.outcome == Outcome.SKIPPED:
-                    misfits.append(host.name)
-                else:  # unreachable, or its lock held by another run: preflight refuses
-                    unreached.append(host.name)
-                outcomes.append(item)
-                continue
-            misfit = item.misfit
-            if misfit is not None:
-                misfits.append(host.name)
-                problem = self._misfit(misfit)
-                outcomes.append(session.outcome(Outcome.SKIPPED, f"not applicable: {problem}"))
-            else:
-                outcomes.append(session.outcome(Outcome.SKIPPED))
-        reasons = []
-        if misfits:
-            reasons.append("the patch does not fit every selected host")
-        if unreached:
-            reasons.append(
-                f"{', '.join(unreached)} could not be begun (unreachable, or locked by another "
-                "run: see each host's error); fix that or leave the host out of --hosts"
-            )
-        if self.host_key_refusals:
-            names = ", ".join(sorted(self.host_key_refusals))
-            unknown = any(_HOST_KEY_UNKNOWN in e.message for e in self.host_key_refusals.values())
-            reasons.append(
-                f"{names} could not be reached safely (SSH host key "
-                + (
-                    "unknown; check its fingerprint, then re-run with --accept-new-host-keys)"
-                    if unknown
-                    else "changed; it is never accepted by a flag)"
+            if isinstance(item, Prepared) and item.misfit is not None:
+                problem = f"not applicable: {self._misfit(item.misfit)}"
+                skipped = self.sessions[host.name].outcome(
+                    Outcome.SKIPPED, problem, reason=Reason.NOT_APPLICABLE
                 )
-            )
-        if self.become_refusals:
-            names = ", ".join(sorted(self.become_refusals))
-            reasons.append(f"privileges cannot be raised on {names} (sudo; see each host's error)")
-        if self.lease_refusals:
-            holders = [h for held, _ in self.lease_refusals.values() for h in held]
-            reasons.append(refusal(holders))
-        reasons.extend(self._live_reasons())
+                item = Refusal(Reason.NOT_APPLICABLE, skipped)
+            if isinstance(item, Refusal):
+                refusals.append(item)
+            else:
+                others.append(
+                    self.sessions[host.name].outcome(Outcome.SKIPPED, reason=Reason.NOT_STARTED)
+                )
         unlike = self._units_not_alike(prepared)
-        if unlike:
-            reasons.append(_unlike(unlike))
-            outcomes = [_odd_node(o, unlike) for o in outcomes]
-        if not reasons:
+        if not refusals and not unlike:
             return None
+        reasons = refused_because(refusals) + ([_unlike(unlike)] if unlike else [])
+        decided = {o.host: o for o in [*(r.outcome for r in refusals), *others]}
+        outcomes = [_odd_node(decided[host.name], unlike) for host in self.hosts]
         halted = "refused before any change: " + "; ".join(reasons)
         if self.dry_run:  # nothing to record, no lock taken
             return RunReport(
@@ -407,22 +412,7 @@ class _FleetApply:
             )
         return self.fleet.refuse(outcomes, halted=halted)
 
-    def _live_reasons(self) -> list[str]:
-        """Why `apply --live` cannot run: engines that do not listen, changes with no live
-        form."""
-        reasons = []
-        if self.live_refusals:
-            names = ", ".join(sorted(self.live_refusals))
-            reasons.append(f"{names} do not listen for live fixes (see each host's error)")
-        if self.not_live_refusals:
-            names = ", ".join(sorted(self.not_live_refusals))
-            reasons.append(
-                f"the change cannot be taken live on {names} (see each host's error); apply "
-                "without --live to apply it with a restart"
-            )
-        return reasons
-
-    def _units_not_alike(self, prepared: Mapping[str, Prepared | HostOutcome]) -> list[NotUniform]:
+    def _units_not_alike(self, prepared: Mapping[str, Prepared | Refusal]) -> list[NotUniform]:
         """Each whole unit among the hosts whose nodes differ in release or in a target file's
         pre-image, from the preflight's inspections (a node not inspected differs too). Only
         whole units reach the preflight (`units_refused`)."""
@@ -441,13 +431,13 @@ class _FleetApply:
                 found.append(judged)
         return found
 
-    def _dry_run_report(self, prepared: Mapping[str, Prepared | HostOutcome]) -> RunReport:
+    def _dry_run_report(self, prepared: Mapping[str, Prepared | Refusal]) -> RunReport:
         outcomes = []
         for host in self.hosts:
             session = self.sessions[host.name]
             item = prepared[host.name]
-            if isinstance(item, HostOutcome):
-                outcomes.append(item)
+            if isinstance(item, Refusal):
+                outcomes.append(item.outcome)
                 continue
             misfit = item.misfit
             if misfit is not None:
@@ -474,7 +464,7 @@ class _FleetApply:
 
     # -- the rollout ---------------------------------------------------------------------------
 
-    def _roll_out(self, prepared: dict[str, Prepared | HostOutcome]) -> RunReport:
+    def _roll_out(self, prepared: dict[str, Prepared | Refusal]) -> RunReport:
         plan = plan_rollout(self.playbook, self.fleet.items())
         canaries = plan.canaries
 
@@ -494,7 +484,7 @@ class _FleetApply:
         return self.fleet.report(outcomes, halted=halted)
 
     def _judge_plan(
-        self, prepared: Mapping[str, Prepared | HostOutcome], canaries: Sequence[str]
+        self, prepared: Mapping[str, Prepared | Refusal], canaries: Sequence[str]
     ) -> JudgePlan:
         """The judge of this rollout: the hosts it proves and, for a canary, the hosts of the
         same release and build (the engine's version and the first file's pre-image) it may

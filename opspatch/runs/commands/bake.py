@@ -1,29 +1,4 @@
-"""`opspatch bake`: the durable fix for images, a new image on top of one with the patch baked in.
-
-A fix applied inside a running container goes with its writable layer when the container is
-recreated from its image; the durable fix is an image that carries it. The bake runs the apply's
-own preflight against the image's own files and interpreter, then builds:
-
-```
-image inspect IMAGE (the runtime, the image and the tag checked: nothing built on a refusal)
-scratch container from IMAGE (`sleep` as its entrypoint, no network), reached as a host with
-  `container = {runtime, name}` (the ContainerTransport and the host agent, as for an engine)
-  FleetRun of that one host, command `bake`, recorded:
-    begin + plan (ApplyPipeline.prepare: gate, anchors, validation, postconditions); a patch
-      that does not fit the image's files, or that it carries already, refuses (exit 2)
-    swap (each pending file, in the scratch container: compiled by the image's interpreter)
-    context (Containerfile FROM IMAGE + the patched bytes, mode and owner kept, the labels)
-    build (`<runtime> build`), or, with --dockerfile DIR, the context written there instead
-    the image's file versions (host: the new tag; container record: the image id, its base)
-scratch container removed
-```
-
-The new image is recorded as a host named by its tag, its file versions' container record
-naming the image (its id, and the base image it was built from), so `ledger` shows what was
-baked where with the same records as an apply. The labels (`hosts.image`) name the patch and
-each file's pre- and post-image sha256; `status` and `diagnose` read them in a container
-started from the image.
-"""
+"""`opspatch bake`: the durable fix for images, a new image on top of one, the patch baked in."""
 
 from __future__ import annotations
 

@@ -1,27 +1,4 @@
-"""Fetch the released files of a patch's target and check the patch on each (`check --releases`).
-
-The effects behind the portability matrix (`opspatch.analysis.portability` judges):
-
-1. list the releases of the target distribution in the patch's range (or a given SPEC) from the
-   package index's JSON API (`<index>/pypi/<name>/json`; yanked files and releases without files
-   are left out); when the index cannot be reached, the releases already in the cache are used and
-   the report says so;
-2. fetch each release's wheel once into the cache with `pip download --no-deps
-   --only-binary=:all:` (when the wheel is built for other platforms only, again with the
-   platform tags of a wheel the index lists: the module's text is the same in every wheel of a
-   release), and extract only the target module;
-3. evaluate the patch on each extracted file;
-4. record what was found (`<cache>/<name>/proofs/<patch id>/<module>.json`, a
-   `ReleaseProofs`), which plain `check` reads to warn about releases in a patch's range it is
-   not proven on.
-
-The cache (`opspatch.runs.commands.releasecache`: where it is, and the proof records) is
-`$OPSPATCH_CACHE`, else `$XDG_CACHE_HOME/opspatch/releases`, else `~/.cache/opspatch/releases`;
-never the repository. Layout: `<cache>/<name>/wheels/*.whl`,
-`<cache>/<name>/<version>/<module path>` and `<cache>/<name>/proofs/<patch id>/<module>.json`.
-Offline, everything comes from the cache, and each release that is not there is reported as not
-checked.
-"""
+"""Fetch the released files of a patch's target and check the patch on each (`check --releases`)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,4 @@
-"""`opspatch diagnose`: what every host really runs and why it crashed, read, never changed.
-
-Per host, ONE exec of the agent's `diagnose` (`opspatch.hosts.diagnosis`): the files of the
-workspace patches' modules, the server, the log since its last start, and the source the
-analyses need (with `--decode`, the smoke decode in the same exec). Then, on the controller:
-each file judged against its RECORD hash, git HEAD and the ledger (`runs.judgments.findings.judge_file`),
-with reference texts shared across the fleet (a RECORD-verified copy on one host is the pristine
-text of every host of that release); each logged exception matched to the workspace patches that
-declare they fix it (`analysis.fixes`), and a missing attribute explained from its class's source
-as that host has it (`analysis.missingattr`, with how far `__init__` got from the log).
-
-An unreachable host is a row of the report. Nothing is locked, recorded or written on a host.
-`read_module_sources` is the same read for `lint-init --module M --hosts H`.
-"""
+"""`opspatch diagnose`: what every host really runs and why it crashed, read, never changed."""
 
 from __future__ import annotations
 

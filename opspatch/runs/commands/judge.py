@@ -1,22 +1,5 @@
 """`opspatch judge`: the judge alone, now: the playbook's judge prompts decoded on a baseline host
-and on each target, and each target judged against it (`runs/judgments/canary.py`).
-
-A question, like `smoke`: through the fleet run (`FleetRun.visit`, its sessions and Ctrl-C),
-nothing locked, leased, changed or recorded. Each target is measured in turns with the baseline
-(`judging.measured_in_turns`: a few prompts on one, then on the other, one server at a time), the
-targets one after another, so that whatever load comes and goes meets both sides of each
-comparison alike (docs/judge.md says why in turns rather than at once); a latency fail is
-measured again and stands only if confirmed (`canary.confirm`). Without a baseline host
-each target is measured alone and every verdict is `no-baseline` (the absolute checks only); a
-baseline asked for that could not be measured (its host lost, or its engine answering no prompt)
-makes the run exit 1 (`baseline_error`).
-
-A unit (one server over several hosts) is judged by its head, the one node that serves the
-prompts (its decodes run on every rank): a selection that takes the head judges the unit once
-(`servers`). A node that is not the head, selected without it, is refused rather than resolved
-to the head: it is no server by itself, and a verdict printed under a host the operator did not
-name would hide that the operator asked about something else.
-"""
+and on each target, and each target judged against it (`runs/judgments/canary.py`)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,4 @@
-"""`opspatch ledger report`: the postmortem timeline, from the ledger alone.
-
-Every run in the window (one run and the runs that followed it up: its rollbacks, recovers and
-later runs of the same patch on the same hosts; or every run started since a time), oldest
-first: who ran it (`user@controller`, pid) and how (the command line), per host each step with
-its time, status, duration and detail, the host's outcome, what changed (file, sha256 before and
-after, the diff between the stored images), and what was rolled back and why (a host rolled back
-by the run itself, with the failure that caused it; a host restored by a rollback or recover
-run, with the run it undid).
-
-`build_report` reads the ledger; `render_markdown` (tables, fenced diffs) and
-`LedgerReport.to_json` are pure.
-"""
+"""`opspatch ledger report`: the postmortem timeline, from the ledger alone."""
 
 from __future__ import annotations
 

@@ -1,31 +1,6 @@
 """`opspatch live enable` / `live disable`: opspatch's live plugin (`opspatch_live`) written into
 the engine's environment, and removed again, as recorded runs of the fleet run (locks, leases,
-the ledger); no engine is restarted, so no host is drained.
-
-Per host, enable:
-
-```
-lock        the host's lock (every later exec of the run is fenced by it)
-inspect     `live_site`: the engine interpreter's site-packages, whether its SGLang has the
-            plugin framework (sglang/srt/plugins/__init__.py), what is installed, SGLANG_PLUGINS
-live-enable the distribution (`livedist`: the entry point, or the `.pth` start without the
-            framework) written there, every file new or already those bytes, else refused
-```
-
-and the host is `staged`: the plugin loads when the engine next restarts. A host where the same
-distribution is already installed is `already-applied` ("already enabled"); one with another
-`opspatch_live` installed is refused (disable first).
-
-Disable removes exactly what the installation's RECORD lists (with the RECORD itself), each file
-only if it still holds the bytes the RECORD names: one file changed refuses the host by name with
-nothing removed (exit 2). The host is `staged-back`: the running engine keeps the plugin loaded
-until it restarts.
-
-What the ledger records (docs/live.md, "What enable records"): the new files have no pre-image,
-so no file version; the host's outcome names the RECORD (`file`: before None on enable, after
-None on disable, the RECORD's sha256 on the other side) and the step's detail the folder, the
-start and the file count. The RECORD is the manifest, as for pip: its sha256 pins every file's.
-"""
+the ledger); no engine is restarted, so no host is drained."""
 
 from __future__ import annotations
 
@@ -242,10 +217,10 @@ def _enable(session: HostSession) -> HostOutcome:
             step=Step.LIVE_ENABLE,
         )
         return (
-            f"wrote {len(result.written)} file(s) of {dist_info} ({site.start} start) into "
-            f"{site.purelib}, {len(result.already)} already there; RECORD sha256 "
+            f"wrote {len(result['written'])} file(s) of {dist_info} ({site.start} start) into "
+            f"{site.purelib}, {len(result['already'])} already there; RECORD sha256 "
             f"{hashlib.sha256(record).hexdigest()}"
-        ), bool(result.written)
+        ), bool(result["written"])
 
     wanted = {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}
     install_them = _FileChange(Step.LIVE_ENABLE, "the install", wanted, True, send)
@@ -295,8 +270,8 @@ def _disable(session: HostSession) -> HostOutcome:
                 step=Step.LIVE_DISABLE,
             )
             return (
-                f"removed {len(result.removed)} file(s) of {found.dist_info} from "
-                f"{site.purelib} ({len(result.absent)} already gone)"
+                f"removed {len(result['removed'])} file(s) of {found.dist_info} from "
+                f"{site.purelib} ({len(result['absent'])} already gone)"
             ), True
 
         removal = _FileChange(Step.LIVE_DISABLE, "the removal", wanted, False, send)
@@ -311,7 +286,8 @@ def _disable(session: HostSession) -> HostOutcome:
         Outcome.STAGED_BACK,
         file=changes[0],
         note="disabled: the plugin's files are removed; a running engine keeps it loaded (and "
-        "any live fix in memory) until it restarts",
+        "any live fix in memory) until it restarts (`opspatch restart` restarts out of it, or "
+        "the operator's restart)",
     )
 
 
@@ -409,15 +385,38 @@ class StagedPlugin:
                 timeout=session.playbook.timeouts.swap,
                 step=Step.LIVE_DISABLE,
             )
-            note["detail"] = f"removed {len(result.removed)} file(s) of {self.found.dist_info}"
+            note["detail"] = f"removed {len(result['removed'])} file(s) of {self.found.dist_info}"
         return FileChange(self.record, self.inspection.file.sha256, None)
 
 
-def staged_plugin(session: HostSession, ledger: Ledger, *, locked: bool) -> StagedPlugin | None:
-    """The plugin staged on a host with `live = true` (`StagedPlugin`), read with the lock (taken
-    here unless `locked`); None when the host has none: live fixes off there, no `opspatch_live`
-    installed, one opspatch did not record writing, `SGLANG_PLUGINS` filtering it out (a restart
-    would not load it), no server running, or a server started after it (it loads it already).
+@dataclass(frozen=True)
+class StagedDisable:
+    """`live disable` done on disk while the running engine keeps the plugin loaded (its
+    processes still answer on their live sockets, any live fix still in memory): a staged change
+    that `restart` finishes by restarting the engine out of the plugin, proven by the smoke
+    decode (`restored`, or `restored-not-serving` when it fails: nothing is put back, the
+    plugin's files are gone)."""
+
+    disabled: FileChange
+    """The RECORD's removal, as `live disable` recorded it (after: None)."""
+    listening: tuple[str, ...]
+    """The processes that still answer on their live sockets."""
+
+    def what(self) -> str:
+        return (
+            f"the live plugin's removal (`live disable`; {', '.join(self.listening)} still held it)"
+        )
+
+
+def staged_plugin(
+    session: HostSession, ledger: Ledger, *, locked: bool
+) -> StagedPlugin | StagedDisable | None:
+    """The plugin change staged on a host with `live = true`, read with the lock (taken here
+    unless `locked`): an enable the running engine does not load yet (`StagedPlugin`), or a
+    disable it still holds loaded (`StagedDisable`). None when there is none: live fixes off
+    there, no `opspatch_live` installed (and no disable of opspatch's still held), one opspatch
+    did not record writing, `SGLANG_PLUGINS` filtering it out (a restart would not load it), no
+    server running, or a server started after it (it loads it already).
 
     Raises:
         OpspatchError: the host could not be read or locked.
@@ -430,6 +429,8 @@ def staged_plugin(session: HostSession, ledger: Ledger, *, locked: bool) -> Stag
         note["detail"] = f"{site.purelib}: " + (
             ", ".join(i.dist_info for i in site.installed) or "no live plugin installed"
         )
+    if not site.installed:
+        return _staged_disable(session, ledger, site, locked=locked)
     if len(site.installed) != 1 or site.filtered:
         return None
     (found,) = site.installed
@@ -447,3 +448,49 @@ def staged_plugin(session: HostSession, ledger: Ledger, *, locked: bool) -> Stag
         for _, _, file in ledger.outcomes_since([session.name], 0)
     )
     return StagedPlugin(site, found, path, inspection) if wrote else None
+
+
+def _staged_disable(
+    session: HostSession, ledger: Ledger, site: LiveSite, *, locked: bool
+) -> StagedDisable | None:
+    """A disable the running engine still holds: the newest outcome about opspatch's plugin on
+    this host is a `live disable` (`staged-back`: its RECORD removed), no plugin is installed,
+    and the engine's processes still answer on their live sockets (asked with the lock held)."""
+    about = [
+        (outcome, file)
+        for _, outcome, file in ledger.outcomes_since([session.name], 0)
+        if file is not None and _is_plugin_record(site, file.path)
+    ]
+    if not about or about[-1][0] != Outcome.STAGED_BACK or about[-1][1] is None:
+        return None
+    disabled = about[-1][1]
+    if disabled.sha256_after is not None:
+        return None
+    if not locked:
+        with session.step(Step.LOCK) as note:
+            session.ops.lock(run_id=session.lock.taking(), timeout=session.playbook.timeouts.lock)
+            note["detail"] = "taken"
+    with session.step(Step.LIVE) as note:
+        reply = ask_engine(
+            session.ops, LiveFix("list"), timeout=session.playbook.timeouts.smoke, step=Step.LIVE
+        )
+        listening = tuple(p.process for p in reply.processes())
+        note["detail"] = (
+            "still listening after the disable: " + ", ".join(listening)
+            if listening
+            else f"no process holds the plugin ({reply.missing or 'none listens'}): the "
+            "disable is in effect"
+        )
+    return StagedDisable(disabled, listening) if listening else None
+
+
+def _is_plugin_record(site: LiveSite, path: str) -> bool:
+    """Whether `path` is the RECORD of an `opspatch_live` installation in `site`."""
+    folder, name = posixpath.split(path)
+    parent, dist_info = posixpath.split(folder)
+    return (
+        name == "RECORD"
+        and parent == site.purelib
+        and dist_info.startswith(f"{LIVE_DIST_NAME}-")
+        and dist_info.endswith(".dist-info")
+    )

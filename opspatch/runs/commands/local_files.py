@@ -1,16 +1,6 @@
 """Runs on files of the controller's own disk: `plan`, `apply` and `rollback` with `--file`
 (one file, the one target of a patch) or `--root` (a tree: each target of a patch set is its
-module's file under it, `<root>/a/b/c.py`).
-
-They are the fleet run with one host, the controller (local transport): `apply_to_hosts` and
-`rollback_hosts`, the same preflight, lease, executor and ledger records as a fleet, so a local
-file gets the same host-side compile check, atomic write and record; only the restart is skipped
-(there is no server). The lock, the lease and the backups are the file's (the tree's for
-`--root`), in a state folder of its own, so runs on different files of one machine do not refuse
-each other. Each file must be its target's module (its path ends in the module's path) and its
-distribution's version (from the `*.dist-info` beside it, or `--target-version`) inside the
-target's range.
-"""
+module's file under it, `<root>/a/b/c.py`)."""
 
 from __future__ import annotations
 

@@ -1,38 +1,10 @@
-"""`recover`: bring hosts that a run left behind to a known state.
-
-A run's controller can die at any step (killed, the laptop closed, the SSH connection lost), and
-so can the `recover` meant to finish it. Recover therefore works from two things only: what the
-ledger holds for each host (every file version any run recorded there) and what is on the host's
-disk now. It never trusts a run's own account of where it got to.
-
-- `recover_run(chain)`: the interrupted run and every run it descends from through `parent_run`
-  (a recover of a recover recovers the original run too). Hosts: every host of the chain. Locks
-  held by a run of the chain that is over (interrupted: its controller is seen dead) are taken
-  over at once; the lock of a run begun elsewhere whose lease expired once it is idle, no exec
-  of that run still running on the host (its controller re-asserts the lock with every exec
-  while it lives, busy to that exec's deadline: `hosts.channel`).
-- `recover_hosts(hosts)`: the hosts named, whatever run touched them last (for a lock left by a
-  finished run after a lost connection, or a run that is not in this ledger). Locks are taken
-  over only from runs this ledger knows to be over. A bare `recover` with no interrupted run
-  reaches the hosts recent runs left `needs-attention` (`hosts_left_needing_attention`).
-
-Per node, the decision table (`runs.judgments.decisions`, goal: the ledger's last intent) over
-its standing (`runs.fleet.standing.read_host`, a single file a set of one), then one action for
-the group (a unit's nodes, a host by itself a group of one): every file new and proven, its
-server started after the write: `applied`, left alone (a second recover restarts nothing);
-proven but not serving: started again; new and not proven: restart, ready, smoke -> `applied`,
-or restore -> `rolled-back` (an interrupted `apply --live` finished live instead, never by a
-restart the operator did not ask for); every file old or nothing recorded: made sure it serves,
-`restored`; files or nodes that differ (a run stopped between two swaps): every new file put
-back, restarted and smoked, `restored`, all-old; a file someone else changed: `needs-attention`
-on every node, nothing written. The patch is never applied twice: recover only finishes or
-undoes what a run wrote.
-"""
+"""`recover`: bring hosts that a run left behind to a known state."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
@@ -75,7 +47,7 @@ from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing, paths_of
 from opspatch.runs.judgments.proof import describe
-from opspatch.runs.judgments.units import require_whole_units
+from opspatch.runs.judgments.units import recover_remedy, require_whole_units
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 _OVER = (RunStatus.FINISHED, RunStatus.INTERRUPTED, RunStatus.RECOVERED)
@@ -256,8 +228,22 @@ def _recover(
             per_group=recover.group,
             leases=leases,
             taking_over=taking_over,
+            not_started=None if parent_run is None else partial(_never_reached, scope),
         )
         return run.finish(report)
+
+
+def _never_reached(scope: _Scope, session: HostSession, why: str) -> HostOutcome:
+    """A host of the recovered runs that a halt kept this recover from starting: nothing of
+    theirs was reconciled there, and the lock they took there was neither taken over nor
+    given back (the next command would be refused by it without a word why)."""
+    unlock = remedy_text(Command.UNLOCK, hosts=session.name)
+    return session.outcome(
+        Outcome.SKIPPED,
+        f"not started: {why}; nothing of {scope.what} was reconciled here, and its lock, if it "
+        f"took one here, is still held: `{recover_remedy(session.host)}` reconciles the host "
+        f"and takes the lock over, or `{unlock}` removes it",
+    )
 
 
 def _takeover(ledger: Ledger, scope: _Scope) -> Takeover:
@@ -404,7 +390,7 @@ class _RecoverHost:
         new = all(st.standing in ALL_NEW for st in standings.values())
         changes = {n: st.change() if new else st.unchanged() for n, st in standings.items()}
         if new:
-            proof = describe(standings[nodes.head.name].proofs[0])
+            proof = describe(standings[nodes.head.name].proofs[0], nodes.head.host)
             if answers(nodes):
                 note = f"{proof}; the unit serves: left alone"
                 return [
@@ -609,7 +595,7 @@ class _RecoverHost:
             return session.outcome(
                 Outcome.RESTORED, file=standing.unchanged(), note=f"{state}; server {how}"
             )
-        proof = describe(standing.proofs[0])
+        proof = describe(standing.proofs[0], session.host)
         if standing.is_set:
             note = f"every file of the patch set is new (all-new); {proof}; server {how}"
             return session.outcome(Outcome.APPLIED, file=standing.change(), note=note)

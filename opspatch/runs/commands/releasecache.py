@@ -1,12 +1,4 @@
-"""The release cache of `check --releases`: where it is, and the record of what was proven.
-
-`release_cache_dir` is `$OPSPATCH_CACHE`, else `$XDG_CACHE_HOME/opspatch/releases`, else
-`~/.cache/opspatch/releases`. Besides the wheels and extracted modules (`opspatch.runs.commands.check_releases`)
-it keeps, per patch and module, `<cache>/<name>/proofs/<patch id>/<module>.json`: the
-`ReleaseProofs` that every `check --releases` merges its matrix into and plain `check` reads
-(`release_coverage`). Kept apart from the fetching so plain `check` imports neither urllib nor
-the edit engine.
-"""
+"""The release cache of `check --releases`: where it is, and the record of what was proven."""
 
 from __future__ import annotations
 

@@ -1,25 +1,4 @@
-"""`opspatch restart`: complete a staged patch (`apply --restart never`) host by host.
-
-A staged host carries the patched file but its server still runs the old code. Restarting it is
-the risky half of an apply, so it runs under the same playbook policy (canary, batches, halting)
-and the same proof: restart, wait until ready, smoke decode; a host that fails is rolled back to
-the pre-image the ledger recorded for the staged change, restarted and reported `rolled-back`.
-A host where nothing is staged (its file is at the pre-image, or the ledger holds no change) is
-left alone; a file that changed since opspatch wrote it is refused, never restarted into.
-
-Per host it is the decision table (`runs.judgments.decisions`, goal: proven where staged) over
-the host's standing (`runs.fleet.standing.read_host`: the newest write's file, or every file of
-its patch set, a single file being a set of one).
-
-A group (a unit's nodes, a host by itself a group of one) is restarted as one, never a node
-alone (`_restart`): every node read first, then one decision for the group. Every node's file
-new and some node's server older than it (staged): the group restarted as one and proven
-through the head, undone on every node when the proof fails. Nothing staged on any node: every node left alone. A node
-restart refuses (its file changed, a set not whole) or that could not be read: no node is
-restarted. Nodes that differ (new on one, old on another): no node is restarted, every node
-`needs-attention` naming the odd nodes, since the unit would run two versions of its code;
-`recover` makes it uniform.
-"""
+"""`opspatch restart`: complete a staged patch (`apply --restart never`) host by host."""
 
 from __future__ import annotations
 
@@ -28,20 +7,22 @@ from dataclasses import dataclass, replace
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Action, Command, FileAction, Outcome
 from opspatch.errors import OpspatchError
 from opspatch.ledger.store import FileVersion, Ledger
-from opspatch.runs.commands.live import StagedPlugin, staged_plugin
+from opspatch.runs.commands.live import StagedDisable, StagedPlugin, staged_plugin
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.group import Nodes, failing_as, prove_or_undo, refuse
+from opspatch.runs.fleet.group import Nodes, failing_as, prove_or_undo, refuse, undo
 from opspatch.runs.fleet.recorded import run_in_batches
 from opspatch.runs.fleet.restore import restore_standing
-from opspatch.runs.fleet.session import HostSession, Progress, target_of
+from opspatch.runs.fleet.session import HostSession, Progress
 from opspatch.runs.fleet.standing import Change, HostStanding, Unread, read
+from opspatch.runs.fleet.steps import AS_ROLLBACK
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing
-from opspatch.runs.judgments.units import require_whole_units
+from opspatch.runs.judgments.units import recover_remedy, require_whole_units
 from opspatch.runs.report import HostOutcome, RunReport
 
 
@@ -116,6 +97,7 @@ class _Staged:
             Outcome.SKIPPED,
             _refusal(session, self.standing, self.run_id),
             file=self.standing.unchanged(),
+            reason=Reason.SET_NOT_WHOLE if self.standing.is_set else Reason.CHANGED_SINCE,
         )
 
     def what(self) -> str:
@@ -135,10 +117,10 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
     then one decision. A node that could not be read or that restart refuses: no node touched,
     each other node `skipped` naming it. Every node's files new: the group restarted and proven
     as one when some node is staged (its server older than the write), undone on every node
-    when the proof fails; left alone otherwise, unless the live plugin is staged there
-    (`_restart_plugin`). Nodes that differ (new on some, old on others): every node
-    `needs-attention`, naming them; restarting would run two versions of the code in one
-    server."""
+    when the proof fails; left alone otherwise, unless a live plugin change (`live enable`,
+    `live disable`) is staged there (`_restart_plugin`). Nodes that differ (new on some, old
+    on others): every node `needs-attention`, naming them; restarting would run two versions
+    of the code in one server."""
     versions = {s.name: _staged_versions(ledger, s.name) for s in nodes.sessions}
     try:
         standings = read(nodes, lambda session: _change(versions[session.name]))
@@ -160,7 +142,7 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
         why = (
             f"the nodes of unit {nodes.name} differ: {', '.join(new)} carry the change and "
             f"{', '.join(old)} do not; no node was restarted (the unit would run two versions of "
-            f"its code): `{remedy_text(Command.RECOVER, hosts=nodes.name)}` makes it uniform"
+            f"its code): `{recover_remedy(nodes.head.host)}` makes it uniform"
         )
         return [s.outcome(Outcome.NEEDS_ATTENTION, why, file=files[s.name]) for s in nodes.sessions]
     if not any(st.action == Action.PROVE_OR_UNDO for st in staged.values()):
@@ -173,9 +155,12 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
     )
 
 
-def _plugin(session: HostSession, ledger: Ledger, staged: _Staged) -> StagedPlugin | None:
-    """The live plugin staged on a host where no file change is (`live enable` loads it at the
-    next restart: a staged change too); read only where the file's standing leaves the host.
+def _plugin(
+    session: HostSession, ledger: Ledger, staged: _Staged
+) -> StagedPlugin | StagedDisable | None:
+    """The live plugin's change staged on a host where no file change is (`live enable` loads
+    it at the next restart, `live disable` leaves it loaded until then: staged changes too);
+    read only where the file's standing leaves the host.
 
     Raises:
         OpspatchError: the host could not be read or locked.
@@ -196,23 +181,31 @@ def _restart_plugin(
 ) -> list[HostOutcome]:
     """A group whose files stage nothing: restarted as one into the live plugin when it is
     staged on every node (`live enable`), proven through the head and on every node's sockets,
-    the plugin removed everywhere when the proof fails; left alone otherwise (a plugin staged
-    on some nodes only: each such node says so)."""
-    plugins: dict[str, StagedPlugin | None] = {}
+    the plugin removed everywhere when the proof fails; restarted out of it when its removal is
+    staged on every node (`live disable`: `_restart_out`); left alone otherwise (a plugin
+    change staged on some nodes only: each such node says so)."""
+    plugins: dict[str, StagedPlugin | StagedDisable | None] = {}
     for session in nodes.sessions:
         try:
             plugins[session.name] = _plugin(session, ledger, staged[session.name])
         except OpspatchError as exc:
             return refuse(nodes, {session.name: session.refused(exc)}, "could not be read")
-    ready = {name: plugin for name, plugin in plugins.items() if plugin is not None}
+    disabled = {n: p for n, p in plugins.items() if isinstance(p, StagedDisable)}
+    if disabled and len(disabled) == len(plugins):
+        return _restart_out(nodes, disabled)
+    ready = {n: p for n, p in plugins.items() if isinstance(p, StagedPlugin)}
     if not ready or len(ready) < len(plugins):
         outcomes = [staged[s.name].left_alone(s) for s in nodes.sessions]
         if not ready:
             return outcomes
-        enable = remedy_text(Command.LIVE_ENABLE, hosts=nodes.name)
+        if disabled:
+            command, what = Command.LIVE_DISABLE, f"its removal is staged on {', '.join(disabled)}"
+        else:
+            command, what = Command.LIVE_ENABLE, f"it is staged on {', '.join(ready)}"
+        again = remedy_text(command, hosts=nodes.name)
         return [
-            replace(o, note=f"{o.note}; the live plugin is staged on {', '.join(ready)} only "
-                    f"(`{enable}` stages it on every node, then restart)")
+            replace(o, note=f"{o.note}; the live plugin: {what} only "
+                    f"(`{again}` stages it on every node, then restart)")
             for o in outcomes
         ]  # fmt: skip
 
@@ -228,6 +221,24 @@ def _restart_plugin(
         restore=lambda session: ready[session.name].remove(session),
         note=_restarted_into(nodes, ready[nodes.head.name].what(), f"proven: {every}"),
         judge=listening,
+    )
+
+
+def _restart_out(nodes: Nodes, disabled: Mapping[str, StagedDisable]) -> list[HostOutcome]:
+    """A group whose every node holds the plugin loaded after `live disable` removed it:
+    restarted as one out of it and proven by the smoke (`restored`; `restored-not-serving` when
+    the smoke fails, nothing put back: the plugin's files are gone and its live fixes were
+    never in the files)."""
+    what = disabled[nodes.head.name].what()
+    return undo(
+        nodes,
+        _restarted_into(nodes, "the engine without the live plugin", f"proven (after {what})"),
+        restore=lambda session: disabled[session.name].disabled,
+        changes={name: staged.disabled for name, staged in disabled.items()},
+        outcome=Outcome.RESTORED,
+        steps=AS_ROLLBACK,
+        way_back="nothing is put back (the live plugin's files were removed by the disable): "
+        f"`{remedy_text(Command.DIAGNOSE, hosts=nodes.head.name)}` says why it does not serve",
     )
 
 
@@ -253,7 +264,7 @@ def _refusal(session: HostSession, standing: HostStanding, run_id: str) -> str:
     if standing.is_set:
         return (
             f"refused: run {run_id}'s patch set is not whole ({standing.found.describe()}); "
-            f"`{remedy_text(Command.RECOVER, hosts=target_of(session.host))}` makes it whole"
+            f"`{recover_remedy(session.host)}` makes it whole"
         )
     version, live = standing.version, standing.live
     return (

@@ -1,33 +1,5 @@
 """`opspatch rollback`: undo a patch (or a run) from the ledger. The restore run it goes through
-and the restores it shares with `recover` are `runs.fleet.restore`'s.
-
-Per host it is the decision table (`runs.judgments.decisions`, goal: all old) over the host's
-standing (`runs.fleet.standing.read_host`, a single file a set of one); a unit is rolled back as
-one group. A rollback restores only what opspatch itself wrote: a host's file is restored to the
-pre-image the ledger holds when the live file still hashes to the post-image it recorded; anything else
-is refused for that host with the reason, because overwriting a file someone else changed since
-(a reinstalled sglang, a hand edit) would lose their change.
-
-A rollback restores, restarts, waits until ready and runs the smoke decode. A host whose file is
-back byte-identically and whose server is ready and decodes is `restored` (exit 0); when the
-smoke fails it is `restored-not-serving` (exit 1), with the smoke's failures and the way back:
-the original code may be exactly what was broken (the incident's first decode crashes the
-unpatched engine, so the rollback's decode leaves it down). The decode is sent all the same
-(docs/architecture.md, "Proving a restore"): it is the only proof of what the host serves, and a
-server that would crash on the first request is better found down by the rollback than by the
-first user. So a rollback runs under the playbook as an apply does (canary first, then its
-batches, `max_failures`; `restored-not-serving` counts as failed): under the default playbook a
-host whose restored file is not served halts the run, as a failed canary halts an apply, since
-rolling more hosts back the same way would take their servers down too; an operator's playbook
-that allows more is honoured. A rollback's preflight reads every host first, so that a host it
-refuses (its file changed since) is reported with its reason whatever halts the run.
-Told not to restart (`--restart never`, for a host whose inventory sets no engine restart), a
-rollback restores the files only (in the playbook's batches; no server is restarted), and each
-host is `staged-back` (exit 0) once its files are back.
-
-It runs through the fleet executor (`runs.fleet.executor`): hosts in parallel up to the
-playbook's `max_in_flight`, in the playbook's batches.
-"""
+and the restores it shares with `recover` are `runs.fleet.restore`'s."""
 
 from __future__ import annotations
 
@@ -36,6 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 from opspatch.core.edit import NotApplicable, detect, unapply
 from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Playbook
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
@@ -52,13 +25,13 @@ from opspatch.runs.fleet.group import Nodes, refuse, undo
 from opspatch.runs.fleet.liveapply import revert_everywhere
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import Examined, restore_standing, run_restore
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error, target_of
+from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
 from opspatch.runs.fleet.standing import Change, HostStanding, Lineage, read_host
 from opspatch.runs.fleet.steps import AS_ROLLBACK
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
 from opspatch.runs.judgments.patchset import Place, Standing, paths_of
-from opspatch.runs.judgments.units import require_whole_units
+from opspatch.runs.judgments.units import recover_remedy, require_whole_units
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 
@@ -358,13 +331,14 @@ class _Rollback:
             return Examined(
                 inspection,
                 decided=session.outcome(
-                    Outcome.SKIPPED, _refusal(standing), file=standing.unchanged()
+                    Outcome.SKIPPED,
+                    _refusal(standing),
+                    file=standing.unchanged(),
+                    reason=_refusal_reason(standing),
                 ),
             )
         partly = standing.is_set and standing.standing == Standing.PARTLY_NEW
-        failed = (
-            f"`{remedy_text(Command.RECOVER, hosts=target_of(session.host))}` makes the set whole"
-        )
+        failed = f"`{recover_remedy(session.host)}` makes the set whole"
         return Examined(
             inspection,
             put_back=lambda: restore_standing(session, standing),
@@ -491,6 +465,7 @@ class _Rollback:
                     f"cannot be taken off the file alone ({pre.reason}); restore the file from "
                     "your own backup or reinstall the package",
                     file=unchanged,
+                    reason=Reason.NO_RECORD,
                 ),
             )
         pre_sha256 = sha256_hex(pre.old_source)
@@ -508,6 +483,7 @@ class _Rollback:
                     "nothing was changed. Use the ledger that recorded the change (--ledger), or "
                     "restore the file from your own backup",
                     file=unchanged,
+                    reason=Reason.NO_RECORD,
                 )
                 raise _NoBackup(refused, exc) from exc
 
@@ -550,7 +526,7 @@ class _Rollback:
                 container=session.container,
             ),
         )
-        return FileChange(live.realpath, restored.sha256_before, restored.sha256_after)
+        return FileChange(live.realpath, restored["sha256_before"], restored["sha256_after"])
 
 
 class _NoBackup(Exception):
@@ -565,6 +541,12 @@ class _NoBackup(Exception):
 
 def _join_notes(*notes: str | None) -> str | None:
     return "; ".join(n for n in notes if n) or None
+
+
+def _refusal_reason(standing: HostStanding) -> Reason:
+    """The code of `_refusal`: later changes on top, else bytes changed since."""
+    further = any(file.place == Place.PATCHED_FURTHER for file in standing.files)
+    return Reason.PATCHED_FURTHER if further else Reason.CHANGED_SINCE
 
 
 def _refusal(standing: HostStanding) -> str:

@@ -1,15 +1,4 @@
-"""`opspatch smoke`: the playbook's smoke decode and log scan on each host, changing nothing.
-
-Hosts are visited in parallel (bounded) through the fleet run (`FleetRun.visit`: its sessions and
-the executor's Ctrl-C, the first of which stops starting hosts); each result is a value, an
-unreachable host and one never started included. Nothing is locked, leased or recorded: a smoke
-is a question, not a change.
-
-A unit (one server over several hosts) is smoke-tested through its head, the one node that
-serves `/generate` (its decode runs on every rank; the others serve a dummy `/health` that 404s
-a decode): a selection that takes the head tests the unit once, and a node that is not the head,
-selected without it, is refused (`serving_heads`), as `judge` refuses it.
-"""
+"""`opspatch smoke`: the playbook's smoke decode and log scan on each host, changing nothing."""
 
 from __future__ import annotations
 

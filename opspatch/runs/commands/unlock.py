@@ -1,9 +1,4 @@
-"""`opspatch unlock`: remove a host lock whose run is over, recorded in the ledger.
-
-A lock whose run this ledger knows to be running is refused; so are one whose run holds a live
-lease (its controller heart-beats, wherever it is) and one whose run this ledger does not know
-(another controller's, which may be alive), unless forced.
-"""
+"""`opspatch unlock`: remove a host lock whose run is over, recorded in the ledger."""
 
 from __future__ import annotations
 
@@ -71,9 +66,11 @@ class _UnlockHost:
                 held_by = held.detail
                 note["detail"] = f"held by run {holder or '?'} ({held_by})"
             else:
-                previous = info.took_over_from
+                previous = info["previous"]
                 note["detail"] = (
-                    f"the lock of run {previous.run_id} had expired" if previous else "no lock held"
+                    f"the lock of run {previous.get('run_id')} had expired"
+                    if previous
+                    else "no lock held"
                 )
                 return session.outcome(Outcome.SKIPPED, note=f"{note['detail']}; nothing to remove")
         status = self._status_of(holder)
@@ -99,7 +96,7 @@ class _UnlockHost:
         with session.step(Step.UNLOCK) as note:
             result = session.ops.unlock(run_id=holder, force=not holder, timeout=timeout)
             note["detail"] = (
-                f"removed the lock of run {holder}" if result.released else result.reason
+                f"removed the lock of run {holder}" if result["released"] else result["reason"]
             )
         return session.outcome(Outcome.UNLOCKED, note=f"removed the lock of run {holder}")
 

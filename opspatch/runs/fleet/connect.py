@@ -1,13 +1,7 @@
 """How a run opens its hosts' transports: a factory with the run's host-key policy, passed to
 every session (one transport per host per run). The transports themselves are opened by
 `opspatch.hosts.operations.open_transport`, which imports the SSH libraries only for the first
-SSH host, so commands that reach no host over SSH start without them.
-
-The factory the CLI builds (`Connector`) also carries the run's sudo passwords
-(`opspatch.hosts.become.BecomePasswords`: the environment variables the inventory names, and the
-terminal prompt asked at most once per run), so every session of the run shares them. A plain
-function works as a factory too (tests): its sessions read passwords from the environment only.
-"""
+SSH host, so commands that reach no host over SSH start without them."""
 
 from __future__ import annotations
 

@@ -1,20 +1,4 @@
-"""The fleet executor: one function per host, over batches, a bounded number at a time.
-
-Every command that changes hosts runs through `run_fleet` (via `runs.fleet.fleetrun.FleetRun`): batches
-in order (canaries first for an apply; one batch for a restore), at most `in_flight` hosts of a
-batch at once on a bounded thread pool (never a thread per host), each host's outcome handed to
-`on_outcome` as soon as it is known (the ledger records it then, so a killed controller loses
-nothing already decided), and after each outcome the halt policy decides whether to start more
-hosts. Hosts that were not started are returned by name, for the caller to report.
-
-Cancellation is a flag (`Cancellation`), not an exception: the operator's first Ctrl-C sets it,
-the executor stops starting hosts and lets the running ones finish their pipeline (each ends
-applied or restored; abandoning a host between its swap and its smoke would leave it unproven).
-The run is halted by it only when it kept a host from starting: a Ctrl-C while the last hosts
-were in flight changes nothing, and the run ends as they did.
-A second Ctrl-C raises `KeyboardInterrupt` in the waiting thread; the executor then stops waiting
-(the pool's threads are not joined) and lets it propagate.
-"""
+"""The fleet executor: one function per host, over batches, a bounded number at a time."""
 
 from __future__ import annotations
 

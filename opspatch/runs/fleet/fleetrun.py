@@ -1,29 +1,4 @@
-"""One fleet run, written once: the sessions, the preflight, the executor, the records, Ctrl-C.
-
-Every command that changes hosts (apply, restart, rollback, recover, unlock) is a strategy of
-this run: it says what to check on every host first (apply: begin + plan) and what to do to one
-node group (`per_group`: a unit's nodes as one, a host by itself a group of one); `FleetRun` opens one `HostSession` per host (one connection each, closed at
-the end), runs the work under the batches and halt policy it is given, records every outcome as
-soon as it is decided, reports the hosts it never started (their locks given back), and turns
-the operator's Ctrl-C into a decision that the report states:
-
-- the first Ctrl-C stops starting hosts; hosts in flight finish their pipeline (each ends
-  applied or restored). During the preflight nothing has been changed anywhere: every lock taken
-  is given back and the run is refused (exit 2).
-- a second Ctrl-C stops waiting: `RunInterrupted` names the run and the hosts left in flight,
-  and `opspatch recover --run R` finishes or undoes them.
-
-A command whose actions change hosts' files or engines (their traits: `decisions.traits_of`)
-holds its hosts' leases while it does: `lease()` takes them, reading each host's identity first
-where the command did not, and `execute` refuses to start such a run without them, so no command
-can forget.
-
-A run may have a second run of the same engine over some of its hosts (`follow_up`: an apply's
-on-halt rollback): the same sessions, recorder and leases, its own batches and its own Ctrl-C,
-and a check that each host's lease is still this run's before it starts any (`keep_leases`).
-A command that only asks (`smoke`) visits its hosts through `visit`: the sessions and the
-executor's Ctrl-C, no lock, no lease, nothing recorded.
-"""
+"""One fleet run, written once: the sessions, the preflight, the executor, the records, Ctrl-C."""
 
 from __future__ import annotations
 
@@ -35,6 +10,7 @@ from typing import TypeVar
 
 from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Batch, Playbook
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import FAILED_OUTCOMES, Command, Outcome
 from opspatch.core.vocabulary import Rotation as RotationWord
@@ -391,7 +367,11 @@ class FleetRun:
             held = {holder.host for holder in grant.refused}
             outcomes = {  # a held host's preflight reading may be the holder's change in flight
                 name: (None if name in held else self._unleased.get(name))
-                or session.outcome(Outcome.SKIPPED, f"not started: {held_by(grant.refused)}")
+                or session.outcome(
+                    Outcome.SKIPPED,
+                    f"not started: {held_by(grant.refused)}",
+                    reason=Reason.LEASE_HELD,
+                )
                 for name, session in self.sessions.items()
             }
             for outcome in outcomes.values():
@@ -523,7 +503,11 @@ class FleetRun:
         """The report of a run cancelled in its preflight: every host unchanged, recorded."""
         outcomes = {
             name: self._unleased.get(name)
-            or session.outcome(Outcome.SKIPPED, "not started: " + CANCELLED_IN_PREFLIGHT)
+            or session.outcome(
+                Outcome.SKIPPED,
+                "not started: " + CANCELLED_IN_PREFLIGHT,
+                reason=Reason.NOT_STARTED,
+            )
             for name, session in self.sessions.items()
         }
         for outcome in outcomes.values():
@@ -606,7 +590,7 @@ def _weight(outcome: HostOutcome) -> tuple[bool, bool, bool]:
 
 
 def _skipped(session: HostSession, why: str) -> HostOutcome:
-    return session.outcome(Outcome.SKIPPED, f"not started: {why}")
+    return session.outcome(Outcome.SKIPPED, f"not started: {why}", reason=Reason.NOT_STARTED)
 
 
 def _in_flight(stop: KeyboardInterrupt) -> tuple[str, ...]:

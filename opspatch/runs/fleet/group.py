@@ -1,15 +1,5 @@
 """A node group, the one target of a run: one server's hosts, `Nodes(head, others)`; a host by
-itself is a group of one. Restart, ready, prove, undo, prove-or-undo and refuse, written once.
-
-SGLang's multi-node server is one group: a node restarted alone can never rejoin it, and a
-non-head node serves only a dummy `/health` (docs/inventory.md, "Units"). So a group of several
-is restarted as one: the head drained (the only router worker), every node stopped (in
-parallel), then started head first; readiness awaited on the head with its group checked
-(`/server_info`: node rank 0 of `nnodes`), the other nodes looked at every `UNIT_LOOK_SECONDS`
-meanwhile (a node whose engine exited fails the group at once, naming it); the smoke decode sent
-to the head, and each other node records the decode that proved it. A group of one restarts in
-one exec and is awaited alone. A step that fails on a node of a group of several names the node.
-"""
+itself is a group of one. Restart, ready, prove, undo, prove-or-undo and refuse, written once."""
 
 from __future__ import annotations
 
@@ -19,9 +9,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from opspatch.core.host import Unit
+from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import Outcome, Step, StepStatus
 from opspatch.errors import OpspatchError
-from opspatch.hosts.engine import RestartResult, ServerGroup, SmokeResult, StopResult
+from opspatch.hosts.engine import RestartReply, ServerGroup, SmokeResult, StopReply
 from opspatch.runs.fleet.rotation import admit_step, drain_step
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.fleet.steps import (
@@ -80,8 +71,8 @@ class Nodes:
 class NodeFailed(HostFailed):
     """A step failed on one node of a group of several: the group's proof fails, naming it."""
 
-    def __init__(self, node: str, error: str) -> None:
-        super().__init__(Outcome.FAILED, f"{node}: {error}")
+    def __init__(self, node: str, error: str, reason: Reason = Reason.STEP_FAILED) -> None:
+        super().__init__(Outcome.FAILED, f"{node}: {error}", reason)
         self.node = node
 
 
@@ -96,7 +87,7 @@ def failing_as(nodes: Nodes, session: HostSession) -> Iterator[None]:
     except HostFailed as failure:
         if nodes.alone:
             raise
-        raise NodeFailed(session.name, failure.error) from failure
+        raise NodeFailed(session.name, failure.error, failure.reason) from failure
 
 
 GroupJudge = Callable[[Nodes], object]
@@ -113,7 +104,7 @@ _STOP_START = {
 }
 
 
-def restart(nodes: Nodes, step: Step = Step.RESTART) -> dict[str, RestartResult]:
+def restart(nodes: Nodes, step: Step = Step.RESTART) -> dict[str, RestartReply]:
     """Restart the group's engines, each node's start by name: a host by itself in one exec;
     several: every node stopped, then started head first (drained first behind a router).
 
@@ -132,36 +123,34 @@ def restart(nodes: Nodes, step: Step = Step.RESTART) -> dict[str, RestartResult]
     }
 
 
-def _stop(session: HostSession, step: Step) -> StopResult:
+def _stop(session: HostSession, step: Step) -> StopReply:
     try:
         with session.step(step) as note:
             result = session.engine.stop(step=step)
-            pids = ", ".join(str(p) for p in result.stopped) or "none running"
-            note["detail"] = f"{result.strategy}: stopped {pids}"
+            pids = ", ".join(str(p) for p in result.get("stopped", [])) or "none running"
+            note["detail"] = f"{result['strategy']}: stopped {pids}"
         return result
     except OpspatchError as exc:
         raise NodeFailed(session.name, f"{step}: {describe_error(exc)}") from exc
 
 
-def _start(session: HostSession, step: Step, stopped: StopResult) -> RestartResult:
+def _start(session: HostSession, step: Step, stopped: StopReply) -> RestartReply:
     try:
         with session.step(step) as note:
             result = session.engine.start(step=step, stopped=stopped)
-            note["detail"] = f"{result.strategy}: pid {result.pid}"
+            note["detail"] = f"{result['strategy']}: pid {result.get('pid')}"
         return result
     except OpspatchError as exc:
         raise NodeFailed(session.name, f"{step}: {describe_error(exc)}") from exc
 
 
-def _on_every_node(
-    nodes: Nodes, work: Callable[[HostSession], StopResult]
-) -> dict[str, StopResult]:
+def _on_every_node(nodes: Nodes, work: Callable[[HostSession], StopReply]) -> dict[str, StopReply]:
     """`work` on every node at once (a stop waits for its process tree to end: in parallel the
     group is down for the slowest node's stop, not their sum); the first failure, in rank
     order, is raised once every node answered."""
     with ThreadPoolExecutor(max_workers=len(nodes.sessions), thread_name_prefix="node") as pool:
         futures = {s.name: pool.submit(work, s) for s in nodes.sessions}
-        done: dict[str, StopResult] = {}
+        done: dict[str, StopReply] = {}
         failure: BaseException | None = None
         for name, future in futures.items():
             try:
@@ -175,7 +164,7 @@ def _on_every_node(
 
 def ready(
     nodes: Nodes,
-    started: Mapping[str, RestartResult],
+    started: Mapping[str, RestartReply],
     *,
     step: Step = Step.READY,
     timeout: float | None = None,
@@ -234,7 +223,7 @@ def prove(
 
 def proven(
     nodes: Nodes,
-    restarted: RestartResult | None,
+    restarted: RestartReply | None,
     *,
     baseline: Sequence[str | None] | None = None,
     judge: GroupJudge | None = None,
@@ -269,7 +258,7 @@ def proven_through_head(nodes: Nodes, smoke: SmokeResult, step: Step = Step.SMOK
 
 def restart_after_restore(
     nodes: Nodes, steps: RestoreSteps = AFTER_RESTORE
-) -> dict[str, RestartResult]:
+) -> dict[str, RestartReply]:
     """Restart after a restore and wait with the restore path's own deadline (playbook
     `timeouts.restore_ready`): an operator who shortens `ready` to catch a start-up hang must
     not turn every slow but healthy restore into needs-attention."""
@@ -290,6 +279,7 @@ def undo(
     way_back: str | None = None,
     restore_failed: Callable[[str], str] | None = None,
     restart_failed: Callable[[str], str] | None = None,
+    reason: Reason | None = None,
 ) -> list[HostOutcome]:
     """UNDO a change: every node's files put back (`restore`), the group restarted with the
     restore path's deadline and the smoke after it reported, never passed as serving when it
@@ -302,6 +292,7 @@ def undo(
       note; a smoke that failed makes it `restored-not-serving`, the error saying so and
       `way_back`; with `restart=False` (or a live fix reverted in every process), `outcome` is
       reported once the files are back.
+    `reason`: the code of `why` on a `rolled-back` node.
     `needs-attention` when a restore or the restart failed (the state is then not known); a
     restore that failed on one node of several leaves the nodes differing and nothing is
     restarted (`changes`: each node's files as they were before; `restore_failed`,
@@ -331,7 +322,10 @@ def undo(
     undone = outcome == Outcome.ROLLED_BACK
     if not restart:
         if undone:
-            return [s.outcome(outcome, why, file=restored[s.name]) for s in nodes.sessions]
+            return [
+                s.outcome(outcome, why, file=restored[s.name], reason=reason)
+                for s in nodes.sessions
+            ]
         return [s.outcome(outcome, file=restored[s.name], note=why) for s in nodes.sessions]
     try:
         started = restart_after_restore(nodes, steps)
@@ -352,7 +346,9 @@ def undo(
         shown = smoke if session is head else None
         file = restored[session.name]
         if undone:
-            return session.outcome(outcome, why, file=file, smoke=shown, note=not_serving)
+            return session.outcome(
+                outcome, why, file=file, smoke=shown, note=not_serving, reason=reason
+            )
         if not_serving is not None:
             error = f"{not_serving}; {way_back}" if way_back else not_serving
             return session.outcome(
@@ -381,7 +377,7 @@ def prove_or_undo(
     try:
         smoke = prove(nodes, judge=judge)
     except HostFailed as failure:
-        return undo(nodes, failure.error, restore=restore, changes=changes)
+        return undo(nodes, failure.error, restore=restore, changes=changes, reason=failure.reason)
     return [
         s.outcome(
             Outcome.APPLIED,
@@ -414,15 +410,16 @@ def refuse(
     """Every node's outcome when the nodes of `odd` (each with its own outcome: refused,
     unreadable) keep the group from being touched: nothing is changed or restarted on any node,
     since a node restarted alone cannot rejoin and a node changed alone runs other code. Each
-    other node is `skipped`, naming the odd nodes, `why` and what they said (`files`: each
-    node's file as it was found)."""
+    other node is `skipped`, naming the odd nodes, `why` and what they said, with the first odd
+    node's reason code (`files`: each node's file as it was found)."""
     said = "; ".join(f"{name}: {o.error or o.note or o.outcome}" for name, o in odd.items())
     text = (
         f"refused: unit {nodes.name}'s node {', '.join(odd)} {why} ({said}); nothing was "
         "changed or restarted on any node of the unit"
     )
     found = files or {}
+    reason = next((o.reason for o in odd.values() if o.reason is not None), None)
     return [
-        odd.get(s.name) or s.outcome(Outcome.SKIPPED, text, file=found.get(s.name))
+        odd.get(s.name) or s.outcome(Outcome.SKIPPED, text, file=found.get(s.name), reason=reason)
         for s in nodes.sessions
     ]

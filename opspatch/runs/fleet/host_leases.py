@@ -1,15 +1,5 @@
 """A run's leases on its hosts: what keeps a second operator's run off them, and lets a third take
-a dead controller's run over (docs/team.md).
-
-A host is leased by what it is (`host_identity`: its machine id, its hostname, and the folder its
-opspatch lock lives in, so two stand-in engines on one machine are two hosts and one machine
-reached through two inventories is one), in the preflight, after every host was inspected and
-before any is changed. The `Heartbeat` renews the run's leases every third of the playbook's
-`[team] lease_expiry` and says when the ledger does not take a beat; `FleetRun` starts no more
-hosts once they are lost, and gives them back when the run ends. A lease whose heartbeat
-went silent longer than that has expired: the controller is gone (killed, laptop closed, network
-cut) and `recover --run R` may take the run over. A live lease is never broken.
-"""
+a dead controller's run over (docs/team.md)."""
 
 from __future__ import annotations
 

@@ -1,26 +1,4 @@
-"""The judge in a run: a host's baseline measured before its swap, its verdict after its smoke.
-
-The playbook's `[judge]` decodes a prompt set on the changed server once the smoke passed and
-compares it with a baseline measured in the same run (`runs/judgments/canary.py`): the host's
-own old server, just before the swap; else, when no server listened there, a host of the same
-release and build that this run has not changed yet (a canary's only: the other hosts are
-changed later). An old server that failed the prompts (crashed on them) is not compared, and no
-other host of its build is asked: it would fail them too. Then the verdict is `no-baseline`.
-
-A peer is measured again after the smoke, in turns with the canary (`measured_in_turns`), and
-that measurement is the baseline: load that comes and goes meets both sides alike. The host's
-own old server can only be measured before the swap. Either way a latency fail stands only if
-a second measurement confirms it (`canary.confirm`; docs/judge.md says why).
-
-A `fail` is a failed proof (`JudgeFailed`, a `HostFailed`): the apply rolls the host back as it
-does after a failed smoke. The judge runs before the host is admitted back into rotation, and
-the run's lock stays held until it is given back after the host's last step.
-
-A unit (one server over several hosts) is judged by its head, the one node that serves HTTP and
-whose decodes run on every rank (`judge_through_head`). Its baseline is its own old server only:
-another server of its build is a different shape (a host alone, or a unit of other nodes). Each
-other node records the head's verdict as its own `judge` step, as it records the smoke.
-"""
+"""The judge in a run: a host's baseline measured before its swap, its verdict after its smoke."""
 
 from __future__ import annotations
 
@@ -31,6 +9,7 @@ from dataclasses import replace
 
 from opspatch.core.host import Unit
 from opspatch.core.policy import JudgeSettings
+from opspatch.core.reasons import Reason
 from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import JudgeHosts, Outcome, Step
 from opspatch.errors import OpspatchError
@@ -47,7 +26,7 @@ class JudgeFailed(HostFailed):
     """A judge whose verdict is `fail`: a failed proof, naming the metric(s) and figures."""
 
     def __init__(self, judgment: Judgment) -> None:
-        super().__init__(Outcome.FAILED, judgment.summary())
+        super().__init__(Outcome.FAILED, judgment.summary(), Reason.JUDGE_FAILED)
         self.judgment = judgment
 
 

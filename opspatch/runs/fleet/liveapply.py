@@ -1,30 +1,6 @@
 """`apply --live`: what `ApplyPipeline.apply` runs in place of PROVE once a group's files are
 swapped (so the next restart keeps the fix): the fix taken into the running engine's processes,
-then proven by the smoke decode through the head, with no restart and so no drain.
-
-```
-preflight  per host: each pending file's live form (pure: its pre- and post-image), else the
-           run is refused (exit 2); then the engine's `check` of each take (one exec, every
-           process answers; `judgments/live.judge_check`): not every process answers, or a take
-           that would not be in effect (the module never imported, a definition another fix
-           holds, a value read at import, objects built by a changed `__init__`, a changed
-           function in a frame that never returns) -> refused (exit 2), the reason named
-swap       as every apply (backup, swap), on every node
-LIVE       the head's forms -> `take` to every process; in a group of several through the
-           head's entry rank (its broadcast reaches every TP rank of every node, each taking its
-           own node's copy: `LiveFix.paths`), then each other node's own processes, then
-           `live-readback` on every node; each answer judged (`judgments/live`)
-smoke      the decode through the head, as its last step (it gives the lock back)
-on a refusal or a failure: LIVE_REVERT everywhere (read back on every node of several), the
-           files restored: `rolled-back` (a revert that did not answer everywhere: the group
-           restarted after the restore, which clears every process's memory)
-```
-
-A file whose live form is refused (changed free variables, a restart-only module), or whose take
-would not be in effect, refuses the whole run before any change: an operator who asked for
---live must not get a restart by surprise, nor an "applied" the server does not run; apply
-without --live applies it with a restart.
-"""
+then proven by the smoke decode through the head, with no restart and so no drain."""
 
 from __future__ import annotations
 
@@ -34,6 +10,7 @@ from typing import Any
 from opspatch.core.edit import Applied
 from opspatch.core.host import Host
 from opspatch.core.live import LiveForm, NotLive, live_form
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import PatchSpec
 from opspatch.core.vocabulary import Command, Outcome, Step
@@ -42,7 +19,7 @@ from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.runs.fleet.group import Nodes, proven
 from opspatch.runs.fleet.judging import HostJudge, judged_through_head
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
-from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error, target_of
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.judgments.live import (
     judge_check,
     judge_gone,
@@ -50,6 +27,7 @@ from opspatch.runs.judgments.live import (
     judge_revert,
     judge_take,
 )
+from opspatch.runs.judgments.units import target_of
 from opspatch.runs.report import HostOutcome
 
 Took = Mapping[str, Sequence[Mapping[str, Any]]]
@@ -182,13 +160,17 @@ class LiveApply:
             try:
                 self._take(nodes, fix, [d.name for d in form.definitions])
             except (HostFailed, OpspatchError) as failure:
-                why = failure.error if isinstance(failure, HostFailed) else describe_error(failure)
-                return self.undo(pipeline, nodes, prepared, [*taken, fix.fix_id], why)
+                if isinstance(failure, HostFailed):
+                    why, reason = failure.error, failure.reason
+                else:
+                    why, reason = describe_error(failure), Reason.STEP_FAILED
+                fixes = [*taken, fix.fix_id]
+                return self.undo(pipeline, nodes, prepared, fixes, why, reason)
             taken.append(fix.fix_id)
         try:  # a judge's fail is a failed proof: reverted like a failed smoke
             smoke = proven(nodes, None, judge=judged_through_head(judge))
         except HostFailed as failure:
-            return self.undo(pipeline, nodes, prepared, taken, failure.error)
+            return self.undo(pipeline, nodes, prepared, taken, failure.error, failure.reason)
         return [
             pipeline.outcome(
                 session,
@@ -279,6 +261,7 @@ class LiveApply:
         prepared: Mapping[str, Prepared],
         fixes: Sequence[str],
         why: str,
+        reason: Reason,
     ) -> list[HostOutcome]:
         """Revert `fixes` in every process (through the head: every rank of every node; then
         each other node's own processes, each read back: none holds them), then put every
@@ -291,7 +274,7 @@ class LiveApply:
         if fixes and reverted and not nodes.alone:
             for session in nodes.sessions:
                 reverted = self._gone(session, fixes) and reverted
-        return pipeline.roll_back(nodes, prepared, why, restart=not reverted)
+        return pipeline.roll_back(nodes, prepared, why, restart=not reverted, reason=reason)
 
     def _gone(self, session: HostSession, fixes: Sequence[str]) -> bool:
         """Whether `session`'s processes hold none of `fixes` (a recorded readback)."""

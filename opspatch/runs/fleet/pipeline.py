@@ -1,18 +1,6 @@
 """The pipeline of an apply, written once: preflight (begin + plan, per host) and the change
 over a node group (a host by itself a group of one), the template every apply (fleet, unit,
-staged, live, local file) runs through; `runs.commands.apply` drives it across a fleet.
-
-```
-per host: begin (lock + facts + resolve + read, one exec) -> plan (pure)
-per group: [baseline decode, head] -> per node, head first: backup (the pre-image into the
-  ledger) -> swap (check pre-image, compile with the host's Python, backup copy, atomic rename,
-  bytecode purge); a swap refused on a node: the nodes swapped before it put back (no restart)
-  -> restart (the group as one) -> ready (head) -> smoke (head; recorded on every node)
-on a failure after the swap: restore every node -> restart -> ready -> smoke (a failed one is a
-  failed step, the note says the server does not serve the restored file): `rolled-back`;
-  a restore or its restart failed: `needs-attention` (halts)
-```
-"""
+staged, live, local file) runs through; `runs.commands.apply` drives it across a fleet."""
 
 from __future__ import annotations
 
@@ -24,6 +12,7 @@ from typing import TYPE_CHECKING
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, apply_patch, plan_summary
 from opspatch.core.gate import version_gate
 from opspatch.core.policy import Playbook
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch, PatchSpec, Target
@@ -321,7 +310,9 @@ class ApplyPipeline:
         try:
             smoke = prove(nodes, baseline=baseline, judge=judged_through_head(judge))
         except HostFailed as failure:
-            undone = self.roll_back(nodes, prepared, failure.error, note=baseline_note)
+            undone = self.roll_back(
+                nodes, prepared, failure.error, note=baseline_note, reason=failure.reason
+            )
             return with_judgment(nodes, undone, judge)
         applied = [
             self.outcome(
@@ -510,10 +501,12 @@ class ApplyPipeline:
         swapped: Mapping[str, Sequence[PreparedFile]] | None = None,
         note: str | None = None,
         restart: bool | None = None,
+        reason: Reason | None = None,
     ) -> list[HostOutcome]:
         """UNDO after a failure past the swap (`group.undo`): every node's pending files (or
         its `swapped` ones) put back, the group restarted once and proven (`restart`: default
-        the pipeline's; False for a live fix reverted in every process, the files the undo)."""
+        the pipeline's; False for a live fix reverted in every process, the files the undo;
+        `reason`: the code of `why`)."""
 
         def files(session: HostSession) -> Sequence[PreparedFile]:
             return (
@@ -534,6 +527,7 @@ class ApplyPipeline:
                 for s in nodes.sessions
             },
             restart=self.restart_engine if restart is None else restart,
+            reason=reason,
         )
         return [
             replace(o, diff=prepared[s.name].diff(), note=_join(o.note, note))

@@ -1,21 +1,4 @@
-"""The ledger ceremony of a run, written once: check the chain, begin, finish with the outcome.
-
-```python
-with recorded_run(ledger, command=Command.APPLY, patch=loaded, hosts=hosts, ...) as run:
-    report = ...  # every step and host outcome is recorded through `run` as it happens
-    run.finish(report)
-```
-
-`run` is the run's `LedgerRecorder` (`runs.fleet.recorder`): the sessions and the fleet run record
-through it.
-
-A run whose body raises `InputError` (bad input found after the run began: nothing was changed)
-is finished as `refused`. Anything else that escapes (the operator's second Ctrl-C, a bug, a
-ledger that can no longer be written, or was deleted or replaced under the run) leaves the run
-unfinished on purpose: the ledger then shows it `interrupted` once this process is gone, and
-`opspatch recover` brings its hosts to a known state (a ledger error's hint says so, and with
-which ledger).
-"""
+"""The ledger ceremony of a run, written once: check the chain, begin, finish with the outcome."""
 
 from __future__ import annotations
 

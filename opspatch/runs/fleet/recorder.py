@@ -1,17 +1,4 @@
-"""Where a run's records go, in one object: the ledger under the run's id, or nowhere.
-
-Every record a run makes on its way (a step, a host's facts, a file version, a host's outcome,
-the run's end) goes through its `Recorder`. A run that changes hosts is begun in the ledger
-(`runs.fleet.recorded.recorded_run`) and records through a `LedgerRecorder`; a run that only looks
-(`apply --dry-run`, `plan`, `smoke`) records through the `NullRecorder`, so no code on the run
-path asks whether there is a ledger or a run id. The ledger's own guarantees (every append in
-one fsync'd transaction, in the order the run makes them) are the `Ledger`'s; a recorder only
-forwards, in the same order.
-
-A record that cannot be written stops the run: every step records its start before it does
-anything, so once one record failed (`LedgerRecorder.fault`), every later record raises the same
-error and no host is changed again by a run whose ledger no longer follows it.
-"""
+"""Where a run's records go, in one object: the ledger under the run's id, or nowhere."""
 
 from __future__ import annotations
 
@@ -142,7 +129,12 @@ class LedgerRecorder:
     def outcome(self, outcome: HostOutcome) -> None:
         self._record(
             lambda: self.ledger.record_host_outcome(
-                self._run_id, outcome.host, outcome.outcome, outcome.error, outcome.file
+                self._run_id,
+                outcome.host,
+                outcome.outcome,
+                outcome.error,
+                outcome.file,
+                reason=outcome.reason,
             )
         )
 

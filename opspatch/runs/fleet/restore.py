@@ -1,11 +1,7 @@
 """Putting hosts back, the part the restore runs share (`rollback`, `recover`, `unlock`): the
 restore of a recorded change or of a whole patch set, making sure a server answers, and the
 fleet run they go through, halted by a host that needs attention or whose restored file its
-server does not serve (`run_restore`).
-
-Both restore only what opspatch itself wrote: a host's file is restored to the pre-image the
-ledger holds when the live file still hashes to the post-image opspatch recorded.
-"""
+server does not serve (`run_restore`)."""
 
 from __future__ import annotations
 
@@ -15,12 +11,12 @@ from dataclasses import dataclass
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.vocabulary import Command, Outcome, Step
-from opspatch.hosts.engine import RestartResult
+from opspatch.hosts.engine import RestartReply
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import HaltPolicy, halt_on_attention, one_batch
-from opspatch.runs.fleet.fleetrun import FleetRun, PerGroup, whole_units
+from opspatch.runs.fleet.fleetrun import FleetRun, NotStarted, PerGroup, whole_units
 from opspatch.runs.fleet.group import refuse
 from opspatch.runs.fleet.host_leases import host_identity
 from opspatch.runs.fleet.recorder import Recorder
@@ -64,7 +60,7 @@ def restore_recorded(session: HostSession, version: FileVersion) -> FileChange:
         mode=version.mode,
         owner=version.owner,
     )
-    return FileChange(version.path, restored.sha256_before, restored.sha256_after)
+    return FileChange(version.path, restored["sha256_before"], restored["sha256_after"])
 
 
 def restore_set(session: HostSession, found: SetOnHost) -> FileChange:
@@ -84,7 +80,7 @@ def ensure_running(session: HostSession) -> str:
     Behind a router, a worker that a crashed run left drained is re-admitted only once it is
     ready and its smoke decode passes (`readmit`); otherwise it stays out, and the answer (and
     the host's outcome) says why."""
-    restart: RestartResult | None = None
+    restart: RestartReply | None = None
     try:
         ready_step(session, None, step=Step.READY)
         how = "already running"
@@ -157,6 +153,7 @@ def run_restore(
     under_playbook: bool = False,
     leases: Mapping[str, str] | None = None,
     taking_over: Collection[str] = (),
+    not_started: NotStarted | None = None,
 ) -> RunReport:
     """The fleet part of the restore runs (rollback, recover, unlock), halted by a host that
     needs attention or whose restored file its server does not serve.
@@ -172,7 +169,8 @@ def run_restore(
     attention or whose restored file is not served. The hosts are leased to this run first
     (`FleetRun.lease`; unlock leases nothing); `leases` (host name -> identity): the ones a
     recover --run takes over from the runs it recovers (expired, or of `taking_over`, runs
-    this machine saw die). The batches count groups (`FleetRun.items`)."""
+    this machine saw die). The batches count groups (`FleetRun.items`); `not_started`: the
+    outcome of a host a halt kept from starting (`FleetRun.execute`)."""
     with FleetRun(
         command=command,
         patch_id=patch_id,
@@ -212,7 +210,9 @@ def run_restore(
             # what the preflight decided changed nothing: it stops no restore elsewhere
             return policy({n: o for n, o in outcomes.items() if n not in decided})
 
-        outcomes, halted = fleet.execute(per_group, batches=batches, halt=halt)
+        outcomes, halted = fleet.execute(
+            per_group, batches=batches, halt=halt, not_started=not_started
+        )
         return fleet.report(outcomes, halted=halted)
 
 

@@ -1,21 +1,5 @@
 """Drain and admit: a host behind a router leaves rotation before its engine restarts and comes
-back only once its server is proven (docs/architecture.md, "Drain and admit").
-
-`Rotation.open` looks at every router in front of a run's hosts before anything changes (once
-the run holds its hosts' leases: a host another live run holds is refused by its holder first):
-each must answer its admin call, know every worker URL, and have room under the playbook's
-`max_unavailable` with at least one healthy worker left (unless `fleet_down`); otherwise the run
-is refused (exit 2). A worker the router does not list is let through where opspatch itself took
-it out: the ledger's newest drain of that URL has no admit after it (`taken_out_by`), or the run
-is a recover; it is already out, so the run drains nothing there and admits it after its proof.
-One the ledger never saw drained is a wrong `router.worker_url`. During the run, each host's
-`HostRotation` holds one of its router's permits from its drain until its admit, so no more
-workers than allowed are ever out at once.
-
-The steps (`drain_step`, `admit_step`) are called from `runs/fleet/steps.py` and `group.py`
-only: the drain before every engine restart, the admit after a last smoke that passed. A host whose proof failed stays
-out of rotation, and its outcome says so (`Rotation.OUT_OF_ROTATION`).
-"""
+back only once its server is proven (docs/runs.md, "Drain and admit")."""
 
 from __future__ import annotations
 
@@ -31,9 +15,11 @@ from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step, StepStatus
 from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.errors import OpspatchError, RouterError, RouterRefused
+from opspatch.hosts.engine import describe_drained
 from opspatch.hosts.router import RouterClient, RouterWorker
 from opspatch.ledger.records import StepRecord
-from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error, target_of
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
+from opspatch.runs.judgments.units import recover_remedy
 from opspatch.runs.report import HostOutcome
 
 DRAIN_POLL_SECONDS = 0.1
@@ -113,11 +99,11 @@ class HostRotation:
             self._holding = False
             self.gate.permits.release()
 
-    def out_note(self, host: str) -> str:
+    def out_note(self, host: Host) -> str:
         why = f" ({self.why_out})" if self.why_out else ""
         return (
             f"out of rotation: router {self.router_url} sends {self.worker_url} nothing{why}; "
-            f"`{remedy_text(Command.RECOVER, hosts=host)}` re-admits it once its server is "
+            f"`{recover_remedy(host)}` re-admits it once its server is "
             "proven"
         )
 
@@ -196,9 +182,8 @@ class Rotation:
                     "nothing was changed",
                     hint="set router.worker_url to the URL the router registered (URLs compare "
                     "as exact strings); a worker taken out by hand, or by a run another ledger "
-                    f"recorded, is re-admitted by "
-                    f"`{remedy_text(Command.RECOVER, hosts=target_of(host))}` once "
-                    "its server is proven",
+                    f"recorded, is re-admitted by `{recover_remedy(host)}` once its server is "
+                    "proven",
                 )
             # recover re-admits workers first-hand out of rotation, which costs no room; a host
             # it must drain as well waits for room (one re-admitted gives one back)
@@ -376,10 +361,10 @@ def drain_step(session: HostSession) -> None:
             for worker in removed:
                 client.remove(worker.id)
             _wait_unlisted(client, rotation.worker_url, timeouts.admit)
-            # on the host, at the engine URL its readiness and smoke use (docs/architecture.md)
-            idle = session.engine.wait_drained(
-                settle=DRAIN_SETTLE_SECONDS, poll=DRAIN_POLL_SECONDS
-            ).describe()
+            # on the host, at the engine URL its readiness and smoke use (docs/runs.md)
+            idle = describe_drained(
+                session.engine.wait_drained(settle=DRAIN_SETTLE_SECONDS, poll=DRAIN_POLL_SECONDS)
+            )
             since = (
                 f" (out of rotation since run {rotation.out_since})" if rotation.out_since else ""
             )
@@ -466,8 +451,7 @@ def rotation_of(
             found[host.name] = (
                 RotationWord.OUT_OF_ROTATION,
                 f"out of rotation: router {router.url} {why} ({router.worker_url}); "
-                f"`{remedy_text(Command.RECOVER, hosts=target_of(host))}` re-admits it once its "
-                "server is proven",
+                f"`{recover_remedy(host)}` re-admits it once its server is proven",
             )
     return found
 

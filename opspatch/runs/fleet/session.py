@@ -1,11 +1,4 @@
-"""One host within one run: its transport, operations and engine control, and the step recorder.
-
-Everything a run does on a host goes through a `HostSession`: one transport opened on first use
-and reused for every step (one SSH connection per host per run), closed when the session ends
-(it is a context manager). `session.step(name)` wraps each step: live progress, a `started` and
-an `ok`/`failed` record with timing (through the run's `Recorder`: the ledger, or nowhere in a
-dry run), and the `StepResult` the report shows.
-"""
+"""One host within one run: its transport, operations and engine control, and the step recorder."""
 
 from __future__ import annotations
 
@@ -16,13 +9,17 @@ from typing import TYPE_CHECKING, Protocol
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome, RunStatus, Step, StepStatus
 from opspatch.errors import (
     BecomeError,
     HostKeyError,
     InputError,
+    LeaseHeld,
+    LiveRefused,
     LockHeld,
+    NotTakenLive,
     OpspatchError,
     TargetError,
 )
@@ -32,6 +29,7 @@ from opspatch.hosts.transport.base import Transport
 from opspatch.ledger.records import ContainerRecord
 from opspatch.runs.fleet.connect import TransportFactory, become_passwords
 from opspatch.runs.fleet.recorder import DETAIL_LIMIT, Recorder
+from opspatch.runs.judgments.units import recover_remedy
 from opspatch.runs.report import FileChange, HostOutcome, StepResult
 
 if TYPE_CHECKING:
@@ -63,18 +61,14 @@ class NoProgress:
 
 
 class HostFailed(Exception):
-    """Ends a host's pipeline with an outcome; carries the reason, with the step in it."""
+    """Ends a host's pipeline with an outcome; carries the reason, with the step in it, and its
+    code."""
 
-    def __init__(self, outcome: Outcome, error: str) -> None:
+    def __init__(self, outcome: Outcome, error: str, reason: Reason = Reason.STEP_FAILED) -> None:
         super().__init__(error)
         self.outcome = outcome
         self.error = error
-
-
-def target_of(host: Host) -> str:
-    """What a command names to reach `host`'s group (`--hosts`): its unit, or the host itself
-    (a node of a unit alone is refused)."""
-    return host.unit.name if host.unit is not None else host.name
+        self.reason = reason
 
 
 def describe_error(exc: BaseException) -> str:
@@ -87,6 +81,26 @@ def describe_error(exc: BaseException) -> str:
         tail = data.get("log_tail") if isinstance(data, dict) else None
         return f"{detail}\n{tail}" if tail else str(detail)
     return f"{type(exc).__name__}: {exc}"
+
+
+def refusal_reason(exc: OpspatchError) -> Reason:
+    """The code of a refusal raised before anything changed on a host: the one place an error's
+    type becomes a `Reason`."""
+    if isinstance(exc, LeaseHeld):
+        return Reason.LEASE_HELD
+    if isinstance(exc, LockHeld):
+        return Reason.LOCK_HELD
+    if isinstance(exc, HostKeyError):
+        return Reason.HOST_KEY_CHANGED if exc.changed else Reason.HOST_KEY_UNKNOWN
+    if isinstance(exc, BecomeError):
+        return Reason.BECOME_REFUSED
+    if isinstance(exc, NotTakenLive):
+        return Reason.NOT_TAKEN_LIVE
+    if isinstance(exc, LiveRefused):
+        return Reason.NOT_LISTENING
+    if isinstance(exc, InputError):
+        return Reason.NOT_APPLICABLE
+    return Reason.HOST_ERROR
 
 
 class HostLock:
@@ -240,17 +254,19 @@ class HostSession:
         diff: str | None = None,
         smoke: SmokeResult | None = None,
         note: str | None = None,
+        reason: Reason | None = None,
     ) -> HostOutcome:
         """A `HostOutcome` of this host carrying every step so far, and behind a router whether
         it takes traffic (a host left out of rotation says so in its note, never silently)."""
         rotation = self.rotation
         if rotation is not None and rotation.out:
-            out = rotation.out_note(target_of(self.host))
+            out = rotation.out_note(self.host)
             note = f"{note}; {out}" if note else out
         return HostOutcome(
             self.name,
             outcome,
             error,
+            reason=reason,
             note=note,
             file=file,
             steps=tuple(self.steps),
@@ -264,15 +280,17 @@ class HostSession:
         is held (`failed`, naming who holds it), its host key is unknown or changed (`skipped`:
         nothing was run there, with the fingerprint and what to do), the patch or inventory
         does not fit (`skipped`, with the reason), or the host could not be reached or refused
-        (`failed`)."""
+        (`failed`); its `reason` is `refusal_reason(exc)`."""
+        reason = refusal_reason(exc)
         if isinstance(exc, LockHeld):
-            return self.outcome(Outcome.FAILED, f"refused: {exc.detail}{self._way_out(exc)}")
+            text = f"refused: {exc.detail}{self._way_out(exc)}"
+            return self.outcome(Outcome.FAILED, text, reason=reason)
         if isinstance(exc, (HostKeyError, BecomeError)):
             text = exc.message if not exc.hint else f"{exc.message} ({exc.hint})"
-            return self.outcome(Outcome.SKIPPED, text)
+            return self.outcome(Outcome.SKIPPED, text, reason=reason)
         if isinstance(exc, (InputError, TargetError)):
-            return self.outcome(Outcome.SKIPPED, exc.message)
-        return self.outcome(Outcome.FAILED, describe_error(exc))
+            return self.outcome(Outcome.SKIPPED, exc.message, reason=reason)
+        return self.outcome(Outcome.FAILED, describe_error(exc), reason=reason)
 
     def _way_out(self, held: LockHeld) -> str:
         """What to do about a lock whose run this ledger knows to be over: a run whose lock
@@ -299,7 +317,7 @@ class HostSession:
             )
             return (
                 f"; run {holder} is over ({status}) but its lock outlived it: "
-                f"`{remedy_text(Command.RECOVER, hosts=target_of(self.host))}` "
+                f"`{recover_remedy(self.host)}` "
                 f"reconciles {reconciled}, or `{remedy_text(Command.UNLOCK, hosts=self.name)}`"
             )
         return ""

@@ -1,11 +1,4 @@
-"""Reading a host's standing: begin, then every file of the change, judged together.
-
-`read_host` is the reading every command that changes hosts starts from: the `begin` step (lock
-and inspect in one exec; a plain `inspect` in a rollback's preflight), one `read-set` step for a
-set's other files, each file placed by `patchset.read_file` (a single file is a set of one), the
-proof from the ledger when every file is new, and `patchset.judge` for the word the commands
-decide from.
-"""
+"""Reading a host's standing: begin, then every file of the change, judged together."""
 
 from __future__ import annotations
 

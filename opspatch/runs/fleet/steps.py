@@ -1,28 +1,24 @@
-"""The steps of one host that every run shares, each a recorded step of a `HostSession`.
-
-`restart_step`, `ready_step` and `smoke_step` turn an engine failure into `HostFailed` (which
-ends a host's pipeline with a reason); `restore_pre_image` puts a pre-image back from the host's
-own backup or the ledger's copy and records it; the host's lock is the session's own (`session.lock`).
-"""
+"""The steps of one host that every run shares, each a recorded step of a `HostSession`."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, FileAction, Outcome, Step
 from opspatch.errors import InputError, OpspatchError, RemoteOperationError
 from opspatch.hosts.engine import (
     READY_SLICE_SECONDS,
     Readiness,
-    RestartResult,
+    RestartReply,
     ServerGroup,
     SmokeResult,
     StillWaiting,
 )
-from opspatch.hosts.operations import RestoreResult
+from opspatch.hosts.operations import RestoreReply
 from opspatch.ledger.records import NewFileVersion
 from opspatch.runs.fleet.rotation import admit_step, drain_step
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
@@ -53,7 +49,7 @@ def restore_pre_image(
     timeout: float,
     mode: int = 0,
     owner: str = "",
-) -> RestoreResult:
+) -> RestoreReply:
     """Put the pre-image back: from the host's own backup, else from the ledger's copy.
 
     The host's backup is tried first (no bytes cross the network); when it is missing or does
@@ -92,24 +88,24 @@ def restore_pre_image(
             again = session.ops.restore(
                 path, pre_sha256=pre_sha256, current_sha256=post_sha256, timeout=timeout
             )
-            restored = replace(again, sha256_before=post_sha256, changed=True)
+            restored = {**again, "sha256_before": post_sha256, "changed": True}
             note["detail"] = (
                 f"the first restore did not answer ({describe_error(exc)}); asked again: "
                 + (
                     "it had worked"
-                    if again.source == "already"
-                    else f"restored from {again.source}"
+                    if again["source"] == "already"
+                    else f"restored from {again['source']}"
                 )
             )
         else:
-            note["detail"] = f"back to {restored.sha256_after[:12]} from {restored.source}"
-    if restored.changed:
+            note["detail"] = f"back to {restored['sha256_after'][:12]} from {restored['source']}"
+    if restored["changed"]:
         session.recorder.file_version(
             session.name,
             NewFileVersion(
                 path,
-                restored.sha256_before,
-                restored.sha256_after,
+                restored["sha256_before"],
+                restored["sha256_after"],
                 mode,
                 owner,
                 pre_image=None,  # what it overwrote: the post-image the ledger holds
@@ -120,7 +116,7 @@ def restore_pre_image(
     return restored
 
 
-def restart_step(session: HostSession, *, step: Step = Step.RESTART) -> RestartResult:
+def restart_step(session: HostSession, *, step: Step = Step.RESTART) -> RestartReply:
     """Restart the engine as a recorded step; a failure ends the pipeline (`HostFailed`).
     Behind a router the host is drained first (once per session), so no restart drops a
     request."""
@@ -128,7 +124,7 @@ def restart_step(session: HostSession, *, step: Step = Step.RESTART) -> RestartR
     try:
         with session.step(step) as note:
             result = session.engine.restart(step=step)
-            note["detail"] = f"{result.strategy}: pid {result.pid}"
+            note["detail"] = f"{result['strategy']}: pid {result.get('pid')}"
         return result
     except OpspatchError as exc:
         raise HostFailed(Outcome.FAILED, f"{step}: {describe_error(exc)}") from exc
@@ -136,7 +132,7 @@ def restart_step(session: HostSession, *, step: Step = Step.RESTART) -> RestartR
 
 def ready_step(
     session: HostSession,
-    restart: RestartResult | None,
+    restart: RestartReply | None,
     *,
     step: Step = Step.READY,
     timeout: float | None = None,
@@ -207,13 +203,13 @@ class SmokeFailed(HostFailed):
     """A smoke decode that ran and failed a check; carries its result for the report."""
 
     def __init__(self, result: SmokeResult) -> None:
-        super().__init__(Outcome.FAILED, f"smoke failed: {result.summary()}")
+        super().__init__(Outcome.FAILED, f"smoke failed: {result.summary()}", Reason.SMOKE_FAILED)
         self.result = result
 
 
 def smoke_step(
     session: HostSession,
-    restart: RestartResult | None,
+    restart: RestartReply | None,
     *,
     baseline: Sequence[str | None] | None,
     step: Step = Step.SMOKE,
@@ -229,9 +225,9 @@ def smoke_step(
     try:
         with session.step(step) as note:
             result = session.engine.smoke(
-                log_offset=restart.log_offset if restart else None,
+                log_offset=restart.get("log_offset") if restart else None,
                 baseline=baseline,
-                pid=restart.pid if restart else None,
+                pid=restart.get("pid") if restart else None,
                 step=step,
                 # the smoke runs as the login user: with become the lock is a raised user's,
                 # so it is released by its own (raised) exec
@@ -254,7 +250,7 @@ def smoke_step(
         raise HostFailed(Outcome.FAILED, f"{step}: {describe_error(exc)}") from exc
 
 
-def readmit(session: HostSession, restart: RestartResult | None) -> None:
+def readmit(session: HostSession, restart: RestartReply | None) -> None:
     """Put a host that is out of rotation (a crashed run left it drained) back once its
     answering server passes the same proof as every change: the smoke decode, as the host's
     last step, which admits it when it passes (`smoke_step`). Otherwise it stays out, and its
@@ -272,7 +268,7 @@ def readmit(session: HostSession, restart: RestartResult | None) -> None:
 
 
 def smoke_after_restore(
-    session: HostSession, restart: RestartResult, *, step: Step = Step.SMOKE_AFTER_RESTORE
+    session: HostSession, restart: RestartReply, *, step: Step = Step.SMOKE_AFTER_RESTORE
 ) -> tuple[SmokeResult | None, str | None]:
     """The smoke decode after a restore, as the host's last step: its result (None when it
     could not run) and, unless it passed, why the server does not serve the restored file.

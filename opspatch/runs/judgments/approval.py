@@ -1,14 +1,5 @@
 """A second pair of eyes before an apply: the patch's sha256 signed with OpenSSH, kept in the
-ledger, verified against the playbook's `allowed_signers` (docs/team.md).
-
-`sign` runs `ssh-keygen -Y sign -n opspatch` over the message `approval_message(sha256)`, as git
-signs commits with SSH keys; `require_approval` verifies every signature recorded for the patch
-(`ssh-keygen -Y verify -f allowed_signers -I principal -n opspatch -s sig`) and refuses the run
-(`ApprovalRefused`, exit 2, before any host is touched) when none is recorded, none verifies, or
-the only principals that verify are the author's. The author is the operator running the apply
-(`operator_identity()`, `user@controller`) and the OS account it runs as: a principal equal to
-either, or an approval recorded by that account under another principal.
-"""
+ledger, verified against the playbook's `allowed_signers` (docs/team.md)."""
 
 from __future__ import annotations
 

@@ -1,35 +1,5 @@
 """The judge: a changed server against a baseline measured in the same run, metric by metric
-(pure: two `Measurement`s in, a `Judgment` out).
-
-Both sides decoded the same prompts greedily (`opspatch.hosts.measure`), so each metric is
-compared prompt by prompt:
-
-- errors: any failed request on the changed server fails;
-- tokens: the greedy outputs are equal, ids and text, or, at the first position where they
-  diverge, the two tokens are a near tie: each side rates the other's token within its top-k
-  and within `tie_margin` nats of its own (vLLM's `check_logprobs_close`, with a margin: a
-  flip that numerics may cause). More prompts diverging beyond a tie (or in text alone, the
-  ids alike) than `max_untied` fail, and so do more diverged prompts than `max_diverged`
-  allows; a few near ties are marginal. A server that returns no logprobs is compared exactly
-  (any divergence fails), as the figures say;
-- speculation: acceptance length per request (`completion_tokens / spec_verify_ct`);
-- ttft, tpot: time to first token and per output token after it, timed on the host from one
-  streamed request per prompt.
-The last three are paired comparisons (`opspatch.core.pairedstats`: the signed-rank test of the
-per-prompt log ratios, the median ratio as the effect): a significant change in the bad
-direction beyond the playbook's threshold fails, a smaller significant one is marginal.
-
-A latency fail is a candidate (`unconfirmed`): it stands only if a second measurement, judged
-the same way, fails that metric too (`confirm`); else it is marginal, with both figures. Latency
-is the one noisy metric, and its noise comes in episodes (a busy neighbour, a stalled core)
-that make a whole measurement's pairs lean one way, which the paired test takes for a change;
-an episode rarely comes back for the second measurement, a slower server always does. The
-latency figures say when the two sides were measured one after the other rather than in turns
-(the host's own old server, before its swap: docs/judge.md).
-
-Without a baseline (no old server answered) the verdict is `no-baseline`: the absolute checks
-only (every request answered with tokens), never a pass.
-"""
+(pure: two `Measurement`s in, a `Judgment` out)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""One decision table: what a command does to a host, given its goal and the host's standing.
-
-A command that changes hosts is a goal (`Command.goal`): rollback wants every file old, restart
-a server proven where something is staged, recover the ledger's last intent. Where a host
-stands (`Standing`, read once: `runs.fleet.standing.read_host`) and the goal say what to do, an
-`Action`, which carries its own traits (whether it takes a lease, restarts and so drains and
-admits, needs a raised user, re-admits a worker it finds out of rotation). A command's facts are
-its actions' (`traits_of`): no list of commands kept apart from them. Pure.
-"""
+"""One decision table: what a command does to a host, given its goal and the host's standing."""
 
 from __future__ import annotations
 

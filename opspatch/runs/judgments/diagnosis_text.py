@@ -1,7 +1,4 @@
-"""The readable text of a diagnosis: one block per host and the fleet summary (pure).
-
-`opspatch diagnose` prints these; `--json` prints `FleetDiagnosis.to_json()` instead.
-"""
+"""The readable text of a diagnosis: one block per host and the fleet summary (pure)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""Judging what `diagnose` read on a host: pure functions from facts to findings, and their text.
-
-`judge_file` says where one imported file stands: `pristine` (its RECORD hash, or git HEAD for an
-editable install), `patched-by-opspatch` (a ledger post-image: which patch, which run),
-`edited-outside` (neither: with its diff against the best known reference text), `unknown` (no
-RECORD entry and no checkout to compare with), or `not-installed`. `judge_host` turns one host's
-diagnosis into findings, each with a level: `problem` (the host is not clean), `warning` (worth
-knowing; the host may still be clean), `info`. `FleetDiagnosis.summary` groups hosts with the same
-finding. The effects (reading hosts, the ledger) are `opspatch.runs.commands.diagnose`'s.
-"""
+"""Judging what `diagnose` read on a host: pure functions from facts to findings, and their text."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
 """What the engine's processes said about a live fix, judged (pure): did every process that has
 the module take every definition, which processes hold which fixes, and whether a fix held in
-memory agrees with the file on disk.
-
-A take's rule (`judge_take`): every process answers; each either took the fix (its `took` names
-every definition asked) or never imported the module (`module-not-loaded`: nothing to fix
-there); at least one took it. Anything else (a refusal, a socket that could not be asked, a
-process that says ok but does not name a definition) fails the take, and the caller reverts it
-everywhere.
-"""
+memory agrees with the file on disk."""
 
 from __future__ import annotations
 

@@ -1,17 +1,4 @@
-"""Where a change stands on one host: each file placed once, a patch set's files read together.
-
-`read_file` places one file against a change from the facts read about it (its bytes, the
-ledger's lineage of it, what it carries of the patch, its release's pristine hash, the image
-that baked it, the container it runs in): a `FileStanding` with one `Place`. Every view of a
-host's state reads that place: `status`'s words, `diagnose`'s file states (tables in
-`runs.judgments.views`) and the `Standing` of a whole change (`judge`), which the commands that
-change hosts decide from.
-
-A patch set's files change as one. `apply` records every file's pre- and post-image in the
-ledger before the first swap, so the ledger is the set's journal (docs/design.md, "Patch
-sets"); a single file is a set of one. What each command does about a `Standing` is one table
-(`runs.judgments.decisions`).
-"""
+"""Where a change stands on one host: each file placed once, a patch set's files read together."""
 
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
 """Whether a unit (one multi-node server) is uniform: every node on the same release, holding the
-same pre-image of every target file.
-
-A unit's nodes run one server, so a patch must find them identical before it touches any: a
-node on another release, or whose copy of a target file differs, would leave the server running
-two versions of its code (docs/inventory.md "Units"). This reads the nodes' inspections, already
-made, and says `Uniform`, or `NotUniform` with each odd node and what differs (the value it has
-and the value the others have). Which value is the reference: the one most nodes have; on a tie
-the head's (the node whose copy the server's API runs on).
-
-`judge_unit` runs in apply's preflight, after every node is locked and inspected and before the
-first swap (runs/commands/apply.py). `unit_refusal` says, from the selection alone, whether a
-command that changes files or restarts engines must be refused: it takes some but not all nodes
-of a unit (a whole unit is taken as one: `runs/fleet/group.py`).
-
-Pure: values in, a value out.
-"""
+same pre-image of every target file."""
 
 from __future__ import annotations
 
@@ -232,6 +217,18 @@ def serving_heads(
             + "; ".join(f"`{whole(unit)}`" for _, unit in sorted(units.items())),
         )
     return [h for h in hosts if h.unit is None or h.unit.head == h.name]
+
+
+def target_of(host: Host) -> str:
+    """What a command names to reach `host`'s group (`--hosts`): its unit, or the host itself
+    (a node of a unit alone is refused by every command that changes it)."""
+    return host.unit.name if host.unit is not None else host.name
+
+
+def recover_remedy(host: Host) -> str:
+    """`opspatch recover --hosts T` for `host`'s group, T its unit for a node of one: recover
+    takes a unit whole, so a hint naming the node would name a refused command."""
+    return remedy_text(Command.RECOVER, hosts=target_of(host))
 
 
 def nodes_of(unit: Unit) -> str:

@@ -1,11 +1,4 @@
-"""The words each command says about a host, as tables over where its files stand.
-
-`patchset.read_file` places a file once; `status`'s word (`PatchState`), `diagnose`'s file
-state (`FileState`), `sync`'s action (`SyncAction`) and `drift`'s cause (`DriftCause`) are
-looked up here, never derived beside it. Each table is data: a row per case, each case matched
-by exactly one row (tests/test_views.py checks every case, so a word added without its row
-fails there). The sentences each command says are its own.
-"""
+"""The words each command says about a host, as tables over where its files stand."""
 
 from __future__ import annotations
 

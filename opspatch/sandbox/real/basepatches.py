@@ -1,12 +1,5 @@
 """The sandbox's base patches: what a real-engine host's `sglang` is built with before its engine
-first starts, beyond the release as pip installs it (the incident's build, say).
-
-Applied by opspatch's own apply (`apply_to_hosts`, restart `never`: the engine is not running
-yet) to each host whose `sglang` was just installed (by `up`, or put back by `sandbox
-reinstall`), so the ledger records each as a run of playbook `sandbox-base` on that host, and
-`status`, `diagnose` and `rollback` see the host's files as patched by it. A host whose `sglang`
-was already there is left as it is.
-"""
+first starts, beyond the release as pip installs it (the incident's build, say)."""
 
 from __future__ import annotations
 

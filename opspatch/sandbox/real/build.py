@@ -1,20 +1,4 @@
-"""The real engine's shared environment: built once per release, cached outside the repository.
-
-The cache (`engine_cache_dir`): `$OPSPATCH_ENGINE_CACHE`, else `$XDG_CACHE_HOME/opspatch/engines`,
-else `~/.cache/opspatch/engines`. In it:
-
-    wheels/sglang-<V>-*.whl           the release's wheel (`pip download --no-deps`)
-    downloads/<key>/                  every wheel of the environment, while it is being built
-    base/sglang-<V>-<key>/            the shared environment (a venv); complete only with its
-                                      stamp `opspatch-base.json`, written last
-    models/<key>/                     the sandbox's models (`opspatch.sandbox.real.models`)
-
-`<key>` hashes the requirements, the constraints file and the interpreter, so a change to any
-makes a new environment beside the old. A build downloads first (resumable: an interrupted
-`pip download` keeps what it fetched), then installs offline from those files into a fresh
-venv, so a half-installed environment is never taken for a complete one. Two builds of one
-environment wait for each other (a lock file).
-"""
+"""The real engine's shared environment: built once per release, cached outside the repository."""
 
 from __future__ import annotations
 

@@ -1,17 +1,4 @@
-"""A sandbox host's own environment for real SGLang: small, on top of the shared one.
-
-`<host>/venv` is a venv without pip whose site-packages holds what opspatch changes per host,
-and sees the shared environment (`opspatch.sandbox.real.build`) through one `.pth` line after
-its own site-packages:
-
-- `sglang` and its dist-info, installed `--no-deps` from the cached wheel by pip (its RECORD as
-  pip writes it), this host's own copy: opspatch patches its files per host;
-- opspatch's CPU layer (`opspatch_sandbox_cpu`, one distribution): the `sgl_kernel` package and
-  the platform plugin, with its `sglang.srt.plugins` entry point. Rewritten at every `up`, so a
-  host always runs the layer of the opspatch that made it.
-
-An existing `sglang` is kept as it is, patched or not, as for the stand-in.
-"""
+"""A sandbox host's own environment for real SGLang: small, on top of the shared one."""
 
 from __future__ import annotations
 

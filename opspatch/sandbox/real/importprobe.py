@@ -1,16 +1,4 @@
-"""Does a patched module import in a real release's interpreter? Asked before any server starts.
-
-The probe runs the host's own Python (its `sglang`, the CPU layer, the engine's environment) and
-imports each target module with the patch's text in place of the installed file, through a
-finder placed first on `sys.meta_path`: the installed files are not touched and nothing else is
-imported differently. A module whose import fails under the patch is imported again without it;
-when that fails too the probe proves nothing (the release's module does not import alone here).
-
-Why a probe and not only the server's start: a server imports most of SGLang, but not all of it
-at start, and real 0.5.23's model registry logs "Ignore import error when loading
-sglang.srt.models.X" and serves on; and the probe answers in seconds where a start and the
-restore's start take minutes here.
-"""
+"""Does a patched module import in a real release's interpreter? Asked before any server starts."""
 
 from __future__ import annotations
 

@@ -1,20 +1,4 @@
-"""How a real SGLang server is started on the CPU: its flags and environment (pure).
-
-What each is for (docs/sandbox.md has the longer story):
-- `SGLANG_USE_CPU_ENGINE=1`: SGLang's `is_cpu()`; `TRITON_INTERPRET=1`: EAGLE's tree build and
-  verify are Triton kernels, run by Triton's interpreter (no GPU driver); with TP > 1,
-  `SGLANG_CPU_OMP_THREADS_BIND` gives each rank its cores (else SGLang asserts one NUMA node per
-  rank).
-- `--device cpu --disable-cuda-graph`; `--max-total-tokens 4096`: a small KV cache;
-  `--mem-fraction-static 0.5`: SGLang refuses to start when the machine's free memory after loading
-  is below its free memory before less `1 - fraction` of it; other processes move that figure
-  while it loads (0.05 failed so here), and the pool is sized by `--max-total-tokens` anyway;
-  `--sleep-on-idle`: idle schedulers sleep instead of spinning a core each;
-  `--attention-backend intel_amx` (kept by opspatch's platform plugin, served by its CPU layer),
-  `--dtype float32` (the models are made in float32; SGLang's `auto` would halve it to float16);
-  `--enable-metrics`: `/metrics` with `sglang:spec_accept_length`, which the judge reads.
-- EAGLE-3 with the chain settings: 2 draft steps, top-1, 3 draft tokens.
-"""
+"""How a real SGLang server is started on the CPU: its flags and environment (pure)."""
 
 from __future__ import annotations
 

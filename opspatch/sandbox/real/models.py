@@ -1,10 +1,4 @@
-"""The real-engine sandbox's models: a tiny Llama and its EAGLE-3 draft, made here, cached.
-
-Made once by `engine_files/make_models.py`, run with the shared environment's interpreter (it has
-torch and transformers), trained for about a minute on the CPU on the stand-in's own corpus;
-cached in `<engine cache>/models/<key>/`, the key hashing the script, the corpus and the shared
-environment. Built under a temporary name and renamed when complete.
-"""
+"""The real-engine sandbox's models: a tiny Llama and its EAGLE-3 draft, made here, cached."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""Which engine a sandbox runs, and what a real SGLang release needs to run on the CPU (pure).
-
-`EngineChoice` is `--engine standin|sglang|sglang==VERSION` parsed and checked. For a real
-release: the requirements of its shared environment (the wheel's own `Requires-Dist`, less what
-only a GPU uses, plus what the CPU path needs), pinned by a constraints file kept in the
-repository, and the one edit that lets PyPI's CUDA-linked torchvision import beside the CPU
-torch. The effects (pip, the cache) are in `opspatch.sandbox.real.build`.
-"""
+"""Which engine a sandbox runs, and what a real SGLang release needs to run on the CPU (pure)."""
 
 from __future__ import annotations
 

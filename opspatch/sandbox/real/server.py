@@ -1,12 +1,5 @@
 """One real SGLang server on this machine, started and stopped directly (not through a sandbox's
-inventory): for the real-engine tests, the benchmarks and `scripts/real_server.py`.
-
-Started in its own session (process group); ready when `/health_generate` answers 200, which
-real SGLang does only after its warm-up decode (503 until then); stopped as SGLang stops
-cleanly: SIGTERM to its main process, which drains and ends its scheduler and detokenizer
-(SIGTERM to every process at once makes the main one take its schedulers' deaths for a crash and
-wait 5 s for diagnostics), then SIGKILL to whatever of the group is left.
-"""
+inventory): for the real-engine tests, the benchmarks and `scripts/real_server.py`."""
 
 from __future__ import annotations
 

@@ -1,0 +1,63 @@
+"""Why a host did not reach a run's goal, as a code: the `reason` of a host's outcome.
+
+A host's `error` is a sentence for the operator; its `reason` is the word a script, the ledger
+and the tests read (`--json`'s `reason`, the ledger's `host-outcome` event), set where the
+sentence is made.
+"""
+
+from __future__ import annotations
+
+from opspatch.core.vocabulary import Word
+
+
+class Reason(Word):
+    """Why a host refused a run, was not started, or failed."""
+
+    NOT_APPLICABLE = "not-applicable"
+    """The patch does not fit the host (version gate, anchors, module), or its input is refused
+    there: nothing was changed."""
+    HOST_ERROR = "host-error"
+    """The host could not be reached, or an operation there failed before anything changed."""
+    HOST_KEY_UNKNOWN = "host-key-unknown"
+    """The host's SSH host key is not known: nothing was run there."""
+    HOST_KEY_CHANGED = "host-key-changed"
+    """The host's SSH host key changed (never accepted by a flag): nothing was run there."""
+    BECOME_REFUSED = "become-refused"
+    """sudo cannot raise privileges on the host: its swap and restart would fail."""
+    LOCK_HELD = "lock-held"
+    """Another run holds the host's lock."""
+    LEASE_HELD = "lease-held"
+    """A live lease of another run holds the host (its operator and controller named)."""
+    NOT_LISTENING = "not-listening"
+    """`apply --live`: the host's engine does not listen for live fixes."""
+    NOT_TAKEN_LIVE = "not-taken-live"
+    """`apply --live`: the change has no live form there (apply without --live restarts)."""
+    UNIT_NOT_ALIKE = "unit-not-alike"
+    """The nodes of the host's unit differ in release or in a target file's pre-image."""
+    CHANGED_SINCE = "changed-since"
+    """The host's file is not the bytes opspatch wrote there (a hand edit, a reinstall):
+    rollback and restart do not overwrite or restart into it."""
+    PATCHED_FURTHER = "patched-further"
+    """Later recorded changes sit on top of the one to roll back: roll those back first."""
+    NO_RECORD = "no-record"
+    """The ledger has no record of the change on the host, and it cannot be undone from the
+    file or the host's backup alone."""
+    SET_NOT_WHOLE = "set-not-whole"
+    """The host's files of a patch set are neither all new nor all old (`recover` makes it
+    whole)."""
+    NOT_RESTARTED = "not-restarted"
+    """`sync`: the file carries the patch but the running server predates it (`restart`)."""
+    NOT_SERVING = "not-serving"
+    """`sync`: the file carries the patch but the host serves nothing (`recover`)."""
+    BY_HAND = "by-hand"
+    """`sync` cannot decide (a partly applied file, an unknown release): an operator looks."""
+    EXTRA = "extra"
+    """`sync`: a patch the fleet file does not want is on the host (never removed unasked)."""
+    STEP_FAILED = "step-failed"
+    """A step failed on the host (its failed step in `steps` says which): the change undone."""
+    SMOKE_FAILED = "smoke-failed"
+    """The smoke decode after the restart failed a check: the change undone."""
+    JUDGE_FAILED = "judge-failed"
+    """The playbook's judge found the patched server worse than its baseline: undone."""
+    NOT_STARTED = "not-started"
+    """The run never started the host: it halted, was cancelled, or refused elsewhere."""
