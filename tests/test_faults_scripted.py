@@ -30,7 +30,7 @@ from opspatch.hosts.transport.scripted import Refusal, agent_operation
 from opspatch.ledger import NewFileVersion
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
-from opspatch.runs.commands.recover import recover_run, run_chain
+from opspatch.runs.commands.recover import recover_hosts, recover_run, run_chain
 from opspatch.runs.fleet.session import NoProgress
 from opspatch.runs.report import RunReport
 from tests.ledgerkit import begin_and_die
@@ -426,3 +426,55 @@ def serving_with(fake: FakeHost, answer: Fault) -> Fault:
         return found
 
     return served
+
+
+@pytest.mark.process
+def test_a_halted_recover_names_the_lock_of_the_run_left_on_the_hosts_it_never_started(
+    fleet: Fleet,
+) -> None:
+    """recover --run R, one host at a time, halts at the first, whose server cannot be started.
+    The hosts it never started keep R's lock (the halt changes nothing more), and each says so
+    and how to clear it; the recover it names reconciles the host and takes the lock over.
+    Before, each said only "not started: the run halted", and the lock refused the next
+    command for up to 30 minutes."""
+    dead = begin_and_die(fleet.ledger.path, hosts=[h.name for h in fleet.hosts])
+    for fake in fleet.hosts:
+        locked_by(fake, dead)
+    first = fleet.hosts[0]
+    first.serving = False
+
+    def no_start(op: str, args: dict[str, Any]) -> Refusal | None:
+        if op in ("restart", "start"):
+            return Refusal("restart-failed", "the start command exited 1")
+        return None
+
+    first.fault = no_start
+    report = recover_run(
+        ledger=fleet.ledger,
+        chain=run_chain(fleet.ledger, dead),
+        hosts=[h.host() for h in fleet.hosts],
+        factory=fleet.factory,
+        playbook=Playbook(max_in_flight=1),
+        patch=None,
+    )
+    assert report.halted is not None, report
+    never = {h.host: h for h in report.hosts if h.outcome == "skipped"}
+    assert set(never) == {"h2", "h3"}, fleet.outcomes(report)
+    for name, said in never.items():
+        assert (said.error or "").startswith("not started: the run halted"), said
+        assert f"nothing of run {dead} was reconciled here" in (said.error or ""), said
+        assert (
+            f"`opspatch recover --hosts {name}` reconciles the host and takes the lock over, or "
+            f"`opspatch unlock --hosts {name}` removes it"
+        ) in (said.error or ""), said
+    assert all(lock_of(f) for f in fleet.hosts if f.name in never)  # kept, and said
+
+    recovered = recover_hosts(
+        ledger=fleet.ledger,
+        hosts=[f.host() for f in fleet.hosts if f.name in never],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=None,
+    )
+    assert set(fleet.outcomes(recovered).values()) == {"restored"}, recovered
+    assert not any(lock_of(f) for f in fleet.hosts if f.name in never)

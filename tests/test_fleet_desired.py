@@ -14,6 +14,7 @@ from opspatch.config.fleet import DesiredPatch, load_fleet
 from opspatch.config.lookup import Workspace
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import detect
+from opspatch.core.host import EngineSettings, Host, Unit
 from opspatch.core.vocabulary import Detected, DriftCause, PatchState, Rotation, SyncAction
 from opspatch.errors import InputError, Location, SpecError
 from opspatch.runs.commands.status import PatchStatus, combine_set, why_unknown
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.process
 
 REPO = Path(__file__).resolve().parent.parent
 PATCH = load_patch(REPO / "patches" / "eagle-init-guard.toml")
+HOST = Host.local("gpu-01", "/state", EngineSettings())
 ENTRY = DesiredPatch(PATCH, ("gpu-01",), ">=0.5.4,<0.5.24", Location("fleet.toml", 2, "x"))
 PRE, POST = "a" * 64, "b" * 64
 
@@ -75,7 +77,7 @@ def status(
 def test_decide_says_what_sync_does_about_a_desired_patch(
     state: str, carried: Detected | None, release: str | None, action: SyncAction
 ) -> None:
-    row = decide(ENTRY, status(state, carried=carried, release=release))
+    row = decide(ENTRY, status(state, carried=carried, release=release), HOST)
     assert row is not None
     assert row.action == action, row
     assert row.desired
@@ -103,7 +105,7 @@ def test_a_fix_on_disk_that_the_host_does_not_serve_is_for_recover_not_at_goal(
     router's rotation, or both, is `recover` (the fix is there: sync writes nothing), naming
     the command in the row and in the detail `sync --check` prints."""
     there = replace(status("applied", carried=Detected.APPLIED), **SERVING)  # type: ignore[arg-type]
-    row = decide(ENTRY, replace(there, **unserved))  # type: ignore[arg-type]
+    row = decide(ENTRY, replace(there, **unserved), HOST)  # type: ignore[arg-type]
     assert row is not None and row.action == SyncAction.RECOVER, row
     assert not row.action.at_goal
     assert row.command == "opspatch recover --hosts gpu-01"
@@ -118,12 +120,12 @@ def test_a_fix_on_disk_that_the_host_does_not_serve_is_for_recover_not_at_goal(
 
 def test_a_fix_on_disk_that_is_served_is_at_goal() -> None:
     there = replace(status("applied", carried=Detected.APPLIED), **SERVING)  # type: ignore[arg-type]
-    row = decide(ENTRY, there)
+    row = decide(ENTRY, there, HOST)
     assert row is not None and row.action == SyncAction.NOTHING and row.action.at_goal
     assert row.command is None
     # not known (no router, or one that could not be asked; a host not inspected) claims nothing
     unknown = replace(there, rotation=None, server_running=None)
-    assert decide(ENTRY, unknown) == replace(row, state=unknown.state)
+    assert decide(ENTRY, unknown, HOST) == replace(row, state=unknown.state)
 
 
 def test_a_drifted_file_that_kept_the_fix_on_a_down_host_keeps_its_files_cause() -> None:
@@ -131,7 +133,7 @@ def test_a_drifted_file_that_kept_the_fix_on_a_down_host_keeps_its_files_cause()
     is not at goal, but names no recover: recover leaves a file the ledger does not explain
     alone (needs-attention), so it would not start that server."""
     edited = replace(status("drifted", carried=Detected.APPLIED, sha=POST), server_running=False)
-    row = decide(ENTRY, edited)
+    row = decide(ENTRY, edited, HOST)
     assert row is not None and row.action == SyncAction.RECOVER and not row.action.at_goal
     assert row.command == "opspatch diagnose --hosts gpu-01"
     assert "not opspatch's file" in row.detail and "start the server by its own" in row.detail
@@ -142,12 +144,12 @@ def test_a_release_that_ships_the_fix_on_a_down_host_is_not_at_goal() -> None:
     """fixed-upstream is at goal only while the host serves it: a down engine is said (sync
     --check exits 1), sync writes nothing, and no drift is claimed (the file is right)."""
     shipped = replace(status("fixed-upstream"), server_running=False)
-    row = decide(ENTRY, shipped)
+    row = decide(ENTRY, shipped, HOST)
     assert row is not None and row.action == SyncAction.RECOVER and not row.action.at_goal
     assert row.command == "opspatch diagnose --hosts gpu-01"
     assert "the release's own file" in row.detail and "its server is not running" in row.detail
     assert drift_cause(row, shipped, written()) is None
-    served = decide(ENTRY, replace(shipped, **SERVING))  # type: ignore[arg-type]
+    served = decide(ENTRY, replace(shipped, **SERVING), HOST)  # type: ignore[arg-type]
     assert served is not None and served.action == SyncAction.FIXED_UPSTREAM
 
 
@@ -162,8 +164,8 @@ def test_a_host_that_does_not_serve_is_decided_by_its_file_when_the_fix_is_not_s
     applied (the apply's own restart starts the engine), a staged one restarted, a port still
     a port."""
     live = status(state, carried=Detected.APPLIED if state == "staged" else None)
-    served = decide(ENTRY, live)
-    down = decide(ENTRY, replace(live, server_running=False))
+    served = decide(ENTRY, live, HOST)
+    down = decide(ENTRY, replace(live, server_running=False), HOST)
     assert served is not None and down is not None
     assert down.action == served.action != SyncAction.RECOVER
 
@@ -191,7 +193,7 @@ def test_a_fixed_upstream_status_is_left_alone_and_called_redundant() -> None:
 
 
 def test_a_needs_port_row_says_nothing_is_written_and_names_the_release() -> None:
-    row = decide(ENTRY, status("unknown", carried=Detected.UNKNOWN, release="0.5.20"))
+    row = decide(ENTRY, status("unknown", carried=Detected.UNKNOWN, release="0.5.20"), HOST)
     assert row is not None
     assert "no longer fits release 0.5.20" in row.detail
     assert "nothing is written" in row.detail
@@ -203,7 +205,7 @@ def test_a_needs_port_names_each_edit_whose_anchor_is_gone_by_field_kind_and_sco
     source = standin_files(STANDIN_VERSION)[EAGLE_RELPATH]
     renamed = source.replace(b"class EAGLEWorkerV2(", b"class EAGLEWorkerV3(")
     said = why_unknown(PATCH.spec, detect(renamed, PATCH.spec))
-    row = decide(ENTRY, replace(status("unknown", carried=Detected.UNKNOWN), detail=said))
+    row = decide(ENTRY, replace(status("unknown", carried=Detected.UNKNOWN), detail=said), HOST)
     assert row is not None and row.action == SyncAction.NEEDS_PORT
     assert (
         "edits[0] (insert in EAGLEWorkerV2): scope `EAGLEWorkerV2` is not defined in this file; "
@@ -217,17 +219,17 @@ def test_a_needs_port_names_each_edit_whose_anchor_is_gone_by_field_kind_and_sco
 
 
 def test_a_patch_not_desired_is_extra_when_there_and_unsaid_when_not() -> None:
-    extra = decide(None, status("applied", carried=Detected.APPLIED))
+    extra = decide(None, status("applied", carried=Detected.APPLIED), HOST)
     assert extra is not None and extra.action == SyncAction.EXTRA and not extra.desired
     assert extra.command == "opspatch rollback eagle-init-guard --hosts gpu-01"
-    assert decide(None, status("not-applied", carried=Detected.NOT_APPLIED)) is None
+    assert decide(None, status("not-applied", carried=Detected.NOT_APPLIED), HOST) is None
 
 
 def test_a_host_not_inspected_is_a_row_whether_the_patch_is_desired_there_or_not() -> None:
     """Before, an unreachable host with no desired patch had no row, so `plan --fleet --hosts H`
     and `sync --check --hosts H` exited 0 on a host nobody could read, and `drift` said "no
     drift"."""
-    row = decide(None, status("unreachable", release=None))
+    row = decide(None, status("unreachable", release=None), HOST)
     assert row is not None and row.action == SyncAction.UNREACHABLE and not row.desired
     assert row.command == "opspatch diagnose --hosts gpu-01"
     assert not row.action.at_goal
@@ -269,7 +271,7 @@ def written(action: str = "patch", release: str | None = "0.5.23") -> WrittenBef
 def test_drift_cause_says_why_a_file_is_not_what_is_expected(
     live: PatchStatus, before: WrittenBefore | None, cause: DriftCause | None
 ) -> None:
-    row = decide(ENTRY if live.release != "0.5.30" else _open_entry(), live)
+    row = decide(ENTRY if live.release != "0.5.30" else _open_entry(), live, HOST)
     assert row is not None
     assert drift_cause(row, live, before) == cause
 
@@ -280,7 +282,7 @@ def _open_entry() -> DesiredPatch:
 
 def test_an_extra_patch_is_drift_of_its_own_cause() -> None:
     live = status("applied", carried=Detected.APPLIED)
-    row = decide(None, live)
+    row = decide(None, live, HOST)
     assert row is not None
     assert drift_cause(row, live, written()) == DriftCause.PATCH_EXTRA
 
@@ -390,18 +392,42 @@ def test_a_patch_set_carries_what_its_files_carry_together(tmp_path: Path) -> No
 
     whole = combine_set(
         patch_set,
-        "gpu-01",
+        HOST,
         [part(Detected.APPLIED, "applied"), part(Detected.APPLIED, "applied")],
     )
     assert (whole.carried, whole.release) == (Detected.APPLIED, "0.5.23")
     broken = combine_set(
         patch_set,
-        "gpu-01",
+        HOST,
         [part(Detected.NOT_APPLIED, "not-applied"), part(Detected.UNKNOWN, "unknown")],
     )
     assert broken.carried == Detected.UNKNOWN
-    row = decide(replace(ENTRY, patch=patch_set), broken)
+    row = decide(replace(ENTRY, patch=patch_set), broken, HOST)
     assert row is not None and row.action == SyncAction.NEEDS_PORT
+
+
+def test_a_patch_set_partial_on_a_node_of_a_unit_names_the_unit_in_its_remedies(
+    tmp_path: Path,
+) -> None:
+    """A set half swapped on a node: recover and rollback take a unit whole (a node alone is
+    refused), so both remedies name the unit. Before, both named the node."""
+    from tests.fleetkit import HEADER, SET_ID, TARGET_A, TARGET_B
+
+    path = tmp_path / f"{SET_ID}.toml"
+    path.write_text(HEADER + TARGET_A + TARGET_B)
+    patch_set = load_patch(path)
+    node = replace(HOST, unit=Unit("u1", ("gpu-00", "gpu-01")))
+    files = [
+        replace(status(word, carried=carried), patch=SET_ID)
+        for word, carried in (("applied", Detected.APPLIED), ("not-applied", Detected.NOT_APPLIED))
+    ]
+    half = combine_set(patch_set, node, files)
+    assert half.state == PatchState.PARTIAL, half
+    assert "`opspatch recover --hosts u1`" in half.detail, half.detail
+    assert f"`opspatch rollback {patch_set.reference} --hosts u1`" in half.detail, half.detail
+    assert "--hosts gpu-01" not in half.detail
+    alone = combine_set(patch_set, HOST, files)
+    assert "`opspatch recover --hosts gpu-01`" in alone.detail, alone.detail
 
 
 def _unreachable_workspace(workspace: Workspace) -> dict[str, str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -281,6 +281,26 @@ def test_adopt_records_its_hosts_through_the_fleet_run_and_honours_a_ctrl_c(
     assert len(fleet.ledger.file_history("h1")) == 1  # the first adoption's only
     recorded = fleet.ledger.get_run(str(cancelled.run_id))
     assert str(recorded.host("h2").outcome) == "skipped"
+
+
+def test_adopt_on_the_nodes_of_a_unit_names_the_restart_of_the_unit(fleet: Fleet) -> None:
+    """An edit adopted on both nodes of a unit: the restart that proves it is named over the
+    unit (a node restarted alone is refused). Before, each node's note named `restart --hosts
+    NODE`."""
+    from opspatch.core.host import Unit
+    from opspatch.runs.commands.adopt import Pristine, _record
+
+    pristine = fleet.hosts[0].file.read_bytes()
+    live = pristine + b"# by hand\n"
+    unit = Unit("u1", ("h1", "h2"))
+    hosts = [replace(h.host(), unit=unit) for h in fleet.hosts[:2]]
+    edited = {
+        h.name: (_edited(h, pristine, live), Pristine(pristine, "test")) for h in fleet.hosts[:2]
+    }
+    done = _record(fleet.ledger, fleet.patch, hosts, edited, (), {"h1", "h2"}, fleet.factory)
+    assert fleet.outcomes(done) == {"h1": "staged", "h2": "staged"}
+    for outcome in done.hosts:  # the diagnosis found no server: restart starts it
+        assert "`opspatch restart --hosts u1` starts it" in (outcome.note or ""), outcome
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import gc
+import sys
 import textwrap
 import threading
 import time
@@ -247,6 +248,59 @@ def test_a_value_read_at_import_is_found_here_and_where_it_was_imported_by_name(
         8,
         19,
     ]  # TWICE is evaluated again
+
+
+def test_a_value_read_at_import_through_the_module_object_elsewhere_is_found(
+    module_from: Callable[[str, str], ModuleType],
+) -> None:
+    """`import m` (or `import m as alias`) then `m.NAME` at another module's import copies the
+    value as `from m import NAME` does: found the same way, under that module, a read in a
+    function body not. Before, only the module's own import-time reads and `from m import NAME`
+    copies were seen: the fix was taken and said applied while `use`'s default kept the old."""
+    module_from("check_cap", CAPTURING)
+    module_from(
+        "check_cap_attr_user",
+        """
+        import check_cap
+        import check_cap as cap
+
+        DEFAULT = check_cap.LIMIT * 2
+
+
+        def use(limit=cap.LIMIT, doubled=cap.Worker.threshold):
+            return limit
+
+
+        def each_call():
+            return check_cap.LIMIT, cap.Worker.threshold
+        """,
+    )
+    found = check("check_cap", ("LIMIT", "constant"), ("Worker.threshold", "class-attribute"))
+    elsewhere = [
+        (c["name"], c["line"], c["where"])
+        for c in found["captured"]
+        if c["module"] == "check_cap_attr_user"
+    ]
+    assert elsewhere == [
+        ("LIMIT", 5, "the module's top level"),
+        ("LIMIT", 8, "the defaults of use"),
+        ("Worker.threshold", 8, "the defaults of use"),
+    ], found["captured"]
+
+
+def test_a_module_held_through_its_package_is_reached_by_its_dotted_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`import pkg.m` binds `pkg`: the module is read there as `pkg.m.NAME`; `from pkg import
+    m` binds the module itself, read as `m.NAME`."""
+    package, module = ModuleType("check_pkgx"), ModuleType("check_pkgx.sub")
+    plain, aliased = ModuleType("check_plain_user"), ModuleType("check_from_user")
+    plain.check_pkgx = package  # type: ignore[attr-defined]
+    aliased.sub = module  # type: ignore[attr-defined]
+    for each in (package, module, plain, aliased):
+        monkeypatch.setitem(sys.modules, each.__name__, each)
+    found = {other.__name__: paths for other, paths in checks._holding(module)}
+    assert found == {"check_plain_user": ["check_pkgx.sub"], "check_from_user": ["sub"]}
 
 
 def test_import_time_reads_inside_if_blocks_decorators_and_class_lines_count() -> None:

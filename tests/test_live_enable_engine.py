@@ -110,3 +110,18 @@ def test_live_enable_then_opspatch_restart_loads_the_plugin_in_every_process(
         ], listed  # fmt: skip
         again = host.opspatch("restart", "--hosts", HOST, "--yes", "--json")
         assert again.code == 0 and again.json()["hosts"][0]["outcome"] == "skipped", again.stdout
+
+        # live disable removes the files; the running engine still holds the plugin, and
+        # `opspatch restart` restarts it out of it (before: "the ledger holds no change")
+        loaded = host.pid()
+        disabled = host.opspatch("live", "disable", "--hosts", HOST, "--yes", "--json")
+        assert disabled.code == 0, disabled.stdout + disabled.stderr
+        assert [o["outcome"] for o in disabled.json()["hosts"]] == ["staged-back"]
+        out = host.opspatch("restart", "--hosts", HOST, "--yes", "--json")
+        assert out.code == 0, out.stdout + out.stderr
+        (outcome,) = out.json()["hosts"]
+        assert outcome["outcome"] == "restored", outcome
+        assert "without the live plugin" in outcome["note"], outcome
+        assert host.pid() != loaded
+        gone = ask_engine(host.engine().ops, LiveFix("list"), timeout=30)
+        assert not gone.processes(), gone  # no process listens: the plugin is not loaded

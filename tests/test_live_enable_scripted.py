@@ -170,6 +170,7 @@ def engine_after_enable(fleet: Fleet, *, listening: bool = True) -> list[str]:
     ago, before the install) found beside the RECORD, and after a restart every process
     answering `list` on its live socket (`listening`); returns the ops asked."""
     asked = scripted_site(fleet)
+    plugin_at_start: dict[str, bool] = {}
     for fake in fleet.hosts:
         site_answer = fake.fault
         assert site_answer is not None
@@ -182,7 +183,10 @@ def engine_after_enable(fleet: Fleet, *, listening: bool = True) -> list[str]:
                 reply = {"ok": True, "took": [], "process": process}
                 said = {"socket": "main.sock", "reply": reply, "error": None}
                 loaded = (
-                    listening and fake.started_at is not None and fake.started_at > time.time() - 60
+                    listening
+                    and fake.started_at is not None
+                    and fake.started_at > time.time() - 60
+                    and plugin_at_start.get(fake.name, True)
                 )
                 return {
                     "server_pid": 100,
@@ -190,6 +194,9 @@ def engine_after_enable(fleet: Fleet, *, listening: bool = True) -> list[str]:
                     "missing": None if loaded else "no process listens for live fixes",
                     "answers": [said] if loaded else [],
                 }
+            if op in ("restart", "start"):  # the engine loads the plugin installed then
+                site = fake.root / "engine-site"
+                plugin_at_start[fake.name] = any(site.glob("opspatch_live-*.dist-info"))
             if op == "inspect" and str(args.get("path") or "").endswith("/RECORD"):
                 found = agent_operation(op, args)
                 assert isinstance(found, dict)
@@ -270,3 +277,90 @@ def test_a_unit_with_the_plugin_staged_on_every_node_is_restarted_as_one_into_it
         steps = [str(s.step) for s in outcome.steps]
         assert "start" in steps and steps.count("live") == 1, (outcome.host, steps)
         assert "restarted unit u1 as one into the live plugin" in (outcome.note or "")
+
+
+def test_restart_finishes_a_disable_restarting_out_of_the_plugin_it_still_held(
+    fleet: Fleet,
+) -> None:
+    """`live disable` removes the files while the running engine keeps the plugin loaded (and
+    any live fix in memory): a staged change, restart's goal. Restart restarts out of it, proves
+    the engine by the smoke and says `restored`; then nothing is staged. Before, restart left
+    the host alone ("the ledger holds no change on this host") with the plugin still loaded."""
+    fleet.hosts = fleet.hosts[:1]
+    engine_after_enable(fleet)
+    run(fleet, enable_live)
+    assert restart(fleet).exit_code == 0  # the engine restarted into the plugin
+    (disabled,) = run(fleet, disable_live).hosts
+    assert disabled.outcome == "staged-back", disabled
+    assert "`opspatch restart` restarts out of it" in (disabled.note or "")
+
+    report = restart(fleet)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "restored", outcome
+    assert report.exit_code == 0
+    steps = [str(s.step) for s in outcome.steps]
+    assert steps[-3:] == ["restart", "ready", "smoke"], steps
+    assert "main still held it" in (outcome.note or ""), outcome.note
+    assert (outcome.note or "").startswith("restarted into the engine without the live plugin")
+    assert outcome.file == disabled.file  # the RECORD's removal, as disable recorded it
+    assert fleet.ledger.get_run(report.run_id or "").hosts[0].outcome == "restored"
+    (again,) = restart(fleet).hosts  # the engine now started without it: nothing staged
+    assert again.outcome == "skipped" and "restart" not in [s.step for s in again.steps], again
+
+
+def test_a_disable_whose_engine_was_restarted_by_hand_is_left_alone(fleet: Fleet) -> None:
+    """The operator restarted the engine after the disable: no process holds the plugin, so
+    restart has nothing to finish and restarts nothing."""
+    fleet.hosts = fleet.hosts[:1]
+    engine_after_enable(fleet)
+    run(fleet, enable_live)
+    assert restart(fleet).exit_code == 0
+    run(fleet, disable_live)
+    fleet.hosts[0].answer("restart", {})  # the operator's own restart, outside opspatch
+    (outcome,) = restart(fleet).hosts
+    assert outcome.outcome == "skipped", outcome
+    assert "restart" not in [str(s.step) for s in outcome.steps]
+    live = [s for s in outcome.steps if s.step == "live"]
+    assert live and "the disable is in effect" in live[-1].detail, outcome.steps
+
+
+def test_a_failed_smoke_after_restarting_out_of_the_plugin_is_restored_not_serving(
+    fleet: Fleet,
+) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    engine_after_enable(fleet)
+    run(fleet, enable_live)
+    assert restart(fleet).exit_code == 0
+    run(fleet, disable_live)
+    fleet.hosts[0].smoke_ok = False
+    report = restart(fleet)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "restored-not-serving", outcome
+    assert "nothing is put back" in (outcome.error or ""), outcome.error
+    assert report.exit_code == 1
+
+
+def test_a_unit_whose_every_node_still_holds_a_disabled_plugin_is_restarted_out_as_one(
+    units: Units,
+) -> None:
+    """Enabled, restarted into it, disabled on both nodes: one restart of the unit, proven
+    through the head, each node `restored`."""
+    nodes = Fleet([units.fakes["h1"], units.fakes["h2"]], units.ledger, units.patch)
+    engine_after_enable(nodes)
+    hosts = [replace(h, live=True) for h in units.hosts("h1", "h2")]
+
+    def each(command: Any) -> RunReport:
+        return command(ledger=units.ledger, hosts=hosts, factory=nodes.factory, playbook=PLAYBOOK)
+
+    each(enable_live)
+    assert each(restart_hosts).exit_code == 0
+    assert [o.outcome for o in each(disable_live).hosts] == ["staged-back", "staged-back"]
+    for fake in nodes.hosts:
+        fake.requests.clear()
+    report = each(restart_hosts)
+    assert {o.host: o.outcome for o in report.hosts} == {"h1": "restored", "h2": "restored"}
+    for outcome in report.hosts:
+        assert "restarted unit u1 as one into the engine without" in (outcome.note or "")
+    for fake in nodes.hosts:
+        assert fake.requests.count("stop") == 1 and fake.requests.count("start") == 1
+        assert "restart" not in fake.requests

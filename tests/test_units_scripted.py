@@ -11,6 +11,7 @@ Units `u1` (h1 the head, h2) and a host by itself, h3.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -655,3 +656,99 @@ def test_rollback_restart_never_of_a_unit_with_a_refused_node_restores_no_node(
     assert outcomes(report) == {"h1": "skipped", "h2": "skipped"}
     assert units.files() == before
     assert "unit u1's node h2 was refused" in (report.hosts[0].error or "")
+
+
+# -- hints: a unit is reached by its name, never by one node's ----------------------------------
+
+
+def _status_of(units: Units, *names: str) -> dict[str, Any]:
+    from opspatch.runs.commands.status import fleet_status
+
+    hosts = units.hosts(*names)
+    return {s.host: s for s in fleet_status(hosts, [units.patch], units.factory, units.ledger)}
+
+
+def test_status_of_a_staged_unit_names_the_unit_as_restarts_target(units: Units) -> None:
+    """`--hosts NODE` of a unit is refused by every command that changes it, so the restart that
+    finishes a staged unit is named over the unit. Before, status named `restart --hosts h1`."""
+    staged = units.apply("h1", "h2", playbook=NEVER)
+    assert staged.exit_code == 0, staged
+    said = _status_of(units, "h1", "h2")
+    for name in UNIT.hosts:
+        assert str(said[name].state) == "staged", said[name]
+        assert "`opspatch restart --hosts u1`" in said[name].detail, said[name].detail
+        assert f"--hosts {name}`" not in said[name].detail
+
+
+def test_status_and_recover_of_a_unit_never_proven_name_the_unit_as_recovers_target(
+    units: Units,
+) -> None:
+    """The head vanished during its smoke decode, so the unit could be neither proven nor put
+    back: status's "never proven" sentence names the unit as recover's target, and recover over
+    the unit works. Before, it named `recover --hosts h1`, which is refused."""
+
+    def vanish_at_the_smoke(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        if op == "smoke":
+            units.fakes["h1"].gone = True
+            raise TransportError("the connection broke", host="h1", step="exec")
+        return None
+
+    units.fakes["h1"].fault = vanish_at_the_smoke
+    report = units.apply("h1", "h2")
+    assert report.exit_code != 0, report
+    units.fakes["h1"].fault, units.fakes["h1"].gone = None, False
+    said = _status_of(units, "h1", "h2")
+    unproven = [s for s in said.values() if "never proven" in s.detail]
+    assert unproven, said
+    for status in unproven:
+        assert "`opspatch recover --hosts u1`" in status.detail, status.detail
+        assert "recover --hosts h1`" not in status.detail and "recover --hosts h2`" not in (
+            status.detail
+        )
+
+
+def test_sync_names_the_unit_in_a_unit_nodes_commands(units: Units) -> None:
+    """A unit carries the fix and its server is down: sync's row for each node names recover
+    over the unit. Before, each row named `recover --hosts NODE`, which is refused."""
+    from opspatch.runs.commands.sync import plan_fleet
+
+    assert units.apply("h1", "h2").exit_code == 0
+    for name in UNIT.hosts:
+        units.fakes[name].serving = False
+    hosts = units.hosts("h1", "h2")
+    plan = plan_fleet(_desired(units, hosts), hosts, [], units.factory, units.ledger)
+    rows = {r.host: r for r in plan.rows}
+    assert {h: str(r.action) for h, r in rows.items()} == {"h1": "recover", "h2": "recover"}
+    for row in rows.values():
+        assert row.command == "opspatch recover --hosts u1", row
+        assert "`opspatch recover --hosts u1`" in row.detail, row.detail
+
+
+def test_a_sync_stopped_before_a_units_patch_names_the_sync_of_the_unit(
+    units: Units, tmp_path: Path
+) -> None:
+    """The first desired patch fails on h3 and stops the sync: the unit's nodes, left with the
+    second patch unapplied, each name the sync over the unit. Before, `sync --hosts NODE`,
+    which is refused."""
+    from opspatch.runs.commands.sync import sync_fleet
+    from tests.scriptedkit import mark_patch
+
+    mark = mark_patch(tmp_path)
+    hosts = units.hosts("h3", "h1", "h2")
+    by_name = {h.name: h for h in hosts}
+    first = DesiredPatch(units.patch, ("h3",), "", Location("fleet.toml", 1, "patches[0]"))
+    second = DesiredPatch(mark, ("h1", "h2"), "", Location("fleet.toml", 4, "patches[1]"))
+    units.fakes["h3"].smoke_ok = False
+    report = sync_fleet(
+        DesiredState("fleet.toml", (first, second), by_name),
+        hosts,
+        [],
+        ALWAYS,
+        factory=units.factory,
+        ledger=units.ledger,
+    )
+    (left,) = report.left_alone
+    assert {h.host for h in left.hosts} == {"h1", "h2"}, left
+    for host in left.hosts:
+        assert (host.error or "").startswith("not applied: sync stopped after run"), host
+        assert "`opspatch sync --hosts u1`" in (host.error or ""), host.error

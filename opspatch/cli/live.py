@@ -82,7 +82,7 @@ _live_command(
     _disable,
     lambda names: f"Remove opspatch's live plugin from {len(names)} host(s): {', '.join(names)}?",
     help="Remove the files `live enable` installed (each only if unchanged); a running engine "
-    "keeps the plugin loaded until it restarts.",
+    "keeps the plugin loaded until it restarts (`opspatch restart` restarts it out of it).",
 )
 
 

@@ -78,7 +78,8 @@ def _source_tree(module: Any) -> ast.Module | None:
 
 
 def _captured(module: Any, values: set[str]) -> list[dict[str, Any]]:
-    """Import-time reads of the changed values, here and where `from m import NAME` copied one."""
+    """Import-time reads of the changed values, here, where `from m import NAME` copied one, and
+    where `m.NAME` was read through the module object (`_through_module`)."""
     if not values:
         return []
     found = []
@@ -92,6 +93,45 @@ def _captured(module: Any, values: set[str]) -> list[dict[str, Any]]:
             if other_tree is not None:
                 for use in importtime.import_time_uses(other_tree, {name}, set()):
                     found.append({**use, "module": other.__name__})
+    return found + _through_module(module, values)
+
+
+def _through_module(module: Any, values: set[str]) -> list[dict[str, Any]]:
+    """Import-time reads of `values` as attributes of the module object in the other loaded
+    modules that hold it (or a package above it) in their globals: `m.NAME`, `alias.NAME`,
+    `pkg.m.NAME` evaluated at their import copied the old object, as `from m import NAME` does."""
+    found = []
+    for other, paths in _holding(module):
+        tree = _source_tree(other)
+        if tree is None:
+            continue
+        dotted = {f"{path}.{value}": value for path in paths for value in values}
+        for use in importtime.import_time_uses(tree, set(dotted), set()):
+            found.append({**use, "name": dotted[use["name"]], "module": other.__name__})
+    return found
+
+
+def _holding(module: Any) -> list[tuple[Any, list[str]]]:
+    """The other loaded modules whose globals hold `module` or a package above it, each with
+    the dotted paths that reach `module` from there (`alias`, `pkg.m`)."""
+    name = module.__name__
+    found = []
+    for other in tuple(sys.modules.values()):
+        space = getattr(other, "__dict__", None)
+        if other is module or not isinstance(space, dict):
+            continue
+        paths = []
+        for alias, value in tuple(space.items()):
+            # type(), not isinstance(): that reads `__class__`, which some objects warn on
+            held = (
+                vars(value).get("__name__") if issubclass(type(value), types.ModuleType) else None
+            )
+            if held == name:
+                paths.append(alias)
+            elif isinstance(held, str) and name.startswith(held + "."):
+                paths.append(alias + name[len(held) :])
+        if paths:
+            found.append((other, paths))
     return found
 
 

@@ -33,6 +33,7 @@ from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import HostSession, NoProgress
 from opspatch.runs.judgments.findings import module_relpath, unified_diff
+from opspatch.runs.judgments.units import target_of
 from opspatch.runs.report import FileChange, HostOutcome, RunReport, StepResult
 
 _PATCH_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -456,7 +457,7 @@ def _adopted(
     # that is not running serves nothing (adopt never saw the edit serve).
     staged = bool(m.server_older_than_file) or down
     note = f"the hand edit is now patch {loaded.spec.id}"
-    name = session.name
+    name = target_of(session.host)  # a unit is restarted whole: its node alone is refused
     if down:
         note += (
             "; its server is not running, so nothing serves the edit yet: "

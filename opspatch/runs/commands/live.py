@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from opspatch import __version__
 from opspatch.core.host import Host
-from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.policy import Playbook
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import LiveRefused, OpspatchError, RemoteOperationError
@@ -28,12 +28,11 @@ from opspatch.hosts.liveinstall import (
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.fleetrun import FleetRun, per_node
-from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.fleet.fleetrun import per_node
+from opspatch.runs.fleet.recorded import run_in_batches
 from opspatch.runs.fleet.session import (
     HostFailed,
     HostSession,
-    NoProgress,
     Progress,
     describe_error,
 )
@@ -92,30 +91,16 @@ def _run(
     progress: Progress | None,
     per_host: Callable[[HostSession], HostOutcome],
 ) -> RunReport:
-    with (
-        recorded_run(ledger, command=command, patch=None, hosts=hosts, playbook=playbook) as run,
-        FleetRun(
-            command=command,
-            patch_id=None,
-            hosts=hosts,
-            factory=factory,
-            playbook=playbook,
-            recorder=run,
-            progress=progress or NoProgress(),
-        ) as fleet,
-    ):
-        refused = fleet.lease(restarting=())  # nothing restarts: no drain, no router room
-        if refused is not None:
-            return run.finish(refused)
-        plan = plan_rollout(playbook, fleet.items())
-
-        def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
-            return playbook.halt_reason(
-                {n: o.outcome for n, o in outcomes.items()}, canaries=plan.canaries
-            )
-
-        outcomes, halted = fleet.execute(per_node(per_host), batches=plan.batches, halt=halt)
-        return run.finish(fleet.report(outcomes, halted=halted))
+    return run_in_batches(
+        command,
+        per_node(per_host),
+        ledger=ledger,
+        hosts=hosts,
+        factory=factory,
+        playbook=playbook,
+        progress=progress,
+        restarting=(),  # nothing restarts: no drain, no router room
+    )
 
 
 def _site(session: HostSession) -> LiveSite | HostOutcome:
@@ -301,7 +286,8 @@ def _disable(session: HostSession) -> HostOutcome:
         Outcome.STAGED_BACK,
         file=changes[0],
         note="disabled: the plugin's files are removed; a running engine keeps it loaded (and "
-        "any live fix in memory) until it restarts",
+        "any live fix in memory) until it restarts (`opspatch restart` restarts out of it, or "
+        "the operator's restart)",
     )
 
 
@@ -403,11 +389,34 @@ class StagedPlugin:
         return FileChange(self.record, self.inspection.file.sha256, None)
 
 
-def staged_plugin(session: HostSession, ledger: Ledger, *, locked: bool) -> StagedPlugin | None:
-    """The plugin staged on a host with `live = true` (`StagedPlugin`), read with the lock (taken
-    here unless `locked`); None when the host has none: live fixes off there, no `opspatch_live`
-    installed, one opspatch did not record writing, `SGLANG_PLUGINS` filtering it out (a restart
-    would not load it), no server running, or a server started after it (it loads it already).
+@dataclass(frozen=True)
+class StagedDisable:
+    """`live disable` done on disk while the running engine keeps the plugin loaded (its
+    processes still answer on their live sockets, any live fix still in memory): a staged change
+    that `restart` finishes by restarting the engine out of the plugin, proven by the smoke
+    decode (`restored`, or `restored-not-serving` when it fails: nothing is put back, the
+    plugin's files are gone)."""
+
+    disabled: FileChange
+    """The RECORD's removal, as `live disable` recorded it (after: None)."""
+    listening: tuple[str, ...]
+    """The processes that still answer on their live sockets."""
+
+    def what(self) -> str:
+        return (
+            f"the live plugin's removal (`live disable`; {', '.join(self.listening)} still held it)"
+        )
+
+
+def staged_plugin(
+    session: HostSession, ledger: Ledger, *, locked: bool
+) -> StagedPlugin | StagedDisable | None:
+    """The plugin change staged on a host with `live = true`, read with the lock (taken here
+    unless `locked`): an enable the running engine does not load yet (`StagedPlugin`), or a
+    disable it still holds loaded (`StagedDisable`). None when there is none: live fixes off
+    there, no `opspatch_live` installed (and no disable of opspatch's still held), one opspatch
+    did not record writing, `SGLANG_PLUGINS` filtering it out (a restart would not load it), no
+    server running, or a server started after it (it loads it already).
 
     Raises:
         OpspatchError: the host could not be read or locked.
@@ -420,6 +429,8 @@ def staged_plugin(session: HostSession, ledger: Ledger, *, locked: bool) -> Stag
         note["detail"] = f"{site.purelib}: " + (
             ", ".join(i.dist_info for i in site.installed) or "no live plugin installed"
         )
+    if not site.installed:
+        return _staged_disable(session, ledger, site, locked=locked)
     if len(site.installed) != 1 or site.filtered:
         return None
     (found,) = site.installed
@@ -437,3 +448,49 @@ def staged_plugin(session: HostSession, ledger: Ledger, *, locked: bool) -> Stag
         for _, _, file in ledger.outcomes_since([session.name], 0)
     )
     return StagedPlugin(site, found, path, inspection) if wrote else None
+
+
+def _staged_disable(
+    session: HostSession, ledger: Ledger, site: LiveSite, *, locked: bool
+) -> StagedDisable | None:
+    """A disable the running engine still holds: the newest outcome about opspatch's plugin on
+    this host is a `live disable` (`staged-back`: its RECORD removed), no plugin is installed,
+    and the engine's processes still answer on their live sockets (asked with the lock held)."""
+    about = [
+        (outcome, file)
+        for _, outcome, file in ledger.outcomes_since([session.name], 0)
+        if file is not None and _is_plugin_record(site, file.path)
+    ]
+    if not about or about[-1][0] != Outcome.STAGED_BACK or about[-1][1] is None:
+        return None
+    disabled = about[-1][1]
+    if disabled.sha256_after is not None:
+        return None
+    if not locked:
+        with session.step(Step.LOCK) as note:
+            session.ops.lock(run_id=session.lock.taking(), timeout=session.playbook.timeouts.lock)
+            note["detail"] = "taken"
+    with session.step(Step.LIVE) as note:
+        reply = ask_engine(
+            session.ops, LiveFix("list"), timeout=session.playbook.timeouts.smoke, step=Step.LIVE
+        )
+        listening = tuple(p.process for p in reply.processes())
+        note["detail"] = (
+            "still listening after the disable: " + ", ".join(listening)
+            if listening
+            else f"no process holds the plugin ({reply.missing or 'none listens'}): the "
+            "disable is in effect"
+        )
+    return StagedDisable(disabled, listening) if listening else None
+
+
+def _is_plugin_record(site: LiveSite, path: str) -> bool:
+    """Whether `path` is the RECORD of an `opspatch_live` installation in `site`."""
+    folder, name = posixpath.split(path)
+    parent, dist_info = posixpath.split(folder)
+    return (
+        name == "RECORD"
+        and parent == site.purelib
+        and dist_info.startswith(f"{LIVE_DIST_NAME}-")
+        and dist_info.endswith(".dist-info")
+    )

@@ -18,7 +18,7 @@ from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.image import BakedLabels
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostInspection, HostOperations
-from opspatch.ledger.lineage import AtPostImage, PatchedFurther, applied_versions
+from opspatch.ledger.lineage import PatchedFurther, applied_versions
 from opspatch.ledger.store import Ledger, Machine
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
@@ -34,6 +34,7 @@ from opspatch.runs.judgments.patchset import (
     server_age,
 )
 from opspatch.runs.judgments.proof import change_proof, describe
+from opspatch.runs.judgments.units import recover_remedy, target_of
 from opspatch.runs.judgments.views import status_word
 from opspatch.runs.judgments.who import RunWho, who_ran
 
@@ -109,7 +110,7 @@ def with_server(status: PatchStatus, host: Host, inspection: HostInspection) -> 
 
 def classify(
     patch: LoadedPatch,
-    host: str,
+    host: Host,
     inspection: HostInspection,
     ledger: Ledger | None,
     container: ContainerIdentity | None = None,
@@ -127,7 +128,7 @@ def classify(
     spec, file, module = patch.parts[part], inspection.file, inspection.module
     history = (
         ledger.file_history(
-            host,
+            host.name,
             file.realpath,
             machine=Machine.of(inspection.facts.machine_id, inspection.facts.hostname),
         )
@@ -151,7 +152,7 @@ def classify(
     )
     state = status_word(standing)
     said = PatchStatus(
-        host,
+        host.name,
         patch.spec.id,
         state,
         file.realpath,
@@ -162,11 +163,13 @@ def classify(
         recreated=True if standing.place == Place.RECREATED else None,
     )
     if standing.place == Place.NEW:
-        assert ledger is not None and isinstance(standing.located, AtPostImage)
+        assert ledger is not None and standing.located is not None
         version = standing.located.version
         said = replace(
             said,
-            detail=_new(describe(change_proof(ledger, host, version)), state, inspection),
+            detail=_new(
+                describe(change_proof(ledger, host.name, version), host), state, inspection
+            ),
             written_by=who_ran(ledger, version.run_id),
         )
     disagreement = standing.upstream.disagreement if standing.upstream is not None else None
@@ -180,7 +183,7 @@ def _said(
     state: PatchState,
     patch: LoadedPatch,
     part: int,
-    host: str,
+    host: Host,
     inspection: HostInspection,
     container: ContainerIdentity | None,
 ) -> str:
@@ -237,7 +240,7 @@ def _new(written: str, state: PatchState, inspection: HostInspection) -> str:
 
 
 def _unrecorded(
-    standing: FileStanding, state: PatchState, patch: LoadedPatch, part: int, host: str
+    standing: FileStanding, state: PatchState, patch: LoadedPatch, part: int, host: Host
 ) -> str:
     """A file the ledger holds no change of: what it carries of the patch."""
     carried = standing.carried
@@ -252,7 +255,7 @@ def _unrecorded(
     if carried.state == Detected.UNKNOWN:
         return why_unknown(patch.parts[part], carried)
     return (
-        f"{carried.reason}; `{remedy_text(Command.ROLLBACK, patch.reference, hosts=host)}` "
+        f"{carried.reason}; `{remedy_text(Command.ROLLBACK, patch.reference, hosts=target_of(host))}` "
         "restores the original where opspatch wrote it, or finish the change by hand"
     )
 
@@ -287,7 +290,7 @@ _SET_PRECEDENCE = (
 """A set's state when one of its files is in one of these (the first found wins)."""
 
 
-def combine_set(patch: LoadedPatch, host: str, files: Sequence[PatchStatus]) -> PatchStatus:
+def combine_set(patch: LoadedPatch, host: Host, files: Sequence[PatchStatus]) -> PatchStatus:
     """A patch set's state on a host from its files' states: `applied` (or `staged`) only when
     every file is, `not-applied` only when none is; a set with some files new and the rest old
     (a run stopped between two swaps) is `partial`, never `applied`."""
@@ -307,13 +310,13 @@ def combine_set(patch: LoadedPatch, host: str, files: Sequence[PatchStatus]) -> 
         detail = f"the patch set is not whole ({each})"
         if state == PatchState.PARTIAL:
             detail += (
-                f": `{remedy_text(Command.RECOVER, hosts=host)}` makes it whole (puts the new "
+                f": `{recover_remedy(host)}` makes it whole (puts the new "
                 "files back), or "
-                f"`{remedy_text(Command.ROLLBACK, patch.reference, hosts=host)}`"
+                f"`{remedy_text(Command.ROLLBACK, patch.reference, hosts=target_of(host))}`"
             )
     running = [f.server_running for f in files if f.server_running is not None]
     return PatchStatus(
-        host,
+        host.name,
         patch.spec.id,
         state,
         first.path,
@@ -365,26 +368,25 @@ def fleet_status(
             for module, group in modules.items():
                 try:
                     inspection = ops.inspect(module, timeout=StepTimeouts().inspect)
-                except TargetError as exc:
-                    for p, index in group:
-                        found[p.sha256, index] = PatchStatus(
-                            host.name, p.spec.id, PatchState.NOT_APPLICABLE, None, None, exc.message
-                        )
-                    continue
                 except OpspatchError as exc:
+                    unread = (
+                        PatchState.NOT_APPLICABLE
+                        if isinstance(exc, TargetError)
+                        else PatchState.UNREACHABLE
+                    )
                     for p, index in group:
                         found[p.sha256, index] = PatchStatus(
-                            host.name, p.spec.id, PatchState.UNREACHABLE, None, None, exc.message
+                            host.name, p.spec.id, unread, None, None, exc.message
                         )
                     continue
                 for patch, index in group:
                     said = classify(
-                        patch, host.name, inspection, ledger, transport.container, part=index
+                        patch, host, inspection, ledger, transport.container, part=index
                     )
                     found[patch.sha256, index] = with_server(said, host, inspection)
             for patch in patches:
                 files = [found[patch.sha256, i] for i in range(len(patch.parts))]
-                results.append(combine_set(patch, host.name, files) if patch.is_set else files[0])
+                results.append(combine_set(patch, host, files) if patch.is_set else files[0])
             reached = any(r.state != PatchState.UNREACHABLE for r in results)
             if host.live and reached:  # one exec more, only where live fixes are on
                 results = with_live_fixes(ops, patches, results)

@@ -37,7 +37,7 @@ from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.judgments.approval import require_approval
-from opspatch.runs.judgments.units import unit_refusal
+from opspatch.runs.judgments.units import recover_remedy, require_whole_units, target_of
 from opspatch.runs.judgments.views import DRIFT, SYNC, Coverage, Written
 from opspatch.runs.report import HostOutcome, RunReport
 
@@ -63,11 +63,11 @@ class SyncRow(JsonRecord):
     """Why the file is not what the ledger and the fleet file expect (None: it is)."""
 
 
-def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
-    """What sync does about `status` (one host, one patch; `views.SYNC`): `entry` is the fleet
+def decide(entry: DesiredPatch | None, status: PatchStatus, host: Host) -> SyncRow | None:
+    """What sync does about `status` (`host`, one patch; `views.SYNC`): `entry` is the fleet
     file's entry when the patch is desired there. None: a patch not desired and not there
     (nothing to say); a host that could not be inspected is always a row (`unreachable`),
-    desired or not.
+    desired or not. A command that changes a node of a unit names the unit (`target_of`).
 
     Raises nothing: an unknown release or state is `by-hand`, never a guess."""
     coverage, unreadable = _coverage(entry, status.release)
@@ -76,7 +76,7 @@ def decide(entry: DesiredPatch | None, status: PatchStatus) -> SyncRow | None:
     if action is None:
         return None
     why = unreadable if coverage == Coverage.UNREADABLE else unserved
-    detail, command = _said(action, status, entry, coverage, why)
+    detail, command = _said(action, status, host, entry, coverage, why)
     return SyncRow(
         status.host,
         status.patch,
@@ -104,21 +104,22 @@ def _coverage(entry: DesiredPatch | None, release: str | None) -> tuple[Coverage
 def _said(
     action: SyncAction,
     status: PatchStatus,
+    host: Host,
     entry: DesiredPatch | None,
     coverage: Coverage,
     why: str,
 ) -> tuple[str, str | None]:
     """A row's detail and command (`why`: why the release cannot be checked against the range,
     or why the host does not serve)."""
-    host, patch, detail = status.host, status.patch, status.detail
-    diagnose = remedy_text(Command.DIAGNOSE, hosts=host)
+    patch, detail, target = status.patch, status.detail, target_of(host)
+    diagnose = remedy_text(Command.DIAGNOSE, hosts=host.name)
     match action:
         case SyncAction.UNREACHABLE:
             return detail, diagnose
         case SyncAction.EXTRA:
             return (
                 "on the host, but the fleet file does not want it there; sync leaves it",
-                remedy_text(Command.ROLLBACK, patch, hosts=host),
+                remedy_text(Command.ROLLBACK, patch, hosts=target),
             )
         case SyncAction.OUTSIDE_RANGE:
             assert entry is not None
@@ -134,7 +135,7 @@ def _said(
             )
         case SyncAction.RECOVER if status.state == PatchState.APPLIED:
             # opspatch's own write: recover finishes it
-            recover = remedy_text(Command.RECOVER, hosts=host)
+            recover = recover_remedy(host)
             return (
                 f"the fix is there, but {why}: `{recover}` starts the server and re-admits it "
                 f"once its smoke decode passes; sync writes nothing there{_in_brackets(detail)}",
@@ -155,15 +156,15 @@ def _said(
             )
         case SyncAction.APPLY:
             return detail or "not on the host; sync applies it", remedy_text(
-                Command.SYNC, hosts=host
+                Command.SYNC, hosts=target
             )
         case SyncAction.RESTART:
-            return detail, remedy_text(Command.RESTART, hosts=host)
+            return detail, remedy_text(Command.RESTART, hosts=target)
         case SyncAction.NEEDS_PORT:
             return (
                 f"the patch no longer fits release {status.release or '(unknown)'}: {detail}; "
                 "port it (alternatives, docs/formats.md); nothing is written there",
-                remedy_text(Command.PLAN, patch, hosts=host),
+                remedy_text(Command.PLAN, patch, hosts=target),
             )
         case SyncAction.BY_HAND:
             return detail, diagnose
@@ -304,7 +305,7 @@ def plan_fleet(
             status = by_key.get((host.name, patch.spec.id))
             if status is None:
                 continue
-            row = decide(wanted.get(patch.spec.id), status)
+            row = decide(wanted.get(patch.spec.id), status, host)
             if row is None:
                 continue
             cause = drift_cause(row, status, _written_before(ledger, status))
@@ -414,13 +415,7 @@ def sync_fleet(
     """
     progress = progress or NoProgress()
     playbook = desired.governing(playbook)  # the fleet file's [team] approval, if it asks
-    split = unit_refusal(
-        hosts,
-        command="sync",
-        whole=lambda unit: remedy_text(Command.SYNC, hosts=unit.name),
-    )
-    if split is not None:
-        raise split
+    require_whole_units(hosts, Command.SYNC)
     before = before or plan_fleet(desired, hosts, others, factory, ledger)
     by_name = {h.name: h for h in hosts}
     _refuse_before_any_run(desired, before, by_name, playbook, ledger)
@@ -433,7 +428,7 @@ def sync_fleet(
         # after a run that did not reach its goal, the hosts to apply are left alone too, and
         # recorded so: a later patch's hosts never go unapplied without the ledger saying why
         left = [
-            (r, _why_left(r, stopped))
+            (r, _why_left(r, by_name[r.host], stopped))
             for r in rows
             if not r.action.at_goal and (r.action != SyncAction.APPLY or stopped is not None)
         ]
@@ -502,14 +497,14 @@ _LEFT_BECAUSE = {
 """The code of a host sync left alone, by what sync would do there (every action not at goal)."""
 
 
-def _why_left(row: SyncRow, stopped: RunReport | None) -> str:
+def _why_left(row: SyncRow, host: Host, stopped: RunReport | None) -> str:
     """Why sync did not write to `row`'s host: its action and reason, or, for a host it would
-    have applied to, the run that stopped the sync first."""
+    have applied to, the run that stopped the sync first (the sync named over its group)."""
     if row.action == SyncAction.APPLY and stopped is not None:
         return (
             f"not applied: sync stopped after run {stopped.run_id} ({stopped.patch}) did not "
             f"reach its goal (exit {stopped.exit_code}); "
-            f"`{remedy_text(Command.SYNC, hosts=row.host)}` "
+            f"`{remedy_text(Command.SYNC, hosts=target_of(host))}` "
             "once that is settled"
         )
     return f"{row.action}: {row.detail}"

@@ -19,7 +19,7 @@ from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.runs.fleet.group import Nodes, proven
 from opspatch.runs.fleet.judging import HostJudge, judged_through_head
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
-from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error, target_of
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.judgments.live import (
     judge_check,
     judge_gone,
@@ -27,6 +27,7 @@ from opspatch.runs.judgments.live import (
     judge_revert,
     judge_take,
 )
+from opspatch.runs.judgments.units import target_of
 from opspatch.runs.report import HostOutcome
 
 Took = Mapping[str, Sequence[Mapping[str, Any]]]

@@ -16,7 +16,7 @@ from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import HaltPolicy, halt_on_attention, one_batch
-from opspatch.runs.fleet.fleetrun import FleetRun, PerGroup, whole_units
+from opspatch.runs.fleet.fleetrun import FleetRun, NotStarted, PerGroup, whole_units
 from opspatch.runs.fleet.group import refuse
 from opspatch.runs.fleet.host_leases import host_identity
 from opspatch.runs.fleet.recorder import Recorder
@@ -153,6 +153,7 @@ def run_restore(
     under_playbook: bool = False,
     leases: Mapping[str, str] | None = None,
     taking_over: Collection[str] = (),
+    not_started: NotStarted | None = None,
 ) -> RunReport:
     """The fleet part of the restore runs (rollback, recover, unlock), halted by a host that
     needs attention or whose restored file its server does not serve.
@@ -168,7 +169,8 @@ def run_restore(
     attention or whose restored file is not served. The hosts are leased to this run first
     (`FleetRun.lease`; unlock leases nothing); `leases` (host name -> identity): the ones a
     recover --run takes over from the runs it recovers (expired, or of `taking_over`, runs
-    this machine saw die). The batches count groups (`FleetRun.items`)."""
+    this machine saw die). The batches count groups (`FleetRun.items`); `not_started`: the
+    outcome of a host a halt kept from starting (`FleetRun.execute`)."""
     with FleetRun(
         command=command,
         patch_id=patch_id,
@@ -208,7 +210,9 @@ def run_restore(
             # what the preflight decided changed nothing: it stops no restore elsewhere
             return policy({n: o for n, o in outcomes.items() if n not in decided})
 
-        outcomes, halted = fleet.execute(per_group, batches=batches, halt=halt)
+        outcomes, halted = fleet.execute(
+            per_group, batches=batches, halt=halt, not_started=not_started
+        )
         return fleet.report(outcomes, halted=halted)
 
 

@@ -18,7 +18,8 @@ from opspatch.errors import OpspatchError, RouterError, RouterRefused
 from opspatch.hosts.engine import describe_drained
 from opspatch.hosts.router import RouterClient, RouterWorker
 from opspatch.ledger.records import StepRecord
-from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error, target_of
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
+from opspatch.runs.judgments.units import recover_remedy
 from opspatch.runs.report import HostOutcome
 
 DRAIN_POLL_SECONDS = 0.1
@@ -98,11 +99,11 @@ class HostRotation:
             self._holding = False
             self.gate.permits.release()
 
-    def out_note(self, host: str) -> str:
+    def out_note(self, host: Host) -> str:
         why = f" ({self.why_out})" if self.why_out else ""
         return (
             f"out of rotation: router {self.router_url} sends {self.worker_url} nothing{why}; "
-            f"`{remedy_text(Command.RECOVER, hosts=host)}` re-admits it once its server is "
+            f"`{recover_remedy(host)}` re-admits it once its server is "
             "proven"
         )
 
@@ -181,9 +182,8 @@ class Rotation:
                     "nothing was changed",
                     hint="set router.worker_url to the URL the router registered (URLs compare "
                     "as exact strings); a worker taken out by hand, or by a run another ledger "
-                    f"recorded, is re-admitted by "
-                    f"`{remedy_text(Command.RECOVER, hosts=target_of(host))}` once "
-                    "its server is proven",
+                    f"recorded, is re-admitted by `{recover_remedy(host)}` once its server is "
+                    "proven",
                 )
             # recover re-admits workers first-hand out of rotation, which costs no room; a host
             # it must drain as well waits for room (one re-admitted gives one back)
@@ -451,8 +451,7 @@ def rotation_of(
             found[host.name] = (
                 RotationWord.OUT_OF_ROTATION,
                 f"out of rotation: router {router.url} {why} ({router.worker_url}); "
-                f"`{remedy_text(Command.RECOVER, hosts=target_of(host))}` re-admits it once its "
-                "server is proven",
+                f"`{recover_remedy(host)}` re-admits it once its server is proven",
             )
     return found
 

@@ -29,6 +29,7 @@ from opspatch.hosts.transport.base import Transport
 from opspatch.ledger.records import ContainerRecord
 from opspatch.runs.fleet.connect import TransportFactory, become_passwords
 from opspatch.runs.fleet.recorder import DETAIL_LIMIT, Recorder
+from opspatch.runs.judgments.units import recover_remedy
 from opspatch.runs.report import FileChange, HostOutcome, StepResult
 
 if TYPE_CHECKING:
@@ -75,12 +76,6 @@ class HostFailed(Exception):
         self.outcome = outcome
         self.error = error
         self.reason = reason
-
-
-def target_of(host: Host) -> str:
-    """What a command names to reach `host`'s group (`--hosts`): its unit, or the host itself
-    (a node of a unit alone is refused)."""
-    return host.unit.name if host.unit is not None else host.name
 
 
 def describe_error(exc: BaseException) -> str:
@@ -272,7 +267,7 @@ class HostSession:
         it takes traffic (a host left out of rotation says so in its note, never silently)."""
         rotation = self.rotation
         if rotation is not None and rotation.out:
-            out = rotation.out_note(target_of(self.host))
+            out = rotation.out_note(self.host)
             note = f"{note}; {out}" if note else out
         return HostOutcome(
             self.name,
@@ -329,7 +324,7 @@ class HostSession:
             )
             return (
                 f"; run {holder} is over ({status}) but its lock outlived it: "
-                f"`{remedy_text(Command.RECOVER, hosts=target_of(self.host))}` "
+                f"`{recover_remedy(self.host)}` "
                 f"reconciles {reconciled}, or `{remedy_text(Command.UNLOCK, hosts=self.name)}`"
             )
         return ""

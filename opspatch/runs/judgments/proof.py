@@ -7,11 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opspatch.core.filechange import FileChange
+from opspatch.core.host import Host
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome, RunStatus, Step, StepStatus
 from opspatch.errors import InputError
 from opspatch.ledger.records import StepRecord
 from opspatch.ledger.store import FileVersion, Ledger
+from opspatch.runs.judgments.units import recover_remedy, target_of
 
 _CONCLUDES_NOTHING = frozenset(
     {
@@ -124,9 +126,10 @@ def _about(change: FileChange, version: FileVersion) -> bool:
     )
 
 
-def describe(proof: ChangeProof) -> str:
-    """The sentence `status` and `recover` say about a change (why it is, or is not, live)."""
-    run, host = proof.version.run_id, proof.host
+def describe(proof: ChangeProof, host: Host) -> str:
+    """The sentence `status` and `recover` say about a change on `host` (why it is, or is not,
+    live); its remedies name `host`'s group, its unit for a node of one."""
+    run = proof.version.run_id
     if proof.proven_by is not None:
         if proof.proven_by != run:
             return f"written by run {run}, proven by run {proof.proven_by}'s smoke decode"
@@ -142,10 +145,10 @@ def describe(proof: ChangeProof) -> str:
             )
         return f"as written by run {run}, proven by its smoke decode"
     if proof.staged_by is not None:
+        restart = remedy_text(Command.RESTART, hosts=target_of(host))
         return (
-            f"staged by run {proof.staged_by}: `{remedy_text(Command.RESTART, hosts=host)}` "
-            "restarts, proves "
-            "and (on failure) rolls it back"
+            f"staged by run {proof.staged_by}: `{restart}` restarts, proves and (on failure) "
+            "rolls it back"
         )
     if proof.last_word is None:
         why = f"run {run} recorded no outcome here (interrupted, or still running)"
@@ -155,5 +158,5 @@ def describe(proof: ChangeProof) -> str:
         why = f"run {proof.last_word[0]} ended {proof.last_word[1]} here"
     return (
         f"written by run {run} but never proven ({why}); the server may still run the "
-        f"old code: `{remedy_text(Command.RECOVER, hosts=host)}` finishes or undoes it"
+        f"old code: `{recover_remedy(host)}` finishes or undoes it"
     )

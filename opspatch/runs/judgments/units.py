@@ -8,7 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from opspatch.core.host import Host, Unit
-from opspatch.core.vocabulary import Word
+from opspatch.core.remedy import remedy_text
+from opspatch.core.vocabulary import Command, Word
 from opspatch.errors import UnitRefused
 from opspatch.hosts.results import HostInspection
 
@@ -218,6 +219,18 @@ def serving_heads(
     return [h for h in hosts if h.unit is None or h.unit.head == h.name]
 
 
+def target_of(host: Host) -> str:
+    """What a command names to reach `host`'s group (`--hosts`): its unit, or the host itself
+    (a node of a unit alone is refused by every command that changes it)."""
+    return host.unit.name if host.unit is not None else host.name
+
+
+def recover_remedy(host: Host) -> str:
+    """`opspatch recover --hosts T` for `host`'s group, T its unit for a node of one: recover
+    takes a unit whole, so a hint naming the node would name a refused command."""
+    return remedy_text(Command.RECOVER, hosts=target_of(host))
+
+
 def nodes_of(unit: Unit) -> str:
     """`sandbox-01 (head), sandbox-02`: the unit's nodes in rank order."""
     return ", ".join(f"{h} (head)" if h == unit.head else h for h in unit.hosts)
@@ -248,3 +261,17 @@ def unit_refusal(
         "nothing was changed",
         hint="select every node of the unit: " + "; ".join(f"`{whole(s.unit)}`" for s in split),
     )
+
+
+def require_whole_units(
+    hosts: Sequence[Host], command: Command, whole: Callable[[Unit], str] | None = None
+) -> None:
+    """Raise `unit_refusal`'s `UnitRefused`, if any (`whole`: the remedy; by default `command`
+    over the whole unit)."""
+    refused = unit_refusal(
+        hosts,
+        command=str(command),
+        whole=whole or (lambda unit: remedy_text(command, hosts=unit.name)),
+    )
+    if refused is not None:
+        raise refused
