@@ -36,9 +36,11 @@ from revision import BEFORE_ISSUE_44, REPO, environment, unpacked
 
 EAGLE = "sglang/srt/speculative/eagle_worker_v2.py"
 IMPORTS = (
-    "import opspatch.cli.app, opspatch.config.patches, opspatch.runs.commands.local_files, "
-    "opspatch.core.edit"
+    "import opspatch.cli.app, opspatch.cli.changes, opspatch.config.patches, "
+    "opspatch.runs.commands.local_files, opspatch.core.edit"
 )
+"""What `apply --file` imports: the app, the command group of `apply` (named, since the app no
+longer imports every group itself: the rows compare like for like), the pipeline."""
 
 
 def _child(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from opspatch.ledger.lineage import AtPostImage, AtPreImage, ChangedSince, PatchedFurther
-from opspatch.ledger.lineage import Standing as Located
+from opspatch.ledger.lineage import AtPostImage, AtPreImage, ChangedSince, Located, PatchedFurther
 from opspatch.ledger.records import FileVersion
 from opspatch.runs.judgments.patchset import ServerAge, Standing, judge, members_of
 
 pytestmark = pytest.mark.pure
+
 
 def _version(
     event_id: int, path: str = "/srv/a.py", before: str = "a0", after: str = "a1"

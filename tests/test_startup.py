@@ -27,6 +27,8 @@ except SystemExit:
     pass
 heavy = ("paramiko", "fabric", "invoke", "torch", "cryptography")
 sys.stderr.write("\\nLOADED " + json.dumps(sorted(m for m in heavy if m in sys.modules)) + "\\n")
+groups = [m.rsplit(".", 1)[1] for m in sys.modules if m.rsplit(".", 1)[0] == "opspatch.cli"]
+sys.stderr.write("\\nGROUPS " + json.dumps(sorted(groups)) + "\\n")
 """
 
 
@@ -42,7 +44,7 @@ def test_quick_commands_import_neither_ssh_libraries_nor_torch(
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    loaded = json.loads(done.stderr.rsplit("LOADED ", 1)[1])
+    loaded = json.loads(done.stderr.rsplit("LOADED ", 1)[1].splitlines()[0])
     assert loaded == [], f"`opspatch {' '.join(args)}` imported {loaded}"
 
 
@@ -69,21 +71,24 @@ def test_apply_file_imports_neither_ssh_libraries_nor_torch(tmp_path: Path) -> N
     )
     assert done.returncode == 0, done.stderr
     assert "x = 0" in target.read_text(encoding="utf-8")
-    loaded = json.loads(done.stderr.rsplit("LOADED ", 1)[1])
+    loaded = json.loads(done.stderr.rsplit("LOADED ", 1)[1].splitlines()[0])
     assert loaded == [], f"`opspatch apply --file` imported {loaded}"
+    groups = set(json.loads(done.stderr.rsplit("GROUPS ", 1)[1])) & set(app.GROUPS)
+    assert groups == {"changes", "patches"}, f"`apply --file` imported the groups {groups}"
 
 
 @pytest.mark.pure
 def test_a_command_runs_with_its_own_group_only() -> None:
     """The app a command runs with holds the root and that command's group (typer reads every
     command's options it holds before parsing); help and unknown words get every group."""
-    every = set().union(*(app.group_commands(group) for group in app.GROUPS))
-    for group in app.GROUPS:
-        for word in app.group_commands(group):
+    every = set().union(*app.GROUPS.values())
+    for name, words in app.GROUPS.items():
+        assert app.group_commands(app.group_module(name)) == words, name
+        for word in words:
             for args in ([word, "--help"], ["-w", "somewhere", word], ["--ledger=x", word]):
                 built = typer.main.get_command(app.app_for(args))
                 assert isinstance(built, typer.core.TyperGroup)
-                assert set(built.commands) == app.group_commands(group), args
+                assert set(built.commands) == words, args
     full = typer.main.get_command(app.app_for(["--help"]))
     assert isinstance(full, typer.core.TyperGroup) and set(full.commands) == every
     assert app.app_for(["no-such-command"]) is app.app

@@ -17,8 +17,7 @@ import pytest
 
 from opspatch.core.edit import Detection
 from opspatch.core.vocabulary import Detected, PatchState
-from opspatch.ledger.lineage import AtPostImage, AtPreImage, ChangedSince, PatchedFurther
-from opspatch.ledger.lineage import Standing as Located
+from opspatch.ledger.lineage import AtPostImage, AtPreImage, ChangedSince, Located, PatchedFurther
 from opspatch.ledger.records import FileVersion
 from opspatch.runs.judgments import views
 from opspatch.runs.judgments.patchset import (

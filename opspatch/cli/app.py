@@ -3,6 +3,8 @@ become exit codes."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -14,21 +16,6 @@ import typer
 import typer.core
 
 from opspatch import __version__
-from opspatch.cli import (
-    bake,
-    changes,
-    fleet,
-    incident,
-    inspect,
-    inventory,
-    ledger,
-    live,
-    patches,
-    rehearse,
-    respond,
-    sandbox,
-    team,
-)
 from opspatch.cli.context import options
 from opspatch.cli.render import out, print_error
 from opspatch.errors import EXIT_BAD_INPUT, EXIT_OK, OpspatchError, RunInterrupted, exit_code_for
@@ -97,29 +84,46 @@ def _global(
     options.ledger = ledger_file
 
 
-GROUPS = (
-    patches,
-    changes,
-    bake,
-    fleet,
-    inspect,
-    incident,
-    ledger,
-    live,
-    respond,
-    inventory,
-    sandbox,
-    rehearse,
-    team,
-)
-"""The command groups, one module each, in the order `--help` lists their commands."""
+GROUPS: dict[str, frozenset[str]] = {
+    "patches": frozenset({"check", "plan", "schema"}),
+    "changes": frozenset({"apply", "recover", "restart", "rollback", "unlock"}),
+    "bake": frozenset({"bake"}),
+    "fleet": frozenset({"drift", "sync"}),
+    "inspect": frozenset({"judge", "smoke", "status"}),
+    "incident": frozenset({"export", "lint-init"}),
+    "ledger": frozenset({"ledger"}),
+    "live": frozenset({"live"}),
+    "respond": frozenset({"adopt", "diagnose"}),
+    "inventory": frozenset({"inventory"}),
+    "sandbox": frozenset({"sandbox"}),
+    "rehearse": frozenset({"rehearse"}),
+    "team": frozenset({"approve"}),
+}
+"""The command groups (`opspatch.cli.<name>`, in the order `--help` lists their commands) and the
+top-level words each registers: a command imports its own group's module only (issue 44)."""
 
 ROOT_OPTIONS_WITH_VALUES = ("--workspace", "-w", "--ledger")
 """The root command's options that take a value (`_global`): what stands before the command."""
 
-app = _root()
-for group in GROUPS:
-    group.register(app)
+
+def group_module(name: str) -> ModuleType:
+    """The module of command group `name` (a key of `GROUPS`), imported on first use."""
+    return importlib.import_module(f"opspatch.cli.{name}")
+
+
+@functools.cache
+def full_app() -> typer.Typer:
+    """The root with every command group: help, an unknown word, the docs and the tests."""
+    every = _root()
+    for name in GROUPS:
+        group_module(name).register(every)
+    return every
+
+
+def __getattr__(name: str) -> typer.Typer:
+    if name == "app":  # built when first asked for: a command builds only its own group
+        return full_app()
+    raise AttributeError(name)
 
 
 def app_for(args: Sequence[str]) -> typer.Typer:
@@ -127,12 +131,12 @@ def app_for(args: Sequence[str]) -> typer.Typer:
     builds every command it holds, its options read from their signatures, before parsing any:
     a tenth of a quick command's time), or every group when they name none (help, a typo)."""
     word = command_word(args)
-    chosen = [group for group in GROUPS if word in group_commands(group)]
+    chosen = [name for name, words in GROUPS.items() if word in words]
     if not chosen:
-        return app
+        return full_app()
     one = _root()
-    for group in chosen:
-        group.register(one)
+    for name in chosen:
+        group_module(name).register(one)
     return one
 
 
@@ -162,7 +166,9 @@ def group_commands(group: ModuleType) -> frozenset[str]:
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point: run the app, turn every failure into one message + exit code."""
-    args = patches.releases_without_spec(sys.argv[1:] if argv is None else list(argv))
+    from opspatch.cli.patches import releases_without_spec
+
+    args = releases_without_spec(sys.argv[1:] if argv is None else list(argv))
     # Every command that reports takes --json; an error then is a JSON document on stdout too.
     as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     try:

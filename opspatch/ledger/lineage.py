@@ -44,7 +44,7 @@ class ChangedSince:
     version: FileVersion
 
 
-Standing = AtPostImage | PatchedFurther | AtPreImage | ChangedSince
+Located = AtPostImage | PatchedFurther | AtPreImage | ChangedSince
 
 
 def applied_versions(history: Sequence[FileVersion], patch_id: str) -> list[FileVersion]:
@@ -64,7 +64,7 @@ def applied_versions(history: Sequence[FileVersion], patch_id: str) -> list[File
 
 def locate(
     history: Sequence[FileVersion], candidates: Sequence[FileVersion], live_sha256: str
-) -> Standing | None:
+) -> Located | None:
     """Where the live file stands against `candidates` (changes of one path, newest first),
     given that path's whole `history` (newest first); None without candidates.
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from opspatch import __version__
 from opspatch.core.host import Host
-from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.policy import Playbook
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import LiveRefused, OpspatchError, RemoteOperationError
@@ -28,12 +28,11 @@ from opspatch.hosts.liveinstall import (
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.fleetrun import FleetRun, per_node
-from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.fleet.fleetrun import per_node
+from opspatch.runs.fleet.recorded import run_in_batches
 from opspatch.runs.fleet.session import (
     HostFailed,
     HostSession,
-    NoProgress,
     Progress,
     describe_error,
 )
@@ -92,30 +91,16 @@ def _run(
     progress: Progress | None,
     per_host: Callable[[HostSession], HostOutcome],
 ) -> RunReport:
-    with (
-        recorded_run(ledger, command=command, patch=None, hosts=hosts, playbook=playbook) as run,
-        FleetRun(
-            command=command,
-            patch_id=None,
-            hosts=hosts,
-            factory=factory,
-            playbook=playbook,
-            recorder=run,
-            progress=progress or NoProgress(),
-        ) as fleet,
-    ):
-        refused = fleet.lease(restarting=())  # nothing restarts: no drain, no router room
-        if refused is not None:
-            return run.finish(refused)
-        plan = plan_rollout(playbook, fleet.items())
-
-        def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
-            return playbook.halt_reason(
-                {n: o.outcome for n, o in outcomes.items()}, canaries=plan.canaries
-            )
-
-        outcomes, halted = fleet.execute(per_node(per_host), batches=plan.batches, halt=halt)
-        return run.finish(fleet.report(outcomes, halted=halted))
+    return run_in_batches(
+        command,
+        per_node(per_host),
+        ledger=ledger,
+        hosts=hosts,
+        factory=factory,
+        playbook=playbook,
+        progress=progress,
+        restarting=(),  # nothing restarts: no drain, no router room
+    )
 
 
 def _site(session: HostSession) -> LiveSite | HostOutcome:

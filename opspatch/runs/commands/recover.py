@@ -36,12 +36,19 @@ from opspatch.runs.fleet.session import (
     Progress,
     describe_error,
 )
-from opspatch.runs.fleet.standing import HostStanding, Takeover, read_host
+from opspatch.runs.fleet.standing import (
+    Change,
+    HostStanding,
+    Takeover,
+    Unread,
+    read,
+    taking_lock,
+)
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing, paths_of
 from opspatch.runs.judgments.proof import describe
-from opspatch.runs.judgments.units import recover_remedy, unit_refusal
+from opspatch.runs.judgments.units import recover_remedy, require_whole_units
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 _OVER = (RunStatus.FINISHED, RunStatus.INTERRUPTED, RunStatus.RECOVERED)
@@ -201,13 +208,7 @@ def _recover(
     """Raises (before any host is touched): UnitRefused, some but not all nodes of a unit
     among the hosts (a unit is recovered as one: `_RecoverHost.group`)."""
 
-    refused = unit_refusal(
-        hosts,
-        command="recover",
-        whole=lambda unit: remedy_text(Command.RECOVER, hosts=unit.name),
-    )
-    if refused is not None:
-        raise refused
+    require_whole_units(hosts, Command.RECOVER)
     with recorded_run(
         ledger,
         command=Command.RECOVER,
@@ -287,17 +288,14 @@ class _RecoverHost:
         self.scope = scope
         self.patch = patch
 
-    def read(self, session: HostSession) -> HostStanding:
-        """The host's standing against the newest run's files the scope holds for it."""
+    def change(self, session: HostSession) -> Change:
+        """The newest run's files the scope holds for the host."""
         versions = self.scope.versions.get(session.name, [])
         newest_run = [v for v in versions if v.run_id == versions[-1].run_id] if versions else []
         paths = paths_of(newest_run)
-        return read_host(
-            session,
+        return Change(
             [v for v in versions if v.path in paths],
-            ledger=self.ledger,
             module=self.patch.spec.target.module if self.patch is not None else None,
-            takeover=_takeover(self.ledger, self.scope),
             paths=paths,
         )
 
@@ -309,22 +307,16 @@ class _RecoverHost:
         Raises:
             LockHeld: the lock is held by a run this recover may not take it from.
         """
-        run_id = session.lock.taking()
         timeout = session.playbook.timeouts.lock
         with session.step(Step.LOCK) as note:
-            try:
-                session.ops.lock(run_id=run_id, timeout=timeout)
-                note["detail"] = "no lock of another run held"
-            except LockHeld as held:
-                taken = _takeover(self.ledger, self.scope)(held)
-                if taken is None:
-                    raise
-                holder, idle = taken
-                session.ops.lock(
+            _, took = taking_lock(
+                session,
+                _takeover(self.ledger, self.scope),
+                lambda run_id, holder, idle: session.ops.lock(
                     run_id=run_id, takeover_run=holder, takeover_idle=idle, timeout=timeout
-                )
-                idly = " (no command of it still running here)" if idle else ""
-                note["detail"] = f"took the lock over from run {holder}{idly}"
+                ),
+            )
+            note["detail"] = took.removesuffix("; ") or "no lock of another run held"
         return note["detail"]
 
     def group(self, nodes: Nodes) -> list[HostOutcome]:
@@ -336,7 +328,11 @@ class _RecoverHost:
         nothing recorded): left alone when it serves, else restarted. Nodes or files that
         differ (a run stopped between two swaps): every new file put back, the group restarted
         and proven: `restored`, uniform at the pre-images."""
-        standings = {s.name: self.read(s) for s in nodes.sessions}
+        try:
+            takeover = _takeover(self.ledger, self.scope)
+            standings = read(nodes, self.change, ledger=self.ledger, takeover=takeover)
+        except Unread as unread:  # as any host's failure: `fleetrun.guarded` says it
+            raise unread.error from None
         if all(st.inspection is None for st in standings.values()):
             return self._not_read(nodes)
         odd = [
@@ -416,24 +412,7 @@ class _RecoverHost:
                 restore=lambda s: restore_standing(s, standings[s.name]),
                 note=note,
             )
-        if answers(nodes):
-            note = (
-                f"every node of unit {nodes.name} is at the pre-image; the unit serves: left alone"
-            )
-            return [
-                s.outcome(Outcome.RESTORED, file=changes[s.name], note=note) for s in nodes.sessions
-            ]
-        why = (
-            f"every node of unit {nodes.name} is at the pre-image; the unit was not serving: "
-            "restarted as one"
-        )
-        return undo(
-            nodes,
-            why,
-            restore=lambda s: changes[s.name],
-            changes=changes,
-            outcome=Outcome.RESTORED,
-        )
+        return _at_rest(nodes, f"every node of unit {nodes.name} is at the pre-image", changes)
 
     def _not_read(self, nodes: Nodes) -> list[HostOutcome]:
         """Nothing recorded and no patch to look for: no file to read, nothing to put back.
@@ -450,16 +429,7 @@ class _RecoverHost:
             return [session.outcome(Outcome.RESTORED, note=note)]
         said = "; ".join(f"{name}: {text}" for name, text in locked.items())
         why = f"{self.scope.what} recorded no change here ({said})"
-        if answers(nodes):
-            note = f"{why}; the unit serves: left alone"
-            return [s.outcome(Outcome.RESTORED, note=note) for s in nodes.sessions]
-        return undo(
-            nodes,
-            f"{why}; the unit was not serving: restarted as one",
-            restore=lambda session: None,
-            changes=dict.fromkeys(s.name for s in nodes.sessions),
-            outcome=Outcome.RESTORED,
-        )
+        return _at_rest(nodes, why, dict.fromkeys(s.name for s in nodes.sessions))
 
     def _changed_group(
         self, nodes: Nodes, standings: Mapping[str, HostStanding], odd: Sequence[str]
@@ -662,3 +632,20 @@ class _RecoverHost:
             return standing.found.change()
         newest = standing.version
         return FileChange(newest.path, newest.sha256_before, standing.live)
+
+
+def _at_rest(nodes: Nodes, why: str, changes: Mapping[str, FileChange | None]) -> list[HostOutcome]:
+    """A group with nothing to put back: `restored`, left alone when it serves, else restarted
+    as one."""
+    if answers(nodes):
+        note = f"{why}; the unit serves: left alone"
+        return [
+            s.outcome(Outcome.RESTORED, file=changes[s.name], note=note) for s in nodes.sessions
+        ]
+    return undo(
+        nodes,
+        f"{why}; the unit was not serving: restarted as one",
+        restore=lambda s: changes[s.name],
+        changes=changes,
+        outcome=Outcome.RESTORED,
+    )

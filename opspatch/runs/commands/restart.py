@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from opspatch.core.host import Host
-from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.policy import Playbook
 from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Action, Command, FileAction, Outcome
@@ -14,16 +14,15 @@ from opspatch.errors import OpspatchError
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.commands.live import StagedDisable, StagedPlugin, staged_plugin
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.group import Nodes, failing_as, prove_or_undo, refuse, undo
-from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.fleet.recorded import run_in_batches
 from opspatch.runs.fleet.restore import restore_standing
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
-from opspatch.runs.fleet.standing import HostStanding, begin, read_host
+from opspatch.runs.fleet.session import HostSession, Progress
+from opspatch.runs.fleet.standing import Change, HostStanding, Unread, read
 from opspatch.runs.fleet.steps import AS_ROLLBACK
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing
-from opspatch.runs.judgments.units import recover_remedy, unit_refusal
+from opspatch.runs.judgments.units import recover_remedy, require_whole_units
 from opspatch.runs.report import HostOutcome, RunReport
 
 
@@ -42,40 +41,16 @@ def restart_hosts(
         LedgerIntegrityError: the ledger's chain is broken.
         UnitRefused: the hosts take some but not all nodes of a unit.
     """
-    progress = progress or NoProgress()
-    unit = unit_refusal(
-        hosts, command="restart", whole=lambda u: remedy_text(Command.RESTART, hosts=u.name)
+    require_whole_units(hosts, Command.RESTART)
+    return run_in_batches(
+        Command.RESTART,
+        lambda nodes: _restart(nodes, ledger),
+        ledger=ledger,
+        hosts=hosts,
+        factory=factory,
+        playbook=playbook,
+        progress=progress,
     )
-    if unit is not None:
-        raise unit
-    with (
-        recorded_run(
-            ledger, command=Command.RESTART, patch=None, hosts=hosts, playbook=playbook
-        ) as run,
-        FleetRun(
-            command=Command.RESTART,
-            patch_id=None,
-            hosts=hosts,
-            factory=factory,
-            playbook=playbook,
-            recorder=run,
-            progress=progress,
-        ) as fleet,
-    ):
-        refused = fleet.lease()
-        if refused is not None:
-            return run.finish(refused)
-        plan = plan_rollout(playbook, fleet.items())
-
-        def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
-            return playbook.halt_reason(
-                {n: o.outcome for n, o in outcomes.items()}, canaries=plan.canaries
-            )
-
-        outcomes, halted = fleet.execute(
-            lambda nodes: _restart(nodes, ledger), batches=plan.batches, halt=halt
-        )
-        return run.finish(fleet.report(outcomes, halted=halted))
 
 
 def _staged_versions(ledger: Ledger, host: str) -> list[FileVersion]:
@@ -92,27 +67,23 @@ def _staged_versions(ledger: Ledger, host: str) -> list[FileVersion]:
 
 @dataclass(frozen=True)
 class _Staged:
-    """What restart found on a host: the newest write's run and where it stands (both None:
-    the ledger holds no change here, nothing was read)."""
+    """What restart found on a host: the newest write's run (None: the ledger holds no change
+    here, nothing was read) and where it stands."""
 
-    run_id: str | None = None
-    standing: HostStanding | None = None
+    run_id: str | None
+    standing: HostStanding
 
     @property
     def action(self) -> Action:
-        return (
-            decide(Command.RESTART, self.standing.standing)
-            if self.standing is not None
-            else Action.LEAVE
-        )
+        return decide(Command.RESTART, self.standing.standing)
 
     @property
     def new(self) -> bool:
         """Whether every file of the write is its post-image."""
-        return self.standing is not None and self.standing.standing in ALL_NEW
+        return self.standing.standing in ALL_NEW
 
     def left_alone(self, session: HostSession) -> HostOutcome:
-        if self.standing is None or self.run_id is None:
+        if self.run_id is None:
             return session.outcome(Outcome.SKIPPED, note="the ledger holds no change on this host")
         return session.outcome(
             Outcome.SKIPPED,
@@ -121,7 +92,7 @@ class _Staged:
         )
 
     def refused(self, session: HostSession) -> HostOutcome:
-        assert self.standing is not None and self.run_id is not None
+        assert self.run_id is not None
         return session.outcome(
             Outcome.SKIPPED,
             _refusal(session, self.standing, self.run_id),
@@ -130,22 +101,15 @@ class _Staged:
         )
 
     def what(self) -> str:
-        what = "patch set (all-new)" if self.standing and self.standing.is_set else "change"
+        what = "patch set (all-new)" if self.standing.is_set else "change"
         return f"run {self.run_id}'s {what}"
 
 
-def _read(session: HostSession, ledger: Ledger) -> _Staged:
-    """Lock and read the host's standing against the newest write's files.
-
-    Raises:
-        OpspatchError: the host could not be begun (unreachable, locked): nothing done there.
-    """
-    versions = _staged_versions(ledger, session.name)
+def _change(versions: Sequence[FileVersion]) -> Change:
+    """The newest write's files, begun at the staged write's own file."""
     if not versions:
-        return _Staged()
-    newest = max(versions, key=lambda v: v.event_id)  # the staged write's own file
-    inspection = begin(session, path=newest.path)
-    return _Staged(versions[0].run_id, read_host(session, versions, inspection=inspection))
+        return Change()
+    return Change(versions, begin_at=max(versions, key=lambda v: v.event_id).path)
 
 
 def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
@@ -157,13 +121,14 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
     `live disable`) is staged there (`_restart_plugin`). Nodes that differ (new on some, old
     on others): every node `needs-attention`, naming them; restarting would run two versions
     of the code in one server."""
-    staged: dict[str, _Staged] = {}
-    for session in nodes.sessions:
-        try:
-            staged[session.name] = _read(session, ledger)
-        except OpspatchError as exc:  # unreachable, locked: nothing was done there
-            return refuse(nodes, {session.name: session.refused(exc)}, "could not be read")
-    files = {n: st.standing.unchanged() if st.standing else None for n, st in staged.items()}
+    versions = {s.name: _staged_versions(ledger, s.name) for s in nodes.sessions}
+    try:
+        standings = read(nodes, lambda session: _change(versions[session.name]))
+    except Unread as unread:  # unreachable, locked: nothing was done there
+        refused = unread.session.refused(unread.error)
+        return refuse(nodes, {unread.session.name: refused}, "could not be read")
+    staged = {n: _Staged(v[0].run_id if v else None, standings[n]) for n, v in versions.items()}
+    files = {n: st.standing.unchanged() if st.run_id else None for n, st in staged.items()}
     odd = {
         s.name: staged[s.name].refused(s)
         for s in nodes.sessions
@@ -182,7 +147,6 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
         return [s.outcome(Outcome.NEEDS_ATTENTION, why, file=files[s.name]) for s in nodes.sessions]
     if not any(st.action == Action.PROVE_OR_UNDO for st in staged.values()):
         return _restart_plugin(nodes, ledger, staged)
-    standings = {n: st.standing for n, st in staged.items() if st.standing is not None}
     return prove_or_undo(
         nodes,
         changes={n: st.change() for n, st in standings.items()},
@@ -203,7 +167,7 @@ def _plugin(
     """
     if staged.action != Action.LEAVE:
         return None
-    return staged_plugin(session, ledger, locked=staged.standing is not None)
+    return staged_plugin(session, ledger, locked=staged.run_id is not None)
 
 
 def _restarted_into(nodes: Nodes, what: str, proven: str) -> str:

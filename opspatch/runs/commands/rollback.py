@@ -12,12 +12,12 @@ from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Action, Command, FileAction, Outcome, SetState, Step
+from opspatch.core.vocabulary import Action, Command, FileAction, Outcome, Step
 from opspatch.errors import OpspatchError, RemoteOperationError
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostInspection
 from opspatch.hosts.results import file_owner
-from opspatch.ledger.lineage import ChangedSince, PatchedFurther, applied_versions
+from opspatch.ledger.lineage import PatchedFurther, applied_versions
 from opspatch.ledger.records import NewFileVersion
 from opspatch.ledger.store import FileVersion, Ledger, Machine, RunDetail
 from opspatch.runs.fleet.connect import TransportFactory
@@ -26,12 +26,12 @@ from opspatch.runs.fleet.liveapply import revert_everywhere
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import Examined, restore_standing, run_restore
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
-from opspatch.runs.fleet.standing import HostStanding, Lineage, read_host
+from opspatch.runs.fleet.standing import Change, HostStanding, Lineage, read_host
 from opspatch.runs.fleet.steps import AS_ROLLBACK
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
-from opspatch.runs.judgments.patchset import paths_of
-from opspatch.runs.judgments.units import recover_remedy, unit_refusal
+from opspatch.runs.judgments.patchset import Place, Standing, paths_of
+from opspatch.runs.judgments.units import recover_remedy, require_whole_units
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 
@@ -70,9 +70,7 @@ def rollback_hosts(
         assert source_run is not None
         return remedy_text(Command.ROLLBACK, run=source_run.run_id, hosts=unit.name)
 
-    refused = unit_refusal(hosts, command="rollback", whole=again)
-    if refused is not None:
-        raise refused
+    require_whole_units(hosts, Command.ROLLBACK, whole=again)
     with recorded_run(
         ledger,
         command=Command.ROLLBACK,
@@ -131,17 +129,7 @@ class _Rollback:
         every change the patch made there (a patch applied twice is undone one run at a time),
         or the run's own."""
         if self.source_run is not None:
-            try:
-                record = self.source_run.host(host)
-            except KeyError:
-                return []
-            if record.outcome == Outcome.FAILED:  # nothing changed there (the swap was refused)
-                return []
-            found = [
-                v
-                for v in reversed(record.file_versions)
-                if v.action == FileAction.PATCH and self._considered(v.path)
-            ]
+            found = self._run_versions(host)
             return [v for v in found if v.path == found[0].path]
         assert self.patch is not None
         history = self.ledger.file_history(host)
@@ -158,17 +146,26 @@ class _Rollback:
                 return found
         return []
 
+    def _run_versions(self, host: str) -> list[FileVersion]:
+        """The run's changes on `host` this rollback considers, newest first."""
+        assert self.source_run is not None
+        try:
+            record = self.source_run.host(host)
+        except KeyError:
+            return []
+        if record.outcome == Outcome.FAILED:  # nothing changed there (the swap was refused)
+            return []
+        return [
+            v
+            for v in reversed(record.file_versions)
+            if v.action == FileAction.PATCH and self._considered(v.path)
+        ]
+
     def set_versions(self, host: str) -> dict[str, list[FileVersion]]:
         """A patch set's changes to undo on `host`, by path (two or more paths; else empty):
         the run's own, or every change the set's patch made to each of its files."""
         if self.source_run is not None:
-            try:
-                record = self.source_run.host(host)
-            except KeyError:
-                return {}
-            if record.outcome == Outcome.FAILED:
-                return {}
-            found = [v for v in reversed(record.file_versions) if v.action == FileAction.PATCH]
+            found = self._run_versions(host)
         elif self.patch is not None and self.patch.is_set:
             found = [
                 v
@@ -307,14 +304,13 @@ class _Rollback:
                         "host",
                     )
                 )
-        standing = read_host(
-            session,
+        change = Change(
             versions,
             module=None if versions or self.patch is None else self.patch.spec.target.module,
             lineage=self._lineage(session.name, by_path or None, versions),
-            lock=lock,
             paths=list(by_path) if by_path else None,
         )
+        standing = read_host(session, change, lock=lock)
         inspection = standing.inspection
         assert inspection is not None  # versions, or a patch's module, were read
         action = decide(Command.ROLLBACK, standing.standing)
@@ -341,7 +337,7 @@ class _Rollback:
                     reason=_refusal_reason(standing),
                 ),
             )
-        partly = standing.is_set and standing.found.state == SetState.PARTLY_APPLIED
+        partly = standing.is_set and standing.standing == Standing.PARTLY_NEW
         failed = f"`{recover_remedy(session.host)}` makes the set whole"
         return Examined(
             inspection,
@@ -549,7 +545,7 @@ def _join_notes(*notes: str | None) -> str | None:
 
 def _refusal_reason(standing: HostStanding) -> Reason:
     """The code of `_refusal`: later changes on top, else bytes changed since."""
-    further = any(isinstance(where, PatchedFurther) for where in standing.located)
+    further = any(file.place == Place.PATCHED_FURTHER for file in standing.files)
     return Reason.PATCHED_FURTHER if further else Reason.CHANGED_SINCE
 
 
@@ -558,16 +554,18 @@ def _refusal(standing: HostStanding) -> str:
     changes (roll those back first) or changed since (not overwriting someone else's bytes); a
     patch set is rolled back whole or not at all."""
     reasons: list[str] = []
-    for where, member in zip(standing.located, standing.found.members, strict=True):
-        path, live = member.path, member.live_sha256
-        if isinstance(where, PatchedFurther):
+    for file in standing.files:
+        path, live, where = file.path, file.sha256, file.located
+        if file.place == Place.PATCHED_FURTHER:
+            assert isinstance(where, PatchedFurther)
             reasons.append(
                 f"{path}: {where.advice()}"
                 if standing.is_set
                 else f"{path} is {live[:12]}: the change of run {where.version.run_id} was "
                 f"{where.advice()}"
             )
-        elif isinstance(where, ChangedSince):
+        elif file.place == Place.CHANGED:
+            assert where is not None
             version = where.version
             tail = ")" if standing.is_set else ", e.g. sglang reinstalled); not overwriting it"
             reasons.append(

@@ -18,7 +18,7 @@ from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.image import BakedLabels
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostInspection, HostOperations
-from opspatch.ledger.lineage import AtPostImage, PatchedFurther, applied_versions
+from opspatch.ledger.lineage import PatchedFurther, applied_versions
 from opspatch.ledger.store import Ledger, Machine
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
@@ -163,7 +163,7 @@ def classify(
         recreated=True if standing.place == Place.RECREATED else None,
     )
     if standing.place == Place.NEW:
-        assert ledger is not None and isinstance(standing.located, AtPostImage)
+        assert ledger is not None and standing.located is not None
         version = standing.located.version
         said = replace(
             said,
@@ -368,16 +368,15 @@ def fleet_status(
             for module, group in modules.items():
                 try:
                     inspection = ops.inspect(module, timeout=StepTimeouts().inspect)
-                except TargetError as exc:
-                    for p, index in group:
-                        found[p.sha256, index] = PatchStatus(
-                            host.name, p.spec.id, PatchState.NOT_APPLICABLE, None, None, exc.message
-                        )
-                    continue
                 except OpspatchError as exc:
+                    unread = (
+                        PatchState.NOT_APPLICABLE
+                        if isinstance(exc, TargetError)
+                        else PatchState.UNREACHABLE
+                    )
                     for p, index in group:
                         found[p.sha256, index] = PatchStatus(
-                            host.name, p.spec.id, PatchState.UNREACHABLE, None, None, exc.message
+                            host.name, p.spec.id, unread, None, None, exc.message
                         )
                     continue
                 for patch, index in group:

@@ -37,7 +37,7 @@ from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.judgments.approval import require_approval
-from opspatch.runs.judgments.units import recover_remedy, target_of, unit_refusal
+from opspatch.runs.judgments.units import recover_remedy, require_whole_units, target_of
 from opspatch.runs.judgments.views import DRIFT, SYNC, Coverage, Written
 from opspatch.runs.report import HostOutcome, RunReport
 
@@ -415,13 +415,7 @@ def sync_fleet(
     """
     progress = progress or NoProgress()
     playbook = desired.governing(playbook)  # the fleet file's [team] approval, if it asks
-    split = unit_refusal(
-        hosts,
-        command="sync",
-        whole=lambda unit: remedy_text(Command.SYNC, hosts=unit.name),
-    )
-    if split is not None:
-        raise split
+    require_whole_units(hosts, Command.SYNC)
     before = before or plan_fleet(desired, hosts, others, factory, ledger)
     by_name = {h.name: h for h in hosts}
     _refuse_before_any_run(desired, before, by_name, playbook, ledger)

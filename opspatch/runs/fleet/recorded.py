@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from opspatch.core.host import Host
-from opspatch.core.policy import Playbook, TeamSettings
+from opspatch.core.policy import Playbook, TeamSettings, plan_rollout
 from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Command, RunOutcome
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError, LedgerLost
 from opspatch.ledger.store import Ledger, operator_identity
+from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.fleetrun import FleetRun, PerGroup
 from opspatch.runs.fleet.recorder import LedgerRecorder
+from opspatch.runs.fleet.session import NoProgress, Progress
+from opspatch.runs.report import HostOutcome, RunReport
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:
@@ -98,3 +102,42 @@ def _then_recover(run_id: str, exc: LedgerError, ledger: Ledger) -> str:
     if exc.rescued != str(ledger.path):
         return f"with --ledger {exc.rescued}, `{recover}` brings {part_way} to a known state"
     return f"`{recover}` brings {part_way} to a known state"
+
+
+def run_in_batches(
+    command: Command,
+    per_group: PerGroup,
+    *,
+    ledger: Ledger,
+    hosts: Sequence[Host],
+    factory: TransportFactory,
+    playbook: Playbook,
+    progress: Progress | None = None,
+    restarting: Collection[str] | None = None,
+) -> RunReport:
+    """A recorded run of `per_group` over the hosts' groups, leased first (`restarting`: as
+    `FleetRun.lease`), in the playbook's batches, canaries first, halted as an apply is."""
+    with (
+        recorded_run(ledger, command=command, patch=None, hosts=hosts, playbook=playbook) as run,
+        FleetRun(
+            command=command,
+            patch_id=None,
+            hosts=hosts,
+            factory=factory,
+            playbook=playbook,
+            recorder=run,
+            progress=progress or NoProgress(),
+        ) as fleet,
+    ):
+        refused = fleet.lease(restarting=restarting)
+        if refused is not None:
+            return run.finish(refused)
+        plan = plan_rollout(playbook, fleet.items())
+
+        def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
+            return playbook.halt_reason(
+                {n: o.outcome for n, o in outcomes.items()}, canaries=plan.canaries
+            )
+
+        outcomes, halted = fleet.execute(per_group, batches=plan.batches, halt=halt)
+        return run.finish(fleet.report(outcomes, halted=halted))

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from opspatch.core.vocabulary import Step
-from opspatch.errors import LockHeld
+from opspatch.errors import LockHeld, OpspatchError
 from opspatch.hosts.operations import HostInspection
-from opspatch.ledger.lineage import Standing as Located
 from opspatch.ledger.store import FileVersion, Ledger
+from opspatch.runs.fleet.group import Nodes
 from opspatch.runs.fleet.session import HostSession
 from opspatch.runs.judgments.patchset import (
     FileStanding,
@@ -56,29 +57,43 @@ def begin(
             note["detail"] = f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
         session.recorder.facts(session.name, inspection.facts)
         return inspection
-    run_id = session.lock.taking()
     with session.step(Step.BEGIN) as note:
-        try:
-            _, inspection = session.ops.begin(
-                module, path=path, run_id=run_id, timeout=timeouts.lock + timeouts.inspect
-            )
-        except LockHeld as held:
-            taken = takeover(held) if takeover is not None else None
-            if taken is None:
-                raise
-            holder, idle = taken
-            _, inspection = session.ops.begin(
+        inspection, note["detail"] = taking_lock(
+            session,
+            takeover,
+            lambda run_id, holder, idle: session.ops.begin(
                 module,
                 path=path,
                 run_id=run_id,
                 takeover_run=holder,
                 takeover_idle=idle,
                 timeout=timeouts.lock + timeouts.inspect,
-            )
-            idly = " (no command of it still running here)" if idle else ""
-            note["detail"] = f"took the lock over from run {holder}{idly}; "
+            )[1],
+        )
         note["detail"] += f"{inspection.file.realpath} is {inspection.file.sha256[:12]}"
     return inspection
+
+
+T = TypeVar("T")
+
+
+def taking_lock(
+    session: HostSession,
+    takeover: Takeover | None,
+    take: Callable[[str, str | None, bool], T],
+) -> tuple[T, str]:
+    """`take(run_id, takeover_run, takeover_idle)` the lock, again taking a held one over when
+    `takeover` allows (else `LockHeld` stands); with what the step says of it."""
+    run_id = session.lock.taking()
+    try:
+        return take(run_id, None, False), ""
+    except LockHeld as held:
+        taken = takeover(held) if takeover is not None else None
+        if taken is None:
+            raise
+        holder, idle = taken
+        idly = " (no command of it still running here)" if idle else ""
+        return take(run_id, holder, idle), f"took the lock over from run {holder}{idly}; "
 
 
 def read_live(
@@ -115,11 +130,6 @@ class HostStanding:
     proofs: tuple[ChangeProof, ...] = ()
 
     @property
-    def located(self) -> tuple[Located, ...]:
-        """Where each file is in its lineage (empty when nothing is recorded)."""
-        return tuple(f.located for f in self.files if f.located is not None)
-
-    @property
     def is_set(self) -> bool:
         """A patch set (two or more files), reported with every file of it."""
         return len(self.found.members) > 1
@@ -151,48 +161,55 @@ class HostStanding:
         return FileChange(version.path, version.sha256_before, version.sha256_after)
 
 
+@dataclass(frozen=True)
+class Change:
+    """What a command is about on one host: the recorded changes of its file(s) (`versions`: one
+    path's or a set's), read in `paths` order when given (else the order first recorded; the
+    first begun, or `begin_at`), each path's history and candidates by `lineage(path,
+    inspection)` when given (else `versions` of that path, newest first); no versions: the file
+    `module` resolves to (None too: nothing recorded, nothing read)."""
+
+    versions: Sequence[FileVersion] = ()
+    module: str | None = None
+    lineage: Lineage | None = None
+    paths: Sequence[str] | None = None
+    begin_at: str | None = None
+
+
 def read_host(
     session: HostSession,
-    versions: Sequence[FileVersion],
+    change: Change,
     *,
     ledger: Ledger | None = None,
-    module: str | None = None,
-    lineage: Lineage | None = None,
-    inspection: HostInspection | None = None,
     lock: bool = True,
     takeover: Takeover | None = None,
-    paths: Sequence[str] | None = None,
 ) -> HostStanding:
-    """Read where `versions` (the recorded changes of one path or of a set's paths) stand on
-    the host: `begin` (unless `inspection` is given: begun already), the set's other files in
-    one `read-set` step, and each file placed (`patchset.read_file`) against its candidates: `versions` of
-    that path (newest first), or `lineage(path, inspection)` (history and candidates from the
-    ledger by the inspected machine). No versions and no `module`: nothing recorded, nothing
-    read. With `ledger`, the proofs of a change whose every file is new. `paths`: the order to
-    read the files in (the first is begun), when not the order they were first recorded.
+    """Where `change` stands on the host: `begin`, the set's other files in one `read-set`
+    step, each file placed (`patchset.read_file`), then judged together (`patchset.judge`).
+    With `ledger`, the proofs of a change whose every file is new.
 
     Raises:
         LockHeld, OpspatchError: the host could not be begun, or a file could not be read.
     """
-    paths = list(paths) if paths is not None else paths_of(versions)
-    if not paths and module is None:
+    versions = change.versions
+    paths = list(change.paths) if change.paths is not None else paths_of(versions)
+    if not paths and change.module is None:
         return HostStanding(Standing.NOTHING_RECORDED, SetOnHost(()))
-    if inspection is None:
-        inspection = begin(
-            session,
-            module=None if paths else module,
-            path=paths[0] if paths else None,
-            lock=lock,
-            takeover=takeover,
-        )
+    inspection = begin(
+        session,
+        module=None if paths else change.module,
+        path=change.begin_at or (paths[0] if paths else None),
+        lock=lock,
+        takeover=takeover,
+    )
     if not paths:
         paths = [inspection.file.realpath]
     live = read_live(session, paths, {inspection.file.realpath: inspection.file.sha256})
     age = server_age(inspection.server, inspection.file)
     files: list[FileStanding] = []
     for path in paths:
-        if lineage is not None:
-            history, candidates = lineage(path, inspection)
+        if change.lineage is not None:
+            history, candidates = change.lineage(path, inspection)
         else:
             mine = sorted((v for v in versions if v.path == path), key=lambda v: -v.event_id)
             history = candidates = mine
@@ -206,3 +223,33 @@ def read_host(
         proofs = tuple(change_proof(ledger, session.name, m.version) for m in members.members)
     standing = judge(located, server=age, proven=bool(proofs) and all(p.proven for p in proofs))
     return HostStanding(standing, members, tuple(files), inspection, proofs)
+
+
+class Unread(Exception):
+    """A node of a group could not be read (`error`); no node after it was."""
+
+    def __init__(self, session: HostSession, error: OpspatchError) -> None:
+        super().__init__(error.message)
+        self.session = session
+        self.error = error
+
+
+def read(
+    nodes: Nodes,
+    change: Callable[[HostSession], Change],
+    *,
+    ledger: Ledger | None = None,
+    lock: bool = True,
+    takeover: Takeover | None = None,
+) -> dict[str, HostStanding]:
+    """Where a change stands on every node of a group, in rank order: what the commands that
+    change hosts decide from. Raises `Unread` for the first node that could not be read."""
+    standings: dict[str, HostStanding] = {}
+    for session in nodes.sessions:
+        try:
+            standings[session.name] = read_host(
+                session, change(session), ledger=ledger, lock=lock, takeover=takeover
+            )
+        except OpspatchError as error:
+            raise Unread(session, error) from error
+    return standings

@@ -23,7 +23,6 @@ from opspatch.hosts.diagnosis import (
 )
 from opspatch.hosts.image import BakedLabels
 from opspatch.hosts.results import RemoteFile
-from opspatch.ledger.lineage import AtPostImage
 from opspatch.ledger.records import FileVersion
 from opspatch.runs.judgments.patchset import Place, read_file
 from opspatch.runs.judgments.views import file_state
@@ -257,7 +256,7 @@ def judge_file(
             **common,
         )
     if standing.place == Place.NEW:
-        assert isinstance(standing.located, AtPostImage)
+        assert standing.located is not None
         written = standing.located.version
         return FileVerdict(
             m.module,

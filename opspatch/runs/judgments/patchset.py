@@ -12,8 +12,14 @@ from opspatch.core.vocabulary import FileAction, SetState, Word
 from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.image import BakedLabels, baked_history
 from opspatch.hosts.results import RemoteFile, ServerProcess
-from opspatch.ledger.lineage import AtPostImage, AtPreImage, ChangedSince, PatchedFurther, locate
-from opspatch.ledger.lineage import Standing as Located
+from opspatch.ledger.lineage import (
+    AtPostImage,
+    AtPreImage,
+    ChangedSince,
+    Located,
+    PatchedFurther,
+    locate,
+)
 from opspatch.ledger.store import FileVersion
 from opspatch.runs.report import FileChange, SetFile, set_state
 

@@ -261,3 +261,17 @@ def unit_refusal(
         "nothing was changed",
         hint="select every node of the unit: " + "; ".join(f"`{whole(s.unit)}`" for s in split),
     )
+
+
+def require_whole_units(
+    hosts: Sequence[Host], command: Command, whole: Callable[[Unit], str] | None = None
+) -> None:
+    """Raise `unit_refusal`'s `UnitRefused`, if any (`whole`: the remedy; by default `command`
+    over the whole unit)."""
+    refused = unit_refusal(
+        hosts,
+        command=str(command),
+        whole=whole or (lambda unit: remedy_text(command, hosts=unit.name)),
+    )
+    if refused is not None:
+        raise refused
