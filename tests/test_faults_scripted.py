@@ -478,3 +478,55 @@ def test_a_halted_recover_names_the_lock_of_the_run_left_on_the_hosts_it_never_s
     )
     assert set(fleet.outcomes(recovered).values()) == {"restored"}, recovered
     assert not any(lock_of(f) for f in fleet.hosts if f.name in never)
+
+
+@pytest.mark.process
+def test_a_halted_recover_leaves_its_run_interrupted_until_a_recover_reconciles_every_host(
+    fleet: Fleet,
+) -> None:
+    """recover --run R halts at its first host (its server cannot be started), so R's other
+    hosts are never reconciled: R stays `interrupted` (not `recovered`, which would be a false
+    green), and a later recover --run R finishes every host and marks it recovered. Before, the
+    halted recover marked R recovered by itself."""
+    dead = begin_and_die(fleet.ledger.path, hosts=[h.name for h in fleet.hosts])
+    for fake in fleet.hosts:
+        locked_by(fake, dead)
+    first = fleet.hosts[0]
+    first.serving = False
+
+    def no_start(op: str, args: dict[str, Any]) -> Refusal | None:
+        if op in ("restart", "start"):
+            return Refusal("restart-failed", "the start command exited 1")
+        return None
+
+    first.fault = no_start
+    names = [h.host() for h in fleet.hosts]
+
+    def recover() -> RunReport:
+        return recover_run(
+            ledger=fleet.ledger,
+            chain=run_chain(fleet.ledger, dead),
+            hosts=names,
+            factory=fleet.factory,
+            playbook=Playbook(max_in_flight=1),
+            patch=None,
+        )
+
+    halted = recover()
+    assert halted.halted is not None and halted.exit_code == 3, fleet.outcomes(halted)
+    never = [h for h in halted.hosts if h.outcome == "skipped"]
+    assert {h.host for h in never} == {"h2", "h3"}
+    summary = fleet.ledger.get_run(dead).summary
+    assert (summary.status, summary.recovered_by) == ("interrupted", None), summary
+    assert all(h.reason == "not-started" for h in never), never
+    again = f"run {dead} stays interrupted until `opspatch recover --run {dead}` reconciles"
+    assert all(again in (h.error or "") for h in never), never
+    assert fleet.ledger.get_run(halted.run_id or "").summary.status == "finished"
+
+    first.fault = None
+    finished = recover()
+    assert finished.exit_code == 0, fleet.outcomes(finished)
+    assert set(fleet.outcomes(finished).values()) == {"restored"}, finished
+    assert not any(lock_of(f) for f in fleet.hosts)
+    summary = fleet.ledger.get_run(dead).summary
+    assert (summary.status, summary.recovered_by) == ("recovered", finished.run_id), summary

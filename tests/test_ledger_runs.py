@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from opspatch.core.ledgerlocation import PostgresLedger
+from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import RunStatus
 from opspatch.errors import InputError
 from opspatch.ledger import ControllerProcess, Ledger
@@ -153,6 +154,27 @@ def test_a_killed_recover_recovers_nothing_and_a_recover_of_it_recovers_the_chai
     ledger.finish_run(second, "needs-attention")  # finished, whatever its outcome
     assert statuses(ledger)[killed_recover] == ("recovered", second)
     assert statuses(ledger)[applied] == ("recovered", second)
+
+
+def test_a_recover_that_left_a_host_never_started_recovers_nothing(
+    ledger: Ledger, ledger_path: Path
+) -> None:
+    """A recover halted before it started gpu-02: the apply stays `interrupted` (issue 42's
+    false green); a later recover that started every host recovers it."""
+    applied = begin_and_die(ledger_path)
+    halted = begin(ledger, command="recover", parent_run=applied)
+    ledger.record_host_outcome(halted, "gpu-01", "needs-attention", "its server did not start")
+    ledger.record_host_outcome(
+        halted, "gpu-02", "skipped", "not started: the run halted", reason=Reason.NOT_STARTED
+    )
+    ledger.finish_run(halted, "needs-attention")
+    assert statuses(ledger)[applied] == ("interrupted", None)
+
+    whole = begin(ledger, command="recover", parent_run=applied)
+    for host in ("gpu-01", "gpu-02"):
+        ledger.record_host_outcome(whole, host, "restored")
+    ledger.finish_run(whole, "ok")
+    assert statuses(ledger)[applied] == ("recovered", whole)
 
 
 def test_only_a_recover_recovers_and_only_an_interrupted_run(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import Command, EventKind, RunStatus
 from opspatch.errors import LedgerError
 from opspatch.ledger.chain import ROW_COLUMNS, EventRow
@@ -54,7 +55,9 @@ def finish_events(conn: Database, run_ids: Sequence[str]) -> dict[str, EventRow]
 def recovered_by(conn: Database, parents: Sequence[str]) -> dict[str, str]:
     """For each of `parents` that has one, the first `recover` run that finished and descends
     from it through `parent_run`: a recover recovers its parent, and a recover of a recover that
-    was itself killed recovers the original run too. A killed recover recovers nothing."""
+    was itself killed recovers the original run too. A killed recover recovers nothing, nor does
+    one that halted before starting some host (`halted_part_way`): the parent stays interrupted
+    there, for a later recover to finish."""
     if not parents:
         return {}
     # The canonical body has no spaces: LIKE is a cheap filter before the bodies are parsed.
@@ -67,7 +70,11 @@ def recovered_by(conn: Database, parents: Sequence[str]) -> dict[str, str]:
     for row in candidates:
         if row.data["command"] == Command.RECOVER and row.data["parent_run"]:
             children.setdefault(row.data["parent_run"], []).append(row.run_id)
-    finished = finish_events(conn, [c for runs in children.values() for c in runs])
+    recovers = [c for runs in children.values() for c in runs]
+    partial = halted_part_way(conn, recovers)
+    finished = {
+        run: row for run, row in finish_events(conn, recovers).items() if run not in partial
+    }
     found: dict[str, str] = {}
     for parent in parents:
         best: tuple[int, str] | None = None
@@ -84,6 +91,20 @@ def recovered_by(conn: Database, parents: Sequence[str]) -> dict[str, str]:
         if best is not None:
             found[parent] = best[1]
     return found
+
+
+def halted_part_way(conn: Database, run_ids: Sequence[str]) -> set[str]:
+    """Those of `run_ids` that left a host never started: its last outcome `not-started`."""
+    if not run_ids:
+        return set()
+    marks = ", ".join("?" for _ in run_ids)
+    rows = select_events(
+        conn,
+        f"kind = '{EventKind.HOST_OUTCOME}' AND run_id IN ({marks}) ORDER BY id",
+        run_ids,
+    )
+    last = {(row.run_id, row.host): row.data.get("reason") for row in rows}
+    return {run for (run, _), reason in last.items() if reason == Reason.NOT_STARTED}
 
 
 def run_summaries(conn: Database, starts: Sequence[EventRow]) -> list[RunSummary]:

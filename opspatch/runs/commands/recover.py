@@ -8,6 +8,7 @@ from functools import partial
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import (
@@ -228,21 +229,25 @@ def _recover(
             per_group=recover.group,
             leases=leases,
             taking_over=taking_over,
-            not_started=None if parent_run is None else partial(_never_reached, scope),
+            not_started=None if parent_run is None else partial(_never_reached, scope, parent_run),
         )
         return run.finish(report)
 
 
-def _never_reached(scope: _Scope, session: HostSession, why: str) -> HostOutcome:
+def _never_reached(scope: _Scope, parent_run: str, session: HostSession, why: str) -> HostOutcome:
     """A host of the recovered runs that a halt kept this recover from starting: nothing of
     theirs was reconciled there, and the lock they took there was neither taken over nor
-    given back (the next command would be refused by it without a word why)."""
+    given back (the next command would be refused by it without a word why). `not-started`
+    keeps those runs interrupted in the ledger (`ledger.events.recovered_by`)."""
     unlock = remedy_text(Command.UNLOCK, hosts=session.name)
+    again = remedy_text(Command.RECOVER, run=parent_run)
     return session.outcome(
         Outcome.SKIPPED,
         f"not started: {why}; nothing of {scope.what} was reconciled here, and its lock, if it "
         f"took one here, is still held: `{recover_remedy(session.host)}` reconciles the host "
-        f"and takes the lock over, or `{unlock}` removes it",
+        f"and takes the lock over, or `{unlock}` removes it; run {parent_run} stays "
+        f"interrupted until `{again}` reconciles every host of it",
+        reason=Reason.NOT_STARTED,
     )
 
 
