@@ -26,6 +26,7 @@ from opspatch.config.fleet import DesiredPatch, DesiredState
 from opspatch.config.patches import load_patch
 from opspatch.core.host import CommandRestart, EngineSettings, Host, RouterSettings, Unit
 from opspatch.core.policy import BatchSize, JudgeSettings, Playbook, RotationSettings, StepTimeouts
+from opspatch.core.remedy import recover_after_stop
 from opspatch.core.spec import LoadedPatch
 from opspatch.errors import Location, TransportError
 from opspatch.hosts.transport.base import Transport
@@ -278,6 +279,9 @@ class Notices:
 
     def notice(self, text: str) -> None:
         self.lines.append(text)
+
+    def after_stop(self, run_id: str | None) -> str | None:
+        return recover_after_stop(run_id)
 
 
 UNIT = Unit("u1", ("h1", "h2"))

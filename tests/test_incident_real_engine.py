@@ -20,7 +20,10 @@ it (each real start costs minutes here, so the tests share it and run in this or
   `apply eagle-init-guard --live` makes its first decode pass with no pid changed, the take
   riding the real receive path, `handle_rpc_request` on both ranks and its barrier;
 - a method-body fix of the real `Scheduler` shows in both ranks' logs with no restart; `rollback`
-  takes it out of both, no restart; `status` says each state.
+  takes it out of both, no restart; `status` says each state;
+- the same fix applied with a restart, its controller killed once the host swapped the file (the
+  swap's reply held by the engine interpreter's fault switch, tests/faultkit.py): `recover`
+  restarts the real tree, smokes it and says `applied`, and the server runs those bytes.
 
 `live disable` + `live enable` + `restart` finishing a staged plugin is the stand-in tier's
 (tests/test_live_enable_engine.py); here the plugin's loading at each real start is seen instead.
@@ -28,10 +31,15 @@ it (each real start costs minutes here, so the tests share it and run in this or
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -63,9 +71,11 @@ from opspatch.sandbox.processes import free_port, is_running, proc_text
 from opspatch.sandbox.real.launch import EAGLE_DRAFT_TOKENS, cpu_env, server_args
 from tests.clirunner import Run, opspatch
 from tests.enginekit import wait_for_frozen_collectors
+from tests.faultkit import arm_switch, install_wrapper
+from tests.fleetkit import alive, wait_until
 from tests.realkit import RealEngine, real_engine, transformers_greedy
 
-# real TP=2 starts take minutes on this loaded 2-core machine (the fixture's and two
+# real TP=2 starts take minutes on this loaded 2-core machine (the fixture's and three
 # restarts), and a crash holds its decode up to 65 s
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1800)]
 
@@ -524,3 +534,63 @@ def test_rollback_takes_the_fix_out_of_both_ranks_with_no_restart(host: Incident
     assert rows["scheduler-request-log-test"]["state"] == "not-applied"
     assert "live" not in rows["scheduler-request-log-test"]
     assert rows["eagle-init-guard"]["state"] == "applied"  # the other fix is still held
+
+
+def test_an_apply_killed_after_its_swap_is_finished_by_recover_on_the_real_tree(
+    host: IncidentHost,
+) -> None:
+    """`recover` on real SGLang: the apply's controller dies once the host swapped the file
+    (before any restart); recover restarts the real TP=2 tree (none of the old processes left),
+    smokes it through EAGLE-3 and says `applied`, and the server that answers runs the bytes it
+    names. The server's one restart here is recover's."""
+    control = host.workspace / "fault"
+    control.mkdir()
+    python = str(load_inventory(host.inventory).host(HOST).engine.python)
+    line = f"python = {json.dumps(python)}"
+    assert host.inventory.read_text().count(line) == 1
+    wrapper = install_wrapper(control, python)
+    faults = host.inventory.with_name("real-faults.toml")
+    faults.write_text(
+        host.inventory.read_text().replace(line, f"python = {json.dumps(str(wrapper))}")
+    )
+    scheduler = host.site_packages / "sglang/srt/managers/scheduler.py"
+    pre = scheduler.read_bytes()
+    pids = host.pids()
+    arm_switch(control, "swap", at="after")  # the swap done on the host, its reply held
+    controller = subprocess.Popen(
+        [sys.executable, "-m", "opspatch.cli", "apply", "scheduler-request-log-test", "--hosts",
+         "real-faults", "--yes"],
+        cwd=host.workspace, env={**os.environ, **host.env}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    reached = control / "reached.json"
+    try:
+        assert wait_until(reached.exists, 600, 0.1), "the swap never reached the host"
+    finally:
+        os.kill(controller.pid, signal.SIGKILL)
+        controller.communicate(timeout=60)
+        (control / "release").touch()
+    held = int(json.loads(reached.read_text())["pid"])
+    assert wait_until(lambda: not alive(held), 60), f"the held swap {held} did not end"
+    assert scheduler.read_bytes() != pre  # swapped, and nothing restarted it
+    assert host.pids() == pids
+    run = host.cli("ledger", "list", "--json").json()["runs"][0]
+    assert run["status"] == "interrupted", run
+    assert host.status_rows()["scheduler-request-log-test"]["state"] == "staged"
+
+    recovered = host.cli("recover", "--yes", "--json")
+    assert recovered.code == 0, recovered.stdout + recovered.stderr + host.log[-3000:]
+    (report,) = recovered.json()["hosts"]
+    assert report["outcome"] == "applied", report
+    assert f"finished run {run['run_id']}'s change" in report["note"], report
+    assert "restart" in [step["step"] for step in report["steps"]], report
+    assert report["smoke"]["ok"], report
+    assert not {pid for pid in pids if is_running(pid)}  # no scheduler or detokenizer left
+    assert hashlib.sha256(scheduler.read_bytes()).hexdigest() == report["file"]["sha256_after"]
+    rid = uuid.uuid4().hex
+    reply = host.generate("def fibonacci(n):", 8, rid=rid)
+    assert reply["meta_info"]["spec_verify_ct"] > 0
+    assert _ranks_logged(host.log_since_start(), f"{MARK} {rid}") == {"TP0", "TP1"}
+    assert host.status_rows()["scheduler-request-log-test"]["state"] == "applied"
+    listed = host.cli("ledger", "list", "--json").json()["runs"]
+    assert next(r for r in listed if r["run_id"] == run["run_id"])["status"] == "recovered"

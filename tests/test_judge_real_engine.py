@@ -31,7 +31,7 @@ import pytest
 from tests.fleetkit import SandboxFleet
 from tests.realkit import real_engine
 
-# two real starts of two servers (up, then up again into the live plugin) on a loaded machine
+# a real start of two servers, and their judged decodes, on a loaded machine
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1500)]
 
 CANARY, PEER = "sandbox-01", "sandbox-02"
@@ -102,13 +102,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxFleet]:
     folder = tmp_path_factory.mktemp("judge-real")
     sandbox = SandboxFleet(folder, 2, engine="sglang", extra=("--live",))
     try:
-        sandbox.up()
-        # the plugin loads at an engine's start: enabled, then the engines started into it
-        # (a restart's smoke would be the incident build's first decode: docs/live.md)
-        for args in (("live", "enable", "--hosts", "sandbox", "--yes"), ("sandbox", "down")):
-            run = sandbox.opspatch(*args)
-            assert run.code == 0, run.stdout + run.stderr
-        sandbox.up()
+        sandbox.up()  # `--live`: the plugin installed before the engines' first start
         guard = sandbox.opspatch(
             "apply", "eagle-init-guard", "--hosts", "sandbox", "--live", "--yes"
         )

@@ -111,3 +111,5 @@ def _rehearse_and_check(tmp_path: Path, scratch: Path) -> None:
     assert _working_in(scratch) == [], "a process of the rehearsal is left"
     assert list(scratch.iterdir()) == [] and not (tmp_path / "state").exists()
     assert "rehearsing scheduler-spec-threshold on sglang 0.5.23" in run.stderr
+    # the release's environment is found (or built) once, and said once: `up` is handed it
+    assert run.stderr.count("real SGLang 0.5.23: its environment and models") == 1, run.stderr

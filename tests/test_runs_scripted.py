@@ -1136,3 +1136,54 @@ def test_a_first_ctrl_c_during_a_readiness_wait_says_what_is_still_waited_for_un
     assert f"waiting for h1 (ready: {url}/health, until " in said, said
     assert " UTC) to finish" in said
     assert [str(h.outcome) for h in report.hosts] == ["applied"]  # in flight: finished
+
+
+def test_a_rehearsals_ctrl_c_lines_say_it_is_torn_down_not_to_recover(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a rehearsal a second Ctrl-C tears the rehearsal down (its servers stopped, its folder
+    and ledger removed): its apply's readiness lines and first-Ctrl-C notice say so. Before,
+    they advised `opspatch recover --run R`, for a run no ledger of the operator's holds."""
+    from opspatch.runs.fleet import fleetrun
+    from opspatch.runs.fleet.executor import Cancellation
+    from opspatch.sandbox.rehearse import AFTER_STOP, RehearsalApplyProgress
+
+    cancellation = Cancellation()
+    monkeypatch.setattr(fleetrun, "Cancellation", lambda: cancellation)
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+    lines: list[str] = []
+    parts: list[str] = []
+
+    def ctrl_c_then_slow_to_answer(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        if op != "wait_ready":
+            return None
+        parts.append(op)
+        if len(parts) == 1:
+            cancellation.request()  # the operator's first Ctrl-C, as its handler takes it
+            deadline = time.monotonic() + 60  # bounds a broken test only
+            while not any(line.startswith("Ctrl-C") for line in lines):
+                assert time.monotonic() < deadline, "no announcement"
+                time.sleep(0.05)
+        if len(parts) < 3:
+            return {"waiting": {"seconds": 30.0, "polls": 30, "last": "/health: refused"}}
+        return {"seconds": 2.5, "polls": 3}
+
+    host.fault = ctrl_c_then_slow_to_answer
+    report = apply_to_hosts(
+        fleet.patch,
+        [host.host()],
+        Playbook(canary=0),
+        factory=fleet.factory,
+        ledger=fleet.ledger,
+        progress=RehearsalApplyProgress(lines.append),
+    )
+    assert [str(h.outcome) for h in report.hosts] == ["applied"]
+    waiting = [line for line in lines if "still waiting" in line]
+    (ctrl_c,) = [line for line in lines if line.startswith("Ctrl-C")]
+    assert len(waiting) == 2, lines
+    for line in [*waiting, ctrl_c]:
+        assert "recover" not in line, line
+    for line in waiting:
+        assert line.endswith(f"Ctrl-C twice stops waiting, then {AFTER_STOP}"), line
+    assert ctrl_c.endswith(f"Ctrl-C again stops waiting, then {AFTER_STOP}"), ctrl_c

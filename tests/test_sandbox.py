@@ -213,6 +213,9 @@ def test_down_keeps_everything_and_up_restarts_on_the_same_port_with_the_patched
         down = sandbox.run("down", "--json")
         assert down.code == 0, down.stderr
         assert down.json()["hosts"][0]["stopped"][0] == wrapper
+        # named by the pid `up` and `status` show, the engine's own (before, the wrapper's)
+        assert down.json()["hosts"][0]["pid"] == first["pid"]
+        assert f"sandbox-01: stopping the engine (pid {first['pid']})" in down.stderr
         assert down.json()["removed"] == []
         assert not running(first["pid"])
         assert sandbox.layout.host_dir("sandbox-01").is_dir()
@@ -227,9 +230,14 @@ def test_down_keeps_everything_and_up_restarts_on_the_same_port_with_the_patched
         assert target.read_bytes() == outcome.new_source  # never reinstalled
         assert http_request("GET", again["url"] + "/health").status == 200
 
+        table = sandbox.run("down")
+        assert table.code == 0, table.stderr
+        assert f"sandbox-01: engine (pid {again['pid']}) stopped, its process tree: pids " in (
+            table.stdout
+        )
+        assert not running(again["pid"])
         purge = sandbox.run("down", "--purge", "--json")
         assert purge.code == 0, purge.stderr
-        assert not running(again["pid"])
         assert not sandbox.layout.root.exists()
         assert not (sandbox.state_dir / "inventories" / "sandbox.toml").exists()
         assert str(sandbox.layout.hosts_dir) in purge.json()["removed"]

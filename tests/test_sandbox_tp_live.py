@@ -1,6 +1,7 @@
 """`sandbox up --tp T --live` on the stand-in: a single server of T scheduler ranks (before, `--tp`
 was refused without `--units`), `live = true` in the inventories (before, every `up` dropped
-it), both kept by a later `up`; another TP on a built sandbox is refused."""
+it), both kept by a later `up`; another TP on a built sandbox is refused; the live plugin
+installed before the engine's first start, so a live fix is taken at once."""
 
 from __future__ import annotations
 
@@ -46,3 +47,22 @@ def test_a_single_server_runs_t_ranks_and_the_inventories_say_live(fleet: Sandbo
     assert kept.live is True and kept.engine.restart.start.endswith("--tp-size 2")  # type: ignore[union-attr]
     other = fleet.opspatch("sandbox", "up", "--tp", "3")
     assert other.code == 2 and "`up --tp 3` would not restart them" in other.stderr
+
+
+def test_up_live_starts_each_engine_with_the_live_plugin_loaded(fleet: SandboxFleet) -> None:
+    """`up --live` installs the plugin (`live enable`, recorded) before the engine's first start,
+    so a live fix is taken at once, no pid changed. Before, it only wrote `live = true`: a live
+    fix needed `live enable` and a second start (minutes each on real SGLang)."""
+    listed = fleet.opspatch("ledger", "list", "--json")
+    assert listed.code == 0, listed.stderr
+    enabled = [r for r in listed.json()["runs"] if r["command"] == "live-enable"]
+    assert [(r["outcome"], r["hosts"]) for r in enabled] == [("ok", ["sandbox-01"])], enabled
+    pid = fleet.pid("sandbox-01")
+    applied = fleet.opspatch(
+        "apply", "eagle-init-guard", "--hosts", "sandbox", "--live", "--yes", "--json"
+    )
+    assert applied.code == 0, applied.stdout + applied.stderr
+    (host,) = applied.json()["hosts"]
+    assert host["outcome"] == "applied" and host["smoke"]["ok"], host
+    assert "restart" not in [step["step"] for step in host["steps"]], host
+    assert fleet.pid("sandbox-01") == pid

@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from opspatch.core.remedy import recover_after_stop
 from opspatch.core.vocabulary import Step, StepStatus
 from opspatch.errors import ConfirmationRequired
 
@@ -389,6 +390,9 @@ class LiveProgress:
 
     def notice(self, text: str) -> None:
         err.print(Text(text, style="yellow"))
+
+    def after_stop(self, run_id: str | None) -> str | None:
+        return recover_after_stop(run_id)
 
     def update(self, host: str, step: str, status: str) -> None:
         if not self.enabled:

@@ -516,7 +516,9 @@ def _print_down(report: DownReport) -> None:
     for host in report.hosts:
         parts = []
         if host.stopped:
-            parts.append(f"engine stopped (pids {', '.join(map(str, host.stopped))})")
+            named = f" (pid {host.pid})" if host.pid is not None else ""
+            tree = ", ".join(map(str, host.stopped))
+            parts.append(f"engine{named} stopped, its process tree: pids {tree}")
         if host.sshd_stopped:
             parts.append(f"sshd stopped (pid {host.sshd_stopped})")
         if host.container:

@@ -171,3 +171,11 @@ def command_line(remedy: Remedy) -> str:
 def remedy_text(command: Command, *arguments: str, **options: str | bool) -> str:
     """`command_line(Remedy.of(...))`: the text of a remedy built where a sentence names it."""
     return command_line(Remedy.of(command, *arguments, **options))
+
+
+def recover_after_stop(run_id: str | None) -> str | None:
+    """What a run's Ctrl-C lines say becomes of the hosts a second Ctrl-C leaves in flight: the
+    recover that finishes them; None for a run that recorded nothing (nothing to recover)."""
+    if run_id is None:
+        return None
+    return f"`{remedy_text(Command.RECOVER, run=run_id)}` finishes what was left in flight"

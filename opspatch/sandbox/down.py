@@ -14,7 +14,7 @@ from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.sandbox import containers as sandbox_containers
 from opspatch.sandbox.layout import Progress, SandboxLayout, quiet
 from opspatch.sandbox.manifest import HostRecord, Manifest, load_manifest
-from opspatch.sandbox.processes import engine_pid, sandbox_lock, sshd_pid
+from opspatch.sandbox.processes import engine_pid, sandbox_lock, server_pid, sshd_pid
 from opspatch.sandbox.router import router_dir, stop_router
 from opspatch.sandbox.sshd import SshdServer, stop_sshd
 
@@ -28,6 +28,9 @@ class HostDown(JsonRecord):
     sshd_stopped: int | None
     container: str | None = None
     """What was done to the host's container: `stopped` or `removed` (None: nothing)."""
+    pid: int | None = None
+    """The engine stopped, by the pid `up` and `status` name (`server_pid`: its own Python, not
+    the start command's shell whose tree was stopped)."""
 
 
 @dataclass(frozen=True)
@@ -87,14 +90,15 @@ def sandbox_down(
         )
         for name in names:
             stopped: tuple[int, ...] = ()
-            pid = None if manifest.containers else engine_pid(layout, name)
-            if pid is not None:
-                progress(f"{name}: stopping the engine (pid {pid})")
+            root = None if manifest.containers else engine_pid(layout, name)
+            server = None if root is None else server_pid(layout, name)
+            if root is not None:
+                progress(f"{name}: stopping the engine (pid {server})")
                 # The host agent's own stop logic, the one `restart` uses: TERM the tree, wait,
                 # KILL what is left.
-                stopped = tuple(stop_process_tree(pid, manifest.stop_timeout))
+                stopped = tuple(stop_process_tree(root, manifest.stop_timeout))
             sshd_stopped = _stop_host_sshd(layout, records.get(name), progress)
-            results.append(HostDown(name, stopped, sshd_stopped, done.get(name)))
+            results.append(HostDown(name, stopped, sshd_stopped, done.get(name), pid=server))
         router = stop_router(layout)
         if router is not None:
             progress(f"router: stopped (pid {router})")

@@ -33,7 +33,12 @@ from opspatch.runs.report import HostOutcome
 from opspatch.sandbox.down import sandbox_down
 from opspatch.sandbox.install import host_venv_dir, venv_site_packages
 from opspatch.sandbox.layout import Progress, SandboxLayout, host_name, quiet, sandbox_playbook
-from opspatch.sandbox.manifest import Manifest, load_manifest, sandbox_inventory
+from opspatch.sandbox.manifest import (
+    Manifest,
+    RealEngineRecord,
+    load_manifest,
+    sandbox_inventory,
+)
 from opspatch.sandbox.processes import proc_text
 from opspatch.sandbox.real.build import (
     BaseEnv,
@@ -152,8 +157,14 @@ def _planned(
 # the rehearsal
 
 
-class _ApplyProgress:
-    """The apply's steps as progress lines (the run engine's `Progress`)."""
+AFTER_STOP = "the rehearsal is torn down: its servers stopped, its folder removed"
+"""What a rehearsal's apply says a second Ctrl-C leads to: no `recover` (its ledger goes with
+the folder), the teardown (`rehearse`)."""
+
+
+class RehearsalApplyProgress:
+    """The apply's steps as progress lines (the run engine's `Progress`), its Ctrl-C lines
+    ending with the rehearsal's teardown (`AFTER_STOP`)."""
 
     def __init__(self, say: Progress) -> None:
         self._say = say
@@ -166,6 +177,9 @@ class _ApplyProgress:
 
     def notice(self, text: str) -> None:
         self._say(text)
+
+    def after_stop(self, run_id: str | None) -> str | None:
+        return AFTER_STOP
 
 
 @dataclass
@@ -185,10 +199,11 @@ class _Rehearsal:
         return SandboxLayout(self.root / "state")
 
 
-def _release_stage(rehearsal: _Rehearsal) -> tuple[StageResult, Path]:
+def _release_stage(rehearsal: _Rehearsal) -> tuple[StageResult, RealEngineRecord, Path]:
     """The release's environment (cached) and the rehearsal's host with it: made here, before
-    `sandbox up`, so `up` finds its `sglang` installed and applies no base patch (the incident's
-    build): the rehearsal runs the release as pip installs it."""
+    `sandbox up` (which is handed the environment, not looking for it again), so `up` finds its
+    `sglang` installed and applies no base patch (the incident's build): the rehearsal runs the
+    release as pip installs it."""
     started = time.monotonic()
     rehearsal.progress(f"real SGLang {rehearsal.engine.version}: its environment and models")
     record = prepare_real_engine(rehearsal.engine, rehearsal.build_progress)
@@ -199,7 +214,7 @@ def _release_stage(rehearsal: _Rehearsal) -> tuple[StageResult, Path]:
     python = make_real_host_python(host_dir, base, Path(record.wheel))
     detail = f"sglang {rehearsal.engine.version} installed on a host of its own"
     seconds = time.monotonic() - started
-    return StageResult(Stage.RELEASE, StageStatus.PASSED, detail, seconds), python
+    return StageResult(Stage.RELEASE, StageStatus.PASSED, detail, seconds), record, python
 
 
 def _import_stage(rehearsal: _Rehearsal, python: Path) -> StageResult:
@@ -265,7 +280,7 @@ def rehearse(
 
 def _run(rehearsal: _Rehearsal) -> tuple[int, HostOutcome | None]:
     """The stages, in order; (exit code, the apply's host outcome or None)."""
-    stage, python = _release_stage(rehearsal)
+    stage, record, python = _release_stage(rehearsal)
     rehearsal.stages.append(stage)
     stage = _import_stage(rehearsal, python)
     rehearsal.stages.append(stage)
@@ -280,7 +295,7 @@ def _run(rehearsal: _Rehearsal) -> tuple[int, HostOutcome | None]:
         engine=rehearsal.engine,
         live=False,
         progress=rehearsal.progress,
-        build_progress=rehearsal.build_progress,
+        prepared=record,
     )
     (server,) = up.hosts
     up_seconds = time.monotonic() - started
@@ -301,7 +316,7 @@ def _run(rehearsal: _Rehearsal) -> tuple[int, HostOutcome | None]:
             rehearsal_playbook(),
             factory=transport_factory(),
             ledger=ledger,
-            progress=_ApplyProgress(rehearsal.progress),
+            progress=RehearsalApplyProgress(rehearsal.progress),
         )
     (outcome,) = run.hosts
     rehearsal.stages.append(baseline_stage(ready, up_seconds, outcome))

@@ -28,9 +28,11 @@ from opspatch.sandbox.layout import (
     quiet,
     sandbox_playbook,
 )
+from opspatch.sandbox.liveplugin import enable_live_before_start
 from opspatch.sandbox.manifest import (
     HostRecord,
     Manifest,
+    RealEngineRecord,
     RouterRecord,
     SshEndpoint,
     UnitRecord,
@@ -280,6 +282,7 @@ def sandbox_up(
     live: bool | None = None,
     progress: Progress = quiet,
     build_progress: BuildProgress = no_progress,
+    prepared: RealEngineRecord | None = None,
 ) -> UpReport:
     """Create missing hosts, start stopped engines (and sshds), wait until all are ready, and
     write the sandbox inventories.
@@ -291,10 +294,10 @@ def sandbox_up(
     `opspatch.sandbox.checkout`); `router`: a real sglang-router in front, every host's router
     in the inventories; `restart_seconds`: every start takes that much longer; `engine`: the
     stand-in or real SGLang (`opspatch.sandbox.real`: its environment and models built first
-    where not cached, shown by `build_progress`); `tp`: TP ranks of each single server; `live`:
-    `live = true` in the inventories. A host whose engine does not come up is reported `failed`
-    with its log's tail; the others are still started, and the inventories are written only
-    when every host is ready.
+    where not cached, shown by `build_progress`, or as a rehearsal `prepared` them); `tp`: TP
+    ranks of each single server; `live`: `live = true` in the inventories, the plugin installed
+    before an engine starts (`sandbox.liveplugin`). A host that does not come up is `failed`
+    (its log's tail); the others still start; the inventories are written once all are ready.
 
     Raises:
         InputError: a bad host count, fewer hosts than the sandbox has, another shape than the
@@ -312,7 +315,7 @@ def sandbox_up(
         )
         manifest, added = planned_manifest(current, asked)
         image = _require_tools(layout, manifest, router, progress)
-        manifest = _with_real_engine(manifest, progress, build_progress)
+        manifest = _with_real_engine(manifest, progress, build_progress, prepared)
         manifest = _choose_ports(manifest, want_router=router)
         running = {r.name for r in manifest.hosts if _engine_running(layout, manifest, r.name)}
         running -= _stop_partial_units(layout, manifest, running, progress)
@@ -395,11 +398,17 @@ def _require_tools(
 
 
 def _with_real_engine(
-    manifest: Manifest, progress: Progress, build_progress: BuildProgress
+    manifest: Manifest,
+    progress: Progress,
+    build_progress: BuildProgress,
+    prepared: RealEngineRecord | None,
 ) -> Manifest:
-    """A real engine's manifest with its shared parts built or found (`prepare_real_engine`)."""
+    """A real engine's manifest with its shared parts built or found (`prepare_real_engine`),
+    or as the caller `prepared` them."""
     if not manifest.engine.real:
         return manifest
+    if prepared is not None:
+        return replace(manifest, real=prepared)
     progress(f"real SGLang {manifest.engine.version}: its environment and models")
     return replace(manifest, real=prepare_real_engine(manifest.engine, build_progress))
 
@@ -527,6 +536,7 @@ def _start_engines(
             else:
                 make_host_python(layout.host_dir(record.name), install=manifest.install)
             layout.host_state_dir(record.name).mkdir(parents=True, exist_ok=True)
+            enable_live_before_start(layout, manifest, record.name, progress)
             progress(f"{record.name}: starting the engine on {engine_url(record.port)}")
             _drop_stale_pid_file(layout, record.name)
             restarts[record.name] = controls[record.name].restart(step="start")

@@ -11,7 +11,6 @@ from typing import TypeVar
 from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Batch, Playbook
 from opspatch.core.reasons import Reason
-from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import FAILED_OUTCOMES, Command, Outcome
 from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.errors import (
@@ -522,9 +521,10 @@ class FleetRun:
             awaiting = self.sessions[name].awaiting if name in self.sessions else None
             return f"{name} ({awaiting})" if awaiting else name
 
+        after = self.progress.after_stop(self.recorder.reported_run_id)
         waiting = (
             f"waiting for {', '.join(host(n) for n in in_flight)} to finish; Ctrl-C again "
-            f"stops waiting (`{remedy_text(Command.RECOVER)}` then finishes them)"
+            f"stops waiting{f', then {after}' if after else ''}"
             if in_flight
             else "no host is in flight"
         )

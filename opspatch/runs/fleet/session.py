@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
 from opspatch.core.reasons import Reason
-from opspatch.core.remedy import remedy_text
+from opspatch.core.remedy import recover_after_stop, remedy_text
 from opspatch.core.vocabulary import Command, Outcome, RunStatus, Step, StepStatus
 from opspatch.errors import (
     BecomeError,
@@ -46,6 +46,10 @@ class Progress(Protocol):
     def notice(self, text: str) -> None:
         """Something the operator must see now (their Ctrl-C was taken, and what happens next)."""
 
+    def after_stop(self, run_id: str | None) -> str | None:
+        """What becomes of the hosts a second Ctrl-C leaves in flight, as the run's Ctrl-C
+        lines end (`recover_after_stop` for the CLI; a rehearsal tears itself down instead)."""
+
 
 class NoProgress:
     """Progress that goes nowhere (library use, tests)."""
@@ -58,6 +62,9 @@ class NoProgress:
 
     def notice(self, text: str) -> None:
         return None
+
+    def after_stop(self, run_id: str | None) -> str | None:
+        return recover_after_stop(run_id)
 
 
 class HostFailed(Exception):

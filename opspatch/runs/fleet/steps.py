@@ -7,8 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from opspatch.core.reasons import Reason
-from opspatch.core.remedy import remedy_text
-from opspatch.core.vocabulary import Command, FileAction, Outcome, Step
+from opspatch.core.vocabulary import FileAction, Outcome, Step
 from opspatch.errors import InputError, OpspatchError, RemoteOperationError
 from opspatch.hosts.engine import (
     READY_SLICE_SECONDS,
@@ -162,7 +161,12 @@ def ready_step(
         if slice_seconds is None or still.waited - said_at[0] >= READY_SLICE_SECONDS:
             said_at[0] = still.waited
             session.progress.notice(
-                waiting_line(session.name, step, still, session.recorder.reported_run_id)
+                waiting_line(
+                    session.name,
+                    step,
+                    still,
+                    session.progress.after_stop(session.recorder.reported_run_id),
+                )
             )
 
     try:
@@ -183,15 +187,16 @@ def ready_step(
         session.awaiting = None
 
 
-def waiting_line(host: str, step: Step, still: StillWaiting, run_id: str | None) -> str:
+def waiting_line(host: str, step: Step, still: StillWaiting, after: str | None) -> str:
     """The line a readiness wait prints every 30 s: what is awaited, the last answer, how long
-    so far, when it gives up, and what a Ctrl-C does to it."""
-    recover = f" (`{remedy_text(Command.RECOVER, run=run_id)}` then finishes it)" if run_id else ""
+    so far, when it gives up, and what a Ctrl-C does to it (`after`: what then becomes of the
+    host, `Progress.after_stop`)."""
+    then = f", then {after}" if after else ""
     return (
         f"{host}: {step}: still waiting for {still.url}/health to answer 200 ({still.last}); "
         f"{still.waited:.0f}s of {still.timeout:.0f}s, gives up at {_clock(still.gives_up_at)}. "
         f"Ctrl-C starts no more hosts and still waits for this one until then; "
-        f"Ctrl-C twice stops waiting{recover}"
+        f"Ctrl-C twice stops waiting{then}"
     )
 
 
