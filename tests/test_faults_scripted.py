@@ -573,6 +573,17 @@ def _left_by_a_dead_rollback(fleet: Fleet, host: FakeHost) -> str:
     locked_by(host, dead)
     host.file.write_bytes(pristine)
     host.requests.clear()
+
+    def found(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        """Its inspections by path (as recover --hosts reads) find its server too."""
+        if op != "inspect":
+            return None
+        answer = host.real(op, args)
+        if isinstance(answer, dict) and answer.get("server") is None and host.serving:
+            answer["server"] = {"pid": FAKE_PID, "started_at": host.started_at}
+        return answer if isinstance(answer, dict) else None
+
+    host.fault = found
     return dead
 
 
