@@ -755,9 +755,32 @@ def test_restart_and_rollback_leave_a_put_back_file_whose_server_started_since_a
     assert "restart" not in host.requests and "smoke" not in host.requests, host.requests
 
 
-def test_a_unit_put_back_without_a_restart_is_restarted_as_one_by_restart(units: Units) -> None:
+def test_a_second_rollback_told_not_to_restart_says_its_server_still_runs_the_fix(
+    fleet: Fleet,
+) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    (host,) = fleet.hosts
+    _staged_back(fleet, host)
+    report = rollback_hosts(
+        ledger=fleet.ledger,
+        hosts=[host.host()],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=fleet.patch,
+        restart_engine=False,
+    )
+    (outcome,) = report.hosts
+    assert outcome.outcome == "skipped", outcome
+    assert "still runs the patched code" in (outcome.note or ""), outcome
+    assert "opspatch restart --hosts h1" in (outcome.note or ""), outcome
+    assert "restart" not in host.requests, host.requests
+
+
+@pytest.mark.parametrize("command", ["restart", "rollback"])
+def test_a_unit_put_back_without_a_restart_is_restarted_as_one(units: Units, command: str) -> None:
     """Every node's file back at its pre-image, every server still running the fix: restart
-    restarts the unit as one and proves it through the head, `restored` on both nodes."""
+    (or a second rollback) restarts the unit as one and proves it through the head, `restored`
+    on both nodes."""
     hosts = units.hosts("h1", "h2")
     assert [o.outcome for o in units.apply("h1", "h2").hosts] == ["applied", "applied"]
     back = rollback_hosts(
@@ -774,9 +797,18 @@ def test_a_unit_put_back_without_a_restart_is_restarted_as_one_by_restart(units:
         fake.started_at = time.time() - 600
         fake.fault = _server_found(fake)
         fake.requests.clear()
-    report = restart_hosts(
-        ledger=units.ledger, hosts=hosts, factory=units.factory, playbook=ALL_AT_ONCE
-    )
+    if command == "restart":
+        report = restart_hosts(
+            ledger=units.ledger, hosts=hosts, factory=units.factory, playbook=ALL_AT_ONCE
+        )
+    else:
+        report = rollback_hosts(
+            ledger=units.ledger,
+            hosts=hosts,
+            factory=units.factory,
+            playbook=ALL_AT_ONCE,
+            patch=units.patch,
+        )
     assert [o.outcome for o in report.hosts] == ["restored", "restored"], report
     assert report.exit_code == 0
     requests = units.requests()
