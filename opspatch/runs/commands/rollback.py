@@ -319,31 +319,8 @@ class _Rollback:
         if action == Action.RESTORE_FROM_BACKUP:
             assert self.patch is not None
             return self._without_record(session, self.patch, inspection)
-        if action == Action.LEAVE and standing.stale_server and self.restart_engine:
-            # put back with no restart since (`--restart never`): the restart is what is left
-            unchanged = standing.unchanged()
-            return Examined(
-                inspection,
-                put_back=lambda: unchanged,
-                found=unchanged,
-                note=stale_note(unchanged.path),
-            )
         if action == Action.LEAVE:
-            note = (
-                "every file of the patch set is already at its pre-image; nothing to restore"
-                if standing.is_set
-                else "already at the pre-image; nothing to restore"
-            )
-            if standing.stale_server:  # told not to restart (`--restart never` again)
-                restart = remedy_text(Command.RESTART, hosts=target_of(session.host))
-                note += (
-                    "; its server started before the file was put back and still runs the "
-                    f"patched code until it restarts (`{restart}`)"
-                )
-            return Examined(
-                inspection,
-                decided=session.outcome(Outcome.SKIPPED, file=standing.unchanged(), note=note),
-            )
+            return self._at_pre_image(session, standing)
         if action == Action.REFUSE:
             return Examined(
                 inspection,
@@ -368,6 +345,34 @@ class _Rollback:
             )
             if standing.is_set
             else (lambda error: f"restore failed: {error}"),
+        )
+
+    def _at_pre_image(self, session: HostSession, standing: HostStanding) -> Examined:
+        """A host already at its pre-image: nothing to restore (`skipped`), unless its server
+        started before the file was put back (an earlier `--restart never`, a rollback killed
+        after its swap): then the restart is what is left, and a restarting rollback makes it."""
+        unchanged = standing.unchanged()
+        if standing.stale_server and self.restart_engine:
+            return Examined(
+                standing.inspection,
+                put_back=lambda: unchanged,
+                found=unchanged,
+                note=stale_note(unchanged.path),
+            )
+        note = (
+            "every file of the patch set is already at its pre-image; nothing to restore"
+            if standing.is_set
+            else "already at the pre-image; nothing to restore"
+        )
+        if standing.stale_server:  # told not to restart, again
+            restart = remedy_text(Command.RESTART, hosts=target_of(session.host))
+            note += (
+                "; its server started before the file was put back and still runs the "
+                f"patched code until it restarts (`{restart}`)"
+            )
+        return Examined(
+            standing.inspection,
+            decided=session.outcome(Outcome.SKIPPED, file=unchanged, note=note),
         )
 
     def _lineage(
