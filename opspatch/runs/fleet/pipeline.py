@@ -289,7 +289,9 @@ class ApplyPipeline:
             if isinstance(failed, SwapLost):  # the file is new: undone as after a failed proof
                 swapped = {s.name: prepared[s.name].pending for s in written}
                 swapped[session.name] = failed.swapped
-                return self.roll_back(nodes, prepared, failed.why, swapped=swapped)
+                return self.roll_back(
+                    nodes, prepared, failed.why, swapped=swapped, reason=Reason.STEP_FAILED
+                )
             if failed is not None:
                 return self._write_failed(nodes, prepared, written, failed)
             written.append(session)
@@ -340,6 +342,7 @@ class ApplyPipeline:
                 refused.outcome if session is nodes.head else Outcome.FAILED,
                 why if session is nodes.head else f"not changed: the head {head}: {why}",
                 old=prepared[session.name].pending,
+                reason=refused.reason,
             )
             for session in nodes.sessions
         ]
@@ -363,7 +366,12 @@ class ApplyPipeline:
             if session not in written:
                 outcomes.append(
                     self.outcome(
-                        session, mine, Outcome.FAILED, f"not changed: {why}", old=mine.pending
+                        session,
+                        mine,
+                        Outcome.FAILED,
+                        f"not changed: {why}",
+                        old=mine.pending,
+                        reason=failed.reason,
                     )
                 )
                 continue
@@ -376,6 +384,7 @@ class ApplyPipeline:
                         mine,
                         Outcome.NEEDS_ATTENTION,
                         f"{why}; then putting this node's files back failed: {describe_error(exc)}",
+                        reason=Reason.UNDO_FAILED,
                     )
                 )
                 continue
@@ -387,6 +396,7 @@ class ApplyPipeline:
                     why,
                     old=mine.pending,
                     note="put back to the pre-image: the unit's server never ran it",
+                    reason=failed.reason,
                 )
             )
         return outcomes
@@ -409,7 +419,10 @@ class ApplyPipeline:
                     for item in pending
                 )
         except Exception as exc:
-            return self.outcome(session, prepared, Outcome.FAILED, describe_error(exc), old=pending)
+            why = describe_error(exc)
+            return self.outcome(
+                session, prepared, Outcome.FAILED, why, old=pending, reason=Reason.HOST_ERROR
+            )
         swapped: list[PreparedFile] = []
         for item in pending:
             plan = _plan(item)
@@ -434,11 +447,15 @@ class ApplyPipeline:
                     )
             except PreimageMismatch as exc:
                 why = f"the file changed since it was read: {exc.detail}"
-                return self._swap_refused(session, prepared, item, swapped, why)
+                return self._swap_refused(
+                    session, prepared, item, swapped, why, Reason.CHANGED_SINCE
+                )
             except Exception as exc:
                 if not effect_unknown(exc):
                     why = describe_error(exc)
-                    return self._swap_refused(session, prepared, item, swapped, why)
+                    return self._swap_refused(
+                        session, prepared, item, swapped, why, Reason.HOST_ERROR
+                    )
                 # No reply: the swap may or may not have happened. Look before saying anything.
                 return self._reconcile_after_lost_swap(session, prepared, item, swapped, exc)
             swapped.append(item)
@@ -487,6 +504,7 @@ class ApplyPipeline:
                 Outcome.FAILED,
                 f"refused before any change: the playbook requires a baseline and the pre-patch "
                 f"decode failed ({problem})",
+                Reason.BASELINE_FAILED,
             )
         return None, (
             f"output preservation was not checked: the pre-patch baseline decode failed ({problem})"
@@ -553,13 +571,16 @@ class ApplyPipeline:
         refused: PreparedFile,
         swapped: Sequence[PreparedFile],
         why: str,
+        reason: Reason,
     ) -> HostOutcome:
         """A swap the host refused (it wrote nothing): the host is unchanged once the set's
         files swapped before it are put back (no restart: the server never ran them)."""
         if prepared.is_set:
             why = f"{refused.path}: {why}"
         if not swapped:
-            return self.outcome(session, prepared, Outcome.FAILED, why, old=prepared.pending)
+            return self.outcome(
+                session, prepared, Outcome.FAILED, why, old=prepared.pending, reason=reason
+            )
         try:
             self.restore_files(session, swapped)
         except (OpspatchError, HostFailed) as exc:
@@ -570,6 +591,7 @@ class ApplyPipeline:
                 f"{why}; then putting back the set's files swapped before it failed: "
                 f"{describe_error(exc)}",
                 live=live_new(prepared, swapped),
+                reason=Reason.UNDO_FAILED,
             )
         back = ", ".join(item.path for item in swapped)
         return self.outcome(
@@ -579,6 +601,7 @@ class ApplyPipeline:
             why,
             old=prepared.pending,
             note=f"the set is whole and unchanged: {back} put back to the pre-image",
+            reason=reason,
         )
 
     def _reconcile_after_lost_swap(
@@ -604,10 +627,11 @@ class ApplyPipeline:
                 Outcome.NEEDS_ATTENTION,
                 f"{why}; the host is unreachable ({describe_error(again)})",
                 live=live_new(prepared, swapped),
+                reason=Reason.PART_WAY,
             )
         if live.sha256 == plan.sha256_before:
             return self._swap_refused(
-                session, prepared, item, swapped, f"{why}; the file is unchanged"
+                session, prepared, item, swapped, f"{why}; the file is unchanged", Reason.HOST_ERROR
             )
         if live.sha256 == plan.sha256_after:
             return SwapLost(why, (*swapped, item))
@@ -617,6 +641,7 @@ class ApplyPipeline:
             Outcome.NEEDS_ATTENTION,
             f"{why}; the file is neither the pre- nor the post-image",
             live={**live_new(prepared, swapped), item.path: live.sha256},
+            reason=Reason.PART_WAY,
         )
 
     def outcome(
@@ -630,6 +655,7 @@ class ApplyPipeline:
         live: dict[str, str] | None = None,
         smoke: SmokeResult | None = None,
         note: str | None = None,
+        reason: Reason | None = None,
     ) -> HostOutcome:
         """The host's outcome; its files are what each plan wrote, except the `old` ones (left
         at or put back to their pre-image) and those `live` names."""
@@ -642,6 +668,7 @@ class ApplyPipeline:
             diff=prepared.diff(),
             smoke=smoke,
             note=note,
+            reason=reason,
         )
 
 
