@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from opspatch import __version__
+from opspatch.core.reasons import Reason
 from opspatch.errors import LiveRefused
 from opspatch.hosts.livedist import live_distribution, plugin_sources
 from opspatch.hosts.transport.scripted import agent_operation
@@ -151,7 +152,8 @@ def test_disable_refuses_a_file_changed_since_naming_it_and_removes_nothing(
     report = run(fleet, disable_live)
     (outcome,) = report.hosts
     assert outcome.outcome == "skipped", outcome
-    assert str(changed) in (outcome.error or "") and "changed since" in (outcome.error or "")
+    assert outcome.reason == Reason.CHANGED_SINCE, outcome
+    assert str(changed) in (outcome.error or "")
     assert report.exit_code == 2
     assert files_under(site_of(fleet)) == installed
 
@@ -161,7 +163,8 @@ def test_disable_where_nothing_is_installed_says_so(fleet: Fleet) -> None:
     scripted_site(fleet)
     report = run(fleet, disable_live)
     (outcome,) = report.hosts
-    assert outcome.outcome == "skipped" and "not installed" in (outcome.note or ""), outcome
+    assert outcome.outcome == "skipped" and outcome.reason == Reason.NOTHING_TO_DO, outcome
+    assert "not installed" in (outcome.note or "")  # nothing-to-do's wording
     assert report.exit_code == 0
 
 
