@@ -238,6 +238,7 @@ def test_restart_finishes_an_enable_restarting_into_the_plugin_and_proving_it_li
     assert outcome.file == enabled.file  # the RECORD, as enable recorded it
     (again,) = restart(fleet).hosts  # the engine now started after it: nothing staged
     assert again.outcome == "skipped" and "restart" not in [s.step for s in again.steps], again
+    assert again.reason == Reason.NOTHING_TO_DO, again
 
 
 def test_a_restart_into_the_plugin_whose_proof_fails_removes_it_and_restarts_without(

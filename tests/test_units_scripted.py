@@ -296,6 +296,7 @@ def test_restart_of_a_staged_unit_proves_it_as_one(units: Units) -> None:
     clear(units)
     report = restart(units, "h1", "h2", "h3")
     assert outcomes(report) == {"h1": "applied", "h2": "applied", "h3": "skipped"}
+    assert report.hosts[2].reason == Reason.NOTHING_TO_DO, report.hosts[2]
     assert report.exit_code == 0
     assert units.files() == staged
     assert stopped_and_started_once(units)
