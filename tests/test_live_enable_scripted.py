@@ -117,10 +117,27 @@ def test_enable_refuses_a_file_already_there_with_other_bytes_naming_it(fleet: F
     foreign.write_text("# someone else's\n")
     report = run(fleet, enable_live)
     (outcome,) = report.hosts
-    assert outcome.outcome == "skipped", outcome
+    assert outcome.outcome == "skipped" and outcome.reason == Reason.CHANGED_SINCE, outcome
     assert str(foreign) in (outcome.error or "")
     assert report.exit_code == 2
     assert files_under(site_of(fleet)) == {"other_package.py", "opspatch_live/wire.py"}
+
+
+def test_enable_refuses_where_another_version_of_the_plugin_is_installed(fleet: Fleet) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    scripted_site(fleet)
+    older = site_of(fleet) / "opspatch_live-0.0.1.dist-info"
+    older.mkdir()
+    (older / "RECORD").write_text("opspatch_live-0.0.1.dist-info/RECORD,,\n")
+    report = run(fleet, enable_live)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "skipped" and outcome.reason == Reason.OTHER_VERSION, outcome
+    assert "`opspatch live disable --hosts h1` first" in (outcome.error or "")
+    assert report.exit_code == 2
+    assert files_under(site_of(fleet)) == {
+        "other_package.py",
+        "opspatch_live-0.0.1.dist-info/RECORD",
+    }
 
 
 def test_disable_removes_exactly_what_enable_wrote(fleet: Fleet) -> None:

@@ -455,6 +455,24 @@ def test_recover_of_a_unit_whose_nodes_differ_puts_back_the_new_node_and_restart
     assert "the nodes of unit u1 differed (new on h1)" in note
 
 
+def test_recover_of_a_unit_with_a_node_changed_by_hand_writes_nothing(units: Units) -> None:
+    """h2's file edited by hand after the staging: every node `needs-attention`, `changed-since`
+    (the odd node and the ones it holds back), nothing written or restarted."""
+    assert units.apply("h1", "h2", playbook=NEVER).exit_code == 0
+    h2 = units.fakes["h2"]
+    h2.file.write_bytes(h2.file.read_bytes() + b"# by hand\n")
+    staged = units.files()
+    clear(units)
+    report = recover(units, "h1", "h2")
+    assert {h.host: str(h.outcome) for h in report.hosts} == {
+        "h1": "needs-attention",
+        "h2": "needs-attention",
+    }
+    assert {h.reason for h in report.hosts} == {Reason.CHANGED_SINCE}
+    assert units.files() == staged
+    assert all(not {"stop", "start", "restart"} & set(units.fakes[n].requests) for n in UNIT.hosts)
+
+
 def test_recover_of_a_staged_unit_proves_it_as_one(units: Units) -> None:
     assert units.apply("h1", "h2", playbook=NEVER).exit_code == 0
     staged = units.files()
