@@ -216,6 +216,7 @@ def test_a_swap_refused_on_one_node_puts_the_others_back_without_a_restart(
     report = units.apply("h1", "h2")
     outcomes = {h.host: h for h in report.hosts}
     assert {h: str(o.outcome) for h, o in outcomes.items()} == {"h1": "failed", "h2": "failed"}
+    assert {o.reason for o in outcomes.values()} == {Reason.HOST_ERROR}
     assert outcomes["h1"].note == "put back to the pre-image: the unit's server never ran it"
     assert "disk full" in (outcomes["h1"].error or "")
     assert units.files() == pristine

@@ -289,9 +289,7 @@ class ApplyPipeline:
             if isinstance(failed, SwapLost):  # the file is new: undone as after a failed proof
                 swapped = {s.name: prepared[s.name].pending for s in written}
                 swapped[session.name] = failed.swapped
-                return self.roll_back(
-                    nodes, prepared, failed.why, swapped=swapped, reason=Reason.STEP_FAILED
-                )
+                return self.roll_back(nodes, prepared, failed.why, swapped=swapped)
             if failed is not None:
                 return self._write_failed(nodes, prepared, written, failed)
             written.append(session)
@@ -355,51 +353,34 @@ class ApplyPipeline:
         failed: HostOutcome,
     ) -> list[HostOutcome]:
         """A node's swap failed (its outcome `failed` says how it stands): the nodes swapped
-        before it are put back, files only (the server never ran them)."""
+        before it are put back, files only (the server never ran them); every other node is
+        `failed` with its code."""
         why = f"{failed.host}: {failed.error}"
-        outcomes: list[HostOutcome] = []
-        for session in nodes.sessions:
+
+        def other(session: HostSession) -> HostOutcome:
             mine = prepared[session.name]
-            if session.name == failed.host:
-                outcomes.append(failed)
-                continue
-            if session not in written:
-                outcomes.append(
-                    self.outcome(
-                        session,
-                        mine,
-                        Outcome.FAILED,
-                        f"not changed: {why}",
-                        old=mine.pending,
-                        reason=failed.reason,
+            text, note = f"not changed: {why}", None
+            if session in written:
+                try:
+                    self.restore_files(session, mine.pending)
+                except (OpspatchError, HostFailed) as exc:
+                    error = describe_error(exc)
+                    text = f"{why}; then putting this node's files back failed: {error}"
+                    return self.outcome(
+                        session, mine, Outcome.NEEDS_ATTENTION, text, reason=Reason.UNDO_FAILED
                     )
-                )
-                continue
-            try:
-                self.restore_files(session, mine.pending)
-            except (OpspatchError, HostFailed) as exc:
-                outcomes.append(
-                    self.outcome(
-                        session,
-                        mine,
-                        Outcome.NEEDS_ATTENTION,
-                        f"{why}; then putting this node's files back failed: {describe_error(exc)}",
-                        reason=Reason.UNDO_FAILED,
-                    )
-                )
-                continue
-            outcomes.append(
-                self.outcome(
-                    session,
-                    mine,
-                    Outcome.FAILED,
-                    why,
-                    old=mine.pending,
-                    note="put back to the pre-image: the unit's server never ran it",
-                    reason=failed.reason,
-                )
+                text, note = why, "put back to the pre-image: the unit's server never ran it"
+            return self.outcome(
+                session,
+                mine,
+                Outcome.FAILED,
+                text,
+                old=mine.pending,
+                note=note,
+                reason=failed.reason,
             )
-        return outcomes
+
+        return [failed if s.name == failed.host else other(s) for s in nodes.sessions]
 
     def write(self, session: HostSession, prepared: Prepared) -> HostOutcome | SwapLost | None:
         """Record every pending file's images in the ledger, then swap each: None when all are
@@ -519,12 +500,12 @@ class ApplyPipeline:
         swapped: Mapping[str, Sequence[PreparedFile]] | None = None,
         note: str | None = None,
         restart: bool | None = None,
-        reason: Reason | None = None,
+        reason: Reason = Reason.STEP_FAILED,
     ) -> list[HostOutcome]:
         """UNDO after a failure past the swap (`group.undo`): every node's pending files (or
         its `swapped` ones) put back, the group restarted once and proven (`restart`: default
         the pipeline's; False for a live fix reverted in every process, the files the undo;
-        `reason`: the code of `why`)."""
+        `reason`: the code of `why`, by default a step's failure: a lost swap found written)."""
 
         def files(session: HostSession) -> Sequence[PreparedFile]:
             return (
