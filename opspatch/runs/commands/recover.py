@@ -455,7 +455,11 @@ class _RecoverHost:
                     "else: nothing was written on any node of the unit"
                 )
                 file = standing.unchanged()
-            outcomes.append(session.outcome(Outcome.NEEDS_ATTENTION, text, file=file))
+            outcomes.append(
+                session.outcome(
+                    Outcome.NEEDS_ATTENTION, text, file=file, reason=Reason.CHANGED_SINCE
+                )
+            )
         return outcomes
 
     def _live_takes(self, nodes: Nodes, standings: Mapping[str, HostStanding]) -> bool | None:
@@ -509,7 +513,9 @@ class _RecoverHost:
             try:
                 smoke = proven(nodes, None)
             except HostFailed as failure:
-                return self._undo_live(nodes, standings, fixes, failure.error, Outcome.ROLLED_BACK)
+                return self._undo_live(
+                    nodes, standings, fixes, failure.error, Outcome.ROLLED_BACK, failure.reason
+                )
             note = (
                 f"finished run {run_id}'s live fix: every process of the engine holds it and "
                 "the smoke decode proves it, no restart; the file carries it for the next one"
@@ -571,6 +577,7 @@ class _RecoverHost:
         fixes: Collection[str],
         why: str,
         outcome: Outcome,
+        reason: Reason | None = None,
         *,
         restart: bool = False,
     ) -> list[HostOutcome]:
@@ -589,6 +596,7 @@ class _RecoverHost:
             changes={n: st.change() for n, st in standings.items()},
             restart=restart or not reverted,
             outcome=outcome,
+            reason=reason,
         )
 
     def _ensure_running(self, session: HostSession, standing: HostStanding) -> HostOutcome:

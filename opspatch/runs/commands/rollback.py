@@ -294,6 +294,7 @@ class _Rollback:
                     Outcome.SKIPPED,
                     note=f"the ledger has no change by the patch set {self.patch.spec.id} on "
                     "this host (a set is rolled back from the ledger's record only)",
+                    reason=Reason.NOTHING_TO_DO,
                 )
             )
         else:
@@ -304,6 +305,7 @@ class _Rollback:
                         Outcome.SKIPPED,
                         note=f"the ledger has no change by run {self.source_run.run_id} on this "
                         "host",
+                        reason=Reason.NOTHING_TO_DO,
                     )
                 )
         change = Change(
@@ -372,7 +374,9 @@ class _Rollback:
             )
         return Examined(
             standing.inspection,
-            decided=session.outcome(Outcome.SKIPPED, file=unchanged, note=note),
+            decided=session.outcome(
+                Outcome.SKIPPED, file=unchanged, note=note, reason=Reason.NOTHING_TO_DO
+            ),
         )
 
     def _lineage(
@@ -475,6 +479,7 @@ class _Rollback:
                     file=unchanged,
                     note=f"{patch.spec.id} is not on this host (and the ledger has no record of "
                     "it)",
+                    reason=Reason.NOTHING_TO_DO,
                 ),
             )
         pre = unapply(live.content, patch.spec)
