@@ -12,7 +12,9 @@ ledger.
 - `recover` of an interrupted `apply --live` finishes it as the live path does (the smoke the
   live path needs, no restart), or takes the fix out and puts the file back;
 - `recover` of a rollback killed after its swap restarts a server that still runs the patched
-  code (started before the swap), and leaves alone one started after it.
+  code (started before the swap), and leaves alone one started after it;
+- a file put back without a restart (`rollback --restart never`) whose server still runs the
+  fix: `status` says so, `restart` and a second `rollback` restart and prove it (`restored`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from opspatch.ledger import NewFileVersion
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.commands.recover import recover_hosts, recover_run, run_chain
+from opspatch.runs.commands.restart import restart_hosts
+from opspatch.runs.commands.rollback import rollback_hosts
+from opspatch.runs.commands.status import PatchStatus, fleet_status
 from opspatch.runs.fleet.session import NoProgress
 from opspatch.runs.report import RunReport
 from tests.ledgerkit import begin_and_die
@@ -573,9 +578,15 @@ def _left_by_a_dead_rollback(fleet: Fleet, host: FakeHost) -> str:
     locked_by(host, dead)
     host.file.write_bytes(pristine)
     host.requests.clear()
+    host.fault = _server_found(host)
+    return dead
+
+
+def _server_found(host: FakeHost) -> Fault:
+    """Its inspections by path (as recover --hosts, restart and rollback read) find its server
+    too, as the agent finds a live process in the pid file."""
 
     def found(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
-        """Its inspections by path (as recover --hosts reads) find its server too."""
         if op != "inspect":
             return None
         answer = host.real(op, args)
@@ -583,8 +594,7 @@ def _left_by_a_dead_rollback(fleet: Fleet, host: FakeHost) -> str:
             answer["server"] = {"pid": FAKE_PID, "started_at": host.started_at}
         return answer if isinstance(answer, dict) else None
 
-    host.fault = found
-    return dead
+    return found
 
 
 @pytest.mark.process
@@ -622,3 +632,185 @@ def test_recover_of_a_rollback_killed_after_its_swap_leaves_a_server_started_sin
     assert "restart" not in host.requests, host.requests
     assert sha(host.file.read_bytes()) == PRISTINE
     assert report.exit_code == 0
+
+
+# -- a file put back, its server still running the fix ------------------------------------------
+
+
+def _staged_back(fleet: Fleet, host: FakeHost) -> RunReport:
+    """`apply`, then `rollback --restart never` on `host`: the file back at its pre-image
+    (written now), the server started (by the apply's restart) ten minutes before that write,
+    still running the fix. Returns the apply's report."""
+    applied = fleet.apply()
+    assert fleet.outcomes(applied) == {host.name: "applied"}, applied
+    host.started_at = time.time() - 600
+    back = rollback_hosts(
+        ledger=fleet.ledger,
+        hosts=[host.host()],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=fleet.patch,
+        restart_engine=False,
+    )
+    assert fleet.outcomes(back) == {host.name: "staged-back"}, back
+    assert sha(host.file.read_bytes()) == PRISTINE
+    host.fault = _server_found(host)
+    host.requests.clear()
+    return applied
+
+
+def _status(fleet: Fleet, host: FakeHost) -> PatchStatus:
+    (said,) = fleet_status([host.host()], [fleet.patch], fleet.factory, fleet.ledger)
+    return said
+
+
+def _rollback(fleet: Fleet, host: FakeHost, run: str | None) -> RunReport:
+    """`rollback eagle-init-guard`, or with `run` `rollback --run RUN`, on `host`."""
+    return rollback_hosts(
+        ledger=fleet.ledger,
+        hosts=[host.host()],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=None if run else fleet.patch,
+        source_run=fleet.ledger.get_run(run) if run else None,
+    )
+
+
+def _restarted_and_proven(fleet: Fleet, host: FakeHost, report: RunReport) -> None:
+    """The host `restored` by a restart and a passing smoke, said alike by the outcome, the
+    ledger, the exit code and `status`."""
+    (outcome,) = report.hosts
+    assert outcome.outcome == "restored" and outcome.error is None, outcome
+    assert "started before" in (outcome.note or ""), outcome
+    assert "restart" in host.requests and "smoke" in host.requests, host.requests
+    assert host.started_at is not None and host.started_at > host.file.stat().st_mtime
+    assert sha(host.file.read_bytes()) == PRISTINE
+    recorded = fleet.ledger.get_run(report.run_id or "").host(host.name)
+    assert recorded.outcome == "restored", recorded
+    steps = {s.step: s.status for s in recorded.steps}
+    assert steps.get("restart") == "ok" and steps.get("smoke") == "ok", recorded.steps
+    assert report.exit_code == 0
+    assert not lock_of(host)
+    said = _status(fleet, host)
+    assert said.state == "not-applied" and "started before" not in said.detail, said
+
+
+def test_status_of_a_file_put_back_without_a_restart_says_its_server_still_runs_the_fix(
+    fleet: Fleet,
+) -> None:
+    """Before, status said only "back at the pre-image of run R": nothing said the server
+    still runs the patched code, nor how to finish."""
+    fleet.hosts = fleet.hosts[:1]
+    (host,) = fleet.hosts
+    applied = _staged_back(fleet, host)
+    said = _status(fleet, host)
+    assert said.state == "not-applied", said
+    assert said.detail.startswith(f"back at the pre-image of run {applied.run_id}"), said
+    assert f"pid {FAKE_PID}" in said.detail and "started before" in said.detail, said
+    assert "opspatch restart --hosts h1" in said.detail, said
+
+
+def test_restart_of_a_file_put_back_without_a_restart_restarts_and_proves_it(
+    fleet: Fleet,
+) -> None:
+    """Before, restart said "nothing staged: the file is at the pre-image" (exit 2) and left
+    the server running the fix the rollback took out of the file."""
+    fleet.hosts = fleet.hosts[:1]
+    (host,) = fleet.hosts
+    _staged_back(fleet, host)
+    report = restart_hosts(
+        ledger=fleet.ledger, hosts=[host.host()], factory=fleet.factory, playbook=Playbook()
+    )
+    _restarted_and_proven(fleet, host, report)
+
+
+@pytest.mark.parametrize("by_run", [False, True], ids=["patch", "run"])
+def test_a_second_rollback_of_a_file_put_back_without_a_restart_restarts_and_proves_it(
+    fleet: Fleet, by_run: bool
+) -> None:
+    """Before, a second rollback said "already at the pre-image; nothing to restore" (exit 2)
+    over a server still running the fix."""
+    fleet.hosts = fleet.hosts[:1]
+    (host,) = fleet.hosts
+    applied = _staged_back(fleet, host)
+    report = _rollback(fleet, host, applied.run_id if by_run else None)
+    _restarted_and_proven(fleet, host, report)
+
+
+def test_restart_and_rollback_leave_a_put_back_file_whose_server_started_since_alone(
+    fleet: Fleet,
+) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    (host,) = fleet.hosts
+    _staged_back(fleet, host)
+    host.restarted()  # someone restarted it after the put-back: it runs the pre-image
+    assert "started before" not in _status(fleet, host).detail
+    restarted = restart_hosts(
+        ledger=fleet.ledger, hosts=[host.host()], factory=fleet.factory, playbook=Playbook()
+    )
+    rolled = _rollback(fleet, host, None)
+    for report in (restarted, rolled):
+        assert fleet.outcomes(report) == {host.name: "skipped"}, report
+        assert report.exit_code == 0, report  # the goal stands: nothing staged, all old
+    assert "restart" not in host.requests and "smoke" not in host.requests, host.requests
+
+
+def test_a_second_rollback_told_not_to_restart_says_its_server_still_runs_the_fix(
+    fleet: Fleet,
+) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    (host,) = fleet.hosts
+    _staged_back(fleet, host)
+    report = rollback_hosts(
+        ledger=fleet.ledger,
+        hosts=[host.host()],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=fleet.patch,
+        restart_engine=False,
+    )
+    (outcome,) = report.hosts
+    assert outcome.outcome == "skipped", outcome
+    assert "still runs the patched code" in (outcome.note or ""), outcome
+    assert "opspatch restart --hosts h1" in (outcome.note or ""), outcome
+    assert "restart" not in host.requests, host.requests
+
+
+@pytest.mark.parametrize("command", ["restart", "rollback"])
+def test_a_unit_put_back_without_a_restart_is_restarted_as_one(units: Units, command: str) -> None:
+    """Every node's file back at its pre-image, every server still running the fix: restart
+    (or a second rollback) restarts the unit as one and proves it through the head, `restored`
+    on both nodes."""
+    hosts = units.hosts("h1", "h2")
+    assert [o.outcome for o in units.apply("h1", "h2").hosts] == ["applied", "applied"]
+    back = rollback_hosts(
+        ledger=units.ledger,
+        hosts=hosts,
+        factory=units.factory,
+        playbook=ALL_AT_ONCE,
+        patch=units.patch,
+        restart_engine=False,
+    )
+    assert [o.outcome for o in back.hosts] == ["staged-back", "staged-back"], back
+    for name in ("h1", "h2"):
+        fake = units.fakes[name]
+        fake.started_at = time.time() - 600
+        fake.fault = _server_found(fake)
+        fake.requests.clear()
+    if command == "restart":
+        report = restart_hosts(
+            ledger=units.ledger, hosts=hosts, factory=units.factory, playbook=ALL_AT_ONCE
+        )
+    else:
+        report = rollback_hosts(
+            ledger=units.ledger,
+            hosts=hosts,
+            factory=units.factory,
+            playbook=ALL_AT_ONCE,
+            patch=units.patch,
+        )
+    assert [o.outcome for o in report.hosts] == ["restored", "restored"], report
+    assert report.exit_code == 0
+    requests = units.requests()
+    assert all("stop" in requests[n] and "start" in requests[n] for n in ("h1", "h2")), requests
+    assert "smoke" in requests["h1"], requests

@@ -28,7 +28,13 @@ from opspatch.runs.fleet.group import Nodes, answers, prove_or_undo, proven, und
 from opspatch.runs.fleet.host_leases import lease_held
 from opspatch.runs.fleet.liveapply import revert_everywhere
 from opspatch.runs.fleet.recorded import recorded_run
-from opspatch.runs.fleet.restore import ensure_running, restore_standing, run_restore
+from opspatch.runs.fleet.restore import (
+    ensure_running,
+    restart_stale,
+    restore_standing,
+    run_restore,
+    stale_servers,
+)
 from opspatch.runs.fleet.session import (
     HostFailed,
     HostSession,
@@ -371,9 +377,8 @@ class _RecoverHost:
                 )
             return prove_or_undo(nodes, changes=changes, restore=restore, note=note)
         if not new and not any(st.standing == Standing.PARTLY_NEW for st in standings.values()):
-            stale = sorted(n for n, st in standings.items() if st.stale_server)
-            if stale:  # a rollback killed after its swap: the file is back, its server is not
-                return self._restart_stale(nodes, standings, stale, changes)
+            if stale_servers(standings):  # a rollback killed after its swap: file back, server not
+                return restart_stale(nodes, standings, changes)
             return self._serving(nodes, standings)
         head = standings[nodes.head.name]
         if nodes.alone:  # making the set whole is what this recover is for: restored
@@ -387,25 +392,6 @@ class _RecoverHost:
                 "every new file was put back, so the unit is uniform at its pre-images"
             )
         return undo(nodes, why, restore=restore, changes=changes, outcome=Outcome.RESTORED)
-
-    @staticmethod
-    def _restart_stale(
-        nodes: Nodes,
-        standings: Mapping[str, HostStanding],
-        stale: Sequence[str],
-        changes: Mapping[str, FileChange | None],
-    ) -> list[HostOutcome]:
-        """Nothing to put back, but a server started before its file was last written still
-        runs the code that write replaced: the group restarted as one and smoke-tested."""
-        where = "" if nodes.alone else f" on {', '.join(stale)}"
-        path = standings[stale[0]].unchanged().path
-        why = (
-            f"the server{where} started before {path} was last written, so it still ran the "
-            "code that write replaced: restarted and smoke-tested"
-        )
-        return undo(
-            nodes, why, restore=lambda s: changes[s.name], changes=changes, outcome=Outcome.RESTORED
-        )
 
     def _serving(self, nodes: Nodes, standings: Mapping[str, HostStanding]) -> list[HostOutcome]:
         """Nothing to change on disk (every file old, nothing recorded, or proven with no older

@@ -16,7 +16,7 @@ from opspatch.runs.commands.live import StagedDisable, StagedPlugin, staged_plug
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.group import Nodes, failing_as, prove_or_undo, refuse, undo
 from opspatch.runs.fleet.recorded import run_in_batches
-from opspatch.runs.fleet.restore import restore_standing
+from opspatch.runs.fleet.restore import restart_stale, restore_standing, stale_servers
 from opspatch.runs.fleet.session import HostSession, Progress
 from opspatch.runs.fleet.standing import Change, HostStanding, Unread, read
 from opspatch.runs.fleet.steps import AS_ROLLBACK
@@ -122,10 +122,12 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
     then one decision. A node that could not be read or that restart refuses: no node touched,
     each other node `skipped` naming it. Every node's files new: the group restarted and proven
     as one when some node is staged (its server older than the write), undone on every node
-    when the proof fails; left alone otherwise, unless a live plugin change (`live enable`,
-    `live disable`) is staged there (`_restart_plugin`). Nodes that differ (new on some, old
-    on others): every node `needs-attention`, naming them; restarting would run two versions
-    of the code in one server."""
+    when the proof fails. Every node's files old, some server older than its file's last write
+    (put back by `rollback --restart never`): restarted as one and proven, `restored`. Left
+    alone otherwise, unless a live plugin change (`live enable`, `live disable`) is staged
+    there (`_restart_plugin`). Nodes that differ (new on some, old on others): every node
+    `needs-attention`, naming them; restarting would run two versions of the code in one
+    server."""
     versions = {s.name: _staged_versions(ledger, s.name) for s in nodes.sessions}
     try:
         standings = read(nodes, lambda session: _change(versions[session.name]))
@@ -155,6 +157,8 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
             )
             for s in nodes.sessions
         ]
+    if not new and stale_servers(standings):  # put back with no restart since: staged too
+        return restart_stale(nodes, standings, files, steps=AS_ROLLBACK)
     if not any(st.action == Action.PROVE_OR_UNDO for st in staged.values()):
         return _restart_plugin(nodes, ledger, staged)
     return prove_or_undo(

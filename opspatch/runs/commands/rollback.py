@@ -24,14 +24,14 @@ from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.group import Nodes, refuse, undo
 from opspatch.runs.fleet.liveapply import revert_everywhere
 from opspatch.runs.fleet.recorded import recorded_run
-from opspatch.runs.fleet.restore import Examined, restore_standing, run_restore
+from opspatch.runs.fleet.restore import Examined, restore_standing, run_restore, stale_note
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
 from opspatch.runs.fleet.standing import Change, HostStanding, Lineage, read_host
 from opspatch.runs.fleet.steps import AS_ROLLBACK
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import held_fixes, unanswered
 from opspatch.runs.judgments.patchset import Place, Standing, paths_of
-from opspatch.runs.judgments.units import recover_remedy, require_whole_units
+from opspatch.runs.judgments.units import recover_remedy, require_whole_units, target_of
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 
@@ -194,7 +194,9 @@ class _Rollback:
         since the preflight); a node refused there or unreadable: nothing restored on any
         node. Then every node's files put back, the group restarted once and proven through
         the head: `restored` on every node (`restored-not-serving` when the head's decode
-        fails; a node that had nothing to restore is restarted with the rest). Told not to
+        fails; a node that had nothing to restore is restarted with the rest). A node already
+        at its pre-image whose server started before it was put back (an earlier `--restart
+        never`) has only the restart left: it is restarted and proven the same way. Told not to
         restart, each node's files are put back (`staged-back`), the engines left alone."""
         examined: dict[str, Examined] = {}
         for session in nodes.sessions:
@@ -320,20 +322,7 @@ class _Rollback:
             assert self.patch is not None
             return self._without_record(session, self.patch, inspection)
         if action == Action.LEAVE:
-            note = (
-                "every file of the patch set is already at its pre-image; nothing to restore"
-                if standing.is_set
-                else "already at the pre-image; nothing to restore"
-            )
-            return Examined(
-                inspection,
-                decided=session.outcome(
-                    Outcome.SKIPPED,
-                    file=standing.unchanged(),
-                    note=note,
-                    reason=Reason.NOTHING_TO_DO,
-                ),
-            )
+            return self._at_pre_image(session, standing)
         if action == Action.REFUSE:
             return Examined(
                 inspection,
@@ -358,6 +347,36 @@ class _Rollback:
             )
             if standing.is_set
             else (lambda error: f"restore failed: {error}"),
+        )
+
+    def _at_pre_image(self, session: HostSession, standing: HostStanding) -> Examined:
+        """A host already at its pre-image: nothing to restore (`skipped`), unless its server
+        started before the file was put back (an earlier `--restart never`, a rollback killed
+        after its swap): then the restart is what is left, and a restarting rollback makes it."""
+        unchanged = standing.unchanged()
+        if standing.stale_server and self.restart_engine:
+            return Examined(
+                standing.inspection,
+                put_back=lambda: unchanged,
+                found=unchanged,
+                note=stale_note(unchanged.path),
+            )
+        note = (
+            "every file of the patch set is already at its pre-image; nothing to restore"
+            if standing.is_set
+            else "already at the pre-image; nothing to restore"
+        )
+        if standing.stale_server:  # told not to restart, again
+            restart = remedy_text(Command.RESTART, hosts=target_of(session.host))
+            note += (
+                "; its server started before the file was put back and still runs the "
+                f"patched code until it restarts (`{restart}`)"
+            )
+        return Examined(
+            standing.inspection,
+            decided=session.outcome(
+                Outcome.SKIPPED, file=unchanged, note=note, reason=Reason.NOTHING_TO_DO
+            ),
         )
 
     def _lineage(

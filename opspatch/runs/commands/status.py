@@ -28,6 +28,7 @@ from opspatch.runs.judgments.live import HeldFix, drift, held_fixes
 from opspatch.runs.judgments.patchset import (
     FileStanding,
     Place,
+    ServerAge,
     baked_in,
     read_file,
     recreated_since,
@@ -210,6 +211,14 @@ def _said(
         case Place.OLD:
             assert located is not None
             said = f"back at the pre-image of run {located.version.run_id}"
+            if standing.server == ServerAge.OLDER:  # put back with no restart after
+                assert inspection.server is not None
+                restart = remedy_text(Command.RESTART, hosts=target_of(host))
+                said += (
+                    f"; the running server (pid {inspection.server.pid}) started before it was "
+                    f"put back, so it still runs the patched code: `{restart}` restarts it "
+                    "into the file"
+                )
         case Place.CHANGED:
             assert located is not None
             version = located.version

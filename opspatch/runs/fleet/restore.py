@@ -17,12 +17,19 @@ from opspatch.ledger.store import FileVersion
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import HaltPolicy, halt_on_attention, one_batch
 from opspatch.runs.fleet.fleetrun import FleetRun, NotStarted, PerGroup, whole_units
-from opspatch.runs.fleet.group import refuse
+from opspatch.runs.fleet.group import Nodes, refuse, undo
 from opspatch.runs.fleet.host_leases import host_identity
 from opspatch.runs.fleet.recorder import Recorder
 from opspatch.runs.fleet.session import HostFailed, HostSession, Progress
 from opspatch.runs.fleet.standing import HostStanding
-from opspatch.runs.fleet.steps import readmit, ready_step, restart_step, restore_pre_image
+from opspatch.runs.fleet.steps import (
+    AFTER_RESTORE,
+    RestoreSteps,
+    readmit,
+    ready_step,
+    restart_step,
+    restore_pre_image,
+)
 from opspatch.runs.judgments.patchset import SetOnHost
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
@@ -247,3 +254,42 @@ def restore_standing(session: HostSession, standing: HostStanding) -> FileChange
     if standing.is_set:
         return restore_set(session, standing.found)
     return restore_recorded(session, standing.version)
+
+
+def stale_servers(standings: Mapping[str, HostStanding]) -> list[str]:
+    """The nodes whose server started before its file was last written: each still runs the
+    code that write replaced (a file put back by `rollback --restart never`, or by a rollback
+    killed after its swap, with no restart since)."""
+    return sorted(name for name, standing in standings.items() if standing.stale_server)
+
+
+def stale_note(path: str, stale: Sequence[str] = ()) -> str:
+    """What a host restarted because its server was stale says (`stale`: the nodes of a
+    unit whose server was, named)."""
+    where = f" on {', '.join(stale)}" if stale else ""
+    return (
+        f"the server{where} started before {path} was last written, so it still ran the code "
+        "that write replaced: restarted and smoke-tested"
+    )
+
+
+def restart_stale(
+    nodes: Nodes,
+    standings: Mapping[str, HostStanding],
+    files: Mapping[str, FileChange | None],
+    *,
+    steps: RestoreSteps = AFTER_RESTORE,
+) -> list[HostOutcome]:
+    """Nothing to put back, but a server started before its file was last written
+    (`stale_servers`): the group restarted as one and smoke-tested, `restored` on every node
+    (`restored-not-serving` when the smoke fails); `files`: each node's files as found."""
+    stale = stale_servers(standings)
+    path = standings[stale[0]].unchanged().path
+    return undo(
+        nodes,
+        stale_note(path, () if nodes.alone else stale),
+        restore=lambda session: files[session.name],
+        changes=files,
+        outcome=Outcome.RESTORED,
+        steps=steps,
+    )
