@@ -466,9 +466,10 @@ def restart(
     accept_new_host_keys: AcceptKeysOption = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Complete staged patches (apply --restart never) and a staged live plugin (live enable,
-    live disable): restart each host's engine under the playbook, wait, smoke-decode, roll back
-    the staged change on failure."""
+    """Complete staged patches (apply --restart never), a staged live plugin (live enable,
+    live disable) and a file put back under a server still running the fix (rollback --restart
+    never): restart each host's engine under the playbook, wait, smoke-decode, roll back the
+    staged change on failure."""
     from opspatch.runs.commands.restart import restart_hosts
 
     if hosts is None:
