@@ -37,6 +37,7 @@ OFF_THE_APPLY_FILE_PATH = {
     "opspatch.config.playbook": "a playbook file (`apply --file` runs the default playbook)",
     "opspatch.config.inventory": "an inventory (`--hosts`)",
     "opspatch.runs.fleet.liveapply": "`apply --live`",
+    "opspatch.hosts.engine": "an engine restarted, awaited or smoke-tested (no engine here)",
     "opspatch.hosts.live": "a live fix in a running engine",
     "opspatch.runs.commands.rollback": "`rollback`",
     "opspatch.analysis.upstream": "a pristine file judged against its release (`status`)",
