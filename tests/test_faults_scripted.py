@@ -10,7 +10,9 @@ ledger.
 - a Ctrl-C that kept no host from starting does not turn a run whose every host was applied
   into `failed`;
 - `recover` of an interrupted `apply --live` finishes it as the live path does (the smoke the
-  live path needs, no restart), or takes the fix out and puts the file back.
+  live path needs, no restart), or takes the fix out and puts the file back;
+- `recover` of a rollback killed after its swap restarts a server that still runs the patched
+  code (started before the swap), and leaves alone one started after it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +28,7 @@ import pytest
 
 from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.policy import BatchSize, Playbook
+from opspatch.core.vocabulary import FileAction
 from opspatch.errors import LedgerLost
 from opspatch.hosts.transport.scripted import Refusal, agent_operation
 from opspatch.ledger import NewFileVersion
@@ -38,6 +42,7 @@ from tests.livekit import LiveEngine, live_host, live_unit
 from tests.scriptedkit import (
     FAKE_PID,
     PRISTINE,
+    STANDIN,
     UNIT,
     FakeHost,
     Fault,
@@ -530,3 +535,90 @@ def test_a_halted_recover_leaves_its_run_interrupted_until_a_recover_reconciles_
     assert not any(lock_of(f) for f in fleet.hosts)
     summary = fleet.ledger.get_run(dead).summary
     assert (summary.status, summary.recovered_by) == ("recovered", finished.run_id), summary
+
+
+# -- a rollback killed after its swap -----------------------------------------------------------
+
+
+def _left_by_a_dead_rollback(fleet: Fleet, host: FakeHost) -> str:
+    """What a controller killed during `rollback` right after its swap leaves: the host applied
+    (and restarted) ten minutes ago, the rollback's restore and swap recorded, the file back at
+    its pre-image (written now), the server never restarted, the lock held. Returns the run."""
+    applied = fleet.apply()
+    assert fleet.outcomes(applied) == {host.name: "applied"}, applied
+    host.started_at = time.time() - 600  # the apply's restart, before the rollback's write
+    post = host.file.read_bytes()
+    pristine = (STANDIN / "eagle_worker_v2.py").read_bytes()
+    dead = begin_and_die(
+        fleet.ledger.path,
+        command="rollback",
+        command_line=f"opspatch rollback eagle-init-guard --hosts {host.name}",
+        hosts=[host.name],
+    )
+    fleet.ledger.record_file_version(
+        dead,
+        host.name,
+        NewFileVersion(
+            path=str(host.file),
+            sha256_before=sha(post),
+            sha256_after=PRISTINE,
+            mode=0o644,
+            owner="root:root",
+            pre_image=post,
+            post_image=pristine,
+            action=FileAction.RESTORE,
+        ),
+    )
+    fleet.ledger.record_step(dead, host.name, "swap", "ok", 0.1)
+    locked_by(host, dead)
+    host.file.write_bytes(pristine)
+    host.requests.clear()
+
+    def found(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        """Its inspections by path (as recover --hosts reads) find its server too."""
+        if op != "inspect":
+            return None
+        answer = host.real(op, args)
+        if isinstance(answer, dict) and answer.get("server") is None and host.serving:
+            answer["server"] = {"pid": FAKE_PID, "started_at": host.started_at}
+        return answer if isinstance(answer, dict) else None
+
+    host.fault = found
+    return dead
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("by_run", [False, True], ids=["hosts", "run"])
+def test_recover_of_a_rollback_killed_after_its_swap_restarts_the_server_still_running_the_fix(
+    fleet: Fleet, by_run: bool
+) -> None:
+    """Before, recover found the file at its pre-image and the server answering, said
+    `restored` and left the server started before the swap running the patched code."""
+    fleet.hosts = fleet.hosts[:1]
+    (host,) = fleet.hosts
+    dead = _left_by_a_dead_rollback(fleet, host)
+    report = fleet.recover(host, run=dead if by_run else None)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "restored", outcome
+    assert "restart" in host.requests and "smoke" in host.requests, host.requests
+    assert "started before" in (outcome.note or ""), outcome
+    assert host.started_at is not None and host.started_at > host.file.stat().st_mtime
+    assert sha(host.file.read_bytes()) == PRISTINE
+    assert not lock_of(host)
+    assert report.exit_code == 0
+
+
+@pytest.mark.process
+def test_recover_of_a_rollback_killed_after_its_swap_leaves_a_server_started_since_alone(
+    fleet: Fleet,
+) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    (host,) = fleet.hosts
+    dead = _left_by_a_dead_rollback(fleet, host)
+    host.restarted()  # someone restarted it after the write: it runs the pre-image
+    report = fleet.recover(host, run=dead)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "restored", outcome
+    assert "restart" not in host.requests, host.requests
+    assert sha(host.file.read_bytes()) == PRISTINE
+    assert report.exit_code == 0

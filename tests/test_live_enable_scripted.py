@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from opspatch import __version__
+from opspatch.core.reasons import Reason
 from opspatch.errors import LiveRefused
 from opspatch.hosts.livedist import live_distribution, plugin_sources
 from opspatch.hosts.transport.scripted import agent_operation
@@ -116,10 +117,27 @@ def test_enable_refuses_a_file_already_there_with_other_bytes_naming_it(fleet: F
     foreign.write_text("# someone else's\n")
     report = run(fleet, enable_live)
     (outcome,) = report.hosts
-    assert outcome.outcome == "skipped", outcome
+    assert outcome.outcome == "skipped" and outcome.reason == Reason.CHANGED_SINCE, outcome
     assert str(foreign) in (outcome.error or "")
     assert report.exit_code == 2
     assert files_under(site_of(fleet)) == {"other_package.py", "opspatch_live/wire.py"}
+
+
+def test_enable_refuses_where_another_version_of_the_plugin_is_installed(fleet: Fleet) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    scripted_site(fleet)
+    older = site_of(fleet) / "opspatch_live-0.0.1.dist-info"
+    older.mkdir()
+    (older / "RECORD").write_text("opspatch_live-0.0.1.dist-info/RECORD,,\n")
+    report = run(fleet, enable_live)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "skipped" and outcome.reason == Reason.OTHER_VERSION, outcome
+    assert "`opspatch live disable --hosts h1` first" in (outcome.error or "")
+    assert report.exit_code == 2
+    assert files_under(site_of(fleet)) == {
+        "other_package.py",
+        "opspatch_live-0.0.1.dist-info/RECORD",
+    }
 
 
 def test_disable_removes_exactly_what_enable_wrote(fleet: Fleet) -> None:
@@ -151,7 +169,8 @@ def test_disable_refuses_a_file_changed_since_naming_it_and_removes_nothing(
     report = run(fleet, disable_live)
     (outcome,) = report.hosts
     assert outcome.outcome == "skipped", outcome
-    assert str(changed) in (outcome.error or "") and "changed since" in (outcome.error or "")
+    assert outcome.reason == Reason.CHANGED_SINCE, outcome
+    assert str(changed) in (outcome.error or "")
     assert report.exit_code == 2
     assert files_under(site_of(fleet)) == installed
 
@@ -161,7 +180,8 @@ def test_disable_where_nothing_is_installed_says_so(fleet: Fleet) -> None:
     scripted_site(fleet)
     report = run(fleet, disable_live)
     (outcome,) = report.hosts
-    assert outcome.outcome == "skipped" and "not installed" in (outcome.note or ""), outcome
+    assert outcome.outcome == "skipped" and outcome.reason == Reason.NOTHING_TO_DO, outcome
+    assert "not installed" in (outcome.note or "")  # nothing-to-do's wording
     assert report.exit_code == 0
 
 
@@ -235,6 +255,7 @@ def test_restart_finishes_an_enable_restarting_into_the_plugin_and_proving_it_li
     assert outcome.file == enabled.file  # the RECORD, as enable recorded it
     (again,) = restart(fleet).hosts  # the engine now started after it: nothing staged
     assert again.outcome == "skipped" and "restart" not in [s.step for s in again.steps], again
+    assert again.reason == Reason.NOTHING_TO_DO, again
 
 
 def test_a_restart_into_the_plugin_whose_proof_fails_removes_it_and_restarts_without(

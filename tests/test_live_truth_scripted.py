@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from opspatch.core.reasons import Reason
 from opspatch.errors import TransportError
 from opspatch.hosts.transport.scripted import Refusal, agent_operation
 from opspatch.runs.commands.live import disable_live, enable_live
@@ -74,7 +75,7 @@ def test_a_host_whose_lock_cannot_be_written_is_failed_with_nothing_written(
     report = run(fleet, enable_live)
     (outcome,) = report.hosts
     assert outcome.outcome == "failed", outcome  # was needs-attention (exit 3)
-    assert "cannot write the state dir" in (outcome.error or "")
+    assert outcome.reason == Reason.HOST_ERROR, outcome
     assert report.exit_code == 1
     assert recorded(fleet, report) == "failed"
     assert files_under(site_of(fleet)) == UNTOUCHED
@@ -121,7 +122,8 @@ def test_an_install_lost_before_it_wrote_is_read_back_and_failed(fleet: Fleet) -
     report = run(fleet, enable_live)
     (outcome,) = report.hosts
     assert outcome.outcome == "failed", outcome
-    assert "nothing was changed" in (outcome.error or "")
+    assert outcome.reason == Reason.HOST_ERROR, outcome
+    assert "nothing was changed" in (outcome.error or "")  # the read-back's wording
     assert report.exit_code == 1
     assert files_under(site_of(fleet)) == UNTOUCHED
 
@@ -135,7 +137,7 @@ def test_an_install_whose_read_back_fails_too_needs_attention(fleet: Fleet) -> N
     report = run(fleet, enable_live)
     (outcome,) = report.hosts
     assert outcome.outcome == "needs-attention", outcome
-    assert "could not be read back" in (outcome.error or "")
+    assert outcome.reason == Reason.PART_WAY, outcome
     assert report.exit_code == 3
 
 
@@ -160,7 +162,7 @@ def test_a_removal_lost_before_it_removed_is_failed_with_every_file_kept(fleet: 
     report = run(fleet, disable_live)
     (outcome,) = report.hosts
     assert outcome.outcome == "failed", outcome
-    assert "nothing was changed" in (outcome.error or "")
+    assert outcome.reason == Reason.HOST_ERROR, outcome
     assert report.exit_code == 1
     assert files_under(site_of(fleet)) == installed
 
@@ -177,6 +179,7 @@ def test_an_install_cut_part_way_needs_attention_saying_how_far_it_got(fleet: Fl
     report = run(fleet, enable_live)
     (outcome,) = report.hosts
     assert outcome.outcome == "needs-attention", outcome
+    assert outcome.reason == Reason.PART_WAY, outcome  # its wording: how far it got
     assert "read back: 8 of its 17 files are there" in (outcome.error or ""), outcome.error
     assert "`opspatch live enable --hosts h1` again finishes it" in (outcome.error or "")
     assert report.exit_code == 3

@@ -23,6 +23,7 @@ import pytest
 from opspatch.config.patches import load_patch
 from opspatch.core.filechange import FileChange
 from opspatch.core.policy import BatchSize, Playbook
+from opspatch.core.reasons import Reason
 from opspatch.errors import TransportError
 from opspatch.hosts.operations import LOCK_HOLD_SECONDS
 from opspatch.hosts.transport.scripted import Refusal, agent_operation
@@ -64,7 +65,7 @@ def test_a_swap_whose_reply_is_lost_after_the_write_is_read_back_and_rolled_back
     report = fleet.apply()
     (outcome,) = report.hosts
     assert outcome.outcome == "rolled-back", outcome
-    assert "the swap did not answer" in (outcome.error or "")
+    assert outcome.reason == Reason.STEP_FAILED, outcome
     assert sha(host.file.read_bytes()) == PRISTINE
     steps = [s.step for s in outcome.steps]
     assert steps[steps.index("swap") + 1 : steps.index("swap") + 3] == ["reconcile", "restore"]
@@ -85,7 +86,8 @@ def test_a_swap_that_gave_no_reply_and_wrote_nothing_is_failed_with_the_file_unc
     host.fault = drop_before_the_write
     (outcome,) = fleet.apply().hosts
     assert outcome.outcome == "failed"
-    assert "the file is unchanged" in (outcome.error or "")
+    assert outcome.reason == Reason.HOST_ERROR, outcome
+    assert "reconcile" in [s.step for s in outcome.steps]
     assert sha(host.file.read_bytes()) == PRISTINE
 
 
@@ -123,6 +125,7 @@ def test_a_host_that_vanishes_after_a_lost_swap_needs_attention_and_halts(fleet:
     report = fleet.apply(Playbook(canary=1, batch=BatchSize(count=10), max_failures=1))
     outcomes = fleet.outcomes(report)
     assert outcomes == {"h1": "needs-attention", "h2": "skipped", "h3": "skipped"}
+    assert report.hosts[0].reason == Reason.PART_WAY, report.hosts[0]
     assert report.exit_code == 3
     for other in fleet.hosts[1:]:
         assert sha(other.file.read_bytes()) == PRISTINE
@@ -143,7 +146,8 @@ def test_a_restore_that_fails_needs_attention_and_keeps_the_backup(fleet: Fleet)
     report = fleet.apply()
     (outcome,) = report.hosts
     assert outcome.outcome == "needs-attention"
-    assert "then the restore failed" in (outcome.error or "")
+    assert outcome.reason == Reason.UNDO_FAILED, outcome
+    assert "then the restore failed" in (outcome.error or "")  # undo-failed's wording
     assert report.exit_code == 3
     assert (host.state / "backups" / PRISTINE).is_file()
 
@@ -184,7 +188,12 @@ def test_on_halt_rollback_run_restores_the_hosts_this_run_applied(fleet: Fleet) 
     report = fleet.apply(playbook)
     outcomes = fleet.outcomes(report)
     assert outcomes == {"h1": "rolled-back", "h2": "rolled-back", "h3": "skipped"}
-    assert "on_halt = rollback-run" in (report.hosts[0].error or "")
+    assert [h.reason for h in report.hosts] == [
+        Reason.HALTED,
+        Reason.SMOKE_FAILED,
+        Reason.NOT_STARTED,
+    ]
+    assert "on_halt = rollback-run" in (report.hosts[0].error or "")  # halted's wording
     assert all(sha(h.file.read_bytes()) == PRISTINE for h in fleet.hosts)
 
 
@@ -302,7 +311,8 @@ def test_unlock_frees_a_dead_runs_lock_and_refuses_an_unknown_one(fleet: Fleet) 
     assert outcomes["h1"].outcome == "unlocked"
     assert not (host.state / "lock.json").exists()
     assert outcomes["h2"].outcome == "skipped"
-    assert "which this ledger does not know" in (outcomes["h2"].error or "")
+    assert outcomes["h2"].reason == Reason.UNKNOWN_HOLDER, outcomes["h2"]
+    assert "which this ledger does not know" in (outcomes["h2"].error or "")  # its wording
     assert (other.state / "lock.json").is_file()
     # h1's lock was removed, so "nothing was changed" (exit 2) would be false; h2 did not reach
     # the goal: exit 1
@@ -425,6 +435,7 @@ def test_a_rollback_whose_smoke_fails_is_restored_not_serving_with_a_failed_step
     )
     first, second = report.hosts
     assert first.outcome == "restored-not-serving", first
+    assert first.reason == Reason.NOT_SERVING, first
     assert "the server does not serve the restored file" in (first.error or "")
     assert "apply eagle-init-guard --hosts h1" in (first.error or "")
     smoke = next(s for s in first.steps if s.step == "smoke")
@@ -436,6 +447,7 @@ def test_a_rollback_whose_smoke_fails_is_restored_not_serving_with_a_failed_step
     assert report.exit_code == 1
     recorded = fleet.ledger.get_run(report.run_id or "").host("h1")
     assert recorded.outcome == "restored-not-serving"
+    assert recorded.reason == Reason.NOT_SERVING
     assert any(s.step == "smoke" and s.status == "failed" for s in recorded.steps)
 
 

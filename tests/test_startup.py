@@ -124,3 +124,29 @@ def test_a_command_runs_with_its_own_group_only() -> None:
         name for param in root.params if not getattr(param, "is_flag", False)
         for name in param.opts
     } == set(app.ROOT_OPTIONS_WITH_VALUES)  # fmt: skip
+
+
+@pytest.mark.process
+def test_a_command_built_alone_has_every_subcommand_the_full_app_has() -> None:
+    """A group (`ledger`, `sandbox`, `live`, ...) built alone for its own word, in a fresh
+    interpreter as a command runs, keeps every subcommand it has in the full app: one that
+    another group's module registers into it would be lost (`ledger report`, written beside
+    diagnose, was "No such command" once each command built only its own group)."""
+    full = typer.main.get_command(app.app)
+    assert isinstance(full, typer.core.TyperGroup)
+    groups = {
+        word: sorted(command.commands)
+        for word, command in full.commands.items()
+        if isinstance(command, typer.core.TyperGroup)
+    }
+    probe = (
+        "import json, sys, typer\n"
+        "from opspatch.cli import app\n"
+        "built = typer.main.get_command(app.app_for([sys.argv[1], '--help']))\n"
+        "print(json.dumps(sorted(built.commands[sys.argv[1]].commands)))\n"
+    )
+    for word, subcommands in groups.items():
+        done = subprocess.run(
+            [sys.executable, "-c", probe, word], capture_output=True, text=True, check=True
+        )
+        assert json.loads(done.stdout) == subcommands, word

@@ -19,6 +19,7 @@ import pytest
 from opspatch.config.fleet import DesiredPatch, DesiredState
 from opspatch.core.host import Host
 from opspatch.core.policy import BatchSize, Playbook
+from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import RestartPolicy
 from opspatch.errors import EXIT_BAD_INPUT, Location, TransportError, UnitRefused
 from opspatch.hosts.transport.scripted import Refusal, agent_operation
@@ -215,6 +216,7 @@ def test_a_swap_refused_on_one_node_puts_the_others_back_without_a_restart(
     report = units.apply("h1", "h2")
     outcomes = {h.host: h for h in report.hosts}
     assert {h: str(o.outcome) for h, o in outcomes.items()} == {"h1": "failed", "h2": "failed"}
+    assert {o.reason for o in outcomes.values()} == {Reason.HOST_ERROR}
     assert outcomes["h1"].note == "put back to the pre-image: the unit's server never ran it"
     assert "disk full" in (outcomes["h1"].error or "")
     assert units.files() == pristine
@@ -243,7 +245,7 @@ def test_a_node_whose_swap_reply_was_lost_after_the_write_rolls_back_the_unit_as
         "h1": "rolled-back",
         "h2": "rolled-back",
     }
-    assert "the swap did not answer" in (outcomes["h1"].error or "")
+    assert {o.reason for o in outcomes.values()} == {Reason.STEP_FAILED}
     assert units.files() == pristine
     for name in UNIT.hosts:  # put back, then the unit restarted once, as one
         assert "restart" not in units.fakes[name].requests, units.fakes[name].requests
@@ -295,6 +297,7 @@ def test_restart_of_a_staged_unit_proves_it_as_one(units: Units) -> None:
     clear(units)
     report = restart(units, "h1", "h2", "h3")
     assert outcomes(report) == {"h1": "applied", "h2": "applied", "h3": "skipped"}
+    assert report.hosts[2].reason == Reason.NOTHING_TO_DO, report.hosts[2]
     assert report.exit_code == 0
     assert units.files() == staged
     assert stopped_and_started_once(units)
@@ -328,8 +331,8 @@ def test_restart_of_a_unit_whose_nodes_differ_restarts_no_node(units: Units) -> 
     clear(units)
     report = restart(units, "h1", "h2")
     assert outcomes(report) == {"h1": "needs-attention", "h2": "needs-attention"}
+    assert {h.reason for h in report.hosts} == {Reason.UNIT_NOT_ALIKE}
     error = report.hosts[0].error or ""
-    assert "the nodes of unit u1 differ: h1 carry the change and h2 do not" in error
     assert "`opspatch recover --hosts u1` makes it uniform" in error
     assert all(not {"stop", "start", "restart"} & set(units.fakes[n].requests) for n in UNIT.hosts)
 
@@ -451,6 +454,24 @@ def test_recover_of_a_unit_whose_nodes_differ_puts_back_the_new_node_and_restart
         assert "restart" not in units.fakes[name].requests
     note = next(h for h in report.hosts if h.host == "h1").note or ""
     assert "the nodes of unit u1 differed (new on h1)" in note
+
+
+def test_recover_of_a_unit_with_a_node_changed_by_hand_writes_nothing(units: Units) -> None:
+    """h2's file edited by hand after the staging: every node `needs-attention`, `changed-since`
+    (the odd node and the ones it holds back), nothing written or restarted."""
+    assert units.apply("h1", "h2", playbook=NEVER).exit_code == 0
+    h2 = units.fakes["h2"]
+    h2.file.write_bytes(h2.file.read_bytes() + b"# by hand\n")
+    staged = units.files()
+    clear(units)
+    report = recover(units, "h1", "h2")
+    assert {h.host: str(h.outcome) for h in report.hosts} == {
+        "h1": "needs-attention",
+        "h2": "needs-attention",
+    }
+    assert {h.reason for h in report.hosts} == {Reason.CHANGED_SINCE}
+    assert units.files() == staged
+    assert all(not {"stop", "start", "restart"} & set(units.fakes[n].requests) for n in UNIT.hosts)
 
 
 def test_recover_of_a_staged_unit_proves_it_as_one(units: Units) -> None:

@@ -1,5 +1,6 @@
 """`opspatch ledger list | show | verify | migrate | copy`: the record of every run. (`ledger
-report`, the postmortem timeline, is registered into this group by `opspatch.cli.respond`.)"""
+report`, the postmortem timeline, is written in `opspatch.cli.respond` beside the other incident
+commands; registered here, so `opspatch ledger ...` loads this group's words whole.)"""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from rich.text import Text
 
 from opspatch.cli.context import JsonOption, options
 from opspatch.cli.render import OUTCOME_STYLE, Column, emit_json, out, table_of
+from opspatch.cli.respond import ledger_report
 from opspatch.core.ledgerlocation import ledger_location
 from opspatch.errors import EXIT_NEEDS_ATTENTION, InputError
 
@@ -207,6 +209,9 @@ def ledger_copy(
         f"({report.events_already_there} events were already there); both verify"
     )
     out.print(f"head {report.head_hash}")
+
+
+ledger_app.command("report")(ledger_report)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,6 +1,6 @@
 """Incident-response commands that read hosts and the ledger: `diagnose` (what a host really
 runs and why it crashed), `adopt` (a hand edit becomes a patch) and `ledger report` (the
-postmortem timeline, registered in the `ledger` group)."""
+postmortem timeline, which the `ledger` group registers)."""
 
 from __future__ import annotations
 
@@ -244,8 +244,5 @@ def ledger_report(
 
 
 def register(app: typer.Typer) -> None:
-    from opspatch.cli.ledger import ledger_app
-
     app.command()(diagnose)
     app.command()(adopt)
-    ledger_app.command("report")(ledger_report)

@@ -17,7 +17,8 @@ class Reason(Word):
     """The patch does not fit the host (version gate, anchors, module), or its input is refused
     there: nothing was changed."""
     HOST_ERROR = "host-error"
-    """The host could not be reached, or an operation there failed before anything changed."""
+    """The host could not be reached, or an operation there failed before anything changed
+    (a swap the host refused: the set put back)."""
     HOST_KEY_UNKNOWN = "host-key-unknown"
     """The host's SSH host key is not known: nothing was run there."""
     HOST_KEY_CHANGED = "host-key-changed"
@@ -25,7 +26,7 @@ class Reason(Word):
     BECOME_REFUSED = "become-refused"
     """sudo cannot raise privileges on the host: its swap and restart would fail."""
     LOCK_HELD = "lock-held"
-    """Another run holds the host's lock."""
+    """Another run holds the host's lock (`unlock`: a run still running)."""
     LEASE_HELD = "lease-held"
     """A live lease of another run holds the host (its operator and controller named)."""
     NOT_LISTENING = "not-listening"
@@ -33,10 +34,11 @@ class Reason(Word):
     NOT_TAKEN_LIVE = "not-taken-live"
     """`apply --live`: the change has no live form there (apply without --live restarts)."""
     UNIT_NOT_ALIKE = "unit-not-alike"
-    """The nodes of the host's unit differ in release or in a target file's pre-image."""
+    """The nodes of the host's unit differ in release, in a target file's pre-image, or in
+    whether they carry the change (`restart`)."""
     CHANGED_SINCE = "changed-since"
-    """The host's file is not the bytes opspatch wrote there (a hand edit, a reinstall):
-    rollback and restart do not overwrite or restart into it."""
+    """The host's file is not the bytes opspatch read or wrote there (a hand edit, a
+    reinstall, a `live` plugin file not ours): nothing overwrites or restarts into it."""
     PATCHED_FURTHER = "patched-further"
     """Later recorded changes sit on top of the one to roll back: roll those back first."""
     NO_RECORD = "no-record"
@@ -48,16 +50,40 @@ class Reason(Word):
     NOT_RESTARTED = "not-restarted"
     """`sync`: the file carries the patch but the running server predates it (`restart`)."""
     NOT_SERVING = "not-serving"
-    """`sync`: the file carries the patch but the host serves nothing (`recover`)."""
+    """The host serves nothing: `sync` finds the file carrying the patch (`recover`), or the
+    smoke decode after a restore failed (`restored-not-serving`)."""
     BY_HAND = "by-hand"
     """`sync` cannot decide (a partly applied file, an unknown release): an operator looks."""
     EXTRA = "extra"
     """`sync`: a patch the fleet file does not want is on the host (never removed unasked)."""
     STEP_FAILED = "step-failed"
-    """A step failed on the host (its failed step in `steps` says which): the change undone."""
+    """A step failed on the host (its failed step in `steps` says which): the change undone
+    (a swap that did not answer, found written), or none made (`bake`: nothing built)."""
     SMOKE_FAILED = "smoke-failed"
     """The smoke decode after the restart failed a check: the change undone."""
     JUDGE_FAILED = "judge-failed"
     """The playbook's judge found the patched server worse than its baseline: undone."""
+    BASELINE_FAILED = "baseline-failed"
+    """The playbook requires a baseline and the pre-patch decode failed: nothing changed."""
+    NOTHING_TO_DO = "nothing-to-do"
+    """Nothing there for the command to change, so the host is left as it is: rollback's
+    file already at the pre-image or no change recorded, restart's nothing staged, `live
+    disable`'s plugin not installed, `unlock`'s lock not held, `adopt`'s file not hand-edited."""
+    OTHER_VERSION = "other-version"
+    """`live enable`: another version of the live plugin is installed (`live disable` first)."""
+    UNKNOWN_HOLDER = "unknown-holder"
+    """`unlock`: the lock's run is not in this ledger and may be alive on another controller
+    (`--force` removes it)."""
+    UNDO_FAILED = "undo-failed"
+    """Putting the host's files back, restarting after it, or locking it to, failed: how it
+    stands is not known (`needs-attention`)."""
+    PART_WAY = "part-way"
+    """A change stopped part-way (no reply, a failure mid-change) and the host, read back, is
+    neither old nor new or could not be read (`needs-attention`)."""
+    INTERNAL_ERROR = "internal-error"
+    """A bug in opspatch stopped the host's run: how it stands is not known."""
+    HALTED = "halted"
+    """`on_halt = rollback-run`: the host was proven, but the rollout halted, so its change
+    was undone."""
     NOT_STARTED = "not-started"
     """The run never started the host: it halted, was cancelled, or refused elsewhere."""

@@ -17,6 +17,7 @@ from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
@@ -409,7 +410,9 @@ def _record(
             per_node(one), batches=one_batch(fleet.items(), 1), halt=lambda _: None
         )
         outcomes = [found[h.name] for h in recorded_hosts] + [
-            HostOutcome(name, Outcome.SKIPPED, note=f"{why}: nothing to adopt")
+            HostOutcome(
+                name, Outcome.SKIPPED, note=f"{why}: nothing to adopt", reason=Reason.NOTHING_TO_DO
+            )
             for name, why in untouched
         ]
         return run.finish(

@@ -448,7 +448,10 @@ class _FleetApply:
             if misfit is not None:
                 outcomes.append(
                     session.outcome(
-                        Outcome.NOT_APPLICABLE, self._misfit(misfit), file=item.change()
+                        Outcome.NOT_APPLICABLE,
+                        self._misfit(misfit),
+                        file=item.change(),
+                        reason=Reason.NOT_APPLICABLE,
                     )
                 )
             elif item.pending:
@@ -544,11 +547,12 @@ class _FleetApply:
                         Outcome.NEEDS_ATTENTION,
                         f"on_halt = rollback-run could not lock {what}: {describe_error(exc)}",
                         file=outcomes[session.name].file,
+                        reason=Reason.UNDO_FAILED,
                     )
                     for session in nodes.sessions
                 ]
             return self.pipeline.roll_back(
-                nodes, prepared, "the rollout halted (on_halt = rollback-run)"
+                nodes, prepared, "the rollout halted (on_halt = rollback-run)", reason=Reason.HALTED
             )
 
         def left(session: HostSession, why: str) -> HostOutcome:

@@ -12,6 +12,7 @@ from pathlib import Path
 from opspatch.core.edit import Applied
 from opspatch.core.host import ContainerRuntime, ContainerSettings, EngineSettings, Host
 from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.reasons import Reason
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import HostError, InputError, OpspatchError
@@ -220,6 +221,7 @@ class _Bake:
                 f"the image's interpreter refused the patched file: {describe_error(exc)}; "
                 "nothing was built",
                 file=prepared.change(),
+                reason=Reason.STEP_FAILED,
             )
         labels = bake_labels(
             patch_id=self.patch.spec.id,
@@ -263,6 +265,7 @@ class _Bake:
                     Outcome.FAILED,
                     f"the bake failed: {describe_error(exc)}",
                     file=prepared.change(),
+                    reason=Reason.STEP_FAILED,
                 )
         self._record(session, prepared, image_id=image.id)
         return session.outcome(

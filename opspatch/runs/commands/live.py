@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from opspatch import __version__
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import LiveRefused, OpspatchError, RemoteOperationError
@@ -155,6 +156,7 @@ def _change(
             return session.outcome(
                 Outcome.NEEDS_ATTENTION,
                 f"{refused.error}; {done_before} other installation(s) removed before it",
+                reason=Reason.PART_WAY,
             )
         why = f"{change.what} did not finish: {describe_error(error)}"
     try:
@@ -172,17 +174,20 @@ def _change(
         return session.outcome(
             Outcome.NEEDS_ATTENTION,
             f"{why}; the files could not be read back ({describe_error(again)})",
+            reason=Reason.PART_WAY,
         )
     done = len(there) if change.present else len(change.wanted) - len(there)
     if done == len(change.wanted):
         return True
     if done == 0 and not done_before:
-        return session.outcome(Outcome.FAILED, f"{why}; read back: nothing was changed")
+        text = f"{why}; read back: nothing was changed"
+        return session.outcome(Outcome.FAILED, text, reason=Reason.HOST_ERROR)
     finish = Command.LIVE_ENABLE if change.present else Command.LIVE_DISABLE
     return session.outcome(
         Outcome.NEEDS_ATTENTION,
         f"{why}; read back: {len(there)} of its {len(change.wanted)} files are there "
         f"(`{remedy_text(finish, hosts=session.name)}` again finishes it)",
+        reason=Reason.PART_WAY,
     )
 
 
@@ -205,6 +210,7 @@ def _enable(session: HostSession) -> HostOutcome:
         return session.outcome(
             Outcome.SKIPPED,
             f"refused: {', '.join(others)} is installed in {site.purelib}; `{disable}` first",
+            reason=Reason.OTHER_VERSION,
         )
 
     def send() -> tuple[str, bool]:
@@ -249,14 +255,17 @@ def _disable(session: HostSession) -> HostOutcome:
         return site
     if not site.installed:
         return session.outcome(
-            Outcome.SKIPPED, note=f"nothing to remove: {LIVE_DIST_NAME} is not installed"
+            Outcome.SKIPPED,
+            note=f"nothing to remove: {LIVE_DIST_NAME} is not installed",
+            reason=Reason.NOTHING_TO_DO,
         )
     manifests: list[tuple[InstalledLive, dict[str, str]]] = []
     for found in site.installed:
         try:
             manifests.append((found, _manifest(found)))
         except ValueError as error:
-            return session.outcome(Outcome.SKIPPED, f"refused: {found.dist_info}: {error}")
+            text = f"refused: {found.dist_info}: {error}"
+            return session.outcome(Outcome.SKIPPED, text, reason=Reason.CHANGED_SINCE)
     changes: list[FileChange] = []
     for found, wanted in manifests:
 
@@ -296,9 +305,10 @@ def _refused(session: HostSession, error: OpspatchError) -> HostOutcome | None:
     a lock taken over: `skipped` / `failed`); None when its effect is unknown (no reply, a
     failure part-way), to be read back."""
     if isinstance(error, RemoteOperationError) and error.code in REFUSALS:
-        return session.outcome(Outcome.SKIPPED, f"refused: {error.message}")
+        text = f"refused: {error.message}"
+        return session.outcome(Outcome.SKIPPED, text, reason=Reason.CHANGED_SINCE)
     if isinstance(error, RemoteOperationError) and error.code in NOTHING_RAN:
-        return session.outcome(Outcome.FAILED, describe_error(error))
+        return session.outcome(Outcome.FAILED, describe_error(error), reason=Reason.LOCK_HELD)
     return None
 
 

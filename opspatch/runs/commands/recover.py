@@ -325,7 +325,8 @@ class _RecoverHost:
         written. Every node new: proven as one (the group restarted, the smoke through the
         head), or finished live where an `apply --live` wrote it; left alone when already
         proven and serving; undone on every node when the proof fails. Every node old (or
-        nothing recorded): left alone when it serves, else restarted. Nodes or files that
+        nothing recorded): left alone when it serves, else restarted; restarted and proven
+        when a server started before its file was last written. Nodes or files that
         differ (a run stopped between two swaps): every new file put back, the group restarted
         and proven: `restored`, uniform at the pre-images."""
         try:
@@ -370,6 +371,9 @@ class _RecoverHost:
                 )
             return prove_or_undo(nodes, changes=changes, restore=restore, note=note)
         if not new and not any(st.standing == Standing.PARTLY_NEW for st in standings.values()):
+            stale = sorted(n for n, st in standings.items() if st.stale_server)
+            if stale:  # a rollback killed after its swap: the file is back, its server is not
+                return self._restart_stale(nodes, standings, stale, changes)
             return self._serving(nodes, standings)
         head = standings[nodes.head.name]
         if nodes.alone:  # making the set whole is what this recover is for: restored
@@ -383,6 +387,25 @@ class _RecoverHost:
                 "every new file was put back, so the unit is uniform at its pre-images"
             )
         return undo(nodes, why, restore=restore, changes=changes, outcome=Outcome.RESTORED)
+
+    @staticmethod
+    def _restart_stale(
+        nodes: Nodes,
+        standings: Mapping[str, HostStanding],
+        stale: Sequence[str],
+        changes: Mapping[str, FileChange | None],
+    ) -> list[HostOutcome]:
+        """Nothing to put back, but a server started before its file was last written still
+        runs the code that write replaced: the group restarted as one and smoke-tested."""
+        where = "" if nodes.alone else f" on {', '.join(stale)}"
+        path = standings[stale[0]].unchanged().path
+        why = (
+            f"the server{where} started before {path} was last written, so it still ran the "
+            "code that write replaced: restarted and smoke-tested"
+        )
+        return undo(
+            nodes, why, restore=lambda s: changes[s.name], changes=changes, outcome=Outcome.RESTORED
+        )
 
     def _serving(self, nodes: Nodes, standings: Mapping[str, HostStanding]) -> list[HostOutcome]:
         """Nothing to change on disk (every file old, nothing recorded, or proven with no older
@@ -446,7 +469,11 @@ class _RecoverHost:
                     "else: nothing was written on any node of the unit"
                 )
                 file = standing.unchanged()
-            outcomes.append(session.outcome(Outcome.NEEDS_ATTENTION, text, file=file))
+            outcomes.append(
+                session.outcome(
+                    Outcome.NEEDS_ATTENTION, text, file=file, reason=Reason.CHANGED_SINCE
+                )
+            )
         return outcomes
 
     def _live_takes(self, nodes: Nodes, standings: Mapping[str, HostStanding]) -> bool | None:
@@ -500,7 +527,9 @@ class _RecoverHost:
             try:
                 smoke = proven(nodes, None)
             except HostFailed as failure:
-                return self._undo_live(nodes, standings, fixes, failure.error, Outcome.ROLLED_BACK)
+                return self._undo_live(
+                    nodes, standings, fixes, failure.error, Outcome.ROLLED_BACK, failure.reason
+                )
             note = (
                 f"finished run {run_id}'s live fix: every process of the engine holds it and "
                 "the smoke decode proves it, no restart; the file carries it for the next one"
@@ -562,6 +591,7 @@ class _RecoverHost:
         fixes: Collection[str],
         why: str,
         outcome: Outcome,
+        reason: Reason | None = None,
         *,
         restart: bool = False,
     ) -> list[HostOutcome]:
@@ -580,6 +610,7 @@ class _RecoverHost:
             changes={n: st.change() for n, st in standings.items()},
             restart=restart or not reverted,
             outcome=outcome,
+            reason=reason,
         )
 
     def _ensure_running(self, session: HostSession, standing: HostStanding) -> HostOutcome:

@@ -84,11 +84,16 @@ class _Staged:
 
     def left_alone(self, session: HostSession) -> HostOutcome:
         if self.run_id is None:
-            return session.outcome(Outcome.SKIPPED, note="the ledger holds no change on this host")
+            return session.outcome(
+                Outcome.SKIPPED,
+                note="the ledger holds no change on this host",
+                reason=Reason.NOTHING_TO_DO,
+            )
         return session.outcome(
             Outcome.SKIPPED,
             file=self.standing.unchanged(),
             note=_left_alone(self.standing, self.run_id),
+            reason=Reason.NOTHING_TO_DO,
         )
 
     def refused(self, session: HostSession) -> HostOutcome:
@@ -144,7 +149,12 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
             f"{', '.join(old)} do not; no node was restarted (the unit would run two versions of "
             f"its code): `{recover_remedy(nodes.head.host)}` makes it uniform"
         )
-        return [s.outcome(Outcome.NEEDS_ATTENTION, why, file=files[s.name]) for s in nodes.sessions]
+        return [
+            s.outcome(
+                Outcome.NEEDS_ATTENTION, why, file=files[s.name], reason=Reason.UNIT_NOT_ALIKE
+            )
+            for s in nodes.sessions
+        ]
     if not any(st.action == Action.PROVE_OR_UNDO for st in staged.values()):
         return _restart_plugin(nodes, ledger, staged)
     return prove_or_undo(

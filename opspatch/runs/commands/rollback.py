@@ -292,6 +292,7 @@ class _Rollback:
                     Outcome.SKIPPED,
                     note=f"the ledger has no change by the patch set {self.patch.spec.id} on "
                     "this host (a set is rolled back from the ledger's record only)",
+                    reason=Reason.NOTHING_TO_DO,
                 )
             )
         else:
@@ -302,6 +303,7 @@ class _Rollback:
                         Outcome.SKIPPED,
                         note=f"the ledger has no change by run {self.source_run.run_id} on this "
                         "host",
+                        reason=Reason.NOTHING_TO_DO,
                     )
                 )
         change = Change(
@@ -325,7 +327,12 @@ class _Rollback:
             )
             return Examined(
                 inspection,
-                decided=session.outcome(Outcome.SKIPPED, file=standing.unchanged(), note=note),
+                decided=session.outcome(
+                    Outcome.SKIPPED,
+                    file=standing.unchanged(),
+                    note=note,
+                    reason=Reason.NOTHING_TO_DO,
+                ),
             )
         if action == Action.REFUSE:
             return Examined(
@@ -453,6 +460,7 @@ class _Rollback:
                     file=unchanged,
                     note=f"{patch.spec.id} is not on this host (and the ledger has no record of "
                     "it)",
+                    reason=Reason.NOTHING_TO_DO,
                 ),
             )
         pre = unapply(live.content, patch.spec)

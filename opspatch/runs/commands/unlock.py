@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
+from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import Command, Outcome, RunStatus, Step
 from opspatch.errors import InputError, LockHeld
 from opspatch.ledger.store import Ledger
@@ -72,12 +73,14 @@ class _UnlockHost:
                     if previous
                     else "no lock held"
                 )
-                return session.outcome(Outcome.SKIPPED, note=f"{note['detail']}; nothing to remove")
+                text = f"{note['detail']}; nothing to remove"
+                return session.outcome(Outcome.SKIPPED, note=text, reason=Reason.NOTHING_TO_DO)
         status = self._status_of(holder)
         if status == RunStatus.RUNNING:
             return session.outcome(
                 Outcome.SKIPPED,
                 f"refused: the lock belongs to run {holder}, which is still running",
+                reason=Reason.LOCK_HELD,
             )
         live = [lease for lease in self.ledger.leases_of([holder] if holder else []) if lease.live]
         if live and not self.force_unknown:  # its controller heart-beats: it may be changing it
@@ -85,6 +88,7 @@ class _UnlockHost:
                 Outcome.SKIPPED,
                 f"refused: the lock belongs to run {holder}, whose lease is live: "
                 f"{refusal(live)}; or re-run with --force",
+                reason=Reason.LEASE_HELD,
             )
         if status is None and not self.force_unknown:
             return session.outcome(
@@ -92,6 +96,7 @@ class _UnlockHost:
                 f"refused: the lock belongs to run {holder or '(unnamed)'}, which this ledger does "
                 f"not know ({held_by}); it may be alive on another controller. Ask its owner, "
                 "wait for it to expire, or re-run with --force",
+                reason=Reason.UNKNOWN_HOLDER,
             )
         with session.step(Step.UNLOCK) as note:
             result = session.ops.unlock(run_id=holder, force=not holder, timeout=timeout)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from opspatch.core.policy import Batch
+from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import Outcome
 from opspatch.runs.report import HostOutcome
 
@@ -148,6 +149,7 @@ def run_fleet(
                         name,
                         Outcome.NEEDS_ATTENTION,
                         f"internal error: {type(exc).__name__}: {exc}",
+                        reason=Reason.INTERNAL_ERROR,
                     ),
                 )
             for outcome in done:

@@ -551,10 +551,13 @@ def guarded(
     except (LockHeld, BecomeError, HostKeyError) as exc:  # nothing changed there
         return [session.refused(exc) for session in sessions]
     except (OpspatchError, HostFailed) as exc:
-        return [s.outcome(Outcome.NEEDS_ATTENTION, describe_error(exc)) for s in sessions]
+        text = describe_error(exc)
+        return [s.outcome(Outcome.NEEDS_ATTENTION, text, reason=Reason.PART_WAY) for s in sessions]
     except Exception as exc:  # a bug must not lose the other hosts' outcomes
         text = f"internal error: {describe_error(exc)}"
-        return [s.outcome(Outcome.NEEDS_ATTENTION, text) for s in sessions]
+        return [
+            s.outcome(Outcome.NEEDS_ATTENTION, text, reason=Reason.INTERNAL_ERROR) for s in sessions
+        ]
     except BaseException:
         for session in sessions:
             session.lock.release()

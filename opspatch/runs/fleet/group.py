@@ -321,7 +321,12 @@ def undo(
                 "was not restarted"
             )
         return [
-            s.outcome(Outcome.NEEDS_ATTENTION, error, file=restored.get(s.name, changes[s.name]))
+            s.outcome(
+                Outcome.NEEDS_ATTENTION,
+                error,
+                file=restored.get(s.name, changes[s.name]),
+                reason=Reason.UNDO_FAILED,
+            )
             for s in nodes.sessions
         ]
     undone = outcome == Outcome.ROLLED_BACK
@@ -340,7 +345,10 @@ def undo(
         else:
             error = _then(why, "the unit's restart after the restore")(describe_error(exc))
         return [
-            s.outcome(Outcome.NEEDS_ATTENTION, error, file=restored[s.name]) for s in nodes.sessions
+            s.outcome(
+                Outcome.NEEDS_ATTENTION, error, file=restored[s.name], reason=Reason.UNDO_FAILED
+            )
+            for s in nodes.sessions
         ]
     head = nodes.head
     smoke, not_serving = smoke_after_restore(head, started[head.name], step=steps.smoke)
@@ -357,7 +365,12 @@ def undo(
         if not_serving is not None:
             error = f"{not_serving}; {way_back}" if way_back else not_serving
             return session.outcome(
-                Outcome.RESTORED_NOT_SERVING, error, file=file, smoke=shown, note=why
+                Outcome.RESTORED_NOT_SERVING,
+                error,
+                file=file,
+                smoke=shown,
+                note=why,
+                reason=Reason.NOT_SERVING,
             )
         return session.outcome(outcome, file=file, smoke=shown, note=why)
 

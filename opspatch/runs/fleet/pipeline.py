@@ -340,6 +340,7 @@ class ApplyPipeline:
                 refused.outcome if session is nodes.head else Outcome.FAILED,
                 why if session is nodes.head else f"not changed: the head {head}: {why}",
                 old=prepared[session.name].pending,
+                reason=refused.reason,
             )
             for session in nodes.sessions
         ]
@@ -352,44 +353,34 @@ class ApplyPipeline:
         failed: HostOutcome,
     ) -> list[HostOutcome]:
         """A node's swap failed (its outcome `failed` says how it stands): the nodes swapped
-        before it are put back, files only (the server never ran them)."""
+        before it are put back, files only (the server never ran them); every other node is
+        `failed` with its code."""
         why = f"{failed.host}: {failed.error}"
-        outcomes: list[HostOutcome] = []
-        for session in nodes.sessions:
+
+        def other(session: HostSession) -> HostOutcome:
             mine = prepared[session.name]
-            if session.name == failed.host:
-                outcomes.append(failed)
-                continue
-            if session not in written:
-                outcomes.append(
-                    self.outcome(
-                        session, mine, Outcome.FAILED, f"not changed: {why}", old=mine.pending
+            text, note = f"not changed: {why}", None
+            if session in written:
+                try:
+                    self.restore_files(session, mine.pending)
+                except (OpspatchError, HostFailed) as exc:
+                    error = describe_error(exc)
+                    text = f"{why}; then putting this node's files back failed: {error}"
+                    return self.outcome(
+                        session, mine, Outcome.NEEDS_ATTENTION, text, reason=Reason.UNDO_FAILED
                     )
-                )
-                continue
-            try:
-                self.restore_files(session, mine.pending)
-            except (OpspatchError, HostFailed) as exc:
-                outcomes.append(
-                    self.outcome(
-                        session,
-                        mine,
-                        Outcome.NEEDS_ATTENTION,
-                        f"{why}; then putting this node's files back failed: {describe_error(exc)}",
-                    )
-                )
-                continue
-            outcomes.append(
-                self.outcome(
-                    session,
-                    mine,
-                    Outcome.FAILED,
-                    why,
-                    old=mine.pending,
-                    note="put back to the pre-image: the unit's server never ran it",
-                )
+                text, note = why, "put back to the pre-image: the unit's server never ran it"
+            return self.outcome(
+                session,
+                mine,
+                Outcome.FAILED,
+                text,
+                old=mine.pending,
+                note=note,
+                reason=failed.reason,
             )
-        return outcomes
+
+        return [failed if s.name == failed.host else other(s) for s in nodes.sessions]
 
     def write(self, session: HostSession, prepared: Prepared) -> HostOutcome | SwapLost | None:
         """Record every pending file's images in the ledger, then swap each: None when all are
@@ -409,7 +400,10 @@ class ApplyPipeline:
                     for item in pending
                 )
         except Exception as exc:
-            return self.outcome(session, prepared, Outcome.FAILED, describe_error(exc), old=pending)
+            why = describe_error(exc)
+            return self.outcome(
+                session, prepared, Outcome.FAILED, why, old=pending, reason=Reason.HOST_ERROR
+            )
         swapped: list[PreparedFile] = []
         for item in pending:
             plan = _plan(item)
@@ -434,11 +428,15 @@ class ApplyPipeline:
                     )
             except PreimageMismatch as exc:
                 why = f"the file changed since it was read: {exc.detail}"
-                return self._swap_refused(session, prepared, item, swapped, why)
+                return self._swap_refused(
+                    session, prepared, item, swapped, why, Reason.CHANGED_SINCE
+                )
             except Exception as exc:
                 if not effect_unknown(exc):
                     why = describe_error(exc)
-                    return self._swap_refused(session, prepared, item, swapped, why)
+                    return self._swap_refused(
+                        session, prepared, item, swapped, why, Reason.HOST_ERROR
+                    )
                 # No reply: the swap may or may not have happened. Look before saying anything.
                 return self._reconcile_after_lost_swap(session, prepared, item, swapped, exc)
             swapped.append(item)
@@ -487,6 +485,7 @@ class ApplyPipeline:
                 Outcome.FAILED,
                 f"refused before any change: the playbook requires a baseline and the pre-patch "
                 f"decode failed ({problem})",
+                Reason.BASELINE_FAILED,
             )
         return None, (
             f"output preservation was not checked: the pre-patch baseline decode failed ({problem})"
@@ -501,12 +500,12 @@ class ApplyPipeline:
         swapped: Mapping[str, Sequence[PreparedFile]] | None = None,
         note: str | None = None,
         restart: bool | None = None,
-        reason: Reason | None = None,
+        reason: Reason = Reason.STEP_FAILED,
     ) -> list[HostOutcome]:
         """UNDO after a failure past the swap (`group.undo`): every node's pending files (or
         its `swapped` ones) put back, the group restarted once and proven (`restart`: default
         the pipeline's; False for a live fix reverted in every process, the files the undo;
-        `reason`: the code of `why`)."""
+        `reason`: the code of `why`, by default a step's failure: a lost swap found written)."""
 
         def files(session: HostSession) -> Sequence[PreparedFile]:
             return (
@@ -553,13 +552,16 @@ class ApplyPipeline:
         refused: PreparedFile,
         swapped: Sequence[PreparedFile],
         why: str,
+        reason: Reason,
     ) -> HostOutcome:
         """A swap the host refused (it wrote nothing): the host is unchanged once the set's
         files swapped before it are put back (no restart: the server never ran them)."""
         if prepared.is_set:
             why = f"{refused.path}: {why}"
         if not swapped:
-            return self.outcome(session, prepared, Outcome.FAILED, why, old=prepared.pending)
+            return self.outcome(
+                session, prepared, Outcome.FAILED, why, old=prepared.pending, reason=reason
+            )
         try:
             self.restore_files(session, swapped)
         except (OpspatchError, HostFailed) as exc:
@@ -570,6 +572,7 @@ class ApplyPipeline:
                 f"{why}; then putting back the set's files swapped before it failed: "
                 f"{describe_error(exc)}",
                 live=live_new(prepared, swapped),
+                reason=Reason.UNDO_FAILED,
             )
         back = ", ".join(item.path for item in swapped)
         return self.outcome(
@@ -579,6 +582,7 @@ class ApplyPipeline:
             why,
             old=prepared.pending,
             note=f"the set is whole and unchanged: {back} put back to the pre-image",
+            reason=reason,
         )
 
     def _reconcile_after_lost_swap(
@@ -604,10 +608,11 @@ class ApplyPipeline:
                 Outcome.NEEDS_ATTENTION,
                 f"{why}; the host is unreachable ({describe_error(again)})",
                 live=live_new(prepared, swapped),
+                reason=Reason.PART_WAY,
             )
         if live.sha256 == plan.sha256_before:
             return self._swap_refused(
-                session, prepared, item, swapped, f"{why}; the file is unchanged"
+                session, prepared, item, swapped, f"{why}; the file is unchanged", Reason.HOST_ERROR
             )
         if live.sha256 == plan.sha256_after:
             return SwapLost(why, (*swapped, item))
@@ -617,6 +622,7 @@ class ApplyPipeline:
             Outcome.NEEDS_ATTENTION,
             f"{why}; the file is neither the pre- nor the post-image",
             live={**live_new(prepared, swapped), item.path: live.sha256},
+            reason=Reason.PART_WAY,
         )
 
     def outcome(
@@ -630,6 +636,7 @@ class ApplyPipeline:
         live: dict[str, str] | None = None,
         smoke: SmokeResult | None = None,
         note: str | None = None,
+        reason: Reason | None = None,
     ) -> HostOutcome:
         """The host's outcome; its files are what each plan wrote, except the `old` ones (left
         at or put back to their pre-image) and those `live` names."""
@@ -642,6 +649,7 @@ class ApplyPipeline:
             diff=prepared.diff(),
             smoke=smoke,
             note=note,
+            reason=reason,
         )
 
 

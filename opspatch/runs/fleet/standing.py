@@ -15,6 +15,7 @@ from opspatch.runs.fleet.session import HostSession
 from opspatch.runs.judgments.patchset import (
     FileStanding,
     Place,
+    ServerAge,
     SetOnHost,
     Standing,
     judge,
@@ -138,6 +139,14 @@ class HostStanding:
     def version(self) -> FileVersion:
         """The first file's recorded change (a single file's only one)."""
         return self.found.members[0].version
+
+    @property
+    def stale_server(self) -> bool:
+        """Whether the running server started before the first file last changed: it runs code
+        the file no longer holds (a swap it was not restarted after, as a killed rollback's)."""
+        if self.inspection is None:
+            return False
+        return server_age(self.inspection.server, self.inspection.file) == ServerAge.OLDER
 
     @property
     def live(self) -> str:
