@@ -29,7 +29,29 @@ heavy = ("paramiko", "fabric", "invoke", "torch", "cryptography")
 sys.stderr.write("\\nLOADED " + json.dumps(sorted(m for m in heavy if m in sys.modules)) + "\\n")
 groups = [m.rsplit(".", 1)[1] for m in sys.modules if m.rsplit(".", 1)[0] == "opspatch.cli"]
 sys.stderr.write("\\nGROUPS " + json.dumps(sorted(groups)) + "\\n")
+sys.stderr.write("\\nMODULES " + json.dumps(sorted(sys.modules)) + "\\n")
 """
+
+OFF_THE_APPLY_FILE_PATH = {
+    "opspatch.hosts.transport.ssh": "a host over SSH",
+    "opspatch.config.playbook": "a playbook file (`apply --file` runs the default playbook)",
+    "opspatch.config.inventory": "an inventory (`--hosts`)",
+    "opspatch.runs.fleet.liveapply": "`apply --live`",
+    "opspatch.hosts.engine": "an engine restarted, awaited or smoke-tested (no engine here)",
+    "opspatch.hosts.live": "a live fix in a running engine",
+    "opspatch.runs.commands.rollback": "`rollback`",
+    "opspatch.analysis.upstream": "a pristine file judged against its release (`status`)",
+    "opspatch.analysis.initprogress": "`lint-init`",
+    "opspatch.hosts.image": "a container image's bake labels",
+    "opspatch.ledger.postgres": "a PostgreSQL ledger",
+    "opspatch.sandbox": "the sandbox",
+    "yaml": "YAML inventories and playbooks",
+    "psycopg": "a PostgreSQL ledger",
+    "unidiff": "a `diff` edit (its unified diff parsed)",
+}
+"""Modules `apply --file` must not import, each with the command or case that needs it: every
+one costs start-up time that an apply of one local file does not use (issue 44: within 6x of
+py_compile)."""
 
 
 @pytest.mark.parametrize("args", [["--version"], ["check"], ["schema"], ["check", "--json"]])
@@ -49,7 +71,8 @@ def test_quick_commands_import_neither_ssh_libraries_nor_torch(
 
 
 def test_apply_file_imports_neither_ssh_libraries_nor_torch(tmp_path: Path) -> None:
-    """`apply --file` reaches no host over SSH: it loads none of the SSH libraries."""
+    """`apply --file` reaches no host over SSH: it loads none of the SSH libraries, and none of
+    the modules only other commands or cases need (`OFF_THE_APPLY_FILE_PATH`)."""
     patch = tmp_path / "patches" / "guard-value.toml"
     patch.parent.mkdir()
     patch.write_text(
@@ -73,8 +96,12 @@ def test_apply_file_imports_neither_ssh_libraries_nor_torch(tmp_path: Path) -> N
     assert "x = 0" in target.read_text(encoding="utf-8")
     loaded = json.loads(done.stderr.rsplit("LOADED ", 1)[1].splitlines()[0])
     assert loaded == [], f"`opspatch apply --file` imported {loaded}"
-    groups = set(json.loads(done.stderr.rsplit("GROUPS ", 1)[1])) & set(app.GROUPS)
+    groups = set(json.loads(done.stderr.rsplit("GROUPS ", 1)[1].splitlines()[0]))
+    groups &= set(app.GROUPS)
     assert groups == {"changes", "patches"}, f"`apply --file` imported the groups {groups}"
+    modules = json.loads(done.stderr.rsplit("MODULES ", 1)[1])
+    off = {m: OFF_THE_APPLY_FILE_PATH[m] for m in modules if m in OFF_THE_APPLY_FILE_PATH}
+    assert off == {}, f"`apply --file` imported modules only other cases need: {off}"
 
 
 @pytest.mark.pure

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, PlanOutcome
 from opspatch.core.host import Host
@@ -28,7 +29,6 @@ from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.group import Nodes
 from opspatch.runs.fleet.host_leases import host_identity, lease_held, live_holders, refusal
 from opspatch.runs.fleet.judging import JudgePlan
-from opspatch.runs.fleet.liveapply import LiveApply, LiveFormer, refuse_unless_live
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.recorder import NullRecorder, Recorder
@@ -42,6 +42,9 @@ from opspatch.runs.fleet.session import (
 from opspatch.runs.judgments.approval import require_approval
 from opspatch.runs.judgments.units import NodeReading, NotUniform, judge_unit, unit_refusal
 from opspatch.runs.report import HostOutcome, RunReport
+
+if TYPE_CHECKING:  # the live strategy is imported by `--live` only (`_live_apply`)
+    from opspatch.runs.fleet.liveapply import LiveApply, LiveFormer
 
 # ---------------------------------------------------------------------------------------------
 # the fleet
@@ -193,6 +196,8 @@ def _live_apply(
         LiveRefused: a host whose inventory does not say `live = true`, or a playbook that never
             restarts.
     """
+    from opspatch.runs.fleet.liveapply import LiveApply, refuse_unless_live
+
     refuse_unless_live(hosts)
     if playbook.restart == RestartPolicy.NEVER:
         raise LiveRefused(

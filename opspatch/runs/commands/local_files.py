@@ -22,7 +22,6 @@ from opspatch.core.vocabulary import Command, FileAction, Outcome
 from opspatch.errors import InputError, TargetError
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.commands.apply import LocalFiles, apply_to_hosts, not_applicable_error
-from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.fleet.connect import transport_factory
 from opspatch.runs.report import RunReport
 
@@ -243,6 +242,8 @@ class LocalRollback:
 
     def run(self, ledger: Ledger) -> RunReport:
         """Restore the recorded pre-images where the files are still what opspatch wrote."""
+        from opspatch.runs.commands.rollback import rollback_hosts  # not on `apply`'s path
+
         return rollback_hosts(
             ledger=ledger,
             hosts=[self.host],

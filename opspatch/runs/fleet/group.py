@@ -7,12 +7,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from opspatch.core.host import Unit
 from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import Outcome, Step, StepStatus
 from opspatch.errors import OpspatchError
-from opspatch.hosts.engine import RestartReply, ServerGroup, SmokeResult, StopReply
 from opspatch.runs.fleet.rotation import admit_step, drain_step
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.fleet.steps import (
@@ -24,6 +24,9 @@ from opspatch.runs.fleet.steps import (
     smoke_step,
 )
 from opspatch.runs.report import FileChange, HostOutcome
+
+if TYPE_CHECKING:  # `hosts.engine` is imported where an engine is driven (`HostSession.engine`)
+    from opspatch.hosts.engine import RestartReply, ServerGroup, SmokeResult, StopReply
 
 UNIT_LOOK_SECONDS = 10.0
 """How often the other nodes are looked at while the head is awaited: a node that dies during
@@ -59,6 +62,8 @@ class Nodes:
     @property
     def group(self) -> ServerGroup | None:
         """The group the head holds once every rank joined (None: a host by itself)."""
+        from opspatch.hosts.engine import ServerGroup
+
         return None if self.alone else ServerGroup(nnodes=len(self.sessions))
 
     def where(self, session: HostSession) -> str:

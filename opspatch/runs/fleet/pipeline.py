@@ -18,7 +18,6 @@ from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch, PatchSpec, Target
 from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import OpspatchError, PreimageMismatch
-from opspatch.hosts.engine import SmokeResult
 from opspatch.hosts.operations import HostInspection
 from opspatch.hosts.results import file_owner
 from opspatch.ledger.records import NewFileVersion
@@ -29,6 +28,7 @@ from opspatch.runs.fleet.steps import effect_unknown, restore_pre_image
 from opspatch.runs.report import FileChange, HostOutcome, SetFile
 
 if TYPE_CHECKING:
+    from opspatch.hosts.engine import SmokeResult
     from opspatch.runs.fleet.liveapply import LiveApply
 
 PlanOutcome = Applied | AlreadyApplied | NotApplicable

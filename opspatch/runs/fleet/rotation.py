@@ -15,7 +15,6 @@ from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step, StepStatus
 from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.errors import OpspatchError, RouterError, RouterRefused
-from opspatch.hosts.engine import describe_drained
 from opspatch.hosts.router import RouterClient, RouterWorker
 from opspatch.ledger.records import StepRecord
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
@@ -361,6 +360,8 @@ def drain_step(session: HostSession) -> None:
             for worker in removed:
                 client.remove(worker.id)
             _wait_unlisted(client, rotation.worker_url, timeouts.admit)
+            from opspatch.hosts.engine import describe_drained
+
             # on the host, at the engine URL its readiness and smoke use (docs/runs.md)
             idle = describe_drained(
                 session.engine.wait_drained(settle=DRAIN_SETTLE_SECONDS, poll=DRAIN_POLL_SECONDS)

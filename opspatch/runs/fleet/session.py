@@ -23,7 +23,6 @@ from opspatch.errors import (
     OpspatchError,
     TargetError,
 )
-from opspatch.hosts.engine import EngineControl, SmokeResult
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.base import Transport
 from opspatch.ledger.records import ContainerRecord
@@ -33,6 +32,7 @@ from opspatch.runs.judgments.units import recover_remedy
 from opspatch.runs.report import FileChange, HostOutcome, StepResult
 
 if TYPE_CHECKING:
+    from opspatch.hosts.engine import EngineControl, SmokeResult
     from opspatch.runs.fleet.rotation import HostRotation
 
 
@@ -233,6 +233,9 @@ class HostSession:
 
     @property
     def engine(self) -> EngineControl:
+        # imported on first use: `apply --file` has no engine (tests/test_startup.py)
+        from opspatch.hosts.engine import EngineControl
+
         return EngineControl(self.ops, self.host, self.playbook)
 
     @property

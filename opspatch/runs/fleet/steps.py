@@ -5,22 +5,24 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import FileAction, Outcome, Step
 from opspatch.errors import InputError, OpspatchError, RemoteOperationError
-from opspatch.hosts.engine import (
-    READY_SLICE_SECONDS,
-    Readiness,
-    RestartReply,
-    ServerGroup,
-    SmokeResult,
-    StillWaiting,
-)
 from opspatch.hosts.operations import RestoreReply
 from opspatch.ledger.records import NewFileVersion
 from opspatch.runs.fleet.rotation import admit_step, drain_step
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
+
+if TYPE_CHECKING:  # `hosts.engine` is imported where an engine is driven (`HostSession.engine`)
+    from opspatch.hosts.engine import (
+        Readiness,
+        RestartReply,
+        ServerGroup,
+        SmokeResult,
+        StillWaiting,
+    )
 
 # Refusals the host agent replies with only when it wrote nothing: the effect is known.
 _NO_EFFECT_CODES_EXCLUDED = frozenset({"agent-no-reply", "agent-error"})
@@ -149,6 +151,8 @@ def ready_step(
     A unit's head is awaited with its `group` (every rank joined), in parts of `slice_seconds`,
     and `between` two parts looks at the unit's other nodes (it raises to end the wait).
     """
+    from opspatch.hosts.engine import READY_SLICE_SECONDS
+
     seconds = float(session.playbook.timeouts.ready if timeout is None else timeout)
     until = _clock(time.time() + seconds)
     session.awaiting = f"{step}: {session.host.engine.url}/health, until {until}"

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from opspatch.analysis.upstream import UpstreamVerdict, part_verdict
 from opspatch.core.edit import Detection, detect
 from opspatch.core.spec import PatchSpec
 from opspatch.core.vocabulary import FileAction, SetState, Word
 from opspatch.hosts.containers import ContainerIdentity
-from opspatch.hosts.image import BakedLabels, baked_history
 from opspatch.hosts.results import RemoteFile, ServerProcess
 from opspatch.ledger.lineage import (
     AtPostImage,
@@ -22,6 +21,10 @@ from opspatch.ledger.lineage import (
 )
 from opspatch.ledger.store import FileVersion
 from opspatch.runs.report import FileChange, SetFile, set_state
+
+if TYPE_CHECKING:  # imported where a pristine file or a baked image is read: not by `apply`
+    from opspatch.analysis.upstream import UpstreamVerdict
+    from opspatch.hosts.image import BakedLabels
 
 
 @dataclass(frozen=True)
@@ -287,6 +290,8 @@ def read_file(
     if part is not None and content is not None:
         carried = detect(content, part)
         if pristine == sha256:
+            from opspatch.analysis.upstream import part_verdict
+
             upstream = part_verdict(part, content, release)
     reference = (
         Reference.NONE
@@ -309,6 +314,8 @@ def baked_in(container: ContainerIdentity | None, path: str, sha256: str) -> Bak
     baked onto a baked one carries both), when the file is the bytes it baked there (`opspatch
     bake`'s labels, which the runtime copies into each container); None otherwise. Such a file
     came with the image: no recreate of the container loses it."""
+    from opspatch.hosts.image import baked_history
+
     history = baked_history(container.labels) if container is not None else ()
     wrote = next((bake for bake in history if bake.post_image_of(path) is not None), None)
     if wrote is None or wrote.post_image_of(path) != sha256:
