@@ -72,6 +72,19 @@ def rotations(env: dict[str, str], cwd: Path) -> dict[str, tuple[str, str | None
 )
 def test_the_readme_tour_runs_as_written(tmp_path: Path, router: bool) -> None:
     env = {**os.environ, "COLUMNS": "100"}
+    try:
+        _run_the_tour(tmp_path, router, env)
+    finally:  # a step that failed before the tour's own `sandbox down` must not leave servers
+        subprocess.run(
+            [sys.executable, "-m", "opspatch.cli", "sandbox", "down"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            timeout=600,
+        )
+
+
+def _run_the_tour(tmp_path: Path, router: bool, env: dict[str, str]) -> None:
     applies = 0
     for line in tour_commands():
         words = shlex.split(line, comments=True)
