@@ -438,15 +438,9 @@ def serving_with(fake: FakeHost, answer: Fault) -> Fault:
     return served
 
 
-@pytest.mark.process
-def test_a_halted_recover_names_the_lock_of_the_run_left_on_the_hosts_it_never_started(
-    fleet: Fleet,
-) -> None:
-    """recover --run R, one host at a time, halts at the first, whose server cannot be started.
-    The hosts it never started keep R's lock (the halt changes nothing more), and each says so
-    and how to clear it; the recover it names reconciles the host and takes the lock over.
-    Before, each said only "not started: the run halted", and the lock refused the next
-    command for up to 30 minutes."""
+def _killed_run_whose_first_host_cannot_start(fleet: Fleet) -> str:
+    """A run killed on every host (each keeps its lock) whose first host's server is down and
+    refuses to start again: a recover of it halts there. Returns the run's id."""
     dead = begin_and_die(fleet.ledger.path, hosts=[h.name for h in fleet.hosts])
     for fake in fleet.hosts:
         locked_by(fake, dead)
@@ -459,6 +453,19 @@ def test_a_halted_recover_names_the_lock_of_the_run_left_on_the_hosts_it_never_s
         return None
 
     first.fault = no_start
+    return dead
+
+
+@pytest.mark.process
+def test_a_halted_recover_names_the_lock_of_the_run_left_on_the_hosts_it_never_started(
+    fleet: Fleet,
+) -> None:
+    """recover --run R, one host at a time, halts at the first, whose server cannot be started.
+    The hosts it never started keep R's lock (the halt changes nothing more), and each says so
+    and how to clear it; the recover it names reconciles the host and takes the lock over.
+    Before, each said only "not started: the run halted", and the lock refused the next
+    command for up to 30 minutes."""
+    dead = _killed_run_whose_first_host_cannot_start(fleet)
     report = recover_run(
         ledger=fleet.ledger,
         chain=run_chain(fleet.ledger, dead),
@@ -498,18 +505,8 @@ def test_a_halted_recover_leaves_its_run_interrupted_until_a_recover_reconciles_
     hosts are never reconciled: R stays `interrupted` (not `recovered`, which would be a false
     green), and a later recover --run R finishes every host and marks it recovered. Before, the
     halted recover marked R recovered by itself."""
-    dead = begin_and_die(fleet.ledger.path, hosts=[h.name for h in fleet.hosts])
-    for fake in fleet.hosts:
-        locked_by(fake, dead)
+    dead = _killed_run_whose_first_host_cannot_start(fleet)
     first = fleet.hosts[0]
-    first.serving = False
-
-    def no_start(op: str, args: dict[str, Any]) -> Refusal | None:
-        if op in ("restart", "start"):
-            return Refusal("restart-failed", "the start command exited 1")
-        return None
-
-    first.fault = no_start
     names = [h.host() for h in fleet.hosts]
 
     def recover() -> RunReport:
