@@ -17,7 +17,6 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from rich.console import Console, Group, RenderableType
-from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
@@ -26,6 +25,8 @@ from opspatch.core.vocabulary import Step, StepStatus
 from opspatch.errors import ConfirmationRequired
 
 if TYPE_CHECKING:
+    from rich.live import Live
+
     from opspatch.runs.report import RunReport
 
 
@@ -366,6 +367,8 @@ class LiveProgress:
 
     def __enter__(self) -> LiveProgress:
         if self.enabled and err.is_terminal:
+            from rich.live import Live  # only on a terminal: a scripted run never draws it
+
             self.live = Live(self._render(), console=err, refresh_per_second=4, transient=True)
             self.live.__enter__()
             _LIVE.append(self.live)
