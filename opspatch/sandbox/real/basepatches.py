@@ -44,8 +44,10 @@ def apply_base_patches(
     if not patches:
         return
     # built per node, the node's engine not running, as pip installs the wheel on each node (a
-    # reinstall rebuilds one): not an apply to part of a running multi-node server
-    target = replace(sandbox_inventory(layout, manifest, over_ssh=False).host(host), unit=None)
+    # reinstall rebuilds one): not an apply to part of a running multi-node server, nor to a
+    # worker of the router (which `up` starts only once every engine is ready)
+    inventory = sandbox_inventory(layout, manifest, over_ssh=False)
+    target = replace(inventory.host(host), unit=None, router=None)
     with Ledger.open(paths.default_ledger_location()) as ledger:
         for patch in patches:
             progress(f"{host}: applying the sandbox's base patch {patch.spec.id}")
