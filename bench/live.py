@@ -138,9 +138,10 @@ class Bench:
         }
 
     def live_rollback(self, patch: str) -> dict[str, Any]:
-        """`rollback` of a fix taken live: taken out of the running engines, no restart."""
+        """`rollback --restart never` of a fix taken live: taken out of the running engines
+        (without `--restart never` the playbook's restart runs: every server started again)."""
         pids_before = self.engine_pids()
-        result = self.cli("rollback", patch, "--hosts", "sandbox", "-y")
+        result = self.cli("rollback", patch, "--hosts", "sandbox", "--restart", "never", "-y")
         changed = sum(1 for n, pid in self.engine_pids().items() if pids_before.get(n) != pid)
         return {"rc": result["rc"], "wall_s": result["wall_s"], "pids_changed": changed}
 
