@@ -5,9 +5,9 @@ incident and failed client requests, on stand-in hosts whose every engine start 
     PYTHONPATH=$PWD python -m bench.live [--hosts 8] [--restart-seconds 60] [--out bench/results/]
     PYTHONPATH=$PWD python -m bench.live --engine sglang --hosts 3
 
-One sandbox (`sandbox up --router --restart-seconds S --count N`, `live = true` added to its
-inventory), the plugin enabled and loaded first (`live enable`, then every engine stopped and
-started by `sandbox up`: NOT timed, it is the preparation a fleet does once). Then, with the
+One sandbox (`sandbox up --router --live --restart-seconds S --count N`: `live = true` in its
+inventory and the plugin installed before each engine starts; NOT timed, it is the preparation
+a fleet does once; the runs of 2026-12-05 did it by `live enable`, then down and up). Then, with the
 playbook `bench/playbooks/live-bench.toml` (`[rotation] max_unavailable = 1`, one host a batch):
 
 1. incident, restart: `apply eagle-init-guard --hosts sandbox` on the incident's servers (healthy,
