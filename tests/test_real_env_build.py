@@ -1,13 +1,13 @@
 """The real engine's environment build (issue 41 §1), through `opspatch sandbox prepare` itself,
 against a local package index of tiny stand-in wheels (the real build downloads 3 GB for
-minutes): a line per step on a pipe, a Ctrl-C in the middle of the downloads resumed by the next
-run (each file fully fetched before it is not fetched again), and one clear message, exit 2,
-when the package index cannot be reached.
+minutes): a Ctrl-C in the middle of the downloads resumed by the next run (each batch kept
+before is not fetched again), a line per step and per batch of downloads on a pipe, and one
+clear message, exit 2, when the package index cannot be reached.
 
-The index serves what the build asks for by name: the release's wheel (`sglang`, no
-requirements of its own), then the CPU torch and the two extras at their pins; the fake torch
-also carries the other modules the build's import check names. The models are made by real
-torch only, so their cache entry is laid down beforehand: every step of the environment runs.
+The index serves a tiny wheel for the release (`sglang`, no requirements of its own) and for
+each pin of its constraints; the fake torch also carries the other modules the build's import
+check names. The models are made by real torch only, so their cache entry is laid down
+beforehand: every step of the environment runs.
 """
 
 from __future__ import annotations
@@ -215,42 +215,7 @@ def _built(cache: Path) -> list[Path]:
     return sorted(cache.glob(f"base/sglang-{VERSION}-*/{STAMP}"))
 
 
-def test_prepare_shows_each_step_on_a_pipe_and_builds_the_environment(
-    tmp_path: Path, index: LocalIndex, cache: Path
-) -> None:
-    run = opspatch(
-        "sandbox",
-        "prepare",
-        "--engine",
-        "sglang",
-        env=_env(tmp_path, cache, index.url),
-        timeout=600,
-    )
-    assert run.code == 0, run.stderr
-    steps = [line for line in run.stderr.splitlines() if line.startswith("[")]
-    titles = [line.split("]")[0] + "]" for line in steps]
-    assert list(dict.fromkeys(titles)) == [
-        "[1/5 the release's wheel]",
-        "[2/5 downloads]",
-        "[3/5 a fresh environment]",
-        "[4/5 install]",
-        "[5/5 check]",
-    ]
-    downloads = [line for line in steps if line.startswith("[2/5 downloads]")]
-    assert downloads[0] == "[2/5 downloads] 3 requirements, pinned by sglang-0.5.23.txt"
-    pins = len(_pins())
-    batches = [line for line in downloads if line.startswith("[2/5 downloads] pins ")]
-    assert len(batches) == -(-pins // DOWNLOAD_BATCH)  # a line per batch, none per file
-    assert batches[0].startswith(f"[2/5 downloads] pins 1-{DOWNLOAD_BATCH} of {pins}: torch==")
-    assert len(downloads) == 1 + len(batches)
-    (stamp,) = _built(cache)
-    assert f"environment {stamp.parent}" in run.stdout
-    # the build's own edit reached the environment
-    meta = next(stamp.parent.glob(f"lib/python3*/site-packages/{TORCHVISION_META}"))
-    assert "opspatch: CPU torch" in meta.read_text()
-
-
-def test_a_ctrl_c_during_the_downloads_is_resumed_by_the_next_run(
+def test_a_build_stopped_by_ctrl_c_resumes_showing_each_step_on_a_pipe(
     tmp_path: Path, index: LocalIndex, cache: Path
 ) -> None:
     env = {**os.environ, "COLUMNS": "200", **_env(tmp_path, cache, index.url)}
@@ -283,7 +248,42 @@ def test_a_ctrl_c_during_the_downloads_is_resumed_by_the_next_run(
     assert again.code == 0, again.stderr
     assert len(_built(cache)) == 1
     assert kept.isdisjoint(index.served), kept & set(index.served)
-    assert f"{DOWNLOAD_BATCH} of {len(_pins())} pins kept from an earlier build" in again.stderr
+    # what a log of the resumed build shows: each step once, a line per batch, none per file
+    steps = [line for line in again.stderr.splitlines() if line.startswith("[")]
+    titles = [line.split("]")[0] + "]" for line in steps]
+    assert list(dict.fromkeys(titles)) == [
+        "[1/5 the release's wheel]",
+        "[2/5 downloads]",
+        "[3/5 a fresh environment]",
+        "[4/5 install]",
+        "[5/5 check]",
+    ]
+    pins, left = len(_pins()), len(_pins()) - DOWNLOAD_BATCH
+    assert [line for line in steps if line.startswith("[2/5 downloads]")][:3] == [
+        "[2/5 downloads] 3 requirements, pinned by sglang-0.5.23.txt",
+        f"[2/5 downloads] {DOWNLOAD_BATCH} of {pins} pins kept from an earlier build",
+        f"[2/5 downloads] pins 1-{DOWNLOAD_BATCH} of {left}: "
+        + " ... ".join(_batch_ends(DOWNLOAD_BATCH)),
+    ]
+    batches = [line for line in steps if line.startswith("[2/5 downloads] pins ")]
+    assert len(batches) == -(-left // DOWNLOAD_BATCH)
+    assert len([line for line in steps if line.startswith("[2/5")]) == 2 + len(batches)
+    (stamp,) = _built(cache)
+    assert f"environment {stamp.parent}" in again.stdout
+    # the build's own edit reached the environment
+    meta = next(stamp.parent.glob(f"lib/python3*/site-packages/{TORCHVISION_META}"))
+    assert "opspatch: CPU torch" in meta.read_text()
+
+
+def _batch_ends(first: int) -> tuple[str, str]:
+    """The first and last pin of the batch that starts at pin `first` (0-based) of the file."""
+    pins = [
+        line.strip()
+        for line in constraints_file(VERSION).read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    batch = pins[first : first + DOWNLOAD_BATCH]
+    return batch[0], batch[-1]
 
 
 def test_an_unreachable_index_is_one_message_and_exit_2(tmp_path: Path, cache: Path) -> None:
