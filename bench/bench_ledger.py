@@ -15,10 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from opspatch.core.vocabulary import Command, Outcome, RunOutcome, Step, StepStatus
 from opspatch.ledger.records import NewFileVersion
 from opspatch.ledger.store import Ledger
 
-STEPS = ("lock", "inspect", "swap", "restart", "ready", "smoke")
+STEPS = (Step.LOCK, Step.INSPECT, Step.SWAP, Step.RESTART, Step.READY, Step.SMOKE)
 
 
 def main() -> None:
@@ -39,7 +40,7 @@ def main() -> None:
             started = time.perf_counter()
             for _ in range(args.runs):
                 run_id = ledger.begin_run(
-                    command="apply",
+                    command=Command.APPLY,
                     patch_id="eagle-init-guard",
                     patch_sha256=None,
                     operator="bench@controller",
@@ -62,9 +63,9 @@ def main() -> None:
                         ),
                     )
                     for step in STEPS:
-                        ledger.record_step(run_id, host, step, "ok", 0.1)
-                    ledger.record_host_outcome(run_id, host, "applied")
-                ledger.finish_run(run_id, "ok")
+                        ledger.record_step(run_id, host, step, StepStatus.OK, 0.1)
+                    ledger.record_host_outcome(run_id, host, Outcome.APPLIED)
+                ledger.finish_run(run_id, RunOutcome.OK)
             append_seconds = time.perf_counter() - started
 
             started = time.perf_counter()
