@@ -340,9 +340,12 @@ def require_word(
     vocabulary: type[_Word], value: str, what: str, allowed: frozenset[_Word] | None = None
 ) -> _Word:
     """`value` as a word of `vocabulary` (and of `allowed`); ValueError naming the words if not."""
+    try:
+        found = vocabulary(value)  # every record asks: a lookup, not a scan of the words
+    except (ValueError, TypeError):
+        found = None
+    if found is not None and (allowed is None or found in allowed):
+        return found
     words = list(vocabulary) if allowed is None else [w for w in vocabulary if w in allowed]
-    for word in words:
-        if word.value == value:
-            return word
     known = ", ".join(str(w.value) for w in words)
     raise ValueError(f"{what} must be one of {known}; got {value!r}")
