@@ -409,7 +409,7 @@ def test_a_patch_applied_twice_rolls_back_through_every_recorded_version(
     run_1 = _apply_file("twice", target, workspace, env)
     once = target.read_bytes()
     patch_file.write_text(_module_end_patch("twice", "TWICE_AGAIN = 2"))
-    run_2 = _apply_file("twice", target, workspace, env)
+    _apply_file("twice", target, workspace, env)
     twice = target.read_bytes()
 
     under = _rollback_file("--run", run_1, target=target, workspace=workspace, env=env)

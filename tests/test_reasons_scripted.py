@@ -18,8 +18,7 @@ from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.commands.unlock import unlock_hosts
 from opspatch.runs.fleet.recorder import LedgerRecorder
-from opspatch.runs.report import HostOutcome
-from opspatch.runs.report import RunReport
+from opspatch.runs.report import HostOutcome, RunReport
 from tests.ledgerkit import begin
 from tests.scriptedkit import PRISTINE, Fleet, fleet, sha
 
