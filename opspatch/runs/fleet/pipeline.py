@@ -402,7 +402,12 @@ class ApplyPipeline:
         except Exception as exc:
             why = describe_error(exc)
             return self.outcome(
-                session, prepared, Outcome.FAILED, why, old=pending, reason=Reason.HOST_ERROR
+                session,
+                prepared,
+                Outcome.FAILED,
+                why,
+                old=pending,
+                reason=Reason.BACKUP_NOT_RECORDED,
             )
         swapped: list[PreparedFile] = []
         for item in pending:
