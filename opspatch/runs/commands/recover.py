@@ -337,7 +337,7 @@ class _RecoverHost:
         and proven: `restored`, uniform at the pre-images."""
         try:
             takeover = _takeover(self.ledger, self.scope)
-            standings = read(nodes, self.change, ledger=self.ledger, takeover=takeover)
+            standings = read(nodes, self.change, ledger=self.ledger, prove=True, takeover=takeover)
         except Unread as unread:  # as any host's failure: `fleetrun.guarded` says it
             raise unread.error from None
         if all(st.inspection is None for st in standings.values()):

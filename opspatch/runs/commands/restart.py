@@ -130,7 +130,7 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
     server."""
     versions = {s.name: _staged_versions(ledger, s.name) for s in nodes.sessions}
     try:
-        standings = read(nodes, lambda session: _change(versions[session.name]))
+        standings = read(nodes, lambda session: _change(versions[session.name]), ledger=ledger)
     except Unread as unread:  # unreachable, locked: nothing was done there
         refused = unread.session.refused(unread.error)
         return refuse(nodes, {unread.session.name: refused}, "could not be read")

@@ -314,7 +314,7 @@ class _Rollback:
             lineage=self._lineage(session.name, by_path or None, versions),
             paths=list(by_path) if by_path else None,
         )
-        standing = read_host(session, change, lock=lock)
+        standing = read_host(session, change, ledger=self.ledger, lock=lock)
         inspection = standing.inspection
         assert inspection is not None  # versions, or a patch's module, were read
         action = decide(Command.ROLLBACK, standing.standing)

@@ -24,11 +24,11 @@ from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.pipeline import gate_inspection
 from opspatch.runs.fleet.rotation import rotation_of
+from opspatch.runs.fleet.standing import server_stale
 from opspatch.runs.judgments.live import HeldFix, drift, held_fixes
 from opspatch.runs.judgments.patchset import (
     FileStanding,
     Place,
-    ServerAge,
     baked_in,
     read_file,
     recreated_since,
@@ -152,13 +152,18 @@ def classify(
         server=server_age(inspection.server, file),
     )
     state = status_word(standing)
+    stale = (  # put back: does its server still run the fix?
+        standing.place == Place.OLD
+        and ledger is not None
+        and server_stale(ledger, host.name, inspection)
+    )
     said = PatchStatus(
         host.name,
         patch.spec.id,
         state,
         file.realpath,
         file.sha256,
-        _said(standing, state, patch, part, host, inspection, container),
+        _said(standing, state, patch, part, host, inspection, container, stale=stale),
         release=module_release(inspection),
         carried=standing.carried.state if standing.carried is not None else None,
         recreated=True if standing.place == Place.RECREATED else None,
@@ -187,8 +192,11 @@ def _said(
     host: Host,
     inspection: HostInspection,
     container: ContainerIdentity | None,
+    *,
+    stale: bool,
 ) -> str:
-    """Why a file has its word (a new file's is `_new`, once its proof is read)."""
+    """Why a file has its word (a new file's is `_new`, once its proof is read); `stale`: the
+    server runs code other than the file's bytes (`standing.server_stale`)."""
     located, carried = standing.located, standing.carried
     assert carried is not None
     match standing.place:
@@ -211,7 +219,7 @@ def _said(
         case Place.OLD:
             assert located is not None
             said = f"back at the pre-image of run {located.version.run_id}"
-            if standing.server == ServerAge.OLDER:  # put back with no restart after
+            if stale:  # put back with no restart after (nor a live revert)
                 assert inspection.server is not None
                 restart = remedy_text(Command.RESTART, hosts=target_of(host))
                 said += (
