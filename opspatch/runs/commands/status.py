@@ -19,7 +19,7 @@ from opspatch.hosts.image import BakedLabels
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostInspection, HostOperations
 from opspatch.ledger.lineage import PatchedFurther, applied_versions
-from opspatch.ledger.store import Ledger, Machine
+from opspatch.ledger.store import FileVersion, Ledger, Machine
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.pipeline import gate_inspection
@@ -94,6 +94,11 @@ class PatchStatus(JsonRecord):
     processes could not be asked, or some did not answer); None when every process answered
     (or live fixes are off there). `live` then says only what the processes that answered
     hold."""
+    history: tuple[FileVersion, ...] = json_field(
+        default=(), written=False, compare=False, repr=False
+    )
+    """The file's changes as the ledger holds them, newest first, the host's under any name its
+    machine had (a set's: its first file's): what drift reads opspatch's last write from."""
 
     def to_json(self) -> dict[str, Any]:
         data = record_to_json(self)
@@ -169,6 +174,7 @@ def classify(
         release=module_release(inspection),
         carried=standing.carried.state if standing.carried is not None else None,
         recreated=True if standing.place == Place.RECREATED else None,
+        history=tuple(history),
     )
     if standing.place == Place.NEW:
         assert ledger is not None and standing.located is not None
@@ -329,6 +335,7 @@ def combine_set(patch: LoadedPatch, host: Host, files: Sequence[PatchStatus]) ->
         release=first.release,
         carried=set_carried([f.carried for f in files]),
         recreated=True if any(f.recreated for f in files) else None,
+        history=first.history,
     )
 
 
