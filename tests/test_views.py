@@ -182,6 +182,16 @@ def test_diagnose_says_a_file_state_per_place(row: dict[str, Any]) -> None:
     assert views.file_state(standing) == row["file_state"]
 
 
+@pytest.mark.parametrize(
+    ("code", "state"),
+    [("module-not-found", "not-installed"), ("import-failed", "unresolved"), (None, "unresolved")],
+)
+def test_diagnose_says_a_file_state_for_a_module_that_did_not_resolve(
+    code: str | None, state: str
+) -> None:
+    assert views.unresolved_state(code) == state
+
+
 @pytest.mark.parametrize("row", _rows("sync"), ids=lambda row: row["case"])
 def test_sync_acts_on_what_status_says(row: dict[str, Any]) -> None:
     facts = row["facts"]

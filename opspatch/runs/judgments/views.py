@@ -210,6 +210,11 @@ def file_state(file: FileStanding) -> FileState:
     return FILE_STATES(file.place, file.reference)
 
 
+def unresolved_state(error_code: str | None) -> FileState:
+    """`diagnose`'s word for a module that did not resolve to a file (the agent's error code)."""
+    return FileState.NOT_INSTALLED if error_code == "module-not-found" else FileState.UNRESOLVED
+
+
 # ---------------------------------------------------------------------------------------------
 # sync: a desired patch against what status says
 
