@@ -316,20 +316,19 @@ def plan_fleet(
 
 
 def _written_before(ledger: Ledger | None, status: PatchStatus) -> WrittenBefore | None:
-    """The newest record of opspatch writing `status.patch` into this file (None: never)."""
-    if ledger is None or status.path is None:
+    """The newest record of opspatch writing `status.patch` into this file (None: never), from
+    the history status read (under any name the host's machine had), not a second reading."""
+    if ledger is None:
         return None
     history = [
-        v
-        for v in ledger.file_history(status.host, status.path)
-        if v.patch_id == status.patch or v.action == FileAction.RESTORE
+        v for v in status.history if v.patch_id == status.patch or v.action == FileAction.RESTORE
     ]
     last_patch = next((v for v in history if v.action == FileAction.PATCH), None)
     if last_patch is None:
         return None
     newest = history[0]
     try:
-        facts = ledger.get_run(last_patch.run_id).host(status.host).facts or {}
+        facts = ledger.get_run(last_patch.run_id).host(last_patch.host).facts or {}
     except KeyError:
         facts = {}
     release = facts.get("sglang_version")

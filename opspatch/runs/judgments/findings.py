@@ -25,7 +25,7 @@ from opspatch.hosts.image import BakedLabels
 from opspatch.hosts.results import RemoteFile
 from opspatch.ledger.records import FileVersion
 from opspatch.runs.judgments.patchset import Place, read_file
-from opspatch.runs.judgments.views import file_state
+from opspatch.runs.judgments.views import file_state, unresolved_state
 
 PROBLEM, WARNING, INFO = FindingLevel.PROBLEM, FindingLevel.WARNING, FindingLevel.INFO
 MAX_DIFF_LINES = 400
@@ -229,10 +229,7 @@ def judge_file(
     `baked`: the bake of the container's image, when the file is the bytes it baked.
     """
     if m.error is not None or m.file is None:
-        state = (
-            FileState.NOT_INSTALLED if m.error_code == "module-not-found" else FileState.UNRESOLVED
-        )
-        return FileVerdict(m.module, state, m.error or "not read")
+        return FileVerdict(m.module, unresolved_state(m.error_code), m.error or "not read")
     f = m.file
     live, common = f.sha256, _what_else(m, f)
     reference, label = _reference(m)
