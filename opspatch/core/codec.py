@@ -108,14 +108,38 @@ def read(kind: type[T], data: object) -> T:
 
 def problem(exc: ValidationError, root: str) -> str:
     """pydantic's first error as `Root.key[0].key: what is wrong` (and how many more)."""
-    errors = exc.errors(include_url=False)
+    return _said(exc.errors(include_url=False), root)
+
+
+def _said(errors: list[Any], root: str) -> str:
     first = errors[0]
     place = root + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
     what = "missing" if first["type"] == "missing" else first["msg"]
-    if first["type"] != "missing":
+    if first["type"] in ("enum", "literal_error"):  # a word this opspatch does not know
+        what += f", got {first['input']!r}"
+    elif first["type"] != "missing":
         what += f", got {type(first['input']).__name__}"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{place}: {what}{more}"
+
+
+def check_present(cls: type[Record], data: Mapping[str, Any], where: str) -> None:
+    """Check the keys of `data` that `cls` reads against their fields' types, as `from_json`
+    would, leaving alone the keys `cls` requires but `data` lacks: for an object that may be
+    written in an older or partial shape (a host's recorded facts).
+
+    Raises:
+        ValueError: a key `cls` reads holds a value of another type (named as `where.key`).
+    """
+    from pydantic import ValidationError
+
+    try:
+        adapter(cls).validate_python(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        wrong = [e for e in errors if e["type"] != "missing" or len(e["loc"]) > 1]
+        if wrong:
+            raise ValueError(_said(wrong, where)) from None
 
 
 # ---------------------------------------------------------------------------------------------
