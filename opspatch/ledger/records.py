@@ -1,5 +1,5 @@
 """What the ledger's queries return: frozen dataclasses, serialised by one mechanism
-(`opspatch.core.jsonrecord`)."""
+(`opspatch.core.codec.Record`)."""
 
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ class HostRecord(Record):
     reason codes."""
 
     def __post_init__(self) -> None:
-        # Derived, so that it is serialised in its place among the fields (jsonrecord: init=False).
+        # Derived, so that it is serialised in its place among the fields (codec: init=False).
         object.__setattr__(self, "last_step", self.steps[-1] if self.steps else None)
 
 
