@@ -122,6 +122,28 @@ def test_the_rules_on_a_record_of_their_own() -> None:
         Sample.from_json({"name": "a", "when": 1.0, "on_the_wire": "2"})
 
 
+@dataclass(frozen=True)
+class Reshaped(Record):
+    n: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "twice": 2 * self.n}
+
+
+@dataclass(frozen=True)
+class Holder(Record):
+    inside: Reshaped
+    many: tuple[Reshaped, ...] = ()
+
+
+def test_a_record_written_by_hand_is_written_by_hand_where_it_is_nested() -> None:
+    assert Reshaped(1).to_json() == {"n": 1, "twice": 2}
+    assert Holder(Reshaped(1), (Reshaped(2),)).to_json() == {
+        "inside": {"n": 1, "twice": 2},
+        "many": [{"n": 2, "twice": 4}],
+    }
+
+
 # -- replies at the boundary ----------------------------------------------------------------
 
 

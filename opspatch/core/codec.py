@@ -145,6 +145,7 @@ def check_present(cls: type[Record], data: Mapping[str, Any], where: str) -> Non
 # ---------------------------------------------------------------------------------------------
 # records: frozen dataclasses as JSON objects
 
+_WRITING = "opspatch.writing"
 _INLINE = "opspatch.inline"
 _ENCODE = "opspatch.encode"
 _DECODE = "opspatch.decode"
@@ -259,7 +260,7 @@ def dump(record: Record) -> dict[str, Any]:
     is written as it stands, unchecked against its field's type (a step named by a plain `str`),
     as the ledger has always written it."""
     written = adapter(type(record)).dump_python(
-        record, mode="json", by_alias=True, warnings=False
+        record, mode="json", by_alias=True, warnings=False, context={_WRITING: record}
     )
     return cast("dict[str, Any]", written)
 
@@ -295,20 +296,28 @@ def _record_schema(cls: type, schema: Any, handler: Any) -> Any:
         schema["schema"] = core_schema.no_info_before_validator_function(
             functools.partial(_nest, inline), args
         )
+    if inline or cls.to_json is not Record.to_json:  # type: ignore[attr-defined]
         schema["serialization"] = core_schema.wrap_serializer_function_ser_schema(
-            functools.partial(_flatten, inline), info_arg=False
+            functools.partial(_write, inline), info_arg=True
         )
     return schema
+
+
+def _write(inline: list[str], record: Any, write: Any, info: Any) -> Any:
+    """A record written with its inline records' keys merged in their place, or, where its
+    `to_json` is written by hand and it is nested in another, by that `to_json` (which calls
+    `dump` for its fields: those are written here)."""
+    if (
+        type(record).to_json is not Record.to_json
+        and (info.context or {}).get(_WRITING) is not record
+    ):
+        return record.to_json()
+    written: dict[str, Any] = {}
+    for key, value in write(record).items():
+        written.update(value if key in inline else {key: value})
+    return written
 
 
 def _nest(names: list[str], data: Any) -> Any:
     """An object read with its inline records read from the object itself."""
     return {**data, **{name: data for name in names}} if isinstance(data, Mapping) else data
-
-
-def _flatten(names: list[str], record: Any, write: Any) -> Any:
-    """An object written with its inline records' keys merged in their place."""
-    written: dict[str, Any] = {}
-    for key, value in write(record).items():
-        written.update(value if key in names else {key: value})
-    return written
