@@ -1,8 +1,6 @@
-"""JSON values read and written through pydantic `TypeAdapter`s: an agent reply as its wire type
-(a TypedDict of `hosts/agent/protocol.py`, imported by both ends) and opspatch's frozen
-dataclasses (`Record`: ledger rows, `--json`, manifests). Scalars are read strictly (`"2"` is no
-int) and a number stays as written (an int in a float field stays an int). pydantic is imported
-on the first read or write, not with this module.
+"""JSON values read and written through pydantic `TypeAdapter`s: agent replies (TypedDicts both
+ends import) and opspatch's frozen dataclasses (`Record`). Scalars are read strictly (`"2"` is no
+int), a number stays as written. pydantic is imported on first use, not with this module.
 """
 
 from __future__ import annotations
