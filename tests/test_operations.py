@@ -154,7 +154,9 @@ def test_a_diagnose_reply_without_a_field_is_a_bad_reply_naming_it(tmp_path: Pat
     with pytest.raises(RemoteOperationError) as caught:
         diagnose_host(ops, request, timeout=60)
     assert caught.value.code == "agent-bad-reply" and caught.value.step == "diagnose"
-    assert "DiagnosisReply.modules[0].file.mtime_ns: missing" in caught.value.message, caught.value.message
+    assert "DiagnosisReply.modules[0].file.mtime_ns: missing" in caught.value.message, (
+        caught.value.message
+    )
     # the same reply, whole, reads
     whole = diagnose_host(
         HostOperations(ScriptedTransport(agent_operation), scripted_host(tmp_path)),

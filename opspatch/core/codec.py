@@ -132,7 +132,7 @@ def check_present(cls: type[Record], data: Mapping[str, Any], where: str) -> Non
     from pydantic import ValidationError
 
     try:
-        adapter(cls).validate_python(data)
+        adapter(cast(Any, cls)).validate_python(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         wrong = [e for e in errors if e["type"] != "missing" or len(e["loc"]) > 1]
@@ -257,7 +257,7 @@ def dump(record: Record) -> dict[str, Any]:
     """`record`'s fields as a JSON object (what `to_json()` writes, before any override). A value
     is written as it stands, unchecked against its field's type (a step named by a plain `str`),
     as the ledger has always written it."""
-    written = adapter(type(record)).dump_python(
+    written = adapter(cast(Any, type(record))).dump_python(
         record, mode="json", by_alias=True, warnings=False, context={_WRITING: record}
     )
     return cast("dict[str, Any]", written)
