@@ -671,7 +671,7 @@ def test_a_begin_reply_without_the_hosts_facts_refuses_the_run_naming_the_field(
     report = fleet.apply()
     assert report.refused and report.exit_code == 2, report
     error = report.hosts[1].error or ""
-    assert "HostFacts.python_version: missing" in error, error
+    assert "HostInspection.facts.python_version: missing" in error, error
     assert all(
         h.file.read_bytes() == (STANDIN / "eagle_worker_v2.py").read_bytes() for h in fleet.hosts
     )

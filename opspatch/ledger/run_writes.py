@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opspatch import __version__
+from opspatch.core.codec import check_present
 from opspatch.core.filechange import FileChange
 from opspatch.core.hostfacts import HostFacts
-from opspatch.core.jsonrecord import check_present
 from opspatch.core.reasons import Reason
 from opspatch.core.source import sha256_hex
 from opspatch.core.vocabulary import (

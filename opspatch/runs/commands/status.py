@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from opspatch.core.codec import Record, dump, json_field
 from opspatch.core.edit import Detection, misfits
 from opspatch.core.host import Host
-from opspatch.core.jsonrecord import JsonRecord, json_field, record_to_json
 from opspatch.core.policy import StepTimeouts
 from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch, PatchSpec
@@ -48,7 +48,7 @@ from opspatch.runs.judgments.who import RunWho, who_ran
 
 
 @dataclass(frozen=True)
-class LiveInMemory(JsonRecord):
+class LiveInMemory(Record):
     """One live fix one engine process holds (its `list`), and whether the file on disk is the
     one it was taken from (`drift`: why not; the next restart then loses the fix)."""
 
@@ -60,7 +60,7 @@ class LiveInMemory(JsonRecord):
 
 
 @dataclass(frozen=True)
-class PatchStatus(JsonRecord):
+class PatchStatus(Record):
     host: str
     patch: str
     state: PatchState
@@ -101,7 +101,7 @@ class PatchStatus(JsonRecord):
     machine had (a set's: its first file's): what drift reads opspatch's last write from."""
 
     def to_json(self) -> dict[str, Any]:
-        data = record_to_json(self)
+        data = dump(self)
         if not self.files:  # only a patch set has files of its own
             del data["files"]
         return data

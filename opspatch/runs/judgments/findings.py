@@ -9,7 +9,7 @@ from typing import Any
 
 from opspatch.analysis.fixes import FixMatch
 from opspatch.analysis.missingattr import MissingAttributeReport
-from opspatch.core.jsonrecord import JsonRecord, json_field
+from opspatch.core.codec import Record, json_field
 from opspatch.core.vocabulary import FileAction, FileState, FindingLevel
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK
 from opspatch.hosts.diagnosis import (
@@ -32,7 +32,7 @@ MAX_DIFF_LINES = 400
 
 
 @dataclass(frozen=True)
-class Finding(JsonRecord):
+class Finding(Record):
     """One thing found on a host. `text` reads the same on every host that has it (so hosts
     group in the fleet summary); `detail` is this host's particulars."""
 
@@ -43,7 +43,7 @@ class Finding(JsonRecord):
 
 
 @dataclass(frozen=True)
-class FileVerdict(JsonRecord):
+class FileVerdict(Record):
     """Where one imported file stands, and what else bears on the code the server runs."""
 
     module: str
