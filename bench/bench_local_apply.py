@@ -9,7 +9,8 @@ CPU of each process (its children included), median of `--runs`, the variants in
 - py_compile;
 - after: this checkout (the agent's operations in the controller's process);
 - before: `--before` (default: the commit before issue 44: two agent interpreters per apply);
-- the imports alone, after and before (`python -c "import ..."` of what `apply --file` loads).
+- the imports alone, after and before (`python -c "import ..."` of what `apply --file` loads in
+  each).
 Both checkouts are byte-compiled first, as an install is.
 
     PYTHONPATH=$PWD python3 bench/bench_local_apply.py [--runs 9] [--before 3e9e2ce]
@@ -36,11 +37,18 @@ from revision import BEFORE_ISSUE_44, REPO, environment, unpacked
 
 EAGLE = "sglang/srt/speculative/eagle_worker_v2.py"
 IMPORTS = (
+    "import opspatch.cli.localapply, opspatch.cli.exits, opspatch.config.patches, "
+    "opspatch.runs.commands.local_files, opspatch.core.edit"
+)
+"""What `apply --file --yes` imports: its typer-free command (`cli/localapply.py`), the error
+handler (with the output), the patch schema, the pipeline."""
+
+IMPORTS_BEFORE_TYPER_FREE = (
     "import opspatch.cli.app, opspatch.cli.changes, opspatch.config.patches, "
     "opspatch.runs.commands.local_files, opspatch.core.edit"
 )
-"""What `apply --file` imports: the app, the command group of `apply` (named, since the app no
-longer imports every group itself: the rows compare like for like), the pipeline."""
+"""The same before `apply --file --yes` ran without typer (a `--before` older than h46): the
+app, the command group of `apply` (named, since the app imports a command's group only)."""
 
 
 def _child(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
@@ -70,12 +78,16 @@ def _imports(folder: Path) -> list[str]:
     return [sys.executable, "-c", IMPORTS]
 
 
+def _imports_before(folder: Path) -> list[str]:
+    return [sys.executable, "-c", IMPORTS_BEFORE_TYPER_FREE]
+
+
 VARIANTS: dict[str, Callable[[Path], list[str]]] = {
     "py_compile": _py_compile,
     "apply_after": _apply,
     "apply_before": _apply,
     "imports_after": _imports,
-    "imports_before": _imports,
+    "imports_before": _imports_before,
 }
 """What is run, by name; a name ending in `_before` runs the `--before` revision's opspatch."""
 

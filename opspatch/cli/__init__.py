@@ -1,6 +1,7 @@
 """The command line (typer): parses arguments, asks for confirmation, calls one function per
 command and prints what it returns. `main` answers `--version` before importing the rest: it is
-what scripts and people run to check an installation, and it should answer at once."""
+what scripts and people run to check an installation, and it should answer at once; and it runs
+a plain `apply PATCH --file PATH --yes` without typer (`cli/localapply.py`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
         sys.stdout.write(f"opspatch {__version__}\n")
         sys.exit(0)
+    from opspatch.cli.localapply import run_scripted, scripted_local_apply
+
+    scripted = scripted_local_apply(args)
+    if scripted is not None:
+        run_scripted(scripted)
     from opspatch.cli.app import main as run
 
     run(args)

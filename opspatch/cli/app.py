@@ -1,11 +1,10 @@
-"""The `opspatch` command line: the root command, its command groups, and the one place errors
-become exit codes."""
+"""The `opspatch` command line: the root command and its command groups (errors become exit
+codes in `cli/exits.py`)."""
 
 from __future__ import annotations
 
 import functools
 import importlib
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,8 +16,9 @@ import typer.core
 
 from opspatch import __version__
 from opspatch.cli.context import options
+from opspatch.cli.exits import exit_reporting, json_requested
 from opspatch.cli.render import out, print_error
-from opspatch.errors import EXIT_BAD_INPUT, EXIT_OK, OpspatchError, RunInterrupted, exit_code_for
+from opspatch.errors import EXIT_BAD_INPUT, EXIT_OK
 
 
 def _argument_type_not_shown(self: object, ctx: object) -> None:
@@ -169,42 +169,20 @@ def main(argv: list[str] | None = None) -> NoReturn:
     from opspatch.cli.patches import releases_without_spec
 
     args = releases_without_spec(sys.argv[1:] if argv is None else list(argv))
-    # Every command that reports takes --json; an error then is a JSON document on stdout too.
-    as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
+    as_json = json_requested(args)
+    exit_reporting(lambda: _run(args, as_json), as_json=as_json)
+
+
+def _run(args: list[str], as_json: bool) -> int:
+    """The app's exit code for `args`; typer's own exits and aborts become codes here."""
     try:
         # Without standalone mode, an Exit raised by a command comes back as its exit code.
         returned = app_for(args)(args=args, prog_name="opspatch", standalone_mode=False)
-        code = returned if isinstance(returned, int) else EXIT_OK
+        return returned if isinstance(returned, int) else EXIT_OK
     except typer.Exit as exc:
-        code = exc.exit_code
+        return exc.exit_code
     except typer.Abort:
-        code = EXIT_BAD_INPUT
-        print_error("aborted; nothing was changed", hint=None, exit_code=code, as_json=as_json)
-    except OpspatchError as exc:
-        code = exit_code_for(exc)
-        print_error(exc.message, hint=exc.hint, exit_code=code, as_json=as_json)
-        if isinstance(exc, RunInterrupted):
-            # The hosts in flight are abandoned on purpose: exiting normally would join their
-            # threads, which is the waiting the operator just refused.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    except KeyboardInterrupt:
-        code = exit_code_for(KeyboardInterrupt())
-        print_error("interrupted", hint=None, exit_code=code, as_json=as_json)
-    except Exception as exc:
-        # Usage errors of the option parser (typer vendors click; older typers use click itself)
-        # always mean bad usage (exit 2); shown in the same style as every other error.
-        format_message = getattr(exc, "format_message", None)
-        if format_message is None or not hasattr(exc, "exit_code"):
-            raise
-        code = EXIT_BAD_INPUT
-        context = getattr(exc, "ctx", None)
-        command = context.command_path if context is not None else "opspatch"
         print_error(
-            str(format_message()),
-            hint=f"see `{command} --help`",
-            exit_code=code,
-            as_json=as_json,
+            "aborted; nothing was changed", hint=None, exit_code=EXIT_BAD_INPUT, as_json=as_json
         )
-    sys.exit(code)
+        return EXIT_BAD_INPUT

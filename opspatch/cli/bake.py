@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from opspatch.cli.context import JsonOption, PatchArgument, PlaybookOption, options
+from opspatch.cli.context import options
+from opspatch.cli.params import JsonOption, PatchArgument, PlaybookOption
 from opspatch.cli.render import LiveProgress, finish
 from opspatch.errors import InputError
 

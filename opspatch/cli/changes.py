@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from opspatch.cli.context import (
+from opspatch.cli.context import options
+from opspatch.cli.localapply import apply_local
+from opspatch.cli.params import (
     AcceptKeysOption,
     FileOption,
     HostsOption,
@@ -19,17 +21,15 @@ from opspatch.cli.context import (
     PatchArgument,
     PlaybookOption,
     YesOption,
-    options,
 )
 from opspatch.cli.patches import (
     RootOption,
     TargetVersionOption,
     one_target,
-    plan_local,
     show_fleet_plan,
     show_local_plan,
 )
-from opspatch.cli.render import LiveProgress, confirm_or_refuse, err, finish, print_diff
+from opspatch.cli.render import LiveProgress, confirm_or_refuse, finish
 from opspatch.core.vocabulary import RestartPolicy
 from opspatch.errors import InputError, OpspatchError
 
@@ -117,7 +117,7 @@ def apply(
         if dry_run:
             show_local_plan(loaded, file, target_version, as_json, root)
             return
-        _apply_local(loaded, file, root, python, target_version, yes, as_json)
+        apply_local(loaded, file, root, python, target_version, yes, as_json)
     assert hosts is not None
     if dry_run:
         show_fleet_plan(loaded, hosts, playbook, accept_new_host_keys, as_json)
@@ -162,32 +162,6 @@ def fleet_governed(playbook: Playbook) -> Playbook:
     if not fleet_path(workspace).is_file():
         return playbook
     return load_fleet(workspace).governing(playbook)
-
-
-def _apply_local(
-    loaded: LoadedPatch,
-    file: Path | None,
-    root: Path | None,
-    python: str,
-    target_version: str | None,
-    yes: bool,
-    as_json: bool,
-) -> NoReturn:
-    from opspatch.core.edit import Applied
-    from opspatch.runs.commands.local_files import apply_local_file
-
-    plan = plan_local(loaded, file, root, target_version)
-    changes = [o for o in plan.outcomes if isinstance(o, Applied)]
-    if changes:
-        if not as_json:
-            for change in changes:
-                print_diff(change.diff, err)
-        where = f"the files under {root}" if root is not None else str(file)
-        confirm_or_refuse(f"Apply {loaded.spec.id} to {where}?", yes=yes)
-    report = apply_local_file(
-        loaded, plan, python=python, ledger=options.open_ledger(), state_dir=options.state_dir()
-    )
-    finish(report, as_json)
 
 
 def rollback(

@@ -1,15 +1,14 @@
-"""What every command needs from the global options: the workspace, the ledger, and the shared
-option types. Heavy modules (the runs, the SSH transport) are imported by the commands that use
-them, so `opspatch --version`, `check` and `schema` start fast.
+"""What every command needs from the global options: the workspace and the ledger. Heavy
+modules (the runs, the SSH transport) are imported by the commands that use them, so `opspatch
+--version`, `check` and `schema` start fast; typer is not imported here (`apply --file --yes`
+runs without it: `cli/localapply.py`), the shared option types are in `cli/params.py`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
-
-import typer
+from typing import TYPE_CHECKING
 
 from opspatch.config import paths
 from opspatch.config.lookup import Workspace
@@ -113,49 +112,3 @@ class GlobalOptions:
 
 options = GlobalOptions()
 """Set by the root command's callback before any command runs (one process, one command)."""
-
-
-# Options shared by several commands.
-JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
-YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
-LeaseExpiryOption = Annotated[
-    float | None,
-    typer.Option(
-        "--lease-expiry",
-        min=0.5,
-        help="Seconds this run's lease on its hosts outlives its last heartbeat (default: the "
-        "playbook's [team] lease_expiry, 60).",
-        metavar="SECONDS",
-    ),
-]
-HostsOption = Annotated[
-    str | None,
-    typer.Option(
-        "--hosts",
-        "-H",
-        help="Inventory, group, unit, host, comma list or glob (e.g. gpu-fleet).",
-        metavar="TARGET",
-    ),
-]
-FileOption = Annotated[
-    Path | None, typer.Option("--file", "-f", help="A local source file.", metavar="PATH")
-]
-PlaybookOption = Annotated[
-    str,
-    typer.Option(
-        "--playbook",
-        "-p",
-        help="Rollout policy: a playbook name or a .toml path.",
-        metavar="PLAYBOOK",
-    ),
-]
-AcceptKeysOption = Annotated[
-    bool,
-    typer.Option(
-        "--accept-new-host-keys",
-        help="Trust SSH host keys seen for the first time (recorded in known_hosts).",
-    ),
-]
-PatchArgument = Annotated[
-    str, typer.Argument(help="Patch id (looked up in patches/) or a .toml path", metavar="PATCH")
-]

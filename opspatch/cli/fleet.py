@@ -8,14 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
-from opspatch.cli.context import (
-    AcceptKeysOption,
-    HostsOption,
-    JsonOption,
-    PlaybookOption,
-    YesOption,
-    options,
-)
+from opspatch.cli.context import options
+from opspatch.cli.params import AcceptKeysOption, HostsOption, JsonOption, PlaybookOption, YesOption
 from opspatch.cli.render import Column, LiveProgress, confirm_or_refuse, emit_json, out, table_of
 from opspatch.core.vocabulary import DriftCause, SyncAction
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK

@@ -15,13 +15,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from opspatch.cli.context import (
-    AcceptKeysOption,
-    HostsOption,
-    JsonOption,
-    PatchArgument,
-    options,
-)
+from opspatch.cli.context import options
+from opspatch.cli.params import AcceptKeysOption, HostsOption, JsonOption, PatchArgument
 from opspatch.cli.render import emit_json, err, out
 from opspatch.errors import EXIT_HOST_FAILED, InputError
 

@@ -7,7 +7,8 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from opspatch.cli.context import AcceptKeysOption, HostsOption, JsonOption, PlaybookOption, options
+from opspatch.cli.context import options
+from opspatch.cli.params import AcceptKeysOption, HostsOption, JsonOption, PlaybookOption
 from opspatch.cli.render import STATE_STYLE, Column, emit_json, one_line, out, table_of
 from opspatch.errors import InputError
 

@@ -7,7 +7,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from opspatch.cli.context import JsonOption, options
+from opspatch.cli.context import options
+from opspatch.cli.params import JsonOption
 from opspatch.cli.render import emit_json, out
 
 inventory_app = typer.Typer(

@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from opspatch.cli.context import JsonOption, options
+from opspatch.cli.context import options
+from opspatch.cli.params import JsonOption
 from opspatch.cli.render import OUTCOME_STYLE, Column, emit_json, out, table_of
 from opspatch.cli.respond import ledger_report
 from opspatch.core.ledgerlocation import ledger_location

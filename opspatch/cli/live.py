@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opspatch.cli.context import AcceptKeysOption, HostsOption, JsonOption, YesOption, options
+from opspatch.cli.context import options
+from opspatch.cli.params import AcceptKeysOption, HostsOption, JsonOption, YesOption
 from opspatch.cli.render import LiveProgress, confirm_or_refuse, finish
 from opspatch.errors import InputError
 

@@ -9,13 +9,9 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.text import Text
 
-from opspatch.cli.context import (
-    AcceptKeysOption,
-    FileOption,
-    HostsOption,
-    JsonOption,
-    options,
-)
+from opspatch.cli.context import options
+from opspatch.cli.localapply import plan_local
+from opspatch.cli.params import AcceptKeysOption, FileOption, HostsOption, JsonOption
 from opspatch.cli.render import emit_json, err, out, print_diff, print_dry_run, print_error
 from opspatch.errors import EXIT_BAD_INPUT, InputError, OpspatchError
 
@@ -340,18 +336,6 @@ def _file_plan_json(file: Path, version: str | None, outcome: PlanOutcome) -> di
     else:
         doc.update(reason=outcome.reason, field=outcome.field, candidates=list(outcome.candidates))
     return doc
-
-
-def plan_local(
-    loaded: LoadedPatch, file: Path | None, root: Path | None, target_version: str | None
-) -> LocalPlan:
-    """The plan on the local file (`--file`) or the local tree (`--root`)."""
-    from opspatch.runs.commands.local_files import plan_local_file, plan_local_tree
-
-    if root is not None:
-        return plan_local_tree(loaded, root, target_version)
-    assert file is not None
-    return plan_local_file(loaded, file, target_version)
 
 
 def show_local_plan(

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
-from opspatch.cli.context import JsonOption, PatchArgument, options
+from opspatch.cli.context import options
+from opspatch.cli.params import JsonOption, PatchArgument
 from opspatch.cli.render import Column, emit_json, err, out, table_of
 from opspatch.cli.sandbox import build_display
 from opspatch.sandbox.real.release import DEFAULT_REAL_RELEASE, REAL_RELEASES

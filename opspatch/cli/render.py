@@ -16,9 +16,7 @@ from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-import typer
 from rich.console import Console, Group, RenderableType
-from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
@@ -27,6 +25,8 @@ from opspatch.core.vocabulary import Step, StepStatus
 from opspatch.errors import ConfirmationRequired
 
 if TYPE_CHECKING:
+    from rich.live import Live
+
     from opspatch.runs.report import RunReport
 
 
@@ -345,12 +345,13 @@ def print_dry_run(report: RunReport) -> None:
 
 
 def finish(report: RunReport, as_json: bool) -> NoReturn:
-    """Print a run's report (table or JSON) and exit with its code."""
+    """Print a run's report (table or JSON) and exit with its code (`SystemExit`, not typer's
+    `Exit`: `apply --file --yes` runs without typer)."""
     if as_json:
         emit_json(report.to_json())
     else:
         print_report(report)
-    raise typer.Exit(report.exit_code)
+    raise SystemExit(report.exit_code)
 
 
 class LiveProgress:
@@ -366,6 +367,8 @@ class LiveProgress:
 
     def __enter__(self) -> LiveProgress:
         if self.enabled and err.is_terminal:
+            from rich.live import Live  # only on a terminal: a scripted run never draws it
+
             self.live = Live(self._render(), console=err, refresh_per_second=4, transient=True)
             self.live.__enter__()
             _LIVE.append(self.live)
@@ -448,5 +451,7 @@ def confirm_or_refuse(question: str, *, yes: bool) -> None:
             f"{question} needs confirmation and there is no terminal to ask on; nothing was changed",
             hint="re-run with --yes to proceed without asking",
         )
+    import typer
+
     if not typer.confirm(question, default=False, err=True):
         raise ConfirmationRequired("not confirmed; nothing was changed")

@@ -12,14 +12,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
-from opspatch.cli.context import (
-    AcceptKeysOption,
-    HostsOption,
-    JsonOption,
-    PlaybookOption,
-    YesOption,
-    options,
-)
+from opspatch.cli.context import options
+from opspatch.cli.params import AcceptKeysOption, HostsOption, JsonOption, PlaybookOption, YesOption
 from opspatch.cli.render import confirm_or_refuse, emit_json, err, out, print_diff
 from opspatch.errors import InputError
 

@@ -11,7 +11,8 @@ import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from opspatch.cli.context import JsonOption, options
+from opspatch.cli.context import options
+from opspatch.cli.params import JsonOption
 from opspatch.cli.render import emit_json, err, out
 from opspatch.errors import EXIT_HOST_FAILED, InputError
 from opspatch.sandbox import MAX_HOSTS

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from opspatch.cli.context import JsonOption, PatchArgument, options
+from opspatch.cli.context import options
+from opspatch.cli.params import JsonOption, PatchArgument
 from opspatch.cli.render import emit_json, out
 
 
