@@ -57,11 +57,8 @@ class PreparedFile:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A host after `begin` and `plan`: its lock is held and every target's plan is known.
-
-    A patch set is planned together: it fits a host only if every target fits (`misfit`),
-    and only the files whose plan changes them are swapped (`pending`); a set whose files all
-    carry it already is `already_applied`."""
+    """A host after `begin` and `plan`: its lock held, every target's plan known (a set fits
+    only if every target fits)."""
 
     files: tuple[PreparedFile, ...]
 
@@ -193,12 +190,8 @@ class ApplyPipeline:
         paths: Sequence[str] | None = None,
         installed_version: str | None = None,
     ) -> Prepared:
-        """Lock (unless a dry run) and inspect the host, then plan every target on its file.
-
-        Each file is the one the engine's interpreter imports for its target's module, or the
-        target's entry of `paths` (local files: `installed_version` then says their
-        distribution's version, if known).
-        """
+        """Lock (unless a dry run) and inspect the host, then plan every target on its file: the
+        one the engine imports, or `paths` (local files, of `installed_version`)."""
         parts = self.patch.parts
         if paths is not None and len(paths) != len(parts):
             raise ValueError("prepare takes one path per target")
@@ -262,13 +255,9 @@ class ApplyPipeline:
     # -- the change ------------------------------------------------------------------------
 
     def apply(self, nodes: Nodes, prepared: Mapping[str, Prepared]) -> list[HostOutcome]:
-        """Swap every pending file on every node, restart the group once, prove it once; on
-        failure restore them all and restart it once more. Every node's outcome (never raises
-        for a host-level failure); the head's carries the smoke and the judge's verdict.
-
-        A set's files are recorded in the ledger (pre- and post-images) before the first swap,
-        so a controller killed between two swaps leaves the ledger naming every file of the set:
-        `recover` puts the swapped ones back (docs/design.md, "Patch sets")."""
+        """Swap every pending file on every node, restart and prove the group once, undo it on
+        failure; every node's outcome. A set's images are in the ledger before the first swap,
+        so `recover` can put back a set a killed controller left half swapped."""
         head = nodes.head
         changing = [s for s in nodes.sessions if prepared[s.name].pending]
         if not changing:
@@ -459,8 +448,8 @@ class ApplyPipeline:
         )
 
     def baseline(self, session: HostSession) -> tuple[tuple[str | None, ...] | None, str | None]:
-        """Greedy texts from the unpatched server, if the playbook and the patch ask for it,
-        and a note when it could not be taken (output preservation then goes unchecked).
+        """Greedy texts from the unpatched server if the playbook and patch ask, and a note when
+        it could not be taken.
 
         Raises:
             HostFailed: the playbook requires the baseline (`baseline = "required"`) and it
