@@ -382,7 +382,7 @@ class _FleetApply:
         for host in self.hosts:
             item = prepared[host.name]
             if isinstance(item, Prepared) and item.misfit is not None:
-                problem = f"not applicable: {self._misfit(item.misfit)}"
+                problem = f"not applicable: {misfit_reason(self.patch, item.misfit)}"
                 skipped = self.sessions[host.name].outcome(
                     Outcome.SKIPPED, problem, reason=Reason.NOT_APPLICABLE
                 )
@@ -444,7 +444,7 @@ class _FleetApply:
                 outcomes.append(
                     session.outcome(
                         Outcome.NOT_APPLICABLE,
-                        self._misfit(misfit),
+                        misfit_reason(self.patch, misfit),
                         file=item.change(),
                         reason=Reason.NOT_APPLICABLE,
                     )
@@ -461,9 +461,6 @@ class _FleetApply:
         return RunReport(
             None, self.command, self.patch.spec.id, hosts=tuple(outcomes), dry_run=True
         )
-
-    def _misfit(self, item: PreparedFile) -> str:
-        return misfit_reason(self.patch, item)
 
     # -- the rollout ---------------------------------------------------------------------------
 
