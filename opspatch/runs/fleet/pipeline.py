@@ -148,10 +148,8 @@ class ApplyPipeline:
         unrestarted: Outcome = Outcome.STAGED,
         live: LiveApply | None = None,
     ) -> None:
-        """`restart_engine=False` swaps the file only; the host's outcome is then `unrestarted`:
-        `staged` on a fleet (its server still runs the old code), `applied` for a local file
-        (there is no server). `live`: the swapped files are taken into the running engine
-        instead of a restart (`apply --live`)."""
+        """`restart_engine=False` swaps the file only, the outcome then `unrestarted` (`staged`,
+        or `applied` for a local file); `live`: taken into the running engine, no restart."""
         self.patch = patch
         self.playbook = playbook
         self.restart_engine = restart_engine
@@ -373,9 +371,7 @@ class ApplyPipeline:
 
     def write(self, session: HostSession, prepared: Prepared) -> HostOutcome | SwapLost | None:
         """Record every pending file's images in the ledger, then swap each: None when all are
-        swapped, else the host's outcome (the set whole and unchanged where the host refused a
-        swap; what it is, read back, where a swap did not answer), or `SwapLost` when a swap
-        that did not answer is found written (the group is then rolled back)."""
+        swapped, else the host's outcome, or `SwapLost` (a swap with no reply found written)."""
         pending = prepared.pending
         with_path = prepared.is_set
         try:
@@ -491,10 +487,8 @@ class ApplyPipeline:
         restart: bool | None = None,
         reason: Reason = Reason.STEP_FAILED,
     ) -> list[HostOutcome]:
-        """UNDO after a failure past the swap (`group.undo`): every node's pending files (or
-        its `swapped` ones) put back, the group restarted once and proven (`restart`: default
-        the pipeline's; False for a live fix reverted in every process, the files the undo;
-        `reason`: the code of `why`, by default a step's failure: a lost swap found written)."""
+        """UNDO after a failure past the swap (`group.undo`): every node's pending (or
+        `swapped`) files put back, the group restarted (`restart`: default the pipeline's)."""
 
         def files(session: HostSession) -> Sequence[PreparedFile]:
             return (
