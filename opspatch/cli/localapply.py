@@ -1,8 +1,6 @@
-"""`apply PATCH --file PATH --yes`, the scripted apply of one local file, run without the typer
-app (issue 44: typer's import and its option parsing were a tenth of the command). Its arguments
-are read here when they have exactly the plain shape (`scripted_local_apply`); anything else
-(help, `--dry-run`, `--opt=value`, a typo, a repeated option) goes to typer, which owns every
-message about usage. The command's body (`apply_local`) is the one `apply --file` runs either way.
+"""`apply PATCH --file PATH --yes` without building the typer app (issue 44: typer was a tenth
+of the command). Only exactly the plain shape is read here; anything else (help, `--dry-run`, a
+typo) goes to typer, which owns every usage message. Both run `apply_local`.
 """
 
 from __future__ import annotations
