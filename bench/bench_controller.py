@@ -273,7 +273,7 @@ def ssh_fleet(n: int, scratch: Path) -> dict[str, Any]:
     host's agent run by this Python on its own copy of 0.5.23's file: the controller's CPU per
     host (this process: paramiko's threads included; sshd and the agents are other processes),
     and the thread time of the parts that can be told apart."""
-    from opspatch.core.policy import RestartPolicy
+    from opspatch.core.vocabulary import RestartPolicy
     from opspatch.hosts import channel
     from opspatch.hosts.operations import open_transport
     from opspatch.hosts.transport import ssh

@@ -46,7 +46,7 @@ def _child_plan(count: int, style: str, repeat: int, reference: bool) -> dict[st
     if reference:
         from opspatch.core.regions import WholeReparse
 
-        edit.PLACERS = (WholeReparse,)  # type: ignore[attr-defined]
+        edit.PLACERS = (WholeReparse,)
     source = release_file("0.5.23", EAGLE_RELPATH)
     patch = many_edits_patch(source, count, style=style)  # type: ignore[arg-type]
     cpu, wall, outcome = [], [], ""

@@ -9,7 +9,7 @@ restart time; the whole run is simulated at `--time-scale` (0.01: a 50 ms round 
 a 120 s restart 1.2 s, and opspatch's drain settle and poll intervals are scaled alike), so the
 wall is read against the wave limit: waves x per-host pipeline time, both scaled back.
 
-    PYTHONPATH=$PWD python bench/bench_rotation.py [--hosts 1000] [--routers 10] [--out FILE]
+    PYTHONPATH=$PWD python bench/bench_rotation.py [--hosts 1000] [--routers 10] [--own-facts] [--out FILE]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import opspatch.hosts.agent.facts as agent_facts
 import opspatch.runs.fleet.rotation as rotation
 from opspatch.config.patches import load_patch
 from opspatch.core.host import Host, RouterSettings
@@ -123,13 +124,20 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class SimulatedHost(FakeHost):
-    """A scripted host whose every exec costs a round trip, and a restart the engine's time."""
+    """A scripted host whose every exec costs a round trip, and a restart the engine's time.
+
+    Its `inspect` is the real agent's, less what a real host does on its own CPU and the
+    simulation would do in the controller's process: the engine's server is the script's, not
+    looked up in this machine's socket table (`own_facts`: both as the agent reads them)."""
 
     round_trip = 0.0
     restart_seconds = 0.0
+    own_facts = False
 
     def answer(self, op: str, args: dict[str, Any]) -> Any:
         time.sleep(self.round_trip)
+        if op == "inspect" and not self.own_facts:
+            args = {**args, "server": None}
         if op == "restart":
             time.sleep(self.restart_seconds)
         if op == "wait_drained":  # idle at once: the wait is the settle time
@@ -139,10 +147,20 @@ class SimulatedHost(FakeHost):
 
 
 def run(
-    hosts: int, routers: int, percent: int, round_trip: float, restart: float, scale: float
+    hosts: int,
+    routers: int,
+    percent: int,
+    round_trip: float,
+    restart: float,
+    scale: float,
+    own_facts: bool = False,
 ) -> dict[str, Any]:
     SimulatedHost.round_trip = round_trip * scale
     SimulatedHost.restart_seconds = restart * scale
+    SimulatedHost.own_facts = own_facts
+    if not own_facts:  # one host's facts (Python, package versions) stand for every host's
+        known = agent_facts.collect_facts()
+        agent_facts.collect_facts = lambda: dict(known)
     rotation.DRAIN_SETTLE_SECONDS *= scale
     rotation.DRAIN_POLL_SECONDS *= scale
     rotation.ADMIT_POLL_SECONDS *= scale
@@ -197,6 +215,7 @@ def run(
     waves = 1 + math.ceil((per_router - (1 if routers == 1 else 0)) / room)
     return {
         "hosts": hosts,
+        "hosts_own_facts": own_facts,
         "routers": routers,
         "max_unavailable": f"{percent}%",
         "room_per_router": room,
@@ -223,6 +242,11 @@ def main() -> None:
     parser.add_argument("--round-trip", type=float, default=0.05, help="seconds, unscaled")
     parser.add_argument("--restart", type=float, default=120.0, help="seconds, unscaled")
     parser.add_argument("--time-scale", type=float, default=0.01)
+    parser.add_argument(
+        "--own-facts",
+        action="store_true",
+        help="each host reads its facts and this machine's socket table, as the agent does",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     result = {
@@ -230,7 +254,13 @@ def main() -> None:
         "python": platform.python_version(),
         "load_before": os.getloadavg(),
         **run(
-            args.hosts, args.routers, args.percent, args.round_trip, args.restart, args.time_scale
+            args.hosts,
+            args.routers,
+            args.percent,
+            args.round_trip,
+            args.restart,
+            args.time_scale,
+            args.own_facts,
         ),
         "load_after": os.getloadavg(),
     }

@@ -34,6 +34,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -41,7 +42,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
 
 SANDBOX_MAX_HOSTS = 16  # opspatch.sandbox.fleet.MAX_HOSTS: `sandbox up --count` refuses more
 TARGET_RELATIVE = "sglang/srt/speculative/eagle_worker_v2.py"

@@ -1,11 +1,13 @@
-"""Live against restart behind the real sglang-router (issue 34): time to mitigate the incident
-and failed client requests, on sandbox hosts whose every engine start takes `--restart-seconds`.
+"""Live against restart behind the real sglang-router (issues 34, 41): time to mitigate the
+incident and failed client requests, on stand-in hosts whose every engine start takes
+`--restart-seconds`, or on real SGLang servers (`--engine sglang`).
 
     PYTHONPATH=$PWD python -m bench.live [--hosts 8] [--restart-seconds 60] [--out bench/results/]
+    PYTHONPATH=$PWD python -m bench.live --engine sglang --hosts 3
 
-One sandbox (`sandbox up --router --restart-seconds S --count N`, `live = true` added to its
-inventory), the plugin enabled and loaded first (`live enable`, then every engine stopped and
-started by `sandbox up`: NOT timed, it is the preparation a fleet does once). Then, with the
+One sandbox (`sandbox up --router --live --restart-seconds S --count N`: `live = true` in its
+inventory and the plugin installed before each engine starts; NOT timed, it is the preparation
+a fleet does once; the runs of 2026-12-05 did it by `live enable`, then down and up). Then, with the
 playbook `bench/playbooks/live-bench.toml` (`[rotation] max_unavailable = 1`, one host a batch):
 
 1. incident, restart: `apply eagle-init-guard --hosts sandbox` on the incident's servers (healthy,
@@ -18,6 +20,11 @@ playbook `bench/playbooks/live-bench.toml` (`[rotation] max_unavailable = 1`, on
    `Scheduler.finish`, `bench/patches/`) while `sandbox load` runs through the router from the
    moment the apply starts until it ends, timed, failed requests counted; `rollback` (not timed).
 4. under load, restart: the same patch through the restart path (drain, restart, re-admit).
+
+On real SGLang (`--engine sglang`: `up --engine sglang --live`, EAGLE-3, the plugin installed
+before the first start) each start takes minutes here, so only the runs that need no fresh start
+run: 2, then 3 and 4 with `scheduler-request-log` (the real `Scheduler`'s per-request method),
+its live fix taken out live between them (`real_runs` says why 1 is left out): 6 starts, not 18.
 
 The results go to `<out>/live-<UTC time>.json`; docs/benchmarks.md's section is written by hand.
 """
@@ -45,14 +52,18 @@ else:  # the project still runs on 3.10
 
 REPO = Path(__file__).resolve().parent.parent
 PLAYBOOK = REPO / "bench" / "playbooks" / "live-bench.toml"
-BODY_FIX = REPO / "bench" / "patches" / "scheduler-finish-log.toml"
+BODY_FIXES = {
+    "standin": REPO / "bench" / "patches" / "scheduler-finish-log.toml",
+    "sglang": REPO / "bench" / "patches" / "scheduler-request-log.toml",
+}
 INCIDENT_FIX = "eagle-init-guard"
 
 
 class Bench:
-    def __init__(self, state: Path) -> None:
+    def __init__(self, state: Path, engine: str) -> None:
         self.env = {**os.environ, "OPSPATCH_STATE_DIR": str(state), "PYTHONPATH": str(REPO)}
         self.inventory = state / "inventories" / "sandbox.toml"
+        self.engine = engine
 
     def cli(self, *args: str, check: bool = True) -> dict[str, Any]:
         """One `opspatch` command (`--json`), its document and wall seconds."""
@@ -71,13 +82,13 @@ class Bench:
         return {"rc": done.returncode, "wall_s": round(wall, 2), "document": document}
 
     def up(self, hosts: int, restart_seconds: float) -> None:
-        self.cli(
-            "sandbox", "up", "--router", "--count", str(hosts),
-            "--restart-seconds", f"{restart_seconds:g}",
-        )  # fmt: skip
-        text = self.inventory.read_text()
-        if "\nlive = true\n" not in text:  # `up` rewrites the inventory: said again after each
-            self.inventory.write_text(text.replace("[defaults]\n", "[defaults]\nlive = true\n", 1))
+        """The sandbox up, `live = true` in its inventory and the plugin in every engine."""
+        args = ["sandbox", "up", "--router", "--live", "--count", str(hosts)]
+        if self.engine == "sglang":
+            args += ["--engine", "sglang"]
+        else:
+            args += ["--restart-seconds", f"{restart_seconds:g}"]
+        self.cli(*args)
 
     def router(self) -> str:
         return str(tomllib.loads(self.inventory.read_text())["defaults"]["router"]["url"])
@@ -119,11 +130,20 @@ class Bench:
             "rc": result["rc"],
             "wall_s": result["wall_s"],
             "outcomes": {h.get("host"): h.get("outcome") for h in hosts},
+            "hosts": hosts,
             "pids_changed": sum(
                 1 for name, pid in self.engine_pids().items() if pids_before.get(name) != pid
             ),
             "load": report or None,
         }
+
+    def live_rollback(self, patch: str) -> dict[str, Any]:
+        """`rollback --restart never` of a fix taken live: taken out of the running engines
+        (without `--restart never` the playbook's restart runs: every server started again)."""
+        pids_before = self.engine_pids()
+        result = self.cli("rollback", patch, "--hosts", "sandbox", "--restart", "never", "-y")
+        changed = sum(1 for n, pid in self.engine_pids().items() if pids_before.get(n) != pid)
+        return {"rc": result["rc"], "wall_s": result["wall_s"], "pids_changed": changed}
 
     def check(self, seconds: float) -> dict[str, Any]:
         return run_load(self.router(), requests=None, seconds=seconds).to_json()
@@ -134,14 +154,6 @@ class Bench:
         self.cli("rollback", patch, "--hosts", "sandbox", "--restart", "never", "-y")
         self.stop_engines()
         self.up(hosts, restart_seconds)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def machine() -> dict[str, Any]:
@@ -162,21 +174,46 @@ def main() -> None:
     parser.add_argument("--check-seconds", type=float, default=10.0)
     parser.add_argument("--state", type=Path, default=Path("/tmp/opspatch-bench-live"))
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--engine", choices=sorted(BODY_FIXES), default="standin")
     args = parser.parse_args()
-    bench = Bench(args.state)
+    bench = Bench(args.state, args.engine)
     result: dict[str, Any] = {
         "benchmark": "live",
         "started": datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"),
+        "engine": args.engine,
         "hosts": args.hosts,
-        "restart_seconds": args.restart_seconds,
+        "restart_seconds": args.restart_seconds if args.engine == "standin" else None,
         "playbook": PLAYBOOK.name,
         "machine": machine(),
     }
-    print("prepare (not timed): sandbox up, live enable, every engine restarted", flush=True)
+    print("prepare (not timed): sandbox up --live (the plugin in before each start)", flush=True)
+    started = time.monotonic()
     bench.up(args.hosts, args.restart_seconds)
-    bench.cli("live", "enable", "--hosts", "sandbox", "-y")
-    bench.stop_engines()
-    bench.up(args.hosts, args.restart_seconds)
+    result["up_s"] = round(time.monotonic() - started, 1)
+    runs = real_runs(bench, args) if args.engine == "sglang" else standin_runs(bench, args)
+    result["runs"] = runs
+    if "incident_restart" in runs:
+        result["ratio_incident_live_over_restart"] = round(
+            runs["incident_live"]["wall_s"] / runs["incident_restart"]["wall_s"], 4
+        )
+    result["ratio_body_live_over_restart"] = round(
+        runs["body_live_under_load"]["wall_s"] / runs["body_restart_under_load"]["wall_s"], 4
+    )
+    result["machine"]["loadavg_at_end"] = list(os.getloadavg())
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"live-{args.engine}-{result['started']}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
+    for name, run in runs.items():
+        failed = (run.get("load") or {}).get("failed")
+        print(f"{name}: {run['wall_s']} s, rc {run['rc']}, pids changed {run['pids_changed']}, "
+              f"failed under load {failed}, outcomes {set(run['outcomes'].values())}")  # fmt: skip
+    print(f"written: {path}")
+
+
+def standin_runs(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
+    """The four runs in the issue's order; the fix undone between them by down/up."""
+    body_fix = str(BODY_FIXES["standin"])
     runs: dict[str, Any] = {}
     print("1. incident, restart rollout", flush=True)
     runs["incident_restart"] = bench.apply(INCIDENT_FIX, live=False, load=False)
@@ -186,27 +223,31 @@ def main() -> None:
     runs["incident_live"] = bench.apply(INCIDENT_FIX, live=True, load=False)
     runs["incident_live"]["after"] = bench.check(args.check_seconds)
     print("3. function-body fix under load, live", flush=True)
-    runs["body_live_under_load"] = bench.apply(str(BODY_FIX), live=True, load=True)
-    bench.rollback(str(BODY_FIX), args.hosts, args.restart_seconds)
+    runs["body_live_under_load"] = bench.apply(body_fix, live=True, load=True)
+    bench.rollback(body_fix, args.hosts, args.restart_seconds)
     print("4. function-body fix under load, restart rollout", flush=True)
-    runs["body_restart_under_load"] = bench.apply(str(BODY_FIX), live=False, load=True)
-    result["runs"] = runs
-    result["ratio_incident_live_over_restart"] = round(
-        runs["incident_live"]["wall_s"] / runs["incident_restart"]["wall_s"], 4
-    )
-    result["ratio_body_live_over_restart"] = round(
-        runs["body_live_under_load"]["wall_s"] / runs["body_restart_under_load"]["wall_s"], 4
-    )
-    result["machine"]["loadavg_at_end"] = list(os.getloadavg())
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"live-{result['started']}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
-    for name, run in runs.items():
-        failed = (run.get("load") or {}).get("failed")
-        print(f"{name}: {run['wall_s']} s, rc {run['rc']}, pids changed {run['pids_changed']}, "
-              f"failed under load {failed}, outcomes {set(run['outcomes'].values())}")  # fmt: skip
-    print(f"written: {path}")
+    runs["body_restart_under_load"] = bench.apply(body_fix, live=False, load=True)
+    return runs
+
+
+def real_runs(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
+    """On real servers, the runs that need no fresh start: the incident fixed live on the
+    never-decoded incident servers, then the body fix live and taken out live (no restart),
+    then the body fix through the restart rollout. The incident is not fixed again by restart:
+    getting back to never-decoded incident servers takes every server's start again (a
+    `rollback` restarts into the incident and fails its smoke), and a restart rollout's time
+    per host does not depend on the patch (stop, start, ready, smoke)."""
+    body_fix = str(BODY_FIXES["sglang"])
+    runs: dict[str, Any] = {}
+    print("2. incident, live (on the never-decoded incident servers)", flush=True)
+    runs["incident_live"] = bench.apply(INCIDENT_FIX, live=True, load=False)
+    runs["incident_live"]["after"] = bench.check(args.check_seconds)
+    print("3. function-body fix under load, live", flush=True)
+    runs["body_live_under_load"] = bench.apply(body_fix, live=True, load=True)
+    runs["body_live_under_load"]["rollback"] = bench.live_rollback(body_fix)
+    print("4. function-body fix under load, restart rollout", flush=True)
+    runs["body_restart_under_load"] = bench.apply(body_fix, live=False, load=True)
+    return runs
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from opspatch.sandbox.processes import free_port, proc_text
 from opspatch.sandbox.real.build import engine_cache_dir, ensure_base
@@ -39,7 +40,7 @@ def rss_mb(pids: list[int]) -> float:
     return round(total / 1024, 1)
 
 
-def one(python: Path, models, host: Path, tp: int, eagle: bool) -> dict:  # type: ignore[no-untyped-def]
+def one(python: Path, models, host: Path, tp: int, eagle: bool) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     server = RealServer.start(
         python, free_port("127.0.0.1", set()), models, host / "server.log", tp=tp, speculative=eagle
     )
@@ -73,7 +74,7 @@ def main() -> int:
     base = ensure_base(cache, DEFAULT_REAL_RELEASE)
     models = ensure_models(cache, base)
     (wheel,) = sorted((cache / "wheels").glob(f"sglang-{DEFAULT_REAL_RELEASE}-*.whl"))
-    results: dict[str, list[dict]] = {name: [] for name, _, _ in SHAPES}
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in SHAPES}
     for run in range(args.runs):
         for name, tp, eagle in SHAPES:
             host = Path(tempfile.mkdtemp(prefix=f"opspatch-bench-real-{name}-"))

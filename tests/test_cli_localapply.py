@@ -17,7 +17,18 @@ from tests.clirunner import Run, opspatch
 PLAIN = [
     (["apply", "p", "--file", "m.py", "--yes"], LocalApply("p", Path("m.py"))),
     (
-        ["apply", "p.toml", "-f", "m.py", "-y", "--json", "--target-version", "1", "--python", "py"],
+        [
+            "apply",
+            "p.toml",
+            "-f",
+            "m.py",
+            "-y",
+            "--json",
+            "--target-version",
+            "1",
+            "--python",
+            "py",
+        ],
         LocalApply("p.toml", Path("m.py"), "1", "py", as_json=True),
     ),
     (

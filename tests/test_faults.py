@@ -506,7 +506,7 @@ def test_hand_edit_between_preflight_and_swap(kills: FaultFleet) -> None:
     run_id = report["run_id"]
     host = next(h for h in report["hosts"] if h["host"] == canary)
     assert host["outcome"] == "failed", host
-    assert "the file changed since it was read" in host["error"], host
+    assert host["reason"] == "changed-since", host
     assert kills.fleet.sha(canary) == edited
     assert {n: kills.fleet.pid(n) for n in kills.names} == pids
     assert not kills.runs_patch(canary) and not kills.temp_files(canary)
@@ -517,7 +517,7 @@ def test_hand_edit_between_preflight_and_swap(kills: FaultFleet) -> None:
     by_run = kills.cli("rollback", "--run", run_id, "--yes", "--json")
     assert by_run.code == 0, by_run.stdout + by_run.stderr
     mine = next(h for h in by_run.json()["hosts"] if h["host"] == canary)
-    assert mine["outcome"] == "skipped" and "no change by run" in mine["note"], mine
+    assert mine["outcome"] == "skipped" and mine["reason"] == "nothing-to-do", mine
     by_patch = kills.cli("rollback", PATCH_ID, "--hosts", INVENTORY, "--yes", "--json")
     mine = next(h for h in by_patch.json()["hosts"] if h["host"] == canary)
     assert mine["outcome"] == "skipped", mine

@@ -533,6 +533,9 @@ def test_rollback_takes_the_fix_out_of_both_ranks_with_no_restart(host: Incident
     rows = host.status_rows()
     assert rows["scheduler-request-log-test"]["state"] == "not-applied"
     assert "live" not in rows["scheduler-request-log-test"]
+    # the revert took it out of the running server: not stale (it said "still runs the patched
+    # code", and `restart` restarted it)
+    assert "started before" not in rows["scheduler-request-log-test"]["detail"]
     assert rows["eagle-init-guard"]["state"] == "applied"  # the other fix is still held
 
 

@@ -139,10 +139,16 @@ def test_a_file_that_is_not_a_file_change_is_refused_at_write(ledger: Ledger) ->
 @pytest.mark.parametrize(
     ("facts", "named"),
     [
-        ({"machine_id": 7, "hostname": "gpu7"}, "facts.machine_id: expected str, got int"),
-        ({"hostname": None}, "facts.hostname: expected str, got NoneType"),
-        ({"gpu_names": "H200"}, "facts.gpu_names: expected an array, got str"),
-        ({"cuda_available": "yes"}, "facts.cuda_available: expected bool, got str"),
+        (
+            {"machine_id": 7, "hostname": "gpu7"},
+            "facts.machine_id: Input should be a valid string, got int",
+        ),
+        ({"hostname": None}, "facts.hostname: Input should be a valid string, got NoneType"),
+        ({"gpu_names": "H200"}, "facts.gpu_names: Input should be a valid tuple, got str"),
+        (
+            {"cuda_available": "yes"},
+            "facts.cuda_available: Input should be a valid boolean, got str",
+        ),
     ],
 )
 def test_facts_whose_known_keys_have_the_wrong_type_are_refused_naming_the_key(

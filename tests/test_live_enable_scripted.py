@@ -268,7 +268,8 @@ def test_a_restart_into_the_plugin_whose_proof_fails_removes_it_and_restarts_wit
     report = restart(fleet)
     (outcome,) = report.hosts
     assert outcome.outcome == "rolled-back", outcome
-    assert "the live plugin is not loaded after the restart" in (outcome.error or "")
+    assert outcome.reason == "step-failed", outcome
+    assert "the live plugin is not loaded after the restart" in (outcome.error or "")  # wording
     assert report.exit_code == 1
     steps = [str(s.step) for s in outcome.steps]
     assert "live-disable" in steps and steps.index("live-disable") < steps.index(
@@ -357,7 +358,8 @@ def test_a_failed_smoke_after_restarting_out_of_the_plugin_is_restored_not_servi
     report = restart(fleet)
     (outcome,) = report.hosts
     assert outcome.outcome == "restored-not-serving", outcome
-    assert "nothing is put back" in (outcome.error or ""), outcome.error
+    assert outcome.reason == "not-serving", outcome
+    assert "nothing is put back" in (outcome.error or ""), outcome.error  # the wording, once
     assert report.exit_code == 1
 
 

@@ -412,7 +412,7 @@ def test_a_recover_takes_at_once_the_hosts_a_cut_off_run_has_no_command_running_
             held.release()
         outcomes = {h.host: h for h in b.hosts}
         assert outcomes["h1"].outcome == "failed", outcomes["h1"]
-        assert "controller may still be at work here" in (outcomes["h1"].error or "")
+        assert outcomes["h1"].reason == "lock-held", outcomes["h1"]
         assert outcomes["h2"].outcome == "restored", outcomes["h2"]
         begin = next(s for s in outcomes["h2"].steps if s.step == "begin")
         assert f"took the lock over from run {run_a} (no command of it" in begin.detail

@@ -184,7 +184,7 @@ def test_restart_restarts_only_the_hosts_with_a_staged_change(fleet: FaultFleet)
     assert nothing.code == 0, nothing.stdout + nothing.stderr
     assert set(outcomes_of(nothing).values()) == {"skipped"}
     for host in nothing.json()["hosts"]:
-        assert "nothing staged" in host["note"], host
+        assert host["reason"] == "nothing-to-do", host
     assert pids(fleet) == before  # eagle-init-guard is proven everywhere: no server bounced
 
     staged_host = fleet.others[0]

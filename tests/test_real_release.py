@@ -10,6 +10,15 @@ import pytest
 
 from opspatch.core.wheelrecord import record_sha256s
 from opspatch.errors import InputError
+from opspatch.sandbox.layout import SandboxLayout
+from opspatch.sandbox.manifest import (
+    HostRecord,
+    Manifest,
+    RealEngineRecord,
+    RouterRecord,
+    sandbox_inventory,
+)
+from opspatch.sandbox.real.basepatches import base_patch_target
 from opspatch.sandbox.real.build import engine_cache_dir
 from opspatch.sandbox.real.launch import cpu_env, server_args
 from opspatch.sandbox.real.release import (
@@ -143,3 +152,20 @@ def test_the_real_releases_record_is_read_with_its_quoted_paths() -> None:
     assert found[quoted] is not None
     assert len(found) == len(text.splitlines())
     assert found["sglang/srt/speculative/eagle_worker_v2.py"] is not None
+
+
+def test_a_base_patch_reaches_its_host_with_no_router_and_no_unit(tmp_path: Path) -> None:
+    """`up --router --engine sglang` applies the incident's build before any engine or the
+    router runs: a target with the router would drain it first and fail (no router yet)."""
+    manifest = Manifest(
+        hosts=(HostRecord(name="sandbox-01", port=30001),),
+        router=RouterRecord(port=30100, prometheus_port=30101),
+        engine=EngineChoice("sglang", DEFAULT_REAL_RELEASE),
+        real=RealEngineRecord("/base", "/sglang.whl", "/target", "/draft"),
+    )
+    layout = SandboxLayout(tmp_path)
+    assert sandbox_inventory(layout, manifest, over_ssh=False).host("sandbox-01").router
+    target = base_patch_target(layout, manifest, "sandbox-01")
+    assert target.name == "sandbox-01"
+    assert target.router is None
+    assert target.unit is None

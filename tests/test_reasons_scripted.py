@@ -1,7 +1,7 @@
 """Reason codes on outcomes that had none (issue 43 item 6): a swap refused for a changed file,
-a required baseline that failed, a bug mid-run, rollback's nothing to restore, and unlock's
-refusal of a running run's lock; each code reaches the ledger, and a refused baseline's
-other hosts carry it too."""
+a required baseline that failed, a pre-image the ledger could not record, a bug mid-run,
+rollback's nothing to restore, and unlock's refusal of a running run's lock; each code reaches
+the ledger, and a refused baseline's other hosts carry it too."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ import pytest
 
 from opspatch.core.policy import BatchSize, Playbook, SmokeSettings
 from opspatch.core.reasons import Reason
+from opspatch.errors import LedgerError
 from opspatch.hosts.transport.scripted import Refusal, agent_operation
+from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.commands.unlock import unlock_hosts
-from opspatch.runs.report import RunReport
+from opspatch.runs.fleet.recorder import LedgerRecorder
+from opspatch.runs.report import HostOutcome, RunReport
 from tests.ledgerkit import begin
 from tests.scriptedkit import PRISTINE, Fleet, fleet, sha
 
@@ -68,6 +71,35 @@ def test_a_required_baseline_that_fails_is_baseline_failed_with_nothing_changed(
     assert "requires a baseline" in (outcome.error or "")  # baseline-failed's wording
     assert sha(host.file.read_bytes()) == PRISTINE
     assert recorded(fleet, report, host.name) == Reason.BASELINE_FAILED
+
+
+def test_a_pre_image_the_ledger_cannot_record_is_backup_not_recorded(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger, not the host, failed (its disk full): before, the host's outcome said
+    `host-error`. The run then stops on the ledger's error, so the outcome it tried to record
+    is read where it is handed to the recorder."""
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+
+    def disk_full(*args: Any, **kwargs: Any) -> None:
+        raise LedgerError("cannot write the ledger: database or disk is full")
+
+    handed: list[HostOutcome] = []
+    record = LedgerRecorder.outcome
+
+    def keep(recorder: LedgerRecorder, outcome: HostOutcome) -> None:
+        handed.append(outcome)
+        record(recorder, outcome)
+
+    monkeypatch.setattr(Ledger, "record_file_version", disk_full)
+    monkeypatch.setattr(LedgerRecorder, "outcome", keep)
+    with pytest.raises(LedgerError):
+        fleet.apply()
+    (outcome,) = handed
+    assert outcome.outcome == "failed" and outcome.reason == Reason.BACKUP_NOT_RECORDED, outcome
+    assert host.requests == ["lock", "inspect"]  # nothing swapped
+    assert sha(host.file.read_bytes()) == PRISTINE
 
 
 def test_a_bug_mid_run_is_an_internal_error(fleet: Fleet) -> None:

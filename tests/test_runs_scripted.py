@@ -442,7 +442,8 @@ def test_a_rollback_whose_smoke_fails_is_restored_not_serving_with_a_failed_step
     assert smoke.status == "failed" and "the server crashed" in smoke.detail
     assert sha(fleet.hosts[0].file.read_bytes()) == PRISTINE
     # the same restore elsewhere would take that server down too: the run halts
-    assert second.outcome == "skipped" and "not served on h1" in (second.error or ""), second
+    assert second.outcome == "skipped" and second.reason == "not-started", second
+    assert report.halted is not None and "not served on h1" in report.halted, report.halted
     assert sha(fleet.hosts[1].file.read_bytes()) != PRISTINE
     assert report.exit_code == 1
     recorded = fleet.ledger.get_run(report.run_id or "").host("h1")
@@ -670,7 +671,7 @@ def test_a_begin_reply_without_the_hosts_facts_refuses_the_run_naming_the_field(
     report = fleet.apply()
     assert report.refused and report.exit_code == 2, report
     error = report.hosts[1].error or ""
-    assert "HostFacts.python_version: missing" in error, error
+    assert "HostInspection.facts.python_version: missing" in error, error
     assert all(
         h.file.read_bytes() == (STANDIN / "eagle_worker_v2.py").read_bytes() for h in fleet.hosts
     )
@@ -781,7 +782,8 @@ def test_a_sync_stopped_by_a_failed_run_records_the_next_patchs_hosts_as_not_app
         ("h1", "h2", "h3"), "skipped"
     )
     for host in left.hosts:
-        assert (host.error or "").startswith(why), host
+        assert host.reason == "not-started", host
+        assert (host.error or "").startswith(why), host  # the wording, checked here once
         assert f"`opspatch sync --hosts {host.host}`" in (host.error or "")
     recorded = fleet.ledger.get_run(str(left.run_id))
     assert recorded.summary.command == "sync" and recorded.summary.patch_id == "module-mark"

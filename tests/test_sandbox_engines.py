@@ -54,6 +54,8 @@ def test_a_new_sandbox_runs_the_standin_and_keeps_what_it_was_built_with() -> No
     [
         (None, UpRequest(engine=REAL, install="editable"), "--install editable does not go"),
         (None, UpRequest(engine=REAL, containers=True), "--containers does not go with --engine"),
+        (None, UpRequest(containers=True, live=True), "--live does not go with --containers yet"),
+        ("live", UpRequest(containers=True), "the sandbox's engines run without containers"),
         ("standin", UpRequest(engine=REAL), "the sandbox runs standin; `up --engine sglang=="),
         ("real", UpRequest(engine=STANDIN), "the sandbox runs sglang==0.5.23; `up --engine"),
         ("real", UpRequest(tp=3), "the sandbox's servers run 1 TP rank(s); `up --tp 3`"),
@@ -67,6 +69,7 @@ def test_what_cannot_be_is_refused_with_the_reason(
         None: None,
         "standin": planned_manifest(None, UpRequest(count=1))[0],
         "real": planned_manifest(None, UpRequest(count=1, engine=REAL))[0],
+        "live": planned_manifest(None, UpRequest(count=1, live=True))[0],
     }[current]
     with pytest.raises(InputError) as caught:
         planned_manifest(built, asked)

@@ -8,7 +8,8 @@ leaving the unit uniform; a restart of one node refused; a patch that changes on
 what the unit says (the smoke passes it) judged `fail` on the head and rolled back on every node.
 
 One fleet for the module: each test leaves the unit serving eagle-init-guard (the guard is what
-the first test applies), so the next starts from there.
+the first test applies), so the next starts from there; a test that needs the unit serving
+first (`guarded`) applies the guard itself when it runs without the first test (`-k`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from opspatch.core.vocabulary import Step, StepStatus
+from opspatch.config.patches import load_patch
+from opspatch.core.edit import detect
+from opspatch.core.vocabulary import Detected, Step, StepStatus
 from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.ledger.store import Ledger
 from tests.faultkit import arm_switch, install_wrapper
@@ -47,6 +51,18 @@ restart = 120
 def unit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxFleet]:
     with two_node_unit(tmp_path_factory) as fleet:
         yield fleet
+
+
+@pytest.fixture
+def guarded(unit: SandboxFleet) -> None:
+    """The unit serving eagle-init-guard, as the first test leaves it: applied here when it is
+    not there (a test run alone), since the incident kills the first decode of the unit."""
+    guard = load_patch(Path(__file__).resolve().parent.parent / "patches" / "eagle-init-guard.toml")
+    carried = {detect(unit.file(n).read_bytes(), guard.spec).state for n in (HEAD, NODE)}
+    if carried != {Detected.APPLIED}:
+        run = unit.opspatch("apply", "eagle-init-guard", "--hosts", "sandbox:unit-01", "--yes")
+        assert run.code == 0, run.stdout + run.stderr
+    assert serving(unit)
 
 
 def outcomes(doc: dict) -> dict[str, str]:  # type: ignore[type-arg]
@@ -84,6 +100,7 @@ def test_the_incident_on_a_unit_is_fixed_by_one_apply_over_both_nodes(
     assert serving(unit)
 
 
+@pytest.mark.usefixtures("guarded")
 def test_a_patch_that_crashes_one_rank_at_start_is_rolled_back_on_every_node(
     unit: SandboxFleet,
 ) -> None:
@@ -119,6 +136,7 @@ def test_a_patch_that_crashes_one_rank_at_start_is_rolled_back_on_every_node(
     assert serving(unit)
 
 
+@pytest.mark.usefixtures("guarded")
 def test_a_node_killed_during_the_restart_is_named_and_the_unit_restored(
     unit: SandboxFleet,
 ) -> None:
@@ -186,6 +204,7 @@ def ledger_newest(fleet: SandboxFleet) -> str | None:
     return runs[0].run_id if runs else None
 
 
+@pytest.mark.usefixtures("guarded")
 def test_recover_after_a_controller_killed_between_the_two_swaps_leaves_the_unit_uniform(
     unit: SandboxFleet,
 ) -> None:
@@ -259,6 +278,7 @@ def test_a_restart_of_one_node_is_refused_and_touches_nothing(unit: SandboxFleet
     assert {n: unit.pid(n) for n in (HEAD, NODE)} == pids
 
 
+@pytest.mark.usefixtures("guarded")
 def test_a_patch_that_changes_one_token_on_the_unit_is_judged_fail_and_rolled_back(
     unit: SandboxFleet,
 ) -> None:

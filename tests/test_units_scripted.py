@@ -405,7 +405,7 @@ def test_a_node_changed_after_the_preflight_refuses_the_unit_under_its_lock(
     report = rollback(units, "h1", "h2")
     assert outcomes(report) == {"h1": "skipped", "h2": "skipped"}
     assert units.fakes["h1"].file.read_bytes() == applied
-    assert "unit u1's node h2 was refused" in (report.hosts[0].error or "")
+    assert report.hosts[0].reason == "changed-since", report.hosts[0]
     assert all(not {"stop", "start", "restart"} & set(units.fakes[n].requests) for n in UNIT.hosts)
 
 
@@ -676,7 +676,7 @@ def test_rollback_restart_never_of_a_unit_with_a_refused_node_restores_no_node(
     report = rollback(units, "h1", "h2", restart_engine=False)
     assert outcomes(report) == {"h1": "skipped", "h2": "skipped"}
     assert units.files() == before
-    assert "unit u1's node h2 was refused" in (report.hosts[0].error or "")
+    assert report.hosts[0].reason == "changed-since", report.hosts[0]
 
 
 # -- hints: a unit is reached by its name, never by one node's ----------------------------------
@@ -771,5 +771,5 @@ def test_a_sync_stopped_before_a_units_patch_names_the_sync_of_the_unit(
     (left,) = report.left_alone
     assert {h.host for h in left.hosts} == {"h1", "h2"}, left
     for host in left.hosts:
-        assert (host.error or "").startswith("not applied: sync stopped after run"), host
+        assert host.reason == "not-started", host
         assert "`opspatch sync --hosts u1`" in (host.error or ""), host.error

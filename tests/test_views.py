@@ -32,11 +32,15 @@ from opspatch.runs.judgments.patchset import (
 from opspatch.runs.judgments.views import (
     DRIFT,
     FILE_STATES,
+    LIVE,
     STATUS,
     SYNC,
     Coverage,
     DecisionTable,
     Written,
+    set_carried,
+    set_word,
+    unit_words,
 )
 
 pytestmark = pytest.mark.pure
@@ -47,6 +51,7 @@ TABLES: dict[str, DecisionTable[Any]] = {
     "file-states": FILE_STATES,
     "sync": SYNC,
     "drift": DRIFT,
+    "status-live": LIVE,
 }
 
 
@@ -128,6 +133,46 @@ def test_status_says_a_word_per_place(row: dict[str, Any]) -> None:
     assert word == PatchState(row["status"])
 
 
+@pytest.mark.parametrize("row", _rows("status-set"), ids=lambda row: row["case"])
+def test_status_says_a_patch_sets_word_from_its_files(row: dict[str, Any]) -> None:
+    words = [PatchState(w) for w in row["files"]]
+    assert set_word(words) == PatchState(row["status"])
+    assert set_word(list(reversed(words))) == PatchState(row["status"])  # order says nothing
+
+
+@pytest.mark.parametrize("word", list(PatchState))
+def test_a_set_of_one_says_its_files_word(word: PatchState) -> None:
+    assert set_word([word]) == word
+
+
+@pytest.mark.parametrize(
+    ("carried", "together"),
+    [
+        (["applied", "applied"], "applied"),
+        (["applied", "not-applied"], "partial"),
+        (["not-applied", "unknown"], "unknown"),
+        (["applied", None], None),
+    ],
+)
+def test_what_a_sets_files_carry_together(carried: list[str | None], together: str | None) -> None:
+    found = set_carried([None if c is None else Detected(c) for c in carried])
+    assert found == (None if together is None else Detected(together))
+
+
+@pytest.mark.parametrize("row", _rows("status-live"), ids=lambda row: row["case"])
+def test_status_says_what_an_engine_holding_a_fix_live_runs(row: dict[str, Any]) -> None:
+    facts = row["facts"]
+    word = LIVE(PatchState(facts["state"]), facts["held"], facts.get("unread", False))
+    assert word == PatchState(row["status"])
+
+
+@pytest.mark.parametrize("row", _rows("status-unit"), ids=lambda row: row["case"])
+def test_status_says_a_units_nodes_words_together(row: dict[str, Any]) -> None:
+    reference, words = unit_words([PatchState(w) for w in row["nodes"]])
+    assert (None if reference is None else str(reference)) == row["reference"]
+    assert [str(w) for w in words] == row["words"]
+
+
 @pytest.mark.parametrize("row", _rows("diagnose"), ids=lambda row: row["case"])
 def test_diagnose_says_a_file_state_per_place(row: dict[str, Any]) -> None:
     facts = row["facts"]
@@ -135,6 +180,16 @@ def test_diagnose_says_a_file_state_per_place(row: dict[str, Any]) -> None:
     assert place == Place(row["place"])
     standing = FileStanding(place, "/srv/a.py", "a9", reference=Reference(facts["reference"]))
     assert views.file_state(standing) == row["file_state"]
+
+
+@pytest.mark.parametrize(
+    ("code", "state"),
+    [("module-not-found", "not-installed"), ("import-failed", "unresolved"), (None, "unresolved")],
+)
+def test_diagnose_says_a_file_state_for_a_module_that_did_not_resolve(
+    code: str | None, state: str
+) -> None:
+    assert views.unresolved_state(code) == state
 
 
 @pytest.mark.parametrize("row", _rows("sync"), ids=lambda row: row["case"])

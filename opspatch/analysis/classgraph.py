@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from opspatch.core.anchors import call_matches, dotted_name, first_line, iter_definitions
-from opspatch.core.jsonrecord import JsonRecord
+from opspatch.core.codec import Record
 from opspatch.core.syntax import parse_python
 from opspatch.errors import InputError
 
@@ -38,7 +38,7 @@ class ClassInfo:
 
 
 @dataclass(frozen=True)
-class Statement(JsonRecord):
+class Statement(Record):
     """A statement as reports show it: its lines, a one-line text, and the calls it makes."""
 
     line: int

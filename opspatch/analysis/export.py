@@ -11,8 +11,8 @@ from email.header import Header
 from email.utils import format_datetime, formataddr, parseaddr
 
 from opspatch.analysis.provenance import Provenance
+from opspatch.core.codec import NOT_WRITTEN, Record, json_field
 from opspatch.core.edit import AlreadyApplied, Applied, apply_patch
-from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field
 from opspatch.core.remedy import remedy_text
 from opspatch.core.source import SourceText, split_lines
 from opspatch.core.spec import PatchSpec
@@ -26,7 +26,7 @@ _MESSAGE_BREAKERS = re.compile(r"^(---(\s|$)|diff -|Index: )")
 
 
 @dataclass(frozen=True, kw_only=True)
-class ExportedChange(JsonRecord):
+class ExportedChange(Record):
     """What a patch changes in one file, as a git-style unified diff."""
 
     patch_id: str = json_field(key="patch")

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field
+from opspatch.core.codec import NOT_WRITTEN, Record, json_field
 from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import NOT_FORWARDED, PatchSetSpec, PatchSpec
 from opspatch.core.vocabulary import Command
 
 
 @dataclass(frozen=True, kw_only=True)
-class Provenance(JsonRecord):
+class Provenance(Record):
     """A patch's provenance fields, as given (None: not said)."""
 
     patch_id: str = json_field(key="patch")

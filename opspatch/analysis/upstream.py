@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
+from opspatch.core.codec import Record, json_field
 from opspatch.core.edit import detect
-from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.source import SourceDecodeError, SourceText
 from opspatch.core.spec import (
     AssignedBeforeCalls,
@@ -25,7 +25,7 @@ from opspatch.core.vocabulary import Detected, UpstreamState
 
 
 @dataclass(frozen=True, kw_only=True)
-class UpstreamVerdict(JsonRecord):
+class UpstreamVerdict(Record):
     """Whether a release's file already carries a patch's fix, why, and (for a patch set) the
     verdict of each file."""
 

@@ -1,6 +1,7 @@
-"""`apply PATCH --file PATH --yes` run without the typer app (issue 44: typer was a tenth of the
-command). Only the plain shape is read here (`scripted_local_apply`); any other arguments go to
-typer, which owns every usage message. `apply_local` is the command's one body either way."""
+"""`apply PATCH --file PATH --yes` without building the typer app (issue 44: typer was a tenth
+of the command). Only exactly the plain shape is read here; anything else (help, `--dry-run`, a
+typo) goes to typer, which owns every usage message. Both run `apply_local`.
+"""
 
 from __future__ import annotations
 

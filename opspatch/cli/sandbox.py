@@ -79,12 +79,13 @@ def _engine(value: str | None) -> EngineChoice | None:
 @contextmanager
 def build_display() -> Iterator[BuildProgress]:
     """How a real engine's build shows its minutes: a spinner with the step and the latest line
-    on a terminal; on a pipe or file, a line per step (and the models' training lines)."""
+    on a terminal; on a pipe or file, a line per step and per logged event (a batch of
+    downloads, the models' training lines)."""
     if not err.is_terminal:
         said: set[tuple[int, str]] = set()
 
         def lines(event: BuildEvent) -> None:
-            if (event.step, event.title) not in said or event.title == "models":
+            if (event.step, event.title) not in said or event.logged or event.title == "models":
                 said.add((event.step, event.title))
                 where = f"[{event.step}/{event.steps} {event.title}]"
                 err.print(f"{where} {event.detail}".rstrip(), markup=False)

@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field, record_to_json
+from opspatch.core.codec import NOT_WRITTEN, Record, dump, json_field
 from opspatch.core.vocabulary import SetState
 
 
 @dataclass(frozen=True)
-class SetFile(JsonRecord):
+class SetFile(Record):
     """One file of a patch set on a host: the pre- and post-image its change was planned (or
     recorded) with, and the bytes it holds when the host's outcome is decided."""
 
@@ -35,7 +35,7 @@ class SetFile(JsonRecord):
         return "new" if self.is_new else "old" if self.is_old else "changed"
 
     def to_json(self) -> dict[str, Any]:
-        return {**record_to_json(self), "standing": self.standing}  # derived, so written here
+        return {**dump(self), "standing": self.standing}  # derived, so written here
 
 
 def set_state(files: tuple[SetFile, ...]) -> SetState:
@@ -50,7 +50,7 @@ def set_state(files: tuple[SetFile, ...]) -> SetState:
 
 
 @dataclass(frozen=True)
-class FileChange(JsonRecord):
+class FileChange(Record):
     """The file a host's run was about, with its sha256 before and after (equal: unchanged).
 
     For a patch set, `set_files` holds every file of the set (this one, the set's first, too):
@@ -70,7 +70,7 @@ class FileChange(JsonRecord):
         return tuple(f.path for f in self.set_files) or (self.path,)
 
     def to_json(self) -> dict[str, Any]:
-        data = record_to_json(self)
+        data = dump(self)
         if self.set_files:  # reshaped: a set's state beside its files, only for a set
             data["set"] = {
                 "state": str(self.set_state),

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from opspatch.core.jsonrecord import JsonRecord
+from opspatch.core.codec import Record
 
 
 @dataclass(frozen=True, kw_only=True)
-class HostFacts(JsonRecord):
+class HostFacts(Record):
     """What a host runs. `None` means unknown or not installed; `notes` say why a probe failed.
 
     Package versions come from distribution metadata; the GPU fields come from the NVIDIA driver

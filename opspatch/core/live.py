@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from types import CodeType
 
-from opspatch.core.jsonrecord import JsonRecord
+from opspatch.core.codec import Record
 from opspatch.core.liveinit import construction_only
 from opspatch.core.syntax import parse_python
 from opspatch.core.vocabulary import LiveKind, LivePolicy, NotLiveReason
@@ -29,7 +29,7 @@ _GENERATOR_FLAGS = (
 
 
 @dataclass(frozen=True)
-class LiveDefinition(JsonRecord):
+class LiveDefinition(Record):
     """One definition a live fix takes: its dotted name in the module (`LIMIT`, `Class.name`,
     `Outer.Inner.method`) and what it is."""
 

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from opspatch.core.jsonrecord import JsonRecord, json_field
+from opspatch.core.codec import Record, json_field
 
 
 def _rounded(digits: int) -> Callable[[float], float]:
@@ -14,7 +14,7 @@ def _rounded(digits: int) -> Callable[[float], float]:
 
 
 @dataclass(frozen=True)
-class SignedRank(JsonRecord):
+class SignedRank(Record):
     """Wilcoxon's signed-rank test of paired differences (zero differences left out, as
     Wilcoxon did), two-sided."""
 

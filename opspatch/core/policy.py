@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Literal
 
-from opspatch.core.jsonrecord import JsonRecord, json_field
+from opspatch.core.codec import Record, json_field
 from opspatch.core.judgeprompts import DEFAULT_JUDGE_PROMPTS
 from opspatch.core.vocabulary import (
     FAILED_OUTCOMES,
@@ -79,7 +79,7 @@ class BatchSize:
 
 
 @dataclass(frozen=True)
-class StepTimeouts(JsonRecord):
+class StepTimeouts(Record):
     """Seconds each step may take on one host; the rollout passes them as deadlines."""
 
     lock: float = 30.0
@@ -100,7 +100,7 @@ class StepTimeouts(JsonRecord):
 
 
 @dataclass(frozen=True)
-class SmokePrompt(JsonRecord):
+class SmokePrompt(Record):
     """One greedy smoke decode: the prompt and, optionally, a regex its output must contain
     (checked on the host by `opspatch.hosts.agent.checks.judge_reply`)."""
 
@@ -109,7 +109,7 @@ class SmokePrompt(JsonRecord):
 
 
 @dataclass(frozen=True)
-class SmokeSettings(JsonRecord):
+class SmokeSettings(Record):
     """How a host is proven to decode after a restart."""
 
     prompts: tuple[SmokePrompt, ...] = tuple(SmokePrompt(p) for p in DEFAULT_PROMPTS)
@@ -122,7 +122,7 @@ class SmokeSettings(JsonRecord):
 
 
 @dataclass(frozen=True)
-class LogSettings(JsonRecord):
+class LogSettings(Record):
     """Regular expressions that fail a host when they match the log written since the restart
     (scanned on the host by `opspatch.hosts.agent.checks.scan_log`), and those that pass a line
     over, with the traceback logged right after it (a warning the engine logs with its
@@ -133,7 +133,7 @@ class LogSettings(JsonRecord):
 
 
 @dataclass(frozen=True)
-class RotationSettings(JsonRecord):
+class RotationSettings(Record):
     """Hosts behind a router: how many of one router's workers may be out of rotation at once
     (`max_unavailable`, a count or a percentage of its workers, rounded up), and whether the
     fleet is already down (`fleet_down`: the incident playbook drains even the last healthy
@@ -153,7 +153,7 @@ MAX_JUDGE_WARMUP = 64
 
 
 @dataclass(frozen=True)
-class JudgeSettings(JsonRecord):
+class JudgeSettings(Record):
     """The judge (a playbook's `[judge]`): after the smoke passes, a prompt set is decoded on the
     changed server and on a baseline measured in the same run, and compared per metric
     (`opspatch.runs.judgments.canary`). The thresholds say when a difference fails a host."""
@@ -205,7 +205,7 @@ DEFAULT_LEASE_EXPIRY = 60.0
 
 
 @dataclass(frozen=True)
-class TeamSettings(JsonRecord):
+class TeamSettings(Record):
     """Several operators on one ledger: how long a run's lease on its hosts outlives its last
     heartbeat (`lease_expiry`, seconds; the heartbeat renews it every third of that), and whether
     an apply needs a second operator's signature of the patch (`require_approval`), verified
@@ -217,7 +217,7 @@ class TeamSettings(JsonRecord):
 
 
 @dataclass(frozen=True)
-class Playbook(JsonRecord):
+class Playbook(Record):
     """A rollout policy plus its verification procedure (see the module docstring for fields).
 
     `canary` is a count or a tuple of host names; `max_in_flight` None means the whole batch;
@@ -286,7 +286,7 @@ def _hosts_text(hosts: Sequence[str]) -> str:
 
 
 @dataclass(frozen=True)
-class Batch(JsonRecord):
+class Batch(Record):
     """Hosts rolled out together; `in_flight` of them at once. Canary batches come first."""
 
     hosts: tuple[str, ...]
@@ -295,7 +295,7 @@ class Batch(JsonRecord):
 
 
 @dataclass(frozen=True)
-class RolloutPlan(JsonRecord):
+class RolloutPlan(Record):
     """The order a rollout takes, and notes on choices the operator may not expect."""
 
     batches: tuple[Batch, ...]

@@ -19,6 +19,9 @@ class Reason(Word):
     HOST_ERROR = "host-error"
     """The host could not be reached, or an operation there failed before anything changed
     (a swap the host refused: the set put back)."""
+    BACKUP_NOT_RECORDED = "backup-not-recorded"
+    """The ledger could not record the host's pre-image before its swap (the ledger failed,
+    not the host): nothing was changed there."""
     HOST_KEY_UNKNOWN = "host-key-unknown"
     """The host's SSH host key is not known: nothing was run there."""
     HOST_KEY_CHANGED = "host-key-changed"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from opspatch.core.jsonrecord import JsonRecord, json_field
+from opspatch.core.codec import Record, json_field
 from opspatch.core.pairedstats import SignedRank
 from opspatch.core.vocabulary import Metric, Verdict
 
 
 @dataclass(frozen=True)
-class Divergence(JsonRecord):
+class Divergence(Record):
     """Where one prompt's outputs first differ: the position (in tokens, or in characters when
     the ids are alike or not told), each side's token or text there, and whether it is a near
     tie (None: no logprobs to tell)."""
@@ -29,7 +29,7 @@ class Divergence(JsonRecord):
 
 
 @dataclass(frozen=True)
-class MetricVerdict(JsonRecord):
+class MetricVerdict(Record):
     """One metric's verdict, with the figures that decided it (in words, and the test)."""
 
     metric: Metric
@@ -44,7 +44,7 @@ class MetricVerdict(JsonRecord):
 
 
 @dataclass(frozen=True)
-class Judgment(JsonRecord):
+class Judgment(Record):
     """The judge's verdict on one server: the worst of its metrics' (or `no-baseline`), where
     the baseline came from (None: there was none, and `why_no_baseline` says why)."""
 

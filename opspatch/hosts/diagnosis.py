@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from opspatch.core.jsonrecord import JsonRecord, json_options
+from opspatch.core.codec import Record, json_options
 from opspatch.errors import RemoteOperationError
 from opspatch.hosts.agent.checks import find_tracebacks
 from opspatch.hosts.agent.diagnose import op_diagnose
@@ -78,7 +78,7 @@ def _maybe_base64(text: Any) -> bytes | None:
 
 
 @dataclass(frozen=True)
-class InstalledCopy(JsonRecord):
+class InstalledCopy(Record):
     """A copy of the package the interpreter could import, and what points at it."""
 
     path: str
@@ -89,7 +89,7 @@ class InstalledCopy(JsonRecord):
 
 
 @dataclass(frozen=True)
-class CachedBytecode(JsonRecord):
+class CachedBytecode(Record):
     """One pyc of the module, judged against its source (`runs_old_code`: the next import would
     run code that is not the source's)."""
 
@@ -100,7 +100,7 @@ class CachedBytecode(JsonRecord):
 
 
 @dataclass(frozen=True)
-class Checkout(JsonRecord):
+class Checkout(Record):
     """The git checkout a module's file lives in (an editable install's source tree)."""
 
     root: str
@@ -196,7 +196,7 @@ class TracebackGroup:
 
 
 @dataclass(frozen=True)
-class LogMarker(JsonRecord):
+class LogMarker(Record):
     """Lines of one known kind (scheduler exception, warm-up failure, CUDA OOM, ...)."""
 
     kind: str
@@ -271,13 +271,13 @@ class HostDiagnosis:
 
 
 @dataclass(frozen=True)
-class ModuleError(JsonRecord):
+class ModuleError(Record):
     code: str
     message: str
 
 
 @dataclass(frozen=True)
-class ModuleReply(JsonRecord):
+class ModuleReply(Record):
     """One module of a `diagnose` reply as the agent sends it: the resolved file and where its
     code comes from, or the `error` that it does not resolve (then nothing else)."""
 
@@ -301,20 +301,20 @@ class ModuleReply(JsonRecord):
 
 
 @dataclass(frozen=True)
-class SourceFile(JsonRecord):
+class SourceFile(Record):
     path: str
     text: str
 
 
 @dataclass(frozen=True)
-class SourcesReply(JsonRecord):
+class SourcesReply(Record):
     files: tuple[SourceFile, ...] = ()
     left_out: tuple[str, ...] = ()
     bytes: int = 0
 
 
 @dataclass(frozen=True)
-class DiagnosisReply(JsonRecord):
+class DiagnosisReply(Record):
     """A `diagnose` reply as the agent sends it, read field by field (`HostDiagnosis` is what
     it says, judged nowhere yet). The server's and the log's parts are read by `_server` and
     `_log`; the smoke's by `engine.SMOKE`."""

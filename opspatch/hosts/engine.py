@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from opspatch.core.codec import NOT_WRITTEN, Record, json_field
 from opspatch.core.host import ContainerRestart, Host
-from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field
 from opspatch.core.policy import JudgeSettings, Playbook
 from opspatch.errors import ContainerError, EngineError, RemoteOperationError
 from opspatch.hosts.agent.engine import op_smoke, op_wait_drained, op_wait_ready
@@ -67,7 +67,7 @@ LOOK_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
-class Readiness(JsonRecord):
+class Readiness(Record):
     seconds: float
     polls: int
 
@@ -95,7 +95,7 @@ def describe_drained(drained: DrainedReply) -> str:
 
 
 @dataclass(frozen=True)
-class PromptResult(JsonRecord):
+class PromptResult(Record):
     prompt: str
     ok: bool
     text: str | None = None
@@ -105,7 +105,7 @@ class PromptResult(JsonRecord):
 
 
 @dataclass(frozen=True, kw_only=True)
-class SmokeResult(JsonRecord):
+class SmokeResult(Record):
     """A smoke decode: every prompt's result, every failure, and log lines that matched; on a
     failure, the exceptions the server logged (grouped: type, message, count, times, frame) and
     its last relevant log lines."""

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from opspatch.core.codec import Record
 from opspatch.core.host import Host
-from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.live import LiveDefinition
 from opspatch.hosts.agent.live import op_live
 from opspatch.hosts.agent.protocol import LiveFixRequest, LiveReply, LiveRequest
@@ -76,14 +76,14 @@ class LiveFix:
 
 
 @dataclass(frozen=True)
-class LiveSocketAnswer(JsonRecord):
+class LiveSocketAnswer(Record):
     socket: str
     reply: dict[str, Any] | None = None
     error: str | None = None
 
 
 @dataclass(frozen=True)
-class LiveEngineReply(JsonRecord):
+class LiveEngineReply(Record):
     """The agent's answer: the engine's main pid, its socket folder, why no process was asked
     (`missing`, `unread` when it could not be), and each socket's answer."""
 
@@ -113,7 +113,7 @@ class LiveEngineReply(JsonRecord):
 
 
 @dataclass(frozen=True)
-class ProcessAnswer(JsonRecord):
+class ProcessAnswer(Record):
     """What one engine process said: who (`main`, `detokenizer`, `scheduler-tp1`), its pid,
     whether it did what was asked, what it holds or took (`took`: the fix runtime's entries,
     each with the definition's `name`), and the refusal's code and message when it did not."""

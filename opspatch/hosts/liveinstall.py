@@ -9,8 +9,8 @@ import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from opspatch.core.codec import Record
 from opspatch.core.host import Host
-from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.wheelrecord import record_sha256s
 from opspatch.hosts.agent.liveinstall import (
     op_file_hashes,
@@ -35,7 +35,7 @@ from opspatch.hosts.results import Operation
 
 
 @dataclass(frozen=True)
-class InstalledLive(JsonRecord):
+class InstalledLive(Record):
     """One `opspatch_live` installation found in site-packages: its dist-info folder and the
     text of its RECORD (None: unreadable)."""
 
@@ -55,7 +55,7 @@ class InstalledLive(JsonRecord):
 
 
 @dataclass(frozen=True)
-class LiveSite(JsonRecord):
+class LiveSite(Record):
     """The engine's environment as `live enable` sees it."""
 
     purelib: str

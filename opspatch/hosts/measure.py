@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opspatch.core.codec import Record, json_field
 from opspatch.core.host import Host
-from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.policy import JudgeSettings
 from opspatch.hosts.agent.measure import op_measure
 from opspatch.hosts.agent.protocol import MeasureReply, MeasureRequest
@@ -22,7 +22,7 @@ def _ms(seconds: float | None) -> float | None:
 
 
 @dataclass(frozen=True)
-class Decoded(JsonRecord):
+class Decoded(Record):
     """One prompt's greedy decode on one server (the agent's `DecodeSample`)."""
 
     prompt: str
@@ -79,7 +79,7 @@ class Decoded(JsonRecord):
 
 
 @dataclass(frozen=True)
-class Measurement(JsonRecord):
+class Measurement(Record):
     """One server's decodes of the judge's prompts, and its accept-length gauge (`/metrics`)."""
 
     samples: tuple[Decoded, ...]

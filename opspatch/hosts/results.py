@@ -7,17 +7,16 @@ from __future__ import annotations
 import base64
 import binascii
 import importlib
-import typing
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, TypeVar
 
 from opspatch.core import codec
+from opspatch.core.codec import NOT_WRITTEN, Record, json_options
 
 # what a host runs lives in core, since the ledger records it too: re-exported here
 from opspatch.core.host import Host
 from opspatch.core.hostfacts import HostFacts as HostFacts
-from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_options, record_from_json
 from opspatch.errors import RemoteOperationError
 from opspatch.hosts.agent.dispatch import op_whoami
 from opspatch.hosts.agent.facts import op_facts, op_inspect, op_resolve
@@ -83,16 +82,14 @@ def run_as(host: Host, operation: str) -> str | None:
 
 def read_reply(cls: type[R], reply: Mapping[str, object], *, host: str, step: str) -> R:
     """The agent's `reply` read as `cls`, every field checked against its type: the reply's own
-    wire type (a TypedDict, through pydantic: `codec.read`), or a record that adds to it.
+    wire type (a TypedDict) or a record that adds to it, through pydantic (`codec.read`).
 
     Raises:
         RemoteOperationError: `agent-bad-reply`, the reply lacks a field or one has the wrong
             type (an agent of another opspatch version, or a broken host); names the field.
     """
     try:
-        if typing.is_typeddict(cls):
-            return codec.read(cls, reply)
-        return record_from_json(cls, reply)  # type: ignore[type-var]
+        return codec.read(cls, reply)
     except ValueError as exc:
         raise RemoteOperationError(
             f"the host agent's reply is not what this opspatch reads: {exc}",
@@ -152,7 +149,7 @@ def from_base64(text: Any) -> bytes:
 
 
 @dataclass(frozen=True)
-class ResolvedModule(JsonRecord):
+class ResolvedModule(Record):
     """The file the engine imports for `module`. `record_sha256` is the hash pip recorded for
     it in the distribution's RECORD (an edit made outside any tool shows up as a difference)."""
 
@@ -167,7 +164,7 @@ class ResolvedModule(JsonRecord):
 
 
 @dataclass(frozen=True)
-class RemoteFile(JsonRecord):
+class RemoteFile(Record):
     """A file as read on the host: its exact bytes and what must be kept when it is replaced.
 
     `path` is what was asked for; `realpath` is the file really read (and later written) when
@@ -197,7 +194,7 @@ def file_owner(file: RemoteFile) -> str:
 
 
 @dataclass(frozen=True)
-class ServerProcess(JsonRecord):
+class ServerProcess(Record):
     """The engine's running process as the host sees it: pid and start time (epoch seconds).
     An inspection without one (`HostInspection.server` None) found no server running."""
 
@@ -213,7 +210,7 @@ class ServerProcess(JsonRecord):
 
 
 @dataclass(frozen=True)
-class HostInspection(JsonRecord):
+class HostInspection(Record):
     """Everything `plan` needs from one host, from one exec (and the running server, when the
     host's engine says where to find it)."""
 
@@ -224,7 +221,7 @@ class HostInspection(JsonRecord):
 
 
 @dataclass(frozen=True)
-class SwapResult(JsonRecord):
+class SwapResult(Record):
     """A completed swap: the hashes before and after, where the pre-image backup is, and which
     cached bytecode files were removed. `changed` is False when the new bytes equal the old."""
 

@@ -33,11 +33,20 @@ def require_open_run(conn: Database, run_id: str) -> EventRow:
 
     Two point lookups on the one-start/one-finish partial unique indexes: every event a fleet
     run writes asks this, and a scan of the run's own events made a 1,000-host run quadratic."""
+    found = open_run(conn, run_id)
+    if isinstance(found, LedgerError):
+        raise found
+    return found
+
+
+def open_run(conn: Database, run_id: str) -> EventRow | LedgerError:
+    """`require_open_run` as a value: the run's start event, or why nothing can be added to
+    it (so a transaction of several runs' events refuses only that run's)."""
     start = start_event(conn, run_id)
     if start is None:
-        raise LedgerError(f"run {run_id} is not in the ledger")
+        return LedgerError(f"run {run_id} is not in the ledger")
     if select_events(conn, f"run_id = ? AND kind = '{EventKind.RUN_FINISHED}'", (run_id,)):
-        raise LedgerError(f"run {run_id} is already finished; nothing can be added to it")
+        return LedgerError(f"run {run_id} is already finished; nothing can be added to it")
     return start
 
 

@@ -8,7 +8,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from opspatch.core.jsonrecord import JsonRecord
+from opspatch.core.codec import Record
 
 
 def operator_identity() -> str:
@@ -24,7 +24,7 @@ def operator_identity() -> str:
 
 
 @dataclass(frozen=True)
-class ControllerProcess(JsonRecord):
+class ControllerProcess(Record):
     """The process that began a run: controller hostname, pid, and a start-time token.
 
     `start_token` is `<boot id>/<start time in clock ticks>` from /proc on Linux (None elsewhere):

@@ -1,5 +1,5 @@
 """What the ledger's queries return: frozen dataclasses, serialised by one mechanism
-(`opspatch.core.jsonrecord`)."""
+(`opspatch.core.codec.Record`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, TypeVar
 
+from opspatch.core.codec import Record, json_field, json_options
 from opspatch.core.filechange import FileChange
-from opspatch.core.jsonrecord import JsonRecord, json_field, json_options
 from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import (
     Command,
@@ -32,7 +32,7 @@ _Word = TypeVar("_Word", bound=Enum)
 
 
 @dataclass(frozen=True)
-class StepRecord(JsonRecord):
+class StepRecord(Record):
     """One step a host went through (lock, inspect, swap, restart, ready, smoke, ...)."""
 
     event_id: int
@@ -44,7 +44,7 @@ class StepRecord(JsonRecord):
 
 
 @dataclass(frozen=True)
-class ContainerRecord(JsonRecord):
+class ContainerRecord(Record):
     """The container a file version was written in: the runtime's id for it and when it was
     created. A container recreated from its image (the fix gone with its writable layer) has
     another id under the same name."""
@@ -57,7 +57,7 @@ class ContainerRecord(JsonRecord):
 
 
 @dataclass(frozen=True)
-class FileVersion(JsonRecord):
+class FileVersion(Record):
     """One change of one file on one host, with the bytes needed to undo it.
 
     `action` is `patch` (the patched text was swapped in) or `restore` (earlier bytes were put
@@ -112,7 +112,7 @@ def file_change(value: Any) -> FileChange | None:
 def _as_stored(value: Any) -> Any:
     """`value` as JSON with every object's keys sorted, as the ledger's canonical body holds it
     and as `ledger show --json` has always printed it."""
-    if isinstance(value, JsonRecord):
+    if isinstance(value, Record):
         value = value.to_json()
     if isinstance(value, dict):
         return {key: _as_stored(value[key]) for key in sorted(value)}
@@ -141,7 +141,7 @@ class Machine:
 
 
 @dataclass(frozen=True)
-class HostRecord(JsonRecord):
+class HostRecord(Record):
     """Everything one run recorded about one host; `last_step` says where it stopped.
 
     `outcome`, `error`, `reason` and `file` come from the host's latest `host-outcome` event (None when the
@@ -164,12 +164,12 @@ class HostRecord(JsonRecord):
     reason codes."""
 
     def __post_init__(self) -> None:
-        # Derived, so that it is serialised in its place among the fields (jsonrecord: init=False).
+        # Derived, so that it is serialised in its place among the fields (codec: init=False).
         object.__setattr__(self, "last_step", self.steps[-1] if self.steps else None)
 
 
 @dataclass(frozen=True)
-class RunSummary(JsonRecord):
+class RunSummary(Record):
     """One run as `ledger list` shows it, with its derived status.
 
     `status` (derived, never stored) is `finished` (it has a finish event; `outcome` is set only
@@ -204,7 +204,7 @@ class RunSummary(JsonRecord):
 
 
 @dataclass(frozen=True)
-class RunDetail(JsonRecord):
+class RunDetail(Record):
     """A run with every host's steps, facts, file versions and outcome (`ledger show`).
 
     Its JSON is the summary's keys followed by `host_records`, and for an `approve` run
@@ -228,7 +228,7 @@ class RunDetail(JsonRecord):
 
 
 @dataclass(frozen=True)
-class Approval(JsonRecord):
+class Approval(Record):
     """One `opspatch approve`: `principal` signed the patch's sha256 with OpenSSH (`signature`,
     armored, namespace `opspatch`); `operator` ran the command, in run `run_id`."""
 
@@ -242,7 +242,7 @@ class Approval(JsonRecord):
 
 
 @dataclass(frozen=True)
-class LeaseHolder(JsonRecord):
+class LeaseHolder(Record):
     """A lease as a refusal or a takeover names it: host, the run, its operator and controller
     machine, and how long its heartbeat has been silent against how long it may be."""
 
@@ -276,7 +276,7 @@ class LeaseGrant:
 
 
 @dataclass(frozen=True)
-class VerifyReport(JsonRecord):
+class VerifyReport(Record):
     """What `verify()` found: ok, how much it checked, and the first broken link if any.
 
     `first_broken` is the id of the first event whose hash, link, or blobs do not check out (for
@@ -296,7 +296,7 @@ class VerifyReport(JsonRecord):
 
 
 @dataclass(frozen=True)
-class MigrateReport(JsonRecord):
+class MigrateReport(Record):
     """What `opspatch ledger migrate` found and left: the schema version before and after, and
     the role granted SELECT and INSERT on the history (PostgreSQL only)."""
 
@@ -308,7 +308,7 @@ class MigrateReport(JsonRecord):
 
 
 @dataclass(frozen=True)
-class CopyReport(JsonRecord):
+class CopyReport(Record):
     """What `opspatch ledger copy` did: events and blobs copied, events the target already held
     (the same ones, by id and hash), and the head hash both ledgers now verify to."""
 
@@ -340,9 +340,12 @@ def require_word(
     vocabulary: type[_Word], value: str, what: str, allowed: frozenset[_Word] | None = None
 ) -> _Word:
     """`value` as a word of `vocabulary` (and of `allowed`); ValueError naming the words if not."""
+    try:
+        found = vocabulary(value)  # every record asks: a lookup, not a scan of the words
+    except (ValueError, TypeError):
+        found = None
+    if found is not None and (allowed is None or found in allowed):
+        return found
     words = list(vocabulary) if allowed is None else [w for w in vocabulary if w in allowed]
-    for word in words:
-        if word.value == value:
-            return word
     known = ", ".join(str(w.value) for w in words)
     raise ValueError(f"{what} must be one of {known}; got {value!r}")

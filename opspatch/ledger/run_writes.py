@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opspatch import __version__
+from opspatch.core.codec import check_present
 from opspatch.core.filechange import FileChange
 from opspatch.core.hostfacts import HostFacts
-from opspatch.core.jsonrecord import check_present
 from opspatch.core.reasons import Reason
 from opspatch.core.source import sha256_hex
 from opspatch.core.vocabulary import (
@@ -34,7 +34,7 @@ from opspatch.ledger.records import (
     require_sha256,
     require_word,
 )
-from opspatch.ledger.transactions import Transactions
+from opspatch.ledger.transactions import RunEvent, Transactions
 
 
 class RunWrites(Transactions):
@@ -126,12 +126,8 @@ class RunWrites(Transactions):
         name = require_word(Step, step, "step")
         word = require_word(StepStatus, status, "status")
         body = {"step": name.value, "status": word.value, "seconds": seconds, "detail": detail}
-
-        def write(conn: Database) -> None:
-            require_open_run(conn, run_id)
-            self._append(conn, run_id=run_id, kind=EventKind.STEP, host=host, body=body)
-
-        self._write(write)
+        canonical_json(body)  # fail before the transaction, which other threads' events share
+        self._append_to_run(RunEvent(run_id, EventKind.STEP, host, body))
 
     def record_facts(self, run_id: str, host: str, facts: HostFacts | Mapping[str, Any]) -> None:
         """Record what was found on `host` (python, sglang, torch versions, GPUs, ...).
@@ -152,12 +148,7 @@ class RunWrites(Transactions):
             check_present(HostFacts, facts, "facts")
             body = {"facts": dict(facts)}
         canonical_json(body)  # fail before the transaction, with the caller's own error
-
-        def write(conn: Database) -> None:
-            require_open_run(conn, run_id)
-            self._append(conn, run_id=run_id, kind=EventKind.FACTS, host=host, body=body)
-
-        self._write(write)
+        self._append_to_run(RunEvent(run_id, EventKind.FACTS, host, body))
 
     def record_file_version(self, run_id: str, host: str, version: NewFileVersion) -> FileVersion:
         """Record a change of a file on `host`, storing the full bytes before it (and after it).
@@ -245,12 +236,7 @@ class RunWrites(Transactions):
         if reason is not None:
             body["reason"] = require_word(Reason, reason, "reason").value
         canonical_json(body)
-
-        def write(conn: Database) -> None:
-            require_open_run(conn, run_id)
-            self._append(conn, run_id=run_id, kind=EventKind.HOST_OUTCOME, host=host, body=body)
-
-        self._write(write)
+        self._append_to_run(RunEvent(run_id, EventKind.HOST_OUTCOME, host, body))
 
     def finish_run(self, run_id: str, outcome: RunOutcome) -> None:
         """Record the end of a run with its overall outcome; nothing can be added to it after.

@@ -17,6 +17,7 @@ from opspatch.core.vocabulary import Command, EventKind
 from opspatch.errors import LedgerError, LedgerUnreachable
 from opspatch.ledger.chain import ROW_COLUMNS, EventRow, canonical_json, next_link
 from opspatch.ledger.database import Database
+from opspatch.ledger.events import open_run
 
 T = TypeVar("T")
 
@@ -73,6 +74,26 @@ class WritePatience:
         )
 
 
+@dataclass(frozen=True)
+class RunEvent:
+    """One event of an open run (a step, facts, a host's outcome), before it is chained."""
+
+    run_id: str
+    kind: EventKind
+    host: str | None
+    body: Mapping[str, Any]
+
+
+@dataclass
+class _Waiting:
+    """A `RunEvent` whose writer waits for the transaction that holds it, and what became of it
+    (`done`; `fault`: why it was not written)."""
+
+    event: RunEvent
+    done: bool = False
+    fault: BaseException | None = None
+
+
 @dataclass
 class Transactions:
     """The open database of a `Ledger` and the ways into it: `_write` (one write transaction,
@@ -84,8 +105,12 @@ class Transactions:
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _warnings: tuple[str, ...] = ()
     _patience: WritePatience = field(default_factory=lambda: WritePatience(0.0), repr=False)
-    _appended: list[str] | None = field(default=None, repr=False)
-    """The hashes the write transaction under way appended (under `_lock`), for `_write`."""
+    _appended: list[EventRow] | None = field(default=None, repr=False)
+    """The events the write transaction under way appended (under `_lock`): the last one is
+    the chain's head, and `_write` looks for it after a try lost at COMMIT."""
+    _waiting: list[_Waiting] = field(default_factory=list, repr=False)
+    """Run events queued for the next transaction (`_append_to_run`), under `_queue_lock`."""
+    _queue_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -105,7 +130,7 @@ class Transactions:
         unknown: tuple[str, T] | None = None  # (last hash, result) of a try lost at COMMIT
         delay = FIRST_RETRY_SECONDS
         while True:
-            appended: list[str] = []
+            appended: list[EventRow] = []
             produced: list[T] = []
             try:
                 with self._lock:
@@ -120,7 +145,7 @@ class Transactions:
                         self._appended = None
             except LedgerUnreachable as exc:
                 if exc.outcome_unknown and appended and produced:
-                    unknown = (appended[-1], produced[-1])
+                    unknown = (appended[-1].hash, produced[-1])
                 left = self._patience.failed() if patient else 0.0
                 if left <= 0:
                     raise self._patience.given_up(exc, unknown is not None) from exc
@@ -173,9 +198,16 @@ class Transactions:
         pre_image: str | None = None,
         post_image: str | None = None,
     ) -> EventRow:
-        """Insert one event chained to the last one; the caller is inside `writing()`."""
+        """Insert one event chained to the last one; the caller is inside `writing()`.
+
+        Within `_write` the head is the event this transaction appended last, if any: no other
+        writer can append while it holds the chain's lock, so it is not read again."""
         try:
-            event_id, prev_hash = next_link(conn)
+            head = self._appended[-1] if self._appended else None
+            if head is None:
+                event_id, prev_hash = next_link(conn)
+            else:
+                event_id, prev_hash = conn.take_event_id(head.id), head.hash
             unsealed = EventRow(
                 id=event_id,
                 run_id=run_id,
@@ -197,5 +229,63 @@ class Transactions:
         except conn.errors as exc:
             raise conn.failure(exc, "write") from exc
         if self._appended is not None:
-            self._appended.append(row.hash)
+            self._appended.append(row)
         return row
+
+    def _append_to_run(self, event: RunEvent) -> None:
+        """Append `event` and return once it is committed (durable, as every append is).
+
+        Events that other threads queue meanwhile go in the same transaction (a group commit):
+        while one transaction commits, a fleet's hosts queue their steps, and the next writer
+        takes them all. One of a run that is unknown or finished is refused alone.
+
+        Raises:
+            LedgerError: the run is unknown or finished, or the ledger cannot be written.
+        """
+        mine = _Waiting(event)
+        with self._queue_lock:
+            self._waiting.append(mine)
+        with self._lock:
+            if not mine.done:  # no writer took it: this thread writes what waits
+                with self._queue_lock:
+                    batch, self._waiting[:] = list(self._waiting), []
+                self._write_waiting(batch)
+        if mine.fault is not None:
+            raise mine.fault.with_traceback(None)
+
+    def _write_waiting(self, batch: list[_Waiting]) -> None:
+        """Write `batch` in one transaction (under `_lock`); each is `done` after, with its
+        fault if it was not written."""
+
+        def write(conn: Database) -> list[LedgerError | None]:
+            runs: dict[str, LedgerError | None] = {}
+            faults: list[LedgerError | None] = []
+            for waiting in batch:
+                event = waiting.event
+                if event.run_id not in runs:
+                    found = open_run(conn, event.run_id)
+                    runs[event.run_id] = found if isinstance(found, LedgerError) else None
+                faults.append(runs[event.run_id])
+                if faults[-1] is None:
+                    self._append(
+                        conn, run_id=event.run_id, kind=event.kind, host=event.host, body=event.body
+                    )
+            return faults
+
+        try:
+            for waiting, fault in zip(batch, self._write(write), strict=True):
+                waiting.fault = fault
+        except LedgerError as exc:  # nothing of the batch was written (or, said, may have been)
+            for waiting in batch:
+                waiting.fault = exc
+            raise
+        except BaseException:
+            for waiting in batch:  # rolled back: the others' writers hear it as the ledger's
+                waiting.fault = LedgerError(
+                    f"the write of this record to the ledger {self.path} was cut off: "
+                    "nothing of it was written"
+                )
+            raise
+        finally:
+            for waiting in batch:
+                waiting.done = True

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
+from opspatch.core.codec import AnyRecord, Record, json_field
+
 # the file of a host's outcome lives in core, since the ledger records it too: re-exported here
 from opspatch.core.filechange import FileChange as FileChange
 from opspatch.core.filechange import SetFile as SetFile
 from opspatch.core.filechange import set_state as set_state
-from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.reasons import Reason
 from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import (
@@ -25,10 +26,12 @@ from opspatch.errors import EXIT_BAD_INPUT, EXIT_HOST_FAILED, EXIT_NEEDS_ATTENTI
 
 if TYPE_CHECKING:
     from opspatch.hosts.engine import SmokeResult
+else:
+    SmokeResult = AnyRecord  # hosts.engine is off `apply --file`'s import path
 
 
 @dataclass(frozen=True)
-class StepResult(JsonRecord):
+class StepResult(Record):
     """One step on one host: its name, status, duration, what it did (or why it failed), and who
     it ran as on the host."""
 
@@ -42,7 +45,7 @@ class StepResult(JsonRecord):
 
 
 @dataclass(frozen=True)
-class HostOutcome(JsonRecord):
+class HostOutcome(Record):
     """One host's result: what happened, why, the file's hashes, and every step with timing.
 
     `error` says why a host did not reach the goal, `reason` the same as a code; `note` says
@@ -87,7 +90,7 @@ _RUN_OUTCOME_BY_EXIT = {
 
 
 @dataclass(frozen=True)
-class RunReport(JsonRecord):
+class RunReport(Record):
     """A whole run: every host's outcome, whether the fleet policy halted, and the run's exit."""
 
     run_id: str | None
@@ -101,7 +104,7 @@ class RunReport(JsonRecord):
     hosts: tuple[HostOutcome, ...]
 
     def __post_init__(self) -> None:
-        # Derived, so that it is written in its place among the keys (jsonrecord: init=False).
+        # Derived, so that it is written in its place among the keys (codec: init=False).
         object.__setattr__(self, "outcome", _RUN_OUTCOME_BY_EXIT[self.exit_code])
 
     @property

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opspatch.core.jsonrecord import JsonRecord
+from opspatch.core.codec import Record
 from opspatch.errors import InputError
 from opspatch.hosts.agent.processes import stop_process_tree
 from opspatch.sandbox import containers as sandbox_containers
@@ -20,7 +20,7 @@ from opspatch.sandbox.sshd import SshdServer, stop_sshd
 
 
 @dataclass(frozen=True)
-class HostDown(JsonRecord):
+class HostDown(Record):
     """What `down` did to one host: the engine pids it stopped and whether it stopped an sshd."""
 
     host: str

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from opspatch.config.inventory import Inventory, parse_inventory
-from opspatch.core.jsonrecord import JsonRecord
+from opspatch.core.codec import Record
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command
 from opspatch.errors import InputError
@@ -43,7 +43,7 @@ PURGE = remedy_text(Command.SANDBOX_DOWN, purge=True)
 
 
 @dataclass(frozen=True)
-class SshEndpoint(JsonRecord):
+class SshEndpoint(Record):
     """A sandbox host's private sshd: where it listens, its pid and its pinned host key."""
 
     address: str
@@ -53,7 +53,7 @@ class SshEndpoint(JsonRecord):
 
 
 @dataclass(frozen=True)
-class HostRecord(JsonRecord):
+class HostRecord(Record):
     """What the manifest remembers about one host: its name, engine port and sshd."""
 
     name: str
@@ -112,7 +112,7 @@ class UnitRecord:
 
 
 @dataclass(frozen=True)
-class RealEngineRecord(JsonRecord):
+class RealEngineRecord(Record):
     """Where a real-engine sandbox's shared parts are (`opspatch.sandbox.real`): the shared
     environment, the release's wheel, the two models. Recorded by the `up` that built them, so
     the inventories (rendered from the manifest alone) can name them."""

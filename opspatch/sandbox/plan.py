@@ -47,8 +47,8 @@ def planned_manifest(current: Manifest | None, asked: UpRequest) -> tuple[Manife
 
     Raises:
         InputError: a count outside 1..MAX_HOSTS, fewer hosts than the sandbox has, another
-            engine, install shape, unit shape or TP than the sandbox was built with, units with
-            containers, or what the chosen engine cannot do (named, with why).
+            engine, install shape, unit shape or TP than the sandbox was built with, units or
+            `--live` with containers, or what the chosen engine cannot do (named, with why).
     """
     unit_records = planned_units(current, asked.units, asked.count)
     count = sum(len(u.hosts) for u in unit_records) if unit_records else asked.count
@@ -74,6 +74,14 @@ def planned_manifest(current: Manifest | None, asked: UpRequest) -> tuple[Manife
             record if record.ssh else replace(record, ssh=SshEndpoint(address=ssh_address(index)))
             for index, record in enumerate(records)
         ]
+    live = current.live if asked.live is None and current else bool(asked.live)
+    if live and in_containers:
+        raise InputError(
+            "--live does not go with --containers yet: the live plugin is installed into each "
+            "host's environment before its engine starts, and a container's engine runs the "
+            "image's environment, which holds no plugin (every live fix would be refused)",
+            hint="drop --live (fixes then go out by restart), or drop --containers",
+        )
     if unit_records and in_containers:
         raise InputError(
             "--units does not go with --containers yet (each node would need its own container)",
@@ -90,7 +98,7 @@ def planned_manifest(current: Manifest | None, asked: UpRequest) -> tuple[Manife
         engine,
         current.real if current else None,
         _tp(current, asked.tp, unit_records),
-        current.live if asked.live is None and current else bool(asked.live),
+        live,
     )
     return manifest, added
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from opspatch.core.jsonrecord import JsonRecord, json_field
+from opspatch.core.codec import Record, json_field
 from opspatch.core.vocabulary import RunOutcome, Step, StepStatus, Verdict, Word
 from opspatch.errors import EXIT_BAD_INPUT, EXIT_HOST_FAILED, EXIT_NEEDS_ATTENTION, EXIT_OK
 from opspatch.runs.report import HostOutcome, StepResult
@@ -36,7 +36,7 @@ class StageStatus(Word):
 
 
 @dataclass(frozen=True)
-class StageResult(JsonRecord):
+class StageResult(Record):
     stage: Stage
     status: StageStatus
     detail: str = ""
@@ -130,7 +130,7 @@ _OUTCOME_BY_EXIT = {
 
 
 @dataclass(frozen=True)
-class Teardown(JsonRecord):
+class Teardown(Record):
     """What was stopped and removed at the end, whatever the rehearsal's outcome."""
 
     stopped: tuple[int, ...] = ()
@@ -141,7 +141,7 @@ class Teardown(JsonRecord):
 
 
 @dataclass(frozen=True)
-class RehearsalReport(JsonRecord):
+class RehearsalReport(Record):
     """A rehearsal of `patch` on real `release`: every stage, the exit code (as `apply`'s: 0 the
     patch passed every stage; 1 a stage failed and the release's file is back; 2 nothing could
     be rehearsed; 3 the host needs attention), the apply's host outcome where it ran, and the
@@ -158,7 +158,7 @@ class RehearsalReport(JsonRecord):
     teardown: Teardown = Teardown()
 
     def __post_init__(self) -> None:
-        # derived, so written in their place among the keys (jsonrecord: init=False)
+        # derived, so written in their place among the keys (codec: init=False)
         object.__setattr__(self, "outcome", _OUTCOME_BY_EXIT[self.exit_code])
         failed = next((s for s in self.stages if s.status == StageStatus.FAILED), None)
         object.__setattr__(self, "failed_stage", None if failed is None else failed.stage)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from opspatch.core.jsonrecord import JsonRecord
+from opspatch.core.codec import Record
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command
 from opspatch.errors import HostError, InputError
@@ -28,7 +28,7 @@ UP = remedy_text(Command.SANDBOX_UP)
 
 
 @dataclass(frozen=True)
-class ReinstallReport(JsonRecord):
+class ReinstallReport(Record):
     """What `sandbox reinstall` did to one host: the release before and after, and whether
     its engine was restarted onto it (`pid`: the engine's process afterwards, None if none)."""
 

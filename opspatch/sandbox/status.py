@@ -12,9 +12,9 @@ from typing import Any
 
 from opspatch.config.lookup import Workspace
 from opspatch.config.patches import load_patch
+from opspatch.core.codec import Record
 from opspatch.core.edit import detect
 from opspatch.core.host import Host
-from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.policy import StepTimeouts
 from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch, PatchSpec
@@ -43,7 +43,7 @@ UP = remedy_text(Command.SANDBOX_UP)
 
 
 @dataclass(frozen=True)
-class PatchState(JsonRecord):
+class PatchState(Record):
     """Whether a host's copy of a patch's target file carries the patch (`detect`)."""
 
     patch: str

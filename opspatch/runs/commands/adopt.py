@@ -55,10 +55,7 @@ class Pristine:
 @dataclass(frozen=True)
 class AdoptReport:
     """What `adopt` wrote and recorded: the patch file, the run, and each host's outcome
-    (`applied`: the edit is now that patch and the running server started after it; `staged`:
-    the same, but the running server started before the edit, as `status` says, or no server
-    runs; `skipped`: the file is pristine there, or is what an opspatch run wrote). Adopt runs
-    no smoke decode: neither word is a proof (`runs.judgments.proof`)."""
+    (`applied`, `staged` or `skipped`; never a proof: adopt runs no smoke decode)."""
 
     patch_id: str
     patch_path: str
@@ -379,15 +376,9 @@ def _record(
     down: set[str],
     factory: TransportFactory,
 ) -> RunReport:
-    """The adoption as a recorded run through the fleet run (one host at a time, in selection
-    order; it changes no host, so it takes no lock and no lease, and sends nothing): per edited
-    host a file version pristine -> live.
-
-    Adopt runs no smoke decode, so it never says a host serves the patch it did not see serve:
-    a host whose server is not running, or started before the edit, is `staged` (`opspatch
-    restart` starts it into the patch and proves it); `applied` only where the running server
-    started after the edit. Neither is a proof (`runs.judgments.proof`: only a smoke decode
-    proves)."""
+    """The adoption as a recorded run (no lock, no lease, nothing sent): per edited host a file
+    version pristine -> live; `applied` only where the running server started after the edit,
+    else `staged` (adopt saw nothing serve)."""
     recorded_hosts = [h for h in hosts if h.name in edited]
 
     def one(session: HostSession) -> HostOutcome:

@@ -52,10 +52,9 @@ if TYPE_CHECKING:  # the live strategy is imported by `--live` only (`_live_appl
 
 @dataclass(frozen=True)
 class LocalFiles:
-    """An apply to files of the controller's own disk (`--file`, `--root`; the one host is the
-    controller, `runs.commands.local_files`): the file of each of the patch's targets, in order, their
-    distribution's version where known, and the plans made on them before asking (applied as
-    shown, not planned again). There is no server: a swapped host is `applied`."""
+    """An apply to files on the controller's own disk (`--file`, `--root`): each target's file,
+    their distribution's version where known, and the plans already shown (not made again).
+    There is no server: a swapped host is `applied`."""
 
     paths: tuple[str, ...]
     version: str | None
@@ -145,10 +144,8 @@ def apply_to_hosts(
 ) -> RunReport:
     """Apply `patch` across `hosts` under `playbook` (a dry run locks and records nothing).
 
-    `command` is the run's name in the ledger: `sync` applies through this same run. `local`:
-    the one host is the controller and these are its files (nothing is restarted). `live`: take
-    the change into the running engines instead of restarting them (`apply --live`; the live
-    form of each file from this function), where its live form allows.
+    `command`: the run's name in the ledger (`sync` applies through this run). `local`: the
+    controller's own files. `live`: taken into the running engines instead of a restart.
 
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
@@ -215,10 +212,8 @@ def units_refused(
     *,
     planned: bool = False,
 ) -> UnitRefused | None:
-    """Why an apply of `patch` (as a command names it: `LoadedPatch.reference`) over `hosts` is
-    refused for the units among them, or None: it takes some but not all nodes of a unit (a
-    whole unit is changed and restarted as one: `runs/fleet/group.py`). `planned`: a `plan`
-    of it, refused as its apply would be (its diff would show a change no apply makes)."""
+    """Why an apply of `patch` (its `reference`) over `hosts` is refused for their units (some
+    but not all nodes of one taken), or None; `planned`: a `plan`, refused as its apply."""
     return unit_refusal(
         hosts,
         command=f"an apply of {patch}" if planned else command,
@@ -387,7 +382,7 @@ class _FleetApply:
         for host in self.hosts:
             item = prepared[host.name]
             if isinstance(item, Prepared) and item.misfit is not None:
-                problem = f"not applicable: {self._misfit(item.misfit)}"
+                problem = f"not applicable: {misfit_reason(self.patch, item.misfit)}"
                 skipped = self.sessions[host.name].outcome(
                     Outcome.SKIPPED, problem, reason=Reason.NOT_APPLICABLE
                 )
@@ -449,7 +444,7 @@ class _FleetApply:
                 outcomes.append(
                     session.outcome(
                         Outcome.NOT_APPLICABLE,
-                        self._misfit(misfit),
+                        misfit_reason(self.patch, misfit),
                         file=item.change(),
                         reason=Reason.NOT_APPLICABLE,
                     )
@@ -466,9 +461,6 @@ class _FleetApply:
         return RunReport(
             None, self.command, self.patch.spec.id, hosts=tuple(outcomes), dry_run=True
         )
-
-    def _misfit(self, item: PreparedFile) -> str:
-        return misfit_reason(self.patch, item)
 
     # -- the rollout ---------------------------------------------------------------------------
 
@@ -495,9 +487,7 @@ class _FleetApply:
         self, prepared: Mapping[str, Prepared | Refusal], canaries: Sequence[str]
     ) -> JudgePlan:
         """The judge of this rollout: the hosts it proves and, for a canary, the hosts of the
-        same release and build (the engine's version and the first file's pre-image) it may
-        take its baseline from. A unit is judged by its head, the canary unit's or (`hosts =
-        "all"`) every unit's (`judging.judge_through_head`)."""
+        same build it may take its baseline from (a unit judged by its head)."""
         assert self.playbook.judge is not None
         changing = {n: p for n, p in prepared.items() if isinstance(p, Prepared) and p.pending}
         return JudgePlan(
@@ -518,13 +508,9 @@ class _FleetApply:
         outcomes: dict[str, HostOutcome],
         halted: str,
     ) -> str:
-        """`on_halt = "rollback-run"`: restore every host this run applied, as a second run of
-        the fleet engine over the same sessions (`FleetRun.follow_up`): in the playbook's
-        batches, each host's lease checked first, the operator's Ctrl-C stopping it from
-        starting more. A host it does not start (another live run leases it now, a Ctrl-C, the
-        leases lost) keeps its outcome, its note saying it was not rolled back and why. Nothing
-        else halts it: every host it reaches goes back to what served before. Returns the run's
-        halt reason, with why the rollback stopped when it did."""
+        """`on_halt = "rollback-run"`: restore every host this run applied, in a follow-up run
+        over the same sessions (`FleetRun.follow_up`); a host it does not start keeps its
+        outcome, its note saying why. Returns the halt reason, with why the rollback stopped."""
         names = [
             name
             for name in self.fleet.names

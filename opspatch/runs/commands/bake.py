@@ -175,12 +175,8 @@ class _Bake:
             return session.refused(exc)
 
     def refuse_misfits(self, prepared: Prepared, fleet: FleetRun) -> None:
-        """A patch that does not fit the image's files, or that they carry already: nothing
-        to build (the run is recorded as refused by `recorded_run`).
-
-        Raises:
-            InputError: as said.
-        """
+        """Raises InputError when the patch does not fit the image's files, or they carry it
+        already: nothing to build (`recorded_run` records the run refused)."""
         misfit = prepared.misfit
         if misfit is not None:
             fleet.release_all()

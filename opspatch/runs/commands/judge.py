@@ -7,8 +7,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from opspatch.core.codec import Record, json_field
 from opspatch.core.host import Host
-from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.policy import JudgeSettings, Playbook
 from opspatch.core.remedy import remedy_text
 from opspatch.core.verdicts import Judgment
@@ -26,7 +26,7 @@ from opspatch.runs.judgments.units import serving_heads
 
 
 @dataclass(frozen=True)
-class HostJudgment(JsonRecord):
+class HostJudgment(Record):
     """One target's verdict, or why it could not be measured."""
 
     host: str
@@ -41,7 +41,7 @@ class HostJudgment(JsonRecord):
 
 
 @dataclass(frozen=True)
-class JudgeReport(JsonRecord):
+class JudgeReport(Record):
     """Every target's verdict against `baseline` (a host name; None: no baseline host given),
     and why the baseline asked for could not be measured (`baseline_error`)."""
 

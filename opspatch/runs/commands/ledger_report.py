@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from opspatch.core.jsonrecord import JsonRecord, json_field
+from opspatch.core.codec import Record, json_field
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome
 from opspatch.errors import LedgerError
@@ -20,7 +20,7 @@ MAX_DIFF_LINES = 300
 
 
 @dataclass(frozen=True)
-class Change(JsonRecord):
+class Change(Record):
     """One file version of a run, with the diff between its stored images (when both are)."""
 
     version: FileVersion = json_field(inline=True)
@@ -28,7 +28,7 @@ class Change(JsonRecord):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReportRun(JsonRecord):
+class ReportRun(Record):
     """One run of the timeline: its record, its changes and what it rolled back, and why."""
 
     detail: RunDetail = json_field(inline=True)
@@ -38,7 +38,7 @@ class ReportRun(JsonRecord):
 
 
 @dataclass(frozen=True, kw_only=True)
-class LedgerReport(JsonRecord):
+class LedgerReport(Record):
     """The timeline of a window of the ledger."""
 
     window: str

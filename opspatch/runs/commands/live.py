@@ -139,11 +139,8 @@ class _FileChange:
 def _change(
     session: HostSession, root: str, change: _FileChange, *, done_before: int = 0
 ) -> bool | HostOutcome:
-    """Make `change` as a recorded step: whether a file changed (True when not known: read
-    back), or the host's outcome: a refusal before anything changed (`skipped`, `failed`), or,
-    when its effect is unknown (no reply, a failure part-way), what the files read back say:
-    made after all (True), not at all (`failed`, unless `done_before` other changes were made
-    on the host), part-way or not readable (`needs-attention`)."""
+    """Make `change` as a recorded step: whether a file changed, or the host's outcome (a
+    refusal; or, when its effect is unknown, what the files read back say)."""
     try:
         with session.step(change.step) as note:
             note["detail"], changed = change.send()
@@ -343,10 +340,8 @@ def _manifest(found: InstalledLive) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class StagedPlugin:
-    """An `opspatch_live` installation opspatch wrote (`live enable`, recorded in the ledger)
-    on a host whose running engine started before it, so does not load it: a staged change that
-    `restart` restarts into, proves (the smoke, then every process answering on its live
-    socket), and undoes by removing it when the proof fails."""
+    """An `opspatch_live` installation `live enable` wrote that the running engine (older)
+    does not load: a staged change `restart` restarts into, proves, or removes."""
 
     site: LiveSite
     found: InstalledLive
@@ -401,11 +396,8 @@ class StagedPlugin:
 
 @dataclass(frozen=True)
 class StagedDisable:
-    """`live disable` done on disk while the running engine keeps the plugin loaded (its
-    processes still answer on their live sockets, any live fix still in memory): a staged change
-    that `restart` finishes by restarting the engine out of the plugin, proven by the smoke
-    decode (`restored`, or `restored-not-serving` when it fails: nothing is put back, the
-    plugin's files are gone)."""
+    """`live disable` done on disk while the running engine keeps the plugin loaded: a staged
+    change `restart` finishes by restarting out of it (nothing to put back if the smoke fails)."""
 
     disabled: FileChange
     """The RECORD's removal, as `live disable` recorded it (after: None)."""
@@ -421,12 +413,8 @@ class StagedDisable:
 def staged_plugin(
     session: HostSession, ledger: Ledger, *, locked: bool
 ) -> StagedPlugin | StagedDisable | None:
-    """The plugin change staged on a host with `live = true`, read with the lock (taken here
-    unless `locked`): an enable the running engine does not load yet (`StagedPlugin`), or a
-    disable it still holds loaded (`StagedDisable`). None when there is none: live fixes off
-    there, no `opspatch_live` installed (and no disable of opspatch's still held), one opspatch
-    did not record writing, `SGLANG_PLUGINS` filtering it out (a restart would not load it), no
-    server running, or a server started after it (it loads it already).
+    """The plugin change staged on a `live = true` host, read under the lock (taken here unless
+    `locked`): `StagedPlugin`, `StagedDisable`, or None (nothing a restart would change).
 
     Raises:
         OpspatchError: the host could not be read or locked.

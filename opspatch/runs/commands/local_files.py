@@ -71,11 +71,9 @@ def distribution_version_for(file: Path, target: Target) -> str | None:
 
 
 def local_file_host(python: str, state_dir: Path, key: Path) -> Host:
-    """The controller itself as a host, for the `--file` and `--root` commands: local transport,
-    the given interpreter validates the new text. Its name, `local:<hostname>`, is what the
-    ledger and every outcome call it; its lock and backups (and so its lease, which names the
-    folder) are `key`'s, the file or the tree, in `<state>/local/<name>-<hash>`: two runs on
-    different files of one machine do not hold each other off, two on one file do."""
+    """The controller itself as a host `local:<hostname>` for `--file` and `--root`; its lock,
+    backups and lease are `key`'s (the file or tree), so two runs on different files of one
+    machine do not hold each other off, two on one file do."""
     key = key.resolve()
     folder = f"{key.name or 'root'}-{sha256_hex(str(key).encode())[:16]}"
     return Host.local(
@@ -181,10 +179,8 @@ def tree_files(loaded: LoadedPatch, root: Path) -> tuple[Path, ...]:
 
 
 def plan_local_tree(loaded: LoadedPatch, root: Path, target_version: str | None) -> LocalPlan:
-    """Find each target's module under `root`, check it, and plan the target on its bytes.
-
-    The version is `target_version`, else the first dist-info beside the files that names a
-    target's distribution; every target's range is checked against it.
+    """Find each target's module under `root`, check it against `target_version` (else the
+    first dist-info beside the files naming its distribution), and plan it on its bytes.
 
     Raises:
         InputError: no such folder, or a module is not in it.
@@ -306,9 +302,8 @@ def rollback_local_tree(
     ledger: Ledger,
     state_dir: Path,
 ) -> LocalRollback:
-    """The rollback of the pre-images opspatch recorded for the files under `root` by `patch`
-    (its targets' modules) or by the run `source_run` (the files it changed under `root`): a set
-    whole or not at all, as on a host. Checked before anything is asked or changed.
+    """The rollback of the pre-images recorded for the files under `root` by `patch` or by the
+    run `source_run` (a set whole or not at all), checked before anything is asked or changed.
 
     Raises:
         InputError: no such folder, a module is not in it, or the ledger has no change by this

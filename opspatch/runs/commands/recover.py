@@ -78,10 +78,8 @@ class _Scope:
 
 
 def require_recoverable(ledger: Ledger, detail: RunDetail) -> None:
-    """Whether `recover --run` may take `detail`'s run over: interrupted (its controller process
-    is gone: this machine began it and sees it dead), or begun on another controller whose
-    leases all expired (the heartbeat is what another machine can judge). A live lease of a
-    controller that may be alive is never broken.
+    """Whether `recover --run` may take `detail`'s run over: its controller is seen dead here,
+    or, begun elsewhere, its leases all expired. A live lease is never broken.
 
     Raises:
         LeaseHeld: the run still heart-beats; names its operator and controller.
@@ -157,9 +155,8 @@ do not settle what an earlier run left there."""
 
 
 def hosts_left_needing_attention(ledger: Ledger, *, runs: int = 50) -> dict[str, str]:
-    """The hosts the newest `runs` runs left `needs-attention` (a connection lost mid-swap, its
-    lock still held) that no later run settled, each with the inventory that run took it from
-    (empty when unknown): what a bare `recover` reaches when no run is interrupted.
+    """The hosts the newest `runs` runs left `needs-attention` that no later run settled, each
+    with its inventory (empty when unknown): what a bare `recover` reaches.
 
     Raises:
         LedgerError: the ledger cannot be read.
@@ -241,10 +238,8 @@ def _recover(
 
 
 def _never_reached(scope: _Scope, parent_run: str, session: HostSession, why: str) -> HostOutcome:
-    """A host of the recovered runs that a halt kept this recover from starting: nothing of
-    theirs was reconciled there, and the lock they took there was neither taken over nor
-    given back (the next command would be refused by it without a word why). `not-started`
-    keeps those runs interrupted in the ledger (`ledger.events.recovered_by`)."""
+    """A host a halt kept this recover from starting: its lock was neither taken over nor given
+    back. `not-started` keeps those runs interrupted in the ledger (`events.recovered_by`)."""
     unlock = remedy_text(Command.UNLOCK, hosts=session.name)
     again = remedy_text(Command.RECOVER, run=parent_run)
     return session.outcome(
@@ -306,9 +301,8 @@ class _RecoverHost:
         )
 
     def _locked(self, session: HostSession) -> str:
-        """This recover's lock on a host it has no file to read on (nothing recorded, no patch
-        to look for), a recovered run's lock taken over: that run's lock is never left behind.
-        Returns what the step says.
+        """Lock a host with no file to read, taking a recovered run's lock over so none is left
+        behind. Returns what the step says.
 
         Raises:
             LockHeld: the lock is held by a run this recover may not take it from.
@@ -326,18 +320,12 @@ class _RecoverHost:
         return note["detail"]
 
     def group(self, nodes: Nodes) -> list[HostOutcome]:
-        """A group recovered as one (never a node restarted alone): its nodes made uniform.
-        Every node read; a node changed by someone else: every node `needs-attention`, nothing
-        written. Every node new: proven as one (the group restarted, the smoke through the
-        head), or finished live where an `apply --live` wrote it; left alone when already
-        proven and serving; undone on every node when the proof fails. Every node old (or
-        nothing recorded): left alone when it serves, else restarted; restarted and proven
-        when a server started before its file was last written. Nodes or files that
-        differ (a run stopped between two swaps): every new file put back, the group restarted
-        and proven: `restored`, uniform at the pre-images."""
+        """A group recovered as one, its nodes made uniform: all new, proven (or finished live);
+        all old, made sure to serve; differing, every new file put back (`restored`). A node
+        changed by someone else: every node `needs-attention`, nothing written."""
         try:
             takeover = _takeover(self.ledger, self.scope)
-            standings = read(nodes, self.change, ledger=self.ledger, takeover=takeover)
+            standings = read(nodes, self.change, ledger=self.ledger, prove=True, takeover=takeover)
         except Unread as unread:  # as any host's failure: `fleetrun.guarded` says it
             raise unread.error from None
         if all(st.inspection is None for st in standings.values()):
@@ -394,10 +382,8 @@ class _RecoverHost:
         return undo(nodes, why, restore=restore, changes=changes, outcome=Outcome.RESTORED)
 
     def _serving(self, nodes: Nodes, standings: Mapping[str, HostStanding]) -> list[HostOutcome]:
-        """Nothing to change on disk (every file old, nothing recorded, or proven with no older
-        server running it): make sure the group serves (it may have gone since: a crash, a
-        reboot) and otherwise leave it alone. Restarting a group already reconciled would
-        prove nothing new and drop its requests."""
+        """Nothing to change on disk: make sure the group serves, else leave it alone (a restart
+        would prove nothing new and drop its requests)."""
         if nodes.alone:
             session = nodes.head
             return [self._ensure_running(session, standings[session.name])]
@@ -424,10 +410,8 @@ class _RecoverHost:
         return _at_rest(nodes, f"every node of unit {nodes.name} is at the pre-image", changes)
 
     def _not_read(self, nodes: Nodes) -> list[HostOutcome]:
-        """Nothing recorded and no patch to look for: no file to read, nothing to put back.
-        Every node's lock is taken (a recovered run's taken over, so none of it is left) and
-        the group's server made sure of, as for a group whose files were read and found
-        untouched: left alone when it serves, else restarted."""
+        """Nothing recorded and no patch to look for: every node locked (`_locked`) and the
+        server made sure of, as for untouched files."""
         locked = {s.name: self._locked(s) for s in nodes.sessions}
         if nodes.alone:
             session = nodes.head
@@ -463,10 +447,8 @@ class _RecoverHost:
         return outcomes
 
     def _live_takes(self, nodes: Nodes, standings: Mapping[str, HostStanding]) -> bool | None:
-        """For a change an `apply --live` wrote (each node's `live` check before its swap) and
-        whose server still runs from before it (`new-stale`: the process it was taken into):
-        whether that run took every file live on every node (each `live` take after its swaps
-        `ok`); None for any other change, which a restart proves."""
+        """For an `apply --live` change whose server still runs from before it (`new-stale`):
+        whether every file was taken live on every node; None for any other change."""
         taken = True
         for session in nodes.sessions:
             standing = standings[session.name]
@@ -492,11 +474,8 @@ class _RecoverHost:
         self, nodes: Nodes, standings: Mapping[str, HostStanding], *, taken: bool
     ) -> list[HostOutcome]:
         """Finish an interrupted `apply --live` as the live path would, never by a restart the
-        operator did not ask for: every process of every node holding the fix (taken from the
-        new bytes, as its `list` says) is proven by the smoke decode through the head,
-        `applied`; a failed smoke, a take that did not finish or a process not heard from: the
-        fix reverted in every process and the files put back (restarted only when a revert did
-        not answer), `rolled-back` after a failed proof, else `restored`."""
+        operator did not ask for: proven by the smoke when every process holds the fix, else
+        reverted everywhere and the files put back."""
         head = standings[nodes.head.name]
         run_id, patch_id = head.version.run_id, head.version.patch_id or ""
         fixes: set[str] = set()
@@ -600,10 +579,7 @@ class _RecoverHost:
         )
 
     def _ensure_running(self, session: HostSession, standing: HostStanding) -> HostOutcome:
-        """Nothing to change on disk (all old, nothing recorded, or proven and no older server
-        runs it): make sure a server answers (it may have gone since: a crash, a reboot) and
-        otherwise leave it alone. Restarting an already reconciled host again would prove
-        nothing new and drop its requests."""
+        """`_serving` for a host by itself: a server started if none answers, else left alone."""
         how = ensure_running(session)
         if standing.standing == Standing.NOTHING_RECORDED:
             note = f"{self.scope.what} recorded no change here; server {how}"

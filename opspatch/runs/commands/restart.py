@@ -118,19 +118,13 @@ def _change(versions: Sequence[FileVersion]) -> Change:
 
 
 def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
-    """A group restarted as one or not at all (never a node alone): every node read (locked),
-    then one decision. A node that could not be read or that restart refuses: no node touched,
-    each other node `skipped` naming it. Every node's files new: the group restarted and proven
-    as one when some node is staged (its server older than the write), undone on every node
-    when the proof fails. Every node's files old, some server older than its file's last write
-    (put back by `rollback --restart never`): restarted as one and proven, `restored`. Left
-    alone otherwise, unless a live plugin change (`live enable`, `live disable`) is staged
-    there (`_restart_plugin`). Nodes that differ (new on some, old on others): every node
-    `needs-attention`, naming them; restarting would run two versions of the code in one
-    server."""
+    """A group restarted as one or not at all: every node read under its lock, then one
+    decision: staged new files proven (undone on failure), stale old ones restarted
+    (`restored`), a staged plugin change (`_restart_plugin`); nodes that differ need attention
+    (a restart would run two versions of the code in one server)."""
     versions = {s.name: _staged_versions(ledger, s.name) for s in nodes.sessions}
     try:
-        standings = read(nodes, lambda session: _change(versions[session.name]))
+        standings = read(nodes, lambda session: _change(versions[session.name]), ledger=ledger)
     except Unread as unread:  # unreachable, locked: nothing was done there
         refused = unread.session.refused(unread.error)
         return refuse(nodes, {unread.session.name: refused}, "could not be read")
@@ -172,9 +166,7 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
 def _plugin(
     session: HostSession, ledger: Ledger, staged: _Staged
 ) -> StagedPlugin | StagedDisable | None:
-    """The live plugin's change staged on a host where no file change is (`live enable` loads
-    it at the next restart, `live disable` leaves it loaded until then: staged changes too);
-    read only where the file's standing leaves the host.
+    """The live plugin's change staged on a host whose files stage nothing.
 
     Raises:
         OpspatchError: the host could not be read or locked.
@@ -193,11 +185,8 @@ def _restarted_into(nodes: Nodes, what: str, proven: str) -> str:
 def _restart_plugin(
     nodes: Nodes, ledger: Ledger, staged: Mapping[str, _Staged]
 ) -> list[HostOutcome]:
-    """A group whose files stage nothing: restarted as one into the live plugin when it is
-    staged on every node (`live enable`), proven through the head and on every node's sockets,
-    the plugin removed everywhere when the proof fails; restarted out of it when its removal is
-    staged on every node (`live disable`: `_restart_out`); left alone otherwise (a plugin
-    change staged on some nodes only: each such node says so)."""
+    """A group whose files stage nothing: restarted into the live plugin staged on every node
+    (removed if the proof fails), or out of it (`_restart_out`); else left alone."""
     plugins: dict[str, StagedPlugin | StagedDisable | None] = {}
     for session in nodes.sessions:
         try:
@@ -239,10 +228,8 @@ def _restart_plugin(
 
 
 def _restart_out(nodes: Nodes, disabled: Mapping[str, StagedDisable]) -> list[HostOutcome]:
-    """A group whose every node holds the plugin loaded after `live disable` removed it:
-    restarted as one out of it and proven by the smoke (`restored`; `restored-not-serving` when
-    the smoke fails, nothing put back: the plugin's files are gone and its live fixes were
-    never in the files)."""
+    """A group still running the plugin `live disable` removed: restarted out of it, proven by
+    the smoke (`restored`, or `restored-not-serving`: nothing to put back)."""
     what = disabled[nodes.head.name].what()
     return undo(
         nodes,

@@ -50,15 +50,12 @@ def rollback_hosts(
 ) -> RunReport:
     """Restore the pre-images of `patch` (or of the run `source_run`) on `hosts`, recorded.
 
-    `restart_engine=False` restores the files only: a restored host is then `unrestarted`
-    (`staged-back` on a fleet, whose servers still run the code they loaded; `restored` for
-    local files, which have no server). `only_paths`: the files to consider (local files: the
-    one file, or a tree's files), all of the host's otherwise.
+    `restart_engine=False` restores the files only, each host then `unrestarted`;
+    `only_paths`: the files to consider (local files), all of the host's otherwise.
 
     Raises (before any host is touched):
         LedgerIntegrityError: the ledger's chain is broken.
-        UnitRefused: the hosts take some but not all nodes of a unit (a whole unit is rolled
-            back as one: `_Rollback.group`).
+        UnitRefused: the hosts take some but not all nodes of a unit.
     """
     if (patch is None) == (source_run is None):
         raise ValueError("rollback_hosts takes exactly one of patch or source_run")
@@ -190,14 +187,9 @@ class _Rollback:
             return Examined(None, decided=session.refused(exc))
 
     def group(self, nodes: Nodes) -> list[HostOutcome]:
-        """A group rolled back as one: every node locked and read again (it may have changed
-        since the preflight); a node refused there or unreadable: nothing restored on any
-        node. Then every node's files put back, the group restarted once and proven through
-        the head: `restored` on every node (`restored-not-serving` when the head's decode
-        fails; a node that had nothing to restore is restarted with the rest). A node already
-        at its pre-image whose server started before it was put back (an earlier `--restart
-        never`) has only the restart left: it is restarted and proven the same way. Told not to
-        restart, each node's files are put back (`staged-back`), the engines left alone."""
+        """A group rolled back as one: every node read again under its lock (a node refused or
+        unreadable: nothing restored anywhere), then put back and proven (`_put_back`). Told
+        not to restart, each node is put back by itself."""
         examined: dict[str, Examined] = {}
         for session in nodes.sessions:
             try:
@@ -227,12 +219,8 @@ class _Rollback:
     def _put_back(
         self, nodes: Nodes, examined: Mapping[str, Examined], decided: Mapping[str, HostOutcome]
     ) -> list[HostOutcome]:
-        """Restore, then restart, wait (the restore path's own deadline), smoke-decode: the one
-        proof after a restore (`group.undo`), with a rollback's steps. A node is `restored`
-        once its files are back and its group's server ready and decoding; a failed smoke makes
-        it `restored-not-serving` (exit 1): the original code may be exactly what was broken,
-        and a server the decode crashed is down. Told not to restart, a node is `unrestarted`
-        once its files are back."""
+        """Restore, restart and smoke through `group.undo` with a rollback's steps: `restored`,
+        `restored-not-serving` when the decode fails, or `unrestarted` told not to restart."""
         head = nodes.head
         if nodes.alone:
             seen = examined[head.name]
@@ -314,7 +302,7 @@ class _Rollback:
             lineage=self._lineage(session.name, by_path or None, versions),
             paths=list(by_path) if by_path else None,
         )
-        standing = read_host(session, change, lock=lock)
+        standing = read_host(session, change, ledger=self.ledger, lock=lock)
         inspection = standing.inspection
         assert inspection is not None  # versions, or a patch's module, were read
         action = decide(Command.ROLLBACK, standing.standing)
@@ -409,10 +397,8 @@ class _Rollback:
         return patch_id
 
     def _revert_live(self, session: HostSession) -> str | None:
-        """On a live host, the patch's live fixes the engine holds in memory reverted in every
-        process before the file is restored: a restart would clear them anyway, but with
-        `--restart never` the revert is what takes the fix's code out of the running engine.
-        Returns what the note says (None: the engine holds none of the patch's fixes)."""
+        """Revert the patch's live fixes in every process before the restore (with `--restart
+        never` nothing else takes them out). Returns the note (None: none held)."""
         patch_id = self._patch_id()
         if not session.host.live or patch_id is None:
             return None
@@ -461,14 +447,9 @@ class _Rollback:
     def _without_record(
         self, session: HostSession, patch: LoadedPatch, inspection: HostInspection
     ) -> Examined:
-        """Roll back a patch the ledger has no record of on this host (the ledger was deleted,
-        or the change was made from another controller): only from the host's own backup.
-
-        The file must carry the patch; taking the patch off the file alone (`unapply`, proven
-        by re-applying) names the pre-image, and only a host backup with exactly that sha256
-        is written back. Anything less is refused: a rollback that did not happen is never
-        reported as done.
-        """
+        """Roll back a patch the ledger has no record of here, from the host's own backup only:
+        `unapply` names the pre-image and only a backup with exactly that sha256 is written
+        back. Anything less is refused: a rollback that did not happen is never reported done."""
         live = inspection.file
         unchanged = FileChange(live.realpath, live.sha256, live.sha256)
         if detect(live.content, patch.spec).state != "applied":

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from opspatch.core.codec import Record
 from opspatch.core.host import Host
-from opspatch.core.jsonrecord import JsonRecord
 from opspatch.core.policy import Playbook
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command
@@ -22,7 +22,7 @@ from opspatch.runs.judgments.units import serving_heads
 
 
 @dataclass(frozen=True)
-class HostSmoke(JsonRecord):
+class HostSmoke(Record):
     """One host's smoke: the result, or why it could not be run. Its JSON is written by hand:
     two shapes (a result's keys after `host` and `ok`, or only the failures), not its fields."""
 
@@ -50,7 +50,7 @@ class HostSmoke(JsonRecord):
 
 
 @dataclass(frozen=True)
-class SmokeReport(JsonRecord):
+class SmokeReport(Record):
     hosts: tuple[HostSmoke, ...]
 
     @property

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from opspatch.core.codec import Record, dump, json_field
 from opspatch.core.edit import Detection, misfits
 from opspatch.core.host import Host
-from opspatch.core.jsonrecord import JsonRecord, json_field, record_to_json
 from opspatch.core.policy import StepTimeouts
 from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch, PatchSpec
@@ -19,16 +19,16 @@ from opspatch.hosts.image import BakedLabels
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostInspection, HostOperations
 from opspatch.ledger.lineage import PatchedFurther, applied_versions
-from opspatch.ledger.store import Ledger, Machine
+from opspatch.ledger.store import FileVersion, Ledger, Machine
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.pipeline import gate_inspection
 from opspatch.runs.fleet.rotation import rotation_of
+from opspatch.runs.fleet.standing import server_stale
 from opspatch.runs.judgments.live import HeldFix, drift, held_fixes
 from opspatch.runs.judgments.patchset import (
     FileStanding,
     Place,
-    ServerAge,
     baked_in,
     read_file,
     recreated_since,
@@ -36,12 +36,19 @@ from opspatch.runs.judgments.patchset import (
 )
 from opspatch.runs.judgments.proof import change_proof, describe
 from opspatch.runs.judgments.units import recover_remedy, target_of
-from opspatch.runs.judgments.views import status_word
+from opspatch.runs.judgments.views import (
+    LIVE,
+    set_carried,
+    set_word,
+    status_word,
+    unit_words,
+    unread_word,
+)
 from opspatch.runs.judgments.who import RunWho, who_ran
 
 
 @dataclass(frozen=True)
-class LiveInMemory(JsonRecord):
+class LiveInMemory(Record):
     """One live fix one engine process holds (its `list`), and whether the file on disk is the
     one it was taken from (`drift`: why not; the next restart then loses the fix)."""
 
@@ -53,7 +60,7 @@ class LiveInMemory(JsonRecord):
 
 
 @dataclass(frozen=True)
-class PatchStatus(JsonRecord):
+class PatchStatus(Record):
     host: str
     patch: str
     state: PatchState
@@ -87,9 +94,14 @@ class PatchStatus(JsonRecord):
     processes could not be asked, or some did not answer); None when every process answered
     (or live fixes are off there). `live` then says only what the processes that answered
     hold."""
+    history: tuple[FileVersion, ...] = json_field(
+        default=(), written=False, compare=False, repr=False
+    )
+    """The file's changes as the ledger holds them, newest first, the host's under any name its
+    machine had (a set's: its first file's): what drift reads opspatch's last write from."""
 
     def to_json(self) -> dict[str, Any]:
-        data = record_to_json(self)
+        data = dump(self)
         if not self.files:  # only a patch set has files of its own
             del data["files"]
         return data
@@ -152,16 +164,22 @@ def classify(
         server=server_age(inspection.server, file),
     )
     state = status_word(standing)
+    stale = (  # put back: does its server still run the fix?
+        standing.place == Place.OLD
+        and ledger is not None
+        and server_stale(ledger, host.name, inspection)
+    )
     said = PatchStatus(
         host.name,
         patch.spec.id,
         state,
         file.realpath,
         file.sha256,
-        _said(standing, state, patch, part, host, inspection, container),
+        _said(standing, state, patch, part, host, inspection, container, stale=stale),
         release=module_release(inspection),
         carried=standing.carried.state if standing.carried is not None else None,
         recreated=True if standing.place == Place.RECREATED else None,
+        history=tuple(history),
     )
     if standing.place == Place.NEW:
         assert ledger is not None and standing.located is not None
@@ -187,8 +205,11 @@ def _said(
     host: Host,
     inspection: HostInspection,
     container: ContainerIdentity | None,
+    *,
+    stale: bool,
 ) -> str:
-    """Why a file has its word (a new file's is `_new`, once its proof is read)."""
+    """Why a file has its word (a new file's is `_new`, once its proof is read); `stale`: the
+    server runs code other than the file's bytes (`standing.server_stale`)."""
     located, carried = standing.located, standing.carried
     assert carried is not None
     match standing.place:
@@ -211,7 +232,7 @@ def _said(
         case Place.OLD:
             assert located is not None
             said = f"back at the pre-image of run {located.version.run_id}"
-            if standing.server == ServerAge.OLDER:  # put back with no restart after
+            if stale:  # put back with no restart after (nor a live revert)
                 assert inspection.server is not None
                 restart = remedy_text(Command.RESTART, hosts=target_of(host))
                 said += (
@@ -290,32 +311,18 @@ def why_unknown(spec: PatchSpec, structural: Detection) -> str:
     return misfits(spec, structural) or structural.reason
 
 
-_SET_PRECEDENCE = (
-    PatchState.UNREACHABLE,
-    PatchState.NOT_APPLICABLE,
-    PatchState.DRIFTED,
-    PatchState.UNKNOWN,
-)
-"""A set's state when one of its files is in one of these (the first found wins)."""
-
-
 def combine_set(patch: LoadedPatch, host: Host, files: Sequence[PatchStatus]) -> PatchStatus:
-    """A patch set's state on a host from its files' states: `applied` (or `staged`) only when
-    every file is, `not-applied` only when none is; a set with some files new and the rest old
-    (a run stopped between two swaps) is `partial`, never `applied`."""
-    states = [f.state for f in files]
+    """A patch set's status on a host from its files' (`views.set_word`), said together."""
+    state = set_word([f.state for f in files])
     each = ", ".join(f"{(f.path or f.detail).rsplit('/', 1)[-1]} {f.state}" for f in files)
-    new = {PatchState.APPLIED, PatchState.STAGED}
     first = files[0]
-    if all(s == PatchState.FIXED_UPSTREAM for s in states):
-        state, detail = PatchState.FIXED_UPSTREAM, f"every file of the set: {first.detail}"
-    elif all(s in new for s in states):
-        state = PatchState.STAGED if PatchState.STAGED in states else PatchState.APPLIED
+    if state == PatchState.FIXED_UPSTREAM:
+        detail = f"every file of the set: {first.detail}"
+    elif state in (PatchState.APPLIED, PatchState.STAGED):
         detail = f"every file of the set: {each}; {first.detail}"
-    elif all(s == PatchState.NOT_APPLIED for s in states):
-        state, detail = PatchState.NOT_APPLIED, ""
+    elif state == PatchState.NOT_APPLIED:
+        detail = ""
     else:
-        state = next((s for s in _SET_PRECEDENCE if s in states), PatchState.PARTIAL)
         detail = f"the patch set is not whole ({each})"
         if state == PatchState.PARTIAL:
             detail += (
@@ -334,19 +341,10 @@ def combine_set(patch: LoadedPatch, host: Host, files: Sequence[PatchStatus]) ->
         server_running=running[0] if running else None,
         files=tuple(files),
         release=first.release,
-        carried=_carried_by_set([f.carried for f in files]),
+        carried=set_carried([f.carried for f in files]),
         recreated=True if any(f.recreated for f in files) else None,
+        history=first.history,
     )
-
-
-def _carried_by_set(carried: Sequence[Detected | None]) -> Detected | None:
-    """What a set's files carry together: a file not read or not fitting decides first."""
-    if None in carried:
-        return None
-    kinds = set(carried)
-    if Detected.UNKNOWN in kinds:
-        return Detected.UNKNOWN
-    return kinds.pop() if len(kinds) == 1 else Detected.PARTIAL
 
 
 def describe_baked(baked: BakedLabels, container: ContainerIdentity) -> str:
@@ -378,11 +376,7 @@ def fleet_status(
                 try:
                     inspection = ops.inspect(module, timeout=StepTimeouts().inspect)
                 except OpspatchError as exc:
-                    unread = (
-                        PatchState.NOT_APPLICABLE
-                        if isinstance(exc, TargetError)
-                        else PatchState.UNREACHABLE
-                    )
+                    unread = unread_word(isinstance(exc, TargetError))
                     for p, index in group:
                         found[p.sha256, index] = PatchStatus(
                             host.name, p.spec.id, unread, None, None, exc.message
@@ -462,12 +456,12 @@ def with_live_fixes(
         drifted = [m.drift for m in memory if m.drift]
         holders = ", ".join(sorted({m.process for m in memory}))
         said = f"live fix in memory in {holders}" + (f"; {drifted[0]}" if drifted else "")
+        word = LIVE(status.state, not drifted, bool(unread))
         if unread:  # the processes that did not answer may run the old code
             status = _unread(status, unread)
-        elif status.state == PatchState.STAGED and not drifted:
-            # the server started before the file, but holds the file's fix live: it runs it
+        elif word != status.state:  # staged, but the server holds the file's fix live
             written = status.detail.split("; the running server", 1)[0]
-            status = replace(status, state=PatchState.APPLIED, detail=written)
+            status = replace(status, state=word, detail=written)
             said = f"taken live, no restart: {said}"
         shown.append(replace(status, live=memory, detail=_joined(status.detail, said)))
     return shown
@@ -512,20 +506,19 @@ def unit_agreement(hosts: Sequence[Host], statuses: Sequence[PatchStatus]) -> li
             groups.setdefault((unit.name, status.patch), []).append(status)
     marked: dict[tuple[str, str], PatchStatus] = {}
     for (unit_name, _), group in groups.items():
-        words = [s.state for s in group]
-        if len(set(words)) < 2:
-            continue
         ranked = sorted(group, key=lambda s: unit_of[s.host].rank_of(s.host))
-        reference = max(words, key=lambda w: (words.count(w), -[s.state for s in ranked].index(w)))
+        reference, words = unit_words([s.state for s in ranked])
+        if reference is None:
+            continue
         agreeing = ", ".join(s.host for s in ranked if s.state == reference)
         odd = "; ".join(f"{s.host} is {s.state}" for s in ranked if s.state != reference)
         said = f"unit {unit_name}'s nodes differ ({odd}; the others ({agreeing}) {reference})"
-        for status in group:
-            if status.state == PatchState.UNREACHABLE:
+        for status, word in zip(ranked, words, strict=True):
+            if word == PatchState.UNREACHABLE:  # a node not read keeps its word
                 continue
             own = f"; this node is {status.state}" + (f": {status.detail}" if status.detail else "")
             marked[status.host, status.patch] = replace(
-                status, state=PatchState.PARTIAL, detail=said + own, node_state=status.state
+                status, state=word, detail=said + own, node_state=status.state
             )
     return [marked.get((s.host, s.patch), s) for s in statuses]
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opspatch.config.fleet import DesiredPatch, DesiredState
+from opspatch.core.codec import Record, json_field
 from opspatch.core.host import Host
-from opspatch.core.jsonrecord import JsonRecord, json_field
 from opspatch.core.policy import Playbook
 from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
@@ -46,7 +46,7 @@ from opspatch.runs.report import HostOutcome, RunReport
 
 
 @dataclass(frozen=True)
-class SyncRow(JsonRecord):
+class SyncRow(Record):
     """One host and one patch: desired or not, what is there, what sync does, what fixes it."""
 
     host: str
@@ -236,7 +236,7 @@ def drift_cause(
 
 
 @dataclass(frozen=True)
-class FleetPlan(JsonRecord):
+class FleetPlan(Record):
     """Every selected host's desired patches, what is there, and what sync would do."""
 
     fleet_file: str
@@ -316,20 +316,19 @@ def plan_fleet(
 
 
 def _written_before(ledger: Ledger | None, status: PatchStatus) -> WrittenBefore | None:
-    """The newest record of opspatch writing `status.patch` into this file (None: never)."""
-    if ledger is None or status.path is None:
+    """The newest record of opspatch writing `status.patch` into this file (None: never), from
+    the history status read (under any name the host's machine had), not a second reading."""
+    if ledger is None:
         return None
     history = [
-        v
-        for v in ledger.file_history(status.host, status.path)
-        if v.patch_id == status.patch or v.action == FileAction.RESTORE
+        v for v in status.history if v.patch_id == status.patch or v.action == FileAction.RESTORE
     ]
     last_patch = next((v for v in history if v.action == FileAction.PATCH), None)
     if last_patch is None:
         return None
     newest = history[0]
     try:
-        facts = ledger.get_run(last_patch.run_id).host(status.host).facts or {}
+        facts = ledger.get_run(last_patch.run_id).host(last_patch.host).facts or {}
     except KeyError:
         facts = {}
     release = facts.get("sglang_version")
@@ -346,7 +345,7 @@ def _written_before(ledger: Ledger | None, status: PatchStatus) -> WrittenBefore
 
 
 @dataclass(frozen=True)
-class SyncReport(JsonRecord):
+class SyncReport(Record):
     """A sync: the runs it made (one per patch it applied), and the fleet as it is afterwards."""
 
     runs: tuple[RunReport, ...]

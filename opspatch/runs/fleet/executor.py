@@ -33,13 +33,8 @@ a flag does not wake a thread blocked on a lock)."""
 
 
 class Cancellation:
-    """The operator's Ctrl-C for one run, as a flag the executor reads between hosts.
-
-    `armed()` installs the SIGINT handler for the run's duration: the first Ctrl-C sets the
-    flag (and calls `on_request`, from the main thread, where it is safe to print), the second
-    raises `KeyboardInterrupt`. Only the main thread can take signals; elsewhere (a library
-    caller's worker thread) arming changes nothing and the flag can still be set by `request`.
-    """
+    """The operator's Ctrl-C for one run, a flag read between hosts: `armed()` makes the first
+    SIGINT set it and the second raise `KeyboardInterrupt` (main thread only)."""
 
     def __init__(self) -> None:
         self._requested = threading.Event()
@@ -115,13 +110,9 @@ def run_fleet(
     cancellation: Cancellation | None = None,
     on_cancel: Callable[[Sequence[str]], None] = lambda _: None,
 ) -> FleetResult:
-    """Run `work` for every item of `batches` under the halt policy (an item is a host, or a
-    unit named by its head whose work returns every node's outcome; the halt policy is asked
-    after each item, so a unit's nodes count together).
-
-    `already` holds outcomes decided before the run (e.g. hosts refused in preflight): they
-    count for the halt policy but are not run, recorded or returned again. `on_cancel` is told
-    (once, from this thread) which hosts are in flight when the operator cancels.
+    """Run `work` for every item (a group, by its head) of `batches`, asking `halt` after each.
+    `already`: outcomes decided before, counted by `halt` but not run or returned again;
+    `on_cancel` is told which hosts are in flight when the operator cancels.
 
     Raises:
         GaveUpWaiting: a second Ctrl-C while hosts were in flight.
@@ -233,11 +224,8 @@ def one_batch(hosts: Sequence[str], in_flight: int | None) -> tuple[Batch, ...]:
 
 
 def map_hosts(work: Callable[[str], T], hosts: Sequence[str], *, limit: int) -> dict[str, T]:
-    """`work` on every host, at most `limit` at once, results by host name in selection order.
-
-    For what has no fleet policy (preflight inspections, status): every host is visited.
-    `work` must not raise for a host-level problem (return it as a value).
-    """
+    """`work` on every host, `limit` at once, by name in selection order, for what has no fleet
+    policy; `work` returns a host's problem as a value."""
     if not hosts:
         return {}
     with ThreadPoolExecutor(

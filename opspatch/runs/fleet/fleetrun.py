@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import ExitStack, suppress
 from dataclasses import replace
-from functools import partial
 from typing import TypeVar
 
 from opspatch.core.host import Host, Unit
@@ -63,9 +62,7 @@ CANCELLED_IN_PREFLIGHT = (
 
 class FleetRun:
     """One run of one command over a fleet: its sessions, its Ctrl-C, its records, its report.
-
-    Use as a context manager (the sessions are closed and the SIGINT handler restored on exit).
-    """
+    A context manager: the sessions are closed and the SIGINT handler restored on exit."""
 
     def __init__(
         self,
@@ -100,8 +97,7 @@ class FleetRun:
         self._unit_of = whole_units(self.hosts)
 
     def __enter__(self) -> FleetRun:
-        """Open a session per host (the routers are looked at once the hosts are leased:
-        `lease`); a follow-up takes its hosts' sessions from the first run instead."""
+        """Open a session per host; a follow-up takes its hosts' sessions from the first run."""
         if self._first is not None:
             self.sessions = {name: self._first.sessions[name] for name in self.names}
             self._identities = {
@@ -144,11 +140,8 @@ class FleetRun:
         return self.cancellation.requested
 
     def follow_up(self, names: Sequence[str]) -> FleetRun:
-        """A second run of this run's engine over `names` (an apply's on-halt rollback), to be
-        entered while this one is open: the same sessions (connections, locks, places behind
-        routers, steps so far), recorder and leases (their heartbeat goes on: this run gives
-        them back when it ends), with a Ctrl-C of its own. Before it starts a host it checks
-        that the host is still this run's (`keep_leases`)."""
+        """A second run over `names` inside this one (an apply's on-halt rollback): the same
+        sessions, recorder and leases (this run gives them back), a Ctrl-C of its own."""
         second = FleetRun(
             command=self.command,
             patch_id=self.patch_id,
@@ -162,10 +155,8 @@ class FleetRun:
         return second
 
     def keep_leases(self, held: NotStarted) -> None:
-        """A follow-up's lease check, before any host is started: each host's lease is taken
-        again for this run (kept where it is still this run's, taken back where it lapsed and
-        no one took it); a host another live run leases now (it took this run's lease over) is
-        never started: decided with `held(session, why)`, why naming the holder."""
+        """A follow-up's leases taken again before any host starts; a host another live run took
+        over is never started: decided with `held(session, why)`, why naming the holder."""
         self._leased = True
         if not self.traits.leases or self.recorder.reported_run_id is None:
             return
@@ -181,9 +172,8 @@ class FleetRun:
                     del known[name]
 
     def visit(self, work: Callable[[HostSession], T], *, limit: int) -> dict[str, T]:
-        """`work` on every host, at most `limit` at once, for a run that changes nothing and
-        takes no lock (`smoke`): the results of the hosts started before the operator's first
-        Ctrl-C, in selection order (the others were never started).
+        """`work` on every host, `limit` at once, for a run that changes nothing (`smoke`): the
+        results of the hosts started before the first Ctrl-C, in selection order.
 
         Raises:
             GaveUpWaiting: a second Ctrl-C while hosts were in flight.
@@ -197,9 +187,8 @@ class FleetRun:
         )
 
     def items(self, names: Sequence[str] | None = None) -> list[str]:
-        """What a rollout's batches are made of: node groups, each named by its head (a host by
-        itself, and each unit whose every node is in this run once, where its first node
-        comes). Canaries, batch sizes and the halt policy then count servers."""
+        """The node groups a rollout's batches are made of, each named by its head: canaries,
+        batch sizes and the halt policy count servers."""
         chosen: list[str] = []
         for name in self.names if names is None else names:
             unit = self._unit_of.get(name)
@@ -214,9 +203,8 @@ class FleetRun:
         return unit.hosts if unit is not None and unit.head == item else (item,)
 
     def counted(self, outcomes: Mapping[str, HostOutcome]) -> dict[str, HostOutcome]:
-        """The outcomes as a halt policy counts them, one per group (`max_failures` counts
-        servers, as canaries and batches do): a unit's is the one of its nodes that says most
-        (needs attention, then failed, then out of rotation), under its head's name."""
+        """One outcome per group, as `max_failures` counts servers: a unit's is its node's that
+        says most (needs attention, then failed, then out of rotation), under its head's name."""
         counted: dict[str, HostOutcome] = {}
         for name, outcome in outcomes.items():
             unit = self._unit_of.get(name)
@@ -233,8 +221,8 @@ class FleetRun:
     # -- the two phases -------------------------------------------------------------------
 
     def preflight(self, work: Callable[[HostSession], T]) -> dict[str, T] | None:
-        """`work` on every host, bounded, before anything is changed; None when the operator
-        cancelled: the locks taken are then given back (nothing was changed anywhere)."""
+        """`work` on every host, bounded, before anything is changed; None when cancelled (the
+        locks taken then given back)."""
         try:
             done = self.visit(work, limit=PREFLIGHT_IN_FLIGHT)
         except KeyboardInterrupt as stop:
@@ -245,14 +233,9 @@ class FleetRun:
         return done
 
     def decide(self, outcomes: Mapping[str, HostOutcome]) -> None:
-        """Outcomes a preflight decided without changing anything (a host it refused, or found
-        nothing to do on, with the reason): those hosts are never started, and each is reported
-        and recorded with its own outcome whatever happens to the rest of the run (a halt, a
-        Ctrl-C, a lease refused elsewhere; a host another run holds is reported held instead,
-        since what the preflight read there may be that run's change in flight).
-
-        A unit is decided as one: every node of it or none (its nodes are started together, so
-        a node decided alone would be decided twice)."""
+        """Outcomes a preflight decided without changing anything: those hosts are never started
+        and keep their outcome whatever happens to the run (but a host another run holds is
+        reported held: what was read there may be that run's change). A unit is decided whole."""
         for unit in dict.fromkeys(self._unit_of.values()):
             taken = [name for name in unit.hosts if name in outcomes]
             if taken and len(taken) != unit.nodes:
@@ -268,10 +251,9 @@ class FleetRun:
         already: Mapping[str, HostOutcome] | None = None,
         not_started: NotStarted | None = None,
     ) -> tuple[dict[str, HostOutcome], str | None]:
-        """`per_group` on every group of `batches` (made of `items()`) under `halt`; every
-        outcome recorded as it is decided, hosts never started reported `skipped` (their locks
-        given back; `not_started` says otherwise, given why). Returns the outcome of every host
-        of the batches and `already`, and why the run halted.
+        """`per_group` on every group of `batches` under `halt`, each outcome recorded as it is
+        decided; hosts never started `skipped` (or `not_started(session, why)`), their locks
+        given back. Returns every host's outcome (with `already`) and why the run halted.
 
         Raises:
             RunInterrupted: a second Ctrl-C while hosts were in flight.
@@ -331,18 +313,10 @@ class FleetRun:
         taking_over: Collection[str] = (),
         restarting: Collection[str] | None = None,
     ) -> RunReport | None:
-        """Lease the hosts to this run, with a heartbeat until the run ends; None when taken.
-
-        `identities` (name -> `leases.host_identity`): what the command's own preflight read
-        (apply, rollback) or the ledger recorded (recover --run); every other host's is read
-        here from its facts, changing nothing, but for the hosts a preflight decided (`decide`)
-        without reading them. A host whose facts cannot be read is not leased and will not be
-        changed (`failed`, its error). When a live lease of another run (not one of
-        `taking_over`, runs known dead) holds one of them, the run is refused before any change:
-        every lock given back, every host `skipped` naming the holders (exit 2); a Ctrl-C while
-        reading is the cancelled preflight's report. Then, leased, the routers in front of the
-        hosts are checked (`_open_rotation`; `restarting`: the hosts the run may drain, None:
-        all): a refusal there gives the leases and locks back.
+        """Lease the hosts to this run, with a heartbeat until it ends; None when taken, else the
+        refused run's report (another live run, not one of `taking_over`, holds a host; or a
+        Ctrl-C). `identities`: hosts already identified; the others' are read from their facts.
+        Then the routers are checked (`restarting`: the hosts the run may drain, None: all).
 
         Raises:
             RouterRefused: a router cannot be used, does not know a worker opspatch did not take
@@ -364,18 +338,16 @@ class FleetRun:
             self.release_all()
             reason = f"refused before any change: {refusal(grant.refused)}"
             held = {holder.host for holder in grant.refused}
-            outcomes = {  # a held host's preflight reading may be the holder's change in flight
-                name: (None if name in held else self._unleased.get(name))
+            outcomes = [  # a held host's preflight reading may be the holder's change in flight
+                (None if name in held else self._unleased.get(name))
                 or session.outcome(
                     Outcome.SKIPPED,
                     f"not started: {held_by(grant.refused)}",
                     reason=Reason.LEASE_HELD,
                 )
                 for name, session in self.sessions.items()
-            }
-            for outcome in outcomes.values():
-                self.record(outcome)
-            return self.report(outcomes, halted=reason, refused=True)
+            ]
+            return self._refused(outcomes, halted=reason)
         for holder in grant.taken_over:
             self.progress.notice(f"{holder.host}: took over the lease of {holder.describe()}")
         try:
@@ -394,9 +366,8 @@ class FleetRun:
         return None
 
     def _open_rotation(self, restarting: Collection[str] | None) -> None:
-        """Behind routers, check them (`Rotation.open`) and give each session its place there:
-        after the leases (a host another live run holds is refused naming that run, not by its
-        router) and before anything changed.
+        """Check the routers and give each session its place there: after the leases (a held
+        host is refused naming its run, not by its router), before anything changed.
 
         Raises:
             RouterRefused: a router cannot be used, does not know a worker opspatch did not take
@@ -427,8 +398,7 @@ class FleetRun:
         return f"{lost}; no more hosts are started" if lost else None
 
     def _read_identities(self, names: Sequence[str]) -> dict[str, str] | None:
-        """Each host's identity from its facts (None: the operator cancelled); a host that
-        cannot be read is decided `failed` here, before any host is changed."""
+        """Each host's identity from its facts (None: cancelled); an unreadable host `failed`."""
         wanted = set(names)
 
         def identity(session: HostSession) -> str | None:
@@ -491,31 +461,26 @@ class FleetRun:
         )
 
     def refuse(self, outcomes: Sequence[HostOutcome], *, halted: str) -> RunReport:
-        """The report of a run refused before any change (`halted` says why): every host's
-        outcome recorded, as the command prints it, and every lock taken given back."""
+        """The report of a run refused before any change: every lock given back."""
         self.release_all()
+        return self._refused(outcomes, halted=halted)
+
+    def _refused(self, outcomes: Sequence[HostOutcome], *, halted: str) -> RunReport:
         for outcome in outcomes:
             self.record(outcome)
         return self.report({o.host: o for o in outcomes}, halted=halted, refused=True)
 
     def cancelled_report(self) -> RunReport:
-        """The report of a run cancelled in its preflight: every host unchanged, recorded."""
-        outcomes = {
-            name: self._unleased.get(name)
-            or session.outcome(
-                Outcome.SKIPPED,
-                "not started: " + CANCELLED_IN_PREFLIGHT,
-                reason=Reason.NOT_STARTED,
-            )
+        """The report of a run cancelled in its preflight (its locks already given back)."""
+        outcomes = [
+            self._unleased.get(name) or _skipped(session, CANCELLED_IN_PREFLIGHT)
             for name, session in self.sessions.items()
-        }
-        for outcome in outcomes.values():
-            self.record(outcome)
-        return self.report(outcomes, halted=CANCELLED_IN_PREFLIGHT, refused=True)
+        ]
+        return self._refused(outcomes, halted=CANCELLED_IN_PREFLIGHT)
 
     def _announce(self, in_flight: Sequence[str]) -> None:
-        """What the first Ctrl-C does: no host started after it, and which hosts are still
-        waited for, with what each waits for and until when (a readiness wait can be long)."""
+        """The first Ctrl-C: no host started after it; the hosts still waited for, each with what
+        it waits for (a readiness wait can be long)."""
 
         def host(name: str) -> str:
             awaiting = self.sessions[name].awaiting if name in self.sessions else None
@@ -532,8 +497,8 @@ class FleetRun:
 
 
 def lock_left(outcome: HostOutcome, left: str | None) -> HostOutcome:
-    """`outcome`, its note saying so when the run's lock on the host could not be given back
-    (`HostLock.release`): the next command there would be refused without a word why."""
+    """`outcome`, its note saying so when the run's lock could not be given back: the next
+    command there would be refused without a word why."""
     if left is None:
         return outcome
     return replace(outcome, note=f"{outcome.note}; {left}" if outcome.note else left)
@@ -542,10 +507,9 @@ def lock_left(outcome: HostOutcome, left: str | None) -> HostOutcome:
 def guarded(
     sessions: Sequence[HostSession], work: Callable[[], Sequence[HostOutcome]]
 ) -> Sequence[HostOutcome]:
-    """`work`'s outcomes, or, when it raises, the same outcome for every one of `sessions` (a
-    group is one server): refused where nothing changed there, else needs-attention; a bug is
-    said so and never loses the other hosts' outcomes. Every lock is given back on the way out
-    of a Ctrl-C."""
+    """`work`'s outcomes, or, when it raises, one outcome for every one of `sessions` (a group
+    is one server): refused where nothing changed, else needs-attention. The one place a
+    group's exception becomes outcomes; a Ctrl-C gives every lock back on its way out."""
     try:
         return work()
     except (LockHeld, BecomeError, HostKeyError) as exc:  # nothing changed there
@@ -572,16 +536,10 @@ def per_node(per_host: Callable[[HostSession], HostOutcome]) -> PerGroup:
         return [
             outcome
             for session in nodes.sessions
-            for outcome in guarded((session,), partial(_one, per_host, session))
+            for outcome in guarded((session,), lambda: (per_host(session),))  # noqa: B023 - called at once
         ]
 
     return each
-
-
-def _one(
-    per_host: Callable[[HostSession], HostOutcome], session: HostSession
-) -> Sequence[HostOutcome]:
-    return (per_host(session),)
 
 
 def _weight(outcome: HostOutcome) -> tuple[bool, bool, bool]:
@@ -601,8 +559,8 @@ def _in_flight(stop: KeyboardInterrupt) -> tuple[str, ...]:
 
 
 def whole_units(hosts: Sequence[Host]) -> dict[str, Unit]:
-    """Each host of a unit whose every node is among `hosts`, by name, with its unit (a unit
-    only partly selected is refused before a run begins: `judgments.units.unit_refusal`)."""
+    """Each host of a unit whose every node is among `hosts`, with its unit (a unit partly
+    selected is refused before a run: `judgments.units.unit_refusal`)."""
     names = {host.name for host in hosts}
     return {
         host.name: host.unit

@@ -213,13 +213,11 @@ def prove(
     baseline: Sequence[str | None] | None = None,
     judge: GroupJudge | None = None,
 ) -> SmokeResult:
-    """PROVE a change: restart the group, wait until ready, then `proven`. Every command that
-    restarts into a change proves it here, so a step around it (a router's drain and admit) is
-    added once.
+    """PROVE a change: restart the group, wait until ready, then `proven`; every command that
+    restarts into a change proves it here.
 
     Raises:
-        HostFailed: a step failed, or the judge's verdict is `fail`; the caller undoes the
-            change (`undo`).
+        HostFailed: a step failed, or the judge's verdict is `fail` (the caller then `undo`es).
     """
     started = restart(nodes)
     ready(nodes, started)
@@ -233,10 +231,8 @@ def proven(
     baseline: Sequence[str | None] | None = None,
     judge: GroupJudge | None = None,
 ) -> SmokeResult:
-    """The smoke decode through the head as its last step (a passing smoke gives the lock back
-    and admits the head), each other node recording the decode that proved it. With `judge`,
-    the judge follows the smoke and the head is admitted only after it; the lock stays held for
-    a roll-back until the run gives it back.
+    """The smoke decode through the head (passing, it admits the head), each other node
+    recording it; with `judge`, the head is admitted only after the judge's verdict.
 
     Raises:
         HostFailed: the smoke or the judge failed.
@@ -286,23 +282,10 @@ def undo(
     restart_failed: Callable[[str], str] | None = None,
     reason: Reason | None = None,
 ) -> list[HostOutcome]:
-    """UNDO a change: every node's files put back (`restore`), the group restarted with the
-    restore path's deadline and the smoke after it reported, never passed as serving when it
-    failed. The one proof after a restore; every node's outcome.
-
-    `outcome` on every node once its files are back:
-    - `rolled-back` (a failed proof undone: apply, restart, recover): `why` is its error, a
-      smoke that failed after the restore its note;
-    - `restored` (the restore is the point: rollback, recover putting a set back): `why` is its
-      note; a smoke that failed makes it `restored-not-serving`, the error saying so and
-      `way_back`; with `restart=False` (or a live fix reverted in every process), `outcome` is
-      reported once the files are back.
-    `reason`: the code of `why` on a `rolled-back` node.
-    `needs-attention` when a restore or the restart failed (the state is then not known); a
-    restore that failed on one node of several leaves the nodes differing and nothing is
-    restarted (`changes`: each node's files as they were before; `restore_failed`,
-    `restart_failed`: a host's error from the failure's text; by default `why; then the restore
-    failed: ...`)."""
+    """UNDO a change, the one proof after a restore: every node's files put back, the group
+    restarted (restore deadline) and smoke-tested. `outcome`: `rolled-back` (`why` its error)
+    or `restored` (`why` its note; `restored-not-serving` when the smoke fails). A failed
+    restore or restart: `needs-attention` (`changes`: each node's files as they were)."""
     # Long because: a restore, a restart and a smoke, each failing its own way on one node or several
     restored: dict[str, FileChange | None] = {}
     broken: dict[str, str] = {}
@@ -425,11 +408,9 @@ def refuse(
     *,
     files: Mapping[str, FileChange | None] | None = None,
 ) -> list[HostOutcome]:
-    """Every node's outcome when the nodes of `odd` (each with its own outcome: refused,
-    unreadable) keep the group from being touched: nothing is changed or restarted on any node,
-    since a node restarted alone cannot rejoin and a node changed alone runs other code. Each
-    other node is `skipped`, naming the odd nodes, `why` and what they said, with the first odd
-    node's reason code (`files`: each node's file as it was found)."""
+    """Every node's outcome when the nodes of `odd` keep the group from being touched (a node
+    restarted alone cannot rejoin, one changed alone runs other code): each other node
+    `skipped`, naming them, with the first odd node's reason code."""
     said = "; ".join(f"{name}: {o.error or o.note or o.outcome}" for name, o in odd.items())
     text = (
         f"refused: unit {nodes.name}'s node {', '.join(odd)} {why} ({said}); nothing was "

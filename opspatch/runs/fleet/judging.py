@@ -51,12 +51,8 @@ turn cheap beside the decodes."""
 def measured_in_turns(
     baseline: HostSession, canary: HostSession, settings: JudgeSettings
 ) -> tuple[Measurement | str, Measurement | str]:
-    """The judge's prompts decoded on both servers in turns, one server at a time: a few
-    prompts on one, the same on the other, the next few in the opposite order (ABBA), so that
-    load which comes and goes meets both sides of every pair alike and neither server waits
-    on the other. Each server is warmed in its first turn only (`JudgeSettings.warmup`). Each
-    side's answers, or why it could not be measured (the other side is then measured on
-    alone)."""
+    """The judge's prompts decoded on both servers in ABBA turns, so that passing load meets
+    both sides alike; each side's answers, or why it could not be measured."""
     prompts = settings.chosen
     parts: dict[str, list[Measurement] | str] = {baseline.name: [], canary.name: []}
     for turn, start in enumerate(range(0, len(prompts), PROMPTS_PER_TURN)):
@@ -89,12 +85,9 @@ def judge_step(
     why_no_baseline: str | None,
     beside: tuple[HostSession, threading.Lock] | None = None,
 ) -> Judgment:
-    """Measure the session's server and judge it, as a recorded step (its detail: the verdict
-    and every metric's figures); a latency fail is measured and judged a second time, and
-    stands only if that fails it too (`canary.confirm`). With `beside` (the peer `baseline`
-    came from, and the lock that keeps two canaries from asking it at once), the peer is
-    measured again in turns with the session (`measured_in_turns`) and that measurement is
-    the baseline; if it answers no prompt, `baseline` (measured before the swap) stays.
+    """Measure the session's server and judge it, as a recorded step; a latency fail stands
+    only if a second measurement fails too. With `beside`, the peer is measured in turns with
+    the session and that is the baseline (else `baseline` stays).
 
     Raises:
         JudgeFailed: the verdict is `fail`.
@@ -216,13 +209,11 @@ class HostJudge:
 
 
 def judge_through_head(nodes: Nodes, judge: HostJudge) -> Judgment:
-    """Judge a group by its head (`HostJudge.__call__` on the head: its `judge` step); each other
-    node records a `judge` step naming the head's verdict, passed or failed, so that every
-    node's steps say what proved or failed it.
+    """Judge a group by its head; each other node records a `judge` step naming the head's
+    verdict.
 
     Raises:
-        HostFailed: the verdict is `fail`, or the head could not be measured (in a group of
-            several `NodeFailed`, naming the head); the caller undoes the change on every node.
+        HostFailed: the verdict is `fail`, or the head could not be measured.
     """
     head = nodes.head
     with failing_as(nodes, head):

@@ -77,17 +77,12 @@ class LiveApply:
         set their own host's)."""
 
     def check(self, session: HostSession, prepared: Prepared) -> None:
-        """Preflight: every pending file's change has a live form (kept for the take), and the
-        host's engine answers the `check` of those takes, each in effect in every process
-        (`judge_check`: the module imported, no definition held by another fix, nothing read
-        at import, no object already built by a changed `__init__`, no changed function in a
-        frame that does not return). Nothing is taken.
+        """Preflight: every pending file has a live form, and every process's `check` says its
+        take would be in effect (`judge_check`). Nothing is taken.
 
         Raises:
-            NotTakenLive: a file's live form is refused, or a take would not be in effect (its
-                module, the reason and why).
-            LiveRefused: not every process answers (not running, the plugin not loaded,
-                SGLANG_PLUGINS without it, a plugin that predates `check`).
+            NotTakenLive: a live form refused, or a take would not be in effect.
+            LiveRefused: not every process answers.
         """
         with session.step(Step.LIVE) as note:
             forms = self._live_forms(session, prepared)
@@ -203,9 +198,8 @@ class LiveApply:
         return ask_engine(session.ops, fix, timeout=self.timeout, step=step)
 
     def _take(self, nodes: Nodes, fix: LiveFix, names: Sequence[str]) -> None:
-        """Take `fix` through the head (in a group of several, through its entry rank, whose
-        broadcast reaches every rank of every node; then on each other node's own processes,
-        and read back from every node).
+        """Take `fix` through the head (its broadcast reaches every rank), then on each other
+        node's own processes, read back from every node.
 
         Raises:
             HostFailed: a process refused or did not answer, or does not hold it as it took it.
@@ -263,11 +257,8 @@ class LiveApply:
         why: str,
         reason: Reason,
     ) -> list[HostOutcome]:
-        """Revert `fixes` in every process (through the head: every rank of every node; then
-        each other node's own processes, each read back: none holds them), then put every
-        node's files back: `rolled-back`. A revert or readback that did not answer everywhere
-        (a process gone, a crash) is followed by the restore's restart, which clears every
-        process's memory."""
+        """Revert `fixes` in every process, then put every node's files back (`rolled-back`); a
+        revert not answered everywhere is followed by a restart, which clears every memory."""
         reverted = True
         for session in nodes.sessions:  # the head first: its entry rank reverts every rank
             reverted = revert_everywhere(session, fixes, timeout=self.timeout) and reverted

@@ -57,11 +57,8 @@ class PreparedFile:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A host after `begin` and `plan`: its lock is held and every target's plan is known.
-
-    A patch set is planned together: it fits a host only if every target fits (`misfit`),
-    and only the files whose plan changes them are swapped (`pending`); a set whose files all
-    carry it already is `already_applied`."""
+    """A host after `begin` and `plan`: its lock held, every target's plan known (a set fits
+    only if every target fits)."""
 
     files: tuple[PreparedFile, ...]
 
@@ -151,10 +148,8 @@ class ApplyPipeline:
         unrestarted: Outcome = Outcome.STAGED,
         live: LiveApply | None = None,
     ) -> None:
-        """`restart_engine=False` swaps the file only; the host's outcome is then `unrestarted`:
-        `staged` on a fleet (its server still runs the old code), `applied` for a local file
-        (there is no server). `live`: the swapped files are taken into the running engine
-        instead of a restart (`apply --live`)."""
+        """`restart_engine=False` swaps the file only, the outcome then `unrestarted` (`staged`,
+        or `applied` for a local file); `live`: taken into the running engine, no restart."""
         self.patch = patch
         self.playbook = playbook
         self.restart_engine = restart_engine
@@ -193,12 +188,8 @@ class ApplyPipeline:
         paths: Sequence[str] | None = None,
         installed_version: str | None = None,
     ) -> Prepared:
-        """Lock (unless a dry run) and inspect the host, then plan every target on its file.
-
-        Each file is the one the engine's interpreter imports for its target's module, or the
-        target's entry of `paths` (local files: `installed_version` then says their
-        distribution's version, if known).
-        """
+        """Lock (unless a dry run) and inspect the host, then plan every target on its file: the
+        one the engine imports, or `paths` (local files, of `installed_version`)."""
         parts = self.patch.parts
         if paths is not None and len(paths) != len(parts):
             raise ValueError("prepare takes one path per target")
@@ -262,13 +253,9 @@ class ApplyPipeline:
     # -- the change ------------------------------------------------------------------------
 
     def apply(self, nodes: Nodes, prepared: Mapping[str, Prepared]) -> list[HostOutcome]:
-        """Swap every pending file on every node, restart the group once, prove it once; on
-        failure restore them all and restart it once more. Every node's outcome (never raises
-        for a host-level failure); the head's carries the smoke and the judge's verdict.
-
-        A set's files are recorded in the ledger (pre- and post-images) before the first swap,
-        so a controller killed between two swaps leaves the ledger naming every file of the set:
-        `recover` puts the swapped ones back (docs/design.md, "Patch sets")."""
+        """Swap every pending file on every node, restart and prove the group once, undo it on
+        failure; every node's outcome. A set's images are in the ledger before the first swap,
+        so `recover` can put back a set a killed controller left half swapped."""
         head = nodes.head
         changing = [s for s in nodes.sessions if prepared[s.name].pending]
         if not changing:
@@ -384,9 +371,7 @@ class ApplyPipeline:
 
     def write(self, session: HostSession, prepared: Prepared) -> HostOutcome | SwapLost | None:
         """Record every pending file's images in the ledger, then swap each: None when all are
-        swapped, else the host's outcome (the set whole and unchanged where the host refused a
-        swap; what it is, read back, where a swap did not answer), or `SwapLost` when a swap
-        that did not answer is found written (the group is then rolled back)."""
+        swapped, else the host's outcome, or `SwapLost` (a swap with no reply found written)."""
         pending = prepared.pending
         with_path = prepared.is_set
         try:
@@ -402,7 +387,12 @@ class ApplyPipeline:
         except Exception as exc:
             why = describe_error(exc)
             return self.outcome(
-                session, prepared, Outcome.FAILED, why, old=pending, reason=Reason.HOST_ERROR
+                session,
+                prepared,
+                Outcome.FAILED,
+                why,
+                old=pending,
+                reason=Reason.BACKUP_NOT_RECORDED,
             )
         swapped: list[PreparedFile] = []
         for item in pending:
@@ -459,8 +449,8 @@ class ApplyPipeline:
         )
 
     def baseline(self, session: HostSession) -> tuple[tuple[str | None, ...] | None, str | None]:
-        """Greedy texts from the unpatched server, if the playbook and the patch ask for it,
-        and a note when it could not be taken (output preservation then goes unchecked).
+        """Greedy texts from the unpatched server if the playbook and patch ask, and a note when
+        it could not be taken.
 
         Raises:
             HostFailed: the playbook requires the baseline (`baseline = "required"`) and it
@@ -502,10 +492,8 @@ class ApplyPipeline:
         restart: bool | None = None,
         reason: Reason = Reason.STEP_FAILED,
     ) -> list[HostOutcome]:
-        """UNDO after a failure past the swap (`group.undo`): every node's pending files (or
-        its `swapped` ones) put back, the group restarted once and proven (`restart`: default
-        the pipeline's; False for a live fix reverted in every process, the files the undo;
-        `reason`: the code of `why`, by default a step's failure: a lost swap found written)."""
+        """UNDO after a failure past the swap (`group.undo`): every node's pending (or
+        `swapped`) files put back, the group restarted (`restart`: default the pipeline's)."""
 
         def files(session: HostSession) -> Sequence[PreparedFile]:
             return (

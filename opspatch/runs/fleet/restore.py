@@ -257,9 +257,9 @@ def restore_standing(session: HostSession, standing: HostStanding) -> FileChange
 
 
 def stale_servers(standings: Mapping[str, HostStanding]) -> list[str]:
-    """The nodes whose server started before its file was last written: each still runs the
-    code that write replaced (a file put back by `rollback --restart never`, or by a rollback
-    killed after its swap, with no restart since)."""
+    """The nodes whose server runs code other than its file's bytes (`stale_server`): a file
+    put back by `rollback --restart never`, or by a rollback killed after its swap, with no
+    restart since (and no live revert: that takes the fix out of the running server too)."""
     return sorted(name for name, standing in standings.items() if standing.stale_server)
 
 
@@ -280,7 +280,7 @@ def restart_stale(
     *,
     steps: RestoreSteps = AFTER_RESTORE,
 ) -> list[HostOutcome]:
-    """Nothing to put back, but a server started before its file was last written
+    """Nothing to put back, but a server runs code other than its file's bytes
     (`stale_servers`): the group restarted as one and smoke-tested, `restored` on every node
     (`restored-not-serving` when the smoke fails); `files`: each node's files as found."""
     stale = stale_servers(standings)

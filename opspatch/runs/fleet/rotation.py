@@ -129,19 +129,12 @@ class Rotation:
     ) -> Rotation | None:
         """Look at every router in front of `hosts`; None when no host has one.
 
-        `restarting`: the hosts the run may drain (apply: those with a change to make); None:
-        all. Only those need room: a host already right is never drained.
-
-        `taken_out(host)`: the run of the ledger that took the host's worker out of rotation
-        and that nothing put back since (`taken_out_by` over its recorded steps), asked only of
-        a worker its router does not list; None: the ledger never saw opspatch take it out.
+        `restarting`: the hosts the run may drain (None: all); `taken_out(host)`: the run that
+        took an unlisted worker out (`taken_out_by`), None if not opspatch.
 
         Raises:
-            RouterRefused: a router does not answer or refuses the admin call, its admin key's
-                variable is not set, it does not know a worker URL that opspatch did not take
-                out (unless `allow_unregistered`), or draining one more worker would break
-                `max_unavailable` or leave it no healthy worker (unless the playbook says
-                `fleet_down`).
+            RouterRefused: a router cannot be used, does not know a worker opspatch did not
+                take out (unless `allow_unregistered`), or has no room to drain.
         """
         # Long because: its docstring names every refusal; the code is one pass per router (list, refuse, size the gate)
         env = os.environ if environ is None else environ
@@ -229,15 +222,9 @@ def removal_detail(worker_url: str, router_url: str) -> str:
 
 
 def taken_out_by(steps: Sequence[tuple[str, StepRecord]], router: RouterSettings) -> str | None:
-    """The run that took `router.worker_url` out of rotation and that no run put back since,
-    from a host's drain and admit steps as the ledger has them (`(run_id, step)`, newest first);
-    None when they show none (a worker the router never registered, or one opspatch put back
-    and someone removed since: neither is opspatch's to put back by an apply).
-
-    Newest first: an admit that passed put it back (None); a drain that removed this URL from
-    this router took it out (its run); a drain that failed, or that began and never ended (a
-    controller that died in it), may have removed it (its run); a drain that found the worker
-    out already, or an admit that failed, says nothing of who took it out (look further back).
+    """The run that took `router.worker_url` out of rotation and that none put back since, from
+    a host's drain and admit steps (newest first); None: not opspatch's to put back. A drain
+    that failed or never ended may have removed it; one that found it out says nothing.
     """
     ended: set[tuple[str, str]] = set()
     for run_id, step in steps:
@@ -274,11 +261,8 @@ def drain_room(
     (0 or less, without `refuse`: none until one comes back). `draining`: those of `routed`
     the run may drain (default: all); one already right is counted, never drained.
 
-    The router's workers are those it lists, this run's and every other the inventory puts
-    behind it (`RouterSettings.peers`); each one it cannot use now (not listed, or listed
-    unhealthy), in this run or not, is already unavailable, so it counts against
-    `max_unavailable` and is never the healthy worker left. Draining one of those costs no room
-    (`HostRotation.take_permit` is skipped for it).
+    A worker the router cannot use now (not listed, or unhealthy), in this run or not, already
+    counts against `max_unavailable`; draining it costs no room.
 
     Raises:
         RouterRefused: with `refuse`, no room for a worker of the run the router can use now
@@ -334,10 +318,8 @@ def drain_room(
 
 
 def drain_step(session: HostSession) -> None:
-    """Take the host out of rotation before its engine restarts: hold one of its router's
-    permits, remove its worker, and wait until the worker itself reports nothing running or
-    waiting (playbook `timeouts.drain`). Once per session: a restart after a restore finds the
-    host drained already. A host with no router: nothing.
+    """Take the host out of rotation before its engine restarts (a permit, the worker removed,
+    waited until idle); once per session, nothing for a host with no router.
 
     Raises:
         HostFailed: the router or the worker failed, or the worker did not drain in time.
@@ -387,12 +369,8 @@ def drain_step(session: HostSession) -> None:
 
 
 def admit_step(session: HostSession) -> None:
-    """Put a proven host back into rotation: register its worker and wait until the router lists
-    it healthy (playbook `timeouts.admit`). The proof is the smoke decode sent to the worker
-    directly just before (a router policy with prefix affinity may route it nothing for long).
-    A failure is a failed step and leaves the host out of rotation, which its outcome says; the
-    change itself stays proven.
-    """
+    """Put a proven host back into rotation, waited until listed healthy; a failure leaves it
+    out of rotation (its outcome says so) and the change proven."""
     rotation = session.rotation
     if rotation is None or not rotation.out:
         return

@@ -111,13 +111,8 @@ def refusal_reason(exc: OpspatchError) -> Reason:
 
 
 class HostLock:
-    """This run's lock on one host, owned by its session: the only place that knows whether it
-    may still be held and gives it back.
-
-    An exec that takes it (begin, lock) says so first (`taking`: with no reply it may be held);
-    an exec may also give it back itself (a swap with no restart after it, a last smoke that
-    passed), which it reports; `release` gives back what is left, once, as a recorded step.
-    """
+    """This run's lock on one host: the only place that knows whether it may still be held
+    (`taking` before an exec that takes it: with no reply it may be) and gives it back."""
 
     def __init__(self, session: HostSession) -> None:
         self._session = session
@@ -215,11 +210,6 @@ class HostSession:
         return self.host.name
 
     @property
-    def connected(self) -> bool:
-        """Whether a command was (or is being) sent to this host in this session."""
-        return self._ops is not None
-
-    @property
     def ops(self) -> HostOperations:
         if self._ops is None:
             self._transport = self._factory(self.host)
@@ -286,11 +276,8 @@ class HostSession:
         )
 
     def refused(self, exc: OpspatchError) -> HostOutcome:
-        """The outcome of a host whose step raised before anything was changed there: its lock
-        is held (`failed`, naming who holds it), its host key is unknown or changed (`skipped`:
-        nothing was run there, with the fingerprint and what to do), the patch or inventory
-        does not fit (`skipped`, with the reason), or the host could not be reached or refused
-        (`failed`); its `reason` is `refusal_reason(exc)`."""
+        """The outcome of a host whose step raised before anything changed there: `skipped` or
+        `failed` by the error's kind, its reason `refusal_reason(exc)`."""
         reason = refusal_reason(exc)
         if isinstance(exc, LockHeld):
             text = f"refused: {exc.detail}{self._way_out(exc)}"
@@ -339,13 +326,8 @@ class HostSession:
 
     @contextmanager
     def step(self, name: Step) -> Iterator[dict[str, str]]:
-        """Run one step: progress, a `started` and an `ok`/`failed` ledger record, timing.
-
-        The body may set `note["detail"]` to describe what it did. The users the step's execs
-        ran as (as the host agent reported them; `name (sudo)` when raised) are kept with it and
-        said at the end of its ledger detail: `[ran as svc (sudo), ops]`; what the channel said
-        meanwhile (a host agent started again) is said there too, and as a progress notice.
-        """
+        """Run one step: progress, a `started` and an `ok`/`failed` ledger record, timing. The
+        body may set `note["detail"]`; the users its execs ran as are appended to it."""
         note: dict[str, str] = {"detail": ""}
         self.progress.update(self.name, name, "running")
         self.record(name, StepStatus.STARTED)

@@ -9,13 +9,12 @@ from typing import TypeVar
 from opspatch.core.vocabulary import Step
 from opspatch.errors import LockHeld, OpspatchError
 from opspatch.hosts.operations import HostInspection
-from opspatch.ledger.store import FileVersion, Ledger
+from opspatch.ledger.store import FileVersion, Ledger, Machine
 from opspatch.runs.fleet.group import Nodes
 from opspatch.runs.fleet.session import HostSession
 from opspatch.runs.judgments.patchset import (
     FileStanding,
     Place,
-    ServerAge,
     SetOnHost,
     Standing,
     judge,
@@ -25,6 +24,7 @@ from opspatch.runs.judgments.patchset import (
     server_age,
 )
 from opspatch.runs.judgments.proof import ChangeProof, change_proof
+from opspatch.runs.judgments.running import SERVER_STEPS, stale
 from opspatch.runs.report import FileChange
 
 Takeover = Callable[[LockHeld], "tuple[str, bool] | None"]
@@ -129,6 +129,10 @@ class HostStanding:
     files: tuple[FileStanding, ...] = ()
     inspection: HostInspection | None = None
     proofs: tuple[ChangeProof, ...] = ()
+    stale_server: bool = False
+    """Whether the running server runs code other than the first file's bytes (`server_stale`):
+    a file put back with no restart since (a killed rollback's, `--restart never`'s), unless a
+    live fix was reverted (or taken) in it since."""
 
     @property
     def is_set(self) -> bool:
@@ -139,14 +143,6 @@ class HostStanding:
     def version(self) -> FileVersion:
         """The first file's recorded change (a single file's only one)."""
         return self.found.members[0].version
-
-    @property
-    def stale_server(self) -> bool:
-        """Whether the running server started before the first file last changed: it runs code
-        the file no longer holds (a swap it was not restarted after, as a killed rollback's)."""
-        if self.inspection is None:
-            return False
-        return server_age(self.inspection.server, self.inspection.file) == ServerAge.OLDER
 
     @property
     def live(self) -> str:
@@ -185,17 +181,35 @@ class Change:
     begin_at: str | None = None
 
 
+def server_stale(ledger: Ledger, host: str, inspection: HostInspection) -> bool:
+    """Whether the inspected server runs code other than its file's bytes (`running.stale`):
+    the file's history on the machine and the host's steps that start its engine or change its
+    code live are read only when the server started before the file last changed.
+
+    Raises:
+        LedgerError: the ledger cannot be read.
+    """
+    server, file = inspection.server, inspection.file
+    if server is None or not server.predates(file):
+        return False
+    machine = Machine.of(inspection.facts.machine_id, inspection.facts.hostname)
+    history = ledger.file_history(host, file.realpath, machine=machine)
+    return stale(server, file, history, ledger.host_steps(host, SERVER_STEPS))
+
+
 def read_host(
     session: HostSession,
     change: Change,
     *,
     ledger: Ledger | None = None,
+    prove: bool = False,
     lock: bool = True,
     takeover: Takeover | None = None,
 ) -> HostStanding:
     """Where `change` stands on the host: `begin`, the set's other files in one `read-set`
     step, each file placed (`patchset.read_file`), then judged together (`patchset.judge`).
-    With `ledger`, the proofs of a change whose every file is new.
+    With `ledger`, whether its server is stale (`server_stale`), and with `prove` the proofs
+    of a change whose every file is new.
 
     Raises:
         LockHeld, OpspatchError: the host could not be begun, or a file could not be read.
@@ -223,15 +237,18 @@ def read_host(
             mine = sorted((v for v in versions if v.path == path), key=lambda v: -v.event_id)
             history = candidates = mine
         files.append(read_file(path, live[path], history, candidates, server=age))
+    stale = ledger is not None and server_stale(ledger, session.name, inspection)
     if any(f.place == Place.UNRECORDED for f in files):
-        return HostStanding(Standing.NOTHING_RECORDED, SetOnHost(()), inspection=inspection)
+        return HostStanding(
+            Standing.NOTHING_RECORDED, SetOnHost(()), inspection=inspection, stale_server=stale
+        )
     located = [f.located for f in files if f.located is not None]
     members = members_of(located, [f.sha256 for f in files])
     proofs: tuple[ChangeProof, ...] = ()
-    if ledger is not None and all(m.is_new for m in members.members):
+    if ledger is not None and prove and all(m.is_new for m in members.members):
         proofs = tuple(change_proof(ledger, session.name, m.version) for m in members.members)
     standing = judge(located, server=age, proven=bool(proofs) and all(p.proven for p in proofs))
-    return HostStanding(standing, members, tuple(files), inspection, proofs)
+    return HostStanding(standing, members, tuple(files), inspection, proofs, stale)
 
 
 class Unread(Exception):
@@ -248,6 +265,7 @@ def read(
     change: Callable[[HostSession], Change],
     *,
     ledger: Ledger | None = None,
+    prove: bool = False,
     lock: bool = True,
     takeover: Takeover | None = None,
 ) -> dict[str, HostStanding]:
@@ -257,7 +275,12 @@ def read(
     for session in nodes.sessions:
         try:
             standings[session.name] = read_host(
-                session, change(session), ledger=ledger, lock=lock, takeover=takeover
+                session,
+                change(session),
+                ledger=ledger,
+                prove=prove,
+                lock=lock,
+                takeover=takeover,
             )
         except OpspatchError as error:
             raise Unread(session, error) from error

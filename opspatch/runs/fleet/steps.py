@@ -29,13 +29,9 @@ _NO_EFFECT_CODES_EXCLUDED = frozenset({"agent-no-reply", "agent-error"})
 
 
 def effect_unknown(exc: BaseException) -> bool:
-    """Whether a failed exec that could change a file may or may not have changed it.
-
-    The host agent replies only when it is done, so a refusal it replied with (preimage-mismatch,
-    compile-failed, write-failed, ...) means it wrote nothing or undid what it wrote. Anything
-    else (no reply, a dropped channel, a deadline, a transport error, an error the agent hit
-    part-way) leaves the file's state unknown: read it back before saying what happened.
-    """
+    """Whether a failed exec that could change a file may have changed it: a refusal the agent
+    replied with means it wrote nothing; anything else (no reply, an error part-way) leaves the
+    file unknown, to be read back."""
     if isinstance(exc, RemoteOperationError):
         return exc.code in _NO_EFFECT_CODES_EXCLUDED
     return not isinstance(exc, InputError)
@@ -51,12 +47,8 @@ def restore_pre_image(
     mode: int = 0,
     owner: str = "",
 ) -> RestoreReply:
-    """Put the pre-image back: from the host's own backup, else from the ledger's copy.
-
-    The host's backup is tried first (no bytes cross the network); when it is missing or does
-    not hash to the pre-image, the ledger's copy is sent (the ledger re-hashes it on the way
-    out, so a tampered copy is refused rather than written). When the file changed, the
-    restore is recorded as a file version (the bytes it overwrote are the ledger's post-image).
+    """Put the pre-image back: from the host's own backup (no bytes cross the network), else
+    from the ledger's copy (re-hashed on the way out); recorded as a file version.
 
     Raises:
         RemoteOperationError: the restore failed on the host (`not-our-file`, `write-failed`...).
@@ -141,15 +133,9 @@ def ready_step(
     slice_seconds: float | None = None,
     between: Callable[[], None] | None = None,
 ) -> Readiness:
-    """Wait until the engine is ready, as a recorded step (`HostFailed` when it is not).
-
-    `timeout` overrides the playbook's `ready` deadline (the restore path has its own). Every
-    `READY_SLICE_SECONDS` (30 s) the server has not answered, the operator is told what is
-    awaited, the last answer and when the wait gives up (`waiting_line`), and a first Ctrl-C
-    meanwhile says this host is still waited for, until when (`session.awaiting`).
-
-    A unit's head is awaited with its `group` (every rank joined), in parts of `slice_seconds`,
-    and `between` two parts looks at the unit's other nodes (it raises to end the wait).
+    """Wait until the engine is ready, as a recorded step (`HostFailed` when it is not), telling
+    the operator every `READY_SLICE_SECONDS` what is awaited. `timeout` overrides the `ready`
+    deadline; a unit's head is awaited with its `group`, `between` looking at its other nodes.
     """
     from opspatch.hosts.engine import READY_SLICE_SECONDS
 
@@ -225,12 +211,9 @@ def smoke_step(
     must_pass: bool = True,
     last: bool = False,
 ) -> SmokeResult:
-    """The smoke decode as a recorded step. A failed check is a `failed` step whatever the
-    caller does with it (a restore whose smoke failed must not read `ok` in the ledger); with
-    `must_pass` it ends the pipeline (`SmokeFailed`, a `HostFailed`), otherwise the result is
-    returned for the caller to report. `last`: the host's last step; a smoke that passes then
-    releases the run's lock in the same exec; behind a router a last smoke that passes puts the
-    host back into rotation (`admit`), so every proven restart ends admitted."""
+    """The smoke decode as a recorded step, `failed` when a check fails whatever the caller does
+    (`must_pass`: raises `SmokeFailed`). `last`: a pass gives the lock back in the same exec
+    and admits the host behind a router."""
     try:
         with session.step(step) as note:
             result = session.engine.smoke(
@@ -279,12 +262,8 @@ def readmit(session: HostSession, restart: RestartReply | None) -> None:
 def smoke_after_restore(
     session: HostSession, restart: RestartReply, *, step: Step = Step.SMOKE_AFTER_RESTORE
 ) -> tuple[SmokeResult | None, str | None]:
-    """The smoke decode after a restore, as the host's last step: its result (None when it
-    could not run) and, unless it passed, why the server does not serve the restored file.
-
-    A restore is proven like a change: the restored code may be exactly what was broken (the
-    incident's first decode crashes the unpatched engine), and a server that crashed during the
-    decode is down; the outcome must say so, never pass it as serving."""
+    """The smoke after a restore: its result (None: not run) and, unless it passed, why the
+    server does not serve: the restored code may be exactly what was broken."""
     try:
         smoke = smoke_step(session, restart, baseline=None, step=step, must_pass=False, last=True)
     except HostFailed as failure:

@@ -9,7 +9,7 @@ from typing import Any
 
 from opspatch.analysis.fixes import FixMatch
 from opspatch.analysis.missingattr import MissingAttributeReport
-from opspatch.core.jsonrecord import JsonRecord, json_field
+from opspatch.core.codec import Record, json_field
 from opspatch.core.vocabulary import FileAction, FileState, FindingLevel
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK
 from opspatch.hosts.diagnosis import (
@@ -25,14 +25,14 @@ from opspatch.hosts.image import BakedLabels
 from opspatch.hosts.results import RemoteFile
 from opspatch.ledger.records import FileVersion
 from opspatch.runs.judgments.patchset import Place, read_file
-from opspatch.runs.judgments.views import file_state
+from opspatch.runs.judgments.views import file_state, unresolved_state
 
 PROBLEM, WARNING, INFO = FindingLevel.PROBLEM, FindingLevel.WARNING, FindingLevel.INFO
 MAX_DIFF_LINES = 400
 
 
 @dataclass(frozen=True)
-class Finding(JsonRecord):
+class Finding(Record):
     """One thing found on a host. `text` reads the same on every host that has it (so hosts
     group in the fleet summary); `detail` is this host's particulars."""
 
@@ -43,7 +43,7 @@ class Finding(JsonRecord):
 
 
 @dataclass(frozen=True)
-class FileVerdict(JsonRecord):
+class FileVerdict(Record):
     """Where one imported file stands, and what else bears on the code the server runs."""
 
     module: str
@@ -229,10 +229,7 @@ def judge_file(
     `baked`: the bake of the container's image, when the file is the bytes it baked.
     """
     if m.error is not None or m.file is None:
-        state = (
-            FileState.NOT_INSTALLED if m.error_code == "module-not-found" else FileState.UNRESOLVED
-        )
-        return FileVerdict(m.module, state, m.error or "not read")
+        return FileVerdict(m.module, unresolved_state(m.error_code), m.error or "not read")
     f = m.file
     live, common = f.sha256, _what_else(m, f)
     reference, label = _reference(m)

@@ -119,6 +119,73 @@ def status_word(file: FileStanding) -> PatchState:
     return STATUS(file.place, file.carried.state, file.gate is None, file.server)
 
 
+def unread_word(target_missing: bool) -> PatchState:
+    """`status`'s word for a file that could not be read: a module that does not resolve there
+    is `not-applicable`; any other failure leaves the host unknown."""
+    return PatchState.NOT_APPLICABLE if target_missing else PatchState.UNREACHABLE
+
+
+SET_FIRST = (
+    PatchState.UNREACHABLE,
+    PatchState.NOT_APPLICABLE,
+    PatchState.DRIFTED,
+    PatchState.UNKNOWN,
+)
+"""A set's word when one of its files has one of these and they differ (the first found wins)."""
+
+
+def set_word(words: Sequence[PatchState]) -> PatchState:
+    """A patch set's word from its files' words (a set of one says its file's): `applied` (or
+    `staged`) only when every file is, `not-applied` only when none is; a set with some files new
+    and the rest old (a run stopped between two swaps) is `partial`, never `applied`."""
+    kinds = set(words)
+    assert kinds, "a set has files"
+    if len(kinds) == 1:
+        return kinds.pop()
+    if kinds == {PatchState.APPLIED, PatchState.STAGED}:
+        return PatchState.STAGED
+    return next((w for w in SET_FIRST if w in kinds), PatchState.PARTIAL)
+
+
+def set_carried(carried: Sequence[Detected | None]) -> Detected | None:
+    """What a set's files carry together: a file not read (None) or not fitting decides first."""
+    if None in carried:
+        return None
+    kinds = set(carried)
+    if Detected.UNKNOWN in kinds:
+        return Detected.UNKNOWN
+    return kinds.pop() if len(kinds) == 1 else Detected.PARTIAL
+
+
+LIVE: DecisionTable[PatchState] = DecisionTable(
+    ("state", "held", "unread"),
+    (tuple(PatchState), BOOL, BOOL),
+    (
+        *((s, ANY, ANY, s) for s in PatchState if s != PatchState.STAGED),
+        # the server started before the file, but holds the file's fix live: it runs it
+        (PatchState.STAGED, True, False, PatchState.APPLIED),
+        (PatchState.STAGED, False, ANY, PatchState.STAGED),
+        # a process that did not answer may run the old code: a restart makes it certain
+        (PatchState.STAGED, True, True, PatchState.STAGED),
+    ),
+)
+"""`status`'s word once the engine's processes are asked which live fixes they hold, by the
+file's word, whether the fix is held taken from the file's very bytes, and whether some process
+could not be asked."""
+
+
+def unit_words(ranked: Sequence[PatchState]) -> tuple[PatchState | None, tuple[PatchState, ...]]:
+    """The words of a unit's nodes (in rank order, the head's first when selected) read
+    together: the most common word (a tie: the first node's; None when all agree) and each
+    node's word. A unit is one server, so nodes whose words differ are each `partial`; a node
+    not read stays `unreachable`."""
+    if len(set(ranked)) < 2:
+        return None, tuple(ranked)
+    reference = max(ranked, key=lambda w: (ranked.count(w), -ranked.index(w)))
+    said = tuple(w if w == PatchState.UNREACHABLE else PatchState.PARTIAL for w in ranked)
+    return reference, said
+
+
 # ---------------------------------------------------------------------------------------------
 # diagnose: an imported file, whatever patch
 
@@ -141,6 +208,11 @@ FILE_STATES: DecisionTable[FileState] = DecisionTable(
 
 def file_state(file: FileStanding) -> FileState:
     return FILE_STATES(file.place, file.reference)
+
+
+def unresolved_state(error_code: str | None) -> FileState:
+    """`diagnose`'s word for a module that did not resolve to a file (the agent's error code)."""
+    return FileState.NOT_INSTALLED if error_code == "module-not-found" else FileState.UNRESOLVED
 
 
 # ---------------------------------------------------------------------------------------------

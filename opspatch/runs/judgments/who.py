@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from opspatch.core.jsonrecord import JsonRecord
+from opspatch.core.codec import Record
 from opspatch.errors import InputError
 from opspatch.ledger.store import Ledger
 
 
 @dataclass(frozen=True)
-class RunWho(JsonRecord):
+class RunWho(Record):
     run_id: str
     operator: str
     controller: str

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from opspatch.config import paths
+from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import RestartPolicy
@@ -29,6 +30,15 @@ def base_patches_for(engine: EngineChoice) -> tuple[LoadedPatch, ...]:
     return incident.base_patches_for(engine.version)
 
 
+def base_patch_target(layout: SandboxLayout, manifest: Manifest, host: str) -> Host:
+    """`host` as a base patch reaches it: built per node with its engine stopped, as pip
+    installs the wheel on each node (a reinstall rebuilds one), so neither part of a running
+    multi-node server nor a worker of the router (which `up` starts once every engine is
+    ready: draining it first would find no router)."""
+    inventory = sandbox_inventory(layout, manifest, over_ssh=False)
+    return replace(inventory.host(host), unit=None, router=None)
+
+
 def apply_base_patches(
     layout: SandboxLayout,
     manifest: Manifest,
@@ -43,9 +53,7 @@ def apply_base_patches(
     """
     if not patches:
         return
-    # built per node, the node's engine not running, as pip installs the wheel on each node (a
-    # reinstall rebuilds one): not an apply to part of a running multi-node server
-    target = replace(sandbox_inventory(layout, manifest, over_ssh=False).host(host), unit=None)
+    target = base_patch_target(layout, manifest, host)
     with Ledger.open(paths.default_ledger_location()) as ledger:
         for patch in patches:
             progress(f"{host}: applying the sandbox's base patch {patch.spec.id}")

@@ -51,6 +51,9 @@ class BuildEvent:
     steps: int
     title: str
     detail: str = ""
+    logged: bool = False
+    """Worth its own line where no spinner shows the latest (a log, a pipe): a batch of
+    downloads begun or kept, where pip's own lines are not."""
 
 
 BuildProgress = Callable[[BuildEvent], None]
@@ -209,8 +212,8 @@ def ensure_base(cache: Path, version: str, progress: BuildProgress = no_progress
     # Long because: five steps in order, each a few lines; the order is the point
     steps = len(BUILD_STEPS)
 
-    def say(step: int, detail: str = "") -> None:
-        progress(BuildEvent(step, steps, BUILD_STEPS[step - 1], detail))
+    def say(step: int, detail: str = "", logged: bool = False) -> None:
+        progress(BuildEvent(step, steps, BUILD_STEPS[step - 1], detail, logged))
 
     say(1)
     wheel = ensure_wheel(cache, version, lambda line: say(1, line))
@@ -227,8 +230,7 @@ def ensure_base(cache: Path, version: str, progress: BuildProgress = no_progress
         listed.write_text("\n".join(requirements) + "\n", encoding="utf-8")
         pin = ["-r", str(listed), "-c", str(constraints)]
         say(2, f"{len(requirements)} requirements, pinned by {constraints.name}")
-        pip = [sys.executable, "-m", "pip"]
-        _run_pip([*pip, "download", *pin, "-d", str(downloads)], "download", lambda s: say(2, s))
+        _download_pins(downloads, constraints, lambda line, logged: say(2, line, logged))
         say(3, str(target))
         if target.exists():
             shutil.rmtree(target)  # an earlier build stopped part-way: start it afresh
@@ -245,6 +247,36 @@ def ensure_base(cache: Path, version: str, progress: BuildProgress = no_progress
         (target / STAMP).write_text(json.dumps(stamp, indent=1) + "\n", encoding="utf-8")
         shutil.rmtree(downloads, ignore_errors=True)
         return base
+
+
+DOWNLOAD_BATCH = 16
+"""Pins downloaded by one pip run: what a Ctrl-C can lose (pip keeps a run's files only once
+all are fetched); fewer would add a pip start (a second or two) per batch."""
+
+
+def _download_pins(downloads: Path, constraints: Path, report: Callable[[str, bool], None]) -> None:
+    """Download every pin of `constraints` (the environment's whole closure, as built) into
+    `downloads`, a batch per pip run, each batch's pins noted in `fetched.txt` once its files
+    are there: a build stopped part-way fetches only the batches it lacks."""
+    pins = [
+        line.strip()
+        for line in constraints.read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    noted = downloads / "fetched.txt"
+    fetched = set(noted.read_text(encoding="utf-8").split()) if noted.is_file() else set()
+    wanted = [pin for pin in pins if pin not in fetched]
+    if len(wanted) < len(pins):
+        kept = len(pins) - len(wanted)
+        report(f"{kept} of {len(pins)} pins kept from an earlier build", True)
+    for start in range(0, len(wanted), DOWNLOAD_BATCH):
+        batch = wanted[start : start + DOWNLOAD_BATCH]
+        said = f"pins {start + 1}-{start + len(batch)} of {len(wanted)}: {batch[0]} ... {batch[-1]}"
+        report(said, True)
+        argv = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(downloads)]
+        _run_pip([*argv, *batch], "download", lambda line: report(line, False))
+        with open(noted, "a", encoding="utf-8") as note:
+            note.write("".join(f"{pin}\n" for pin in batch))
 
 
 def _check_imports(base: BaseEnv) -> None:

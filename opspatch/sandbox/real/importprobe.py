@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from opspatch.core.jsonrecord import JsonRecord
+from opspatch.core.codec import Record
 
 PROBE = """
 import importlib, importlib.abc, importlib.util, json, sys, traceback
@@ -66,7 +66,7 @@ machine."""
 
 
 @dataclass(frozen=True)
-class ImportFailure(JsonRecord):
+class ImportFailure(Record):
     """A module whose import raised: the exception and the innermost frame outside importlib."""
 
     module: str

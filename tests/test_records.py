@@ -1,4 +1,4 @@
-"""The one JSON codec (`opspatch.core.jsonrecord`) on the records outside the ledger: a host
+"""The one JSON codec (`opspatch.core.codec.Record`, pydantic) on the records outside the ledger: a host
 record survives a round trip, its rules (a key left out while None, a field never written, a
 value encoded) hold, and an agent reply that does not have a record's shape is refused at the
 boundary with the error every caller of an agent operation handles."""
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from opspatch.core.jsonrecord import NOT_WRITTEN, JsonRecord, json_field
+from opspatch.core.codec import NOT_WRITTEN, Record, json_field
 from opspatch.core.policy import Playbook
 from opspatch.core.vocabulary import Outcome, StepStatus
 from opspatch.errors import RemoteOperationError
@@ -82,20 +82,66 @@ def test_a_host_outcome_omits_diff_and_smoke_while_none_and_rounds_seconds() -> 
     assert list(with_diff)[-1] == "diff"
 
 
-def test_the_rules_on_a_record_of_their_own() -> None:
-    @dataclass(frozen=True)
-    class Sample(JsonRecord):
-        name: str
-        blob: bytes = field(metadata=NOT_WRITTEN)
-        when: float = json_field(encode=lambda value: round(value, 1))
-        gone: str | None = json_field(default=None, omit_none=True)
-        wire: int = json_field(key="on_the_wire", default=0)
+@dataclass(frozen=True)
+class Part(Record):
+    a: int
+    b: float = 0
 
-    sample = Sample("a", b"\x00", 1.26)
-    assert sample.to_json() == {"name": "a", "when": 1.3, "on_the_wire": 0}
-    assert Sample("a", b"", 1.0, "here", 2).to_json()["gone"] == "here"
-    with pytest.raises(ValueError, match=r"Sample\.on_the_wire: expected int, got str"):
+
+@dataclass(frozen=True)
+class Sample(Record):
+    name: str
+    when: float = json_field(encode=lambda value: round(value, 1))
+    gone: str | None = json_field(default=None, omit_none=True)
+    wire: int = json_field(key="on_the_wire", default=0)
+    part: Part = json_field(inline=True, default=Part(1))
+    doubled: str = field(init=False)
+    sent: bytes = json_field(default=b"", decode=str.encode, written=False)
+    blob: bytes = field(default=b"", metadata=NOT_WRITTEN)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "doubled", self.name * 2)
+
+
+def test_the_rules_on_a_record_of_their_own() -> None:
+    sample = Sample("a", 1.26, blob=b"\x00")
+    assert sample.to_json() == {
+        "name": "a",
+        "when": 1.3,
+        "on_the_wire": 0,
+        "a": 1,
+        "b": 0,
+        "doubled": "aa",
+    }
+    assert list(sample.to_json())[-1] == "doubled"  # derived, written in its place
+    assert Sample("a", 1.0, "here", 2).to_json()["gone"] == "here"
+    again = Sample.from_json({"name": "a", "when": 1, "on_the_wire": 3, "a": 4, "sent": "xy"})
+    assert again == Sample("a", 1, wire=3, part=Part(4), sent=b"xy")
+    assert isinstance(again.when, int)  # a number stays as written
+    with pytest.raises(ValueError, match=r"Sample\.on_the_wire: Input should be a valid integer"):
         Sample.from_json({"name": "a", "when": 1.0, "on_the_wire": "2"})
+
+
+@dataclass(frozen=True)
+class Reshaped(Record):
+    n: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "twice": 2 * self.n}
+
+
+@dataclass(frozen=True)
+class Holder(Record):
+    inside: Reshaped
+    many: tuple[Reshaped, ...] = ()
+
+
+def test_a_record_written_by_hand_is_written_by_hand_where_it_is_nested() -> None:
+    assert Reshaped(1).to_json() == {"n": 1, "twice": 2}
+    assert Holder(Reshaped(1), (Reshaped(2),)).to_json() == {
+        "inside": {"n": 1, "twice": 2},
+        "many": [{"n": 2, "twice": 4}],
+    }
 
 
 # -- replies at the boundary ----------------------------------------------------------------
@@ -116,8 +162,14 @@ def test_facts_an_agent_leaves_out_read_as_unknown(tmp_path: Path) -> None:
             {k: v for k, v in FACTS.items() if k != "python_version"},
             "HostFacts.python_version: missing",
         ),
-        ({**FACTS, "cuda_device_count": "two"}, "HostFacts.cuda_device_count: expected int"),
-        ({**FACTS, "gpu_names": "NVIDIA H200"}, "HostFacts.gpu_names: expected an array"),
+        (
+            {**FACTS, "cuda_device_count": "two"},
+            "HostFacts.cuda_device_count: Input should be a valid integer, got str",
+        ),
+        (
+            {**FACTS, "gpu_names": "NVIDIA H200"},
+            "HostFacts.gpu_names: Input should be a valid tuple, got str",
+        ),
     ],
 )
 def test_a_malformed_facts_reply_is_a_remote_error_naming_the_field(
@@ -142,7 +194,10 @@ def test_a_malformed_smoke_reply_is_a_remote_error_naming_the_prompt_field(tmp_p
     with pytest.raises(RemoteOperationError) as caught:
         ctl.smoke(log_offset=None)
     assert caught.value.code == "agent-bad-reply" and caught.value.step == "smoke"
-    assert "SmokeResult.prompts[0].ok: expected bool, got str" in caught.value.message
+    assert (
+        "SmokeResult.prompts[0].ok: Input should be a valid boolean, got str"
+        in caught.value.message
+    )
 
 
 def test_a_smoke_reply_says_whether_it_gave_the_lock_back(tmp_path: Path) -> None:

@@ -1,0 +1,113 @@
+"""What code a running server runs: its file's bytes when it started, changed by live fixes since."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from opspatch.core.vocabulary import Step, StepStatus
+from opspatch.hosts.results import RemoteFile, ServerProcess
+from opspatch.ledger.store import FileVersion, StepRecord
+
+STARTS = frozenset({Step.RESTART, Step.RESTART_AFTER_RESTORE, Step.START, Step.START_AFTER_RESTORE})
+"""The steps that start a host's engine: the running server started at or after the last one."""
+
+SERVER_STEPS = STARTS | {Step.SWAP, Step.LIVE, Step.LIVE_REVERT}
+"""The steps `stale` reads of a host (a run's swap tells its live takes from its checks)."""
+
+
+@dataclass(frozen=True)
+class LiveChange:
+    """A step of run `run_id` that changed the code a running engine holds (`live`: a fix
+    taken; `live-revert`: reverted), when it was recorded, and whether every process did it."""
+
+    run_id: str
+    step: Step
+    event_id: int
+    at: float
+    """Epoch seconds (the controller's clock)."""
+    ok: bool
+
+
+def epoch(recorded_at: str) -> float:
+    """A ledger time (`2026-12-06T13:55:00.123456Z`, UTC) in epoch seconds."""
+    return datetime.fromisoformat(recorded_at.replace("Z", "+00:00")).timestamp()
+
+
+def live_changes(steps: Sequence[tuple[str, StepRecord]]) -> list[LiveChange]:
+    """The live takes and reverts among a host's recorded steps (`(run_id, step)`, any order;
+    `started` records skipped), oldest first: every `live-revert`, and every `live` recorded
+    after its own run's swap there. A run's `live` steps before its swap check or list,
+    changing nothing (apply's preflight, rollback's and recover's `list`). Pure."""
+    swapped: set[str] = set()
+    found: list[LiveChange] = []
+    for run, step in _ended(steps):
+        if step.step == Step.SWAP:
+            swapped.add(run)
+        elif step.step == Step.LIVE_REVERT or (step.step == Step.LIVE and run in swapped):
+            ok = step.status == StepStatus.OK
+            found.append(LiveChange(run, step.step, step.event_id, epoch(step.recorded_at), ok))
+    return found
+
+
+def last_start(steps: Sequence[tuple[str, StepRecord]]) -> int | None:
+    """The event id of the last engine start recorded `ok` among a host's steps (None: none)."""
+    starts = [
+        s.event_id for _, s in _ended(steps) if s.step in STARTS and s.status == StepStatus.OK
+    ]
+    return starts[-1] if starts else None
+
+
+def _ended(steps: Sequence[tuple[str, StepRecord]]) -> list[tuple[str, StepRecord]]:
+    ended = [(run, s) for run, s in steps if s.status != StepStatus.STARTED]
+    return sorted(ended, key=lambda item: item[1].event_id)
+
+
+def running_sha256(
+    started_at: float, history: Sequence[FileVersion], steps: Sequence[tuple[str, StepRecord]]
+) -> str | None:
+    """The bytes a server started at `started_at` (the host's clock) runs, from the file's
+    `history` and the host's `steps` in the ledger (None: it cannot tell).
+
+    It started with the bytes of the newest version written before it started: recorded before
+    the last engine start the ledger holds, else before `started_at` (none: the oldest
+    version's pre-image; none at all: None). Each run that took or reverted a live fix since
+    (its last such step and every revert `ok`) made it run the bytes that run wrote last (a run
+    whose versions are not recorded: None); a run whose revert failed left it as it was. Pure."""
+    started = last_start(steps) or 0
+
+    def before(event_id: int, recorded_at: float) -> bool:
+        return event_id < started or recorded_at < started_at
+
+    versions = sorted(history, key=lambda v: v.event_id)
+    at_start = [v for v in versions if before(v.event_id, epoch(v.recorded_at))]
+    runs = at_start[-1].sha256_after if at_start else None
+    if not at_start and versions:
+        runs = versions[0].sha256_before
+    wrote = {v.run_id: v.sha256_after for v in versions}
+    since: dict[str, list[LiveChange]] = {}
+    for change in live_changes(steps):
+        if not before(change.event_id, change.at):
+            since.setdefault(change.run_id, []).append(change)
+    for run, changes in sorted(since.items(), key=lambda item: item[1][-1].event_id):
+        reverted = all(c.ok for c in changes if c.step == Step.LIVE_REVERT)
+        if changes[-1].ok and reverted:  # a failed take is reverted after: ok when that is
+            runs = wrote.get(run)
+    return runs
+
+
+def stale(
+    server: ServerProcess | None,
+    file: RemoteFile,
+    history: Sequence[FileVersion],
+    steps: Sequence[tuple[str, StepRecord]],
+) -> bool:
+    """Whether the running server runs code other than `file`'s bytes: it started before the
+    file last changed (`ServerProcess.predates`: the host's own clock) and the ledger does not
+    show it running these bytes (`running_sha256`: a live fix taken, or reverted, since it
+    started). A rollback killed after its swap, or one told not to restart (and not live),
+    leaves a stale server; a live apply, or a live revert and restore, does not. Pure."""
+    if server is None or server.started_at is None or not server.predates(file):
+        return False
+    return running_sha256(server.started_at, history, steps) != file.sha256
