@@ -123,7 +123,8 @@ def _typer_app(args: tuple[str, ...], folder: Path, env: dict[str, str]) -> Run:
 def _masked(text: str) -> str:
     """Run ids, times and hashes differ between two runs: every word of hex digits is masked,
     and a table's padding (a longer time widens its column)."""
-    return re.sub(r"[ ━]+", " ", re.sub(r"[0-9a-f]*[0-9][0-9a-f]*", "0", text))
+    hex_masked = re.sub(r"\b[0-9a-f]{6,}\b", "0", text)  # a run id's suffix may have no digit
+    return re.sub(r"[ ━]+", " ", re.sub(r"[0-9a-f]*[0-9][0-9a-f]*", "0", hex_masked))
 
 
 @pytest.mark.process
