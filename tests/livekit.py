@@ -22,7 +22,7 @@ from opspatch.hosts.liveplugin import fixes
 from opspatch.runs.commands.apply import apply_to_hosts
 from opspatch.runs.fleet.liveapply import live_former
 from opspatch.runs.report import RunReport
-from tests.scriptedkit import FAKE_PID, FakeHost, Fleet, Units
+from tests.scriptedkit import FakeHost, Fleet, Units, finding_its_server
 
 former = live_former  # the real live form of the patch's change
 
@@ -122,21 +122,11 @@ class LiveEngine:
 
 
 def serving(fake: FakeHost, engine: LiveEngine) -> None:
-    """`fake`'s `live` answered by `engine`, and its inspections by path (restart's, rollback's,
-    recover's) finding its running server too, as the agent finds a live process in the pid
-    file."""
-
-    def answer(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
-        if op == "live":
-            return engine.answer(args)
-        if op != "inspect":
-            return None
-        found = fake.real(op, args)
-        if isinstance(found, dict) and found.get("server") is None and fake.serving:
-            found["server"] = {"pid": FAKE_PID, "started_at": fake.started_at}
-        return found if isinstance(found, dict) else None
-
-    fake.fault = answer
+    """`fake`'s `live` answered by `engine`, and its inspections by path finding its running
+    server too (`finding_its_server`)."""
+    fake.fault = finding_its_server(
+        fake, lambda op, args: engine.answer(args) if op == "live" else None
+    )
 
 
 def live_host(fake: FakeHost, *, live: bool = True) -> Host:

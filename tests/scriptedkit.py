@@ -219,6 +219,22 @@ class Fleet:
         )
 
 
+def finding_its_server(fake: FakeHost, answer: Fault | None = None) -> Fault:
+    """`answer` for every other operation (None: the host's own), and `fake`'s inspections by path
+    (restart's, rollback's, recover's) finding its running server too, as the agent finds a live
+    process in the pid file."""
+
+    def served(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        if op != "inspect":
+            return None if answer is None else answer(op, args)
+        found = fake.real(op, args)
+        if isinstance(found, dict) and found.get("server") is None and fake.serving:
+            found["server"] = {"pid": FAKE_PID, "started_at": fake.started_at}
+        return found
+
+    return served
+
+
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
     patch = load_patch(REPO / "patches" / "eagle-init-guard.toml")

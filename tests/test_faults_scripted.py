@@ -50,9 +50,9 @@ from tests.scriptedkit import (
     STANDIN,
     UNIT,
     FakeHost,
-    Fault,
     Fleet,
     Units,
+    finding_its_server,
     fleet,
     sha,
     units,
@@ -287,26 +287,11 @@ def _left_by_a_dead_live_apply(fleet: Fleet, host: FakeHost, *, taken: bool) -> 
     return dead, planned.sha256_after
 
 
-def with_server(fake: FakeHost, engine: LiveEngine) -> Fault:
-    """`fake` answering `live` through `engine`, and its inspections (by path, as recover
-    reads) finding its running server, as the real agent finds it from the pid file."""
-
-    def answer(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
-        if op == "live":
-            return engine.answer(args)
-        if op != "inspect":
-            return None
-        found = agent_operation(op, args)
-        if isinstance(found, dict) and found.get("server") is None and fake.serving:
-            found["server"] = {"pid": FAKE_PID, "started_at": fake.started_at}
-        return found
-
-    return answer
-
-
 def recover_live(fleet: Fleet, dead: str, engine: LiveEngine) -> RunReport:
     for fake in fleet.hosts:
-        fake.fault = with_server(fake, engine)
+        fake.fault = finding_its_server(
+            fake, lambda op, args: engine.answer(args) if op == "live" else None
+        )
     return recover_run(
         ledger=fleet.ledger,
         chain=run_chain(fleet.ledger, dead),
@@ -403,7 +388,7 @@ def test_recover_finishes_an_interrupted_live_apply_on_a_unit_through_its_head_n
     for name in UNIT.hosts:
         fake, answer = units.fakes[name], units.fakes[name].fault
         assert answer is not None
-        fake.fault = serving_with(fake, answer)
+        fake.fault = finding_its_server(fake, answer)
         fake.requests.clear()
     report = recover_run(
         ledger=units.ledger,
@@ -422,20 +407,6 @@ def test_recover_finishes_an_interrupted_live_apply_on_a_unit_through_its_head_n
         assert not lock_of(units.fakes[name])
     assert "smoke" in units.fakes["h1"].requests and "smoke" not in units.fakes["h2"].requests
     assert report.exit_code == 0
-
-
-def serving_with(fake: FakeHost, answer: Fault) -> Fault:
-    """`answer`, and `fake`'s inspections finding its running server (started before the write)."""
-
-    def served(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
-        if op != "inspect":
-            return answer(op, args)
-        found = agent_operation(op, args)
-        if isinstance(found, dict) and found.get("server") is None and fake.serving:
-            found["server"] = {"pid": FAKE_PID, "started_at": fake.started_at}
-        return found
-
-    return served
 
 
 def _killed_run_whose_first_host_cannot_start(fleet: Fleet) -> str:
@@ -575,23 +546,8 @@ def _left_by_a_dead_rollback(fleet: Fleet, host: FakeHost) -> str:
     locked_by(host, dead)
     host.file.write_bytes(pristine)
     host.requests.clear()
-    host.fault = _server_found(host)
+    host.fault = finding_its_server(host)
     return dead
-
-
-def _server_found(host: FakeHost) -> Fault:
-    """Its inspections by path (as recover --hosts, restart and rollback read) find its server
-    too, as the agent finds a live process in the pid file."""
-
-    def found(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
-        if op != "inspect":
-            return None
-        answer = host.real(op, args)
-        if isinstance(answer, dict) and answer.get("server") is None and host.serving:
-            answer["server"] = {"pid": FAKE_PID, "started_at": host.started_at}
-        return answer if isinstance(answer, dict) else None
-
-    return found
 
 
 @pytest.mark.process
@@ -651,7 +607,7 @@ def _staged_back(fleet: Fleet, host: FakeHost) -> RunReport:
     )
     assert fleet.outcomes(back) == {host.name: "staged-back"}, back
     assert sha(host.file.read_bytes()) == PRISTINE
-    host.fault = _server_found(host)
+    host.fault = finding_its_server(host)
     host.requests.clear()
     return applied
 
@@ -792,7 +748,7 @@ def test_a_unit_put_back_without_a_restart_is_restarted_as_one(units: Units, com
     for name in ("h1", "h2"):
         fake = units.fakes[name]
         fake.started_at = time.time() - 600
-        fake.fault = _server_found(fake)
+        fake.fault = finding_its_server(fake)
         fake.requests.clear()
     if command == "restart":
         report = restart_hosts(
