@@ -18,23 +18,15 @@ from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.image import BakedLabels
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostInspection, HostOperations
-from opspatch.ledger.lineage import PatchedFurther, applied_versions
-from opspatch.ledger.store import FileVersion, Ledger, Machine
+from opspatch.ledger.lineage import PatchedFurther
+from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
-from opspatch.runs.fleet.pipeline import gate_inspection
 from opspatch.runs.fleet.rotation import rotation_of
-from opspatch.runs.fleet.standing import server_stale
+from opspatch.runs.fleet.standing import read_inspected
 from opspatch.runs.judgments.live import HeldFix, drift, held_fixes
-from opspatch.runs.judgments.patchset import (
-    FileStanding,
-    Place,
-    baked_in,
-    read_file,
-    recreated_since,
-    server_age,
-)
-from opspatch.runs.judgments.proof import change_proof, describe
+from opspatch.runs.judgments.patchset import FileStanding, Place
+from opspatch.runs.judgments.proof import describe
 from opspatch.runs.judgments.units import recover_remedy, target_of
 from opspatch.runs.judgments.views import (
     LIVE,
@@ -131,65 +123,29 @@ def classify(
     part: int = 0,
 ) -> PatchStatus:
     """The state of one patch (`part`: one target of a patch set) in one live file: the file
-    read against the ledger and the patch (`patchset.read_file`), its word from the table
-    (`views.STATUS`), the sentence here.
-
-    `container` is the container the file was read in, for an engine in one: a container other
-    than the one the patch was written in (recreated from its image) is said to be so. A file
-    that is its release's pristine file and already has the fix is `fixed-upstream`, whatever the
-    ledger says opspatch once wrote there (an upgrade replaced it)."""
-    spec, file, module = patch.parts[part], inspection.file, inspection.module
-    history = (
-        ledger.file_history(
-            host.name,
-            file.realpath,
-            machine=Machine.of(inspection.facts.machine_id, inspection.facts.hostname),
-        )
-        if ledger
-        else []
-    )
-    standing = read_file(
-        file.realpath,
-        file.sha256,
-        history,
-        applied_versions(history, patch.spec.id),
-        change=patch.spec.id,
-        content=file.content,
-        part=spec,
-        gate=gate_inspection(spec.target, inspection),
-        pristine=module.record_sha256 if module is not None else None,
-        release=module.distribution_version if module is not None else None,
-        baked=baked_in(container, file.realpath, file.sha256),
-        recreated=recreated_since(history, patch.spec.id, container),
-        server=server_age(inspection.server, file),
-    )
+    read as the commands read it (`standing.read_inspected`), its word from the table
+    (`views.STATUS`), the sentence here. `container`: the container the file was read in."""
+    found = read_inspected(host.name, inspection, ledger, patch, part=part, container=container)
+    standing, file = found.files[0], inspection.file
     state = status_word(standing)
-    stale = (  # put back: does its server still run the fix?
-        standing.place == Place.OLD
-        and ledger is not None
-        and server_stale(ledger, host.name, inspection)
-    )
     said = PatchStatus(
         host.name,
         patch.spec.id,
         state,
         file.realpath,
         file.sha256,
-        _said(standing, state, patch, part, host, inspection, container, stale=stale),
+        _said(standing, state, patch, part, host, inspection, container, stale=found.stale_server),
         release=module_release(inspection),
         carried=standing.carried.state if standing.carried is not None else None,
         recreated=True if standing.place == Place.RECREATED else None,
-        history=tuple(history),
+        history=found.history,
     )
     if standing.place == Place.NEW:
-        assert ledger is not None and standing.located is not None
-        version = standing.located.version
+        assert ledger is not None and found.proofs
         said = replace(
             said,
-            detail=_new(
-                describe(change_proof(ledger, host.name, version), host), state, inspection
-            ),
-            written_by=who_ran(ledger, version.run_id),
+            detail=_new(describe(found.proofs[0], host), state, inspection),
+            written_by=who_ran(ledger, found.version.run_id),
         )
     disagreement = standing.upstream.disagreement if standing.upstream is not None else None
     if disagreement:

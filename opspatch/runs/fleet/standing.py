@@ -6,21 +6,27 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Step
 from opspatch.errors import LockHeld, OpspatchError
+from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.operations import HostInspection
+from opspatch.ledger.lineage import applied_versions
 from opspatch.ledger.store import FileVersion, Ledger, Machine
 from opspatch.runs.fleet.group import Nodes
+from opspatch.runs.fleet.pipeline import gate_inspection
 from opspatch.runs.fleet.session import HostSession
 from opspatch.runs.judgments.patchset import (
     FileStanding,
     Place,
     SetOnHost,
     Standing,
+    baked_in,
     judge,
     members_of,
     paths_of,
     read_file,
+    recreated_since,
     server_age,
 )
 from opspatch.runs.judgments.proof import ChangeProof, change_proof
@@ -133,6 +139,9 @@ class HostStanding:
     """Whether the running server runs code other than the first file's bytes (`server_stale`):
     a file put back with no restart since (a killed rollback's, `--restart never`'s), unless a
     live fix was reverted (or taken) in it since."""
+    history: tuple[FileVersion, ...] = ()
+    """The first file's changes as the ledger holds them, newest first (`read_inspected`'s only:
+    what drift reads opspatch's last write from)."""
 
     @property
     def is_set(self) -> bool:
@@ -181,10 +190,16 @@ class Change:
     begin_at: str | None = None
 
 
-def server_stale(ledger: Ledger, host: str, inspection: HostInspection) -> bool:
+def server_stale(
+    ledger: Ledger,
+    host: str,
+    inspection: HostInspection,
+    history: Sequence[FileVersion] | None = None,
+) -> bool:
     """Whether the inspected server runs code other than its file's bytes (`running.stale`):
-    the file's history on the machine and the host's steps that start its engine or change its
-    code live are read only when the server started before the file last changed.
+    the file's `history` on the machine (read here when not given) and the host's steps that
+    start its engine or change its code live are read only when the server started before the
+    file last changed.
 
     Raises:
         LedgerError: the ledger cannot be read.
@@ -192,9 +207,15 @@ def server_stale(ledger: Ledger, host: str, inspection: HostInspection) -> bool:
     server, file = inspection.server, inspection.file
     if server is None or not server.predates(file):
         return False
-    machine = Machine.of(inspection.facts.machine_id, inspection.facts.hostname)
-    history = ledger.file_history(host, file.realpath, machine=machine)
+    if history is None:
+        history = _history(ledger, host, inspection)
     return stale(server, file, history, ledger.host_steps(host, SERVER_STEPS))
+
+
+def _history(ledger: Ledger, host: str, inspection: HostInspection) -> list[FileVersion]:
+    """The inspected file's changes, newest first, the host's under any name its machine had."""
+    machine = Machine.of(inspection.facts.machine_id, inspection.facts.hostname)
+    return ledger.file_history(host, inspection.file.realpath, machine=machine)
 
 
 def read_host(
@@ -249,6 +270,58 @@ def read_host(
         proofs = tuple(change_proof(ledger, session.name, m.version) for m in members.members)
     standing = judge(located, server=age, proven=bool(proofs) and all(p.proven for p in proofs))
     return HostStanding(standing, members, tuple(files), inspection, proofs, stale)
+
+
+def read_inspected(
+    host: str,
+    inspection: HostInspection,
+    ledger: Ledger | None,
+    patch: LoadedPatch,
+    *,
+    part: int = 0,
+    container: ContainerIdentity | None = None,
+) -> HostStanding:
+    """Where one part of `patch` stands in a file already inspected with its content (`status`
+    inspects each module once for all the patches that target it): placed as `read_host` places
+    a change's files, with what it carries, its gate, its release's pristine file, its image's
+    bake and its `container`; the proof of a new file, and whether the server of a file put back
+    is stale.
+
+    Raises:
+        LedgerError: the ledger cannot be read.
+    """
+    spec, file, module = patch.parts[part], inspection.file, inspection.module
+    history = _history(ledger, host, inspection) if ledger is not None else []
+    age = server_age(inspection.server, file)
+    placed = read_file(
+        file.realpath,
+        file.sha256,
+        history,
+        applied_versions(history, patch.spec.id),
+        change=patch.spec.id,
+        content=file.content,
+        part=spec,
+        gate=gate_inspection(spec.target, inspection),
+        pristine=module.record_sha256 if module is not None else None,
+        release=module.distribution_version if module is not None else None,
+        baked=baked_in(container, file.realpath, file.sha256),
+        recreated=recreated_since(history, patch.spec.id, container),
+        server=age,
+    )
+    located = [] if placed.located is None else [placed.located]
+    members = members_of(located, [file.sha256] * len(located))
+    proofs: tuple[ChangeProof, ...] = ()
+    if ledger is not None and members.new:
+        proofs = (change_proof(ledger, host, members.members[0].version),)
+    stale = (  # put back: does its server still run the fix?
+        placed.place == Place.OLD
+        and ledger is not None
+        and server_stale(ledger, host, inspection, history)
+    )
+    standing = judge([placed.located], server=age, proven=any(p.proven for p in proofs))
+    return HostStanding(
+        standing, members, (placed,), inspection, proofs, stale, history=tuple(history)
+    )
 
 
 class Unread(Exception):
