@@ -259,17 +259,34 @@ def read_host(
             history = candidates = mine
         files.append(read_file(path, live[path], history, candidates, server=age))
     stale = ledger is not None and server_stale(ledger, session.name, inspection)
-    if any(f.place == Place.UNRECORDED for f in files):
-        return HostStanding(
-            Standing.NOTHING_RECORDED, SetOnHost(()), inspection=inspection, stale_server=stale
-        )
+    return _judged(session.name, files, inspection, ledger, prove=prove, stale=stale)
+
+
+def _judged(
+    host: str,
+    files: Sequence[FileStanding],
+    inspection: HostInspection,
+    ledger: Ledger | None,
+    *,
+    prove: bool,
+    stale: bool,
+    history: tuple[FileVersion, ...] = (),
+) -> HostStanding:
+    """The files read, judged together (`patchset.judge`): a file the ledger holds no change
+    of makes the whole `nothing-recorded`; with `prove`, the proofs of a change all new."""
     located = [f.located for f in files if f.located is not None]
+    if len(located) < len(files):
+        nothing = SetOnHost(())
+        return HostStanding(
+            Standing.NOTHING_RECORDED, nothing, tuple(files), inspection, (), stale, history
+        )
     members = members_of(located, [f.sha256 for f in files])
     proofs: tuple[ChangeProof, ...] = ()
     if ledger is not None and prove and all(m.is_new for m in members.members):
-        proofs = tuple(change_proof(ledger, session.name, m.version) for m in members.members)
+        proofs = tuple(change_proof(ledger, host, m.version) for m in members.members)
+    age = server_age(inspection.server, inspection.file)
     standing = judge(located, server=age, proven=bool(proofs) and all(p.proven for p in proofs))
-    return HostStanding(standing, members, tuple(files), inspection, proofs, stale)
+    return HostStanding(standing, members, tuple(files), inspection, proofs, stale, history)
 
 
 def read_inspected(
@@ -308,19 +325,13 @@ def read_inspected(
         recreated=recreated_since(history, patch.spec.id, container),
         server=age,
     )
-    located = [] if placed.located is None else [placed.located]
-    members = members_of(located, [file.sha256] * len(located))
-    proofs: tuple[ChangeProof, ...] = ()
-    if ledger is not None and members.new:
-        proofs = (change_proof(ledger, host, members.members[0].version),)
     stale = (  # put back: does its server still run the fix?
         placed.place == Place.OLD
         and ledger is not None
         and server_stale(ledger, host, inspection, history)
     )
-    standing = judge([placed.located], server=age, proven=any(p.proven for p in proofs))
-    return HostStanding(
-        standing, members, (placed,), inspection, proofs, stale, history=tuple(history)
+    return _judged(
+        host, [placed], inspection, ledger, prove=True, stale=stale, history=tuple(history)
     )
 
 
