@@ -23,7 +23,7 @@ from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.rotation import rotation_of
-from opspatch.runs.fleet.standing import read_inspected
+from opspatch.runs.fleet.standing import HostStanding, read_inspected
 from opspatch.runs.judgments.live import HeldFix, drift, held_fixes
 from opspatch.runs.judgments.patchset import FileStanding, Place
 from opspatch.runs.judgments.proof import describe
@@ -99,20 +99,6 @@ class PatchStatus(Record):
         return data
 
 
-def with_server(status: PatchStatus, host: Host, inspection: HostInspection) -> PatchStatus:
-    """`status` saying whether the host's server runs: a file that is right on disk serves
-    nothing while no server runs it (a restore whose decode crashed the engine, say)."""
-    running = inspection.server is not None
-    detail = status.detail
-    if not running:
-        down = (
-            f"the server is not running (no live process in its pid file, nothing listening at "
-            f"{host.engine.url}): `{remedy_text(Command.DIAGNOSE, hosts=host.name)}` says why"
-        )
-        detail = f"{detail}; {down}" if detail else down
-    return replace(status, detail=detail, server_running=running)
-
-
 def classify(
     patch: LoadedPatch,
     host: Host,
@@ -124,48 +110,52 @@ def classify(
 ) -> PatchStatus:
     """The state of one patch (`part`: one target of a patch set) in one live file: the file
     read as the commands read it (`standing.read_inspected`), its word from the table
-    (`views.STATUS`), the sentence here. `container`: the container the file was read in."""
+    (`views.STATUS`), the sentence here. `container`: the container the file was read in. A
+    file right on disk serves nothing while no server runs it (a restore whose decode crashed
+    the engine, say): said so."""
     found = read_inspected(host.name, inspection, ledger, patch, part=part, container=container)
-    standing, file = found.files[0], inspection.file
-    state = status_word(standing)
-    said = PatchStatus(
+    file, state, written_by = found.files[0], status_word(found.files[0]), None
+    if file.place == Place.NEW:
+        assert ledger is not None and found.proofs
+        detail = _new(describe(found.proofs[0], host), state, inspection)
+        written_by = who_ran(ledger, found.version.run_id)
+    else:
+        detail = _said(found, state, patch, part, host, container)
+    if file.upstream is not None and file.upstream.disagreement:
+        detail = _joined(detail, file.upstream.disagreement)
+    if inspection.server is None:
+        detail = _joined(
+            detail,
+            f"the server is not running (no live process in its pid file, nothing listening at "
+            f"{host.engine.url}): `{remedy_text(Command.DIAGNOSE, hosts=host.name)}` says why",
+        )
+    return PatchStatus(
         host.name,
         patch.spec.id,
         state,
-        file.realpath,
+        file.path,
         file.sha256,
-        _said(standing, state, patch, part, host, inspection, container, stale=found.stale_server),
+        detail,
+        server_running=inspection.server is not None,
         release=module_release(inspection),
-        carried=standing.carried.state if standing.carried is not None else None,
-        recreated=True if standing.place == Place.RECREATED else None,
+        carried=file.carried.state if file.carried is not None else None,
+        recreated=True if file.place == Place.RECREATED else None,
+        written_by=written_by,
         history=found.history,
     )
-    if standing.place == Place.NEW:
-        assert ledger is not None and found.proofs
-        said = replace(
-            said,
-            detail=_new(describe(found.proofs[0], host), state, inspection),
-            written_by=who_ran(ledger, found.version.run_id),
-        )
-    disagreement = standing.upstream.disagreement if standing.upstream is not None else None
-    if disagreement:
-        return replace(said, detail=_joined(said.detail, disagreement))
-    return said
 
 
 def _said(
-    standing: FileStanding,
+    found: HostStanding,
     state: PatchState,
     patch: LoadedPatch,
     part: int,
     host: Host,
-    inspection: HostInspection,
     container: ContainerIdentity | None,
-    *,
-    stale: bool,
 ) -> str:
-    """Why a file has its word (a new file's is `_new`, once its proof is read); `stale`: the
-    server runs code other than the file's bytes (`standing.server_stale`)."""
+    """Why a file has its word (a new file's is `_new`, once its proof is read)."""
+    standing, inspection = found.files[0], found.inspection
+    assert inspection is not None
     located, carried = standing.located, standing.carried
     assert carried is not None
     match standing.place:
@@ -178,8 +168,6 @@ def _said(
         case Place.BAKED:
             assert standing.baked is not None and container is not None
             return describe_baked(standing.baked, container)
-        case Place.NEW:
-            return ""
         case Place.PATCHED_FURTHER:
             assert isinstance(located, PatchedFurther)
             return f"written by run {located.version.run_id}, {located.advice()}"
@@ -188,7 +176,7 @@ def _said(
         case Place.OLD:
             assert located is not None
             said = f"back at the pre-image of run {located.version.run_id}"
-            if stale:  # put back with no restart after (nor a live revert)
+            if found.stale_server:  # put back with no restart after (nor a live revert)
                 assert inspection.server is not None
                 restart = remedy_text(Command.RESTART, hosts=target_of(host))
                 said += (
@@ -339,10 +327,9 @@ def fleet_status(
                         )
                     continue
                 for patch, index in group:
-                    said = classify(
+                    found[patch.sha256, index] = classify(
                         patch, host, inspection, ledger, transport.container, part=index
                     )
-                    found[patch.sha256, index] = with_server(said, host, inspection)
             for patch in patches:
                 files = [found[patch.sha256, i] for i in range(len(patch.parts))]
                 results.append(combine_set(patch, host, files) if patch.is_set else files[0])
