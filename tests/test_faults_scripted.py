@@ -663,6 +663,28 @@ def test_status_of_a_file_put_back_without_a_restart_says_its_server_still_runs_
     assert "opspatch restart --hosts h1" in said.detail, said
 
 
+def test_status_reads_a_put_back_file_once_as_the_commands_read_it(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """status reads through `standing.read_inspected`, the reading restart and rollback decide
+    from: the file's history is read once. Before, status read it, then `server_stale` read it
+    again beside it."""
+    fleet.hosts = fleet.hosts[:1]
+    (host,) = fleet.hosts
+    _staged_back(fleet, host)
+    reads: list[object] = []
+    history = fleet.ledger.file_history
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        reads.append(args)
+        return history(*args, **kwargs)
+
+    monkeypatch.setattr(fleet.ledger, "file_history", counted)
+    said = _status(fleet, host)
+    assert "started before it was put back" in said.detail, said
+    assert len(reads) == 1, reads
+
+
 def test_restart_of_a_file_put_back_without_a_restart_restarts_and_proves_it(
     fleet: Fleet,
 ) -> None:
