@@ -324,8 +324,8 @@ def test_modules_resolve_from_the_server_folder_not_the_login_folder(
     restart = CommandRestart(start="./serve", pid_file=str(tmp_path / "pid"), workdir=str(workdir))
     host = replace(remote_target.host, engine=replace(remote_target.host.engine, restart=restart))
     resolved = remote_target.with_host(host).resolve("decoy_engine", timeout=60)
-    assert resolved.origin == str(workdir / "decoy_engine" / "__init__.py")
-    assert resolved.is_package
+    assert resolved["origin"] == str(workdir / "decoy_engine" / "__init__.py")
+    assert resolved["is_package"]
 
 
 def test_a_missing_interpreter_names_host_and_path(remote_target: Target) -> None:

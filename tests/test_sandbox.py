@@ -418,7 +418,7 @@ def test_ssh_transport_from_the_sandbox_ssh_inventory_runs_commands_on_the_host(
         # the pid file names the start command's /bin/sh; the status names the engine, its child
         assert result.stdout.decode().strip() == str(parent_pid(report["hosts"][0]["pid"]))
         resolved = HostOperations(transport, host).resolve(EAGLE_MODULE, timeout=60)
-        assert resolved.origin.startswith(str(sandbox.layout.host_dir("sandbox-01")))
+        assert resolved["origin"].startswith(str(sandbox.layout.host_dir("sandbox-01")))
     finally:
         transport.close()
 
