@@ -132,9 +132,9 @@ def test_inspect_is_one_exec_and_imports_nothing(remote_target: Target, tmp_path
     assert inspection.facts.python_executable == sys.executable
     module = inspection.module
     assert module is not None
-    assert module.origin == str(worker)
-    assert module.distribution == "sglang" and module.distribution_version == "0.5.23"
-    assert module.record_sha256 == sha(source)
+    assert module["origin"] == str(worker)
+    assert module["distribution"] == "sglang" and module["distribution_version"] == "0.5.23"
+    assert module["record_sha256"] == sha(source)
     assert inspection.file.content == source
     assert inspection.file.sha256 == sha(source)
 
