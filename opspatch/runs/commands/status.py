@@ -236,16 +236,16 @@ def _unrecorded(
 
 def _release_of(inspection: HostInspection) -> str:
     module = inspection.module
-    if module is None or module.distribution is None:
+    if module is None or module["distribution"] is None:
         return "the installed release"
-    return f"{module.distribution} {module.distribution_version or '(version unknown)'}"
+    return f"{module['distribution']} {module['distribution_version'] or '(version unknown)'}"
 
 
 def module_release(inspection: HostInspection) -> str | None:
     """The version of the distribution that provides the file, else the engine's own."""
     module = inspection.module
-    if module is not None and module.distribution_version:
-        return module.distribution_version
+    if module is not None and module["distribution_version"]:
+        return module["distribution_version"]
     return inspection.facts.sglang_version
 
 
