@@ -89,8 +89,7 @@ class PatchStatus(Record):
     history: tuple[FileVersion, ...] = json_field(
         default=(), written=False, compare=False, repr=False
     )
-    """The file's changes as the ledger holds them, newest first, the host's under any name its
-    machine had (a set's: its first file's): what drift reads opspatch's last write from."""
+    """The file's changes, newest first (a set's: its first file's): drift reads them."""
 
     def to_json(self) -> dict[str, Any]:
         data = dump(self)
@@ -115,12 +114,12 @@ def classify(
     the engine, say): said so."""
     found = read_inspected(host.name, inspection, ledger, patch, part=part, container=container)
     file, state, written_by = found.files[0], status_word(found.files[0]), None
+    module = inspection.module  # its distribution's version, else the engine's own
+    release = module["distribution_version"] if module is not None else None
+    detail = _said(found, state, patch, part, host, container)
     if file.place == Place.NEW:
-        assert ledger is not None and found.proofs
-        detail = _new(describe(found.proofs[0], host), state, inspection)
+        assert ledger is not None
         written_by = who_ran(ledger, found.version.run_id)
-    else:
-        detail = _said(found, state, patch, part, host, container)
     if file.upstream is not None and file.upstream.disagreement:
         detail = _joined(detail, file.upstream.disagreement)
     if inspection.server is None:
@@ -137,7 +136,7 @@ def classify(
         file.sha256,
         detail,
         server_running=inspection.server is not None,
-        release=module_release(inspection),
+        release=release or inspection.facts.sglang_version,
         carried=file.carried.state if file.carried is not None else None,
         recreated=True if file.place == Place.RECREATED else None,
         written_by=written_by,
@@ -153,21 +152,35 @@ def _said(
     host: Host,
     container: ContainerIdentity | None,
 ) -> str:
-    """Why a file has its word (a new file's is `_new`, once its proof is read)."""
+    """Why a file has its word."""
     standing, inspection = found.files[0], found.inspection
     assert inspection is not None
+    module = inspection.module
     located, carried = standing.located, standing.carried
     assert carried is not None
     match standing.place:
-        case Place.FIXED_UPSTREAM:
-            assert standing.upstream is not None
-            return (
-                f"{_release_of(inspection)} ships the fix ({standing.upstream.reason}): the patch "
-                "is not needed here"
+        case Place.FIXED_UPSTREAM:  # read against its release's pristine file: a module
+            assert standing.upstream is not None and module is not None
+            name, version = module["distribution"], module["distribution_version"]
+            release = (
+                "the installed release"
+                if name is None
+                else f"{name} {version or '(version unknown)'}"
             )
+            why = standing.upstream.reason
+            return f"{release} ships the fix ({why}): the patch is not needed here"
         case Place.BAKED:
             assert standing.baked is not None and container is not None
             return describe_baked(standing.baked, container)
+        case Place.NEW:  # proven or not, the sentence `recover` says (`runs.judgments.proof`)
+            said = describe(found.proofs[0], host)
+            if state != PatchState.STAGED:
+                return said
+            assert inspection.server is not None  # "applied" would say the server runs it
+            return (
+                f"{said}; the running server (pid {inspection.server.pid}) started before the "
+                "file changed, so it still runs the old code"
+            )
         case Place.PATCHED_FURTHER:
             assert isinstance(located, PatchedFurther)
             return f"written by run {located.version.run_id}, {located.advice()}"
@@ -200,19 +213,6 @@ def _said(
     return said
 
 
-def _new(written: str, state: PatchState, inspection: HostInspection) -> str:
-    """The bytes a run wrote: proven or not (`runs.judgments.proof`, the same sentence `recover`
-    says). Plain "applied" for an unproven change would say the fix is live while the server may
-    still run the old code."""
-    if state != PatchState.STAGED:
-        return written
-    assert inspection.server is not None
-    return (
-        f"{written}; the running server (pid {inspection.server.pid}) started before the file "
-        "changed, so it still runs the old code"
-    )
-
-
 def _unrecorded(
     standing: FileStanding, state: PatchState, patch: LoadedPatch, part: int, host: Host
 ) -> str:
@@ -232,21 +232,6 @@ def _unrecorded(
         f"{carried.reason}; `{remedy_text(Command.ROLLBACK, patch.reference, hosts=target_of(host))}` "
         "restores the original where opspatch wrote it, or finish the change by hand"
     )
-
-
-def _release_of(inspection: HostInspection) -> str:
-    module = inspection.module
-    if module is None or module["distribution"] is None:
-        return "the installed release"
-    return f"{module['distribution']} {module['distribution_version'] or '(version unknown)'}"
-
-
-def module_release(inspection: HostInspection) -> str | None:
-    """The version of the distribution that provides the file, else the engine's own."""
-    module = inspection.module
-    if module is not None and module["distribution_version"]:
-        return module["distribution_version"]
-    return inspection.facts.sglang_version
 
 
 def why_unknown(spec: PatchSpec, structural: Detection) -> str:
@@ -342,15 +327,14 @@ def fleet_status(
 
     by_name = {h.name: h for h in hosts}
     found = map_hosts(lambda name: one(by_name[name]), list(by_name), limit=16)
-    rotations = rotation_of(hosts)
-    return unit_agreement(
-        hosts,
-        [
-            _with_rotation(status, *rotations[status.host]) if status.host in rotations else status
-            for statuses in found.values()
-            for status in statuses
-        ],
-    )
+    rotations, said = rotation_of(hosts), []
+    for status in (s for statuses in found.values() for s in statuses):
+        if status.host in rotations:
+            rotation, why = rotations[status.host]
+            detail = _joined(status.detail, why) if why else status.detail
+            status = replace(status, rotation=rotation, detail=detail)
+        said.append(status)
+    return unit_agreement(hosts, said)
 
 
 def with_live_fixes(
@@ -464,8 +448,3 @@ def unit_agreement(hosts: Sequence[Host], statuses: Sequence[PatchStatus]) -> li
                 status, state=word, detail=said + own, node_state=status.state
             )
     return [marked.get((s.host, s.patch), s) for s in statuses]
-
-
-def _with_rotation(status: PatchStatus, rotation: Rotation | None, why: str) -> PatchStatus:
-    detail = f"{status.detail}; {why}" if why and status.detail else (why or status.detail)
-    return replace(status, rotation=rotation, detail=detail)

@@ -140,8 +140,7 @@ class HostStanding:
     a file put back with no restart since (a killed rollback's, `--restart never`'s), unless a
     live fix was reverted (or taken) in it since."""
     history: tuple[FileVersion, ...] = ()
-    """The first file's changes as the ledger holds them, newest first (`read_inspected`'s only:
-    what drift reads opspatch's last write from)."""
+    """The file's changes, newest first (`read_inspected`'s: drift reads the last write)."""
 
     @property
     def is_set(self) -> bool:
@@ -197,9 +196,8 @@ def server_stale(
     history: Sequence[FileVersion] | None = None,
 ) -> bool:
     """Whether the inspected server runs code other than its file's bytes (`running.stale`):
-    the file's `history` on the machine (read here when not given) and the host's steps that
-    start its engine or change its code live are read only when the server started before the
-    file last changed.
+    the file's `history` (read when not given) and the host's steps that start its engine or
+    change its code live are read only when the server started before the file last changed.
 
     Raises:
         LedgerError: the ledger cannot be read.
@@ -298,15 +296,9 @@ def read_inspected(
     part: int = 0,
     container: ContainerIdentity | None = None,
 ) -> HostStanding:
-    """Where one part of `patch` stands in a file already inspected with its content (`status`
-    inspects each module once for all the patches that target it): placed as `read_host` places
-    a change's files, with what it carries, its gate, its release's pristine file, its image's
-    bake and its `container`; the proof of a new file, and whether the server of a file put back
-    is stale.
-
-    Raises:
-        LedgerError: the ledger cannot be read.
-    """
+    """`read_host` for one part of `patch` in a file `status` inspected (once per module, with
+    its content): also what it carries, its gate, its release's pristine file, its bake and
+    `container`. Raises `LedgerError`."""
     spec, file, module = patch.parts[part], inspection.file, inspection.module
     history = _history(ledger, host, inspection) if ledger is not None else []
     age = server_age(inspection.server, file)
