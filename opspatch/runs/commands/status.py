@@ -161,11 +161,11 @@ def _said(
     match standing.place:
         case Place.FIXED_UPSTREAM:  # read against its release's pristine file: a module
             assert standing.upstream is not None and module is not None
-            name, version = module["distribution"], module["distribution_version"]
+            name, shipped = module["distribution"], module["distribution_version"]
             release = (
                 "the installed release"
                 if name is None
-                else f"{name} {version or '(version unknown)'}"
+                else f"{name} {shipped or '(version unknown)'}"
             )
             why = standing.upstream.reason
             return f"{release} ships the fix ({why}): the patch is not needed here"
