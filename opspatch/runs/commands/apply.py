@@ -432,24 +432,12 @@ class _FleetApply:
         return found
 
     def _dry_run_report(self, prepared: Mapping[str, Prepared | Refusal]) -> RunReport:
+        """Every host prepared and fitting (`_refusals` reports any other)."""
         outcomes = []
         for host in self.hosts:
-            session = self.sessions[host.name]
-            item = prepared[host.name]
-            if isinstance(item, Refusal):
-                outcomes.append(item.outcome)
-                continue
-            misfit = item.misfit
-            if misfit is not None:
-                outcomes.append(
-                    session.outcome(
-                        Outcome.NOT_APPLICABLE,
-                        misfit_reason(self.patch, misfit),
-                        file=item.change(),
-                        reason=Reason.NOT_APPLICABLE,
-                    )
-                )
-            elif item.pending:
+            session, item = self.sessions[host.name], prepared[host.name]
+            assert isinstance(item, Prepared)
+            if item.pending:
                 outcomes.append(
                     session.outcome(Outcome.WOULD_APPLY, file=item.change(), diff=item.diff())
                 )
