@@ -63,24 +63,23 @@ class LocalFiles:
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why one host refuses an apply before anything changes: the code, the host's outcome
-    that says it (its `error` the sentence, with the hint), and the runs whose leases hold the
-    host when that is why. Made where the check is; the run's refusal is `refused_because`."""
+    """Why one host refuses an apply before anything changes (made in `_prepare` only): the
+    code, the host's outcome that says it, the runs whose leases hold the host when that is why,
+    and the plan of a host the patch does not fit (its unit's nodes are compared on it)."""
 
     reason: Reason
     outcome: HostOutcome
     holders: tuple[LeaseHolder, ...] = ()
+    prepared: Prepared | None = None
 
     @property
     def host(self) -> str:
         return self.outcome.host
 
-    @classmethod
-    def of(
-        cls, session: HostSession, exc: OpspatchError, holders: Sequence[LeaseHolder] = ()
-    ) -> Refusal:
-        """The refusal of a host whose preflight raised `exc` (`HostSession.refused`)."""
-        return cls(refusal_reason(exc), session.refused(exc), tuple(holders))
+
+def _read(item: Prepared | Refusal | None) -> Prepared | None:
+    """What the preflight read on a host, refused or not (None: it read nothing)."""
+    return item.prepared if isinstance(item, Refusal) else item
 
 
 def refused_because(refusals: Sequence[Refusal]) -> list[str]:
@@ -347,58 +346,48 @@ class _FleetApply:
     # -- preflight ------------------------------------------------------------------------
 
     def _prepare(self, session: HostSession) -> Prepared | Refusal:
-        """Begin + plan on one host: nothing is changed here."""
+        """Begin + plan on one host (nothing is changed here): its plan, or why it refuses."""
         try:
             if self.local is not None:
-                return self.pipeline.prepare(
+                prepared = self.pipeline.prepare(
                     session,
                     lock=not self.dry_run,
                     paths=self.local.paths,
                     installed_version=self.local.version,
                 )
-            prepared = self.pipeline.prepare(session, lock=not self.dry_run)
-            if self.live is not None and prepared.pending:
-                self.live.check(session, prepared)
+            else:
+                prepared = self.pipeline.prepare(session, lock=not self.dry_run)
+                if self.live is not None and prepared.pending:
+                    self.live.check(session, prepared)
+        except OpspatchError as exc:  # a host key, sudo, a lock, live, the patch or the host
+            # a lock held by a run with a live lease: refused naming its operator, machine
+            holders = live_holders(self.recorder, exc) if isinstance(exc, LockHeld) else []
+            if holders:
+                exc = lease_held(holders, what=f"{session.name} is locked")
+            return Refusal(refusal_reason(exc), session.refused(exc), tuple(holders))
+        if prepared.misfit is None:
             return prepared
-        except LiveRefused as exc:  # no live form, or its engine does not listen for live fixes
-            text = f"{exc.message} ({exc.hint})"
-            reason = refusal_reason(exc)
-            return Refusal(reason, session.outcome(Outcome.SKIPPED, text, reason=reason))
-        except LockHeld as exc:  # held by a run with a live lease: name its operator, machine
-            holders = live_holders(self.recorder, exc)
-            if not holders:
-                return Refusal.of(session, exc)
-            return Refusal.of(
-                session, lease_held(holders, what=f"{session.name} is locked"), holders
-            )
-        except OpspatchError as exc:  # a host key, sudo, the patch or the host itself
-            return Refusal.of(session, exc)
+        problem = f"not applicable: {misfit_reason(self.patch, prepared.misfit)}"
+        skipped = session.outcome(Outcome.SKIPPED, problem, reason=Reason.NOT_APPLICABLE)
+        return Refusal(Reason.NOT_APPLICABLE, skipped, prepared=prepared)
 
     def _refusals(self, prepared: Mapping[str, Prepared | Refusal]) -> RunReport | None:
-        """A run where the patch does not fit some host, or some host cannot be reached safely
-        (its host key), is refused before anything changes, with the reason that is true."""
-        refusals: list[Refusal] = []
-        others: list[HostOutcome] = []
-        for host in self.hosts:
-            item = prepared[host.name]
-            if isinstance(item, Prepared) and item.misfit is not None:
-                problem = f"not applicable: {misfit_reason(self.patch, item.misfit)}"
-                skipped = self.sessions[host.name].outcome(
-                    Outcome.SKIPPED, problem, reason=Reason.NOT_APPLICABLE
-                )
-                item = Refusal(Reason.NOT_APPLICABLE, skipped)
-            if isinstance(item, Refusal):
-                refusals.append(item)
-            else:
-                others.append(
-                    self.sessions[host.name].outcome(Outcome.SKIPPED, reason=Reason.NOT_STARTED)
-                )
+        """A run where some host refuses, or a unit's nodes are not alike, is refused before
+        anything changes, with the reason that is true; the other hosts are not started."""
+        refusals = [r for h in self.hosts if isinstance(r := prepared[h.name], Refusal)]
         unlike = self._units_not_alike(prepared)
         if not refusals and not unlike:
             return None
         reasons = refused_because(refusals) + ([_unlike(unlike)] if unlike else [])
-        decided = {o.host: o for o in [*(r.outcome for r in refusals), *others]}
-        outcomes = [_odd_node(decided[host.name], unlike) for host in self.hosts]
+        decided = {r.host: r.outcome for r in refusals}
+        outcomes = [
+            _odd_node(
+                decided.get(host.name)
+                or self.sessions[host.name].outcome(Outcome.SKIPPED, reason=Reason.NOT_STARTED),
+                unlike,
+            )
+            for host in self.hosts
+        ]
         halted = "refused before any change: " + "; ".join(reasons)
         if self.dry_run:  # nothing to record, no lock taken
             return RunReport(
@@ -424,7 +413,7 @@ class _FleetApply:
                     node, {f.part.target.module: f.inspection for f in item.files}
                 )
                 for node in unit.hosts
-                if isinstance(item := prepared.get(node), Prepared)
+                if isinstance(item := _read(prepared.get(node)), Prepared)
             }
             judged = judge_unit(unit, readings)
             if isinstance(judged, NotUniform):
