@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from opspatch.core.edit import Applied
 from opspatch.core.host import Host
 from opspatch.core.live import LiveForm, NotLive, live_form
 from opspatch.core.reasons import Reason
@@ -125,16 +124,12 @@ class LiveApply:
         """
         found = []
         for item in prepared.pending:
-            plan = _applied(item)
+            plan = item.applied
             form = self.former(item.part, plan.old_source, plan.new_source)
             if isinstance(form, NotLive):
                 raise self._not_live(session, item.part.target.module, form)
             found.append(form)
         return tuple(found)
-
-    def forms(self, session: HostSession) -> tuple[LiveForm, ...]:
-        """The live forms `check` found on this host, one per pending file."""
-        return self._forms[session.name]
 
     def take(
         self,
@@ -149,7 +144,7 @@ class LiveApply:
         playbook's judge of this group) the judge follows the smoke, as after a restart."""
         head = prepared[nodes.head.name]
         taken: list[str] = []
-        for item, form in zip(head.pending, self.forms(nodes.head), strict=True):
+        for item, form in zip(head.pending, self._forms[nodes.head.name], strict=True):
             others = (prepared[s.name].files[item.index].path for s in nodes.others)
             fix = self._fix(head.is_set, item, form, paths=others)
             try:
@@ -320,8 +315,3 @@ def revert_everywhere(session: HostSession, fixes: Sequence[str], *, timeout: fl
         except (HostFailed, OpspatchError):
             every = False
     return every
-
-
-def _applied(item: PreparedFile) -> Applied:
-    assert isinstance(item.plan, Applied)  # only pending files (their plan changes them)
-    return item.plan

@@ -54,6 +54,19 @@ class PreparedFile:
     def fits(self) -> bool:
         return self.version_problem is None and not isinstance(self.plan, NotApplicable)
 
+    @property
+    def applied(self) -> Applied:
+        """The plan of a pending file (one the plan changes)."""
+        assert isinstance(self.plan, Applied)
+        return self.plan
+
+    @property
+    def images(self) -> tuple[str, str]:
+        """The pre- and post-image sha256 of the plan (unchanged: both the file's own)."""
+        if isinstance(self.plan, Applied):
+            return self.plan.sha256_before, self.plan.sha256_after
+        return self.inspection.file.sha256, self.inspection.file.sha256
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -92,25 +105,17 @@ class Prepared:
     def change(self, live: dict[str, str] | None = None) -> FileChange:
         """The host's file change: the first changed file's hashes and, for a set, every file
         with the bytes it holds (`live`, by path; default: what each plan wrote)."""
-        files = self.pending or self.files
-        first = files[0]
-        before, after = _images(first)
-        if not self.is_set:
-            return FileChange(first.path, before, (live or {}).get(first.path, after))
-        members = []
-        for item in self.files:
-            pre, post = _images(item)
-            members.append(SetFile(item.path, pre, post, (live or {}).get(item.path, post)))
-        return FileChange(
-            first.path, before, (live or {}).get(first.path, after), set_files=tuple(members)
+        live = live or {}
+        first = (self.pending or self.files)[0]
+        members = tuple(
+            SetFile(f.path, *f.images, live.get(f.path, f.images[1])) for f in self.files
         )
-
-
-def _images(item: PreparedFile) -> tuple[str, str]:
-    """The pre- and post-image sha256 of one file's plan (unchanged: both the file's own)."""
-    if isinstance(item.plan, Applied):
-        return item.plan.sha256_before, item.plan.sha256_after
-    return item.inspection.file.sha256, item.inspection.file.sha256
+        return FileChange(
+            first.path,
+            first.images[0],
+            live.get(first.path, first.images[1]),
+            set_files=members if self.is_set else (),
+        )
 
 
 def gate_inspection(target: Target, inspection: HostInspection) -> str | None:
@@ -380,8 +385,8 @@ class ApplyPipeline:
                     self._record_backup(session, item)
                 note["detail"] = "; ".join(
                     (f"{item.path} " if with_path else "")
-                    + f"pre-image {_plan(item).sha256_before[:12]} "
-                    f"({len(_plan(item).old_source)} bytes) in the ledger"
+                    + f"pre-image {item.applied.sha256_before[:12]} "
+                    f"({len(item.applied.old_source)} bytes) in the ledger"
                     for item in pending
                 )
         except Exception as exc:
@@ -396,7 +401,7 @@ class ApplyPipeline:
             )
         swapped: list[PreparedFile] = []
         for item in pending:
-            plan = _plan(item)
+            plan = item.applied
             last = item is pending[-1]
             try:
                 with session.step(Step.SWAP) as note:
@@ -433,7 +438,7 @@ class ApplyPipeline:
         return None
 
     def _record_backup(self, session: HostSession, item: PreparedFile) -> None:
-        plan, remote = _plan(item), item.inspection.file
+        plan, remote = item.applied, item.inspection.file
         session.recorder.file_version(
             session.name,
             NewFileVersion(
@@ -524,7 +529,7 @@ class ApplyPipeline:
     def restore_files(self, session: HostSession, files: Sequence[PreparedFile]) -> None:
         """Restore the pre-image of each file, the last swapped first."""
         for item in reversed(files):
-            plan = _plan(item)
+            plan = item.applied
             restore_pre_image(
                 session,
                 path=item.path,
@@ -584,7 +589,7 @@ class ApplyPipeline:
         why = f"the swap did not answer: {describe_error(exc)}"
         if prepared.is_set:
             why = f"{item.path}: {why}"
-        plan = _plan(item)
+        plan = item.applied
         try:
             with session.step(Step.RECONCILE) as note:
                 live = session.ops.read(item.path, timeout=self.playbook.timeouts.inspect)
@@ -628,7 +633,7 @@ class ApplyPipeline:
     ) -> HostOutcome:
         """The host's outcome; its files are what each plan wrote, except the `old` ones (left
         at or put back to their pre-image) and those `live` names."""
-        hashes = {item.path: _images(item)[0] for item in old}
+        hashes = {item.path: item.images[0] for item in old}
         hashes.update(live or {})
         return session.outcome(
             outcome,
@@ -641,21 +646,16 @@ class ApplyPipeline:
         )
 
 
-def _plan(item: PreparedFile) -> Applied:
-    assert isinstance(item.plan, Applied)
-    return item.plan
-
-
 def live_old(prepared: Prepared) -> dict[str, str]:
     """Every file at its pre-image (after a restore)."""
-    return {item.path: _images(item)[0] for item in prepared.files}
+    return {item.path: item.images[0] for item in prepared.files}
 
 
 def live_new(prepared: Prepared, swapped: Sequence[PreparedFile]) -> dict[str, str]:
     """The `swapped` files at their post-image, the other pending files still at their pre-image."""
     done = {item.path for item in swapped}
     return {
-        item.path: _images(item)[1] if item.path in done else _images(item)[0]
+        item.path: item.images[1] if item.path in done else item.images[0]
         for item in prepared.pending
     }
 
