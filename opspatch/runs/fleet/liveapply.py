@@ -161,17 +161,7 @@ class LiveApply:
             smoke = proven(nodes, None, judge=judged_through_head(judge))
         except HostFailed as failure:
             return self.undo(pipeline, nodes, prepared, taken, failure.error, failure.reason)
-        return [
-            pipeline.outcome(
-                session,
-                prepared[session.name],
-                Outcome.APPLIED,
-                None,
-                smoke=smoke if session is nodes.head else None,
-                note=_taken_note(nodes, session),
-            )
-            for session in nodes.sessions
-        ]
+        return pipeline.applied(nodes, prepared, smoke, lambda s: _taken_note(nodes, s))
 
     def _fix(
         self, in_set: bool, item: PreparedFile, form: LiveForm, *, paths: Iterable[str] = ()

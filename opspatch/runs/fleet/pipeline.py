@@ -5,7 +5,7 @@ staged, live, local file) runs through; `runs.commands.apply` drives it across a
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -306,18 +306,30 @@ class ApplyPipeline:
                 nodes, prepared, failure.error, note=baseline_note, reason=failure.reason
             )
             return with_judgment(nodes, undone, judge)
-        applied = [
+        applied = self.applied(
+            nodes, prepared, smoke, lambda s: _join(baseline_note, _proven_note(nodes, s))
+        )
+        return with_judgment(nodes, applied, judge)
+
+    def applied(
+        self,
+        nodes: Nodes,
+        prepared: Mapping[str, Prepared],
+        smoke: SmokeResult,
+        note: Callable[[HostSession], str | None],
+    ) -> list[HostOutcome]:
+        """Every node `applied`; the head's outcome carries the smoke decode that proved them."""
+        return [
             self.outcome(
-                session,
-                prepared[session.name],
+                s,
+                prepared[s.name],
                 Outcome.APPLIED,
                 None,
-                smoke=smoke if session is head else None,
-                note=_join(baseline_note, _proven_note(nodes, session)),
+                smoke=smoke if s is nodes.head else None,
+                note=note(s),
             )
-            for session in nodes.sessions
+            for s in nodes.sessions
         ]
-        return with_judgment(nodes, applied, judge)
 
     def _unchanged(
         self, nodes: Nodes, prepared: Mapping[str, Prepared], refused: HostFailed
