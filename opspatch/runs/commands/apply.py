@@ -46,15 +46,11 @@ from opspatch.runs.report import HostOutcome, RunReport
 if TYPE_CHECKING:  # the live strategy is imported by `--live` only (`_live_apply`)
     from opspatch.runs.fleet.liveapply import LiveApply, LiveFormer
 
-# ---------------------------------------------------------------------------------------------
-# the fleet
-
 
 @dataclass(frozen=True)
 class LocalFiles:
-    """An apply to files on the controller's own disk (`--file`, `--root`): each target's file,
-    their distribution's version where known, and the plans already shown (not made again).
-    There is no server: a swapped host is `applied`."""
+    """An apply to files on the controller's own disk (`--file`, `--root`), with the plans
+    already shown; there is no server, so a swapped host is `applied`."""
 
     paths: tuple[str, ...]
     version: str | None
@@ -63,9 +59,8 @@ class LocalFiles:
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why one host refuses an apply before anything changes (made in `_prepare` only): the
-    code, the host's outcome that says it, the runs whose leases hold the host when that is why,
-    and the plan of a host the patch does not fit (its unit's nodes are compared on it)."""
+    """Why one host refuses an apply before anything changes, made in `_prepare` only (the
+    plan of a host the patch does not fit: its unit's nodes are compared on it)."""
 
     reason: Reason
     outcome: HostOutcome
@@ -83,9 +78,8 @@ def _read(item: Prepared | Refusal | None) -> Prepared | None:
 
 
 def refused_because(refusals: Sequence[Refusal]) -> list[str]:
-    """Why a run is refused, a clause for each kind of refusal among the hosts' (in the order
-    an operator fixes them: the patch, reaching the hosts, other runs, a live take); a refusal
-    of no kind below is said by its hosts' names."""
+    """Why a run is refused, a clause for each kind of refusal, in the order an operator fixes
+    them."""
     said: set[Reason] = set()
 
     def names(*reasons: Reason) -> list[str]:
@@ -141,17 +135,11 @@ def apply_to_hosts(
     local: LocalFiles | None = None,
     live: LiveFormer | None = None,
 ) -> RunReport:
-    """Apply `patch` across `hosts` under `playbook` (a dry run locks and records nothing).
+    """Apply `patch` across `hosts` under `playbook` (a dry run locks and records nothing);
+    `command`: the run's name in the ledger (`sync` applies through this run).
 
-    `command`: the run's name in the ledger (`sync` applies through this run). `local`: the
-    controller's own files. `live`: taken into the running engines instead of a restart.
-
-    Raises (before any host is touched):
-        LedgerIntegrityError: the ledger's chain is broken.
-        ApprovalRefused: the playbook requires an approval and the patch has no valid one.
-        UnitRefused: the hosts take part of a unit (a dry run too), or a whole unit under a
-            playbook that restarts (`units_refused`).
-        LiveRefused: `live` over hosts whose inventory does not say `live = true`.
+    Raises, before any host is touched: LedgerIntegrityError, ApprovalRefused, UnitRefused
+    (part of a unit), LiveRefused (`live` over hosts not `live = true`).
     """
     progress = progress or NoProgress()
     taking = None if live is None else _live_apply(patch, hosts, playbook, live)
@@ -186,12 +174,8 @@ def apply_to_hosts(
 def _live_apply(
     patch: LoadedPatch, hosts: Sequence[Host], playbook: Playbook, former: LiveFormer
 ) -> LiveApply:
-    """The live strategy of an apply, once its hosts may take live fixes.
-
-    Raises:
-        LiveRefused: a host whose inventory does not say `live = true`, or a playbook that never
-            restarts.
-    """
+    """The live strategy of an apply; `LiveRefused` for a host not `live = true`, or a
+    playbook that never restarts."""
     from opspatch.runs.fleet.liveapply import LiveApply, refuse_unless_live
 
     refuse_unless_live(hosts)
@@ -211,8 +195,7 @@ def units_refused(
     *,
     planned: bool = False,
 ) -> UnitRefused | None:
-    """Why an apply of `patch` (its `reference`) over `hosts` is refused for their units (some
-    but not all nodes of one taken), or None; `planned`: a `plan`, refused as its apply."""
+    """Why an apply of `patch` over `hosts` is refused for taking part of a unit, or None."""
     return unit_refusal(
         hosts,
         command=f"an apply of {patch}" if planned else command,
@@ -249,7 +232,7 @@ def not_applicable_error(
     loaded: LoadedPatch, target: str, outcome: NotApplicable, *, part: int = 0
 ) -> SpecError:
     """A NotApplicable outcome as an error naming the patch file, line and field, and the target
-    (`part`: which target of a patch set; its fields are `targets[part]....`)."""
+    (`part`: which target of a patch set)."""
     reason = f"{target}: {outcome.reason}"
     if loaded.is_set:
         reason = f"{loaded.parts[part].target.module} ({reason})"
@@ -267,8 +250,7 @@ def not_applicable_error(
 
 
 def misfit_reason(patch: LoadedPatch, item: PreparedFile) -> str:
-    """Why a target does not fit: the patch file, line and field, as `--file` names them (a
-    set's target by its module too)."""
+    """Why a target does not fit: the patch file, line and field."""
     if item.version_problem is not None:
         problem = item.version_problem
         if patch.is_set:
@@ -402,9 +384,8 @@ class _FleetApply:
         return self.fleet.refuse(outcomes, halted=halted)
 
     def _units_not_alike(self, prepared: Mapping[str, Prepared | Refusal]) -> list[NotUniform]:
-        """Each whole unit among the hosts whose nodes differ in release or in a target file's
-        pre-image, from the preflight's inspections (a node not inspected differs too). Only
-        whole units reach the preflight (`units_refused`)."""
+        """Each unit whose nodes differ in release or in a target file's pre-image (a node not
+        inspected differs too)."""
         found = []
         units = {(h.inventory, h.unit.name): h.unit for h in self.hosts if h.unit is not None}
         for unit in units.values():
@@ -463,8 +444,7 @@ class _FleetApply:
     def _judge_plan(
         self, prepared: Mapping[str, Prepared | Refusal], canaries: Sequence[str]
     ) -> JudgePlan:
-        """The judge of this rollout: the hosts it proves and, for a canary, the hosts of the
-        same build it may take its baseline from (a unit judged by its head)."""
+        """The judge of this rollout: the hosts it proves and each one's build."""
         assert self.playbook.judge is not None
         changing = {n: p for n, p in prepared.items() if isinstance(p, Prepared) and p.pending}
         return JudgePlan(
@@ -486,8 +466,7 @@ class _FleetApply:
         halted: str,
     ) -> str:
         """`on_halt = "rollback-run"`: restore every host this run applied, in a follow-up run
-        over the same sessions (`FleetRun.follow_up`); a host it does not start keeps its
-        outcome, its note saying why. Returns the halt reason, with why the rollback stopped."""
+        over the same sessions; the halt reason, with why the rollback stopped."""
         names = [
             name
             for name in self.fleet.names
