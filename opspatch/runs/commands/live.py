@@ -105,9 +105,7 @@ def _site(session: HostSession) -> LiveSite | HostOutcome:
     written)."""
     timeouts = session.playbook.timeouts
     try:
-        with session.step(Step.LOCK) as note:
-            session.ops.lock(run_id=session.lock.taking(), timeout=timeouts.lock)
-            note["detail"] = "taken"
+        _lock(session)
         with session.step(Step.INSPECT) as note:
             site = read_site(session.ops, timeout=timeouts.inspect, step=Step.INSPECT)
             start = "entry point" if site.plugin_framework else ".pth start (no plugin framework)"
@@ -116,6 +114,12 @@ def _site(session: HostSession) -> LiveSite | HostOutcome:
     except OpspatchError as error:
         return session.refused(error)
     return site
+
+
+def _lock(session: HostSession) -> None:
+    with session.step(Step.LOCK) as note:
+        session.lock.take()
+        note["detail"] = "taken"
 
 
 @dataclass(frozen=True)
@@ -441,9 +445,7 @@ def _staged_disable(
     if disabled.sha256_after is not None:
         return None
     if not locked:
-        with session.step(Step.LOCK) as note:
-            session.ops.lock(run_id=session.lock.taking(), timeout=session.playbook.timeouts.lock)
-            note["detail"] = "taken"
+        _lock(session)
     with session.step(Step.LIVE) as note:
         reply = ask_engine(
             session.ops, LiveFix("list"), timeout=session.playbook.timeouts.smoke, step=Step.LIVE
