@@ -277,20 +277,17 @@ class _FleetApply:
     live: LiveApply | None = None
 
     def run(self) -> RunReport:
-        if self.local is not None:  # local files: no server to restart, so swapped is applied
-            self.pipeline = ApplyPipeline(
-                self.patch, self.playbook, restart_engine=False, unrestarted=Outcome.APPLIED
-            )
-            for index, plan in enumerate(self.local.plans):
-                if isinstance(plan, Applied):
-                    self.pipeline.reuse(plan, index)
-        else:
-            self.pipeline = ApplyPipeline(
-                self.patch,
-                self.playbook,
-                restart_engine=self.playbook.restart != RestartPolicy.NEVER,
-                live=self.live,
-            )
+        local = self.local  # local files: no server to restart, so swapped is applied
+        self.pipeline = ApplyPipeline(
+            self.patch,
+            self.playbook,
+            restart_engine=local is None and self.playbook.restart != RestartPolicy.NEVER,
+            unrestarted=Outcome.STAGED if local is None else Outcome.APPLIED,
+            live=self.live,
+        )
+        for index, plan in enumerate(local.plans if local is not None else ()):
+            if isinstance(plan, Applied):
+                self.pipeline.reuse(plan, index)
         with FleetRun(
             command=self.command,
             patch_id=self.patch.spec.id,
@@ -306,24 +303,20 @@ class _FleetApply:
             if prepared is None:
                 return fleet.cancelled_report()
             refused = self._refusals(prepared)
-            if refused is not None or self.dry_run:
-                return refused or self._dry_run_report(prepared)
+            if refused is not None:
+                return refused
+            ready = {n: p for n, p in prepared.items() if isinstance(p, Prepared)}  # every host
+            if self.dry_run:
+                return self._dry_run_report(ready)
             leased = fleet.lease(
                 {
-                    name: host_identity(self.sessions[name].host, item.inspection.facts)
-                    for name, item in prepared.items()
-                    if isinstance(item, Prepared)
+                    n: host_identity(self.sessions[n].host, p.inspection.facts)
+                    for n, p in ready.items()
                 },
                 # only a host with a change to make is drained: one already right needs no room
-                restarting={
-                    name
-                    for name, item in prepared.items()
-                    if isinstance(item, Prepared) and item.pending
-                },
+                restarting={n for n, p in ready.items() if p.pending},
             )
-            if leased is not None:
-                return leased
-            return self._roll_out(prepared)
+            return leased if leased is not None else self._roll_out(ready)
 
     # -- preflight ------------------------------------------------------------------------
 
@@ -401,12 +394,10 @@ class _FleetApply:
                 found.append(judged)
         return found
 
-    def _dry_run_report(self, prepared: Mapping[str, Prepared | Refusal]) -> RunReport:
-        """Every host prepared and fitting (`_refusals` reports any other)."""
+    def _dry_run_report(self, prepared: Mapping[str, Prepared]) -> RunReport:
         outcomes = []
         for host in self.hosts:
             session, item = self.sessions[host.name], prepared[host.name]
-            assert isinstance(item, Prepared)
             if item.pending:
                 outcomes.append(
                     session.outcome(Outcome.WOULD_APPLY, file=item.change(), diff=item.diff())
@@ -422,7 +413,7 @@ class _FleetApply:
 
     # -- the rollout ---------------------------------------------------------------------------
 
-    def _roll_out(self, prepared: dict[str, Prepared | Refusal]) -> RunReport:
+    def _roll_out(self, ready: Mapping[str, Prepared]) -> RunReport:
         plan = plan_rollout(self.playbook, self.fleet.items())
         canaries = plan.canaries
 
@@ -432,8 +423,7 @@ class _FleetApply:
             )
 
         if self.playbook.judge is not None:
-            self.pipeline.judges = self._judge_plan(prepared, canaries)
-        ready = {n: p for n, p in prepared.items() if isinstance(p, Prepared)}
+            self.pipeline.judges = self._judge_plan(ready, canaries)
         outcomes, halted = self.fleet.execute(
             lambda nodes: self.pipeline.apply(nodes, ready), batches=plan.batches, halt=halt
         )
@@ -441,18 +431,16 @@ class _FleetApply:
             halted = self._roll_back_run(ready, outcomes, halted)
         return self.fleet.report(outcomes, halted=halted)
 
-    def _judge_plan(
-        self, prepared: Mapping[str, Prepared | Refusal], canaries: Sequence[str]
-    ) -> JudgePlan:
+    def _judge_plan(self, ready: Mapping[str, Prepared], canaries: Sequence[str]) -> JudgePlan:
         """The judge of this rollout: the hosts it proves and each one's build."""
         assert self.playbook.judge is not None
-        changing = {n: p for n, p in prepared.items() if isinstance(p, Prepared) and p.pending}
+        changing = {n: p for n, p in ready.items() if p.pending}
         return JudgePlan(
             self.playbook.judge,
             canaries=canaries,
             changing=[n for n in self.fleet.names if n in changing],
             builds={
-                name: (item.inspection.facts.sglang_version, item.files[0].inspection.file.sha256)
+                name: (item.inspection.facts.sglang_version, item.inspection.file.sha256)
                 for name, item in changing.items()
             },
             sessions=self.sessions,
