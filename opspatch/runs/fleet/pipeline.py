@@ -87,10 +87,6 @@ class Prepared:
         return tuple(f for f in self.files if isinstance(f.plan, Applied))
 
     @property
-    def already_applied(self) -> bool:
-        return all(isinstance(f.plan, AlreadyApplied) for f in self.files)
-
-    @property
     def is_set(self) -> bool:
         return len(self.files) > 1
 
@@ -492,7 +488,7 @@ class ApplyPipeline:
         def restore(session: HostSession) -> FileChange:
             mine = prepared[session.name]
             self.restore_files(session, files(session))
-            return mine.change(live_old(mine))
+            return mine.change({item.path: item.images[0] for item in mine.files})
 
         undone = undo(
             nodes,
@@ -628,11 +624,6 @@ class ApplyPipeline:
             note=note,
             reason=reason,
         )
-
-
-def live_old(prepared: Prepared) -> dict[str, str]:
-    """Every file at its pre-image (after a restore)."""
-    return {item.path: item.images[0] for item in prepared.files}
 
 
 def live_new(prepared: Prepared, swapped: Sequence[PreparedFile]) -> dict[str, str]:
