@@ -40,11 +40,6 @@ def live_former(part: PatchSpec, pre: bytes, post: bytes) -> LiveForm | NotLive:
     return live_form(part.target.module, pre, post, part.live)
 
 
-def fix_id(patch_id: str, part: PatchSpec, *, in_set: bool) -> str:
-    """The name a live fix is taken under: the patch's id (a set's file: with its module)."""
-    return f"{patch_id}:{part.target.module}" if in_set else patch_id
-
-
 def refuse_unless_live(hosts: Sequence[Host]) -> None:
     """`LiveRefused` naming the hosts whose inventory does not say `live = true`."""
     off = [host.name for host in hosts if not host.live]
@@ -146,10 +141,11 @@ class LiveApply:
         self, in_set: bool, item: PreparedFile, form: LiveForm, *, paths: Iterable[str] = ()
     ) -> LiveFix:
         """A take of one file's fix; `paths`: the file on a group's other nodes."""
+        module = item.part.target.module
         return LiveFix(
             "take",
-            fix_id=fix_id(self.patch_id, item.part, in_set=in_set),
-            module=item.part.target.module,
+            fix_id=f"{self.patch_id}:{module}" if in_set else self.patch_id,  # one per file
+            module=module,
             path=item.path,
             sha256=form.sha256,
             definitions=form.definitions,
