@@ -679,6 +679,70 @@ def test_rollback_restart_never_of_a_unit_with_a_refused_node_restores_no_node(
     assert report.hosts[0].reason == "changed-since", report.hosts[0]
 
 
+def read_fails_under_the_lock() -> Any:
+    """A fault: the first read (the preflight's) answers; the read under the lock gets no reply."""
+    locked: list[str] = []
+
+    def fault(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        if op == "lock":
+            locked.append(op)
+        if op == "inspect" and locked:
+            raise TransportError("the connection broke", host="h", step="exec")
+        return None
+
+    return fault
+
+
+@pytest.mark.parametrize("names", [("h3",), ("h1", "h2")], ids=["host", "unit"])
+def test_a_rollback_whose_read_under_the_lock_fails_is_refused_as_nothing_changed(
+    units: Units, names: tuple[str, ...]
+) -> None:
+    """A host is a group of one: a read that fails before any restore changed nothing, so the
+    group is refused (`failed`/`skipped`, exit 1), never `needs-attention` (before: a host by
+    itself said needs-attention, part-way)."""
+    assert units.apply(*names).exit_code == 0
+    units.fakes[names[-1]].fault = read_fails_under_the_lock()
+    applied = units.files()
+    report = rollback(units, *names)
+    odd = next(h for h in report.hosts if h.host == names[-1])
+    assert str(odd.outcome) == "failed", odd
+    assert odd.reason == Reason.HOST_ERROR, odd
+    assert all(str(h.outcome) in ("failed", "skipped") for h in report.hosts)
+    assert units.files() == applied
+    assert report.exit_code == 1
+
+
+@pytest.mark.parametrize("names", [("h3",), ("h1", "h2")], ids=["host", "unit"])
+def test_a_rollback_from_backups_refuses_the_group_when_the_first_restore_finds_none(
+    units: Units, names: tuple[str, ...], tmp_path: Path
+) -> None:
+    """No ledger record, and the host's own backup missing on the first node restored: nothing
+    changed anywhere, so the group is refused (`no-record`, exit 2), a host as a unit (before:
+    a unit's nodes said needs-attention though no byte moved)."""
+    from opspatch.ledger.store import Ledger
+
+    assert units.apply(*names).exit_code == 0
+    applied = units.files()
+
+    def no_backup(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        return Refusal("backup-missing", "no backup of that pre-image") if op == "restore" else None
+
+    for name in names:
+        units.fakes[name].fault = no_backup
+    fresh = Ledger.open(tmp_path / "fresh.sqlite3")
+    try:
+        report = rollback_hosts(
+            ledger=fresh, hosts=units.hosts(*names), factory=units.factory, playbook=ALWAYS,
+            patch=units.patch,
+        )  # fmt: skip
+    finally:
+        fresh.close()
+    assert outcomes(report) == dict.fromkeys(names, "skipped")
+    assert {h.reason for h in report.hosts} == {Reason.NO_RECORD}
+    assert report.exit_code == 2
+    assert units.files() == applied
+
+
 # -- hints: a unit is reached by its name, never by one node's ----------------------------------
 
 
