@@ -453,7 +453,7 @@ def test_recover_of_a_unit_whose_nodes_differ_puts_back_the_new_node_and_restart
         assert units.fakes[name].requests.count("stop") == 1
         assert "restart" not in units.fakes[name].requests
     note = next(h for h in report.hosts if h.host == "h1").note or ""
-    assert "the nodes of unit u1 differed (new on h1)" in note
+    assert "unit u1 was partly changed (new files on h1)" in note
 
 
 def test_recover_of_a_unit_with_a_node_changed_by_hand_writes_nothing(units: Units) -> None:
@@ -484,6 +484,48 @@ def test_recover_of_a_staged_unit_proves_it_as_one(units: Units) -> None:
     again = recover(units, "h1", "h2")  # proven and serving: left alone, nothing restarted
     assert {h.host: str(h.outcome) for h in again.hosts} == {"h1": "applied", "h2": "applied"}
     assert all(units.fakes[n].requests.count("stop") == 1 for n in UNIT.hosts)
+
+
+@pytest.mark.parametrize("names", [("h3",), ("h1", "h2")], ids=["host", "unit"])
+def test_recover_of_a_group_at_rest_that_does_not_serve_restarts_and_smoke_tests_it(
+    units: Units, names: tuple[str, ...]
+) -> None:
+    """Rolled back, then the server died: recover restarts the group as one and proves it with
+    the smoke decode; the restored code failing it is `restored-not-serving` (`not-serving`),
+    a host as a unit (before: a host by itself was restarted unproven and said `restored`)."""
+    assert units.apply(*names).exit_code == 0
+    assert rollback(units, *names).exit_code == 0
+    for name in names:
+        units.fakes[name].serving = False
+    units.fakes[names[0]].smoke_ok = False
+    clear(units)
+    report = recover(units, *names)
+    assert outcomes(report) == dict.fromkeys(names, "restored-not-serving")
+    assert {h.reason for h in report.hosts} == {Reason.NOT_SERVING}
+    assert "smoke" in units.fakes[names[0]].requests
+    assert report.exit_code == 1
+
+
+@pytest.mark.parametrize("names", [("h3",), ("h1", "h2")], ids=["host", "unit"])
+def test_recover_awaits_a_group_still_starting_its_ready_deadline_and_leaves_it_alone(
+    units: Units, names: tuple[str, ...]
+) -> None:
+    """A server that needs a minute to come up (a crashed run's restart still loading) is
+    awaited up to the `ready` deadline, never restarted under it, a unit as a host (before: a
+    unit's head got a 10 s look, then every node was stopped and started again)."""
+    assert units.apply(*names).exit_code == 0
+
+    def loading(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        if op == "wait_ready" and float(args.get("total") or args["timeout"]) < 60:
+            return Refusal("ready-timeout", "/health did not answer 200 in time")
+        return None
+
+    units.fakes[names[0]].fault = loading
+    clear(units)
+    report = recover(units, *names)
+    assert outcomes(report) == dict.fromkeys(names, "applied")
+    assert all("left alone" in (h.note or "") for h in report.hosts)
+    assert all(not {"stop", "start", "restart"} & set(units.fakes[n].requests) for n in names)
 
 
 def test_a_sync_applies_a_whole_unit_as_one(units: Units) -> None:
