@@ -453,7 +453,7 @@ def test_recover_of_a_unit_whose_nodes_differ_puts_back_the_new_node_and_restart
         assert units.fakes[name].requests.count("stop") == 1
         assert "restart" not in units.fakes[name].requests
     note = next(h for h in report.hosts if h.host == "h1").note or ""
-    assert "unit u1 was partly changed (new files on h1)" in note
+    assert "the change was partly applied on unit u1 (new files on h1)" in note
 
 
 def test_recover_of_a_unit_with_a_node_changed_by_hand_writes_nothing(units: Units) -> None:

@@ -366,8 +366,8 @@ class _RecoverHost:
             return self._serving(nodes, standings)
         partly = sorted(n for n, st in standings.items() if st.standing != Standing.ALL_OLD)
         why = (
-            f"{nodes.label} was partly changed (new files on {', '.join(partly)}): every new file "
-            "was put back, so it is whole at its pre-images (all-old)"
+            f"the change was partly applied on {nodes.label} (new files on {', '.join(partly)}): "
+            "every new file was put back, so it is whole at its pre-images (all-old)"
         )
         return undo(nodes, why, restore=restore, changes=changes, outcome=Outcome.RESTORED)
 
