@@ -351,7 +351,8 @@ def test_rollback_of_an_applied_unit_restores_every_node_and_restarts_it_as_one(
     # read in the preflight, then locked and read again; the decode on the head only
     assert steps(report, "h1") == ["inspect", "begin", "restore", "stop", "start", "ready", "smoke"]
     assert steps(report, "h2") == ["inspect", "begin", "restore", "stop", "start", "smoke"]
-    assert "rolled back on every node of unit u1" in (report.hosts[1].note or "")
+    smoke = next(s for s in report.hosts[1].steps if s.step == "smoke")
+    assert "proven by the head's decode (h1, u1 rank 1)" in (smoke.detail or "")
 
 
 def test_rollback_of_a_unit_whose_head_fails_the_decode_is_not_serving_on_every_node(

@@ -220,22 +220,15 @@ class _Rollback:
         """Restore, restart and smoke through `group.undo` with a rollback's steps: `restored`,
         `restored-not-serving` when the decode fails, or `unrestarted` told not to restart."""
         head = nodes.head
-        if nodes.alone:
-            seen = examined[head.name]
-            staged_back = not self.restart_engine and self.unrestarted == Outcome.STAGED_BACK
-            why = _join_notes(
-                seen.note,
-                "staged back: the pre-image is in place, the server was not restarted "
-                "(--restart never) and runs the code it loaded until it is restarted"
-                if staged_back
-                else None,
-                self._revert_live(head),
-            )
-        else:
-            why = (
-                f"rolled back on every node of unit {nodes.name}, restarted as one; the smoke "
-                f"decode went through the head {head.name}"
-            )
+        staged_back = not self.restart_engine and self.unrestarted == Outcome.STAGED_BACK
+        why = _join_notes(
+            *dict.fromkeys(examined[s.name].note for s in nodes.sessions),
+            "staged back: the pre-image is in place, the server was not restarted "
+            "(--restart never) and runs the code it loaded until it is restarted"
+            if staged_back
+            else None,
+            *(self._revert_live(s) for s in nodes.sessions),
+        )
 
         tried: list[str] = []
 

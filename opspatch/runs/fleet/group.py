@@ -301,14 +301,9 @@ def undo(
         except (OpspatchError, HostFailed) as exc:
             broken[session.name] = describe_error(exc)
     if broken:
-        if nodes.alone:
-            error = (restore_failed or _then(why, "the restore"))(broken[nodes.head.name])
-        else:
-            said = "; ".join(f"{name}: {text}" for name, text in broken.items())
-            error = (
-                f"{why}; then the restore failed ({said}): the unit's nodes may differ, and it "
-                "was not restarted"
-            )
+        said = "; ".join(f"{name}: {text}" for name, text in broken.items())
+        error = (restore_failed or _then(why, "the restore"))(said)
+        error += f"; {nodes.label} was not restarted"
         return [
             s.outcome(
                 Outcome.NEEDS_ATTENTION,
@@ -329,10 +324,8 @@ def undo(
     try:
         started = restart_after_restore(nodes, steps)
     except (OpspatchError, HostFailed) as exc:
-        if nodes.alone:
-            error = (restart_failed or _then(why, "the restore"))(describe_error(exc))
-        else:
-            error = _then(why, "the unit's restart after the restore")(describe_error(exc))
+        restarting = _then(why, f"the restart of {nodes.label} after the restore")
+        error = (restart_failed or restarting)(describe_error(exc))
         return [
             s.outcome(
                 Outcome.NEEDS_ATTENTION, error, file=restored[s.name], reason=Reason.UNDO_FAILED
