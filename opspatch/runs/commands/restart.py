@@ -219,7 +219,9 @@ def _restart_plugin(
         nodes,
         changes={name: plugin.change() for name, plugin in ready.items()},
         restore=lambda session: ready[session.name].remove(session),
-        note=_restarted_into(nodes, ready[nodes.head.name].what(), "proven: every process of every node listens"),
+        note=_restarted_into(
+            nodes, ready[nodes.head.name].what(), "proven: every process of every node listens"
+        ),
         judge=listening,
     )
 
