@@ -240,16 +240,11 @@ class LiveApply:
 
 
 def _taken_note(nodes: Nodes, session: HostSession) -> str:
-    if nodes.alone:
-        return (
-            "taken live, no restart: every process of the engine holds the fix (frames already "
-            "running keep the old code); the file carries it for the next restart"
-        )
     where = "" if session is nodes.head else f"{nodes.where(session)}: "
     return (
         f"{where}taken live through the head's entry rank ({nodes.head.name}), no restart: "
-        "every process of every node holds the fix, read back on each (frames already running "
-        "keep the old code); the file carries it for the next restart"
+        "every process of every node holds the fix (frames already running keep the old code); "
+        "the file carries it for the next restart"
     )
 
 
