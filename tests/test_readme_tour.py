@@ -1,12 +1,17 @@
 """The README's tour runs as written: every command of its sandbox block, in order, on a fresh
 state directory, with the exit code the README says (exit 1 where its comment says so, else 0);
-and as the README says it runs behind a router too (`sandbox up --router`), where its rollback
-leaves sandbox-01 out of rotation and the apply after it brings the host back."""
+as the README says it runs behind a router too (`sandbox up --router`), where its rollback
+leaves sandbox-01 out of rotation and the apply after it brings the host back; and on real SGLang
+0.5.23 (`sandbox up --engine sglang`), where the hosts run the incident's build (the sandbox's
+base, in the ledger), the first decode crashes with the real AttributeError, `diagnose` names
+the cause from the real log and source, and `eagle-init-guard` makes every server decode through
+EAGLE-3 (the decodes' texts are the real model's, not the stand-in's the README shows)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -17,6 +22,7 @@ import pytest
 pytestmark = [pytest.mark.pure, pytest.mark.engine]
 
 ROOT = Path(__file__).resolve().parents[1]
+ERROR = "AttributeError: 'EAGLEWorkerV2' object has no attribute 'spec_disable_batch_threshold'"
 
 
 def tour_commands() -> list[str]:
@@ -66,14 +72,24 @@ def rotations(env: dict[str, str], cwd: Path) -> dict[str, tuple[str, str | None
 
 
 @pytest.mark.parametrize(
-    "router",
-    [False, pytest.param(True, marks=pytest.mark.router)],
-    ids=["plain", "behind-a-router"],
+    "variant",
+    [
+        "plain",
+        pytest.param("behind-a-router", marks=pytest.mark.router),
+        # three real servers started, restarted four times and crashed four times
+        pytest.param("sglang", marks=[pytest.mark.sglang, pytest.mark.timeout(3600)]),
+    ],
 )
-def test_the_readme_tour_runs_as_written(tmp_path: Path, router: bool) -> None:
+def test_the_readme_tour_runs_as_written(tmp_path: Path, variant: str) -> None:
     env = {**os.environ, "COLUMNS": "100"}
+    if variant == "sglang":
+        from opspatch.sandbox.real.build import ENGINE_CACHE_ENV
+        from tests.realkit import real_engine
+
+        engine = real_engine()  # built where not cached; skips when the index cannot be reached
+        env[ENGINE_CACHE_ENV] = str(engine.cache)
     try:
-        _run_the_tour(tmp_path, router, env)
+        _run_the_tour(tmp_path, variant, env)
     finally:  # a step that failed before the tour's own `sandbox down` must not leave servers
         subprocess.run(
             [sys.executable, "-m", "opspatch.cli", "sandbox", "down"],
@@ -84,7 +100,8 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path, router: bool) -> None:
         )
 
 
-def _run_the_tour(tmp_path: Path, router: bool, env: dict[str, str]) -> None:
+def _run_the_tour(tmp_path: Path, variant: str, env: dict[str, str]) -> None:
+    router, real = variant == "behind-a-router", variant == "sglang"
     applies = 0
     for line in tour_commands():
         words = shlex.split(line, comments=True)
@@ -96,6 +113,8 @@ def _run_the_tour(tmp_path: Path, router: bool, env: dict[str, str]) -> None:
         assert words[0] == "opspatch", line
         if router and words[1:3] == ["sandbox", "up"]:
             words.append("--router")  # as the README says under the tour
+        if real and words[1:3] == ["sandbox", "up"]:
+            words += ["--engine", "sglang"]  # as the README says under the tour
         expected = 1 if "exit 1" in comment else 0
         done = subprocess.run(
             [sys.executable, "-m", "opspatch.cli", *words[1:]],
@@ -103,23 +122,34 @@ def _run_the_tour(tmp_path: Path, router: bool, env: dict[str, str]) -> None:
             env=env,
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=1800 if real else 600,  # a real restart of three hosts, one by one
         )
+        said = done.stdout + done.stderr
         assert done.returncode == expected, f"{line}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        if real and words[1:3] == ["sandbox", "up"]:
+            assert_the_base_is_the_incident_build(env, tmp_path)
         if words[1] == "smoke" and expected == 1:  # a crashed host: one short line each
             crashed = [ln for ln in done.stdout.splitlines() if ln.startswith("sandbox-0")]
             assert len(crashed) == 3, done.stdout
-            for said in crashed:
-                assert "AttributeError" in said and len(said) <= 200, said
-                assert "/site-packages/" not in said, said  # the path cut to its file name
-        if words[1] == "smoke" and expected == 0:  # the decodes the README shows
-            for said in readme_smoke_lines():
-                assert said in done.stdout, done.stdout
+            for host_said in crashed:
+                assert ERROR in host_said and len(host_said) <= 200, host_said
+                assert "/site-packages/" not in host_said, host_said  # the path cut to its name
+        if words[1] == "diagnose":  # the cause, from the host's own log and source
+            assert ERROR in said and "eagle-init-guard" in said, said
+            assert "stopped between line" in said, said
+        if words[1] == "smoke" and expected == 0 and not real:  # the decodes the README shows
+            for shown in readme_smoke_lines():
+                assert shown in done.stdout, done.stdout
+        if words[1] == "smoke" and expected == 0 and real:  # the real model's, through EAGLE-3
+            assert all(f"sandbox-0{n}: ok" in done.stdout for n in (1, 2, 3)), done.stdout
+            verified = [int(n) for n in re.findall(r"\(spec_verify_ct (\d+)\)", done.stdout)]
+            assert len(verified) >= 3 and min(verified) > 0, done.stdout
         if words[1] == "apply":  # the lines the README shows of it
             applies += 1
-            said = done.stdout + done.stderr
             assert ": eagle-init-guard on 3 host(s), playbook default" in said, said
             assert "sandbox-01: smoke ok" in said and "outcome: ok (exit 0)" in said, said
+        if words[1] == "rollback":  # the pre-image crashes again: the canary halts the run
+            assert "restored-not-serving" in said, said
         if router and words[1] == "rollback":  # the canary drained, its server crashed
             found = rotations(env, tmp_path)
             assert found["sandbox-01"] == ("not-applied", "out-of-rotation"), found
@@ -128,3 +158,22 @@ def _run_the_tour(tmp_path: Path, router: bool, env: dict[str, str]) -> None:
             assert set(found.values()) == {("applied", "in-rotation")}, found
             assert len(found) == 3, found
     assert applies == 2
+
+
+def assert_the_base_is_the_incident_build(env: dict[str, str], cwd: Path) -> None:
+    """Every host's sglang was made the incident's build by `opspatch apply` of the sandbox's
+    base patch (a run a host), recorded in the ledger, before its engine first started."""
+    from opspatch.sandbox.incident import INCIDENT_BUILD
+
+    done = subprocess.run(
+        [sys.executable, "-m", "opspatch.cli", "ledger", "list", "--json"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = [r for r in json.loads(done.stdout)["runs"] if r["patch_id"] == INCIDENT_BUILD]
+    assert {(r["command"], r["outcome"]) for r in runs} == {("apply", "ok")}, runs
+    assert sorted(h for r in runs for h in r["hosts"]) == ["sandbox-01", "sandbox-02", "sandbox-03"]
