@@ -15,13 +15,21 @@ import re
 import shlex
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from opspatch.config.inventory.load import load_inventory
+from opspatch.sandbox.incident import INCIDENT_BUILD
+from opspatch.sandbox.real.build import ENGINE_CACHE_ENV
+from tests.realkit import real_engine  # its cache resolved at import, before HOME is isolated
 
 pytestmark = [pytest.mark.pure, pytest.mark.engine]
 
 ROOT = Path(__file__).resolve().parents[1]
+GRAPHS_FAILED = "CUDA graph capture failed: torch.cuda.Stream requires CUDA support"
 ERROR = "AttributeError: 'EAGLEWorkerV2' object has no attribute 'spec_disable_batch_threshold'"
 
 
@@ -83,9 +91,6 @@ def rotations(env: dict[str, str], cwd: Path) -> dict[str, tuple[str, str | None
 def test_the_readme_tour_runs_as_written(tmp_path: Path, variant: str) -> None:
     env = {**os.environ, "COLUMNS": "100"}
     if variant == "sglang":
-        from opspatch.sandbox.real.build import ENGINE_CACHE_ENV
-        from tests.realkit import real_engine
-
         engine = real_engine()  # built where not cached; skips when the index cannot be reached
         env[ENGINE_CACHE_ENV] = str(engine.cache)
     try:
@@ -127,7 +132,9 @@ def _run_the_tour(tmp_path: Path, variant: str, env: dict[str, str]) -> None:
         said = done.stdout + done.stderr
         assert done.returncode == expected, f"{line}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         if real and words[1:3] == ["sandbox", "up"]:
-            assert_the_base_is_the_incident_build(env, tmp_path)
+            assert_healthy_incident_servers_never_decoded(env, tmp_path)
+        if real and words[1] == "diagnose":
+            assert_diagnose_names_the_cause_from_the_real_log_and_source(env, tmp_path)
         if words[1] == "smoke" and expected == 1:  # a crashed host: one short line each
             crashed = [ln for ln in done.stdout.splitlines() if ln.startswith("sandbox-0")]
             assert len(crashed) == 3, done.stdout
@@ -160,20 +167,64 @@ def _run_the_tour(tmp_path: Path, variant: str, env: dict[str, str]) -> None:
     assert applies == 2
 
 
-def assert_the_base_is_the_incident_build(env: dict[str, str], cwd: Path) -> None:
-    """Every host's sglang was made the incident's build by `opspatch apply` of the sandbox's
-    base patch (a run a host), recorded in the ledger, before its engine first started."""
-    from opspatch.sandbox.incident import INCIDENT_BUILD
-
+def opspatch_json(env: dict[str, str], cwd: Path, *args: str) -> tuple[int, dict[str, Any]]:
     done = subprocess.run(
-        [sys.executable, "-m", "opspatch.cli", "ledger", "list", "--json"],
+        [sys.executable, "-m", "opspatch.cli", *args, "--json"],
         cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    runs = [r for r in json.loads(done.stdout)["runs"] if r["patch_id"] == INCIDENT_BUILD]
+    assert done.stdout.strip(), done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def host_log(env: dict[str, str], host: str) -> str:
+    log = Path(env["OPSPATCH_STATE_DIR"]) / "sandbox" / "hosts" / host / "server.log"
+    return log.read_text(errors="replace")
+
+
+def assert_healthy_incident_servers_never_decoded(env: dict[str, str], cwd: Path) -> None:
+    """Every host's sglang was made the incident's build by `opspatch apply` of the sandbox's
+    base patch (a run a host, in the ledger) before its engine first started; each server
+    answers `/health` 200, its CUDA graph set-up failed, and nothing has decoded yet."""
+    code, listed = opspatch_json(env, cwd, "ledger", "list")
+    assert code == 0, listed
+    runs = [r for r in listed["runs"] if r["patch_id"] == INCIDENT_BUILD]
     assert {(r["command"], r["outcome"]) for r in runs} == {("apply", "ok")}, runs
     assert sorted(h for r in runs for h in r["hosts"]) == ["sandbox-01", "sandbox-02", "sandbox-03"]
+    inventory = load_inventory(Path(env["OPSPATCH_STATE_DIR"]) / "inventories" / "sandbox.toml")
+    for host in inventory.hosts:
+        with urllib.request.urlopen(f"{host.engine.url}/health", timeout=60) as reply:  # noqa: S310
+            assert reply.status == 200, host.name
+        log = host_log(env, host.name)
+        assert GRAPHS_FAILED in log and '"POST /generate' not in log, host.name
+
+
+def assert_diagnose_names_the_cause_from_the_real_log_and_source(
+    env: dict[str, str], cwd: Path
+) -> None:
+    """sandbox-01 crashed with exactly the incident's exception, where the decode path reads the
+    threshold; `diagnose` names where `__init__` stopped and the fix, from the real log and the
+    host's source (the incident's build, patched by opspatch)."""
+    log = host_log(env, "sandbox-01")
+    assert f"\n{ERROR}\n" in log
+    assert "Scheduler hit an exception: Traceback (most recent call last):" in log
+    assert "Dynamic speculation disable: threshold=" not in log
+    code, diagnosed = opspatch_json(env, cwd, "diagnose", "--hosts", "sandbox-01")
+    assert code == 1, diagnosed
+    (report_host,) = diagnosed["hosts"]
+    reports = [e for e in report_host["exceptions"] if f"{e['type']}: {e['message']}" == ERROR]
+    assert reports, report_host["exceptions"]
+    report = reports[0]
+    assert report["context"] == "Scheduler hit an exception"
+    assert report["frame"].endswith("in should_disable_speculation")
+    assert [f["patch"] for f in report["fixed_by"]] == ["eagle-init-guard"]
+    cause = report["missing_attribute"]["likely_cause"]
+    assert cause.startswith("EAGLEWorkerV2.__init__ stopped between line ")
+    assert "`self.init_plain_decode_cuda_graphs()`" in cause
+    assert "was swallowed by a caller and the half-built object was used" in cause
+    files = {m["module"]: m for m in report_host["files"]}
+    assert files["sglang.srt.speculative.eagle_worker_v2"]["state"] == "patched-by-opspatch"
+    assert files["sglang.srt.speculative.eagle_worker_v2"]["patch"] == INCIDENT_BUILD
