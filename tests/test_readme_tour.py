@@ -155,6 +155,10 @@ def _run_the_tour(tmp_path: Path, variant: str, env: dict[str, str]) -> None:
             applies += 1
             assert ": eagle-init-guard on 3 host(s), playbook default" in said, said
             assert "sandbox-01: smoke ok" in said and "outcome: ok (exit 0)" in said, said
+        if real and words[1] == "apply":  # the fix holds on a half-built worker: restarted,
+            # the build's graph set-up failed again, and the smoke decoded
+            since = host_log(env, "sandbox-01").rsplit("server_args=", 1)[1]
+            assert GRAPHS_FAILED in since and ERROR not in since
         if words[1] == "rollback":  # the pre-image crashes again: the canary halts the run
             assert "restored-not-serving" in said, said
         if router and words[1] == "rollback":  # the canary drained, its server crashed
