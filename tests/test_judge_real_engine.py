@@ -7,7 +7,9 @@ it (`opspatch judge`, `apply --playbook` with a `[judge]`):
   carried hidden state dropped between its steps) fails `speculation` with `tokens` passing, and
   is rolled back: the fix reverted in the running engine and the file restored, no restart;
 - a patch that changes one token (greedy verification turns ' a' into 'x') fails `tokens`,
-  naming the token, and is rolled back.
+  naming the token, and is rolled back;
+- a patch that makes every decode step slower and keeps every answer and accepted token
+  (tests/data/judge/slower-decode-step.toml) fails `tpot`, confirmed, and is rolled back.
 
 The patches are taken live (`apply --live`): a real start costs a minute or more here, and a
 restart-based apply and its rollback would cost two per patch; the judge's verdict and the
@@ -35,6 +37,7 @@ from tests.realkit import real_engine
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1500)]
 
 CANARY, PEER = "sandbox-01", "sandbox-02"
+SLOWER = Path(__file__).resolve().parent / "data" / "judge" / "slower-decode-step.toml"
 PROMPTS = (
     "The capital of France is",
     "The capital city of France",
@@ -166,7 +169,7 @@ def _caught_and_rolled_back(
     )
     assert run.code == 1, run.stdout + run.stderr
     host = run.json()["hosts"][0]
-    assert host["outcome"] == "rolled-back", host
+    assert (host["outcome"], host["reason"]) == ("rolled-back", "judge-failed"), host
     steps = [(s["step"], s["status"]) for s in host["steps"]]
     assert ("judge", "failed") in steps and steps[-2:] == [("live-revert", "ok"), ("restore", "ok")]
     assert _file_sha(fleet, CANARY, module) == before_sha
@@ -201,3 +204,29 @@ def test_a_patch_that_changes_one_token_is_caught_and_rolled_back(fleet: Sandbox
         for d in tokens["divergences"]
     ), tokens
     assert _decode(fleet, CANARY, PROMPTS[2])["output_ids"] == before["output_ids"]
+
+
+def test_a_slower_decode_step_with_every_answer_kept_fails_tpot_and_is_rolled_back(
+    fleet: SandboxFleet,
+) -> None:
+    """Every decode step waits three times its own time once done (`EAGLEWorkerV2.
+    forward_batch_generation`, decode branch only): four times as long. The margin holds on any
+    machine at any load: the wait is the step's own time, measured in the step, so however slow
+    or loaded the CPU, the canary's steps are 4x what they would be there; the judge fails at
+    +50% (`latency_rise`), so its baseline would have to be measured over 2.5x slower than the
+    canary's own unslowed steps (the time outside the step, same on both sides, lowers the 4x:
+    about +XXX% measured here) for a pass, twice over (the fail is confirmed by a second
+    measurement two seconds later), where A/A measurements of one server moved by +-70%."""
+    before = _decode(fleet, CANARY, PROMPTS[2])
+    metrics = _caught_and_rolled_back(
+        fleet, "slower-decode-step", SLOWER.read_text(encoding="utf-8"), EAGLE
+    )
+    tpot = metrics["tpot"]
+    print("TEMP-FIGURES", json.dumps({k: (m["verdict"], m["figures"]) for k, m in metrics.items()}))
+    assert tpot["verdict"] == "fail", tpot
+    assert "confirmed by a second measurement" in tpot["figures"], tpot
+    for exact in ("errors", "tokens", "speculation"):  # every answer and accepted token kept
+        assert metrics[exact]["verdict"] == "pass", metrics[exact]
+    after = _decode(fleet, CANARY, PROMPTS[2])
+    assert after["output_ids"] == before["output_ids"]
+    assert after["meta_info"]["spec_verify_ct"] == before["meta_info"]["spec_verify_ct"]
