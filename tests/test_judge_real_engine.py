@@ -147,6 +147,7 @@ def test_a_over_a_on_two_real_servers_passes(fleet: SandboxFleet) -> None:
     assert run.code == 0, run.stdout + run.stderr
     judgment = run.json()["hosts"][0]["judgment"]
     metrics = _metrics(judgment)
+    print("TEMP-AA", json.dumps({k: (m["verdict"], m["figures"]) for k, m in metrics.items()}))
     assert judgment["verdict"] in ("pass", "marginal"), judgment
     assert not [m for m in metrics.values() if m["verdict"] == "fail"], judgment
     for exact in ("errors", "tokens", "speculation"):
