@@ -8,8 +8,9 @@ it (`opspatch judge`, `apply --playbook` with a `[judge]`):
   is rolled back: the fix reverted in the running engine and the file restored, no restart;
 - a patch that changes one token (greedy verification turns ' a' into 'x') fails `tokens`,
   naming the token, and is rolled back;
-- a patch that makes every decode step slower and keeps every answer and accepted token
-  (tests/data/judge/slower-decode-step.toml) fails `tpot`, confirmed, and is rolled back.
+- a patch that makes every decode step four times as long and keeps every answer and accepted
+  token (tests/data/judge/slower-decode-step.toml), taken live and judged in turns with the
+  peer, fails `tpot` (confirmed); `rollback --restart never` takes it out of the engine.
 
 The patches are taken live (`apply --live`): a real start costs a minute or more here, and a
 restart-based apply and its rollback would cost two per patch; the judge's verdict and the
@@ -158,7 +159,6 @@ def test_a_over_a_on_two_real_servers_passes(fleet: SandboxFleet) -> None:
     assert run.code == 0, run.stdout + run.stderr
     judgment = run.json()["hosts"][0]["judgment"]
     metrics = _metrics(judgment)
-    print("TEMP-AA", json.dumps({k: (m["verdict"], m["figures"]) for k, m in metrics.items()}))
     assert judgment["verdict"] in ("pass", "marginal"), judgment
     assert not [m for m in metrics.values() if m["verdict"] == "fail"], judgment
     for exact in ("errors", "tokens", "speculation"):
@@ -222,15 +222,15 @@ def test_a_slower_decode_step_with_every_answer_kept_fails_tpot_judged_in_turns(
     fleet: SandboxFleet,
 ) -> None:
     """Every decode step waits three times its own time once done (tests/data/judge/
-    slower-decode-step.toml): four times as long, whatever the machine's speed or load, since
-    the wait is the step's own time measured in the step; the time per token outside the step
-    (the same on both sides) lowers the 4x a little. The judge fails at +50% (`latency_rise`).
-    Judged in turns with the unchanged peer, load that drifts over the measurement falls on
-    both sides alike (A/A in turns here: TPOT per prompt -13.5%, p=0.29), so a pass would need the
-    peer's turns over 2.5 times slower than the canary's, in the first measurement and again in
-    the confirming one. Not as a rollout's own-baseline judge: that measures one after the
-    other, and on this shared machine the same 17 decodes took 57 to 97 s minutes apart, which
-    hid this very patch (median 136 -> 367 ms, per prompt +69%, p=0.012: a pass)."""
+    slower-decode-step.toml): four times as long on any machine at any load, since the wait is
+    the step's own time measured in the step (the time per token outside the step, the same on
+    both sides, lowers the 4x a little); the judge fails at +50% (`latency_rise`). Judged in
+    turns with the unchanged peer, load that drifts falls on both sides alike (A/A in turns here,
+    two runs: TPOT per prompt -13.5% and +17.4%, p=0.29 and 0.21), so a pass would need the
+    peer's turns 2.5 times slower than the canary's, in the measurement and again in the one
+    confirming it. Not by a rollout's own-baseline judge: that measures one after the other,
+    and on this shared machine the same 17 decodes took 57 to 97 s minutes apart, which hid
+    this very patch (TPOT median 136 -> 367 ms but per prompt +69%, p=0.012: a pass)."""
     fleet.write_patch("slower-decode-step", SLOWER.read_text(encoding="utf-8"))
     before, pid, sha = (
         _decode(fleet, CANARY, PROMPTS[2]),
@@ -241,13 +241,21 @@ def test_a_slower_decode_step_with_every_answer_kept_fails_tpot_judged_in_turns(
         "apply", "slower-decode-step", "--hosts", CANARY, "--live", "--yes", "--json"
     )
     assert taken.code == 0, taken.stdout + taken.stderr
+    # 25 slowed decodes (one warm-up, 12 prompts, 12 again to confirm): over 300 s at load 17
     run = fleet.opspatch(
-        "judge", "--hosts", CANARY, "--baseline", PEER, "--playbook", "latency", "--json"
+        "judge",
+        "--hosts",
+        CANARY,
+        "--baseline",
+        PEER,
+        "--playbook",
+        "latency",
+        "--json",
+        timeout=1200,
     )
     assert run.code == 1, run.stdout + run.stderr
     judgment = run.json()["hosts"][0]["judgment"]
     metrics = _metrics(judgment)
-    print("TEMP-FIGURES", json.dumps({k: (m["verdict"], m["figures"]) for k, m in metrics.items()}))
     tpot = metrics["tpot"]
     assert judgment["verdict"] == "fail" and tpot["verdict"] == "fail", judgment
     assert "confirmed by a second measurement" in tpot["figures"], tpot
