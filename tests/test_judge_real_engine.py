@@ -262,9 +262,12 @@ def test_a_slower_decode_step_with_every_answer_kept_fails_tpot_judged_in_turns(
     for exact in ("errors", "tokens", "speculation"):  # every answer and accepted token kept
         assert metrics[exact]["verdict"] == "pass", metrics[exact]
     back = fleet.opspatch(
-        "rollback", "slower-decode-step", "--hosts", CANARY, "--restart", "never", "--yes"
-    )
+        "rollback", "slower-decode-step", "--hosts", CANARY, "--restart", "never",
+        "--yes", "--json",
+    )  # fmt: skip
     assert back.code == 0, back.stdout + back.stderr
+    (report,) = back.json()["hosts"]
+    assert "live-revert" in [step["step"] for step in report["steps"]], report
     assert _file_sha(fleet, CANARY, EAGLE) == sha and fleet.pid(CANARY) == pid
     after = _decode(fleet, CANARY, PROMPTS[2])
     assert after["output_ids"] == before["output_ids"]
