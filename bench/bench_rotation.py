@@ -9,7 +9,11 @@ restart time; the whole run is simulated at `--time-scale` (0.01: a 50 ms round 
 a 120 s restart 1.2 s, and opspatch's drain settle and poll intervals are scaled alike), so the
 wall is read against the wave limit: waves x per-host pipeline time, both scaled back.
 
-    PYTHONPATH=$PWD python bench/bench_rotation.py [--hosts 1000] [--routers 10] [--own-facts] [--out FILE]
+The routers' control plane and the hosts' agent run in processes of their own (forked before
+any thread starts; the agent in a pool of `--host-processes`), as a real router and real hosts
+use CPUs of their own: `--in-process` runs both in the controller's process, as before.
+
+    PYTHONPATH=$PWD python bench/bench_rotation.py [--hosts 1000] [--routers 10] [--own-facts] [--in-process] [--out FILE]
 """
 
 from __future__ import annotations
@@ -17,13 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import platform
 import resource
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,10 +39,11 @@ from typing import Any
 
 import opspatch.hosts.agent.facts as agent_facts
 import opspatch.runs.fleet.rotation as rotation
+import tests.scriptedkit as scriptedkit
 from opspatch.config.patches import load_patch
 from opspatch.core.host import Host, RouterSettings
 from opspatch.core.policy import BatchSize, Playbook, RotationSettings
-from opspatch.hosts.transport.scripted import ScriptedTransport
+from opspatch.hosts.transport.scripted import ScriptedTransport, agent_operation
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
 from tests.scriptedkit import STANDIN, FakeHost
@@ -89,6 +97,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         plane = self.server
+        if self.path == "/stats":  # for the bench, when the plane runs in a process of its own
+            with plane.lock:
+                self._send(200, {"most_out": plane.most_out, "calls": plane.calls})
+            return
         router, rest = self._router()
         with plane.lock:
             plane.calls += 1
@@ -146,6 +158,16 @@ class SimulatedHost(FakeHost):
         return super().answer(op, args)
 
 
+def _started(_: int) -> None:
+    time.sleep(0.2)  # every worker of the pool forks now, before the controller's threads
+
+
+def _stats(plane: ControlPlane) -> tuple[Counter[int], int]:
+    with urllib.request.urlopen(f"{plane.url}/stats") as response:  # noqa: S310 - our own
+        body = json.loads(response.read())
+    return Counter({int(k): v for k, v in body["most_out"].items()}), int(body["calls"])
+
+
 def run(
     hosts: int,
     routers: int,
@@ -154,7 +176,10 @@ def run(
     restart: float,
     scale: float,
     own_facts: bool = False,
+    in_process: bool = False,
+    host_processes: int = 2,
 ) -> dict[str, Any]:
+    # Long because: the simulated fleet, its routers and the playbook are set up in line, as read
     SimulatedHost.round_trip = round_trip * scale
     SimulatedHost.restart_seconds = restart * scale
     SimulatedHost.own_facts = own_facts
@@ -166,9 +191,11 @@ def run(
     rotation.ADMIT_POLL_SECONDS *= scale
     size = Counter(i % routers for i in range(hosts))
     plane = ControlPlane(routers, dict(size))
-    threading.Thread(target=plane.serve_forever, daemon=True).start()
     source = (STANDIN / "eagle_worker_v2.py").read_bytes()
     patch = load_patch(REPO / "patches" / "eagle-init-guard.toml")
+    fork = multiprocessing.get_context("fork")
+    pool = None
+    serving = None
     with tempfile.TemporaryDirectory() as scratch:
         fakes: dict[str, SimulatedHost] = {}
         targets: list[Host] = []
@@ -186,6 +213,19 @@ def run(
                     router=RouterSettings(url=f"{plane.url}/r{router}", worker_url=worker),
                 )
             )
+        if in_process:
+            threading.Thread(target=plane.serve_forever, daemon=True).start()
+        else:
+            serving = fork.Process(target=plane.serve_forever, daemon=True)
+            serving.start()
+            pool = ProcessPoolExecutor(host_processes, mp_context=fork)
+            list(pool.map(_started, range(host_processes)))
+            apart = pool
+
+            def operation(op: str, args: dict[str, Any]) -> Any:
+                return apart.submit(agent_operation, op, args).result()
+
+            setattr(scriptedkit, "agent_operation", operation)  # noqa: B010 - FakeHost.real's
         per_router = max(size.values())
         room = math.ceil(per_router * percent / 100)
         playbook = Playbook(
@@ -207,7 +247,14 @@ def run(
             wall = time.perf_counter() - started
             usage = resource.getrusage(resource.RUSAGE_SELF)
             cpu = usage.ru_utime + usage.ru_stime - cpu_started
-    plane.shutdown()
+        most_out, calls = (plane.most_out, plane.calls) if in_process else _stats(plane)
+    if pool is not None:
+        pool.shutdown()
+        setattr(scriptedkit, "agent_operation", agent_operation)  # noqa: B010
+    if serving is not None:
+        serving.terminate()
+    else:
+        plane.shutdown()
     outcomes = Counter(str(h.outcome) for h in report.hosts)
     rotations = Counter(str(h.rotation) for h in report.hosts)
     canary = next(h for h in report.hosts if h.host == "h0001")
@@ -216,13 +263,16 @@ def run(
     return {
         "hosts": hosts,
         "hosts_own_facts": own_facts,
+        "hosts_and_routers": "in the controller's process"
+        if in_process
+        else f"routers in 1 process, hosts' agent in {host_processes}",
         "routers": routers,
         "max_unavailable": f"{percent}%",
         "room_per_router": room,
         "time_scale": scale,
         "outcomes": dict(outcomes),
         "rotation": dict(rotations),
-        "most_out_of_rotation_per_router": max(plane.most_out.values()),
+        "most_out_of_rotation_per_router": max(most_out.values()),
         "wall_s": round(wall, 2),
         "wall_s_unscaled": round(wall / scale, 1),
         "canary_pipeline_s": round(pipeline, 3),
@@ -230,7 +280,7 @@ def run(
         "wave_limit_s": round(waves * pipeline, 2),
         "controller_cpu_s": round(cpu, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "router_calls": plane.calls,
+        "router_calls": calls,
     }
 
 
@@ -247,6 +297,12 @@ def main() -> None:
         action="store_true",
         help="each host reads its facts and this machine's socket table, as the agent does",
     )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="the routers' control plane and the hosts' agent in the controller's process",
+    )
+    parser.add_argument("--host-processes", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     result = {
@@ -261,6 +317,8 @@ def main() -> None:
             args.restart,
             args.time_scale,
             args.own_facts,
+            args.in_process,
+            args.host_processes,
         ),
         "load_after": os.getloadavg(),
     }
