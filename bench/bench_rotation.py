@@ -2,18 +2,19 @@
 
 N scripted hosts (the real host agent on a real copy of the stand-in's `eagle_worker_v2.py`
 each; restart, readiness, the drain wait (idle once it settled) and smoke scripted) behind R
-routers, with `max_unavailable` per router. One in-process HTTP server plays every router's
+routers, with `max_unavailable` per router. One HTTP server plays every router's
 control plane (`/r<k>/workers`) and records how many of each router's workers were out of
 rotation at once. Every agent exec waits one round trip, every restart the engine's
 restart time; the whole run is simulated at `--time-scale` (0.01: a 50 ms round trip is 0.5 ms,
 a 120 s restart 1.2 s, and opspatch's drain settle and poll intervals are scaled alike), so the
 wall is read against the wave limit: waves x per-host pipeline time, both scaled back.
 
-The routers' control plane and the hosts' agent run in processes of their own (forked before
-any thread starts; the agent in a pool of `--host-processes`), as a real router and real hosts
-use CPUs of their own: `--in-process` runs both in the controller's process, as before.
+`--apart` runs the routers' control plane and the hosts' agent in processes of their own
+(forked before any thread starts; the agent in a pool of `--host-processes`), as a real router
+and real hosts use CPUs of their own; on a loaded machine each exec then waits for a process to
+be scheduled (docs/benchmarks.md).
 
-    PYTHONPATH=$PWD python bench/bench_rotation.py [--hosts 1000] [--routers 10] [--own-facts] [--in-process] [--out FILE]
+    PYTHONPATH=$PWD python bench/bench_rotation.py [--hosts 1000] [--routers 10] [--own-facts] [--apart] [--out FILE]
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ def run(
     restart: float,
     scale: float,
     own_facts: bool = False,
-    in_process: bool = False,
+    apart: bool = False,
     host_processes: int = 2,
 ) -> dict[str, Any]:
     # Long because: the simulated fleet, its routers and the playbook are set up in line, as read
@@ -213,17 +214,17 @@ def run(
                     router=RouterSettings(url=f"{plane.url}/r{router}", worker_url=worker),
                 )
             )
-        if in_process:
+        if not apart:
             threading.Thread(target=plane.serve_forever, daemon=True).start()
         else:
             serving = fork.Process(target=plane.serve_forever, daemon=True)
             serving.start()
             pool = ProcessPoolExecutor(host_processes, mp_context=fork)
             list(pool.map(_started, range(host_processes)))
-            apart = pool
+            workers = pool
 
             def operation(op: str, args: dict[str, Any]) -> Any:
-                return apart.submit(agent_operation, op, args).result()
+                return workers.submit(agent_operation, op, args).result()
 
             setattr(scriptedkit, "agent_operation", operation)  # noqa: B010 - FakeHost.real's
         per_router = max(size.values())
@@ -247,7 +248,7 @@ def run(
             wall = time.perf_counter() - started
             usage = resource.getrusage(resource.RUSAGE_SELF)
             cpu = usage.ru_utime + usage.ru_stime - cpu_started
-        most_out, calls = (plane.most_out, plane.calls) if in_process else _stats(plane)
+        most_out, calls = _stats(plane) if apart else (plane.most_out, plane.calls)
     if pool is not None:
         pool.shutdown()
         setattr(scriptedkit, "agent_operation", agent_operation)  # noqa: B010
@@ -263,9 +264,9 @@ def run(
     return {
         "hosts": hosts,
         "hosts_own_facts": own_facts,
-        "hosts_and_routers": "in the controller's process"
-        if in_process
-        else f"routers in 1 process, hosts' agent in {host_processes}",
+        "hosts_and_routers": f"routers in 1 process, hosts' agent in {host_processes}"
+        if apart
+        else "in the controller's process",
         "routers": routers,
         "max_unavailable": f"{percent}%",
         "room_per_router": room,
@@ -298,9 +299,9 @@ def main() -> None:
         help="each host reads its facts and this machine's socket table, as the agent does",
     )
     parser.add_argument(
-        "--in-process",
+        "--apart",
         action="store_true",
-        help="the routers' control plane and the hosts' agent in the controller's process",
+        help="the routers' control plane and the hosts' agent in processes of their own",
     )
     parser.add_argument("--host-processes", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
@@ -317,7 +318,7 @@ def main() -> None:
             args.restart,
             args.time_scale,
             args.own_facts,
-            args.in_process,
+            args.apart,
             args.host_processes,
         ),
         "load_after": os.getloadavg(),
