@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import typing
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
 from opspatch.config.inventory import parse_inventory
-from opspatch.core.codec import UNREAD
+from opspatch.core.codec import UNREAD, Record
 from opspatch.errors import RemoteOperationError
 from opspatch.hosts import diagnosis, engine, live, liveinstall
 from opspatch.hosts.agent import protocol
@@ -126,16 +127,132 @@ def read_keys(record: type) -> set[str]:
     return {f.metadata.get("alias", f.name) for f in fields}
 
 
+def _parts(hint: Any) -> list[Any]:
+    return [hint, *(part for arg in typing.get_args(hint) for part in _parts(arg))]
+
+
+def _read_as(hint: Any, reply_hint: Any) -> tuple[type, Any] | None:
+    """The record a field is read as and the TypedDict its reply key holds, if it is one."""
+    records = [t for t in _parts(hint) if isinstance(t, type) and issubclass(t, Record)]
+    wires = [t for t in _parts(reply_hint) if typing.is_typeddict(t)]
+    return (records[0], wires[0]) if len(records) == 1 and len(wires) == 1 else None
+
+
+def what_it_adds(record: type, reply: Any, renamed: Mapping[str, str]) -> list[str]:
+    """What a record read from the wire type `reply` adds to it (empty: a twin of the reply,
+    which the controller should read as the reply itself): methods, renamed keys, fields with
+    options (bytes decoded, set by the controller, not printed), defaults for keys the reply may
+    leave out, and nested records that add to theirs."""
+    wire_key = {name: key for key, name in renamed.items()}
+    hints, wire = typing.get_type_hints(record), typing.get_type_hints(reply)
+    added = [f"{key} -> {name}" for key, name in renamed.items()] + [
+        f"{name}()"
+        for name, value in vars(record).items()
+        if not name.startswith("_") and (callable(value) or isinstance(value, property))
+    ]
+    for spec in dataclasses.fields(record):
+        key = spec.metadata.get("alias", wire_key.get(spec.name, spec.name))
+        options = {k: v for k, v in spec.metadata.items() if k != "alias"}  # a key, not more
+        if options or not spec.init or key not in wire:
+            added.append(f"{key}: {options or 'not read from the reply'}")
+        elif key not in reply.__required_keys__ and spec.default is not dataclasses.MISSING:
+            added.append(f"{key}: a default for a key the reply may leave out")
+        elif (pair := _read_as(hints[spec.name], wire[key])) and what_it_adds(*pair, {}):
+            added.append(f"{key}: {pair[0].__name__}")
+    return added
+
+
+def twins(record: type, reply: Any, renamed: Mapping[str, str]) -> list[str]:
+    """The records, `record` and those read inside it, that add nothing to their wire type."""
+    found = [] if what_it_adds(record, reply, renamed) else [record.__name__]
+    hints, wire = typing.get_type_hints(record), typing.get_type_hints(reply)
+    for spec in dataclasses.fields(record):
+        key = spec.metadata.get("alias", spec.name)
+        if key in wire and (pair := _read_as(hints[spec.name], wire[key])):
+            found += twins(*pair, {})
+    return found
+
+
 @pytest.mark.parametrize("name", sorted(OPERATIONS))
-def test_each_reply_is_read_as_itself_or_as_a_record_of_its_keys(name: str) -> None:
+def test_each_reply_is_read_as_itself_or_as_a_record_that_adds_to_it(name: str) -> None:
+    """A reply is defined once, by the agent's TypedDict: the controller reads it as that,
+    unless its record adds to it (a method, bytes, a field the controller sets, a nested record
+    that adds); a record, or a record in one, that only copies its wire type is a twin."""
     descriptor: Operation[Any, Any, Any] = OPERATIONS[name]
-    if descriptor.record is not descriptor.reply:  # a record that adds to the reply
+    if descriptor.record is not descriptor.reply:
         reply_keys = set(typing.get_type_hints(descriptor.reply))
         as_read = {descriptor.renamed.get(key, key) for key in reply_keys}
         assert as_read == read_keys(descriptor.record), (descriptor.reply, descriptor.record)
+        assert twins(descriptor.record, descriptor.reply, descriptor.renamed) == []
     # and the request the agent's function takes is the descriptor's
     hints = typing.get_type_hints(descriptor.function, vars(protocol))
     assert hints["args"] is descriptor.request and hints["return"] is descriptor.reply
+
+
+def _inspect_without_origin(reply: dict[str, Any]) -> None:
+    del reply["resolved"]["origin"]
+
+
+def _live_answer_without_socket(reply: dict[str, Any]) -> None:
+    reply["answers"] = [{"reply": None, "error": "no whole reply"}]
+
+
+@pytest.mark.parametrize(
+    ("operation", "request_", "spoil", "named"),
+    [
+        (
+            "resolve",
+            {"module": "json.decoder"},
+            lambda reply: reply.update(is_package="no"),
+            "ResolveReply.is_package: Input should be a valid boolean, got str",
+        ),
+        (
+            "inspect",
+            {"module": "json.decoder", "path": None, "server": None},
+            _inspect_without_origin,
+            "HostInspection.resolved.origin: missing",
+        ),
+        (
+            "live",
+            {
+                "fix": {"op": "list"},
+                "pid": None,
+                "pid_file": None,
+                "url": None,
+                "env": {},
+                "timeout": 5,
+            },
+            _live_answer_without_socket,
+            "LiveEngineReply.answers[0].socket: missing",
+        ),
+    ],
+)
+def test_a_reply_read_as_the_agents_own_type_inside_a_record_is_checked_naming_the_field(
+    tmp_path: Path,
+    operation: str,
+    request_: dict[str, Any],
+    spoil: Callable[[dict[str, Any]], object],
+    named: str,
+) -> None:
+    """The agent's TypedDict is the one definition of a reply, read as itself or inside the
+    record that adds to it (`codec.WIRE`): a reply without a field, or with one of another
+    type, is `agent-bad-reply` naming the operation's step and the field."""
+
+    def handler(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal:
+        answer = agent_operation(op, args) if op != "live" else _live_reply()
+        assert isinstance(answer, dict), answer
+        spoil(answer)
+        return answer
+
+    ops = HostOperations(ScriptedTransport(handler), scripted_host(tmp_path))
+    with pytest.raises(RemoteOperationError) as caught:
+        ops.run(OPERATIONS[operation], request_, timeout=5, step=operation)
+    assert caught.value.code == "agent-bad-reply" and caught.value.step == operation
+    assert named in caught.value.message, caught.value.message
+
+
+def _live_reply() -> dict[str, Any]:
+    return {"server_pid": 1, "folder": "/run", "missing": None, "answers": [], "unread": False}
 
 
 @pytest.mark.process  # the real agent answers the request, on the local transport

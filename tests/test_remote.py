@@ -132,9 +132,9 @@ def test_inspect_is_one_exec_and_imports_nothing(remote_target: Target, tmp_path
     assert inspection.facts.python_executable == sys.executable
     module = inspection.module
     assert module is not None
-    assert module.origin == str(worker)
-    assert module.distribution == "sglang" and module.distribution_version == "0.5.23"
-    assert module.record_sha256 == sha(source)
+    assert module["origin"] == str(worker)
+    assert module["distribution"] == "sglang" and module["distribution_version"] == "0.5.23"
+    assert module["record_sha256"] == sha(source)
     assert inspection.file.content == source
     assert inspection.file.sha256 == sha(source)
 
@@ -324,8 +324,8 @@ def test_modules_resolve_from_the_server_folder_not_the_login_folder(
     restart = CommandRestart(start="./serve", pid_file=str(tmp_path / "pid"), workdir=str(workdir))
     host = replace(remote_target.host, engine=replace(remote_target.host.engine, restart=restart))
     resolved = remote_target.with_host(host).resolve("decoy_engine", timeout=60)
-    assert resolved.origin == str(workdir / "decoy_engine" / "__init__.py")
-    assert resolved.is_package
+    assert resolved["origin"] == str(workdir / "decoy_engine" / "__init__.py")
+    assert resolved["is_package"]
 
 
 def test_a_missing_interpreter_names_host_and_path(remote_target: Target) -> None:

@@ -203,7 +203,9 @@ def test_down_keeps_everything_and_up_restarts_on_the_same_port_with_the_patched
         first = sandbox.up("--count", "1")["hosts"][0]
         host = sandbox.inventory_host("sandbox-01")
         target = Path(
-            HostOperations(LocalTransport(host.name), host).resolve(EAGLE_MODULE, timeout=60).origin
+            HostOperations(LocalTransport(host.name), host).resolve(EAGLE_MODULE, timeout=60)[
+                "origin"
+            ]
         )
         outcome = apply_patch(target.read_bytes(), load_patch(guard_patch_path(sandbox)).spec)
         assert isinstance(outcome, Applied)
@@ -312,7 +314,7 @@ def test_incident_on_a_sandbox_host_is_fixed_by_eagle_init_guard_and_a_restart(
         # The fix with the patch engine, on the file the host's interpreter imports.
         host = sandbox.inventory_host("sandbox-01")
         ops = HostOperations(LocalTransport(host.name), host)
-        target = Path(ops.resolve(EAGLE_MODULE, timeout=60).origin)
+        target = Path(ops.resolve(EAGLE_MODULE, timeout=60)["origin"])
         spec = load_patch(guard_patch_path(sandbox)).spec
         outcome = apply_patch(target.read_bytes(), spec)
         assert isinstance(outcome, Applied), outcome
@@ -418,7 +420,7 @@ def test_ssh_transport_from_the_sandbox_ssh_inventory_runs_commands_on_the_host(
         # the pid file names the start command's /bin/sh; the status names the engine, its child
         assert result.stdout.decode().strip() == str(parent_pid(report["hosts"][0]["pid"]))
         resolved = HostOperations(transport, host).resolve(EAGLE_MODULE, timeout=60)
-        assert resolved.origin.startswith(str(sandbox.layout.host_dir("sandbox-01")))
+        assert resolved["origin"].startswith(str(sandbox.layout.host_dir("sandbox-01")))
     finally:
         transport.close()
 

@@ -331,7 +331,7 @@ def test_incident_fix_and_rollback_on_an_editable_sandbox_as_git_sees_them(
                 resolved = HostOperations(transport, host).resolve(EAGLE_MODULE, timeout=60)
             finally:
                 transport.close()
-            assert resolved.origin == str(fleet.file(name))
+            assert resolved["origin"] == str(fleet.file(name))
             assert git(fleet.checkout(name), "log", "--format=%an <%ae>|%s") == (
                 f"{SANDBOX_AUTHOR}|{COMMIT_SUBJECT}\n"
             )

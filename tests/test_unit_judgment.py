@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from opspatch.core.host import Unit
-from opspatch.hosts.results import HostFacts, HostInspection, RemoteFile, ResolvedModule
+from opspatch.hosts.agent.protocol import ResolveReply
+from opspatch.hosts.results import HostFacts, HostInspection, RemoteFile
 from opspatch.runs.judgments.units import (
     Difference,
     NodeReading,
@@ -98,15 +99,16 @@ def inspection(release: str | None, sha256: str, distribution: str | None = None
         machine="x86_64",
         sglang_version=release,
     )
-    module = ResolvedModule(
-        module=EAGLE,
-        origin="/v/eagle.py",
-        realpath="/v/eagle.py",
-        is_symlink=False,
-        is_package=False,
-        distribution="sglang",
-        distribution_version=distribution,
-    )
+    module: ResolveReply = {
+        "module": EAGLE,
+        "origin": "/v/eagle.py",
+        "realpath": "/v/eagle.py",
+        "is_symlink": False,
+        "is_package": False,
+        "distribution": "sglang",
+        "distribution_version": distribution,
+        "record_sha256": None,
+    }
     file = RemoteFile(
         path="/v/eagle.py",
         realpath="/v/eagle.py",

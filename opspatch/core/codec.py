@@ -80,6 +80,17 @@ def _wire_type(kind: Any) -> Any:
     return origin[wired]
 
 
+class _Wire:
+    """`Annotated[T, WIRE]`: a record's field of the agent's wire type `T` (a TypedDict, or a
+    list or union of them), read as `read` reads a reply."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        return handler.generate_schema(_wire_type(source))
+
+
+WIRE = _Wire()
+
+
 @functools.cache
 def adapter(kind: Any) -> TypeAdapter[Any]:
     """The one `TypeAdapter` of the wire type `kind`, built on first use and kept."""

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from opspatch.core.codec import Record
+from opspatch.core.codec import WIRE, Record
 from opspatch.core.host import Host
 from opspatch.core.live import LiveDefinition
 from opspatch.hosts.agent.live import op_live
-from opspatch.hosts.agent.protocol import LiveFixRequest, LiveReply, LiveRequest
+from opspatch.hosts.agent.protocol import LiveAnswer, LiveFixRequest, LiveReply, LiveRequest
 from opspatch.hosts.become import RunsAs
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.results import Operation
@@ -76,13 +76,6 @@ class LiveFix:
 
 
 @dataclass(frozen=True)
-class LiveSocketAnswer(Record):
-    socket: str
-    reply: dict[str, Any] | None = None
-    error: str | None = None
-
-
-@dataclass(frozen=True)
 class LiveEngineReply(Record):
     """The agent's answer: the engine's main pid, its socket folder, why no process was asked
     (`missing`, `unread` when it could not be), and each socket's answer."""
@@ -90,7 +83,7 @@ class LiveEngineReply(Record):
     server_pid: int | None
     folder: str | None
     missing: str | None
-    answers: tuple[LiveSocketAnswer, ...] = ()
+    answers: Annotated[tuple[LiveAnswer, ...], WIRE] = ()
     unread: bool = False
     """`missing` because this agent's user may not ask the engine (another user's engine),
     not because nothing listens: what it holds is not known."""
@@ -99,16 +92,16 @@ class LiveEngineReply(Record):
         """One answer per engine process: the entry rank's reply split into every rank's."""
         found: list[ProcessAnswer] = []
         for answer in self.answers:
-            if answer.reply is None:
+            socket, reply = answer["socket"], answer["reply"]
+            if reply is None:
+                process = _socket_process(socket)
                 found.append(
-                    ProcessAnswer(
-                        _socket_process(answer.socket), None, False, (), "unreachable", answer.error
-                    )
+                    ProcessAnswer(process, None, False, (), "unreachable", answer["error"])
                 )
                 continue
-            ranks = answer.reply.get("ranks")
-            replies = ranks if isinstance(ranks, list) and ranks else [answer.reply]
-            found.extend(ProcessAnswer.of(reply, answer.socket) for reply in replies)
+            ranks = reply.get("ranks")
+            replies = ranks if isinstance(ranks, list) and ranks else [reply]
+            found.extend(ProcessAnswer.of(each, socket) for each in replies)
         return tuple(found)
 
 

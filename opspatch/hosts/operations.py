@@ -19,6 +19,7 @@ from opspatch.hosts.agent.protocol import (
     NoArgs,
     OperationReply,
     ReadRequest,
+    ResolveReply,
     ResolveRequest,
     RestoreReply,
     RestoreRequest,
@@ -51,7 +52,6 @@ from opspatch.hosts.results import (
     HostInspection,
     Operation,
     RemoteFile,
-    ResolvedModule,
     SwapResult,
 )
 from opspatch.hosts.transport.base import Transport
@@ -66,7 +66,6 @@ __all__ = [  # the result values (`opspatch.hosts.results`) and the channel's na
     "HostOperations",
     "LOCK_HOLD_SECONDS",
     "RemoteFile",
-    "ResolvedModule",
     "RestoreReply",
     "SwapResult",
     "agent_modules",
@@ -194,7 +193,7 @@ class HostOperations(AgentCaller):
         driver reports them (NVML or nvidia-smi; nothing imports torch), hostname."""
         return self.run(FACTS, NoArgs(), timeout=timeout)
 
-    def resolve(self, module: str, *, timeout: float) -> ResolvedModule:
+    def resolve(self, module: str, *, timeout: float) -> ResolveReply:
         """The file the engine's interpreter imports for `module` (nothing is imported)."""
         return self.run(RESOLVE, ResolveRequest(module=module), timeout=timeout)
 

@@ -9,7 +9,7 @@ import binascii
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 from opspatch.core import codec
 from opspatch.core.codec import NOT_WRITTEN, Record, json_options
@@ -149,21 +149,6 @@ def from_base64(text: Any) -> bytes:
 
 
 @dataclass(frozen=True)
-class ResolvedModule(Record):
-    """The file the engine imports for `module`. `record_sha256` is the hash pip recorded for
-    it in the distribution's RECORD (an edit made outside any tool shows up as a difference)."""
-
-    module: str
-    origin: str
-    realpath: str
-    is_symlink: bool
-    is_package: bool
-    distribution: str | None = None
-    distribution_version: str | None = None
-    record_sha256: str | None = None
-
-
-@dataclass(frozen=True)
 class RemoteFile(Record):
     """A file as read on the host: its exact bytes and what must be kept when it is replaced.
 
@@ -215,7 +200,9 @@ class HostInspection(Record):
     host's engine says where to find it)."""
 
     facts: HostFacts
-    module: ResolvedModule | None = field(metadata=json_options(key="resolved"))
+    module: Annotated[ResolveReply | None, codec.WIRE] = field(
+        metadata=json_options(key="resolved")
+    )
     file: RemoteFile
     server: ServerProcess | None = None
 
@@ -257,7 +244,7 @@ FACTS = Operation(
     "facts", NoArgs, FactsReply, HostFacts, op_facts, runs_as=RunsAs.READ, in_process=_always
 )
 RESOLVE = Operation(
-    "resolve", ResolveRequest, ResolveReply, ResolvedModule, op_resolve, runs_as=RunsAs.READ
+    "resolve", ResolveRequest, ResolveReply, ResolveReply, op_resolve, runs_as=RunsAs.READ
 )
 READ = Operation(
     "read", ReadRequest, FileReply, RemoteFile, op_read, runs_as=RunsAs.READ, in_process=_always

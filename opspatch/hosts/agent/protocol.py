@@ -52,6 +52,9 @@ class FactsReply(TypedDict, total=False):
 
 
 class ResolveReply(TypedDict):
+    """The file the engine imports for `module`; `record_sha256` is the hash pip recorded for
+    it in its distribution's RECORD (an edit made outside any tool shows as a difference)."""
+
     module: str
     origin: str
     realpath: str

@@ -157,8 +157,8 @@ def classify(
         content=file.content,
         part=spec,
         gate=gate_inspection(spec.target, inspection),
-        pristine=module.record_sha256 if module is not None else None,
-        release=module.distribution_version if module is not None else None,
+        pristine=module["record_sha256"] if module is not None else None,
+        release=module["distribution_version"] if module is not None else None,
         baked=baked_in(container, file.realpath, file.sha256),
         recreated=recreated_since(history, patch.spec.id, container),
         server=server_age(inspection.server, file),
@@ -292,16 +292,16 @@ def _unrecorded(
 
 def _release_of(inspection: HostInspection) -> str:
     module = inspection.module
-    if module is None or module.distribution is None:
+    if module is None or module["distribution"] is None:
         return "the installed release"
-    return f"{module.distribution} {module.distribution_version or '(version unknown)'}"
+    return f"{module['distribution']} {module['distribution_version'] or '(version unknown)'}"
 
 
 def module_release(inspection: HostInspection) -> str | None:
     """The version of the distribution that provides the file, else the engine's own."""
     module = inspection.module
-    if module is not None and module.distribution_version:
-        return module.distribution_version
+    if module is not None and module["distribution_version"]:
+        return module["distribution_version"]
     return inspection.facts.sglang_version
 
 

@@ -122,12 +122,12 @@ def gate_inspection(target: Target, inspection: HostInspection) -> str | None:
     problem = version_gate(
         target,
         inspection.file.realpath,
-        owner=module.distribution if module else None,
-        owner_version=module.distribution_version if module else None,
+        owner=module["distribution"] if module else None,
+        owner_version=module["distribution_version"] if module else None,
         installed_version=installed,
     )
     if problem is None and module is not None:
-        problem = target.mismatch(module.origin, None)
+        problem = target.mismatch(module["origin"], None)
     return problem
 
 

@@ -46,7 +46,7 @@ class NodeReading:
         for target, seen in inspections.items():
             release = release or seen.facts.sglang_version
             if release is None and seen.module is not None:
-                release = seen.module.distribution_version
+                release = seen.module["distribution_version"]
             files[target] = seen.file.sha256
         return cls(host, release, files)
 
