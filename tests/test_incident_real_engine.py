@@ -1,32 +1,31 @@
-"""The incident and its fixes on real SGLang 0.5.23 (CPU, TP=2, EAGLE-3), end to end, with
-opspatch's own commands, on one server the module walks through in the order an operator lives
-it (each real start costs minutes here, so the tests share it and run in this order):
+"""The incident's fixes on real SGLang 0.5.23 (CPU, TP=2, EAGLE-3), end to end, with
+opspatch's own commands, on one server the module walks through in order (each real start costs
+minutes here, so the tests share it and run in this order):
 
 - the host is built as `sandbox up --engine sglang --tp 2 --live` builds its hosts: its sglang
-  gets the incident's build (the sandbox's base patch, applied by `opspatch apply` and recorded
-  in the ledger), `live enable` writes opspatch's plugin into its environment, and the engine
-  is started by opspatch's engine control with the incident hosts' switch and flags;
+  gets the incident's build (the sandbox's base patch, applied by `opspatch apply`), `live
+  enable` writes opspatch's plugin into its environment, and the engine is started by
+  opspatch's engine control with the incident hosts' switch and flags;
 - the real engine loads both plugins through `sglang.srt.plugins` in the main process, the
   detokenizer and both schedulers;
-- `/health` answers 200; `opspatch diagnose --decode` crashes it with exactly the incident's
-  AttributeError on the first decode of its life and names the cause from the real log and
-  source;
-- `opspatch apply eagle-init-guard` (the shipped file, unchanged) restarts it (no process of the
-  old tree left), smokes it, and it decodes through EAGLE-3, its greedy text the model's own as
-  `transformers` computes it, the draft accepted; started with the build's switch off and a
-  threshold of 1, the build's feature decodes a batch of three without drafting;
-- `rollback --restart never` and a restart without a decode (switch on) give an incident server
-  again, never decoded, the plugin loaded anew and the old server's socket folder removed;
-  `apply eagle-init-guard --live` makes its first decode pass with no pid changed, the take
-  riding the real receive path, `handle_rpc_request` on both ranks and its barrier;
+- on the healthy, never-decoded incident server, `apply eagle-init-guard --live` (the shipped
+  file, unchanged) makes its first decode pass with no pid changed, the take riding the real
+  receive path, `handle_rpc_request` on both ranks and its barrier;
 - a method-body fix of the real `Scheduler` shows in both ranks' logs with no restart; `rollback`
   takes it out of both, no restart; `status` says each state;
 - the same fix applied with a restart, its controller killed once the host swapped the file (the
   swap's reply held by the engine interpreter's fault switch, tests/faultkit.py): `recover`
-  restarts the real tree, smokes it and says `applied`, and the server runs those bytes.
+  restarts the real tree (no process of the old one left, the plugin loaded anew, the old
+  socket folder removed), smokes it and says `applied`, and the server runs those bytes;
+- that server (started with the build's switch off and a threshold of 1) decodes the model's
+  own text as `transformers` computes it through EAGLE-3, the draft accepted, and the build's
+  feature decodes a batch of three without drafting.
 
-`live disable` + `live enable` + `restart` finishing a staged plugin is the stand-in tier's
-(tests/test_live_enable_engine.py); here the plugin's loading at each real start is seen instead.
+The incident itself on real SGLang (the base in the ledger, `/health` 200, the first decode's
+exact AttributeError, `diagnose` naming the cause from the real log and source, `eagle-init-guard`
+with a restart, a rollback crashing again) is the README tour's (tests/test_readme_tour.py,
+`sglang`). `live disable` + `live enable` + `restart` finishing a staged plugin is the stand-in
+tier's (tests/test_live_enable_engine.py); here the plugin's loading at each real start is seen.
 """
 
 from __future__ import annotations
@@ -61,7 +60,6 @@ from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.transport.base import Command
 from opspatch.sandbox.incident import (
     FORCE_GRAPHS_ENV,
-    INCIDENT_BUILD,
     INCIDENT_ENV,
     INCIDENT_SERVER_FLAGS,
     THRESHOLD_ENV,
@@ -291,16 +289,6 @@ def _ranks_logged(log: str, text: str) -> set[str]:
     return set(re.findall(r"^\[[0-9: -]+ (TP\d+)\] .*" + re.escape(text), log, re.MULTILINE))
 
 
-def test_the_base_is_the_incident_build_recorded_in_the_ledger(host: IncidentHost) -> None:
-    listed = host.cli("ledger", "list", "--json")
-    assert listed.code == 0, listed.stderr
-    (run,) = [r for r in listed.json()["runs"] if r["patch_id"] == INCIDENT_BUILD]
-    assert (run["command"], run["outcome"], run["hosts"]) == ("apply", "ok", [HOST])
-    eagle = (host.site_packages / "sglang/srt/speculative/eagle_worker_v2.py").read_text()
-    assert "self.init_plain_decode_cuda_graphs()" in eagle
-    assert "spec_disable_batch_threshold: int = 0" not in eagle  # not fixed yet
-
-
 FREEZE_FAILED = "post-warmup freeze_gc failed"
 """What real SGLang logs when its one `/freeze_gc` after the warm-up is refused."""
 
@@ -354,37 +342,6 @@ def test_both_plugins_load_in_every_process_through_sglang_plugins(host: Inciden
         assert all(frozen.values()), frozen
 
 
-def test_healthy_then_the_first_decode_crashes_and_diagnose_names_the_cause(
-    host: IncidentHost,
-) -> None:
-    assert host.health() == 200
-    log = host.log
-    assert GRAPHS_FAILED in log
-    assert '"POST /generate' not in log and ERROR not in log  # no decode yet
-    diagnosed = host.cli("diagnose", "--hosts", "real", "--decode", "--json")
-    assert diagnosed.code == 1, diagnosed.stdout + diagnosed.stderr
-    (report_host,) = diagnosed.json()["hosts"]
-    assert report_host["status"] == "healthy-but-crashing"
-    log = host.log
-    # exactly the incident's exception, raised where the decode path reads the threshold
-    assert f"\n{ERROR}\n" in log
-    assert "Scheduler hit an exception: Traceback (most recent call last):" in log
-    assert "Dynamic speculation disable: threshold=" not in log
-    reports = [e for e in report_host["exceptions"] if f"{e['type']}: {e['message']}" == ERROR]
-    assert reports, report_host["exceptions"]
-    report = reports[0]
-    assert report["context"] == "Scheduler hit an exception"
-    assert report["frame"].endswith("in should_disable_speculation")
-    assert [f["patch"] for f in report["fixed_by"]] == ["eagle-init-guard"]
-    cause = report["missing_attribute"]["likely_cause"]
-    assert cause.startswith("EAGLEWorkerV2.__init__ stopped between line ")
-    assert "`self.init_plain_decode_cuda_graphs()`" in cause
-    assert "was swallowed by a caller and the half-built object was used" in cause
-    files = {m["module"]: m for m in report_host["files"]}
-    assert files["sglang.srt.speculative.eagle_worker_v2"]["state"] == "patched-by-opspatch"
-    assert files["sglang.srt.speculative.eagle_worker_v2"]["patch"] == INCIDENT_BUILD
-
-
 def _set_switch(host: IncidentHost, force_graphs: str, threshold: str) -> None:
     """The incident build's switch and threshold in the host's engine environment, for its next
     start."""
@@ -394,83 +351,17 @@ def _set_switch(host: IncidentHost, force_graphs: str, threshold: str) -> None:
     host.inventory.write_text(text)
 
 
-def test_eagle_init_guard_unchanged_restarts_it_and_eagle3_decodes_the_models_own_text(
-    host: IncidentHost,
-) -> None:
-    shipped = (REPO / "patches" / "eagle-init-guard.toml").read_bytes()
-    assert (host.workspace / "patches" / "eagle-init-guard.toml").read_bytes() == shipped
-    # this restart also starts the build with its CUDA graph set-up working (the switch off) and
-    # a threshold of 1, to see the feature itself below (the fix on a half-built worker is seen
-    # by the live take on this server, and by tests/test_sandbox_real.py with a restart)
-    _set_switch(host, "0", "1")
-    before = host.pids()  # what is left of the crashed server's tree
-    applied = host.cli("apply", "eagle-init-guard", "--hosts", "real", "--yes", "--json")
-    assert applied.code == 0, applied.stdout + applied.stderr + host.log[-3000:]
-    (report,) = applied.json()["hosts"]
-    assert report["outcome"] == "applied" and report["smoke"]["ok"], report
-    assert "restart" in [step["step"] for step in report["steps"]]
-    assert not {pid for pid in before if is_running(pid)}  # no scheduler or detokenizer left
-    replies = [host.generate(prompt, 24) for prompt in CORPUS_PROMPTS[:6]]
-    assert [reply["output_ids"] for reply in replies[:3]] == transformers_greedy(
-        host.engine, CORPUS_PROMPTS[:3], 24
-    )
-    assert "small village" in replies[1]["text"]  # language, from the project's own corpus
-    for reply in replies:
-        meta = reply["meta_info"]
-        assert meta.keys() >= META_INFO_KEYS, sorted(META_INFO_KEYS - meta.keys())
-        assert meta["completion_tokens"] == 24 and meta["spec_verify_ct"] > 0
-        assert len(meta["spec_correct_drafts_histogram"]) == EAGLE_DRAFT_TOKENS
-        assert sum(meta["spec_correct_drafts_histogram"]) == meta["spec_verify_ct"]
-    lengths = [reply["meta_info"]["spec_accept_length"] for reply in replies]
-    assert statistics.median(lengths) >= 1.5, lengths  # the draft is accepted
-    # the incident build's feature: a decode batch of three is not drafted, one alone is
-    since = host.log_since_start()
-    assert "Dynamic speculation disable: threshold=1" in since
-    assert "CUDA graph capture failed" not in since
-    with ThreadPoolExecutor(3) as pool:
-        batch = list(pool.map(host.generate, PROMPTS))
-    assert [r["meta_info"]["completion_tokens"] for r in batch] == [16, 16, 16]
-    since = host.log_since_start()
-    assert "threshold 1: speculation off" in since
-    assert "Switch adaptive runtime state: steps 2 -> 0, draft_tokens 3 -> 1" in since
-    assert ERROR not in since
-    diagnosed = host.cli("diagnose", "--hosts", "real", "--decode", "--json")
-    assert diagnosed.code == 0, diagnosed.stdout + diagnosed.stderr
-    (report,) = diagnosed.json()["hosts"]
-    assert (report["status"], report["decode"]["ok"]) == ("clean", True)
-
-
-def test_rolled_back_and_restarted_without_a_decode_it_is_an_incident_server_again(
-    host: IncidentHost,
-) -> None:
-    back = host.cli(
-        "rollback", "eagle-init-guard", "--hosts", "real", "--restart", "never", "--yes", "--json"
-    )
-    assert back.code == 0, back.stdout + back.stderr
-    eagle = (host.site_packages / "sglang/srt/speculative/eagle_worker_v2.py").read_text()
-    assert "self.init_plain_decode_cuda_graphs()" in eagle
-    assert "spec_disable_batch_threshold: int = 0" not in eagle
-    assert host.status_rows()["eagle-init-guard"]["state"] == "not-applied"
-    _set_switch(host, INCIDENT_ENV[FORCE_GRAPHS_ENV], INCIDENT_ENV[THRESHOLD_ENV])
-    old_pids, old_folder = host.pids(), host.server_folder()
-    control = host.control()  # a start as `up` makes it: ready, no smoke decode
-    control.wait_ready(control.restart())
-    assert not {pid for pid in old_pids if is_running(pid)}  # no scheduler or detokenizer left
-    assert host.health() == 200
-    since = host.log_since_start()
-    assert GRAPHS_FAILED in since and '"POST /generate' not in since
-    # the new server's processes loaded the plugin again; the old main process killed itself
-    # (SGLang's kill_process_tree: no exit handler ran), and the new one removed its folder
-    folder = host.server_folder()
-    assert {path.name for path in folder.glob("*.sock")} == SOCKETS
-    starts = {wire.ask(str(path), {"op": "ping"})["start"] for path in folder.glob("*.sock")}
-    assert starts == {"entry-point"}
-    assert not old_folder.exists()
-
-
 def test_eagle_init_guard_live_on_the_incident_server_first_decode_passes_no_pid_changed(
     host: IncidentHost,
 ) -> None:
+    # an incident server: the base applied by `opspatch apply`, healthy, never decoded
+    eagle = (host.site_packages / "sglang/srt/speculative/eagle_worker_v2.py").read_text()
+    assert "self.init_plain_decode_cuda_graphs()" in eagle
+    assert "spec_disable_batch_threshold: int = 0" not in eagle  # not fixed yet
+    assert host.health() == 200
+    assert GRAPHS_FAILED in host.log and '"POST /generate' not in host.log
+    shipped = (REPO / "patches" / "eagle-init-guard.toml").read_bytes()
+    assert (host.workspace / "patches" / "eagle-init-guard.toml").read_bytes() == shipped
     pids = host.pids()
     applied = host.cli("apply", "eagle-init-guard", "--hosts", "real", "--live", "--yes", "--json")
     assert applied.code == 0, applied.stdout + applied.stderr + host.log[-3000:]
@@ -546,6 +437,9 @@ def test_an_apply_killed_after_its_swap_is_finished_by_recover_on_the_real_tree(
     (before any restart); recover restarts the real TP=2 tree (none of the old processes left),
     smokes it through EAGLE-3 and says `applied`, and the server that answers runs the bytes it
     names. The server's one restart here is recover's."""
+    # recover's restart also starts the build with its CUDA graph set-up working (the switch off)
+    # and a threshold of 1, to see the build's feature itself after it
+    _set_switch(host, "0", "1")
     control = host.workspace / "fault"
     control.mkdir()
     python = str(load_inventory(host.inventory).host(HOST).engine.python)
@@ -558,7 +452,7 @@ def test_an_apply_killed_after_its_swap_is_finished_by_recover_on_the_real_tree(
     )
     scheduler = host.site_packages / "sglang/srt/managers/scheduler.py"
     pre = scheduler.read_bytes()
-    pids = host.pids()
+    pids, old_folder = host.pids(), host.server_folder()
     arm_switch(control, "swap", at="after")  # the swap done on the host, its reply held
     controller = subprocess.Popen(
         [sys.executable, "-m", "opspatch.cli", "apply", "scheduler-request-log-test", "--hosts",
@@ -597,3 +491,45 @@ def test_an_apply_killed_after_its_swap_is_finished_by_recover_on_the_real_tree(
     assert host.status_rows()["scheduler-request-log-test"]["state"] == "applied"
     listed = host.cli("ledger", "list", "--json").json()["runs"]
     assert next(r for r in listed if r["run_id"] == run["run_id"])["status"] == "recovered"
+    # the new server's processes loaded the plugin again; the old main process killed itself
+    # (SGLang's kill_process_tree: no exit handler ran), and the new one removed its folder
+    folder = host.server_folder()
+    assert {path.name for path in folder.glob("*.sock")} == SOCKETS
+    starts = {wire.ask(str(path), {"op": "ping"})["start"] for path in folder.glob("*.sock")}
+    assert starts == {"entry-point"}
+    assert not old_folder.exists()
+
+
+def test_the_fixed_server_decodes_the_models_own_text_through_eagle3_and_the_builds_feature(
+    host: IncidentHost,
+) -> None:
+    """The server recover started (the incident's build fixed, its switch off, a threshold of
+    1): greedy text the model's own as `transformers` computes it, the draft accepted, and the
+    build's feature: a decode batch of three is not drafted, one alone is."""
+    replies = [host.generate(prompt, 24) for prompt in CORPUS_PROMPTS[:6]]
+    assert [reply["output_ids"] for reply in replies[:3]] == transformers_greedy(
+        host.engine, CORPUS_PROMPTS[:3], 24
+    )
+    assert "small village" in replies[1]["text"]  # language, from the project's own corpus
+    for reply in replies:
+        meta = reply["meta_info"]
+        assert meta.keys() >= META_INFO_KEYS, sorted(META_INFO_KEYS - meta.keys())
+        assert meta["completion_tokens"] == 24 and meta["spec_verify_ct"] > 0
+        assert len(meta["spec_correct_drafts_histogram"]) == EAGLE_DRAFT_TOKENS
+        assert sum(meta["spec_correct_drafts_histogram"]) == meta["spec_verify_ct"]
+    lengths = [reply["meta_info"]["spec_accept_length"] for reply in replies]
+    assert statistics.median(lengths) >= 1.5, lengths  # the draft is accepted
+    since = host.log_since_start()
+    assert "Dynamic speculation disable: threshold=1" in since
+    assert "CUDA graph capture failed" not in since
+    with ThreadPoolExecutor(3) as pool:
+        batch = list(pool.map(host.generate, PROMPTS))
+    assert [r["meta_info"]["completion_tokens"] for r in batch] == [16, 16, 16]
+    since = host.log_since_start()
+    assert "threshold 1: speculation off" in since
+    assert "Switch adaptive runtime state: steps 2 -> 0, draft_tokens 3 -> 1" in since
+    assert ERROR not in since
+    diagnosed = host.cli("diagnose", "--hosts", "real", "--decode", "--json")
+    assert diagnosed.code == 0, diagnosed.stdout + diagnosed.stderr
+    (report,) = diagnosed.json()["hosts"]
+    assert (report["status"], report["decode"]["ok"]) == ("clean", True)

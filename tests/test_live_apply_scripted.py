@@ -51,7 +51,7 @@ def test_a_live_apply_takes_the_fix_in_every_rank_and_proves_it_without_a_restar
     assert report.exit_code == 0
     assert "restart" not in steps(report) and "drain" not in steps(report)
     assert steps(report)[-2:] == ["live", "smoke"]
-    assert "taken live, no restart" in (outcome.note or "")
+    assert "no restart: every process of every node holds the fix" in (outcome.note or "")
     assert engine.held == {
         0: {"eagle-init-guard": [THRESHOLD, INIT]},
         1: {"eagle-init-guard": [THRESHOLD, INIT]},

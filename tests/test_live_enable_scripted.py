@@ -249,8 +249,8 @@ def test_restart_finishes_an_enable_restarting_into_the_plugin_and_proving_it_li
     steps = [str(s.step) for s in outcome.steps]
     assert steps[-4:] == ["restart", "ready", "smoke", "live"], steps
     assert outcome.note == (
-        f"restarted into the live plugin {DIST_INFO} (`live enable`) and proven: every process "
-        "listens"
+        f"restarted host h1 as one into the live plugin {DIST_INFO} (`live enable`) and proven: "
+        "every process of every node listens"
     )
     assert outcome.file == enabled.file  # the RECORD, as enable recorded it
     (again,) = restart(fleet).hosts  # the engine now started after it: nothing staged
@@ -323,7 +323,9 @@ def test_restart_finishes_a_disable_restarting_out_of_the_plugin_it_still_held(
     steps = [str(s.step) for s in outcome.steps]
     assert steps[-3:] == ["restart", "ready", "smoke"], steps
     assert "main still held it" in (outcome.note or ""), outcome.note
-    assert (outcome.note or "").startswith("restarted into the engine without the live plugin")
+    assert (outcome.note or "").startswith(
+        "restarted host h1 as one into the engine without the live plugin"
+    )
     assert outcome.file == disabled.file  # the RECORD's removal, as disable recorded it
     assert fleet.ledger.get_run(report.run_id or "").hosts[0].outcome == "restored"
     (again,) = restart(fleet).hosts  # the engine now started without it: nothing staged

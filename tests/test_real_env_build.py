@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from opspatch.sandbox.processes import free_port
-from opspatch.sandbox.real.build import DOWNLOAD_BATCH, STAMP, BaseEnv, base_key
+from opspatch.sandbox.real.build import DOWNLOAD_BATCH, STAMP, BaseEnv, base_key, download_pins
 from opspatch.sandbox.real.models import models_key
 from opspatch.sandbox.real.release import (
     DEFAULT_REAL_RELEASE,
@@ -54,12 +54,11 @@ META_LINES = (
 
 
 def _pins() -> dict[str, tuple[str, str]]:
-    """Each pin of the release's constraints by its normalized name: (name, version)."""
+    """Each pin a build downloads by its normalized name: (name, version)."""
     pins = {}
-    for line in constraints_file(VERSION).read_text().splitlines():
-        name, sep, version = line.partition("==")
-        if sep and not line.startswith("#"):
-            pins[_normalized(name)] = (name.strip(), version.strip())
+    for pin in download_pins(constraints_file(VERSION)):
+        name, _, version = pin.partition("==")
+        pins[_normalized(name)] = (name, version)
     return pins
 
 
@@ -67,11 +66,14 @@ def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name.strip()).lower()
 
 
-def _wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
+def _wheel(
+    folder: Path, name: str, version: str, files: dict[str, str], requires: tuple[str, ...] = ()
+) -> Path:
     """A pure-Python wheel holding `files`, with its dist-info."""
     stem = f"{re.sub(r'[-_.]+', '_', name)}-{version}"
     info = f"{stem}.dist-info"
     metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    metadata += "".join(f"Requires-Dist: {requirement}\n" for requirement in requires)
     wheel = (
         "Wheel-Version: 1.0\nGenerator: opspatch-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     )
@@ -166,8 +168,10 @@ def index(tmp_path: Path) -> Iterator[LocalIndex]:
         },
     }
     # every pin of the environment, each a tiny wheel (the build fetches the whole closure)
+    # torch requires a newer setuptools than a fresh venv holds, as the real one does
+    requires = {"torch": ("setuptools>=77.0.3",)}
     wheels = {
-        key: _wheel(folder, name, version, special.get(key, {}))
+        key: _wheel(folder, name, version, special.get(key, {}), requires.get(key, ()))
         for key, (name, version) in _pins().items()
     }
     wheels["sglang"] = _wheel(folder, "sglang", VERSION, {"sglang/__init__.py": ""})
@@ -276,13 +280,8 @@ def test_a_build_stopped_by_ctrl_c_resumes_showing_each_step_on_a_pipe(
 
 
 def _batch_ends(first: int) -> tuple[str, str]:
-    """The first and last pin of the batch that starts at pin `first` (0-based) of the file."""
-    pins = [
-        line.strip()
-        for line in constraints_file(VERSION).read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
-    batch = pins[first : first + DOWNLOAD_BATCH]
+    """The first and last pin of the batch that starts at pin `first` (0-based)."""
+    batch = download_pins(constraints_file(VERSION))[first : first + DOWNLOAD_BATCH]
     return batch[0], batch[-1]
 
 

@@ -28,6 +28,7 @@ from opspatch.hosts.transport.scripted import Refusal, agent_operation
 from opspatch.ledger.records import StepRecord
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.runs.commands.recover import recover_hosts
 from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.commands.sync import sync_fleet
 from opspatch.runs.fleet.rotation import Rotation, rotation_of, taken_out_by
@@ -159,6 +160,27 @@ def test_recover_readmits_a_drained_worker_only_after_its_smoke_decode_passes(
     done = [s for s, status in steps_of(outcome) if status == "ok"]
     assert done[-2:] == ["smoke", "admit"], done
     assert rotation_of(hosts)["h1"][0] == RotationWord.IN_ROTATION
+
+
+def test_recover_readmits_a_units_drained_head_after_its_smoke_decode_passes(
+    fleet: RoutedFleet,
+) -> None:
+    """A unit is a host of several nodes: its head (the router's worker) left drained by a
+    crashed run and serving again is re-admitted by recover after a passing smoke decode, as a
+    host is (before: a serving unit was left alone, out of rotation)."""
+    fleet.register("h2", "h3")
+    unit = Unit("u1", ("h1", "h2"))
+    head, node = fleet.hosts("h1", "h2")
+    hosts = [replace(head, unit=unit), replace(node, unit=unit, router=None)]
+    report = recover_hosts(
+        ledger=fleet.ledger, hosts=hosts, factory=fleet.factory, playbook=book(), patch=PATCH
+    )
+    outcome = next(o for o in report.hosts if o.host == "h1")
+    assert outcome.rotation == RotationWord.IN_ROTATION, outcome
+    done = [s for s, status in steps_of(outcome) if status == "ok"]
+    assert done[-2:] == ["smoke", "admit"], done
+    assert worker_url("h1") in fleet.router.state.workers
+    assert all(not {"stop", "start", "restart"} & set(fleet.fakes[n].requests) for n in unit.hosts)
 
 
 def test_the_way_back_into_rotation_of_a_units_head_names_the_unit(fleet: RoutedFleet) -> None:

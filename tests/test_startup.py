@@ -19,7 +19,8 @@ from opspatch.cli import app
 pytestmark = pytest.mark.process
 
 PROBE = """
-import json, sys
+import atexit, gc, json, sys
+atexit.register(lambda: sys.stderr.write("\\nFROZEN " + str(gc.get_freeze_count()) + "\\n"))
 from opspatch.cli import main
 try:
     main(sys.argv[1:])
@@ -102,9 +103,11 @@ def test_apply_file_imports_neither_ssh_libraries_nor_torch(tmp_path: Path) -> N
     groups = set(json.loads(done.stderr.rsplit("GROUPS ", 1)[1].splitlines()[0]))
     groups &= set(app.GROUPS)
     assert groups == set(), f"`apply --file --yes` imported the command groups {groups}"
-    modules = json.loads(done.stderr.rsplit("MODULES ", 1)[1])
+    modules = json.loads(done.stderr.rsplit("MODULES ", 1)[1].splitlines()[0])
     off = {m: OFF_THE_APPLY_FILE_PATH[m] for m in modules if m in OFF_THE_APPLY_FILE_PATH}
     assert off == {}, f"`apply --file` imported modules only other cases need: {off}"
+    frozen = int(done.stderr.rsplit("FROZEN ", 1)[1].split()[0])
+    assert frozen > 1000, "`apply --file` left its imports to the collector's passes"
 
 
 @pytest.mark.pure

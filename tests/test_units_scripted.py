@@ -351,7 +351,8 @@ def test_rollback_of_an_applied_unit_restores_every_node_and_restarts_it_as_one(
     # read in the preflight, then locked and read again; the decode on the head only
     assert steps(report, "h1") == ["inspect", "begin", "restore", "stop", "start", "ready", "smoke"]
     assert steps(report, "h2") == ["inspect", "begin", "restore", "stop", "start", "smoke"]
-    assert "rolled back on every node of unit u1" in (report.hosts[1].note or "")
+    smoke = next(s for s in report.hosts[1].steps if s.step == "smoke")
+    assert "proven by the head's decode (h1, u1 rank 1)" in (smoke.detail or "")
 
 
 def test_rollback_of_a_unit_whose_head_fails_the_decode_is_not_serving_on_every_node(
@@ -453,7 +454,7 @@ def test_recover_of_a_unit_whose_nodes_differ_puts_back_the_new_node_and_restart
         assert units.fakes[name].requests.count("stop") == 1
         assert "restart" not in units.fakes[name].requests
     note = next(h for h in report.hosts if h.host == "h1").note or ""
-    assert "the nodes of unit u1 differed (new on h1)" in note
+    assert "the change was partly applied on unit u1 (new files on h1)" in note
 
 
 def test_recover_of_a_unit_with_a_node_changed_by_hand_writes_nothing(units: Units) -> None:
@@ -484,6 +485,48 @@ def test_recover_of_a_staged_unit_proves_it_as_one(units: Units) -> None:
     again = recover(units, "h1", "h2")  # proven and serving: left alone, nothing restarted
     assert {h.host: str(h.outcome) for h in again.hosts} == {"h1": "applied", "h2": "applied"}
     assert all(units.fakes[n].requests.count("stop") == 1 for n in UNIT.hosts)
+
+
+@pytest.mark.parametrize("names", [("h3",), ("h1", "h2")], ids=["host", "unit"])
+def test_recover_of_a_group_at_rest_that_does_not_serve_restarts_and_smoke_tests_it(
+    units: Units, names: tuple[str, ...]
+) -> None:
+    """Rolled back, then the server died: recover restarts the group as one and proves it with
+    the smoke decode; the restored code failing it is `restored-not-serving` (`not-serving`),
+    a host as a unit (before: a host by itself was restarted unproven and said `restored`)."""
+    assert units.apply(*names).exit_code == 0
+    assert rollback(units, *names).exit_code == 0
+    for name in names:
+        units.fakes[name].serving = False
+    units.fakes[names[0]].smoke_ok = False
+    clear(units)
+    report = recover(units, *names)
+    assert outcomes(report) == dict.fromkeys(names, "restored-not-serving")
+    assert {h.reason for h in report.hosts} == {Reason.NOT_SERVING}
+    assert "smoke" in units.fakes[names[0]].requests
+    assert report.exit_code == 1
+
+
+@pytest.mark.parametrize("names", [("h3",), ("h1", "h2")], ids=["host", "unit"])
+def test_recover_awaits_a_group_still_starting_its_ready_deadline_and_leaves_it_alone(
+    units: Units, names: tuple[str, ...]
+) -> None:
+    """A server that needs a minute to come up (a crashed run's restart still loading) is
+    awaited up to the `ready` deadline, never restarted under it, a unit as a host (before: a
+    unit's head got a 10 s look, then every node was stopped and started again)."""
+    assert units.apply(*names).exit_code == 0
+
+    def loading(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        if op == "wait_ready" and float(args.get("total") or args["timeout"]) < 60:
+            return Refusal("ready-timeout", "/health did not answer 200 in time")
+        return None
+
+    units.fakes[names[0]].fault = loading
+    clear(units)
+    report = recover(units, *names)
+    assert outcomes(report) == dict.fromkeys(names, "applied")
+    assert all("left alone" in (h.note or "") for h in report.hosts)
+    assert all(not {"stop", "start", "restart"} & set(units.fakes[n].requests) for n in names)
 
 
 def test_a_sync_applies_a_whole_unit_as_one(units: Units) -> None:
@@ -677,6 +720,70 @@ def test_rollback_restart_never_of_a_unit_with_a_refused_node_restores_no_node(
     assert outcomes(report) == {"h1": "skipped", "h2": "skipped"}
     assert units.files() == before
     assert report.hosts[0].reason == "changed-since", report.hosts[0]
+
+
+def read_fails_under_the_lock() -> Any:
+    """A fault: the first read (the preflight's) answers; the read under the lock gets no reply."""
+    locked: list[str] = []
+
+    def fault(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        if op == "lock":
+            locked.append(op)
+        if op == "inspect" and locked:
+            raise TransportError("the connection broke", host="h", step="exec")
+        return None
+
+    return fault
+
+
+@pytest.mark.parametrize("names", [("h3",), ("h1", "h2")], ids=["host", "unit"])
+def test_a_rollback_whose_read_under_the_lock_fails_is_refused_as_nothing_changed(
+    units: Units, names: tuple[str, ...]
+) -> None:
+    """A host is a group of one: a read that fails before any restore changed nothing, so the
+    group is refused (`failed`/`skipped`, exit 1), never `needs-attention` (before: a host by
+    itself said needs-attention, part-way)."""
+    assert units.apply(*names).exit_code == 0
+    units.fakes[names[-1]].fault = read_fails_under_the_lock()
+    applied = units.files()
+    report = rollback(units, *names)
+    odd = next(h for h in report.hosts if h.host == names[-1])
+    assert str(odd.outcome) == "failed", odd
+    assert odd.reason == Reason.HOST_ERROR, odd
+    assert all(str(h.outcome) in ("failed", "skipped") for h in report.hosts)
+    assert units.files() == applied
+    assert report.exit_code == 1
+
+
+@pytest.mark.parametrize("names", [("h3",), ("h1", "h2")], ids=["host", "unit"])
+def test_a_rollback_from_backups_refuses_the_group_when_the_first_restore_finds_none(
+    units: Units, names: tuple[str, ...], tmp_path: Path
+) -> None:
+    """No ledger record, and the host's own backup missing on the first node restored: nothing
+    changed anywhere, so the group is refused (`no-record`, exit 2), a host as a unit (before:
+    a unit's nodes said needs-attention though no byte moved)."""
+    from opspatch.ledger.store import Ledger
+
+    assert units.apply(*names).exit_code == 0
+    applied = units.files()
+
+    def no_backup(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal | None:
+        return Refusal("backup-missing", "no backup of that pre-image") if op == "restore" else None
+
+    for name in names:
+        units.fakes[name].fault = no_backup
+    fresh = Ledger.open(tmp_path / "fresh.sqlite3")
+    try:
+        report = rollback_hosts(
+            ledger=fresh, hosts=units.hosts(*names), factory=units.factory, playbook=ALWAYS,
+            patch=units.patch,
+        )  # fmt: skip
+    finally:
+        fresh.close()
+    assert outcomes(report) == dict.fromkeys(names, "skipped")
+    assert {h.reason for h in report.hosts} == {Reason.NO_RECORD}
+    assert report.exit_code == 2
+    assert units.files() == applied
 
 
 # -- hints: a unit is reached by its name, never by one node's ----------------------------------

@@ -5,6 +5,7 @@ typo) goes to typer, which owns every usage message. Both run `apply_local`.
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -138,6 +139,9 @@ def apply_local(
                 print_diff(change.diff, err)
         where = f"the files under {root}" if root is not None else str(file)
         confirm_or_refuse(f"Apply {loaded.spec.id} to {where}?", yes=yes)
+    # What exists now (modules, the patch, the plan) lives until the process ends: the collector
+    # need not walk it again in the apply's passes and at exit (issue 44: about a tenth of it).
+    gc.freeze()
     report = apply_local_file(
         loaded, plan, python=python, ledger=options.open_ledger(), state_dir=options.state_dir()
     )

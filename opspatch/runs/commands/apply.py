@@ -46,15 +46,11 @@ from opspatch.runs.report import HostOutcome, RunReport
 if TYPE_CHECKING:  # the live strategy is imported by `--live` only (`_live_apply`)
     from opspatch.runs.fleet.liveapply import LiveApply, LiveFormer
 
-# ---------------------------------------------------------------------------------------------
-# the fleet
-
 
 @dataclass(frozen=True)
 class LocalFiles:
-    """An apply to files on the controller's own disk (`--file`, `--root`): each target's file,
-    their distribution's version where known, and the plans already shown (not made again).
-    There is no server: a swapped host is `applied`."""
+    """An apply to files on the controller's own disk (`--file`, `--root`), with the plans
+    already shown; there is no server, so a swapped host is `applied`."""
 
     paths: tuple[str, ...]
     version: str | None
@@ -63,30 +59,27 @@ class LocalFiles:
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why one host refuses an apply before anything changes: the code, the host's outcome
-    that says it (its `error` the sentence, with the hint), and the runs whose leases hold the
-    host when that is why. Made where the check is; the run's refusal is `refused_because`."""
+    """Why one host refuses an apply before anything changes, made in `_prepare` only (the
+    plan of a host the patch does not fit: its unit's nodes are compared on it)."""
 
     reason: Reason
     outcome: HostOutcome
     holders: tuple[LeaseHolder, ...] = ()
+    prepared: Prepared | None = None
 
     @property
     def host(self) -> str:
         return self.outcome.host
 
-    @classmethod
-    def of(
-        cls, session: HostSession, exc: OpspatchError, holders: Sequence[LeaseHolder] = ()
-    ) -> Refusal:
-        """The refusal of a host whose preflight raised `exc` (`HostSession.refused`)."""
-        return cls(refusal_reason(exc), session.refused(exc), tuple(holders))
+
+def _read(item: Prepared | Refusal | None) -> Prepared | None:
+    """What the preflight read on a host, refused or not (None: it read nothing)."""
+    return item.prepared if isinstance(item, Refusal) else item
 
 
 def refused_because(refusals: Sequence[Refusal]) -> list[str]:
-    """Why a run is refused, a clause for each kind of refusal among the hosts' (in the order
-    an operator fixes them: the patch, reaching the hosts, other runs, a live take); a refusal
-    of no kind below is said by its hosts' names."""
+    """Why a run is refused, a clause for each kind of refusal, in the order an operator fixes
+    them."""
     said: set[Reason] = set()
 
     def names(*reasons: Reason) -> list[str]:
@@ -142,17 +135,11 @@ def apply_to_hosts(
     local: LocalFiles | None = None,
     live: LiveFormer | None = None,
 ) -> RunReport:
-    """Apply `patch` across `hosts` under `playbook` (a dry run locks and records nothing).
+    """Apply `patch` across `hosts` under `playbook` (a dry run locks and records nothing);
+    `command`: the run's name in the ledger (`sync` applies through this run).
 
-    `command`: the run's name in the ledger (`sync` applies through this run). `local`: the
-    controller's own files. `live`: taken into the running engines instead of a restart.
-
-    Raises (before any host is touched):
-        LedgerIntegrityError: the ledger's chain is broken.
-        ApprovalRefused: the playbook requires an approval and the patch has no valid one.
-        UnitRefused: the hosts take part of a unit (a dry run too), or a whole unit under a
-            playbook that restarts (`units_refused`).
-        LiveRefused: `live` over hosts whose inventory does not say `live = true`.
+    Raises, before any host is touched: LedgerIntegrityError, ApprovalRefused, UnitRefused
+    (part of a unit), LiveRefused (`live` over hosts not `live = true`).
     """
     progress = progress or NoProgress()
     taking = None if live is None else _live_apply(patch, hosts, playbook, live)
@@ -187,12 +174,8 @@ def apply_to_hosts(
 def _live_apply(
     patch: LoadedPatch, hosts: Sequence[Host], playbook: Playbook, former: LiveFormer
 ) -> LiveApply:
-    """The live strategy of an apply, once its hosts may take live fixes.
-
-    Raises:
-        LiveRefused: a host whose inventory does not say `live = true`, or a playbook that never
-            restarts.
-    """
+    """The live strategy of an apply; `LiveRefused` for a host not `live = true`, or a
+    playbook that never restarts."""
     from opspatch.runs.fleet.liveapply import LiveApply, refuse_unless_live
 
     refuse_unless_live(hosts)
@@ -212,8 +195,7 @@ def units_refused(
     *,
     planned: bool = False,
 ) -> UnitRefused | None:
-    """Why an apply of `patch` (its `reference`) over `hosts` is refused for their units (some
-    but not all nodes of one taken), or None; `planned`: a `plan`, refused as its apply."""
+    """Why an apply of `patch` over `hosts` is refused for taking part of a unit, or None."""
     return unit_refusal(
         hosts,
         command=f"an apply of {patch}" if planned else command,
@@ -250,7 +232,7 @@ def not_applicable_error(
     loaded: LoadedPatch, target: str, outcome: NotApplicable, *, part: int = 0
 ) -> SpecError:
     """A NotApplicable outcome as an error naming the patch file, line and field, and the target
-    (`part`: which target of a patch set; its fields are `targets[part]....`)."""
+    (`part`: which target of a patch set)."""
     reason = f"{target}: {outcome.reason}"
     if loaded.is_set:
         reason = f"{loaded.parts[part].target.module} ({reason})"
@@ -268,8 +250,7 @@ def not_applicable_error(
 
 
 def misfit_reason(patch: LoadedPatch, item: PreparedFile) -> str:
-    """Why a target does not fit: the patch file, line and field, as `--file` names them (a
-    set's target by its module too)."""
+    """Why a target does not fit: the patch file, line and field."""
     if item.version_problem is not None:
         problem = item.version_problem
         if patch.is_set:
@@ -296,20 +277,17 @@ class _FleetApply:
     live: LiveApply | None = None
 
     def run(self) -> RunReport:
-        if self.local is not None:  # local files: no server to restart, so swapped is applied
-            self.pipeline = ApplyPipeline(
-                self.patch, self.playbook, restart_engine=False, unrestarted=Outcome.APPLIED
-            )
-            for index, plan in enumerate(self.local.plans):
-                if isinstance(plan, Applied):
-                    self.pipeline.reuse(plan, index)
-        else:
-            self.pipeline = ApplyPipeline(
-                self.patch,
-                self.playbook,
-                restart_engine=self.playbook.restart != RestartPolicy.NEVER,
-                live=self.live,
-            )
+        local = self.local  # local files: no server to restart, so swapped is applied
+        self.pipeline = ApplyPipeline(
+            self.patch,
+            self.playbook,
+            restart_engine=local is None and self.playbook.restart != RestartPolicy.NEVER,
+            unrestarted=Outcome.STAGED if local is None else Outcome.APPLIED,
+            live=self.live,
+        )
+        for index, plan in enumerate(local.plans if local is not None else ()):
+            if isinstance(plan, Applied):
+                self.pipeline.reuse(plan, index)
         with FleetRun(
             command=self.command,
             patch_id=self.patch.spec.id,
@@ -325,80 +303,66 @@ class _FleetApply:
             if prepared is None:
                 return fleet.cancelled_report()
             refused = self._refusals(prepared)
-            if refused is not None or self.dry_run:
-                return refused or self._dry_run_report(prepared)
+            if refused is not None:
+                return refused
+            ready = {n: p for n, p in prepared.items() if isinstance(p, Prepared)}  # every host
+            if self.dry_run:
+                return self._dry_run_report(ready)
             leased = fleet.lease(
                 {
-                    name: host_identity(self.sessions[name].host, item.inspection.facts)
-                    for name, item in prepared.items()
-                    if isinstance(item, Prepared)
+                    n: host_identity(self.sessions[n].host, p.inspection.facts)
+                    for n, p in ready.items()
                 },
                 # only a host with a change to make is drained: one already right needs no room
-                restarting={
-                    name
-                    for name, item in prepared.items()
-                    if isinstance(item, Prepared) and item.pending
-                },
+                restarting={n for n, p in ready.items() if p.pending},
             )
-            if leased is not None:
-                return leased
-            return self._roll_out(prepared)
+            return leased if leased is not None else self._roll_out(ready)
 
     # -- preflight ------------------------------------------------------------------------
 
     def _prepare(self, session: HostSession) -> Prepared | Refusal:
-        """Begin + plan on one host: nothing is changed here."""
+        """Begin + plan on one host (nothing is changed here): its plan, or why it refuses."""
         try:
             if self.local is not None:
-                return self.pipeline.prepare(
+                prepared = self.pipeline.prepare(
                     session,
                     lock=not self.dry_run,
                     paths=self.local.paths,
                     installed_version=self.local.version,
                 )
-            prepared = self.pipeline.prepare(session, lock=not self.dry_run)
-            if self.live is not None and prepared.pending:
-                self.live.check(session, prepared)
+            else:
+                prepared = self.pipeline.prepare(session, lock=not self.dry_run)
+                if self.live is not None and prepared.pending:
+                    self.live.check(session, prepared)
+        except OpspatchError as exc:  # a host key, sudo, a lock, live, the patch or the host
+            # a lock held by a run with a live lease: refused naming its operator, machine
+            holders = live_holders(self.recorder, exc) if isinstance(exc, LockHeld) else []
+            if holders:
+                exc = lease_held(holders, what=f"{session.name} is locked")
+            return Refusal(refusal_reason(exc), session.refused(exc), tuple(holders))
+        if prepared.misfit is None:
             return prepared
-        except LiveRefused as exc:  # no live form, or its engine does not listen for live fixes
-            text = f"{exc.message} ({exc.hint})"
-            reason = refusal_reason(exc)
-            return Refusal(reason, session.outcome(Outcome.SKIPPED, text, reason=reason))
-        except LockHeld as exc:  # held by a run with a live lease: name its operator, machine
-            holders = live_holders(self.recorder, exc)
-            if not holders:
-                return Refusal.of(session, exc)
-            return Refusal.of(
-                session, lease_held(holders, what=f"{session.name} is locked"), holders
-            )
-        except OpspatchError as exc:  # a host key, sudo, the patch or the host itself
-            return Refusal.of(session, exc)
+        problem = f"not applicable: {misfit_reason(self.patch, prepared.misfit)}"
+        skipped = session.outcome(Outcome.SKIPPED, problem, reason=Reason.NOT_APPLICABLE)
+        return Refusal(Reason.NOT_APPLICABLE, skipped, prepared=prepared)
 
     def _refusals(self, prepared: Mapping[str, Prepared | Refusal]) -> RunReport | None:
-        """A run where the patch does not fit some host, or some host cannot be reached safely
-        (its host key), is refused before anything changes, with the reason that is true."""
-        refusals: list[Refusal] = []
-        others: list[HostOutcome] = []
-        for host in self.hosts:
-            item = prepared[host.name]
-            if isinstance(item, Prepared) and item.misfit is not None:
-                problem = f"not applicable: {misfit_reason(self.patch, item.misfit)}"
-                skipped = self.sessions[host.name].outcome(
-                    Outcome.SKIPPED, problem, reason=Reason.NOT_APPLICABLE
-                )
-                item = Refusal(Reason.NOT_APPLICABLE, skipped)
-            if isinstance(item, Refusal):
-                refusals.append(item)
-            else:
-                others.append(
-                    self.sessions[host.name].outcome(Outcome.SKIPPED, reason=Reason.NOT_STARTED)
-                )
+        """A run where some host refuses, or a unit's nodes are not alike, is refused before
+        anything changes, with the reason that is true; the other hosts are not started."""
+        refusals = [r for h in self.hosts if isinstance(r := prepared[h.name], Refusal)]
         unlike = self._units_not_alike(prepared)
         if not refusals and not unlike:
             return None
         reasons = refused_because(refusals) + ([_unlike(unlike)] if unlike else [])
-        decided = {o.host: o for o in [*(r.outcome for r in refusals), *others]}
-        outcomes = [_odd_node(decided[host.name], unlike) for host in self.hosts]
+        decided = {r.host: r.outcome for r in refusals}
+        outcomes = [
+            _odd_node(
+                decided.get(host.name)
+                or self.sessions[host.name].outcome(Outcome.SKIPPED, reason=Reason.NOT_STARTED),
+                unlike,
+            )
+            for host in self.hosts
+        ]
         halted = "refused before any change: " + "; ".join(reasons)
         if self.dry_run:  # nothing to record, no lock taken
             return RunReport(
@@ -413,9 +377,8 @@ class _FleetApply:
         return self.fleet.refuse(outcomes, halted=halted)
 
     def _units_not_alike(self, prepared: Mapping[str, Prepared | Refusal]) -> list[NotUniform]:
-        """Each whole unit among the hosts whose nodes differ in release or in a target file's
-        pre-image, from the preflight's inspections (a node not inspected differs too). Only
-        whole units reach the preflight (`units_refused`)."""
+        """Each unit whose nodes differ in release or in a target file's pre-image (a node not
+        inspected differs too)."""
         found = []
         units = {(h.inventory, h.unit.name): h.unit for h in self.hosts if h.unit is not None}
         for unit in units.values():
@@ -424,32 +387,18 @@ class _FleetApply:
                     node, {f.part.target.module: f.inspection for f in item.files}
                 )
                 for node in unit.hosts
-                if isinstance(item := prepared.get(node), Prepared)
+                if isinstance(item := _read(prepared.get(node)), Prepared)
             }
             judged = judge_unit(unit, readings)
             if isinstance(judged, NotUniform):
                 found.append(judged)
         return found
 
-    def _dry_run_report(self, prepared: Mapping[str, Prepared | Refusal]) -> RunReport:
+    def _dry_run_report(self, prepared: Mapping[str, Prepared]) -> RunReport:
         outcomes = []
         for host in self.hosts:
-            session = self.sessions[host.name]
-            item = prepared[host.name]
-            if isinstance(item, Refusal):
-                outcomes.append(item.outcome)
-                continue
-            misfit = item.misfit
-            if misfit is not None:
-                outcomes.append(
-                    session.outcome(
-                        Outcome.NOT_APPLICABLE,
-                        misfit_reason(self.patch, misfit),
-                        file=item.change(),
-                        reason=Reason.NOT_APPLICABLE,
-                    )
-                )
-            elif item.pending:
+            session, item = self.sessions[host.name], prepared[host.name]
+            if item.pending:
                 outcomes.append(
                     session.outcome(Outcome.WOULD_APPLY, file=item.change(), diff=item.diff())
                 )
@@ -464,7 +413,7 @@ class _FleetApply:
 
     # -- the rollout ---------------------------------------------------------------------------
 
-    def _roll_out(self, prepared: dict[str, Prepared | Refusal]) -> RunReport:
+    def _roll_out(self, ready: Mapping[str, Prepared]) -> RunReport:
         plan = plan_rollout(self.playbook, self.fleet.items())
         canaries = plan.canaries
 
@@ -474,8 +423,7 @@ class _FleetApply:
             )
 
         if self.playbook.judge is not None:
-            self.pipeline.judges = self._judge_plan(prepared, canaries)
-        ready = {n: p for n, p in prepared.items() if isinstance(p, Prepared)}
+            self.pipeline.judges = self._judge_plan(ready, canaries)
         outcomes, halted = self.fleet.execute(
             lambda nodes: self.pipeline.apply(nodes, ready), batches=plan.batches, halt=halt
         )
@@ -483,19 +431,16 @@ class _FleetApply:
             halted = self._roll_back_run(ready, outcomes, halted)
         return self.fleet.report(outcomes, halted=halted)
 
-    def _judge_plan(
-        self, prepared: Mapping[str, Prepared | Refusal], canaries: Sequence[str]
-    ) -> JudgePlan:
-        """The judge of this rollout: the hosts it proves and, for a canary, the hosts of the
-        same build it may take its baseline from (a unit judged by its head)."""
+    def _judge_plan(self, ready: Mapping[str, Prepared], canaries: Sequence[str]) -> JudgePlan:
+        """The judge of this rollout: the hosts it proves and each one's build."""
         assert self.playbook.judge is not None
-        changing = {n: p for n, p in prepared.items() if isinstance(p, Prepared) and p.pending}
+        changing = {n: p for n, p in ready.items() if p.pending}
         return JudgePlan(
             self.playbook.judge,
             canaries=canaries,
             changing=[n for n in self.fleet.names if n in changing],
             builds={
-                name: (item.inspection.facts.sglang_version, item.files[0].inspection.file.sha256)
+                name: (item.inspection.facts.sglang_version, item.inspection.file.sha256)
                 for name, item in changing.items()
             },
             sessions=self.sessions,
@@ -509,8 +454,7 @@ class _FleetApply:
         halted: str,
     ) -> str:
         """`on_halt = "rollback-run"`: restore every host this run applied, in a follow-up run
-        over the same sessions (`FleetRun.follow_up`); a host it does not start keeps its
-        outcome, its note saying why. Returns the halt reason, with why the rollback stopped."""
+        over the same sessions; the halt reason, with why the rollback stopped."""
         names = [
             name
             for name in self.fleet.names

@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from opspatch.core.edit import Applied
 from opspatch.core.host import ContainerRuntime, ContainerSettings, EngineSettings, Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.reasons import Reason
@@ -198,7 +197,7 @@ class _Bake:
         try:
             with session.step(Step.SWAP) as note:  # compiled by the image's own interpreter
                 for item in prepared.pending:
-                    plan = _plan(item)
+                    plan = item.applied
                     result = session.ops.swap(
                         item.path,
                         expected_sha256=plan.sha256_before,
@@ -296,7 +295,7 @@ class _Bake:
             ) from None
 
     def _baked(self, item: PreparedFile) -> BakedFile:
-        plan = _plan(item)
+        plan = item.applied
         seen = item.inspection.file
         return BakedFile(
             path=item.path,
@@ -313,7 +312,7 @@ class _Bake:
         naming the image (no id while only its context is written) and its base."""
         image = ContainerRecord(self.request.runtime, self.tag, image_id, "", self.request.image)
         for item in prepared.pending:
-            plan, seen = _plan(item), item.inspection.file
+            plan, seen = item.applied, item.inspection.file
             session.recorder.file_version(
                 session.name,
                 NewFileVersion(
@@ -327,11 +326,6 @@ class _Bake:
                     container=image,
                 ),
             )
-
-
-def _plan(item: PreparedFile) -> Applied:
-    assert isinstance(item.plan, Applied)
-    return item.plan
 
 
 def _write_context(directory: Path, context: Mapping[str, bytes]) -> None:

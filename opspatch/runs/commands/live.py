@@ -1,6 +1,5 @@
-"""`opspatch live enable` / `live disable`: opspatch's live plugin (`opspatch_live`) written into
-the engine's environment, and removed again, as recorded runs of the fleet run (locks, leases,
-the ledger); no engine is restarted, so no host is drained."""
+"""`live enable` / `live disable`: the live plugin written into the engine's environment and
+removed again, as recorded fleet runs; no engine is restarted, so no host is drained."""
 
 from __future__ import annotations
 
@@ -56,11 +55,8 @@ def enable_live(
     playbook: Playbook,
     progress: Progress | None = None,
 ) -> RunReport:
-    """Install the live plugin in every host's engine environment, recorded.
-
-    Raises:
-        LiveRefused: a host's inventory does not say `live = true` (nothing changed).
-    """
+    """Install the live plugin in every host's engine environment; `LiveRefused` (nothing
+    changed) for a host whose inventory does not say `live = true`."""
     off = [host.name for host in hosts if not host.live]
     if off:  # apply --live's refusal says to enable first; here the order is the other way
         raise LiveRefused(
@@ -105,13 +101,11 @@ def _run(
 
 
 def _site(session: HostSession) -> LiveSite | HostOutcome:
-    """The host locked, then its engine environment read; or, when either fails, the host's
-    outcome: nothing was written there yet (`failed`, or `skipped` for a host refused)."""
+    """The host locked, then its engine environment read; or the host's outcome (nothing
+    written)."""
     timeouts = session.playbook.timeouts
     try:
-        with session.step(Step.LOCK) as note:
-            session.ops.lock(run_id=session.lock.taking(), timeout=timeouts.lock)
-            note["detail"] = "taken"
+        _lock(session)
         with session.step(Step.INSPECT) as note:
             site = read_site(session.ops, timeout=timeouts.inspect, step=Step.INSPECT)
             start = "entry point" if site.plugin_framework else ".pth start (no plugin framework)"
@@ -122,11 +116,16 @@ def _site(session: HostSession) -> LiveSite | HostOutcome:
     return site
 
 
+def _lock(session: HostSession) -> None:
+    with session.step(Step.LOCK) as note:
+        session.lock.take()
+        note["detail"] = "taken"
+
+
 @dataclass(frozen=True)
 class _FileChange:
-    """One exec that changes the plugin's files on a host, either way: enable's install, or
-    disable's removal of one installation. `wanted`: every file's sha256 as the plugin wrote
-    it; `present`: whether the change ends with them there (install) or gone (removal)."""
+    """One exec that installs the plugin's files or removes one installation; `wanted`: each
+    file's sha256; `present`: whether the change ends with them there or gone."""
 
     step: Step
     what: str
@@ -139,8 +138,8 @@ class _FileChange:
 def _change(
     session: HostSession, root: str, change: _FileChange, *, done_before: int = 0
 ) -> bool | HostOutcome:
-    """Make `change` as a recorded step: whether a file changed, or the host's outcome (a
-    refusal; or, when its effect is unknown, what the files read back say)."""
+    """Make `change`: whether a file changed, or the host's outcome (a refusal, or when its
+    effect is unknown what the files read back say)."""
     try:
         with session.step(change.step) as note:
             note["detail"], changed = change.send()
@@ -298,9 +297,8 @@ def _disable(session: HostSession) -> HostOutcome:
 
 
 def _refused(session: HostSession, error: OpspatchError) -> HostOutcome | None:
-    """The outcome of a change the host refused before it changed anything (a file not ours,
-    a lock taken over: `skipped` / `failed`); None when its effect is unknown (no reply, a
-    failure part-way), to be read back."""
+    """The outcome of a change the host refused before it changed anything; None when its
+    effect is unknown, to be read back."""
     if isinstance(error, RemoteOperationError) and error.code in REFUSALS:
         text = f"refused: {error.message}"
         return session.outcome(Outcome.SKIPPED, text, reason=Reason.CHANGED_SINCE)
@@ -310,13 +308,8 @@ def _refused(session: HostSession, error: OpspatchError) -> HostOutcome | None:
 
 
 def _manifest(found: InstalledLive) -> dict[str, str]:
-    """Every file the installation's RECORD lists with the sha256 it must still have (the
-    RECORD itself: the bytes read).
-
-    Raises:
-        ValueError: no RECORD, or one that is not a RECORD, or one that lists a file outside
-            the distribution (not ours to remove).
-    """
+    """Every file the installation's RECORD lists with the sha256 it must still have;
+    `ValueError` for a RECORD that lists a file without a hash or outside the plugin."""
     listed = found.files()
     assert found.record is not None
     own = f"{found.dist_info}/RECORD"
@@ -340,8 +333,8 @@ def _manifest(found: InstalledLive) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class StagedPlugin:
-    """An `opspatch_live` installation `live enable` wrote that the running engine (older)
-    does not load: a staged change `restart` restarts into, proves, or removes."""
+    """A plugin `live enable` wrote that the running engine does not load yet: a staged change
+    `restart` restarts into, proves, or removes."""
 
     site: LiveSite
     found: InstalledLive
@@ -357,12 +350,8 @@ class StagedPlugin:
         return f"the live plugin {self.found.dist_info} (`live enable`)"
 
     def listens(self, session: HostSession) -> None:
-        """The proof after the smoke: every process of the restarted engine answers `list` on
-        its live socket (the plugin loaded).
-
-        Raises:
-            HostFailed: a process did not answer, or none listens.
-        """
+        """The proof after the smoke: every process of the restarted engine answers on its live
+        socket (`HostFailed` if not)."""
         with session.step(Step.LIVE) as note:
             timeout = session.playbook.timeouts.smoke
             reply = ask_engine(session.ops, LiveFix("list"), timeout=timeout, step=Step.LIVE)
@@ -376,11 +365,7 @@ class StagedPlugin:
             note["detail"] = "listening: " + ", ".join(p.process for p in reply.processes())
 
     def remove(self, session: HostSession) -> FileChange:
-        """The undo: every file the RECORD lists removed (a recorded `live-disable` step).
-
-        Raises:
-            OpspatchError: the removal failed or was refused (a file changed since).
-        """
+        """The undo: every file the RECORD lists removed (`OpspatchError` if not)."""
         with session.step(Step.LIVE_DISABLE) as note:
             result = remove(
                 session.ops,
@@ -397,7 +382,7 @@ class StagedPlugin:
 @dataclass(frozen=True)
 class StagedDisable:
     """`live disable` done on disk while the running engine keeps the plugin loaded: a staged
-    change `restart` finishes by restarting out of it (nothing to put back if the smoke fails)."""
+    change `restart` finishes."""
 
     disabled: FileChange
     """The RECORD's removal, as `live disable` recorded it (after: None)."""
@@ -414,11 +399,7 @@ def staged_plugin(
     session: HostSession, ledger: Ledger, *, locked: bool
 ) -> StagedPlugin | StagedDisable | None:
     """The plugin change staged on a `live = true` host, read under the lock (taken here unless
-    `locked`): `StagedPlugin`, `StagedDisable`, or None (nothing a restart would change).
-
-    Raises:
-        OpspatchError: the host could not be read or locked.
-    """
+    `locked`), or None; `OpspatchError` when the host could not be read or locked."""
     if not session.host.live:
         return None
     timeouts = session.playbook.timeouts
@@ -451,9 +432,8 @@ def staged_plugin(
 def _staged_disable(
     session: HostSession, ledger: Ledger, site: LiveSite, *, locked: bool
 ) -> StagedDisable | None:
-    """A disable the running engine still holds: the newest outcome about opspatch's plugin on
-    this host is a `live disable` (`staged-back`: its RECORD removed), no plugin is installed,
-    and the engine's processes still answer on their live sockets (asked with the lock held)."""
+    """A disable the running engine still holds: the newest outcome about the plugin here is
+    a `live disable`, and the engine's processes still answer on their live sockets."""
     about = [
         (outcome, file)
         for _, outcome, file in ledger.outcomes_since([session.name], 0)
@@ -465,9 +445,7 @@ def _staged_disable(
     if disabled.sha256_after is not None:
         return None
     if not locked:
-        with session.step(Step.LOCK) as note:
-            session.ops.lock(run_id=session.lock.taking(), timeout=session.playbook.timeouts.lock)
-            note["detail"] = "taken"
+        _lock(session)
     with session.step(Step.LIVE) as note:
         reply = ask_engine(
             session.ops, LiveFix("list"), timeout=session.playbook.timeouts.smoke, step=Step.LIVE

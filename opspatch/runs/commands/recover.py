@@ -24,12 +24,11 @@ from opspatch.errors import HostError, InputError, LockHeld
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.group import Nodes, answers, prove_or_undo, proven, undo
+from opspatch.runs.fleet.group import Nodes, prove_or_undo, proven, serves, undo
 from opspatch.runs.fleet.host_leases import lease_held
 from opspatch.runs.fleet.liveapply import revert_everywhere
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import (
-    ensure_running,
     restart_stale,
     restore_standing,
     run_restore,
@@ -355,72 +354,53 @@ class _RecoverHost:
             if takes is not None:  # `apply --live`: its server holds the fix, or part of it
                 return self._finish_live(nodes, standings, taken=takes)
             head = standings[nodes.head.name]
-            if nodes.alone:
-                what = "patch set (all-new)" if head.is_set else "change"
-                note = f"finished run {head.version.run_id}'s {what}: restarted and smoke-tested"
-            else:
-                note = (
-                    f"finished the change on every node of unit {nodes.name}: restarted as one "
-                    "and smoke-tested"
-                )
+            what = "patch set (all-new)" if head.is_set else "change"
+            note = (
+                f"finished run {head.version.run_id}'s {what} on {nodes.label}: restarted as one "
+                "and smoke-tested"
+            )
             return prove_or_undo(nodes, changes=changes, restore=restore, note=note)
         if not new and not any(st.standing == Standing.PARTLY_NEW for st in standings.values()):
             if stale_servers(standings):  # a rollback killed after its swap: file back, server not
                 return restart_stale(nodes, standings, changes)
             return self._serving(nodes, standings)
-        head = standings[nodes.head.name]
-        if nodes.alone:  # making the set whole is what this recover is for: restored
-            why = (
-                f"the patch set was partly applied ({head.found.describe()}): its swapped "
-                "files were put back, so the set is whole at its pre-images (all-old)"
-            )
-        else:
-            why = (
-                f"the nodes of unit {nodes.name} differed (new on {', '.join(sorted(new))}): "
-                "every new file was put back, so the unit is uniform at its pre-images"
-            )
+        partly = sorted(n for n, st in standings.items() if st.standing != Standing.ALL_OLD)
+        why = (
+            f"the change was partly applied on {nodes.label} (new files on {', '.join(partly)}): "
+            "every new file was put back, so it is whole at its pre-images (all-old)"
+        )
         return undo(nodes, why, restore=restore, changes=changes, outcome=Outcome.RESTORED)
 
     def _serving(self, nodes: Nodes, standings: Mapping[str, HostStanding]) -> list[HostOutcome]:
-        """Nothing to change on disk: make sure the group serves, else leave it alone (a restart
-        would prove nothing new and drop its requests)."""
-        if nodes.alone:
-            session = nodes.head
-            return [self._ensure_running(session, standings[session.name])]
+        """Nothing to change on disk: make sure the group serves, else restart it as one and
+        prove it (a restart of a serving group would prove nothing new and drop its requests)."""
+        head = standings[nodes.head.name]
         new = all(st.standing in ALL_NEW for st in standings.values())
         changes = {n: st.change() if new else st.unchanged() for n, st in standings.items()}
-        if new:
-            proof = describe(standings[nodes.head.name].proofs[0], nodes.head.host)
-            if answers(nodes):
-                note = f"{proof}; the unit serves: left alone"
-                return [
-                    s.outcome(Outcome.APPLIED, file=changes[s.name], note=note)
-                    for s in nodes.sessions
-                ]
-            note = (
-                f"finished the change on every node of unit {nodes.name}: restarted as one and "
-                "smoke-tested"
+        if not new:
+            at_rest = (
+                f"{self.scope.what} recorded no change here"
+                if head.standing == Standing.NOTHING_RECORDED
+                else f"every file on {nodes.label} is at its pre-image"
             )
-            return prove_or_undo(
-                nodes,
-                changes=changes,
-                restore=lambda s: restore_standing(s, standings[s.name]),
-                note=note,
-            )
-        return _at_rest(nodes, f"every node of unit {nodes.name} is at the pre-image", changes)
+            return _at_rest(nodes, at_rest, changes)
+        proof = describe(head.proofs[0], nodes.head.host)
+        if serves(nodes):
+            note = f"{proof}; {nodes.label} serves: left alone"
+            return [
+                s.outcome(Outcome.APPLIED, file=changes[s.name], note=note) for s in nodes.sessions
+            ]
+        return prove_or_undo(
+            nodes,
+            changes=changes,
+            restore=lambda s: restore_standing(s, standings[s.name]),
+            note=f"{proof}; {nodes.label} was not serving: restarted as one and smoke-tested",
+        )
 
     def _not_read(self, nodes: Nodes) -> list[HostOutcome]:
         """Nothing recorded and no patch to look for: every node locked (`_locked`) and the
         server made sure of, as for untouched files."""
-        locked = {s.name: self._locked(s) for s in nodes.sessions}
-        if nodes.alone:
-            session = nodes.head
-            how = ensure_running(session)
-            note = (
-                f"{self.scope.what} recorded no change here; {locked[session.name]}; server {how}"
-            )
-            return [session.outcome(Outcome.RESTORED, note=note)]
-        said = "; ".join(f"{name}: {text}" for name, text in locked.items())
+        said = "; ".join(f"{s.name}: {self._locked(s)}" for s in nodes.sessions)
         why = f"{self.scope.what} recorded no change here ({said})"
         return _at_rest(nodes, why, dict.fromkeys(s.name for s in nodes.sessions))
 
@@ -485,7 +465,7 @@ class _RecoverHost:
             held, heard, holds, detail = self._held(session, standings[session.name], patch_id)
             fixes |= held
             whole, unheard = whole and heard and holds, unheard or not heard
-            said.append(detail if nodes.alone else f"{session.name}: {detail}")
+            said.append(f"{session.name}: {detail}")
         listed = "; ".join(said)
         changes = {n: st.change() for n, st in standings.items()}
         if whole:
@@ -578,33 +558,6 @@ class _RecoverHost:
             reason=reason,
         )
 
-    def _ensure_running(self, session: HostSession, standing: HostStanding) -> HostOutcome:
-        """`_serving` for a host by itself: a server started if none answers, else left alone."""
-        how = ensure_running(session)
-        if standing.standing == Standing.NOTHING_RECORDED:
-            note = f"{self.scope.what} recorded no change here; server {how}"
-            return session.outcome(Outcome.RESTORED, file=standing.unchanged(), note=note)
-        if standing.standing == Standing.ALL_OLD:
-            state = (
-                "every file of the patch set is at its pre-image (all-old)"
-                if standing.is_set
-                else f"the file is at the pre-image of run {standing.version.run_id}"
-            )
-            return session.outcome(
-                Outcome.RESTORED, file=standing.unchanged(), note=f"{state}; server {how}"
-            )
-        proof = describe(standing.proofs[0], session.host)
-        if standing.is_set:
-            note = f"every file of the patch set is new (all-new); {proof}; server {how}"
-            return session.outcome(Outcome.APPLIED, file=standing.change(), note=note)
-        server = standing.inspection.server if standing.inspection else None
-        if how == "already running" and server is not None:
-            pid = f" (pid {server.pid})" if server.pid is not None else ""
-            how = f"already running{pid}, started after the change was written: left alone"
-        return session.outcome(
-            Outcome.APPLIED, file=standing.change(), note=f"{proof}; server {how}"
-        )
-
     def _changed(self, session: HostSession, standing: HostStanding) -> str:
         if standing.is_set:
             return (
@@ -629,15 +582,15 @@ class _RecoverHost:
 
 def _at_rest(nodes: Nodes, why: str, changes: Mapping[str, FileChange | None]) -> list[HostOutcome]:
     """A group with nothing to put back: `restored`, left alone when it serves, else restarted
-    as one."""
-    if answers(nodes):
-        note = f"{why}; the unit serves: left alone"
+    as one and smoke-tested."""
+    if serves(nodes):
+        note = f"{why}; {nodes.label} serves: left alone"
         return [
             s.outcome(Outcome.RESTORED, file=changes[s.name], note=note) for s in nodes.sessions
         ]
     return undo(
         nodes,
-        f"{why}; the unit was not serving: restarted as one",
+        f"{why}; {nodes.label} was not serving: restarted as one",
         restore=lambda s: changes[s.name],
         changes=changes,
         outcome=Outcome.RESTORED,

@@ -177,9 +177,7 @@ def _plugin(
 
 
 def _restarted_into(nodes: Nodes, what: str, proven: str) -> str:
-    if nodes.alone:
-        return f"restarted into {what} and {proven}"
-    return f"restarted unit {nodes.name} as one into {what} and {proven}"
+    return f"restarted {nodes.label} as one into {what} and {proven}"
 
 
 def _restart_plugin(
@@ -217,12 +215,13 @@ def _restart_plugin(
             with failing_as(nodes, session):
                 ready[session.name].listens(session)
 
-    every = "every process listens" if nodes.alone else "every node's processes listen"
     return prove_or_undo(
         nodes,
         changes={name: plugin.change() for name, plugin in ready.items()},
         restore=lambda session: ready[session.name].remove(session),
-        note=_restarted_into(nodes, ready[nodes.head.name].what(), f"proven: {every}"),
+        note=_restarted_into(
+            nodes, ready[nodes.head.name].what(), "proven: every process of every node listens"
+        ),
         judge=listening,
     )
 

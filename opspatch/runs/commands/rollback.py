@@ -194,9 +194,7 @@ class _Rollback:
         for session in nodes.sessions:
             try:
                 examined[session.name] = self._examine(session, lock=True)
-            except OpspatchError as exc:
-                if nodes.alone:
-                    raise
+            except OpspatchError as exc:  # nothing restored yet: the group refused, a host too
                 return refuse(nodes, {session.name: session.refused(exc)}, "could not be read")
         decided = {n: e.decided for n, e in examined.items() if e.decided is not None}
         odd = {n: o for n, o in decided.items() if o.error is not None}
@@ -204,7 +202,7 @@ class _Rollback:
             return refuse(nodes, odd, "was refused", files={n: o.file for n, o in decided.items()})
         if len(decided) == len(examined):
             return [decided[s.name] for s in nodes.sessions]
-        if not self.restart_engine and not nodes.alone:  # no group restart: each by itself
+        if not self.restart_engine:  # no group restart: each node by itself (a host: itself)
             return [
                 o
                 for s in nodes.sessions
@@ -222,33 +220,29 @@ class _Rollback:
         """Restore, restart and smoke through `group.undo` with a rollback's steps: `restored`,
         `restored-not-serving` when the decode fails, or `unrestarted` told not to restart."""
         head = nodes.head
-        if nodes.alone:
-            seen = examined[head.name]
-            staged_back = not self.restart_engine and self.unrestarted == Outcome.STAGED_BACK
-            why = _join_notes(
-                seen.note,
-                "staged back: the pre-image is in place, the server was not restarted "
-                "(--restart never) and runs the code it loaded until it is restarted"
-                if staged_back
-                else None,
-                self._revert_live(head),
-            )
-        else:
-            why = (
-                f"rolled back on every node of unit {nodes.name}, restarted as one; the smoke "
-                f"decode went through the head {head.name}"
-            )
+        staged_back = not self.restart_engine and self.unrestarted == Outcome.STAGED_BACK
+        why = _join_notes(
+            *dict.fromkeys(examined[s.name].note for s in nodes.sessions),
+            "staged back: the pre-image is in place, the server was not restarted "
+            "(--restart never) and runs the code it loaded until it is restarted"
+            if staged_back
+            else None,
+            *(self._revert_live(s) for s in nodes.sessions),
+        )
+
+        tried: list[str] = []
 
         def restore(session: HostSession) -> FileChange | None:
             put_back = examined[session.name].put_back
             if put_back is None:  # nothing to restore on this node
                 left: FileChange | None = decided[session.name].file
                 return left
+            tried.append(session.name)
             try:
                 back: FileChange = put_back()
                 return back
-            except _NoBackup as missing:  # nothing was changed: refused, on a host by itself
-                if nodes.alone:
+            except _NoBackup as missing:  # nothing changed: the group refused, if no node was
+                if tried == [session.name]:
                     raise
                 raise missing.error from None
 
@@ -268,7 +262,7 @@ class _Rollback:
                 ),
             )
         except _NoBackup as missing:
-            return [missing.outcome]
+            return refuse(nodes, {missing.outcome.host: missing.outcome}, "was refused")
 
     def _examine(self, session: HostSession, *, lock: bool) -> Examined:
         """Read the host's standing against the changes to undo and look it up in the decision table:

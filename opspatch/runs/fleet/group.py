@@ -18,6 +18,7 @@ from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.fleet.steps import (
     AFTER_RESTORE,
     RestoreSteps,
+    readmit,
     ready_step,
     restart_step,
     smoke_after_restore,
@@ -58,6 +59,11 @@ class Nodes:
         """What names the group as a target: the unit, or the host."""
         unit = self.unit
         return unit.name if unit is not None else self.head.name
+
+    @property
+    def label(self) -> str:
+        """`unit u1` or `host h3`: the group in an outcome's sentence."""
+        return f"unit {self.name}" if self.others else f"host {self.name}"
 
     @property
     def group(self) -> ServerGroup | None:
@@ -295,14 +301,9 @@ def undo(
         except (OpspatchError, HostFailed) as exc:
             broken[session.name] = describe_error(exc)
     if broken:
-        if nodes.alone:
-            error = (restore_failed or _then(why, "the restore"))(broken[nodes.head.name])
-        else:
-            said = "; ".join(f"{name}: {text}" for name, text in broken.items())
-            error = (
-                f"{why}; then the restore failed ({said}): the unit's nodes may differ, and it "
-                "was not restarted"
-            )
+        said = "; ".join(f"{name}: {text}" for name, text in broken.items())
+        error = (restore_failed or _then(why, "the restore"))(said)
+        error += f"; {nodes.label} was not restarted"
         return [
             s.outcome(
                 Outcome.NEEDS_ATTENTION,
@@ -323,10 +324,8 @@ def undo(
     try:
         started = restart_after_restore(nodes, steps)
     except (OpspatchError, HostFailed) as exc:
-        if nodes.alone:
-            error = (restart_failed or _then(why, "the restore"))(describe_error(exc))
-        else:
-            error = _then(why, "the unit's restart after the restore")(describe_error(exc))
+        restarting = _then(why, f"the restart of {nodes.label} after the restore")
+        error = (restart_failed or restarting)(describe_error(exc))
         return [
             s.outcome(
                 Outcome.NEEDS_ATTENTION, error, file=restored[s.name], reason=Reason.UNDO_FAILED
@@ -390,14 +389,15 @@ def prove_or_undo(
     ]
 
 
-def answers(nodes: Nodes) -> bool:
-    """Whether the group serves now: its head ready holding the whole group (one short look)."""
+def serves(nodes: Nodes) -> bool:
+    """Whether the group serves now: its head ready holding the whole group within the `ready`
+    deadline (a server still starting is awaited, not restarted; one whose process is gone fails
+    at once), recorded as the `ready` step; a head a crashed run left drained is re-admitted."""
     try:
-        nodes.head.engine.wait_ready(
-            None, timeout=UNIT_LOOK_SECONDS, group=nodes.group, step=Step.READY
-        )
-    except OpspatchError:
+        ready_step(nodes.head, None, step=Step.READY, group=nodes.group)
+    except HostFailed:
         return False
+    readmit(nodes.head, None)
     return True
 
 

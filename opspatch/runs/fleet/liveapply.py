@@ -1,13 +1,11 @@
-"""`apply --live`: what `ApplyPipeline.apply` runs in place of PROVE once a group's files are
-swapped (so the next restart keeps the fix): the fix taken into the running engine's processes,
-then proven by the smoke decode through the head, with no restart and so no drain."""
+"""`apply --live`: once a group's files are swapped, the fix taken into the running engine's
+processes and proven by the smoke decode, in place of a restart (so no drain)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from opspatch.core.edit import Applied
 from opspatch.core.host import Host
 from opspatch.core.live import LiveForm, NotLive, live_form
 from opspatch.core.reasons import Reason
@@ -38,24 +36,12 @@ LiveFormer = Callable[[PatchSpec, bytes, bytes], LiveForm | NotLive]
 
 
 def live_former(part: PatchSpec, pre: bytes, post: bytes) -> LiveForm | NotLive:
-    """The live form of one target's change, from its pre- and post-image and the patch's
-    `live` (pure: `core/live.py`)."""
+    """The live form of one target's change (pure: `core/live.py`)."""
     return live_form(part.target.module, pre, post, part.live)
 
 
-def fix_id(patch_id: str, part: PatchSpec, *, in_set: bool) -> str:
-    """The name a live fix is taken under in the engine: the patch's id (a set's file: with its
-    module, one fix per file)."""
-    return f"{patch_id}:{part.target.module}" if in_set else patch_id
-
-
 def refuse_unless_live(hosts: Sequence[Host]) -> None:
-    """Refuse (exit 2, nothing changed) a live command over hosts whose inventory does not say
-    `live = true`.
-
-    Raises:
-        LiveRefused: naming the hosts.
-    """
+    """`LiveRefused` naming the hosts whose inventory does not say `live = true`."""
     off = [host.name for host in hosts if not host.live]
     if off:
         raise LiveRefused(
@@ -72,18 +58,11 @@ class LiveApply:
         self.patch_id = patch_id
         self.former = former
         self.timeout = timeout
-        self._forms: dict[str, tuple[LiveForm, ...]] = {}
-        """Each checked host's live forms, one per pending file (preflight's threads each
-        set their own host's)."""
+        self._forms: dict[str, tuple[LiveForm, ...]] = {}  # by host, one per pending file
 
     def check(self, session: HostSession, prepared: Prepared) -> None:
-        """Preflight: every pending file has a live form, and every process's `check` says its
-        take would be in effect (`judge_check`). Nothing is taken.
-
-        Raises:
-            NotTakenLive: a live form refused, or a take would not be in effect.
-            LiveRefused: not every process answers.
-        """
+        """Preflight: every pending file has a live form and every process says its take would
+        be in effect; else `NotTakenLive`, or `LiveRefused` when not every process answers."""
         with session.step(Step.LIVE) as note:
             forms = self._live_forms(session, prepared)
             takes = [
@@ -118,23 +97,15 @@ class LiveApply:
         )
 
     def _live_forms(self, session: HostSession, prepared: Prepared) -> tuple[LiveForm, ...]:
-        """Each pending file's live form (pure).
-
-        Raises:
-            NotTakenLive: the first file whose live form is refused.
-        """
+        """Each pending file's live form (pure); `NotTakenLive` for the first refused."""
         found = []
         for item in prepared.pending:
-            plan = _applied(item)
+            plan = item.applied
             form = self.former(item.part, plan.old_source, plan.new_source)
             if isinstance(form, NotLive):
                 raise self._not_live(session, item.part.target.module, form)
             found.append(form)
         return tuple(found)
-
-    def forms(self, session: HostSession) -> tuple[LiveForm, ...]:
-        """The live forms `check` found on this host, one per pending file."""
-        return self._forms[session.name]
 
     def take(
         self,
@@ -143,13 +114,11 @@ class LiveApply:
         prepared: Mapping[str, Prepared],
         judge: HostJudge | None = None,
     ) -> list[HostOutcome]:
-        """Take the swapped files live and prove it: every node's outcome (`applied`, or
-        `rolled-back` with every process reverted and the files restored). The live forms are
-        the head's, found in preflight (a group's nodes are alike). With `judge` (the
-        playbook's judge of this group) the judge follows the smoke, as after a restart."""
+        """Take the swapped files live (the head's forms: a group's nodes are alike) and prove
+        it, the judge after the smoke; a failure reverts every process and restores the files."""
         head = prepared[nodes.head.name]
         taken: list[str] = []
-        for item, form in zip(head.pending, self.forms(nodes.head), strict=True):
+        for item, form in zip(head.pending, self._forms[nodes.head.name], strict=True):
             others = (prepared[s.name].files[item.index].path for s in nodes.others)
             fix = self._fix(head.is_set, item, form, paths=others)
             try:
@@ -166,27 +135,17 @@ class LiveApply:
             smoke = proven(nodes, None, judge=judged_through_head(judge))
         except HostFailed as failure:
             return self.undo(pipeline, nodes, prepared, taken, failure.error, failure.reason)
-        return [
-            pipeline.outcome(
-                session,
-                prepared[session.name],
-                Outcome.APPLIED,
-                None,
-                smoke=smoke if session is nodes.head else None,
-                note=_taken_note(nodes, session),
-            )
-            for session in nodes.sessions
-        ]
+        return pipeline.applied(nodes, prepared, smoke, lambda s: _taken_note(nodes, s))
 
     def _fix(
         self, in_set: bool, item: PreparedFile, form: LiveForm, *, paths: Iterable[str] = ()
     ) -> LiveFix:
-        """A take of one file's fix; `paths`: the file on a group's other nodes (each node's
-        ranks take their own copy, swapped to the same sha256)."""
+        """A take of one file's fix; `paths`: the file on a group's other nodes."""
+        module = item.part.target.module
         return LiveFix(
             "take",
-            fix_id=fix_id(self.patch_id, item.part, in_set=in_set),
-            module=item.part.target.module,
+            fix_id=f"{self.patch_id}:{module}" if in_set else self.patch_id,  # one per file
+            module=module,
             path=item.path,
             sha256=form.sha256,
             definitions=form.definitions,
@@ -199,11 +158,7 @@ class LiveApply:
 
     def _take(self, nodes: Nodes, fix: LiveFix, names: Sequence[str]) -> None:
         """Take `fix` through the head (its broadcast reaches every rank), then on each other
-        node's own processes, read back from every node.
-
-        Raises:
-            HostFailed: a process refused or did not answer, or does not hold it as it took it.
-        """
+        node's own processes, read back from every node; `HostFailed` when any is not held."""
         head = nodes.head
         through, who = ("", "") if nodes.alone else ("through the entry rank: ", f"{head.name}: ")
         with head.step(Step.LIVE) as note:
@@ -257,8 +212,8 @@ class LiveApply:
         why: str,
         reason: Reason,
     ) -> list[HostOutcome]:
-        """Revert `fixes` in every process, then put every node's files back (`rolled-back`); a
-        revert not answered everywhere is followed by a restart, which clears every memory."""
+        """Revert `fixes` in every process, then put every node's files back; a revert not
+        answered everywhere is followed by a restart, which clears every memory."""
         reverted = True
         for session in nodes.sessions:  # the head first: its entry rank reverts every rank
             reverted = revert_everywhere(session, fixes, timeout=self.timeout) and reverted
@@ -285,22 +240,16 @@ class LiveApply:
 
 
 def _taken_note(nodes: Nodes, session: HostSession) -> str:
-    if nodes.alone:
-        return (
-            "taken live, no restart: every process of the engine holds the fix (frames already "
-            "running keep the old code); the file carries it for the next restart"
-        )
     where = "" if session is nodes.head else f"{nodes.where(session)}: "
     return (
         f"{where}taken live through the head's entry rank ({nodes.head.name}), no restart: "
-        "every process of every node holds the fix, read back on each (frames already running "
-        "keep the old code); the file carries it for the next restart"
+        "every process of every node holds the fix (frames already running keep the old code); "
+        "the file carries it for the next restart"
     )
 
 
 def revert_everywhere(session: HostSession, fixes: Sequence[str], *, timeout: float) -> bool:
-    """Send a revert of each fix to every process (recorded steps): whether every process
-    answered that it no longer holds it."""
+    """Revert each fix in every process: whether every process answered that it did."""
     every = True
     for fix in reversed(fixes):
         try:
@@ -320,8 +269,3 @@ def revert_everywhere(session: HostSession, fixes: Sequence[str], *, timeout: fl
         except (HostFailed, OpspatchError):
             every = False
     return every
-
-
-def _applied(item: PreparedFile) -> Applied:
-    assert isinstance(item.plan, Applied)  # only pending files (their plan changes them)
-    return item.plan

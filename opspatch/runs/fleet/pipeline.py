@@ -1,11 +1,9 @@
-"""The pipeline of an apply, written once: preflight (begin + plan, per host) and the change
-over a node group (a host by itself a group of one), the template every apply (fleet, unit,
-staged, live, local file) runs through; `runs.commands.apply` drives it across a fleet."""
+"""The one template of every apply: preflight (begin + plan) per host, the change per node group."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -36,8 +34,7 @@ PlanOutcome = Applied | AlreadyApplied | NotApplicable
 
 @dataclass(frozen=True)
 class PreparedFile:
-    """One target of the patch on a host (a patch set has several): its file as read, the plan
-    on its bytes and the version gate's objection, if any."""
+    """One target of the patch on a host: its file as read, the plan, the version gate's word."""
 
     index: int
     """The target's place in the patch (`targets[index]`; 0 for a `[target]` patch)."""
@@ -54,11 +51,23 @@ class PreparedFile:
     def fits(self) -> bool:
         return self.version_problem is None and not isinstance(self.plan, NotApplicable)
 
+    @property
+    def applied(self) -> Applied:
+        """The plan of a pending file (one the plan changes)."""
+        assert isinstance(self.plan, Applied)
+        return self.plan
+
+    @property
+    def images(self) -> tuple[str, str]:
+        """The pre- and post-image sha256 of the plan (unchanged: both the file's own)."""
+        if isinstance(self.plan, Applied):
+            return self.plan.sha256_before, self.plan.sha256_after
+        return self.inspection.file.sha256, self.inspection.file.sha256
+
 
 @dataclass(frozen=True)
 class Prepared:
-    """A host after `begin` and `plan`: its lock held, every target's plan known (a set fits
-    only if every target fits)."""
+    """A host after `begin` and `plan`: its lock held, every target's plan known."""
 
     files: tuple[PreparedFile, ...]
 
@@ -69,17 +78,13 @@ class Prepared:
 
     @property
     def misfit(self) -> PreparedFile | None:
-        """The first target that does not fit the host, if any (then nothing is changed)."""
+        """The first target that does not fit the host (then nothing is changed)."""
         return next((f for f in self.files if not f.fits), None)
 
     @property
     def pending(self) -> tuple[PreparedFile, ...]:
-        """The files the plan changes, in the patch's order (the order they are swapped in)."""
+        """The files the plan changes, in the order they are swapped in."""
         return tuple(f for f in self.files if isinstance(f.plan, Applied))
-
-    @property
-    def already_applied(self) -> bool:
-        return all(isinstance(f.plan, AlreadyApplied) for f in self.files)
 
     @property
     def is_set(self) -> bool:
@@ -90,35 +95,26 @@ class Prepared:
         return "".join(diffs) or None
 
     def change(self, live: dict[str, str] | None = None) -> FileChange:
-        """The host's file change: the first changed file's hashes and, for a set, every file
-        with the bytes it holds (`live`, by path; default: what each plan wrote)."""
-        files = self.pending or self.files
-        first = files[0]
-        before, after = _images(first)
-        if not self.is_set:
-            return FileChange(first.path, before, (live or {}).get(first.path, after))
-        members = []
-        for item in self.files:
-            pre, post = _images(item)
-            members.append(SetFile(item.path, pre, post, (live or {}).get(item.path, post)))
+        """The host's file change; `live`: the sha256 a file holds, when not what its plan wrote."""
+        live = live or {}
+        first = (self.pending or self.files)[0]
+        members = tuple(
+            SetFile(f.path, *f.images, live.get(f.path, f.images[1])) for f in self.files
+        )
         return FileChange(
-            first.path, before, (live or {}).get(first.path, after), set_files=tuple(members)
+            first.path,
+            first.images[0],
+            live.get(first.path, first.images[1]),
+            set_files=members if self.is_set else (),
         )
 
 
-def _images(item: PreparedFile) -> tuple[str, str]:
-    """The pre- and post-image sha256 of one file's plan (unchanged: both the file's own)."""
-    if isinstance(item.plan, Applied):
-        return item.plan.sha256_before, item.plan.sha256_after
-    return item.inspection.file.sha256, item.inspection.file.sha256
-
-
 def gate_inspection(target: Target, inspection: HostInspection) -> str | None:
-    """The version gate for a host's file: the owning distribution's version decides
-    (`core.gate`); the module's import origin must be the target too (a symlink's target can
-    live anywhere, its origin cannot)."""
+    """The version gate for a host's file, and its module's import origin (a symlink's target
+    can live anywhere, its origin cannot)."""
     module = inspection.module
-    installed = inspection.facts.sglang_version if _is_sglang(target.distribution) else None
+    sglang = target.distribution.lower().replace("_", "-") == "sglang"
+    installed = inspection.facts.sglang_version if sglang else None
     problem = version_gate(
         target,
         inspection.file.realpath,
@@ -131,13 +127,8 @@ def gate_inspection(target: Target, inspection: HostInspection) -> str | None:
     return problem
 
 
-def _is_sglang(distribution: str) -> bool:
-    return distribution.lower().replace("_", "-") == "sglang"
-
-
 class ApplyPipeline:
-    """Apply one patch (a patch set: all its files together) to one host: the template every
-    apply runs through."""
+    """Apply one patch (a set: all its files together) to a node group."""
 
     def __init__(
         self,
@@ -155,7 +146,7 @@ class ApplyPipeline:
         self.restart_engine = restart_engine
         self.unrestarted = unrestarted
         self.judges: JudgePlan | None = None
-        """The playbook's judge, when it has one: set by the rollout once it knows the canaries."""
+        """Set by the rollout once it knows the canaries."""
         self.live = live
         # A plan depends on the patch and the file's bytes alone (the version gate, per host, is
         # not part of it): hosts with one pre-image share one plan and its validation.
@@ -163,8 +154,7 @@ class ApplyPipeline:
         self._plans_lock = threading.Lock()
 
     def plan(self, content: bytes, index: int = 0) -> PlanOutcome:
-        """The plan of the patch's target `index` on a file of these bytes, made once per
-        pre-image in this pipeline; the preflight's threads wait for a plan being made."""
+        """The plan of target `index` on these bytes, made once per pre-image."""
         key = (self.patch.sha256, index, sha256_hex(content))
         with self._plans_lock:
             plan = self._plans.get(key)
@@ -173,8 +163,7 @@ class ApplyPipeline:
         return plan
 
     def reuse(self, plan: Applied, index: int = 0) -> None:
-        """Take a plan made before this pipeline (`apply --file` plans to ask first): a host whose
-        file is still its pre-image gets it without planning again."""
+        """Take a plan made before this pipeline (`apply --file` asks first)."""
         with self._plans_lock:
             self._plans.setdefault((self.patch.sha256, index, plan.sha256_before), plan)
 
@@ -188,8 +177,8 @@ class ApplyPipeline:
         paths: Sequence[str] | None = None,
         installed_version: str | None = None,
     ) -> Prepared:
-        """Lock (unless a dry run) and inspect the host, then plan every target on its file: the
-        one the engine imports, or `paths` (local files, of `installed_version`)."""
+        """Lock (unless a dry run) and inspect the host, then plan every target on the file the
+        engine imports, or on `paths` (local files, of `installed_version`)."""
         parts = self.patch.parts
         if paths is not None and len(paths) != len(parts):
             raise ValueError("prepare takes one path per target")
@@ -222,7 +211,17 @@ class ApplyPipeline:
                         part,
                         inspection,
                         self.plan(inspection.file.content, index),
-                        self._gate(part.target, inspection, paths, installed_version),
+                        gate_inspection(part.target, inspection)
+                        if paths is None
+                        else version_gate(
+                            part.target,
+                            inspection.file.realpath,
+                            owner=None,
+                            owner_version=None,
+                            installed_version=installed_version,
+                            version_hint="pass --target-version when no dist-info beside the "
+                            "file says",
+                        ),
                     )
                 )
             note["detail"] = (  # which alternative fit is kept in the ledger (plan_summary)
@@ -232,30 +231,11 @@ class ApplyPipeline:
             )
         return Prepared(tuple(files))
 
-    @staticmethod
-    def _gate(
-        target: Target,
-        inspection: HostInspection,
-        paths: Sequence[str] | None,
-        installed_version: str | None,
-    ) -> str | None:
-        if paths is None:
-            return gate_inspection(target, inspection)
-        return version_gate(
-            target,
-            inspection.file.realpath,
-            owner=None,
-            owner_version=None,
-            installed_version=installed_version,
-            version_hint="pass --target-version when no dist-info beside the file says",
-        )
-
     # -- the change ------------------------------------------------------------------------
 
     def apply(self, nodes: Nodes, prepared: Mapping[str, Prepared]) -> list[HostOutcome]:
         """Swap every pending file on every node, restart and prove the group once, undo it on
-        failure; every node's outcome. A set's images are in the ledger before the first swap,
-        so `recover` can put back a set a killed controller left half swapped."""
+        failure. A set's images are in the ledger before the first swap (for `recover`)."""
         head = nodes.head
         changing = [s for s in nodes.sessions if prepared[s.name].pending]
         if not changing:
@@ -301,24 +281,35 @@ class ApplyPipeline:
                 nodes, prepared, failure.error, note=baseline_note, reason=failure.reason
             )
             return with_judgment(nodes, undone, judge)
-        applied = [
+        applied = self.applied(
+            nodes, prepared, smoke, lambda s: _join(baseline_note, _proven_note(nodes, s))
+        )
+        return with_judgment(nodes, applied, judge)
+
+    def applied(
+        self,
+        nodes: Nodes,
+        prepared: Mapping[str, Prepared],
+        smoke: SmokeResult,
+        note: Callable[[HostSession], str | None],
+    ) -> list[HostOutcome]:
+        """Every node `applied`; the head's outcome carries the smoke decode that proved them."""
+        return [
             self.outcome(
-                session,
-                prepared[session.name],
+                s,
+                prepared[s.name],
                 Outcome.APPLIED,
                 None,
-                smoke=smoke if session is head else None,
-                note=_join(baseline_note, _proven_note(nodes, session)),
+                smoke=smoke if s is nodes.head else None,
+                note=note(s),
             )
-            for session in nodes.sessions
+            for s in nodes.sessions
         ]
-        return with_judgment(nodes, applied, judge)
 
     def _unchanged(
         self, nodes: Nodes, prepared: Mapping[str, Prepared], refused: HostFailed
     ) -> list[HostOutcome]:
-        """Every node unchanged (the head's required baseline failed): the head `failed` with
-        why, each other node naming the head."""
+        """Every node unchanged: the head's required baseline failed."""
         head, why = nodes.head.name, refused.error
         return [
             self.outcome(
@@ -339,9 +330,8 @@ class ApplyPipeline:
         written: Sequence[HostSession],
         failed: HostOutcome,
     ) -> list[HostOutcome]:
-        """A node's swap failed (its outcome `failed` says how it stands): the nodes swapped
-        before it are put back, files only (the server never ran them); every other node is
-        `failed` with its code."""
+        """A node's swap failed: the nodes swapped before it are put back, files only (the
+        server never ran them)."""
         why = f"{failed.host}: {failed.error}"
 
         def other(session: HostSession) -> HostOutcome:
@@ -371,7 +361,7 @@ class ApplyPipeline:
 
     def write(self, session: HostSession, prepared: Prepared) -> HostOutcome | SwapLost | None:
         """Record every pending file's images in the ledger, then swap each: None when all are
-        swapped, else the host's outcome, or `SwapLost` (a swap with no reply found written)."""
+        swapped, else the host's outcome or `SwapLost`."""
         pending = prepared.pending
         with_path = prepared.is_set
         try:
@@ -380,8 +370,8 @@ class ApplyPipeline:
                     self._record_backup(session, item)
                 note["detail"] = "; ".join(
                     (f"{item.path} " if with_path else "")
-                    + f"pre-image {_plan(item).sha256_before[:12]} "
-                    f"({len(_plan(item).old_source)} bytes) in the ledger"
+                    + f"pre-image {item.applied.sha256_before[:12]} "
+                    f"({len(item.applied.old_source)} bytes) in the ledger"
                     for item in pending
                 )
         except Exception as exc:
@@ -396,7 +386,7 @@ class ApplyPipeline:
             )
         swapped: list[PreparedFile] = []
         for item in pending:
-            plan = _plan(item)
+            plan = item.applied
             last = item is pending[-1]
             try:
                 with session.step(Step.SWAP) as note:
@@ -433,7 +423,7 @@ class ApplyPipeline:
         return None
 
     def _record_backup(self, session: HostSession, item: PreparedFile) -> None:
-        plan, remote = _plan(item), item.inspection.file
+        plan, remote = item.applied, item.inspection.file
         session.recorder.file_version(
             session.name,
             NewFileVersion(
@@ -450,12 +440,7 @@ class ApplyPipeline:
 
     def baseline(self, session: HostSession) -> tuple[tuple[str | None, ...] | None, str | None]:
         """Greedy texts from the unpatched server if the playbook and patch ask, and a note when
-        it could not be taken.
-
-        Raises:
-            HostFailed: the playbook requires the baseline (`baseline = "required"`) and it
-                could not be taken; nothing has been changed on the host yet.
-        """
+        it could not be taken; `HostFailed` when the playbook requires it (nothing changed)."""
         wanted = self.playbook.smoke.baseline
         if not (self.restart_engine and wanted and self.patch.spec.preserves_output):
             return None, None
@@ -492,8 +477,8 @@ class ApplyPipeline:
         restart: bool | None = None,
         reason: Reason = Reason.STEP_FAILED,
     ) -> list[HostOutcome]:
-        """UNDO after a failure past the swap (`group.undo`): every node's pending (or
-        `swapped`) files put back, the group restarted (`restart`: default the pipeline's)."""
+        """Undo after a failure past the swap: every node's pending (or `swapped`) files put
+        back, the group restarted (`restart`: default the pipeline's)."""
 
         def files(session: HostSession) -> Sequence[PreparedFile]:
             return (
@@ -503,7 +488,7 @@ class ApplyPipeline:
         def restore(session: HostSession) -> FileChange:
             mine = prepared[session.name]
             self.restore_files(session, files(session))
-            return mine.change(live_old(mine))
+            return mine.change({item.path: item.images[0] for item in mine.files})
 
         undone = undo(
             nodes,
@@ -524,7 +509,7 @@ class ApplyPipeline:
     def restore_files(self, session: HostSession, files: Sequence[PreparedFile]) -> None:
         """Restore the pre-image of each file, the last swapped first."""
         for item in reversed(files):
-            plan = _plan(item)
+            plan = item.applied
             restore_pre_image(
                 session,
                 path=item.path,
@@ -542,8 +527,8 @@ class ApplyPipeline:
         why: str,
         reason: Reason,
     ) -> HostOutcome:
-        """A swap the host refused (it wrote nothing): the host is unchanged once the set's
-        files swapped before it are put back (no restart: the server never ran them)."""
+        """A swap the host refused (it wrote nothing): the set's files swapped before it are
+        put back (no restart: the server never ran them)."""
         if prepared.is_set:
             why = f"{refused.path}: {why}"
         if not swapped:
@@ -584,7 +569,7 @@ class ApplyPipeline:
         why = f"the swap did not answer: {describe_error(exc)}"
         if prepared.is_set:
             why = f"{item.path}: {why}"
-        plan = _plan(item)
+        plan = item.applied
         try:
             with session.step(Step.RECONCILE) as note:
                 live = session.ops.read(item.path, timeout=self.playbook.timeouts.inspect)
@@ -626,9 +611,9 @@ class ApplyPipeline:
         note: str | None = None,
         reason: Reason | None = None,
     ) -> HostOutcome:
-        """The host's outcome; its files are what each plan wrote, except the `old` ones (left
-        at or put back to their pre-image) and those `live` names."""
-        hashes = {item.path: _images(item)[0] for item in old}
+        """The host's outcome; its files are what each plan wrote, except the `old` ones (at
+        their pre-image) and those `live` names."""
+        hashes = {item.path: item.images[0] for item in old}
         hashes.update(live or {})
         return session.outcome(
             outcome,
@@ -641,21 +626,11 @@ class ApplyPipeline:
         )
 
 
-def _plan(item: PreparedFile) -> Applied:
-    assert isinstance(item.plan, Applied)
-    return item.plan
-
-
-def live_old(prepared: Prepared) -> dict[str, str]:
-    """Every file at its pre-image (after a restore)."""
-    return {item.path: _images(item)[0] for item in prepared.files}
-
-
 def live_new(prepared: Prepared, swapped: Sequence[PreparedFile]) -> dict[str, str]:
     """The `swapped` files at their post-image, the other pending files still at their pre-image."""
     done = {item.path for item in swapped}
     return {
-        item.path: _images(item)[1] if item.path in done else _images(item)[0]
+        item.path: item.images[1] if item.path in done else item.images[0]
         for item in prepared.pending
     }
 
@@ -666,8 +641,8 @@ def _join(*notes: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class SwapLost:
-    """A swap that did not answer, found written when read back: the host's `swapped` files
-    (that one included) are new, and the group is rolled back as after a failed proof."""
+    """A swap that did not answer, found written: the group is rolled back as after a failed
+    proof."""
 
     why: str
     swapped: tuple[PreparedFile, ...]

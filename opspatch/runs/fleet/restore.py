@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
-from opspatch.core.vocabulary import Command, Outcome, Step
-from opspatch.hosts.engine import RestartReply
+from opspatch.core.vocabulary import Command, Outcome
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion
 from opspatch.runs.fleet.connect import TransportFactory
@@ -20,14 +19,11 @@ from opspatch.runs.fleet.fleetrun import FleetRun, NotStarted, PerGroup, whole_u
 from opspatch.runs.fleet.group import Nodes, refuse, undo
 from opspatch.runs.fleet.host_leases import host_identity
 from opspatch.runs.fleet.recorder import Recorder
-from opspatch.runs.fleet.session import HostFailed, HostSession, Progress
+from opspatch.runs.fleet.session import HostSession, Progress
 from opspatch.runs.fleet.standing import HostStanding
 from opspatch.runs.fleet.steps import (
     AFTER_RESTORE,
     RestoreSteps,
-    readmit,
-    ready_step,
-    restart_step,
     restore_pre_image,
 )
 from opspatch.runs.judgments.patchset import SetOnHost
@@ -80,28 +76,6 @@ def restore_set(session: HostSession, found: SetOnHost) -> FileChange:
     for member in reversed(found.new):
         restore_recorded(session, member.version)
     return found.all_old()
-
-
-def ensure_running(session: HostSession) -> str:
-    """Make sure the server answers /health: wait for it, restart it if it does not come.
-    Behind a router, a worker that a crashed run left drained is re-admitted only once it is
-    ready and its smoke decode passes (`readmit`); otherwise it stays out, and the answer (and
-    the host's outcome) says why."""
-    restart: RestartReply | None = None
-    try:
-        ready_step(session, None, step=Step.READY)
-        how = "already running"
-    except HostFailed:
-        restart = restart_step(session, step=Step.RESTART)
-        ready_step(
-            session,
-            restart,
-            step=Step.READY_AFTER_RESTART,
-            timeout=session.playbook.timeouts.restore_ready,
-        )
-        how = "restarted"
-    readmit(session, restart)
-    return how
 
 
 def halt_on_attention_or_not_serving(outcomes: Mapping[str, HostOutcome]) -> str | None:

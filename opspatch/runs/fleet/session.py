@@ -282,7 +282,7 @@ class HostSession:
         if isinstance(exc, LockHeld):
             text = f"refused: {exc.detail}{self._way_out(exc)}"
             return self.outcome(Outcome.FAILED, text, reason=reason)
-        if isinstance(exc, (HostKeyError, BecomeError)):
+        if isinstance(exc, (HostKeyError, BecomeError, LiveRefused)):
             text = exc.message if not exc.hint else f"{exc.message} ({exc.hint})"
             return self.outcome(Outcome.SKIPPED, text, reason=reason)
         if isinstance(exc, (InputError, TargetError)):

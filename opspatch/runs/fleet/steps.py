@@ -24,16 +24,15 @@ if TYPE_CHECKING:  # `hosts.engine` is imported where an engine is driven (`Host
         StillWaiting,
     )
 
-# Refusals the host agent replies with only when it wrote nothing: the effect is known.
-_NO_EFFECT_CODES_EXCLUDED = frozenset({"agent-no-reply", "agent-error"})
+# The codes of an agent that did not answer, or failed part-way: what it wrote is unknown.
+_UNKNOWN_EFFECT_CODES = frozenset({"agent-no-reply", "agent-error"})
 
 
 def effect_unknown(exc: BaseException) -> bool:
-    """Whether a failed exec that could change a file may have changed it: a refusal the agent
-    replied with means it wrote nothing; anything else (no reply, an error part-way) leaves the
-    file unknown, to be read back."""
+    """Whether a failed exec may have changed a file: only a refusal the agent replied with
+    says it wrote nothing."""
     if isinstance(exc, RemoteOperationError):
-        return exc.code in _NO_EFFECT_CODES_EXCLUDED
+        return exc.code in _UNKNOWN_EFFECT_CODES
     return not isinstance(exc, InputError)
 
 
@@ -47,13 +46,9 @@ def restore_pre_image(
     mode: int = 0,
     owner: str = "",
 ) -> RestoreReply:
-    """Put the pre-image back: from the host's own backup (no bytes cross the network), else
-    from the ledger's copy (re-hashed on the way out); recorded as a file version.
-
-    Raises:
-        RemoteOperationError: the restore failed on the host (`not-our-file`, `write-failed`...).
-        LedgerIntegrityError, LedgerError: the ledger's copy is missing or not the pre-image.
-    """
+    """Put the pre-image back from the host's own backup, else from the ledger's copy; recorded
+    as a file version. Raises the host's `RemoteOperationError`, or the ledger's error when its
+    copy is missing or not the pre-image."""
     with session.step(Step.RESTORE) as note:
         try:
             try:
@@ -110,9 +105,7 @@ def restore_pre_image(
 
 
 def restart_step(session: HostSession, *, step: Step = Step.RESTART) -> RestartReply:
-    """Restart the engine as a recorded step; a failure ends the pipeline (`HostFailed`).
-    Behind a router the host is drained first (once per session), so no restart drops a
-    request."""
+    """Restart the engine (drained first behind a router); `HostFailed` when it fails."""
     drain_step(session)
     try:
         with session.step(step) as note:
@@ -133,10 +126,9 @@ def ready_step(
     slice_seconds: float | None = None,
     between: Callable[[], None] | None = None,
 ) -> Readiness:
-    """Wait until the engine is ready, as a recorded step (`HostFailed` when it is not), telling
-    the operator every `READY_SLICE_SECONDS` what is awaited. `timeout` overrides the `ready`
-    deadline; a unit's head is awaited with its `group`, `between` looking at its other nodes.
-    """
+    """Wait until the engine is ready (`HostFailed` when it is not), saying what is awaited
+    every `READY_SLICE_SECONDS`; a unit's head is awaited with its `group`, `between` looking
+    at its other nodes."""
     from opspatch.hosts.engine import READY_SLICE_SECONDS
 
     seconds = float(session.playbook.timeouts.ready if timeout is None else timeout)
@@ -178,9 +170,7 @@ def ready_step(
 
 
 def waiting_line(host: str, step: Step, still: StillWaiting, after: str | None) -> str:
-    """The line a readiness wait prints every 30 s: what is awaited, the last answer, how long
-    so far, when it gives up, and what a Ctrl-C does to it (`after`: what then becomes of the
-    host, `Progress.after_stop`)."""
+    """The line a readiness wait prints every 30 s (`after`: `Progress.after_stop`)."""
     then = f", then {after}" if after else ""
     return (
         f"{host}: {step}: still waiting for {still.url}/health to answer 200 ({still.last}); "
@@ -211,9 +201,8 @@ def smoke_step(
     must_pass: bool = True,
     last: bool = False,
 ) -> SmokeResult:
-    """The smoke decode as a recorded step, `failed` when a check fails whatever the caller does
-    (`must_pass`: raises `SmokeFailed`). `last`: a pass gives the lock back in the same exec
-    and admits the host behind a router."""
+    """The smoke decode (`must_pass`: `SmokeFailed` when a check fails); `last`: a pass gives
+    the lock back in the same exec and admits the host behind a router."""
     try:
         with session.step(step) as note:
             result = session.engine.smoke(
@@ -243,10 +232,8 @@ def smoke_step(
 
 
 def readmit(session: HostSession, restart: RestartReply | None) -> None:
-    """Put a host that is out of rotation (a crashed run left it drained) back once its
-    answering server passes the same proof as every change: the smoke decode, as the host's
-    last step, which admits it when it passes (`smoke_step`). Otherwise it stays out, and its
-    outcome's note says why (`HostRotation.out_note`). No router, or in rotation: nothing."""
+    """Re-admit a host a crashed run left out of rotation once its server passes the smoke
+    decode; otherwise it stays out, its note saying why."""
     rotation = session.rotation
     if rotation is None or not rotation.out:
         return
@@ -263,7 +250,7 @@ def smoke_after_restore(
     session: HostSession, restart: RestartReply, *, step: Step = Step.SMOKE_AFTER_RESTORE
 ) -> tuple[SmokeResult | None, str | None]:
     """The smoke after a restore: its result (None: not run) and, unless it passed, why the
-    server does not serve: the restored code may be exactly what was broken."""
+    server does not serve."""
     try:
         smoke = smoke_step(session, restart, baseline=None, step=step, must_pass=False, last=True)
     except HostFailed as failure:
@@ -278,8 +265,7 @@ def smoke_after_restore(
 
 @dataclass(frozen=True)
 class RestoreSteps:
-    """The names of the steps that prove a restore (a rollback's are its main steps; an undo
-    after a failed proof names them after the restore)."""
+    """The names of the steps that prove a restore."""
 
     restart: Step
     ready: Step

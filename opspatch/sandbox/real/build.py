@@ -254,15 +254,24 @@ DOWNLOAD_BATCH = 16
 all are fetched); fewer would add a pip start (a second or two) per batch."""
 
 
+UNFROZEN_PINS = ("setuptools==84.2.1",)
+"""Pins of the environment that `pip freeze` leaves out of a constraints file: torch requires
+setuptools>=77.0.3 and a fresh venv holds an older one (3.11) or none (3.12+). The version is the
+one the cached environments hold (resolved when they were built), so the cache key stays."""
+
+
+def download_pins(constraints: Path) -> list[str]:
+    """Every pin a build downloads: those of `constraints`, then `UNFROZEN_PINS`."""
+    lines = constraints.read_text(encoding="utf-8").splitlines()
+    pins = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    return pins + list(UNFROZEN_PINS)
+
+
 def _download_pins(downloads: Path, constraints: Path, report: Callable[[str, bool], None]) -> None:
-    """Download every pin of `constraints` (the environment's whole closure, as built) into
-    `downloads`, a batch per pip run, each batch's pins noted in `fetched.txt` once its files
-    are there: a build stopped part-way fetches only the batches it lacks."""
-    pins = [
-        line.strip()
-        for line in constraints.read_text(encoding="utf-8").splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
+    """Download every pin (the environment's whole closure, as built) into `downloads`, a
+    batch per pip run, each batch's pins noted in `fetched.txt` once its files are there: a
+    build stopped part-way fetches only the batches it lacks."""
+    pins = download_pins(constraints)
     noted = downloads / "fetched.txt"
     fetched = set(noted.read_text(encoding="utf-8").split()) if noted.is_file() else set()
     wanted = [pin for pin in pins if pin not in fetched]
