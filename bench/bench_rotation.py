@@ -2,14 +2,19 @@
 
 N scripted hosts (the real host agent on a real copy of the stand-in's `eagle_worker_v2.py`
 each; restart, readiness, the drain wait (idle once it settled) and smoke scripted) behind R
-routers, with `max_unavailable` per router. One in-process HTTP server plays every router's
+routers, with `max_unavailable` per router. One HTTP server plays every router's
 control plane (`/r<k>/workers`) and records how many of each router's workers were out of
 rotation at once. Every agent exec waits one round trip, every restart the engine's
 restart time; the whole run is simulated at `--time-scale` (0.01: a 50 ms round trip is 0.5 ms,
 a 120 s restart 1.2 s, and opspatch's drain settle and poll intervals are scaled alike), so the
 wall is read against the wave limit: waves x per-host pipeline time, both scaled back.
 
-    PYTHONPATH=$PWD python bench/bench_rotation.py [--hosts 1000] [--routers 10] [--own-facts] [--out FILE]
+`--apart` runs the routers' control plane and the hosts' agent in processes of their own
+(forked before any thread starts; the agent in a pool of `--host-processes`), as a real router
+and real hosts use CPUs of their own; on a loaded machine each exec then waits for a process to
+be scheduled (docs/benchmarks.md).
+
+    PYTHONPATH=$PWD python bench/bench_rotation.py [--hosts 1000] [--routers 10] [--own-facts] [--apart] [--out FILE]
 """
 
 from __future__ import annotations
@@ -17,13 +22,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import platform
 import resource
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,10 +40,11 @@ from typing import Any
 
 import opspatch.hosts.agent.facts as agent_facts
 import opspatch.runs.fleet.rotation as rotation
+import tests.scriptedkit as scriptedkit
 from opspatch.config.patches import load_patch
 from opspatch.core.host import Host, RouterSettings
 from opspatch.core.policy import BatchSize, Playbook, RotationSettings
-from opspatch.hosts.transport.scripted import ScriptedTransport
+from opspatch.hosts.transport.scripted import ScriptedTransport, agent_operation
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import apply_to_hosts
 from tests.scriptedkit import STANDIN, FakeHost
@@ -89,6 +98,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         plane = self.server
+        if self.path == "/stats":  # for the bench, when the plane runs in a process of its own
+            with plane.lock:
+                self._send(200, {"most_out": plane.most_out, "calls": plane.calls})
+            return
         router, rest = self._router()
         with plane.lock:
             plane.calls += 1
@@ -146,6 +159,16 @@ class SimulatedHost(FakeHost):
         return super().answer(op, args)
 
 
+def _started(_: int) -> None:
+    time.sleep(0.2)  # every worker of the pool forks now, before the controller's threads
+
+
+def _stats(plane: ControlPlane) -> tuple[Counter[int], int]:
+    with urllib.request.urlopen(f"{plane.url}/stats") as response:  # noqa: S310 - our own
+        body = json.loads(response.read())
+    return Counter({int(k): v for k, v in body["most_out"].items()}), int(body["calls"])
+
+
 def run(
     hosts: int,
     routers: int,
@@ -154,7 +177,10 @@ def run(
     restart: float,
     scale: float,
     own_facts: bool = False,
+    apart: bool = False,
+    host_processes: int = 2,
 ) -> dict[str, Any]:
+    # Long because: the simulated fleet, its routers and the playbook are set up in line, as read
     SimulatedHost.round_trip = round_trip * scale
     SimulatedHost.restart_seconds = restart * scale
     SimulatedHost.own_facts = own_facts
@@ -166,9 +192,11 @@ def run(
     rotation.ADMIT_POLL_SECONDS *= scale
     size = Counter(i % routers for i in range(hosts))
     plane = ControlPlane(routers, dict(size))
-    threading.Thread(target=plane.serve_forever, daemon=True).start()
     source = (STANDIN / "eagle_worker_v2.py").read_bytes()
     patch = load_patch(REPO / "patches" / "eagle-init-guard.toml")
+    fork = multiprocessing.get_context("fork")
+    pool = None
+    serving = None
     with tempfile.TemporaryDirectory() as scratch:
         fakes: dict[str, SimulatedHost] = {}
         targets: list[Host] = []
@@ -186,6 +214,19 @@ def run(
                     router=RouterSettings(url=f"{plane.url}/r{router}", worker_url=worker),
                 )
             )
+        if not apart:
+            threading.Thread(target=plane.serve_forever, daemon=True).start()
+        else:
+            serving = fork.Process(target=plane.serve_forever, daemon=True)
+            serving.start()
+            pool = ProcessPoolExecutor(host_processes, mp_context=fork)
+            list(pool.map(_started, range(host_processes)))
+            workers = pool
+
+            def operation(op: str, args: dict[str, Any]) -> Any:
+                return workers.submit(agent_operation, op, args).result()
+
+            setattr(scriptedkit, "agent_operation", operation)  # noqa: B010 - FakeHost.real's
         per_router = max(size.values())
         room = math.ceil(per_router * percent / 100)
         playbook = Playbook(
@@ -207,7 +248,14 @@ def run(
             wall = time.perf_counter() - started
             usage = resource.getrusage(resource.RUSAGE_SELF)
             cpu = usage.ru_utime + usage.ru_stime - cpu_started
-    plane.shutdown()
+        most_out, calls = _stats(plane) if apart else (plane.most_out, plane.calls)
+    if pool is not None:
+        pool.shutdown()
+        setattr(scriptedkit, "agent_operation", agent_operation)  # noqa: B010
+    if serving is not None:
+        serving.terminate()
+    else:
+        plane.shutdown()
     outcomes = Counter(str(h.outcome) for h in report.hosts)
     rotations = Counter(str(h.rotation) for h in report.hosts)
     canary = next(h for h in report.hosts if h.host == "h0001")
@@ -216,13 +264,16 @@ def run(
     return {
         "hosts": hosts,
         "hosts_own_facts": own_facts,
+        "hosts_and_routers": f"routers in 1 process, hosts' agent in {host_processes}"
+        if apart
+        else "in the controller's process",
         "routers": routers,
         "max_unavailable": f"{percent}%",
         "room_per_router": room,
         "time_scale": scale,
         "outcomes": dict(outcomes),
         "rotation": dict(rotations),
-        "most_out_of_rotation_per_router": max(plane.most_out.values()),
+        "most_out_of_rotation_per_router": max(most_out.values()),
         "wall_s": round(wall, 2),
         "wall_s_unscaled": round(wall / scale, 1),
         "canary_pipeline_s": round(pipeline, 3),
@@ -230,7 +281,7 @@ def run(
         "wave_limit_s": round(waves * pipeline, 2),
         "controller_cpu_s": round(cpu, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "router_calls": plane.calls,
+        "router_calls": calls,
     }
 
 
@@ -247,6 +298,12 @@ def main() -> None:
         action="store_true",
         help="each host reads its facts and this machine's socket table, as the agent does",
     )
+    parser.add_argument(
+        "--apart",
+        action="store_true",
+        help="the routers' control plane and the hosts' agent in processes of their own",
+    )
+    parser.add_argument("--host-processes", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     result = {
@@ -261,6 +318,8 @@ def main() -> None:
             args.restart,
             args.time_scale,
             args.own_facts,
+            args.apart,
+            args.host_processes,
         ),
         "load_after": os.getloadavg(),
     }

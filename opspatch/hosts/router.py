@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from opspatch.core.host import RouterSettings
@@ -20,6 +23,93 @@ class RouterWorker:
     id: str
     url: str
     healthy: bool
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One answer to `GET /workers` (or the error it gave), numbered in the order the requests
+    began."""
+
+    number: int
+    workers: tuple[RouterWorker, ...] = ()
+    error: RouterError | None = None
+    _by_url: dict[str, tuple[RouterWorker, ...]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for worker in self.workers:  # indexed once, for every host that reads this listing
+            self._by_url[worker.url] = (*self._by_url.get(worker.url, ()), worker)
+
+    def of(self, worker_url: str) -> tuple[RouterWorker, ...]:
+        """The workers registered under `worker_url` (none, or more than one for a URL the
+        router holds twice).
+
+        Raises:
+            RouterError: the request this listing answers failed.
+        """
+        if self.error is not None:
+            raise self.error
+        return self._by_url.get(worker_url, ())
+
+
+class SharedListing:
+    """One router's `/workers` as every host of a run waiting on it reads it: one request at a
+    time, each serving every host that asked before it began, and none sooner than `interval`
+    after the one before (so N hosts polling cost the router one request per interval).
+
+    A host is only ever given a listing whose request began after the mark it names: one that
+    changed the router (removed or added its worker) never reads a listing older than its
+    change."""
+
+    def __init__(
+        self,
+        fetch: Callable[[], tuple[RouterWorker, ...]],
+        interval: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._fetch = fetch
+        self._interval = interval
+        self._clock = clock
+        self._turn = threading.Condition()
+        self._begun = 0
+        """Requests begun so far; the next one's number is one more."""
+        self._last: Listing | None = None
+        self._last_began = 0.0
+        self._fetching = False
+
+    def mark(self) -> int:
+        """Now, as `after` reads it: every listing after this mark began after this call."""
+        with self._turn:
+            return self._begun
+
+    def after(self, mark: int) -> Listing:
+        """A listing whose request began after `mark` (from `mark()`, or an earlier listing's
+        `number`: the next one); its error, if it failed, is every waiter's."""
+        with self._turn:
+            while True:
+                last = self._last
+                if last is not None and last.number > mark:
+                    return last
+                if not self._fetching:
+                    gap = self._last_began + self._interval - self._clock() if last else 0.0
+                    if gap <= 0:
+                        break
+                self._turn.wait(None if self._fetching else gap)
+            self._fetching = True
+            self._begun += 1
+            number = self._begun
+            self._last_began = self._clock()
+        listing: Listing | None = None
+        try:
+            try:
+                listing = Listing(number, self._fetch())
+            except RouterError as exc:
+                listing = Listing(number, error=exc)
+        finally:  # anything else is this caller's alone: the next waiter asks again
+            with self._turn:
+                self._fetching = False
+                self._last = listing or self._last
+                self._turn.notify_all()
+        return listing
 
 
 class RouterClient:

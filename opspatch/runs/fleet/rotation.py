@@ -15,7 +15,7 @@ from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step, StepStatus
 from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.errors import OpspatchError, RouterError, RouterRefused
-from opspatch.hosts.router import RouterClient, RouterWorker
+from opspatch.hosts.router import RouterClient, RouterWorker, SharedListing
 from opspatch.ledger.records import StepRecord
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.judgments.units import recover_remedy
@@ -29,17 +29,22 @@ DRAIN_SETTLE_SECONDS = 0.5
 before the removal may still be on its way into the worker's queue."""
 
 ADMIT_POLL_SECONDS = 0.1
+"""Seconds between two reads of a router's `/workers` while a host waits on it (one read serves
+every host of the run waiting on that router)."""
+
 ROTATION_STEPS = (Step.DRAIN, Step.ADMIT)
 """The ledger steps that take a worker out of rotation and put it back (`taken_out_by`)."""
 
 
 @dataclass
 class RouterGate:
-    """One router of a run: its client and the permits of workers it may lose at once."""
+    """One router of a run: its client, its `/workers` as the run's hosts share it, and the
+    permits of workers it may lose at once."""
 
     client: RouterClient
     permits: threading.Semaphore
     capacity: int
+    listing: SharedListing
 
 
 class HostRotation:
@@ -187,7 +192,12 @@ class Rotation:
                 refuse=not allow_unregistered,
                 draining=[h for h in routed if restarting is None or h.name in restarting],
             )
-            gate = RouterGate(client, threading.Semaphore(capacity), capacity)
+            gate = RouterGate(
+                client,
+                threading.Semaphore(capacity),
+                capacity,
+                SharedListing(client.workers, ADMIT_POLL_SECONDS),
+            )
             usable = usable_workers(listed)
             for host in routed:
                 assert host.router is not None
@@ -338,10 +348,11 @@ def drain_step(session: HostSession) -> None:
                 else 0.0
             )
             client = rotation.gate.client
-            removed = [w for w in client.workers() if w.url == rotation.worker_url]
+            shared = rotation.gate.listing
+            removed = shared.after(shared.mark()).of(rotation.worker_url)
             for worker in removed:
                 client.remove(worker.id)
-            _wait_unlisted(client, rotation.worker_url, timeouts.admit)
+            _wait_unlisted(rotation.gate, rotation.worker_url, timeouts.admit)
             from opspatch.hosts.engine import describe_drained
 
             # on the host, at the engine URL its readiness and smoke use (docs/runs.md)
@@ -377,7 +388,7 @@ def admit_step(session: HostSession) -> None:
     client = rotation.gate.client
     try:
         with session.step(Step.ADMIT) as note:
-            seconds = _register(client, rotation.worker_url, session.playbook.timeouts.admit)
+            seconds = _register(rotation.gate, rotation.worker_url, session.playbook.timeouts.admit)
             rotation.admitted = True
             note["detail"] = (
                 f"router {client.url} lists {rotation.worker_url} healthy after {seconds:.1f}s "
@@ -439,26 +450,34 @@ def rotation_of(
 # waiting
 
 
-def _wait_unlisted(client: RouterClient, worker_url: str, timeout: float) -> None:
+def _wait_unlisted(gate: RouterGate, worker_url: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while any(w.url == worker_url for w in client.workers()):
+    listing = gate.listing.after(gate.listing.mark())
+    while listing.of(worker_url):
         if time.monotonic() > deadline:
-            raise RouterError(f"router {client.url} still lists {worker_url} after {timeout:.0f}s")
+            raise RouterError(
+                f"router {gate.client.url} still lists {worker_url} after {timeout:.0f}s"
+            )
         time.sleep(ADMIT_POLL_SECONDS)
+        listing = gate.listing.after(listing.number)
 
 
-def _register(client: RouterClient, worker_url: str, timeout: float) -> float:
+def _register(gate: RouterGate, worker_url: str, timeout: float) -> float:
     """Add the worker and wait until the router lists it healthy; seconds taken. A router that
     does not answer for a moment is asked again until `timeout` (one lost reply must not leave
     a proven host out of rotation and halt the run); a registration the router gave up is final.
     """
+    client = gate.client
     started = time.monotonic()
+    seen = gate.listing.mark()
     worker_id: str | None = None
     last: RouterError | None = None
     while True:
         failure = None
         try:
-            mine = [w for w in client.workers() if w.url == worker_url]
+            listing = gate.listing.after(seen)
+            seen = listing.number
+            mine = listing.of(worker_url)
             if any(w.healthy for w in mine):
                 return time.monotonic() - started
             if worker_id is None:
@@ -467,6 +486,7 @@ def _register(client: RouterClient, worker_url: str, timeout: float) -> float:
                 for stale in mine:
                     client.remove(stale.id)
                 worker_id = client.add(worker_url)
+                seen = gate.listing.mark()  # no listing older than the add says it is healthy
             failure = client.job_failure(worker_id)
         except RouterError as exc:
             last = exc
