@@ -52,6 +52,9 @@ OFF_THE_APPLY_FILE_PATH = {
     "typer": "the option parser: a plain `apply --file --yes` is read by `cli/localapply.py`",
     "opspatch.cli.app": "the typer app and its command groups",
     "opspatch.cli.params": "typer's option types",
+    "opspatch.runs.fleet.judging": "a judged run (a playbook's `[judge]`; the default judges none)",
+    "opspatch.runs.judgments.canary": "the judge's verdict",
+    "opspatch.hosts.measure": "the judge's prompts decoded on a running server",
 }
 """Modules `apply --file` must not import, each with the command or case that needs it: every
 one costs start-up time that an apply of one local file does not use (issue 44: within 6x of
