@@ -55,6 +55,8 @@ OFF_THE_APPLY_FILE_PATH = {
     "opspatch.runs.fleet.judging": "a judged run (a playbook's `[judge]`; the default judges none)",
     "opspatch.runs.judgments.canary": "the judge's verdict",
     "opspatch.hosts.measure": "the judge's prompts decoded on a running server",
+    "opspatch.hosts.router": "a host behind a router (drain and admit)",
+    "opspatch.hosts.transport.container": "an engine in a container",
 }
 """Modules `apply --file` must not import, each with the command or case that needs it: every
 one costs start-up time that an apply of one local file does not use (issue 44: within 6x of
