@@ -14,7 +14,7 @@ from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import JudgeHosts, Outcome, Step
 from opspatch.errors import OpspatchError
 from opspatch.hosts.measure import Measurement
-from opspatch.runs.fleet.group import GroupJudge, Nodes, failing_as
+from opspatch.runs.fleet.group import Nodes, failing_as
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.judgments.canary import confirm, judge, unconfirmed
 from opspatch.runs.report import HostOutcome
@@ -249,11 +249,6 @@ def _through_head(nodes: Nodes, session: HostSession, said: str, *, failed: bool
             note["detail"] = detail
     except HostFailed:
         pass
-
-
-def judged_through_head(judge: HostJudge | None) -> GroupJudge | None:
-    """The playbook's judge as a group's proof calls it, after the smoke (None: not judged)."""
-    return None if judge is None else judge.through_head
 
 
 class JudgePlan:
