@@ -17,7 +17,7 @@ from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, OpspatchError, TargetErro
 from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.image import BakedLabels
 from opspatch.hosts.live import LiveFix, ask_engine
-from opspatch.hosts.operations import HostInspection, HostOperations
+from opspatch.hosts.operations import HostOperations
 from opspatch.ledger.lineage import PatchedFurther
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.fleet.connect import TransportFactory
@@ -99,20 +99,21 @@ class PatchStatus(Record):
 
 
 def classify(
+    found: HostStanding,
     patch: LoadedPatch,
     host: Host,
-    inspection: HostInspection,
     ledger: Ledger | None,
     container: ContainerIdentity | None = None,
     *,
     part: int = 0,
 ) -> PatchStatus:
-    """The state of one patch (`part`: one target of a patch set) in one live file: the file
-    read as the commands read it (`standing.read_inspected`), its word from the table
-    (`views.STATUS`), the sentence here. `container`: the container the file was read in. A
-    file right on disk serves nothing while no server runs it (a restore whose decode crashed
-    the engine, say): said so."""
-    found = read_inspected(host.name, inspection, ledger, patch, part=part, container=container)
+    """The state of one patch (`part`: one target of a patch set) in one live file, `found` as
+    the commands read it (`standing.read_inspected`): its word from the table (`views.STATUS`),
+    the sentence here. `container`: the container the file was read in. A file right on disk
+    serves nothing while no server runs it (a restore whose decode crashed the engine, say):
+    said so."""
+    inspection = found.inspection
+    assert inspection is not None
     file, state, written_by = found.files[0], status_word(found.files[0]), None
     module = inspection.module  # its distribution's version, else the engine's own
     release = module["distribution_version"] if module is not None else None
@@ -283,6 +284,10 @@ def describe_baked(baked: BakedLabels, container: ContainerIdentity) -> str:
     )
 
 
+Standings = dict[tuple[str, str], tuple[HostStanding | None, ...]]
+"""Each (host, patch id)'s files as read, one per part (None: the part's file was not read)."""
+
+
 def fleet_status(
     hosts: Sequence[Host],
     patches: Sequence[LoadedPatch],
@@ -290,51 +295,70 @@ def fleet_status(
     ledger: Ledger | None,
 ) -> list[PatchStatus]:
     """Every (host, patch) state, hosts inspected in parallel."""
+    return read_fleet(hosts, patches, factory, ledger)[0]
 
-    def one(host: Host) -> list[PatchStatus]:
-        transport = factory(host)
-        ops = HostOperations(transport, host)
+
+def read_fleet(
+    hosts: Sequence[Host],
+    patches: Sequence[LoadedPatch],
+    factory: TransportFactory,
+    ledger: Ledger | None,
+) -> tuple[list[PatchStatus], Standings]:
+    """`fleet_status`, with the standings its words were read from (what sync decides from)."""
+
+    def one(host: Host) -> tuple[list[PatchStatus], Standings]:
+        transport, read = factory(host), Standings()
+        ops, container = HostOperations(transport, host), transport.container
         results: list[PatchStatus] = []
         try:
             modules: dict[str, list[tuple[LoadedPatch, int]]] = {}
             for patch in patches:
                 for index, part in enumerate(patch.parts):
                     modules.setdefault(part.target.module, []).append((patch, index))
-            found: dict[tuple[str, int], PatchStatus] = {}
+            found: dict[tuple[str, int], tuple[PatchStatus, HostStanding | None]] = {}
             for module, group in modules.items():
                 try:
                     inspection = ops.inspect(module, timeout=StepTimeouts().inspect)
                 except OpspatchError as exc:
                     unread = unread_word(isinstance(exc, TargetError))
-                    for p, index in group:
-                        found[p.sha256, index] = PatchStatus(
-                            host.name, p.spec.id, unread, None, None, exc.message
+                    for p, i in group:
+                        found[p.sha256, i] = (
+                            PatchStatus(host.name, p.spec.id, unread, None, None, exc.message),
+                            None,
                         )
                     continue
-                for patch, index in group:
-                    found[patch.sha256, index] = classify(
-                        patch, host, inspection, ledger, transport.container, part=index
+                for p, i in group:
+                    standing = read_inspected(
+                        host.name, inspection, ledger, p, part=i, container=container
+                    )
+                    found[p.sha256, i] = (
+                        classify(standing, p, host, ledger, container, part=i),
+                        standing,
                     )
             for patch in patches:
-                files = [found[patch.sha256, i] for i in range(len(patch.parts))]
+                files, read[host.name, patch.spec.id] = zip(
+                    *(found[patch.sha256, i] for i in range(len(patch.parts))), strict=True
+                )
                 results.append(combine_set(patch, host, files) if patch.is_set else files[0])
             reached = any(r.state != PatchState.UNREACHABLE for r in results)
             if host.live and reached:  # one exec more, only where live fixes are on
                 results = with_live_fixes(ops, patches, results)
         finally:
             transport.close()
-        return results
+        return results, read
 
     by_name = {h.name: h for h in hosts}
     found = map_hosts(lambda name: one(by_name[name]), list(by_name), limit=16)
-    rotations, said = rotation_of(hosts), []
-    for status in (s for statuses in found.values() for s in statuses):
-        if status.host in rotations:
-            rotation, why = rotations[status.host]
-            detail = _joined(status.detail, why) if why else status.detail
-            status = replace(status, rotation=rotation, detail=detail)
-        said.append(status)
-    return unit_agreement(hosts, said)
+    rotations, said, standings = rotation_of(hosts), [], {}
+    for statuses, parts in found.values():
+        standings.update(parts)
+        for status in statuses:
+            if status.host in rotations:
+                rotation, why = rotations[status.host]
+                detail = _joined(status.detail, why) if why else status.detail
+                status = replace(status, rotation=rotation, detail=detail)
+            said.append(status)
+    return unit_agreement(hosts, said), standings
 
 
 def with_live_fixes(
