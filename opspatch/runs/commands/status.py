@@ -19,7 +19,7 @@ from opspatch.hosts.image import BakedLabels
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostOperations
 from opspatch.ledger.lineage import PatchedFurther
-from opspatch.ledger.store import FileVersion, Ledger
+from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.rotation import rotation_of
@@ -86,10 +86,6 @@ class PatchStatus(Record):
     processes could not be asked, or some did not answer); None when every process answered
     (or live fixes are off there). `live` then says only what the processes that answered
     hold."""
-    history: tuple[FileVersion, ...] = json_field(
-        default=(), written=False, compare=False, repr=False
-    )
-    """The file's changes, newest first (a set's: its first file's): drift reads them."""
 
     def to_json(self) -> dict[str, Any]:
         data = dump(self)
@@ -141,7 +137,6 @@ def classify(
         carried=file.carried.state if file.carried is not None else None,
         recreated=True if file.place == Place.RECREATED else None,
         written_by=written_by,
-        history=found.history,
     )
 
 
@@ -273,7 +268,6 @@ def combine_set(patch: LoadedPatch, host: Host, files: Sequence[PatchStatus]) ->
         release=first.release,
         carried=set_carried([f.carried for f in files]),
         recreated=True if any(f.recreated for f in files) else None,
-        history=first.history,
     )
 
 

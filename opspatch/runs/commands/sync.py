@@ -31,11 +31,12 @@ from opspatch.errors import (
 )
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.commands.apply import apply_to_hosts, units_refused
-from opspatch.runs.commands.status import PatchStatus, fleet_status
+from opspatch.runs.commands.status import PatchStatus, read_fleet
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
+from opspatch.runs.fleet.standing import HostStanding
 from opspatch.runs.judgments.approval import require_approval
 from opspatch.runs.judgments.units import recover_remedy, require_whole_units, target_of
 from opspatch.runs.judgments.views import DRIFT, SYNC, Coverage, Written
@@ -296,7 +297,7 @@ def plan_fleet(
     is `extra` there."""
     listed = {e.patch.spec.id for e in desired.entries}
     patches = [e.patch for e in desired.entries] + [p for p in others if p.spec.id not in listed]
-    statuses = fleet_status(hosts, patches, factory, ledger) if hosts and patches else []
+    statuses, read = read_fleet(hosts, patches, factory, ledger) if hosts and patches else ([], {})
     by_key = {(s.host, s.patch): s for s in statuses}
     rows: list[SyncRow] = []
     for host in hosts:
@@ -308,21 +309,22 @@ def plan_fleet(
             row = decide(wanted.get(patch.spec.id), status, host)
             if row is None:
                 continue
-            cause = drift_cause(row, status, _written_before(ledger, status))
+            written = _written_before(ledger, patch.spec.id, read[host.name, patch.spec.id])
+            cause = drift_cause(row, status, written)
             # a file that drifted with the fix still in it has no sync command: diagnose says how
             fix = row.command or (remedy_text(Command.DIAGNOSE, hosts=host.name) if cause else None)
             rows.append(replace(row, cause=cause, command=fix))
     return FleetPlan(desired.path, tuple(h.name for h in hosts), tuple(rows))
 
 
-def _written_before(ledger: Ledger | None, status: PatchStatus) -> WrittenBefore | None:
-    """The newest record of opspatch writing `status.patch` into this file (None: never), from
-    the history status read (under any name the host's machine had), not a second reading."""
-    if ledger is None:
+def _written_before(
+    ledger: Ledger | None, patch: str, read: Sequence[HostStanding | None]
+) -> WrittenBefore | None:
+    """The newest record of opspatch writing `patch` into this file (None: never), from the
+    history status read (a set's: its first file's; under any name the host's machine had)."""
+    if ledger is None or read[0] is None:
         return None
-    history = [
-        v for v in status.history if v.patch_id == status.patch or v.action == FileAction.RESTORE
-    ]
+    history = [v for v in read[0].history if v.patch_id == patch or v.action == FileAction.RESTORE]
     last_patch = next((v for v in history if v.action == FileAction.PATCH), None)
     if last_patch is None:
         return None
