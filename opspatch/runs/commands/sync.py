@@ -39,7 +39,7 @@ from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.fleet.standing import HostStanding
 from opspatch.runs.judgments.approval import require_approval
 from opspatch.runs.judgments.units import recover_remedy, require_whole_units, target_of
-from opspatch.runs.judgments.views import DRIFT, SYNC, Coverage, Written
+from opspatch.runs.judgments.views import DRIFT, SYNC, Coverage, Written, set_word, status_word
 from opspatch.runs.report import HostOutcome, RunReport
 
 # ---------------------------------------------------------------------------------------------
@@ -64,16 +64,24 @@ class SyncRow(Record):
     """Why the file is not what the ledger and the fleet file expect (None: it is)."""
 
 
-def decide(entry: DesiredPatch | None, status: PatchStatus, host: Host) -> SyncRow | None:
-    """What sync does about `status` (`host`, one patch; `views.SYNC`): `entry` is the fleet
-    file's entry when the patch is desired there. None: a patch not desired and not there
-    (nothing to say); a host that could not be inspected is always a row (`unreachable`),
-    desired or not. A command that changes a node of a unit names the unit (`target_of`).
-
-    Raises nothing: an unknown release or state is `by-hand`, never a guess."""
+def decide(
+    entry: DesiredPatch | None,
+    status: PatchStatus,
+    host: Host,
+    read: Sequence[HostStanding | None] = (),
+) -> SyncRow | None:
+    """What sync does about one patch on `host` (`views.SYNC`), from its files as read (`read`,
+    one per part; none: `status`'s word) and the fleet file's `entry` (None: not desired
+    there). None: not desired and not there. An unknown release or state is `by-hand`."""
     coverage, unreadable = _coverage(entry, status.release)
     unserved = not_serving(status)
-    action = SYNC(status.state, status.carried, entry is not None, coverage, not unserved)
+    live = status.live or ()
+    held = bool(live) and not status.live_unread and not any(m.drift for m in live)
+    word = status.node_state or status.state  # a part not read: live fixes changed nothing
+    if read and None not in read:
+        word = set_word([status_word(s.files[0]) for s in read if s is not None])
+    disagrees = status.node_state is not None
+    action = SYNC(word, status.carried, held, disagrees, entry is not None, coverage, not unserved)
     if action is None:
         return None
     why = unreadable if coverage == Coverage.UNREADABLE else unserved
@@ -205,31 +213,22 @@ class WrittenBefore:
 def drift_cause(
     row: SyncRow, status: PatchStatus, written: WrittenBefore | None
 ) -> DriftCause | None:
-    """Why the host's file is not what the ledger and the fleet file expect, or None when it is
-    (`views.DRIFT`). A file that drifted keeps its cause whether or not its server runs: drift
-    is about files."""
+    """Why the host's file is not what the ledger and the fleet file expect (`views.DRIFT`; None:
+    it is), whether or not its server runs: drift is about files."""
     action = row.action
     if status.node_state is not None and action != SyncAction.EXTRA:
         # a node of a unit that differs: its own file's drift
         status = replace(status, state=status.node_state, node_state=None)
-        action = SYNC(status.state, None, True, Coverage.ALL, True) or SyncAction.BY_HAND
+        action = (
+            SYNC(status.state, None, False, False, True, Coverage.ALL, True) or SyncAction.BY_HAND
+        )
+    drifted, recreated = status.state == PatchState.DRIFTED, bool(status.recreated)
     if written is None:
-        last = Written.NEVER
-    else:
-        last = Written.PATCHED if written.action == FileAction.PATCH else Written.RESTORED
-    upgraded = (
-        written is not None
-        and written.release is not None
-        and status.release not in (None, written.release)
-    )
-    return DRIFT(
-        action,
-        status.state == PatchState.DRIFTED,
-        bool(status.recreated),
-        last,
-        upgraded,
-        written is not None and status.sha256 == written.sha256_before,
-    )
+        return DRIFT(action, drifted, recreated, Written.NEVER, False, False)
+    last = Written.PATCHED if written.action == FileAction.PATCH else Written.RESTORED
+    upgraded = written.release is not None and status.release not in (None, written.release)
+    at_pre_image = status.sha256 == written.sha256_before
+    return DRIFT(action, drifted, recreated, last, upgraded, at_pre_image)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,10 +305,11 @@ def plan_fleet(
             status = by_key.get((host.name, patch.spec.id))
             if status is None:
                 continue
-            row = decide(wanted.get(patch.spec.id), status, host)
+            files = read[host.name, patch.spec.id]
+            row = decide(wanted.get(patch.spec.id), status, host, files)
             if row is None:
                 continue
-            written = _written_before(ledger, patch.spec.id, read[host.name, patch.spec.id])
+            written = _written_before(ledger, patch.spec.id, files)
             cause = drift_cause(row, status, written)
             # a file that drifted with the fix still in it has no sync command: diagnose says how
             fix = row.command or (remedy_text(Command.DIAGNOSE, hosts=host.name) if cause else None)
