@@ -309,30 +309,27 @@ def read_fleet(
             for patch in patches:
                 for index, part in enumerate(patch.parts):
                     modules.setdefault(part.target.module, []).append((patch, index))
-            found: dict[tuple[str, int], tuple[PatchStatus, HostStanding | None]] = {}
+            found: dict[tuple[str, int], PatchStatus] = {}
+            standings: dict[tuple[str, int], HostStanding] = {}
             for module, group in modules.items():
                 try:
                     inspection = ops.inspect(module, timeout=StepTimeouts().inspect)
                 except OpspatchError as exc:
                     unread = unread_word(isinstance(exc, TargetError))
                     for p, i in group:
-                        found[p.sha256, i] = (
-                            PatchStatus(host.name, p.spec.id, unread, None, None, exc.message),
-                            None,
-                        )
+                        said = PatchStatus(host.name, p.spec.id, unread, None, None, exc.message)
+                        found[p.sha256, i] = said
                     continue
                 for p, i in group:
                     standing = read_inspected(
                         host.name, inspection, ledger, p, part=i, container=container
                     )
-                    found[p.sha256, i] = (
-                        classify(standing, p, host, ledger, container, part=i),
-                        standing,
-                    )
+                    standings[p.sha256, i] = standing
+                    found[p.sha256, i] = classify(standing, p, host, ledger, container, part=i)
             for patch in patches:
-                files, read[host.name, patch.spec.id] = zip(
-                    *(found[patch.sha256, i] for i in range(len(patch.parts))), strict=True
-                )
+                parts = [(patch.sha256, i) for i in range(len(patch.parts))]
+                read[host.name, patch.spec.id] = tuple(standings.get(k) for k in parts)
+                files = [found[k] for k in parts]
                 results.append(combine_set(patch, host, files) if patch.is_set else files[0])
             reached = any(r.state != PatchState.UNREACHABLE for r in results)
             if host.live and reached:  # one exec more, only where live fixes are on

@@ -267,13 +267,8 @@ class FleetPlan(Record):
 
 def select_hosts(desired: DesiredState, chosen: Sequence[Host] | None) -> tuple[Host, ...]:
     """The hosts a plan or sync covers: `chosen` (a `--hosts` selection), else every host the
-    fleet file names.
-
-    Raises:
-        InputError: the fleet file lists no patch (only a `[team]` table, or nothing): it
-            desires nothing anywhere, so "every host is as desired" would be a pass that
-            checked nothing (a truncated file must fail a `sync --check` timer, not pass it).
-    """
+    fleet file names. Raises `InputError` for a fleet file that lists no patch: "every host is
+    as desired" would be a pass that checked nothing (a truncated file must fail a timer)."""
     if not desired.entries:
         raise InputError(
             f"{desired.path} lists no patch, so it selects no host: there is nothing to plan, "
@@ -291,9 +286,7 @@ def plan_fleet(
     ledger: Ledger | None,
 ) -> FleetPlan:
     """Read every host (as `status` does: nothing locked, changed or recorded) and decide.
-
-    `others` are the workspace's patches the fleet file does not list: found on a host, each
-    is `extra` there."""
+    `others`: the workspace's patches the fleet file does not list (`extra` where found)."""
     listed = {e.patch.spec.id for e in desired.entries}
     patches = [e.patch for e in desired.entries] + [p for p in others if p.spec.id not in listed]
     statuses, read = read_fleet(hosts, patches, factory, ledger) if hosts and patches else ([], {})
@@ -353,9 +346,8 @@ class SyncReport(Record):
     runs: tuple[RunReport, ...]
     """The apply runs, one per patch sync applied somewhere."""
     left_alone: tuple[RunReport, ...]
-    """Per patch, the recorded run naming the hosts sync did not write to although they differ
-    (needs-port, by-hand, staged, recover, unreachable, or an apply after a run that stopped the
-    sync), each host `skipped` with its reason."""
+    """Per patch, the recorded run naming the hosts sync did not write to although they differ,
+    each host `skipped` with its reason."""
     after: FleetPlan
     exit_code: int = field(init=False)
 
@@ -400,19 +392,13 @@ def sync_fleet(
     before: FleetPlan | None = None,
 ) -> SyncReport:
     """Bring `hosts` to their desired patches: per patch, one recorded `sync` run of the apply
-    pipeline over the hosts where it is `apply`; hosts already right, outside the entry's range,
-    fixed upstream, needing a port or a recover are not touched. A run that does not reach its
-    goal stops the sync (the next patch would pile onto a fleet in trouble): every later
-    patch's hosts, those it would have applied to included, are recorded as left alone, each
-    with the run that stopped it.
+    pipeline over the hosts where it is `apply`; the others are not touched. A run that does not
+    reach its goal stops the sync (the next patch would pile onto a fleet in trouble): every
+    later patch's hosts are recorded as left alone, with the run that stopped it.
 
-    Raises:
-        LedgerIntegrityError: the ledger's chain is broken (nothing begun).
-        ApprovalRefused: the playbook requires approvals and a patch sync would apply has no
-            valid one (checked for every patch before any run: nothing changed, nothing recorded).
-        UnitRefused: the hosts take part of a unit, or a patch would be applied to part of a
-            unit or, under a playbook that restarts, to a whole one (checked for every patch
-            before any run, as approvals are).
+    Raises (every refusal checked for every patch before any run): LedgerIntegrityError;
+    ApprovalRefused (a patch to apply has no valid approval the playbook requires);
+    UnitRefused (part of a unit, or a whole one under a playbook that restarts).
     """
     progress = progress or NoProgress()
     playbook = desired.governing(playbook)  # the fleet file's [team] approval, if it asks
@@ -502,11 +488,10 @@ def _why_left(row: SyncRow, host: Host, stopped: RunReport | None) -> str:
     """Why sync did not write to `row`'s host: its action and reason, or, for a host it would
     have applied to, the run that stopped the sync first (the sync named over its group)."""
     if row.action == SyncAction.APPLY and stopped is not None:
+        again = remedy_text(Command.SYNC, hosts=target_of(host))
         return (
             f"not applied: sync stopped after run {stopped.run_id} ({stopped.patch}) did not "
-            f"reach its goal (exit {stopped.exit_code}); "
-            f"`{remedy_text(Command.SYNC, hosts=target_of(host))}` "
-            "once that is settled"
+            f"reach its goal (exit {stopped.exit_code}); `{again}` once that is settled"
         )
     return f"{row.action}: {row.detail}"
 
@@ -520,9 +505,7 @@ def _record_left_alone(
     factory: TransportFactory,
 ) -> RunReport:
     """Record that sync did not write to these hosts, and why (a needs-port is never silently
-    skipped): a `sync` run whose hosts are `skipped`, each with its reason, decided before the
-    fleet run starts any (`FleetRun.decide`: it starts none, connects to none, leases none).
-    Skipped concludes nothing about an earlier change's proof (`runs.judgments.proof`)."""
+    skipped): a `sync` run whose hosts are `skipped` (`FleetRun.decide`: none started)."""
     hosts = [by_name[r.host] for r, _ in left]
     with (
         recorded_run(

@@ -280,12 +280,10 @@ SYNC: DecisionTable[SyncAction | None] = DecisionTable(
     ),
 )
 # fmt: on
-"""What sync does about one patch on one host (None: not desired and not there, nothing to
-say), by the word of its files as read (`STATUS`, `set_word`), what they carry, whether its
-engine holds their fix live (every process asked), whether it is a node of a unit whose nodes'
-words differ (`unit_words`), whether the fleet file desires it there and covers the host's
-release, and whether the host serves (its server runs and, behind a router, its worker is in
-rotation; not known counts as serving)."""
+"""What sync does about one patch on one host (None: not desired and not there), by its files'
+word as read (`STATUS`, `set_word`), what they carry, whether its engine holds their fix live,
+whether its unit's nodes' words differ (`unit_words`), whether the fleet file desires it there
+and covers its release, and whether it serves (runs and is in rotation; not known: serves)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,7 +332,6 @@ DRIFT: DecisionTable[DriftCause | None] = DecisionTable(
     ),
 )
 """Why a host's file is not what the ledger and the fleet file expect (None: it is, or the
-difference is not in the file: a staged change, a release the entry is not for, a server that
-is down), by sync's action, whether status says `drifted`, whether its container was recreated,
-what opspatch last wrote there, whether the release changed since, and whether the file is the
-pre-image it wrote over."""
+difference is not in the file), by sync's action, whether status says `drifted`, whether its
+container was recreated, what opspatch last wrote there, whether the release changed since,
+and whether the file is the pre-image it wrote over."""
