@@ -175,8 +175,11 @@ def test_the_table_says_an_action_for_every_status_word() -> None:
     # must be given its action here, not fall through to by-hand
     for state in PatchState:
         for carried in (*Detected, None):
-            assert SYNC(state, carried, True, Coverage.ALL, True) is not None, (state, carried)
-    by_carried = {c: SYNC(PatchState.DRIFTED, c, True, Coverage.ALL, True) for c in Detected}
+            action = SYNC(state, carried, False, False, True, Coverage.ALL, True)
+            assert action is not None, (state, carried)
+    by_carried = {
+        c: SYNC(PatchState.DRIFTED, c, False, False, True, Coverage.ALL, True) for c in Detected
+    }
     assert by_carried == {
         Detected.APPLIED: SyncAction.NOTHING,
         Detected.NOT_APPLIED: SyncAction.APPLY,
@@ -186,7 +189,7 @@ def test_the_table_says_an_action_for_every_status_word() -> None:
 
 
 def test_a_fixed_upstream_status_is_left_alone_and_called_redundant() -> None:
-    assert SYNC(PatchState.FIXED_UPSTREAM, None, True, Coverage.ALL, True) == (
+    assert SYNC(PatchState.FIXED_UPSTREAM, None, False, False, True, Coverage.ALL, True) == (
         SyncAction.FIXED_UPSTREAM
     )
     assert SyncAction.FIXED_UPSTREAM.at_goal and not SyncAction.APPLY.at_goal

@@ -1,7 +1,8 @@
 """`status` on live hosts, fast: the scripted hosts and live engine of
 tests/livekit.py. A host with `live = true` is asked `list` once: each patch's row
 names the processes holding its live fix, and a fix taken from bytes the file no longer has is
-drift; a host without it is asked nothing more than before.
+drift; a host without it is asked nothing more than before. Sync reads a fix held live as its
+own column (`views.SYNC` `held`) over the files' word as read.
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ from typing import Any
 
 import pytest
 
-from opspatch.errors import TransportError
-from opspatch.runs.commands.status import exit_code, fleet_status
+from opspatch.config.fleet import DesiredPatch
+from opspatch.errors import Location, TransportError
+from opspatch.runs.commands.status import exit_code, fleet_status, read_fleet
+from opspatch.runs.commands.sync import decide
+from opspatch.runs.judgments.views import status_word
 from tests.livekit import LiveEngine, apply_live
 from tests.scriptedkit import Fleet, fleet, sha
 
@@ -213,3 +217,23 @@ def test_an_unreachable_live_host_is_not_asked_again_for_its_live_fixes(fleet: F
     assert row.state == "unreachable" and exit_code([row]) == 1
     assert "live" not in fleet.hosts[0].requests  # one connection timeout, not two
     assert row.live_unread is None  # unreachable says it: not a second, redundant reason
+
+
+@pytest.mark.parametrize(("taken", "action"), [("file", "nothing"), ("other", "restart")])
+def test_sync_reads_a_staged_file_whose_fix_is_held_live_as_served(
+    fleet: Fleet, taken: str, action: str
+) -> None:
+    """The files as read say `staged` (the server started before them); the engine holding the
+    file's own fix live is its own column of sync's table (`held`), not status's word."""
+    fleet.hosts = fleet.hosts[:1]
+    engine = LiveEngine()
+    apply_live(fleet, engine)
+    file_sha = sha(fleet.hosts[0].file.read_bytes())
+    with_hashes(fleet, engine, file_sha if taken == "file" else "ab" * 32)
+    hosts = [replace(h.host(), live=True) for h in fleet.hosts]
+    (said,), read = read_fleet(hosts, [fleet.patch], fleet.factory, fleet.ledger)
+    (standing,) = files = read[said.host, said.patch]
+    assert standing is not None and status_word(standing.files[0]) == "staged"
+    entry = DesiredPatch(fleet.patch, (said.host,), "", Location("fleet.toml", 1, "x"))
+    row = decide(entry, said, hosts[0], files)
+    assert row is not None and row.action == action, row

@@ -198,6 +198,8 @@ def test_sync_acts_on_what_status_says(row: dict[str, Any]) -> None:
     action = SYNC(
         PatchState(facts["state"]),
         Detected(facts["carried"]) if "carried" in facts else None,
+        facts.get("held", False),
+        facts.get("disagrees", False),
         facts.get("desired", True),
         Coverage(facts.get("coverage", "all")),
         facts.get("served", True),

@@ -17,9 +17,9 @@ from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, OpspatchError, TargetErro
 from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.image import BakedLabels
 from opspatch.hosts.live import LiveFix, ask_engine
-from opspatch.hosts.operations import HostInspection, HostOperations
+from opspatch.hosts.operations import HostOperations
 from opspatch.ledger.lineage import PatchedFurther
-from opspatch.ledger.store import FileVersion, Ledger
+from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.rotation import rotation_of
@@ -86,10 +86,6 @@ class PatchStatus(Record):
     processes could not be asked, or some did not answer); None when every process answered
     (or live fixes are off there). `live` then says only what the processes that answered
     hold."""
-    history: tuple[FileVersion, ...] = json_field(
-        default=(), written=False, compare=False, repr=False
-    )
-    """The file's changes, newest first (a set's: its first file's): drift reads them."""
 
     def to_json(self) -> dict[str, Any]:
         data = dump(self)
@@ -99,20 +95,21 @@ class PatchStatus(Record):
 
 
 def classify(
+    found: HostStanding,
     patch: LoadedPatch,
     host: Host,
-    inspection: HostInspection,
     ledger: Ledger | None,
     container: ContainerIdentity | None = None,
     *,
     part: int = 0,
 ) -> PatchStatus:
-    """The state of one patch (`part`: one target of a patch set) in one live file: the file
-    read as the commands read it (`standing.read_inspected`), its word from the table
-    (`views.STATUS`), the sentence here. `container`: the container the file was read in. A
-    file right on disk serves nothing while no server runs it (a restore whose decode crashed
-    the engine, say): said so."""
-    found = read_inspected(host.name, inspection, ledger, patch, part=part, container=container)
+    """The state of one patch (`part`: one target of a patch set) in one live file, `found` as
+    the commands read it (`standing.read_inspected`): its word from the table (`views.STATUS`),
+    the sentence here. `container`: the container the file was read in. A file right on disk
+    serves nothing while no server runs it (a restore whose decode crashed the engine, say):
+    said so."""
+    inspection = found.inspection
+    assert inspection is not None
     file, state, written_by = found.files[0], status_word(found.files[0]), None
     module = inspection.module  # its distribution's version, else the engine's own
     release = module["distribution_version"] if module is not None else None
@@ -140,7 +137,6 @@ def classify(
         carried=file.carried.state if file.carried is not None else None,
         recreated=True if file.place == Place.RECREATED else None,
         written_by=written_by,
-        history=found.history,
     )
 
 
@@ -272,7 +268,6 @@ def combine_set(patch: LoadedPatch, host: Host, files: Sequence[PatchStatus]) ->
         release=first.release,
         carried=set_carried([f.carried for f in files]),
         recreated=True if any(f.recreated for f in files) else None,
-        history=first.history,
     )
 
 
@@ -283,6 +278,10 @@ def describe_baked(baked: BakedLabels, container: ContainerIdentity) -> str:
     )
 
 
+Standings = dict[tuple[str, str], tuple[HostStanding | None, ...]]
+"""Each (host, patch id)'s files as read, one per part (None: the part's file was not read)."""
+
+
 def fleet_status(
     hosts: Sequence[Host],
     patches: Sequence[LoadedPatch],
@@ -290,10 +289,20 @@ def fleet_status(
     ledger: Ledger | None,
 ) -> list[PatchStatus]:
     """Every (host, patch) state, hosts inspected in parallel."""
+    return read_fleet(hosts, patches, factory, ledger)[0]
 
-    def one(host: Host) -> list[PatchStatus]:
-        transport = factory(host)
-        ops = HostOperations(transport, host)
+
+def read_fleet(
+    hosts: Sequence[Host],
+    patches: Sequence[LoadedPatch],
+    factory: TransportFactory,
+    ledger: Ledger | None,
+) -> tuple[list[PatchStatus], Standings]:
+    """`fleet_status`, with the standings its words were read from (what sync decides from)."""
+
+    def one(host: Host) -> tuple[list[PatchStatus], Standings]:
+        transport, read = factory(host), Standings()
+        ops, container = HostOperations(transport, host), transport.container
         results: list[PatchStatus] = []
         try:
             modules: dict[str, list[tuple[LoadedPatch, int]]] = {}
@@ -301,40 +310,46 @@ def fleet_status(
                 for index, part in enumerate(patch.parts):
                     modules.setdefault(part.target.module, []).append((patch, index))
             found: dict[tuple[str, int], PatchStatus] = {}
+            standings: dict[tuple[str, int], HostStanding] = {}
             for module, group in modules.items():
                 try:
                     inspection = ops.inspect(module, timeout=StepTimeouts().inspect)
                 except OpspatchError as exc:
                     unread = unread_word(isinstance(exc, TargetError))
-                    for p, index in group:
-                        found[p.sha256, index] = PatchStatus(
-                            host.name, p.spec.id, unread, None, None, exc.message
-                        )
+                    for p, i in group:
+                        said = PatchStatus(host.name, p.spec.id, unread, None, None, exc.message)
+                        found[p.sha256, i] = said
                     continue
-                for patch, index in group:
-                    found[patch.sha256, index] = classify(
-                        patch, host, inspection, ledger, transport.container, part=index
+                for p, i in group:
+                    standing = read_inspected(
+                        host.name, inspection, ledger, p, part=i, container=container
                     )
+                    standings[p.sha256, i] = standing
+                    found[p.sha256, i] = classify(standing, p, host, ledger, container, part=i)
             for patch in patches:
-                files = [found[patch.sha256, i] for i in range(len(patch.parts))]
+                parts = [(patch.sha256, i) for i in range(len(patch.parts))]
+                read[host.name, patch.spec.id] = tuple(standings.get(k) for k in parts)
+                files = [found[k] for k in parts]
                 results.append(combine_set(patch, host, files) if patch.is_set else files[0])
             reached = any(r.state != PatchState.UNREACHABLE for r in results)
             if host.live and reached:  # one exec more, only where live fixes are on
                 results = with_live_fixes(ops, patches, results)
         finally:
             transport.close()
-        return results
+        return results, read
 
     by_name = {h.name: h for h in hosts}
     found = map_hosts(lambda name: one(by_name[name]), list(by_name), limit=16)
-    rotations, said = rotation_of(hosts), []
-    for status in (s for statuses in found.values() for s in statuses):
-        if status.host in rotations:
-            rotation, why = rotations[status.host]
-            detail = _joined(status.detail, why) if why else status.detail
-            status = replace(status, rotation=rotation, detail=detail)
-        said.append(status)
-    return unit_agreement(hosts, said)
+    rotations, said, standings = rotation_of(hosts), [], {}
+    for statuses, parts in found.values():
+        standings.update(parts)
+        for status in statuses:
+            if status.host in rotations:
+                rotation, why = rotations[status.host]
+                detail = _joined(status.detail, why) if why else status.detail
+                status = replace(status, rotation=rotation, detail=detail)
+            said.append(status)
+    return unit_agreement(hosts, said), standings
 
 
 def with_live_fixes(

@@ -31,14 +31,15 @@ from opspatch.errors import (
 )
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.commands.apply import apply_to_hosts, units_refused
-from opspatch.runs.commands.status import PatchStatus, fleet_status
+from opspatch.runs.commands.status import PatchStatus, read_fleet
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
+from opspatch.runs.fleet.standing import HostStanding
 from opspatch.runs.judgments.approval import require_approval
 from opspatch.runs.judgments.units import recover_remedy, require_whole_units, target_of
-from opspatch.runs.judgments.views import DRIFT, SYNC, Coverage, Written
+from opspatch.runs.judgments.views import DRIFT, SYNC, Coverage, Written, set_word, status_word
 from opspatch.runs.report import HostOutcome, RunReport
 
 # ---------------------------------------------------------------------------------------------
@@ -63,16 +64,24 @@ class SyncRow(Record):
     """Why the file is not what the ledger and the fleet file expect (None: it is)."""
 
 
-def decide(entry: DesiredPatch | None, status: PatchStatus, host: Host) -> SyncRow | None:
-    """What sync does about `status` (`host`, one patch; `views.SYNC`): `entry` is the fleet
-    file's entry when the patch is desired there. None: a patch not desired and not there
-    (nothing to say); a host that could not be inspected is always a row (`unreachable`),
-    desired or not. A command that changes a node of a unit names the unit (`target_of`).
-
-    Raises nothing: an unknown release or state is `by-hand`, never a guess."""
+def decide(
+    entry: DesiredPatch | None,
+    status: PatchStatus,
+    host: Host,
+    read: Sequence[HostStanding | None] = (),
+) -> SyncRow | None:
+    """What sync does about one patch on `host` (`views.SYNC`), from its files as read (`read`,
+    one per part; none: `status`'s word) and the fleet file's `entry` (None: not desired
+    there). None: not desired and not there. An unknown release or state is `by-hand`."""
     coverage, unreadable = _coverage(entry, status.release)
     unserved = not_serving(status)
-    action = SYNC(status.state, status.carried, entry is not None, coverage, not unserved)
+    live = status.live or ()
+    held = bool(live) and not status.live_unread and not any(m.drift for m in live)
+    word = status.node_state or status.state  # a part not read: live fixes changed nothing
+    if read and None not in read:
+        word = set_word([status_word(s.files[0]) for s in read if s is not None])
+    disagrees = status.node_state is not None
+    action = SYNC(word, status.carried, held, disagrees, entry is not None, coverage, not unserved)
     if action is None:
         return None
     why = unreadable if coverage == Coverage.UNREADABLE else unserved
@@ -204,31 +213,22 @@ class WrittenBefore:
 def drift_cause(
     row: SyncRow, status: PatchStatus, written: WrittenBefore | None
 ) -> DriftCause | None:
-    """Why the host's file is not what the ledger and the fleet file expect, or None when it is
-    (`views.DRIFT`). A file that drifted keeps its cause whether or not its server runs: drift
-    is about files."""
+    """Why the host's file is not what the ledger and the fleet file expect (`views.DRIFT`; None:
+    it is), whether or not its server runs: drift is about files."""
     action = row.action
     if status.node_state is not None and action != SyncAction.EXTRA:
         # a node of a unit that differs: its own file's drift
         status = replace(status, state=status.node_state, node_state=None)
-        action = SYNC(status.state, None, True, Coverage.ALL, True) or SyncAction.BY_HAND
+        action = (
+            SYNC(status.state, None, False, False, True, Coverage.ALL, True) or SyncAction.BY_HAND
+        )
+    drifted, recreated = status.state == PatchState.DRIFTED, bool(status.recreated)
     if written is None:
-        last = Written.NEVER
-    else:
-        last = Written.PATCHED if written.action == FileAction.PATCH else Written.RESTORED
-    upgraded = (
-        written is not None
-        and written.release is not None
-        and status.release not in (None, written.release)
-    )
-    return DRIFT(
-        action,
-        status.state == PatchState.DRIFTED,
-        bool(status.recreated),
-        last,
-        upgraded,
-        written is not None and status.sha256 == written.sha256_before,
-    )
+        return DRIFT(action, drifted, recreated, Written.NEVER, False, False)
+    last = Written.PATCHED if written.action == FileAction.PATCH else Written.RESTORED
+    upgraded = written.release is not None and status.release not in (None, written.release)
+    at_pre_image = status.sha256 == written.sha256_before
+    return DRIFT(action, drifted, recreated, last, upgraded, at_pre_image)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,13 +267,8 @@ class FleetPlan(Record):
 
 def select_hosts(desired: DesiredState, chosen: Sequence[Host] | None) -> tuple[Host, ...]:
     """The hosts a plan or sync covers: `chosen` (a `--hosts` selection), else every host the
-    fleet file names.
-
-    Raises:
-        InputError: the fleet file lists no patch (only a `[team]` table, or nothing): it
-            desires nothing anywhere, so "every host is as desired" would be a pass that
-            checked nothing (a truncated file must fail a `sync --check` timer, not pass it).
-    """
+    fleet file names. Raises `InputError` for a fleet file that lists no patch: "every host is
+    as desired" would be a pass that checked nothing (a truncated file must fail a timer)."""
     if not desired.entries:
         raise InputError(
             f"{desired.path} lists no patch, so it selects no host: there is nothing to plan, "
@@ -291,12 +286,10 @@ def plan_fleet(
     ledger: Ledger | None,
 ) -> FleetPlan:
     """Read every host (as `status` does: nothing locked, changed or recorded) and decide.
-
-    `others` are the workspace's patches the fleet file does not list: found on a host, each
-    is `extra` there."""
+    `others`: the workspace's patches the fleet file does not list (`extra` where found)."""
     listed = {e.patch.spec.id for e in desired.entries}
     patches = [e.patch for e in desired.entries] + [p for p in others if p.spec.id not in listed]
-    statuses = fleet_status(hosts, patches, factory, ledger) if hosts and patches else []
+    statuses, read = read_fleet(hosts, patches, factory, ledger) if hosts and patches else ([], {})
     by_key = {(s.host, s.patch): s for s in statuses}
     rows: list[SyncRow] = []
     for host in hosts:
@@ -305,24 +298,26 @@ def plan_fleet(
             status = by_key.get((host.name, patch.spec.id))
             if status is None:
                 continue
-            row = decide(wanted.get(patch.spec.id), status, host)
+            files = read[host.name, patch.spec.id]
+            row = decide(wanted.get(patch.spec.id), status, host, files)
             if row is None:
                 continue
-            cause = drift_cause(row, status, _written_before(ledger, status))
+            written = _written_before(ledger, patch.spec.id, files)
+            cause = drift_cause(row, status, written)
             # a file that drifted with the fix still in it has no sync command: diagnose says how
             fix = row.command or (remedy_text(Command.DIAGNOSE, hosts=host.name) if cause else None)
             rows.append(replace(row, cause=cause, command=fix))
     return FleetPlan(desired.path, tuple(h.name for h in hosts), tuple(rows))
 
 
-def _written_before(ledger: Ledger | None, status: PatchStatus) -> WrittenBefore | None:
-    """The newest record of opspatch writing `status.patch` into this file (None: never), from
-    the history status read (under any name the host's machine had), not a second reading."""
-    if ledger is None:
+def _written_before(
+    ledger: Ledger | None, patch: str, read: Sequence[HostStanding | None]
+) -> WrittenBefore | None:
+    """The newest record of opspatch writing `patch` into this file (None: never), from the
+    history status read (a set's: its first file's; under any name the host's machine had)."""
+    if ledger is None or read[0] is None:
         return None
-    history = [
-        v for v in status.history if v.patch_id == status.patch or v.action == FileAction.RESTORE
-    ]
+    history = [v for v in read[0].history if v.patch_id == patch or v.action == FileAction.RESTORE]
     last_patch = next((v for v in history if v.action == FileAction.PATCH), None)
     if last_patch is None:
         return None
@@ -351,9 +346,8 @@ class SyncReport(Record):
     runs: tuple[RunReport, ...]
     """The apply runs, one per patch sync applied somewhere."""
     left_alone: tuple[RunReport, ...]
-    """Per patch, the recorded run naming the hosts sync did not write to although they differ
-    (needs-port, by-hand, staged, recover, unreachable, or an apply after a run that stopped the
-    sync), each host `skipped` with its reason."""
+    """Per patch, the recorded run naming the hosts sync did not write to although they differ,
+    each host `skipped` with its reason."""
     after: FleetPlan
     exit_code: int = field(init=False)
 
@@ -398,19 +392,13 @@ def sync_fleet(
     before: FleetPlan | None = None,
 ) -> SyncReport:
     """Bring `hosts` to their desired patches: per patch, one recorded `sync` run of the apply
-    pipeline over the hosts where it is `apply`; hosts already right, outside the entry's range,
-    fixed upstream, needing a port or a recover are not touched. A run that does not reach its
-    goal stops the sync (the next patch would pile onto a fleet in trouble): every later
-    patch's hosts, those it would have applied to included, are recorded as left alone, each
-    with the run that stopped it.
+    pipeline over the hosts where it is `apply`; the others are not touched. A run that does not
+    reach its goal stops the sync (the next patch would pile onto a fleet in trouble): every
+    later patch's hosts are recorded as left alone, with the run that stopped it.
 
-    Raises:
-        LedgerIntegrityError: the ledger's chain is broken (nothing begun).
-        ApprovalRefused: the playbook requires approvals and a patch sync would apply has no
-            valid one (checked for every patch before any run: nothing changed, nothing recorded).
-        UnitRefused: the hosts take part of a unit, or a patch would be applied to part of a
-            unit or, under a playbook that restarts, to a whole one (checked for every patch
-            before any run, as approvals are).
+    Raises (every refusal checked for every patch before any run): LedgerIntegrityError;
+    ApprovalRefused (a patch to apply has no valid approval the playbook requires);
+    UnitRefused (part of a unit, or a whole one under a playbook that restarts).
     """
     progress = progress or NoProgress()
     playbook = desired.governing(playbook)  # the fleet file's [team] approval, if it asks
@@ -500,11 +488,10 @@ def _why_left(row: SyncRow, host: Host, stopped: RunReport | None) -> str:
     """Why sync did not write to `row`'s host: its action and reason, or, for a host it would
     have applied to, the run that stopped the sync first (the sync named over its group)."""
     if row.action == SyncAction.APPLY and stopped is not None:
+        again = remedy_text(Command.SYNC, hosts=target_of(host))
         return (
             f"not applied: sync stopped after run {stopped.run_id} ({stopped.patch}) did not "
-            f"reach its goal (exit {stopped.exit_code}); "
-            f"`{remedy_text(Command.SYNC, hosts=target_of(host))}` "
-            "once that is settled"
+            f"reach its goal (exit {stopped.exit_code}); `{again}` once that is settled"
         )
     return f"{row.action}: {row.detail}"
 
@@ -518,9 +505,7 @@ def _record_left_alone(
     factory: TransportFactory,
 ) -> RunReport:
     """Record that sync did not write to these hosts, and why (a needs-port is never silently
-    skipped): a `sync` run whose hosts are `skipped`, each with its reason, decided before the
-    fleet run starts any (`FleetRun.decide`: it starts none, connects to none, leases none).
-    Skipped concludes nothing about an earlier change's proof (`runs.judgments.proof`)."""
+    skipped): a `sync` run whose hosts are `skipped` (`FleetRun.decide`: none started)."""
     hosts = [by_name[r.host] for r, _ in left]
     with (
         recorded_run(

@@ -235,56 +235,55 @@ class Coverage(Word):
 READ = tuple(s for s in PatchState if s != PatchState.UNREACHABLE)
 IN_RANGE = (Coverage.ALL, Coverage.COVERED)
 CARRIED = (*Detected, None)
+THERE = (PatchState.APPLIED, PatchState.STAGED)
+SILENT = tuple(s for s in READ if s not in (*THERE, PatchState.DRIFTED))
+"""Words of a patch sync says nothing about where it is not desired."""
+UNTOLD = (Coverage.UNKNOWN, Coverage.UNREADABLE)
 
+# fmt: off
 SYNC: DecisionTable[SyncAction | None] = DecisionTable(
-    ("state", "carried", "desired", "coverage", "served"),
-    (tuple(PatchState), CARRIED, BOOL, tuple(Coverage), BOOL),
+    ("state", "carried", "held", "disagrees", "desired", "coverage", "served"),
+    (tuple(PatchState), CARRIED, BOOL, BOOL, BOOL, tuple(Coverage), BOOL),
     (
         # whether desired or not: a host not inspected is unknown, never "as desired"
-        (PatchState.UNREACHABLE, ANY, ANY, ANY, ANY, SyncAction.UNREACHABLE),
-        # not desired: said only when it is there (sync leaves it)
-        ((PatchState.APPLIED, PatchState.STAGED), ANY, False, ANY, ANY, SyncAction.EXTRA),
-        (PatchState.DRIFTED, Detected.APPLIED, False, ANY, ANY, SyncAction.EXTRA),
-        (PatchState.DRIFTED, (*MISSING, None), False, ANY, ANY, None),
-        (
-            (
-                PatchState.NOT_APPLIED,
-                PatchState.NOT_APPLICABLE,
-                PatchState.PARTIAL,
-                PatchState.UNKNOWN,
-                PatchState.FIXED_UPSTREAM,
-            ),
-            ANY,
-            False,
-            ANY,
-            ANY,
-            None,
-        ),
+        (PatchState.UNREACHABLE, ANY, ANY, ANY, ANY, ANY, ANY, SyncAction.UNREACHABLE),
+        # not desired: said only when it is there (sync leaves it), a unit's only when whole
+        (READ, ANY, ANY, True, False, ANY, ANY, None),
+        (THERE, ANY, ANY, False, False, ANY, ANY, SyncAction.EXTRA),
+        (PatchState.DRIFTED, Detected.APPLIED, ANY, False, False, ANY, ANY, SyncAction.EXTRA),
+        (PatchState.DRIFTED, (*MISSING, None), ANY, False, False, ANY, ANY, None),
+        (SILENT, ANY, ANY, False, False, ANY, ANY, None),
         # desired: the entry's range first
-        (READ, ANY, True, (Coverage.UNKNOWN, Coverage.UNREADABLE), ANY, SyncAction.BY_HAND),
-        (READ, ANY, True, Coverage.OUTSIDE, ANY, SyncAction.OUTSIDE_RANGE),
-        # then what status says: a fix on disk is at goal only while the host serves it
-        (PatchState.APPLIED, ANY, True, IN_RANGE, True, SyncAction.NOTHING),
-        (PatchState.APPLIED, ANY, True, IN_RANGE, False, SyncAction.RECOVER),
-        (PatchState.FIXED_UPSTREAM, ANY, True, IN_RANGE, True, SyncAction.FIXED_UPSTREAM),
-        (PatchState.FIXED_UPSTREAM, ANY, True, IN_RANGE, False, SyncAction.RECOVER),
-        (PatchState.STAGED, ANY, True, IN_RANGE, ANY, SyncAction.RESTART),
-        (PatchState.NOT_APPLIED, ANY, True, IN_RANGE, ANY, SyncAction.APPLY),
-        (PatchState.NOT_APPLICABLE, ANY, True, IN_RANGE, ANY, SyncAction.NEEDS_PORT),
-        (PatchState.PARTIAL, ANY, True, IN_RANGE, ANY, SyncAction.BY_HAND),
-        (PatchState.UNKNOWN, ANY, True, IN_RANGE, ANY, SyncAction.NEEDS_PORT),
+        (READ, ANY, ANY, ANY, True, UNTOLD, ANY, SyncAction.BY_HAND),
+        (READ, ANY, ANY, ANY, True, Coverage.OUTSIDE, ANY, SyncAction.OUTSIDE_RANGE),
+        # a node of a unit whose nodes' words differ: one server, partly changed
+        (READ, ANY, ANY, True, True, IN_RANGE, ANY, SyncAction.BY_HAND),
+        # then the files: a fix on disk is at goal only while the host serves it
+        (PatchState.APPLIED, ANY, ANY, False, True, IN_RANGE, True, SyncAction.NOTHING),
+        (PatchState.APPLIED, ANY, ANY, False, True, IN_RANGE, False, SyncAction.RECOVER),
+        (PatchState.FIXED_UPSTREAM, ANY, ANY, False, True, IN_RANGE, True, SyncAction.FIXED_UPSTREAM),
+        (PatchState.FIXED_UPSTREAM, ANY, ANY, False, True, IN_RANGE, False, SyncAction.RECOVER),
+        # staged: the server started before the file, and runs its fix only when held live
+        (PatchState.STAGED, ANY, True, False, True, IN_RANGE, True, SyncAction.NOTHING),
+        (PatchState.STAGED, ANY, True, False, True, IN_RANGE, False, SyncAction.RECOVER),
+        (PatchState.STAGED, ANY, False, False, True, IN_RANGE, ANY, SyncAction.RESTART),
+        (PatchState.NOT_APPLIED, ANY, ANY, False, True, IN_RANGE, ANY, SyncAction.APPLY),
+        (PatchState.NOT_APPLICABLE, ANY, ANY, False, True, IN_RANGE, ANY, SyncAction.NEEDS_PORT),
+        (PatchState.PARTIAL, ANY, ANY, False, True, IN_RANGE, ANY, SyncAction.BY_HAND),
+        (PatchState.UNKNOWN, ANY, ANY, False, True, IN_RANGE, ANY, SyncAction.NEEDS_PORT),
         # drifted (the ledger no longer explains the file): what it carries says
-        (PatchState.DRIFTED, Detected.APPLIED, True, IN_RANGE, True, SyncAction.NOTHING),
-        (PatchState.DRIFTED, Detected.APPLIED, True, IN_RANGE, False, SyncAction.RECOVER),
-        (PatchState.DRIFTED, Detected.NOT_APPLIED, True, IN_RANGE, ANY, SyncAction.APPLY),
-        (PatchState.DRIFTED, (Detected.PARTIAL, None), True, IN_RANGE, ANY, SyncAction.BY_HAND),
-        (PatchState.DRIFTED, Detected.UNKNOWN, True, IN_RANGE, ANY, SyncAction.NEEDS_PORT),
+        (PatchState.DRIFTED, Detected.APPLIED, ANY, False, True, IN_RANGE, True, SyncAction.NOTHING),
+        (PatchState.DRIFTED, Detected.APPLIED, ANY, False, True, IN_RANGE, False, SyncAction.RECOVER),
+        (PatchState.DRIFTED, Detected.NOT_APPLIED, ANY, False, True, IN_RANGE, ANY, SyncAction.APPLY),
+        (PatchState.DRIFTED, (Detected.PARTIAL, None), ANY, False, True, IN_RANGE, ANY, SyncAction.BY_HAND),
+        (PatchState.DRIFTED, Detected.UNKNOWN, ANY, False, True, IN_RANGE, ANY, SyncAction.NEEDS_PORT),
     ),
 )
-"""What sync does about one patch on one host (None: not desired and not there, nothing to
-say), by `status`'s word, what the file carries, whether the fleet file desires it there and
-covers the host's release, and whether the host serves (its server runs and, behind a router,
-its worker is in rotation; not known counts as serving)."""
+# fmt: on
+"""What sync does about one patch on one host (None: not desired and not there), by its files'
+word as read (`STATUS`, `set_word`), what they carry, whether its engine holds their fix live,
+whether its unit's nodes' words differ (`unit_words`), whether the fleet file desires it there
+and covers its release, and whether it serves (runs and is in rotation; not known: serves)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,7 +332,6 @@ DRIFT: DecisionTable[DriftCause | None] = DecisionTable(
     ),
 )
 """Why a host's file is not what the ledger and the fleet file expect (None: it is, or the
-difference is not in the file: a staged change, a release the entry is not for, a server that
-is down), by sync's action, whether status says `drifted`, whether its container was recreated,
-what opspatch last wrote there, whether the release changed since, and whether the file is the
-pre-image it wrote over."""
+difference is not in the file), by sync's action, whether status says `drifted`, whether its
+container was recreated, what opspatch last wrote there, whether the release changed since,
+and whether the file is the pre-image it wrote over."""
