@@ -62,19 +62,13 @@ def judge_take(
 
 
 def unanswered(reply: LiveEngineReply) -> str | None:
-    """Why not every process of the engine answered ok: no process was asked, or some refused
-    or could not be reached (None: each answered, or never loaded the module). What a `list`
-    did not hear from may hold a fix: neither "no live fix" nor "every process holds it"."""
+    """Why not every process of the engine answered ok (a `list`, or a revert): no process was
+    asked, or some refused or could not be reached (None: each answered, or never loaded the
+    module). What a `list` did not hear from may hold a fix."""
     if reply.missing is not None:
         return reply.missing
     problems = [a.describe() for a in reply.processes() if not a.ok and not a.not_loaded]
     return "; ".join(problems) or None
-
-
-def judge_revert(reply: LiveEngineReply) -> str | None:
-    """Why a revert did not finish everywhere (None: every process answered ok, or never held
-    the fix)."""
-    return unanswered(reply)
 
 
 @dataclass(frozen=True)
