@@ -320,12 +320,10 @@ def _latency(
         f"timed on the host: {how})"
     )
     if not in_turns:
-        figures += f"; {APART}"
+        figures += "; measured one after the other"
     return MetricVerdict(metric, verdict, figures, test=test)
 
 
-APART = "measured one after the other"
-"""Said in the latency figures of a comparison whose two sides were not measured in turns."""
 LATENCY = (Metric.TTFT, Metric.TPOT)
 
 

@@ -227,12 +227,6 @@ def nodes_of(unit: Unit) -> str:
     return ", ".join(f"{h} (head)" if h == unit.head else h for h in unit.hosts)
 
 
-NO_NODE_ALONE = (
-    "a unit is one server: a node patched alone runs other code than the rest of it, and a node "
-    "restarted alone cannot rejoin its group"
-)
-
-
 def unit_refusal(
     hosts: Sequence[Host], *, command: str, whole: Callable[[Unit], str]
 ) -> UnitRefused | None:
@@ -248,8 +242,9 @@ def unit_refusal(
         for s in split
     )
     return UnitRefused(
-        f"{command} would change part of a multi-node server ({what}): {NO_NODE_ALONE}; "
-        "nothing was changed",
+        f"{command} would change part of a multi-node server ({what}): a unit is one server: a "
+        "node patched alone runs other code than the rest of it, and a node restarted alone "
+        "cannot rejoin its group; nothing was changed",
         hint="select every node of the unit: " + "; ".join(f"`{whole(s.unit)}`" for s in split),
     )
 
