@@ -47,8 +47,9 @@ IMPORTS_BEFORE_TYPER_FREE = (
     "import opspatch.cli.app, opspatch.cli.changes, opspatch.config.patches, "
     "opspatch.runs.commands.local_files, opspatch.core.edit"
 )
-"""The same before `apply --file --yes` ran without typer (a `--before` older than h46): the
-app, the command group of `apply` (named, since the app imports a command's group only)."""
+"""The same before `apply --file --yes` ran without typer (a `--before` without
+`cli/localapply.py`): the app, the command group of `apply` (named, since the app imports a
+command's group only). A later `--before` is measured with `IMPORTS`."""
 
 
 def _child(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
@@ -63,26 +64,27 @@ def _child(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, floa
     return wall, (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000
 
 
-def _apply(folder: Path) -> list[str]:
+def _apply(folder: Path, old: Path) -> list[str]:
     return [
         sys.executable, "-m", "opspatch.cli", "apply", str(REPO / "patches" / "eagle-init-guard.toml"),
         "--file", str(folder / "site" / EAGLE), "--target-version", "0.5.23", "--yes",
     ]  # fmt: skip
 
 
-def _py_compile(folder: Path) -> list[str]:
+def _py_compile(folder: Path, old: Path) -> list[str]:
     return [sys.executable, "-m", "py_compile", str(folder / "site" / EAGLE)]
 
 
-def _imports(folder: Path) -> list[str]:
+def _imports(folder: Path, old: Path) -> list[str]:
     return [sys.executable, "-c", IMPORTS]
 
 
-def _imports_before(folder: Path) -> list[str]:
-    return [sys.executable, "-c", IMPORTS_BEFORE_TYPER_FREE]
+def _imports_before(folder: Path, old: Path) -> list[str]:
+    typer_free = (old / "opspatch" / "cli" / "localapply.py").exists()
+    return [sys.executable, "-c", IMPORTS if typer_free else IMPORTS_BEFORE_TYPER_FREE]
 
 
-VARIANTS: dict[str, Callable[[Path], list[str]]] = {
+VARIANTS: dict[str, Callable[[Path, Path], list[str]]] = {
     "py_compile": _py_compile,
     "apply_after": _apply,
     "apply_before": _apply,
@@ -114,7 +116,7 @@ def main() -> None:
                     (folder / "site" / EAGLE).write_bytes(source)
                     env = environment(old if name.endswith("_before") else None)
                     env["OPSPATCH_STATE_DIR"] = str(folder / "state")
-                    sample = _child(argv_of(folder), env, folder)
+                    sample = _child(argv_of(folder, old), env, folder)
                 if run:
                     measured.setdefault(name, []).append(sample)
     floor = statistics.median(cpu for _, cpu in measured["py_compile"])

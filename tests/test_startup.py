@@ -20,7 +20,7 @@ pytestmark = pytest.mark.process
 
 PROBE = """
 import atexit, gc, json, sys
-atexit.register(lambda: sys.stderr.write("\\nFROZEN " + str(gc.get_freeze_count()) + "\\n"))
+atexit.register(lambda: sys.stderr.write(f"\\nFROZEN {gc.get_freeze_count()} {gc.isenabled()}\\n"))
 from opspatch.cli import main
 try:
     main(sys.argv[1:])
@@ -52,6 +52,11 @@ OFF_THE_APPLY_FILE_PATH = {
     "typer": "the option parser: a plain `apply --file --yes` is read by `cli/localapply.py`",
     "opspatch.cli.app": "the typer app and its command groups",
     "opspatch.cli.params": "typer's option types",
+    "opspatch.runs.fleet.judging": "a judged run (a playbook's `[judge]`; the default judges none)",
+    "opspatch.runs.judgments.canary": "the judge's verdict",
+    "opspatch.hosts.measure": "the judge's prompts decoded on a running server",
+    "opspatch.hosts.router": "a host behind a router (drain and admit)",
+    "opspatch.hosts.transport.container": "an engine in a container",
 }
 """Modules `apply --file` must not import, each with the command or case that needs it: every
 one costs start-up time that an apply of one local file does not use (issue 44: within 6x of
@@ -106,8 +111,9 @@ def test_apply_file_imports_neither_ssh_libraries_nor_torch(tmp_path: Path) -> N
     modules = json.loads(done.stderr.rsplit("MODULES ", 1)[1].splitlines()[0])
     off = {m: OFF_THE_APPLY_FILE_PATH[m] for m in modules if m in OFF_THE_APPLY_FILE_PATH}
     assert off == {}, f"`apply --file` imported modules only other cases need: {off}"
-    frozen = int(done.stderr.rsplit("FROZEN ", 1)[1].split()[0])
-    assert frozen > 1000, "`apply --file` left its imports to the collector's passes"
+    frozen, enabled = done.stderr.rsplit("FROZEN ", 1)[1].split()[:2]
+    assert int(frozen) > 1000, "`apply --file` left its imports to the collector's passes"
+    assert enabled == "True", "`apply --file` left the collector off after its freeze"
 
 
 @pytest.mark.pure

@@ -85,6 +85,7 @@ def _plain(word: str) -> bool:
 
 def run_scripted(request: LocalApply) -> NoReturn:
     """Run `request` as `apply` does, with the same messages and exit codes (`cli/exits.py`)."""
+    gc.disable()  # the imports and the plan make next to no cycles; `apply_local` freezes them
     from opspatch.cli.context import options
     from opspatch.cli.exits import exit_reporting
 
@@ -142,6 +143,7 @@ def apply_local(
     # What exists now (modules, the patch, the plan) lives until the process ends: the collector
     # need not walk it again in the apply's passes and at exit (issue 44: about a tenth of it).
     gc.freeze()
+    gc.enable()
     report = apply_local_file(
         loaded, plan, python=python, ledger=options.open_ledger(), state_dir=options.state_dir()
     )

@@ -55,7 +55,6 @@ from opspatch.hosts.results import (
     SwapResult,
 )
 from opspatch.hosts.transport.base import Transport
-from opspatch.hosts.transport.container import ContainerTransport
 from opspatch.hosts.transport.local import LocalTransport
 
 __all__ = [  # the result values (`opspatch.hosts.results`) and the channel's names, re-exported
@@ -98,6 +97,8 @@ def open_transport(host: Host, *, accept_new_host_keys: bool = False) -> Transpo
         base = SSHTransport(host, accept_new_host_keys=accept_new_host_keys)
     if host.container is None:
         return base
+    from opspatch.hosts.transport.container import ContainerTransport
+
     # the engine runs in a container: every operation is an exec into it, through the host
     return ContainerTransport(base, host.container)
 

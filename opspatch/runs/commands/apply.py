@@ -28,7 +28,6 @@ from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.group import Nodes
 from opspatch.runs.fleet.host_leases import host_identity, lease_held, live_holders, refusal
-from opspatch.runs.fleet.judging import JudgePlan
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
 from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.recorder import NullRecorder, Recorder
@@ -43,7 +42,8 @@ from opspatch.runs.judgments.approval import require_approval
 from opspatch.runs.judgments.units import NodeReading, NotUniform, judge_unit, unit_refusal
 from opspatch.runs.report import HostOutcome, RunReport
 
-if TYPE_CHECKING:  # the live strategy is imported by `--live` only (`_live_apply`)
+if TYPE_CHECKING:  # the live strategy by `--live` only (`_live_apply`), the judge by a judged run
+    from opspatch.runs.fleet.judging import JudgePlan
     from opspatch.runs.fleet.liveapply import LiveApply, LiveFormer
 
 
@@ -433,6 +433,8 @@ class _FleetApply:
 
     def _judge_plan(self, ready: Mapping[str, Prepared], canaries: Sequence[str]) -> JudgePlan:
         """The judge of this rollout: the hosts it proves and each one's build."""
+        from opspatch.runs.fleet.judging import JudgePlan
+
         assert self.playbook.judge is not None
         changing = {n: p for n, p in ready.items() if p.pending}
         return JudgePlan(

@@ -14,7 +14,7 @@ from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import JudgeHosts, Outcome, Step
 from opspatch.errors import OpspatchError
 from opspatch.hosts.measure import Measurement
-from opspatch.runs.fleet.group import GroupJudge, Nodes, failing_as
+from opspatch.runs.fleet.group import Nodes, failing_as
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.judgments.canary import confirm, judge, unconfirmed
 from opspatch.runs.report import HostOutcome
@@ -186,6 +186,18 @@ class HostJudge:
         if tried:
             self.why_no_baseline = f"{self.why_no_baseline}; nor could {'; '.join(tried)}"
 
+    def through_head(self, nodes: Nodes) -> Judgment:
+        """This judge as a group's proof calls it, after the smoke (`judge_through_head`)."""
+        return judge_through_head(nodes, self)
+
+    def carried(self, nodes: Nodes, outcomes: list[HostOutcome]) -> list[HostOutcome]:
+        """The head's outcome carries the judge's verdict (its JSON `judgment`), once given."""
+        if self.judgment is None:
+            return outcomes
+        return [
+            replace(o, judgment=self.judgment) if o.host == nodes.head.name else o for o in outcomes
+        ]
+
     def __call__(self, session: HostSession) -> Judgment:
         """Judge the changed server against the baseline (`judge_step`).
 
@@ -237,24 +249,6 @@ def _through_head(nodes: Nodes, session: HostSession, said: str, *, failed: bool
             note["detail"] = detail
     except HostFailed:
         pass
-
-
-def judged_through_head(judge: HostJudge | None) -> GroupJudge | None:
-    """The playbook's judge as a group's proof calls it, after the smoke (None: not judged)."""
-    if judge is None:
-        return None
-    return lambda nodes: judge_through_head(nodes, judge)
-
-
-def with_judgment(
-    nodes: Nodes, outcomes: list[HostOutcome], judge: HostJudge | None
-) -> list[HostOutcome]:
-    """The head's outcome carries the judge's verdict (its JSON `judgment`), once given."""
-    if judge is None or judge.judgment is None:
-        return outcomes
-    return [
-        replace(o, judgment=judge.judgment) if o.host == nodes.head.name else o for o in outcomes
-    ]
 
 
 class JudgePlan:

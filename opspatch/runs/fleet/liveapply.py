@@ -15,7 +15,7 @@ from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import LiveRefused, NotTakenLive, OpspatchError
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.runs.fleet.group import Nodes, proven
-from opspatch.runs.fleet.judging import HostJudge, judged_through_head
+from opspatch.runs.fleet.judging import HostJudge
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.judgments.live import judge_check, judge_gone, judge_held, judge_take, unanswered
@@ -126,7 +126,7 @@ class LiveApply:
                 return self.undo(pipeline, nodes, prepared, fixes, why, reason)
             taken.append(fix.fix_id)
         try:  # a judge's fail is a failed proof: reverted like a failed smoke
-            smoke = proven(nodes, None, judge=judged_through_head(judge))
+            smoke = proven(nodes, None, judge=None if judge is None else judge.through_head)
         except HostFailed as failure:
             return self.undo(pipeline, nodes, prepared, taken, failure.error, failure.reason)
         return pipeline.applied(nodes, prepared, smoke, lambda s: _taken_note(nodes, s))

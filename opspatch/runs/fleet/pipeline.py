@@ -20,13 +20,13 @@ from opspatch.hosts.operations import HostInspection
 from opspatch.hosts.results import file_owner
 from opspatch.ledger.records import NewFileVersion
 from opspatch.runs.fleet.group import Nodes, prove, undo
-from opspatch.runs.fleet.judging import JudgePlan, judged_through_head, with_judgment
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.fleet.steps import effect_unknown, restore_pre_image
 from opspatch.runs.report import FileChange, HostOutcome, SetFile
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a judge is built by a judged run only (`apply._judge_plan`)
     from opspatch.hosts.engine import SmokeResult
+    from opspatch.runs.fleet.judging import HostJudge, JudgePlan
     from opspatch.runs.fleet.liveapply import LiveApply
 
 PlanOutcome = Applied | AlreadyApplied | NotApplicable
@@ -273,18 +273,20 @@ class ApplyPipeline:
                 for s in nodes.sessions
             ]
         if self.live is not None:
-            return with_judgment(nodes, self.live.take(self, nodes, prepared, judge), judge)
+            return _judged(nodes, self.live.take(self, nodes, prepared, judge), judge)
         try:
-            smoke = prove(nodes, baseline=baseline, judge=judged_through_head(judge))
+            smoke = prove(
+                nodes, baseline=baseline, judge=None if judge is None else judge.through_head
+            )
         except HostFailed as failure:
             undone = self.roll_back(
                 nodes, prepared, failure.error, note=baseline_note, reason=failure.reason
             )
-            return with_judgment(nodes, undone, judge)
+            return _judged(nodes, undone, judge)
         applied = self.applied(
             nodes, prepared, smoke, lambda s: _join(baseline_note, _proven_note(nodes, s))
         )
-        return with_judgment(nodes, applied, judge)
+        return _judged(nodes, applied, judge)
 
     def applied(
         self,
@@ -633,6 +635,12 @@ def live_new(prepared: Prepared, swapped: Sequence[PreparedFile]) -> dict[str, s
         item.path: item.images[1] if item.path in done else item.images[0]
         for item in prepared.pending
     }
+
+
+def _judged(
+    nodes: Nodes, outcomes: list[HostOutcome], judge: HostJudge | None
+) -> list[HostOutcome]:
+    return outcomes if judge is None else judge.carried(nodes, outcomes)
 
 
 def _join(*notes: str | None) -> str | None:

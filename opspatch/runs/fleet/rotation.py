@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from opspatch.core.host import Host, RouterSettings
 from opspatch.core.policy import Playbook
@@ -15,11 +16,13 @@ from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step, StepStatus
 from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.errors import OpspatchError, RouterError, RouterRefused
-from opspatch.hosts.router import RouterClient, RouterWorker, SharedListing
 from opspatch.ledger.records import StepRecord
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.judgments.units import recover_remedy
 from opspatch.runs.report import HostOutcome
+
+if TYPE_CHECKING:  # a router's client is imported where a host is behind one
+    from opspatch.hosts.router import RouterClient, RouterWorker, SharedListing
 
 DRAIN_POLL_SECONDS = 0.1
 """Seconds between two reads of a draining worker's `/v1/loads`."""
@@ -151,6 +154,8 @@ class Rotation:
                 settings.setdefault(host.router.url, host.router)
         if not behind:
             return None
+        from opspatch.hosts.router import RouterClient, SharedListing
+
         rotations: dict[str, HostRotation] = {}
         for url, routed in behind.items():
             client = RouterClient(settings[url], _admin_key(settings[url], env))
@@ -417,6 +422,8 @@ def rotation_of(
     """Per host behind a router, whether its router lists its worker healthy, and a sentence
     when not (`status`); one `GET /workers` per router, best effort: a router that cannot be
     asked gives None and says why."""
+    from opspatch.hosts.router import RouterClient
+
     env = os.environ if environ is None else environ
     found: dict[str, tuple[RotationWord | None, str]] = {}
     listed: dict[str, tuple[RouterWorker, ...] | str] = {}
