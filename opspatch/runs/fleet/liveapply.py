@@ -18,13 +18,7 @@ from opspatch.runs.fleet.group import Nodes, proven
 from opspatch.runs.fleet.judging import HostJudge
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
-from opspatch.runs.judgments.live import (
-    judge_check,
-    judge_gone,
-    judge_held,
-    judge_revert,
-    judge_take,
-)
+from opspatch.runs.judgments.live import judge_check, judge_gone, judge_held, judge_take, unanswered
 from opspatch.runs.judgments.units import target_of
 from opspatch.runs.report import HostOutcome
 
@@ -260,7 +254,7 @@ def revert_everywhere(session: HostSession, fixes: Sequence[str], *, timeout: fl
                     timeout=timeout,
                     step=Step.LIVE_REVERT,
                 )
-                problem = judge_revert(reply)
+                problem = unanswered(reply)  # a revert is done where each process answered ok
                 note["detail"] = f"{fix}: " + (
                     problem or "reverted in " + ", ".join(p.process for p in reply.processes())
                 )

@@ -43,14 +43,22 @@ def approval_message(patch_sha256: str) -> bytes:
     return f"opspatch approve {patch_sha256}\n".encode("ascii")
 
 
-def _ssh_keygen() -> str:
+def _ssh_keygen(*args: str, patch_sha256: str) -> subprocess.CompletedProcess[bytes]:
+    """`ssh-keygen -Y` with `args`, reading `patch_sha256`'s approval message (raises
+    `subprocess.TimeoutExpired` past SSH_KEYGEN_SECONDS)."""
     found = shutil.which("ssh-keygen")
     if found is None:
         raise InputError(
             "ssh-keygen is not installed (OpenSSH signs and verifies approvals)",
             hint="install the OpenSSH client (apt-get install openssh-client)",
         )
-    return found
+    return subprocess.run(
+        [found, "-Y", *args],
+        input=approval_message(patch_sha256),
+        capture_output=True,
+        timeout=SSH_KEYGEN_SECONDS,
+        check=False,
+    )
 
 
 def sign(key: Path, patch_sha256: str) -> str:
@@ -63,13 +71,7 @@ def sign(key: Path, patch_sha256: str) -> str:
     if not key.exists():
         raise InputError(f"no key file {key}", hint="give --key the private key (or its .pub)")
     try:
-        done = subprocess.run(
-            [_ssh_keygen(), "-Y", "sign", "-f", str(key), "-n", NAMESPACE],
-            input=approval_message(patch_sha256),
-            capture_output=True,
-            timeout=SSH_KEYGEN_SECONDS,
-            check=False,
-        )
+        done = _ssh_keygen("sign", "-f", str(key), "-n", NAMESPACE, patch_sha256=patch_sha256)
     except subprocess.TimeoutExpired:
         raise InputError(
             f"ssh-keygen did not sign with {key} within {SSH_KEYGEN_SECONDS:g} s",
@@ -90,27 +92,9 @@ def verifies(allowed_signers: Path, approval: Approval) -> bool:
     with tempfile.TemporaryDirectory(prefix="opspatch-verify-") as folder:
         signature = Path(folder) / "approval.sig"
         signature.write_text(approval.signature, encoding="ascii")
-        command = [
-            _ssh_keygen(),
-            "-Y",
-            "verify",
-            "-f",
-            str(allowed_signers),
-            "-I",
-            approval.principal,
-            "-n",
-            NAMESPACE,
-            "-s",
-            str(signature),
-        ]
+        args = ["verify", "-f", str(allowed_signers), "-I", approval.principal, "-n", NAMESPACE]
         try:
-            done = subprocess.run(
-                command,
-                input=approval_message(approval.patch_sha256),
-                capture_output=True,
-                timeout=SSH_KEYGEN_SECONDS,
-                check=False,
-            )
+            done = _ssh_keygen(*args, "-s", str(signature), patch_sha256=approval.patch_sha256)
         except subprocess.TimeoutExpired:
             return False
     return done.returncode == 0

@@ -126,12 +126,10 @@ def _text_divergence(index: int, text_a: str, text_b: str, *, text_only: bool) -
 def _near_tie(
     base: Decoded, changed: Decoded, at: int, margin: float
 ) -> tuple[bool | None, float | None]:
-    """Whether the two tokens at `at` are a near tie, and the gap: the wider of the two sides'
-    gaps, in nats, between its own token and the other side's, each by its own logprobs
-    (vLLM's `check_logprobs_close` asks each side's token to be in the other's top logprobs;
-    the gap asks how far below its own choice it lies there). Not a tie, with no gap, when a
-    side did not rate the other's token (outside its top-k); (None, None) when a side gave no
-    logprobs there: nothing to tell a tie by."""
+    """Whether the tokens at `at` are a near tie, and the gap: the wider of each side's gap in
+    nats between its own token and the other's, by its own logprobs (as vLLM's
+    `check_logprobs_close`). (False, None) when a side did not rate the other's token; (None,
+    None) when a side gave no logprobs there."""
     ours, theirs = _rated(base, at), _rated(changed, at)
     if ours is None or theirs is None:
         return None, None
@@ -322,12 +320,10 @@ def _latency(
         f"timed on the host: {how})"
     )
     if not in_turns:
-        figures += f"; {APART}"
+        figures += "; measured one after the other"
     return MetricVerdict(metric, verdict, figures, test=test)
 
 
-APART = "measured one after the other"
-"""Said in the latency figures of a comparison whose two sides were not measured in turns."""
 LATENCY = (Metric.TTFT, Metric.TPOT)
 
 
@@ -348,14 +344,10 @@ def confirm(first: Judgment, second: Judgment) -> Judgment:
             metrics.append(metric)
             continue
         again = second.metric(metric.metric)
-        if again.failed:
-            figures = f"{metric.figures}; confirmed by a second measurement: {again.figures}"
-            metrics.append(replace(metric, figures=figures))
-        else:
-            figures = (
-                f"{metric.figures}; not confirmed by a second measurement ({again.verdict}): "
-                f"{again.figures}"
-            )
-            metrics.append(replace(metric, verdict=Verdict.MARGINAL, figures=figures))
+        said = "confirmed" if again.failed else "not confirmed"
+        why = "" if again.failed else f" ({again.verdict})"
+        figures = f"{metric.figures}; {said} by a second measurement{why}: {again.figures}"
+        verdict = metric.verdict if again.failed else Verdict.MARGINAL
+        metrics.append(replace(metric, verdict=verdict, figures=figures))
     worst = max((m.verdict for m in metrics), key=lambda v: v.rank)
     return replace(first, verdict=worst, metrics=tuple(metrics))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from opspatch.runs.judgments.findings import INFO, FleetDiagnosis, HostReport
 
@@ -24,7 +25,7 @@ def render_host(report: HostReport) -> str:
         state = (
             f"pid {s.pid} ({s.found_by}), started {_when(s.started_at)}"
             if s.running
-            else (f"not running (pid {s.pid}, {s.found_by})")
+            else f"not running (pid {s.pid}, {s.found_by})"
         )
         lines.append(f"server  {state}; /health {health}")
         if s.cmdline:
@@ -51,11 +52,8 @@ def render_host(report: HostReport) -> str:
                 f"        checkout {c.root} at {c.head[:12]} ({c.branch}) {c.subject or ''}".rstrip()
             )
             if c.uncommitted:
-                more = (
-                    f" (+{c.uncommitted_count - len(c.uncommitted)} more)"
-                    if (c.uncommitted_count > len(c.uncommitted))
-                    else ""
-                )
+                left = c.uncommitted_count - len(c.uncommitted)
+                more = f" (+{left} more)" if left > 0 else ""
                 lines.append(
                     "        uncommitted: " + ", ".join(u.strip() for u in c.uncommitted) + more
                 )
@@ -92,9 +90,7 @@ def render_host(report: HostReport) -> str:
 
 def render_summary(fleet: FleetDiagnosis) -> str:
     """The fleet summary: host count by status, then each finding with its hosts."""
-    counts: dict[str, int] = {}
-    for h in fleet.hosts:
-        counts[h.status] = counts.get(h.status, 0) + 1
+    counts = Counter(h.status for h in fleet.hosts)
     head = ", ".join(f"{n} {status}" for status, n in counts.items())
     lines = [f"== fleet: {len(fleet.hosts)} host(s): {head}"]
     for finding, hosts in fleet.summary():

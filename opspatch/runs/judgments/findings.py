@@ -72,9 +72,7 @@ class ExceptionReport:
     fixes: tuple[FixMatch, ...] = ()
     analysis: MissingAttributeReport | None = None
     note: str | None = None
-    passed_over: str | None = None
-    """The playbook's `ignore_patterns` entry every one of its tracebacks was logged with (a
-    warning the engine lived on): then it is no problem."""
+    passed_over: str | None = None  # the `ignore_patterns` entry each traceback was logged with
 
     def to_json(self) -> dict[str, Any]:
         g = self.group
@@ -221,13 +219,9 @@ def judge_file(
     copy_sources: Mapping[str, str],
     baked: BakedLabels | None = None,
 ) -> FileVerdict:
-    """Where one imported file stands (see the module docstring).
-
-    `history`: the ledger's changes of this file on this host, newest first. `texts`: known
-    bytes by sha256 (RECORD-verified copies on other hosts, the ledger's stored images).
-    `copy_sources`: for a sha256 in `texts`, where the bytes come from (for the diff's label).
-    `baked`: the bake of the container's image, when the file is the bytes it baked.
-    """
+    """Where one imported file stands. `history`: the ledger's changes of this file on this
+    host, newest first; `texts`: known bytes by sha256 (other hosts' RECORD-verified copies, the
+    ledger's images), `copy_sources` naming where each came from; `baked`: the image's bake."""
     if m.error is not None or m.file is None:
         return FileVerdict(m.module, unresolved_state(m.error_code), m.error or "not read")
     f = m.file
@@ -342,34 +336,22 @@ def _edit_diff(
 # one host
 
 
+_STATE_FINDINGS = {
+    FileState.EDITED_OUTSIDE: ("edited-outside", PROBLEM, "{} edited outside opspatch"),
+    FileState.PATCHED_BY_OPSPATCH: ("patched-by-opspatch", INFO, "{} patched by opspatch ({})"),
+    FileState.UNKNOWN: ("provenance-unknown", WARNING, "{}: cannot tell if pristine"),
+    FileState.UNRESOLVED: ("module-unresolved", WARNING, "{} does not resolve"),
+}
+"""The finding a file's state makes (kind, level, text of the module and its patch)."""
+
+
 def _file_findings(v: FileVerdict, server_running: bool) -> list[Finding]:
     found: list[Finding] = []
-    if v.state == FileState.EDITED_OUTSIDE:
-        found.append(
-            Finding(
-                "edited-outside",
-                PROBLEM,
-                f"{v.module} edited outside opspatch",
-                f"{v.path}: {v.detail}" + (f"; diff against {v.diff_against}" if v.diff else ""),
-            )
-        )
-    elif v.state == FileState.PATCHED_BY_OPSPATCH:
-        found.append(
-            Finding(
-                "patched-by-opspatch",
-                INFO,
-                f"{v.module} patched by opspatch ({v.patch_id})",
-                v.detail,
-            )
-        )
-    elif v.state == FileState.UNKNOWN:
-        found.append(
-            Finding("provenance-unknown", WARNING, f"{v.module}: cannot tell if pristine", v.detail)
-        )
-    elif v.state == FileState.UNRESOLVED:
-        found.append(
-            Finding("module-unresolved", WARNING, f"{v.module} does not resolve", v.detail)
-        )
+    if v.state in _STATE_FINDINGS:
+        kind, level, text = _STATE_FINDINGS[v.state]
+        diff = f"; diff against {v.diff_against}" if v.diff else ""
+        detail = f"{v.path}: {v.detail}{diff}" if v.state == FileState.EDITED_OUTSIDE else v.detail
+        found.append(Finding(kind, level, text.format(v.module, v.patch_id), detail))
     if v.stale_bytecode:
         found.append(
             Finding(

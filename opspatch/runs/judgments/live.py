@@ -62,19 +62,13 @@ def judge_take(
 
 
 def unanswered(reply: LiveEngineReply) -> str | None:
-    """Why not every process of the engine answered ok: no process was asked, or some refused
-    or could not be reached (None: each answered, or never loaded the module). What a `list`
-    did not hear from may hold a fix: neither "no live fix" nor "every process holds it"."""
+    """Why not every process of the engine answered ok (a `list`, or a revert): no process was
+    asked, or some refused or could not be reached (None: each answered, or never loaded the
+    module). What a `list` did not hear from may hold a fix."""
     if reply.missing is not None:
         return reply.missing
     problems = [a.describe() for a in reply.processes() if not a.ok and not a.not_loaded]
     return "; ".join(problems) or None
-
-
-def judge_revert(reply: LiveEngineReply) -> str | None:
-    """Why a revert did not finish everywhere (None: every process answered ok, or never held
-    the fix)."""
-    return unanswered(reply)
 
 
 @dataclass(frozen=True)
@@ -161,11 +155,9 @@ def judge_held(
     took: Mapping[str, Sequence[Mapping[str, Any]]],
     not_loaded: Collection[str],
 ) -> HeldVerdict:
-    """Whether one node's processes hold fix `fix_id` as they took it: each process of `took`
-    (by name: its entries as its take reported them) this node lists must read back the same
-    definitions, file hash, value or code hash; a scheduler rank the take reached neither way
-    (`took`, `not_loaded`) is a rank the head's broadcast did not reach. A process of `took` this
-    node does not list is another node's (the caller checks that every one is listed once)."""
+    """Whether one node's processes hold fix `fix_id` as they took it (`took`: each process's
+    entries as its take reported them): each must read back the same; a scheduler rank in
+    neither `took` nor `not_loaded` is one the head's broadcast did not reach."""
     if listing.missing is not None:
         return HeldVerdict((), (), listing.missing)
     holding, ranks, problems = [], [], []
@@ -217,10 +209,8 @@ def judge_check(
     reply: LiveEngineReply, takes: Sequence[LiveFix], *, required: bool = True
 ) -> CheckVerdict:
     """Whether each take of `takes` would be in effect in every process of the engine, from
-    each process's answer to `check` (`liveplugin/checks.py`): some process has the module
-    (unless not `required`: a unit's other node), no definition is held by another fix, no
-    changed value was read at import, no construction method's class has objects built, no
-    changed function runs in a frame that does not return. Every process must answer."""
+    each one's answer to `check` (`liveplugin/checks.py`); every process must answer, and one
+    must have the module unless not `required` (a unit's other node)."""
     if reply.missing is not None:
         return CheckVerdict((), reply.missing)
     processes = reply.processes()

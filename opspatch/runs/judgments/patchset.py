@@ -42,10 +42,6 @@ class Member:
     def is_new(self) -> bool:
         return self.live_sha256 == self.version.sha256_after
 
-    @property
-    def is_old(self) -> bool:
-        return self.live_sha256 == self.version.sha256_before
-
     def set_file(self, live_sha256: str | None = None) -> SetFile:
         live = self.live_sha256 if live_sha256 is None else live_sha256
         return SetFile(self.path, self.version.sha256_before, self.version.sha256_after, live)
@@ -280,11 +276,9 @@ def read_file(
     recreated: str | None = None,
     server: ServerAge | None = None,
 ) -> FileStanding:
-    """Place one file (`sha256` at `path`) against a change (`change`: its patch id; None: any
-    recorded patch) from the facts read: the path's `history` and the versions the change may
-    be at (`candidates`), both newest first; the patch `part` asked about, with the file's
-    `content`; the sha256 its installation says it has (`pristine`) and that `release`; the
-    image's bake; a recreated container; the server's age. Pure."""
+    """Place one file (`sha256` at `path`) against a change (`change`: its patch id; None: any)
+    from the facts read: `history` and `candidates` (the versions it may be at) newest first,
+    `pristine` the sha256 its installation says it has. Pure."""
     located = locate(history, candidates, sha256)
     carried = upstream = None
     if part is not None and content is not None:
@@ -310,10 +304,8 @@ def read_file(
 
 
 def baked_in(container: ContainerIdentity | None, path: str, sha256: str) -> BakedLabels | None:
-    """The bake a container's image carries for `path` (the newest that wrote it: an image
-    baked onto a baked one carries both), when the file is the bytes it baked there (`opspatch
-    bake`'s labels, which the runtime copies into each container); None otherwise. Such a file
-    came with the image: no recreate of the container loses it."""
+    """The newest bake in a container's image labels that wrote `path`, when the file is the
+    bytes it baked (None otherwise): such a file came with the image, and no recreate loses it."""
     from opspatch.hosts.image import baked_history
 
     history = baked_history(container.labels) if container is not None else ()

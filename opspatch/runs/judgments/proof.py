@@ -36,17 +36,8 @@ rollback that restored them, restarted and decoded (`restored` is said only afte
 @dataclass(frozen=True)
 class ChangeProof:
     """What the ledger says about `version`'s bytes on `host` (the live file is those bytes).
-
-    `proven_by`: the run whose smoke decode passed on them (the last run that concluded
-    anything about them said `applied` or `restored`, and it or such a run just before it
-    smoke-tested them there; or the writing run's own smoke passed and it recorded no outcome since);
-    `staged_by`: the last word was `staged`; `last_word`: the last run and outcome that
-    concluded anything about them; `writer`: the writing run's status.
-
-    A proof is only claimed where a smoke ran: an `applied` recorded without a smoke decode (an
-    `adopt` records a hand edit and tests nothing; a recover that found a proven change and left
-    it alone) proves nothing by itself, so it borrows the proof of the `applied` before it, or
-    there is none."""
+    `proven_by`: the run whose smoke decode passed on them. Only a smoke proves: an `applied`
+    said without one (an `adopt`'s) borrows the proof of the `applied` before it, or has none."""
 
     host: str
     version: FileVersion

@@ -37,10 +37,8 @@ class NodeReading:
 
     @classmethod
     def read(cls, host: str, inspections: Mapping[str, HostInspection]) -> NodeReading:
-        """A node's reading from its inspection of each target (`{target: inspection}`): the
-        release from the host's facts (else the target's distribution), each file's sha256.
-        A target that did not resolve on a node (its inspection failed) is given as None by
-        building the reading directly."""
+        """A node's reading from its inspection of each target: the release from the host's
+        facts (else the target's distribution), each file's sha256."""
         release = None
         files: dict[str, str | None] = {}
         for target, seen in inspections.items():
@@ -109,12 +107,8 @@ UnitJudgment = Uniform | NotUniform
 
 
 def judge_unit(unit: Unit, readings: Mapping[str, NodeReading]) -> UnitJudgment:
-    """Whether `unit`'s nodes agree, from each node's reading (by host name).
-
-    A node with no reading is a difference (`UNREAD`) and is left out of the comparison of the
-    others. Facts are compared in this order: the release, then each target in the order the
-    head's reading (else the first reading) lists them, then targets only other nodes have.
-    """
+    """Whether `unit`'s nodes agree, from each node's reading (by host name): a node with no
+    reading is a difference (`UNREAD`); the release is compared first, then each target."""
     differences: list[Difference] = [
         Difference(host, UnitFact.UNREAD, "", None, None, ())
         for host in unit.hosts
@@ -193,15 +187,12 @@ def selected_units(hosts: Sequence[Host]) -> tuple[Selected, ...]:
 def serving_heads(
     hosts: Sequence[Host], *, command: str, whole: Callable[[Unit], str]
 ) -> list[Host]:
-    """The servers a selection names, each once, by the host that answers requests: a host by
-    itself, a unit by its head (its other nodes serve only a dummy `/health`, which 404s a
-    decode). For the questions asked of a server (`smoke`, `judge`); `whole(unit)` is the same
-    command over the unit, the remedy.
+    """The servers a selection names, each once, by the host that answers requests (a unit by
+    its head: its other nodes serve only a dummy `/health`), for `smoke` and `judge`.
 
     Raises:
-        UnitRefused: a node of a unit that is not its head is selected without the head (it is
-            no server by itself; an answer under a name the operator did not give would hide
-            the mistake).
+        UnitRefused: a node that is not its unit's head is selected without the head (`whole`:
+            the same command over the unit, the remedy).
     """
     names = {host.name for host in hosts}
     stray = [(h, h.unit) for h in hosts if h.unit is not None and h.unit.head not in names]
@@ -236,12 +227,6 @@ def nodes_of(unit: Unit) -> str:
     return ", ".join(f"{h} (head)" if h == unit.head else h for h in unit.hosts)
 
 
-NO_NODE_ALONE = (
-    "a unit is one server: a node patched alone runs other code than the rest of it, and a node "
-    "restarted alone cannot rejoin its group"
-)
-
-
 def unit_refusal(
     hosts: Sequence[Host], *, command: str, whole: Callable[[Unit], str]
 ) -> UnitRefused | None:
@@ -257,8 +242,9 @@ def unit_refusal(
         for s in split
     )
     return UnitRefused(
-        f"{command} would change part of a multi-node server ({what}): {NO_NODE_ALONE}; "
-        "nothing was changed",
+        f"{command} would change part of a multi-node server ({what}): a unit is one server: a "
+        "node patched alone runs other code than the rest of it, and a node restarted alone "
+        "cannot rejoin its group; nothing was changed",
         hint="select every node of the unit: " + "; ".join(f"`{whole(s.unit)}`" for s in split),
     )
 
