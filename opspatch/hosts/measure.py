@@ -17,7 +17,7 @@ from opspatch.hosts.become import RunsAs
 from opspatch.hosts.results import Operation
 
 
-def _ms(seconds: float | None) -> float | None:
+def _rounded_to_microseconds(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 6)
 
 
@@ -41,11 +41,11 @@ class Decoded(Record):
     token_texts: tuple[str | None, ...] | None = json_field(default=None, written=False)
     completion_tokens: int | None = None
     spec_verify_ct: int | None = None
-    seconds: float | None = json_field(default=None, encode=_ms)
+    seconds: float | None = json_field(default=None, encode=_rounded_to_microseconds)
     """From sending the request to its last token's arrival."""
-    first_token_seconds: float | None = json_field(default=None, encode=_ms)
+    first_token_seconds: float | None = json_field(default=None, encode=_rounded_to_microseconds)
     """From sending the request to its first token's arrival (the same streamed request)."""
-    server_seconds: float | None = json_field(default=None, encode=_ms)
+    server_seconds: float | None = json_field(default=None, encode=_rounded_to_microseconds)
     """The server's own time for the request, receipt to finish (`meta_info.e2e_latency`)."""
 
     @property
