@@ -302,7 +302,7 @@ def read_fleet(
 
     def one(host: Host) -> tuple[list[PatchStatus], Standings]:
         transport, read = factory(host), Standings()
-        ops, container = HostOperations(transport, host), transport.container
+        ops = HostOperations(transport, host)
         results: list[PatchStatus] = []
         try:
             modules: dict[str, list[tuple[LoadedPatch, int]]] = {}
@@ -320,6 +320,7 @@ def read_fleet(
                         said = PatchStatus(host.name, p.spec.id, unread, None, None, exc.message)
                         found[p.sha256, i] = said
                     continue
+                container = transport.container  # pinned by the first command, not before
                 for p, i in group:
                     standing = read_inspected(
                         host.name, inspection, ledger, p, part=i, container=container
