@@ -485,9 +485,9 @@ def book(
     )
 
 
-JUDGED = replace(ALWAYS, canary=1, judge=JudgeSettings(count=8))
+JUDGED = replace(ALWAYS, canary=1, judge=JudgeSettings(count=9))
 
-PROMPTS = 8
+PROMPTS = 9
 
 TOKENS = 32
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 import pytest
 
 from opspatch.core.pairedstats import median, ranks, signed_rank
-from opspatch.core.policy import JudgeSettings
+from opspatch.core.policy import MIN_JUDGE_PROMPTS, JudgeSettings
 from opspatch.core.vocabulary import Metric, Verdict
 from opspatch.hosts.measure import Decoded, Measurement
 from opspatch.runs.judgments.canary import (
@@ -336,26 +336,83 @@ def test_a_first_token_read_after_the_server_finished_times_no_decode() -> None:
     assert in_time.time_per_output_token == pytest.approx(0.09 / 63)
 
 
-def test_a_baseline_read_late_is_no_reason_to_fail_the_time_per_token() -> None:
-    """A host too busy to read the baseline's streams as they came (each last token right
-    behind its first: a time per token near 0) against a canary read in time."""
-    prompts = workload(6)
-    rng = random.Random(6)
-    canary = server(rng, prompts)
-    base = server(rng, prompts)
-    late = Measurement(
+def read_late(measurement: Measurement, keep: int = 0) -> Measurement:
+    """`measurement` as a host too busy to read its streams as they came would time it (each last
+    token right behind its first: a time per token near 0), but its first `keep` prompts."""
+    return Measurement(
         tuple(
-            replace(
+            s
+            if i < keep
+            else replace(
                 s,
                 first_token_seconds=(s.seconds or 0) + 0.001,
                 seconds=(s.seconds or 0) + 0.0011,
                 server_seconds=s.seconds,
             )
-            for s in base.samples
+            for i, s in enumerate(measurement.samples)
         )
     )
+
+
+def test_a_baseline_read_late_is_no_reason_to_fail_the_time_per_token() -> None:
+    prompts = workload(6)
+    rng = random.Random(6)
+    canary = server(rng, prompts)
+    late = read_late(server(rng, prompts))
     tpot = judge(canary, late, SETTINGS, baseline_from="itself").metric(Metric.TPOT)
-    assert tpot.verdict == Verdict.PASS and "not measured" in tpot.figures
+    assert tpot.verdict != Verdict.FAIL and tpot.test is None  # no near-zero baseline compared
+
+
+@pytest.mark.parametrize("timed", [0, 1, 2, 7])
+def test_a_latency_timed_on_too_few_prompts_is_unmeasured_and_fails_the_judgment(
+    timed: int,
+) -> None:
+    """The slower-tpot case seen on a loaded host (1 of 12 prompts timed, p=1.0: a pass): a
+    test on fewer pairs than a playbook may decode prompts cannot fail, so it never passes."""
+    prompts = workload(7)
+    rng = random.Random(7)
+    slower = server(rng, prompts, tpot_scale=2.0)
+    judgment = judge(
+        slower, read_late(server(rng, prompts), keep=timed), SETTINGS, baseline_from="x"
+    )
+    tpot = judgment.metric(Metric.TPOT)
+    assert (tpot.verdict, judgment.verdict) == (Verdict.UNMEASURED, Verdict.UNMEASURED)
+    assert judgment.failed and tpot.failed and tpot.test is None
+    assert judgment.metric(Metric.TTFT).verdict == Verdict.PASS  # timed on every prompt
+    assert unconfirmed(judgment) == (Metric.TPOT,)  # measured again before the verdict stands
+
+
+def test_a_latency_timed_on_as_many_prompts_as_a_playbook_decodes_is_judged() -> None:
+    prompts = workload(8)
+    rng = random.Random(8)
+    slower = server(rng, prompts, tpot_scale=2.0)
+    base = read_late(server(rng, prompts), keep=MIN_JUDGE_PROMPTS)
+    tpot = judge(slower, base, SETTINGS, baseline_from="x", in_turns=True).metric(Metric.TPOT)
+    assert tpot.verdict == Verdict.FAIL and tpot.test is not None
+    assert tpot.test.pairs == MIN_JUDGE_PROMPTS
+
+
+def test_an_unmeasured_latency_takes_the_verdict_of_the_measurement_again() -> None:
+    prompts = workload(9)
+    rng = random.Random(9)
+    baseline = server(rng, prompts)
+    first = judge(server(rng, prompts), read_late(baseline, keep=1), SETTINGS, baseline_from="x")
+    timed = confirm(first, judge(server(rng, prompts), baseline, SETTINGS, baseline_from="x"))
+    assert (timed.verdict, timed.metric(Metric.TPOT).verdict) == (Verdict.PASS, Verdict.PASS)
+    slow = server(rng, prompts, tpot_scale=2.0)
+    again = judge(slow, baseline, SETTINGS, baseline_from="x", in_turns=True)
+    assert confirm(first, again).metric(Metric.TPOT).verdict == Verdict.FAIL
+    still = judge(server(rng, prompts), read_late(baseline), SETTINGS, baseline_from="x")
+    assert confirm(first, still).verdict == Verdict.UNMEASURED
+
+
+def test_a_latency_fail_the_second_measurement_cannot_time_stands() -> None:
+    prompts = workload(10)
+    rng = random.Random(10)
+    baseline = server(rng, prompts)
+    first = judge(server(rng, prompts, tpot_scale=2.0), baseline, SETTINGS, baseline_from="x")
+    untimed = judge(server(rng, prompts), read_late(baseline), SETTINGS, baseline_from="x")
+    assert confirm(first, untimed).metric(Metric.TPOT).verdict == Verdict.FAIL
 
 
 def test_a_slower_but_small_rise_is_marginal_and_a_rise_under_the_floor_passes() -> None:

@@ -20,8 +20,11 @@ from typing import Any
 
 import pytest
 
-from opspatch.hosts.agent.measure import op_measure, read_accept_gauge
+from opspatch.core.policy import JudgeSettings
+from opspatch.core.vocabulary import Metric, Verdict
+from opspatch.hosts.agent.measure import RETIMED, op_measure, read_accept_gauge
 from opspatch.hosts.measure import Measurement
+from opspatch.runs.judgments.canary import judge
 from tests.standin import free_port
 
 pytestmark = pytest.mark.scripted
@@ -48,6 +51,11 @@ class Script:
     """Stream this many tokens, then close the connection without [DONE]."""
     e2e_latency: float | None = None
     """What the finished reply's `meta_info.e2e_latency` says; None: the time it really took."""
+    read_late: int = 0
+    """The first this many streamed requests say they finished at once (`e2e_latency` 0): by the
+    server's clock, the host read their first token only once it had finished."""
+    delayed: dict[int, float] = field(default_factory=dict)
+    """Streamed request number (from 1) -> seconds more before its first token (a burst of load)."""
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -124,7 +132,9 @@ class _Handler(BaseHTTPRequestHandler):
         0.5.23's `OutputStreamer`), each event the reply so far (or its new part)."""
         script = self.server.script
         started = time.monotonic()
-        time.sleep(PREFILL)
+        time.sleep(
+            PREFILL + script.delayed.get(sum(1 for b in script.bodies if b.get("stream")), 0)
+        )
         sent = 0
         for count in range(1, wanted + 1):
             if count > 1:
@@ -138,6 +148,8 @@ class _Handler(BaseHTTPRequestHandler):
                 yield None
                 return
             took = time.monotonic() - started if script.e2e_latency is None else script.e2e_latency
+            if sum(1 for b in script.bodies if b.get("stream")) <= script.read_late:
+                took = 0.0
             whole = reply_so_far(prompt, count, count == wanted, took)
             if script.incremental:
                 whole["text"] = whole["text"][sent:]
@@ -172,13 +184,14 @@ def engine() -> Iterator[ScriptedEngine]:
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 
 
-def measured(url: str, *, warmup: int = 0, top: int = 2) -> Measurement:
+def measured(url: str, *, warmup: int = 0, top: int = 2, repeats: int = 1) -> Measurement:
     request = {
         "url": url,
         "prompts": PROMPTS,
         "max_new_tokens": TOKENS,
         "top_logprobs": top,
         "warmup": warmup,
+        "repeats": repeats,
         "timeout": 30.0,
     }
     return Measurement.from_json(op_measure(request))  # type: ignore[arg-type]
@@ -203,6 +216,51 @@ def test_both_latencies_come_from_one_streamed_request_per_prompt(engine: Script
         # half a step of slack: a first event read late on a loaded host shortens the span
         # (0.01487 s against a 0.015 s step, once at load 6)
         assert tpot is not None and tpot >= STEP / 2, tpot
+
+
+def test_each_prompt_is_decoded_in_rounds_and_its_fastest_decode_is_its_sample(
+    engine: ScriptedEngine,
+) -> None:
+    """A burst of load on one decode of each of two prompts (the first round's first, the
+    second round's last): the other round's decode is the prompt's sample."""
+    engine.script.e2e_latency = 60.0
+    engine.script.delayed = {1: 0.5, 6: 0.5}
+    measurement = measured(engine.url, repeats=2)
+    assert [b["text"] for b in engine.script.bodies] == PROMPTS * 2
+    assert all(s.ok and (s.seconds or 1) < 0.5 for s in measurement.samples)
+
+
+def test_a_decode_that_failed_in_any_round_is_the_prompts_sample(engine: ScriptedEngine) -> None:
+    engine.script.error_after = 0  # every decode streams an error
+    measurement = measured(engine.url, repeats=2)
+    assert len(engine.script.bodies) == 2 * len(PROMPTS)
+    assert all(s.problem and "streamed an error" in s.problem for s in measurement.samples)
+
+
+def test_a_prompt_read_late_is_decoded_again_and_timed_when_read_in_time(
+    engine: ScriptedEngine,
+) -> None:
+    engine.script.e2e_latency = 60.0
+    engine.script.read_late = 2  # the first prompt twice
+    measurement = measured(engine.url)
+    assert [b["text"] for b in engine.script.bodies] == [PROMPTS[0]] * 3 + PROMPTS[1:]
+    assert all(s.time_per_output_token is not None for s in measurement.samples)
+
+
+def test_a_host_that_reads_every_stream_late_leaves_the_time_per_token_unmeasured(
+    engine: ScriptedEngine,
+) -> None:
+    """Each prompt decoded 1 + `RETIMED` times, then judged: never a pass on no timed pair."""
+    engine.script.read_late = 10**6
+    late = measured(engine.url, warmup=1)
+    bodies = engine.script.bodies
+    assert [b["text"] for b in bodies] == PROMPTS[:1] + [p for p in PROMPTS for _ in range(3)]
+    assert RETIMED == 2
+    assert all(s.ok and s.time_per_output_token is None for s in late.samples)
+    settings = JudgeSettings(alpha=0.5)  # the test can reach it on 3 prompts
+    judgment = judge(late, late, settings, baseline_from="itself", in_turns=True)
+    assert judgment.metric(Metric.TPOT).verdict == Verdict.UNMEASURED
+    assert judgment.metric(Metric.TTFT).verdict == Verdict.PASS and judgment.failed
 
 
 @pytest.mark.parametrize("interval", [None, 3])

@@ -78,7 +78,8 @@ def test_every_key_is_taken_and_the_prompt_file_is_read_relative_to_the_playbook
     ("table", "line", "field", "words"),
     [
         ('hosts = "some"', 3, "judge.hosts", "canary"),
-        ("count = 4", 3, "judge.count", "must be at least 8, got 4"),
+        ("count = 4", 3, "judge.count", "must be at least 9, got 4"),
+        ("count = 9\nalpha = 0.001", 4, "judge.alpha", "no change is significant on fewer than 15"),
         ("alpha = 0.7", 3, "judge.alpha", "must be less than 0.5, got 0.7"),
         ('accept_drop = "5%"', 3, "judge.accept_drop", "must be a number"),
         ("top_k = 0", 3, "judge.top_k", "must be at least 1"),
@@ -116,7 +117,7 @@ def test_too_few_prompts_for_the_count_is_an_error_saying_how_many(tmp_path: Pat
     path = written(tmp_path, '[judge]\nprompts = "few.txt"\n')
     with pytest.raises(SpecError) as caught:
         load_playbook(path)
-    assert "has 3 prompts; the judge needs at least 8" in str(caught.value)
+    assert "has 3 prompts; the judge needs at least 9" in str(caught.value)
     (tmp_path / "ten.txt").write_text("".join(f"p{i}\n" for i in range(10)), encoding="utf-8")
     path = written(tmp_path, '[judge]\nprompts = "ten.txt"\ncount = 12\n')
     with pytest.raises(SpecError) as caught:

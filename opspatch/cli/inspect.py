@@ -112,7 +112,13 @@ def smoke_line(prompt: str, text: str | None, spec_verify_ct: int | None) -> str
 
 
 JUDGE_COLUMNS = (("metric", Column.ID), ("verdict", Column.ID), ("figures", Column.DETAIL))
-VERDICT_STYLE = {"pass": "green", "marginal": "yellow", "fail": "red", "no-baseline": "cyan"}
+VERDICT_STYLE = {
+    "pass": "green",
+    "marginal": "yellow",
+    "fail": "red",
+    "unmeasured": "red",
+    "no-baseline": "cyan",
+}
 
 
 def judge(

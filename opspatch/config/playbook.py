@@ -18,7 +18,9 @@ from opspatch.core.fileschema import (
     problem,
     spec_error_from_validation,
 )
+from opspatch.core.pairedstats import fewest_pairs
 from opspatch.core.policy import (
+    MAX_JUDGE_REPEATS,
     MAX_JUDGE_WARMUP,
     MAX_SMOKE_TOKENS,
     MIN_JUDGE_PROMPTS,
@@ -213,6 +215,7 @@ class JudgeTable(FileSchema):
     tie_margin: Fraction | None = None
     max_untied: Annotated[int, Field(ge=0)] | None = None
     warmup: Annotated[int, Field(ge=0, le=MAX_JUDGE_WARMUP)] | None = None
+    repeats: Annotated[int, Field(ge=1, le=MAX_JUDGE_REPEATS)] | None = None
     timeout: Seconds | None = None
 
 
@@ -420,6 +423,14 @@ def _judge(written: JudgeTable, document: TomlDocument) -> JudgeSettings:
             f"{MIN_JUDGE_PROMPTS} to tell a change from noise",
             hint=f"add prompts to the file, or set count to at most {len(prompts)}",
         )
+    alpha = float(written.alpha) if written.alpha is not None else defaults.alpha
+    if count < (needed := fewest_pairs(alpha)):
+        raise document.error(
+            ("judge", "alpha") if written.alpha is not None else ("judge", "count"),
+            f"the judge decodes {count} prompts; at alpha {alpha:g} no change is significant "
+            f"on fewer than {needed}",
+            hint=f"set count to at least {needed}, or a larger alpha",
+        )
     chosen = {key: getattr(written, key) for key in JUDGE_NUMBERS}
     return JudgeSettings(
         prompts=prompts,
@@ -441,6 +452,7 @@ JUDGE_NUMBERS = (
     "tie_margin",
     "max_untied",
     "warmup",
+    "repeats",
     "timeout",
 )
 """The [judge] keys taken as written, or the default when absent."""

@@ -88,3 +88,12 @@ def median(values: Sequence[float]) -> float:
     if len(ordered) % 2:
         return ordered[middle]
     return (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def fewest_pairs(alpha: float) -> int:
+    """The fewest pairs on which `signed_rank` can reach `alpha` (every difference one way):
+    on fewer, no change, however large, is significant."""
+    n = 1
+    while signed_rank([float(i) for i in range(1, n + 1)]).p_value >= alpha:
+        n += 1
+    return n

@@ -145,10 +145,11 @@ class RotationSettings(Record):
     fleet_down: bool = False
 
 
-MIN_JUDGE_PROMPTS = 8
-"""Fewer pairs cannot reach the judge's significance level (a signed-rank test of 7 pairs that
-all agree has p = 0.016)."""
+MIN_JUDGE_PROMPTS = 9
+"""Fewer pairs cannot reach the judge's default significance level, 0.01 (the signed-rank test's
+normal approximation: 8 pairs that all agree have p = 0.014; `pairedstats.fewest_pairs`)."""
 MAX_JUDGE_WARMUP = 64
+MAX_JUDGE_REPEATS = 8
 """More unmeasured requests than this before a measurement is a typo, not a warm-up."""
 
 
@@ -191,6 +192,9 @@ class JudgeSettings(Record):
     warmup: int = 3
     """Unmeasured requests each server decodes before it is measured: a freshly restarted
     server's first requests are slower, on any code."""
+    repeats: int = 2
+    """Rounds each server decodes the prompts in; a prompt's fastest decode is its sample (load
+    only adds time, and an episode of it rarely lasts into the next round)."""
     timeout: float = 600.0
     """Seconds for the whole prompt set on one server."""
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from opspatch.core.codec import Record, json_field
 from opspatch.core.pairedstats import SignedRank
-from opspatch.core.vocabulary import Metric, Verdict
+from opspatch.core.vocabulary import FAILING, Metric, Verdict
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class MetricVerdict(Record):
 
     @property
     def failed(self) -> bool:
-        return self.verdict == Verdict.FAIL
+        return self.verdict in FAILING
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Judgment(Record):
 
     @property
     def failed(self) -> bool:
-        return self.verdict == Verdict.FAIL
+        return self.verdict in FAILING
 
     def metric(self, metric: Metric) -> MetricVerdict:
         return next(m for m in self.metrics if m.metric == metric)
@@ -65,11 +65,11 @@ class Judgment(Record):
         figures (a failed proof's reason names the metric)."""
         if self.verdict == Verdict.NO_BASELINE:
             head = f"judge: no baseline ({self.why_no_baseline}); absolute checks passed"
-            failed = [m for m in self.metrics if m.verdict == Verdict.FAIL]
+            failed = [m for m in self.metrics if m.verdict in FAILING]
             if failed:
                 head = f"judge: fail (no baseline: {self.why_no_baseline})"
             return "; ".join([head, *(f"{m.metric}: {m.figures}" for m in failed)])
-        bad = [m for m in self.metrics if m.verdict in (Verdict.FAIL, Verdict.MARGINAL)]
+        bad = [m for m in self.metrics if m.verdict in FAILING or m.verdict == Verdict.MARGINAL]
         head = f"judge: {self.verdict} against {self.baseline}"
         return "; ".join([head, *(f"{m.metric} {m.verdict}: {m.figures}" for m in bad)])
 

@@ -547,6 +547,9 @@ class Verdict(Word):
     the model was near a tie; a significant change smaller than the threshold)."""
     FAIL = "fail"
     """A difference beyond the threshold, or a failed request: a failed proof."""
+    UNMEASURED = "unmeasured"
+    """A latency metric timed on too few prompts to tell a change (the host read the streams
+    late): never a pass; a host fails on it as on `fail`."""
     NO_BASELINE = "no-baseline"
     """Nothing to compare with (no old server answered): only the absolute checks were made,
     and they passed. Never read as a pass."""
@@ -557,7 +560,15 @@ class Verdict(Word):
         return VERDICT_RANK[self]
 
 
-VERDICT_RANK = {Verdict.PASS: 0, Verdict.NO_BASELINE: 1, Verdict.MARGINAL: 2, Verdict.FAIL: 3}
+VERDICT_RANK = {
+    Verdict.PASS: 0,
+    Verdict.NO_BASELINE: 1,
+    Verdict.MARGINAL: 2,
+    Verdict.UNMEASURED: 3,
+    Verdict.FAIL: 4,
+}
+FAILING = frozenset({Verdict.FAIL, Verdict.UNMEASURED})
+"""The verdicts that fail a host (`Judgment.failed`)."""
 
 
 class JudgeHosts(Word):

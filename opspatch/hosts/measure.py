@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from opspatch.core.codec import Record, json_field
 from opspatch.core.host import Host
 from opspatch.core.policy import JudgeSettings
-from opspatch.hosts.agent.measure import op_measure
+from opspatch.hosts.agent.measure import op_measure, read_late
 from opspatch.hosts.agent.protocol import MeasureReply, MeasureRequest
 from opspatch.hosts.become import RunsAs
 from opspatch.hosts.results import Operation
@@ -70,7 +70,7 @@ class Decoded(Record):
         the stream as it came, which would make the server look faster than it is)."""
         if self.seconds is None or self.first_token_seconds is None:
             return None
-        if self.server_seconds is not None and self.first_token_seconds >= self.server_seconds:
+        if read_late(self.first_token_seconds, self.server_seconds, self.completion_tokens):
             return None
         if not self.completion_tokens or self.completion_tokens < 2:
             return None
@@ -120,5 +120,6 @@ def measure_args(host: Host, settings: JudgeSettings) -> MeasureRequest:
         "max_new_tokens": settings.max_new_tokens,
         "top_logprobs": settings.top_k,
         "warmup": settings.warmup,
+        "repeats": settings.repeats,
         "timeout": settings.timeout,
     }

@@ -68,10 +68,11 @@ HOST = host_name(0)
 """The rehearsal's one host: its old server is the judge's baseline (docs/rehearse.md)."""
 
 REHEARSAL_JUDGE = JudgeSettings(
-    count=8, max_new_tokens=16, warmup=1, latency_rise=9.0, timeout=1800.0
+    count=9, max_new_tokens=16, warmup=1, latency_rise=9.0, timeout=1800.0
 )
-"""Eight prompts of 16 tokens: tokens and acceptance are exact under greedy decoding, so few
-prompts prove them; a real decode here takes seconds. Latency fails only when ten times slower:
+"""Nine prompts of 16 tokens, the fewest on which a change can be significant at alpha 0.01:
+tokens and acceptance are exact under greedy decoding, so few prompts prove them; a real decode
+here takes seconds. Latency fails only when ten times slower:
 the CPU's timing of a GPU engine says little, and this machine's neighbours move it threefold."""
 
 

@@ -321,6 +321,7 @@ class MeasureRequest(TypedDict):
     max_new_tokens: int
     top_logprobs: int  # k of SGLang's `top_logprobs_num`; 0 asks for no logprobs
     warmup: int  # unmeasured decodes before the measured ones (of the prompts, in turn)
+    repeats: int  # rounds over the prompts; a prompt's fastest decode is its sample
     timeout: float  # all prompts together
 
 

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
-from opspatch.core.pairedstats import SignedRank, median, signed_rank
+from opspatch.core.pairedstats import SignedRank, fewest_pairs, median, signed_rank
 from opspatch.core.policy import JudgeSettings
 from opspatch.core.verdicts import Divergence, Judgment, MetricVerdict
 from opspatch.core.vocabulary import Metric, Verdict
@@ -297,10 +297,20 @@ def _latency(
     settings: JudgeSettings,
     in_turns: bool,
 ) -> MetricVerdict:
+    """Latency pair by pair; `unmeasured` (never a pass) when fewer prompts were timed on both
+    sides than the test needs to reach `alpha` at all (`fewest_pairs`): on those few no change
+    could fail."""
     timed = [(value(b), value(c)) for b, c in pairs if b.ok and c.ok]
     measured = [(b, c) for b, c in timed if b is not None and c is not None]
-    if not measured:
-        return MetricVerdict(metric, Verdict.PASS, "not measured (no timed pairs)")
+    needed = fewest_pairs(settings.alpha)
+    if len(measured) < needed:
+        return MetricVerdict(
+            metric,
+            Verdict.UNMEASURED,
+            f"{len(measured)} of {len(timed)} prompts timed on both sides, needs {needed} to "
+            f"reach alpha {settings.alpha:g} (the rest read by the host only once the server "
+            "had finished)",
+        )
     verdict, test, ratio, difference = compare_pairs(
         measured,
         worse_when_higher=True,
@@ -316,8 +326,8 @@ def _latency(
     figures = (
         f"median {median([b for b, _ in measured]) * 1000:.2f} -> "
         f"{median([c for _, c in measured]) * 1000:.2f} ms (per prompt {_percent(ratio)}, "
-        f"{difference * 1000:+.2f} ms, p={test.p_value:.2g}, {len(measured)} prompts; "
-        f"timed on the host: {how})"
+        f"{difference * 1000:+.2f} ms, p={test.p_value:.2g}, {len(measured)} of {len(timed)} "
+        f"prompts timed; timed on the host: {how})"
     )
     if not in_turns:
         figures += "; measured one after the other"
@@ -328,15 +338,16 @@ LATENCY = (Metric.TTFT, Metric.TPOT)
 
 
 def unconfirmed(judgment: Judgment) -> tuple[Metric, ...]:
-    """The latency metrics `judgment` fails: candidates that a second measurement must confirm
-    (`confirm`)."""
+    """The latency metrics `judgment` fails or could not time on enough prompts: a second
+    measurement must confirm a fail, and may time what the first could not (`confirm`)."""
     return tuple(m.metric for m in judgment.metrics if m.metric in LATENCY and m.failed)
 
 
 def confirm(first: Judgment, second: Judgment) -> Judgment:
-    """`first`, with each latency fail of `unconfirmed(first)` kept where `second` (measured
-    again the same way: the changed server, and the baseline too where it still serves) fails
-    that metric too, else made marginal. Both figures are said."""
+    """`first`, with each metric of `unconfirmed(first)` judged again by `second` (measured
+    again the same way: the changed server, and the baseline too where it still serves). A fail
+    stands where `second` fails that metric or cannot time it either, else is marginal; an
+    unmeasured metric takes `second`'s verdict. Both figures are said."""
     candidates = unconfirmed(first)
     metrics = []
     for metric in first.metrics:
@@ -344,8 +355,12 @@ def confirm(first: Judgment, second: Judgment) -> Judgment:
             metrics.append(metric)
             continue
         again = second.metric(metric.metric)
+        if metric.verdict == Verdict.UNMEASURED:
+            figures = f"{again.figures}; measured again, the first time {metric.figures}"
+            metrics.append(replace(again, figures=figures))
+            continue
         said = "confirmed" if again.failed else "not confirmed"
-        why = "" if again.failed else f" ({again.verdict})"
+        why = "" if again.verdict == Verdict.FAIL else f" ({again.verdict})"
         figures = f"{metric.figures}; {said} by a second measurement{why}: {again.figures}"
         verdict = metric.verdict if again.failed else Verdict.MARGINAL
         metrics.append(replace(metric, verdict=verdict, figures=figures))
