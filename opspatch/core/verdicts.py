@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from opspatch.core.codec import Record, json_field
 from opspatch.core.pairedstats import SignedRank
+from opspatch.core.policy import JudgeSettings
 from opspatch.core.vocabulary import FAILING, Metric, Verdict
 
 
@@ -37,6 +38,12 @@ class MetricVerdict(Record):
     figures: str
     test: SignedRank | None = json_field(default=None, omit_none=True)
     divergences: tuple[Divergence, ...] = ()
+    timed: tuple[tuple[float, float], ...] = json_field(default=(), written=False)
+    """A latency metric's (baseline, changed) pairs, kept to be pooled with a second
+    measurement's (`canary.confirm`)."""
+    unsettled: bool = json_field(default=False, written=False)
+    """A latency rise past the threshold that the test could not tell from noise: measured
+    again (`canary.unconfirmed`)."""
 
     @property
     def failed(self) -> bool:
@@ -52,6 +59,8 @@ class Judgment(Record):
     baseline: str | None
     metrics: tuple[MetricVerdict, ...]
     why_no_baseline: str | None = json_field(default=None, omit_none=True)
+    settings: JudgeSettings | None = json_field(default=None, written=False)
+    """The settings it was judged by (a second measurement is judged by them too)."""
 
     @property
     def failed(self) -> bool:

@@ -313,7 +313,7 @@ def op_measure(args: MeasureRequest) -> MeasureReply:
     warmup = (
         [prompts[i % len(prompts)] for i in range(int(args.get("warmup") or 0))] if prompts else []
     )
-    rounds = [(None, p) for p in warmup]
+    rounds: list[tuple[int | None, str]] = [(None, p) for p in warmup]  # (None: unmeasured)
     rounds += [
         (i, p) for _ in range(max(1, int(args.get("repeats") or 1))) for i, p in enumerate(prompts)
     ]

@@ -45,7 +45,7 @@ def judge(
         _latency(Metric.TPOT, pairs, lambda s: s.time_per_output_token, settings, in_turns),
     )
     worst = max((m.verdict for m in metrics), key=lambda v: v.rank)
-    return Judgment(worst, baseline_from, metrics)
+    return Judgment(worst, baseline_from, metrics, settings=settings)
 
 
 def _errors(canary: Measurement) -> MetricVerdict:
@@ -297,19 +297,32 @@ def _latency(
     settings: JudgeSettings,
     in_turns: bool,
 ) -> MetricVerdict:
-    """Latency pair by pair; `unmeasured` (never a pass) when fewer prompts were timed on both
-    sides than the test needs to reach `alpha` at all (`fewest_pairs`): on those few no change
-    could fail."""
     timed = [(value(b), value(c)) for b, c in pairs if b.ok and c.ok]
-    measured = [(b, c) for b, c in timed if b is not None and c is not None]
+    measured = tuple((b, c) for b, c in timed if b is not None and c is not None)
+    verdict = _latency_of(metric, measured, len(timed), settings)
+    if not in_turns:
+        verdict = replace(verdict, figures=f"{verdict.figures}; measured one after the other")
+    return verdict
+
+
+def _latency_of(
+    metric: Metric,
+    measured: tuple[tuple[float, float], ...],
+    compared: int,
+    settings: JudgeSettings,
+) -> MetricVerdict:
+    """Latency pair by pair (`measured` of `compared` prompts answered on both sides);
+    `unmeasured` (never a pass) on fewer pairs than the test needs to reach `alpha` at all
+    (`fewest_pairs`): on those few no change could fail."""
     needed = fewest_pairs(settings.alpha)
     if len(measured) < needed:
         return MetricVerdict(
             metric,
             Verdict.UNMEASURED,
-            f"{len(measured)} of {len(timed)} prompts timed on both sides, needs {needed} to "
+            f"{len(measured)} of {compared} prompts timed on both sides, needs {needed} to "
             f"reach alpha {settings.alpha:g} (the rest read by the host only once the server "
             "had finished)",
+            timed=measured,
         )
     verdict, test, ratio, difference = compare_pairs(
         measured,
@@ -326,43 +339,60 @@ def _latency(
     figures = (
         f"median {median([b for b, _ in measured]) * 1000:.2f} -> "
         f"{median([c for _, c in measured]) * 1000:.2f} ms (per prompt {_percent(ratio)}, "
-        f"{difference * 1000:+.2f} ms, p={test.p_value:.2g}, {len(measured)} of {len(timed)} "
+        f"{difference * 1000:+.2f} ms, p={test.p_value:.2g}, {len(measured)} of {compared} "
         f"prompts timed; timed on the host: {how})"
     )
-    if not in_turns:
-        figures += "; measured one after the other"
-    return MetricVerdict(metric, verdict, figures, test=test)
+    unsettled = verdict != Verdict.FAIL and ratio - 1 >= settings.latency_rise
+    return MetricVerdict(metric, verdict, figures, test=test, timed=measured, unsettled=unsettled)
 
 
 LATENCY = (Metric.TTFT, Metric.TPOT)
 
 
 def unconfirmed(judgment: Judgment) -> tuple[Metric, ...]:
-    """The latency metrics `judgment` fails or could not time on enough prompts: a second
-    measurement must confirm a fail, and may time what the first could not (`confirm`)."""
-    return tuple(m.metric for m in judgment.metrics if m.metric in LATENCY and m.failed)
+    """The latency metrics `judgment` fails, could not time on enough prompts, or saw rise past
+    the threshold without telling it from noise: a second measurement decides (`confirm`)."""
+    return tuple(
+        m.metric for m in judgment.metrics if m.metric in LATENCY and (m.failed or m.unsettled)
+    )
 
 
 def confirm(first: Judgment, second: Judgment) -> Judgment:
-    """`first`, with each metric of `unconfirmed(first)` judged again by `second` (measured
-    again the same way: the changed server, and the baseline too where it still serves). A fail
-    stands where `second` fails that metric or cannot time it either, else is marginal; an
-    unmeasured metric takes `second`'s verdict. Both figures are said."""
+    """`first`, each metric of `unconfirmed(first)` decided with `second` (measured again the
+    same way: the changed server, and the baseline too where it still serves), and with both
+    measurements' pairs pooled. A fail stands where `second` fails too, or rises past the
+    threshold and the pooled pairs fail; else it is marginal. An unmeasured or unsettled metric
+    takes the pooled verdict, a fail only where `second` rises past the threshold too. Both
+    figures are said."""
     candidates = unconfirmed(first)
+    settings = first.settings or JudgeSettings()
     metrics = []
     for metric in first.metrics:
         if metric.metric not in candidates:
             metrics.append(metric)
             continue
         again = second.metric(metric.metric)
-        if metric.verdict == Verdict.UNMEASURED:
-            figures = f"{again.figures}; measured again, the first time {metric.figures}"
-            metrics.append(replace(again, figures=figures))
-            continue
-        said = "confirmed" if again.failed else "not confirmed"
-        why = "" if again.verdict == Verdict.FAIL else f" ({again.verdict})"
-        figures = f"{metric.figures}; {said} by a second measurement{why}: {again.figures}"
-        verdict = metric.verdict if again.failed else Verdict.MARGINAL
-        metrics.append(replace(metric, verdict=verdict, figures=figures))
+        pooled = _latency_of(
+            metric.metric,
+            metric.timed + again.timed,
+            2 * len(metric.timed or again.timed),
+            settings,
+        )
+        leans = again.failed or again.unsettled or again.verdict == Verdict.UNMEASURED
+        if again.verdict == Verdict.FAIL or (pooled.verdict == Verdict.FAIL and leans):
+            verdict = Verdict.FAIL
+        elif metric.verdict == Verdict.FAIL:
+            verdict = (
+                Verdict.UNMEASURED if again.verdict == Verdict.UNMEASURED else Verdict.MARGINAL
+            )
+        elif pooled.verdict == Verdict.FAIL:
+            verdict = Verdict.MARGINAL
+        else:
+            verdict = pooled.verdict
+        figures = (
+            f"{metric.figures}; measured again: {again.figures}; "
+            f"both pooled ({verdict}): {pooled.figures}"
+        )
+        metrics.append(replace(metric, verdict=verdict, figures=figures, unsettled=False))
     worst = max((m.verdict for m in metrics), key=lambda v: v.rank)
     return replace(first, verdict=worst, metrics=tuple(metrics))
