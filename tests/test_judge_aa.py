@@ -30,7 +30,7 @@ import pytest
 from opspatch.core.host import Host
 from opspatch.core.policy import JudgeSettings, Playbook
 from opspatch.core.verdicts import Judgment
-from opspatch.core.vocabulary import Metric, Verdict
+from opspatch.core.vocabulary import Metric
 from opspatch.hosts.agent.measure import op_measure
 from opspatch.hosts.measure import Measurement, measure_args
 from opspatch.runs.commands.judge import judge_hosts
@@ -46,10 +46,11 @@ EXACT = (Metric.ERRORS, Metric.TOKENS, Metric.SPECULATION)
 LATENCY_FALSE_ALARMS_BOUND = 20
 """A latency judge broken by design (the wrong request timed, a baseline never measured) fails
 most A/A judgments; load alone made 7 of 100 at load 10 (docs/judge.md)."""
-AA = JudgeSettings(count=12, max_new_tokens=16, latency_floor_ms=0.0)
-"""Small (12 prompts, 16 tokens) so that 100 judgments take seconds; 12 prompts are the fewest
-at which the signed-rank test can reach the judge's alpha of 0.01 with room to spare."""
-POWER = JudgeSettings(count=24, max_new_tokens=64, latency_floor_ms=0.0)
+AA = JudgeSettings(count=12, max_new_tokens=16, latency_floor_ms=0.0, repeats=1)
+"""Small (12 prompts, 16 tokens, one round) so that 100 judgments take seconds (two rounds, the
+default, took over 300 s at load 10); the signed-rank test reaches alpha 0.01 from 9 prompts.
+A second round only lowers the noise: the faster of two decodes."""
+POWER = JudgeSettings(count=24, max_new_tokens=64, latency_floor_ms=0.0, repeats=1)
 """The judge's default prompt count and length: what a 5% loss of acceptance needs to show."""
 
 
@@ -119,7 +120,7 @@ def test_a_over_a_on_the_sandbox_never_fails_an_exact_metric_and_rarely_a_latenc
         verdicts, failures, exact = _verdicts(lambda: apart(first, AA), AA_RUNS)
     print(f"A/A {measured}, {AA_RUNS} judgments: {dict(verdicts)}", *failures, sep="\n  ")
     assert exact == [], exact
-    assert verdicts[Verdict.FAIL.value] <= LATENCY_FALSE_ALARMS_BOUND, (dict(verdicts), failures)
+    assert len(failures) <= LATENCY_FALSE_ALARMS_BOUND, (dict(verdicts), failures)  # unmeasured too
 
 
 @pytest.mark.parametrize(

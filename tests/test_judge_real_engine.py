@@ -7,10 +7,10 @@ it (`opspatch judge`, `apply --playbook` with a `[judge]`):
   carried hidden state dropped between its steps) fails `speculation` with `tokens` passing, and
   is rolled back: the fix reverted in the running engine and the file restored, no restart;
 - a patch that changes one token (greedy verification turns ' a' into 'x') fails `tokens`,
-  naming the token, and is rolled back.
-
-A slower decode step (tests/data/judge/slower-decode-step.toml) is not here: the judge did not
-reliably fail it on the real engine (docs/judge.md, "Latency on the real engine").
+  naming the token, and is rolled back;
+- A/A judged for latency passes; a patch that makes every decode step four times as long and
+  keeps every answer and accepted token (tests/data/judge/slower-decode-step.toml), taken live
+  and judged in turns with the peer, fails `tpot`; `rollback --restart never` takes it out.
 
 The patches are taken live (`apply --live`): a real start costs a minute or more here, and a
 restart-based apply and its rollback would cost two per patch; the judge's verdict and the
@@ -38,6 +38,7 @@ from tests.realkit import real_engine
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1500)]
 
 CANARY, PEER = "sandbox-01", "sandbox-02"
+SLOWER = Path(__file__).resolve().parent / "data" / "judge" / "slower-decode-step.toml"
 PROMPTS = (
     "The capital of France is",
     "The capital city of France",
@@ -65,7 +66,19 @@ smoke = 300
 prompts = "prompts.txt"
 count = {len(PROMPTS)}
 max_new_tokens = 24
+repeats = 1
 """
+"""The exact metrics' judge: one round (latency is the `latency` playbook's)."""
+LATENCY = """
+name = "latency"
+[judge]
+prompts = "prompts.txt"
+count = 12
+max_new_tokens = 16
+warmup = 1
+"""
+"""Short prompts, since the slowed server's decodes take four times as long; two rounds (the
+default `repeats`): a prompt's faster decode is its sample."""
 EAGLE = "sglang.srt.speculative.eagle_worker_v2"
 DRAFT_STATE_DROPPED = f"""
 id = "draft-state-dropped"
@@ -112,6 +125,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxFleet]:
         assert guard.code == 0, guard.stdout + guard.stderr
         (sandbox.workspace / "playbooks" / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
         sandbox.write_playbook("judged", JUDGED)
+        sandbox.write_playbook("latency", LATENCY)
         yield sandbox
     finally:
         sandbox.close()
@@ -204,3 +218,44 @@ def test_a_patch_that_changes_one_token_is_caught_and_rolled_back(fleet: Sandbox
         for d in tokens["divergences"]
     ), tokens
     assert _decode(fleet, CANARY, PROMPTS[2])["output_ids"] == before["output_ids"]
+
+
+def test_a_slower_decode_step_with_every_answer_kept_fails_tpot_and_a_over_a_does_not(
+    fleet: SandboxFleet,
+) -> None:
+    """Every decode step waits three times its own time once done (tests/data/judge/
+    slower-decode-step.toml): four times as long at any load; the judge fails at +50%. Judged
+    in turns with the unchanged peer, two rounds over the prompts, a prompt's faster decode its
+    sample: a burst of load on this shared machine (one decode of 16 tokens 10 to 40 times its
+    usual time, seen on either side) no longer turns a pair the other way (docs/judge.md)."""
+    same = fleet.opspatch(
+        "judge", "--hosts", CANARY, "--baseline", PEER, "--playbook", "latency", "--json"
+    )
+    assert same.code == 0, same.stdout + same.stderr
+    for latency in ("ttft", "tpot"):
+        aa = _metrics(same.json()["hosts"][0]["judgment"])[latency]
+        print(f"A/A {latency} {aa['verdict']}: {aa['figures']}")  # the figures, with -s
+        assert aa["verdict"] != "fail", aa
+    fleet.write_patch("slower-decode-step", SLOWER.read_text(encoding="utf-8"))
+    pid, sha = fleet.pid(CANARY), _file_sha(fleet, CANARY, EAGLE)
+    taken = fleet.opspatch(
+        "apply", "slower-decode-step", "--hosts", CANARY, "--live", "--yes", "--json"
+    )
+    assert taken.code == 0, taken.stdout + taken.stderr
+    run = fleet.opspatch(
+        "judge", "--hosts", CANARY, "--baseline", PEER, "--playbook", "latency", "--json",
+        timeout=1200,
+    )  # fmt: skip
+    assert run.code == 1, run.stdout + run.stderr
+    judgment = run.json()["hosts"][0]["judgment"]
+    metrics = _metrics(judgment)
+    print(f"slower tpot {metrics['tpot']['verdict']}: {metrics['tpot']['figures']}")
+    assert (judgment["verdict"], metrics["tpot"]["verdict"]) == ("fail", "fail"), judgment
+    for exact in ("errors", "tokens", "speculation"):  # every answer and accepted token kept
+        assert metrics[exact]["verdict"] == "pass", metrics[exact]
+    back = fleet.opspatch(
+        "rollback", "slower-decode-step", "--hosts", CANARY, "--restart", "never",
+        "--yes", "--json",
+    )  # fmt: skip
+    assert back.code == 0, back.stdout + back.stderr
+    assert _file_sha(fleet, CANARY, EAGLE) == sha and fleet.pid(CANARY) == pid
