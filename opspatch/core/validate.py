@@ -56,9 +56,7 @@ def check_compiles(
             try:
                 # a `tree` given was checked for depth when it was parsed
                 depth = None if tree is not None else MAX_AST_DEPTH
-                parse_python(
-                    new_source, filename, feature_version=feature_version, max_depth=depth
-                )
+                parse_python(new_source, filename, feature_version=feature_version, max_depth=depth)
             except SyntaxError as exc:
                 problems.append(
                     f"does not parse as Python {feature_version[0]}.{feature_version[1]}: "
