@@ -38,36 +38,25 @@ class Recorder(Protocol):
         """What a host runs (its machine id among it: later lookups by machine find the run)."""
 
     def file_version(self, host: str, version: NewFileVersion) -> None:
-        """A file this run changes, with its full pre-image (before the host is touched); a
-        restore's pre-image is the ledger's own (`NewFileVersion.pre_image` None)."""
+        """Before the host is touched; a restore's pre-image is the ledger's own (`pre_image` None)."""
 
     def outcome(self, outcome: HostOutcome) -> None:
         """A host's outcome, as soon as it is decided (a later one supersedes it)."""
 
     def stored_image(self, sha256: str) -> bytes | None:
-        """The bytes the ledger holds with `sha256`; None when this run has no ledger.
-
-        Raises:
-            LedgerError, LedgerIntegrityError: the ledger has no such bytes, or they were altered.
-        """
+        """None when this run has no ledger; raises when the ledger has no such bytes or they were
+        altered."""
 
     def run_status(self, run_id: str) -> RunStatus | None:
         """The status of another run of this ledger; None when it knows no such run."""
 
     def host_steps(self, host: str, steps: Collection[Step]) -> list[tuple[str, StepRecord]]:
-        """`(run_id, step)` of the steps named in `steps` that any run of this ledger recorded
-        on `host`, newest first (`Ledger.host_steps`); none when this run has no ledger.
-
-        Raises:
-            LedgerError: the ledger cannot be read.
-        """
+        """Newest first; none when this run has no ledger."""
 
     def take_leases(
         self, identities: Mapping[str, str], expires_after: float, taking_over: Collection[str]
     ) -> LeaseGrant:
-        """Lease the hosts (name -> identity) to this run, unless a live lease of another run
-        (not of `taking_over`, runs known dead) holds one (`LeaseGrant.refused`: nothing taken);
-        each lease taken is a `lease` step."""
+        """Nothing taken when a live lease of another run (not of `taking_over`) holds one."""
 
     def renew_leases(self) -> int:
         """A heartbeat; how many leases this run still holds."""
@@ -80,8 +69,7 @@ class Recorder(Protocol):
 
 
 class LedgerRecorder:
-    """The records of one run begun in `ledger` as `run_id`; `finish(report)` ends it (once).
-    The first record that fails is kept (`fault`) and raised again by every later one."""
+    """The first record that fails is kept (`fault`) and raised again by every later one."""
 
     def __init__(self, ledger: Ledger, run_id: str) -> None:
         self.ledger = ledger
@@ -90,11 +78,6 @@ class LedgerRecorder:
         self.fault: LedgerError | None = None
 
     def _record(self, write: Callable[[], T]) -> T:
-        """One record of the run. Raises the run's fault, once there is one.
-
-        Raises:
-            LedgerError: this record, or an earlier one, could not be written.
-        """
         if self.fault is not None:
             raise self.fault.with_traceback(None)
         try:
@@ -178,8 +161,7 @@ class LedgerRecorder:
 
 
 class NullRecorder:
-    """The recorder of a run that changes nothing (a dry run, a smoke): it records nothing,
-    holds no ledger, and takes no lock, so it has no run id to give one."""
+    """A run that changes nothing records nothing and takes no lock, so it has no run id."""
 
     @property
     def run_id(self) -> str:
