@@ -16,7 +16,7 @@ from opspatch.errors import InputError, LedgerError, LedgerIntegrityError, Ledge
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun, PerGroup
-from opspatch.runs.fleet.recorder import LedgerRecorder
+from opspatch.runs.fleet.recorder import Recorder
 from opspatch.runs.fleet.session import NoProgress, Progress
 from opspatch.runs.report import HostOutcome, RunReport
 
@@ -37,7 +37,7 @@ def recorded_run(
     parent_run: str | None = None,
     argv: Sequence[str] | None = None,
     approved_by: Sequence[str] | None = None,
-) -> Iterator[LedgerRecorder]:
+) -> Iterator[Recorder]:
     """Begin a run after checking the ledger's chain. Writes are retried until the lease expiry (a
     PostgreSQL restart, a network cut); an empty `hosts` is refused: it would report success for
     doing nothing."""
@@ -62,7 +62,7 @@ def recorded_run(
         inventories={h.name: h.inventory for h in hosts},
         approved_by=approved_by,
     )
-    run = LedgerRecorder(ledger, run_id)
+    run = Recorder(ledger, run_id)
     try:
         yield run
     except InputError:
