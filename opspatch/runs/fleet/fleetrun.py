@@ -41,6 +41,7 @@ from opspatch.runs.fleet.rotation import (
 )
 from opspatch.runs.fleet.session import HostFailed, HostSession, Progress, describe_error
 from opspatch.runs.judgments.decisions import traits_of
+from opspatch.runs.judgments.units import selected_units
 from opspatch.runs.report import HostOutcome, RunReport
 
 T = TypeVar("T")
@@ -93,7 +94,9 @@ class FleetRun:
         self._identities: dict[str, str] = {}
         self._first: FleetRun | None = None
         self.sessions: dict[str, HostSession] = {}
-        self._unit_of = whole_units(self.hosts)
+        self._unit_of = {  # a unit partly selected is refused before a run (`unit_refusal`)
+            name: s.unit for s in selected_units(self.hosts) if s.whole for name in s.taken
+        }
 
     def __enter__(self) -> FleetRun:
         if self._first is not None:
@@ -181,13 +184,16 @@ class FleetRun:
 
     def items(self, names: Sequence[str] | None = None) -> list[str]:
         """The groups, each named by its head: canaries, batches and the halt policy count servers."""
-        chosen: list[str] = []
-        for name in self.names if names is None else names:
-            unit = self._unit_of.get(name)
-            item = name if unit is None else unit.head
-            if item not in chosen:
-                chosen.append(item)
-        return chosen
+        chosen = self.names if names is None else names
+        return list(dict.fromkeys(self._item(name) for name in chosen))
+
+    def _item(self, name: str) -> str:
+        unit = self._unit_of.get(name)
+        return name if unit is None else unit.head
+
+    @property
+    def units(self) -> list[Unit]:
+        return list(dict.fromkeys(self._unit_of.values()))
 
     def members(self, item: str) -> tuple[str, ...]:
         unit = self._unit_of.get(item)
@@ -198,8 +204,7 @@ class FleetRun:
         name."""
         counted: dict[str, HostOutcome] = {}
         for name, outcome in outcomes.items():
-            unit = self._unit_of.get(name)
-            item = name if unit is None else unit.head
+            item = self._item(name)
             if item not in counted or _weight(outcome) > _weight(counted[item]):
                 counted[item] = outcome
         return counted
@@ -224,7 +229,7 @@ class FleetRun:
     def decide(self, outcomes: Mapping[str, HostOutcome]) -> None:
         """Hosts a preflight decided are never started and keep their outcome (unless another run
         holds them: what was read may be that run's change). A unit is decided whole."""
-        for unit in dict.fromkeys(self._unit_of.values()):
+        for unit in self.units:
             taken = [name for name in unit.hosts if name in outcomes]
             if taken and len(taken) != unit.nodes:
                 raise ValueError(f"unit {unit.name} decided on {', '.join(taken)} only")
@@ -518,13 +523,3 @@ def _skipped(session: HostSession, why: str) -> HostOutcome:
 
 def _in_flight(stop: KeyboardInterrupt) -> tuple[str, ...]:
     return stop.in_flight if isinstance(stop, GaveUpWaiting) else ()
-
-
-def whole_units(hosts: Sequence[Host]) -> dict[str, Unit]:
-    """A unit partly selected is refused before a run (`judgments.units.unit_refusal`)."""
-    names = {host.name for host in hosts}
-    return {
-        host.name: host.unit
-        for host in hosts
-        if host.unit is not None and all(node in names for node in host.unit.hosts)
-    }

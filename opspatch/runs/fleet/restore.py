@@ -13,7 +13,7 @@ from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import HaltPolicy, halt_on_attention, one_batch
-from opspatch.runs.fleet.fleetrun import FleetRun, NotStarted, PerGroup, whole_units
+from opspatch.runs.fleet.fleetrun import FleetRun, NotStarted, PerGroup
 from opspatch.runs.fleet.group import Nodes, refuse, undo
 from opspatch.runs.fleet.host_leases import host_identity
 from opspatch.runs.fleet.recorder import Recorder
@@ -172,7 +172,7 @@ def units_decided(fleet: FleetRun, decided: Mapping[str, HostOutcome]) -> dict[s
     """A unit is restored whole or not at all: a node refused decides every node (`skipped`); a node
     with nothing to restore beside one with something is left to the unit's run."""
     made = dict(decided)
-    for unit in dict.fromkeys(whole_units(fleet.hosts).values()):
+    for unit in fleet.units:
         mine = [name for name in unit.hosts if name in decided]
         if not mine or len(mine) == len(unit.hosts):
             continue
