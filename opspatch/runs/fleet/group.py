@@ -260,9 +260,16 @@ def undo(
     """Every node's files put back, the group restarted and smoke-tested. `outcome`: `rolled-back`
     (`why` its error) or `restored` (`why` its note). A failed restore or restart:
     `needs-attention`."""
-    # Long because: a restore, a restart and a smoke, each failing its own way on one node or several
     restored: dict[str, FileChange | None] = {}
     broken: dict[str, str] = {}
+
+    def attention(error: str) -> list[HostOutcome]:
+        files = {**changes, **restored}
+        return [
+            s.outcome(Outcome.NEEDS_ATTENTION, error, file=files[s.name], reason=Reason.UNDO_FAILED)
+            for s in nodes.sessions
+        ]
+
     for session in nodes.sessions:
         try:
             restored[session.name] = restore(session)
@@ -271,39 +278,20 @@ def undo(
     if broken:
         said = "; ".join(f"{name}: {text}" for name, text in broken.items())
         error = (restore_failed or _then(why, "the restore"))(said)
-        error += f"; {nodes.label} was not restarted"
-        return [
-            s.outcome(
-                Outcome.NEEDS_ATTENTION,
-                error,
-                file=restored.get(s.name, changes[s.name]),
-                reason=Reason.UNDO_FAILED,
-            )
-            for s in nodes.sessions
-        ]
+        return attention(f"{error}; {nodes.label} was not restarted")
     undone = outcome == Outcome.ROLLED_BACK
-    if not restart:
-        if undone:
-            return [
-                s.outcome(outcome, why, file=restored[s.name], reason=reason)
-                for s in nodes.sessions
-            ]
-        return [s.outcome(outcome, file=restored[s.name], note=why) for s in nodes.sessions]
-    try:
-        started = restart_after_restore(nodes, steps)
-    except (OpspatchError, HostFailed) as exc:
-        restarting = _then(why, f"the restart of {nodes.label} after the restore")
-        error = (restart_failed or restarting)(describe_error(exc))
-        return [
-            s.outcome(
-                Outcome.NEEDS_ATTENTION, error, file=restored[s.name], reason=Reason.UNDO_FAILED
-            )
-            for s in nodes.sessions
-        ]
     head = nodes.head
-    smoke, not_serving = smoke_after_restore(head, started[head.name], step=steps.smoke)
-    if smoke is not None and smoke.ok:
-        proven_through_head(nodes, smoke, steps.smoke)
+    smoke: SmokeResult | None = None
+    not_serving: str | None = None
+    if restart:
+        try:
+            started = restart_after_restore(nodes, steps)
+        except (OpspatchError, HostFailed) as exc:
+            restarting = _then(why, f"the restart of {nodes.label} after the restore")
+            return attention((restart_failed or restarting)(describe_error(exc)))
+        smoke, not_serving = smoke_after_restore(head, started[head.name], step=steps.smoke)
+        if smoke is not None and smoke.ok:
+            proven_through_head(nodes, smoke, steps.smoke)
 
     def one(session: HostSession) -> HostOutcome:
         shown = smoke if session is head else None

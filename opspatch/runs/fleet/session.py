@@ -315,22 +315,20 @@ class HostSession:
         started = time.monotonic()
         execs_before = len(self._ops.ran_as) if self._ops is not None else 0
         notices_before = len(self._ops.notices) if self._ops is not None else 0
+        status, detail = StepStatus.FAILED, ""
         try:
             yield note
+            status, detail = StepStatus.OK, note["detail"]
         except BaseException as exc:
+            detail = describe_error(exc)
+            raise
+        finally:
             seconds = time.monotonic() - started
             ran_as = self._ran_as_since(execs_before)
-            detail = self._with_notices(describe_error(exc), notices_before)
-            self.steps.append(StepResult(name, StepStatus.FAILED, seconds, detail, ran_as))
-            self.record(name, StepStatus.FAILED, seconds, with_users(detail, ran_as))
-            self.progress.update(self.name, name, "failed")
-            raise
-        seconds = time.monotonic() - started
-        ran_as = self._ran_as_since(execs_before)
-        detail = self._with_notices(note["detail"], notices_before)
-        self.steps.append(StepResult(name, StepStatus.OK, seconds, detail, ran_as))
-        self.record(name, StepStatus.OK, seconds, with_users(detail, ran_as))
-        self.progress.update(self.name, name, "ok")
+            detail = self._with_notices(detail, notices_before)
+            self.steps.append(StepResult(name, status, seconds, detail, ran_as))
+            self.record(name, status, seconds, with_users(detail, ran_as))
+            self.progress.update(self.name, name, "ok" if status == StepStatus.OK else "failed")
 
     def _with_notices(self, detail: str, count: int) -> str:
         said = self._ops.notices[count:] if self._ops is not None else []
