@@ -46,33 +46,33 @@ def restore_pre_image(
     owner: str = "",
 ) -> RestoreReply:
     """From the host's own backup, else the ledger's copy; recorded as a file version."""
+
+    def restore(content: bytes | None = None) -> RestoreReply:
+        return session.ops.restore(
+            path,
+            pre_sha256=pre_sha256,
+            content=content,
+            current_sha256=post_sha256,
+            timeout=timeout,
+        )
+
     with session.step(Step.RESTORE) as note:
         try:
             try:
-                restored = session.ops.restore(
-                    path, pre_sha256=pre_sha256, current_sha256=post_sha256, timeout=timeout
-                )
+                restored = restore()
             except RemoteOperationError as exc:
                 if exc.code not in ("backup-missing", "backup-hash-mismatch"):
                     raise
                 content = session.recorder.stored_image(pre_sha256)
                 if content is None:
                     raise
-                restored = session.ops.restore(
-                    path,
-                    pre_sha256=pre_sha256,
-                    content=content,
-                    current_sha256=post_sha256,
-                    timeout=timeout,
-                )
+                restored = restore(content)
         except Exception as exc:
             if not effect_unknown(exc):
                 raise
             # No reply: the restore may or may not have happened. Ask again: the agent reads
             # the file itself, restores it if it is still the post-image, and purges bytecode.
-            again = session.ops.restore(
-                path, pre_sha256=pre_sha256, current_sha256=post_sha256, timeout=timeout
-            )
+            again = restore()
             restored = {**again, "sha256_before": post_sha256, "changed": True}
             note["detail"] = (
                 f"the first restore did not answer ({describe_error(exc)}); asked again: "
