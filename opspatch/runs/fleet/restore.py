@@ -65,40 +65,32 @@ def restore_set(session: HostSession, found: SetOnHost) -> FileChange:
     return found.all_old()
 
 
-def halt_on_attention_or_not_serving(outcomes: Mapping[str, HostOutcome]) -> str | None:
-    """A restored file its server does not serve halts: the same restore elsewhere would take those
-    servers down too."""
-    attention = halt_on_attention(outcomes)
-    if attention:
-        return attention
-    down = not_serving(outcomes)
-    if down:
-        return f"the restored file is not served on {down} (its smoke decode failed); " + LEFT
-    return None
-
-
-LEFT = "the other hosts were left as they are"
-
-
-def not_serving(outcomes: Mapping[str, HostOutcome]) -> str | None:
+def not_served(outcomes: Mapping[str, HostOutcome], why: str = "") -> str | None:
+    """The halt reason naming the hosts whose restored file their server does not serve: the same
+    restore elsewhere would take those servers down too (None: none)."""
     down = sorted(n for n, o in outcomes.items() if o.outcome == Outcome.RESTORED_NOT_SERVING)
-    return ", ".join(down) if down else None
+    if not down:
+        return None
+    return (
+        f"the restored file is not served on {', '.join(down)} (its smoke decode failed){why}; "
+        "the other hosts were left as they are"
+    )
+
+
+def halt_on_attention_or_not_serving(outcomes: Mapping[str, HostOutcome]) -> str | None:
+    return halt_on_attention(outcomes) or not_served(outcomes)
 
 
 def halt_under_playbook(playbook: Playbook, canaries: Collection[str]) -> HaltPolicy:
-    """A rollback halts as an apply does (`restored-not-serving` counts as failed), saying which
-    restored files are not served."""
+    """A rollback halts as an apply does (`restored-not-serving` counts as failed)."""
 
     def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
         reason = playbook.halt_reason(
             {n: o.outcome for n, o in outcomes.items()}, canaries=canaries
         )
-        down = not_serving(outcomes)
-        if reason is None or down is None or halt_on_attention(outcomes):
+        if reason is None or halt_on_attention(outcomes):
             return reason
-        return (
-            f"the restored file is not served on {down} (its smoke decode failed): {reason}; {LEFT}"
-        )
+        return not_served(outcomes, f": {reason}") or reason
 
     return halt
 
