@@ -15,7 +15,7 @@ from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import LiveRefused, OpspatchError, RemoteOperationError
-from opspatch.hosts.live import LiveFix, ask_engine
+from opspatch.hosts.live import LiveEngineReply, LiveFix, ask_engine
 from opspatch.hosts.livedist import LIVE_DIST_NAME, live_distribution, plugin_sources
 from opspatch.hosts.liveinstall import (
     InstalledLive,
@@ -37,7 +37,7 @@ from opspatch.runs.fleet.session import (
     describe_error,
 )
 from opspatch.runs.fleet.standing import begin
-from opspatch.runs.judgments.live import unanswered
+from opspatch.runs.judgments.live import HeldFix, held_fixes, unanswered
 from opspatch.runs.judgments.patchset import ServerAge, server_age
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
@@ -98,6 +98,18 @@ def _run(
         progress=progress,
         restarting=(),  # nothing restarts: no drain, no router room
     )
+
+
+def of_patch(fix_id: str, patch_id: str) -> bool:
+    """A patch set's fixes are `PATCH:MODULE`."""
+    return fix_id == patch_id or fix_id.startswith(f"{patch_id}:")
+
+
+def patch_fixes(session: HostSession, patch_id: str) -> tuple[list[HeldFix], LiveEngineReply]:
+    """The patch's live fixes the engine's processes hold (one `list`), and the reply."""
+    timeout = float(session.playbook.timeouts.smoke)
+    reply = ask_engine(session.ops, LiveFix("list"), timeout=timeout, step=Step.LIVE)
+    return [h for h in held_fixes(reply) if of_patch(h.fix_id, patch_id)], reply
 
 
 def _site(session: HostSession) -> LiveSite | HostOutcome:

@@ -20,6 +20,7 @@ from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostOperations
 from opspatch.ledger.lineage import PatchedFurther
 from opspatch.ledger.store import Ledger
+from opspatch.runs.commands.live import of_patch
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.rotation import rotation_of
@@ -376,9 +377,7 @@ def with_live_fixes(
     shown: list[PatchStatus] = []
     for patch, status in zip(patches, statuses, strict=True):
         status = replace(status, live_unread=unread)
-        mine = [
-            h for h in held if h.fix_id == patch.spec.id or h.fix_id.startswith(patch.spec.id + ":")
-        ]
+        mine = [h for h in held if of_patch(h.fix_id, patch.spec.id)]
         if not mine:
             shown.append(_unread(status, unread) if unread else status)
             continue
