@@ -45,8 +45,7 @@ class ReleaseListing:
 
 
 def parse_index_json(data: Mapping[str, object], specifier: SpecifierSet) -> ReleaseListing:
-    """The releases of a PyPI JSON API answer that are in `specifier` and have a file that is not
-    yanked; `wheels` lists each one's wheel filenames (empty: sdist only)."""
+    """The releases of a PyPI JSON answer in `specifier` with a file not yanked."""
     releases = data.get("releases")
     if not isinstance(releases, dict):
         raise ValueError("the index answer has no `releases`")
@@ -92,8 +91,7 @@ def list_releases(
     offline: bool = False,
     index_url: str = DEFAULT_INDEX,
 ) -> ReleaseListing:
-    """The releases of `distribution` in `specifier`: from the index, or from the cache when
-    offline or when the index cannot be reached (the note says why)."""
+    """From the index, or from the cache when offline or it cannot be reached (`note`)."""
     note = "offline: releases listed from the cache"
     if not offline:
         url = f"{index_url.rstrip('/')}/pypi/{normalize_name(distribution)}/json"
@@ -171,8 +169,7 @@ def fetch_wheel(
 
 
 def extract_module(wheel: Path, relpaths: Sequence[str], destination: Path) -> Path | None:
-    """Extract the first of `relpaths` the wheel has into `destination` (atomically); None when the
-    wheel has none of them. An extraction already there is reused."""
+    """The first of `relpaths` the wheel has, extracted atomically (or already there)."""
     for relpath in relpaths:
         target = destination / relpath
         if target.is_file():
@@ -198,13 +195,7 @@ def release_module_source(
     offline: bool = False,
     pip: Sequence[str] = (sys.executable, "-m", "pip"),
 ) -> bytes:
-    """The released bytes of `target`'s module in one release, fetched once into the cache (what
-    `opspatch export PATCH --release VERSION` diffs against).
-
-    Raises:
-        InputError: the release cannot be fetched (offline and not cached, no wheel), or it does
-            not ship the module.
-    """
+    """What `export PATCH --release VERSION` diffs against, fetched once into the cache."""
     cache = cache or release_cache_dir()
     wheel = fetch_wheel(target.distribution, version, cache=cache, offline=offline, pip=pip)
     if isinstance(wheel, str):
@@ -235,12 +226,8 @@ def check_releases(
     index_url: str = DEFAULT_INDEX,
     pip: Sequence[str] = (sys.executable, "-m", "pip"),
 ) -> ReleaseMatrix:
-    """The portability matrix of `patch`: every release of its distribution in its range (or in
-    `spec`, or exactly `versions`), each fetched once into the cache and evaluated.
-
-    Raises:
-        InputError: `spec` is not a version range.
-    """
+    """Every release in the patch's range (or `spec`, or exactly `versions`), each fetched once
+    into the cache and evaluated."""
     cache = cache or release_cache_dir()
     target = patch.target
     range_text = spec if spec is not None else target.versions

@@ -49,10 +49,6 @@ class LedgerReport(Record):
     runs: tuple[ReportRun, ...]
 
 
-# ---------------------------------------------------------------------------------------------
-# reading the ledger
-
-
 def parse_time(stamp: str) -> datetime:
     """A ledger time (`2026-12-01T00:55:02.123456Z`) as an aware UTC datetime."""
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).astimezone(timezone.utc)
@@ -144,13 +140,7 @@ def build_report(
     since: timedelta | None = None,
     now: datetime | None = None,
 ) -> LedgerReport:
-    """The timeline of one run (and what followed it up), or of every run since `since` ago
-    (default 24 hours).
-
-    Raises:
-        InputError: no run (or several) matches `run_id`.
-        LedgerError: the ledger cannot be read.
-    """
+    """One run and what followed it up, or every run since `since` ago (default 24 hours)."""
     moment = now or datetime.now(timezone.utc)
     window, summaries = _window_runs(ledger, run_id, since, moment)
     verified = ledger.verify()
@@ -181,9 +171,7 @@ def build_report(
 def empty_report(
     location: str, *, since: timedelta | None = None, now: datetime | None = None
 ) -> LedgerReport:
-    """The timeline of a ledger nothing has been written to yet (no file yet: a read must not
-    create one): no run in the window, as a ledger with no runs reports it (`ledger list` says
-    "no runs yet" the same way)."""
+    """A ledger not yet written to (a read must not create the file) reports no run."""
     moment = now or datetime.now(timezone.utc)
     return LedgerReport(
         window=_since(since, moment)[0],
@@ -193,10 +181,6 @@ def empty_report(
         head_hash=GENESIS_HASH,
         runs=(),
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Markdown
 
 
 def cell(value: object) -> str:
@@ -227,8 +211,7 @@ def _short(stamp: str | None) -> str:
 
 
 def render_markdown(report: LedgerReport) -> str:
-    """The timeline as Markdown: a table of runs, then per run its steps (a table), its changes
-    (a table and the diffs) and what it rolled back."""
+    """A table of runs, then each run's steps, changes (with diffs) and what it rolled back."""
     verify = remedy_text(Command.LEDGER_VERIFY)
     chain = "intact" if report.chain_ok else f"BROKEN (run `{verify}`)"
     lines = [
