@@ -15,6 +15,7 @@ from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import LiveRefused, OpspatchError, RemoteOperationError
+from opspatch.hosts.agent.protocol import RemoveFilesReply
 from opspatch.hosts.live import LiveEngineReply, LiveFix, ask_engine
 from opspatch.hosts.livedist import LIVE_DIST_NAME, live_distribution, plugin_sources
 from opspatch.hosts.liveinstall import (
@@ -275,14 +276,7 @@ def _disable(session: HostSession, site: LiveSite) -> HostOutcome:
     for found, wanted in manifests:
 
         def send(found: InstalledLive = found, wanted: dict[str, str] = wanted) -> tuple[str, bool]:
-            result = remove(
-                session.ops,
-                site.purelib,
-                wanted,
-                lock_run_id=session.lock.run_id,
-                timeout=session.playbook.timeouts.swap,
-                step=Step.LIVE_DISABLE,
-            )
+            result = _remove(session, site, wanted)
             return (
                 f"removed {len(result['removed'])} file(s) of {found.dist_info} from "
                 f"{site.purelib} ({len(result['absent'])} already gone)"
@@ -312,6 +306,17 @@ def _refused(session: HostSession, error: OpspatchError) -> HostOutcome | None:
     if isinstance(error, RemoteOperationError) and error.code in NOTHING_RAN:
         return session.outcome(Outcome.FAILED, describe_error(error), reason=Reason.LOCK_HELD)
     return None
+
+
+def _remove(session: HostSession, site: LiveSite, wanted: dict[str, str]) -> RemoveFilesReply:
+    return remove(
+        session.ops,
+        site.purelib,
+        wanted,
+        lock_run_id=session.lock.run_id,
+        timeout=session.playbook.timeouts.swap,
+        step=Step.LIVE_DISABLE,
+    )
 
 
 def _manifest(found: InstalledLive) -> dict[str, str]:
@@ -369,14 +374,7 @@ class StagedPlugin:
 
     def remove(self, session: HostSession) -> FileChange:
         with session.step(Step.LIVE_DISABLE) as note:
-            result = remove(
-                session.ops,
-                self.site.purelib,
-                _manifest(self.found),
-                lock_run_id=session.lock.run_id,
-                timeout=session.playbook.timeouts.swap,
-                step=Step.LIVE_DISABLE,
-            )
+            result = _remove(session, self.site, _manifest(self.found))
             note["detail"] = f"removed {len(result['removed'])} file(s) of {self.found.dist_info}"
         return FileChange(self.record, self.inspection.file.sha256, None)
 

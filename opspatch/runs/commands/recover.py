@@ -255,11 +255,11 @@ _PROVEN = frozenset({Standing.NEW_PROVEN, Standing.NEW_PROVEN_NO_SERVER})
 """No server found may be one the agent cannot see: whether the unit serves asks its head."""
 
 
+@dataclass(frozen=True)
 class _RecoverHost:
-    def __init__(self, ledger: Ledger, scope: _Scope, patch: LoadedPatch | None) -> None:
-        self.ledger = ledger
-        self.scope = scope
-        self.patch = patch
+    ledger: Ledger
+    scope: _Scope
+    patch: LoadedPatch | None
 
     def change(self, session: HostSession) -> Change:
         versions = self.scope.versions.get(session.name, [])

@@ -74,18 +74,10 @@ class _Staged:
         return self.standing.standing in ALL_NEW
 
     def left_alone(self, session: HostSession) -> HostOutcome:
-        if self.run_id is None:
-            return session.outcome(
-                Outcome.SKIPPED,
-                note="the ledger holds no change on this host",
-                reason=Reason.NOTHING_TO_DO,
-            )
-        return session.outcome(
-            Outcome.SKIPPED,
-            file=self.standing.unchanged(),
-            note=_left_alone(self.standing, self.run_id),
-            reason=Reason.NOTHING_TO_DO,
-        )
+        file, note = None, "the ledger holds no change on this host"
+        if self.run_id is not None:
+            file, note = self.standing.unchanged(), _left_alone(self.standing, self.run_id)
+        return session.outcome(Outcome.SKIPPED, file=file, note=note, reason=Reason.NOTHING_TO_DO)
 
     def refused(self, session: HostSession) -> HostOutcome:
         assert self.run_id is not None
@@ -152,14 +144,6 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
     )
 
 
-def _plugin(
-    session: HostSession, ledger: Ledger, staged: _Staged
-) -> StagedPlugin | StagedDisable | None:
-    if staged.action != Action.LEAVE:
-        return None
-    return staged_plugin(session, ledger, locked=staged.run_id is not None)
-
-
 def _restarted_into(nodes: Nodes, what: str, proven: str) -> str:
     return f"restarted {nodes.label} as one into {what} and {proven}"
 
@@ -172,7 +156,12 @@ def _restart_plugin(
     plugins: dict[str, StagedPlugin | StagedDisable | None] = {}
     for session in nodes.sessions:
         try:
-            plugins[session.name] = _plugin(session, ledger, staged[session.name])
+            here = staged[session.name]
+            plugins[session.name] = (
+                staged_plugin(session, ledger, locked=here.run_id is not None)
+                if here.action == Action.LEAVE
+                else None
+            )
         except OpspatchError as exc:
             return refuse(nodes, {session.name: session.refused(exc)}, "could not be read")
     disabled = {n: p for n, p in plugins.items() if isinstance(p, StagedDisable)}

@@ -241,24 +241,18 @@ class _Rollback:
         if by_path:
             versions = [v for vs in by_path.values() for v in vs]
         elif self.patch is not None and self.patch.is_set:
-            return Examined.left(
-                session.outcome(
-                    Outcome.SKIPPED,
-                    note=f"the ledger has no change by the patch set {self.patch.spec.id} on "
-                    "this host (a set is rolled back from the ledger's record only)",
-                    reason=Reason.NOTHING_TO_DO,
-                )
+            set_id = self.patch.spec.id
+            return _nothing_to_do(
+                session,
+                f"the ledger has no change by the patch set {set_id} on this host (a set is "
+                "rolled back from the ledger's record only)",
             )
         else:
             versions = self.versions_for(session.name)
             if not versions and self.source_run is not None:
-                return Examined.left(
-                    session.outcome(
-                        Outcome.SKIPPED,
-                        note=f"the ledger has no change by run {self.source_run.run_id} on this "
-                        "host",
-                        reason=Reason.NOTHING_TO_DO,
-                    )
+                run_id = self.source_run.run_id
+                return _nothing_to_do(
+                    session, f"the ledger has no change by run {run_id} on this host"
                 )
         change = Change(
             versions,
@@ -323,12 +317,7 @@ class _Rollback:
                 "; its server started before the file was put back and still runs the "
                 f"patched code until it restarts (`{restart}`)"
             )
-        return Examined(
-            standing.inspection,
-            decided=session.outcome(
-                Outcome.SKIPPED, file=unchanged, note=note, reason=Reason.NOTHING_TO_DO
-            ),
-        )
+        return _nothing_to_do(session, note, standing.inspection, unchanged)
 
     def _lineage(
         self,
@@ -402,16 +391,8 @@ class _Rollback:
         live = inspection.file
         unchanged = FileChange(live.realpath, live.sha256, live.sha256)
         if detect(live.content, patch.spec).state != "applied":
-            return Examined(
-                inspection,
-                decided=session.outcome(
-                    Outcome.SKIPPED,
-                    file=unchanged,
-                    note=f"{patch.spec.id} is not on this host (and the ledger has no record of "
-                    "it)",
-                    reason=Reason.NOTHING_TO_DO,
-                ),
-            )
+            note = f"{patch.spec.id} is not on this host (and the ledger has no record of it)"
+            return _nothing_to_do(session, note, inspection, unchanged)
         pre = unapply(live.content, patch.spec)
         if isinstance(pre, NotApplicable):
             return Examined(
@@ -487,6 +468,16 @@ class _NoBackup(Exception):
         super().__init__(error.message)
         self.outcome = outcome
         self.error = error
+
+
+def _nothing_to_do(
+    session: HostSession,
+    note: str,
+    inspection: HostInspection | None = None,
+    file: FileChange | None = None,
+) -> Examined:
+    done = session.outcome(Outcome.SKIPPED, file=file, note=note, reason=Reason.NOTHING_TO_DO)
+    return Examined(inspection, decided=done)
 
 
 def _join_notes(*notes: str | None) -> str | None:

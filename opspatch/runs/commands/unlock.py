@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
@@ -47,10 +48,10 @@ def unlock_hosts(
         return run.finish(report)
 
 
+@dataclass(frozen=True)
 class _UnlockHost:
-    def __init__(self, ledger: Ledger, force_unknown: bool) -> None:
-        self.ledger = ledger
-        self.force_unknown = force_unknown
+    ledger: Ledger
+    force_unknown: bool
 
     def host(self, session: HostSession) -> HostOutcome:
         timeout = session.playbook.timeouts.lock
