@@ -168,22 +168,23 @@ def fetch_wheel(
     return problem or "pip download found no wheel"
 
 
-def extract_module(wheel: Path, relpaths: Sequence[str], destination: Path) -> Path | None:
-    """The first of `relpaths` the wheel has, extracted atomically (or already there)."""
+def extract_module(wheel: Path, target: Target, version: str, cache: Path) -> Path | None:
+    """The target's module file in the wheel, extracted atomically into the cache once."""
+    relpaths = target.module_relpaths()
+    destination = cache / normalize_name(target.distribution) / version
     for relpath in relpaths:
-        target = destination / relpath
-        if target.is_file():
-            return target
+        if (there := destination / relpath).is_file():
+            return there
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         for relpath in relpaths:
             if relpath in names:
-                target = destination / relpath
-                target.parent.mkdir(parents=True, exist_ok=True)
-                partial = target.with_name(target.name + ".partial")
+                there = destination / relpath
+                there.parent.mkdir(parents=True, exist_ok=True)
+                partial = there.with_name(there.name + ".partial")
                 partial.write_bytes(archive.read(relpath))
-                partial.replace(target)
-                return target
+                partial.replace(there)
+                return there
     return None
 
 
@@ -203,9 +204,8 @@ def release_module_source(
             f"{target.distribution} {version}: cannot fetch the release: {wheel}",
             hint=f"check the version, or run once online to fill the cache ({cache})",
         )
-    destination = cache / normalize_name(target.distribution) / version
     try:
-        module = extract_module(wheel, target.module_relpaths(), destination)
+        module = extract_module(wheel, target, version, cache)
     except (zipfile.BadZipFile, OSError) as exc:
         raise InputError(f"cannot read {wheel}: {exc}", hint="delete it and fetch again") from None
     if module is None:
@@ -258,9 +258,8 @@ def check_releases(
         if isinstance(wheel, str):
             unchecked.append(UncheckedRelease(version, wheel))
             continue
-        destination = cache / normalize_name(target.distribution) / version
         try:
-            module = extract_module(wheel, target.module_relpaths(), destination)
+            module = extract_module(wheel, target, version, cache)
         except (zipfile.BadZipFile, OSError) as exc:
             unchecked.append(UncheckedRelease(version, f"cannot read {wheel.name}: {exc}"))
             continue
