@@ -42,8 +42,6 @@ _PATCH_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 @dataclass(frozen=True)
 class Pristine:
-    """The pristine text of a host's file and where it came from."""
-
     content: bytes
     source: str
 

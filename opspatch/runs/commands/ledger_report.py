@@ -29,8 +29,6 @@ class Change(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class ReportRun(Record):
-    """One run of the timeline: its record, its changes and what it rolled back, and why."""
-
     detail: RunDetail = json_field(inline=True)
     relation: str | None  # "rollback of run X" for a run that undoes another
     changes: tuple[Change, ...]
@@ -39,8 +37,6 @@ class ReportRun(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class LedgerReport(Record):
-    """The timeline of a window of the ledger."""
-
     window: str
     generated_at: str
     ledger_path: str = json_field(key="ledger")
@@ -79,7 +75,6 @@ def _relation(summary: RunSummary) -> str | None:
 
 
 def _rolled_back(detail: RunDetail) -> list[str]:
-    """What this run rolled back, and why, one line per host."""
     lines = []
     s = detail.summary
     for host in detail.hosts:
@@ -191,7 +186,6 @@ def cell(value: object) -> str:
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
-    """A GitHub-flavoured Markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return lines

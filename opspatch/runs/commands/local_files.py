@@ -82,8 +82,6 @@ def local_file_host(python: str, state_dir: Path, key: Path) -> Host:
 
 @dataclass(frozen=True)
 class LocalPlan:
-    """A patch planned on local files, one per target, with their distribution's version."""
-
     files: tuple[Path, ...]
     version: str | None
     outcomes: tuple[Applied | AlreadyApplied | NotApplicable, ...]
@@ -126,7 +124,6 @@ def _check_target(
 
 
 def plan_local_file(loaded: LoadedPatch, file: Path, target_version: str | None) -> LocalPlan:
-    """Check that `file` is the patch's target and plan the patch on its bytes."""
     if loaded.is_set:
         modules = ", ".join(p.target.module for p in loaded.parts)
         raise InputError(
@@ -200,8 +197,6 @@ def apply_local_file(
 
 @dataclass(frozen=True)
 class LocalRollback:
-    """A rollback of local files, checked and ready to run: this machine as the one host."""
-
     host: Host
     paths: tuple[str, ...]
     patch: LoadedPatch | None
