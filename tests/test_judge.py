@@ -493,9 +493,13 @@ def test_a_large_rise_the_test_cannot_tell_is_measured_again_and_pooled_it_fails
     tpot = first.metric(Metric.TPOT)
     assert tpot.verdict == Verdict.PASS and tpot.test is not None and tpot.test.p_value > 0.01
     assert unconfirmed(first) == (Metric.TPOT,)  # per prompt +300%: unsettled, not a pass yet
-    second = judge(timed(SLOW), timed(BASE), SETTINGS, baseline_from="x", in_turns=True)
+    again = timed([b * 1.01 for b in BASE])  # in turns: the baseline measured again too
+    second = judge(timed(SLOW), again, SETTINGS, baseline_from="x", in_turns=True)
     decided = confirm(first, second)
     assert (decided.verdict, decided.metric(Metric.TPOT).verdict) == (Verdict.FAIL, Verdict.FAIL)
+    # one after the other, one baseline measurement in both: not pooled (not independent)
+    alone = confirm(first, judge(timed(SLOW), timed(BASE), SETTINGS, baseline_from="x"))
+    assert alone.metric(Metric.TPOT).verdict == Verdict.PASS
 
 
 def test_a_large_rise_the_second_measurement_does_not_repeat_is_not_a_fail() -> None:

@@ -360,8 +360,9 @@ def unconfirmed(judgment: Judgment) -> tuple[Metric, ...]:
 def confirm(first: Judgment, second: Judgment) -> Judgment:
     """`first`, each metric of `unconfirmed(first)` decided with `second` (measured again the
     same way: the changed server, and the baseline too where it still serves), and with both
-    measurements' pairs pooled. A fail stands where `second` fails too, or rises past the
-    threshold and the pooled pairs fail; else it is marginal. An unmeasured or unsettled metric
+    measurements' pairs pooled (where the baseline was measured again too). A fail stands where
+    `second` fails too, or rises past the threshold and the pooled pairs fail; else it is
+    marginal. An unmeasured or unsettled metric
     takes the pooled verdict, a fail only where `second` rises past the threshold too. Both
     figures are said."""
     candidates = unconfirmed(first)
@@ -372,12 +373,12 @@ def confirm(first: Judgment, second: Judgment) -> Judgment:
             metrics.append(metric)
             continue
         again = second.metric(metric.metric)
-        pooled = _latency_of(
-            metric.metric,
-            metric.timed + again.timed,
-            2 * len(metric.timed or again.timed),
-            settings,
-        )
+        both = metric.timed + again.timed
+        pooled = _latency_of(metric.metric, both, len(both), settings)
+        if [b for b, _ in metric.timed] == [b for b, _ in again.timed]:
+            # one baseline measurement in both (the canary's own old server): its pairs are not
+            # independent twice, so the second measurement decides alone
+            pooled = replace(again, figures=f"not pooled, one baseline: {again.figures}")
         leans = again.failed or again.unsettled or again.verdict == Verdict.UNMEASURED
         if again.verdict == Verdict.FAIL or (pooled.verdict == Verdict.FAIL and leans):
             verdict = Verdict.FAIL
