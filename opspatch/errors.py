@@ -16,7 +16,8 @@ OpspatchError                      base; carries a one-line message and optional
 │   │                              controller machine and run named)
 │   ├── ApprovalRefused            an apply needing a second operator's signature has no valid one
 │   ├── LiveRefused                a live fix cannot be taken on a host (its inventory does not
-│   │                              say `live = true`, its engine does not listen for live fixes)
+│   │   │                          say `live = true`, its engine does not listen for live fixes)
+│   │   └── PeerNotAllowed         its engine listens but refuses the agent's user
 │   └── IndexUnreachable           the package index cannot be reached to build a real engine's
 │                                  environment (the index named; what is cached is kept)
 ├── HostError                      exit 1: one host failed; carries host and step
@@ -204,6 +205,11 @@ class NotTakenLive(LiveRefused):
     `check` says would not be in effect (objects already built, a value read at import, a frame
     that never returns): the run is refused in preflight, since one who asked for no restart
     must not get one, nor an "applied" the server does not run; apply without --live restarts."""
+
+
+class PeerNotAllowed(LiveRefused):
+    """The engine listens for live fixes but refuses the agent's user (`peer-not-allowed`: only
+    root and the engine's own user may use its sockets): the agent must run as one of them."""
 
 
 class IndexUnreachable(InputError):

@@ -20,6 +20,8 @@ from opspatch.errors import (
     LockHeld,
     NotTakenLive,
     OpspatchError,
+    PeerNotAllowed,
+    RemoteOperationError,
     TargetError,
     TransportError,
 )
@@ -99,6 +101,11 @@ def _lock_held() -> LockHeld:
         ),
         (NotTakenLive("changed defaults"), Reason.NOT_TAKEN_LIVE),
         (LiveRefused("nobody listens"), Reason.NOT_LISTENING),
+        (PeerNotAllowed("listens, not for this user"), Reason.PEER_NOT_ALLOWED),
+        (
+            RemoteOperationError("no longer holds the host's lock", code="lock-lost"),
+            Reason.LOCK_LOST,
+        ),
         (TargetError("outside the version range"), Reason.NOT_APPLICABLE),
         (AnchorError("anchor matches nothing"), Reason.NOT_APPLICABLE),
         (TransportError("connection refused", host="h1"), Reason.HOST_ERROR),
