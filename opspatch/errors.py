@@ -59,6 +59,9 @@ EXIT_OK = 0
 EXIT_HOST_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_NEEDS_ATTENTION = 3
+EXIT_INTERRUPTED = 130
+"""A Ctrl-C outside a run's own handling (a run answers its own: docs/cli.md): 128 + SIGINT,
+as a shell reports a command stopped by Ctrl-C."""
 
 
 class OpspatchError(Exception):
@@ -400,11 +403,11 @@ class RunInterrupted(NeedsAttention):
 def exit_code_for(error: BaseException) -> int:
     """Map an exception to the process exit code (the one place this is decided).
 
-    Unknown exceptions are bugs in opspatch, not operator mistakes: they map to 3 because the
-    state of whatever was being changed is not known.
+    A Ctrl-C is 130 (`EXIT_INTERRUPTED`). Unknown exceptions are bugs in opspatch, not operator
+    mistakes: they map to 3 because the state of whatever was being changed is not known.
     """
     if isinstance(error, OpspatchError):
         return error.exit_code
     if isinstance(error, KeyboardInterrupt):
-        return EXIT_NEEDS_ATTENTION
+        return EXIT_INTERRUPTED
     return EXIT_NEEDS_ATTENTION
