@@ -91,9 +91,12 @@ class LiveEngineReply(Record):
 
     @property
     def peer_refused(self) -> bool:
-        """Every process answered, refusing this agent's user: the engine listens, for others."""
+        """The engine listens, but not to this agent's user: kept out before any process was
+        asked (`unread`), or refused by every process (`peer-not-allowed`)."""
         processes = self.processes()
-        return bool(processes) and all(p.code == PEER_NOT_ALLOWED for p in processes)
+        return self.unread or (
+            bool(processes) and all(p.code == PEER_NOT_ALLOWED for p in processes)
+        )
 
     def processes(self) -> tuple[ProcessAnswer, ...]:
         """One answer per engine process: the entry rank's reply split into every rank's."""
