@@ -318,7 +318,7 @@ def test_apply_file_runs_on_two_files_of_one_machine_do_not_hold_each_other_off(
         same = opspatch("apply", "eagle-init-guard", "--file", str(eagle), "--yes", "--json",
                         cwd=workspace, env=env)  # fmt: skip
         assert same.code == 2, same.stdout + same.stderr
-        assert "locked by" in same.stdout, same.stdout
+        assert [h["reason"] for h in same.json()["hosts"]] == ["lease-held"], same.stdout
         assert eagle.read_bytes() == eagle_before
     finally:
         (hold / "release").touch()
