@@ -746,6 +746,33 @@ min_python = "3.7"
     assert "Python 3.7" in outcome.reason
 
 
+@pytest.mark.parametrize(
+    ("code", "said"),
+    [
+        ("break", "'break' outside loop (line 5)"),
+        ("nonlocal n", "name 'n' is used prior to nonlocal declaration (line 5)"),
+        ("return 1\\ndef g(x, x): pass", "duplicate argument 'x' in function definition (line 6)"),
+    ],
+)
+def test_result_that_parses_but_does_not_compile_is_refused_in_the_compilers_words(
+    code: str, said: str
+) -> None:
+    # The check compiles the tree the plan parsed (issue 44): the compiler's own errors, as
+    # compiling the text says them.
+    patch = make_patch(
+        f"""
+        [[edits]]
+        kind = "insert"
+        scope = "f"
+        position = "end"
+        code = "{code}"
+        """
+    )
+    outcome = apply_patch(src("def f():\n    n = 1\n    return n\n"), patch)
+    assert isinstance(outcome, NotApplicable)
+    assert outcome.reason == f"the result fails validation: does not compile: {said}"
+
+
 def test_accept_sha256_refuses_other_pre_images() -> None:
     header = """
 id = "{id}"

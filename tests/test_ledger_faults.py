@@ -31,7 +31,7 @@ import pytest
 from opspatch.errors import LedgerError, LedgerLost
 from opspatch.ledger import Ledger, NewFileVersion
 from opspatch.runs.fleet.host_leases import Heartbeat
-from opspatch.runs.fleet.recorder import LedgerRecorder
+from opspatch.runs.fleet.recorder import Recorder as LedgerRecorder
 from tests.clirunner import opspatch
 from tests.fleetkit import wait_until
 from tests.ledgerkit import ORIGINAL, Notices, begin, begin_and_die, sha

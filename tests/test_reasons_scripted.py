@@ -17,7 +17,7 @@ from opspatch.hosts.transport.scripted import Refusal, agent_operation
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.commands.unlock import unlock_hosts
-from opspatch.runs.fleet.recorder import LedgerRecorder
+from opspatch.runs.fleet.recorder import Recorder as LedgerRecorder
 from opspatch.runs.report import HostOutcome, RunReport
 from tests.ledgerkit import begin
 from tests.scriptedkit import PRISTINE, Fleet, fleet, sha

@@ -680,7 +680,7 @@ def test_a_lease_held_across_a_cut_ledger_connection_is_reported_then_taken_over
     from opspatch.ledger import store
     from opspatch.ledger.liveness import ControllerProcess
     from opspatch.runs.fleet.host_leases import Heartbeat
-    from opspatch.runs.fleet.recorder import LedgerRecorder
+    from opspatch.runs.fleet.recorder import Recorder as LedgerRecorder
 
     elsewhere = ControllerProcess("alices-laptop", 4242, None)  # A's run is another machine's
     monkeypatch.setattr(store.ControllerProcess, "current", classmethod(lambda cls: elsewhere))
@@ -728,7 +728,7 @@ def test_a_run_keeps_its_lease_across_a_ledger_session_the_server_ended(
     connects again and gets through, so A never stops holding its lease, and says nothing of
     it; B is still refused."""
     from opspatch.runs.fleet.host_leases import Heartbeat
-    from opspatch.runs.fleet.recorder import LedgerRecorder
+    from opspatch.runs.fleet.recorder import Recorder as LedgerRecorder
 
     location, expiry, notices = postgres.fresh_ledger(), 3.0, Notices([])
     with Ledger.open(location) as alice:

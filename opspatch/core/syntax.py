@@ -101,6 +101,14 @@ def _parse_without_collection(
         return tree
 
 
+def compile_parsed(tree: ast.Module, filename: str) -> None:
+    """Compile a tree `parse_python` made, for the compiler's errors only (`SyntaxError`), without
+    parsing its text again. Under `_PARSE`: CPython 3.11 converts the tree back with the same
+    per-interpreter depth count as the parse's."""
+    with _PARSE:
+        compile(tree, filename, "exec", dont_inherit=True)
+
+
 _WARNING_FILTERS = threading.Lock()
 """`warnings.catch_warnings` saves and restores the process-wide filter list; two threads doing
 it at once (the preflight plans hosts in parallel) can restore each other's state and leave

@@ -24,20 +24,28 @@ from opspatch.core.spec import (
     ClassAttribute,
     PatchSpec,
 )
-from opspatch.core.syntax import parse_python, warnings_ignored
+from opspatch.core.syntax import MAX_AST_DEPTH, compile_parsed, parse_python, warnings_ignored
 
 
 def check_compiles(
-    new_source: bytes, filename: str, feature_version: tuple[int, int] | None
+    new_source: bytes,
+    filename: str,
+    feature_version: tuple[int, int] | None,
+    tree: ast.Module | None = None,
 ) -> list[str]:
     """Problems compiling `new_source` (and parsing it for an older Python, if named).
 
+    `tree`, when the caller has it, is `parse_python` of the same text: it is compiled instead of
+    the text (the same errors, without parsing the text again; issue 44).
     Thread-safe: the warning filters are changed under `warnings_ignored`'s lock.
     """
     problems = []
     with warnings_ignored():  # SyntaxWarnings of upstream code are not ours to judge
         try:
-            compile(new_source, filename, "exec", dont_inherit=True)
+            if tree is None:
+                compile(new_source, filename, "exec", dont_inherit=True)
+            else:
+                compile_parsed(tree, filename)
         except SyntaxError as exc:
             problems.append(f"does not compile: {exc.msg} (line {exc.lineno})")
         except ValueError as exc:  # e.g. null bytes
@@ -46,7 +54,9 @@ def check_compiles(
             problems.append("does not compile: nested too deeply for Python's compiler")
         if feature_version is not None and not problems:
             try:
-                parse_python(new_source, filename, feature_version=feature_version)
+                # a `tree` given was checked for depth when it was parsed
+                depth = None if tree is not None else MAX_AST_DEPTH
+                parse_python(new_source, filename, feature_version=feature_version, max_depth=depth)
             except SyntaxError as exc:
                 problems.append(
                     f"does not parse as Python {feature_version[0]}.{feature_version[1]}: "
@@ -227,7 +237,7 @@ def validate_result(
     """
     problems = []
     if check_compile:
-        problems += check_compiles(new_source, filename, patch.target.feature_version)
+        problems += check_compiles(new_source, filename, patch.target.feature_version, new_tree)
         if problems:
             return problems
     if new_tree is None:

@@ -27,7 +27,7 @@ from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, ModuleDiagn
 from opspatch.hosts.results import file_owner
 from opspatch.ledger.records import NewFileVersion
 from opspatch.ledger.store import Ledger
-from opspatch.runs.commands.diagnose import read_hosts
+from opspatch.runs.commands.diagnose import read_module
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import one_batch
 from opspatch.runs.fleet.fleetrun import FleetRun, per_node
@@ -42,8 +42,6 @@ _PATCH_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 @dataclass(frozen=True)
 class Pristine:
-    """The pristine text of a host's file and where it came from."""
-
     content: bytes
     source: str
 
@@ -54,8 +52,7 @@ class Pristine:
 
 @dataclass(frozen=True)
 class AdoptReport:
-    """What `adopt` wrote and recorded: the patch file, the run, and each host's outcome
-    (`applied`, `staged` or `skipped`; never a proof: adopt runs no smoke decode)."""
+    """The patch file written and the run recorded (never a proof: adopt runs no smoke)."""
 
     patch_id: str
     patch_path: str
@@ -80,8 +77,7 @@ class AdoptReport:
 
 
 def _toml_multiline(value: str) -> str:
-    """A TOML multi-line string holding exactly `value`: literal when it can be, else basic
-    with every backslash, quote and control character escaped."""
+    """Literal when it can be, else basic with every backslash, quote and control escaped."""
     if "'''" not in value and all(c in "\n\t" or ord(c) >= 32 for c in value):
         return "'''\n" + value + "'''"
     escaped = "".join(
@@ -112,7 +108,7 @@ def patch_text(
     when: datetime,
     operator: str,
 ) -> str:
-    """The patch file for an adopted edit (a `diff` edit, gated to the installed release)."""
+    """A `diff` edit, gated to the installed release."""
     summary = f"Adopt the hand edit of {module_relpath(module, path)} found on {hosts[0]}"
     rationale = (
         textwrap.fill(
@@ -148,44 +144,25 @@ def patch_text(
 def _read_one(
     hosts: Sequence[Host], factory: TransportFactory, module: str, timeout: float
 ) -> dict[str, HostDiagnosis]:
-    # The server too (same exec): one started before the edit makes the host `staged`, as
-    # `status` will call it.
+    # The server too: one started before the edit makes the host `staged`, as `status` says.
     request = DiagnoseRequest(modules=(module,), server=True, log=False)
-    found = read_hosts(hosts, factory, {h.name: request for h in hosts}, timeout)
-    read: dict[str, HostDiagnosis] = {}
-    for host in hosts:
-        d = found[host.name]
-        if not isinstance(d, HostDiagnosis):
-            raise HostError(f"could not be read; nothing adopted: {d}", host=host.name, step="read")
-        m = d.module(module)
-        if m.error is not None or m.file is None:
-            raise TargetError(
-                f"[{host.name}] module {module!r} does not resolve: {m.error}",
-                hint="check the module name and the host's engine.python",
-            )
-        read[host.name] = d
-    return read
+    return read_module(
+        hosts, factory, request, timeout, unread="could not be read; nothing adopted"
+    )
 
 
+@dataclass
 class _PristineFinder:
-    """Finds each host's pristine text (see the module docstring for the order)."""
+    """A host's pristine text: the one given, else its checkout's git HEAD, else a copy with its
+    RECORD hash (on a host read, in the ledger, then on the inventory's other hosts)."""
 
-    def __init__(
-        self,
-        given: Pristine | None,
-        ledger: Ledger | None,
-        read: dict[str, HostDiagnosis],
-        reference_hosts: Callable[[], Sequence[Host]],
-        read_more: Callable[[Sequence[Host]], dict[str, HostDiagnosis]],
-        module: str,
-    ) -> None:
-        self.given = given
-        self.ledger = ledger
-        self.read = read
-        self.reference_hosts = reference_hosts
-        self.read_more = read_more
-        self.module = module
-        self.searched_inventory = False
+    given: Pristine | None
+    ledger: Ledger | None
+    read: dict[str, HostDiagnosis]
+    reference_hosts: Callable[[], Sequence[Host]]
+    read_more: Callable[[Sequence[Host]], dict[str, HostDiagnosis]]
+    module: str
+    searched_inventory: bool = False
 
     def _verified_copy(self, record: str) -> Pristine | None:
         for name, d in self.read.items():
@@ -255,15 +232,8 @@ def adopt_edit(
     reference_hosts: Callable[[], Sequence[Host]] = lambda: (),
     timeout: float = 150.0,
 ) -> AdoptReport:
-    """Turn the hand edit of `module` on `hosts` into `patches/<patch_id>.toml` and record it.
-
-    Raises (nothing written, nothing recorded):
-        InputError: a bad or taken id, no edit to adopt, hosts with different edits, no
-            pristine text, an edit that does not validate as a patch.
-        TargetError: the module does not resolve on a host.
-        HostError: a host could not be read.
-        LedgerIntegrityError: the ledger's chain is broken.
-    """
+    """Turn the hand edit of `module` on `hosts` into `patches/<patch_id>.toml` and record it;
+    any refusal comes before anything is written or recorded."""
     # Long because: the adoption's steps in the order they may refuse, nothing written before the last check
     if not _PATCH_ID.match(patch_id):
         raise InputError(
@@ -344,7 +314,7 @@ def adopt_edit(
 
 
 def _prove(text: str, patch_id: str, pristine: bytes, live: bytes) -> None:
-    """The patch text loads, and applied to the pristine bytes gives the live bytes exactly."""
+    """The patch loads and, applied to the pristine bytes, gives the live bytes exactly."""
     with tempfile.TemporaryDirectory(prefix="opspatch-adopt-") as folder:
         path = Path(folder) / f"{patch_id}.toml"
         path.write_text(text, encoding="utf-8")
@@ -363,7 +333,6 @@ def _prove(text: str, patch_id: str, pristine: bytes, live: bytes) -> None:
 
 
 def _serving(diagnosis: HostDiagnosis) -> bool:
-    """Whether the host's engine runs (a process found that is alive), as its diagnosis says."""
     return diagnosis.server is not None and diagnosis.server.running
 
 
@@ -376,9 +345,8 @@ def _record(
     down: set[str],
     factory: TransportFactory,
 ) -> RunReport:
-    """The adoption as a recorded run (no lock, no lease, nothing sent): per edited host a file
-    version pristine -> live; `applied` only where the running server started after the edit,
-    else `staged` (adopt saw nothing serve)."""
+    """A recorded run (no lock, no lease, nothing sent): per edited host a file version
+    pristine -> live."""
     recorded_hosts = [h for h in hosts if h.name in edited]
 
     def one(session: HostSession) -> HostOutcome:
@@ -421,7 +389,7 @@ def _adopted(
     *,
     down: bool,
 ) -> HostOutcome:
-    """One host's adoption recorded: its read, its file version, its outcome (see `_record`)."""
+    """`applied` only where the running server started after the edit, else `staged`."""
     f = m.file
     assert f is not None
     detail = (

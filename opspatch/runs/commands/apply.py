@@ -49,8 +49,7 @@ if TYPE_CHECKING:  # the live strategy by `--live` only (`_live_apply`), the jud
 
 @dataclass(frozen=True)
 class LocalFiles:
-    """An apply to files on the controller's own disk (`--file`, `--root`), with the plans
-    already shown; there is no server, so a swapped host is `applied`."""
+    """`--file`/`--root`: no server, so a swapped host is `applied`."""
 
     paths: tuple[str, ...]
     version: str | None
@@ -59,8 +58,7 @@ class LocalFiles:
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why one host refuses an apply before anything changes, made in `_prepare` only (the
-    plan of a host the patch does not fit: its unit's nodes are compared on it)."""
+    """Why one host refuses an apply (`prepared`: a misfit's plan, its unit compared on it)."""
 
     reason: Reason
     outcome: HostOutcome
@@ -73,13 +71,11 @@ class Refusal:
 
 
 def _read(item: Prepared | Refusal | None) -> Prepared | None:
-    """What the preflight read on a host, refused or not (None: it read nothing)."""
     return item.prepared if isinstance(item, Refusal) else item
 
 
 def refused_because(refusals: Sequence[Refusal]) -> list[str]:
-    """Why a run is refused, a clause for each kind of refusal, in the order an operator fixes
-    them."""
+    """A clause per kind of refusal, in the order an operator fixes them."""
     said: set[Reason] = set()
 
     def names(*reasons: Reason) -> list[str]:
@@ -135,12 +131,8 @@ def apply_to_hosts(
     local: LocalFiles | None = None,
     live: LiveFormer | None = None,
 ) -> RunReport:
-    """Apply `patch` across `hosts` under `playbook` (a dry run locks and records nothing);
-    `command`: the run's name in the ledger (`sync` applies through this run).
-
-    Raises, before any host is touched: LedgerIntegrityError, ApprovalRefused, UnitRefused
-    (part of a unit), LiveRefused (`live` over hosts not `live = true`).
-    """
+    """Apply `patch` across `hosts` (a dry run locks and records nothing); `command`: the
+    run's name in the ledger (`sync` applies through this run)."""
     progress = progress or NoProgress()
     taking = None if live is None else _live_apply(patch, hosts, playbook, live)
     if local is None and (
@@ -174,8 +166,6 @@ def apply_to_hosts(
 def _live_apply(
     patch: LoadedPatch, hosts: Sequence[Host], playbook: Playbook, former: LiveFormer
 ) -> LiveApply:
-    """The live strategy of an apply; `LiveRefused` for a host not `live = true`, or a
-    playbook that never restarts."""
     from opspatch.runs.fleet.liveapply import LiveApply, refuse_unless_live
 
     refuse_unless_live(hosts)
@@ -195,7 +185,6 @@ def units_refused(
     *,
     planned: bool = False,
 ) -> UnitRefused | None:
-    """Why an apply of `patch` over `hosts` is refused for taking part of a unit, or None."""
     return unit_refusal(
         hosts,
         command=f"an apply of {patch}" if planned else command,
@@ -206,7 +195,6 @@ def units_refused(
 
 
 def _unlike(unlike: Sequence[NotUniform]) -> str:
-    """Why a run over units whose nodes are not alike is refused, each odd node named."""
     return (
         "the nodes of a unit must run the same release and hold the same pre-image of every "
         "target file (else its server would run two versions of its code): "
@@ -217,7 +205,6 @@ def _unlike(unlike: Sequence[NotUniform]) -> str:
 
 
 def _odd_node(outcome: HostOutcome, unlike: Sequence[NotUniform]) -> HostOutcome:
-    """A refused host's outcome, saying how it differs from its unit's other nodes."""
     odd = [d.describe() for u in unlike for d in u.differences if d.node == outcome.host]
     if not odd or outcome.error:
         return outcome
@@ -231,8 +218,7 @@ def _odd_node(outcome: HostOutcome, unlike: Sequence[NotUniform]) -> HostOutcome
 def not_applicable_error(
     loaded: LoadedPatch, target: str, outcome: NotApplicable, *, part: int = 0
 ) -> SpecError:
-    """A NotApplicable outcome as an error naming the patch file, line and field, and the target
-    (`part`: which target of a patch set)."""
+    """A misfit naming the patch file, line and field, and the target (`part` of a set)."""
     reason = f"{target}: {outcome.reason}"
     if loaded.is_set:
         reason = f"{loaded.parts[part].target.module} ({reason})"
@@ -250,7 +236,6 @@ def not_applicable_error(
 
 
 def misfit_reason(patch: LoadedPatch, item: PreparedFile) -> str:
-    """Why a target does not fit: the patch file, line and field."""
     if item.version_problem is not None:
         problem = item.version_problem
         if patch.is_set:
@@ -263,8 +248,6 @@ def misfit_reason(patch: LoadedPatch, item: PreparedFile) -> str:
 
 @dataclass
 class _FleetApply:
-    """One apply across hosts: preflight every host, refuse or roll out under the playbook."""
-
     patch: LoadedPatch
     playbook: Playbook
     hosts: Sequence[Host]
@@ -307,7 +290,7 @@ class _FleetApply:
                 return refused
             ready = {n: p for n, p in prepared.items() if isinstance(p, Prepared)}  # every host
             if self.dry_run:
-                return self._dry_run_report(ready)
+                return self._would_apply(ready)
             leased = fleet.lease(
                 {
                     n: host_identity(self.sessions[n].host, p.inspection.facts)
@@ -318,10 +301,7 @@ class _FleetApply:
             )
             return leased if leased is not None else self._roll_out(ready)
 
-    # -- preflight ------------------------------------------------------------------------
-
     def _prepare(self, session: HostSession) -> Prepared | Refusal:
-        """Begin + plan on one host (nothing is changed here): its plan, or why it refuses."""
         try:
             if self.local is not None:
                 prepared = self.pipeline.prepare(
@@ -347,8 +327,7 @@ class _FleetApply:
         return Refusal(Reason.NOT_APPLICABLE, skipped, prepared=prepared)
 
     def _refusals(self, prepared: Mapping[str, Prepared | Refusal]) -> RunReport | None:
-        """A run where some host refuses, or a unit's nodes are not alike, is refused before
-        anything changes, with the reason that is true; the other hosts are not started."""
+        """Some host refuses, or a unit's nodes are not alike: refused before any change."""
         refusals = [r for h in self.hosts if isinstance(r := prepared[h.name], Refusal)]
         unlike = self._units_not_alike(prepared)
         if not refusals and not unlike:
@@ -377,8 +356,7 @@ class _FleetApply:
         return self.fleet.refuse(outcomes, halted=halted)
 
     def _units_not_alike(self, prepared: Mapping[str, Prepared | Refusal]) -> list[NotUniform]:
-        """Each unit whose nodes differ in release or in a target file's pre-image (a node not
-        inspected differs too)."""
+        """Units whose nodes differ in release or a pre-image (a node not read differs too)."""
         found = []
         units = {(h.inventory, h.unit.name): h.unit for h in self.hosts if h.unit is not None}
         for unit in units.values():
@@ -394,7 +372,7 @@ class _FleetApply:
                 found.append(judged)
         return found
 
-    def _dry_run_report(self, prepared: Mapping[str, Prepared]) -> RunReport:
+    def _would_apply(self, prepared: Mapping[str, Prepared]) -> RunReport:
         outcomes = []
         for host in self.hosts:
             session, item = self.sessions[host.name], prepared[host.name]
@@ -410,8 +388,6 @@ class _FleetApply:
         return RunReport(
             None, self.command, self.patch.spec.id, hosts=tuple(outcomes), dry_run=True
         )
-
-    # -- the rollout ---------------------------------------------------------------------------
 
     def _roll_out(self, ready: Mapping[str, Prepared]) -> RunReport:
         plan = plan_rollout(self.playbook, self.fleet.items())
@@ -432,7 +408,6 @@ class _FleetApply:
         return self.fleet.report(outcomes, halted=halted)
 
     def _judge_plan(self, ready: Mapping[str, Prepared], canaries: Sequence[str]) -> JudgePlan:
-        """The judge of this rollout: the hosts it proves and each one's build."""
         from opspatch.runs.fleet.judging import JudgePlan
 
         assert self.playbook.judge is not None
@@ -455,8 +430,7 @@ class _FleetApply:
         outcomes: dict[str, HostOutcome],
         halted: str,
     ) -> str:
-        """`on_halt = "rollback-run"`: restore every host this run applied, in a follow-up run
-        over the same sessions; the halt reason, with why the rollback stopped."""
+        """`on_halt = "rollback-run"`: a follow-up run restores every host this run applied."""
         names = [
             name
             for name in self.fleet.names

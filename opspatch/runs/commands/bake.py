@@ -44,9 +44,7 @@ _TAG_SUFFIX = re.compile(r"[^A-Za-z0-9_.-]")
 
 @dataclass(frozen=True)
 class BakeRequest:
-    """What to bake: `patch` on top of `image`, tagged `tag` (None: derived from the image and
-    the patch), built by `runtime`; with `context_dir`, the build context is written there and
-    nothing is built. `python` is the image's interpreter."""
+    """With `context_dir`, the build context is written there and nothing is built."""
 
     image: str
     tag: str | None = None
@@ -74,15 +72,8 @@ def bake_image(
     progress: Progress | None = None,
     image_runtime: ImageRuntime | None = None,
 ) -> RunReport:
-    """Bake `patch` into a new image on top of `request.image` (see the module's docstring),
-    with `image_runtime` (default: `request.runtime` on this machine).
-
-    Raises (nothing built, nothing recorded):
-        InputError: the runtime is missing or not allowed, the image is not found, the tag
-            exists already or is malformed, the context directory is not empty.
-    Raises (the run recorded as refused; nothing built):
-        InputError: the patch does not fit the image's file(s), or the image carries it already.
-    """
+    """Bake `patch` into a new image on top of `request.image`, planned and checked in a
+    scratch container of it (a refusal there is recorded; before it nothing is)."""
     progress = progress or NoProgress()
     runtime = image_runtime or ImageRuntime.on_controller(request.runtime)
     tag = request.tag or default_tag(request.image, patch.spec.id)
@@ -174,8 +165,7 @@ class _Bake:
             return session.refused(exc)
 
     def refuse_misfits(self, prepared: Prepared, fleet: FleetRun) -> None:
-        """Raises InputError when the patch does not fit the image's files, or they carry it
-        already: nothing to build (`recorded_run` records the run refused)."""
+        """InputError (the run recorded refused): nothing to build."""
         misfit = prepared.misfit
         if misfit is not None:
             fleet.release_all()
@@ -191,8 +181,8 @@ class _Bake:
             )
 
     def host(self, session: HostSession, prepared: Prepared) -> HostOutcome:
-        """Check the patched files with the image's interpreter, then build (or write) the
-        image's context and record its file versions."""
+        """The swap checks the patched files with the image's interpreter, then the image is
+        built (or its context written) and its file versions recorded."""
         files = [self._baked(item) for item in prepared.pending]
         try:
             with session.step(Step.SWAP) as note:  # compiled by the image's own interpreter
@@ -271,12 +261,7 @@ class _Bake:
         )
 
     def _inspect_built(self) -> ImageIdentity:
-        """The image just built as the tag. One that cannot be inspected is untagged again, so
-        a failed bake leaves no image behind (the tag did not exist before the build).
-
-        Raises:
-            HostError: it could not be inspected (saying whether the tag is gone).
-        """
+        """One that cannot be inspected is untagged again: a failed bake leaves no image."""
         try:
             return self.runtime.inspect(self.tag)
         except OpspatchError as exc:
@@ -308,8 +293,7 @@ class _Bake:
         )
 
     def _record(self, session: HostSession, prepared: Prepared, *, image_id: str) -> None:
-        """The image's file versions: pre- and post-images in the ledger, the container record
-        naming the image (no id while only its context is written) and its base."""
+        """The container record names the image (no id while only its context is written)."""
         image = ContainerRecord(self.request.runtime, self.tag, image_id, "", self.request.image)
         for item in prepared.pending:
             plan, seen = item.applied, item.inspection.file

@@ -45,8 +45,7 @@ class ReleaseListing:
 
 
 def parse_index_json(data: Mapping[str, object], specifier: SpecifierSet) -> ReleaseListing:
-    """The releases of a PyPI JSON API answer that are in `specifier` and have a file that is not
-    yanked; `wheels` lists each one's wheel filenames (empty: sdist only)."""
+    """The releases of a PyPI JSON answer in `specifier` with a file not yanked."""
     releases = data.get("releases")
     if not isinstance(releases, dict):
         raise ValueError("the index answer has no `releases`")
@@ -92,8 +91,7 @@ def list_releases(
     offline: bool = False,
     index_url: str = DEFAULT_INDEX,
 ) -> ReleaseListing:
-    """The releases of `distribution` in `specifier`: from the index, or from the cache when
-    offline or when the index cannot be reached (the note says why)."""
+    """From the index, or from the cache when offline or it cannot be reached (`note`)."""
     note = "offline: releases listed from the cache"
     if not offline:
         url = f"{index_url.rstrip('/')}/pypi/{normalize_name(distribution)}/json"
@@ -170,23 +168,23 @@ def fetch_wheel(
     return problem or "pip download found no wheel"
 
 
-def extract_module(wheel: Path, relpaths: Sequence[str], destination: Path) -> Path | None:
-    """Extract the first of `relpaths` the wheel has into `destination` (atomically); None when the
-    wheel has none of them. An extraction already there is reused."""
+def extract_module(wheel: Path, target: Target, version: str, cache: Path) -> Path | None:
+    """The target's module file in the wheel, extracted atomically into the cache once."""
+    relpaths = target.module_relpaths()
+    destination = cache / normalize_name(target.distribution) / version
     for relpath in relpaths:
-        target = destination / relpath
-        if target.is_file():
-            return target
+        if (there := destination / relpath).is_file():
+            return there
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         for relpath in relpaths:
             if relpath in names:
-                target = destination / relpath
-                target.parent.mkdir(parents=True, exist_ok=True)
-                partial = target.with_name(target.name + ".partial")
+                there = destination / relpath
+                there.parent.mkdir(parents=True, exist_ok=True)
+                partial = there.with_name(there.name + ".partial")
                 partial.write_bytes(archive.read(relpath))
-                partial.replace(target)
-                return target
+                partial.replace(there)
+                return there
     return None
 
 
@@ -198,13 +196,7 @@ def release_module_source(
     offline: bool = False,
     pip: Sequence[str] = (sys.executable, "-m", "pip"),
 ) -> bytes:
-    """The released bytes of `target`'s module in one release, fetched once into the cache (what
-    `opspatch export PATCH --release VERSION` diffs against).
-
-    Raises:
-        InputError: the release cannot be fetched (offline and not cached, no wheel), or it does
-            not ship the module.
-    """
+    """What `export PATCH --release VERSION` diffs against, fetched once into the cache."""
     cache = cache or release_cache_dir()
     wheel = fetch_wheel(target.distribution, version, cache=cache, offline=offline, pip=pip)
     if isinstance(wheel, str):
@@ -212,9 +204,8 @@ def release_module_source(
             f"{target.distribution} {version}: cannot fetch the release: {wheel}",
             hint=f"check the version, or run once online to fill the cache ({cache})",
         )
-    destination = cache / normalize_name(target.distribution) / version
     try:
-        module = extract_module(wheel, target.module_relpaths(), destination)
+        module = extract_module(wheel, target, version, cache)
     except (zipfile.BadZipFile, OSError) as exc:
         raise InputError(f"cannot read {wheel}: {exc}", hint="delete it and fetch again") from None
     if module is None:
@@ -235,12 +226,8 @@ def check_releases(
     index_url: str = DEFAULT_INDEX,
     pip: Sequence[str] = (sys.executable, "-m", "pip"),
 ) -> ReleaseMatrix:
-    """The portability matrix of `patch`: every release of its distribution in its range (or in
-    `spec`, or exactly `versions`), each fetched once into the cache and evaluated.
-
-    Raises:
-        InputError: `spec` is not a version range.
-    """
+    """Every release in the patch's range (or `spec`, or exactly `versions`), each fetched once
+    into the cache and evaluated."""
     cache = cache or release_cache_dir()
     target = patch.target
     range_text = spec if spec is not None else target.versions
@@ -271,9 +258,8 @@ def check_releases(
         if isinstance(wheel, str):
             unchecked.append(UncheckedRelease(version, wheel))
             continue
-        destination = cache / normalize_name(target.distribution) / version
         try:
-            module = extract_module(wheel, target.module_relpaths(), destination)
+            module = extract_module(wheel, target, version, cache)
         except (zipfile.BadZipFile, OSError) as exc:
             unchecked.append(UncheckedRelease(version, f"cannot read {wheel.name}: {exc}"))
             continue

@@ -43,10 +43,8 @@ MAX_HOSTS_AT_ONCE = 16
 
 @dataclass(frozen=True)
 class DiagnoseOptions:
-    """How far to look: `since_seconds` (else since the server's last start), `decode` (run
-    the playbook's smoke decode: on a broken host it may crash the server), extra `modules`
-    beside the workspace patches' (each must resolve on some host), `max_log_read` (bytes of
-    the log read from its end)."""
+    """How far to look; `decode` runs the smoke decode (it may crash a broken server), each of
+    `modules` must resolve on some host."""
 
     since_seconds: float | None = None
     decode: bool = False
@@ -82,9 +80,7 @@ def _read(
 
 
 def _live_list(ops: HostOperations) -> LiveEngineReply | str | None:
-    """The engine's live fixes in memory, on a host with `live = true` (one exec more there
-    only); None elsewhere; why not when the engine cannot be asked (the diagnosis stands
-    without, saying so)."""
+    """On a `live = true` host only; why not, when the engine cannot be asked."""
     if not ops.host.live:
         return None
     try:
@@ -94,13 +90,9 @@ def _live_list(ops: HostOperations) -> LiveEngineReply | str | None:
 
 
 def _with_live(report: HostReport, d: HostDiagnosis) -> HostReport:
-    """The report naming each live fix an engine process holds in memory, with its definitions
-    and processes (a warning when the file on disk is no longer the one it was taken from: the
-    next restart loses it), and a problem when what the engine holds could not be listed (its
-    processes not asked, or some not answering): a clean report must not stand on a look that
-    was not made. A server that started before a module last changed but holds, in every
-    process that answered, a live fix taken from these very bytes runs that change (`status`
-    says `applied`): its `server-runs-old-code` gives way to the fix's finding."""
+    """Each live fix in memory (a warning when the file drifted from it), and a problem when
+    the engine could not be fully listed: a clean report must not stand on a look not made.
+    A fix taken live from the file's very bytes replaces `server-runs-old-code`."""
     found: list[Finding] = []
     silent = [p.describe() for p in d.live.processes() if not p.ok] if d.live else []
     if d.live is not None and d.live.unread:
@@ -120,7 +112,6 @@ def _with_live(report: HostReport, d: HostDiagnosis) -> HostReport:
     for held in held_fixes(d.live):
         by_fix.setdefault(held.fix_id, []).append(held)
     running_live: set[str] = set()
-    """The files whose change the server runs live (their `server-runs-old-code` goes)."""
     for fix_id, holders in by_fix.items():
         module = holders[0].module or "its module"
         file = files.get(module)
@@ -170,8 +161,7 @@ def read_hosts(
     request_for: Mapping[str, DiagnoseRequest],
     timeout: float,
 ) -> dict[str, HostDiagnosis | str]:
-    """One `diagnose` exec per host, in parallel: the diagnosis, or why the host could not be
-    read (a string)."""
+    """One `diagnose` exec per host, in parallel: the diagnosis, or why not (a string)."""
     by_name = {h.name: h for h in hosts}
     return map_hosts(
         lambda name: _read(by_name[name], factory, request_for[name], timeout),
@@ -181,7 +171,6 @@ def read_hosts(
 
 
 def _require_resolving(modules: Sequence[str], found: Mapping[str, HostDiagnosis | str]) -> None:
-    """An explicitly named module must resolve on at least one reachable host."""
     read = [d for d in found.values() if isinstance(d, HostDiagnosis)]
     for module in modules:
         errors = [d.module(module).error for d in read if d.module(module).error]
@@ -195,9 +184,8 @@ def _require_resolving(modules: Sequence[str], found: Mapping[str, HostDiagnosis
 def reference_texts(
     found: Mapping[str, HostDiagnosis | str],
 ) -> tuple[dict[str, bytes], dict[str, str]]:
-    """Bytes known by sha256 from the fleet itself: every file that equals its RECORD hash (a
-    RECORD-verified copy of that release) and every checkout's HEAD text; with where each
-    came from."""
+    """Bytes by sha256 from the fleet itself (RECORD-verified files, checkouts' HEADs), and
+    where each came from."""
     texts: dict[str, bytes] = {}
     sources: dict[str, str] = {}
     for host, d in found.items():
@@ -218,7 +206,6 @@ def reference_texts(
 
 
 def _ledger_texts(ledger: Ledger | None, wanted: set[str], texts: dict[str, bytes]) -> None:
-    """Add the ledger's stored bytes for each wanted sha256 not already known."""
     if ledger is None:
         return
     for sha in sorted(wanted - set(texts)):
@@ -231,9 +218,8 @@ def _ledger_texts(ledger: Ledger | None, wanted: set[str], texts: dict[str, byte
 def analyse_exceptions(
     d: HostDiagnosis, specs: Sequence[PatchSpec], ignore: Sequence[str] = ()
 ) -> tuple[ExceptionReport, ...]:
-    """Each logged exception with the patches that fix it; a missing attribute explained from
-    its class's source as the host has it; one logged only with a warning that `ignore` (the
-    playbook's `ignore_patterns`) names is passed over, as the smoke passes it over."""
+    """Each logged exception with the patches that fix it, a missing attribute explained from
+    the host's source; one `ignore` names is passed over, as the smoke passes it."""
     reports = []
     for group in d.log.tracebacks if d.log else ():
         fixes: tuple[FixMatch, ...] = ()
@@ -286,11 +272,7 @@ def diagnose_fleet(
     ledger: Ledger | None,
     options: DiagnoseOptions,
 ) -> FleetDiagnosis:
-    """Diagnose every host (see the module docstring); never raises for a host-level problem.
-
-    Raises:
-        TargetError: a module named in `options.modules` resolves on no host that was read.
-    """
+    """Never raises for a host-level problem; TargetError: a named module resolves nowhere."""
     modules = tuple(
         dict.fromkeys([q.target.module for p in patches for q in p.parts] + list(options.modules))
     )
@@ -348,7 +330,6 @@ def diagnose_fleet(
 
 
 def _baked(d: HostDiagnosis, m: ModuleDiagnosis) -> BakedLabels | None:
-    """The bake the container's image carries for this module's file, if its bytes are it."""
     return baked_in(d.container, m.file.realpath, m.file.sha256) if m.file is not None else None
 
 
@@ -357,8 +338,7 @@ def _with_recreated(
     d: HostDiagnosis,
     histories: Mapping[tuple[str, str], Sequence[FileVersion]],
 ) -> HostReport:
-    """The report with a problem for each module whose last patch was written in another
-    container than the one running now (recreated from its image: the fix is gone)."""
+    """A problem for each module last patched in another container (recreated: fix gone)."""
     found = [
         Finding("container-recreated", PROBLEM, "the fix is no longer there", said)
         for m in d.modules
@@ -368,14 +348,9 @@ def _with_recreated(
     return replace(report, findings=(*found, *report.findings)) if found else report
 
 
-# ---------------------------------------------------------------------------------------------
-# lint-init --hosts
-
-
 @dataclass(frozen=True)
 class ModuleSource:
-    """A module's source as one or more hosts have it (hosts with the same bytes share one),
-    with its package siblings and the same-package modules it imports (`related`)."""
+    """A module's source, shared by the hosts with the same bytes; `related`: its package's."""
 
     hosts: tuple[str, ...]
     path: str
@@ -386,31 +361,46 @@ class ModuleSource:
     version: str | None
 
 
-def read_module_sources(
-    hosts: Sequence[Host], factory: TransportFactory, module: str, *, timeout: float
-) -> list[ModuleSource]:
-    """The module's source on every host (one exec each), one entry per distinct text.
-
-    Raises:
-        TargetError: the module does not resolve on a host.
-        HostError: a host could not be read.
-        InputError: a host's file is not UTF-8 text.
-    """
-    request = DiagnoseRequest(
-        modules=(module,), server=False, log=False, source_modules=(module,), facts=False
-    )
+def read_module(
+    hosts: Sequence[Host],
+    factory: TransportFactory,
+    request: DiagnoseRequest,
+    timeout: float,
+    *,
+    unread: str = "could not be read",
+) -> dict[str, HostDiagnosis]:
+    """Every host read about `request`'s one module. Raises HostError (a host not read) or
+    TargetError (the module does not resolve there)."""
+    (module,) = request.modules
     found = read_hosts(hosts, factory, {h.name: request for h in hosts}, timeout)
-    distinct: dict[str, ModuleSource] = {}
+    read: dict[str, HostDiagnosis] = {}
     for host in hosts:
         d = found[host.name]
         if not isinstance(d, HostDiagnosis):
-            raise HostError(f"could not be read: {d}", host=host.name, step="read")
+            raise HostError(f"{unread}: {d}", host=host.name, step="read")
         m = d.module(module)
         if m.error is not None or m.file is None:
             raise TargetError(
                 f"[{host.name}] module {module!r} does not resolve: {m.error}",
                 hint="check the module name and the host's engine.python",
             )
+        read[host.name] = d
+    return read
+
+
+def read_module_sources(
+    hosts: Sequence[Host], factory: TransportFactory, module: str, *, timeout: float
+) -> list[ModuleSource]:
+    """The module's source on every host, one entry per distinct text; InputError: not UTF-8."""
+    request = DiagnoseRequest(
+        modules=(module,), server=False, log=False, source_modules=(module,), facts=False
+    )
+    found = read_module(hosts, factory, request, timeout)
+    distinct: dict[str, ModuleSource] = {}
+    for host in hosts:
+        d = found[host.name]
+        m = d.module(module)
+        assert m.file is not None
         sha = m.file.sha256
         if sha in distinct:
             known = distinct[sha]

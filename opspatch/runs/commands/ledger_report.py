@@ -29,8 +29,6 @@ class Change(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class ReportRun(Record):
-    """One run of the timeline: its record, its changes and what it rolled back, and why."""
-
     detail: RunDetail = json_field(inline=True)
     relation: str | None  # "rollback of run X" for a run that undoes another
     changes: tuple[Change, ...]
@@ -39,18 +37,12 @@ class ReportRun(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class LedgerReport(Record):
-    """The timeline of a window of the ledger."""
-
     window: str
     generated_at: str
     ledger_path: str = json_field(key="ledger")
     chain_ok: bool
     head_hash: str
     runs: tuple[ReportRun, ...]
-
-
-# ---------------------------------------------------------------------------------------------
-# reading the ledger
 
 
 def parse_time(stamp: str) -> datetime:
@@ -83,7 +75,6 @@ def _relation(summary: RunSummary) -> str | None:
 
 
 def _rolled_back(detail: RunDetail) -> list[str]:
-    """What this run rolled back, and why, one line per host."""
     lines = []
     s = detail.summary
     for host in detail.hosts:
@@ -144,13 +135,7 @@ def build_report(
     since: timedelta | None = None,
     now: datetime | None = None,
 ) -> LedgerReport:
-    """The timeline of one run (and what followed it up), or of every run since `since` ago
-    (default 24 hours).
-
-    Raises:
-        InputError: no run (or several) matches `run_id`.
-        LedgerError: the ledger cannot be read.
-    """
+    """One run and what followed it up, or every run since `since` ago (default 24 hours)."""
     moment = now or datetime.now(timezone.utc)
     window, summaries = _window_runs(ledger, run_id, since, moment)
     verified = ledger.verify()
@@ -181,9 +166,7 @@ def build_report(
 def empty_report(
     location: str, *, since: timedelta | None = None, now: datetime | None = None
 ) -> LedgerReport:
-    """The timeline of a ledger nothing has been written to yet (no file yet: a read must not
-    create one): no run in the window, as a ledger with no runs reports it (`ledger list` says
-    "no runs yet" the same way)."""
+    """A ledger not yet written to (a read must not create the file) reports no run."""
     moment = now or datetime.now(timezone.utc)
     return LedgerReport(
         window=_since(since, moment)[0],
@@ -195,10 +178,6 @@ def empty_report(
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Markdown
-
-
 def cell(value: object) -> str:
     """A Markdown table cell: one line, pipes escaped."""
     text = "" if value is None else str(value)
@@ -207,7 +186,6 @@ def cell(value: object) -> str:
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
-    """A GitHub-flavoured Markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return lines
@@ -227,8 +205,7 @@ def _short(stamp: str | None) -> str:
 
 
 def render_markdown(report: LedgerReport) -> str:
-    """The timeline as Markdown: a table of runs, then per run its steps (a table), its changes
-    (a table and the diffs) and what it rolled back."""
+    """A table of runs, then each run's steps, changes (with diffs) and what it rolled back."""
     verify = remedy_text(Command.LEDGER_VERIFY)
     chain = "intact" if report.chain_ok else f"BROKEN (run `{verify}`)"
     lines = [

@@ -1,5 +1,5 @@
 """`live enable` / `live disable`: the live plugin written into the engine's environment and
-removed again, as recorded fleet runs; no engine is restarted, so no host is drained."""
+removed again; no engine restarts, so no host is drained."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import LiveRefused, OpspatchError, RemoteOperationError
-from opspatch.hosts.live import LiveFix, ask_engine
+from opspatch.hosts.agent.protocol import RemoveFilesReply
+from opspatch.hosts.live import LiveEngineReply, LiveFix, ask_engine
 from opspatch.hosts.livedist import LIVE_DIST_NAME, live_distribution, plugin_sources
 from opspatch.hosts.liveinstall import (
     InstalledLive,
@@ -37,14 +38,14 @@ from opspatch.runs.fleet.session import (
     describe_error,
 )
 from opspatch.runs.fleet.standing import begin
-from opspatch.runs.judgments.live import unanswered
+from opspatch.runs.judgments.live import HeldFix, held_fixes, unanswered
 from opspatch.runs.judgments.patchset import ServerAge, server_age
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 REFUSALS = frozenset({"file-exists", "file-changed"})
-"""What the host refuses before writing or removing anything: the host is refused (exit 2)."""
+"""Refused before anything was written: the host is refused (exit 2)."""
 NOTHING_RAN = frozenset({"lock-lost", "lock-held"})
-"""The fence stopped the exec before any of it ran (another run took the lock): `failed`."""
+"""The fence stopped the exec before any of it ran: `failed`."""
 
 
 def enable_live(
@@ -55,8 +56,6 @@ def enable_live(
     playbook: Playbook,
     progress: Progress | None = None,
 ) -> RunReport:
-    """Install the live plugin in every host's engine environment; `LiveRefused` (nothing
-    changed) for a host whose inventory does not say `live = true`."""
     off = [host.name for host in hosts if not host.live]
     if off:  # apply --live's refusal says to enable first; here the order is the other way
         raise LiveRefused(
@@ -75,7 +74,6 @@ def disable_live(
     playbook: Playbook,
     progress: Progress | None = None,
 ) -> RunReport:
-    """Remove what `enable_live` installed from every host, recorded."""
     return _run(Command.LIVE_DISABLE, ledger, hosts, factory, playbook, progress, _disable)
 
 
@@ -86,11 +84,15 @@ def _run(
     factory: TransportFactory,
     playbook: Playbook,
     progress: Progress | None,
-    per_host: Callable[[HostSession], HostOutcome],
+    change: Callable[[HostSession, LiveSite], HostOutcome],
 ) -> RunReport:
+    def one(session: HostSession) -> HostOutcome:
+        site = _site(session)  # locked, and its engine environment read
+        return site if isinstance(site, HostOutcome) else change(session, site)
+
     return run_in_batches(
         command,
-        per_node(per_host),
+        per_node(one),
         ledger=ledger,
         hosts=hosts,
         factory=factory,
@@ -100,9 +102,24 @@ def _run(
     )
 
 
+def list_fixes(session: HostSession) -> LiveEngineReply:
+    """One `list` to every process of the engine."""
+    timeout = float(session.playbook.timeouts.smoke)
+    return ask_engine(session.ops, LiveFix("list"), timeout=timeout, step=Step.LIVE)
+
+
+def of_patch(fix_id: str, patch_id: str) -> bool:
+    """A patch set's fixes are `PATCH:MODULE`."""
+    return fix_id == patch_id or fix_id.startswith(f"{patch_id}:")
+
+
+def patch_fixes(session: HostSession, patch_id: str) -> tuple[list[HeldFix], LiveEngineReply]:
+    """The patch's live fixes the engine's processes hold, and the reply."""
+    reply = list_fixes(session)
+    return [h for h in held_fixes(reply) if of_patch(h.fix_id, patch_id)], reply
+
+
 def _site(session: HostSession) -> LiveSite | HostOutcome:
-    """The host locked, then its engine environment read; or the host's outcome (nothing
-    written)."""
     timeouts = session.playbook.timeouts
     try:
         _lock(session)
@@ -124,22 +141,21 @@ def _lock(session: HostSession) -> None:
 
 @dataclass(frozen=True)
 class _FileChange:
-    """One exec that installs the plugin's files or removes one installation; `wanted`: each
-    file's sha256; `present`: whether the change ends with them there or gone."""
+    """One install or removal; `wanted`: each file's sha256; `present`: there or gone after."""
 
     step: Step
     what: str
     wanted: dict[str, str]
     present: bool
     send: Callable[[], tuple[str, bool]]
-    """Sends the exec; returns the step's detail and whether it changed a file."""
+    """The step's detail and whether a file changed."""
 
 
 def _change(
     session: HostSession, root: str, change: _FileChange, *, done_before: int = 0
 ) -> bool | HostOutcome:
-    """Make `change`: whether a file changed, or the host's outcome (a refusal, or when its
-    effect is unknown what the files read back say)."""
+    """Whether a file changed, or the outcome: a refusal, or (effect unknown) what the files
+    read back say."""
     try:
         with session.step(change.step) as note:
             note["detail"], changed = change.send()
@@ -193,10 +209,7 @@ def _record_change(site: LiveSite, dist_info: str, record: bytes, *, enabled: bo
     return FileChange(path, None if enabled else digest, digest if enabled else None)
 
 
-def _enable(session: HostSession) -> HostOutcome:
-    site = _site(session)
-    if isinstance(site, HostOutcome):
-        return site
+def _enable(session: HostSession, site: LiveSite) -> HostOutcome:
     files = live_distribution(__version__, plugin_sources(), site.start)
     dist_info = f"{LIVE_DIST_NAME}-{__version__}.dist-info"
     record = files[f"{dist_info}/RECORD"]
@@ -245,10 +258,7 @@ def _enable(session: HostSession) -> HostOutcome:
     )
 
 
-def _disable(session: HostSession) -> HostOutcome:
-    site = _site(session)
-    if isinstance(site, HostOutcome):
-        return site
+def _disable(session: HostSession, site: LiveSite) -> HostOutcome:
     if not site.installed:
         return session.outcome(
             Outcome.SKIPPED,
@@ -266,14 +276,7 @@ def _disable(session: HostSession) -> HostOutcome:
     for found, wanted in manifests:
 
         def send(found: InstalledLive = found, wanted: dict[str, str] = wanted) -> tuple[str, bool]:
-            result = remove(
-                session.ops,
-                site.purelib,
-                wanted,
-                lock_run_id=session.lock.run_id,
-                timeout=session.playbook.timeouts.swap,
-                step=Step.LIVE_DISABLE,
-            )
+            result = _remove(session, site, wanted)
             return (
                 f"removed {len(result['removed'])} file(s) of {found.dist_info} from "
                 f"{site.purelib} ({len(result['absent'])} already gone)"
@@ -297,8 +300,6 @@ def _disable(session: HostSession) -> HostOutcome:
 
 
 def _refused(session: HostSession, error: OpspatchError) -> HostOutcome | None:
-    """The outcome of a change the host refused before it changed anything; None when its
-    effect is unknown, to be read back."""
     if isinstance(error, RemoteOperationError) and error.code in REFUSALS:
         text = f"refused: {error.message}"
         return session.outcome(Outcome.SKIPPED, text, reason=Reason.CHANGED_SINCE)
@@ -307,9 +308,19 @@ def _refused(session: HostSession, error: OpspatchError) -> HostOutcome | None:
     return None
 
 
+def _remove(session: HostSession, site: LiveSite, wanted: dict[str, str]) -> RemoveFilesReply:
+    return remove(
+        session.ops,
+        site.purelib,
+        wanted,
+        lock_run_id=session.lock.run_id,
+        timeout=session.playbook.timeouts.swap,
+        step=Step.LIVE_DISABLE,
+    )
+
+
 def _manifest(found: InstalledLive) -> dict[str, str]:
-    """Every file the installation's RECORD lists with the sha256 it must still have;
-    `ValueError` for a RECORD that lists a file without a hash or outside the plugin."""
+    """Each file the RECORD lists with its sha256; ValueError: unhashed, or not the plugin's."""
     listed = found.files()
     assert found.record is not None
     own = f"{found.dist_info}/RECORD"
@@ -333,15 +344,14 @@ def _manifest(found: InstalledLive) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class StagedPlugin:
-    """A plugin `live enable` wrote that the running engine does not load yet: a staged change
-    `restart` restarts into, proves, or removes."""
+    """A plugin `live enable` wrote that the running engine does not load yet: `restart`
+    restarts into it, proves it, or removes it."""
 
     site: LiveSite
     found: InstalledLive
     record: str
-    """The installation's RECORD, as `live enable` recorded it."""
     inspection: HostInspection
-    """The RECORD's file, read with the lock taken, and the server that runs."""
+    """The RECORD, read under the lock, and the server that runs."""
 
     def change(self) -> FileChange:
         return FileChange(self.record, None, self.inspection.file.sha256)
@@ -350,11 +360,9 @@ class StagedPlugin:
         return f"the live plugin {self.found.dist_info} (`live enable`)"
 
     def listens(self, session: HostSession) -> None:
-        """The proof after the smoke: every process of the restarted engine answers on its live
-        socket (`HostFailed` if not)."""
+        """After the smoke: every process answers on its live socket (HostFailed if not)."""
         with session.step(Step.LIVE) as note:
-            timeout = session.playbook.timeouts.smoke
-            reply = ask_engine(session.ops, LiveFix("list"), timeout=timeout, step=Step.LIVE)
+            reply = list_fixes(session)
             problem = unanswered(reply) or (
                 None if reply.processes() else "no process of the engine answered"
             )
@@ -365,29 +373,19 @@ class StagedPlugin:
             note["detail"] = "listening: " + ", ".join(p.process for p in reply.processes())
 
     def remove(self, session: HostSession) -> FileChange:
-        """The undo: every file the RECORD lists removed (`OpspatchError` if not)."""
         with session.step(Step.LIVE_DISABLE) as note:
-            result = remove(
-                session.ops,
-                self.site.purelib,
-                _manifest(self.found),
-                lock_run_id=session.lock.run_id,
-                timeout=session.playbook.timeouts.swap,
-                step=Step.LIVE_DISABLE,
-            )
+            result = _remove(session, self.site, _manifest(self.found))
             note["detail"] = f"removed {len(result['removed'])} file(s) of {self.found.dist_info}"
         return FileChange(self.record, self.inspection.file.sha256, None)
 
 
 @dataclass(frozen=True)
 class StagedDisable:
-    """`live disable` done on disk while the running engine keeps the plugin loaded: a staged
-    change `restart` finishes."""
+    """`live disable` done on disk while the engine keeps the plugin loaded (`listening`):
+    `restart` finishes it."""
 
     disabled: FileChange
-    """The RECORD's removal, as `live disable` recorded it (after: None)."""
     listening: tuple[str, ...]
-    """The processes that still answer on their live sockets."""
 
     def what(self) -> str:
         return (
@@ -399,7 +397,7 @@ def staged_plugin(
     session: HostSession, ledger: Ledger, *, locked: bool
 ) -> StagedPlugin | StagedDisable | None:
     """The plugin change staged on a `live = true` host, read under the lock (taken here unless
-    `locked`), or None; `OpspatchError` when the host could not be read or locked."""
+    `locked`)."""
     if not session.host.live:
         return None
     timeouts = session.playbook.timeouts
@@ -432,8 +430,7 @@ def staged_plugin(
 def _staged_disable(
     session: HostSession, ledger: Ledger, site: LiveSite, *, locked: bool
 ) -> StagedDisable | None:
-    """A disable the running engine still holds: the newest outcome about the plugin here is
-    a `live disable`, and the engine's processes still answer on their live sockets."""
+    """The newest outcome about the plugin is a `live disable`, yet processes still listen."""
     about = [
         (outcome, file)
         for _, outcome, file in ledger.outcomes_since([session.name], 0)
@@ -447,9 +444,7 @@ def _staged_disable(
     if not locked:
         _lock(session)
     with session.step(Step.LIVE) as note:
-        reply = ask_engine(
-            session.ops, LiveFix("list"), timeout=session.playbook.timeouts.smoke, step=Step.LIVE
-        )
+        reply = list_fixes(session)
         listening = tuple(p.process for p in reply.processes())
         note["detail"] = (
             "still listening after the disable: " + ", ".join(listening)
@@ -461,7 +456,6 @@ def _staged_disable(
 
 
 def _is_plugin_record(site: LiveSite, path: str) -> bool:
-    """Whether `path` is the RECORD of an `opspatch_live` installation in `site`."""
     folder, name = posixpath.split(path)
     parent, dist_info = posixpath.split(folder)
     return (

@@ -1,6 +1,5 @@
-"""Runs on files of the controller's own disk: `plan`, `apply` and `rollback` with `--file`
-(one file, the one target of a patch) or `--root` (a tree: each target of a patch set is its
-module's file under it, `<root>/a/b/c.py`)."""
+"""`plan`, `apply` and `rollback` on the controller's own files: `--file` (a patch's one
+target) or `--root` (a tree holding each target of a set at `<root>/a/b/c.py`)."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ def _normalize(name: str) -> str:
 
 
 def distribution_version_for(file: Path, target: Target) -> str | None:
-    """The version in `<site>/<distribution>-<version>.dist-info/METADATA` beside the package that
-    holds `file`, or None when the file is not inside an installed distribution (a checkout)."""
+    """The version in the dist-info beside the package holding `file` (None: a checkout)."""
     resolved = file.resolve().as_posix()
     for relpath in target.module_relpaths():
         if resolved.endswith("/" + relpath):
@@ -71,9 +69,8 @@ def distribution_version_for(file: Path, target: Target) -> str | None:
 
 
 def local_file_host(python: str, state_dir: Path, key: Path) -> Host:
-    """The controller itself as a host `local:<hostname>` for `--file` and `--root`; its lock,
-    backups and lease are `key`'s (the file or tree), so two runs on different files of one
-    machine do not hold each other off, two on one file do."""
+    """The controller as host `local:<hostname>`, its lock, backups and lease `key`'s (the file
+    or tree): runs on different files of one machine do not hold each other off."""
     key = key.resolve()
     folder = f"{key.name or 'root'}-{sha256_hex(str(key).encode())[:16]}"
     return Host.local(
@@ -85,9 +82,6 @@ def local_file_host(python: str, state_dir: Path, key: Path) -> Host:
 
 @dataclass(frozen=True)
 class LocalPlan:
-    """A patch planned on local files: one per target (`--file`: the one; `--root`: a set's,
-    found under `root`), their distribution's version (if known) and each plan's outcome."""
-
     files: tuple[Path, ...]
     version: str | None
     outcomes: tuple[Applied | AlreadyApplied | NotApplicable, ...]
@@ -103,14 +97,12 @@ class LocalPlan:
 
     @property
     def key(self) -> Path:
-        """What the run's lock is about: the tree, or the one file."""
         return self.root if self.root is not None else self.files[0]
 
 
 def _check_target(
     loaded: LoadedPatch, part: int, file: Path, version: str | None, *, root: Path | None
 ) -> None:
-    """Raises TargetError: `file` is not target `part`'s module, or its version is outside."""
     target = loaded.parts[part].target
     path = str(file.resolve())
     field = loaded.target_field(part, "module")
@@ -132,12 +124,6 @@ def _check_target(
 
 
 def plan_local_file(loaded: LoadedPatch, file: Path, target_version: str | None) -> LocalPlan:
-    """Check that `file` is the patch's target and plan the patch on its bytes (pure otherwise).
-
-    Raises:
-        InputError: there is no such file, or the patch is a set (`--root` takes a set).
-        TargetError: the file is not the patch's module, or its version is outside the range.
-    """
     if loaded.is_set:
         modules = ", ".join(p.target.module for p in loaded.parts)
         raise InputError(
@@ -154,15 +140,8 @@ def plan_local_file(loaded: LoadedPatch, file: Path, target_version: str | None)
 
 
 def tree_files(loaded: LoadedPatch, root: Path) -> tuple[Path, ...]:
-    """Each target's module file under `root` (`a/b/c.py`, else `a/b/c/__init__.py`).
-
-    Raises:
-        InputError: `root` is not a folder, or a target's module is not in it.
-    """
-    if not root.is_dir():
-        raise InputError(
-            f"{root}: no such folder", hint="--root names the tree holding the modules"
-        )
+    """Each target's module file under `root` (`a/b/c.py`, else `a/b/c/__init__.py`)."""
+    _require_folder(root)
     files = []
     for index, part in enumerate(loaded.parts):
         relpaths = part.target.module_relpaths()
@@ -179,13 +158,8 @@ def tree_files(loaded: LoadedPatch, root: Path) -> tuple[Path, ...]:
 
 
 def plan_local_tree(loaded: LoadedPatch, root: Path, target_version: str | None) -> LocalPlan:
-    """Find each target's module under `root`, check it against `target_version` (else the
-    first dist-info beside the files naming its distribution), and plan it on its bytes.
-
-    Raises:
-        InputError: no such folder, or a module is not in it.
-        TargetError: a module's version is outside its target's range.
-    """
+    """Plan each target's module under `root`, checked against `target_version` (else the
+    first dist-info beside the files naming its distribution)."""
     files = tree_files(loaded, root)
     version = target_version or next(
         (
@@ -206,12 +180,7 @@ def plan_local_tree(loaded: LoadedPatch, root: Path, target_version: str | None)
 def apply_local_file(
     loaded: LoadedPatch, plan: LocalPlan, *, python: str, ledger: Ledger, state_dir: Path
 ) -> RunReport:
-    """Apply a planned patch to its local file(s), recorded in the ledger (nothing to restart):
-    the fleet apply with the controller as its one host.
-
-    Raises:
-        SpecError: the plan says a target does not fit its file.
-    """
+    """The fleet apply with the controller as its one host (nothing to restart)."""
     for index, (file, outcome) in enumerate(zip(plan.files, plan.outcomes, strict=True)):
         if isinstance(outcome, NotApplicable):
             raise not_applicable_error(loaded, str(file), outcome, part=index)
@@ -228,16 +197,12 @@ def apply_local_file(
 
 @dataclass(frozen=True)
 class LocalRollback:
-    """A rollback of local files, checked and ready to run (`run`): this machine as the one
-    host, the files it may restore, and the patch or run whose changes it undoes."""
-
     host: Host
     paths: tuple[str, ...]
     patch: LoadedPatch | None
     source_run: RunDetail | None
 
     def run(self, ledger: Ledger) -> RunReport:
-        """Restore the recorded pre-images where the files are still what opspatch wrote."""
         from opspatch.runs.commands.rollback import rollback_hosts  # not on `apply`'s path
 
         return rollback_hosts(
@@ -262,13 +227,8 @@ def rollback_local_file(
     ledger: Ledger,
     state_dir: Path,
 ) -> LocalRollback:
-    """The rollback of the pre-image opspatch recorded for `file` by `patch` (or by the run
-    `source_run`), checked against the ledger before anything is asked or changed.
-
-    Raises:
-        InputError: no such file, the ledger has no change by this patch (run) to it, or the
-            run changed it as one file of a patch set (a set is rolled back whole: `--root`).
-    """
+    """Checked against the ledger before anything is asked or changed; a file of a set is
+    refused (a set is rolled back whole: `--root`)."""
     if patch is not None:
         patch.only_target("rollback --file")
     if not file.is_file():
@@ -302,17 +262,8 @@ def rollback_local_tree(
     ledger: Ledger,
     state_dir: Path,
 ) -> LocalRollback:
-    """The rollback of the pre-images recorded for the files under `root` by `patch` or by the
-    run `source_run` (a set whole or not at all), checked before anything is asked or changed.
-
-    Raises:
-        InputError: no such folder, a module is not in it, or the ledger has no change by this
-            patch (run) under it.
-    """
-    if not root.is_dir():
-        raise InputError(
-            f"{root}: no such folder", hint="--root names the tree holding the modules"
-        )
+    """Checked against the ledger before anything is asked or changed."""
+    _require_folder(root)
     host = local_file_host(python, state_dir, root)
     inside = str(root.resolve()) + "/"
     history = ledger.file_history(host.name)
@@ -340,16 +291,20 @@ def rollback_local_tree(
     return LocalRollback(host, tuple(paths), patch, source_run)
 
 
+def _require_folder(root: Path) -> None:
+    if not root.is_dir():
+        raise InputError(
+            f"{root}: no such folder", hint="--root names the tree holding the modules"
+        )
+
+
 def _set_of(versions: Sequence[FileVersion], path: str) -> list[str] | None:
-    """The paths of the set `path` is one file of, among one host's `versions` of one run
-    (None: the run changed one file there, or not `path`)."""
+    """The paths of the set `path` is one file of, among one host's `versions` of one run."""
     paths = list(dict.fromkeys(v.path for v in versions if v.action == FileAction.PATCH))
     return paths if path in paths and len(paths) > 1 else None
 
 
 def _refuse_one_file_of_a_set(source_run: RunDetail, path: str, local: str) -> None:
-    """Raises InputError when run `source_run` changed `path` as one file of a patch set: a set
-    is rolled back whole (on its hosts, or with `--root` for a local tree)."""
     for record in source_run.hosts:
         members = _set_of(record.file_versions, path)
         if members is None:
@@ -369,8 +324,7 @@ def _refuse_one_file_of_a_set(source_run: RunDetail, path: str, local: str) -> N
 
 
 def _common_root(paths: Sequence[str]) -> str:
-    """The tree a local set's files were found in (`--root`): the folder they share, above the
-    packages it is inside (a folder with an `__init__.py` is a package, not the tree)."""
+    """The `--root` a local set's files were found in: their shared folder, above packages."""
     folder = Path(os.path.commonpath([str(Path(p).parent) for p in paths]))
     while (folder / "__init__.py").is_file() and folder.parent != folder:
         folder = folder.parent
@@ -378,7 +332,6 @@ def _common_root(paths: Sequence[str]) -> str:
 
 
 def _elsewhere(source_run: RunDetail | None, path: str) -> str | None:
-    """Where run `source_run` did change `path`, if not through `--file` on this machine."""
     if source_run is None:
         return None
     hosts = [r.host for r in source_run.hosts if any(v.path == path for v in r.file_versions)]

@@ -21,8 +21,8 @@ from opspatch.core.vocabulary import (
     StepStatus,
 )
 from opspatch.errors import HostError, InputError, LockHeld
-from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
+from opspatch.runs.commands.live import patch_fixes
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.group import Nodes, prove_or_undo, proven, serves, undo
 from opspatch.runs.fleet.host_leases import lease_held
@@ -50,7 +50,7 @@ from opspatch.runs.fleet.standing import (
     taking_lock,
 )
 from opspatch.runs.judgments.decisions import decide
-from opspatch.runs.judgments.live import held_fixes, unanswered
+from opspatch.runs.judgments.live import unanswered
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing, paths_of
 from opspatch.runs.judgments.proof import describe
 from opspatch.runs.judgments.units import recover_remedy, require_whole_units
@@ -60,15 +60,14 @@ _OVER = (RunStatus.FINISHED, RunStatus.INTERRUPTED, RunStatus.RECOVERED)
 
 
 def run_chain(ledger: Ledger, run_id: str) -> list[RunDetail]:
-    """The run and its ancestors through `parent_run`, newest first, with their records."""
+    """The run and its ancestors (`parent_run`), newest first."""
     return [ledger.get_run(summary.run_id) for summary in ledger.run_chain(run_id)]
 
 
 @dataclass(frozen=True)
 class _Scope:
-    """What a recover may use: file versions by host (oldest first), the runs whose host locks
-    it may take over at once (None: any run this ledger knows to be over), and those whose
-    locks it may take once idle (no exec of theirs can still be running on the host)."""
+    """File versions by host (oldest first); the runs whose host locks may be taken over at
+    once (None: any run known to be over), and those only once idle."""
 
     versions: dict[str, list[FileVersion]]
     takeover: frozenset[str] | None
@@ -77,13 +76,8 @@ class _Scope:
 
 
 def require_recoverable(ledger: Ledger, detail: RunDetail) -> None:
-    """Whether `recover --run` may take `detail`'s run over: its controller is seen dead here,
-    or, begun elsewhere, its leases all expired. A live lease is never broken.
-
-    Raises:
-        LeaseHeld: the run still heart-beats; names its operator and controller.
-        InputError: the run is finished, or running here, or unknown here and holds no lease.
-    """
+    """`recover --run` takes over a run seen dead here, or begun elsewhere with every lease
+    expired; a live lease is never broken (LeaseHeld), any other run is InputError."""
     status = detail.summary.status
     held = ledger.leases_of([detail.run_id])
     live = [lease for lease in held if lease.live and status != RunStatus.INTERRUPTED]
@@ -108,12 +102,8 @@ def recover_run(
     patch: LoadedPatch | None,
     progress: Progress | None = None,
 ) -> RunReport:
-    """Recover the interrupted run `chain[0]` and the runs it descends from (`run_chain`),
-    taking over their leases.
-
-    Raises (before anything is begun):
-        LeaseHeld: a run of the chain still heart-beats (its controller lives, wherever it is).
-    """
+    """Recover the interrupted run `chain[0]` and its ancestors, taking over their leases
+    (LeaseHeld, before anything is begun: one still heart-beats)."""
     dead = frozenset(d.run_id for d in chain if d.summary.status in _OVER)
     held = ledger.leases_of([d.run_id for d in chain])
     live = [lease for lease in held if lease.live and lease.run_id not in dead]
@@ -149,17 +139,12 @@ def recover_run(
 
 
 _CHANGED_NOTHING = frozenset({Outcome.FAILED, Outcome.SKIPPED})
-"""Host outcomes of runs that did nothing on the host (refused: its lock held, say), so they
-do not settle what an earlier run left there."""
+"""Outcomes that changed nothing, so do not settle what an earlier run left on the host."""
 
 
 def hosts_left_needing_attention(ledger: Ledger, *, runs: int = 50) -> dict[str, str]:
-    """The hosts the newest `runs` runs left `needs-attention` that no later run settled, each
-    with its inventory (empty when unknown): what a bare `recover` reaches.
-
-    Raises:
-        LedgerError: the ledger cannot be read.
-    """
+    """What a bare `recover` reaches: the hosts the newest `runs` runs left `needs-attention`
+    that no later run settled, each with its inventory ('' when unknown)."""
     settled: set[str] = set()
     left: dict[str, str] = {}
     for summary in ledger.list_runs(limit=runs):  # newest first
@@ -183,7 +168,6 @@ def recover_hosts(
     patch: LoadedPatch | None,
     progress: Progress | None = None,
 ) -> RunReport:
-    """Recover the named hosts from every file version this ledger holds for them."""
     versions = {
         host.name: [
             v for v in reversed(ledger.file_history(host.name)) if v.action == FileAction.PATCH
@@ -207,9 +191,6 @@ def _recover(
     leases: Mapping[str, str] | None = None,
     taking_over: Collection[str] = (),
 ) -> RunReport:
-    """Raises (before any host is touched): UnitRefused, some but not all nodes of a unit
-    among the hosts (a unit is recovered as one: `_RecoverHost.group`)."""
-
     require_whole_units(hosts, Command.RECOVER)
     with recorded_run(
         ledger,
@@ -237,8 +218,7 @@ def _recover(
 
 
 def _never_reached(scope: _Scope, parent_run: str, session: HostSession, why: str) -> HostOutcome:
-    """A host a halt kept this recover from starting: its lock was neither taken over nor given
-    back. `not-started` keeps those runs interrupted in the ledger (`events.recovered_by`)."""
+    """`not-started` keeps the recovered runs interrupted in the ledger (`recovered_by`)."""
     unlock = remedy_text(Command.UNLOCK, hosts=session.name)
     again = remedy_text(Command.RECOVER, run=parent_run)
     return session.outcome(
@@ -252,10 +232,6 @@ def _never_reached(scope: _Scope, parent_run: str, session: HostSession, why: st
 
 
 def _takeover(ledger: Ledger, scope: _Scope) -> Takeover:
-    """Whether `begin` may take a held lock over: at once from one of `scope.takeover` (when
-    None: any run this ledger knows to be over), once idle from one of `scope.takeover_idle`;
-    otherwise the `LockHeld` stands (the lock belongs to a run that may still be alive)."""
-
     def may(held: LockHeld) -> tuple[str, bool] | None:
         holder = str(held.data.get("run_id") or "")
         idle = holder in scope.takeover_idle
@@ -276,20 +252,16 @@ def _may_take_over(ledger: Ledger, holder: str, takeover: Collection[str] | None
 
 
 _PROVEN = frozenset({Standing.NEW_PROVEN, Standing.NEW_PROVEN_NO_SERVER})
-"""Proven, and no server older than the change runs (none found may be a server the agent
-cannot see: whether the unit serves is asked of its head)."""
+"""No server found may be one the agent cannot see: whether the unit serves asks its head."""
 
 
+@dataclass(frozen=True)
 class _RecoverHost:
-    """What a recover does on one host: read its standing, act by the decision table."""
-
-    def __init__(self, ledger: Ledger, scope: _Scope, patch: LoadedPatch | None) -> None:
-        self.ledger = ledger
-        self.scope = scope
-        self.patch = patch
+    ledger: Ledger
+    scope: _Scope
+    patch: LoadedPatch | None
 
     def change(self, session: HostSession) -> Change:
-        """The newest run's files the scope holds for the host."""
         versions = self.scope.versions.get(session.name, [])
         newest_run = [v for v in versions if v.run_id == versions[-1].run_id] if versions else []
         paths = paths_of(newest_run)
@@ -300,12 +272,7 @@ class _RecoverHost:
         )
 
     def _locked(self, session: HostSession) -> str:
-        """Lock a host with no file to read, taking a recovered run's lock over so none is left
-        behind. Returns what the step says.
-
-        Raises:
-            LockHeld: the lock is held by a run this recover may not take it from.
-        """
+        """Lock a host with no file to read, taking a recovered run's lock over."""
         timeout = session.playbook.timeouts.lock
         with session.step(Step.LOCK) as note:
             _, took = taking_lock(
@@ -319,9 +286,8 @@ class _RecoverHost:
         return note["detail"]
 
     def group(self, nodes: Nodes) -> list[HostOutcome]:
-        """A group recovered as one, its nodes made uniform: all new, proven (or finished live);
-        all old, made sure to serve; differing, every new file put back (`restored`). A node
-        changed by someone else: every node `needs-attention`, nothing written."""
+        """The nodes made uniform: all new, proven (or finished live); all old, made sure to
+        serve; differing, put back. A node changed by someone else: nothing written anywhere."""
         try:
             takeover = _takeover(self.ledger, self.scope)
             standings = read(nodes, self.change, ledger=self.ledger, prove=True, takeover=takeover)
@@ -372,8 +338,8 @@ class _RecoverHost:
         return undo(nodes, why, restore=restore, changes=changes, outcome=Outcome.RESTORED)
 
     def _serving(self, nodes: Nodes, standings: Mapping[str, HostStanding]) -> list[HostOutcome]:
-        """Nothing to change on disk: make sure the group serves, else restart it as one and
-        prove it (a restart of a serving group would prove nothing new and drop its requests)."""
+        """Left alone when it serves (a restart would prove nothing new and drop requests),
+        else restarted and proven."""
         head = standings[nodes.head.name]
         new = all(st.standing in ALL_NEW for st in standings.values())
         changes = {n: st.change() if new else st.unchanged() for n, st in standings.items()}
@@ -398,8 +364,6 @@ class _RecoverHost:
         )
 
     def _not_read(self, nodes: Nodes) -> list[HostOutcome]:
-        """Nothing recorded and no patch to look for: every node locked (`_locked`) and the
-        server made sure of, as for untouched files."""
         said = "; ".join(f"{s.name}: {self._locked(s)}" for s in nodes.sessions)
         why = f"{self.scope.what} recorded no change here ({said})"
         return _at_rest(nodes, why, dict.fromkeys(s.name for s in nodes.sessions))
@@ -407,7 +371,6 @@ class _RecoverHost:
     def _changed_group(
         self, nodes: Nodes, standings: Mapping[str, HostStanding], odd: Sequence[str]
     ) -> list[HostOutcome]:
-        """A node someone else changed: nothing is written on any node of the group."""
         outcomes = []
         for session in nodes.sessions:
             standing = standings[session.name]
@@ -427,8 +390,8 @@ class _RecoverHost:
         return outcomes
 
     def _live_takes(self, nodes: Nodes, standings: Mapping[str, HostStanding]) -> bool | None:
-        """For an `apply --live` change whose server still runs from before it (`new-stale`):
-        whether every file was taken live on every node; None for any other change."""
+        """Whether an `apply --live` change (`new-stale`) was taken live for every file on every
+        node; None for any other change."""
         taken = True
         for session in nodes.sessions:
             standing = standings[session.name]
@@ -453,9 +416,8 @@ class _RecoverHost:
     def _finish_live(
         self, nodes: Nodes, standings: Mapping[str, HostStanding], *, taken: bool
     ) -> list[HostOutcome]:
-        """Finish an interrupted `apply --live` as the live path would, never by a restart the
-        operator did not ask for: proven by the smoke when every process holds the fix, else
-        reverted everywhere and the files put back."""
+        """Finish an `apply --live` as the live path would, never by an unasked-for restart:
+        smoke-proven when every process holds the fix, else reverted and put back."""
         head = standings[nodes.head.name]
         run_id, patch_id = head.version.run_id, head.version.patch_id or ""
         fixes: set[str] = set()
@@ -500,18 +462,11 @@ class _RecoverHost:
     def _held(
         session: HostSession, standing: HostStanding, patch_id: str
     ) -> tuple[set[str], bool, bool, str]:
-        """The patch's live fixes a node's processes hold (a recorded `live` step), whether
-        every process answered, whether they hold the new bytes, and what was found."""
+        """The fixes held, whether every process answered, whether they hold the new bytes."""
         posts = {member.version.sha256_after for member in standing.found.new}
-        timeout = float(session.playbook.timeouts.smoke)
         try:
             with session.step(Step.LIVE) as listed:
-                reply = ask_engine(session.ops, LiveFix("list"), timeout=timeout, step=Step.LIVE)
-                held = [
-                    h
-                    for h in held_fixes(reply)
-                    if h.fix_id == patch_id or h.fix_id.startswith(f"{patch_id}:")
-                ]
+                held, reply = patch_fixes(session, patch_id)
                 fixes = {h.fix_id for h in held}
                 unheard = reply.missing or unanswered(reply)
                 listed["detail"] = (
@@ -540,8 +495,7 @@ class _RecoverHost:
         *,
         restart: bool = False,
     ) -> list[HostOutcome]:
-        """The live path's undo: `fixes` reverted in every process of every node, then the
-        files restored; the group restarted (clearing its memory) when a revert did not answer
+        """Revert `fixes` everywhere, restore the files; restart when a revert did not answer
         everywhere, or with `restart` (a process not heard from may hold the fix)."""
         reverted = True
         for session in nodes.sessions:
@@ -581,8 +535,6 @@ class _RecoverHost:
 
 
 def _at_rest(nodes: Nodes, why: str, changes: Mapping[str, FileChange | None]) -> list[HostOutcome]:
-    """A group with nothing to put back: `restored`, left alone when it serves, else restarted
-    as one and smoke-tested."""
     if serves(nodes):
         note = f"{why}; {nodes.label} serves: left alone"
         return [

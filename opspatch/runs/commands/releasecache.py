@@ -24,8 +24,7 @@ if TYPE_CHECKING:
 
 
 def release_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Where released files are cached: `$OPSPATCH_CACHE`, else `$XDG_CACHE_HOME/opspatch/releases`,
-    else `~/.cache/opspatch/releases` (as the state directory honours `XDG_STATE_HOME`)."""
+    """`$OPSPATCH_CACHE`, else under `$XDG_CACHE_HOME` or `~/.cache`."""
     env = os.environ if environ is None else environ
     if env.get("OPSPATCH_CACHE"):
         return Path(env["OPSPATCH_CACHE"]).expanduser()
@@ -47,8 +46,7 @@ def _proofs_path(patch: PatchSpec, cache: Path) -> Path:
 
 
 def read_proofs(patch: PatchSpec, cache: Path) -> ReleaseProofs | None:
-    """The recorded proofs of `patch`, or None when there are none (or the record cannot be
-    read: then nothing is proven, which `check` says)."""
+    """None when there are none or they cannot be read: nothing is proven, `check` says."""
     path = _proofs_path(patch, cache)
     try:
         return ReleaseProofs.from_json(json.loads(path.read_text(encoding="utf-8")))
@@ -57,8 +55,7 @@ def read_proofs(patch: PatchSpec, cache: Path) -> ReleaseProofs | None:
 
 
 def record_proofs(patch: PatchSpec, matrix: ReleaseMatrix, cache: Path) -> str | None:
-    """Merge a matrix into the patch's recorded proofs (a record of other edits is replaced),
-    atomically; None on success, else a note saying why it was not recorded."""
+    """Merged atomically (a record of other edits is replaced); else why not."""
     key = proof_key(patch)
     previous = read_proofs(patch, cache)
     if previous is None or previous.key != key:
@@ -79,10 +76,8 @@ def record_proofs(patch: PatchSpec, matrix: ReleaseMatrix, cache: Path) -> str |
 def release_coverage(
     parts: Sequence[PatchSpec], cache: Path | None = None, reference: str | None = None
 ) -> ProofCoverage:
-    """Which releases in a patch's range `check --releases` has proven it on, from the records
-    in the release cache (no network, nothing fetched). `parts`: the patch's single-file parts
-    (one for a `[target]` patch), each proven on its own file; `reference`: how its warning's
-    command names the patch (`LoadedPatch.reference`; default its id)."""
+    """The releases `check --releases` proved the patch on, from the cache alone; each of
+    `parts` is proven on its own file."""
     cache = cache or release_cache_dir()
     coverage = combined_coverage([proof_coverage(p, read_proofs(p, cache)) for p in parts])
     return replace(coverage, patch_id=reference) if reference else coverage

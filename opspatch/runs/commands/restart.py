@@ -34,13 +34,7 @@ def restart_hosts(
     playbook: Playbook,
     progress: Progress | None = None,
 ) -> RunReport:
-    """Restart, prove and (on failure) roll back every host with a staged change, recorded; a
-    unit's nodes as one (`_restart`).
-
-    Raises (before any host is touched):
-        LedgerIntegrityError: the ledger's chain is broken.
-        UnitRefused: the hosts take some but not all nodes of a unit.
-    """
+    """Restart, prove and (on failure) roll back every host with a staged change."""
     require_whole_units(hosts, Command.RESTART)
     return run_in_batches(
         Command.RESTART,
@@ -54,9 +48,8 @@ def restart_hosts(
 
 
 def _staged_versions(ledger: Ledger, host: str) -> list[FileVersion]:
-    """The changes the newest write's run made on the host (a staged one is the newest write),
-    the newest of each path, in the order they were written: several for a patch set, which
-    is restarted into together; empty when the ledger holds no change here."""
+    """The newest write's run's changes here (a staged change is the newest write), the newest
+    of each path in write order: a patch set is restarted into together."""
     history = [v for v in ledger.file_history(host) if v.action == FileAction.PATCH]
     if not history:
         return []
@@ -67,8 +60,7 @@ def _staged_versions(ledger: Ledger, host: str) -> list[FileVersion]:
 
 @dataclass(frozen=True)
 class _Staged:
-    """What restart found on a host: the newest write's run (None: the ledger holds no change
-    here, nothing was read) and where it stands."""
+    """The newest write's run (None: the ledger holds no change here) and where it stands."""
 
     run_id: str | None
     standing: HostStanding
@@ -79,22 +71,13 @@ class _Staged:
 
     @property
     def new(self) -> bool:
-        """Whether every file of the write is its post-image."""
         return self.standing.standing in ALL_NEW
 
     def left_alone(self, session: HostSession) -> HostOutcome:
-        if self.run_id is None:
-            return session.outcome(
-                Outcome.SKIPPED,
-                note="the ledger holds no change on this host",
-                reason=Reason.NOTHING_TO_DO,
-            )
-        return session.outcome(
-            Outcome.SKIPPED,
-            file=self.standing.unchanged(),
-            note=_left_alone(self.standing, self.run_id),
-            reason=Reason.NOTHING_TO_DO,
-        )
+        file, note = None, "the ledger holds no change on this host"
+        if self.run_id is not None:
+            file, note = self.standing.unchanged(), _left_alone(self.standing, self.run_id)
+        return session.outcome(Outcome.SKIPPED, file=file, note=note, reason=Reason.NOTHING_TO_DO)
 
     def refused(self, session: HostSession) -> HostOutcome:
         assert self.run_id is not None
@@ -111,17 +94,15 @@ class _Staged:
 
 
 def _change(versions: Sequence[FileVersion]) -> Change:
-    """The newest write's files, begun at the staged write's own file."""
     if not versions:
         return Change()
     return Change(versions, begin_at=max(versions, key=lambda v: v.event_id).path)
 
 
 def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
-    """A group restarted as one or not at all: every node read under its lock, then one
-    decision: staged new files proven (undone on failure), stale old ones restarted
-    (`restored`), a staged plugin change (`_restart_plugin`); nodes that differ need attention
-    (a restart would run two versions of the code in one server)."""
+    """One decision for the group: staged new files proven (undone on failure), stale old ones
+    restarted, or a staged plugin; nodes that differ need attention (a restart would run two
+    versions of the code in one server)."""
     versions = {s.name: _staged_versions(ledger, s.name) for s in nodes.sessions}
     try:
         standings = read(nodes, lambda session: _change(versions[session.name]), ledger=ledger)
@@ -163,19 +144,6 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
     )
 
 
-def _plugin(
-    session: HostSession, ledger: Ledger, staged: _Staged
-) -> StagedPlugin | StagedDisable | None:
-    """The live plugin's change staged on a host whose files stage nothing.
-
-    Raises:
-        OpspatchError: the host could not be read or locked.
-    """
-    if staged.action != Action.LEAVE:
-        return None
-    return staged_plugin(session, ledger, locked=staged.run_id is not None)
-
-
 def _restarted_into(nodes: Nodes, what: str, proven: str) -> str:
     return f"restarted {nodes.label} as one into {what} and {proven}"
 
@@ -183,12 +151,17 @@ def _restarted_into(nodes: Nodes, what: str, proven: str) -> str:
 def _restart_plugin(
     nodes: Nodes, ledger: Ledger, staged: Mapping[str, _Staged]
 ) -> list[HostOutcome]:
-    """A group whose files stage nothing: restarted into the live plugin staged on every node
-    (removed if the proof fails), or out of it (`_restart_out`); else left alone."""
+    """Files stage nothing: restarted into the plugin staged on every node (removed if the
+    proof fails), or out of it; else left alone."""
     plugins: dict[str, StagedPlugin | StagedDisable | None] = {}
     for session in nodes.sessions:
         try:
-            plugins[session.name] = _plugin(session, ledger, staged[session.name])
+            here = staged[session.name]
+            plugins[session.name] = (
+                staged_plugin(session, ledger, locked=here.run_id is not None)
+                if here.action == Action.LEAVE
+                else None
+            )
         except OpspatchError as exc:
             return refuse(nodes, {session.name: session.refused(exc)}, "could not be read")
     disabled = {n: p for n, p in plugins.items() if isinstance(p, StagedDisable)}
@@ -227,8 +200,6 @@ def _restart_plugin(
 
 
 def _restart_out(nodes: Nodes, disabled: Mapping[str, StagedDisable]) -> list[HostOutcome]:
-    """A group still running the plugin `live disable` removed: restarted out of it, proven by
-    the smoke (`restored`, or `restored-not-serving`: nothing to put back)."""
     what = disabled[nodes.head.name].what()
     return undo(
         nodes,
@@ -243,7 +214,6 @@ def _restart_out(nodes: Nodes, disabled: Mapping[str, StagedDisable]) -> list[Ho
 
 
 def _left_alone(standing: HostStanding, run_id: str) -> str:
-    """Why nothing is staged: the files are old, or a server started after the write runs them."""
     if standing.standing == Standing.NOTHING_RECORDED:
         return "the ledger holds no change on this host"
     if standing.standing == Standing.ALL_OLD:
@@ -260,7 +230,6 @@ def _left_alone(standing: HostStanding, run_id: str) -> str:
 
 
 def _refusal(session: HostSession, standing: HostStanding, run_id: str) -> str:
-    """Why restart does not restart into what it found: a set not whole, or bytes changed."""
     if standing.is_set:
         return (
             f"refused: run {run_id}'s patch set is not whole ({standing.found.describe()}); "

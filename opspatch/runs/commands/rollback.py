@@ -1,9 +1,9 @@
-"""`opspatch rollback`: undo a patch (or a run) from the ledger. The restore run it goes through
-and the restores it shares with `recover` are `runs.fleet.restore`'s."""
+"""`opspatch rollback`: undo a patch (or a run) from the ledger."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 from opspatch.core.edit import NotApplicable, detect, unapply
 from opspatch.core.host import Host, Unit
@@ -14,12 +14,12 @@ from opspatch.core.source import sha256_hex
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Action, Command, FileAction, Outcome, Step
 from opspatch.errors import OpspatchError, RemoteOperationError
-from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostInspection
 from opspatch.hosts.results import file_owner
 from opspatch.ledger.lineage import PatchedFurther, applied_versions
 from opspatch.ledger.records import NewFileVersion
 from opspatch.ledger.store import FileVersion, Ledger, Machine, RunDetail
+from opspatch.runs.commands.live import patch_fixes
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.group import Nodes, refuse, undo
 from opspatch.runs.fleet.liveapply import revert_everywhere
@@ -29,7 +29,7 @@ from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, descr
 from opspatch.runs.fleet.standing import Change, HostStanding, Lineage, read_host
 from opspatch.runs.fleet.steps import AS_ROLLBACK
 from opspatch.runs.judgments.decisions import decide
-from opspatch.runs.judgments.live import held_fixes, unanswered
+from opspatch.runs.judgments.live import unanswered
 from opspatch.runs.judgments.patchset import Place, Standing, paths_of
 from opspatch.runs.judgments.units import recover_remedy, require_whole_units, target_of
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
@@ -48,15 +48,8 @@ def rollback_hosts(
     unrestarted: Outcome = Outcome.STAGED_BACK,
     only_paths: Collection[str] | None = None,
 ) -> RunReport:
-    """Restore the pre-images of `patch` (or of the run `source_run`) on `hosts`, recorded.
-
-    `restart_engine=False` restores the files only, each host then `unrestarted`;
-    `only_paths`: the files to consider (local files), all of the host's otherwise.
-
-    Raises (before any host is touched):
-        LedgerIntegrityError: the ledger's chain is broken.
-        UnitRefused: the hosts take some but not all nodes of a unit.
-    """
+    """Restore the pre-images of `patch` (or of run `source_run`); `restart_engine=False`
+    restores files only (each host `unrestarted`); `only_paths`: the files considered."""
     if (patch is None) == (source_run is None):
         raise ValueError("rollback_hosts takes exactly one of patch or source_run")
     patch_id = patch.spec.id if patch else (source_run.summary.patch_id if source_run else None)
@@ -77,12 +70,7 @@ def rollback_hosts(
         parent_run=source_run.run_id if source_run else None,
     ) as run:
         rollback = _Rollback(
-            ledger,
-            patch,
-            source_run,
-            restart_engine,
-            unrestarted,
-            frozenset(only_paths) if only_paths is not None else None,
+            ledger, patch, source_run, restart_engine, unrestarted, only_paths, patch_id
         )
         report = run_restore(
             command=Command.ROLLBACK,
@@ -99,32 +87,22 @@ def rollback_hosts(
         return run.finish(report)
 
 
+@dataclass(frozen=True)
 class _Rollback:
-    """What a rollback does on one host."""
-
-    def __init__(
-        self,
-        ledger: Ledger,
-        patch: LoadedPatch | None,
-        source_run: RunDetail | None,
-        restart_engine: bool,
-        unrestarted: Outcome,
-        only_paths: frozenset[str] | None,
-    ) -> None:
-        self.ledger = ledger
-        self.patch = patch
-        self.source_run = source_run
-        self.restart_engine = restart_engine
-        self.unrestarted = unrestarted
-        self.only_paths = only_paths
+    ledger: Ledger
+    patch: LoadedPatch | None
+    source_run: RunDetail | None
+    restart_engine: bool
+    unrestarted: Outcome
+    only_paths: Collection[str] | None
+    patch_id: str | None
 
     def _considered(self, path: str) -> bool:
         return self.only_paths is None or path in self.only_paths
 
     def versions_for(self, host: str) -> list[FileVersion]:
-        """The changes to undo on `host`, of one path (the first that has any), newest first:
-        every change the patch made there (a patch applied twice is undone one run at a time),
-        or the run's own."""
+        """The changes to undo on `host` on one path, newest first: the run's, or every one the
+        patch made (a patch applied twice is undone one run at a time)."""
         if self.source_run is not None:
             found = self._run_versions(host)
             return [v for v in found if v.path == found[0].path]
@@ -144,7 +122,6 @@ class _Rollback:
         return []
 
     def _run_versions(self, host: str) -> list[FileVersion]:
-        """The run's changes on `host` this rollback considers, newest first."""
         assert self.source_run is not None
         try:
             record = self.source_run.host(host)
@@ -159,8 +136,7 @@ class _Rollback:
         ]
 
     def set_versions(self, host: str) -> dict[str, list[FileVersion]]:
-        """A patch set's changes to undo on `host`, by path (two or more paths; else empty):
-        the run's own, or every change the set's patch made to each of its files."""
+        """A patch set's changes to undo on `host` by path (empty for fewer than two paths)."""
         if self.source_run is not None:
             found = self._run_versions(host)
         elif self.patch is not None and self.patch.is_set:
@@ -178,18 +154,16 @@ class _Rollback:
         return by_path if len(by_path) > 1 else {}
 
     def preflight(self, session: HostSession) -> Examined:
-        """What the rollback will do on this host, read before any host is changed (no lock
-        taken): a host it would refuse (its file changed since, patched further) or leave alone
-        is decided here, so that it is reported with its reason whatever halts the run later."""
+        """Read before any host changes, unlocked: a host refused or left alone is reported
+        with its reason whatever halts the run later."""
         try:
             return self._examine(session, lock=False)
         except OpspatchError as exc:
             return Examined(None, decided=session.refused(exc))
 
     def group(self, nodes: Nodes) -> list[HostOutcome]:
-        """A group rolled back as one: every node read again under its lock (a node refused or
-        unreadable: nothing restored anywhere), then put back and proven (`_put_back`). Told
-        not to restart, each node is put back by itself."""
+        """Every node read again under its lock (one refused: nothing restored anywhere), then
+        put back and proven as one; told not to restart, each node by itself."""
         examined: dict[str, Examined] = {}
         for session in nodes.sessions:
             try:
@@ -217,8 +191,6 @@ class _Rollback:
     def _put_back(
         self, nodes: Nodes, examined: Mapping[str, Examined], decided: Mapping[str, HostOutcome]
     ) -> list[HostOutcome]:
-        """Restore, restart and smoke through `group.undo` with a rollback's steps: `restored`,
-        `restored-not-serving` when the decode fails, or `unrestarted` told not to restart."""
         head = nodes.head
         staged_back = not self.restart_engine and self.unrestarted == Outcome.STAGED_BACK
         why = _join_notes(
@@ -265,30 +237,22 @@ class _Rollback:
             return refuse(nodes, {missing.outcome.host: missing.outcome}, "was refused")
 
     def _examine(self, session: HostSession, *, lock: bool) -> Examined:
-        """Read the host's standing against the changes to undo and look it up in the decision table:
-        the outcome decided there (nothing to restore, a refusal), or the restore to make."""
         by_path = self.set_versions(session.name)
         if by_path:
             versions = [v for vs in by_path.values() for v in vs]
         elif self.patch is not None and self.patch.is_set:
-            return Examined.left(
-                session.outcome(
-                    Outcome.SKIPPED,
-                    note=f"the ledger has no change by the patch set {self.patch.spec.id} on "
-                    "this host (a set is rolled back from the ledger's record only)",
-                    reason=Reason.NOTHING_TO_DO,
-                )
+            set_id = self.patch.spec.id
+            return _nothing_to_do(
+                session,
+                f"the ledger has no change by the patch set {set_id} on this host (a set is "
+                "rolled back from the ledger's record only)",
             )
         else:
             versions = self.versions_for(session.name)
             if not versions and self.source_run is not None:
-                return Examined.left(
-                    session.outcome(
-                        Outcome.SKIPPED,
-                        note=f"the ledger has no change by run {self.source_run.run_id} on this "
-                        "host",
-                        reason=Reason.NOTHING_TO_DO,
-                    )
+                run_id = self.source_run.run_id
+                return _nothing_to_do(
+                    session, f"the ledger has no change by run {run_id} on this host"
                 )
         change = Change(
             versions,
@@ -332,9 +296,8 @@ class _Rollback:
         )
 
     def _at_pre_image(self, session: HostSession, standing: HostStanding) -> Examined:
-        """A host already at its pre-image: nothing to restore (`skipped`), unless its server
-        started before the file was put back (an earlier `--restart never`, a rollback killed
-        after its swap): then the restart is what is left, and a restarting rollback makes it."""
+        """Nothing to restore, unless its server started before the file was put back (an
+        earlier `--restart never`): then a restarting rollback restarts it."""
         unchanged = standing.unchanged()
         if standing.stale_server and self.restart_engine:
             return Examined(
@@ -354,12 +317,7 @@ class _Rollback:
                 "; its server started before the file was put back and still runs the "
                 f"patched code until it restarts (`{restart}`)"
             )
-        return Examined(
-            standing.inspection,
-            decided=session.outcome(
-                Outcome.SKIPPED, file=unchanged, note=note, reason=Reason.NOTHING_TO_DO
-            ),
-        )
+        return _nothing_to_do(session, note, standing.inspection, unchanged)
 
     def _lineage(
         self,
@@ -367,9 +325,8 @@ class _Rollback:
         by_path: dict[str, list[FileVersion]] | None,
         versions: Sequence[FileVersion],
     ) -> Lineage:
-        """Each path's history on the inspected machine (its changes recorded under another
-        inventory's name count too) and the changes to undo there: for a patch (not a run), the
-        ones it made that no run took back since (a set's own record when none)."""
+        """Each path's history on the inspected machine (under any inventory's name) and the
+        changes to undo: for a patch, those no run took back since."""
 
         def lineage(
             path: str, inspection: HostInspection
@@ -384,29 +341,17 @@ class _Rollback:
 
         return lineage
 
-    def _patch_id(self) -> str | None:
-        patch_id = self.patch.spec.id if self.patch else None
-        if patch_id is None and self.source_run is not None:
-            patch_id = self.source_run.summary.patch_id
-        return patch_id
-
     def _revert_live(self, session: HostSession) -> str | None:
-        """Revert the patch's live fixes in every process before the restore (with `--restart
-        never` nothing else takes them out). Returns the note (None: none held)."""
-        patch_id = self._patch_id()
+        """Revert the patch's live fixes before the restore (with `--restart never` nothing
+        else takes them out); the note, None when none is held."""
+        patch_id = self.patch_id
         if not session.host.live or patch_id is None:
             return None
         timeout = float(session.playbook.timeouts.smoke)
         try:
             with session.step(Step.LIVE) as note:
-                reply = ask_engine(session.ops, LiveFix("list"), timeout=timeout, step=Step.LIVE)
-                fixes = sorted(
-                    {
-                        held.fix_id
-                        for held in held_fixes(reply)
-                        if held.fix_id == patch_id or held.fix_id.startswith(f"{patch_id}:")
-                    }
-                )
+                held, reply = patch_fixes(session, patch_id)
+                fixes = sorted({h.fix_id for h in held})
                 heard = "in memory: " + ", ".join(fixes) if fixes else f"no live fix of {patch_id}"
                 unheard = unanswered(reply)  # a process not heard from may hold the fix
                 note["detail"] = reply.missing or (
@@ -430,7 +375,7 @@ class _Rollback:
         )
 
     def _way_back(self, host: str) -> str:
-        patch_id = self.patch.reference if self.patch is not None else self._patch_id()
+        patch_id = self.patch.reference if self.patch is not None else self.patch_id
         status = f"`{remedy_text(Command.STATUS, hosts=host)}` shows whether its server runs"
         if patch_id is None:
             return status
@@ -441,22 +386,13 @@ class _Rollback:
     def _without_record(
         self, session: HostSession, patch: LoadedPatch, inspection: HostInspection
     ) -> Examined:
-        """Roll back a patch the ledger has no record of here, from the host's own backup only:
-        `unapply` names the pre-image and only a backup with exactly that sha256 is written
-        back. Anything less is refused: a rollback that did not happen is never reported done."""
+        """No record here: only a host backup with exactly the pre-image `unapply` names is
+        written back; anything less is refused."""
         live = inspection.file
         unchanged = FileChange(live.realpath, live.sha256, live.sha256)
         if detect(live.content, patch.spec).state != "applied":
-            return Examined(
-                inspection,
-                decided=session.outcome(
-                    Outcome.SKIPPED,
-                    file=unchanged,
-                    note=f"{patch.spec.id} is not on this host (and the ledger has no record of "
-                    "it)",
-                    reason=Reason.NOTHING_TO_DO,
-                ),
-            )
+            note = f"{patch.spec.id} is not on this host (and the ledger has no record of it)"
+            return _nothing_to_do(session, note, inspection, unchanged)
         pre = unapply(live.content, patch.spec)
         if isinstance(pre, NotApplicable):
             return Examined(
@@ -500,12 +436,6 @@ class _Rollback:
     def _from_backup(
         session: HostSession, inspection: HostInspection, pre_sha256: str
     ) -> FileChange:
-        """The file back at `pre_sha256` from the host's own backup, recorded; the file then.
-
-        Raises:
-            RemoteOperationError: the host holds no such backup (`backup-missing`,
-                `backup-hash-mismatch`: nothing was changed), or the restore failed.
-        """
         live = inspection.file
         with session.step(Step.RESTORE) as note:
             restored = session.ops.restore(
@@ -532,8 +462,7 @@ class _Rollback:
 
 
 class _NoBackup(Exception):
-    """A restore from the host's own backup that found none: nothing was changed (`outcome`:
-    the host refused; `error`: the host's answer)."""
+    """The host holds no backup: nothing was changed, the host refused (`outcome`)."""
 
     def __init__(self, outcome: HostOutcome, error: RemoteOperationError) -> None:
         super().__init__(error.message)
@@ -541,20 +470,26 @@ class _NoBackup(Exception):
         self.error = error
 
 
+def _nothing_to_do(
+    session: HostSession,
+    note: str,
+    inspection: HostInspection | None = None,
+    file: FileChange | None = None,
+) -> Examined:
+    done = session.outcome(Outcome.SKIPPED, file=file, note=note, reason=Reason.NOTHING_TO_DO)
+    return Examined(inspection, decided=done)
+
+
 def _join_notes(*notes: str | None) -> str | None:
     return "; ".join(n for n in notes if n) or None
 
 
 def _refusal_reason(standing: HostStanding) -> Reason:
-    """The code of `_refusal`: later changes on top, else bytes changed since."""
     further = any(file.place == Place.PATCHED_FURTHER for file in standing.files)
     return Reason.PATCHED_FURTHER if further else Reason.CHANGED_SINCE
 
 
 def _refusal(standing: HostStanding) -> str:
-    """Why a rollback does not restore what it found: a file patched further by later recorded
-    changes (roll those back first) or changed since (not overwriting someone else's bytes); a
-    patch set is rolled back whole or not at all."""
     reasons: list[str] = []
     for file in standing.files:
         path, live, where = file.path, file.sha256, file.located

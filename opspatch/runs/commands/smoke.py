@@ -65,14 +65,8 @@ def smoke_hosts(
     factory: TransportFactory,
     progress: Progress | None = None,
 ) -> SmokeReport:
-    """Run the smoke decode on every server (at most `max_in_flight` at once; a unit on its
-    head); after the operator's first Ctrl-C no more hosts are started, and each of those says
-    so.
-
-    Raises:
-        UnitRefused: a node of a unit that is not its head is selected without the head.
-        GaveUpWaiting: a second Ctrl-C while hosts were in flight.
-    """
+    """The smoke decode on every server (a unit on its head); after a first Ctrl-C no more
+    hosts are started, each saying so."""
     hosts = serving_heads(
         hosts, command="smoke", whole=lambda unit: remedy_text(Command.SMOKE, hosts=unit.name)
     )

@@ -20,6 +20,7 @@ from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostOperations
 from opspatch.ledger.lineage import PatchedFurther
 from opspatch.ledger.store import Ledger
+from opspatch.runs.commands.live import of_patch
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.rotation import rotation_of
@@ -41,8 +42,7 @@ from opspatch.runs.judgments.who import RunWho, who_ran
 
 @dataclass(frozen=True)
 class LiveInMemory(Record):
-    """One live fix one engine process holds (its `list`), and whether the file on disk is the
-    one it was taken from (`drift`: why not; the next restart then loses the fix)."""
+    """One live fix one process holds; `drift`: why the file is not the one it was taken from."""
 
     process: str
     pid: int | None
@@ -60,32 +60,21 @@ class PatchStatus(Record):
     sha256: str | None
     detail: str
     server_running: bool | None = None
-    """Whether the host's engine is running (None: the host was not inspected)."""
     files: tuple[PatchStatus, ...] = ()
-    """A patch set's files, each with its own state (the set's state is theirs together)."""
+    """A patch set's files, each with its own state."""
     rotation: Rotation | None = None
-    """Behind a router: whether the router lists its worker healthy (None: no router, or the
-    router could not be asked)."""
     release: str | None = json_field(default=None, omit_none=True)
-    """The version of the distribution that provides the file (None: not inspected, unknown)."""
     carried: Detected | None = json_field(default=None, omit_none=True)
-    """What the file carries of the patch, structurally, whatever the ledger says (None: the
-    file was not read): what `sync` decides from for a file the ledger no longer explains."""
+    """What the file carries structurally, whatever the ledger says: what `sync` decides from
+    for a file the ledger no longer explains."""
     recreated: bool | None = json_field(default=None, omit_none=True)
-    """True: the engine's container was recreated since this patch was written in it."""
     written_by: RunWho | None = json_field(default=None, omit_none=True)
-    """The run that wrote the bytes the file is: its operator, controller, approvers."""
     node_state: PatchState | None = json_field(default=None, omit_none=True)
-    """The host's own word, when it is a node of a unit whose nodes' words differ: `state` is
-    then `partial` (`unit_agreement`); None otherwise."""
+    """A node's own word when its unit's nodes differ (`state` is then `partial`)."""
     live: tuple[LiveInMemory, ...] | None = json_field(default=None, omit_none=True)
-    """On a host with `live = true`: the patch's live fixes each engine process holds in memory
-    (None: live fixes are off there, or no process that answered holds one of this patch's)."""
     live_unread: str | None = json_field(default=None, omit_none=True)
-    """On a host with `live = true`: why what the engine holds in memory is not known (its
-    processes could not be asked, or some did not answer); None when every process answered
-    (or live fixes are off there). `live` then says only what the processes that answered
-    hold."""
+    """Why what the engine holds in memory is not known; `live` then says only what the
+    processes that answered hold."""
 
     def to_json(self) -> dict[str, Any]:
         data = dump(self)
@@ -103,11 +92,8 @@ def classify(
     *,
     part: int = 0,
 ) -> PatchStatus:
-    """The state of one patch (`part`: one target of a patch set) in one live file, `found` as
-    the commands read it (`standing.read_inspected`): its word from the table (`views.STATUS`),
-    the sentence here. `container`: the container the file was read in. A file right on disk
-    serves nothing while no server runs it (a restore whose decode crashed the engine, say):
-    said so."""
+    """One patch (`part` of a set) in one file: its word from `views.STATUS`, the sentence
+    here. A file right on disk serves nothing while no server runs it: said so."""
     inspection = found.inspection
     assert inspection is not None
     file, state, written_by = found.files[0], status_word(found.files[0]), None
@@ -148,7 +134,6 @@ def _said(
     host: Host,
     container: ContainerIdentity | None,
 ) -> str:
-    """Why a file has its word."""
     standing, inspection = found.files[0], found.inspection
     assert inspection is not None
     module = inspection.module
@@ -212,7 +197,6 @@ def _said(
 def _unrecorded(
     standing: FileStanding, state: PatchState, patch: LoadedPatch, part: int, host: Host
 ) -> str:
-    """A file the ledger holds no change of: what it carries of the patch."""
     carried = standing.carried
     assert carried is not None
     if carried.state == Detected.APPLIED:
@@ -231,13 +215,11 @@ def _unrecorded(
 
 
 def why_unknown(spec: PatchSpec, structural: Detection) -> str:
-    """Why the patch is unknown in a file: each edit that no longer fits, by its field, kind and
-    scope (what `needs-port` says), else the file's own problem (it does not parse)."""
+    """Each edit that no longer fits (what `needs-port` says), else why the file does not parse."""
     return misfits(spec, structural) or structural.reason
 
 
 def combine_set(patch: LoadedPatch, host: Host, files: Sequence[PatchStatus]) -> PatchStatus:
-    """A patch set's status on a host from its files' (`views.set_word`), said together."""
     state = set_word([f.state for f in files])
     each = ", ".join(f"{(f.path or f.detail).rsplit('/', 1)[-1]} {f.state}" for f in files)
     first = files[0]
@@ -279,7 +261,6 @@ def describe_baked(baked: BakedLabels, container: ContainerIdentity) -> str:
 
 
 Standings = dict[tuple[str, str], tuple[HostStanding | None, ...]]
-"""Each (host, patch id)'s files as read, one per part (None: the part's file was not read)."""
 
 
 def fleet_status(
@@ -288,7 +269,6 @@ def fleet_status(
     factory: TransportFactory,
     ledger: Ledger | None,
 ) -> list[PatchStatus]:
-    """Every (host, patch) state, hosts inspected in parallel."""
     return read_fleet(hosts, patches, factory, ledger)[0]
 
 
@@ -298,7 +278,7 @@ def read_fleet(
     factory: TransportFactory,
     ledger: Ledger | None,
 ) -> tuple[list[PatchStatus], Standings]:
-    """`fleet_status`, with the standings its words were read from (what sync decides from)."""
+    """`fleet_status`, with the standings its words were read from (one per part)."""
 
     def one(host: Host) -> tuple[list[PatchStatus], Standings]:
         transport, read = factory(host), Standings()
@@ -356,12 +336,9 @@ def read_fleet(
 def with_live_fixes(
     ops: HostOperations, patches: Sequence[LoadedPatch], statuses: list[PatchStatus]
 ) -> list[PatchStatus]:
-    """Each patch's status with the live fixes of it the host's engine holds in memory (one
-    `list` to every process) and, for each, whether the file agrees: a fix taken from bytes
-    the file no longer has is drift (the next restart loses it). A `staged` file whose fix every
-    process of the engine holds live, taken from these very bytes, is `applied`: the server runs
-    it. An engine that cannot be asked, or a process that does not answer, is `live_unread`:
-    what it holds is not known, so nothing is said absent and no `staged` is made `applied`."""
+    """Each status with the patch's fixes in memory and whether the file agrees (else drift:
+    the next restart loses it). A `staged` file every process holds live is `applied`; an
+    engine not fully heard from is `live_unread`, and no `staged` is made `applied`."""
     try:
         reply = ask_engine(ops, LiveFix("list"), timeout=StepTimeouts().smoke, step="live")
     except OpspatchError as exc:
@@ -376,9 +353,7 @@ def with_live_fixes(
     shown: list[PatchStatus] = []
     for patch, status in zip(patches, statuses, strict=True):
         status = replace(status, live_unread=unread)
-        mine = [
-            h for h in held if h.fix_id == patch.spec.id or h.fix_id.startswith(patch.spec.id + ":")
-        ]
+        mine = [h for h in held if of_patch(h.fix_id, patch.spec.id)]
         if not mine:
             shown.append(_unread(status, unread) if unread else status)
             continue
@@ -411,9 +386,8 @@ def with_live_fixes(
 
 
 def _unread(status: PatchStatus, unread: str) -> PatchStatus:
-    """A status whose engine's live fixes could not be listed, saying so. A `staged` file (the
-    server started before it) stays `staged` (a restart makes it certain: sync's word for it),
-    but no longer says the server runs the old code: it may hold the fix live."""
+    """A `staged` file stays `staged` (sync restarts it) but no longer says the server runs the
+    old code: it may hold the fix live."""
     if status.state != PatchState.STAGED:
         return replace(status, detail=_joined(status.detail, unread))
     written = status.detail.split("; the running server", 1)[0]
@@ -425,8 +399,7 @@ def _unread(status: PatchStatus, unread: str) -> PatchStatus:
 
 
 def exit_code(statuses: Sequence[PatchStatus]) -> int:
-    """`status`'s exit: 1 when a host could not be looked at (unreachable), or the live fixes
-    of an engine that takes them could not be listed; else 0."""
+    """1 when a host, or an engine's live fixes, could not be looked at."""
     unlooked = any(s.state == PatchState.UNREACHABLE or s.live_unread for s in statuses)
     return EXIT_HOST_FAILED if unlooked else EXIT_OK
 
@@ -436,11 +409,8 @@ def _joined(detail: str, more: str) -> str:
 
 
 def unit_agreement(hosts: Sequence[Host], statuses: Sequence[PatchStatus]) -> list[PatchStatus]:
-    """The statuses, each node of a unit whose selected nodes' words for a patch differ made
-    `partial` (its own word kept in `node_state`), the odd nodes named: a unit is one server,
-    so one node restored and another not (or one reinstalled) is never `applied`. The odd node
-    is one whose word differs from the most common one (on a tie the first node's in rank
-    order, the head's when selected). A node not inspected keeps `unreachable`."""
+    """A unit is one server: where its nodes' words differ each becomes `partial` (its own word
+    in `node_state`), naming the nodes that differ from the most common word."""
     unit_of = {h.name: h.unit for h in hosts if h.unit is not None}
     groups: dict[tuple[str, str], list[PatchStatus]] = {}
     for status in statuses:

@@ -42,26 +42,18 @@ from opspatch.runs.judgments.units import recover_remedy, require_whole_units, t
 from opspatch.runs.judgments.views import DRIFT, SYNC, Coverage, Written, set_word, status_word
 from opspatch.runs.report import HostOutcome, RunReport
 
-# ---------------------------------------------------------------------------------------------
-# desired against actual (pure)
-
 
 @dataclass(frozen=True)
 class SyncRow(Record):
-    """One host and one patch: desired or not, what is there, what sync does, what fixes it."""
-
     host: str
     patch: str
     desired: bool
     release: str | None
     state: PatchState
-    """`status`'s word for the patch on the host."""
     action: SyncAction
     detail: str
     command: str | None = None
-    """The command that brings the host to its desired state (None: nothing to do)."""
     cause: DriftCause | None = json_field(default=None, omit_none=True)
-    """Why the file is not what the ledger and the fleet file expect (None: it is)."""
 
 
 def decide(
@@ -70,9 +62,8 @@ def decide(
     host: Host,
     read: Sequence[HostStanding | None] = (),
 ) -> SyncRow | None:
-    """What sync does about one patch on `host` (`views.SYNC`), from its files as read (`read`,
-    one per part; none: `status`'s word) and the fleet file's `entry` (None: not desired
-    there). None: not desired and not there. An unknown release or state is `by-hand`."""
+    """What sync does about one patch on `host` (`views.SYNC`); None: not desired and not
+    there. `read`: its files, one per part (none: `status`'s word)."""
     coverage, unreadable = _coverage(entry, status.release)
     unserved = not_serving(status)
     live = status.live or ()
@@ -99,7 +90,6 @@ def decide(
 
 
 def _coverage(entry: DesiredPatch | None, release: str | None) -> tuple[Coverage, str]:
-    """Whether `entry`'s releases cover `release`, and why not when that cannot be told."""
     if entry is None or not entry.releases:
         return Coverage.ALL, ""
     if release is None:
@@ -118,8 +108,6 @@ def _said(
     coverage: Coverage,
     why: str,
 ) -> tuple[str, str | None]:
-    """A row's detail and command (`why`: why the release cannot be checked against the range,
-    or why the host does not serve)."""
     patch, detail, target = status.patch, status.detail, target_of(host)
     diagnose = remedy_text(Command.DIAGNOSE, hosts=host.name)
     match action:
@@ -188,8 +176,8 @@ def _in_brackets(detail: str) -> str:
 
 
 def not_serving(status: PatchStatus) -> str:
-    """Why a host whose file carries the patch does not serve it ('' when it does, or when
-    that is not known: a host not inspected, no router or one that could not be asked)."""
+    """Why a host whose file carries the patch does not serve it ('' when it does or it is
+    not known)."""
     why = []
     if status.server_running is False:
         why.append("its server is not running")
@@ -200,21 +188,20 @@ def not_serving(status: PatchStatus) -> str:
 
 @dataclass(frozen=True)
 class WrittenBefore:
-    """What the ledger knows of the last time opspatch wrote a patch into a host's file."""
+    """The last time opspatch wrote a patch into a host's file (`action`: `restore` when a
+    rollback took it out since; `release`: what the host ran then)."""
 
     run_id: str
     action: str
-    """`patch`, or `restore` (a rollback took it out since)."""
     sha256_before: str
     release: str | None
-    """The release the host ran then, from that run's recorded facts."""
 
 
 def drift_cause(
     row: SyncRow, status: PatchStatus, written: WrittenBefore | None
 ) -> DriftCause | None:
-    """Why the host's file is not what the ledger and the fleet file expect (`views.DRIFT`; None:
-    it is), whether or not its server runs: drift is about files."""
+    """Why the host's file is not what the ledger and the fleet file expect (`views.DRIFT`),
+    whether or not its server runs: drift is about files."""
     action = row.action
     if status.node_state is not None and action != SyncAction.EXTRA:
         # a node of a unit that differs: its own file's drift
@@ -231,21 +218,14 @@ def drift_cause(
     return DRIFT(action, drifted, recreated, last, upgraded, at_pre_image)
 
 
-# ---------------------------------------------------------------------------------------------
-# reading the fleet
-
-
 @dataclass(frozen=True)
 class FleetPlan(Record):
-    """Every selected host's desired patches, what is there, and what sync would do."""
-
     fleet_file: str
     hosts: tuple[str, ...]
     rows: tuple[SyncRow, ...]
 
     @property
     def differing(self) -> tuple[SyncRow, ...]:
-        """The rows where a host is not as the fleet file wants it."""
         return tuple(r for r in self.rows if not r.action.at_goal)
 
     @property
@@ -255,20 +235,17 @@ class FleetPlan(Record):
 
     @property
     def unreachable(self) -> tuple[SyncRow, ...]:
-        """The rows of hosts that could not be inspected: unknown, so never at goal and never
-        "no drift" (`plan --fleet`, `sync --check` and `drift` exit 1 naming them)."""
+        """Hosts not inspected: never at goal, never "no drift"."""
         return tuple(r for r in self.rows if r.action == SyncAction.UNREACHABLE)
 
     @property
     def exit_code(self) -> int:
-        """`sync --check`: 0 when every host is as desired, else 1."""
         return EXIT_HOST_FAILED if self.differing else EXIT_OK
 
 
 def select_hosts(desired: DesiredState, chosen: Sequence[Host] | None) -> tuple[Host, ...]:
-    """The hosts a plan or sync covers: `chosen` (a `--hosts` selection), else every host the
-    fleet file names. Raises `InputError` for a fleet file that lists no patch: "every host is
-    as desired" would be a pass that checked nothing (a truncated file must fail a timer)."""
+    """`chosen`, else every host the fleet file names; a file that lists no patch is refused
+    (a truncated file must fail a timer, not pass having checked nothing)."""
     if not desired.entries:
         raise InputError(
             f"{desired.path} lists no patch, so it selects no host: there is nothing to plan, "
@@ -285,8 +262,8 @@ def plan_fleet(
     factory: TransportFactory,
     ledger: Ledger | None,
 ) -> FleetPlan:
-    """Read every host (as `status` does: nothing locked, changed or recorded) and decide.
-    `others`: the workspace's patches the fleet file does not list (`extra` where found)."""
+    """Read every host as `status` does, and decide; `others`: patches the fleet file does
+    not list (`extra` where found)."""
     listed = {e.patch.spec.id for e in desired.entries}
     patches = [e.patch for e in desired.entries] + [p for p in others if p.spec.id not in listed]
     statuses, read = read_fleet(hosts, patches, factory, ledger) if hosts and patches else ([], {})
@@ -313,8 +290,7 @@ def plan_fleet(
 def _written_before(
     ledger: Ledger | None, patch: str, read: Sequence[HostStanding | None]
 ) -> WrittenBefore | None:
-    """The newest record of opspatch writing `patch` into this file (None: never), from the
-    history status read (a set's: its first file's; under any name the host's machine had)."""
+    """From the history status read (a set's first file's, under any name of the machine)."""
     if ledger is None or read[0] is None:
         return None
     history = [v for v in read[0].history if v.patch_id == patch or v.action == FileAction.RESTORE]
@@ -335,19 +311,13 @@ def _written_before(
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# sync
-
-
 @dataclass(frozen=True)
 class SyncReport(Record):
-    """A sync: the runs it made (one per patch it applied), and the fleet as it is afterwards."""
+    """The apply runs (one per patch applied), per patch the run recording the differing hosts
+    left alone (`skipped`, with why), and the fleet afterwards."""
 
     runs: tuple[RunReport, ...]
-    """The apply runs, one per patch sync applied somewhere."""
     left_alone: tuple[RunReport, ...]
-    """Per patch, the recorded run naming the hosts sync did not write to although they differ,
-    each host `skipped` with its reason."""
     after: FleetPlan
     exit_code: int = field(init=False)
 
@@ -367,9 +337,6 @@ class SyncReport(Record):
 
 
 def _sync_exit(runs: Sequence[RunReport], after: FleetPlan) -> int:
-    """3 when a run left a host needing attention; 2 when every run was refused and nothing
-    changed (bad input); 0 when every host is as desired (and every run reached its goal);
-    else 1 (a host is not: needs-port, a failed apply, an extra patch)."""
     codes = [r.exit_code for r in runs]
     if EXIT_NEEDS_ATTENTION in codes:
         return EXIT_NEEDS_ATTENTION
@@ -391,15 +358,9 @@ def sync_fleet(
     progress: Progress | None = None,
     before: FleetPlan | None = None,
 ) -> SyncReport:
-    """Bring `hosts` to their desired patches: per patch, one recorded `sync` run of the apply
-    pipeline over the hosts where it is `apply`; the others are not touched. A run that does not
-    reach its goal stops the sync (the next patch would pile onto a fleet in trouble): every
-    later patch's hosts are recorded as left alone, with the run that stopped it.
-
-    Raises (every refusal checked for every patch before any run): LedgerIntegrityError;
-    ApprovalRefused (a patch to apply has no valid approval the playbook requires);
-    UnitRefused (part of a unit, or a whole one under a playbook that restarts).
-    """
+    """Per patch, one recorded apply run over the hosts where it is `apply`. A run that misses
+    its goal stops the sync (the next patch would pile onto a fleet in trouble): later hosts
+    are recorded as left alone. Every refusal is checked for every patch before any run."""
     progress = progress or NoProgress()
     playbook = desired.governing(playbook)  # the fleet file's [team] approval, if it asks
     require_whole_units(hosts, Command.SYNC)
@@ -410,10 +371,8 @@ def sync_fleet(
     left_alone: list[RunReport] = []
     stopped: RunReport | None = None
     for entry in desired.entries:
-        rows = [r for r in before.rows if r.patch == entry.patch.spec.id and r.desired]
+        rows = _desired_rows(before, entry)
         names = [r.host for r in rows if r.action == SyncAction.APPLY]
-        # after a run that did not reach its goal, the hosts to apply are left alone too, and
-        # recorded so: a later patch's hosts never go unapplied without the ledger saying why
         left = [
             (r, _why_left(r, by_name[r.host], stopped))
             for r in rows
@@ -439,6 +398,10 @@ def sync_fleet(
     return SyncReport(tuple(runs), tuple(left_alone), after)
 
 
+def _desired_rows(plan: FleetPlan, entry: DesiredPatch) -> list[SyncRow]:
+    return [r for r in plan.rows if r.patch == entry.patch.spec.id and r.desired]
+
+
 def _refuse_before_any_run(
     desired: DesiredState,
     before: FleetPlan,
@@ -446,23 +409,12 @@ def _refuse_before_any_run(
     playbook: Playbook,
     ledger: Ledger,
 ) -> None:
-    """Every patch's refusals before the first run: a patch that would go on part of a unit (or
-    restart a whole one), and a missing approval. A refusal of the second patch must not follow
-    a first one applied.
-
-    Raises:
-        UnitRefused: see `units_refused`.
-        ApprovalRefused: see `require_approval`.
-    """
+    """A refusal of the second patch must not follow a first one applied."""
     for entry in desired.entries:
-        names = [
-            r.host
-            for r in before.rows
-            if r.patch == entry.patch.spec.id and r.desired and r.action == SyncAction.APPLY
+        hosts = [
+            by_name[r.host] for r in _desired_rows(before, entry) if r.action == SyncAction.APPLY
         ]
-        refused = units_refused(
-            entry.patch.reference, [by_name[n] for n in names], playbook, "sync"
-        )
+        refused = units_refused(entry.patch.reference, hosts, playbook, "sync")
         if refused is not None:
             raise refused
     for entry in desired.entries:
@@ -481,12 +433,9 @@ _LEFT_BECAUSE = {
     SyncAction.UNREACHABLE: Reason.HOST_ERROR,
     SyncAction.EXTRA: Reason.EXTRA,
 }
-"""The code of a host sync left alone, by what sync would do there (every action not at goal)."""
 
 
 def _why_left(row: SyncRow, host: Host, stopped: RunReport | None) -> str:
-    """Why sync did not write to `row`'s host: its action and reason, or, for a host it would
-    have applied to, the run that stopped the sync first (the sync named over its group)."""
     if row.action == SyncAction.APPLY and stopped is not None:
         again = remedy_text(Command.SYNC, hosts=target_of(host))
         return (
@@ -504,8 +453,7 @@ def _record_left_alone(
     ledger: Ledger,
     factory: TransportFactory,
 ) -> RunReport:
-    """Record that sync did not write to these hosts, and why (a needs-port is never silently
-    skipped): a `sync` run whose hosts are `skipped` (`FleetRun.decide`: none started)."""
+    """A needs-port is never silently skipped: a `sync` run whose hosts are all `skipped`."""
     hosts = [by_name[r.host] for r, _ in left]
     with (
         recorded_run(

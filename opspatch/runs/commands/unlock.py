@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
@@ -28,12 +29,8 @@ def unlock_hosts(
     force_unknown: bool = False,
     progress: Progress | None = None,
 ) -> RunReport:
-    """Remove host locks whose run is over, as a recorded `unlock` run.
-
-    A lock whose run this ledger knows to be running is refused (`skipped`, exit 2); so are one
-    whose run holds a live lease (its controller heart-beats, wherever it is) and one whose run
-    this ledger does not know (another controller's), unless `force_unknown` (--force).
-    """
+    """Remove host locks whose run is over. A running run's lock is refused; so, unless
+    `force_unknown`, are one whose lease is live and one whose run this ledger does not know."""
     with recorded_run(
         ledger, command=Command.UNLOCK, patch=None, hosts=hosts, playbook=playbook
     ) as run:
@@ -51,10 +48,10 @@ def unlock_hosts(
         return run.finish(report)
 
 
+@dataclass(frozen=True)
 class _UnlockHost:
-    def __init__(self, ledger: Ledger, force_unknown: bool) -> None:
-        self.ledger = ledger
-        self.force_unknown = force_unknown
+    ledger: Ledger
+    force_unknown: bool
 
     def host(self, session: HostSession) -> HostOutcome:
         timeout = session.playbook.timeouts.lock

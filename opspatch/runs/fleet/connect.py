@@ -1,7 +1,4 @@
-"""How a run opens its hosts' transports: a factory with the run's host-key policy, passed to
-every session (one transport per host per run). The transports themselves are opened by
-`opspatch.hosts.operations.open_transport`, which imports the SSH libraries only for the first
-SSH host, so commands that reach no host over SSH start without them."""
+"""A run's transport factory, with its host-key policy (SSH libraries load with the first SSH host)."""
 
 from __future__ import annotations
 
@@ -31,8 +28,8 @@ class Connector:
 def transport_factory(
     *, accept_new_host_keys: bool = False, passwords: BecomePasswords | None = None
 ) -> Connector:
-    """A factory opening each host's transport with the run's host-key policy; `passwords` are
-    the run's sudo password sources (default: environment variables only, no prompt)."""
+    """`passwords`: the run's sudo password sources (default: environment variables only, no
+    prompt)."""
     return Connector(accept_new_host_keys, passwords or BecomePasswords())
 
 

@@ -20,21 +20,18 @@ CANCELLED = "cancelled by the operator (Ctrl-C); hosts already started were fini
 T = TypeVar("T")
 
 HostWork = Callable[[str], "HostOutcome | Sequence[HostOutcome]"]
-"""What is done to one item of a batch (by name): a host, returning its outcome, or a unit (a
-server of several hosts, named by its head), returning every node's outcome. Never raises for a
-host failure."""
+"""What is done to an item by name (a host, or a unit by its head): every node's outcome; never
+raises for a host failure."""
 
 HaltPolicy = Callable[[Mapping[str, HostOutcome]], "str | None"]
 """Given every outcome so far, why the run must stop starting hosts (None: go on)."""
 
 _POLL_SECONDS = 0.25
-"""How often a waiting executor looks at the cancellation flag (a signal handler that only sets
-a flag does not wake a thread blocked on a lock)."""
+"""A signal handler that only sets a flag does not wake a thread blocked on a lock."""
 
 
 class Cancellation:
-    """The operator's Ctrl-C for one run, a flag read between hosts: `armed()` makes the first
-    SIGINT set it and the second raise `KeyboardInterrupt` (main thread only)."""
+    """The first SIGINT sets the flag (read between hosts); the second raises `KeyboardInterrupt`."""
 
     def __init__(self) -> None:
         self._requested = threading.Event()
@@ -74,17 +71,13 @@ class Cancellation:
 
 @dataclass(frozen=True)
 class FleetResult:
-    """What the executor did: the outcome of every host it ran, why it halted, and the hosts it
-    never started (in batch order)."""
-
     outcomes: dict[str, HostOutcome]
     halted: str | None
     not_started: tuple[str, ...]
 
 
 class GaveUpWaiting(KeyboardInterrupt):
-    """The second Ctrl-C: the executor stopped waiting for `in_flight` (their pipelines may still
-    be part-way when the process exits)."""
+    """The second Ctrl-C: the `in_flight` pipelines may still be part-way when the process exits."""
 
     def __init__(self, in_flight: Sequence[str]) -> None:
         super().__init__(", ".join(in_flight))
@@ -92,8 +85,7 @@ class GaveUpWaiting(KeyboardInterrupt):
 
 
 def halt_on_attention(outcomes: Mapping[str, HostOutcome]) -> str | None:
-    """The restore runs' policy: a host that needs attention stops the run (its state is
-    unknown, so touching more hosts the same way could spread the problem)."""
+    """A host in an unknown state stops the run: the same step elsewhere could spread the problem."""
     attention = sorted(n for n, o in outcomes.items() if o.outcome == Outcome.NEEDS_ATTENTION)
     if attention:
         return f"{', '.join(attention)} need{'s' if len(attention) == 1 else ''} attention"
@@ -110,13 +102,7 @@ def run_fleet(
     cancellation: Cancellation | None = None,
     on_cancel: Callable[[Sequence[str]], None] = lambda _: None,
 ) -> FleetResult:
-    """Run `work` for every item (a group, by its head) of `batches`, asking `halt` after each.
-    `already`: outcomes decided before, counted by `halt` but not run or returned again;
-    `on_cancel` is told which hosts are in flight when the operator cancels.
-
-    Raises:
-        GaveUpWaiting: a second Ctrl-C while hosts were in flight.
-    """
+    """`already`: outcomes decided before, counted by `halt` but not run or returned again."""
     cancellation = cancellation or Cancellation()
     decided: dict[str, HostOutcome] = dict(already or {})
     outcomes: dict[str, HostOutcome] = {}
@@ -164,9 +150,8 @@ def _bounded(
     cancellation: Cancellation,
     on_cancel: Callable[[Sequence[str]], None],
 ) -> Iterator[tuple[str, Future[T]]]:
-    """Start `pending` hosts, at most `limit` at once, until none is left or the run is
-    cancelled; yield each host as it finishes (the caller may clear `pending` to stop starting
-    hosts). The pool's threads are joined unless the operator gave up waiting."""
+    """The caller may clear `pending` to stop starting hosts; the threads are joined unless the
+    operator gave up waiting."""
     pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="host")
     running: dict[Future[T], str] = {}
     gave_up = False
@@ -203,12 +188,7 @@ def map_cancellable(
     cancellation: Cancellation,
     on_cancel: Callable[[Sequence[str]], None] = lambda _: None,
 ) -> dict[str, T]:
-    """`work` on every host, at most `limit` at once, stopping to start hosts once the run is
-    cancelled: the result holds the hosts that were started (in selection order).
-
-    Raises:
-        GaveUpWaiting: a second Ctrl-C while hosts were in flight.
-    """
+    """The result holds the hosts started before the cancel, in selection order."""
     results: dict[str, T] = {}
     for name, future in _bounded(list(hosts), max(1, limit), work, cancellation, on_cancel):
         results[name] = future.result()
@@ -224,8 +204,7 @@ def one_batch(hosts: Sequence[str], in_flight: int | None) -> tuple[Batch, ...]:
 
 
 def map_hosts(work: Callable[[str], T], hosts: Sequence[str], *, limit: int) -> dict[str, T]:
-    """`work` on every host, `limit` at once, by name in selection order, for what has no fleet
-    policy; `work` returns a host's problem as a value."""
+    """For what has no fleet policy: `work` returns a host's problem as a value."""
     if not hosts:
         return {}
     with ThreadPoolExecutor(

@@ -41,6 +41,7 @@ from opspatch.runs.fleet.rotation import (
 )
 from opspatch.runs.fleet.session import HostFailed, HostSession, Progress, describe_error
 from opspatch.runs.judgments.decisions import traits_of
+from opspatch.runs.judgments.units import selected_units
 from opspatch.runs.report import HostOutcome, RunReport
 
 T = TypeVar("T")
@@ -61,8 +62,7 @@ CANCELLED_IN_PREFLIGHT = (
 
 
 class FleetRun:
-    """One run of one command over a fleet: its sessions, its Ctrl-C, its records, its report.
-    A context manager: the sessions are closed and the SIGINT handler restored on exit."""
+    """One command over a fleet; closing it closes the sessions and restores the SIGINT handler."""
 
     def __init__(
         self,
@@ -94,10 +94,11 @@ class FleetRun:
         self._identities: dict[str, str] = {}
         self._first: FleetRun | None = None
         self.sessions: dict[str, HostSession] = {}
-        self._unit_of = whole_units(self.hosts)
+        self._unit_of = {  # a unit partly selected is refused before a run (`unit_refusal`)
+            name: s.unit for s in selected_units(self.hosts) if s.whole for name in s.taken
+        }
 
     def __enter__(self) -> FleetRun:
-        """Open a session per host; a follow-up takes its hosts' sessions from the first run."""
         if self._first is not None:
             self.sessions = {name: self._first.sessions[name] for name in self.names}
             self._identities = {
@@ -140,8 +141,8 @@ class FleetRun:
         return self.cancellation.requested
 
     def follow_up(self, names: Sequence[str]) -> FleetRun:
-        """A second run over `names` inside this one (an apply's on-halt rollback): the same
-        sessions, recorder and leases (this run gives them back), a Ctrl-C of its own."""
+        """A run inside this one (an apply's on-halt rollback): its sessions, recorder and leases, a
+        Ctrl-C of its own."""
         second = FleetRun(
             command=self.command,
             patch_id=self.patch_id,
@@ -155,8 +156,8 @@ class FleetRun:
         return second
 
     def keep_leases(self, held: NotStarted) -> None:
-        """A follow-up's leases taken again before any host starts; a host another live run took
-        over is never started: decided with `held(session, why)`, why naming the holder."""
+        """A follow-up's leases taken again; a host another live run took over is `held(session,
+        why)`."""
         self._leased = True
         if not self.traits.leases or self.recorder.reported_run_id is None:
             return
@@ -172,12 +173,7 @@ class FleetRun:
                     del known[name]
 
     def visit(self, work: Callable[[HostSession], T], *, limit: int) -> dict[str, T]:
-        """`work` on every host, `limit` at once, for a run that changes nothing (`smoke`): the
-        results of the hosts started before the first Ctrl-C, in selection order.
-
-        Raises:
-            GaveUpWaiting: a second Ctrl-C while hosts were in flight.
-        """
+        """For a run that changes nothing: the results of the hosts started before the first Ctrl-C."""
         return map_cancellable(
             lambda name: work(self.sessions[name]),
             self.names,
@@ -187,42 +183,40 @@ class FleetRun:
         )
 
     def items(self, names: Sequence[str] | None = None) -> list[str]:
-        """The node groups a rollout's batches are made of, each named by its head: canaries,
-        batch sizes and the halt policy count servers."""
-        chosen: list[str] = []
-        for name in self.names if names is None else names:
-            unit = self._unit_of.get(name)
-            item = name if unit is None else unit.head
-            if item not in chosen:
-                chosen.append(item)
-        return chosen
+        """The groups, each named by its head: canaries, batches and the halt policy count servers."""
+        chosen = self.names if names is None else names
+        return list(dict.fromkeys(self._item(name) for name in chosen))
+
+    def _item(self, name: str) -> str:
+        unit = self._unit_of.get(name)
+        return name if unit is None else unit.head
+
+    @property
+    def units(self) -> list[Unit]:
+        return list(dict.fromkeys(self._unit_of.values()))
 
     def members(self, item: str) -> tuple[str, ...]:
-        """The hosts an item stands for: a unit's nodes (head first), or the host itself."""
         unit = self._unit_of.get(item)
         return unit.hosts if unit is not None and unit.head == item else (item,)
 
     def counted(self, outcomes: Mapping[str, HostOutcome]) -> dict[str, HostOutcome]:
-        """One outcome per group, as `max_failures` counts servers: a unit's is its node's that
-        says most (needs attention, then failed, then out of rotation), under its head's name."""
+        """One outcome per group for `max_failures`: the node's that says most, under the head's
+        name."""
         counted: dict[str, HostOutcome] = {}
         for name, outcome in outcomes.items():
-            unit = self._unit_of.get(name)
-            item = name if unit is None else unit.head
+            item = self._item(name)
             if item not in counted or _weight(outcome) > _weight(counted[item]):
                 counted[item] = outcome
         return counted
 
     def group(self, item: str) -> Nodes:
-        """The sessions of the group `item` names (`items`), head first."""
         head, *others = (self.sessions[name] for name in self.members(item))
         return Nodes(head, tuple(others))
 
     # -- the two phases -------------------------------------------------------------------
 
     def preflight(self, work: Callable[[HostSession], T]) -> dict[str, T] | None:
-        """`work` on every host, bounded, before anything is changed; None when cancelled (the
-        locks taken then given back)."""
+        """Before anything changes; None when cancelled (the locks given back)."""
         try:
             done = self.visit(work, limit=PREFLIGHT_IN_FLIGHT)
         except KeyboardInterrupt as stop:
@@ -233,10 +227,9 @@ class FleetRun:
         return done
 
     def decide(self, outcomes: Mapping[str, HostOutcome]) -> None:
-        """Outcomes a preflight decided without changing anything: those hosts are never started
-        and keep their outcome whatever happens to the run (but a host another run holds is
-        reported held: what was read there may be that run's change). A unit is decided whole."""
-        for unit in dict.fromkeys(self._unit_of.values()):
+        """Hosts a preflight decided are never started and keep their outcome (unless another run
+        holds them: what was read may be that run's change). A unit is decided whole."""
+        for unit in self.units:
             taken = [name for name in unit.hosts if name in outcomes]
             if taken and len(taken) != unit.nodes:
                 raise ValueError(f"unit {unit.name} decided on {', '.join(taken)} only")
@@ -251,13 +244,8 @@ class FleetRun:
         already: Mapping[str, HostOutcome] | None = None,
         not_started: NotStarted | None = None,
     ) -> tuple[dict[str, HostOutcome], str | None]:
-        """`per_group` on every group of `batches` under `halt`, each outcome recorded as it is
-        decided; hosts never started `skipped` (or `not_started(session, why)`), their locks
-        given back. Returns every host's outcome (with `already`) and why the run halted.
-
-        Raises:
-            RunInterrupted: a second Ctrl-C while hosts were in flight.
-        """
+        """Every group of `batches` under `halt`, each outcome recorded as decided; hosts never
+        started `skipped` (or `not_started`), their locks given back."""
         starts = any(batch.hosts for batch in batches)
         if self.traits.leases and starts and not self._leased:
             raise RuntimeError(f"{self.command} changes hosts only under their leases: lease()")
@@ -313,15 +301,8 @@ class FleetRun:
         taking_over: Collection[str] = (),
         restarting: Collection[str] | None = None,
     ) -> RunReport | None:
-        """Lease the hosts to this run, with a heartbeat until it ends; None when taken, else the
-        refused run's report (another live run, not one of `taking_over`, holds a host; or a
-        Ctrl-C). `identities`: hosts already identified; the others' are read from their facts.
-        Then the routers are checked (`restarting`: the hosts the run may drain, None: all).
-
-        Raises:
-            RouterRefused: a router cannot be used, does not know a worker opspatch did not take
-                out, or has no room to drain (nothing was changed).
-        """
+        """None when leased (with a heartbeat), else the refused run's report. The routers are
+        checked after the leases (`restarting`: the hosts the run may drain, None: all)."""
         self._leased = True
         if not self.traits.leases or self.recorder.reported_run_id is None:
             return None  # unlock and dry runs keep no one off the hosts
@@ -366,13 +347,8 @@ class FleetRun:
         return None
 
     def _open_rotation(self, restarting: Collection[str] | None) -> None:
-        """Check the routers and give each session its place there: after the leases (a held
-        host is refused naming its run, not by its router), before anything changed.
-
-        Raises:
-            RouterRefused: a router cannot be used, does not know a worker opspatch did not take
-                out, or has no room to drain.
-        """
+        """After the leases (a held host is refused naming its run, not by its router), before any
+        change."""
         if not self.traits.restarts:  # no drain, no admit: its routers are not its business
             return
 
@@ -393,12 +369,10 @@ class FleetRun:
                 session.rotation = rotation.of(name)
 
     def _lease_lost(self) -> str | None:
-        """Why this run may no longer change its hosts (its leases lost); None while held."""
         lost = self._heartbeat.lost if self._heartbeat is not None else None
         return f"{lost}; no more hosts are started" if lost else None
 
     def _read_identities(self, names: Sequence[str]) -> dict[str, str] | None:
-        """Each host's identity from its facts (None: cancelled); an unreadable host `failed`."""
         wanted = set(names)
 
         def identity(session: HostSession) -> str | None:
@@ -417,8 +391,8 @@ class FleetRun:
         return {name: found for name, found in read.items() if found is not None}
 
     def _end_leases(self, *, abandoned: bool, failing: bool) -> None:
-        """Stop the heartbeat; give the leases back unless the run was abandoned with hosts in
-        flight (then they expire, and `recover --run R` takes them over)."""
+        """Leases of a run abandoned with hosts in flight are left to expire (`recover --run` takes
+        them)."""
         if self._heartbeat is None:
             return
         self._heartbeat.stop()
@@ -434,7 +408,6 @@ class FleetRun:
     # -- ending ---------------------------------------------------------------------------
 
     def release_all(self) -> None:
-        """Give back every lock this run still holds (hosts it will not change)."""
         for session in self.sessions.values():
             session.lock.release()
 
@@ -449,7 +422,6 @@ class FleetRun:
         refused: bool = False,
         dry_run: bool = False,
     ) -> RunReport:
-        """The run's report, hosts in selection order."""
         return RunReport(
             self.recorder.reported_run_id,
             self.command,
@@ -461,7 +433,6 @@ class FleetRun:
         )
 
     def refuse(self, outcomes: Sequence[HostOutcome], *, halted: str) -> RunReport:
-        """The report of a run refused before any change: every lock given back."""
         self.release_all()
         return self._refused(outcomes, halted=halted)
 
@@ -471,7 +442,6 @@ class FleetRun:
         return self.report({o.host: o for o in outcomes}, halted=halted, refused=True)
 
     def cancelled_report(self) -> RunReport:
-        """The report of a run cancelled in its preflight (its locks already given back)."""
         outcomes = [
             self._unleased.get(name) or _skipped(session, CANCELLED_IN_PREFLIGHT)
             for name, session in self.sessions.items()
@@ -479,8 +449,8 @@ class FleetRun:
         return self._refused(outcomes, halted=CANCELLED_IN_PREFLIGHT)
 
     def _announce(self, in_flight: Sequence[str]) -> None:
-        """The first Ctrl-C: no host started after it; the hosts still waited for, each with what
-        it waits for (a readiness wait can be long)."""
+        """The first Ctrl-C: each host still awaited, with what it waits for (a readiness wait is
+        long)."""
 
         def host(name: str) -> str:
             awaiting = self.sessions[name].awaiting if name in self.sessions else None
@@ -497,8 +467,7 @@ class FleetRun:
 
 
 def lock_left(outcome: HostOutcome, left: str | None) -> HostOutcome:
-    """`outcome`, its note saying so when the run's lock could not be given back: the next
-    command there would be refused without a word why."""
+    """A lock left behind is said: else the next command there is refused without a word why."""
     if left is None:
         return outcome
     return replace(outcome, note=f"{outcome.note}; {left}" if outcome.note else left)
@@ -507,9 +476,8 @@ def lock_left(outcome: HostOutcome, left: str | None) -> HostOutcome:
 def guarded(
     sessions: Sequence[HostSession], work: Callable[[], Sequence[HostOutcome]]
 ) -> Sequence[HostOutcome]:
-    """`work`'s outcomes, or, when it raises, one outcome for every one of `sessions` (a group
-    is one server): refused where nothing changed, else needs-attention. The one place a
-    group's exception becomes outcomes; a Ctrl-C gives every lock back on its way out."""
+    """The one place a group's exception becomes outcomes (one per session: a group is one server);
+    a Ctrl-C gives every lock back on its way out."""
     try:
         return work()
     except (LockHeld, BecomeError, HostKeyError) as exc:  # nothing changed there
@@ -529,8 +497,7 @@ def guarded(
 
 
 def per_node(per_host: Callable[[HostSession], HostOutcome]) -> PerGroup:
-    """A group's work for a command that restarts no engine: `per_host` on each node by
-    itself, in rank order, each node's failure its own."""
+    """For a command that restarts no engine: each node by itself, its failure its own."""
 
     def each(nodes: Nodes) -> list[HostOutcome]:
         return [
@@ -556,14 +523,3 @@ def _skipped(session: HostSession, why: str) -> HostOutcome:
 
 def _in_flight(stop: KeyboardInterrupt) -> tuple[str, ...]:
     return stop.in_flight if isinstance(stop, GaveUpWaiting) else ()
-
-
-def whole_units(hosts: Sequence[Host]) -> dict[str, Unit]:
-    """Each host of a unit whose every node is among `hosts`, with its unit (a unit partly
-    selected is refused before a run: `judgments.units.unit_refusal`)."""
-    names = {host.name for host in hosts}
-    return {
-        host.name: host.unit
-        for host in hosts
-        if host.unit is not None and all(node in names for node in host.unit.hosts)
-    }

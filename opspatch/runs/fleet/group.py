@@ -1,5 +1,4 @@
-"""A node group, the one target of a run: one server's hosts, `Nodes(head, others)`; a host by
-itself is a group of one. Restart, ready, prove, undo, prove-or-undo and refuse, written once."""
+"""A node group, the one target of a run: `Nodes(head, others)`, a host by itself a group of one."""
 
 from __future__ import annotations
 
@@ -30,14 +29,12 @@ if TYPE_CHECKING:  # `hosts.engine` is imported where an engine is driven (`Host
     from opspatch.hosts.engine import RestartReply, ServerGroup, SmokeResult, StopReply
 
 UNIT_LOOK_SECONDS = 10.0
-"""How often the other nodes are looked at while the head is awaited: a node that dies during
-the restart is seen within this (plus one exec), not at the readiness deadline."""
+"""A node that dies during the restart is seen within this (plus one exec), not at the deadline."""
 
 
 @dataclass(frozen=True)
 class Nodes:
-    """One server's sessions in this run, in node-rank order: the head (which serves requests)
-    and the others (a host by itself has none)."""
+    """One server's sessions in node-rank order: the head (which serves requests), then the others."""
 
     head: HostSession
     others: tuple[HostSession, ...] = ()
@@ -56,7 +53,6 @@ class Nodes:
 
     @property
     def name(self) -> str:
-        """What names the group as a target: the unit, or the host."""
         unit = self.unit
         return unit.name if unit is not None else self.head.name
 
@@ -67,13 +63,11 @@ class Nodes:
 
     @property
     def group(self) -> ServerGroup | None:
-        """The group the head holds once every rank joined (None: a host by itself)."""
         from opspatch.hosts.engine import ServerGroup
 
         return None if self.alone else ServerGroup(nnodes=len(self.sessions))
 
     def where(self, session: HostSession) -> str:
-        """`unit-01 rank 1`: how a node stands in its unit, for its notes."""
         unit = self.unit
         assert unit is not None
         return unit.describe(session.name)
@@ -89,8 +83,7 @@ class NodeFailed(HostFailed):
 
 @contextmanager
 def failing_as(nodes: Nodes, session: HostSession) -> Iterator[None]:
-    """A step's failure on `session` as the group's failure: naming the node in a group of
-    several (a host by itself raises its own)."""
+    """A step's failure on `session` as the group's: naming the node when there are several."""
     try:
         yield
     except NodeFailed:
@@ -102,12 +95,10 @@ def failing_as(nodes: Nodes, session: HostSession) -> Iterator[None]:
 
 
 GroupJudge = Callable[[Nodes], object]
-"""A further proof of the group after its smoke (the playbook's judge through the head, a staged
-plugin listening on every node); raises `HostFailed` when it fails."""
+"""A further proof after the smoke (the judge, a staged plugin); raises `HostFailed`."""
 
 NodeRestore = Callable[[HostSession], FileChange | None]
-"""Put back one node's files; the files as they then are (None: nothing to show on a node that
-had nothing to put back); raises when a restore fails."""
+"""Put back one node's files; the files then (None: nothing to show); raises when it fails."""
 
 _STOP_START = {
     Step.RESTART: (Step.STOP, Step.START),
@@ -116,13 +107,8 @@ _STOP_START = {
 
 
 def restart(nodes: Nodes, step: Step = Step.RESTART) -> dict[str, RestartReply]:
-    """Restart the group's engines, each node's start by name: a host by itself in one exec;
-    several: every node stopped, then started head first (drained first behind a router).
-
-    Raises:
-        HostFailed: a stop, start or restart failed (`NodeFailed` naming the node; nodes started
-            before it keep running: the caller restores and restarts the group as one).
-    """
+    """One exec for a host by itself; several: every node stopped, then started head first. A
+    `NodeFailed` leaves the nodes started before it running: the caller undoes the group as one."""
     if nodes.alone:
         return {nodes.head.name: restart_step(nodes.head, step=step)}
     stop, start = _STOP_START[step]
@@ -156,9 +142,8 @@ def _start(session: HostSession, step: Step, stopped: StopReply) -> RestartReply
 
 
 def _on_every_node(nodes: Nodes, work: Callable[[HostSession], StopReply]) -> dict[str, StopReply]:
-    """`work` on every node at once (a stop waits for its process tree to end: in parallel the
-    group is down for the slowest node's stop, not their sum); the first failure, in rank
-    order, is raised once every node answered."""
+    """In parallel: the group is down for the slowest node's stop, not their sum; the first failure
+    in rank order is raised once every node answered."""
     with ThreadPoolExecutor(max_workers=len(nodes.sessions), thread_name_prefix="node") as pool:
         futures = {s.name: pool.submit(work, s) for s in nodes.sessions}
         done: dict[str, StopReply] = {}
@@ -180,12 +165,7 @@ def ready(
     step: Step = Step.READY,
     timeout: float | None = None,
 ) -> None:
-    """Wait until the head is ready (holding the whole group, for several); between looks at
-    the head (every `UNIT_LOOK_SECONDS`), each other node's engine must still run.
-
-    Raises:
-        HostFailed: the head was not ready in time, or (`NodeFailed`) a node's engine exited.
-    """
+    """The head ready holding the whole group; between looks at it, each other node must still run."""
 
     def look() -> None:
         for session in nodes.others:
@@ -219,12 +199,7 @@ def prove(
     baseline: Sequence[str | None] | None = None,
     judge: GroupJudge | None = None,
 ) -> SmokeResult:
-    """PROVE a change: restart the group, wait until ready, then `proven`; every command that
-    restarts into a change proves it here.
-
-    Raises:
-        HostFailed: a step failed, or the judge's verdict is `fail` (the caller then `undo`es).
-    """
+    """Restart, ready, `proven`: every command that restarts into a change proves it here."""
     started = restart(nodes)
     ready(nodes, started)
     return proven(nodes, started[nodes.head.name], baseline=baseline, judge=judge)
@@ -237,12 +212,8 @@ def proven(
     baseline: Sequence[str | None] | None = None,
     judge: GroupJudge | None = None,
 ) -> SmokeResult:
-    """The smoke decode through the head (passing, it admits the head), each other node
-    recording it; with `judge`, the head is admitted only after the judge's verdict.
-
-    Raises:
-        HostFailed: the smoke or the judge failed.
-    """
+    """The smoke through the head, recorded on every node; with `judge`, the head is admitted only
+    after its verdict."""
     head = nodes.head
     with failing_as(nodes, head):
         smoke = smoke_step(head, restarted, baseline=baseline, last=judge is None)
@@ -254,7 +225,6 @@ def proven(
 
 
 def proven_through_head(nodes: Nodes, smoke: SmokeResult, step: Step = Step.SMOKE) -> None:
-    """Record on every other node the head's decode that passed: it ran on their ranks too."""
     for session in nodes.others:
         with session.step(step) as note:
             note["detail"] = (
@@ -266,9 +236,8 @@ def proven_through_head(nodes: Nodes, smoke: SmokeResult, step: Step = Step.SMOK
 def restart_after_restore(
     nodes: Nodes, steps: RestoreSteps = AFTER_RESTORE
 ) -> dict[str, RestartReply]:
-    """Restart after a restore and wait with the restore path's own deadline (playbook
-    `timeouts.restore_ready`): an operator who shortens `ready` to catch a start-up hang must
-    not turn every slow but healthy restore into needs-attention."""
+    """The restore's own deadline (`timeouts.restore_ready`): a short `ready` set to catch a
+    start-up hang must not turn every slow but healthy restore into needs-attention."""
     started = restart(nodes, steps.restart)
     ready(nodes, started, step=steps.ready, timeout=nodes.head.playbook.timeouts.restore_ready)
     return started
@@ -288,13 +257,19 @@ def undo(
     restart_failed: Callable[[str], str] | None = None,
     reason: Reason | None = None,
 ) -> list[HostOutcome]:
-    """UNDO a change, the one proof after a restore: every node's files put back, the group
-    restarted (restore deadline) and smoke-tested. `outcome`: `rolled-back` (`why` its error)
-    or `restored` (`why` its note; `restored-not-serving` when the smoke fails). A failed
-    restore or restart: `needs-attention` (`changes`: each node's files as they were)."""
-    # Long because: a restore, a restart and a smoke, each failing its own way on one node or several
+    """Every node's files put back, the group restarted and smoke-tested. `outcome`: `rolled-back`
+    (`why` its error) or `restored` (`why` its note). A failed restore or restart:
+    `needs-attention`."""
     restored: dict[str, FileChange | None] = {}
     broken: dict[str, str] = {}
+
+    def attention(error: str) -> list[HostOutcome]:
+        files = {**changes, **restored}
+        return [
+            s.outcome(Outcome.NEEDS_ATTENTION, error, file=files[s.name], reason=Reason.UNDO_FAILED)
+            for s in nodes.sessions
+        ]
+
     for session in nodes.sessions:
         try:
             restored[session.name] = restore(session)
@@ -303,39 +278,20 @@ def undo(
     if broken:
         said = "; ".join(f"{name}: {text}" for name, text in broken.items())
         error = (restore_failed or _then(why, "the restore"))(said)
-        error += f"; {nodes.label} was not restarted"
-        return [
-            s.outcome(
-                Outcome.NEEDS_ATTENTION,
-                error,
-                file=restored.get(s.name, changes[s.name]),
-                reason=Reason.UNDO_FAILED,
-            )
-            for s in nodes.sessions
-        ]
+        return attention(f"{error}; {nodes.label} was not restarted")
     undone = outcome == Outcome.ROLLED_BACK
-    if not restart:
-        if undone:
-            return [
-                s.outcome(outcome, why, file=restored[s.name], reason=reason)
-                for s in nodes.sessions
-            ]
-        return [s.outcome(outcome, file=restored[s.name], note=why) for s in nodes.sessions]
-    try:
-        started = restart_after_restore(nodes, steps)
-    except (OpspatchError, HostFailed) as exc:
-        restarting = _then(why, f"the restart of {nodes.label} after the restore")
-        error = (restart_failed or restarting)(describe_error(exc))
-        return [
-            s.outcome(
-                Outcome.NEEDS_ATTENTION, error, file=restored[s.name], reason=Reason.UNDO_FAILED
-            )
-            for s in nodes.sessions
-        ]
     head = nodes.head
-    smoke, not_serving = smoke_after_restore(head, started[head.name], step=steps.smoke)
-    if smoke is not None and smoke.ok:
-        proven_through_head(nodes, smoke, steps.smoke)
+    smoke: SmokeResult | None = None
+    not_serving: str | None = None
+    if restart:
+        try:
+            started = restart_after_restore(nodes, steps)
+        except (OpspatchError, HostFailed) as exc:
+            restarting = _then(why, f"the restart of {nodes.label} after the restore")
+            return attention((restart_failed or restarting)(describe_error(exc)))
+        smoke, not_serving = smoke_after_restore(head, started[head.name], step=steps.smoke)
+        if smoke is not None and smoke.ok:
+            proven_through_head(nodes, smoke, steps.smoke)
 
     def one(session: HostSession) -> HostOutcome:
         shown = smoke if session is head else None
@@ -371,9 +327,7 @@ def prove_or_undo(
     note: str,
     judge: GroupJudge | None = None,
 ) -> list[HostOutcome]:
-    """PROVE a change already on every node: `applied` everywhere (with `note`) when it passes,
-    else UNDO it on every node. How `restart` and `recover` finish a change a run wrote but
-    never proved. `judge`: a further proof after the smoke (`proven`)."""
+    """How `restart` and `recover` finish a change a run wrote but never proved."""
     try:
         smoke = prove(nodes, judge=judge)
     except HostFailed as failure:
@@ -390,9 +344,8 @@ def prove_or_undo(
 
 
 def serves(nodes: Nodes) -> bool:
-    """Whether the group serves now: its head ready holding the whole group within the `ready`
-    deadline (a server still starting is awaited, not restarted; one whose process is gone fails
-    at once), recorded as the `ready` step; a head a crashed run left drained is re-admitted."""
+    """The head ready within `ready` (a server still starting is awaited, not restarted); a head a
+    crashed run left drained is re-admitted."""
     try:
         ready_step(nodes.head, None, step=Step.READY, group=nodes.group)
     except HostFailed:
@@ -408,9 +361,8 @@ def refuse(
     *,
     files: Mapping[str, FileChange | None] | None = None,
 ) -> list[HostOutcome]:
-    """Every node's outcome when the nodes of `odd` keep the group from being touched (a node
-    restarted alone cannot rejoin, one changed alone runs other code): each other node
-    `skipped`, naming them, with the first odd node's reason code."""
+    """The nodes of `odd` keep the group untouched (a node restarted alone cannot rejoin, one
+    changed alone runs other code): the others `skipped`, naming them."""
     said = "; ".join(f"{name}: {o.error or o.note or o.outcome}" for name, o in odd.items())
     text = (
         f"refused: unit {nodes.name}'s node {', '.join(odd)} {why} ({said}); nothing was "

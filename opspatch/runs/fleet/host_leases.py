@@ -1,5 +1,5 @@
-"""A run's leases on its hosts: what keeps a second operator's run off them, and lets a third take
-a dead controller's run over (docs/team.md)."""
+"""Leases keep a second operator's run off a run's hosts and let a third take a dead controller's
+run over (docs/team.md)."""
 
 from __future__ import annotations
 
@@ -47,8 +47,7 @@ def held_by(holders: Sequence[LeaseHolder]) -> str:
 
 
 def live_holders(recorder: Recorder, held: LockHeld) -> list[LeaseHolder]:
-    """The live leases of the run whose host lock refused this one (none: an old-style lock, a
-    run of another ledger, or a run whose controller went quiet)."""
+    """None: an old-style lock, a run of another ledger, or one whose controller went quiet."""
     holder = str(held.data.get("run_id") or "")
     if not holder:
         return []
@@ -71,11 +70,8 @@ def host_identity(host: Host, facts: HostFacts) -> str:
 
 
 class Heartbeat:
-    """Renews a run's leases from a daemon thread until `stop()`. A beat the ledger does not
-    take (a cut connection, a server gone) is said at once on `progress` and retried on the
-    next beat; once no beat got through for the whole expiry, or another run took leases over,
-    the run has `lost` its leases: another operator may be changing those hosts, so the fleet
-    run starts no more hosts (`FleetRun.execute`)."""
+    """A beat the ledger refuses is said and retried; none through for the whole expiry, or a
+    takeover, and the leases are `lost`: the fleet run starts no more hosts."""
 
     def __init__(
         self, recorder: Recorder, expires_after: float, progress: Progress, *, held: int

@@ -39,20 +39,16 @@ def measured(session: HostSession, settings: JudgeSettings, step: Step) -> Measu
 
 
 CONFIRM_AFTER_SECONDS = 2.0
-"""The pause before a latency fail is measured again (`judge_step`): an episode of load that
-lay over the first measurement has passed by then, a slower server has not."""
+"""An episode of load over the first measurement has passed by then; a slower server has not."""
 
 PROMPTS_PER_TURN = 6
-"""Prompts one side decodes before the other takes its turn (`measured_in_turns`): small
-enough that a prompt's two decodes are seconds apart, large enough to keep an agent exec per
-turn cheap beside the decodes."""
+"""A prompt's two decodes seconds apart, yet an agent exec per turn cheap beside the decodes."""
 
 
 def measured_in_turns(
     baseline: HostSession, canary: HostSession, settings: JudgeSettings
 ) -> tuple[Measurement | str, Measurement | str]:
-    """The judge's prompts decoded on both servers in ABBA turns, so that passing load meets
-    both sides alike; each side's answers, or why it could not be measured."""
+    """ABBA turns, so that passing load meets both sides alike."""
     prompts = settings.chosen
     parts: dict[str, list[Measurement] | str] = {baseline.name: [], canary.name: []}
     for turn, start in enumerate(range(0, len(prompts), PROMPTS_PER_TURN)):
@@ -85,14 +81,8 @@ def judge_step(
     why_no_baseline: str | None,
     beside: tuple[HostSession, threading.Lock] | None = None,
 ) -> Judgment:
-    """Measure the session's server and judge it, as a recorded step; a latency fail stands
-    only if a second measurement fails too. With `beside`, the peer is measured in turns with
-    the session and that is the baseline (else `baseline` stays).
-
-    Raises:
-        JudgeFailed: the verdict is `fail`.
-        HostFailed: the measurement could not be made.
-    """
+    """A latency fail stands only if a second measurement fails too. With `beside`, the peer
+    measured in turns is the baseline."""
 
     def measured_and_judged() -> Judgment:
         base, base_from, in_turns = baseline, baseline_from, False
@@ -130,8 +120,7 @@ def judge_step(
 
 
 class HostJudge:
-    """The judge of one host of an apply: `take_baseline` before the swap, `__call__` after
-    the smoke (through `group.proven`); `judgment` is its verdict once given."""
+    """`take_baseline` before the swap, `__call__` after the smoke; `judgment` once given."""
 
     def __init__(
         self, settings: JudgeSettings, peers: Sequence[HostSession], peer_lock: threading.Lock
@@ -149,8 +138,7 @@ class HostJudge:
         self.judgment: Judgment | None = None
 
     def take_baseline(self, session: HostSession) -> None:
-        """Measure the old server (a step that says where the baseline came from, or why there
-        is none: never a failure of the host, since the change has not been made yet)."""
+        """Never a failure of the host: the change has not been made yet."""
         with session.step(Step.JUDGE_BASELINE) as note:
             own = measured(session, self.settings, Step.JUDGE_BASELINE)
             if isinstance(own, Measurement) and any(s.ok for s in own.samples):
@@ -199,12 +187,6 @@ class HostJudge:
         ]
 
     def __call__(self, session: HostSession) -> Judgment:
-        """Judge the changed server against the baseline (`judge_step`).
-
-        Raises:
-            JudgeFailed: the verdict is `fail` (the caller rolls the host back).
-            HostFailed: the measurement could not be made.
-        """
         try:
             self.judgment = judge_step(
                 session,
@@ -221,12 +203,7 @@ class HostJudge:
 
 
 def judge_through_head(nodes: Nodes, judge: HostJudge) -> Judgment:
-    """Judge a group by its head; each other node records a `judge` step naming the head's
-    verdict.
-
-    Raises:
-        HostFailed: the verdict is `fail`, or the head could not be measured.
-    """
+    """Each other node records a `judge` step naming the head's verdict."""
     head = nodes.head
     with failing_as(nodes, head):
         try:
@@ -252,10 +229,8 @@ def _through_head(nodes: Nodes, session: HostSession, said: str, *, failed: bool
 
 
 class JudgePlan:
-    """Which hosts of an apply the judge proves, and the peers a canary may take its baseline
-    from (hosts of its release and build that the run changes after the canaries). A unit is
-    judged by its head, against its own old server only; no node of a unit is another host's
-    peer (a node that is not the head serves no prompts)."""
+    """A unit is judged by its head against its own old server; no node of a unit is another host's
+    peer (only the head serves prompts)."""
 
     def __init__(
         self,
@@ -267,8 +242,6 @@ class JudgePlan:
         sessions: Mapping[str, HostSession],
         units: Mapping[str, Unit] | None = None,
     ) -> None:
-        """`canaries`: the rollout's canary items (a unit by its head); `units`: each unit
-        node's unit."""
         self.settings = settings
         units = units or {}
         everyone = settings.hosts == JudgeHosts.ALL

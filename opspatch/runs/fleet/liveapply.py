@@ -1,5 +1,4 @@
-"""`apply --live`: once a group's files are swapped, the fix taken into the running engine's
-processes and proven by the smoke decode, in place of a restart (so no drain)."""
+"""`apply --live`: the swapped fix taken into the running processes and proven, no restart."""
 
 from __future__ import annotations
 
@@ -23,19 +22,15 @@ from opspatch.runs.judgments.units import target_of
 from opspatch.runs.report import HostOutcome
 
 Took = Mapping[str, Sequence[Mapping[str, Any]]]
-"""What each process reported taking, by process name (`scheduler-tp2`, `main`)."""
 
 LiveFormer = Callable[[PatchSpec, bytes, bytes], LiveForm | NotLive]
-"""The live form of one target's change: its part of the patch, the pre-image, the post-image."""
 
 
 def live_former(part: PatchSpec, pre: bytes, post: bytes) -> LiveForm | NotLive:
-    """The live form of one target's change (pure: `core/live.py`)."""
     return live_form(part.target.module, pre, post, part.live)
 
 
 def refuse_unless_live(hosts: Sequence[Host]) -> None:
-    """`LiveRefused` naming the hosts whose inventory does not say `live = true`."""
     off = [host.name for host in hosts if not host.live]
     if off:
         raise LiveRefused(
@@ -55,8 +50,8 @@ class LiveApply:
         self._forms: dict[str, tuple[LiveForm, ...]] = {}  # by host, one per pending file
 
     def check(self, session: HostSession, prepared: Prepared) -> None:
-        """Preflight: every pending file has a live form and every process says its take would
-        be in effect; else `NotTakenLive`, or `LiveRefused` when not every process answers."""
+        """Preflight: `NotTakenLive` unless every process says its take would be in effect,
+        `LiveRefused` when not every process answers."""
         with session.step(Step.LIVE) as note:
             forms = self._live_forms(session, prepared)
             takes = [
@@ -98,7 +93,6 @@ class LiveApply:
         )
 
     def _live_forms(self, session: HostSession, prepared: Prepared) -> tuple[LiveForm, ...]:
-        """Each pending file's live form (pure); `NotTakenLive` for the first refused."""
         found = []
         for item in prepared.pending:
             plan = item.applied
@@ -115,8 +109,8 @@ class LiveApply:
         prepared: Mapping[str, Prepared],
         judge: HostJudge | None = None,
     ) -> list[HostOutcome]:
-        """Take the swapped files live (the head's forms: a group's nodes are alike) and prove
-        it, the judge after the smoke; a failure reverts every process and restores the files."""
+        """The head's forms (a group's nodes are alike); a failure reverts every process and
+        restores."""
         head = prepared[nodes.head.name]
         taken: list[str] = []
         for item, form in zip(head.pending, self._forms[nodes.head.name], strict=True):
@@ -141,7 +135,6 @@ class LiveApply:
     def _fix(
         self, in_set: bool, item: PreparedFile, form: LiveForm, *, paths: Iterable[str] = ()
     ) -> LiveFix:
-        """A take of one file's fix; `paths`: the file on a group's other nodes."""
         module = item.part.target.module
         return LiveFix(
             "take",
@@ -158,8 +151,8 @@ class LiveApply:
         return ask_engine(session.ops, fix, timeout=self.timeout, step=step)
 
     def _take(self, nodes: Nodes, fix: LiveFix, names: Sequence[str]) -> None:
-        """Take `fix` through the head (its broadcast reaches every rank), then on each other
-        node's own processes, read back from every node; `HostFailed` when any is not held."""
+        """Through the head (its broadcast reaches every rank), then each other node's own
+        processes, read back from every node."""
         head = nodes.head
         through, who = ("", "") if nodes.alone else ("through the entry rank: ", f"{head.name}: ")
         with head.step(Step.LIVE) as note:
@@ -213,8 +206,7 @@ class LiveApply:
         why: str,
         reason: Reason,
     ) -> list[HostOutcome]:
-        """Revert `fixes` in every process, then put every node's files back; a revert not
-        answered everywhere is followed by a restart, which clears every memory."""
+        """A revert not answered everywhere is followed by a restart, which clears every memory."""
         reverted = True
         for session in nodes.sessions:  # the head first: its entry rank reverts every rank
             reverted = revert_everywhere(session, fixes, timeout=self.timeout) and reverted
@@ -224,7 +216,6 @@ class LiveApply:
         return pipeline.roll_back(nodes, prepared, why, restart=not reverted, reason=reason)
 
     def _gone(self, session: HostSession, fixes: Sequence[str]) -> bool:
-        """Whether `session`'s processes hold none of `fixes` (a recorded readback)."""
         try:
             with session.step(Step.LIVE_READBACK) as note:
                 listing = self._ask(session, LiveFix("list"), Step.LIVE_READBACK)
@@ -250,7 +241,6 @@ def _taken_note(nodes: Nodes, session: HostSession) -> str:
 
 
 def revert_everywhere(session: HostSession, fixes: Sequence[str], *, timeout: float) -> bool:
-    """Revert each fix in every process: whether every process answered that it did."""
     every = True
     for fix in reversed(fixes):
         try:

@@ -34,10 +34,10 @@ PlanOutcome = Applied | AlreadyApplied | NotApplicable
 
 @dataclass(frozen=True)
 class PreparedFile:
-    """One target of the patch on a host: its file as read, the plan, the version gate's word."""
+    """One target of the patch on a host: the file as read, its plan, the version gate's word."""
 
     index: int
-    """The target's place in the patch (`targets[index]`; 0 for a `[target]` patch)."""
+    """`targets[index]` (0 for a `[target]` patch)."""
     part: PatchSpec
     inspection: HostInspection
     plan: PlanOutcome
@@ -53,13 +53,12 @@ class PreparedFile:
 
     @property
     def applied(self) -> Applied:
-        """The plan of a pending file (one the plan changes)."""
         assert isinstance(self.plan, Applied)
         return self.plan
 
     @property
     def images(self) -> tuple[str, str]:
-        """The pre- and post-image sha256 of the plan (unchanged: both the file's own)."""
+        """The pre- and post-image sha256 (an unchanged file: both its own)."""
         if isinstance(self.plan, Applied):
             return self.plan.sha256_before, self.plan.sha256_after
         return self.inspection.file.sha256, self.inspection.file.sha256
@@ -67,23 +66,21 @@ class PreparedFile:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A host after `begin` and `plan`: its lock held, every target's plan known."""
+    """A host after `begin` and `plan`: its lock held, every target planned."""
 
     files: tuple[PreparedFile, ...]
 
     @property
     def inspection(self) -> HostInspection:
-        """The first target's inspection (the host's facts, its server)."""
         return self.files[0].inspection
 
     @property
     def misfit(self) -> PreparedFile | None:
-        """The first target that does not fit the host (then nothing is changed)."""
         return next((f for f in self.files if not f.fits), None)
 
     @property
     def pending(self) -> tuple[PreparedFile, ...]:
-        """The files the plan changes, in the order they are swapped in."""
+        """The files the plan changes, in swap order."""
         return tuple(f for f in self.files if isinstance(f.plan, Applied))
 
     @property
@@ -95,7 +92,7 @@ class Prepared:
         return "".join(diffs) or None
 
     def change(self, live: dict[str, str] | None = None) -> FileChange:
-        """The host's file change; `live`: the sha256 a file holds, when not what its plan wrote."""
+        """`live`: the sha256 a file holds when not what its plan wrote."""
         live = live or {}
         first = (self.pending or self.files)[0]
         members = tuple(
@@ -110,8 +107,8 @@ class Prepared:
 
 
 def gate_inspection(target: Target, inspection: HostInspection) -> str | None:
-    """The version gate for a host's file, and its module's import origin (a symlink's target
-    can live anywhere, its origin cannot)."""
+    """The version gate, and the module's import origin (a symlink's target can live anywhere, its
+    origin cannot)."""
     module = inspection.module
     sglang = target.distribution.lower().replace("_", "-") == "sglang"
     installed = inspection.facts.sglang_version if sglang else None
@@ -139,8 +136,8 @@ class ApplyPipeline:
         unrestarted: Outcome = Outcome.STAGED,
         live: LiveApply | None = None,
     ) -> None:
-        """`restart_engine=False` swaps the file only, the outcome then `unrestarted` (`staged`,
-        or `applied` for a local file); `live`: taken into the running engine, no restart."""
+        """`restart_engine=False` swaps only (the outcome `unrestarted`); `live`: taken into the
+        running engine instead of a restart."""
         self.patch = patch
         self.playbook = playbook
         self.restart_engine = restart_engine
@@ -154,7 +151,6 @@ class ApplyPipeline:
         self._plans_lock = threading.Lock()
 
     def plan(self, content: bytes, index: int = 0) -> PlanOutcome:
-        """The plan of target `index` on these bytes, made once per pre-image."""
         key = (self.patch.sha256, index, sha256_hex(content))
         with self._plans_lock:
             plan = self._plans.get(key)
@@ -163,7 +159,7 @@ class ApplyPipeline:
         return plan
 
     def reuse(self, plan: Applied, index: int = 0) -> None:
-        """Take a plan made before this pipeline (`apply --file` asks first)."""
+        """A plan made before this pipeline (`apply --file` asks first)."""
         with self._plans_lock:
             self._plans.setdefault((self.patch.sha256, index, plan.sha256_before), plan)
 
@@ -177,8 +173,8 @@ class ApplyPipeline:
         paths: Sequence[str] | None = None,
         installed_version: str | None = None,
     ) -> Prepared:
-        """Lock (unless a dry run) and inspect the host, then plan every target on the file the
-        engine imports, or on `paths` (local files, of `installed_version`)."""
+        """Lock (unless a dry run) and inspect, then plan every target on the file the engine
+        imports, or on `paths` (local files, of `installed_version`)."""
         parts = self.patch.parts
         if paths is not None and len(paths) != len(parts):
             raise ValueError("prepare takes one path per target")
@@ -234,8 +230,8 @@ class ApplyPipeline:
     # -- the change ------------------------------------------------------------------------
 
     def apply(self, nodes: Nodes, prepared: Mapping[str, Prepared]) -> list[HostOutcome]:
-        """Swap every pending file on every node, restart and prove the group once, undo it on
-        failure. A set's images are in the ledger before the first swap (for `recover`)."""
+        """Swap on every node, restart and prove the group once, undo on failure. A set's images
+        reach the ledger before the first swap (for `recover`)."""
         head = nodes.head
         changing = [s for s in nodes.sessions if prepared[s.name].pending]
         if not changing:
@@ -295,7 +291,6 @@ class ApplyPipeline:
         smoke: SmokeResult,
         note: Callable[[HostSession], str | None],
     ) -> list[HostOutcome]:
-        """Every node `applied`; the head's outcome carries the smoke decode that proved them."""
         return [
             self.outcome(
                 s,
@@ -311,7 +306,6 @@ class ApplyPipeline:
     def _unchanged(
         self, nodes: Nodes, prepared: Mapping[str, Prepared], refused: HostFailed
     ) -> list[HostOutcome]:
-        """Every node unchanged: the head's required baseline failed."""
         head, why = nodes.head.name, refused.error
         return [
             self.outcome(
@@ -332,8 +326,8 @@ class ApplyPipeline:
         written: Sequence[HostSession],
         failed: HostOutcome,
     ) -> list[HostOutcome]:
-        """A node's swap failed: the nodes swapped before it are put back, files only (the
-        server never ran them)."""
+        """A node's swap failed: the nodes swapped before it get their files back (their server
+        never ran them)."""
         why = f"{failed.host}: {failed.error}"
 
         def other(session: HostSession) -> HostOutcome:
@@ -362,8 +356,7 @@ class ApplyPipeline:
         return [failed if s.name == failed.host else other(s) for s in nodes.sessions]
 
     def write(self, session: HostSession, prepared: Prepared) -> HostOutcome | SwapLost | None:
-        """Record every pending file's images in the ledger, then swap each: None when all are
-        swapped, else the host's outcome or `SwapLost`."""
+        """The ledger first, then each swap: None when all are swapped."""
         pending = prepared.pending
         with_path = prepared.is_set
         try:
@@ -442,8 +435,8 @@ class ApplyPipeline:
         )
 
     def baseline(self, session: HostSession) -> tuple[tuple[str | None, ...] | None, str | None]:
-        """Greedy texts from the unpatched server if the playbook and patch ask, and a note when
-        it could not be taken; `HostFailed` when the playbook requires it (nothing changed)."""
+        """Greedy texts from the unpatched server, and a note when not taken; `HostFailed` when the
+        playbook requires one."""
         wanted = self.playbook.smoke.baseline
         if not (self.restart_engine and wanted and self.patch.spec.preserves_output):
             return None, None
@@ -480,8 +473,7 @@ class ApplyPipeline:
         restart: bool | None = None,
         reason: Reason = Reason.STEP_FAILED,
     ) -> list[HostOutcome]:
-        """Undo after a failure past the swap: every node's pending (or `swapped`) files put
-        back, the group restarted (`restart`: default the pipeline's)."""
+        """Undo past the swap: the pending (or `swapped`) files put back, the group restarted."""
 
         def files(session: HostSession) -> Sequence[PreparedFile]:
             return (
@@ -510,7 +502,6 @@ class ApplyPipeline:
         ]
 
     def restore_files(self, session: HostSession, files: Sequence[PreparedFile]) -> None:
-        """Restore the pre-image of each file, the last swapped first."""
         for item in reversed(files):
             plan = item.applied
             restore_pre_image(
@@ -530,8 +521,7 @@ class ApplyPipeline:
         why: str,
         reason: Reason,
     ) -> HostOutcome:
-        """A swap the host refused (it wrote nothing): the set's files swapped before it are
-        put back (no restart: the server never ran them)."""
+        """A swap the host refused (nothing written): the set's earlier swaps put back, no restart."""
         if prepared.is_set:
             why = f"{refused.path}: {why}"
         if not swapped:
@@ -614,8 +604,7 @@ class ApplyPipeline:
         note: str | None = None,
         reason: Reason | None = None,
     ) -> HostOutcome:
-        """The host's outcome; its files are what each plan wrote, except the `old` ones (at
-        their pre-image) and those `live` names."""
+        """Files at what each plan wrote, except `old` (at the pre-image) and those `live` names."""
         hashes = {item.path: item.images[0] for item in old}
         hashes.update(live or {})
         return session.outcome(
@@ -630,7 +619,6 @@ class ApplyPipeline:
 
 
 def live_new(prepared: Prepared, swapped: Sequence[PreparedFile]) -> dict[str, str]:
-    """The `swapped` files at their post-image, the other pending files still at their pre-image."""
     done = {item.path for item in swapped}
     return {
         item.path: item.images[1] if item.path in done else item.images[0]
@@ -650,8 +638,7 @@ def _join(*notes: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class SwapLost:
-    """A swap that did not answer, found written: the group is rolled back as after a failed
-    proof."""
+    """A swap that did not answer, found written: rolled back as after a failed proof."""
 
     why: str
     swapped: tuple[PreparedFile, ...]

@@ -16,13 +16,12 @@ from opspatch.errors import InputError, LedgerError, LedgerIntegrityError, Ledge
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun, PerGroup
-from opspatch.runs.fleet.recorder import LedgerRecorder
+from opspatch.runs.fleet.recorder import Recorder
 from opspatch.runs.fleet.session import NoProgress, Progress
 from opspatch.runs.report import HostOutcome, RunReport
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:
-    """The command as the operator typed it (quoted), for the ledger."""
     args = sys.argv[1:] if argv is None else list(argv)
     return " ".join(shlex.quote(a) for a in ["opspatch", *args])
 
@@ -38,19 +37,10 @@ def recorded_run(
     parent_run: str | None = None,
     argv: Sequence[str] | None = None,
     approved_by: Sequence[str] | None = None,
-) -> Iterator[LedgerRecorder]:
-    """Begin a run in the ledger (after checking its chain is intact, as any change must).
-
-    The run records through `ledger.retrying(lease expiry)`: a write whose server went away (a
-    PostgreSQL restart, a network cut) is tried again until it gets through, and the run goes
-    on where it was; only a ledger gone for longer than the run's lease expiry (the playbook's
-    `[team] lease_expiry`, after which its leases are lost anyway) stops it.
-
-    Raises:
-        InputError: `hosts` is empty: a run over no host would report success for doing
-            nothing; nothing is begun (the selection refuses this first, naming the item).
-        LedgerIntegrityError: the chain is broken; nothing is begun.
-    """
+) -> Iterator[Recorder]:
+    """Begin a run after checking the ledger's chain. Writes are retried until the lease expiry (a
+    PostgreSQL restart, a network cut); an empty `hosts` is refused: it would report success for
+    doing nothing."""
     if not hosts:
         raise InputError(
             f"{command} selects no host: nothing was done and no run recorded",
@@ -72,7 +62,7 @@ def recorded_run(
         inventories={h.name: h.inventory for h in hosts},
         approved_by=approved_by,
     )
-    run = LedgerRecorder(ledger, run_id)
+    run = Recorder(ledger, run_id)
     try:
         yield run
     except InputError:
@@ -91,7 +81,6 @@ def recorded_run(
 
 
 def _then_recover(run_id: str, exc: LedgerError, ledger: Ledger) -> str:
-    """What brings the hosts a run stopped by `exc` left part-way to a known state."""
     part_way = f"the hosts run {run_id} left part-way (locked, or changed and not yet proven)"
     if not isinstance(exc, LedgerLost):
         return f"`{remedy_text(Command.RECOVER)}` then brings {part_way} to a known state"
@@ -115,8 +104,7 @@ def run_in_batches(
     progress: Progress | None = None,
     restarting: Collection[str] | None = None,
 ) -> RunReport:
-    """A recorded run of `per_group` over the hosts' groups, leased first (`restarting`: as
-    `FleetRun.lease`), in the playbook's batches, canaries first, halted as an apply is."""
+    """A recorded, leased run of `per_group` in the playbook's batches, halted as an apply is."""
     with (
         recorded_run(ledger, command=command, patch=None, hosts=hosts, playbook=playbook) as run,
         FleetRun(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from opspatch.core.hostfacts import HostFacts
 from opspatch.core.vocabulary import RunStatus, Step, StepStatus
@@ -18,211 +18,119 @@ DETAIL_LIMIT = 2000
 """Characters of a step's detail kept in the ledger (a log tail can be long)."""
 
 
-class Recorder(Protocol):
-    """What a run records, and the one id its records and host locks carry."""
+class Recorder:
+    """A run's records, under `run_id` in `ledger` (`NullRecorder`: none). The first record that
+    fails is kept (`fault`) and raised again by every later one."""
 
-    @property
-    def run_id(self) -> str:
-        """The id this run's records and host locks carry."""
-
-    @property
-    def reported_run_id(self) -> str | None:
-        """The run id its report names: None for a run nothing recorded (a dry run)."""
-
-    def step(
-        self, host: str, step: Step, status: StepStatus, seconds: float | None, detail: str
-    ) -> None:
-        """A step's `started` or its end, with timing and what it did (cut to `DETAIL_LIMIT`)."""
-
-    def facts(self, host: str, facts: HostFacts) -> None:
-        """What a host runs (its machine id among it: later lookups by machine find the run)."""
-
-    def file_version(self, host: str, version: NewFileVersion) -> None:
-        """A file this run changes, with its full pre-image (before the host is touched); a
-        restore's pre-image is the ledger's own (`NewFileVersion.pre_image` None)."""
-
-    def outcome(self, outcome: HostOutcome) -> None:
-        """A host's outcome, as soon as it is decided (a later one supersedes it)."""
-
-    def stored_image(self, sha256: str) -> bytes | None:
-        """The bytes the ledger holds with `sha256`; None when this run has no ledger.
-
-        Raises:
-            LedgerError, LedgerIntegrityError: the ledger has no such bytes, or they were altered.
-        """
-
-    def run_status(self, run_id: str) -> RunStatus | None:
-        """The status of another run of this ledger; None when it knows no such run."""
-
-    def host_steps(self, host: str, steps: Collection[Step]) -> list[tuple[str, StepRecord]]:
-        """`(run_id, step)` of the steps named in `steps` that any run of this ledger recorded
-        on `host`, newest first (`Ledger.host_steps`); none when this run has no ledger.
-
-        Raises:
-            LedgerError: the ledger cannot be read.
-        """
-
-    def take_leases(
-        self, identities: Mapping[str, str], expires_after: float, taking_over: Collection[str]
-    ) -> LeaseGrant:
-        """Lease the hosts (name -> identity) to this run, unless a live lease of another run
-        (not of `taking_over`, runs known dead) holds one (`LeaseGrant.refused`: nothing taken);
-        each lease taken is a `lease` step."""
-
-    def renew_leases(self) -> int:
-        """A heartbeat; how many leases this run still holds."""
-
-    def give_back_leases(self) -> None:
-        """Give back every lease this run holds (recorded while the run is open)."""
-
-    def leases_of(self, run_ids: Sequence[str]) -> list[LeaseHolder]:
-        """The leases the runs hold, live or expired."""
-
-
-class LedgerRecorder:
-    """The records of one run begun in `ledger` as `run_id`; `finish(report)` ends it (once).
-    The first record that fails is kept (`fault`) and raised again by every later one."""
-
-    def __init__(self, ledger: Ledger, run_id: str) -> None:
+    def __init__(self, ledger: Ledger | None, run_id: str | None) -> None:
         self.ledger = ledger
         self._run_id = run_id
         self.finished = False
         self.fault: LedgerError | None = None
 
-    def _record(self, write: Callable[[], T]) -> T:
-        """One record of the run. Raises the run's fault, once there is one.
-
-        Raises:
-            LedgerError: this record, or an earlier one, could not be written.
-        """
+    def _record(self, write: Callable[[Ledger, str], T], nothing: T) -> T:
+        if self.ledger is None or self._run_id is None:
+            return nothing
         if self.fault is not None:
             raise self.fault.with_traceback(None)
         try:
-            return write()
+            return write(self.ledger, self._run_id)
         except LedgerError as exc:
             self.fault = exc
             raise
 
+    def _read(self, read: Callable[[Ledger], T], nothing: T) -> T:
+        return nothing if self.ledger is None else read(self.ledger)
+
     @property
     def run_id(self) -> str:
+        """The id this run's records and host locks carry."""
+        if self._run_id is None:  # a bug, not an input: only a recorded run takes host locks
+            raise RuntimeError("a run that records nothing takes no host lock")
         return self._run_id
 
     @property
     def reported_run_id(self) -> str | None:
+        """None for a run nothing recorded (a dry run)."""
         return self._run_id
 
     def step(
         self, host: str, step: Step, status: StepStatus, seconds: float | None, detail: str
     ) -> None:
+        cut = detail[:DETAIL_LIMIT]
         self._record(
-            lambda: self.ledger.record_step(
-                self._run_id, host, step, status, seconds, detail[:DETAIL_LIMIT]
-            )
+            lambda ledger, run: ledger.record_step(run, host, step, status, seconds, cut), None
         )
 
     def facts(self, host: str, facts: HostFacts) -> None:
-        self._record(lambda: self.ledger.record_facts(self._run_id, host, facts))
+        """Its machine id among them: later lookups by machine find the run."""
+        self._record(lambda ledger, run: ledger.record_facts(run, host, facts), None)
 
     def file_version(self, host: str, version: NewFileVersion) -> None:
-        self._record(lambda: self.ledger.record_file_version(self._run_id, host, version))
+        """Before the host is touched; a restore's pre-image is the ledger's own (`pre_image` None)."""
+        self._record(lambda ledger, run: ledger.record_file_version(run, host, version), None)
 
     def outcome(self, outcome: HostOutcome) -> None:
+        """As soon as it is decided (a later one supersedes it)."""
         self._record(
-            lambda: self.ledger.record_host_outcome(
-                self._run_id,
+            lambda ledger, run: ledger.record_host_outcome(
+                run,
                 outcome.host,
                 outcome.outcome,
                 outcome.error,
                 outcome.file,
                 reason=outcome.reason,
-            )
+            ),
+            None,
         )
 
     def stored_image(self, sha256: str) -> bytes | None:
-        return self.ledger.blob(sha256)
+        """Raises when the ledger has no such bytes or they were altered."""
+        return self._read(lambda ledger: ledger.blob(sha256), None)
 
     def run_status(self, run_id: str) -> RunStatus | None:
         try:
-            return RunStatus(self.ledger.get_run(run_id).summary.status)
+            return self._read(lambda ledger: RunStatus(ledger.get_run(run_id).summary.status), None)
         except OpspatchError:
             return None  # not a run of this ledger: it may be alive on another controller
 
     def host_steps(self, host: str, steps: Collection[Step]) -> list[tuple[str, StepRecord]]:
-        return self.ledger.host_steps(host, steps)
+        """Newest first."""
+        return self._read(lambda ledger: ledger.host_steps(host, steps), [])
 
     def take_leases(
         self, identities: Mapping[str, str], expires_after: float, taking_over: Collection[str]
     ) -> LeaseGrant:
+        """Nothing taken when a live lease of another run (not of `taking_over`) holds one; a run
+        that records nothing keeps no one off the hosts."""
         return self._record(
-            lambda: self.ledger.take_leases(
-                self._run_id, identities, expires_after=expires_after, taking_over=taking_over
-            )
+            lambda ledger, run: ledger.take_leases(
+                run, identities, expires_after=expires_after, taking_over=taking_over
+            ),
+            LeaseGrant(),
         )
 
     def renew_leases(self) -> int:
-        # Not a record: the heartbeat tries again and says when the ledger is gone for long.
-        return self.ledger.renew_leases(self._run_id)
+        """How many leases this run still holds. Not a record: the heartbeat tries again and says
+        when the ledger is gone for long."""
+        return self._read(lambda ledger: ledger.renew_leases(self.run_id), 0)
 
     def give_back_leases(self) -> None:
-        self._record(lambda: self.ledger.give_back_leases(self._run_id))
+        self._record(lambda ledger, run: ledger.give_back_leases(run), None)
 
     def leases_of(self, run_ids: Sequence[str]) -> list[LeaseHolder]:
-        return self.ledger.leases_of(run_ids)
+        return self._read(lambda ledger: ledger.leases_of(run_ids), [])
 
     def finish(self, report: RunReport) -> RunReport:
         """Record the run's outcome (the first time only) and return `report`."""
         if not self.finished:
-            self._record(lambda: self.ledger.finish_run(self._run_id, report.outcome))
+            self._record(lambda ledger, run: ledger.finish_run(run, report.outcome), None)
             self.finished = True
         return report
 
 
-class NullRecorder:
-    """The recorder of a run that changes nothing (a dry run, a smoke): it records nothing,
-    holds no ledger, and takes no lock, so it has no run id to give one."""
+class NullRecorder(Recorder):
+    """A run that changes nothing (a dry run, a smoke) records nothing and takes no lock."""
 
-    @property
-    def run_id(self) -> str:
-        # A bug, not an input: only a run that changes hosts takes locks, and it is recorded.
-        raise RuntimeError("a run that records nothing takes no host lock")
-
-    @property
-    def reported_run_id(self) -> str | None:
-        return None
-
-    def step(
-        self, host: str, step: Step, status: StepStatus, seconds: float | None, detail: str
-    ) -> None:
-        return None
-
-    def facts(self, host: str, facts: HostFacts) -> None:
-        return None
-
-    def file_version(self, host: str, version: NewFileVersion) -> None:
-        return None
-
-    def outcome(self, outcome: HostOutcome) -> None:
-        return None
-
-    def stored_image(self, sha256: str) -> bytes | None:
-        return None
-
-    def run_status(self, run_id: str) -> RunStatus | None:
-        return None
-
-    def host_steps(self, host: str, steps: Collection[Step]) -> list[tuple[str, StepRecord]]:
-        return []
-
-    def take_leases(
-        self, identities: Mapping[str, str], expires_after: float, taking_over: Collection[str]
-    ) -> LeaseGrant:
-        return LeaseGrant()  # a run that changes nothing keeps no one off the hosts
-
-    def renew_leases(self) -> int:
-        return 0
-
-    def give_back_leases(self) -> None:
-        return None
-
-    def leases_of(self, run_ids: Sequence[str]) -> list[LeaseHolder]:
-        return []
+    def __init__(self) -> None:
+        super().__init__(None, None)

@@ -1,7 +1,5 @@
-"""Putting hosts back, the part the restore runs share (`rollback`, `recover`, `unlock`): the
-restore of a recorded change or of a whole patch set, making sure a server answers, and the
-fleet run they go through, halted by a host that needs attention or whose restored file its
-server does not serve (`run_restore`)."""
+"""What the restore runs (`rollback`, `recover`, `unlock`) share: putting files back, the stale
+server's restart, and the fleet run they go through (`run_restore`)."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import HaltPolicy, halt_on_attention, one_batch
-from opspatch.runs.fleet.fleetrun import FleetRun, NotStarted, PerGroup, whole_units
+from opspatch.runs.fleet.fleetrun import FleetRun, NotStarted, PerGroup
 from opspatch.runs.fleet.group import Nodes, refuse, undo
 from opspatch.runs.fleet.host_leases import host_identity
 from opspatch.runs.fleet.recorder import Recorder
@@ -32,12 +30,8 @@ from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 @dataclass(frozen=True)
 class Examined:
-    """What a restore run found on one host before changing it: the inspection (None: decided
-    from the ledger alone, or the host could not be read) and either the outcome it decided
-    there (nothing to restore, or a refusal with its reason) or the restore to make: its files
-    put back (`put_back`; `found`: the files as they are before), what the outcome then says
-    (`note`) and how a failed restore is said (`restore_failed`); its group then restarted and
-    proven as one."""
+    """What a restore run found on a host before changing it: an outcome decided there, or the
+    restore to make (`put_back`; `found`: the files before)."""
 
     inspection: HostInspection | None
     decided: HostOutcome | None = None
@@ -48,12 +42,10 @@ class Examined:
 
     @classmethod
     def left(cls, outcome: HostOutcome) -> Examined:
-        """Decided without reading the host."""
         return cls(None, decided=outcome)
 
 
 def restore_recorded(session: HostSession, version: FileVersion) -> FileChange:
-    """Restore `version`'s pre-image (the host's backup, else the ledger's bytes) and record it."""
     restored = restore_pre_image(
         session,
         path=version.path,
@@ -67,55 +59,38 @@ def restore_recorded(session: HostSession, version: FileVersion) -> FileChange:
 
 
 def restore_set(session: HostSession, found: SetOnHost) -> FileChange:
-    """Put every new file of a patch set back at its recorded pre-image, the last swapped
-    first; the set as it then is (all-old).
-
-    Raises:
-        OpspatchError: a restore failed (the files restored before it stay restored).
-    """
+    """The last swapped first; the set as it then is (all-old)."""
     for member in reversed(found.new):
         restore_recorded(session, member.version)
     return found.all_old()
 
 
-def halt_on_attention_or_not_serving(outcomes: Mapping[str, HostOutcome]) -> str | None:
-    """The restore runs' halt policy: a host that needs attention, or one whose restored file
-    its server does not serve (the same restore elsewhere would take those servers down too)."""
-    attention = halt_on_attention(outcomes)
-    if attention:
-        return attention
-    down = not_serving(outcomes)
-    if down:
-        return f"the restored file is not served on {down} (its smoke decode failed); " + LEFT
-    return None
-
-
-LEFT = "the other hosts were left as they are"
-
-
-def not_serving(outcomes: Mapping[str, HostOutcome]) -> str | None:
-    """The hosts whose restored file their server does not serve, as text (None: none)."""
+def not_served(outcomes: Mapping[str, HostOutcome], why: str = "") -> str | None:
+    """The halt reason naming the hosts whose restored file their server does not serve: the same
+    restore elsewhere would take those servers down too (None: none)."""
     down = sorted(n for n, o in outcomes.items() if o.outcome == Outcome.RESTORED_NOT_SERVING)
-    return ", ".join(down) if down else None
+    if not down:
+        return None
+    return (
+        f"the restored file is not served on {', '.join(down)} (its smoke decode failed){why}; "
+        "the other hosts were left as they are"
+    )
+
+
+def halt_on_attention_or_not_serving(outcomes: Mapping[str, HostOutcome]) -> str | None:
+    return halt_on_attention(outcomes) or not_served(outcomes)
 
 
 def halt_under_playbook(playbook: Playbook, canaries: Collection[str]) -> HaltPolicy:
-    """A rollback's halt policy: the playbook's, as for an apply (a host that needs attention,
-    a failed canary, `max_failures` failed hosts; `restored-not-serving` counts as failed), the
-    reason saying which restored files are not served. The default playbook (one canary,
-    `max_failures = 1`) halts at the first host whose restored file is not served; an operator's
-    playbook with more room is honoured."""
+    """A rollback halts as an apply does (`restored-not-serving` counts as failed)."""
 
     def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
         reason = playbook.halt_reason(
             {n: o.outcome for n, o in outcomes.items()}, canaries=canaries
         )
-        down = not_serving(outcomes)
-        if reason is None or down is None or halt_on_attention(outcomes):
+        if reason is None or halt_on_attention(outcomes):
             return reason
-        return (
-            f"the restored file is not served on {down} (its smoke decode failed): {reason}; {LEFT}"
-        )
+        return not_served(outcomes, f": {reason}") or reason
 
     return halt
 
@@ -136,22 +111,10 @@ def run_restore(
     taking_over: Collection[str] = (),
     not_started: NotStarted | None = None,
 ) -> RunReport:
-    """The fleet part of the restore runs (rollback, recover, unlock), halted by a host that
-    needs attention or whose restored file its server does not serve.
-
-    `preflight` (a rollback): read every host first, changing nothing; a host it decides there
-    (a refusal, nothing to restore, unreadable) is reported and recorded with that outcome
-    whatever halts the run later, and is never started (`FleetRun.decide`); every host it read
-    is leased by the identity it read (the lease check comes first), and only the others are
-    looked for at their router; a unit is decided as one (`units_decided`).
-    `under_playbook` (a rollback): the other
-    hosts go in the playbook's batches, canaries first, halted as an apply is
-    (`halt_under_playbook`); otherwise in one batch, halted at the first host that needs
-    attention or whose restored file is not served. The hosts are leased to this run first
-    (`FleetRun.lease`; unlock leases nothing); `leases` (host name -> identity): the ones a
-    recover --run takes over from the runs it recovers (expired, or of `taking_over`, runs
-    this machine saw die). The batches count groups (`FleetRun.items`); `not_started`: the
-    outcome of a host a halt kept from starting (`FleetRun.execute`)."""
+    """Halted by a host that needs attention or does not serve its restored file. `preflight` (a
+    rollback): hosts decided there are never started but are leased first by the identity read;
+    `under_playbook`: canaries and batches as an apply; `leases`: what a recover --run takes over.
+    """
     with FleetRun(
         command=command,
         patch_id=patch_id,
@@ -198,13 +161,10 @@ def run_restore(
 
 
 def units_decided(fleet: FleetRun, decided: Mapping[str, HostOutcome]) -> dict[str, HostOutcome]:
-    """A preflight's decisions made whole for each unit (its nodes are restored and restarted
-    together or not at all, never half-decided): a node it refused (changed since, unreadable,
-    locked) decides every node, each other `skipped` naming it, nothing restored on any; a node
-    with nothing to restore while another has something is left to the unit's run, restarted
-    with the unit."""
+    """A unit is restored whole or not at all: a node refused decides every node (`skipped`); a node
+    with nothing to restore beside one with something is left to the unit's run."""
     made = dict(decided)
-    for unit in dict.fromkeys(whole_units(fleet.hosts).values()):
+    for unit in fleet.units:
         mine = [name for name in unit.hosts if name in decided]
         if not mine or len(mine) == len(unit.hosts):
             continue
@@ -219,27 +179,18 @@ def units_decided(fleet: FleetRun, decided: Mapping[str, HostOutcome]) -> dict[s
 
 
 def restore_standing(session: HostSession, standing: HostStanding) -> FileChange:
-    """Put back what `read_host` found new: a single file's recorded change (reported as that
-    file), or every new file of a patch set (reported as the set, all-old).
-
-    Raises:
-        OpspatchError: a restore failed (the files restored before it stay restored).
-    """
     if standing.is_set:
         return restore_set(session, standing.found)
     return restore_recorded(session, standing.version)
 
 
 def stale_servers(standings: Mapping[str, HostStanding]) -> list[str]:
-    """The nodes whose server runs code other than its file's bytes (`stale_server`): a file
-    put back by `rollback --restart never`, or by a rollback killed after its swap, with no
-    restart since (and no live revert: that takes the fix out of the running server too)."""
+    """Servers running code other than their file's bytes: a `rollback --restart never`, or a
+    rollback killed after its swap, with no restart since."""
     return sorted(name for name, standing in standings.items() if standing.stale_server)
 
 
 def stale_note(path: str, stale: Sequence[str] = ()) -> str:
-    """What a host restarted because its server was stale says (`stale`: the nodes of a
-    unit whose server was, named)."""
     where = f" on {', '.join(stale)}" if stale else ""
     return (
         f"the server{where} started before {path} was last written, so it still ran the code "
@@ -254,9 +205,7 @@ def restart_stale(
     *,
     steps: RestoreSteps = AFTER_RESTORE,
 ) -> list[HostOutcome]:
-    """Nothing to put back, but a server runs code other than its file's bytes
-    (`stale_servers`): the group restarted as one and smoke-tested, `restored` on every node
-    (`restored-not-serving` when the smoke fails); `files`: each node's files as found."""
+    """Nothing to put back but a stale server: the group restarted and smoke-tested, `restored`."""
     stale = stale_servers(standings)
     path = standings[stale[0]].unchanged().path
     return undo(

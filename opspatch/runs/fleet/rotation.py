@@ -25,24 +25,19 @@ if TYPE_CHECKING:  # a router's client is imported where a host is behind one
     from opspatch.hosts.router import RouterClient, RouterWorker, SharedListing
 
 DRAIN_POLL_SECONDS = 0.1
-"""Seconds between two reads of a draining worker's `/v1/loads`."""
 
 DRAIN_SETTLE_SECONDS = 0.5
-"""How long a worker must read idle before it counts as drained: a request the router sent just
-before the removal may still be on its way into the worker's queue."""
+"""A request the router sent just before the removal may still be on its way into the queue."""
 
 ADMIT_POLL_SECONDS = 0.1
-"""Seconds between two reads of a router's `/workers` while a host waits on it (one read serves
-every host of the run waiting on that router)."""
+"""One read serves every host of the run waiting on that router."""
 
 ROTATION_STEPS = (Step.DRAIN, Step.ADMIT)
-"""The ledger steps that take a worker out of rotation and put it back (`taken_out_by`)."""
 
 
 @dataclass
 class RouterGate:
-    """One router of a run: its client, its `/workers` as the run's hosts share it, and the
-    permits of workers it may lose at once."""
+    """One router of a run: its client, its shared `/workers`, the permits of workers it may lose."""
 
     client: RouterClient
     permits: threading.Semaphore
@@ -61,11 +56,10 @@ class HostRotation:
         self.drained = False
         self.admitted = False
         self.usable_at_start = usable
-        """Listed healthy by its router when the run began; one that was not is already
-        counted unavailable (`drain_room`), so its drain takes no room and its admit adds some."""
+        """One that was not is already counted unavailable: its drain takes no room, its admit adds
+        some."""
         self.out_since = out_since
-        """Not listed by its router when the run began, taken out by this run of the ledger
-        (`taken_out_by`), for the drain's detail."""
+        """Taken out by this run of the ledger (`taken_out_by`), for the drain's detail."""
         self._holding = False
         self.why_out: str | None = None
         """Why it was not put back (a failed admit, a smoke that failed before one), for the note."""
@@ -76,8 +70,6 @@ class HostRotation:
 
     @property
     def out(self) -> bool:
-        """Whether the router sends this worker nothing now (drained, or found unregistered or
-        unhealthy, and not admitted since)."""
         return (self.drained or not self.usable_at_start) and not self.admitted
 
     @property
@@ -85,11 +77,7 @@ class HostRotation:
         return RotationWord.OUT_OF_ROTATION if self.out else RotationWord.IN_ROTATION
 
     def take_permit(self, bound: float) -> float:
-        """Block until the router may lose one more worker; seconds waited.
-
-        Raises:
-            RouterError: no room within `bound` seconds.
-        """
+        """Seconds waited; `RouterError` when no room within `bound`."""
         started = time.monotonic()
         if not self.gate.permits.acquire(timeout=bound):
             raise RouterError(
@@ -100,8 +88,7 @@ class HostRotation:
         return time.monotonic() - started
 
     def give_permit(self) -> None:
-        """Back in rotation: the room it took is free again; a worker that was out before the
-        run began adds room (the router has one more healthy worker)."""
+        """A worker that was out before the run began adds room (one more healthy worker)."""
         if self._holding or not self.usable_at_start:
             self._holding = False
             self.gate.permits.release()
@@ -116,8 +103,6 @@ class HostRotation:
 
 
 class Rotation:
-    """The routers in front of one run's hosts, checked before the run changes anything."""
-
     def __init__(self, hosts: Mapping[str, HostRotation]) -> None:
         self._hosts = dict(hosts)
 
@@ -135,16 +120,9 @@ class Rotation:
         restarting: Collection[str] | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> Rotation | None:
-        """Look at every router in front of `hosts`; None when no host has one.
-
-        `restarting`: the hosts the run may drain (None: all); `taken_out(host)`: the run that
-        took an unlisted worker out (`taken_out_by`), None if not opspatch.
-
-        Raises:
-            RouterRefused: a router cannot be used, does not know a worker opspatch did not
-                take out (unless `allow_unregistered`), or has no room to drain.
-        """
-        # Long because: its docstring names every refusal; the code is one pass per router (list, refuse, size the gate)
+        """None when no host has a router. `taken_out(host)`: the run that took an unlisted worker
+        out. Raises `RouterRefused` before any change."""
+        # Long because: one pass per router (list, refuse, size the gate), each refusal said in full
         env = os.environ if environ is None else environ
         behind: dict[str, list[Host]] = {}
         settings: dict[str, RouterSettings] = {}
@@ -232,15 +210,12 @@ def _admin_key(router: RouterSettings, env: Mapping[str, str]) -> str | None:
 
 
 def removal_detail(worker_url: str, router_url: str) -> str:
-    """How a drain that removed the worker begins its detail (`taken_out_by` reads it back)."""
     return f"removed {worker_url} from router {router_url}"
 
 
 def taken_out_by(steps: Sequence[tuple[str, StepRecord]], router: RouterSettings) -> str | None:
-    """The run that took `router.worker_url` out of rotation and that none put back since, from
-    a host's drain and admit steps (newest first); None: not opspatch's to put back. A drain
-    that failed or never ended may have removed it; one that found it out says nothing.
-    """
+    """The run that took the worker out and none put back since (None: not opspatch's to put back).
+    A drain that failed or never ended may have removed it."""
     ended: set[tuple[str, str]] = set()
     for run_id, step in steps:
         if step.status == StepStatus.STARTED:
@@ -259,7 +234,6 @@ def taken_out_by(steps: Sequence[tuple[str, StepRecord]], router: RouterSettings
 
 
 def usable_workers(listed: Sequence[RouterWorker]) -> frozenset[str]:
-    """The worker URLs the router can send requests to now: listed and healthy."""
     return frozenset(w.url for w in listed if w.healthy)
 
 
@@ -272,17 +246,8 @@ def drain_room(
     refuse: bool,
     draining: Sequence[Host] | None = None,
 ) -> int:
-    """How many more of this run's workers may leave rotation at once behind router `url`
-    (0 or less, without `refuse`: none until one comes back). `draining`: those of `routed`
-    the run may drain (default: all); one already right is counted, never drained.
-
-    A worker the router cannot use now (not listed, or unhealthy), in this run or not, already
-    counts against `max_unavailable`; draining it costs no room.
-
-    Raises:
-        RouterRefused: with `refuse`, no room for a worker of the run the router can use now
-            (and the playbook does not say `fleet_down`).
-    """
+    """How many more workers may leave rotation at once (0 or less without `refuse`). A worker the
+    router cannot use now already counts against `max_unavailable`: draining it costs no room."""
     rotation = playbook.rotation
     workers = {w.url for w in listed}
     for host in routed:
@@ -333,12 +298,7 @@ def drain_room(
 
 
 def drain_step(session: HostSession) -> None:
-    """Take the host out of rotation before its engine restarts (a permit, the worker removed,
-    waited until idle); once per session, nothing for a host with no router.
-
-    Raises:
-        HostFailed: the router or the worker failed, or the worker did not drain in time.
-    """
+    """Once per session: a permit, the worker removed, waited until idle."""
     rotation = session.rotation
     if rotation is None or rotation.drained:
         return
@@ -385,8 +345,7 @@ def drain_step(session: HostSession) -> None:
 
 
 def admit_step(session: HostSession) -> None:
-    """Put a proven host back into rotation, waited until listed healthy; a failure leaves it
-    out of rotation (its outcome says so) and the change proven."""
+    """A failure leaves the host out of rotation (its outcome says so) and the change proven."""
     rotation = session.rotation
     if rotation is None or not rotation.out:
         return
@@ -407,8 +366,8 @@ def admit_step(session: HostSession) -> None:
 
 
 def halt_on_out_of_rotation(outcomes: Mapping[str, HostOutcome]) -> str | None:
-    """A host left out of rotation halts the run: the next drain would take capacity the
-    router no longer has (and the cause, often the router itself, hits every host)."""
+    """The next drain would take capacity the router no longer has (and the cause, often the router
+    itself, hits every host)."""
     out = sorted(n for n, o in outcomes.items() if o.rotation == RotationWord.OUT_OF_ROTATION)
     if not out:
         return None
@@ -419,9 +378,7 @@ def halt_on_out_of_rotation(outcomes: Mapping[str, HostOutcome]) -> str | None:
 def rotation_of(
     hosts: Sequence[Host], environ: Mapping[str, str] | None = None
 ) -> dict[str, tuple[RotationWord | None, str]]:
-    """Per host behind a router, whether its router lists its worker healthy, and a sentence
-    when not (`status`); one `GET /workers` per router, best effort: a router that cannot be
-    asked gives None and says why."""
+    """For `status`, best effort: a router that cannot be asked gives None and says why."""
     from opspatch.hosts.router import RouterClient
 
     env = os.environ if environ is None else environ
@@ -470,10 +427,8 @@ def _wait_unlisted(gate: RouterGate, worker_url: str, timeout: float) -> None:
 
 
 def _register(gate: RouterGate, worker_url: str, timeout: float) -> float:
-    """Add the worker and wait until the router lists it healthy; seconds taken. A router that
-    does not answer for a moment is asked again until `timeout` (one lost reply must not leave
-    a proven host out of rotation and halt the run); a registration the router gave up is final.
-    """
+    """One lost reply must not leave a proven host out of rotation: asked again until `timeout`; a
+    registration the router gave up is final."""
     client = gate.client
     started = time.monotonic()
     seen = gate.listing.mark()

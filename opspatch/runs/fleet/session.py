@@ -49,8 +49,7 @@ class Progress(Protocol):
         """Something the operator must see now (their Ctrl-C was taken, and what happens next)."""
 
     def after_stop(self, run_id: str | None) -> str | None:
-        """What becomes of the hosts a second Ctrl-C leaves in flight, as the run's Ctrl-C
-        lines end (`recover_after_stop` for the CLI; a rehearsal tears itself down instead)."""
+        """What becomes of hosts a second Ctrl-C leaves in flight (a rehearsal tears itself down)."""
 
 
 class NoProgress:
@@ -70,8 +69,7 @@ class NoProgress:
 
 
 class HostFailed(Exception):
-    """Ends a host's pipeline with an outcome; carries the reason, with the step in it, and its
-    code."""
+    """Ends a host's pipeline with an outcome, its reason and code."""
 
     def __init__(self, outcome: Outcome, error: str, reason: Reason = Reason.STEP_FAILED) -> None:
         super().__init__(error)
@@ -93,8 +91,7 @@ def describe_error(exc: BaseException) -> str:
 
 
 def refusal_reason(exc: OpspatchError) -> Reason:
-    """The code of a refusal raised before anything changed on a host: the one place an error's
-    type becomes a `Reason`."""
+    """The one place an error's type becomes a `Reason`."""
     if isinstance(exc, LeaseHeld):
         return Reason.LEASE_HELD
     if isinstance(exc, LockHeld):
@@ -117,8 +114,7 @@ def refusal_reason(exc: OpspatchError) -> Reason:
 
 
 class HostLock:
-    """This run's lock on one host: the only place that knows whether it may still be held
-    (`taking` before an exec that takes it: with no reply it may be) and gives it back."""
+    """The only place that knows whether this run may still hold a host's lock."""
 
     def __init__(self, session: HostSession) -> None:
         self._session = session
@@ -132,13 +128,10 @@ class HostLock:
 
     @property
     def may_be_held(self) -> bool:
-        """Whether this run may still hold the host's lock (an exec that takes it was sent, and
-        no exec said it gave the lock back since)."""
         return self._sent and not self._given_back
 
     def taking(self) -> str:
-        """An exec that takes the lock is about to be sent: from now on it may be held.
-        Returns the run id to take it under."""
+        """From now on the lock may be held (an exec with no reply may have taken it)."""
         run_id = self.run_id
         self._sent = True
         self._given_back = False
@@ -149,18 +142,12 @@ class HostLock:
         self._given_back = self._given_back or released
 
     def take(self) -> None:
-        """Take the lock again (a halted rollout rolling this host back: `on_halt`).
-
-        Raises:
-            LockHeld: another run holds it.
-        """
+        """Again, for a halted rollout's rollback; `LockHeld` when another run holds it."""
         session = self._session
         session.ops.lock(run_id=self.taking(), timeout=session.playbook.timeouts.lock)
 
     def release(self) -> str | None:
-        """Give the lock back if this run may still hold it (best effort: it expires on its
-        own, and the host's outcome is already decided). Returns, when it may still be held,
-        a sentence saying so and how to remove it (for the host's note); else None."""
+        """Best effort (it expires on its own); a sentence for the note when it may still be held."""
         if not self.may_be_held:
             return None
         session = self._session
@@ -199,8 +186,7 @@ class HostSession:
         self.steps: list[StepResult] = []
         self.lock = HostLock(self)
         self.awaiting: str | None = None
-        """What the host's pipeline is waiting for now and until when (a readiness wait), for
-        the operator's first Ctrl-C to say what it lets finish; None when not waiting."""
+        """What a readiness wait awaits and until when, for the first Ctrl-C's line."""
         self._factory = factory
         self._transport: Transport | None = None
         self._ops: HostOperations | None = None
@@ -236,8 +222,7 @@ class HostSession:
 
     @property
     def container(self) -> ContainerRecord | None:
-        """The container this session's operations ran in (its id and creation time as first
-        seen in this run), for the ledger's file versions; None for an engine on the host."""
+        """Its id and creation time as first seen in this run; None for an engine on the host."""
         seen = self._transport.container if self._transport is not None else None
         if seen is None:
             return None
@@ -262,8 +247,7 @@ class HostSession:
         note: str | None = None,
         reason: Reason | None = None,
     ) -> HostOutcome:
-        """A `HostOutcome` of this host carrying every step so far, and behind a router whether
-        it takes traffic (a host left out of rotation says so in its note, never silently)."""
+        """A host left out of rotation says so in its note, never silently."""
         rotation = self.rotation
         if rotation is not None and rotation.out:
             out = rotation.out_note(self.host)
@@ -282,8 +266,7 @@ class HostSession:
         )
 
     def refused(self, exc: OpspatchError) -> HostOutcome:
-        """The outcome of a host whose step raised before anything changed there: `skipped` or
-        `failed` by the error's kind, its reason `refusal_reason(exc)`."""
+        """Raised before anything changed: `skipped` or `failed` by the error's kind."""
         reason = refusal_reason(exc)
         if isinstance(exc, LockHeld):
             text = f"refused: {exc.detail}{self._way_out(exc)}"
@@ -296,9 +279,8 @@ class HostSession:
         return self.outcome(Outcome.FAILED, describe_error(exc), reason=reason)
 
     def _way_out(self, held: LockHeld) -> str:
-        """What to do about a lock whose run this ledger knows to be over: a run whose lock
-        outlived it (its controller lost the host, or was killed) blocks every run on the host
-        until the lock expires, unless the operator is told how to clear it."""
+        """A lock outliving its run blocks every run on the host until it expires, unless the
+        operator is told how to clear it."""
         holder = str(held.data.get("run_id") or "")
         status = self.recorder.run_status(holder) if holder else None
         if status == RunStatus.INTERRUPTED:
@@ -332,34 +314,29 @@ class HostSession:
 
     @contextmanager
     def step(self, name: Step) -> Iterator[dict[str, str]]:
-        """Run one step: progress, a `started` and an `ok`/`failed` ledger record, timing. The
-        body may set `note["detail"]`; the users its execs ran as are appended to it."""
+        """The body may set `note["detail"]`; the users its execs ran as are appended."""
         note: dict[str, str] = {"detail": ""}
         self.progress.update(self.name, name, "running")
         self.record(name, StepStatus.STARTED)
         started = time.monotonic()
         execs_before = len(self._ops.ran_as) if self._ops is not None else 0
         notices_before = len(self._ops.notices) if self._ops is not None else 0
+        status, detail = StepStatus.FAILED, ""
         try:
             yield note
+            status, detail = StepStatus.OK, note["detail"]
         except BaseException as exc:
+            detail = describe_error(exc)
+            raise
+        finally:
             seconds = time.monotonic() - started
             ran_as = self._ran_as_since(execs_before)
-            detail = self._with_notices(describe_error(exc), notices_before)
-            self.steps.append(StepResult(name, StepStatus.FAILED, seconds, detail, ran_as))
-            self.record(name, StepStatus.FAILED, seconds, with_users(detail, ran_as))
-            self.progress.update(self.name, name, "failed")
-            raise
-        seconds = time.monotonic() - started
-        ran_as = self._ran_as_since(execs_before)
-        detail = self._with_notices(note["detail"], notices_before)
-        self.steps.append(StepResult(name, StepStatus.OK, seconds, detail, ran_as))
-        self.record(name, StepStatus.OK, seconds, with_users(detail, ran_as))
-        self.progress.update(self.name, name, "ok")
+            detail = self._with_notices(detail, notices_before)
+            self.steps.append(StepResult(name, status, seconds, detail, ran_as))
+            self.record(name, status, seconds, with_users(detail, ran_as))
+            self.progress.update(self.name, name, "ok" if status == StepStatus.OK else "failed")
 
     def _with_notices(self, detail: str, count: int) -> str:
-        """`detail` and what the channel said since its first `count` notices, each also said
-        now as a progress notice."""
         said = self._ops.notices[count:] if self._ops is not None else []
         for notice in said:
             self.progress.notice(f"{self.name}: {notice}")

@@ -48,15 +48,8 @@ def begin(
     lock: bool = True,
     takeover: Takeover | None = None,
 ) -> HostInspection:
-    """The `begin` step: lock and inspect in one exec (`lock=False`: a plain `inspect`, recorded
-    as such, whose facts are recorded so that later lookups through another inventory find the
-    run). `takeover` (recover) says whether a held lock may be taken over: by whose run, and
-    whether only once idle.
-
-    Raises:
-        LockHeld: the lock is held (and `takeover` does not take it).
-        OpspatchError: the host could not be reached or inspected.
-    """
+    """Lock and inspect in one exec (`lock=False`: a plain `inspect`, its facts recorded so another
+    inventory's lookups find the run); `takeover` (recover) may take a held lock over."""
     timeouts = session.playbook.timeouts
     if not lock:
         with session.step(Step.INSPECT) as note:
@@ -89,8 +82,6 @@ def taking_lock(
     takeover: Takeover | None,
     take: Callable[[str, str | None, bool], T],
 ) -> tuple[T, str]:
-    """`take(run_id, takeover_run, takeover_idle)` the lock, again taking a held one over when
-    `takeover` allows (else `LockHeld` stands); with what the step says of it."""
     run_id = session.lock.taking()
     try:
         return take(run_id, None, False), ""
@@ -106,12 +97,7 @@ def taking_lock(
 def read_live(
     session: HostSession, paths: Sequence[str], known: Mapping[str, str]
 ) -> dict[str, str]:
-    """The sha256 of each of `paths` on the host, by path: those in `known` as given, the
-    others read in one recorded step (`read-set`).
-
-    Raises:
-        OpspatchError: a file could not be read.
-    """
+    """Those in `known` as given, the others read in one `read-set` step."""
     live = dict(known)
     missing = [p for p in paths if p not in live]
     if missing:
@@ -126,9 +112,7 @@ def read_live(
 
 @dataclass(frozen=True)
 class HostStanding:
-    """A host's standing against a change: the word, the files as found (in the order they were
-    recorded; empty when nothing is recorded), each file as read, the inspection (None: nothing
-    to read, decided from the ledger alone) and the proofs (all new only)."""
+    """A host's standing against a change: the word, the files as recorded and as read, the proofs."""
 
     standing: Standing
     found: SetOnHost
@@ -136,9 +120,7 @@ class HostStanding:
     inspection: HostInspection | None = None
     proofs: tuple[ChangeProof, ...] = ()
     stale_server: bool = False
-    """Whether the running server runs code other than the first file's bytes (`server_stale`):
-    a file put back with no restart since (a killed rollback's, `--restart never`'s), unless a
-    live fix was reverted (or taken) in it since."""
+    """A file put back with no restart since, unless a live fix was reverted (or taken) since."""
     history: tuple[FileVersion, ...] = ()
     """The file's changes, newest first (`read_inspected`'s: drift reads the last write)."""
 
@@ -176,11 +158,8 @@ class HostStanding:
 
 @dataclass(frozen=True)
 class Change:
-    """What a command is about on one host: the recorded changes of its file(s) (`versions`: one
-    path's or a set's), read in `paths` order when given (else the order first recorded; the
-    first begun, or `begin_at`), each path's history and candidates by `lineage(path,
-    inspection)` when given (else `versions` of that path, newest first); no versions: the file
-    `module` resolves to (None too: nothing recorded, nothing read)."""
+    """What a command is about on one host: one path's or a set's recorded changes; no versions: the
+    file `module` resolves to."""
 
     versions: Sequence[FileVersion] = ()
     module: str | None = None
@@ -195,13 +174,8 @@ def server_stale(
     inspection: HostInspection,
     history: Sequence[FileVersion] | None = None,
 ) -> bool:
-    """Whether the inspected server runs code other than its file's bytes (`running.stale`):
-    the file's `history` (read when not given) and the host's steps that start its engine or
-    change its code live are read only when the server started before the file last changed.
-
-    Raises:
-        LedgerError: the ledger cannot be read.
-    """
+    """The history and the engine's steps are read only when the server started before the file last
+    changed."""
     server, file = inspection.server, inspection.file
     if server is None or not server.predates(file):
         return False
@@ -225,14 +199,8 @@ def read_host(
     lock: bool = True,
     takeover: Takeover | None = None,
 ) -> HostStanding:
-    """Where `change` stands on the host: `begin`, the set's other files in one `read-set`
-    step, each file placed (`patchset.read_file`), then judged together (`patchset.judge`).
-    With `ledger`, whether its server is stale (`server_stale`), and with `prove` the proofs
-    of a change whose every file is new.
-
-    Raises:
-        LockHeld, OpspatchError: the host could not be begun, or a file could not be read.
-    """
+    """`begin`, the set's other files in one `read-set`, each placed, then judged together; with
+    `ledger`, whether the server is stale, with `prove` the proofs of an all-new change."""
     versions = change.versions
     paths = list(change.paths) if change.paths is not None else paths_of(versions)
     if not paths and change.module is None:
@@ -270,8 +238,6 @@ def _judged(
     stale: bool,
     history: tuple[FileVersion, ...] = (),
 ) -> HostStanding:
-    """The files read, judged together (`patchset.judge`): a file the ledger holds no change
-    of makes the whole `nothing-recorded`; with `prove`, the proofs of a change all new."""
     located = [f.located for f in files if f.located is not None]
     if len(located) < len(files):
         nothing = SetOnHost(())
@@ -296,9 +262,8 @@ def read_inspected(
     part: int = 0,
     container: ContainerIdentity | None = None,
 ) -> HostStanding:
-    """`read_host` for one part of `patch` in a file `status` inspected (once per module, with
-    its content): also what it carries, its gate, its release's pristine file, its bake and
-    `container`. Raises `LedgerError`."""
+    """`read_host` on a file `status` inspected: also what it carries, its gate, its release's
+    pristine file and bake. Raises `LedgerError`."""
     spec, file, module = patch.parts[part], inspection.file, inspection.module
     history = _history(ledger, host, inspection) if ledger is not None else []
     age = server_age(inspection.server, file)
@@ -345,8 +310,7 @@ def read(
     lock: bool = True,
     takeover: Takeover | None = None,
 ) -> dict[str, HostStanding]:
-    """Where a change stands on every node of a group, in rank order: what the commands that
-    change hosts decide from. Raises `Unread` for the first node that could not be read."""
+    """What the commands that change hosts decide from; `Unread` for the first node not read."""
     standings: dict[str, HostStanding] = {}
     for session in nodes.sessions:
         try:

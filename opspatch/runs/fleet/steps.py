@@ -29,8 +29,7 @@ _UNKNOWN_EFFECT_CODES = frozenset({"agent-no-reply", "agent-error"})
 
 
 def effect_unknown(exc: BaseException) -> bool:
-    """Whether a failed exec may have changed a file: only a refusal the agent replied with
-    says it wrote nothing."""
+    """Only a refusal the agent replied with says a failed exec wrote nothing."""
     if isinstance(exc, RemoteOperationError):
         return exc.code in _UNKNOWN_EFFECT_CODES
     return not isinstance(exc, InputError)
@@ -46,36 +45,34 @@ def restore_pre_image(
     mode: int = 0,
     owner: str = "",
 ) -> RestoreReply:
-    """Put the pre-image back from the host's own backup, else from the ledger's copy; recorded
-    as a file version. Raises the host's `RemoteOperationError`, or the ledger's error when its
-    copy is missing or not the pre-image."""
+    """From the host's own backup, else the ledger's copy; recorded as a file version."""
+
+    def restore(content: bytes | None = None) -> RestoreReply:
+        return session.ops.restore(
+            path,
+            pre_sha256=pre_sha256,
+            content=content,
+            current_sha256=post_sha256,
+            timeout=timeout,
+        )
+
     with session.step(Step.RESTORE) as note:
         try:
             try:
-                restored = session.ops.restore(
-                    path, pre_sha256=pre_sha256, current_sha256=post_sha256, timeout=timeout
-                )
+                restored = restore()
             except RemoteOperationError as exc:
                 if exc.code not in ("backup-missing", "backup-hash-mismatch"):
                     raise
                 content = session.recorder.stored_image(pre_sha256)
                 if content is None:
                     raise
-                restored = session.ops.restore(
-                    path,
-                    pre_sha256=pre_sha256,
-                    content=content,
-                    current_sha256=post_sha256,
-                    timeout=timeout,
-                )
+                restored = restore(content)
         except Exception as exc:
             if not effect_unknown(exc):
                 raise
             # No reply: the restore may or may not have happened. Ask again: the agent reads
             # the file itself, restores it if it is still the post-image, and purges bytecode.
-            again = session.ops.restore(
-                path, pre_sha256=pre_sha256, current_sha256=post_sha256, timeout=timeout
-            )
+            again = restore()
             restored = {**again, "sha256_before": post_sha256, "changed": True}
             note["detail"] = (
                 f"the first restore did not answer ({describe_error(exc)}); asked again: "
@@ -105,7 +102,6 @@ def restore_pre_image(
 
 
 def restart_step(session: HostSession, *, step: Step = Step.RESTART) -> RestartReply:
-    """Restart the engine (drained first behind a router); `HostFailed` when it fails."""
     drain_step(session)
     try:
         with session.step(step) as note:
@@ -126,9 +122,8 @@ def ready_step(
     slice_seconds: float | None = None,
     between: Callable[[], None] | None = None,
 ) -> Readiness:
-    """Wait until the engine is ready (`HostFailed` when it is not), saying what is awaited
-    every `READY_SLICE_SECONDS`; a unit's head is awaited with its `group`, `between` looking
-    at its other nodes."""
+    """`HostFailed` when not ready; a unit's head is awaited with its `group`, `between` looking at
+    its other nodes."""
     from opspatch.hosts.engine import READY_SLICE_SECONDS
 
     seconds = float(session.playbook.timeouts.ready if timeout is None else timeout)
@@ -170,7 +165,6 @@ def ready_step(
 
 
 def waiting_line(host: str, step: Step, still: StillWaiting, after: str | None) -> str:
-    """The line a readiness wait prints every 30 s (`after`: `Progress.after_stop`)."""
     then = f", then {after}" if after else ""
     return (
         f"{host}: {step}: still waiting for {still.url}/health to answer 200 ({still.last}); "
@@ -185,8 +179,6 @@ def _clock(epoch: float) -> str:
 
 
 class SmokeFailed(HostFailed):
-    """A smoke decode that ran and failed a check; carries its result for the report."""
-
     def __init__(self, result: SmokeResult) -> None:
         super().__init__(Outcome.FAILED, f"smoke failed: {result.summary()}", Reason.SMOKE_FAILED)
         self.result = result
@@ -201,8 +193,7 @@ def smoke_step(
     must_pass: bool = True,
     last: bool = False,
 ) -> SmokeResult:
-    """The smoke decode (`must_pass`: `SmokeFailed` when a check fails); `last`: a pass gives
-    the lock back in the same exec and admits the host behind a router."""
+    """`last`: a pass gives the lock back in the same exec and admits the host behind a router."""
     try:
         with session.step(step) as note:
             result = session.engine.smoke(
@@ -232,8 +223,7 @@ def smoke_step(
 
 
 def readmit(session: HostSession, restart: RestartReply | None) -> None:
-    """Re-admit a host a crashed run left out of rotation once its server passes the smoke
-    decode; otherwise it stays out, its note saying why."""
+    """Re-admit a host a crashed run left out of rotation once its smoke passes."""
     rotation = session.rotation
     if rotation is None or not rotation.out:
         return
@@ -249,8 +239,7 @@ def readmit(session: HostSession, restart: RestartReply | None) -> None:
 def smoke_after_restore(
     session: HostSession, restart: RestartReply, *, step: Step = Step.SMOKE_AFTER_RESTORE
 ) -> tuple[SmokeResult | None, str | None]:
-    """The smoke after a restore: its result (None: not run) and, unless it passed, why the
-    server does not serve."""
+    """Its result (None: not run) and, unless it passed, why the server does not serve."""
     try:
         smoke = smoke_step(session, restart, baseline=None, step=step, must_pass=False, last=True)
     except HostFailed as failure:
@@ -265,8 +254,6 @@ def smoke_after_restore(
 
 @dataclass(frozen=True)
 class RestoreSteps:
-    """The names of the steps that prove a restore."""
-
     restart: Step
     ready: Step
     smoke: Step

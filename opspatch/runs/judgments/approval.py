@@ -44,8 +44,6 @@ def approval_message(patch_sha256: str) -> bytes:
 
 
 def _ssh_keygen(*args: str, patch_sha256: str) -> subprocess.CompletedProcess[bytes]:
-    """`ssh-keygen -Y` with `args`, reading `patch_sha256`'s approval message (raises
-    `subprocess.TimeoutExpired` past SSH_KEYGEN_SECONDS)."""
     found = shutil.which("ssh-keygen")
     if found is None:
         raise InputError(
@@ -62,12 +60,7 @@ def _ssh_keygen(*args: str, patch_sha256: str) -> subprocess.CompletedProcess[by
 
 
 def sign(key: Path, patch_sha256: str) -> str:
-    """The armored signature of `patch_sha256` by the private key `key` (or, for a `.pub`, the
-    agent's key).
-
-    Raises:
-        InputError: ssh-keygen is missing or refused (no such key, a passphrase it cannot ask).
-    """
+    """`key` a private key (or a `.pub`: the agent's key); `InputError` when ssh-keygen refuses."""
     if not key.exists():
         raise InputError(f"no key file {key}", hint="give --key the private key (or its .pub)")
     try:
@@ -109,12 +102,6 @@ def approve_patch(
     operator: str,
     command_line: str,
 ) -> Approval:
-    """Sign `patch`'s sha256 with `key` as `principal` and record it (an `approve` run).
-
-    Raises:
-        InputError: the key cannot sign (see `sign`).
-        LedgerError: the ledger cannot be written.
-    """
     signature = sign(key, patch.sha256)
     run_id = ledger.record_approval(
         patch_id=patch.spec.id,
@@ -128,9 +115,7 @@ def approve_patch(
 
 
 def author_principals(operator: str) -> frozenset[str]:
-    """The principals that are the author, `user@controller`: itself and its user part, and
-    the account this process runs as (from the password database: `$USER` is the caller's to
-    set, so it alone cannot tell who is applying)."""
+    """The account is read from the password database: `$USER` is the caller's to set."""
     return frozenset({operator, operator.split("@", 1)[0], _login_user()})
 
 
@@ -149,13 +134,8 @@ def _by_author(approval: Approval, authors: frozenset[str]) -> bool:
 def require_approval(
     ledger: Ledger, patch: LoadedPatch, team: TeamSettings, *, operator: str
 ) -> Approved | None:
-    """The approvals an apply of `patch` by `operator` goes ahead with; None when the playbook
-    does not ask for any.
-
-    Raises:
-        ApprovalRefused: no signature recorded for the patch's sha256, none that verifies, or
-            only the author's.
-    """
+    """None when the playbook asks for none; `ApprovalRefused` when no signature verifies, or only
+    the author's."""
     if not team.require_approval:
         return None
     assert team.allowed_signers is not None  # the playbook's loader requires it

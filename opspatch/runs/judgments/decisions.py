@@ -47,10 +47,8 @@ DECISIONS: Mapping[tuple[Goal, Standing], Action] = {
     (Goal.LAST_INTENT, Standing.PATCHED_FURTHER): Action.ATTENTION,
     (Goal.LAST_INTENT, Standing.CHANGED): Action.ATTENTION,
 }
-"""Every goal decided by a host's standing, with an action for every standing. apply (and sync
-for each desired patch) decide by their plan instead: a file it changes is swapped and proven
-(`Action.APPLY`, `STAGE` or `TAKE_LIVE`, as the playbook and --live say), one that carries the
-change already is left alone."""
+"""Every goal a standing decides. apply (and sync per desired patch) decide by their plan instead: a
+file it changes is swapped and proven, one that carries the change left alone."""
 
 DECIDED = frozenset(goal for goal, _ in DECISIONS)
 """The goals the table decides."""
@@ -69,9 +67,7 @@ def actions_of(command: Command) -> frozenset[Action]:
 
 
 def traits_of(command: Command) -> Traits:
-    """What a run of `command` must be ready for, from the actions it may take: a lease of its
-    hosts, their routers (a restart drains and admits), a raised user, re-admitting workers its
-    routers do not list."""
+    """What a run of `command` must be ready for, from the actions it may take."""
     traits = [action.traits for action in actions_of(command)]
     return Traits(
         leases=any(t.leases for t in traits),

@@ -33,8 +33,8 @@ MAX_DIFF_LINES = 400
 
 @dataclass(frozen=True)
 class Finding(Record):
-    """One thing found on a host. `text` reads the same on every host that has it (so hosts
-    group in the fleet summary); `detail` is this host's particulars."""
+    """`text` reads the same on every host that has it (so hosts group in the summary); `detail` is
+    this host's particulars."""
 
     kind: str
     level: FindingLevel
@@ -65,8 +65,8 @@ class FileVerdict(Record):
 
 @dataclass(frozen=True)
 class ExceptionReport:
-    """One logged exception (grouped), the workspace patches that declare they fix it, and for
-    a missing attribute, the analysis of its class's source as the host has it."""
+    """One logged exception, the patches that declare they fix it, and for a missing attribute its
+    class's source as the host has it."""
 
     group: TracebackGroup
     fixes: tuple[FixMatch, ...] = ()
@@ -157,8 +157,7 @@ class FleetDiagnosis:
         return EXIT_OK if all(h.status == "clean" for h in self.hosts) else EXIT_HOST_FAILED
 
     def summary(self) -> list[tuple[Finding, tuple[str, ...]]]:
-        """Each distinct finding (by level, kind and text) with the hosts that have it, problems
-        first, in order of first appearance."""
+        """Problems first, in order of first appearance."""
         groups: dict[tuple[str, str, str], tuple[Finding, list[str]]] = {}
         for report in self.hosts:
             for finding in report.findings:
@@ -203,8 +202,6 @@ def unified_diff(
 
 
 def install_shape(m: ModuleDiagnosis) -> str:
-    """`wheel` (a RECORD lists the file), `editable` (a checkout or an editable dist), else
-    `unknown`."""
     if m.record_sha256:
         return "wheel"
     if (m.installed and m.installed.get("editable")) or (m.checkout and m.checkout.head):
@@ -219,9 +216,7 @@ def judge_file(
     copy_sources: Mapping[str, str],
     baked: BakedLabels | None = None,
 ) -> FileVerdict:
-    """Where one imported file stands. `history`: the ledger's changes of this file on this
-    host, newest first; `texts`: known bytes by sha256 (other hosts' RECORD-verified copies, the
-    ledger's images), `copy_sources` naming where each came from; `baked`: the image's bake."""
+    """`texts`: known bytes by sha256 (other hosts' RECORD-verified copies, the ledger's images)."""
     if m.error is not None or m.file is None:
         return FileVerdict(m.module, unresolved_state(m.error_code), m.error or "not read")
     f = m.file
@@ -295,8 +290,7 @@ def _what_else(m: ModuleDiagnosis, f: RemoteFile) -> dict[str, Any]:
 
 
 def _reference(m: ModuleDiagnosis) -> tuple[str | None, str | None]:
-    """The sha256 the file's installation says it has (pip's RECORD, else its checkout's git
-    HEAD), and what that is; (None, None) when neither is known."""
+    """pip's RECORD, else the checkout's git HEAD; (None, None) when neither is known."""
     if m.record_sha256:
         return m.record_sha256, f"the RECORD of {m.distribution} {m.distribution_version}"
     if m.checkout and m.checkout.head_sha256 and m.checkout.head:
@@ -312,9 +306,8 @@ def _edit_diff(
     reference: str,
     label: str | None,
 ) -> tuple[str | None, str | None]:
-    """The diff of a file edited outside opspatch, and what it is against: what opspatch last
-    wrote, else the checkout's own diff, else a known pristine copy, else the first recorded
-    pre-image; (None, None) when no text is known."""
+    """Against what opspatch last wrote, else the checkout's diff, a known pristine copy, or the
+    first recorded pre-image."""
     assert m.file is not None
     content, relpath = m.file.content, module_relpath(m.module, m.file.realpath)
     latest = history[0] if history else None
@@ -406,8 +399,7 @@ def _file_findings(v: FileVerdict, server_running: bool) -> list[Finding]:
 
 
 def _checkout_findings(verdicts: Sequence[FileVerdict]) -> list[Finding]:
-    """Uncommitted changes in a checkout, other than files opspatch wrote (the incident's fleet
-    ran a local feature patch under the fix), once per checkout."""
+    """The incident's fleet ran a local feature patch under the fix: said once per checkout."""
     found: list[Finding] = []
     seen: set[str] = set()
     ours = {
@@ -446,8 +438,6 @@ def _checkout_findings(verdicts: Sequence[FileVerdict]) -> list[Finding]:
 
 
 def crashed_after_ready(d: HostDiagnosis) -> bool:
-    """The log since the last start shows the server ready, then a crash (a scheduler exception
-    or a traceback after the ready line)."""
     log = d.log
     if log is None:
         return False

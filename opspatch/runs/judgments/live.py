@@ -1,6 +1,4 @@
-"""What the engine's processes said about a live fix, judged (pure): did every process that has
-the module take every definition, which processes hold which fixes, and whether a fix held in
-memory agrees with the file on disk."""
+"""What the engine's processes said about a live fix, judged (pure)."""
 
 from __future__ import annotations
 
@@ -15,9 +13,6 @@ from opspatch.hosts.live import LiveEngineReply, LiveFix, ProcessAnswer, missing
 
 @dataclass(frozen=True)
 class TakeVerdict:
-    """A take judged: the processes that took it, those without the module, and why it failed
-    (None: it took everywhere it must)."""
-
     took: tuple[ProcessAnswer, ...]
     not_loaded: tuple[ProcessAnswer, ...]
     failure: str | None
@@ -39,9 +34,8 @@ def _who(answer: ProcessAnswer) -> str:
 def judge_take(
     reply: LiveEngineReply, names: Sequence[str], *, required: bool = True
 ) -> TakeVerdict:
-    """Whether a take of the definitions `names` took in every process of the engine that has
-    the module (see the module's docstring). `required=False`: no process here need take it (a
-    unit's other node, whose ranks take it through the head's entry rank)."""
+    """Every process that has the module must take every definition; `required=False`: none here
+    need (a unit's other node, whose ranks take it through the head's entry rank)."""
     if reply.missing is not None:
         return TakeVerdict((), (), reply.missing)
     processes = reply.processes()
@@ -62,9 +56,8 @@ def judge_take(
 
 
 def unanswered(reply: LiveEngineReply) -> str | None:
-    """Why not every process of the engine answered ok (a `list`, or a revert): no process was
-    asked, or some refused or could not be reached (None: each answered, or never loaded the
-    module). What a `list` did not hear from may hold a fix."""
+    """Why not every process answered ok (None: each did, or never loaded the module): what a `list`
+    did not hear from may hold a fix."""
     if reply.missing is not None:
         return reply.missing
     problems = [a.describe() for a in reply.processes() if not a.ok and not a.not_loaded]
@@ -73,9 +66,6 @@ def unanswered(reply: LiveEngineReply) -> str | None:
 
 @dataclass(frozen=True)
 class HeldFix:
-    """A live fix one process holds in memory, from its `list`: the fix, the module and the file
-    hash it was taken from, and the definitions."""
-
     process: str
     pid: int | None
     fix_id: str
@@ -102,9 +92,7 @@ def held_fixes(reply: LiveEngineReply) -> tuple[HeldFix, ...]:
 
 
 def drift(held: HeldFix, file_sha256: str | None) -> str | None:
-    """Why a fix held in memory disagrees with the file on disk (None: the file is the one it
-    was taken from, or the fix does not say which): a file reinstalled or changed since means
-    the next restart loses the fix."""
+    """A file reinstalled or changed since the take means the next restart loses the fix."""
     if held.sha256 is None or file_sha256 is None or held.sha256 == file_sha256:
         return None
     return (
@@ -115,8 +103,6 @@ def drift(held: HeldFix, file_sha256: str | None) -> str | None:
 
 
 def _readback(entries: Sequence[Mapping[str, Any]], fix_id: str) -> tuple[tuple[str, ...], ...]:
-    """A process's entries of one fix, as compared: each definition, its file hash, and what it
-    reads back as (a value's repr, a code hash)."""
     keys = ("name", "kind", "sha256", "value", "code_sha256")
     return tuple(
         sorted(
@@ -137,8 +123,7 @@ def _said(readback: tuple[tuple[str, ...], ...]) -> str:
 
 @dataclass(frozen=True)
 class HeldVerdict:
-    """One node's `list` after a take through the head: the processes that hold the fix as they
-    took it, the scheduler ranks the node runs, and why it is not held as taken (None: it is)."""
+    """One node's `list` after a take through the head."""
 
     holding: tuple[ProcessAnswer, ...]
     ranks: tuple[str, ...]
@@ -155,9 +140,8 @@ def judge_held(
     took: Mapping[str, Sequence[Mapping[str, Any]]],
     not_loaded: Collection[str],
 ) -> HeldVerdict:
-    """Whether one node's processes hold fix `fix_id` as they took it (`took`: each process's
-    entries as its take reported them): each must read back the same; a scheduler rank in
-    neither `took` nor `not_loaded` is one the head's broadcast did not reach."""
+    """Each process must read back what it took; a scheduler rank in neither `took` nor `not_loaded`
+    is one the head's broadcast did not reach."""
     if listing.missing is not None:
         return HeldVerdict((), (), listing.missing)
     holding, ranks, problems = [], [], []
@@ -196,9 +180,8 @@ def judge_gone(listing: LiveEngineReply, fixes: Collection[str]) -> str | None:
 
 @dataclass(frozen=True)
 class CheckVerdict:
-    """The preflight's `check` judged: the processes that answered, why not every one did
-    (`unanswered`: the engine does not take live fixes as asked), and why a take would not be
-    in effect (`refusal`: the first reason word, every problem's sentence)."""
+    """`unanswered`: the engine does not take live fixes as asked; `refusal`: why a take would not
+    be in effect."""
 
     answered: tuple[ProcessAnswer, ...]
     unanswered: str | None = None
@@ -208,9 +191,7 @@ class CheckVerdict:
 def judge_check(
     reply: LiveEngineReply, takes: Sequence[LiveFix], *, required: bool = True
 ) -> CheckVerdict:
-    """Whether each take of `takes` would be in effect in every process of the engine, from
-    each one's answer to `check` (`liveplugin/checks.py`); every process must answer, and one
-    must have the module unless not `required` (a unit's other node)."""
+    """Every process must answer, and one must have the module unless not `required`."""
     if reply.missing is not None:
         return CheckVerdict((), reply.missing)
     processes = reply.processes()
@@ -279,8 +260,6 @@ def _take_problems(
 
 
 def _check_sentences(take: LiveFix, entry: dict[str, Any]) -> list[tuple[NotLiveReason, str]]:
-    """One process's check of `take`, as (reason, sentence) pairs that read the same on every
-    process that says them."""
     said: list[tuple[NotLiveReason, str]] = []
     for held in _dicts(entry.get("held")):
         said.append(

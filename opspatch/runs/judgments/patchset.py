@@ -87,9 +87,8 @@ def paths_of(versions: Sequence[FileVersion]) -> list[str]:
 
 
 class Standing(Word):
-    """Where the change a command is about stands on one host: every file of it (a single file
-    is a set of one) read together, with the server that runs it. A closed set: every goal of
-    the decision table has an action for each (a test fails when one is added without)."""
+    """A closed set: every goal of the decision table has an action for each (a test fails when one
+    is added without)."""
 
     NOTHING_RECORDED = "nothing-recorded"
     """The ledger holds no change of this host's file(s) that the command is about."""
@@ -151,9 +150,8 @@ def members_of(located: Sequence[Located], live: Sequence[str]) -> SetOnHost:
 
 
 def judge(located: Sequence[Located | None], *, server: ServerAge, proven: bool) -> Standing:
-    """The standing of a change from each file's place in its lineage (None: the ledger holds
-    no change of it), the server's age against the write, and whether every file's bytes were
-    proven (read only when all are new). Pure."""
+    """From each file's place (None: nothing recorded), the server's age and the proof (read only
+    when all are new). Pure."""
     places = {place_of(where) for where in located}
     if not places or Place.UNRECORDED in places:
         return Standing.NOTHING_RECORDED
@@ -207,8 +205,8 @@ def place_of(
     baked: bool = False,
     recreated: bool = False,
 ) -> Place:
-    """The one classification of a file (see `Place`): its place in its lineage, unless its
-    release ships the fix, its image baked it, or its container lost the change. Pure."""
+    """The one classification of a file: its lineage place, unless its release ships the fix, its
+    image baked it, or its container lost the change."""
     if fixed_upstream:
         return Place.FIXED_UPSTREAM
     if baked:
@@ -227,9 +225,6 @@ def place_of(
 
 
 class Reference(Word):
-    """A file against the bytes its installation says it has: pip's RECORD hash, else its git
-    checkout's HEAD."""
-
     MATCHES = "matches"
     DIFFERS = "differs"
     NONE = "none"
@@ -276,9 +271,8 @@ def read_file(
     recreated: str | None = None,
     server: ServerAge | None = None,
 ) -> FileStanding:
-    """Place one file (`sha256` at `path`) against a change (`change`: its patch id; None: any)
-    from the facts read: `history` and `candidates` (the versions it may be at) newest first,
-    `pristine` the sha256 its installation says it has. Pure."""
+    """`change`: its patch id (None: any); `pristine`: the sha256 its installation says it has.
+    Pure."""
     located = locate(history, candidates, sha256)
     carried = upstream = None
     if part is not None and content is not None:
@@ -304,8 +298,7 @@ def read_file(
 
 
 def baked_in(container: ContainerIdentity | None, path: str, sha256: str) -> BakedLabels | None:
-    """The newest bake in a container's image labels that wrote `path`, when the file is the
-    bytes it baked (None otherwise): such a file came with the image, and no recreate loses it."""
+    """A file that came with the image: no recreate loses it."""
     from opspatch.hosts.image import baked_history
 
     history = baked_history(container.labels) if container is not None else ()
@@ -318,9 +311,8 @@ def baked_in(container: ContainerIdentity | None, path: str, sha256: str) -> Bak
 def recreated_since(
     history: Sequence[FileVersion], patch_id: str | None, container: ContainerIdentity | None
 ) -> str | None:
-    """What to say when the container the file was last patched in (by `patch_id`; None: by
-    any patch) is not this one: it was recreated from its image, and the fix went with the old
-    one's writable layer. None when it is the same container, or no container was recorded."""
+    """The fix went with the old container's writable layer. None when it is the same container or
+    none was recorded."""
     if container is None:
         return None
     written = history[0] if history else None  # newest first: a later restore says nothing

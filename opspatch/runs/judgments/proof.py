@@ -1,5 +1,5 @@
-"""Whether bytes a run wrote on a host were proven, from the ledger's facts alone, and the one
-sentence that says so."""
+"""Whether bytes a run wrote on a host were proven, from the ledger alone, and the sentence saying
+so."""
 
 from __future__ import annotations
 
@@ -24,20 +24,17 @@ _CONCLUDES_NOTHING = frozenset(
         Outcome.STAGED_BACK,
     }
 )
-"""Host outcomes that say nothing about whether a change is proven (nothing was done, the patch
-was found already there and not restarted, or a later patch's rollback put these bytes back
-without a restart: whether the server runs them is its age's to say, as for any staged file)."""
+"""Outcomes that say nothing of a proof (a rollback that put these bytes back without a restart
+leaves it to the server's age)."""
 
 _SMOKE_TESTED = frozenset({Outcome.APPLIED, Outcome.RESTORED})
-"""Host outcomes of runs that may have smoke-tested the bytes: an apply's, and a later patch's
-rollback that restored them, restarted and decoded (`restored` is said only after its smoke)."""
+"""An apply's, and a later patch's rollback that restored and smoke-tested these bytes."""
 
 
 @dataclass(frozen=True)
 class ChangeProof:
-    """What the ledger says about `version`'s bytes on `host` (the live file is those bytes).
-    `proven_by`: the run whose smoke decode passed on them. Only a smoke proves: an `applied`
-    said without one (an `adopt`'s) borrows the proof of the `applied` before it, or has none."""
+    """Only a smoke proves: an `applied` said without one (an `adopt`'s) borrows the proof of the
+    `applied` before it, or has none."""
 
     host: str
     version: FileVersion
@@ -52,11 +49,6 @@ class ChangeProof:
 
 
 def change_proof(ledger: Ledger, host: str, version: FileVersion) -> ChangeProof:
-    """The proof of `version`'s bytes on `host`, from the outcomes and steps recorded since.
-
-    Raises:
-        LedgerError: the ledger cannot be read.
-    """
     said = [
         (run_id, outcome)
         for run_id, outcome, change in ledger.outcomes_since((host, version.host), version.event_id)
@@ -86,8 +78,6 @@ def change_proof(ledger: Ledger, host: str, version: FileVersion) -> ChangeProof
 def _smoke_tested(
     ledger: Ledger, said: list[tuple[str, Outcome]], names: tuple[str, ...], event_id: int
 ) -> str | None:
-    """The newest run of the trailing `applied` (or `restored`) words whose smoke decode passed
-    on the host after the change was written (None: none of them ran one)."""
     for run_id, outcome in reversed(said):
         if outcome not in _SMOKE_TESTED:
             return None
@@ -108,8 +98,6 @@ def _smoke_passed(steps: Sequence[StepRecord], event_id: int) -> bool:
 
 
 def _about(change: FileChange, version: FileVersion) -> bool:
-    """Whether a host outcome's file is `version`'s bytes: its file, or (a patch set) any file
-    of its set as the outcome left it."""
     if change.path == version.path and change.sha256_after == version.sha256_after:
         return True
     return any(
@@ -118,8 +106,7 @@ def _about(change: FileChange, version: FileVersion) -> bool:
 
 
 def describe(proof: ChangeProof, host: Host) -> str:
-    """The sentence `status` and `recover` say about a change on `host` (why it is, or is not,
-    live); its remedies name `host`'s group, its unit for a node of one."""
+    """Its remedies name `host`'s group, its unit for a node of one."""
     run = proof.version.run_id
     if proof.proven_by is not None:
         if proof.proven_by != run:

@@ -19,9 +19,6 @@ SERVER_STEPS = STARTS | {Step.SWAP, Step.LIVE, Step.LIVE_REVERT}
 
 @dataclass(frozen=True)
 class LiveChange:
-    """A step of run `run_id` that changed the code a running engine holds (`live`: a fix
-    taken; `live-revert`: reverted), when it was recorded, and whether every process did it."""
-
     run_id: str
     step: Step
     event_id: int
@@ -36,10 +33,8 @@ def epoch(recorded_at: str) -> float:
 
 
 def live_changes(steps: Sequence[tuple[str, StepRecord]]) -> list[LiveChange]:
-    """The live takes and reverts among a host's recorded steps (`(run_id, step)`, any order;
-    `started` records skipped), oldest first: every `live-revert`, and every `live` recorded
-    after its own run's swap there. A run's `live` steps before its swap check or list,
-    changing nothing (apply's preflight, rollback's and recover's `list`). Pure."""
+    """Oldest first: every `live-revert`, and every `live` after its own run's swap (one before its
+    swap only checked or listed). Pure."""
     swapped: set[str] = set()
     found: list[LiveChange] = []
     for run, step in _ended(steps):
@@ -67,14 +62,8 @@ def _ended(steps: Sequence[tuple[str, StepRecord]]) -> list[tuple[str, StepRecor
 def running_sha256(
     started_at: float, history: Sequence[FileVersion], steps: Sequence[tuple[str, StepRecord]]
 ) -> str | None:
-    """The bytes a server started at `started_at` (the host's clock) runs, from the file's
-    `history` and the host's `steps` in the ledger (None: it cannot tell).
-
-    It started with the bytes of the newest version written before it started: recorded before
-    the last engine start the ledger holds, else before `started_at` (none: the oldest
-    version's pre-image; none at all: None). Each run that took or reverted a live fix since
-    (its last such step and every revert `ok`) made it run the bytes that run wrote last (a run
-    whose versions are not recorded: None); a run whose revert failed left it as it was. Pure."""
+    """The bytes of the newest version written before the server started, then of each run that took
+    or reverted a live fix since (a failed revert changes nothing); None: it cannot tell. Pure."""
     started = last_start(steps) or 0
 
     def before(event_id: int, recorded_at: float) -> bool:
@@ -103,11 +92,7 @@ def stale(
     history: Sequence[FileVersion],
     steps: Sequence[tuple[str, StepRecord]],
 ) -> bool:
-    """Whether the running server runs code other than `file`'s bytes: it started before the
-    file last changed (`ServerProcess.predates`: the host's own clock) and the ledger does not
-    show it running these bytes (`running_sha256`: a live fix taken, or reverted, since it
-    started). A rollback killed after its swap, or one told not to restart (and not live),
-    leaves a stale server; a live apply, or a live revert and restore, does not. Pure."""
+    """Started before the file last changed, and not since made to run these bytes live. Pure."""
     if server is None or server.started_at is None or not server.predates(file):
         return False
     return running_sha256(server.started_at, history, steps) != file.sha256

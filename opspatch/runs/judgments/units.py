@@ -1,5 +1,4 @@
-"""Whether a unit (one multi-node server) is uniform: every node on the same release, holding the
-same pre-image of every target file."""
+"""Whether a unit (one multi-node server) is uniform: one release, one pre-image of every target."""
 
 from __future__ import annotations
 
@@ -27,9 +26,7 @@ class UnitFact(Word):
 
 @dataclass(frozen=True)
 class NodeReading:
-    """What one node's inspection says that must agree across a unit: its release and the
-    pre-image of each target file, keyed by target (the module, else the path: install paths
-    may differ between nodes while the module is the same)."""
+    """Keyed by target's module, else path: install paths may differ between nodes."""
 
     host: str
     release: str | None
@@ -37,8 +34,6 @@ class NodeReading:
 
     @classmethod
     def read(cls, host: str, inspections: Mapping[str, HostInspection]) -> NodeReading:
-        """A node's reading from its inspection of each target: the release from the host's
-        facts (else the target's distribution), each file's sha256."""
         release = None
         files: dict[str, str | None] = {}
         for target, seen in inspections.items():
@@ -51,8 +46,7 @@ class NodeReading:
 
 @dataclass(frozen=True)
 class Difference:
-    """One node that differs from the others in one fact: `key` is the target for a pre-image
-    (`fact` says which), `value` the odd node's, `expected` the others' (`agreeing`)."""
+    """`key`: the target for a pre-image; `value` the odd node's, `expected` the others'."""
 
     node: str
     fact: UnitFact
@@ -107,8 +101,7 @@ UnitJudgment = Uniform | NotUniform
 
 
 def judge_unit(unit: Unit, readings: Mapping[str, NodeReading]) -> UnitJudgment:
-    """Whether `unit`'s nodes agree, from each node's reading (by host name): a node with no
-    reading is a difference (`UNREAD`); the release is compared first, then each target."""
+    """A node with no reading is a difference (`UNREAD`); the release is compared first."""
     differences: list[Difference] = [
         Difference(host, UnitFact.UNREAD, "", None, None, ())
         for host in unit.hosts
@@ -130,8 +123,7 @@ def judge_unit(unit: Unit, readings: Mapping[str, NodeReading]) -> UnitJudgment:
 def _odd(
     read: list[NodeReading], fact: UnitFact, key: str, values: Mapping[str, str | None]
 ) -> list[Difference]:
-    """The nodes whose value differs from the reference value (the most common one; on a tie,
-    the first node's in rank order, the head's when it was read)."""
+    """Against the most common value (a tie: the first node's in rank order)."""
     counts = Counter(values[r.host] for r in read)
     top = max(counts.values())
     expected = next(values[r.host] for r in read if counts[values[r.host]] == top)
@@ -168,8 +160,7 @@ class Selected:
 
 
 def selected_units(hosts: Sequence[Host]) -> tuple[Selected, ...]:
-    """Each unit the hosts belong to (in its own inventory: two inventories may both name a
-    unit `u1`), with the nodes of it that are among them, in the order its first node comes."""
+    """Each in its own inventory (two inventories may both name a unit `u1`)."""
     found: dict[tuple[str, str], Unit] = {}
     taken: dict[tuple[str, str], list[str]] = {}
     for host in hosts:
@@ -187,13 +178,8 @@ def selected_units(hosts: Sequence[Host]) -> tuple[Selected, ...]:
 def serving_heads(
     hosts: Sequence[Host], *, command: str, whole: Callable[[Unit], str]
 ) -> list[Host]:
-    """The servers a selection names, each once, by the host that answers requests (a unit by
-    its head: its other nodes serve only a dummy `/health`), for `smoke` and `judge`.
-
-    Raises:
-        UnitRefused: a node that is not its unit's head is selected without the head (`whole`:
-            the same command over the unit, the remedy).
-    """
+    """A unit by its head (its other nodes serve only a dummy `/health`), for `smoke` and `judge`;
+    `UnitRefused` for a node selected without its head."""
     names = {host.name for host in hosts}
     stray = [(h, h.unit) for h in hosts if h.unit is not None and h.unit.head not in names]
     if stray:
@@ -211,14 +197,11 @@ def serving_heads(
 
 
 def target_of(host: Host) -> str:
-    """What a command names to reach `host`'s group (`--hosts`): its unit, or the host itself
-    (a node of a unit alone is refused by every command that changes it)."""
     return host.unit.name if host.unit is not None else host.name
 
 
 def recover_remedy(host: Host) -> str:
-    """`opspatch recover --hosts T` for `host`'s group, T its unit for a node of one: recover
-    takes a unit whole, so a hint naming the node would name a refused command."""
+    """Recover takes a unit whole: a hint naming the node would name a refused command."""
     return remedy_text(Command.RECOVER, hosts=target_of(host))
 
 
@@ -230,9 +213,8 @@ def nodes_of(unit: Unit) -> str:
 def unit_refusal(
     hosts: Sequence[Host], *, command: str, whole: Callable[[Unit], str]
 ) -> UnitRefused | None:
-    """Why `command` over `hosts` must be refused before anything changes, or None: the hosts
-    take some but not all nodes of a unit (`whole(unit)`: the same command over the whole
-    unit, the remedy). A whole unit is taken as one by every command."""
+    """Some but not all nodes of a unit taken: refused before anything changes (`whole(unit)`: the
+    remedy)."""
     split = [s for s in selected_units(hosts) if not s.whole]
     if not split:
         return None
@@ -252,8 +234,6 @@ def unit_refusal(
 def require_whole_units(
     hosts: Sequence[Host], command: Command, whole: Callable[[Unit], str] | None = None
 ) -> None:
-    """Raise `unit_refusal`'s `UnitRefused`, if any (`whole`: the remedy; by default `command`
-    over the whole unit)."""
     refused = unit_refusal(
         hosts,
         command=str(command),

@@ -31,8 +31,7 @@ ANY = _Any()
 
 @dataclass(frozen=True)
 class DecisionTable(Generic[V]):
-    """Rows of patterns over a closed key, the last item of each row its value. A pattern is a
-    value, a tuple of values (any of them) or `ANY`. `domains` are each column's values."""
+    """The last item of each row is its value; a pattern is a value, a tuple (any of them) or `ANY`."""
 
     columns: tuple[str, ...]
     domains: tuple[tuple[object, ...], ...]
@@ -120,8 +119,7 @@ def status_word(file: FileStanding) -> PatchState:
 
 
 def unread_word(target_missing: bool) -> PatchState:
-    """`status`'s word for a file that could not be read: a module that does not resolve there
-    is `not-applicable`; any other failure leaves the host unknown."""
+    """A module that does not resolve there is `not-applicable`; any other failure: unknown."""
     return PatchState.NOT_APPLICABLE if target_missing else PatchState.UNREACHABLE
 
 
@@ -135,9 +133,8 @@ SET_FIRST = (
 
 
 def set_word(words: Sequence[PatchState]) -> PatchState:
-    """A patch set's word from its files' words (a set of one says its file's): `applied` (or
-    `staged`) only when every file is, `not-applied` only when none is; a set with some files new
-    and the rest old (a run stopped between two swaps) is `partial`, never `applied`."""
+    """`applied` only when every file is, `not-applied` only when none is; else `partial` (a run
+    stopped between two swaps), never `applied`."""
     kinds = set(words)
     assert kinds, "a set has files"
     if len(kinds) == 1:
@@ -169,16 +166,12 @@ LIVE: DecisionTable[PatchState] = DecisionTable(
         (PatchState.STAGED, True, True, PatchState.STAGED),
     ),
 )
-"""`status`'s word once the engine's processes are asked which live fixes they hold, by the
-file's word, whether the fix is held taken from the file's very bytes, and whether some process
-could not be asked."""
+"""`status`'s word once the processes said which live fixes they hold."""
 
 
 def unit_words(ranked: Sequence[PatchState]) -> tuple[PatchState | None, tuple[PatchState, ...]]:
-    """The words of a unit's nodes (in rank order, the head's first when selected) read
-    together: the most common word (a tie: the first node's; None when all agree) and each
-    node's word. A unit is one server, so nodes whose words differ are each `partial`; a node
-    not read stays `unreachable`."""
+    """The most common word (a tie: the first node's; None when all agree) and each node's; a unit
+    is one server, so nodes whose words differ are each `partial`."""
     if len(set(ranked)) < 2:
         return None, tuple(ranked)
     reference = max(ranked, key=lambda w: (ranked.count(w), -ranked.index(w)))
@@ -202,8 +195,6 @@ FILE_STATES: DecisionTable[FileState] = DecisionTable(
         (THEIRS, Reference.DIFFERS, FileState.EDITED_OUTSIDE),
     ),
 )
-"""`diagnose`'s word for a file that resolved (one that did not is `not-installed` or
-`unresolved`, read before any file is)."""
 
 
 def file_state(file: FileStanding) -> FileState:
@@ -280,10 +271,7 @@ SYNC: DecisionTable[SyncAction | None] = DecisionTable(
     ),
 )
 # fmt: on
-"""What sync does about one patch on one host (None: not desired and not there), by its files'
-word as read (`STATUS`, `set_word`), what they carry, whether its engine holds their fix live,
-whether its unit's nodes' words differ (`unit_words`), whether the fleet file desires it there
-and covers its release, and whether it serves (runs and is in rotation; not known: serves)."""
+"""What sync does about a patch on a host (None: not desired and not there)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,7 +319,4 @@ DRIFT: DecisionTable[DriftCause | None] = DecisionTable(
         (KEPT, True, False, Written.PATCHED, False, False, DriftCause.HAND_EDIT),
     ),
 )
-"""Why a host's file is not what the ledger and the fleet file expect (None: it is, or the
-difference is not in the file), by sync's action, whether status says `drifted`, whether its
-container was recreated, what opspatch last wrote there, whether the release changed since,
-and whether the file is the pre-image it wrote over."""
+"""Why a host's file is not what the ledger and the fleet file expect (None: it is)."""

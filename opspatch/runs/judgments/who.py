@@ -1,5 +1,4 @@
-"""Who ran a run, as `status` names the run that wrote a file: its operator, its controller
-machine, and who approved its patch (`opspatch approve`)."""
+"""Who ran a run, as `status` names it: its operator, controller machine and approvers."""
 
 from __future__ import annotations
 
