@@ -16,7 +16,8 @@ OpspatchError                      base; carries a one-line message and optional
 │   │                              controller machine and run named)
 │   ├── ApprovalRefused            an apply needing a second operator's signature has no valid one
 │   ├── LiveRefused                a live fix cannot be taken on a host (its inventory does not
-│   │                              say `live = true`, its engine does not listen for live fixes)
+│   │   │                          say `live = true`, its engine does not listen for live fixes)
+│   │   └── PeerNotAllowed         its engine listens but refuses the agent's user
 │   └── IndexUnreachable           the package index cannot be reached to build a real engine's
 │                                  environment (the index named; what is cached is kept)
 ├── HostError                      exit 1: one host failed; carries host and step
@@ -58,6 +59,9 @@ EXIT_OK = 0
 EXIT_HOST_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_NEEDS_ATTENTION = 3
+EXIT_INTERRUPTED = 130
+"""A Ctrl-C outside a run's own handling (a run answers its own: docs/cli.md): 128 + SIGINT,
+as a shell reports a command stopped by Ctrl-C."""
 
 
 class OpspatchError(Exception):
@@ -204,6 +208,11 @@ class NotTakenLive(LiveRefused):
     `check` says would not be in effect (objects already built, a value read at import, a frame
     that never returns): the run is refused in preflight, since one who asked for no restart
     must not get one, nor an "applied" the server does not run; apply without --live restarts."""
+
+
+class PeerNotAllowed(LiveRefused):
+    """The engine listens for live fixes but refuses the agent's user (`peer-not-allowed`: only
+    root and the engine's own user may use its sockets): the agent must run as one of them."""
 
 
 class IndexUnreachable(InputError):
@@ -394,11 +403,11 @@ class RunInterrupted(NeedsAttention):
 def exit_code_for(error: BaseException) -> int:
     """Map an exception to the process exit code (the one place this is decided).
 
-    Unknown exceptions are bugs in opspatch, not operator mistakes: they map to 3 because the
-    state of whatever was being changed is not known.
+    A Ctrl-C is 130 (`EXIT_INTERRUPTED`). Unknown exceptions are bugs in opspatch, not operator
+    mistakes: they map to 3 because the state of whatever was being changed is not known.
     """
     if isinstance(error, OpspatchError):
         return error.exit_code
     if isinstance(error, KeyboardInterrupt):
-        return EXIT_NEEDS_ATTENTION
+        return EXIT_INTERRUPTED
     return EXIT_NEEDS_ATTENTION

@@ -29,6 +29,7 @@ from opspatch.core.policy import BatchSize, JudgeSettings, Playbook, RotationSet
 from opspatch.core.remedy import recover_after_stop
 from opspatch.core.spec import LoadedPatch
 from opspatch.errors import Location, TransportError
+from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
 from opspatch.ledger.store import Ledger
@@ -73,6 +74,9 @@ class FakeHost:
     """When the engine started, epoch seconds (None: unknown, as for a process the agent
     cannot read the start of)."""
     requests: list[str] = field(default_factory=list)
+    container: ContainerIdentity | None = None
+    """The container its engine runs in, pinned by each transport's first exec (None: on the
+    host itself)."""
 
     @classmethod
     def installed(cls, name: str, root: Path) -> FakeHost:
@@ -183,7 +187,9 @@ class Fleet:
 
     def factory(self, host: Host) -> Transport:
         fake = next(h for h in self.hosts if h.name == host.name)
-        self.transports[host.name] = ScriptedTransport(fake.answer, host=host.name)
+        self.transports[host.name] = ScriptedTransport(
+            fake.answer, host=host.name, pins=fake.container
+        )
         return self.transports[host.name]
 
     def apply(self, playbook: Playbook | None = None) -> RunReport:

@@ -318,7 +318,7 @@ def test_apply_file_runs_on_two_files_of_one_machine_do_not_hold_each_other_off(
         same = opspatch("apply", "eagle-init-guard", "--file", str(eagle), "--yes", "--json",
                         cwd=workspace, env=env)  # fmt: skip
         assert same.code == 2, same.stdout + same.stderr
-        assert "locked by" in same.stdout, same.stdout
+        assert [h["reason"] for h in same.json()["hosts"]] == ["lease-held"], same.stdout
         assert eagle.read_bytes() == eagle_before
     finally:
         (hold / "release").touch()
@@ -381,9 +381,8 @@ def test_stacked_patches_roll_back_newest_first_to_the_pristine_bytes(
     first_a = _rollback_file("stack-a", target=target, workspace=workspace, env=env)
     assert first_a["exit"] == 2, first_a
     (host,) = first_a["hosts"]
-    assert host["outcome"] == "skipped"
-    assert f"patched further by run {run_b} (stack-b): roll stack-b back first" in host["error"]
-    assert "changed since" not in host["error"]
+    assert (host["outcome"], host["reason"]) == ("skipped", "patched-further"), host
+    assert f"by run {run_b} (stack-b): roll stack-b back first" in host["error"]  # what to do
     assert target.read_bytes() == with_both
 
     b = _rollback_file("stack-b", target=target, workspace=workspace, env=env)

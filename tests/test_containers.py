@@ -231,10 +231,8 @@ def test_apply_preflight_refuses_a_runtime_the_login_user_may_not_use_and_change
 
     assert run.code == 2, run.stdout + run.stderr
     (host,) = run.json()["hosts"]
-    assert (
-        "container sglang-0 (podman) cannot be reached: the login user may not use podman"
-        in (host["error"])
-    )
+    assert (host["outcome"], host["reason"]) == ("failed", "host-error"), host
+    assert "the login user may not use podman" in host["error"]  # what to fix, said once here
     assert "permission denied" in host["error"]  # the runtime's own words
     assert [s["step"] for s in host["steps"] if s["status"] == "ok"] == []  # nothing ran inside
     assert run.json()["refused"] is True

@@ -279,6 +279,25 @@ def test_drift_cause_says_why_a_file_is_not_what_is_expected(
     assert drift_cause(row, live, before) == cause
 
 
+def test_a_unit_node_outside_the_entrys_range_is_blamed_as_a_lone_host_there() -> None:
+    """A node whose file lacks the fix, on a release the entry leaves out, is no `patch-missing`:
+    the entry does not want the fix there, as on a lone host (the node's words used to be read
+    as if every release were covered)."""
+    lone = status("not-applied", carried=Detected.NOT_APPLIED, release="0.5.24")
+    lone_row = decide(ENTRY, lone, HOST)
+    assert lone_row is not None and lone_row.action == SyncAction.OUTSIDE_RANGE
+    node = replace(status("applied", release="0.5.24"), node_state=PatchState.NOT_APPLIED)
+    node_row = decide(ENTRY, node, HOST)
+    assert node_row is not None and node_row.action == SyncAction.OUTSIDE_RANGE
+    assert drift_cause(lone_row, lone, None) is None
+    assert drift_cause(node_row, node, None) is None
+    # inside the range the same node lacks the fix: that is drift, whoever wrote last
+    inside = replace(node, release="0.5.23")
+    inside_row = decide(ENTRY, inside, HOST)
+    assert inside_row is not None
+    assert drift_cause(inside_row, inside, None) == DriftCause.PATCH_MISSING
+
+
 def _open_entry() -> DesiredPatch:
     return DesiredPatch(PATCH, ("gpu-01",), "", Location("fleet.toml", 2, "x"))
 

@@ -124,8 +124,11 @@ def test_a_rank_that_fails_to_apply_reverts_every_rank_and_restores_the_file(
             pids = set(tree_of(engine.pid))
             report = apply_live(host, engine, live_dir, ledger)
             (outcome,) = report.hosts
-            assert outcome.outcome == "rolled-back", (outcome.error, outcome.steps)
-            assert "this rank was told to refuse" in (outcome.error or ""), outcome.error
+            assert (outcome.outcome, outcome.reason) == ("rolled-back", "step-failed"), (
+                outcome.error,
+                outcome.steps,
+            )
+            assert "this rank was told to refuse" in (outcome.error or "")  # the rank's words
             assert host.eagle_worker_file.read_bytes() == pristine
             steps = [str(s.step) for s in outcome.steps]
             assert "live-revert" in steps and "restart-after-restore" not in steps, steps

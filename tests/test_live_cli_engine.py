@@ -113,6 +113,7 @@ def test_a_change_whose_free_variables_change_is_refused_live_and_nothing_change
     outcome = refused_live(
         live_host, "eagle-super-test", text, "sglang.srt.speculative.eagle_worker_v2"
     )
+    assert outcome["reason"] == "not-taken-live", outcome
     assert outcome["error"].startswith(
         "gpu-01: sglang.srt.speculative.eagle_worker_v2 cannot be taken live: free-variables: "
         "EAGLEWorkerV2.should_disable_speculation's free variables change from () to "
@@ -131,6 +132,7 @@ def test_a_change_of_a_restart_only_module_is_refused_live_and_nothing_changes(
         "_ = 0",
     )
     outcome = refused_live(live_host, "graph-runner-test", text, CUDA_GRAPH_RUNNER)
+    assert outcome["reason"] == "not-taken-live", outcome
     assert outcome["error"].startswith(
         f"gpu-01: {CUDA_GRAPH_RUNNER} cannot be taken live: restart-only-module: "
         f"{CUDA_GRAPH_RUNNER} is restart-only"

@@ -214,7 +214,7 @@ def test_a_recover_does_not_take_the_lock_of_a_live_controller_whose_lease_expir
 
     b = fleet.recover(host, run=run_a)
     (refused,) = b.hosts
-    assert refused.outcome == "failed", refused
+    assert (refused.outcome, refused.reason) == ("failed", "lock-held"), refused
     assert f"(run {run_a})" in (refused.error or "")
     assert "controller may still be at work here" in (refused.error or "")
     assert f"`opspatch recover --run {run_a}` takes the host over" in (refused.error or "")
@@ -254,7 +254,7 @@ def test_an_exec_sent_after_another_run_took_the_lock_over_is_refused_before_it_
     held.release()
     report = a.join()
     (outcome,) = report.hosts
-    assert outcome.outcome == "needs-attention", outcome
+    assert (outcome.outcome, outcome.reason) == ("needs-attention", "undo-failed"), outcome
     assert f"this run ({run_a}) no longer holds the host's lock" in str(outcome.to_json())
     after = host.requests[asked_before:]
     # no wait_ready, smoke or restore reached the host: only refused locks, and a give-back that

@@ -20,6 +20,8 @@ from opspatch.errors import (
     LockHeld,
     NotTakenLive,
     OpspatchError,
+    PeerNotAllowed,
+    RemoteOperationError,
     TargetError,
     TransportError,
 )
@@ -99,6 +101,11 @@ def _lock_held() -> LockHeld:
         ),
         (NotTakenLive("changed defaults"), Reason.NOT_TAKEN_LIVE),
         (LiveRefused("nobody listens"), Reason.NOT_LISTENING),
+        (PeerNotAllowed("listens, not for this user"), Reason.PEER_NOT_ALLOWED),
+        (
+            RemoteOperationError("no longer holds the host's lock", code="lock-lost"),
+            Reason.LOCK_LOST,
+        ),
         (TargetError("outside the version range"), Reason.NOT_APPLICABLE),
         (AnchorError("anchor matches nothing"), Reason.NOT_APPLICABLE),
         (TransportError("connection refused", host="h1"), Reason.HOST_ERROR),
@@ -120,6 +127,7 @@ def test_apply_refusal_clauses_come_from_the_hosts_refusals() -> None:
     clauses = refused_because(
         [
             _refusal("h9", Reason.NOT_TAKEN_LIVE),
+            _refusal("hA", Reason.PEER_NOT_ALLOWED),
             _refusal("h8", Reason.NOT_LISTENING),
             _refusal("h7", Reason.LEASE_HELD, holder),
             _refusal("h6", Reason.BECOME_REFUSED),
@@ -142,6 +150,8 @@ def test_apply_refusal_clauses_come_from_the_hosts_refusals() -> None:
     assert clauses[4].startswith("h7 is leased to run r9"), clauses[4]
     assert clauses[5:] == [
         "h8 do not listen for live fixes (see each host's error)",
+        "the live plugin on hA refuses this user (run the agent as root or as the engine's "
+        "user: `become`)",
         "the change cannot be taken live on h9 (see each host's error); apply without --live "
         "to apply it with a restart",
         "h0 refused (see each host's error)",

@@ -164,9 +164,10 @@ def test_a_lock_taken_away_mid_run_refuses_the_swap_and_changes_nothing(fleet: F
         return None
 
     host.fault = steal_the_lock
-    (outcome,) = fleet.apply().hosts
-    assert outcome.outcome == "failed"
-    assert "no longer holds the host's lock" in (outcome.error or "")
+    report = fleet.apply()
+    (outcome,) = report.hosts
+    assert outcome.outcome == "failed" and outcome.reason == "lock-lost", outcome
+    assert fleet.ledger.get_run(report.run_id or "").host(host.name).reason == "lock-lost"
     assert sha(host.file.read_bytes()) == PRISTINE
 
 

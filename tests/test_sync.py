@@ -175,7 +175,7 @@ def test_a_host_whose_engine_is_down_is_not_at_goal_and_recover_brings_it_back(
     assert doc["runs"] == []
     (left,) = doc["left_alone"]
     assert [(h["host"], h["outcome"]) for h in left["hosts"]] == [("sandbox-03", "skipped")]
-    assert left["hosts"][0]["error"].startswith("recover: "), left
+    assert left["hosts"][0]["reason"] == "not-serving", left
     assert fleet.sha("sandbox-03") == before
     drift = fleet.opspatch("drift", "--json")
     assert drift.code == 0 and drift.json()["drift"] == [], drift.stdout  # its file is right
@@ -217,14 +217,17 @@ def test_an_upgrade_where_the_anchor_is_gone_is_needs_port_and_nothing_is_writte
     assert doc["runs"] == []  # no apply anywhere: the other hosts are right
     (left,) = doc["left_alone"]
     (host,) = left["hosts"]
-    assert host["host"] == "sandbox-01" and host["outcome"] == "skipped"
-    assert host["error"].startswith("needs-port: "), host
+    assert (host["host"], host["outcome"], host["reason"]) == (
+        "sandbox-01",
+        "skipped",
+        "not-applicable",
+    ), host
     assert fleet.sha("sandbox-01") == before
     with Ledger.open(fleet.ledger_path) as ledger:
         assert len(ledger.file_history("sandbox-01")) == versions_before
         recorded = ledger.get_run(left["run_id"])
         assert recorded.summary.command == "sync"
-        assert (recorded.host("sandbox-01").error or "").startswith("needs-port: ")
+        assert recorded.host("sandbox-01").reason == "not-applicable"
     drift = fleet.opspatch("drift", "--json").json()["drift"]
     assert [(d["host"], d["cause"]) for d in drift] == [("sandbox-01", "upgraded")]
     plan = fleet.opspatch("plan", "--fleet", "--json")

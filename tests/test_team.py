@@ -141,7 +141,8 @@ def test_an_apply_on_hosts_another_runs_live_lease_holds_is_refused_before_any_c
     report = fleet.apply()
     assert report.refused and report.exit_code == EXIT_BAD_INPUT
     assert report.halted is not None
-    assert f"h2 is leased to run {other} of alice@laptop (controller " in report.halted
+    assert {h.host: h.reason for h in report.hosts}["h2"] == "lease-held", report.hosts
+    assert f"h2 is leased to run {other} of alice@laptop (controller " in report.halted  # who
     for host in fleet.hosts:
         assert host.file.read_bytes() and _sha(host.file) == PRISTINE
         assert not (host.state / "lock.json").exists()  # every lock given back

@@ -18,7 +18,7 @@ from opspatch import __version__
 from opspatch.cli.context import options
 from opspatch.cli.exits import exit_reporting, json_requested
 from opspatch.cli.render import out, print_error
-from opspatch.errors import EXIT_BAD_INPUT, EXIT_OK
+from opspatch.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
 
 
 def _argument_type_not_shown(self: object, ctx: object) -> None:
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
     args = releases_without_spec(sys.argv[1:] if argv is None else list(argv))
     as_json = json_requested(args)
-    exit_reporting(lambda: _run(args, as_json), as_json=as_json)
+    exit_reporting(lambda: _run(args, as_json), as_json=as_json, args=args)
 
 
 def _run(args: list[str], as_json: bool) -> int:
@@ -178,6 +178,8 @@ def _run(args: list[str], as_json: bool) -> int:
     try:
         # Without standalone mode, an Exit raised by a command comes back as its exit code.
         returned = app_for(args)(args=args, prog_name="opspatch", standalone_mode=False)
+        if returned == EXIT_INTERRUPTED:  # typer's answer to a Ctrl-C: said as every path says it
+            raise KeyboardInterrupt
         return returned if isinstance(returned, int) else EXIT_OK
     except typer.Exit as exc:
         return exc.exit_code

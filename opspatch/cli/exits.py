@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -18,8 +19,11 @@ def json_requested(args: Sequence[str]) -> bool:
     return "--json" in args[: args.index("--")] if "--" in args else "--json" in args
 
 
-def exit_reporting(run: Callable[[], int], *, as_json: bool) -> NoReturn:
-    """Run a command and exit with its code; every failure becomes one message and its code."""
+def exit_reporting(
+    run: Callable[[], int], *, as_json: bool, args: Sequence[str] | None = None
+) -> NoReturn:
+    """Run a command and exit with its code; every failure becomes one message and its code.
+    `args` (default: this process's) name the command a Ctrl-C stopped."""
     try:
         code = run()
     except OpspatchError as exc:
@@ -33,7 +37,8 @@ def exit_reporting(run: Callable[[], int], *, as_json: bool) -> NoReturn:
             os._exit(code)
     except KeyboardInterrupt:
         code = exit_code_for(KeyboardInterrupt())
-        print_error("interrupted", hint=None, exit_code=code, as_json=as_json)
+        message, hint = _interrupted(args)
+        print_error(message, hint=hint, exit_code=code, as_json=as_json)
     except Exception as exc:
         # Usage errors of the option parser (typer vendors click; older typers use click itself)
         # always mean bad usage (exit 2); shown in the same style as every other error.
@@ -50,3 +55,15 @@ def exit_reporting(run: Callable[[], int], *, as_json: bool) -> NoReturn:
             as_json=as_json,
         )
     sys.exit(code)
+
+
+def _interrupted(args: Sequence[str] | None) -> tuple[str, str]:
+    """What a Ctrl-C that reached the command line stopped, and where to see what it left: a run
+    answers a Ctrl-C during its hosts' steps itself (it names the hosts it left), so this one
+    came before or after them."""
+    command = shlex.join(["opspatch", *(sys.argv[1:] if args is None else args)])
+    return (
+        f"interrupted (Ctrl-C): `{command}` stopped outside its hosts' steps",
+        "`opspatch status` shows where each host stands; a run left unfinished is `interrupted` "
+        "in the ledger, and `opspatch recover` finishes or undoes it",
+    )

@@ -30,10 +30,16 @@ class Reason(Word):
     """sudo cannot raise privileges on the host: its swap and restart would fail."""
     LOCK_HELD = "lock-held"
     """Another run holds the host's lock (`unlock`: a run still running)."""
+    LOCK_LOST = "lock-lost"
+    """This run held the host's lock and another run took it over (or it was removed): the
+    exec was refused before it ran, so nothing more was done there."""
     LEASE_HELD = "lease-held"
     """A live lease of another run holds the host (its operator and controller named)."""
     NOT_LISTENING = "not-listening"
     """`apply --live`: the host's engine does not listen for live fixes."""
+    PEER_NOT_ALLOWED = "peer-not-allowed"
+    """`apply --live`: the engine listens for live fixes but refuses the agent's user (neither
+    root nor the engine's): run the agent as one of them (`become`)."""
     NOT_TAKEN_LIVE = "not-taken-live"
     """`apply --live`: the change has no live form there (apply without --live restarts)."""
     UNIT_NOT_ALIKE = "unit-not-alike"

@@ -14,6 +14,7 @@ from opspatch.core.live import LiveDefinition
 from opspatch.hosts.agent.live import op_live
 from opspatch.hosts.agent.protocol import LiveAnswer, LiveFixRequest, LiveReply, LiveRequest
 from opspatch.hosts.become import RunsAs
+from opspatch.hosts.liveplugin.wire import PEER_NOT_ALLOWED
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.results import Operation
 
@@ -87,6 +88,15 @@ class LiveEngineReply(Record):
     unread: bool = False
     """`missing` because this agent's user may not ask the engine (another user's engine),
     not because nothing listens: what it holds is not known."""
+
+    @property
+    def peer_refused(self) -> bool:
+        """The engine listens, but not to this agent's user: kept out before any process was
+        asked (`unread`), or refused by every process (`peer-not-allowed`)."""
+        processes = self.processes()
+        return self.unread or (
+            bool(processes) and all(p.code == PEER_NOT_ALLOWED for p in processes)
+        )
 
     def processes(self) -> tuple[ProcessAnswer, ...]:
         """One answer per engine process: the entry rank's reply split into every rank's."""

@@ -11,6 +11,7 @@ from typing import Any
 from opspatch.hosts.agent.dispatch import perform, run_batch
 from opspatch.hosts.agent.protocol import AgentRequest, OperationReply
 from opspatch.hosts.channel import AgentAnswer, agent_modules
+from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult
 
 
@@ -64,17 +65,27 @@ class ScriptedTransport(ClosesOnExit):
 
     `host` is the inventory name used in messages; `exec_count` counts execs, `execs` lists the
     operations of each and `calls` records every operation (the handler can keep its own record
-    too). `closed` says whether `close()` was called. Thread-safe as far as the handler is: one
-    transport per host.
+    too). `closed` says whether `close()` was called. `pins`: the container its commands run
+    in, pinned by the first exec as the container transport pins it (`container` None before).
+    Thread-safe as far as the handler is: one transport per host.
     """
 
-    def __init__(self, handler: Handler, *, host: str = "scripted") -> None:
+    def __init__(
+        self, handler: Handler, *, host: str = "scripted", pins: ContainerIdentity | None = None
+    ) -> None:
         self.host = host
         self.exec_count = 0
         self.calls: list[ScriptedCall] = []
         self.execs: list[tuple[str, ...]] = []
         self.closed = False
         self._handler = handler
+        self._pins = pins
+        self._pinned: ContainerIdentity | None = None
+
+    @property
+    def container(self) -> ContainerIdentity | None:
+        """`pins` once the first exec ran (None before it, and where nothing is pinned)."""
+        return self._pinned
 
     @property
     def ops(self) -> list[str]:
@@ -89,6 +100,7 @@ class ScriptedTransport(ClosesOnExit):
         """
         index = self.exec_count
         self.exec_count += 1
+        self._pinned = self._pins
         self.execs.append(tuple(call["op"] for call in request["ops"]))
 
         def perform(op: str, args: dict[str, Any]) -> OperationReply:

@@ -108,6 +108,12 @@ def refused_because(refusals: Sequence[Refusal]) -> list[str]:
     if not_listening := names(Reason.NOT_LISTENING):
         hosts = ", ".join(sorted(not_listening))
         clauses.append(f"{hosts} do not listen for live fixes (see each host's error)")
+    if kept_out := names(Reason.PEER_NOT_ALLOWED):
+        hosts = ", ".join(sorted(kept_out))
+        clauses.append(
+            f"the live plugin on {hosts} refuses this user (run the agent as root or as the "
+            "engine's user: `become`)"
+        )
     if not_live := names(Reason.NOT_TAKEN_LIVE):
         clauses.append(
             f"the change cannot be taken live on {', '.join(sorted(not_live))} (see each "

@@ -204,11 +204,11 @@ def drift_cause(
     whether or not its server runs: drift is about files."""
     action = row.action
     if status.node_state is not None and action != SyncAction.EXTRA:
-        # a node of a unit that differs: its own file's drift
+        # a node of a unit that differs: its own file's drift, within the row's range
         status = replace(status, state=status.node_state, node_state=None)
-        action = (
-            SYNC(status.state, None, False, False, True, Coverage.ALL, True) or SyncAction.BY_HAND
-        )
+        outside = action == SyncAction.OUTSIDE_RANGE
+        coverage = Coverage.OUTSIDE if outside else Coverage.ALL
+        action = SYNC(status.state, None, False, False, True, coverage, True) or SyncAction.BY_HAND
     drifted, recreated = status.state == PatchState.DRIFTED, bool(status.recreated)
     if written is None:
         return DRIFT(action, drifted, recreated, Written.NEVER, False, False)

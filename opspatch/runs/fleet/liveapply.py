@@ -11,7 +11,7 @@ from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import PatchSpec
 from opspatch.core.vocabulary import Command, Outcome, Step
-from opspatch.errors import LiveRefused, NotTakenLive, OpspatchError
+from opspatch.errors import LiveRefused, NotTakenLive, OpspatchError, PeerNotAllowed
 from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.runs.fleet.group import Nodes, proven
 from opspatch.runs.fleet.judging import HostJudge
@@ -63,6 +63,13 @@ class LiveApply:
             )
             unit = session.host.unit
             verdict = judge_check(reply, takes, required=unit is None or unit.head == session.name)
+            if verdict.unanswered is not None and reply.peer_refused:
+                raise PeerNotAllowed(
+                    f"{session.name}: its engine listens for live fixes but refuses the agent's "
+                    f"user: {verdict.unanswered}",
+                    hint="run the agent as root or as the engine's user (the inventory's "
+                    "`become`, `become_user`)",
+                )
             if verdict.unanswered is not None:
                 raise LiveRefused(
                     f"{session.name}: its engine does not take live fixes: {verdict.unanswered}",

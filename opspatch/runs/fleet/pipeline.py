@@ -20,7 +20,7 @@ from opspatch.hosts.operations import HostInspection
 from opspatch.hosts.results import file_owner
 from opspatch.ledger.records import NewFileVersion
 from opspatch.runs.fleet.group import Nodes, prove, undo
-from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error, refusal_reason
 from opspatch.runs.fleet.steps import effect_unknown, restore_pre_image
 from opspatch.runs.report import FileChange, HostOutcome, SetFile
 
@@ -409,9 +409,10 @@ class ApplyPipeline:
             except Exception as exc:
                 if not effect_unknown(exc):
                     why = describe_error(exc)
-                    return self._swap_refused(
-                        session, prepared, item, swapped, why, Reason.HOST_ERROR
+                    reason = (
+                        refusal_reason(exc) if isinstance(exc, OpspatchError) else Reason.HOST_ERROR
                     )
+                    return self._swap_refused(session, prepared, item, swapped, why, reason)
                 # No reply: the swap may or may not have happened. Look before saying anything.
                 return self._reconcile_after_lost_swap(session, prepared, item, swapped, exc)
             swapped.append(item)

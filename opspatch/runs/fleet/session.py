@@ -21,6 +21,8 @@ from opspatch.errors import (
     LockHeld,
     NotTakenLive,
     OpspatchError,
+    PeerNotAllowed,
+    RemoteOperationError,
     TargetError,
 )
 from opspatch.hosts.operations import HostOperations
@@ -94,12 +96,16 @@ def refusal_reason(exc: OpspatchError) -> Reason:
         return Reason.LEASE_HELD
     if isinstance(exc, LockHeld):
         return Reason.LOCK_HELD
+    if isinstance(exc, RemoteOperationError) and exc.code == "lock-lost":
+        return Reason.LOCK_LOST
     if isinstance(exc, HostKeyError):
         return Reason.HOST_KEY_CHANGED if exc.changed else Reason.HOST_KEY_UNKNOWN
     if isinstance(exc, BecomeError):
         return Reason.BECOME_REFUSED
     if isinstance(exc, NotTakenLive):
         return Reason.NOT_TAKEN_LIVE
+    if isinstance(exc, PeerNotAllowed):
+        return Reason.PEER_NOT_ALLOWED
     if isinstance(exc, LiveRefused):
         return Reason.NOT_LISTENING
     if isinstance(exc, InputError):
