@@ -13,7 +13,7 @@ from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import Outcome, Step, StepStatus
 from opspatch.errors import OpspatchError
 from opspatch.runs.fleet.rotation import admit_step, drain_step
-from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error, refusal_reason
 from opspatch.runs.fleet.steps import (
     AFTER_RESTORE,
     RestoreSteps,
@@ -261,12 +261,12 @@ def undo(
     (`why` its error) or `restored` (`why` its note). A failed restore or restart:
     `needs-attention`."""
     restored: dict[str, FileChange | None] = {}
-    broken: dict[str, str] = {}
+    broken: dict[str, OpspatchError | HostFailed] = {}
 
-    def attention(error: str) -> list[HostOutcome]:
+    def attention(error: str, why_not: Reason = Reason.UNDO_FAILED) -> list[HostOutcome]:
         files = {**changes, **restored}
         return [
-            s.outcome(Outcome.NEEDS_ATTENTION, error, file=files[s.name], reason=Reason.UNDO_FAILED)
+            s.outcome(Outcome.NEEDS_ATTENTION, error, file=files[s.name], reason=why_not)
             for s in nodes.sessions
         ]
 
@@ -274,9 +274,17 @@ def undo(
         try:
             restored[session.name] = restore(session)
         except (OpspatchError, HostFailed) as exc:
-            broken[session.name] = describe_error(exc)
+            broken[session.name] = exc
+    lost = [n for n, e in broken.items() if isinstance(e, OpspatchError) and lock_lost(e)]
+    if lost:  # not an undo that failed: one this run may no longer try
+        return attention(
+            f"{f'{why}; ' if why else ''}the undo was refused as well: this run no longer holds "
+            f"the lock of {', '.join(lost)} (the run that took it over finishes or undoes the "
+            f"change); {nodes.label} was not restarted",
+            Reason.LOCK_LOST,
+        )
     if broken:
-        said = "; ".join(f"{name}: {text}" for name, text in broken.items())
+        said = "; ".join(f"{name}: {describe_error(e)}" for name, e in broken.items())
         error = (restore_failed or _then(why, "the restore"))(said)
         return attention(f"{error}; {nodes.label} was not restarted")
     undone = outcome == Outcome.ROLLED_BACK
@@ -313,6 +321,11 @@ def undo(
         return session.outcome(outcome, file=file, smoke=shown, note=why)
 
     return [one(session) for session in nodes.sessions]
+
+
+def lock_lost(exc: OpspatchError) -> bool:
+    """Another run took the host's lock over: this run may do nothing more there."""
+    return refusal_reason(exc) == Reason.LOCK_LOST
 
 
 def _then(why: str | None, what: str) -> Callable[[str], str]:
