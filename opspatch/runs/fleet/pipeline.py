@@ -242,7 +242,11 @@ class ApplyPipeline:
         try:
             baseline, baseline_note = self.baseline(head)
         except HostFailed as refused:
-            return self._unchanged(nodes, prepared, refused)
+            mine = prepared[head.name]
+            first = self.outcome(
+                head, mine, refused.outcome, refused.error, old=mine.pending, reason=refused.reason
+            )
+            return self._write_failed(nodes, prepared, (), first, who=f"the head {head.name}")
         judge = self.judges.for_host(head.name) if self.judges and self.restart_engine else None
         if judge is not None:
             judge.take_baseline(head)
@@ -303,32 +307,18 @@ class ApplyPipeline:
             for s in nodes.sessions
         ]
 
-    def _unchanged(
-        self, nodes: Nodes, prepared: Mapping[str, Prepared], refused: HostFailed
-    ) -> list[HostOutcome]:
-        head, why = nodes.head.name, refused.error
-        return [
-            self.outcome(
-                session,
-                prepared[session.name],
-                refused.outcome if session is nodes.head else Outcome.FAILED,
-                why if session is nodes.head else f"not changed: the head {head}: {why}",
-                old=prepared[session.name].pending,
-                reason=refused.reason,
-            )
-            for session in nodes.sessions
-        ]
-
     def _write_failed(
         self,
         nodes: Nodes,
         prepared: Mapping[str, Prepared],
         written: Sequence[HostSession],
         failed: HostOutcome,
+        *,
+        who: str | None = None,
     ) -> list[HostOutcome]:
-        """A node's swap failed: the nodes swapped before it get their files back (their server
-        never ran them)."""
-        why = f"{failed.host}: {failed.error}"
+        """A node failed before the restart (`who`: how the others name it): the nodes swapped
+        before it get their files back (their server never ran them)."""
+        why = f"{who or failed.host}: {failed.error}"
 
         def other(session: HostSession) -> HostOutcome:
             mine = prepared[session.name]
