@@ -17,6 +17,7 @@ from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error,
 from opspatch.runs.fleet.steps import (
     AFTER_RESTORE,
     RestoreSteps,
+    engine_step,
     readmit,
     ready_step,
     restart_step,
@@ -114,31 +115,22 @@ def restart(nodes: Nodes, step: Step = Step.RESTART) -> dict[str, RestartReply]:
     stop, start = _STOP_START[step]
     with failing_as(nodes, nodes.head):
         drain_step(nodes.head)  # only the head is a router worker
-    stopped = _on_every_node(nodes, lambda session: _stop(session, stop))
-    return {
-        session.name: _start(session, start, stopped[session.name]) for session in nodes.sessions
-    }
 
-
-def _stop(session: HostSession, step: Step) -> StopReply:
-    try:
-        with session.step(step) as note:
-            result = session.engine.stop(step=step)
+    def stop_one(session: HostSession) -> StopReply:
+        with failing_as(nodes, session), engine_step(session, stop) as note:
+            result = session.engine.stop(step=stop)
             pids = ", ".join(str(p) for p in result.get("stopped", [])) or "none running"
             note["detail"] = f"{result['strategy']}: stopped {pids}"
         return result
-    except OpspatchError as exc:
-        raise NodeFailed(session.name, f"{step}: {describe_error(exc)}") from exc
 
-
-def _start(session: HostSession, step: Step, stopped: StopReply) -> RestartReply:
-    try:
-        with session.step(step) as note:
-            result = session.engine.start(step=step, stopped=stopped)
+    def start_one(session: HostSession, stopped: StopReply) -> RestartReply:
+        with failing_as(nodes, session), engine_step(session, start) as note:
+            result = session.engine.start(step=start, stopped=stopped)
             note["detail"] = f"{result['strategy']}: pid {result.get('pid')}"
         return result
-    except OpspatchError as exc:
-        raise NodeFailed(session.name, f"{step}: {describe_error(exc)}") from exc
+
+    stopped = _on_every_node(nodes, stop_one)
+    return {session.name: start_one(session, stopped[session.name]) for session in nodes.sessions}
 
 
 def _on_every_node(nodes: Nodes, work: Callable[[HostSession], StopReply]) -> dict[str, StopReply]:

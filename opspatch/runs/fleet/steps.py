@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -101,15 +102,22 @@ def restore_pre_image(
     return restored
 
 
-def restart_step(session: HostSession, *, step: Step = Step.RESTART) -> RestartReply:
-    drain_step(session)
+@contextmanager
+def engine_step(session: HostSession, step: Step) -> Iterator[dict[str, str]]:
+    """A recorded step whose error fails the host, naming the step."""
     try:
         with session.step(step) as note:
-            result = session.engine.restart(step=step)
-            note["detail"] = f"{result['strategy']}: pid {result.get('pid')}"
-        return result
+            yield note
     except OpspatchError as exc:
         raise HostFailed(Outcome.FAILED, f"{step}: {describe_error(exc)}") from exc
+
+
+def restart_step(session: HostSession, *, step: Step = Step.RESTART) -> RestartReply:
+    drain_step(session)
+    with engine_step(session, step) as note:
+        result = session.engine.restart(step=step)
+        note["detail"] = f"{result['strategy']}: pid {result.get('pid')}"
+    return result
 
 
 def ready_step(
@@ -147,7 +155,7 @@ def ready_step(
             )
 
     try:
-        with session.step(step) as note:
+        with engine_step(session, step) as note:
             ready = session.engine.wait_ready(
                 restart,
                 step=step,
@@ -158,8 +166,6 @@ def ready_step(
             )
             note["detail"] = f"/health 200 after {ready.seconds:.1f}s ({ready.polls} polls)"
         return ready
-    except OpspatchError as exc:
-        raise HostFailed(Outcome.FAILED, f"{step}: {describe_error(exc)}") from exc
     finally:
         session.awaiting = None
 
@@ -195,7 +201,7 @@ def smoke_step(
 ) -> SmokeResult:
     """`last`: a pass gives the lock back in the same exec and admits the host behind a router."""
     try:
-        with session.step(step) as note:
+        with engine_step(session, step) as note:
             result = session.engine.smoke(
                 log_offset=restart.get("log_offset") if restart else None,
                 baseline=baseline,
@@ -211,15 +217,13 @@ def smoke_step(
             note["detail"] = result.summary() + ("; lock released" if result.lock_released else "")
             if not result.ok:
                 raise SmokeFailed(result)
-        if last:
-            admit_step(session)
-        return result
     except SmokeFailed as failed:
         if must_pass:
             raise
         return failed.result
-    except OpspatchError as exc:
-        raise HostFailed(Outcome.FAILED, f"{step}: {describe_error(exc)}") from exc
+    if last:
+        admit_step(session)
+    return result
 
 
 def readmit(session: HostSession, restart: RestartReply | None) -> None:
