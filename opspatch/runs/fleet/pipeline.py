@@ -322,25 +322,20 @@ class ApplyPipeline:
 
         def other(session: HostSession) -> HostOutcome:
             mine = prepared[session.name]
-            text, note = f"not changed: {why}", None
-            if session in written:
-                try:
-                    self.restore_files(session, mine.pending)
-                except (OpspatchError, HostFailed) as exc:
-                    error = describe_error(exc)
-                    text = f"{why}; then putting this node's files back failed: {error}"
-                    return self.outcome(
-                        session, mine, Outcome.NEEDS_ATTENTION, text, reason=Reason.UNDO_FAILED
-                    )
-                text, note = why, "put back to the pre-image: the unit's server never ran it"
-            return self.outcome(
+            if session not in written:
+                text = f"not changed: {why}"
+                return self.outcome(
+                    session, mine, Outcome.FAILED, text, old=mine.pending, reason=failed.reason
+                )
+            back = "put back to the pre-image: the unit's server never ran it"
+            return self._put_back(
                 session,
                 mine,
-                Outcome.FAILED,
-                text,
-                old=mine.pending,
-                note=note,
-                reason=failed.reason,
+                mine.pending,
+                why,
+                failed.reason,
+                "putting this node's files back",
+                back,
             )
 
         return [failed if s.name == failed.host else other(s) for s in nodes.sessions]
@@ -518,27 +513,43 @@ class ApplyPipeline:
             return self.outcome(
                 session, prepared, Outcome.FAILED, why, old=prepared.pending, reason=reason
             )
+        back = ", ".join(item.path for item in swapped)
+        whole = f"the set is whole and unchanged: {back} put back to the pre-image"
+        return self._put_back(
+            session,
+            prepared,
+            swapped,
+            why,
+            reason,
+            "putting back the set's files swapped before it",
+            whole,
+        )
+
+    def _put_back(
+        self,
+        session: HostSession,
+        prepared: Prepared,
+        files: Sequence[PreparedFile],
+        why: str,
+        reason: Reason,
+        putting: str,
+        note: str,
+    ) -> HostOutcome:
+        """Swapped files put back with no restart (the server never ran them): `failed`, or
+        `needs-attention` when they could not be."""
         try:
-            self.restore_files(session, swapped)
+            self.restore_files(session, files)
         except (OpspatchError, HostFailed) as exc:
             return self.outcome(
                 session,
                 prepared,
                 Outcome.NEEDS_ATTENTION,
-                f"{why}; then putting back the set's files swapped before it failed: "
-                f"{describe_error(exc)}",
-                live=live_new(prepared, swapped),
+                f"{why}; then {putting} failed: {describe_error(exc)}",
+                live=live_new(prepared, files),
                 reason=Reason.UNDO_FAILED,
             )
-        back = ", ".join(item.path for item in swapped)
         return self.outcome(
-            session,
-            prepared,
-            Outcome.FAILED,
-            why,
-            old=prepared.pending,
-            note=f"the set is whole and unchanged: {back} put back to the pre-image",
-            reason=reason,
+            session, prepared, Outcome.FAILED, why, old=prepared.pending, note=note, reason=reason
         )
 
     def _reconcile_after_lost_swap(
