@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -217,12 +217,18 @@ def proven(
 
 
 def proven_through_head(nodes: Nodes, smoke: SmokeResult, step: Step = Step.SMOKE) -> None:
+    through_head(nodes, step, "proven by the head's decode", smoke.summary())
+
+
+def through_head(nodes: Nodes, step: Step, how: str, said: str, *, failed: bool = False) -> None:
+    """Each other node records `step` as the head's (recorded failed where it failed: in the
+    node's steps, its progress and the ledger)."""
     for session in nodes.others:
-        with session.step(step) as note:
-            note["detail"] = (
-                f"proven by the head's decode ({nodes.head.name}, {nodes.where(session)}): "
-                + smoke.summary()
-            )
+        detail = f"{how} ({nodes.head.name}, {nodes.where(session)}): {said}"
+        with suppress(HostFailed), session.step(step) as note:
+            if failed:
+                raise HostFailed(Outcome.FAILED, detail)
+            note["detail"] = detail
 
 
 def restart_after_restore(

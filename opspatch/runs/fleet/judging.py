@@ -14,7 +14,7 @@ from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import JudgeHosts, Outcome, Step
 from opspatch.errors import OpspatchError
 from opspatch.hosts.measure import Measurement
-from opspatch.runs.fleet.group import Nodes, failing_as
+from opspatch.runs.fleet.group import Nodes, failing_as, through_head
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.judgments.canary import confirm, judge, unconfirmed
 from opspatch.runs.report import HostOutcome
@@ -204,28 +204,17 @@ class HostJudge:
 
 def judge_through_head(nodes: Nodes, judge: HostJudge) -> Judgment:
     """Each other node records a `judge` step naming the head's verdict."""
-    head = nodes.head
-    with failing_as(nodes, head):
+    with failing_as(nodes, nodes.head):
         try:
-            judgment = judge(head)
+            judgment = judge(nodes.head)
         except HostFailed as failure:
-            for session in nodes.others:
-                _through_head(nodes, session, failure.error, failed=True)
+            through_head(nodes, Step.JUDGE, JUDGED, failure.error, failed=True)
             raise
-    for session in nodes.others:
-        _through_head(nodes, session, judgment.summary(), failed=False)
+    through_head(nodes, Step.JUDGE, JUDGED, judgment.summary())
     return judgment
 
 
-def _through_head(nodes: Nodes, session: HostSession, said: str, *, failed: bool) -> None:
-    detail = f"judged through the head ({nodes.head.name}, {nodes.where(session)}): {said}"
-    try:
-        with session.step(Step.JUDGE) as note:
-            if failed:  # recorded failed: in the node's steps, its progress and the ledger
-                raise HostFailed(Outcome.FAILED, detail)
-            note["detail"] = detail
-    except HostFailed:
-        pass
+JUDGED = "judged through the head"
 
 
 class JudgePlan:

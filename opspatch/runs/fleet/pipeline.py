@@ -531,7 +531,7 @@ class ApplyPipeline:
         prepared: Prepared,
         files: Sequence[PreparedFile],
         why: str,
-        reason: Reason,
+        reason: Reason | None,
         putting: str,
         note: str,
     ) -> HostOutcome:
