@@ -205,9 +205,4 @@ def one_batch(hosts: Sequence[str], in_flight: int | None) -> tuple[Batch, ...]:
 
 def map_hosts(work: Callable[[str], T], hosts: Sequence[str], *, limit: int) -> dict[str, T]:
     """For what has no fleet policy: `work` returns a host's problem as a value."""
-    if not hosts:
-        return {}
-    with ThreadPoolExecutor(
-        max_workers=max(1, min(limit, len(hosts))), thread_name_prefix="host"
-    ) as pool:
-        return dict(zip(hosts, pool.map(work, hosts), strict=True))
+    return map_cancellable(work, hosts, limit=min(limit, len(hosts)), cancellation=Cancellation())
