@@ -17,7 +17,6 @@ from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error,
 from opspatch.runs.fleet.steps import (
     AFTER_RESTORE,
     RestoreSteps,
-    engine_step,
     readmit,
     ready_step,
     restart_step,
@@ -117,14 +116,14 @@ def restart(nodes: Nodes, step: Step = Step.RESTART) -> dict[str, RestartReply]:
         drain_step(nodes.head)  # only the head is a router worker
 
     def stop_one(session: HostSession) -> StopReply:
-        with failing_as(nodes, session), engine_step(session, stop) as note:
+        with failing_as(nodes, session), session.failing_step(stop) as note:
             result = session.engine.stop(step=stop)
             pids = ", ".join(str(p) for p in result.get("stopped", [])) or "none running"
             note["detail"] = f"{result['strategy']}: stopped {pids}"
         return result
 
     def start_one(session: HostSession, stopped: StopReply) -> RestartReply:
-        with failing_as(nodes, session), engine_step(session, start) as note:
+        with failing_as(nodes, session), session.failing_step(start) as note:
             result = session.engine.start(step=start, stopped=stopped)
             note["detail"] = f"{result['strategy']}: pid {result.get('pid')}"
         return result

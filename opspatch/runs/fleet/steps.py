@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import FileAction, Outcome, Step
-from opspatch.errors import InputError, OpspatchError, RemoteOperationError
+from opspatch.errors import InputError, RemoteOperationError
 from opspatch.hosts.operations import RestoreReply
 from opspatch.ledger.records import NewFileVersion
 from opspatch.runs.fleet.rotation import admit_step, drain_step
@@ -102,19 +101,9 @@ def restore_pre_image(
     return restored
 
 
-@contextmanager
-def engine_step(session: HostSession, step: Step) -> Iterator[dict[str, str]]:
-    """A recorded step whose error fails the host, naming the step."""
-    try:
-        with session.step(step) as note:
-            yield note
-    except OpspatchError as exc:
-        raise HostFailed(Outcome.FAILED, f"{step}: {describe_error(exc)}") from exc
-
-
 def restart_step(session: HostSession, *, step: Step = Step.RESTART) -> RestartReply:
     drain_step(session)
-    with engine_step(session, step) as note:
+    with session.failing_step(step) as note:
         result = session.engine.restart(step=step)
         note["detail"] = f"{result['strategy']}: pid {result.get('pid')}"
     return result
@@ -155,7 +144,7 @@ def ready_step(
             )
 
     try:
-        with engine_step(session, step) as note:
+        with session.failing_step(step) as note:
             ready = session.engine.wait_ready(
                 restart,
                 step=step,
@@ -201,7 +190,7 @@ def smoke_step(
 ) -> SmokeResult:
     """`last`: a pass gives the lock back in the same exec and admits the host behind a router."""
     try:
-        with engine_step(session, step) as note:
+        with session.failing_step(step) as note:
             result = session.engine.smoke(
                 log_offset=restart.get("log_offset") if restart else None,
                 baseline=baseline,
