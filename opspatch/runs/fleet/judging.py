@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import replace
+from typing import TypeGuard
 
 from opspatch.core.host import Unit
 from opspatch.core.policy import JudgeSettings
@@ -36,6 +37,11 @@ def measured(session: HostSession, settings: JudgeSettings, step: Step) -> Measu
         return session.engine.measure(settings, step=step)
     except OpspatchError as exc:
         return describe_error(exc)
+
+
+def answered(measurement: Measurement | str) -> TypeGuard[Measurement]:
+    """A server that answered at least one of the judge's prompts."""
+    return isinstance(measurement, Measurement) and any(s.ok for s in measurement.samples)
 
 
 CONFIRM_AFTER_SECONDS = 2.0
@@ -92,7 +98,7 @@ def judge_step(
             peer, peer_lock = beside
             with peer_lock:
                 again, canary = measured_in_turns(peer, session, settings)
-            if isinstance(again, Measurement) and any(s.ok for s in again.samples):
+            if answered(again):
                 base, in_turns = again, True
             else:
                 problem = again if isinstance(again, str) else again.problem
@@ -141,7 +147,7 @@ class HostJudge:
         """Never a failure of the host: the change has not been made yet."""
         with session.step(Step.JUDGE_BASELINE) as note:
             own = measured(session, self.settings, Step.JUDGE_BASELINE)
-            if isinstance(own, Measurement) and any(s.ok for s in own.samples):
+            if answered(own):
                 self.baseline, self.baseline_from = own, OWN_BASELINE
             elif isinstance(own, Measurement) and not own.no_server:
                 self.why_no_baseline = (
@@ -163,7 +169,7 @@ class HostJudge:
         for peer in self.peers:
             with self._peer_lock:
                 answer = measured(peer, self.settings, Step.JUDGE_BASELINE)
-            if isinstance(answer, Measurement) and any(s.ok for s in answer.samples):
+            if answered(answer):
                 self.baseline, self.peer = answer, peer
                 self.baseline_from = f"{peer.name} (same release and build, not yet changed)"
                 return
