@@ -272,7 +272,7 @@ def undo(
             restored[session.name] = restore(session)
         except (OpspatchError, HostFailed) as exc:
             broken[session.name] = exc
-    lost = [n for n, e in broken.items() if isinstance(e, OpspatchError) and lock_lost(e)]
+    lost = [name for name, exc in broken.items() if lock_lost(exc)]
     if lost:  # not an undo that failed: one this run may no longer try
         return attention(
             f"{f'{why}; ' if why else ''}the undo was refused as well: this run no longer holds "
@@ -293,7 +293,8 @@ def undo(
             started = restart_after_restore(nodes, steps)
         except (OpspatchError, HostFailed) as exc:
             restarting = _then(why, f"the restart of {nodes.label} after the restore")
-            return attention((restart_failed or restarting)(describe_error(exc)))
+            said = (restart_failed or restarting)(describe_error(exc))
+            return attention(said, Reason.LOCK_LOST if lock_lost(exc) else Reason.UNDO_FAILED)
         smoke, not_serving = smoke_after_restore(head, started[head.name], step=steps.smoke)
         if smoke is not None and smoke.ok:
             proven_through_head(nodes, smoke, steps.smoke)
@@ -320,9 +321,14 @@ def undo(
     return [one(session) for session in nodes.sessions]
 
 
-def lock_lost(exc: OpspatchError) -> bool:
-    """Another run took the host's lock over: this run may do nothing more there."""
-    return refusal_reason(exc) == Reason.LOCK_LOST
+def lock_lost(exc: BaseException | None) -> bool:
+    """Another run took the host's lock over (here or as the cause): this run may do nothing more
+    there."""
+    while exc is not None:
+        if isinstance(exc, OpspatchError) and refusal_reason(exc) == Reason.LOCK_LOST:
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def _then(why: str | None, what: str) -> Callable[[str], str]:
