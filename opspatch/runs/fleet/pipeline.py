@@ -323,20 +323,10 @@ class ApplyPipeline:
         def other(session: HostSession) -> HostOutcome:
             mine = prepared[session.name]
             if session not in written:
-                text = f"not changed: {why}"
-                return self.outcome(
-                    session, mine, Outcome.FAILED, text, old=mine.pending, reason=failed.reason
-                )
+                return self._put_back(session, mine, (), f"not changed: {why}", failed.reason)
             back = "put back to the pre-image: the unit's server never ran it"
-            return self._put_back(
-                session,
-                mine,
-                mine.pending,
-                why,
-                failed.reason,
-                "putting this node's files back",
-                back,
-            )
+            putting = "putting this node's files back"
+            return self._put_back(session, mine, mine.pending, why, failed.reason, putting, back)
 
         return [failed if s.name == failed.host else other(s) for s in nodes.sessions]
 
@@ -509,21 +499,10 @@ class ApplyPipeline:
         """A swap the host refused (nothing written): the set's earlier swaps put back, no restart."""
         if prepared.is_set:
             why = f"{refused.path}: {why}"
-        if not swapped:
-            return self.outcome(
-                session, prepared, Outcome.FAILED, why, old=prepared.pending, reason=reason
-            )
         back = ", ".join(item.path for item in swapped)
         whole = f"the set is whole and unchanged: {back} put back to the pre-image"
-        return self._put_back(
-            session,
-            prepared,
-            swapped,
-            why,
-            reason,
-            "putting back the set's files swapped before it",
-            whole,
-        )
+        putting = "putting back the set's files swapped before it"
+        return self._put_back(session, prepared, swapped, why, reason, putting, whole)
 
     def _put_back(
         self,
@@ -532,11 +511,11 @@ class ApplyPipeline:
         files: Sequence[PreparedFile],
         why: str,
         reason: Reason | None,
-        putting: str,
-        note: str,
+        putting: str = "",
+        note: str | None = None,
     ) -> HostOutcome:
-        """Swapped files put back with no restart (the server never ran them): `failed`, or
-        `needs-attention` when they could not be."""
+        """A host failed before its restart: `files` swapped put back (its server never ran them),
+        `failed`; `needs-attention` when they could not be."""
         try:
             self.restore_files(session, files)
         except (OpspatchError, HostFailed) as exc:
@@ -548,6 +527,7 @@ class ApplyPipeline:
                 live=live_new(prepared, files),
                 reason=Reason.UNDO_FAILED,
             )
+        note = note if files else None
         return self.outcome(
             session, prepared, Outcome.FAILED, why, old=prepared.pending, note=note, reason=reason
         )
