@@ -27,7 +27,6 @@ from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.group import Nodes, prove_or_undo, proven, serves, undo
 from opspatch.runs.fleet.host_leases import lease_held
 from opspatch.runs.fleet.liveapply import revert_everywhere
-from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import (
     restart_stale,
     restore_standing,
@@ -37,7 +36,6 @@ from opspatch.runs.fleet.restore import (
 from opspatch.runs.fleet.session import (
     HostFailed,
     HostSession,
-    NoProgress,
     Progress,
     describe_error,
 )
@@ -192,29 +190,20 @@ def _recover(
     taking_over: Collection[str] = (),
 ) -> RunReport:
     require_whole_units(hosts, Command.RECOVER)
-    with recorded_run(
-        ledger,
-        command=Command.RECOVER,
-        patch=patch,
+    return run_restore(
+        Command.RECOVER,
+        _RecoverHost(ledger, scope, patch).group,
+        ledger=ledger,
         hosts=hosts,
+        factory=factory,
         playbook=playbook,
+        progress=progress,
+        patch=patch,
         parent_run=parent_run,
-    ) as run:
-        recover = _RecoverHost(ledger, scope, patch)
-        report = run_restore(
-            command=Command.RECOVER,
-            recorder=run,
-            hosts=hosts,
-            factory=factory,
-            playbook=playbook,
-            progress=progress or NoProgress(),
-            patch_id=patch.spec.id if patch else None,
-            per_group=recover.group,
-            leases=leases,
-            taking_over=taking_over,
-            not_started=None if parent_run is None else partial(_never_reached, scope, parent_run),
-        )
-        return run.finish(report)
+        leases=leases,
+        taking_over=taking_over,
+        not_started=None if parent_run is None else partial(_never_reached, scope, parent_run),
+    )
 
 
 def _never_reached(scope: _Scope, parent_run: str, session: HostSession, why: str) -> HostOutcome:

@@ -8,15 +8,16 @@ from dataclasses import dataclass
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Command, Outcome
 from opspatch.hosts.operations import HostInspection
-from opspatch.ledger.store import FileVersion
+from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import HaltPolicy, halt_on_attention, one_batch
 from opspatch.runs.fleet.fleetrun import FleetRun, NotStarted, PerGroup
 from opspatch.runs.fleet.group import Nodes, refuse, undo
 from opspatch.runs.fleet.host_leases import host_identity
-from opspatch.runs.fleet.recorder import Recorder
+from opspatch.runs.fleet.recorded import run_recorded
 from opspatch.runs.fleet.session import HostSession, Progress
 from opspatch.runs.fleet.standing import HostStanding
 from opspatch.runs.fleet.steps import (
@@ -96,34 +97,29 @@ def halt_under_playbook(playbook: Playbook, canaries: Collection[str]) -> HaltPo
 
 
 def run_restore(
-    *,
     command: Command,
-    recorder: Recorder,
+    per_group: PerGroup,
+    *,
+    ledger: Ledger,
     hosts: Sequence[Host],
     factory: TransportFactory,
     playbook: Playbook,
-    progress: Progress,
-    patch_id: str | None,
-    per_group: PerGroup,
+    progress: Progress | None = None,
+    patch: LoadedPatch | None = None,
+    patch_id: str | None = None,
+    parent_run: str | None = None,
     preflight: Callable[[HostSession], Examined] | None = None,
     under_playbook: bool = False,
     leases: Mapping[str, str] | None = None,
     taking_over: Collection[str] = (),
     not_started: NotStarted | None = None,
 ) -> RunReport:
-    """Halted by a host that needs attention or does not serve its restored file. `preflight` (a
-    rollback): hosts decided there are never started but are leased first by the identity read;
-    `under_playbook`: canaries and batches as an apply; `leases`: what a recover --run takes over.
-    """
-    with FleetRun(
-        command=command,
-        patch_id=patch_id,
-        hosts=hosts,
-        factory=factory,
-        playbook=playbook,
-        recorder=recorder,
-        progress=progress,
-    ) as fleet:
+    """A recorded run halted by a host that needs attention or does not serve its restored file.
+    `preflight` (a rollback): hosts decided there are never started but are leased first by the
+    identity read; `under_playbook`: canaries and batches as an apply; `leases`: what a recover
+    --run takes over."""
+
+    def body(fleet: FleetRun) -> RunReport:
         known = dict(leases or {})
         decided: dict[str, HostOutcome] = {}
         if preflight is not None:
@@ -158,6 +154,19 @@ def run_restore(
             per_group, batches=batches, halt=halt, not_started=not_started
         )
         return fleet.report(outcomes, halted=halted)
+
+    return run_recorded(
+        command,
+        body,
+        ledger=ledger,
+        hosts=hosts,
+        factory=factory,
+        playbook=playbook,
+        progress=progress,
+        patch=patch,
+        patch_id=patch_id,
+        parent_run=parent_run,
+    )
 
 
 def units_decided(fleet: FleetRun, decided: Mapping[str, HostOutcome]) -> dict[str, HostOutcome]:
