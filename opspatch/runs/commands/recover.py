@@ -24,10 +24,12 @@ from opspatch.errors import HostError, InputError, LockHeld
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.commands.live import patch_fixes
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.group import Nodes, prove_or_undo, proven, serves, undo
+from opspatch.runs.fleet.group import Nodes, proven, serves, undo
 from opspatch.runs.fleet.host_leases import lease_held
 from opspatch.runs.fleet.liveapply import revert_everywhere
 from opspatch.runs.fleet.restore import (
+    group_action,
+    prove_standings,
     restart_stale,
     restore_standing,
     run_restore,
@@ -240,10 +242,6 @@ def _may_take_over(ledger: Ledger, holder: str, takeover: Collection[str] | None
         return False  # not a run of this ledger: it may be alive elsewhere
 
 
-_PROVEN = frozenset({Standing.NEW_PROVEN, Standing.NEW_PROVEN_NO_SERVER})
-"""No server found may be one the agent cannot see: whether the unit serves asks its head."""
-
-
 @dataclass(frozen=True)
 class _RecoverHost:
     ledger: Ledger
@@ -284,13 +282,29 @@ class _RecoverHost:
             raise unread.error from None
         if all(st.inspection is None for st in standings.values()):
             return self._not_read(nodes)
-        odd = [
-            n
-            for n, st in standings.items()
-            if decide(Command.RECOVER, st.standing) == Action.ATTENTION
-        ]
-        if odd:
+        action = group_action(Command.RECOVER, [st.standing for st in standings.values()])
+        if action == Action.ATTENTION:
+            odd = [
+                n for n, st in standings.items() if decide(Command.RECOVER, st.standing) == action
+            ]
             return self._changed_group(nodes, standings, odd)
+        if action == Action.ENSURE_RUNNING:
+            if stale_servers(standings):  # a rollback killed after its swap: file back, server not
+                return restart_stale(
+                    nodes, standings, {n: st.unchanged() for n, st in standings.items()}
+                )
+            return self._serving(nodes, standings)
+        if action == Action.PROVE_OR_UNDO:
+            takes = self._live_takes(nodes, standings)
+            if takes is not None:  # `apply --live`: its server holds the fix, or part of it
+                return self._finish_live(nodes, standings, taken=takes)
+            head = standings[nodes.head.name]
+            what = "patch set (all-new)" if head.is_set else "change"
+            note = (
+                f"finished run {head.version.run_id}'s {what} on {nodes.label}: restarted as one "
+                "and smoke-tested"
+            )
+            return prove_standings(nodes, standings, note)
         new = {n for n, st in standings.items() if st.standing in ALL_NEW}
         changes = {n: st.change() if n in new else st.unchanged() for n, st in standings.items()}
 
@@ -302,23 +316,6 @@ class _RecoverHost:
                 else changes[session.name]
             )
 
-        if new and len(new) == len(standings):
-            if all(st.standing in _PROVEN for st in standings.values()):
-                return self._serving(nodes, standings)
-            takes = self._live_takes(nodes, standings)
-            if takes is not None:  # `apply --live`: its server holds the fix, or part of it
-                return self._finish_live(nodes, standings, taken=takes)
-            head = standings[nodes.head.name]
-            what = "patch set (all-new)" if head.is_set else "change"
-            note = (
-                f"finished run {head.version.run_id}'s {what} on {nodes.label}: restarted as one "
-                "and smoke-tested"
-            )
-            return prove_or_undo(nodes, changes=changes, restore=restore, note=note)
-        if not new and not any(st.standing == Standing.PARTLY_NEW for st in standings.values()):
-            if stale_servers(standings):  # a rollback killed after its swap: file back, server not
-                return restart_stale(nodes, standings, changes)
-            return self._serving(nodes, standings)
         partly = sorted(n for n, st in standings.items() if st.standing != Standing.ALL_OLD)
         why = (
             f"the change was partly applied on {nodes.label} (new files on {', '.join(partly)}): "
@@ -345,12 +342,8 @@ class _RecoverHost:
             return [
                 s.outcome(Outcome.APPLIED, file=changes[s.name], note=note) for s in nodes.sessions
             ]
-        return prove_or_undo(
-            nodes,
-            changes=changes,
-            restore=lambda s: restore_standing(s, standings[s.name]),
-            note=f"{proof}; {nodes.label} was not serving: restarted as one and smoke-tested",
-        )
+        note = f"{proof}; {nodes.label} was not serving: restarted as one and smoke-tested"
+        return prove_standings(nodes, standings, note)
 
     def _not_read(self, nodes: Nodes) -> list[HostOutcome]:
         said = "; ".join(f"{s.name}: {self._locked(s)}" for s in nodes.sessions)

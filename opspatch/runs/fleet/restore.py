@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Command, Outcome
+from opspatch.core.vocabulary import Action, Command, Goal, Outcome
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import HaltPolicy, halt_on_attention, one_batch
 from opspatch.runs.fleet.fleetrun import FleetRun, NotStarted, PerGroup
-from opspatch.runs.fleet.group import Nodes, refuse, undo
+from opspatch.runs.fleet.group import Nodes, prove_or_undo, refuse, undo
 from opspatch.runs.fleet.host_leases import host_identity
 from opspatch.runs.fleet.recorded import run_recorded
 from opspatch.runs.fleet.session import HostSession, Progress
@@ -25,7 +25,8 @@ from opspatch.runs.fleet.steps import (
     RestoreSteps,
     restore_pre_image,
 )
-from opspatch.runs.judgments.patchset import SetOnHost
+from opspatch.runs.judgments.decisions import decide
+from opspatch.runs.judgments.patchset import ALL_NEW, SetOnHost, Standing
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 
@@ -187,10 +188,48 @@ def units_decided(fleet: FleetRun, decided: Mapping[str, HostOutcome]) -> dict[s
     return made
 
 
+NODES_DIFFER: Mapping[Goal, Action] = {
+    # a restart would run two versions of the code in one server: left for a person
+    Goal.PROVEN_WHERE_STAGED: Action.ATTENTION,
+    # the last intent was not carried out on every node: the new files go back
+    Goal.LAST_INTENT: Action.RESTORE,
+}
+"""A group's action when some of its nodes carry the change and some do not."""
+
+
+def group_action(command: Command, standings: Collection[Standing]) -> Action:
+    """A group's one action from its nodes' cells: a node refused (or left for a person) decides
+    it, then nodes that differ (`NODES_DIFFER`), then a restore, a proof; else the cell they share."""
+    actions = [decide(command, standing) for standing in standings]
+    new = sum(standing in ALL_NEW for standing in standings)
+    for action in (Action.REFUSE, Action.ATTENTION):
+        if action in actions:
+            return action
+    if 0 < new < len(actions):
+        assert command.goal is not None
+        return NODES_DIFFER[command.goal]
+    for action in (Action.RESTORE, Action.PROVE_OR_UNDO):
+        if action in actions:
+            return action
+    return actions[0]
+
+
 def restore_standing(session: HostSession, standing: HostStanding) -> FileChange:
     if standing.is_set:
         return restore_set(session, standing.found)
     return restore_recorded(session, standing.version)
+
+
+def prove_standings(
+    nodes: Nodes, standings: Mapping[str, HostStanding], note: str
+) -> list[HostOutcome]:
+    """The recorded change proven on the group, its files put back if the proof fails."""
+    return prove_or_undo(
+        nodes,
+        changes={n: st.change() for n, st in standings.items()},
+        restore=lambda session: restore_standing(session, standings[session.name]),
+        note=note,
+    )
 
 
 def stale_servers(standings: Mapping[str, HostStanding]) -> list[str]:
