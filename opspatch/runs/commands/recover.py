@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -324,26 +324,23 @@ class _RecoverHost:
         return undo(nodes, why, restore=restore, changes=changes, outcome=Outcome.RESTORED)
 
     def _serving(self, nodes: Nodes, standings: Mapping[str, HostStanding]) -> list[HostOutcome]:
-        """Left alone when it serves (a restart would prove nothing new and drop requests),
-        else restarted and proven."""
         head = standings[nodes.head.name]
-        new = all(st.standing in ALL_NEW for st in standings.values())
-        changes = {n: st.change() if new else st.unchanged() for n, st in standings.items()}
-        if not new:
-            at_rest = (
-                f"{self.scope.what} recorded no change here"
-                if head.standing == Standing.NOTHING_RECORDED
-                else f"every file on {nodes.label} is at its pre-image"
+        if head.standing in ALL_NEW:  # all new: all proven (`group_action`)
+            changes = {n: st.change() for n, st in standings.items()}
+            proof = describe(head.proofs[0], nodes.head.host)
+            return _left_if_serving(
+                nodes,
+                proof,
+                changes,
+                Outcome.APPLIED,
+                lambda why: prove_standings(nodes, standings, f"{why} and smoke-tested"),
             )
-            return _at_rest(nodes, at_rest, changes)
-        proof = describe(head.proofs[0], nodes.head.host)
-        if serves(nodes):
-            note = f"{proof}; {nodes.label} serves: left alone"
-            return [
-                s.outcome(Outcome.APPLIED, file=changes[s.name], note=note) for s in nodes.sessions
-            ]
-        note = f"{proof}; {nodes.label} was not serving: restarted as one and smoke-tested"
-        return prove_standings(nodes, standings, note)
+        at_rest = (
+            f"{self.scope.what} recorded no change here"
+            if head.standing == Standing.NOTHING_RECORDED
+            else f"every file on {nodes.label} is at its pre-image"
+        )
+        return _at_rest(nodes, at_rest, {n: st.unchanged() for n, st in standings.items()})
 
     def _not_read(self, nodes: Nodes) -> list[HostOutcome]:
         said = "; ".join(f"{s.name}: {self._locked(s)}" for s in nodes.sessions)
@@ -516,16 +513,32 @@ class _RecoverHost:
         return FileChange(newest.path, newest.sha256_before, standing.live)
 
 
-def _at_rest(nodes: Nodes, why: str, changes: Mapping[str, FileChange | None]) -> list[HostOutcome]:
+def _left_if_serving(
+    nodes: Nodes,
+    why: str,
+    changes: Mapping[str, FileChange | None],
+    outcome: Outcome,
+    restarted: Callable[[str], list[HostOutcome]],
+) -> list[HostOutcome]:
+    """Left alone when it serves (a restart would prove nothing new and drop requests), else
+    `restarted` (given why)."""
     if serves(nodes):
         note = f"{why}; {nodes.label} serves: left alone"
-        return [
-            s.outcome(Outcome.RESTORED, file=changes[s.name], note=note) for s in nodes.sessions
-        ]
-    return undo(
+        return [s.outcome(outcome, file=changes[s.name], note=note) for s in nodes.sessions]
+    return restarted(f"{why}; {nodes.label} was not serving: restarted as one")
+
+
+def _at_rest(nodes: Nodes, why: str, changes: Mapping[str, FileChange | None]) -> list[HostOutcome]:
+    return _left_if_serving(
         nodes,
-        f"{why}; {nodes.label} was not serving: restarted as one",
-        restore=lambda s: changes[s.name],
-        changes=changes,
-        outcome=Outcome.RESTORED,
+        why,
+        changes,
+        Outcome.RESTORED,
+        lambda text: undo(
+            nodes,
+            text,
+            restore=lambda s: changes[s.name],
+            changes=changes,
+            outcome=Outcome.RESTORED,
+        ),
     )
