@@ -305,6 +305,7 @@ class _RecoverHost:
                 "and smoke-tested"
             )
             return prove_standings(nodes, standings, note)
+        # restore: the nodes differ, or a set is partly new
         new = {n for n, st in standings.items() if st.standing in ALL_NEW}
         changes = {n: st.change() if n in new else st.unchanged() for n, st in standings.items()}
 
