@@ -154,8 +154,8 @@ def _restart_plugin(
     plugins: dict[str, StagedPlugin | StagedDisable | None] = {}
     for session in nodes.sessions:
         try:
-            here = staged[session.name]
-            plugins[session.name] = staged_plugin(session, ledger, locked=here.run_id is not None)
+            locked = staged[session.name].run_id is not None
+            plugins[session.name] = staged_plugin(session, ledger, locked=locked)
         except OpspatchError as exc:
             return refuse(nodes, {session.name: session.refused(exc)}, "could not be read")
     disabled = {n: p for n, p in plugins.items() if isinstance(p, StagedDisable)}
