@@ -1,5 +1,6 @@
 """What the restore runs (`rollback`, `recover`, `unlock`) share: putting files back, the stale
-server's restart, and the fleet run they go through (`run_restore`)."""
+server's restart, the fleet run they go through (`run_restore`); and a group's one action
+(`group_action`, restart's and recover's)."""
 
 from __future__ import annotations
 
@@ -41,10 +42,6 @@ class Examined:
     found: FileChange | None = None
     note: str | None = None
     restore_failed: Callable[[str], str] | None = None
-
-    @classmethod
-    def left(cls, outcome: HostOutcome) -> Examined:
-        return cls(None, decided=outcome)
 
 
 def restore_recorded(session: HostSession, version: FileVersion) -> FileChange:
