@@ -36,6 +36,7 @@ from opspatch.runs.fleet.session import (
     HostSession,
     Progress,
     describe_error,
+    refusal_reason,
 )
 from opspatch.runs.fleet.standing import begin
 from opspatch.runs.judgments.live import HeldFix, held_fixes, unanswered
@@ -304,7 +305,7 @@ def _refused(session: HostSession, error: OpspatchError) -> HostOutcome | None:
         text = f"refused: {error.message}"
         return session.outcome(Outcome.SKIPPED, text, reason=Reason.CHANGED_SINCE)
     if isinstance(error, RemoteOperationError) and error.code in NOTHING_RAN:
-        return session.outcome(Outcome.FAILED, describe_error(error), reason=Reason.LOCK_HELD)
+        return session.outcome(Outcome.FAILED, describe_error(error), reason=refusal_reason(error))
     return None
 
 
