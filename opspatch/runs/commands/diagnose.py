@@ -20,7 +20,7 @@ from opspatch.hosts.live import LiveEngineReply, LiveFix, ask_engine
 from opspatch.hosts.operations import HostOperations
 from opspatch.ledger.records import FileVersion
 from opspatch.ledger.store import Ledger
-from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.connect import TransportFactory, opened
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.session import describe_error
 from opspatch.runs.judgments.findings import (
@@ -56,27 +56,24 @@ class DiagnoseOptions:
 def _read(
     host: Host, factory: TransportFactory, request: DiagnoseRequest, timeout: float
 ) -> HostDiagnosis | str:
-    transport = factory(host)
     try:
-        ops = HostOperations(transport, host)
-        live = _live_list(ops)
-        if isinstance(live, LiveEngineReply):  # a fix's module is judged too (its drift)
-            held = [h.module for h in held_fixes(live) if h.module]
-            more = tuple(m for m in dict.fromkeys(held) if m not in request.modules)
-            request = replace(request, modules=(*request.modules, *more))
-        found = diagnose_host(ops, request, timeout=timeout)
-        return replace(
-            found,
-            container=transport.container,
-            live=live if not isinstance(live, str) else None,
-            live_error=live if isinstance(live, str) else None,
-        )
+        with opened(factory, host) as ops:
+            live = _live_list(ops)
+            if isinstance(live, LiveEngineReply):  # a fix's module is judged too (its drift)
+                held = [h.module for h in held_fixes(live) if h.module]
+                more = tuple(m for m in dict.fromkeys(held) if m not in request.modules)
+                request = replace(request, modules=(*request.modules, *more))
+            found = diagnose_host(ops, request, timeout=timeout)
+            return replace(
+                found,
+                container=ops.transport.container,
+                live=live if not isinstance(live, str) else None,
+                live_error=live if isinstance(live, str) else None,
+            )
     except InputError as exc:
         return exc.render()
     except OpspatchError as exc:
         return describe_error(exc)
-    finally:
-        transport.close()
 
 
 def _live_list(ops: HostOperations) -> LiveEngineReply | str | None:
