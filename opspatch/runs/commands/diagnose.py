@@ -16,10 +16,11 @@ from opspatch.errors import HostError, InputError, LedgerError, OpspatchError, T
 from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, ModuleDiagnosis, diagnose_host
 from opspatch.hosts.engine import EXEC_MARGIN, smoke_args
 from opspatch.hosts.image import BakedLabels
-from opspatch.hosts.live import LiveEngineReply, LiveFix, ask_engine
+from opspatch.hosts.live import LiveEngineReply
 from opspatch.hosts.operations import HostOperations
 from opspatch.ledger.records import FileVersion
 from opspatch.ledger.store import Ledger
+from opspatch.runs.commands.live import list_fixes
 from opspatch.runs.fleet.connect import TransportFactory, opened
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.session import describe_error
@@ -81,7 +82,7 @@ def _live_list(ops: HostOperations) -> LiveEngineReply | str | None:
     if not ops.host.live:
         return None
     try:
-        return ask_engine(ops, LiveFix("list"), timeout=StepTimeouts().smoke, step="live")
+        return list_fixes(ops)
     except OpspatchError as exc:
         return describe_error(exc)
 

@@ -16,11 +16,10 @@ from opspatch.core.vocabulary import Command, Detected, PatchState, Rotation
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, OpspatchError, TargetError
 from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.image import BakedLabels
-from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostOperations
 from opspatch.ledger.lineage import PatchedFurther
 from opspatch.ledger.store import Ledger
-from opspatch.runs.commands.live import of_patch
+from opspatch.runs.commands.live import list_fixes, of_patch
 from opspatch.runs.fleet.connect import TransportFactory, opened
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.rotation import rotation_of
@@ -339,7 +338,7 @@ def with_live_fixes(
     the next restart loses it). A `staged` file every process holds live is `applied`; an
     engine not fully heard from is `live_unread`, and no `staged` is made `applied`."""
     try:
-        reply = ask_engine(ops, LiveFix("list"), timeout=StepTimeouts().smoke, step="live")
+        reply = list_fixes(ops)
     except OpspatchError as exc:
         unread: str | None = f"live fixes could not be listed: {exc.message}"
         held: tuple[HeldFix, ...] = ()
