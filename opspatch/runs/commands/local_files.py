@@ -134,9 +134,7 @@ def plan_local_file(loaded: LoadedPatch, file: Path, target_version: str | None)
         )
     if not file.is_file():
         raise InputError(f"{file}: no such file")
-    version = target_version or distribution_version_for(file, loaded.spec.target)
-    _check_target(loaded, 0, file, version, root=None)
-    return LocalPlan((file,), version, (apply_patch(file.read_bytes(), loaded.spec),))
+    return _planned(loaded, (file,), target_version, root=None)
 
 
 def tree_files(loaded: LoadedPatch, root: Path) -> tuple[Path, ...]:
@@ -158,9 +156,14 @@ def tree_files(loaded: LoadedPatch, root: Path) -> tuple[Path, ...]:
 
 
 def plan_local_tree(loaded: LoadedPatch, root: Path, target_version: str | None) -> LocalPlan:
-    """Plan each target's module under `root`, checked against `target_version` (else the
-    first dist-info beside the files naming its distribution)."""
-    files = tree_files(loaded, root)
+    return _planned(loaded, tree_files(loaded, root), target_version, root=root)
+
+
+def _planned(
+    loaded: LoadedPatch, files: tuple[Path, ...], target_version: str | None, *, root: Path | None
+) -> LocalPlan:
+    """Each part planned on its file, checked against `target_version` (else the first
+    dist-info beside the files naming its distribution): a `--file` is a tree of one."""
     version = target_version or next(
         (
             found
