@@ -4,7 +4,6 @@ target) or `--root` (a tree holding each target of a set at `<root>/a/b/c.py`)."
 from __future__ import annotations
 
 import os
-import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from opspatch.core.vocabulary import Command, FileAction, Outcome
 from opspatch.errors import InputError, TargetError
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.commands.apply import LocalFiles, apply_to_hosts, not_applicable_error
+from opspatch.runs.commands.releasecache import normalize_name
 from opspatch.runs.fleet.connect import transport_factory
 from opspatch.runs.report import RunReport
 
@@ -37,10 +37,6 @@ __all__ = [
 ]
 
 
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
 def distribution_version_for(file: Path, target: Target) -> str | None:
     """The version in the dist-info beside the package holding `file` (None: a checkout)."""
     resolved = file.resolve().as_posix()
@@ -50,11 +46,11 @@ def distribution_version_for(file: Path, target: Target) -> str | None:
             break
     else:
         return None
-    wanted = _normalize(target.distribution)
+    wanted = normalize_name(target.distribution)
     for info in sorted(site.glob("*.dist-info")):
         name = info.name[: -len(".dist-info")]
         dist, _, version = name.partition("-")
-        if _normalize(dist) != wanted:
+        if normalize_name(dist) != wanted:
             continue
         metadata = info / "METADATA"
         if metadata.is_file():
