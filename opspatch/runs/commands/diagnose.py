@@ -401,11 +401,7 @@ def read_module_sources(
         assert m.file is not None
         sha = m.file.sha256
         if sha in distinct:
-            known = distinct[sha]
-            distinct[sha] = ModuleSource(
-                (*known.hosts, host.name), known.path, known.text, sha, known.related,
-                known.distribution, known.version,
-            )  # fmt: skip
+            distinct[sha] = replace(distinct[sha], hosts=(*distinct[sha].hosts, host.name))
             continue
         try:
             text = m.file.content.decode("utf-8")
