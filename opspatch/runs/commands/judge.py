@@ -143,6 +143,11 @@ def judge_hosts(
     baseline_error = unmeasured[0] if unmeasured else None
     if baseline is not None and not done:
         baseline_error = f"{baseline.name} was not measured: {CANCELLED}"
+    elif baseline is not None and baseline_error is not None:
+        baseline_error += (
+            f"; `{remedy_text(Command.DIAGNOSE, hosts=baseline.name, decode=True)}` says why it "
+            "does not serve, or name another --baseline"
+        )
     return JudgeReport(
         baseline.name if baseline is not None else None, tuple(results), baseline_error
     )
