@@ -230,12 +230,13 @@ def unit_refusal(
 
 
 def require_whole_units(
-    hosts: Sequence[Host], command: Command, whole: Callable[[Unit], str] | None = None
+    hosts: Sequence[Host], command: Command | str, whole: Callable[[Unit], str] | None = None
 ) -> None:
+    """`command`: what is refused (a `Command`, whose remedy is the default `whole`)."""
     refused = unit_refusal(
         hosts,
         command=str(command),
-        whole=whole or (lambda unit: remedy_text(command, hosts=unit.name)),
+        whole=whole or (lambda unit: remedy_text(Command(command), hosts=unit.name)),
     )
     if refused is not None:
         raise refused
