@@ -20,7 +20,6 @@ from opspatch.core.vocabulary import Command, FileAction, Outcome
 from opspatch.errors import InputError, TargetError
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.commands.apply import LocalFiles, apply_to_hosts, not_applicable_error
-from opspatch.runs.commands.releasecache import normalize_name
 from opspatch.runs.fleet.connect import transport_factory
 from opspatch.runs.report import RunReport
 
@@ -46,6 +45,8 @@ def distribution_version_for(file: Path, target: Target) -> str | None:
             break
     else:
         return None
+    from opspatch.runs.commands.releasecache import normalize_name  # not when a version is given
+
     wanted = normalize_name(target.distribution)
     for info in sorted(site.glob("*.dist-info")):
         name = info.name[: -len(".dist-info")]
