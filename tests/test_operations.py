@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -28,6 +29,7 @@ from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.results import OPERATIONS, Operation
 from opspatch.hosts.transport.base import Transport
 from opspatch.hosts.transport.scripted import Refusal, ScriptedTransport, agent_operation
+from opspatch.runs.commands.local_files import local_file_host
 from tests.scriptedkit import scripted_host
 
 pytestmark = pytest.mark.scripted
@@ -324,3 +326,31 @@ def test_a_reply_read_as_its_wire_type_keeps_what_was_written(tmp_path: Path) ->
     result = ops.unlock(run_id="run-1", timeout=5)
     assert result == {"released": True, "reason": "released", "previous": previous}
     assert type(cast(dict[str, Any], result["previous"])["acquired_at"]) is int
+
+
+@pytest.mark.parametrize("serves", [True, False])
+def test_an_inspection_looks_for_a_running_server_only_where_one_serves(
+    tmp_path: Path, serves: bool
+) -> None:
+    """The look for a running engine reads the host's whole socket table (issue 44: tens of
+    milliseconds on a busy host), so a host whose files no server runs (`apply --file`) asks
+    the agent for none; an engine's host still names its URL."""
+    asked: list[dict[str, Any]] = []
+
+    def agent(op: str, args: dict[str, Any]) -> dict[str, Any] | Refusal:
+        asked.append(args)
+        return agent_operation(op, args)
+
+    host = scripted_host(tmp_path)
+    host = dataclasses.replace(host, engine=dataclasses.replace(host.engine, serves=serves))
+    target = tmp_path / "mod.py"
+    target.write_text("x = 1\n", encoding="utf-8")
+    inspection = HostOperations(ScriptedTransport(agent), host).inspect(
+        None, path=str(target), timeout=5
+    )
+    assert inspection.file.content == b"x = 1\n"
+    hint = asked[-1]["server"]
+    assert (hint is not None) == serves, hint
+    if serves:
+        assert hint["url"] == host.engine.url
+    assert not local_file_host(sys.executable, tmp_path, target).engine.serves  # apply --file

@@ -100,7 +100,8 @@ class EngineSettings:
 
     `python` is the engine's own interpreter (host operations run under it, so they see the files
     the server imports); `None` means the inventory does not say, and host operations refuse.
-    `speculative` says whether the smoke decode must see `spec_verify_ct > 0`.
+    `speculative` says whether the smoke decode must see `spec_verify_ct > 0`. `serves` False:
+    no server runs these files here (`apply --file`, `--root`), so no inspection looks for one.
     """
 
     python: str | None = None
@@ -109,6 +110,7 @@ class EngineSettings:
     speculative: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
     restart: RestartStrategy | None = None
+    serves: bool = True
 
 
 @dataclass(frozen=True)

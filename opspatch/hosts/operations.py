@@ -222,8 +222,11 @@ class HostOperations(AgentCaller):
         self.verified(inspection.file, step)
         return inspection
 
-    def _server_hint(self) -> ServerHint:
-        """Where the agent can find the running engine (its pid file, its URL's port)."""
+    def _server_hint(self) -> ServerHint | None:
+        """Where the agent can find the running engine (its pid file, its URL's port); None
+        where none serves the files (the look reads the host's whole socket table; issue 44)."""
+        if not self.host.engine.serves:
+            return None
         return ServerHint(
             pid_file=getattr(self.host.engine.restart, "pid_file", None),
             url=self.host.engine.url,

@@ -73,7 +73,7 @@ def local_file_host(python: str, state_dir: Path, key: Path) -> Host:
     return Host.local(
         f"local:{socket.gethostname()}",
         str(state_dir / "local" / folder),
-        EngineSettings(python=python),
+        EngineSettings(python=python, serves=False),
     )
 
 
