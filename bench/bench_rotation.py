@@ -9,12 +9,16 @@ restart time; the whole run is simulated at `--time-scale` (0.01: a 50 ms round 
 a 120 s restart 1.2 s, and opspatch's drain settle and poll intervals are scaled alike), so the
 wall is read against the wave limit: waves x per-host pipeline time, both scaled back.
 
+The simulated hosts' files (the agent's copies, locks, backups) are on tmpfs (`/dev/shm`) where
+there is one, as each real host writes its own disk: on the controller's disk their fsyncs and
+the ledger's would wait for one journal (`--hosts-on-disk`: beside the ledger, as before).
+
 `--apart` runs the routers' control plane and the hosts' agent in processes of their own
 (forked before any thread starts; the agent in a pool of `--host-processes`), as a real router
 and real hosts use CPUs of their own; on a loaded machine each exec then waits for a process to
 be scheduled (docs/benchmarks.md).
 
-    PYTHONPATH=$PWD python bench/bench_rotation.py [--hosts 1000] [--routers 10] [--own-facts] [--apart] [--out FILE]
+    PYTHONPATH=$PWD python bench/bench_rotation.py [--hosts 1000] [--routers 10] [--own-facts] [--hosts-on-disk] [--apart] [--out FILE]
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from opspatch.runs.commands.apply import apply_to_hosts
 from tests.scriptedkit import STANDIN, FakeHost
 
 REPO = Path(__file__).resolve().parent.parent
+SHM = "/dev/shm"
 
 
 class ControlPlane(ThreadingHTTPServer):
@@ -179,6 +184,7 @@ def run(
     own_facts: bool = False,
     apart: bool = False,
     host_processes: int = 2,
+    hosts_on_disk: bool = False,
 ) -> dict[str, Any]:
     # Long because: the simulated fleet, its routers and the playbook are set up in line, as read
     SimulatedHost.round_trip = round_trip * scale
@@ -197,11 +203,12 @@ def run(
     fork = multiprocessing.get_context("fork")
     pool = None
     serving = None
-    with tempfile.TemporaryDirectory() as scratch:
+    shm = None if hosts_on_disk or not os.access(SHM, os.W_OK) else SHM
+    with tempfile.TemporaryDirectory() as scratch, tempfile.TemporaryDirectory(dir=shm) as homes:
         fakes: dict[str, SimulatedHost] = {}
         targets: list[Host] = []
         for index in range(hosts):
-            fake = SimulatedHost(f"h{index + 1:04}", Path(scratch) / f"h{index + 1:04}")
+            fake = SimulatedHost(f"h{index + 1:04}", Path(homes) / f"h{index + 1:04}")
             fake.file.parent.mkdir(parents=True)
             fake.file.write_bytes(source)
             fakes[fake.name] = fake
@@ -264,6 +271,7 @@ def run(
     return {
         "hosts": hosts,
         "hosts_own_facts": own_facts,
+        "hosts_files": "tmpfs" if shm else "the ledger's disk",
         "hosts_and_routers": f"routers in 1 process, hosts' agent in {host_processes}"
         if apart
         else "in the controller's process",
@@ -299,6 +307,11 @@ def main() -> None:
         help="each host reads its facts and this machine's socket table, as the agent does",
     )
     parser.add_argument(
+        "--hosts-on-disk",
+        action="store_true",
+        help="the simulated hosts' files beside the ledger, not on tmpfs",
+    )
+    parser.add_argument(
         "--apart",
         action="store_true",
         help="the routers' control plane and the hosts' agent in processes of their own",
@@ -320,6 +333,7 @@ def main() -> None:
             args.own_facts,
             args.apart,
             args.host_processes,
+            args.hosts_on_disk,
         ),
         "load_after": os.getloadavg(),
     }
