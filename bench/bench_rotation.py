@@ -13,12 +13,14 @@ The simulated hosts' files (the agent's copies, locks, backups) are on tmpfs (`/
 there is one, as each real host writes its own disk: on the controller's disk their fsyncs and
 the ledger's would wait for one journal (`--hosts-on-disk`: beside the ledger, as before).
 
-`--apart` runs the routers' control plane and the hosts' agent in processes of their own
-(forked before any thread starts; the agent in a pool of `--host-processes`), as a real router
-and real hosts use CPUs of their own; on a loaded machine each exec then waits for a process to
-be scheduled (docs/benchmarks.md).
+The routers' control plane runs in a process of its own (forked before any thread starts), as
+a real router uses a CPU of its own: in the controller's process its thread per connection and
+its HTTP parsing took about a quarter of the controller's CPU (`--routers-in-process`: there, as
+before). `--apart` runs the hosts' agent in processes of their own too (a pool of
+`--host-processes`); on a loaded machine each exec then waits for a process to be scheduled
+(docs/benchmarks.md).
 
-    PYTHONPATH=$PWD python bench/bench_rotation.py [--hosts 1000] [--routers 10] [--own-facts] [--hosts-on-disk] [--apart] [--out FILE]
+    PYTHONPATH=$PWD python bench/bench_rotation.py [--hosts 1000] [--routers 10] [--own-facts] [--hosts-on-disk] [--routers-in-process] [--apart] [--out FILE]
 """
 
 from __future__ import annotations
@@ -185,6 +187,7 @@ def run(
     apart: bool = False,
     host_processes: int = 2,
     hosts_on_disk: bool = False,
+    routers_in_process: bool = False,
 ) -> dict[str, Any]:
     # Long because: the simulated fleet, its routers and the playbook are set up in line, as read
     SimulatedHost.round_trip = round_trip * scale
@@ -221,11 +224,12 @@ def run(
                     router=RouterSettings(url=f"{plane.url}/r{router}", worker_url=worker),
                 )
             )
-        if not apart:
+        if routers_in_process and not apart:
             threading.Thread(target=plane.serve_forever, daemon=True).start()
         else:
             serving = fork.Process(target=plane.serve_forever, daemon=True)
             serving.start()
+        if apart:
             pool = ProcessPoolExecutor(host_processes, mp_context=fork)
             list(pool.map(_started, range(host_processes)))
             workers = pool
@@ -250,12 +254,13 @@ def run(
         with Ledger.open(Path(scratch) / "ledger.sqlite3") as ledger:
             usage = resource.getrusage(resource.RUSAGE_SELF)
             cpu_started = usage.ru_utime + usage.ru_stime
-            started = time.perf_counter()
+            started, main_started = time.perf_counter(), time.thread_time()
             report = apply_to_hosts(patch, targets, playbook, factory=factory, ledger=ledger)
             wall = time.perf_counter() - started
+            main_cpu = time.thread_time() - main_started  # the executor's loop: waits, halts
             usage = resource.getrusage(resource.RUSAGE_SELF)
             cpu = usage.ru_utime + usage.ru_stime - cpu_started
-        most_out, calls = _stats(plane) if apart else (plane.most_out, plane.calls)
+        most_out, calls = _stats(plane) if serving else (plane.most_out, plane.calls)
     if pool is not None:
         pool.shutdown()
         setattr(scriptedkit, "agent_operation", agent_operation)  # noqa: B010
@@ -274,7 +279,9 @@ def run(
         "hosts_files": "tmpfs" if shm else "the ledger's disk",
         "hosts_and_routers": f"routers in 1 process, hosts' agent in {host_processes}"
         if apart
-        else "in the controller's process",
+        else "in the controller's process"
+        if routers_in_process
+        else "routers in 1 process, hosts in the controller's",
         "routers": routers,
         "max_unavailable": f"{percent}%",
         "room_per_router": room,
@@ -288,6 +295,7 @@ def run(
         "waves": waves,
         "wave_limit_s": round(waves * pipeline, 2),
         "controller_cpu_s": round(cpu, 1),
+        "main_thread_cpu_s": round(main_cpu, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "router_calls": calls,
     }
@@ -316,6 +324,11 @@ def main() -> None:
         action="store_true",
         help="the routers' control plane and the hosts' agent in processes of their own",
     )
+    parser.add_argument(
+        "--routers-in-process",
+        action="store_true",
+        help="the routers' control plane in the controller's process (threads), as before",
+    )
     parser.add_argument("--host-processes", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -334,6 +347,7 @@ def main() -> None:
             args.apart,
             args.host_processes,
             args.hosts_on_disk,
+            args.routers_in_process,
         ),
         "load_after": os.getloadavg(),
     }
