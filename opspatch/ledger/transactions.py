@@ -84,14 +84,16 @@ class RunEvent:
     body: Mapping[str, Any]
 
 
-@dataclass
+@dataclass(eq=False)  # queued by identity: two writers may queue equal events
 class _Waiting:
     """A `RunEvent` whose writer waits for the transaction that holds it, and what became of it
-    (`done`; `fault`: why it was not written)."""
+    (`done`; `fault`: why it was not written). `turn` is set once it is done, or once its writer
+    is to write what waits (the writer before it finished)."""
 
     event: RunEvent
     done: bool = False
     fault: BaseException | None = None
+    turn: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -111,6 +113,9 @@ class Transactions:
     _waiting: list[_Waiting] = field(default_factory=list, repr=False)
     """Run events queued for the next transaction (`_append_to_run`), under `_queue_lock`."""
     _queue_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _writer: bool = field(default=False, repr=False)
+    """Whether a thread writes the queued events now or is about to (under `_queue_lock`): the
+    others wait for their own event, or for the turn it hands on."""
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -245,13 +250,52 @@ class Transactions:
         mine = _Waiting(event)
         with self._queue_lock:
             self._waiting.append(mine)
-        with self._lock:
-            if not mine.done:  # no writer took it: this thread writes what waits
+            waits, self._writer = self._writer, True
+        if waits:  # each on its own event: none queues on the ledger's lock only to find it done
+            try:
+                mine.turn.wait()
+            except BaseException:
+                self._leave(mine)
+                raise
+        if not mine.done:  # this thread's turn: it writes what waits, its own event with it
+            self._write_queue(mine)
+        if mine.fault is not None:
+            raise mine.fault.with_traceback(None)
+
+    def _write_queue(self, mine: _Waiting) -> None:
+        """Write every queued event in one transaction, then hand the turn to the first event
+        queued since (its writer writes the next), or end it."""
+        batch: list[_Waiting] = []
+        try:
+            with self._lock:  # a transaction in progress ends first; what queues meanwhile joins
                 with self._queue_lock:
                     batch, self._waiting[:] = list(self._waiting), []
                 self._write_waiting(batch)
-        if mine.fault is not None:
-            raise mine.fault.with_traceback(None)
+        finally:
+            for waiting in batch:
+                if not waiting.done:  # cut off between the queue and the write: not written
+                    waiting.fault, waiting.done = _cut_off(self.path), True
+                waiting.turn.set()
+            with self._queue_lock:
+                if mine in self._waiting:  # this writer stopped before it took the queue
+                    self._waiting.remove(mine)
+                self._hand_on()
+
+    def _leave(self, mine: _Waiting) -> None:
+        """`mine`'s writer stopped waiting (interrupted): its event leaves the queue unwritten
+        if no writer took it, and the turn, if it was handed to it, passes on."""
+        with self._queue_lock:
+            if mine in self._waiting:
+                self._waiting.remove(mine)
+                if mine.turn.is_set():
+                    self._hand_on()
+
+    def _hand_on(self) -> None:
+        """The turn passes to the first event queued (under `_queue_lock`), or ends."""
+        if self._waiting:
+            self._waiting[0].turn.set()
+        else:
+            self._writer = False
 
     def _write_waiting(self, batch: list[_Waiting]) -> None:
         """Write `batch` in one transaction (under `_lock`); each is `done` after, with its
@@ -281,11 +325,14 @@ class Transactions:
             raise
         except BaseException:
             for waiting in batch:  # rolled back: the others' writers hear it as the ledger's
-                waiting.fault = LedgerError(
-                    f"the write of this record to the ledger {self.path} was cut off: "
-                    "nothing of it was written"
-                )
+                waiting.fault = _cut_off(self.path)
             raise
         finally:
             for waiting in batch:
                 waiting.done = True
+
+
+def _cut_off(path: LedgerLocation) -> LedgerError:
+    return LedgerError(
+        f"the write of this record to the ledger {path} was cut off: nothing of it was written"
+    )
