@@ -248,17 +248,19 @@ class Transactions:
             LedgerError: the run is unknown or finished, or the ledger cannot be written.
         """
         mine = _Waiting(event)
-        with self._queue_lock:
-            self._waiting.append(mine)
-            waits, self._writer = self._writer, True
-        if waits:  # each on its own event: none queues on the ledger's lock only to find it done
-            try:
-                mine.turn.wait()
-            except BaseException:
-                self._leave(mine)
-                raise
-        if not mine.done:  # this thread's turn: it writes what waits, its own event with it
-            self._write_queue(mine)
+        try:
+            with self._queue_lock:
+                self._waiting.append(mine)
+                if not self._writer:  # no writer: this thread's turn
+                    self._writer = True
+                    mine.turn.set()
+            # each on its own event: none queues on the ledger's lock only to find it done
+            mine.turn.wait()
+            if not mine.done:  # this thread's turn: it writes what waits, its own event with it
+                self._write_queue(mine)
+        except BaseException:
+            self._leave(mine)
+            raise
         if mine.fault is not None:
             raise mine.fault.with_traceback(None)
 
@@ -282,8 +284,8 @@ class Transactions:
                 self._hand_on()
 
     def _leave(self, mine: _Waiting) -> None:
-        """`mine`'s writer stopped waiting (interrupted): its event leaves the queue unwritten
-        if no writer took it, and the turn, if it was handed to it, passes on."""
+        """`mine`'s writer stopped (interrupted, or its write failed): its event leaves the
+        queue unwritten if no writer took it, and the turn, if it held it, passes on."""
         with self._queue_lock:
             if mine in self._waiting:
                 self._waiting.remove(mine)
