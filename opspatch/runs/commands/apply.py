@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, PlanOutcome
-from opspatch.core.host import Host
+from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
@@ -20,7 +20,6 @@ from opspatch.errors import (
     LockHeld,
     OpspatchError,
     SpecError,
-    UnitRefused,
 )
 from opspatch.ledger.records import LeaseHolder
 from opspatch.ledger.store import Ledger, operator_identity
@@ -39,7 +38,12 @@ from opspatch.runs.fleet.session import (
     refusal_reason,
 )
 from opspatch.runs.judgments.approval import require_approval
-from opspatch.runs.judgments.units import NodeReading, NotUniform, judge_unit, unit_refusal
+from opspatch.runs.judgments.units import (
+    NodeReading,
+    NotUniform,
+    judge_unit,
+    require_whole_units,
+)
 from opspatch.runs.report import HostOutcome, RunReport
 
 if TYPE_CHECKING:  # the live strategy by `--live` only (`_live_apply`), the judge by a judged run
@@ -141,10 +145,9 @@ def apply_to_hosts(
     run's name in the ledger (`sync` applies through this run)."""
     progress = progress or NoProgress()
     taking = None if live is None else _live_apply(patch, hosts, playbook, live)
-    if local is None and (
-        refused := units_refused(patch.reference, hosts, playbook, command, planned=dry_run)
-    ):
-        raise refused
+    if local is None:
+        what = f"an apply of {patch.reference}" if dry_run else command
+        require_whole_units(hosts, what, whole_apply(patch.reference, planned=dry_run))
     if dry_run:
         return _FleetApply(
             patch, playbook, hosts, factory, NullRecorder(), progress, True, command, local, taking
@@ -183,20 +186,10 @@ def _live_apply(
     return LiveApply(patch.spec.id, former, timeout=float(playbook.timeouts.smoke))
 
 
-def units_refused(
-    patch: str,
-    hosts: Sequence[Host],
-    playbook: Playbook,
-    command: str = "apply",
-    *,
-    planned: bool = False,
-) -> UnitRefused | None:
-    return unit_refusal(
-        hosts,
-        command=f"an apply of {patch}" if planned else command,
-        whole=lambda unit: remedy_text(
-            Command.PLAN if planned else Command.APPLY, patch, hosts=unit.name
-        ),
+def whole_apply(patch: str, *, planned: bool = False) -> Callable[[Unit], str]:
+    """The remedy of a unit split by the selection: its plan or apply whole."""
+    return lambda unit: remedy_text(
+        Command.PLAN if planned else Command.APPLY, patch, hosts=unit.name
     )
 
 

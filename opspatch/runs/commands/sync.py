@@ -30,7 +30,7 @@ from opspatch.errors import (
     InputError,
 )
 from opspatch.ledger.store import Ledger, operator_identity
-from opspatch.runs.commands.apply import apply_to_hosts, units_refused
+from opspatch.runs.commands.apply import apply_to_hosts, whole_apply
 from opspatch.runs.commands.status import PatchStatus, read_fleet
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun, per_node
@@ -414,9 +414,7 @@ def _refuse_before_any_run(
         hosts = [
             by_name[r.host] for r in _desired_rows(before, entry) if r.action == SyncAction.APPLY
         ]
-        refused = units_refused(entry.patch.reference, hosts, playbook, "sync")
-        if refused is not None:
-            raise refused
+        require_whole_units(hosts, Command.SYNC, whole_apply(entry.patch.reference))
     for entry in desired.entries:
         if any(
             r.patch == entry.patch.spec.id and r.action == SyncAction.APPLY for r in before.rows

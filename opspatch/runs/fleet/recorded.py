@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from opspatch.core.host import Host
@@ -93,6 +93,43 @@ def _then_recover(run_id: str, exc: LedgerError, ledger: Ledger) -> str:
     return f"`{recover}` brings {part_way} to a known state"
 
 
+def run_recorded(
+    command: Command,
+    body: Callable[[FleetRun], RunReport],
+    *,
+    ledger: Ledger,
+    hosts: Sequence[Host],
+    factory: TransportFactory,
+    playbook: Playbook,
+    progress: Progress | None = None,
+    patch: LoadedPatch | None = None,
+    patch_id: str | None = None,
+    parent_run: str | None = None,
+) -> RunReport:
+    """`body` over a recorded run's fleet, the run finished with its report; `patch_id`: the
+    fleet's, when no `patch` names it (a rollback of a run)."""
+    with (
+        recorded_run(
+            ledger,
+            command=command,
+            patch=patch,
+            hosts=hosts,
+            playbook=playbook,
+            parent_run=parent_run,
+        ) as run,
+        FleetRun(
+            command=command,
+            patch_id=patch.spec.id if patch is not None else patch_id,
+            hosts=hosts,
+            factory=factory,
+            playbook=playbook,
+            recorder=run,
+            progress=progress or NoProgress(),
+        ) as fleet,
+    ):
+        return run.finish(body(fleet))
+
+
 def run_in_batches(
     command: Command,
     per_group: PerGroup,
@@ -105,21 +142,11 @@ def run_in_batches(
     restarting: Collection[str] | None = None,
 ) -> RunReport:
     """A recorded, leased run of `per_group` in the playbook's batches, halted as an apply is."""
-    with (
-        recorded_run(ledger, command=command, patch=None, hosts=hosts, playbook=playbook) as run,
-        FleetRun(
-            command=command,
-            patch_id=None,
-            hosts=hosts,
-            factory=factory,
-            playbook=playbook,
-            recorder=run,
-            progress=progress or NoProgress(),
-        ) as fleet,
-    ):
+
+    def body(fleet: FleetRun) -> RunReport:
         refused = fleet.lease(restarting=restarting)
         if refused is not None:
-            return run.finish(refused)
+            return refused
         plan = plan_rollout(playbook, fleet.items())
 
         def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
@@ -128,4 +155,14 @@ def run_in_batches(
             )
 
         outcomes, halted = fleet.execute(per_group, batches=plan.batches, halt=halt)
-        return run.finish(fleet.report(outcomes, halted=halted))
+        return fleet.report(outcomes, halted=halted)
+
+    return run_recorded(
+        command,
+        body,
+        ledger=ledger,
+        hosts=hosts,
+        factory=factory,
+        playbook=playbook,
+        progress=progress,
+    )
