@@ -219,7 +219,7 @@ def run(
         known = agent_facts.collect_facts()
         agent_facts.collect_facts = lambda: dict(known)
     if not compile_each:
-        agent_files.check_compiles = _compiled_once(agent_files.check_compiles)
+        setattr(agent_files, "check_compiles", _compiled_once(agent_files.check_compiles))  # noqa: B010
     rotation.DRAIN_SETTLE_SECONDS *= scale
     rotation.DRAIN_POLL_SECONDS *= scale
     rotation.ADMIT_POLL_SECONDS *= scale
