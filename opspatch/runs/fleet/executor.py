@@ -110,13 +110,10 @@ def run_fleet(
     not_started: list[str] = []
     for batch in batches:
         pending = [name for name in batch.hosts if name not in decided]
-        if halted or (cancellation.requested and pending):
-            halted = halted or CANCELLED
-            not_started.extend(pending)
-            continue
-        in_flight = max(1, batch.in_flight)
-
-        for name, future in _bounded(pending, in_flight, work, cancellation, on_cancel):
+        started = [] if halted or cancellation.requested else list(pending)
+        for name, future in _bounded(
+            started, max(1, batch.in_flight), work, cancellation, on_cancel
+        ):
             try:
                 result = future.result()
                 done = (result,) if isinstance(result, HostOutcome) else tuple(result)
@@ -134,12 +131,11 @@ def run_fleet(
                 on_outcome(outcome)
             halted = halted or halt(decided)
             if halted:
-                not_started.extend(pending)
-                pending.clear()
-        if cancellation.requested and pending:  # hosts it kept from starting (none: no halt)
+                started.clear()
+        left = [name for name in pending if name not in decided]
+        if left and (halted or cancellation.requested):  # hosts it kept from starting
             halted = halted or CANCELLED
-            not_started.extend(pending)
-            pending.clear()
+            not_started.extend(left)
     return FleetResult(outcomes, halted, tuple(not_started))
 
 
@@ -205,9 +201,4 @@ def one_batch(hosts: Sequence[str], in_flight: int | None) -> tuple[Batch, ...]:
 
 def map_hosts(work: Callable[[str], T], hosts: Sequence[str], *, limit: int) -> dict[str, T]:
     """For what has no fleet policy: `work` returns a host's problem as a value."""
-    if not hosts:
-        return {}
-    with ThreadPoolExecutor(
-        max_workers=max(1, min(limit, len(hosts))), thread_name_prefix="host"
-    ) as pool:
-        return dict(zip(hosts, pool.map(work, hosts), strict=True))
+    return map_cancellable(work, hosts, limit=min(limit, len(hosts)), cancellation=Cancellation())
