@@ -10,7 +10,6 @@ counted by the statements the real SQLite connection runs.
 
 from __future__ import annotations
 
-import signal
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -166,51 +165,3 @@ def test_a_ledger_deleted_under_queued_writers_stops_every_one_and_keeps_what_wa
     with Ledger.open(path) as back:  # put back from the connection that still held it
         assert not back.created and back.verify().ok
         assert [s.step for s in back.get_run(run_id).host("gpu-01").steps] == ["lock"]
-
-
-class Interrupted(Exception):
-    """What the signal handler raises in the main thread while its write waits its turn."""
-
-
-def test_a_writer_interrupted_while_it_waits_leaves_the_queue_and_the_others_go_on(
-    tmp_path: Path,
-) -> None:
-    """Writers wait on their own event for their turn: one stopped there (Ctrl-C) must neither
-    be written later nor keep the writers after it from their turn."""
-    path = tmp_path / "ledger.sqlite3"
-    with Ledger.open(path) as ledger:
-        run_id = begin(ledger, hosts=("gpu-01", "gpu-02", "gpu-03"))
-        main = threading.main_thread().ident
-        assert main == threading.get_ident()
-
-        def interrupt(signum: int, frame: object) -> None:
-            raise Interrupted
-
-        def when_queued() -> None:  # the main thread's event waits behind gpu-01's writer
-            assert wait_until(lambda: len(ledger._waiting) == 2, timeout=60)
-            signal.pthread_kill(main, signal.SIGUSR1)
-
-        previous = signal.signal(signal.SIGUSR1, interrupt)
-        writers = Writers()
-        try:
-            with ledger._lock:  # gpu-01's writer takes the turn, and waits for this transaction
-                writers.start(
-                    "gpu-01",
-                    partial(ledger.record_step, run_id, "gpu-01", Step.LOCK, StepStatus.OK),
-                    partial(steps_in_file, path, run_id, "gpu-01"),
-                )
-                assert wait_until(lambda: len(ledger._waiting) == 1, timeout=60)
-                killer = threading.Thread(target=when_queued)
-                killer.start()
-                with pytest.raises(Interrupted):
-                    ledger.record_step(run_id, "gpu-02", Step.LOCK, StepStatus.OK)
-                killer.join()
-                assert len(ledger._waiting) == 1  # gpu-02's event left the queue
-            writers.join()
-        finally:
-            signal.signal(signal.SIGUSR1, previous)
-        assert writers.faults == {} and writers.seen_on_return == {"gpu-01": 1}
-        ledger.record_step(run_id, "gpu-03", Step.LOCK, StepStatus.OK)  # the turn was not lost
-        assert steps_in_file(path, run_id, "gpu-02") == 0
-        assert steps_in_file(path, run_id, "gpu-03") == 1
-        assert ledger.verify().ok

@@ -84,16 +84,14 @@ class RunEvent:
     body: Mapping[str, Any]
 
 
-@dataclass(eq=False)  # queued by identity: two writers may queue equal events
+@dataclass
 class _Waiting:
     """A `RunEvent` whose writer waits for the transaction that holds it, and what became of it
-    (`done`; `fault`: why it was not written). `turn` is set once it is done, or once its writer
-    is to write what waits (the writer before it finished)."""
+    (`done`; `fault`: why it was not written)."""
 
     event: RunEvent
     done: bool = False
     fault: BaseException | None = None
-    turn: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -113,9 +111,6 @@ class Transactions:
     _waiting: list[_Waiting] = field(default_factory=list, repr=False)
     """Run events queued for the next transaction (`_append_to_run`), under `_queue_lock`."""
     _queue_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _writer: bool = field(default=False, repr=False)
-    """Whether a thread writes the queued events now or is about to (under `_queue_lock`): the
-    others wait for their own event, or for the turn it hands on."""
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -248,56 +243,15 @@ class Transactions:
             LedgerError: the run is unknown or finished, or the ledger cannot be written.
         """
         mine = _Waiting(event)
-        try:
-            with self._queue_lock:
-                self._waiting.append(mine)
-                if not self._writer:  # no writer: this thread's turn
-                    self._writer = True
-                    mine.turn.set()
-            # each on its own event: none queues on the ledger's lock only to find it done
-            mine.turn.wait()
-            if not mine.done:  # this thread's turn: it writes what waits, its own event with it
-                self._write_queue(mine)
-        except BaseException:
-            self._leave(mine)
-            raise
-        if mine.fault is not None:
-            raise mine.fault.with_traceback(None)
-
-    def _write_queue(self, mine: _Waiting) -> None:
-        """Write every queued event in one transaction, then hand the turn to the first event
-        queued since (its writer writes the next), or end it."""
-        batch: list[_Waiting] = []
-        try:
-            with self._lock:  # a transaction in progress ends first; what queues meanwhile joins
+        with self._queue_lock:
+            self._waiting.append(mine)
+        with self._lock:
+            if not mine.done:  # no writer took it: this thread writes what waits
                 with self._queue_lock:
                     batch, self._waiting[:] = list(self._waiting), []
                 self._write_waiting(batch)
-        finally:
-            for waiting in batch:
-                if not waiting.done:  # cut off between the queue and the write: not written
-                    waiting.fault, waiting.done = _cut_off(self.path), True
-                waiting.turn.set()
-            with self._queue_lock:
-                if mine in self._waiting:  # this writer stopped before it took the queue
-                    self._waiting.remove(mine)
-                self._hand_on()
-
-    def _leave(self, mine: _Waiting) -> None:
-        """`mine`'s writer stopped (interrupted, or its write failed): its event leaves the
-        queue unwritten if no writer took it, and the turn, if it held it, passes on."""
-        with self._queue_lock:
-            if mine in self._waiting:
-                self._waiting.remove(mine)
-                if mine.turn.is_set():
-                    self._hand_on()
-
-    def _hand_on(self) -> None:
-        """The turn passes to the first event queued (under `_queue_lock`), or ends."""
-        if self._waiting:
-            self._waiting[0].turn.set()
-        else:
-            self._writer = False
+        if mine.fault is not None:
+            raise mine.fault.with_traceback(None)
 
     def _write_waiting(self, batch: list[_Waiting]) -> None:
         """Write `batch` in one transaction (under `_lock`); each is `done` after, with its
@@ -327,14 +281,11 @@ class Transactions:
             raise
         except BaseException:
             for waiting in batch:  # rolled back: the others' writers hear it as the ledger's
-                waiting.fault = _cut_off(self.path)
+                waiting.fault = LedgerError(
+                    f"the write of this record to the ledger {self.path} was cut off: "
+                    "nothing of it was written"
+                )
             raise
         finally:
             for waiting in batch:
                 waiting.done = True
-
-
-def _cut_off(path: LedgerLocation) -> LedgerError:
-    return LedgerError(
-        f"the write of this record to the ledger {path} was cut off: nothing of it was written"
-    )
