@@ -100,34 +100,39 @@ def run_recorded(
     ledger: Ledger,
     hosts: Sequence[Host],
     factory: TransportFactory,
-    playbook: Playbook,
+    playbook: Playbook | None,
     progress: Progress | None = None,
     patch: LoadedPatch | None = None,
     patch_id: str | None = None,
     parent_run: str | None = None,
+    approved_by: Sequence[str] | None = None,
+    summary: str | None = None,
 ) -> RunReport:
     """`body` over a recorded run's fleet, the run finished with its report; `patch_id`: the
-    fleet's, when no `patch` names it (a rollback of a run)."""
-    with (
-        recorded_run(
-            ledger,
-            command=command,
-            patch=patch,
-            hosts=hosts,
-            playbook=playbook,
-            parent_run=parent_run,
-        ) as run,
-        FleetRun(
+    fleet's, when no `patch` names it (a rollback of a run); `summary`: told to the progress
+    once the run has its id; no `playbook`: none recorded, the fleet runs the default one."""
+    progress = progress or NoProgress()
+    with recorded_run(
+        ledger,
+        command=command,
+        patch=patch,
+        hosts=hosts,
+        playbook=playbook,
+        parent_run=parent_run,
+        approved_by=approved_by,
+    ) as run:
+        if summary is not None:
+            progress.run_started(run.run_id, summary)
+        with FleetRun(
             command=command,
             patch_id=patch.spec.id if patch is not None else patch_id,
             hosts=hosts,
             factory=factory,
-            playbook=playbook,
+            playbook=playbook or Playbook(),
             recorder=run,
-            progress=progress or NoProgress(),
-        ) as fleet,
-    ):
-        return run.finish(body(fleet))
+            progress=progress,
+        ) as fleet:
+            return run.finish(body(fleet))
 
 
 def run_in_batches(
