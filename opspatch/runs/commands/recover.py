@@ -28,7 +28,6 @@ from opspatch.runs.fleet.group import Nodes, proven, serves, undo
 from opspatch.runs.fleet.host_leases import lease_held
 from opspatch.runs.fleet.liveapply import revert_everywhere
 from opspatch.runs.fleet.restore import (
-    group_action,
     prove_standings,
     restart_stale,
     restore_standing,
@@ -49,7 +48,7 @@ from opspatch.runs.fleet.standing import (
     read,
     taking_lock,
 )
-from opspatch.runs.judgments.decisions import decide
+from opspatch.runs.judgments.decisions import decide, group_action
 from opspatch.runs.judgments.live import unanswered
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing, paths_of
 from opspatch.runs.judgments.proof import describe
