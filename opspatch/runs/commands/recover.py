@@ -407,11 +407,16 @@ class _RecoverHost:
             whole, unheard = whole and heard and holds, unheard or not heard
             said.append(f"{session.name}: {detail}")
         listed = "; ".join(said)
+        changes = {n: st.change() for n, st in standings.items()}
+
+        def restore(session: HostSession) -> FileChange:
+            return restore_standing(session, standings[session.name])
+
         if whole:
             return prove_or_undo(
                 nodes,
-                changes={n: st.change() for n, st in standings.items()},
-                restore=lambda s: restore_standing(s, standings[s.name]),
+                changes=changes,
+                restore=restore,
                 note=(
                     f"finished run {run_id}'s live fix: every process of the engine holds it and "
                     "the smoke decode proves it, no restart; the file carries it for the next one"
@@ -425,7 +430,11 @@ class _RecoverHost:
             f"is; `{remedy_text(Command.APPLY, patch_id, hosts=nodes.name)}` with --live "
             "takes it again"
         )
-        return self._undo_live(nodes, standings, fixes, why, restart=unheard)
+        reverted = _revert(nodes, fixes)
+        restart = unheard or not reverted  # a process not heard from may hold the fix
+        return undo(
+            nodes, why, restore=restore, changes=changes, restart=restart, outcome=Outcome.RESTORED
+        )
 
     @staticmethod
     def _held(
@@ -452,27 +461,6 @@ class _RecoverHost:
             )
         holds = {h.sha256 for h in held} == posts
         return fixes, unheard is None, holds, listed["detail"]
-
-    @staticmethod
-    def _undo_live(
-        nodes: Nodes,
-        standings: Mapping[str, HostStanding],
-        fixes: Collection[str],
-        why: str,
-        *,
-        restart: bool,
-    ) -> list[HostOutcome]:
-        """Revert `fixes` everywhere, restore the files; restart when a revert did not answer
-        everywhere, or with `restart` (a process not heard from may hold the fix)."""
-        reverted = _revert(nodes, fixes)
-        return undo(
-            nodes,
-            why,
-            restore=lambda s: restore_standing(s, standings[s.name]),
-            changes={n: st.change() for n, st in standings.items()},
-            restart=restart or not reverted,
-            outcome=Outcome.RESTORED,
-        )
 
     def _changed(self, session: HostSession, standing: HostStanding) -> str:
         if standing.is_set:
