@@ -24,6 +24,7 @@ from opspatch.errors import (
 from opspatch.ledger.records import LeaseHolder
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.executor import halt_as_apply
 from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.group import Nodes
 from opspatch.runs.fleet.host_leases import host_identity, lease_held, live_holders, refusal
@@ -379,17 +380,12 @@ class _FleetApply:
 
     def _roll_out(self, ready: Mapping[str, Prepared]) -> RunReport:
         plan = plan_rollout(self.playbook, self.fleet.items())
-        canaries = plan.canaries
-
-        def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
-            return self.playbook.halt_reason(
-                {n: o.outcome for n, o in outcomes.items()}, canaries=canaries
-            )
-
         if self.playbook.judge is not None:
-            self.pipeline.judges = self._judge_plan(ready, canaries)
+            self.pipeline.judges = self._judge_plan(ready, plan.canaries)
         outcomes, halted = self.fleet.execute(
-            lambda nodes: self.pipeline.apply(nodes, ready), batches=plan.batches, halt=halt
+            lambda nodes: self.pipeline.apply(nodes, ready),
+            batches=plan.batches,
+            halt=halt_as_apply(self.playbook, plan.canaries),
         )
         if halted and self.playbook.on_halt == HaltAction.ROLLBACK_RUN:
             halted = self._roll_back_run(ready, outcomes, halted)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 
 from opspatch.core.host import Host
@@ -15,10 +15,11 @@ from opspatch.core.vocabulary import Command, RunOutcome
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError, LedgerLost
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.executor import halt_as_apply
 from opspatch.runs.fleet.fleetrun import FleetRun, PerGroup
 from opspatch.runs.fleet.recorder import Recorder
 from opspatch.runs.fleet.session import NoProgress, Progress
-from opspatch.runs.report import HostOutcome, RunReport
+from opspatch.runs.report import RunReport
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:
@@ -153,12 +154,7 @@ def run_in_batches(
         if refused is not None:
             return refused
         plan = plan_rollout(playbook, fleet.items())
-
-        def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
-            return playbook.halt_reason(
-                {n: o.outcome for n, o in outcomes.items()}, canaries=plan.canaries
-            )
-
+        halt = halt_as_apply(playbook, plan.canaries)
         outcomes, halted = fleet.execute(per_group, batches=plan.batches, halt=halt)
         return fleet.report(outcomes, halted=halted)
 

@@ -13,7 +13,7 @@ from opspatch.core.vocabulary import Command, Outcome
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.executor import HaltPolicy, halt_on_attention, one_batch
+from opspatch.runs.fleet.executor import HaltPolicy, halt_as_apply, halt_on_attention, one_batch
 from opspatch.runs.fleet.fleetrun import FleetRun, NotStarted, PerGroup
 from opspatch.runs.fleet.group import Nodes, prove_or_undo, refuse, undo
 from opspatch.runs.fleet.host_leases import host_identity
@@ -81,10 +81,10 @@ def halt_on_attention_or_not_serving(outcomes: Mapping[str, HostOutcome]) -> str
 def halt_under_playbook(playbook: Playbook, canaries: Collection[str]) -> HaltPolicy:
     """A rollback halts as an apply does (`restored-not-serving` counts as failed)."""
 
+    as_apply = halt_as_apply(playbook, canaries)
+
     def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
-        reason = playbook.halt_reason(
-            {n: o.outcome for n, o in outcomes.items()}, canaries=canaries
-        )
+        reason = as_apply(outcomes)
         if reason is None or halt_on_attention(outcomes):
             return reason
         return not_served(outcomes, f": {reason}") or reason
