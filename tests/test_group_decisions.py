@@ -1,13 +1,14 @@
 """A node group's one action, tested as data: its nodes' cells of the decision table combined
-(`runs.fleet.restore.group_action`), one row per case. A node refused decides the group; nodes
-that differ are each goal's `NODES_DIFFER`; then a restore, a proof; else the cell they share."""
+(`runs.judgments.decisions.group_action`), one row per case. A node refused decides the group;
+nodes that differ are each goal's `NODES_DIFFER`; then a restore, a proof; else the cell they
+share."""
 
 from __future__ import annotations
 
 import pytest
 
 from opspatch.core.vocabulary import Action, Command
-from opspatch.runs.fleet.restore import group_action
+from opspatch.runs.judgments.decisions import group_action
 from opspatch.runs.judgments.patchset import Standing
 
 pytestmark = pytest.mark.pure

@@ -24,11 +24,10 @@ from opspatch.errors import HostError, InputError, LockHeld
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.commands.live import patch_fixes
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.group import Nodes, proven, serves, undo
+from opspatch.runs.fleet.group import Nodes, prove_or_undo, serves, undo
 from opspatch.runs.fleet.host_leases import lease_held
 from opspatch.runs.fleet.liveapply import revert_everywhere
 from opspatch.runs.fleet.restore import (
-    group_action,
     prove_standings,
     restart_stale,
     restore_standing,
@@ -36,7 +35,6 @@ from opspatch.runs.fleet.restore import (
     stale_servers,
 )
 from opspatch.runs.fleet.session import (
-    HostFailed,
     HostSession,
     Progress,
     describe_error,
@@ -49,7 +47,7 @@ from opspatch.runs.fleet.standing import (
     read,
     taking_lock,
 )
-from opspatch.runs.judgments.decisions import decide
+from opspatch.runs.judgments.decisions import decide, group_action
 from opspatch.runs.judgments.live import unanswered
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing, paths_of
 from opspatch.runs.judgments.proof import describe
@@ -410,33 +408,33 @@ class _RecoverHost:
             said.append(f"{session.name}: {detail}")
         listed = "; ".join(said)
         changes = {n: st.change() for n, st in standings.items()}
+
+        def restore(session: HostSession) -> FileChange:
+            return restore_standing(session, standings[session.name])
+
         if whole:
-            try:
-                smoke = proven(nodes, None)
-            except HostFailed as failure:
-                return self._undo_live(
-                    nodes, standings, fixes, failure.error, Outcome.ROLLED_BACK, failure.reason
-                )
-            note = (
-                f"finished run {run_id}'s live fix: every process of the engine holds it and "
-                "the smoke decode proves it, no restart; the file carries it for the next one"
+            return prove_or_undo(
+                nodes,
+                changes=changes,
+                restore=restore,
+                note=(
+                    f"finished run {run_id}'s live fix: every process of the engine holds it and "
+                    "the smoke decode proves it, no restart; the file carries it for the next one"
+                ),
+                restart=False,
+                revert=lambda: _revert(nodes, fixes),
             )
-            return [
-                s.outcome(
-                    Outcome.APPLIED,
-                    file=changes[s.name],
-                    smoke=smoke if s is nodes.head else None,
-                    note=note,
-                )
-                for s in nodes.sessions
-            ]
         why = (
             f"run {run_id} was interrupted before its live fix was taken in every process "
             f"({listed}): the fix was taken out and the files put back, as a failed live apply "
             f"is; `{remedy_text(Command.APPLY, patch_id, hosts=nodes.name)}` with --live "
             "takes it again"
         )
-        return self._undo_live(nodes, standings, fixes, why, Outcome.RESTORED, restart=unheard)
+        reverted = _revert(nodes, fixes)
+        restart = unheard or not reverted  # a process not heard from may hold the fix
+        return undo(
+            nodes, why, restore=restore, changes=changes, restart=restart, outcome=Outcome.RESTORED
+        )
 
     @staticmethod
     def _held(
@@ -464,34 +462,6 @@ class _RecoverHost:
         holds = {h.sha256 for h in held} == posts
         return fixes, unheard is None, holds, listed["detail"]
 
-    @staticmethod
-    def _undo_live(
-        nodes: Nodes,
-        standings: Mapping[str, HostStanding],
-        fixes: Collection[str],
-        why: str,
-        outcome: Outcome,
-        reason: Reason | None = None,
-        *,
-        restart: bool = False,
-    ) -> list[HostOutcome]:
-        """Revert `fixes` everywhere, restore the files; restart when a revert did not answer
-        everywhere, or with `restart` (a process not heard from may hold the fix)."""
-        reverted = True
-        for session in nodes.sessions:
-            if fixes:
-                timeout = float(session.playbook.timeouts.smoke)
-                reverted = revert_everywhere(session, sorted(fixes), timeout=timeout) and reverted
-        return undo(
-            nodes,
-            why,
-            restore=lambda s: restore_standing(s, standings[s.name]),
-            changes={n: st.change() for n, st in standings.items()},
-            restart=restart or not reverted,
-            outcome=outcome,
-            reason=reason,
-        )
-
     def _changed(self, session: HostSession, standing: HostStanding) -> str:
         if standing.is_set:
             return (
@@ -512,6 +482,16 @@ class _RecoverHost:
             return standing.found.change()
         newest = standing.version
         return FileChange(newest.path, newest.sha256_before, standing.live)
+
+
+def _revert(nodes: Nodes, fixes: Collection[str]) -> bool:
+    """`fixes` reverted on every node; False where some process did not answer its revert."""
+    reverted = True
+    for session in nodes.sessions:
+        if fixes:
+            timeout = float(session.playbook.timeouts.smoke)
+            reverted = revert_everywhere(session, sorted(fixes), timeout=timeout) and reverted
+    return reverted
 
 
 def _left_if_serving(

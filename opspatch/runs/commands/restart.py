@@ -17,7 +17,6 @@ from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.group import Nodes, failing_as, prove_or_undo, refuse, undo
 from opspatch.runs.fleet.recorded import run_in_batches
 from opspatch.runs.fleet.restore import (
-    group_action,
     prove_standings,
     restart_stale,
     stale_servers,
@@ -25,7 +24,7 @@ from opspatch.runs.fleet.restore import (
 from opspatch.runs.fleet.session import HostSession, Progress
 from opspatch.runs.fleet.standing import Change, HostStanding, Unread, read
 from opspatch.runs.fleet.steps import AS_ROLLBACK
-from opspatch.runs.judgments.decisions import decide
+from opspatch.runs.judgments.decisions import decide, group_action
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing
 from opspatch.runs.judgments.units import recover_remedy, require_whole_units
 from opspatch.runs.report import HostOutcome, RunReport

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
-from opspatch.core.policy import Batch
+from opspatch.core.policy import Batch, Playbook
 from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import Outcome
 from opspatch.runs.report import HostOutcome
@@ -82,6 +82,15 @@ class GaveUpWaiting(KeyboardInterrupt):
     def __init__(self, in_flight: Sequence[str]) -> None:
         super().__init__(", ".join(in_flight))
         self.in_flight = tuple(in_flight)
+
+
+def halt_as_apply(playbook: Playbook, canaries: Collection[str]) -> HaltPolicy:
+    """The playbook's `max_failures` and canaries, as an apply halts."""
+
+    def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
+        return playbook.halt_reason({n: o.outcome for n, o in outcomes.items()}, canaries=canaries)
+
+    return halt
 
 
 def halt_on_attention(outcomes: Mapping[str, HostOutcome]) -> str | None:

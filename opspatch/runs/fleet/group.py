@@ -487,18 +487,44 @@ def prove_or_undo(
     restore: NodeRestore,
     note: str,
     judge: GroupJudge | None = None,
+    restart: bool = True,
+    revert: Callable[[], bool] | None = None,
 ) -> list[HostOutcome]:
-    """How `restart` and `recover` finish a change a run wrote but never proved."""
+    """How `restart` and `recover` finish a change a run wrote but never proved. `restart=False`:
+    one the running server already holds (a live fix), smoke-tested as it runs; `revert` takes it
+    out before the files go back, and the undo restarts only where it could not (False)."""
     try:
-        smoke = prove(nodes, judge=judge)
+        smoke = prove(nodes, judge=judge) if restart else proven(nodes, None, judge=judge)
     except HostFailed as failure:
-        return undo(nodes, failure.error, restore=restore, changes=changes, reason=failure.reason)
+        reverted = revert() if revert is not None else True
+        return undo(
+            nodes,
+            failure.error,
+            restore=restore,
+            changes=changes,
+            restart=restart or not reverted,
+            reason=failure.reason,
+        )
+    return applied(nodes, smoke, changes, note)
+
+
+def applied(
+    nodes: Nodes,
+    smoke: SmokeResult,
+    files: Mapping[str, FileChange | None],
+    note: str | Callable[[HostSession], str | None] | None,
+    *,
+    diffs: Mapping[str, str | None] | None = None,
+) -> list[HostOutcome]:
+    """`applied` on every node, the smoke on the head's outcome alone (the others recorded it as
+    the head's); `note`: one for all, or each node's."""
     return [
         s.outcome(
             Outcome.APPLIED,
-            file=changes[s.name],
+            file=files[s.name],
+            diff=None if diffs is None else diffs[s.name],
             smoke=smoke if s is nodes.head else None,
-            note=note,
+            note=note(s) if callable(note) else note,
         )
         for s in nodes.sessions
     ]

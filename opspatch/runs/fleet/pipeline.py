@@ -19,7 +19,7 @@ from opspatch.errors import OpspatchError, PreimageMismatch
 from opspatch.hosts.operations import HostInspection
 from opspatch.hosts.results import file_owner
 from opspatch.ledger.records import NewFileVersion
-from opspatch.runs.fleet.group import Nodes, prove, undo
+from opspatch.runs.fleet.group import Nodes, applied, prove, undo
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error, refusal_reason
 from opspatch.runs.fleet.steps import effect_unknown, restore_pre_image
 from opspatch.runs.report import FileChange, HostOutcome, SetFile
@@ -295,17 +295,13 @@ class ApplyPipeline:
         smoke: SmokeResult,
         note: Callable[[HostSession], str | None],
     ) -> list[HostOutcome]:
-        return [
-            self.outcome(
-                s,
-                prepared[s.name],
-                Outcome.APPLIED,
-                None,
-                smoke=smoke if s is nodes.head else None,
-                note=note(s),
-            )
-            for s in nodes.sessions
-        ]
+        return applied(
+            nodes,
+            smoke,
+            {s.name: prepared[s.name].change() for s in nodes.sessions},
+            note,
+            diffs={s.name: prepared[s.name].diff() for s in nodes.sessions},
+        )
 
     def _write_failed(
         self,

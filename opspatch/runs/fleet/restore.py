@@ -1,6 +1,5 @@
 """What the restore runs (`rollback`, `recover`, `unlock`) share: putting files back, the stale
-server's restart, the fleet run they go through (`run_restore`); and a group's one action
-(`group_action`, restart's and recover's)."""
+server's restart, the fleet run they go through (`run_restore`)."""
 
 from __future__ import annotations
 
@@ -10,11 +9,11 @@ from dataclasses import dataclass
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Action, Command, Goal, Outcome
+from opspatch.core.vocabulary import Command, Outcome
 from opspatch.hosts.operations import HostInspection
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.executor import HaltPolicy, halt_on_attention, one_batch
+from opspatch.runs.fleet.executor import HaltPolicy, halt_as_apply, halt_on_attention, one_batch
 from opspatch.runs.fleet.fleetrun import FleetRun, NotStarted, PerGroup
 from opspatch.runs.fleet.group import Nodes, prove_or_undo, refuse, undo
 from opspatch.runs.fleet.host_leases import host_identity
@@ -26,8 +25,7 @@ from opspatch.runs.fleet.steps import (
     RestoreSteps,
     restore_pre_image,
 )
-from opspatch.runs.judgments.decisions import decide
-from opspatch.runs.judgments.patchset import ALL_NEW, SetOnHost, Standing
+from opspatch.runs.judgments.patchset import SetOnHost
 from opspatch.runs.report import FileChange, HostOutcome, RunReport
 
 
@@ -83,10 +81,10 @@ def halt_on_attention_or_not_serving(outcomes: Mapping[str, HostOutcome]) -> str
 def halt_under_playbook(playbook: Playbook, canaries: Collection[str]) -> HaltPolicy:
     """A rollback halts as an apply does (`restored-not-serving` counts as failed)."""
 
+    as_apply = halt_as_apply(playbook, canaries)
+
     def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
-        reason = playbook.halt_reason(
-            {n: o.outcome for n, o in outcomes.items()}, canaries=canaries
-        )
+        reason = as_apply(outcomes)
         if reason is None or halt_on_attention(outcomes):
             return reason
         return not_served(outcomes, f": {reason}") or reason
@@ -183,32 +181,6 @@ def units_decided(fleet: FleetRun, decided: Mapping[str, HostOutcome]) -> dict[s
             for name in mine:
                 del made[name]
     return made
-
-
-NODES_DIFFER: Mapping[Goal, Action] = {
-    # a restart would run two versions of the code in one server: left for a person
-    Goal.PROVEN_WHERE_STAGED: Action.ATTENTION,
-    # the last intent was not carried out on every node: the new files go back
-    Goal.LAST_INTENT: Action.RESTORE,
-}
-"""A group's action when some of its nodes carry the change and some do not."""
-
-
-def group_action(command: Command, standings: Collection[Standing]) -> Action:
-    """A group's one action from its nodes' cells: a node refused (or left for a person) decides
-    it, then nodes that differ (`NODES_DIFFER`), then a restore, a proof; else the cell they share."""
-    actions = [decide(command, standing) for standing in standings]
-    new = sum(standing in ALL_NEW for standing in standings)
-    for action in (Action.REFUSE, Action.ATTENTION):
-        if action in actions:
-            return action
-    if 0 < new < len(actions):
-        assert command.goal is not None
-        return NODES_DIFFER[command.goal]
-    for action in (Action.RESTORE, Action.PROVE_OR_UNDO):
-        if action in actions:
-            return action
-    return actions[0]
 
 
 def restore_standing(session: HostSession, standing: HostStanding) -> FileChange:
