@@ -84,8 +84,14 @@ class SandboxFleet:
         args += ["--ssh"] if self.ssh else []
         args += ["--router"] if self.router else []
         args += ["--engine", self.engine] if self.engine != "standin" else []
-        run = self.opspatch(*args, *self.extra, timeout=240 if self.engine == "standin" else 1500)
-        assert run.code == 0, run.stdout + run.stderr
+        try:
+            run = self.opspatch(
+                *args, *self.extra, timeout=240 if self.engine == "standin" else 1500
+            )
+            assert run.code == 0, run.stdout + run.stderr
+        except BaseException:  # failed or interrupted: no fixture tears down what it started
+            self.opspatch("sandbox", "down", timeout=120)  # its logs are kept to read
+            raise
         inventory = load_inventory(self.state / "inventories" / f"{self.inventory}.toml")
         self.hosts = {h.name: h for h in inventory.hosts}
         return self
