@@ -9,17 +9,28 @@ restart time; the whole run is simulated at `--time-scale` (0.01: a 50 ms round 
 a 120 s restart 1.2 s, and opspatch's drain settle and poll intervals are scaled alike), so the
 wall is read against the wave limit: waves x per-host pipeline time, both scaled back.
 
-`--apart` runs the routers' control plane and the hosts' agent in processes of their own
-(forked before any thread starts; the agent in a pool of `--host-processes`), as a real router
-and real hosts use CPUs of their own; on a loaded machine each exec then waits for a process to
-be scheduled (docs/benchmarks.md).
+The swapped text, the same on every simulated host, is compiled by the agent's check once, not
+once a host (a real host compiles it on its own CPU; here about 1 ms a host of the
+controller's; `--compile-each`: every host, as before).
 
-    PYTHONPATH=$PWD python bench/bench_rotation.py [--hosts 1000] [--routers 10] [--own-facts] [--apart] [--out FILE]
+The simulated hosts' files (the agent's copies, locks, backups) are on tmpfs (`/dev/shm`) where
+there is one, as each real host writes its own disk: on the controller's disk their fsyncs and
+the ledger's would wait for one journal (`--hosts-on-disk`: beside the ledger, as before).
+
+The routers' control plane runs in a process of its own (forked before any thread starts), as
+a real router uses a CPU of its own: in the controller's process its thread per connection and
+its HTTP parsing took about 7 s of the controller's 23 s of CPU at 1,000 hosts
+(`--routers-in-process`: there, as before). `--apart` runs the hosts' agent in processes of their own too (a pool of
+`--host-processes`); on a loaded machine each exec then waits for a process to be scheduled
+(docs/benchmarks.md).
+
+    PYTHONPATH=$PWD python bench/bench_rotation.py [--hosts 1000] [--routers 10] [--own-facts] [--compile-each] [--hosts-on-disk] [--routers-in-process] [--apart] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import multiprocessing
@@ -31,6 +42,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from decimal import Decimal
@@ -39,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import opspatch.hosts.agent.facts as agent_facts
+import opspatch.hosts.agent.files as agent_files
 import opspatch.runs.fleet.rotation as rotation
 import tests.scriptedkit as scriptedkit
 from opspatch.config.patches import load_patch
@@ -50,6 +63,7 @@ from opspatch.runs.commands.apply import apply_to_hosts
 from tests.scriptedkit import STANDIN, FakeHost
 
 REPO = Path(__file__).resolve().parent.parent
+SHM = "/dev/shm"
 
 
 class ControlPlane(ThreadingHTTPServer):
@@ -159,6 +173,20 @@ class SimulatedHost(FakeHost):
         return super().answer(op, args)
 
 
+def _compiled_once(check: Callable[[bytes, str], None]) -> Callable[[bytes, str], None]:
+    """The agent's compile check of a swap, run once for each text that compiles: a real host
+    compiles the new file on its own CPU, and every simulated host's text is the same."""
+    compiled: set[bytes] = set()
+
+    def check_once(content: bytes, filename: str) -> None:
+        digest = hashlib.sha256(content).digest()
+        if digest not in compiled:
+            check(content, filename)  # a refusal raises: never remembered
+            compiled.add(digest)
+
+    return check_once
+
+
 def _started(_: int) -> None:
     time.sleep(0.2)  # every worker of the pool forks now, before the controller's threads
 
@@ -179,6 +207,9 @@ def run(
     own_facts: bool = False,
     apart: bool = False,
     host_processes: int = 2,
+    hosts_on_disk: bool = False,
+    routers_in_process: bool = False,
+    compile_each: bool = False,
 ) -> dict[str, Any]:
     # Long because: the simulated fleet, its routers and the playbook are set up in line, as read
     SimulatedHost.round_trip = round_trip * scale
@@ -187,6 +218,8 @@ def run(
     if not own_facts:  # one host's facts (Python, package versions) stand for every host's
         known = agent_facts.collect_facts()
         agent_facts.collect_facts = lambda: dict(known)
+    if not compile_each:
+        setattr(agent_files, "check_compiles", _compiled_once(agent_files.check_compiles))  # noqa: B010
     rotation.DRAIN_SETTLE_SECONDS *= scale
     rotation.DRAIN_POLL_SECONDS *= scale
     rotation.ADMIT_POLL_SECONDS *= scale
@@ -197,11 +230,12 @@ def run(
     fork = multiprocessing.get_context("fork")
     pool = None
     serving = None
-    with tempfile.TemporaryDirectory() as scratch:
+    shm = None if hosts_on_disk or not os.access(SHM, os.W_OK) else SHM
+    with tempfile.TemporaryDirectory() as scratch, tempfile.TemporaryDirectory(dir=shm) as homes:
         fakes: dict[str, SimulatedHost] = {}
         targets: list[Host] = []
         for index in range(hosts):
-            fake = SimulatedHost(f"h{index + 1:04}", Path(scratch) / f"h{index + 1:04}")
+            fake = SimulatedHost(f"h{index + 1:04}", Path(homes) / f"h{index + 1:04}")
             fake.file.parent.mkdir(parents=True)
             fake.file.write_bytes(source)
             fakes[fake.name] = fake
@@ -214,11 +248,12 @@ def run(
                     router=RouterSettings(url=f"{plane.url}/r{router}", worker_url=worker),
                 )
             )
-        if not apart:
+        if routers_in_process and not apart:
             threading.Thread(target=plane.serve_forever, daemon=True).start()
         else:
             serving = fork.Process(target=plane.serve_forever, daemon=True)
             serving.start()
+        if apart:
             pool = ProcessPoolExecutor(host_processes, mp_context=fork)
             list(pool.map(_started, range(host_processes)))
             workers = pool
@@ -243,12 +278,13 @@ def run(
         with Ledger.open(Path(scratch) / "ledger.sqlite3") as ledger:
             usage = resource.getrusage(resource.RUSAGE_SELF)
             cpu_started = usage.ru_utime + usage.ru_stime
-            started = time.perf_counter()
+            started, main_started = time.perf_counter(), time.thread_time()
             report = apply_to_hosts(patch, targets, playbook, factory=factory, ledger=ledger)
             wall = time.perf_counter() - started
+            main_cpu = time.thread_time() - main_started  # the executor's loop: waits, halts
             usage = resource.getrusage(resource.RUSAGE_SELF)
             cpu = usage.ru_utime + usage.ru_stime - cpu_started
-        most_out, calls = _stats(plane) if apart else (plane.most_out, plane.calls)
+        most_out, calls = _stats(plane) if serving else (plane.most_out, plane.calls)
     if pool is not None:
         pool.shutdown()
         setattr(scriptedkit, "agent_operation", agent_operation)  # noqa: B010
@@ -264,9 +300,13 @@ def run(
     return {
         "hosts": hosts,
         "hosts_own_facts": own_facts,
+        "hosts_compile_each": compile_each,
+        "hosts_files": "tmpfs" if shm else "the ledger's disk",
         "hosts_and_routers": f"routers in 1 process, hosts' agent in {host_processes}"
         if apart
-        else "in the controller's process",
+        else "in the controller's process"
+        if routers_in_process
+        else "routers in 1 process, hosts in the controller's",
         "routers": routers,
         "max_unavailable": f"{percent}%",
         "room_per_router": room,
@@ -280,6 +320,7 @@ def run(
         "waves": waves,
         "wave_limit_s": round(waves * pipeline, 2),
         "controller_cpu_s": round(cpu, 1),
+        "main_thread_cpu_s": round(main_cpu, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "router_calls": calls,
     }
@@ -299,9 +340,24 @@ def main() -> None:
         help="each host reads its facts and this machine's socket table, as the agent does",
     )
     parser.add_argument(
+        "--compile-each",
+        action="store_true",
+        help="every host's agent compiles the swapped text (the same for all), as each real one does",
+    )
+    parser.add_argument(
+        "--hosts-on-disk",
+        action="store_true",
+        help="the simulated hosts' files beside the ledger, not on tmpfs",
+    )
+    parser.add_argument(
         "--apart",
         action="store_true",
         help="the routers' control plane and the hosts' agent in processes of their own",
+    )
+    parser.add_argument(
+        "--routers-in-process",
+        action="store_true",
+        help="the routers' control plane in the controller's process (threads), as before",
     )
     parser.add_argument("--host-processes", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
@@ -320,6 +376,9 @@ def main() -> None:
             args.own_facts,
             args.apart,
             args.host_processes,
+            args.hosts_on_disk,
+            args.routers_in_process,
+            args.compile_each,
         ),
         "load_after": os.getloadavg(),
     }

@@ -30,6 +30,7 @@ import pytest
 
 from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.policy import BatchSize, Playbook
+from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import FileAction
 from opspatch.errors import LedgerLost
 from opspatch.hosts.transport.scripted import Refusal, agent_operation
@@ -326,6 +327,30 @@ def test_recover_finishes_an_interrupted_live_apply_with_the_smoke_not_a_restart
     assert sha(host.file.read_bytes()) == post
     assert not lock_of(host)
     assert report.exit_code == 0
+
+
+@pytest.mark.process
+def test_recover_of_a_live_apply_whose_smoke_fails_reverts_it_and_puts_the_file_back_unrestarted(
+    fleet: Fleet,
+) -> None:
+    """The take was done everywhere but the smoke fails: the fix is reverted in every process and
+    the file put back (`rolled-back`), with no restart, as a failed live apply is."""
+    fleet.hosts = fleet.hosts[:1]
+    (host,) = fleet.hosts
+    dead, post = _left_by_a_dead_live_apply(fleet, host, taken=True)
+    engine = HoldingEngine(post)
+    for rank in (0, 1):
+        engine.held[rank]["eagle-init-guard"] = ["EAGLEWorkerV2.spec_disable_batch_threshold"]
+    host.smoke_ok = False
+    host.requests.clear()
+    report = recover_live(fleet, dead, engine)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "rolled-back", outcome
+    assert outcome.reason == Reason.SMOKE_FAILED, outcome
+    assert "revert" in engine.asked and engine.held == {0: {}, 1: {}}
+    assert "restart" not in host.requests and "stop" not in host.requests, host.requests
+    assert sha(host.file.read_bytes()) == PRISTINE
+    assert report.exit_code != 0
 
 
 @pytest.mark.process

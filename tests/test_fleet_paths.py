@@ -317,6 +317,7 @@ def test_syncs_left_alone_run_is_a_fleet_run_that_starts_no_host(
     a fleet run (`FleetRun.decide`), which starts none of them and records each as it reports
     it. Before, sync recorded them in a loop of its own."""
     from opspatch.runs.commands import sync
+    from opspatch.runs.fleet import recorded
 
     runs: list[Spied] = []
 
@@ -326,7 +327,7 @@ def test_syncs_left_alone_run_is_a_fleet_run_that_starts_no_host(
             runs.append(Spied(self.command, tuple(self.names), said))
             super().decide(outcomes)
 
-    monkeypatch.setattr(sync, "FleetRun", Spy)
+    monkeypatch.setattr(recorded, "FleetRun", Spy)
     fleet.hosts = fleet.hosts[:3]
     mark = mark_patch(tmp_path)
     fleet.hosts[0].smoke_ok = False

@@ -411,7 +411,10 @@ def test_a_latency_fail_the_second_measurement_cannot_time_stands() -> None:
     rng = random.Random(10)
     baseline = server(rng, prompts)
     first = judge(server(rng, prompts, tpot_scale=2.0), baseline, SETTINGS, baseline_from="x")
-    untimed = judge(server(rng, prompts), read_late(baseline), SETTINGS, baseline_from="x")
+    # the baseline measured again (in turns) and read late: the second timed no pair
+    untimed = judge(
+        server(rng, prompts), read_late(baseline), SETTINGS, baseline_from="x", in_turns=True
+    )
     assert confirm(first, untimed).metric(Metric.TPOT).verdict == Verdict.FAIL
 
 
@@ -493,10 +496,13 @@ def test_a_large_rise_the_test_cannot_tell_is_measured_again_and_pooled_it_fails
     tpot = first.metric(Metric.TPOT)
     assert tpot.verdict == Verdict.PASS and tpot.test is not None and tpot.test.p_value > 0.01
     assert unconfirmed(first) == (Metric.TPOT,)  # per prompt +300%: unsettled, not a pass yet
-    again = timed([b * 1.01 for b in BASE])  # in turns: the baseline measured again too
-    second = judge(timed(SLOW), again, SETTINGS, baseline_from="x", in_turns=True)
-    decided = confirm(first, second)
-    assert (decided.verdict, decided.metric(Metric.TPOT).verdict) == (Verdict.FAIL, Verdict.FAIL)
+    # in turns: the baseline measured again too, pooled even where it timed the same (the
+    # judgment says it was measured again; equal figures are no sign of one measurement)
+    for again in (timed([b * 1.01 for b in BASE]), timed(BASE)):
+        second = judge(timed(SLOW), again, SETTINGS, baseline_from="x", in_turns=True)
+        decided = confirm(first, second)
+        tpot = decided.metric(Metric.TPOT)
+        assert (decided.verdict, tpot.verdict) == (Verdict.FAIL, Verdict.FAIL)
     # one after the other, one baseline measurement in both: not pooled (not independent)
     alone = confirm(first, judge(timed(SLOW), timed(BASE), SETTINGS, baseline_from="x"))
     assert alone.metric(Metric.TPOT).verdict == Verdict.PASS

@@ -125,6 +125,7 @@ def test_a_baseline_that_cannot_be_measured_never_exits_0(fleet: Fleet) -> None:
     assert host.judgment is not None and host.judgment.verdict == "no-baseline"
     assert report.exit_code == 1  # was 0: the comparison asked for was never made
     assert "h1 could not be measured" in (report.baseline_error or "")
+    assert "opspatch diagnose --hosts h1 --decode" in (report.baseline_error or "")  # the remedy
     assert report.to_json()["baseline_error"] == report.baseline_error
 
 

@@ -86,3 +86,44 @@ def test_another_users_engine_is_said_unread_never_not_listening(
     assert reply["missing"] is not None and "could not be asked" in reply["missing"]
     assert "not installed" not in reply["missing"]
     assert reply["answers"] == []
+
+
+@pytest.mark.parametrize("closed", ["socket folder", "base folder"])
+def test_a_folder_this_user_may_not_enter_is_said_unread(
+    closed: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's own uid among its processes, but its socket folder (or the base above it)
+    closed to this user: what the engine holds is not known, so the reply is `unread` (status
+    says "could not be listed"), never a plain `missing` read as "holds nothing"."""
+    pid_file = tmp_path / "engine.pid"
+    pid_file.write_text(f"{os.getpid()}\n")
+    folder = tmp_path / "live"
+    folder.mkdir()
+    if closed == "socket folder":
+        monkeypatch.setattr(agent_live, "server_folder", lambda pid, env: (str(folder), env))
+
+        listdir = os.listdir
+
+        def refuse(path: str) -> list[str]:
+            if path == str(folder):
+                raise PermissionError(13, "Permission denied", path)
+            return listdir(path)
+
+        monkeypatch.setattr(agent_live.os, "listdir", refuse)
+    else:
+        monkeypatch.setattr(agent_live, "server_folder", lambda pid, env: (None, env))
+        monkeypatch.setattr(agent_live, "base_dir", lambda environ, uid: str(folder))
+        monkeypatch.setattr(agent_live.os, "access", lambda path, mode: False)
+    reply = agent_live.op_live(
+        {
+            "fix": {"op": "list"},
+            "pid": None,
+            "pid_file": str(pid_file),
+            "url": None,
+            "env": {},
+            "timeout": 1.0,
+        }
+    )
+    assert reply["unread"] is True
+    assert reply["missing"] is not None and "may not enter" in reply["missing"]
+    assert reply["answers"] == []

@@ -12,6 +12,7 @@ plugin out; disable remove exactly what enable wrote.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from dataclasses import replace
 from typing import Any
@@ -173,6 +174,29 @@ def test_disable_refuses_a_file_changed_since_naming_it_and_removes_nothing(
     assert str(changed) in (outcome.error or "")
     assert report.exit_code == 2
     assert files_under(site_of(fleet)) == installed
+
+
+def test_a_lock_taken_away_before_the_enable_fails_as_lock_lost_and_writes_nothing(
+    fleet: Fleet,
+) -> None:
+    fleet.hosts = fleet.hosts[:1]
+    host = fleet.hosts[0]
+    scripted_site(fleet)
+    site_answer = host.fault
+    assert site_answer is not None
+
+    def steal_the_lock(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        if op == "install_files":
+            lock = host.state / "lock.json"
+            holder = json.loads(lock.read_text())
+            lock.write_text(json.dumps({**holder, "run_id": "20260101T000000Z-other0"}))
+        return site_answer(op, args)
+
+    host.fault = steal_the_lock
+    report = run(fleet, enable_live)
+    (outcome,) = report.hosts
+    assert outcome.outcome == "failed" and outcome.reason == Reason.LOCK_LOST, outcome
+    assert files_under(site_of(fleet)) == {"other_package.py"}
 
 
 def test_disable_where_nothing_is_installed_says_so(fleet: Fleet) -> None:

@@ -254,7 +254,7 @@ def test_an_exec_sent_after_another_run_took_the_lock_over_is_refused_before_it_
     held.release()
     report = a.join()
     (outcome,) = report.hosts
-    assert (outcome.outcome, outcome.reason) == ("needs-attention", "undo-failed"), outcome
+    assert (outcome.outcome, outcome.reason) == ("needs-attention", "lock-lost"), outcome
     assert f"this run ({run_a}) no longer holds the host's lock" in str(outcome.to_json())
     after = host.requests[asked_before:]
     # no wait_ready, smoke or restore reached the host: only refused locks, and a give-back that

@@ -171,6 +171,52 @@ def test_a_lock_taken_away_mid_run_refuses_the_swap_and_changes_nothing(fleet: F
     assert sha(host.file.read_bytes()) == PRISTINE
 
 
+def test_a_lock_lost_mid_restart_ends_lock_lost_not_undo_failed(fleet: Fleet) -> None:
+    """A lock another run took between the swap and the restart: the restart's exec is refused
+    before it ran, and so is the undo's restore; the host ends `lock-lost` (the other run now
+    holds it), not `undo-failed` for a restore that was refused for the same reason."""
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+
+    def steal_the_lock(op: str, args: dict[str, Any]) -> None:
+        if op == "restart":
+            lock = host.state / "lock.json"
+            holder = json.loads(lock.read_text())
+            lock.write_text(json.dumps({**holder, "run_id": "20260101T000000Z-other0"}))
+        return None
+
+    host.fault = steal_the_lock
+    report = fleet.apply()
+    (outcome,) = report.hosts
+    assert outcome.outcome == "needs-attention" and outcome.reason == Reason.LOCK_LOST, outcome
+    assert "this run no longer holds the lock of h1" in (outcome.error or ""), outcome
+    assert fleet.ledger.get_run(report.run_id or "").host(host.name).reason == "lock-lost"
+
+
+def test_a_lock_lost_in_the_restart_after_the_restore_ends_lock_lost(fleet: Fleet) -> None:
+    """The undo's own restart refused for a lock another run took over: `lock-lost`, with the
+    refusal's words, not `undo-failed`."""
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+    host.smoke_ok = False
+    restarts = []
+
+    def steal_the_lock_at_the_second_restart(op: str, args: dict[str, Any]) -> None:
+        if op == "restart":
+            restarts.append(op)
+        if len(restarts) == 2:
+            lock = host.state / "lock.json"
+            holder = json.loads(lock.read_text())
+            lock.write_text(json.dumps({**holder, "run_id": "20260101T000000Z-other0"}))
+        return None
+
+    host.fault = steal_the_lock_at_the_second_restart
+    (outcome,) = fleet.apply().hosts
+    assert outcome.outcome == "needs-attention" and outcome.reason == Reason.LOCK_LOST, outcome
+    assert "no longer holds the host's lock" in (outcome.error or ""), outcome
+    assert sha(host.file.read_bytes()) == PRISTINE  # restored before the lock was lost
+
+
 def test_a_failed_canary_halts_and_the_rest_is_not_started(fleet: Fleet) -> None:
     fleet.hosts[0].smoke_ok = False
     report = fleet.apply(Playbook(canary=1, batch=BatchSize(count=10), max_failures=5))

@@ -71,5 +71,5 @@ def test_a_single_file_is_a_set_of_one() -> None:
     one = members_of([NEW_A], ["a1"])
     assert [m.is_new for m in one.members] == [True]
     both = members_of([NEW_A, OLD_B], ["a1", "b0"])
-    assert str(both.state) == "partly-applied"
+    assert str(both.change().set_state) == "partly-applied"  # the word the ledger records
     assert both.describe() == "a.py new, b.py old"

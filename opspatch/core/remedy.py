@@ -16,6 +16,7 @@ class CliFlag(Word):
 
     BASELINE = "--baseline"
     CONTAINERS = "--containers"
+    DECODE = "--decode"
     FORMAT = "--format"
     HOSTS = "--hosts"
     INSTALL = "--install"
@@ -39,7 +40,7 @@ FLAGS: Mapping[Command, frozenset[CliFlag]] = {
     Command.APPROVE: frozenset({CliFlag.KEY, CliFlag.PRINCIPAL}),
     Command.BAKE: frozenset(),
     Command.CHECK: frozenset({CliFlag.RELEASES}),
-    Command.DIAGNOSE: frozenset({CliFlag.HOSTS}),
+    Command.DIAGNOSE: frozenset({CliFlag.HOSTS, CliFlag.DECODE}),
     Command.DRIFT: frozenset(),
     Command.EXPORT: frozenset({CliFlag.RELEASE, CliFlag.FORMAT}),
     Command.LINT_INIT: frozenset({CliFlag.HOSTS, CliFlag.WRITE_PATCH}),
@@ -93,6 +94,7 @@ ARGUMENTS: Mapping[Command, tuple[str, ...]] = {
 
 BARE: Mapping[Command, frozenset[CliFlag]] = {
     Command.CHECK: frozenset({CliFlag.RELEASES}),
+    Command.DIAGNOSE: frozenset({CliFlag.DECODE}),
     Command.SANDBOX_DOWN: frozenset({CliFlag.PURGE}),
     Command.SANDBOX_REINSTALL: frozenset({CliFlag.RESTART}),
     Command.SANDBOX_UP: frozenset({CliFlag.SSH, CliFlag.CONTAINERS, CliFlag.ROUTER}),

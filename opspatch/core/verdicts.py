@@ -61,6 +61,9 @@ class Judgment(Record):
     why_no_baseline: str | None = json_field(default=None, omit_none=True)
     settings: JudgeSettings | None = json_field(default=None, written=False)
     """The settings it was judged by (a second measurement is judged by them too)."""
+    in_turns: bool = json_field(default=False, written=False)
+    """Its baseline was measured in turns with it (else taken before: a second judgment
+    one after the other shares that one baseline measurement)."""
 
     @property
     def failed(self) -> bool:

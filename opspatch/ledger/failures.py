@@ -68,10 +68,10 @@ def immutable_files(path: Path, *, folder: bool = False) -> list[Path]:
     (`chattr +i` / `+a`): SQLite cannot write them in place, and writing the mapped `-shm` of
     one kills the process (SIGBUS). A file that is not there, or a filesystem without these
     attributes, is none."""
-    found = [Path(f"{path}{suffix}") for suffix in COMPANIONS]
-    if folder:
-        found.append(path.parent)
-    return [candidate for candidate in found if _flags(candidate) & _UNWRITABLE_FLAGS]
+    found = [f"{path}{suffix}" for suffix in COMPANIONS]  # a Path each only when frozen:
+    if folder:  # the ledger asks before every write transaction
+        found.append(str(path.parent))
+    return [Path(candidate) for candidate in found if _flags(candidate) & _UNWRITABLE_FLAGS]
 
 
 def immutable_failure(path: Path, frozen: list[Path], doing: str, said: str = "") -> LedgerError:
@@ -85,7 +85,7 @@ def immutable_failure(path: Path, frozen: list[Path], doing: str, said: str = ""
     )
 
 
-def _flags(path: Path) -> int:
+def _flags(path: str) -> int:
     """`path`'s `STATX_ATTR_*` attributes (0 when it is not there, or when the attributes
     cannot be read). Read with statx(2), by path: never by opening the file, since closing any
     descriptor of the ledger would drop SQLite's POSIX locks on it (fcntl locks are the

@@ -10,7 +10,6 @@ from opspatch.core.codec import AnyRecord, Record, json_field
 # the file of a host's outcome lives in core, since the ledger records it too: re-exported here
 from opspatch.core.filechange import FileChange as FileChange
 from opspatch.core.filechange import SetFile as SetFile
-from opspatch.core.filechange import set_state as set_state
 from opspatch.core.reasons import Reason
 from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import (

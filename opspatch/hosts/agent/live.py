@@ -149,8 +149,8 @@ def op_live(args: LiveRequest) -> LiveReply:
 
     Nothing is refused here: an engine that is not running or has no socket answers `missing`
     (why no process was asked, `SGLANG_PLUGINS` without the plugin named), with `unread` when
-    it is this agent's user that may not ask (another user's engine: its socket folder would
-    look absent), a socket that cannot be asked its `error`; the controller judges."""
+    it is this agent's user that may not ask (another user's engine, or a folder it may not
+    enter: what the engine holds is then unknown), a socket that cannot be asked its `error`; the controller judges."""
     url = str(args.get("url") or "")
     match = re.match(r"^[a-z]+://[^/:]+:(\d+)", url)
     port = int(match.group(1)) if match else None
@@ -180,9 +180,11 @@ def op_live(args: LiveRequest) -> LiveReply:
     if folder is None:
         base = base_dir(environ, _process_uid(pid) or 0)
         filtered = plugins_filtered_out(environ)
+        closed = not filtered and os.path.isdir(base) and not os.access(base, os.X_OK)
+        reply["unread"] = closed
         reply["missing"] = filtered or (
             _not_allowed_in(base, pid)
-            if os.path.isdir(base) and not os.access(base, os.X_OK)
+            if closed
             else f"no process of the engine (pid {pid}) listens for live fixes: opspatch's "
             "plugin is not installed in its environment, or installed since the engine started "
             "(`opspatch live enable`, then a restart)"
@@ -194,6 +196,7 @@ def op_live(args: LiveRequest) -> LiveReply:
         names = [n for n in os.listdir(folder) if n.endswith(".sock")]
     except PermissionError:
         reply["missing"] = _not_allowed_in(folder, pid)
+        reply["unread"] = True
         return reply
     if not names:
         reply["missing"] = f"{folder} holds no socket: the engine's processes are not listening"

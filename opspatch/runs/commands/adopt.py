@@ -16,7 +16,6 @@ from typing import Any
 from opspatch.config.patches import load_patch
 from opspatch.core.edit import Applied, apply_patch
 from opspatch.core.host import Host
-from opspatch.core.policy import Playbook
 from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.source import sha256_hex
@@ -31,8 +30,8 @@ from opspatch.runs.commands.diagnose import read_module
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import one_batch
 from opspatch.runs.fleet.fleetrun import FleetRun, per_node
-from opspatch.runs.fleet.recorded import recorded_run
-from opspatch.runs.fleet.session import HostSession, NoProgress
+from opspatch.runs.fleet.recorded import run_recorded
+from opspatch.runs.fleet.session import HostSession
 from opspatch.runs.judgments.findings import module_relpath, unified_diff
 from opspatch.runs.judgments.units import target_of
 from opspatch.runs.report import FileChange, HostOutcome, RunReport, StepResult
@@ -353,18 +352,7 @@ def _record(
         m, pristine = edited[session.name]
         return _adopted(session, loaded, m, pristine, down=session.name in down)
 
-    with (
-        recorded_run(ledger, command=Command.ADOPT, patch=loaded, hosts=recorded_hosts) as run,
-        FleetRun(
-            command=Command.ADOPT,
-            patch_id=loaded.spec.id,
-            hosts=recorded_hosts,
-            factory=factory,
-            playbook=Playbook(),
-            recorder=run,
-            progress=NoProgress(),
-        ) as fleet,
-    ):
+    def adopt(fleet: FleetRun) -> RunReport:
         found, halted = fleet.execute(
             per_node(one), batches=one_batch(fleet.items(), 1), halt=lambda _: None
         )
@@ -374,11 +362,23 @@ def _record(
             )
             for name, why in untouched
         ]
-        return run.finish(
-            RunReport(
-                run.run_id, Command.ADOPT, loaded.spec.id, hosts=tuple(outcomes), halted=halted
-            )
+        return RunReport(
+            fleet.recorder.run_id,
+            Command.ADOPT,
+            loaded.spec.id,
+            hosts=tuple(outcomes),
+            halted=halted,
         )
+
+    return run_recorded(
+        Command.ADOPT,
+        adopt,
+        ledger=ledger,
+        hosts=recorded_hosts,
+        factory=factory,
+        playbook=None,
+        patch=loaded,
+    )
 
 
 def _adopted(

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, PlanOutcome
-from opspatch.core.host import Host
+from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Playbook, plan_rollout
 from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
@@ -20,17 +20,17 @@ from opspatch.errors import (
     LockHeld,
     OpspatchError,
     SpecError,
-    UnitRefused,
 )
 from opspatch.ledger.records import LeaseHolder
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.executor import halt_as_apply
 from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.group import Nodes
 from opspatch.runs.fleet.host_leases import host_identity, lease_held, live_holders, refusal
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
-from opspatch.runs.fleet.recorded import recorded_run
-from opspatch.runs.fleet.recorder import NullRecorder, Recorder
+from opspatch.runs.fleet.recorded import run_recorded
+from opspatch.runs.fleet.recorder import NullRecorder
 from opspatch.runs.fleet.session import (
     HostSession,
     NoProgress,
@@ -39,7 +39,12 @@ from opspatch.runs.fleet.session import (
     refusal_reason,
 )
 from opspatch.runs.judgments.approval import require_approval
-from opspatch.runs.judgments.units import NodeReading, NotUniform, judge_unit, unit_refusal
+from opspatch.runs.judgments.units import (
+    NodeReading,
+    NotUniform,
+    judge_unit,
+    require_whole_units,
+)
 from opspatch.runs.report import HostOutcome, RunReport
 
 if TYPE_CHECKING:  # the live strategy by `--live` only (`_live_apply`), the judge by a judged run
@@ -141,32 +146,36 @@ def apply_to_hosts(
     run's name in the ledger (`sync` applies through this run)."""
     progress = progress or NoProgress()
     taking = None if live is None else _live_apply(patch, hosts, playbook, live)
-    if local is None and (
-        refused := units_refused(patch.reference, hosts, playbook, command, planned=dry_run)
-    ):
-        raise refused
+    if local is None:
+        what = f"an apply of {patch.reference}" if dry_run else command
+        require_whole_units(hosts, what, whole_apply(patch.reference, planned=dry_run))
+    fleet_apply = _FleetApply(patch, playbook, dry_run, command, local, taking)
     if dry_run:
-        return _FleetApply(
-            patch, playbook, hosts, factory, NullRecorder(), progress, True, command, local, taking
-        ).run()
+        with FleetRun(
+            command=command,
+            patch_id=patch.spec.id,
+            hosts=hosts,
+            factory=factory,
+            playbook=playbook,
+            recorder=NullRecorder(),
+            progress=progress,
+        ) as fleet:
+            return fleet_apply.run(fleet)
     if ledger is None:
         raise ValueError("an apply that changes hosts is recorded: pass the ledger")
     approved = require_approval(ledger, patch, playbook.team, operator=operator_identity())
-    with recorded_run(
-        ledger,
-        command=command,
-        patch=patch,
+    return run_recorded(
+        command,
+        fleet_apply.run,
+        ledger=ledger,
         hosts=hosts,
+        factory=factory,
         playbook=playbook,
+        progress=progress,
+        patch=patch,
         approved_by=approved.principals if approved is not None else None,
-    ) as run:
-        progress.run_started(
-            run.run_id, f"{patch.spec.id} on {len(hosts)} host(s), playbook {playbook.name}"
-        )
-        report = _FleetApply(
-            patch, playbook, hosts, factory, run, progress, False, command, local, taking
-        ).run()
-        return run.finish(report)
+        summary=f"{patch.spec.id} on {len(hosts)} host(s), playbook {playbook.name}",
+    )
 
 
 def _live_apply(
@@ -183,20 +192,10 @@ def _live_apply(
     return LiveApply(patch.spec.id, former, timeout=float(playbook.timeouts.smoke))
 
 
-def units_refused(
-    patch: str,
-    hosts: Sequence[Host],
-    playbook: Playbook,
-    command: str = "apply",
-    *,
-    planned: bool = False,
-) -> UnitRefused | None:
-    return unit_refusal(
-        hosts,
-        command=f"an apply of {patch}" if planned else command,
-        whole=lambda unit: remedy_text(
-            Command.PLAN if planned else Command.APPLY, patch, hosts=unit.name
-        ),
+def whole_apply(patch: str, *, planned: bool = False) -> Callable[[Unit], str]:
+    """The remedy of a unit split by the selection: its plan or apply whole."""
+    return lambda unit: remedy_text(
+        Command.PLAN if planned else Command.APPLY, patch, hosts=unit.name
     )
 
 
@@ -256,16 +255,12 @@ def misfit_reason(patch: LoadedPatch, item: PreparedFile) -> str:
 class _FleetApply:
     patch: LoadedPatch
     playbook: Playbook
-    hosts: Sequence[Host]
-    factory: TransportFactory
-    recorder: Recorder
-    progress: Progress
     dry_run: bool
     command: Command = Command.APPLY
     local: LocalFiles | None = None
     live: LiveApply | None = None
 
-    def run(self) -> RunReport:
+    def run(self, fleet: FleetRun) -> RunReport:
         local = self.local  # local files: no server to restart, so swapped is applied
         self.pipeline = ApplyPipeline(
             self.patch,
@@ -277,35 +272,23 @@ class _FleetApply:
         for index, plan in enumerate(local.plans if local is not None else ()):
             if isinstance(plan, Applied):
                 self.pipeline.reuse(plan, index)
-        with FleetRun(
-            command=self.command,
-            patch_id=self.patch.spec.id,
-            hosts=self.hosts,
-            factory=self.factory,
-            playbook=self.playbook,
-            recorder=self.recorder,
-            progress=self.progress,
-        ) as fleet:
-            self.fleet = fleet
-            self.sessions = fleet.sessions
-            prepared = fleet.preflight(self._prepare)
-            if prepared is None:
-                return fleet.cancelled_report()
-            refused = self._refusals(prepared)
-            if refused is not None:
-                return refused
-            ready = {n: p for n, p in prepared.items() if isinstance(p, Prepared)}  # every host
-            if self.dry_run:
-                return self._would_apply(ready)
-            leased = fleet.lease(
-                {
-                    n: host_identity(self.sessions[n].host, p.inspection.facts)
-                    for n, p in ready.items()
-                },
-                # only a host with a change to make is drained: one already right needs no room
-                restarting={n for n, p in ready.items() if p.pending},
-            )
-            return leased if leased is not None else self._roll_out(ready)
+        self.fleet = fleet
+        self.sessions = fleet.sessions
+        prepared = fleet.preflight(self._prepare)
+        if prepared is None:
+            return fleet.cancelled_report()
+        refused = self._refusals(prepared)
+        if refused is not None:
+            return refused
+        ready = {n: p for n, p in prepared.items() if isinstance(p, Prepared)}  # every host
+        if self.dry_run:
+            return self._would_apply(ready)
+        leased = fleet.lease(
+            {n: host_identity(self.sessions[n].host, p.inspection.facts) for n, p in ready.items()},
+            # only a host with a change to make is drained: one already right needs no room
+            restarting={n for n, p in ready.items() if p.pending},
+        )
+        return leased if leased is not None else self._roll_out(ready)
 
     def _prepare(self, session: HostSession) -> Prepared | Refusal:
         try:
@@ -322,7 +305,7 @@ class _FleetApply:
                     self.live.check(session, prepared)
         except OpspatchError as exc:  # a host key, sudo, a lock, live, the patch or the host
             # a lock held by a run with a live lease: refused naming its operator, machine
-            holders = live_holders(self.recorder, exc) if isinstance(exc, LockHeld) else []
+            holders = live_holders(self.fleet.recorder, exc) if isinstance(exc, LockHeld) else []
             if holders:
                 exc = lease_held(holders, what=f"{session.name} is locked")
             return Refusal(refusal_reason(exc), session.refused(exc), tuple(holders))
@@ -334,7 +317,7 @@ class _FleetApply:
 
     def _refusals(self, prepared: Mapping[str, Prepared | Refusal]) -> RunReport | None:
         """Some host refuses, or a unit's nodes are not alike: refused before any change."""
-        refusals = [r for h in self.hosts if isinstance(r := prepared[h.name], Refusal)]
+        refusals = [r for h in self.fleet.hosts if isinstance(r := prepared[h.name], Refusal)]
         unlike = self._units_not_alike(prepared)
         if not refusals and not unlike:
             return None
@@ -346,7 +329,7 @@ class _FleetApply:
                 or self.sessions[host.name].outcome(Outcome.SKIPPED, reason=Reason.NOT_STARTED),
                 unlike,
             )
-            for host in self.hosts
+            for host in self.fleet.hosts
         ]
         halted = "refused before any change: " + "; ".join(reasons)
         if self.dry_run:  # nothing to record, no lock taken
@@ -364,7 +347,7 @@ class _FleetApply:
     def _units_not_alike(self, prepared: Mapping[str, Prepared | Refusal]) -> list[NotUniform]:
         """Units whose nodes differ in release or a pre-image (a node not read differs too)."""
         found = []
-        units = {(h.inventory, h.unit.name): h.unit for h in self.hosts if h.unit is not None}
+        units = {(h.inventory, h.unit.name): h.unit for h in self.fleet.hosts if h.unit is not None}
         for unit in units.values():
             readings = {
                 node: NodeReading.read(
@@ -380,7 +363,7 @@ class _FleetApply:
 
     def _would_apply(self, prepared: Mapping[str, Prepared]) -> RunReport:
         outcomes = []
-        for host in self.hosts:
+        for host in self.fleet.hosts:
             session, item = self.sessions[host.name], prepared[host.name]
             if item.pending:
                 outcomes.append(
@@ -397,17 +380,12 @@ class _FleetApply:
 
     def _roll_out(self, ready: Mapping[str, Prepared]) -> RunReport:
         plan = plan_rollout(self.playbook, self.fleet.items())
-        canaries = plan.canaries
-
-        def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
-            return self.playbook.halt_reason(
-                {n: o.outcome for n, o in outcomes.items()}, canaries=canaries
-            )
-
         if self.playbook.judge is not None:
-            self.pipeline.judges = self._judge_plan(ready, canaries)
+            self.pipeline.judges = self._judge_plan(ready, plan.canaries)
         outcomes, halted = self.fleet.execute(
-            lambda nodes: self.pipeline.apply(nodes, ready), batches=plan.batches, halt=halt
+            lambda nodes: self.pipeline.apply(nodes, ready),
+            batches=plan.batches,
+            halt=halt_as_apply(self.playbook, plan.canaries),
         )
         if halted and self.playbook.on_halt == HaltAction.ROLLBACK_RUN:
             halted = self._roll_back_run(ready, outcomes, halted)
@@ -427,7 +405,7 @@ class _FleetApply:
                 for name, item in changing.items()
             },
             sessions=self.sessions,
-            units={h.name: h.unit for h in self.hosts if h.unit is not None},
+            units={h.name: h.unit for h in self.fleet.hosts if h.unit is not None},
         )
 
     def _roll_back_run(

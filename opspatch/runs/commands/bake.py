@@ -31,7 +31,7 @@ from opspatch.runs.commands.apply import misfit_reason
 from opspatch.runs.fleet.connect import transport_factory
 from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
-from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.fleet.recorded import run_recorded
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
 from opspatch.runs.report import HostOutcome, RunReport
 
@@ -90,32 +90,35 @@ def bake_image(
     try:  # a start that fails half-way can leave the container created: remove it whatever
         runtime.start_scratch(base.id, scratch.name)
         host = _scratch_host(tag, scratch, request.python)
-        with recorded_run(ledger, command=Command.BAKE, patch=patch, hosts=[host]) as run:
-            progress.run_started(run.run_id, f"{patch.spec.id} into {tag}, from {request.image}")
-            bake = _Bake(patch, request, playbook, tag, base, runtime, run.run_id)
-            with FleetRun(
-                command=Command.BAKE,
-                patch_id=patch.spec.id,
-                hosts=[host],
-                factory=transport_factory(),
-                playbook=playbook,
-                recorder=run,
-                progress=progress,
-            ) as fleet:
-                prepared = fleet.preflight(bake.prepare)
-                if prepared is None:
-                    return run.finish(fleet.cancelled_report())
-                item = prepared[host.name]
-                if isinstance(item, HostOutcome):  # the scratch container could not be begun
-                    fleet.record(item)
-                    return run.finish(fleet.report({host.name: item}, halted=None, refused=True))
-                bake.refuse_misfits(item, fleet)
-                outcomes, halted = fleet.execute(
-                    per_node(lambda session: bake.host(session, item)),
-                    batches=plan_rollout(playbook, [host.name]).batches,
-                    halt=lambda _: None,
-                )
-                return run.finish(fleet.report(outcomes, halted=halted))
+
+        def baked(fleet: FleetRun) -> RunReport:
+            bake = _Bake(patch, request, playbook, tag, base, runtime, fleet.recorder.run_id)
+            prepared = fleet.preflight(bake.prepare)
+            if prepared is None:
+                return fleet.cancelled_report()
+            item = prepared[host.name]
+            if isinstance(item, HostOutcome):  # the scratch container could not be begun
+                fleet.record(item)
+                return fleet.report({host.name: item}, halted=None, refused=True)
+            bake.refuse_misfits(item, fleet)
+            outcomes, halted = fleet.execute(
+                per_node(lambda session: bake.host(session, item)),
+                batches=plan_rollout(playbook, [host.name]).batches,
+                halt=lambda _: None,
+            )
+            return fleet.report(outcomes, halted=halted)
+
+        return run_recorded(
+            Command.BAKE,
+            baked,
+            ledger=ledger,
+            hosts=[host],
+            factory=transport_factory(),
+            playbook=playbook,
+            progress=progress,
+            patch=patch,
+            summary=f"{patch.spec.id} into {tag}, from {request.image}",
+        )
     finally:
         runtime.remove(scratch.name)
 

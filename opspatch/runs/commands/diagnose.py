@@ -16,11 +16,12 @@ from opspatch.errors import HostError, InputError, LedgerError, OpspatchError, T
 from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, ModuleDiagnosis, diagnose_host
 from opspatch.hosts.engine import EXEC_MARGIN, smoke_args
 from opspatch.hosts.image import BakedLabels
-from opspatch.hosts.live import LiveEngineReply, LiveFix, ask_engine
+from opspatch.hosts.live import LiveEngineReply
 from opspatch.hosts.operations import HostOperations
 from opspatch.ledger.records import FileVersion
 from opspatch.ledger.store import Ledger
-from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.commands.live import list_fixes
+from opspatch.runs.fleet.connect import TransportFactory, opened
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.session import describe_error
 from opspatch.runs.judgments.findings import (
@@ -56,27 +57,24 @@ class DiagnoseOptions:
 def _read(
     host: Host, factory: TransportFactory, request: DiagnoseRequest, timeout: float
 ) -> HostDiagnosis | str:
-    transport = factory(host)
     try:
-        ops = HostOperations(transport, host)
-        live = _live_list(ops)
-        if isinstance(live, LiveEngineReply):  # a fix's module is judged too (its drift)
-            held = [h.module for h in held_fixes(live) if h.module]
-            more = tuple(m for m in dict.fromkeys(held) if m not in request.modules)
-            request = replace(request, modules=(*request.modules, *more))
-        found = diagnose_host(ops, request, timeout=timeout)
-        return replace(
-            found,
-            container=transport.container,
-            live=live if not isinstance(live, str) else None,
-            live_error=live if isinstance(live, str) else None,
-        )
+        with opened(factory, host) as ops:
+            live = _live_list(ops)
+            if isinstance(live, LiveEngineReply):  # a fix's module is judged too (its drift)
+                held = [h.module for h in held_fixes(live) if h.module]
+                more = tuple(m for m in dict.fromkeys(held) if m not in request.modules)
+                request = replace(request, modules=(*request.modules, *more))
+            found = diagnose_host(ops, request, timeout=timeout)
+            return replace(
+                found,
+                container=ops.transport.container,
+                live=live if not isinstance(live, str) else None,
+                live_error=live if isinstance(live, str) else None,
+            )
     except InputError as exc:
         return exc.render()
     except OpspatchError as exc:
         return describe_error(exc)
-    finally:
-        transport.close()
 
 
 def _live_list(ops: HostOperations) -> LiveEngineReply | str | None:
@@ -84,7 +82,7 @@ def _live_list(ops: HostOperations) -> LiveEngineReply | str | None:
     if not ops.host.live:
         return None
     try:
-        return ask_engine(ops, LiveFix("list"), timeout=StepTimeouts().smoke, step="live")
+        return list_fixes(ops)
     except OpspatchError as exc:
         return describe_error(exc)
 
@@ -403,11 +401,7 @@ def read_module_sources(
         assert m.file is not None
         sha = m.file.sha256
         if sha in distinct:
-            known = distinct[sha]
-            distinct[sha] = ModuleSource(
-                (*known.hosts, host.name), known.path, known.text, sha, known.related,
-                known.distribution, known.version,
-            )  # fmt: skip
+            distinct[sha] = replace(distinct[sha], hosts=(*distinct[sha].hosts, host.name))
             continue
         try:
             text = m.file.content.decode("utf-8")

@@ -140,11 +140,20 @@ def judge_hosts(
         or HostJudgment(host.name, None, f"not measured: {CANCELLED}", unit=_unit_name(host))
         for host in chosen
     ]
-    baseline_error = unmeasured[0] if unmeasured else None
-    if baseline is not None and not done:
-        baseline_error = f"{baseline.name} was not measured: {CANCELLED}"
-    return JudgeReport(
-        baseline.name if baseline is not None else None, tuple(results), baseline_error
+    if baseline is None:
+        return JudgeReport(None, tuple(results), None)
+    return JudgeReport(baseline.name, tuple(results), _baseline_error(baseline, unmeasured, done))
+
+
+def _baseline_error(baseline: Host, unmeasured: list[str], done: object) -> str | None:
+    """Why the baseline asked for was not measured, with the remedy (None: it was)."""
+    if not done:
+        return f"{baseline.name} was not measured: {CANCELLED}"
+    if not unmeasured:
+        return None
+    return (
+        f"{unmeasured[0]}; `{remedy_text(Command.DIAGNOSE, hosts=baseline.name, decode=True)}` "
+        "says why it does not serve, or name another --baseline"
     )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -14,6 +13,7 @@ from opspatch.errors import LedgerError
 from opspatch.ledger.chain import GENESIS_HASH
 from opspatch.ledger.records import FileVersion, RunDetail, RunSummary
 from opspatch.ledger.store import Ledger
+from opspatch.runs.judgments.findings import unified_diff
 
 MAX_RUNS = 100_000
 MAX_DIFF_LINES = 300
@@ -56,16 +56,7 @@ def _diff(ledger: Ledger, version: FileVersion) -> str | None:
         after = ledger.blob(version.sha256_after)
     except LedgerError:
         return None
-    old = before.decode("utf-8", "replace").splitlines(keepends=True)
-    new = after.decode("utf-8", "replace").splitlines(keepends=True)
-    name = version.path.lstrip("/")
-    lines = [
-        line if line.endswith("\n") else line + "\n"
-        for line in difflib.unified_diff(old, new, f"a/{name}", f"b/{name}")
-    ]
-    if len(lines) > MAX_DIFF_LINES:
-        lines = lines[:MAX_DIFF_LINES] + [f"[... {len(lines) - MAX_DIFF_LINES} more lines]\n"]
-    return "".join(lines)
+    return unified_diff(before, after, version.path.lstrip("/"), MAX_DIFF_LINES)
 
 
 def _relation(summary: RunSummary) -> str | None:

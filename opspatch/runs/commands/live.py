@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from opspatch import __version__
 from opspatch.core.host import Host
-from opspatch.core.policy import Playbook
+from opspatch.core.policy import Playbook, StepTimeouts
 from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Outcome, Step
@@ -26,7 +26,7 @@ from opspatch.hosts.liveinstall import (
     read_site,
     remove,
 )
-from opspatch.hosts.operations import HostInspection
+from opspatch.hosts.operations import HostInspection, HostOperations
 from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import per_node
@@ -36,6 +36,7 @@ from opspatch.runs.fleet.session import (
     HostSession,
     Progress,
     describe_error,
+    refusal_reason,
 )
 from opspatch.runs.fleet.standing import begin
 from opspatch.runs.judgments.live import HeldFix, held_fixes, unanswered
@@ -102,10 +103,9 @@ def _run(
     )
 
 
-def list_fixes(session: HostSession) -> LiveEngineReply:
+def list_fixes(ops: HostOperations, timeout: float = StepTimeouts().smoke) -> LiveEngineReply:
     """One `list` to every process of the engine."""
-    timeout = float(session.playbook.timeouts.smoke)
-    return ask_engine(session.ops, LiveFix("list"), timeout=timeout, step=Step.LIVE)
+    return ask_engine(ops, LiveFix("list"), timeout=float(timeout), step=Step.LIVE)
 
 
 def of_patch(fix_id: str, patch_id: str) -> bool:
@@ -115,7 +115,7 @@ def of_patch(fix_id: str, patch_id: str) -> bool:
 
 def patch_fixes(session: HostSession, patch_id: str) -> tuple[list[HeldFix], LiveEngineReply]:
     """The patch's live fixes the engine's processes hold, and the reply."""
-    reply = list_fixes(session)
+    reply = list_fixes(session.ops, session.playbook.timeouts.smoke)
     return [h for h in held_fixes(reply) if of_patch(h.fix_id, patch_id)], reply
 
 
@@ -304,7 +304,7 @@ def _refused(session: HostSession, error: OpspatchError) -> HostOutcome | None:
         text = f"refused: {error.message}"
         return session.outcome(Outcome.SKIPPED, text, reason=Reason.CHANGED_SINCE)
     if isinstance(error, RemoteOperationError) and error.code in NOTHING_RAN:
-        return session.outcome(Outcome.FAILED, describe_error(error), reason=Reason.LOCK_HELD)
+        return session.outcome(Outcome.FAILED, describe_error(error), reason=refusal_reason(error))
     return None
 
 
@@ -362,7 +362,7 @@ class StagedPlugin:
     def listens(self, session: HostSession) -> None:
         """After the smoke: every process answers on its live socket (HostFailed if not)."""
         with session.step(Step.LIVE) as note:
-            reply = list_fixes(session)
+            reply = list_fixes(session.ops, session.playbook.timeouts.smoke)
             problem = unanswered(reply) or (
                 None if reply.processes() else "no process of the engine answered"
             )
@@ -444,7 +444,7 @@ def _staged_disable(
     if not locked:
         _lock(session)
     with session.step(Step.LIVE) as note:
-        reply = list_fixes(session)
+        reply = list_fixes(session.ops, session.playbook.timeouts.smoke)
         listening = tuple(p.process for p in reply.processes())
         note["detail"] = (
             "still listening after the disable: " + ", ".join(listening)

@@ -4,7 +4,6 @@ target) or `--root` (a tree holding each target of a set at `<root>/a/b/c.py`)."
 from __future__ import annotations
 
 import os
-import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from opspatch.core.vocabulary import Command, FileAction, Outcome
 from opspatch.errors import InputError, TargetError
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.commands.apply import LocalFiles, apply_to_hosts, not_applicable_error
+from opspatch.runs.commands.releasecache import normalize_name
 from opspatch.runs.fleet.connect import transport_factory
 from opspatch.runs.report import RunReport
 
@@ -37,10 +37,6 @@ __all__ = [
 ]
 
 
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
 def distribution_version_for(file: Path, target: Target) -> str | None:
     """The version in the dist-info beside the package holding `file` (None: a checkout)."""
     resolved = file.resolve().as_posix()
@@ -50,11 +46,11 @@ def distribution_version_for(file: Path, target: Target) -> str | None:
             break
     else:
         return None
-    wanted = _normalize(target.distribution)
+    wanted = normalize_name(target.distribution)
     for info in sorted(site.glob("*.dist-info")):
         name = info.name[: -len(".dist-info")]
         dist, _, version = name.partition("-")
-        if _normalize(dist) != wanted:
+        if normalize_name(dist) != wanted:
             continue
         metadata = info / "METADATA"
         if metadata.is_file():
@@ -134,9 +130,7 @@ def plan_local_file(loaded: LoadedPatch, file: Path, target_version: str | None)
         )
     if not file.is_file():
         raise InputError(f"{file}: no such file")
-    version = target_version or distribution_version_for(file, loaded.spec.target)
-    _check_target(loaded, 0, file, version, root=None)
-    return LocalPlan((file,), version, (apply_patch(file.read_bytes(), loaded.spec),))
+    return _planned(loaded, (file,), target_version, root=None)
 
 
 def tree_files(loaded: LoadedPatch, root: Path) -> tuple[Path, ...]:
@@ -158,9 +152,14 @@ def tree_files(loaded: LoadedPatch, root: Path) -> tuple[Path, ...]:
 
 
 def plan_local_tree(loaded: LoadedPatch, root: Path, target_version: str | None) -> LocalPlan:
-    """Plan each target's module under `root`, checked against `target_version` (else the
-    first dist-info beside the files naming its distribution)."""
-    files = tree_files(loaded, root)
+    return _planned(loaded, tree_files(loaded, root), target_version, root=root)
+
+
+def _planned(
+    loaded: LoadedPatch, files: tuple[Path, ...], target_version: str | None, *, root: Path | None
+) -> LocalPlan:
+    """Each part planned on its file, checked against `target_version` (else the first
+    dist-info beside the files naming its distribution): a `--file` is a tree of one."""
     version = target_version or next(
         (
             found

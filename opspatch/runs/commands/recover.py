@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -24,20 +24,18 @@ from opspatch.errors import HostError, InputError, LockHeld
 from opspatch.ledger.store import FileVersion, Ledger, RunDetail
 from opspatch.runs.commands.live import patch_fixes
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.group import Nodes, prove_or_undo, proven, serves, undo
+from opspatch.runs.fleet.group import Nodes, prove_or_undo, serves, undo
 from opspatch.runs.fleet.host_leases import lease_held
 from opspatch.runs.fleet.liveapply import revert_everywhere
-from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import (
+    prove_standings,
     restart_stale,
     restore_standing,
     run_restore,
     stale_servers,
 )
 from opspatch.runs.fleet.session import (
-    HostFailed,
     HostSession,
-    NoProgress,
     Progress,
     describe_error,
 )
@@ -49,7 +47,7 @@ from opspatch.runs.fleet.standing import (
     read,
     taking_lock,
 )
-from opspatch.runs.judgments.decisions import decide
+from opspatch.runs.judgments.decisions import decide, group_action
 from opspatch.runs.judgments.live import unanswered
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing, paths_of
 from opspatch.runs.judgments.proof import describe
@@ -192,29 +190,20 @@ def _recover(
     taking_over: Collection[str] = (),
 ) -> RunReport:
     require_whole_units(hosts, Command.RECOVER)
-    with recorded_run(
-        ledger,
-        command=Command.RECOVER,
-        patch=patch,
+    return run_restore(
+        Command.RECOVER,
+        _RecoverHost(ledger, scope, patch).group,
+        ledger=ledger,
         hosts=hosts,
+        factory=factory,
         playbook=playbook,
+        progress=progress,
+        patch=patch,
         parent_run=parent_run,
-    ) as run:
-        recover = _RecoverHost(ledger, scope, patch)
-        report = run_restore(
-            command=Command.RECOVER,
-            recorder=run,
-            hosts=hosts,
-            factory=factory,
-            playbook=playbook,
-            progress=progress or NoProgress(),
-            patch_id=patch.spec.id if patch else None,
-            per_group=recover.group,
-            leases=leases,
-            taking_over=taking_over,
-            not_started=None if parent_run is None else partial(_never_reached, scope, parent_run),
-        )
-        return run.finish(report)
+        leases=leases,
+        taking_over=taking_over,
+        not_started=None if parent_run is None else partial(_never_reached, scope, parent_run),
+    )
 
 
 def _never_reached(scope: _Scope, parent_run: str, session: HostSession, why: str) -> HostOutcome:
@@ -249,10 +238,6 @@ def _may_take_over(ledger: Ledger, holder: str, takeover: Collection[str] | None
         return ledger.get_run(holder).summary.status in _OVER
     except InputError:
         return False  # not a run of this ledger: it may be alive elsewhere
-
-
-_PROVEN = frozenset({Standing.NEW_PROVEN, Standing.NEW_PROVEN_NO_SERVER})
-"""No server found may be one the agent cannot see: whether the unit serves asks its head."""
 
 
 @dataclass(frozen=True)
@@ -295,13 +280,30 @@ class _RecoverHost:
             raise unread.error from None
         if all(st.inspection is None for st in standings.values()):
             return self._not_read(nodes)
-        odd = [
-            n
-            for n, st in standings.items()
-            if decide(Command.RECOVER, st.standing) == Action.ATTENTION
-        ]
-        if odd:
+        action = group_action(Command.RECOVER, [st.standing for st in standings.values()])
+        if action == Action.ATTENTION:
+            odd = [
+                n for n, st in standings.items() if decide(Command.RECOVER, st.standing) == action
+            ]
             return self._changed_group(nodes, standings, odd)
+        if action == Action.ENSURE_RUNNING:
+            if stale_servers(standings):  # a rollback killed after its swap: file back, server not
+                return restart_stale(
+                    nodes, standings, {n: st.unchanged() for n, st in standings.items()}
+                )
+            return self._serving(nodes, standings)
+        if action == Action.PROVE_OR_UNDO:
+            takes = self._live_takes(nodes, standings)
+            if takes is not None:  # `apply --live`: its server holds the fix, or part of it
+                return self._finish_live(nodes, standings, taken=takes)
+            head = standings[nodes.head.name]
+            what = "patch set (all-new)" if head.is_set else "change"
+            note = (
+                f"finished run {head.version.run_id}'s {what} on {nodes.label}: restarted as one "
+                "and smoke-tested"
+            )
+            return prove_standings(nodes, standings, note)
+        # restore: the nodes differ, or a set is partly new
         new = {n for n, st in standings.items() if st.standing in ALL_NEW}
         changes = {n: st.change() if n in new else st.unchanged() for n, st in standings.items()}
 
@@ -313,23 +315,6 @@ class _RecoverHost:
                 else changes[session.name]
             )
 
-        if new and len(new) == len(standings):
-            if all(st.standing in _PROVEN for st in standings.values()):
-                return self._serving(nodes, standings)
-            takes = self._live_takes(nodes, standings)
-            if takes is not None:  # `apply --live`: its server holds the fix, or part of it
-                return self._finish_live(nodes, standings, taken=takes)
-            head = standings[nodes.head.name]
-            what = "patch set (all-new)" if head.is_set else "change"
-            note = (
-                f"finished run {head.version.run_id}'s {what} on {nodes.label}: restarted as one "
-                "and smoke-tested"
-            )
-            return prove_or_undo(nodes, changes=changes, restore=restore, note=note)
-        if not new and not any(st.standing == Standing.PARTLY_NEW for st in standings.values()):
-            if stale_servers(standings):  # a rollback killed after its swap: file back, server not
-                return restart_stale(nodes, standings, changes)
-            return self._serving(nodes, standings)
         partly = sorted(n for n, st in standings.items() if st.standing != Standing.ALL_OLD)
         why = (
             f"the change was partly applied on {nodes.label} (new files on {', '.join(partly)}): "
@@ -338,30 +323,23 @@ class _RecoverHost:
         return undo(nodes, why, restore=restore, changes=changes, outcome=Outcome.RESTORED)
 
     def _serving(self, nodes: Nodes, standings: Mapping[str, HostStanding]) -> list[HostOutcome]:
-        """Left alone when it serves (a restart would prove nothing new and drop requests),
-        else restarted and proven."""
         head = standings[nodes.head.name]
-        new = all(st.standing in ALL_NEW for st in standings.values())
-        changes = {n: st.change() if new else st.unchanged() for n, st in standings.items()}
-        if not new:
-            at_rest = (
-                f"{self.scope.what} recorded no change here"
-                if head.standing == Standing.NOTHING_RECORDED
-                else f"every file on {nodes.label} is at its pre-image"
+        if head.standing in ALL_NEW:  # all new: all proven (`group_action`)
+            changes = {n: st.change() for n, st in standings.items()}
+            proof = describe(head.proofs[0], nodes.head.host)
+            return _left_if_serving(
+                nodes,
+                proof,
+                changes,
+                Outcome.APPLIED,
+                lambda why: prove_standings(nodes, standings, f"{why} and smoke-tested"),
             )
-            return _at_rest(nodes, at_rest, changes)
-        proof = describe(head.proofs[0], nodes.head.host)
-        if serves(nodes):
-            note = f"{proof}; {nodes.label} serves: left alone"
-            return [
-                s.outcome(Outcome.APPLIED, file=changes[s.name], note=note) for s in nodes.sessions
-            ]
-        return prove_or_undo(
-            nodes,
-            changes=changes,
-            restore=lambda s: restore_standing(s, standings[s.name]),
-            note=f"{proof}; {nodes.label} was not serving: restarted as one and smoke-tested",
+        at_rest = (
+            f"{self.scope.what} recorded no change here"
+            if head.standing == Standing.NOTHING_RECORDED
+            else f"every file on {nodes.label} is at its pre-image"
         )
+        return _at_rest(nodes, at_rest, {n: st.unchanged() for n, st in standings.items()})
 
     def _not_read(self, nodes: Nodes) -> list[HostOutcome]:
         said = "; ".join(f"{s.name}: {self._locked(s)}" for s in nodes.sessions)
@@ -430,33 +408,33 @@ class _RecoverHost:
             said.append(f"{session.name}: {detail}")
         listed = "; ".join(said)
         changes = {n: st.change() for n, st in standings.items()}
+
+        def restore(session: HostSession) -> FileChange:
+            return restore_standing(session, standings[session.name])
+
         if whole:
-            try:
-                smoke = proven(nodes, None)
-            except HostFailed as failure:
-                return self._undo_live(
-                    nodes, standings, fixes, failure.error, Outcome.ROLLED_BACK, failure.reason
-                )
-            note = (
-                f"finished run {run_id}'s live fix: every process of the engine holds it and "
-                "the smoke decode proves it, no restart; the file carries it for the next one"
+            return prove_or_undo(
+                nodes,
+                changes=changes,
+                restore=restore,
+                note=(
+                    f"finished run {run_id}'s live fix: every process of the engine holds it and "
+                    "the smoke decode proves it, no restart; the file carries it for the next one"
+                ),
+                restart=False,
+                revert=lambda: _revert(nodes, fixes),
             )
-            return [
-                s.outcome(
-                    Outcome.APPLIED,
-                    file=changes[s.name],
-                    smoke=smoke if s is nodes.head else None,
-                    note=note,
-                )
-                for s in nodes.sessions
-            ]
         why = (
             f"run {run_id} was interrupted before its live fix was taken in every process "
             f"({listed}): the fix was taken out and the files put back, as a failed live apply "
             f"is; `{remedy_text(Command.APPLY, patch_id, hosts=nodes.name)}` with --live "
             "takes it again"
         )
-        return self._undo_live(nodes, standings, fixes, why, Outcome.RESTORED, restart=unheard)
+        reverted = _revert(nodes, fixes)
+        restart = unheard or not reverted  # a process not heard from may hold the fix
+        return undo(
+            nodes, why, restore=restore, changes=changes, restart=restart, outcome=Outcome.RESTORED
+        )
 
     @staticmethod
     def _held(
@@ -484,34 +462,6 @@ class _RecoverHost:
         holds = {h.sha256 for h in held} == posts
         return fixes, unheard is None, holds, listed["detail"]
 
-    @staticmethod
-    def _undo_live(
-        nodes: Nodes,
-        standings: Mapping[str, HostStanding],
-        fixes: Collection[str],
-        why: str,
-        outcome: Outcome,
-        reason: Reason | None = None,
-        *,
-        restart: bool = False,
-    ) -> list[HostOutcome]:
-        """Revert `fixes` everywhere, restore the files; restart when a revert did not answer
-        everywhere, or with `restart` (a process not heard from may hold the fix)."""
-        reverted = True
-        for session in nodes.sessions:
-            if fixes:
-                timeout = float(session.playbook.timeouts.smoke)
-                reverted = revert_everywhere(session, sorted(fixes), timeout=timeout) and reverted
-        return undo(
-            nodes,
-            why,
-            restore=lambda s: restore_standing(s, standings[s.name]),
-            changes={n: st.change() for n, st in standings.items()},
-            restart=restart or not reverted,
-            outcome=outcome,
-            reason=reason,
-        )
-
     def _changed(self, session: HostSession, standing: HostStanding) -> str:
         if standing.is_set:
             return (
@@ -534,16 +484,42 @@ class _RecoverHost:
         return FileChange(newest.path, newest.sha256_before, standing.live)
 
 
-def _at_rest(nodes: Nodes, why: str, changes: Mapping[str, FileChange | None]) -> list[HostOutcome]:
+def _revert(nodes: Nodes, fixes: Collection[str]) -> bool:
+    """`fixes` reverted on every node; False where some process did not answer its revert."""
+    reverted = True
+    for session in nodes.sessions:
+        if fixes:
+            timeout = float(session.playbook.timeouts.smoke)
+            reverted = revert_everywhere(session, sorted(fixes), timeout=timeout) and reverted
+    return reverted
+
+
+def _left_if_serving(
+    nodes: Nodes,
+    why: str,
+    changes: Mapping[str, FileChange | None],
+    outcome: Outcome,
+    restarted: Callable[[str], list[HostOutcome]],
+) -> list[HostOutcome]:
+    """Left alone when it serves (a restart would prove nothing new and drop requests), else
+    `restarted` (given why)."""
     if serves(nodes):
         note = f"{why}; {nodes.label} serves: left alone"
-        return [
-            s.outcome(Outcome.RESTORED, file=changes[s.name], note=note) for s in nodes.sessions
-        ]
-    return undo(
+        return [s.outcome(outcome, file=changes[s.name], note=note) for s in nodes.sessions]
+    return restarted(f"{why}; {nodes.label} was not serving: restarted as one")
+
+
+def _at_rest(nodes: Nodes, why: str, changes: Mapping[str, FileChange | None]) -> list[HostOutcome]:
+    return _left_if_serving(
         nodes,
-        f"{why}; {nodes.label} was not serving: restarted as one",
-        restore=lambda s: changes[s.name],
-        changes=changes,
-        outcome=Outcome.RESTORED,
+        why,
+        changes,
+        Outcome.RESTORED,
+        lambda text: undo(
+            nodes,
+            text,
+            restore=lambda s: changes[s.name],
+            changes=changes,
+            outcome=Outcome.RESTORED,
+        ),
     )

@@ -16,11 +16,15 @@ from opspatch.runs.commands.live import StagedDisable, StagedPlugin, staged_plug
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.group import Nodes, failing_as, prove_or_undo, refuse, undo
 from opspatch.runs.fleet.recorded import run_in_batches
-from opspatch.runs.fleet.restore import restart_stale, restore_standing, stale_servers
+from opspatch.runs.fleet.restore import (
+    prove_standings,
+    restart_stale,
+    stale_servers,
+)
 from opspatch.runs.fleet.session import HostSession, Progress
 from opspatch.runs.fleet.standing import Change, HostStanding, Unread, read
 from opspatch.runs.fleet.steps import AS_ROLLBACK
-from opspatch.runs.judgments.decisions import decide
+from opspatch.runs.judgments.decisions import decide, group_action
 from opspatch.runs.judgments.patchset import ALL_NEW, Standing
 from opspatch.runs.judgments.units import recover_remedy, require_whole_units
 from opspatch.runs.report import HostOutcome, RunReport
@@ -66,8 +70,8 @@ class _Staged:
     standing: HostStanding
 
     @property
-    def action(self) -> Action:
-        return decide(Command.RESTART, self.standing.standing)
+    def refuses(self) -> bool:
+        return decide(Command.RESTART, self.standing.standing) == Action.REFUSE
 
     @property
     def new(self) -> bool:
@@ -111,15 +115,12 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
         return refuse(nodes, {unread.session.name: refused}, "could not be read")
     staged = {n: _Staged(v[0].run_id if v else None, standings[n]) for n, v in versions.items()}
     files = {n: st.standing.unchanged() if st.run_id else None for n, st in staged.items()}
-    odd = {
-        s.name: staged[s.name].refused(s)
-        for s in nodes.sessions
-        if staged[s.name].action == Action.REFUSE
-    }
-    if odd:
+    action = group_action(Command.RESTART, [st.standing for st in standings.values()])
+    if action == Action.REFUSE:
+        odd = {s.name: staged[s.name].refused(s) for s in nodes.sessions if staged[s.name].refuses}
         return refuse(nodes, odd, "was refused", files=files)
-    new = [n for n, st in staged.items() if st.new]
-    if len(new) not in (0, len(staged)):
+    if action == Action.ATTENTION:  # the nodes differ
+        new = [n for n, st in staged.items() if st.new]
         old = [n for n in staged if n not in new]
         why = (
             f"the nodes of unit {nodes.name} differ: {', '.join(new)} carry the change and "
@@ -132,16 +133,12 @@ def _restart(nodes: Nodes, ledger: Ledger) -> list[HostOutcome]:
             )
             for s in nodes.sessions
         ]
-    if not new and stale_servers(standings):  # put back with no restart since: staged too
+    if action == Action.PROVE_OR_UNDO:
+        what = staged[nodes.head.name].what()
+        return prove_standings(nodes, standings, _restarted_into(nodes, what, "proven"))
+    if stale_servers(standings):  # put back with no restart since: staged too
         return restart_stale(nodes, standings, files, steps=AS_ROLLBACK)
-    if not any(st.action == Action.PROVE_OR_UNDO for st in staged.values()):
-        return _restart_plugin(nodes, ledger, staged)
-    return prove_or_undo(
-        nodes,
-        changes={n: st.change() for n, st in standings.items()},
-        restore=lambda session: restore_standing(session, standings[session.name]),
-        note=_restarted_into(nodes, staged[nodes.head.name].what(), "proven"),
-    )
+    return _restart_plugin(nodes, ledger, staged)
 
 
 def _restarted_into(nodes: Nodes, what: str, proven: str) -> str:
@@ -156,12 +153,8 @@ def _restart_plugin(
     plugins: dict[str, StagedPlugin | StagedDisable | None] = {}
     for session in nodes.sessions:
         try:
-            here = staged[session.name]
-            plugins[session.name] = (
-                staged_plugin(session, ledger, locked=here.run_id is not None)
-                if here.action == Action.LEAVE
-                else None
-            )
+            locked = staged[session.name].run_id is not None
+            plugins[session.name] = staged_plugin(session, ledger, locked=locked)
         except OpspatchError as exc:
             return refuse(nodes, {session.name: session.refused(exc)}, "could not be read")
     disabled = {n: p for n, p in plugins.items() if isinstance(p, StagedDisable)}

@@ -23,9 +23,8 @@ from opspatch.runs.commands.live import patch_fixes
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.group import Nodes, refuse, undo
 from opspatch.runs.fleet.liveapply import revert_everywhere
-from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import Examined, restore_standing, run_restore, stale_note
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
+from opspatch.runs.fleet.session import HostSession, Progress, describe_error
 from opspatch.runs.fleet.standing import Change, HostStanding, Lineage, read_host
 from opspatch.runs.fleet.steps import AS_ROLLBACK
 from opspatch.runs.judgments.decisions import decide
@@ -61,30 +60,23 @@ def rollback_hosts(
         return remedy_text(Command.ROLLBACK, run=source_run.run_id, hosts=unit.name)
 
     require_whole_units(hosts, Command.ROLLBACK, whole=again)
-    with recorded_run(
-        ledger,
-        command=Command.ROLLBACK,
-        patch=patch,
+    rollback = _Rollback(
+        ledger, patch, source_run, restart_engine, unrestarted, only_paths, patch_id
+    )
+    return run_restore(
+        Command.ROLLBACK,
+        rollback.group,
+        ledger=ledger,
         hosts=hosts,
+        factory=factory,
         playbook=playbook,
+        progress=progress,
+        patch=patch,
+        patch_id=patch_id,
         parent_run=source_run.run_id if source_run else None,
-    ) as run:
-        rollback = _Rollback(
-            ledger, patch, source_run, restart_engine, unrestarted, only_paths, patch_id
-        )
-        report = run_restore(
-            command=Command.ROLLBACK,
-            recorder=run,
-            hosts=hosts,
-            factory=factory,
-            playbook=playbook,
-            progress=progress or NoProgress(),
-            patch_id=patch_id,
-            per_group=rollback.group,
-            preflight=rollback.preflight,
-            under_playbook=True,
-        )
-        return run.finish(report)
+        preflight=rollback.preflight,
+        under_playbook=True,
+    )
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,11 @@ from opspatch.core.vocabulary import Command, Detected, PatchState, Rotation
 from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, OpspatchError, TargetError
 from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.image import BakedLabels
-from opspatch.hosts.live import LiveFix, ask_engine
 from opspatch.hosts.operations import HostOperations
 from opspatch.ledger.lineage import PatchedFurther
 from opspatch.ledger.store import Ledger
-from opspatch.runs.commands.live import of_patch
-from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.commands.live import list_fixes, of_patch
+from opspatch.runs.fleet.connect import TransportFactory, opened
 from opspatch.runs.fleet.executor import map_hosts
 from opspatch.runs.fleet.rotation import rotation_of
 from opspatch.runs.fleet.standing import HostStanding, read_inspected
@@ -280,33 +279,34 @@ def read_fleet(
 ) -> tuple[list[PatchStatus], Standings]:
     """`fleet_status`, with the standings its words were read from (one per part)."""
 
+    modules: dict[str, list[tuple[LoadedPatch, int]]] = {}
+    for patch in patches:
+        for index, part in enumerate(patch.parts):
+            modules.setdefault(part.target.module, []).append((patch, index))
+
     def one(host: Host) -> tuple[list[PatchStatus], Standings]:
-        transport, read = factory(host), Standings()
-        ops = HostOperations(transport, host)
-        results: list[PatchStatus] = []
-        try:
-            modules: dict[str, list[tuple[LoadedPatch, int]]] = {}
-            for patch in patches:
-                for index, part in enumerate(patch.parts):
-                    modules.setdefault(part.target.module, []).append((patch, index))
-            found: dict[tuple[str, int], PatchStatus] = {}
-            standings: dict[tuple[str, int], HostStanding] = {}
+        read: Standings = {}
+        found: dict[tuple[str, int], PatchStatus] = {}
+        standings: dict[tuple[str, int], HostStanding] = {}
+        with opened(factory, host) as ops:
             for module, group in modules.items():
                 try:
                     inspection = ops.inspect(module, timeout=StepTimeouts().inspect)
                 except OpspatchError as exc:
                     unread = unread_word(isinstance(exc, TargetError))
                     for p, i in group:
-                        said = PatchStatus(host.name, p.spec.id, unread, None, None, exc.message)
-                        found[p.sha256, i] = said
+                        found[p.sha256, i] = PatchStatus(
+                            host.name, p.spec.id, unread, None, None, exc.message
+                        )
                     continue
-                container = transport.container  # pinned by the first command, not before
+                container = ops.transport.container  # pinned by the first command, not before
                 for p, i in group:
                     standing = read_inspected(
                         host.name, inspection, ledger, p, part=i, container=container
                     )
                     standings[p.sha256, i] = standing
                     found[p.sha256, i] = classify(standing, p, host, ledger, container, part=i)
+            results: list[PatchStatus] = []
             for patch in patches:
                 parts = [(patch.sha256, i) for i in range(len(patch.parts))]
                 read[host.name, patch.spec.id] = tuple(standings.get(k) for k in parts)
@@ -315,8 +315,6 @@ def read_fleet(
             reached = any(r.state != PatchState.UNREACHABLE for r in results)
             if host.live and reached:  # one exec more, only where live fixes are on
                 results = with_live_fixes(ops, patches, results)
-        finally:
-            transport.close()
         return results, read
 
     by_name = {h.name: h for h in hosts}
@@ -340,7 +338,7 @@ def with_live_fixes(
     the next restart loses it). A `staged` file every process holds live is `applied`; an
     engine not fully heard from is `live_unread`, and no `staged` is made `applied`."""
     try:
-        reply = ask_engine(ops, LiveFix("list"), timeout=StepTimeouts().smoke, step="live")
+        reply = list_fixes(ops)
     except OpspatchError as exc:
         unread: str | None = f"live fixes could not be listed: {exc.message}"
         held: tuple[HeldFix, ...] = ()

@@ -30,11 +30,11 @@ from opspatch.errors import (
     InputError,
 )
 from opspatch.ledger.store import Ledger, operator_identity
-from opspatch.runs.commands.apply import apply_to_hosts, units_refused
+from opspatch.runs.commands.apply import apply_to_hosts, whole_apply
 from opspatch.runs.commands.status import PatchStatus, read_fleet
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun, per_node
-from opspatch.runs.fleet.recorded import recorded_run
+from opspatch.runs.fleet.recorded import run_recorded
 from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
 from opspatch.runs.fleet.standing import HostStanding
 from opspatch.runs.judgments.approval import require_approval
@@ -414,9 +414,7 @@ def _refuse_before_any_run(
         hosts = [
             by_name[r.host] for r in _desired_rows(before, entry) if r.action == SyncAction.APPLY
         ]
-        refused = units_refused(entry.patch.reference, hosts, playbook, "sync")
-        if refused is not None:
-            raise refused
+        require_whole_units(hosts, Command.SYNC, whole_apply(entry.patch.reference))
     for entry in desired.entries:
         if any(
             r.patch == entry.patch.spec.id and r.action == SyncAction.APPLY for r in before.rows
@@ -455,20 +453,8 @@ def _record_left_alone(
 ) -> RunReport:
     """A needs-port is never silently skipped: a `sync` run whose hosts are all `skipped`."""
     hosts = [by_name[r.host] for r, _ in left]
-    with (
-        recorded_run(
-            ledger, command=Command.SYNC, patch=entry.patch, hosts=hosts, playbook=playbook
-        ) as run,
-        FleetRun(
-            command=Command.SYNC,
-            patch_id=entry.patch.spec.id,
-            hosts=hosts,
-            factory=factory,
-            playbook=playbook,
-            recorder=run,
-            progress=NoProgress(),
-        ) as fleet,
-    ):
+
+    def left_alone(fleet: FleetRun) -> RunReport:
         fleet.decide(
             {
                 r.host: HostOutcome(r.host, Outcome.SKIPPED, why, reason=_LEFT_BECAUSE[r.action])
@@ -476,7 +462,17 @@ def _record_left_alone(
             }
         )
         outcomes, halted = fleet.execute(per_node(_never_started), batches=(), halt=lambda _: None)
-        return run.finish(fleet.report(outcomes, halted=halted))
+        return fleet.report(outcomes, halted=halted)
+
+    return run_recorded(
+        Command.SYNC,
+        left_alone,
+        ledger=ledger,
+        hosts=hosts,
+        factory=factory,
+        playbook=playbook,
+        patch=entry.patch,
+    )
 
 
 def _never_started(session: HostSession) -> HostOutcome:

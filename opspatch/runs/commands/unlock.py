@@ -14,9 +14,8 @@ from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import per_node
 from opspatch.runs.fleet.host_leases import refusal
-from opspatch.runs.fleet.recorded import recorded_run
 from opspatch.runs.fleet.restore import run_restore
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
+from opspatch.runs.fleet.session import HostSession, Progress
 from opspatch.runs.report import HostOutcome, RunReport
 
 
@@ -31,21 +30,15 @@ def unlock_hosts(
 ) -> RunReport:
     """Remove host locks whose run is over. A running run's lock is refused; so, unless
     `force_unknown`, are one whose lease is live and one whose run this ledger does not know."""
-    with recorded_run(
-        ledger, command=Command.UNLOCK, patch=None, hosts=hosts, playbook=playbook
-    ) as run:
-        unlock = _UnlockHost(ledger, force_unknown)
-        report = run_restore(
-            command=Command.UNLOCK,
-            recorder=run,
-            hosts=hosts,
-            factory=factory,
-            playbook=playbook,
-            progress=progress or NoProgress(),
-            patch_id=None,
-            per_group=per_node(unlock.host),
-        )
-        return run.finish(report)
+    return run_restore(
+        Command.UNLOCK,
+        per_node(_UnlockHost(ledger, force_unknown).host),
+        ledger=ledger,
+        hosts=hosts,
+        factory=factory,
+        playbook=playbook,
+        progress=progress,
+    )
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from opspatch.core.host import Host
 from opspatch.hosts.become import BecomePasswords
-from opspatch.hosts.operations import open_transport
+from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.transport.base import Transport
 
 TransportFactory = Callable[[Host], Transport]
@@ -36,3 +37,13 @@ def transport_factory(
 def become_passwords(factory: TransportFactory) -> BecomePasswords:
     """The sudo passwords of the run `factory` belongs to (environment only for a plain one)."""
     return factory.passwords if isinstance(factory, Connector) else BecomePasswords()
+
+
+@contextmanager
+def opened(factory: TransportFactory, host: Host) -> Iterator[HostOperations]:
+    """One host's operations over a transport of its own, closed after (a reading command's)."""
+    transport = factory(host)
+    try:
+        yield HostOperations(transport, host)
+    finally:
+        transport.close()

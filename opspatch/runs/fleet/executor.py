@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
-from opspatch.core.policy import Batch
+from opspatch.core.policy import Batch, Playbook
 from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import Outcome
 from opspatch.runs.report import HostOutcome
@@ -84,6 +84,15 @@ class GaveUpWaiting(KeyboardInterrupt):
         self.in_flight = tuple(in_flight)
 
 
+def halt_as_apply(playbook: Playbook, canaries: Collection[str]) -> HaltPolicy:
+    """The playbook's `max_failures` and canaries, as an apply halts."""
+
+    def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
+        return playbook.halt_reason({n: o.outcome for n, o in outcomes.items()}, canaries=canaries)
+
+    return halt
+
+
 def halt_on_attention(outcomes: Mapping[str, HostOutcome]) -> str | None:
     """A host in an unknown state stops the run: the same step elsewhere could spread the problem."""
     attention = sorted(n for n, o in outcomes.items() if o.outcome == Outcome.NEEDS_ATTENTION)
@@ -110,13 +119,10 @@ def run_fleet(
     not_started: list[str] = []
     for batch in batches:
         pending = [name for name in batch.hosts if name not in decided]
-        if halted or (cancellation.requested and pending):
-            halted = halted or CANCELLED
-            not_started.extend(pending)
-            continue
-        in_flight = max(1, batch.in_flight)
-
-        for name, future in _bounded(pending, in_flight, work, cancellation, on_cancel):
+        started = [] if halted or cancellation.requested else list(pending)
+        for name, future in _bounded(
+            started, max(1, batch.in_flight), work, cancellation, on_cancel
+        ):
             try:
                 result = future.result()
                 done = (result,) if isinstance(result, HostOutcome) else tuple(result)
@@ -134,12 +140,11 @@ def run_fleet(
                 on_outcome(outcome)
             halted = halted or halt(decided)
             if halted:
-                not_started.extend(pending)
-                pending.clear()
-        if cancellation.requested and pending:  # hosts it kept from starting (none: no halt)
+                started.clear()
+        left = [name for name in pending if name not in decided]
+        if left and (halted or cancellation.requested):  # hosts it kept from starting
             halted = halted or CANCELLED
-            not_started.extend(pending)
-            pending.clear()
+            not_started.extend(left)
     return FleetResult(outcomes, halted, tuple(not_started))
 
 
@@ -205,9 +210,4 @@ def one_batch(hosts: Sequence[str], in_flight: int | None) -> tuple[Batch, ...]:
 
 def map_hosts(work: Callable[[str], T], hosts: Sequence[str], *, limit: int) -> dict[str, T]:
     """For what has no fleet policy: `work` returns a host's problem as a value."""
-    if not hosts:
-        return {}
-    with ThreadPoolExecutor(
-        max_workers=max(1, min(limit, len(hosts))), thread_name_prefix="host"
-    ) as pool:
-        return dict(zip(hosts, pool.map(work, hosts), strict=True))
+    return map_cancellable(work, hosts, limit=min(limit, len(hosts)), cancellation=Cancellation())

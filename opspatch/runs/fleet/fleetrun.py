@@ -321,11 +321,7 @@ class FleetRun:
             held = {holder.host for holder in grant.refused}
             outcomes = [  # a held host's preflight reading may be the holder's change in flight
                 (None if name in held else self._unleased.get(name))
-                or session.outcome(
-                    Outcome.SKIPPED,
-                    f"not started: {held_by(grant.refused)}",
-                    reason=Reason.LEASE_HELD,
-                )
+                or _skipped(session, held_by(grant.refused), Reason.LEASE_HELD)
                 for name, session in self.sessions.items()
             ]
             return self._refused(outcomes, halted=reason)
@@ -517,8 +513,8 @@ def _weight(outcome: HostOutcome) -> tuple[bool, bool, bool]:
     )
 
 
-def _skipped(session: HostSession, why: str) -> HostOutcome:
-    return session.outcome(Outcome.SKIPPED, f"not started: {why}", reason=Reason.NOT_STARTED)
+def _skipped(session: HostSession, why: str, reason: Reason = Reason.NOT_STARTED) -> HostOutcome:
+    return session.outcome(Outcome.SKIPPED, f"not started: {why}", reason=reason)
 
 
 def _in_flight(stop: KeyboardInterrupt) -> tuple[str, ...]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,20 +14,19 @@ from opspatch.core.reasons import Reason
 from opspatch.core.vocabulary import Outcome, Step, StepStatus
 from opspatch.errors import OpspatchError
 from opspatch.runs.fleet.rotation import admit_step, drain_step
-from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
-from opspatch.runs.fleet.steps import (
-    AFTER_RESTORE,
-    RestoreSteps,
-    readmit,
-    ready_step,
-    restart_step,
-    smoke_after_restore,
-    smoke_step,
-)
+from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error, refusal_reason
+from opspatch.runs.fleet.steps import AFTER_RESTORE, RestoreSteps
 from opspatch.runs.report import FileChange, HostOutcome
 
 if TYPE_CHECKING:  # `hosts.engine` is imported where an engine is driven (`HostSession.engine`)
-    from opspatch.hosts.engine import RestartReply, ServerGroup, SmokeResult, StopReply
+    from opspatch.hosts.engine import (
+        Readiness,
+        RestartReply,
+        ServerGroup,
+        SmokeResult,
+        StillWaiting,
+        StopReply,
+    )
 
 UNIT_LOOK_SECONDS = 10.0
 """A node that dies during the restart is seen within this (plus one exec), not at the deadline."""
@@ -100,6 +100,151 @@ GroupJudge = Callable[[Nodes], object]
 NodeRestore = Callable[[HostSession], FileChange | None]
 """Put back one node's files; the files then (None: nothing to show); raises when it fails."""
 
+
+def restart_step(session: HostSession, *, step: Step = Step.RESTART) -> RestartReply:
+    drain_step(session)
+    with session.failing_step(step) as note:
+        result = session.engine.restart(step=step)
+        note["detail"] = f"{result['strategy']}: pid {result.get('pid')}"
+    return result
+
+
+def ready_step(
+    session: HostSession,
+    restart: RestartReply | None,
+    *,
+    step: Step = Step.READY,
+    timeout: float | None = None,
+    group: ServerGroup | None = None,
+    slice_seconds: float | None = None,
+    between: Callable[[], None] | None = None,
+) -> Readiness:
+    """`HostFailed` when not ready; a unit's head is awaited with its `group`, `between` looking at
+    its other nodes."""
+    from opspatch.hosts.engine import READY_SLICE_SECONDS
+
+    seconds = float(session.playbook.timeouts.ready if timeout is None else timeout)
+    until = _clock(time.time() + seconds)
+    session.awaiting = f"{step}: {session.host.engine.url}/health, until {until}"
+
+    said_at = [0.0]  # a line about every 30 s, however short the parts
+
+    def say(still: StillWaiting) -> None:
+        if between is not None:
+            between()
+        if slice_seconds is None or still.waited - said_at[0] >= READY_SLICE_SECONDS:
+            said_at[0] = still.waited
+            session.progress.notice(
+                waiting_line(
+                    session.name,
+                    step,
+                    still,
+                    session.progress.after_stop(session.recorder.reported_run_id),
+                )
+            )
+
+    try:
+        with session.failing_step(step) as note:
+            ready = session.engine.wait_ready(
+                restart,
+                step=step,
+                timeout=seconds,
+                on_waiting=say,
+                group=group,
+                slice_seconds=slice_seconds,
+            )
+            note["detail"] = f"/health 200 after {ready.seconds:.1f}s ({ready.polls} polls)"
+        return ready
+    finally:
+        session.awaiting = None
+
+
+def waiting_line(host: str, step: Step, still: StillWaiting, after: str | None) -> str:
+    then = f", then {after}" if after else ""
+    return (
+        f"{host}: {step}: still waiting for {still.url}/health to answer 200 ({still.last}); "
+        f"{still.waited:.0f}s of {still.timeout:.0f}s, gives up at {_clock(still.gives_up_at)}. "
+        f"Ctrl-C starts no more hosts and still waits for this one until then; "
+        f"Ctrl-C twice stops waiting{then}"
+    )
+
+
+def _clock(epoch: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(epoch))
+
+
+class SmokeFailed(HostFailed):
+    def __init__(self, result: SmokeResult) -> None:
+        super().__init__(Outcome.FAILED, f"smoke failed: {result.summary()}", Reason.SMOKE_FAILED)
+        self.result = result
+
+
+def smoke_step(
+    session: HostSession,
+    restart: RestartReply | None,
+    *,
+    baseline: Sequence[str | None] | None,
+    step: Step = Step.SMOKE,
+    must_pass: bool = True,
+    last: bool = False,
+) -> SmokeResult:
+    """`last`: a pass gives the lock back in the same exec and admits the host behind a router."""
+    try:
+        with session.failing_step(step) as note:
+            result = session.engine.smoke(
+                log_offset=restart.get("log_offset") if restart else None,
+                baseline=baseline,
+                pid=restart.get("pid") if restart else None,
+                step=step,
+                # the smoke runs as the login user: with become the lock is a raised user's,
+                # so it is released by its own (raised) exec
+                release_lock=(
+                    session.lock.run_id if last and not session.host.become.enabled else None
+                ),
+            )
+            session.lock.given_back_by(result.lock_released)
+            note["detail"] = result.summary() + ("; lock released" if result.lock_released else "")
+            if not result.ok:
+                raise SmokeFailed(result)
+    except SmokeFailed as failed:
+        if must_pass:
+            raise
+        return failed.result
+    if last:
+        admit_step(session)
+    return result
+
+
+def readmit(session: HostSession, restart: RestartReply | None) -> None:
+    """Re-admit a host a crashed run left out of rotation once its smoke passes."""
+    rotation = session.rotation
+    if rotation is None or not rotation.out:
+        return
+    try:
+        smoke = smoke_step(session, restart, baseline=None, must_pass=False, last=True)
+    except HostFailed as failure:
+        rotation.why_out = f"no smoke decode before its re-admission: {failure.error}"
+        return
+    if not smoke.ok:
+        rotation.why_out = f"the smoke decode before its re-admission failed: {smoke.summary()}"
+
+
+def smoke_after_restore(
+    session: HostSession, restart: RestartReply, *, step: Step = Step.SMOKE_AFTER_RESTORE
+) -> tuple[SmokeResult | None, str | None]:
+    """Its result (None: not run) and, unless it passed, why the server does not serve."""
+    try:
+        smoke = smoke_step(session, restart, baseline=None, step=step, must_pass=False, last=True)
+    except HostFailed as failure:
+        return None, f"the server does not serve the restored file: {failure.error}"
+    if smoke.ok:
+        return smoke, None
+    return smoke, (
+        "the server does not serve the restored file (the original code may be what was "
+        f"broken): the smoke decode after the restore failed: {smoke.summary()}"
+    )
+
+
 _STOP_START = {
     Step.RESTART: (Step.STOP, Step.START),
     Step.RESTART_AFTER_RESTORE: (Step.STOP_AFTER_RESTORE, Step.START_AFTER_RESTORE),
@@ -114,31 +259,22 @@ def restart(nodes: Nodes, step: Step = Step.RESTART) -> dict[str, RestartReply]:
     stop, start = _STOP_START[step]
     with failing_as(nodes, nodes.head):
         drain_step(nodes.head)  # only the head is a router worker
-    stopped = _on_every_node(nodes, lambda session: _stop(session, stop))
-    return {
-        session.name: _start(session, start, stopped[session.name]) for session in nodes.sessions
-    }
 
-
-def _stop(session: HostSession, step: Step) -> StopReply:
-    try:
-        with session.step(step) as note:
-            result = session.engine.stop(step=step)
+    def stop_one(session: HostSession) -> StopReply:
+        with failing_as(nodes, session), session.failing_step(stop) as note:
+            result = session.engine.stop(step=stop)
             pids = ", ".join(str(p) for p in result.get("stopped", [])) or "none running"
             note["detail"] = f"{result['strategy']}: stopped {pids}"
         return result
-    except OpspatchError as exc:
-        raise NodeFailed(session.name, f"{step}: {describe_error(exc)}") from exc
 
-
-def _start(session: HostSession, step: Step, stopped: StopReply) -> RestartReply:
-    try:
-        with session.step(step) as note:
-            result = session.engine.start(step=step, stopped=stopped)
+    def start_one(session: HostSession, stopped: StopReply) -> RestartReply:
+        with failing_as(nodes, session), session.failing_step(start) as note:
+            result = session.engine.start(step=start, stopped=stopped)
             note["detail"] = f"{result['strategy']}: pid {result.get('pid')}"
         return result
-    except OpspatchError as exc:
-        raise NodeFailed(session.name, f"{step}: {describe_error(exc)}") from exc
+
+    stopped = _on_every_node(nodes, stop_one)
+    return {session.name: start_one(session, stopped[session.name]) for session in nodes.sessions}
 
 
 def _on_every_node(nodes: Nodes, work: Callable[[HostSession], StopReply]) -> dict[str, StopReply]:
@@ -225,12 +361,18 @@ def proven(
 
 
 def proven_through_head(nodes: Nodes, smoke: SmokeResult, step: Step = Step.SMOKE) -> None:
+    through_head(nodes, step, "proven by the head's decode", smoke.summary())
+
+
+def through_head(nodes: Nodes, step: Step, how: str, said: str, *, failed: bool = False) -> None:
+    """Each other node records `step` as the head's (recorded failed where it failed: in the
+    node's steps, its progress and the ledger)."""
     for session in nodes.others:
-        with session.step(step) as note:
-            note["detail"] = (
-                f"proven by the head's decode ({nodes.head.name}, {nodes.where(session)}): "
-                + smoke.summary()
-            )
+        detail = f"{how} ({nodes.head.name}, {nodes.where(session)}): {said}"
+        with suppress(HostFailed), session.step(step) as note:
+            if failed:
+                raise HostFailed(Outcome.FAILED, detail)
+            note["detail"] = detail
 
 
 def restart_after_restore(
@@ -261,12 +403,12 @@ def undo(
     (`why` its error) or `restored` (`why` its note). A failed restore or restart:
     `needs-attention`."""
     restored: dict[str, FileChange | None] = {}
-    broken: dict[str, str] = {}
+    broken: dict[str, OpspatchError | HostFailed] = {}
 
-    def attention(error: str) -> list[HostOutcome]:
+    def attention(error: str, why_not: Reason = Reason.UNDO_FAILED) -> list[HostOutcome]:
         files = {**changes, **restored}
         return [
-            s.outcome(Outcome.NEEDS_ATTENTION, error, file=files[s.name], reason=Reason.UNDO_FAILED)
+            s.outcome(Outcome.NEEDS_ATTENTION, error, file=files[s.name], reason=why_not)
             for s in nodes.sessions
         ]
 
@@ -274,9 +416,17 @@ def undo(
         try:
             restored[session.name] = restore(session)
         except (OpspatchError, HostFailed) as exc:
-            broken[session.name] = describe_error(exc)
+            broken[session.name] = exc
+    lost = [name for name, exc in broken.items() if lock_lost(exc)]
+    if lost:  # not an undo that failed: one this run may no longer try
+        return attention(
+            f"{f'{why}; ' if why else ''}the undo was refused as well: this run no longer holds "
+            f"the lock of {', '.join(lost)} (the run that took it over finishes or undoes the "
+            f"change); {nodes.label} was not restarted",
+            Reason.LOCK_LOST,
+        )
     if broken:
-        said = "; ".join(f"{name}: {text}" for name, text in broken.items())
+        said = "; ".join(f"{name}: {describe_error(e)}" for name, e in broken.items())
         error = (restore_failed or _then(why, "the restore"))(said)
         return attention(f"{error}; {nodes.label} was not restarted")
     undone = outcome == Outcome.ROLLED_BACK
@@ -288,7 +438,8 @@ def undo(
             started = restart_after_restore(nodes, steps)
         except (OpspatchError, HostFailed) as exc:
             restarting = _then(why, f"the restart of {nodes.label} after the restore")
-            return attention((restart_failed or restarting)(describe_error(exc)))
+            said = (restart_failed or restarting)(describe_error(exc))
+            return attention(said, Reason.LOCK_LOST if lock_lost(exc) else Reason.UNDO_FAILED)
         smoke, not_serving = smoke_after_restore(head, started[head.name], step=steps.smoke)
         if smoke is not None and smoke.ok:
             proven_through_head(nodes, smoke, steps.smoke)
@@ -315,6 +466,16 @@ def undo(
     return [one(session) for session in nodes.sessions]
 
 
+def lock_lost(exc: BaseException | None) -> bool:
+    """Another run took the host's lock over (here or as the cause): this run may do nothing more
+    there."""
+    while exc is not None:
+        if isinstance(exc, OpspatchError) and refusal_reason(exc) == Reason.LOCK_LOST:
+            return True
+        exc = exc.__cause__
+    return False
+
+
 def _then(why: str | None, what: str) -> Callable[[str], str]:
     return lambda text: f"{why}; then {what} failed: {text}"
 
@@ -326,18 +487,44 @@ def prove_or_undo(
     restore: NodeRestore,
     note: str,
     judge: GroupJudge | None = None,
+    restart: bool = True,
+    revert: Callable[[], bool] | None = None,
 ) -> list[HostOutcome]:
-    """How `restart` and `recover` finish a change a run wrote but never proved."""
+    """How `restart` and `recover` finish a change a run wrote but never proved. `restart=False`:
+    one the running server already holds (a live fix), smoke-tested as it runs; `revert` takes it
+    out before the files go back, and the undo restarts only where it could not (False)."""
     try:
-        smoke = prove(nodes, judge=judge)
+        smoke = prove(nodes, judge=judge) if restart else proven(nodes, None, judge=judge)
     except HostFailed as failure:
-        return undo(nodes, failure.error, restore=restore, changes=changes, reason=failure.reason)
+        reverted = revert() if revert is not None else True
+        return undo(
+            nodes,
+            failure.error,
+            restore=restore,
+            changes=changes,
+            restart=restart or not reverted,
+            reason=failure.reason,
+        )
+    return applied(nodes, smoke, changes, note)
+
+
+def applied(
+    nodes: Nodes,
+    smoke: SmokeResult,
+    files: Mapping[str, FileChange | None],
+    note: str | Callable[[HostSession], str | None] | None,
+    *,
+    diffs: Mapping[str, str | None] | None = None,
+) -> list[HostOutcome]:
+    """`applied` on every node, the smoke on the head's outcome alone (the others recorded it as
+    the head's); `note`: one for all, or each node's."""
     return [
         s.outcome(
             Outcome.APPLIED,
-            file=changes[s.name],
+            file=files[s.name],
+            diff=None if diffs is None else diffs[s.name],
             smoke=smoke if s is nodes.head else None,
-            note=note,
+            note=note(s) if callable(note) else note,
         )
         for s in nodes.sessions
     ]

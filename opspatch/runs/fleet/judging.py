@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import replace
+from typing import TypeGuard
 
 from opspatch.core.host import Unit
 from opspatch.core.policy import JudgeSettings
@@ -14,7 +15,7 @@ from opspatch.core.verdicts import Judgment
 from opspatch.core.vocabulary import JudgeHosts, Outcome, Step
 from opspatch.errors import OpspatchError
 from opspatch.hosts.measure import Measurement
-from opspatch.runs.fleet.group import Nodes, failing_as
+from opspatch.runs.fleet.group import Nodes, failing_as, through_head
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
 from opspatch.runs.judgments.canary import confirm, judge, unconfirmed
 from opspatch.runs.report import HostOutcome
@@ -36,6 +37,11 @@ def measured(session: HostSession, settings: JudgeSettings, step: Step) -> Measu
         return session.engine.measure(settings, step=step)
     except OpspatchError as exc:
         return describe_error(exc)
+
+
+def answered(measurement: Measurement | str) -> TypeGuard[Measurement]:
+    """A server that answered at least one of the judge's prompts."""
+    return isinstance(measurement, Measurement) and any(s.ok for s in measurement.samples)
 
 
 CONFIRM_AFTER_SECONDS = 2.0
@@ -92,7 +98,7 @@ def judge_step(
             peer, peer_lock = beside
             with peer_lock:
                 again, canary = measured_in_turns(peer, session, settings)
-            if isinstance(again, Measurement) and any(s.ok for s in again.samples):
+            if answered(again):
                 base, in_turns = again, True
             else:
                 problem = again if isinstance(again, str) else again.problem
@@ -141,7 +147,7 @@ class HostJudge:
         """Never a failure of the host: the change has not been made yet."""
         with session.step(Step.JUDGE_BASELINE) as note:
             own = measured(session, self.settings, Step.JUDGE_BASELINE)
-            if isinstance(own, Measurement) and any(s.ok for s in own.samples):
+            if answered(own):
                 self.baseline, self.baseline_from = own, OWN_BASELINE
             elif isinstance(own, Measurement) and not own.no_server:
                 self.why_no_baseline = (
@@ -163,7 +169,7 @@ class HostJudge:
         for peer in self.peers:
             with self._peer_lock:
                 answer = measured(peer, self.settings, Step.JUDGE_BASELINE)
-            if isinstance(answer, Measurement) and any(s.ok for s in answer.samples):
+            if answered(answer):
                 self.baseline, self.peer = answer, peer
                 self.baseline_from = f"{peer.name} (same release and build, not yet changed)"
                 return
@@ -204,28 +210,17 @@ class HostJudge:
 
 def judge_through_head(nodes: Nodes, judge: HostJudge) -> Judgment:
     """Each other node records a `judge` step naming the head's verdict."""
-    head = nodes.head
-    with failing_as(nodes, head):
+    with failing_as(nodes, nodes.head):
         try:
-            judgment = judge(head)
+            judgment = judge(nodes.head)
         except HostFailed as failure:
-            for session in nodes.others:
-                _through_head(nodes, session, failure.error, failed=True)
+            through_head(nodes, Step.JUDGE, JUDGED, failure.error, failed=True)
             raise
-    for session in nodes.others:
-        _through_head(nodes, session, judgment.summary(), failed=False)
+    through_head(nodes, Step.JUDGE, JUDGED, judgment.summary())
     return judgment
 
 
-def _through_head(nodes: Nodes, session: HostSession, said: str, *, failed: bool) -> None:
-    detail = f"judged through the head ({nodes.head.name}, {nodes.where(session)}): {said}"
-    try:
-        with session.step(Step.JUDGE) as note:
-            if failed:  # recorded failed: in the node's steps, its progress and the ledger
-                raise HostFailed(Outcome.FAILED, detail)
-            note["detail"] = detail
-    except HostFailed:
-        pass
+JUDGED = "judged through the head"
 
 
 class JudgePlan:

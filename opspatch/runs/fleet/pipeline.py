@@ -19,7 +19,7 @@ from opspatch.errors import OpspatchError, PreimageMismatch
 from opspatch.hosts.operations import HostInspection
 from opspatch.hosts.results import file_owner
 from opspatch.ledger.records import NewFileVersion
-from opspatch.runs.fleet.group import Nodes, prove, undo
+from opspatch.runs.fleet.group import Nodes, applied, prove, undo
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error, refusal_reason
 from opspatch.runs.fleet.steps import effect_unknown, restore_pre_image
 from opspatch.runs.report import FileChange, HostOutcome, SetFile
@@ -242,7 +242,11 @@ class ApplyPipeline:
         try:
             baseline, baseline_note = self.baseline(head)
         except HostFailed as refused:
-            return self._unchanged(nodes, prepared, refused)
+            mine = prepared[head.name]
+            first = self.outcome(
+                head, mine, refused.outcome, refused.error, old=mine.pending, reason=refused.reason
+            )
+            return self._write_failed(nodes, prepared, (), first, who=f"the head {head.name}")
         judge = self.judges.for_host(head.name) if self.judges and self.restart_engine else None
         if judge is not None:
             judge.take_baseline(head)
@@ -291,33 +295,13 @@ class ApplyPipeline:
         smoke: SmokeResult,
         note: Callable[[HostSession], str | None],
     ) -> list[HostOutcome]:
-        return [
-            self.outcome(
-                s,
-                prepared[s.name],
-                Outcome.APPLIED,
-                None,
-                smoke=smoke if s is nodes.head else None,
-                note=note(s),
-            )
-            for s in nodes.sessions
-        ]
-
-    def _unchanged(
-        self, nodes: Nodes, prepared: Mapping[str, Prepared], refused: HostFailed
-    ) -> list[HostOutcome]:
-        head, why = nodes.head.name, refused.error
-        return [
-            self.outcome(
-                session,
-                prepared[session.name],
-                refused.outcome if session is nodes.head else Outcome.FAILED,
-                why if session is nodes.head else f"not changed: the head {head}: {why}",
-                old=prepared[session.name].pending,
-                reason=refused.reason,
-            )
-            for session in nodes.sessions
-        ]
+        return applied(
+            nodes,
+            smoke,
+            {s.name: prepared[s.name].change() for s in nodes.sessions},
+            note,
+            diffs={s.name: prepared[s.name].diff() for s in nodes.sessions},
+        )
 
     def _write_failed(
         self,
@@ -325,33 +309,20 @@ class ApplyPipeline:
         prepared: Mapping[str, Prepared],
         written: Sequence[HostSession],
         failed: HostOutcome,
+        *,
+        who: str | None = None,
     ) -> list[HostOutcome]:
-        """A node's swap failed: the nodes swapped before it get their files back (their server
-        never ran them)."""
-        why = f"{failed.host}: {failed.error}"
+        """A node failed before the restart (`who`: how the others name it): the nodes swapped
+        before it get their files back (their server never ran them)."""
+        why = f"{who or failed.host}: {failed.error}"
 
         def other(session: HostSession) -> HostOutcome:
             mine = prepared[session.name]
-            text, note = f"not changed: {why}", None
-            if session in written:
-                try:
-                    self.restore_files(session, mine.pending)
-                except (OpspatchError, HostFailed) as exc:
-                    error = describe_error(exc)
-                    text = f"{why}; then putting this node's files back failed: {error}"
-                    return self.outcome(
-                        session, mine, Outcome.NEEDS_ATTENTION, text, reason=Reason.UNDO_FAILED
-                    )
-                text, note = why, "put back to the pre-image: the unit's server never ran it"
-            return self.outcome(
-                session,
-                mine,
-                Outcome.FAILED,
-                text,
-                old=mine.pending,
-                note=note,
-                reason=failed.reason,
-            )
+            if session not in written:
+                return self._put_back(session, mine, (), f"not changed: {why}", failed.reason)
+            back = "put back to the pre-image: the unit's server never ran it"
+            putting = "putting this node's files back"
+            return self._put_back(session, mine, mine.pending, why, failed.reason, putting, back)
 
         return [failed if s.name == failed.host else other(s) for s in nodes.sessions]
 
@@ -524,31 +495,37 @@ class ApplyPipeline:
         """A swap the host refused (nothing written): the set's earlier swaps put back, no restart."""
         if prepared.is_set:
             why = f"{refused.path}: {why}"
-        if not swapped:
-            return self.outcome(
-                session, prepared, Outcome.FAILED, why, old=prepared.pending, reason=reason
-            )
+        back = ", ".join(item.path for item in swapped)
+        whole = f"the set is whole and unchanged: {back} put back to the pre-image"
+        putting = "putting back the set's files swapped before it"
+        return self._put_back(session, prepared, swapped, why, reason, putting, whole)
+
+    def _put_back(
+        self,
+        session: HostSession,
+        prepared: Prepared,
+        files: Sequence[PreparedFile],
+        why: str,
+        reason: Reason | None,
+        putting: str = "",
+        note: str | None = None,
+    ) -> HostOutcome:
+        """A host failed before its restart: `files` swapped put back (its server never ran them),
+        `failed`; `needs-attention` when they could not be."""
         try:
-            self.restore_files(session, swapped)
+            self.restore_files(session, files)
         except (OpspatchError, HostFailed) as exc:
             return self.outcome(
                 session,
                 prepared,
                 Outcome.NEEDS_ATTENTION,
-                f"{why}; then putting back the set's files swapped before it failed: "
-                f"{describe_error(exc)}",
-                live=live_new(prepared, swapped),
+                f"{why}; then {putting} failed: {describe_error(exc)}",
+                live=live_new(prepared, files),
                 reason=Reason.UNDO_FAILED,
             )
-        back = ", ".join(item.path for item in swapped)
+        note = note if files else None
         return self.outcome(
-            session,
-            prepared,
-            Outcome.FAILED,
-            why,
-            old=prepared.pending,
-            note=f"the set is whole and unchanged: {back} put back to the pre-image",
-            reason=reason,
+            session, prepared, Outcome.FAILED, why, old=prepared.pending, note=note, reason=reason
         )
 
     def _reconcile_after_lost_swap(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 
 from opspatch.core.host import Host
@@ -15,10 +15,11 @@ from opspatch.core.vocabulary import Command, RunOutcome
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError, LedgerLost
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.executor import halt_as_apply
 from opspatch.runs.fleet.fleetrun import FleetRun, PerGroup
 from opspatch.runs.fleet.recorder import Recorder
 from opspatch.runs.fleet.session import NoProgress, Progress
-from opspatch.runs.report import HostOutcome, RunReport
+from opspatch.runs.report import RunReport
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:
@@ -93,6 +94,48 @@ def _then_recover(run_id: str, exc: LedgerError, ledger: Ledger) -> str:
     return f"`{recover}` brings {part_way} to a known state"
 
 
+def run_recorded(
+    command: Command,
+    body: Callable[[FleetRun], RunReport],
+    *,
+    ledger: Ledger,
+    hosts: Sequence[Host],
+    factory: TransportFactory,
+    playbook: Playbook | None,
+    progress: Progress | None = None,
+    patch: LoadedPatch | None = None,
+    patch_id: str | None = None,
+    parent_run: str | None = None,
+    approved_by: Sequence[str] | None = None,
+    summary: str | None = None,
+) -> RunReport:
+    """`body` over a recorded run's fleet, the run finished with its report; `patch_id`: the
+    fleet's, when no `patch` names it (a rollback of a run); `summary`: told to the progress
+    once the run has its id; no `playbook`: none recorded, the fleet runs the default one."""
+    progress = progress or NoProgress()
+    with recorded_run(
+        ledger,
+        command=command,
+        patch=patch,
+        hosts=hosts,
+        playbook=playbook,
+        parent_run=parent_run,
+        approved_by=approved_by,
+    ) as run:
+        if summary is not None:
+            progress.run_started(run.run_id, summary)
+        with FleetRun(
+            command=command,
+            patch_id=patch.spec.id if patch is not None else patch_id,
+            hosts=hosts,
+            factory=factory,
+            playbook=playbook or Playbook(),
+            recorder=run,
+            progress=progress,
+        ) as fleet:
+            return run.finish(body(fleet))
+
+
 def run_in_batches(
     command: Command,
     per_group: PerGroup,
@@ -105,27 +148,22 @@ def run_in_batches(
     restarting: Collection[str] | None = None,
 ) -> RunReport:
     """A recorded, leased run of `per_group` in the playbook's batches, halted as an apply is."""
-    with (
-        recorded_run(ledger, command=command, patch=None, hosts=hosts, playbook=playbook) as run,
-        FleetRun(
-            command=command,
-            patch_id=None,
-            hosts=hosts,
-            factory=factory,
-            playbook=playbook,
-            recorder=run,
-            progress=progress or NoProgress(),
-        ) as fleet,
-    ):
+
+    def body(fleet: FleetRun) -> RunReport:
         refused = fleet.lease(restarting=restarting)
         if refused is not None:
-            return run.finish(refused)
+            return refused
         plan = plan_rollout(playbook, fleet.items())
-
-        def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
-            return playbook.halt_reason(
-                {n: o.outcome for n, o in outcomes.items()}, canaries=plan.canaries
-            )
-
+        halt = halt_as_apply(playbook, plan.canaries)
         outcomes, halted = fleet.execute(per_group, batches=plan.batches, halt=halt)
-        return run.finish(fleet.report(outcomes, halted=halted))
+        return fleet.report(outcomes, halted=halted)
+
+    return run_recorded(
+        command,
+        body,
+        ledger=ledger,
+        hosts=hosts,
+        factory=factory,
+        playbook=playbook,
+        progress=progress,
+    )

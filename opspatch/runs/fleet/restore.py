@@ -1,5 +1,5 @@
 """What the restore runs (`rollback`, `recover`, `unlock`) share: putting files back, the stale
-server's restart, and the fleet run they go through (`run_restore`)."""
+server's restart, the fleet run they go through (`run_restore`)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ from dataclasses import dataclass
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
+from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Command, Outcome
 from opspatch.hosts.operations import HostInspection
-from opspatch.ledger.store import FileVersion
+from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.executor import HaltPolicy, halt_on_attention, one_batch
+from opspatch.runs.fleet.executor import HaltPolicy, halt_as_apply, halt_on_attention, one_batch
 from opspatch.runs.fleet.fleetrun import FleetRun, NotStarted, PerGroup
-from opspatch.runs.fleet.group import Nodes, refuse, undo
+from opspatch.runs.fleet.group import Nodes, prove_or_undo, refuse, undo
 from opspatch.runs.fleet.host_leases import host_identity
-from opspatch.runs.fleet.recorder import Recorder
+from opspatch.runs.fleet.recorded import run_recorded
 from opspatch.runs.fleet.session import HostSession, Progress
 from opspatch.runs.fleet.standing import HostStanding
 from opspatch.runs.fleet.steps import (
@@ -39,10 +40,6 @@ class Examined:
     found: FileChange | None = None
     note: str | None = None
     restore_failed: Callable[[str], str] | None = None
-
-    @classmethod
-    def left(cls, outcome: HostOutcome) -> Examined:
-        return cls(None, decided=outcome)
 
 
 def restore_recorded(session: HostSession, version: FileVersion) -> FileChange:
@@ -84,10 +81,10 @@ def halt_on_attention_or_not_serving(outcomes: Mapping[str, HostOutcome]) -> str
 def halt_under_playbook(playbook: Playbook, canaries: Collection[str]) -> HaltPolicy:
     """A rollback halts as an apply does (`restored-not-serving` counts as failed)."""
 
+    as_apply = halt_as_apply(playbook, canaries)
+
     def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
-        reason = playbook.halt_reason(
-            {n: o.outcome for n, o in outcomes.items()}, canaries=canaries
-        )
+        reason = as_apply(outcomes)
         if reason is None or halt_on_attention(outcomes):
             return reason
         return not_served(outcomes, f": {reason}") or reason
@@ -96,34 +93,29 @@ def halt_under_playbook(playbook: Playbook, canaries: Collection[str]) -> HaltPo
 
 
 def run_restore(
-    *,
     command: Command,
-    recorder: Recorder,
+    per_group: PerGroup,
+    *,
+    ledger: Ledger,
     hosts: Sequence[Host],
     factory: TransportFactory,
     playbook: Playbook,
-    progress: Progress,
-    patch_id: str | None,
-    per_group: PerGroup,
+    progress: Progress | None = None,
+    patch: LoadedPatch | None = None,
+    patch_id: str | None = None,
+    parent_run: str | None = None,
     preflight: Callable[[HostSession], Examined] | None = None,
     under_playbook: bool = False,
     leases: Mapping[str, str] | None = None,
     taking_over: Collection[str] = (),
     not_started: NotStarted | None = None,
 ) -> RunReport:
-    """Halted by a host that needs attention or does not serve its restored file. `preflight` (a
-    rollback): hosts decided there are never started but are leased first by the identity read;
-    `under_playbook`: canaries and batches as an apply; `leases`: what a recover --run takes over.
-    """
-    with FleetRun(
-        command=command,
-        patch_id=patch_id,
-        hosts=hosts,
-        factory=factory,
-        playbook=playbook,
-        recorder=recorder,
-        progress=progress,
-    ) as fleet:
+    """A recorded run halted by a host that needs attention or does not serve its restored file.
+    `preflight` (a rollback): hosts decided there are never started but are leased first by the
+    identity read; `under_playbook`: canaries and batches as an apply; `leases`: what a recover
+    --run takes over."""
+
+    def body(fleet: FleetRun) -> RunReport:
         known = dict(leases or {})
         decided: dict[str, HostOutcome] = {}
         if preflight is not None:
@@ -159,6 +151,19 @@ def run_restore(
         )
         return fleet.report(outcomes, halted=halted)
 
+    return run_recorded(
+        command,
+        body,
+        ledger=ledger,
+        hosts=hosts,
+        factory=factory,
+        playbook=playbook,
+        progress=progress,
+        patch=patch,
+        patch_id=patch_id,
+        parent_run=parent_run,
+    )
+
 
 def units_decided(fleet: FleetRun, decided: Mapping[str, HostOutcome]) -> dict[str, HostOutcome]:
     """A unit is restored whole or not at all: a node refused decides every node (`skipped`); a node
@@ -182,6 +187,18 @@ def restore_standing(session: HostSession, standing: HostStanding) -> FileChange
     if standing.is_set:
         return restore_set(session, standing.found)
     return restore_recorded(session, standing.version)
+
+
+def prove_standings(
+    nodes: Nodes, standings: Mapping[str, HostStanding], note: str
+) -> list[HostOutcome]:
+    """The recorded change proven on the group, its files put back if the proof fails."""
+    return prove_or_undo(
+        nodes,
+        changes={n: st.change() for n, st in standings.items()},
+        restore=lambda session: restore_standing(session, standings[session.name]),
+        note=note,
+    )
 
 
 def stale_servers(standings: Mapping[str, HostStanding]) -> list[str]:

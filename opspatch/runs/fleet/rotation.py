@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 from opspatch.core.host import Host, RouterSettings
 from opspatch.core.policy import Playbook
 from opspatch.core.remedy import remedy_text
-from opspatch.core.vocabulary import Command, Outcome, Step, StepStatus
+from opspatch.core.vocabulary import Command, Step, StepStatus
 from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.errors import OpspatchError, RouterError, RouterRefused
 from opspatch.ledger.records import StepRecord
-from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error
+from opspatch.runs.fleet.session import HostSession, describe_error
 from opspatch.runs.judgments.units import recover_remedy
 from opspatch.runs.report import HostOutcome
 
@@ -304,7 +304,7 @@ def drain_step(session: HostSession) -> None:
         return
     timeouts = session.playbook.timeouts
     try:
-        with session.step(Step.DRAIN) as note:
+        with session.failing_step(Step.DRAIN) as note:
             t = timeouts
             # a worker already out of rotation at the start takes no more room
             waited = (
@@ -336,8 +336,6 @@ def drain_step(session: HostSession) -> None:
                 f" (waited {waited:.1f}s for room under max_unavailable)" if waited > 0.05 else ""
             )
             note["detail"] = f"{how}{wait}; {idle}"
-    except OpspatchError as exc:
-        raise HostFailed(Outcome.FAILED, f"drain: {describe_error(exc)}") from exc
     finally:
         # Tried once per session: a failed drain leaves the worker removed or its router gone,
         # so the restore's restart that follows goes ahead, and the outcome says out of rotation.

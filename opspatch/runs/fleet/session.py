@@ -336,6 +336,15 @@ class HostSession:
             self.record(name, status, seconds, with_users(detail, ran_as))
             self.progress.update(self.name, name, "ok" if status == StepStatus.OK else "failed")
 
+    @contextmanager
+    def failing_step(self, name: Step) -> Iterator[dict[str, str]]:
+        """`step`, an error failing the host (`HostFailed` naming the step)."""
+        try:
+            with self.step(name) as note:
+                yield note
+        except OpspatchError as exc:
+            raise HostFailed(Outcome.FAILED, f"{name}: {describe_error(exc)}") from exc
+
     def _with_notices(self, detail: str, count: int) -> str:
         said = self._ops.notices[count:] if self._ops is not None else []
         for notice in said:

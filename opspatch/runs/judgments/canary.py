@@ -45,7 +45,7 @@ def judge(
         _latency(Metric.TPOT, pairs, lambda s: s.time_per_output_token, settings, in_turns),
     )
     worst = max((m.verdict for m in metrics), key=lambda v: v.rank)
-    return Judgment(worst, baseline_from, metrics, settings=settings)
+    return Judgment(worst, baseline_from, metrics, settings=settings, in_turns=in_turns)
 
 
 def _errors(canary: Measurement) -> MetricVerdict:
@@ -375,9 +375,9 @@ def confirm(first: Judgment, second: Judgment) -> Judgment:
         again = second.metric(metric.metric)
         both = metric.timed + again.timed
         pooled = _latency_of(metric.metric, both, len(both), settings)
-        if [b for b, _ in metric.timed] == [b for b, _ in again.timed]:
-            # one baseline measurement in both (the canary's own old server): its pairs are not
-            # independent twice, so the second measurement decides alone
+        if not second.in_turns:
+            # one baseline measurement in both (the canary's own, taken before the swap): its
+            # pairs are not independent twice, so the second measurement decides alone
             pooled = replace(again, figures=f"not pooled, one baseline: {again.figures}")
         leans = again.failed or again.unsettled or again.verdict == Verdict.UNMEASURED
         if again.verdict == Verdict.FAIL or (pooled.verdict == Verdict.FAIL and leans):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from opspatch.core.vocabulary import Action, Command, Goal, Traits
-from opspatch.runs.judgments.patchset import Standing
+from opspatch.runs.judgments.patchset import ALL_NEW, Standing
 
 DECISIONS: Mapping[tuple[Goal, Standing], Action] = {
     # -- rollback: every file back at its pre-image -------------------------------------------
@@ -58,6 +58,32 @@ def decide(command: Command, standing: Standing) -> Action:
     """What `command` does about a host standing `standing`: its goal's cell."""
     assert command.goal in DECIDED, f"{command} is not decided by a host's standing"
     return DECISIONS[command.goal, standing]
+
+
+NODES_DIFFER: Mapping[Goal, Action] = {
+    # a restart would run two versions of the code in one server: left for a person
+    Goal.PROVEN_WHERE_STAGED: Action.ATTENTION,
+    # the last intent was not carried out on every node: the new files go back
+    Goal.LAST_INTENT: Action.RESTORE,
+}
+"""A group's action when some of its nodes carry the change and some do not."""
+
+
+def group_action(command: Command, standings: Collection[Standing]) -> Action:
+    """A group's one action from its nodes' cells: a node refused (or left for a person) decides
+    it, then nodes that differ (`NODES_DIFFER`), then a restore, a proof; else the cell they share."""
+    actions = [decide(command, standing) for standing in standings]
+    new = sum(standing in ALL_NEW for standing in standings)
+    for action in (Action.REFUSE, Action.ATTENTION):
+        if action in actions:
+            return action
+    if 0 < new < len(actions):
+        assert command.goal is not None
+        return NODES_DIFFER[command.goal]
+    for action in (Action.RESTORE, Action.PROVE_OR_UNDO):
+        if action in actions:
+            return action
+    return actions[0]
 
 
 def actions_of(command: Command) -> frozenset[Action]:

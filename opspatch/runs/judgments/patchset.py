@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from opspatch.core.edit import Detection, detect
 from opspatch.core.spec import PatchSpec
-from opspatch.core.vocabulary import FileAction, SetState, Word
+from opspatch.core.vocabulary import FileAction, Word
 from opspatch.hosts.containers import ContainerIdentity
 from opspatch.hosts.results import RemoteFile, ServerProcess
 from opspatch.ledger.lineage import (
@@ -20,7 +20,7 @@ from opspatch.ledger.lineage import (
     locate,
 )
 from opspatch.ledger.store import FileVersion
-from opspatch.runs.report import FileChange, SetFile, set_state
+from opspatch.runs.report import FileChange, SetFile
 
 if TYPE_CHECKING:  # imported where a pristine file or a baked image is read: not by `apply`
     from opspatch.analysis.upstream import UpstreamVerdict
@@ -52,10 +52,6 @@ class SetOnHost:
     """Every file of a set on one host, in the order they were recorded (swapped)."""
 
     members: tuple[Member, ...]
-
-    @property
-    def state(self) -> SetState:
-        return set_state(tuple(m.set_file() for m in self.members))
 
     @property
     def new(self) -> tuple[Member, ...]:

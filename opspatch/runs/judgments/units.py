@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -11,6 +10,7 @@ from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Word
 from opspatch.errors import UnitRefused
 from opspatch.hosts.results import HostInspection
+from opspatch.runs.judgments.views import most_common
 
 
 class UnitFact(Word):
@@ -124,9 +124,7 @@ def _odd(
     read: list[NodeReading], fact: UnitFact, key: str, values: Mapping[str, str | None]
 ) -> list[Difference]:
     """Against the most common value (a tie: the first node's in rank order)."""
-    counts = Counter(values[r.host] for r in read)
-    top = max(counts.values())
-    expected = next(values[r.host] for r in read if counts[values[r.host]] == top)
+    expected = most_common([values[r.host] for r in read])
     agreeing = tuple(r.host for r in read if values[r.host] == expected)
     return [
         Difference(r.host, fact, key, values[r.host], expected, agreeing)
@@ -232,12 +230,13 @@ def unit_refusal(
 
 
 def require_whole_units(
-    hosts: Sequence[Host], command: Command, whole: Callable[[Unit], str] | None = None
+    hosts: Sequence[Host], command: Command | str, whole: Callable[[Unit], str] | None = None
 ) -> None:
+    """`command`: what is refused (a `Command`, whose remedy is the default `whole`)."""
     refused = unit_refusal(
         hosts,
         command=str(command),
-        whole=whole or (lambda unit: remedy_text(command, hosts=unit.name)),
+        whole=whole or (lambda unit: remedy_text(Command(command), hosts=unit.name)),
     )
     if refused is not None:
         raise refused

@@ -169,12 +169,18 @@ LIVE: DecisionTable[PatchState] = DecisionTable(
 """`status`'s word once the processes said which live fixes they hold."""
 
 
+def most_common(ranked: Sequence[V]) -> V:
+    """The value most of `ranked` hold (a tie: the first in rank order), what a unit's odd
+    nodes are told apart from."""
+    return max(ranked, key=lambda value: (ranked.count(value), -ranked.index(value)))
+
+
 def unit_words(ranked: Sequence[PatchState]) -> tuple[PatchState | None, tuple[PatchState, ...]]:
     """The most common word (a tie: the first node's; None when all agree) and each node's; a unit
     is one server, so nodes whose words differ are each `partial`."""
     if len(set(ranked)) < 2:
         return None, tuple(ranked)
-    reference = max(ranked, key=lambda w: (ranked.count(w), -ranked.index(w)))
+    reference = most_common(ranked)
     said = tuple(w if w == PatchState.UNREACHABLE else PatchState.PARTIAL for w in ranked)
     return reference, said
 
