@@ -3,7 +3,10 @@ read or write the user's own `~/.ssh`, ledger or sandbox."""
 
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
@@ -17,6 +20,19 @@ pytest_plugins = ["tests.tiers", "tests.sshfleet", "tests.pgkit", "pytester"]
 # conftest files and plugins unless told): helpers moved into a kit fail as they did before.
 KITS = [p.stem for p in Path(__file__).parent.glob("*kit.py") if not p.stem.startswith("test_")]
 pytest.register_assert_rewrite(*(f"tests.{kit}" for kit in KITS))
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"pytest got signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM ends pytest as Ctrl-C does, with every fixture torn down: by default it ends the
+    process at once, and the engines a fleet fixture started (in sessions of their own, as
+    `sandbox up` starts them) kept running (tests/test_killed_pytest.py)."""
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupted)
 
 
 @pytest.fixture(autouse=True)

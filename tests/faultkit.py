@@ -42,7 +42,7 @@ from opspatch.errors import OpspatchError
 from opspatch.hosts.channel import BOOTSTRAP, RESIDENT
 from opspatch.ledger.store import Ledger
 from tests.clirunner import Run, opspatch
-from tests.fleetkit import SandboxFleet, alive, wait_until
+from tests.fleetkit import SandboxFleet, Slot, alive, wait_until
 
 PATCH_ID = "fault-marker"
 INVENTORY = "faults"
@@ -634,27 +634,11 @@ class FaultFleet:
                 marker.unlink()
 
 
-class FleetSlot:
-    """One fleet shared by the cases of a scenario family, each case starting from the baseline:
-    a case that failed and left the fleet elsewhere gets a new fleet for the next one, so a
-    failure is reported once, where it happened."""
+class FleetSlot(Slot[FaultFleet]):
+    """One fault fleet shared by the cases of a scenario family (`Slot`)."""
 
     def __init__(self, folders: pytest.TempPathFactory, name: str) -> None:
-        self.folders = folders
-        self.name = name
-        self.current: FaultFleet | None = None
-
-    def ready(self) -> FaultFleet:
-        if self.current is not None and not self.current.at_baseline():
-            self.current.close()
-            self.current = None
-        if self.current is None:
-            self.current = FaultFleet.up(self.folders.mktemp(self.name))
-        return self.current
-
-    def close(self) -> None:
-        if self.current is not None:
-            self.current.close()
+        super().__init__(folders, name, FaultFleet.up)
 
 
 def end_leftovers(root: Path) -> None:

@@ -21,12 +21,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import pytest
 
 from opspatch.config.inventory import load_inventory
 from opspatch.core.host import Host
+from opspatch.errors import OpspatchError
+from opspatch.ledger.store import Ledger
 from opspatch.sandbox.fleet import SandboxLayout
 from opspatch.sandbox.sshd import find_sshd
 from tests.clirunner import Run, opspatch
@@ -84,8 +86,14 @@ class SandboxFleet:
         args += ["--ssh"] if self.ssh else []
         args += ["--router"] if self.router else []
         args += ["--engine", self.engine] if self.engine != "standin" else []
-        run = self.opspatch(*args, *self.extra, timeout=240 if self.engine == "standin" else 1500)
-        assert run.code == 0, run.stdout + run.stderr
+        try:
+            run = self.opspatch(
+                *args, *self.extra, timeout=240 if self.engine == "standin" else 1500
+            )
+            assert run.code == 0, run.stdout + run.stderr
+        except BaseException:  # failed or interrupted: no fixture tears down what it started
+            self.opspatch("sandbox", "down", timeout=120)  # its logs are kept to read
+            raise
         inventory = load_inventory(self.state / "inventories" / f"{self.inventory}.toml")
         self.hosts = {h.name: h for h in inventory.hosts}
         return self
@@ -199,6 +207,87 @@ def copy_patch(fleet: SandboxFleet, patch_id: str) -> Path:
     target = fleet.workspace / "patches" / f"{patch_id}.toml"
     shutil.copy(REPO / "patches" / f"{patch_id}.toml", target)
     return target
+
+
+class Shared(Protocol):
+    def at_baseline(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+SharedFleet = TypeVar("SharedFleet", bound=Shared)
+
+
+class Slot(Generic[SharedFleet]):
+    """One fleet shared by a module's tests, each test starting from the fleet's baseline: a
+    test that failed or left the fleet elsewhere gets a new fleet for the next one, so a failure
+    is reported once, where it happened."""
+
+    def __init__(
+        self, folders: pytest.TempPathFactory, name: str, make: Callable[[Path], SharedFleet]
+    ) -> None:
+        self.folders = folders
+        self.name = name
+        self.make = make
+        self.current: SharedFleet | None = None
+
+    def ready(self) -> SharedFleet:
+        if self.current is not None and not self.current.at_baseline():
+            self.current.close()
+            self.current = None
+        if self.current is None:
+            self.current = self.make(self.folders.mktemp(self.name))
+        return self.current
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.close()
+
+
+@dataclass
+class GuardedFleet:
+    """A stand-in sandbox fleet with eagle-init-guard applied on every host (the healthy fleet a
+    rollout test starts from), shared through a `Slot`."""
+
+    fleet: SandboxFleet
+    guarded: dict[str, str] = field(default_factory=dict)
+    """Each host's file as the guard left it."""
+
+    @classmethod
+    def up(cls, root: Path, size: int) -> GuardedFleet:
+        fleet = SandboxFleet(root, size).up()
+        try:
+            run = fleet.opspatch("apply", "eagle-init-guard", "--hosts", "sandbox", "--yes")
+            assert run.code == 0, run.stdout + run.stderr
+        except BaseException:
+            fleet.close()
+            raise
+        return cls(fleet, {n: fleet.sha(n) for n in fleet.names})
+
+    def at_baseline(self) -> bool:
+        """Every host's file is the guard's and its server, running, was started on it, no run
+        is unfinished and no host is locked (read; nothing is changed)."""
+        try:
+            if any(self.fleet.sha(n) != sha for n, sha in self.guarded.items()):
+                return False
+            states = self.fleet.hosts
+            if any((Path(states[n].state_dir) / "lock.json").exists() for n in self.guarded):
+                return False
+            status = self.fleet.opspatch(
+                "status", "--hosts", "sandbox", "--patch", "eagle-init-guard", "--json"
+            )
+            said = status.json()["status"] if status.code == 0 else []
+            if {s["host"]: (s["state"], s["server_running"]) for s in said} != dict.fromkeys(
+                self.guarded, ("applied", True)
+            ):
+                return False
+            with Ledger.open(self.fleet.ledger_path) as ledger:
+                return all(r.status not in ("running", "interrupted") for r in ledger.list_runs())
+        except (OSError, ValueError, OpspatchError):
+            return False
+
+    def close(self) -> None:
+        self.fleet.close()
 
 
 class Sandbox:

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from tests.fleetkit import SandboxFleet, wait_until
+from tests.faultkit import isolated_home
+from tests.fleetkit import GuardedFleet, SandboxFleet, Slot, wait_until
 from tests.patchkit import ONE_TOKEN
 
 pytestmark = pytest.mark.engine
@@ -42,6 +43,9 @@ restore = 60
 count = 12
 max_new_tokens = 48
 """
+JUDGED_ONCE = JUDGED.replace('name = "judged"', 'name = "judged-once"') + "repeats = 1\n"
+"""One round: tokens and acceptance are the same in every round (greedy; docs/judge.md), so a
+test of those metrics alone needs no second (a latency test keeps both)."""
 
 
 def _module_end(patch_id: str, module: str, code: str) -> str:
@@ -100,18 +104,26 @@ SLOWER = _module_end(
 )
 
 
-@pytest.fixture()
-def fleet(tmp_path: Path) -> Iterator[SandboxFleet]:
-    sandbox = SandboxFleet(tmp_path, 2).up()
-    try:
-        guard = sandbox.opspatch(
-            "apply", "eagle-init-guard", "--hosts", sandbox.inventory, "--yes", "--json"
-        )
-        assert guard.code == 0, guard.stdout + guard.stderr
-        sandbox.write_playbook("judged", JUDGED)
-        yield sandbox
-    finally:
-        sandbox.close()
+@pytest.fixture(scope="module")
+def slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slot[GuardedFleet]]:
+    """Two guarded hosts shared by the module's tests, each starting where a fresh pair starts
+    (`GuardedFleet.at_baseline`; a test that leaves them elsewhere gets a new pair next): a
+    judged apply rolled back on the canary leaves them so. The module's own HOME: the pair
+    outlives each test's."""
+    with isolated_home(tmp_path_factory.mktemp("judge-home")):
+        made = Slot(tmp_path_factory, "judge", lambda root: GuardedFleet.up(root, 2))
+        try:
+            yield made
+        finally:
+            made.close()
+
+
+@pytest.fixture
+def fleet(slot: Slot[GuardedFleet]) -> SandboxFleet:
+    sandbox = slot.ready().fleet
+    sandbox.write_playbook("judged", JUDGED)
+    sandbox.write_playbook("judged-once", JUDGED_ONCE)
+    return sandbox
 
 
 def _host(doc: dict[str, Any], name: str) -> dict[str, Any]:
@@ -136,8 +148,9 @@ def test_a_change_the_smoke_passes_is_caught_by_the_judge_and_rolled_back_on_the
     fleet.write_patch(patch_id, text)
     canary, other = fleet.names
     pre = {n: fleet.sha(n) for n in fleet.names}
+    playbook = "judged" if metric == "tpot" else "judged-once"
     run = fleet.opspatch(
-        "apply", patch_id, "--hosts", fleet.inventory, "--playbook", "judged", "--yes", "--json"
+        "apply", patch_id, "--hosts", fleet.inventory, "--playbook", playbook, "--yes", "--json"
     )
     assert run.code == 1, run.stdout + run.stderr
     doc = run.json()

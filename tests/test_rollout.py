@@ -14,7 +14,8 @@ import pytest
 
 from opspatch.ledger.store import Ledger
 from opspatch.sandbox.sshd import find_sshd
-from tests.fleetkit import SandboxFleet, wait_until
+from tests.faultkit import isolated_home
+from tests.fleetkit import GuardedFleet, SandboxFleet, Slot, wait_until
 from tests.patchkit import _test_patch
 
 pytestmark = [pytest.mark.engine, pytest.mark.ssh]
@@ -47,6 +48,26 @@ def fleet(tmp_path: Path) -> Iterator[SandboxFleet]:
         yield sandbox
     finally:
         sandbox.close()
+
+
+@pytest.fixture(scope="module")
+def guarded_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slot[GuardedFleet]]:
+    """Three guarded hosts shared by the tests that start from them, each test starting where a
+    fresh fleet with the guard applied starts (`GuardedFleet.at_baseline`; a test that leaves
+    the fleet elsewhere gets a new one next). The module's own HOME: the fleet outlives each
+    test's."""
+    with isolated_home(tmp_path_factory.mktemp("rollout-home")):
+        made = Slot(tmp_path_factory, "guarded", lambda root: GuardedFleet.up(root, 3))
+        try:
+            yield made
+        finally:
+            made.close()
+
+
+@pytest.fixture
+def guarded(guarded_slot: Slot[GuardedFleet]) -> SandboxFleet:
+    """The fleet with eagle-init-guard applied on every host, as `_guarded` leaves it."""
+    return guarded_slot.ready().fleet
 
 
 def _outcomes(doc: dict) -> dict[str, str]:  # type: ignore[type-arg]
@@ -297,53 +318,51 @@ def test_patch_not_fitting_one_host_refuses_the_whole_run(fleet: SandboxFleet) -
 
 
 def test_patch_that_breaks_the_engine_at_import_is_rolled_back_on_the_canary(
-    fleet: SandboxFleet,
+    guarded: SandboxFleet,
 ) -> None:
-    _guarded(fleet)
-    fleet.write_playbook("fast", FAST.format(ready=30))
-    fleet.write_patch(
+    guarded.write_playbook("fast", FAST.format(ready=30))
+    guarded.write_patch(
         "break-at-import",
         _test_patch(
             "break-at-import", 'raise RuntimeError("broken by a test patch")', "breaks the engine"
         ),
     )
-    pre = {n: fleet.sha(n) for n in fleet.names}
-    pids = {n: fleet.pid(n) for n in fleet.names}
-    run = fleet.opspatch(
+    pre = {n: guarded.sha(n) for n in guarded.names}
+    pids = {n: guarded.pid(n) for n in guarded.names}
+    run = guarded.opspatch(
         "apply", "break-at-import", "--hosts", "sandbox", "--playbook", "fast", "--yes", "--json"
     )
     assert run.code == 1, run.stdout + run.stderr
     doc = run.json()
-    canary, *others = fleet.names
+    canary, *others = guarded.names
     outcomes = _outcomes(doc)
     assert outcomes[canary] == "rolled-back"
     assert all(outcomes[n] == "skipped" for n in others)
     assert doc["halted"]
     # the canary is restored byte-identically and healthy; the others were never touched
-    assert {n: fleet.sha(n) for n in fleet.names} == pre
-    assert all(fleet.pid(n) == pids[n] for n in others)
-    out = fleet.generate(canary)
+    assert {n: guarded.sha(n) for n in guarded.names} == pre
+    assert all(guarded.pid(n) == pids[n] for n in others)
+    out = guarded.generate(canary)
     assert out is not None and out["meta_info"]["spec_verify_ct"] > 0
     # the ledger says why
-    show = fleet.opspatch("ledger", "show", doc["run_id"], "--json").json()
+    show = guarded.opspatch("ledger", "show", doc["run_id"], "--json").json()
     record = next(h for h in show["host_records"] if h["host"] == canary)
     assert record["outcome"] == "rolled-back"
     assert record["reason"] == "step-failed", record
     assert [v["action"] for v in record["file_versions"]] == ["patch", "restore"]
 
 
-def test_engine_that_never_becomes_ready_is_restored(fleet: SandboxFleet) -> None:
-    _guarded(fleet)
-    fleet.write_playbook("fast", FAST.format(ready=4))
-    fleet.write_patch(
+def test_engine_that_never_becomes_ready_is_restored(guarded: SandboxFleet) -> None:
+    guarded.write_playbook("fast", FAST.format(ready=4))
+    guarded.write_patch(
         "hang-at-import", _test_patch("hang-at-import", "import time\ntime.sleep(3600)", "hangs")
     )
-    pre = {n: fleet.sha(n) for n in fleet.names}
-    run = fleet.opspatch(
+    pre = {n: guarded.sha(n) for n in guarded.names}
+    run = guarded.opspatch(
         "apply",
         "hang-at-import",
         "--hosts",
-        fleet.names[0],
+        guarded.names[0],
         "--playbook",
         "fast",
         "--yes",
@@ -353,32 +372,31 @@ def test_engine_that_never_becomes_ready_is_restored(fleet: SandboxFleet) -> Non
     host = run.json()["hosts"][0]
     assert host["outcome"] == "rolled-back"
     assert host["reason"] == "step-failed", host
-    assert fleet.sha(fleet.names[0]) == pre[fleet.names[0]]
-    assert fleet.generate(fleet.names[0]) is not None
+    assert guarded.sha(guarded.names[0]) == pre[guarded.names[0]]
+    assert guarded.generate(guarded.names[0]) is not None
 
 
-def test_restore_that_cannot_work_needs_attention_and_halts(fleet: SandboxFleet) -> None:
-    _guarded(fleet)
-    canary = fleet.names[0]
-    pre = fleet.sha(canary)
-    backups = Path(fleet.hosts[canary].state_dir) / "backups"
+def test_restore_that_cannot_work_needs_attention_and_halts(guarded: SandboxFleet) -> None:
+    canary = guarded.names[0]
+    pre = guarded.sha(canary)
+    backups = Path(guarded.hosts[canary].state_dir) / "backups"
     # The engine, importing the patched module, removes the host's backup and alters the
     # ledger's copy of the pre-image, then fails: neither copy can restore the file.
     code = f"""
     import shutil, sqlite3
     shutil.rmtree({str(backups)!r}, ignore_errors=True)
-    _db = sqlite3.connect({str(fleet.ledger_path)!r}, timeout=30)
+    _db = sqlite3.connect({str(guarded.ledger_path)!r}, timeout=30)
     _db.execute("DROP TRIGGER IF EXISTS blobs_refuse_update")
     _db.execute("UPDATE blobs SET data = X'00' WHERE sha256 = ?", ({pre!r},))
     _db.commit()
     raise RuntimeError("broken by a test patch")
     """
-    fleet.write_playbook("fast", FAST.format(ready=30))
-    fleet.write_patch(
+    guarded.write_playbook("fast", FAST.format(ready=30))
+    guarded.write_patch(
         "sabotage", _test_patch("sabotage", code, "breaks the engine and its backups")
     )
-    others = {n: fleet.sha(n) for n in fleet.names[1:]}
-    run = fleet.opspatch(
+    others = {n: guarded.sha(n) for n in guarded.names[1:]}
+    run = guarded.opspatch(
         "apply", "sabotage", "--hosts", "sandbox", "--playbook", "fast", "--yes", "--json"
     )
     assert run.code == 3, run.stdout + run.stderr
@@ -387,12 +405,12 @@ def test_restore_that_cannot_work_needs_attention_and_halts(fleet: SandboxFleet)
     assert outcomes[canary] == "needs-attention"
     assert doc["hosts"][0]["reason"] == "undo-failed", doc["hosts"][0]
     assert doc["halted"]
-    assert all(outcomes[n] == "skipped" for n in fleet.names[1:])
-    assert {n: fleet.sha(n) for n in fleet.names[1:]} == others
+    assert all(outcomes[n] == "skipped" for n in guarded.names[1:])
+    assert {n: guarded.sha(n) for n in guarded.names[1:]} == others
     # the ledger was tampered with: verify names it and apply refuses to run on it
-    verify = fleet.opspatch("ledger", "verify", "--json")
+    verify = guarded.opspatch("ledger", "verify", "--json")
     assert verify.code == 3 and verify.json()["ok"] is False
-    refused = fleet.opspatch("apply", "eagle-init-guard", "--hosts", "sandbox", "--yes")
+    refused = guarded.opspatch("apply", "eagle-init-guard", "--hosts", "sandbox", "--yes")
     assert refused.code == 3
     assert "ledger" in refused.stderr
 

@@ -286,7 +286,8 @@ def test_a_patch_that_changes_one_token_on_the_unit_is_judged_fail_and_rolled_ba
     """The canary judge on the unit's head: its old server measured before the swap, the
     changed one after the smoke (which passes it); `tokens fail` undoes it on both nodes."""
     judged = PLAYBOOK.format(ready=240).replace("canary = 0", "canary = 1")
-    unit.write_playbook("unit", judged + "[judge]\ncount = 9\nmax_new_tokens = 32\n")
+    # one round: tokens are the same in every round (greedy; docs/judge.md)
+    unit.write_playbook("unit", judged + "[judge]\ncount = 9\nmax_new_tokens = 32\nrepeats = 1\n")
     unit.write_patch("one-token", ONE_TOKEN)
 
     def sampler(node: str) -> bytes:
