@@ -133,7 +133,9 @@ def run_recorded(
             recorder=run,
             progress=progress,
         ) as fleet:
-            return run.finish(body(fleet))
+            report = body(fleet)
+        # finished once the fleet gave its leases back: the give-back is a step of the open run
+        return run.finish(report)
 
 
 def run_in_batches(
