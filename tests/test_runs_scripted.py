@@ -29,6 +29,7 @@ from opspatch.hosts.operations import LOCK_HOLD_SECONDS
 from opspatch.hosts.transport.scripted import Refusal, agent_operation
 from opspatch.ledger import NewFileVersion
 from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.commands.unlock import unlock_hosts
 from opspatch.runs.report import RunReport
 from tests.scriptedkit import (
@@ -1247,3 +1248,35 @@ def test_a_rehearsals_ctrl_c_lines_say_it_is_torn_down_not_to_recover(
     for line in waiting:
         assert line.endswith(f"Ctrl-C twice stops waiting, then {AFTER_STOP}"), line
     assert ctrl_c.endswith(f"Ctrl-C again stops waiting, then {AFTER_STOP}"), ctrl_c
+
+
+def test_a_recorded_run_gives_each_hosts_lease_back_as_a_step_of_the_open_run(
+    fleet: Fleet,
+) -> None:
+    """The postmortem shows each host's lease taken and given back, for an apply and for a
+    restoring command alike: a run finished before its fleet gave the leases back removed them
+    unrecorded (run_recorded finished inside the fleet; the clean-clone CI found it)."""
+
+    def leases(run_id: str) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for record in fleet.ledger.get_run(run_id).hosts:
+            found.setdefault(record.host, []).extend(
+                s.detail.split(" on ")[0] for s in record.steps if s.step == "lease"
+            )
+        return found
+
+    applied = fleet.apply()
+    assert applied.exit_code == 0, applied
+    assert applied.run_id is not None
+    names = [h.name for h in fleet.hosts]
+    both = ["took the lease", "gave the lease"]
+    assert leases(applied.run_id) == dict.fromkeys(names, both)
+    back = rollback_hosts(
+        ledger=fleet.ledger,
+        hosts=[h.host() for h in fleet.hosts],
+        factory=fleet.factory,
+        playbook=Playbook(),
+        patch=fleet.patch,
+    )
+    assert back.run_id is not None
+    assert leases(back.run_id) == dict.fromkeys(names, both), back
