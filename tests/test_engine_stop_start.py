@@ -30,7 +30,12 @@ from opspatch.core.host import ContainerSettings, Host
 from opspatch.core.policy import Playbook
 from opspatch.errors import EngineError, RemoteOperationError
 from opspatch.hosts.agent.engine import op_wait_ready
-from opspatch.hosts.agent.processes import alive, read_pid_file, stop_process_tree
+from opspatch.hosts.agent.processes import (
+    alive,
+    process_identity,
+    read_pid_file,
+    stop_process_tree,
+)
 from opspatch.hosts.agent.protocol import OpFailure
 from opspatch.hosts.engine import EngineControl, ServerGroup
 from opspatch.hosts.operations import HostOperations
@@ -211,6 +216,67 @@ def test_restart_stays_stop_then_start_in_one(tmp_path: Path) -> None:
         second = ctl.restart()
         assert set(tree) <= set(second["stopped"]) and not [p for p in tree if alive(p)]
         assert second["pid"] is not None and alive(second["pid"])
+
+
+@pytest.mark.process
+def test_stop_finds_its_engine_after_the_wall_clock_jumped_forward(tmp_path: Path) -> None:
+    # A paused VM's clock steps forward on resume: the engine then reads as started long after
+    # its pid file was written. Stop must still know it (it said "stopped none running", and a
+    # restart changed nothing while the old server kept serving).
+    host = command_host(tmp_path)
+    with local_control(host) as ctl:
+        started = ctl.start()
+        assert started["pid"] is not None
+        tree = wait_for_tree(started["pid"], 3)
+        hour_ago = os.stat(tmp_path / "server.pid").st_mtime - 3600
+        os.utime(tmp_path / "server.pid", (hour_ago, hour_ago))
+
+        stopped = ctl.stop()
+        assert set(tree) <= set(stopped["stopped"])
+        assert not [pid for pid in tree if alive(pid)]
+
+
+@pytest.mark.process
+def test_a_pid_file_whose_process_is_not_the_one_it_was_written_for_stops_nothing(
+    tmp_path: Path,
+) -> None:
+    host = command_host(tmp_path)
+    with local_control(host) as ctl:
+        started = ctl.start()
+        assert started["pid"] is not None
+        wait_for_tree(started["pid"], 3)
+        ctl.stop()
+    # a later process reusing the number: the identity recorded beside the pid file differs
+    bystander = subprocess.Popen(["sleep", "300"])
+    try:
+        (tmp_path / "server.pid").write_text(f"{bystander.pid}\n")
+        boot, _, ticks = str(process_identity(bystander.pid)).partition("/")
+        earlier = f"{bystander.pid} {boot}/{int(ticks) - 1}\n"
+        (tmp_path / "server.pid.identity").write_text(earlier)
+        with local_control(host) as ctl:
+            assert ctl.stop()["stopped"] == []
+            assert bystander.poll() is None  # left running
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+@pytest.mark.process
+def test_ready_after_a_start_refuses_a_server_that_was_already_running() -> None:
+    # the loopback server runs in this test's process: the "engine just started" is another one
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        with answering(HEAD) as url:
+            request = {"url": url, "timeout": 5, "pid": other.pid, "group": None}
+            with pytest.raises(OpFailure) as caught:
+                op_wait_ready(request)  # type: ignore[arg-type]
+            assert caught.value.code == "stale-server"
+            assert f"pid {os.getpid()}" in caught.value.message
+            # the server started is the one answering: ready
+            assert op_wait_ready({**request, "pid": os.getpid()})["polls"] == 1  # type: ignore[typeddict-item]
+    finally:
+        other.kill()
+        other.wait()
 
 
 # -- process: the group check against a loopback server answering as a head (or not) -------------

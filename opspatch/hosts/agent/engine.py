@@ -17,7 +17,13 @@ from opspatch.hosts.agent.checks import (
     scan_log,
 )
 from opspatch.hosts.agent.fsutil import file_size, log_since, log_window
-from opspatch.hosts.agent.processes import alive, find_server_pid, read_pid_file
+from opspatch.hosts.agent.processes import (
+    alive,
+    find_server_pid,
+    listening_pids,
+    process_tree,
+    read_pid_file,
+)
 from opspatch.hosts.agent.protocol import OpFailure, operation
 
 if TYPE_CHECKING:
@@ -141,7 +147,7 @@ def op_wait_ready(args: WaitReadyRequest) -> ReadyReply:
     url = str(args["url"]).rstrip("/")
     timeout = float(args.get("timeout") or 600.0)
     total = float(args.get("total") or timeout)
-    pid = args.get("pid")
+    pid = restarted = args.get("pid")  # the restart's: ready only as that process
     pid_file = args.get("pid_file")
     gone = None  # what the pid file names, when that process is not running
     if pid is None and pid_file:
@@ -175,6 +181,8 @@ def op_wait_ready(args: WaitReadyRequest) -> ReadyReply:
                 status, _ = _http("GET", url + "/health", None, timeout=wait)
                 if status == 200:
                     last = _group_unproven(url, group, wait) if group else ""
+                    if restarted is not None:
+                        _refuse_an_older_server(url, int(restarted))
                     if not last:
                         return {"seconds": round(time.monotonic() - started, 3), "polls": polls}
                 else:
@@ -217,6 +225,24 @@ def op_wait_ready(args: WaitReadyRequest) -> ReadyReply:
                 evidence,
             )
         time.sleep(READY_POLL_SECONDS)
+
+
+def _refuse_an_older_server(url: str, started: int) -> None:
+    """`/health` answered, but is it the engine just `started`? A server that was already
+    running (a stop that missed it) would answer while the new one loads, and a restart that
+    changed nothing would pass as one. Refused when every process listening on the url's port
+    is outside the started process's tree; unknown (another user's sockets) is not refused."""
+    port = _port(url)
+    listeners = listening_pids(port) if port is not None else []
+    if not listeners or set(listeners) & set(process_tree(started)):
+        return
+    raise OpFailure(
+        "stale-server",
+        f"{url} was answered by pid {listeners[0]}, not by the engine just started (pid "
+        f"{started}): a server that was already running holds port {port}, and the stop did "
+        f"not end it; stop pid {listeners[0]}, then restart",
+        {"listening": listeners, "started": started},
+    )
 
 
 def _group_unproven(url: str, group: GroupCheck, wait: float) -> str:

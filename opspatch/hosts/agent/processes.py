@@ -7,15 +7,20 @@ import os
 import time
 
 
-def proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid) of a process from /proc, or None when it is gone."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             raw = handle.read().decode("utf-8", errors="replace")
     except OSError:
         return None
-    fields = raw[raw.rfind(")") + 2 :].split()
-    return fields[0], int(fields[1])
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process from /proc, or None when it is gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (fields[0], int(fields[1]))
 
 
 def alive(pid: int) -> bool:
@@ -71,21 +76,47 @@ def stop_process_tree(root: int, timeout: float) -> list[int]:
 
 def process_start_epoch(pid: int) -> float | None:
     """When `pid` started (seconds since the epoch), from /proc; None where that is unknown."""
+    fields = _stat_fields(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            raw = handle.read().decode("utf-8", errors="replace")
         with open("/proc/stat", encoding="utf-8") as handle:
             boot = next(float(line.split()[1]) for line in handle if line.startswith("btime "))
     except (OSError, StopIteration, ValueError):
         return None
-    ticks = int(raw[raw.rfind(")") + 2 :].split()[19])
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+    if fields is None:
+        return None
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
-def started_before(pid: int, pid_file: str) -> bool:
+def process_identity(pid: int) -> str | None:
+    """`BOOT_ID/TICKS`: the boot and the start in clock ticks since it, which no later process
+    reusing the pid shares; read from no clock, so a wall clock that jumps cannot change it."""
+    fields = _stat_fields(pid)
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            boot_id = handle.read().strip()
+    except OSError:
+        return None
+    return None if fields is None else f"{boot_id}/{fields[19]}"
+
+
+def identity_file(pid_file: str) -> str:
+    """Where the agent records the identity of the process it wrote `pid_file` for."""
+    return pid_file + ".identity"
+
+
+def is_pid_files_process(pid: int, pid_file: str) -> bool:
     """Whether `pid` is the process the pid file was written for, not a later one that reused
-    the number: the engine started before its pid file was written (a reused pid started
-    after). Where /proc cannot tell, the pid file is trusted."""
+    the number. The agent's own pid files carry an identity beside them (`identity_file`):
+    compared exactly. Others: the process started before the file was written (by the wall
+    clock, which a paused VM may shift). Where /proc cannot tell, the pid file is trusted."""
+    try:
+        with open(identity_file(pid_file), encoding="ascii") as handle:
+            recorded_pid, _, identity = handle.read().strip().partition(" ")
+    except OSError:
+        recorded_pid, identity = "", ""
+    if recorded_pid == str(pid) and identity:
+        now = process_identity(pid)
+        return now is None or now == identity
     started = process_start_epoch(pid)
     try:
         written = os.stat(pid_file).st_mtime

@@ -12,8 +12,10 @@ from opspatch.hosts.agent.checks import failure_evidence
 from opspatch.hosts.agent.fsutil import file_size, log_since, write_atomically
 from opspatch.hosts.agent.processes import (
     alive,
+    identity_file,
+    is_pid_files_process,
+    process_identity,
     read_pid_file,
-    started_before,
     stop_process_tree,
 )
 from opspatch.hosts.agent.protocol import OpFailure, operation
@@ -48,7 +50,7 @@ def _run_tool(argv: list[str], timeout: float) -> subprocess.CompletedProcess[st
 def _running(pid_file: str) -> int | None:
     """The engine the pid file names, when it runs and is the one the file was written for."""
     old = read_pid_file(pid_file)
-    if old is not None and alive(old) and started_before(old, pid_file):
+    if old is not None and alive(old) and is_pid_files_process(old, pid_file):
         return old
     return None
 
@@ -63,7 +65,8 @@ def _stop_command(settings: dict[str, Any]) -> list[int]:
 
 
 def _start_command(settings: dict[str, Any], env: dict[str, str], log_file: str | None) -> Result:
-    """Start the command detached, its output appended to the log; write the pid file."""
+    """Start the command detached, its output appended to the log; write the pid file and,
+    beside it, the process's identity (stop finds it by that, whatever the wall clock did)."""
     pid_file = settings["pid_file"]
     log_path = log_file or os.devnull
     if log_file:
@@ -88,7 +91,14 @@ def _start_command(settings: dict[str, Any], env: dict[str, str], log_file: str 
     pid_dir = os.path.dirname(os.path.abspath(pid_file))
     os.makedirs(pid_dir, exist_ok=True)
     stat_dir = os.stat(pid_dir)
-    write_atomically(pid_file, f"{process.pid}\n".encode(), 0o644, stat_dir.st_uid, stat_dir.st_gid)
+    owner = (stat_dir.st_uid, stat_dir.st_gid)
+    # the identity first: a pid file is never read beside another process's identity
+    identity = process_identity(process.pid)
+    if identity is not None:
+        write_atomically(
+            identity_file(pid_file), f"{process.pid} {identity}\n".encode(), 0o644, *owner
+        )
+    write_atomically(pid_file, f"{process.pid}\n".encode(), 0o644, *owner)
     time.sleep(0.2)
     if process.poll() is not None:
         said, evidence = failure_evidence(log_since(log_file, offset))
