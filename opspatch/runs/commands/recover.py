@@ -26,7 +26,7 @@ from opspatch.runs.commands.live import patch_fixes
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.group import Nodes, prove_or_undo, serves, undo
 from opspatch.runs.fleet.host_leases import lease_held
-from opspatch.runs.fleet.liveapply import revert_everywhere
+from opspatch.runs.fleet.liveapply import revert_on
 from opspatch.runs.fleet.restore import (
     prove_standings,
     restart_stale,
@@ -408,6 +408,7 @@ class _RecoverHost:
             said.append(f"{session.name}: {detail}")
         listed = "; ".join(said)
         changes = {n: st.change() for n, st in standings.items()}
+        timeout = float(nodes.head.playbook.timeouts.smoke)  # as apply --live's (`LiveApply`)
 
         def restore(session: HostSession) -> FileChange:
             return restore_standing(session, standings[session.name])
@@ -422,7 +423,7 @@ class _RecoverHost:
                     "the smoke decode proves it, no restart; the file carries it for the next one"
                 ),
                 restart=False,
-                revert=lambda: _revert(nodes, fixes),
+                revert=lambda: revert_on(nodes, sorted(fixes), timeout=timeout),
             )
         why = (
             f"run {run_id} was interrupted before its live fix was taken in every process "
@@ -430,7 +431,7 @@ class _RecoverHost:
             f"is; `{remedy_text(Command.APPLY, patch_id, hosts=nodes.name)}` with --live "
             "takes it again"
         )
-        reverted = _revert(nodes, fixes)
+        reverted = revert_on(nodes, sorted(fixes), timeout=timeout)
         restart = unheard or not reverted  # a process not heard from may hold the fix
         return undo(
             nodes, why, restore=restore, changes=changes, restart=restart, outcome=Outcome.RESTORED
@@ -482,16 +483,6 @@ class _RecoverHost:
             return standing.found.change()
         newest = standing.version
         return FileChange(newest.path, newest.sha256_before, standing.live)
-
-
-def _revert(nodes: Nodes, fixes: Collection[str]) -> bool:
-    """`fixes` reverted on every node; False where some process did not answer its revert."""
-    reverted = True
-    for session in nodes.sessions:
-        if fixes:
-            timeout = float(session.playbook.timeouts.smoke)
-            reverted = revert_everywhere(session, sorted(fixes), timeout=timeout) and reverted
-    return reverted
 
 
 def _left_if_serving(

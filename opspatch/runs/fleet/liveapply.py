@@ -207,9 +207,7 @@ class LiveApply:
         reason: Reason,
     ) -> list[HostOutcome]:
         """A revert not answered everywhere is followed by a restart, which clears every memory."""
-        reverted = True
-        for session in nodes.sessions:  # the head first: its entry rank reverts every rank
-            reverted = revert_everywhere(session, fixes, timeout=self.timeout) and reverted
+        reverted = revert_on(nodes, fixes, timeout=self.timeout)
         if fixes and reverted and not nodes.alone:
             for session in nodes.sessions:
                 reverted = self._gone(session, fixes) and reverted
@@ -238,6 +236,15 @@ def _taken_note(nodes: Nodes, session: HostSession) -> str:
         "every process of every node holds the fix (frames already running keep the old code); "
         "the file carries it for the next restart"
     )
+
+
+def revert_on(nodes: Nodes, fixes: Sequence[str], *, timeout: float) -> bool:
+    """`fixes` reverted on every node, the head first (its entry rank reverts every rank); False
+    where some process did not answer its revert."""
+    reverted = True
+    for session in nodes.sessions:
+        reverted = revert_everywhere(session, fixes, timeout=timeout) and reverted
+    return reverted
 
 
 def revert_everywhere(session: HostSession, fixes: Sequence[str], *, timeout: float) -> bool:
