@@ -29,8 +29,9 @@ from opspatch.hosts.liveinstall import (
 from opspatch.hosts.operations import HostInspection, HostOperations
 from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.executor import halt_as_apply
 from opspatch.runs.fleet.fleetrun import per_node
-from opspatch.runs.fleet.recorded import run_in_batches
+from opspatch.runs.fleet.restore import run_in_batches
 from opspatch.runs.fleet.session import (
     HostFailed,
     HostSession,
@@ -99,7 +100,8 @@ def _run(
         factory=factory,
         playbook=playbook,
         progress=progress,
-        restarting=(),  # nothing restarts: no drain, no router room
+        as_apply=halt_as_apply,
+        restarts=False,  # nothing restarts: no drain, no router room
     )
 
 

@@ -31,7 +31,7 @@ from opspatch.runs.fleet.restore import (
     prove_standings,
     restart_stale,
     restore_standing,
-    run_restore,
+    run_in_batches,
     stale_servers,
 )
 from opspatch.runs.fleet.session import (
@@ -190,7 +190,7 @@ def _recover(
     taking_over: Collection[str] = (),
 ) -> RunReport:
     require_whole_units(hosts, Command.RECOVER)
-    return run_restore(
+    return run_in_batches(
         Command.RECOVER,
         _RecoverHost(ledger, scope, patch).group,
         ledger=ledger,

@@ -14,11 +14,12 @@ from opspatch.errors import OpspatchError
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.commands.live import StagedDisable, StagedPlugin, staged_plugin
 from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.runs.fleet.executor import halt_as_apply
 from opspatch.runs.fleet.group import Nodes, failing_as, prove_or_undo, refuse, undo
-from opspatch.runs.fleet.recorded import run_in_batches
 from opspatch.runs.fleet.restore import (
     prove_standings,
     restart_stale,
+    run_in_batches,
     stale_servers,
 )
 from opspatch.runs.fleet.session import HostSession, Progress
@@ -48,6 +49,7 @@ def restart_hosts(
         factory=factory,
         playbook=playbook,
         progress=progress,
+        as_apply=halt_as_apply,
     )
 
 

@@ -23,7 +23,13 @@ from opspatch.runs.commands.live import patch_fixes
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.group import Nodes, refuse, undo
 from opspatch.runs.fleet.liveapply import revert_everywhere
-from opspatch.runs.fleet.restore import Examined, restore_standing, run_restore, stale_note
+from opspatch.runs.fleet.restore import (
+    Examined,
+    halt_under_playbook,
+    restore_standing,
+    run_in_batches,
+    stale_note,
+)
 from opspatch.runs.fleet.session import HostSession, Progress, describe_error
 from opspatch.runs.fleet.standing import Change, HostStanding, Lineage, read_host
 from opspatch.runs.fleet.steps import AS_ROLLBACK
@@ -63,7 +69,7 @@ def rollback_hosts(
     rollback = _Rollback(
         ledger, patch, source_run, restart_engine, unrestarted, only_paths, patch_id
     )
-    return run_restore(
+    return run_in_batches(
         Command.ROLLBACK,
         rollback.group,
         ledger=ledger,
@@ -75,7 +81,7 @@ def rollback_hosts(
         patch_id=patch_id,
         parent_run=source_run.run_id if source_run else None,
         preflight=rollback.preflight,
-        under_playbook=True,
+        as_apply=halt_under_playbook,
     )
 
 

@@ -14,7 +14,7 @@ from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import per_node
 from opspatch.runs.fleet.host_leases import refusal
-from opspatch.runs.fleet.restore import run_restore
+from opspatch.runs.fleet.restore import run_in_batches
 from opspatch.runs.fleet.session import HostSession, Progress
 from opspatch.runs.report import HostOutcome, RunReport
 
@@ -30,7 +30,7 @@ def unlock_hosts(
 ) -> RunReport:
     """Remove host locks whose run is over. A running run's lock is refused; so, unless
     `force_unknown`, are one whose lease is live and one whose run this ledger does not know."""
-    return run_restore(
+    return run_in_batches(
         Command.UNLOCK,
         per_node(_UnlockHost(ledger, force_unknown).host),
         ledger=ledger,

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from opspatch.core.host import Host
-from opspatch.core.policy import Playbook, TeamSettings, plan_rollout
+from opspatch.core.policy import Playbook, TeamSettings
 from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Command, RunOutcome
 from opspatch.errors import InputError, LedgerError, LedgerIntegrityError, LedgerLost
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.executor import halt_as_apply
-from opspatch.runs.fleet.fleetrun import FleetRun, PerGroup
+from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.recorder import Recorder
 from opspatch.runs.fleet.session import NoProgress, Progress
 from opspatch.runs.report import RunReport
@@ -136,36 +135,3 @@ def run_recorded(
             report = body(fleet)
         # finished once the fleet gave its leases back: the give-back is a step of the open run
         return run.finish(report)
-
-
-def run_in_batches(
-    command: Command,
-    per_group: PerGroup,
-    *,
-    ledger: Ledger,
-    hosts: Sequence[Host],
-    factory: TransportFactory,
-    playbook: Playbook,
-    progress: Progress | None = None,
-    restarting: Collection[str] | None = None,
-) -> RunReport:
-    """A recorded, leased run of `per_group` in the playbook's batches, halted as an apply is."""
-
-    def body(fleet: FleetRun) -> RunReport:
-        refused = fleet.lease(restarting=restarting)
-        if refused is not None:
-            return refused
-        plan = plan_rollout(playbook, fleet.items())
-        halt = halt_as_apply(playbook, plan.canaries)
-        outcomes, halted = fleet.execute(per_group, batches=plan.batches, halt=halt)
-        return fleet.report(outcomes, halted=halted)
-
-    return run_recorded(
-        command,
-        body,
-        ledger=ledger,
-        hosts=hosts,
-        factory=factory,
-        playbook=playbook,
-        progress=progress,
-    )

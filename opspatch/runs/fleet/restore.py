@@ -1,5 +1,6 @@
 """What the restore runs (`rollback`, `recover`, `unlock`) share: putting files back, the stale
-server's restart, the fleet run they go through (`run_restore`)."""
+server's restart, the fleet run they go through (`run_in_batches`; `restart` and `live enable`
+and `disable` go through it too, halted as an apply)."""
 
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def halt_under_playbook(playbook: Playbook, canaries: Collection[str]) -> HaltPo
     return halt
 
 
-def run_restore(
+def run_in_batches(
     command: Command,
     per_group: PerGroup,
     *,
@@ -105,15 +106,17 @@ def run_restore(
     patch_id: str | None = None,
     parent_run: str | None = None,
     preflight: Callable[[HostSession], Examined] | None = None,
-    under_playbook: bool = False,
+    as_apply: Callable[[Playbook, Collection[str]], HaltPolicy] | None = None,
+    restarts: bool = True,
     leases: Mapping[str, str] | None = None,
     taking_over: Collection[str] = (),
     not_started: NotStarted | None = None,
 ) -> RunReport:
-    """A recorded run halted by a host that needs attention or does not serve its restored file.
-    `preflight` (a rollback): hosts decided there are never started but are leased first by the
-    identity read; `under_playbook`: canaries and batches as an apply; `leases`: what a recover
-    --run takes over."""
+    """A recorded, leased run of `per_group`: one batch halted by a host that needs attention or
+    does not serve its restored file, or (`as_apply`) the playbook's canaries and batches halted
+    by `as_apply(playbook, canaries)`. `preflight` (a rollback): hosts decided there are never
+    started but are leased first by the identity read; `restarts=False`: no host restarts (no
+    drain, no router room); `leases`: what a recover --run takes over."""
 
     def body(fleet: FleetRun) -> RunReport:
         known = dict(leases or {})
@@ -130,15 +133,16 @@ def run_restore(
             decided = units_decided(fleet, decided)
             fleet.decide(decided)
         names = [name for name in fleet.names if name not in decided]
-        refused = fleet.lease(known, taking_over=taking_over, restarting=names)
+        restarting = names if restarts else ()
+        refused = fleet.lease(known, taking_over=taking_over, restarting=restarting)
         if refused is not None:
             return refused
         policy: HaltPolicy = halt_on_attention_or_not_serving
         items = fleet.items(names)
-        if under_playbook:
+        if as_apply is not None:
             plan = plan_rollout(playbook, items)
             batches = plan.batches
-            policy = halt_under_playbook(playbook, plan.canaries)
+            policy = as_apply(playbook, plan.canaries)
         else:
             batches = one_batch(items, playbook.max_in_flight)
 
