@@ -29,8 +29,7 @@ from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.group import Nodes
 from opspatch.runs.fleet.host_leases import host_identity, lease_held, live_holders, refusal
 from opspatch.runs.fleet.pipeline import ApplyPipeline, Prepared, PreparedFile
-from opspatch.runs.fleet.recorded import run_recorded
-from opspatch.runs.fleet.recorder import NullRecorder
+from opspatch.runs.fleet.recorded import run_recorded, unrecorded_run
 from opspatch.runs.fleet.session import (
     HostSession,
     NoProgress,
@@ -151,13 +150,12 @@ def apply_to_hosts(
         require_whole_units(hosts, what, whole_apply(patch.reference, planned=dry_run))
     fleet_apply = _FleetApply(patch, playbook, dry_run, command, local, taking)
     if dry_run:
-        with FleetRun(
-            command=command,
+        with unrecorded_run(
+            command,
             patch_id=patch.spec.id,
             hosts=hosts,
             factory=factory,
             playbook=playbook,
-            recorder=NullRecorder(),
             progress=progress,
         ) as fleet:
             return fleet_apply.run(fleet)

@@ -17,10 +17,9 @@ from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, InputError
 from opspatch.hosts.measure import Measurement
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import CANCELLED
-from opspatch.runs.fleet.fleetrun import FleetRun
 from opspatch.runs.fleet.judging import CONFIRM_AFTER_SECONDS, measured, measured_in_turns
-from opspatch.runs.fleet.recorder import NullRecorder
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress
+from opspatch.runs.fleet.recorded import unrecorded_run
+from opspatch.runs.fleet.session import HostSession, Progress
 from opspatch.runs.judgments.canary import confirm, judge, unconfirmed
 from opspatch.runs.judgments.units import serving_heads
 
@@ -98,14 +97,8 @@ def judge_hosts(
         )
     hosts = ([baseline] if baseline is not None else []) + chosen
 
-    with FleetRun(
-        command=Command.JUDGE,
-        patch_id=None,
-        hosts=hosts,
-        factory=factory,
-        playbook=playbook,
-        recorder=NullRecorder(),
-        progress=progress or NoProgress(),
+    with unrecorded_run(
+        Command.JUDGE, hosts=hosts, factory=factory, playbook=playbook, progress=progress
     ) as fleet:
         reference = fleet.sessions[baseline.name] if baseline is not None else None
         unmeasured: list[str] = []  # why the baseline could not be measured, per attempt

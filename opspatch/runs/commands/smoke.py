@@ -15,9 +15,8 @@ from opspatch.errors import EXIT_HOST_FAILED, EXIT_OK, OpspatchError
 from opspatch.hosts.engine import SmokeResult
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.executor import CANCELLED
-from opspatch.runs.fleet.fleetrun import FleetRun
-from opspatch.runs.fleet.recorder import NullRecorder
-from opspatch.runs.fleet.session import HostSession, NoProgress, Progress, describe_error
+from opspatch.runs.fleet.recorded import unrecorded_run
+from opspatch.runs.fleet.session import HostSession, Progress, describe_error
 from opspatch.runs.judgments.units import serving_heads
 
 
@@ -79,14 +78,8 @@ def smoke_hosts(
         except OpspatchError as exc:
             return HostSmoke(session.name, None, describe_error(exc), unit=unit)
 
-    with FleetRun(
-        command=Command.SMOKE,
-        patch_id=None,
-        hosts=hosts,
-        factory=factory,
-        playbook=playbook,
-        recorder=NullRecorder(),
-        progress=progress or NoProgress(),
+    with unrecorded_run(
+        Command.SMOKE, hosts=hosts, factory=factory, playbook=playbook, progress=progress
     ) as fleet:
         results = fleet.visit(one, limit=playbook.max_in_flight or len(hosts) or 1)
     return SmokeReport(

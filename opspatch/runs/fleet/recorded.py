@@ -16,7 +16,7 @@ from opspatch.errors import InputError, LedgerError, LedgerIntegrityError, Ledge
 from opspatch.ledger.store import Ledger, operator_identity
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import FleetRun
-from opspatch.runs.fleet.recorder import Recorder
+from opspatch.runs.fleet.recorder import NullRecorder, Recorder
 from opspatch.runs.fleet.session import NoProgress, Progress
 from opspatch.runs.report import RunReport
 
@@ -135,3 +135,25 @@ def run_recorded(
             report = body(fleet)
         # finished once the fleet gave its leases back: the give-back is a step of the open run
         return run.finish(report)
+
+
+def unrecorded_run(
+    command: Command,
+    *,
+    hosts: Sequence[Host],
+    factory: TransportFactory,
+    playbook: Playbook,
+    progress: Progress | None = None,
+    patch_id: str | None = None,
+) -> FleetRun:
+    """A fleet run with no ledger record (a dry run, a smoke, a judge): no run id, so no lock and
+    no lease (`NullRecorder`)."""
+    return FleetRun(
+        command=command,
+        patch_id=patch_id,
+        hosts=hosts,
+        factory=factory,
+        playbook=playbook,
+        recorder=NullRecorder(),
+        progress=progress or NoProgress(),
+    )
