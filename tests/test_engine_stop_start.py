@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,12 @@ from opspatch.core.host import ContainerSettings, Host
 from opspatch.core.policy import Playbook
 from opspatch.errors import EngineError, RemoteOperationError
 from opspatch.hosts.agent.engine import op_wait_ready
+from opspatch.hosts.agent.facts import running_server
 from opspatch.hosts.agent.processes import (
     alive,
+    boot_epoch,
     process_identity,
+    process_start_epoch,
     read_pid_file,
     stop_process_tree,
 )
@@ -251,7 +255,7 @@ def test_a_pid_file_whose_process_is_not_the_one_it_was_written_for_stops_nothin
     try:
         (tmp_path / "server.pid").write_text(f"{bystander.pid}\n")
         boot, _, ticks = str(process_identity(bystander.pid)).partition("/")
-        earlier = f"{bystander.pid} {boot}/{int(ticks) - 1}\n"
+        earlier = f"{bystander.pid} {boot}/{int(ticks) - 1} {boot_epoch():.0f}\n"
         (tmp_path / "server.pid.identity").write_text(earlier)
         with local_control(host) as ctl:
             assert ctl.stop()["stopped"] == []
@@ -259,6 +263,31 @@ def test_a_pid_file_whose_process_is_not_the_one_it_was_written_for_stops_nothin
     finally:
         bystander.kill()
         bystander.wait()
+
+
+@pytest.mark.process
+def test_the_servers_start_is_read_by_the_boot_epoch_recorded_when_it_started(
+    tmp_path: Path,
+) -> None:
+    # status calls a server older than its file `staged`: after the clock stepped forward an
+    # hour, /proc's btime moved with it and the server read as started after a file patched
+    # half an hour ago: running the new code. The epoch recorded at its start did not move.
+    host = command_host(tmp_path)
+    with local_control(host) as ctl:
+        started = ctl.start()
+        assert started["pid"] is not None
+        record = tmp_path / "server.pid.identity"
+        pid, identity, boot = record.read_text().split()
+        assert pid == str(started["pid"]) and float(boot) == boot_epoch()
+        record.write_text(f"{pid} {identity} {float(boot) - 3600:.0f}\n")  # the step since
+
+        server = running_server({"pid_file": str(tmp_path / "server.pid"), "url": None})
+        assert server is not None and server["started_at"] is not None
+        on_proc = process_start_epoch(started["pid"])
+        assert on_proc is not None and abs(server["started_at"] - (on_proc - 3600)) < 1
+        patched = time.time() - 1800
+        assert server["started_at"] < patched - 2  # older than the file: staged, not running
+        assert ctl.stop()["stopped"]  # and still known as the pid file's own
 
 
 @pytest.mark.process

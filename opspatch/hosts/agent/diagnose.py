@@ -151,7 +151,9 @@ def server_state(restart: Result, url: str | None, health_timeout: float) -> Res
     if running and pid is not None:
         argv = _cmdline(pid)
         state.update(
-            started_at=process_start_epoch(pid),
+            started_at=process_start_epoch(
+                pid, str(restart["pid_file"]) if restart.get("pid_file") else None
+            ),
             cmdline=argv,
             speculative=speculative_settings(argv),
             spec_v2_env=_environ_value(pid, "SGLANG_ENABLE_SPEC_V2"),

@@ -423,4 +423,4 @@ def running_server(where: ServerHint | None) -> ServerReply | None:
         if port is not None and (listening_sockets(port) if inodes is None else inodes):
             return {"pid": None, "started_at": None}  # another user's process: not ours to see
         return None
-    return {"pid": pid, "started_at": process_start_epoch(pid)}
+    return {"pid": pid, "started_at": process_start_epoch(pid, where.get("pid_file"))}

@@ -74,34 +74,64 @@ def stop_process_tree(root: int, timeout: float) -> list[int]:
     return tree
 
 
-def process_start_epoch(pid: int) -> float | None:
-    """When `pid` started (seconds since the epoch), from /proc; None where that is unknown."""
-    fields = _stat_fields(pid)
+def boot_epoch() -> float | None:
+    """When this boot began by the wall clock now (/proc/stat `btime`): a clock stepped forward
+    (a paused VM resumed) moves it by the step."""
     try:
         with open("/proc/stat", encoding="utf-8") as handle:
-            boot = next(float(line.split()[1]) for line in handle if line.startswith("btime "))
+            return next(float(line.split()[1]) for line in handle if line.startswith("btime "))
     except (OSError, StopIteration, ValueError):
         return None
-    if fields is None:
+
+
+def process_start_epoch(pid: int, pid_file: str | None = None) -> float | None:
+    """When `pid` started (seconds since the epoch), from /proc; None where that is unknown.
+    Beside a pid file the agent wrote, by the boot's epoch as it was at that start: a clock
+    stepped since then moves neither the start nor a file's mtime written before the step, so
+    the two still compare."""
+    fields = _stat_fields(pid)
+    recorded = _recorded(pid_file) if pid_file else None
+    boot = recorded[2] if recorded and recorded[3] else boot_epoch()
+    if fields is None or boot is None:
         return None
     return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
 
 
 def process_identity(pid: int) -> str | None:
     """`BOOT_ID/TICKS`: the boot and the start in clock ticks since it, which no later process
     reusing the pid shares; read from no clock, so a wall clock that jumps cannot change it."""
-    fields = _stat_fields(pid)
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
-            boot_id = handle.read().strip()
-    except OSError:
-        return None
-    return None if fields is None else f"{boot_id}/{fields[19]}"
+    fields, boot_id = _stat_fields(pid), _boot_id()
+    return None if fields is None or boot_id is None else f"{boot_id}/{fields[19]}"
 
 
 def identity_file(pid_file: str) -> str:
-    """Where the agent records the identity of the process it wrote `pid_file` for."""
+    """Where the agent records the identity of the process it wrote `pid_file` for, and the
+    boot's epoch then: `PID BOOT_ID/TICKS BOOT_EPOCH`."""
     return pid_file + ".identity"
+
+
+def identity_record(pid: int) -> str | None:
+    """The line `identity_file` holds for `pid`, None where /proc cannot say."""
+    identity, boot = process_identity(pid), boot_epoch()
+    return None if identity is None or boot is None else f"{pid} {identity} {boot:.0f}\n"
+
+
+def _recorded(pid_file: str) -> tuple[str, str, float, bool] | None:
+    """(pid, identity, boot epoch, whether of this boot) from `identity_file`, None without."""
+    try:
+        with open(identity_file(pid_file), encoding="ascii") as handle:
+            pid, identity, boot = handle.read().split()
+        return pid, identity, float(boot), identity.split("/")[0] == _boot_id()
+    except (OSError, ValueError):
+        return None
 
 
 def is_pid_files_process(pid: int, pid_file: str) -> bool:
@@ -109,14 +139,10 @@ def is_pid_files_process(pid: int, pid_file: str) -> bool:
     the number. The agent's own pid files carry an identity beside them (`identity_file`):
     compared exactly. Others: the process started before the file was written (by the wall
     clock, which a paused VM may shift). Where /proc cannot tell, the pid file is trusted."""
-    try:
-        with open(identity_file(pid_file), encoding="ascii") as handle:
-            recorded_pid, _, identity = handle.read().strip().partition(" ")
-    except OSError:
-        recorded_pid, identity = "", ""
-    if recorded_pid == str(pid) and identity:
+    recorded = _recorded(pid_file)
+    if recorded is not None and recorded[0] == str(pid):
         now = process_identity(pid)
-        return now is None or now == identity
+        return now is None or now == recorded[1]
     started = process_start_epoch(pid)
     try:
         written = os.stat(pid_file).st_mtime

@@ -13,8 +13,8 @@ from opspatch.hosts.agent.fsutil import file_size, log_since, write_atomically
 from opspatch.hosts.agent.processes import (
     alive,
     identity_file,
+    identity_record,
     is_pid_files_process,
-    process_identity,
     read_pid_file,
     stop_process_tree,
 )
@@ -93,11 +93,9 @@ def _start_command(settings: dict[str, Any], env: dict[str, str], log_file: str 
     stat_dir = os.stat(pid_dir)
     owner = (stat_dir.st_uid, stat_dir.st_gid)
     # the identity first: a pid file is never read beside another process's identity
-    identity = process_identity(process.pid)
+    identity = identity_record(process.pid)
     if identity is not None:
-        write_atomically(
-            identity_file(pid_file), f"{process.pid} {identity}\n".encode(), 0o644, *owner
-        )
+        write_atomically(identity_file(pid_file), identity.encode(), 0o644, *owner)
     write_atomically(pid_file, f"{process.pid}\n".encode(), 0o644, *owner)
     time.sleep(0.2)
     if process.poll() is not None:
