@@ -167,6 +167,8 @@ class UnitEngine:
     refusing_revert: int | None = None
     forgetting_rank: int | None = None
     """A rank that answers its take ok but whose `list` then shows nothing (a fix lost)."""
+    keeping_rank: int | None = None
+    """A rank that answers its revert ok but whose `list` still shows the fix (a claimed revert)."""
     deaf: set[str] = field(default_factory=set)
     asked: list[tuple[str, str]] = field(default_factory=list)
 
@@ -228,6 +230,8 @@ class UnitEngine:
             if rank == self.refusing_revert:
                 refused = {"code": "changed-since", "message": "changed since"}
                 return {"ok": False, "took": [], "refused": refused, "process": process}
+            if rank == self.keeping_rank:  # says it holds nothing; its `list` says otherwise
+                return {"ok": True, "took": [], "process": process}
             held.pop(fix["fix_id"], None)
         took = [entry for entries in held.values() for entry in entries]
         return {"ok": True, "took": took, "process": process}

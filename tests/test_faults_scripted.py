@@ -44,7 +44,7 @@ from opspatch.runs.commands.status import PatchStatus, fleet_status
 from opspatch.runs.fleet.session import NoProgress
 from opspatch.runs.report import RunReport
 from tests.ledgerkit import begin_and_die
-from tests.livekit import LiveEngine, live_host, live_unit
+from tests.livekit import LiveEngine, UnitEngine, live_host, live_unit
 from tests.scriptedkit import (
     FAKE_PID,
     PRISTINE,
@@ -373,14 +373,10 @@ def test_recover_of_a_live_apply_killed_during_its_take_reverts_and_restores_wit
     assert report.exit_code == 0
 
 
-@pytest.mark.process
-def test_recover_finishes_an_interrupted_live_apply_on_a_unit_through_its_head_not_a_restart(
-    units: Units,
-) -> None:
-    """The take was done on every rank of both nodes, the controller killed before the smoke.
-    Before, a unit was recovered by its own copy of the code, which knew no live path: both
-    nodes were stopped and started again (issue 43: a group of one and a unit are one path)."""
-    engine = live_unit(units)
+def _left_by_a_dead_live_apply_on_the_unit(units: Units, engine: UnitEngine, *, taken: bool) -> str:
+    """`_left_by_a_dead_live_apply` on both nodes of unit u1, every rank holding the fix taken
+    from the bytes its node's file now holds; with `taken` each node's take recorded `ok`, else
+    only `started`. Returns the run id."""
     dead = begin_and_die(units.ledger.path, hosts=list(UNIT.hosts))
     posts = {}
     for name in UNIT.hosts:
@@ -402,11 +398,13 @@ def test_recover_finishes_an_interrupted_live_apply_on_a_unit_through_its_head_n
             ),
         )
         units.ledger.record_step(dead, name, "swap", "ok", 0.1)
-        units.ledger.record_step(dead, name, "live", "ok", 0.1, "eagle-init-guard: taken")
+        units.ledger.record_step(dead, name, "live", "started")
+        if taken:
+            units.ledger.record_step(dead, name, "live", "ok", 0.1, "eagle-init-guard: taken")
         locked_by(fake, dead)
         fake.file.write_bytes(planned.new_source)
         posts[name] = planned.sha256_after
-    for rank in range(4):  # every rank took it, from the bytes its node's file now holds
+    for rank in range(4):
         engine.held[rank]["eagle-init-guard"] = [
             {"fix_id": "eagle-init-guard", "sha256": posts["h1"], "name": "f", "kind": "function"}
         ]
@@ -415,7 +413,11 @@ def test_recover_finishes_an_interrupted_live_apply_on_a_unit_through_its_head_n
         assert answer is not None
         fake.fault = finding_its_server(fake, answer)
         fake.requests.clear()
-    report = recover_run(
+    return dead
+
+
+def recover_unit(units: Units, dead: str) -> RunReport:
+    return recover_run(
         ledger=units.ledger,
         chain=run_chain(units.ledger, dead),
         hosts=[replace(h, live=True) for h in units.hosts(*UNIT.hosts)],
@@ -423,6 +425,18 @@ def test_recover_finishes_an_interrupted_live_apply_on_a_unit_through_its_head_n
         playbook=Playbook(),
         patch=units.patch,
     )
+
+
+@pytest.mark.process
+def test_recover_finishes_an_interrupted_live_apply_on_a_unit_through_its_head_not_a_restart(
+    units: Units,
+) -> None:
+    """The take was done on every rank of both nodes, the controller killed before the smoke.
+    Before, a unit was recovered by its own copy of the code, which knew no live path: both
+    nodes were stopped and started again (issue 43: a group of one and a unit are one path)."""
+    engine = live_unit(units)
+    dead = _left_by_a_dead_live_apply_on_the_unit(units, engine, taken=True)
+    report = recover_unit(units, dead)
     outcomes = {o.host: o for o in report.hosts}
     assert {h: str(o.outcome) for h, o in outcomes.items()} == dict.fromkeys(UNIT.hosts, "applied")
     assert f"finished run {dead}'s live fix" in (outcomes["h2"].note or "")
@@ -432,6 +446,37 @@ def test_recover_finishes_an_interrupted_live_apply_on_a_unit_through_its_head_n
         assert not lock_of(units.fakes[name])
     assert "smoke" in units.fakes["h1"].requests and "smoke" not in units.fakes["h2"].requests
     assert report.exit_code == 0
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("taken", "outcome"),
+    [(True, "rolled-back"), (False, "restored")],
+    ids=["its-smoke-fails", "killed-during-its-take"],
+)
+def test_recover_of_a_live_apply_on_a_unit_reads_the_revert_back_and_restarts_where_it_did_not_take(
+    units: Units, taken: bool, outcome: str
+) -> None:
+    """Recover takes the fix out (a failed smoke, or a take the kill left part-way) and a rank on
+    h2 answers its revert ok but still lists the fix. Before, recover trusted the revert's answer:
+    both nodes were reported put back, unrestarted, while that rank still ran the fix; now it reads
+    every node back, as apply --live does (`LiveApply.undo`), and restarts the unit as one."""
+    engine = live_unit(units, keeping_rank=2)
+    dead = _left_by_a_dead_live_apply_on_the_unit(units, engine, taken=taken)
+    if taken:
+        units.fakes["h1"].smoke_ok = False
+    report = recover_unit(units, dead)
+    outcomes = {o.host: o for o in report.hosts}
+    assert {h: str(o.outcome) for h, o in outcomes.items()} == dict.fromkeys(UNIT.hosts, outcome)
+    assert ("h1", "revert") in engine.asked and engine.holding()[2] == {"eagle-init-guard"}
+    for name in UNIT.hosts:
+        done = [str(s.step) for s in outcomes[name].steps]
+        assert done.index("live-revert") < done.index("live-readback") < done.index("restore")
+        assert "stop-after-restore" in done and "start-after-restore" in done, (name, done)
+        assert sha(units.fakes[name].file.read_bytes()) == PRISTINE
+    readback = [s for s in outcomes["h2"].steps if s.step == "live-readback"][-1]
+    assert readback.status == "failed" and "still holds eagle-init-guard" in (readback.detail or "")
+    assert [str(s.status) for s in outcomes["h1"].steps if s.step == "live-readback"] == ["ok"]
 
 
 def _killed_run_whose_first_host_cannot_start(fleet: Fleet) -> str:

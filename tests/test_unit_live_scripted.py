@@ -7,8 +7,9 @@ head's detokenizer) never imports the module.
 Each test names a decision of the unit's live path: take through the head and read back from
 both nodes with no restart; a rank on h2 that refuses, a rank whose readback disagrees, or a
 failed smoke reverted on every rank with both nodes' files restored; a revert that does not
-finish everywhere followed by the unit's restart as one; a node whose engine does not listen
-refusing the run before any change, as a change whose live form is refused does.
+finish everywhere (a rank refuses it, or answers it but its node still lists the fix) followed
+by the unit's restart as one; a node whose engine does not listen refusing the run before any
+change, as a change whose live form is refused does.
 """
 
 from __future__ import annotations
@@ -113,8 +114,15 @@ def test_a_smoke_that_fails_after_the_take_reverts_every_rank_on_both_nodes(
     assert files(units) == {"h1": PRISTINE, "h2": PRISTINE}
 
 
-def test_a_revert_that_does_not_finish_everywhere_restarts_the_unit_as_one(units: Units) -> None:
-    engine = live_unit(units, refusing_rank=3, refusing_revert=2)
+@pytest.mark.parametrize(
+    "fault",
+    [{"refusing_revert": 2}, {"keeping_rank": 2}],
+    ids=["a-rank-refuses-its-revert", "a-rank-answers-its-revert-but-still-lists-it"],
+)
+def test_a_revert_that_does_not_finish_everywhere_restarts_the_unit_as_one(
+    units: Units, fault: dict[str, int]
+) -> None:
+    engine = live_unit(units, refusing_rank=3, **fault)
     report = apply_live(units)
     assert {o.host: o.outcome for o in report.hosts} == {"h1": "rolled-back", "h2": "rolled-back"}
     assert engine.holding()[2] == {FIX}  # its memory is cleared by the restart that follows

@@ -395,7 +395,8 @@ class _RecoverHost:
         self, nodes: Nodes, standings: Mapping[str, HostStanding], *, taken: bool
     ) -> list[HostOutcome]:
         """Finish an `apply --live` as the live path would, never by an unasked-for restart:
-        smoke-proven when every process holds the fix, else reverted and put back."""
+        smoke-proven when every process holds the fix, else reverted (and on a unit read back:
+        `revert_on`, apply --live's own) and put back, restarted only where that failed."""
         head = standings[nodes.head.name]
         run_id, patch_id = head.version.run_id, head.version.patch_id or ""
         fixes: set[str] = set()

@@ -206,27 +206,10 @@ class LiveApply:
         why: str,
         reason: Reason,
     ) -> list[HostOutcome]:
-        """A revert not answered everywhere is followed by a restart, which clears every memory."""
+        """A revert not answered everywhere, or not read back, is followed by a restart, which
+        clears every memory."""
         reverted = revert_on(nodes, fixes, timeout=self.timeout)
-        if fixes and reverted and not nodes.alone:
-            for session in nodes.sessions:
-                reverted = self._gone(session, fixes) and reverted
         return pipeline.roll_back(nodes, prepared, why, restart=not reverted, reason=reason)
-
-    def _gone(self, session: HostSession, fixes: Sequence[str]) -> bool:
-        try:
-            with session.step(Step.LIVE_READBACK) as note:
-                listing = self._ask(session, LiveFix("list"), Step.LIVE_READBACK)
-                problem = judge_gone(listing, fixes)
-                note["detail"] = problem or (
-                    f"no process holds {', '.join(fixes)}: "
-                    + ", ".join(p.process for p in listing.processes())
-                )
-                if problem is not None:
-                    raise HostFailed(Outcome.FAILED, f"live-readback: {problem}")
-        except (HostFailed, OpspatchError):
-            return False
-        return True
 
 
 def _taken_note(nodes: Nodes, session: HostSession) -> str:
@@ -239,12 +222,35 @@ def _taken_note(nodes: Nodes, session: HostSession) -> str:
 
 
 def revert_on(nodes: Nodes, fixes: Sequence[str], *, timeout: float) -> bool:
-    """`fixes` reverted on every node, the head first (its entry rank reverts every rank); False
-    where some process did not answer its revert."""
+    """`fixes` reverted on every node, the head first (its entry rank reverts every rank), then on
+    a unit read back from every node; False where some process did not answer its revert or a node
+    still lists one of them: what the caller restarts (`apply --live`'s undo, `recover`)."""
     reverted = True
     for session in nodes.sessions:
         reverted = revert_everywhere(session, fixes, timeout=timeout) and reverted
+    if fixes and reverted and not nodes.alone:  # the head's entry rank answered for every rank
+        for session in nodes.sessions:
+            reverted = _gone(session, fixes, timeout=timeout) and reverted
     return reverted
+
+
+def _gone(session: HostSession, fixes: Sequence[str], *, timeout: float) -> bool:
+    """The node's `list` read back: no process holds any of `fixes`."""
+    try:
+        with session.step(Step.LIVE_READBACK) as note:
+            listing = ask_engine(
+                session.ops, LiveFix("list"), timeout=timeout, step=Step.LIVE_READBACK
+            )
+            problem = judge_gone(listing, fixes)
+            note["detail"] = problem or (
+                f"no process holds {', '.join(fixes)}: "
+                + ", ".join(p.process for p in listing.processes())
+            )
+            if problem is not None:
+                raise HostFailed(Outcome.FAILED, f"live-readback: {problem}")
+    except (HostFailed, OpspatchError):
+        return False
+    return True
 
 
 def revert_everywhere(session: HostSession, fixes: Sequence[str], *, timeout: float) -> bool:
