@@ -12,7 +12,8 @@ from typing import TypeVar
 
 from opspatch.core.policy import Batch, Playbook
 from opspatch.core.reasons import Reason
-from opspatch.core.vocabulary import Outcome
+from opspatch.core.vocabulary import FAILED_OUTCOMES, Outcome
+from opspatch.core.vocabulary import Rotation as RotationWord
 from opspatch.runs.report import HostOutcome
 
 CANCELLED = "cancelled by the operator (Ctrl-C); hosts already started were finished"
@@ -24,7 +25,11 @@ HostWork = Callable[[str], "HostOutcome | Sequence[HostOutcome]"]
 raises for a host failure."""
 
 HaltPolicy = Callable[[Mapping[str, HostOutcome]], "str | None"]
-"""Given every outcome so far, why the run must stop starting hosts (None: go on)."""
+"""Given every outcome so far that `may_halt`, why the run must stop starting hosts (None: go
+on). A policy's answer depends on those outcomes alone (and on what it reads elsewhere, such as a
+lease lost): `run_fleet` passes it no other, so that a run of N hosts asks it N times over the
+few that went wrong, not over all the N decided (quadratic: 1.2 s of a 1,000-host rollout's
+CPU)."""
 
 _POLL_SECONDS = 0.25
 """A signal handler that only sets a flag does not wake a thread blocked on a lock."""
@@ -84,6 +89,12 @@ class GaveUpWaiting(KeyboardInterrupt):
         self.in_flight = tuple(in_flight)
 
 
+def may_halt(outcome: HostOutcome) -> bool:
+    """Whether a halt policy may count `outcome`: a failed host (needs attention included) or one
+    left out of rotation. Every policy of opspatch halts on those and counts no other."""
+    return outcome.outcome in FAILED_OUTCOMES or outcome.rotation == RotationWord.OUT_OF_ROTATION
+
+
 def halt_as_apply(playbook: Playbook, canaries: Collection[str]) -> HaltPolicy:
     """The playbook's `max_failures` and canaries, as an apply halts."""
 
@@ -111,11 +122,14 @@ def run_fleet(
     cancellation: Cancellation | None = None,
     on_cancel: Callable[[Sequence[str]], None] = lambda _: None,
 ) -> FleetResult:
-    """`already`: outcomes decided before, counted by `halt` but not run or returned again."""
+    """`already`: outcomes decided before, counted by `halt` but not run or returned again.
+    `halt` is asked after each item over the decided outcomes that `may_halt`, in the order they
+    were decided."""
     cancellation = cancellation or Cancellation()
     decided: dict[str, HostOutcome] = dict(already or {})
+    halting = {name: o for name, o in decided.items() if may_halt(o)}
     outcomes: dict[str, HostOutcome] = {}
-    halted = halt(decided) if decided else None
+    halted = halt(halting) if decided else None
     not_started: list[str] = []
     for batch in batches:
         pending = [name for name in batch.hosts if name not in decided]
@@ -136,9 +150,16 @@ def run_fleet(
                     ),
                 )
             for outcome in done:
+                earlier = outcome.host in decided
                 outcomes[outcome.host] = decided[outcome.host] = outcome
+                if not may_halt(outcome):
+                    halting.pop(outcome.host, None)
+                elif earlier and outcome.host not in halting:  # kept where it was decided
+                    halting = {name: o for name, o in decided.items() if may_halt(o)}
+                else:
+                    halting[outcome.host] = outcome
                 on_outcome(outcome)
-            halted = halted or halt(decided)
+            halted = halted or halt(halting)
             if halted:
                 started.clear()
         left = [name for name in pending if name not in decided]
