@@ -175,6 +175,19 @@ def local_control(host: Host) -> Iterator[EngineControl]:
             stop_process_tree(pid, 2)
 
 
+def start_tree(ctl: EngineControl) -> tuple[int, list[int]]:
+    """Start the command host's engine: its pid and its tree (the shell and its two sleeps)."""
+    pid = ctl.start()["pid"]
+    assert pid is not None
+    return pid, wait_for_tree(pid, 3)
+
+
+def stops_it_all(ctl: EngineControl, tree: list[int]) -> None:
+    """Stop answers with the whole tree stopped, and only once it is gone."""
+    assert set(tree) <= set(ctl.stop()["stopped"])
+    assert not [pid for pid in tree if alive(pid)]
+
+
 @pytest.mark.process
 def test_stop_ends_the_whole_tree_and_start_starts_it_again(tmp_path: Path) -> None:
     host = command_host(tmp_path)
@@ -202,12 +215,7 @@ def test_stop_ends_the_whole_tree_and_start_starts_it_again(tmp_path: Path) -> N
 def test_stop_kills_what_ignores_sigterm_after_the_stop_timeout(tmp_path: Path) -> None:
     host = command_host(tmp_path, f"trap '' TERM; {TREE}")  # the shell and its sleeps ignore TERM
     with local_control(host) as ctl:
-        started = ctl.start()
-        assert started["pid"] is not None
-        tree = wait_for_tree(started["pid"], 3)
-        stopped = ctl.stop()
-        assert set(tree) <= set(stopped["stopped"])
-        assert not [pid for pid in tree if alive(pid)]
+        stops_it_all(ctl, start_tree(ctl)[1])
 
 
 @pytest.mark.process
@@ -229,15 +237,10 @@ def test_stop_finds_its_engine_after_the_wall_clock_jumped_forward(tmp_path: Pat
     # restart changed nothing while the old server kept serving).
     host = command_host(tmp_path)
     with local_control(host) as ctl:
-        started = ctl.start()
-        assert started["pid"] is not None
-        tree = wait_for_tree(started["pid"], 3)
+        _, tree = start_tree(ctl)
         hour_ago = os.stat(tmp_path / "server.pid").st_mtime - 3600
         os.utime(tmp_path / "server.pid", (hour_ago, hour_ago))
-
-        stopped = ctl.stop()
-        assert set(tree) <= set(stopped["stopped"])
-        assert not [pid for pid in tree if alive(pid)]
+        stops_it_all(ctl, tree)
 
 
 @pytest.mark.process
@@ -246,10 +249,7 @@ def test_a_pid_file_whose_process_is_not_the_one_it_was_written_for_stops_nothin
 ) -> None:
     host = command_host(tmp_path)
     with local_control(host) as ctl:
-        started = ctl.start()
-        assert started["pid"] is not None
-        wait_for_tree(started["pid"], 3)
-        ctl.stop()
+        stops_it_all(ctl, start_tree(ctl)[1])
     # a later process reusing the number: the identity recorded beside the pid file differs
     bystander = subprocess.Popen(["sleep", "300"])
     try:
@@ -274,20 +274,19 @@ def test_the_servers_start_is_read_by_the_boot_epoch_recorded_when_it_started(
     # half an hour ago: running the new code. The epoch recorded at its start did not move.
     host = command_host(tmp_path)
     with local_control(host) as ctl:
-        started = ctl.start()
-        assert started["pid"] is not None
+        started, tree = start_tree(ctl)
         record = tmp_path / "server.pid.identity"
         pid, identity, boot = record.read_text().split()
-        assert pid == str(started["pid"]) and float(boot) == boot_epoch()
+        assert pid == str(started) and float(boot) == boot_epoch()
         record.write_text(f"{pid} {identity} {float(boot) - 3600:.0f}\n")  # the step since
 
         server = running_server({"pid_file": str(tmp_path / "server.pid"), "url": None})
         assert server is not None and server["started_at"] is not None
-        on_proc = process_start_epoch(started["pid"])
+        on_proc = process_start_epoch(started)
         assert on_proc is not None and abs(server["started_at"] - (on_proc - 3600)) < 1
         patched = time.time() - 1800
         assert server["started_at"] < patched - 2  # older than the file: staged, not running
-        assert ctl.stop()["stopped"]  # and still known as the pid file's own
+        stops_it_all(ctl, tree)  # and still known as the pid file's own
 
 
 @pytest.mark.process
