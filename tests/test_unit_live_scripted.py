@@ -21,9 +21,11 @@ import pytest
 
 from opspatch.core.host import Host
 from opspatch.core.live import LiveForm, NotLive
+from opspatch.core.policy import Playbook
 from opspatch.core.spec import PatchSpec
 from opspatch.core.vocabulary import NotLiveReason
 from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.fleet.liveapply import LiveFormer, live_former
 from opspatch.runs.report import RunReport
 from tests.livekit import live_unit
@@ -157,3 +159,68 @@ def test_a_unit_whose_change_has_no_live_form_is_refused_before_any_change(units
     assert all("declared-restart-only" in (o.error or "") for o in report.hosts)
     assert engine.asked == []  # not even asked whether it listens
     assert files(units) == {"h1": PRISTINE, "h2": PRISTINE}
+
+
+def rollback(units: Units, *, restart: bool) -> RunReport:
+    return rollback_hosts(
+        ledger=units.ledger,
+        hosts=[replace(h, live=True) for h in units.hosts("h1", "h2")],
+        factory=units.factory,
+        playbook=Playbook(),
+        patch=units.patch,
+        restart_engine=restart,
+    )
+
+
+@pytest.mark.parametrize(
+    ("restart", "outcome", "said"),
+    [
+        (False, "staged-back", "not reverted in every process: the engine holds it in memory"),
+        (True, "restored", "not reverted everywhere; the restart clears it"),
+    ],
+    ids=["restart-never", "with-a-restart"],
+)
+def test_a_rollback_whose_revert_a_node_does_not_confirm_never_says_the_fix_reverted(
+    units: Units, restart: bool, outcome: str, said: str
+) -> None:
+    """A rollback of a fix taken live on the unit; rank 2 (on h2) answers its revert ok but still
+    lists the fix. Before, rollback reverted each node by itself and trusted the answers: both
+    nodes said "reverted in every process of the engine" (with `--restart never`, staged back,
+    the rank still running the fix). Now it reverts through `liveapply.revert_on`, apply --live's
+    own: the head first, every node read back, and the note says the fix is still held."""
+    engine = live_unit(units)
+    assert {o.outcome for o in apply_live(units).hosts} == {"applied"}
+    engine.keeping_rank = 2
+    report = rollback(units, restart=restart)
+    outcomes = by_host(report)
+    assert {h: str(o.outcome) for h, o in outcomes.items()} == dict.fromkeys(("h1", "h2"), outcome)
+    assert engine.holding()[2] == {FIX}
+    done = steps(report)
+    for node in ("h1", "h2"):
+        note = outcomes[node].note or ""
+        assert "reverted in every process of the engine" not in note, (node, note)
+        assert said in note, (node, note)
+        assert done[node].index("live-revert") < done[node].index("live-readback")
+        assert done[node].index("live-readback") < done[node].index("restore"), done[node]
+        assert bool({"stop", "start", "restart"} & set(done[node])) is restart, done[node]
+    readback = [s for s in outcomes["h2"].steps if s.step == "live-readback"][-1]
+    assert readback.status == "failed" and f"still holds {FIX}" in (readback.detail or "")
+    assert files(units) == {"h1": PRISTINE, "h2": PRISTINE}
+
+
+def test_a_rollback_of_a_live_fix_on_a_unit_reverts_through_the_head_and_reads_it_back(
+    units: Units,
+) -> None:
+    engine = live_unit(units)
+    assert {o.outcome for o in apply_live(units).hosts} == {"applied"}
+    report = rollback(units, restart=False)
+    outcomes = by_host(report)
+    assert {h: str(o.outcome) for h, o in outcomes.items()} == dict.fromkeys(
+        ("h1", "h2"), "staged-back"
+    )
+    assert engine.holding() == {rank: set() for rank in range(4)}
+    for node in ("h1", "h2"):
+        assert f"live fix {FIX} reverted in every process" in (outcomes[node].note or "")
+        done = steps(report)[node]
+        assert done[-3:] == ["live-revert", "live-readback", "restore"], done
+        assert not {"stop", "start", "restart"} & set(done), done
