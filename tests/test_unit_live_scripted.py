@@ -9,7 +9,9 @@ both nodes with no restart; a rank on h2 that refuses, a rank whose readback dis
 failed smoke reverted on every rank with both nodes' files restored; a revert that does not
 finish everywhere (a rank refuses it, or answers it but its node still lists the fix) followed
 by the unit's restart as one; a node whose engine does not listen refusing the run before any
-change, as a change whose live form is refused does.
+change, as a change whose live form is refused does; `rollback` of a live fix reverting through
+the head and reading every node back (a rank that keeps the fix is never said reverted, and
+`restart` then restarts the unit it left running the fix).
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from opspatch.core.policy import Playbook
 from opspatch.core.spec import PatchSpec
 from opspatch.core.vocabulary import NotLiveReason
 from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.runs.commands.restart import restart_hosts
 from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.fleet.liveapply import LiveFormer, live_former
 from opspatch.runs.report import RunReport
-from tests.livekit import live_unit
+from tests.livekit import finding_its_server, live_unit
 from tests.scriptedkit import ALWAYS, PRISTINE, Units, sha, units
 
 pytestmark = pytest.mark.scripted
@@ -224,3 +227,34 @@ def test_a_rollback_of_a_live_fix_on_a_unit_reverts_through_the_head_and_reads_i
         done = steps(report)[node]
         assert done[-3:] == ["live-revert", "live-readback", "restore"], done
         assert not {"stop", "start", "restart"} & set(done), done
+
+
+@pytest.mark.parametrize("keeping", [None, 2], ids=["every-rank-reverted", "a-rank-keeps-it"])
+def test_restart_after_a_rollback_with_no_restart_restarts_the_unit_only_where_a_rank_kept_it(
+    units: Units, keeping: int | None
+) -> None:
+    """`rollback --restart never` of a fix taken live on the unit; what the servers run is read
+    from the ledger (`running.py`). A revert every node read back: the servers run the file's
+    bytes again, and `restart` leaves the unit alone. A node that still lists the fix after its
+    revert answered ok: its `live-readback` failed, so it still runs the patched code, and
+    `restart` restarts the unit. Before, the ledger's `live-revert` ok was read as done, and
+    `restart` left rank 2 running the fix."""
+    engine = live_unit(units)
+    assert {o.outcome for o in apply_live(units).hosts} == {"applied"}
+    engine.keeping_rank = keeping
+    back = rollback(units, restart=False)
+    assert {str(o.outcome) for o in back.hosts} == {"staged-back"}, back
+    for name in ("h1", "h2"):
+        fake = units.fakes[name]
+        fake.fault = finding_its_server(fake, fake.fault)
+        fake.requests.clear()
+    hosts = [replace(h, live=True) for h in units.hosts("h1", "h2")]
+    report = restart_hosts(
+        ledger=units.ledger, hosts=hosts, factory=units.factory, playbook=Playbook()
+    )
+    restarted = {
+        n for n in ("h1", "h2") if {"restart", "stop", "start"} & set(units.fakes[n].requests)
+    }
+    assert restarted == (set() if keeping is None else {"h1", "h2"}), [
+        (o.host, str(o.outcome), o.note) for o in report.hosts
+    ]
