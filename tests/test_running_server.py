@@ -100,6 +100,41 @@ ROWS = [
         True,
     ),
     (
+        "live apply on a unit, then live rollback with no restart, its revert read back",
+        LIVE_APPLIED + PUT_BACK,
+        CHECKED
+        + TAKEN
+        + LISTED
+        + [step(11, "R", Step.LIVE_REVERT, T0 + 995), step(12, "R", Step.LIVE_READBACK, T0 + 996)],
+        file(PRE),
+        STARTED,
+        False,
+    ),
+    (
+        "live apply on a unit, then a rollback whose revert answered ok but a node still lists "
+        "the fix (its read-back failed): the fix still held",
+        LIVE_APPLIED + PUT_BACK,
+        CHECKED
+        + TAKEN
+        + LISTED
+        + [step(11, "R", Step.LIVE_REVERT, T0 + 995)]
+        + [step(12, "R", Step.LIVE_READBACK, T0 + 996, ok=False)],
+        file(PRE),
+        STARTED,
+        True,
+    ),
+    (
+        "live apply on a unit whose take's read-back failed, reverted, read back and restored",
+        LIVE_APPLIED + [version(8, "A", POST, PRE, T0 + 700)],
+        CHECKED
+        + TAKEN
+        + [step(5, "A", Step.LIVE_READBACK, T0 + 503, ok=False)]
+        + [step(6, "A", Step.LIVE_REVERT, T0 + 504), step(7, "A", Step.LIVE_READBACK, T0 + 505)],
+        file(PRE),
+        STARTED,
+        False,
+    ),
+    (
         "live apply whose take failed, reverted and restored",
         LIVE_APPLIED + [version(7, "A", POST, PRE, T0 + 700)],
         CHECKED

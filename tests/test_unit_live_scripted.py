@@ -9,7 +9,9 @@ both nodes with no restart; a rank on h2 that refuses, a rank whose readback dis
 failed smoke reverted on every rank with both nodes' files restored; a revert that does not
 finish everywhere (a rank refuses it, or answers it but its node still lists the fix) followed
 by the unit's restart as one; a node whose engine does not listen refusing the run before any
-change, as a change whose live form is refused does.
+change, as a change whose live form is refused does; `rollback` of a live fix reverting through
+the head and reading every node back (a rank that keeps the fix is never said reverted, and
+`restart` then restarts the unit it left running the fix).
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ import pytest
 
 from opspatch.core.host import Host
 from opspatch.core.live import LiveForm, NotLive
+from opspatch.core.policy import Playbook
 from opspatch.core.spec import PatchSpec
 from opspatch.core.vocabulary import NotLiveReason
 from opspatch.runs.commands.apply import apply_to_hosts
+from opspatch.runs.commands.restart import restart_hosts
+from opspatch.runs.commands.rollback import rollback_hosts
 from opspatch.runs.fleet.liveapply import LiveFormer, live_former
 from opspatch.runs.report import RunReport
-from tests.livekit import live_unit
+from tests.livekit import finding_its_server, live_unit
 from tests.scriptedkit import ALWAYS, PRISTINE, Units, sha, units
 
 pytestmark = pytest.mark.scripted
@@ -157,3 +162,99 @@ def test_a_unit_whose_change_has_no_live_form_is_refused_before_any_change(units
     assert all("declared-restart-only" in (o.error or "") for o in report.hosts)
     assert engine.asked == []  # not even asked whether it listens
     assert files(units) == {"h1": PRISTINE, "h2": PRISTINE}
+
+
+def rollback(units: Units, *, restart: bool) -> RunReport:
+    return rollback_hosts(
+        ledger=units.ledger,
+        hosts=[replace(h, live=True) for h in units.hosts("h1", "h2")],
+        factory=units.factory,
+        playbook=Playbook(),
+        patch=units.patch,
+        restart_engine=restart,
+    )
+
+
+@pytest.mark.parametrize(
+    ("restart", "outcome", "said"),
+    [
+        (False, "staged-back", "not reverted in every process: the engine holds it in memory"),
+        (True, "restored", "not reverted everywhere; the restart clears it"),
+    ],
+    ids=["restart-never", "with-a-restart"],
+)
+def test_a_rollback_whose_revert_a_node_does_not_confirm_never_says_the_fix_reverted(
+    units: Units, restart: bool, outcome: str, said: str
+) -> None:
+    """A rollback of a fix taken live on the unit; rank 2 (on h2) answers its revert ok but still
+    lists the fix. Before, rollback reverted each node by itself and trusted the answers: both
+    nodes said "reverted in every process of the engine" (with `--restart never`, staged back,
+    the rank still running the fix). Now it reverts through `liveapply.revert_on`, apply --live's
+    own: the head first, every node read back, and the note says the fix is still held."""
+    engine = live_unit(units)
+    assert {o.outcome for o in apply_live(units).hosts} == {"applied"}
+    engine.keeping_rank = 2
+    report = rollback(units, restart=restart)
+    outcomes = by_host(report)
+    assert {h: str(o.outcome) for h, o in outcomes.items()} == dict.fromkeys(("h1", "h2"), outcome)
+    assert engine.holding()[2] == {FIX}
+    done = steps(report)
+    for node in ("h1", "h2"):
+        note = outcomes[node].note or ""
+        assert "reverted in every process of the engine" not in note, (node, note)
+        assert said in note, (node, note)
+        assert done[node].index("live-revert") < done[node].index("live-readback")
+        assert done[node].index("live-readback") < done[node].index("restore"), done[node]
+        assert bool({"stop", "start", "restart"} & set(done[node])) is restart, done[node]
+    readback = [s for s in outcomes["h2"].steps if s.step == "live-readback"][-1]
+    assert readback.status == "failed" and f"still holds {FIX}" in (readback.detail or "")
+    assert files(units) == {"h1": PRISTINE, "h2": PRISTINE}
+
+
+def test_a_rollback_of_a_live_fix_on_a_unit_reverts_through_the_head_and_reads_it_back(
+    units: Units,
+) -> None:
+    engine = live_unit(units)
+    assert {o.outcome for o in apply_live(units).hosts} == {"applied"}
+    report = rollback(units, restart=False)
+    outcomes = by_host(report)
+    assert {h: str(o.outcome) for h, o in outcomes.items()} == dict.fromkeys(
+        ("h1", "h2"), "staged-back"
+    )
+    assert engine.holding() == {rank: set() for rank in range(4)}
+    for node in ("h1", "h2"):
+        assert f"live fix {FIX} reverted in every process" in (outcomes[node].note or "")
+        done = steps(report)[node]
+        assert done[-3:] == ["live-revert", "live-readback", "restore"], done
+        assert not {"stop", "start", "restart"} & set(done), done
+
+
+@pytest.mark.parametrize("keeping", [None, 2], ids=["every-rank-reverted", "a-rank-keeps-it"])
+def test_restart_after_a_rollback_with_no_restart_restarts_the_unit_only_where_a_rank_kept_it(
+    units: Units, keeping: int | None
+) -> None:
+    """`rollback --restart never` of a fix taken live on the unit; what the servers run is read
+    from the ledger (`running.py`). A revert every node read back: the servers run the file's
+    bytes again, and `restart` leaves the unit alone. A node that still lists the fix after its
+    revert answered ok: its `live-readback` failed, so it still runs the patched code, and
+    `restart` restarts the unit. Before, the ledger's `live-revert` ok was read as done, and
+    `restart` left rank 2 running the fix."""
+    engine = live_unit(units)
+    assert {o.outcome for o in apply_live(units).hosts} == {"applied"}
+    engine.keeping_rank = keeping
+    back = rollback(units, restart=False)
+    assert {str(o.outcome) for o in back.hosts} == {"staged-back"}, back
+    for name in ("h1", "h2"):
+        fake = units.fakes[name]
+        fake.fault = finding_its_server(fake, fake.fault)
+        fake.requests.clear()
+    hosts = [replace(h, live=True) for h in units.hosts("h1", "h2")]
+    report = restart_hosts(
+        ledger=units.ledger, hosts=hosts, factory=units.factory, playbook=Playbook()
+    )
+    restarted = {
+        n for n in ("h1", "h2") if {"restart", "stop", "start"} & set(units.fakes[n].requests)
+    }
+    assert restarted == (set() if keeping is None else {"h1", "h2"}), [
+        (o.host, str(o.outcome), o.note) for o in report.hosts
+    ]

@@ -22,7 +22,7 @@ from opspatch.ledger.store import FileVersion, Ledger, Machine, RunDetail
 from opspatch.runs.commands.live import patch_fixes
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.group import Nodes, refuse, undo
-from opspatch.runs.fleet.liveapply import revert_everywhere
+from opspatch.runs.fleet.liveapply import revert_on
 from opspatch.runs.fleet.restore import (
     Examined,
     halt_under_playbook,
@@ -175,19 +175,25 @@ class _Rollback:
         if len(decided) == len(examined):
             return [decided[s.name] for s in nodes.sessions]
         if not self.restart_engine:  # no group restart: each node by itself (a host: itself)
+            back = [s for s in nodes.sessions if s.name not in decided]
+            live = self._revert_live(back)  # the nodes put back as one: a unit's read back
             return [
                 o
                 for s in nodes.sessions
                 for o in (
                     [decided[s.name]]
                     if s.name in decided
-                    else self._put_back(Nodes(s), examined, decided)
+                    else self._put_back(Nodes(s), examined, decided, live)
                 )
             ]
-        return self._put_back(nodes, examined, decided)
+        return self._put_back(nodes, examined, decided, self._revert_live(nodes.sessions))
 
     def _put_back(
-        self, nodes: Nodes, examined: Mapping[str, Examined], decided: Mapping[str, HostOutcome]
+        self,
+        nodes: Nodes,
+        examined: Mapping[str, Examined],
+        decided: Mapping[str, HostOutcome],
+        live: str | None,
     ) -> list[HostOutcome]:
         head = nodes.head
         staged_back = not self.restart_engine and self.unrestarted == Outcome.STAGED_BACK
@@ -197,7 +203,7 @@ class _Rollback:
             "(--restart never) and runs the code it loaded until it is restarted"
             if staged_back
             else None,
-            *(self._revert_live(s) for s in nodes.sessions),
+            live,
         )
 
         tried: list[str] = []
@@ -339,38 +345,59 @@ class _Rollback:
 
         return lineage
 
-    def _revert_live(self, session: HostSession) -> str | None:
+    def _revert_live(self, sessions: Sequence[HostSession]) -> str | None:
         """Revert the patch's live fixes before the restore (with `--restart never` nothing
-        else takes them out); the note, None when none is held."""
+        else takes them out), through `liveapply.revert_on`, apply --live's own: the head first,
+        a unit's nodes read back, so a fix still listed is never said reverted. The note, None
+        when none is held."""
         patch_id = self.patch_id
-        if not session.host.live or patch_id is None:
+        live = [s for s in sessions if s.host.live]
+        if not live or patch_id is None:
             return None
-        timeout = float(session.playbook.timeouts.smoke)
-        try:
-            with session.step(Step.LIVE) as note:
-                held, reply = patch_fixes(session, patch_id)
-                fixes = sorted({h.fix_id for h in held})
-                heard = "in memory: " + ", ".join(fixes) if fixes else f"no live fix of {patch_id}"
-                unheard = unanswered(reply)  # a process not heard from may hold the fix
-                note["detail"] = reply.missing or (
-                    heard if unheard is None else f"{heard} where asked; not listed: {unheard}"
-                )
-        except OpspatchError as error:  # the restore must still happen: say what is unknown
-            return f"the engine's live fixes could not be listed ({describe_error(error)})"
+        nodes = Nodes(live[0], tuple(live[1:]))
+        fixes: set[str] = set()
+        unlisted: list[str] = []  # errors; an engine not heard from only where none is listed
+        unheard_at: list[str] = []
+        for session in live:
+            where = "" if nodes.alone else f"{session.name}: "
+            try:
+                with session.step(Step.LIVE) as note:
+                    held, reply = patch_fixes(session, patch_id)
+                    found = sorted({h.fix_id for h in held})
+                    heard = (
+                        "in memory: " + ", ".join(found) if found else f"no live fix of {patch_id}"
+                    )
+                    unheard = unanswered(reply)  # a process not heard from may hold the fix
+                    note["detail"] = reply.missing or (
+                        heard if unheard is None else f"{heard} where asked; not listed: {unheard}"
+                    )
+            except OpspatchError as error:  # the restore must still happen: say what is unknown
+                unlisted.append(f"{where}{describe_error(error)}")
+                continue
+            fixes.update(found)
+            if unheard is not None:
+                unheard_at.append(f"{where}{unheard}")
         if not fixes:
-            return (
-                None
-                if unheard is None
-                else f"the engine's live fixes could not be listed ({unheard})"
-            )
-        if revert_everywhere(session, fixes, timeout=timeout):
-            return f"live fix {', '.join(fixes)} reverted in every process of the engine"
-        if self.restart_engine:
-            return f"live fix {', '.join(fixes)} not reverted everywhere; the restart clears it"
-        return (
-            f"live fix {', '.join(fixes)} not reverted in every process: the engine holds it in "
-            "memory until it restarts"
+            unlisted += unheard_at
+        said = (
+            f"the engine's live fixes could not be listed ({'; '.join(unlisted)})"
+            if unlisted
+            else None
         )
+        if not fixes:
+            return said
+        named = ", ".join(sorted(fixes))
+        timeout = float(nodes.head.playbook.timeouts.smoke)
+        if revert_on(nodes, sorted(fixes), timeout=timeout):
+            done = f"live fix {named} reverted in every process of the engine"
+        elif self.restart_engine:
+            done = f"live fix {named} not reverted everywhere; the restart clears it"
+        else:
+            done = (
+                f"live fix {named} not reverted in every process: the engine holds it in "
+                "memory until it restarts"
+            )
+        return _join_notes(said, done)
 
     def _way_back(self, host: str) -> str:
         patch_id = self.patch.reference if self.patch is not None else self.patch_id

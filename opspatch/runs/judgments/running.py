@@ -13,8 +13,9 @@ from opspatch.ledger.store import FileVersion, StepRecord
 STARTS = frozenset({Step.RESTART, Step.RESTART_AFTER_RESTORE, Step.START, Step.START_AFTER_RESTORE})
 """The steps that start a host's engine: the running server started at or after the last one."""
 
-SERVER_STEPS = STARTS | {Step.SWAP, Step.LIVE, Step.LIVE_REVERT}
-"""The steps `stale` reads of a host (a run's swap tells its live takes from its checks)."""
+SERVER_STEPS = STARTS | {Step.SWAP, Step.LIVE, Step.LIVE_REVERT, Step.LIVE_READBACK}
+"""The steps `stale` reads of a host (a run's swap tells its live takes from its checks; a
+`live-readback` after its run's revert confirms it or not)."""
 
 
 @dataclass(frozen=True)
@@ -33,14 +34,23 @@ def epoch(recorded_at: str) -> float:
 
 
 def live_changes(steps: Sequence[tuple[str, StepRecord]]) -> list[LiveChange]:
-    """Oldest first: every `live-revert`, and every `live` after its own run's swap (one before its
-    swap only checked or listed). Pure."""
+    """Oldest first: every `live-revert` and each `live-readback` after its own run's revert (a
+    node that still lists the fix: the revert did not happen), and every `live` after its own
+    run's swap (one before its swap only checked or listed). Pure."""
     swapped: set[str] = set()
+    reverting: set[str] = set()
     found: list[LiveChange] = []
     for run, step in _ended(steps):
         if step.step == Step.SWAP:
             swapped.add(run)
-        elif step.step == Step.LIVE_REVERT or (step.step == Step.LIVE and run in swapped):
+            continue
+        if step.step == Step.LIVE_REVERT:
+            reverting.add(run)
+        if (
+            step.step == Step.LIVE_REVERT
+            or (step.step == Step.LIVE_READBACK and run in reverting)
+            or (step.step == Step.LIVE and run in swapped)
+        ):
             ok = step.status == StepStatus.OK
             found.append(LiveChange(run, step.step, step.event_id, epoch(step.recorded_at), ok))
     return found
@@ -80,7 +90,7 @@ def running_sha256(
         if not before(change.event_id, change.at):
             since.setdefault(change.run_id, []).append(change)
     for run, changes in sorted(since.items(), key=lambda item: item[1][-1].event_id):
-        reverted = all(c.ok for c in changes if c.step == Step.LIVE_REVERT)
+        reverted = all(c.ok for c in changes if c.step != Step.LIVE)  # and read back
         if changes[-1].ok and reverted:  # a failed take is reverted after: ok when that is
             runs = wrote.get(run)
     return runs
