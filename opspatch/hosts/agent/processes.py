@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from typing import NamedTuple
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -91,7 +92,7 @@ def process_start_epoch(pid: int, pid_file: str | None = None) -> float | None:
     the two still compare."""
     fields = _stat_fields(pid)
     recorded = _recorded(pid_file) if pid_file else None
-    boot = recorded[2] if recorded and recorded[3] else boot_epoch()
+    boot = recorded.boot_epoch if recorded and recorded.this_boot else boot_epoch()
     if fields is None or boot is None:
         return None
     return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
@@ -124,12 +125,20 @@ def identity_record(pid: int) -> str | None:
     return None if identity is None or boot is None else f"{pid} {identity} {boot:.0f}\n"
 
 
-def _recorded(pid_file: str) -> tuple[str, str, float, bool] | None:
-    """(pid, identity, boot epoch, whether of this boot) from `identity_file`, None without."""
+class Recorded(NamedTuple):
+    """What `identity_file` says of the process the agent started."""
+
+    pid: str
+    identity: str
+    boot_epoch: float
+    this_boot: bool  # recorded in this boot: its epoch still dates this boot's processes
+
+
+def _recorded(pid_file: str) -> Recorded | None:
     try:
         with open(identity_file(pid_file), encoding="ascii") as handle:
             pid, identity, boot = handle.read().split()
-        return pid, identity, float(boot), identity.split("/")[0] == _boot_id()
+        return Recorded(pid, identity, float(boot), identity.split("/")[0] == _boot_id())
     except (OSError, ValueError):
         return None
 
@@ -140,9 +149,9 @@ def is_pid_files_process(pid: int, pid_file: str) -> bool:
     compared exactly. Others: the process started before the file was written (by the wall
     clock, which a paused VM may shift). Where /proc cannot tell, the pid file is trusted."""
     recorded = _recorded(pid_file)
-    if recorded is not None and recorded[0] == str(pid):
+    if recorded is not None and recorded.pid == str(pid):
         now = process_identity(pid)
-        return now is None or now == recorded[1]
+        return now is None or now == recorded.identity
     started = process_start_epoch(pid)
     try:
         written = os.stat(pid_file).st_mtime
