@@ -73,6 +73,40 @@ def test_a_swap_whose_reply_is_lost_after_the_write_is_read_back_and_rolled_back
     assert report.exit_code == 1
 
 
+def test_a_restart_whose_ready_was_answered_by_the_old_server_is_rolled_back_saying_so(
+    fleet: Fleet,
+) -> None:
+    """`stale-server`: the stop missed the old server, which answered /health while the new one
+    loaded. Never `applied`: the host rolls back, and its outcome, ledger step and report say why."""
+    from opspatch.runs.commands.status import fleet_status
+
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+    said = "http://127.0.0.1:30000 was answered by pid 4100, not by the engine just started"
+    asked = {"ready": 0}
+
+    def old_server_answers(op: str, args: dict[str, Any]) -> Refusal | None:
+        if op == "wait_ready":
+            asked["ready"] += 1
+            if asked["ready"] == 1:  # the apply's; the rollback's restart is then ready
+                return Refusal("stale-server", said)
+        return None
+
+    host.fault = old_server_answers
+    report = fleet.apply()
+    (outcome,) = report.hosts
+    assert outcome.outcome == "rolled-back", outcome
+    assert said in (outcome.error or ""), outcome
+    assert sha(host.file.read_bytes()) == PRISTINE
+    ready = next(s for s in outcome.steps if s.step == "ready")
+    assert ready.status == "failed" and said in (ready.detail or ""), ready
+    recorded = fleet.ledger.get_run(report.run_id or "").host(host.name)
+    assert recorded.outcome == "rolled-back" and said in (recorded.error or ""), recorded
+    assert report.exit_code == 1
+    (status,) = fleet_status([host.host()], [fleet.patch], fleet.factory, fleet.ledger)
+    assert status.state == "not-applied", status
+
+
 def test_a_swap_that_gave_no_reply_and_wrote_nothing_is_failed_with_the_file_unchanged(
     fleet: Fleet,
 ) -> None:
