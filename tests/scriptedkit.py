@@ -354,10 +354,12 @@ def units(tmp_path: Path) -> Iterator[Units]:
 @dataclass
 class RouterState:
     """What the fake router holds: registered workers by URL (id, healthy), whether a worker
-    it is asked to add turns healthy, and every control-plane call in order."""
+    it is asked to add turns healthy, why it gave up every registration job (None: the jobs are
+    still processing), and every control-plane call in order."""
 
     workers: dict[str, tuple[str, bool]] = field(default_factory=dict)
     adds_turn_healthy: bool = True
+    jobs_fail: str | None = None
     down: bool = False  # every call answered 503, as a dying router's port might
     calls: list[str] = field(default_factory=list)
     next_id: int = 0
@@ -400,6 +402,8 @@ class _Handler(BaseHTTPRequestHandler):
             listed = [{"id": i, "url": u, "is_healthy": ok} for u, (i, ok) in state.workers.items()]
         if self.path == "/workers":
             self._send(200, {"workers": listed, "total": len(listed)})
+        elif state.jobs_fail is not None:
+            self._send(200, {"job_status": {"status": "failed", "message": state.jobs_fail}})
         else:
             self._send(200, {"job_status": {"status": "processing"}})
 

@@ -109,6 +109,40 @@ def test_an_admit_the_router_never_lists_healthy_leaves_the_host_out_of_rotation
     assert report.exit_code == 1
 
 
+def test_an_admit_the_router_lists_healthy_at_its_first_look_asks_no_job_status(
+    fleet: RoutedFleet,
+) -> None:
+    fleet.register("h1", "h2", "h3")
+    report = apply_to_hosts(
+        PATCH, fleet.hosts("h1"), book(), factory=fleet.factory, ledger=fleet.ledger
+    )
+    (outcome,) = report.hosts
+    assert outcome.outcome == "applied" and outcome.rotation == RotationWord.IN_ROTATION
+    calls = fleet.router.state.calls
+    assert f"POST /workers {worker_url('h1')}" in calls, calls
+    # a worker listed healthy has a registration that did not fail: its job is not asked
+    assert not [c for c in calls if c.startswith("GET /workers/")], calls
+
+
+def test_a_registration_the_router_gave_up_leaves_the_host_out_of_rotation_and_says_why(
+    fleet: RoutedFleet,
+) -> None:
+    fleet.register("h1", "h2", "h3")
+    fleet.router.state.adds_turn_healthy = False
+    fleet.router.state.jobs_fail = "health check of the worker failed"
+    report = apply_to_hosts(
+        PATCH, fleet.hosts("h1", "h2"), book(admit=5), factory=fleet.factory, ledger=fleet.ledger
+    )
+    outcomes = {o.host: o for o in report.hosts}
+    canary = outcomes["h1"]
+    assert canary.outcome == "applied" and canary.rotation == RotationWord.OUT_OF_ROTATION
+    note = canary.note or ""
+    assert f"did not register {worker_url('h1')}: health check of the worker failed" in note, note
+    calls = fleet.router.state.calls
+    assert [c for c in calls if c.startswith("GET /workers/id-")], calls
+    assert report.halted and outcomes["h2"].outcome == "skipped"
+
+
 def test_a_router_gone_after_the_drain_halts_the_run_and_the_next_recover_readmits_the_host(
     fleet: RoutedFleet,
 ) -> None:

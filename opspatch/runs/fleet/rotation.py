@@ -426,7 +426,9 @@ def _wait_unlisted(gate: RouterGate, worker_url: str, timeout: float) -> None:
 
 def _register(gate: RouterGate, worker_url: str, timeout: float) -> float:
     """One lost reply must not leave a proven host out of rotation: asked again until `timeout`; a
-    registration the router gave up is final."""
+    registration the router gave up is final. Its job is asked about after each listing that does
+    not list the worker healthy (one that does: the job did not fail), not at the add: a router
+    lists a worker healthy at its first look after the add, or takes seconds of health checks."""
     client = gate.client
     started = time.monotonic()
     seen = gate.listing.mark()
@@ -447,7 +449,8 @@ def _register(gate: RouterGate, worker_url: str, timeout: float) -> float:
                     client.remove(stale.id)
                 worker_id = client.add(worker_url)
                 seen = gate.listing.mark()  # no listing older than the add says it is healthy
-            failure = client.job_failure(worker_id)
+            else:
+                failure = client.job_failure(worker_id)
         except RouterError as exc:
             last = exc
         if failure is not None:
