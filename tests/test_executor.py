@@ -91,3 +91,18 @@ def test_a_cancelled_preflight_returns_only_the_hosts_it_started() -> None:
         )
     assert cancellation.requested
     assert list(done) == ["h1"] == ran
+
+
+def test_hosts_that_finish_while_the_executor_waits_are_each_yielded_once() -> None:
+    # 20 hosts at once, released together: every one is noticed (on its own completion, not by
+    # polling the running ones), none twice, and the run waits for all of them
+    release = threading.Event()
+
+    def work(name: str) -> str:
+        release.wait(timeout=5)
+        return name
+
+    hosts = [f"h{i}" for i in range(40)]
+    threading.Timer(0.3, release.set).start()
+    done = map_cancellable(work, hosts, limit=20, cancellation=Cancellation())
+    assert list(done) == hosts and all(done[h] == h for h in hosts)
