@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opspatch.core import edit, regions
+from opspatch.core import edit, regions, syntax
 from tests.editkit import module_source
 from tests.manyedits import (
     GOLDEN_CASES,
@@ -37,7 +37,7 @@ from tests.manyedits import (
     plan_record,
     scale_sources,
 )
-from tests.patchkit import make_patch
+from tests.patchkit import HEADER, make_patch
 from tests.sglang_wheels import WheelUnavailable
 
 pytestmark = pytest.mark.pure
@@ -136,12 +136,35 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     yield sizes
 
 
-def test_a_plan_parses_the_whole_file_twice_not_once_per_edit(parses: list[int]) -> None:
+def test_a_text_parsed_for_python_3_7_or_later_has_this_pythons_tree() -> None:
+    # What lets a plan's one parse of the result, for the patch's `min_python`, be its tree too.
+    package = Path(edit.__file__).resolve().parents[1]
+    for path in sorted([*package.glob("core/*.py"), *package.glob("sandbox/engine_src/**/*.py")]):
+        text = path.read_text(encoding="utf-8")
+        tree = ast.dump(ast.parse(text), include_attributes=True)
+        try:
+            older = ast.parse(text, feature_version=syntax.SAME_TREE_FROM)
+        except SyntaxError:
+            continue  # newer syntax: refused, never a different tree
+        assert ast.dump(older, include_attributes=True) == tree, path
+
+
+@pytest.mark.parametrize(
+    ("min_python", "whole_parses"),
+    # the result's one parse is for the patch's `min_python` (its tree is this Python's); before
+    # 3.7 (`async` and `await` were names) the result is parsed for it on its own, once more
+    [(None, 2), ("3.8", 2), ("3.10", 2), ("3.6", 3)],
+)
+def test_a_plan_parses_the_whole_file_twice_not_once_per_edit(
+    parses: list[int], min_python: str | None, whole_parses: int
+) -> None:
     source = _module(40)
-    patch = make_patch(_inserts(90, 40))
+    older = f'min_python = "{min_python}"\n' if min_python else ""
+    patch = make_patch(_inserts(90, 40), header=HEADER + older)
     parses.clear()
     outcome = edit.apply_patch(source, patch)
     assert outcome.outcome == "applicable", getattr(outcome, "reason", "")
     whole = [size for size in parses if size > len(source) // 2]
-    assert len(whole) == 2, f"{len(whole)} parses of the whole file for 90 edits"  # it, the result
+    # the file, the result
+    assert len(whole) == whole_parses, f"{len(whole)} parses of the whole file for 90 edits"
     assert len(parses) <= 6 * 90, f"{len(parses)} parses for 90 edits"

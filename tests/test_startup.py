@@ -49,6 +49,8 @@ OFF_THE_APPLY_FILE_PATH = {
     "yaml": "YAML inventories and playbooks",
     "psycopg": "a PostgreSQL ledger",
     "unidiff": "a `diff` edit (its unified diff parsed)",
+    "opspatch.core.unified": "a `diff` edit's hunks parsed and placed",
+    "opspatch.runs.judgments.views": "the status views (a multi-node unit's odd node, `status`)",
     "typer": "the option parser: a plain `apply --file --yes` is read by `cli/localapply.py`",
     "opspatch.cli.app": "the typer app and its command groups",
     "opspatch.cli.params": "typer's option types",

@@ -324,7 +324,7 @@ def _apply_patch(source: bytes, patch: PatchSpec, relpath: str) -> PlanOutcome:
     placed = _place_edits(decoded, tree, patch, detection)
     if isinstance(placed, NotApplicable):
         return placed
-    text, current_tree, records, scopes = placed
+    text, current_tree, for_min_python, records, scopes = placed
     try:
         new_source = decoded.encode(text)
     except SourceDecodeError as exc:
@@ -338,6 +338,7 @@ def _apply_patch(source: bytes, patch: PatchSpec, relpath: str) -> PlanOutcome:
         filename=relpath,
         old_tree=tree,
         new_tree=current_tree,
+        new_tree_for_min_python=for_min_python,
     )
     if problems:
         return NotApplicable(patch.id, "the result fails validation: " + "; ".join(problems))
@@ -416,9 +417,10 @@ PLACERS: tuple[type[ScopedReparse | WholeReparse], ...] = (ScopedReparse, WholeR
 
 def _place_edits(
     decoded: SourceText, tree: ast.Module, patch: PatchSpec, detection: Detection
-) -> tuple[str, ast.Module, list[EditRecord], list[str]] | NotApplicable:
+) -> tuple[str, ast.Module, bool, list[EditRecord], list[str]] | NotApplicable:
     """Place every edit in turn, each by its kind (`EditKind.place`) on the text the edits
-    before it left: the new text, its tree, the edit records and the scopes edited."""
+    before it left: the new text, its tree, whether that tree was parsed for the patch's
+    `min_python`, the edit records and the scopes edited."""
     for placer in PLACERS[:-1]:
         try:
             return _place_with(placer(decoded.text, tree), decoded.newline, patch, detection)
@@ -429,7 +431,7 @@ def _place_edits(
 
 def _place_with(
     edited: ScopedReparse | WholeReparse, newline: str, patch: PatchSpec, detection: Detection
-) -> tuple[str, ast.Module, list[EditRecord], list[str]] | NotApplicable:
+) -> tuple[str, ast.Module, bool, list[EditRecord], list[str]] | NotApplicable:
     records: list[EditRecord] = []
     scopes: list[str] = []
     try:
@@ -467,7 +469,8 @@ def _place_with(
                 )
     except EditProblem as problem:
         return NotApplicable(patch.id, problem.message, problem.field, problem.candidates)
-    return edited.text, edited.final_tree(), records, scopes
+    final, for_min_python = edited.final_tree(patch.target.feature_version)
+    return edited.text, final, for_min_python, records, scopes
 
 
 def _recognised_by(patch: PatchSpec) -> str:

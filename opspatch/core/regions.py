@@ -23,7 +23,7 @@ from opspatch.core.anchors import (
 from opspatch.core.placement import Splice, apply_splices
 from opspatch.core.selectors import MODULE_SCOPE
 from opspatch.core.source import LineIndex, split_lines
-from opspatch.core.syntax import MAX_AST_DEPTH, parse_python
+from opspatch.core.syntax import MAX_AST_DEPTH, SAME_TREE_FROM, parse_python
 
 _HOLDERS = ("body", "orelse", "finalbody", "handlers", "cases")
 """The fields of a statement (or handler, or match case) that hold statements."""
@@ -57,9 +57,10 @@ class WholeReparse:
         self.text = apply_splices(self.text, splices)
         self.tree = parse_python(self.text)
 
-    def final_tree(self) -> ast.Module:
-        """The tree of the text the last edit left, exact everywhere."""
-        return self.tree
+    def final_tree(self, feature_version: tuple[int, int] | None = None) -> tuple[ast.Module, bool]:
+        """The tree of the text the last edit left, exact everywhere; not parsed for
+        `feature_version` (False)."""
+        return self.tree, False
 
 
 @dataclass
@@ -132,19 +133,30 @@ class ScopedReparse:
             assert scope is not None
             self._changed(scope, splices, text)
 
-    def final_tree(self) -> ast.Module:
+    def final_tree(self, feature_version: tuple[int, int] | None = None) -> tuple[ast.Module, bool]:
         """The tree of the whole text the last edit left (parsed once, here, and checked for
-        depth whole, as the reference checks it).
+        depth whole, as the reference checks it), and whether that parse was for
+        `feature_version` (the patch's `min_python`): then the text parses for that Python too,
+        and the validation need not parse it again.
 
         Raises:
             Unsure: it does not parse (the reference says after which edit).
         """
-        if not self.whole_fresh:
+        if self.whole_fresh:
+            return self.tree, False
+        if feature_version is not None and feature_version >= SAME_TREE_FROM:
             try:
-                self._whole(self._parse(self.text))
+                tree = parse_python(self.text, feature_version=feature_version)
             except SyntaxError:
-                raise Unsure("the text does not parse") from None
-        return self.tree
+                pass  # not for that Python, or not at all: parsed as before, which says which
+            else:
+                self._whole(tree)
+                return tree, True
+        try:
+            self._whole(self._parse(self.text))
+        except SyntaxError:
+            raise Unsure("the text does not parse") from None
+        return self.tree, False
 
     # -----------------------------------------------------------------------------------------
 

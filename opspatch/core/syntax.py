@@ -27,6 +27,12 @@ state, so two threads parsing at once (the preflight plans hosts in parallel) ca
 parsing is a few milliseconds, so serialising it costs nothing that matters."""
 
 
+SAME_TREE_FROM = (3, 7)
+"""A text parsed for Python 3.7 or later (`feature_version`) that parses gives this Python's own
+tree: a feature version only refuses newer syntax (before 3.7, `async` and `await` were names).
+So one parse for a patch's `min_python` can serve as the tree too (issue 44)."""
+
+
 class NestingTooDeep(SyntaxError):
     """Code nested too deeply for Python's parser, or for the analysis that follows it."""
 

@@ -32,11 +32,14 @@ def check_compiles(
     filename: str,
     feature_version: tuple[int, int] | None,
     tree: ast.Module | None = None,
+    *,
+    tree_for_version: bool = False,
 ) -> list[str]:
     """Problems compiling `new_source` (and parsing it for an older Python, if named).
 
     `tree`, when the caller has it, is `parse_python` of the same text: it is compiled instead of
-    the text (the same errors, without parsing the text again; issue 44).
+    the text (the same errors, without parsing the text again; issue 44). `tree_for_version`:
+    it was parsed with `feature_version`, so the text parses for that Python (not parsed again).
     Thread-safe: the warning filters are changed under `warnings_ignored`'s lock.
     """
     problems = []
@@ -52,7 +55,7 @@ def check_compiles(
             problems.append(f"does not compile: {exc}")
         except (RecursionError, MemoryError):
             problems.append("does not compile: nested too deeply for Python's compiler")
-        if feature_version is not None and not problems:
+        if feature_version is not None and not problems and not tree_for_version:
             try:
                 # a `tree` given was checked for depth when it was parsed
                 depth = None if tree is not None else MAX_AST_DEPTH
@@ -229,15 +232,23 @@ def validate_result(
     check_compile: bool = True,
     old_tree: ast.Module | None = None,
     new_tree: ast.Module | None = None,
+    new_tree_for_min_python: bool = False,
 ) -> list[str]:
     """Every problem with a patched text; empty when it may be written.
 
     `old_tree` and `new_tree`, when the caller has them, are `parse_python(old_text)` and
-    `parse_python(new_text)`: passing them saves parsing a text again.
+    `parse_python(new_text)`: passing them saves parsing a text again; `new_tree_for_min_python`
+    says `new_tree` was parsed for the patch's `min_python` (`check_compiles`).
     """
     problems = []
     if check_compile:
-        problems += check_compiles(new_source, filename, patch.target.feature_version, new_tree)
+        problems += check_compiles(
+            new_source,
+            filename,
+            patch.target.feature_version,
+            new_tree,
+            tree_for_version=new_tree is not None and new_tree_for_min_python,
+        )
         if problems:
             return problems
     if new_tree is None:

@@ -16,17 +16,13 @@ from opspatch.core.placement import EditProblem, Splice, apply_splices, edit_fie
 from opspatch.core.selectors import MODULE_SCOPE
 from opspatch.core.source import LineIndex, split_lines, strip_newline
 from opspatch.core.syntax import parse_python
-from opspatch.core.unified import (
-    HunkFailure,
-    LineReplacement,
-    ParsedDiff,
-    parse_unified_diff,
-    plan_hunks,
-)
 from opspatch.core.vocabulary import EditStatus
 
+# `core.unified` (the hunks parsed and placed) is imported where a diff edit runs: a patch of
+# other kinds loads this model (the schema's union) but runs none of it (issue 44).
 if TYPE_CHECKING:
     from opspatch.core.spec import PatchSpec
+    from opspatch.core.unified import LineReplacement, ParsedDiff
 
 
 class DiffAlternative(Alternative):
@@ -69,6 +65,8 @@ class DiffEdit(EditKind):
         self, text: str, tree: ast.Module, newline: str, i: int, diff: ParsedDiff | None = None
     ) -> tuple[list[Splice], list[str]]:
         """The splices of `diff` (default: the edit's own), and the scopes its hunks change."""
+        from opspatch.core.unified import parse_unified_diff, plan_hunks
+
         index = LineIndex.of(text)
         parsed = diff if diff is not None else parse_unified_diff(self.diff)
         plain = [strip_newline(line) for line in index.lines]
@@ -80,6 +78,8 @@ class DiffEdit(EditKind):
 
     def state(self, index: LineIndex, tree: ast.Module, patch: PatchSpec, i: int) -> EditState:
         """Pending when the diff applies; applied when its reverse does."""
+        from opspatch.core.unified import HunkFailure, parse_unified_diff, plan_hunks
+
         parsed = parse_unified_diff(self.diff)
         plain = [strip_newline(line) for line in split_lines(index.text)]
         # As GNU patch does, look for an already-applied diff before fuzzing: with fuzz, an
@@ -99,6 +99,8 @@ class DiffEdit(EditKind):
 
     def undo(self, text: str, tree: ast.Module, patch: PatchSpec, newline: str, i: int) -> str:
         """The reversed diff, applied."""
+        from opspatch.core.unified import parse_unified_diff
+
         parsed = parse_unified_diff(self.diff).reversed()
         splices, _ = self.plan(text, tree, newline, i, diff=parsed)
         return apply_splices(text, splices)

@@ -10,7 +10,6 @@ from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command, Word
 from opspatch.errors import UnitRefused
 from opspatch.hosts.results import HostInspection
-from opspatch.runs.judgments.views import most_common
 
 
 class UnitFact(Word):
@@ -124,6 +123,8 @@ def _odd(
     read: list[NodeReading], fact: UnitFact, key: str, values: Mapping[str, str | None]
 ) -> list[Difference]:
     """Against the most common value (a tie: the first node's in rank order)."""
+    from opspatch.runs.judgments.views import most_common  # the status views: off `apply --file`
+
     expected = most_common([values[r.host] for r in read])
     agreeing = tuple(r.host for r in read if values[r.host] == expected)
     return [
