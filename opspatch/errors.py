@@ -242,6 +242,10 @@ class HostError(OpspatchError):
 class TransportError(HostError):
     """Connecting to a host or running a command on it failed."""
 
+    def at(self, *, host: str, step: str) -> TransportError:
+        """The same failure, said at `host` and `step` (its caller's)."""
+        return type(self)(self.detail, host=host, step=step, hint=self.hint)
+
 
 class CommandTimeout(TransportError):
     """A command ran past its deadline; its process group was ended."""
@@ -265,6 +269,9 @@ class ContainerError(TransportError):
     ) -> None:
         super().__init__(message, host=host, step=step, hint=hint)
         self.reason = reason
+
+    def at(self, *, host: str, step: str) -> ContainerError:
+        return ContainerError(self.detail, host=host, step=step, hint=self.hint, reason=self.reason)
 
 
 class RemoteOperationError(HostError):

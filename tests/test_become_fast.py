@@ -324,6 +324,7 @@ def test_no_password_and_no_terminal_names_the_host_and_the_key() -> None:
     named = host_from('[hosts.gpu-01]\naddress = "a"\nbecome = true\nbecome_password_env = "PW"\n')
     with pytest.raises(BecomeError) as caught:
         BecomePasswords(environ={}).password_for(named, "root")
+    assert caught.value.reason == "password-missing"
     assert "the environment variable PW is not set" in caught.value.message
 
 
@@ -331,7 +332,8 @@ def test_a_password_with_a_line_break_is_refused() -> None:
     host = host_from('[hosts.gpu-01]\naddress = "a"\nbecome = true\nbecome_password_env = "PW"\n')
     with pytest.raises(BecomeError) as caught:
         BecomePasswords(environ={"PW": "a\nb"}).password_for(host, "root")
-    assert "line break" in caught.value.message
+    assert caught.value.reason == "password-missing"  # not sendable: as good as none
+    assert "line break" in caught.value.message  # the code does not say why: the sentence does
 
 
 # -- raised execs -----------------------------------------------------------------------------
@@ -433,7 +435,6 @@ def test_a_wrong_password_is_a_refusal_before_anything_runs(tmp_path: Path) -> N
     with pytest.raises(BecomeError) as caught:
         ops.lock(run_id="r1", timeout=10)
     assert caught.value.reason == "password-rejected"
-    assert "sudo refused the password from $PW" in caught.value.message
     assert not (tmp_path / "state").exists()
 
 
@@ -458,8 +459,6 @@ def test_sudo_not_installed_is_refused(tmp_path: Path, monkeypatch: pytest.Monke
         with pytest.raises(BecomeError) as caught:
             ops.lock(run_id="r1", timeout=30)
     assert caught.value.reason == "sudo-missing"
-    assert "sudo is not installed on the host" in caught.value.message
-    assert "sudo: not found" in caught.value.message
 
 
 def systemd_host(tmp_path: Path) -> Host:
@@ -522,7 +521,6 @@ def test_a_run_whose_lock_was_taken_over_changes_nothing_as_any_user(tmp_path: P
     with pytest.raises(RemoteOperationError) as restart:
         ops.call_as("restart", {}, as_user="root", timeout=10, step="restart")
     assert swap.value.code == restart.value.code == "lock-lost"
-    assert "r1" in restart.value.message and "took it over" in restart.value.message
     assert exec_users(transport) == [None, "sglang", "sglang"]
     lock = json.loads((tmp_path / "state" / "lock.json").read_text())
     assert lock["run_id"] == "r2"  # the other run's lock, untouched

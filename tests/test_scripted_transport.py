@@ -16,6 +16,7 @@ import pytest
 
 from opspatch.errors import (
     CommandTimeout,
+    ContainerError,
     InputError,
     PreimageMismatch,
     RemoteOperationError,
@@ -138,6 +139,20 @@ def test_a_deadline_raised_by_the_handler_reaches_the_caller_with_the_step(tmp_p
     with pytest.raises(CommandTimeout) as caught:
         ops.lock(run_id="r1", timeout=3)
     assert caught.value.step == "lock" and caught.value.host == "h1"
+
+
+def test_a_container_refusal_named_with_the_step_keeps_its_reason(tmp_path: Path) -> None:
+    def handler(op: str, args: dict[str, Any]) -> dict[str, Any]:
+        raise ContainerError("was recreated", step="container", reason="recreated")
+
+    ops = HostOperations(ScriptedTransport(handler, host="h1"), scripted_host(tmp_path))
+    with pytest.raises(ContainerError) as caught:
+        ops.lock(run_id="r1", timeout=3)
+    assert (caught.value.reason, caught.value.step, caught.value.host) == (
+        "recreated",
+        "lock",
+        "h1",
+    )
 
 
 def test_an_exec_with_no_reply_is_read_by_its_exit_status(tmp_path: Path) -> None:

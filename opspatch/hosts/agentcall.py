@@ -367,7 +367,7 @@ class AgentCaller:
         except TransportError as exc:
             if exc.step == step and exc.host == self.name:
                 raise
-            raise type(exc)(exc.detail, host=self.name, step=step, hint=exc.hint) from None
+            raise exc.at(host=self.name, step=step) from None
         if answer.notice:
             self.notices.append(answer.notice)
         return answer

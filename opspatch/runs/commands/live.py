@@ -29,9 +29,9 @@ from opspatch.hosts.liveinstall import (
 from opspatch.hosts.operations import HostInspection, HostOperations
 from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.executor import halt_as_apply
 from opspatch.runs.fleet.fleetrun import per_node
-from opspatch.runs.fleet.restore import run_in_batches
+from opspatch.runs.fleet.recorded import run_recorded
+from opspatch.runs.fleet.restore import AS_APPLY, run_in_batches
 from opspatch.runs.fleet.session import (
     HostFailed,
     HostSession,
@@ -92,16 +92,14 @@ def _run(
         site = _site(session)  # locked, and its engine environment read
         return site if isinstance(site, HostOutcome) else change(session, site)
 
-    return run_in_batches(
+    return run_recorded(
         command,
-        per_node(one),
+        lambda fleet: run_in_batches(fleet, per_node(one), AS_APPLY),
         ledger=ledger,
         hosts=hosts,
         factory=factory,
         playbook=playbook,
         progress=progress,
-        as_apply=halt_as_apply,
-        restarts=False,  # nothing restarts: no drain, no router room
     )
 
 

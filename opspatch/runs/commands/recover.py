@@ -27,7 +27,11 @@ from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.group import Nodes, prove_or_undo, serves, undo
 from opspatch.runs.fleet.host_leases import lease_held
 from opspatch.runs.fleet.liveapply import revert_on
+from opspatch.runs.fleet.recorded import run_recorded
 from opspatch.runs.fleet.restore import (
+    ONE_BATCH,
+    BatchPolicy,
+    RunTakeover,
     prove_standings,
     restart_stale,
     restore_standing,
@@ -131,8 +135,13 @@ def recover_run(
         patch,
         progress,
         parent_run=chain[0].run_id,
-        leases={lease.host: lease.identity for lease in held if lease.host in names},
-        taking_over=dead,
+        policy=BatchPolicy(
+            takeover=RunTakeover(
+                identities={lease.host: lease.identity for lease in held if lease.host in names},
+                runs=dead,
+                not_started=partial(_never_reached, scope, chain[0].run_id),
+            )
+        ),
     )
 
 
@@ -186,13 +195,12 @@ def _recover(
     progress: Progress | None,
     *,
     parent_run: str | None,
-    leases: Mapping[str, str] | None = None,
-    taking_over: Collection[str] = (),
+    policy: BatchPolicy = ONE_BATCH,
 ) -> RunReport:
     require_whole_units(hosts, Command.RECOVER)
-    return run_in_batches(
+    return run_recorded(
         Command.RECOVER,
-        _RecoverHost(ledger, scope, patch).group,
+        lambda fleet: run_in_batches(fleet, _RecoverHost(ledger, scope, patch).group, policy),
         ledger=ledger,
         hosts=hosts,
         factory=factory,
@@ -200,9 +208,6 @@ def _recover(
         progress=progress,
         patch=patch,
         parent_run=parent_run,
-        leases=leases,
-        taking_over=taking_over,
-        not_started=None if parent_run is None else partial(_never_reached, scope, parent_run),
     )
 
 

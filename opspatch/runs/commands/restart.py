@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
@@ -14,9 +15,10 @@ from opspatch.errors import OpspatchError
 from opspatch.ledger.store import FileVersion, Ledger
 from opspatch.runs.commands.live import StagedDisable, StagedPlugin, staged_plugin
 from opspatch.runs.fleet.connect import TransportFactory
-from opspatch.runs.fleet.executor import halt_as_apply
 from opspatch.runs.fleet.group import Nodes, failing_as, prove_or_undo, refuse, undo
+from opspatch.runs.fleet.recorded import run_recorded
 from opspatch.runs.fleet.restore import (
+    AS_APPLY,
     prove_standings,
     restart_stale,
     run_in_batches,
@@ -41,15 +43,14 @@ def restart_hosts(
 ) -> RunReport:
     """Restart, prove and (on failure) roll back every host with a staged change."""
     require_whole_units(hosts, Command.RESTART)
-    return run_in_batches(
+    return run_recorded(
         Command.RESTART,
-        lambda nodes: _restart(nodes, ledger),
+        lambda fleet: run_in_batches(fleet, partial(_restart, ledger=ledger), AS_APPLY),
         ledger=ledger,
         hosts=hosts,
         factory=factory,
         playbook=playbook,
         progress=progress,
-        as_apply=halt_as_apply,
     )
 
 

@@ -23,7 +23,9 @@ from opspatch.runs.commands.live import patch_fixes
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.group import Nodes, refuse, undo
 from opspatch.runs.fleet.liveapply import revert_on
+from opspatch.runs.fleet.recorded import run_recorded
 from opspatch.runs.fleet.restore import (
+    BatchPolicy,
     Examined,
     halt_under_playbook,
     restore_standing,
@@ -69,9 +71,10 @@ def rollback_hosts(
     rollback = _Rollback(
         ledger, patch, source_run, restart_engine, unrestarted, only_paths, patch_id
     )
-    return run_in_batches(
+    policy = BatchPolicy(rollout=halt_under_playbook, preflight=rollback.preflight)
+    return run_recorded(
         Command.ROLLBACK,
-        rollback.group,
+        lambda fleet: run_in_batches(fleet, rollback.group, policy),
         ledger=ledger,
         hosts=hosts,
         factory=factory,
@@ -80,8 +83,6 @@ def rollback_hosts(
         patch=patch,
         patch_id=patch_id,
         parent_run=source_run.run_id if source_run else None,
-        preflight=rollback.preflight,
-        as_apply=halt_under_playbook,
     )
 
 

@@ -14,6 +14,7 @@ from opspatch.ledger.store import Ledger
 from opspatch.runs.fleet.connect import TransportFactory
 from opspatch.runs.fleet.fleetrun import per_node
 from opspatch.runs.fleet.host_leases import refusal
+from opspatch.runs.fleet.recorded import run_recorded
 from opspatch.runs.fleet.restore import run_in_batches
 from opspatch.runs.fleet.session import HostSession, Progress
 from opspatch.runs.report import HostOutcome, RunReport
@@ -30,9 +31,10 @@ def unlock_hosts(
 ) -> RunReport:
     """Remove host locks whose run is over. A running run's lock is refused; so, unless
     `force_unknown`, are one whose lease is live and one whose run this ledger does not know."""
-    return run_in_batches(
+    unlock = per_node(_UnlockHost(ledger, force_unknown).host)
+    return run_recorded(
         Command.UNLOCK,
-        per_node(_UnlockHost(ledger, force_unknown).host),
+        lambda fleet: run_in_batches(fleet, unlock),
         ledger=ledger,
         hosts=hosts,
         factory=factory,

@@ -1,25 +1,21 @@
 """What the restore runs (`rollback`, `recover`, `unlock`) share: putting files back, the stale
-server's restart, the fleet run they go through (`run_in_batches`; `restart` and `live enable`
-and `disable` go through it too, halted as an apply)."""
+server's restart, the body of the recorded run they go through (`run_in_batches`; `restart` and
+`live enable` and `disable` go through it too, halted as an apply)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from opspatch.core.host import Host
 from opspatch.core.policy import Playbook, plan_rollout
-from opspatch.core.spec import LoadedPatch
-from opspatch.core.vocabulary import Command, Outcome
+from opspatch.core.vocabulary import Outcome
 from opspatch.hosts.operations import HostInspection
-from opspatch.ledger.store import FileVersion, Ledger
-from opspatch.runs.fleet.connect import TransportFactory
+from opspatch.ledger.store import FileVersion
 from opspatch.runs.fleet.executor import HaltPolicy, halt_as_apply, halt_on_attention, one_batch
 from opspatch.runs.fleet.fleetrun import FleetRun, NotStarted, PerGroup
 from opspatch.runs.fleet.group import Nodes, prove_or_undo, refuse, undo
 from opspatch.runs.fleet.host_leases import host_identity
-from opspatch.runs.fleet.recorded import run_recorded
-from opspatch.runs.fleet.session import HostSession, Progress
+from opspatch.runs.fleet.session import HostSession
 from opspatch.runs.fleet.standing import HostStanding
 from opspatch.runs.fleet.steps import (
     AFTER_RESTORE,
@@ -93,80 +89,74 @@ def halt_under_playbook(playbook: Playbook, canaries: Collection[str]) -> HaltPo
     return halt
 
 
+@dataclass(frozen=True)
+class RunTakeover:
+    """What a `recover --run` takes over from the runs it recovers: its hosts' lease identities
+    as the ledger holds them, the runs whose leases it may take, and how a host it never starts
+    is reported (those runs stay interrupted). Empty: nothing taken over."""
+
+    identities: Mapping[str, str] = field(default_factory=dict)
+    runs: Collection[str] = ()
+    not_started: NotStarted | None = None
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """What a command decides of its `run_in_batches`."""
+
+    rollout: Callable[[Playbook, Collection[str]], HaltPolicy] | None = None
+    """Rolled out as an apply: the playbook's canaries and batches, halted by
+    `rollout(playbook, canaries)`. None: one batch, halted by a host that needs attention or
+    does not serve its restored file."""
+    preflight: Callable[[HostSession], Examined] | None = None
+    """Every host examined first (a rollback): one decided there is leased, never started."""
+    takeover: RunTakeover = RunTakeover()
+
+
+ONE_BATCH = BatchPolicy()
+AS_APPLY = BatchPolicy(rollout=halt_as_apply)
+
+
 def run_in_batches(
-    command: Command,
-    per_group: PerGroup,
-    *,
-    ledger: Ledger,
-    hosts: Sequence[Host],
-    factory: TransportFactory,
-    playbook: Playbook,
-    progress: Progress | None = None,
-    patch: LoadedPatch | None = None,
-    patch_id: str | None = None,
-    parent_run: str | None = None,
-    preflight: Callable[[HostSession], Examined] | None = None,
-    as_apply: Callable[[Playbook, Collection[str]], HaltPolicy] | None = None,
-    restarts: bool = True,
-    leases: Mapping[str, str] | None = None,
-    taking_over: Collection[str] = (),
-    not_started: NotStarted | None = None,
+    fleet: FleetRun, per_group: PerGroup, policy: BatchPolicy = ONE_BATCH
 ) -> RunReport:
-    """A recorded, leased run of `per_group`: one batch halted by a host that needs attention or
-    does not serve its restored file, or (`as_apply`) the playbook's canaries and batches halted
-    by `as_apply(playbook, canaries)`. `preflight` (a rollback): hosts decided there are never
-    started but are leased first by the identity read; `restarts=False`: no host restarts (no
-    drain, no router room); `leases`: what a recover --run takes over."""
+    """A recorded run's body (`run_recorded`): the fleet leased, then `per_group` over its
+    groups as `policy` says. Whether a host's router is drained follows from the command
+    (`FleetRun.traits`: live enable and disable restart nothing)."""
+    known = dict(policy.takeover.identities)
+    decided: dict[str, HostOutcome] = {}
+    if policy.preflight is not None:
+        examined = fleet.preflight(policy.preflight)
+        if examined is None:
+            return fleet.cancelled_report()
+        for name, seen in examined.items():
+            if seen.decided is not None:
+                decided[name] = seen.decided
+            if seen.inspection is not None:  # a decided host too: the lease check comes first
+                known[name] = host_identity(fleet.sessions[name].host, seen.inspection.facts)
+        decided = units_decided(fleet, decided)
+        fleet.decide(decided)
+    names = [name for name in fleet.names if name not in decided]
+    refused = fleet.lease(known, taking_over=policy.takeover.runs, restarting=names)
+    if refused is not None:
+        return refused
+    halt_by: HaltPolicy = halt_on_attention_or_not_serving
+    items = fleet.items(names)
+    if policy.rollout is not None:
+        plan = plan_rollout(fleet.playbook, items)
+        batches = plan.batches
+        halt_by = policy.rollout(fleet.playbook, plan.canaries)
+    else:
+        batches = one_batch(items, fleet.playbook.max_in_flight)
 
-    def body(fleet: FleetRun) -> RunReport:
-        known = dict(leases or {})
-        decided: dict[str, HostOutcome] = {}
-        if preflight is not None:
-            examined = fleet.preflight(preflight)
-            if examined is None:
-                return fleet.cancelled_report()
-            for name, seen in examined.items():
-                if seen.decided is not None:
-                    decided[name] = seen.decided
-                if seen.inspection is not None:  # a decided host too: the lease check comes first
-                    known[name] = host_identity(fleet.sessions[name].host, seen.inspection.facts)
-            decided = units_decided(fleet, decided)
-            fleet.decide(decided)
-        names = [name for name in fleet.names if name not in decided]
-        restarting = names if restarts else ()
-        refused = fleet.lease(known, taking_over=taking_over, restarting=restarting)
-        if refused is not None:
-            return refused
-        policy: HaltPolicy = halt_on_attention_or_not_serving
-        items = fleet.items(names)
-        if as_apply is not None:
-            plan = plan_rollout(playbook, items)
-            batches = plan.batches
-            policy = as_apply(playbook, plan.canaries)
-        else:
-            batches = one_batch(items, playbook.max_in_flight)
+    def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
+        # what the preflight decided changed nothing: it stops no restore elsewhere
+        return halt_by({n: o for n, o in outcomes.items() if n not in decided})
 
-        def halt(outcomes: Mapping[str, HostOutcome]) -> str | None:
-            # what the preflight decided changed nothing: it stops no restore elsewhere
-            return policy({n: o for n, o in outcomes.items() if n not in decided})
-
-        outcomes, halted = fleet.execute(
-            per_group, batches=batches, halt=halt, not_started=not_started
-        )
-        return fleet.report(outcomes, halted=halted)
-
-    return run_recorded(
-        command,
-        body,
-        ledger=ledger,
-        hosts=hosts,
-        factory=factory,
-        playbook=playbook,
-        progress=progress,
-        patch=patch,
-        patch_id=patch_id,
-        parent_run=parent_run,
+    outcomes, halted = fleet.execute(
+        per_group, batches=batches, halt=halt, not_started=policy.takeover.not_started
     )
+    return fleet.report(outcomes, halted=halted)
 
 
 def units_decided(fleet: FleetRun, decided: Mapping[str, HostOutcome]) -> dict[str, HostOutcome]:
