@@ -29,7 +29,12 @@ fi
 python3 -m ruff check opspatch tests bench
 python3 -m mypy
 lint-imports --no-cache  # the layering contract in .importlinter
-# the slowest tests named at the end, so that CI's log shows where its minutes went; two
-# workers (OPSPATCH_TEST_WORKERS), each file's tests on one, the real-engine, podman and root
-# tests on one at a time (tests/tiers.py: SERIAL)
-python3 -m pytest -q --durations=25 -n "${OPSPATCH_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# Two workers (OPSPATCH_TEST_WORKERS; 0: this process), each file's tests on one, the real-engine,
+# podman and root tests one at a time (tests/tiers.py: SERIAL); then the tests that judge latencies
+# (`alone`) with nothing beside them. The slowest named at the end of each, so that CI's log shows
+# where its minutes went. Exit 5 (nothing selected, e.g. one file named) is not a failure.
+status=0
+python3 -m pytest -q --durations=25 -n "${OPSPATCH_TEST_WORKERS:-2}" --dist loadgroup \
+    -m "not alone" "$@" || { code=$?; [ "$code" -eq 5 ] || status=$code; }
+python3 -m pytest -q --durations=10 -m alone "$@" || { code=$?; [ "$code" -eq 5 ] || status=$code; }
+exit "$status"

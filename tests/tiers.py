@@ -52,6 +52,8 @@ OTHER_MARKERS = {
     "slow": "not the fast tier: added to every test that carries `process` or a resource's "
     "marker; set by hand on a test that is slow by itself",
     "network": "downloads from PyPI (skipped with a reason when offline)",
+    "alone": "judges latencies on this machine: `scripts/test.sh` runs these after the rest, "
+    "with no other test beside them",
 }
 HOOK_FOLDER = Path(__file__).resolve().parent / "sitehook"
 
