@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 # into the first python3 on PATH when one is missing, as scripts/demo.sh installs opspatch.
 if ! python3 -c 'import sys, importlib.util as u; sys.exit(any(u.find_spec(m) is None for m in
         ("opspatch", "torch", "pytest", "pytest_timeout", "hypothesis", "mypy", "ruff",
-         "importlinter", "psycopg", "supervisor")))' 2>/dev/null; then
+         "importlinter", "psycopg", "supervisor", "xdist")))' 2>/dev/null; then
     echo "installing the test tools into $(command -v python3): python3 -m pip install torch==2.13.0 -e '.[sandbox,dev]'" >&2
     python3 -m pip install --quiet --disable-pip-version-check torch==2.13.0 -e '.[sandbox,dev]'
 fi
@@ -29,5 +29,12 @@ fi
 python3 -m ruff check opspatch tests bench
 python3 -m mypy
 lint-imports --no-cache  # the layering contract in .importlinter
-# the slowest tests named at the end, so that CI's log shows where its minutes went
-python3 -m pytest -q --durations=25 "$@"
+# Two workers (OPSPATCH_TEST_WORKERS; 0: this process), each file's tests on one, the real-engine,
+# podman and root tests one at a time (tests/tiers.py: SERIAL); then the tests that judge latencies
+# (`alone`) with nothing beside them. The slowest named at the end of each, so that CI's log shows
+# where its minutes went. Exit 5 (nothing selected, e.g. one file named) is not a failure.
+status=0
+python3 -m pytest -q --durations=25 -n "${OPSPATCH_TEST_WORKERS:-2}" --dist loadgroup \
+    -m "not alone" "$@" || { code=$?; [ "$code" -eq 5 ] || status=$code; }
+python3 -m pytest -q --durations=10 -m alone "$@" || { code=$?; [ "$code" -eq 5 ] || status=$code; }
+exit "$status"

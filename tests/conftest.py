@@ -47,4 +47,8 @@ def isolated_home(
     monkeypatch.delenv("OPSPATCH_LEDGER", raising=False)
     monkeypatch.delenv("OPSPATCH_HOME", raising=False)
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    # nor the terminal's size pytest was started from (an xdist worker is told 80 x 24): the
+    # tables a test reads are as wide as the test says
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
     return home

@@ -39,7 +39,7 @@ from opspatch.runs.fleet.judging import CONFIRM_AFTER_SECONDS
 from opspatch.runs.judgments.canary import confirm, judge, unconfirmed
 from tests.fleetkit import REPO, SandboxFleet
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.alone]
 
 AA_RUNS = 100
 EXACT = (Metric.ERRORS, Metric.TOKENS, Metric.SPECULATION)

@@ -35,7 +35,7 @@ from tests.fleetkit import SandboxFleet
 from tests.realkit import real_engine
 
 # a real start of two servers, and their judged decodes, on a loaded machine
-pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.sglang, pytest.mark.alone, pytest.mark.timeout(1500)]
 
 CANARY, PEER = "sandbox-01", "sandbox-02"
 SLOWER = Path(__file__).resolve().parent / "data" / "judge" / "slower-decode-step.toml"

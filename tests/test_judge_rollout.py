@@ -27,7 +27,7 @@ from tests.faultkit import isolated_home
 from tests.fleetkit import GuardedFleet, SandboxFleet, Slot, wait_until
 from tests.patchkit import ONE_TOKEN
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.alone]
 
 JUDGED = """
 name = "judged"

@@ -52,6 +52,8 @@ OTHER_MARKERS = {
     "slow": "not the fast tier: added to every test that carries `process` or a resource's "
     "marker; set by hand on a test that is slow by itself",
     "network": "downloads from PyPI (skipped with a reason when offline)",
+    "alone": "judges latencies on this machine: `scripts/test.sh` runs these after the rest, "
+    "with no other test beside them",
 }
 HOOK_FOLDER = Path(__file__).resolve().parent / "sitehook"
 
@@ -92,6 +94,8 @@ def pytest_configure(config: pytest.Config) -> None:
     global _state
     for name, text in {**FAST, **RESOURCES, **OTHER_MARKERS}.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    # set on every test (below); named here too for a run with xdist left out (`-p no:xdist`)
+    config.addinivalue_line("markers", "xdist_group(name): the tests pytest -n runs on one worker")
     _state = _State(Path(tempfile.mkdtemp(prefix="opspatch-tiers-")))
     # a pytest that a test started writes to files of its own, not to the test's
     os.environ.pop(hook.LOG_VARIABLE, None)
@@ -115,11 +119,21 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     _state = None
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+SERIAL = ("sglang", "podman", "root")
+"""Resources whose tests run one at a time under `pytest -n` (each group on one worker): real
+SGLang servers take 2-3 GB each, podman's containers and root's users and sudoers are the
+machine's, not a test's."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker, and before xdist reads groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if _markers(item) & RESOURCES.keys():
+        markers = _markers(item)
+        if markers & RESOURCES.keys():
             item.add_marker(pytest.mark.slow)
+        # `--dist loadgroup`: a file's tests stay on one worker (its module fleets start once)
+        group = next((name for name in SERIAL if name in markers), item.path.stem)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 class _Watch:
