@@ -73,15 +73,21 @@ def steps_of(outcome: Any) -> list[tuple[str, str]]:
     return [(s.step, str(s.status)) for s in outcome.steps]
 
 
-def test_the_drain_is_read_on_the_host_at_the_engine_url_its_smoke_uses(
-    fleet: RoutedFleet,
-) -> None:
+def canary_applied_in_rotation(fleet: RoutedFleet) -> Any:
+    """h1 alone applied behind the router (h1-h3 registered): its outcome, applied and admitted."""
     fleet.register("h1", "h2", "h3")
     report = apply_to_hosts(
         PATCH, fleet.hosts("h1"), book(), factory=fleet.factory, ledger=fleet.ledger
     )
     (outcome,) = report.hosts
     assert outcome.outcome == "applied" and outcome.rotation == RotationWord.IN_ROTATION
+    return outcome
+
+
+def test_the_drain_is_read_on_the_host_at_the_engine_url_its_smoke_uses(
+    fleet: RoutedFleet,
+) -> None:
+    outcome = canary_applied_in_rotation(fleet)
     (read,) = fleet.drain_reads
     host = fleet.hosts("h1")[0]
     assert read[1]["url"] == host.engine.url != worker_url("h1")
@@ -112,12 +118,7 @@ def test_an_admit_the_router_never_lists_healthy_leaves_the_host_out_of_rotation
 def test_an_admit_the_router_lists_healthy_at_its_first_look_asks_no_job_status(
     fleet: RoutedFleet,
 ) -> None:
-    fleet.register("h1", "h2", "h3")
-    report = apply_to_hosts(
-        PATCH, fleet.hosts("h1"), book(), factory=fleet.factory, ledger=fleet.ledger
-    )
-    (outcome,) = report.hosts
-    assert outcome.outcome == "applied" and outcome.rotation == RotationWord.IN_ROTATION
+    canary_applied_in_rotation(fleet)
     calls = fleet.router.state.calls
     assert f"POST /workers {worker_url('h1')}" in calls, calls
     # a worker listed healthy has a registration that did not fail: its job is not asked
