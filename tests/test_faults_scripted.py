@@ -214,15 +214,22 @@ def test_a_ctrl_c_while_every_host_was_in_flight_leaves_the_run_ok(fleet: Fleet)
             taken.set()
 
     once = threading.Lock()
+    asked: set[str] = set()
+    every_host_asked = threading.Event()
 
-    def ctrl_c_at_the_first_smoke(op: str, args: dict[str, Any]) -> None:
+    def ctrl_c_at_the_first_smoke(name: str, op: str) -> None:
+        asked.add(name)
+        if len(asked) == len(fleet.hosts):
+            every_host_asked.set()
         if op == "smoke" and once.acquire(blocking=False):  # one Ctrl-C, by the first smoke
+            # the case named: every host in flight (on a busy machine the first host can reach
+            # its smoke before the executor started the last)
+            every_host_asked.wait(timeout=60)
             os.kill(os.getpid(), signal.SIGINT)  # the main thread's handler sets the flag
             taken.wait(timeout=5)  # this host finishes only once the Ctrl-C was taken
-        return None
 
     for fake in fleet.hosts:
-        fake.fault = ctrl_c_at_the_first_smoke
+        fake.fault = lambda op, args, name=fake.name: ctrl_c_at_the_first_smoke(name, op)
     report = apply_to_hosts(
         fleet.patch,
         [h.host() for h in fleet.hosts],
