@@ -258,6 +258,9 @@ def test_a_connection_dropped_between_requests_reconnects_and_restarts(
         (agent,), _ = agents(mark)
         os.kill(sshd_session_of(agent), signal.SIGKILL)
         assert wait_until(lambda: not alive(agent), 30)
+        # and the controller has seen its channel end (on a busy machine paramiko's reader can
+        # lag the kill): a request sent before that is lost mid-request, its effect unknown
+        assert wait_until(lambda: ops.endpoint._agents[None].process.ended, 30)
         ops.facts(timeout=60)
         assert ops.notices == ["the host agent had ended (its connection was lost); started again"]
 
