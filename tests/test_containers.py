@@ -202,7 +202,7 @@ def test_a_runtime_not_installed_on_the_host_is_refused_naming_it(
     with pytest.raises(ContainerError) as caught:
         transport.run(Command(("true",)), timeout=30)
 
-    assert caught.value.reason == "no-runtime"
+    assert caught.value.reason == "runtime-missing"
     assert "container c (docker) cannot be reached: docker is not installed" in caught.value.message
     assert transport.exec_count == 0  # nothing was run in any container
 
@@ -832,7 +832,7 @@ def test_the_swap_refuses_a_container_recreated_since_the_run_pinned_it(
             timeout=60,
         )
 
-    assert caught.value.reason == "recreated"
+    assert caught.value.reason == "container-recreated"
     assert fleet.read(host.name) == PRISTINE  # nothing was written into the new container
     _guarded(fleet)
 
