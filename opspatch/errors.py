@@ -162,7 +162,7 @@ class BecomeError(InputError):
     """Privileges cannot be raised on a host: sudo is not installed, needs a password that is not
     available or was refused, denies the command, or requires a terminal. Nothing ran there as
     the other user. `reason` is the host's report code (`core/reasons.py`): `sudo-missing`,
-    `password-missing`, `password-rejected`, `sudo-denied`, `requiretty`, `become-user-unknown`,
+    `password-missing`, `password-malformed`, `password-rejected`, `sudo-denied`, `requiretty`, `become-user-unknown`,
     `interpreter-missing`, `become-refused` (sudo's words say none of those)."""
 
     def __init__(self, message: str, *, host: str, reason: str, hint: str | None = None):

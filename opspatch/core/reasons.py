@@ -32,6 +32,9 @@ class Reason(Word):
     PASSWORD_MISSING = "password-missing"
     """`become`: sudo needs a password and none is available (no `become_password_env`
     variable set, no terminal to ask on, nothing typed)."""
+    PASSWORD_MALFORMED = "password-malformed"
+    """`become`: the password found contains a line break, and sudo reads one line: it is never
+    sent."""
     PASSWORD_REJECTED = "password-rejected"
     """`become`: sudo refused the password it was given."""
     SUDO_DENIED = "sudo-denied"
@@ -136,6 +139,7 @@ BECOME_REFUSALS = frozenset(
     {
         Reason.SUDO_MISSING,
         Reason.PASSWORD_MISSING,
+        Reason.PASSWORD_MALFORMED,
         Reason.PASSWORD_REJECTED,
         Reason.SUDO_DENIED,
         Reason.REQUIRETTY,

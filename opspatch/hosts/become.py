@@ -243,7 +243,7 @@ class BecomePasswords:
 
         Raises:
             BecomeError: no source has one (`password-missing`, naming the host and the key to
-                set), or it cannot be sent (it contains a line break).
+                set), or it cannot be sent (`password-malformed`: it contains a line break).
         """
         name = host.become.password_env
         if name and self._environ.get(name):
@@ -291,7 +291,7 @@ def _sendable(password: str, host: Host, source: str) -> str:
             f"[{host.name}] the sudo password from {source} contains a line break; sudo reads one "
             "line",
             host=host.name,
-            reason=Reason.PASSWORD_MISSING,
+            reason=Reason.PASSWORD_MALFORMED,
         )
     return password
 
