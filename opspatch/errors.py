@@ -161,8 +161,9 @@ class HostKeyError(InputError):
 class BecomeError(InputError):
     """Privileges cannot be raised on a host: sudo is not installed, needs a password that is not
     available or was refused, denies the command, or requires a terminal. Nothing ran there as
-    the other user. `reason` is stable: `sudo-missing`, `password-missing`, `password-rejected`,
-    `denied`, `requiretty`, `unknown-user`, `sudo-failed`."""
+    the other user. `reason` is the host's report code (`core/reasons.py`): `sudo-missing`,
+    `password-missing`, `password-malformed`, `password-rejected`, `sudo-denied`, `requiretty`, `become-user-unknown`,
+    `interpreter-missing`, `become-refused` (sudo's words say none of those)."""
 
     def __init__(self, message: str, *, host: str, reason: str, hint: str | None = None):
         super().__init__(message, hint=hint)
@@ -254,9 +255,10 @@ class CommandTimeout(TransportError):
 class ContainerError(TransportError):
     """The engine's container cannot be used: it does not exist, is not running, was recreated
     since this run first reached it, or the runtime is missing, refuses the login user or
-    cannot set a resource limit. `reason` is a stable word (`missing`, `not-running`,
-    `recreated`, `no-runtime`, `permission`, `rlimit`, `runtime-failed`); nothing was run inside
-    the container."""
+    cannot set a resource limit. `reason` is the host's report code (`core/reasons.py`):
+    `container-missing`, `container-not-running`, `container-recreated`, `runtime-missing`,
+    `runtime-not-allowed`, `runtime-rlimit`, `runtime-failed`; nothing was run inside the
+    container."""
 
     def __init__(
         self,

@@ -332,8 +332,8 @@ def test_a_password_with_a_line_break_is_refused() -> None:
     host = host_from('[hosts.gpu-01]\naddress = "a"\nbecome = true\nbecome_password_env = "PW"\n')
     with pytest.raises(BecomeError) as caught:
         BecomePasswords(environ={"PW": "a\nb"}).password_for(host, "root")
-    assert caught.value.reason == "password-missing"  # not sendable: as good as none
-    assert "line break" in caught.value.message  # the code does not say why: the sentence does
+    assert caught.value.reason == "password-malformed"  # there is one, and it cannot be sent
+    assert "the sudo password from $PW contains a line break" in caught.value.message
 
 
 # -- raised execs -----------------------------------------------------------------------------

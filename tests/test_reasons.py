@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from opspatch.core.reasons import Reason
+from opspatch.core.reasons import BECOME_REFUSALS, CONTAINER_REFUSALS, Reason
 from opspatch.core.vocabulary import Outcome, SyncAction
 from opspatch.errors import (
     AnchorError,
     BecomeError,
+    ContainerError,
     HostKeyError,
     LeaseHeld,
     LiveRefused,
@@ -97,8 +98,17 @@ def _lock_held() -> LockHeld:
         ),
         (
             BecomeError("sudo: a password is required", host="h1", reason="password-missing"),
-            Reason.BECOME_REFUSED,
+            Reason.PASSWORD_MISSING,
         ),
+        (BecomeError("sudoers says no", host="h1", reason="sudo-denied"), Reason.SUDO_DENIED),
+        (BecomeError("sudo: what", host="h1", reason="sudo-failed"), Reason.BECOME_REFUSED),
+        (ContainerError("does not exist", reason="container-missing"), Reason.CONTAINER_MISSING),
+        (
+            ContainerError("is not running", reason="container-not-running"),
+            Reason.CONTAINER_NOT_RUNNING,
+        ),
+        (ContainerError("did not start: what"), Reason.RUNTIME_FAILED),
+        (ContainerError("not a code", reason="rlimit"), Reason.RUNTIME_FAILED),
         (NotTakenLive("changed defaults"), Reason.NOT_TAKEN_LIVE),
         (LiveRefused("nobody listens"), Reason.NOT_LISTENING),
         (PeerNotAllowed("listens, not for this user"), Reason.PEER_NOT_ALLOWED),
@@ -116,6 +126,16 @@ def test_an_errors_type_is_its_refusal_code(error: OpspatchError, reason: Reason
     assert refusal_reason(error) == reason
 
 
+def test_a_sudo_refusal_or_an_unusable_container_is_the_hosts_code_not_its_class() -> None:
+    """Every code a `BecomeError` or a `ContainerError` carries is its own, each one of its
+    class; the class's own word only where nothing finer is known."""
+    assert BECOME_REFUSALS.isdisjoint(CONTAINER_REFUSALS)
+    for reason in BECOME_REFUSALS:
+        assert refusal_reason(BecomeError("sudo", host="h1", reason=reason)) == reason
+    for reason in CONTAINER_REFUSALS:
+        assert refusal_reason(ContainerError("container", reason=reason)) == reason
+
+
 def _refusal(host: str, reason: Reason, *holders: LeaseHolder) -> Refusal:
     return Refusal(reason, HostOutcome(host, Outcome.SKIPPED, "why", reason=reason), holders)
 
@@ -130,22 +150,24 @@ def test_apply_refusal_clauses_come_from_the_hosts_refusals() -> None:
             _refusal("hA", Reason.PEER_NOT_ALLOWED),
             _refusal("h8", Reason.NOT_LISTENING),
             _refusal("h7", Reason.LEASE_HELD, holder),
-            _refusal("h6", Reason.BECOME_REFUSED),
+            _refusal("h6", Reason.PASSWORD_REJECTED),
+            _refusal("h6b", Reason.BECOME_REFUSED),
             _refusal("h5", Reason.HOST_KEY_CHANGED),
             _refusal("h4", Reason.HOST_KEY_UNKNOWN),
             _refusal("h3", Reason.LOCK_HELD),
             _refusal("h2", Reason.HOST_ERROR),
+            _refusal("h2b", Reason.CONTAINER_MISSING),
             _refusal("h1", Reason.NOT_APPLICABLE),
             _refusal("h0", Reason.UNIT_NOT_ALIKE),
         ]
     )
     assert clauses[:4] == [
         "the patch does not fit every selected host",
-        "h3, h2 could not be begun (unreachable, or locked by another run: see each host's "
-        "error); fix that or leave the host out of --hosts",
+        "h3, h2, h2b could not be begun (unreachable, or locked by another run: see each "
+        "host's error); fix that or leave the host out of --hosts",
         "h4, h5 could not be reached safely (SSH host key unknown; check its fingerprint, then "
         "re-run with --accept-new-host-keys)",
-        "privileges cannot be raised on h6 (sudo; see each host's error)",
+        "privileges cannot be raised on h6, h6b (sudo; see each host's error)",
     ]
     assert clauses[4].startswith("h7 is leased to run r9"), clauses[4]
     assert clauses[5:] == [

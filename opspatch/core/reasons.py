@@ -18,7 +18,8 @@ class Reason(Word):
     there: nothing was changed."""
     HOST_ERROR = "host-error"
     """The host could not be reached, or an operation there failed before anything changed
-    (a swap the host refused: the set put back)."""
+    (a swap the host refused: the set put back); in a ledger written before the container
+    codes below, also a container that could not be used."""
     BACKUP_NOT_RECORDED = "backup-not-recorded"
     """The ledger could not record the host's pre-image before its swap (the ledger failed,
     not the host): nothing was changed there."""
@@ -26,8 +27,44 @@ class Reason(Word):
     """The host's SSH host key is not known: nothing was run there."""
     HOST_KEY_CHANGED = "host-key-changed"
     """The host's SSH host key changed (never accepted by a flag): nothing was run there."""
+    SUDO_MISSING = "sudo-missing"
+    """`become`: sudo is not installed on the host."""
+    PASSWORD_MISSING = "password-missing"
+    """`become`: sudo needs a password and none is available (no `become_password_env`
+    variable set, no terminal to ask on, nothing typed)."""
+    PASSWORD_MALFORMED = "password-malformed"
+    """`become`: the password found contains a line break, and sudo reads one line: it is never
+    sent."""
+    PASSWORD_REJECTED = "password-rejected"
+    """`become`: sudo refused the password it was given."""
+    SUDO_DENIED = "sudo-denied"
+    """`become`: sudoers does not allow the login user to run the host agent as the user asked
+    for (sudo's own words in the error)."""
+    REQUIRETTY = "requiretty"
+    """`become`: sudo requires a terminal, and opspatch runs commands without one."""
+    BECOME_USER_UNKNOWN = "become-user-unknown"
+    """`become`: sudo does not know the user to run as (`become_user`) on the host."""
+    INTERPRETER_MISSING = "interpreter-missing"
+    """`become`: sudo cannot find the engine's interpreter (`engine.python`) to run as the user."""
     BECOME_REFUSED = "become-refused"
-    """sudo cannot raise privileges on the host: its swap and restart would fail."""
+    """`become`: sudo refused in words none of the codes above says (its words in the error);
+    in a ledger written before them, every sudo refusal."""
+    CONTAINER_MISSING = "container-missing"
+    """The engine's container does not exist (the inventory's `container` names none)."""
+    CONTAINER_NOT_RUNNING = "container-not-running"
+    """The engine's container exists but is not running."""
+    CONTAINER_RECREATED = "container-recreated"
+    """The engine's container was recreated since this run first reached it: nothing is written
+    into a container the run did not read."""
+    RUNTIME_MISSING = "runtime-missing"
+    """The container runtime (`docker`, `podman`) is not installed on the host."""
+    RUNTIME_NOT_ALLOWED = "runtime-not-allowed"
+    """The login user may not use the container runtime (the runtime's own words)."""
+    RUNTIME_RLIMIT = "runtime-rlimit"
+    """The container runtime cannot set a resource limit higher than the machine allows."""
+    RUNTIME_FAILED = "runtime-failed"
+    """The container runtime failed in words none of the codes above says (its words in the
+    error)."""
     LOCK_HELD = "lock-held"
     """Another run holds the host's lock (`unlock`: a run still running)."""
     LOCK_LOST = "lock-lost"
@@ -96,3 +133,34 @@ class Reason(Word):
     was undone."""
     NOT_STARTED = "not-started"
     """The run never started the host: it halted, was cancelled, or refused elsewhere."""
+
+
+BECOME_REFUSALS = frozenset(
+    {
+        Reason.SUDO_MISSING,
+        Reason.PASSWORD_MISSING,
+        Reason.PASSWORD_MALFORMED,
+        Reason.PASSWORD_REJECTED,
+        Reason.SUDO_DENIED,
+        Reason.REQUIRETTY,
+        Reason.BECOME_USER_UNKNOWN,
+        Reason.INTERPRETER_MISSING,
+        Reason.BECOME_REFUSED,
+    }
+)
+"""The codes of a `BecomeError`: sudo could not raise privileges on the host, before anything
+was run there as the other user."""
+
+CONTAINER_REFUSALS = frozenset(
+    {
+        Reason.CONTAINER_MISSING,
+        Reason.CONTAINER_NOT_RUNNING,
+        Reason.CONTAINER_RECREATED,
+        Reason.RUNTIME_MISSING,
+        Reason.RUNTIME_NOT_ALLOWED,
+        Reason.RUNTIME_RLIMIT,
+        Reason.RUNTIME_FAILED,
+    }
+)
+"""The codes of a `ContainerError`: the engine's container could not be used, and nothing was
+run inside it."""

@@ -11,6 +11,7 @@ from enum import Enum
 from typing import Any
 
 from opspatch.core.host import DEFAULT_BECOME_USER, Host
+from opspatch.core.reasons import Reason
 from opspatch.errors import BecomeError
 from opspatch.hosts.transport.base import Command, CommandResult
 
@@ -242,7 +243,7 @@ class BecomePasswords:
 
         Raises:
             BecomeError: no source has one (`password-missing`, naming the host and the key to
-                set), or it cannot be sent (it contains a line break).
+                set), or it cannot be sent (`password-malformed`: it contains a line break).
         """
         name = host.become.password_env
         if name and self._environ.get(name):
@@ -259,7 +260,7 @@ class BecomePasswords:
                             f"[{host.name}] sudo needs a password to run as {user} and none was "
                             "typed; nothing was changed",
                             host=host.name,
-                            reason="password-missing",
+                            reason=Reason.PASSWORD_MISSING,
                         ) from None
             return _sendable(self._asked, host, "the terminal"), "the terminal"
         if name:
@@ -279,7 +280,7 @@ class BecomePasswords:
             f"[{host.name}] sudo needs a password to run as {user}, and none is available "
             f"({why}); nothing was changed",
             host=host.name,
-            reason="password-missing",
+            reason=Reason.PASSWORD_MISSING,
             hint=hint,
         )
 
@@ -290,7 +291,7 @@ def _sendable(password: str, host: Host, source: str) -> str:
             f"[{host.name}] the sudo password from {source} contains a line break; sudo reads one "
             "line",
             host=host.name,
-            reason="password-missing",
+            reason=Reason.PASSWORD_MALFORMED,
         )
     return password
 
@@ -300,49 +301,58 @@ def _sendable(password: str, host: Host, source: str) -> str:
 
 
 def become_error(host: Host, user: str, refusal: SudoRefusal, *, source: str | None) -> BecomeError:
-    """The `BecomeError` for a sudo refusal on `host` when raising to `user`."""
+    """The `BecomeError` for a sudo refusal on `host` when raising to `user`, its `reason` the
+    host's report code for what sudo said."""
     login = host.user or "the login user"
     python = host.engine.python or "the engine's interpreter"
     words = refusal.words
-    messages: dict[str, tuple[str, str]] = {
+    said: dict[str, tuple[Reason, str, str]] = {
         "sudo-missing": (
+            Reason.SUDO_MISSING,
             f"sudo is not installed on the host ({words})",
             "install sudo there, or set become = false for this host",
         ),
         "password-required": (
+            Reason.PASSWORD_MISSING,
             f"sudo needs a password to run as {user}: {words}",
             "set become_password_env in the inventory and export that variable, or run on a "
             "terminal to be asked",
         ),
         "password-rejected": (
+            Reason.PASSWORD_REJECTED,
             f"sudo refused the password from {source or 'the run'} for running as {user}: {words}",
             "it is the login user's own password (as for sudo on a terminal); check the value "
             "of the variable become_password_env names, or type it again",
         ),
         "denied": (
+            Reason.SUDO_DENIED,
             f"sudo does not allow {login} to run the host agent as {user}: {words}",
             f"allow it in sudoers (visudo), e.g. `{login} ALL=({user}) NOPASSWD: {python}`",
         ),
         "requiretty": (
+            Reason.REQUIRETTY,
             f"sudo requires a terminal (requiretty): {words}",
             f"opspatch runs commands without a terminal; add `Defaults:{login} !requiretty` to "
             "sudoers (visudo)",
         ),
         "unknown-user": (
+            Reason.BECOME_USER_UNKNOWN,
             f"sudo does not know the user {user} on this host: {words}",
             "set become_user to a user that exists there",
         ),
         "interpreter-missing": (
+            Reason.INTERPRETER_MISSING,
             f"engine.python cannot be run as {user}: {words}",
             "set engine.python in the inventory to the interpreter the server runs with",
         ),
     }
-    message, hint = messages.get(
-        refusal.reason, (f"sudo failed to run as {user}: {words}", "see sudo's message")
+    reason, message, hint = said.get(
+        refusal.reason,
+        (Reason.BECOME_REFUSED, f"sudo failed to run as {user}: {words}", "see sudo's message"),
     )
     return BecomeError(
         f"[{host.name}] become: {message}; nothing was run as {user}",
         host=host.name,
-        reason=refusal.reason,
+        reason=reason,
         hint=hint,
     )

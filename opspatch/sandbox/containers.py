@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from opspatch.core.host import ContainerRuntime, ContainerSettings
+from opspatch.core.reasons import Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.vocabulary import Command
 from opspatch.errors import ContainerError, HostError, InputError
@@ -284,7 +285,7 @@ def inspect_container(layout: SandboxLayout, host: str) -> ContainerIdentity | N
     try:
         return transport.inspect()
     except ContainerError as exc:
-        if exc.reason == "missing":
+        if exc.reason == Reason.CONTAINER_MISSING:
             return None
         raise
 

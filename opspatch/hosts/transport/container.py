@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from opspatch.core.host import ContainerRuntime, ContainerSettings
+from opspatch.core.reasons import Reason
 from opspatch.errors import ContainerError
 from opspatch.hosts.containers import ContainerIdentity as ContainerIdentity  # its old home
 from opspatch.hosts.transport.base import ClosesOnExit, Command, CommandResult, Transport
@@ -174,7 +175,7 @@ class ContainerTransport(ClosesOnExit):
             if not found.running:
                 raise self._error(
                     f"is not running (status {found.status or 'unknown'}, id {found.id[:12]})",
-                    reason="not-running",
+                    reason=Reason.CONTAINER_NOT_RUNNING,
                     hint=f"start it (`{self.settings.runtime} start {self.settings.name}`) "
                     "and run this again",
                 )
@@ -195,7 +196,7 @@ class ContainerTransport(ClosesOnExit):
         except (ValueError, KeyError) as exc:
             raise self._error(
                 f"could not be read from `{inspect_command(self.settings).render()}`: {exc}",
-                reason="runtime-failed",
+                reason=Reason.RUNTIME_FAILED,
             ) from None
 
     def run(self, command: Command, *, stdin: bytes = b"", timeout: float) -> CommandResult:
@@ -260,7 +261,7 @@ class ContainerTransport(ClosesOnExit):
             words = runtime_words(result)
             if _has(words, _MISSING_WORDS):
                 raise self._gone(pinned, words)
-            raise self._error(f"did not {verb}: {words}", reason="runtime-failed")
+            raise self._error(f"did not {verb}: {words}", reason=Reason.RUNTIME_FAILED)
         return self.inspect(timeout=INSPECT_TIMEOUT)
 
     def close(self) -> None:
@@ -275,20 +276,20 @@ class ContainerTransport(ClosesOnExit):
         except ContainerError:
             return self._error(
                 f"(id {pinned.id[:12]}) is gone: {words}; nothing was run in it",
-                reason="missing",
+                reason=Reason.CONTAINER_MISSING,
             )
         if now.id != pinned.id:
             return self._error(
                 f"was recreated since this run first reached it (id {pinned.id[:12]}, created "
                 f"{pinned.created}; now id {now.id[:12]}, created {now.created}); nothing was "
                 "run in the new one",
-                reason="recreated",
+                reason=Reason.CONTAINER_RECREATED,
                 hint="run the command again: it plans against the new container's files",
             )
         return self._error(
             f"(id {pinned.id[:12]}) is not running (status {now.status or 'unknown'}): {words}; "
             "nothing was run in it",
-            reason="not-running",
+            reason=Reason.CONTAINER_NOT_RUNNING,
         )
 
     def _runtime_refusal(self, result: CommandResult) -> ContainerError:
@@ -299,13 +300,13 @@ class ContainerTransport(ClosesOnExit):
         ):
             return self._error(
                 f"cannot be reached: {runtime} is not installed on the host ({words})",
-                reason="no-runtime",
+                reason=Reason.RUNTIME_MISSING,
                 hint=f"install {runtime} on the host, or fix the inventory's container.runtime",
             )
         if _has(words, _MISSING_WORDS):
             return self._error(
                 f"does not exist on the host ({runtime} says: {words})",
-                reason="missing",
+                reason=Reason.CONTAINER_MISSING,
                 hint=f"check `{runtime} ps -a` on the host and the inventory's container.name",
             )
         limit = refused_rlimit(words)
@@ -313,19 +314,21 @@ class ContainerTransport(ClosesOnExit):
             return self._error(
                 f"cannot be reached: {runtime} could not set {limit} for it, higher than the "
                 f"host allows ({words})",
-                reason="rlimit",
+                reason=Reason.RUNTIME_RLIMIT,
                 hint=f"on the host, {rlimit_hint(runtime)}",
             )
         if _has(words, _PERMISSION_WORDS):
             return self._error(
                 f"cannot be reached: the login user may not use {runtime} ({words})",
-                reason="permission",
+                reason=Reason.RUNTIME_NOT_ALLOWED,
                 hint=f"log in as a user allowed to run {runtime} (root for rootful podman, the "
                 "docker group for docker)",
             )
-        return self._error(f"cannot be inspected: {runtime} says: {words}", reason="runtime-failed")
+        return self._error(
+            f"cannot be inspected: {runtime} says: {words}", reason=Reason.RUNTIME_FAILED
+        )
 
-    def _error(self, what: str, *, reason: str, hint: str | None = None) -> ContainerError:
+    def _error(self, what: str, *, reason: Reason, hint: str | None = None) -> ContainerError:
         return ContainerError(
             f"container {self.settings.name} ({self.settings.runtime}) {what}",
             host=self.host,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from opspatch.core.edit import AlreadyApplied, Applied, NotApplicable, PlanOutcome
 from opspatch.core.host import Host, Unit
 from opspatch.core.policy import Playbook, plan_rollout
-from opspatch.core.reasons import Reason
+from opspatch.core.reasons import BECOME_REFUSALS, CONTAINER_REFUSALS, Reason
 from opspatch.core.remedy import remedy_text
 from opspatch.core.spec import LoadedPatch
 from opspatch.core.tomlsource import parse_field_path
@@ -89,7 +89,7 @@ def refused_because(refusals: Sequence[Refusal]) -> list[str]:
     clauses = []
     if names(Reason.NOT_APPLICABLE):
         clauses.append("the patch does not fit every selected host")
-    if unreached := names(Reason.HOST_ERROR, Reason.LOCK_HELD):
+    if unreached := names(Reason.HOST_ERROR, Reason.LOCK_HELD, *CONTAINER_REFUSALS):
         clauses.append(
             f"{', '.join(unreached)} could not be begun (unreachable, or locked by another "
             "run: see each host's error); fix that or leave the host out of --hosts"
@@ -103,7 +103,7 @@ def refused_because(refusals: Sequence[Refusal]) -> list[str]:
                 else "changed; it is never accepted by a flag)"
             )
         )
-    if become := names(Reason.BECOME_REFUSED):
+    if become := names(*BECOME_REFUSALS):
         hosts = ", ".join(sorted(become))
         clauses.append(f"privileges cannot be raised on {hosts} (sudo; see each host's error)")
     if holders := [h for r in refusals for h in r.holders]:

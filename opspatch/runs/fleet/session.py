@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from opspatch.core.host import Host
 from opspatch.core.policy import Playbook
-from opspatch.core.reasons import Reason
+from opspatch.core.reasons import BECOME_REFUSALS, CONTAINER_REFUSALS, Reason
 from opspatch.core.remedy import recover_after_stop, remedy_text
 from opspatch.core.vocabulary import Command, Outcome, RunStatus, Step, StepStatus
 from opspatch.errors import (
     BecomeError,
+    ContainerError,
     HostKeyError,
     InputError,
     LeaseHeld,
@@ -91,7 +92,9 @@ def describe_error(exc: BaseException) -> str:
 
 
 def refusal_reason(exc: OpspatchError) -> Reason:
-    """The one place an error's type becomes a `Reason`."""
+    """The one place an error's type becomes a `Reason`: a sudo refusal's and a container's by
+    their own `reason`, which is the code (`become-refused` and `runtime-failed` for a word
+    that is none of theirs)."""
     if isinstance(exc, LeaseHeld):
         return Reason.LEASE_HELD
     if isinstance(exc, LockHeld):
@@ -101,7 +104,9 @@ def refusal_reason(exc: OpspatchError) -> Reason:
     if isinstance(exc, HostKeyError):
         return Reason.HOST_KEY_CHANGED if exc.changed else Reason.HOST_KEY_UNKNOWN
     if isinstance(exc, BecomeError):
-        return Reason.BECOME_REFUSED
+        return Reason(exc.reason) if exc.reason in BECOME_REFUSALS else Reason.BECOME_REFUSED
+    if isinstance(exc, ContainerError):
+        return Reason(exc.reason) if exc.reason in CONTAINER_REFUSALS else Reason.RUNTIME_FAILED
     if isinstance(exc, NotTakenLive):
         return Reason.NOT_TAKEN_LIVE
     if isinstance(exc, PeerNotAllowed):
