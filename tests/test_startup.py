@@ -64,6 +64,7 @@ OFF_THE_APPLY_FILE_PATH = {
     "opspatch.hosts.transport.container": "an engine in a container",
     "opspatch.runs.commands.releasecache": "`check --releases` (and a file's version read from its dist-info)",
     "opspatch.analysis.proofs": "the releases a patch is proven on (`check`)",
+    "rich._emoji_codes": "none: the consoles print `:name:` as written (`cli/render.py`)",
 }
 """Modules `apply --file` must not import, each with the command or case that needs it: every
 one costs start-up time that an apply of one local file does not use (issue 44: within 6x of
