@@ -144,3 +144,17 @@ def test_a_failure_is_one_short_line_with_paths_cut_to_their_file_name() -> None
     assert '"…/eagle_worker_v2.py"' in line and "site-packages" not in line
     assert line.startswith("prompt 1: the server crashed: AttributeError:")
     assert one_line("short") == "short"
+
+
+def test_text_is_printed_as_written_emoji_codes_included(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A host, path or message holding `:name:` is printed as it is, never as an emoji (rich's
+    default), on a terminal or piped; and the apply needs no emoji table (issue 44)."""
+    from opspatch.cli.render import out, print_error
+
+    print_error("host gpu:100:a at /srv/:rocket:/x.py", hint=None, exit_code=1, as_json=False)
+    out.print("gpu:100:a :thumbs_up:")
+    captured = capsys.readouterr()
+    assert "gpu:100:a at /srv/:rocket:/x.py" in captured.err
+    assert captured.out == "gpu:100:a :thumbs_up:\n"

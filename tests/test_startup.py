@@ -31,6 +31,9 @@ sys.stderr.write("\\nLOADED " + json.dumps(sorted(m for m in heavy if m in sys.m
 groups = [m.rsplit(".", 1)[1] for m in sys.modules if m.rsplit(".", 1)[0] == "opspatch.cli"]
 sys.stderr.write("\\nGROUPS " + json.dumps(sorted(groups)) + "\\n")
 sys.stderr.write("\\nMODULES " + json.dumps(sorted(sys.modules)) + "\\n")
+spec = sys.modules.get("opspatch.core.spec")
+built = [n for n, v in (vars(spec) if spec else {}).items() if getattr(v, "__pydantic_complete__", 0) is True]
+sys.stderr.write("\\nBUILT " + json.dumps(built) + "\\n")
 """
 
 OFF_THE_APPLY_FILE_PATH = {
@@ -61,10 +64,18 @@ OFF_THE_APPLY_FILE_PATH = {
     "opspatch.hosts.transport.container": "an engine in a container",
     "opspatch.runs.commands.releasecache": "`check --releases` (and a file's version read from its dist-info)",
     "opspatch.analysis.proofs": "the releases a patch is proven on (`check`)",
+    "rich._emoji_codes": "none: the consoles print `:name:` as written (`cli/render.py`)",
 }
 """Modules `apply --file` must not import, each with the command or case that needs it: every
 one costs start-up time that an apply of one local file does not use (issue 44: within 6x of
 py_compile)."""
+
+UNBUILT_ON_THE_APPLY_FILE_PATH = {
+    "PatchSetSpec": "a patch set ([[targets]]): its validator is built when a set is read",
+    "SetTarget": "a patch set's target, built with `PatchSetSpec`",
+}
+"""Models of `opspatch.core.spec` whose validators an apply of a plain patch must not build
+(`defer_build`): each is a few milliseconds of pydantic's schema building (issue 44)."""
 
 
 @pytest.mark.parametrize("args", [["--version"], ["check"], ["schema"], ["check", "--json"]])
@@ -115,6 +126,11 @@ def test_apply_file_imports_neither_ssh_libraries_nor_torch(tmp_path: Path) -> N
     modules = json.loads(done.stderr.rsplit("MODULES ", 1)[1].splitlines()[0])
     off = {m: OFF_THE_APPLY_FILE_PATH[m] for m in modules if m in OFF_THE_APPLY_FILE_PATH}
     assert off == {}, f"`apply --file` imported modules only other cases need: {off}"
+    built = json.loads(done.stderr.rsplit("BUILT ", 1)[1].splitlines()[0])
+    unused = {
+        m: UNBUILT_ON_THE_APPLY_FILE_PATH[m] for m in built if m in UNBUILT_ON_THE_APPLY_FILE_PATH
+    }
+    assert unused == {}, f"`apply --file` built the validators of models it never reads: {unused}"
     frozen, enabled = done.stderr.rsplit("FROZEN ", 1)[1].split()[:2]
     assert int(frozen) > 1000, "`apply --file` left its imports to the collector's passes"
     assert enabled == "True", "`apply --file` left the collector off after its freeze"

@@ -36,8 +36,10 @@ def _width(stream: TextIO) -> int | None:
     return None if stream.isatty() or os.environ.get("COLUMNS") else 160
 
 
-out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
-err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
+out = Console(highlight=False, emoji=False, soft_wrap=True, width=_width(sys.stdout))
+err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True, width=_width(sys.stderr))
+"""The two consoles. Text is printed as written: no `:name:` in a host, path or message becomes
+an emoji (rich's default, whose table is also a few milliseconds of every command's start)."""
 
 OUTCOME_STYLE = {
     "applied": "green",

@@ -177,6 +177,8 @@ class PatchSpec(FileSchema):
 class SetTarget(Target):
     """One file of a patch set (`[[targets]]`): a target with its own edits and postconditions."""
 
+    model_config = ConfigDict(defer_build=True)  # as `PatchSetSpec`, whose part it is
+
     edits: list[Edit] = Field(min_length=1)
     postconditions: list[Postcondition] = Field(default_factory=list)
 
@@ -187,6 +189,10 @@ class PatchSetSpec(FileSchema):
 
     The header is a patch's; `parts()` gives one single-target `PatchSpec` per target, the unit
     the edit engine plans on one file."""
+
+    model_config = ConfigDict(defer_build=True)
+    """Its validator is built when the first set is read, not on import: a plain patch's
+    load (`apply --file`, issue 44) never uses it."""
 
     id: str = Field(description="Lower-case slug; the file is patches/<id>.toml")
     summary: str = Field(min_length=1)
