@@ -10,6 +10,7 @@ carrying it (the connection lost).
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -67,6 +68,14 @@ def marked(mark: str) -> list[int]:
     return found
 
 
+def end_marked(mark: str) -> None:
+    """SIGKILL what is left of this test's processes, ours alone, by pid (one may end between
+    `marked` and its kill: an agent whose transport just closed)."""
+    for pid in marked(mark):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
@@ -116,8 +125,7 @@ def resident(
         yield Resident(host, transport, HostOperations(transport, host), mark)
     finally:
         transport.close()
-        for pid in marked(mark):  # what a failed test left: ours alone, by pid
-            os.kill(pid, signal.SIGKILL)
+        end_marked(mark)  # what a failed test left
 
 
 def never_ready(seconds: float) -> dict[str, Any]:
@@ -244,8 +252,7 @@ def test_a_connection_lost_mid_request_is_effect_unknown_then_it_connects_again(
         ops.facts(timeout=60)
         assert ops.notices == ["the host agent had ended (its connection was lost); started again"]
         assert transport.connect_count == 2  # type: ignore[attr-defined]
-    for pid in marked(mark):
-        os.kill(pid, signal.SIGKILL)  # the orphaned fork still polling
+    end_marked(mark)  # the orphaned fork still polling
 
 
 @pytest.mark.ssh
@@ -445,8 +452,6 @@ def test_a_request_sent_into_a_connection_dropped_unseen_is_sent_again_where_tha
             ops.facts(timeout=60)  # the reconcile's read: the next request says the restart
             assert ops.notices == [LOST]
         assert len(transport.links) == 2
-    for pid in marked(mark):
-        os.kill(pid, signal.SIGKILL)
 
 
 def test_per_exec_is_the_inventory_switch_and_keeps_nothing_running(
