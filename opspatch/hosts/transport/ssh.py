@@ -389,7 +389,7 @@ class SSHProcess:
         self._err = bytearray()
         self._pgid: int | None = None
         self._released = False
-        self._closed_unsaid = False
+        self._loss_awaited = False
 
     @property
     def ended(self) -> bool:
@@ -407,8 +407,8 @@ class SSHProcess:
         # (`setsid -w` reports the agent's), so the connection went. Paramiko closes its
         # channels a moment before it marks the connection inactive: wait for that, so the
         # connection is opened again for what follows.
-        if not self._closed_unsaid:
-            self._closed_unsaid = True
+        if not self._loss_awaited:
+            self._loss_awaited = True
             self._transport.join(_LOSS_SETTLES)
         return True
 
