@@ -10,6 +10,8 @@ carrying it (the connection lost).
 from __future__ import annotations
 
 import base64
+import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -18,7 +20,7 @@ import sys
 import threading
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +36,8 @@ from opspatch.hosts.become import BecomePasswords
 from opspatch.hosts.channel import AGENT_PACKAGE, RESIDENT, BootstrapEndpoint, agent_modules
 from opspatch.hosts.operations import HostOperations, open_transport
 from opspatch.hosts.resident import ResidentEndpoint
-from opspatch.hosts.transport.base import Transport
+from opspatch.hosts.transport.base import Command, Process, Transport
+from opspatch.hosts.transport.local import LocalTransport
 from opspatch.runs.fleet.connect import transport_factory
 from opspatch.runs.fleet.recorder import NullRecorder
 from opspatch.runs.fleet.session import HostSession
@@ -63,6 +66,14 @@ def marked(mark: str) -> list[int]:
         if needle in environ.split(b"\0") and alive(int(entry.name)):
             found.append(int(entry.name))
     return found
+
+
+def end_marked(mark: str) -> None:
+    """SIGKILL what is left of this test's processes, ours alone, by pid (one may end between
+    `marked` and its kill: an agent whose transport just closed)."""
+    for pid in marked(mark):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def parent_of(pid: int) -> int:
@@ -114,8 +125,7 @@ def resident(
         yield Resident(host, transport, HostOperations(transport, host), mark)
     finally:
         transport.close()
-        for pid in marked(mark):  # what a failed test left: ours alone, by pid
-            os.kill(pid, signal.SIGKILL)
+        end_marked(mark)  # what a failed test left
 
 
 def never_ready(seconds: float) -> dict[str, Any]:
@@ -242,8 +252,7 @@ def test_a_connection_lost_mid_request_is_effect_unknown_then_it_connects_again(
         ops.facts(timeout=60)
         assert ops.notices == ["the host agent had ended (its connection was lost); started again"]
         assert transport.connect_count == 2  # type: ignore[attr-defined]
-    for pid in marked(mark):
-        os.kill(pid, signal.SIGKILL)  # the orphaned fork still polling
+    end_marked(mark)  # the orphaned fork still polling
 
 
 @pytest.mark.ssh
@@ -258,11 +267,191 @@ def test_a_connection_dropped_between_requests_reconnects_and_restarts(
         (agent,), _ = agents(mark)
         os.kill(sshd_session_of(agent), signal.SIGKILL)
         assert wait_until(lambda: not alive(agent), 30)
-        # and the controller has seen its channel end (on a busy machine paramiko's reader can
-        # lag the kill): a request sent before that is lost mid-request, its effect unknown
-        assert wait_until(lambda: ops.endpoint._agents[None].process.ended, 30)
+        # whether paramiko has read the loss yet or not: a read is sent again where it was not
         ops.facts(timeout=60)
         assert ops.notices == ["the host agent had ended (its connection was lost); started again"]
+
+
+def unread_by(sshd: int) -> int:
+    """Bytes come over the connection that sshd process `sshd` serves and not read yet (its TCP
+    socket's receive queue)."""
+    inodes = set()
+    for fd in Path(f"/proc/{sshd}/fd").iterdir():
+        target = os.readlink(fd)
+        if target.startswith("socket:["):
+            inodes.add(target.removeprefix("socket:[").removesuffix("]"))
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[9] in inodes:
+                return int(fields[4].split(":")[1], 16)
+    raise AssertionError(f"sshd {sshd} holds no TCP connection")
+
+
+def sent_unseen(ops: HostOperations, mark: str, call: Any) -> tuple[list[Any], list[BaseException]]:
+    """`call` sent on a connection that drops before the controller can tell: the sshd serving
+    this test's agent is stopped (the connection stays up; what comes over it stays unread),
+    `call` runs until its request is in that sshd's socket, then the sshd is killed. What
+    `call` returned, and what it raised."""
+    (agent,), _ = agents(mark)
+    sshd = sshd_session_of(agent)
+    os.kill(sshd, signal.SIGSTOP)
+    returned: list[Any] = []
+    try:
+        unread = unread_by(sshd)
+        thread, raised = in_background(lambda: returned.append(call()))
+        assert wait_until(lambda: unread_by(sshd) > unread, 60)
+    finally:
+        os.kill(sshd, signal.SIGKILL)  # the connection drops; the agent reads the end of its input
+    thread.join(120)
+    return returned, raised
+
+
+@pytest.mark.ssh
+def test_a_read_sent_into_a_connection_dropped_unseen_is_sent_again_on_a_new_one(
+    make_inventory_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
+) -> None:
+    """A read changes nothing, so one lost before its receipt is sent again: once, on a new
+    connection, to a new agent, said as a restart is."""
+    mark = uuid.uuid4().hex
+    host = make_inventory_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s", env={MARK: mark})
+    target = tmp_path / "target.py"
+    target.write_text("x = 1\n")
+    with open_transport(host) as transport:
+        ops = HostOperations(transport, host)
+        ops.facts(timeout=60)
+        returned, raised = sent_unseen(ops, mark, lambda: ops.read(str(target), timeout=60))
+        assert raised == []
+        (read,) = returned
+        assert read.content == b"x = 1\n"
+        assert ops.notices == ["the host agent had ended (its connection was lost); started again"]
+        assert transport.connect_count == 2  # type: ignore[attr-defined]
+
+
+@pytest.mark.ssh
+def test_a_change_sent_into_a_connection_dropped_unseen_is_effect_unknown_and_read_back(
+    make_inventory_host: HostMaker, ssh_fleet: SshFleet, tmp_path: Path
+) -> None:
+    """A change that left for the host may have been taken (its receipt may be what was lost):
+    it is not sent again, its effect is unknown, and the host is read back, as a run's
+    reconcile does (`test_runs_scripted`'s lost swap): here it never arrived."""
+    mark = uuid.uuid4().hex
+    host = make_inventory_host("ssh", fleet=ssh_fleet, state_dir=tmp_path / "s", env={MARK: mark})
+    target = tmp_path / "target.py"
+    target.write_text("x = 1\n")
+    before = hashlib.sha256(b"x = 1\n").hexdigest()
+    with open_transport(host) as transport:
+        ops = HostOperations(transport, host)
+        ops.facts(timeout=60)
+        returned, raised = sent_unseen(
+            ops,
+            mark,
+            lambda: ops.swap(
+                str(target), expected_sha256=before, new_content=b"x = 2\n", timeout=60
+            ),
+        )
+        assert returned == []
+        (error,) = raised
+        assert isinstance(error, TransportError), error
+        assert "the connection was lost while the command ran" in error.message
+        assert "what the command did is unknown" in error.message
+        assert ops.read(str(target), timeout=60).content == b"x = 1\n"
+        assert ops.notices == ["the host agent had ended (its connection was lost); started again"]
+        assert transport.connect_count == 2  # type: ignore[attr-defined]
+
+
+class DroppedLink:
+    """An agent's process whose connection drops, once `drop` is said, as the next request is
+    sent and before the controller can tell (as paramiko reads a loss a moment late): that
+    request goes nowhere, and `send` says all of it left (`left`) or none of it did."""
+
+    def __init__(self, process: Process) -> None:
+        self._process = process
+        self._left: bool | None = None
+        self._gone = False
+
+    def drop(self, *, left: bool) -> None:
+        self._left = left
+
+    @property
+    def ended(self) -> bool:
+        return self._gone or self._process.ended
+
+    @property
+    def lost(self) -> bool:
+        return self._gone
+
+    def send(self, data: bytes, *, deadline: float) -> int | None:
+        if self._left is None:
+            return self._process.send(data, deadline=deadline)
+        self._gone = True
+        self._process.close()  # the agent reads the end of its input, as when its sshd dies
+        return len(data) if self._left else 0
+
+    def read_line(self, *, deadline: float) -> bytes | None:
+        return b"" if self._gone else self._process.read_line(deadline=deadline)
+
+    def exit_status(self, *, deadline: float) -> int | None:
+        return None if self._gone else self._process.exit_status(deadline=deadline)
+
+    def take_stderr(self) -> bytes:
+        return b"" if self._gone else self._process.take_stderr()
+
+    def end(self) -> str:
+        return self._process.end()
+
+    def close(self) -> None:
+        self._process.close()
+
+
+class DroppingTransport(LocalTransport):
+    """The local transport, each agent it starts behind a `DroppedLink` (`links`, in order)."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(host)
+        self.links: list[DroppedLink] = []
+
+    def start_process(self, command: Command) -> Process:
+        self.links.append(DroppedLink(super().start_process(command)))
+        return self.links[-1]
+
+
+LOST = "the host agent had ended (its connection was lost); started again"
+
+
+@pytest.mark.parametrize(
+    ("operation", "left", "sent_again"),
+    [
+        ("read", True, True),  # a read changes nothing
+        ("lock", False, True),  # none of the change reached the host
+        ("lock", True, False),  # the change may have: effect unknown
+    ],
+)
+def test_a_request_sent_into_a_connection_dropped_unseen_is_sent_again_where_that_is_safe(
+    make_inventory_host: HostMaker, tmp_path: Path, operation: str, left: bool, sent_again: bool
+) -> None:
+    mark = uuid.uuid4().hex
+    host = make_inventory_host("local", state_dir=tmp_path / "s", env={MARK: mark})
+    with DroppingTransport(host.name) as transport:
+        ops = HostOperations(transport, host)
+        assert isinstance(ops.endpoint, ResidentEndpoint)
+        ops.facts(timeout=60)
+        transport.links[-1].drop(left=left)
+        calls: dict[str, Callable[[], object]] = {
+            "read": lambda: ops.read(__file__, timeout=60),
+            "lock": lambda: ops.lock(run_id="r1", timeout=60),
+        }
+        call = calls[operation]
+        if sent_again:
+            call()
+            assert ops.notices == [LOST]
+        else:
+            with pytest.raises(TransportError, match="what the command did is unknown"):
+                call()
+            assert ops.notices == []
+            ops.facts(timeout=60)  # the reconcile's read: the next request says the restart
+            assert ops.notices == [LOST]
+        assert len(transport.links) == 2
 
 
 def test_per_exec_is_the_inventory_switch_and_keeps_nothing_running(

@@ -31,7 +31,7 @@ from opspatch.hosts.channel import (
     operation_call,
 )
 from opspatch.hosts.resident import open_endpoint
-from opspatch.hosts.results import descriptor, run_as
+from opspatch.hosts.results import changes_host, descriptor, run_as
 from opspatch.hosts.transport.base import Transport
 
 _INTERPRETER_MISSING_STATUS = (126, 127)  # the shell's "not executable" / "not found"
@@ -201,10 +201,7 @@ class AgentCaller:
         # Another user's process (become). A read changes nothing, so it is not fenced: this
         # run's next change is. A change (a restart as root) runs only while the lock holds
         # to its deadline: the lock's user re-asserts it on its own when it might lapse first.
-        changes = any(
-            descriptor(call["op"]).runs_as in (RunsAs.CHANGE, RunsAs.RESTART) for call in calls
-        )
-        if changes and time.monotonic() + timeout > fence.good_until:
+        if changes_host(calls) and time.monotonic() + timeout > fence.good_until:
             (reply,) = self._send([refresh], as_user=fence.user, timeout=timeout, step=step)
             self._fenced(reply, step)
         return self._send(calls, as_user=as_user, timeout=timeout, step=step)

@@ -22,7 +22,8 @@ class RunsAs(Enum):
     every one)."""
 
     LOGIN = "login"
-    """The login user, never raised (whoami names its user itself; measure asks over HTTP)."""
+    """The login user, never raised (whoami names its user itself; measure asks over HTTP);
+    it changes nothing on the host."""
     READ = "read"
     """Read-only: the login user, asked again as the become user when the login user may not
     read what it needs (a file or log readable by its owner alone)."""
@@ -31,6 +32,13 @@ class RunsAs(Enum):
     the become user."""
     RESTART = "restart"
     """It stops or starts the engine: the user who restarts it (`restart_user`)."""
+
+    @property
+    def changes(self) -> bool:
+        """Whether an operation run this way changes the host (a change or a restart): one
+        lost with its connection did something unknown, where a read or a login operation did
+        nothing and may be sent again (`resident.ResidentEndpoint`)."""
+        return self in (RunsAs.CHANGE, RunsAs.RESTART)
 
 
 ROOT_RESTART_KINDS = frozenset({"systemd", "supervisor"})

@@ -22,6 +22,7 @@ from opspatch.hosts.channel import (
     is_this_interpreter,
     request_modules,
 )
+from opspatch.hosts.results import changes_host
 from opspatch.hosts.transport.base import (
     Command,
     CommandResult,
@@ -77,6 +78,13 @@ class ResidentEndpoint:
     receipt). One that ends after taking a request gave no reply: its effect is unknown, exactly
     as an exec's that gave none (`agent-no-reply`; a lost connection's `TransportError`), and the
     caller's reconcile reads the host back.
+
+    A connection can drop while its agent is idle and the controller not know yet: the request
+    then goes into the dead connection, and no receipt can tell whether the agent took it (the
+    receipt may be what was lost). Sending it again is safe where none of it left the controller
+    (`Process.send` said 0) or none of its operations changes the host (`RunsAs.changes`): the
+    connection is opened again and the agent started again, once, as for one found ended. A
+    change that left is lost mid-request, as above.
     """
 
     def __init__(self, transport: StartsProcesses, host: Host, sudo: Sudo) -> None:
@@ -102,7 +110,9 @@ class ResidentEndpoint:
                     agent.process.take_stderr()  # what it said between requests is no request's
                     agent.seq += 1
                     line = self._line(request, as_user, agent.seq, agent.loaded)
-                    answered = self._exchange(agent, line, request, as_user, deadline, timeout)
+                    answered = self._exchange(
+                        agent, line, request, as_user, deadline, timeout, again=True
+                    )
                     if answered is not None:
                         return answered
                 notice = self._why_ended(agent, as_user)
@@ -126,13 +136,17 @@ class ResidentEndpoint:
         as_user: str | None,
         deadline: float,
         timeout: float,
+        *,
+        again: bool,
     ) -> AgentAnswer | None:
         """Send `data` (request number `agent.seq`) and read its receipt and reply; None when
-        the agent ended without taking it (nothing of it ran)."""
+        the agent ended without taking it (nothing of it ran), or (`again`: it may be sent
+        again) its connection was lost before a receipt and sending it again is safe."""
         process = agent.process
         taken = False
         try:
-            if not process.send(data, deadline=deadline):
+            sent = process.send(data, deadline=deadline)
+            if sent is None:
                 raise self._timed_out(agent, request, timeout)
             while True:
                 raw = process.read_line(deadline=deadline)
@@ -152,22 +166,23 @@ class ResidentEndpoint:
                     return AgentAnswer(reply=cast(AgentReply, said), stderr=stderr)
         except CommandTimeout:
             raise  # the agent was ended: the next request starts another, nothing to say
-        except TransportError:
-            self._agents[as_user] = agent  # lost with its connection: the next request says so
-            raise
         except BaseException:
             process.close()
             raise
-        return self._ended(agent, as_user, taken, deadline)
+        resend = again and not taken and (sent == 0 or not changes_host(request["ops"]))
+        return self._ended(agent, as_user, taken, deadline, resend=resend)
 
     def _ended(
-        self, agent: _Agent, as_user: str | None, taken: bool, deadline: float
+        self, agent: _Agent, as_user: str | None, taken: bool, deadline: float, *, resend: bool
     ) -> AgentAnswer | None:
         """The answer of a request whose agent's output ended before its reply: None when it
-        had not taken the request. An agent that ended with a request is kept as it is, for the
-        next request to say why it starts another."""
+        had not taken the request, or its connection was lost and it may be sent again
+        (`resend`). An agent that ended with a request is kept as it is, for the next request
+        to say why it starts another."""
         process = agent.process
         if process.lost:
+            if resend:
+                return None
             self._agents[as_user] = agent
             raise TransportError(
                 "the connection was lost while the command ran (no exit status came back; "
@@ -194,7 +209,7 @@ class ResidentEndpoint:
         def launch(command: Command, data: bytes) -> CommandResult:
             began = time.monotonic()
             agent = _Agent(self.transport.start_process(command), seq=1)
-            answered = self._exchange(agent, data, request, as_user, deadline, timeout)
+            answered = self._exchange(agent, data, request, as_user, deadline, timeout, again=False)
             if answered is None:  # it ended before it took the request: sudo, or no interpreter
                 exit_code = agent.process.exit_status(deadline=time.monotonic() + 5.0)
                 stderr = agent.process.take_stderr().decode("utf-8", errors="replace").strip()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -30,6 +30,7 @@ from opspatch.hosts.agent.protocol import (
     LockReply,
     LockRequest,
     NoArgs,
+    OperationCall,
     ReadRequest,
     ResolveReply,
     ResolveRequest,
@@ -78,6 +79,11 @@ def run_as(host: Host, operation: str) -> str | None:
     """The user `operation` runs as through sudo on `host` (its descriptor's `runs_as`), or
     None for the login user."""
     return raised_user(host, descriptor(operation).runs_as)
+
+
+def changes_host(calls: Iterable[OperationCall]) -> bool:
+    """Whether any of `calls` changes the host (its descriptor's `runs_as.changes`)."""
+    return any(descriptor(call["op"]).runs_as.changes for call in calls)
 
 
 def read_reply(cls: type[R], reply: Mapping[str, object], *, host: str, step: str) -> R:

@@ -135,14 +135,12 @@ class Process(Protocol):
         """Whether the connection to it went: if it still runs, and what it did, is unknown."""
         ...
 
-    def send(self, data: bytes, *, deadline: float) -> bool:
+    def send(self, data: bytes, *, deadline: float) -> int | None:
         """Write `data` to its stdin, draining its outputs meanwhile (one request: counted in
-        the transport's `exec_count`). False if the deadline (monotonic) passed first; a
-        process that ended meanwhile takes the rest as lost, for `read_line` to tell.
-
-        Raises:
-            TransportError: the connection broke.
-        """
+        the transport's `exec_count`): how many of its bytes left for the host, all of them
+        unless it ended or its connection went first (the rest is dropped, for `read_line` to
+        tell); None if the deadline (monotonic) passed first. 0 is certain: none of `data`
+        reached the host."""
         ...
 
     def read_line(self, *, deadline: float) -> bytes | None:

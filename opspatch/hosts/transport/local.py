@@ -207,14 +207,14 @@ class LocalProcess:
                 self._eof = self._eof or key.fd == self._stdout
         return room
 
-    def send(self, data: bytes, *, deadline: float) -> bool:
+    def send(self, data: bytes, *, deadline: float) -> int | None:
         self._owner.exec_count += 1
         view = memoryview(data)
         offset = 0
         while offset < len(view) and not self.ended:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return False
+                return None
             if self._wait(min(remaining, 0.5), writing=True):
                 try:
                     offset += os.write(self._stdin, view[offset : offset + _CHUNK])
@@ -222,7 +222,7 @@ class LocalProcess:
                     continue
                 except BrokenPipeError:
                     break  # it ended: `read_line` tells whether it took anything
-        return True
+        return offset
 
     def read_line(self, *, deadline: float) -> bytes | None:
         while True:

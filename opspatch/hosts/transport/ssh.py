@@ -27,6 +27,7 @@ SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 _PGID_LINE = re.compile(rb"(?m)^opspatch-pgid:(\d+)\n")
 _PGID_SCRIPT = 'echo "opspatch-pgid:$$" >&2; exec /bin/sh -c "$1"'
 _CHUNK = 32 * 1024
+_LOSS_SETTLES = 5.0  # seconds paramiko's reader may take from closing channels to ending
 
 
 def host_key_fingerprint(key: paramiko.PKey) -> str:
@@ -388,6 +389,7 @@ class SSHProcess:
         self._err = bytearray()
         self._pgid: int | None = None
         self._released = False
+        self._loss_awaited = False
 
     @property
     def ended(self) -> bool:
@@ -396,7 +398,19 @@ class SSHProcess:
 
     @property
     def lost(self) -> bool:
-        return not self._transport.is_active()
+        if not self._transport.is_active():
+            return True
+        channel = self._channel
+        if self._released or not channel.closed or channel.recv_exit_status() >= 0:
+            return False
+        # Closed with no exit status: sshd says a command's status before it closes its channel
+        # (`setsid -w` reports the agent's), so the connection went. Paramiko closes its
+        # channels a moment before it marks the connection inactive: wait for that, so the
+        # connection is opened again for what follows.
+        if not self._loss_awaited:
+            self._loss_awaited = True
+            self._transport.join(_LOSS_SETTLES)
+        return True
 
     def _drain(self) -> bool:
         """Take the output that arrived; whether there was any."""
@@ -416,14 +430,7 @@ class SSHProcess:
                 del self._err[match.start() : match.end()]
         return took
 
-    def _broken(self, exc: BaseException) -> TransportError:
-        return TransportError(
-            f"the connection broke while the host agent ran: {error_reason(exc)}",
-            host=self._owner.host,
-            step="exec",
-        )
-
-    def send(self, data: bytes, *, deadline: float) -> bool:
+    def send(self, data: bytes, *, deadline: float) -> int | None:
         self._owner.exec_count += 1
         offset = 0
         wake = self._channel.fileno()
@@ -431,17 +438,16 @@ class SSHProcess:
             self._drain()
             if self._channel.send_ready():
                 try:
+                    # counted once paramiko took a whole packet: sshd cannot read part of one
                     offset += self._channel.send(data[offset : offset + _CHUNK])
-                except (OSError, EOFError) as exc:
-                    if self.lost:
-                        raise self._broken(exc) from None
-                    break  # it ended: `read_line` tells whether it took anything
+                except (OSError, EOFError):
+                    break  # it ended, or its connection went: `read_line` tells which
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return False
+                return None
             select.select([wake], [], [], min(remaining, 0.05))
-        return True
+        return offset
 
     def read_line(self, *, deadline: float) -> bytes | None:
         wake = self._channel.fileno()
