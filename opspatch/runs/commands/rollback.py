@@ -39,7 +39,7 @@ from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import unanswered
 from opspatch.runs.judgments.patchset import Place, Standing, paths_of
 from opspatch.runs.judgments.units import recover_remedy, require_whole_units, target_of
-from opspatch.runs.report import FileChange, HostOutcome, RunReport
+from opspatch.runs.report import FileChange, HostOutcome, RunReport, join_notes
 
 
 def rollback_hosts(
@@ -198,7 +198,7 @@ class _Rollback:
     ) -> list[HostOutcome]:
         head = nodes.head
         staged_back = not self.restart_engine and self.unrestarted == Outcome.STAGED_BACK
-        why = _join_notes(
+        why = join_notes(
             *dict.fromkeys(examined[s.name].note for s in nodes.sessions),
             "staged back: the pre-image is in place, the server was not restarted "
             "(--restart never) and runs the code it loaded until it is restarted"
@@ -398,7 +398,7 @@ class _Rollback:
                 f"live fix {named} not reverted in every process: the engine holds it in "
                 "memory until it restarts"
             )
-        return _join_notes(said, done)
+        return join_notes(said, done)
 
     def _way_back(self, host: str) -> str:
         patch_id = self.patch.reference if self.patch is not None else self.patch_id
@@ -504,10 +504,6 @@ def _nothing_to_do(
 ) -> Examined:
     done = session.outcome(Outcome.SKIPPED, file=file, note=note, reason=Reason.NOTHING_TO_DO)
     return Examined(inspection, decided=done)
-
-
-def _join_notes(*notes: str | None) -> str | None:
-    return "; ".join(n for n in notes if n) or None
 
 
 def _refusal_reason(standing: HostStanding) -> Reason:

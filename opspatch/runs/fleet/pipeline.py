@@ -22,7 +22,7 @@ from opspatch.ledger.records import NewFileVersion
 from opspatch.runs.fleet.group import Nodes, applied, prove, undo
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error, refusal_reason
 from opspatch.runs.fleet.steps import effect_unknown, restore_pre_image
-from opspatch.runs.report import FileChange, HostOutcome, SetFile
+from opspatch.runs.report import FileChange, HostOutcome, SetFile, join_notes
 
 if TYPE_CHECKING:  # a judge is built by a judged run only (`apply._judge_plan`)
     from opspatch.hosts.engine import SmokeResult
@@ -284,7 +284,7 @@ class ApplyPipeline:
             )
             return _judged(nodes, undone, judge)
         applied = self.applied(
-            nodes, prepared, smoke, lambda s: _join(baseline_note, _proven_note(nodes, s))
+            nodes, prepared, smoke, lambda s: join_notes(baseline_note, _proven_note(nodes, s))
         )
         return _judged(nodes, applied, judge)
 
@@ -468,7 +468,7 @@ class ApplyPipeline:
             reason=reason,
         )
         return [
-            replace(o, diff=prepared[s.name].diff(), note=_join(o.note, note))
+            replace(o, diff=prepared[s.name].diff(), note=join_notes(o.note, note))
             for s, o in zip(nodes.sessions, undone, strict=True)
         ]
 
@@ -607,10 +607,6 @@ def _judged(
     nodes: Nodes, outcomes: list[HostOutcome], judge: HostJudge | None
 ) -> list[HostOutcome]:
     return outcomes if judge is None else judge.carried(nodes, outcomes)
-
-
-def _join(*notes: str | None) -> str | None:
-    return "; ".join(n for n in notes if n) or None
 
 
 @dataclass(frozen=True)
