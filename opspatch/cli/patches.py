@@ -348,7 +348,7 @@ def show_local_plan(
     """Plan a patch on a local file (or each file of a local tree) and show the diff (or why
     not); exit 2 if it does not fit."""
     from opspatch.core.edit import AlreadyApplied, NotApplicable
-    from opspatch.runs.commands.local_files import not_applicable_error
+    from opspatch.runs.commands.apply import not_applicable_error
 
     plan = plan_local(loaded, file, root, target_version)
     if as_json:

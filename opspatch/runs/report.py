@@ -29,6 +29,11 @@ else:
     SmokeResult = AnyRecord  # hosts.engine is off `apply --file`'s import path
 
 
+def join_notes(*notes: str | None) -> str | None:
+    """The notes given, in order, as one ("; "); None when none is."""
+    return "; ".join(n for n in notes if n) or None
+
+
 @dataclass(frozen=True)
 class StepResult(Record):
     """One step on one host: its name, status, duration, what it did (or why it failed), and who

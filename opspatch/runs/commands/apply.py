@@ -331,15 +331,8 @@ class _FleetApply:
         ]
         halted = "refused before any change: " + "; ".join(reasons)
         if self.dry_run:  # nothing to record, no lock taken
-            return RunReport(
-                None,
-                self.command,
-                self.patch.spec.id,
-                hosts=tuple(outcomes),
-                halted=halted,
-                dry_run=True,
-                refused=True,
-            )
+            by_host = {o.host: o for o in outcomes}
+            return self.fleet.report(by_host, halted=halted, refused=True, dry_run=True)
         return self.fleet.refuse(outcomes, halted=halted)
 
     def _units_not_alike(self, prepared: Mapping[str, Prepared | Refusal]) -> list[NotUniform]:
@@ -372,9 +365,7 @@ class _FleetApply:
                 outcomes.append(
                     session.outcome(Outcome.ALREADY_APPLIED, "; ".join(reasons), file=item.change())
                 )
-        return RunReport(
-            None, self.command, self.patch.spec.id, hosts=tuple(outcomes), dry_run=True
-        )
+        return self.fleet.report({o.host: o for o in outcomes}, halted=None, dry_run=True)
 
     def _roll_out(self, ready: Mapping[str, Prepared]) -> RunReport:
         plan = plan_rollout(self.playbook, self.fleet.items())

@@ -24,8 +24,7 @@ from opspatch.hosts.image import (
     build_context,
     earlier_bakes,
 )
-from opspatch.hosts.results import file_owner
-from opspatch.ledger.records import ContainerRecord, NewFileVersion
+from opspatch.ledger.records import ContainerRecord
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.apply import misfit_reason
 from opspatch.runs.fleet.connect import transport_factory
@@ -299,20 +298,7 @@ class _Bake:
         """The container record names the image (no id while only its context is written)."""
         image = ContainerRecord(self.request.runtime, self.tag, image_id, "", self.request.image)
         for item in prepared.pending:
-            plan, seen = item.applied, item.inspection.file
-            session.recorder.file_version(
-                session.name,
-                NewFileVersion(
-                    item.path,
-                    plan.sha256_before,
-                    plan.sha256_after,
-                    seen.mode,
-                    file_owner(seen),
-                    pre_image=plan.old_source,
-                    post_image=plan.new_source,
-                    container=image,
-                ),
-            )
+            session.recorder.file_version(session.name, item.version(image))
 
 
 def _write_context(directory: Path, context: Mapping[str, bytes]) -> None:

@@ -23,18 +23,6 @@ from opspatch.runs.commands.apply import LocalFiles, apply_to_hosts, not_applica
 from opspatch.runs.fleet.connect import transport_factory
 from opspatch.runs.report import RunReport
 
-__all__ = [
-    "LocalPlan",
-    "LocalRollback",
-    "apply_local_file",
-    "local_file_host",
-    "not_applicable_error",
-    "plan_local_file",
-    "plan_local_tree",
-    "rollback_local_file",
-    "rollback_local_tree",
-]
-
 
 def distribution_version_for(file: Path, target: Target) -> str | None:
     """The version in the dist-info beside the package holding `file` (None: a checkout)."""

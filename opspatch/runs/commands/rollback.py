@@ -39,7 +39,7 @@ from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import unanswered
 from opspatch.runs.judgments.patchset import Place, Standing, paths_of
 from opspatch.runs.judgments.units import recover_remedy, require_whole_units, target_of
-from opspatch.runs.report import FileChange, HostOutcome, RunReport
+from opspatch.runs.report import FileChange, HostOutcome, RunReport, join_notes
 
 
 def rollback_hosts(
@@ -99,26 +99,34 @@ class _Rollback:
     def _considered(self, path: str) -> bool:
         return self.only_paths is None or path in self.only_paths
 
-    def versions_for(self, host: str) -> list[FileVersion]:
-        """The changes to undo on `host` on one path, newest first: the run's, or every one the
-        patch made (a patch applied twice is undone one run at a time)."""
-        if self.source_run is not None:
-            found = self._run_versions(host)
-            return [v for v in found if v.path == found[0].path]
-        assert self.patch is not None
-        history = self.ledger.file_history(host)
-        paths = list(
-            dict.fromkeys(
-                v.path
+    def _versions(self, host: str) -> tuple[dict[str, list[FileVersion]], list[FileVersion]]:
+        """The changes to undo on `host`, newest first, and by path when they span several (a
+        set; else empty): the run's or the set's, or on one path every change the patch made
+        (a patch applied twice is undone one run at a time)."""
+        if self.source_run is None:
+            assert self.patch is not None
+            patch_id, history = self.patch.spec.id, self.ledger.file_history(host)
+            if not self.patch.is_set:
+                paths = dict.fromkeys(
+                    v.path for v in history if v.patch_id == patch_id and self._considered(v.path)
+                )
+                found = (
+                    applied_versions(self.ledger.file_history(host, p), patch_id) for p in paths
+                )
+                return {}, next((versions for versions in found if versions), [])
+            changes = [
+                v
                 for v in history
-                if v.patch_id == self.patch.spec.id and self._considered(v.path)
-            )
-        )
-        for path in paths:
-            found = applied_versions(self.ledger.file_history(host, path), self.patch.spec.id)
-            if found:
-                return found
-        return []
+                if v.patch_id == patch_id
+                and v.action == FileAction.PATCH
+                and self._considered(v.path)
+            ]
+        else:
+            changes = self._run_versions(host)
+        by_path = {path: [v for v in changes if v.path == path] for path in paths_of(changes)}
+        if len(by_path) > 1:
+            return by_path, [v for vs in by_path.values() for v in vs]
+        return {}, changes if self.source_run is not None else []
 
     def _run_versions(self, host: str) -> list[FileVersion]:
         assert self.source_run is not None
@@ -133,24 +141,6 @@ class _Rollback:
             for v in reversed(record.file_versions)
             if v.action == FileAction.PATCH and self._considered(v.path)
         ]
-
-    def set_versions(self, host: str) -> dict[str, list[FileVersion]]:
-        """A patch set's changes to undo on `host` by path (empty for fewer than two paths)."""
-        if self.source_run is not None:
-            found = self._run_versions(host)
-        elif self.patch is not None and self.patch.is_set:
-            found = [
-                v
-                for v in self.ledger.file_history(host)
-                if v.patch_id == self.patch.spec.id and v.action == FileAction.PATCH
-            ]
-        else:
-            return {}
-        found = [v for v in found if self._considered(v.path)]
-        by_path: dict[str, list[FileVersion]] = {}
-        for path in paths_of(found):
-            by_path[path] = [v for v in found if v.path == path]
-        return by_path if len(by_path) > 1 else {}
 
     def preflight(self, session: HostSession) -> Examined:
         """Read before any host changes, unlocked: a host refused or left alone is reported
@@ -198,7 +188,7 @@ class _Rollback:
     ) -> list[HostOutcome]:
         head = nodes.head
         staged_back = not self.restart_engine and self.unrestarted == Outcome.STAGED_BACK
-        why = _join_notes(
+        why = join_notes(
             *dict.fromkeys(examined[s.name].note for s in nodes.sessions),
             "staged back: the pre-image is in place, the server was not restarted "
             "(--restart never) and runs the code it loaded until it is restarted"
@@ -242,23 +232,17 @@ class _Rollback:
             return refuse(nodes, {missing.outcome.host: missing.outcome}, "was refused")
 
     def _examine(self, session: HostSession, *, lock: bool) -> Examined:
-        by_path = self.set_versions(session.name)
-        if by_path:
-            versions = [v for vs in by_path.values() for v in vs]
-        elif self.patch is not None and self.patch.is_set:
+        by_path, versions = self._versions(session.name)
+        if not by_path and self.patch is not None and self.patch.is_set:
             set_id = self.patch.spec.id
             return _nothing_to_do(
                 session,
                 f"the ledger has no change by the patch set {set_id} on this host (a set is "
                 "rolled back from the ledger's record only)",
             )
-        else:
-            versions = self.versions_for(session.name)
-            if not versions and self.source_run is not None:
-                run_id = self.source_run.run_id
-                return _nothing_to_do(
-                    session, f"the ledger has no change by run {run_id} on this host"
-                )
+        if not versions and self.source_run is not None:
+            run_id = self.source_run.run_id
+            return _nothing_to_do(session, f"the ledger has no change by run {run_id} on this host")
         change = Change(
             versions,
             module=None if versions or self.patch is None else self.patch.spec.target.module,
@@ -398,7 +382,7 @@ class _Rollback:
                 f"live fix {named} not reverted in every process: the engine holds it in "
                 "memory until it restarts"
             )
-        return _join_notes(said, done)
+        return join_notes(said, done)
 
     def _way_back(self, host: str) -> str:
         patch_id = self.patch.reference if self.patch is not None else self.patch_id
@@ -504,10 +488,6 @@ def _nothing_to_do(
 ) -> Examined:
     done = session.outcome(Outcome.SKIPPED, file=file, note=note, reason=Reason.NOTHING_TO_DO)
     return Examined(inspection, decided=done)
-
-
-def _join_notes(*notes: str | None) -> str | None:
-    return "; ".join(n for n in notes if n) or None
 
 
 def _refusal_reason(standing: HostStanding) -> Reason:

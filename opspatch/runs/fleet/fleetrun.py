@@ -241,7 +241,6 @@ class FleetRun:
         *,
         batches: Sequence[Batch],
         halt: HaltPolicy,
-        already: Mapping[str, HostOutcome] | None = None,
         not_started: NotStarted | None = None,
     ) -> tuple[dict[str, HostOutcome], str | None]:
         """Every group of `batches` under `halt`, each outcome recorded as decided; hosts never
@@ -250,10 +249,8 @@ class FleetRun:
         if self.traits.leases and starts and not self._leased:
             raise RuntimeError(f"{self.command} changes hosts only under their leases: lease()")
         skip = not_started or _skipped
-        for outcome in (already or {}).values():
-            self.record(outcome)
-        already = {**self._unleased, **(already or {})}
-        for outcome in self._unleased.values():
+        already = dict(self._unleased)
+        for outcome in already.values():
             self.record(outcome)
 
         def one(item: str) -> Sequence[HostOutcome]:
@@ -284,7 +281,7 @@ class FleetRun:
             )
         except KeyboardInterrupt as stop:
             raise RunInterrupted(self.recorder.reported_run_id, _in_flight(stop)) from None
-        outcomes = {**(already or {}), **result.outcomes}
+        outcomes = {**already, **result.outcomes}
         for name in (name for item in result.not_started for name in self.members(item)):
             self.sessions[name].lock.release()
             why = "the operator cancelled" if result.halted == CANCELLED else "the run halted"

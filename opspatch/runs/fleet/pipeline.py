@@ -18,11 +18,11 @@ from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import OpspatchError, PreimageMismatch
 from opspatch.hosts.operations import HostInspection
 from opspatch.hosts.results import file_owner
-from opspatch.ledger.records import NewFileVersion
+from opspatch.ledger.records import ContainerRecord, NewFileVersion
 from opspatch.runs.fleet.group import Nodes, applied, prove, undo
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error, refusal_reason
 from opspatch.runs.fleet.steps import effect_unknown, restore_pre_image
-from opspatch.runs.report import FileChange, HostOutcome, SetFile
+from opspatch.runs.report import FileChange, HostOutcome, SetFile, join_notes
 
 if TYPE_CHECKING:  # a judge is built by a judged run only (`apply._judge_plan`)
     from opspatch.hosts.engine import SmokeResult
@@ -55,6 +55,20 @@ class PreparedFile:
     def applied(self) -> Applied:
         assert isinstance(self.plan, Applied)
         return self.plan
+
+    def version(self, container: ContainerRecord | None) -> NewFileVersion:
+        """The ledger's record of the planned change, its pre- and post-image with it."""
+        plan, remote = self.applied, self.inspection.file
+        return NewFileVersion(
+            remote.realpath,
+            plan.sha256_before,
+            plan.sha256_after,
+            remote.mode,
+            file_owner(remote),
+            pre_image=plan.old_source,
+            post_image=plan.new_source,
+            container=container,
+        )
 
     @property
     def images(self) -> tuple[str, str]:
@@ -284,7 +298,7 @@ class ApplyPipeline:
             )
             return _judged(nodes, undone, judge)
         applied = self.applied(
-            nodes, prepared, smoke, lambda s: _join(baseline_note, _proven_note(nodes, s))
+            nodes, prepared, smoke, lambda s: join_notes(baseline_note, _proven_note(nodes, s))
         )
         return _judged(nodes, applied, judge)
 
@@ -333,7 +347,7 @@ class ApplyPipeline:
         try:
             with session.step(Step.BACKUP) as note:
                 for item in pending:
-                    self._record_backup(session, item)
+                    session.recorder.file_version(session.name, item.version(session.container))
                 note["detail"] = "; ".join(
                     (f"{item.path} " if with_path else "")
                     + f"pre-image {item.applied.sha256_before[:12]} "
@@ -388,22 +402,6 @@ class ApplyPipeline:
                 return self._reconcile_after_lost_swap(session, prepared, item, swapped, exc)
             swapped.append(item)
         return None
-
-    def _record_backup(self, session: HostSession, item: PreparedFile) -> None:
-        plan, remote = item.applied, item.inspection.file
-        session.recorder.file_version(
-            session.name,
-            NewFileVersion(
-                remote.realpath,
-                plan.sha256_before,
-                plan.sha256_after,
-                remote.mode,
-                file_owner(remote),
-                pre_image=plan.old_source,
-                post_image=plan.new_source,
-                container=session.container,
-            ),
-        )
 
     def baseline(self, session: HostSession) -> tuple[tuple[str | None, ...] | None, str | None]:
         """Greedy texts from the unpatched server, and a note when not taken; `HostFailed` when the
@@ -468,7 +466,7 @@ class ApplyPipeline:
             reason=reason,
         )
         return [
-            replace(o, diff=prepared[s.name].diff(), note=_join(o.note, note))
+            replace(o, diff=prepared[s.name].diff(), note=join_notes(o.note, note))
             for s, o in zip(nodes.sessions, undone, strict=True)
         ]
 
@@ -607,10 +605,6 @@ def _judged(
     nodes: Nodes, outcomes: list[HostOutcome], judge: HostJudge | None
 ) -> list[HostOutcome]:
     return outcomes if judge is None else judge.carried(nodes, outcomes)
-
-
-def _join(*notes: str | None) -> str | None:
-    return "; ".join(n for n in notes if n) or None
 
 
 @dataclass(frozen=True)
