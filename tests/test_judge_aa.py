@@ -8,7 +8,10 @@ after the other), a latency fail confirmed by a second measurement as the judge 
 metrics (errors, tokens, speculation) never fail; the latency metrics' false alarms stay far from
 a judge that fails by design. Their rate (goal: at most one in a hundred) moves with the machine's
 load, so bench/judge_aa.py measures it and this test does not assert it (a CI run beside engines
-saw more than one). The counts are printed (`pytest -s`) and named in a failure. The latency floor is 0, so the statistics alone decide: the
+saw more than one). A latency metric `unmeasured` (too few decodes read in time: a host too busy
+to read a stream) is not a false alarm: how many depends on the load (58 of 100 beside two busy
+loops), so it is counted and printed, not bounded. The counts are printed (`pytest -s`) and named
+in a failure. The latency floor is 0, so the statistics alone decide: the
 stand-in's time per token is a tenth of a millisecond, under the default floor of 1 ms. Then each
 change the judge exists for (bench/patches/: about 5% less acceptance with the same answers, a
 doubled time per token, one changed token, a context window off by one that changes 4 of 24
@@ -23,20 +26,21 @@ from __future__ import annotations
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import pytest
 
 from opspatch.core.host import Host
 from opspatch.core.policy import JudgeSettings, Playbook
 from opspatch.core.verdicts import Judgment
-from opspatch.core.vocabulary import Metric
+from opspatch.core.vocabulary import Metric, Verdict
 from opspatch.hosts.agent.measure import op_measure
 from opspatch.hosts.measure import Measurement, measure_args
 from opspatch.runs.commands.judge import judge_hosts
 from opspatch.runs.fleet.connect import transport_factory
 from opspatch.runs.fleet.judging import CONFIRM_AFTER_SECONDS
-from opspatch.runs.judgments.canary import confirm, judge, unconfirmed
+from opspatch.runs.judgments.canary import LATENCY, confirm, judge, unconfirmed
 from tests.fleetkit import REPO, SandboxFleet
 
 pytestmark = [pytest.mark.engine, pytest.mark.alone]
@@ -93,34 +97,46 @@ def _measured(host: Host, settings: JudgeSettings) -> Measurement:
     return Measurement.from_json(op_measure(measure_args(host, settings)))
 
 
-def _verdicts(
-    judgments: Callable[[], Judgment], runs: int
-) -> tuple[Counter[str], list[str], list[str]]:
-    """The verdicts' counts, every failed judgment's summary, and those failed on an exact metric."""
-    verdicts: Counter[str] = Counter()
-    failures, exact_failures = [], []
-    for _ in range(runs):
-        judgment = judgments()
-        verdicts[judgment.verdict.value] += 1
-        if judgment.failed:
-            failures.append(judgment.summary())
+@dataclass
+class Tally:
+    """What a hundred A/A judgments said: the verdicts' counts, the summaries of those failed on
+    a latency metric (false alarms) or on an exact one, and how many timed no latency metric."""
+
+    verdicts: Counter[str] = field(default_factory=Counter)
+    false_alarms: list[str] = field(default_factory=list)
+    exact_failures: list[str] = field(default_factory=list)
+    unmeasured: int = 0
+
+    def add(self, judgment: Judgment) -> None:
+        self.verdicts[judgment.verdict.value] += 1
+        latency = [judgment.metric(metric).verdict for metric in LATENCY]
+        if Verdict.FAIL in latency:
+            self.false_alarms.append(judgment.summary())
+        if Verdict.UNMEASURED in latency:
+            self.unmeasured += 1
         if any(judgment.metric(metric).failed for metric in EXACT):
-            exact_failures.append(judgment.details())
-    return verdicts, failures, exact_failures
+            self.exact_failures.append(judgment.details())
 
 
+@pytest.mark.timeout(1800)  # a hang's guard: a hundred judgments beside busy loops take minutes
 @pytest.mark.parametrize("measured", ["in-turns", "apart"])
 def test_a_over_a_on_the_sandbox_never_fails_an_exact_metric_and_rarely_a_latency_one(
     fleet: SandboxFleet, measured: str
 ) -> None:
     first, second = (fleet.hosts[name] for name in fleet.names)
-    if measured == "in-turns":
-        verdicts, failures, exact = _verdicts(lambda: in_turns(first, second, AA), AA_RUNS)
-    else:
-        verdicts, failures, exact = _verdicts(lambda: apart(first, AA), AA_RUNS)
-    print(f"A/A {measured}, {AA_RUNS} judgments: {dict(verdicts)}", *failures, sep="\n  ")
-    assert exact == [], exact
-    assert len(failures) <= LATENCY_FALSE_ALARMS_BOUND, (dict(verdicts), failures)  # unmeasured too
+    tally = Tally()
+    for _ in range(AA_RUNS):
+        tally.add(in_turns(first, second, AA) if measured == "in-turns" else apart(first, AA))
+    print(
+        f"A/A {measured}, {AA_RUNS} judgments: {dict(tally.verdicts)}, "
+        f"{tally.unmeasured} with a latency metric unmeasured",
+        *tally.false_alarms,
+        sep="\n  ",
+    )
+    assert tally.exact_failures == [], tally.exact_failures
+    assert len(tally.false_alarms) <= LATENCY_FALSE_ALARMS_BOUND, tally
+    if tally.unmeasured == AA_RUNS:  # the load's doing, not the judge's: it said so each time
+        pytest.skip(f"no judgment read enough decodes in time to time them ({tally.verdicts})")
 
 
 @pytest.mark.parametrize(
