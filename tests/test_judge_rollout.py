@@ -134,6 +134,16 @@ def _metric(judgment: dict[str, Any], metric: str) -> dict[str, Any]:
     return next(m for m in judgment["metrics"] if m["metric"] == metric)
 
 
+def _passed_unless_untimed(judgment: dict[str, Any]) -> bool:
+    """Whether the same code on both sides was judged so: a pass or marginal, or `unmeasured`
+    on a latency metric alone (a host too busy to read enough of its streams in time: the
+    load's doing, how often never asserted; docs/judge.md). Whether it passed."""
+    unmeasured = {m["metric"] for m in judgment["metrics"] if m["verdict"] == "unmeasured"}
+    others = {m["verdict"] for m in judgment["metrics"] if m["verdict"] != "unmeasured"}
+    assert unmeasured <= {"ttft", "tpot"} and others <= {"pass", "marginal"}, judgment
+    return not unmeasured
+
+
 @pytest.mark.parametrize(
     ("patch_id", "text", "metric"),
     [
@@ -198,15 +208,14 @@ def test_judge_of_two_hosts_running_the_same_code_is_not_a_fail(fleet: SandboxFl
     run = fleet.opspatch(
         "judge", "--hosts", second, "--baseline", first, "--playbook", "judged", "--json"
     )
-    assert run.code == 0, run.stdout + run.stderr
     (host,) = run.json()["hosts"]
     judgment = host["judgment"]
-    assert judgment["verdict"] in ("pass", "marginal"), judgment
+    assert run.code == (0 if _passed_unless_untimed(judgment) else 1), run.stdout + run.stderr
     assert _metric(judgment, "tokens")["verdict"] == "pass"
     assert _metric(judgment, "speculation")["verdict"] == "pass"
     assert "rule" not in _metric(judgment, "tokens")["figures"]  # no prompt diverged
     table = fleet.opspatch("judge", "--hosts", second, "--baseline", first, "--playbook", "judged")
-    assert table.code == 0 and f"{second}: " in table.stdout and "speculation" in table.stdout
+    assert f"{second}: " in table.stdout and "speculation" in table.stdout, table.stderr
 
 
 HARMLESS = _module_end(
@@ -230,12 +239,14 @@ def test_a_canary_without_a_server_is_judged_against_a_peer_measured_in_turns_wi
     run = fleet.opspatch(
         "apply", "harmless", "--hosts", fleet.inventory, "--playbook", "judged", "--yes", "--json"
     )
-    assert run.code == 0, run.stdout + run.stderr
     host = _host(run.json(), canary)
-    assert host["outcome"] == "applied", host
     judgment = host["judgment"]
     assert judgment["baseline"] == f"{peer} (same release and build, not yet changed)", judgment
-    assert judgment["verdict"] in ("pass", "marginal"), judgment
     for metric in ("ttft", "tpot"):  # measured in turns, not one after the other
         assert "one after the other" not in _metric(judgment, metric)["figures"]
-    assert _host(run.json(), peer)["outcome"] == "applied"
+    # what the judge said is what happened: applied on both, or (latency untimed) rolled back
+    # on the canary and the run halted before the peer
+    passed = _passed_unless_untimed(judgment)
+    assert run.code == (0 if passed else 1), run.stdout + run.stderr
+    assert host["outcome"] == ("applied" if passed else "rolled-back"), host
+    assert _host(run.json(), peer)["outcome"] == ("applied" if passed else "skipped")
