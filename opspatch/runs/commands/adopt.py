@@ -23,8 +23,6 @@ from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Command, FileAction, Outcome, Step, StepStatus
 from opspatch.errors import HostError, InputError, LedgerError, TargetError
 from opspatch.hosts.diagnosis import DiagnoseRequest, HostDiagnosis, ModuleDiagnosis
-from opspatch.hosts.results import file_owner
-from opspatch.ledger.records import NewFileVersion
 from opspatch.ledger.store import Ledger
 from opspatch.runs.commands.diagnose import read_module
 from opspatch.runs.fleet.connect import TransportFactory
@@ -32,6 +30,7 @@ from opspatch.runs.fleet.executor import one_batch
 from opspatch.runs.fleet.fleetrun import FleetRun, per_node
 from opspatch.runs.fleet.recorded import run_recorded
 from opspatch.runs.fleet.session import HostSession
+from opspatch.runs.fleet.steps import file_version
 from opspatch.runs.judgments.findings import module_relpath, unified_diff
 from opspatch.runs.judgments.units import target_of
 from opspatch.runs.report import FileChange, HostOutcome, RunReport, StepResult
@@ -397,18 +396,10 @@ def _adopted(
     )
     said = f"recorded as patch {loaded.spec.id}"
     session.record(Step.READ, StepStatus.OK, 0.0, detail)
-    session.recorder.file_version(
-        session.name,
-        NewFileVersion(
-            f.realpath,
-            pristine.sha256,
-            f.sha256,
-            f.mode,
-            file_owner(f),
-            pre_image=pristine.content,
-            post_image=f.content,
-        ),
+    version = file_version(
+        f, pristine.sha256, f.sha256, pre_image=pristine.content, post_image=f.content
     )
+    session.recorder.file_version(session.name, version)
     session.record(Step.ADOPT, StepStatus.OK, 0.0, said)
     session.steps += [
         StepResult(Step.READ, StepStatus.OK, 0.0, detail),

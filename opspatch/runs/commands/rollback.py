@@ -15,9 +15,7 @@ from opspatch.core.spec import LoadedPatch
 from opspatch.core.vocabulary import Action, Command, FileAction, Outcome, Step
 from opspatch.errors import OpspatchError, RemoteOperationError
 from opspatch.hosts.operations import HostInspection
-from opspatch.hosts.results import file_owner
 from opspatch.ledger.lineage import PatchedFurther, applied_versions
-from opspatch.ledger.records import NewFileVersion
 from opspatch.ledger.store import FileVersion, Ledger, Machine, RunDetail
 from opspatch.runs.commands.live import patch_fixes
 from opspatch.runs.fleet.connect import TransportFactory
@@ -34,7 +32,7 @@ from opspatch.runs.fleet.restore import (
 )
 from opspatch.runs.fleet.session import HostSession, Progress, describe_error
 from opspatch.runs.fleet.standing import Change, HostStanding, Lineage, read_host
-from opspatch.runs.fleet.steps import AS_ROLLBACK
+from opspatch.runs.fleet.steps import AS_ROLLBACK, file_version
 from opspatch.runs.judgments.decisions import decide
 from opspatch.runs.judgments.live import unanswered
 from opspatch.runs.judgments.patchset import Place, Standing, paths_of
@@ -457,12 +455,10 @@ class _Rollback:
             note["detail"] = f"back to {pre_sha256[:12]} from the host's backup"
         session.recorder.file_version(
             session.name,
-            NewFileVersion(
-                live.realpath,
+            file_version(
+                live,
                 live.sha256,
                 pre_sha256,
-                live.mode,
-                file_owner(live),
                 pre_image=live.content,
                 action=FileAction.RESTORE,
                 container=session.container,

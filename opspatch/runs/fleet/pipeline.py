@@ -17,11 +17,10 @@ from opspatch.core.spec import LoadedPatch, PatchSpec, Target
 from opspatch.core.vocabulary import Command, Outcome, Step
 from opspatch.errors import OpspatchError, PreimageMismatch
 from opspatch.hosts.operations import HostInspection
-from opspatch.hosts.results import file_owner
 from opspatch.ledger.records import ContainerRecord, NewFileVersion
 from opspatch.runs.fleet.group import Nodes, applied, prove, undo
 from opspatch.runs.fleet.session import HostFailed, HostSession, describe_error, refusal_reason
-from opspatch.runs.fleet.steps import effect_unknown, restore_pre_image
+from opspatch.runs.fleet.steps import effect_unknown, file_version, restore_pre_image
 from opspatch.runs.report import FileChange, HostOutcome, SetFile, join_notes
 
 if TYPE_CHECKING:  # a judge is built by a judged run only (`apply._judge_plan`)
@@ -58,13 +57,11 @@ class PreparedFile:
 
     def version(self, container: ContainerRecord | None) -> NewFileVersion:
         """The ledger's record of the planned change, its pre- and post-image with it."""
-        plan, remote = self.applied, self.inspection.file
-        return NewFileVersion(
-            remote.realpath,
+        plan = self.applied
+        return file_version(
+            self.inspection.file,
             plan.sha256_before,
             plan.sha256_after,
-            remote.mode,
-            file_owner(remote),
             pre_image=plan.old_source,
             post_image=plan.new_source,
             container=container,

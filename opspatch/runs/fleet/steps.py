@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from opspatch.core.vocabulary import FileAction, Step
 from opspatch.errors import InputError, RemoteOperationError
 from opspatch.hosts.operations import RestoreReply
-from opspatch.ledger.records import NewFileVersion
+from opspatch.hosts.results import RemoteFile, file_owner
+from opspatch.ledger.records import ContainerRecord, NewFileVersion
 from opspatch.runs.fleet.session import HostSession, describe_error
 
 # The codes of an agent that did not answer, or failed part-way: what it wrote is unknown.
@@ -20,6 +21,30 @@ def effect_unknown(exc: BaseException) -> bool:
     if isinstance(exc, RemoteOperationError):
         return exc.code in _UNKNOWN_EFFECT_CODES
     return not isinstance(exc, InputError)
+
+
+def file_version(
+    file: RemoteFile,
+    sha256_before: str,
+    sha256_after: str,
+    *,
+    pre_image: bytes | None,
+    post_image: bytes | None = None,
+    action: FileAction = FileAction.PATCH,
+    container: ContainerRecord | None = None,
+) -> NewFileVersion:
+    """The ledger's record of a change to `file` as it was read: its path, mode and owner kept."""
+    return NewFileVersion(
+        file.realpath,
+        sha256_before,
+        sha256_after,
+        file.mode,
+        file_owner(file),
+        pre_image=pre_image,
+        post_image=post_image,
+        action=action,
+        container=container,
+    )
 
 
 def restore_pre_image(
