@@ -91,8 +91,9 @@ def refused_because(refusals: Sequence[Refusal]) -> list[str]:
         clauses.append("the patch does not fit every selected host")
     if unreached := names(Reason.HOST_ERROR, Reason.LOCK_HELD, *CONTAINER_REFUSALS):
         clauses.append(
-            f"{', '.join(unreached)} could not be begun (unreachable, or locked by another "
-            "run: see each host's error); fix that or leave the host out of --hosts"
+            f"{', '.join(unreached)} could not be begun (unreachable, locked by another run, "
+            "or its container unusable: see each host's error); fix that or leave the host "
+            "out of --hosts"
         )
     if keys := names(Reason.HOST_KEY_UNKNOWN, Reason.HOST_KEY_CHANGED):
         clauses.append(
