@@ -215,6 +215,17 @@ def _env(tmp_path: Path, cache: Path, index_url: str) -> dict[str, str]:
     }
 
 
+WITH_CTRL_C = (
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])",
+)
+"""Python run with SIGINT's default action, as a terminal's foreground job has it: a test run
+started in the background by a shell without job control (`cmd &`) inherits SIGINT ignored,
+and Python then never turns it into KeyboardInterrupt (seen: pip read on for 20 s)."""
+
+
 def _built(cache: Path) -> list[Path]:
     return sorted(cache.glob(f"base/sglang-{VERSION}-*/{STAMP}"))
 
@@ -223,7 +234,7 @@ def test_a_build_stopped_by_ctrl_c_resumes_showing_each_step_on_a_pipe(
     tmp_path: Path, index: LocalIndex, cache: Path
 ) -> None:
     env = {**os.environ, "COLUMNS": "200", **_env(tmp_path, cache, index.url)}
-    argv = [sys.executable, "-m", "opspatch.cli", "sandbox", "prepare", "--engine", "sglang"]
+    argv = [*WITH_CTRL_C, "-m", "opspatch.cli", "sandbox", "prepare", "--engine", "sglang"]
     index.hold = True
     # its own session: the SIGINT goes to the whole group, pip included, as a terminal's does
     with subprocess.Popen(
