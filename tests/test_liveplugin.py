@@ -9,12 +9,14 @@ from __future__ import annotations
 import ast
 import contextlib
 import os
+import select
 import shutil
 import socket
 import stat
 import sys
 import tempfile
 import threading
+import time
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -169,6 +171,28 @@ def test_a_socket_lives_in_a_private_folder_and_answers_one_line(short_dir: Path
             reply = wire.read_document(raw.makefile("rb"))
         assert reply["ok"] is False and reply["refused"]["code"] == "bad-request"
     assert not os.path.exists(path)
+
+
+def test_a_refused_peer_that_sends_late_still_reads_why(short_dir: Path) -> None:
+    """A peer of another uid is refused whatever it asks; its request is read first, so one
+    that sends only once the listener decided is not cut off with a broken pipe (seen under
+    load: tests/test_live_delivery.py's peer run as nobody)."""
+    path = str(short_dir / "s.sock")
+    with listening(path, lambda request: {"ok": True}) as live:
+        live.allowed_uids = frozenset({os.geteuid() + 1})  # this process is the foreign peer
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+            raw.connect(path)
+            # a listener that refused before reading sent its refusal unasked and closed: give
+            # it 2 s to (the request read first, nothing comes, and the wait only costs time)
+            if select.select([raw], [], [], 2.0)[0]:
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline and any(
+                    t.name == "opspatch-live-request" for t in threading.enumerate()
+                ):
+                    time.sleep(0.01)
+            raw.sendall(b'{"op": "list"}\n')
+            reply = wire.read_document(raw.makefile("rb"))
+    assert reply["ok"] is False and reply["refused"]["code"] == "peer-not-allowed", reply
 
 
 def test_a_folder_others_can_enter_or_a_symlink_leaves_live_fixes_off(short_dir: Path) -> None:

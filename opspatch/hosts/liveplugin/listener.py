@@ -207,6 +207,7 @@ class Listener:
                     logger.warning(
                         "opspatch live: refused a peer with uid %d on %s", uid, self.path
                     )
+                    _drop_request(connection)
                     reply = wire.refusal(
                         wire.PEER_NOT_ALLOWED,
                         f"uid {uid} may not use this socket: only root and the engine's user "
@@ -230,3 +231,13 @@ class Listener:
         except Exception as error:  # the engine's process must never see the plugin fail
             logger.exception("opspatch live: answering on %s failed", self.path)
             return wire.refusal(wire.PLUGIN_ERROR, f"{type(error).__name__}: {error}")
+
+
+def _drop_request(connection: socket.socket) -> None:
+    """Read a refused peer's request line and never act on it: closed before it was read, the
+    peer's send could fail (a broken pipe) before it read why it was refused."""
+    try:
+        with connection.makefile("rb") as stream:
+            stream.readline(wire.MAX_LINE_BYTES + 1)
+    except OSError:
+        pass  # none came in time: it is told all the same
