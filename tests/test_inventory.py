@@ -429,11 +429,23 @@ def test_a_selection_of_no_host_is_refused_naming_the_item(
 
 
 def test_bare_names_do_not_reach_bundled_examples(tmp_path: Path) -> None:
+    """Refused, and the refusal says how to name it (it said nothing to do before)."""
     _write(tmp_path / "ws" / "inventories", "prod.toml", '[hosts.p1]\naddress="p1.b"\n')
-    with pytest.raises(SelectionError):
+    with pytest.raises(SelectionError) as caught:
         _workspace(tmp_path).hosts("canary")
+    assert caught.value.hint is not None and "name it gpu-fleet:canary" in caught.value.hint
     named = _workspace(tmp_path).hosts("gpu-fleet:canary")
     assert [h.name for h in named] == ["gpu-01"]
+
+
+def test_a_name_found_nowhere_says_where_it_looked_and_what_there_is(tmp_path: Path) -> None:
+    _write(tmp_path / "ws" / "inventories", "prod.toml", '[hosts.p1]\naddress="p1.b"\n')
+    with pytest.raises(SelectionError) as caught:
+        _workspace(tmp_path).hosts("zzzz")
+    assert f"(looked in {tmp_path / 'ws' / 'inventories'}, " in caught.value.message
+    hint = caught.value.hint
+    assert hint is not None and hint.startswith("known inventories: ") and "prod" in hint, hint
+    assert caught.value.exit_code == 2
 
 
 def test_ambiguous_bare_names_ask_for_the_inventory(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -131,6 +131,36 @@ def _sandbox_hint(name: str) -> str | None:
     return f"no sandbox is set up: `{command}` creates one, with its {name!r} inventory"
 
 
+def _in_a_bundled_example(
+    item: str, workspace: Workspace, load: Callable[[Path], Inventory]
+) -> str | None:
+    """How to name `item` when it is a host or group of a bundled example inventory, which a
+    bare name does not search (an example's `gpu-01` is not one of the operator's hosts)."""
+    own = workspace.available("inventories", bundled=False)
+    for name, path in workspace.available("inventories").items():
+        if name in own:
+            continue
+        try:
+            found = _match_in_inventory(load(path), item)
+        except SpecError:
+            continue
+        if found:
+            return (
+                f"{item!r} is in the bundled example inventory {name!r}, which a bare name does "
+                f"not search: name it {name}:{item}"
+            )
+    return None
+
+
+def _known_inventories(workspace: Workspace) -> str:
+    """What to name when nothing is near: the inventories there are."""
+    known = ", ".join(sorted(workspace.available("inventories"))) or "none"
+    return (
+        f"known inventories: {known} (`opspatch inventory show INVENTORY` lists its hosts and "
+        "groups)"
+    )
+
+
 def resolve_hosts(expr: str, workspace: Workspace) -> tuple[Host, ...]:
     """Resolve a `--hosts` expression over a workspace's inventories (module docstring).
 
@@ -204,8 +234,12 @@ def resolve_hosts(expr: str, workspace: Workspace) -> tuple[Host, ...]:
                     hint=unreadable[0].hint or "fix that inventory, or name the one to search",
                 )
             raise SelectionError(
-                f"{item!r} is not an inventory, host or group on the search path",
-                hint=_sandbox_hint(item) or did_you_mean(item, names),
+                f"{item!r} is not an inventory, host or group on the search path (looked in "
+                f"{', '.join(str(d) for d in workspace.search_dirs('inventories'))})",
+                hint=_sandbox_hint(item)
+                or did_you_mean(item, names)
+                or _in_a_bundled_example(item, workspace, load)
+                or _known_inventories(workspace),
             )
         chosen.extend(matches[0][1])
     return _unique(chosen)
