@@ -162,7 +162,8 @@ def test_apply_refusal_clauses_come_from_the_hosts_refusals() -> None:
         ]
     )
     assert clauses[:4] == [
-        "the patch does not fit every selected host",
+        "h1 cannot take the patch: it does not fit there, or the host's settings are refused "
+        "(see each host's error)",
         "h3, h2, h2b could not be begun (unreachable, locked by another run, or its container "
         "unusable: see each host's error); fix that or leave the host out of --hosts",
         "h4, h5 could not be reached safely (SSH host key unknown; check its fingerprint, then "

@@ -689,6 +689,34 @@ def test_a_patch_that_does_not_fit_a_host_names_its_file_line_and_field(
         assert "__inti__" in (host.error or "")
 
 
+def test_a_host_whose_settings_are_refused_says_what_to_set_and_is_not_called_a_misfit(
+    fleet: Fleet,
+) -> None:
+    """A host whose inventory sets no `engine.python` is skipped with the error's hint (what to
+    set), and the refusal does not say the patch does not fit (before: the message alone, then
+    "the patch does not fit every selected host")."""
+    host = fleet.hosts[0]
+    fleet.hosts = [host]
+    unset = host.host()
+    unset = replace(unset, engine=replace(unset.engine, python=None))
+    before = host.file.read_bytes()
+    report = apply_to_hosts(
+        fleet.patch,
+        [unset],
+        Playbook(canary=0, batch=BatchSize(count=10), max_failures=1),
+        factory=fleet.factory,
+        ledger=fleet.ledger,
+    )
+    assert report.refused and report.exit_code == 2
+    (outcome,) = report.hosts
+    assert outcome.outcome == "skipped" and outcome.reason == "not-applicable", outcome
+    assert "sets no engine.python" in (outcome.error or ""), outcome.error
+    assert "(set engine.python to the interpreter" in (outcome.error or ""), outcome.error
+    assert f"{host.name} cannot take the patch" in (report.halted or ""), report.halted
+    assert "does not fit every" not in (report.halted or "")
+    assert host.file.read_bytes() == before
+
+
 def _ledger_rows(path: Path) -> dict[str, int]:
     """Rows per table of the SQLite file itself (not through the Ledger class)."""
     import sqlite3

@@ -131,6 +131,20 @@ def _sandbox_hint(name: str) -> str | None:
     return f"no sandbox is set up: `{command}` creates one, with its {name!r} inventory"
 
 
+def _found_nowhere(
+    item: str, names: Iterable[str], workspace: Workspace, load: Callable[[Path], Inventory]
+) -> SelectionError:
+    """`item` names nothing: where it was looked for, and what to name instead."""
+    looked = ", ".join(str(d) for d in workspace.search_dirs("inventories"))
+    return SelectionError(
+        f"{item!r} is not an inventory, host or group on the search path (looked in {looked})",
+        hint=_sandbox_hint(item)
+        or did_you_mean(item, tuple(names))
+        or _in_a_bundled_example(item, workspace, load)
+        or _known_inventories(workspace),
+    )
+
+
 def _in_a_bundled_example(
     item: str, workspace: Workspace, load: Callable[[Path], Inventory]
 ) -> str | None:
@@ -233,13 +247,6 @@ def resolve_hosts(expr: str, workspace: Workspace) -> tuple[Host, ...]:
                     f"could be read; not searched: {'; '.join(str(e) for e in unreadable)}",
                     hint=unreadable[0].hint or "fix that inventory, or name the one to search",
                 )
-            raise SelectionError(
-                f"{item!r} is not an inventory, host or group on the search path (looked in "
-                f"{', '.join(str(d) for d in workspace.search_dirs('inventories'))})",
-                hint=_sandbox_hint(item)
-                or did_you_mean(item, names)
-                or _in_a_bundled_example(item, workspace, load)
-                or _known_inventories(workspace),
-            )
+            raise _found_nowhere(item, names, workspace, load)
         chosen.extend(matches[0][1])
     return _unique(chosen)

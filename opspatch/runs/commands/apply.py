@@ -87,8 +87,11 @@ def refused_because(refusals: Sequence[Refusal]) -> list[str]:
         return [r.host for r in refusals if r.reason in reasons]
 
     clauses = []
-    if names(Reason.NOT_APPLICABLE):
-        clauses.append("the patch does not fit every selected host")
+    if misfits := names(Reason.NOT_APPLICABLE):
+        clauses.append(
+            f"{', '.join(sorted(misfits))} cannot take the patch: it does not fit there, or "
+            "the host's settings are refused (see each host's error)"
+        )
     if unreached := names(Reason.HOST_ERROR, Reason.LOCK_HELD, *CONTAINER_REFUSALS):
         clauses.append(
             f"{', '.join(unreached)} could not be begun (unreachable, locked by another run, "

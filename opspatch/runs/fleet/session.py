@@ -24,7 +24,6 @@ from opspatch.errors import (
     OpspatchError,
     PeerNotAllowed,
     RemoteOperationError,
-    TargetError,
 )
 from opspatch.hosts.operations import HostOperations
 from opspatch.hosts.transport.base import Transport
@@ -276,11 +275,9 @@ class HostSession:
         if isinstance(exc, LockHeld):
             text = f"refused: {exc.detail}{self._way_out(exc)}"
             return self.outcome(Outcome.FAILED, text, reason=reason)
-        if isinstance(exc, (HostKeyError, BecomeError, LiveRefused)):
+        if isinstance(exc, InputError):  # what to do is the hint: an operator's input refused
             text = exc.message if not exc.hint else f"{exc.message} ({exc.hint})"
             return self.outcome(Outcome.SKIPPED, text, reason=reason)
-        if isinstance(exc, (InputError, TargetError)):
-            return self.outcome(Outcome.SKIPPED, exc.message, reason=reason)
         return self.outcome(Outcome.FAILED, describe_error(exc), reason=reason)
 
     def _way_out(self, held: LockHeld) -> str:
