@@ -230,6 +230,12 @@ def test_wrong_type_names_the_field() -> None:
     assert (error.location.line, error.location.field) == (3, "hosts.a.port")
 
 
+def test_a_number_where_text_belongs_says_to_quote_it() -> None:
+    error = spec_error('[hosts.a]\naddress = "a.fleet.example"\nuser = 1234\n')
+    assert (error.location.line, error.location.field) == (3, "hosts.a.user")
+    assert error.hint == 'put it in quotes: "1234"'
+
+
 def test_bad_restart_kind_points_at_the_kind_and_lists_the_kinds() -> None:
     error = spec_error(
         '[hosts.a]\naddress = "a.fleet.example"\n'

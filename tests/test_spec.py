@@ -115,6 +115,13 @@ BAD_CASES = [
     ),
     ('class = "Worker"', 'klass = "Worker"', 23, "postconditions[0].klass", "unknown key"),
     ('summary = "s"\n', "", 1, "summary", "required"),
+    (
+        'versions = ">=0.5.4"',
+        'versions = ">=0.5.4"\nmin_python = 3.10',
+        8,
+        "target.min_python",
+        "must be a string, got a number (3.1)\n  hint: put it in quotes, written as you mean it",
+    ),
 ]
 
 

@@ -302,6 +302,13 @@ def _describe(
         "model_attributes_type": "a table",
     }
     if kind in type_words:
+        if kind == "string_type" and type(value) is int:
+            hint = hint or f'put it in quotes: "{value}"'
+        if kind == "string_type" and type(value) is float:  # the text is gone: 3.10 read as 3.1
+            hint = (
+                hint
+                or "put it in quotes, written as you mean it (unquoted, 3.10 is the number 3.1)"
+            )
         return path, f"must be {type_words[kind]}, got {shown(value)}", hint
     bounds = {
         "greater_than_equal": ("at least", "ge"),
