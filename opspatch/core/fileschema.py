@@ -248,6 +248,29 @@ def _quoted_choices(expected: str) -> list[str]:
     return re.findall(r"'((?:[^'\\]|\\.)*)'", expected)
 
 
+_TYPE_WORDS = {
+    "int_type": "a whole number",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a table",
+    "model_type": "a table",
+    "model_attributes_type": "a table",
+}
+"""What a value of the wrong type should have been, by pydantic's error type."""
+
+
+def _quote_it(value: Any) -> str | None:
+    """The hint for a number where text belongs: TOML and YAML read an unquoted 3.10 as the
+    number 3.1, so the text as written is gone."""
+    if type(value) is int:
+        return f'put it in quotes: "{value}"'
+    if type(value) is float:
+        return "put it in quotes, written as you mean it (unquoted, 3.10 is the number 3.1)"
+    return None
+
+
 def _describe(
     error: Mapping[str, Any],
     schema: type[BaseModel],
@@ -291,25 +314,10 @@ def _describe(
         )
     if kind == "wrong_type":  # from `expects` and `by_type`: the message is "must be <what>"
         return path, f"{error.get('msg')}, got {shown(value)}", hint
-    type_words = {
-        "int_type": "a whole number",
-        "float_type": "a number",
-        "bool_type": "true or false",
-        "string_type": "a string",
-        "list_type": "a list",
-        "dict_type": "a table",
-        "model_type": "a table",
-        "model_attributes_type": "a table",
-    }
-    if kind in type_words:
-        if kind == "string_type" and type(value) is int:
-            hint = hint or f'put it in quotes: "{value}"'
-        if kind == "string_type" and type(value) is float:  # the text is gone: 3.10 read as 3.1
-            hint = (
-                hint
-                or "put it in quotes, written as you mean it (unquoted, 3.10 is the number 3.1)"
-            )
-        return path, f"must be {type_words[kind]}, got {shown(value)}", hint
+    if kind in _TYPE_WORDS:
+        if kind == "string_type":
+            hint = hint or _quote_it(value)
+        return path, f"must be {_TYPE_WORDS[kind]}, got {shown(value)}", hint
     bounds = {
         "greater_than_equal": ("at least", "ge"),
         "greater_than": ("more than", "gt"),
